@@ -1,0 +1,1 @@
+//! Shared helpers for Bindery's cross-binary tests.
