@@ -1,4 +1,11 @@
 //! Bindery's agent server: agent definitions, parameters, bindings, tools,
 //! the LLM loop and the session API.
 
+pub mod bindings;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod params;
+pub mod report;
+pub mod spec;
+pub mod tools;
+pub mod tree;

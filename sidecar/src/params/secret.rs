@@ -58,7 +58,10 @@ mod tests {
         let s = SecretString::new("canary-7f3a9c");
         assert_eq!(format!("{s}"), REDACTED);
         assert_eq!(format!("{s:?}"), REDACTED);
-        assert_eq!(format!("{:#?}", Some(&s)), format!("Some(\n    {REDACTED},\n)"));
+        assert_eq!(
+            format!("{:#?}", Some(&s)),
+            format!("Some(\n    {REDACTED},\n)")
+        );
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"<secret>\"");
         assert_eq!(s.expose(), "canary-7f3a9c");
     }

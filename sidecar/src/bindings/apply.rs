@@ -1,0 +1,234 @@
+//! Applying an agent file's bindings to loaded tools, with every load-time
+//! check: each problem is reported with the place it was written (agent file,
+//! toolbox, binding) and the tool and argument it concerns.
+
+use std::fmt;
+
+use super::{AppliedBinding, BoundTool};
+use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
+use crate::tools::bash::Mode;
+use crate::tools::Transport;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Error,
+    Warning,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Diagnostic {
+    pub level: Level,
+    pub message: String,
+}
+
+impl Diagnostic {
+    pub fn error(message: impl Into<String>) -> Self {
+        Diagnostic {
+            level: Level::Error,
+            message: message.into(),
+        }
+    }
+    pub fn warning(message: impl Into<String>) -> Self {
+        Diagnostic {
+            level: Level::Warning,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.level {
+            Level::Error => write!(f, "error: {}", self.message),
+            Level::Warning => write!(f, "warning: {}", self.message),
+        }
+    }
+}
+
+/// Which tool name a binding's glob is matched against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingLayer {
+    /// A toolbox's own bindings: the name inside the toolbox (`query-*`).
+    Toolbox,
+    /// Agent-level bindings: the model-visible name (`bash_query-*`).
+    Agent,
+}
+
+/// Apply `bindings` to `tools` in order, after the bindings they already
+/// carry. `place` says where the bindings were written, for messages.
+pub fn apply_bindings(
+    tools: &mut [BoundTool],
+    bindings: &[Binding],
+    layer: BindingLayer,
+    params: &[ParameterDecl],
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (i, b) in bindings.iter().enumerate() {
+        let glob = b.tool.as_deref().unwrap_or("*");
+        let here = format!(
+            "{place}, binding {} (tool \"{glob}\", arg \"{}\")",
+            i + 1,
+            b.arg
+        );
+        let param = match &b.value {
+            BindingValue::Param(p) => match params.iter().find(|d| &d.name == p) {
+                Some(d) => Some(d),
+                None => {
+                    diags.push(Diagnostic::error(format!(
+                        "{here}: parameter `{p}` is not declared by this agent ({})",
+                        declared(params)
+                    )));
+                    continue;
+                }
+            },
+            BindingValue::Literal(_) => None,
+        };
+        if b.when_unbound == WhenUnbound::Expose && param.is_some_and(|d| d.secret) {
+            diags.push(Diagnostic::error(format!(
+                "{here}: `whenUnbound: expose` on secret parameter `{}` would let the model type the secret in plain text; use fail or omit",
+                param.map_or("", |d| d.name.as_str())
+            )));
+            continue;
+        }
+        let name_of = |t: &BoundTool| match layer {
+            BindingLayer::Toolbox => t.spec().local_name.clone(),
+            BindingLayer::Agent => t.spec().name.clone(),
+        };
+        let matched: Vec<usize> = (0..tools.len())
+            .filter(|&t| super::glob_matches(glob, &name_of(&tools[t])))
+            .collect();
+        if matched.is_empty() {
+            let names: Vec<String> = tools.iter().map(name_of).collect();
+            diags.push(Diagnostic::error(format!(
+                "{here}: matches no tool (tools here: {})",
+                list_or_none(&names)
+            )));
+            continue;
+        }
+        let with_arg: Vec<usize> = matched
+            .iter()
+            .copied()
+            .filter(|&t| tools[t].spec().arg(&b.arg).is_some())
+            .collect();
+        if with_arg.is_empty() {
+            let described: Vec<String> = matched
+                .iter()
+                .map(|&t| {
+                    let args: Vec<String> = tools[t]
+                        .spec()
+                        .args
+                        .iter()
+                        .map(|a| a.name.clone())
+                        .collect();
+                    format!("{} has {}", name_of(&tools[t]), list_or_none(&args))
+                })
+                .collect();
+            diags.push(Diagnostic::error(format!(
+                "{here}: no matched tool has an argument \"{}\" ({})",
+                b.arg,
+                described.join("; ")
+            )));
+            continue;
+        }
+        for t in with_arg {
+            let tool = &tools[t];
+            let tool_name = name_of(tool);
+            let arg = tool
+                .spec()
+                .arg(&b.arg)
+                .expect("filtered on the argument above");
+            let at = format!("{here}, tool \"{tool_name}\"");
+            if tool.binding_for(&b.arg).is_some() {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: argument \"{}\" is already bound by an earlier binding; bind each argument once",
+                    b.arg
+                )));
+                continue;
+            }
+            if b.when_unbound == WhenUnbound::Omit && arg.required {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: `whenUnbound: omit` on required argument \"{}\"; a call cannot leave it out (use fail, or bind it to a parameter that always has a value)",
+                    b.arg
+                )));
+                continue;
+            }
+            if let Transport::Bash(mode) = arg.transport {
+                if let Some(d) = param.filter(|d| d.secret) {
+                    if mode != Mode::Env {
+                        diags.push(Diagnostic::error(format!(
+                            "{at}: secret parameter `{}` is bound to argument \"{}\", passed in mode `{}` where it would show in the process list and traces; declare the argument with \"mode\": \"env\" in the tool's describe output",
+                            d.name,
+                            b.arg,
+                            mode.as_str()
+                        )));
+                        continue;
+                    }
+                }
+                if let BindingValue::Literal(
+                    l @ (serde_json::Value::Object(_) | serde_json::Value::Array(_)),
+                ) = &b.value
+                {
+                    diags.push(Diagnostic::error(format!(
+                        "{at}: the literal bound to argument \"{}\" is {}; a bash tool takes strings, numbers or booleans",
+                        b.arg,
+                        crate::params::value::json_kind(l)
+                    )));
+                    continue;
+                }
+            }
+            if mentions(&tool.spec().description, &b.arg) {
+                diags.push(Diagnostic::warning(format!(
+                    "{at}: the tool's description mentions the bound argument \"{}\"; the model will read about an argument it cannot see, consider rewording the description",
+                    b.arg
+                )));
+            }
+            tools[t] = tools[t].with_bindings([AppliedBinding {
+                arg: b.arg.clone(),
+                value: b.value.clone(),
+                when_unbound: b.when_unbound,
+            }]);
+        }
+    }
+}
+
+fn declared(params: &[ParameterDecl]) -> String {
+    if params.is_empty() {
+        "it declares no parameters".to_string()
+    } else {
+        let names: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+        format!("declared: {}", names.join(", "))
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// Whether `text` mentions `word` as a word of its own.
+fn mentions(text: &str, word: &str) -> bool {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        !before.is_some_and(is_word) && !after.is_some_and(is_word)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentions;
+
+    #[test]
+    fn word_mentions() {
+        assert!(mentions("Query the tenant_id's invoices", "tenant_id"));
+        assert!(!mentions("Query tenant_ids", "tenant_id"));
+        assert!(!mentions("a token-bucket", "token"));
+        assert!(mentions("pass token.", "token"));
+    }
+}

@@ -1,0 +1,251 @@
+//! The combinator: partial application of tool arguments.
+//!
+//! A [`BoundTool`] wraps any [`Tool`] with bindings. Towards the model a
+//! bound argument is gone from the schema without a trace; at call time the
+//! bound value is merged over whatever the model sent, and wins. The wrapped
+//! registration is never changed: values come from the run's snapshot at
+//! each call, so one registration serves every session.
+
+pub mod apply;
+pub mod glob;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::params::{ParamValue, Values};
+use crate::spec::{BindingValue, WhenUnbound};
+use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+
+pub use apply::{apply_bindings, BindingLayer, Diagnostic, Level};
+pub use glob::glob_matches;
+
+/// One binding as it applies to one tool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppliedBinding {
+    pub arg: String,
+    pub value: BindingValue,
+    pub when_unbound: WhenUnbound,
+}
+
+/// A tool with its bindings.
+#[derive(Clone)]
+pub struct BoundTool {
+    inner: Arc<dyn Tool>,
+    bindings: Arc<[AppliedBinding]>,
+}
+
+/// A bound argument as the operator sees it in `describe` (never a value of
+/// a parameter; literals are the author's own text).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BoundArg {
+    pub arg: String,
+    /// `param tenant` or `literal "csv"`.
+    pub to: String,
+    #[serde(rename = "whenUnbound")]
+    pub when_unbound: WhenUnbound,
+    /// `env`, `dashdashspace`, … for bash tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+/// The outcome of merging: the arguments to dispatch and what was dropped.
+#[derive(Debug)]
+pub struct Merged {
+    pub args: CallArgs,
+    /// Bound keys the model sent anyway (dropped: the bound value won).
+    pub dropped: Vec<String>,
+}
+
+/// Why a merge refused to dispatch. Operator-facing only (D8): the model is
+/// told "tool unavailable".
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum MergeError {
+    #[error("argument `{arg}` is bound to parameter `{param}`, which has no value")]
+    Unbound { arg: String, param: String },
+    #[error(
+        "argument `{arg}` is bound to parameter `{param}`, whose value is {kind}: a bash tool takes strings, numbers or booleans"
+    )]
+    NotText {
+        arg: String,
+        param: String,
+        kind: &'static str,
+    },
+}
+
+impl BoundTool {
+    pub fn new(inner: Arc<dyn Tool>) -> Self {
+        BoundTool {
+            inner,
+            bindings: Arc::from(Vec::new()),
+        }
+    }
+
+    /// The same tool with more bindings after the existing ones. Used at
+    /// load time (checked first) and, later, for per-call narrowing.
+    pub fn with_bindings(&self, more: impl IntoIterator<Item = AppliedBinding>) -> Self {
+        let mut all = self.bindings.to_vec();
+        all.extend(more);
+        BoundTool {
+            inner: self.inner.clone(),
+            bindings: Arc::from(all),
+        }
+    }
+
+    pub fn spec(&self) -> &ToolSpec {
+        self.inner.spec()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.spec().name
+    }
+
+    pub fn bindings(&self) -> &[AppliedBinding] {
+        &self.bindings
+    }
+
+    pub fn binding_for(&self, arg: &str) -> Option<&AppliedBinding> {
+        self.bindings.iter().find(|b| b.arg == arg)
+    }
+
+    /// Arguments hidden from the model given the current values: every
+    /// bound one, except an `expose` binding whose parameter is unbound.
+    pub fn hidden_args(&self, values: &Values) -> BTreeSet<&str> {
+        self.bindings
+            .iter()
+            .filter(|b| !exposed(b, values))
+            .map(|b| b.arg.as_str())
+            .collect()
+    }
+
+    /// The JSON schema of the arguments the model sees.
+    pub fn model_schema(&self, values: &Values) -> serde_json::Value {
+        let hidden = self.hidden_args(values);
+        self.spec()
+            .json_schema(|a| !hidden.contains(a.name.as_str()))
+    }
+
+    /// The bound arguments, for the operator.
+    pub fn bound_args(&self) -> Vec<BoundArg> {
+        self.bindings
+            .iter()
+            .map(|b| BoundArg {
+                arg: b.arg.clone(),
+                to: match &b.value {
+                    BindingValue::Param(p) => format!("param {p}"),
+                    BindingValue::Literal(l) => format!("literal {l}"),
+                },
+                when_unbound: b.when_unbound,
+                mode: self.spec().arg(&b.arg).and_then(|a| match a.transport {
+                    Transport::Bash(m) => Some(m.as_str().to_string()),
+                    Transport::Json => None,
+                }),
+            })
+            .collect()
+    }
+
+    /// Merge the model's arguments with the bound values (pure).
+    pub fn merge(
+        &self,
+        model_args: serde_json::Map<String, serde_json::Value>,
+        values: &Values,
+    ) -> Result<Merged, MergeError> {
+        let mut args = CallArgs::new();
+        let mut taken = BTreeSet::new();
+        for b in self.bindings.iter() {
+            // The first binding of an argument wins; later ones cannot rebind.
+            if !taken.insert(b.arg.as_str()) {
+                continue;
+            }
+            let value = match &b.value {
+                BindingValue::Literal(l) => ParamValue::Plain(l.clone()),
+                BindingValue::Param(p) => match values.get(p) {
+                    Some(v) => {
+                        self.check_text(&b.arg, p, v)?;
+                        v.clone()
+                    }
+                    None => match b.when_unbound {
+                        WhenUnbound::Fail => {
+                            return Err(MergeError::Unbound {
+                                arg: b.arg.clone(),
+                                param: p.clone(),
+                            })
+                        }
+                        WhenUnbound::Omit => continue,
+                        WhenUnbound::Expose => {
+                            // The model sees this argument: its value stands.
+                            taken.remove(b.arg.as_str());
+                            continue;
+                        }
+                    },
+                },
+            };
+            args.insert(b.arg.clone(), value);
+        }
+        let mut dropped = Vec::new();
+        for (k, v) in model_args {
+            if taken.contains(k.as_str()) {
+                dropped.push(k);
+            } else {
+                args.insert(k, ParamValue::Plain(v));
+            }
+        }
+        Ok(Merged { args, dropped })
+    }
+
+    fn check_text(&self, arg: &str, param: &str, v: &ParamValue) -> Result<(), MergeError> {
+        let to_bash = matches!(
+            self.spec().arg(arg).map(|a| a.transport),
+            Some(Transport::Bash(_))
+        );
+        if to_bash && v.to_text().is_none() {
+            return Err(MergeError::NotText {
+                arg: arg.to_string(),
+                param: param.to_string(),
+                kind: v
+                    .plain()
+                    .map_or("a secret", crate::params::value::json_kind),
+            });
+        }
+        Ok(())
+    }
+
+    /// Run the tool as the model asked, through the bindings.
+    pub async fn call(
+        &self,
+        model_args: serde_json::Value,
+        values: &Values,
+        ctx: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let tool = self.name();
+        let model_args = match model_args {
+            serde_json::Value::Object(m) => m,
+            serde_json::Value::Null => serde_json::Map::new(),
+            other => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "arguments must be a JSON object, got {}",
+                    crate::params::value::json_kind(&other)
+                )))
+            }
+        };
+        let merged = self.merge(model_args, values).map_err(|e| {
+            tracing::warn!(tool, session = %ctx.session_id, agent = %ctx.agent_id, "call refused: {e}");
+            ToolError::Unavailable
+        })?;
+        for key in &merged.dropped {
+            tracing::info!(tool, arg = %key, "the model sent a bound argument; the bound value was used");
+        }
+        self.inner.call(merged.args, ctx).await
+    }
+}
+
+fn exposed(b: &AppliedBinding, values: &Values) -> bool {
+    match (&b.value, b.when_unbound) {
+        (BindingValue::Param(p), WhenUnbound::Expose) => !values.contains_key(p),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,102 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Bindery's agent server: run agents whose tool arguments are bound to
+/// parameters the model never sees.
+#[derive(Parser, Debug)]
+#[command(name = "bindery-sidecar", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Load the agents, run every check, and show each agent's parameters
+    /// (and how each resolved) and tools. Exit 1 on any error.
+    Check {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Print each tool's schema exactly as the model receives it, with the
+    /// bound arguments listed apart.
+    Describe {
+        #[command(flatten)]
+        agents: AgentArgs,
+        /// Only this tool (its model-visible name, e.g. bash_query-invoices).
+        #[arg(long)]
+        tool: Option<String>,
+    },
+    /// Run one tool through its bindings, as if the model had called it.
+    ToolCall {
+        #[command(flatten)]
+        agents: AgentArgs,
+        /// The tool's model-visible name.
+        #[arg(long)]
+        tool: String,
+        /// The arguments the model would send, as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+    },
+}
+
+/// Which agents to load and the operator's parameter values.
+#[derive(Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// An agent file (Bindery YAML/JSON or agents-exe JSON). Repeatable.
+    #[arg(
+        long = "agent-file",
+        value_name = "FILE",
+        required_unless_present = "agents_dir"
+    )]
+    pub agent_files: Vec<PathBuf>,
+    /// A directory of agent files.
+    #[arg(long, value_name = "DIR", conflicts_with = "agent_files")]
+    pub agents_dir: Option<PathBuf>,
+    /// Which loaded agent a command is about (default: the only one).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Set a parameter to a string: NAME=VALUE. Shows in `ps`: prefer
+    /// --params-file or the environment for secrets.
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    pub set: Vec<String>,
+    /// Set a parameter to a JSON value: NAME=JSON.
+    #[arg(long = "set-json", value_name = "NAME=JSON")]
+    pub set_json: Vec<String>,
+    /// Like --set, and no client may override it.
+    #[arg(long = "pin", value_name = "NAME=VALUE")]
+    pub pin: Vec<String>,
+    /// Like --set-json, and no client may override it.
+    #[arg(long = "pin-json", value_name = "NAME=JSON")]
+    pub pin_json: Vec<String>,
+    /// A JSON/YAML object of values: {"name": value} or {"name": {"value": …, "pinned": true}}.
+    #[arg(long = "params-file", value_name = "FILE")]
+    pub params_files: Vec<PathBuf>,
+    /// agents-exe's API-keys file: {"keys": [{"id": …, "value": …}]}.
+    #[arg(long, value_name = "FILE", env = "BINDERY_API_KEYS_FILE")]
+    pub api_keys: Option<PathBuf>,
+    /// Seconds one bash tool call may take.
+    #[arg(long, default_value_t = 60)]
+    pub tool_timeout: u64,
+    /// Bytes of a tool's output kept.
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub tool_max_output: usize,
+}

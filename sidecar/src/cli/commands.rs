@@ -1,0 +1,244 @@
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
+use crate::bindings::Level;
+use crate::params::{ApiKeys, ProcessValues};
+use crate::report::{agent_report, render_text, tool_view};
+use crate::tools::bash::Limits;
+use crate::tools::CallContext;
+use crate::tree::{self, AgentSources, AgentTree, LoadOptions};
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("{}", message.trim_end());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn run(command: Command) -> Result<ExitCode, String> {
+    match command {
+        Command::Check { agents, output } => check(&agents, output).await,
+        Command::Describe { agents, tool } => {
+            let tree = load(&agents).await?;
+            let agent = tree.pick(agents.agent.as_deref())?;
+            let values = agent.process_values();
+            let views: Vec<_> = match &tool {
+                Some(name) => vec![tool_view(find_tool(agent, name)?, &values)],
+                None => agent.tools.iter().map(|t| tool_view(t, &values)).collect(),
+            };
+            println!(
+                "{}",
+                to_json(&serde_json::json!({"agent": agent.name, "tools": views}))
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ToolCall { agents, tool, args } => {
+            let tree = load(&agents).await?;
+            let agent = tree.pick(agents.agent.as_deref())?;
+            let bound = find_tool(agent, &tool)?;
+            let model_args: serde_json::Value = serde_json::from_str(&args)
+                .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
+            let id = format!("cli-{}", std::process::id());
+            let ctx = CallContext {
+                session_id: id.clone(),
+                conversation_id: id.clone(),
+                turn_id: id,
+                agent_id: agent.name.clone(),
+            };
+            match bound.call(model_args, &agent.process_values(), &ctx).await {
+                Ok(out) => {
+                    print!("{}", out.text);
+                    if !out.text.ends_with('\n') && !out.text.is_empty() {
+                        println!();
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Err(format!("error: tool {tool}: {e}")),
+            }
+        }
+    }
+}
+
+async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
+    let result = load_tree(agents).await;
+    match (result, output) {
+        (Ok(tree), Output::Text) => {
+            for name in tree.agents.keys() {
+                print!("{}", render_text(&agent_report(&tree.agents[name])));
+            }
+            for w in &tree.warnings {
+                println!("{w}");
+            }
+            let tools: usize = tree.agents.values().map(|a| a.tools.len()).sum();
+            println!(
+                "ok: {} agent{}, {tools} tool{}",
+                tree.agents.len(),
+                plural(tree.agents.len()),
+                plural(tools)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        (Ok(tree), Output::Json) => {
+            let reports: Vec<_> = tree.agents.values().map(|a| agent_report(a)).collect();
+            println!(
+                "{}",
+                to_json(
+                    &serde_json::json!({"ok": true, "agents": reports, "diagnostics": tree.warnings})
+                )
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        (Err(e), Output::Text) => Err(e.into()),
+        (Err(e), Output::Json) => {
+            let diagnostics = match e.downcast() {
+                Ok(load) => load.diagnostics,
+                Err(message) => vec![crate::bindings::Diagnostic::error(message)],
+            };
+            println!(
+                "{}",
+                to_json(&serde_json::json!({"ok": false, "diagnostics": diagnostics}))
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn to_json(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn find_tool<'a>(
+    agent: &'a tree::LoadedAgent,
+    name: &str,
+) -> Result<&'a crate::bindings::BoundTool, String> {
+    agent.tool(name).ok_or_else(|| {
+        let names: Vec<&str> = agent.tools.iter().map(|t| t.name()).collect();
+        format!(
+            "error: agent `{}` has no tool `{name}` (tools: {})",
+            agent.name,
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        )
+    })
+}
+
+/// A load failure: either every diagnostic, or one message.
+enum Failure {
+    Load(tree::LoadError),
+    Other(String),
+}
+
+impl Failure {
+    fn downcast(self) -> Result<tree::LoadError, String> {
+        match self {
+            Failure::Load(e) => Ok(e),
+            Failure::Other(m) => Err(m),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Load(e) => write!(f, "error: {e}"),
+            Failure::Other(m) => write!(f, "error: {m}"),
+        }
+    }
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.to_string()
+    }
+}
+
+async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
+    let tree = load_tree(agents).await?;
+    for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
+        tracing::warn!("{}", w.message);
+    }
+    Ok(tree)
+}
+
+async fn load_tree(agents: &AgentArgs) -> Result<AgentTree, Failure> {
+    let opts = load_options(agents).map_err(Failure::Other)?;
+    let sources = match &agents.agents_dir {
+        Some(dir) => AgentSources::Dir(dir.clone()),
+        None => AgentSources::Files(agents.agent_files.clone()),
+    };
+    tree::load(&sources, &opts).await.map_err(Failure::Load)
+}
+
+/// The process values, from flags, files and the environment.
+pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
+    let mut process = ProcessValues::new();
+    for (flag, list) in [
+        ("--set", &agents.set),
+        ("--set-json", &agents.set_json),
+        ("--pin", &agents.pin),
+        ("--pin-json", &agents.pin_json),
+    ] {
+        for arg in list {
+            process.add_flag(flag, arg)?;
+        }
+    }
+    for f in &agents.params_files {
+        process.add_params_file(f)?;
+    }
+    process.add_env(std::env::vars())?;
+    let api_keys = match &agents.api_keys {
+        Some(p) => ApiKeys::load(p)?,
+        None => ApiKeys::default(),
+    };
+    Ok(LoadOptions {
+        process,
+        api_keys,
+        limits: Limits {
+            call_timeout: Duration::from_secs(agents.tool_timeout),
+            max_output: agents.tool_max_output,
+            ..Limits::default()
+        },
+    })
+}

@@ -1,0 +1,188 @@
+//! What an operator is shown about a loaded agent: parameters and how each
+//! resolved, tools as the model sees them, and what is bound. Never a
+//! parameter's value.
+
+use serde::Serialize;
+
+use crate::bindings::{BoundArg, BoundTool};
+use crate::params::{ParamStatus, Values};
+use crate::tree::LoadedAgent;
+
+#[derive(Serialize)]
+pub struct AgentReport {
+    pub name: String,
+    pub file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub announce: Option<String>,
+    pub parameters: Vec<ParamStatus>,
+    pub tools: Vec<ToolReport>,
+    pub helpers: Vec<HelperReport>,
+}
+
+#[derive(Serialize)]
+pub struct ToolReport {
+    pub name: String,
+    /// The arguments the model sees, `?` marking optional ones.
+    pub arguments: Vec<String>,
+    pub bound: Vec<BoundArg>,
+}
+
+#[derive(Serialize)]
+pub struct HelperReport {
+    pub slug: String,
+    pub agent: String,
+    pub narrowable: bool,
+}
+
+/// A tool as an OpenAI-compatible model receives it, plus (for the
+/// operator) what is bound.
+#[derive(Serialize)]
+pub struct ToolView {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionView,
+    pub bound: Vec<BoundArg>,
+}
+
+#[derive(Serialize)]
+pub struct FunctionView {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
+    let values = agent.process_values();
+    AgentReport {
+        name: agent.name.clone(),
+        file: agent.file.display().to_string(),
+        announce: agent.spec.announce.clone(),
+        parameters: agent.params.statuses(),
+        tools: agent
+            .tools
+            .iter()
+            .map(|t| ToolReport {
+                name: t.name().to_string(),
+                arguments: visible_args(t, &values),
+                bound: t.bound_args(),
+            })
+            .collect(),
+        helpers: agent
+            .helpers
+            .iter()
+            .map(|h| HelperReport {
+                slug: h.slug.clone(),
+                agent: h.agent.clone(),
+                narrowable: h.narrowable,
+            })
+            .collect(),
+    }
+}
+
+fn visible_args(t: &BoundTool, values: &Values) -> Vec<String> {
+    let hidden = t.hidden_args(values);
+    t.spec()
+        .args
+        .iter()
+        .filter(|a| !hidden.contains(a.name.as_str()))
+        .map(|a| {
+            if a.required {
+                a.name.clone()
+            } else {
+                format!("{}?", a.name)
+            }
+        })
+        .collect()
+}
+
+/// The tool as the model receives it under `values`.
+pub fn tool_view(t: &BoundTool, values: &Values) -> ToolView {
+    ToolView {
+        kind: "function",
+        function: FunctionView {
+            name: t.name().to_string(),
+            description: t.spec().description.clone(),
+            parameters: t.model_schema(values),
+        },
+        bound: t.bound_args(),
+    }
+}
+
+/// `check`'s human-readable report of one agent.
+pub fn render_text(r: &AgentReport) -> String {
+    let mut out = format!("agent {} ({})\n", r.name, r.file);
+    if r.parameters.is_empty() {
+        out.push_str("  parameters: none\n");
+    } else {
+        out.push_str("  parameters:\n");
+        let rows: Vec<[String; 5]> = r
+            .parameters
+            .iter()
+            .map(|p| {
+                [
+                    p.name.clone(),
+                    p.scope.as_str().to_string(),
+                    if p.secret { "secret" } else { "-" }.to_string(),
+                    if p.required { "required" } else { "optional" }.to_string(),
+                    p.source.clone(),
+                ]
+            })
+            .collect();
+        let header = ["NAME", "SCOPE", "SECRET", "REQUIRED", "SOURCE"].map(String::from);
+        out.push_str(&table(&header, &rows, "    "));
+    }
+    if r.tools.is_empty() {
+        out.push_str("  tools: none\n");
+    } else {
+        out.push_str("  tools:\n");
+        for t in &r.tools {
+            out.push_str(&format!("    {}({})\n", t.name, t.arguments.join(", ")));
+            for b in &t.bound {
+                let mode = b
+                    .mode
+                    .as_ref()
+                    .map(|m| format!(" [{m}]"))
+                    .unwrap_or_default();
+                out.push_str(&format!("      bound: {} := {}{mode}\n", b.arg, b.to));
+            }
+        }
+    }
+    for h in &r.helpers {
+        out.push_str(&format!(
+            "  helper: prompt_agent_{} -> agent {}{}\n",
+            h.slug,
+            h.agent,
+            if h.narrowable {
+                ""
+            } else {
+                " (not narrowable)"
+            }
+        ));
+    }
+    out
+}
+
+fn table<const N: usize>(header: &[String; N], rows: &[[String; N]], indent: &str) -> String {
+    let mut widths = header.clone().map(|h| h.len());
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: &[String; N]| {
+        let mut s = indent.to_string();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header);
+    for r in rows {
+        out.push_str(&line(r));
+    }
+    out
+}

@@ -1,0 +1,267 @@
+//! agents-exe's JSON agent files, read unchanged and turned into
+//! [`AgentSpec`]s, so existing agents and their tools move over with no edits.
+//!
+//! Only the reading direction exists: Bindery writes its own format.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{
+    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, ParameterDecl, Scope,
+    Toolbox, ValueSource, WhenUnbound,
+};
+
+/// The top level of an agents-exe agent file.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum AgentFile {
+    OpenAIAgentDescription(Description),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Description {
+    pub slug: String,
+    #[serde(default)]
+    pub api_key_id: Option<String>,
+    #[serde(default)]
+    pub flavor: Option<String>,
+    pub model_url: String,
+    pub model_name: String,
+    #[serde(default)]
+    pub announce: Option<String>,
+    #[serde(default)]
+    pub system_prompt: Vec<String>,
+    #[serde(default)]
+    pub parameters: Vec<Parameter>,
+    #[serde(default)]
+    pub bash_toolboxes: Vec<BashToolboxDescription>,
+    #[serde(default)]
+    pub bindings: Vec<ExeBinding>,
+    #[serde(default)]
+    pub extra_agents: Vec<ExtraAgent>,
+    /// A directory of helper agent files; each becomes a helper.
+    #[serde(default)]
+    pub tool_directory: Option<String>,
+    #[serde(default)]
+    pub mcp_servers: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub open_api_toolboxes: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub postgrest_toolboxes: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Parameter {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub secret: bool,
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default = "yes")]
+    pub required: bool,
+    #[serde(default)]
+    pub default: Option<SecretSource>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// agents-exe's `SecretSource`.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum SecretSource {
+    Given(String),
+    ApiKey(String),
+    FileSystem(String),
+    EnvVar(String),
+    /// Program then arguments.
+    Command(Vec<String>),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum BashToolboxDescription {
+    FileSystemDirectory(DirectoryDescription),
+    SingleTool(SingleToolDescription),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct DirectoryDescription {
+    #[serde(rename = "Path")]
+    pub path: String,
+    /// Legacy agents-exe field; when present the directory is `Root/Path`.
+    #[serde(rename = "Root", default)]
+    pub root: Option<String>,
+    #[serde(rename = "BasenameFilter", default)]
+    pub basename_filter: Option<String>,
+    #[serde(rename = "Bindings", default)]
+    pub bindings: Vec<ExeBinding>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct SingleToolDescription {
+    #[serde(rename = "Path")]
+    pub path: String,
+    #[serde(rename = "Bindings", default)]
+    pub bindings: Vec<ExeBinding>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExeBinding {
+    #[serde(default)]
+    pub tool: Option<String>,
+    pub arg: String,
+    pub value: ExeBindingValue,
+    #[serde(default)]
+    pub when_unbound: WhenUnbound,
+}
+
+/// `{"tag": "Param", "contents": "tenant"}` or `{"tag": "Literal", "contents": …}`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeBindingValue {
+    Param(String),
+    Literal(serde_json::Value),
+}
+
+impl From<ExeBindingValue> for BindingValue {
+    fn from(v: ExeBindingValue) -> Self {
+        match v {
+            ExeBindingValue::Param(p) => BindingValue::Param(p),
+            ExeBindingValue::Literal(l) => BindingValue::Literal(l),
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraAgent {
+    pub slug: String,
+    pub path: String,
+    #[serde(default)]
+    pub with: BTreeMap<String, ExeBindingValue>,
+    #[serde(default = "yes")]
+    pub narrowable: bool,
+}
+
+/// What converting a file needs to tell its caller beyond the spec.
+pub struct Converted {
+    pub name: String,
+    pub spec: AgentSpec,
+    /// `toolDirectory`, resolved by the loader (it lists files).
+    pub tool_directory: Option<String>,
+}
+
+impl Description {
+    /// The same agent in Bindery's own types. Fails on toolbox kinds this
+    /// build cannot run yet, naming them, rather than dropping them.
+    pub fn convert(self) -> Result<Converted, String> {
+        for (field, list) in [
+            ("mcpServers", &self.mcp_servers),
+            ("openApiToolboxes", &self.open_api_toolboxes),
+            ("postgrestToolboxes", &self.postgrest_toolboxes),
+        ] {
+            if !list.is_empty() {
+                return Err(format!(
+                    "`{field}` is not supported by this version of Bindery (only bash toolboxes are); \
+                     remove it or leave it empty"
+                ));
+            }
+        }
+        let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
+        let toolboxes = self
+            .bash_toolboxes
+            .into_iter()
+            .map(|t| match t {
+                BashToolboxDescription::FileSystemDirectory(d) => Toolbox::Bash(BashToolbox {
+                    directory: Some(match d.root {
+                        Some(root) => format!("{}/{}", root.trim_end_matches('/'), d.path),
+                        None => d.path,
+                    }),
+                    basename_filter: d.basename_filter,
+                    script: None,
+                    bindings: bindings(d.bindings),
+                }),
+                BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
+                    directory: None,
+                    basename_filter: None,
+                    script: Some(s.path),
+                    bindings: bindings(s.bindings),
+                }),
+            })
+            .collect();
+        let spec = AgentSpec {
+            announce: self.announce,
+            model: ModelSpec {
+                flavor: self.flavor.unwrap_or_else(|| "openai".to_string()),
+                url: self.model_url,
+                name: self.model_name,
+                api_key: self.api_key_id.map(ValueSource::ApiKey),
+            },
+            system_prompt: self.system_prompt.join("\n"),
+            parameters: self
+                .parameters
+                .into_iter()
+                .map(ParameterDecl::from)
+                .collect(),
+            toolboxes,
+            bindings: bindings(self.bindings),
+            helpers: self
+                .extra_agents
+                .into_iter()
+                .map(|e| HelperRef {
+                    slug: Some(e.slug),
+                    agent: None,
+                    path: Some(e.path),
+                    with: e.with.into_iter().map(|(k, v)| (k, v.into())).collect(),
+                    narrowable: e.narrowable,
+                })
+                .collect(),
+            max_steps: None,
+        };
+        Ok(Converted {
+            name: self.slug,
+            spec,
+            tool_directory: self.tool_directory,
+        })
+    }
+}
+
+impl From<ExeBinding> for Binding {
+    fn from(b: ExeBinding) -> Self {
+        Binding {
+            tool: b.tool,
+            arg: b.arg,
+            value: b.value.into(),
+            when_unbound: b.when_unbound,
+        }
+    }
+}
+
+impl From<Parameter> for ParameterDecl {
+    fn from(p: Parameter) -> Self {
+        ParameterDecl {
+            name: p.name,
+            description: p.description,
+            secret: p.secret,
+            scope: p.scope,
+            required: p.required,
+            default: p.default.map(|d| match d {
+                SecretSource::Given(v) => ValueSource::Value(serde_json::Value::String(v)),
+                SecretSource::ApiKey(id) => ValueSource::ApiKey(id),
+                SecretSource::FileSystem(p) => ValueSource::File(p),
+                SecretSource::EnvVar(v) => ValueSource::Env(v),
+                SecretSource::Command(c) => ValueSource::Command(c),
+            }),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Finding scripts and asking each to `describe` itself.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::protocol::ScriptInfo;
+use super::run::{exec, ExecError};
+use super::{BashTool, Limits};
+
+/// Every executable file in `dir` (whose name contains `filter`, when
+/// given), described in parallel. Each script that fails to describe itself
+/// is one error naming the script.
+pub async fn load_directory(
+    dir: &Path,
+    filter: Option<&str>,
+    limits: Limits,
+) -> Result<(Vec<BashTool>, Vec<String>), String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read tool directory {}: {e}", dir.display()))?;
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if filter.is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let path = entry.path();
+        // Follows symlinks: a link to an executable is a tool.
+        if let Ok(meta) = std::fs::metadata(&path) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    let results = futures::future::join_all(paths.iter().map(|p| load_script(p, limits))).await;
+    let mut tools = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(t) => tools.push(t),
+            Err(e) => errors.push(e),
+        }
+    }
+    Ok((tools, errors))
+}
+
+/// Run `path describe` and read its description.
+pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String> {
+    let shown = path.display();
+    // Absolute, so a call works whatever the working directory is then.
+    let path = &std::fs::canonicalize(path).map_err(|e| format!("script {shown}: {e}"))?;
+    let meta = std::fs::metadata(path).map_err(|e| format!("script {shown}: {e}"))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!(
+            "script {shown} is not an executable file (chmod +x it)"
+        ));
+    }
+    let out = exec(
+        path,
+        &["describe".to_string()],
+        &[],
+        None,
+        limits.describe_timeout,
+        1024 * 1024,
+    )
+    .await
+    .map_err(|e| match e {
+        ExecError::Spawn(e) => format!("script {shown}: cannot run `describe`: {e}"),
+        ExecError::Timeout(t) => format!(
+            "script {shown}: `describe` did not finish within {}s",
+            t.as_secs()
+        ),
+    })?;
+    if !out.status.success() {
+        return Err(format!(
+            "script {shown}: `describe` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let info: ScriptInfo = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!("script {shown}: `describe` did not print a valid tool description: {e}")
+    })?;
+    if info.slug.is_empty() {
+        return Err(format!("script {shown}: `describe` gave an empty slug"));
+    }
+    Ok(BashTool::new(path.to_path_buf(), info, limits))
+}

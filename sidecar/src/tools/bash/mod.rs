@@ -1,0 +1,96 @@
+//! Bash tools: executables that speak the `describe` / `run` protocol.
+//!
+//! `describe` prints a JSON description of the tool's arguments, each with
+//! a calling mode; `run` gets the arguments in those modes and prints the
+//! result on stdout. The `env` mode passes an argument as an environment
+//! variable (`repo-token` becomes `REPO_TOKEN`) so that it never shows in
+//! argv, the process list or a trace: it is the only mode a secret may use.
+
+mod discover;
+mod protocol;
+mod run;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use discover::{load_directory, load_script};
+pub use protocol::{Arity, EmptyResult, Mode, ScriptArg, ScriptInfo};
+
+use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+
+/// Bounds on what a script may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// How long `describe` may take, at load.
+    pub describe_timeout: Duration,
+    /// How long one `run` may take.
+    pub call_timeout: Duration,
+    /// Bytes of stdout kept; the rest is cut and the model told so.
+    pub max_output: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            describe_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(60),
+            max_output: 256 * 1024,
+        }
+    }
+}
+
+/// One loaded script.
+#[derive(Debug)]
+pub struct BashTool {
+    spec: ToolSpec,
+    path: PathBuf,
+    info: ScriptInfo,
+    limits: Limits,
+}
+
+impl BashTool {
+    pub fn new(path: PathBuf, info: ScriptInfo, limits: Limits) -> Self {
+        let spec = ToolSpec {
+            name: format!("bash_{}", info.slug),
+            local_name: info.slug.clone(),
+            description: info.description.clone(),
+            args: info
+                .args
+                .iter()
+                .map(|a| ArgSpec {
+                    name: a.name.clone(),
+                    description: a.description.clone(),
+                    required: a.arity == Arity::Single,
+                    schema: serde_json::json!({
+                        "type": a.json_type(),
+                        "description": a.description,
+                    }),
+                    transport: Transport::Bash(a.mode),
+                })
+                .collect(),
+        };
+        BashTool {
+            spec,
+            path,
+            info,
+            limits,
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+#[async_trait]
+impl Tool for BashTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        run::run(self, args, ctx).await
+    }
+}

@@ -1,0 +1,307 @@
+//! Running a script: argv, stdin and environment from the arguments, with a
+//! timeout, an output limit and a command line that is safe to trace.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use super::protocol::{env_var_name, EmptyResult, Mode};
+use super::BashTool;
+use crate::params::secret::REDACTED as REDACTED_ARG;
+use crate::params::value::ArgText;
+use crate::tools::{CallArgs, CallContext, ToolError, ToolOutput};
+
+/// Bytes of stderr kept for an error message.
+const MAX_STDERR: usize = 16 * 1024;
+
+/// Environment variables a tool never inherits from the sidecar: they hold
+/// the operator's parameter values (secrets among them) and tokens.
+const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
+
+/// A finished process.
+pub(super) struct Exec {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// stdout went past the limit and was cut.
+    pub truncated: bool,
+}
+
+pub(super) enum ExecError {
+    Spawn(std::io::Error),
+    Timeout(Duration),
+}
+
+/// Start `path` with `argv` and `env` (added to the sidecar's environment,
+/// less its `BINDERY_*` variables), feed it `stdin`, and collect its output
+/// within `timeout`. On a timeout, or when stdout passes `max_output`, the
+/// whole process group is killed so that no grandchild lingers.
+pub(super) async fn exec(
+    path: &Path,
+    argv: &[String],
+    env: &[(String, String)],
+    stdin: Option<String>,
+    timeout: Duration,
+    max_output: usize,
+) -> Result<Exec, ExecError> {
+    let mut cmd = Command::new(path);
+    cmd.args(argv)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with(WITHHELD_ENV_PREFIX) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let mut child = cmd.spawn().map_err(ExecError::Spawn)?;
+    let pgid = child.id();
+    let mut child_stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+
+    let work = async {
+        let feed = async {
+            if let (Some(w), Some(text)) = (child_stdin.as_mut(), stdin.as_ref()) {
+                // A script that does not read its stdin closes the pipe; that is its right.
+                let _ = w.write_all(text.as_bytes()).await;
+            }
+            drop(child_stdin.take());
+        };
+        let (_, (out, truncated), (err, _)) = tokio::join!(
+            feed,
+            read_limited(stdout, max_output, pgid),
+            read_limited(stderr, MAX_STDERR, None),
+        );
+        let status = child.wait().await;
+        (status, out, err, truncated)
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok((Ok(status), stdout, stderr, truncated)) => Ok(Exec {
+            status,
+            stdout,
+            stderr,
+            truncated,
+        }),
+        Ok((Err(e), ..)) => Err(ExecError::Spawn(e)),
+        Err(_) => {
+            kill_group(pgid);
+            Err(ExecError::Timeout(timeout))
+        }
+    }
+}
+
+/// Read up to `limit` bytes; past that, kill the group (when given) so the
+/// writer stops, and drain nothing more.
+async fn read_limited<R: AsyncRead + Unpin>(
+    reader: Option<R>,
+    limit: usize,
+    kill_on_overflow: Option<u32>,
+) -> (Vec<u8>, bool) {
+    let Some(mut reader) = reader else {
+        return (Vec::new(), false);
+    };
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => return (buf, false),
+            Ok(n) => {
+                let room = limit.saturating_sub(buf.len());
+                if n > room {
+                    buf.extend_from_slice(&chunk[..room]);
+                    if let Some(pgid) = kill_on_overflow {
+                        kill_group(Some(pgid));
+                        return (buf, true);
+                    }
+                    // Keep draining so the writer does not block, but keep nothing.
+                    continue;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+}
+
+fn kill_group(pgid: Option<u32>) {
+    if let Some(pid) = pgid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// argv, stdin and environment for one call, and the command line as it
+/// may be traced.
+struct Invocation {
+    argv: Vec<String>,
+    shown: Vec<String>,
+    stdin: Option<String>,
+    env: Vec<(String, String)>,
+}
+
+fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError> {
+    let mut inv = Invocation {
+        argv: vec!["run".to_string()],
+        shown: vec!["run".to_string()],
+        stdin: None,
+        env: Vec::new(),
+    };
+    let mut stdin_lines = Vec::new();
+    for arg in &tool.info.args {
+        let Some(value) = args.get(&arg.name) else {
+            if arg.arity == super::Arity::Single {
+                return Err(ToolError::InvalidArguments(format!(
+                    "missing required argument `{}`",
+                    arg.name
+                )));
+            }
+            continue;
+        };
+        let (text, secret) = match value.to_text() {
+            Some(ArgText::Plain(s)) => (s, false),
+            Some(ArgText::Secret(s)) => (s.to_string(), true),
+            // Objects and arrays from the model travel as their JSON text.
+            None => (
+                value.plain().map(|v| v.to_string()).unwrap_or_default(),
+                false,
+            ),
+        };
+        let shown = if secret {
+            REDACTED_ARG.to_string()
+        } else {
+            text.clone()
+        };
+        match arg.mode {
+            Mode::Positional => {
+                inv.argv.push(text);
+                inv.shown.push(shown);
+            }
+            Mode::Dashdashspace => {
+                inv.argv.extend([format!("--{}", arg.name), text]);
+                inv.shown.extend([format!("--{}", arg.name), shown]);
+            }
+            Mode::Dashdashequal => {
+                inv.argv.push(format!("--{}={text}", arg.name));
+                inv.shown.push(format!("--{}={shown}", arg.name));
+            }
+            Mode::Stdin => stdin_lines.push(text),
+            Mode::Env => inv.env.push((env_var_name(&arg.name), text)),
+        }
+    }
+    if !stdin_lines.is_empty() {
+        let mut s = stdin_lines.join("\n");
+        s.push('\n');
+        inv.stdin = Some(s);
+    }
+    Ok(inv)
+}
+
+fn context_env(ctx: &CallContext) -> [(String, String); 4] {
+    [
+        ("AGENT_SESSION_ID".to_string(), ctx.session_id.clone()),
+        (
+            "AGENT_CONVERSATION_ID".to_string(),
+            ctx.conversation_id.clone(),
+        ),
+        ("AGENT_TURN_ID".to_string(), ctx.turn_id.clone()),
+        ("AGENT_AGENT_ID".to_string(), ctx.agent_id.clone()),
+    ]
+}
+
+pub(super) async fn run(
+    tool: &BashTool,
+    args: CallArgs,
+    ctx: &CallContext,
+) -> Result<ToolOutput, ToolError> {
+    let inv = invocation(tool, &args)?;
+    drop(args);
+    let mut env: Vec<(String, String)> = context_env(ctx).into();
+    env.extend(inv.env);
+    let name = tool.spec.name.as_str();
+    let path = tool.path.display().to_string();
+    let cmdline = shell_words(&inv.shown);
+    tracing::info!(tool = name, session = %ctx.session_id, script = %path, command = %cmdline, "bash tool started");
+    let started = Instant::now();
+    let result = exec(
+        &tool.path,
+        &inv.argv,
+        &env,
+        inv.stdin,
+        tool.limits.call_timeout,
+        tool.limits.max_output,
+    )
+    .await;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let exec = match result {
+        Ok(e) => e,
+        Err(ExecError::Spawn(e)) => {
+            tracing::warn!(tool = name, script = %path, "cannot start the script: {e}");
+            return Err(ToolError::Failed(format!(
+                "the tool could not be started: {e}"
+            )));
+        }
+        Err(ExecError::Timeout(t)) => {
+            tracing::warn!(tool = name, command = %cmdline, elapsed_ms, "bash tool timed out");
+            return Err(ToolError::Failed(format!(
+                "the tool did not finish within {}s and was stopped",
+                t.as_secs()
+            )));
+        }
+    };
+    let code = exec.status.code();
+    tracing::info!(tool = name, command = %cmdline, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
+    let mut out = String::from_utf8_lossy(&exec.stdout).into_owned();
+    if exec.truncated {
+        out.push_str(&format!(
+            "\n[output cut at {} bytes]",
+            tool.limits.max_output
+        ));
+        return Ok(ToolOutput { text: out });
+    }
+    if !exec.status.success() {
+        let stderr = String::from_utf8_lossy(&exec.stderr);
+        let how = match (code, exec.status.signal()) {
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "failed".to_string(),
+        };
+        return Err(ToolError::Failed(format!("{how}: {}", stderr.trim())));
+    }
+    if out.is_empty() {
+        if let Some(EmptyResult::AddMessage(m)) = &tool.info.empty_result {
+            out = m.clone();
+        }
+    }
+    Ok(ToolOutput { text: out })
+}
+
+/// A command line for a trace: words with spaces or quotes are quoted.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            if !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@<>".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,115 @@
+//! Tools: what every toolbox produces, whatever it talks to.
+//!
+//! A [`Tool`] describes its arguments ([`ToolSpec`]) and runs with
+//! [`CallArgs`]. Registrations are loaded once and shared by every session;
+//! per-call values reach them through the arguments and the [`CallContext`],
+//! never through the registration. Bindings wrap any `Tool` (see
+//! [`crate::bindings`]).
+
+pub mod bash;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::params::ParamValue;
+
+/// How an argument travels to the tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// As a JSON value (HTTP and MCP tools, helpers).
+    Json,
+    /// To an executable, in one of the bash tool protocol's modes.
+    Bash(bash::Mode),
+}
+
+/// One argument of a tool.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ArgSpec {
+    pub name: String,
+    pub description: String,
+    pub required: bool,
+    /// The JSON schema of the argument's value (`{"type": "string", …}`).
+    pub schema: serde_json::Value,
+    pub transport: Transport,
+}
+
+/// What a tool is, before any binding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolSpec {
+    /// The name the model sees (`bash_query-invoices`).
+    pub name: String,
+    /// The name inside its toolbox (`query-invoices`), which toolbox-level
+    /// binding globs match.
+    pub local_name: String,
+    pub description: String,
+    pub args: Vec<ArgSpec>,
+}
+
+impl ToolSpec {
+    pub fn arg(&self, name: &str) -> Option<&ArgSpec> {
+        self.args.iter().find(|a| a.name == name)
+    }
+
+    /// The JSON schema of the tool's arguments, keeping only those `keep`
+    /// accepts. A hidden argument leaves no trace: not in `properties`, not
+    /// in `required`.
+    pub fn json_schema(&self, keep: impl Fn(&ArgSpec) -> bool) -> serde_json::Value {
+        let mut properties = serde_json::Map::new();
+        let mut required = Vec::new();
+        for arg in self.args.iter().filter(|a| keep(a)) {
+            properties.insert(arg.name.clone(), arg.schema.clone());
+            if arg.required {
+                required.push(serde_json::Value::String(arg.name.clone()));
+            }
+        }
+        serde_json::json!({
+            "type": "object",
+            "properties": properties,
+            "required": required,
+        })
+    }
+}
+
+/// A tool's arguments at call time: the model's, merged with bound values.
+/// Secret values stay marked as such down to the transport.
+pub type CallArgs = BTreeMap<String, ParamValue>;
+
+/// Who is calling: passed to bash tools as `AGENT_*` environment variables.
+#[derive(Clone, Debug, Default)]
+pub struct CallContext {
+    pub session_id: String,
+    pub conversation_id: String,
+    pub turn_id: String,
+    pub agent_id: String,
+}
+
+/// What a tool returns to the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    pub text: String,
+}
+
+/// Why a call failed. The `Display` text is what the model is told.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ToolError {
+    /// The model's arguments do not fit the tool; it can retry.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The tool ran and failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The tool cannot run for a reason the model must not learn (an
+    /// unbound parameter, a bound value of the wrong shape); the operator's
+    /// log says which.
+    #[error("tool unavailable")]
+    Unavailable,
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> &ToolSpec;
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError>;
+}

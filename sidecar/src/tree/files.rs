@@ -1,0 +1,100 @@
+//! Reading agent files: Bindery's Kubernetes-style YAML/JSON documents and
+//! agents-exe's JSON files. Errors name the file, the field's path and,
+//! where the parser knows it, the line.
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::spec::agents_exe::AgentFile;
+use crate::spec::{AgentDocument, AgentSpec, API_VERSION, KIND};
+
+/// One agent read from a file.
+#[derive(Debug)]
+pub struct ParsedAgent {
+    pub name: String,
+    pub spec: AgentSpec,
+    /// agents-exe's `toolDirectory` (helper agent files), still to list.
+    pub tool_directory: Option<String>,
+    /// The file is in agents-exe's format.
+    pub agents_exe: bool,
+}
+
+/// Every agent in one file (a YAML file may hold several documents).
+pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    parse_text(&text).map_err(|e| format!("{shown}: {e}"))
+}
+
+pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+        if value.get("tag").is_some() {
+            let file: AgentFile = from_json(text)?;
+            let AgentFile::OpenAIAgentDescription(desc) = file;
+            let converted = desc.convert()?;
+            return Ok(vec![ParsedAgent {
+                name: converted.name,
+                spec: converted.spec,
+                tool_directory: converted.tool_directory,
+                agents_exe: true,
+            }]);
+        }
+        let doc: AgentDocument = from_json(text)?;
+        return Ok(vec![native(doc)?]);
+    }
+    // Each document is read as a plain JSON value first, so that the typed
+    // pass can go through serde_path_to_error and name the field's path
+    // (and so that enums read as one-key maps, as in JSON).
+    let mut agents = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_json::Value::deserialize(de)
+            .map_err(|e| format!("document {}: not valid YAML: {e}", i + 1))?;
+        if value.is_null() {
+            continue; // an empty document between `---` lines
+        }
+        let doc: AgentDocument =
+            from_yaml_value(value).map_err(|e| format!("document {}: {e}", i + 1))?;
+        agents.push(native(doc)?);
+    }
+    if agents.is_empty() {
+        return Err("holds no agent".to_string());
+    }
+    Ok(agents)
+}
+
+fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
+    if doc.api_version != API_VERSION || doc.kind != KIND {
+        return Err(format!(
+            "is `{}` `{}`; an agent file holds `apiVersion: {API_VERSION}`, `kind: {KIND}`",
+            doc.api_version, doc.kind
+        ));
+    }
+    Ok(ParsedAgent {
+        name: doc.metadata.name,
+        spec: doc.spec,
+        tool_directory: None,
+        agents_exe: false,
+    })
+}
+
+fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| at_path(e.path().to_string(), e.inner()))
+}
+
+fn from_yaml_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| at_path(e.path().to_string(), e.inner()))
+}
+
+fn at_path(path: String, err: &dyn std::fmt::Display) -> String {
+    if path == "." || path.is_empty() {
+        err.to_string()
+    } else {
+        format!("at `{path}`: {err}")
+    }
+}

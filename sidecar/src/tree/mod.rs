@@ -1,0 +1,549 @@
+//! The agent tree: every agent file loaded, its parameters resolved, its
+//! toolboxes described and bound, and every load-time check run.
+//!
+//! Loading either succeeds with an [`AgentTree`] (plus warnings) or fails
+//! with every problem found, each naming the file, agent, toolbox, tool,
+//! argument or parameter to fix.
+
+pub mod files;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
+use crate::params::{valid_name, AgentParams, ApiKeys, ProcessValues, Values};
+use crate::spec::{AgentSpec, BindingValue, Scope, Toolbox};
+use crate::tools::bash::{self, Limits};
+use crate::tools::Tool;
+
+/// What loading needs besides the files.
+#[derive(Default)]
+pub struct LoadOptions {
+    pub process: ProcessValues,
+    pub api_keys: ApiKeys,
+    pub limits: Limits,
+}
+
+/// Where the agents are.
+#[derive(Clone, Debug)]
+pub enum AgentSources {
+    /// Each file holds one or more agents; all are top-level agents.
+    Files(Vec<PathBuf>),
+    /// Every `*.yaml`, `*.yml` and `*.json` file in the directory.
+    Dir(PathBuf),
+}
+
+/// A helper as its caller refers to it.
+#[derive(Clone, Debug)]
+pub struct Helper {
+    /// `prompt_agent_<slug>`.
+    pub slug: String,
+    /// The helper agent's name in the tree.
+    pub agent: String,
+    pub with: BTreeMap<String, BindingValue>,
+    pub narrowable: bool,
+}
+
+/// One agent, ready to run.
+pub struct LoadedAgent {
+    pub name: String,
+    pub file: PathBuf,
+    pub spec: AgentSpec,
+    pub params: AgentParams,
+    pub tools: Vec<BoundTool>,
+    pub helpers: Vec<Helper>,
+}
+
+impl LoadedAgent {
+    pub fn tool(&self, name: &str) -> Option<&BoundTool> {
+        self.tools.iter().find(|t| t.name() == name)
+    }
+
+    /// Parameter values with process values and defaults only.
+    pub fn process_values(&self) -> Values {
+        self.params.snapshot(&Values::new(), &Values::new())
+    }
+}
+
+pub struct AgentTree {
+    pub agents: BTreeMap<String, Arc<LoadedAgent>>,
+    /// Agents given directly (not only reached as helpers), in order.
+    pub roots: Vec<String>,
+    pub warnings: Vec<Diagnostic>,
+}
+
+impl AgentTree {
+    pub fn agent(&self, name: &str) -> Option<&Arc<LoadedAgent>> {
+        self.agents.get(name)
+    }
+
+    /// The agent called `name`, or the only top-level agent when no name is given.
+    pub fn pick(&self, name: Option<&str>) -> Result<&Arc<LoadedAgent>, String> {
+        match name {
+            Some(n) => self
+                .agent(n)
+                .ok_or_else(|| format!("no agent named `{n}` (agents: {})", self.roots.join(", "))),
+            None if self.roots.len() == 1 => Ok(&self.agents[&self.roots[0]]),
+            None => Err(format!(
+                "several agents are loaded ({}); say which with --agent NAME",
+                self.roots.join(", ")
+            )),
+        }
+    }
+}
+
+/// Every problem found while loading.
+#[derive(Debug)]
+pub struct LoadError {
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let errors = self
+            .diagnostics
+            .iter()
+            .filter(|d| d.level == Level::Error)
+            .count();
+        writeln!(
+            f,
+            "the agents did not load ({errors} error{}):",
+            if errors == 1 { "" } else { "s" }
+        )?;
+        for d in &self.diagnostics {
+            writeln!(f, "  {d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// An agent read from a file, before its tools are loaded.
+struct Pending {
+    name: String,
+    file: PathBuf,
+    spec: AgentSpec,
+    helpers: Vec<Helper>,
+}
+
+pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTree, LoadError> {
+    let mut diags = Vec::new();
+    let files = match sources {
+        AgentSources::Files(f) => f.clone(),
+        AgentSources::Dir(dir) => match agent_files_in(dir) {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(LoadError {
+                    diagnostics: vec![Diagnostic::error(e)],
+                })
+            }
+        },
+    };
+    let mut reader = Reader::default();
+    let mut roots = Vec::new();
+    for f in &files {
+        match reader.read(f) {
+            Ok(names) => roots.extend(names),
+            Err(e) => diags.push(Diagnostic::error(e)),
+        }
+    }
+    reader.resolve_helpers(&mut diags);
+    let unread = !diags.is_empty();
+
+    let mut agents = BTreeMap::new();
+    let loaded =
+        futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts))).await;
+    for (agent, mut d) in loaded {
+        diags.append(&mut d);
+        agents.insert(agent.name.clone(), Arc::new(agent));
+    }
+    check_helpers(&agents, &mut diags);
+    // With a file unread, "declared by no agent" would be noise.
+    if !unread {
+        check_process_values(&agents, &opts.process, &mut diags);
+    }
+
+    if diags.iter().any(|d| d.level == Level::Error) {
+        return Err(LoadError { diagnostics: diags });
+    }
+    Ok(AgentTree {
+        agents,
+        roots,
+        warnings: diags,
+    })
+}
+
+fn agent_files_in(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read agents directory {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!(
+            "agents directory {} holds no .yaml, .yml or .json file",
+            dir.display()
+        ));
+    }
+    Ok(files)
+}
+
+/// Reads files, following helper paths, each file once.
+#[derive(Default)]
+struct Reader {
+    pending: BTreeMap<String, Pending>,
+    /// Canonical file path → the agent names it holds.
+    seen: BTreeMap<PathBuf, Vec<String>>,
+    /// (caller, helper reference index, file) for helpers given by path.
+    by_path: Vec<(String, usize, PathBuf)>,
+}
+
+impl Reader {
+    fn read(&mut self, path: &Path) -> Result<Vec<String>, String> {
+        let canonical = std::fs::canonicalize(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        if let Some(names) = self.seen.get(&canonical) {
+            return Ok(names.clone());
+        }
+        self.seen.insert(canonical.clone(), Vec::new());
+        let parsed = files::parse_file(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut names = Vec::new();
+        for agent in parsed {
+            if let Some(other) = self.pending.get(&agent.name) {
+                return Err(format!(
+                    "{}: agent `{}` is already defined in {}; agent names must be unique",
+                    path.display(),
+                    agent.name,
+                    other.file.display()
+                ));
+            }
+            let mut helpers = Vec::new();
+            for (i, h) in agent.spec.helpers.iter().enumerate() {
+                helpers.push(Helper {
+                    slug: h.slug.clone().unwrap_or_default(),
+                    agent: h.agent.clone().unwrap_or_default(),
+                    with: h.with.clone(),
+                    narrowable: h.narrowable,
+                });
+                match (&h.agent, &h.path) {
+                    (Some(_), None) => {}
+                    (None, Some(p)) => self.by_path.push((agent.name.clone(), i, base.join(p))),
+                    _ => {
+                        return Err(format!(
+                            "{}: agent `{}`, helper {}: give exactly one of `agent` (an agent by name) or `path` (an agent file)",
+                            path.display(),
+                            agent.name,
+                            i + 1
+                        ))
+                    }
+                }
+            }
+            if let Some(dir) = &agent.tool_directory {
+                let dir = base.join(dir);
+                let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+                    .map_err(|e| {
+                        format!("{}: toolDirectory {}: {e}", path.display(), dir.display())
+                    })?
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect();
+                found.sort();
+                for f in found {
+                    let i = helpers.len();
+                    helpers.push(Helper {
+                        slug: String::new(),
+                        agent: String::new(),
+                        with: BTreeMap::new(),
+                        narrowable: true,
+                    });
+                    self.by_path.push((agent.name.clone(), i, f));
+                }
+            }
+            names.push(agent.name.clone());
+            self.pending.insert(
+                agent.name.clone(),
+                Pending {
+                    name: agent.name,
+                    file: path.to_path_buf(),
+                    spec: agent.spec,
+                    helpers,
+                },
+            );
+        }
+        self.seen.insert(canonical, names.clone());
+        Ok(names)
+    }
+
+    /// Read every helper file (and theirs), then fill in helper names.
+    fn resolve_helpers(&mut self, diags: &mut Vec<Diagnostic>) {
+        let mut next = 0;
+        while next < self.by_path.len() {
+            let (caller, i, path) = self.by_path[next].clone();
+            next += 1;
+            match self.read(&path) {
+                Ok(names) if names.len() == 1 => {
+                    if let Some(p) = self.pending.get_mut(&caller) {
+                        p.helpers[i].agent = names[0].clone();
+                    }
+                }
+                Ok(names) => diags.push(Diagnostic::error(format!(
+                    "{}: a helper file must hold exactly one agent, it holds {}",
+                    path.display(),
+                    names.len()
+                ))),
+                Err(e) => diags.push(Diagnostic::error(e)),
+            }
+        }
+        for p in self.pending.values_mut() {
+            for h in &mut p.helpers {
+                if h.slug.is_empty() {
+                    h.slug = h.agent.clone();
+                }
+            }
+        }
+    }
+}
+
+async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagnostic>) {
+    let mut diags = Vec::new();
+    let file = p.file.display().to_string();
+    let here = format!("{file}: agent `{}`", p.name);
+    let base = p.file.parent().unwrap_or(Path::new(".")).to_path_buf();
+
+    if !valid_tool_name(&format!("prompt_agent_{}", p.name)) {
+        diags.push(Diagnostic::error(format!(
+            "{here}: the name may use only letters, digits, `_` and `-` (at most 50 characters)"
+        )));
+    }
+    let mut names = BTreeSet::new();
+    for d in &p.spec.parameters {
+        if !valid_name(&d.name) {
+            diags.push(Diagnostic::error(format!(
+                "{here}, parameter `{}`: a parameter name is lower-case letters, digits and `_`, starting with a letter",
+                d.name
+            )));
+        }
+        if !names.insert(d.name.as_str()) {
+            diags.push(Diagnostic::error(format!(
+                "{here}, parameter `{}` is declared twice",
+                d.name
+            )));
+        }
+    }
+    let (params, errors) =
+        AgentParams::build(&p.spec.parameters, &opts.process, &base, &opts.api_keys);
+    diags.extend(
+        errors
+            .into_iter()
+            .map(|e| Diagnostic::error(format!("{here}, {e}"))),
+    );
+    for s in params.statuses() {
+        if s.scope == Scope::Process && s.required && !s.bound {
+            let why = s.problem.map(|p| format!(" ({p})")).unwrap_or_default();
+            diags.push(Diagnostic::error(format!(
+                "{here}, parameter `{}`: required, process scope, and has no value{why}; supply it with --set {}=…, --params-file, or the environment variable BINDERY_PARAM_{}",
+                s.name,
+                s.name,
+                s.name.to_ascii_uppercase()
+            )));
+        } else if let (Some(problem), false) = (&s.problem, s.bound) {
+            diags.push(Diagnostic::warning(format!(
+                "{here}, parameter `{}`: {problem}",
+                s.name
+            )));
+        }
+    }
+
+    let mut tools: Vec<BoundTool> = Vec::new();
+    for (i, tb) in p.spec.toolboxes.iter().enumerate() {
+        let Toolbox::Bash(b) = tb;
+        let (what, loaded) = match (&b.directory, &b.script) {
+            (Some(dir), None) => (
+                format!("bash directory {dir}"),
+                bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits)
+                    .await,
+            ),
+            (None, Some(script)) if b.basename_filter.is_none() => (
+                format!("bash script {script}"),
+                bash::load_script(&base.join(script), opts.limits)
+                    .await
+                    .map(|t| (vec![t], Vec::new())),
+            ),
+            _ => {
+                diags.push(Diagnostic::error(format!(
+                    "{here}, toolbox {}: a bash toolbox takes either `directory` (with an optional `basenameFilter`) or `script`",
+                    i + 1
+                )));
+                continue;
+            }
+        };
+        let place = format!("{here}, toolbox {} ({what})", i + 1);
+        let (found, errors) = match loaded {
+            Ok(x) => x,
+            Err(e) => {
+                diags.push(Diagnostic::error(format!("{place}: {e}")));
+                continue;
+            }
+        };
+        diags.extend(
+            errors
+                .into_iter()
+                .map(|e| Diagnostic::error(format!("{place}: {e}"))),
+        );
+        let mut bound: Vec<BoundTool> = found
+            .into_iter()
+            .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+            .collect();
+        for t in &bound {
+            if !valid_tool_name(t.name()) {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: tool `{}`: a model-visible tool name may use only letters, digits, `_` and `-`, at most 64 characters; change the script's slug",
+                    t.name()
+                )));
+            }
+            if let Some(dup) = tools.iter().find(|x| x.name() == t.name()) {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: tool `{}` is defined twice (also by {}); slugs must be unique in an agent",
+                    t.name(),
+                    dup.spec().local_name
+                )));
+            }
+        }
+        apply_bindings(
+            &mut bound,
+            &b.bindings,
+            BindingLayer::Toolbox,
+            &p.spec.parameters,
+            &place,
+            &mut diags,
+        );
+        tools.extend(bound);
+    }
+    apply_bindings(
+        &mut tools,
+        &p.spec.bindings,
+        BindingLayer::Agent,
+        &p.spec.parameters,
+        &format!("{here}, agent-level bindings"),
+        &mut diags,
+    );
+    let agent = LoadedAgent {
+        name: p.name.clone(),
+        file: p.file.clone(),
+        spec: p.spec.clone(),
+        params,
+        tools,
+        helpers: p.helpers.clone(),
+    };
+    (agent, diags)
+}
+
+/// OpenAI's rule for function names.
+fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Helper references point at loaded agents; `with` names declared
+/// parameters on both sides and covers the helper's required session
+/// parameters.
+fn check_helpers(agents: &BTreeMap<String, Arc<LoadedAgent>>, diags: &mut Vec<Diagnostic>) {
+    for a in agents.values() {
+        let here = format!("{}: agent `{}`", a.file.display(), a.name);
+        let mut slugs = BTreeSet::new();
+        for (i, h) in a.helpers.iter().enumerate() {
+            let at = format!("{here}, helper {} (`{}`)", i + 1, h.slug);
+            if !slugs.insert(h.slug.as_str()) {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: two helpers share this slug"
+                )));
+            }
+            let Some(helper) = agents.get(&h.agent) else {
+                if !h.agent.is_empty() {
+                    diags.push(Diagnostic::error(format!(
+                        "{at}: no loaded agent is named `{}` (agents: {})",
+                        h.agent,
+                        agents.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                continue;
+            };
+            if !valid_tool_name(&format!("prompt_agent_{}", h.slug)) {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: a slug may use only letters, digits, `_` and `-`"
+                )));
+            }
+            for (key, value) in &h.with {
+                if helper.params.decl(key).is_none() {
+                    diags.push(Diagnostic::error(format!(
+                        "{at}: `with` fills `{key}`, which agent `{}` does not declare",
+                        helper.name
+                    )));
+                }
+                if let BindingValue::Param(p) = value {
+                    if a.params.decl(p).is_none() {
+                        diags.push(Diagnostic::error(format!(
+                            "{at}: `with.{key}` reads parameter `{p}`, which agent `{}` does not declare",
+                            a.name
+                        )));
+                    }
+                }
+            }
+            for s in helper.params.statuses() {
+                if s.required
+                    && s.scope != Scope::Process
+                    && !s.bound
+                    && !h.with.contains_key(&s.name)
+                {
+                    diags.push(Diagnostic::error(format!(
+                        "{at}: agent `{}` requires {}-scope parameter `{}`, which neither `with` nor its own process value or default fills",
+                        helper.name,
+                        s.scope.as_str(),
+                        s.name
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Every process value names a parameter some loaded agent declares.
+fn check_process_values(
+    agents: &BTreeMap<String, Arc<LoadedAgent>>,
+    process: &ProcessValues,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let declared: BTreeSet<&str> = agents
+        .values()
+        .flat_map(|a| a.params.decls().iter().map(|d| d.name.as_str()))
+        .collect();
+    for (name, pv) in process.iter() {
+        if !declared.contains(name.as_str()) {
+            diags.push(Diagnostic::error(format!(
+                "parameter `{name}` ({}) is declared by no loaded agent (declared: {})",
+                pv.origin,
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.iter().copied().collect::<Vec<_>>().join(", ")
+                }
+            )));
+        }
+    }
+}
