@@ -1,0 +1,556 @@
+//! `bindery-sidecar check`, `describe` and `tool-call`, driven as a user
+//! would: the real binary, real agent files, real bash scripts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+const CANARY: &str = "canary-7f3a9c";
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_bindery-sidecar"));
+    // Only what the test gives: no BINDERY_* leaking in from the outside.
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    c
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn invoices() -> String {
+    repo()
+        .join("examples/invoices/agent.yaml")
+        .display()
+        .to_string()
+}
+
+fn invoices_exe() -> String {
+    repo()
+        .join("examples/invoices/agents-exe/invoices.json")
+        .display()
+        .to_string()
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(cmd: &mut Command) -> Out {
+    let o = cmd.output().expect("the binary runs");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn sha256(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// Each file in fixtures/invalid is an agent with one mistake; its
+/// `# expect:` lines (or `<file>.expect`) hold what `check` must say.
+#[test]
+fn every_invalid_fixture_fails_with_a_precise_message() {
+    let dir = fixtures().join("invalid");
+    let mut seen = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.extension().is_some_and(|e| e == "expect") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut expected: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .map(str::to_string)
+            .collect();
+        let side = PathBuf::from(format!("{}.expect", path.display()));
+        if let Ok(s) = std::fs::read_to_string(&side) {
+            expected.extend(s.lines().map(str::to_string));
+        }
+        assert!(
+            !expected.is_empty(),
+            "{} says nothing it expects",
+            path.display()
+        );
+        let out = run(bin().arg("check").arg("--agent-file").arg(&path));
+        assert_eq!(out.code, 1, "{}: {}", path.display(), out.stdout);
+        for e in &expected {
+            assert!(
+                out.stderr.contains(e.as_str()),
+                "{}: expected\n  {e}\nin\n{}",
+                path.display(),
+                out.stderr
+            );
+        }
+        // Every message names the file it is about.
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        for line in out
+            .stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with("error:") && !l.starts_with("error: the agents"))
+        {
+            assert!(line.contains(&name), "{line}");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 14, "only {seen} fixtures");
+}
+
+#[test]
+fn check_json_lists_diagnostics_for_machines() {
+    let bad = fixtures().join("invalid/secret-in-argv.yaml");
+    let out = run(bin()
+        .args(["check", "--output", "json", "--agent-file"])
+        .arg(&bad));
+    assert_eq!(out.code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["diagnostics"][0]["level"], "error");
+    assert!(v["diagnostics"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("mode `dashdashspace`"));
+}
+
+#[test]
+fn check_shows_how_each_parameter_resolved() {
+    let out = run(bin().args(["check", "--agent-file", &invoices()]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("tenant         session  -       required  session"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("billing_token  process  secret  required  default:file demo-billing-token"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("bash_query-invoices(status?, since?)"));
+    assert!(out
+        .stdout
+        .contains("bound: token := param billing_token [env]"));
+
+    let out = run(bin()
+        .args([
+            "check",
+            "--output",
+            "json",
+            "--agent-file",
+            &invoices(),
+            "--pin",
+            "tenant=acme-corp",
+        ])
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let params = &v["agents"][0]["parameters"];
+    assert_eq!(params[0]["name"], "tenant");
+    assert_eq!(params[0]["source"], "pinned");
+    assert_eq!(params[0]["pinned"], true);
+    assert_eq!(params[1]["source"], "env BINDERY_PARAM_BILLING_TOKEN");
+    assert_eq!(params[1]["bound"], true);
+    assert_eq!(
+        v["agents"][0]["tools"][0]["arguments"],
+        serde_json::json!(["status?", "since?"])
+    );
+
+    let out = run(bin()
+        .args(["check", "--output", "json", "--agent-file", &invoices()])
+        .env("BINDERY_PIN_TENANT", "acme-corp")
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY));
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        v["agents"][0]["parameters"][0]["source"],
+        "pinned (env BINDERY_PIN_TENANT)"
+    );
+}
+
+#[test]
+fn a_value_for_an_undeclared_parameter_is_a_typo() {
+    let out = run(bin().args([
+        "check",
+        "--agent-file",
+        &invoices(),
+        "--set",
+        "tenantt=acme",
+    ]));
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("parameter `tenantt` (--set) is declared by no loaded agent (declared: billing_token, tenant)"),
+        "{}",
+        out.stderr
+    );
+    let out = run(bin()
+        .args(["check", "--agent-file", &invoices()])
+        .env("BINDERY_PARAM_TENANTT", "x"));
+    assert!(
+        out.stderr
+            .contains("parameter `tenantt` (env BINDERY_PARAM_TENANTT)"),
+        "{}",
+        out.stderr
+    );
+    let out = run(bin().args([
+        "check",
+        "--agent-file",
+        &invoices(),
+        "--set",
+        "tenant=a",
+        "--pin",
+        "tenant=b",
+    ]));
+    assert!(
+        out.stderr
+            .contains("`tenant` is given twice (--set and --pin)"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_secret_must_be_a_string() {
+    let out = run(bin().args([
+        "check",
+        "--agent-file",
+        &invoices(),
+        "--set-json",
+        "billing_token={\"t\": 1}",
+    ]));
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("parameter `billing_token` (--set-json): a secret parameter takes a string, got an object"), "{}", out.stderr);
+}
+
+#[test]
+fn describe_prints_exactly_what_the_model_receives() {
+    let out = run(bin().args([
+        "describe",
+        "--agent-file",
+        &invoices(),
+        "--tool",
+        "bash_query-invoices",
+    ]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let tool = &v["tools"][0];
+    assert_eq!(tool["type"], "function");
+    assert_eq!(tool["function"]["name"], "bash_query-invoices");
+    let params = &tool["function"]["parameters"];
+    assert_eq!(params["required"], serde_json::json!([]));
+    let props: Vec<&String> = params["properties"].as_object().unwrap().keys().collect();
+    assert_eq!(props, ["since", "status"]);
+    let schema = tool["function"].to_string();
+    assert!(
+        !schema.contains("tenant") && !schema.contains("token"),
+        "{schema}"
+    );
+    assert_eq!(tool["bound"][0]["arg"], "tenant_id");
+    assert_eq!(tool["bound"][1]["mode"], "env");
+
+    let out = run(bin().args(["describe", "--agent-file", &invoices(), "--tool", "nope"]));
+    assert_eq!(out.code, 1);
+    assert!(out
+        .stderr
+        .contains("agent `invoices` has no tool `nope` (tools: bash_query-invoices)"));
+}
+
+#[test]
+fn tool_call_runs_through_the_bindings() {
+    let out = run(bin().args([
+        "tool-call",
+        "--agent-file",
+        &invoices(),
+        "--set",
+        "tenant=acme-corp",
+        "--tool",
+        "bash_query-invoices",
+        "--args",
+        r#"{"status": "overdue", "tenant_id": "globex"}"#,
+    ]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "2026-10-01\tINV-1002\t850.50 EUR\toverdue\n");
+    assert!(out
+        .stderr
+        .contains("the model sent a bound argument; the bound value was used"));
+
+    let out = run(bin().args([
+        "tool-call",
+        "--agent-file",
+        &invoices(),
+        "--set",
+        "tenant=acme-corp",
+        "--tool",
+        "bash_query-invoices",
+        "--args",
+        r#"{"since": "2099-01-01"}"#,
+    ]));
+    assert_eq!(out.stdout, "No invoices match.\n", "empty-result applies");
+}
+
+#[test]
+fn an_unbound_parameter_tells_the_operator_and_not_the_model() {
+    let out = run(bin().args([
+        "tool-call",
+        "--agent-file",
+        &invoices(),
+        "--tool",
+        "bash_query-invoices",
+    ]));
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("argument `tenant_id` is bound to parameter `tenant`, which has no value"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("error: tool bash_query-invoices: tool unavailable"),
+        "{}",
+        out.stderr
+    );
+}
+
+fn probe() -> String {
+    fixtures().join("valid/probe.yaml").display().to_string()
+}
+
+#[test]
+fn env_mode_keeps_the_token_out_of_argv() {
+    let out = run(bin()
+        .args([
+            "tool-call",
+            "--agent-file",
+            &probe(),
+            "--set",
+            "repo=r1",
+            "--tool",
+            "bash_probe",
+        ])
+        .args([
+            "--args",
+            r#"{"note": "hello world", "level": 3, "body": "line"}"#,
+        ])
+        .env("BINDERY_PARAM_TOKEN", CANARY));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("argv: [--repo] [r1] [hello world] [--level=3]"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("stdin: line|"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains(&format!("token-sha256: {}", sha256(CANARY))),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("bindery-vars: 0"),
+        "the sidecar's BINDERY_* variables are withheld: {}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("agent: prober"), "{}", out.stdout);
+    assert!(!out.stdout.contains(CANARY) && !out.stderr.contains(CANARY));
+}
+
+#[test]
+fn required_arguments_timeouts_output_limits_and_failures() {
+    let call = |args: &str, extra: &[&str]| {
+        run(bin()
+            .args([
+                "tool-call",
+                "--agent-file",
+                &probe(),
+                "--tool",
+                "bash_sleeper",
+                "--args",
+                args,
+            ])
+            .args(extra))
+    };
+    let out = call("{}", &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("invalid arguments: missing required argument `mode`"),
+        "{}",
+        out.stderr
+    );
+
+    let out = call(r#"{"mode": "fail"}"#, &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("exit status 4: it broke"),
+        "{}",
+        out.stderr
+    );
+
+    let out = call(r#"{"mode": "sleep"}"#, &["--tool-timeout", "1"]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("the tool did not finish within 1s and was stopped"),
+        "{}",
+        out.stderr
+    );
+
+    let out = call(r#"{"mode": "flood"}"#, &["--tool-max-output", "1000"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.starts_with("flood\nflood\n"));
+    assert!(
+        out.stdout.ends_with("[output cut at 1000 bytes]\n"),
+        "{}",
+        &out.stdout[out.stdout.len() - 60..]
+    );
+
+    let out = call("[1]", &[]);
+    assert!(
+        out.stderr
+            .contains("arguments must be a JSON object, got an array"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// The invoices agent in agents-exe's JSON form and in Bindery's YAML form
+/// load to the same agent and behave the same.
+#[test]
+fn agents_exe_files_behave_like_native_ones() {
+    let describe = |file: &str| run(bin().args(["describe", "--agent-file", file])).stdout;
+    let native = describe(&invoices());
+    assert!(native.contains("bash_query-invoices"));
+    assert_eq!(native, describe(&invoices_exe()));
+
+    let report = |file: &str| {
+        let out = run(bin()
+            .args(["check", "--output", "json", "--agent-file", file])
+            .env("BINDERY_PARAM_TENANT", "acme-corp"));
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let mut v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let agent = v["agents"][0].take();
+        (
+            agent["tools"].clone(),
+            agent["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    (
+                        p["name"].clone(),
+                        p["scope"].clone(),
+                        p["secret"].clone(),
+                        p["bound"].clone(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(report(&invoices()), report(&invoices_exe()));
+
+    let call = |file: &str| {
+        run(bin().args([
+            "tool-call",
+            "--agent-file",
+            file,
+            "--set",
+            "tenant=globex",
+            "--tool",
+            "bash_query-invoices",
+            "--args",
+            "{}",
+        ]))
+        .stdout
+    };
+    let native = call(&invoices());
+    assert!(native.contains("INV-2002"), "{native}");
+    assert_eq!(native, call(&invoices_exe()));
+}
+
+/// A secret canary given every way a secret can be given appears in no
+/// output of check, describe or tool-call, in either log format.
+#[test]
+fn secrecy_canary() {
+    let dir = tempfile::tempdir().unwrap();
+    let params_file = dir.path().join("params.json");
+    std::fs::write(
+        &params_file,
+        format!(r#"{{"billing_token": {{"value": "{CANARY}", "pinned": true}}}}"#),
+    )
+    .unwrap();
+    let ways: Vec<(Vec<String>, Vec<(&str, &str)>)> = vec![
+        (
+            vec!["--set".into(), format!("billing_token={CANARY}")],
+            vec![],
+        ),
+        (
+            vec!["--params-file".into(), params_file.display().to_string()],
+            vec![],
+        ),
+        (vec![], vec![("BINDERY_PARAM_BILLING_TOKEN", CANARY)]),
+        (vec![], vec![("BINDERY_PIN_BILLING_TOKEN", CANARY)]),
+    ];
+    for (flags, env) in &ways {
+        for log in ["text", "json"] {
+            for cmd in [
+                vec!["check".to_string()],
+                vec!["check".into(), "--output".into(), "json".into()],
+                vec!["describe".into()],
+                vec![
+                    "tool-call".into(),
+                    "--tool".into(),
+                    "bash_query-invoices".into(),
+                    "--args".into(),
+                    "{\"status\": \"open\"}".into(),
+                ],
+            ] {
+                let mut c = bin();
+                c.args(&cmd)
+                    .args([
+                        "--agent-file",
+                        &invoices(),
+                        "--set",
+                        "tenant=acme-corp",
+                        "--log-format",
+                        log,
+                    ])
+                    .args(flags)
+                    .envs(env.iter().copied())
+                    .env("BINDERY_LOG", "debug");
+                let out = run(&mut c);
+                assert_eq!(out.code, 0, "{cmd:?} {flags:?}: {}", out.stderr);
+                assert!(
+                    !out.stdout.contains(CANARY),
+                    "{cmd:?} {flags:?} stdout: {}",
+                    out.stdout
+                );
+                assert!(
+                    !out.stderr.contains(CANARY),
+                    "{cmd:?} {flags:?} stderr: {}",
+                    out.stderr
+                );
+            }
+        }
+    }
+}
