@@ -499,7 +499,9 @@ fn secrecy_canary() {
         format!(r#"{{"billing_token": {{"value": "{CANARY}", "pinned": true}}}}"#),
     )
     .unwrap();
-    let ways: Vec<(Vec<String>, Vec<(&str, &str)>)> = vec![
+    // (flags, environment) for each way of giving the secret.
+    type Way<'a> = (Vec<String>, Vec<(&'a str, &'a str)>);
+    let ways: Vec<Way> = vec![
         (
             vec!["--set".into(), format!("billing_token={CANARY}")],
             vec![],

@@ -87,13 +87,13 @@ fn p(name: &str) -> BindingValue {
 
 /// Apply toolbox bindings to the tools; panics on any error.
 fn bound(
-    tools: &[Arc<Recorder>],
+    tools: Vec<Arc<Recorder>>,
     bindings: &[Binding],
     params: &[ParameterDecl],
 ) -> Vec<BoundTool> {
     let mut out: Vec<BoundTool> = tools
-        .iter()
-        .map(|t| BoundTool::new(t.clone() as Arc<dyn Tool>))
+        .into_iter()
+        .map(|t| BoundTool::new(t as Arc<dyn Tool>))
         .collect();
     let mut diags = Vec::new();
     apply_bindings(
@@ -119,7 +119,7 @@ fn values(pairs: &[(&str, ParamValue)]) -> Values {
 fn bound_arguments_vanish_from_the_schema() {
     let t = invoices();
     let tools = bound(
-        &[t],
+        vec![t],
         &[
             bind(None, "tenant_id", p("tenant"), WhenUnbound::Fail),
             bind(None, "token", p("api_token"), WhenUnbound::Fail),
@@ -146,7 +146,7 @@ fn bound_arguments_vanish_from_the_schema() {
 async fn bound_value_wins_over_what_the_model_sends() {
     let t = invoices();
     let tools = bound(
-        &[t.clone()],
+        vec![t.clone()],
         &[
             bind(None, "tenant_id", p("tenant"), WhenUnbound::Fail),
             bind(None, "token", p("api_token"), WhenUnbound::Fail),
@@ -189,7 +189,7 @@ fn globs_pick_the_tools_a_binding_applies_to() {
     let b = recorder("export-pdf", vec![arg("format", true, Transport::Json)]);
     let c = recorder("import", vec![arg("format", true, Transport::Json)]);
     let tools = bound(
-        &[a, b, c],
+        vec![a, b, c],
         &[bind(
             Some("export-*"),
             "format",
@@ -209,7 +209,7 @@ fn globs_pick_the_tools_a_binding_applies_to() {
 async fn omit_leaves_an_unbound_optional_argument_out() {
     let t = invoices();
     let tools = bound(
-        &[t.clone()],
+        vec![t.clone()],
         &[bind(None, "since", p("start"), WhenUnbound::Omit)],
         &[param("start", false)],
     );
@@ -231,7 +231,7 @@ async fn omit_leaves_an_unbound_optional_argument_out() {
 async fn fail_refuses_the_call_with_a_generic_error() {
     let t = invoices();
     let tools = bound(
-        &[t.clone()],
+        vec![t.clone()],
         &[bind(None, "tenant_id", p("tenant"), WhenUnbound::Fail)],
         &[param("tenant", false)],
     );
@@ -261,7 +261,7 @@ async fn fail_refuses_the_call_with_a_generic_error() {
 async fn expose_flips_with_the_parameters_presence() {
     let t = invoices();
     let tools = bound(
-        &[t.clone()],
+        vec![t.clone()],
         &[bind(None, "tenant_id", p("tenant"), WhenUnbound::Expose)],
         &[param("tenant", false)],
     );
@@ -297,7 +297,7 @@ async fn expose_flips_with_the_parameters_presence() {
 async fn object_values_never_reach_a_bash_argument() {
     let t = invoices();
     let tools = bound(
-        &[t.clone()],
+        vec![t.clone()],
         &[bind(None, "tenant_id", p("tenant"), WhenUnbound::Fail)],
         &[param("tenant", false)],
     );
@@ -314,7 +314,7 @@ async fn object_values_never_reach_a_bash_argument() {
 fn later_layers_can_only_bind_what_is_still_open() {
     let t = invoices();
     let mut tools = bound(
-        &[t],
+        vec![t],
         &[bind(None, "tenant_id", p("tenant"), WhenUnbound::Fail)],
         &[param("tenant", false)],
     );
