@@ -4,6 +4,8 @@
 pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "server")]
+pub mod llm;
 pub mod params;
 pub mod report;
 pub mod spec;

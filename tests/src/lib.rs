@@ -1,1 +1,3 @@
 //! Shared helpers for Bindery's cross-binary tests.
+
+pub mod mock_llm;

@@ -1,0 +1,448 @@
+//! The HTTP side: sending requests, retrying, reading replies and streams.
+
+use std::collections::hash_map::RandomState;
+use std::error::Error as _;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+
+use super::error::{excerpt, LlmError};
+use super::parse::{deltas_of, parse_completion, StreamState};
+use super::sse::SseParser;
+use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, WireRequest};
+
+/// The longest `Retry-After` the client honours; a longer one is cut to this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The longest computed backoff between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A client for one [`ModelEndpoint`]. Cheap to clone: clones share one
+/// connection pool.
+#[derive(Clone)]
+pub struct ChatClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    endpoint: ModelEndpoint,
+    /// `{base_url}/chat/completions`.
+    url: String,
+    /// `Bearer <key>`, marked sensitive.
+    auth: Option<HeaderValue>,
+}
+
+impl fmt::Debug for ChatClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatClient")
+            .field("url", &self.inner.url)
+            .field("model", &self.inner.endpoint.model)
+            .field("api_key", &self.inner.endpoint.api_key)
+            .finish()
+    }
+}
+
+/// What one attempt came to, when it did not fail for good.
+enum Attempt<T> {
+    Done(T),
+    Retry {
+        error: LlmError,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl ChatClient {
+    /// A client for `endpoint`. Fails if the base URL is not an http(s) URL,
+    /// the timeout is zero, or the API key cannot go in an HTTP header.
+    pub fn new(endpoint: ModelEndpoint) -> Result<Self, LlmError> {
+        let base = endpoint.base_url.trim().trim_end_matches('/');
+        match reqwest::Url::parse(base) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            _ => {
+                return Err(LlmError::Config(format!(
+                    "the base URL {base:?} is not an http(s) URL"
+                )))
+            }
+        }
+        if endpoint.timeout.is_zero() {
+            return Err(LlmError::Config("the timeout is zero".to_owned()));
+        }
+        let auth = match endpoint.api_key.as_ref().filter(|k| !k.is_empty()) {
+            None => None,
+            Some(key) => {
+                let mut value =
+                    HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
+                        LlmError::Config(
+                            "the API key has characters that cannot go in an HTTP header"
+                                .to_owned(),
+                        )
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(endpoint.timeout)
+            .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e))))?;
+        let url = format!("{base}/chat/completions");
+        Ok(ChatClient {
+            inner: Arc::new(Inner {
+                http,
+                endpoint,
+                url,
+                auth,
+            }),
+        })
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &ModelEndpoint {
+        &self.inner.endpoint
+    }
+
+    /// Sends `req` with `stream: false` and returns the whole reply.
+    pub async fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let body = &self.body(req, false)?;
+        let timeout = self.inner.endpoint.timeout;
+        let this = self;
+        let text = self
+            .with_retries(false, move || async move {
+                let attempt = async {
+                    match this.send(body, false).await? {
+                        Attempt::Done(response) => {
+                            let text = response.text().await.map_err(|e| this.read_error(e))?;
+                            Ok(Attempt::Done(text))
+                        }
+                        Attempt::Retry { error, retry_after } => {
+                            Ok(Attempt::Retry { error, retry_after })
+                        }
+                    }
+                };
+                tokio::time::timeout(timeout, attempt)
+                    .await
+                    .unwrap_or(Err(LlmError::Timeout))
+            })
+            .await?;
+        let response = parse_completion(&text)?;
+        tracing::debug!(
+            finish_reason = response.finish_reason.as_deref(),
+            tool_calls = response.tool_calls.len(),
+            "chat completion received"
+        );
+        Ok(response)
+    }
+
+    /// Sends `req` with `stream: true`, calls `on_delta` with each piece of
+    /// the reply as it arrives, and returns the assembled reply.
+    ///
+    /// Only the request itself is retried: once the reply has started,
+    /// a failure ends the call. The endpoint's timeout bounds the wait for
+    /// the response headers and then each wait for the next chunk.
+    pub async fn complete_streaming(
+        &self,
+        req: &ChatRequest,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<ChatResponse, LlmError> {
+        let body = &self.body(req, true)?;
+        let timeout = self.inner.endpoint.timeout;
+        let this = self;
+        let response = self
+            .with_retries(true, move || async move {
+                tokio::time::timeout(timeout, this.send(body, true))
+                    .await
+                    .unwrap_or(Err(LlmError::Timeout))
+            })
+            .await?;
+
+        let is_json = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        if is_json {
+            // The endpoint ignored `stream: true` and sent a whole reply.
+            let text = tokio::time::timeout(timeout, response.text())
+                .await
+                .map_err(|_| LlmError::Timeout)?
+                .map_err(|e| self.read_error(e))?;
+            let response = parse_completion(&text)?;
+            deltas_of(&response, on_delta);
+            return Ok(response);
+        }
+
+        let mut chunks = std::pin::pin!(response.bytes_stream());
+        let mut parser = SseParser::default();
+        let mut state = StreamState::default();
+        while !state.is_done() {
+            let next = tokio::time::timeout(timeout, chunks.next())
+                .await
+                .map_err(|_| LlmError::Timeout)?;
+            let Some(chunk) = next else {
+                if let Some(event) = parser.finish() {
+                    state.handle_event(&event, on_delta)?;
+                }
+                break;
+            };
+            let chunk = chunk.map_err(|e| self.read_error(e))?;
+            for event in parser.feed(&chunk)? {
+                state.handle_event(&event, on_delta)?;
+                if state.is_done() {
+                    break;
+                }
+            }
+        }
+        let response = state.finish()?;
+        tracing::debug!(
+            finish_reason = response.finish_reason.as_deref(),
+            tool_calls = response.tool_calls.len(),
+            "streamed chat completion received"
+        );
+        Ok(response)
+    }
+
+    fn body(&self, req: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
+        serde_json::to_vec(&WireRequest::new(&self.inner.endpoint.model, req, stream))
+            .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))
+    }
+
+    /// Runs `attempt` until it is done, fails for good, or the retries run
+    /// out, waiting between attempts.
+    async fn with_retries<T, F, Fut>(&self, stream: bool, mut attempt: F) -> Result<T, LlmError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Attempt<T>, LlmError>>,
+    {
+        let endpoint = &self.inner.endpoint;
+        let mut retries = 0u32;
+        loop {
+            tracing::debug!(
+                url = %self.inner.url,
+                model = %endpoint.model,
+                stream,
+                attempt = retries + 1,
+                "sending chat completion request"
+            );
+            let started = Instant::now();
+            let outcome = attempt().await;
+            let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            match outcome {
+                Ok(Attempt::Done(value)) => {
+                    tracing::debug!(elapsed_ms, "chat completion request succeeded");
+                    return Ok(value);
+                }
+                Err(error) => {
+                    tracing::debug!(elapsed_ms, %error, "chat completion request failed");
+                    return Err(error);
+                }
+                Ok(Attempt::Retry { error, retry_after }) => {
+                    if retries >= endpoint.max_retries {
+                        return Err(LlmError::RetriesExhausted {
+                            attempts: retries + 1,
+                            last: Box::new(error),
+                        });
+                    }
+                    let wait = match retry_after {
+                        Some(wait) => wait.min(MAX_RETRY_AFTER),
+                        None => backoff(endpoint.initial_backoff, retries),
+                    };
+                    tracing::warn!(
+                        url = %self.inner.url,
+                        model = %endpoint.model,
+                        attempt = retries + 1,
+                        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        error = %error_summary(&error),
+                        "chat completion request failed; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    retries += 1;
+                }
+            }
+        }
+    }
+
+    /// Sends one request and checks its status. A success is `Done` with the
+    /// response, its body unread; a 429, a 5xx or a failed connection is
+    /// `Retry`; anything else is an error.
+    async fn send(
+        &self,
+        body: &[u8],
+        stream: bool,
+    ) -> Result<Attempt<reqwest::Response>, LlmError> {
+        let mut request = self
+            .inner
+            .http
+            .post(&self.inner.url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(
+                ACCEPT,
+                if stream {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                },
+            )
+            .body(body.to_vec());
+        if let Some(auth) = &self.inner.auth {
+            request = request.header(AUTHORIZATION, auth.clone());
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) if e.is_timeout() => return Err(LlmError::Timeout),
+            Err(e) if e.is_connect() => {
+                return Ok(Attempt::Retry {
+                    error: self.transport_error("could not connect to", &e),
+                    retry_after: None,
+                })
+            }
+            Err(e) => return Err(self.transport_error("the request failed at", &e)),
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Attempt::Done(response));
+        }
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = match response.text().await {
+            Ok(text) => text,
+            Err(e) if e.is_timeout() => return Err(LlmError::Timeout),
+            Err(_) => String::new(),
+        };
+        let error = LlmError::Http {
+            status: status.as_u16(),
+            body: excerpt(&text),
+        };
+        if status.as_u16() == 429 || status.is_server_error() {
+            Ok(Attempt::Retry { error, retry_after })
+        } else {
+            Err(error)
+        }
+    }
+
+    fn transport_error(&self, what: &str, e: &reqwest::Error) -> LlmError {
+        LlmError::Transport(format!("{what} {}: {}", self.inner.url, error_chain(e)))
+    }
+
+    /// An error while reading a reply body.
+    fn read_error(&self, e: reqwest::Error) -> LlmError {
+        if e.is_timeout() {
+            LlmError::Timeout
+        } else {
+            self.transport_error("the reply broke off from", &e)
+        }
+    }
+}
+
+/// A reqwest error and its causes, without the URL (the caller names it).
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut out = String::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = e.source();
+    // reqwest's own message is generic ("error sending request"); the
+    // causes say what really happened.
+    out.push_str(if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "reading the body failed"
+    } else {
+        "request failed"
+    });
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+/// An error for a log line: the status alone for HTTP errors, so that no
+/// reply body is logged at warn level.
+fn error_summary(error: &LlmError) -> String {
+    match error {
+        LlmError::Http { status, .. } => format!("HTTP {status}"),
+        other => other.to_string(),
+    }
+}
+
+/// The wait before retry number `retry` (0-based): `initial` doubled
+/// `retry` times, capped, plus up to 10% jitter.
+fn backoff(initial: Duration, retry: u32) -> Duration {
+    let base = initial
+        .checked_mul(1u32.checked_shl(retry).unwrap_or(u32::MAX))
+        .unwrap_or(MAX_BACKOFF)
+        .min(MAX_BACKOFF);
+    base + base.mul_f64(jitter_fraction() * 0.1)
+}
+
+/// A number in [0, 1), different on each call; good enough for jitter.
+fn jitter_fraction() -> f64 {
+    let h = RandomState::new().hash_one(Instant::now());
+    (h % 10_000) as f64 / 10_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::SecretString;
+
+    #[test]
+    fn backoff_doubles_with_a_little_jitter() {
+        let initial = Duration::from_millis(100);
+        for retry in 0..5 {
+            let b = backoff(initial, retry);
+            let base = initial * 2u32.pow(retry);
+            assert!(b >= base && b <= base + base / 10, "{retry}: {b:?}");
+        }
+        assert!(backoff(initial, 40) <= MAX_BACKOFF + MAX_BACKOFF / 10);
+        assert!(backoff(Duration::from_secs(u64::MAX / 4), 3) <= MAX_BACKOFF * 2);
+    }
+
+    #[test]
+    fn new_checks_the_endpoint() {
+        let ok = ChatClient::new(ModelEndpoint::new("http://127.0.0.1:1/v1/", "m")).unwrap();
+        assert_eq!(ok.inner.url, "http://127.0.0.1:1/v1/chat/completions");
+        for url in ["", "127.0.0.1:8080", "ftp://x/v1", "not a url"] {
+            assert!(matches!(
+                ChatClient::new(ModelEndpoint::new(url, "m")),
+                Err(LlmError::Config(_))
+            ));
+        }
+        let mut zero = ModelEndpoint::new("http://x/v1", "m");
+        zero.timeout = Duration::ZERO;
+        assert!(matches!(ChatClient::new(zero), Err(LlmError::Config(_))));
+        let bad_key = ModelEndpoint::new("http://x/v1", "m")
+            .with_api_key(SecretString::new("line\nbreak-canary"));
+        let err = ChatClient::new(bad_key).unwrap_err();
+        assert!(!format!("{err} {err:?}").contains("canary"));
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let client = ChatClient::new(
+            ModelEndpoint::new("http://x/v1", "m").with_api_key(SecretString::new("sk-canary")),
+        )
+        .unwrap();
+        let shown = format!("{client:?} {:?}", client.endpoint());
+        assert!(!shown.contains("sk-canary"), "{shown}");
+        assert!(shown.contains("<secret>"));
+    }
+
+    #[test]
+    fn futures_are_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let client = ChatClient::new(ModelEndpoint::new("http://x/v1", "m")).unwrap();
+        let req = ChatRequest::default();
+        assert_send(&client.complete(&req));
+        let mut sink = |_: StreamDelta| {};
+        assert_send(&client.complete_streaming(&req, &mut sink));
+    }
+}

@@ -1,0 +1,27 @@
+//! A client for OpenAI-compatible chat-completions endpoints.
+//!
+//! [`ChatClient`] sends a [`ChatRequest`] (messages and tool definitions) to
+//! `POST {base_url}/chat/completions` and returns a [`ChatResponse`]: the
+//! assistant's text, the tool calls it asked for, why it stopped and the
+//! token usage. [`ChatClient::complete_streaming`] does the same with
+//! `stream: true`, forwarding [`StreamDelta`]s as the server-sent events
+//! arrive.
+//!
+//! Rate limits (429), server errors (5xx) and failed connections are retried
+//! with exponential backoff (honouring `Retry-After`); everything else is
+//! reported at once as an [`LlmError`]. The API key is held as a
+//! [`SecretString`](crate::params::SecretString) and only ever leaves the
+//! process in the `Authorization` header.
+
+mod client;
+mod error;
+mod parse;
+mod sse;
+mod types;
+
+pub use client::ChatClient;
+pub use error::LlmError;
+pub use types::{
+    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, ToolCall, ToolDefinition,
+    Usage,
+};

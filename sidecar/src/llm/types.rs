@@ -1,0 +1,450 @@
+//! The data that goes to and comes back from a chat-completions endpoint.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::params::SecretString;
+
+/// Where a model is served and how patiently to talk to it.
+#[derive(Debug, Clone)]
+pub struct ModelEndpoint {
+    /// The API root, e.g. `https://api.openai.com/v1` or
+    /// `http://127.0.0.1:8080/v1`; requests go to `{base_url}/chat/completions`.
+    pub base_url: String,
+    /// The model name sent in every request.
+    pub model: String,
+    /// Sent as `Authorization: Bearer <key>` when set and not empty.
+    pub api_key: Option<SecretString>,
+    /// How long one attempt may take. For a streamed reply: until the
+    /// response headers arrive, then between two chunks of the body.
+    pub timeout: Duration,
+    /// How many times a rate-limited, failed (5xx) or unreachable request is
+    /// retried before giving up; 0 means a single attempt.
+    pub max_retries: u32,
+    /// The wait before the first retry; it doubles on each further retry.
+    pub initial_backoff: Duration,
+}
+
+impl ModelEndpoint {
+    /// The default per-attempt timeout.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+    /// The default number of retries.
+    pub const DEFAULT_MAX_RETRIES: u32 = 3;
+    /// The default wait before the first retry.
+    pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(500);
+
+    /// An endpoint without an API key, with the default timeout and retries.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        ModelEndpoint {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            timeout: Self::DEFAULT_TIMEOUT,
+            max_retries: Self::DEFAULT_MAX_RETRIES,
+            initial_backoff: Self::DEFAULT_INITIAL_BACKOFF,
+        }
+    }
+
+    /// The same endpoint, with this API key.
+    pub fn with_api_key(mut self, key: SecretString) -> Self {
+        self.api_key = Some(key);
+        self
+    }
+}
+
+/// One message of a conversation, in the OpenAI wire shape: an object tagged
+/// by `role` (`system`, `user`, `assistant`, `tool`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum ChatMessage {
+    /// Instructions to the model.
+    System {
+        /// The instructions.
+        content: String,
+    },
+    /// What the user (or the agent's caller) says.
+    User {
+        /// The text.
+        content: String,
+    },
+    /// What the model said earlier: text, tool calls, or both. On the wire
+    /// `content` is `null` when absent and `tool_calls` is left out when
+    /// empty.
+    Assistant {
+        /// The text, if any.
+        #[serde(default)]
+        content: Option<String>,
+        /// The tool calls the model asked for.
+        #[serde(
+            default,
+            skip_serializing_if = "Vec::is_empty",
+            deserialize_with = "null_as_empty"
+        )]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call, answering the call with that id.
+    Tool {
+        /// The [`ToolCall::id`] this answers.
+        tool_call_id: String,
+        /// The tool's output, as text.
+        content: String,
+    },
+}
+
+impl ChatMessage {
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        ChatMessage::System {
+            content: content.into(),
+        }
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        ChatMessage::User {
+            content: content.into(),
+        }
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        ChatMessage::Assistant {
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// The result of the tool call `tool_call_id`.
+    pub fn tool_result(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage::Tool {
+            tool_call_id: tool_call_id.into(),
+            content: content.into(),
+        }
+    }
+}
+
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A call of one tool, as the model asked for it.
+///
+/// On the wire: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The id the tool's result must quote in [`ChatMessage::Tool`].
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments: raw JSON text as the model sent it, which may well be
+    /// invalid JSON or not match the tool's schema.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The arguments parsed as JSON.
+    pub fn parse_arguments(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(&self.arguments)
+    }
+}
+
+#[derive(Serialize)]
+struct WireToolCallOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionOut<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        WireToolCallOut {
+            id: &self.id,
+            kind: "function",
+            function: WireFunctionOut {
+                name: &self.name,
+                arguments: &self.arguments,
+            },
+        }
+        .serialize(s)
+    }
+}
+
+#[derive(Deserialize)]
+struct WireToolCallIn {
+    id: String,
+    function: WireFunctionIn,
+}
+
+#[derive(Deserialize)]
+struct WireFunctionIn {
+    name: String,
+    #[serde(default)]
+    arguments: serde_json::Value,
+}
+
+impl<'de> Deserialize<'de> for ToolCall {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let wire = WireToolCallIn::deserialize(d)?;
+        Ok(ToolCall {
+            id: wire.id,
+            name: wire.function.name,
+            arguments: arguments_text(&wire.function.arguments),
+        })
+    }
+}
+
+/// The arguments of a tool call as text: a JSON string is taken as is, an
+/// absent value is `{}`, anything else (some servers send an object) is
+/// written out as JSON.
+pub(crate) fn arguments_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "{}".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDefinition {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub parameters: serde_json::Value,
+}
+
+/// What to send: the conversation so far and the tools on offer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatRequest {
+    /// The conversation, oldest first.
+    pub messages: Vec<ChatMessage>,
+    /// The tools the model may call; left out of the request when empty.
+    pub tools: Vec<ToolDefinition>,
+}
+
+/// Token counts the endpoint reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the request.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// Tokens in the reply.
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// Their sum, as the endpoint counted it.
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+/// The model's reply.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatResponse {
+    /// The text, if any.
+    pub content: Option<String>,
+    /// The tool calls it asked for, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why it stopped (`stop`, `tool_calls`, `length`, ...), if said.
+    pub finish_reason: Option<String>,
+    /// Token counts, if the endpoint reported them.
+    pub usage: Option<Usage>,
+}
+
+impl ChatResponse {
+    /// This reply as the assistant message to append to the conversation.
+    pub fn to_message(&self) -> ChatMessage {
+        ChatMessage::Assistant {
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+        }
+    }
+}
+
+/// A piece of a streamed reply, forwarded as soon as it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamDelta {
+    /// More text.
+    Content(String),
+    /// The model started the tool call at `index` (its position in
+    /// [`ChatResponse::tool_calls`]).
+    ToolCallStarted {
+        /// Position of the call in the reply.
+        index: usize,
+        /// The call's id.
+        id: String,
+        /// The tool's name.
+        name: String,
+    },
+    /// More argument text for the tool call at `index`.
+    ToolCallArguments {
+        /// Position of the call in the reply.
+        index: usize,
+        /// The next piece of the raw JSON arguments.
+        fragment: String,
+    },
+}
+
+/// The request body sent to the endpoint.
+#[derive(Serialize)]
+pub(crate) struct WireRequest<'a> {
+    pub model: &'a str,
+    pub messages: &'a [ChatMessage],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<WireTool<'a>>,
+    pub stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+}
+
+impl<'a> WireRequest<'a> {
+    pub fn new(model: &'a str, req: &'a ChatRequest, stream: bool) -> Self {
+        WireRequest {
+            model,
+            messages: &req.messages,
+            tools: req
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: WireFunctionDef {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+            stream,
+            stream_options: stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionDef<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionDef<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a serde_json::Value,
+}
+
+/// Asks for token usage in the last chunk of a stream.
+#[derive(Serialize)]
+pub(crate) struct StreamOptions {
+    include_usage: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn messages_serialize_to_the_wire_shape() {
+        let messages = vec![
+            ChatMessage::system("be brief"),
+            ChatMessage::user("hi"),
+            ChatMessage::assistant("hello"),
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"a.txt"}"#.into(),
+                }],
+            },
+            ChatMessage::tool_result("call_1", "contents"),
+        ];
+        let wire = serde_json::to_value(&messages).unwrap();
+        assert_eq!(
+            wire,
+            json!([
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "read_file", "arguments": "{\"path\":\"a.txt\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "contents"},
+            ])
+        );
+        let back: Vec<ChatMessage> = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, messages);
+    }
+
+    #[test]
+    fn messages_deserialize_leniently() {
+        let m: ChatMessage = serde_json::from_value(json!({
+            "role": "assistant", "content": "x", "tool_calls": null
+        }))
+        .unwrap();
+        assert_eq!(m, ChatMessage::assistant("x"));
+        let m: ChatMessage = serde_json::from_value(json!({
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "type": "function",
+                            "function": {"name": "f", "arguments": {"a": 1}}}]
+        }))
+        .unwrap();
+        assert_eq!(
+            m,
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "c".into(),
+                    name: "f".into(),
+                    arguments: r#"{"a":1}"#.into()
+                }]
+            }
+        );
+        assert!(serde_json::from_value::<ChatMessage>(json!({"role": "wizard"})).is_err());
+    }
+
+    #[test]
+    fn request_body_has_tools_only_when_there_are_some() {
+        let mut req = ChatRequest {
+            messages: vec![ChatMessage::user("hi")],
+            tools: vec![],
+        };
+        let body = serde_json::to_value(WireRequest::new("m", &req, false)).unwrap();
+        assert_eq!(
+            body,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false})
+        );
+        req.tools.push(ToolDefinition {
+            name: "echo".into(),
+            description: "Echo the text".into(),
+            parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        });
+        let body = serde_json::to_value(WireRequest::new("m", &req, true)).unwrap();
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {
+                "name": "echo", "description": "Echo the text",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}
+            }}])
+        );
+        assert_eq!(body["stream"], json!(true));
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+    }
+}

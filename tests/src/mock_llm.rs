@@ -1,0 +1,548 @@
+//! A scripted, OpenAI-compatible mock LLM.
+//!
+//! [`MockLlm`] serves `POST /v1/chat/completions` on a loopback port chosen
+//! at runtime. Each request is recorded, then answered with the
+//! [`MockReply`] a script picks for it: text, tool calls, an HTTP error, a
+//! malformed body, or any of these after a delay. A request with
+//! `"stream": true` is answered as an OpenAI-style event stream, cut into
+//! small, odd-sized pieces so that a client's incremental parser is
+//! exercised.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+//! let llm = MockLlm::start(|req| {
+//!     if last_message(req)["role"] == "tool" {
+//!         MockReply::Text("all done".into())
+//!     } else {
+//!         MockReply::ToolCalls(vec![("read_file".into(), serde_json::json!({"path": "a"}))])
+//!     }
+//! })
+//! .await;
+//! let base_url = llm.url(); // http://127.0.0.1:PORT/v1
+//! # let _ = base_url;
+//! llm.shutdown().await;
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How the mock answers one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MockReply {
+    /// An assistant message with this text (`finish_reason: stop`).
+    Text(String),
+    /// An assistant message calling these tools, each given as its name and
+    /// its arguments (`finish_reason: tool_calls`). The mock gives the calls
+    /// ids `call_1`, `call_2`, ..., unique over the mock's life.
+    ToolCalls(Vec<(String, Value)>),
+    /// An HTTP error: this status, an optional `Retry-After` in seconds, and
+    /// this body.
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The `Retry-After` header, in seconds.
+        retry_after: Option<u64>,
+        /// The body, sent as is.
+        body: String,
+    },
+    /// Status 200 with this body, sent as is, as `application/json`; to a
+    /// streaming request as `text/event-stream` unless the body is JSON.
+    Raw(String),
+    /// Wait, then answer with the inner reply.
+    Delay(Duration, Box<MockReply>),
+}
+
+impl MockReply {
+    /// A text reply.
+    pub fn text(text: impl Into<String>) -> Self {
+        MockReply::Text(text.into())
+    }
+
+    /// A reply calling one tool.
+    pub fn tool_call(name: impl Into<String>, arguments: Value) -> Self {
+        MockReply::ToolCalls(vec![(name.into(), arguments)])
+    }
+
+    /// An HTTP error without `Retry-After`.
+    pub fn status(status: u16, body: impl Into<String>) -> Self {
+        MockReply::Status {
+            status,
+            retry_after: None,
+            body: body.into(),
+        }
+    }
+
+    /// This reply, after `delay`.
+    pub fn delayed(self, delay: Duration) -> Self {
+        MockReply::Delay(delay, Box::new(self))
+    }
+}
+
+type Script = Box<dyn Fn(&Value) -> MockReply + Send + Sync>;
+
+/// One request as received.
+struct Recorded {
+    headers: Vec<(String, String)>,
+    body: String,
+    json: Value,
+}
+
+struct Shared {
+    script: Script,
+    requests: Mutex<Vec<Recorded>>,
+    /// The number of the last tool call id given out.
+    call_ids: AtomicUsize,
+    /// The number of the last reply id given out.
+    reply_ids: AtomicUsize,
+}
+
+impl Shared {
+    fn requests(&self) -> MutexGuard<'_, Vec<Recorded>> {
+        // A script that panicked poisons nothing we care about.
+        self.requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A running mock LLM server. Stops on [`MockLlm::shutdown`] or when
+/// dropped.
+pub struct MockLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MockLlm {
+    /// Starts a mock that answers each request with what `script` returns
+    /// for its JSON body. A body that is not JSON is passed (and recorded)
+    /// as a JSON string.
+    ///
+    /// Panics if no loopback port can be bound: this is test support.
+    pub async fn start(script: impl Fn(&Value) -> MockReply + Send + Sync + 'static) -> MockLlm {
+        let shared = Arc::new(Shared {
+            script: Box::new(script),
+            requests: Mutex::new(Vec::new()),
+            call_ids: AtomicUsize::new(0),
+            reply_ids: AtomicUsize::new(0),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .fallback(|| async {
+                (
+                    StatusCode::NOT_FOUND,
+                    "the mock LLM serves only POST /v1/chat/completions",
+                )
+            })
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind a loopback port for the mock LLM");
+        let addr = listener
+            .local_addr()
+            .expect("the mock LLM's listener has an address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(e) = server.await {
+                eprintln!("mock LLM server failed: {e}");
+            }
+        });
+        MockLlm {
+            addr,
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Starts a mock that answers the nth request with the nth reply, and
+    /// every request after the last with `Text("done")`.
+    pub async fn start_sequence(replies: Vec<MockReply>) -> MockLlm {
+        let replies = Mutex::new(VecDeque::from(replies));
+        MockLlm::start(move |_| {
+            replies
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .pop_front()
+                .unwrap_or_else(|| MockReply::Text("done".to_owned()))
+        })
+        .await
+    }
+
+    /// The base URL a client uses, `http://127.0.0.1:PORT/v1`; requests go
+    /// to `{url}/chat/completions`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The address the mock listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every request body received so far, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.shared
+            .requests()
+            .iter()
+            .map(|r| r.json.clone())
+            .collect()
+    }
+
+    /// Every request received so far, in order: its headers (names in
+    /// lower case) and its body as text.
+    pub fn raw_requests(&self) -> Vec<(Vec<(String, String)>, String)> {
+        self.shared
+            .requests()
+            .iter()
+            .map(|r| (r.headers.clone(), r.body.clone()))
+            .collect()
+    }
+
+    /// How many requests have been received.
+    pub fn request_count(&self) -> usize {
+        self.shared.requests().len()
+    }
+
+    /// Stops the server: no new connections, and open ones are given a
+    /// moment to finish before they are cut.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.task.take() {
+            if tokio::time::timeout(Duration::from_secs(2), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for MockLlm {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for MockLlm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockLlm")
+            .field("url", &self.url())
+            .field("requests", &self.request_count())
+            .finish()
+    }
+}
+
+static NULL: Value = Value::Null;
+
+/// The last message of a request (`null` if there is none).
+pub fn last_message(req: &Value) -> &Value {
+    req.get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .unwrap_or(&NULL)
+}
+
+/// The names of the tools a request offers, in order.
+pub fn tool_names(req: &Value) -> Vec<String> {
+    tools(req)
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The JSON Schema (`function.parameters`) of the tool `name`, if the
+/// request offers it.
+pub fn tool_schema<'a>(req: &'a Value, name: &str) -> Option<&'a Value> {
+    tools(req)
+        .find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
+        .and_then(|t| t.pointer("/function/parameters"))
+}
+
+fn tools(req: &Value) -> impl Iterator<Item = &Value> {
+    req.get("tools")
+        .and_then(Value::as_array)
+        .map(|t| t.iter())
+        .into_iter()
+        .flatten()
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let json = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()));
+    shared.requests().push(Recorded {
+        headers: headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: text,
+        json: json.clone(),
+    });
+    let mut reply = (shared.script)(&json);
+    while let MockReply::Delay(delay, inner) = reply {
+        tokio::time::sleep(delay).await;
+        reply = *inner;
+    }
+    let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
+    match reply {
+        MockReply::Status {
+            status,
+            retry_after,
+            body,
+        } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut response = (status, body.clone()).into_response();
+            let content_type = if serde_json::from_str::<Value>(&body).is_ok() {
+                "application/json"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            if let Some(seconds) = retry_after {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            response
+        }
+        MockReply::Raw(body) => {
+            // JSON goes out as JSON even to a streaming request, as from a
+            // server that ignores `stream: true`.
+            let content_type = if stream && serde_json::from_str::<Value>(&body).is_err() {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            ([(header::CONTENT_TYPE, content_type)], body).into_response()
+        }
+        MockReply::Text(text) => answer(&shared, &json, stream, Some(text), Vec::new()),
+        MockReply::ToolCalls(calls) => {
+            let calls = calls
+                .into_iter()
+                .map(|(name, arguments)| {
+                    let n = shared.call_ids.fetch_add(1, Ordering::Relaxed) + 1;
+                    (format!("call_{n}"), name, arguments.to_string())
+                })
+                .collect();
+            answer(&shared, &json, stream, None, calls)
+        }
+        MockReply::Delay(..) => unreachable!("delays are unwrapped above"),
+    }
+}
+
+/// A successful completion: a JSON reply, or an event stream.
+fn answer(
+    shared: &Shared,
+    req: &Value,
+    stream: bool,
+    content: Option<String>,
+    calls: Vec<(String, String, String)>,
+) -> Response {
+    let id = format!(
+        "chatcmpl-mock-{}",
+        shared.reply_ids.fetch_add(1, Ordering::Relaxed) + 1
+    );
+    let model = req.get("model").cloned().unwrap_or(Value::Null);
+    let finish_reason = if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    let prompt_tokens = estimate_tokens(&req.to_string());
+    let completion_tokens = estimate_tokens(content.as_deref().unwrap_or(""))
+        + calls
+            .iter()
+            .map(|(_, name, args)| estimate_tokens(name) + estimate_tokens(args))
+            .sum::<u64>();
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    });
+    if !stream {
+        let mut message = json!({"role": "assistant", "content": content});
+        if !calls.is_empty() {
+            message["tool_calls"] = calls
+                .iter()
+                .map(|(id, name, args)| {
+                    json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": args}})
+                })
+                .collect();
+        }
+        let body = json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "usage": usage,
+        });
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
+
+    let chunk = |delta: Value, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+    };
+    let mut chunks = Vec::new();
+    match &content {
+        Some(text) => {
+            chunks.push(chunk(json!({"role": "assistant", "content": ""}), None));
+            for piece in split_chars(text, 4) {
+                chunks.push(chunk(json!({"content": piece}), None));
+            }
+        }
+        None => chunks.push(chunk(json!({"role": "assistant", "content": null}), None)),
+    }
+    for (index, (call_id, name, args)) in calls.iter().enumerate() {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                   "function": {"name": name, "arguments": ""}}]}),
+            None,
+        ));
+        for piece in split_chars(args, 5) {
+            chunks.push(chunk(
+                json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
+                None,
+            ));
+        }
+    }
+    chunks.push(chunk(json!({}), Some(finish_reason)));
+    if req.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)) {
+        chunks.push(json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }));
+    }
+    let mut sse = String::new();
+    for c in &chunks {
+        sse.push_str("data: ");
+        sse.push_str(&c.to_string());
+        sse.push_str("\n\n");
+    }
+    sse.push_str("data: [DONE]\n\n");
+    event_stream(sse.into_bytes())
+}
+
+/// An event-stream response whose body goes out in pieces of odd sizes,
+/// cut anywhere (inside lines, inside UTF-8 characters), yielding between
+/// pieces so that they tend to arrive as separate reads.
+fn event_stream(bytes: Vec<u8>) -> Response {
+    const SIZES: [usize; 5] = [7, 1, 13, 3, 29];
+    let mut pieces = Vec::new();
+    let mut rest = &bytes[..];
+    let mut i = 0;
+    while !rest.is_empty() {
+        let n = SIZES[i % SIZES.len()].min(rest.len());
+        pieces.push(Bytes::copy_from_slice(&rest[..n]));
+        rest = &rest[n..];
+        i += 1;
+    }
+    let body = futures::stream::unfold(pieces.into_iter(), |mut pieces| async move {
+        let piece = pieces.next()?;
+        tokio::task::yield_now().await;
+        Some((Ok::<_, Infallible>(piece), pieces))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// `text` in pieces of at most `n` characters.
+fn split_chars(text: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(n.max(1)).map(|c| c.iter().collect()).collect()
+}
+
+/// A rough, deterministic token count: one per four bytes, at least one.
+fn estimate_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers_read_requests() {
+        let req = json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
+            "tools": [
+                {"type": "function", "function": {"name": "x", "parameters": {"type": "object"}}},
+                {"type": "function", "function": {"name": "y"}},
+            ]
+        });
+        assert_eq!(last_message(&req)["role"], "tool");
+        assert_eq!(last_message(&json!({})), &Value::Null);
+        assert_eq!(tool_names(&req), vec!["x", "y"]);
+        assert_eq!(tool_names(&json!({"tools": 3})), Vec::<String>::new());
+        assert_eq!(tool_schema(&req, "x"), Some(&json!({"type": "object"})));
+        assert_eq!(tool_schema(&req, "y"), None);
+        assert_eq!(tool_schema(&req, "z"), None);
+    }
+
+    #[test]
+    fn split_chars_keeps_characters_whole() {
+        assert_eq!(split_chars("héllo✓", 4), vec!["héll", "o✓"]);
+        assert!(split_chars("", 4).is_empty());
+    }
+}

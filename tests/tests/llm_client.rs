@@ -1,0 +1,531 @@
+//! The sidecar's chat-completions client against the scripted mock LLM.
+
+use std::time::{Duration, Instant};
+
+use bindery_sidecar::llm::{
+    ChatClient, ChatMessage, ChatRequest, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
+};
+use bindery_sidecar::params::SecretString;
+use bindery_tests::mock_llm::{last_message, tool_names, tool_schema, MockLlm, MockReply};
+use serde_json::json;
+
+const KEY: &str = "sk-test-canary-7f3a9c";
+
+fn endpoint(url: String) -> ModelEndpoint {
+    ModelEndpoint {
+        base_url: url,
+        model: "mock-model".to_owned(),
+        api_key: None,
+        timeout: Duration::from_secs(10),
+        max_retries: 2,
+        initial_backoff: Duration::from_millis(10),
+    }
+}
+
+fn client(llm: &MockLlm) -> ChatClient {
+    ChatClient::new(endpoint(llm.url())).unwrap()
+}
+
+fn ask(text: &str) -> ChatRequest {
+    ChatRequest {
+        messages: vec![
+            ChatMessage::system("You are a test."),
+            ChatMessage::user(text),
+        ],
+        tools: vec![],
+    }
+}
+
+fn read_file_tool() -> ToolDefinition {
+    ToolDefinition {
+        name: "read_file".to_owned(),
+        description: "Read a file of the workspace".to_owned(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        }),
+    }
+}
+
+/// A port nothing listens on.
+async fn closed_port_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test]
+async fn plain_answer() {
+    let llm = MockLlm::start_sequence(vec![MockReply::Text("Hello there".into())]).await;
+    let response = client(&llm).complete(&ask("hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("Hello there"));
+    assert!(response.tool_calls.is_empty());
+    assert_eq!(response.finish_reason.as_deref(), Some("stop"));
+    let usage = response.usage.expect("usage");
+    assert!(usage.prompt_tokens > 0 && usage.completion_tokens > 0);
+    assert_eq!(
+        usage.total_tokens,
+        usage.prompt_tokens + usage.completion_tokens
+    );
+
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(
+        requests[0],
+        json!({
+            "model": "mock-model",
+            "messages": [
+                {"role": "system", "content": "You are a test."},
+                {"role": "user", "content": "hi"},
+            ],
+            "stream": false,
+        })
+    );
+    // After the script, the sequence mock says "done".
+    let response = client(&llm).complete(&ask("again")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("done"));
+    assert_eq!(llm.request_count(), 2);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn tool_calls_round_trip() {
+    let llm = MockLlm::start(|req| {
+        if last_message(req)["role"] == "tool" {
+            MockReply::Text(format!(
+                "the file says {}",
+                last_message(req)["content"].as_str().unwrap_or("?")
+            ))
+        } else {
+            MockReply::ToolCalls(vec![("read_file".into(), json!({"path": "notes.txt"}))])
+        }
+    })
+    .await;
+    let client = client(&llm);
+    let mut req = ask("what do my notes say?");
+    req.tools.push(read_file_tool());
+
+    let first = client.complete(&req).await.unwrap();
+    assert_eq!(first.content, None);
+    assert_eq!(first.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(first.tool_calls.len(), 1);
+    let call = &first.tool_calls[0];
+    assert_eq!(call.id, "call_1");
+    assert_eq!(call.name, "read_file");
+    assert_eq!(
+        call.parse_arguments().unwrap(),
+        json!({"path": "notes.txt"})
+    );
+
+    req.messages.push(first.to_message());
+    req.messages
+        .push(ChatMessage::tool_result(call.id.clone(), "buy milk"));
+    let second = client.complete(&req).await.unwrap();
+    assert_eq!(second.content.as_deref(), Some("the file says buy milk"));
+
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[0]["tools"],
+        json!([{
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file of the workspace",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}},
+                    "required": ["path"],
+                },
+            },
+        }])
+    );
+    assert_eq!(tool_names(&requests[0]), vec!["read_file"]);
+    assert_eq!(
+        tool_schema(&requests[0], "read_file"),
+        Some(&read_file_tool().parameters)
+    );
+    let messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4);
+    assert_eq!(
+        messages[2],
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": "{\"path\":\"notes.txt\"}"},
+            }],
+        })
+    );
+    assert_eq!(
+        messages[3],
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "buy milk"})
+    );
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn streaming_text() {
+    let text = "Streaming is fün ✓ — it comes in many small pieces.";
+    let llm = MockLlm::start_sequence(vec![MockReply::Text(text.into())]).await;
+    let mut deltas = Vec::new();
+    let response = client(&llm)
+        .complete_streaming(&ask("stream please"), &mut |d| deltas.push(d))
+        .await
+        .unwrap();
+    assert_eq!(response.content.as_deref(), Some(text));
+    assert_eq!(response.finish_reason.as_deref(), Some("stop"));
+    assert!(
+        response.usage.is_some(),
+        "usage asked for with stream_options"
+    );
+    assert!(deltas.len() > 3, "{deltas:?}");
+    let streamed: String = deltas
+        .iter()
+        .map(|d| match d {
+            StreamDelta::Content(c) => c.as_str(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(streamed, text);
+
+    let req = &llm.requests()[0];
+    assert_eq!(req["stream"], json!(true));
+    assert_eq!(req["stream_options"], json!({"include_usage": true}));
+    let (headers, _) = &llm.raw_requests()[0];
+    assert!(headers
+        .iter()
+        .any(|(n, v)| n == "accept" && v == "text/event-stream"));
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn streaming_tool_call_arguments() {
+    let args_a = json!({"path": "a/long/path/to/a/file.txt", "encoding": "utf-8"});
+    let args_b = json!({"pattern": "fn main", "max": 10});
+    let llm = MockLlm::start_sequence(vec![MockReply::ToolCalls(vec![
+        ("read_file".into(), args_a.clone()),
+        ("grep".into(), args_b.clone()),
+    ])])
+    .await;
+    let mut req = ask("look around");
+    req.tools.push(read_file_tool());
+    let mut deltas = Vec::new();
+    let response = client(&llm)
+        .complete_streaming(&req, &mut |d| deltas.push(d))
+        .await
+        .unwrap();
+
+    assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(response.content, None);
+    let calls = &response.tool_calls;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].name.as_str()),
+        ("call_1", "read_file")
+    );
+    assert_eq!(
+        (calls[1].id.as_str(), calls[1].name.as_str()),
+        ("call_2", "grep")
+    );
+    assert_eq!(calls[0].parse_arguments().unwrap(), args_a);
+    assert_eq!(calls[1].parse_arguments().unwrap(), args_b);
+
+    // Deltas: each call starts, then its arguments come in several pieces
+    // that add up to the final arguments.
+    assert_eq!(
+        deltas[0],
+        StreamDelta::ToolCallStarted {
+            index: 0,
+            id: "call_1".into(),
+            name: "read_file".into()
+        }
+    );
+    let mut started = Vec::new();
+    let mut fragments = [Vec::new(), Vec::new()];
+    for d in &deltas {
+        match d {
+            StreamDelta::ToolCallStarted { index, .. } => started.push(*index),
+            StreamDelta::ToolCallArguments { index, fragment } => {
+                assert!(started.contains(index), "arguments before start");
+                fragments[*index].push(fragment.clone());
+            }
+            StreamDelta::Content(c) => panic!("unexpected content {c:?}"),
+        }
+    }
+    assert_eq!(started, vec![0, 1]);
+    for (i, call) in calls.iter().enumerate() {
+        assert!(fragments[i].len() > 1, "{:?}", fragments[i]);
+        assert_eq!(fragments[i].concat(), call.arguments);
+    }
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn streaming_request_answered_with_plain_json() {
+    // A server that ignores `stream: true` and sends one JSON reply.
+    let reply = json!({
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me look.",
+            "tool_calls": [{"id": "x1", "type": "function",
+                            "function": {"name": "read_file", "arguments": "{\"path\":\"a\"}"}}],
+        }}],
+    });
+    let llm = MockLlm::start_sequence(vec![MockReply::Raw(reply.to_string())]).await;
+    let mut deltas = Vec::new();
+    let response = client(&llm)
+        .complete_streaming(&ask("hi"), &mut |d| deltas.push(d))
+        .await
+        .unwrap();
+    assert_eq!(response.content.as_deref(), Some("Let me look."));
+    assert_eq!(response.tool_calls[0].arguments, "{\"path\":\"a\"}");
+    assert_eq!(
+        deltas,
+        vec![
+            StreamDelta::Content("Let me look.".into()),
+            StreamDelta::ToolCallStarted {
+                index: 0,
+                id: "x1".into(),
+                name: "read_file".into()
+            },
+            StreamDelta::ToolCallArguments {
+                index: 0,
+                fragment: "{\"path\":\"a\"}".into()
+            },
+        ]
+    );
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn rate_limit_with_retry_after_then_success() {
+    let llm = MockLlm::start_sequence(vec![
+        MockReply::Status {
+            status: 429,
+            retry_after: Some(1),
+            body: r#"{"error": {"message": "slow down"}}"#.into(),
+        },
+        MockReply::Text("ok".into()),
+    ])
+    .await;
+    let started = Instant::now();
+    let response = client(&llm).complete(&ask("hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("ok"));
+    assert_eq!(llm.request_count(), 2);
+    // Retry-After (1 s) won over the 10 ms backoff.
+    assert!(started.elapsed() >= Duration::from_millis(950));
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_errors_exhaust_the_retries() {
+    let llm = MockLlm::start(|_| MockReply::status(500, "internal boom")).await;
+    let client = client(&llm);
+    let err = client.complete(&ask("hi")).await.unwrap_err();
+    match &err {
+        LlmError::RetriesExhausted { attempts, last } => {
+            assert_eq!(*attempts, 3);
+            assert!(
+                matches!(&**last, LlmError::Http { status: 500, body } if body == "internal boom"),
+                "{last:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("HTTP 500"), "{err}");
+    assert_eq!(llm.request_count(), 3);
+
+    // The streaming call retries the same way.
+    let err = client
+        .complete_streaming(&ask("hi"), &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LlmError::RetriesExhausted { attempts: 3, .. }),
+        "{err:?}"
+    );
+    assert_eq!(llm.request_count(), 6);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_errors_are_not_retried() {
+    let llm = MockLlm::start(|_| MockReply::status(404, "no such model")).await;
+    let err = client(&llm).complete(&ask("hi")).await.unwrap_err();
+    assert!(
+        matches!(&err, LlmError::Http { status: 404, body } if body == "no such model"),
+        "{err:?}"
+    );
+    assert!(err
+        .to_string()
+        .contains("check the base URL and the model name"));
+    assert_eq!(llm.request_count(), 1);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_is_retried_then_reported() {
+    let client = ChatClient::new(endpoint(closed_port_url().await)).unwrap();
+    let err = client.complete(&ask("hi")).await.unwrap_err();
+    match &err {
+        LlmError::RetriesExhausted { attempts: 3, last } => {
+            assert!(matches!(&**last, LlmError::Transport(_)), "{last:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("127.0.0.1"), "{err}");
+}
+
+#[tokio::test]
+async fn malformed_replies() {
+    let llm = MockLlm::start_sequence(vec![
+        MockReply::Raw("<html>this is not json</html>".into()),
+        MockReply::Raw(r#"{"choices": []}"#.into()),
+        MockReply::Raw(
+            r#"{"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]}"#
+                .into(),
+        ),
+        MockReply::Raw("definitely not an event stream".into()),
+    ])
+    .await;
+    let client = client(&llm);
+    for expected in ["not JSON", "no choices", "no function name"] {
+        match client.complete(&ask("hi")).await {
+            Err(LlmError::Malformed(msg)) => assert!(msg.contains(expected), "{msg}"),
+            other => panic!("{expected}: {other:?}"),
+        }
+    }
+    let err = client
+        .complete_streaming(&ask("hi"), &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LlmError::Malformed(_)), "{err:?}");
+    // Malformed replies are not retried.
+    assert_eq!(llm.request_count(), 4);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_endpoint_times_out() {
+    let slow = MockReply::Text("too late".into()).delayed(Duration::from_secs(5));
+    let llm = MockLlm::start_sequence(vec![slow.clone(), slow]).await;
+    let mut endpoint = endpoint(llm.url());
+    endpoint.timeout = Duration::from_millis(200);
+    let client = ChatClient::new(endpoint).unwrap();
+
+    let started = Instant::now();
+    let err = client.complete(&ask("hi")).await.unwrap_err();
+    assert!(matches!(err, LlmError::Timeout), "{err:?}");
+    let err = client
+        .complete_streaming(&ask("hi"), &mut |_| {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LlmError::Timeout), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    // Timeouts are not retried.
+    assert_eq!(llm.request_count(), 2);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn api_key_goes_in_the_header_and_nowhere_else() {
+    let llm = MockLlm::start_sequence(vec![
+        MockReply::status(401, r#"{"error": {"message": "invalid api key"}}"#),
+        MockReply::Raw("not json".into()),
+        MockReply::Text("welcome".into()).delayed(Duration::from_secs(5)),
+        MockReply::Text("welcome".into()),
+    ])
+    .await;
+    let mut with_key = endpoint(llm.url());
+    with_key.api_key = Some(SecretString::new(KEY));
+    with_key.timeout = Duration::from_millis(500);
+    let client = ChatClient::new(with_key.clone()).unwrap();
+
+    let mut errors = vec![
+        client.complete(&ask("hi")).await.unwrap_err(),
+        client.complete(&ask("hi")).await.unwrap_err(),
+        client.complete(&ask("hi")).await.unwrap_err(),
+    ];
+    assert!(matches!(errors[0], LlmError::Http { status: 401, .. }));
+    assert!(errors[0].to_string().contains("check the API key"));
+    assert!(matches!(errors[1], LlmError::Malformed(_)));
+    assert!(matches!(errors[2], LlmError::Timeout));
+    let response = client.complete(&ask("hi")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("welcome"));
+
+    let mut unreachable = with_key.clone();
+    unreachable.base_url = closed_port_url().await;
+    unreachable.max_retries = 0;
+    errors.push(
+        ChatClient::new(unreachable)
+            .unwrap()
+            .complete(&ask("hi"))
+            .await
+            .unwrap_err(),
+    );
+    assert!(matches!(
+        errors[3],
+        LlmError::RetriesExhausted { attempts: 1, .. }
+    ));
+
+    for err in &errors {
+        let shown = format!("{err} {err:?} {err:#?}");
+        assert!(!shown.contains(KEY), "key leaked: {shown}");
+    }
+    let shown = format!("{client:?} {with_key:?}");
+    assert!(!shown.contains(KEY), "key leaked: {shown}");
+
+    let raw = llm.raw_requests();
+    assert_eq!(raw.len(), 4);
+    for (headers, body) in &raw {
+        let auth: Vec<_> = headers
+            .iter()
+            .filter(|(n, _)| n == "authorization")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(auth, vec![format!("Bearer {KEY}")]);
+        assert!(!body.contains(KEY));
+    }
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_key_no_authorization_header() {
+    let llm = MockLlm::start_sequence(vec![]).await;
+    let mut empty_key = endpoint(format!("{}/", llm.url()));
+    empty_key.api_key = Some(SecretString::new(""));
+    for endpoint in [endpoint(llm.url()), empty_key] {
+        let response = ChatClient::new(endpoint)
+            .unwrap()
+            .complete(&ask("hi"))
+            .await
+            .unwrap();
+        assert_eq!(response.content.as_deref(), Some("done"));
+    }
+    for (headers, _) in llm.raw_requests() {
+        assert!(headers.iter().all(|(n, _)| n != "authorization"));
+        assert!(headers
+            .iter()
+            .any(|(n, v)| n == "content-type" && v == "application/json"));
+    }
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn mock_serves_only_chat_completions() {
+    let llm = MockLlm::start_sequence(vec![]).await;
+    let mut wrong = endpoint(llm.url());
+    wrong.base_url = llm.url().trim_end_matches("/v1").to_owned();
+    let err = ChatClient::new(wrong)
+        .unwrap()
+        .complete(&ask("hi"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LlmError::Http { status: 404, .. }), "{err:?}");
+    assert_eq!(llm.request_count(), 0);
+    llm.shutdown().await;
+}
