@@ -556,3 +556,19 @@ fn secrecy_canary() {
         }
     }
 }
+
+#[test]
+fn an_agents_directory_loads_every_agent_file_in_it() {
+    let dir = repo().join("examples/invoices");
+    let out = run(bin().args(["check", "--agents-dir"]).arg(&dir));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("agent invoices ("), "{}", out.stdout);
+    let empty = tempfile::tempdir().unwrap();
+    let out = run(bin().args(["check", "--agents-dir"]).arg(empty.path()));
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("holds no .yaml, .yml or .json file"),
+        "{}",
+        out.stderr
+    );
+}

@@ -234,3 +234,26 @@ pub struct HelperRef {
     #[serde(default = "yes")]
     pub narrowable: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON schema the Agent CRD is generated from covers the spec.
+    #[test]
+    fn the_spec_has_a_json_schema() {
+        let schema = serde_json::to_value(schemars::schema_for!(AgentSpec)).unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        for field in [
+            "model",
+            "systemPrompt",
+            "parameters",
+            "toolboxes",
+            "bindings",
+            "helpers",
+        ] {
+            assert!(props.contains_key(field), "{field} missing from {props:?}");
+        }
+        assert_eq!(schema["required"], serde_json::json!(["model"]));
+    }
+}
