@@ -8,6 +8,8 @@ pub mod cli;
 pub mod llm;
 pub mod params;
 pub mod report;
+#[cfg(feature = "server")]
+pub mod session;
 pub mod spec;
 pub mod tools;
 pub mod tree;

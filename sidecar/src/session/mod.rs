@@ -1,0 +1,4 @@
+//! Sessions: the conversation, its parameters, its runs and its storage.
+
+pub mod model;
+pub mod store;

@@ -1,0 +1,103 @@
+//! What a session is, as it is stored: everything but secret values.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::llm::ChatMessage;
+use crate::params::Values;
+
+/// Where a session stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// No run in progress; ready for a message.
+    Idle,
+    /// A run is in progress.
+    Running,
+    /// The last run failed (see `status_detail`); a new message may follow.
+    Failed,
+}
+
+impl SessionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Idle => "idle",
+            SessionStatus::Running => "running",
+            SessionStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "idle" => Some(SessionStatus::Idle),
+            "running" => Some(SessionStatus::Running),
+            "failed" => Some(SessionStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// Session-scope values that may be written down: never a secret. The only
+/// way to build one from live values drops every secret.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoredParams(BTreeMap<String, serde_json::Value>);
+
+impl StoredParams {
+    pub fn from_values(values: &Values) -> Self {
+        StoredParams(
+            values
+                .iter()
+                .filter_map(|(k, v)| v.plain().map(|p| (k.clone(), p.clone())))
+                .collect(),
+        )
+    }
+
+    pub fn as_map(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Who may do what with a session, beyond its owner.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Security {
+    /// Parameters may no longer be changed by anyone but the owner.
+    pub sealed: bool,
+    /// SHA-256 (hex) of the session tokens; never the tokens.
+    pub token_digests: Vec<String>,
+}
+
+/// A session as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionRecord {
+    pub id: String,
+    pub agent: String,
+    pub status: SessionStatus,
+    pub status_detail: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// Bumped on every update; the store refuses a stale write.
+    pub version: i64,
+    /// The conversation as the model made it: bound values never appear.
+    pub turns: Vec<ChatMessage>,
+    pub params: StoredParams,
+    pub security: Security,
+    pub forked_from: Option<String>,
+}
+
+/// One event of a session's stream (`GET /v1/sessions/:id/events`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// Per session, from 1, in order; the SSE `id`.
+    pub seq: i64,
+    /// `run_started`, `message`, `tool_call`, `tool_result`, `run_finished`, …
+    pub kind: String,
+    pub data: serde_json::Value,
+    pub at: i64,
+}
