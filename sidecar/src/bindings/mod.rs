@@ -126,6 +126,14 @@ impl BoundTool {
             .json_schema(|a| !hidden.contains(a.name.as_str()))
     }
 
+    /// Whether a call under `values` would hand the tool a secret value.
+    pub fn uses_secret(&self, values: &Values) -> bool {
+        self.bindings.iter().any(|b| match &b.value {
+            BindingValue::Param(p) => values.get(p).is_some_and(ParamValue::is_secret),
+            BindingValue::Literal(_) => false,
+        })
+    }
+
     /// The bound arguments, for the operator.
     pub fn bound_args(&self) -> Vec<BoundArg> {
         self.bindings

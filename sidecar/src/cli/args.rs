@@ -56,6 +56,54 @@ pub enum Command {
         #[arg(long, default_value = "{}")]
         args: String,
     },
+    /// One run to completion on the command line; the answer goes to stdout.
+    Run {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// What to ask.
+        #[arg(long)]
+        prompt: String,
+    },
+    /// Serve the HTTP session API.
+    Serve {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: String,
+        /// Where sessions are kept: `sqlite://PATH`.
+        #[arg(long, default_value = "sqlite://data/bindery.sqlite")]
+        store: String,
+        /// A file holding the owner's bearer token. Without it (and without
+        /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
+        /// next to the store.
+        #[arg(long, value_name = "FILE")]
+        owner_token_file: Option<PathBuf>,
+        /// Cache successful tool results for this many seconds (0: no cache).
+        #[arg(long, default_value_t = 0)]
+        tool_cache_ttl: u64,
+        /// Do not ask the model for streamed replies.
+        #[arg(long)]
+        no_stream: bool,
+    },
+}
+
+/// How to talk to the model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Seconds one model request may take.
+    #[arg(long, default_value_t = 120)]
+    pub llm_timeout: u64,
+    /// Retries of a model request on 429, 5xx and connection failures.
+    #[arg(long, default_value_t = 3)]
+    pub llm_retries: u32,
+    /// Model turns one run may take (an agent's `maxSteps` wins).
+    #[arg(long, default_value_t = 20)]
+    pub max_steps: u32,
 }
 
 /// Which agents to load and the operator's parameter values.

@@ -49,6 +49,31 @@ fn init_logging(format: LogFormat) {
 async fn run(command: Command) -> Result<ExitCode, String> {
     match command {
         Command::Check { agents, output } => check(&agents, output).await,
+        Command::Run {
+            agents,
+            model,
+            prompt,
+        } => super::serve::run(&agents, &model, prompt).await,
+        Command::Serve {
+            agents,
+            model,
+            listen,
+            store,
+            owner_token_file,
+            tool_cache_ttl,
+            no_stream,
+        } => {
+            super::serve::serve(super::serve::ServeArgs {
+                agents: &agents,
+                model: &model,
+                listen: &listen,
+                store: &store,
+                owner_token_file: owner_token_file.as_deref(),
+                tool_cache_ttl,
+                stream: !no_stream,
+            })
+            .await
+        }
         Command::Describe { agents, tool } => {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
@@ -194,7 +219,7 @@ impl From<Failure> for String {
     }
 }
 
-async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
+pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
     let tree = load_tree(agents).await?;
     for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
         tracing::warn!("{}", w.message);

@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+mod serve;
 
 pub use args::Cli;
 pub use commands::main;

@@ -1,4 +1,9 @@
 //! Sessions: the conversation, its parameters, its runs and its storage.
 
+pub mod clients;
+pub mod error;
 pub mod model;
+pub mod runner;
+pub mod service;
 pub mod store;
+pub mod validate;

@@ -7,6 +7,7 @@
 //! [`crate::bindings`]).
 
 pub mod bash;
+pub mod cache;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,76 @@
+//! Who is calling: the owner (bearer of the owner token) or the holder of a
+//! session token, which opens exactly four doors of its own session.
+
+use axum::http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::session::error::ServiceError;
+use crate::session::service::Service;
+use crate::session::validate::Caller;
+
+/// What a route lets a session-token holder do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// Owner only.
+    OwnerOnly,
+    /// Read the session, post a message, read its events, cancel a run.
+    SessionToken,
+}
+
+pub struct OwnerToken {
+    digest: [u8; 32],
+}
+
+impl OwnerToken {
+    pub fn new(token: &str) -> Self {
+        OwnerToken {
+            digest: Sha256::digest(token.trim().as_bytes()).into(),
+        }
+    }
+
+    fn matches(&self, presented: &str) -> bool {
+        let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        d.iter().zip(self.digest.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+pub fn unauthorized(msg: &str) -> ServiceError {
+    ServiceError::new(401, "unauthorized", msg)
+}
+
+/// The caller of a request on `session` (when the route names one) through `door`.
+pub async fn caller(
+    headers: &HeaderMap,
+    owner: &OwnerToken,
+    service: &Service,
+    session: Option<&str>,
+    door: Door,
+) -> Result<Caller, ServiceError> {
+    let Some(token) = bearer(headers) else {
+        return Err(unauthorized("send `Authorization: Bearer <token>`"));
+    };
+    if owner.matches(token) {
+        return Ok(Caller::Owner);
+    }
+    // A session token is honoured only on its own session's routes; anywhere
+    // else it is as good as no token, so it cannot be used to probe.
+    if let (Some(id), true) = (session, token.starts_with("st_")) {
+        if service.token_matches(id, token).await {
+            return match door {
+                Door::SessionToken => Ok(Caller::SessionToken(id.to_string())),
+                Door::OwnerOnly => Err(ServiceError::new(
+                    403,
+                    "forbidden",
+                    "a session token can read the session and its events, post messages and cancel a run; nothing else",
+                )),
+            };
+        }
+    }
+    Err(unauthorized("the token is not valid here"))
+}

@@ -1,0 +1,401 @@
+//! The HTTP session API (agents-server's routes and shapes), over the
+//! session service.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::{caller, Door, OwnerToken};
+use super::metrics::Metrics;
+use super::views::{agent_view, session_summary, session_view};
+use crate::session::error::ServiceError;
+use crate::session::service::{CreateSession, LiveEvent, RunWait, Service};
+use crate::session::validate::Caller;
+
+pub struct AppState {
+    pub service: Arc<Service>,
+    pub owner: OwnerToken,
+    pub metrics: Arc<Metrics>,
+    pub ready: AtomicBool,
+}
+
+/// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
+const DEFAULT_WAIT: u64 = 60;
+const MAX_WAIT: u64 = 600;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(|| async { Json(super::openapi::document(env!("CARGO_PKG_VERSION"))) }))
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/agents/{slug}", get(get_agent))
+        .route("/v1/sessions", post(create_session).get(list_sessions))
+        .route("/v1/sessions/{id}", get(get_session))
+        .route("/v1/sessions/{id}/messages", post(post_message))
+        .route("/v1/sessions/{id}/resume", post(resume))
+        .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/fork", post(fork))
+        .route("/v1/sessions/{id}/params", put(put_params))
+        .route("/v1/sessions/{id}/token", axum::routing::delete(revoke_token))
+        .route("/v1/sessions/{id}/events", get(events))
+        .route("/v1/continuations/{token}", post(continuation))
+        .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .with_state(state)
+}
+
+async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(req).await;
+    state.metrics.http_request(&route, response.status().as_u16());
+    response
+}
+
+impl IntoResponse for ServiceError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = json!({"error": self.code, "message": self.message});
+        if !self.params.is_empty() || self.code.ends_with("params") || self.code == "params_required" {
+            body["params"] = json!(self.params);
+        }
+        (status, Json(body)).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ServiceError>;
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ServiceError> {
+    b.map(|Json(t)| t)
+        .map_err(|e| ServiceError::bad_request(format!("the request body is not what this route takes: {}", e.body_text())))
+}
+
+#[derive(Deserialize, Default)]
+pub struct WaitQuery {
+    #[serde(default)]
+    wait: Option<bool>,
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+impl WaitQuery {
+    async fn wait(&self, run: Option<RunWait>) -> bool {
+        match (self.wait.unwrap_or(false), run) {
+            (true, Some(r)) => r.wait(Duration::from_secs(self.timeout.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT))).await,
+            _ => false,
+        }
+    }
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.ready.load(Ordering::Relaxed) {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "starting"}))).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    let agents: Vec<_> = s.service.tree().agents.values().map(|a| agent_view(a)).collect();
+    Ok(Json(json!({"agents": agents})).into_response())
+}
+
+async fn get_agent(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(slug): Path<String>) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    let agent = s
+        .service
+        .tree()
+        .agent(&slug)
+        .ok_or_else(|| ServiceError::not_found(format!("no agent named `{slug}`")))?;
+    Ok(Json(agent_view(agent)).into_response())
+}
+
+/// `POST /v1/sessions` (and the fork route's) body.
+#[derive(Deserialize, Default)]
+pub struct CreateBody {
+    agent: Option<String>,
+    prompt: Option<String>,
+    /// agents-server's `{"message": {"text": …}}` form of `prompt`.
+    message: Option<MessageBody>,
+    #[serde(default)]
+    params: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    seal: bool,
+    #[serde(default)]
+    session_token: bool,
+    fork: Option<String>,
+    /// `none` creates the session idle even with a prompt.
+    run: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct MessageBody {
+    text: String,
+}
+
+impl CreateBody {
+    fn prompt(&mut self) -> Result<Option<String>, ServiceError> {
+        let prompt = self.prompt.take().or_else(|| self.message.take().map(|m| m.text));
+        match self.run.as_deref() {
+            None | Some("step") | Some("until_blocked") => Ok(prompt),
+            Some("none") => Ok(None),
+            Some(other) => Err(ServiceError::bad_request(format!(
+                "`run` is one of none, step, until_blocked; got `{other}`"
+            ))),
+        }
+    }
+}
+
+async fn create_session(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<WaitQuery>,
+    b: Result<Json<CreateBody>, JsonRejection>,
+) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    let mut b = body(b)?;
+    let prompt = b.prompt()?;
+    let created = s
+        .service
+        .create(
+            &who,
+            CreateSession {
+                agent: b.agent,
+                prompt,
+                params: b.params,
+                seal: b.seal,
+                session_token: b.session_token,
+                fork: b.fork,
+            },
+        )
+        .await?;
+    q.wait(created.run).await;
+    let view = view(&s, &created.id, &who, created.token).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn view(s: &AppState, id: &str, who: &Caller, token: Option<String>) -> Result<super::views::SessionView, ServiceError> {
+    let rec = s.service.record(id).await?;
+    let mut v = session_view(rec, s.service.secret_names(id), token);
+    if let Caller::SessionToken(_) = who {
+        // A session token may read the conversation, not its parameters.
+        v.params.clear();
+        v.secret_params.clear();
+    }
+    Ok(v)
+}
+
+async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    let list: Vec<_> = s.service.store().list().await?.iter().map(session_summary).collect();
+    Ok(Json(json!({"sessions": list})).into_response())
+}
+
+async fn get_session(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct MessagePost {
+    prompt: Option<String>,
+    message: Option<MessageBody>,
+    #[serde(default)]
+    params: BTreeMap<String, serde_json::Value>,
+}
+
+async fn post_message(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+    b: Result<Json<MessagePost>, JsonRejection>,
+) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    let b = body(b)?;
+    let prompt = b
+        .prompt
+        .or(b.message.map(|m| m.text))
+        .ok_or_else(|| ServiceError::bad_request("`prompt` is required"))?;
+    let run = s.service.post_message(&who, &id, prompt, &b.params).await?;
+    ran(&s, &id, &who, &q, run).await
+}
+
+async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) -> ApiResult {
+    let finished = q.wait(Some(run)).await;
+    let status = if finished { StatusCode::OK } else { StatusCode::ACCEPTED };
+    Ok((status, Json(view(s, id, who, None).await?)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+pub struct ParamsBody {
+    #[serde(default)]
+    params: BTreeMap<String, serde_json::Value>,
+}
+
+async fn resume(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+    b: Option<Json<ParamsBody>>,
+) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    let b = b.map(|Json(b)| b).unwrap_or_default();
+    let run = s.service.resume(&who, &id, &b.params).await?;
+    ran(&s, &id, &who, &q, run).await
+}
+
+async fn cancel(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    s.service.cancel(&id).await?;
+    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+}
+
+async fn fork(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+    b: Option<Json<CreateBody>>,
+) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    let mut b = b.map(|Json(b)| b).unwrap_or_default();
+    let prompt = b.prompt()?;
+    let created = s
+        .service
+        .create(
+            &who,
+            CreateSession {
+                agent: b.agent,
+                prompt,
+                params: b.params,
+                seal: b.seal,
+                session_token: b.session_token,
+                fork: Some(id),
+            },
+        )
+        .await?;
+    q.wait(created.run).await;
+    let view = view(&s, &created.id, &who, created.token).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn put_params(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    b: Result<Json<ParamsBody>, JsonRejection>,
+) -> ApiResult {
+    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    let b = body(b)?;
+    if let Caller::SessionToken(_) = who {
+        return Err(ServiceError {
+            status: 403,
+            code: "forbidden_params",
+            message: "a session token cannot set parameters".into(),
+            params: b.params.keys().cloned().collect(),
+        });
+    }
+    s.service.put_params(&who, &id, &b.params).await?;
+    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+}
+
+async fn revoke_token(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    s.service.revoke_tokens(&id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn continuation(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(_token): Path<String>) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    Err(ServiceError::not_found(
+        "no continuation has this token: Bindery runs no deferred tools, so none is ever pending",
+    ))
+}
+
+#[derive(Deserialize, Default)]
+pub struct EventsQuery {
+    after: Option<i64>,
+}
+
+async fn events(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult {
+    caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .or(q.after)
+        .unwrap_or(0);
+    let (stored, rx) = s.service.events(&id, after).await?;
+    Ok(Sse::new(event_stream(stored, rx, after))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+fn to_sse(e: &crate::session::model::EventRecord) -> Event {
+    Event::default()
+        .id(e.seq.to_string())
+        .event(e.kind.clone())
+        .data(e.data.to_string())
+}
+
+/// Stored events first, then live ones not already sent. A subscriber that
+/// falls too far behind is dropped; it reconnects with `Last-Event-ID`.
+fn event_stream(
+    stored: Vec<crate::session::model::EventRecord>,
+    rx: tokio::sync::broadcast::Receiver<LiveEvent>,
+    after: i64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let last = stored.last().map_or(after, |e| e.seq);
+    let replay = futures::stream::iter(stored.iter().map(to_sse).map(Ok).collect::<Vec<_>>());
+    let live = futures::stream::unfold((rx, last), |(mut rx, last)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(LiveEvent::Stored(e)) if e.seq > last => {
+                    let ev = to_sse(&e);
+                    return Some((Ok(ev), (rx, e.seq)));
+                }
+                Ok(LiveEvent::Stored(_)) => continue,
+                Ok(LiveEvent::Delta(text)) => {
+                    let ev = Event::default().event("delta").data(json!({"content": text}).to_string());
+                    return Some((Ok(ev), (rx, last)));
+                }
+                Err(_) => return None,
+            }
+        }
+    });
+    futures::StreamExt::chain(replay, live)
+}

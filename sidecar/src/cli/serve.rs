@@ -1,0 +1,216 @@
+//! `run` and `serve`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::args::{AgentArgs, ModelArgs};
+use super::commands::{load, load_options};
+use crate::api::auth::OwnerToken;
+use crate::api::metrics::Metrics;
+use crate::api::server::{router, AppState};
+use crate::llm::ChatMessage;
+use crate::session::clients::{build_clients, ClientOptions};
+use crate::session::runner::{self, RunContext, RunEnd, RunSink};
+use crate::session::service::{Service, ServiceConfig};
+use crate::session::store::sqlite::SqliteStore;
+use crate::tools::CallContext;
+
+fn client_options(m: &ModelArgs) -> ClientOptions {
+    ClientOptions {
+        timeout: Duration::from_secs(m.llm_timeout),
+        max_retries: m.llm_retries,
+    }
+}
+
+/// Prints streamed text to stderr as it comes; the answer goes to stdout.
+struct CliSink;
+
+#[async_trait]
+impl RunSink for CliSink {
+    async fn turn(&self, _: &ChatMessage) {}
+    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+        if kind == "tool_call" {
+            tracing::info!(tool = %data["name"], "tool call");
+        }
+    }
+    fn delta(&self, _: &str) {}
+}
+
+pub async fn run(agents: &AgentArgs, model: &ModelArgs, prompt: String) -> Result<ExitCode, String> {
+    let opts = load_options(agents)?;
+    let tree = load(agents).await?;
+    let agent = tree.pick(agents.agent.as_deref())?.clone();
+    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    let values = agent.process_values();
+    let missing = agent.params.missing_required(&values);
+    if !missing.is_empty() {
+        return Err(format!(
+            "error: agent `{}` needs a value for {}: give it with --set NAME=VALUE (or BINDERY_PARAM_<NAME>)",
+            agent.name,
+            missing.join(", ")
+        ));
+    }
+    let metrics = Metrics::default();
+    let id = uuid::Uuid::new_v4().to_string();
+    let ctx = RunContext {
+        agent: &agent,
+        client: &clients[&agent.name],
+        values: &values,
+        call: CallContext {
+            session_id: id.clone(),
+            conversation_id: id,
+            turn_id: String::new(),
+            agent_id: agent.name.clone(),
+        },
+        cache: None,
+        metrics: &metrics,
+        max_steps: agent.spec.max_steps.unwrap_or(model.max_steps),
+        stream: false,
+    };
+    let mut history = vec![ChatMessage::user(prompt)];
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    match runner::run(&ctx, &mut history, &CliSink, &cancel).await {
+        RunEnd::Completed => {
+            let answer = history.iter().rev().find_map(|m| match m {
+                ChatMessage::Assistant { content: Some(c), .. } => Some(c.clone()),
+                _ => None,
+            });
+            println!("{}", answer.unwrap_or_default());
+            Ok(ExitCode::SUCCESS)
+        }
+        RunEnd::MaxSteps(n) => Err(format!("error: no answer after {n} model turns (raise --max-steps)")),
+        RunEnd::Cancelled => Err("error: cancelled".to_string()),
+        RunEnd::Failed(why) => Err(format!("error: {why}")),
+    }
+}
+
+pub struct ServeArgs<'a> {
+    pub agents: &'a AgentArgs,
+    pub model: &'a ModelArgs,
+    pub listen: &'a str,
+    pub store: &'a str,
+    pub owner_token_file: Option<&'a Path>,
+    pub tool_cache_ttl: u64,
+    pub stream: bool,
+}
+
+pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
+    let opts = load_options(a.agents)?;
+    let tree = Arc::new(load(a.agents).await?);
+    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    let store = SqliteStore::open(a.store).map_err(|e| format!("error: --store {}: {e}", a.store))?;
+    let owner = owner_token(a.owner_token_file, store.path())?;
+    let metrics = Arc::new(Metrics::default());
+    let service = Service::new(
+        tree.clone(),
+        clients,
+        Arc::new(store),
+        metrics.clone(),
+        ServiceConfig {
+            max_steps: a.model.max_steps,
+            stream: a.stream,
+            tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
+        },
+    );
+    let recovered = service.recover().await.map_err(|e| format!("error: recovering sessions: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(recovered, "runs interrupted by the last shutdown were marked failed");
+    }
+    let state = Arc::new(AppState {
+        service,
+        owner,
+        metrics,
+        ready: AtomicBool::new(false),
+    });
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
+    let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
+    state.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(%addr, agents = ?tree.agents.keys().collect::<Vec<_>>(), "serving the session API");
+    // One line on stdout for whoever started us (tests read the port here).
+    println!("listening on http://{addr}");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown())
+        .await
+        .map_err(|e| format!("error: the server stopped: {e}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+/// The owner token: from a file, from BINDERY_OWNER_TOKEN, or generated
+/// into `owner-token` beside the store (mode 0600) for local use.
+fn owner_token(file: Option<&Path>, store: &Path) -> Result<OwnerToken, String> {
+    if let Some(f) = file {
+        let t = std::fs::read_to_string(f).map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
+        if t.trim().is_empty() {
+            return Err(format!("error: --owner-token-file {} is empty", f.display()));
+        }
+        return Ok(OwnerToken::new(&t));
+    }
+    if let Ok(t) = std::env::var("BINDERY_OWNER_TOKEN") {
+        if !t.trim().is_empty() {
+            return Ok(OwnerToken::new(&t));
+        }
+    }
+    let path: PathBuf = store.parent().unwrap_or(Path::new(".")).join("owner-token");
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        if !t.trim().is_empty() {
+            tracing::info!(file = %path.display(), "owner token read from file");
+            return Ok(OwnerToken::new(&t));
+        }
+    }
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("error: no randomness for an owner token: {e}"))?;
+    let token = hex::encode(bytes);
+    write_private(&path, &token).map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
+    tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
+    Ok(OwnerToken::new(&token))
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())
+}

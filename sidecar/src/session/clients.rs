@@ -1,0 +1,50 @@
+//! One model client per agent, with its API key read once at start.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::llm::{ChatClient, ModelEndpoint};
+use crate::params::sources::read_source;
+use crate::params::{ApiKeys, SecretString};
+use crate::tree::AgentTree;
+
+pub struct ClientOptions {
+    pub timeout: Duration,
+    pub max_retries: u32,
+}
+
+/// Clients by agent name, and warnings (an API key that could not be read:
+/// requests then go without one, which suits local and mock models).
+pub fn build_clients(
+    tree: &AgentTree,
+    keys: &ApiKeys,
+    opts: &ClientOptions,
+) -> Result<(BTreeMap<String, ChatClient>, Vec<String>), String> {
+    let mut clients = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for agent in tree.agents.values() {
+        let m = &agent.spec.model;
+        let mut endpoint = ModelEndpoint::new(m.url.clone(), m.name.clone());
+        endpoint.timeout = opts.timeout;
+        endpoint.max_retries = opts.max_retries;
+        if let Some(src) = &m.api_key {
+            let base = agent.file.parent().unwrap_or(Path::new("."));
+            match read_source(src, base, keys) {
+                Ok(serde_json::Value::String(k)) => endpoint = endpoint.with_api_key(SecretString::new(k)),
+                Ok(_) => warnings.push(format!(
+                    "agent `{}`: the model's apiKey must be a string; requests go without a key",
+                    agent.name
+                )),
+                Err(e) => warnings.push(format!(
+                    "agent `{}`: no API key for the model ({e}); requests go without a key",
+                    agent.name
+                )),
+            }
+        }
+        let client = ChatClient::new(endpoint)
+            .map_err(|e| format!("{}: agent `{}`, model: {e}", agent.file.display(), agent.name))?;
+        clients.insert(agent.name.clone(), client);
+    }
+    Ok((clients, warnings))
+}

@@ -1,0 +1,213 @@
+//! One run: from a client's request until control returns to the client.
+//!
+//! Model turn, then every tool call of that turn (concurrently, through the
+//! bindings), then the next model turn, until the model answers, the step
+//! limit is hit, or the run is cancelled. The history records what the
+//! model said and what the tools returned, never a bound value.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::api::metrics::{Metrics, ToolOutcome};
+use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
+use crate::params::Values;
+use crate::tools::cache::ToolCache;
+use crate::tools::{CallContext, ToolError};
+use crate::tree::LoadedAgent;
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEnd {
+    /// The model answered.
+    Completed,
+    /// The step limit was reached before the model answered.
+    MaxSteps(u32),
+    Cancelled,
+    /// The model could not be reached or answered nonsense.
+    Failed(String),
+}
+
+/// Where a run reports what happens.
+#[async_trait]
+pub trait RunSink: Send + Sync {
+    /// A message to append to the history (persisted).
+    async fn turn(&self, msg: &ChatMessage);
+    /// An event for the session's stream (persisted, with an id).
+    async fn event(&self, kind: &'static str, data: serde_json::Value);
+    /// Streamed text as it arrives (live only).
+    fn delta(&self, text: &str);
+}
+
+pub struct RunContext<'a> {
+    pub agent: &'a LoadedAgent,
+    pub client: &'a ChatClient,
+    pub values: &'a Values,
+    pub call: CallContext,
+    pub cache: Option<&'a ToolCache>,
+    pub metrics: &'a Metrics,
+    pub max_steps: u32,
+    pub stream: bool,
+}
+
+/// Run the loop over `history` (which ends with the request that started
+/// the run). New messages go to `history` and to the sink.
+pub async fn run(
+    ctx: &RunContext<'_>,
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    cancel: &CancellationToken,
+) -> RunEnd {
+    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name);
+    async move {
+        let tools: Vec<ToolDefinition> = ctx
+            .agent
+            .tools
+            .iter()
+            .map(|t| ToolDefinition {
+                name: t.name().to_string(),
+                description: t.spec().description.clone(),
+                parameters: t.model_schema(ctx.values),
+            })
+            .collect();
+        for step in 0..ctx.max_steps {
+            let mut messages = Vec::with_capacity(history.len() + 1);
+            if !ctx.agent.spec.system_prompt.is_empty() {
+                messages.push(ChatMessage::system(ctx.agent.spec.system_prompt.clone()));
+            }
+            messages.extend(history.iter().cloned());
+            let request = ChatRequest {
+                messages,
+                tools: tools.clone(),
+            };
+            let response = tokio::select! {
+                _ = cancel.cancelled() => return RunEnd::Cancelled,
+                r = model_turn(ctx, &request, sink).instrument(tracing::info_span!("model_turn", step)) => r,
+            };
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => return RunEnd::Failed(format!("the model request failed: {e}")),
+            };
+            let message = response.to_message();
+            history.push(message.clone());
+            sink.turn(&message).await;
+            if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+                sink.event("message", json!({"role": "assistant", "content": text})).await;
+            }
+            if response.tool_calls.is_empty() {
+                return RunEnd::Completed;
+            }
+            for call in &response.tool_calls {
+                // The call as the model made it: bound values are merged later.
+                sink.event(
+                    "tool_call",
+                    json!({"id": call.id, "name": call.name, "arguments": call.arguments}),
+                )
+                .await;
+            }
+            let results = tokio::select! {
+                _ = cancel.cancelled() => None,
+                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c))) => Some(r),
+            };
+            let Some(results) = results else {
+                for call in &response.tool_calls {
+                    let msg = ChatMessage::tool_result(&call.id, "error: the run was cancelled");
+                    history.push(msg.clone());
+                    sink.turn(&msg).await;
+                }
+                return RunEnd::Cancelled;
+            };
+            for (call, result) in response.tool_calls.iter().zip(results) {
+                let (ok, output) = match result {
+                    Ok(text) => (true, text),
+                    Err(e) => (false, format!("error: {e}")),
+                };
+                let msg = ChatMessage::tool_result(&call.id, output.clone());
+                history.push(msg.clone());
+                sink.turn(&msg).await;
+                sink.event("tool_result", json!({"id": call.id, "ok": ok, "output": output})).await;
+            }
+        }
+        RunEnd::MaxSteps(ctx.max_steps)
+    }
+    .instrument(span)
+    .await
+}
+
+async fn model_turn(
+    ctx: &RunContext<'_>,
+    request: &ChatRequest,
+    sink: &dyn RunSink,
+) -> Result<crate::llm::ChatResponse, crate::llm::LlmError> {
+    let started = Instant::now();
+    let result = if ctx.stream {
+        let mut forward = |d: StreamDelta| {
+            if let StreamDelta::Content(text) = d {
+                sink.delta(&text);
+            }
+        };
+        ctx.client.complete_streaming(request, &mut forward).await
+    } else {
+        ctx.client.complete(request).await
+    };
+    ctx.metrics
+        .llm_request(started.elapsed().as_secs_f64(), result.is_ok());
+    if let Err(e) = &result {
+        tracing::warn!("model request failed: {e}");
+    }
+    result
+}
+
+/// One tool call through its bindings (and the cache).
+async fn dispatch(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolError> {
+    let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
+    async {
+        let Some(tool) = ctx.agent.tool(&call.name) else {
+            ctx.metrics.tool_call(&call.name, ToolOutcome::Error);
+            return Err(ToolError::InvalidArguments(format!(
+                "there is no tool named `{}`",
+                call.name
+            )));
+        };
+        let args: serde_json::Value = match call.parse_arguments() {
+            Ok(v) => v,
+            Err(e) => {
+                ctx.metrics.tool_call(&call.name, ToolOutcome::Error);
+                return Err(ToolError::InvalidArguments(format!(
+                    "the arguments are not valid JSON: {e}"
+                )));
+            }
+        };
+        let key = ctx
+            .cache
+            .and_then(|_| ToolCache::key(tool, &args, ctx.values));
+        if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
+            if let Some(hit) = cache.get(key) {
+                tracing::debug!("tool cache hit");
+                ctx.metrics.tool_call(&call.name, ToolOutcome::Ok);
+                return Ok(hit);
+            }
+        }
+        let mut call_ctx = ctx.call.clone();
+        call_ctx.turn_id = call.id.clone();
+        let result = tool.call(args, ctx.values, &call_ctx).await;
+        ctx.metrics.tool_call(
+            &call.name,
+            match &result {
+                Ok(_) => ToolOutcome::Ok,
+                Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
+                Err(_) => ToolOutcome::Error,
+            },
+        );
+        let out = result?;
+        if let (Some(cache), Some(key)) = (ctx.cache, key) {
+            cache.put(key, out.text.clone());
+        }
+        Ok(out.text)
+    }
+    .instrument(span)
+    .await
+}

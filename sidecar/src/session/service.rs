@@ -1,0 +1,663 @@
+//! The session service: creates sessions, validates parameters, starts and
+//! cancels runs, forks, keeps secret values in memory only, and streams
+//! events. The HTTP layer is a thin skin over it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::error::ServiceError;
+use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
+use super::runner::{self, RunContext, RunEnd, RunSink};
+use super::store::SessionStore;
+use super::validate::{validate, Caller, Op};
+use crate::api::metrics::{Metrics, RunOutcome};
+use crate::llm::{ChatClient, ChatMessage};
+use crate::params::{ParamValue, Values};
+use crate::tools::cache::ToolCache;
+use crate::tools::CallContext;
+use crate::tree::{AgentTree, LoadedAgent};
+
+pub struct ServiceConfig {
+    pub max_steps: u32,
+    /// Ask the model for streamed replies and forward text as `delta` events.
+    pub stream: bool,
+    /// Cache successful tool results this long (`None`: no cache).
+    pub tool_cache_ttl: Option<Duration>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_steps: 20,
+            stream: true,
+            tool_cache_ttl: None,
+        }
+    }
+}
+
+/// An event as live subscribers get it.
+#[derive(Clone, Debug)]
+pub enum LiveEvent {
+    Stored(EventRecord),
+    Delta(String),
+}
+
+/// What exists of a session in memory only.
+struct Live {
+    /// Serializes read-modify-write of the stored record.
+    lock: tokio::sync::Mutex<()>,
+    /// Session-scope secret values: never written anywhere.
+    secrets: Mutex<Values>,
+    run: Mutex<Option<RunHandle>>,
+    events: broadcast::Sender<LiveEvent>,
+}
+
+#[derive(Clone)]
+struct RunHandle {
+    cancel: CancellationToken,
+    done: watch::Receiver<bool>,
+}
+
+/// A session creation request.
+#[derive(Debug, Default)]
+pub struct CreateSession {
+    pub agent: Option<String>,
+    pub prompt: Option<String>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub seal: bool,
+    pub session_token: bool,
+    pub fork: Option<String>,
+}
+
+/// A session that was just created or forked.
+pub struct Created {
+    pub id: String,
+    /// The session token, returned once.
+    pub token: Option<String>,
+    pub run: Option<RunWait>,
+}
+
+/// Waits for a run to end.
+pub struct RunWait(watch::Receiver<bool>);
+
+impl RunWait {
+    /// `true` when the run ended within `timeout`.
+    pub async fn wait(mut self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.0.wait_for(|done| *done))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
+
+pub struct Service {
+    tree: Arc<AgentTree>,
+    clients: BTreeMap<String, ChatClient>,
+    store: Arc<dyn SessionStore>,
+    metrics: Arc<Metrics>,
+    cache: Option<ToolCache>,
+    cfg: ServiceConfig,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// SHA-256 of a session token, as stored.
+pub fn token_digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn new_token() -> Result<String, ServiceError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        tracing::error!("no randomness for a session token: {e}");
+        ServiceError::new(500, "internal", "cannot mint a session token")
+    })?;
+    Ok(format!("st_{}", hex::encode(bytes)))
+}
+
+impl Service {
+    pub fn new(
+        tree: Arc<AgentTree>,
+        clients: BTreeMap<String, ChatClient>,
+        store: Arc<dyn SessionStore>,
+        metrics: Arc<Metrics>,
+        cfg: ServiceConfig,
+    ) -> Arc<Service> {
+        Arc::new(Service {
+            tree,
+            clients,
+            store,
+            metrics,
+            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            cfg,
+            live: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn tree(&self) -> &AgentTree {
+        &self.tree
+    }
+
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    fn live(&self, id: &str) -> Arc<Live> {
+        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = map
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                Arc::new(Live {
+                    lock: tokio::sync::Mutex::new(()),
+                    secrets: Mutex::new(Values::new()),
+                    run: Mutex::new(None),
+                    events: broadcast::channel(1024).0,
+                })
+            })
+            .clone();
+        self.metrics.set_sessions_live(map.len() as u64);
+        live
+    }
+
+    fn agent(&self, name: &str) -> Result<&Arc<LoadedAgent>, ServiceError> {
+        self.tree
+            .agent(name)
+            .ok_or_else(|| ServiceError::not_found(format!("no agent named `{name}`")))
+    }
+
+    pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+        self.store
+            .get(id)
+            .await?
+            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+    }
+
+    /// The session-scope values a session holds now: stored ones and the
+    /// secrets in memory.
+    fn session_values(&self, rec: &SessionRecord) -> Values {
+        let mut values: Values = rec
+            .params
+            .as_map()
+            .iter()
+            .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
+            .collect();
+        let live = self.live(&rec.id);
+        let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+        values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+        values
+    }
+
+    /// Names of the secret values a session holds (never the values).
+    pub fn secret_names(&self, id: &str) -> Vec<String> {
+        let live = self.live(id);
+        let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+        secrets.keys().cloned().collect()
+    }
+
+    fn keep_secrets(&self, id: &str, session: &Values) {
+        let live = self.live(id);
+        let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+        *secrets = session
+            .iter()
+            .filter(|(_, v)| v.is_secret())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+
+    pub fn is_running(&self, id: &str) -> bool {
+        self.live(id)
+            .run
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    pub async fn create(self: &Arc<Self>, caller: &Caller, req: CreateSession) -> Result<Created, ServiceError> {
+        if *caller != Caller::Owner {
+            return Err(ServiceError::forbidden("only the owner can create or fork sessions"));
+        }
+        let (agent_name, base, turns, op) = match &req.fork {
+            Some(source_id) => {
+                let source = self.record(source_id).await.map_err(|e| {
+                    if e.status == 404 {
+                        ServiceError::not_found(format!("no session {source_id} to fork"))
+                    } else {
+                        e
+                    }
+                })?;
+                if let Some(a) = req.agent.as_ref().filter(|a| **a != source.agent) {
+                    return Err(ServiceError::bad_request(format!(
+                        "a fork keeps its source's agent (`{}`); drop `agent` or give `{}`, not `{a}`",
+                        source.agent, source.agent
+                    )));
+                }
+                // Non-secret values only: secrets are never inherited.
+                let base: Values = source
+                    .params
+                    .as_map()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
+                    .collect();
+                (source.agent.clone(), base, close_pending(source.turns, "error: the call did not finish before the session was forked"), Op::Fork)
+            }
+            None => {
+                let agent = req.agent.clone().ok_or_else(|| {
+                    ServiceError::bad_request("`agent` is required (see GET /v1/agents)")
+                })?;
+                (agent, Values::new(), Vec::new(), Op::Create)
+            }
+        };
+        let agent = self.agent(&agent_name)?.clone();
+        let accepted = validate(&agent.params, op, caller, false, &base, &req.params)?;
+        let token = if req.session_token {
+            Some(new_token()?)
+        } else {
+            None
+        };
+        let now = now_ms();
+        let rec = SessionRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            agent: agent_name,
+            status: SessionStatus::Idle,
+            status_detail: None,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+            turns,
+            params: StoredParams::from_values(&accepted.session),
+            security: super::model::Security {
+                sealed: req.seal,
+                token_digests: token.iter().map(|t| token_digest(t)).collect(),
+            },
+            forked_from: req.fork.clone(),
+        };
+        self.store.create(&rec).await?;
+        self.keep_secrets(&rec.id, &accepted.session);
+        tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
+        let run = match req.prompt {
+            Some(prompt) => Some(self.start_run(&rec.id, Some(prompt), accepted.message).await?),
+            None => None,
+        };
+        Ok(Created {
+            id: rec.id,
+            token,
+            run,
+        })
+    }
+
+    pub async fn post_message(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        prompt: String,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<RunWait, ServiceError> {
+        let message = self.apply_params(caller, id, Op::Message, params).await?;
+        self.start_run(id, Some(prompt), message).await
+    }
+
+    pub async fn resume(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<RunWait, ServiceError> {
+        let message = self.apply_params(caller, id, Op::Resume, params).await?;
+        self.start_run(id, None, message).await
+    }
+
+    pub async fn put_params(
+        &self,
+        caller: &Caller,
+        id: &str,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), ServiceError> {
+        self.apply_params(caller, id, Op::PutParams, params).await?;
+        Ok(())
+    }
+
+    /// Validate and store a request's values; returns its message-scope values.
+    async fn apply_params(
+        &self,
+        caller: &Caller,
+        id: &str,
+        op: Op,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Values, ServiceError> {
+        let live = self.live(id);
+        let _guard = live.lock.lock().await;
+        let mut rec = self.record(id).await?;
+        if op != Op::PutParams && self.is_running(id) {
+            return Err(ServiceError::new(
+                409,
+                "run_in_progress",
+                "a run is in progress on this session; wait for it or cancel it",
+            ));
+        }
+        let agent = self.agent(&rec.agent)?.clone();
+        let current = self.session_values(&rec);
+        let accepted = validate(&agent.params, op, caller, rec.security.sealed, &current, params)?;
+        let session_changed = accepted
+            .changed
+            .iter()
+            .any(|n| agent.params.decl(n).is_some_and(|d| d.scope == crate::spec::Scope::Session));
+        if session_changed {
+            rec.params = StoredParams::from_values(&accepted.session);
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            self.keep_secrets(id, &accepted.session);
+            drop(_guard);
+            self.emit(id, "params_changed", json!({"names": accepted.changed})).await;
+        }
+        Ok(accepted.message)
+    }
+
+    pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
+        let live = self.live(id);
+        let _guard = live.lock.lock().await;
+        let mut rec = self.record(id).await?;
+        rec.security.token_digests.clear();
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        self.store.update(&rec).await?;
+        Ok(())
+    }
+
+    /// Whether `token` is a live session token of session `id`.
+    pub async fn token_matches(&self, id: &str, token: &str) -> bool {
+        let digest = token_digest(token);
+        match self.store.get(id).await {
+            Ok(Some(rec)) => rec.security.token_digests.iter().any(|d| constant_time_eq(d, &digest)),
+            _ => false,
+        }
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<(), ServiceError> {
+        self.record(id).await?;
+        let handle = self
+            .live(id)
+            .run
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(handle) = handle else {
+            return Err(ServiceError::new(409, "not_running", "no run is in progress on this session"));
+        };
+        handle.cancel.cancel();
+        // The run closes its last turn and records its end; wait for that.
+        let _ = RunWait(handle.done).wait(Duration::from_secs(10)).await;
+        Ok(())
+    }
+
+    async fn start_run(
+        self: &Arc<Self>,
+        id: &str,
+        prompt: Option<String>,
+        message: Values,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        let (cancel, done_tx, done_rx) = {
+            let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
+            if run.is_some() {
+                return Err(ServiceError::new(
+                    409,
+                    "run_in_progress",
+                    "a run is in progress on this session; wait for it or cancel it",
+                ));
+            }
+            let (tx, rx) = watch::channel(false);
+            let cancel = CancellationToken::new();
+            *run = Some(RunHandle {
+                cancel: cancel.clone(),
+                done: rx.clone(),
+            });
+            (cancel, tx, rx)
+        };
+        let started = async {
+            let mut rec = self.record(id).await?;
+            if let Some(p) = &prompt {
+                rec.turns.push(ChatMessage::user(p.clone()));
+            }
+            rec.status = SessionStatus::Running;
+            rec.status_detail = None;
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok::<_, ServiceError>(rec)
+        }
+        .await;
+        let rec = match started {
+            Ok(rec) => rec,
+            Err(e) => {
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                return Err(e);
+            }
+        };
+        drop(guard);
+        let agent = self.agent(&rec.agent)?.clone();
+        let session = self.session_values(&rec);
+        let values = agent.params.snapshot(&session, &message);
+        drop(message);
+        self.metrics.run_started();
+        self.emit(id, "run_started", json!({"prompt": prompt})).await;
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let end = this.drive(&agent, &id, rec.turns, values, &cancel).await;
+            this.finish(&id, end).await;
+            *this
+                .live(&id)
+                .run
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+            let _ = done_tx.send(true);
+        });
+        Ok(RunWait(done_rx))
+    }
+
+    async fn drive(
+        &self,
+        agent: &LoadedAgent,
+        id: &str,
+        mut history: Vec<ChatMessage>,
+        values: Values,
+        cancel: &CancellationToken,
+    ) -> RunEnd {
+        let Some(client) = self.clients.get(&agent.name) else {
+            return RunEnd::Failed(format!("no model client for agent `{}`", agent.name));
+        };
+        let ctx = RunContext {
+            agent,
+            client,
+            values: &values,
+            call: CallContext {
+                session_id: id.to_string(),
+                conversation_id: id.to_string(),
+                turn_id: String::new(),
+                agent_id: agent.name.clone(),
+            },
+            cache: self.cache.as_ref(),
+            metrics: &self.metrics,
+            max_steps: agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            stream: self.cfg.stream,
+        };
+        let sink = SessionSink { service: self, id };
+        runner::run(&ctx, &mut history, &sink, cancel).await
+    }
+
+    async fn finish(&self, id: &str, end: RunEnd) {
+        let (status, detail, outcome) = match &end {
+            RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
+            RunEnd::Cancelled => (SessionStatus::Idle, Some("cancelled".to_string()), RunOutcome::Cancelled),
+            RunEnd::MaxSteps(n) => (
+                SessionStatus::Idle,
+                Some(format!("stopped after {n} model turns without an answer")),
+                RunOutcome::MaxSteps,
+            ),
+            RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
+        };
+        self.metrics.run_finished(outcome);
+        let live = self.live(id);
+        {
+            let _guard = live.lock.lock().await;
+            match self.record(id).await {
+                Ok(mut rec) => {
+                    rec.status = status;
+                    rec.status_detail = detail.clone();
+                    rec.version += 1;
+                    rec.updated_at = now_ms();
+                    if let Err(e) = self.store.update(&rec).await {
+                        tracing::error!(session = id, "cannot record the end of a run: {e}");
+                    }
+                }
+                Err(e) => tracing::error!(session = id, "cannot record the end of a run: {e}"),
+            }
+        }
+        tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
+        self.emit(id, "run_finished", json!({"status": status.as_str(), "detail": detail}))
+            .await;
+    }
+
+    async fn append_turn(&self, id: &str, msg: &ChatMessage) {
+        let live = self.live(id);
+        let _guard = live.lock.lock().await;
+        match self.record(id).await {
+            Ok(mut rec) => {
+                rec.turns.push(msg.clone());
+                rec.version += 1;
+                rec.updated_at = now_ms();
+                if let Err(e) = self.store.update(&rec).await {
+                    tracing::error!(session = id, "cannot store a turn: {e}");
+                }
+            }
+            Err(e) => tracing::error!(session = id, "cannot store a turn: {e}"),
+        }
+    }
+
+    async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
+        let at = now_ms();
+        match self.store.append_event(id, kind, &data, at).await {
+            Ok(seq) => {
+                let _ = self.live(id).events.send(LiveEvent::Stored(EventRecord {
+                    seq,
+                    kind: kind.to_string(),
+                    data,
+                    at,
+                }));
+            }
+            Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
+        }
+    }
+
+    /// Subscribe first, then read what is stored: nothing falls in between.
+    pub async fn events(
+        &self,
+        id: &str,
+        after: i64,
+    ) -> Result<(Vec<EventRecord>, broadcast::Receiver<LiveEvent>), ServiceError> {
+        self.record(id).await?;
+        let rx = self.live(id).events.subscribe();
+        let stored = self.store.events_after(id, after).await?;
+        Ok((stored, rx))
+    }
+
+    /// After a restart: runs that were in progress are marked failed, and
+    /// their unanswered tool calls closed. Nothing is retried blind.
+    pub async fn recover(&self) -> Result<usize, ServiceError> {
+        let mut n = 0;
+        for mut rec in self.store.list().await? {
+            if rec.status != SessionStatus::Running {
+                continue;
+            }
+            rec.turns = close_pending(
+                std::mem::take(&mut rec.turns),
+                "error: the server restarted during this call; it was not retried",
+            );
+            rec.status = SessionStatus::Failed;
+            rec.status_detail = Some("interrupted by a restart of the server".into());
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            self.emit(
+                &rec.id,
+                "run_finished",
+                json!({"status": "failed", "detail": rec.status_detail}),
+            )
+            .await;
+            tracing::warn!(session = %rec.id, "run interrupted by a restart marked failed");
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// Answer every tool call that has no result yet with `why`, so the history
+/// stays well-formed for the model.
+pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage> {
+    let Some(pos) = turns
+        .iter()
+        .rposition(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()))
+    else {
+        return turns;
+    };
+    let ChatMessage::Assistant { tool_calls, .. } = &turns[pos] else {
+        return turns;
+    };
+    let answered: Vec<String> = turns[pos + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let missing: Vec<String> = tool_calls
+        .iter()
+        .map(|c| c.id.clone())
+        .filter(|id| !answered.contains(id))
+        .collect();
+    for id in missing {
+        turns.push(ChatMessage::tool_result(id, why));
+    }
+    turns
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+struct SessionSink<'a> {
+    service: &'a Service,
+    id: &'a str,
+}
+
+#[async_trait]
+impl RunSink for SessionSink<'_> {
+    async fn turn(&self, msg: &ChatMessage) {
+        self.service.append_turn(self.id, msg).await;
+    }
+
+    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+        self.service.emit(self.id, kind, data).await;
+    }
+
+    fn delta(&self, text: &str) {
+        let _ = self
+            .service
+            .live(self.id)
+            .events
+            .send(LiveEvent::Delta(text.to_string()));
+    }
+}

@@ -1,0 +1,341 @@
+//! The parameter validation table, as a pure function: which values a
+//! request may set, and the error (code, status, names) when it may not.
+//! It runs before any run starts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::params::{AgentParams, ParamValue, Values};
+use crate::spec::Scope;
+
+/// Who is asking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The bearer of the owner token.
+    Owner,
+    /// The bearer of a session token for this session.
+    SessionToken(String),
+}
+
+/// Which request carries the values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Create,
+    Fork,
+    Message,
+    Resume,
+    PutParams,
+}
+
+impl Op {
+    fn starts_run_on_existing(self) -> bool {
+        matches!(self, Op::Message | Op::Resume)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParamsError {
+    /// 422: names the agent does not declare.
+    Unknown(Vec<String>),
+    /// 403: names this caller may not set, and why.
+    Forbidden(Vec<String>, String),
+    /// 422: values of the wrong shape, and why (never the value).
+    Invalid(Vec<String>, String),
+    /// 422 on creation, 409 on an existing session: required names unbound.
+    Required { names: Vec<String>, existing: bool },
+}
+
+impl ParamsError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ParamsError::Unknown(_) | ParamsError::Invalid(..) => 422,
+            ParamsError::Forbidden(..) => 403,
+            ParamsError::Required { existing: true, .. } => 409,
+            ParamsError::Required { existing: false, .. } => 422,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ParamsError::Unknown(_) => "unknown_params",
+            ParamsError::Forbidden(..) => "forbidden_params",
+            ParamsError::Invalid(..) => "invalid_params",
+            ParamsError::Required { .. } => "params_required",
+        }
+    }
+
+    pub fn names(&self) -> &[String] {
+        match self {
+            ParamsError::Unknown(n) | ParamsError::Forbidden(n, _) | ParamsError::Invalid(n, _) => n,
+            ParamsError::Required { names, .. } => names,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        let names = self.names().join(", ");
+        match self {
+            ParamsError::Unknown(_) => format!("the agent declares no parameter named {names}"),
+            ParamsError::Forbidden(_, why) => format!("{names}: {why}"),
+            ParamsError::Invalid(_, why) => format!("{names}: {why}"),
+            ParamsError::Required { existing: false, .. } => {
+                format!("required parameters have no value: {names}; supply them in `params`")
+            }
+            ParamsError::Required { existing: true, .. } => format!(
+                "required parameters are no longer bound: {names}; the session's owner can supply them with PUT /v1/sessions/:id/params"
+            ),
+        }
+    }
+}
+
+/// What a valid request changes.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    /// Session-scope values after the request (secret ones included).
+    pub session: Values,
+    /// Message-scope values for the run this request starts.
+    pub message: Values,
+    /// Names the request changed, for the `params_changed` event.
+    pub changed: Vec<String>,
+}
+
+/// Check `supplied` (name → JSON, `null` removes) against the agent's
+/// declarations for `op` by `caller`, on a session whose current
+/// session-scope values are `current`.
+pub fn validate(
+    params: &AgentParams,
+    op: Op,
+    caller: &Caller,
+    sealed: bool,
+    current: &Values,
+    supplied: &BTreeMap<String, serde_json::Value>,
+) -> Result<Accepted, ParamsError> {
+    let unknown: Vec<String> = supplied
+        .keys()
+        .filter(|k| params.decl(k).is_none())
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(ParamsError::Unknown(unknown));
+    }
+    let names: Vec<String> = supplied.keys().cloned().collect();
+    if !names.is_empty() {
+        if let Caller::SessionToken(_) = caller {
+            return Err(ParamsError::Forbidden(
+                names,
+                "a session token cannot set parameters".into(),
+            ));
+        }
+        if sealed && *caller != Caller::Owner {
+            return Err(ParamsError::Forbidden(
+                names,
+                "the session is sealed: only its owner can change parameters".into(),
+            ));
+        }
+    }
+    let process: Vec<String> = names
+        .iter()
+        .filter(|n| params.decl(n).is_some_and(|d| d.scope == Scope::Process))
+        .cloned()
+        .collect();
+    if !process.is_empty() {
+        return Err(ParamsError::Forbidden(
+            process,
+            "process-scope parameters are set by the operator only".into(),
+        ));
+    }
+    let pinned: Vec<String> = names.iter().filter(|n| params.is_pinned(n)).cloned().collect();
+    if !pinned.is_empty() {
+        return Err(ParamsError::Forbidden(
+            pinned,
+            "pinned by the operator; no client can override it".into(),
+        ));
+    }
+    if op == Op::PutParams {
+        let message: Vec<String> = names
+            .iter()
+            .filter(|n| params.decl(n).is_some_and(|d| d.scope == Scope::Message))
+            .cloned()
+            .collect();
+        if !message.is_empty() {
+            return Err(ParamsError::Invalid(
+                message,
+                "message-scope parameters last one run; send them with a message, not with PUT params".into(),
+            ));
+        }
+    }
+    let mut out = Accepted {
+        session: current.clone(),
+        changed: names.clone(),
+        ..Default::default()
+    };
+    let mut not_strings = BTreeSet::new();
+    for (name, raw) in supplied {
+        let decl = params.decl(name).expect("unknown names were refused above");
+        let target = match decl.scope {
+            Scope::Session => &mut out.session,
+            Scope::Message => &mut out.message,
+            Scope::Process => unreachable!("process-scope names were refused above"),
+        };
+        if raw.is_null() {
+            target.remove(name);
+            continue;
+        }
+        match ParamValue::for_parameter(decl.secret, raw.clone()) {
+            Ok(v) => {
+                target.insert(name.clone(), v);
+            }
+            Err(_) => {
+                not_strings.insert(name.clone());
+            }
+        }
+    }
+    if !not_strings.is_empty() {
+        return Err(ParamsError::Invalid(
+            not_strings.into_iter().collect(),
+            "a secret parameter takes a string".into(),
+        ));
+    }
+    if op != Op::PutParams {
+        let snapshot = params.snapshot(&out.session, &out.message);
+        let missing = params.missing_required(&snapshot);
+        if !missing.is_empty() {
+            return Err(ParamsError::Required {
+                names: missing,
+                existing: op.starts_run_on_existing(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{ApiKeys, ProcessValues, SecretString};
+    use crate::spec::ParameterDecl;
+    use serde_json::json;
+
+    fn decl(name: &str, scope: Scope, secret: bool, required: bool) -> ParameterDecl {
+        ParameterDecl {
+            name: name.into(),
+            description: None,
+            secret,
+            scope,
+            required,
+            default: None,
+        }
+    }
+
+    fn agent() -> AgentParams {
+        let decls = vec![
+            decl("tenant", Scope::Session, false, true),
+            decl("token", Scope::Session, true, true),
+            decl("otp", Scope::Message, true, false),
+            decl("region", Scope::Process, false, true),
+            decl("plan", Scope::Session, false, false),
+        ];
+        let mut pv = ProcessValues::new();
+        pv.add_flag("--set", "region=eu").unwrap();
+        pv.add_flag("--pin", "plan=gold").unwrap();
+        let (p, errors) = AgentParams::build(&decls, &pv, std::path::Path::new("."), &ApiKeys::default());
+        assert!(errors.is_empty());
+        p
+    }
+
+    fn map(v: serde_json::Value) -> BTreeMap<String, serde_json::Value> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn check(op: Op, caller: Caller, sealed: bool, current: &Values, v: serde_json::Value) -> Result<Accepted, ParamsError> {
+        validate(&agent(), op, &caller, sealed, current, &map(v))
+    }
+
+    fn err(r: Result<Accepted, ParamsError>) -> (u16, &'static str, Vec<String>) {
+        let e = r.unwrap_err();
+        (e.status(), e.code(), e.names().to_vec())
+    }
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_validation_table() {
+        let none = Values::new();
+        let full = json!({"tenant": "acme", "token": "t"});
+        assert!(check(Op::Create, Caller::Owner, false, &none, full.clone()).is_ok());
+        assert_eq!(
+            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "tennant": 1}))),
+            (422, "unknown_params", names(&["tennant"]))
+        );
+        assert_eq!(
+            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "region": "us"}))),
+            (403, "forbidden_params", names(&["region"]))
+        );
+        assert_eq!(
+            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "plan": "free"}))),
+            (403, "forbidden_params", names(&["plan"]))
+        );
+        assert_eq!(
+            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": 42}))),
+            (422, "invalid_params", names(&["token"]))
+        );
+        assert_eq!(
+            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a"}))),
+            (422, "params_required", names(&["token"]))
+        );
+        assert_eq!(
+            err(check(Op::Fork, Caller::Owner, false, &none, json!({"tenant": "a"}))),
+            (422, "params_required", names(&["token"]))
+        );
+
+        let current: Values = [
+            ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
+        ]
+        .into();
+        assert_eq!(
+            err(check(Op::Message, Caller::Owner, false, &current, json!({}))),
+            (409, "params_required", names(&["token"]))
+        );
+        assert_eq!(
+            err(check(Op::Resume, Caller::Owner, false, &current, json!({}))),
+            (409, "params_required", names(&["token"]))
+        );
+        let st = Caller::SessionToken("s".into());
+        assert_eq!(
+            err(check(Op::Message, st.clone(), false, &current, json!({"tenant": "x"}))),
+            (403, "forbidden_params", names(&["tenant"]))
+        );
+        assert_eq!(
+            err(check(Op::PutParams, Caller::Owner, false, &current, json!({"otp": "1"}))),
+            (422, "invalid_params", names(&["otp"]))
+        );
+        // Sealed: the owner is exempt.
+        let mut with_token = current.clone();
+        with_token.insert("token".into(), ParamValue::Secret(SecretString::new("t")));
+        assert!(check(Op::Message, Caller::Owner, true, &with_token, json!({"tenant": "b"})).is_ok());
+        assert_eq!(
+            err(check(Op::Message, st, true, &with_token, json!({"tenant": "b"}))).1,
+            "forbidden_params"
+        );
+    }
+
+    #[test]
+    fn null_removes_and_message_values_stay_apart() {
+        let current: Values = [
+            ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
+            ("token".to_string(), ParamValue::Secret(SecretString::new("t"))),
+        ]
+        .into();
+        let ok = check(Op::Message, Caller::Owner, false, &current, json!({"otp": "123456"})).unwrap();
+        assert!(ok.message["otp"].is_secret());
+        assert!(!ok.session.contains_key("otp"));
+        let ok = check(Op::PutParams, Caller::Owner, false, &current, json!({"token": null})).unwrap();
+        assert!(!ok.session.contains_key("token"));
+        assert_eq!(ok.changed, names(&["token"]));
+        // Removing a required value is allowed by PUT; the next message gets 409.
+        assert_eq!(
+            err(check(Op::Message, Caller::Owner, false, &ok.session, json!({}))),
+            (409, "params_required", names(&["token"]))
+        );
+    }
+}

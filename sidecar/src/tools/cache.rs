@@ -1,0 +1,82 @@
+//! A tool-result cache that cannot answer one tenant with another's result.
+//!
+//! The key is the tool, the model's arguments and a digest of every
+//! non-secret parameter value of the run (so bound values such as a tenant
+//! id are part of it). A call whose bound values include a secret is never
+//! cached: a token hashed into a key is an oracle, and a result fetched with
+//! one credential must not be replayed for another.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::bindings::BoundTool;
+use crate::params::Values;
+
+pub type CacheKey = [u8; 32];
+
+pub struct ToolCache {
+    ttl: Duration,
+    max_entries: usize,
+    entries: Mutex<HashMap<CacheKey, (Instant, String)>>,
+}
+
+impl ToolCache {
+    pub fn new(ttl: Duration, max_entries: usize) -> Self {
+        ToolCache {
+            ttl,
+            max_entries,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The key for this call, or `None` when it must not be cached.
+    pub fn key(tool: &BoundTool, model_args: &serde_json::Value, values: &Values) -> Option<CacheKey> {
+        if tool.uses_secret(values) {
+            return None;
+        }
+        let non_secret: Vec<(&String, &serde_json::Value)> = values
+            .iter()
+            .filter_map(|(k, v)| v.plain().map(|p| (k, p)))
+            .collect();
+        let mut h = Sha256::new();
+        // Length-prefixed parts: no two different calls share an encoding.
+        for part in [
+            tool.name().as_bytes().to_vec(),
+            serde_json::to_vec(model_args).ok()?,
+            serde_json::to_vec(&non_secret).ok()?,
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(&part);
+        }
+        Some(h.finalize().into())
+    }
+
+    pub fn get(&self, key: &CacheKey) -> Option<String> {
+        let mut map = self.entries.lock().ok()?;
+        match map.get(key) {
+            Some((at, text)) if at.elapsed() < self.ttl => Some(text.clone()),
+            Some(_) => {
+                map.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn put(&self, key: CacheKey, text: String) {
+        let Ok(mut map) = self.entries.lock() else {
+            return;
+        };
+        if map.len() >= self.max_entries {
+            let ttl = self.ttl;
+            map.retain(|_, (at, _)| at.elapsed() < ttl);
+            if map.len() >= self.max_entries {
+                map.clear();
+            }
+        }
+        map.insert(key, (Instant::now(), text));
+    }
+}
