@@ -1,6 +1,8 @@
 //! Bindery's agent server: agent definitions, parameters, bindings, tools,
 //! the LLM loop and the session API.
 
+#[cfg(feature = "server")]
+pub mod api;
 pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;

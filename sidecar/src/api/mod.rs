@@ -1,0 +1,2 @@
+//! Pieces of the HTTP API that stand on their own: Prometheus metrics and the OpenAPI document.
+pub mod metrics;
