@@ -1,3 +1,4 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
 pub mod mock_llm;
+pub mod sidecar;

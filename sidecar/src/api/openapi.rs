@@ -28,7 +28,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{id}/params"),
     ("DELETE", "/v1/sessions/{id}/token"),
     ("GET", "/v1/sessions/{id}/events"),
-    ("POST", "/mcp"),
 ];
 
 /// The 422 codes of a request that sets parameters on a new session.
@@ -52,7 +51,6 @@ pub fn document(version: &str) -> Value {
             { "name": "health", "description": "Liveness, readiness, metrics and this document." },
             { "name": "agents", "description": "The agents this server runs." },
             { "name": "sessions", "description": "Conversations with an agent, their runs and parameters." },
-            { "name": "mcp", "description": "The Model Context Protocol endpoint." },
         ],
         "security": owner(),
         "paths": paths(),
@@ -233,7 +231,6 @@ fn paths() -> Value {
         ("PUT", "/v1/sessions/{id}/params", set_params()),
         ("DELETE", "/v1/sessions/{id}/token", revoke_session_tokens()),
         ("GET", "/v1/sessions/{id}/events", stream_events()),
-        ("POST", "/mcp", mcp()),
     ];
     let mut paths = Map::new();
     for (method, path, operation) in operations {
@@ -593,21 +590,6 @@ fn stream_events() -> Value {
     })
 }
 
-fn mcp() -> Value {
-    json!({
-        "operationId": "mcp",
-        "tags": ["mcp"],
-        "summary": "Model Context Protocol (JSON-RPC 2.0)",
-        "security": owner(),
-        "requestBody": request_body("JsonRpcMessage"),
-        "responses": {
-            "200": json_response("The JSON-RPC response.", schema("JsonRpcMessage")),
-            "400": bad_request(),
-            "401": unauthorized(),
-        },
-    })
-}
-
 // ---------------------------------------------------------------------------
 // Schemas.
 
@@ -661,11 +643,6 @@ fn basic_schemas() -> Value {
             "type": "object",
             "description": "Parameter name → JSON value; `null` removes the value. Secret \
                 values must be strings.",
-            "additionalProperties": true,
-        },
-        "JsonRpcMessage": {
-            "type": "object",
-            "description": "A JSON-RPC 2.0 message (see the Model Context Protocol).",
             "additionalProperties": true,
         },
     })
@@ -1175,7 +1152,6 @@ mod tests {
             ("post", "/v1/sessions/{id}/fork"),
             ("put", "/v1/sessions/{id}/params"),
             ("delete", "/v1/sessions/{id}/token"),
-            ("post", "/mcp"),
         ] {
             assert_eq!(schemes_of(method, path), ["ownerToken"], "{method} {path}");
         }

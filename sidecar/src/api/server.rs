@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
+use axum::body::Bytes;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -42,7 +42,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(|| async { Json(super::openapi::document(env!("CARGO_PKG_VERSION"))) }))
+        .route(
+            "/openapi.json",
+            get(|| async { Json(super::openapi::document(env!("CARGO_PKG_VERSION"))) }),
+        )
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/{slug}", get(get_agent))
         .route("/v1/sessions", post(create_session).get(list_sessions))
@@ -52,11 +55,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/fork", post(fork))
         .route("/v1/sessions/{id}/params", put(put_params))
-        .route("/v1/sessions/{id}/token", axum::routing::delete(revoke_token))
+        .route(
+            "/v1/sessions/{id}/token",
+            axum::routing::delete(revoke_token),
+        )
         .route("/v1/sessions/{id}/events", get(events))
         .route("/v1/continuations/{token}", post(continuation))
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .with_state(state)
 }
 
@@ -66,7 +75,9 @@ async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: 
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     let response = next.run(req).await;
-    state.metrics.http_request(&route, response.status().as_u16());
+    state
+        .metrics
+        .http_request(&route, response.status().as_u16());
     response
 }
 
@@ -74,7 +85,10 @@ impl IntoResponse for ServiceError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut body = json!({"error": self.code, "message": self.message});
-        if !self.params.is_empty() || self.code.ends_with("params") || self.code == "params_required" {
+        if !self.params.is_empty()
+            || self.code.ends_with("params")
+            || self.code == "params_required"
+        {
             body["params"] = json!(self.params);
         }
         (status, Json(body)).into_response()
@@ -83,9 +97,17 @@ impl IntoResponse for ServiceError {
 
 type ApiResult = Result<Response, ServiceError>;
 
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ServiceError> {
-    b.map(|Json(t)| t)
-        .map_err(|e| ServiceError::bad_request(format!("the request body is not what this route takes: {}", e.body_text())))
+/// A JSON body, whatever `Content-Type` says (agents-server clients, and
+/// plain `curl -d`, often send none). An empty body is the default value.
+fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ServiceError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        ServiceError::bad_request(format!(
+            "the request body is not what this route takes: {e}"
+        ))
+    })
 }
 
 #[derive(Deserialize, Default)]
@@ -99,7 +121,12 @@ pub struct WaitQuery {
 impl WaitQuery {
     async fn wait(&self, run: Option<RunWait>) -> bool {
         match (self.wait.unwrap_or(false), run) {
-            (true, Some(r)) => r.wait(Duration::from_secs(self.timeout.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT))).await,
+            (true, Some(r)) => {
+                r.wait(Duration::from_secs(
+                    self.timeout.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT),
+                ))
+                .await
+            }
             _ => false,
         }
     }
@@ -109,13 +136,20 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if state.ready.load(Ordering::Relaxed) {
         Json(json!({"status": "ready"})).into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "starting"}))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "starting"})),
+        )
+            .into_response()
     }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         state.metrics.render(),
     )
         .into_response()
@@ -123,11 +157,21 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
     caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
-    let agents: Vec<_> = s.service.tree().agents.values().map(|a| agent_view(a)).collect();
+    let agents: Vec<_> = s
+        .service
+        .tree()
+        .agents
+        .values()
+        .map(|a| agent_view(a))
+        .collect();
     Ok(Json(json!({"agents": agents})).into_response())
 }
 
-async fn get_agent(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(slug): Path<String>) -> ApiResult {
+async fn get_agent(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(slug): Path<String>,
+) -> ApiResult {
     caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
     let agent = s
         .service
@@ -162,7 +206,10 @@ pub struct MessageBody {
 
 impl CreateBody {
     fn prompt(&mut self) -> Result<Option<String>, ServiceError> {
-        let prompt = self.prompt.take().or_else(|| self.message.take().map(|m| m.text));
+        let prompt = self
+            .prompt
+            .take()
+            .or_else(|| self.message.take().map(|m| m.text));
         match self.run.as_deref() {
             None | Some("step") | Some("until_blocked") => Ok(prompt),
             Some("none") => Ok(None),
@@ -177,10 +224,10 @@ async fn create_session(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
     Query(q): Query<WaitQuery>,
-    b: Result<Json<CreateBody>, JsonRejection>,
+    b: Bytes,
 ) -> ApiResult {
     let who = caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
-    let mut b = body(b)?;
+    let mut b: CreateBody = body(&b)?;
     let prompt = b.prompt()?;
     let created = s
         .service
@@ -201,7 +248,12 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-async fn view(s: &AppState, id: &str, who: &Caller, token: Option<String>) -> Result<super::views::SessionView, ServiceError> {
+async fn view(
+    s: &AppState,
+    id: &str,
+    who: &Caller,
+    token: Option<String>,
+) -> Result<super::views::SessionView, ServiceError> {
     let rec = s.service.record(id).await?;
     let mut v = session_view(rec, s.service.secret_names(id), token);
     if let Caller::SessionToken(_) = who {
@@ -214,16 +266,34 @@ async fn view(s: &AppState, id: &str, who: &Caller, token: Option<String>) -> Re
 
 async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
     caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
-    let list: Vec<_> = s.service.store().list().await?.iter().map(session_summary).collect();
+    let list: Vec<_> = s
+        .service
+        .store()
+        .list()
+        .await?
+        .iter()
+        .map(session_summary)
+        .collect();
     Ok(Json(json!({"sessions": list})).into_response())
 }
 
-async fn get_session(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+async fn get_session(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let who = caller(
+        &headers,
+        &s.owner,
+        &s.service,
+        Some(&id),
+        Door::SessionToken,
+    )
+    .await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 pub struct MessagePost {
     prompt: Option<String>,
     message: Option<MessageBody>,
@@ -236,10 +306,17 @@ async fn post_message(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Result<Json<MessagePost>, JsonRejection>,
+    b: Bytes,
 ) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
-    let b = body(b)?;
+    let who = caller(
+        &headers,
+        &s.owner,
+        &s.service,
+        Some(&id),
+        Door::SessionToken,
+    )
+    .await?;
+    let b: MessagePost = body(&b)?;
     let prompt = b
         .prompt
         .or(b.message.map(|m| m.text))
@@ -250,7 +327,11 @@ async fn post_message(
 
 async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) -> ApiResult {
     let finished = q.wait(Some(run)).await;
-    let status = if finished { StatusCode::OK } else { StatusCode::ACCEPTED };
+    let status = if finished {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
     Ok((status, Json(view(s, id, who, None).await?)).into_response())
 }
 
@@ -265,16 +346,27 @@ async fn resume(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Option<Json<ParamsBody>>,
+    b: Bytes,
 ) -> ApiResult {
     let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
-    let b = b.map(|Json(b)| b).unwrap_or_default();
+    let b: ParamsBody = body(&b)?;
     let run = s.service.resume(&who, &id, &b.params).await?;
     ran(&s, &id, &who, &q, run).await
 }
 
-async fn cancel(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+async fn cancel(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let who = caller(
+        &headers,
+        &s.owner,
+        &s.service,
+        Some(&id),
+        Door::SessionToken,
+    )
+    .await?;
     s.service.cancel(&id).await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
@@ -284,10 +376,10 @@ async fn fork(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Option<Json<CreateBody>>,
+    b: Bytes,
 ) -> ApiResult {
     let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
-    let mut b = b.map(|Json(b)| b).unwrap_or_default();
+    let mut b: CreateBody = body(&b)?;
     let prompt = b.prompt()?;
     let created = s
         .service
@@ -312,10 +404,17 @@ async fn put_params(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    b: Result<Json<ParamsBody>, JsonRejection>,
+    b: Bytes,
 ) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
-    let b = body(b)?;
+    let who = caller(
+        &headers,
+        &s.owner,
+        &s.service,
+        Some(&id),
+        Door::SessionToken,
+    )
+    .await?;
+    let b: ParamsBody = body(&b)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             status: 403,
@@ -328,13 +427,21 @@ async fn put_params(
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
-async fn revoke_token(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+async fn revoke_token(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
     caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
     s.service.revoke_tokens(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn continuation(State(s): State<Arc<AppState>>, headers: HeaderMap, Path(_token): Path<String>) -> ApiResult {
+async fn continuation(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(_token): Path<String>,
+) -> ApiResult {
     caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
     Err(ServiceError::not_found(
         "no continuation has this token: Bindery runs no deferred tools, so none is ever pending",
@@ -352,7 +459,14 @@ async fn events(
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, Some(&id), Door::SessionToken).await?;
+    caller(
+        &headers,
+        &s.owner,
+        &s.service,
+        Some(&id),
+        Door::SessionToken,
+    )
+    .await?;
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -390,7 +504,9 @@ fn event_stream(
                 }
                 Ok(LiveEvent::Stored(_)) => continue,
                 Ok(LiveEvent::Delta(text)) => {
-                    let ev = Event::default().event("delta").data(json!({"content": text}).to_string());
+                    let ev = Event::default()
+                        .event("delta")
+                        .data(json!({"content": text}).to_string());
                     return Some((Ok(ev), (rx, last)));
                 }
                 Err(_) => return None,

@@ -47,7 +47,12 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
     AgentView {
         slug: a.name.clone(),
         announce: a.spec.announce.clone(),
-        parameters: a.params.statuses().into_iter().map(ParameterView::from).collect(),
+        parameters: a
+            .params
+            .statuses()
+            .into_iter()
+            .map(ParameterView::from)
+            .collect(),
         tools: a.tools.iter().map(|t| t.name().to_string()).collect(),
     }
 }
@@ -95,7 +100,11 @@ pub fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-pub fn session_view(rec: SessionRecord, secret_params: Vec<String>, token: Option<String>) -> SessionView {
+pub fn session_view(
+    rec: SessionRecord,
+    secret_params: Vec<String>,
+    token: Option<String>,
+) -> SessionView {
     SessionView {
         session_id: rec.id,
         agent: rec.agent,

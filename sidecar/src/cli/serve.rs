@@ -42,7 +42,11 @@ impl RunSink for CliSink {
     fn delta(&self, _: &str) {}
 }
 
-pub async fn run(agents: &AgentArgs, model: &ModelArgs, prompt: String) -> Result<ExitCode, String> {
+pub async fn run(
+    agents: &AgentArgs,
+    model: &ModelArgs,
+    prompt: String,
+) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
     let tree = load(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
@@ -87,13 +91,17 @@ pub async fn run(agents: &AgentArgs, model: &ModelArgs, prompt: String) -> Resul
     match runner::run(&ctx, &mut history, &CliSink, &cancel).await {
         RunEnd::Completed => {
             let answer = history.iter().rev().find_map(|m| match m {
-                ChatMessage::Assistant { content: Some(c), .. } => Some(c.clone()),
+                ChatMessage::Assistant {
+                    content: Some(c), ..
+                } => Some(c.clone()),
                 _ => None,
             });
             println!("{}", answer.unwrap_or_default());
             Ok(ExitCode::SUCCESS)
         }
-        RunEnd::MaxSteps(n) => Err(format!("error: no answer after {n} model turns (raise --max-steps)")),
+        RunEnd::MaxSteps(n) => Err(format!(
+            "error: no answer after {n} model turns (raise --max-steps)"
+        )),
         RunEnd::Cancelled => Err("error: cancelled".to_string()),
         RunEnd::Failed(why) => Err(format!("error: {why}")),
     }
@@ -116,7 +124,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     for w in warnings {
         tracing::warn!("{w}");
     }
-    let store = SqliteStore::open(a.store).map_err(|e| format!("error: --store {}: {e}", a.store))?;
+    let store =
+        SqliteStore::open(a.store).map_err(|e| format!("error: --store {}: {e}", a.store))?;
     let owner = owner_token(a.owner_token_file, store.path())?;
     let metrics = Arc::new(Metrics::default());
     let service = Service::new(
@@ -130,9 +139,15 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
         },
     );
-    let recovered = service.recover().await.map_err(|e| format!("error: recovering sessions: {e}"))?;
+    let recovered = service
+        .recover()
+        .await
+        .map_err(|e| format!("error: recovering sessions: {e}"))?;
     if recovered > 0 {
-        tracing::warn!(recovered, "runs interrupted by the last shutdown were marked failed");
+        tracing::warn!(
+            recovered,
+            "runs interrupted by the last shutdown were marked failed"
+        );
     }
     let state = Arc::new(AppState {
         service,
@@ -144,7 +159,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
     let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
-    state.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    state
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(%addr, agents = ?tree.agents.keys().collect::<Vec<_>>(), "serving the session API");
     // One line on stdout for whoever started us (tests read the port here).
     println!("listening on http://{addr}");
@@ -178,9 +195,13 @@ async fn shutdown() {
 /// into `owner-token` beside the store (mode 0600) for local use.
 fn owner_token(file: Option<&Path>, store: &Path) -> Result<OwnerToken, String> {
     if let Some(f) = file {
-        let t = std::fs::read_to_string(f).map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
+        let t = std::fs::read_to_string(f)
+            .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
         if t.trim().is_empty() {
-            return Err(format!("error: --owner-token-file {} is empty", f.display()));
+            return Err(format!(
+                "error: --owner-token-file {} is empty",
+                f.display()
+            ));
         }
         return Ok(OwnerToken::new(&t));
     }
@@ -197,9 +218,11 @@ fn owner_token(file: Option<&Path>, store: &Path) -> Result<OwnerToken, String> 
         }
     }
     let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| format!("error: no randomness for an owner token: {e}"))?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| format!("error: no randomness for an owner token: {e}"))?;
     let token = hex::encode(bytes);
-    write_private(&path, &token).map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
+    write_private(&path, &token)
+        .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
     Ok(OwnerToken::new(&token))
 }

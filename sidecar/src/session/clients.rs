@@ -31,7 +31,9 @@ pub fn build_clients(
         if let Some(src) = &m.api_key {
             let base = agent.file.parent().unwrap_or(Path::new("."));
             match read_source(src, base, keys) {
-                Ok(serde_json::Value::String(k)) => endpoint = endpoint.with_api_key(SecretString::new(k)),
+                Ok(serde_json::Value::String(k)) => {
+                    endpoint = endpoint.with_api_key(SecretString::new(k))
+                }
                 Ok(_) => warnings.push(format!(
                     "agent `{}`: the model's apiKey must be a string; requests go without a key",
                     agent.name
@@ -42,8 +44,13 @@ pub fn build_clients(
                 )),
             }
         }
-        let client = ChatClient::new(endpoint)
-            .map_err(|e| format!("{}: agent `{}`, model: {e}", agent.file.display(), agent.name))?;
+        let client = ChatClient::new(endpoint).map_err(|e| {
+            format!(
+                "{}: agent `{}`, model: {e}",
+                agent.file.display(),
+                agent.name
+            )
+        })?;
         clients.insert(agent.name.clone(), client);
     }
     Ok((clients, warnings))

@@ -53,7 +53,11 @@ impl From<StoreError> for ServiceError {
             StoreError::Conflict(_) => ServiceError::new(409, "conflict", e.to_string()),
             other => {
                 tracing::error!("{other}");
-                ServiceError::new(500, "internal", "the session store failed; see the server log")
+                ServiceError::new(
+                    500,
+                    "internal",
+                    "the session store failed; see the server log",
+                )
             }
         }
     }

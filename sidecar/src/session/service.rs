@@ -223,9 +223,15 @@ impl Service {
             .is_some()
     }
 
-    pub async fn create(self: &Arc<Self>, caller: &Caller, req: CreateSession) -> Result<Created, ServiceError> {
+    pub async fn create(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateSession,
+    ) -> Result<Created, ServiceError> {
         if *caller != Caller::Owner {
-            return Err(ServiceError::forbidden("only the owner can create or fork sessions"));
+            return Err(ServiceError::forbidden(
+                "only the owner can create or fork sessions",
+            ));
         }
         let (agent_name, base, turns, op) = match &req.fork {
             Some(source_id) => {
@@ -249,7 +255,15 @@ impl Service {
                     .iter()
                     .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
                     .collect();
-                (source.agent.clone(), base, close_pending(source.turns, "error: the call did not finish before the session was forked"), Op::Fork)
+                (
+                    source.agent.clone(),
+                    base,
+                    close_pending(
+                        source.turns,
+                        "error: the call did not finish before the session was forked",
+                    ),
+                    Op::Fork,
+                )
             }
             None => {
                 let agent = req.agent.clone().ok_or_else(|| {
@@ -286,7 +300,10 @@ impl Service {
         self.keep_secrets(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match req.prompt {
-            Some(prompt) => Some(self.start_run(&rec.id, Some(prompt), accepted.message).await?),
+            Some(prompt) => Some(
+                self.start_run(&rec.id, Some(prompt), accepted.message)
+                    .await?,
+            ),
             None => None,
         };
         Ok(Created {
@@ -347,11 +364,20 @@ impl Service {
         }
         let agent = self.agent(&rec.agent)?.clone();
         let current = self.session_values(&rec);
-        let accepted = validate(&agent.params, op, caller, rec.security.sealed, &current, params)?;
-        let session_changed = accepted
-            .changed
-            .iter()
-            .any(|n| agent.params.decl(n).is_some_and(|d| d.scope == crate::spec::Scope::Session));
+        let accepted = validate(
+            &agent.params,
+            op,
+            caller,
+            rec.security.sealed,
+            &current,
+            params,
+        )?;
+        let session_changed = accepted.changed.iter().any(|n| {
+            agent
+                .params
+                .decl(n)
+                .is_some_and(|d| d.scope == crate::spec::Scope::Session)
+        });
         if session_changed {
             rec.params = StoredParams::from_values(&accepted.session);
             rec.version += 1;
@@ -359,7 +385,8 @@ impl Service {
             self.store.update(&rec).await?;
             self.keep_secrets(id, &accepted.session);
             drop(_guard);
-            self.emit(id, "params_changed", json!({"names": accepted.changed})).await;
+            self.emit(id, "params_changed", json!({"names": accepted.changed}))
+                .await;
         }
         Ok(accepted.message)
     }
@@ -379,7 +406,11 @@ impl Service {
     pub async fn token_matches(&self, id: &str, token: &str) -> bool {
         let digest = token_digest(token);
         match self.store.get(id).await {
-            Ok(Some(rec)) => rec.security.token_digests.iter().any(|d| constant_time_eq(d, &digest)),
+            Ok(Some(rec)) => rec
+                .security
+                .token_digests
+                .iter()
+                .any(|d| constant_time_eq(d, &digest)),
             _ => false,
         }
     }
@@ -393,7 +424,11 @@ impl Service {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let Some(handle) = handle else {
-            return Err(ServiceError::new(409, "not_running", "no run is in progress on this session"));
+            return Err(ServiceError::new(
+                409,
+                "not_running",
+                "no run is in progress on this session",
+            ));
         };
         handle.cancel.cancel();
         // The run closes its last turn and records its end; wait for that.
@@ -452,17 +487,14 @@ impl Service {
         let values = agent.params.snapshot(&session, &message);
         drop(message);
         self.metrics.run_started();
-        self.emit(id, "run_started", json!({"prompt": prompt})).await;
+        self.emit(id, "run_started", json!({"prompt": prompt}))
+            .await;
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
             let end = this.drive(&agent, &id, rec.turns, values, &cancel).await;
             this.finish(&id, end).await;
-            *this
-                .live(&id)
-                .run
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = None;
+            *this.live(&id).run.lock().unwrap_or_else(|p| p.into_inner()) = None;
             let _ = done_tx.send(true);
         });
         Ok(RunWait(done_rx))
@@ -501,7 +533,11 @@ impl Service {
     async fn finish(&self, id: &str, end: RunEnd) {
         let (status, detail, outcome) = match &end {
             RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
-            RunEnd::Cancelled => (SessionStatus::Idle, Some("cancelled".to_string()), RunOutcome::Cancelled),
+            RunEnd::Cancelled => (
+                SessionStatus::Idle,
+                Some("cancelled".to_string()),
+                RunOutcome::Cancelled,
+            ),
             RunEnd::MaxSteps(n) => (
                 SessionStatus::Idle,
                 Some(format!("stopped after {n} model turns without an answer")),
@@ -527,8 +563,12 @@ impl Service {
             }
         }
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
-        self.emit(id, "run_finished", json!({"status": status.as_str(), "detail": detail}))
-            .await;
+        self.emit(
+            id,
+            "run_finished",
+            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
+        )
+        .await;
     }
 
     async fn append_turn(&self, id: &str, msg: &ChatMessage) {
@@ -594,7 +634,7 @@ impl Service {
             self.emit(
                 &rec.id,
                 "run_finished",
-                json!({"status": "failed", "detail": rec.status_detail}),
+                json!({"status": "failed", "session_status": "failed", "detail": rec.status_detail}),
             )
             .await;
             tracing::warn!(session = %rec.id, "run interrupted by a restart marked failed");
@@ -607,10 +647,9 @@ impl Service {
 /// Answer every tool call that has no result yet with `why`, so the history
 /// stays well-formed for the model.
 pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage> {
-    let Some(pos) = turns
-        .iter()
-        .rposition(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()))
-    else {
+    let Some(pos) = turns.iter().rposition(
+        |m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+    ) else {
         return turns;
     };
     let ChatMessage::Assistant { tool_calls, .. } = &turns[pos] else {
@@ -635,7 +674,11 @@ pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage>
 }
 
 fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 struct SessionSink<'a> {

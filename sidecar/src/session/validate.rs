@@ -50,7 +50,9 @@ impl ParamsError {
             ParamsError::Unknown(_) | ParamsError::Invalid(..) => 422,
             ParamsError::Forbidden(..) => 403,
             ParamsError::Required { existing: true, .. } => 409,
-            ParamsError::Required { existing: false, .. } => 422,
+            ParamsError::Required {
+                existing: false, ..
+            } => 422,
         }
     }
 
@@ -65,7 +67,9 @@ impl ParamsError {
 
     pub fn names(&self) -> &[String] {
         match self {
-            ParamsError::Unknown(n) | ParamsError::Forbidden(n, _) | ParamsError::Invalid(n, _) => n,
+            ParamsError::Unknown(n) | ParamsError::Forbidden(n, _) | ParamsError::Invalid(n, _) => {
+                n
+            }
             ParamsError::Required { names, .. } => names,
         }
     }
@@ -142,7 +146,11 @@ pub fn validate(
             "process-scope parameters are set by the operator only".into(),
         ));
     }
-    let pinned: Vec<String> = names.iter().filter(|n| params.is_pinned(n)).cloned().collect();
+    let pinned: Vec<String> = names
+        .iter()
+        .filter(|n| params.is_pinned(n))
+        .cloned()
+        .collect();
     if !pinned.is_empty() {
         return Err(ParamsError::Forbidden(
             pinned,
@@ -236,7 +244,8 @@ mod tests {
         let mut pv = ProcessValues::new();
         pv.add_flag("--set", "region=eu").unwrap();
         pv.add_flag("--pin", "plan=gold").unwrap();
-        let (p, errors) = AgentParams::build(&decls, &pv, std::path::Path::new("."), &ApiKeys::default());
+        let (p, errors) =
+            AgentParams::build(&decls, &pv, std::path::Path::new("."), &ApiKeys::default());
         assert!(errors.is_empty());
         p
     }
@@ -245,7 +254,13 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn check(op: Op, caller: Caller, sealed: bool, current: &Values, v: serde_json::Value) -> Result<Accepted, ParamsError> {
+    fn check(
+        op: Op,
+        caller: Caller,
+        sealed: bool,
+        current: &Values,
+        v: serde_json::Value,
+    ) -> Result<Accepted, ParamsError> {
         validate(&agent(), op, &caller, sealed, current, &map(v))
     }
 
@@ -264,36 +279,75 @@ mod tests {
         let full = json!({"tenant": "acme", "token": "t"});
         assert!(check(Op::Create, Caller::Owner, false, &none, full.clone()).is_ok());
         assert_eq!(
-            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "tennant": 1}))),
+            err(check(
+                Op::Create,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a", "token": "t", "tennant": 1})
+            )),
             (422, "unknown_params", names(&["tennant"]))
         );
         assert_eq!(
-            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "region": "us"}))),
+            err(check(
+                Op::Create,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a", "token": "t", "region": "us"})
+            )),
             (403, "forbidden_params", names(&["region"]))
         );
         assert_eq!(
-            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": "t", "plan": "free"}))),
+            err(check(
+                Op::Create,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a", "token": "t", "plan": "free"})
+            )),
             (403, "forbidden_params", names(&["plan"]))
         );
         assert_eq!(
-            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a", "token": 42}))),
+            err(check(
+                Op::Create,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a", "token": 42})
+            )),
             (422, "invalid_params", names(&["token"]))
         );
         assert_eq!(
-            err(check(Op::Create, Caller::Owner, false, &none, json!({"tenant": "a"}))),
+            err(check(
+                Op::Create,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a"})
+            )),
             (422, "params_required", names(&["token"]))
         );
         assert_eq!(
-            err(check(Op::Fork, Caller::Owner, false, &none, json!({"tenant": "a"}))),
+            err(check(
+                Op::Fork,
+                Caller::Owner,
+                false,
+                &none,
+                json!({"tenant": "a"})
+            )),
             (422, "params_required", names(&["token"]))
         );
 
-        let current: Values = [
-            ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
-        ]
-        .into();
+        let current: Values = [("tenant".to_string(), ParamValue::Plain(json!("acme")))].into();
         assert_eq!(
-            err(check(Op::Message, Caller::Owner, false, &current, json!({}))),
+            err(check(
+                Op::Message,
+                Caller::Owner,
+                false,
+                &current,
+                json!({})
+            )),
             (409, "params_required", names(&["token"]))
         );
         assert_eq!(
@@ -302,19 +356,45 @@ mod tests {
         );
         let st = Caller::SessionToken("s".into());
         assert_eq!(
-            err(check(Op::Message, st.clone(), false, &current, json!({"tenant": "x"}))),
+            err(check(
+                Op::Message,
+                st.clone(),
+                false,
+                &current,
+                json!({"tenant": "x"})
+            )),
             (403, "forbidden_params", names(&["tenant"]))
         );
         assert_eq!(
-            err(check(Op::PutParams, Caller::Owner, false, &current, json!({"otp": "1"}))),
+            err(check(
+                Op::PutParams,
+                Caller::Owner,
+                false,
+                &current,
+                json!({"otp": "1"})
+            )),
             (422, "invalid_params", names(&["otp"]))
         );
         // Sealed: the owner is exempt.
         let mut with_token = current.clone();
         with_token.insert("token".into(), ParamValue::Secret(SecretString::new("t")));
-        assert!(check(Op::Message, Caller::Owner, true, &with_token, json!({"tenant": "b"})).is_ok());
+        assert!(check(
+            Op::Message,
+            Caller::Owner,
+            true,
+            &with_token,
+            json!({"tenant": "b"})
+        )
+        .is_ok());
         assert_eq!(
-            err(check(Op::Message, st, true, &with_token, json!({"tenant": "b"}))).1,
+            err(check(
+                Op::Message,
+                st,
+                true,
+                &with_token,
+                json!({"tenant": "b"})
+            ))
+            .1,
             "forbidden_params"
         );
     }
@@ -323,18 +403,41 @@ mod tests {
     fn null_removes_and_message_values_stay_apart() {
         let current: Values = [
             ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
-            ("token".to_string(), ParamValue::Secret(SecretString::new("t"))),
+            (
+                "token".to_string(),
+                ParamValue::Secret(SecretString::new("t")),
+            ),
         ]
         .into();
-        let ok = check(Op::Message, Caller::Owner, false, &current, json!({"otp": "123456"})).unwrap();
+        let ok = check(
+            Op::Message,
+            Caller::Owner,
+            false,
+            &current,
+            json!({"otp": "123456"}),
+        )
+        .unwrap();
         assert!(ok.message["otp"].is_secret());
         assert!(!ok.session.contains_key("otp"));
-        let ok = check(Op::PutParams, Caller::Owner, false, &current, json!({"token": null})).unwrap();
+        let ok = check(
+            Op::PutParams,
+            Caller::Owner,
+            false,
+            &current,
+            json!({"token": null}),
+        )
+        .unwrap();
         assert!(!ok.session.contains_key("token"));
         assert_eq!(ok.changed, names(&["token"]));
         // Removing a required value is allowed by PUT; the next message gets 409.
         assert_eq!(
-            err(check(Op::Message, Caller::Owner, false, &ok.session, json!({}))),
+            err(check(
+                Op::Message,
+                Caller::Owner,
+                false,
+                &ok.session,
+                json!({})
+            )),
             (409, "params_required", names(&["token"]))
         );
     }

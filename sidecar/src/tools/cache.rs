@@ -33,7 +33,11 @@ impl ToolCache {
     }
 
     /// The key for this call, or `None` when it must not be cached.
-    pub fn key(tool: &BoundTool, model_args: &serde_json::Value, values: &Values) -> Option<CacheKey> {
+    pub fn key(
+        tool: &BoundTool,
+        model_args: &serde_json::Value,
+        values: &Values,
+    ) -> Option<CacheKey> {
         if tool.uses_secret(values) {
             return None;
         }
