@@ -95,3 +95,90 @@ async fn a_pinned_tenant_reaches_the_tool_and_never_the_model() {
     assert_eq!(kinds, ["message", "run_finished"]);
     assert!(!sidecar.logs().contains(CANARY));
 }
+
+/// With streaming on (the default), the model's text reaches an open event
+/// stream as `delta` events while the run is in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_is_forwarded_as_delta_events() {
+    let w = World::new(|_| {
+        bindery_tests::mock_llm::MockReply::text("a fairly long answer, streamed in pieces")
+    })
+    .await;
+    let (_sidecar, api) = w.start(&[], &[]);
+    let created = api
+        .call("POST", "/v1/sessions", Some(OWNER), Some(&json!({"agent": "invoices", "params": {"tenant": "acme-corp", "billing_token": "t"}})))
+        .await;
+    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let (_, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    let mut stream = stream.unwrap();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "hi"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let events = stream
+        .until("run_finished", std::time::Duration::from_secs(30))
+        .await;
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "delta")
+        .map(|e| {
+            serde_json::from_str::<serde_json::Value>(&e.data).unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(text, "a fairly long answer, streamed in pieces");
+    assert!(
+        events.iter().filter(|e| e.event == "delta").count() > 1,
+        "{events:?}"
+    );
+    assert!(events
+        .iter()
+        .filter(|e| e.event == "delta")
+        .all(|e| e.id.is_none()));
+    assert!(w.mock.requests()[0]["stream"] == json!(true));
+}
+
+/// `bindery-sidecar run --prompt`: one run on the command line, the answer on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_prints_the_answer() {
+    let w = World::new(tool_then_answer).await;
+    let out = tokio::process::Command::new(bin())
+        .args(["run", "--agent-file"])
+        .arg(&w.agent)
+        .args(["--set", "tenant=globex", "--prompt", "overdue?"])
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stdout,
+        "answer: 2026-10-20\tINV-2002\t7400.00 EUR\toverdue\n"
+    );
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
+
+    let out = tokio::process::Command::new(bin())
+        .args(["run", "--agent-file"])
+        .arg(&w.agent)
+        .args(["--prompt", "overdue?"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("agent `invoices` needs a value for tenant, billing_token"),
+        "{stderr}"
+    );
+}

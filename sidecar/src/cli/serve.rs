@@ -96,7 +96,7 @@ pub async fn run(
                 } => Some(c.clone()),
                 _ => None,
             });
-            println!("{}", answer.unwrap_or_default());
+            println!("{}", answer.unwrap_or_default().trim_end());
             Ok(ExitCode::SUCCESS)
         }
         RunEnd::MaxSteps(n) => Err(format!(

@@ -84,3 +84,76 @@ impl ToolCache {
         map.insert(key, (Instant::now(), text));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::bindings::AppliedBinding;
+    use crate::params::{ParamValue, SecretString};
+    use crate::spec::{BindingValue, WhenUnbound};
+    use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+
+    struct Nop(ToolSpec);
+
+    #[async_trait::async_trait]
+    impl Tool for Nop {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput {
+                text: String::new(),
+            })
+        }
+    }
+
+    fn tool(bound_to: &str) -> BoundTool {
+        BoundTool::new(Arc::new(Nop(ToolSpec {
+            name: "t".into(),
+            local_name: "t".into(),
+            description: String::new(),
+            args: Vec::new(),
+        })))
+        .with_bindings([AppliedBinding {
+            arg: "a".into(),
+            value: BindingValue::Param(bound_to.into()),
+            when_unbound: WhenUnbound::Fail,
+        }])
+    }
+
+    fn values(tenant: &str) -> Values {
+        [
+            ("tenant".to_string(), ParamValue::Plain(json!(tenant))),
+            (
+                "token".to_string(),
+                ParamValue::Secret(SecretString::new("s")),
+            ),
+        ]
+        .into()
+    }
+
+    #[test]
+    fn keys_separate_tenants_and_skip_secrets() {
+        let t = tool("tenant");
+        let args = json!({"q": 1});
+        let a = ToolCache::key(&t, &args, &values("acme")).unwrap();
+        assert_eq!(Some(a), ToolCache::key(&t, &args, &values("acme")));
+        assert_ne!(Some(a), ToolCache::key(&t, &args, &values("globex")));
+        assert_ne!(
+            Some(a),
+            ToolCache::key(&t, &json!({"q": 2}), &values("acme"))
+        );
+        assert_eq!(ToolCache::key(&tool("token"), &args, &values("acme")), None);
+
+        let cache = ToolCache::new(Duration::from_secs(60), 2);
+        cache.put(a, "result".into());
+        assert_eq!(cache.get(&a).as_deref(), Some("result"));
+        let expired = ToolCache::new(Duration::ZERO, 2);
+        expired.put(a, "result".into());
+        assert_eq!(expired.get(&a), None);
+    }
+}
