@@ -6,6 +6,7 @@ pub mod api;
 pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod diagnostic;
 #[cfg(feature = "server")]
 pub mod llm;
 pub mod params;

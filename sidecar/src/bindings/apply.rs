@@ -2,49 +2,11 @@
 //! check: each problem is reported with the place it was written (agent file,
 //! toolbox, binding) and the tool and argument it concerns.
 
-use std::fmt;
-
 use super::{AppliedBinding, BoundTool};
+pub use crate::diagnostic::{Diagnostic, Level};
 use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
 use crate::tools::bash::Mode;
 use crate::tools::Transport;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Error,
-    Warning,
-}
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Diagnostic {
-    pub level: Level,
-    pub message: String,
-}
-
-impl Diagnostic {
-    pub fn error(message: impl Into<String>) -> Self {
-        Diagnostic {
-            level: Level::Error,
-            message: message.into(),
-        }
-    }
-    pub fn warning(message: impl Into<String>) -> Self {
-        Diagnostic {
-            level: Level::Warning,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Diagnostic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.level {
-            Level::Error => write!(f, "error: {}", self.message),
-            Level::Warning => write!(f, "warning: {}", self.message),
-        }
-    }
-}
 
 /// Which tool name a binding's glob is matched against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,24 +34,16 @@ pub fn apply_bindings(
             i + 1,
             b.arg
         );
+        // An undeclared parameter and `expose` on a secret are reported by
+        // `spec::checks` (they need no tools); such a binding is skipped here.
         let param = match &b.value {
             BindingValue::Param(p) => match params.iter().find(|d| &d.name == p) {
                 Some(d) => Some(d),
-                None => {
-                    diags.push(Diagnostic::error(format!(
-                        "{here}: parameter `{p}` is not declared by this agent ({})",
-                        declared(params)
-                    )));
-                    continue;
-                }
+                None => continue,
             },
             BindingValue::Literal(_) => None,
         };
         if b.when_unbound == WhenUnbound::Expose && param.is_some_and(|d| d.secret) {
-            diags.push(Diagnostic::error(format!(
-                "{here}: `whenUnbound: expose` on secret parameter `{}` would let the model type the secret in plain text; use fail or omit",
-                param.map_or("", |d| d.name.as_str())
-            )));
             continue;
         }
         let name_of = |t: &BoundTool| match layer {
@@ -190,15 +144,6 @@ pub fn apply_bindings(
                 when_unbound: b.when_unbound,
             }]);
         }
-    }
-}
-
-fn declared(params: &[ParameterDecl]) -> String {
-    if params.is_empty() {
-        "it declares no parameters".to_string()
-    } else {
-        let names: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
-        format!("declared: {}", names.join(", "))
     }
 }
 

@@ -8,6 +8,7 @@
 //! types.
 
 pub mod agents_exe;
+pub mod checks;
 pub mod document;
 
 use std::collections::BTreeMap;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
-use crate::params::{valid_name, AgentParams, ApiKeys, ProcessValues, Values};
+use crate::params::{AgentParams, ApiKeys, ProcessValues, Values};
 use crate::spec::{AgentSpec, BindingValue, Scope, Toolbox};
 use crate::tools::bash::{self, Limits};
 use crate::tools::Tool;
@@ -237,17 +237,9 @@ impl Reader {
                     with: h.with.clone(),
                     narrowable: h.narrowable,
                 });
-                match (&h.agent, &h.path) {
-                    (Some(_), None) => {}
-                    (None, Some(p)) => self.by_path.push((agent.name.clone(), i, base.join(p))),
-                    _ => {
-                        return Err(format!(
-                            "{}: agent `{}`, helper {}: give exactly one of `agent` (an agent by name) or `path` (an agent file)",
-                            path.display(),
-                            agent.name,
-                            i + 1
-                        ))
-                    }
+                // Giving both or neither is reported by `spec::checks`.
+                if let (None, Some(p)) = (&h.agent, &h.path) {
+                    self.by_path.push((agent.name.clone(), i, base.join(p)));
                 }
             }
             if let Some(dir) = &agent.tool_directory {
@@ -323,26 +315,9 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let here = format!("{file}: agent `{}`", p.name);
     let base = p.file.parent().unwrap_or(Path::new(".")).to_path_buf();
 
-    if !valid_tool_name(&format!("prompt_agent_{}", p.name)) {
-        diags.push(Diagnostic::error(format!(
-            "{here}: the name may use only letters, digits, `_` and `-` (at most 50 characters)"
-        )));
-    }
-    let mut names = BTreeSet::new();
-    for d in &p.spec.parameters {
-        if !valid_name(&d.name) {
-            diags.push(Diagnostic::error(format!(
-                "{here}, parameter `{}`: a parameter name is lower-case letters, digits and `_`, starting with a letter",
-                d.name
-            )));
-        }
-        if !names.insert(d.name.as_str()) {
-            diags.push(Diagnostic::error(format!(
-                "{here}, parameter `{}` is declared twice",
-                d.name
-            )));
-        }
-    }
+    diags.extend(crate::spec::checks::check_definition(
+        &p.name, &p.spec, &here,
+    ));
     let (params, errors) =
         AgentParams::build(&p.spec.parameters, &opts.process, &base, &opts.api_keys);
     diags.extend(
@@ -370,27 +345,20 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let mut tools: Vec<BoundTool> = Vec::new();
     for (i, tb) in p.spec.toolboxes.iter().enumerate() {
         let Toolbox::Bash(b) = tb;
-        let (what, loaded) = match (&b.directory, &b.script) {
-            (Some(dir), None) => (
-                format!("bash directory {dir}"),
+        let loaded = match (&b.directory, &b.script) {
+            (Some(dir), None) => {
                 bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits)
-                    .await,
-            ),
-            (None, Some(script)) if b.basename_filter.is_none() => (
-                format!("bash script {script}"),
+                    .await
+            }
+            (None, Some(script)) if b.basename_filter.is_none() => {
                 bash::load_script(&base.join(script), opts.limits)
                     .await
-                    .map(|t| (vec![t], Vec::new())),
-            ),
-            _ => {
-                diags.push(Diagnostic::error(format!(
-                    "{here}, toolbox {}: a bash toolbox takes either `directory` (with an optional `basenameFilter`) or `script`",
-                    i + 1
-                )));
-                continue;
+                    .map(|t| (vec![t], Vec::new()))
             }
+            // A malformed toolbox is reported by `spec::checks`.
+            _ => continue,
         };
-        let place = format!("{here}, toolbox {} ({what})", i + 1);
+        let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
         let (found, errors) = match loaded {
             Ok(x) => x,
             Err(e) => {
@@ -451,14 +419,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     (agent, diags)
 }
 
-/// OpenAI's rule for function names.
-fn valid_tool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
+use crate::spec::checks::valid_tool_name;
 
 /// Helper references point at loaded agents; `with` names declared
 /// parameters on both sides and covers the helper's required session
@@ -489,20 +450,12 @@ fn check_helpers(agents: &BTreeMap<String, Arc<LoadedAgent>>, diags: &mut Vec<Di
                     "{at}: a slug may use only letters, digits, `_` and `-`"
                 )));
             }
-            for (key, value) in &h.with {
+            for key in h.with.keys() {
                 if helper.params.decl(key).is_none() {
                     diags.push(Diagnostic::error(format!(
                         "{at}: `with` fills `{key}`, which agent `{}` does not declare",
                         helper.name
                     )));
-                }
-                if let BindingValue::Param(p) = value {
-                    if a.params.decl(p).is_none() {
-                        diags.push(Diagnostic::error(format!(
-                            "{at}: `with.{key}` reads parameter `{p}`, which agent `{}` does not declare",
-                            a.name
-                        )));
-                    }
                 }
             }
             for s in helper.params.statuses() {

@@ -1,0 +1,132 @@
+//! Checks of an agent definition that need neither its tools' descriptions
+//! nor any value: the sidecar runs them when it loads a file, the operator
+//! when it reconciles an `Agent`. Each message names the place to fix.
+
+use std::collections::BTreeSet;
+
+use super::{AgentSpec, Binding, BindingValue, Toolbox, WhenUnbound};
+use crate::diagnostic::Diagnostic;
+use crate::params::valid_name;
+
+/// `toolbox 2 (bash directory ./tools)`: how messages name a toolbox.
+pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
+    let Toolbox::Bash(b) = tb;
+    match (&b.directory, &b.script) {
+        (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
+        (None, Some(s)) => format!("toolbox {} (bash script {s})", index + 1),
+        _ => format!("toolbox {} (bash)", index + 1),
+    }
+}
+
+/// A name the model can call a tool by (OpenAI's rule for function names).
+pub fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Every check of `spec` (the agent `name`); `here` prefixes messages
+/// (`agent.yaml: agent `invoices``).
+pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnostic> {
+    let mut diags = Vec::new();
+    if !valid_tool_name(&format!("prompt_agent_{name}")) {
+        diags.push(Diagnostic::error(format!(
+            "{here}: the name may use only letters, digits, `_` and `-` (at most 50 characters)"
+        )));
+    }
+    let mut names = BTreeSet::new();
+    for d in &spec.parameters {
+        if !valid_name(&d.name) {
+            diags.push(Diagnostic::error(format!(
+                "{here}, parameter `{}`: a parameter name is lower-case letters, digits and `_`, starting with a letter",
+                d.name
+            )));
+        }
+        if !names.insert(d.name.as_str()) {
+            diags.push(Diagnostic::error(format!(
+                "{here}, parameter `{}` is declared twice",
+                d.name
+            )));
+        }
+    }
+    for (i, tb) in spec.toolboxes.iter().enumerate() {
+        let Toolbox::Bash(b) = tb;
+        let place = format!("{here}, {}", toolbox_label(i, tb));
+        let shape_ok = matches!(
+            (&b.directory, &b.script, &b.basename_filter),
+            (Some(_), None, _) | (None, Some(_), None)
+        );
+        if !shape_ok {
+            diags.push(Diagnostic::error(format!(
+                "{here}, toolbox {}: a bash toolbox takes either `directory` (with an optional `basenameFilter`) or `script`",
+                i + 1
+            )));
+        }
+        check_bindings(spec, &b.bindings, &place, &mut diags);
+    }
+    check_bindings(
+        spec,
+        &spec.bindings,
+        &format!("{here}, agent-level bindings"),
+        &mut diags,
+    );
+    for (i, h) in spec.helpers.iter().enumerate() {
+        if h.agent.is_some() == h.path.is_some() {
+            diags.push(Diagnostic::error(format!(
+                "{here}, helper {}: give exactly one of `agent` (an agent by name) or `path` (an agent file)",
+                i + 1
+            )));
+        }
+        for (key, value) in &h.with {
+            if let BindingValue::Param(p) = value {
+                if !spec.parameters.iter().any(|d| &d.name == p) {
+                    diags.push(Diagnostic::error(format!(
+                        "{here}, helper {}: `with.{key}` reads parameter `{p}`, which this agent does not declare",
+                        i + 1
+                    )));
+                }
+            }
+        }
+    }
+    diags
+}
+
+fn check_bindings(
+    spec: &AgentSpec,
+    bindings: &[Binding],
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (i, b) in bindings.iter().enumerate() {
+        let glob = b.tool.as_deref().unwrap_or("*");
+        let here = format!(
+            "{place}, binding {} (tool \"{glob}\", arg \"{}\")",
+            i + 1,
+            b.arg
+        );
+        let BindingValue::Param(p) = &b.value else {
+            continue;
+        };
+        match spec.parameters.iter().find(|d| &d.name == p) {
+            None => {
+                let declared: Vec<&str> = spec.parameters.iter().map(|d| d.name.as_str()).collect();
+                diags.push(Diagnostic::error(format!(
+                    "{here}: parameter `{p}` is not declared by this agent ({})",
+                    if declared.is_empty() {
+                        "it declares no parameters".to_string()
+                    } else {
+                        format!("declared: {}", declared.join(", "))
+                    }
+                )));
+            }
+            Some(d) if d.secret && b.when_unbound == WhenUnbound::Expose => {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: `whenUnbound: expose` on secret parameter `{p}` would let the model type the secret in plain text; use fail or omit"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+}
