@@ -1,1 +1,550 @@
+//! The embedded session store: one SQLite file, one connection.
+//!
+//! SQLite calls block, so every operation runs on tokio's blocking pool with
+//! the connection behind a `std::sync::Mutex`. One connection is plenty for
+//! one sidecar and keeps writes trivially serialised; WAL mode lets another
+//! process (a backup, `sqlite3` for debugging) read meanwhile.
+//!
+//! Errors name the operation and the file, never row contents: a stored
+//! conversation may hold anything the user typed.
 
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::{SessionStore, StoreError};
+use crate::session::model::{EventRecord, SessionRecord, SessionStatus};
+
+/// The schema, one step per entry; entry `i` brings the database to version
+/// `i + 1`. Append only: a released step is never edited, since databases
+/// out there already ran it.
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions and their event streams.
+    "CREATE TABLE sessions (
+        id            TEXT PRIMARY KEY,
+        agent         TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        status_detail TEXT,
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        version       INTEGER NOT NULL,
+        turns         TEXT NOT NULL,  -- JSON array of ChatMessage
+        params        TEXT NOT NULL,  -- JSON object: StoredParams, never a secret
+        security      TEXT NOT NULL,  -- JSON Security: sealed flag, token digests
+        forked_from   TEXT
+    );
+    CREATE INDEX sessions_created_at ON sessions (created_at);
+    CREATE TABLE events (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        seq        INTEGER NOT NULL,
+        kind       TEXT NOT NULL,
+        data       TEXT NOT NULL,
+        at         INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );",
+];
+
+/// How long a statement waits for another process's lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
+     version, turns, params, security, forked_from";
+
+/// Sessions in a SQLite file.
+pub struct SqliteStore {
+    path: Arc<Path>,
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating it and its directory if need be) the store at
+    /// `sqlite://PATH` or a plain path, and bring its schema up to date.
+    ///
+    /// This blocks on file I/O: call it at startup or from a blocking task.
+    pub fn open(location: &str) -> Result<SqliteStore, StoreError> {
+        let path = PathBuf::from(location.strip_prefix("sqlite://").unwrap_or(location));
+        if path.as_os_str().is_empty() {
+            return Err(StoreError::Backend(format!(
+                "no database path in session store location {location:?}"
+            )));
+        }
+        let op = Op {
+            what: "open the session store",
+            path: &path,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| op.fail(format_args!("cannot create its directory: {e}")))?;
+        }
+        create_private_file(&path).map_err(|e| op.fail(format_args!("cannot create it: {e}")))?;
+
+        let mut conn = Connection::open(&path).map_err(|e| op.db(e))?;
+        configure(&conn, &op)?;
+        migrate(&mut conn, &path)?;
+        Ok(SqliteStore {
+            path: path.into(),
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `f` with the connection on the blocking pool.
+    async fn run<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, &Op<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        let path = Arc::clone(&self.path);
+        let task = tokio::task::spawn_blocking(move || {
+            let op = Op { what, path: &path };
+            // A panic while holding the lock may have left a transaction
+            // half done; refuse rather than guess.
+            let mut conn = conn.lock().map_err(|_| {
+                op.fail("the connection is unusable after a panic in an earlier operation")
+            })?;
+            f(&mut conn, &op)
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(_) => Err(Op {
+                what,
+                path: &self.path,
+            }
+            .fail("the worker task panicked or was cancelled")),
+        }
+    }
+}
+
+/// Create the file readable by its owner only, if it does not exist yet:
+/// it holds conversations. SQLite gives its `-wal` and `-shm` files the
+/// same permissions.
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path).map(drop)
+}
+
+fn configure(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
+    // First, so that switching to WAL waits for another process's lock.
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| op.db(e))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|e| op.db(e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(op.fail(format_args!(
+            "cannot use write-ahead logging (journal mode stays {mode:?})"
+        )));
+    }
+    // In WAL mode NORMAL is safe against corruption; a power cut may lose
+    // the last commits, which a session survives.
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(|e| op.db(e))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(|e| op.db(e))?;
+    Ok(())
+}
+
+/// Apply the missing steps of [`MIGRATIONS`], each in its own transaction.
+/// The version is re-read inside each (IMMEDIATE) transaction, so two
+/// processes opening the same new file do not both apply a step.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let op = Op {
+        what: "migrate the session store",
+        path,
+    };
+    let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| op.db(e))?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version    INTEGER PRIMARY KEY,
+                 applied_at INTEGER
+             )",
+        )
+        .map_err(|e| op.db(e))?;
+        let current: i64 = tx
+            .query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| op.db(e))?;
+        if current > known {
+            return Err(StoreError::Backend(format!(
+                "{} was written by a newer Bindery (schema {current}); this binary knows up to {known}",
+                path.display()
+            )));
+        }
+        let Some(step) = usize::try_from(current)
+            .ok()
+            .and_then(|i| MIGRATIONS.get(i))
+        else {
+            // Up to date (the empty transaction just ends).
+            return tx.commit().map_err(|e| op.db(e));
+        };
+        tx.execute_batch(step).map_err(|e| op.db(e))?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            params![current + 1, now_millis()],
+        )
+        .map_err(|e| op.db(e))?;
+        tx.commit().map_err(|e| op.db(e))?;
+    }
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// What is being done to which file, for error messages.
+struct Op<'a> {
+    what: &'static str,
+    path: &'a Path,
+}
+
+impl Op<'_> {
+    fn fail(&self, why: impl fmt::Display) -> StoreError {
+        StoreError::Backend(format!(
+            "could not {} ({}): {why}",
+            self.what,
+            self.path.display()
+        ))
+    }
+
+    /// SQLite's messages name tables and columns, never bound values.
+    fn db(&self, e: rusqlite::Error) -> StoreError {
+        self.fail(e)
+    }
+
+    /// A stored JSON column that does not decode. serde's message may quote
+    /// the offending value, so only its position is reported.
+    fn corrupt(&self, session: &str, column: &str, e: &serde_json::Error) -> StoreError {
+        self.fail(format_args!(
+            "column {column} of session {session} is not valid ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    }
+}
+
+/// A record's columns, with its JSON written out before taking the lock.
+struct Encoded {
+    id: String,
+    agent: String,
+    status: &'static str,
+    status_detail: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    version: i64,
+    turns: String,
+    params: String,
+    security: String,
+    forked_from: Option<String>,
+}
+
+impl Encoded {
+    fn new(rec: &SessionRecord, path: &Path) -> Result<Self, StoreError> {
+        let json = |column: &str, r: serde_json::Result<String>| {
+            r.map_err(|e| {
+                StoreError::Backend(format!(
+                    "could not encode column {column} of session {} for {}: {e}",
+                    rec.id,
+                    path.display()
+                ))
+            })
+        };
+        Ok(Encoded {
+            id: rec.id.clone(),
+            agent: rec.agent.clone(),
+            status: rec.status.as_str(),
+            status_detail: rec.status_detail.clone(),
+            created_at: rec.created_at,
+            updated_at: rec.updated_at,
+            version: rec.version,
+            turns: json("turns", serde_json::to_string(&rec.turns))?,
+            params: json("params", serde_json::to_string(&rec.params))?,
+            security: json("security", serde_json::to_string(&rec.security))?,
+            forked_from: rec.forked_from.clone(),
+        })
+    }
+}
+
+/// A `sessions` row as read, before its JSON is decoded.
+struct RawSession {
+    id: String,
+    agent: String,
+    status: String,
+    status_detail: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    version: i64,
+    turns: String,
+    params: String,
+    security: String,
+    forked_from: Option<String>,
+}
+
+impl RawSession {
+    /// Matches [`SESSION_COLUMNS`].
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(RawSession {
+            id: row.get(0)?,
+            agent: row.get(1)?,
+            status: row.get(2)?,
+            status_detail: row.get(3)?,
+            created_at: row.get(4)?,
+            updated_at: row.get(5)?,
+            version: row.get(6)?,
+            turns: row.get(7)?,
+            params: row.get(8)?,
+            security: row.get(9)?,
+            forked_from: row.get(10)?,
+        })
+    }
+
+    fn decode(self, op: &Op<'_>) -> Result<SessionRecord, StoreError> {
+        let id = self.id;
+        let status = SessionStatus::parse(&self.status).ok_or_else(|| {
+            op.fail(format_args!(
+                "column status of session {id} holds an unknown status"
+            ))
+        })?;
+        let turns = serde_json::from_str(&self.turns).map_err(|e| op.corrupt(&id, "turns", &e))?;
+        let params =
+            serde_json::from_str(&self.params).map_err(|e| op.corrupt(&id, "params", &e))?;
+        let security =
+            serde_json::from_str(&self.security).map_err(|e| op.corrupt(&id, "security", &e))?;
+        Ok(SessionRecord {
+            id,
+            agent: self.agent,
+            status,
+            status_detail: self.status_detail,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            version: self.version,
+            turns,
+            params,
+            security,
+            forked_from: self.forked_from,
+        })
+    }
+}
+
+fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
+    e.sqlite_extended_error_code() == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+}
+
+fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
+        .optional()
+        .map(|found| found.is_some())
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        let enc = Encoded::new(rec, &self.path)?;
+        self.run("create a session", move |conn, op| {
+            let inserted = conn.execute(
+                "INSERT INTO sessions (id, agent, status, status_detail, created_at, updated_at,
+                                       version, turns, params, security, forked_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    enc.id,
+                    enc.agent,
+                    enc.status,
+                    enc.status_detail,
+                    enc.created_at,
+                    enc.updated_at,
+                    enc.version,
+                    enc.turns,
+                    enc.params,
+                    enc.security,
+                    enc.forked_from,
+                ],
+            );
+            match inserted {
+                Ok(_) => Ok(()),
+                Err(e) if is_primary_key_violation(&e) => Err(StoreError::Exists(enc.id)),
+                Err(e) => Err(op.db(e)),
+            }
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let id = id.to_owned();
+        self.run("read a session", move |conn, op| {
+            let raw = conn
+                .query_row(
+                    &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+                    [&id],
+                    RawSession::from_row,
+                )
+                .optional()
+                .map_err(|e| op.db(e))?;
+            raw.map(|raw| raw.decode(op)).transpose()
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.run("list sessions", |conn, op| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, id"
+                ))
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map([], RawSession::from_row)
+                .map_err(|e| op.db(e))?;
+            rows.map(|raw| raw.map_err(|e| op.db(e))?.decode(op))
+                .collect()
+        })
+        .await
+    }
+
+    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        let enc = Encoded::new(rec, &self.path)?;
+        self.run("update a session", move |conn, op| {
+            // One transaction, so "no row changed" and "does it exist" agree.
+            let tx = conn.transaction().map_err(|e| op.db(e))?;
+            let changed = tx
+                .execute(
+                    "UPDATE sessions
+                     SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
+                         updated_at = ?6, version = ?7, turns = ?8, params = ?9,
+                         security = ?10, forked_from = ?11
+                     WHERE id = ?1 AND version = ?7 - 1",
+                    params![
+                        enc.id,
+                        enc.agent,
+                        enc.status,
+                        enc.status_detail,
+                        enc.created_at,
+                        enc.updated_at,
+                        enc.version,
+                        enc.turns,
+                        enc.params,
+                        enc.security,
+                        enc.forked_from,
+                    ],
+                )
+                .map_err(|e| op.db(e))?;
+            if changed == 0 {
+                let exists = session_exists(&tx, &enc.id).map_err(|e| op.db(e))?;
+                return Err(if exists {
+                    StoreError::Conflict(enc.id)
+                } else {
+                    StoreError::NotFound(enc.id)
+                });
+            }
+            tx.commit().map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn append_event(
+        &self,
+        session: &str,
+        kind: &str,
+        data: &serde_json::Value,
+        at: i64,
+    ) -> Result<i64, StoreError> {
+        let session = session.to_owned();
+        let kind = kind.to_owned();
+        let data = data.to_string();
+        self.run("append an event", move |conn, op| {
+            // IMMEDIATE takes the write lock before reading MAX(seq), so a
+            // second writer (another process) cannot pick the same seq.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| op.db(e))?;
+            if !session_exists(&tx, &session).map_err(|e| op.db(e))? {
+                return Err(StoreError::NotFound(session));
+            }
+            let seq: i64 = tx
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1",
+                    [&session],
+                    |row| row.get(0),
+                )
+                .map_err(|e| op.db(e))?;
+            tx.execute(
+                "INSERT INTO events (session_id, seq, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![session, seq, kind, data, at],
+            )
+            .map_err(|e| op.db(e))?;
+            tx.commit().map_err(|e| op.db(e))?;
+            Ok(seq)
+        })
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        session: &str,
+        after: i64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let session = session.to_owned();
+        self.run("read events", move |conn, op| {
+            let mut stmt = conn
+                .prepare(
+                    "SELECT seq, kind, data, at FROM events
+                     WHERE session_id = ?1 AND seq > ?2 ORDER BY seq",
+                )
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map(params![session, after], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, i64>(3)?,
+                    ))
+                })
+                .map_err(|e| op.db(e))?;
+            rows.map(|row| {
+                let (seq, kind, data, at) = row.map_err(|e| op.db(e))?;
+                let data = serde_json::from_str(&data)
+                    .map_err(|e| op.corrupt(&session, &format!("data (event {seq})"), &e))?;
+                Ok(EventRecord {
+                    seq,
+                    kind,
+                    data,
+                    at,
+                })
+            })
+            .collect()
+        })
+        .await
+    }
+}
