@@ -548,3 +548,384 @@ impl SessionStore for SqliteStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{ChatMessage, ToolCall};
+    use crate::params::{ParamValue, SecretString, Values};
+    use crate::session::model::{Security, StoredParams};
+    use serde_json::json;
+
+    fn record(id: &str, created_at: i64) -> SessionRecord {
+        SessionRecord {
+            id: id.to_owned(),
+            agent: "helper".to_owned(),
+            status: SessionStatus::Idle,
+            status_detail: None,
+            created_at,
+            updated_at: created_at,
+            version: 1,
+            turns: Vec::new(),
+            params: StoredParams::default(),
+            security: Security::default(),
+            forked_from: None,
+        }
+    }
+
+    /// A record with every field set, including a tool call and its result.
+    fn full_record() -> SessionRecord {
+        let mut values = Values::new();
+        values.insert("tenant".into(), ParamValue::Plain(json!("acme")));
+        values.insert("limits".into(), ParamValue::Plain(json!({"max": 3})));
+        SessionRecord {
+            id: "s-full".to_owned(),
+            agent: "billing".to_owned(),
+            status: SessionStatus::Failed,
+            status_detail: Some("the model endpoint timed out".to_owned()),
+            created_at: 1_700_000_000_000,
+            updated_at: 1_700_000_000_500,
+            version: 1,
+            turns: vec![
+                ChatMessage::system("be brief"),
+                ChatMessage::user("what is in a.txt?"),
+                ChatMessage::Assistant {
+                    content: None,
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "read_file".into(),
+                        arguments: r#"{"path":"a.txt"}"#.into(),
+                    }],
+                },
+                ChatMessage::tool_result("call_1", "hello"),
+                ChatMessage::assistant("It says hello."),
+            ],
+            params: StoredParams::from_values(&values),
+            security: Security {
+                sealed: true,
+                token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
+            },
+            forked_from: Some("s-parent".to_owned()),
+        }
+    }
+
+    fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
+            .expect("open the store")
+    }
+
+    fn schema_versions(path: &Path) -> Vec<i64> {
+        let conn = Connection::open(path).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT version FROM schema_migrations ORDER BY version")
+            .unwrap();
+        let versions = stmt.query_map([], |r| r.get(0)).unwrap();
+        versions.collect::<rusqlite::Result<_>>().unwrap()
+    }
+
+    #[tokio::test]
+    async fn create_then_get_returns_the_same_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let rec = full_record();
+        assert!(!rec.params.is_empty());
+        store.create(&rec).await.unwrap();
+        assert_eq!(store.get("s-full").await.unwrap(), Some(rec));
+        assert_eq!(store.get("nope").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn open_creates_the_directory_and_takes_a_plain_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/sessions.db");
+        let store = SqliteStore::open(path.to_str().unwrap()).unwrap();
+        assert_eq!(store.path(), path);
+        assert!(path.is_file());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the file is private to its owner");
+        }
+        assert!(SqliteStore::open("sqlite://").is_err());
+    }
+
+    #[tokio::test]
+    async fn create_refuses_an_existing_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        store.create(&record("s1", 1)).await.unwrap();
+        let mut other = record("s1", 2);
+        other.agent = "other".into();
+        match store.create(&other).await {
+            Err(StoreError::Exists(id)) => assert_eq!(id, "s1"),
+            other => panic!("expected Exists, got {other:?}"),
+        }
+        assert_eq!(store.get("s1").await.unwrap().unwrap().agent, "helper");
+    }
+
+    #[tokio::test]
+    async fn update_needs_the_next_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let mut rec = record("s1", 1);
+        store.create(&rec).await.unwrap();
+
+        rec.version = 2;
+        rec.status = SessionStatus::Running;
+        rec.turns.push(ChatMessage::user("hi"));
+        store.update(&rec).await.unwrap();
+        assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+
+        // A writer that loaded version 1 and also writes version 2 loses.
+        let mut stale = rec.clone();
+        stale.status = SessionStatus::Failed;
+        match store.update(&stale).await {
+            Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
+            other => panic!("expected Conflict, got {other:?}"),
+        }
+        // So does one that skips a version.
+        stale.version = 4;
+        assert!(matches!(
+            store.update(&stale).await,
+            Err(StoreError::Conflict(_))
+        ));
+        assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+    }
+
+    #[tokio::test]
+    async fn update_of_an_unknown_session_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let mut rec = record("ghost", 1);
+        rec.version = 2;
+        match store.update(&rec).await {
+            Err(StoreError::NotFound(id)) => assert_eq!(id, "ghost"),
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn list_is_newest_first_then_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        for (id, at) in [("b", 10), ("c", 30), ("a", 10), ("d", 20)] {
+            store.create(&record(id, at)).await.unwrap();
+        }
+        let ids: Vec<String> = store
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, ["c", "d", "a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn events_are_numbered_per_session_and_read_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&record("s2", 2)).await.unwrap();
+        for i in 1..=4 {
+            let seq = store
+                .append_event("s1", "message", &json!({"n": i}), 100 + i)
+                .await
+                .unwrap();
+            assert_eq!(seq, i);
+        }
+        assert_eq!(
+            store
+                .append_event("s2", "run_started", &json!(null), 7)
+                .await
+                .unwrap(),
+            1
+        );
+
+        let all = store.events_after("s1", 0).await.unwrap();
+        assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(
+            all[2],
+            EventRecord {
+                seq: 3,
+                kind: "message".into(),
+                data: json!({"n": 3}),
+                at: 103
+            }
+        );
+        let later = store.events_after("s1", 2).await.unwrap();
+        assert_eq!(later.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+        assert!(store.events_after("s1", 4).await.unwrap().is_empty());
+        assert!(store.events_after("nope", 0).await.unwrap().is_empty());
+
+        match store.append_event("nope", "message", &json!({}), 1).await {
+            Err(StoreError::NotFound(id)) => assert_eq!(id, "nope"),
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_appends_get_distinct_seqs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open_in(&dir));
+        store.create(&record("s1", 1)).await.unwrap();
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.append_event("s1", "message", &json!(i), i).await })
+            })
+            .collect();
+        let mut seqs = Vec::new();
+        for t in tasks {
+            seqs.push(t.await.unwrap().unwrap());
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=16).collect::<Vec<i64>>());
+    }
+
+    #[tokio::test]
+    async fn data_survives_close_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = full_record();
+        {
+            let store = open_in(&dir);
+            store.create(&rec).await.unwrap();
+            store
+                .append_event(&rec.id, "run_started", &json!({"run": 1}), 5)
+                .await
+                .unwrap();
+        }
+        let store = open_in(&dir);
+        assert_eq!(store.get(&rec.id).await.unwrap(), Some(rec.clone()));
+        let events = store.events_after(&rec.id, 0).await.unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data, json!({"run": 1}));
+        assert_eq!(
+            store
+                .append_event(&rec.id, "run_finished", &json!({}), 6)
+                .await
+                .unwrap(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn migrations_run_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = open_in(&dir).path().to_owned();
+        let all: Vec<i64> = (1..=MIGRATIONS.len() as i64).collect();
+        assert_eq!(schema_versions(&path), all);
+        let store = open_in(&dir);
+        store.create(&record("s1", 1)).await.unwrap();
+        drop(store);
+        let store = open_in(&dir);
+        assert_eq!(schema_versions(&path), all);
+        assert!(store.get("s1").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = open_in(&dir).path().to_owned();
+        Connection::open(&path)
+            .unwrap()
+            .execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (99, 0)",
+                [],
+            )
+            .unwrap();
+        let err = SqliteStore::open(path.to_str().unwrap()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!(
+                "{} was written by a newer Bindery (schema 99); this binary knows up to {}",
+                path.display(),
+                MIGRATIONS.len()
+            )),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_row_names_the_session_and_column_not_the_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        store.create(&record("s1", 1)).await.unwrap();
+        Connection::open(store.path())
+            .unwrap()
+            .execute(
+                "UPDATE sessions SET turns = '[{\"role\": \"wizard-4d1e\"}]' WHERE id = 's1'",
+                [],
+            )
+            .unwrap();
+        for result in [
+            store.get("s1").await.map(drop),
+            store.list().await.map(drop),
+        ] {
+            match result {
+                Err(StoreError::Backend(msg)) => {
+                    assert!(msg.contains("session s1"), "{msg}");
+                    assert!(msg.contains("column turns"), "{msg}");
+                    assert!(msg.contains(&store.path().display().to_string()), "{msg}");
+                    assert!(!msg.contains("wizard-4d1e"), "{msg}");
+                }
+                other => panic!("expected Backend, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_poisoned_connection_is_a_backend_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let conn = Arc::clone(&store.conn);
+        let _ = std::thread::spawn(move || {
+            let _guard = conn.lock();
+            panic!("a panic while holding the connection (expected by this test)");
+        })
+        .join();
+        assert!(matches!(store.get("s1").await, Err(StoreError::Backend(_))));
+    }
+
+    /// Secret values never reach the disk: `StoredParams` drops them, and
+    /// nothing else in the record carries them.
+    #[tokio::test]
+    async fn a_secret_value_leaves_no_trace_in_the_files() {
+        const CANARY: &str = "canary-7f3a9c";
+        const PLAIN: &str = "plain-5b2e1d";
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let mut values = Values::new();
+        values.insert(
+            "billing_token".into(),
+            ParamValue::Secret(SecretString::new(CANARY)),
+        );
+        values.insert("tenant".into(), ParamValue::Plain(json!(PLAIN)));
+        let mut rec = full_record();
+        rec.params = StoredParams::from_values(&values);
+        store.create(&rec).await.unwrap();
+        rec.version = 2;
+        store.update(&rec).await.unwrap();
+        store
+            .append_event(&rec.id, "run_started", &json!({"params": rec.params}), 1)
+            .await
+            .unwrap();
+
+        // FULL copies the WAL into the database but leaves the WAL's frames
+        // in place, so both files hold everything written.
+        store
+            .conn
+            .lock()
+            .unwrap()
+            .query_row("PRAGMA wal_checkpoint(FULL)", [], |_| Ok(()))
+            .unwrap();
+        let mut bytes = std::fs::read(store.path()).unwrap();
+        let mut wal = store.path().as_os_str().to_owned();
+        wal.push("-wal");
+        bytes.extend(std::fs::read(&wal).expect("the WAL is still there"));
+        let contains = |needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+        assert!(contains(PLAIN), "the scan sees plain values");
+        assert!(!contains(CANARY), "a secret value reached the database");
+    }
+}
