@@ -921,10 +921,9 @@ mod tests {
             .query_row("PRAGMA wal_checkpoint(FULL)", [], |_| Ok(()))
             .unwrap();
         let mut bytes = std::fs::read(store.path()).unwrap();
-        let wal = store.path().with_extension("db-wal");
-        if let Ok(more) = std::fs::read(&wal) {
-            bytes.extend(more);
-        }
+        let mut wal = store.path().as_os_str().to_owned();
+        wal.push("-wal");
+        bytes.extend(std::fs::read(&wal).expect("the WAL is still there"));
         let contains = |needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
         assert!(contains(PLAIN), "the scan sees plain values");
         assert!(!contains(CANARY), "a secret value reached the database");
