@@ -352,6 +352,8 @@ impl Service {
         op: Op,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Values, ServiceError> {
+        // No live entry for an id that names no session.
+        self.record(id).await?;
         let live = self.live(id);
         let _guard = live.lock.lock().await;
         let mut rec = self.record(id).await?;
@@ -392,6 +394,7 @@ impl Service {
     }
 
     pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
+        self.record(id).await?;
         let live = self.live(id);
         let _guard = live.lock.lock().await;
         let mut rec = self.record(id).await?;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
-use bindery_tests::sidecar::{Api, Launch, Sidecar};
+use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
 use serde_json::{json, Value};
 
 pub const CANARY: &str = "canary-7f3a9c";
@@ -26,6 +26,12 @@ pub fn repo() -> PathBuf {
 /// An invoices agent like the example's, talking to `model_url`, with both
 /// parameters session-scope (the token secret) plus a message-scope `otp`.
 pub fn invoices_agent(dir: &Path, model_url: &str) -> PathBuf {
+    invoices_agent_with(dir, model_url, "")
+}
+
+/// The invoices agent with `extra_toolboxes` (YAML list items, indented
+/// four spaces) after its own toolbox.
+pub fn invoices_agent_with(dir: &Path, model_url: &str, extra_toolboxes: &str) -> PathBuf {
     let tools = repo().join("examples/invoices/tools");
     let text = format!(
         r#"apiVersion: bindery.dev/v1alpha1
@@ -47,7 +53,7 @@ spec:
         bindings:
           - {{arg: tenant_id, value: {{param: tenant}}}}
           - {{arg: token, value: {{param: billing_token}}}}
-"#,
+{extra_toolboxes}"#,
         tools = tools.display()
     );
     let path = dir.join("invoices.yaml");
@@ -71,6 +77,98 @@ pub fn tool_then_answer(req: &Value) -> MockReply {
     }
 }
 
+/// A toolbox directory with one bash tool, `bash_slow-lookup`, whose run
+/// sleeps (as the tool's own process, so cancelling the call kills it);
+/// for runs that must still be in progress when the test acts.
+pub fn slow_toolbox(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = dir.join("slow-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("slow-lookup");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  echo '{"slug": "slow-lookup", "description": "Looks something up, slowly.", "args": []}'
+  exit 0
+fi
+exec sleep 120
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
+}
+
+/// `POST /v1/sessions` as the owner.
+pub async fn create(api: &Api, body: Value) -> Reply {
+    api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
+        .await
+}
+
+/// A valid creation body for the invoices agent (no prompt).
+pub fn valid_params() -> Value {
+    json!({"tenant": "acme", "billing_token": CANARY})
+}
+
+/// An error reply as `(status, error code, params)`, after checking that
+/// it has the API's error shape.
+pub fn error_of(r: &Reply) -> (u16, String, Vec<String>) {
+    assert!(
+        r.json["error"].is_string(),
+        "not an error body: {} {}",
+        r.status,
+        r.text
+    );
+    assert!(r.json["message"].is_string(), "no message: {}", r.text);
+    let params = r.json["params"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    (
+        r.status,
+        r.json["error"].as_str().unwrap().to_string(),
+        params,
+    )
+}
+
+/// `(status, code, params)` as [`error_of`] returns them.
+pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<String>) {
+    (
+        status,
+        code.to_string(),
+        params.iter().map(|s| s.to_string()).collect(),
+    )
+}
+
+/// A request with a raw body and an optional `Content-Type` (none at all
+/// when `None`).
+pub async fn raw(
+    api: &Api,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+    content_type: Option<&str>,
+) -> Reply {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut req = api
+        .http
+        .request(method, format!("{}{path}", api.base))
+        .body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let resp = req.send().await.expect("request reaches the sidecar");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Reply { status, json, text }
+}
+
 pub struct World {
     pub dir: tempfile::TempDir,
     pub mock: MockLlm,
@@ -80,9 +178,19 @@ pub struct World {
 
 impl World {
     pub async fn new(script: impl Fn(&Value) -> MockReply + Send + Sync + 'static) -> World {
+        World::with_toolboxes(script, |_| String::new()).await
+    }
+
+    /// A world whose invoices agent also has the toolboxes `extra` writes
+    /// into the world's directory (see [`slow_toolbox`]).
+    pub async fn with_toolboxes(
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        extra: impl FnOnce(&Path) -> String,
+    ) -> World {
         let dir = tempfile::tempdir().unwrap();
         let mock = MockLlm::start(script).await;
-        let agent = invoices_agent(dir.path(), &mock.url());
+        let toolboxes = extra(dir.path());
+        let agent = invoices_agent_with(dir.path(), &mock.url(), &toolboxes);
         let store = format!(
             "sqlite://{}",
             dir.path().join("store/bindery.sqlite").display()
