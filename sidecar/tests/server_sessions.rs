@@ -422,3 +422,66 @@ async fn secrecy_canary_everywhere() {
         assert!(!model.contains(secret), "the model saw {secret}");
     }
 }
+
+/// Two messages at once: one runs, the other gets 409 and changes nothing
+/// (its values are validated, stored and its run reserved atomically).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_concurrent_message_changes_nothing() {
+    let w = World::new(|_| MockReply::text("slow").delayed(Duration::from_millis(500))).await;
+    let (_sidecar, api) = w.start(&[], &[]);
+    for round in 0..5 {
+        let r = api
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(OWNER),
+                Some(&json!({
+                "agent": "invoices", "params": {"tenant": "start", "billing_token": "t"}})),
+            )
+            .await;
+        let id = session_id(&r);
+        let send = |tenant: &'static str| {
+            let api = api.clone();
+            let id = id.clone();
+            async move {
+                let r = api
+                    .call(
+                        "POST",
+                        &format!("/v1/sessions/{id}/messages"),
+                        Some(OWNER),
+                        Some(&json!({"prompt": tenant, "params": {"tenant": tenant}})),
+                    )
+                    .await;
+                (tenant, r.status)
+            }
+        };
+        let (a, b) = tokio::join!(send("a"), send("b"));
+        let mut statuses = [a.1, b.1];
+        statuses.sort();
+        assert_eq!(statuses, [202, 409], "round {round}");
+        let winner = if a.1 == 202 { a.0 } else { b.0 };
+        let r = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        assert_eq!(
+            r.json["params"]["tenant"], winner,
+            "round {round}: {}",
+            r.text
+        );
+        let users: Vec<_> = r.json["session"]["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["role"] == "user")
+            .collect();
+        assert_eq!(users.len(), 1);
+        assert_eq!(users[0]["content"], winner);
+        api.call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    }
+}

@@ -170,6 +170,34 @@ impl Service {
         live
     }
 
+    /// The live entry if there is one (reads never create one).
+    fn peek(&self, id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Drop a session's live entry when it holds nothing worth keeping: no
+    /// run, no secret, no event subscriber, and nobody else holds it.
+    fn evict_if_idle(&self, id: &str) {
+        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = map.get(id).is_some_and(|l| {
+            Arc::strong_count(l) == 1
+                && l.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && l.secrets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty()
+                && l.events.receiver_count() == 0
+        });
+        if idle {
+            map.remove(id);
+        }
+        self.metrics.set_sessions_live(map.len() as u64);
+    }
+
     fn agent(&self, name: &str) -> Result<&Arc<LoadedAgent>, ServiceError> {
         self.tree
             .agent(name)
@@ -192,35 +220,38 @@ impl Service {
             .iter()
             .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
             .collect();
-        let live = self.live(&rec.id);
-        let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
-        values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(live) = self.peek(&rec.id) {
+            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
         values
     }
 
     /// Names of the secret values a session holds (never the values).
     pub fn secret_names(&self, id: &str) -> Vec<String> {
-        let live = self.live(id);
-        let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
-        secrets.keys().cloned().collect()
+        self.peek(id).map_or_else(Vec::new, |live| {
+            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            secrets.keys().cloned().collect()
+        })
     }
 
     fn keep_secrets(&self, id: &str, session: &Values) {
-        let live = self.live(id);
-        let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
-        *secrets = session
+        let kept: Values = session
             .iter()
             .filter(|(_, v)| v.is_secret())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let live = match self.peek(id) {
+            Some(live) => live,
+            None if kept.is_empty() => return,
+            None => self.live(id),
+        };
+        *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
     }
 
     pub fn is_running(&self, id: &str) -> bool {
-        self.live(id)
-            .run
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        self.peek(id)
+            .is_some_and(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).is_some())
     }
 
     pub async fn create(
@@ -306,6 +337,7 @@ impl Service {
             ),
             None => None,
         };
+        self.evict_if_idle(&rec.id);
         Ok(Created {
             id: rec.id,
             token,
@@ -320,8 +352,11 @@ impl Service {
         prompt: String,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<RunWait, ServiceError> {
-        let message = self.apply_params(caller, id, Op::Message, params).await?;
-        self.start_run(id, Some(prompt), message).await
+        let r = self
+            .run_request(caller, id, Op::Message, Some(prompt), params)
+            .await;
+        self.evict_if_idle(id);
+        r
     }
 
     pub async fn resume(
@@ -330,8 +365,28 @@ impl Service {
         id: &str,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<RunWait, ServiceError> {
-        let message = self.apply_params(caller, id, Op::Resume, params).await?;
-        self.start_run(id, None, message).await
+        let r = self.run_request(caller, id, Op::Resume, None, params).await;
+        self.evict_if_idle(id);
+        r
+    }
+
+    /// A request that starts a run: its values are validated and stored,
+    /// and the run reserved, in one critical section, so a request refused
+    /// with `run_in_progress` changes nothing.
+    async fn run_request(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        op: Op,
+        prompt: Option<String>,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<RunWait, ServiceError> {
+        // No live entry for an id that names no session.
+        self.record(id).await?;
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        let message = self.apply_params_locked(caller, id, op, params).await?;
+        self.start_run_locked(guard, id, prompt, message).await
     }
 
     pub async fn put_params(
@@ -340,22 +395,26 @@ impl Service {
         id: &str,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<(), ServiceError> {
-        self.apply_params(caller, id, Op::PutParams, params).await?;
-        Ok(())
+        self.record(id).await?;
+        let r = {
+            let live = self.live(id);
+            let _guard = live.lock.lock().await;
+            self.apply_params_locked(caller, id, Op::PutParams, params)
+                .await
+        };
+        self.evict_if_idle(id);
+        r.map(drop)
     }
 
     /// Validate and store a request's values; returns its message-scope values.
-    async fn apply_params(
+    /// The caller holds the session's lock.
+    async fn apply_params_locked(
         &self,
         caller: &Caller,
         id: &str,
         op: Op,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Values, ServiceError> {
-        // No live entry for an id that names no session.
-        self.record(id).await?;
-        let live = self.live(id);
-        let _guard = live.lock.lock().await;
         let mut rec = self.record(id).await?;
         if op != Op::PutParams && self.is_running(id) {
             return Err(ServiceError::new(
@@ -386,7 +445,6 @@ impl Service {
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
             self.keep_secrets(id, &accepted.session);
-            drop(_guard);
             self.emit(id, "params_changed", json!({"names": accepted.changed}))
                 .await;
         }
@@ -395,14 +453,19 @@ impl Service {
 
     pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
-        let live = self.live(id);
-        let _guard = live.lock.lock().await;
-        let mut rec = self.record(id).await?;
-        rec.security.token_digests.clear();
-        rec.version += 1;
-        rec.updated_at = now_ms();
-        self.store.update(&rec).await?;
-        Ok(())
+        let r = async {
+            let live = self.live(id);
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            rec.security.token_digests.clear();
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok(())
+        }
+        .await;
+        self.evict_if_idle(id);
+        r
     }
 
     /// Whether `token` is a live session token of session `id`.
@@ -421,11 +484,8 @@ impl Service {
     pub async fn cancel(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
         let handle = self
-            .live(id)
-            .run
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .peek(id)
+            .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
             return Err(ServiceError::new(
                 409,
@@ -447,6 +507,19 @@ impl Service {
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let guard = live.lock.lock().await;
+        self.start_run_locked(guard, id, prompt, message).await
+    }
+
+    /// Start a run; `guard` is the session's lock, released once the run
+    /// is recorded as started.
+    async fn start_run_locked(
+        self: &Arc<Self>,
+        guard: tokio::sync::MutexGuard<'_, ()>,
+        id: &str,
+        prompt: Option<String>,
+        message: Values,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live(id);
         let (cancel, done_tx, done_rx) = {
             let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
             if run.is_some() {
@@ -497,8 +570,11 @@ impl Service {
         tokio::spawn(async move {
             let end = this.drive(&agent, &id, rec.turns, values, &cancel).await;
             this.finish(&id, end).await;
-            *this.live(&id).run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            if let Some(live) = this.peek(&id) {
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
             let _ = done_tx.send(true);
+            this.evict_if_idle(&id);
         });
         Ok(RunWait(done_rx))
     }
@@ -594,7 +670,10 @@ impl Service {
         let at = now_ms();
         match self.store.append_event(id, kind, &data, at).await {
             Ok(seq) => {
-                let _ = self.live(id).events.send(LiveEvent::Stored(EventRecord {
+                let Some(live) = self.peek(id) else {
+                    return; // nobody in memory, so nobody listening
+                };
+                let _ = live.events.send(LiveEvent::Stored(EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
@@ -700,10 +779,8 @@ impl RunSink for SessionSink<'_> {
     }
 
     fn delta(&self, text: &str) {
-        let _ = self
-            .service
-            .live(self.id)
-            .events
-            .send(LiveEvent::Delta(text.to_string()));
+        if let Some(live) = self.service.peek(self.id) {
+            let _ = live.events.send(LiveEvent::Delta(text.to_string()));
+        }
     }
 }
