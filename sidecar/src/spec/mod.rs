@@ -9,6 +9,8 @@
 
 pub mod agents_exe;
 pub mod checks;
+#[cfg(feature = "crd")]
+pub mod crd;
 pub mod document;
 
 use std::collections::BTreeMap;
@@ -20,6 +22,22 @@ pub use document::{AgentDocument, Metadata, API_VERSION, KIND};
 
 /// What an agent is: its model, prompt, parameters, tools and helpers.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "crd", derive(kube::CustomResource))]
+#[cfg_attr(
+    feature = "crd",
+    kube(
+        group = "bindery.dev",
+        version = "v1alpha1",
+        kind = "Agent",
+        namespaced,
+        status = "crd::AgentStatus",
+        shortname = "agt",
+        category = "bindery",
+        printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+        printcolumn = r#"{"name":"Announce","type":"string","jsonPath":".spec.announce","priority":1}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentSpec {
     /// One line telling a calling agent (or a human) what this agent does.
@@ -66,6 +84,14 @@ pub struct ModelSpec {
 
 fn default_flavor() -> String {
     "openai".to_string()
+}
+
+/// Any JSON value; in a CRD schema, a field Kubernetes keeps as it is.
+pub(crate) fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Any JSON value.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
 }
 
 /// A parameter an agent declares.
@@ -120,7 +146,7 @@ impl Scope {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum ValueSource {
     /// The value itself (any JSON).
-    Value(serde_json::Value),
+    Value(#[schemars(schema_with = "any_json")] serde_json::Value),
     /// An environment variable of the sidecar process.
     Env(String),
     /// A file's content, with trailing whitespace trimmed. Relative paths are
@@ -192,7 +218,7 @@ pub enum BindingValue {
     /// The current value of one of the agent's parameters.
     Param(String),
     /// A fixed value.
-    Literal(serde_json::Value),
+    Literal(#[schemars(schema_with = "any_json")] serde_json::Value),
 }
 
 /// What a binding does when its parameter has no value.

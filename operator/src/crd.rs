@@ -1,0 +1,218 @@
+//! The custom resources and the generated CRD documents.
+//!
+//! `Agent` is derived in the sidecar crate from the very `AgentSpec` the
+//! sidecar reads from files; `AgentTenant` is the operator's own.
+
+use k8s_openapi::api::core::v1::{Container, ResourceRequirements, Toleration, Volume};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub use bindery_sidecar::spec::crd::AgentStatus;
+pub use bindery_sidecar::spec::{Agent, AgentSpec};
+
+/// One tenant of one agent: its pinned and set parameter values, the
+/// Secrets its secret parameters come from, and how its pods run.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "bindery.dev",
+    version = "v1alpha1",
+    kind = "AgentTenant",
+    namespaced,
+    status = "AgentTenantStatus",
+    shortname = "tenant",
+    shortname = "at",
+    category = "bindery",
+    printcolumn = r#"{"name":"Agent","type":"string","jsonPath":".spec.agentRef.name"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Params","type":"string","jsonPath":".status.paramsBound","description":"required parameters bound / required"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTenantSpec {
+    /// The `Agent` (same namespace) this tenant runs.
+    pub agent_ref: AgentRef,
+    /// Values for the agent tree's parameters, shaped like a container's `env`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each parameter may be listed once"))]
+    pub parameters: Vec<TenantParameter>,
+    /// Agent server pods (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// The sidecar image (default: the operator's `--sidecar-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Where sessions are kept (default: SQLite on an emptyDir).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreSpec>,
+    /// Bash tools: a ConfigMap whose keys are the scripts, mounted executable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolsSpec>,
+    /// A Secret key holding the owner token; one is generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_token_secret_ref: Option<KeyRef>,
+    /// Extra containers (the tenant's own tool services, reached on
+    /// localhost), volumes, tolerations, node selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_overrides: Option<PodOverrides>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct AgentRef {
+    pub name: String,
+}
+
+/// A value for one parameter: `value`, or `valueFrom` a Secret or
+/// ConfigMap key; `pinned` makes it one no client can override.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("give exactly one of value or valueFrom"))]
+pub struct TenantParameter {
+    #[x_kube(validation = Rule::new("self.matches('^[a-z][a-z0-9_]*$')").message("a parameter name is lower-case letters, digits and _, starting with a letter"))]
+    pub name: String,
+    /// The value (any JSON). Never for a secret parameter: use `valueFrom.secretKeyRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json")]
+    pub value: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<ValueFrom>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
+}
+
+fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Any JSON value.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("give exactly one of secretKeyRef or configMapKeyRef"))]
+pub struct ValueFrom {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+}
+
+/// A key of a Secret or ConfigMap in the tenant's namespace.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreSpec {
+    /// Keep the SQLite store on a PersistentVolumeClaim of this size
+    /// (e.g. `1Gi`) instead of an emptyDir; needs `replicas: 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_size: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolsSpec {
+    pub config_map_ref: NameRef,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct NameRef {
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<Container>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// What the operator found and did.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTenantStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `AgentValid`, `ParametersResolved`, `Available`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// One row per parameter declared anywhere in the agent tree. Never a value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<ParameterRow>,
+    /// Required parameters bound / required (`3/4`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_bound: Option<String>,
+    /// The Service URL of the session API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+}
+
+/// How one declared parameter stands for this tenant.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParameterRow {
+    pub name: String,
+    /// The agent that declares it (the tenant's agent or one of its helpers).
+    pub agent: String,
+    pub scope: String,
+    pub secret: bool,
+    pub required: bool,
+    /// `pinned`, `value`, `secret NAME/KEY`, `configmap NAME/KEY`, `default`,
+    /// `per-session`, `with` (a helper's caller fills it), `unbound`.
+    pub source: String,
+    pub bound: bool,
+    pub pinned: bool,
+    /// What is wrong or worth knowing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Every CRD of Bindery, as `(file name, YAML)`.
+pub fn crd_documents() -> Vec<(&'static str, String)> {
+    let yaml = |crd: CustomResourceDefinition| {
+        format!(
+            "# Generated by `bindery-operator crdgen`; do not edit.\n{}",
+            serde_yaml::to_string(&crd).expect("a CRD serializes")
+        )
+    };
+    vec![
+        ("agents.bindery.dev.yaml", yaml(Agent::crd())),
+        ("agenttenants.bindery.dev.yaml", yaml(AgentTenant::crd())),
+    ]
+}
+
+/// Write every CRD into `dir`; returns the files written.
+pub fn write_crds(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    crd_documents()
+        .into_iter()
+        .map(|(name, doc)| {
+            let path = dir.join(name);
+            std::fs::write(&path, doc)?;
+            Ok(path)
+        })
+        .collect()
+}

@@ -1,0 +1,6 @@
+//! Bindery's operator: the `Agent` and `AgentTenant` custom resources, the
+//! desired state of a tenant as a pure function, and the controller that
+//! applies it.
+
+pub mod crd;
+pub mod names;

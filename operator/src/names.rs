@@ -1,0 +1,57 @@
+//! Names, labels and paths shared by what the operator renders.
+
+use std::collections::BTreeMap;
+
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "bindery-operator";
+/// Pod annotation whose change rolls the pods.
+pub const CONFIG_HASH: &str = "bindery.dev/config-hash";
+pub const TENANT_LABEL: &str = "bindery.dev/tenant";
+
+pub const AGENTS_DIR: &str = "/etc/bindery/agents";
+pub const PARAMS_DIR: &str = "/etc/bindery/params";
+pub const PARAMS_FILE: &str = "params.json";
+pub const TOOLS_DIR: &str = "/etc/bindery/tools";
+pub const OWNER_DIR: &str = "/etc/bindery/owner";
+pub const OWNER_FILE: &str = "token";
+pub const STORE_DIR: &str = "/var/lib/bindery";
+pub const PORT: i32 = 8080;
+
+/// The Deployment, Service and ServiceAccount of a tenant.
+pub fn workload(tenant: &str) -> String {
+    tenant.to_string()
+}
+
+pub fn config_map(tenant: &str) -> String {
+    format!("{tenant}-agents")
+}
+
+pub fn owner_token_secret(tenant: &str) -> String {
+    format!("{tenant}-owner-token")
+}
+
+pub fn store_claim(tenant: &str) -> String {
+    format!("{tenant}-store")
+}
+
+pub fn labels(tenant: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "bindery-tenant".into()),
+        ("app.kubernetes.io/instance".into(), tenant.into()),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "bindery-operator".into(),
+        ),
+        (TENANT_LABEL.into(), tenant.into()),
+    ])
+}
+
+/// The environment variable a parameter value travels in.
+pub fn param_env(name: &str, pinned: bool) -> String {
+    let prefix = if pinned {
+        "BINDERY_PIN_"
+    } else {
+        "BINDERY_PARAM_"
+    };
+    format!("{prefix}{}", name.to_ascii_uppercase())
+}
