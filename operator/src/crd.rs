@@ -3,7 +3,7 @@
 //! `Agent` is derived in the sidecar crate from the very `AgentSpec` the
 //! sidecar reads from files; `AgentTenant` is the operator's own.
 
-use k8s_openapi::api::core::v1::{Container, ResourceRequirements, Toleration, Volume};
+use k8s_openapi::api::core::v1::{Container, EnvVar, ResourceRequirements, Toleration, Volume};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -134,6 +134,11 @@ pub struct NameRef {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {
+    /// Extra environment of the sidecar container, e.g. the model's API key
+    /// from a Secret (`OPENAI_API_KEY`). Names starting with `BINDERY_` are
+    /// refused: parameters go through `spec.parameters`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<Container>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -3,4 +3,5 @@
 //! applies it.
 
 pub mod crd;
+pub mod desired;
 pub mod names;

@@ -32,3 +32,33 @@ pub struct Metadata {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
+
+/// YAML text as Kubernetes and JSON mean it: enums are one-key maps
+/// (`{env: X}`), not YAML tags, which is what serde_yaml would write for
+/// them on its own. Every YAML the project writes goes through here.
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, String> {
+    let json = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    serde_yaml::to_string(&json).map_err(|e| e.to_string())
+}
+
+/// The reverse of [`to_yaml`]: YAML read as a JSON value first.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let json: serde_json::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    serde_json::from_value(json).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ValueSource;
+
+    #[test]
+    fn enums_are_maps_both_ways() {
+        let text = to_yaml(&ValueSource::Env("X".into())).unwrap();
+        assert_eq!(text, "env: X\n");
+        assert_eq!(
+            from_yaml::<ValueSource>(&text).unwrap(),
+            ValueSource::Env("X".into())
+        );
+    }
+}

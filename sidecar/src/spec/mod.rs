@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use document::{AgentDocument, Metadata, API_VERSION, KIND};
+pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
 
 /// What an agent is: its model, prompt, parameters, tools and helpers.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

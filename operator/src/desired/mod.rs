@@ -1,0 +1,366 @@
+//! A tenant's desired state as a pure function: from the `AgentTenant`, the
+//! namespace's `Agent`s, which referenced Secrets and ConfigMaps exist (and
+//! their keys) and the operator's configuration, to the objects to apply,
+//! the status to write and the events a human must see. No I/O here.
+
+pub mod params;
+pub mod render;
+pub mod tree;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::Resource;
+
+use crate::crd::{AgentTenant, AgentTenantStatus, KeyRef};
+use crate::names;
+use bindery_sidecar::diagnostic::Level;
+use bindery_sidecar::spec::checks::check_definition;
+use bindery_sidecar::spec::AgentSpec;
+
+pub use render::Objects;
+
+/// A Secret or ConfigMap as reconcile sees it: its key names and version,
+/// never its values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RefObject {
+    pub keys: BTreeSet<String>,
+    pub resource_version: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    pub sidecar_image: String,
+    /// The cluster's DNS suffix for Service URLs.
+    pub cluster_domain: String,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            sidecar_image: "ghcr.io/bindery-dev/bindery-sidecar:0.1.0".into(),
+            cluster_domain: "cluster.local".into(),
+        }
+    }
+}
+
+/// The tenant's Deployment as last seen.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rollout {
+    pub replicas: i32,
+    pub ready_replicas: i32,
+}
+
+pub struct Inputs<'a> {
+    pub tenant: &'a AgentTenant,
+    /// The namespace's Agents by name.
+    pub agents: &'a BTreeMap<String, AgentSpec>,
+    /// Referenced Secrets that exist, by name.
+    pub secrets: &'a BTreeMap<String, RefObject>,
+    /// Referenced ConfigMaps that exist, by name.
+    pub config_maps: &'a BTreeMap<String, RefObject>,
+    pub config: &'a OperatorConfig,
+    /// `None` when no Deployment exists yet.
+    pub rollout: Option<Rollout>,
+    pub now: Time,
+}
+
+impl Inputs<'_> {
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Where the owner token is: the tenant's reference, or the Secret the
+    /// operator generates.
+    pub fn owner_token_ref(&self) -> KeyRef {
+        self.tenant
+            .spec
+            .owner_token_secret_ref
+            .clone()
+            .unwrap_or_else(|| KeyRef {
+                name: names::owner_token_secret(self.tenant_name()),
+                key: names::OWNER_FILE.into(),
+            })
+    }
+}
+
+/// A Kubernetes Event for a human.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Warning {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct Desired {
+    /// What to apply; `None` when something must be fixed first (nothing
+    /// is deployed that would crash-loop; what runs keeps running).
+    pub objects: Option<Objects>,
+    /// The owner-token Secret to create when it does not exist.
+    pub generate_owner_token: bool,
+    pub status: AgentTenantStatus,
+    pub warnings: Vec<Warning>,
+}
+
+/// The Secrets and ConfigMaps a tenant refers to (for watches and gets).
+pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut secrets = BTreeSet::new();
+    let mut config_maps = BTreeSet::new();
+    for p in &tenant.spec.parameters {
+        if let Some(vf) = &p.value_from {
+            if let Some(r) = &vf.secret_key_ref {
+                secrets.insert(r.name.clone());
+            }
+            if let Some(r) = &vf.config_map_key_ref {
+                config_maps.insert(r.name.clone());
+            }
+        }
+    }
+    if let Some(r) = &tenant.spec.owner_token_secret_ref {
+        secrets.insert(r.name.clone());
+    }
+    if let Some(t) = &tenant.spec.tools {
+        config_maps.insert(t.config_map_ref.name.clone());
+    }
+    (secrets, config_maps)
+}
+
+pub fn desired(inputs: &Inputs<'_>) -> Desired {
+    let tenant = inputs.tenant;
+    let generation = tenant.metadata.generation;
+    let previous = tenant
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let mut warnings = Vec::new();
+    let mut status = AgentTenantStatus {
+        observed_generation: generation,
+        ..Default::default()
+    };
+
+    // The agent tree, and the checks of every definition in it.
+    let agent_name = &tenant.spec.agent_ref.name;
+    let (tree, agent_problems) = match tree::resolve(agent_name, inputs.agents) {
+        Ok(t) => {
+            let problems: Vec<String> = t
+                .iter()
+                .flat_map(|a| check_definition(&a.name, a.spec, &format!("Agent `{}`", a.name)))
+                .filter(|d| d.level == Level::Error)
+                .map(|d| d.message)
+                .collect();
+            (t, problems)
+        }
+        Err(p) => (Vec::new(), p),
+    };
+    let agent_ok = agent_problems.is_empty();
+    let agent_cond = if agent_ok {
+        let helpers = match tree.len() {
+            1 => String::new(),
+            2 => " and its helper".to_string(),
+            n => format!(" and its {} helpers", n - 1),
+        };
+        cond(
+            "AgentValid",
+            true,
+            "Valid",
+            format!("Agent `{agent_name}`{helpers}: valid"),
+        )
+    } else {
+        let reason = if inputs.agents.contains_key(agent_name) {
+            "InvalidAgent"
+        } else {
+            "AgentNotFound"
+        };
+        warnings.push(Warning {
+            reason,
+            message: agent_problems.join("; "),
+        });
+        cond("AgentValid", false, reason, agent_problems.join("; "))
+    };
+
+    // Parameters, and the owner token.
+    let mut resolution = params::resolve(&tree, inputs);
+    let owner = inputs.owner_token_ref();
+    let generated = tenant.spec.owner_token_secret_ref.is_none();
+    match inputs.secrets.get(&owner.name) {
+        Some(o) if !o.keys.contains(&owner.key) => resolution.problems.push(format!(
+            "the owner token: Secret `{}` has no key `{}`",
+            owner.name, owner.key
+        )),
+        None if !generated => resolution.problems.push(format!(
+            "the owner token: Secret `{}` (spec.ownerTokenSecretRef) does not exist",
+            owner.name
+        )),
+        _ => {}
+    }
+    for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
+        if e.name.starts_with("BINDERY_") {
+            resolution.problems.push(format!(
+                "spec.podOverrides.env `{}`: BINDERY_ variables are set by the operator; give parameters in spec.parameters",
+                e.name
+            ));
+        }
+    }
+    let params_ok = agent_ok && resolution.problems.is_empty();
+    let params_cond = if !agent_ok {
+        cond(
+            "ParametersResolved",
+            false,
+            "AgentInvalid",
+            "the agent tree must be valid first".into(),
+        )
+    } else if params_ok {
+        cond(
+            "ParametersResolved",
+            true,
+            "Resolved",
+            "every parameter has a source or comes with each session".into(),
+        )
+    } else {
+        warnings.push(Warning {
+            reason: "ParametersUnresolved",
+            message: resolution.problems.join("; "),
+        });
+        cond(
+            "ParametersResolved",
+            false,
+            "Unresolved",
+            resolution.problems.join("; "),
+        )
+    };
+
+    let required = resolution.rows.iter().filter(|r| r.required).count();
+    let bound = resolution
+        .rows
+        .iter()
+        .filter(|r| r.required && r.bound)
+        .count();
+    status.params_bound = Some(format!("{bound}/{required}"));
+    status.parameters = resolution.rows;
+
+    let tenant_name = inputs.tenant_name();
+    let namespace = tenant
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let objects = params_ok.then(|| {
+        render::render(
+            inputs,
+            &tree,
+            &resolution.supplies,
+            &owner_reference(tenant),
+        )
+    });
+    if objects.is_some() {
+        status.endpoint = Some(format!(
+            "http://{}.{namespace}.svc.{}",
+            names::workload(tenant_name),
+            inputs.config.cluster_domain
+        ));
+    }
+    let available = match &inputs.rollout {
+        Some(r) => {
+            status.replicas = Some(r.replicas);
+            status.ready_replicas = Some(r.ready_replicas);
+            if r.ready_replicas > 0 {
+                cond(
+                    "Available",
+                    true,
+                    "PodsReady",
+                    format!("{}/{} pods ready", r.ready_replicas, r.replicas),
+                )
+            } else {
+                cond(
+                    "Available",
+                    false,
+                    "PodsNotReady",
+                    format!("0/{} pods ready", r.replicas),
+                )
+            }
+        }
+        None if objects.is_some() => cond(
+            "Available",
+            false,
+            "Deploying",
+            "the Deployment is being created".into(),
+        ),
+        None => cond(
+            "Available",
+            false,
+            "NotDeployed",
+            "nothing is deployed until the problems above are fixed".into(),
+        ),
+    };
+    let ready = [&agent_cond, &params_cond, &available]
+        .iter()
+        .all(|c| c.status == "True");
+    let ready_cond = if ready {
+        cond("Ready", true, "Ready", "the tenant serves sessions".into())
+    } else {
+        let first = [&agent_cond, &params_cond, &available]
+            .into_iter()
+            .find(|c| c.status != "True")
+            .expect("one is not ready");
+        cond("Ready", false, first.reason.as_str(), first.message.clone())
+    };
+    status.conditions = [ready_cond, agent_cond, params_cond, available]
+        .into_iter()
+        .map(|c| c.finish(generation, &inputs.now, previous))
+        .collect();
+    Desired {
+        objects,
+        generate_owner_token: generated && !inputs.secrets.contains_key(&owner.name),
+        status,
+        warnings,
+    }
+}
+
+/// A condition before its timestamps.
+struct Cond {
+    type_: &'static str,
+    status: &'static str,
+    reason: String,
+    message: String,
+}
+
+fn cond(type_: &'static str, ok: bool, reason: &str, message: String) -> Cond {
+    Cond {
+        type_,
+        status: if ok { "True" } else { "False" },
+        reason: reason.to_string(),
+        message,
+    }
+}
+
+impl Cond {
+    /// Keep the previous transition time when the status did not change.
+    fn finish(self, generation: Option<i64>, now: &Time, previous: &[Condition]) -> Condition {
+        let last = previous
+            .iter()
+            .find(|c| c.type_ == self.type_ && c.status == self.status)
+            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: self.type_.into(),
+            status: self.status.into(),
+            reason: self.reason,
+            message: self.message,
+            observed_generation: generation,
+            last_transition_time: last,
+        }
+    }
+}
+
+fn owner_reference(tenant: &AgentTenant) -> OwnerReference {
+    tenant
+        .controller_owner_ref(&())
+        .unwrap_or_else(|| OwnerReference {
+            api_version: "bindery.dev/v1alpha1".into(),
+            kind: "AgentTenant".into(),
+            name: tenant.metadata.name.clone().unwrap_or_default(),
+            uid: tenant.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        })
+}

@@ -1,0 +1,177 @@
+//! One status row per parameter of the agent tree, and the problems a
+//! human must fix: which parameter, which Secret or ConfigMap and key.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bindery_sidecar::spec::{ParameterDecl, Scope, ValueSource};
+
+use super::tree::TreeAgent;
+use super::{Inputs, RefObject};
+use crate::crd::{KeyRef, ParameterRow, TenantParameter};
+
+/// How the tenant supplies one parameter to the pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Supply {
+    /// A value written into the params file (never for a secret).
+    Value(serde_json::Value),
+    /// An environment variable from a Secret key.
+    Secret(KeyRef),
+    /// An environment variable from a ConfigMap key.
+    ConfigMap(KeyRef),
+}
+
+#[derive(Debug, Default)]
+pub struct Resolution {
+    pub rows: Vec<ParameterRow>,
+    /// Name → (how, pinned), for parameters the pod gets.
+    pub supplies: BTreeMap<String, (Supply, bool)>,
+    /// Problems, each naming the parameter and the object and key.
+    pub problems: Vec<String>,
+}
+
+pub fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution {
+    let params: &[TenantParameter] = &inputs.tenant.spec.parameters;
+    let mut out = Resolution::default();
+    let declared: BTreeSet<&str> = tree
+        .iter()
+        .flat_map(|a| a.spec.parameters.iter().map(|d| d.name.as_str()))
+        .collect();
+    for (i, p) in params.iter().enumerate() {
+        if !declared.contains(p.name.as_str()) {
+            out.problems.push(format!(
+                "spec.parameters[{i}] `{}`: no agent of the tree declares it (declared: {})",
+                p.name,
+                declared.iter().copied().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    // What each tenant parameter gives, checked once per name.
+    let mut given: BTreeMap<&str, (Result<Supply, String>, bool)> = BTreeMap::new();
+    for p in params {
+        let secret = tree
+            .iter()
+            .flat_map(|a| a.spec.parameters.iter())
+            .any(|d| d.name == p.name && d.secret);
+        given.insert(p.name.as_str(), (supply(p, secret, inputs), p.pinned));
+    }
+    for agent in tree {
+        for decl in &agent.spec.parameters {
+            let row = row(agent, decl, given.get(decl.name.as_str()));
+            if let Some(msg) = row.message.as_ref().filter(|_| !row.bound && problem(&row)) {
+                out.problems.push(format!(
+                    "parameter `{}` of Agent `{}`: {msg}",
+                    decl.name, agent.name
+                ));
+            }
+            out.rows.push(row);
+        }
+    }
+    for p in params {
+        if let Some((Ok(s), pinned)) = given.get(p.name.as_str()) {
+            out.supplies.insert(p.name.clone(), (s.clone(), *pinned));
+        }
+    }
+    out
+}
+
+/// Whether an unbound row is something to fix (rather than a value each
+/// session supplies).
+fn problem(row: &ParameterRow) -> bool {
+    row.source != "per-session"
+}
+
+fn supply(p: &TenantParameter, secret: bool, inputs: &Inputs<'_>) -> Result<Supply, String> {
+    let check =
+        |kind: &str, r: &KeyRef, objs: &BTreeMap<String, RefObject>| -> Result<(), String> {
+            match objs.get(&r.name) {
+                None => Err(format!("{kind} `{}` does not exist", r.name)),
+                Some(o) if !o.keys.contains(&r.key) => Err(format!(
+                    "{kind} `{}` has no key `{}` (keys: {})",
+                    r.name,
+                    r.key,
+                    o.keys.iter().cloned().collect::<Vec<_>>().join(", ")
+                )),
+                Some(_) => Ok(()),
+            }
+        };
+    match (&p.value, &p.value_from) {
+        (Some(_), _) if secret => Err(
+            "a secret parameter cannot take a plain `value` (it would land in a ConfigMap): put it in a Secret and use `valueFrom.secretKeyRef`"
+                .to_string(),
+        ),
+        (Some(v), None) => Ok(Supply::Value(v.clone())),
+        (None, Some(vf)) => match (&vf.secret_key_ref, &vf.config_map_key_ref) {
+            (Some(r), None) => check("Secret", r, inputs.secrets).map(|_| Supply::Secret(r.clone())),
+            (None, Some(r)) => check("ConfigMap", r, inputs.config_maps).map(|_| Supply::ConfigMap(r.clone())),
+            _ => Err("`valueFrom` takes exactly one of secretKeyRef or configMapKeyRef".to_string()),
+        },
+        _ => Err("give exactly one of `value` or `valueFrom`".to_string()),
+    }
+}
+
+fn row(
+    agent: &TreeAgent<'_>,
+    d: &ParameterDecl,
+    given: Option<&(Result<Supply, String>, bool)>,
+) -> ParameterRow {
+    let mut row = ParameterRow {
+        name: d.name.clone(),
+        agent: agent.name.clone(),
+        scope: d.scope.as_str().to_string(),
+        secret: d.secret,
+        required: d.required,
+        source: "unbound".into(),
+        bound: false,
+        pinned: false,
+        message: None,
+    };
+    match given {
+        Some((Ok(s), pinned)) => {
+            row.bound = true;
+            row.pinned = *pinned;
+            row.source = match s {
+                Supply::Value(_) if *pinned => "pinned".into(),
+                Supply::Value(_) => "value".into(),
+                Supply::Secret(r) => format!("secret {}/{}", r.name, r.key),
+                Supply::ConfigMap(r) => format!("configmap {}/{}", r.name, r.key),
+            };
+            if d.secret && matches!(s, Supply::ConfigMap(_)) {
+                row.message = Some("a secret read from a ConfigMap: prefer a Secret".into());
+            }
+        }
+        Some((Err(e), pinned)) => {
+            row.pinned = *pinned;
+            row.source = "invalid".into();
+            row.message = Some(e.clone());
+        }
+        None if agent.filled_by_caller.contains(&d.name) => {
+            row.source = "with".into();
+            row.bound = true;
+            row.message = Some("filled by the calling agent's `with`".into());
+        }
+        None => match (&d.default, d.scope) {
+            (Some(src), _) => {
+                row.source = "default".into();
+                row.bound = true;
+                if !matches!(src, ValueSource::Value(_)) {
+                    row.message = Some(format!("default read in the pod: {}", src.describe()));
+                }
+            }
+            (None, Scope::Session | Scope::Message) => {
+                row.source = "per-session".into();
+                if d.required {
+                    row.message =
+                        Some("each session must supply it (or set it in spec.parameters)".into());
+                }
+            }
+            (None, Scope::Process) if d.required => {
+                row.message = Some(format!(
+                    "required and unbound: add `{{name: {}, value: …}}` or a `valueFrom` to spec.parameters",
+                    d.name
+                ));
+            }
+            (None, Scope::Process) => {}
+        },
+    }
+    row
+}

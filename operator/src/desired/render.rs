@@ -1,0 +1,447 @@
+//! The Kubernetes objects of a tenant whose agent and parameters resolved.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha2::{Digest, Sha256};
+
+use super::params::Supply;
+use super::tree::TreeAgent;
+use super::Inputs;
+use crate::names::{self, *};
+use bindery_sidecar::spec::{AgentDocument, Metadata, Toolbox, API_VERSION, KIND};
+
+/// Everything a tenant runs on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objects {
+    pub config_map: ConfigMap,
+    pub service_account: ServiceAccount,
+    pub deployment: Deployment,
+    pub service: Service,
+    pub claim: Option<PersistentVolumeClaim>,
+}
+
+fn meta(name: String, inputs: &Inputs<'_>, owner: &OwnerReference) -> ObjectMeta {
+    let tenant = inputs.tenant_name();
+    ObjectMeta {
+        name: Some(name),
+        namespace: inputs.tenant.metadata.namespace.clone(),
+        labels: Some(labels(tenant)),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    }
+}
+
+/// An agent's file as the pod reads it: bash tools come from the tenant's
+/// tools ConfigMap, mounted at one directory.
+fn agent_file(agent: &TreeAgent<'_>) -> String {
+    let mut spec = agent.spec.clone();
+    for tb in &mut spec.toolboxes {
+        let Toolbox::Bash(b) = tb;
+        if b.directory.is_some() {
+            b.directory = Some(TOOLS_DIR.to_string());
+        }
+        if let Some(s) = &b.script {
+            let base = s.rsplit('/').next().unwrap_or(s);
+            b.script = Some(format!("{TOOLS_DIR}/{base}"));
+        }
+    }
+    let doc = AgentDocument {
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        metadata: Metadata {
+            name: agent.name.clone(),
+            ..Default::default()
+        },
+        spec,
+    };
+    bindery_sidecar::spec::to_yaml(&doc).expect("an agent document serializes")
+}
+
+pub fn render(
+    inputs: &Inputs<'_>,
+    tree: &[TreeAgent<'_>],
+    supplies: &BTreeMap<String, (Supply, bool)>,
+    owner: &OwnerReference,
+) -> Objects {
+    let tenant = inputs.tenant_name();
+    let spec = &inputs.tenant.spec;
+
+    // Non-secret values: the params file. Secret and referenced ones: env.
+    let mut params_file = serde_json::Map::new();
+    let mut env = Vec::new();
+    for (name, (supply, pinned)) in supplies {
+        match supply {
+            Supply::Value(v) => {
+                params_file.insert(
+                    name.clone(),
+                    serde_json::json!({"value": v, "pinned": pinned}),
+                );
+            }
+            Supply::Secret(r) => env.push(EnvVar {
+                name: param_env(name, *pinned),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: r.name.clone(),
+                        key: r.key.clone(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            Supply::ConfigMap(r) => env.push(EnvVar {
+                name: param_env(name, *pinned),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: r.name.clone(),
+                        key: r.key.clone(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+    let mut data = BTreeMap::new();
+    for a in tree {
+        data.insert(format!("{}.yaml", a.name), agent_file(a));
+    }
+    data.insert(
+        PARAMS_FILE.to_string(),
+        serde_json::to_string_pretty(&params_file).expect("JSON serializes"),
+    );
+    let config_map = ConfigMap {
+        metadata: meta(names::config_map(tenant), inputs, owner),
+        data: Some(data.clone()),
+        ..Default::default()
+    };
+
+    // Pods roll when the files change or a referenced object does (by its
+    // resourceVersion: values never pass through here).
+    let mut hash = Sha256::new();
+    for (k, v) in &data {
+        hash.update(k.as_bytes());
+        hash.update([0]);
+        hash.update(v.as_bytes());
+        hash.update([0]);
+    }
+    let owner_ref = inputs.owner_token_ref();
+    let mut referenced: Vec<(&str, &str)> = supplies
+        .values()
+        .filter_map(|(s, _)| match s {
+            Supply::Secret(r) => Some(("secret", r.name.as_str())),
+            Supply::ConfigMap(r) => Some(("configmap", r.name.as_str())),
+            Supply::Value(_) => None,
+        })
+        .collect();
+    referenced.push(("secret", owner_ref.name.as_str()));
+    if let Some(t) = &spec.tools {
+        referenced.push(("configmap", t.config_map_ref.name.as_str()));
+    }
+    referenced.sort();
+    referenced.dedup();
+    for (kind, name) in referenced {
+        let objs = if kind == "secret" {
+            inputs.secrets
+        } else {
+            inputs.config_maps
+        };
+        let rv = objs.get(name).map_or("", |o| o.resource_version.as_str());
+        hash.update(format!("{kind}/{name}@{rv}\0").as_bytes());
+    }
+    let config_hash = hex::encode(hash.finalize());
+
+    let claim = spec
+        .store
+        .as_ref()
+        .and_then(|s| s.pvc_size.as_ref())
+        .map(|size| PersistentVolumeClaim {
+            metadata: meta(store_claim(tenant), inputs, owner),
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                storage_class_name: spec
+                    .store
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.clone()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity(size.clone()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+
+    let mut volumes = vec![
+        Volume {
+            name: "agents".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names::config_map(tenant),
+                items: Some(
+                    tree.iter()
+                        .map(|a| KeyToPath {
+                            key: format!("{}.yaml", a.name),
+                            path: format!("{}.yaml", a.name),
+                            mode: None,
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "params".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names::config_map(tenant),
+                items: Some(vec![KeyToPath {
+                    key: PARAMS_FILE.into(),
+                    path: PARAMS_FILE.into(),
+                    mode: None,
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "owner-token".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(owner_ref.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: owner_ref.key.clone(),
+                    path: OWNER_FILE.into(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        match &claim {
+            Some(c) => Volume {
+                name: "store".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: c.metadata.name.clone().unwrap_or_default(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            },
+            None => Volume {
+                name: "store".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![
+        mount("agents", AGENTS_DIR, true),
+        mount("params", PARAMS_DIR, true),
+        mount("owner-token", OWNER_DIR, true),
+        mount("store", STORE_DIR, false),
+        mount("tmp", "/tmp", false),
+    ];
+    if let Some(t) = &spec.tools {
+        volumes.push(Volume {
+            name: "tools".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: t.config_map_ref.name.clone(),
+                default_mode: Some(0o555),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("tools", TOOLS_DIR, true));
+    }
+    let overrides = spec.pod_overrides.clone().unwrap_or_default();
+    volumes.extend(overrides.volumes);
+    env.extend(overrides.env);
+
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        ..Default::default()
+    };
+    let sidecar = Container {
+        name: "sidecar".into(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| inputs.config.sidecar_image.clone()),
+        ),
+        args: Some(
+            [
+                "serve",
+                "--agents-dir",
+                AGENTS_DIR,
+                "--params-file",
+                &format!("{PARAMS_DIR}/{PARAMS_FILE}"),
+                "--listen",
+                &format!("0.0.0.0:{PORT}"),
+                "--store",
+                &format!("sqlite://{STORE_DIR}/bindery.sqlite"),
+                "--owner-token-file",
+                &format!("{OWNER_DIR}/{OWNER_FILE}"),
+                "--log-format",
+                "json",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        env: (!env.is_empty()).then_some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(probe("/healthz")),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let mut containers = vec![sidecar];
+    containers.extend(overrides.containers);
+    let mut pod_annotations = overrides.annotations;
+    pod_annotations.insert(CONFIG_HASH.into(), config_hash);
+
+    let deployment = Deployment {
+        metadata: meta(workload(tenant), inputs, owner),
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.replicas.unwrap_or(1)),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    TENANT_LABEL.to_string(),
+                    tenant.to_string(),
+                )])),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(tenant)),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(workload(tenant)),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    containers,
+                    volumes: Some(volumes),
+                    tolerations: (!overrides.tolerations.is_empty())
+                        .then_some(overrides.tolerations),
+                    node_selector: (!overrides.node_selector.is_empty())
+                        .then_some(overrides.node_selector),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let service = Service {
+        metadata: meta(workload(tenant), inputs, owner),
+        spec: Some(ServiceSpec {
+            selector: Some(BTreeMap::from([(
+                TENANT_LABEL.to_string(),
+                tenant.to_string(),
+            )])),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                target_port: Some(IntOrString::String("http".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let service_account = ServiceAccount {
+        metadata: meta(workload(tenant), inputs, owner),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    };
+    Objects {
+        config_map,
+        service_account,
+        deployment,
+        service,
+        claim,
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// The owner-token Secret a tenant gets when it names none (created once,
+/// never overwritten: the token is the caller's to keep).
+pub fn generated_owner_token(
+    inputs: &Inputs<'_>,
+    owner: &OwnerReference,
+    token: &str,
+) -> k8s_openapi::api::core::v1::Secret {
+    let tenant = inputs.tenant_name();
+    k8s_openapi::api::core::v1::Secret {
+        metadata: meta(owner_token_secret(tenant), inputs, owner),
+        string_data: Some(BTreeMap::from([(
+            OWNER_FILE.to_string(),
+            token.to_string(),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}

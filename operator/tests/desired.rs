@@ -1,0 +1,368 @@
+//! The desired state of a tenant, as a pure function: golden YAML of the
+//! rendered objects for representative tenants, and the status for every
+//! failure a human must fix.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use bindery_operator::crd::{AgentTenant, ParameterRow};
+use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
+use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn example_agent() -> (String, AgentSpec) {
+    let doc: AgentDocument =
+        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/agent.yaml")).unwrap())
+            .unwrap();
+    (doc.metadata.name, doc.spec)
+}
+
+fn example_tenant() -> AgentTenant {
+    let mut t: AgentTenant =
+        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/tenant.yaml")).unwrap())
+            .unwrap();
+    t.metadata.namespace = Some("shop".into());
+    t.metadata.uid = Some("0b7c3b0e-1111-4a4a-9f9f-000000000001".into());
+    t.metadata.generation = Some(3);
+    t
+}
+
+fn time(s: &str) -> Time {
+    Time(s.parse().unwrap())
+}
+
+struct World {
+    tenant: AgentTenant,
+    agents: BTreeMap<String, AgentSpec>,
+    secrets: BTreeMap<String, RefObject>,
+    config_maps: BTreeMap<String, RefObject>,
+    rollout: Option<Rollout>,
+    now: Time,
+}
+
+fn obj(keys: &[&str], rv: &str) -> RefObject {
+    RefObject {
+        keys: keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>(),
+        resource_version: rv.into(),
+    }
+}
+
+impl World {
+    fn example() -> World {
+        World {
+            tenant: example_tenant(),
+            agents: BTreeMap::from([example_agent()]),
+            secrets: BTreeMap::from([
+                ("acme-billing".into(), obj(&["token"], "101")),
+                ("acme-owner-token".into(), obj(&["token"], "7")),
+            ]),
+            config_maps: BTreeMap::from([(
+                "invoices-tools".into(),
+                obj(&["query-invoices"], "55"),
+            )]),
+            rollout: None,
+            now: time("2026-11-29T12:00:00Z"),
+        }
+    }
+
+    fn run(&self) -> Desired {
+        desired(&Inputs {
+            tenant: &self.tenant,
+            agents: &self.agents,
+            secrets: &self.secrets,
+            config_maps: &self.config_maps,
+            config: &OperatorConfig::default(),
+            rollout: self.rollout.clone(),
+            now: self.now.clone(),
+        })
+    }
+}
+
+fn golden(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        want == text,
+        "{} differs from what is rendered (UPDATE_GOLDEN=1 rewrites it after review):\n{text}",
+        path.display()
+    );
+}
+
+fn objects_yaml(d: &Desired) -> String {
+    let o = d.objects.as_ref().expect("objects are rendered");
+    let mut docs = vec![
+        serde_yaml::to_string(&o.config_map).unwrap(),
+        serde_yaml::to_string(&o.service_account).unwrap(),
+        serde_yaml::to_string(&o.deployment).unwrap(),
+        serde_yaml::to_string(&o.service).unwrap(),
+    ];
+    if let Some(c) = &o.claim {
+        docs.push(serde_yaml::to_string(c).unwrap());
+    }
+    docs.join("---\n")
+}
+
+fn cond<'a>(
+    d: &'a Desired,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap()
+}
+
+fn row<'a>(d: &'a Desired, agent: &str, name: &str) -> &'a ParameterRow {
+    d.status
+        .parameters
+        .iter()
+        .find(|r| r.agent == agent && r.name == name)
+        .unwrap()
+}
+
+#[test]
+fn the_example_tenant_renders_its_objects() {
+    let w = World::example();
+    let d = w.run();
+    golden("acme.yaml", &objects_yaml(&d));
+    golden(
+        "acme-status.yaml",
+        &serde_yaml::to_string(&d.status).unwrap(),
+    );
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert!(!d.generate_owner_token, "the owner-token Secret exists");
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    assert_eq!(cond(&d, "Ready").status, "False");
+    assert_eq!(cond(&d, "Ready").reason, "Deploying");
+    assert_eq!(d.status.params_bound.as_deref(), Some("2/2"));
+    assert_eq!(row(&d, "invoices", "tenant").source, "pinned");
+    assert_eq!(
+        row(&d, "invoices", "billing_token").source,
+        "secret acme-billing/token"
+    );
+    assert_eq!(
+        d.status.endpoint.as_deref(),
+        Some("http://acme.shop.svc.cluster.local")
+    );
+}
+
+#[test]
+fn secrets_travel_as_secret_key_refs_only() {
+    let d = World::example().run();
+    let yaml = objects_yaml(&d);
+    assert!(
+        yaml.contains("name: BINDERY_PARAM_BILLING_TOKEN\n"),
+        "{yaml}"
+    );
+    assert!(yaml.contains("secretKeyRef:"));
+    // The pinned tenant is a value in the params file, not a secret.
+    let params = &d
+        .objects
+        .as_ref()
+        .unwrap()
+        .config_map
+        .data
+        .as_ref()
+        .unwrap()["params.json"];
+    let v: serde_json::Value = serde_json::from_str(params).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"tenant": {"value": "acme-corp", "pinned": true}})
+    );
+}
+
+#[test]
+fn ready_when_pods_are_and_transition_times_stay() {
+    let mut w = World::example();
+    w.rollout = Some(Rollout {
+        replicas: 1,
+        ready_replicas: 1,
+    });
+    let d = w.run();
+    assert_eq!(cond(&d, "Ready").status, "True");
+    assert_eq!(cond(&d, "Available").message, "1/1 pods ready");
+    // A later reconcile with the same outcome keeps lastTransitionTime.
+    w.tenant.status = Some(d.status.clone());
+    w.now = time("2026-11-29T13:00:00Z");
+    let again = w.run();
+    assert_eq!(
+        cond(&again, "Ready").last_transition_time,
+        time("2026-11-29T12:00:00Z")
+    );
+    w.rollout = Some(Rollout {
+        replicas: 1,
+        ready_replicas: 0,
+    });
+    let down = w.run();
+    assert_eq!(
+        cond(&down, "Ready").last_transition_time,
+        time("2026-11-29T13:00:00Z")
+    );
+}
+
+#[test]
+fn pods_roll_when_a_referenced_secret_changes() {
+    let w = World::example();
+    let hash = |d: &Desired| {
+        d.objects
+            .as_ref()
+            .unwrap()
+            .deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()["bindery.dev/config-hash"]
+            .clone()
+    };
+    let before = hash(&w.run());
+    assert_eq!(before, hash(&w.run()), "deterministic");
+    let mut changed = World::example();
+    changed
+        .secrets
+        .insert("acme-billing".into(), obj(&["token"], "102"));
+    assert_ne!(before, hash(&changed.run()));
+    let mut tools = World::example();
+    tools
+        .config_maps
+        .insert("invoices-tools".into(), obj(&["query-invoices"], "56"));
+    assert_ne!(before, hash(&tools.run()));
+}
+
+#[test]
+fn an_owner_token_is_generated_when_none_is_named() {
+    let mut w = World::example();
+    w.secrets.remove("acme-owner-token");
+    let d = w.run();
+    assert!(d.generate_owner_token);
+    assert!(d.objects.is_some());
+    let mut named = World::example();
+    named.tenant.spec.owner_token_secret_ref = Some(bindery_operator::crd::KeyRef {
+        name: "mine".into(),
+        key: "t".into(),
+    });
+    let d = named.run();
+    assert!(d.objects.is_none());
+    assert!(cond(&d, "ParametersResolved")
+        .message
+        .contains("the owner token: Secret `mine` (spec.ownerTokenSecretRef) does not exist"));
+}
+
+/// Every failure: not ready, nothing rendered, a message naming what to
+/// fix, and a Warning event.
+#[test]
+fn every_failure_names_what_to_fix() {
+    type Change = fn(&mut World);
+    let cases: Vec<(&str, Change, &str, &str)> = vec![
+        ("missing secret", |w| { w.secrets.remove("acme-billing"); },
+         "ParametersResolved", "parameter `billing_token` of Agent `invoices`: Secret `acme-billing` does not exist"),
+        ("missing key", |w| { w.secrets.insert("acme-billing".into(), obj(&["tok"], "1")); },
+         "ParametersResolved", "parameter `billing_token` of Agent `invoices`: Secret `acme-billing` has no key `token` (keys: tok)"),
+        ("missing configmap key", |w| {
+            w.tenant.spec.parameters[1].value_from = Some(bindery_operator::crd::ValueFrom { secret_key_ref: None, config_map_key_ref: Some(bindery_operator::crd::KeyRef { name: "cfg".into(), key: "k".into() }) });
+         }, "ParametersResolved", "ConfigMap `cfg` does not exist"),
+        ("unknown agent", |w| { w.tenant.spec.agent_ref.name = "nope".into(); },
+         "AgentValid", "Agent `nope` does not exist in this namespace"),
+        ("undeclared parameter", |w| {
+            let mut p = w.tenant.spec.parameters[0].clone();
+            p.name = "tenantt".into();
+            w.tenant.spec.parameters.push(p);
+         }, "ParametersResolved", "spec.parameters[2] `tenantt`: no agent of the tree declares it (declared: billing_token, tenant)"),
+        ("plain value for a secret", |w| {
+            w.tenant.spec.parameters[1].value = Some(serde_json::json!("canary-7f3a9c"));
+            w.tenant.spec.parameters[1].value_from = None;
+         }, "ParametersResolved", "parameter `billing_token` of Agent `invoices`: a secret parameter cannot take a plain `value`"),
+        ("required process parameter without source", |w| {
+            w.tenant.spec.parameters.remove(1);
+         }, "ParametersResolved", "parameter `billing_token` of Agent `invoices`: required and unbound: add `{name: billing_token, value: …}` or a `valueFrom` to spec.parameters"),
+        ("missing helper", |w| {
+            let spec = w.agents.get_mut("invoices").unwrap();
+            spec.helpers.push(from_yaml("{agent: ledger}").unwrap());
+         }, "AgentValid", "Agent `invoices`, helper 1: Agent `ledger` does not exist in this namespace"),
+        ("BINDERY_ env override", |w| {
+            w.tenant.spec.pod_overrides = Some(from_yaml("{env: [{name: BINDERY_PARAM_TENANT, value: x}]}").unwrap());
+         }, "ParametersResolved", "spec.podOverrides.env `BINDERY_PARAM_TENANT`: BINDERY_ variables are set by the operator"),
+        ("invalid agent", |w| {
+            let spec = w.agents.get_mut("invoices").unwrap();
+            spec.parameters.push(from_yaml("{name: Bad-Name}").unwrap());
+         }, "AgentValid", "Agent `invoices`, parameter `Bad-Name`: a parameter name is lower-case letters"),
+    ];
+    for (what, change, type_, message) in cases {
+        let mut w = World::example();
+        change(&mut w);
+        let d = w.run();
+        let c = cond(&d, type_);
+        assert_eq!(c.status, "False", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(d.objects.is_none(), "{what}: nothing is deployed");
+        assert!(
+            d.warnings.iter().any(|w| w.message.contains(message)),
+            "{what}: {:?}",
+            d.warnings
+        );
+        assert!(
+            !serde_yaml::to_string(&d.status)
+                .unwrap()
+                .contains("canary-7f3a9c"),
+            "{what}"
+        );
+    }
+}
+
+/// Helpers: the tree's parameters all get rows, marked with their agent and
+/// whether the caller's `with` fills them.
+#[test]
+fn helper_parameters_have_rows() {
+    let mut w = World::example();
+    let support: AgentSpec = from_yaml(
+        r#"
+model: {url: "http://model", name: m}
+parameters:
+  - {name: customer, scope: session}
+  - {name: billing_token, secret: true}
+helpers:
+  - agent: invoices
+    with:
+      tenant: {param: customer}
+"#,
+    )
+    .unwrap();
+    w.agents.insert("support".into(), support);
+    w.tenant.spec.agent_ref.name = "support".into();
+    w.tenant.spec.parameters.remove(0);
+    let d = w.run();
+    assert_eq!(cond(&d, "AgentValid").status, "True", "{:?}", d.status);
+    assert_eq!(
+        cond(&d, "ParametersResolved").status,
+        "True",
+        "{:?}",
+        d.status.conditions
+    );
+    assert_eq!(row(&d, "support", "customer").source, "per-session");
+    assert_eq!(row(&d, "invoices", "tenant").source, "with");
+    assert!(row(&d, "invoices", "tenant").bound);
+    assert_eq!(
+        row(&d, "invoices", "billing_token").source,
+        "secret acme-billing/token"
+    );
+    assert_eq!(d.status.params_bound.as_deref(), Some("3/4"));
+    let data = d.objects.unwrap().config_map.data.unwrap();
+    assert!(data.contains_key("support.yaml") && data.contains_key("invoices.yaml"));
+    assert!(data["invoices.yaml"].contains("directory: /etc/bindery/tools"));
+}
