@@ -10,6 +10,7 @@ pub mod diagnostic;
 #[cfg(feature = "server")]
 pub mod llm;
 pub mod params;
+pub mod prom;
 pub mod report;
 #[cfg(feature = "server")]
 pub mod session;

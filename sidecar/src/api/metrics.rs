@@ -17,12 +17,13 @@
 //! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
+
+use crate::prom::{header, load, lock, sample, Histogram};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub use crate::prom::CONTENT_TYPE;
 
 /// The upper bounds (seconds) of the LLM request duration histogram's
 /// buckets; a last `+Inf` bucket follows.
@@ -101,7 +102,7 @@ impl ToolOutcome {
 }
 
 /// The server's metrics. Every method takes `&self`; share one in an `Arc`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     runs_started: AtomicU64,
     runs: [AtomicU64; RunOutcome::ALL.len()],
@@ -113,6 +114,21 @@ pub struct Metrics {
     sessions_live: AtomicU64,
     /// Route → status → count.
     http_requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            runs_started: AtomicU64::new(0),
+            runs: Default::default(),
+            tool_calls: Mutex::default(),
+            llm_ok: AtomicU64::new(0),
+            llm_error: AtomicU64::new(0),
+            llm_duration: Histogram::new(&LLM_DURATION_BUCKETS),
+            sessions_live: AtomicU64::new(0),
+            http_requests: Mutex::default(),
+        }
+    }
 }
 
 impl Metrics {
@@ -287,128 +303,12 @@ impl Metrics {
     }
 }
 
-/// A histogram over [`LLM_DURATION_BUCKETS`]. Each bucket counts the
-/// observations that fell in it alone; they are summed up when rendered.
-#[derive(Debug, Default)]
-struct Histogram {
-    /// One per bound, then the `+Inf` bucket.
-    buckets: [AtomicU64; LLM_DURATION_BUCKETS.len() + 1],
-    /// The `f64` sum, as bits.
-    sum_bits: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, value: f64) {
-        // NaN compares false with everything: it too becomes 0.
-        let value = if value >= 0.0 { value } else { 0.0 };
-        let bucket = LLM_DURATION_BUCKETS
-            .iter()
-            .position(|&bound| value <= bound)
-            .unwrap_or(LLM_DURATION_BUCKETS.len());
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        if value.is_finite() {
-            // The closure always returns `Some`: this cannot fail.
-            let _ = self
-                .sum_bits
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                    Some((f64::from_bits(bits) + value).to_bits())
-                });
-        }
-    }
-
-    fn render(&self, out: &mut String, name: &str) {
-        let bucket_name = format!("{name}_bucket");
-        let mut cumulative = 0u64;
-        for (i, count) in self.buckets.iter().enumerate() {
-            cumulative += load(count);
-            let le = match LLM_DURATION_BUCKETS.get(i) {
-                Some(bound) => format_float(*bound),
-                None => "+Inf".to_owned(),
-            };
-            sample(out, &bucket_name, &[("le", &le)], cumulative);
-        }
-        let sum = f64::from_bits(self.sum_bits.load(Ordering::Relaxed));
-        let _ = writeln!(out, "{name}_sum {}", format_float(sum));
-        // The count is the `+Inf` bucket's, so the two always agree.
-        sample(out, &format!("{name}_count"), &[], cumulative);
-    }
-}
-
-fn load(counter: &AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
-}
-
-/// The guarded value even if another thread panicked while holding the lock:
-/// counters stay usable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `# HELP` and `# TYPE` lines for a metric family.
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// One sample line: `name{label="value",…} value`.
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (label, value)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(label);
-            out.push_str("=\"");
-            out.push_str(&escape_label_value(value));
-            out.push('"');
-        }
-        out.push('}');
-    }
-    let _ = writeln!(out, " {value}");
-}
-
-/// A label value as the exposition format wants it: `\`, `"` and newline
-/// escaped.
-fn escape_label_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `# HELP` text: only `\` and newline are escaped.
-fn escape_help(help: &str) -> String {
-    help.replace('\\', "\\\\").replace('\n', "\\n")
-}
-
-/// A float as Prometheus reads it (`0.005`, `1`, `+Inf`).
-fn format_float(value: f64) -> String {
-    if value.is_nan() {
-        "NaN".to_owned()
-    } else if value == f64::INFINITY {
-        "+Inf".to_owned()
-    } else if value == f64::NEG_INFINITY {
-        "-Inf".to_owned()
-    } else {
-        value.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::prom::{escape_help, escape_label_value};
 
     fn lines(text: &str) -> Vec<&str> {
         text.lines().collect()
