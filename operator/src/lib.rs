@@ -2,6 +2,9 @@
 //! desired state of a tenant as a pure function, and the controller that
 //! applies it.
 
+pub mod controller;
 pub mod crd;
 pub mod desired;
+pub mod events;
+pub mod metrics;
 pub mod names;

@@ -1,0 +1,335 @@
+//! The thin async layer: gather the inputs of [`desired`], apply what it
+//! returns, write the status, publish the events. Watches make a tenant
+//! reconcile when it, what it owns, its Agents or the Secrets and
+//! ConfigMaps it references change.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::crd::{Agent, AgentTenant};
+use crate::desired::{desired, referenced, Inputs, OperatorConfig, RefObject, Rollout};
+use crate::metrics::Metrics;
+use crate::names;
+
+pub struct Context {
+    pub client: Client,
+    pub config: OperatorConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("AgentTenant {0} has no namespace")]
+    NoNamespace(String),
+}
+
+/// Run the controller on `namespace` (all namespaces when `None`) until
+/// SIGTERM/SIGINT.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let client = ctx.client.clone();
+    let api = |c: &Client| -> (Api<AgentTenant>, Api<Agent>) {
+        match &namespace {
+            Some(ns) => (
+                Api::namespaced(c.clone(), ns),
+                Api::namespaced(c.clone(), ns),
+            ),
+            None => (Api::all(c.clone()), Api::all(c.clone())),
+        }
+    };
+    fn scoped<
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    >(
+        c: &Client,
+        ns: &Option<String>,
+    ) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match ns {
+            Some(n) => Api::namespaced(c.clone(), n),
+            None => Api::all(c.clone()),
+        }
+    }
+    let (tenants, agents) = api(&client);
+    let cfg = watcher::Config::default();
+    let controller = Controller::new(tenants, cfg.clone());
+    let store = controller.store();
+    let by_agent = store.clone();
+    let by_secret = store.clone();
+    let by_config_map = store.clone();
+
+    // Secrets and ConfigMaps by metadata only: their values never enter
+    // the operator's caches.
+    let secrets = watcher(
+        scoped::<PartialObjectMeta<Secret>>(&client, &namespace),
+        cfg.clone(),
+    )
+    .touched_objects();
+    let config_maps = watcher(
+        scoped::<PartialObjectMeta<ConfigMap>>(&client, &namespace),
+        cfg.clone(),
+    )
+    .touched_objects();
+
+    controller
+        .owns(scoped::<Deployment>(&client, &namespace), cfg.clone())
+        .owns(scoped::<ConfigMap>(&client, &namespace), cfg.clone())
+        .owns(scoped::<Service>(&client, &namespace), cfg.clone())
+        .owns(scoped::<ServiceAccount>(&client, &namespace), cfg.clone())
+        // An Agent change concerns every tenant of its namespace: the
+        // tenant's agent, or one of its helpers, may be it.
+        .watches(agents, cfg.clone(), move |agent: Agent| {
+            let ns = agent.namespace();
+            by_agent
+                .state()
+                .into_iter()
+                .filter(|t| t.namespace() == ns)
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(secrets, move |s| {
+            referring(&by_secret, &s.namespace(), &s.name_any(), true)
+        })
+        .watches_stream(config_maps, move |c| {
+            referring(&by_config_map, &c.namespace(), &c.name_any(), false)
+        })
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::debug!(tenant = %obj.name, "reconciled"),
+                Err(e) => tracing::warn!("reconcile: {e}"),
+            }
+        })
+        .await;
+}
+
+/// Tenants of `namespace` that reference the Secret (or ConfigMap) `name`.
+fn referring(
+    store: &kube::runtime::reflector::Store<AgentTenant>,
+    namespace: &Option<String>,
+    name: &str,
+    secret: bool,
+) -> Vec<ObjectRef<AgentTenant>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|t| &t.namespace() == namespace)
+        .filter(|t| {
+            let (secrets, config_maps) = referenced(t);
+            let owner = names::owner_token_secret(&t.name_any());
+            if secret {
+                secrets.contains(name) || owner == name
+            } else {
+                config_maps.contains(name)
+            }
+        })
+        .map(|t| ObjectRef::from_obj(&*t))
+        .collect()
+}
+
+fn error_policy(tenant: Arc<AgentTenant>, err: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(tenant = %tenant.name_any(), "reconcile failed: {err}");
+    ctx.metrics.reconciled(0.0, false);
+    Action::requeue(Duration::from_secs(30))
+}
+
+async fn reconcile(tenant: Arc<AgentTenant>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(&tenant, &ctx).await;
+    if result.is_ok() {
+        ctx.metrics
+            .reconciled(started.elapsed().as_secs_f64(), true);
+    }
+    result
+}
+
+async fn reconcile_inner(tenant: &AgentTenant, ctx: &Context) -> Result<Action, Error> {
+    let name = tenant.name_any();
+    let ns = tenant
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let c = &ctx.client;
+
+    let agents: BTreeMap<String, _> = Api::<Agent>::namespaced(c.clone(), &ns)
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .map(|a| (a.name_any(), a.spec))
+        .collect();
+    let (mut secret_names, config_map_names) = referenced(tenant);
+    if tenant.spec.owner_token_secret_ref.is_none() {
+        secret_names.insert(names::owner_token_secret(&name));
+    }
+    let secrets = key_names::<Secret>(c, &ns, &secret_names, |s| {
+        // Only the key names are kept; the values are dropped here.
+        let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
+        keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
+        (keys, s.metadata.resource_version.unwrap_or_default())
+    })
+    .await?;
+    let config_maps = key_names::<ConfigMap>(c, &ns, &config_map_names, |m| {
+        let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
+        keys.extend(m.binary_data.into_iter().flatten().map(|(k, _)| k));
+        (keys, m.metadata.resource_version.unwrap_or_default())
+    })
+    .await?;
+    let rollout = Api::<Deployment>::namespaced(c.clone(), &ns)
+        .get_opt(&names::workload(&name))
+        .await?
+        .map(|d| {
+            let s = d.status.unwrap_or_default();
+            Rollout {
+                replicas: s.replicas.unwrap_or(0),
+                ready_replicas: s.ready_replicas.unwrap_or(0),
+            }
+        });
+
+    let inputs = Inputs {
+        tenant,
+        agents: &agents,
+        secrets: &secrets,
+        config_maps: &config_maps,
+        config: &ctx.config,
+        rollout,
+        now: Time(crate::events::now()),
+    };
+    let d = desired(&inputs);
+
+    if d.generate_owner_token {
+        let mut bytes = [0u8; 32];
+        // Without randomness there is no token to mint; retry later.
+        if getrandom::fill(&mut bytes).is_ok() {
+            let owner = tenant.controller_owner_ref(&()).unwrap_or_default();
+            let secret =
+                crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
+            // Created once, never overwritten: the token is its holder's.
+            match Api::<Secret>::namespaced(c.clone(), &ns)
+                .create(&PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => tracing::info!(tenant = %name, "owner token generated"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    if let Some(o) = &d.objects {
+        apply(c, &ns, &o.config_map).await?;
+        apply(c, &ns, &o.service_account).await?;
+        if let Some(claim) = &o.claim {
+            apply::<PersistentVolumeClaim>(c, &ns, claim).await?;
+        }
+        apply(c, &ns, &o.deployment).await?;
+        apply(c, &ns, &o.service).await?;
+    }
+    let previous: Vec<String> = tenant
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().map(|c| c.message.clone()))
+        .collect();
+    for w in &d.warnings {
+        // Once per new problem, not on every reconcile.
+        if !previous
+            .iter()
+            .any(|m| m == &w.message || m.contains(&w.message))
+        {
+            match crate::events::warn(c, tenant, w.reason, &w.message).await {
+                Ok(()) => ctx.metrics.warning_published(),
+                Err(e) => tracing::warn!(tenant = %name, "cannot publish an event: {e}"),
+            }
+        }
+    }
+    let ready = d
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if tenant.status.as_ref() != Some(&d.status) {
+        Api::<AgentTenant>::namespaced(c.clone(), &ns)
+            .patch_status(
+                &name,
+                &PatchParams::apply(names::FIELD_MANAGER).force(),
+                &Patch::Apply(serde_json::json!({
+                    "apiVersion": "bindery.dev/v1alpha1",
+                    "kind": "AgentTenant",
+                    "status": d.status,
+                })),
+            )
+            .await?;
+    }
+    tracing::info!(tenant = %name, namespace = %ns, ready, deployed = d.objects.is_some(), "reconciled");
+    Ok(Action::requeue(Duration::from_secs(if ready {
+        600
+    } else {
+        60
+    })))
+}
+
+/// Key names and resourceVersion of each named object that exists.
+async fn key_names<K>(
+    c: &Client,
+    ns: &str,
+    names: &BTreeSet<String>,
+    reduce: impl Fn(K) -> (BTreeSet<String>, String),
+) -> Result<BTreeMap<String, RefObject>, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = Api::<K>::namespaced(c.clone(), ns);
+    let mut out = BTreeMap::new();
+    for n in names {
+        if let Some(obj) = api.get_opt(n).await? {
+            let (keys, resource_version) = reduce(obj);
+            out.insert(
+                n.clone(),
+                RefObject {
+                    keys,
+                    resource_version,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Server-side apply under the operator's one field manager.
+async fn apply<K>(c: &Client, ns: &str, obj: &K) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    Api::<K>::namespaced(c.clone(), ns)
+        .patch(
+            &name,
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .map(|_| ())
+}
