@@ -51,6 +51,10 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      (NotFound, AlreadyExists, Conflict, ...), ``code``, ``message`` and
      ``details``; a protobuf body (kubectl's ``create`` subcommands send one
      for built-in kinds) gets a 415 saying to use ``kubectl apply -f``.
+ 10. ``/openapi/v2`` is an empty document: kubectl apply's validation needs
+     one to exist (and with nothing in it, validates nothing).
+ 11. ``kubectl get`` asks for Tables: the name, then a CRD's printer columns
+     (or the age), so printer columns show as on a cluster.
 
 Gaps, by design -- tests must not rely on these:
   - no authentication, RBAC, admission, defaulting, CRD schema validation or
@@ -59,13 +63,17 @@ Gaps, by design -- tests must not rely on these:
   - server-side apply is a plain merge: no field ownership, no conflicts, no
     managedFields; strategic merge patch knows list merge keys only from
     kubectl's ``$setElementOrder`` directives, otherwise lists are replaced;
+  - every kind gets ``metadata.generation`` (Kubernetes sets it for some);
   - no garbage collection by ownerReferences, no controllers (Deployments
     never get Pods, Namespaces are removed at once), no ``deletecollection``;
   - no pagination (``limit`` is ignored, everything comes in one page), no
-    dry-run, no ``sendInitialEvents``, no watch bookmarks, no server-side
-    Table printing (kubectl prints NAME and AGE only), no OpenAPI documents
-    (``/openapi/*`` answers 404: kubectl apply then computes patches from its
-    built-in types, and uses JSON merge patch for custom resources).
+    dry-run, no ``sendInitialEvents``, no watch bookmarks; the event log that
+    watches resume from is never trimmed (no 410 Gone);
+  - no OpenAPI documents: ``/openapi/v2`` is an empty one and ``/openapi/v3``
+    answers 404, so kubectl apply computes patches from its built-in types
+    (strategic merge) or, for custom resources, as JSON merge patches;
+  - kubectl get shows NAME and AGE for built-in kinds (no per-kind columns);
+    printer columns take simple ``.a.b`` paths only.
 """
 
 import argparse
@@ -207,6 +215,28 @@ def lookup(obj: Any, path: str) -> Any:
     return obj
 
 
+def wants_table(request: kmock.Request) -> bool:
+    return 'as=Table' in request.headers.get('Accept', '')
+
+
+AGE_COLUMN = {'name': 'Age', 'type': 'date', 'jsonPath': '.metadata.creationTimestamp'}
+
+
+def cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
+    value = lookup(obj, column['jsonPath'].lstrip('.'))
+    return age(value) if column.get('type') == 'date' and isinstance(value, str) else value
+
+
+def age(timestamp: str) -> str:
+    """How kubectl shows an age: 42s, 5m, 3h, 2d (Kubernetes' HumanDuration, coarser)."""
+    then = datetime.datetime.strptime(timestamp, '%Y-%m-%dT%H:%M:%SZ').replace(tzinfo=datetime.UTC)
+    seconds = max(0, int((datetime.datetime.now(datetime.UTC) - then).total_seconds()))
+    for unit, size, limit in (('s', 1, 120), ('m', 60, 180), ('h', 3600, 48)):
+        if seconds < size * limit:
+            return f'{seconds // size}{unit}'
+    return f'{seconds // 86400}d'
+
+
 def match_fields(obj: dict[str, Any], selector: str) -> bool:
     """Equality-only field selectors: ``a.b=x``, ``a.b==x``, ``a.b!=x``, comma-joined."""
     for term in filter(None, selector.split(',')):
@@ -260,6 +290,7 @@ class Emulator(kmock.KubernetesEmulator):
     _events: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
     _watchers: set[asyncio.Queue] = attrs.field(factory=set, init=False)
     _custom: set[kmock.resource] = attrs.field(factory=set, init=False)  # resources that CRDs serve
+    _columns: dict[kmock.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # their printer columns
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -341,11 +372,13 @@ class Emulator(kmock.KubernetesEmulator):
                 subresources=list((version.get('subresources') or {}).keys()),
             )
             self._custom.add(res)
+            self._columns[res] = version.get('additionalPrinterColumns') or []
 
     def _unregister(self, res: kmock.resource) -> None:
         if res in self._custom:
             del self.resources[res]
             self._custom.discard(res)
+            self._columns.pop(res, None)
             for key in [k for k in self.objects if k[0] == res and not self.objects[k].deleted]:
                 self._remove(*key)
 
@@ -373,17 +406,20 @@ class Emulator(kmock.KubernetesEmulator):
         obj = self._get(res, self._namespace_of(request, info), request.name)
         if obj is None:
             raise self._not_found(res, request.name)
-        return obj
+        return self._table(res, [obj]) if wants_table(request) else obj
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         # Fix 7: a proper List with its kind and the revision to watch from.
         res, info = self._info(request)
         items = [copy.deepcopy(obj.raw) for (r, _, _), obj in self.objects.items() if r == res and not obj.deleted]
+        items = [obj for obj in items if self._selected(request, res, info, obj)]
+        if wants_table(request):
+            return self._table(res, items)
         return {
             'kind': f'{info.kind}List',
             'apiVersion': f'{res.group}/{res.version}' if res.group else res.version,
             'metadata': {'resourceVersion': str(self._revision)},
-            'items': [obj for obj in items if self._selected(request, res, info, obj)],
+            'items': items,
         }
 
     async def _serve_watch(self, request: kmock.Request) -> Any:
@@ -400,20 +436,43 @@ class Emulator(kmock.KubernetesEmulator):
         queue: asyncio.Queue = asyncio.Queue()
         self._watchers.add(queue)
         timeout = float(request.params.get('timeoutSeconds') or 0) or None
+        table = wants_table(request)
         yield b''  # kmock sends the headers on the first chunk; a watch may see nothing for a while
         try:
             async with asyncio.timeout(timeout):
                 for event in backlog:
                     if self._selected(request, res, info, event['object']):
-                        yield event
+                        yield self._table_event(res, event) if table else event
                 while (item := await queue.get()) is not None:
                     r, event = item
                     if r == res and self._selected(request, res, info, event['object']):
-                        yield event
+                        yield self._table_event(res, event) if table else event
         except TimeoutError:
             pass  # timeoutSeconds: the client watches again from its last resourceVersion
         finally:
             self._watchers.discard(queue)
+
+    def _table(self, res: kmock.resource, objs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Fix 11: server-side printing for kubectl get: the name, then a CRD's printer
+        columns (simple ``.a.b`` paths only) or else the age."""
+        columns = self._columns.get(res) or [AGE_COLUMN]
+        return {
+            'kind': 'Table', 'apiVersion': 'meta.k8s.io/v1',
+            'metadata': {'resourceVersion': str(self._revision)},
+            'columnDefinitions': [
+                {'name': 'Name', 'type': 'string', 'format': 'name', 'description': 'Name', 'priority': 0},
+                *({'name': c['name'], 'type': c.get('type', 'string'), 'format': c.get('format', ''),
+                   'description': c.get('description', ''), 'priority': c.get('priority', 0)} for c in columns),
+            ],
+            'rows': [{
+                'cells': [obj['metadata']['name'], *(cell(obj, c) for c in columns)],
+                'object': {'kind': 'PartialObjectMetadata', 'apiVersion': 'meta.k8s.io/v1',
+                           'metadata': obj['metadata']},
+            } for obj in objs],
+        }
+
+    def _table_event(self, res: kmock.resource, event: dict[str, Any]) -> dict[str, Any]:
+        return {'type': event['type'], 'object': self._table(res, [event['object']])}
 
     def close_watches(self) -> None:
         """End every open watch (at shutdown)."""
