@@ -120,7 +120,7 @@ parsing.parse_path = _parse_path  # kmock's request parser calls it through the 
 NAMESPACES = kmock.resource('', 'v1', 'namespaces')
 SECRETS = kmock.resource('', 'v1', 'secrets')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
-OPENAPI_V2_PROTOBUF = 'application/com.github.proto-openapi.spec.v2.v1.0+protobuf'
+OPENAPI_V2_PROTOBUF = 'application/com.github.proto-openapi.spec.v2.v1.0+protobuf'  # as the API server labels it
 VERBS = ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']
 
 # Fix 9: the reasons clients match on (kube-rs ErrorResponse.reason, kubectl's messages).
