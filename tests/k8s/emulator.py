@@ -1,0 +1,725 @@
+#!/usr/bin/env python3
+"""A Kubernetes API emulator for tests: kmock's KubernetesEmulator plus a shim.
+
+    python3 tests/k8s/emulator.py --port 0
+
+serves plain http on 127.0.0.1, prints exactly one line
+``listening on http://127.0.0.1:PORT`` on stdout, logs to stderr, and exits
+on SIGTERM (or SIGINT). kube-rs and kubectl talk to it through a kubeconfig
+that points at that URL with no auth.
+
+kmock 0.8 (pinned in requirements.txt) provides the HTTP server, request
+parsing, the discovery endpoints, the resource registry (with its bundled list
+of built-in kinds), the object store with per-object history and the error
+rendering. This shim fixes what keeps kubectl and kube-rs from working:
+
+  1. ``/api/v1/namespaces[/NAME[/status]]`` parses as Namespaces, not as a
+     namespaced path with no resource (list/get/create of Namespaces failed);
+     ``default`` and ``kube-system`` exist at start.
+  2. Discovery: the core group's ``groupVersion`` is ``v1`` (was ``/v1``);
+     built-in kinds are registered from kmock's bundled list; a CRD registers
+     (and its deletion unregisters) its served versions with kind, singular,
+     short names, scope, verbs and subresources; only registered resources
+     are served (others 404 as in Kubernetes); ``/version`` says 1.37.
+  3. Objects get ``uid``, ``creationTimestamp``, ``generation`` and
+     ``resourceVersion``; resourceVersion is one global counter bumped on
+     every write; generation bumps when anything outside metadata and status
+     changes. A write that changes nothing bumps nothing and emits no event
+     (kmock emitted MODIFIED on every patch: reconcile hot loops).
+  4. Writes: POST creates (409 AlreadyExists), PUT replaces (was not routed),
+     PATCH takes JSON patch, merge patch, kubectl's strategic merge patch
+     (its list directives included) and server-side apply, which creates a
+     missing object (kmock answered 404). A stale ``metadata.resourceVersion``
+     in a write is a 409 Conflict. A JSON-patch ``test`` of ``null`` passes
+     on a missing path, as in Kubernetes (kube-runtime's finalizer helper
+     relies on it).
+  5. The status subresource: writes to ``/status`` change only ``.status``;
+     writes to the main resource keep ``.status`` for kinds that have one.
+  6. Deletion honours finalizers (deletionTimestamp first, gone when the last
+     finalizer goes); deleting a Namespace or a CRD removes its contents.
+  7. Lists carry ``kind: <Kind>List``, ``apiVersion`` and
+     ``metadata.resourceVersion``; ``labelSelector`` and equality-only
+     ``fieldSelector`` (``a.b=x``, ``a.b!=x``) filter lists and watches
+     (kubectl describe lists Events by ``involvedObject.*``; kubectl delete
+     and kube-rs ``watch_object`` watch by ``metadata.name``).
+  8. Watches are ``application/json`` (was octet-stream), newline-delimited
+     ``{"type": ..., "object": ...}`` events, resumed after the
+     ``resourceVersion`` given (replayed from an in-memory event log) or
+     starting with ADDED for every object when none is given;
+     ``timeoutSeconds`` ends the stream.
+  9. Errors are ``kind: Status`` objects with the standard ``reason``
+     (NotFound, AlreadyExists, Conflict, ...), ``code``, ``message`` and
+     ``details``; a protobuf body (kubectl's ``create`` subcommands send one
+     for built-in kinds) gets a 415 saying to use ``kubectl apply -f``.
+ 10. ``/openapi/v2`` is an empty document: kubectl apply's validation needs
+     one to exist (and with nothing in it, validates nothing).
+ 11. ``kubectl get`` asks for Tables: the name, then a CRD's printer columns
+     (or the age), so printer columns show as on a cluster.
+
+Gaps, by design -- tests must not rely on these:
+  - no authentication, RBAC, admission, defaulting, CRD schema validation or
+    pruning, no conversion: every served version of a CRD stores its own
+    objects;
+  - server-side apply is a plain merge: no field ownership, no conflicts, no
+    managedFields; strategic merge patch knows list merge keys only from
+    kubectl's ``$setElementOrder`` directives, otherwise lists are replaced;
+  - every kind gets ``metadata.generation`` (Kubernetes sets it for some);
+  - no garbage collection by ownerReferences, no controllers (Deployments
+    never get Pods, Namespaces are removed at once), no ``deletecollection``;
+  - no pagination (``limit`` is ignored, everything comes in one page), no
+    dry-run, no ``sendInitialEvents``, no watch bookmarks; the event log that
+    watches resume from is never trimmed (no 410 Gone);
+  - no OpenAPI documents: ``/openapi/v2`` is an empty one and ``/openapi/v3``
+    answers 404, so kubectl apply computes patches from its built-in types
+    (strategic merge) or, for custom resources, as JSON merge patches;
+  - kubectl get shows NAME and AGE for built-in kinds (no per-kind columns);
+    printer columns take simple ``.a.b`` paths only.
+"""
+
+import argparse
+import asyncio
+import base64
+import copy
+import datetime
+import logging
+import signal
+import sys
+import traceback
+import uuid
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import jsonpointer
+import kmock
+import yaml
+from kmock._internal import parsing
+
+log = logging.getLogger('emulator')
+
+# Fix 1: kmock reads the segment after ``namespaces`` as a namespace, so the
+# Namespaces resource itself (``/api/v1/namespaces``, ``.../NAME`` and its
+# ``status``/``finalize`` subresources) ends up with no resource at all.
+_kmock_parse_path = parsing.parse_path
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    parts = path.strip('/').split('/')
+    if parts[:3] == ['api', 'v1', 'namespaces'] and (
+            len(parts) <= 4 or (len(parts) == 5 and parts[4] in ('status', 'finalize'))):
+        return parsing.ParsedPath(
+            group='', version='v1', plural='namespaces',
+            name=parts[3] if len(parts) > 3 else None,
+            subresource=parts[4] if len(parts) > 4 else None)
+    return _kmock_parse_path(path)
+
+
+parsing.parse_path = _parse_path  # kmock's request parser calls it through the module
+
+NAMESPACES = kmock.resource('', 'v1', 'namespaces')
+SECRETS = kmock.resource('', 'v1', 'secrets')
+CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
+OPENAPI_V2_PROTOBUF = 'application/com.github.proto-openapi.spec.v2.v1.0+protobuf'  # as the API server labels it
+VERBS = ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']
+
+# Fix 9: the reasons clients match on (kube-rs ErrorResponse.reason, kubectl's messages).
+REASONS = {400: 'BadRequest', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict',
+           415: 'UnsupportedMediaType', 422: 'Invalid', 500: 'InternalError'}
+STANDARD_REASONS = set(REASONS.values()) | {'AlreadyExists'}
+
+
+def api_error(code: int, message: str, reason: str | None = None, **details: Any) -> kmock.KubernetesError:
+    return kmock.KubernetesError(status=code, reason=reason or REASONS[code], message=message, details=details)
+
+
+def qualified(res: kmock.resource) -> str:
+    """``widgets.example.dev``, ``configmaps``: how Kubernetes names a resource in messages."""
+    return f'{res.plural}.{res.group}' if res.group else res.plural
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (kmock's merge refuses dict/scalar swaps)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A merge patch that understands the directives kubectl's client-side apply emits.
+
+    The merge key of a list is known from its ``$setElementOrder/<list>``
+    directive (whose items hold only that key); lists without one are replaced.
+    """
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get('$patch') == 'replace':
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != '$patch'}
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith('$deleteFromPrimitiveList/'):
+            field = key.split('/', 1)[1]
+            result[field] = [item for item in result.get(field, []) if item not in value]
+        elif key.startswith('$'):
+            continue  # $setElementOrder is used with its list below; $retainKeys after the loop
+        elif value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and (order := patch.get(f'$setElementOrder/{key}')) and all(
+                isinstance(item, dict) and len(item) == 1 for item in order):
+            merge_key = next(iter(order[0]))
+            items = {item.get(merge_key): item for item in result.get(key) or [] if isinstance(item, dict)}
+            for item in value:
+                if item.get('$patch') == 'delete':
+                    items.pop(item.get(merge_key), None)
+                else:
+                    items[item.get(merge_key)] = strategic_merge_patch(items.get(item.get(merge_key)), item)
+            ordered = [item[merge_key] for item in order]
+            result[key] = [items[k] for k in ordered if k in items] + [v for k, v in items.items() if k not in ordered]
+        else:
+            result[key] = strategic_merge_patch(result.get(key), value)
+    if '$retainKeys' in patch:
+        result = {k: v for k, v in result.items() if k in patch['$retainKeys']}
+    return result
+
+
+def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 JSON patch, except that ``test`` of ``null`` passes on a missing
+    path as it does in Kubernetes (python's jsonpatch fails it)."""
+    kept = []
+    for op in ops:
+        if op.get('op') == 'test' and op.get('value') is None:
+            try:
+                jsonpointer.resolve_pointer(target, op['path'])
+            except (jsonpointer.JsonPointerException, KeyError, IndexError):
+                continue  # missing counts as null: the test passes
+        kept.append(op)
+    try:
+        return jsonpatch.apply_patch(target, kept, in_place=False)
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as e:
+        raise api_error(422, f'the server rejected our request due to an error in our request: {e}')
+
+
+def lookup(obj: Any, path: str) -> Any:
+    for part in path.split('.'):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def wants_table(request: kmock.Request) -> bool:
+    return 'as=Table' in request.headers.get('Accept', '')
+
+
+AGE_COLUMN = {'name': 'Age', 'type': 'date', 'jsonPath': '.metadata.creationTimestamp'}
+
+
+def cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
+    value = lookup(obj, column['jsonPath'].lstrip('.'))
+    return age(value) if column.get('type') == 'date' and isinstance(value, str) else value
+
+
+def age(timestamp: str) -> str:
+    """How kubectl shows an age: 42s, 5m, 3h, 2d (Kubernetes' HumanDuration, coarser)."""
+    then = datetime.datetime.strptime(timestamp, '%Y-%m-%dT%H:%M:%SZ').replace(tzinfo=datetime.UTC)
+    seconds = max(0, int((datetime.datetime.now(datetime.UTC) - then).total_seconds()))
+    for unit, size, limit in (('s', 1, 120), ('m', 60, 180), ('h', 3600, 48)):
+        if seconds < size * limit:
+            return f'{seconds // size}{unit}'
+    return f'{seconds // 86400}d'
+
+
+def match_fields(obj: dict[str, Any], selector: str) -> bool:
+    """Equality-only field selectors: ``a.b=x``, ``a.b==x``, ``a.b!=x``, comma-joined."""
+    for term in filter(None, selector.split(',')):
+        negate = '!=' in term
+        path, value = term.replace('!=', '=').replace('==', '=').split('=', 1)
+        actual = lookup(obj, path.strip())
+        if (str(actual if actual is not None else '') == value.strip()) == negate:
+            return False
+    return True
+
+
+def match_labels(obj: dict[str, Any], selector: str) -> bool:
+    """Label selectors: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``."""
+    labels = (obj.get('metadata') or {}).get('labels') or {}
+    terms, depth, term = [], 0, ''
+    for char in selector:  # split on the commas that are not inside (...)
+        depth += {'(': 1, ')': -1}.get(char, 0)
+        if char == ',' and depth == 0:
+            terms.append(term)
+            term = ''
+        else:
+            term += char
+    for term in filter(None, (t.strip() for t in terms + [term])):
+        words = term.split(None, 1)
+        if len(words) == 2 and words[1].split('(', 1)[0].strip() in ('in', 'notin'):
+            op, values = words[1].split('(', 1)
+            values = {v.strip() for v in values.rstrip(')').split(',')}
+            if (labels.get(words[0]) in values) != (op.strip() == 'in'):
+                return False
+        elif '!=' in term:
+            key, value = term.split('!=', 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif '=' in term:
+            key, value = term.replace('==', '=').split('=', 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith('!'):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    # Fix 3: one resourceVersion counter for all objects, as in etcd.
+    _revision: int = attrs.field(default=0, init=False)
+    # Fix 8: every event ever emitted, as (revision, resource, event), to resume watches.
+    _events: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    _watchers: set[asyncio.Queue] = attrs.field(factory=set, init=False)
+    _custom: set[kmock.resource] = attrs.field(factory=set, init=False)  # resources that CRDs serve
+    _columns: dict[kmock.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # their printer columns
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()  # fix 2: built-in kinds for discovery
+        # Fix 8: kmock streams watches (our _serve_watch below) as octet-stream.
+        self[kmock.action.WATCH] << kmock.headers({'Content-Type': 'application/json'}) << self._serve_watch
+        # Fix 10: kubectl apply validates against /openapi/v2 and refuses to go on when it is
+        # missing. An empty body is a valid, empty protobuf OpenAPI document: nothing to
+        # validate against, and patches fall back to kubectl's built-in types (see the gaps).
+        self['get /openapi/v2'] << kmock.headers({'Content-Type': OPENAPI_V2_PROTOBUF}) << b''
+        for name in ('default', 'kube-system'):  # fix 1
+            self._store(NAMESPACES, None, name, None, {'metadata': {'name': name}})
+
+    # --- entry point, errors --------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if 'protobuf' in raw_request.content_type:  # fix 9: kmock would fail to decode it as text
+            return await self._render_error(api_error(
+                415, 'this emulator takes JSON or YAML bodies only; kubectl create sends protobuf'
+                     ' for built-in kinds: use kubectl apply -f (or create -f) instead'))
+        return await super().__call__(raw_request)
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        # Fix 9: kmock's reasons ("Object Not Found", "ValueError") and tracebacks -> Status.
+        if isinstance(exc, kmock.KubernetesError) and exc.reason in STANDARD_REASONS:
+            code, reason, message, details = exc.status, exc.reason, exc.message, exc.details or {}
+        elif isinstance(exc, kmock.KubernetesError) and exc.status in REASONS:  # kmock's own, e.g. unknown URLs
+            code, reason, message, details = exc.status, REASONS[exc.status], 'the server could not find the requested resource', {}
+        else:
+            log.error('internal error: %s', ''.join(traceback.format_exception(exc)))
+            code, reason, message, details = 500, 'InternalError', repr(exc), {}
+        return aiohttp.web.json_response({
+            'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
+            'message': message, 'reason': reason, 'details': details, 'code': code,
+        }, status=code)
+
+    # --- discovery ------------------------------------------------------------------------
+
+    def _get_resources(self) -> list[kmock.resource]:
+        # Fix 2: discovery lists what is registered (kmock also adds whatever has objects).
+        return list(self.resources)
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        payload = await super()._serve_version(request)
+        if request.resource is not None and request.resource.group == '':
+            payload['groupVersion'] = request.resource.version  # fix 2: not "/v1"
+        for entry in payload['resources']:
+            if '/' in entry['name']:  # fix 2: a subresource is no target for kubectl's short names
+                entry.update(shortNames=[], categories=[], verbs=['get', 'patch', 'update'])
+        return payload
+
+    async def _serve_server_version(self, request: kmock.Request) -> Any:
+        # Fix 2: kmock says v1.26 (k3s); match kubectl and k8s-openapi to avoid skew warnings.
+        return {'major': '1', 'minor': '37', 'gitVersion': 'v1.37.0', 'gitCommit': 'emulator',
+                'gitTreeState': 'clean', 'buildDate': '2026-01-01T00:00:00Z', 'goVersion': 'go1.25',
+                'compiler': 'gc', 'platform': 'linux/amd64'}
+
+    def _info(self, request: kmock.Request) -> tuple[kmock.resource, Any]:
+        res = request.resource
+        if res is None or not res.plural or res not in self.resources:
+            raise api_error(404, 'the server could not find the requested resource')
+        return res, self.resources[res]
+
+    def _register_crd(self, crd: dict[str, Any]) -> None:
+        spec = crd.get('spec') or {}
+        names = spec.get('names') or {}
+        for version in spec.get('versions') or []:
+            res = kmock.resource(spec.get('group'), version.get('name'), names.get('plural'))
+            if not version.get('served', True):
+                self._unregister(res)
+                continue
+            self.resources[res] = kmock.ResourceInfo(
+                kind=names.get('kind'),
+                singular=names.get('singular') or (names.get('kind') or '').lower(),
+                namespaced=spec.get('scope') == 'Namespaced',
+                verbs=VERBS + ['deletecollection'],
+                shortnames=names.get('shortNames') or [],
+                categories=names.get('categories') or [],
+                subresources=list((version.get('subresources') or {}).keys()),
+            )
+            self._custom.add(res)
+            self._columns[res] = version.get('additionalPrinterColumns') or []
+
+    def _unregister(self, res: kmock.resource) -> None:
+        if res in self._custom:
+            del self.resources[res]
+            self._custom.discard(res)
+            self._columns.pop(res, None)
+            for key in [k for k in self.objects if k[0] == res and not self.objects[k].deleted]:
+                self._remove(*key)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _get(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = (res, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def _namespace_of(self, request: kmock.Request, info: Any) -> str | None:
+        return request.namespace if info.namespaced else None
+
+    def _selected(self, request: kmock.Request, res: kmock.resource, info: Any, obj: dict[str, Any]) -> bool:
+        meta = obj.get('metadata') or {}
+        namespace = self._namespace_of(request, info)
+        return ((namespace is None or meta.get('namespace') == namespace)
+                and (request.name is None or meta.get('name') == request.name)
+                and match_labels(obj, request.params.get('labelSelector', ''))
+                and match_fields(obj, request.params.get('fieldSelector', '')))
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        res, info = self._info(request)
+        obj = self._get(res, self._namespace_of(request, info), request.name)
+        if obj is None:
+            raise self._not_found(res, request.name)
+        return self._table(res, [obj]) if wants_table(request) else obj
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        # Fix 7: a proper List with its kind and the revision to watch from.
+        res, info = self._info(request)
+        items = [copy.deepcopy(obj.raw) for (r, _, _), obj in self.objects.items() if r == res and not obj.deleted]
+        items = [obj for obj in items if self._selected(request, res, info, obj)]
+        if wants_table(request):
+            return self._table(res, items)
+        return {
+            'kind': f'{info.kind}List',
+            'apiVersion': f'{res.group}/{res.version}' if res.group else res.version,
+            'metadata': {'resourceVersion': str(self._revision)},
+            'items': items,
+        }
+
+    async def _serve_watch(self, request: kmock.Request) -> Any:
+        # Fix 8: resume after the given resourceVersion from the log, or start with the current
+        # objects; then follow live events. Both are taken in one step (no await in between),
+        # so nothing is missed or sent twice.
+        res, info = self._info(request)
+        since = request.params.get('resourceVersion', '')
+        if since in ('', '0'):
+            backlog = [{'type': 'ADDED', 'object': copy.deepcopy(obj.raw)}
+                       for (r, _, _), obj in self.objects.items() if r == res and not obj.deleted]
+        else:
+            backlog = [event for revision, r, event in self._events if r == res and revision > int(since)]
+        queue: asyncio.Queue = asyncio.Queue()
+        self._watchers.add(queue)
+        timeout = float(request.params.get('timeoutSeconds') or 0) or None
+        table = wants_table(request)
+        yield b''  # kmock sends the headers on the first chunk; a watch may see nothing for a while
+        try:
+            async with asyncio.timeout(timeout):
+                for event in backlog:
+                    if self._selected(request, res, info, event['object']):
+                        yield self._table_event(res, event) if table else event
+                while (item := await queue.get()) is not None:
+                    r, event = item
+                    if r == res and self._selected(request, res, info, event['object']):
+                        yield self._table_event(res, event) if table else event
+        except TimeoutError:
+            pass  # timeoutSeconds: the client watches again from its last resourceVersion
+        finally:
+            self._watchers.discard(queue)
+
+    def _table(self, res: kmock.resource, objs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Fix 11: server-side printing for kubectl get: the name, then a CRD's printer
+        columns (simple ``.a.b`` paths only) or else the age."""
+        columns = self._columns.get(res) or [AGE_COLUMN]
+        return {
+            'kind': 'Table', 'apiVersion': 'meta.k8s.io/v1',
+            'metadata': {'resourceVersion': str(self._revision)},
+            'columnDefinitions': [
+                {'name': 'Name', 'type': 'string', 'format': 'name', 'description': 'Name', 'priority': 0},
+                *({'name': c['name'], 'type': c.get('type', 'string'), 'format': c.get('format', ''),
+                   'description': c.get('description', ''), 'priority': c.get('priority', 0)} for c in columns),
+            ],
+            'rows': [{
+                'cells': [obj['metadata']['name'], *(cell(obj, c) for c in columns)],
+                'object': {'kind': 'PartialObjectMetadata', 'apiVersion': 'meta.k8s.io/v1',
+                           'metadata': obj['metadata']},
+            } for obj in objs],
+        }
+
+    def _table_event(self, res: kmock.resource, event: dict[str, Any]) -> dict[str, Any]:
+        return {'type': event['type'], 'object': self._table(res, [event['object']])}
+
+    def close_watches(self) -> None:
+        """End every open watch (at shutdown)."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # Fix 4: kmock's write interceptor (merge-only, MODIFIED on every patch, no PUT)
+        # is replaced; reads and discovery go through kmock's routing to the _serve_* above.
+        if request.resource is None or request.method == kmock.method.GET:
+            return await super()._handle(request)
+        res, info = self._info(request)
+        namespace = self._namespace_of(request, info)
+        body = self._body(request)
+        if request.method == kmock.method.POST and request.name is None:
+            return self._respond(201, self._create(res, info, namespace, body))
+        if request.name is not None and request.subresource in (None, 'status'):
+            if request.method == kmock.method.PUT:
+                return self._respond(200, self._replace(res, namespace, request, body))
+            if request.method == kmock.method.PATCH:
+                return self._patch(res, info, namespace, request, body)
+            if request.method == kmock.method.DELETE and request.subresource is None:
+                return self._respond(200, self._delete(res, namespace, request.name))
+        raise api_error(405, f'{request.method.value} is not supported on {request.url.path}')
+
+    @staticmethod
+    def _respond(code: int, obj: dict[str, Any]) -> aiohttp.web.StreamResponse:
+        return aiohttp.web.json_response(obj, status=code)
+
+    @staticmethod
+    def _body(request: kmock.Request) -> Any:
+        if request.data is not None:
+            return request.data
+        try:  # server-side apply may send YAML; kmock only parses JSON
+            return yaml.safe_load(request.text) if request.text else None
+        except yaml.YAMLError as e:
+            raise api_error(400, f'the request body is neither JSON nor YAML: {e}')
+
+    def _not_found(self, res: kmock.resource, name: str | None) -> kmock.KubernetesError:
+        return api_error(404, f'{qualified(res)} "{name}" not found', name=name, group=res.group, kind=res.plural)
+
+    def _create(self, res: kmock.resource, info: Any, namespace: str | None, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise api_error(400, 'the request body must be an object')
+        meta = body.setdefault('metadata', {})
+        if not meta.get('name') and meta.get('generateName'):
+            meta['name'] = meta['generateName'] + uuid.uuid4().hex[:5]
+        name = meta.get('name')
+        if not name:
+            raise api_error(422, 'metadata.name: Required value: name or generateName is required')
+        namespace = namespace or (meta.get('namespace') or 'default' if info.namespaced else None)
+        if namespace is not None and self._get(NAMESPACES, None, namespace) is None:
+            raise api_error(404, f'namespaces "{namespace}" not found', name=namespace, group='', kind='namespaces')
+        if self._get(res, namespace, name) is not None:
+            raise api_error(409, f'{qualified(res)} "{name}" already exists', reason='AlreadyExists',
+                            name=name, group=res.group, kind=res.plural)
+        return self._store(res, namespace, name, None, body)
+
+    def _replace(self, res: kmock.resource, namespace: str | None,
+                 request: kmock.Request, body: Any) -> dict[str, Any]:
+        old = self._get(res, namespace, request.name)
+        if old is None:
+            raise self._not_found(res, request.name)
+        if not isinstance(body, dict):
+            raise api_error(400, 'the request body must be an object')
+        return self._store(res, namespace, request.name, old, body, request.subresource)
+
+    def _patch(self, res: kmock.resource, info: Any, namespace: str | None,
+               request: kmock.Request, body: Any) -> aiohttp.web.StreamResponse:
+        content_type = request.headers.get('Content-Type', '').split(';')[0].strip()
+        old = self._get(res, namespace, request.name)
+        if not isinstance(body, list if content_type == 'application/json-patch+json' else dict):
+            raise api_error(400, f'the request body is not valid {content_type}')
+        if content_type == 'application/apply-patch+yaml':
+            if not request.params.get('fieldManager'):
+                raise api_error(400, 'fieldManager: Required value: is required for apply patch')
+            if old is None:  # fix 4: server-side apply creates what is missing
+                if request.subresource is not None:
+                    raise self._not_found(res, request.name)
+                body.setdefault('metadata', {})['name'] = request.name
+                return self._respond(201, self._create(res, info, namespace, body))
+            new = merge_patch(old, body)  # a plain merge: no field ownership
+        elif old is None:
+            raise self._not_found(res, request.name)
+        elif content_type == 'application/json-patch+json':
+            new = json_patch(old, body)
+        elif content_type == 'application/merge-patch+json':
+            new = merge_patch(old, body)
+        elif content_type == 'application/strategic-merge-patch+json' and res not in self._custom:
+            new = strategic_merge_patch(old, body)
+        else:
+            raise api_error(415, f'the body of the request was in an unknown format: {content_type} -'
+                                 ' accepted media types include: application/json-patch+json,'
+                                 ' application/merge-patch+json, application/apply-patch+yaml')
+        return self._respond(200, self._store(res, namespace, request.name, old, new, request.subresource))
+
+    def _store(self, res: kmock.resource, namespace: str | None, name: str,
+               old: dict[str, Any] | None, new: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
+        """Write an object the way the API server does (fixes 3, 5, 6); return what is stored."""
+        info = self.resources[res]
+        has_status = 'status' in info.subresources
+        new = copy.deepcopy(new)
+        meta = new.setdefault('metadata', {})
+        if old is None:
+            if has_status:
+                new.pop('status', None)  # set through /status only
+            meta.update(name=name, uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
+            meta.pop('resourceVersion', None)
+            meta.pop('deletionTimestamp', None)
+            if namespace is not None:
+                meta['namespace'] = namespace
+        else:
+            old_meta = old['metadata']
+            stale = meta.get('resourceVersion')
+            if stale and stale != old_meta['resourceVersion']:
+                raise api_error(409, f'Operation cannot be fulfilled on {qualified(res)} "{name}": the object has been'
+                                     ' modified; please apply your changes to the latest version and try again',
+                                name=name, group=res.group, kind=res.plural)
+            if subresource == 'status':  # fix 5: only .status changes through /status
+                status = new.get('status')
+                new = copy.deepcopy(old)
+                new.pop('status', None)
+                if status is not None:
+                    new['status'] = status
+            elif has_status:  # fix 5: and .status does not change through the main resource
+                new.pop('status', None)
+                if 'status' in old:
+                    new['status'] = copy.deepcopy(old['status'])
+            meta = new.setdefault('metadata', {})
+            for field in ('name', 'namespace', 'uid', 'creationTimestamp', 'generation',
+                          'resourceVersion', 'deletionTimestamp'):
+                meta.pop(field, None)
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+        new['apiVersion'] = f'{res.group}/{res.version}' if res.group else res.version
+        new['kind'] = info.kind
+        if res == NAMESPACES:
+            new.setdefault('status', {})['phase'] = 'Active'
+        if res == SECRETS and 'stringData' in new:  # write-only: folded into .data, base64-encoded
+            new['data'] = dict(new.get('data') or {}, **{
+                k: base64.b64encode(v.encode()).decode() for k, v in (new.pop('stringData') or {}).items()})
+        if res == CRDS:
+            self._register_crd(new)
+            new['status'] = crd_status(new, old)  # the CRD controller's part: names accepted, Established
+
+        if old is not None:
+            if new == old:  # fix 3: nothing changed, nothing to tell anyone
+                return old
+            if {k: v for k, v in new.items() if k not in ('metadata', 'status')} != \
+                    {k: v for k, v in old.items() if k not in ('metadata', 'status')}:
+                meta['generation'] = old['metadata'].get('generation', 1) + 1
+        self._revision += 1
+        meta['resourceVersion'] = str(self._revision)
+        key = (res, namespace, name)
+        if meta.get('deletionTimestamp') and not meta.get('finalizers'):  # fix 6: the last finalizer went
+            self._drop(key, new)
+        elif old is None:
+            if key in self.objects:
+                self.objects[key].history.append(new)
+            else:
+                self.objects[key] = new
+            self._emit(res, 'ADDED', new)
+        else:
+            self.objects[key].history.append(new)
+            self._emit(res, 'MODIFIED', new)
+        return copy.deepcopy(new)
+
+    def _delete(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
+        old = self._get(res, namespace, name)
+        if old is None:
+            raise self._not_found(res, name)
+        meta = old['metadata']
+        if meta.get('finalizers'):  # fix 6: mark; it goes when its finalizers are removed
+            if meta.get('deletionTimestamp'):
+                return old
+            marked = copy.deepcopy(old)
+            marked['metadata'].update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
+            self._revision += 1
+            marked['metadata']['resourceVersion'] = str(self._revision)
+            self.objects[res, namespace, name].history.append(marked)
+            self._emit(res, 'MODIFIED', marked)
+            return marked
+        return self._remove(res, namespace, name)
+
+    def _remove(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
+        """Delete at once, finalizers notwithstanding; with what a Namespace or a CRD holds."""
+        gone = self._get(res, namespace, name)
+        self._revision += 1
+        gone['metadata']['resourceVersion'] = str(self._revision)
+        self._drop((res, namespace, name), gone)
+        if res == NAMESPACES:
+            for key in [k for k in self.objects if k[1] == name and not self.objects[k].deleted]:
+                self._remove(*key)
+        if res == CRDS:
+            spec = gone.get('spec') or {}
+            for version in spec.get('versions') or []:
+                self._unregister(kmock.resource(spec.get('group'), version.get('name'),
+                                                (spec.get('names') or {}).get('plural')))
+        return gone
+
+    def _drop(self, key: tuple[kmock.resource, str | None, str], last: dict[str, Any]) -> None:
+        self.objects[key].delete()  # kmock's soft deletion keeps the history
+        self._emit(key[0], 'DELETED', last)
+
+    def _emit(self, res: kmock.resource, kind: str, obj: dict[str, Any]) -> None:
+        event = {'type': kind, 'object': copy.deepcopy(obj)}
+        self._events.append((self._revision, res, event))
+        for queue in self._watchers:
+            queue.put_nowait((res, event))
+
+
+def crd_status(crd: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    spec = crd.get('spec') or {}
+    at = (lookup(old, 'status.conditions') or [{}])[0].get('lastTransitionTime') or now()  # stable: no-op writes stay no-ops
+    return {
+        'acceptedNames': spec.get('names') or {},
+        'storedVersions': [v.get('name') for v in spec.get('versions') or [] if v.get('storage')],
+        'conditions': [
+            {'type': 'NamesAccepted', 'status': 'True', 'reason': 'NoConflicts',
+             'message': 'no conflicts found', 'lastTransitionTime': at},
+            {'type': 'Established', 'status': 'True', 'reason': 'InitialNamesAccepted',
+             'message': 'the initial names have been accepted', 'lastTransitionTime': at},
+        ],
+    }
+
+
+async def serve(port: int) -> None:
+    async with Emulator() as emulator, kmock.Server(emulator, host='127.0.0.1', port=port) as server:
+        print(f'listening on http://127.0.0.1:{server.port}', flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        log.info('stopping')
+        emulator.close_watches()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+    parser.add_argument('--port', type=int, default=0, help='0 (the default) picks a free port')
+    args = parser.parse_args()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(asctime)s %(name)s %(message)s')
+    asyncio.run(serve(args.port))
+
+
+if __name__ == '__main__':
+    main()

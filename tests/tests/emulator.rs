@@ -1,0 +1,540 @@
+//! The Kubernetes API emulator (tests/k8s/emulator.py) against kubectl and
+//! kube-rs, the two clients the operator's tests use. Each test starts and
+//! stops its own emulator.
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bindery_tests::kube::Emulator;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::controller::Action;
+use kube::runtime::{conditions, finalizer, wait::await_condition, watcher};
+use kube::{Client, Config, CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Bound on every wait for the emulator to show a change.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("k8s/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Run kubectl and return its stdout; fail with both streams and the
+/// emulator's log when it fails.
+fn kubectl(emu: &Emulator, args: &[&str]) -> String {
+    let out = emu.kubectl(args);
+    assert!(out.status.success(), "{}", failure(emu, args, &out));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn kubectl_json(emu: &Emulator, args: &[&str]) -> Value {
+    let text = kubectl(emu, args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {text}"))
+}
+
+fn failure(emu: &Emulator, args: &[&str], out: &Output) -> String {
+    format!(
+        "kubectl {args:?} -> {}\nstdout:\n{}\nstderr:\n{}\nemulator log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        emu.logs()
+    )
+}
+
+/// `kubectl apply [extra...] -f FILE` with the given manifest.
+fn apply_manifest(emu: &Emulator, manifest: &str, extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest.yaml");
+    std::fs::write(&path, manifest).unwrap();
+    let mut args = vec!["apply"];
+    args.extend(extra);
+    args.extend(["-f", path.to_str().unwrap()]);
+    kubectl(emu, &args)
+}
+
+#[test]
+fn kubectl_drives_a_crd_and_its_custom_resources() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+
+    let out = kubectl(&emu, &["apply", "-f", &fixture("widget-crd.yaml")]);
+    assert!(out.contains("widgets.example.dev created"), "{out}");
+    let out = kubectl(&emu, &["get", "crd"]);
+    assert!(out.contains("widgets.example.dev"), "{out}");
+
+    let out = kubectl(&emu, &["apply", "-f", &fixture("widget.yaml")]);
+    assert!(out.contains("widget.example.dev/gizmo created"), "{out}");
+    // The CRD's printer columns, as kubectl prints them.
+    let out = kubectl(&emu, &["get", "widgets"]);
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "SIZE", "PHASE", "AGE"], "{out}");
+    assert!(out.lines().any(|l| l.starts_with("gizmo   3 ")), "{out}");
+    let out = kubectl(&emu, &["get", "wd"]); // the short name, from discovery
+    assert!(out.contains("gizmo"), "{out}");
+
+    let widget = kubectl_json(&emu, &["get", "widget", "gizmo", "-o", "json"]);
+    let meta = &widget["metadata"];
+    assert!(
+        meta["uid"].as_str().is_some_and(|u| !u.is_empty()),
+        "{widget}"
+    );
+    assert!(meta["creationTimestamp"].is_string(), "{widget}");
+    assert_eq!(meta["generation"], 1, "{widget}");
+    assert_eq!(meta["namespace"], "default", "{widget}");
+    let rv1: u64 = meta["resourceVersion"].as_str().unwrap().parse().unwrap();
+    assert_eq!(widget["spec"], json!({"size": 3, "color": "blue"}));
+
+    let out = kubectl(&emu, &["describe", "widget", "gizmo"]);
+    assert!(out.contains("Name:         gizmo"), "{out}");
+    assert!(out.contains("Size:   3"), "{out}");
+
+    // A changed spec: generation 2. The same again: nothing changes.
+    let changed = std::fs::read_to_string(fixture("widget.yaml"))
+        .unwrap()
+        .replace("size: 3", "size: 5");
+    assert!(apply_manifest(&emu, &changed, &[]).contains("gizmo configured"));
+    let widget = kubectl_json(&emu, &["get", "widget", "gizmo", "-o", "json"]);
+    assert_eq!(widget["metadata"]["generation"], 2, "{widget}");
+    assert_eq!(widget["spec"]["size"], 5, "{widget}");
+    let rv2: u64 = widget["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rv2 > rv1, "{rv1} -> {rv2}");
+    assert!(apply_manifest(&emu, &changed, &[]).contains("gizmo unchanged"));
+    let again = kubectl_json(&emu, &["get", "widget", "gizmo", "-o", "json"]);
+    assert_eq!(again["metadata"]["resourceVersion"], rv2.to_string());
+
+    let out = kubectl(&emu, &["delete", "widget", "gizmo"]);
+    assert!(out.contains("\"gizmo\" deleted"), "{out}");
+    let gone = emu.kubectl(&["get", "widget", "gizmo"]);
+    assert!(!gone.status.success());
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("NotFound"),
+        "{}",
+        failure(&emu, &["get", "widget", "gizmo"], &gone)
+    );
+}
+
+#[test]
+fn kubectl_manages_namespaces_configmaps_and_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+
+    let out = kubectl(&emu, &["get", "namespaces"]);
+    assert!(
+        out.contains("default") && out.contains("kube-system"),
+        "{out}"
+    );
+    apply_manifest(
+        &emu,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n",
+        &[],
+    );
+    let out = kubectl(&emu, &["get", "ns"]);
+    assert!(out.contains("team-a"), "{out}");
+    let ns = kubectl_json(&emu, &["get", "namespace", "team-a", "-o", "json"]);
+    assert_eq!(ns["status"]["phase"], "Active", "{ns}");
+
+    let manifest = "apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: team-a, labels: {app: demo}}
+data: {mode: fast}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: token, namespace: team-a}
+stringData: {token: s3cr3t}
+";
+    let out = apply_manifest(&emu, manifest, &[]);
+    assert!(out.contains("configmap/settings created"), "{out}");
+    assert!(out.contains("secret/token created"), "{out}");
+    let get_secret = ["get", "secret", "token", "-n", "team-a", "-o", "json"];
+    let secret = kubectl_json(&emu, &get_secret);
+    // stringData is folded into data, base64-encoded.
+    assert_eq!(secret["data"], json!({"token": "czNjcjN0"}), "{secret}");
+    assert!(secret.get("stringData").is_none(), "{secret}");
+
+    let out = apply_manifest(&emu, &manifest.replace("mode: fast", "mode: slow"), &[]);
+    assert!(out.contains("configmap/settings configured"), "{out}");
+    let cm = kubectl_json(
+        &emu,
+        &["get", "cm", "settings", "-n", "team-a", "-o", "json"],
+    );
+    assert_eq!(cm["data"], json!({"mode": "slow"}), "{cm}");
+    // kubectl re-sends stringData (it never reads back), as with a cluster;
+    // the server sees no change.
+    let again = kubectl_json(&emu, &get_secret);
+    assert_eq!(
+        again["metadata"]["resourceVersion"],
+        secret["metadata"]["resourceVersion"]
+    );
+    let out = kubectl(&emu, &["get", "cm", "-n", "team-a", "-l", "app=demo"]);
+    assert!(out.contains("settings"), "{out}");
+    let out = kubectl(&emu, &["get", "cm", "-n", "team-a", "-l", "app=other"]);
+    assert!(!out.contains("settings"), "{out}");
+
+    // Server-side apply through kubectl too.
+    let out = apply_manifest(
+        &emu,
+        &manifest.replace("mode: fast", "mode: ssa"),
+        &["--server-side"],
+    );
+    assert!(
+        out.contains("configmap/settings serverside-applied"),
+        "{out}"
+    );
+    let cm = kubectl_json(
+        &emu,
+        &["get", "cm", "settings", "-n", "team-a", "-o", "json"],
+    );
+    assert_eq!(cm["data"], json!({"mode": "ssa"}), "{cm}");
+
+    kubectl(&emu, &["delete", "namespace", "team-a"]);
+    let out = kubectl(&emu, &["get", "ns"]);
+    assert!(!out.contains("team-a"), "{out}");
+}
+
+/// A kube-rs client for the emulator, from the kubeconfig it wrote.
+async fn client(emu: &Emulator) -> Client {
+    let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).expect("kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn cm(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+}
+
+/// The `Status` of an API error (kube 5's name for what was `ErrorResponse`).
+fn api_status(err: kube::Error) -> kube::core::Status {
+    match err {
+        kube::Error::Api(status) => *status,
+        other => panic!("not an API error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn kube_rs_applies_reads_lists_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "apps"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert!(names.contains(&"apps".to_string()), "{names:?}");
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apps");
+    let ssa = PatchParams::apply("emulator-test").force();
+    let created = cms
+        .patch("app", &ssa, &Patch::Apply(cm("app", json!({"a": "1"}))))
+        .await
+        .expect("server-side apply creates a missing object");
+    let rv = created.resource_version().unwrap();
+    assert!(created.uid().is_some());
+    let same = cms
+        .patch("app", &ssa, &Patch::Apply(cm("app", json!({"a": "1"}))))
+        .await
+        .unwrap();
+    assert_eq!(
+        same.resource_version().unwrap(),
+        rv,
+        "a no-op apply is a no-op"
+    );
+    let changed = cms
+        .patch("app", &ssa, &Patch::Apply(cm("app", json!({"a": "2"}))))
+        .await
+        .unwrap();
+    assert_ne!(changed.resource_version().unwrap(), rv);
+
+    // PUT replaces the whole object; a stale resourceVersion is a Conflict.
+    let data = Some([("b".to_string(), "3".to_string())].into());
+    let mut stale = created.clone();
+    stale.data = data.clone();
+    let err = api_status(
+        cms.replace("app", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (409, "Conflict"),
+        "{err:?}"
+    );
+    let mut fresh = changed.clone();
+    fresh.data = data.clone();
+    cms.replace("app", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+
+    let got = cms.get("app").await.unwrap();
+    assert_eq!(got.data, data);
+    let list = cms.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert!(list.metadata.resource_version.is_some());
+
+    let existing: ConfigMap = serde_json::from_value(cm("app", json!({}))).unwrap();
+    let err = api_status(
+        cms.create(&PostParams::default(), &existing)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (409, "AlreadyExists"),
+        "{err:?}"
+    );
+
+    cms.delete("app", &DeleteParams::default()).await.unwrap();
+    let err = api_status(cms.get("app").await.unwrap_err());
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (404, "NotFound"),
+        "{err:?}"
+    );
+    assert!(err.is_failure(), "{err:?}");
+    assert_eq!(err.details.unwrap().name, "app");
+    let err = api_status(
+        cms.delete("app", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 404, "{err:?}");
+}
+
+#[tokio::test]
+async fn kube_rs_watcher_sees_later_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let ssa = PatchParams::apply("emulator-test");
+    cms.patch(
+        "watched",
+        &ssa,
+        &Patch::Apply(cm("watched", json!({"v": "1"}))),
+    )
+    .await
+    .unwrap();
+
+    let mut events = watcher(cms.clone(), watcher::Config::default()).boxed();
+    // The initial listing first...
+    tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            if matches!(event, watcher::Event::InitDone) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the watcher lists within the bound");
+    // ...then a change made afterwards arrives as Apply.
+    cms.patch(
+        "watched",
+        &ssa,
+        &Patch::Apply(cm("watched", json!({"v": "2"}))),
+    )
+    .await
+    .unwrap();
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.try_next().await.unwrap() {
+                Some(watcher::Event::Apply(cm)) => break cm,
+                Some(_) => continue,
+                None => panic!("the watch stream ended"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no Apply event within {WAIT:?}; log:\n{}", emu.logs()));
+    assert_eq!(seen.name_any(), "watched");
+    assert_eq!(seen.data.unwrap()["v"], "2");
+}
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]
+#[kube(
+    group = "example.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus",
+    shortname = "wd"
+)]
+struct WidgetSpec {
+    size: i64,
+    color: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
+struct WidgetStatus {
+    phase: String,
+}
+
+/// Install the Widget CRD from its Rust type, as an operator would, and wait
+/// until it is established.
+async fn install_widget_crd(client: &Client) -> Api<Widget> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Widget::crd())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        WAIT,
+        await_condition(
+            crds,
+            "widgets.example.dev",
+            conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .expect("the CRD is established within the bound")
+    .unwrap();
+    Api::default_namespaced(client.clone())
+}
+
+#[tokio::test]
+async fn kube_rs_status_subresource_changes_only_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let widgets = install_widget_crd(&client).await;
+
+    let w = Widget::new(
+        "w1",
+        WidgetSpec {
+            size: 1,
+            color: "red".into(),
+        },
+    );
+    let created = widgets.create(&PostParams::default(), &w).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+
+    // Through /status: .status changes, nothing else (the spec in the body is ignored).
+    let patch = json!({"spec": {"size": 99}, "status": {"phase": "Ready"}});
+    let after = widgets
+        .patch_status("w1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(after.status.as_ref().unwrap().phase, "Ready");
+    assert_eq!(after.spec.size, 1);
+    assert_eq!(after.metadata.generation, Some(1));
+    assert_ne!(after.resource_version(), created.resource_version());
+
+    // Through the main resource: .spec changes (generation 2), .status does not.
+    let patch = json!({"spec": {"size": 2}, "status": {"phase": "Broken"}});
+    let after = widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(after.spec.size, 2);
+    assert_eq!(after.metadata.generation, Some(2));
+    assert_eq!(after.status.as_ref().unwrap().phase, "Ready");
+    let status = widgets.get_status("w1").await.unwrap();
+    assert_eq!(status.status.unwrap().phase, "Ready");
+}
+
+#[tokio::test]
+async fn kube_rs_finalizer_helper_adds_and_removes_its_finalizer() {
+    const FINALIZER: &str = "example.dev/cleanup";
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let widgets = install_widget_crd(&client).await;
+    let w = Widget::new(
+        "w2",
+        WidgetSpec {
+            size: 1,
+            color: "green".into(),
+        },
+    );
+    widgets.create(&PostParams::default(), &w).await.unwrap();
+
+    // First pass: the helper adds its finalizer with a JSON patch whose `test`
+    // op checks that /metadata/finalizers is absent (null).
+    let obj = Arc::new(widgets.get("w2").await.unwrap());
+    finalizer(&widgets, FINALIZER, obj, |_| async {
+        Ok::<_, std::io::Error>(Action::await_change())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("adding the finalizer: {e}; log:\n{}", emu.logs()));
+    let obj = widgets.get("w2").await.unwrap();
+    assert_eq!(obj.finalizers(), [FINALIZER.to_string()]);
+
+    // Deleting only marks it while the finalizer is there.
+    widgets
+        .delete("w2", &DeleteParams::default())
+        .await
+        .unwrap();
+    let obj = widgets.get("w2").await.unwrap();
+    assert!(obj.metadata.deletion_timestamp.is_some());
+
+    // Second pass: cleanup, then the helper removes the finalizer and the object goes.
+    let mut cleaned = false;
+    finalizer(&widgets, FINALIZER, Arc::new(obj), |event| {
+        cleaned = matches!(event, finalizer::Event::Cleanup(_));
+        async { Ok::<_, std::io::Error>(Action::await_change()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("removing the finalizer: {e}; log:\n{}", emu.logs()));
+    assert!(cleaned);
+    let err = api_status(widgets.get("w2").await.unwrap_err());
+    assert_eq!(err.reason, "NotFound");
+}
+
+#[test]
+fn the_emulator_exits_cleanly_on_sigterm() {
+    use std::io::{Read, Write};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut emu = Emulator::start(dir.path());
+    assert!(emu.url.starts_with("http://127.0.0.1:"), "{}", emu.url);
+    // An open watch must not hold the exit up: open one and read its headers.
+    let mut watch = std::net::TcpStream::connect(emu.url.trim_start_matches("http://")).unwrap();
+    watch.set_read_timeout(Some(WAIT)).unwrap();
+    watch
+        .write_all(b"GET /api/v1/namespaces/default/configmaps?watch=true HTTP/1.1\r\nHost: emulator\r\n\r\n")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        watch.read_exact(&mut byte).expect("the watch answers");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+
+    let status = emu.stop().expect("exits within the bound");
+    assert!(status.success(), "{status:?}; log:\n{}", emu.logs());
+}
