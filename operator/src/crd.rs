@@ -163,6 +163,10 @@ pub struct AgentTenantStatus {
     /// One row per parameter declared anywhere in the agent tree. Never a value.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parameters: Vec<ParameterRow>,
+    /// The same rows, one line each, for `kubectl describe`:
+    /// `billing_token (invoices; process, secret, required): secret acme-billing/token`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub summary: Vec<String>,
     /// Required parameters bound / required (`3/4`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_bound: Option<String>,

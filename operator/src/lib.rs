@@ -6,5 +6,6 @@ pub mod controller;
 pub mod crd;
 pub mod desired;
 pub mod events;
+pub mod leader;
 pub mod metrics;
 pub mod names;

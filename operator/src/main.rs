@@ -1,7 +1,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use bindery_operator::controller::{self, Context};
+use bindery_operator::desired::OperatorConfig;
+use bindery_operator::leader::{self, LeaseConfig};
+use bindery_operator::metrics::Metrics;
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Bindery's operator: reconciles `Agent`s and `AgentTenant`s into
 /// per-tenant agent servers.
@@ -12,12 +18,45 @@ struct Cli {
     command: Command,
 }
 
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Write the CRD documents (generated from the Rust types) into a directory.
     Crdgen {
         #[arg(long, default_value = "crds")]
         out: PathBuf,
+    },
+    /// Run the controller (kubeconfig or in-cluster configuration).
+    Run {
+        /// Watch only this namespace (repeatable); all namespaces by default.
+        #[arg(long = "namespace", value_name = "NS")]
+        namespaces: Vec<String>,
+        /// The sidecar image tenants run unless they name their own.
+        #[arg(long, env = "BINDERY_SIDECAR_IMAGE", default_value_t = OperatorConfig::default().sidecar_image)]
+        sidecar_image: String,
+        #[arg(long, default_value = "cluster.local")]
+        cluster_domain: String,
+        /// Where `/metrics`, `/healthz` and `/readyz` are served.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        metrics_listen: String,
+        /// Reconcile only while holding a Lease (run with more than one replica).
+        #[arg(long)]
+        leader_elect: bool,
+        #[arg(long, default_value = "bindery-operator")]
+        lease_name: String,
+        /// Default: the pod's namespace (POD_NAMESPACE), else `default`.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+        lease_namespace: String,
+        /// Seconds a leader may go without renewing before another takes over.
+        #[arg(long, default_value_t = 15)]
+        lease_duration: u64,
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
     },
 }
 
@@ -35,5 +74,152 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Run {
+            namespaces,
+            sidecar_image,
+            cluster_domain,
+            metrics_listen,
+            leader_elect,
+            lease_name,
+            lease_namespace,
+            lease_duration,
+            log_format,
+        } => {
+            init_logging(log_format);
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let lease = leader_elect.then(|| LeaseConfig {
+                name: lease_name,
+                namespace: lease_namespace,
+                identity: std::env::var("POD_NAME")
+                    .unwrap_or_else(|_| format!("bindery-operator-{}", std::process::id())),
+                duration: Duration::from_secs(lease_duration.max(2)),
+                renew_every: Duration::from_secs((lease_duration / 3).max(1)),
+            });
+            let config = OperatorConfig {
+                sidecar_image,
+                cluster_domain,
+            };
+            match rt.block_on(run(namespaces, config, &metrics_listen, lease)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn run(
+    namespaces: Vec<String>,
+    config: OperatorConfig,
+    metrics_listen: &str,
+    lease: Option<LeaseConfig>,
+) -> Result<(), String> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("no Kubernetes API to talk to (kubeconfig or in-cluster): {e}"))?;
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(metrics_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {metrics_listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("metrics on http://{addr}");
+    let m = metrics.clone();
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = m.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            bindery_sidecar::prom::CONTENT_TYPE,
+                        )],
+                        m.render(),
+                    )
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics server: {e}");
+        }
+    });
+
+    if let Some(l) = &lease {
+        tokio::select! {
+            _ = leader::acquire(&client, l) => {}
+            _ = shutdown_signal() => return Ok(()),
+        }
+    }
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config,
+        metrics,
+    });
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.into_iter().map(Some).collect()
+    };
+    tracing::info!(namespaces = ?scopes, "controller started");
+    let controllers = futures::future::join_all(
+        scopes
+            .into_iter()
+            .map(|ns| controller::run(ctx.clone(), ns)),
+    );
+    match &lease {
+        Some(l) => {
+            tokio::select! {
+                _ = controllers => Ok(()),
+                // A leader that lost its lease stops writing at once.
+                _ = leader::hold(&client, l) => Err("lost the leader lease; exiting so that only the leader writes".into()),
+            }
+        }
+        None => {
+            controllers.await;
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
     }
 }

@@ -190,7 +190,7 @@ fn ready_when_pods_are_and_transition_times_stay() {
     });
     let d = w.run();
     assert_eq!(cond(&d, "Ready").status, "True");
-    assert_eq!(cond(&d, "Available").message, "1/1 pods ready");
+    assert_eq!(cond(&d, "Available").message, "1 of 1 pods ready");
     // A later reconcile with the same outcome keeps lastTransitionTime.
     w.tenant.status = Some(d.status.clone());
     w.now = time("2026-11-29T13:00:00Z");

@@ -237,6 +237,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         .filter(|r| r.required && r.bound)
         .count();
     status.params_bound = Some(format!("{bound}/{required}"));
+    status.summary = resolution.rows.iter().map(summary_line).collect();
     status.parameters = resolution.rows;
 
     let tenant_name = inputs.tenant_name();
@@ -264,19 +265,20 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         Some(r) => {
             status.replicas = Some(r.replicas);
             status.ready_replicas = Some(r.ready_replicas);
+            let want = tenant.spec.replicas.unwrap_or(1).max(r.replicas);
             if r.ready_replicas > 0 {
                 cond(
                     "Available",
                     true,
                     "PodsReady",
-                    format!("{}/{} pods ready", r.ready_replicas, r.replicas),
+                    format!("{} of {want} pods ready", r.ready_replicas),
                 )
             } else {
                 cond(
                     "Available",
                     false,
                     "PodsNotReady",
-                    format!("0/{} pods ready", r.replicas),
+                    format!("0 of {want} pods ready"),
                 )
             }
         }
@@ -315,6 +317,31 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         status,
         warnings,
     }
+}
+
+/// `billing_token (invoices; process, secret, required): secret acme-billing/token — message`.
+fn summary_line(r: &crate::crd::ParameterRow) -> String {
+    let mut traits = vec![r.scope.clone()];
+    if r.secret {
+        traits.push("secret".into());
+    }
+    traits.push(if r.required { "required" } else { "optional" }.into());
+    if r.pinned && r.source != "pinned" {
+        traits.push("pinned".into());
+    }
+    let state = if r.bound { "" } else { " [not bound]" };
+    let message = r
+        .message
+        .as_ref()
+        .map(|m| format!(" — {m}"))
+        .unwrap_or_default();
+    format!(
+        "{} ({}; {}): {}{state}{message}",
+        r.name,
+        r.agent,
+        traits.join(", "),
+        r.source
+    )
 }
 
 /// A condition before its timestamps.
