@@ -45,30 +45,8 @@ pub enum Error {
 /// SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let client = ctx.client.clone();
-    let api = |c: &Client| -> (Api<AgentTenant>, Api<Agent>) {
-        match &namespace {
-            Some(ns) => (
-                Api::namespaced(c.clone(), ns),
-                Api::namespaced(c.clone(), ns),
-            ),
-            None => (Api::all(c.clone()), Api::all(c.clone())),
-        }
-    };
-    fn scoped<
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    >(
-        c: &Client,
-        ns: &Option<String>,
-    ) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match ns {
-            Some(n) => Api::namespaced(c.clone(), n),
-            None => Api::all(c.clone()),
-        }
-    }
-    let (tenants, agents) = api(&client);
+    let tenants = scoped::<AgentTenant>(&client, &namespace);
+    let agents = scoped::<Agent>(&client, &namespace);
     let cfg = watcher::Config::default();
     let controller = Controller::new(tenants, cfg.clone());
     let store = controller.store();
@@ -120,6 +98,22 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             }
         })
         .await;
+}
+
+/// An Api on one namespace, or on all of them.
+fn scoped<K>(c: &Client, ns: &Option<String>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    match ns {
+        Some(n) => Api::namespaced(c.clone(), n),
+        None => Api::all(c.clone()),
+    }
 }
 
 /// Tenants of `namespace` that reference the Secret (or ConfigMap) `name`.
