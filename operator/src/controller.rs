@@ -100,6 +100,76 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
+/// Keep every Agent's `Valid` condition current (a change to one Agent can
+/// make another valid or not: its helpers).
+pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
+    let agents = scoped::<Agent>(&ctx.client, &namespace);
+    let controller = Controller::new(agents.clone(), watcher::Config::default());
+    let store = controller.store();
+    controller
+        .watches(agents, watcher::Config::default(), move |changed: Agent| {
+            let ns = changed.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|a| a.namespace() == ns)
+                .map(|a| ObjectRef::from_obj(&*a))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile_agent, agent_error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::warn!("agent reconcile: {e}");
+            }
+        })
+        .await;
+}
+
+fn agent_error_policy(agent: Arc<Agent>, err: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(agent = %agent.name_any(), "agent status failed: {err}");
+    Action::requeue(Duration::from_secs(30))
+}
+
+async fn reconcile_agent(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = agent.name_any();
+    let ns = agent
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let api = Api::<Agent>::namespaced(ctx.client.clone(), &ns);
+    let agents: BTreeMap<String, _> = api
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .map(|a| (a.name_any(), a.spec))
+        .collect();
+    let previous = agent
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let status = crate::desired::agent_status(
+        &name,
+        &agents,
+        agent.metadata.generation,
+        previous,
+        &Time(crate::events::now()),
+    );
+    if agent.status.as_ref() != Some(&status) {
+        api.patch_status(
+            &name,
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "bindery.dev/v1alpha1",
+                "kind": "Agent",
+                "status": status,
+            })),
+        )
+        .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
 /// An Api on one namespace, or on all of them.
 fn scoped<K>(c: &Client, ns: &Option<String>) -> Api<K>
 where

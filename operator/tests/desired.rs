@@ -366,3 +366,29 @@ helpers:
     assert!(data.contains_key("support.yaml") && data.contains_key("invoices.yaml"));
     assert!(data["invoices.yaml"].contains("directory: /etc/bindery/tools"));
 }
+
+#[test]
+fn an_agent_is_valid_or_says_why() {
+    let w = World::example();
+    let now = time("2026-11-29T12:00:00Z");
+    let ok = bindery_operator::desired::agent_status("invoices", &w.agents, Some(2), &[], &now);
+    assert_eq!(ok.conditions[0].type_, "Valid");
+    assert_eq!(ok.conditions[0].status, "True");
+    assert_eq!(ok.observed_generation, Some(2));
+    let mut agents = w.agents.clone();
+    agents
+        .get_mut("invoices")
+        .unwrap()
+        .helpers
+        .push(from_yaml("{agent: ledger}").unwrap());
+    let bad =
+        bindery_operator::desired::agent_status("invoices", &agents, Some(3), &ok.conditions, &now);
+    assert_eq!(bad.conditions[0].status, "False");
+    assert!(
+        bad.conditions[0]
+            .message
+            .contains("Agent `ledger` does not exist in this namespace"),
+        "{:?}",
+        bad
+    );
+}

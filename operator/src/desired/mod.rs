@@ -344,6 +344,44 @@ fn summary_line(r: &crate::crd::ParameterRow) -> String {
     )
 }
 
+/// An `Agent`'s own status: `Valid` from the static checks of its
+/// definition and the existence of its helpers (pure, like [`desired`]).
+pub fn agent_status(
+    name: &str,
+    agents: &BTreeMap<String, AgentSpec>,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> crate::crd::AgentStatus {
+    let mut problems: Vec<String> = match agents.get(name) {
+        Some(spec) => check_definition(name, spec, &format!("Agent `{name}`"))
+            .into_iter()
+            .filter(|d| d.level == Level::Error)
+            .map(|d| d.message)
+            .collect(),
+        None => vec![format!("Agent `{name}` does not exist")],
+    };
+    if problems.is_empty() {
+        if let Err(p) = tree::resolve(name, agents) {
+            problems.extend(p);
+        }
+    }
+    let c = if problems.is_empty() {
+        cond(
+            "Valid",
+            true,
+            "Valid",
+            "the definition passes every static check".into(),
+        )
+    } else {
+        cond("Valid", false, "Invalid", problems.join("; "))
+    };
+    crate::crd::AgentStatus {
+        observed_generation: generation,
+        conditions: vec![c.finish(generation, now, previous)],
+    }
+}
+
 /// A condition before its timestamps.
 struct Cond {
     type_: &'static str,
