@@ -140,7 +140,7 @@ pub fn apply_bindings(
             }
             tools[t] = tools[t].with_bindings([AppliedBinding {
                 arg: b.arg.clone(),
-                value: b.value.clone(),
+                value: b.value.clone().into(),
                 when_unbound: b.when_unbound,
             }]);
         }

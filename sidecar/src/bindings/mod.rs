@@ -25,8 +25,29 @@ pub use glob::glob_matches;
 #[derive(Clone, Debug, PartialEq)]
 pub struct AppliedBinding {
     pub arg: String,
-    pub value: BindingValue,
+    pub value: BoundValue,
     pub when_unbound: WhenUnbound,
+}
+
+/// What a bound argument gets.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BoundValue {
+    /// The current value of one of the agent's own parameters.
+    Param(String),
+    /// The author's literal.
+    Literal(serde_json::Value),
+    /// A value a calling agent resolved in its own scope for this call (a
+    /// narrowing); a secret stays a secret.
+    Fixed(ParamValue),
+}
+
+impl From<BindingValue> for BoundValue {
+    fn from(v: BindingValue) -> Self {
+        match v {
+            BindingValue::Param(p) => BoundValue::Param(p),
+            BindingValue::Literal(l) => BoundValue::Literal(l),
+        }
+    }
 }
 
 /// A tool with its bindings.
@@ -129,9 +150,21 @@ impl BoundTool {
     /// Whether a call under `values` would hand the tool a secret value.
     pub fn uses_secret(&self, values: &Values) -> bool {
         self.bindings.iter().any(|b| match &b.value {
-            BindingValue::Param(p) => values.get(p).is_some_and(ParamValue::is_secret),
-            BindingValue::Literal(_) => false,
+            BoundValue::Param(p) => values.get(p).is_some_and(ParamValue::is_secret),
+            BoundValue::Literal(_) => false,
+            BoundValue::Fixed(v) => v.is_secret(),
         })
+    }
+
+    /// The non-secret values fixed by narrowings, for cache keys.
+    pub fn fixed_values(&self) -> Vec<(&str, &serde_json::Value)> {
+        self.bindings
+            .iter()
+            .filter_map(|b| match &b.value {
+                BoundValue::Fixed(v) => v.plain().map(|p| (b.arg.as_str(), p)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The bound arguments, for the operator.
@@ -141,8 +174,9 @@ impl BoundTool {
             .map(|b| BoundArg {
                 arg: b.arg.clone(),
                 to: match &b.value {
-                    BindingValue::Param(p) => format!("param {p}"),
-                    BindingValue::Literal(l) => format!("literal {l}"),
+                    BoundValue::Param(p) => format!("param {p}"),
+                    BoundValue::Literal(l) => format!("literal {l}"),
+                    BoundValue::Fixed(_) => "fixed by the calling agent".to_string(),
                 },
                 when_unbound: b.when_unbound,
                 mode: self.spec().arg(&b.arg).and_then(|a| match a.transport {
@@ -167,8 +201,9 @@ impl BoundTool {
                 continue;
             }
             let value = match &b.value {
-                BindingValue::Literal(l) => ParamValue::Plain(l.clone()),
-                BindingValue::Param(p) => match values.get(p) {
+                BoundValue::Literal(l) => ParamValue::Plain(l.clone()),
+                BoundValue::Fixed(v) => v.clone(),
+                BoundValue::Param(p) => match values.get(p) {
                     Some(v) => {
                         self.check_text(&b.arg, p, v)?;
                         v.clone()
@@ -250,7 +285,7 @@ impl BoundTool {
 
 fn exposed(b: &AppliedBinding, values: &Values) -> bool {
     match (&b.value, b.when_unbound) {
-        (BindingValue::Param(p), WhenUnbound::Expose) => !values.contains_key(p),
+        (BoundValue::Param(p), WhenUnbound::Expose) => !values.contains_key(p),
         _ => false,
     }
 }

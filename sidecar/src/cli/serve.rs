@@ -67,6 +67,14 @@ pub async fn run(
     let id = uuid::Uuid::new_v4().to_string();
     let ctx = RunContext {
         agent: &agent,
+        tools: &agent.tools,
+        helpers: Some(crate::tools::helpers::HelperEnv {
+            tree: &tree,
+            clients: &clients,
+            stack: vec![agent.name.clone()],
+            inherited: Vec::new(),
+            max_depth: crate::session::service::MAX_HELPER_DEPTH,
+        }),
         client: &clients[&agent.name],
         values: &values,
         call: CallContext {

@@ -13,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::metrics::{Metrics, ToolOutcome};
+use crate::bindings::BoundTool;
+use crate::tools::helpers::{self, HelperEnv};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::params::Values;
 use crate::tools::cache::ToolCache;
@@ -44,6 +46,11 @@ pub trait RunSink: Send + Sync {
 
 pub struct RunContext<'a> {
     pub agent: &'a LoadedAgent,
+    /// The agent's tools for this run: its own, or a per-call narrowed copy
+    /// when it runs as a helper.
+    pub tools: &'a [BoundTool],
+    /// Present when the agent may call helpers.
+    pub helpers: Option<HelperEnv<'a>>,
     pub client: &'a ChatClient,
     pub values: &'a Values,
     pub call: CallContext,
@@ -63,8 +70,7 @@ pub async fn run(
 ) -> RunEnd {
     let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name);
     async move {
-        let tools: Vec<ToolDefinition> = ctx
-            .agent
+        let mut tools: Vec<ToolDefinition> = ctx
             .tools
             .iter()
             .map(|t| ToolDefinition {
@@ -73,6 +79,9 @@ pub async fn run(
                 parameters: t.model_schema(ctx.values),
             })
             .collect();
+        if let Some(env) = &ctx.helpers {
+            tools.extend(helpers::definitions(ctx.agent, env.tree));
+        }
         for step in 0..ctx.max_steps {
             let mut messages = Vec::with_capacity(history.len() + 1);
             if !ctx.agent.spec.system_prompt.is_empty() {
@@ -110,7 +119,7 @@ pub async fn run(
             }
             let results = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c))) => Some(r),
+                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
             };
             let Some(results) = results else {
                 for call in &response.tool_calls {
@@ -161,11 +170,31 @@ async fn model_turn(
     result
 }
 
-/// One tool call through its bindings (and the cache).
-async fn dispatch(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolError> {
+/// One tool call through its bindings (and the cache), or a helper call.
+async fn dispatch(
+    ctx: &RunContext<'_>,
+    call: &ToolCall,
+    history: &[ChatMessage],
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
     async {
-        let Some(tool) = ctx.agent.tool(&call.name) else {
+        if let Some(env) = ctx.helpers.as_ref().filter(|_| helpers::is_helper_tool(ctx.agent, &call.name)) {
+            let result = match call.parse_arguments() {
+                Ok(args) => call_helper(ctx, env, &call.name, args, history, cancel).await,
+                Err(e) => Err(ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))),
+            };
+            ctx.metrics.tool_call(
+                &call.name,
+                match &result {
+                    Ok(_) => ToolOutcome::Ok,
+                    Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
+                    Err(_) => ToolOutcome::Error,
+                },
+            );
+            return result;
+        }
+        let Some(tool) = ctx.tools.iter().find(|t| t.name() == call.name) else {
             ctx.metrics.tool_call(&call.name, ToolOutcome::Error);
             return Err(ToolError::InvalidArguments(format!(
                 "there is no tool named `{}`",
@@ -210,4 +239,65 @@ async fn dispatch(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolE
     }
     .instrument(span)
     .await
+}
+
+/// A helper tool: describe, derive, or run the helper's own loop.
+async fn call_helper(
+    ctx: &RunContext<'_>,
+    env: &HelperEnv<'_>,
+    name: &str,
+    args: serde_json::Value,
+    history: &[ChatMessage],
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
+    if name == helpers::DESCRIBE {
+        return helpers::describe(ctx.agent, env, args);
+    }
+    if name == helpers::DERIVE {
+        return helpers::derive(ctx.agent, env, args);
+    }
+    let slug = name.trim_start_matches("prompt_agent_");
+    let p = helpers::prepare(ctx.agent, ctx.values, env, slug, args, history)?;
+    let sub = RunContext {
+        agent: p.agent,
+        tools: &p.tools,
+        helpers: Some(p.env.clone()),
+        client: p.client,
+        values: &p.values,
+        call: CallContext {
+            agent_id: p.agent.name.clone(),
+            ..ctx.call.clone()
+        },
+        cache: ctx.cache,
+        metrics: ctx.metrics,
+        max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
+        stream: false,
+    };
+    let mut sub_history = vec![ChatMessage::user(p.what.clone())];
+    tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), "helper run");
+    // A helper's turns stay its own: the caller gets the answer.
+    let end = Box::pin(run(&sub, &mut sub_history, &Discard, cancel)).await;
+    match end {
+        RunEnd::Completed => Ok(sub_history
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                ChatMessage::Assistant { content: Some(c), .. } => Some(c.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()),
+        RunEnd::MaxSteps(n) => Err(ToolError::Failed(format!("the helper gave no answer within {n} turns"))),
+        RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
+        RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
+    }
+}
+
+/// Where a helper's own run reports: nowhere but traces.
+struct Discard;
+
+#[async_trait]
+impl RunSink for Discard {
+    async fn turn(&self, _: &ChatMessage) {}
+    async fn event(&self, _: &'static str, _: serde_json::Value) {}
+    fn delta(&self, _: &str) {}
 }

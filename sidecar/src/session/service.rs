@@ -21,7 +21,11 @@ use crate::api::metrics::{Metrics, RunOutcome};
 use crate::llm::{ChatClient, ChatMessage};
 use crate::params::{ParamValue, Values};
 use crate::tools::cache::ToolCache;
+use crate::tools::helpers::HelperEnv;
 use crate::tools::CallContext;
+
+/// How deep helpers may nest below the agent a session talks to.
+pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
 
 pub struct ServiceConfig {
@@ -592,6 +596,14 @@ impl Service {
         };
         let ctx = RunContext {
             agent,
+            tools: &agent.tools,
+            helpers: Some(HelperEnv {
+                tree: &self.tree,
+                clients: &self.clients,
+                stack: vec![agent.name.clone()],
+                inherited: Vec::new(),
+                max_depth: MAX_HELPER_DEPTH,
+            }),
             client,
             values: &values,
             call: CallContext {

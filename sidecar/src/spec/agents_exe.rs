@@ -126,7 +126,7 @@ pub struct ExeBinding {
 }
 
 /// `{"tag": "Param", "contents": "tenant"}` or `{"tag": "Literal", "contents": …}`.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(tag = "tag", content = "contents", deny_unknown_fields)]
 pub enum ExeBindingValue {
     Param(String),

@@ -51,6 +51,8 @@ impl ToolCache {
             tool.name().as_bytes().to_vec(),
             serde_json::to_vec(model_args).ok()?,
             serde_json::to_vec(&non_secret).ok()?,
+            // Narrowings a calling agent fixed for this call.
+            serde_json::to_vec(&tool.fixed_values()).ok()?,
         ] {
             h.update((part.len() as u64).to_be_bytes());
             h.update(&part);
@@ -94,7 +96,8 @@ mod tests {
     use super::*;
     use crate::bindings::AppliedBinding;
     use crate::params::{ParamValue, SecretString};
-    use crate::spec::{BindingValue, WhenUnbound};
+    use crate::bindings::BoundValue;
+    use crate::spec::WhenUnbound;
     use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 
     struct Nop(ToolSpec);
@@ -120,7 +123,7 @@ mod tests {
         })))
         .with_bindings([AppliedBinding {
             arg: "a".into(),
-            value: BindingValue::Param(bound_to.into()),
+            value: BoundValue::Param(bound_to.into()),
             when_unbound: WhenUnbound::Fail,
         }])
     }

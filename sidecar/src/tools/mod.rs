@@ -8,6 +8,8 @@
 
 pub mod bash;
 pub mod cache;
+#[cfg(feature = "server")]
+pub mod helpers;
 
 use std::collections::BTreeMap;
 
