@@ -14,10 +14,10 @@ use tracing::Instrument;
 
 use crate::api::metrics::{Metrics, ToolOutcome};
 use crate::bindings::BoundTool;
-use crate::tools::helpers::{self, HelperEnv};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::params::Values;
 use crate::tools::cache::ToolCache;
+use crate::tools::helpers::{self, HelperEnv};
 use crate::tools::{CallContext, ToolError};
 use crate::tree::LoadedAgent;
 
@@ -179,10 +179,16 @@ async fn dispatch(
 ) -> Result<String, ToolError> {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
     async {
-        if let Some(env) = ctx.helpers.as_ref().filter(|_| helpers::is_helper_tool(ctx.agent, &call.name)) {
+        if let Some(env) = ctx
+            .helpers
+            .as_ref()
+            .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
+        {
             let result = match call.parse_arguments() {
                 Ok(args) => call_helper(ctx, env, &call.name, args, history, cancel).await,
-                Err(e) => Err(ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))),
+                Err(e) => Err(ToolError::InvalidArguments(format!(
+                    "the arguments are not valid JSON: {e}"
+                ))),
             };
             ctx.metrics.tool_call(
                 &call.name,
@@ -282,11 +288,15 @@ async fn call_helper(
             .iter()
             .rev()
             .find_map(|m| match m {
-                ChatMessage::Assistant { content: Some(c), .. } => Some(c.clone()),
+                ChatMessage::Assistant {
+                    content: Some(c), ..
+                } => Some(c.clone()),
                 _ => None,
             })
             .unwrap_or_default()),
-        RunEnd::MaxSteps(n) => Err(ToolError::Failed(format!("the helper gave no answer within {n} turns"))),
+        RunEnd::MaxSteps(n) => Err(ToolError::Failed(format!(
+            "the helper gave no answer within {n} turns"
+        ))),
         RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
         RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
     }

@@ -297,14 +297,23 @@ impl Service {
                         source.turns,
                         "error: the call did not finish before the session was forked",
                     ),
-                    Op::Fork,
+                    if req.prompt.is_some() {
+                        Op::Fork
+                    } else {
+                        Op::ForkIdle
+                    },
                 )
             }
             None => {
                 let agent = req.agent.clone().ok_or_else(|| {
                     ServiceError::bad_request("`agent` is required (see GET /v1/agents)")
                 })?;
-                (agent, Values::new(), Vec::new(), Op::Create)
+                let op = if req.prompt.is_some() {
+                    Op::Create
+                } else {
+                    Op::CreateIdle
+                };
+                (agent, Values::new(), Vec::new(), op)
             }
         };
         let agent = self.agent(&agent_name)?.clone();

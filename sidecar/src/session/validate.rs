@@ -19,8 +19,13 @@ pub enum Caller {
 /// Which request carries the values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// A creation that starts a run (it has a prompt).
     Create,
+    /// A creation that leaves the session idle: message-scope values,
+    /// which only a run needs, are not required yet.
+    CreateIdle,
     Fork,
+    ForkIdle,
     Message,
     Resume,
     PutParams,
@@ -204,7 +209,12 @@ pub fn validate(
     }
     if op != Op::PutParams {
         let snapshot = params.snapshot(&out.session, &out.message);
-        let missing = params.missing_required(&snapshot);
+        let runs = !matches!(op, Op::CreateIdle | Op::ForkIdle);
+        let missing: Vec<String> = params
+            .missing_required(&snapshot)
+            .into_iter()
+            .filter(|n| runs || params.decl(n).is_some_and(|d| d.scope != Scope::Message))
+            .collect();
         if !missing.is_empty() {
             return Err(ParamsError::Required {
                 names: missing,

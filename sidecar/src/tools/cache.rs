@@ -95,8 +95,8 @@ mod tests {
 
     use super::*;
     use crate::bindings::AppliedBinding;
-    use crate::params::{ParamValue, SecretString};
     use crate::bindings::BoundValue;
+    use crate::params::{ParamValue, SecretString};
     use crate::spec::WhenUnbound;
     use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 

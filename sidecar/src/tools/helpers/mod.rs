@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use self::narrowing::{carry, narrow, resolve_bindings, resolve_value, Address, CallBinding, CallValue, ScopedBinding};
+use self::narrowing::{
+    carry, narrow, resolve_bindings, resolve_value, Address, CallBinding, CallValue, ScopedBinding,
+};
 use crate::llm::{ChatClient, ChatMessage, ToolDefinition};
 use crate::params::{ParamValue, Values};
 use crate::tools::ToolError;
@@ -118,10 +120,17 @@ fn invalid(msg: impl Into<String>) -> ToolError {
 }
 
 fn helper<'a>(agent: &'a LoadedAgent, slug: &str) -> Result<&'a Helper, ToolError> {
-    agent.helpers.iter().find(|h| h.slug == slug).ok_or_else(|| {
-        let slugs: Vec<&str> = agent.helpers.iter().map(|h| h.slug.as_str()).collect();
-        invalid(format!("no helper `{slug}` (helpers: {})", slugs.join(", ")))
-    })
+    agent
+        .helpers
+        .iter()
+        .find(|h| h.slug == slug)
+        .ok_or_else(|| {
+            let slugs: Vec<&str> = agent.helpers.iter().map(|h| h.slug.as_str()).collect();
+            invalid(format!(
+                "no helper `{slug}` (helpers: {})",
+                slugs.join(", ")
+            ))
+        })
 }
 
 /// The arguments of `prompt_agent_<slug>` and `derive_agent`.
@@ -173,11 +182,21 @@ pub fn derived(history: &[ChatMessage]) -> BTreeMap<(String, String), Narrowing>
                     calls.insert(c.id.clone(), c.arguments.clone());
                 }
             }
-            ChatMessage::Tool { tool_call_id, content } => {
-                let stored = serde_json::from_str::<Value>(content).is_ok_and(|v| v["stored"] == json!(true));
+            ChatMessage::Tool {
+                tool_call_id,
+                content,
+            } => {
+                let stored = serde_json::from_str::<Value>(content)
+                    .is_ok_and(|v| v["stored"] == json!(true));
                 if let (true, Some(args)) = (stored, calls.get(tool_call_id)) {
                     if let Ok(d) = serde_json::from_str::<DeriveArgs>(args) {
-                        table.insert((d.from, d.slug), Narrowing { bindings: d.bindings, with: d.with });
+                        table.insert(
+                            (d.from, d.slug),
+                            Narrowing {
+                                bindings: d.bindings,
+                                with: d.with,
+                            },
+                        );
                     }
                 }
             }
@@ -188,10 +207,16 @@ pub fn derived(history: &[ChatMessage]) -> BTreeMap<(String, String), Narrowing>
 }
 
 /// Check that every path of `bindings` names a narrowable helper below `from`.
-fn check_paths(tree: &AgentTree, from: &LoadedAgent, bindings: &[CallBinding]) -> Result<(), ToolError> {
+fn check_paths(
+    tree: &AgentTree,
+    from: &LoadedAgent,
+    bindings: &[CallBinding],
+) -> Result<(), ToolError> {
     for b in bindings {
         let address = Address::parse(b.agent.as_deref()).map_err(invalid)?;
-        let Address::Path(path) = address else { continue };
+        let Address::Path(path) = address else {
+            continue;
+        };
         let mut at = from;
         for (i, slug) in path.iter().enumerate() {
             let h = at.helpers.iter().find(|h| &h.slug == slug).ok_or_else(|| {
@@ -200,7 +225,11 @@ fn check_paths(tree: &AgentTree, from: &LoadedAgent, bindings: &[CallBinding]) -
                     "`agent: {}`: `{}` has no helper `{slug}` (its helpers: {})",
                     path.join("/"),
                     at.name,
-                    if slugs.is_empty() { "none".to_string() } else { slugs.join(", ") }
+                    if slugs.is_empty() {
+                        "none".to_string()
+                    } else {
+                        slugs.join(", ")
+                    }
                 ))
             })?;
             if !h.narrowable {
@@ -218,7 +247,11 @@ fn check_paths(tree: &AgentTree, from: &LoadedAgent, bindings: &[CallBinding]) -
 }
 
 /// `describe_agent {slug}`.
-pub fn describe(agent: &LoadedAgent, env: &HelperEnv<'_>, args: Value) -> Result<String, ToolError> {
+pub fn describe(
+    agent: &LoadedAgent,
+    env: &HelperEnv<'_>,
+    args: Value,
+) -> Result<String, ToolError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Args {
@@ -231,7 +264,12 @@ pub fn describe(agent: &LoadedAgent, env: &HelperEnv<'_>, args: Value) -> Result
     Ok(serde_json::to_string_pretty(&view).unwrap_or_default())
 }
 
-fn helper_view(env: &HelperEnv<'_>, h: &Helper, inherited: &[ScopedBinding], stack: &mut Vec<String>) -> Value {
+fn helper_view(
+    env: &HelperEnv<'_>,
+    h: &Helper,
+    inherited: &[ScopedBinding],
+    stack: &mut Vec<String>,
+) -> Value {
     let Some(agent) = env.tree.agent(&h.agent) else {
         return json!({"slug": h.slug, "error": "not loaded"});
     };
@@ -254,7 +292,9 @@ fn helper_view(env: &HelperEnv<'_>, h: &Helper, inherited: &[ScopedBinding], sta
         .collect();
     // What is open from here: neither bound by the helper's file nor by a
     // narrowing from above.
-    let narrowed = narrow(&agent.tools, inherited, &[]).map(|n| n.tools).unwrap_or_else(|_| agent.tools.clone());
+    let narrowed = narrow(&agent.tools, inherited, &[])
+        .map(|n| n.tools)
+        .unwrap_or_else(|_| agent.tools.clone());
     let tools: Vec<Value> = narrowed
         .iter()
         .map(|t| {
@@ -290,12 +330,18 @@ pub fn derive(agent: &LoadedAgent, env: &HelperEnv<'_>, args: Value) -> Result<S
     if a.slug.trim().is_empty() {
         return Err(invalid("`slug` names the narrowing; give one"));
     }
-    let target = env.tree.agent(&h.agent).ok_or_else(|| invalid("helper not loaded"))?;
+    let target = env
+        .tree
+        .agent(&h.agent)
+        .ok_or_else(|| invalid("helper not loaded"))?;
     check_paths(env.tree, target, &a.bindings)?;
     for b in &a.bindings {
         if let crate::spec::BindingValue::Param(p) = b.value.binding_value() {
             if agent.params.decl(&p).is_none() {
-                return Err(invalid(format!("binding of `{}`: you declare no parameter `{p}`", b.arg)));
+                return Err(invalid(format!(
+                    "binding of `{}`: you declare no parameter `{p}`",
+                    b.arg
+                )));
             }
         }
     }
@@ -303,10 +349,19 @@ pub fn derive(agent: &LoadedAgent, env: &HelperEnv<'_>, args: Value) -> Result<S
     Ok(json!({"stored": true, "from": a.from, "slug": a.slug}).to_string())
 }
 
-fn check_with_keys(target: &LoadedAgent, h: &Helper, with: &BTreeMap<String, CallValue>) -> Result<(), ToolError> {
+fn check_with_keys(
+    target: &LoadedAgent,
+    h: &Helper,
+    with: &BTreeMap<String, CallValue>,
+) -> Result<(), ToolError> {
     for key in with.keys() {
         if target.params.decl(key).is_none() {
-            let names: Vec<&str> = target.params.decls().iter().map(|d| d.name.as_str()).collect();
+            let names: Vec<&str> = target
+                .params
+                .decls()
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect();
             return Err(invalid(format!(
                 "`with.{key}`: helper `{}` has no such parameter (parameters: {})",
                 h.slug,
@@ -375,7 +430,11 @@ pub fn prepare<'a>(
             .into_iter()
             .find(|((from, s), _)| from == slug && s == name)
             .map(|(_, n)| n)
-            .ok_or_else(|| invalid(format!("no narrowing `{name}` of `{slug}`: call derive_agent first")))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "no narrowing `{name}` of `{slug}`: call derive_agent first"
+                ))
+            })?;
     }
     // Derived bindings apply before the call's own.
     let mut call_bindings = narrowing.bindings;
@@ -383,7 +442,8 @@ pub fn prepare<'a>(
     check_paths(env.tree, target, &call_bindings)?;
     let own = resolve_bindings(&call_bindings, caller_values).map_err(invalid)?;
     let inherited = carry(&env.inherited, slug);
-    let narrowed = narrow(&target.tools, &inherited, &own).map_err(|e| invalid(format!("helper `{slug}`: {e}")))?;
+    let narrowed = narrow(&target.tools, &inherited, &own)
+        .map_err(|e| invalid(format!("helper `{slug}`: {e}")))?;
 
     check_with_keys(target, h, &a.with)?;
     let mut values = target.process_values();
@@ -395,7 +455,8 @@ pub fn prepare<'a>(
         let secret = target.params.decl(key).is_some_and(|d| d.secret);
         let v = match (secret, v) {
             // Secrecy travels with the value, and a secret parameter stays secret.
-            (true, ParamValue::Plain(p)) => ParamValue::for_parameter(true, p).map_err(|e| invalid(format!("`with.{key}`: {e}")))?,
+            (true, ParamValue::Plain(p)) => ParamValue::for_parameter(true, p)
+                .map_err(|e| invalid(format!("`with.{key}`: {e}")))?,
             (_, v) => v,
         };
         values.insert(key.to_string(), v);
@@ -410,8 +471,14 @@ pub fn prepare<'a>(
             }
         }
     }
-    for (key, v) in narrowing.with.iter().filter(|(k, _)| !a.with.contains_key(*k)).chain(a.with.iter()) {
-        let v = resolve_value(&v.binding_value(), caller_values, &format!("with.{key}")).map_err(invalid)?;
+    for (key, v) in narrowing
+        .with
+        .iter()
+        .filter(|(k, _)| !a.with.contains_key(*k))
+        .chain(a.with.iter())
+    {
+        let v = resolve_value(&v.binding_value(), caller_values, &format!("with.{key}"))
+            .map_err(invalid)?;
         fill(key, v)?;
     }
     let missing = target.params.missing_required(&values);
@@ -441,4 +508,45 @@ pub fn prepare<'a>(
             max_depth: env.max_depth,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolCall;
+
+    fn call(id: &str, name: &str, args: Value) -> ChatMessage {
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                name: name.into(),
+                arguments: args.to_string(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_derive_table_is_a_fold_over_successful_calls() {
+        let args = |slug: &str, repo: &str| json!({"from": "mid", "slug": slug, "bindings": [{"arg": "repo", "value": {"tag": "Literal", "contents": repo}}]});
+        let history = vec![
+            call("1", DERIVE, args("a", "one")),
+            ChatMessage::tool_result(
+                "1",
+                json!({"stored": true, "from": "mid", "slug": "a"}).to_string(),
+            ),
+            call("2", DERIVE, args("b", "two")),
+            ChatMessage::tool_result("2", "error: invalid arguments: nope"),
+            call("3", DERIVE, args("a", "three")),
+            ChatMessage::tool_result("3", json!({"stored": true}).to_string()),
+        ];
+        let table = derived(&history);
+        assert_eq!(table.len(), 1, "the failed call is not in the table");
+        let a = &table[&("mid".to_string(), "a".to_string())];
+        assert_eq!(
+            a.bindings[0].value.binding_value(),
+            crate::spec::BindingValue::Literal(json!("three")),
+            "the later call wins"
+        );
+    }
 }

@@ -37,7 +37,9 @@ impl Address {
             Some(p) => {
                 let parts: Vec<String> = p.split('/').map(str::to_string).collect();
                 if parts.iter().any(|s| s.is_empty() || s == "**") {
-                    return Err(format!("`agent: {p}` is not an address: use a helper slug, `a/b`, or `**`"));
+                    return Err(format!(
+                        "`agent: {p}` is not an address: use a helper slug, `a/b`, or `**`"
+                    ));
                 }
                 Ok(Address::Path(parts))
             }
@@ -114,7 +116,10 @@ pub fn resolve_value(v: &BindingValue, caller: &Values, what: &str) -> Result<Pa
 }
 
 /// Resolve a call's bindings in the caller's scope.
-pub fn resolve_bindings(bindings: &[CallBinding], caller: &Values) -> Result<Vec<ScopedBinding>, String> {
+pub fn resolve_bindings(
+    bindings: &[CallBinding],
+    caller: &Values,
+) -> Result<Vec<ScopedBinding>, String> {
     bindings
         .iter()
         .map(|b| {
@@ -122,7 +127,11 @@ pub fn resolve_bindings(bindings: &[CallBinding], caller: &Values) -> Result<Vec
                 address: Address::parse(b.agent.as_deref())?,
                 tool: b.tool.clone(),
                 arg: b.arg.clone(),
-                value: resolve_value(&b.value.binding_value(), caller, &format!("binding of `{}`", b.arg))?,
+                value: resolve_value(
+                    &b.value.binding_value(),
+                    caller,
+                    &format!("binding of `{}`", b.arg),
+                )?,
             })
         })
         .collect()
@@ -145,16 +154,25 @@ pub fn narrow(
 ) -> Result<Narrowed, String> {
     let mut out: Vec<BoundTool> = tools.to_vec();
     let mut dropped = Vec::new();
-    for (b, strict) in inherited.iter().map(|b| (b, false)).chain(own.iter().map(|b| (b, true))) {
+    for (b, strict) in inherited
+        .iter()
+        .map(|b| (b, false))
+        .chain(own.iter().map(|b| (b, true)))
+    {
         if !b.address.applies_here() {
             continue;
         }
         let glob = b.tool.as_deref().unwrap_or("*");
-        let matched: Vec<usize> = (0..out.len()).filter(|&i| glob_matches(glob, out[i].name())).collect();
+        let matched: Vec<usize> = (0..out.len())
+            .filter(|&i| glob_matches(glob, out[i].name()))
+            .collect();
         if strict && b.address == Address::Here {
             if matched.is_empty() {
                 let names: Vec<&str> = out.iter().map(|t| t.name()).collect();
-                return Err(format!("no tool matches `{glob}` (tools: {})", list(&names)));
+                return Err(format!(
+                    "no tool matches `{glob}` (tools: {})",
+                    list(&names)
+                ));
             }
             if !matched.iter().any(|&i| out[i].spec().arg(&b.arg).is_some()) {
                 let open: Vec<String> = matched.iter().map(|&i| open_args(&out[i])).collect();
@@ -193,7 +211,10 @@ pub fn narrow(
     for (arg, tool) in &dropped {
         tracing::info!(%arg, %tool, "narrowing dropped: the argument is already bound above");
     }
-    Ok(Narrowed { tools: out, dropped })
+    Ok(Narrowed {
+        tools: out,
+        dropped,
+    })
 }
 
 /// `tool: a, b` — what is still open on a tool.
@@ -259,14 +280,25 @@ mod tests {
         let p = Address::parse(Some("mid/leaf")).unwrap();
         assert_eq!(p.descend("mid"), Some(Address::Path(vec!["leaf".into()])));
         assert_eq!(p.descend("other"), None);
-        assert_eq!(Address::Path(vec!["leaf".into()]).descend("leaf"), Some(Address::Here));
+        assert_eq!(
+            Address::Path(vec!["leaf".into()]).descend("leaf"),
+            Some(Address::Here)
+        );
         assert_eq!(Address::Here.descend("x"), None);
         assert_eq!(Address::Everywhere.descend("x"), Some(Address::Everywhere));
         assert!(Address::parse(Some("a//b")).is_err());
 
-        let all = vec![sb("", "a"), sb("mid", "b"), sb("mid/leaf", "c"), sb("**", "d")];
+        let all = vec![
+            sb("", "a"),
+            sb("mid", "b"),
+            sb("mid/leaf", "c"),
+            sb("**", "d"),
+        ];
         let to_mid = carry(&all, "mid");
-        let args: Vec<(&str, Address)> = to_mid.iter().map(|b| (b.arg.as_str(), b.address.clone())).collect();
+        let args: Vec<(&str, Address)> = to_mid
+            .iter()
+            .map(|b| (b.arg.as_str(), b.address.clone()))
+            .collect();
         assert_eq!(
             args,
             vec![
@@ -279,12 +311,28 @@ mod tests {
 
     #[test]
     fn call_values_take_both_forms() {
-        let b: CallBinding = serde_json::from_value(json!({"arg": "repo", "value": {"tag": "Literal", "contents": "x"}})).unwrap();
+        let b: CallBinding = serde_json::from_value(
+            json!({"arg": "repo", "value": {"tag": "Literal", "contents": "x"}}),
+        )
+        .unwrap();
         assert_eq!(b.value.binding_value(), BindingValue::Literal(json!("x")));
-        let b: CallBinding = serde_json::from_value(json!({"arg": "repo", "value": {"param": "p"}})).unwrap();
+        let b: CallBinding =
+            serde_json::from_value(json!({"arg": "repo", "value": {"param": "p"}})).unwrap();
         assert_eq!(b.value.binding_value(), BindingValue::Param("p".into()));
-        let caller: Values = [("p".to_string(), ParamValue::Secret(crate::params::SecretString::new("s")))].into();
-        assert!(resolve_value(&BindingValue::Param("p".into()), &caller, "x").unwrap().is_secret());
-        assert!(resolve_value(&BindingValue::Param("q".into()), &caller, "x").unwrap_err().contains("`q` has no value"));
+        let caller: Values = [(
+            "p".to_string(),
+            ParamValue::Secret(crate::params::SecretString::new("s")),
+        )]
+        .into();
+        assert!(
+            resolve_value(&BindingValue::Param("p".into()), &caller, "x")
+                .unwrap()
+                .is_secret()
+        );
+        assert!(
+            resolve_value(&BindingValue::Param("q".into()), &caller, "x")
+                .unwrap_err()
+                .contains("`q` has no value")
+        );
     }
 }

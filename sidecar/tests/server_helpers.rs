@@ -1,0 +1,334 @@
+//! Helpers and narrowing through the real server: a three-level chain
+//! root → middle → leaf, each agent's model scripted by the mock LLM.
+
+mod common;
+
+use std::path::Path;
+
+use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
+use bindery_tests::sidecar::{Api, Launch, Sidecar};
+use common::*;
+use serde_json::{json, Value};
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn lit(s: &str) -> Value {
+    json!({"tag": "Literal", "contents": s})
+}
+
+/// Each agent's model, told apart by its system prompt.
+fn chain_script(req: &Value) -> MockReply {
+    let messages = req["messages"].as_array().unwrap();
+    let system = text(&messages[0]["content"]);
+    let last = last_message(req);
+    let user = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .map(|m| text(&m["content"]))
+        .unwrap_or("");
+    let tools_seen = messages.iter().filter(|m| m["role"] == "tool").count();
+    match (system, text(&last["role"])) {
+        ("You are ROOT.", "user") => {
+            if user.contains("derive") {
+                MockReply::tool_call(
+                    "derive_agent",
+                    json!({"from": "middle", "slug": "r1",
+                    "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "repo", "value": lit("r-derived")}]}),
+                )
+            } else if user.contains("use r1") {
+                MockReply::tool_call("prompt_agent_middle", json!({"what": "go", "as": "r1"}))
+            } else if user.contains("use unknown") {
+                MockReply::tool_call("prompt_agent_middle", json!({"what": "go", "as": "nope"}))
+            } else if user.contains("sealed") {
+                MockReply::tool_call(
+                    "prompt_agent_sealed",
+                    json!({"what": "x", "bindings": [{"arg": "scope", "value": lit("y")}]}),
+                )
+            } else if user.contains("bad path") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "nowhere", "arg": "repo", "value": lit("y")}]}),
+                )
+            } else {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "go",
+                    "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "repo", "value": lit("r-root")}]}),
+                )
+            }
+        }
+        ("You are ROOT.", _) => MockReply::text(format!("root got: {}", text(&last["content"]))),
+        ("You are MIDDLE.", _) if tools_seen == 0 => {
+            MockReply::tool_call("describe_agent", json!({"slug": "leaf"}))
+        }
+        ("You are MIDDLE.", _) if tools_seen == 1 => MockReply::tool_call(
+            "prompt_agent_leaf",
+            json!({"what": "probe",
+            // repo was bound by root for this call: middle cannot rebind it.
+            "bindings": [{"arg": "repo", "value": lit("r-mid")}, {"arg": "note", "value": lit("n-mid")}]}),
+        ),
+        ("You are MIDDLE.", _) => {
+            let described = messages
+                .iter()
+                .find(|m| m["role"] == "tool")
+                .map(|m| text(&m["content"]))
+                .unwrap_or("");
+            MockReply::text(format!(
+                "middle described: {described} | leaf: {}",
+                text(&last["content"])
+            ))
+        }
+        ("You are LEAF.", "user") => {
+            MockReply::tool_call("bash_probe", json!({"repo": "model-guess"}))
+        }
+        ("You are LEAF.", _) => MockReply::text(format!("leaf: {}", text(&last["content"]))),
+        _ => MockReply::text("?"),
+    }
+}
+
+/// The chain's files, pointed at the mock and at the fixture tools.
+fn chain(dir: &Path, model_url: &str) -> std::path::PathBuf {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in ["root", "middle", "leaf", "sealed"] {
+        let text = std::fs::read_to_string(fixtures.join(format!("chain/{name}.yaml")))
+            .unwrap()
+            .replace("http://127.0.0.1:9/v1", model_url)
+            .replace(
+                "../tools/",
+                &format!("{}/", fixtures.join("tools").display()),
+            );
+        std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
+    }
+    dir.join("root.yaml")
+}
+
+async fn start(w: &World) -> (Sidecar, Api) {
+    let root = chain(w.dir.path(), &w.mock.url());
+    let sidecar = Sidecar::start(Launch {
+        bin: bin(),
+        args: vec![
+            "--agent-file".into(),
+            root.display().to_string(),
+            "--store".into(),
+            w.store.clone(),
+            "--no-stream".into(),
+        ],
+        env: vec![],
+        log_dir: &w.dir.path().join("logs"),
+        owner_token: OWNER,
+    });
+    let api = Api::new(&sidecar.url);
+    (sidecar, api)
+}
+
+fn answer(r: &bindery_tests::sidecar::Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "assistant" && t["content"].is_string())
+        .map(|t| text(&t["content"]).to_string())
+        .unwrap_or_default()
+}
+
+async fn message(api: &Api, id: &str, prompt: &str) -> bindery_tests::sidecar::Reply {
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": prompt, "params": {"gh_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r
+}
+
+/// Root binds a leaf tool's argument two levels down in one call; middle
+/// narrows further but cannot rebind what root bound; describe_agent from
+/// middle does not show it; the token travels root → middle → leaf by
+/// parameter (message scope through `with`) and no model ever sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowing_travels_down_the_chain_and_only_narrows() {
+    let w = World::new(chain_script).await;
+    let (sidecar, api) = start(&w).await;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "root", "prompt": "go", "params": {"gh_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let out = answer(&r);
+    assert!(
+        out.contains("argv: [--repo] [r-root] [n-mid]"),
+        "root's value won over middle's and the model's: {out}"
+    );
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(CANARY.as_bytes()));
+    assert!(
+        out.contains(&format!("token-sha256: {digest}")),
+        "the token reached the leaf's env: {out}"
+    );
+    assert!(out.contains("agent: leaf"), "{out}");
+    // What middle's describe_agent showed of leaf: repo (bound by root) and
+    // repo-token (bound by leaf's file) are not open; note is.
+    let described = out
+        .split("middle described: ")
+        .nth(1)
+        .unwrap()
+        .split(" | leaf:")
+        .next()
+        .unwrap();
+    let view: Value = serde_json::from_str(described).unwrap();
+    assert_eq!(view["slug"], "leaf");
+    let open: Vec<&str> = view["tools"][0]["open"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| text(&a["arg"]))
+        .collect();
+    assert_eq!(open, ["note", "level", "body"], "{view}");
+    assert_eq!(view["parameters"][0]["name"], "token");
+    assert_eq!(
+        view["parameters"][0]["bound"], true,
+        "covered by middle's with"
+    );
+
+    // What each model was shown.
+    let requests = w.mock.requests();
+    for req in &requests {
+        assert!(!req.to_string().contains(CANARY), "a model saw the token");
+        if text(&req["messages"][0]["content"]) == "You are LEAF." {
+            let schema = tool_schema(req, "bash_probe").unwrap();
+            assert!(
+                schema["properties"].get("repo").is_none(),
+                "root bound repo for this call: {schema}"
+            );
+            assert!(schema["properties"].get("repo-token").is_none());
+            assert!(
+                schema["properties"].get("note").is_none(),
+                "middle bound note for this call"
+            );
+        }
+        if text(&req["messages"][0]["content"]) == "You are ROOT." {
+            let names = bindery_tests::mock_llm::tool_names(req);
+            assert_eq!(
+                names,
+                [
+                    "prompt_agent_middle",
+                    "prompt_agent_sealed",
+                    "describe_agent",
+                    "derive_agent"
+                ]
+            );
+            let sealed = tool_schema(req, "prompt_agent_sealed").unwrap();
+            assert!(
+                sealed["properties"].get("bindings").is_none(),
+                "not narrowable: no bindings offered"
+            );
+        }
+    }
+    assert!(!r.text.contains(CANARY));
+    assert!(!sidecar.logs().contains(CANARY));
+}
+
+/// Errors the calling model can fix come back before the helper runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_reach_the_calling_model() {
+    let w = World::new(chain_script).await;
+    let (_sidecar, api) = start(&w).await;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "root"})),
+        )
+        .await;
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let before = w.mock.request_count();
+    let out = answer(&message(&api, &id, "sealed").await);
+    assert!(
+        out.contains("helper `sealed` is not narrowable: call it with `what` only"),
+        "{out}"
+    );
+    let out = answer(&message(&api, &id, "bad path").await);
+    assert!(
+        out.contains("`agent: nowhere`: `middle` has no helper `nowhere` (its helpers: leaf)"),
+        "{out}"
+    );
+    // Only root's model was asked: no helper ran.
+    assert_eq!(w.mock.request_count() - before, 4);
+}
+
+/// derive_agent names a narrowing; a later message uses it with `as`; an
+/// unknown name is refused; a fork keeps the name (it lives in the history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_narrowings_live_in_the_history() {
+    let w = World::new(chain_script).await;
+    let (_sidecar, api) = start(&w).await;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "root"})),
+        )
+        .await;
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let out = answer(&message(&api, &id, "derive").await);
+    assert!(out.contains(r#""stored":true"#), "{out}");
+    let out = answer(&message(&api, &id, "use r1").await);
+    assert!(out.contains("argv: [--repo] [r-derived] [n-mid]"), "{out}");
+    let out = answer(&message(&api, &id, "use unknown").await);
+    assert!(
+        out.contains("no narrowing `nope` of `middle`: call derive_agent first"),
+        "{out}"
+    );
+
+    let fork = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/fork"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(fork.status, 201, "{}", fork.text);
+    let fid = fork.json["session_id"].as_str().unwrap().to_string();
+    let out = answer(&message(&api, &fid, "use r1").await);
+    assert!(
+        out.contains("argv: [--repo] [r-derived] [n-mid]"),
+        "the fork keeps the narrowing: {out}"
+    );
+    // Resume re-runs from the history; the message-scope token comes with it.
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume?wait=true"),
+            Some(OWNER),
+            Some(&json!({"params": {"gh_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle");
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["params"].clone()),
+        (409, json!(["gh_token"])),
+        "a run needs its message-scope value"
+    );
+}
