@@ -170,7 +170,8 @@ async fn model_turn(
     result
 }
 
-/// One tool call through its bindings (and the cache), or a helper call.
+/// One tool call through its bindings (and the cache), or a helper call;
+/// its outcome is counted once, here.
 async fn dispatch(
     ctx: &RunContext<'_>,
     call: &ToolCall,
@@ -179,72 +180,57 @@ async fn dispatch(
 ) -> Result<String, ToolError> {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
     async {
-        if let Some(env) = ctx
-            .helpers
-            .as_ref()
-            .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
-        {
-            let result = match call.parse_arguments() {
-                Ok(args) => call_helper(ctx, env, &call.name, args, history, cancel).await,
-                Err(e) => Err(ToolError::InvalidArguments(format!(
-                    "the arguments are not valid JSON: {e}"
-                ))),
-            };
-            ctx.metrics.tool_call(
-                &call.name,
-                match &result {
-                    Ok(_) => ToolOutcome::Ok,
-                    Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
-                    Err(_) => ToolOutcome::Error,
-                },
-            );
-            return result;
-        }
-        let Some(tool) = ctx.tools.iter().find(|t| t.name() == call.name) else {
-            ctx.metrics.tool_call(&call.name, ToolOutcome::Error);
-            return Err(ToolError::InvalidArguments(format!(
-                "there is no tool named `{}`",
-                call.name
-            )));
+        let result = dispatch_inner(ctx, call, history, cancel).await;
+        let outcome = match &result {
+            Ok(_) => ToolOutcome::Ok,
+            Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
+            Err(_) => ToolOutcome::Error,
         };
-        let args: serde_json::Value = match call.parse_arguments() {
-            Ok(v) => v,
-            Err(e) => {
-                ctx.metrics.tool_call(&call.name, ToolOutcome::Error);
-                return Err(ToolError::InvalidArguments(format!(
-                    "the arguments are not valid JSON: {e}"
-                )));
-            }
-        };
-        let key = ctx
-            .cache
-            .and_then(|_| ToolCache::key(tool, &args, ctx.values));
-        if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
-            if let Some(hit) = cache.get(key) {
-                tracing::debug!("tool cache hit");
-                ctx.metrics.tool_call(&call.name, ToolOutcome::Ok);
-                return Ok(hit);
-            }
-        }
-        let mut call_ctx = ctx.call.clone();
-        call_ctx.turn_id = call.id.clone();
-        let result = tool.call(args, ctx.values, &call_ctx).await;
-        ctx.metrics.tool_call(
-            &call.name,
-            match &result {
-                Ok(_) => ToolOutcome::Ok,
-                Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
-                Err(_) => ToolOutcome::Error,
-            },
-        );
-        let out = result?;
-        if let (Some(cache), Some(key)) = (ctx.cache, key) {
-            cache.put(key, out.text.clone());
-        }
-        Ok(out.text)
+        ctx.metrics.tool_call(&call.name, outcome);
+        result
     }
     .instrument(span)
     .await
+}
+
+async fn dispatch_inner(
+    ctx: &RunContext<'_>,
+    call: &ToolCall,
+    history: &[ChatMessage],
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
+    let args: serde_json::Value = call.parse_arguments().map_err(|e| {
+        ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
+    })?;
+    if let Some(env) = ctx
+        .helpers
+        .as_ref()
+        .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
+    {
+        return call_helper(ctx, env, &call.name, args, history, cancel).await;
+    }
+    let Some(tool) = ctx.tools.iter().find(|t| t.name() == call.name) else {
+        return Err(ToolError::InvalidArguments(format!(
+            "there is no tool named `{}`",
+            call.name
+        )));
+    };
+    let key = ctx
+        .cache
+        .and_then(|_| ToolCache::key(tool, &args, ctx.values));
+    if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
+        if let Some(hit) = cache.get(key) {
+            tracing::debug!("tool cache hit");
+            return Ok(hit);
+        }
+    }
+    let mut call_ctx = ctx.call.clone();
+    call_ctx.turn_id = call.id.clone();
+    let out = tool.call(args, ctx.values, &call_ctx).await?;
+    if let (Some(cache), Some(key)) = (ctx.cache, key) {
+        cache.put(key, out.text.clone());
+    }
+    Ok(out.text)
 }
 
 /// A helper tool: describe, derive, or run the helper's own loop.
