@@ -572,3 +572,33 @@ fn an_agents_directory_loads_every_agent_file_in_it() {
         out.stderr
     );
 }
+
+#[test]
+fn describe_lists_the_helper_tools_the_model_receives() {
+    let root = fixtures().join("chain/root.yaml");
+    let out = run(bin()
+        .args(["describe", "--agent", "root", "--agent-file"])
+        .arg(&root));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let names: Vec<&str> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "prompt_agent_middle",
+            "prompt_agent_sealed",
+            "describe_agent",
+            "derive_agent"
+        ]
+    );
+    let sealed = &v["tools"][1]["function"]["parameters"]["properties"];
+    assert!(
+        sealed.get("bindings").is_none(),
+        "a helper that is not narrowable takes `what` only"
+    );
+}

@@ -78,9 +78,25 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
-            let views: Vec<_> = match &tool {
-                Some(name) => vec![tool_view(find_tool(agent, name)?, &values)],
-                None => agent.tools.iter().map(|t| tool_view(t, &values)).collect(),
+            let helper_tools = crate::tools::helpers::definitions(agent, &tree);
+            let helper_view = |d: &crate::llm::ToolDefinition| {
+                serde_json::json!({"type": "function", "function": {
+                    "name": d.name, "description": d.description, "parameters": d.parameters}, "bound": []})
+            };
+            let views: Vec<serde_json::Value> = match &tool {
+                Some(name) => match helper_tools.iter().find(|d| &d.name == name) {
+                    Some(d) => vec![helper_view(d)],
+                    None => vec![
+                        serde_json::to_value(tool_view(find_tool(agent, name)?, &values))
+                            .map_err(|e| e.to_string())?,
+                    ],
+                },
+                None => agent
+                    .tools
+                    .iter()
+                    .filter_map(|t| serde_json::to_value(tool_view(t, &values)).ok())
+                    .chain(helper_tools.iter().map(helper_view))
+                    .collect(),
             };
             println!(
                 "{}",
