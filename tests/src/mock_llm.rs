@@ -160,6 +160,14 @@ impl MockLlm {
             .expect("the mock LLM's listener has an address");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
+            // Streamed answers go out in many small writes; with Nagle's
+            // algorithm each one after the first waits for the client's
+            // delayed ACK (40 ms on Linux), which made every streamed model
+            // turn ~40 ms slower than its script said.
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 let _ = stopped.await;
             });

@@ -3,7 +3,10 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use tracing::Instrument;
+
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
+use super::telemetry::Telemetry;
 use crate::bindings::Level;
 use crate::params::{ApiKeys, ProcessValues};
 use crate::report::{agent_report, render_text, tool_view};
@@ -13,7 +16,17 @@ use crate::tree::{self, AgentSources, AgentTree, LoadOptions};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let telemetry = init_logging(cli.log_format);
+    let code = run_main(cli.command);
+    // Every command ends here (`serve` too, on SIGTERM or ctrl-c): send the
+    // spans still buffered before the process goes.
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    code
+}
+
+fn run_main(command: Command) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -24,7 +37,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.command)) {
+    match rt.block_on(run(command)) {
         Ok(code) => code,
         Err(message) => {
             eprintln!("{}", message.trim_end());
@@ -33,17 +46,39 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// Logs to stderr, filtered by `BINDERY_LOG` (default `info`); and, when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, the same spans and events exported
+/// over OTLP/HTTP (see [`super::telemetry`]). An exporter that cannot be
+/// set up is a warning, not a failure.
+fn init_logging(format: LogFormat) -> Option<Telemetry> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+    let fmt = match format {
+        LogFormat::Json => fmt.json().with_filter(filter()).boxed(),
+        LogFormat::Text => fmt.with_filter(filter()).boxed(),
+    };
+    let (telemetry, problem) = match Telemetry::from_env() {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(e)),
+    };
+    let otel = telemetry.as_ref().map(|t| t.layer(filter()));
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+    if let Some(problem) = problem {
+        tracing::warn!("{problem}; going on without exporting traces");
     }
+    if let Some(t) = &telemetry {
+        tracing::debug!("exporting traces over OTLP/HTTP to {}", t.variable());
+    }
+    telemetry
 }
 
 async fn run(command: Command) -> Result<ExitCode, String> {
@@ -117,7 +152,14 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 turn_id: id,
                 agent_id: agent.name.clone(),
             };
-            match bound.call(model_args, &agent.process_values(), &ctx).await {
+            // The same span as a call in a run, so that a trace of a
+            // `tool-call` looks like one step of a session.
+            let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
+            let result = bound
+                .call(model_args, &agent.process_values(), &ctx)
+                .instrument(span)
+                .await;
+            match result {
                 Ok(out) => {
                     print!("{}", out.text);
                     if !out.text.ends_with('\n') && !out.text.is_empty() {

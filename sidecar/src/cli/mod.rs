@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod serve;
+mod telemetry;
 
 pub use args::Cli;
 pub use commands::main;

@@ -1,0 +1,164 @@
+//! OpenTelemetry traces over OTLP/HTTP, when the operator asks for them.
+//!
+//! Setting `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL such as
+//! `http://otel-collector:4318`; `/v1/traces` is appended) or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) exports the spans the
+//! sidecar makes (`run`, `model_turn`, `tool_call`, with their session, agent
+//! and tool fields, and the log events inside them) as OTLP protobuf over
+//! HTTP. The other standard variables apply as the OTLP exporter reads them
+//! (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`,
+//! `OTEL_RESOURCE_ATTRIBUTES`, ...); the service is `bindery-sidecar` unless
+//! `OTEL_SERVICE_NAME` (or a `service.name` resource attribute) says
+//! otherwise, and `OTEL_SDK_DISABLED=true` turns exporting off.
+//!
+//! What is exported is what is logged: the same `BINDERY_LOG` filter picks
+//! the spans and events, so what the logs keep out (secret values) stays out
+//! of the traces too. Spans go out in batches from a thread of their own; a
+//! collector that is down costs failed exports and warnings, never a crash.
+//! [`Telemetry::shutdown`] sends what is left before the process exits.
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::InstrumentationScope;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+/// The base URL of an OTLP/HTTP receiver; turns exporting on.
+pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// The full URL for traces only; turns exporting on too.
+pub const TRACES_ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// The service name when the environment gives none.
+pub const SERVICE_NAME: &str = "bindery-sidecar";
+
+/// The exporter's own HTTP stack and the SDK's internal logs: never traced,
+/// or each export would make spans to export.
+/// (The SDK's internal logs use the package name as their target, hence
+/// the hyphens.)
+const UNTRACED: &[&str] = &[
+    "opentelemetry",
+    "opentelemetry_sdk",
+    "opentelemetry_otlp",
+    "opentelemetry-otlp",
+    "opentelemetry_http",
+    "opentelemetry-http",
+    "reqwest",
+    "hyper",
+    "hyper_util",
+    "h2",
+];
+
+/// How long the exit waits for the last spans to leave.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running span exporter. Shut it down before the process exits.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    /// Which variable gave the endpoint. (The URL itself is not repeated in
+    /// logs: it may carry credentials.)
+    variable: &'static str,
+}
+
+fn env_set(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Telemetry {
+    /// An exporter configured from the environment: `Ok(None)` when no
+    /// endpoint is set, `Err` (a message for a warning) when it cannot be
+    /// built, for instance from an endpoint that is no URL.
+    pub fn from_env() -> Result<Option<Telemetry>, String> {
+        let variable = if env_set(TRACES_ENDPOINT_VAR).is_some() {
+            TRACES_ENDPOINT_VAR
+        } else if env_set(ENDPOINT_VAR).is_some() {
+            ENDPOINT_VAR
+        } else {
+            return Ok(None);
+        };
+        if env_set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| format!("cannot export traces ({variable}): {e}"))?;
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource())
+            .with_batch_exporter(exporter)
+            .build();
+        Ok(Some(Telemetry { provider, variable }))
+    }
+
+    /// The variable that configured the endpoint.
+    pub fn variable(&self) -> &'static str {
+        self.variable
+    }
+
+    /// The `tracing` layer that turns spans into OpenTelemetry spans, with
+    /// `filter` (the logs' filter) less the exporter's own crates.
+    pub fn layer<S>(&self, mut filter: tracing_subscriber::EnvFilter) -> impl Layer<S>
+    where
+        S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    {
+        for target in UNTRACED {
+            if let Ok(d) = format!("{target}=off").parse() {
+                filter = filter.add_directive(d);
+            }
+        }
+        // The instrumentation scope is the library (as `tracing` targets
+        // name it); the service, in the resource, is the process.
+        let scope = InstrumentationScope::builder(env!("CARGO_CRATE_NAME"))
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer_with_scope(scope))
+            .with_filter(filter)
+    }
+
+    /// Send the spans still buffered and stop the exporter; a failure is
+    /// logged, not returned: telemetry never changes how the process ends.
+    pub fn shutdown(self) {
+        if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
+            tracing::warn!(
+                "the last spans may not have been exported ({}): {e}",
+                self.variable
+            );
+        }
+    }
+}
+
+/// The SDK's resource (`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`,
+/// the SDK's name and version), named `bindery-sidecar` unless the
+/// environment names the service.
+fn resource() -> Resource {
+    let named = env_set("OTEL_SERVICE_NAME").is_some()
+        || env_set("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attrs| {
+            attrs
+                .split(',')
+                .any(|kv| kv.split('=').next().map(str::trim) == Some("service.name"))
+        });
+    let builder = Resource::builder();
+    if named {
+        builder.build()
+    } else {
+        builder.with_service_name(SERVICE_NAME).build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_untraced_target_is_a_valid_directive() {
+        for target in UNTRACED {
+            let d: Result<tracing_subscriber::filter::Directive, _> =
+                format!("{target}=off").parse();
+            assert!(d.is_ok(), "{target}: {d:?}");
+        }
+    }
+}
