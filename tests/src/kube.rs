@@ -90,6 +90,9 @@ impl Emulator {
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("KUBECACHEDIR", &self.cache_dir)
+            // The emulator sends no initial-events-end bookmark: without
+            // this, watches that ask for one (`kubectl wait`) never start.
+            .env("KUBE_FEATURE_WatchListClient", "false")
             .stdin(Stdio::null())
             .output()
             .expect("kubectl runs")

@@ -1,5 +1,6 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
+pub mod helm;
 pub mod kube;
 pub mod mock_llm;
 pub mod sidecar;

@@ -1,0 +1,107 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "bindery-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: fullnameOverride, else the release name when it
+contains the chart's name, else RELEASE-CHART. */}}
+{{- define "bindery-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "bindery-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bindery-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "bindery-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "bindery-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: bindery
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "bindery-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "bindery-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* REPOSITORY@DIGEST, else REPOSITORY:TAG with the tag defaulting to appVersion.
+Call with (dict "image" .Values.image "root" .). */}}
+{{- define "bindery-operator.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Leader election is on with more than one replica. */}}
+{{- define "bindery-operator.leaderElect" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{- define "bindery-operator.leaseName" -}}
+{{- default (include "bindery-operator.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+What the operator does in the namespaces it watches, and nothing more
+(operator/src/controller.rs, events.rs; tests/tests/charts.rs keeps this
+list and the code's calls in step):
+*/}}
+{{- define "bindery-operator.rules" -}}
+# AgentTenants and Agents: the controller lists and watches them, and writes
+# only a tenant's status (server-side apply on the status subresource).
+- apiGroups: ["bindery.dev"]
+  resources: ["agenttenants", "agents"]
+  verbs: ["list", "watch"]
+- apiGroups: ["bindery.dev"]
+  resources: ["agenttenants/status"]
+  verbs: ["patch"]
+# Owned objects carry an ownerReference with blockOwnerDeletion, which
+# clusters with the OwnerReferencesPermissionEnforcement admission plugin
+# (OpenShift) allow only to who may update the owner's finalizers.
+- apiGroups: ["bindery.dev"]
+  resources: ["agenttenants/finalizers"]
+  verbs: ["update"]
+# What a tenant owns, applied server-side (an apply that creates is
+# authorized as create too). Deployments are read for the rollout status;
+# ConfigMaps for the key names of those a tenant references.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["create", "patch"]
+# Secrets: watched by metadata, read for their key names (never their
+# values), and the generated owner-token Secret created once. No update,
+# patch or delete: the operator never changes a Secret.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create"]
+# Warnings a human must see, on the AgentTenant.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
