@@ -36,7 +36,12 @@ pub struct AgentTenantSpec {
     /// The `Agent` (same namespace) this tenant runs.
     pub agent_ref: AgentRef,
     /// Values for the agent tree's parameters, shaped like a container's `env`.
+    // `maxItems` (and the name's `maxLength`) bound the apiserver's static
+    // cost estimate of the uniqueness rule, which is quadratic in the list:
+    // unbounded, it is estimated far past the per-rule limit and the CRD is
+    // refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
     #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each parameter may be listed once"))]
     pub parameters: Vec<TenantParameter>,
     /// Agent server pods (default 1).
@@ -67,12 +72,17 @@ pub struct AgentRef {
     pub name: String,
 }
 
-/// A value for one parameter: `value`, or `valueFrom` a Secret or
-/// ConfigMap key; `pinned` makes it one no client can override.
+/// A value for one parameter: exactly one of `value` or `valueFrom` a
+/// Secret or ConfigMap key; `pinned` makes it one no client can override.
+// "Exactly one of value or valueFrom" is a `oneOf` of two `required`s, not a
+// CEL rule: `value` is free-form JSON (no `type`), and an apiserver's CEL
+// type-check only sees typed fields, so `has(self.value)` would not compile
+// there and the CRD would be refused. The operator's status says it in words.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("give exactly one of value or valueFrom"))]
+#[schemars(extend("oneOf" = [{"required": ["value"]}, {"required": ["valueFrom"]}]))]
 pub struct TenantParameter {
+    #[schemars(length(max = 128))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z][a-z0-9_]*$')").message("a parameter name is lower-case letters, digits and _, starting with a letter"))]
     pub name: String,
     /// The value (any JSON). Never for a secret parameter: use `valueFrom.secretKeyRef`.

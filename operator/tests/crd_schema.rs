@@ -1,0 +1,985 @@
+//! The CRD schemas, checked offline the way an apiserver checks objects
+//! against them: structurally (the `openAPIV3Schema`, rewritten as JSON
+//! Schema for the `jsonschema` crate) and by every CEL rule
+//! (`x-kubernetes-validations`, evaluated by kube's client-side evaluator).
+//!
+//! Every check runs against both the checked-in `crds/*.yaml` and what
+//! `crd_documents()` generates now.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use bindery_operator::crd::{AgentTenant, KeyRef, ValueFrom};
+use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
+use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::core::cel::{compile_schema, estimate_rule_cost, ErrorKind, ValidationError, Validator};
+use serde_json::{json, Map, Value};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+// ---------------------------------------------------------------------------
+// The schemas
+
+/// One place the CRDs come from, and the `openAPIV3Schema` of each kind.
+struct Source {
+    name: &'static str,
+    schemas: BTreeMap<String, Value>,
+    /// The same schemas as JSON Schema, compiled once.
+    validators: BTreeMap<String, jsonschema::Validator>,
+}
+
+impl Source {
+    fn new(name: &'static str, schemas: BTreeMap<String, Value>) -> Source {
+        let validators = schemas
+            .iter()
+            .map(|(kind, schema)| {
+                let v = jsonschema::draft202012::options()
+                    .should_validate_formats(true)
+                    .build(&json_schema(schema, true))
+                    .unwrap_or_else(|e| panic!("{name} {kind}: the rewritten schema: {e}"));
+                (kind.clone(), v)
+            })
+            .collect();
+        Source {
+            name,
+            schemas,
+            validators,
+        }
+    }
+
+    fn schema(&self, kind: &str) -> &Value {
+        self.schemas
+            .get(kind)
+            .unwrap_or_else(|| panic!("{}: no CRD of kind {kind}", self.name))
+    }
+
+    /// What an apiserver would say about `object`, of kind `kind`.
+    fn check(&self, kind: &str, object: &Value) -> Verdict {
+        let structural = self.validators[kind]
+            .iter_errors(object)
+            .map(|e| format!("{} ({}): {e}", e.instance_path(), e.kind().keyword()))
+            .collect();
+        let cel = match Validator::new().validate(self.schema(kind), object, None) {
+            Ok(()) => vec![],
+            Err(errors) => errors.into_vec(),
+        };
+        Verdict { structural, cel }
+    }
+}
+
+fn parse_crd(origin: &str, yaml: &str) -> (String, Value) {
+    let crd: Value = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{origin}: {e}"));
+    let kind = crd["spec"]["names"]["kind"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{origin}: no spec.names.kind"))
+        .to_string();
+    let versions = crd["spec"]["versions"].as_array().expect("spec.versions");
+    assert_eq!(
+        versions.len(),
+        1,
+        "{origin}: these tests know one version per CRD"
+    );
+    let schema = versions[0]["schema"]["openAPIV3Schema"].clone();
+    assert!(schema.is_object(), "{origin}: no openAPIV3Schema");
+    (kind, schema)
+}
+
+/// The checked-in CRDs and the generated ones, read and compiled once.
+fn sources() -> &'static [Source] {
+    static SOURCES: OnceLock<Vec<Source>> = OnceLock::new();
+    SOURCES.get_or_init(load_sources)
+}
+
+fn load_sources() -> Vec<Source> {
+    let dir = repo().join("crds");
+    let mut on_disk = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let (kind, schema) = parse_crd(
+                &path.display().to_string(),
+                &std::fs::read_to_string(&path).unwrap(),
+            );
+            on_disk.insert(kind, schema);
+        }
+    }
+    let generated = bindery_operator::crd::crd_documents()
+        .into_iter()
+        .map(|(name, yaml)| parse_crd(name, &yaml))
+        .collect();
+    let sources = vec![
+        Source::new("crds/*.yaml", on_disk),
+        Source::new("crd_documents()", generated),
+    ];
+    for s in &sources {
+        let kinds: Vec<_> = s.schemas.keys().map(String::as_str).collect();
+        assert_eq!(kinds, ["Agent", "AgentTenant"], "{}", s.name);
+    }
+    sources
+}
+
+/// The structural schema as JSON Schema (draft 2020-12), as an apiserver
+/// reads it:
+/// - `nullable: true` admits `null`;
+/// - `x-kubernetes-int-or-string` is an integer or a string;
+/// - an object with `properties` takes no other field (what `kubectl
+///   apply`'s default strict field validation reports), unless it preserves
+///   unknown fields;
+/// - the root also has `apiVersion`, `kind` and `metadata`, which every
+///   object has without the CRD naming them;
+/// - other `x-kubernetes-*` keywords are left to be ignored (CEL is checked
+///   apart).
+fn json_schema(node: &Value, root: bool) -> Value {
+    let Some(m) = node.as_object() else {
+        return node.clone();
+    };
+    let flag = |k: &str| m.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let mut out = Map::new();
+    for (k, v) in m {
+        let v = match k.as_str() {
+            "properties" => Value::Object(
+                v.as_object()
+                    .expect("properties is an object")
+                    .iter()
+                    .map(|(name, s)| (name.clone(), json_schema(s, false)))
+                    .collect(),
+            ),
+            "items" | "additionalProperties" | "not" if v.is_object() => json_schema(v, false),
+            "oneOf" | "anyOf" | "allOf" => Value::Array(
+                v.as_array()
+                    .expect("a junctor is a list")
+                    .iter()
+                    .map(|s| json_schema(s, false))
+                    .collect(),
+            ),
+            "nullable" => continue,
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    let mut types: Vec<Value> = match m.get("type") {
+        Some(t) => vec![t.clone()],
+        None if flag("x-kubernetes-int-or-string") => vec![json!("integer"), json!("string")],
+        None => vec![],
+    };
+    if !types.is_empty() {
+        if flag("nullable") {
+            types.push(json!("null"));
+        }
+        out.insert("type".into(), Value::Array(types));
+    }
+    if root {
+        let props = out
+            .entry("properties")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .unwrap();
+        props.insert("apiVersion".into(), json!({"type": "string"}));
+        props.insert("kind".into(), json!({"type": "string"}));
+        props.insert("metadata".into(), json!({"type": "object"}));
+    }
+    if out.contains_key("properties")
+        && !out.contains_key("additionalProperties")
+        && !flag("x-kubernetes-preserve-unknown-fields")
+    {
+        out.insert("additionalProperties".into(), json!(false));
+    }
+    Value::Object(out)
+}
+
+/// What an apiserver would say about one object.
+#[derive(Debug, Default)]
+struct Verdict {
+    /// `JSON pointer (keyword): message`.
+    structural: Vec<String>,
+    /// The failed CEL rules, as kube's evaluator reports them.
+    cel: Vec<ValidationError>,
+}
+
+impl Verdict {
+    fn is_clean(&self) -> bool {
+        self.structural.is_empty() && self.cel.is_empty()
+    }
+
+    /// The one CEL message, and that it is a rule that said no (not one that
+    /// failed to evaluate).
+    fn cel_message(&self) -> Option<&str> {
+        assert!(self.cel.len() <= 1, "more than one CEL failure: {self:#?}");
+        self.cel.first().map(|e| {
+            assert_eq!(e.kind, ErrorKind::ValidationFailure, "{e:#?}");
+            e.message.as_str()
+        })
+    }
+}
+
+/// `check` against every source; the verdicts must agree.
+fn check_all(kind: &str, object: &Value) -> Verdict {
+    let mut verdicts = sources().iter().map(|s| (s.name, s.check(kind, object)));
+    let (first_name, first) = verdicts.next().unwrap();
+    for (name, v) in verdicts {
+        assert_eq!(
+            format!("{:?}", (&v.structural, &v.cel)),
+            format!("{:?}", (&first.structural, &first.cel)),
+            "{name} and {first_name} disagree on {object:#}"
+        );
+    }
+    first
+}
+
+// ---------------------------------------------------------------------------
+// The examples
+
+fn example_documents() -> Vec<(String, Value)> {
+    let mut docs = vec![];
+    let dir = repo().join("examples/k8s");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let v: Value = serde::Deserialize::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{} document {i}: {e}", path.display()));
+            let name = path.strip_prefix(repo()).unwrap().display().to_string();
+            docs.push((format!("{name}#{i}"), v));
+        }
+    }
+    docs
+}
+
+#[test]
+fn every_example_resource_of_ours_validates() {
+    let mut kinds = BTreeSet::new();
+    for (name, doc) in example_documents() {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        if !api_version.starts_with("bindery.dev/") {
+            continue;
+        }
+        assert_eq!(api_version, "bindery.dev/v1alpha1", "{name}");
+        let kind = doc["kind"].as_str().unwrap();
+        for source in sources() {
+            let v = source.check(kind, &doc);
+            assert!(v.is_clean(), "{name} against {}: {v:#?}", source.name);
+        }
+        kinds.insert(kind.to_string());
+    }
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["Agent".to_string(), "AgentTenant".to_string()]),
+        "examples/k8s has an Agent and an AgentTenant"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// What the operator writes: the AgentTenant status
+
+fn example_agent() -> (String, AgentSpec) {
+    let doc: AgentDocument =
+        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/agent.yaml")).unwrap())
+            .unwrap();
+    (doc.metadata.name, doc.spec)
+}
+
+fn example_tenant() -> AgentTenant {
+    let mut t: AgentTenant =
+        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/tenant.yaml")).unwrap())
+            .unwrap();
+    t.metadata.namespace = Some("shop".into());
+    t.metadata.uid = Some("0b7c3b0e-1111-4a4a-9f9f-000000000001".into());
+    t.metadata.generation = Some(3);
+    t
+}
+
+fn obj(keys: &[&str], rv: &str) -> RefObject {
+    RefObject {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        resource_version: rv.into(),
+    }
+}
+
+struct World {
+    tenant: AgentTenant,
+    agents: BTreeMap<String, AgentSpec>,
+    secrets: BTreeMap<String, RefObject>,
+    config_maps: BTreeMap<String, RefObject>,
+    rollout: Option<Rollout>,
+}
+
+impl World {
+    fn example() -> World {
+        World {
+            tenant: example_tenant(),
+            agents: BTreeMap::from([example_agent()]),
+            secrets: BTreeMap::from([
+                ("acme-billing".into(), obj(&["token"], "101")),
+                ("acme-owner-token".into(), obj(&["token"], "7")),
+            ]),
+            config_maps: BTreeMap::from([(
+                "invoices-tools".into(),
+                obj(&["query-invoices"], "55"),
+            )]),
+            rollout: None,
+        }
+    }
+
+    fn run(&self) -> Desired {
+        desired(&Inputs {
+            tenant: &self.tenant,
+            agents: &self.agents,
+            secrets: &self.secrets,
+            config_maps: &self.config_maps,
+            config: &OperatorConfig::default(),
+            rollout: self.rollout.clone(),
+            now: Time("2026-11-29T12:00:00Z".parse().unwrap()),
+        })
+    }
+}
+
+/// The tenant with the status the operator computed for it, as it would be
+/// written to the status subresource, validates in full (spec and status).
+#[test]
+fn every_status_the_operator_writes_validates() {
+    type Change = fn(&mut World);
+    let cases: Vec<(&str, Change)> = vec![
+        ("deploying", |_| {}),
+        ("ready", |w| {
+            w.rollout = Some(Rollout {
+                replicas: 1,
+                ready_replicas: 1,
+            })
+        }),
+        ("missing secret", |w| {
+            w.secrets.remove("acme-billing");
+        }),
+        ("unknown agent", |w| {
+            w.tenant.spec.agent_ref.name = "nope".into()
+        }),
+        ("owner token generated", |w| {
+            w.secrets.remove("acme-owner-token");
+        }),
+    ];
+    for (what, change) in cases {
+        let mut w = World::example();
+        change(&mut w);
+        let d = w.run();
+        // Nothing rendered is one of our kinds: the status is all the
+        // operator writes of ours. (Validate it here too if that changes.)
+        if let Some(o) = &d.objects {
+            let mut rendered = vec![
+                serde_json::to_value(&o.config_map).unwrap(),
+                serde_json::to_value(&o.service_account).unwrap(),
+                serde_json::to_value(&o.deployment).unwrap(),
+                serde_json::to_value(&o.service).unwrap(),
+            ];
+            rendered.extend(o.claim.iter().map(|c| serde_json::to_value(c).unwrap()));
+            for r in rendered {
+                let api_version = r["apiVersion"].as_str().unwrap();
+                assert!(
+                    !api_version.starts_with("bindery.dev/"),
+                    "{what}: the operator renders a {} {api_version}: validate it against its CRD",
+                    r["kind"]
+                );
+            }
+        }
+        assert!(!d.status.conditions.is_empty(), "{what}");
+        let mut tenant = w.tenant.clone();
+        tenant.status = Some(d.status);
+        let object = serde_json::to_value(&tenant).unwrap();
+        assert!(object["status"]["conditions"].is_array(), "{what}");
+        let v = check_all("AgentTenant", &object);
+        assert!(v.is_clean(), "{what}: {v:#?}\n{object:#}");
+    }
+}
+
+/// The status part of the schema is not empty: a wrong status is refused.
+#[test]
+fn a_wrong_status_is_refused() {
+    let mut w = World::example();
+    let d = w.run();
+    w.tenant.status = Some(d.status);
+    let mut object = serde_json::to_value(&w.tenant).unwrap();
+    object["status"]["parameters"][0]["bound"] = json!("yes");
+    object["status"]["conditions"][0]["lastTransitionTime"] = json!("noon");
+    object["status"]["paramsBound"] = json!(2);
+    let v = check_all("AgentTenant", &object);
+    let want = [
+        "/status/conditions/0/lastTransitionTime (format)",
+        "/status/parameters/0/bound (type)",
+        "/status/paramsBound (type)",
+    ];
+    for w in want {
+        assert!(v.structural.iter().any(|e| e.starts_with(w)), "{w}: {v:#?}");
+    }
+    assert_eq!(v.structural.len(), want.len(), "{v:#?}");
+}
+
+// ---------------------------------------------------------------------------
+// The AgentTenant rules: each accepts and refuses what it is for
+
+fn tenant_with(parameters: Value) -> Value {
+    json!({
+        "apiVersion": "bindery.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": "acme"},
+        "spec": {"agentRef": {"name": "invoices"}, "parameters": parameters},
+    })
+}
+
+fn secret(name: &str, key: &str) -> Value {
+    json!({"name": name, "key": key})
+}
+
+#[track_caller]
+fn accepted(object: &Value) {
+    let v = check_all("AgentTenant", object);
+    assert!(v.is_clean(), "{v:#?}\n{object:#}");
+}
+
+/// Refused by exactly one CEL rule, with `message`, and by nothing else.
+#[track_caller]
+fn refused_by_rule(object: &Value, message: &str) {
+    let v = check_all("AgentTenant", object);
+    assert!(v.structural.is_empty(), "{v:#?}\n{object:#}");
+    assert_eq!(v.cel_message(), Some(message), "{v:#?}\n{object:#}");
+}
+
+/// Refused structurally (by `keyword` at `pointer`), and by no CEL rule.
+#[track_caller]
+fn refused_by_schema(object: &Value, pointer: &str, keyword: &str) {
+    let v = check_all("AgentTenant", object);
+    assert!(v.cel.is_empty(), "{v:#?}\n{object:#}");
+    let want = format!("{pointer} ({keyword}):");
+    assert!(
+        v.structural.iter().any(|e| e.starts_with(&want)),
+        "want `{want}`: {v:#?}\n{object:#}"
+    );
+}
+
+#[test]
+fn exactly_one_of_value_or_value_from() {
+    // Said by a `oneOf` of two `required`s, so with the apiserver's generic
+    // oneOf message: `value` is free-form JSON, which an apiserver's CEL
+    // cannot see (see `the_schemas_are_structural`).
+    let both =
+        json!({"name": "tenant", "value": "acme", "valueFrom": {"secretKeyRef": secret("s", "k")}});
+    refused_by_schema(&tenant_with(json!([both])), "/spec/parameters/0", "oneOf");
+    refused_by_schema(
+        &tenant_with(json!([{"name": "tenant"}])),
+        "/spec/parameters/0",
+        "oneOf",
+    );
+    refused_by_schema(
+        &tenant_with(json!([{"name": "tenant", "pinned": true}])),
+        "/spec/parameters/0",
+        "oneOf",
+    );
+    for value in [
+        json!("acme"),
+        json!(7),
+        json!(false),
+        json!({"a": [1, 2]}),
+        json!([]),
+    ] {
+        accepted(&tenant_with(json!([{"name": "tenant", "value": value}])));
+    }
+    accepted(&tenant_with(
+        json!([{"name": "tenant", "valueFrom": {"secretKeyRef": secret("s", "k")}}]),
+    ));
+    accepted(&tenant_with(
+        json!([{"name": "tenant", "valueFrom": {"configMapKeyRef": secret("c", "k")}, "pinned": true}]),
+    ));
+    // The operator's status says it in words, should such a tenant exist
+    // (stored before this schema, say).
+    let mut w = World::example();
+    w.tenant.spec.parameters[0].value_from = Some(ValueFrom {
+        secret_key_ref: Some(KeyRef {
+            name: "s".into(),
+            key: "k".into(),
+        }),
+        config_map_key_ref: None,
+    });
+    let d = w.run();
+    let c = d
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ParametersResolved")
+        .unwrap();
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message
+            .contains("give exactly one of `value` or `valueFrom`"),
+        "{}",
+        c.message
+    );
+}
+
+#[test]
+fn value_from_names_exactly_one_source() {
+    let msg = "give exactly one of secretKeyRef or configMapKeyRef";
+    let both = json!({"secretKeyRef": secret("s", "k"), "configMapKeyRef": secret("c", "k")});
+    refused_by_rule(
+        &tenant_with(json!([{"name": "tenant", "valueFrom": both}])),
+        msg,
+    );
+    refused_by_rule(
+        &tenant_with(json!([{"name": "tenant", "valueFrom": {}}])),
+        msg,
+    );
+    accepted(&tenant_with(
+        json!([{"name": "tenant", "valueFrom": {"secretKeyRef": secret("s", "k")}}]),
+    ));
+    accepted(&tenant_with(
+        json!([{"name": "tenant", "valueFrom": {"configMapKeyRef": secret("c", "k")}}]),
+    ));
+    // A source names both its object and its key.
+    refused_by_schema(
+        &tenant_with(json!([{"name": "tenant", "valueFrom": {"secretKeyRef": {"name": "s"}}}])),
+        "/spec/parameters/0/valueFrom/secretKeyRef",
+        "required",
+    );
+}
+
+#[test]
+fn parameter_names_are_lower_snake_case() {
+    let msg = "a parameter name is lower-case letters, digits and _, starting with a letter";
+    for bad in ["Tenant", "1x", "a-b", "_a", "tenant ", ""] {
+        refused_by_rule(&tenant_with(json!([{"name": bad, "value": 1}])), msg);
+    }
+    for good in ["tenant", "billing_token2", "x", "a_", &"a".repeat(128)] {
+        accepted(&tenant_with(json!([{"name": good, "value": 1}])));
+    }
+    // Bounded, for the apiserver's cost estimate of the uniqueness rule.
+    refused_by_schema(
+        &tenant_with(json!([{"name": "a".repeat(129), "value": 1}])),
+        "/spec/parameters/0/name",
+        "maxLength",
+    );
+}
+
+#[test]
+fn each_parameter_is_listed_once() {
+    let msg = "each parameter may be listed once";
+    let p = |name: &str| json!({"name": name, "value": name});
+    refused_by_rule(&tenant_with(json!([p("tenant"), p("tenant")])), msg);
+    refused_by_rule(
+        &tenant_with(json!([p("tenant"), p("region"), p("tenant")])),
+        msg,
+    );
+    // The same name, whatever its value's source.
+    refused_by_rule(
+        &tenant_with(json!([
+            p("billing_token"),
+            {"name": "billing_token", "valueFrom": {"secretKeyRef": secret("s", "k")}},
+        ])),
+        msg,
+    );
+    accepted(&tenant_with(json!([])));
+    accepted(&tenant_with(json!([p("tenant")])));
+    accepted(&tenant_with(json!([
+        p("tenant"),
+        p("region"),
+        p("tenant2")
+    ])));
+    // At most 128, for the apiserver's cost estimate: the rule is quadratic.
+    let many = |n: usize| Value::Array((0..n).map(|i| p(&format!("p{i}"))).collect());
+    accepted(&tenant_with(many(128)));
+    refused_by_schema(&tenant_with(many(129)), "/spec/parameters", "maxItems");
+}
+
+/// Every CEL rule of the AgentTenant is one the tests above exercise; a new
+/// rule needs its own accept-and-refuse test.
+#[test]
+fn every_rule_is_tested_above() {
+    for source in sources() {
+        let mut rules = vec![];
+        walk(source.schema("AgentTenant"), "", &mut |path, node| {
+            for r in rules_of(node) {
+                rules.push(format!("{path}: {}", r.1));
+            }
+        });
+        assert_eq!(
+            rules,
+            [
+                "spec.parameters: each parameter may be listed once",
+                "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
+                "spec.parameters[].valueFrom: give exactly one of secretKeyRef or configMapKeyRef",
+            ],
+            "{}",
+            source.name
+        );
+        let mut agent_rules = 0;
+        walk(source.schema("Agent"), "", &mut |_, node| {
+            agent_rules += rules_of(node).len()
+        });
+        assert_eq!(
+            agent_rules, 0,
+            "{}: the Agent has CEL rules now: test them",
+            source.name
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Structurally invalid objects
+
+#[test]
+fn structurally_invalid_tenants_are_refused() {
+    let base = || tenant_with(json!([{"name": "tenant", "value": "acme"}]));
+    type Change = fn(&mut Value);
+    let cases: Vec<(&str, Change, &str)> = vec![
+        (
+            "replicas: \"two\"",
+            |t| t["spec"]["replicas"] = json!("two"),
+            "/spec/replicas (type)",
+        ),
+        (
+            "no agentRef",
+            |t| {
+                t["spec"].as_object_mut().unwrap().remove("agentRef");
+            },
+            "/spec (required)",
+        ),
+        (
+            "agentRef without a name",
+            |t| t["spec"]["agentRef"] = json!({}),
+            "/spec/agentRef (required)",
+        ),
+        (
+            "no spec",
+            |t| {
+                t.as_object_mut().unwrap().remove("spec");
+            },
+            " (required)",
+        ),
+        (
+            "a misspelt field",
+            |t| t["spec"]["agentref"] = json!({"name": "invoices"}),
+            "/spec (additionalProperties)",
+        ),
+        (
+            "parameters as a map",
+            |t| t["spec"]["parameters"] = json!({"tenant": "acme"}),
+            "/spec/parameters (type)",
+        ),
+        (
+            "pinned: \"yes\"",
+            |t| t["spec"]["parameters"][0]["pinned"] = json!("yes"),
+            "/spec/parameters/0/pinned (type)",
+        ),
+        (
+            "tools without a ConfigMap",
+            |t| t["spec"]["tools"] = json!({}),
+            "/spec/tools (required)",
+        ),
+    ];
+    accepted(&base());
+    for (what, change, want) in cases {
+        let mut t = base();
+        change(&mut t);
+        let v = check_all("AgentTenant", &t);
+        assert!(
+            v.structural.iter().any(|e| e.starts_with(want)),
+            "{what}: want `{want}`: {v:#?}"
+        );
+    }
+    // And an Agent without a model.
+    let agent = json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "a"}, "spec": {"systemPrompt": "hi"}});
+    let v = check_all("Agent", &agent);
+    assert!(
+        v.structural
+            .iter()
+            .any(|e| e.starts_with("/spec (required)")),
+        "{v:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The schemas are structural, and their rules are ones an apiserver admits
+
+/// Calls `visit(path, node)` on every schema node: `properties`, `items`
+/// (`[]`) and `additionalProperties` (`{}`). Junctors (`oneOf` …) are not
+/// nodes of their own: `visit` sees them on the node that holds them.
+fn walk(node: &Value, path: &str, visit: &mut dyn FnMut(&str, &Value)) {
+    visit(path, node);
+    let join = |name: &str| {
+        if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        }
+    };
+    if let Some(props) = node.get("properties").and_then(Value::as_object) {
+        for (name, child) in props {
+            walk(child, &join(name), visit);
+        }
+    }
+    if let Some(items) = node.get("items") {
+        walk(items, &format!("{path}[]"), visit);
+    }
+    if let Some(extra) = node.get("additionalProperties").filter(|v| v.is_object()) {
+        walk(extra, &format!("{path}{{}}"), visit);
+    }
+}
+
+fn flag(node: &Value, key: &str) -> bool {
+    node.get(key).and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// `(rule, message)` of each `x-kubernetes-validations` entry.
+fn rules_of(node: &Value) -> Vec<(String, String)> {
+    node.get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .map(|rules| {
+            rules
+                .iter()
+                .map(|r| {
+                    (
+                        r["rule"].as_str().unwrap_or_default().to_string(),
+                        r["message"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether CEL source `rule` selects field `name` (`….name`, not `….names`).
+fn selects(rule: &str, name: &str) -> bool {
+    let needle = format!(".{name}");
+    rule.match_indices(&needle).any(|(i, _)| {
+        !rule[i + needle.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(", ".filter("];
+
+/// Where free-form JSON is meant: the literal value of a binding, the
+/// `value` source of a default (and of the model's API key, the same type),
+/// and a tenant parameter's `value`.
+const FREE_FORM: [(&str, &str); 6] = [
+    ("Agent", "spec.bindings[].value.literal"),
+    ("Agent", "spec.helpers[].with{}.literal"),
+    ("Agent", "spec.model.apiKey.value"),
+    ("Agent", "spec.parameters[].default.value"),
+    ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),
+    ("AgentTenant", "spec.parameters[].value"),
+];
+
+/// Everything wrong with one schema node, in words.
+fn node_problems(path: &str, node: &Value, problems: &mut Vec<String>) {
+    let at = if path.is_empty() { "(root)" } else { path };
+    let ty = node.get("type").and_then(Value::as_str);
+    let int_or_string = flag(node, "x-kubernetes-int-or-string");
+    let preserve = flag(node, "x-kubernetes-preserve-unknown-fields");
+    if ty.is_none() && !int_or_string && !preserve {
+        problems.push(format!(
+            "{at}: no `type` (only x-kubernetes-int-or-string or x-kubernetes-preserve-unknown-fields nodes may omit it)"
+        ));
+    }
+    if ty.is_some() && int_or_string {
+        problems.push(format!("{at}: x-kubernetes-int-or-string with a `type`"));
+    }
+    if node.get("properties").is_some() && node.get("additionalProperties").is_some() {
+        problems.push(format!(
+            "{at}: both `properties` and `additionalProperties`"
+        ));
+    }
+    if node.get("properties").is_some() && ty != Some("object") {
+        problems.push(format!("{at}: `properties` on a {ty:?}, not an object"));
+    }
+    if node.get("items").is_some() != (ty == Some("array")) {
+        problems.push(format!("{at}: `items` and `type: array` go together"));
+    }
+    // Junctors hold value validations only; the fields they name are the
+    // node's own.
+    let props = node.get("properties").and_then(Value::as_object);
+    for junctor in ["oneOf", "anyOf", "allOf"] {
+        for alt in node
+            .get(junctor)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for key in alt.as_object().into_iter().flat_map(|m| m.keys()) {
+                if [
+                    "type",
+                    "description",
+                    "default",
+                    "nullable",
+                    "additionalProperties",
+                    "properties",
+                    "items",
+                ]
+                .contains(&key.as_str())
+                    || key.starts_with("x-kubernetes-")
+                {
+                    problems.push(format!(
+                        "{at}: `{key}` inside `{junctor}` (junctors may only hold value validations)"
+                    ));
+                }
+            }
+            for req in alt
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let req = req.as_str().unwrap_or_default();
+                if !props.is_some_and(|p| p.contains_key(req)) {
+                    problems.push(format!(
+                        "{at}: `{junctor}` requires `{req}`, which is not one of its properties"
+                    ));
+                }
+            }
+        }
+    }
+    // CEL rules: an apiserver type-checks them against the schema and
+    // estimates their cost before it admits the CRD.
+    for (rule, message) in rules_of(node) {
+        let it = format!("{at}: rule `{rule}` ({message})");
+        // Fields the rule can reach: the node's own, or its items' when it
+        // is a list.
+        let fields = node
+            .get("properties")
+            .or_else(|| node.get("items").and_then(|i| i.get("properties")))
+            .and_then(Value::as_object);
+        for (name, field) in fields.into_iter().flatten() {
+            let typed = field.get("type").is_some() || flag(field, "x-kubernetes-int-or-string");
+            if !typed && selects(&rule, name) {
+                problems.push(format!(
+                    "{it} reads `{name}`, which has no `type`: an apiserver's CEL only sees typed fields, so the rule does not compile there and the CRD is refused"
+                ));
+            }
+        }
+        if COMPREHENSIONS.iter().any(|c| rule.contains(c)) {
+            if ty == Some("array") && node.get("maxItems").is_none() {
+                problems.push(format!(
+                    "{it} iterates a list without `maxItems`: its estimated cost is unbounded"
+                ));
+            }
+            for (name, field) in fields.into_iter().flatten() {
+                if field.get("type").and_then(Value::as_str) == Some("string")
+                    && selects(&rule, name)
+                    && field.get("maxLength").is_none()
+                {
+                    problems.push(format!(
+                        "{it} iterates over `{name}`, a string without `maxLength`: its estimated cost is unbounded"
+                    ));
+                }
+            }
+        }
+        // kube's coarse estimate too. (Not its scope check, `analyze_rule`:
+        // that takes a comprehension's own variables for unknown ones.)
+        for w in estimate_rule_cost(&rule, &compile_schema(node)) {
+            problems.push(format!("{it}: {} ({:?})", w.message, w.kind));
+        }
+    }
+}
+
+#[test]
+fn the_schemas_are_structural() {
+    for source in sources() {
+        let mut problems = vec![];
+        let mut free_form = BTreeSet::new();
+        for (kind, schema) in &source.schemas {
+            if schema.get("type").and_then(Value::as_str) != Some("object") {
+                problems.push(format!("{kind}: the root is not `type: object`"));
+            }
+            walk(schema, "", &mut |path, node| {
+                node_problems(path, node, &mut problems);
+                if flag(node, "x-kubernetes-preserve-unknown-fields") {
+                    free_form.insert((kind.clone(), path.to_string()));
+                }
+            });
+            let compiled = compile_schema(schema);
+            for e in compiled.compilation_errors() {
+                problems.push(format!("{kind}: a rule does not compile: {e}"));
+            }
+        }
+        let want: BTreeSet<_> = FREE_FORM
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect();
+        for (kind, path) in free_form.difference(&want) {
+            problems.push(format!(
+                "{kind} {path}: x-kubernetes-preserve-unknown-fields where no free-form JSON is meant"
+            ));
+        }
+        for (kind, path) in want.difference(&free_form) {
+            problems.push(format!(
+                "{kind} {path}: meant as free-form JSON, but does not preserve unknown fields"
+            ));
+        }
+        assert!(
+            problems.is_empty(),
+            "{}:\n  {}",
+            source.name,
+            problems.join("\n  ")
+        );
+    }
+}
+
+/// The structural check catches what it is for.
+#[test]
+fn the_structural_check_catches_what_it_is_for() {
+    let problems = |schema: Value| {
+        let mut p = vec![];
+        walk(&schema, "", &mut |path, node| {
+            node_problems(path, node, &mut p)
+        });
+        p
+    };
+    assert!(
+        problems(json!({"type": "object", "properties": {"a": {"type": "string"}}})).is_empty()
+    );
+    let untyped = problems(json!({"type": "object", "properties": {"a": {"description": "?"}}}));
+    assert!(untyped[0].starts_with("a: no `type`"), "{untyped:?}");
+    let both = problems(
+        json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "string"}}),
+    );
+    assert!(
+        both[0].contains("both `properties` and `additionalProperties`"),
+        "{both:?}"
+    );
+    let has_untyped = problems(json!({
+        "type": "object",
+        "properties": {"value": {"x-kubernetes-preserve-unknown-fields": true}, "valueFrom": {"type": "string"}},
+        "x-kubernetes-validations": [{"rule": "has(self.value) != has(self.valueFrom)", "message": "m"}],
+    }));
+    assert_eq!(has_untyped.len(), 1, "{has_untyped:?}");
+    assert!(
+        has_untyped[0].contains("reads `value`, which has no `type`"),
+        "{has_untyped:?}"
+    );
+    let unbounded = problems(json!({
+        "type": "array",
+        "items": {"type": "object", "properties": {"name": {"type": "string"}}},
+        "x-kubernetes-validations": [{"rule": "self.all(p, self.exists_one(q, q.name == p.name))", "message": "m"}],
+    }));
+    assert!(
+        unbounded.iter().any(|p| p.contains("without `maxItems`")),
+        "{unbounded:?}"
+    );
+    assert!(
+        unbounded.iter().any(|p| p.contains("without `maxLength`")),
+        "{unbounded:?}"
+    );
+    let junctor = problems(json!({
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+        "oneOf": [{"required": ["a"]}, {"required": ["b"], "type": "object"}],
+    }));
+    assert_eq!(junctor.len(), 2, "{junctor:?}");
+}
