@@ -54,7 +54,9 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
  10. ``/openapi/v2`` is an empty document: kubectl apply's validation needs
      one to exist (and with nothing in it, validates nothing).
  11. ``kubectl get`` asks for Tables: the name, then a CRD's printer columns
-     (or the age), so printer columns show as on a cluster.
+     (or the age), so printer columns show as on a cluster; a column's JSONPath
+     may index (``[0]``, ``[*]``) and filter (``[?(@.type=="Ready")]``), and
+     shows its first match, as the API server does.
 
 Gaps, by design -- tests must not rely on these:
   - no authentication, RBAC, admission, defaulting, CRD schema validation or
@@ -73,7 +75,8 @@ Gaps, by design -- tests must not rely on these:
     answers 404, so kubectl apply computes patches from its built-in types
     (strategic merge) or, for custom resources, as JSON merge patches;
   - kubectl get shows NAME and AGE for built-in kinds (no per-kind columns);
-    printer columns take simple ``.a.b`` paths only.
+    printer columns take ``.a.b`` paths with ``[n]``, ``[*]`` and ``==``/``!=``
+    filters on a string (``[?(@.a.b=="x")]``) only.
 """
 
 import argparse
@@ -82,6 +85,7 @@ import base64
 import copy
 import datetime
 import logging
+import re
 import signal
 import sys
 import traceback
@@ -222,8 +226,39 @@ def wants_table(request: kmock.Request) -> bool:
 AGE_COLUMN = {'name': 'Age', 'type': 'date', 'jsonPath': '.metadata.creationTimestamp'}
 
 
+# One step of a printer column's JSONPath: ``.field``, ``[n]``, ``[*]`` or ``[?(@.a.b=="x")]``.
+JSONPATH_STEP = re.compile(r'''\.([^.\[]+)|\[(\d+|\*)\]|\[\?\(@\.([\w.]+)\s*(==|!=)\s*(["'])(.*?)\5\)\]''')
+
+
+def jsonpath_first(obj: Any, path: str) -> Any:
+    """The first value a printer column's JSONPath selects (the API server shows
+    ``results[0][0]``), or None: ``.status.conditions[?(@.type=="Ready")].status``."""
+    if not path.startswith(('.', '[')):
+        path = '.' + path
+    values, at = [obj], 0
+    while at < len(path):
+        step = JSONPATH_STEP.match(path, at)
+        if step is None:
+            return None  # beyond what the emulator supports: an empty cell
+        at = step.end()
+        field, index, key, op, _, wanted = step.groups()
+        found = []
+        for value in values:
+            if field is not None and isinstance(value, dict) and field in value:
+                found.append(value[field])
+            elif index == '*' and isinstance(value, list):
+                found.extend(value)
+            elif index is not None and index != '*' and isinstance(value, list) and int(index) < len(value):
+                found.append(value[int(index)])
+            elif key is not None and isinstance(value, list):
+                found.extend(item for item in value
+                             if (str(lookup(item, key)) == wanted) == (op == '=='))
+        values = found
+    return values[0] if values else None
+
+
 def cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
-    value = lookup(obj, column['jsonPath'].lstrip('.'))
+    value = jsonpath_first(obj, column['jsonPath'])
     return age(value) if column.get('type') == 'date' and isinstance(value, str) else value
 
 
@@ -454,7 +489,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     def _table(self, res: kmock.resource, objs: list[dict[str, Any]]) -> dict[str, Any]:
         """Fix 11: server-side printing for kubectl get: the name, then a CRD's printer
-        columns (simple ``.a.b`` paths only) or else the age."""
+        columns (see jsonpath_first) or else the age."""
         columns = self._columns.get(res) or [AGE_COLUMN]
         return {
             'kind': 'Table', 'apiVersion': 'meta.k8s.io/v1',

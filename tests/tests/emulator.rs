@@ -85,8 +85,30 @@ fn kubectl_drives_a_crd_and_its_custom_resources() {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    assert_eq!(header, ["NAME", "SIZE", "PHASE", "AGE"], "{out}");
+    assert_eq!(header, ["NAME", "SIZE", "PHASE", "READY", "AGE"], "{out}");
     assert!(out.lines().any(|l| l.starts_with("gizmo   3 ")), "{out}");
+    // A column whose JSONPath filters a list shows its first match.
+    kubectl(
+        &emu,
+        &[
+            "patch",
+            "widget",
+            "gizmo",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status": {"phase": "Running", "conditions": [
+                {"type": "Synced", "status": "False"}, {"type": "Ready", "status": "True"}]}}"#,
+        ],
+    );
+    let out = kubectl(&emu, &["get", "widgets"]);
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..4], ["gizmo", "3", "Running", "True"], "{out}");
     let out = kubectl(&emu, &["get", "wd"]); // the short name, from discovery
     assert!(out.contains("gizmo"), "{out}");
 
