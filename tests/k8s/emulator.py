@@ -57,6 +57,10 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      (or the age), so printer columns show as on a cluster; a column's JSONPath
      may index (``[0]``, ``[*]``) and filter (``[?(@.type=="Ready")]``), and
      shows its first match, as the API server does.
+ 12. Metadata-only reads: an ``Accept`` of ``as=PartialObjectMetadata[List]``
+     (kube-rs ``Api<PartialObjectMeta<K>>``, its metadata watches) gets
+     ``PartialObjectMetadata`` objects, metadata only, as from the API server:
+     a Secret's data is not sent to whoever watches Secrets that way.
 
 Gaps, by design -- tests must not rely on these:
   - no authentication, RBAC, admission, defaulting, CRD schema validation or
@@ -221,6 +225,16 @@ def lookup(obj: Any, path: str) -> Any:
 
 def wants_table(request: kmock.Request) -> bool:
     return 'as=Table' in request.headers.get('Accept', '')
+
+
+def wants_metadata(request: kmock.Request) -> bool:
+    return 'as=PartialObjectMetadata' in request.headers.get('Accept', '')
+
+
+def partial(obj: dict[str, Any]) -> dict[str, Any]:
+    """Fix 12: an object as a metadata-only read returns it."""
+    return {'kind': 'PartialObjectMetadata', 'apiVersion': 'meta.k8s.io/v1',
+            'metadata': copy.deepcopy(obj.get('metadata') or {})}
 
 
 AGE_COLUMN = {'name': 'Age', 'type': 'date', 'jsonPath': '.metadata.creationTimestamp'}
@@ -441,7 +455,9 @@ class Emulator(kmock.KubernetesEmulator):
         obj = self._get(res, self._namespace_of(request, info), request.name)
         if obj is None:
             raise self._not_found(res, request.name)
-        return self._table(res, [obj]) if wants_table(request) else obj
+        if wants_table(request):
+            return self._table(res, [obj])
+        return partial(obj) if wants_metadata(request) else obj
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         # Fix 7: a proper List with its kind and the revision to watch from.
@@ -450,6 +466,12 @@ class Emulator(kmock.KubernetesEmulator):
         items = [obj for obj in items if self._selected(request, res, info, obj)]
         if wants_table(request):
             return self._table(res, items)
+        if wants_metadata(request):  # fix 12
+            return {
+                'kind': 'PartialObjectMetadataList', 'apiVersion': 'meta.k8s.io/v1',
+                'metadata': {'resourceVersion': str(self._revision)},
+                'items': [partial(obj) for obj in items],
+            }
         return {
             'kind': f'{info.kind}List',
             'apiVersion': f'{res.group}/{res.version}' if res.group else res.version,
@@ -472,16 +494,25 @@ class Emulator(kmock.KubernetesEmulator):
         self._watchers.add(queue)
         timeout = float(request.params.get('timeoutSeconds') or 0) or None
         table = wants_table(request)
+        metadata = wants_metadata(request)  # fix 12
+
+        def render(event: dict[str, Any]) -> dict[str, Any]:
+            if table:
+                return self._table_event(res, event)
+            if metadata:
+                return {'type': event['type'], 'object': partial(event['object'])}
+            return event
+
         yield b''  # kmock sends the headers on the first chunk; a watch may see nothing for a while
         try:
             async with asyncio.timeout(timeout):
                 for event in backlog:
                     if self._selected(request, res, info, event['object']):
-                        yield self._table_event(res, event) if table else event
+                        yield render(event)
                 while (item := await queue.get()) is not None:
                     r, event = item
                     if r == res and self._selected(request, res, info, event['object']):
-                        yield self._table_event(res, event) if table else event
+                        yield render(event)
         except TimeoutError:
             pass  # timeoutSeconds: the client watches again from its last resourceVersion
         finally:
