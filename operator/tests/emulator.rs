@@ -8,7 +8,7 @@
 //! emulator has no controllers: Deployments never get Pods, so no tenant
 //! becomes Ready here (Available=False: PodsNotReady, or Deploying).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -67,7 +67,7 @@ struct Cluster {
     emu: Emulator,
     /// Logs of the operators started on this cluster, for failure messages.
     operator_logs: RefCell<Vec<PathBuf>>,
-    manifests: RefCell<usize>,
+    manifests: Cell<usize>,
     dir: tempfile::TempDir,
 }
 
@@ -85,7 +85,7 @@ impl Cluster {
             client,
             emu,
             operator_logs: RefCell::new(Vec::new()),
-            manifests: RefCell::new(0),
+            manifests: Cell::new(0),
             dir,
         };
         cluster.apply(&format!(
@@ -125,11 +125,8 @@ impl Cluster {
 
     /// `kubectl apply -f` of a manifest, in the test's namespace.
     fn apply(&self, manifest: &str) -> String {
-        let n = {
-            let mut n = self.manifests.borrow_mut();
-            *n += 1;
-            *n
-        };
+        let n = self.manifests.get() + 1;
+        self.manifests.set(n);
         let path = self.dir.path().join(format!("manifest-{n}.yaml"));
         std::fs::write(&path, manifest).unwrap();
         self.kubectl(&["apply", "-f", path.to_str().unwrap()])
@@ -307,6 +304,52 @@ impl Cluster {
             .and_then(|m| m.annotations)
             .and_then(|a| a.get("bindery.dev/config-hash").cloned())
             .unwrap_or_default()
+    }
+
+    /// The config hash of the Deployment, once it exists.
+    async fn wait_hash_of(&self, deployment: &str) -> String {
+        self.wait(
+            &format!("Deployment {deployment}'s config hash"),
+            async || match self.api::<Deployment>().get_opt(deployment).await {
+                Ok(Some(_)) => {
+                    let h = self.config_hash(deployment).await;
+                    if h.is_empty() {
+                        Err("no hash".into())
+                    } else {
+                        Ok(h)
+                    }
+                }
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await
+    }
+
+    /// Wait until the config hash is no longer `before`.
+    async fn wait_hash_change(&self, deployment: &str, before: &str) -> String {
+        self.wait(
+            &format!("Deployment {deployment}'s config hash to change"),
+            async || {
+                let h = self.config_hash(deployment).await;
+                if h != before && !h.is_empty() {
+                    Ok(h)
+                } else {
+                    Err(h)
+                }
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    /// A failed test keeps its files (operator logs, manifests, the
+    /// emulator's log) for inspection.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept the test's files in {}", self.dir.path().display());
+        }
     }
 }
 
@@ -801,41 +844,6 @@ async fn a_deleted_secret_flips_the_tenant_until_it_is_restored() {
         "the operator exited:\n{}",
         operator.log()
     );
-}
-
-impl Cluster {
-    async fn wait_hash_of(&self, deployment: &str) -> String {
-        self.wait(
-            &format!("Deployment {deployment}'s config hash"),
-            async || match self.api::<Deployment>().get_opt(deployment).await {
-                Ok(Some(_)) => {
-                    let h = self.config_hash(deployment).await;
-                    if h.is_empty() {
-                        Err("no hash".into())
-                    } else {
-                        Ok(h)
-                    }
-                }
-                other => Err(format!("{other:?}")),
-            },
-        )
-        .await
-    }
-
-    async fn wait_hash_change(&self, deployment: &str, before: &str) -> String {
-        self.wait(
-            &format!("Deployment {deployment}'s config hash to change"),
-            async || {
-                let h = self.config_hash(deployment).await;
-                if h != before && !h.is_empty() {
-                    Ok(h)
-                } else {
-                    Err(h)
-                }
-            },
-        )
-        .await
-    }
 }
 
 /// Where `needle` occurs in a JSON document, as paths (`/spec/x/0/name`).
