@@ -172,9 +172,10 @@ async fn run(
         }
     });
 
+    let mut renewed = tokio::time::Instant::now();
     if let Some(l) = &lease {
         tokio::select! {
-            _ = leader::acquire(&client, l) => {}
+            started = leader::acquire(&client, l) => renewed = started,
             _ = shutdown_signal() => return Ok(()),
         }
     }
@@ -199,7 +200,7 @@ async fn run(
             tokio::select! {
                 _ = controllers => Ok(()),
                 // A leader that lost its lease stops writing at once.
-                _ = leader::hold(&client, l) => Err("lost the leader lease; exiting so that only the leader writes".into()),
+                _ = leader::hold(&client, l, renewed) => Err("lost the leader lease; exiting so that only the leader writes".into()),
             }
         }
         None => {
