@@ -102,7 +102,8 @@ fn main() -> ExitCode {
                 identity: std::env::var("POD_NAME")
                     .unwrap_or_else(|_| format!("bindery-operator-{}", std::process::id())),
                 duration: Duration::from_secs(lease_duration.max(2)),
-                renew_every: Duration::from_secs((lease_duration / 3).max(1)),
+                // A third of the lease (whole seconds cut a 2 s lease in half).
+                renew_every: Duration::from_secs(lease_duration.max(2)) / 3,
             });
             let config = OperatorConfig {
                 sidecar_image,
