@@ -232,6 +232,15 @@ impl Cluster {
     /// reconcile has seen it. A controller never runs two reconciles of one
     /// object at once, so every reconcile that started before has finished.
     async fn settle(&self, name: &str) -> AgentTenant {
+        let generation = self.change_spec(name).await;
+        self.wait_tenant(name, "a reconcile of the new generation", |t| {
+            observed(t, generation)
+        })
+        .await
+    }
+
+    /// Give the tenant one more replica; its new generation.
+    async fn change_spec(&self, name: &str) -> i64 {
         let tenants = self.tenants();
         let t = tenants.get(name).await.unwrap();
         let replicas = t.spec.replicas.unwrap_or(1) + 1;
@@ -243,12 +252,9 @@ impl Cluster {
             )
             .await
             .unwrap();
-        let generation = patched.metadata.generation;
-        assert!(generation > t.metadata.generation, "{patched:?}");
-        self.wait_tenant(name, "a reconcile of the new generation", |t| {
-            t.status.as_ref().and_then(|s| s.observed_generation) == generation
-        })
-        .await
+        let generation = patched.metadata.generation.unwrap_or_default();
+        assert!(Some(generation) > t.metadata.generation, "{patched:?}");
+        generation
     }
 
     /// `(reason, message)` of the Warning Events about the tenant `name`.
@@ -454,6 +460,11 @@ fn message<'a>(t: &'a AgentTenant, type_: &str) -> &'a str {
 
 fn reason<'a>(t: &'a AgentTenant, type_: &str) -> &'a str {
     condition(t, type_).map_or("", |c| c.reason.as_str())
+}
+
+/// Whether a reconcile has seen the tenant's `generation`.
+fn observed(t: &AgentTenant, generation: i64) -> bool {
+    t.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
 }
 
 fn resolved(t: &AgentTenant) -> bool {
@@ -1160,71 +1171,124 @@ async fn lease_holder(leases: &Api<Lease>) -> Result<String, String> {
     }
 }
 
+/// Two operators with leader election, as the replicas of a Deployment:
+/// one that exits (a leader that could not renew its lease in time does)
+/// is started again, as its pod would be, unless it was killed on purpose.
+struct Replicas<'a> {
+    cluster: &'a Cluster,
+    ids: [&'static str; 2],
+    operators: [Operator; 2],
+    starts: [usize; 2],
+    killed: Option<usize>,
+}
+
+impl<'a> Replicas<'a> {
+    fn start(cluster: &'a Cluster, ids: [&'static str; 2]) -> Replicas<'a> {
+        Replicas {
+            cluster,
+            ids,
+            operators: [0, 1].map(|i| Self::operator(cluster, ids[i], 1)),
+            starts: [1, 1],
+            killed: None,
+        }
+    }
+
+    fn operator(cluster: &Cluster, id: &str, start: usize) -> Operator {
+        let args = [
+            "--leader-elect",
+            "--lease-namespace",
+            &cluster.ns,
+            "--lease-duration",
+            "2",
+        ];
+        let log = format!("{}-{start}", id.trim_start_matches("operator-"));
+        Operator::start(cluster, &log, &args, &[("POD_NAME", id)])
+    }
+
+    /// The replicas that run their controllers (after restarting any that
+    /// exited).
+    fn leading(&mut self) -> Vec<usize> {
+        let mut leading = Vec::new();
+        for i in 0..2 {
+            if self.killed != Some(i) && !self.operators[i].running() {
+                self.starts[i] += 1;
+                self.operators[i] = Self::operator(self.cluster, self.ids[i], self.starts[i]);
+            }
+            let operator = &mut self.operators[i];
+            if operator.running() && operator.log().contains("controller started") {
+                leading.push(i);
+            }
+        }
+        leading
+    }
+
+    /// Kill replica `i` (SIGKILL: no goodbye) for good.
+    fn kill(&mut self, i: usize) {
+        self.killed = Some(i);
+        self.operators[i].kill();
+    }
+}
+
 #[tokio::test]
 async fn one_leader_reconciles_and_another_takes_over() {
     let cluster = Cluster::start("leader").await;
     cluster.apply_examples();
-    let args = [
-        "--leader-elect",
-        "--lease-namespace",
-        "leader",
-        "--lease-duration",
-        "2",
-    ];
-    let mut a = Operator::start(&cluster, "a", &args, &[("POD_NAME", "operator-a")]);
-    let mut b = Operator::start(&cluster, "b", &args, &[("POD_NAME", "operator-b")]);
+    let ids = ["operator-a", "operator-b"];
+    let mut replicas = Replicas::start(&cluster, ids);
     let leases: Api<Lease> = cluster.api();
-    let first = cluster
-        .wait("a holder of the lease", async || {
-            lease_holder(&leases).await
-        })
-        .await;
-    assert!(
-        ["operator-a", "operator-b"].contains(&first.as_str()),
-        "{first}"
-    );
-    cluster
-        .wait_tenant("acme", "reconciled by the leader", resolved)
-        .await;
-    let (leader, standby) = if first == "operator-a" {
-        (&mut a, &mut b)
-    } else {
-        (&mut b, &mut a)
-    };
-    assert!(leader.log().contains("lease acquired"), "{}", leader.log());
-    let standby_log = standby.log();
-    assert!(
-        !standby_log.contains("lease acquired") && !standby_log.contains("controller started"),
-        "the standby leads too:\n{standby_log}"
-    );
-    assert_eq!(lease_holder(&leases).await, Ok(first.clone()));
+    let tenants = cluster.tenants();
 
-    // The leader dies without a word: the standby takes the lease once it expires.
-    leader.kill();
-    let second = cluster
+    // One leads, and it holds the lease; the tenant is reconciled.
+    let leader = cluster
         .wait(
-            "another holder of the lease",
-            async || match lease_holder(&leases).await {
-                Ok(h) if h != first => Ok(h),
-                other => Err(format!("{other:?}")),
+            "exactly one replica leading, the lease's holder, and acme reconciled",
+            async || {
+                let holder = lease_holder(&leases).await?;
+                let leading = replicas.leading();
+                let tenant = tenants.get("acme").await.map_err(|e| e.to_string())?;
+                match leading[..] {
+                    [i] if ids[i] == holder && resolved(&tenant) => Ok(i),
+                    _ => Err(format!(
+                        "holder {holder}, leading {leading:?}, status {:?}",
+                        tenant.status
+                    )),
+                }
             },
         )
         .await;
-    assert!(["operator-a", "operator-b"].contains(&second.as_str()));
-    let lease = leases.get("bindery-operator").await.unwrap();
-    assert!(
-        lease.spec.unwrap().lease_transitions.unwrap_or(0) >= 1,
-        "no transition counted"
-    );
+    let transitions = |l: Lease| l.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+    let before = transitions(leases.get("bindery-operator").await.unwrap());
+
+    // The leader dies without a word: the other takes the lease once it
+    // expires, and leads.
+    replicas.kill(leader);
+    let standby = 1 - leader;
+    cluster
+        .wait("the other replica to hold the lease and lead", async || {
+            let holder = lease_holder(&leases).await?;
+            match replicas.leading()[..] {
+                [i] if i == standby && ids[i] == holder => Ok(()),
+                ref leading => Err(format!("holder {holder}, leading {leading:?}")),
+            }
+        })
+        .await;
+    let after = transitions(leases.get("bindery-operator").await.unwrap());
+    assert!(after > before, "lease transitions {before} -> {after}");
 
     // And reconciles: a spec change shows in the status.
-    cluster.settle("acme").await;
-    assert!(
-        standby.running(),
-        "the new leader exited:\n{}",
-        standby.log()
-    );
-    assert!(standby.log().contains("lease acquired"));
+    let generation = cluster.change_spec("acme").await;
+    cluster
+        .wait("the new leader to reconcile the change", async || {
+            replicas.leading();
+            let tenant = tenants.get("acme").await.map_err(|e| e.to_string())?;
+            if observed(&tenant, generation) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", tenant.status))
+            }
+        })
+        .await;
+    println!("starts of each replica: {:?}", replicas.starts);
 }
 
 #[tokio::test]
