@@ -226,12 +226,24 @@ async fn reconcile(tenant: Arc<AgentTenant>, ctx: Arc<Context>) -> Result<Action
     result
 }
 
-async fn reconcile_inner(tenant: &AgentTenant, ctx: &Context) -> Result<Action, Error> {
-    let name = tenant.name_any();
-    let ns = tenant
+async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, Error> {
+    let name = cached.name_any();
+    let ns = cached
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let c = &ctx.client;
+
+    // The tenant as it is now, not as cached: the cache can lag behind our
+    // own last status write (the owner-token Secret created by one reconcile
+    // queues the next, which can start before that write reaches the
+    // cache), and the previous status decides which Warnings are new.
+    let Some(tenant) = Api::<AgentTenant>::namespaced(c.clone(), &ns)
+        .get_opt(&name)
+        .await?
+    else {
+        return Ok(Action::await_change()); // deleted meanwhile
+    };
+    let tenant = &tenant;
 
     let agents: BTreeMap<String, _> = Api::<Agent>::namespaced(c.clone(), &ns)
         .list(&Default::default())

@@ -7,6 +7,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::PostParams;
 use kube::{Api, Client};
+use tokio::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -78,13 +79,15 @@ pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<bool, kub
     }
 }
 
-/// Wait until we hold the lease.
-pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
+/// Wait until we hold the lease; returns when the successful attempt
+/// started (its `renewTime`, on our clock), for [`hold`].
+pub async fn acquire(client: &Client, cfg: &LeaseConfig) -> Instant {
     loop {
+        let started = Instant::now();
         match try_acquire(client, cfg).await {
             Ok(true) => {
                 tracing::info!(lease = %cfg.name, identity = %cfg.identity, "leader: lease acquired");
-                return;
+                return started;
             }
             Ok(false) => tracing::debug!(lease = %cfg.name, "another replica leads"),
             Err(e) => tracing::warn!(lease = %cfg.name, "leader election: {e}"),
@@ -93,22 +96,27 @@ pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
     }
 }
 
-/// Renew until the lease is lost (or cannot be renewed before it expires).
-pub async fn hold(client: &Client, cfg: &LeaseConfig) {
-    let mut last_ok = tokio::time::Instant::now();
+/// Renew until the lease is lost, or until it expires unrenewed: the lease
+/// runs `duration` from the start of the last successful renewal
+/// (`renewed`), after which another replica may take it, so a renewal that
+/// fails or hangs until then ends the leadership.
+pub async fn hold(client: &Client, cfg: &LeaseConfig, mut renewed: Instant) {
     loop {
         tokio::time::sleep(cfg.renew_every).await;
-        match try_acquire(client, cfg).await {
-            Ok(true) => last_ok = tokio::time::Instant::now(),
-            Ok(false) => {
+        let expires = renewed + cfg.duration;
+        let started = Instant::now();
+        match tokio::time::timeout_at(expires, try_acquire(client, cfg)).await {
+            Ok(Ok(true)) => renewed = started,
+            Ok(Ok(false)) => {
                 tracing::error!(lease = %cfg.name, "leader: lease lost to another replica");
                 return;
             }
-            Err(e) if last_ok.elapsed() >= cfg.duration => {
-                tracing::error!(lease = %cfg.name, "leader: cannot renew the lease in time: {e}");
+            // Retried after `renew_every`, while the lease lasts.
+            Ok(Err(e)) => tracing::warn!(lease = %cfg.name, "leader: renewing: {e}"),
+            Err(_) => {
+                tracing::error!(lease = %cfg.name, "leader: the lease expired before it could be renewed");
                 return;
             }
-            Err(e) => tracing::warn!(lease = %cfg.name, "leader: renewing: {e}"),
         }
     }
 }
@@ -128,5 +136,33 @@ mod tests {
         assert!(!expired(&spec("2026-11-29T12:00:00Z", 15), now));
         assert!(expired(&spec("2026-11-29T12:00:00Z", 5), now));
         assert!(expired(&LeaseSpec::default(), now));
+    }
+
+    /// A renewal that hangs (an API server that never answers) must not keep
+    /// a leader leading after its lease expired for the other replicas.
+    #[tokio::test]
+    async fn a_hanging_renewal_ends_the_leadership_when_the_lease_expires() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let cfg = LeaseConfig {
+            name: "bindery-operator".into(),
+            namespace: "default".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(2),
+            renew_every: Duration::from_millis(500),
+        };
+        let renewed = Instant::now();
+        let held =
+            tokio::time::timeout(Duration::from_secs(60), hold(&client, &cfg, renewed)).await;
+        assert!(
+            held.is_ok(),
+            "still leading a minute after the lease expired"
+        );
+        let led = renewed.elapsed();
+        assert!(
+            led >= cfg.duration && led < cfg.duration + Duration::from_secs(10),
+            "led for {led:?}"
+        );
     }
 }

@@ -102,7 +102,8 @@ fn main() -> ExitCode {
                 identity: std::env::var("POD_NAME")
                     .unwrap_or_else(|_| format!("bindery-operator-{}", std::process::id())),
                 duration: Duration::from_secs(lease_duration.max(2)),
-                renew_every: Duration::from_secs((lease_duration / 3).max(1)),
+                // A third of the lease (whole seconds cut a 2 s lease in half).
+                renew_every: Duration::from_secs(lease_duration.max(2)) / 3,
             });
             let config = OperatorConfig {
                 sidecar_image,
@@ -172,9 +173,10 @@ async fn run(
         }
     });
 
+    let mut renewed = tokio::time::Instant::now();
     if let Some(l) = &lease {
         tokio::select! {
-            _ = leader::acquire(&client, l) => {}
+            started = leader::acquire(&client, l) => renewed = started,
             _ = shutdown_signal() => return Ok(()),
         }
     }
@@ -199,7 +201,7 @@ async fn run(
             tokio::select! {
                 _ = controllers => Ok(()),
                 // A leader that lost its lease stops writing at once.
-                _ = leader::hold(&client, l) => Err("lost the leader lease; exiting so that only the leader writes".into()),
+                _ = leader::hold(&client, l, renewed) => Err("lost the leader lease; exiting so that only the leader writes".into()),
             }
         }
         None => {

@@ -283,6 +283,9 @@ fn every_failure_names_what_to_fix() {
             p.name = "tenantt".into();
             w.tenant.spec.parameters.push(p);
          }, "ParametersResolved", "spec.parameters[2] `tenantt`: no agent of the tree declares it (declared: billing_token, tenant)"),
+        ("a parameter for an agent that declares none", |w| {
+            w.agents.insert("invoices".into(), from_yaml("{model: {url: 'https://llm.example', name: m}}").unwrap());
+         }, "ParametersResolved", "spec.parameters[0] `tenant`: no agent of the tree declares it (the tree declares no parameters)"),
         ("plain value for a secret", |w| {
             w.tenant.spec.parameters[1].value = Some(serde_json::json!("canary-7f3a9c"));
             w.tenant.spec.parameters[1].value_from = None;

@@ -54,7 +54,13 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
  10. ``/openapi/v2`` is an empty document: kubectl apply's validation needs
      one to exist (and with nothing in it, validates nothing).
  11. ``kubectl get`` asks for Tables: the name, then a CRD's printer columns
-     (or the age), so printer columns show as on a cluster.
+     (or the age), so printer columns show as on a cluster; a column's JSONPath
+     may index (``[0]``, ``[*]``) and filter (``[?(@.type=="Ready")]``), and
+     shows its first match, as the API server does.
+ 12. Metadata-only reads: an ``Accept`` of ``as=PartialObjectMetadata[List]``
+     (kube-rs ``Api<PartialObjectMeta<K>>``, its metadata watches) gets
+     ``PartialObjectMetadata`` objects, metadata only, as from the API server:
+     a Secret's data is not sent to whoever watches Secrets that way.
 
 Gaps, by design -- tests must not rely on these:
   - no authentication, RBAC, admission, defaulting, CRD schema validation or
@@ -73,7 +79,8 @@ Gaps, by design -- tests must not rely on these:
     answers 404, so kubectl apply computes patches from its built-in types
     (strategic merge) or, for custom resources, as JSON merge patches;
   - kubectl get shows NAME and AGE for built-in kinds (no per-kind columns);
-    printer columns take simple ``.a.b`` paths only.
+    printer columns take ``.a.b`` paths with ``[n]``, ``[*]`` and ``==``/``!=``
+    filters on a string (``[?(@.a.b=="x")]``) only.
 """
 
 import argparse
@@ -82,6 +89,7 @@ import base64
 import copy
 import datetime
 import logging
+import re
 import signal
 import sys
 import traceback
@@ -219,11 +227,52 @@ def wants_table(request: kmock.Request) -> bool:
     return 'as=Table' in request.headers.get('Accept', '')
 
 
+def wants_metadata(request: kmock.Request) -> bool:
+    return 'as=PartialObjectMetadata' in request.headers.get('Accept', '')
+
+
+def partial(obj: dict[str, Any]) -> dict[str, Any]:
+    """Fix 12: an object as a metadata-only read returns it."""
+    return {'kind': 'PartialObjectMetadata', 'apiVersion': 'meta.k8s.io/v1',
+            'metadata': copy.deepcopy(obj.get('metadata') or {})}
+
+
 AGE_COLUMN = {'name': 'Age', 'type': 'date', 'jsonPath': '.metadata.creationTimestamp'}
 
 
+# One step of a printer column's JSONPath: ``.field``, ``[n]``, ``[*]`` or ``[?(@.a.b=="x")]``.
+JSONPATH_STEP = re.compile(r'''\.([^.\[]+)|\[(\d+|\*)\]|\[\?\(@\.([\w.]+)\s*(==|!=)\s*(["'])(.*?)\5\)\]''')
+
+
+def jsonpath_first(obj: Any, path: str) -> Any:
+    """The first value a printer column's JSONPath selects (the API server shows
+    ``results[0][0]``), or None: ``.status.conditions[?(@.type=="Ready")].status``."""
+    if not path.startswith(('.', '[')):
+        path = '.' + path
+    values, at = [obj], 0
+    while at < len(path):
+        step = JSONPATH_STEP.match(path, at)
+        if step is None:
+            return None  # beyond what the emulator supports: an empty cell
+        at = step.end()
+        field, index, key, op, _, wanted = step.groups()
+        found = []
+        for value in values:
+            if field is not None and isinstance(value, dict) and field in value:
+                found.append(value[field])
+            elif index == '*' and isinstance(value, list):
+                found.extend(value)
+            elif index is not None and index != '*' and isinstance(value, list) and int(index) < len(value):
+                found.append(value[int(index)])
+            elif key is not None and isinstance(value, list):
+                found.extend(item for item in value
+                             if (str(lookup(item, key)) == wanted) == (op == '=='))
+        values = found
+    return values[0] if values else None
+
+
 def cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
-    value = lookup(obj, column['jsonPath'].lstrip('.'))
+    value = jsonpath_first(obj, column['jsonPath'])
     return age(value) if column.get('type') == 'date' and isinstance(value, str) else value
 
 
@@ -406,7 +455,9 @@ class Emulator(kmock.KubernetesEmulator):
         obj = self._get(res, self._namespace_of(request, info), request.name)
         if obj is None:
             raise self._not_found(res, request.name)
-        return self._table(res, [obj]) if wants_table(request) else obj
+        if wants_table(request):
+            return self._table(res, [obj])
+        return partial(obj) if wants_metadata(request) else obj
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         # Fix 7: a proper List with its kind and the revision to watch from.
@@ -415,6 +466,12 @@ class Emulator(kmock.KubernetesEmulator):
         items = [obj for obj in items if self._selected(request, res, info, obj)]
         if wants_table(request):
             return self._table(res, items)
+        if wants_metadata(request):  # fix 12
+            return {
+                'kind': 'PartialObjectMetadataList', 'apiVersion': 'meta.k8s.io/v1',
+                'metadata': {'resourceVersion': str(self._revision)},
+                'items': [partial(obj) for obj in items],
+            }
         return {
             'kind': f'{info.kind}List',
             'apiVersion': f'{res.group}/{res.version}' if res.group else res.version,
@@ -437,16 +494,25 @@ class Emulator(kmock.KubernetesEmulator):
         self._watchers.add(queue)
         timeout = float(request.params.get('timeoutSeconds') or 0) or None
         table = wants_table(request)
+        metadata = wants_metadata(request)  # fix 12
+
+        def render(event: dict[str, Any]) -> dict[str, Any]:
+            if table:
+                return self._table_event(res, event)
+            if metadata:
+                return {'type': event['type'], 'object': partial(event['object'])}
+            return event
+
         yield b''  # kmock sends the headers on the first chunk; a watch may see nothing for a while
         try:
             async with asyncio.timeout(timeout):
                 for event in backlog:
                     if self._selected(request, res, info, event['object']):
-                        yield self._table_event(res, event) if table else event
+                        yield render(event)
                 while (item := await queue.get()) is not None:
                     r, event = item
                     if r == res and self._selected(request, res, info, event['object']):
-                        yield self._table_event(res, event) if table else event
+                        yield render(event)
         except TimeoutError:
             pass  # timeoutSeconds: the client watches again from its last resourceVersion
         finally:
@@ -454,7 +520,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     def _table(self, res: kmock.resource, objs: list[dict[str, Any]]) -> dict[str, Any]:
         """Fix 11: server-side printing for kubectl get: the name, then a CRD's printer
-        columns (simple ``.a.b`` paths only) or else the age."""
+        columns (see jsonpath_first) or else the age."""
         columns = self._columns.get(res) or [AGE_COLUMN]
         return {
             'kind': 'Table', 'apiVersion': 'meta.k8s.io/v1',

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use bindery_tests::kube::Emulator;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::{conditions, finalizer, wait::await_condition, watcher};
 use kube::{Client, Config, CustomResource, CustomResourceExt, ResourceExt};
@@ -85,8 +86,30 @@ fn kubectl_drives_a_crd_and_its_custom_resources() {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    assert_eq!(header, ["NAME", "SIZE", "PHASE", "AGE"], "{out}");
+    assert_eq!(header, ["NAME", "SIZE", "PHASE", "READY", "AGE"], "{out}");
     assert!(out.lines().any(|l| l.starts_with("gizmo   3 ")), "{out}");
+    // A column whose JSONPath filters a list shows its first match.
+    kubectl(
+        &emu,
+        &[
+            "patch",
+            "widget",
+            "gizmo",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status": {"phase": "Running", "conditions": [
+                {"type": "Synced", "status": "False"}, {"type": "Ready", "status": "True"}]}}"#,
+        ],
+    );
+    let out = kubectl(&emu, &["get", "widgets"]);
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..4], ["gizmo", "3", "Running", "True"], "{out}");
     let out = kubectl(&emu, &["get", "wd"]); // the short name, from discovery
     assert!(out.contains("gizmo"), "{out}");
 
@@ -381,6 +404,60 @@ async fn kube_rs_watcher_sees_later_changes() {
     .unwrap_or_else(|_| panic!("no Apply event within {WAIT:?}; log:\n{}", emu.logs()));
     assert_eq!(seen.name_any(), "watched");
     assert_eq!(seen.data.unwrap()["v"], "2");
+}
+
+#[tokio::test]
+async fn kube_rs_metadata_reads_get_metadata_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(
+            json!({"metadata": {"name": name}, "stringData": {"token": "s3cr3t"}}),
+        )
+        .unwrap()
+    };
+    secrets
+        .create(&PostParams::default(), &secret("first"))
+        .await
+        .unwrap();
+
+    // Api<PartialObjectMeta<_>> asks for PartialObjectMetadata: the data stays home.
+    let meta: Api<PartialObjectMeta<Secret>> = Api::default_namespaced(client);
+    let list = meta.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.types.kind, "PartialObjectMetadataList");
+    assert_eq!(list.items.len(), 1);
+    let kind = |m: &PartialObjectMeta<Secret>| m.types.as_ref().map(|t| t.kind.clone());
+    assert_eq!(
+        kind(&list.items[0]).as_deref(),
+        Some("PartialObjectMetadata")
+    );
+    assert_eq!(list.items[0].name_any(), "first");
+    let got = meta.get("first").await.unwrap();
+    assert_eq!(kind(&got).as_deref(), Some("PartialObjectMetadata"));
+    assert!(got.metadata.resource_version.is_some());
+
+    let mut events = watcher(meta, watcher::Config::default()).boxed();
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.try_next().await.unwrap() {
+                Some(watcher::Event::InitDone) => {
+                    secrets
+                        .create(&PostParams::default(), &secret("second"))
+                        .await
+                        .unwrap();
+                }
+                Some(watcher::Event::Apply(m)) => break m,
+                Some(_) => continue,
+                None => panic!("the watch stream ended"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no Apply event within {WAIT:?}; log:\n{}", emu.logs()));
+    assert_eq!(seen.name_any(), "second");
+    assert_eq!(kind(&seen).as_deref(), Some("PartialObjectMetadata"));
 }
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, JsonSchema)]

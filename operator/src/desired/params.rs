@@ -36,12 +36,19 @@ pub fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution {
         .iter()
         .flat_map(|a| a.spec.parameters.iter().map(|d| d.name.as_str()))
         .collect();
+    let known = if declared.is_empty() {
+        "the tree declares no parameters".to_string()
+    } else {
+        format!(
+            "declared: {}",
+            declared.iter().copied().collect::<Vec<_>>().join(", ")
+        )
+    };
     for (i, p) in params.iter().enumerate() {
         if !declared.contains(p.name.as_str()) {
             out.problems.push(format!(
-                "spec.parameters[{i}] `{}`: no agent of the tree declares it (declared: {})",
+                "spec.parameters[{i}] `{}`: no agent of the tree declares it ({known})",
                 p.name,
-                declared.iter().copied().collect::<Vec<_>>().join(", ")
             ));
         }
     }

@@ -1,0 +1,1325 @@
+//! The real operator binary against the Kubernetes API emulator
+//! (tests/k8s/emulator.py): the example tenant end to end, what kubectl
+//! shows of it, Secrets and Agents changing under a running operator, a
+//! Secret's value never leaving its Secret, leader election and the metrics
+//! endpoint.
+//!
+//! Each test runs its own emulator, namespace and operator process(es). The
+//! emulator has no controllers: Deployments never get Pods, so no tenant
+//! becomes Ready here (Available=False: PodsNotReady, or Deploying).
+
+use std::cell::{Cell, RefCell};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bindery_operator::crd::AgentTenant;
+use bindery_tests::kube::Emulator;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret, Service, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, Resource, ResourceExt};
+use serde_json::{json, Value};
+
+/// Bound on every wait for the operator (reconciles take a fraction of a
+/// second against the emulator; tests share two cores).
+const WAIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+/// A Secret value that must never leave its Secret.
+const CANARY: &str = "canary-7f3a9c";
+const EXAMPLES: [&str; 4] = [
+    "examples/k8s/agent.yaml",
+    "examples/k8s/billing-secret.yaml",
+    "examples/k8s/tools-configmap.yaml",
+    "examples/k8s/tenant.yaml",
+];
+
+fn repo(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn read_repo(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The last `n` bytes of `text` (on a char boundary).
+fn tail(text: &str, n: usize) -> &str {
+    let mut start = text.len().saturating_sub(n);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// An emulator with the CRDs installed and one namespace for the test.
+struct Cluster {
+    ns: String,
+    client: Client,
+    emu: Emulator,
+    /// Logs of the operators started on this cluster, for failure messages.
+    operator_logs: RefCell<Vec<PathBuf>>,
+    manifests: Cell<usize>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(ns: &str) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let emu = Emulator::start(dir.path());
+        let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).expect("kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("config");
+        let client = Client::try_from(config).expect("client");
+        let cluster = Cluster {
+            ns: ns.to_string(),
+            client,
+            emu,
+            operator_logs: RefCell::new(Vec::new()),
+            manifests: Cell::new(0),
+            dir,
+        };
+        cluster.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"
+        ));
+        let out = cluster.kubectl(&["apply", "-f", &repo("crds")]);
+        assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
+        cluster
+    }
+
+    /// kubectl in the test's namespace.
+    fn try_kubectl(&self, args: &[&str]) -> Output {
+        let mut all = args.to_vec();
+        all.extend(["-n", &self.ns]);
+        self.emu.kubectl(&all)
+    }
+
+    /// kubectl in the test's namespace; its stdout, or a panic with both
+    /// streams and the logs.
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.try_kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} -> {}\nstdout:\n{}\nstderr:\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    }
+
+    fn kubectl_json(&self, args: &[&str]) -> Value {
+        let text = self.kubectl(args);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {text}"))
+    }
+
+    /// `kubectl apply -f` of a manifest, in the test's namespace.
+    fn apply(&self, manifest: &str) -> String {
+        let n = self.manifests.get() + 1;
+        self.manifests.set(n);
+        let path = self.dir.path().join(format!("manifest-{n}.yaml"));
+        std::fs::write(&path, manifest).unwrap();
+        self.kubectl(&["apply", "-f", path.to_str().unwrap()])
+    }
+
+    fn apply_examples(&self) {
+        for file in EXAMPLES {
+            self.kubectl(&["apply", "-f", &repo(file)]);
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn tenants(&self) -> Api<AgentTenant> {
+        self.api()
+    }
+
+    /// The tail of each operator's log and of the emulator's.
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for path in self.operator_logs.borrow().iter() {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            s.push_str(&format!(
+                "--- {} (tail) ---\n{}\n",
+                path.display(),
+                tail(&log, 6000)
+            ));
+        }
+        s.push_str(&format!(
+            "--- emulator (tail) ---\n{}\n",
+            tail(&self.emu.logs(), 4000)
+        ));
+        s
+    }
+
+    /// Poll `probe` until it gives `Ok`, at most [`WAIT`]; otherwise panic
+    /// with what it last saw (its `Err`) and the logs.
+    async fn wait<T>(&self, what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match probe().await {
+                Ok(v) => return v,
+                Err(seen) if Instant::now() >= deadline => {
+                    panic!(
+                        "waited {WAIT:?} for {what}; last seen: {seen}\n{}",
+                        self.logs()
+                    )
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+
+    /// Wait until the tenant `name` satisfies `ok`; return it.
+    async fn wait_tenant(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&AgentTenant) -> bool,
+    ) -> AgentTenant {
+        let tenants = self.tenants();
+        self.wait(&format!("tenant {name}: {what}"), async || {
+            match tenants.get_opt(name).await {
+                Ok(Some(t)) if ok(&t) => Ok(t),
+                Ok(Some(t)) => Err(format!(
+                    "generation {:?}, status {}",
+                    t.metadata.generation,
+                    serde_json::to_string_pretty(&t.status).unwrap()
+                )),
+                Ok(None) => Err("no such tenant".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Wait until `name` of kind `K` exists; return it.
+    async fn wait_object<K>(&self, name: &str) -> K
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api = self.api::<K>();
+        self.wait(
+            &format!("{} {name} to exist", K::kind(&())),
+            async || match api.get_opt(name).await {
+                Ok(Some(o)) => Ok(o),
+                Ok(None) => Err("not found".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await
+    }
+
+    /// Change the tenant's spec (one more replica) and wait until a
+    /// reconcile has seen it. A controller never runs two reconciles of one
+    /// object at once, so every reconcile that started before has finished.
+    async fn settle(&self, name: &str) -> AgentTenant {
+        let generation = self.change_spec(name).await;
+        self.wait_tenant(name, "a reconcile of the new generation", |t| {
+            observed(t, generation)
+        })
+        .await
+    }
+
+    /// Give the tenant one more replica; its new generation.
+    async fn change_spec(&self, name: &str) -> i64 {
+        let tenants = self.tenants();
+        let t = tenants.get(name).await.unwrap();
+        let replicas = t.spec.replicas.unwrap_or(1) + 1;
+        let patched = tenants
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+        let generation = patched.metadata.generation.unwrap_or_default();
+        assert!(Some(generation) > t.metadata.generation, "{patched:?}");
+        generation
+    }
+
+    /// `(reason, message)` of the Warning Events about the tenant `name`.
+    async fn warnings(&self, name: &str) -> Vec<(String, String)> {
+        self.api::<Event>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.kind.as_deref() == Some("AgentTenant")
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Wait for a Warning Event about `name` whose message contains `text`.
+    async fn wait_warning(&self, name: &str, reason: &str, text: &str) {
+        self.wait(
+            &format!("a Warning {reason} about {name} saying {text:?}"),
+            async || {
+                let w = self.warnings(name).await;
+                if w.iter().any(|(r, m)| r == reason && m.contains(text)) {
+                    Ok(())
+                } else {
+                    Err(format!("{w:?}"))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Each Warning about `name` was published once: no two have the same
+    /// reason and message.
+    async fn assert_warnings_once(&self, name: &str) {
+        let w = self.warnings(name).await;
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &w {
+            assert!(
+                seen.insert(e),
+                "published twice: {e:?}\nall warnings: {w:#?}\n{}",
+                self.logs()
+            );
+        }
+    }
+
+    async fn config_hash(&self, deployment: &str) -> String {
+        let d: Deployment = self.api().get(deployment).await.unwrap();
+        d.spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get("bindery.dev/config-hash").cloned())
+            .unwrap_or_default()
+    }
+
+    /// The config hash of the Deployment, once it exists.
+    async fn wait_hash_of(&self, deployment: &str) -> String {
+        self.wait(
+            &format!("Deployment {deployment}'s config hash"),
+            async || match self.api::<Deployment>().get_opt(deployment).await {
+                Ok(Some(_)) => {
+                    let h = self.config_hash(deployment).await;
+                    if h.is_empty() {
+                        Err("no hash".into())
+                    } else {
+                        Ok(h)
+                    }
+                }
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await
+    }
+
+    /// Wait until the config hash is no longer `before`.
+    async fn wait_hash_change(&self, deployment: &str, before: &str) -> String {
+        self.wait(
+            &format!("Deployment {deployment}'s config hash to change"),
+            async || {
+                let h = self.config_hash(deployment).await;
+                if h != before && !h.is_empty() {
+                    Ok(h)
+                } else {
+                    Err(h)
+                }
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    /// A failed test keeps its files (operator logs, manifests, the
+    /// emulator's log) for inspection.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept the test's files in {}", self.dir.path().display());
+        }
+    }
+}
+
+/// A running `bindery-operator run`; killed when dropped.
+struct Operator {
+    child: Child,
+    log: PathBuf,
+    /// `http://127.0.0.1:PORT` of `/metrics`, `/healthz`, `/readyz`.
+    metrics: String,
+}
+
+impl Operator {
+    /// Start the operator binary on the cluster's namespace with `args`
+    /// after `run`'s usual ones, and `env`; wait until it serves metrics.
+    fn start(cluster: &Cluster, name: &str, args: &[&str], env: &[(&str, &str)]) -> Operator {
+        let log = cluster.dir.path().join(format!("operator-{name}.stderr"));
+        let stderr = std::fs::File::create(&log).expect("operator log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bindery-operator"))
+            .args([
+                "run",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--namespace",
+                &cluster.ns,
+            ])
+            .args(args)
+            .env("KUBECONFIG", &cluster.emu.kubeconfig)
+            .env_remove("BINDERY_LOG")
+            .env_remove("BINDERY_SIDECAR_IMAGE")
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("the operator starts");
+        cluster.operator_logs.borrow_mut().push(log.clone());
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("metrics on ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let metrics = match rx.recv_timeout(WAIT) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the operator did not say where it serves metrics\n{}",
+                    cluster.logs()
+                );
+            }
+        };
+        Operator {
+            child,
+            log,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn condition<'a>(t: &'a AgentTenant, type_: &str) -> Option<&'a Condition> {
+    t.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Whether the tenant has the condition `type_` with `status`.
+fn has(t: &AgentTenant, type_: &str, status: &str) -> bool {
+    condition(t, type_).is_some_and(|c| c.status == status)
+}
+
+fn message<'a>(t: &'a AgentTenant, type_: &str) -> &'a str {
+    condition(t, type_).map_or("", |c| c.message.as_str())
+}
+
+fn reason<'a>(t: &'a AgentTenant, type_: &str) -> &'a str {
+    condition(t, type_).map_or("", |c| c.reason.as_str())
+}
+
+/// Whether a reconcile has seen the tenant's `generation`.
+fn observed(t: &AgentTenant, generation: i64) -> bool {
+    t.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
+}
+
+fn resolved(t: &AgentTenant) -> bool {
+    has(t, "ParametersResolved", "True")
+}
+
+/// The status row of the parameter `name`, as `(source, bound)`.
+fn row(t: &AgentTenant, name: &str) -> Option<(String, bool)> {
+    t.status
+        .as_ref()?
+        .parameters
+        .iter()
+        .find(|r| r.name == name)
+        .map(|r| (r.source.clone(), r.bound))
+}
+
+/// Whether `meta` names the tenant as its controlling owner.
+fn owned_by(meta: &ObjectMeta, tenant: &AgentTenant) -> bool {
+    meta.owner_references.iter().flatten().any(|o| {
+        o.api_version == "bindery.dev/v1alpha1"
+            && o.kind == "AgentTenant"
+            && o.name == tenant.name_any()
+            && Some(&o.uid) == tenant.metadata.uid.as_ref()
+            && o.controller == Some(true)
+    })
+}
+
+/// The trimmed lines of `kubectl describe` output whose key is `key`, as
+/// their values: `Params Bound:    2/2` gives `2/2` for `Params Bound`.
+fn described<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+        .collect()
+}
+
+/// Whether `kubectl describe` shows the condition `type_` with `status`
+/// (a condition's fields print in order: ..., Status, Type).
+fn describes_condition(text: &str, type_: &str, status: &str) -> bool {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines.windows(2).any(|w| {
+        w[0].strip_prefix("Status:").map(str::trim) == Some(status)
+            && w[1].strip_prefix("Type:").map(str::trim) == Some(type_)
+    })
+}
+
+/// `(status code, body)` of a GET on the operator's HTTP server.
+fn http_get(base: &str, path: &str) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("the metrics server listens");
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body.to_string())
+}
+
+/// The value of the sample `name` (with its labels) in a Prometheus text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The example Secret with another `stringData`.
+fn billing_secret(key: &str, value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-billing\ntype: Opaque\nstringData:\n  {key}: {value}\n"
+    )
+}
+
+/// The example agent with `extra` appended under `spec.parameters`.
+fn agent_with_parameter(extra: &str) -> String {
+    let agent = read_repo("examples/k8s/agent.yaml");
+    let anchor = "      secret: true\n";
+    assert!(agent.contains(anchor), "examples/k8s/agent.yaml changed");
+    agent.replacen(anchor, &format!("{anchor}{extra}"), 1)
+}
+
+fn ready_false_without_pods(t: &AgentTenant) -> bool {
+    has(t, "Ready", "False") && ["PodsNotReady", "Deploying"].contains(&reason(t, "Ready"))
+}
+
+#[tokio::test]
+async fn the_example_tenant_gets_its_status_and_objects() {
+    let cluster = Cluster::start("shop").await;
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster.apply_examples();
+
+    cluster
+        .wait_tenant("acme", "agent valid, parameters resolved, 2/2 bound", |t| {
+            has(t, "AgentValid", "True")
+                && resolved(t)
+                && t.status.as_ref().unwrap().params_bound.as_deref() == Some("2/2")
+        })
+        .await;
+    let tenant = cluster
+        .wait_tenant(
+            "acme",
+            "Ready=False: no pods in an emulator",
+            ready_false_without_pods,
+        )
+        .await;
+    let status = tenant.status.clone().unwrap();
+    assert_eq!(status.observed_generation, tenant.metadata.generation);
+    assert_eq!(
+        row(&tenant, "tenant"),
+        Some(("pinned".into(), true)),
+        "{status:#?}"
+    );
+    assert_eq!(
+        row(&tenant, "billing_token"),
+        Some(("secret acme-billing/token".into(), true)),
+        "{status:#?}"
+    );
+    assert_eq!(
+        status.endpoint.as_deref(),
+        Some("http://acme.shop.svc.cluster.local")
+    );
+
+    let cm: ConfigMap = cluster.wait_object("acme-agents").await;
+    let data = cm.data.clone().unwrap_or_default();
+    assert!(data.contains_key("invoices.yaml"), "{cm:?}");
+    let params: Value = serde_json::from_str(&data["params.json"]).expect("params.json");
+    // Values only, and no secret among them: billing_token travels in env.
+    assert_eq!(
+        params,
+        json!({"tenant": {"value": "acme-corp", "pinned": true}})
+    );
+    assert!(owned_by(&cm.metadata, &tenant), "{cm:?}");
+
+    let sa: ServiceAccount = cluster.wait_object("acme").await;
+    assert_eq!(sa.automount_service_account_token, Some(false), "{sa:?}");
+    assert!(owned_by(&sa.metadata, &tenant), "{sa:?}");
+
+    let svc: Service = cluster.wait_object("acme").await;
+    assert!(owned_by(&svc.metadata, &tenant), "{svc:?}");
+    let selector = svc.spec.as_ref().and_then(|s| s.selector.clone());
+    assert_eq!(
+        selector.unwrap_or_default().get("bindery.dev/tenant"),
+        Some(&"acme".to_string())
+    );
+
+    let owner_token: Secret = cluster.wait_object("acme-owner-token").await;
+    assert!(owned_by(&owner_token.metadata, &tenant), "{owner_token:?}");
+    assert!(owner_token
+        .data
+        .as_ref()
+        .is_some_and(|d| d.get("token").is_some_and(|v| v.0.len() == 64)));
+
+    let deployment: Deployment = cluster.wait_object("acme").await;
+    assert!(owned_by(&deployment.metadata, &tenant), "{deployment:?}");
+    let template = deployment.spec.as_ref().unwrap().template.clone();
+    let hash = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get("bindery.dev/config-hash"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(hash.len(), 64, "config hash: {hash:?}");
+    let pod = template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("acme"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let pod_sc = pod.security_context.clone().unwrap();
+    assert_eq!(pod_sc.run_as_non_root, Some(true));
+    assert_eq!(
+        pod_sc.seccomp_profile.map(|s| s.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+    let sidecar = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "sidecar")
+        .expect("a sidecar container");
+    let env = sidecar.env.clone().unwrap_or_default();
+    let token_env = env
+        .iter()
+        .find(|e| e.name == "BINDERY_PARAM_BILLING_TOKEN")
+        .expect("BINDERY_PARAM_BILLING_TOKEN");
+    assert_eq!(token_env.value, None);
+    let key_ref = token_env
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("a secretKeyRef");
+    assert_eq!(
+        (key_ref.name.as_str(), key_ref.key.as_str()),
+        ("acme-billing", "token")
+    );
+    let sc = sidecar.security_context.clone().expect("securityContext");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.and_then(|c| c.drop),
+        Some(vec!["ALL".to_string()])
+    );
+    assert_eq!(
+        sc.seccomp_profile.map(|s| s.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|h| h.path.clone())
+    };
+    assert_eq!(
+        probe_path(&sidecar.readiness_probe).as_deref(),
+        Some("/readyz")
+    );
+    assert_eq!(
+        probe_path(&sidecar.liveness_probe).as_deref(),
+        Some("/healthz")
+    );
+    // The tools ConfigMap is mounted; the agents ConfigMap too.
+    let volumes = pod.volumes.unwrap_or_default();
+    let cm_volumes: Vec<&str> = volumes
+        .iter()
+        .filter_map(|v| v.config_map.as_ref().map(|c| c.name.as_str()))
+        .collect();
+    assert!(cm_volumes.contains(&"invoices-tools"), "{cm_volumes:?}");
+    assert!(cm_volumes.contains(&"acme-agents"), "{cm_volumes:?}");
+}
+
+#[tokio::test]
+async fn kubectl_describes_and_lists_the_tenant() {
+    let cluster = Cluster::start("views").await;
+    cluster.apply_examples();
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster
+        .wait_tenant("acme", "resolved, Ready=False without pods", |t| {
+            resolved(t) && ready_false_without_pods(t)
+        })
+        .await;
+
+    let out = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    // Shown in the test's log when an assertion fails.
+    println!("kubectl describe agenttenant acme:\n{out}");
+    for (type_, status) in [
+        ("Ready", "False"),
+        ("AgentValid", "True"),
+        ("ParametersResolved", "True"),
+        ("Available", "False"),
+    ] {
+        assert!(
+            describes_condition(&out, type_, status),
+            "{type_}={status} not described"
+        );
+    }
+    assert_eq!(described(&out, "Params Bound"), ["2/2"]);
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    for summary in [
+        "tenant (invoices; session, required): pinned",
+        "billing_token (invoices; process, secret, required): secret acme-billing/token",
+    ] {
+        assert!(lines.contains(&summary), "no summary line {summary:?}");
+    }
+    assert_eq!(
+        described(&out, "Endpoint"),
+        ["http://acme.views.svc.cluster.local"]
+    );
+
+    let out = cluster.kubectl(&["get", "agenttenants"]);
+    println!("kubectl get agenttenants:\n{out}");
+    let mut lines = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        ["NAME", "AGENT", "READY", "PARAMS", "AGE"]
+    );
+    let row = lines.next().unwrap_or_default();
+    assert!(row.len() == 5, "{row:?}");
+    assert_eq!(row[..4], ["acme", "invoices", "False", "2/2"]);
+    // The short names work too.
+    let out = cluster.kubectl(&["get", "at"]);
+    assert!(out.contains("acme"), "{out}");
+}
+
+#[tokio::test]
+async fn a_deleted_secret_flips_the_tenant_until_it_is_restored() {
+    let cluster = Cluster::start("billing").await;
+    cluster.apply_examples();
+    let mut operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let hash_before = cluster.wait_hash_of("acme").await;
+
+    // Gone: unresolved, naming the Secret; what runs keeps running.
+    cluster.kubectl(&["delete", "secret", "acme-billing"]);
+    let t = cluster
+        .wait_tenant("acme", "unresolved: the Secret is gone", |t| {
+            has(t, "ParametersResolved", "False")
+                && message(t, "ParametersResolved").contains("Secret `acme-billing` does not exist")
+        })
+        .await;
+    assert!(has(&t, "Ready", "False"), "{:?}", t.status);
+    assert!(
+        message(&t, "Ready").contains("Secret `acme-billing`"),
+        "{:?}",
+        t.status
+    );
+    assert!(message(&t, "ParametersResolved").contains("billing_token"));
+    assert_eq!(
+        row(&t, "billing_token").map(|r| r.1),
+        Some(false),
+        "{:?}",
+        t.status
+    );
+    assert_eq!(
+        t.status.as_ref().unwrap().params_bound.as_deref(),
+        Some("1/2")
+    );
+    cluster
+        .wait_warning(
+            "acme",
+            "ParametersUnresolved",
+            "Secret `acme-billing` does not exist",
+        )
+        .await;
+    let events = cluster.kubectl_json(&["get", "events", "-o", "json"]);
+    let listed = events["items"].as_array().unwrap().iter().any(|e| {
+        e["type"] == "Warning"
+            && e["involvedObject"]["kind"] == "AgentTenant"
+            && e["involvedObject"]["name"] == "acme"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Secret `acme-billing` does not exist"))
+    });
+    assert!(listed, "kubectl get events: {events:#}");
+    let out = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    println!("kubectl describe agenttenant acme:\n{out}");
+    let events_section = out.split_once("\nEvents:").map_or("", |(_, e)| e);
+    assert!(
+        events_section.lines().any(|l| l.contains("Warning")
+            && l.contains("ParametersUnresolved")
+            && l.contains("Secret `acme-billing` does not exist")),
+        "no Warning in describe's Events"
+    );
+    let _: Deployment = cluster.api().get("acme").await.expect("still deployed");
+
+    // Back without the key: the message names the key.
+    cluster.apply(&billing_secret("tok", "not-the-token"));
+    let t = cluster
+        .wait_tenant("acme", "unresolved: no key `token`", |t| {
+            has(t, "ParametersResolved", "False")
+                && message(t, "ParametersResolved").contains("has no key `token`")
+        })
+        .await;
+    assert!(
+        message(&t, "ParametersResolved").contains("Secret `acme-billing`"),
+        "{:?}",
+        t.status
+    );
+    cluster
+        .wait_warning("acme", "ParametersUnresolved", "has no key `token`")
+        .await;
+
+    // Restored: resolved again by the same process, and the pods roll.
+    cluster.apply(&billing_secret("token", CANARY));
+    cluster
+        .wait_tenant("acme", "resolved again", |t| {
+            resolved(t) && ready_false_without_pods(t)
+        })
+        .await;
+    let hash_after = cluster.wait_hash_change("acme", &hash_before).await;
+    assert_ne!(hash_after, hash_before);
+    assert!(
+        operator.running(),
+        "the operator exited:\n{}",
+        operator.log()
+    );
+
+    cluster.settle("acme").await;
+    cluster.assert_warnings_once("acme").await;
+    assert!(
+        operator.running(),
+        "the operator exited:\n{}",
+        operator.log()
+    );
+}
+
+/// Where `needle` occurs in a JSON document, as paths (`/spec/x/0/name`).
+fn paths_containing(v: &Value, needle: &str, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) if s.contains(needle) => out.push(at.to_string()),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                paths_containing(item, needle, &format!("{at}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, item) in map {
+                if k.contains(needle) {
+                    out.push(format!("{at}/{k} (key)"));
+                }
+                paths_containing(item, needle, &format!("{at}/{k}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn a_secret_value_never_leaves_its_secret() {
+    let cluster = Cluster::start("canary").await;
+    for file in EXAMPLES.iter().filter(|f| !f.contains("secret")) {
+        cluster.kubectl(&["apply", "-f", &repo(file)]);
+    }
+    cluster.apply(&billing_secret("token", CANARY));
+    let operator = Operator::start(&cluster, "main", &[], &[("BINDERY_LOG", "debug")]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let hash = cluster.wait_hash_of("acme").await;
+
+    // A delete/restore cycle: the value is read again on the way back.
+    cluster.kubectl(&["delete", "secret", "acme-billing"]);
+    cluster
+        .wait_tenant("acme", "unresolved", |t| {
+            has(t, "ParametersResolved", "False")
+        })
+        .await;
+    cluster.apply(&billing_secret("token", CANARY));
+    cluster
+        .wait_tenant("acme", "resolved again", resolved)
+        .await;
+    cluster.wait_hash_change("acme", &hash).await;
+    cluster.settle("acme").await;
+
+    // The generated owner token is a secret as well.
+    let owner: Secret = cluster.api().get("acme-owner-token").await.unwrap();
+    let owner_token = String::from_utf8(owner.data.unwrap()["token"].0.clone()).unwrap();
+    assert_eq!(owner_token.len(), 64);
+    let needles = [
+        ("the canary", CANARY.to_string()),
+        // base64 of the canary, as in the Secret's data.
+        ("the canary in base64", "Y2FuYXJ5LTdmM2E5Yw".to_string()),
+        ("the owner token", owner_token),
+    ];
+
+    let log = operator.log();
+    assert!(
+        log.contains("DEBUG"),
+        "the log is not at debug level:\n{}",
+        tail(&log, 2000)
+    );
+    let everything = cluster.kubectl_json(&[
+        "get",
+        "agenttenants,agents,configmaps,deployments,services,serviceaccounts,events",
+        "-o",
+        "json",
+    ]);
+    let kinds: std::collections::BTreeSet<&str> = everything["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["kind"].as_str())
+        .collect();
+    for kind in [
+        "AgentTenant",
+        "Agent",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "Event",
+    ] {
+        assert!(kinds.contains(kind), "no {kind} listed: {kinds:?}");
+    }
+    let describe = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    for (what, needle) in &needles {
+        assert!(
+            !log.contains(needle.as_str()),
+            "{what} is in the operator's log"
+        );
+        let mut found = Vec::new();
+        paths_containing(&everything, needle, "", &mut found);
+        assert!(found.is_empty(), "{what} is in {found:?}");
+        assert!(
+            !describe.contains(needle.as_str()),
+            "{what} is in kubectl describe:\n{describe}"
+        );
+    }
+
+    // The Deployment names the Secret in one place: a secretKeyRef.
+    let deployment = cluster.kubectl_json(&["get", "deployment", "acme", "-o", "json"]);
+    let mut found = Vec::new();
+    paths_containing(&deployment, "acme-billing", "", &mut found);
+    assert_eq!(
+        found,
+        ["/spec/template/spec/containers/0/env/0/valueFrom/secretKeyRef/name"],
+        "{deployment:#}"
+    );
+}
+
+#[tokio::test]
+async fn agent_changes_reconcile_their_tenants() {
+    let cluster = Cluster::start("agents").await;
+    cluster.apply_examples();
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let before = cluster.wait_tenant("acme", "resolved", resolved).await;
+
+    // A new optional parameter with a default: a row, without touching the tenant.
+    let region = "    - name: region\n      required: false\n      default:\n        value: eu\n";
+    cluster.apply(&agent_with_parameter(region));
+    let t = cluster
+        .wait_tenant("acme", "a row for region", |t| row(t, "region").is_some())
+        .await;
+    assert_eq!(row(&t, "region"), Some(("default".into(), true)));
+    assert!(resolved(&t), "{:?}", t.status);
+    assert_eq!(
+        t.status.as_ref().unwrap().params_bound.as_deref(),
+        Some("2/2")
+    );
+    assert_eq!(t.metadata.generation, before.metadata.generation);
+    assert_eq!(t.spec, before.spec);
+    let cm: ConfigMap = cluster.api().get("acme-agents").await.unwrap();
+    assert!(
+        cm.data.unwrap_or_default()["invoices.yaml"].contains("region"),
+        "the agent file is not updated"
+    );
+
+    // A helper that does not exist: the agent is invalid, naming it.
+    let with_helper = format!(
+        "{}  helpers:\n    - agent: ledger\n",
+        agent_with_parameter(region)
+    );
+    cluster.apply(&with_helper);
+    let t = cluster
+        .wait_tenant("acme", "AgentValid=False naming ledger", |t| {
+            has(t, "AgentValid", "False") && message(t, "AgentValid").contains("`ledger`")
+        })
+        .await;
+    assert_eq!(reason(&t, "AgentValid"), "InvalidAgent");
+    assert!(has(&t, "Ready", "False"));
+    cluster
+        .wait_warning("acme", "InvalidAgent", "`ledger`")
+        .await;
+
+    // The helper appears: valid again, with the helper's file.
+    cluster.apply(
+        "apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: ledger
+spec:
+  announce: reads the ledger
+  model:
+    url: https://api.openai.com/v1
+    name: gpt-4o-mini
+  systemPrompt: You read the ledger.
+",
+    );
+    let t = cluster
+        .wait_tenant("acme", "AgentValid=True with its helper", |t| {
+            has(t, "AgentValid", "True") && resolved(t)
+        })
+        .await;
+    assert!(
+        message(&t, "AgentValid").contains("and its helper"),
+        "{:?}",
+        t.status
+    );
+    cluster
+        .wait("the helper's file in acme-agents", async || {
+            let cm: ConfigMap = cluster.api().get("acme-agents").await.unwrap();
+            let data = cm.data.unwrap_or_default();
+            if data.contains_key("ledger.yaml") {
+                Ok(())
+            } else {
+                Err(format!("{:?}", data.keys().collect::<Vec<_>>()))
+            }
+        })
+        .await;
+    assert_eq!(t.metadata.generation, before.metadata.generation);
+}
+
+#[tokio::test]
+async fn unknown_agents_and_parameters_deploy_nothing() {
+    let cluster = Cluster::start("mistakes").await;
+    for file in EXAMPLES.iter().filter(|f| !f.contains("tenant")) {
+        cluster.kubectl(&["apply", "-f", &repo(file)]);
+    }
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let stray_tenant = |colour: bool| {
+        let tenant = read_repo("examples/k8s/tenant.yaml").replace("name: acme\n", "name: stray\n");
+        if colour {
+            tenant.replace(
+                "  parameters:\n",
+                "  parameters:\n    - name: colour\n      value: blue\n",
+            )
+        } else {
+            tenant
+        }
+    };
+    cluster.apply(
+        "apiVersion: bindery.dev/v1alpha1
+kind: AgentTenant
+metadata:
+  name: ghost
+spec:
+  agentRef:
+    name: nope
+",
+    );
+    cluster.apply(&stray_tenant(true));
+
+    let ghost = cluster
+        .wait_tenant("ghost", "AgentValid=False", |t| {
+            has(t, "AgentValid", "False")
+        })
+        .await;
+    assert_eq!(reason(&ghost, "AgentValid"), "AgentNotFound");
+    assert!(
+        message(&ghost, "AgentValid").contains("`nope`"),
+        "{:?}",
+        ghost.status
+    );
+    assert!(has(&ghost, "Ready", "False"));
+    assert_eq!(reason(&ghost, "Available"), "NotDeployed");
+    assert!(ghost.status.as_ref().unwrap().endpoint.is_none());
+
+    let stray = cluster
+        .wait_tenant("stray", "ParametersResolved=False", |t| {
+            has(t, "ParametersResolved", "False")
+        })
+        .await;
+    assert!(has(&stray, "AgentValid", "True"), "{:?}", stray.status);
+    assert_eq!(reason(&stray, "ParametersResolved"), "Unresolved");
+    assert!(
+        message(&stray, "ParametersResolved").contains("`colour`"),
+        "{:?}",
+        stray.status
+    );
+    assert!(message(&stray, "Ready").contains("`colour`"));
+
+    // The status is written after anything is applied: nothing was.
+    for name in ["ghost", "stray"] {
+        assert!(cluster
+            .api::<Deployment>()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(cluster
+            .api::<Service>()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(cluster
+            .api::<ServiceAccount>()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .is_none());
+        let cm = format!("{name}-agents");
+        assert!(cluster
+            .api::<ConfigMap>()
+            .get_opt(&cm)
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    // One Warning per problem, however many reconciles there were.
+    cluster
+        .wait_warning("ghost", "AgentNotFound", "`nope`")
+        .await;
+    cluster
+        .wait_warning("stray", "ParametersUnresolved", "`colour`")
+        .await;
+    cluster.settle("ghost").await;
+    cluster.settle("stray").await;
+    cluster.assert_warnings_once("ghost").await;
+    cluster.assert_warnings_once("stray").await;
+
+    // Fixed: it deploys.
+    cluster.apply(&stray_tenant(false));
+    cluster
+        .wait_tenant("stray", "resolved once colour is gone", resolved)
+        .await;
+    let _: Deployment = cluster.wait_object("stray").await;
+}
+
+/// Who holds the operator's Lease.
+async fn lease_holder(leases: &Api<Lease>) -> Result<String, String> {
+    match leases.get_opt("bindery-operator").await {
+        Ok(Some(l)) => l
+            .spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| "no holder".to_string()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Two operators with leader election, as the replicas of a Deployment:
+/// one that exits (a leader that could not renew its lease in time does)
+/// is started again, as its pod would be, unless it was killed on purpose.
+struct Replicas<'a> {
+    cluster: &'a Cluster,
+    ids: [&'static str; 2],
+    operators: [Operator; 2],
+    starts: [usize; 2],
+    killed: Option<usize>,
+}
+
+impl<'a> Replicas<'a> {
+    fn start(cluster: &'a Cluster, ids: [&'static str; 2]) -> Replicas<'a> {
+        Replicas {
+            cluster,
+            ids,
+            operators: [0, 1].map(|i| Self::operator(cluster, ids[i], 1)),
+            starts: [1, 1],
+            killed: None,
+        }
+    }
+
+    fn operator(cluster: &Cluster, id: &str, start: usize) -> Operator {
+        let args = [
+            "--leader-elect",
+            "--lease-namespace",
+            &cluster.ns,
+            "--lease-duration",
+            "2",
+        ];
+        let log = format!("{}-{start}", id.trim_start_matches("operator-"));
+        Operator::start(cluster, &log, &args, &[("POD_NAME", id)])
+    }
+
+    /// The replicas that run their controllers (after restarting any that
+    /// exited).
+    fn leading(&mut self) -> Vec<usize> {
+        let mut leading = Vec::new();
+        for i in 0..2 {
+            if self.killed != Some(i) && !self.operators[i].running() {
+                self.starts[i] += 1;
+                self.operators[i] = Self::operator(self.cluster, self.ids[i], self.starts[i]);
+            }
+            let operator = &mut self.operators[i];
+            if operator.running() && operator.log().contains("controller started") {
+                leading.push(i);
+            }
+        }
+        leading
+    }
+
+    /// Kill replica `i` (SIGKILL: no goodbye) for good.
+    fn kill(&mut self, i: usize) {
+        self.killed = Some(i);
+        self.operators[i].kill();
+    }
+}
+
+#[tokio::test]
+async fn one_leader_reconciles_and_another_takes_over() {
+    let cluster = Cluster::start("leader").await;
+    cluster.apply_examples();
+    let ids = ["operator-a", "operator-b"];
+    let mut replicas = Replicas::start(&cluster, ids);
+    let leases: Api<Lease> = cluster.api();
+    let tenants = cluster.tenants();
+
+    // One leads, and it holds the lease; the tenant is reconciled.
+    let leader = cluster
+        .wait(
+            "exactly one replica leading, the lease's holder, and acme reconciled",
+            async || {
+                let holder = lease_holder(&leases).await?;
+                let leading = replicas.leading();
+                let tenant = tenants.get("acme").await.map_err(|e| e.to_string())?;
+                match leading[..] {
+                    [i] if ids[i] == holder && resolved(&tenant) => Ok(i),
+                    _ => Err(format!(
+                        "holder {holder}, leading {leading:?}, status {:?}",
+                        tenant.status
+                    )),
+                }
+            },
+        )
+        .await;
+    let transitions = |l: Lease| l.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+    let before = transitions(leases.get("bindery-operator").await.unwrap());
+
+    // The leader dies without a word: the other takes the lease once it
+    // expires, and leads.
+    replicas.kill(leader);
+    let standby = 1 - leader;
+    cluster
+        .wait("the other replica to hold the lease and lead", async || {
+            let holder = lease_holder(&leases).await?;
+            match replicas.leading()[..] {
+                [i] if i == standby && ids[i] == holder => Ok(()),
+                ref leading => Err(format!("holder {holder}, leading {leading:?}")),
+            }
+        })
+        .await;
+    let after = transitions(leases.get("bindery-operator").await.unwrap());
+    assert!(after > before, "lease transitions {before} -> {after}");
+
+    // And reconciles: a spec change shows in the status.
+    let generation = cluster.change_spec("acme").await;
+    cluster
+        .wait("the new leader to reconcile the change", async || {
+            replicas.leading();
+            let tenant = tenants.get("acme").await.map_err(|e| e.to_string())?;
+            if observed(&tenant, generation) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", tenant.status))
+            }
+        })
+        .await;
+    println!("starts of each replica: {:?}", replicas.starts);
+}
+
+#[tokio::test]
+async fn metrics_and_health_are_served() {
+    let cluster = Cluster::start("metrics").await;
+    let operator = Operator::start(&cluster, "main", &[], &[]);
+    let (code, body) = http_get(&operator.metrics, "/healthz");
+    assert_eq!((code, body.trim()), (200, "ok"));
+    let (code, body) = http_get(&operator.metrics, "/readyz");
+    assert_eq!((code, body.trim()), (200, "ok"));
+
+    cluster.apply_examples();
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let (code, text) = http_get(&operator.metrics, "/metrics");
+    assert_eq!(code, 200, "{text}");
+    let ok = sample(&text, "bindery_operator_reconciles_total{outcome=\"ok\"}");
+    assert!(ok.is_some_and(|n| n > 0.0), "{text}");
+    assert!(
+        sample(&text, "bindery_operator_reconcile_duration_seconds_count").is_some_and(|n| n > 0.0),
+        "{text}"
+    );
+
+    // A problem a human must fix counts as a Warning published.
+    cluster.kubectl(&["delete", "secret", "acme-billing"]);
+    cluster
+        .wait("a Warning counted", async || {
+            let (_, text) = http_get(&operator.metrics, "/metrics");
+            match sample(&text, "bindery_operator_warning_events_total") {
+                Some(n) if n >= 1.0 => Ok(()),
+                _ => Err(text),
+            }
+        })
+        .await;
+}
