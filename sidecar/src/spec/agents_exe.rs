@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{
-    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, ParameterDecl, Scope,
-    Toolbox, ValueSource, WhenUnbound,
+    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, OpenApiSecret,
+    OpenApiToolbox, ParameterDecl, Scope, SecretHeader, Toolbox, ValueSource, WhenUnbound,
 };
 
 /// The top level of an agents-exe agent file.
@@ -47,7 +47,7 @@ pub struct Description {
     #[serde(default)]
     pub mcp_servers: Vec<serde_json::Value>,
     #[serde(default)]
-    pub open_api_toolboxes: Vec<serde_json::Value>,
+    pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
     #[serde(default)]
     pub postgrest_toolboxes: Vec<serde_json::Value>,
 }
@@ -82,6 +82,112 @@ pub enum SecretSource {
     EnvVar(String),
     /// Program then arguments.
     Command(Vec<String>),
+}
+
+/// An `openApiToolboxes` entry.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum OpenApiToolboxDescription {
+    OpenAPIServer(OpenApiServer),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct OpenApiServer {
+    /// `file://…`, `http(s)://…` or a path.
+    #[serde(rename = "SpecUrl")]
+    pub spec_url: String,
+    #[serde(rename = "BaseUrl")]
+    pub base_url: String,
+    #[serde(rename = "Secrets", default)]
+    pub secrets: Vec<ExeSecret>,
+    #[serde(rename = "Bindings", default)]
+    pub bindings: Vec<ExeBinding>,
+}
+
+/// One of an OpenAPI server's secrets.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ExeSecret {
+    pub source: ExeSecretSource,
+    #[serde(default)]
+    pub decoder: Option<ExeDecoder>,
+    pub serializer: ExeSerializer,
+}
+
+/// A `SecretSource`, plus `ParamSource` (a parameter, per request).
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeSecretSource {
+    ParamSource(String),
+    Given(String),
+    ApiKey(String),
+    FileSystem(String),
+    EnvVar(String),
+    Command(Vec<String>),
+}
+
+/// How the secret's bytes are read; only `Clear` (as they are) exists here.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeDecoder {
+    Clear(serde_json::Value),
+}
+
+/// Where the secret goes in a request.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeSerializer {
+    /// Header name and an optional template (`Bearer {{secret}}`).
+    Header(String, Option<String>),
+    QueryString(String),
+}
+
+impl From<OpenApiServer> for OpenApiToolbox {
+    fn from(o: OpenApiServer) -> Self {
+        OpenApiToolbox {
+            spec: o
+                .spec_url
+                .strip_prefix("file://")
+                .map(str::to_string)
+                .unwrap_or(o.spec_url),
+            base_url: o.base_url,
+            timeout_seconds: None,
+            max_response_bytes: None,
+            secrets: o
+                .secrets
+                .into_iter()
+                .map(|s| {
+                    let from_param = matches!(s.source, ExeSecretSource::ParamSource(_));
+                    let source = match s.source {
+                        ExeSecretSource::ParamSource(p) => super::SecretSource::Param(p),
+                        ExeSecretSource::Given(v) => {
+                            super::SecretSource::Value(serde_json::Value::String(v))
+                        }
+                        ExeSecretSource::ApiKey(v) => super::SecretSource::ApiKey(v),
+                        ExeSecretSource::FileSystem(v) => super::SecretSource::File(v),
+                        ExeSecretSource::EnvVar(v) => super::SecretSource::Env(v),
+                        ExeSecretSource::Command(v) => super::SecretSource::Command(v),
+                    };
+                    let (header, query) = match s.serializer {
+                        ExeSerializer::Header(name, template) => {
+                            (Some(SecretHeader { name, template }), None)
+                        }
+                        ExeSerializer::QueryString(q) => (None, Some(q)),
+                    };
+                    OpenApiSecret {
+                        source,
+                        header,
+                        query,
+                        // agents-exe sends its load-time secrets with the
+                        // spec request; parameter secrets exist only per request.
+                        fetch_spec: !from_param,
+                    }
+                })
+                .collect(),
+            bindings: o.bindings.into_iter().map(Binding::from).collect(),
+        }
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -167,18 +273,17 @@ impl Description {
     pub fn convert(self) -> Result<Converted, String> {
         for (field, list) in [
             ("mcpServers", &self.mcp_servers),
-            ("openApiToolboxes", &self.open_api_toolboxes),
             ("postgrestToolboxes", &self.postgrest_toolboxes),
         ] {
             if !list.is_empty() {
                 return Err(format!(
-                    "`{field}` is not supported by this version of Bindery (only bash toolboxes are); \
+                    "`{field}` is not supported by this version of Bindery (only bash and OpenAPI toolboxes are); \
                      remove it or leave it empty"
                 ));
             }
         }
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
-        let toolboxes = self
+        let mut toolboxes: Vec<Toolbox> = self
             .bash_toolboxes
             .into_iter()
             .map(|t| match t {
@@ -199,6 +304,9 @@ impl Description {
                 }),
             })
             .collect();
+        toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
+            OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
+        }));
         let spec = AgentSpec {
             announce: self.announce,
             model: ModelSpec {
