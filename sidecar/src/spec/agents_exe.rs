@@ -145,6 +145,7 @@ pub enum ExeSerializer {
 
 impl From<OpenApiServer> for OpenApiToolbox {
     fn from(o: OpenApiServer) -> Self {
+        let fetched = o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://");
         OpenApiToolbox {
             spec: o
                 .spec_url
@@ -181,7 +182,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
                         query,
                         // agents-exe sends its load-time secrets with the
                         // spec request; parameter secrets exist only per request.
-                        fetch_spec: !from_param,
+                        fetch_spec: fetched && !from_param,
                     }
                 })
                 .collect(),
@@ -370,6 +371,94 @@ impl From<Parameter> for ParameterDecl {
                 SecretSource::EnvVar(v) => ValueSource::Env(v),
                 SecretSource::Command(c) => ValueSource::Command(c),
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::SecretSource as Src;
+
+    #[test]
+    fn an_openapi_server_converts_to_an_openapi_toolbox() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {
+                "slug": "callbacks", "modelUrl": "http://llm", "modelName": "m",
+                "parameters": [
+                    {"name": "project_id", "scope": "session"},
+                    {"name": "callback_token", "secret": true, "scope": "session"}
+                ],
+                "openApiToolboxes": [{
+                    "tag": "OpenAPIServer",
+                    "contents": {
+                        "SpecUrl": "file://./api.json",
+                        "BaseUrl": "https://api.example.com/agent-callbacks",
+                        "Secrets": [
+                            {"source": {"tag": "ParamSource", "contents": "callback_token"},
+                             "decoder": {"tag": "Clear", "contents": true},
+                             "serializer": {"tag": "Header", "contents": ["Authorization", "Bearer {{secret}}"]}},
+                            {"source": {"tag": "EnvVar", "contents": "API_KEY"},
+                             "decoder": {"tag": "Clear", "contents": true},
+                             "serializer": {"tag": "QueryString", "contents": "key"}}
+                        ],
+                        "Bindings": [
+                            {"arg": "project_id", "value": {"tag": "Param", "contents": "project_id"}}
+                        ]
+                    }
+                }]
+            }
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let [Toolbox::Openapi(o)] = c.spec.toolboxes.as_slice() else {
+            panic!("{:?}", c.spec.toolboxes)
+        };
+        assert_eq!(o.spec, "./api.json");
+        assert_eq!(o.base_url, "https://api.example.com/agent-callbacks");
+        assert_eq!(
+            o.secrets,
+            [
+                OpenApiSecret {
+                    source: Src::Param("callback_token".into()),
+                    header: Some(SecretHeader {
+                        name: "Authorization".into(),
+                        template: Some("Bearer {{secret}}".into())
+                    }),
+                    query: None,
+                    fetch_spec: false,
+                },
+                OpenApiSecret {
+                    source: Src::Env("API_KEY".into()),
+                    header: None,
+                    query: Some("key".into()),
+                    // The spec is a file: nothing to fetch.
+                    fetch_spec: false,
+                },
+            ]
+        );
+        assert_eq!(o.bindings[0].arg, "project_id");
+        assert_eq!(
+            o.bindings[0].value,
+            BindingValue::Param("project_id".into())
+        );
+        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        assert!(diags.is_empty(), "{diags:?}");
+    }
+
+    #[test]
+    fn mcp_and_postgrest_are_still_refused() {
+        for field in ["mcpServers", "postgrestToolboxes"] {
+            let file: AgentFile = serde_json::from_value(serde_json::json!({
+                "tag": "OpenAIAgentDescription",
+                "contents": {"slug": "a", "modelUrl": "u", "modelName": "m", field: [{}]}
+            }))
+            .unwrap();
+            let AgentFile::OpenAIAgentDescription(d) = file;
+            let err = d.convert().err().unwrap();
+            assert!(err.contains(field), "{err}");
         }
     }
 }

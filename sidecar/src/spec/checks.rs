@@ -195,3 +195,114 @@ fn check_bindings(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(toolbox: &str) -> AgentSpec {
+        let text = format!(
+            r#"
+model: {{url: "http://llm", name: m}}
+parameters:
+  - {{name: project_id, scope: session}}
+  - {{name: callback_token, secret: true, scope: session}}
+  - {{name: spec_token, secret: true, scope: process}}
+toolboxes:
+  - openapi:
+{toolbox}
+"#
+        );
+        crate::spec::from_yaml(&text).unwrap()
+    }
+
+    fn errors(spec: &AgentSpec) -> Vec<String> {
+        check_definition("a", spec, "here")
+            .into_iter()
+            .filter(|d| d.level == crate::diagnostic::Level::Error)
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_session_secret_per_request_is_fine() {
+        let spec = agent(
+            r#"      spec: "http://api/openapi.json"
+      baseUrl: "http://api"
+      secrets:
+        - source: {param: callback_token}
+          header: {name: Authorization, template: "Bearer {{secret}}"}
+        - source: {param: spec_token}
+          query: key
+          fetchSpec: true
+        - source: {env: API_KEY}
+          header: {name: X-Key}
+          fetchSpec: true
+      bindings:
+        - {arg: project_id, value: {param: project_id}}"#,
+        );
+        assert_eq!(errors(&spec), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_secret_param_must_be_declared() {
+        let spec = agent(
+            r#"      spec: "./api.yaml"
+      baseUrl: "http://api"
+      secrets:
+        - source: {param: nope}
+          header: {name: Authorization}"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("toolbox 1 (openapi ./api.yaml), secret 1 (param nope): parameter `nope` is not declared"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn fetching_the_spec_cannot_use_a_session_parameter() {
+        let spec = agent(
+            r#"      spec: "https://api/openapi.json"
+      baseUrl: "https://api"
+      secrets:
+        - source: {param: callback_token}
+          header: {name: Authorization, template: "Bearer {{secret}}"}
+          fetchSpec: true"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("session-scope parameter `callback_token`"),
+            "{e:?}"
+        );
+        assert!(
+            e[0].contains("use a process-scope parameter or a value source"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_secret_goes_exactly_one_place_and_templates_name_the_secret() {
+        let spec = agent(
+            r#"      spec: "./api.yaml"
+      baseUrl: "ftp://api"
+      secrets:
+        - source: {env: A}
+        - source: {env: B}
+          header: {name: Authorization, template: "Bearer"}"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].contains("`baseUrl` must be an http"), "{e:?}");
+        assert!(
+            e[1].contains("secret 1 (env A): give exactly one of `header`"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].contains("secret 2 (env B): the header template must contain `{{secret}}`"),
+            "{e:?}"
+        );
+    }
+}
