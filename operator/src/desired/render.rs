@@ -48,7 +48,10 @@ fn meta(name: String, inputs: &Inputs<'_>, owner: &OwnerReference) -> ObjectMeta
 fn agent_file(agent: &TreeAgent<'_>) -> String {
     let mut spec = agent.spec.clone();
     for tb in &mut spec.toolboxes {
-        let Toolbox::Bash(b) = tb;
+        // OpenAPI toolboxes name a URL or a file the author placed; left as written.
+        let Toolbox::Bash(b) = tb else {
+            continue;
+        };
         if b.directory.is_some() {
             b.directory = Some(TOOLS_DIR.to_string());
         }

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{
-    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, ParameterDecl, Scope,
-    Toolbox, ValueSource, WhenUnbound,
+    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, OpenApiSecret,
+    OpenApiToolbox, ParameterDecl, Scope, SecretHeader, Toolbox, ValueSource, WhenUnbound,
 };
 
 /// The top level of an agents-exe agent file.
@@ -47,7 +47,7 @@ pub struct Description {
     #[serde(default)]
     pub mcp_servers: Vec<serde_json::Value>,
     #[serde(default)]
-    pub open_api_toolboxes: Vec<serde_json::Value>,
+    pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
     #[serde(default)]
     pub postgrest_toolboxes: Vec<serde_json::Value>,
 }
@@ -82,6 +82,113 @@ pub enum SecretSource {
     EnvVar(String),
     /// Program then arguments.
     Command(Vec<String>),
+}
+
+/// An `openApiToolboxes` entry.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum OpenApiToolboxDescription {
+    OpenAPIServer(OpenApiServer),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct OpenApiServer {
+    /// `file://…`, `http(s)://…` or a path.
+    #[serde(rename = "SpecUrl")]
+    pub spec_url: String,
+    #[serde(rename = "BaseUrl")]
+    pub base_url: String,
+    #[serde(rename = "Secrets", default)]
+    pub secrets: Vec<ExeSecret>,
+    #[serde(rename = "Bindings", default)]
+    pub bindings: Vec<ExeBinding>,
+}
+
+/// One of an OpenAPI server's secrets.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ExeSecret {
+    pub source: ExeSecretSource,
+    #[serde(default)]
+    pub decoder: Option<ExeDecoder>,
+    pub serializer: ExeSerializer,
+}
+
+/// A `SecretSource`, plus `ParamSource` (a parameter, per request).
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeSecretSource {
+    ParamSource(String),
+    Given(String),
+    ApiKey(String),
+    FileSystem(String),
+    EnvVar(String),
+    Command(Vec<String>),
+}
+
+/// How the secret's bytes are read; only `Clear` (as they are) exists here.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeDecoder {
+    Clear(serde_json::Value),
+}
+
+/// Where the secret goes in a request.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum ExeSerializer {
+    /// Header name and an optional template (`Bearer {{secret}}`).
+    Header(String, Option<String>),
+    QueryString(String),
+}
+
+impl From<OpenApiServer> for OpenApiToolbox {
+    fn from(o: OpenApiServer) -> Self {
+        let fetched = o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://");
+        OpenApiToolbox {
+            spec: o
+                .spec_url
+                .strip_prefix("file://")
+                .map(str::to_string)
+                .unwrap_or(o.spec_url),
+            base_url: o.base_url,
+            timeout_seconds: None,
+            max_response_bytes: None,
+            secrets: o
+                .secrets
+                .into_iter()
+                .map(|s| {
+                    let from_param = matches!(s.source, ExeSecretSource::ParamSource(_));
+                    let source = match s.source {
+                        ExeSecretSource::ParamSource(p) => super::SecretSource::Param(p),
+                        ExeSecretSource::Given(v) => {
+                            super::SecretSource::Value(serde_json::Value::String(v))
+                        }
+                        ExeSecretSource::ApiKey(v) => super::SecretSource::ApiKey(v),
+                        ExeSecretSource::FileSystem(v) => super::SecretSource::File(v),
+                        ExeSecretSource::EnvVar(v) => super::SecretSource::Env(v),
+                        ExeSecretSource::Command(v) => super::SecretSource::Command(v),
+                    };
+                    let (header, query) = match s.serializer {
+                        ExeSerializer::Header(name, template) => {
+                            (Some(SecretHeader { name, template }), None)
+                        }
+                        ExeSerializer::QueryString(q) => (None, Some(q)),
+                    };
+                    OpenApiSecret {
+                        source,
+                        header,
+                        query,
+                        // agents-exe sends its load-time secrets with the
+                        // spec request; parameter secrets exist only per request.
+                        fetch_spec: fetched && !from_param,
+                    }
+                })
+                .collect(),
+            bindings: o.bindings.into_iter().map(Binding::from).collect(),
+        }
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -167,18 +274,17 @@ impl Description {
     pub fn convert(self) -> Result<Converted, String> {
         for (field, list) in [
             ("mcpServers", &self.mcp_servers),
-            ("openApiToolboxes", &self.open_api_toolboxes),
             ("postgrestToolboxes", &self.postgrest_toolboxes),
         ] {
             if !list.is_empty() {
                 return Err(format!(
-                    "`{field}` is not supported by this version of Bindery (only bash toolboxes are); \
+                    "`{field}` is not supported by this version of Bindery (only bash and OpenAPI toolboxes are); \
                      remove it or leave it empty"
                 ));
             }
         }
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
-        let toolboxes = self
+        let mut toolboxes: Vec<Toolbox> = self
             .bash_toolboxes
             .into_iter()
             .map(|t| match t {
@@ -199,6 +305,9 @@ impl Description {
                 }),
             })
             .collect();
+        toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
+            OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
+        }));
         let spec = AgentSpec {
             announce: self.announce,
             model: ModelSpec {
@@ -262,6 +371,94 @@ impl From<Parameter> for ParameterDecl {
                 SecretSource::EnvVar(v) => ValueSource::Env(v),
                 SecretSource::Command(c) => ValueSource::Command(c),
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::SecretSource as Src;
+
+    #[test]
+    fn an_openapi_server_converts_to_an_openapi_toolbox() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {
+                "slug": "callbacks", "modelUrl": "http://llm", "modelName": "m",
+                "parameters": [
+                    {"name": "project_id", "scope": "session"},
+                    {"name": "callback_token", "secret": true, "scope": "session"}
+                ],
+                "openApiToolboxes": [{
+                    "tag": "OpenAPIServer",
+                    "contents": {
+                        "SpecUrl": "file://./api.json",
+                        "BaseUrl": "https://api.example.com/agent-callbacks",
+                        "Secrets": [
+                            {"source": {"tag": "ParamSource", "contents": "callback_token"},
+                             "decoder": {"tag": "Clear", "contents": true},
+                             "serializer": {"tag": "Header", "contents": ["Authorization", "Bearer {{secret}}"]}},
+                            {"source": {"tag": "EnvVar", "contents": "API_KEY"},
+                             "decoder": {"tag": "Clear", "contents": true},
+                             "serializer": {"tag": "QueryString", "contents": "key"}}
+                        ],
+                        "Bindings": [
+                            {"arg": "project_id", "value": {"tag": "Param", "contents": "project_id"}}
+                        ]
+                    }
+                }]
+            }
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let [Toolbox::Openapi(o)] = c.spec.toolboxes.as_slice() else {
+            panic!("{:?}", c.spec.toolboxes)
+        };
+        assert_eq!(o.spec, "./api.json");
+        assert_eq!(o.base_url, "https://api.example.com/agent-callbacks");
+        assert_eq!(
+            o.secrets,
+            [
+                OpenApiSecret {
+                    source: Src::Param("callback_token".into()),
+                    header: Some(SecretHeader {
+                        name: "Authorization".into(),
+                        template: Some("Bearer {{secret}}".into())
+                    }),
+                    query: None,
+                    fetch_spec: false,
+                },
+                OpenApiSecret {
+                    source: Src::Env("API_KEY".into()),
+                    header: None,
+                    query: Some("key".into()),
+                    // The spec is a file: nothing to fetch.
+                    fetch_spec: false,
+                },
+            ]
+        );
+        assert_eq!(o.bindings[0].arg, "project_id");
+        assert_eq!(
+            o.bindings[0].value,
+            BindingValue::Param("project_id".into())
+        );
+        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        assert!(diags.is_empty(), "{diags:?}");
+    }
+
+    #[test]
+    fn mcp_and_postgrest_are_still_refused() {
+        for field in ["mcpServers", "postgrestToolboxes"] {
+            let file: AgentFile = serde_json::from_value(serde_json::json!({
+                "tag": "OpenAIAgentDescription",
+                "contents": {"slug": "a", "modelUrl": "u", "modelName": "m", field: [{}]}
+            }))
+            .unwrap();
+            let AgentFile::OpenAIAgentDescription(d) = file;
+            let err = d.convert().err().unwrap();
+            assert!(err.contains(field), "{err}");
         }
     }
 }

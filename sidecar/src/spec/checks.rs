@@ -4,13 +4,18 @@
 
 use std::collections::BTreeSet;
 
-use super::{AgentSpec, Binding, BindingValue, Toolbox, WhenUnbound};
+use super::{
+    AgentSpec, Binding, BindingValue, OpenApiToolbox, Scope, SecretSource, Toolbox, WhenUnbound,
+};
 use crate::diagnostic::Diagnostic;
 use crate::params::valid_name;
 
 /// `toolbox 2 (bash directory ./tools)`: how messages name a toolbox.
 pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
-    let Toolbox::Bash(b) = tb;
+    let b = match tb {
+        Toolbox::Bash(b) => b,
+        Toolbox::Openapi(o) => return format!("toolbox {} (openapi {})", index + 1, o.spec),
+    };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
         (None, Some(s)) => format!("toolbox {} (bash script {s})", index + 1),
@@ -52,8 +57,15 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         }
     }
     for (i, tb) in spec.toolboxes.iter().enumerate() {
-        let Toolbox::Bash(b) = tb;
         let place = format!("{here}, {}", toolbox_label(i, tb));
+        let b = match tb {
+            Toolbox::Bash(b) => b,
+            Toolbox::Openapi(o) => {
+                check_openapi(spec, o, &place, &mut diags);
+                check_bindings(spec, &o.bindings, &place, &mut diags);
+                continue;
+            }
+        };
         let shape_ok = matches!(
             (&b.directory, &b.script, &b.basename_filter),
             (Some(_), None, _) | (None, Some(_), None)
@@ -93,6 +105,59 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
     diags
 }
 
+fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    if !(o.base_url.starts_with("http://") || o.base_url.starts_with("https://")) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: `baseUrl` must be an http:// or https:// URL, got `{}`",
+            o.base_url
+        )));
+    }
+    let fetched = o.spec.starts_with("http://") || o.spec.starts_with("https://");
+    for (i, s) in o.secrets.iter().enumerate() {
+        let here = format!("{place}, secret {} ({})", i + 1, s.source.describe());
+        match (&s.header, &s.query) {
+            (Some(h), None) if h.name.is_empty() => diags.push(Diagnostic::error(format!(
+                "{here}: the header needs a `name`"
+            ))),
+            (Some(_), None) => {}
+            (None, Some(q)) if q.is_empty() => diags.push(Diagnostic::error(format!(
+                "{here}: `query` needs a parameter name"
+            ))),
+            (None, Some(_)) => {}
+            _ => diags.push(Diagnostic::error(format!(
+                "{here}: give exactly one of `header` ({{name, template}}) or `query` (a parameter name)"
+            ))),
+        }
+        if let Some(t) = s.header.as_ref().and_then(|h| h.template.as_ref()) {
+            if !t.contains("{{secret}}") {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: the header template must contain `{{{{secret}}}}` where the secret goes"
+                )));
+            }
+        }
+        if s.fetch_spec && !fetched {
+            diags.push(Diagnostic::warning(format!(
+                "{here}: `fetchSpec` has no effect: `spec` is a file, not an http(s) URL"
+            )));
+        }
+        let SecretSource::Param(p) = &s.source else {
+            continue;
+        };
+        match spec.parameters.iter().find(|d| &d.name == p) {
+            None => diags.push(Diagnostic::error(format!(
+                "{here}: parameter `{p}` is not declared by this agent"
+            ))),
+            Some(d) if s.fetch_spec && fetched && d.scope != Scope::Process => {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: the spec is fetched once, when the agent loads, before any session exists, so a credential for fetching it cannot come from {}-scope parameter `{p}`; use a process-scope parameter or a value source (env, file, command, apiKey) for it",
+                    d.scope.as_str()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 fn check_bindings(
     spec: &AgentSpec,
     bindings: &[Binding],
@@ -128,5 +193,116 @@ fn check_bindings(
             }
             Some(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(toolbox: &str) -> AgentSpec {
+        let text = format!(
+            r#"
+model: {{url: "http://llm", name: m}}
+parameters:
+  - {{name: project_id, scope: session}}
+  - {{name: callback_token, secret: true, scope: session}}
+  - {{name: spec_token, secret: true, scope: process}}
+toolboxes:
+  - openapi:
+{toolbox}
+"#
+        );
+        crate::spec::from_yaml(&text).unwrap()
+    }
+
+    fn errors(spec: &AgentSpec) -> Vec<String> {
+        check_definition("a", spec, "here")
+            .into_iter()
+            .filter(|d| d.level == crate::diagnostic::Level::Error)
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_session_secret_per_request_is_fine() {
+        let spec = agent(
+            r#"      spec: "http://api/openapi.json"
+      baseUrl: "http://api"
+      secrets:
+        - source: {param: callback_token}
+          header: {name: Authorization, template: "Bearer {{secret}}"}
+        - source: {param: spec_token}
+          query: key
+          fetchSpec: true
+        - source: {env: API_KEY}
+          header: {name: X-Key}
+          fetchSpec: true
+      bindings:
+        - {arg: project_id, value: {param: project_id}}"#,
+        );
+        assert_eq!(errors(&spec), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_secret_param_must_be_declared() {
+        let spec = agent(
+            r#"      spec: "./api.yaml"
+      baseUrl: "http://api"
+      secrets:
+        - source: {param: nope}
+          header: {name: Authorization}"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("toolbox 1 (openapi ./api.yaml), secret 1 (param nope): parameter `nope` is not declared"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn fetching_the_spec_cannot_use_a_session_parameter() {
+        let spec = agent(
+            r#"      spec: "https://api/openapi.json"
+      baseUrl: "https://api"
+      secrets:
+        - source: {param: callback_token}
+          header: {name: Authorization, template: "Bearer {{secret}}"}
+          fetchSpec: true"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("session-scope parameter `callback_token`"),
+            "{e:?}"
+        );
+        assert!(
+            e[0].contains("use a process-scope parameter or a value source"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_secret_goes_exactly_one_place_and_templates_name_the_secret() {
+        let spec = agent(
+            r#"      spec: "./api.yaml"
+      baseUrl: "ftp://api"
+      secrets:
+        - source: {env: A}
+        - source: {env: B}
+          header: {name: Authorization, template: "Bearer"}"#,
+        );
+        let e = errors(&spec);
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].contains("`baseUrl` must be an http"), "{e:?}");
+        assert!(
+            e[1].contains("secret 1 (env A): give exactly one of `header`"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].contains("secret 2 (env B): the header template must contain `{{secret}}`"),
+            "{e:?}"
+        );
     }
 }

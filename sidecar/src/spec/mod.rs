@@ -171,12 +171,127 @@ impl ValueSource {
     }
 }
 
-/// A source of tools. Only bash toolboxes exist today; OpenAPI and MCP
-/// toolboxes will be further variants of this enum.
+/// A source of tools: executables (bash) or an HTTP API described by an
+/// OpenAPI document. MCP toolboxes will be a further variant.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Toolbox {
     Bash(BashToolbox),
+    Openapi(OpenApiToolbox),
+}
+
+/// An HTTP API described by an OpenAPI 3.x document: one tool per operation.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OpenApiToolbox {
+    /// The OpenAPI document (JSON or YAML): a file, relative to the agent
+    /// file (`file://` URLs too), or an `http(s)` URL fetched when the agent loads.
+    pub spec: String,
+    /// Where requests go: `{baseUrl}{path}`.
+    pub base_url: String,
+    /// How long one request may take (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    /// Bytes of response body kept; the rest is cut and the model told so
+    /// (default 262144).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+    /// Credentials added to every request, never visible to the model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<OpenApiSecret>,
+    /// Bindings matched against the operation's tool name (`list_*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
+}
+
+/// A credential of an OpenAPI toolbox: where its value comes from and where
+/// it goes in each request (exactly one of `header` or `query`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OpenApiSecret {
+    pub source: SecretSource,
+    /// Sent as a request header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<SecretHeader>,
+    /// Sent as this query-string parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// Also send it when fetching `spec` over http(s) at load time. Such a
+    /// secret cannot come from a session- or message-scope parameter.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fetch_spec: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Where a toolbox secret's value comes from: `{param: NAME}`, a parameter
+/// of the agent read at each request from the run's values (so a
+/// session-scope token works), or any [`ValueSource`] form, read once when
+/// the agent loads.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum SecretSource {
+    /// One of the agent's parameters, at each request.
+    Param(String),
+    /// The value itself.
+    Value(#[schemars(schema_with = "any_json")] serde_json::Value),
+    /// An environment variable of the sidecar process.
+    Env(String),
+    /// A file's content, trimmed; relative to the agent file.
+    File(String),
+    /// A command's trimmed stdout.
+    Command(Vec<String>),
+    /// An entry of the API-keys file.
+    ApiKey(String),
+}
+
+impl SecretSource {
+    /// The load-time source, or `None` for a parameter.
+    pub fn value_source(&self) -> Option<ValueSource> {
+        Some(match self {
+            SecretSource::Param(_) => return None,
+            SecretSource::Value(v) => ValueSource::Value(v.clone()),
+            SecretSource::Env(v) => ValueSource::Env(v.clone()),
+            SecretSource::File(v) => ValueSource::File(v.clone()),
+            SecretSource::Command(v) => ValueSource::Command(v.clone()),
+            SecretSource::ApiKey(v) => ValueSource::ApiKey(v.clone()),
+        })
+    }
+
+    /// How the source reads in messages: `param token`, `env API_TOKEN`.
+    pub fn describe(&self) -> String {
+        match (self, self.value_source()) {
+            (SecretSource::Param(p), _) => format!("param {p}"),
+            (_, Some(v)) => v.describe(),
+            (_, None) => unreachable!("only a param has no value source"),
+        }
+    }
+}
+
+impl From<ValueSource> for SecretSource {
+    fn from(v: ValueSource) -> Self {
+        match v {
+            ValueSource::Value(v) => SecretSource::Value(v),
+            ValueSource::Env(v) => SecretSource::Env(v),
+            ValueSource::File(v) => SecretSource::File(v),
+            ValueSource::Command(v) => SecretSource::Command(v),
+            ValueSource::ApiKey(v) => SecretSource::ApiKey(v),
+        }
+    }
+}
+
+/// A header carrying a secret.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretHeader {
+    /// `Authorization`.
+    pub name: String,
+    /// The header value, with `{{secret}}` standing for the secret
+    /// (`Bearer {{secret}}`); absent: the secret itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// Executables that speak the bash tool protocol (`describe` / `run`).

@@ -10,6 +10,8 @@ pub mod bash;
 pub mod cache;
 #[cfg(feature = "server")]
 pub mod helpers;
+#[cfg(feature = "server")]
+pub mod openapi;
 
 use std::collections::BTreeMap;
 

@@ -344,7 +344,28 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
 
     let mut tools: Vec<BoundTool> = Vec::new();
     for (i, tb) in p.spec.toolboxes.iter().enumerate() {
-        let Toolbox::Bash(b) = tb;
+        let b = match tb {
+            Toolbox::Bash(b) => b,
+            Toolbox::Openapi(o) => {
+                let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+                if let Some(bound) =
+                    load_openapi(o, &base, p, &params, opts, &place, &mut diags).await
+                {
+                    check_names(&bound, &tools, &place, "operationId", &mut diags);
+                    let mut bound = bound;
+                    apply_bindings(
+                        &mut bound,
+                        &o.bindings,
+                        BindingLayer::Toolbox,
+                        &p.spec.parameters,
+                        &place,
+                        &mut diags,
+                    );
+                    tools.extend(bound);
+                }
+                continue;
+            }
+        };
         let loaded = match (&b.directory, &b.script) {
             (Some(dir), None) => {
                 bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits)
@@ -375,21 +396,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
             .into_iter()
             .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
             .collect();
-        for t in &bound {
-            if !valid_tool_name(t.name()) {
-                diags.push(Diagnostic::error(format!(
-                    "{place}: tool `{}`: a model-visible tool name may use only letters, digits, `_` and `-`, at most 64 characters; change the script's slug",
-                    t.name()
-                )));
-            }
-            if let Some(dup) = tools.iter().find(|x| x.name() == t.name()) {
-                diags.push(Diagnostic::error(format!(
-                    "{place}: tool `{}` is defined twice (also by {}); slugs must be unique in an agent",
-                    t.name(),
-                    dup.spec().local_name
-                )));
-            }
-        }
+        check_names(&bound, &tools, &place, "the script's slug", &mut diags);
         apply_bindings(
             &mut bound,
             &b.bindings,
@@ -420,6 +427,81 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
 }
 
 use crate::spec::checks::valid_tool_name;
+
+/// Each new tool has a valid name that no earlier tool took; `what` says
+/// where the name comes from.
+fn check_names(
+    new: &[BoundTool],
+    earlier: &[BoundTool],
+    place: &str,
+    what: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (k, t) in new.iter().enumerate() {
+        if !valid_tool_name(t.name()) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: tool `{}`: a model-visible tool name may use only letters, digits, `_` and `-`, at most 64 characters; change {what}",
+                t.name()
+            )));
+        }
+        let dup = earlier
+            .iter()
+            .chain(&new[..k])
+            .find(|x| x.name() == t.name());
+        if let Some(dup) = dup {
+            diags.push(Diagnostic::error(format!(
+                "{place}: tool `{}` is defined twice (also by {}); tool names must be unique in an agent",
+                t.name(),
+                dup.spec().local_name
+            )));
+        }
+    }
+}
+
+/// An OpenAPI toolbox's tools, or `None` with the problem reported.
+#[cfg(feature = "server")]
+async fn load_openapi(
+    o: &crate::spec::OpenApiToolbox,
+    base: &Path,
+    p: &Pending,
+    params: &AgentParams,
+    opts: &LoadOptions,
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Vec<BoundTool>> {
+    // Values known at load (process values and defaults) may fetch the spec.
+    let values = params.snapshot(&Values::new(), &Values::new());
+    match crate::tools::openapi::load(o, base, &p.spec.parameters, &values, &opts.api_keys).await {
+        Ok((tools, warnings)) => {
+            diags.extend(
+                warnings
+                    .into_iter()
+                    .map(|w| Diagnostic::warning(format!("{place}: {w}"))),
+            );
+            Some(tools)
+        }
+        Err(e) => {
+            diags.push(Diagnostic::error(format!("{place}: {e}")));
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "server"))]
+async fn load_openapi(
+    _: &crate::spec::OpenApiToolbox,
+    _: &Path,
+    _: &Pending,
+    _: &AgentParams,
+    _: &LoadOptions,
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Vec<BoundTool>> {
+    diags.push(Diagnostic::error(format!(
+        "{place}: this build has no HTTP client (the `server` feature), so it cannot load OpenAPI toolboxes"
+    )));
+    None
+}
 
 /// Helper references point at loaded agents; `with` names declared
 /// parameters on both sides and covers the helper's required session

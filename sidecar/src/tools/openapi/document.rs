@@ -1,0 +1,476 @@
+//! Reading an OpenAPI 3.x document into operations: one per path and
+//! method, with its arguments (path, query and JSON body properties) and
+//! their schemas, local `$ref`s resolved.
+
+use serde_json::{json, Map, Value};
+
+use crate::tools::{ArgSpec, ToolSpec, Transport};
+
+/// Where an argument goes in the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    Path,
+    Query,
+    Body,
+}
+
+/// One operation, ready to become a tool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Operation {
+    pub spec: ToolSpec,
+    /// `GET`, `POST`, …
+    pub method: String,
+    /// The path template (`/projects/{project_id}/tasks`).
+    pub path: String,
+    /// Each argument of `spec.args`, by name, and where it goes.
+    pub locations: Vec<(String, Location)>,
+    /// The operation takes a JSON body (even with no argument in it).
+    pub has_body: bool,
+}
+
+const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+/// How deep `$ref`s are inlined into argument schemas; past it, `{}`.
+const MAX_REF_DEPTH: usize = 8;
+
+/// A name the model can call: `[A-Za-z0-9_-]`, other characters become
+/// `_`, runs of `_` collapse, at most 64 characters.
+pub fn sanitize_name(raw: &str) -> String {
+    let mut out = String::new();
+    for c in raw.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            c
+        } else {
+            '_'
+        };
+        if c == '_' && out.ends_with('_') {
+            continue;
+        }
+        out.push(c);
+    }
+    let out = out.trim_matches('_');
+    out.chars().take(64).collect()
+}
+
+/// The document's operations, plus a warning for each one skipped.
+pub fn operations(doc: &Value) -> Result<(Vec<Operation>, Vec<String>), String> {
+    let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
+    if !version.starts_with('3') {
+        return Err(format!(
+            "not an OpenAPI 3.x document (`openapi: {}`); Swagger 2.0 is not supported",
+            if version.is_empty() {
+                "missing"
+            } else {
+                version
+            }
+        ));
+    }
+    let paths = doc
+        .get("paths")
+        .and_then(Value::as_object)
+        .ok_or("the document has no `paths` object")?;
+    let mut ops = Vec::new();
+    let mut warnings = Vec::new();
+    for (path, item) in paths {
+        let item = resolve(doc, item);
+        let shared = item.get("parameters").and_then(Value::as_array);
+        for method in METHODS {
+            let Some(op) = item.get(method) else { continue };
+            match operation(doc, path, method, op, shared) {
+                Ok(o) => ops.push(o),
+                Err(why) => warnings.push(format!(
+                    "operation {} {path} ({}) skipped: {why}",
+                    method.to_ascii_uppercase(),
+                    op.get("operationId")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no operationId")
+                )),
+            }
+        }
+    }
+    Ok((ops, warnings))
+}
+
+fn operation(
+    doc: &Value,
+    path: &str,
+    method: &str,
+    op: &Value,
+    shared: Option<&Vec<Value>>,
+) -> Result<Operation, String> {
+    let name = op
+        .get("operationId")
+        .and_then(Value::as_str)
+        .map(sanitize_name)
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| sanitize_name(&format!("{method}_{path}")));
+    let summary = op.get("summary").and_then(Value::as_str).unwrap_or("");
+    let details = op.get("description").and_then(Value::as_str).unwrap_or("");
+    let description = match (summary.is_empty(), details.is_empty()) {
+        (false, false) => format!("{summary}\n\n{details}"),
+        (false, true) => summary.to_string(),
+        (true, false) => details.to_string(),
+        (true, true) => format!("{} {path}", method.to_ascii_uppercase()),
+    };
+
+    let mut args: Vec<ArgSpec> = Vec::new();
+    let mut locations = Vec::new();
+    // Operation-level parameters override path-level ones (same name and `in`).
+    let own = op.get("parameters").and_then(Value::as_array);
+    let mut params: Vec<&Value> = Vec::new();
+    for p in own.into_iter().flatten() {
+        params.push(resolve(doc, p));
+    }
+    for p in shared.into_iter().flatten() {
+        let p = resolve(doc, p);
+        let same = |q: &&Value| q.get("name") == p.get("name") && q.get("in") == p.get("in");
+        if !params.iter().any(same) {
+            params.push(p);
+        }
+    }
+    for p in params {
+        let pname = p
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("a parameter has no name")?;
+        let place = p.get("in").and_then(Value::as_str).unwrap_or("");
+        let required = p.get("required").and_then(Value::as_bool).unwrap_or(false);
+        let location = match place {
+            "path" => Location::Path,
+            "query" => Location::Query,
+            "header" | "cookie" if !required => continue,
+            other => {
+                return Err(format!(
+                    "required parameter `{pname}` is in `{other}`, which is not supported (path and query only)"
+                ))
+            }
+        };
+        let pdesc = p.get("description").and_then(Value::as_str).unwrap_or("");
+        let schema = p
+            .get("schema")
+            .cloned()
+            .unwrap_or(json!({"type": "string"}));
+        push_arg(
+            &mut args,
+            &mut locations,
+            ArgSpec {
+                name: pname.to_string(),
+                description: pdesc.to_string(),
+                required: required || location == Location::Path,
+                schema: with_description(inline(doc, &schema, 0), pdesc),
+                transport: Transport::Json,
+            },
+            location,
+        )?;
+    }
+
+    let mut has_body = false;
+    if let Some(body) = op.get("requestBody") {
+        let body = resolve(doc, body);
+        let content = body.get("content").and_then(Value::as_object);
+        let json_schema = content.and_then(|c| {
+            c.iter()
+                .find(|(mime, _)| is_json(mime))
+                .map(|(_, m)| m.get("schema").cloned().unwrap_or(json!({})))
+        });
+        let Some(schema) = json_schema else {
+            let kinds: Vec<&str> = content
+                .map(|c| c.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            return Err(format!(
+                "its request body is not JSON ({}); only application/json bodies are supported",
+                if kinds.is_empty() {
+                    "no content".to_string()
+                } else {
+                    kinds.join(", ")
+                }
+            ));
+        };
+        has_body = true;
+        let schema = inline(doc, &schema, 0);
+        let is_object = schema.get("type").and_then(Value::as_str) == Some("object")
+            || schema.get("properties").is_some();
+        if !is_object {
+            return Err("its JSON request body is not an object; only object bodies (whose properties become arguments) are supported".to_string());
+        }
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let empty = Map::new();
+        let props = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        for (prop, pschema) in props {
+            if pschema.get("readOnly").and_then(Value::as_bool) == Some(true) {
+                continue;
+            }
+            let pdesc = pschema
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            push_arg(
+                &mut args,
+                &mut locations,
+                ArgSpec {
+                    name: prop.clone(),
+                    description: pdesc.to_string(),
+                    required: required.contains(&prop.as_str()),
+                    schema: pschema.clone(),
+                    transport: Transport::Json,
+                },
+                Location::Body,
+            )?;
+        }
+    }
+
+    Ok(Operation {
+        spec: ToolSpec {
+            name: name.clone(),
+            local_name: name,
+            description,
+            args,
+        },
+        method: method.to_ascii_uppercase(),
+        path: path.to_string(),
+        locations,
+        has_body,
+    })
+}
+
+fn push_arg(
+    args: &mut Vec<ArgSpec>,
+    locations: &mut Vec<(String, Location)>,
+    arg: ArgSpec,
+    location: Location,
+) -> Result<(), String> {
+    if args.iter().any(|a| a.name == arg.name) {
+        return Err(format!(
+            "two of its parameters (path, query or body) are both named `{}`",
+            arg.name
+        ));
+    }
+    locations.push((arg.name.clone(), location));
+    args.push(arg);
+    Ok(())
+}
+
+fn is_json(mime: &str) -> bool {
+    let base = mime.split(';').next().unwrap_or("").trim();
+    base == "application/json" || base.ends_with("+json")
+}
+
+fn with_description(mut schema: Value, description: &str) -> Value {
+    if let (Some(o), false) = (schema.as_object_mut(), description.is_empty()) {
+        o.entry("description")
+            .or_insert_with(|| Value::String(description.to_string()));
+    }
+    schema
+}
+
+/// Follow a local `$ref` (`#/components/…`), repeatedly; anything else is
+/// returned as it is.
+fn resolve<'a>(doc: &'a Value, mut v: &'a Value) -> &'a Value {
+    for _ in 0..MAX_REF_DEPTH {
+        match v
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix('#'))
+            .and_then(|ptr| doc.pointer(ptr))
+        {
+            Some(target) => v = target,
+            None => return v,
+        }
+    }
+    v
+}
+
+/// `schema` with every local `$ref` replaced by its target, so that the
+/// model receives a self-contained schema.
+fn inline(doc: &Value, schema: &Value, depth: usize) -> Value {
+    if depth > MAX_REF_DEPTH {
+        return json!({});
+    }
+    match schema {
+        Value::Object(o) => {
+            if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+                return match r.strip_prefix('#').and_then(|p| doc.pointer(p)) {
+                    Some(target) => inline(doc, target, depth + 1),
+                    None => json!({}),
+                };
+            }
+            Value::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), inline(doc, v, depth)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|v| inline(doc, v, depth)).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> Value {
+        json!({
+            "openapi": "3.0.3",
+            "info": {"title": "t", "version": "1"},
+            "paths": {
+                "/projects/{project_id}/tasks": {
+                    "parameters": [
+                        {"name": "project_id", "in": "path", "schema": {"type": "integer"}}
+                    ],
+                    "get": {
+                        "operationId": "list_tasks",
+                        "summary": "List a project's tasks",
+                        "parameters": [
+                            {"name": "status", "in": "query", "required": false,
+                             "description": "open or done",
+                             "schema": {"type": "string", "enum": ["open", "done"]}},
+                            {"$ref": "#/components/parameters/Limit"},
+                            {"name": "X-Trace", "in": "header", "schema": {"type": "string"}}
+                        ]
+                    },
+                    "post": {
+                        "operationId": "tasks.create (v2)",
+                        "description": "Create a task",
+                        "requestBody": {
+                            "required": true,
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewTask"}}}
+                        }
+                    }
+                },
+                "/upload": {
+                    "post": {
+                        "operationId": "upload",
+                        "requestBody": {"content": {"multipart/form-data": {"schema": {"type": "object"}}}}
+                    }
+                },
+                "/health": {"get": {}}
+            },
+            "components": {
+                "parameters": {
+                    "Limit": {"name": "limit", "in": "query", "required": true, "schema": {"type": "integer"}}
+                },
+                "schemas": {
+                    "NewTask": {
+                        "type": "object",
+                        "required": ["title"],
+                        "properties": {
+                            "title": {"type": "string", "description": "what to do"},
+                            "owner": {"$ref": "#/components/schemas/Person"},
+                            "id": {"type": "integer", "readOnly": true}
+                        }
+                    },
+                    "Person": {"type": "object", "properties": {"name": {"type": "string"}}}
+                }
+            }
+        })
+    }
+
+    fn op<'a>(ops: &'a [Operation], name: &str) -> &'a Operation {
+        ops.iter().find(|o| o.spec.name == name).unwrap()
+    }
+
+    #[test]
+    fn path_and_query_parameters_become_arguments() {
+        let (ops, _) = operations(&doc()).unwrap();
+        let o = op(&ops, "list_tasks");
+        assert_eq!(
+            (o.method.as_str(), o.path.as_str()),
+            ("GET", "/projects/{project_id}/tasks")
+        );
+        assert_eq!(o.spec.description, "List a project's tasks");
+        let names: Vec<(&str, bool)> = o
+            .spec
+            .args
+            .iter()
+            .map(|a| (a.name.as_str(), a.required))
+            .collect();
+        // Path parameters are always required; the header one is left out.
+        assert_eq!(
+            names,
+            [("status", false), ("limit", true), ("project_id", true)]
+        );
+        assert_eq!(
+            o.spec.arg("status").unwrap().schema,
+            json!({"type": "string", "enum": ["open", "done"], "description": "open or done"})
+        );
+        assert_eq!(o.spec.arg("project_id").unwrap().schema["type"], "integer");
+        assert!(o
+            .locations
+            .contains(&("project_id".to_string(), Location::Path)));
+        assert!(!o.has_body);
+    }
+
+    #[test]
+    fn a_json_body_object_gives_its_properties_with_refs_resolved() {
+        let (ops, _) = operations(&doc()).unwrap();
+        let o = op(&ops, "tasks_create_v2");
+        assert_eq!(o.spec.description, "Create a task");
+        assert!(o.has_body);
+        let title = o.spec.arg("title").unwrap();
+        assert!(title.required);
+        assert_eq!(title.description, "what to do");
+        let owner = o.spec.arg("owner").unwrap();
+        assert!(!owner.required);
+        assert_eq!(
+            owner.schema,
+            json!({"type": "object", "properties": {"name": {"type": "string"}}})
+        );
+        assert!(
+            o.spec.arg("id").is_none(),
+            "readOnly properties are not inputs"
+        );
+        assert!(o.locations.contains(&("title".to_string(), Location::Body)));
+    }
+
+    #[test]
+    fn unsupported_bodies_are_skipped_with_a_warning_naming_the_operation() {
+        let (ops, warnings) = operations(&doc()).unwrap();
+        assert!(ops.iter().all(|o| o.spec.name != "upload"));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("POST /upload (upload)"),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[0].contains("multipart/form-data"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn an_operation_without_id_is_named_from_method_and_path() {
+        let (ops, _) = operations(&doc()).unwrap();
+        let o = op(&ops, "get_health");
+        assert_eq!(o.spec.description, "GET /health");
+    }
+
+    #[test]
+    fn names_are_sanitised() {
+        assert_eq!(sanitize_name("listTasks"), "listTasks");
+        assert_eq!(sanitize_name("tasks.create (v2)"), "tasks_create_v2");
+        assert_eq!(
+            sanitize_name("get_/projects/{id}/tasks"),
+            "get_projects_id_tasks"
+        );
+        assert_eq!(sanitize_name("a-b_c"), "a-b_c");
+        assert_eq!(sanitize_name(&"x".repeat(80)).len(), 64);
+    }
+
+    #[test]
+    fn swagger_2_is_refused() {
+        let err = operations(&json!({"swagger": "2.0", "paths": {}})).unwrap_err();
+        assert!(err.contains("OpenAPI 3.x"), "{err}");
+    }
+}

@@ -1,0 +1,556 @@
+//! OpenAPI toolboxes: an HTTP API described by an OpenAPI 3.x document,
+//! one tool per operation.
+//!
+//! Arguments are the operation's path and query parameters and the
+//! top-level properties of its JSON request body, so bindings hide them
+//! like any other argument. Credentials are not arguments the model could
+//! see: a secret read at load is kept in the registration; a secret taken
+//! from a parameter (`{param: callback_token}`) becomes a hidden argument
+//! bound to that parameter, so the run's own value reaches each request
+//! through the ordinary binding combinator and stays a
+//! [`ParamValue::Secret`] down to the header. Neither is ever logged: a
+//! request is logged as its method, path template, status and duration.
+
+pub mod document;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::Url;
+
+pub use document::{operations, sanitize_name, Location, Operation};
+
+use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+use crate::bindings::{AppliedBinding, BoundTool, BoundValue};
+use crate::params::value::ArgText;
+use crate::params::{ApiKeys, ParamValue, SecretString, Values};
+use crate::spec::{OpenApiSecret, OpenApiToolbox, ParameterDecl, SecretSource, WhenUnbound};
+
+/// Default request timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default bytes of response body kept.
+pub const DEFAULT_MAX_RESPONSE: usize = 256 * 1024;
+/// Bytes of an error response's body quoted to the model.
+const MAX_ERROR_EXCERPT: usize = 2048;
+/// Largest OpenAPI document read.
+const MAX_DOCUMENT: usize = 16 * 1024 * 1024;
+
+/// Where a secret goes in a request.
+#[derive(Clone, Debug)]
+pub enum SecretPlace {
+    Header {
+        name: HeaderName,
+        template: Option<String>,
+    },
+    Query(String),
+}
+
+/// Where a secret's value is at call time.
+#[derive(Clone, Debug)]
+enum SecretValue {
+    /// Read when the toolbox loaded.
+    Loaded(SecretString),
+    /// The hidden argument bound to a parameter.
+    Arg(String),
+}
+
+#[derive(Clone, Debug)]
+struct Secret {
+    value: SecretValue,
+    place: SecretPlace,
+}
+
+/// What the operations of one toolbox share.
+struct Shared {
+    base_url: String,
+    client: reqwest::Client,
+    max_response: usize,
+    secrets: Vec<Secret>,
+}
+
+/// One operation of an API.
+pub struct OpenApiTool {
+    spec: ToolSpec,
+    op: Operation,
+    shared: Arc<Shared>,
+}
+
+/// The hidden argument carrying secret `index` (0-based) of a toolbox.
+fn secret_arg(index: usize) -> String {
+    format!("bindery-secret-{}", index + 1)
+}
+
+/// A header's value: the template with `{{secret}}` replaced, or the secret.
+pub fn header_value(template: Option<&str>, secret: &str) -> String {
+    match template {
+        Some(t) => t.replace("{{secret}}", secret),
+        None => secret.to_string(),
+    }
+}
+
+/// Percent-encode one path segment: everything but RFC 3986 unreserved characters.
+pub fn encode_segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `base` + `path` with each `{name}` replaced by its encoded value, then
+/// the query pairs. A value of `.` or `..` is refused: it would move the
+/// request to another path.
+pub fn build_url(
+    base: &str,
+    path: &str,
+    path_values: &[(&str, &str)],
+    query: &[(String, String)],
+) -> Result<Url, String> {
+    let mut filled = path.to_string();
+    for (name, value) in path_values {
+        if value.is_empty() || *value == "." || *value == ".." {
+            return Err(format!("path parameter `{name}` may not be `{value}`"));
+        }
+        filled = filled.replace(&format!("{{{name}}}"), &encode_segment(value));
+    }
+    let full = format!("{}{}", base.trim_end_matches('/'), filled);
+    let mut url = Url::parse(&full).map_err(|e| format!("bad URL: {e}"))?;
+    if !query.is_empty() {
+        let mut pairs = url.query_pairs_mut();
+        for (k, v) in query {
+            pairs.append_pair(k, v);
+        }
+    }
+    Ok(url)
+}
+
+/// The text of a path or query value; objects and arrays go as JSON.
+fn text_of(v: &ParamValue) -> String {
+    match v.to_text() {
+        Some(ArgText::Plain(s)) => s,
+        Some(ArgText::Secret(s)) => s.to_string(),
+        None => v.plain().map(|j| j.to_string()).unwrap_or_default(),
+    }
+}
+
+fn json_of(v: &ParamValue) -> serde_json::Value {
+    match v {
+        ParamValue::Plain(j) => j.clone(),
+        ParamValue::Secret(s) => serde_json::Value::String(s.expose().to_string()),
+    }
+}
+
+/// The request one call makes, before it is sent.
+#[derive(Debug)]
+pub struct Request {
+    pub method: reqwest::Method,
+    pub url: Url,
+    /// Headers carrying secrets (marked sensitive).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Option<serde_json::Value>,
+}
+
+impl OpenApiTool {
+    /// Build the request for `args` (pure: no I/O).
+    pub fn request(&self, args: &CallArgs) -> Result<Request, ToolError> {
+        let known = |k: &str| self.spec.arg(k).is_some();
+        let unknown: Vec<&str> = args
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !known(k))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(ToolError::InvalidArguments(format!(
+                "unknown argument{} {}",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", ")
+            )));
+        }
+        let mut path_values: Vec<(&str, String)> = Vec::new();
+        let mut query: Vec<(String, String)> = Vec::new();
+        let mut body = serde_json::Map::new();
+        for (name, location) in &self.op.locations {
+            let Some(v) = args.get(name) else {
+                if self.spec.arg(name).is_some_and(|a| a.required) {
+                    return Err(ToolError::InvalidArguments(format!(
+                        "missing required argument `{name}`"
+                    )));
+                }
+                continue;
+            };
+            match location {
+                Location::Path => path_values.push((name, text_of(v))),
+                Location::Query => match v.plain() {
+                    Some(serde_json::Value::Null) => {}
+                    Some(serde_json::Value::Array(items)) => {
+                        for item in items {
+                            query.push((name.clone(), text_of(&ParamValue::Plain(item.clone()))));
+                        }
+                    }
+                    _ => query.push((name.clone(), text_of(v))),
+                },
+                Location::Body => {
+                    body.insert(name.clone(), json_of(v));
+                }
+            }
+        }
+        let mut headers = Vec::new();
+        for s in &self.shared.secrets {
+            let value = match &s.value {
+                SecretValue::Loaded(v) => v.expose().to_string(),
+                SecretValue::Arg(arg) => match args.get(arg) {
+                    Some(v) => match v.to_text() {
+                        Some(ArgText::Secret(t)) => t.to_string(),
+                        Some(ArgText::Plain(t)) => t,
+                        None => {
+                            tracing::warn!(
+                                tool = %self.spec.name,
+                                "a secret's parameter holds an object or array; a credential must be text"
+                            );
+                            return Err(ToolError::Unavailable);
+                        }
+                    },
+                    // Unbound optional parameter: the credential is left out.
+                    None => continue,
+                },
+            };
+            match &s.place {
+                SecretPlace::Header { name, template } => {
+                    let mut hv = HeaderValue::from_str(&header_value(template.as_deref(), &value))
+                        .map_err(|_| {
+                            tracing::warn!(tool = %self.spec.name, header = %name, "a secret does not fit in a header value");
+                            ToolError::Unavailable
+                        })?;
+                    hv.set_sensitive(true);
+                    headers.push((name.clone(), hv));
+                }
+                SecretPlace::Query(q) => query.push((q.clone(), value)),
+            }
+        }
+        let refs: Vec<(&str, &str)> = path_values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let url = build_url(&self.shared.base_url, &self.op.path, &refs, &query)
+            .map_err(ToolError::InvalidArguments)?;
+        let method = reqwest::Method::from_bytes(self.op.method.as_bytes())
+            .map_err(|_| ToolError::Failed(format!("bad method {}", self.op.method)))?;
+        Ok(Request {
+            method,
+            url,
+            headers,
+            body: self.op.has_body.then_some(serde_json::Value::Object(body)),
+        })
+    }
+}
+
+#[async_trait]
+impl Tool for OpenApiTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let req = self.request(&args)?;
+        let started = Instant::now();
+        let mut builder = self.shared.client.request(req.method, req.url);
+        for (k, v) in req.headers {
+            builder = builder.header(k, v);
+        }
+        if let Some(body) = req.body {
+            builder = builder.json(&body);
+        }
+        let log_failure = |what: &str| {
+            tracing::info!(
+                tool = %self.spec.name,
+                session = %ctx.session_id,
+                method = %self.op.method,
+                path = %self.op.path,
+                duration_ms = started.elapsed().as_millis() as u64,
+                "HTTP request failed: {what}"
+            );
+        };
+        let mut resp = match builder.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                // `without_url`: the URL may carry a secret in its query string.
+                let msg = if e.is_timeout() {
+                    "the request timed out".to_string()
+                } else {
+                    e.without_url().to_string()
+                };
+                log_failure(&msg);
+                return Err(ToolError::Failed(format!("HTTP request failed: {msg}")));
+            }
+        };
+        let status = resp.status();
+        let mut body = Vec::new();
+        let mut truncated = false;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    let room = self.shared.max_response.saturating_sub(body.len());
+                    if chunk.len() > room {
+                        body.extend_from_slice(&chunk[..room]);
+                        truncated = true;
+                        break;
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let msg = if e.is_timeout() {
+                        "the request timed out".to_string()
+                    } else {
+                        e.without_url().to_string()
+                    };
+                    log_failure(&msg);
+                    return Err(ToolError::Failed(format!("HTTP request failed: {msg}")));
+                }
+            }
+        }
+        tracing::info!(
+            tool = %self.spec.name,
+            session = %ctx.session_id,
+            method = %self.op.method,
+            path = %self.op.path,
+            status = status.as_u16(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "HTTP request"
+        );
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if status.is_success() {
+            let mut text = if text.is_empty() {
+                format!("HTTP {status} (empty response body)")
+            } else {
+                text
+            };
+            if truncated {
+                text.push_str(&format!(
+                    "\n[response cut at {} bytes]",
+                    self.shared.max_response
+                ));
+            }
+            Ok(ToolOutput { text })
+        } else {
+            let excerpt: String = text.chars().take(MAX_ERROR_EXCERPT).collect();
+            let cut = if excerpt.len() < text.len() || truncated {
+                " […]"
+            } else {
+                ""
+            };
+            Err(ToolError::Failed(format!("HTTP {status}: {excerpt}{cut}")))
+        }
+    }
+}
+
+/// Load an OpenAPI toolbox: read (or fetch) its document and turn each
+/// operation into a tool, with secret-carrying hidden arguments already
+/// bound. `values` are the parameter values known at load (process values
+/// and defaults): secrets for fetching the document may come from them.
+/// Returns the tools and a warning for each operation skipped.
+pub async fn load(
+    tb: &OpenApiToolbox,
+    base: &Path,
+    params: &[ParameterDecl],
+    values: &Values,
+    api_keys: &ApiKeys,
+) -> Result<(Vec<BoundTool>, Vec<String>), String> {
+    let timeout = tb
+        .timeout_seconds
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_TIMEOUT);
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+
+    let mut secrets = Vec::new();
+    let mut fetch_secrets = Vec::new();
+    for (i, s) in tb.secrets.iter().enumerate() {
+        let place = secret_place(s).map_err(|e| format!("secret {}: {e}", i + 1))?;
+        let value = match (&s.source, s.source.value_source()) {
+            (SecretSource::Param(p), _) => {
+                if s.fetch_spec {
+                    match values.get(p) {
+                        Some(v) => fetch_secrets.push(Secret {
+                            value: SecretValue::Loaded(SecretString::new(text_of(v))),
+                            place: place.clone(),
+                        }),
+                        None => {
+                            return Err(format!(
+                                "secret {}: parameter `{p}` has no value when the agent loads, so the spec cannot be fetched with it; give it a process value or a default",
+                                i + 1
+                            ))
+                        }
+                    }
+                }
+                SecretValue::Arg(secret_arg(i))
+            }
+            (_, Some(src)) => {
+                let v = crate::params::sources::read_source(&src, base, api_keys)
+                    .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?;
+                let text = match v {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                let v = SecretValue::Loaded(SecretString::new(text));
+                if s.fetch_spec {
+                    fetch_secrets.push(Secret {
+                        value: v.clone(),
+                        place: place.clone(),
+                    });
+                }
+                v
+            }
+            (_, None) => unreachable!("only a param has no value source"),
+        };
+        secrets.push(Secret { value, place });
+    }
+
+    let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
+    let (ops, warnings) = operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    let shared = Arc::new(Shared {
+        base_url: tb.base_url.clone(),
+        client,
+        max_response: tb
+            .max_response_bytes
+            .map(|b| b as usize)
+            .unwrap_or(DEFAULT_MAX_RESPONSE),
+        secrets: secrets.clone(),
+    });
+    let hidden: Vec<(String, &str)> = tb
+        .secrets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match &s.source {
+            SecretSource::Param(p) => Some((secret_arg(i), p.as_str())),
+            _ => None,
+        })
+        .collect();
+    let tools = ops
+        .into_iter()
+        .map(|op| {
+            let mut spec = op.spec.clone();
+            for (arg, _) in &hidden {
+                spec.args.push(ArgSpec {
+                    name: arg.clone(),
+                    description: "a credential, bound to a parameter; never shown to the model"
+                        .to_string(),
+                    required: false,
+                    schema: serde_json::json!({"type": "string"}),
+                    transport: Transport::Json,
+                });
+            }
+            let tool = OpenApiTool {
+                spec,
+                op,
+                shared: shared.clone(),
+            };
+            BoundTool::new(Arc::new(tool)).with_bindings(hidden.iter().map(|(arg, p)| {
+                let required = params.iter().any(|d| d.name == *p && d.required);
+                AppliedBinding {
+                    arg: arg.clone(),
+                    value: BoundValue::Param(p.to_string()),
+                    when_unbound: if required {
+                        WhenUnbound::Fail
+                    } else {
+                        WhenUnbound::Omit
+                    },
+                }
+            }))
+        })
+        .collect();
+    Ok((tools, warnings))
+}
+
+fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, String> {
+    match (&s.header, &s.query) {
+        (Some(h), None) => Ok(SecretPlace::Header {
+            name: HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("`{}` is not a valid header name", h.name))?,
+            template: h.template.clone(),
+        }),
+        (None, Some(q)) => Ok(SecretPlace::Query(q.clone())),
+        _ => Err("give exactly one of `header` or `query`".to_string()),
+    }
+}
+
+/// The document at `spec`: an http(s) URL, a `file://` URL or a path
+/// relative to `base`; JSON or YAML.
+async fn read_document(
+    spec: &str,
+    base: &Path,
+    client: &reqwest::Client,
+    secrets: &[Secret],
+) -> Result<serde_json::Value, String> {
+    let text = if spec.starts_with("http://") || spec.starts_with("https://") {
+        let mut query = Vec::new();
+        let mut builder_headers = Vec::new();
+        for s in secrets {
+            let SecretValue::Loaded(v) = &s.value else {
+                continue;
+            };
+            match &s.place {
+                SecretPlace::Header { name, template } => {
+                    let mut hv =
+                        HeaderValue::from_str(&header_value(template.as_deref(), v.expose()))
+                            .map_err(|_| format!("a secret does not fit in header {name}"))?;
+                    hv.set_sensitive(true);
+                    builder_headers.push((name.clone(), hv));
+                }
+                SecretPlace::Query(q) => query.push((q.clone(), v.expose().to_string())),
+            }
+        }
+        let mut url = Url::parse(spec).map_err(|e| format!("spec {spec}: bad URL: {e}"))?;
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        let mut req = client.get(url);
+        for (k, v) in builder_headers {
+            req = req.header(k, v);
+        }
+        // Messages name `spec` as written, never the URL with secrets added.
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("cannot fetch spec {spec}: {}", e.without_url()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(format!(
+                "cannot fetch spec {spec}: HTTP {status}{}",
+                if secrets.is_empty() {
+                    "; if it needs credentials, add a secret with `fetchSpec: true` (from a value source or a process-scope parameter: the spec is fetched at load, before any session)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("cannot fetch spec {spec}: {}", e.without_url()))?;
+        if bytes.len() > MAX_DOCUMENT {
+            return Err(format!("spec {spec} is larger than {MAX_DOCUMENT} bytes"));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    } else {
+        let path = base.join(spec.strip_prefix("file://").unwrap_or(spec));
+        tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|e| format!("cannot read spec {}: {e}", path.display()))?
+    };
+    match serde_json::from_str(&text) {
+        Ok(v) => Ok(v),
+        Err(json_err) => serde_yaml::from_str(&text).map_err(|yaml_err| {
+            format!("spec {spec} is neither JSON ({json_err}) nor YAML ({yaml_err})")
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+use serde_json::json;
+
+use super::*;
+
+#[test]
+fn header_templates_put_the_secret_in_place() {
+    assert_eq!(header_value(Some("Bearer {{secret}}"), "t0k"), "Bearer t0k");
+    assert_eq!(header_value(None, "t0k"), "t0k");
+    assert_eq!(
+        header_value(Some("Token {{secret}}; v={{secret}}"), "a"),
+        "Token a; v=a"
+    );
+}
+
+#[test]
+fn path_segments_are_percent_encoded() {
+    assert_eq!(encode_segment("abc-1.2_~"), "abc-1.2_~");
+    assert_eq!(encode_segment("a b/c?d#e%"), "a%20b%2Fc%3Fd%23e%25");
+    assert_eq!(encode_segment("é"), "%C3%A9");
+}
+
+#[test]
+fn urls_join_base_path_and_query() {
+    let url = build_url(
+        "http://api.test/v1/",
+        "/projects/{project_id}/tasks",
+        &[("project_id", "p 1/x")],
+        &[
+            ("status".to_string(), "open&done".to_string()),
+            ("tag".to_string(), "a".to_string()),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        url.as_str(),
+        "http://api.test/v1/projects/p%201%2Fx/tasks?status=open%26done&tag=a"
+    );
+}
+
+#[test]
+fn dot_segments_cannot_move_the_request() {
+    for bad in ["..", ".", ""] {
+        let err = build_url("http://api.test", "/p/{id}/x", &[("id", bad)], &[]).unwrap_err();
+        assert!(err.contains("`id`"), "{err}");
+    }
+}
+
+fn tool(secrets: Vec<Secret>) -> OpenApiTool {
+    let doc = json!({
+        "openapi": "3.1.0",
+        "paths": {
+            "/projects/{project_id}/tasks": {
+                "post": {
+                    "operationId": "add_task",
+                    "parameters": [
+                        {"name": "project_id", "in": "path", "schema": {"type": "string"}},
+                        {"name": "notify", "in": "query", "schema": {"type": "boolean"}},
+                        {"name": "tags", "in": "query", "schema": {"type": "array"}}
+                    ],
+                    "requestBody": {"content": {"application/json": {"schema": {
+                        "type": "object", "required": ["title"],
+                        "properties": {"title": {"type": "string"}, "points": {"type": "integer"}}
+                    }}}}
+                }
+            }
+        }
+    });
+    let (mut ops, _) = operations(&doc).unwrap();
+    let op = ops.remove(0);
+    let mut spec = op.spec.clone();
+    spec.args.push(ArgSpec {
+        name: secret_arg(0),
+        description: String::new(),
+        required: false,
+        schema: json!({"type": "string"}),
+        transport: Transport::Json,
+    });
+    OpenApiTool {
+        spec,
+        op,
+        shared: Arc::new(Shared {
+            base_url: "http://api.test".into(),
+            client: reqwest::Client::new(),
+            max_response: 100,
+            secrets,
+        }),
+    }
+}
+
+fn args(pairs: &[(&str, ParamValue)]) -> CallArgs {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+#[test]
+fn a_call_builds_path_query_body_and_secret_header() {
+    let t = tool(vec![
+        Secret {
+            value: SecretValue::Arg(secret_arg(0)),
+            place: SecretPlace::Header {
+                name: HeaderName::from_static("authorization"),
+                template: Some("Bearer {{secret}}".into()),
+            },
+        },
+        Secret {
+            value: SecretValue::Loaded(SecretString::new("k&1")),
+            place: SecretPlace::Query("api_key".into()),
+        },
+    ]);
+    let req = t
+        .request(&args(&[
+            ("project_id", ParamValue::Plain(json!("p/1"))),
+            ("notify", ParamValue::Plain(json!(true))),
+            ("tags", ParamValue::Plain(json!(["a", "b"]))),
+            ("title", ParamValue::Plain(json!("write tests"))),
+            (
+                "bindery-secret-1",
+                ParamValue::Secret(SecretString::new("s3cr3t")),
+            ),
+        ]))
+        .unwrap();
+    assert_eq!(req.method, reqwest::Method::POST);
+    assert_eq!(
+        req.url.as_str(),
+        "http://api.test/projects/p%2F1/tasks?notify=true&tags=a&tags=b&api_key=k%261"
+    );
+    assert_eq!(req.body, Some(json!({"title": "write tests"})));
+    assert_eq!(req.headers.len(), 1);
+    assert_eq!(req.headers[0].0, "authorization");
+    assert_eq!(req.headers[0].1.to_str().unwrap(), "Bearer s3cr3t");
+    assert!(req.headers[0].1.is_sensitive());
+    // The request's Debug output (what a careless log line would print)
+    // keeps the header value out.
+    assert!(!format!("{req:?}").contains("s3cr3t"));
+}
+
+#[test]
+fn missing_and_unknown_arguments_are_the_models_to_fix() {
+    let t = tool(Vec::new());
+    let err = t
+        .request(&args(&[("project_id", ParamValue::Plain(json!("p")))]))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ToolError::InvalidArguments("missing required argument `title`".into())
+    );
+    let err = t
+        .request(&args(&[
+            ("project_id", ParamValue::Plain(json!("p"))),
+            ("title", ParamValue::Plain(json!("t"))),
+            ("colour", ParamValue::Plain(json!("red"))),
+        ]))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ToolError::InvalidArguments("unknown argument colour".into())
+    );
+}
+
+#[test]
+fn an_unbound_optional_secret_is_left_out() {
+    let t = tool(vec![Secret {
+        value: SecretValue::Arg(secret_arg(0)),
+        place: SecretPlace::Header {
+            name: HeaderName::from_static("x-token"),
+            template: None,
+        },
+    }]);
+    let req = t
+        .request(&args(&[
+            ("project_id", ParamValue::Plain(json!(7))),
+            ("title", ParamValue::Plain(json!("t"))),
+        ]))
+        .unwrap();
+    assert!(req.headers.is_empty());
+    assert_eq!(req.url.as_str(), "http://api.test/projects/7/tasks");
+}

@@ -1,0 +1,255 @@
+//! An OpenAPI toolbox through the real server: a small HTTP API on
+//! 127.0.0.1 serves its own OpenAPI document; the agent binds the
+//! `project_id` path parameter to a session parameter and sends a
+//! session-scope secret as `Authorization: Bearer …`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use bindery_tests::mock_llm::{tool_schema, MockLlm, MockReply};
+use bindery_tests::sidecar::{Launch, Sidecar};
+use common::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const TOKEN_A: &str = "cb-token-alpha-5d1e";
+const TOKEN_B: &str = "cb-token-beta-93c0";
+
+fn digest(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// What the API saw: (project id, digest of the Authorization header).
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+fn api_doc() -> Value {
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "callbacks", "version": "1"},
+        "paths": {
+            "/projects/{project_id}/tasks": {
+                "get": {
+                    "operationId": "list_tasks",
+                    "summary": "List the tasks of the project",
+                    "parameters": [
+                        {"name": "project_id", "in": "path", "required": true, "schema": {"type": "string"}},
+                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": ["open", "done"]}}
+                    ],
+                    "responses": {"200": {"description": "tasks"}}
+                }
+            },
+            "/projects/{project_id}/missing": {
+                "get": {
+                    "operationId": "get_missing",
+                    "summary": "Something that does not exist",
+                    "parameters": [
+                        {"name": "project_id", "in": "path", "required": true, "schema": {"type": "string"}}
+                    ],
+                    "responses": {"404": {"description": "never found"}}
+                }
+            }
+        }
+    })
+}
+
+async fn start_api() -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route("/openapi.json", get(|| async { Json(api_doc()) }))
+        .route(
+            "/projects/{project_id}/tasks",
+            get(
+                |State(seen): State<Seen>,
+                 UrlPath(project): UrlPath<String>,
+                 Query(q): Query<std::collections::BTreeMap<String, String>>,
+                 headers: HeaderMap| async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    let auth_sha256 = digest(auth);
+                    seen.lock()
+                        .unwrap()
+                        .push((project.clone(), auth_sha256.clone()));
+                    Json(json!({
+                        "project": project,
+                        "status": q.get("status"),
+                        "auth_sha256": auth_sha256,
+                        "tasks": ["write the spec"],
+                    }))
+                },
+            ),
+        )
+        .route(
+            "/projects/{project_id}/missing",
+            get(|| async { (StatusCode::NOT_FOUND, "no such thing here") }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+/// First `list_tasks`, then `get_missing`, then an answer quoting both results.
+fn script(req: &Value) -> MockReply {
+    let tool_results: Vec<&str> = req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    match tool_results.len() {
+        0 => MockReply::tool_call("list_tasks", json!({"status": "open"})),
+        1 => MockReply::tool_call("get_missing", json!({})),
+        _ => MockReply::text(format!("done: {}", tool_results.join(" | "))),
+    }
+}
+
+fn agent_file(dir: &std::path::Path, model_url: &str, api: SocketAddr) -> std::path::PathBuf {
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: callbacks
+spec:
+  model: {{url: "{model_url}", name: mock-model}}
+  systemPrompt: You manage one project's tasks.
+  parameters:
+    - {{name: project_id, scope: session}}
+    - {{name: callback_token, secret: true, scope: session}}
+  toolboxes:
+    - openapi:
+        spec: "http://{api}/openapi.json"
+        baseUrl: "http://{api}"
+        timeoutSeconds: 10
+        secrets:
+          - source: {{param: callback_token}}
+            header: {{name: Authorization, template: "Bearer {{{{secret}}}}"}}
+        bindings:
+          - {{arg: project_id, value: {{param: project_id}}}}
+"#
+    );
+    let path = dir.join("callbacks.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_path_parameter_and_session_secret_reach_the_api_per_session() {
+    let (addr, seen) = start_api().await;
+    let mock = MockLlm::start(script).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = agent_file(dir.path(), &mock.url(), addr);
+    let sidecar = Sidecar::start(Launch {
+        bin: bin(),
+        args: vec![
+            "--agent-file".into(),
+            agent.display().to_string(),
+            "--store".into(),
+            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
+        ],
+        env: vec![("BINDERY_LOG".into(), "debug".into())],
+        log_dir: &dir.path().join("logs"),
+        owner_token: OWNER,
+    });
+    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+
+    let mut replies = Vec::new();
+    let mut turns_of = Vec::new();
+    for (project, token) in [("alpha-1", TOKEN_A), ("beta 2", TOKEN_B)] {
+        let created = create(
+            &api,
+            json!({"agent": "callbacks", "params": {"project_id": project, "callback_token": token}}),
+        )
+        .await;
+        assert_eq!(created.status, 201, "{}", created.text);
+        let id = created.json["session_id"].as_str().unwrap().to_string();
+        let reply = api
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/messages?wait=true"),
+                Some(OWNER),
+                Some(&json!({"prompt": "what is open?"})),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert_eq!(reply.json["status"], "idle", "{}", reply.text);
+        turns_of.push((project, token, reply.json["session"]["turns"].clone()));
+        let view = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        replies.extend([created.text, reply.text, view.text]);
+    }
+
+    // Each session's call reached the API with its own project and token.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("alpha-1".to_string(), digest(&format!("Bearer {TOKEN_A}"))),
+            ("beta 2".to_string(), digest(&format!("Bearer {TOKEN_B}"))),
+        ]
+    );
+
+    for (project, token, turns) in &turns_of {
+        let turns = turns.as_array().unwrap();
+        let tool_results: Vec<&str> = turns
+            .iter()
+            .filter(|t| t["role"] == "tool")
+            .filter_map(|t| t["content"].as_str())
+            .collect();
+        assert_eq!(tool_results.len(), 2, "{turns:?}");
+        let listed: Value = serde_json::from_str(tool_results[0]).unwrap();
+        assert_eq!(listed["project"], *project);
+        assert_eq!(listed["status"], "open");
+        assert_eq!(listed["auth_sha256"], digest(&format!("Bearer {token}")));
+        // The 404 reaches the model as a tool error with the status.
+        assert!(
+            tool_results[1].contains("HTTP 404 Not Found: no such thing here"),
+            "{}",
+            tool_results[1]
+        );
+    }
+
+    // The model never sees project_id, nor the hidden credential argument.
+    let requests = mock.requests();
+    assert!(!requests.is_empty());
+    for req in &requests {
+        let schema = tool_schema(req, "list_tasks").expect("list_tasks is offered");
+        let props = schema["properties"].as_object().unwrap();
+        assert_eq!(props.keys().collect::<Vec<_>>(), ["status"], "{schema}");
+        assert_eq!(schema["required"], json!([]));
+        let missing = tool_schema(req, "get_missing").unwrap();
+        assert_eq!(missing["properties"], json!({}), "{missing}");
+    }
+
+    // No token anywhere: model requests, API responses, server logs.
+    let logs = sidecar.logs();
+    assert!(
+        logs.contains("HTTP request"),
+        "requests are logged:\n{logs}"
+    );
+    for token in [TOKEN_A, TOKEN_B] {
+        for (headers, body) in mock.raw_requests() {
+            assert!(!body.contains(token));
+            assert!(headers.iter().all(|(_, v)| !v.contains(token)));
+        }
+        for text in &replies {
+            assert!(!text.contains(token), "{text}");
+        }
+        assert!(!logs.contains(token), "the token is in the log:\n{logs}");
+        assert!(!contains(
+            &raw_files(&dir.path().join("logs"), "sidecar"),
+            token
+        ));
+    }
+}
