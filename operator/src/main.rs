@@ -26,10 +26,12 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write the CRD documents (generated from the Rust types) into a directory.
+    /// Write the CRD documents (generated from the Rust types) into
+    /// directories: by default the repository's `crds/` and the operator
+    /// chart's copy.
     Crdgen {
-        #[arg(long, default_value = "crds")]
-        out: PathBuf,
+        #[arg(long, default_values = ["crds", "charts/bindery-operator/crds"])]
+        out: Vec<PathBuf>,
     },
     /// Run the controller (kubeconfig or in-cluster configuration).
     Run {
@@ -62,18 +64,18 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Crdgen { out } => match bindery_operator::crd::write_crds(&out) {
-            Ok(files) => {
-                for f in files {
-                    println!("wrote {}", f.display());
+        Command::Crdgen { out } => {
+            for dir in out {
+                match bindery_operator::crd::write_crds(&dir) {
+                    Ok(files) => files.iter().for_each(|f| println!("wrote {}", f.display())),
+                    Err(e) => {
+                        eprintln!("error: {}: {e}", dir.display());
+                        return ExitCode::FAILURE;
+                    }
                 }
-                ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+            ExitCode::SUCCESS
+        }
         Command::Run {
             namespaces,
             sidecar_image,

@@ -7,7 +7,7 @@ fn checked_in_crds_are_fresh() {
         let on_disk = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
         assert!(
             on_disk == doc,
-            "crds/{name} is stale: run `cargo run -p bindery-operator -- crdgen --out crds`"
+            "crds/{name} is stale: run `cargo run -p bindery-operator -- crdgen`"
         );
     }
 }
