@@ -33,6 +33,18 @@ pub struct AppState {
     pub ready: AtomicBool,
 }
 
+impl AppState {
+    /// Who sends this request on `session` through `door`.
+    async fn caller(
+        &self,
+        headers: &HeaderMap,
+        session: Option<&str>,
+        door: Door,
+    ) -> Result<Caller, ServiceError> {
+        caller(headers, &self.owner, &self.service, session, door).await
+    }
+}
+
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
 const DEFAULT_WAIT: u64 = 60;
 const MAX_WAIT: u64 = 600;
@@ -156,7 +168,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    s.caller(&headers, None, Door::OwnerOnly).await?;
     let agents: Vec<_> = s
         .service
         .tree()
@@ -172,7 +184,7 @@ async fn get_agent(
     headers: HeaderMap,
     Path(slug): Path<String>,
 ) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    s.caller(&headers, None, Door::OwnerOnly).await?;
     let agent = s
         .service
         .tree()
@@ -226,7 +238,7 @@ async fn create_session(
     Query(q): Query<WaitQuery>,
     b: Bytes,
 ) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    let who = s.caller(&headers, None, Door::OwnerOnly).await?;
     let mut b: CreateBody = body(&b)?;
     let prompt = b.prompt()?;
     let created = s
@@ -265,7 +277,7 @@ async fn view(
 }
 
 async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    s.caller(&headers, None, Door::OwnerOnly).await?;
     let list: Vec<_> = s
         .service
         .store()
@@ -282,14 +294,7 @@ async fn get_session(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let who = caller(
-        &headers,
-        &s.owner,
-        &s.service,
-        Some(&id),
-        Door::SessionToken,
-    )
-    .await?;
+    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
@@ -308,14 +313,7 @@ async fn post_message(
     Query(q): Query<WaitQuery>,
     b: Bytes,
 ) -> ApiResult {
-    let who = caller(
-        &headers,
-        &s.owner,
-        &s.service,
-        Some(&id),
-        Door::SessionToken,
-    )
-    .await?;
+    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     let b: MessagePost = body(&b)?;
     let prompt = b
         .prompt
@@ -348,7 +346,7 @@ async fn resume(
     Query(q): Query<WaitQuery>,
     b: Bytes,
 ) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     let b: ParamsBody = body(&b)?;
     let run = s.service.resume(&who, &id, &b.params).await?;
     ran(&s, &id, &who, &q, run).await
@@ -359,14 +357,7 @@ async fn cancel(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let who = caller(
-        &headers,
-        &s.owner,
-        &s.service,
-        Some(&id),
-        Door::SessionToken,
-    )
-    .await?;
+    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     s.service.cancel(&id).await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
@@ -378,7 +369,7 @@ async fn fork(
     Query(q): Query<WaitQuery>,
     b: Bytes,
 ) -> ApiResult {
-    let who = caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     let mut b: CreateBody = body(&b)?;
     let prompt = b.prompt()?;
     let created = s
@@ -406,14 +397,7 @@ async fn put_params(
     Path(id): Path<String>,
     b: Bytes,
 ) -> ApiResult {
-    let who = caller(
-        &headers,
-        &s.owner,
-        &s.service,
-        Some(&id),
-        Door::SessionToken,
-    )
-    .await?;
+    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     let b: ParamsBody = body(&b)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
@@ -432,7 +416,7 @@ async fn revoke_token(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, Some(&id), Door::OwnerOnly).await?;
+    s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     s.service.revoke_tokens(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -442,7 +426,7 @@ async fn continuation(
     headers: HeaderMap,
     Path(_token): Path<String>,
 ) -> ApiResult {
-    caller(&headers, &s.owner, &s.service, None, Door::OwnerOnly).await?;
+    s.caller(&headers, None, Door::OwnerOnly).await?;
     Err(ServiceError::not_found(
         "no continuation has this token: Bindery runs no deferred tools, so none is ever pending",
     ))
@@ -459,14 +443,7 @@ async fn events(
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult {
-    caller(
-        &headers,
-        &s.owner,
-        &s.service,
-        Some(&id),
-        Door::SessionToken,
-    )
-    .await?;
+    s.caller(&headers, Some(&id), Door::SessionToken).await?;
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
