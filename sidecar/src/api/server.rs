@@ -239,24 +239,36 @@ async fn create_session(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, None, Door::OwnerOnly).await?;
-    let mut b: CreateBody = body(&b)?;
+    let b: CreateBody = body(&b)?;
+    let fork = b.fork.clone();
+    create(&s, &who, &q, b, fork).await
+}
+
+/// Create a session (a fork when `fork` names a source) and answer 201.
+async fn create(
+    s: &AppState,
+    who: &Caller,
+    q: &WaitQuery,
+    mut b: CreateBody,
+    fork: Option<String>,
+) -> ApiResult {
     let prompt = b.prompt()?;
     let created = s
         .service
         .create(
-            &who,
+            who,
             CreateSession {
                 agent: b.agent,
                 prompt,
                 params: b.params,
                 seal: b.seal,
                 session_token: b.session_token,
-                fork: b.fork,
+                fork,
             },
         )
         .await?;
     q.wait(created.run).await;
-    let view = view(&s, &created.id, &who, created.token).await?;
+    let view = view(s, &created.id, who, created.token).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
@@ -370,25 +382,8 @@ async fn fork(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
-    let mut b: CreateBody = body(&b)?;
-    let prompt = b.prompt()?;
-    let created = s
-        .service
-        .create(
-            &who,
-            CreateSession {
-                agent: b.agent,
-                prompt,
-                params: b.params,
-                seal: b.seal,
-                session_token: b.session_token,
-                fork: Some(id),
-            },
-        )
-        .await?;
-    q.wait(created.run).await;
-    let view = view(&s, &created.id, &who, created.token).await?;
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    let b: CreateBody = body(&b)?;
+    create(&s, &who, &q, b, Some(id)).await
 }
 
 async fn put_params(
