@@ -1,5 +1,6 @@
 //! Sessions: the conversation, its parameters, its runs and its storage.
 
+pub mod ask;
 pub mod clients;
 pub mod error;
 pub mod model;

@@ -98,6 +98,11 @@ impl RunWait {
             .await
             .is_ok_and(|r| r.is_ok())
     }
+
+    /// Until the run ends, however long that takes.
+    pub async fn finished(mut self) {
+        let _ = self.0.wait_for(|done| *done).await;
+    }
 }
 
 pub struct Service {
@@ -251,6 +256,18 @@ impl Service {
             None => self.live(id),
         };
         *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
+    }
+
+    /// Drop a session's secret values from memory (a one-shot run's, once
+    /// it has ended); a later run needs them supplied again.
+    pub fn forget_secrets(&self, id: &str) {
+        if let Some(live) = self.peek(id) {
+            live.secrets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
+        self.evict_if_idle(id);
     }
 
     pub fn is_running(&self, id: &str) -> bool {
