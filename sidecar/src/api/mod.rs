@@ -1,6 +1,8 @@
-//! The HTTP API: routes, authentication, views, metrics and the OpenAPI document.
+//! The HTTP API: routes, authentication, views, metrics, the OpenAPI
+//! document and MCP over HTTP.
 
 pub mod auth;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod server;

@@ -28,6 +28,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{id}/params"),
     ("DELETE", "/v1/sessions/{id}/token"),
     ("GET", "/v1/sessions/{id}/events"),
+    ("POST", "/mcp"),
 ];
 
 /// The 422 codes of a request that sets parameters on a new session.
@@ -51,6 +52,7 @@ pub fn document(version: &str) -> Value {
             { "name": "health", "description": "Liveness, readiness, metrics and this document." },
             { "name": "agents", "description": "The agents this server runs." },
             { "name": "sessions", "description": "Conversations with an agent, their runs and parameters." },
+            { "name": "mcp", "description": "The agents as MCP tools (MCP's Streamable HTTP transport)." },
         ],
         "security": owner(),
         "paths": paths(),
@@ -231,6 +233,7 @@ fn paths() -> Value {
         ("PUT", "/v1/sessions/{id}/params", set_params()),
         ("DELETE", "/v1/sessions/{id}/token", revoke_session_tokens()),
         ("GET", "/v1/sessions/{id}/events", stream_events()),
+        ("POST", "/mcp", mcp()),
     ];
     let mut paths = Map::new();
     for (method, path, operation) in operations {
@@ -559,6 +562,69 @@ fn revoke_session_tokens() -> Value {
     })
 }
 
+/// A JSON-RPC error response of `/mcp`.
+fn jsonrpc_error(description: &str) -> Value {
+    json_response(description, schema("JsonRpcResponse"))
+}
+
+fn mcp() -> Value {
+    json!({
+        "operationId": "mcp",
+        "tags": ["mcp"],
+        "summary": "MCP over HTTP: one `ask_<agent>` tool per agent, each call one run",
+        "description": "MCP's Streamable HTTP transport, stateless: each POST carries one \
+            JSON-RPC message (a batch only in protocol 2025-03-26) and is answered with \
+            `application/json`; no session id, no server-sent events (`GET /mcp` is 405). \
+            Methods: `initialize` (protocol 2025-03-26, 2025-06-18 or 2025-11-25), `ping`, \
+            `tools/list`, `tools/call`. A `tools/call` starts a new session on the tool's \
+            agent, runs `arguments.prompt` to the end and answers with the model's last \
+            text; the session's id is in the result's `_meta` \"bindery.dev/session_id\". \
+            Parameter values come from `Agents-Param-<name>` request headers (strings; \
+            the name is case-insensitive, `-` read as `_`) and from the call's `_meta` \
+            \"agents-exe/params\" (any JSON; wins by name). They are validated like a \
+            session creation with a prompt; a refusal is a JSON-RPC error with code \
+            -32602 and `data` `{error, status, params}` holding the session API's code \
+            (`unknown_params`, `forbidden_params`, `invalid_params`, `params_required`).",
+        "security": owner(),
+        "parameters": [{
+            "name": "MCP-Protocol-Version",
+            "in": "header",
+            "required": false,
+            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent.",
+            "schema": { "type": "string" },
+        }],
+        "requestBody": {
+            "required": true,
+            "content": { "application/json": { "schema": {
+                "oneOf": [
+                    schema("JsonRpcMessage"),
+                    { "type": "array", "items": schema("JsonRpcMessage") },
+                ],
+            } } },
+        },
+        "responses": {
+            "200": json_response(
+                "The JSON-RPC response; an array of them for a batch.",
+                json!({
+                    "oneOf": [
+                        schema("JsonRpcResponse"),
+                        { "type": "array", "items": schema("JsonRpcResponse") },
+                    ],
+                }),
+            ),
+            "202": { "description": "Only notifications or responses were posted: nothing to answer." },
+            "400": jsonrpc_error(
+                "Not JSON, not a JSON-RPC message, an unsupported MCP-Protocol-Version, or a \
+                 batch in a protocol version that has none.",
+            ),
+            "401": jsonrpc_error(
+                "No owner token (session tokens are not valid here); the error's code is -32001.",
+            ),
+            "406": jsonrpc_error("`Accept` does not allow `application/json`."),
+        },
+    })
+}
+
 fn stream_events() -> Value {
     json!({
         "operationId": "streamEvents",
@@ -601,6 +667,7 @@ fn schemas() -> Value {
         session_schemas(),
         request_schemas(),
         event_schemas(),
+        mcp_schemas(),
     ] {
         if let Value::Object(part) = part {
             all.extend(part);
@@ -942,6 +1009,56 @@ fn event_schemas() -> Value {
     })
 }
 
+fn mcp_schemas() -> Value {
+    json!({
+        "JsonRpcMessage": {
+            "type": "object",
+            "description": "A JSON-RPC 2.0 request, notification or response.",
+            "required": ["jsonrpc"],
+            "properties": {
+                "jsonrpc": { "const": "2.0" },
+                "id": { "type": ["string", "integer"] },
+                "method": { "type": "string" },
+                "params": { "type": "object" },
+            },
+        },
+        "JsonRpcResponse": {
+            "type": "object",
+            "required": ["jsonrpc", "id"],
+            "properties": {
+                "jsonrpc": { "const": "2.0" },
+                "id": { "type": ["string", "integer", "null"] },
+                "result": { "type": "object" },
+                "error": schema("JsonRpcError"),
+            },
+        },
+        "JsonRpcError": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {
+                    "type": "integer",
+                    "description": "-32602 for parameters the session API would refuse (and \
+                        other invalid params), -32001 without an owner token, -32601 for an \
+                        unknown method, -32600/-32700 for malformed messages.",
+                },
+                "message": { "type": "string" },
+                "data": schema("McpErrorData"),
+            },
+        },
+        "McpErrorData": {
+            "type": "object",
+            "description": "The session API's error, for errors it would also give.",
+            "required": ["error", "status"],
+            "properties": {
+                "error": { "type": "string", "description": "The session API's code, e.g. `unknown_params`." },
+                "status": { "type": "integer", "description": "The HTTP status the session API would answer with." },
+                "params": { "type": "array", "items": { "type": "string" } },
+            },
+        },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -1076,9 +1193,15 @@ mod tests {
                         &response["content"]["application/json"]["schema"],
                         &mut refs,
                     );
+                    // MCP's errors are JSON-RPC responses, as MCP clients expect.
+                    let error = if path == "/mcp" {
+                        "#/components/schemas/JsonRpcResponse"
+                    } else {
+                        "#/components/schemas/Error"
+                    };
                     assert!(
-                        refs.contains(&"#/components/schemas/Error"),
-                        "{method} {path} {code}: not an Error"
+                        refs.contains(&error),
+                        "{method} {path} {code}: not an {error}"
                     );
                 }
             }
@@ -1152,6 +1275,7 @@ mod tests {
             ("post", "/v1/sessions/{id}/fork"),
             ("put", "/v1/sessions/{id}/params"),
             ("delete", "/v1/sessions/{id}/token"),
+            ("post", "/mcp"),
         ] {
             assert_eq!(schemes_of(method, path), ["ownerToken"], "{method} {path}");
         }

@@ -35,7 +35,7 @@ pub struct AppState {
 
 impl AppState {
     /// Who sends this request on `session` through `door`.
-    async fn caller(
+    pub(crate) async fn caller(
         &self,
         headers: &HeaderMap,
         session: Option<&str>,
@@ -73,6 +73,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/sessions/{id}/events", get(events))
         .route("/v1/continuations/{token}", post(continuation))
+        .route(
+            "/mcp",
+            post(super::mcp::post)
+                .get(super::mcp::not_allowed)
+                .delete(super::mcp::not_allowed),
+        )
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
         .layer(middleware::from_fn_with_state(
             state.clone(),

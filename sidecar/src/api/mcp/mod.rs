@@ -1,0 +1,294 @@
+//! MCP over HTTP, server side: `POST /mcp`, MCP's Streamable HTTP
+//! transport as a stateless JSON endpoint. Each POST carries one JSON-RPC
+//! message (or, in protocol 2025-03-26, a batch) and is answered with
+//! `application/json`; there is no session id and no server-initiated
+//! stream (`GET /mcp` is 405).
+//!
+//! Methods: `initialize`, `ping`, `tools/list` (one `ask_<slug>` tool per
+//! agent) and `tools/call` (one run, see [`crate::session::ask`]).
+//! Authentication is the session API's: the owner token only, checked
+//! before the body is read.
+
+pub mod jsonrpc;
+pub mod params;
+pub mod tools;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use self::jsonrpc::{classify, response, Incoming, RpcError};
+use super::auth::Door;
+use super::server::AppState;
+use crate::session::error::ServiceError;
+use crate::session::validate::Caller;
+
+/// The protocol versions `initialize` agrees to, oldest first. All use
+/// Streamable HTTP; 2024-11-05's HTTP+SSE transport is not served.
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
+const LATEST: &str = "2025-11-25";
+/// Assumed when a client sends no `MCP-Protocol-Version` (the spec says so).
+const DEFAULT_VERSION: &str = "2025-03-26";
+
+/// An HTTP answer carrying a JSON-RPC error (id `null`: the request was
+/// refused before its id was read).
+fn refused(status: StatusCode, e: RpcError) -> Response {
+    (status, Json(response(Value::Null, Err(e)))).into_response()
+}
+
+/// `POST /mcp`.
+pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = s.caller(&headers, None, Door::OwnerOnly).await {
+        return refused(StatusCode::UNAUTHORIZED, e.into());
+    }
+    if !accepts_json(&headers) {
+        return refused(
+            StatusCode::NOT_ACCEPTABLE,
+            RpcError::new(
+                jsonrpc::INVALID_REQUEST,
+                "this endpoint answers with application/json only; accept it",
+            ),
+        );
+    }
+    let version = match headers.get("mcp-protocol-version").map(|v| v.to_str()) {
+        None => DEFAULT_VERSION,
+        Some(Ok(v)) if PROTOCOL_VERSIONS.contains(&v.trim()) => v.trim(),
+        Some(_) => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                RpcError::new(
+                    jsonrpc::INVALID_REQUEST,
+                    format!(
+                        "unsupported MCP-Protocol-Version; this server speaks {}",
+                        PROTOCOL_VERSIONS.join(", ")
+                    ),
+                ),
+            )
+        }
+    };
+    let message: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                RpcError::new(jsonrpc::PARSE_ERROR, format!("the body is not JSON: {e}")),
+            )
+        }
+    };
+    match message {
+        Value::Array(batch) => post_batch(&s, &headers, version, batch).await,
+        single => match classify(single) {
+            Err((id, e)) => (StatusCode::BAD_REQUEST, Json(response(id, Err(e)))).into_response(),
+            Ok(Incoming::NoReply) => StatusCode::ACCEPTED.into_response(),
+            Ok(Incoming::Request { id, method, params }) => {
+                let outcome = handle(&s, &headers, &method, params).await;
+                Json(response(id, outcome)).into_response()
+            }
+        },
+    }
+}
+
+/// JSON-RPC batches exist in protocol 2025-03-26 only (`initialize` never
+/// in one); later versions removed them.
+async fn post_batch(
+    s: &AppState,
+    headers: &HeaderMap,
+    version: &str,
+    batch: Vec<Value>,
+) -> Response {
+    if version != "2025-03-26" {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            RpcError::new(
+                jsonrpc::INVALID_REQUEST,
+                format!("protocol {version} has no JSON-RPC batches; send one message per POST"),
+            ),
+        );
+    }
+    if batch.is_empty() {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            RpcError::new(jsonrpc::INVALID_REQUEST, "an empty batch"),
+        );
+    }
+    let answers = batch.into_iter().map(|m| async move {
+        match classify(m) {
+            Err((id, e)) => Some(response(id, Err(e))),
+            Ok(Incoming::NoReply) => None,
+            Ok(Incoming::Request { id, method, .. }) if method == "initialize" => Some(response(
+                id,
+                Err(RpcError::new(
+                    jsonrpc::INVALID_REQUEST,
+                    "initialize must not be part of a batch",
+                )),
+            )),
+            Ok(Incoming::Request { id, method, params }) => {
+                Some(response(id, handle(s, headers, &method, params).await))
+            }
+        }
+    });
+    let answers: Vec<Value> = futures::future::join_all(answers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    if answers.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    Json(Value::Array(answers)).into_response()
+}
+
+/// `GET /mcp` (and any other method): no server-initiated stream, no
+/// session to delete.
+pub async fn not_allowed() -> Response {
+    let mut r = refused(
+        StatusCode::METHOD_NOT_ALLOWED,
+        RpcError::new(
+            jsonrpc::INVALID_REQUEST,
+            "this MCP endpoint is stateless: POST JSON-RPC messages; it opens no stream",
+        ),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    r
+}
+
+/// `Accept` absent, or naming `application/json` or a wildcard over it.
+fn accepts_json(headers: &HeaderMap) -> bool {
+    let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+    if values.peek().is_none() {
+        return true;
+    }
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .any(|t| matches!(t.as_str(), "application/json" | "application/*" | "*/*"))
+}
+
+async fn handle(
+    s: &AppState,
+    headers: &HeaderMap,
+    method: &str,
+    params: Value,
+) -> Result<Value, RpcError> {
+    match method {
+        "initialize" => Ok(initialize(&params)),
+        "ping" => Ok(json!({})),
+        "tools/list" => Ok(json!({"tools": tools::list(s.service.tree())})),
+        "tools/call" => call(s, headers, &params).await,
+        other => Err(RpcError::new(
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("no method `{other}` here: this server has initialize, ping, tools/list and tools/call"),
+        )),
+    }
+}
+
+fn initialize(params: &Value) -> Value {
+    let asked = params["protocolVersion"].as_str().unwrap_or("");
+    // The client's version when we speak it, else our latest: the client
+    // decides whether it can live with that.
+    let version = PROTOCOL_VERSIONS
+        .iter()
+        .find(|v| **v == asked)
+        .copied()
+        .unwrap_or(LATEST);
+    json!({
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": false}},
+        "serverInfo": {"name": "bindery-sidecar", "version": env!("CARGO_PKG_VERSION")},
+        "instructions": "Each ask_<agent> tool runs that agent once on the prompt. Parameters \
+            come from Agents-Param-<name> request headers and from the call's \
+            _meta \"agents-exe/params\" (which wins).",
+    })
+}
+
+/// `tools/call`: one run of the tool's agent.
+async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value, RpcError> {
+    let invalid = |why: String| RpcError::new(jsonrpc::INVALID_PARAMS, why);
+    let name = params["name"]
+        .as_str()
+        .ok_or_else(|| invalid("tools/call needs `name`, a tool from tools/list".into()))?;
+    let agent = tools::agent_of(s.service.tree(), name)
+        .ok_or_else(|| invalid(format!("unknown tool `{name}`; tools/list names them")))?;
+    let prompt = params["arguments"]["prompt"]
+        .as_str()
+        .ok_or_else(|| invalid(format!("`{name}` needs the argument `prompt`, a string")))?;
+    let values = params::from_headers(headers)
+        .and_then(|h| params::merge(h, params.get("_meta")))
+        .map_err(for_mcp)?;
+    tracing::debug!(tool = name, params = ?values.keys().collect::<Vec<_>>(), "MCP tools/call");
+    let answer = s
+        .service
+        .ask(&Caller::Owner, &agent.name, prompt.to_string(), values)
+        .await
+        .map_err(for_mcp)?;
+    Ok(json!({
+        "content": [{"type": "text", "text": answer.text}],
+        "isError": answer.is_error,
+        "_meta": {"bindery.dev/session_id": answer.session_id},
+    }))
+}
+
+/// A session API error as MCP clients should read it: the same code, with
+/// advice in MCP's terms where the REST advice would not fit.
+fn for_mcp(e: ServiceError) -> RpcError {
+    let mut e = e;
+    if e.code == "params_required" {
+        e.message = format!(
+            "required parameters have no value: {}; send them as Agents-Param-<name> headers or in _meta \"agents-exe/params\"",
+            e.params.join(", ")
+        );
+    }
+    e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_accept(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn accept_must_allow_json_when_given() {
+        assert!(accepts_json(&HeaderMap::new()));
+        assert!(accepts_json(&with_accept(
+            "application/json, text/event-stream"
+        )));
+        assert!(accepts_json(&with_accept(
+            "text/event-stream;q=1, */*;q=0.1"
+        )));
+        assert!(accepts_json(&with_accept("Application/JSON")));
+        assert!(!accepts_json(&with_accept("text/event-stream")));
+        assert!(!accepts_json(&with_accept("text/html")));
+    }
+
+    #[test]
+    fn initialize_agrees_on_a_version() {
+        for v in PROTOCOL_VERSIONS {
+            assert_eq!(
+                initialize(&json!({"protocolVersion": v}))["protocolVersion"],
+                *v
+            );
+        }
+        let r = initialize(&json!({"protocolVersion": "2024-11-05"}));
+        assert_eq!(r["protocolVersion"], LATEST);
+        assert_eq!(r["capabilities"], json!({"tools": {"listChanged": false}}));
+        assert_eq!(r["serverInfo"]["name"], "bindery-sidecar");
+    }
+}
