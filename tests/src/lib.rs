@@ -2,5 +2,6 @@
 
 pub mod helm;
 pub mod kube;
+pub mod mcp_client;
 pub mod mock_llm;
 pub mod sidecar;
