@@ -5,97 +5,14 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-
-use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::get;
-use axum::{Json, Router};
 use bindery_tests::mock_llm::{tool_schema, MockLlm, MockReply};
 use bindery_tests::sidecar::{Launch, Sidecar};
+use common::callbacks::{agent_file, digest, start_api};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const TOKEN_A: &str = "cb-token-alpha-5d1e";
 const TOKEN_B: &str = "cb-token-beta-93c0";
-
-fn digest(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-/// What the API saw: (project id, digest of the Authorization header).
-type Seen = Arc<Mutex<Vec<(String, String)>>>;
-
-fn api_doc() -> Value {
-    json!({
-        "openapi": "3.0.3",
-        "info": {"title": "callbacks", "version": "1"},
-        "paths": {
-            "/projects/{project_id}/tasks": {
-                "get": {
-                    "operationId": "list_tasks",
-                    "summary": "List the tasks of the project",
-                    "parameters": [
-                        {"name": "project_id", "in": "path", "required": true, "schema": {"type": "string"}},
-                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": ["open", "done"]}}
-                    ],
-                    "responses": {"200": {"description": "tasks"}}
-                }
-            },
-            "/projects/{project_id}/missing": {
-                "get": {
-                    "operationId": "get_missing",
-                    "summary": "Something that does not exist",
-                    "parameters": [
-                        {"name": "project_id", "in": "path", "required": true, "schema": {"type": "string"}}
-                    ],
-                    "responses": {"404": {"description": "never found"}}
-                }
-            }
-        }
-    })
-}
-
-async fn start_api() -> (SocketAddr, Seen) {
-    let seen: Seen = Arc::default();
-    let app = Router::new()
-        .route("/openapi.json", get(|| async { Json(api_doc()) }))
-        .route(
-            "/projects/{project_id}/tasks",
-            get(
-                |State(seen): State<Seen>,
-                 UrlPath(project): UrlPath<String>,
-                 Query(q): Query<std::collections::BTreeMap<String, String>>,
-                 headers: HeaderMap| async move {
-                    let auth = headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
-                    let auth_sha256 = digest(auth);
-                    seen.lock()
-                        .unwrap()
-                        .push((project.clone(), auth_sha256.clone()));
-                    Json(json!({
-                        "project": project,
-                        "status": q.get("status"),
-                        "auth_sha256": auth_sha256,
-                        "tasks": ["write the spec"],
-                    }))
-                },
-            ),
-        )
-        .route(
-            "/projects/{project_id}/missing",
-            get(|| async { (StatusCode::NOT_FOUND, "no such thing here") }),
-        )
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, seen)
-}
 
 /// First `list_tasks`, then `get_missing`, then an answer quoting both results.
 fn script(req: &Value) -> MockReply {
@@ -111,35 +28,6 @@ fn script(req: &Value) -> MockReply {
         1 => MockReply::tool_call("get_missing", json!({})),
         _ => MockReply::text(format!("done: {}", tool_results.join(" | "))),
     }
-}
-
-fn agent_file(dir: &std::path::Path, model_url: &str, api: SocketAddr) -> std::path::PathBuf {
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: callbacks
-spec:
-  model: {{url: "{model_url}", name: mock-model}}
-  systemPrompt: You manage one project's tasks.
-  parameters:
-    - {{name: project_id, scope: session}}
-    - {{name: callback_token, secret: true, scope: session}}
-  toolboxes:
-    - openapi:
-        spec: "http://{api}/openapi.json"
-        baseUrl: "http://{api}"
-        timeoutSeconds: 10
-        secrets:
-          - source: {{param: callback_token}}
-            header: {{name: Authorization, template: "Bearer {{{{secret}}}}"}}
-        bindings:
-          - {{arg: project_id, value: {{param: project_id}}}}
-"#
-    );
-    let path = dir.join("callbacks.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

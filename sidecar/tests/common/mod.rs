@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod callbacks;
+
 use std::path::{Path, PathBuf};
 
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
