@@ -20,9 +20,9 @@ import asyncio
 import json
 import sys
 
+import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 
@@ -36,7 +36,10 @@ def error_of(e):
 
 async def connection(url, plan):
     out = {"initialize": None, "tools": None, "calls": []}
-    async with create_mcp_http_client(headers=plan.get("headers", {})) as http:
+    # Headers go on the HTTP client, as the SDK documents; a run may take a
+    # while, so reads wait as long as the SDK's own default.
+    timeout = httpx2.Timeout(30, read=300)
+    async with httpx2.AsyncClient(headers=plan.get("headers", {}), timeout=timeout) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
                 try:

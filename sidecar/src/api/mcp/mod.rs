@@ -243,8 +243,7 @@ async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value
 
 /// A session API error as MCP clients should read it: the same code, with
 /// advice in MCP's terms where the REST advice would not fit.
-fn for_mcp(e: ServiceError) -> RpcError {
-    let mut e = e;
+fn for_mcp(mut e: ServiceError) -> RpcError {
     if e.code == "params_required" {
         e.message = format!(
             "required parameters have no value: {}; send them as Agents-Param-<name> headers or in _meta \"agents-exe/params\"",
