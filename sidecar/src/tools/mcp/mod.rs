@@ -5,8 +5,9 @@
 //! Every session shares it, so what configures it (`env`, `headers`) is
 //! read once, at load, from literals and process-scope parameters. The
 //! program gets no environment of the sidecar's but `PATH` and `HOME`: the
-//! sidecar's own variables hold the operator's values and tokens. Its
-//! stderr goes to the sidecar's log with secret values masked.
+//! sidecar's own variables hold the operator's values and tokens. The
+//! secrets it was given are masked (`<secret>`) in its stderr, which goes
+//! to the sidecar's log, and in its tools' results, which go to the model.
 //!
 //! The client is rmcp, the official Rust SDK. The sidecar spawns the
 //! program itself and hands rmcp the pipes, so that it owns the child's
@@ -82,11 +83,13 @@ pub fn shared_values(
                 Some(ParamValue::Secret(s)) => SharedValue::Secret(s.clone()),
                 Some(pv) => match pv.to_text() {
                     Some(crate::params::value::ArgText::Plain(s)) => SharedValue::Plain(s),
-                    _ => return Err(format!(
+                    _ => {
+                        return Err(format!(
                         "`{key}`: parameter `{p}` holds {}; give it a string, number or boolean",
                         pv.plain()
                             .map_or("a secret", crate::params::value::json_kind)
-                    )),
+                    ))
+                    }
                 },
             },
         };
@@ -102,6 +105,16 @@ fn mask(line: &str, secrets: &[SecretString]) -> String {
         out = out.replace(s.expose(), REDACTED);
     }
     out
+}
+
+fn secrets_of(values: &[(String, SharedValue)]) -> Vec<SecretString> {
+    values
+        .iter()
+        .filter_map(|(_, v)| match v {
+            SharedValue::Secret(s) => Some(s.clone()),
+            SharedValue::Plain(_) => None,
+        })
+        .collect()
 }
 
 /// Tells the agent's tool list that a server's tools changed.
@@ -123,6 +136,8 @@ pub struct McpServer {
     service: RunningService<RoleClient, Handler>,
     /// How the program ended, once it has (stdio servers).
     exited: Arc<Mutex<Option<String>>>,
+    /// The secret values of its `env` or `headers`, masked in results.
+    secrets: Vec<SecretString>,
     /// Dropping it stops the program.
     _stop: Option<oneshot::Sender<()>>,
     limits: Limits,
@@ -186,6 +201,7 @@ impl McpServer {
             name: tb.name.clone(),
             service,
             exited: Arc::default(),
+            secrets: secrets_of(&headers),
             _stop: None,
             limits,
         }))
@@ -219,13 +235,10 @@ impl McpServer {
                 cmd.env(key, v);
             }
         }
-        let mut secrets = Vec::new();
         for (k, v) in &env {
             cmd.env(k, v.expose());
-            if let SharedValue::Secret(s) = v {
-                secrets.push(s.clone());
-            }
         }
+        let secrets = secrets_of(&env);
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start `{}`: {e}", path.display()))?;
@@ -235,8 +248,9 @@ impl McpServer {
             return Err("the program's pipes were not set up".to_string());
         };
 
-        let server = tb.name.clone();
+        let (server, masked) = (tb.name.clone(), secrets.clone());
         tokio::spawn(async move {
+            let secrets = masked;
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 tracing::info!(mcp_server = %server, "stderr: {}", mask(&line, &secrets));
@@ -288,6 +302,7 @@ impl McpServer {
             name: tb.name.clone(),
             service,
             exited,
+            secrets,
             _stop: Some(stop),
             limits,
         }))
@@ -387,9 +402,12 @@ impl Tool for McpTool {
             duration_ms = started.elapsed().as_millis() as u64,
             "MCP tool call"
         );
+        // The server's own credentials never go back to the model.
         outcome
-            .map(|text| ToolOutput { text })
-            .map_err(ToolError::Failed)
+            .map(|text| ToolOutput {
+                text: mask(&text, &server.secrets),
+            })
+            .map_err(|e| ToolError::Failed(mask(&e, &server.secrets)))
     }
 }
 
