@@ -283,6 +283,32 @@ fn agents_exe_mcp_servers_load_unchanged() {
     assert!(!out.contains(TOKEN) && !err.contains(TOKEN));
 }
 
+/// README's example, as README says to try it.
+#[test]
+fn the_example_agent_lists_and_calls_its_server() {
+    everything();
+    let file = repo().join("examples/mcp/agent.yaml").display().to_string();
+    let (code, out, err) = run(&["check", "--agent-file", &file], &[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("mcp_everything_echo()"), "{out}");
+    let (code, out, err) = run(
+        &[
+            "tool-call",
+            "--agent-file",
+            &file,
+            "--set",
+            "tenant=acme",
+            "--tool",
+            "mcp_everything_echo",
+            "--args",
+            "{}",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "Echo: acme");
+}
+
 /// server-everything serving streamable HTTP on 127.0.0.1; killed on drop.
 struct HttpServer {
     child: Child,
