@@ -398,3 +398,149 @@ spec:
     assert!(out.contains("The sum of 2 and 40 is 42."), "{out}");
     assert!(!out.contains(TOKEN) && !err.contains(TOKEN));
 }
+
+/// The prompt of the run in progress and the tool results since.
+fn this_run(req: &Value) -> (String, Vec<String>) {
+    let messages = req["messages"].as_array().unwrap();
+    let last_user = messages.iter().rposition(|m| m["role"] == "user").unwrap();
+    let prompt = messages[last_user]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let results = messages[last_user..]
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .collect();
+    (prompt, results)
+}
+
+/// A server whose tool list changes while the sidecar runs (a small
+/// fixture server: server-everything's own change comes at start-up only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tool_list_is_listed_again_and_bound_again() {
+    let mock = MockLlm::start(|req| {
+        let (prompt, results) = this_run(req);
+        match (prompt.as_str(), results.len()) {
+            ("grow", 0) => MockReply::tool_call("mcp_changing_grow", json!({})),
+            ("lookup", 0) => MockReply::tool_call(
+                "mcp_changing_lookup",
+                json!({"id": "42", "tenant": "globex"}),
+            ),
+            _ => MockReply::text(format!("done: {}", results.join(" | "))),
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let server = repo().join("sidecar/tests/fixtures/mcp/changing-server.py");
+    let agent = dir.path().join("changing.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: changing
+spec:
+  model: {{url: "{model}", name: mock-model}}
+  parameters:
+    - {{name: tenant, scope: session}}
+  toolboxes:
+    - mcp:
+        name: changing
+        command: [python3, "{server}"]
+        bindings:
+          - {{tool: lookup, arg: tenant, value: {{param: tenant}}}}
+          - {{tool: archive, arg: tenant, value: {{param: tenant}}}}
+"#,
+            model = mock.url(),
+            server = server.display()
+        ),
+    )
+    .unwrap();
+    let sidecar = Sidecar::start(Launch {
+        bin: bin(),
+        args: vec![
+            "--agent-file".into(),
+            agent.display().to_string(),
+            "--store".into(),
+            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
+        ],
+        env: vec![],
+        log_dir: &dir.path().join("logs"),
+        owner_token: OWNER,
+    });
+    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let created = create(
+        &api,
+        json!({"agent": "changing", "params": {"tenant": "acme"}}),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let say = |prompt: &'static str| {
+        let api = api.clone();
+        let id = id.clone();
+        async move {
+            let r = api
+                .call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/messages?wait=true"),
+                    Some(OWNER),
+                    Some(&json!({ "prompt": prompt })),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            r
+        }
+    };
+
+    let first = say("grow").await;
+    assert!(first.text.contains("done: grown"), "{}", first.text);
+    wait_for("the new tool list", || {
+        sidecar
+            .logs()
+            .contains("tools changed, now mcp_changing_grow, mcp_changing_lookup")
+    });
+    let second = say("lookup").await;
+    // The new tool's bound argument: hidden from the model, merged at the call.
+    assert!(
+        second.text.contains("done: lookup tenant=acme id=42"),
+        "{}",
+        second.text
+    );
+    let requests = mock.requests();
+    let before = &requests[0];
+    assert_eq!(tool_names(before), ["mcp_changing_grow"]);
+    let after = requests.last().unwrap();
+    let lookup = tool_schema(after, "mcp_changing_lookup").expect("lookup is offered");
+    assert_eq!(
+        lookup["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["id"],
+        "{lookup}"
+    );
+    assert_eq!(lookup["required"], json!(["id"]));
+
+    // A binding that matches nothing is a warning, at load and after the
+    // change; `lookup`'s binding matches from the change on.
+    let logs = sidecar.logs();
+    let warned = |what: &str| logs.lines().any(|l| l.contains("WARN") && l.contains(what));
+    assert!(
+        warned(r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow)"#),
+        "{logs}"
+    );
+    assert!(
+        warned(
+            r#"binding 2 (tool "archive", arg "tenant"): matches no tool (tools here: grow, lookup)"#
+        ),
+        "{logs}"
+    );
+    assert!(!warned(
+        r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow, lookup)"#
+    ));
+}
