@@ -501,7 +501,7 @@ spec:
     wait_for("the new tool list", || {
         sidecar
             .logs()
-            .contains("tools changed, now mcp_changing_grow, mcp_changing_lookup")
+            .contains("tools changed, now mcp_changing_grow, mcp_changing_die, mcp_changing_lookup")
     });
     let second = say("lookup").await;
     // The new tool's bound argument: hidden from the model, merged at the call.
@@ -512,7 +512,10 @@ spec:
     );
     let requests = mock.requests();
     let before = &requests[0];
-    assert_eq!(tool_names(before), ["mcp_changing_grow"]);
+    assert_eq!(
+        tool_names(before),
+        ["mcp_changing_grow", "mcp_changing_die"]
+    );
     let after = requests.last().unwrap();
     let lookup = tool_schema(after, "mcp_changing_lookup").expect("lookup is offered");
     assert_eq!(
@@ -531,16 +534,62 @@ spec:
     let logs = sidecar.logs();
     let warned = |what: &str| logs.lines().any(|l| l.contains("WARN") && l.contains(what));
     assert!(
-        warned(r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow)"#),
+        warned(
+            r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow, die)"#
+        ),
         "{logs}"
     );
     assert!(
         warned(
-            r#"binding 2 (tool "archive", arg "tenant"): matches no tool (tools here: grow, lookup)"#
+            r#"binding 2 (tool "archive", arg "tenant"): matches no tool (tools here: grow, die, lookup)"#
         ),
         "{logs}"
     );
     assert!(!warned(
-        r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow, lookup)"#
+        r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow, die, lookup)"#
     ));
+}
+
+/// A server whose program exits: its tools fail, naming it and the status.
+#[test]
+fn a_server_that_exits_fails_its_calls_with_its_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("dying.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: dying
+spec:
+  model: {{url: "http://127.0.0.1:9/v1", name: m}}
+  toolboxes:
+    - mcp:
+        name: changing
+        command: [python3, "{server}"]
+"#,
+            server = repo()
+                .join("sidecar/tests/fixtures/mcp/changing-server.py")
+                .display()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = run(
+        &[
+            "tool-call",
+            "--agent-file",
+            &agent.display().to_string(),
+            "--tool",
+            "mcp_changing_die",
+            "--args",
+            "{}",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("MCP server `changing` exited (exit status: 7)"),
+        "{err}"
+    );
 }

@@ -107,6 +107,18 @@ fn mask(line: &str, secrets: &[SecretString]) -> String {
     out
 }
 
+/// How the program ended, given a moment to be recorded: a closed pipe
+/// comes before the exit status, which explains more.
+async fn exit_of(exited: &Mutex<Option<String>>) -> Option<String> {
+    for _ in 0..100 {
+        if let Some(how) = exited.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(how);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 fn secrets_of(values: &[(String, SharedValue)]) -> Vec<SecretString> {
     values
         .iter()
@@ -283,15 +295,10 @@ impl McpServer {
         let service = match service {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                // Give the exit a moment to be recorded: it explains more.
-                let mut why = e.to_string();
-                for _ in 0..100 {
-                    if let Some(how) = exited.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-                        why = format!("it exited ({how})");
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                let why = match exit_of(&exited).await {
+                    Some(how) => format!("it exited ({how})"),
+                    None => e.to_string(),
+                };
                 return Err(format!(
                     "`{program}` did not start as an MCP server: {why}; its stderr is in the log"
                 ));
@@ -388,7 +395,17 @@ impl Tool for McpTool {
                 "MCP server `{}` did not answer within {:?}",
                 server.name, server.limits.call_timeout
             )),
-            Ok(Err(e)) => Err(server.failure(e)),
+            Ok(Err(e)) => {
+                // A closed connection to a program: wait for how it ended.
+                let closed = matches!(
+                    e,
+                    rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
+                );
+                if closed && server._stop.is_some() {
+                    exit_of(&server.exited).await;
+                }
+                Err(server.failure(e))
+            }
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();
                 listing::result_text(&json, server.limits.max_output)
