@@ -405,74 +405,71 @@ async fn load_toolbox(
     tools: &mut Vec<BoundTool>,
     diags: &mut Vec<Diagnostic>,
 ) {
-    {
-        let b = match tb {
-            Toolbox::Bash(b) => b,
-            Toolbox::Mcp(m) => {
-                let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-                mcp.load(i, m, base, p, params, opts, &place, tools, diags)
-                    .await;
-                return;
+    let b = match tb {
+        Toolbox::Bash(b) => b,
+        Toolbox::Mcp(m) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            mcp.load(i, m, base, p, params, opts, &place, tools, diags)
+                .await;
+            return;
+        }
+        Toolbox::Openapi(o) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            if let Some(bound) = load_openapi(o, base, p, params, opts, &place, diags).await {
+                check_names(&bound, tools, &place, "operationId", diags);
+                let mut bound = bound;
+                apply_bindings(
+                    &mut bound,
+                    &o.bindings,
+                    BindingLayer::Toolbox,
+                    &p.spec.parameters,
+                    &place,
+                    diags,
+                );
+                tools.extend(bound);
             }
-            Toolbox::Openapi(o) => {
-                let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-                if let Some(bound) = load_openapi(o, base, p, params, opts, &place, diags).await {
-                    check_names(&bound, tools, &place, "operationId", diags);
-                    let mut bound = bound;
-                    apply_bindings(
-                        &mut bound,
-                        &o.bindings,
-                        BindingLayer::Toolbox,
-                        &p.spec.parameters,
-                        &place,
-                        diags,
-                    );
-                    tools.extend(bound);
-                }
-                return;
-            }
-        };
-        let loaded = match (&b.directory, &b.script) {
-            (Some(dir), None) => {
-                bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits)
-                    .await
-            }
-            (None, Some(script)) if b.basename_filter.is_none() => {
-                bash::load_script(&base.join(script), opts.limits)
-                    .await
-                    .map(|t| (vec![t], Vec::new()))
-            }
-            // A malformed toolbox is reported by `spec::checks`.
-            _ => return,
-        };
-        let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-        let (found, errors) = match loaded {
-            Ok(x) => x,
-            Err(e) => {
-                diags.push(Diagnostic::error(format!("{place}: {e}")));
-                return;
-            }
-        };
-        diags.extend(
-            errors
-                .into_iter()
-                .map(|e| Diagnostic::error(format!("{place}: {e}"))),
-        );
-        let mut bound: Vec<BoundTool> = found
+            return;
+        }
+    };
+    let loaded = match (&b.directory, &b.script) {
+        (Some(dir), None) => {
+            bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits).await
+        }
+        (None, Some(script)) if b.basename_filter.is_none() => {
+            bash::load_script(&base.join(script), opts.limits)
+                .await
+                .map(|t| (vec![t], Vec::new()))
+        }
+        // A malformed toolbox is reported by `spec::checks`.
+        _ => return,
+    };
+    let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+    let (found, errors) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            diags.push(Diagnostic::error(format!("{place}: {e}")));
+            return;
+        }
+    };
+    diags.extend(
+        errors
             .into_iter()
-            .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
-            .collect();
-        check_names(&bound, tools, &place, "the script's slug", diags);
-        apply_bindings(
-            &mut bound,
-            &b.bindings,
-            BindingLayer::Toolbox,
-            &p.spec.parameters,
-            &place,
-            diags,
-        );
-        tools.extend(bound);
-    }
+            .map(|e| Diagnostic::error(format!("{place}: {e}"))),
+    );
+    let mut bound: Vec<BoundTool> = found
+        .into_iter()
+        .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+        .collect();
+    check_names(&bound, tools, &place, "the script's slug", diags);
+    apply_bindings(
+        &mut bound,
+        &b.bindings,
+        BindingLayer::Toolbox,
+        &p.spec.parameters,
+        &place,
+        diags,
+    );
+    tools.extend(bound);
 }
 
 /// The MCP servers of one agent: started at load, then watched for
@@ -580,8 +577,10 @@ impl McpLoader {
         )));
     }
 
-    /// Rebuild `tools` whenever a server says its tools changed, for as
-    /// long as the servers live; returns what keeps them alive.
+    /// Rebuild `tools` whenever a server says its tools changed; returns
+    /// what keeps the servers alive. An agent tree is never unloaded, so
+    /// they live as long as the process; when it ends, the runtime drops
+    /// the tasks holding each program, which stops it (kill on drop).
     #[cfg(feature = "server")]
     fn watch(
         self,
@@ -596,13 +595,7 @@ impl McpLoader {
             .iter()
             .map(|(_, s, _, _)| s.clone() as Arc<dyn std::any::Any + Send + Sync>)
             .collect();
-        // Weak: the servers' handlers hold the sender, so the loop ends
-        // when the last holder of a server (the agent, a running tool) is gone.
-        let servers: Vec<_> = self
-            .servers
-            .into_iter()
-            .map(|(i, s, place, b)| (i, Arc::downgrade(&s), place, b))
-            .collect();
+        let servers = self.servers;
         let live = tools.clone();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -614,9 +607,6 @@ impl McpLoader {
                     if !changed.contains(i) {
                         continue;
                     }
-                    let Some(server) = server.upgrade() else {
-                        return;
-                    };
                     match server.tools().await {
                         Ok((found, warnings)) => {
                             for w in warnings {

@@ -10,9 +10,13 @@ use crate::tools::{ArgSpec, ToolSpec, Transport};
 /// How deep local `$ref`s are inlined into argument schemas; past it, `{}`.
 const MAX_REF_DEPTH: usize = 8;
 
-/// The model-visible name of tool `tool` of server `server`.
+/// The model-visible name of tool `tool` of server `server`, cut to the
+/// 64 characters a model accepts (a clash is reported like any other).
 pub fn tool_name(server: &str, tool: &str) -> String {
     format!("mcp_{server}_{}", sanitize_name(tool))
+        .chars()
+        .take(64)
+        .collect()
 }
 
 /// One listed tool (`{"name", "description", "inputSchema", …}`) as a
@@ -175,6 +179,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.name, "mcp_billing_get_invoice");
+        assert_eq!(tool_name("s", &"x".repeat(80)).len(), 64);
         assert_eq!(spec.local_name, "get invoice");
         assert_eq!(spec.description, "One invoice");
         assert_eq!(spec.args.len(), 2);

@@ -151,7 +151,7 @@ pub struct McpServer {
     /// The secret values of its `env` or `headers`, masked in results.
     secrets: Vec<SecretString>,
     /// Dropping it stops the program.
-    _stop: Option<oneshot::Sender<()>>,
+    stop_on_drop: Option<oneshot::Sender<()>>,
     limits: Limits,
 }
 
@@ -214,7 +214,7 @@ impl McpServer {
             service,
             exited: Arc::default(),
             secrets: secrets_of(&headers),
-            _stop: None,
+            stop_on_drop: None,
             limits,
         }))
     }
@@ -310,7 +310,7 @@ impl McpServer {
             service,
             exited,
             secrets,
-            _stop: Some(stop),
+            stop_on_drop: Some(stop),
             limits,
         }))
     }
@@ -401,7 +401,7 @@ impl Tool for McpTool {
                     e,
                     rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
                 );
-                if closed && server._stop.is_some() {
+                if closed && server.stop_on_drop.is_some() {
                     exit_of(&server.exited).await;
                 }
                 Err(server.failure(e))
