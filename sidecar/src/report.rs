@@ -63,7 +63,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
             .iter()
             .map(|t| ToolReport {
                 name: t.name().to_string(),
-                arguments: visible_args(t, &values),
+                arguments: visible_args(&t, &values),
                 bound: t.bound_args(),
             })
             .collect(),

@@ -44,13 +44,26 @@ fn meta(name: String, inputs: &Inputs<'_>, owner: &OwnerReference) -> ObjectMeta
 }
 
 /// An agent's file as the pod reads it: bash tools come from the tenant's
-/// tools ConfigMap, mounted at one directory.
+/// tools ConfigMap, mounted at one directory, and so does an MCP server
+/// program given by a relative path (`./servers/billing.py`).
 fn agent_file(agent: &TreeAgent<'_>) -> String {
     let mut spec = agent.spec.clone();
     for tb in &mut spec.toolboxes {
-        // OpenAPI toolboxes name a URL or a file the author placed; left as written.
-        let Toolbox::Bash(b) = tb else {
-            continue;
+        // OpenAPI toolboxes name a URL or a file the author placed; left as
+        // written. So do MCP programs found in `PATH` or by an absolute path
+        // (they are the image's) and remote MCP servers.
+        let b = match tb {
+            Toolbox::Bash(b) => b,
+            Toolbox::Mcp(m) => {
+                if let Some(program) = m.command.first_mut() {
+                    if program.contains('/') && !program.starts_with('/') {
+                        let base = program.rsplit('/').next().unwrap_or(program);
+                        *program = format!("{TOOLS_DIR}/{base}");
+                    }
+                }
+                continue;
+            }
+            Toolbox::Openapi(_) => continue,
         };
         if b.directory.is_some() {
             b.directory = Some(TOOLS_DIR.to_string());

@@ -27,6 +27,25 @@ pub fn apply_bindings(
     place: &str,
     diags: &mut Vec<Diagnostic>,
 ) {
+    apply_bindings_with(tools, bindings, layer, params, place, Level::Error, diags)
+}
+
+/// [`apply_bindings`], with the typo guard (a binding that matches no tool,
+/// or no argument of the tools it matches) at level `unmatched`: a warning
+/// for an MCP server, whose tools come late and may change.
+pub fn apply_bindings_with(
+    tools: &mut [BoundTool],
+    bindings: &[Binding],
+    layer: BindingLayer,
+    params: &[ParameterDecl],
+    place: &str,
+    unmatched: Level,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let typo = |msg: String| Diagnostic {
+        level: unmatched,
+        message: msg,
+    };
     for (i, b) in bindings.iter().enumerate() {
         let glob = b.tool.as_deref().unwrap_or("*");
         let here = format!(
@@ -55,7 +74,7 @@ pub fn apply_bindings(
             .collect();
         if matched.is_empty() {
             let names: Vec<String> = tools.iter().map(name_of).collect();
-            diags.push(Diagnostic::error(format!(
+            diags.push(typo(format!(
                 "{here}: matches no tool (tools here: {})",
                 list_or_none(&names)
             )));
@@ -79,7 +98,7 @@ pub fn apply_bindings(
                     format!("{} has {}", name_of(&tools[t]), list_or_none(&args))
                 })
                 .collect();
-            diags.push(Diagnostic::error(format!(
+            diags.push(typo(format!(
                 "{here}: no matched tool has an argument \"{}\" ({})",
                 b.arg,
                 described.join("; ")

@@ -46,7 +46,8 @@ fn run_main(command: Command) -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `BINDERY_LOG` (default `info`); and, when
+/// Logs to stderr, filtered by `BINDERY_LOG` (default `info`, with the MCP
+/// SDK's own chatter, which quotes whole server handshakes, at `warn`); and, when
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, the same spans and events exported
 /// over OTLP/HTTP (see [`super::telemetry`]). An exporter that cannot be
 /// set up is a warning, not a failure.
@@ -57,7 +58,7 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
 
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
     };
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -121,15 +122,17 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let views: Vec<serde_json::Value> = match &tool {
                 Some(name) => match helper_tools.iter().find(|d| &d.name == name) {
                     Some(d) => vec![helper_view(d)],
-                    None => vec![
-                        serde_json::to_value(tool_view(find_tool(agent, name)?, &values))
-                            .map_err(|e| e.to_string())?,
-                    ],
+                    None => {
+                        vec![
+                            serde_json::to_value(tool_view(&find_tool(agent, name)?, &values))
+                                .map_err(|e| e.to_string())?,
+                        ]
+                    }
                 },
                 None => agent
                     .tools
                     .iter()
-                    .filter_map(|t| serde_json::to_value(tool_view(t, &values)).ok())
+                    .filter_map(|t| serde_json::to_value(tool_view(&t, &values)).ok())
                     .chain(helper_tools.iter().map(helper_view))
                     .collect(),
             };
@@ -229,12 +232,9 @@ fn to_json(v: &serde_json::Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
-fn find_tool<'a>(
-    agent: &'a tree::LoadedAgent,
-    name: &str,
-) -> Result<&'a crate::bindings::BoundTool, String> {
+fn find_tool(agent: &tree::LoadedAgent, name: &str) -> Result<crate::bindings::BoundTool, String> {
     agent.tool(name).ok_or_else(|| {
-        let names: Vec<&str> = agent.tools.iter().map(|t| t.name()).collect();
+        let names: Vec<String> = agent.tools.iter().map(|t| t.name().to_string()).collect();
         format!(
             "error: agent `{}` has no tool `{name}` (tools: {})",
             agent.name,

@@ -65,9 +65,10 @@ pub async fn run(
     }
     let metrics = Metrics::default();
     let id = uuid::Uuid::new_v4().to_string();
+    let tools = agent.tools.snapshot();
     let ctx = RunContext {
         agent: &agent,
-        tools: &agent.tools,
+        tools: &tools,
         helpers: Some(crate::tools::helpers::HelperEnv {
             tree: &tree,
             clients: &clients,

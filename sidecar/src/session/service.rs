@@ -620,9 +620,11 @@ impl Service {
         let Some(client) = self.clients.get(&agent.name) else {
             return RunEnd::Failed(format!("no model client for agent `{}`", agent.name));
         };
+        // The tools as of the run's start; an MCP server's change applies to the next run.
+        let tools = agent.tools.snapshot();
         let ctx = RunContext {
             agent,
-            tools: &agent.tools,
+            tools: &tools,
             helpers: Some(HelperEnv {
                 tree: &self.tree,
                 clients: &self.clients,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{
-    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, ModelSpec, OpenApiSecret,
+    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, McpToolbox, ModelSpec, OpenApiSecret,
     OpenApiToolbox, ParameterDecl, Scope, SecretHeader, Toolbox, ValueSource, WhenUnbound,
 };
 
@@ -45,7 +45,7 @@ pub struct Description {
     #[serde(default)]
     pub tool_directory: Option<String>,
     #[serde(default)]
-    pub mcp_servers: Vec<serde_json::Value>,
+    pub mcp_servers: Vec<McpServerDescription>,
     #[serde(default)]
     pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
     #[serde(default)]
@@ -82,6 +82,39 @@ pub enum SecretSource {
     EnvVar(String),
     /// Program then arguments.
     Command(Vec<String>),
+}
+
+/// An `mcpServers` entry.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum McpServerDescription {
+    McpSimpleBinary(McpSimpleBinary),
+}
+
+/// A server started as a child process, spoken to over stdio.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct McpSimpleBinary {
+    pub name: String,
+    pub executable: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The server's environment: literals and process-scope parameters.
+    #[serde(default)]
+    pub env: BTreeMap<String, ExeBindingValue>,
+}
+
+impl From<McpSimpleBinary> for McpToolbox {
+    fn from(m: McpSimpleBinary) -> Self {
+        McpToolbox {
+            name: m.name,
+            command: std::iter::once(m.executable).chain(m.args).collect(),
+            env: m.env.into_iter().map(|(k, v)| (k, v.into())).collect(),
+            url: None,
+            headers: BTreeMap::new(),
+            bindings: Vec::new(),
+        }
+    }
 }
 
 /// An `openApiToolboxes` entry.
@@ -272,16 +305,12 @@ impl Description {
     /// The same agent in Bindery's own types. Fails on toolbox kinds this
     /// build cannot run yet, naming them, rather than dropping them.
     pub fn convert(self) -> Result<Converted, String> {
-        for (field, list) in [
-            ("mcpServers", &self.mcp_servers),
-            ("postgrestToolboxes", &self.postgrest_toolboxes),
-        ] {
-            if !list.is_empty() {
-                return Err(format!(
-                    "`{field}` is not supported by this version of Bindery (only bash and OpenAPI toolboxes are); \
-                     remove it or leave it empty"
-                ));
-            }
+        if !self.postgrest_toolboxes.is_empty() {
+            return Err(
+                "`postgrestToolboxes` is not supported by this version of Bindery (only bash, OpenAPI and MCP toolboxes are); \
+                 remove it or leave it empty"
+                    .to_string(),
+            );
         }
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
         let mut toolboxes: Vec<Toolbox> = self
@@ -307,6 +336,9 @@ impl Description {
             .collect();
         toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
             OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
+        }));
+        toolboxes.extend(self.mcp_servers.into_iter().map(|m| match m {
+            McpServerDescription::McpSimpleBinary(m) => Toolbox::Mcp(m.into()),
         }));
         let spec = AgentSpec {
             announce: self.announce,
@@ -449,16 +481,55 @@ mod tests {
     }
 
     #[test]
-    fn mcp_and_postgrest_are_still_refused() {
-        for field in ["mcpServers", "postgrestToolboxes"] {
-            let file: AgentFile = serde_json::from_value(serde_json::json!({
-                "tag": "OpenAIAgentDescription",
-                "contents": {"slug": "a", "modelUrl": "u", "modelName": "m", field: [{}]}
-            }))
-            .unwrap();
-            let AgentFile::OpenAIAgentDescription(d) = file;
-            let err = d.convert().err().unwrap();
-            assert!(err.contains(field), "{err}");
-        }
+    fn postgrest_is_still_refused() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m", "postgrestToolboxes": [{}]}
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let err = d.convert().err().unwrap();
+        assert!(err.contains("postgrestToolboxes"), "{err}");
+    }
+
+    #[test]
+    fn an_mcp_simple_binary_converts_to_an_mcp_toolbox() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {
+                "slug": "a", "modelUrl": "u", "modelName": "m",
+                "parameters": [{"name": "region"}, {"name": "tenant", "scope": "session"}],
+                "mcpServers": [{
+                    "tag": "McpSimpleBinary",
+                    "contents": {
+                        "name": "billing",
+                        "executable": "/usr/bin/billing-mcp",
+                        "args": ["--stdio", "-v"],
+                        "env": {
+                            "REGION": {"tag": "Param", "contents": "region"},
+                            "MODE": {"tag": "Literal", "contents": "ro"}
+                        }
+                    }
+                }, {
+                    "tag": "McpSimpleBinary",
+                    "contents": {"name": "plain", "executable": "srv", "args": []}
+                }]
+            }
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let [Toolbox::Mcp(m), Toolbox::Mcp(plain)] = c.spec.toolboxes.as_slice() else {
+            panic!("{:?}", c.spec.toolboxes)
+        };
+        assert_eq!(m.name, "billing");
+        assert_eq!(m.command, ["/usr/bin/billing-mcp", "--stdio", "-v"]);
+        assert_eq!(m.env["REGION"], BindingValue::Param("region".into()));
+        assert_eq!(m.env["MODE"], BindingValue::Literal("ro".into()));
+        assert_eq!(m.url, None);
+        assert_eq!(plain.command, ["srv"]);
+        assert!(plain.env.is_empty());
+        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        assert!(diags.is_empty(), "{diags:?}");
     }
 }

@@ -4,8 +4,11 @@
 
 use std::collections::BTreeSet;
 
+use std::collections::BTreeMap;
+
 use super::{
-    AgentSpec, Binding, BindingValue, OpenApiToolbox, Scope, SecretSource, Toolbox, WhenUnbound,
+    AgentSpec, Binding, BindingValue, McpToolbox, OpenApiToolbox, Scope, SecretSource, Toolbox,
+    WhenUnbound,
 };
 use crate::diagnostic::Diagnostic;
 use crate::params::valid_name;
@@ -15,6 +18,7 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
     let b = match tb {
         Toolbox::Bash(b) => b,
         Toolbox::Openapi(o) => return format!("toolbox {} (openapi {})", index + 1, o.spec),
+        Toolbox::Mcp(m) => return format!("toolbox {} (mcp {})", index + 1, m.name),
     };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
@@ -65,6 +69,11 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
                 check_bindings(spec, &o.bindings, &place, &mut diags);
                 continue;
             }
+            Toolbox::Mcp(m) => {
+                check_mcp(spec, m, &place, &mut diags);
+                check_bindings(spec, &m.bindings, &place, &mut diags);
+                continue;
+            }
         };
         let shape_ok = matches!(
             (&b.directory, &b.script, &b.basename_filter),
@@ -103,6 +112,114 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         }
     }
     diags
+}
+
+/// An MCP server's name, as it appears in `mcp_<name>_<tool>`.
+pub fn valid_mcp_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The checks of one MCP toolbox (part of [`check_definition`]).
+pub fn check_mcp(spec: &AgentSpec, m: &McpToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    if !valid_mcp_name(&m.name) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: an MCP server's `name` is part of its tools' names (`mcp_<name>_<tool>`): use 1 to 32 letters, digits, `_` and `-`"
+        )));
+    }
+    let twice = spec
+        .toolboxes
+        .iter()
+        .filter(|t| matches!(t, Toolbox::Mcp(o) if o.name == m.name))
+        .count();
+    if twice > 1 {
+        diags.push(Diagnostic::error(format!(
+            "{place}: two MCP servers of this agent are named `{}`; their tools would share names",
+            m.name
+        )));
+    }
+    match (m.command.is_empty(), &m.url) {
+        (false, None) => {
+            if m.command[0].is_empty() {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: `command` starts with the program to run, not an empty string"
+                )));
+            }
+            if !m.headers.is_empty() {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: `headers` are for a remote server (`url`); a program started with `command` gets `env`"
+                )));
+            }
+        }
+        (true, Some(url)) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: `url` must be an http:// or https:// URL, got `{url}`"
+                )));
+            }
+            if !m.env.is_empty() {
+                diags.push(Diagnostic::error(format!(
+                    "{place}: `env` is for a program started with `command`; a remote server (`url`) gets `headers`"
+                )));
+            }
+        }
+        _ => diags.push(Diagnostic::error(format!(
+            "{place}: give exactly one of `command` (a program and its arguments, run over stdio) or `url` (a streamable-HTTP server)"
+        ))),
+    }
+    for key in m.env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            diags.push(Diagnostic::error(format!(
+                "{place}, env `{key}`: not a valid environment variable name"
+            )));
+        }
+    }
+    for key in m.headers.keys() {
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+        if key.is_empty() || !key.chars().all(token) {
+            diags.push(Diagnostic::error(format!(
+                "{place}, header `{key}`: not a valid header name"
+            )));
+        }
+    }
+    check_shared_values(spec, &m.env, &format!("{place}, env"), diags);
+    check_shared_values(spec, &m.headers, &format!("{place}, header"), diags);
+}
+
+/// Values of an MCP server's `env` or `headers`: read once, when the server
+/// starts, and shared by every session, so only literals and process-scope
+/// parameters; text, since both carry text.
+fn check_shared_values(
+    spec: &AgentSpec,
+    values: &BTreeMap<String, BindingValue>,
+    what: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (key, value) in values {
+        let here = format!("{what} `{key}`");
+        match value {
+            BindingValue::Literal(l @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: the literal is {}; give a string, number or boolean",
+                    crate::params::value::json_kind(l)
+                )))
+            }
+            BindingValue::Literal(_) => {}
+            BindingValue::Param(p) => match spec.parameters.iter().find(|d| &d.name == p) {
+                None => diags.push(Diagnostic::error(format!(
+                    "{here}: parameter `{p}` is not declared by this agent"
+                ))),
+                Some(d) if d.scope != Scope::Process => diags.push(Diagnostic::error(format!(
+                    "{here}: parameter `{p}` is {}-scope, but the MCP server is started once, when the agent loads, and shared by every session, so it can only get a literal or a process-scope parameter; declare `{p}` with `scope: process`, or bind the value to a tool argument instead",
+                    d.scope.as_str()
+                ))),
+                Some(_) => {}
+            },
+        }
+    }
 }
 
 fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut Vec<Diagnostic>) {

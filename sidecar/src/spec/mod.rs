@@ -171,13 +171,42 @@ impl ValueSource {
     }
 }
 
-/// A source of tools: executables (bash) or an HTTP API described by an
-/// OpenAPI document. MCP toolboxes will be a further variant.
+/// A source of tools: executables (bash), an HTTP API described by an
+/// OpenAPI document, or an MCP server.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Toolbox {
     Bash(BashToolbox),
     Openapi(OpenApiToolbox),
+    Mcp(McpToolbox),
+}
+
+/// An MCP server whose tools the agent gets as `mcp_<name>_<tool>`: a
+/// program started once per agent tree (stdio), or a remote server over
+/// streamable HTTP (exactly one of `command` or `url`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct McpToolbox {
+    /// The server's name in tool names: letters, digits, `_` and `-`.
+    pub name: String,
+    /// Program and arguments, no shell. A relative program path with a `/`
+    /// is relative to the agent file; a bare name is looked up in `PATH`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The program's whole environment besides `PATH` and `HOME`: literals
+    /// and process-scope parameters only (the process serves every session).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, BindingValue>,
+    /// A remote server's streamable-HTTP endpoint (`http(s)://…/mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Headers sent to a remote server with every request: literals and
+    /// process-scope parameters only, like `env`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, BindingValue>,
+    /// Bindings matched against the server's own tool names (`get_*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
 }
 
 /// An HTTP API described by an OpenAPI 3.x document: one tool per operation.

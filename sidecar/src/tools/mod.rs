@@ -11,6 +11,8 @@ pub mod cache;
 #[cfg(feature = "server")]
 pub mod helpers;
 #[cfg(feature = "server")]
+pub mod mcp;
+#[cfg(feature = "server")]
 pub mod openapi;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@
 //! argument or parameter to fix.
 
 pub mod files;
+pub mod live;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,8 @@ use crate::params::{AgentParams, ApiKeys, ProcessValues, Values};
 use crate::spec::{AgentSpec, BindingValue, Scope, Toolbox};
 use crate::tools::bash::{self, Limits};
 use crate::tools::Tool;
+
+pub use live::LiveTools;
 
 /// What loading needs besides the files.
 #[derive(Default)]
@@ -51,12 +54,15 @@ pub struct LoadedAgent {
     pub file: PathBuf,
     pub spec: AgentSpec,
     pub params: AgentParams,
-    pub tools: Vec<BoundTool>,
+    /// A run takes a snapshot; MCP servers may change the list.
+    pub tools: LiveTools,
     pub helpers: Vec<Helper>,
+    /// What must live as long as the agent (its MCP servers).
+    _keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl LoadedAgent {
-    pub fn tool(&self, name: &str) -> Option<&BoundTool> {
+    pub fn tool(&self, name: &str) -> Option<BoundTool> {
         self.tools.iter().find(|t| t.name() == name)
     }
 
@@ -343,69 +349,16 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     }
 
     let mut tools: Vec<BoundTool> = Vec::new();
+    // Each toolbox's tools, for rebuilding the list when an MCP server's change.
+    let mut parts: Vec<Vec<BoundTool>> = Vec::new();
+    let mut mcp = McpLoader::default();
     for (i, tb) in p.spec.toolboxes.iter().enumerate() {
-        let b = match tb {
-            Toolbox::Bash(b) => b,
-            Toolbox::Openapi(o) => {
-                let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-                if let Some(bound) =
-                    load_openapi(o, &base, p, &params, opts, &place, &mut diags).await
-                {
-                    check_names(&bound, &tools, &place, "operationId", &mut diags);
-                    let mut bound = bound;
-                    apply_bindings(
-                        &mut bound,
-                        &o.bindings,
-                        BindingLayer::Toolbox,
-                        &p.spec.parameters,
-                        &place,
-                        &mut diags,
-                    );
-                    tools.extend(bound);
-                }
-                continue;
-            }
-        };
-        let loaded = match (&b.directory, &b.script) {
-            (Some(dir), None) => {
-                bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits)
-                    .await
-            }
-            (None, Some(script)) if b.basename_filter.is_none() => {
-                bash::load_script(&base.join(script), opts.limits)
-                    .await
-                    .map(|t| (vec![t], Vec::new()))
-            }
-            // A malformed toolbox is reported by `spec::checks`.
-            _ => continue,
-        };
-        let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-        let (found, errors) = match loaded {
-            Ok(x) => x,
-            Err(e) => {
-                diags.push(Diagnostic::error(format!("{place}: {e}")));
-                continue;
-            }
-        };
-        diags.extend(
-            errors
-                .into_iter()
-                .map(|e| Diagnostic::error(format!("{place}: {e}"))),
-        );
-        let mut bound: Vec<BoundTool> = found
-            .into_iter()
-            .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
-            .collect();
-        check_names(&bound, &tools, &place, "the script's slug", &mut diags);
-        apply_bindings(
-            &mut bound,
-            &b.bindings,
-            BindingLayer::Toolbox,
-            &p.spec.parameters,
-            &place,
-            &mut diags,
-        );
-        tools.extend(bound);
+        let before = tools.len();
+        load_toolbox(
+            i, tb, p, &base, &params, opts, &here, &mut mcp, &mut tools, &mut diags,
+        )
+        .await;
+        parts.push(tools[before..].to_vec());
     }
     apply_bindings(
         &mut tools,
@@ -415,6 +368,16 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         &format!("{here}, agent-level bindings"),
         &mut diags,
     );
+    let tools = LiveTools::new(tools);
+    let keep = mcp.watch(
+        live::Assembly {
+            parts,
+            agent_bindings: p.spec.bindings.clone(),
+            params: p.spec.parameters.clone(),
+            here: here.clone(),
+        },
+        &tools,
+    );
     let agent = LoadedAgent {
         name: p.name.clone(),
         file: p.file.clone(),
@@ -422,8 +385,273 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         params,
         tools,
         helpers: p.helpers.clone(),
+        _keep: keep,
     };
     (agent, diags)
+}
+
+/// Load toolbox `i` of agent `p`, appending its tools (bound by the
+/// toolbox's own bindings) to `tools`.
+#[allow(clippy::too_many_arguments)]
+async fn load_toolbox(
+    i: usize,
+    tb: &Toolbox,
+    p: &Pending,
+    base: &Path,
+    params: &AgentParams,
+    opts: &LoadOptions,
+    here: &str,
+    mcp: &mut McpLoader,
+    tools: &mut Vec<BoundTool>,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let b = match tb {
+        Toolbox::Bash(b) => b,
+        Toolbox::Mcp(m) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            mcp.load(i, m, base, p, params, opts, &place, tools, diags)
+                .await;
+            return;
+        }
+        Toolbox::Openapi(o) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            if let Some(bound) = load_openapi(o, base, p, params, opts, &place, diags).await {
+                check_names(&bound, tools, &place, "operationId", diags);
+                let mut bound = bound;
+                apply_bindings(
+                    &mut bound,
+                    &o.bindings,
+                    BindingLayer::Toolbox,
+                    &p.spec.parameters,
+                    &place,
+                    diags,
+                );
+                tools.extend(bound);
+            }
+            return;
+        }
+    };
+    let loaded = match (&b.directory, &b.script) {
+        (Some(dir), None) => {
+            bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits).await
+        }
+        (None, Some(script)) if b.basename_filter.is_none() => {
+            bash::load_script(&base.join(script), opts.limits)
+                .await
+                .map(|t| (vec![t], Vec::new()))
+        }
+        // A malformed toolbox is reported by `spec::checks`.
+        _ => return,
+    };
+    let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+    let (found, errors) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            diags.push(Diagnostic::error(format!("{place}: {e}")));
+            return;
+        }
+    };
+    diags.extend(
+        errors
+            .into_iter()
+            .map(|e| Diagnostic::error(format!("{place}: {e}"))),
+    );
+    let mut bound: Vec<BoundTool> = found
+        .into_iter()
+        .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+        .collect();
+    check_names(&bound, tools, &place, "the script's slug", diags);
+    apply_bindings(
+        &mut bound,
+        &b.bindings,
+        BindingLayer::Toolbox,
+        &p.spec.parameters,
+        &place,
+        diags,
+    );
+    tools.extend(bound);
+}
+
+/// The MCP servers of one agent: started at load, then watched for
+/// changes to their tool lists.
+#[derive(Default)]
+struct McpLoader {
+    #[cfg(feature = "server")]
+    servers: Vec<(
+        usize,
+        Arc<crate::tools::mcp::McpServer>,
+        String,
+        Vec<crate::spec::Binding>,
+    )>,
+    #[cfg(feature = "server")]
+    changes: Option<(
+        tokio::sync::mpsc::UnboundedSender<usize>,
+        tokio::sync::mpsc::UnboundedReceiver<usize>,
+    )>,
+}
+
+impl McpLoader {
+    /// Start MCP toolbox `i` and append its tools. The typo guard of its
+    /// bindings is a warning: an MCP server's tools come late and may change.
+    #[cfg(feature = "server")]
+    #[allow(clippy::too_many_arguments)]
+    async fn load(
+        &mut self,
+        i: usize,
+        m: &crate::spec::McpToolbox,
+        base: &Path,
+        p: &Pending,
+        params: &AgentParams,
+        opts: &LoadOptions,
+        place: &str,
+        tools: &mut Vec<BoundTool>,
+        diags: &mut Vec<Diagnostic>,
+    ) {
+        use crate::tools::mcp::McpServer;
+        // A server whose configuration is wrong is not started (the
+        // problem is reported by `spec::checks`).
+        let mut own = Vec::new();
+        crate::spec::checks::check_mcp(&p.spec, m, place, &mut own);
+        if own.iter().any(|d| d.level == Level::Error) {
+            return;
+        }
+        // Only values known at load configure a process shared by every session.
+        let values = params.snapshot(&Values::new(), &Values::new());
+        let (tx, _) = self
+            .changes
+            .get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
+        let server = match McpServer::start(m, base, &values, opts.limits, tx.clone(), i).await {
+            Ok(s) => s,
+            Err(e) => {
+                diags.push(Diagnostic::error(format!("{place}: {e}")));
+                return;
+            }
+        };
+        let (found, warnings) = match server.tools().await {
+            Ok(x) => x,
+            Err(e) => {
+                diags.push(Diagnostic::error(format!("{place}: {e}")));
+                return;
+            }
+        };
+        diags.extend(
+            warnings
+                .into_iter()
+                .map(|w| Diagnostic::warning(format!("{place}: {w}"))),
+        );
+        let mut bound: Vec<BoundTool> = found
+            .into_iter()
+            .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+            .collect();
+        check_names(&bound, tools, place, "the server's `name`", diags);
+        crate::bindings::apply::apply_bindings_with(
+            &mut bound,
+            &m.bindings,
+            BindingLayer::Toolbox,
+            &p.spec.parameters,
+            place,
+            Level::Warning,
+            diags,
+        );
+        tools.extend(bound);
+        self.servers
+            .push((i, server, place.to_string(), m.bindings.clone()));
+    }
+
+    #[cfg(not(feature = "server"))]
+    #[allow(clippy::too_many_arguments)]
+    async fn load(
+        &mut self,
+        _: usize,
+        _: &crate::spec::McpToolbox,
+        _: &Path,
+        _: &Pending,
+        _: &AgentParams,
+        _: &LoadOptions,
+        place: &str,
+        _: &mut Vec<BoundTool>,
+        diags: &mut Vec<Diagnostic>,
+    ) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: this build has no MCP client (the `server` feature), so it cannot load MCP toolboxes"
+        )));
+    }
+
+    /// Rebuild `tools` whenever a server says its tools changed; returns
+    /// what keeps the servers alive. An agent tree is never unloaded, so
+    /// they live as long as the process; when it ends, the runtime drops
+    /// the tasks holding each program, which stops it (kill on drop).
+    #[cfg(feature = "server")]
+    fn watch(
+        self,
+        mut asm: live::Assembly,
+        tools: &LiveTools,
+    ) -> Vec<Arc<dyn std::any::Any + Send + Sync>> {
+        let Some((_, mut rx)) = self.changes else {
+            return Vec::new();
+        };
+        let keep = self
+            .servers
+            .iter()
+            .map(|(_, s, _, _)| s.clone() as Arc<dyn std::any::Any + Send + Sync>)
+            .collect();
+        let servers = self.servers;
+        let live = tools.clone();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut changed = BTreeSet::from([first]);
+                while let Ok(i) = rx.try_recv() {
+                    changed.insert(i);
+                }
+                for (i, server, place, bindings) in &servers {
+                    if !changed.contains(i) {
+                        continue;
+                    }
+                    match server.tools().await {
+                        Ok((found, warnings)) => {
+                            for w in warnings {
+                                tracing::warn!("{place}: {w}");
+                            }
+                            let bound = found
+                                .into_iter()
+                                .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+                                .collect();
+                            let (bound, diags) = live::rebind(
+                                bound,
+                                bindings,
+                                BindingLayer::Toolbox,
+                                &asm.params,
+                                place,
+                            );
+                            for d in diags {
+                                tracing::warn!("{}", d.message);
+                            }
+                            asm.parts[*i] = bound;
+                        }
+                        Err(e) => {
+                            tracing::warn!("{place}: the tools changed but cannot be listed: {e}")
+                        }
+                    }
+                }
+                let (all, diags) = asm.assemble();
+                for d in diags {
+                    tracing::warn!("{}", d.message);
+                }
+                tracing::info!(
+                    "{}: tools changed, now {}",
+                    asm.here,
+                    all.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+                );
+                live.set(all);
+            }
+        });
+        keep
+    }
+
+    #[cfg(not(feature = "server"))]
+    fn watch(self, _: live::Assembly, _: &LiveTools) -> Vec<Arc<dyn std::any::Any + Send + Sync>> {
+        Vec::new()
+    }
 }
 
 use crate::spec::checks::valid_tool_name;

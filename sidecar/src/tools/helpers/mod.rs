@@ -292,9 +292,10 @@ fn helper_view(
         .collect();
     // What is open from here: neither bound by the helper's file nor by a
     // narrowing from above.
-    let narrowed = narrow(&agent.tools, inherited, &[])
+    let own_tools = agent.tools.snapshot();
+    let narrowed = narrow(&own_tools, inherited, &[])
         .map(|n| n.tools)
-        .unwrap_or_else(|_| agent.tools.clone());
+        .unwrap_or_else(|_| own_tools.to_vec());
     let tools: Vec<Value> = narrowed
         .iter()
         .map(|t| {
@@ -442,7 +443,7 @@ pub fn prepare<'a>(
     check_paths(env.tree, target, &call_bindings)?;
     let own = resolve_bindings(&call_bindings, caller_values).map_err(invalid)?;
     let inherited = carry(&env.inherited, slug);
-    let narrowed = narrow(&target.tools, &inherited, &own)
+    let narrowed = narrow(&target.tools.snapshot(), &inherited, &own)
         .map_err(|e| invalid(format!("helper `{slug}`: {e}")))?;
 
     check_with_keys(target, h, &a.with)?;

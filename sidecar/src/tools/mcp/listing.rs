@@ -1,0 +1,232 @@
+//! What an MCP server says, in Bindery's terms (pure: no I/O): a listed
+//! tool becomes a [`ToolSpec`], a call's result becomes the text the model
+//! reads. Both work on the protocol's JSON, whatever SDK carried it.
+
+use serde_json::{Map, Value};
+
+use crate::tools::openapi::sanitize_name;
+use crate::tools::{ArgSpec, ToolSpec, Transport};
+
+/// How deep local `$ref`s are inlined into argument schemas; past it, `{}`.
+const MAX_REF_DEPTH: usize = 8;
+
+/// The model-visible name of tool `tool` of server `server`, cut to the
+/// 64 characters a model accepts (a clash is reported like any other).
+pub fn tool_name(server: &str, tool: &str) -> String {
+    format!("mcp_{server}_{}", sanitize_name(tool))
+        .chars()
+        .take(64)
+        .collect()
+}
+
+/// One listed tool (`{"name", "description", "inputSchema", …}`) as a
+/// [`ToolSpec`]; `Err` says why it is skipped.
+pub fn tool_spec(server: &str, tool: &Value) -> Result<ToolSpec, String> {
+    let local = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("a listed tool has no name")?;
+    if sanitize_name(local).is_empty() {
+        return Err(format!("tool `{local}`: its name has no letter or digit"));
+    }
+    let description = ["description", "title"]
+        .iter()
+        .find_map(|k| {
+            tool.get(*k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or(local)
+        .to_string();
+    let schema = tool.get("inputSchema").cloned().unwrap_or(Value::Null);
+    let properties = schema.get("properties").and_then(Value::as_object);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let args = properties
+        .into_iter()
+        .flatten()
+        .map(|(name, prop)| {
+            let prop = inline_refs(&schema, prop, 0);
+            ArgSpec {
+                name: name.clone(),
+                description: prop
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                required: required.contains(&name.as_str()),
+                schema: prop,
+                transport: Transport::Json,
+            }
+        })
+        .collect();
+    Ok(ToolSpec {
+        name: tool_name(server, local),
+        local_name: local.to_string(),
+        description,
+        args,
+    })
+}
+
+/// `value` with `{"$ref": "#/…"}` replaced by what it points to in `root`
+/// (the argument schemas are shown to the model one by one, without the
+/// root's `$defs`).
+fn inline_refs(root: &Value, value: &Value, depth: usize) -> Value {
+    match value {
+        Value::Object(m) => {
+            if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                if depth >= MAX_REF_DEPTH {
+                    return Value::Object(Map::new());
+                }
+                if let Some(target) = r.strip_prefix('#').and_then(|p| root.pointer(p)) {
+                    return inline_refs(root, target, depth + 1);
+                }
+            }
+            Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), inline_refs(root, v, depth)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| inline_refs(root, v, depth)).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// A call's result (`{"content": [...], "structuredContent"?, "isError"?}`)
+/// as text: text parts joined by newlines, other kinds named in brackets,
+/// the structured content when there is no other; cut at `max` bytes.
+/// `Err` when the server flagged the result as an error.
+pub fn result_text(result: &Value, max: usize) -> Result<String, String> {
+    let mut parts: Vec<String> = Vec::new();
+    for c in result
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let field = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("");
+        parts.push(match field("type") {
+            "text" => field("text").to_string(),
+            "image" => format!("[image {}]", field("mimeType")),
+            "audio" => format!("[audio {}]", field("mimeType")),
+            "resource_link" => format!("[resource link {} {}]", field("name"), field("uri")),
+            "resource" => match c.pointer("/resource/text").and_then(Value::as_str) {
+                Some(t) => t.to_string(),
+                None => format!(
+                    "[resource {}]",
+                    c.pointer("/resource/uri")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                ),
+            },
+            other => format!("[{other} content]"),
+        });
+    }
+    if parts.is_empty() {
+        if let Some(s) = result.get("structuredContent").filter(|s| !s.is_null()) {
+            parts.push(s.to_string());
+        }
+    }
+    let mut text = parts.join("\n");
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(&format!("\n[result cut at {max} bytes]"));
+    }
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        Err(if text.is_empty() {
+            "the tool failed without saying why".to_string()
+        } else {
+            text
+        })
+    } else {
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_listed_tool_becomes_a_spec() {
+        let spec = tool_spec(
+            "billing",
+            &json!({
+                "name": "get invoice",
+                "title": "Get",
+                "description": "One invoice",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string", "description": "Invoice id"},
+                        "tenant": {"$ref": "#/$defs/Tenant"}
+                    },
+                    "required": ["id"],
+                    "$defs": {"Tenant": {"type": "string", "description": "Whose"}}
+                }
+            }),
+        )
+        .unwrap();
+        assert_eq!(spec.name, "mcp_billing_get_invoice");
+        assert_eq!(tool_name("s", &"x".repeat(80)).len(), 64);
+        assert_eq!(spec.local_name, "get invoice");
+        assert_eq!(spec.description, "One invoice");
+        assert_eq!(spec.args.len(), 2);
+        let id = spec.arg("id").unwrap();
+        assert!(id.required);
+        assert_eq!(id.description, "Invoice id");
+        let tenant = spec.arg("tenant").unwrap();
+        assert!(!tenant.required);
+        assert_eq!(
+            tenant.schema,
+            json!({"type": "string", "description": "Whose"})
+        );
+    }
+
+    #[test]
+    fn tools_without_arguments_or_a_usable_name() {
+        let spec = tool_spec(
+            "e",
+            &json!({"name": "get-env", "inputSchema": {"type": "object"}}),
+        )
+        .unwrap();
+        assert!(spec.args.is_empty());
+        assert_eq!(spec.description, "get-env");
+        assert!(tool_spec("e", &json!({"name": "??"})).is_err());
+    }
+
+    #[test]
+    fn results_read_as_text() {
+        let r = json!({"content": [
+            {"type": "text", "text": "one"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///a", "text": "body"}},
+            {"type": "resource_link", "uri": "file:///b", "name": "b"}
+        ]});
+        assert_eq!(
+            result_text(&r, 1000).unwrap(),
+            "one\n[image image/png]\nbody\n[resource link b file:///b]"
+        );
+        let structured = json!({"content": [], "structuredContent": {"sum": 3}});
+        assert_eq!(result_text(&structured, 1000).unwrap(), r#"{"sum":3}"#);
+        let failed =
+            json!({"content": [{"type": "text", "text": "no such invoice"}], "isError": true});
+        assert_eq!(result_text(&failed, 1000).unwrap_err(), "no such invoice");
+        let long = json!({"content": [{"type": "text", "text": "é".repeat(10)}]});
+        assert_eq!(
+            result_text(&long, 5).unwrap(),
+            "éé\n[result cut at 5 bytes]"
+        );
+    }
+}

@@ -1,0 +1,477 @@
+//! MCP toolboxes: the tools of an MCP server, as `mcp_<server>_<tool>`.
+//!
+//! A server is a program the sidecar starts once per agent tree and talks
+//! to over its stdin and stdout, or a remote server over streamable HTTP.
+//! Every session shares it, so what configures it (`env`, `headers`) is
+//! read once, at load, from literals and process-scope parameters. The
+//! program gets no environment of the sidecar's but `PATH` and `HOME`: the
+//! sidecar's own variables hold the operator's values and tokens. The
+//! secrets it was given are masked (`<secret>`) in its stderr, which goes
+//! to the sidecar's log, and in its tools' results, which go to the model.
+//!
+//! The client is rmcp, the official Rust SDK. The sidecar spawns the
+//! program itself and hands rmcp the pipes, so that it owns the child's
+//! environment and sees its exit status. A server that exits is not
+//! restarted: its tools fail, naming the server and how it ended.
+
+pub mod listing;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::bash::Limits;
+use super::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::params::secret::REDACTED;
+use crate::params::{ParamValue, SecretString, Values};
+use crate::spec::{BindingValue, McpToolbox};
+
+/// How long a server may take to start and answer `initialize`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A value of a server's `env` or `headers`, as it was read at load.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SharedValue {
+    Plain(String),
+    Secret(SecretString),
+}
+
+impl SharedValue {
+    fn expose(&self) -> &str {
+        match self {
+            SharedValue::Plain(s) => s,
+            SharedValue::Secret(s) => s.expose(),
+        }
+    }
+}
+
+/// The values of `env` or `headers` under the load-time `values`: literals
+/// as text, parameters as their value (a secret stays one). An unbound
+/// parameter leaves its entry out (a required one has stopped the load
+/// already). Pure.
+pub fn shared_values(
+    map: &BTreeMap<String, BindingValue>,
+    values: &Values,
+) -> Result<Vec<(String, SharedValue)>, String> {
+    let mut out = Vec::new();
+    for (key, v) in map {
+        let text = match v {
+            BindingValue::Literal(serde_json::Value::String(s)) => SharedValue::Plain(s.clone()),
+            BindingValue::Literal(
+                l @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)),
+            ) => SharedValue::Plain(l.to_string()),
+            BindingValue::Literal(serde_json::Value::Null) => SharedValue::Plain(String::new()),
+            BindingValue::Literal(l) => {
+                return Err(format!(
+                    "`{key}`: the literal is {}; give a string, number or boolean",
+                    crate::params::value::json_kind(l)
+                ))
+            }
+            BindingValue::Param(p) => match values.get(p) {
+                None => continue,
+                Some(ParamValue::Secret(s)) => SharedValue::Secret(s.clone()),
+                Some(pv) => match pv.to_text() {
+                    Some(crate::params::value::ArgText::Plain(s)) => SharedValue::Plain(s),
+                    _ => {
+                        return Err(format!(
+                        "`{key}`: parameter `{p}` holds {}; give it a string, number or boolean",
+                        pv.plain()
+                            .map_or("a secret", crate::params::value::json_kind)
+                    ))
+                    }
+                },
+            },
+        };
+        out.push((key.clone(), text));
+    }
+    Ok(out)
+}
+
+/// `line` with every secret value replaced by `<secret>`.
+fn mask(line: &str, secrets: &[SecretString]) -> String {
+    let mut out = line.to_string();
+    for s in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(s.expose(), REDACTED);
+    }
+    out
+}
+
+/// How the program ended, given a moment to be recorded: a closed pipe
+/// comes before the exit status, which explains more.
+async fn exit_of(exited: &Mutex<Option<String>>) -> Option<String> {
+    for _ in 0..100 {
+        if let Some(how) = exited.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(how);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn secrets_of(values: &[(String, SharedValue)]) -> Vec<SecretString> {
+    values
+        .iter()
+        .filter_map(|(_, v)| match v {
+            SharedValue::Secret(s) => Some(s.clone()),
+            SharedValue::Plain(_) => None,
+        })
+        .collect()
+}
+
+/// Tells the agent's tool list that a server's tools changed.
+struct Handler {
+    changed: mpsc::UnboundedSender<usize>,
+    index: usize,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        // The receiver is gone only when the agent tree is.
+        let _ = self.changed.send(self.index);
+    }
+}
+
+/// A running (or connected) MCP server.
+pub struct McpServer {
+    name: String,
+    service: RunningService<RoleClient, Handler>,
+    /// How the program ended, once it has (stdio servers).
+    exited: Arc<Mutex<Option<String>>>,
+    /// The secret values of its `env` or `headers`, masked in results.
+    secrets: Vec<SecretString>,
+    /// Dropping it stops the program.
+    stop_on_drop: Option<oneshot::Sender<()>>,
+    limits: Limits,
+}
+
+impl McpServer {
+    /// Start (or connect to) the server of toolbox `tb`. `values` are the
+    /// load-time parameter values; a tools/list_changed notification sends
+    /// `index` on `changed`.
+    pub async fn start(
+        tb: &McpToolbox,
+        base: &Path,
+        values: &Values,
+        limits: Limits,
+        changed: mpsc::UnboundedSender<usize>,
+        index: usize,
+    ) -> Result<Arc<McpServer>, String> {
+        let handler = Handler { changed, index };
+        match (&tb.url, tb.command.split_first()) {
+            (Some(url), None) => {
+                let headers =
+                    shared_values(&tb.headers, values).map_err(|e| format!("header {e}"))?;
+                Self::connect(tb, url, headers, handler, limits).await
+            }
+            (None, Some((program, args))) => {
+                let env = shared_values(&tb.env, values).map_err(|e| format!("env {e}"))?;
+                Self::spawn(tb, base, program, args, env, handler, limits).await
+            }
+            // A malformed toolbox is reported by `spec::checks`.
+            _ => Err("give exactly one of `command` or `url`".to_string()),
+        }
+    }
+
+    async fn connect(
+        tb: &McpToolbox,
+        url: &str,
+        headers: Vec<(String, SharedValue)>,
+        handler: Handler,
+        limits: Limits,
+    ) -> Result<Arc<McpServer>, String> {
+        let mut map = HashMap::new();
+        for (k, v) in &headers {
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| format!("header `{k}`: not a valid header name"))?;
+            let mut value = reqwest::header::HeaderValue::from_str(v.expose())
+                .map_err(|_| format!("header `{k}`: its value does not fit in a header"))?;
+            value.set_sensitive(true);
+            map.insert(name, value);
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(START_TIMEOUT)
+            .build()
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
+        let transport = StreamableHttpClientTransport::with_client(client, config);
+        let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
+            .await
+            .map_err(|_| format!("{url} did not answer `initialize` within {START_TIMEOUT:?}"))?
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        Ok(Arc::new(McpServer {
+            name: tb.name.clone(),
+            service,
+            exited: Arc::default(),
+            secrets: secrets_of(&headers),
+            stop_on_drop: None,
+            limits,
+        }))
+    }
+
+    async fn spawn(
+        tb: &McpToolbox,
+        base: &Path,
+        program: &str,
+        args: &[String],
+        env: Vec<(String, SharedValue)>,
+        handler: Handler,
+        limits: Limits,
+    ) -> Result<Arc<McpServer>, String> {
+        let path = if program.contains('/') {
+            base.join(program)
+        } else {
+            program.into()
+        };
+        let mut cmd = tokio::process::Command::new(&path);
+        cmd.args(args)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // Enough to find and run an interpreter (`npx`, `python3`); the
+        // declared `env` may override either.
+        for key in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
+        for (k, v) in &env {
+            cmd.env(k, v.expose());
+        }
+        let secrets = secrets_of(&env);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start `{}`: {e}", path.display()))?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err("the program's pipes were not set up".to_string());
+        };
+
+        let (server, masked) = (tb.name.clone(), secrets.clone());
+        tokio::spawn(async move {
+            let secrets = masked;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(mcp_server = %server, "stderr: {}", mask(&line, &secrets));
+            }
+        });
+        let exited: Arc<Mutex<Option<String>>> = Arc::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (server, record) = (tb.name.clone(), exited.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                status = child.wait() => {
+                    let how = match status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => format!("cannot tell how: {e}"),
+                    };
+                    tracing::warn!(mcp_server = %server, "the MCP server exited ({how}); its tools fail until the sidecar restarts");
+                    *record.lock().unwrap_or_else(|e| e.into_inner()) = Some(how);
+                }
+                _ = stopped => {
+                    let _ = child.kill().await;
+                }
+            }
+        });
+
+        let service = tokio::time::timeout(START_TIMEOUT, handler.serve((stdout, stdin)))
+            .await
+            .map_err(|_| {
+                format!("`{program}` did not answer `initialize` within {START_TIMEOUT:?}")
+            });
+        let service = match service {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let why = match exit_of(&exited).await {
+                    Some(how) => format!("it exited ({how})"),
+                    None => e.to_string(),
+                };
+                return Err(format!(
+                    "`{program}` did not start as an MCP server: {why}; its stderr is in the log"
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Arc::new(McpServer {
+            name: tb.name.clone(),
+            service,
+            exited,
+            secrets,
+            stop_on_drop: Some(stop),
+            limits,
+        }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What went wrong talking to the server, in the words the model and the
+    /// log get: the exit of its program if it has exited.
+    fn failure(&self, e: impl std::fmt::Display) -> String {
+        match self
+            .exited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(how) => format!("MCP server `{}` exited ({how})", self.name),
+            None => format!("MCP server `{}`: {e}", self.name),
+        }
+    }
+
+    /// The server's tools now, plus a warning for each one skipped.
+    pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<String>), String> {
+        let listed = tokio::time::timeout(
+            self.limits.call_timeout,
+            self.service.peer().list_all_tools(),
+        )
+        .await
+        .map_err(|_| self.failure("`tools/list` timed out"))?
+        .map_err(|e| self.failure(e))?;
+        let mut tools = Vec::new();
+        let mut warnings = Vec::new();
+        for t in listed {
+            let json = serde_json::to_value(&t).unwrap_or_default();
+            match listing::tool_spec(&self.name, &json) {
+                Ok(spec) => tools.push(McpTool {
+                    spec,
+                    server: self.clone(),
+                }),
+                Err(why) => warnings.push(format!("skipped: {why}")),
+            }
+        }
+        Ok((tools, warnings))
+    }
+}
+
+/// One tool of an MCP server.
+pub struct McpTool {
+    spec: ToolSpec,
+    server: Arc<McpServer>,
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let server = &self.server;
+        let arguments: serde_json::Map<String, serde_json::Value> = args
+            .into_iter()
+            .map(|(k, v)| {
+                let json = match v {
+                    ParamValue::Plain(j) => j,
+                    ParamValue::Secret(s) => serde_json::Value::String(s.expose().to_string()),
+                };
+                (k, json)
+            })
+            .collect();
+        let params =
+            CallToolRequestParams::new(self.spec.local_name.clone()).with_arguments(arguments);
+        let started = Instant::now();
+        let answer = tokio::time::timeout(
+            server.limits.call_timeout,
+            server.service.peer().call_tool(params),
+        )
+        .await;
+        let outcome = match answer {
+            Err(_) => Err(format!(
+                "MCP server `{}` did not answer within {:?}",
+                server.name, server.limits.call_timeout
+            )),
+            Ok(Err(e)) => {
+                // A closed connection to a program: wait for how it ended.
+                let closed = matches!(
+                    e,
+                    rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
+                );
+                if closed && server.stop_on_drop.is_some() {
+                    exit_of(&server.exited).await;
+                }
+                Err(server.failure(e))
+            }
+            Ok(Ok(result)) => {
+                let json = serde_json::to_value(&result).unwrap_or_default();
+                listing::result_text(&json, server.limits.max_output)
+            }
+        };
+        tracing::info!(
+            tool = %self.spec.name,
+            session = %ctx.session_id,
+            mcp_server = %server.name,
+            ok = outcome.is_ok(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "MCP tool call"
+        );
+        // The server's own credentials never go back to the model.
+        outcome
+            .map(|text| ToolOutput {
+                text: mask(&text, &server.secrets),
+            })
+            .map_err(|e| ToolError::Failed(mask(&e, &server.secrets)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn shared_values_read_literals_and_parameters() {
+        let map: BTreeMap<String, BindingValue> = [
+            ("A".to_string(), BindingValue::Literal(json!("x"))),
+            ("B".to_string(), BindingValue::Literal(json!(3))),
+            ("C".to_string(), BindingValue::Param("region".into())),
+            ("D".to_string(), BindingValue::Param("token".into())),
+            ("E".to_string(), BindingValue::Param("unset".into())),
+        ]
+        .into();
+        let mut values = Values::new();
+        values.insert("region".into(), ParamValue::Plain(json!("eu")));
+        values.insert(
+            "token".into(),
+            ParamValue::Secret(SecretString::new("s3cr3t")),
+        );
+        let got = shared_values(&map, &values).unwrap();
+        assert_eq!(
+            got,
+            [
+                ("A".to_string(), SharedValue::Plain("x".into())),
+                ("B".to_string(), SharedValue::Plain("3".into())),
+                ("C".to_string(), SharedValue::Plain("eu".into())),
+                (
+                    "D".to_string(),
+                    SharedValue::Secret(SecretString::new("s3cr3t"))
+                ),
+            ]
+        );
+        let bad: BTreeMap<String, BindingValue> =
+            [("X".to_string(), BindingValue::Literal(json!({"a": 1})))].into();
+        assert!(shared_values(&bad, &values)
+            .unwrap_err()
+            .contains("an object"));
+    }
+
+    #[test]
+    fn stderr_lines_are_masked() {
+        let s = [SecretString::new("s3cr3t")];
+        assert_eq!(mask("token=s3cr3t!", &s), "token=<secret>!");
+    }
+}
