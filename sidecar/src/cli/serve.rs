@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
@@ -174,6 +175,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     tracing::info!(%addr, agents = ?tree.agents.keys().collect::<Vec<_>>(), "serving the session API");
     // One line on stdout for whoever started us (tests read the port here).
     println!("listening on http://{addr}");
+    // Small SSE frames and JSON answers go out at once, not after the peer's
+    // delayed ACK (Nagle would hold them up to 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown())
         .await
