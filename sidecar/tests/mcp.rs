@@ -453,6 +453,8 @@ spec:
         bindings:
           - {{tool: lookup, arg: tenant, value: {{param: tenant}}}}
           - {{tool: archive, arg: tenant, value: {{param: tenant}}}}
+  bindings:
+    - {{tool: mcp_changing_archive, arg: tenant, value: {{param: tenant}}}}
 "#,
             model = mock.url(),
             server = server.display()
@@ -548,6 +550,13 @@ spec:
     assert!(!warned(
         r#"binding 1 (tool "lookup", arg "tenant"): matches no tool (tools here: grow, die, lookup)"#
     ));
+    // So is an agent-level one aimed at MCP tools (the server started).
+    assert!(
+        warned(
+            r#"agent-level bindings, binding 1 (tool "mcp_changing_archive", arg "tenant"): matches no tool"#
+        ),
+        "{logs}"
+    );
 }
 
 /// A server whose program exits: its tools fail, naming it and the status.

@@ -27,26 +27,44 @@ pub fn apply_bindings(
     place: &str,
     diags: &mut Vec<Diagnostic>,
 ) {
-    apply_bindings_with(tools, bindings, layer, params, place, Level::Error, diags)
+    apply_bindings_with(
+        tools,
+        bindings,
+        layer,
+        params,
+        place,
+        |_| Level::Error,
+        diags,
+    )
+}
+
+/// At what level an agent-level binding that matches nothing is reported:
+/// one aimed at MCP tools (`mcp_*`) is a warning, as their list comes from
+/// the server and may change; any other is an error.
+pub fn agent_typo_level(b: &Binding) -> Level {
+    match b.tool.as_deref() {
+        Some(glob) if glob.starts_with("mcp_") => Level::Warning,
+        _ => Level::Error,
+    }
 }
 
 /// [`apply_bindings`], with the typo guard (a binding that matches no tool,
-/// or no argument of the tools it matches) at level `unmatched`: a warning
-/// for an MCP server, whose tools come late and may change.
+/// or no argument of the tools it matches) at the level `unmatched` gives:
+/// a warning for an MCP server, whose tools come late and may change.
 pub fn apply_bindings_with(
     tools: &mut [BoundTool],
     bindings: &[Binding],
     layer: BindingLayer,
     params: &[ParameterDecl],
     place: &str,
-    unmatched: Level,
+    unmatched: fn(&Binding) -> Level,
     diags: &mut Vec<Diagnostic>,
 ) {
-    let typo = |msg: String| Diagnostic {
-        level: unmatched,
-        message: msg,
-    };
     for (i, b) in bindings.iter().enumerate() {
+        let typo = |msg: String| Diagnostic {
+            level: unmatched(b),
+            message: msg,
+        };
         let glob = b.tool.as_deref().unwrap_or("*");
         let here = format!(
             "{place}, binding {} (tool \"{glob}\", arg \"{}\")",

@@ -340,3 +340,42 @@ fn later_layers_can_only_bind_what_is_still_open() {
     );
     assert_eq!(tools[0].bindings().len(), 1);
 }
+
+#[test]
+fn an_agent_level_binding_aimed_at_mcp_tools_that_matches_nothing_is_a_warning() {
+    let mut tools = vec![BoundTool::new(invoices() as Arc<dyn Tool>)];
+    let acme = BindingValue::Literal(json!("acme"));
+    let bindings = [
+        bind(
+            Some("mcp_billing_*"),
+            "tenant_id",
+            acme.clone(),
+            WhenUnbound::Fail,
+        ),
+        bind(
+            Some("bash_query-invoice"),
+            "tenant_id",
+            acme,
+            WhenUnbound::Fail,
+        ),
+    ];
+    let mut diags = Vec::new();
+    crate::bindings::apply::apply_bindings_with(
+        &mut tools,
+        &bindings,
+        BindingLayer::Agent,
+        &[],
+        "agent.yaml",
+        crate::bindings::apply::agent_typo_level,
+        &mut diags,
+    );
+    let levels: Vec<(Level, bool)> = diags
+        .iter()
+        .map(|d| (d.level, d.message.contains("mcp_billing_*")))
+        .collect();
+    assert_eq!(
+        levels,
+        [(Level::Warning, true), (Level::Error, false)],
+        "{diags:?}"
+    );
+}

@@ -65,7 +65,7 @@ pub fn rebind(
         layer,
         params,
         place,
-        Level::Warning,
+        |_| Level::Warning,
         &mut diags,
     );
     for d in &mut diags {

@@ -360,12 +360,13 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         .await;
         parts.push(tools[before..].to_vec());
     }
-    apply_bindings(
+    crate::bindings::apply::apply_bindings_with(
         &mut tools,
         &p.spec.bindings,
         BindingLayer::Agent,
         &p.spec.parameters,
         &format!("{here}, agent-level bindings"),
+        crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
     let tools = LiveTools::new(tools);
@@ -550,7 +551,7 @@ impl McpLoader {
             BindingLayer::Toolbox,
             &p.spec.parameters,
             place,
-            Level::Warning,
+            |_| Level::Warning,
             diags,
         );
         tools.extend(bound);
