@@ -144,7 +144,8 @@ pub struct StoreSpec {
 #[serde(rename_all = "camelCase")]
 pub struct PostgresStoreSpec {
     /// The Secret key holding the URL,
-    /// `postgres://USER:PASSWORD@HOST:PORT/DB` (`sslmode=disable` or none).
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` (with `?sslmode=verify-full`
+    /// and the like, as libpq takes them).
     /// It reaches the pod as `BINDERY_STORE` through a `secretKeyRef`.
     pub url_secret_ref: KeyRef,
 }

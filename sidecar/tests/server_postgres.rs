@@ -158,11 +158,8 @@ async fn a_store_that_cannot_work_is_refused_with_what_to_fix() {
         "{err}"
     );
 
-    let err = serve_fails(&w, &format!("{url}?sslmode=verify-full"), &[], true);
-    assert!(
-        err.contains("sslmode=verify-full is not supported"),
-        "{err}"
-    );
+    let err = serve_fails(&w, &format!("{url}?sslmode=verify-ca"), &[], true);
+    assert!(err.contains("sslmode=verify-ca is not supported"), "{err}");
 
     let err = serve_fails(&w, &url, &[], false);
     assert!(

@@ -68,6 +68,26 @@ impl Postgres {
     pub const PASSWORD: &'static str = "pg-pass-8c41e7";
 
     pub fn start() -> Postgres {
+        Postgres::start_with(false)
+    }
+
+    /// A server that also takes TLS, with a certificate for `localhost`
+    /// and `127.0.0.1` from a CA of its own ([`Postgres::ca_file`]).
+    pub fn start_tls() -> Postgres {
+        Postgres::start_with(true)
+    }
+
+    /// The CA (PEM) of a [`Postgres::start_tls`] server's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir_file("ca.crt")
+    }
+
+    /// A file of the server's directory (`server.crt`, `postgres.log`, …).
+    pub fn dir_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn start_with(tls: bool) -> Postgres {
         let bin = bin_dir();
         let mut dir = tempfile::tempdir().expect("a temporary directory");
         let run_as = Uid::effective().is_root().then(|| {
@@ -101,6 +121,9 @@ impl Postgres {
             .output()
             .expect("initdb runs");
         check("initdb", &init);
+        if tls {
+            make_certificates(dir.path(), run_as);
+        }
 
         // A port is chosen by binding 0 and letting go; if another process
         // takes it meanwhile, the server exits and we pick again.
@@ -117,6 +140,18 @@ impl Postgres {
                 .arg("-c")
                 .arg(format!("unix_socket_directories={}", dir.path().display()))
                 .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+                .args(if tls {
+                    vec![
+                        "-c".to_string(),
+                        "ssl=on".into(),
+                        "-c".into(),
+                        format!("ssl_cert_file={}", dir.path().join("server.crt").display()),
+                        "-c".into(),
+                        format!("ssl_key_file={}", dir.path().join("server.key").display()),
+                    ]
+                } else {
+                    vec![]
+                })
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log);
@@ -244,6 +279,91 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A CA and a server certificate it signed for `localhost` and
+/// 127.0.0.1, with openssl; the key readable by the server's user only.
+fn make_certificates(dir: &Path, run_as: Option<(Uid, Gid)>) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("openssl: {e}: run tests/setup.sh"));
+        check("openssl", &out);
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &key,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=bindery-test-ca",
+                "-days",
+                "2",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &key,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    let server_key = dir.join("server.key");
+    std::fs::set_permissions(
+        &server_key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    if let Some((uid, gid)) = run_as {
+        for f in ["server.key", "server.crt", "ca.crt"] {
+            std::os::unix::fs::chown(dir.join(f), Some(uid.as_raw()), Some(gid.as_raw())).unwrap();
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod contract;
 pub mod location;
 pub mod postgres;
+mod postgres_tls;
 mod record;
 pub mod sqlite;
 

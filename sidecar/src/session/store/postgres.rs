@@ -14,10 +14,9 @@
 //! from the server are reported by severity, message and SQLSTATE, never
 //! their DETAIL, which can quote row contents.
 //!
-//! TLS: `sslmode=disable` (or none) only. Certificate verification and its
-//! configuration (root certificates, `verify-full`) is more than the
-//! in-cluster case needs; `require` and `verify-*` are refused with a
-//! message saying so, rather than accepted and silently not honoured.
+//! TLS follows libpq's `sslmode` (see `postgres_tls.rs`): `disable`,
+//! `prefer` (the default), `require` and `verify-full` (with `sslrootcert`
+//! or the system's roots); `verify-ca` is refused with a message saying so.
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,9 +26,10 @@ use async_trait::async_trait;
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres::{Client, Config, Row};
 
 use super::location::redact;
+use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
@@ -76,6 +76,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Sessions in a PostgreSQL database.
 pub struct PostgresStore {
     config: Config,
+    tls: Tls,
     /// `postgres://user@host:port/db`, for messages (never a password).
     target: String,
     client: Mutex<Option<Client>>,
@@ -89,29 +90,52 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
-/// Read a `postgres://` URL into a connection config, checking its
-/// `sslmode`. Errors show the URL redacted.
-pub fn parse_url(url: &str) -> Result<Config, StoreError> {
+/// Read a `postgres://` URL into a connection config and its TLS, by
+/// libpq's `sslmode` (default `prefer`) and `sslrootcert`, which
+/// tokio-postgres does not know in full. Errors show the URL redacted.
+pub fn parse_url(url: &str) -> Result<(Config, Tls), StoreError> {
     let bad = |why: String| StoreError::Backend(format!("--store {}: {why}", redact(url)));
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    let mode = query
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == "sslmode")
-        .map(|(_, v)| v);
-    match mode {
-        None | Some("disable" | "allow" | "prefer") => {}
-        Some(other) => {
-            return Err(bad(format!(
-                "sslmode={other} is not supported: Bindery connects to PostgreSQL without TLS (sslmode=disable). \
-                 Reach the database over a network you trust, or through a local TLS proxy"
-            )))
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut mode = None;
+    let mut root_file = None;
+    let mut rest = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("sslmode", v)) => mode = Some(v),
+            Some(("sslrootcert", v)) => root_file = Some(v.to_owned()),
+            _ => rest.push(kv),
         }
     }
-    let mut config = Config::from_str(url).map_err(|e| bad(e.to_string()))?;
-    // `allow`/`prefer` would take TLS if offered; without TLS support that
-    // means plain, which `disable` says outright.
-    config.ssl_mode(SslMode::Disable);
+    let (ssl_mode, verify) = match mode.unwrap_or("prefer") {
+        "disable" | "allow" => (SslMode::Disable, None),
+        "prefer" => (SslMode::Prefer, Some(Verify::Nothing)),
+        "require" => (SslMode::Require, Some(Verify::Nothing)),
+        "verify-full" => (SslMode::Require, Some(Verify::Full { root_file: root_file.clone() })),
+        "verify-ca" => {
+            return Err(bad(
+                "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"
+                    .into(),
+            ))
+        }
+        other => {
+            return Err(bad(format!(
+                "unknown sslmode={other}: use disable, prefer, require or verify-full"
+            )))
+        }
+    };
+    if root_file.is_some() && !matches!(verify, Some(Verify::Full { .. })) {
+        return Err(bad(
+            "sslrootcert is for sslmode=verify-full (with require and prefer the certificate is not checked)"
+                .into(),
+        ));
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config = Config::from_str(&url).map_err(|e| bad(e.to_string()))?;
+    config.ssl_mode(ssl_mode);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -123,7 +147,11 @@ pub fn parse_url(url: &str) -> Result<Config, StoreError> {
             "no host: give postgres://USER:PASSWORD@HOST:PORT/DB".into()
         ));
     }
-    Ok(config)
+    let tls = match verify {
+        Some(v) => Tls(Some(client_config(&v).map_err(bad)?)),
+        None => Tls(None),
+    };
+    Ok((config, tls))
 }
 
 /// `postgres://user@host:port/db`: what a message says it connects to.
@@ -153,8 +181,8 @@ fn target(config: &Config) -> String {
     format!("postgres://{user}{}/{db}", hosts.join(","))
 }
 
-/// A server error by severity, message and SQLSTATE; a client or network
-/// error as it is (those name no row).
+/// A server error by severity, message and SQLSTATE; a client, network or
+/// TLS error with its causes (those name no row and no password).
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!(
@@ -163,7 +191,19 @@ fn describe(e: &tokio_postgres::Error) -> String {
             db.message(),
             db.code().code()
         ),
-        None => e.to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let c_text = c.to_string();
+                // tokio-postgres's Display already ends with some causes.
+                if !text.ends_with(&c_text) {
+                    text = format!("{text}: {c_text}");
+                }
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 
@@ -179,10 +219,11 @@ impl PostgresStore {
     /// reachable: it may be starting next to us) and bring the schema up
     /// to date.
     pub async fn open(url: &str, patience: Duration) -> Result<PostgresStore, StoreError> {
-        let config = parse_url(url)?;
+        let (config, tls) = parse_url(url)?;
         let store = PostgresStore {
             target: target(&config),
             config,
+            tls,
             client: Mutex::new(None),
         };
         let deadline = tokio::time::Instant::now() + patience;
@@ -216,7 +257,11 @@ impl PostgresStore {
     }
 
     async fn connect(&self) -> Result<Client, String> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| describe(&e))?;
+        let (client, connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| describe(&e))?;
         let target = self.target.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -708,34 +753,114 @@ mod tests {
     }
 
     #[test]
-    fn tls_modes_that_need_tls_are_refused_saying_what_works() {
-        for mode in ["require", "verify-ca", "verify-full"] {
-            let url = format!("postgres://u:pw-3e1@db:5432/s?sslmode={mode}");
-            let err = parse_url(&url).unwrap_err().to_string();
-            assert!(
-                err.contains(&format!("sslmode={mode} is not supported")),
-                "{err}"
-            );
-            assert!(err.contains("sslmode=disable"), "{err}");
-            assert!(!err.contains("pw-3e1"), "{err}");
-        }
-        for ok in [
-            "postgres://u:pw@db/s",
-            "postgresql://u:pw@db:5433/s?sslmode=disable",
-            "postgres://u:pw@db/s?sslmode=prefer",
+    fn sslmode_is_read_as_libpq_reads_it() {
+        let mode = |url: &str| parse_url(url).map(|(c, t)| (c.get_ssl_mode(), t.0.is_some()));
+        let base = "postgres://u:pw-3e1@db:5432/s";
+        assert_eq!(
+            mode(base).unwrap(),
+            (SslMode::Prefer, true),
+            "libpq's default"
+        );
+        for (q, want) in [
+            ("sslmode=disable", (SslMode::Disable, false)),
+            ("sslmode=allow", (SslMode::Disable, false)),
+            ("sslmode=prefer", (SslMode::Prefer, true)),
+            (
+                "sslmode=require&application_name=x",
+                (SslMode::Require, true),
+            ),
+            ("sslmode=verify-full", (SslMode::Require, true)),
         ] {
-            let config = parse_url(ok).unwrap();
-            assert_eq!(config.get_ssl_mode(), SslMode::Disable, "{ok}");
+            assert_eq!(mode(&format!("{base}?{q}")).unwrap(), want, "{q}");
+        }
+        for (q, why) in [
+            ("sslmode=verify-ca", "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"),
+            ("sslmode=on", "unknown sslmode=on: use disable, prefer, require or verify-full"),
+            ("sslmode=require&sslrootcert=/ca.pem", "sslrootcert is for sslmode=verify-full"),
+            ("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "sslrootcert /nonexistent/ca.pem"),
+            ("sslmod=x", "sslmod"),
+        ] {
+            let err = parse_url(&format!("{base}?{q}")).unwrap_err().to_string();
+            assert!(err.contains(why), "{q}: {err}");
+            assert!(err.contains("postgres://u:<redacted>@db:5432/s"), "{q}: {err}");
+            assert!(!err.contains("pw-3e1"), "{q}: {err}");
         }
         assert_eq!(
-            target(&parse_url("postgres://u:pw@db:5433/s").unwrap()),
+            target(&parse_url("postgres://u:pw@db:5433/s").unwrap().0),
             "postgres://u@db:5433/s"
         );
-        let err = parse_url("postgres://u:pw-3e1@db/s?sslmod=x")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("sslmod"), "{err}");
-        assert!(!err.contains("pw-3e1"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn tls_encrypts_and_verify_full_checks_the_certificate() {
+        let pg = Postgres::start_tls();
+        pg.create_database(DB);
+        let ca = pg.ca_file();
+        // Whether the store's connection (named by application_name) is
+        // encrypted, as the server sees it.
+        let encrypted = |app: &str| {
+            pg.sql(
+                DB,
+                &format!(
+                    "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                     WHERE a.application_name = '{app}'"
+                ),
+            )
+        };
+        for (app, query) in [
+            ("req", "sslmode=require".to_string()),
+            ("pref", String::new()),
+            (
+                "full",
+                format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+            ),
+        ] {
+            let url = format!("{}?application_name={app}&{query}", pg.url(DB));
+            let store = PostgresStore::open(&url, Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("{app}: {e}"));
+            store.create(&record(app, 1)).await.unwrap();
+            assert_eq!(encrypted(app), "t\n", "{app}");
+        }
+        // By name, too: the certificate names localhost.
+        let by_name = pg.url(DB).replace("127.0.0.1", "localhost");
+        let store = PostgresStore::open(
+            &format!("{by_name}?sslmode=verify-full&sslrootcert={}", ca.display()),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+        assert_eq!(store.list().await.unwrap().len(), 3);
+
+        // The system's roots do not know the test CA.
+        let err = PostgresStore::open(
+            &format!("{}?sslmode=verify-full", pg.url(DB)),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("invalid peer certificate: UnknownIssuer"),
+            "{err}"
+        );
+        assert!(!err.contains(Postgres::PASSWORD), "{err}");
+        // Nor does a CA file that holds another certificate authority.
+        let other = tempfile::tempdir().unwrap();
+        let other_ca = other.path().join("other.pem");
+        std::fs::write(&other_ca, std::fs::read(pg.dir_file("server.crt")).unwrap()).unwrap();
+        let err = PostgresStore::open(
+            &format!(
+                "{}?sslmode=verify-full&sslrootcert={}",
+                pg.url(DB),
+                other_ca.display()
+            ),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("invalid peer certificate"), "{err}");
     }
 
     /// Secret values never reach the database: `StoredParams` drops them.
