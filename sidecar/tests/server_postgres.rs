@@ -93,6 +93,19 @@ async fn servers_sharing_a_database_share_sessions_across_restarts() {
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.json["params"], json!(["billing_token"]));
 
+    // A server starting on a shared store leaves running sessions alone:
+    // their runs may be going on in another server.
+    pg.sql(
+        DB,
+        &format!("UPDATE bindery_sessions SET status = 'running' WHERE id = '{first}'"),
+    );
+    let (c, api_c) = w.start(&[], &[]);
+    let r = api_c
+        .call("GET", &format!("/v1/sessions/{first}"), Some(OWNER), None)
+        .await;
+    assert_eq!(r.json["status"], "running", "{}", r.text);
+    drop(c);
+
     // What the database holds: the plain values, never the secret.
     let dump = pg.dump(DB);
     assert!(dump.contains("globex"), "the dump shows the sessions");
