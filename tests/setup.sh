@@ -23,3 +23,16 @@ tests/helm/install-helm.sh
 
 # The MCP toolbox tests' third-party server (server-everything, from npm).
 tests/mcp/install-mcp-servers.sh
+
+# The Postgres store tests (tests/src/postgres.rs): PostgreSQL 15's server
+# binaries, the `postgres` user they run as when the tests run as root, and
+# openssl for the TLS test's certificates.
+if ! { command -v initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb'; } >/dev/null \
+    || ! command -v openssl >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests/setup.sh: PostgreSQL or openssl is missing; as root: apt-get install postgresql-15 openssl" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 openssl >/dev/null
+fi

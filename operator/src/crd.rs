@@ -119,8 +119,14 @@ pub struct KeyRef {
     pub key: String,
 }
 
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+/// Where sessions are kept: SQLite on an emptyDir (the default), SQLite on
+/// a PersistentVolumeClaim (`pvcSize`), or a PostgreSQL database
+/// (`postgres`) that every replica shares.
+// The fields are all typed, so the exclusivity is a CEL rule (unlike
+// TenantParameter's `value`, which is free-form JSON).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.postgres) || (!has(self.pvcSize) && !has(self.storageClassName))").message("store.postgres keeps sessions in PostgreSQL: give it without pvcSize and storageClassName (they are for the SQLite store)"))]
 pub struct StoreSpec {
     /// Keep the SQLite store on a PersistentVolumeClaim of this size
     /// (e.g. `1Gi`) instead of an emptyDir; needs `replicas: 1`.
@@ -128,6 +134,20 @@ pub struct StoreSpec {
     pub pvc_size: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+    /// Keep sessions in a PostgreSQL database, which any number of
+    /// replicas share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresStoreSpec>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresStoreSpec {
+    /// The Secret key holding the URL,
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` (with `?sslmode=verify-full`
+    /// and the like, as libpq takes them).
+    /// It reaches the pod as `BINDERY_STORE` through a `secretKeyRef`.
+    pub url_secret_ref: KeyRef,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

@@ -611,6 +611,7 @@ fn every_rule_is_tested_above() {
                 "spec.parameters: each parameter may be listed once",
                 "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
                 "spec.parameters[].valueFrom: give exactly one of secretKeyRef or configMapKeyRef",
+                "spec.store: store.postgres keeps sessions in PostgreSQL: give it without pvcSize and storageClassName (they are for the SQLite store)",
             ],
             "{}",
             source.name
@@ -987,4 +988,35 @@ fn the_structural_check_catches_what_it_is_for() {
         "oneOf": [{"required": ["a"]}, {"required": ["b"], "type": "object"}],
     }));
     assert_eq!(junctor.len(), 2, "{junctor:?}");
+}
+
+#[test]
+fn a_postgres_store_excludes_the_sqlite_volume_fields() {
+    let msg = "store.postgres keeps sessions in PostgreSQL: give it without pvcSize and storageClassName (they are for the SQLite store)";
+    let with_store = |store: Value| {
+        let mut t = tenant_with(json!([]));
+        t["spec"]["store"] = store;
+        t
+    };
+    let pg = json!({"urlSecretRef": secret("acme-db", "url")});
+    refused_by_rule(&with_store(json!({"postgres": pg, "pvcSize": "1Gi"})), msg);
+    refused_by_rule(
+        &with_store(json!({"postgres": pg, "storageClassName": "fast"})),
+        msg,
+    );
+    accepted(&with_store(json!({"postgres": pg})));
+    accepted(&with_store(
+        json!({"pvcSize": "1Gi", "storageClassName": "fast"}),
+    ));
+    accepted(&with_store(json!({})));
+    refused_by_schema(
+        &with_store(json!({"postgres": {"urlSecretRef": {"name": "acme-db"}}})),
+        "/spec/store/postgres/urlSecretRef",
+        "required",
+    );
+    refused_by_schema(
+        &with_store(json!({"postgres": {}})),
+        "/spec/store/postgres",
+        "required",
+    );
 }

@@ -156,6 +156,105 @@ fn the_example_tenant_renders_its_objects() {
     );
 }
 
+/// The example tenant with its sessions in PostgreSQL (the URL in the
+/// Secret `acme-db`, key `url`) and three replicas.
+fn postgres_world() -> World {
+    let mut w = World::example();
+    w.tenant.spec.store =
+        Some(from_yaml("{postgres: {urlSecretRef: {name: acme-db, key: url}}}").unwrap());
+    w.tenant.spec.replicas = Some(3);
+    w.secrets.insert("acme-db".into(), obj(&["url"], "900"));
+    w
+}
+
+#[test]
+fn a_postgres_tenant_gets_its_url_from_the_secret_and_keeps_no_files() {
+    let w = postgres_world();
+    let d = w.run();
+    let text = objects_yaml(&d);
+    golden("acme-postgres.yaml", &text);
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    let o = d.objects.as_ref().unwrap();
+    assert!(o.claim.is_none());
+    let spec = o.deployment.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.replicas,
+        Some(3),
+        "a shared store takes any number of replicas"
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    let sidecar = &pod.containers[0];
+    let env = sidecar.env.as_ref().unwrap();
+    let store = env.iter().find(|e| e.name == "BINDERY_STORE").unwrap();
+    assert!(store.value.is_none(), "never a value");
+    let r = store
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!((r.name.as_str(), r.key.as_str()), ("acme-db", "url"));
+    let args = sidecar.args.as_ref().unwrap();
+    assert!(!args.iter().any(|a| a.contains("--store")), "{args:?}");
+    let volumes: Vec<&str> = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert!(!volumes.contains(&"store"), "{volumes:?}");
+    assert!(volumes.contains(&"owner-token"), "{volumes:?}");
+    assert!(bindery_operator::desired::referenced(&w.tenant)
+        .0
+        .contains("acme-db"));
+}
+
+#[test]
+fn a_postgres_store_without_its_secret_is_not_deployed() {
+    for (what, change, message) in [
+        ("missing", None, "the session store (spec.store.postgres.urlSecretRef): Secret `acme-db` does not exist"),
+        ("no key", Some(obj(&["uri"], "901")), "the session store (spec.store.postgres.urlSecretRef): Secret `acme-db` has no key `url` (keys: uri)"),
+    ] {
+        let mut w = postgres_world();
+        match change {
+            Some(o) => w.secrets.insert("acme-db".into(), o),
+            None => w.secrets.remove("acme-db"),
+        };
+        let d = w.run();
+        assert!(d.objects.is_none(), "{what}");
+        let c = cond(&d, "ParametersResolved");
+        assert_eq!(c.status, "False", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(cond(&d, "Ready").message.contains(message), "{what}");
+        assert!(d.warnings.iter().any(|w| w.message.contains(message)), "{what}: {:?}", d.warnings);
+    }
+}
+
+#[test]
+fn pods_roll_when_the_store_secret_changes() {
+    let hash = |w: &World| {
+        w.run()
+            .objects
+            .unwrap()
+            .deployment
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap()["bindery.dev/config-hash"]
+            .clone()
+    };
+    let mut w = postgres_world();
+    let before = hash(&w);
+    w.secrets.insert("acme-db".into(), obj(&["url"], "901"));
+    assert_ne!(before, hash(&w));
+}
+
 #[test]
 fn secrets_travel_as_secret_key_refs_only() {
     let d = World::example().run();

@@ -1323,3 +1323,70 @@ async fn metrics_and_health_are_served() {
         })
         .await;
 }
+
+/// A Postgres store whose URL Secret is missing: not ready, naming the
+/// Secret; once it is created the tenant recovers, and its pods get the URL
+/// only as a `secretKeyRef`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_store_waits_for_its_url_secret() {
+    let cluster = Cluster::start("pgstore").await;
+    cluster.apply_examples();
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    let anchor = "  tools:\n";
+    assert!(tenant.contains(anchor), "examples/k8s/tenant.yaml changed");
+    cluster.apply(&tenant.replacen(
+        anchor,
+        "  replicas: 2\n  store:\n    postgres:\n      urlSecretRef: {name: acme-db, key: url}\n  tools:\n",
+        1,
+    ));
+    let operator = Operator::start(&cluster, "main", &[], &[]);
+    let missing =
+        "the session store (spec.store.postgres.urlSecretRef): Secret `acme-db` does not exist";
+    let t = cluster
+        .wait_tenant("acme", "unresolved: the store Secret is missing", |t| {
+            has(t, "ParametersResolved", "False")
+                && message(t, "ParametersResolved").contains(missing)
+        })
+        .await;
+    assert!(has(&t, "Ready", "False"), "{:?}", t.status);
+    assert!(
+        message(&t, "Ready").contains("Secret `acme-db`"),
+        "{:?}",
+        t.status
+    );
+    cluster
+        .wait_warning("acme", "ParametersUnresolved", missing)
+        .await;
+
+    const PASSWORD: &str = "pg-pw-5e0a1c";
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-db\ntype: Opaque\nstringData:\n  url: postgres://bindery:{PASSWORD}@db:5432/acme\n"
+    ));
+    cluster
+        .wait_tenant("acme", "resolved once the Secret exists", |t| {
+            resolved(t) && ready_false_without_pods(t)
+        })
+        .await;
+    let d: Deployment = cluster.wait_object("acme").await;
+    let spec = d.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    let store = env
+        .iter()
+        .find(|e| e.name == "BINDERY_STORE")
+        .expect("BINDERY_STORE");
+    let r = store
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!((r.name.as_str(), r.key.as_str()), ("acme-db", "url"));
+    let deployment = cluster.kubectl(&["get", "deployment", "acme", "-o", "yaml"]);
+    assert!(!deployment.contains(PASSWORD));
+    let described = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    assert!(!described.contains(PASSWORD));
+    assert!(!operator.log().contains(PASSWORD));
+}

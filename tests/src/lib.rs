@@ -4,4 +4,5 @@ pub mod helm;
 pub mod kube;
 pub mod mcp_client;
 pub mod mock_llm;
+pub mod postgres;
 pub mod sidecar;

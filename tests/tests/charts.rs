@@ -46,6 +46,7 @@ fn renders() -> Vec<Render> {
         Render::new(TENANT, "acme").values("examples/k8s/acme-values.yaml"),
         Render::new(TENANT, "globex").values("examples/k8s/globex-values.yaml"),
         Render::new(TENANT, "initech").values("tests/charts/tenant-inline-agent.yaml"),
+        Render::new(TENANT, "acme").values("tests/charts/tenant-postgres.yaml"),
     ]
 }
 
@@ -423,6 +424,47 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
     assert_eq!(tenant["spec"], json!({"agentRef": {"name": "acme"}}));
     let docs = render_docs(&Render::new(TENANT, "acme").set("nameOverride=acme-eu"));
     assert_eq!(one(&docs, "AgentTenant")["metadata"]["name"], "acme-eu");
+}
+
+#[test]
+fn a_postgres_store_is_a_secret_reference_and_excludes_the_sqlite_fields() {
+    let docs =
+        render_docs(&Render::new(TENANT, "acme").values("tests/charts/tenant-postgres.yaml"));
+    let spec = &one(&docs, "AgentTenant")["spec"];
+    assert_eq!(
+        spec["store"],
+        json!({"postgres": {"urlSecretRef": {"name": "acme-db", "key": "url"}}})
+    );
+    assert_eq!(spec["replicas"], 3);
+
+    for extra in ["store.pvcSize=1Gi", "store.storageClassName=fast"] {
+        let err = Render::new(TENANT, "acme")
+            .values("tests/charts/tenant-postgres.yaml")
+            .set(extra)
+            .template(&[])
+            .unwrap_err();
+        assert!(
+            err.contains("store.postgres keeps sessions in PostgreSQL: give it without store.pvcSize and store.storageClassName"),
+            "{extra}: {err}"
+        );
+    }
+    let no_key = Render::new(TENANT, "acme")
+        .set("store.postgres.urlSecretRef.name=acme-db")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        no_key.contains("at '/store/postgres/urlSecretRef': missing property 'key'"),
+        "{no_key}"
+    );
+    // A URL in the values is not a value the chart takes.
+    let url = Render::new(TENANT, "acme")
+        .set("store.postgres.url=postgres://u:pw@db/x")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        url.contains("additional properties 'url' not allowed"),
+        "{url}"
+    );
 }
 
 /// The restricted Pod Security Standard, on one container and its pod.

@@ -119,10 +119,19 @@ pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) 
     if let Some(r) = &tenant.spec.owner_token_secret_ref {
         secrets.insert(r.name.clone());
     }
+    if let Some(r) = postgres_url(tenant) {
+        secrets.insert(r.name.clone());
+    }
     if let Some(t) = &tenant.spec.tools {
         config_maps.insert(t.config_map_ref.name.clone());
     }
     (secrets, config_maps)
+}
+
+/// The Secret key of a Postgres store's URL, if the tenant has one.
+pub fn postgres_url(tenant: &AgentTenant) -> Option<&KeyRef> {
+    let store = tenant.spec.store.as_ref()?;
+    store.postgres.as_ref().map(|p| &p.url_secret_ref)
 }
 
 pub fn desired(inputs: &Inputs<'_>) -> Desired {
@@ -193,6 +202,13 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             owner.name
         )),
         _ => {}
+    }
+    if let Some(r) = postgres_url(tenant) {
+        if let Err(e) = params::check_key("Secret", r, inputs.secrets) {
+            resolution.problems.push(format!(
+                "the session store (spec.store.postgres.urlSecretRef): {e}"
+            ));
+        }
     }
     for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
         if e.name.starts_with("BINDERY_") {

@@ -87,20 +87,23 @@ fn problem(row: &ParameterRow) -> bool {
     row.source != "per-session"
 }
 
+/// Whether the Secret or ConfigMap key `r` exists; if not, which of the
+/// object or the key is missing (and the keys there are).
+pub fn check_key(kind: &str, r: &KeyRef, objs: &BTreeMap<String, RefObject>) -> Result<(), String> {
+    match objs.get(&r.name) {
+        None => Err(format!("{kind} `{}` does not exist", r.name)),
+        Some(o) if !o.keys.contains(&r.key) => Err(format!(
+            "{kind} `{}` has no key `{}` (keys: {})",
+            r.name,
+            r.key,
+            o.keys.iter().cloned().collect::<Vec<_>>().join(", ")
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 fn supply(p: &TenantParameter, secret: bool, inputs: &Inputs<'_>) -> Result<Supply, String> {
-    let check =
-        |kind: &str, r: &KeyRef, objs: &BTreeMap<String, RefObject>| -> Result<(), String> {
-            match objs.get(&r.name) {
-                None => Err(format!("{kind} `{}` does not exist", r.name)),
-                Some(o) if !o.keys.contains(&r.key) => Err(format!(
-                    "{kind} `{}` has no key `{}` (keys: {})",
-                    r.name,
-                    r.key,
-                    o.keys.iter().cloned().collect::<Vec<_>>().join(", ")
-                )),
-                Some(_) => Ok(()),
-            }
-        };
+    let check = check_key;
     match (&p.value, &p.value_from) {
         (Some(_), _) if secret => Err(
             "a secret parameter cannot take a plain `value` (it would land in a ConfigMap): put it in a Secret and use `valueFrom.secretKeyRef`"

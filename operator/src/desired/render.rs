@@ -164,6 +164,10 @@ pub fn render(
         })
         .collect();
     referenced.push(("secret", owner_ref.name.as_str()));
+    let postgres = super::postgres_url(inputs.tenant);
+    if let Some(r) = postgres {
+        referenced.push(("secret", r.name.as_str()));
+    }
     if let Some(t) = &spec.tools {
         referenced.push(("configmap", t.config_map_ref.name.as_str()));
     }
@@ -180,9 +184,11 @@ pub fn render(
     }
     let config_hash = hex::encode(hash.finalize());
 
+    // A Postgres store keeps no files: no claim, no store volume.
     let claim = spec
         .store
         .as_ref()
+        .filter(|_| postgres.is_none())
         .and_then(|s| s.pvc_size.as_ref())
         .map(|size| PersistentVolumeClaim {
             metadata: meta(store_claim(tenant), inputs, owner),
@@ -246,34 +252,71 @@ pub fn render(
             }),
             ..Default::default()
         },
-        match &claim {
-            Some(c) => Volume {
-                name: "store".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: c.metadata.name.clone().unwrap_or_default(),
-                    read_only: None,
-                }),
-                ..Default::default()
-            },
-            None => Volume {
-                name: "store".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            },
-        },
-        Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        },
     ];
     let mut mounts = vec![
         mount("agents", AGENTS_DIR, true),
         mount("params", PARAMS_DIR, true),
         mount("owner-token", OWNER_DIR, true),
-        mount("store", STORE_DIR, false),
-        mount("tmp", "/tmp", false),
     ];
+    let mut args = vec![
+        "serve".to_string(),
+        "--agents-dir".into(),
+        AGENTS_DIR.into(),
+        "--params-file".into(),
+        format!("{PARAMS_DIR}/{PARAMS_FILE}"),
+        "--listen".into(),
+        format!("0.0.0.0:{PORT}"),
+    ];
+    match postgres {
+        // The URL holds a password: like a secret parameter, it goes from
+        // the Secret to the pod's environment, never through here.
+        Some(r) => env.push(EnvVar {
+            name: "BINDERY_STORE".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        None => {
+            volumes.push(match &claim {
+                Some(c) => Volume {
+                    name: "store".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: c.metadata.name.clone().unwrap_or_default(),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                },
+                None => Volume {
+                    name: "store".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+            });
+            mounts.push(mount("store", STORE_DIR, false));
+            args.extend([
+                "--store".into(),
+                format!("sqlite://{STORE_DIR}/bindery.sqlite"),
+            ]);
+        }
+    }
+    volumes.push(Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+    mounts.push(mount("tmp", "/tmp", false));
+    args.extend([
+        "--owner-token-file".into(),
+        format!("{OWNER_DIR}/{OWNER_FILE}"),
+        "--log-format".into(),
+        "json".into(),
+    ]);
     if let Some(t) = &spec.tools {
         volumes.push(Volume {
             name: "tools".into(),
@@ -306,25 +349,7 @@ pub fn render(
                 .clone()
                 .unwrap_or_else(|| inputs.config.sidecar_image.clone()),
         ),
-        args: Some(
-            [
-                "serve",
-                "--agents-dir",
-                AGENTS_DIR,
-                "--params-file",
-                &format!("{PARAMS_DIR}/{PARAMS_FILE}"),
-                "--listen",
-                &format!("0.0.0.0:{PORT}"),
-                "--store",
-                &format!("sqlite://{STORE_DIR}/bindery.sqlite"),
-                "--owner-token-file",
-                &format!("{OWNER_DIR}/{OWNER_FILE}"),
-                "--log-format",
-                "json",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
+        args: Some(args),
         env: (!env.is_empty()).then_some(env),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),

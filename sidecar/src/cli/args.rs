@@ -75,12 +75,24 @@ pub enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "0.0.0.0:8080")]
         listen: String,
-        /// Where sessions are kept: `sqlite://PATH`.
-        #[arg(long, default_value = "sqlite://data/bindery.sqlite")]
-        store: String,
+        /// Where sessions are kept: `sqlite://PATH` (default
+        /// sqlite://data/bindery.sqlite) or `postgres://USER:PASSWORD@HOST:PORT/DB`,
+        /// a database several servers may share. The URL holds a password:
+        /// prefer the environment to the command line.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "BINDERY_STORE",
+            hide_env_values = true
+        )]
+        store: Option<String>,
+        /// Seconds to keep retrying a Postgres store that is not reachable
+        /// at startup before giving up.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        store_connect_timeout: u64,
         /// A file holding the owner's bearer token. Without it (and without
         /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
-        /// next to the store.
+        /// next to an SQLite store; a Postgres store needs one given.
         #[arg(long, value_name = "FILE")]
         owner_token_file: Option<PathBuf>,
         /// Cache successful tool results for this many seconds (0: no cache).

@@ -19,7 +19,7 @@ use crate::llm::ChatMessage;
 use crate::session::clients::{build_clients, ClientOptions};
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
-use crate::session::store::sqlite::SqliteStore;
+use crate::session::store::{self, Location};
 use crate::tools::CallContext;
 
 fn client_options(m: &ModelArgs) -> ClientOptions {
@@ -121,7 +121,9 @@ pub struct ServeArgs<'a> {
     pub agents: &'a AgentArgs,
     pub model: &'a ModelArgs,
     pub listen: &'a str,
-    pub store: &'a str,
+    /// `--store` / BINDERY_STORE as given (it may hold a password).
+    pub store: Option<&'a str>,
+    pub store_patience: Duration,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stream: bool,
@@ -134,14 +136,18 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     for w in warnings {
         tracing::warn!("{w}");
     }
-    let store =
-        SqliteStore::open(a.store).map_err(|e| format!("error: --store {}: {e}", a.store))?;
-    let owner = owner_token(a.owner_token_file, store.path())?;
+    let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
+    // Before the store: a missing owner token is the quicker thing to fix.
+    let owner = owner_token(a.owner_token_file, &location)?;
+    let store = store::open(&location, a.store_patience)
+        .await
+        .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
+    let shared = store.shared();
     let metrics = Arc::new(Metrics::default());
     let service = Service::new(
         tree.clone(),
         clients,
-        Arc::new(store),
+        store,
         metrics.clone(),
         ServiceConfig {
             max_steps: a.model.max_steps,
@@ -149,10 +155,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
         },
     );
-    let recovered = service
-        .recover()
-        .await
-        .map_err(|e| format!("error: recovering sessions: {e}"))?;
+    // A shared store's running sessions may be running on another server:
+    // only a store of our own says that a run was cut by our restart.
+    let recovered = if shared {
+        0
+    } else {
+        service
+            .recover()
+            .await
+            .map_err(|e| format!("error: recovering sessions: {e}"))?
+    };
     if recovered > 0 {
         tracing::warn!(
             recovered,
@@ -209,8 +221,8 @@ async fn shutdown() {
 }
 
 /// The owner token: from a file, from BINDERY_OWNER_TOKEN, or generated
-/// into `owner-token` beside the store (mode 0600) for local use.
-fn owner_token(file: Option<&Path>, store: &Path) -> Result<OwnerToken, String> {
+/// into `owner-token` beside an SQLite store (mode 0600) for local use.
+fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, String> {
     if let Some(f) = file {
         let t = std::fs::read_to_string(f)
             .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
@@ -227,6 +239,17 @@ fn owner_token(file: Option<&Path>, store: &Path) -> Result<OwnerToken, String> 
             return Ok(OwnerToken::new(&t));
         }
     }
+    let store = match store {
+        Location::Sqlite(path) => path,
+        // Servers sharing a database serve the same sessions: one token
+        // each, generated apart, would lock each other's callers out.
+        Location::Postgres(_) => {
+            return Err(format!(
+                "error: --store {} is a Postgres database, which servers may share: give them one owner token with --owner-token-file or BINDERY_OWNER_TOKEN",
+                store.shown()
+            ))
+        }
+    };
     let path: PathBuf = store.parent().unwrap_or(Path::new(".")).join("owner-token");
     if let Ok(t) = std::fs::read_to_string(&path) {
         if !t.trim().is_empty() {

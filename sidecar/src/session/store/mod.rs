@@ -1,11 +1,21 @@
-//! Where sessions are kept. The embedded SQLite store is the default; the
-//! trait leaves room for a shared (Postgres) store.
+//! Where sessions are kept: the embedded SQLite store by default, or a
+//! PostgreSQL database that several replicas share (`--store postgres://…`).
 
+#[cfg(test)]
+pub mod contract;
+pub mod location;
+pub mod postgres;
+mod postgres_tls;
+mod record;
 pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::model::{EventRecord, SessionRecord};
+pub use location::Location;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -21,10 +31,15 @@ pub enum StoreError {
 
 #[async_trait]
 pub trait SessionStore: Send + Sync {
+    /// Whether other processes may be using the same sessions (so a run
+    /// marked running may be in progress elsewhere).
+    fn shared(&self) -> bool {
+        false
+    }
     /// Store a new session (its `version` as given, usually 1).
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError>;
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
-    /// Every session, newest first.
+    /// Every session, newest first (then by id, in byte order).
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// Replace a session whose stored version is `rec.version - 1`.
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError>;
@@ -39,4 +54,24 @@ pub trait SessionStore: Send + Sync {
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;
+}
+
+/// Open the store at `location`; a Postgres database that is not reachable
+/// yet is retried for up to `patience`.
+pub async fn open(
+    location: &Location,
+    patience: Duration,
+) -> Result<Arc<dyn SessionStore>, StoreError> {
+    Ok(match location {
+        Location::Sqlite(path) => {
+            let path = path.clone();
+            let store = tokio::task::spawn_blocking(move || {
+                sqlite::SqliteStore::open(&path.to_string_lossy())
+            })
+            .await
+            .map_err(|_| StoreError::Backend("opening the SQLite store panicked".into()))??;
+            Arc::new(store)
+        }
+        Location::Postgres(url) => Arc::new(postgres::PostgresStore::open(url, patience).await?),
+    })
 }

@@ -16,8 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
+use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{SessionStore, StoreError};
-use crate::session::model::{EventRecord, SessionRecord, SessionStatus};
+use crate::session::model::{EventRecord, SessionRecord};
 
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited, since databases
@@ -50,9 +51,6 @@ const MIGRATIONS: &[&str] = &[
 
 /// How long a statement waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from";
 
 /// Sessions in a SQLite file.
 pub struct SqliteStore {
@@ -102,6 +100,17 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A record's columns, with its JSON written out before taking the lock.
+    fn encode(&self, rec: &SessionRecord) -> Result<Columns, StoreError> {
+        Columns::encode(rec).map_err(|why| {
+            Op {
+                what: "write a session",
+                path: &self.path,
+            }
+            .fail(why)
+        })
     }
 
     /// Run `f` with the connection on the blocking pool.
@@ -242,120 +251,23 @@ impl Op<'_> {
     fn db(&self, e: rusqlite::Error) -> StoreError {
         self.fail(e)
     }
-
-    /// A stored JSON column that does not decode. serde's message may quote
-    /// the offending value, so only its position is reported.
-    fn corrupt(&self, session: &str, column: &str, e: &serde_json::Error) -> StoreError {
-        self.fail(format_args!(
-            "column {column} of session {session} is not valid ({:?} error at line {}, column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        ))
-    }
 }
 
-/// A record's columns, with its JSON written out before taking the lock.
-struct Encoded {
-    id: String,
-    agent: String,
-    status: &'static str,
-    status_detail: Option<String>,
-    created_at: i64,
-    updated_at: i64,
-    version: i64,
-    turns: String,
-    params: String,
-    security: String,
-    forked_from: Option<String>,
-}
-
-impl Encoded {
-    fn new(rec: &SessionRecord, path: &Path) -> Result<Self, StoreError> {
-        let json = |column: &str, r: serde_json::Result<String>| {
-            r.map_err(|e| {
-                StoreError::Backend(format!(
-                    "could not encode column {column} of session {} for {}: {e}",
-                    rec.id,
-                    path.display()
-                ))
-            })
-        };
-        Ok(Encoded {
-            id: rec.id.clone(),
-            agent: rec.agent.clone(),
-            status: rec.status.as_str(),
-            status_detail: rec.status_detail.clone(),
-            created_at: rec.created_at,
-            updated_at: rec.updated_at,
-            version: rec.version,
-            turns: json("turns", serde_json::to_string(&rec.turns))?,
-            params: json("params", serde_json::to_string(&rec.params))?,
-            security: json("security", serde_json::to_string(&rec.security))?,
-            forked_from: rec.forked_from.clone(),
-        })
-    }
-}
-
-/// A `sessions` row as read, before its JSON is decoded.
-struct RawSession {
-    id: String,
-    agent: String,
-    status: String,
-    status_detail: Option<String>,
-    created_at: i64,
-    updated_at: i64,
-    version: i64,
-    turns: String,
-    params: String,
-    security: String,
-    forked_from: Option<String>,
-}
-
-impl RawSession {
-    /// Matches [`SESSION_COLUMNS`].
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(RawSession {
-            id: row.get(0)?,
-            agent: row.get(1)?,
-            status: row.get(2)?,
-            status_detail: row.get(3)?,
-            created_at: row.get(4)?,
-            updated_at: row.get(5)?,
-            version: row.get(6)?,
-            turns: row.get(7)?,
-            params: row.get(8)?,
-            security: row.get(9)?,
-            forked_from: row.get(10)?,
-        })
-    }
-
-    fn decode(self, op: &Op<'_>) -> Result<SessionRecord, StoreError> {
-        let id = self.id;
-        let status = SessionStatus::parse(&self.status).ok_or_else(|| {
-            op.fail(format_args!(
-                "column status of session {id} holds an unknown status"
-            ))
-        })?;
-        let turns = serde_json::from_str(&self.turns).map_err(|e| op.corrupt(&id, "turns", &e))?;
-        let params =
-            serde_json::from_str(&self.params).map_err(|e| op.corrupt(&id, "params", &e))?;
-        let security =
-            serde_json::from_str(&self.security).map_err(|e| op.corrupt(&id, "security", &e))?;
-        Ok(SessionRecord {
-            id,
-            agent: self.agent,
-            status,
-            status_detail: self.status_detail,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            version: self.version,
-            turns,
-            params,
-            security,
-            forked_from: self.forked_from,
-        })
-    }
+/// A `sessions` row read by SQLite; matches [`SESSION_COLUMNS`].
+fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
+    Ok(Columns {
+        id: row.get(0)?,
+        agent: row.get(1)?,
+        status: row.get(2)?,
+        status_detail: row.get(3)?,
+        created_at: row.get(4)?,
+        updated_at: row.get(5)?,
+        version: row.get(6)?,
+        turns: row.get(7)?,
+        params: row.get(8)?,
+        security: row.get(9)?,
+        forked_from: row.get(10)?,
+    })
 }
 
 fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
@@ -371,7 +283,7 @@ fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        let enc = Encoded::new(rec, &self.path)?;
+        let enc = self.encode(rec)?;
         self.run("create a session", move |conn, op| {
             let inserted = conn.execute(
                 "INSERT INTO sessions (id, agent, status, status_detail, created_at, updated_at,
@@ -407,11 +319,12 @@ impl SessionStore for SqliteStore {
                 .query_row(
                     &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
                     [&id],
-                    RawSession::from_row,
+                    columns,
                 )
                 .optional()
                 .map_err(|e| op.db(e))?;
-            raw.map(|raw| raw.decode(op)).transpose()
+            raw.map(|raw| raw.decode().map_err(|why| op.fail(why)))
+                .transpose()
         })
         .await
     }
@@ -423,17 +336,19 @@ impl SessionStore for SqliteStore {
                     "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, id"
                 ))
                 .map_err(|e| op.db(e))?;
-            let rows = stmt
-                .query_map([], RawSession::from_row)
-                .map_err(|e| op.db(e))?;
-            rows.map(|raw| raw.map_err(|e| op.db(e))?.decode(op))
-                .collect()
+            let rows = stmt.query_map([], columns).map_err(|e| op.db(e))?;
+            rows.map(|raw| {
+                raw.map_err(|e| op.db(e))?
+                    .decode()
+                    .map_err(|why| op.fail(why))
+            })
+            .collect()
         })
         .await
     }
 
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        let enc = Encoded::new(rec, &self.path)?;
+        let enc = self.encode(rec)?;
         self.run("update a session", move |conn, op| {
             // One transaction, so "no row changed" and "does it exist" agree.
             let tx = conn.transaction().map_err(|e| op.db(e))?;
@@ -534,8 +449,7 @@ impl SessionStore for SqliteStore {
                 .map_err(|e| op.db(e))?;
             rows.map(|row| {
                 let (seq, kind, data, at) = row.map_err(|e| op.db(e))?;
-                let data = serde_json::from_str(&data)
-                    .map_err(|e| op.corrupt(&session, &format!("data (event {seq})"), &e))?;
+                let data = decode_event_data(&session, seq, &data).map_err(|why| op.fail(why))?;
                 Ok(EventRecord {
                     seq,
                     kind,
@@ -552,62 +466,20 @@ impl SessionStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{ChatMessage, ToolCall};
     use crate::params::{ParamValue, SecretString, Values};
-    use crate::session::model::{Security, StoredParams};
+    use crate::session::model::StoredParams;
+    use crate::session::store::contract::{full_record, record, store_contract, Fresh};
     use serde_json::json;
 
-    fn record(id: &str, created_at: i64) -> SessionRecord {
-        SessionRecord {
-            id: id.to_owned(),
-            agent: "helper".to_owned(),
-            status: SessionStatus::Idle,
-            status_detail: None,
-            created_at,
-            updated_at: created_at,
-            version: 1,
-            turns: Vec::new(),
-            params: StoredParams::default(),
-            security: Security::default(),
-            forked_from: None,
+    async fn fresh() -> Fresh {
+        let dir = tempfile::tempdir().unwrap();
+        Fresh {
+            store: Arc::new(open_in(&dir)),
+            keep: Box::new(dir),
         }
     }
 
-    /// A record with every field set, including a tool call and its result.
-    fn full_record() -> SessionRecord {
-        let mut values = Values::new();
-        values.insert("tenant".into(), ParamValue::Plain(json!("acme")));
-        values.insert("limits".into(), ParamValue::Plain(json!({"max": 3})));
-        SessionRecord {
-            id: "s-full".to_owned(),
-            agent: "billing".to_owned(),
-            status: SessionStatus::Failed,
-            status_detail: Some("the model endpoint timed out".to_owned()),
-            created_at: 1_700_000_000_000,
-            updated_at: 1_700_000_000_500,
-            version: 1,
-            turns: vec![
-                ChatMessage::system("be brief"),
-                ChatMessage::user("what is in a.txt?"),
-                ChatMessage::Assistant {
-                    content: None,
-                    tool_calls: vec![ToolCall {
-                        id: "call_1".into(),
-                        name: "read_file".into(),
-                        arguments: r#"{"path":"a.txt"}"#.into(),
-                    }],
-                },
-                ChatMessage::tool_result("call_1", "hello"),
-                ChatMessage::assistant("It says hello."),
-            ],
-            params: StoredParams::from_values(&values),
-            security: Security {
-                sealed: true,
-                token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
-            },
-            forked_from: Some("s-parent".to_owned()),
-        }
-    }
+    store_contract!(fresh);
 
     fn open_in(dir: &tempfile::TempDir) -> SqliteStore {
         SqliteStore::open(&format!("sqlite://{}", dir.path().join("s.db").display()))
@@ -624,17 +496,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn create_then_get_returns_the_same_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        let rec = full_record();
-        assert!(!rec.params.is_empty());
-        store.create(&rec).await.unwrap();
-        assert_eq!(store.get("s-full").await.unwrap(), Some(rec));
-        assert_eq!(store.get("nope").await.unwrap(), None);
-    }
-
-    #[tokio::test]
     async fn open_creates_the_directory_and_takes_a_plain_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a/b/sessions.db");
@@ -648,140 +509,6 @@ mod tests {
             assert_eq!(mode & 0o077, 0, "the file is private to its owner");
         }
         assert!(SqliteStore::open("sqlite://").is_err());
-    }
-
-    #[tokio::test]
-    async fn create_refuses_an_existing_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        store.create(&record("s1", 1)).await.unwrap();
-        let mut other = record("s1", 2);
-        other.agent = "other".into();
-        match store.create(&other).await {
-            Err(StoreError::Exists(id)) => assert_eq!(id, "s1"),
-            other => panic!("expected Exists, got {other:?}"),
-        }
-        assert_eq!(store.get("s1").await.unwrap().unwrap().agent, "helper");
-    }
-
-    #[tokio::test]
-    async fn update_needs_the_next_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        let mut rec = record("s1", 1);
-        store.create(&rec).await.unwrap();
-
-        rec.version = 2;
-        rec.status = SessionStatus::Running;
-        rec.turns.push(ChatMessage::user("hi"));
-        store.update(&rec).await.unwrap();
-        assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
-
-        // A writer that loaded version 1 and also writes version 2 loses.
-        let mut stale = rec.clone();
-        stale.status = SessionStatus::Failed;
-        match store.update(&stale).await {
-            Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
-            other => panic!("expected Conflict, got {other:?}"),
-        }
-        // So does one that skips a version.
-        stale.version = 4;
-        assert!(matches!(
-            store.update(&stale).await,
-            Err(StoreError::Conflict(_))
-        ));
-        assert_eq!(store.get("s1").await.unwrap(), Some(rec));
-    }
-
-    #[tokio::test]
-    async fn update_of_an_unknown_session_is_not_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        let mut rec = record("ghost", 1);
-        rec.version = 2;
-        match store.update(&rec).await {
-            Err(StoreError::NotFound(id)) => assert_eq!(id, "ghost"),
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn list_is_newest_first_then_by_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        for (id, at) in [("b", 10), ("c", 30), ("a", 10), ("d", 20)] {
-            store.create(&record(id, at)).await.unwrap();
-        }
-        let ids: Vec<String> = store
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.id)
-            .collect();
-        assert_eq!(ids, ["c", "d", "a", "b"]);
-    }
-
-    #[tokio::test]
-    async fn events_are_numbered_per_session_and_read_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open_in(&dir);
-        store.create(&record("s1", 1)).await.unwrap();
-        store.create(&record("s2", 2)).await.unwrap();
-        for i in 1..=4 {
-            let seq = store
-                .append_event("s1", "message", &json!({"n": i}), 100 + i)
-                .await
-                .unwrap();
-            assert_eq!(seq, i);
-        }
-        assert_eq!(
-            store
-                .append_event("s2", "run_started", &json!(null), 7)
-                .await
-                .unwrap(),
-            1
-        );
-
-        let all = store.events_after("s1", 0).await.unwrap();
-        assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
-        assert_eq!(
-            all[2],
-            EventRecord {
-                seq: 3,
-                kind: "message".into(),
-                data: json!({"n": 3}),
-                at: 103
-            }
-        );
-        let later = store.events_after("s1", 2).await.unwrap();
-        assert_eq!(later.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
-        assert!(store.events_after("s1", 4).await.unwrap().is_empty());
-        assert!(store.events_after("nope", 0).await.unwrap().is_empty());
-
-        match store.append_event("nope", "message", &json!({}), 1).await {
-            Err(StoreError::NotFound(id)) => assert_eq!(id, "nope"),
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn concurrent_appends_get_distinct_seqs() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(open_in(&dir));
-        store.create(&record("s1", 1)).await.unwrap();
-        let tasks: Vec<_> = (0..16)
-            .map(|i| {
-                let store = Arc::clone(&store);
-                tokio::spawn(async move { store.append_event("s1", "message", &json!(i), i).await })
-            })
-            .collect();
-        let mut seqs = Vec::new();
-        for t in tasks {
-            seqs.push(t.await.unwrap().unwrap());
-        }
-        seqs.sort_unstable();
-        assert_eq!(seqs, (1..=16).collect::<Vec<i64>>());
     }
 
     #[tokio::test]

@@ -1,0 +1,231 @@
+//! What every [`SessionStore`] promises, as tests run against each backend:
+//! a backend's tests call [`store_contract!`] with a function that opens a
+//! fresh, empty store.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::{SessionStore, StoreError};
+use crate::llm::{ChatMessage, ToolCall};
+use crate::params::{ParamValue, Values};
+use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
+
+/// A fresh store and whatever must live as long as it (a directory, a
+/// database server).
+pub struct Fresh {
+    pub store: Arc<dyn SessionStore>,
+    pub keep: Box<dyn Send>,
+}
+
+/// One test per promise below, each on its own fresh store from
+/// `$fresh().await` (a function of the calling module).
+macro_rules! store_contract {
+    ($fresh:ident) => {
+        mod contract {
+            use crate::session::store::contract as c;
+            macro_rules! case {
+                ($name:ident) => {
+                    #[tokio::test]
+                    async fn $name() {
+                        let fresh = super::$fresh().await;
+                        c::$name(fresh.store.clone()).await;
+                        drop(fresh.keep);
+                    }
+                };
+            }
+            case!(create_then_get_returns_the_same_record);
+            case!(create_refuses_an_existing_id);
+            case!(update_needs_the_next_version);
+            case!(update_of_an_unknown_session_is_not_found);
+            case!(list_is_newest_first_then_by_id);
+            case!(events_are_numbered_per_session_and_read_in_order);
+            case!(concurrent_appends_get_distinct_seqs);
+        }
+    };
+}
+pub(crate) use store_contract;
+
+pub fn record(id: &str, created_at: i64) -> SessionRecord {
+    SessionRecord {
+        id: id.to_owned(),
+        agent: "helper".to_owned(),
+        status: SessionStatus::Idle,
+        status_detail: None,
+        created_at,
+        updated_at: created_at,
+        version: 1,
+        turns: Vec::new(),
+        params: StoredParams::default(),
+        security: Security::default(),
+        forked_from: None,
+    }
+}
+
+/// A record with every field set, including a tool call and its result.
+pub fn full_record() -> SessionRecord {
+    let mut values = Values::new();
+    values.insert("tenant".into(), ParamValue::Plain(json!("acme")));
+    values.insert("limits".into(), ParamValue::Plain(json!({"max": 3})));
+    SessionRecord {
+        id: "s-full".to_owned(),
+        agent: "billing".to_owned(),
+        status: SessionStatus::Failed,
+        status_detail: Some("the model endpoint timed out".to_owned()),
+        created_at: 1_700_000_000_000,
+        updated_at: 1_700_000_000_500,
+        version: 1,
+        turns: vec![
+            ChatMessage::system("be brief"),
+            ChatMessage::user("what is in a.txt?"),
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"a.txt"}"#.into(),
+                }],
+            },
+            ChatMessage::tool_result("call_1", "hello"),
+            ChatMessage::assistant("It says hello."),
+        ],
+        params: StoredParams::from_values(&values),
+        security: Security {
+            sealed: true,
+            token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
+        },
+        forked_from: Some("s-parent".to_owned()),
+    }
+}
+
+pub async fn create_then_get_returns_the_same_record(store: Arc<dyn SessionStore>) {
+    let rec = full_record();
+    assert!(!rec.params.is_empty());
+    store.create(&rec).await.unwrap();
+    assert_eq!(store.get("s-full").await.unwrap(), Some(rec));
+    assert_eq!(store.get("nope").await.unwrap(), None);
+}
+
+pub async fn create_refuses_an_existing_id(store: Arc<dyn SessionStore>) {
+    store.create(&record("s1", 1)).await.unwrap();
+    let mut other = record("s1", 2);
+    other.agent = "other".into();
+    match store.create(&other).await {
+        Err(StoreError::Exists(id)) => assert_eq!(id, "s1"),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    assert_eq!(store.get("s1").await.unwrap().unwrap().agent, "helper");
+}
+
+pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&rec).await.unwrap();
+
+    rec.version = 2;
+    rec.status = SessionStatus::Running;
+    rec.turns.push(ChatMessage::user("hi"));
+    store.update(&rec).await.unwrap();
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+
+    // A writer that loaded version 1 and also writes version 2 loses.
+    let mut stale = rec.clone();
+    stale.status = SessionStatus::Failed;
+    match store.update(&stale).await {
+        Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    // So does one that skips a version.
+    stale.version = 4;
+    assert!(matches!(
+        store.update(&stale).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+}
+
+pub async fn update_of_an_unknown_session_is_not_found(store: Arc<dyn SessionStore>) {
+    let mut rec = record("ghost", 1);
+    rec.version = 2;
+    match store.update(&rec).await {
+        Err(StoreError::NotFound(id)) => assert_eq!(id, "ghost"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+pub async fn list_is_newest_first_then_by_id(store: Arc<dyn SessionStore>) {
+    for (id, at) in [("b", 10), ("c", 30), ("a", 10), ("d", 20), ("B", 10)] {
+        store.create(&record(id, at)).await.unwrap();
+    }
+    let ids: Vec<String> = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    // Ids in byte order (upper case first), whatever a database's collation.
+    assert_eq!(ids, ["c", "d", "B", "a", "b"]);
+}
+
+pub async fn events_are_numbered_per_session_and_read_in_order(store: Arc<dyn SessionStore>) {
+    store.create(&record("s1", 1)).await.unwrap();
+    store.create(&record("s2", 2)).await.unwrap();
+    for i in 1..=4 {
+        let seq = store
+            .append_event("s1", "message", &json!({"n": i}), 100 + i)
+            .await
+            .unwrap();
+        assert_eq!(seq, i);
+    }
+    assert_eq!(
+        store
+            .append_event("s2", "run_started", &json!(null), 7)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let all = store.events_after("s1", 0).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(
+        all[2],
+        EventRecord {
+            seq: 3,
+            kind: "message".into(),
+            data: json!({"n": 3}),
+            at: 103
+        }
+    );
+    let later = store.events_after("s1", 2).await.unwrap();
+    assert_eq!(later.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+    assert!(store.events_after("s1", 4).await.unwrap().is_empty());
+    assert!(store.events_after("nope", 0).await.unwrap().is_empty());
+
+    match store.append_event("nope", "message", &json!({}), 1).await {
+        Err(StoreError::NotFound(id)) => assert_eq!(id, "nope"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+pub async fn concurrent_appends_get_distinct_seqs(store: Arc<dyn SessionStore>) {
+    store.create(&record("s1", 1)).await.unwrap();
+    assert_distinct_seqs(&[store], "s1", 16).await;
+}
+
+/// `n` appends at once to `session`, spread over `stores` (one store, or
+/// several opened on one database: replicas), number 1..=n.
+pub async fn assert_distinct_seqs(stores: &[Arc<dyn SessionStore>], session: &str, n: i64) {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = Arc::clone(&stores[usize::try_from(i).unwrap() % stores.len()]);
+            let session = session.to_owned();
+            tokio::spawn(async move { store.append_event(&session, "message", &json!(i), i).await })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.push(t.await.unwrap().unwrap());
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=n).collect::<Vec<i64>>());
+}

@@ -1,0 +1,895 @@
+//! The shared session store: PostgreSQL, for several replicas of one tenant.
+//!
+//! Same semantics as the SQLite store (optimistic `version`, per-session
+//! event `seq`, versioned migrations), made safe across processes by the
+//! database: migrations run under a transaction-scoped advisory lock, and
+//! an append locks its session's row while it numbers the event.
+//!
+//! One connection per process, as with SQLite: operations queue on it, so
+//! a transaction never shares it. A lost connection is replaced by the next
+//! operation (the one that saw it fail reports the failure; a write is
+//! never retried blind, since it may have committed).
+//!
+//! The URL holds a password: it is shown only through [`redact`]. Errors
+//! from the server are reported by severity, message and SQLSTATE, never
+//! their DETAIL, which can quote row contents.
+//!
+//! TLS follows libpq's `sslmode` (see `postgres_tls.rs`): `disable`,
+//! `prefer` (the default), `require` and `verify-full` (with `sslrootcert`
+//! or the system's roots); `verify-ca` is refused with a message saying so.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, Row};
+
+use super::location::redact;
+use super::postgres_tls::{client_config, Tls, Verify};
+use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
+use super::{SessionStore, StoreError};
+use crate::session::model::{EventRecord, SessionRecord};
+
+/// The schema, one step per entry; entry `i` brings the database to version
+/// `i + 1`. Append only: a released step is never edited. Tables carry a
+/// `bindery_` prefix since the database may be shared with other software.
+/// JSON columns are TEXT, exactly as in SQLite, so that both stores share
+/// one mapping ([`Columns`]).
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions and their event streams.
+    "CREATE TABLE bindery_sessions (
+        id            TEXT PRIMARY KEY,
+        agent         TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        status_detail TEXT,
+        created_at    BIGINT NOT NULL,
+        updated_at    BIGINT NOT NULL,
+        version       BIGINT NOT NULL,
+        turns         TEXT NOT NULL,
+        params        TEXT NOT NULL,
+        security      TEXT NOT NULL,
+        forked_from   TEXT
+    );
+    CREATE INDEX bindery_sessions_created_at ON bindery_sessions (created_at);
+    CREATE TABLE bindery_events (
+        session_id TEXT NOT NULL REFERENCES bindery_sessions (id) ON DELETE CASCADE,
+        seq        BIGINT NOT NULL,
+        kind       TEXT NOT NULL,
+        data       TEXT NOT NULL,
+        at         BIGINT NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );",
+];
+
+/// The advisory lock that serialises migrations between processes
+/// starting at once ("bindery" in ASCII).
+const MIGRATION_LOCK: i64 = 0x62_69_6e_64_65_72_79;
+
+/// How long one connection attempt may take when the URL does not say
+/// (`connect_timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sessions in a PostgreSQL database.
+pub struct PostgresStore {
+    config: Config,
+    tls: Tls,
+    /// `postgres://user@host:port/db`, for messages (never a password).
+    target: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Read a `postgres://` URL into a connection config and its TLS, by
+/// libpq's `sslmode` (default `prefer`) and `sslrootcert`, which
+/// tokio-postgres does not know in full. Errors show the URL redacted.
+pub fn parse_url(url: &str) -> Result<(Config, Tls), StoreError> {
+    let bad = |why: String| StoreError::Backend(format!("--store {}: {why}", redact(url)));
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut mode = None;
+    let mut root_file = None;
+    let mut rest = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("sslmode", v)) => mode = Some(v),
+            Some(("sslrootcert", v)) => root_file = Some(v.to_owned()),
+            _ => rest.push(kv),
+        }
+    }
+    let (ssl_mode, verify) = match mode.unwrap_or("prefer") {
+        "disable" | "allow" => (SslMode::Disable, None),
+        "prefer" => (SslMode::Prefer, Some(Verify::Nothing)),
+        "require" => (SslMode::Require, Some(Verify::Nothing)),
+        "verify-full" => (SslMode::Require, Some(Verify::Full { root_file: root_file.clone() })),
+        "verify-ca" => {
+            return Err(bad(
+                "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"
+                    .into(),
+            ))
+        }
+        other => {
+            return Err(bad(format!(
+                "unknown sslmode={other}: use disable, prefer, require or verify-full"
+            )))
+        }
+    };
+    if root_file.is_some() && !matches!(verify, Some(Verify::Full { .. })) {
+        return Err(bad(
+            "sslrootcert is for sslmode=verify-full (with require and prefer the certificate is not checked)"
+                .into(),
+        ));
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config = Config::from_str(&url).map_err(|e| bad(e.to_string()))?;
+    config.ssl_mode(ssl_mode);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("bindery-sidecar");
+    }
+    if config.get_hosts().is_empty() {
+        return Err(bad(
+            "no host: give postgres://USER:PASSWORD@HOST:PORT/DB".into()
+        ));
+    }
+    let tls = match verify {
+        Some(v) => Tls(Some(client_config(&v).map_err(bad)?)),
+        None => Tls(None),
+    };
+    Ok((config, tls))
+}
+
+/// `postgres://user@host:port/db`: what a message says it connects to.
+fn target(config: &Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = config
+                .get_ports()
+                .get(i)
+                .or(config.get_ports().first())
+                .copied()
+                .unwrap_or(5432);
+            match h {
+                Host::Tcp(name) => format!("{name}:{port}"),
+                Host::Unix(dir) => format!("{}:{port}", dir.display()),
+            }
+        })
+        .collect();
+    let user = config
+        .get_user()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let db = config.get_dbname().or(config.get_user()).unwrap_or("");
+    format!("postgres://{user}{}/{db}", hosts.join(","))
+}
+
+/// A server error by severity, message and SQLSTATE; a client, network or
+/// TLS error with its causes (those name no row and no password).
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        ),
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let c_text = c.to_string();
+                // tokio-postgres's Display already ends with some causes.
+                if !text.ends_with(&c_text) {
+                    text = format!("{text}: {c_text}");
+                }
+                cause = c.source();
+            }
+            text
+        }
+    }
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl PostgresStore {
+    /// Connect (retrying for up to `patience` while the database is not
+    /// reachable: it may be starting next to us) and bring the schema up
+    /// to date.
+    pub async fn open(url: &str, patience: Duration) -> Result<PostgresStore, StoreError> {
+        let (config, tls) = parse_url(url)?;
+        let store = PostgresStore {
+            target: target(&config),
+            config,
+            tls,
+            client: Mutex::new(None),
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut pause = Duration::from_millis(250);
+        let client = loop {
+            match store.connect().await {
+                Ok(c) => break c,
+                Err(why) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::warn!(store = %store.target, retry_in = ?pause, "the session store is not reachable yet: {why}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(why) => {
+                    return Err(StoreError::Backend(format!(
+                        "cannot connect to the session store {} (tried for {}s): {why}",
+                        store.target,
+                        patience.as_secs()
+                    )))
+                }
+            }
+        };
+        *store.client.lock().await = Some(client);
+        store.migrate().await?;
+        tracing::info!(store = %store.target, "session store ready");
+        Ok(store)
+    }
+
+    /// `postgres://user@host:port/db`, without the password.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    async fn connect(&self) -> Result<Client, String> {
+        let (client, connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| describe(&e))?;
+        let target = self.target.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(store = %target, "the session store connection was lost: {}", describe(&e));
+            }
+        });
+        Ok(client)
+    }
+
+    /// The connection, opened anew if the last one was lost.
+    async fn conn(&self, what: &'static str) -> Result<MappedMutexGuard<'_, Client>, StoreError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            *guard = None;
+            let client = self.connect().await.map_err(|why| self.fail(what, why))?;
+            tracing::info!(store = %self.target, "reconnected to the session store");
+            *guard = Some(client);
+        }
+        Ok(MutexGuard::map(guard, |c| {
+            c.as_mut().expect("connected just above")
+        }))
+    }
+
+    fn fail(&self, what: &str, why: impl fmt::Display) -> StoreError {
+        StoreError::Backend(format!("could not {what} ({}): {why}", self.target))
+    }
+
+    fn db(&self, what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
+        let what = what.to_owned();
+        move |e| self.fail(&what, describe(&e))
+    }
+
+    /// Apply the missing steps of [`MIGRATIONS`] in one transaction, under
+    /// an advisory lock: replicas starting at once take turns, and the
+    /// later ones find the schema current.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let what = "migrate the session store";
+        let db = self.db(what);
+        let mut client = self.conn(what).await?;
+        let tx = client.transaction().await.map_err(&db)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(&db)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS bindery_schema_migrations (
+                 version    BIGINT PRIMARY KEY,
+                 applied_at BIGINT NOT NULL
+             )",
+        )
+        .await
+        .map_err(&db)?;
+        let current: i64 = tx
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM bindery_schema_migrations",
+                &[],
+            )
+            .await
+            .map_err(&db)?
+            .get(0);
+        let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
+        if current > known {
+            return Err(self.fail(
+                what,
+                format_args!("the database was written by a newer Bindery (schema {current}); this binary knows up to {known}"),
+            ));
+        }
+        for (version, step) in (1_i64..)
+            .zip(MIGRATIONS)
+            .skip(usize::try_from(current).unwrap_or(0))
+        {
+            tx.batch_execute(step).await.map_err(&db)?;
+            tx.execute(
+                "INSERT INTO bindery_schema_migrations (version, applied_at) VALUES ($1, $2)",
+                &[&version, &now_millis()],
+            )
+            .await
+            .map_err(&db)?;
+        }
+        tx.commit().await.map_err(&db)
+    }
+}
+
+/// Matches [`SESSION_COLUMNS`].
+fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
+    Ok(Columns {
+        id: row.try_get(0)?,
+        agent: row.try_get(1)?,
+        status: row.try_get(2)?,
+        status_detail: row.try_get(3)?,
+        created_at: row.try_get(4)?,
+        updated_at: row.try_get(5)?,
+        version: row.try_get(6)?,
+        turns: row.try_get(7)?,
+        params: row.try_get(8)?,
+        security: row.try_get(9)?,
+        forked_from: row.try_get(10)?,
+    })
+}
+
+#[async_trait]
+impl SessionStore for PostgresStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        let what = "create a session";
+        let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let client = self.conn(what).await?;
+        let inserted = client
+            .execute(
+                "INSERT INTO bindery_sessions (id, agent, status, status_detail, created_at,
+                     updated_at, version, turns, params, security, forked_from)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                &[
+                    &c.id,
+                    &c.agent,
+                    &c.status,
+                    &c.status_detail,
+                    &c.created_at,
+                    &c.updated_at,
+                    &c.version,
+                    &c.turns,
+                    &c.params,
+                    &c.security,
+                    &c.forked_from,
+                ],
+            )
+            .await;
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                Err(StoreError::Exists(c.id))
+            }
+            Err(e) => Err(self.fail(what, describe(&e))),
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let what = "read a session";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions WHERE id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(&db)?;
+        row.map(|r| {
+            columns(&r)
+                .map_err(&db)?
+                .decode()
+                .map_err(|why| self.fail(what, why))
+        })
+        .transpose()
+    }
+
+    async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        let what = "list sessions";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        // Byte order for ids, as SQLite sorts them, whatever the collation.
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {SESSION_COLUMNS} FROM bindery_sessions
+                     ORDER BY created_at DESC, id COLLATE \"C\""
+                ),
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                columns(r)
+                    .map_err(&db)?
+                    .decode()
+                    .map_err(|why| self.fail(what, why))
+            })
+            .collect()
+    }
+
+    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        let what = "update a session";
+        let db = self.db(what);
+        let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let mut client = self.conn(what).await?;
+        // One transaction, so "no row changed" and "does it exist" agree.
+        // A concurrent writer of the same version waits for ours, then
+        // finds the version moved on and changes nothing.
+        let tx = client.transaction().await.map_err(&db)?;
+        let changed = tx
+            .execute(
+                "UPDATE bindery_sessions
+                 SET agent = $2, status = $3, status_detail = $4, created_at = $5,
+                     updated_at = $6, version = $7, turns = $8, params = $9,
+                     security = $10, forked_from = $11
+                 WHERE id = $1 AND version + 1 = $7",
+                &[
+                    &c.id,
+                    &c.agent,
+                    &c.status,
+                    &c.status_detail,
+                    &c.created_at,
+                    &c.updated_at,
+                    &c.version,
+                    &c.turns,
+                    &c.params,
+                    &c.security,
+                    &c.forked_from,
+                ],
+            )
+            .await
+            .map_err(&db)?;
+        if changed == 0 {
+            let exists = tx
+                .query_opt("SELECT 1 FROM bindery_sessions WHERE id = $1", &[&c.id])
+                .await
+                .map_err(&db)?
+                .is_some();
+            return Err(if exists {
+                StoreError::Conflict(c.id)
+            } else {
+                StoreError::NotFound(c.id)
+            });
+        }
+        tx.commit().await.map_err(&db)
+    }
+
+    async fn append_event(
+        &self,
+        session: &str,
+        kind: &str,
+        data: &serde_json::Value,
+        at: i64,
+    ) -> Result<i64, StoreError> {
+        let what = "append an event";
+        let db = self.db(what);
+        let data = data.to_string();
+        let mut client = self.conn(what).await?;
+        let tx = client.transaction().await.map_err(&db)?;
+        // The session's row lock makes appends to one session take turns,
+        // across processes, so no two read the same MAX(seq).
+        let found = tx
+            .query_opt(
+                "SELECT 1 FROM bindery_sessions WHERE id = $1 FOR UPDATE",
+                &[&session],
+            )
+            .await
+            .map_err(&db)?;
+        if found.is_none() {
+            return Err(StoreError::NotFound(session.to_owned()));
+        }
+        let seq: i64 = tx
+            .query_one(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM bindery_events WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .map_err(&db)?
+            .get(0);
+        tx.execute(
+            "INSERT INTO bindery_events (session_id, seq, kind, data, at) VALUES ($1, $2, $3, $4, $5)",
+            &[&session, &seq, &kind, &data, &at],
+        )
+        .await
+        .map_err(&db)?;
+        tx.commit().await.map_err(&db)?;
+        Ok(seq)
+    }
+
+    async fn events_after(
+        &self,
+        session: &str,
+        after: i64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let what = "read events";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query(
+                "SELECT seq, kind, data, at FROM bindery_events
+                 WHERE session_id = $1 AND seq > $2 ORDER BY seq",
+                &[&session, &after],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                let seq: i64 = r.try_get(0).map_err(&db)?;
+                let data: String = r.try_get(2).map_err(&db)?;
+                Ok(EventRecord {
+                    seq,
+                    kind: r.try_get(1).map_err(&db)?,
+                    data: decode_event_data(session, seq, &data)
+                        .map_err(|why| self.fail(what, why))?,
+                    at: r.try_get(3).map_err(&db)?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bindery_tests::postgres::Postgres;
+    use serde_json::json;
+
+    use super::*;
+    use crate::params::{ParamValue, SecretString, Values};
+    use crate::session::model::StoredParams;
+    use crate::session::store::contract::{
+        assert_distinct_seqs, full_record, record, store_contract, Fresh,
+    };
+
+    const DB: &str = "sessions";
+
+    /// A server with an empty database `sessions`.
+    fn server() -> Postgres {
+        let pg = Postgres::start();
+        pg.create_database(DB);
+        pg
+    }
+
+    async fn open(pg: &Postgres) -> PostgresStore {
+        PostgresStore::open(&pg.url(DB), Duration::ZERO)
+            .await
+            .expect("open the store")
+    }
+
+    async fn fresh() -> Fresh {
+        let pg = server();
+        Fresh {
+            store: Arc::new(open(&pg).await),
+            keep: Box::new(pg),
+        }
+    }
+
+    store_contract!(fresh);
+
+    #[tokio::test]
+    async fn replicas_starting_at_once_migrate_once() {
+        let pg = server();
+        let (a, b, c) = tokio::join!(open(&pg), open(&pg), open(&pg));
+        assert_eq!(
+            pg.sql(
+                DB,
+                "SELECT version FROM bindery_schema_migrations ORDER BY version"
+            ),
+            "1\n"
+        );
+        a.create(&record("s1", 1)).await.unwrap();
+        assert!(b.get("s1").await.unwrap().is_some());
+        assert_eq!(c.list().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn replicas_share_sessions_seqs_and_versions() {
+        let pg = server();
+        let a: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
+        let b: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
+        assert!(a.shared());
+        a.create(&record("s1", 1)).await.unwrap();
+        assert_distinct_seqs(&[a.clone(), b.clone()], "s1", 24).await;
+        assert_eq!(b.events_after("s1", 20).await.unwrap().len(), 4);
+
+        // Both load version 1 and write version 2: exactly one wins.
+        let mut from_a = b.get("s1").await.unwrap().unwrap();
+        let mut from_b = from_a.clone();
+        from_a.version = 2;
+        from_a.agent = "a".into();
+        from_b.version = 2;
+        from_b.agent = "b".into();
+        let (ra, rb) = tokio::join!(a.update(&from_a), b.update(&from_b));
+        let won = match (ra, rb) {
+            (Ok(()), Err(StoreError::Conflict(_))) => "a",
+            (Err(StoreError::Conflict(_)), Ok(())) => "b",
+            other => panic!("expected one update and one Conflict, got {other:?}"),
+        };
+        assert_eq!(a.get("s1").await.unwrap().unwrap().agent, won);
+    }
+
+    #[tokio::test]
+    async fn data_survives_close_and_reopen() {
+        let pg = server();
+        let rec = full_record();
+        {
+            let store = open(&pg).await;
+            store.create(&rec).await.unwrap();
+            store
+                .append_event(&rec.id, "run_started", &json!({"run": 1}), 5)
+                .await
+                .unwrap();
+        }
+        let store = open(&pg).await;
+        assert_eq!(store.get(&rec.id).await.unwrap(), Some(rec.clone()));
+        assert_eq!(
+            store
+                .append_event(&rec.id, "run_finished", &json!({}), 6)
+                .await
+                .unwrap(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_is_replaced_by_the_next_operation() {
+        let pg = server();
+        let store = open(&pg).await;
+        store.create(&record("s1", 1)).await.unwrap();
+        let killed = pg.sql(
+            DB,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = 'sessions' AND pid <> pg_backend_pid()",
+        );
+        assert_eq!(killed, "1\n");
+        // The operation that finds the connection gone may fail; the next
+        // one reconnects.
+        let first = store.get("s1").await;
+        if let Err(e) = &first {
+            assert!(e.to_string().contains("127.0.0.1"), "{e}");
+        }
+        let rec = match first {
+            Ok(r) => r,
+            Err(_) => store.get("s1").await.expect("reconnected"),
+        };
+        assert!(rec.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let pg = server();
+        drop(open(&pg).await);
+        pg.sql(
+            DB,
+            "INSERT INTO bindery_schema_migrations (version, applied_at) VALUES (99, 0)",
+        );
+        let err = PostgresStore::open(&pg.url(DB), Duration::ZERO)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "written by a newer Bindery (schema 99); this binary knows up to {}",
+                MIGRATIONS.len()
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("127.0.0.1:{}/{DB}", pg.port)),
+            "{err}"
+        );
+        assert!(!err.contains(Postgres::PASSWORD), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_password_or_no_server_names_the_target_not_the_password() {
+        let pg = server();
+        let wrong = pg.url(DB).replace(Postgres::PASSWORD, "wrong-pass-1d9");
+        let err = PostgresStore::open(&wrong, Duration::ZERO)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("password authentication failed"), "{err}");
+        assert!(
+            err.contains(&format!("bindery@127.0.0.1:{}/{DB}", pg.port)),
+            "{err}"
+        );
+        assert!(!err.contains("wrong-pass-1d9"), "{err}");
+
+        // Nothing listens on the port once the server is gone.
+        let url = pg.url(DB);
+        let port = pg.port;
+        drop(pg);
+        let err = PostgresStore::open(&url, Duration::ZERO)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "cannot connect to the session store postgres://bindery@127.0.0.1:{port}/{DB}"
+            )),
+            "{err}"
+        );
+        assert!(!err.contains(Postgres::PASSWORD), "{err}");
+    }
+
+    #[test]
+    fn sslmode_is_read_as_libpq_reads_it() {
+        let mode = |url: &str| parse_url(url).map(|(c, t)| (c.get_ssl_mode(), t.0.is_some()));
+        let base = "postgres://u:pw-3e1@db:5432/s";
+        assert_eq!(
+            mode(base).unwrap(),
+            (SslMode::Prefer, true),
+            "libpq's default"
+        );
+        for (q, want) in [
+            ("sslmode=disable", (SslMode::Disable, false)),
+            ("sslmode=allow", (SslMode::Disable, false)),
+            ("sslmode=prefer", (SslMode::Prefer, true)),
+            (
+                "sslmode=require&application_name=x",
+                (SslMode::Require, true),
+            ),
+            ("sslmode=verify-full", (SslMode::Require, true)),
+        ] {
+            assert_eq!(mode(&format!("{base}?{q}")).unwrap(), want, "{q}");
+        }
+        for (q, why) in [
+            ("sslmode=verify-ca", "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"),
+            ("sslmode=on", "unknown sslmode=on: use disable, prefer, require or verify-full"),
+            ("sslmode=require&sslrootcert=/ca.pem", "sslrootcert is for sslmode=verify-full"),
+            ("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "sslrootcert /nonexistent/ca.pem"),
+            ("sslmod=x", "sslmod"),
+        ] {
+            let err = parse_url(&format!("{base}?{q}")).unwrap_err().to_string();
+            assert!(err.contains(why), "{q}: {err}");
+            assert!(err.contains("postgres://u:<redacted>@db:5432/s"), "{q}: {err}");
+            assert!(!err.contains("pw-3e1"), "{q}: {err}");
+        }
+        assert_eq!(
+            target(&parse_url("postgres://u:pw@db:5433/s").unwrap().0),
+            "postgres://u@db:5433/s"
+        );
+    }
+
+    #[tokio::test]
+    async fn tls_encrypts_and_verify_full_checks_the_certificate() {
+        let pg = Postgres::start_tls();
+        pg.create_database(DB);
+        let ca = pg.ca_file();
+        // Whether the store's connection (named by application_name) is
+        // encrypted, as the server sees it.
+        let encrypted = |app: &str| {
+            pg.sql(
+                DB,
+                &format!(
+                    "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                     WHERE a.application_name = '{app}'"
+                ),
+            )
+        };
+        for (app, query) in [
+            ("req", "sslmode=require".to_string()),
+            ("pref", String::new()),
+            (
+                "full",
+                format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+            ),
+        ] {
+            let url = format!("{}?application_name={app}&{query}", pg.url(DB));
+            let store = PostgresStore::open(&url, Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("{app}: {e}"));
+            store.create(&record(app, 1)).await.unwrap();
+            assert_eq!(encrypted(app), "t\n", "{app}");
+        }
+        // By name, too: the certificate names localhost.
+        let by_name = pg.url(DB).replace("127.0.0.1", "localhost");
+        let store = PostgresStore::open(
+            &format!("{by_name}?sslmode=verify-full&sslrootcert={}", ca.display()),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+        assert_eq!(store.list().await.unwrap().len(), 3);
+
+        // The system's roots do not know the test CA.
+        let err = PostgresStore::open(
+            &format!("{}?sslmode=verify-full", pg.url(DB)),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("invalid peer certificate: UnknownIssuer"),
+            "{err}"
+        );
+        assert!(!err.contains(Postgres::PASSWORD), "{err}");
+        // Nor does a CA file that holds another certificate authority.
+        let other = tempfile::tempdir().unwrap();
+        let other_ca = other.path().join("other.pem");
+        std::fs::write(&other_ca, std::fs::read(pg.dir_file("server.crt")).unwrap()).unwrap();
+        let err = PostgresStore::open(
+            &format!(
+                "{}?sslmode=verify-full&sslrootcert={}",
+                pg.url(DB),
+                other_ca.display()
+            ),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("invalid peer certificate"), "{err}");
+    }
+
+    /// Secret values never reach the database: `StoredParams` drops them.
+    #[tokio::test]
+    async fn a_secret_value_leaves_no_trace_in_the_database() {
+        const CANARY: &str = "canary-7f3a9c";
+        const PLAIN: &str = "plain-5b2e1d";
+        let pg = server();
+        let store = open(&pg).await;
+        let mut values = Values::new();
+        values.insert(
+            "billing_token".into(),
+            ParamValue::Secret(SecretString::new(CANARY)),
+        );
+        values.insert("tenant".into(), ParamValue::Plain(json!(PLAIN)));
+        let mut rec = full_record();
+        rec.params = StoredParams::from_values(&values);
+        store.create(&rec).await.unwrap();
+        rec.version = 2;
+        store.update(&rec).await.unwrap();
+        store
+            .append_event(&rec.id, "run_started", &json!({"params": rec.params}), 1)
+            .await
+            .unwrap();
+        let dump = pg.dump(DB);
+        assert!(dump.contains(PLAIN), "the dump shows plain values");
+        assert!(
+            !dump.contains(CANARY),
+            "a secret value reached the database"
+        );
+    }
+}
