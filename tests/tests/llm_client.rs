@@ -96,15 +96,18 @@ async fn a_held_reply_waits_for_its_gate() {
     let held = gate.clone();
     let llm = MockLlm::start(move |_| MockReply::text("let go").held(&held)).await;
     let c = client(&llm);
-    let mut pending = Box::pin(c.complete(&ask("hold on")));
-    // The request arrives and stays unanswered until the gate opens.
-    loop {
+    let request = ask("hold on");
+    let mut pending = Box::pin(c.complete(&request));
+    // The request arrives and stays unanswered until the gate opens: the
+    // client is still waiting a round after the mock has it.
+    let mut rounds_since_arrival = 0;
+    while rounds_since_arrival < 2 {
         tokio::select! {
             r = &mut pending => panic!("answered before the gate opened: {r:?}"),
             _ = tokio::time::sleep(Duration::from_millis(10)) => {}
         }
         if llm.request_count() == 1 {
-            break;
+            rounds_since_arrival += 1;
         }
     }
     gate.open();
