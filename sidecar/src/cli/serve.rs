@@ -167,7 +167,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         .map_err(|e| format!("error: recording this server's heartbeat: {e}"))?;
     tracing::info!(
         instance = service.instance(),
-        "runs on this server are recorded as this instance's"
+        "this server's instance id, as its runs record it"
     );
     let recovered = service
         .sweep()

@@ -36,6 +36,7 @@ pub struct ServiceConfig {
     pub stream: bool,
     /// Cache successful tool results this long (`None`: no cache).
     pub tool_cache_ttl: Option<Duration>,
+    /// How often this server beats, and how long a beat vouches for its runs.
     pub lease: LeaseConfig,
 }
 
@@ -838,7 +839,8 @@ impl Service {
     pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await; // the first tick is now: serve beat at startup
+        // The first tick completes at once, and serve has just beaten.
+        tick.tick().await;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
