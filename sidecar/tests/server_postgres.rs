@@ -6,10 +6,13 @@
 mod common;
 
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use bindery_tests::mock_llm::{last_message, Gate, MockReply};
 use bindery_tests::postgres::Postgres;
+use bindery_tests::sidecar::Api;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const DB: &str = "tenant_acme";
 
@@ -18,6 +21,290 @@ fn session_id(r: &bindery_tests::sidecar::Reply) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("{}", r.text))
         .to_string()
+}
+
+/// How long a test waits for a condition before it fails.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The `run_finished` events of session `id`, replayed from the start, once
+/// there are `n` (the data of each, in order).
+async fn run_ends(api: &Api, id: &str, n: usize) -> Vec<Value> {
+    let (status, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let mut ends = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while ends.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let seen = stream.until("run_finished", left).await;
+        match seen.last() {
+            Some(e) if e.event == "run_finished" => {
+                ends.push(serde_json::from_str(&e.data).unwrap());
+            }
+            _ => panic!(
+                "{} of {n} run_finished events after {PATIENCE:?}: {ends:?}",
+                ends.len()
+            ),
+        }
+    }
+    ends
+}
+
+/// Poll `GET /v1/sessions/{id}` on `api` until `done` holds of it.
+async fn session_until(api: &Api, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        if done(&r.json) {
+            return r.json;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session {id} not {what} after {PATIENCE:?}: {}",
+            r.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Poll the database until `done` holds of the answer to `query`.
+async fn db_until(pg: &Postgres, query: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let out = pg.sql(DB, query);
+        if done(&out) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {what} after {PATIENCE:?}: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A model that holds the prompt "hold" until `gate` opens, then answers
+/// "released"; every other prompt gets "fresh".
+fn held_by(gate: &Gate) -> impl Fn(&Value) -> MockReply + Send + Sync + 'static {
+    let gate = gate.clone();
+    move |req| match last_message(req)["content"].as_str() {
+        Some("hold") => MockReply::text("released").held(&gate),
+        _ => MockReply::text("fresh"),
+    }
+}
+
+/// Short heartbeats, so that a lease passes within a test.
+const QUICK: [&str; 4] = ["--runner-heartbeat", "200ms", "--runner-lease", "1s"];
+
+/// A session created on `api` whose run is held by the model (it has the
+/// request: the run is in flight).
+async fn held_run(w: &World, api: &Api) -> String {
+    let r = create(
+        api,
+        json!({"agent": "invoices", "prompt": "hold", "params": valid_params()}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "running", "{}", r.text);
+    let deadline = Instant::now() + PATIENCE;
+    while w.mock.request_count() == 0 {
+        assert!(Instant::now() < deadline, "the model never got the request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    session_id(&r)
+}
+
+/// The instance ids in the heartbeat table, sorted.
+fn instances(pg: &Postgres) -> Vec<String> {
+    let mut v: Vec<String> = pg
+        .sql(DB, "SELECT instance FROM bindery_runners")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    v.sort();
+    v
+}
+
+/// A server killed mid-run: another server on the database closes the run
+/// as failed once the lease has passed, and the session takes messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_by_a_crash_is_closed_by_another_server_after_the_lease() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (mut a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    a.kill();
+
+    let (b, api_b) = w.start(&QUICK, &[]);
+    let s = session_until(&api_b, &id, "failed", |s| s["status"] != "running").await;
+    assert_eq!(s["status"], "failed", "{s}");
+    assert_eq!(
+        s["status_detail"],
+        "interrupted: the server running it stopped"
+    );
+    assert_eq!(s["session"]["turns"].as_array().unwrap().len(), 1, "{s}");
+    assert_eq!(w.mock.request_count(), 1, "nothing retried");
+
+    // The session goes on, on B (the secret went with A).
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "again", "params": {"billing_token": "t-2"}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "fresh", "{}", r.text);
+    // Closed once, though B swept it every 200ms.
+    let ends = run_ends(&api_b, &id, 2).await;
+    assert_eq!(
+        ends[0]["detail"],
+        "interrupted: the server running it stopped"
+    );
+    assert_eq!(ends[1]["status"], "completed");
+    assert!(b
+        .logs()
+        .contains("interrupted: the server running it stopped"));
+    gate.open();
+}
+
+/// A server frozen mid-run (its heartbeat lapses) whose run another
+/// server closed: when it wakes and the model answers, it finds the run no
+/// longer its own, stops it and writes nothing, and keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    a.signal("STOP");
+    let (_b, api_b) = w.start(&QUICK, &[]);
+    let closed = session_until(&api_b, &id, "failed", |s| s["status"] != "running").await;
+    assert_eq!(
+        closed["status_detail"],
+        "interrupted: the server running it stopped"
+    );
+
+    a.signal("CONT");
+    gate.open();
+    let deadline = Instant::now() + PATIENCE;
+    while !a
+        .logs()
+        .contains("run stopped: another server closed it as lost")
+    {
+        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = api_a
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(r.status, 200, "A still serves: {}", r.text);
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    assert_eq!(r.json["status_detail"], closed["status_detail"]);
+    assert_eq!(
+        r.json["session"]["turns"], closed["session"]["turns"],
+        "A wrote nothing"
+    );
+    let ends = run_ends(&api_a, &id, 1).await;
+    assert_eq!(ends[0]["status"], "failed", "only B's end: {ends:?}");
+    // The session takes messages (on A too, which has the secret).
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "again"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let ends = run_ends(&api_a, &id, 2).await;
+    assert_eq!(ends[1]["status"], "completed", "{ends:?}");
+}
+
+/// While the server running a run beats, another server leaves the run
+/// alone (well past the lease), refuses messages to its session, and sees
+/// the run end normally; a server that stops leaves no heartbeat behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_a_live_server_is_left_alone_by_another() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (mut a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    let a_only = instances(&pg);
+    assert_eq!(a_only.len(), 1, "{a_only:?}");
+    let (mut b, api_b) = w.start(&QUICK, &[]);
+    let both = instances(&pg);
+    assert_eq!(both.len(), 2, "{both:?}");
+    let b_id = both.iter().find(|i| !a_only.contains(i)).unwrap().clone();
+
+    // Until B has beaten (and so swept) with a clock more than two leases
+    // past the run's start.
+    let started: i64 = pg
+        .sql(
+            DB,
+            &format!("SELECT updated_at FROM bindery_sessions WHERE id = '{id}'"),
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let beat_of_b = format!("SELECT heartbeat_at FROM bindery_runners WHERE instance = '{b_id}'");
+    let late = db_until(&pg, &beat_of_b, "past two leases", |out| {
+        out.trim()
+            .parse::<i64>()
+            .is_ok_and(|at| at > started + 2_000)
+    })
+    .await;
+    db_until(&pg, &beat_of_b, "beaten once more", |out| out != late).await;
+
+    let r = api_b
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(r.json["status"], "running", "{}", r.text);
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "me too"})),
+        )
+        .await;
+    assert_eq!(error_of(&r).1, "run_in_progress", "{}", r.text);
+
+    gate.open();
+    let s = session_until(&api_b, &id, "idle", |s| s["status"] != "running").await;
+    assert_eq!(s["status"], "idle", "{s}");
+    assert_eq!(s["status_detail"], Value::Null, "{s}");
+    let turns = s["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "released", "{s}");
+    let ends = run_ends(&api_b, &id, 1).await;
+    assert_eq!(ends[0]["status"], "completed", "{ends:?}");
+
+    // A graceful stop removes the server's heartbeat.
+    for s in [&mut a, &mut b] {
+        assert!(s.stop().is_some_and(|st| st.success()));
+    }
+    assert!(instances(&pg).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,17 +380,58 @@ async fn servers_sharing_a_database_share_sessions_across_restarts() {
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.json["params"], json!(["billing_token"]));
 
-    // A server starting on a shared store leaves running sessions alone:
-    // their runs may be going on in another server.
+    // A run recorded without its server (as by a version before runner
+    // leases) and silent for longer than the lease is closed by a server
+    // starting.
     pg.sql(
         DB,
-        &format!("UPDATE bindery_sessions SET status = 'running' WHERE id = '{first}'"),
+        &format!(
+            "UPDATE bindery_sessions SET status = 'running', updated_at = 0 WHERE id = '{first}'"
+        ),
     );
-    let (c, api_c) = w.start(&[], &[]);
+    // No periodic sweep within this test: only startup and requests act.
+    let slow_beat = ["--runner-heartbeat", "1h", "--runner-lease", "2h"];
+    let (c, api_c) = w.start(&slow_beat, &[]);
     let r = api_c
         .call("GET", &format!("/v1/sessions/{first}"), Some(OWNER), None)
         .await;
-    assert_eq!(r.json["status"], "running", "{}", r.text);
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    assert_eq!(
+        r.json["status_detail"], "interrupted: the server running it stopped",
+        "{}",
+        r.text
+    );
+    // A run whose server left no heartbeat is closed by the first message
+    // that finds it, which then runs.
+    pg.sql(
+        DB,
+        &format!("UPDATE bindery_sessions SET status = 'running', runner = 'gone-4e1a' WHERE id = '{first}'"),
+    );
+    let r = api_c
+        .call(
+            "POST",
+            &format!("/v1/sessions/{first}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "still overdue?", "params": {"billing_token": "t-2"}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    // Runs: the first, closed at C's start, closed by the message, the
+    // message's own.
+    let ends = run_ends(&api_c, &first, 4).await;
+    let statuses: Vec<&Value> = ends.iter().map(|e| &e["status"]).collect();
+    assert_eq!(
+        statuses,
+        ["completed", "failed", "failed", "completed"],
+        "{ends:?}"
+    );
+    for closed in &ends[1..3] {
+        assert_eq!(
+            closed["detail"],
+            "interrupted: the server running it stopped"
+        );
+    }
     drop(c);
 
     // What the database holds: the plain values, never the secret.

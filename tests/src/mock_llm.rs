@@ -3,7 +3,8 @@
 //! [`MockLlm`] serves `POST /v1/chat/completions` on a loopback port chosen
 //! at runtime. Each request is recorded, then answered with the
 //! [`MockReply`] a script picks for it: text, tool calls, an HTTP error, a
-//! malformed body, or any of these after a delay. A request with
+//! malformed body, or any of these after a delay or once the test opens a
+//! [`Gate`] (a run held in flight for as long as the test needs). A request with
 //! `"stream": true` is answered as an OpenAI-style event stream, cut into
 //! small, odd-sized pieces so that a client's incremental parser is
 //! exercised.
@@ -66,6 +67,43 @@ pub enum MockReply {
     Raw(String),
     /// Wait, then answer with the inner reply.
     Delay(Duration, Box<MockReply>),
+    /// Hold the request until the gate is opened, then answer with the
+    /// inner reply (at once if it is open already).
+    Held(Gate, Box<MockReply>),
+}
+
+/// A latch that holds [`MockReply::Held`] replies until the test opens it;
+/// clones share it.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Gate {
+        Gate(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+
+    /// Let every reply held by this gate go, now and from now on.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn opened(&self) {
+        let mut open = self.0.subscribe();
+        let _ = open.wait_for(|o| *o).await;
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate::new()
+    }
+}
+
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl MockReply {
@@ -91,6 +129,11 @@ impl MockReply {
     /// This reply, after `delay`.
     pub fn delayed(self, delay: Duration) -> Self {
         MockReply::Delay(delay, Box::new(self))
+    }
+
+    /// This reply, once `gate` is open.
+    pub fn held(self, gate: &Gate) -> Self {
+        MockReply::Held(gate.clone(), Box::new(self))
     }
 }
 
@@ -324,10 +367,19 @@ async fn chat_completions(
         json: json.clone(),
     });
     let mut reply = (shared.script)(&json);
-    while let MockReply::Delay(delay, inner) = reply {
-        tokio::time::sleep(delay).await;
-        reply = *inner;
-    }
+    let reply = loop {
+        reply = match reply {
+            MockReply::Delay(delay, inner) => {
+                tokio::time::sleep(delay).await;
+                *inner
+            }
+            MockReply::Held(gate, inner) => {
+                gate.opened().await;
+                *inner
+            }
+            other => break other,
+        };
+    };
     let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
     match reply {
         MockReply::Status {
@@ -373,7 +425,9 @@ async fn chat_completions(
                 .collect();
             answer(&shared, &json, stream, None, calls)
         }
-        MockReply::Delay(..) => unreachable!("delays are unwrapped above"),
+        MockReply::Delay(..) | MockReply::Held(..) => {
+            unreachable!("delays and gates are unwrapped above")
+        }
     }
 }
 

@@ -94,6 +94,17 @@ impl Sidecar {
         let _ = self.child.wait();
     }
 
+    /// Send `signal` (`STOP`, `CONT`, …) to the process: `STOP` freezes
+    /// it as a stalled node would, heartbeats and all.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// SIGTERM and wait for a graceful exit.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let pid = self.child.id().to_string();

@@ -6,7 +6,7 @@ use bindery_sidecar::llm::{
     ChatClient, ChatMessage, ChatRequest, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
 };
 use bindery_sidecar::params::SecretString;
-use bindery_tests::mock_llm::{last_message, tool_names, tool_schema, MockLlm, MockReply};
+use bindery_tests::mock_llm::{last_message, tool_names, tool_schema, Gate, MockLlm, MockReply};
 use serde_json::json;
 
 const KEY: &str = "sk-test-canary-7f3a9c";
@@ -87,6 +87,35 @@ async fn plain_answer() {
     let response = client(&llm).complete(&ask("again")).await.unwrap();
     assert_eq!(response.content.as_deref(), Some("done"));
     assert_eq!(llm.request_count(), 2);
+    llm.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_held_reply_waits_for_its_gate() {
+    let gate = Gate::new();
+    let held = gate.clone();
+    let llm = MockLlm::start(move |_| MockReply::text("let go").held(&held)).await;
+    let c = client(&llm);
+    let request = ask("hold on");
+    let mut pending = Box::pin(c.complete(&request));
+    // The request arrives and stays unanswered until the gate opens: the
+    // client is still waiting a round after the mock has it.
+    let mut rounds_since_arrival = 0;
+    while rounds_since_arrival < 2 {
+        tokio::select! {
+            r = &mut pending => panic!("answered before the gate opened: {r:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        if llm.request_count() == 1 {
+            rounds_since_arrival += 1;
+        }
+    }
+    gate.open();
+    let response = pending.await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("let go"));
+    // An open gate holds nothing.
+    let response = c.complete(&ask("again")).await.unwrap();
+    assert_eq!(response.content.as_deref(), Some("let go"));
     llm.shutdown().await;
 }
 

@@ -101,6 +101,15 @@ pub enum Command {
         /// Do not ask the model for streamed replies.
         #[arg(long)]
         no_stream: bool,
+        /// How often this server records its heartbeat in the store.
+        #[arg(long, hide = true, value_name = "DURATION", default_value = "10s",
+              value_parser = humantime::parse_duration)]
+        runner_heartbeat: std::time::Duration,
+        /// How long a heartbeat vouches for the server's runs: a run whose
+        /// server has not beaten for this long is lost, and marked failed.
+        #[arg(long, hide = true, value_name = "DURATION", default_value = "30s",
+              value_parser = humantime::parse_duration)]
+        runner_lease: std::time::Duration,
     },
 }
 

@@ -99,6 +99,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             owner_token_file,
             tool_cache_ttl,
             no_stream,
+            runner_heartbeat,
+            runner_lease,
         } => {
             super::serve::serve(super::serve::ServeArgs {
                 agents: &agents,
@@ -109,6 +111,10 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
                 stream: !no_stream,
+                lease: crate::session::lease::LeaseConfig {
+                    heartbeat: runner_heartbeat,
+                    lease: runner_lease,
+                },
             })
             .await
         }

@@ -17,6 +17,7 @@ use crate::api::metrics::Metrics;
 use crate::api::server::{router, AppState};
 use crate::llm::ChatMessage;
 use crate::session::clients::{build_clients, ClientOptions};
+use crate::session::lease::LeaseConfig;
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
 use crate::session::store::{self, Location};
@@ -127,6 +128,7 @@ pub struct ServeArgs<'a> {
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stream: bool,
+    pub lease: LeaseConfig,
 }
 
 pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
@@ -136,13 +138,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     for w in warnings {
         tracing::warn!("{w}");
     }
+    a.lease.check().map_err(|e| format!("error: {e}"))?;
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
     // Before the store: a missing owner token is the quicker thing to fix.
     let owner = owner_token(a.owner_token_file, &location)?;
     let store = store::open(&location, a.store_patience)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
-    let shared = store.shared();
     let metrics = Arc::new(Metrics::default());
     let service = Service::new(
         tree.clone(),
@@ -153,26 +155,34 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             max_steps: a.model.max_steps,
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
+            lease: a.lease,
         },
     );
-    // A shared store's running sessions may be running on another server:
-    // only a store of our own says that a run was cut by our restart.
-    let recovered = if shared {
-        0
-    } else {
-        service
-            .recover()
-            .await
-            .map_err(|e| format!("error: recovering sessions: {e}"))?
-    };
+    // Beat before the first run can start, then close the runs no live
+    // server vouches for (all of them on a store of our own: the last
+    // process's); from then on, beat and sweep in the background.
+    service
+        .beat()
+        .await
+        .map_err(|e| format!("error: recording this server's heartbeat: {e}"))?;
+    tracing::info!(
+        instance = service.instance(),
+        "this server's instance id, as its runs record it"
+    );
+    let recovered = service
+        .sweep()
+        .await
+        .map_err(|e| format!("error: recovering sessions: {e}"))?;
     if recovered > 0 {
         tracing::warn!(
             recovered,
-            "runs interrupted by the last shutdown were marked failed"
+            "runs whose server stopped (or the last process's) were marked failed"
         );
     }
+    let stop_beating = CancellationToken::new();
+    let beating = tokio::spawn(service.clone().keep_alive(stop_beating.clone()));
     let state = Arc::new(AppState {
-        service,
+        service: service.clone(),
         owner,
         metrics,
         ready: AtomicBool::new(false),
@@ -194,10 +204,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    axum::serve(listener, router(state))
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown())
-        .await
-        .map_err(|e| format!("error: the server stopped: {e}"))?;
+        .await;
+    // Gone from the heartbeats: other servers take our runs at once.
+    stop_beating.cancel();
+    let _ = beating.await;
+    served.map_err(|e| format!("error: the server stopped: {e}"))?;
     Ok(ExitCode::SUCCESS)
 }
 

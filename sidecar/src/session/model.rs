@@ -89,6 +89,9 @@ pub struct SessionRecord {
     pub params: StoredParams,
     pub security: Security,
     pub forked_from: Option<String>,
+    /// The server instance running the session's run (`Some` only while
+    /// `status` is `running`): whose heartbeat vouches for the run.
+    pub runner: Option<String>,
 }
 
 /// One event of a session's stream (`GET /v1/sessions/:id/events`).

@@ -3,6 +3,7 @@
 //! events. The HTTP layer is a thin skin over it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,9 +14,10 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::error::ServiceError;
+use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::runner::{self, RunContext, RunEnd, RunSink};
-use super::store::SessionStore;
+use super::store::{SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use crate::api::metrics::{Metrics, RunOutcome};
 use crate::llm::{ChatClient, ChatMessage};
@@ -34,6 +36,8 @@ pub struct ServiceConfig {
     pub stream: bool,
     /// Cache successful tool results this long (`None`: no cache).
     pub tool_cache_ttl: Option<Duration>,
+    /// How often this server beats, and how long a beat vouches for its runs.
+    pub lease: LeaseConfig,
 }
 
 impl Default for ServiceConfig {
@@ -42,6 +46,7 @@ impl Default for ServiceConfig {
             max_steps: 20,
             stream: true,
             tool_cache_ttl: None,
+            lease: LeaseConfig::default(),
         }
     }
 }
@@ -113,6 +118,8 @@ pub struct Service {
     cache: Option<ToolCache>,
     cfg: ServiceConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// This process, as runs record who runs them (random, per start).
+    instance: String,
 }
 
 pub fn now_ms() -> i64 {
@@ -151,6 +158,7 @@ impl Service {
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
             cfg,
             live: Mutex::new(HashMap::new()),
+            instance: uuid::Uuid::new_v4().to_string(),
         })
     }
 
@@ -160,6 +168,11 @@ impl Service {
 
     pub fn store(&self) -> &Arc<dyn SessionStore> {
         &self.store
+    }
+
+    /// This server's instance id.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     fn live(&self, id: &str) -> Arc<Live> {
@@ -356,6 +369,7 @@ impl Service {
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
             },
             forked_from: req.fork.clone(),
+            runner: None,
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
@@ -452,6 +466,9 @@ impl Service {
                 "run_in_progress",
                 "a run is in progress on this session; wait for it or cancel it",
             ));
+        }
+        if op != Op::PutParams && rec.status == SessionStatus::Running {
+            rec = self.close_if_lost(rec).await?;
         }
         let agent = self.agent(&rec.agent)?.clone();
         let current = self.session_values(&rec);
@@ -569,11 +586,17 @@ impl Service {
         };
         let started = async {
             let mut rec = self.record(id).await?;
+            if rec.status == SessionStatus::Running {
+                // Another server may have started one since the request's
+                // values were checked.
+                rec = self.close_if_lost(rec).await?;
+            }
             if let Some(p) = &prompt {
                 rec.turns.push(ChatMessage::user(p.clone()));
             }
             rec.status = SessionStatus::Running;
             rec.status_detail = None;
+            rec.runner = Some(self.instance.clone());
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
@@ -598,8 +621,8 @@ impl Service {
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            let end = this.drive(&agent, &id, rec.turns, values, &cancel).await;
-            this.finish(&id, end).await;
+            let (end, taken) = this.drive(&agent, &id, rec.turns, values, &cancel).await;
+            this.finish(&id, end, taken).await;
             if let Some(live) = this.peek(&id) {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
@@ -616,9 +639,10 @@ impl Service {
         mut history: Vec<ChatMessage>,
         values: Values,
         cancel: &CancellationToken,
-    ) -> RunEnd {
+    ) -> (RunEnd, bool) {
         let Some(client) = self.clients.get(&agent.name) else {
-            return RunEnd::Failed(format!("no model client for agent `{}`", agent.name));
+            let why = format!("no model client for agent `{}`", agent.name);
+            return (RunEnd::Failed(why), false);
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
@@ -645,11 +669,19 @@ impl Service {
             max_steps: agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
             stream: self.cfg.stream,
         };
-        let sink = SessionSink { service: self, id };
-        runner::run(&ctx, &mut history, &sink, cancel).await
+        let sink = SessionSink {
+            service: self,
+            id,
+            cancel,
+            taken: AtomicBool::new(false),
+        };
+        let end = runner::run(&ctx, &mut history, &sink, cancel).await;
+        (end, sink.taken.load(Ordering::Relaxed))
     }
 
-    async fn finish(&self, id: &str, end: RunEnd) {
+    /// Record how a run ended, unless it was taken away (`taken`, or found
+    /// so now): then the server that closed it has said how it ended.
+    async fn finish(&self, id: &str, end: RunEnd, taken: bool) {
         let (status, detail, outcome) = match &end {
             RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
             RunEnd::Cancelled => (
@@ -664,23 +696,31 @@ impl Service {
             ),
             RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
         };
-        self.metrics.run_finished(outcome);
-        let live = self.live(id);
-        {
-            let _guard = live.lock.lock().await;
-            match self.record(id).await {
-                Ok(mut rec) => {
-                    rec.status = status;
-                    rec.status_detail = detail.clone();
-                    rec.version += 1;
-                    rec.updated_at = now_ms();
-                    if let Err(e) = self.store.update(&rec).await {
-                        tracing::error!(session = id, "cannot record the end of a run: {e}");
-                    }
-                }
-                Err(e) => tracing::error!(session = id, "cannot record the end of a run: {e}"),
+        let written = if taken {
+            RunWrite::Taken
+        } else {
+            self.write_run(id, |rec| {
+                rec.status = status;
+                rec.status_detail = detail.clone();
+                rec.runner = None;
+            })
+            .await
+        };
+        match written {
+            RunWrite::Written => {}
+            RunWrite::Taken => {
+                self.metrics.run_finished(RunOutcome::Failed);
+                tracing::warn!(
+                    session = id,
+                    "run stopped: another server closed it as lost (this server's heartbeat had lapsed)"
+                );
+                return;
+            }
+            RunWrite::Failed(e) => {
+                tracing::error!(session = id, "cannot record the end of a run: {e}");
             }
         }
+        self.metrics.run_finished(outcome);
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
         self.emit(
             id,
@@ -690,20 +730,44 @@ impl Service {
         .await;
     }
 
-    async fn append_turn(&self, id: &str, msg: &ChatMessage) {
+    /// Read-modify-write of a session by the run this process has on it,
+    /// under the session's lock. Nothing is written once the run is no
+    /// longer ours (another server found it lost and closed it); a write
+    /// that lost a race with a change elsewhere (parameters) is redone on
+    /// the fresh record.
+    async fn write_run(&self, id: &str, change: impl Fn(&mut SessionRecord)) -> RunWrite {
         let live = self.live(id);
         let _guard = live.lock.lock().await;
-        match self.record(id).await {
-            Ok(mut rec) => {
-                rec.turns.push(msg.clone());
-                rec.version += 1;
-                rec.updated_at = now_ms();
-                if let Err(e) = self.store.update(&rec).await {
-                    tracing::error!(session = id, "cannot store a turn: {e}");
-                }
+        for _ in 0..3 {
+            let mut rec = match self.record(id).await {
+                Ok(rec) => rec,
+                Err(e) => return RunWrite::Failed(e.to_string()),
+            };
+            if rec.status != SessionStatus::Running
+                || rec.runner.as_deref() != Some(self.instance.as_str())
+            {
+                return RunWrite::Taken;
             }
-            Err(e) => tracing::error!(session = id, "cannot store a turn: {e}"),
+            change(&mut rec);
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            match self.store.update(&rec).await {
+                Ok(()) => return RunWrite::Written,
+                Err(StoreError::Conflict(_)) => continue,
+                Err(e) => return RunWrite::Failed(e.to_string()),
+            }
         }
+        RunWrite::Failed(format!(
+            "session {id} kept changing concurrently; gave up after 3 attempts"
+        ))
+    }
+
+    async fn append_turn(&self, id: &str, msg: &ChatMessage) -> RunWrite {
+        let written = self.write_run(id, |rec| rec.turns.push(msg.clone())).await;
+        if let RunWrite::Failed(e) = &written {
+            tracing::error!(session = id, "cannot store a turn: {e}");
+        }
+        written
     }
 
     async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
@@ -736,34 +800,147 @@ impl Service {
         Ok((stored, rx))
     }
 
-    /// After a restart: runs that were in progress are marked failed, and
-    /// their unanswered tool calls closed. Nothing is retried blind.
-    pub async fn recover(&self) -> Result<usize, ServiceError> {
-        let mut n = 0;
-        for mut rec in self.store.list().await? {
-            if rec.status != SessionStatus::Running {
-                continue;
-            }
-            rec.turns = close_pending(
-                std::mem::take(&mut rec.turns),
-                "error: the server restarted during this call; it was not retried",
-            );
-            rec.status = SessionStatus::Failed;
-            rec.status_detail = Some("interrupted by a restart of the server".into());
-            rec.version += 1;
-            rec.updated_at = now_ms();
-            self.store.update(&rec).await?;
-            self.emit(
-                &rec.id,
-                "run_finished",
-                json!({"status": "failed", "session_status": "failed", "detail": rec.status_detail}),
-            )
-            .await;
-            tracing::warn!(session = %rec.id, "run interrupted by a restart marked failed");
-            n += 1;
-        }
-        Ok(n)
+    /// Record this server's heartbeat: it vouches for its runs for a lease.
+    pub async fn beat(&self) -> Result<(), ServiceError> {
+        Ok(self.store.beat(&self.instance, now_ms()).await?)
     }
+
+    /// Close every lost run (see [`Liveness`]); how many. At startup on a
+    /// store of our own that is every run in progress: the last process's.
+    pub async fn sweep(&self) -> Result<usize, ServiceError> {
+        // Running sessions first, heartbeats second: a server beats before
+        // it starts runs, so any runner in the list has its beat read here.
+        let running = self.store.running().await?;
+        let heartbeats = self.store.heartbeats().await?;
+        let now = now_ms();
+        let liveness = Liveness {
+            me: &self.instance,
+            exclusive: !self.store.shared(),
+            now,
+            lease: self.cfg.lease.lease,
+            heartbeats: &heartbeats,
+        };
+        let mut closed = 0;
+        for rec in running {
+            if liveness.is_lost(&rec, self.is_running(&rec.id))
+                && self.close_interrupted(rec).await?
+            {
+                closed += 1;
+            }
+        }
+        // A stale heartbeat says no more than a missing one.
+        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
+        self.store.prune_runners(now.saturating_sub(lease)).await?;
+        Ok(closed)
+    }
+
+    /// Beat and sweep every heartbeat interval until `stop`; then forget
+    /// this server, so that others take its runs for lost at once.
+    pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick completes at once, and serve has just beaten.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.beat().await {
+                tracing::warn!(
+                    lease = %humantime::format_duration(self.cfg.lease.lease),
+                    "cannot record this server's heartbeat ({e}); once the lease passes, other servers take its runs for lost"
+                );
+            }
+            match self.sweep().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
+                Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+        }
+        if let Err(e) = self.store.forget_runner(&self.instance).await {
+            tracing::warn!("cannot remove this server's heartbeat: {e}");
+        }
+    }
+
+    /// A session recorded as running that this process does not run: the
+    /// run goes on elsewhere (409), or it is lost and closed here, and the
+    /// fresh record returned. The caller holds the session's lock.
+    async fn close_if_lost(&self, mut rec: SessionRecord) -> Result<SessionRecord, ServiceError> {
+        for _ in 0..3 {
+            if rec.status != SessionStatus::Running {
+                return Ok(rec);
+            }
+            let heartbeats = self.store.heartbeats().await?;
+            let liveness = Liveness {
+                me: &self.instance,
+                exclusive: !self.store.shared(),
+                now: now_ms(),
+                lease: self.cfg.lease.lease,
+                heartbeats: &heartbeats,
+            };
+            if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
+                break;
+            }
+            // Closed here, or by another server first: read what it says now.
+            let id = rec.id.clone();
+            self.close_interrupted(rec).await?;
+            rec = self.record(&id).await?;
+        }
+        Err(ServiceError::new(
+            409,
+            "run_in_progress",
+            "a run is in progress on this session on another server; wait for it to end",
+        ))
+    }
+
+    /// Close an interrupted run (`rec` as it was read): unanswered tool
+    /// calls are answered, the session fails, `run_finished` is emitted.
+    /// Nothing is retried blind. `false` when the session changed since it
+    /// was read (another server closed it first, or the run moved on).
+    async fn close_interrupted(&self, mut rec: SessionRecord) -> Result<bool, ServiceError> {
+        let (detail, call) = if self.store.shared() {
+            (
+                "interrupted: the server running it stopped",
+                "error: the server running this call stopped; it was not retried",
+            )
+        } else {
+            (
+                "interrupted by a restart of the server",
+                "error: the server restarted during this call; it was not retried",
+            )
+        };
+        let runner = rec.runner.take();
+        rec.turns = close_pending(std::mem::take(&mut rec.turns), call);
+        rec.status = SessionStatus::Failed;
+        rec.status_detail = Some(detail.into());
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        match self.store.update(&rec).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict(_)) => {
+                tracing::debug!(session = %rec.id, "a lost run changed meanwhile: left to whoever changed it");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.emit(
+            &rec.id,
+            "run_finished",
+            json!({"status": "failed", "session_status": "failed", "detail": detail}),
+        )
+        .await;
+        tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
+        Ok(true)
+    }
+}
+
+/// What became of a run's write to its session.
+enum RunWrite {
+    Written,
+    /// The run is no longer this process's: another server closed it.
+    Taken,
+    Failed(String),
 }
 
 /// Answer every tool call that has no result yet with `why`, so the history
@@ -806,16 +983,32 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
 struct SessionSink<'a> {
     service: &'a Service,
     id: &'a str,
+    cancel: &'a CancellationToken,
+    /// Another server closed the run as lost: it is stopped, and writes
+    /// nothing more.
+    taken: AtomicBool,
 }
 
 #[async_trait]
 impl RunSink for SessionSink<'_> {
     async fn turn(&self, msg: &ChatMessage) {
-        self.service.append_turn(self.id, msg).await;
+        if self.taken.load(Ordering::Relaxed) {
+            return;
+        }
+        if let RunWrite::Taken = self.service.append_turn(self.id, msg).await {
+            tracing::warn!(
+                session = self.id,
+                "another server closed this run as lost (this server's heartbeat had lapsed): stopping it"
+            );
+            self.taken.store(true, Ordering::Relaxed);
+            self.cancel.cancel();
+        }
     }
 
     async fn event(&self, kind: &'static str, data: serde_json::Value) {
-        self.service.emit(self.id, kind, data).await;
+        if !self.taken.load(Ordering::Relaxed) {
+            self.service.emit(self.id, kind, data).await;
+        }
     }
 
     fn delta(&self, text: &str) {

@@ -41,6 +41,8 @@ macro_rules! store_contract {
             case!(list_is_newest_first_then_by_id);
             case!(events_are_numbered_per_session_and_read_in_order);
             case!(concurrent_appends_get_distinct_seqs);
+            case!(the_runner_of_a_run_is_stored_and_cleared);
+            case!(heartbeats_are_kept_per_instance_and_forgotten);
         }
     };
 }
@@ -59,6 +61,7 @@ pub fn record(id: &str, created_at: i64) -> SessionRecord {
         params: StoredParams::default(),
         security: Security::default(),
         forked_from: None,
+        runner: None,
     }
 }
 
@@ -95,6 +98,7 @@ pub fn full_record() -> SessionRecord {
             token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
         },
         forked_from: Some("s-parent".to_owned()),
+        runner: Some("runner-1".to_owned()),
     }
 }
 
@@ -228,4 +232,48 @@ pub async fn assert_distinct_seqs(stores: &[Arc<dyn SessionStore>], session: &st
     }
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=n).collect::<Vec<i64>>());
+}
+
+pub async fn the_runner_of_a_run_is_stored_and_cleared(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&rec).await.unwrap();
+    rec.version = 2;
+    rec.status = SessionStatus::Running;
+    rec.runner = Some("instance-a".into());
+    store.update(&rec).await.unwrap();
+    store.create(&record("s0", 2)).await.unwrap();
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+    assert_eq!(store.running().await.unwrap(), [rec.clone()]);
+    rec.version = 3;
+    rec.status = SessionStatus::Idle;
+    rec.runner = None;
+    store.update(&rec).await.unwrap();
+    assert_eq!(store.get("s1").await.unwrap().unwrap().runner, None);
+    assert!(store.running().await.unwrap().is_empty());
+}
+
+pub async fn heartbeats_are_kept_per_instance_and_forgotten(store: Arc<dyn SessionStore>) {
+    assert!(store.heartbeats().await.unwrap().is_empty());
+    store.beat("a", 100).await.unwrap();
+    store.beat("b", 150).await.unwrap();
+    store.beat("a", 200).await.unwrap();
+    let beats = |pairs: &[(&str, i64)]| {
+        pairs
+            .iter()
+            .map(|(i, at)| ((*i).to_owned(), *at))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    assert_eq!(
+        store.heartbeats().await.unwrap(),
+        beats(&[("a", 200), ("b", 150)])
+    );
+
+    // Only heartbeats older than the cutoff go: "a" beat since.
+    store.beat("c", 10).await.unwrap();
+    assert_eq!(store.prune_runners(160).await.unwrap(), 2);
+    assert_eq!(store.heartbeats().await.unwrap(), beats(&[("a", 200)]));
+
+    store.forget_runner("a").await.unwrap();
+    store.forget_runner("never-seen").await.unwrap();
+    assert!(store.heartbeats().await.unwrap().is_empty());
 }

@@ -9,6 +9,7 @@ mod postgres_tls;
 mod record;
 pub mod sqlite;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +33,9 @@ pub enum StoreError {
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// Whether other processes may be using the same sessions (so a run
-    /// marked running may be in progress elsewhere).
+    /// marked running may be in progress elsewhere, vouched for by its
+    /// server's heartbeat). A store of one server's own: any run this
+    /// process does not know of was cut by its predecessor.
     fn shared(&self) -> bool {
         false
     }
@@ -41,6 +44,8 @@ pub trait SessionStore: Send + Sync {
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// Every session, newest first (then by id, in byte order).
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError>;
+    /// The sessions whose status is `running`, by id.
+    async fn running(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// Replace a session whose stored version is `rec.version - 1`.
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError>;
     /// Append an event; its `seq` is assigned here and returned.
@@ -54,6 +59,16 @@ pub trait SessionStore: Send + Sync {
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;
+    /// Record that server `instance` was alive at `at` (milliseconds since
+    /// the epoch, by its clock).
+    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError>;
+    /// Every server's last heartbeat: instance to `at`.
+    async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError>;
+    /// Forget server `instance` (it is shutting down).
+    async fn forget_runner(&self, instance: &str) -> Result<(), StoreError>;
+    /// Forget servers whose last heartbeat is older than `before` (only
+    /// those: a server that beat meanwhile stays); how many went.
+    async fn prune_runners(&self, before: i64) -> Result<u64, StoreError>;
 }
 
 /// Open the store at `location`; a Postgres database that is not reachable

@@ -18,6 +18,7 @@
 //! `prefer` (the default), `require` and `verify-full` (with `sslrootcert`
 //! or the system's roots); `verify-ca` is refused with a message saying so.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -62,6 +63,13 @@ const MIGRATIONS: &[&str] = &[
         data       TEXT NOT NULL,
         at         BIGINT NOT NULL,
         PRIMARY KEY (session_id, seq)
+    );",
+    // 2: which server runs a session's run, and the servers' heartbeats.
+    "ALTER TABLE bindery_sessions ADD COLUMN runner TEXT;
+    CREATE INDEX bindery_sessions_running ON bindery_sessions (id) WHERE status = 'running';
+    CREATE TABLE bindery_runners (
+        instance     TEXT PRIMARY KEY,
+        heartbeat_at BIGINT NOT NULL
     );",
 ];
 
@@ -358,6 +366,7 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         params: row.try_get(8)?,
         security: row.try_get(9)?,
         forked_from: row.try_get(10)?,
+        runner: row.try_get(11)?,
     })
 }
 
@@ -374,8 +383,8 @@ impl SessionStore for PostgresStore {
         let inserted = client
             .execute(
                 "INSERT INTO bindery_sessions (id, agent, status, status_detail, created_at,
-                     updated_at, version, turns, params, security, forked_from)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                     updated_at, version, turns, params, security, forked_from, runner)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 &[
                     &c.id,
                     &c.agent,
@@ -388,6 +397,7 @@ impl SessionStore for PostgresStore {
                     &c.params,
                     &c.security,
                     &c.forked_from,
+                    &c.runner,
                 ],
             )
             .await;
@@ -445,6 +455,30 @@ impl SessionStore for PostgresStore {
             .collect()
     }
 
+    async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        let what = "list running sessions";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {SESSION_COLUMNS} FROM bindery_sessions
+                     WHERE status = 'running' ORDER BY id COLLATE \"C\""
+                ),
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                columns(r)
+                    .map_err(&db)?
+                    .decode()
+                    .map_err(|why| self.fail(what, why))
+            })
+            .collect()
+    }
+
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         let what = "update a session";
         let db = self.db(what);
@@ -459,7 +493,7 @@ impl SessionStore for PostgresStore {
                 "UPDATE bindery_sessions
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
-                     security = $10, forked_from = $11
+                     security = $10, forked_from = $11, runner = $12
                  WHERE id = $1 AND version + 1 = $7",
                 &[
                     &c.id,
@@ -473,6 +507,7 @@ impl SessionStore for PostgresStore {
                     &c.params,
                     &c.security,
                     &c.forked_from,
+                    &c.runner,
                 ],
             )
             .await
@@ -564,6 +599,58 @@ impl SessionStore for PostgresStore {
             })
             .collect()
     }
+
+    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError> {
+        let what = "record a heartbeat";
+        let client = self.conn(what).await?;
+        client
+            .execute(
+                "INSERT INTO bindery_runners (instance, heartbeat_at) VALUES ($1, $2)
+                 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+                &[&instance, &at],
+            )
+            .await
+            .map(drop)
+            .map_err(self.db(what))
+    }
+
+    async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
+        let what = "read heartbeats";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query("SELECT instance, heartbeat_at FROM bindery_runners", &[])
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).map_err(&db)?, r.try_get(1).map_err(&db)?)))
+            .collect()
+    }
+
+    async fn forget_runner(&self, instance: &str) -> Result<(), StoreError> {
+        let what = "remove a heartbeat";
+        let client = self.conn(what).await?;
+        client
+            .execute(
+                "DELETE FROM bindery_runners WHERE instance = $1",
+                &[&instance],
+            )
+            .await
+            .map(drop)
+            .map_err(self.db(what))
+    }
+
+    async fn prune_runners(&self, before: i64) -> Result<u64, StoreError> {
+        let what = "remove old heartbeats";
+        let client = self.conn(what).await?;
+        client
+            .execute(
+                "DELETE FROM bindery_runners WHERE heartbeat_at < $1",
+                &[&before],
+            )
+            .await
+            .map_err(self.db(what))
+    }
 }
 
 #[cfg(test)]
@@ -614,7 +701,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n"
+            "1\n2\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());

@@ -10,7 +10,7 @@ use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from";
+     version, turns, params, security, forked_from, runner";
 
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +29,7 @@ pub struct Columns {
     /// JSON Security: sealed flag, token digests.
     pub security: String,
     pub forked_from: Option<String>,
+    pub runner: Option<String>,
 }
 
 impl Columns {
@@ -48,6 +49,7 @@ impl Columns {
             params: json("params", serde_json::to_string(&rec.params))?,
             security: json("security", serde_json::to_string(&rec.security))?,
             forked_from: rec.forked_from.clone(),
+            runner: rec.runner.clone(),
         })
     }
 
@@ -71,6 +73,7 @@ impl Columns {
             params,
             security,
             forked_from: self.forked_from,
+            runner: self.runner,
         })
     }
 }

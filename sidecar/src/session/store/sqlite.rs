@@ -8,6 +8,7 @@
 //! Errors name the operation and the file, never row contents: a stored
 //! conversation may hold anything the user typed.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,13 @@ const MIGRATIONS: &[&str] = &[
         data       TEXT NOT NULL,
         at         INTEGER NOT NULL,
         PRIMARY KEY (session_id, seq)
+    );",
+    // 2: which server runs a session's run, and the servers' heartbeats.
+    "ALTER TABLE sessions ADD COLUMN runner TEXT;
+    CREATE INDEX sessions_running ON sessions (id) WHERE status = 'running';
+    CREATE TABLE runners (
+        instance     TEXT PRIMARY KEY,
+        heartbeat_at INTEGER NOT NULL
     );",
 ];
 
@@ -267,6 +275,7 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
         params: row.get(8)?,
         security: row.get(9)?,
         forked_from: row.get(10)?,
+        runner: row.get(11)?,
     })
 }
 
@@ -287,8 +296,8 @@ impl SessionStore for SqliteStore {
         self.run("create a session", move |conn, op| {
             let inserted = conn.execute(
                 "INSERT INTO sessions (id, agent, status, status_detail, created_at, updated_at,
-                                       version, turns, params, security, forked_from)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                       version, turns, params, security, forked_from, runner)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     enc.id,
                     enc.agent,
@@ -301,6 +310,7 @@ impl SessionStore for SqliteStore {
                     enc.params,
                     enc.security,
                     enc.forked_from,
+                    enc.runner,
                 ],
             );
             match inserted {
@@ -347,6 +357,24 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.run("list running sessions", |conn, op| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE status = 'running' ORDER BY id"
+                ))
+                .map_err(|e| op.db(e))?;
+            let rows = stmt.query_map([], columns).map_err(|e| op.db(e))?;
+            rows.map(|raw| {
+                raw.map_err(|e| op.db(e))?
+                    .decode()
+                    .map_err(|why| op.fail(why))
+            })
+            .collect()
+        })
+        .await
+    }
+
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         let enc = self.encode(rec)?;
         self.run("update a session", move |conn, op| {
@@ -357,7 +385,7 @@ impl SessionStore for SqliteStore {
                     "UPDATE sessions
                      SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                          updated_at = ?6, version = ?7, turns = ?8, params = ?9,
-                         security = ?10, forked_from = ?11
+                         security = ?10, forked_from = ?11, runner = ?12
                      WHERE id = ?1 AND version = ?7 - 1",
                     params![
                         enc.id,
@@ -371,6 +399,7 @@ impl SessionStore for SqliteStore {
                         enc.params,
                         enc.security,
                         enc.forked_from,
+                        enc.runner,
                     ],
                 )
                 .map_err(|e| op.db(e))?;
@@ -458,6 +487,52 @@ impl SessionStore for SqliteStore {
                 })
             })
             .collect()
+        })
+        .await
+    }
+
+    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError> {
+        let instance = instance.to_owned();
+        self.run("record a heartbeat", move |conn, op| {
+            conn.execute(
+                "INSERT INTO runners (instance, heartbeat_at) VALUES (?1, ?2)
+                 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+                params![instance, at],
+            )
+            .map(drop)
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
+        self.run("read heartbeats", |conn, op| {
+            let mut stmt = conn
+                .prepare("SELECT instance, heartbeat_at FROM runners")
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .map_err(|e| op.db(e))?;
+            rows.map(|r| r.map_err(|e| op.db(e))).collect()
+        })
+        .await
+    }
+
+    async fn forget_runner(&self, instance: &str) -> Result<(), StoreError> {
+        let instance = instance.to_owned();
+        self.run("remove a heartbeat", move |conn, op| {
+            conn.execute("DELETE FROM runners WHERE instance = ?1", [instance])
+                .map(drop)
+                .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn prune_runners(&self, before: i64) -> Result<u64, StoreError> {
+        self.run("remove old heartbeats", move |conn, op| {
+            conn.execute("DELETE FROM runners WHERE heartbeat_at < ?1", [before])
+                .map(|n| n as u64)
+                .map_err(|e| op.db(e))
         })
         .await
     }
