@@ -302,6 +302,31 @@ impl PostgresStore {
         move |e| self.fail(&what, describe(&e))
     }
 
+    /// The sessions `tail` (a `WHERE`/`ORDER BY` clause) selects.
+    async fn sessions(
+        &self,
+        what: &'static str,
+        tail: &str,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query(
+                &format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions {tail}"),
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                columns(r)
+                    .map_err(&db)?
+                    .decode()
+                    .map_err(|why| self.fail(what, why))
+            })
+            .collect()
+    }
+
     /// Apply the missing steps of [`MIGRATIONS`] in one transaction, under
     /// an advisory lock: replicas starting at once take turns, and the
     /// later ones find the schema current.
@@ -431,52 +456,20 @@ impl SessionStore for PostgresStore {
     }
 
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        let what = "list sessions";
-        let db = self.db(what);
-        let client = self.conn(what).await?;
         // Byte order for ids, as SQLite sorts them, whatever the collation.
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {SESSION_COLUMNS} FROM bindery_sessions
-                     ORDER BY created_at DESC, id COLLATE \"C\""
-                ),
-                &[],
-            )
-            .await
-            .map_err(&db)?;
-        rows.iter()
-            .map(|r| {
-                columns(r)
-                    .map_err(&db)?
-                    .decode()
-                    .map_err(|why| self.fail(what, why))
-            })
-            .collect()
+        self.sessions(
+            "list sessions",
+            "ORDER BY created_at DESC, id COLLATE \"C\"",
+        )
+        .await
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        let what = "list running sessions";
-        let db = self.db(what);
-        let client = self.conn(what).await?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT {SESSION_COLUMNS} FROM bindery_sessions
-                     WHERE status = 'running' ORDER BY id COLLATE \"C\""
-                ),
-                &[],
-            )
-            .await
-            .map_err(&db)?;
-        rows.iter()
-            .map(|r| {
-                columns(r)
-                    .map_err(&db)?
-                    .decode()
-                    .map_err(|why| self.fail(what, why))
-            })
-            .collect()
+        self.sessions(
+            "list running sessions",
+            "WHERE status = 'running' ORDER BY id COLLATE \"C\"",
+        )
+        .await
     }
 
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
