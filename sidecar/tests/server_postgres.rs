@@ -130,6 +130,64 @@ fn instances(pg: &Postgres) -> Vec<String> {
     v
 }
 
+/// `/readyz` until its status is `want`; the last answer.
+async fn ready_until(api: &Api, want: u16) -> bindery_tests::sidecar::Reply {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let r = api.call("GET", "/readyz", None, None).await;
+        if r.status == want {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz not {want} after {PATIENCE:?}: {} {}",
+            r.status,
+            r.text
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A server whose database stops taking connections is not ready until it
+/// takes them again (its heartbeats tell), and says why in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_loses_its_database_is_not_ready_until_it_is_back() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(tool_then_answer).await;
+    w.store = pg.url(DB);
+    let (mut server, api) = w.start(&QUICK, &[]);
+    ready_until(&api, 200).await;
+
+    // No new connections to the database, and the server's one cut.
+    pg.sql(
+        "postgres",
+        &format!("ALTER DATABASE {DB} ALLOW_CONNECTIONS false"),
+    );
+    pg.sql(
+        "postgres",
+        &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{DB}'"),
+    );
+    let r = ready_until(&api, 503).await;
+    assert_eq!(r.json["error"], "store_unavailable", "{}", r.text);
+    // The health check stays up: the process is fine, only not ready.
+    assert_eq!(api.call("GET", "/healthz", None, None).await.status, 200);
+
+    pg.sql(
+        "postgres",
+        &format!("ALTER DATABASE {DB} ALLOW_CONNECTIONS true"),
+    );
+    ready_until(&api, 200).await;
+    let logs = server.logs();
+    assert!(
+        logs.contains("cannot record this server's heartbeat"),
+        "{logs}"
+    );
+    assert!(logs.contains("the session store answers again"), "{logs}");
+    assert!(!logs.contains(Postgres::PASSWORD), "{logs}");
+    assert!(server.stop().is_some_and(|st| st.success()));
+}
+
 /// A server killed mid-run: another server on the database closes the run
 /// as failed once the lease has passed, and the session takes messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

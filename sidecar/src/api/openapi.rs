@@ -267,7 +267,10 @@ fn readyz() -> Value {
         "security": public(),
         "responses": {
             "200": json_response("Ready.", schema("Ready")),
-            "503": error_response("Not ready (yet).", &[]),
+            "503": error_response(
+                "Not ready: starting, or the session store does not answer.",
+                &["starting", "store_unavailable"],
+            ),
         },
     })
 }

@@ -151,14 +151,22 @@ impl WaitQuery {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::Relaxed) {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
+    let not_ready = |error: &str, message: &str| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "starting"})),
+            Json(json!({"error": error, "message": message})),
         )
             .into_response()
+    };
+    if !state.ready.load(Ordering::Relaxed) {
+        not_ready("starting", "the server is starting")
+    } else if !state.service.store_ok() {
+        not_ready(
+            "store_unavailable",
+            "the session store did not take this server's last heartbeat; see the server's log",
+        )
+    } else {
+        Json(json!({"status": "ready"})).into_response()
     }
 }
 

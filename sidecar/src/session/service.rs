@@ -120,6 +120,8 @@ pub struct Service {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
+    /// Whether the last heartbeat reached the store (readiness follows it).
+    store_ok: std::sync::atomic::AtomicBool,
 }
 
 pub fn now_ms() -> i64 {
@@ -159,7 +161,15 @@ impl Service {
             cfg,
             live: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
+            store_ok: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Whether the store took this server's last heartbeat: a server that
+    /// cannot reach its store is not ready (`/readyz`), so a load balancer
+    /// sends sessions elsewhere until it can.
+    pub fn store_ok(&self) -> bool {
+        self.store_ok.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn tree(&self) -> &AgentTree {
@@ -846,11 +856,17 @@ impl Service {
                 _ = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            if let Err(e) = self.beat().await {
-                tracing::warn!(
+            let beat = self.beat().await;
+            let was_ok = self
+                .store_ok
+                .swap(beat.is_ok(), std::sync::atomic::Ordering::Relaxed);
+            match beat {
+                Err(e) => tracing::warn!(
                     lease = %humantime::format_duration(self.cfg.lease.lease),
-                    "cannot record this server's heartbeat ({e}); once the lease passes, other servers take its runs for lost"
-                );
+                    "cannot record this server's heartbeat ({e}); not ready until it can, and once the lease passes, other servers take its runs for lost"
+                ),
+                Ok(()) if !was_ok => tracing::info!("the session store answers again; ready"),
+                Ok(()) => {}
             }
             match self.sweep().await {
                 Ok(0) => {}
