@@ -19,7 +19,7 @@ pub mod listing;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -29,7 +29,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::bash::Limits;
 use super::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
@@ -39,6 +39,8 @@ use crate::spec::{BindingValue, McpToolbox};
 
 /// How long a server may take to start and answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a closed pipe waits for the program's exit status.
+const EXIT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A value of a server's `env` or `headers`, as it was read at load.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,14 +111,13 @@ fn mask(line: &str, secrets: &[SecretString]) -> String {
 
 /// How the program ended, given a moment to be recorded: a closed pipe
 /// comes before the exit status, which explains more.
-async fn exit_of(exited: &Mutex<Option<String>>) -> Option<String> {
-    for _ in 0..100 {
-        if let Some(how) = exited.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Some(how);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
+    let mut exited = exited.clone();
+    let recorded = tokio::time::timeout(EXIT_PATIENCE, exited.wait_for(Option::is_some)).await;
+    match recorded {
+        Ok(Ok(how)) => how.clone(),
+        _ => None,
     }
-    None
 }
 
 fn secrets_of(values: &[(String, SharedValue)]) -> Vec<SecretString> {
@@ -147,7 +148,7 @@ pub struct McpServer {
     name: String,
     service: RunningService<RoleClient, Handler>,
     /// How the program ended, once it has (stdio servers).
-    exited: Arc<Mutex<Option<String>>>,
+    exited: watch::Receiver<Option<String>>,
     /// The secret values of its `env` or `headers`, masked in results.
     secrets: Vec<SecretString>,
     /// Dropping it stops the program.
@@ -212,7 +213,8 @@ impl McpServer {
         Ok(Arc::new(McpServer {
             name: tb.name.clone(),
             service,
-            exited: Arc::default(),
+            // Never set: a remote server has no program to exit.
+            exited: watch::channel(None).1,
             secrets: secrets_of(&headers),
             stop_on_drop: None,
             limits,
@@ -268,9 +270,9 @@ impl McpServer {
                 tracing::info!(mcp_server = %server, "stderr: {}", mask(&line, &secrets));
             }
         });
-        let exited: Arc<Mutex<Option<String>>> = Arc::default();
+        let (record, exited) = watch::channel(None);
         let (stop, stopped) = oneshot::channel::<()>();
-        let (server, record) = (tb.name.clone(), exited.clone());
+        let server = tb.name.clone();
         tokio::spawn(async move {
             tokio::select! {
                 status = child.wait() => {
@@ -279,7 +281,7 @@ impl McpServer {
                         Err(e) => format!("cannot tell how: {e}"),
                     };
                     tracing::warn!(mcp_server = %server, "the MCP server exited ({how}); its tools fail until the sidecar restarts");
-                    *record.lock().unwrap_or_else(|e| e.into_inner()) = Some(how);
+                    record.send_replace(Some(how));
                 }
                 _ = stopped => {
                     let _ = child.kill().await;
@@ -322,12 +324,7 @@ impl McpServer {
     /// What went wrong talking to the server, in the words the model and the
     /// log get: the exit of its program if it has exited.
     fn failure(&self, e: impl std::fmt::Display) -> String {
-        match self
-            .exited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        match self.exited.borrow().as_ref() {
             Some(how) => format!("MCP server `{}` exited ({how})", self.name),
             None => format!("MCP server `{}`: {e}", self.name),
         }
