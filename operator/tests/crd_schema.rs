@@ -7,19 +7,16 @@
 //! `crd_documents()` generates now.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use bindery_operator::crd::{AgentTenant, KeyRef, ValueFrom};
-use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
-use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use bindery_operator::crd::{KeyRef, ValueFrom};
+use bindery_operator::desired::Rollout;
 use kube::core::cel::{compile_schema, estimate_rule_cost, ErrorKind, ValidationError, Validator};
 use serde_json::{json, Map, Value};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+
+use common::*;
 
 // ---------------------------------------------------------------------------
 // The schemas
@@ -279,68 +276,6 @@ fn every_example_resource_of_ours_validates() {
 
 // ---------------------------------------------------------------------------
 // What the operator writes: the AgentTenant status
-
-fn example_agent() -> (String, AgentSpec) {
-    let doc: AgentDocument =
-        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/agent.yaml")).unwrap())
-            .unwrap();
-    (doc.metadata.name, doc.spec)
-}
-
-fn example_tenant() -> AgentTenant {
-    let mut t: AgentTenant =
-        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/tenant.yaml")).unwrap())
-            .unwrap();
-    t.metadata.namespace = Some("shop".into());
-    t.metadata.uid = Some("0b7c3b0e-1111-4a4a-9f9f-000000000001".into());
-    t.metadata.generation = Some(3);
-    t
-}
-
-fn obj(keys: &[&str], rv: &str) -> RefObject {
-    RefObject {
-        keys: keys.iter().map(|k| k.to_string()).collect(),
-        resource_version: rv.into(),
-    }
-}
-
-struct World {
-    tenant: AgentTenant,
-    agents: BTreeMap<String, AgentSpec>,
-    secrets: BTreeMap<String, RefObject>,
-    config_maps: BTreeMap<String, RefObject>,
-    rollout: Option<Rollout>,
-}
-
-impl World {
-    fn example() -> World {
-        World {
-            tenant: example_tenant(),
-            agents: BTreeMap::from([example_agent()]),
-            secrets: BTreeMap::from([
-                ("acme-billing".into(), obj(&["token"], "101")),
-                ("acme-owner-token".into(), obj(&["token"], "7")),
-            ]),
-            config_maps: BTreeMap::from([(
-                "invoices-tools".into(),
-                obj(&["query-invoices"], "55"),
-            )]),
-            rollout: None,
-        }
-    }
-
-    fn run(&self) -> Desired {
-        desired(&Inputs {
-            tenant: &self.tenant,
-            agents: &self.agents,
-            secrets: &self.secrets,
-            config_maps: &self.config_maps,
-            config: &OperatorConfig::default(),
-            rollout: self.rollout.clone(),
-            now: Time("2026-11-29T12:00:00Z".parse().unwrap()),
-        })
-    }
-}
 
 /// The tenant with the status the operator computed for it, as it would be
 /// written to the status subresource, validates in full (spec and status).

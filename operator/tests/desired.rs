@@ -2,85 +2,15 @@
 //! rendered objects for representative tenants, and the status for every
 //! failure a human must fix.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use bindery_operator::crd::{AgentTenant, ParameterRow};
-use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
-use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use bindery_operator::crd::ParameterRow;
+use bindery_operator::desired::{Desired, Rollout};
+use bindery_sidecar::spec::{from_yaml, AgentSpec};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
-fn example_agent() -> (String, AgentSpec) {
-    let doc: AgentDocument =
-        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/agent.yaml")).unwrap())
-            .unwrap();
-    (doc.metadata.name, doc.spec)
-}
-
-fn example_tenant() -> AgentTenant {
-    let mut t: AgentTenant =
-        from_yaml(&std::fs::read_to_string(repo().join("examples/k8s/tenant.yaml")).unwrap())
-            .unwrap();
-    t.metadata.namespace = Some("shop".into());
-    t.metadata.uid = Some("0b7c3b0e-1111-4a4a-9f9f-000000000001".into());
-    t.metadata.generation = Some(3);
-    t
-}
-
-fn time(s: &str) -> Time {
-    Time(s.parse().unwrap())
-}
-
-struct World {
-    tenant: AgentTenant,
-    agents: BTreeMap<String, AgentSpec>,
-    secrets: BTreeMap<String, RefObject>,
-    config_maps: BTreeMap<String, RefObject>,
-    rollout: Option<Rollout>,
-    now: Time,
-}
-
-fn obj(keys: &[&str], rv: &str) -> RefObject {
-    RefObject {
-        keys: keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>(),
-        resource_version: rv.into(),
-    }
-}
-
-impl World {
-    fn example() -> World {
-        World {
-            tenant: example_tenant(),
-            agents: BTreeMap::from([example_agent()]),
-            secrets: BTreeMap::from([
-                ("acme-billing".into(), obj(&["token"], "101")),
-                ("acme-owner-token".into(), obj(&["token"], "7")),
-            ]),
-            config_maps: BTreeMap::from([(
-                "invoices-tools".into(),
-                obj(&["query-invoices"], "55"),
-            )]),
-            rollout: None,
-            now: time("2026-11-29T12:00:00Z"),
-        }
-    }
-
-    fn run(&self) -> Desired {
-        desired(&Inputs {
-            tenant: &self.tenant,
-            agents: &self.agents,
-            secrets: &self.secrets,
-            config_maps: &self.config_maps,
-            config: &OperatorConfig::default(),
-            rollout: self.rollout.clone(),
-            now: self.now.clone(),
-        })
-    }
-}
+use common::*;
 
 fn golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
