@@ -26,6 +26,9 @@ use crate::tools::cache::ToolCache;
 use crate::tools::helpers::HelperEnv;
 use crate::tools::CallContext;
 
+/// How long a cancel waits for the run to record its end.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
 /// How deep helpers may nest below the agent a session talks to.
 pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
@@ -380,6 +383,7 @@ impl Service {
             },
             forked_from: req.fork.clone(),
             runner: None,
+            cancel_requested: false,
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
@@ -544,16 +548,90 @@ impl Service {
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
-            return Err(ServiceError::new(
-                409,
-                "not_running",
-                "no run is in progress on this session",
-            ));
+            return self.request_cancel(id).await;
         };
         handle.cancel.cancel();
         // The run closes its last turn and records its end; wait for that.
-        let _ = RunWait(handle.done).wait(Duration::from_secs(10)).await;
+        let _ = RunWait(handle.done).wait(CANCEL_WAIT).await;
         Ok(())
+    }
+
+    /// Cancel a run that another server runs: the request is recorded in
+    /// the session, that server acts on it within a heartbeat (its sweep,
+    /// or the run's next write), and the run's end is awaited here as a
+    /// local cancel awaits it. A lost run is closed, as any request would.
+    async fn request_cancel(&self, id: &str) -> Result<(), ServiceError> {
+        let not_running =
+            || ServiceError::new(409, "not_running", "no run is in progress on this session");
+        let live = self.live(id);
+        let requested = async {
+            let _guard = live.lock.lock().await;
+            for _ in 0..3 {
+                match self.close_if_lost(self.record(id).await?).await {
+                    // Not running (any more), or lost and closed just now.
+                    Ok(_) => return Err(not_running()),
+                    Err(e) if e.code == "run_in_progress" => {}
+                    Err(e) => return Err(e),
+                }
+                let mut rec = self.record(id).await?;
+                if rec.status != SessionStatus::Running {
+                    return Err(not_running());
+                }
+                if rec.cancel_requested {
+                    return Ok(rec.runner);
+                }
+                rec.cancel_requested = true;
+                rec.version += 1;
+                rec.updated_at = now_ms();
+                match self.store.update(&rec).await {
+                    Ok(()) => return Ok(rec.runner),
+                    Err(StoreError::Conflict(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(ServiceError::new(
+                409,
+                "conflict",
+                format!("session {id} kept changing concurrently; try the cancel again"),
+            ))
+        }
+        .await;
+        drop(live);
+        self.evict_if_idle(id);
+        let runner = requested?;
+        tracing::info!(session = id, runner = ?runner, "cancel requested of the server running the run");
+        // Until that run has ended (or another has replaced it).
+        let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(self.poll_interval()).await;
+            let rec = self.record(id).await?;
+            if rec.status != SessionStatus::Running || rec.runner != runner {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// How often a server reads the store for what another server does:
+    /// the end of a run it was asked to cancel, new events of a run that a
+    /// subscriber here follows. A quarter second, or the heartbeat if that
+    /// is shorter.
+    fn poll_interval(&self) -> Duration {
+        self.cfg.lease.heartbeat.min(Duration::from_millis(250))
+    }
+
+    /// Cancel this process's run of `id`, if it has one (a cancel requested
+    /// through the store by another server).
+    fn cancel_here(&self, id: &str) {
+        let handle = self
+            .peek(id)
+            .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        if let Some(handle) = handle {
+            if !handle.cancel.is_cancelled() {
+                tracing::info!(session = id, "cancelling the run as another server asked");
+                handle.cancel.cancel();
+            }
+        }
     }
 
     async fn start_run(
@@ -607,6 +685,7 @@ impl Service {
             rec.status = SessionStatus::Running;
             rec.status_detail = None;
             rec.runner = Some(self.instance.clone());
+            rec.cancel_requested = false;
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
@@ -713,6 +792,7 @@ impl Service {
                 rec.status = status;
                 rec.status_detail = detail.clone();
                 rec.runner = None;
+                rec.cancel_requested = false;
             })
             .await
         };
@@ -757,6 +837,10 @@ impl Service {
                 || rec.runner.as_deref() != Some(self.instance.as_str())
             {
                 return RunWrite::Taken;
+            }
+            if rec.cancel_requested {
+                // Another server asked to cancel this run.
+                self.cancel_here(id);
             }
             change(&mut rec);
             rec.version += 1;
@@ -832,6 +916,9 @@ impl Service {
         };
         let mut closed = 0;
         for rec in running {
+            if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
+                self.cancel_here(&rec.id);
+            }
             if liveness.is_lost(&rec, self.is_running(&rec.id))
                 && self.close_interrupted(rec).await?
             {
@@ -927,6 +1014,7 @@ impl Service {
             )
         };
         let runner = rec.runner.take();
+        rec.cancel_requested = false;
         rec.turns = close_pending(std::mem::take(&mut rec.turns), call);
         rec.status = SessionStatus::Failed;
         rec.status_detail = Some(detail.into());
