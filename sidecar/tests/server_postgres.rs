@@ -442,6 +442,66 @@ async fn a_run_is_cancelled_through_another_server() {
     assert_eq!(ends[1]["status"], "completed", "{ends:?}");
 }
 
+/// A subscriber on a server that does not run the session gets the run's
+/// events as the running server stores them, without reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_a_run_on_another_server_stream_live() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (_a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    let (_b, api_b) = w.start(&QUICK, &[]);
+
+    let (status, stream) = api_b
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let replayed = stream.until("run_started", PATIENCE).await;
+    assert_eq!(
+        replayed.last().map(|e| e.event.as_str()),
+        Some("run_started"),
+        "{replayed:?}"
+    );
+    let r = api_a
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(
+        r.json["status"], "running",
+        "the run is still held: {}",
+        r.text
+    );
+
+    gate.open();
+    let live = stream.until("run_finished", PATIENCE).await;
+    let end = live
+        .last()
+        .filter(|e| e.event == "run_finished")
+        .unwrap_or_else(|| panic!("no run_finished on B within {PATIENCE:?}: {live:?}"));
+    let data: Value = serde_json::from_str(&end.data).unwrap();
+    assert_eq!(data["status"], "completed", "{data}");
+    // Every stored event once, in order, with its id.
+    let ids: Vec<i64> = replayed
+        .iter()
+        .chain(&live)
+        .map(|e| {
+            e.id.as_deref()
+                .unwrap_or_else(|| panic!("{e:?}"))
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as i64).collect::<Vec<_>>(), "{ids:?}");
+    assert!(
+        live.iter().any(|e| e.data.contains("released")),
+        "the model's answer is among the live events: {live:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_sharing_a_database_share_sessions_across_restarts() {
     let pg = Postgres::start();

@@ -883,15 +883,80 @@ impl Service {
     }
 
     /// Subscribe first, then read what is stored: nothing falls in between.
+    /// The stored events after `after`, and the feed of those to come.
     pub async fn events(
         &self,
         id: &str,
         after: i64,
-    ) -> Result<(Vec<EventRecord>, broadcast::Receiver<LiveEvent>), ServiceError> {
+    ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
         let rx = self.live(id).events.subscribe();
         let stored = self.store.events_after(id, after).await?;
-        Ok((stored, rx))
+        let poll = self.store.shared().then(|| {
+            let mut tick = tokio::time::interval(self.poll_interval());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        });
+        let feed = Feed {
+            id: id.to_string(),
+            last: stored.last().map_or(after, |e| e.seq),
+            rx,
+            poll,
+        };
+        Ok((stored, feed))
+    }
+
+    /// The next events of `feed`, in order: this server's live ones as they
+    /// happen and, on a shared store while this server does not run the
+    /// session, those another server stores, read every
+    /// [`Self::poll_interval`]. `None` once the subscriber has fallen too
+    /// far behind (it reconnects with `Last-Event-ID`).
+    pub async fn next_events(&self, feed: &mut Feed) -> Option<Vec<LiveEvent>> {
+        loop {
+            let Feed { id, rx, last, poll } = &mut *feed;
+            let tick = async {
+                match poll {
+                    Some(t) => {
+                        t.tick().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let gap = tokio::select! {
+                got = rx.recv() => match got {
+                    Ok(LiveEvent::Delta(text)) => return Some(vec![LiveEvent::Delta(text)]),
+                    Ok(LiveEvent::Stored(e)) => match next_step(*last, e.seq) {
+                        Step::Skip => continue,
+                        Step::Send => {
+                            *last = e.seq;
+                            return Some(vec![LiveEvent::Stored(e)]);
+                        }
+                        Step::Fetch => Some(e),
+                    },
+                    Err(_) => return None,
+                },
+                _ = tick => {
+                    if self.is_running(id) {
+                        continue; // the broadcast has it all
+                    }
+                    None
+                }
+            };
+            match self.store.events_after(id, *last).await {
+                Ok(events) if !events.is_empty() => {
+                    *last = events.last().map_or(*last, |e| e.seq);
+                    return Some(events.into_iter().map(LiveEvent::Stored).collect());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session = %id, "cannot read the session's new events: {e}");
+                    if let Some(e) = gap {
+                        *last = e.seq;
+                        return Some(vec![LiveEvent::Stored(e)]);
+                    }
+                }
+            }
+        }
     }
 
     /// Record this server's heartbeat: it vouches for its runs for a lease.
@@ -1039,6 +1104,40 @@ impl Service {
     }
 }
 
+/// A subscriber's place in a session's event stream (see
+/// [`Service::next_events`]).
+pub struct Feed {
+    id: String,
+    rx: broadcast::Receiver<LiveEvent>,
+    /// The `seq` of the last stored event given.
+    last: i64,
+    /// On a shared store: when to read events stored by other servers.
+    poll: Option<tokio::time::Interval>,
+}
+
+/// What a feed that has given stored events up to `last` does with a live
+/// one numbered `seq`.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Given already.
+    Skip,
+    /// The next one.
+    Send,
+    /// Some before it are not given yet (stored by another server, or
+    /// broadcast out of order): read them from the store.
+    Fetch,
+}
+
+fn next_step(last: i64, seq: i64) -> Step {
+    if seq <= last {
+        Step::Skip
+    } else if seq == last + 1 {
+        Step::Send
+    } else {
+        Step::Fetch
+    }
+}
+
 /// What became of a run's write to its session.
 enum RunWrite {
     Written,
@@ -1119,5 +1218,19 @@ impl RunSink for SessionSink<'_> {
         if let Some(live) = self.service.peek(self.id) {
             let _ = live.events.send(LiveEvent::Delta(text.to_string()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feed_sends_the_next_event_skips_old_ones_and_reads_a_gap() {
+        assert_eq!(next_step(3, 4), Step::Send);
+        assert_eq!(next_step(3, 3), Step::Skip);
+        assert_eq!(next_step(3, 1), Step::Skip);
+        assert_eq!(next_step(3, 6), Step::Fetch);
+        assert_eq!(next_step(0, 1), Step::Send);
     }
 }
