@@ -365,6 +365,143 @@ async fn a_run_on_a_live_server_is_left_alone_by_another() {
     assert!(instances(&pg).is_empty());
 }
 
+/// A cancel sent to a server that does not run the session reaches the
+/// one that does through the store: the run ends cancelled, once, and the
+/// session takes the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_cancelled_through_another_server() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (_a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    let (_b, api_b) = w.start(&QUICK, &[]);
+
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["session_id"], id.as_str(), "{}", r.text);
+    let s = session_until(&api_b, &id, "the run's end", |s| s["status"] != "running").await;
+    assert_eq!(s["status"], "idle", "{s}");
+    assert_eq!(s["status_detail"], "cancelled", "{s}");
+    let ends = run_ends(&api_a, &id, 1).await;
+    assert_eq!(ends[0]["status"], "cancelled", "{ends:?}");
+    let flag = pg.sql(
+        DB,
+        &format!("SELECT cancel_requested FROM bindery_sessions WHERE id = '{id}'"),
+    );
+    assert_eq!(
+        flag.trim(),
+        "f",
+        "the request is cleared with the run's end"
+    );
+
+    // Nothing to cancel now, from either server.
+    for api in [&api_a, &api_b] {
+        let r = api
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/cancel"),
+                Some(OWNER),
+                None,
+            )
+            .await;
+        assert_eq!(error_of(&r).1, "not_running", "{}", r.text);
+    }
+
+    // On A, which holds the session's secret value.
+    gate.open();
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "again"})),
+        )
+        .await;
+    assert!(r.status < 300, "{}", r.text);
+    let s = session_until(&api_a, &id, "the next run's end", |s| {
+        s["status"] != "running"
+    })
+    .await;
+    assert_eq!(s["status"], "idle", "{s}");
+    let turns = s["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "fresh", "{s}");
+    let ends = run_ends(&api_b, &id, 2).await;
+    assert_eq!(ends.len(), 2, "{ends:?}");
+    assert_eq!(ends[0]["status"], "cancelled", "{ends:?}");
+    assert_eq!(ends[1]["status"], "completed", "{ends:?}");
+}
+
+/// A subscriber on a server that does not run the session gets the run's
+/// events as the running server stores them, without reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_a_run_on_another_server_stream_live() {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let gate = Gate::new();
+    let mut w = World::new(held_by(&gate)).await;
+    w.store = pg.url(DB);
+
+    let (_a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    let (_b, api_b) = w.start(&QUICK, &[]);
+
+    let (status, stream) = api_b
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let replayed = stream.until("run_started", PATIENCE).await;
+    assert_eq!(
+        replayed.last().map(|e| e.event.as_str()),
+        Some("run_started"),
+        "{replayed:?}"
+    );
+    let r = api_a
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(
+        r.json["status"], "running",
+        "the run is still held: {}",
+        r.text
+    );
+
+    gate.open();
+    let live = stream.until("run_finished", PATIENCE).await;
+    let end = live
+        .last()
+        .filter(|e| e.event == "run_finished")
+        .unwrap_or_else(|| panic!("no run_finished on B within {PATIENCE:?}: {live:?}"));
+    let data: Value = serde_json::from_str(&end.data).unwrap();
+    assert_eq!(data["status"], "completed", "{data}");
+    // Every stored event once, in order, with its id.
+    let ids: Vec<i64> = replayed
+        .iter()
+        .chain(&live)
+        .map(|e| {
+            e.id.as_deref()
+                .unwrap_or_else(|| panic!("{e:?}"))
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as i64).collect::<Vec<_>>(), "{ids:?}");
+    assert!(
+        live.iter().any(|e| e.data.contains("released")),
+        "the model's answer is among the live events: {live:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_sharing_a_database_share_sessions_across_restarts() {
     let pg = Postgres::start();

@@ -23,7 +23,7 @@ use super::auth::{caller, Door, OwnerToken};
 use super::metrics::Metrics;
 use super::views::{agent_view, session_summary, session_view};
 use crate::session::error::ServiceError;
-use crate::session::service::{CreateSession, LiveEvent, RunWait, Service};
+use crate::session::service::{CreateSession, Feed, LiveEvent, RunWait, Service};
 use crate::session::validate::Caller;
 
 pub struct AppState {
@@ -459,8 +459,8 @@ async fn events(
         .and_then(|v| v.trim().parse::<i64>().ok())
         .or(q.after)
         .unwrap_or(0);
-    let (stored, rx) = s.service.events(&id, after).await?;
-    Ok(Sse::new(event_stream(stored, rx, after))
+    let (stored, feed) = s.service.events(&id, after).await?;
+    Ok(Sse::new(event_stream(s.service.clone(), stored, feed))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
 }
@@ -472,32 +472,27 @@ fn to_sse(e: &crate::session::model::EventRecord) -> Event {
         .data(e.data.to_string())
 }
 
-/// Stored events first, then live ones not already sent. A subscriber that
-/// falls too far behind is dropped; it reconnects with `Last-Event-ID`.
+/// Stored events first, then the feed's (see `Service::next_events`). A
+/// subscriber that falls too far behind is dropped; it reconnects with
+/// `Last-Event-ID`.
 fn event_stream(
+    service: Arc<Service>,
     stored: Vec<crate::session::model::EventRecord>,
-    rx: tokio::sync::broadcast::Receiver<LiveEvent>,
-    after: i64,
+    feed: Feed,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let last = stored.last().map_or(after, |e| e.seq);
     let replay = futures::stream::iter(stored.iter().map(to_sse).map(Ok).collect::<Vec<_>>());
-    let live = futures::stream::unfold((rx, last), |(mut rx, last)| async move {
-        loop {
-            match rx.recv().await {
-                Ok(LiveEvent::Stored(e)) if e.seq > last => {
-                    let ev = to_sse(&e);
-                    return Some((Ok(ev), (rx, e.seq)));
-                }
-                Ok(LiveEvent::Stored(_)) => continue,
-                Ok(LiveEvent::Delta(text)) => {
-                    let ev = Event::default()
-                        .event("delta")
-                        .data(json!({"content": text}).to_string());
-                    return Some((Ok(ev), (rx, last)));
-                }
-                Err(_) => return None,
-            }
-        }
+    let live = futures::stream::unfold((service, feed), |(service, mut feed)| async move {
+        let events = service.next_events(&mut feed).await?;
+        let sse: Vec<_> = events
+            .iter()
+            .map(|e| match e {
+                LiveEvent::Stored(e) => Ok(to_sse(e)),
+                LiveEvent::Delta(text) => Ok(Event::default()
+                    .event("delta")
+                    .data(json!({"content": text}).to_string())),
+            })
+            .collect();
+        Some((futures::stream::iter(sse), (service, feed)))
     });
-    futures::StreamExt::chain(replay, live)
+    futures::StreamExt::chain(replay, futures::StreamExt::flatten(live))
 }

@@ -92,6 +92,10 @@ pub struct SessionRecord {
     /// The server instance running the session's run (`Some` only while
     /// `status` is `running`): whose heartbeat vouches for the run.
     pub runner: Option<String>,
+    /// A server that does not run the session asked its runner to cancel
+    /// the run; the runner acts on it within a heartbeat (cleared when the
+    /// run's end is written).
+    pub cancel_requested: bool,
 }
 
 /// One event of a session's stream (`GET /v1/sessions/:id/events`).

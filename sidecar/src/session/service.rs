@@ -26,6 +26,9 @@ use crate::tools::cache::ToolCache;
 use crate::tools::helpers::HelperEnv;
 use crate::tools::CallContext;
 
+/// How long a cancel waits for the run to record its end.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
 /// How deep helpers may nest below the agent a session talks to.
 pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
@@ -380,6 +383,7 @@ impl Service {
             },
             forked_from: req.fork.clone(),
             runner: None,
+            cancel_requested: false,
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
@@ -544,16 +548,90 @@ impl Service {
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
-            return Err(ServiceError::new(
-                409,
-                "not_running",
-                "no run is in progress on this session",
-            ));
+            return self.request_cancel(id).await;
         };
         handle.cancel.cancel();
         // The run closes its last turn and records its end; wait for that.
-        let _ = RunWait(handle.done).wait(Duration::from_secs(10)).await;
+        let _ = RunWait(handle.done).wait(CANCEL_WAIT).await;
         Ok(())
+    }
+
+    /// Cancel a run that another server runs: the request is recorded in
+    /// the session, that server acts on it within a heartbeat (its sweep,
+    /// or the run's next write), and the run's end is awaited here as a
+    /// local cancel awaits it. A lost run is closed, as any request would.
+    async fn request_cancel(&self, id: &str) -> Result<(), ServiceError> {
+        let not_running =
+            || ServiceError::new(409, "not_running", "no run is in progress on this session");
+        let live = self.live(id);
+        let requested = async {
+            let _guard = live.lock.lock().await;
+            for _ in 0..3 {
+                match self.close_if_lost(self.record(id).await?).await {
+                    // Not running (any more), or lost and closed just now.
+                    Ok(_) => return Err(not_running()),
+                    Err(e) if e.code == "run_in_progress" => {}
+                    Err(e) => return Err(e),
+                }
+                let mut rec = self.record(id).await?;
+                if rec.status != SessionStatus::Running {
+                    return Err(not_running());
+                }
+                if rec.cancel_requested {
+                    return Ok(rec.runner);
+                }
+                rec.cancel_requested = true;
+                rec.version += 1;
+                rec.updated_at = now_ms();
+                match self.store.update(&rec).await {
+                    Ok(()) => return Ok(rec.runner),
+                    Err(StoreError::Conflict(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(ServiceError::new(
+                409,
+                "conflict",
+                format!("session {id} kept changing concurrently; try the cancel again"),
+            ))
+        }
+        .await;
+        drop(live);
+        self.evict_if_idle(id);
+        let runner = requested?;
+        tracing::info!(session = id, runner = ?runner, "cancel requested of the server running the run");
+        // Until that run has ended (or another has replaced it).
+        let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(self.poll_interval()).await;
+            let rec = self.record(id).await?;
+            if rec.status != SessionStatus::Running || rec.runner != runner {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// How often a server reads the store for what another server does:
+    /// the end of a run it was asked to cancel, new events of a run that a
+    /// subscriber here follows. A quarter second, or the heartbeat if that
+    /// is shorter.
+    fn poll_interval(&self) -> Duration {
+        self.cfg.lease.heartbeat.min(Duration::from_millis(250))
+    }
+
+    /// Cancel this process's run of `id`, if it has one (a cancel requested
+    /// through the store by another server).
+    fn cancel_here(&self, id: &str) {
+        let handle = self
+            .peek(id)
+            .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        if let Some(handle) = handle {
+            if !handle.cancel.is_cancelled() {
+                tracing::info!(session = id, "cancelling the run as another server asked");
+                handle.cancel.cancel();
+            }
+        }
     }
 
     async fn start_run(
@@ -607,6 +685,7 @@ impl Service {
             rec.status = SessionStatus::Running;
             rec.status_detail = None;
             rec.runner = Some(self.instance.clone());
+            rec.cancel_requested = false;
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
@@ -713,6 +792,7 @@ impl Service {
                 rec.status = status;
                 rec.status_detail = detail.clone();
                 rec.runner = None;
+                rec.cancel_requested = false;
             })
             .await
         };
@@ -758,6 +838,10 @@ impl Service {
             {
                 return RunWrite::Taken;
             }
+            if rec.cancel_requested {
+                // Another server asked to cancel this run.
+                self.cancel_here(id);
+            }
             change(&mut rec);
             rec.version += 1;
             rec.updated_at = now_ms();
@@ -799,15 +883,80 @@ impl Service {
     }
 
     /// Subscribe first, then read what is stored: nothing falls in between.
+    /// The stored events after `after`, and the feed of those to come.
     pub async fn events(
         &self,
         id: &str,
         after: i64,
-    ) -> Result<(Vec<EventRecord>, broadcast::Receiver<LiveEvent>), ServiceError> {
+    ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
         let rx = self.live(id).events.subscribe();
         let stored = self.store.events_after(id, after).await?;
-        Ok((stored, rx))
+        let poll = self.store.shared().then(|| {
+            let mut tick = tokio::time::interval(self.poll_interval());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        });
+        let feed = Feed {
+            id: id.to_string(),
+            last: stored.last().map_or(after, |e| e.seq),
+            rx,
+            poll,
+        };
+        Ok((stored, feed))
+    }
+
+    /// The next events of `feed`, in order: this server's live ones as they
+    /// happen and, on a shared store while this server does not run the
+    /// session, those another server stores, read every
+    /// [`Self::poll_interval`]. `None` once the subscriber has fallen too
+    /// far behind (it reconnects with `Last-Event-ID`).
+    pub async fn next_events(&self, feed: &mut Feed) -> Option<Vec<LiveEvent>> {
+        loop {
+            let Feed { id, rx, last, poll } = &mut *feed;
+            let tick = async {
+                match poll {
+                    Some(t) => {
+                        t.tick().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let gap = tokio::select! {
+                got = rx.recv() => match got {
+                    Ok(LiveEvent::Delta(text)) => return Some(vec![LiveEvent::Delta(text)]),
+                    Ok(LiveEvent::Stored(e)) => match next_step(*last, e.seq) {
+                        Step::Skip => continue,
+                        Step::Send => {
+                            *last = e.seq;
+                            return Some(vec![LiveEvent::Stored(e)]);
+                        }
+                        Step::Fetch => Some(e),
+                    },
+                    Err(_) => return None,
+                },
+                _ = tick => {
+                    if self.is_running(id) {
+                        continue; // the broadcast has it all
+                    }
+                    None
+                }
+            };
+            match self.store.events_after(id, *last).await {
+                Ok(events) if !events.is_empty() => {
+                    *last = events.last().map_or(*last, |e| e.seq);
+                    return Some(events.into_iter().map(LiveEvent::Stored).collect());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session = %id, "cannot read the session's new events: {e}");
+                    if let Some(e) = gap {
+                        *last = e.seq;
+                        return Some(vec![LiveEvent::Stored(e)]);
+                    }
+                }
+            }
+        }
     }
 
     /// Record this server's heartbeat: it vouches for its runs for a lease.
@@ -832,6 +981,9 @@ impl Service {
         };
         let mut closed = 0;
         for rec in running {
+            if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
+                self.cancel_here(&rec.id);
+            }
             if liveness.is_lost(&rec, self.is_running(&rec.id))
                 && self.close_interrupted(rec).await?
             {
@@ -927,6 +1079,7 @@ impl Service {
             )
         };
         let runner = rec.runner.take();
+        rec.cancel_requested = false;
         rec.turns = close_pending(std::mem::take(&mut rec.turns), call);
         rec.status = SessionStatus::Failed;
         rec.status_detail = Some(detail.into());
@@ -948,6 +1101,40 @@ impl Service {
         .await;
         tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
         Ok(true)
+    }
+}
+
+/// A subscriber's place in a session's event stream (see
+/// [`Service::next_events`]).
+pub struct Feed {
+    id: String,
+    rx: broadcast::Receiver<LiveEvent>,
+    /// The `seq` of the last stored event given.
+    last: i64,
+    /// On a shared store: when to read events stored by other servers.
+    poll: Option<tokio::time::Interval>,
+}
+
+/// What a feed that has given stored events up to `last` does with a live
+/// one numbered `seq`.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Given already.
+    Skip,
+    /// The next one.
+    Send,
+    /// Some before it are not given yet (stored by another server, or
+    /// broadcast out of order): read them from the store.
+    Fetch,
+}
+
+fn next_step(last: i64, seq: i64) -> Step {
+    if seq <= last {
+        Step::Skip
+    } else if seq == last + 1 {
+        Step::Send
+    } else {
+        Step::Fetch
     }
 }
 
@@ -1031,5 +1218,19 @@ impl RunSink for SessionSink<'_> {
         if let Some(live) = self.service.peek(self.id) {
             let _ = live.events.send(LiveEvent::Delta(text.to_string()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feed_sends_the_next_event_skips_old_ones_and_reads_a_gap() {
+        assert_eq!(next_step(3, 4), Step::Send);
+        assert_eq!(next_step(3, 3), Step::Skip);
+        assert_eq!(next_step(3, 1), Step::Skip);
+        assert_eq!(next_step(3, 6), Step::Fetch);
+        assert_eq!(next_step(0, 1), Step::Send);
     }
 }

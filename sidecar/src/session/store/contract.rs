@@ -42,6 +42,7 @@ macro_rules! store_contract {
             case!(events_are_numbered_per_session_and_read_in_order);
             case!(concurrent_appends_get_distinct_seqs);
             case!(the_runner_of_a_run_is_stored_and_cleared);
+            case!(a_cancel_request_is_stored_and_cleared);
             case!(heartbeats_are_kept_per_instance_and_forgotten);
         }
     };
@@ -62,6 +63,7 @@ pub fn record(id: &str, created_at: i64) -> SessionRecord {
         security: Security::default(),
         forked_from: None,
         runner: None,
+        cancel_requested: false,
     }
 }
 
@@ -99,6 +101,7 @@ pub fn full_record() -> SessionRecord {
         },
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
+        cancel_requested: true,
     }
 }
 
@@ -250,6 +253,32 @@ pub async fn the_runner_of_a_run_is_stored_and_cleared(store: Arc<dyn SessionSto
     store.update(&rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap().unwrap().runner, None);
     assert!(store.running().await.unwrap().is_empty());
+}
+
+pub async fn a_cancel_request_is_stored_and_cleared(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    rec.status = SessionStatus::Running;
+    rec.runner = Some("instance-a".into());
+    store.create(&rec).await.unwrap();
+    assert!(!store.get("s1").await.unwrap().unwrap().cancel_requested);
+    rec.version = 2;
+    rec.cancel_requested = true;
+    store.update(&rec).await.unwrap();
+    assert_eq!(store.running().await.unwrap(), [rec.clone()]);
+    // A request written on a stale version is refused like any other write.
+    let mut stale = rec.clone();
+    stale.cancel_requested = false;
+    assert!(matches!(
+        store.update(&stale).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(store.get("s1").await.unwrap().unwrap().cancel_requested);
+    rec.version = 3;
+    rec.status = SessionStatus::Idle;
+    rec.runner = None;
+    rec.cancel_requested = false;
+    store.update(&rec).await.unwrap();
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec));
 }
 
 pub async fn heartbeats_are_kept_per_instance_and_forgotten(store: Arc<dyn SessionStore>) {

@@ -71,6 +71,8 @@ const MIGRATIONS: &[&str] = &[
         instance     TEXT PRIMARY KEY,
         heartbeat_at BIGINT NOT NULL
     );",
+    // 3: a cancel asked of a run by a server that does not run it.
+    "ALTER TABLE bindery_sessions ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;",
 ];
 
 /// The advisory lock that serialises migrations between processes
@@ -392,6 +394,7 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         security: row.try_get(9)?,
         forked_from: row.try_get(10)?,
         runner: row.try_get(11)?,
+        cancel_requested: row.try_get(12)?,
     })
 }
 
@@ -408,8 +411,9 @@ impl SessionStore for PostgresStore {
         let inserted = client
             .execute(
                 "INSERT INTO bindery_sessions (id, agent, status, status_detail, created_at,
-                     updated_at, version, turns, params, security, forked_from, runner)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                     updated_at, version, turns, params, security, forked_from, runner,
+                     cancel_requested)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                 &[
                     &c.id,
                     &c.agent,
@@ -423,6 +427,7 @@ impl SessionStore for PostgresStore {
                     &c.security,
                     &c.forked_from,
                     &c.runner,
+                    &c.cancel_requested,
                 ],
             )
             .await;
@@ -486,7 +491,8 @@ impl SessionStore for PostgresStore {
                 "UPDATE bindery_sessions
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
-                     security = $10, forked_from = $11, runner = $12
+                     security = $10, forked_from = $11, runner = $12,
+                     cancel_requested = $13
                  WHERE id = $1 AND version + 1 = $7",
                 &[
                     &c.id,
@@ -501,6 +507,7 @@ impl SessionStore for PostgresStore {
                     &c.security,
                     &c.forked_from,
                     &c.runner,
+                    &c.cancel_requested,
                 ],
             )
             .await
@@ -694,7 +701,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n"
+            "1\n2\n3\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());

@@ -10,7 +10,7 @@ use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from, runner";
+     version, turns, params, security, forked_from, runner, cancel_requested";
 
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,6 +30,7 @@ pub struct Columns {
     pub security: String,
     pub forked_from: Option<String>,
     pub runner: Option<String>,
+    pub cancel_requested: bool,
 }
 
 impl Columns {
@@ -50,6 +51,7 @@ impl Columns {
             security: json("security", serde_json::to_string(&rec.security))?,
             forked_from: rec.forked_from.clone(),
             runner: rec.runner.clone(),
+            cancel_requested: rec.cancel_requested,
         })
     }
 
@@ -74,6 +76,7 @@ impl Columns {
             security,
             forked_from: self.forked_from,
             runner: self.runner,
+            cancel_requested: self.cancel_requested,
         })
     }
 }

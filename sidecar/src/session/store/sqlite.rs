@@ -55,6 +55,8 @@ const MIGRATIONS: &[&str] = &[
         instance     TEXT PRIMARY KEY,
         heartbeat_at INTEGER NOT NULL
     );",
+    // 3: a cancel asked of a run by a server that does not run it.
+    "ALTER TABLE sessions ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -276,6 +278,7 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
         security: row.get(9)?,
         forked_from: row.get(10)?,
         runner: row.get(11)?,
+        cancel_requested: row.get(12)?,
     })
 }
 
@@ -296,8 +299,9 @@ impl SessionStore for SqliteStore {
         self.run("create a session", move |conn, op| {
             let inserted = conn.execute(
                 "INSERT INTO sessions (id, agent, status, status_detail, created_at, updated_at,
-                                       version, turns, params, security, forked_from, runner)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                                       version, turns, params, security, forked_from, runner,
+                                       cancel_requested)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     enc.id,
                     enc.agent,
@@ -311,6 +315,7 @@ impl SessionStore for SqliteStore {
                     enc.security,
                     enc.forked_from,
                     enc.runner,
+                    enc.cancel_requested,
                 ],
             );
             match inserted {
@@ -385,7 +390,8 @@ impl SessionStore for SqliteStore {
                     "UPDATE sessions
                      SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                          updated_at = ?6, version = ?7, turns = ?8, params = ?9,
-                         security = ?10, forked_from = ?11, runner = ?12
+                         security = ?10, forked_from = ?11, runner = ?12,
+                         cancel_requested = ?13
                      WHERE id = ?1 AND version = ?7 - 1",
                     params![
                         enc.id,
@@ -400,6 +406,7 @@ impl SessionStore for SqliteStore {
                         enc.security,
                         enc.forked_from,
                         enc.runner,
+                        enc.cancel_requested,
                     ],
                 )
                 .map_err(|e| op.db(e))?;
