@@ -98,6 +98,18 @@ fn held_by(gate: &Gate) -> impl Fn(&Value) -> MockReply + Send + Sync + 'static 
     }
 }
 
+/// A PostgreSQL server with the database `DB`, and a world whose servers
+/// keep their sessions there, the model answering with `script`.
+async fn on_postgres(
+    script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+) -> (Postgres, World) {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(script).await;
+    w.store = pg.url(DB);
+    (pg, w)
+}
+
 /// Short heartbeats, so that a lease passes within a test.
 const QUICK: [&str; 4] = ["--runner-heartbeat", "200ms", "--runner-lease", "1s"];
 
@@ -152,10 +164,7 @@ async fn ready_until(api: &Api, want: u16) -> bindery_tests::sidecar::Reply {
 /// takes them again (its heartbeats tell), and says why in its log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_loses_its_database_is_not_ready_until_it_is_back() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
-    let mut w = World::new(tool_then_answer).await;
-    w.store = pg.url(DB);
+    let (pg, w) = on_postgres(tool_then_answer).await;
     let (mut server, api) = w.start(&QUICK, &[]);
     ready_until(&api, 200).await;
 
@@ -192,11 +201,8 @@ async fn a_server_that_loses_its_database_is_not_ready_until_it_is_back() {
 /// as failed once the lease has passed, and the session takes messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_cut_by_a_crash_is_closed_by_another_server_after_the_lease() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
     let gate = Gate::new();
-    let mut w = World::new(held_by(&gate)).await;
-    w.store = pg.url(DB);
+    let (_pg, w) = on_postgres(held_by(&gate)).await;
 
     let (mut a, api_a) = w.start(&QUICK, &[]);
     let id = held_run(&w, &api_a).await;
@@ -243,11 +249,8 @@ async fn a_run_cut_by_a_crash_is_closed_by_another_server_after_the_lease() {
 /// longer its own, stops it and writes nothing, and keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
     let gate = Gate::new();
-    let mut w = World::new(held_by(&gate)).await;
-    w.store = pg.url(DB);
+    let (_pg, w) = on_postgres(held_by(&gate)).await;
 
     let (a, api_a) = w.start(&QUICK, &[]);
     let id = held_run(&w, &api_a).await;
@@ -301,11 +304,8 @@ async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
 /// the run end normally; a server that stops leaves no heartbeat behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_on_a_live_server_is_left_alone_by_another() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
     let gate = Gate::new();
-    let mut w = World::new(held_by(&gate)).await;
-    w.store = pg.url(DB);
+    let (pg, w) = on_postgres(held_by(&gate)).await;
 
     let (mut a, api_a) = w.start(&QUICK, &[]);
     let id = held_run(&w, &api_a).await;
@@ -370,11 +370,8 @@ async fn a_run_on_a_live_server_is_left_alone_by_another() {
 /// session takes the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_cancelled_through_another_server() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
     let gate = Gate::new();
-    let mut w = World::new(held_by(&gate)).await;
-    w.store = pg.url(DB);
+    let (pg, w) = on_postgres(held_by(&gate)).await;
 
     let (_a, api_a) = w.start(&QUICK, &[]);
     let id = held_run(&w, &api_a).await;
@@ -446,11 +443,8 @@ async fn a_run_is_cancelled_through_another_server() {
 /// events as the running server stores them, without reconnecting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_of_a_run_on_another_server_stream_live() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
     let gate = Gate::new();
-    let mut w = World::new(held_by(&gate)).await;
-    w.store = pg.url(DB);
+    let (_pg, w) = on_postgres(held_by(&gate)).await;
 
     let (_a, api_a) = w.start(&QUICK, &[]);
     let id = held_run(&w, &api_a).await;
@@ -504,11 +498,8 @@ async fn events_of_a_run_on_another_server_stream_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_sharing_a_database_share_sessions_across_restarts() {
-    let pg = Postgres::start();
-    pg.create_database(DB);
-    let url = pg.url(DB);
-    let mut w = World::new(tool_then_answer).await;
-    w.store = url.clone();
+    let (pg, w) = on_postgres(tool_then_answer).await;
+    let url = w.store.clone();
 
     // One server takes the URL as --store, the other from BINDERY_STORE.
     let (mut a, api_a) = w.start(&[], &[]);
