@@ -379,6 +379,26 @@ impl PostgresStore {
     }
 }
 
+/// The values of a `sessions` row, bound as `$1`…`$13` in the order of
+/// [`SESSION_COLUMNS`] (insert and update both).
+fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+    [
+        &c.id,
+        &c.agent,
+        &c.status,
+        &c.status_detail,
+        &c.created_at,
+        &c.updated_at,
+        &c.version,
+        &c.turns,
+        &c.params,
+        &c.security,
+        &c.forked_from,
+        &c.runner,
+        &c.cancel_requested,
+    ]
+}
+
 /// Matches [`SESSION_COLUMNS`].
 fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
     Ok(Columns {
@@ -410,25 +430,11 @@ impl SessionStore for PostgresStore {
         let client = self.conn(what).await?;
         let inserted = client
             .execute(
-                "INSERT INTO bindery_sessions (id, agent, status, status_detail, created_at,
-                     updated_at, version, turns, params, security, forked_from, runner,
-                     cancel_requested)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                &[
-                    &c.id,
-                    &c.agent,
-                    &c.status,
-                    &c.status_detail,
-                    &c.created_at,
-                    &c.updated_at,
-                    &c.version,
-                    &c.turns,
-                    &c.params,
-                    &c.security,
-                    &c.forked_from,
-                    &c.runner,
-                    &c.cancel_requested,
-                ],
+                &format!(
+                    "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                ),
+                &row_params(&c),
             )
             .await;
         match inserted {
@@ -494,21 +500,7 @@ impl SessionStore for PostgresStore {
                      security = $10, forked_from = $11, runner = $12,
                      cancel_requested = $13
                  WHERE id = $1 AND version + 1 = $7",
-                &[
-                    &c.id,
-                    &c.agent,
-                    &c.status,
-                    &c.status_detail,
-                    &c.created_at,
-                    &c.updated_at,
-                    &c.version,
-                    &c.turns,
-                    &c.params,
-                    &c.security,
-                    &c.forked_from,
-                    &c.runner,
-                    &c.cancel_requested,
-                ],
+                &row_params(&c),
             )
             .await
             .map_err(&db)?;

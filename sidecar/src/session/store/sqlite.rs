@@ -292,31 +292,37 @@ fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
         .map(|found| found.is_some())
 }
 
+/// The values of a `sessions` row, bound as `?1`…`?13` in the order of
+/// [`SESSION_COLUMNS`] (insert and update both).
+fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 13] {
+    [
+        &c.id,
+        &c.agent,
+        &c.status,
+        &c.status_detail,
+        &c.created_at,
+        &c.updated_at,
+        &c.version,
+        &c.turns,
+        &c.params,
+        &c.security,
+        &c.forked_from,
+        &c.runner,
+        &c.cancel_requested,
+    ]
+}
+
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         let enc = self.encode(rec)?;
         self.run("create a session", move |conn, op| {
             let inserted = conn.execute(
-                "INSERT INTO sessions (id, agent, status, status_detail, created_at, updated_at,
-                                       version, turns, params, security, forked_from, runner,
-                                       cancel_requested)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-                params![
-                    enc.id,
-                    enc.agent,
-                    enc.status,
-                    enc.status_detail,
-                    enc.created_at,
-                    enc.updated_at,
-                    enc.version,
-                    enc.turns,
-                    enc.params,
-                    enc.security,
-                    enc.forked_from,
-                    enc.runner,
-                    enc.cancel_requested,
-                ],
+                &format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                ),
+                row_params(&enc),
             );
             match inserted {
                 Ok(_) => Ok(()),
@@ -393,21 +399,7 @@ impl SessionStore for SqliteStore {
                          security = ?10, forked_from = ?11, runner = ?12,
                          cancel_requested = ?13
                      WHERE id = ?1 AND version = ?7 - 1",
-                    params![
-                        enc.id,
-                        enc.agent,
-                        enc.status,
-                        enc.status_detail,
-                        enc.created_at,
-                        enc.updated_at,
-                        enc.version,
-                        enc.turns,
-                        enc.params,
-                        enc.security,
-                        enc.forked_from,
-                        enc.runner,
-                        enc.cancel_requested,
-                    ],
+                    row_params(&enc),
                 )
                 .map_err(|e| op.db(e))?;
             if changed == 0 {
