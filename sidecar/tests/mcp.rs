@@ -11,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bindery_tests::mock_llm::{tool_names, tool_schema, MockLlm, MockReply};
-use bindery_tests::sidecar::{Launch, Sidecar};
 use common::*;
 use serde_json::{json, Value};
 
@@ -141,22 +140,7 @@ async fn stdio_server_tools_are_listed_called_bound_and_configured() {
     );
     assert!(!checked.contains(TOKEN) && !err.contains(TOKEN));
 
-    let sidecar = Sidecar::start(Launch {
-        bin: bin(),
-        args: vec![
-            "--agent-file".into(),
-            agent_arg.clone(),
-            "--store".into(),
-            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
-        ],
-        env: env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        log_dir: &dir.path().join("logs"),
-        owner_token: OWNER,
-    });
-    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
 
     // Two sessions share the one server; each echo gets its own tenant.
     let mut replies = Vec::new();
@@ -461,19 +445,7 @@ spec:
         ),
     )
     .unwrap();
-    let sidecar = Sidecar::start(Launch {
-        bin: bin(),
-        args: vec![
-            "--agent-file".into(),
-            agent.display().to_string(),
-            "--store".into(),
-            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
-        ],
-        env: vec![],
-        log_dir: &dir.path().join("logs"),
-        owner_token: OWNER,
-    });
-    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
     let created = create(
         &api,
         json!({"agent": "changing", "params": {"tenant": "acme"}}),

@@ -6,7 +6,6 @@
 mod common;
 
 use bindery_tests::mock_llm::{tool_schema, MockLlm, MockReply};
-use bindery_tests::sidecar::{Launch, Sidecar};
 use common::callbacks::{agent_file, digest, start_api};
 use common::*;
 use serde_json::{json, Value};
@@ -37,19 +36,13 @@ async fn bound_path_parameter_and_session_secret_reach_the_api_per_session() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let agent = agent_file(dir.path(), &mock.url(), addr);
-    let sidecar = Sidecar::start(Launch {
-        bin: bin(),
-        args: vec![
-            "--agent-file".into(),
-            agent.display().to_string(),
-            "--store".into(),
-            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
-        ],
-        env: vec![("BINDERY_LOG".into(), "debug".into())],
-        log_dir: &dir.path().join("logs"),
-        owner_token: OWNER,
-    });
-    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let (sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &[],
+        &[("BINDERY_LOG", "debug")],
+        dir.path(),
+    );
 
     let mut replies = Vec::new();
     let mut turns_of = Vec::new();

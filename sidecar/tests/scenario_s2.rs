@@ -11,7 +11,7 @@
 mod common;
 
 use bindery_tests::mock_llm::{last_message, tool_schema, MockLlm, MockReply};
-use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
+use bindery_tests::sidecar::Reply;
 use common::callbacks::{agent_file, digest, start_api};
 use common::*;
 use serde_json::{json, Value};
@@ -38,19 +38,13 @@ async fn a_backend_mints_a_credential_and_leads_a_chat() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let agent = agent_file(dir.path(), &mock.url(), backend_addr);
-    let sidecar = Sidecar::start(Launch {
-        bin: bin(),
-        args: vec![
-            "--agent-file".into(),
-            agent.display().to_string(),
-            "--store".into(),
-            format!("sqlite://{}", dir.path().join("store.sqlite").display()),
-        ],
-        env: vec![("BINDERY_LOG".into(), "debug".into())],
-        log_dir: &dir.path().join("logs"),
-        owner_token: OWNER,
-    });
-    let api = Api::new(&sidecar.url);
+    let (sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &[],
+        &[("BINDERY_LOG", "debug")],
+        dir.path(),
+    );
     let mut responses = String::new();
     let mut keep = |r: Reply| {
         responses.push_str(&r.text);

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
-use bindery_tests::sidecar::{Api, Launch, Sidecar};
+use bindery_tests::sidecar::{Api, Sidecar};
 use common::*;
 use serde_json::{json, Value};
 
@@ -107,21 +107,7 @@ fn chain(dir: &Path, model_url: &str) -> std::path::PathBuf {
 
 async fn start(w: &World) -> (Sidecar, Api) {
     let root = chain(w.dir.path(), &w.mock.url());
-    let sidecar = Sidecar::start(Launch {
-        bin: bin(),
-        args: vec![
-            "--agent-file".into(),
-            root.display().to_string(),
-            "--store".into(),
-            w.store.clone(),
-            "--no-stream".into(),
-        ],
-        env: vec![],
-        log_dir: &w.dir.path().join("logs"),
-        owner_token: OWNER,
-    });
-    let api = Api::new(&sidecar.url);
-    (sidecar, api)
+    serve(&root, &w.store, &["--no-stream"], &[], w.dir.path())
 }
 
 fn answer(r: &bindery_tests::sidecar::Reply) -> String {

@@ -207,26 +207,43 @@ impl World {
     }
 
     pub fn start(&self, extra: &[&str], env: &[(&str, &str)]) -> (Sidecar, Api) {
-        let mut args = vec![
-            "--agent-file".to_string(),
-            self.agent.display().to_string(),
-            "--store".to_string(),
-            self.store.clone(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let sidecar = Sidecar::start(Launch {
-            bin: bin(),
-            args,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            log_dir: &self.dir.path().join("logs"),
-            owner_token: OWNER,
-        });
-        let api = Api::new(&sidecar.url);
-        (sidecar, api)
+        serve(&self.agent, &self.store, extra, env, self.dir.path())
     }
+}
+
+/// The SQLite store `store.sqlite` in `dir`, as `--store` takes it.
+pub fn sqlite_in(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("store.sqlite").display())
+}
+
+/// `serve --agent-file AGENT --store STORE EXTRA…` with `env`, its logs in
+/// `dir/logs`, and a client for it.
+pub fn serve(
+    agent: &Path,
+    store: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> (Sidecar, Api) {
+    let mut args = vec![
+        "--agent-file".to_string(),
+        agent.display().to_string(),
+        "--store".to_string(),
+        store.to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let sidecar = Sidecar::start(Launch {
+        bin: bin(),
+        args,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        log_dir: &dir.join("logs"),
+        owner_token: OWNER,
+    });
+    let api = Api::new(&sidecar.url);
+    (sidecar, api)
 }
 
 /// The probe tool (fixtures/tools/probe) with `repo` bound to the session
