@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bindery_tests::mock_llm::{tool_names, tool_schema, MockLlm, MockReply};
+use bindery_tests::mock_llm::{tool_names, tool_results, tool_schema, MockLlm, MockReply};
 use common::*;
 use serde_json::{json, Value};
 
@@ -80,13 +80,7 @@ spec:
 /// `echo` (sending the bound argument anyway), `get-env`, `get-sum`, then
 /// an answer quoting every result.
 fn script(req: &Value) -> MockReply {
-    let results: Vec<&str> = req["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .filter_map(|m| m["content"].as_str())
-        .collect();
+    let results = tool_results(req);
     match results.len() {
         0 => MockReply::tool_call(
             "mcp_everything_echo",

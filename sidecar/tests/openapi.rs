@@ -5,7 +5,7 @@
 
 mod common;
 
-use bindery_tests::mock_llm::{tool_schema, MockLlm, MockReply};
+use bindery_tests::mock_llm::{tool_results, tool_schema, MockLlm, MockReply};
 use common::callbacks::{agent_file, digest, start_api};
 use common::*;
 use serde_json::{json, Value};
@@ -15,17 +15,11 @@ const TOKEN_B: &str = "cb-token-beta-93c0";
 
 /// First `list_tasks`, then `get_missing`, then an answer quoting both results.
 fn script(req: &Value) -> MockReply {
-    let tool_results: Vec<&str> = req["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .filter_map(|m| m["content"].as_str())
-        .collect();
-    match tool_results.len() {
+    let results = tool_results(req);
+    match results.len() {
         0 => MockReply::tool_call("list_tasks", json!({"status": "open"})),
         1 => MockReply::tool_call("get_missing", json!({})),
-        _ => MockReply::text(format!("done: {}", tool_results.join(" | "))),
+        _ => MockReply::text(format!("done: {}", results.join(" | "))),
     }
 }
 

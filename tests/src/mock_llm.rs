@@ -322,6 +322,17 @@ pub fn last_message(req: &Value) -> &Value {
         .unwrap_or(&NULL)
 }
 
+/// The contents of a request's tool results, in order.
+pub fn tool_results(req: &Value) -> Vec<&str> {
+    req.get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str())
+        .collect()
+}
+
 /// The names of the tools a request offers, in order.
 pub fn tool_names(req: &Value) -> Vec<String> {
     tools(req)
