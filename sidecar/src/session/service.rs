@@ -964,6 +964,18 @@ impl Service {
         Ok(self.store.beat(&self.instance, now_ms()).await?)
     }
 
+    /// What this server knows of runs' liveness at `now`, given the
+    /// servers' `heartbeats`.
+    fn liveness<'a>(&'a self, heartbeats: &'a HashMap<String, i64>, now: i64) -> Liveness<'a> {
+        Liveness {
+            me: &self.instance,
+            exclusive: !self.store.shared(),
+            now,
+            lease: self.cfg.lease.lease,
+            heartbeats,
+        }
+    }
+
     /// Close every lost run (see [`Liveness`]); how many. At startup on a
     /// store of our own that is every run in progress: the last process's.
     pub async fn sweep(&self) -> Result<usize, ServiceError> {
@@ -972,13 +984,7 @@ impl Service {
         let running = self.store.running().await?;
         let heartbeats = self.store.heartbeats().await?;
         let now = now_ms();
-        let liveness = Liveness {
-            me: &self.instance,
-            exclusive: !self.store.shared(),
-            now,
-            lease: self.cfg.lease.lease,
-            heartbeats: &heartbeats,
-        };
+        let liveness = self.liveness(&heartbeats, now);
         let mut closed = 0;
         for rec in running {
             if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
@@ -1040,13 +1046,7 @@ impl Service {
                 return Ok(rec);
             }
             let heartbeats = self.store.heartbeats().await?;
-            let liveness = Liveness {
-                me: &self.instance,
-                exclusive: !self.store.shared(),
-                now: now_ms(),
-                lease: self.cfg.lease.lease,
-                heartbeats: &heartbeats,
-            };
+            let liveness = self.liveness(&heartbeats, now_ms());
             if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
                 break;
             }
