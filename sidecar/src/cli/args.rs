@@ -90,6 +90,12 @@ pub enum Command {
         /// at startup before giving up.
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         store_connect_timeout: u64,
+        /// At most this many connections to a Postgres store (each server
+        /// keeps its own pool; the database's max_connections bounds the
+        /// sum over replicas).
+        #[arg(long, value_name = "N", env = "BINDERY_STORE_POOL_SIZE", default_value_t = 8,
+              value_parser = clap::value_parser!(u16).range(1..))]
+        store_pool_size: u16,
         /// A file holding the owner's bearer token. Without it (and without
         /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
         /// next to an SQLite store; a Postgres store needs one given.

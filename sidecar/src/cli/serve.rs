@@ -125,6 +125,7 @@ pub struct ServeArgs<'a> {
     /// `--store` / BINDERY_STORE as given (it may hold a password).
     pub store: Option<&'a str>,
     pub store_patience: Duration,
+    pub store_pool_size: usize,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stream: bool,
@@ -142,7 +143,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
     // Before the store: a missing owner token is the quicker thing to fix.
     let owner = owner_token(a.owner_token_file, &location)?;
-    let store = store::open(&location, a.store_patience)
+    let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
     let metrics = Arc::new(Metrics::default());

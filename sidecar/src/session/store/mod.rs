@@ -76,6 +76,7 @@ pub trait SessionStore: Send + Sync {
 pub async fn open(
     location: &Location,
     patience: Duration,
+    pool_size: usize,
 ) -> Result<Arc<dyn SessionStore>, StoreError> {
     Ok(match location {
         Location::Sqlite(path) => {
@@ -87,6 +88,8 @@ pub async fn open(
             .map_err(|_| StoreError::Backend("opening the SQLite store panicked".into()))??;
             Arc::new(store)
         }
-        Location::Postgres(url) => Arc::new(postgres::PostgresStore::open(url, patience).await?),
+        Location::Postgres(url) => {
+            Arc::new(postgres::PostgresStore::open(url, patience, pool_size).await?)
+        }
     })
 }

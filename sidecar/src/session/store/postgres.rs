@@ -5,10 +5,14 @@
 //! database: migrations run under a transaction-scoped advisory lock, and
 //! an append locks its session's row while it numbers the event.
 //!
-//! One connection per process, as with SQLite: operations queue on it, so
-//! a transaction never shares it. A lost connection is replaced by the next
-//! operation (the one that saw it fail reports the failure; a write is
-//! never retried blind, since it may have committed).
+//! Operations take a connection from a pool (deadpool-postgres, sized by
+//! `--store-pool-size`), so no operation waits behind another's round trip
+//! and no lock is held across one. Statements are prepared once per
+//! connection and cached. The hot writes are one statement each: an event's
+//! `seq` comes from a per-session counter bumped by the same statement that
+//! inserts the event. A lost connection is dropped from the pool when it is
+//! next taken (the operation that saw it fail reports the failure; a write
+//! is never retried blind, since it may have committed).
 //!
 //! The URL holds a password: it is shown only through [`redact`]. Errors
 //! from the server are reported by severity, message and SQLSTATE, never
@@ -24,10 +28,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, Row};
+use tokio_postgres::{Config, Row};
 
 use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
@@ -73,6 +77,12 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 3: a cancel asked of a run by a server that does not run it.
     "ALTER TABLE bindery_sessions ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;",
+    // 4: each session's last event seq, so that an append numbers its event
+    // and inserts it in one statement.
+    "ALTER TABLE bindery_sessions ADD COLUMN event_seq BIGINT NOT NULL DEFAULT 0;
+    UPDATE bindery_sessions s SET event_seq = e.last
+      FROM (SELECT session_id, MAX(seq) AS last FROM bindery_events GROUP BY session_id) e
+      WHERE e.session_id = s.id;",
 ];
 
 /// The advisory lock that serialises migrations between processes
@@ -83,13 +93,15 @@ const MIGRATION_LOCK: i64 = 0x62_69_6e_64_65_72_79;
 /// (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long an operation waits for a free connection when every one of the
+/// pool's is busy, before it fails.
+const POOL_WAIT: Duration = Duration::from_secs(30);
+
 /// Sessions in a PostgreSQL database.
 pub struct PostgresStore {
-    config: Config,
-    tls: Tls,
     /// `postgres://user@host:port/db`, for messages (never a password).
     target: String,
-    client: Mutex<Option<Client>>,
+    pool: Pool,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -217,6 +229,19 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// Why the pool gave no connection, in [`describe`]'s words when the
+/// database said so.
+fn pool_error(e: &PoolError) -> String {
+    match e {
+        PoolError::Backend(e) => describe(e),
+        PoolError::Timeout(_) => format!(
+            "no free connection within {}s: every connection of the pool is busy (raise --store-pool-size)",
+            POOL_WAIT.as_secs()
+        ),
+        other => other.to_string(),
+    }
+}
+
 fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -226,38 +251,51 @@ fn now_millis() -> i64 {
 
 impl PostgresStore {
     /// Connect (retrying for up to `patience` while the database is not
-    /// reachable: it may be starting next to us) and bring the schema up
-    /// to date.
-    pub async fn open(url: &str, patience: Duration) -> Result<PostgresStore, StoreError> {
+    /// reachable: it may be starting next to us) with a pool of at most
+    /// `pool_size` connections, and bring the schema up to date.
+    pub async fn open(
+        url: &str,
+        patience: Duration,
+        pool_size: usize,
+    ) -> Result<PostgresStore, StoreError> {
         let (config, tls) = parse_url(url)?;
-        let store = PostgresStore {
-            target: target(&config),
+        let target = target(&config);
+        let manager = Manager::from_config(
             config,
             tls,
-            client: Mutex::new(None),
-        };
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot build the connection pool: {e}")))?;
+        let store = PostgresStore { target, pool };
         let deadline = tokio::time::Instant::now() + patience;
         let mut pause = Duration::from_millis(250);
-        let client = loop {
-            match store.connect().await {
-                Ok(c) => break c,
-                Err(why) if tokio::time::Instant::now() + pause < deadline => {
-                    tracing::warn!(store = %store.target, retry_in = ?pause, "the session store is not reachable yet: {why}");
+        loop {
+            match store.pool.get().await {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::warn!(store = %store.target, retry_in = ?pause, "the session store is not reachable yet: {}", pool_error(&e));
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(5));
                 }
-                Err(why) => {
+                Err(e) => {
                     return Err(StoreError::Backend(format!(
-                        "cannot connect to the session store {} (tried for {}s): {why}",
+                        "cannot connect to the session store {} (tried for {}s): {}",
                         store.target,
-                        patience.as_secs()
+                        patience.as_secs(),
+                        pool_error(&e)
                     )))
                 }
             }
-        };
-        *store.client.lock().await = Some(client);
+        }
         store.migrate().await?;
-        tracing::info!(store = %store.target, "session store ready");
+        tracing::info!(store = %store.target, pool_size, "session store ready");
         Ok(store)
     }
 
@@ -266,33 +304,27 @@ impl PostgresStore {
         &self.target
     }
 
-    async fn connect(&self) -> Result<Client, String> {
-        let (client, connection) = self
-            .config
-            .connect(self.tls.clone())
+    /// A connection from the pool (a new one if none is idle and the pool
+    /// is not full; a lost one is dropped, not handed out).
+    async fn conn(&self, what: &'static str) -> Result<Object, StoreError> {
+        self.pool
+            .get()
             .await
-            .map_err(|e| describe(&e))?;
-        let target = self.target.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(store = %target, "the session store connection was lost: {}", describe(&e));
-            }
-        });
-        Ok(client)
+            .map_err(|e| self.fail(what, pool_error(&e)))
     }
 
-    /// The connection, opened anew if the last one was lost.
-    async fn conn(&self, what: &'static str) -> Result<MappedMutexGuard<'_, Client>, StoreError> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(Client::is_closed) {
-            *guard = None;
-            let client = self.connect().await.map_err(|why| self.fail(what, why))?;
-            tracing::info!(store = %self.target, "reconnected to the session store");
-            *guard = Some(client);
-        }
-        Ok(MutexGuard::map(guard, |c| {
-            c.as_mut().expect("connected just above")
-        }))
+    /// `sql` prepared on `client`, once per connection (deadpool caches
+    /// it): later uses skip the parse round trip.
+    async fn prepare(
+        &self,
+        client: &Object,
+        what: &str,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement, StoreError> {
+        client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| self.fail(what, describe(&e)))
     }
 
     fn fail(&self, what: &str, why: impl fmt::Display) -> StoreError {
@@ -312,13 +344,9 @@ impl PostgresStore {
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let rows = client
-            .query(
-                &format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions {tail}"),
-                &[],
-            )
-            .await
-            .map_err(&db)?;
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions {tail}");
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let rows = client.query(&stmt, &[]).await.map_err(&db)?;
         rows.iter()
             .map(|r| {
                 columns(r)
@@ -428,15 +456,12 @@ impl SessionStore for PostgresStore {
         let what = "create a session";
         let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
         let client = self.conn(what).await?;
-        let inserted = client
-            .execute(
-                &format!(
-                    "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-                ),
-                &row_params(&c),
-            )
-            .await;
+        let sql = format!(
+            "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        );
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let inserted = client.execute(&stmt, &row_params(&c)).await;
         match inserted {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
@@ -450,13 +475,9 @@ impl SessionStore for PostgresStore {
         let what = "read a session";
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let row = client
-            .query_opt(
-                &format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions WHERE id = $1"),
-                &[&id],
-            )
-            .await
-            .map_err(&db)?;
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions WHERE id = $1");
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let row = client.query_opt(&stmt, &[&id]).await.map_err(&db)?;
         row.map(|r| {
             columns(&r)
                 .map_err(&db)?
@@ -487,26 +508,33 @@ impl SessionStore for PostgresStore {
         let what = "update a session";
         let db = self.db(what);
         let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
-        let mut client = self.conn(what).await?;
-        // One transaction, so "no row changed" and "does it exist" agree.
-        // A concurrent writer of the same version waits for ours, then
-        // finds the version moved on and changes nothing.
-        let tx = client.transaction().await.map_err(&db)?;
-        let changed = tx
-            .execute(
+        let client = self.conn(what).await?;
+        // One statement: the version check and the write are atomic. Only
+        // when it changes nothing is a second one needed, to tell a stale
+        // version from a missing session.
+        let stmt = self
+            .prepare(
+                &client,
+                what,
                 "UPDATE bindery_sessions
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
                      cancel_requested = $13
                  WHERE id = $1 AND version + 1 = $7",
-                &row_params(&c),
             )
-            .await
-            .map_err(&db)?;
+            .await?;
+        let changed = client.execute(&stmt, &row_params(&c)).await.map_err(&db)?;
         if changed == 0 {
-            let exists = tx
-                .query_opt("SELECT 1 FROM bindery_sessions WHERE id = $1", &[&c.id])
+            let stmt = self
+                .prepare(
+                    &client,
+                    what,
+                    "SELECT 1 FROM bindery_sessions WHERE id = $1",
+                )
+                .await?;
+            let exists = client
+                .query_opt(&stmt, &[&c.id])
                 .await
                 .map_err(&db)?
                 .is_some();
@@ -516,7 +544,7 @@ impl SessionStore for PostgresStore {
                 StoreError::NotFound(c.id)
             });
         }
-        tx.commit().await.map_err(&db)
+        Ok(())
     }
 
     async fn append_event(
@@ -529,36 +557,31 @@ impl SessionStore for PostgresStore {
         let what = "append an event";
         let db = self.db(what);
         let data = data.to_string();
-        let mut client = self.conn(what).await?;
-        let tx = client.transaction().await.map_err(&db)?;
-        // The session's row lock makes appends to one session take turns,
-        // across processes, so no two read the same MAX(seq).
-        let found = tx
-            .query_opt(
-                "SELECT 1 FROM bindery_sessions WHERE id = $1 FOR UPDATE",
-                &[&session],
+        let client = self.conn(what).await?;
+        // The UPDATE takes the session's row lock and re-reads the counter
+        // after any concurrent append commits, so appends to one session
+        // take turns across processes and never share a seq.
+        let stmt = self
+            .prepare(
+                &client,
+                what,
+                "WITH s AS (
+                     UPDATE bindery_sessions SET event_seq = event_seq + 1
+                     WHERE id = $1 RETURNING event_seq
+                 )
+                 INSERT INTO bindery_events (session_id, seq, kind, data, at)
+                 SELECT $1, event_seq, $2, $3, $4 FROM s
+                 RETURNING seq",
             )
+            .await?;
+        let row = client
+            .query_opt(&stmt, &[&session, &kind, &data, &at])
             .await
             .map_err(&db)?;
-        if found.is_none() {
-            return Err(StoreError::NotFound(session.to_owned()));
+        match row {
+            Some(row) => row.try_get(0).map_err(&db),
+            None => Err(StoreError::NotFound(session.to_owned())),
         }
-        let seq: i64 = tx
-            .query_one(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM bindery_events WHERE session_id = $1",
-                &[&session],
-            )
-            .await
-            .map_err(&db)?
-            .get(0);
-        tx.execute(
-            "INSERT INTO bindery_events (session_id, seq, kind, data, at) VALUES ($1, $2, $3, $4, $5)",
-            &[&session, &seq, &kind, &data, &at],
-        )
-        .await
-        .map_err(&db)?;
-        tx.commit().await.map_err(&db)?;
-        Ok(seq)
     }
 
     async fn events_after(
@@ -569,12 +592,16 @@ impl SessionStore for PostgresStore {
         let what = "read events";
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let rows = client
-            .query(
+        let stmt = self
+            .prepare(
+                &client,
+                what,
                 "SELECT seq, kind, data, at FROM bindery_events
                  WHERE session_id = $1 AND seq > $2 ORDER BY seq",
-                &[&session, &after],
             )
+            .await?;
+        let rows = client
+            .query(&stmt, &[&session, &after])
             .await
             .map_err(&db)?;
         rows.iter()
@@ -595,12 +622,16 @@ impl SessionStore for PostgresStore {
     async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError> {
         let what = "record a heartbeat";
         let client = self.conn(what).await?;
-        client
-            .execute(
+        let stmt = self
+            .prepare(
+                &client,
+                what,
                 "INSERT INTO bindery_runners (instance, heartbeat_at) VALUES ($1, $2)
                  ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
-                &[&instance, &at],
             )
+            .await?;
+        client
+            .execute(&stmt, &[&instance, &at])
             .await
             .map(drop)
             .map_err(self.db(what))
@@ -669,7 +700,7 @@ mod tests {
     }
 
     async fn open(pg: &Postgres) -> PostgresStore {
-        PostgresStore::open(&pg.url(DB), Duration::ZERO)
+        PostgresStore::open(&pg.url(DB), Duration::ZERO, 4)
             .await
             .expect("open the store")
     }
@@ -693,11 +724,33 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n"
+            "1\n2\n3\n4\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
         assert_eq!(c.list().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn events_appended_before_the_seq_counter_keep_their_numbering() {
+        let pg = server();
+        let store = open(&pg).await;
+        store.create(&record("s1", 1)).await.unwrap();
+        for _ in 0..2 {
+            store.append_event("s1", "k", &json!({}), 1).await.unwrap();
+        }
+        drop(store);
+        // The database as a Bindery before migration 4 left it.
+        pg.sql(
+            DB,
+            "ALTER TABLE bindery_sessions DROP COLUMN event_seq;
+             DELETE FROM bindery_schema_migrations WHERE version = 4",
+        );
+        let store = open(&pg).await;
+        assert_eq!(
+            store.append_event("s1", "k", &json!({}), 1).await.unwrap(),
+            3
+        );
     }
 
     #[tokio::test]
@@ -781,7 +834,7 @@ mod tests {
             DB,
             "INSERT INTO bindery_schema_migrations (version, applied_at) VALUES (99, 0)",
         );
-        let err = PostgresStore::open(&pg.url(DB), Duration::ZERO)
+        let err = PostgresStore::open(&pg.url(DB), Duration::ZERO, 4)
             .await
             .unwrap_err()
             .to_string();
@@ -803,7 +856,7 @@ mod tests {
     async fn a_wrong_password_or_no_server_names_the_target_not_the_password() {
         let pg = server();
         let wrong = pg.url(DB).replace(Postgres::PASSWORD, "wrong-pass-1d9");
-        let err = PostgresStore::open(&wrong, Duration::ZERO)
+        let err = PostgresStore::open(&wrong, Duration::ZERO, 4)
             .await
             .unwrap_err()
             .to_string();
@@ -818,7 +871,7 @@ mod tests {
         let url = pg.url(DB);
         let port = pg.port;
         drop(pg);
-        let err = PostgresStore::open(&url, Duration::ZERO)
+        let err = PostgresStore::open(&url, Duration::ZERO, 4)
             .await
             .unwrap_err()
             .to_string();
@@ -895,7 +948,7 @@ mod tests {
             ),
         ] {
             let url = format!("{}?application_name={app}&{query}", pg.url(DB));
-            let store = PostgresStore::open(&url, Duration::ZERO)
+            let store = PostgresStore::open(&url, Duration::ZERO, 4)
                 .await
                 .unwrap_or_else(|e| panic!("{app}: {e}"));
             store.create(&record(app, 1)).await.unwrap();
@@ -906,6 +959,7 @@ mod tests {
         let store = PostgresStore::open(
             &format!("{by_name}?sslmode=verify-full&sslrootcert={}", ca.display()),
             Duration::ZERO,
+            4,
         )
         .await
         .unwrap();
@@ -915,6 +969,7 @@ mod tests {
         let err = PostgresStore::open(
             &format!("{}?sslmode=verify-full", pg.url(DB)),
             Duration::ZERO,
+            4,
         )
         .await
         .unwrap_err()
@@ -935,6 +990,7 @@ mod tests {
                 other_ca.display()
             ),
             Duration::ZERO,
+            4,
         )
         .await
         .unwrap_err()
