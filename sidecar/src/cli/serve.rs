@@ -182,6 +182,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     let stop_beating = CancellationToken::new();
     let beating = tokio::spawn(service.clone().keep_alive(stop_beating.clone()));
+    tokio::spawn(service.clone().relay_notices(stop_beating.clone()));
     let state = Arc::new(AppState {
         service: service.clone(),
         owner,

@@ -17,7 +17,7 @@ use super::error::ServiceError;
 use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::runner::{self, RunContext, RunEnd, RunSink};
-use super::store::{SessionStore, StoreError};
+use super::store::{Notice, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use crate::api::metrics::{Metrics, RunOutcome};
 use crate::llm::{ChatClient, ChatMessage};
@@ -69,6 +69,10 @@ struct Live {
     secrets: Mutex<Values>,
     run: Mutex<Option<RunHandle>>,
     events: broadcast::Sender<LiveEvent>,
+    /// On a shared store: bumped when another server appends an event to
+    /// this session (see [`Service::relay_notices`]); subscribers then read
+    /// the store.
+    elsewhere: watch::Sender<()>,
 }
 
 #[derive(Clone)]
@@ -198,6 +202,7 @@ impl Service {
                     secrets: Mutex::new(Values::new()),
                     run: Mutex::new(None),
                     events: broadcast::channel(1024).0,
+                    elsewhere: watch::Sender::new(()),
                 })
             })
             .clone();
@@ -612,9 +617,8 @@ impl Service {
         Ok(())
     }
 
-    /// How often a server reads the store for what another server does:
-    /// the end of a run it was asked to cancel, new events of a run that a
-    /// subscriber here follows. A quarter second, or the heartbeat if that
+    /// How often a server reads the store for the end of a run it asked
+    /// another server to cancel. A quarter second, or the heartbeat if that
     /// is shorter.
     fn poll_interval(&self) -> Duration {
         self.cfg.lease.heartbeat.min(Duration::from_millis(250))
@@ -890,34 +894,40 @@ impl Service {
         after: i64,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
-        let rx = self.live(id).events.subscribe();
+        let live = self.live(id);
+        let rx = live.events.subscribe();
+        let elsewhere = self.store.shared().then(|| live.elsewhere.subscribe());
+        drop(live);
         let stored = self.store.events_after(id, after).await?;
-        let poll = self.store.shared().then(|| {
-            let mut tick = tokio::time::interval(self.poll_interval());
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick
-        });
         let feed = Feed {
             id: id.to_string(),
             last: stored.last().map_or(after, |e| e.seq),
             rx,
-            poll,
+            elsewhere,
         };
         Ok((stored, feed))
     }
 
     /// The next events of `feed`, in order: this server's live ones as they
     /// happen and, on a shared store while this server does not run the
-    /// session, those another server stores, read every
-    /// [`Self::poll_interval`]. `None` once the subscriber has fallen too
-    /// far behind (it reconnects with `Last-Event-ID`).
+    /// session, those another server stores, read when the store's notice
+    /// of them arrives (an idle subscriber costs no query). `None` once the
+    /// subscriber has fallen too far behind (it reconnects with
+    /// `Last-Event-ID`).
     pub async fn next_events(&self, feed: &mut Feed) -> Option<Vec<LiveEvent>> {
         loop {
-            let Feed { id, rx, last, poll } = &mut *feed;
+            let Feed {
+                id,
+                rx,
+                last,
+                elsewhere,
+            } = &mut *feed;
             let tick = async {
-                match poll {
-                    Some(t) => {
-                        t.tick().await;
+                match elsewhere {
+                    Some(w) => {
+                        if w.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
                     }
                     None => std::future::pending::<()>().await,
                 }
@@ -955,6 +965,41 @@ impl Service {
                         return Some(vec![LiveEvent::Stored(e)]);
                     }
                 }
+            }
+        }
+    }
+
+    /// Pass the store's notices of other servers' appends to the sessions'
+    /// subscribers here, until `stop`. One listening connection serves all
+    /// of them; a store of our own has none, and this returns at once.
+    pub async fn relay_notices(self: Arc<Self>, stop: CancellationToken) {
+        let Some(mut notices) = self.store.notices() else {
+            return;
+        };
+        loop {
+            let notice = tokio::select! {
+                _ = stop.cancelled() => return,
+                n = notices.recv() => n,
+            };
+            match notice {
+                Ok(Notice::Appended { session, .. }) => {
+                    if let Some(live) = self.peek(&session) {
+                        live.elsewhere.send_replace(());
+                    }
+                }
+                Ok(Notice::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let live: Vec<Arc<Live>> = self
+                        .live
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .values()
+                        .cloned()
+                        .collect();
+                    for l in live {
+                        l.elsewhere.send_replace(());
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
             }
         }
     }
@@ -1111,8 +1156,9 @@ pub struct Feed {
     rx: broadcast::Receiver<LiveEvent>,
     /// The `seq` of the last stored event given.
     last: i64,
-    /// On a shared store: when to read events stored by other servers.
-    poll: Option<tokio::time::Interval>,
+    /// On a shared store: changes when another server stores an event of
+    /// this session.
+    elsewhere: Option<watch::Receiver<()>>,
 }
 
 /// What a feed that has given stored events up to `last` does with a live

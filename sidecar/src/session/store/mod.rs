@@ -30,6 +30,17 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What a shared store tells every server about events other servers
+/// append (see [`SessionStore::notices`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Notice {
+    /// Session `session` has a stored event numbered `seq`.
+    Appended { session: String, seq: i64 },
+    /// Notices may have been missed (the store was not listening for a
+    /// while): every subscriber should read what is stored.
+    Resync,
+}
+
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// Whether other processes may be using the same sessions (so a run
@@ -38,6 +49,12 @@ pub trait SessionStore: Send + Sync {
     /// process does not know of was cut by its predecessor.
     fn shared(&self) -> bool {
         false
+    }
+    /// On a shared store, a feed of the events any server appends, so that
+    /// subscribers on a server that does not run the session learn of new
+    /// events without polling. `None`: only this server appends.
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<Notice>> {
+        None
     }
     /// Store a new session (its `version` as given, usually 1).
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError>;

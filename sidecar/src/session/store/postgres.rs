@@ -29,14 +29,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
+use tokio::sync::broadcast;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::AsyncMessage;
 use tokio_postgres::{Config, Row};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
-use super::{SessionStore, StoreError};
+use super::{Notice, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 
 /// The schema, one step per entry; entry `i` brings the database to version
@@ -97,11 +100,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// pool's is busy, before it fails.
 const POOL_WAIT: Duration = Duration::from_secs(30);
 
+/// The channel every append notifies (payload: `SESSION_ID SEQ`).
+const NOTICE_CHANNEL: &str = "bindery_events";
+
+/// Notices a slow reader may fall behind by before it is told to resync.
+const NOTICE_BUFFER: usize = 1024;
+
 /// Sessions in a PostgreSQL database.
 pub struct PostgresStore {
     /// `postgres://user@host:port/db`, for messages (never a password).
     target: String,
     pool: Pool,
+    /// Every server's appends, as the listening connection hears them.
+    notices: broadcast::Sender<Notice>,
+    /// Stops the listening connection when the store goes.
+    _listening: DropGuard,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -229,6 +242,90 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// One connection, outside the pool, that LISTENs for every server's
+/// appends and forwards them as [`Notice`]s, reconnecting (and telling
+/// readers to resync) when it is lost, until `stop`.
+async fn listen(
+    config: Config,
+    tls: super::postgres_tls::Tls,
+    target: String,
+    notices: broadcast::Sender<Notice>,
+    stop: CancellationToken,
+    first: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut first = Some(first);
+    let mut pause = Duration::from_millis(250);
+    loop {
+        let connected = tokio::select! {
+            _ = stop.cancelled() => return,
+            c = config.connect(tls.clone()) => c,
+        };
+        match connected {
+            Ok((client, mut connection)) => {
+                let forward = notices.clone();
+                let mut driver = tokio::spawn(async move {
+                    loop {
+                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                            Some(Ok(AsyncMessage::Notification(n))) => {
+                                if let Some(notice) = parse_notice(n.payload()) {
+                                    let _ = forward.send(notice);
+                                }
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => return describe(&e),
+                            None => return "the server closed it".to_owned(),
+                        }
+                    }
+                });
+                let listened = client
+                    .batch_execute(&format!("LISTEN {NOTICE_CHANNEL}"))
+                    .await;
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
+                match listened {
+                    Ok(()) => {
+                        pause = Duration::from_millis(250);
+                        // Whatever was appended while nobody listened.
+                        let _ = notices.send(Notice::Resync);
+                        tokio::select! {
+                            _ = stop.cancelled() => {
+                                driver.abort();
+                                return;
+                            }
+                            why = &mut driver => tracing::warn!(store = %target, "the connection listening for other servers' events was lost ({}); reconnecting", why.unwrap_or_default()),
+                        }
+                    }
+                    Err(e) => {
+                        driver.abort();
+                        tracing::warn!(store = %target, "cannot listen for other servers' events: {}", describe(&e));
+                    }
+                }
+            }
+            Err(e) => {
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
+                tracing::warn!(store = %target, retry_in = ?pause, "cannot open the connection that listens for other servers' events: {}", describe(&e));
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// `SESSION_ID SEQ`, as an append's `pg_notify` says it.
+fn parse_notice(payload: &str) -> Option<Notice> {
+    let (session, seq) = payload.rsplit_once(' ')?;
+    Some(Notice::Appended {
+        session: session.to_owned(),
+        seq: seq.parse().ok()?,
+    })
+}
+
 /// Why the pool gave no connection, in [`describe`]'s words when the
 /// database said so.
 fn pool_error(e: &PoolError) -> String {
@@ -261,8 +358,8 @@ impl PostgresStore {
         let (config, tls) = parse_url(url)?;
         let target = target(&config);
         let manager = Manager::from_config(
-            config,
-            tls,
+            config.clone(),
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -273,7 +370,14 @@ impl PostgresStore {
             .wait_timeout(Some(POOL_WAIT))
             .build()
             .map_err(|e| StoreError::Backend(format!("cannot build the connection pool: {e}")))?;
-        let store = PostgresStore { target, pool };
+        let (notices, _) = broadcast::channel(NOTICE_BUFFER);
+        let stop = CancellationToken::new();
+        let store = PostgresStore {
+            target,
+            pool,
+            notices,
+            _listening: stop.clone().drop_guard(),
+        };
         let deadline = tokio::time::Instant::now() + patience;
         let mut pause = Duration::from_millis(250);
         loop {
@@ -295,6 +399,18 @@ impl PostgresStore {
             }
         }
         store.migrate().await?;
+        // Ready once it listens, so that no append after `open` goes
+        // unheard (a first attempt that fails is retried in the background).
+        let (first, listening) = tokio::sync::oneshot::channel();
+        tokio::spawn(listen(
+            config,
+            tls,
+            store.target.clone(),
+            store.notices.clone(),
+            stop,
+            first,
+        ));
+        let _ = listening.await;
         tracing::info!(store = %store.target, pool_size, "session store ready");
         Ok(store)
     }
@@ -452,6 +568,10 @@ impl SessionStore for PostgresStore {
         true
     }
 
+    fn notices(&self) -> Option<broadcast::Receiver<Notice>> {
+        Some(self.notices.subscribe())
+    }
+
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         let what = "create a session";
         let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
@@ -561,19 +681,19 @@ impl SessionStore for PostgresStore {
         // The UPDATE takes the session's row lock and re-reads the counter
         // after any concurrent append commits, so appends to one session
         // take turns across processes and never share a seq.
-        let stmt = self
-            .prepare(
-                &client,
-                what,
-                "WITH s AS (
-                     UPDATE bindery_sessions SET event_seq = event_seq + 1
-                     WHERE id = $1 RETURNING event_seq
-                 )
+        // The notice goes out when the statement commits (see `listen`).
+        let sql = format!(
+            "WITH s AS (
+                 UPDATE bindery_sessions SET event_seq = event_seq + 1
+                 WHERE id = $1 RETURNING event_seq
+             ), e AS (
                  INSERT INTO bindery_events (session_id, seq, kind, data, at)
                  SELECT $1, event_seq, $2, $3, $4 FROM s
-                 RETURNING seq",
-            )
-            .await?;
+                 RETURNING seq
+             )
+             SELECT seq, pg_notify('{NOTICE_CHANNEL}', $1 || ' ' || seq)::TEXT FROM e"
+        );
+        let stmt = self.prepare(&client, what, &sql).await?;
         let row = client
             .query_opt(&stmt, &[&session, &kind, &data, &at])
             .await
@@ -754,6 +874,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_server_hears_of_every_append() {
+        let pg = server();
+        let a = open(&pg).await;
+        let b = open(&pg).await;
+        // `open` returns once the store listens: nothing after it is missed.
+        let mut heard = b.notices().expect("a shared store has notices");
+        a.create(&record("s 1", 1)).await.unwrap();
+        for want in 1..=2 {
+            a.append_event("s 1", "k", &json!({}), 1).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(30), heard.recv()).await;
+            assert_eq!(
+                got.expect("a notice within 30 s").unwrap(),
+                Notice::Appended {
+                    session: "s 1".into(),
+                    seq: want
+                }
+            );
+        }
+        assert_eq!(parse_notice("no-seq"), None);
+        assert_eq!(parse_notice("s x"), None);
+    }
+
+    #[tokio::test]
     async fn replicas_share_sessions_seqs_and_versions() {
         let pg = server();
         let a: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
@@ -807,12 +950,17 @@ mod tests {
         let pg = server();
         let store = open(&pg).await;
         store.create(&record("s1", 1)).await.unwrap();
+        let mut heard = store.notices().unwrap();
         let killed = pg.sql(
             DB,
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
              WHERE datname = 'sessions' AND pid <> pg_backend_pid()",
         );
-        assert_eq!(killed, "1\n");
+        // The pool's one connection so far, and the listening one.
+        assert_eq!(killed, "2\n");
+        // The listening connection comes back, and says what it missed.
+        let resync = tokio::time::timeout(Duration::from_secs(30), heard.recv()).await;
+        assert_eq!(resync.expect("listening again").unwrap(), Notice::Resync);
         // The operation that finds the connection gone may fail; the next
         // one reconnects.
         let first = store.get("s1").await;
@@ -928,13 +1076,14 @@ mod tests {
         let pg = Postgres::start_tls();
         pg.create_database(DB);
         let ca = pg.ca_file();
-        // Whether the store's connection (named by application_name) is
-        // encrypted, as the server sees it.
+        // Whether the store's connections (named by application_name: the
+        // pool's and the listening one) are all encrypted, as the server
+        // sees them.
         let encrypted = |app: &str| {
             pg.sql(
                 DB,
                 &format!(
-                    "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                    "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
                      WHERE a.application_name = '{app}'"
                 ),
             )
