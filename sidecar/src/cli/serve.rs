@@ -270,6 +270,11 @@ fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, Stri
             return Ok(OwnerToken::new(&t));
         }
     }
+    // A first run on a fresh clone has no data directory yet.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+    }
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|e| format!("error: no randomness for an owner token: {e}"))?;
