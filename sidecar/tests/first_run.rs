@@ -151,3 +151,133 @@ async fn the_readme_main_command_serves_in_a_fresh_clone() {
         .await;
     assert_eq!(again.status, 200, "{}\n{}", again.text, sidecar.logs());
 }
+
+/// The `mock-model` binary, built with the cargo running this test (a
+/// no-op once built): Cargo hands a test the path of its own package's
+/// binaries only, and `mock-model` is the `tests` crate's.
+fn mock_model_bin() -> PathBuf {
+    let bin_dir = Path::new(common::bin()).parent().unwrap().to_path_buf();
+    let target_dir = bin_dir.parent().unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "-q", "-p", "bindery-tests", "--bin", "mock-model"])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(common::repo());
+    if bin_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("cargo runs");
+    assert!(
+        status.success(),
+        "cargo build -p bindery-tests --bin mock-model: {status}"
+    );
+    bin_dir.join("mock-model")
+}
+
+/// The README's fenced block that holds `line` (its lines, trimmed).
+fn readme_block<'a>(readme: &'a str, line: &str) -> Vec<&'a str> {
+    let mut block = Vec::new();
+    let mut inside = false;
+    for l in readme.lines() {
+        if l.starts_with("```") {
+            if inside && block.iter().any(|b: &&str| b.starts_with(line)) {
+                return block;
+            }
+            inside = !inside;
+            block.clear();
+        } else if inside {
+            block.push(l.trim());
+        }
+    }
+    panic!("README.md has no code block with a line starting `{line}`")
+}
+
+/// The `-d '…'` body and the URL of a README `curl` line.
+fn curl_request(line: &str) -> (String, serde_json::Value) {
+    let (_, body) = line
+        .split_once(" -d '")
+        .unwrap_or_else(|| panic!("no -d '…' in {line}"));
+    let body = body.rsplit_once('\'').unwrap().0;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.trim_matches('"').starts_with("localhost:"))
+        .unwrap_or_else(|| panic!("no localhost URL in {line}"))
+        .trim_matches('"');
+    let path = &url[url.find('/').unwrap()..];
+    (
+        path.to_owned(),
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{body}: {e}")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_first_run_without_a_key_calls_the_tool_through_the_mock_model() {
+    let readme = readme();
+    let block = readme_block(&readme, "cargo run -p bindery-tests --bin mock-model");
+    let words = |start: &str| -> Vec<String> {
+        let line = block
+            .iter()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("the first-run block has no line starting `{start}`"));
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    let (package, mock_args) =
+        cargo_run_args(&words("cargo run -p bindery-tests --bin mock-model"));
+    assert_eq!(package, "bindery-tests");
+    let (package, mut serve_args) = cargo_run_args(&words("cargo run -p bindery-sidecar -- serve"));
+    assert_eq!(package, "bindery-sidecar");
+    let (path, body) = curl_request(
+        block
+            .iter()
+            .find(|l| l.starts_with("curl") && l.contains("/v1/sessions"))
+            .expect("the first-run block creates a session with curl"),
+    );
+
+    let copy = fresh_copy();
+    let logs = tempfile::tempdir().unwrap();
+    let mock = Sidecar::spawn(
+        in_copy(&mock_model_bin(), &mock_args, copy.path()),
+        logs.path(),
+        "",
+    );
+    // The second change: --model-url names the mock's port of this run.
+    let i = serve_args
+        .iter()
+        .position(|a| a == "--model-url")
+        .expect("the first run's serve names the mock with --model-url");
+    assert!(
+        serve_args[i + 1].starts_with("http://127.0.0.1:"),
+        "{serve_args:?}"
+    );
+    serve_args[i + 1] = format!("{}/v1", mock.url);
+    let sidecar = Sidecar::spawn(
+        in_copy(&sidecar_bin(), &serve_args, copy.path()),
+        logs.path(),
+        "",
+    );
+    let token = std::fs::read_to_string(copy.path().join("data/owner-token")).unwrap();
+    let api = Api::new(&sidecar.url);
+    let r = api
+        .call("POST", &path, Some(token.trim()), Some(&body))
+        .await;
+    assert_eq!(r.status, 201, "{}\n{}", r.text, sidecar.logs());
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    let roles: Vec<_> = turns.iter().map(|t| t["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "assistant"],
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        turns[1]["tool_calls"][0]["function"]["name"],
+        "bash_query-invoices"
+    );
+    // The pinned tenant's invoices, and only them.
+    let answer = turns[3]["content"].as_str().unwrap();
+    assert!(answer.contains("INV-1002"), "{answer}");
+    assert!(!answer.contains("INV-2002"), "{answer}");
+}

@@ -16,7 +16,8 @@ use crate::api::auth::OwnerToken;
 use crate::api::metrics::Metrics;
 use crate::api::server::{router, AppState};
 use crate::llm::ChatMessage;
-use crate::session::clients::{build_clients, ClientOptions};
+use crate::params::SecretString;
+use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
 use crate::session::lease::LeaseConfig;
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
@@ -27,6 +28,15 @@ fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
         timeout: Duration::from_secs(m.llm_timeout),
         max_retries: m.llm_retries,
+        // The key only from the environment: an argv is visible to `ps`.
+        model: m.model_url.as_ref().map(|url| ModelOverride {
+            url: url.clone(),
+            name: m.model_name.clone(),
+            api_key: std::env::var("BINDERY_MODEL_API_KEY")
+                .ok()
+                .filter(|k| !k.trim().is_empty())
+                .map(SecretString::new),
+        }),
     }
 }
 
