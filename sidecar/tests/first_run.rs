@@ -281,3 +281,62 @@ async fn the_readme_first_run_without_a_key_calls_the_tool_through_the_mock_mode
     assert!(answer.contains("INV-1002"), "{answer}");
     assert!(!answer.contains("INV-2002"), "{answer}");
 }
+
+/// `--model-url` takes every agent's requests with its own key
+/// (BINDERY_MODEL_API_KEY) and model name; the agent file's key, meant for
+/// its own server, is never sent there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_url_sends_its_own_key_and_never_the_agent_files() {
+    let mock = bindery_tests::mock_llm::MockLlm::start(common::tool_then_answer).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = common::repo().join("examples/invoices/agent.yaml");
+    let url = mock.url();
+    let (sidecar, api) = common::serve(
+        &agent,
+        &common::sqlite_in(dir.path()),
+        &[
+            "--pin",
+            "tenant=acme-corp",
+            "--model-url",
+            &url,
+            "--model-name",
+            "local-model",
+        ],
+        &[
+            ("OPENAI_API_KEY", common::CANARY),
+            ("BINDERY_MODEL_API_KEY", "key-for-the-local-server"),
+        ],
+        dir.path(),
+    );
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(common::OWNER),
+            Some(
+                &serde_json::json!({"agent": "invoices", "prompt": "Which invoices are overdue?"}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}\n{}", r.text, sidecar.logs());
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let requests = mock.raw_requests();
+    assert_eq!(requests.len(), 2, "a tool call, then the answer");
+    for (headers, body) in &requests {
+        let auth: Vec<_> = headers
+            .iter()
+            .filter(|(k, _)| k == "authorization")
+            .collect();
+        assert_eq!(
+            auth,
+            [&(
+                "authorization".to_string(),
+                "Bearer key-for-the-local-server".to_string()
+            )]
+        );
+        assert!(!body.contains(common::CANARY));
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["model"], "local-model");
+    }
+}
