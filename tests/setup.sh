@@ -26,7 +26,7 @@ tests/mcp/install-mcp-servers.sh
 
 # The chat page's browser test (sidecar/tests/chat_page.rs): playwright-core
 # from npm, driving Debian's chromium (below).
-tests/browser/install-playwright.sh
+tests/npm-ci.sh tests/browser
 
 # The Postgres store tests (tests/src/postgres.rs): PostgreSQL 15's server
 # binaries, the `postgres` user they run as when the tests run as root, and
