@@ -18,6 +18,7 @@ use serde_json::Value;
 
 const USAGE: &str = "usage: mock-model [--listen HOST:PORT] [--tool NAME] [--args JSON]";
 
+#[derive(Debug)]
 struct Options {
     listen: String,
     tool: Option<String>,
@@ -83,4 +84,44 @@ async fn main() -> ExitCode {
     }
     mock.shutdown().await;
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        options(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn options_have_defaults_and_name_what_is_wrong() {
+        let o = parse(&[]).unwrap();
+        assert_eq!(o.listen, "127.0.0.1:9090");
+        assert_eq!(o.tool, None);
+        assert_eq!(o.args, serde_json::json!({}));
+        let o = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--tool",
+            "t",
+            "--args",
+            r#"{"a": 1}"#,
+        ])
+        .unwrap();
+        assert_eq!(
+            (o.listen.as_str(), o.tool.as_deref()),
+            ("127.0.0.1:0", Some("t"))
+        );
+        assert_eq!(o.args, serde_json::json!({"a": 1}));
+        assert!(parse(&["--args", "[1]"])
+            .unwrap_err()
+            .contains("not a JSON object"));
+        assert!(parse(&["--listen"])
+            .unwrap_err()
+            .contains("--listen needs a value"));
+        assert!(parse(&["--port", "1"])
+            .unwrap_err()
+            .contains("unknown argument `--port`"));
+    }
 }
