@@ -94,10 +94,19 @@ try {
   await page.getByRole("heading", { name: "Bindery chat" }).waitFor();
   await shot(page, "connect");
 
+  step = "a wrong token is refused, and the page says so";
+  await page.getByLabel("Owner token").fill("not-the-owner-token");
+  await page.getByRole("button", { name: "Connect" }).click();
+  await page.getByRole("alert").filter({ hasText: "unauthorized" }).waitFor();
+  // That 401 was the point; nothing else may fail.
+  problems.splice(0, problems.length, ...problems.filter((p) => !p.startsWith("HTTP 401 for GET")));
+  check(await page.locator("#new-session").isHidden(), "a refused token shows the agents");
+
   step = "connect with the owner token, by keyboard";
   await page.getByLabel("Owner token").fill(ownerToken);
   await page.getByLabel("Owner token").press("Enter");
   await page.getByText("Connected with the owner token.").waitFor();
+  check(await page.getByRole("alert").isHidden(), "the error stays after connecting");
   check(await page.locator("#connect").isHidden(), "the connect form stays once connected");
 
   step = "pick the agent and see its open parameters";
