@@ -277,6 +277,10 @@ function toolCallItem(call) {
 function render(view) {
   if (view.session_id !== state.session) return;
   const list = $("transcript");
+  // Tool calls the person unfolded stay unfolded.
+  const unfolded = new Set(
+    [...list.querySelectorAll("li.tool details[open]")].map((d) => d.parentElement.dataset.call),
+  );
   const items = [];
   const calls = new Map();
   for (const t of view.session.turns) {
@@ -288,6 +292,7 @@ function render(view) {
       }
       for (const call of t.tool_calls || []) {
         const item = toolCallItem(call);
+        if (unfolded.has(call.id)) item.firstChild.open = true;
         calls.set(call.id, item);
         items.push(item);
       }
