@@ -101,6 +101,7 @@ try {
   // That 401 was the point; nothing else may fail.
   problems.splice(0, problems.length, ...problems.filter((p) => !p.startsWith("HTTP 401 for GET")));
   check(await page.locator("#new-session").isHidden(), "a refused token shows the agents");
+  await shot(page, "refused-token");
 
   step = "connect with the owner token, by keyboard";
   await page.getByLabel("Owner token").fill(ownerToken);
