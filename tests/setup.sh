@@ -24,6 +24,10 @@ tests/helm/install-helm.sh
 # The MCP toolbox tests' third-party server (server-everything, from npm).
 tests/mcp/install-mcp-servers.sh
 
+# The chat page's browser test (sidecar/tests/chat_page.rs): playwright-core
+# from npm, driving Debian's chromium (below).
+tests/npm-ci.sh tests/browser
+
 # The Postgres store tests (tests/src/postgres.rs): PostgreSQL 15's server
 # binaries, the `postgres` user they run as when the tests run as root, and
 # openssl for the TLS test's certificates.
@@ -35,4 +39,15 @@ if ! { command -v initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb'; } >/d
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 openssl >/dev/null
+fi
+
+# The chat page's browser: Debian's chromium, headless, and a font for its
+# screenshots.
+if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests/setup.sh: chromium is missing; as root: apt-get install chromium fonts-dejavu-core" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi

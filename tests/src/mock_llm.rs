@@ -180,6 +180,18 @@ impl MockLlm {
     ///
     /// Panics if no loopback port can be bound: this is test support.
     pub async fn start(script: impl Fn(&Value) -> MockReply + Send + Sync + 'static) -> MockLlm {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind a loopback port for the mock LLM");
+        MockLlm::serve(listener, script)
+    }
+
+    /// Like [`MockLlm::start`], on a listener of the caller's (the
+    /// `mock-model` binary's `--listen`).
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+    ) -> MockLlm {
         let shared = Arc::new(Shared {
             script: Box::new(script),
             requests: Mutex::new(Vec::new()),
@@ -195,9 +207,6 @@ impl MockLlm {
                 )
             })
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-            .await
-            .expect("bind a loopback port for the mock LLM");
         let addr = listener
             .local_addr()
             .expect("the mock LLM's listener has an address");
@@ -309,6 +318,33 @@ impl std::fmt::Debug for MockLlm {
             .field("url", &self.url())
             .field("requests", &self.request_count())
             .finish()
+    }
+}
+
+/// A script for trying an agent without a model: a user's message makes
+/// it call `tool` (default: the first tool the request offers) with
+/// `arguments`; a tool's result makes it answer with that result. Without
+/// tools it echoes the message.
+pub fn first_tool_then_answer(
+    tool: Option<String>,
+    arguments: Value,
+) -> impl Fn(&Value) -> MockReply + Send + Sync + 'static {
+    move |req| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            let output = last["content"].as_str().unwrap_or("").trim_end();
+            return MockReply::text(format!(
+                "The tool answered (I am the mock model and only relay it):\n\n{output}"
+            ));
+        }
+        let offered = tool_names(req);
+        match tool.clone().or_else(|| offered.first().cloned()) {
+            Some(name) => MockReply::tool_call(name, arguments.clone()),
+            None => MockReply::text(format!(
+                "You said: {}",
+                last["content"].as_str().unwrap_or("")
+            )),
+        }
     }
 }
 

@@ -30,17 +30,26 @@ pub struct Launch<'a> {
 impl Sidecar {
     /// Start and wait until it says where it listens (or fail with its log).
     pub fn start(l: Launch<'_>) -> Sidecar {
-        let n = std::fs::read_dir(l.log_dir).map(|d| d.count()).unwrap_or(0);
-        let stderr_log = l.log_dir.join(format!("sidecar-{n}.stderr"));
-        let stderr = std::fs::File::create(&stderr_log).expect("stderr log");
-        let mut child = Command::new(l.bin)
-            .arg("serve")
+        let mut cmd = Command::new(l.bin);
+        cmd.arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(&l.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("BINDERY_OWNER_TOKEN", l.owner_token)
-            .envs(l.env.iter().map(|(k, v)| (k, v)))
+            .envs(l.env.iter().map(|(k, v)| (k, v)));
+        Sidecar::spawn(cmd, l.log_dir, l.owner_token)
+    }
+
+    /// Run `cmd` (a `serve` however it was spelled: the README's first-run
+    /// tests build it from the README) and wait until it prints `listening
+    /// on URL` (or fail with its log). Its stderr goes to a file in
+    /// `log_dir`; `owner_token` is the token it serves with.
+    pub fn spawn(mut cmd: Command, log_dir: &Path, owner_token: &str) -> Sidecar {
+        let n = std::fs::read_dir(log_dir).map(|d| d.count()).unwrap_or(0);
+        let stderr_log = log_dir.join(format!("sidecar-{n}.stderr"));
+        let stderr = std::fs::File::create(&stderr_log).expect("stderr log");
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -64,7 +73,8 @@ impl Sidecar {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "bindery-sidecar did not start; its stderr:\n{}",
+                    "{:?} did not start; its stderr:\n{}",
+                    cmd.get_program(),
                     std::fs::read_to_string(&stderr_log).unwrap_or_default()
                 );
             }
@@ -72,7 +82,7 @@ impl Sidecar {
         Sidecar {
             child,
             url,
-            owner_token: l.owner_token.to_string(),
+            owner_token: owner_token.to_string(),
             stderr_log,
             stdout_lines: lines,
         }

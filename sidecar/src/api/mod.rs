@@ -1,7 +1,8 @@
 //! The HTTP API: routes, authentication, views, metrics, the OpenAPI
-//! document and MCP over HTTP.
+//! document, MCP over HTTP and the chat page.
 
 pub mod auth;
+pub mod chat;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;

@@ -29,6 +29,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sessions/{id}/token"),
     ("GET", "/v1/sessions/{id}/events"),
     ("POST", "/mcp"),
+    ("GET", "/"),
+    ("GET", "/chat.js"),
+    ("GET", "/chat.css"),
 ];
 
 /// The 422 codes of a request that sets parameters on a new session.
@@ -53,6 +56,7 @@ pub fn document(version: &str) -> Value {
             { "name": "agents", "description": "The agents this server runs." },
             { "name": "sessions", "description": "Conversations with an agent, their runs and parameters." },
             { "name": "mcp", "description": "The agents as MCP tools (MCP's Streamable HTTP transport)." },
+            { "name": "chat", "description": "The chat page, for a person trying an agent." },
         ],
         "security": owner(),
         "paths": paths(),
@@ -234,6 +238,21 @@ fn paths() -> Value {
         ("DELETE", "/v1/sessions/{id}/token", revoke_session_tokens()),
         ("GET", "/v1/sessions/{id}/events", stream_events()),
         ("POST", "/mcp", mcp()),
+        (
+            "GET",
+            "/",
+            chat_file("chatPage", "The chat page", "text/html"),
+        ),
+        (
+            "GET",
+            "/chat.js",
+            chat_file("chatScript", "The chat page's script", "text/javascript"),
+        ),
+        (
+            "GET",
+            "/chat.css",
+            chat_file("chatStyle", "The chat page's style sheet", "text/css"),
+        ),
     ];
     let mut paths = Map::new();
     for (method, path, operation) in operations {
@@ -568,6 +587,26 @@ fn revoke_session_tokens() -> Value {
 /// A JSON-RPC error response of `/mcp`.
 fn jsonrpc_error(description: &str) -> Value {
     json_response(description, schema("JsonRpcResponse"))
+}
+
+/// A file of the chat page: public, as the page holds no data (the person
+/// gives it a token); served with a strict Content-Security-Policy.
+fn chat_file(id: &str, summary: &str, media_type: &str) -> Value {
+    json!({
+        "operationId": id,
+        "tags": ["chat"],
+        "summary": summary,
+        "security": public(),
+        "responses": {
+            "200": {
+                "description": "The file, embedded in the server.",
+                "headers": {
+                    "Content-Security-Policy": { "schema": { "type": "string" } },
+                },
+                "content": { media_type: { "schema": { "type": "string" } } },
+            },
+        },
+    })
 }
 
 fn mcp() -> Value {

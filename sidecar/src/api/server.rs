@@ -79,6 +79,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .get(super::mcp::not_allowed)
                 .delete(super::mcp::not_allowed),
         )
+        .merge(super::chat::routes())
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -131,6 +131,21 @@ pub struct ModelArgs {
     /// Model turns one run may take (an agent's `maxSteps` wins).
     #[arg(long, default_value_t = 20)]
     pub max_steps: u32,
+    /// Send every agent's model requests to this OpenAI-compatible API root
+    /// instead of its `spec.model.url` (a local server, or the mock model):
+    /// e.g. http://127.0.0.1:11434/v1. The agent files' API keys are then
+    /// not sent; BINDERY_MODEL_API_KEY gives this server's, if it wants one.
+    #[arg(long, value_name = "URL", env = "BINDERY_MODEL_URL")]
+    pub model_url: Option<String>,
+    /// The model name sent with --model-url (default: each agent's
+    /// `spec.model.name`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BINDERY_MODEL_NAME",
+        requires = "model_url"
+    )]
+    pub model_name: Option<String>,
 }
 
 /// Which agents to load and the operator's parameter values.

@@ -16,7 +16,8 @@ use crate::api::auth::OwnerToken;
 use crate::api::metrics::Metrics;
 use crate::api::server::{router, AppState};
 use crate::llm::ChatMessage;
-use crate::session::clients::{build_clients, ClientOptions};
+use crate::params::SecretString;
+use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
 use crate::session::lease::LeaseConfig;
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
@@ -27,6 +28,15 @@ fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
         timeout: Duration::from_secs(m.llm_timeout),
         max_retries: m.llm_retries,
+        // The key only from the environment: an argv is visible to `ps`.
+        model: m.model_url.as_ref().map(|url| ModelOverride {
+            url: url.clone(),
+            name: m.model_name.clone(),
+            api_key: std::env::var("BINDERY_MODEL_API_KEY")
+                .ok()
+                .filter(|k| !k.trim().is_empty())
+                .map(SecretString::new),
+        }),
     }
 }
 
@@ -271,6 +281,11 @@ fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, Stri
             tracing::info!(file = %path.display(), "owner token read from file");
             return Ok(OwnerToken::new(&t));
         }
+    }
+    // A first run on a fresh clone has no data directory yet.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
     }
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)

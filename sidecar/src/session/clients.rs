@@ -12,6 +12,19 @@ use crate::tree::AgentTree;
 pub struct ClientOptions {
     pub timeout: Duration,
     pub max_retries: u32,
+    /// Every agent's model requests go here instead (`--model-url`).
+    pub model: Option<ModelOverride>,
+}
+
+/// One OpenAI-compatible server for every agent, in place of each agent
+/// file's `spec.model`: a local server, or the mock model of a first run.
+pub struct ModelOverride {
+    pub url: String,
+    /// The model name sent; `None` keeps each agent's `spec.model.name`.
+    pub name: Option<String>,
+    /// The key for this server. An agent file's `apiKey` is never sent in
+    /// its place: it belongs to the agent file's server.
+    pub api_key: Option<SecretString>,
 }
 
 /// Clients by agent name, and warnings (an API key that could not be read:
@@ -25,10 +38,20 @@ pub fn build_clients(
     let mut warnings = Vec::new();
     for agent in tree.agents.values() {
         let m = &agent.spec.model;
-        let mut endpoint = ModelEndpoint::new(m.url.clone(), m.name.clone());
+        let mut endpoint = match &opts.model {
+            Some(o) => {
+                let name = o.name.clone().unwrap_or_else(|| m.name.clone());
+                let endpoint = ModelEndpoint::new(o.url.clone(), name);
+                match &o.api_key {
+                    Some(k) => endpoint.with_api_key(k.clone()),
+                    None => endpoint,
+                }
+            }
+            None => ModelEndpoint::new(m.url.clone(), m.name.clone()),
+        };
         endpoint.timeout = opts.timeout;
         endpoint.max_retries = opts.max_retries;
-        if let Some(src) = &m.api_key {
+        if let Some(src) = m.api_key.as_ref().filter(|_| opts.model.is_none()) {
             let base = agent.file.parent().unwrap_or(Path::new("."));
             match read_source(src, base, keys) {
                 Ok(serde_json::Value::String(k)) => {
@@ -44,12 +67,13 @@ pub fn build_clients(
                 )),
             }
         }
-        let client = ChatClient::new(endpoint).map_err(|e| {
-            format!(
+        let client = ChatClient::new(endpoint).map_err(|e| match &opts.model {
+            Some(_) => format!("--model-url: {e}"),
+            None => format!(
                 "{}: agent `{}`, model: {e}",
                 agent.file.display(),
                 agent.name
-            )
+            ),
         })?;
         clients.insert(agent.name.clone(), client);
     }

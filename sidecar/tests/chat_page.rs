@@ -1,0 +1,125 @@
+//! The chat page at `/`, used in a real browser: Debian's headless
+//! chromium driven by playwright-core (tests/browser/chat-page.mjs, as
+//! `tests/setup.sh` installs them) against the real sidecar and the mock
+//! model. The script connects with the owner token, fills the agent's
+//! parameter form (a secret among them), sends a message, sees the answer
+//! stream with its tool call, forks, lists the sessions and opens the
+//! shared link in a fresh profile; it saves a screenshot of each state
+//! under `target/tmp/chat-page/` (the path is printed). This test then
+//! checks the page's headers and that the secret value reached neither the
+//! model, the logs nor the store.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{contains, raw_files, tool_then_answer, World, CANARY, OWNER};
+
+fn browser_script() -> std::path::PathBuf {
+    common::repo().join("tests/browser/chat-page.mjs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_embedded_with_a_strict_policy_and_no_cookies() {
+    let w = World::new(tool_then_answer).await;
+    let (_sidecar, api) = w.start(&[], &[]);
+    for (path, media_type) in [
+        ("/", "text/html"),
+        ("/chat.js", "text/javascript"),
+        ("/chat.css", "text/css"),
+    ] {
+        // No token: the page holds no data.
+        let r = api
+            .http
+            .get(format!("{}{path}", api.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default()
+        };
+        assert!(header("content-type").starts_with(media_type), "{path}");
+        let csp = header("content-security-policy");
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(csp.contains(directive), "{path}: {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{path}: {csp}");
+        assert_eq!(header("x-content-type-options"), "nosniff");
+        assert!(r.headers().get("set-cookie").is_none(), "{path}");
+        let body = r.text().await.unwrap();
+        if path == "/" {
+            // Scripts only from files, no inline style or handler.
+            assert!(!body.contains("<script>"), "inline script");
+            assert!(!body.contains(" style="), "inline style");
+            let handler = body.split(" on").skip(1).find(|rest| {
+                let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+                !name.is_empty() && rest[name.len()..].starts_with('=')
+            });
+            assert!(handler.is_none(), "an inline event handler: on{handler:?}");
+            assert!(!body.contains("http"), "a third-party URL");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_chats_forks_and_lists_in_a_real_browser() {
+    let node_modules = common::repo().join("tests/browser/node_modules/playwright-core");
+    assert!(
+        node_modules.is_dir(),
+        "{} is missing: run tests/setup.sh (it installs playwright-core and chromium)",
+        node_modules.display()
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: run tests/setup.sh (apt-get install chromium)"
+    );
+
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page");
+    let _ = std::fs::remove_dir_all(&shots);
+    let url = sidecar.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(browser_script())
+            .args([&url, OWNER, CANARY])
+            .arg(&shots)
+            .env("CHROMIUM", chromium)
+            .output()
+            .expect("node runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the browser script failed ({}):\n{stdout}\n{stderr}\nsidecar log:\n{}",
+        out.status,
+        sidecar.logs()
+    );
+    assert!(stdout.contains("chat page: all steps passed"), "{stdout}");
+
+    // Two runs (the owner's message, the link holder's), each a tool call
+    // then an answer; the secret never went to the model.
+    assert_eq!(w.mock.request_count(), 4);
+    for (_, body) in w.mock.raw_requests() {
+        assert!(!body.contains(CANARY), "the model saw the secret: {body}");
+    }
+    assert!(!sidecar.logs().contains(CANARY), "the secret is in the log");
+    let store = raw_files(&w.dir.path().join("store"), "bindery.sqlite");
+    assert!(!store.is_empty());
+    assert!(!contains(&store, CANARY), "the secret is in the store");
+}

@@ -1,0 +1,216 @@
+// Drives the sidecar's chat page in Debian's headless chromium, as a person
+// would, for sidecar/tests/chat_page.rs (which starts the sidecar and the
+// mock model and checks what they saw):
+//
+//   node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR
+//
+// Prints one line per step and a screenshot path per state; exits non-zero,
+// naming the step, on the first thing that is not as expected.
+import { chromium } from "playwright-core";
+import path from "node:path";
+import fs from "node:fs";
+
+const [base, ownerToken, canary, shots] = process.argv.slice(2);
+if (!shots) {
+  console.error("usage: node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR");
+  process.exit(2);
+}
+fs.mkdirSync(shots, { recursive: true });
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+const TIMEOUT = 30_000;
+
+let step = "launch";
+const problems = [];
+function check(ok, what) {
+  if (!ok) throw new Error(what);
+}
+
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+
+/// A fresh profile (no sessionStorage, no cookies) whose console errors,
+/// CSP reports included, and script errors are kept as problems.
+async function newPage() {
+  const context = await browser.newContext({ viewport: { width: 1200, height: 860 } });
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  page.on("console", (m) => {
+    // A failed request is judged by its response, below.
+    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) {
+      problems.push(`console error: ${m.text()}`);
+    }
+  });
+  page.on("response", (r) => {
+    // The browser asks for /favicon.ico by itself; the page has none.
+    if (r.status() >= 400 && new URL(r.url()).pathname !== "/favicon.ico") {
+      problems.push(`HTTP ${r.status()} for ${r.request().method()} ${r.url()}`);
+    }
+  });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  return { context, page };
+}
+
+let n = 0;
+async function shot(page, name) {
+  n += 1;
+  const file = path.join(shots, `${String(n).padStart(2, "0")}-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  console.log(`screenshot ${file}`);
+}
+
+/// Nothing the page shows, holds in its markup or keeps in storage has the
+/// secret value (a password input's value is neither markup nor text).
+async function secretNeverRendered(page) {
+  const seen = await page.evaluate(
+    (c) => ({
+      html: document.documentElement.outerHTML.includes(c),
+      text: document.body.innerText.includes(c),
+      storage: JSON.stringify(Object.entries(sessionStorage)).includes(c),
+      cookie: document.cookie,
+    }),
+    canary,
+  );
+  check(!seen.html && !seen.text && !seen.storage, `the secret value is rendered: ${JSON.stringify(seen)}`);
+  check(seen.cookie === "", `the page has cookies: ${seen.cookie}`);
+}
+
+try {
+  const { context, page } = await newPage();
+
+  step = "open the page";
+  const response = await page.goto(base + "/");
+  check(response.ok(), `GET / answered ${response.status()}`);
+  await page.getByRole("heading", { name: "Bindery chat" }).waitFor();
+  await shot(page, "connect");
+
+  step = "a wrong token is refused, and the page says so";
+  await page.getByLabel("Owner token").fill("not-the-owner-token");
+  await page.getByRole("button", { name: "Connect" }).click();
+  await page.getByRole("alert").filter({ hasText: "unauthorized" }).waitFor();
+  // That 401 was the point; nothing else may fail.
+  problems.splice(0, problems.length, ...problems.filter((p) => !p.startsWith("HTTP 401 for GET")));
+  check(await page.locator("#new-session").isHidden(), "a refused token shows the agents");
+  await shot(page, "refused-token");
+
+  step = "connect with the owner token, by keyboard";
+  await page.getByLabel("Owner token").fill(ownerToken);
+  await page.getByLabel("Owner token").press("Enter");
+  await page.getByText("Connected with the owner token.").waitFor();
+  check(await page.getByRole("alert").isHidden(), "the error stays after connecting");
+  check(await page.locator("#connect").isHidden(), "the connect form stays once connected");
+
+  step = "pick the agent and see its open parameters";
+  await page.getByLabel("Agent", { exact: true }).selectOption("invoices");
+  const fields = page.locator("#session-param-fields input");
+  await fields.first().waitFor();
+  const names = await fields.evaluateAll((inputs) => inputs.map((i) => `${i.name}:${i.type}`));
+  // tenant and billing_token are open; region has a default (bound); otp is
+  // message-scope, asked for with each message.
+  check(
+    JSON.stringify(names) === JSON.stringify(["tenant:text", "billing_token:password"]),
+    `session parameter fields: ${JSON.stringify(names)}`,
+  );
+  await page.getByLabel(/^tenant/).fill("acme-corp");
+  await page.getByLabel(/^billing_token/).fill(canary);
+  await page.getByLabel("Give a link to this session").check();
+  await shot(page, "agent-and-parameters");
+
+  step = "create a session";
+  await page.getByRole("button", { name: "Create session" }).click();
+  const title = page.locator("#chat-title");
+  await title.filter({ hasText: "Session" }).waitFor();
+  const otp = page.locator("#message-param-fields input[name=otp]");
+  check((await otp.getAttribute("type")) === "password", "the message-scope secret otp is not a password input");
+  const link = await page.getByLabel(/^Link to this session/).inputValue();
+  check(/#session=[^&]+&token=st_/.test(link), `share link: ${link}`);
+
+  step = "send a message (Enter) and see the run stream";
+  // What the page shows while the answer streams: each `.streaming` text.
+  await page.evaluate(() => {
+    window.__streamed = [];
+    new MutationObserver(() => {
+      const s = document.querySelector("#transcript .streaming");
+      if (s) window.__streamed.push(s.lastChild.textContent);
+    }).observe(document.getElementById("transcript"), { childList: true, subtree: true, characterData: true });
+  });
+  await page.getByLabel("Message").fill("Which invoices are overdue?");
+  await page.getByLabel("Message").press("Enter");
+  const tool = page.locator("#transcript .turn.tool").first();
+  await tool.locator(".tool-state", { hasText: "done" }).waitFor();
+  check((await tool.locator(".tool-name").innerText()) === "bash_query-invoices", "tool name");
+  const args = await tool.locator(".tool-args").innerText();
+  check(args.includes("overdue") && !args.includes(canary), `tool arguments: ${args}`);
+  const answer = page.locator("#transcript .turn.assistant:not(.streaming)").last();
+  await answer.filter({ hasText: "INV-1002" }).waitFor();
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+  const streamed = await page.evaluate(() => window.__streamed);
+  check(streamed.some((t) => t.length > 0), "no streamed text was shown before the answer");
+  await tool.locator("summary").click();
+  await tool.locator(".tool-result", { hasText: "INV-1002" }).waitFor();
+  await secretNeverRendered(page);
+  await shot(page, "answer-with-tool-call");
+  console.log(`streamed ${streamed.length} partial texts, the last: ${JSON.stringify(streamed.at(-1))}`);
+
+  step = "fork the session";
+  const original = (await title.innerText()).match(/Session (\S+)/)[1];
+  await page.getByRole("button", { name: "Fork" }).click();
+  await title.filter({ hasText: `fork of ${original}` }).waitFor();
+  await page.locator("#transcript .turn.tool").first().waitFor();
+  check((await page.locator("#share").isHidden()), "a fork shows a share link");
+  await shot(page, "fork");
+
+  step = "list sessions";
+  await page.getByRole("button", { name: "Refresh" }).click();
+  const items = page.locator("#session-list li");
+  await items.nth(1).waitFor();
+  const listed = await items.allInnerTexts();
+  check(listed.length === 2, `sessions listed: ${JSON.stringify(listed)}`);
+  check(listed.some((t) => t.includes(`fork of ${original}`)), `no fork listed: ${JSON.stringify(listed)}`);
+  await page.locator("#session-list li button", { hasText: "fork of" }).waitFor();
+  // Back to the first session from the list, by keyboard.
+  const first = page.locator("#session-list li button").filter({ hasNotText: "fork of" });
+  await first.focus();
+  await page.keyboard.press("Enter");
+  await title.filter({ hasNotText: "fork of" }).waitFor();
+  check((await first.getAttribute("aria-current")) === "true", "the open session is not marked in the list");
+  await secretNeverRendered(page);
+  await shot(page, "sessions");
+  check((await context.cookies()).length === 0, "the owner's browser got cookies");
+
+  step = "open the shared link in a fresh browser profile";
+  const other = await newPage();
+  await other.page.goto(link);
+  await other.page.getByText("Opened with a session token: this session only.").waitFor();
+  await other.page.locator("#transcript .turn.tool").first().waitFor();
+  check(await other.page.locator("#connect").isHidden(), "the connect form shows with a session token");
+  check(await other.page.locator("#sessions").isHidden(), "the session list shows with a session token");
+  check(await other.page.locator("#fork").isHidden(), "a session-token holder is offered Fork");
+  await other.page.getByLabel("Message").fill("And the open ones?");
+  await other.page.getByLabel("Message").press("Enter");
+  await other.page.locator("#transcript .turn.user", { hasText: "And the open ones?" }).waitFor();
+  await other.page.locator("#transcript .turn.tool").nth(1).locator(".tool-state", { hasText: "done" }).waitFor();
+  await other.page.locator("#status", { hasText: "idle" }).waitFor();
+  await secretNeverRendered(other.page);
+  await shot(other.page, "shared-link");
+  check((await other.context.cookies()).length === 0, "the link's browser got cookies");
+
+  check(problems.length === 0, problems.join("\n"));
+  console.log("chat page: all steps passed");
+} catch (e) {
+  console.error(`chat page, step "${step}": ${e.message}`);
+  if (problems.length) console.error(problems.join("\n"));
+  await browser.close();
+  process.exit(1);
+}
+await browser.close();
