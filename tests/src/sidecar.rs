@@ -98,6 +98,11 @@ impl Sidecar {
         s
     }
 
+    /// The process id (for /proc readings in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: a crash, for restart tests.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
