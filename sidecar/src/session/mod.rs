@@ -3,6 +3,7 @@
 pub mod ask;
 pub mod clients;
 pub mod error;
+mod fanout;
 pub mod lease;
 pub mod model;
 pub mod runner;

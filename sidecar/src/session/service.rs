@@ -14,6 +14,8 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::error::ServiceError;
+use super::fanout::Fanout;
+pub use super::fanout::LiveEvent;
 use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::runner::{self, RunContext, RunEnd, RunSink};
@@ -54,13 +56,6 @@ impl Default for ServiceConfig {
     }
 }
 
-/// An event as live subscribers get it.
-#[derive(Clone, Debug)]
-pub enum LiveEvent {
-    Stored(EventRecord),
-    Delta(String),
-}
-
 /// What exists of a session in memory only.
 struct Live {
     /// Serializes read-modify-write of the stored record.
@@ -68,7 +63,7 @@ struct Live {
     /// Session-scope secret values: never written anywhere.
     secrets: Mutex<Values>,
     run: Mutex<Option<RunHandle>>,
-    events: broadcast::Sender<LiveEvent>,
+    events: Fanout,
     /// On a shared store: bumped when another server appends an event to
     /// this session (see [`Service::relay_notices`]); subscribers then read
     /// the store.
@@ -201,7 +196,7 @@ impl Service {
                     lock: tokio::sync::Mutex::new(()),
                     secrets: Mutex::new(Values::new()),
                     run: Mutex::new(None),
-                    events: broadcast::channel(1024).0,
+                    events: Fanout::default(),
                     elsewhere: watch::Sender::new(()),
                 })
             })
@@ -230,7 +225,7 @@ impl Service {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .is_empty()
-                && l.events.receiver_count() == 0
+                && l.events.is_empty()
         });
         if idle {
             map.remove(id);
@@ -875,7 +870,7 @@ impl Service {
                 let Some(live) = self.peek(id) else {
                     return; // nobody in memory, so nobody listening
                 };
-                let _ = live.events.send(LiveEvent::Stored(EventRecord {
+                live.events.send(LiveEvent::Stored(EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
@@ -934,8 +929,8 @@ impl Service {
             };
             let gap = tokio::select! {
                 got = rx.recv() => match got {
-                    Ok(LiveEvent::Delta(text)) => return Some(vec![LiveEvent::Delta(text)]),
-                    Ok(LiveEvent::Stored(e)) => match next_step(*last, e.seq) {
+                    Some(LiveEvent::Delta(text)) => return Some(vec![LiveEvent::Delta(text)]),
+                    Some(LiveEvent::Stored(e)) => match next_step(*last, e.seq) {
                         Step::Skip => continue,
                         Step::Send => {
                             *last = e.seq;
@@ -943,11 +938,12 @@ impl Service {
                         }
                         Step::Fetch => Some(e),
                     },
-                    Err(_) => return None,
+                    // Dropped for falling behind (or the session left memory).
+                    None => return None,
                 },
                 _ = tick => {
                     if self.is_running(id) {
-                        continue; // the broadcast has it all
+                        continue; // the live feed has it all
                     }
                     None
                 }
@@ -1153,7 +1149,7 @@ impl Service {
 /// [`Service::next_events`]).
 pub struct Feed {
     id: String,
-    rx: broadcast::Receiver<LiveEvent>,
+    rx: tokio::sync::mpsc::Receiver<LiveEvent>,
     /// The `seq` of the last stored event given.
     last: i64,
     /// On a shared store: changes when another server stores an event of
@@ -1262,7 +1258,7 @@ impl RunSink for SessionSink<'_> {
 
     fn delta(&self, text: &str) {
         if let Some(live) = self.service.peek(self.id) {
-            let _ = live.events.send(LiveEvent::Delta(text.to_string()));
+            live.events.send(LiveEvent::Delta(text.to_string()));
         }
     }
 }
