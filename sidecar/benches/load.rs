@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use bindery_tests::mock_llm::MockLlm;
 use bindery_tests::postgres::Postgres;
 use bindery_tests::sidecar::{Api, Sidecar};
-use common::{repo, serve, tool_then_answer, OWNER};
+use common::{invoices_agent_file, repo, serve, tool_then_answer, OWNER};
 use serde_json::{json, Value};
 
 const TENANT: &str = "acme-corp";
@@ -108,33 +108,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// The example's invoices tool, its token a process-scope secret (so any
-/// replica can run any session) and its tenant a session value.
+/// The invoices agent, its token a process-scope secret (so any replica
+/// can run any session) and its tenant a session value.
 fn agent_file(dir: &Path, model_url: &str) -> String {
-    let tools = repo().join("examples/invoices/tools");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: invoices
-spec:
-  model: {{url: "{model_url}", name: mock-model}}
-  systemPrompt: You are an invoices assistant.
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: billing_token, secret: true}}
-  toolboxes:
-    - bash:
-        directory: "{tools}"
-        bindings:
-          - {{arg: tenant_id, value: {{param: tenant}}}}
-          - {{arg: token, value: {{param: billing_token}}}}
-"#,
-        tools = tools.display()
-    );
-    let path = dir.join("load-agent.yaml");
-    std::fs::write(&path, text).expect("the agent file");
-    path.display().to_string()
+    let parameters = "    - {name: tenant, scope: session}
+    - {name: billing_token, secret: true}
+";
+    invoices_agent_file(dir, model_url, parameters, "")
+        .display()
+        .to_string()
 }
 
 /// One row of the table.

@@ -34,6 +34,22 @@ pub fn invoices_agent(dir: &Path, model_url: &str) -> PathBuf {
 /// The invoices agent with `extra_toolboxes` (YAML list items, indented
 /// four spaces) after its own toolbox.
 pub fn invoices_agent_with(dir: &Path, model_url: &str, extra_toolboxes: &str) -> PathBuf {
+    let parameters = "    - {name: tenant, scope: session, description: the tenant}
+    - {name: billing_token, secret: true, scope: session}
+    - {name: otp, secret: true, scope: message, required: false}
+    - {name: region, scope: process, required: false, default: {value: eu}}
+";
+    invoices_agent_file(dir, model_url, parameters, extra_toolboxes)
+}
+
+/// The invoices agent with `parameters` (YAML list items, indented four
+/// spaces), which must declare `tenant` and `billing_token`.
+pub fn invoices_agent_file(
+    dir: &Path,
+    model_url: &str,
+    parameters: &str,
+    extra_toolboxes: &str,
+) -> PathBuf {
     let tools = repo().join("examples/invoices/tools");
     let text = format!(
         r#"apiVersion: bindery.dev/v1alpha1
@@ -45,11 +61,7 @@ spec:
   model: {{url: "{model_url}", name: mock-model}}
   systemPrompt: You are an invoices assistant.
   parameters:
-    - {{name: tenant, scope: session, description: the tenant}}
-    - {{name: billing_token, secret: true, scope: session}}
-    - {{name: otp, secret: true, scope: message, required: false}}
-    - {{name: region, scope: process, required: false, default: {{value: eu}}}}
-  toolboxes:
+{parameters}  toolboxes:
     - bash:
         directory: "{tools}"
         bindings:
