@@ -5,6 +5,7 @@ pub mod clients;
 pub mod error;
 pub mod lease;
 pub mod model;
+pub mod pending;
 pub mod runner;
 pub mod service;
 pub mod store;

@@ -16,9 +16,10 @@ use crate::api::metrics::{Metrics, ToolOutcome};
 use crate::bindings::BoundTool;
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::params::Values;
+use crate::session::pending::{PendingCall, Resolution};
 use crate::tools::cache::ToolCache;
 use crate::tools::helpers::{self, HelperEnv};
-use crate::tools::{CallContext, ToolError};
+use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 
 /// How a run ended.
@@ -31,6 +32,26 @@ pub enum RunEnd {
     Cancelled,
     /// The model could not be reached or answered nonsense.
     Failed(String),
+    /// `run: step` took its one model turn (and ran its calls).
+    Stepped,
+    /// Tool calls wait (a person's approval, a client's result); the calls
+    /// that did not wait have run and their results are in the history.
+    Blocked(Vec<Blocked>),
+}
+
+/// A call the run stopped before.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub call: ToolCall,
+    pub disposition: Disposition,
+    /// Names of the parameters bound into the call (never a value).
+    pub bound_params: Vec<String>,
+}
+
+/// The model's arguments of `call` as JSON (the raw text when they are not).
+pub fn call_arguments(call: &ToolCall) -> serde_json::Value {
+    call.parse_arguments()
+        .unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
 }
 
 /// Where a run reports what happens.
@@ -117,9 +138,15 @@ pub async fn run(
                 )
                 .await;
             }
+            let (waiting, now): (Vec<_>, Vec<_>) = response
+                .tool_calls
+                .iter()
+                .map(|c| (c, blocked(ctx, c)))
+                .partition(|(_, b)| b.is_some());
+            let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
             let results = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
+                r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
             };
             let Some(results) = results else {
                 for call in &response.tool_calls {
@@ -129,21 +156,88 @@ pub async fn run(
                 }
                 return RunEnd::Cancelled;
             };
-            for (call, result) in response.tool_calls.iter().zip(results) {
-                let (ok, output) = match result {
-                    Ok(text) => (true, text),
-                    Err(e) => (false, format!("error: {e}")),
-                };
-                let msg = ChatMessage::tool_result(&call.id, output.clone());
-                history.push(msg.clone());
-                sink.turn(&msg).await;
-                sink.event("tool_result", json!({"id": call.id, "ok": ok, "output": output})).await;
+            for (call, result) in now.iter().zip(results) {
+                record_result(history, sink, &call.id, result).await;
+            }
+            if !waiting.is_empty() {
+                return RunEnd::Blocked(waiting.into_iter().filter_map(|(_, b)| b).collect());
             }
         }
         RunEnd::MaxSteps(ctx.max_steps)
     }
     .instrument(span)
     .await
+}
+
+/// The call as a pending item, if it waits instead of running.
+fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
+    let tool = ctx.tools.iter().find(|t| t.name() == call.name);
+    let disposition = ctx.agent.disposition(&call.name, tool)?;
+    Some(Blocked {
+        call: call.clone(),
+        disposition,
+        bound_params: tool.map(|t| t.bound_params()).unwrap_or_default(),
+    })
+}
+
+/// Append a call's outcome to the history, the store and the stream.
+async fn record_result(
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    id: &str,
+    result: Result<String, ToolError>,
+) {
+    let (ok, output) = match result {
+        Ok(text) => (true, text),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    let msg = ChatMessage::tool_result(id, output.clone());
+    history.push(msg.clone());
+    sink.turn(&msg).await;
+    sink.event("tool_result", json!({"id": id, "ok": ok, "output": output}))
+        .await;
+}
+
+/// Answer the calls a run stopped before, as they were resolved: an
+/// approved call runs now (its first run), the others get what the
+/// resolution says. Then the run goes on with [`run`].
+pub async fn answer_resolved(
+    ctx: &RunContext<'_>,
+    resolved: &[PendingCall],
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    cancel: &CancellationToken,
+) -> Option<RunEnd> {
+    for item in resolved {
+        let Some(resolution) = &item.resolution else {
+            continue;
+        };
+        let result = match resolution {
+            Resolution::Result { output } => Ok(output.clone()),
+            Resolution::Approved => {
+                let call = ToolCall {
+                    id: item.tool_call_id.clone(),
+                    name: item.tool.clone(),
+                    arguments: match &item.call {
+                        serde_json::Value::String(raw) => raw.clone(),
+                        other => other.to_string(),
+                    },
+                };
+                tokio::select! {
+                    _ = cancel.cancelled() => {
+                        let msg = ChatMessage::tool_result(&item.tool_call_id, "error: the run was cancelled");
+                        history.push(msg.clone());
+                        sink.turn(&msg).await;
+                        return Some(RunEnd::Cancelled);
+                    }
+                    r = dispatch(ctx, &call, history, cancel) => r,
+                }
+            }
+            other => Err(ToolError::Failed(other.refusal().unwrap_or_default())),
+        };
+        record_result(history, sink, &item.tool_call_id, result).await;
+    }
+    None
 }
 
 async fn model_turn(
@@ -280,11 +374,21 @@ async fn call_helper(
                 _ => None,
             })
             .unwrap_or_default()),
+        // A helper's own run always goes until it blocks.
+        RunEnd::Stepped => Err(ToolError::Failed("the helper stopped after one step".into())),
         RunEnd::MaxSteps(n) => Err(ToolError::Failed(format!(
             "the helper gave no answer within {n} turns"
         ))),
         RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
         RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
+        RunEnd::Blocked(calls) => Err(ToolError::Failed(format!(
+            "the helper's call of {} waits for a person or the client, which a helper cannot do yet",
+            calls
+                .iter()
+                .map(|b| b.call.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 

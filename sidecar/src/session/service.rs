@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ServiceError;
 use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
+use super::pending::{self, PendingCall, Resolution};
 use super::runner::{self, RunContext, RunEnd, RunSink};
 use super::store::{SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
@@ -24,7 +25,10 @@ use crate::llm::{ChatClient, ChatMessage};
 use crate::params::{ParamValue, Values};
 use crate::tools::cache::ToolCache;
 use crate::tools::helpers::HelperEnv;
-use crate::tools::CallContext;
+use crate::tools::{CallContext, Disposition};
+
+/// How a cancelled run's unanswered calls are answered (a fork's too).
+const CANCELLED: &str = "error: the run was cancelled";
 
 /// How long a cancel waits for the run to record its end.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
@@ -41,6 +45,9 @@ pub struct ServiceConfig {
     pub tool_cache_ttl: Option<Duration>,
     /// How often this server beats, and how long a beat vouches for its runs.
     pub lease: LeaseConfig,
+    /// Derives continuation tokens (see [`pending::token_for`]): replicas
+    /// that share it show the same tokens. Never stored.
+    pub continuation_key: [u8; 32],
 }
 
 impl Default for ServiceConfig {
@@ -50,8 +57,46 @@ impl Default for ServiceConfig {
             stream: true,
             tool_cache_ttl: None,
             lease: LeaseConfig::default(),
+            continuation_key: random_key(),
         }
     }
+}
+
+/// A key of this process's own (one server, no replica to agree with).
+pub fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    if getrandom::fill(&mut key).is_err() {
+        // Without randomness the tokens would be guessable: refuse to run.
+        panic!("no randomness for the continuation key");
+    }
+    key
+}
+
+/// How far a run goes (`run` on create, messages, resume, continuations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunMode {
+    /// Until the model answers or a call waits.
+    #[default]
+    UntilBlocked,
+    /// One model turn and its tool calls.
+    Step,
+}
+
+/// An answer to a pending call (`POST /v1/continuations/:token`).
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The session the caller means, if it says (a token of another
+    /// session is then unknown).
+    pub session_id: Option<String>,
+    /// A deferred call's result.
+    pub result: Option<serde_json::Value>,
+    /// A confirmation's decision.
+    pub approve: Option<bool>,
+    pub reason: Option<String>,
+    /// `false`: record the answer, start no run (a later resume does).
+    pub resume: Option<bool>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub mode: RunMode,
 }
 
 /// An event as live subscribers get it.
@@ -86,6 +131,7 @@ pub struct CreateSession {
     pub seal: bool,
     pub session_token: bool,
     pub fork: Option<String>,
+    pub mode: RunMode,
 }
 
 /// A session that was just created or forked.
@@ -336,10 +382,9 @@ impl Service {
                 (
                     source.agent.clone(),
                     base,
-                    close_pending(
-                        source.turns,
-                        "error: the call did not finish before the session was forked",
-                    ),
+                    // Pending calls are not copied: the fork's last turn is
+                    // closed the way a cancel closes it.
+                    close_pending(source.turns, CANCELLED),
                     if req.prompt.is_some() {
                         Op::Fork
                     } else {
@@ -384,13 +429,14 @@ impl Service {
             forked_from: req.fork.clone(),
             runner: None,
             cancel_requested: false,
+            pending: Default::default(),
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match req.prompt {
             Some(prompt) => Some(
-                self.start_run(&rec.id, Some(prompt), accepted.message)
+                self.start_run(&rec.id, Some(prompt), accepted.message, req.mode)
                     .await?,
             ),
             None => None,
@@ -409,9 +455,10 @@ impl Service {
         id: &str,
         prompt: String,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let r = self
-            .run_request(caller, id, Op::Message, Some(prompt), params)
+            .run_request(caller, id, Op::Message, Some(prompt), params, mode)
             .await;
         self.evict_if_idle(id);
         r
@@ -422,8 +469,11 @@ impl Service {
         caller: &Caller,
         id: &str,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        let r = self.run_request(caller, id, Op::Resume, None, params).await;
+        let r = self
+            .run_request(caller, id, Op::Resume, None, params, mode)
+            .await;
         self.evict_if_idle(id);
         r
     }
@@ -438,13 +488,28 @@ impl Service {
         op: Op,
         prompt: Option<String>,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         // No live entry for an id that names no session.
         self.record(id).await?;
         let live = self.live(id);
         let guard = live.lock.lock().await;
+        let rec = self.record(id).await?;
+        if rec.status == SessionStatus::WaitingExternal
+            && (op == Op::Message || !rec.pending.all_resolved())
+        {
+            return Err(ServiceError::new(
+                409,
+                "waiting_external",
+                format!(
+                    "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
+                    rec.pending.detail()
+                ),
+            ));
+        }
         let message = self.apply_params_locked(caller, id, op, params).await?;
-        self.start_run_locked(guard, id, prompt, message).await
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
     }
 
     pub async fn put_params(
@@ -548,6 +613,9 @@ impl Service {
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
+            if self.cancel_waiting(id).await? {
+                return Ok(());
+            }
             return self.request_cancel(id).await;
         };
         handle.cancel.cancel();
@@ -639,10 +707,12 @@ impl Service {
         id: &str,
         prompt: Option<String>,
         message: Values,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let guard = live.lock.lock().await;
-        self.start_run_locked(guard, id, prompt, message).await
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
     }
 
     /// Start a run; `guard` is the session's lock, released once the run
@@ -653,6 +723,7 @@ impl Service {
         id: &str,
         prompt: Option<String>,
         message: Values,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let (cancel, done_tx, done_rx) = {
@@ -679,6 +750,20 @@ impl Service {
                 // values were checked.
                 rec = self.close_if_lost(rec).await?;
             }
+            // The answered calls a waiting run resumes with.
+            let resolved = if rec.status == SessionStatus::WaitingExternal {
+                if !rec.pending.all_resolved() {
+                    return Err(ServiceError::new(
+                        409,
+                        "waiting_external",
+                        format!("the session is {}", rec.pending.detail()),
+                    ));
+                }
+                rec.pending.retire_tokens();
+                std::mem::take(&mut rec.pending.items)
+            } else {
+                Vec::new()
+            };
             if let Some(p) = &prompt {
                 rec.turns.push(ChatMessage::user(p.clone()));
             }
@@ -689,10 +774,10 @@ impl Service {
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
-            Ok::<_, ServiceError>(rec)
+            Ok::<_, ServiceError>((rec, resolved))
         }
         .await;
-        let rec = match started {
+        let (rec, resolved) = match started {
             Ok(rec) => rec,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -710,8 +795,14 @@ impl Service {
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            let (end, taken) = this.drive(&agent, &id, rec.turns, values, &cancel).await;
-            this.finish(&id, end, taken).await;
+            let (end, taken) = this
+                .drive(&agent, &id, rec.turns, values, &resolved, mode, &cancel)
+                .await;
+            let pending = match &end {
+                RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
+                _ => Vec::new(),
+            };
+            this.finish(&id, end, pending, taken).await;
             if let Some(live) = this.peek(&id) {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
@@ -721,12 +812,15 @@ impl Service {
         Ok(RunWait(done_rx))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn drive(
         &self,
         agent: &LoadedAgent,
         id: &str,
         mut history: Vec<ChatMessage>,
         values: Values,
+        resolved: &[PendingCall],
+        mode: RunMode,
         cancel: &CancellationToken,
     ) -> (RunEnd, bool) {
         let Some(client) = self.clients.get(&agent.name) else {
@@ -755,7 +849,10 @@ impl Service {
             },
             cache: self.cache.as_ref(),
             metrics: &self.metrics,
-            max_steps: agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            max_steps: match mode {
+                RunMode::Step => 1,
+                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            },
             stream: self.cfg.stream,
         };
         let sink = SessionSink {
@@ -764,14 +861,100 @@ impl Service {
             cancel,
             taken: AtomicBool::new(false),
         };
-        let end = runner::run(&ctx, &mut history, &sink, cancel).await;
+        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
+            Some(end) => end,
+            None => runner::run(&ctx, &mut history, &sink, cancel).await,
+        };
+        let end = match (mode, end) {
+            (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
+            (_, end) => end,
+        };
         (end, sink.taken.load(Ordering::Relaxed))
+    }
+
+    /// The pending items of the calls a run stopped before: each with a
+    /// fresh nonce (its token derives from it) and its digest.
+    fn pending_items(
+        &self,
+        id: &str,
+        calls: &[runner::Blocked],
+        ttl: Option<Duration>,
+    ) -> Vec<PendingCall> {
+        let now = now_ms();
+        calls
+            .iter()
+            .map(|b| {
+                let call = runner::call_arguments(&b.call);
+                let nonce = hex::encode(random_key());
+                let token = pending::token_for(&self.cfg.continuation_key, id, &b.call.id, &nonce);
+                PendingCall {
+                    tool_call_id: b.call.id.clone(),
+                    tool: b.call.name.clone(),
+                    disposition: b.disposition,
+                    digest: pending::call_digest(&b.call.name, &call, &b.bound_params),
+                    call,
+                    bound_params: b.bound_params.clone(),
+                    nonce,
+                    token_digest: pending::token_digest(&token),
+                    expires_at: ttl
+                        .filter(|_| b.disposition == Disposition::Confirm)
+                        .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
+                    resolution: None,
+                }
+            })
+            .collect()
+    }
+
+    /// The token of a pending item of session `id`.
+    fn token_of(&self, id: &str, item: &PendingCall) -> String {
+        pending::token_for(
+            &self.cfg.continuation_key,
+            id,
+            &item.tool_call_id,
+            &item.nonce,
+        )
+    }
+
+    /// The open pending items as the API shows them, with their tokens
+    /// (never a bound value).
+    pub fn pending_view(&self, rec: &SessionRecord) -> Vec<serde_json::Value> {
+        rec.pending
+            .open()
+            .map(|i| {
+                let mut v = json!({
+                    "tool_call_id": i.tool_call_id,
+                    "continuation_token": self.token_of(&rec.id, i),
+                    "tool": i.tool,
+                    "disposition": i.disposition.as_str(),
+                    "call": i.call,
+                });
+                if let Some(t) = i.expires_at {
+                    let at = UNIX_EPOCH + Duration::from_millis(t.max(0) as u64);
+                    v["expires_at"] = json!(humantime::format_rfc3339_millis(at).to_string());
+                }
+                v
+            })
+            .collect()
     }
 
     /// Record how a run ended, unless it was taken away (`taken`, or found
     /// so now): then the server that closed it has said how it ended.
-    async fn finish(&self, id: &str, end: RunEnd, taken: bool) {
+    async fn finish(&self, id: &str, end: RunEnd, pending: Vec<PendingCall>, taken: bool) {
+        let waiting = pending::Pending {
+            items: pending,
+            used: Vec::new(),
+        };
         let (status, detail, outcome) = match &end {
+            RunEnd::Blocked(_) => (
+                SessionStatus::WaitingExternal,
+                Some(waiting.detail()),
+                RunOutcome::Blocked,
+            ),
+            RunEnd::Stepped => (
+                SessionStatus::Idle,
+                Some("one step done (run: step); resume to go on".to_string()),
+                RunOutcome::Completed,
+            ),
             RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
             RunEnd::Cancelled => (
                 SessionStatus::Idle,
@@ -793,6 +976,7 @@ impl Service {
                 rec.status_detail = detail.clone();
                 rec.runner = None;
                 rec.cancel_requested = false;
+                rec.pending.items = waiting.items.clone();
             })
             .await
         };
@@ -812,12 +996,319 @@ impl Service {
         }
         self.metrics.run_finished(outcome);
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
+        if !waiting.is_empty() {
+            // Without tokens: events are stored, tokens never are.
+            let items: Vec<_> = waiting
+                .items
+                .iter()
+                .map(|i| json!({"tool_call_id": i.tool_call_id, "tool": i.tool, "disposition": i.disposition.as_str(), "call": i.call}))
+                .collect();
+            self.emit(id, "pending", json!({"pending": items})).await;
+        }
         self.emit(
             id,
             "run_finished",
             json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
         )
         .await;
+    }
+
+    /// Cancel a run that waits for pending calls: each is closed the way a
+    /// cancel closes a call in progress. `false` when the session does not wait.
+    async fn cancel_waiting(&self, id: &str) -> Result<bool, ServiceError> {
+        let live = self.live(id);
+        let r = async {
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            if rec.status != SessionStatus::WaitingExternal {
+                return Ok::<_, ServiceError>(None);
+            }
+            let closed = rec.pending.close_all(&Resolution::Cancelled);
+            rec.pending.items.clear();
+            rec.turns = close_pending(std::mem::take(&mut rec.turns), CANCELLED);
+            rec.status = SessionStatus::Idle;
+            rec.status_detail = Some("cancelled".into());
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok::<_, ServiceError>(Some(closed))
+        }
+        .await;
+        drop(live);
+        self.evict_if_idle(id);
+        let Some(closed) = r? else {
+            return Ok(false);
+        };
+        for call in closed {
+            self.emit(
+                id,
+                "resolved",
+                json!({"tool_call_id": call, "outcome": "cancelled"}),
+            )
+            .await;
+        }
+        self.metrics.run_finished(RunOutcome::Cancelled);
+        self.emit(
+            id,
+            "run_finished",
+            json!({"status": "cancelled", "session_status": "idle", "detail": "cancelled"}),
+        )
+        .await;
+        tracing::info!(session = id, "a waiting run was cancelled");
+        Ok(true)
+    }
+
+    /// Answer a pending call (`POST /v1/continuations/:token`): the call's
+    /// session comes from the token. When every call is answered the run
+    /// resumes (unless `resume: false`); the `RunWait` is that run's.
+    pub async fn answer(
+        self: &Arc<Self>,
+        caller: &Caller,
+        token: &str,
+        answer: Answer,
+    ) -> Result<(String, Option<RunWait>), ServiceError> {
+        let unknown = || ServiceError::not_found("no pending call has this continuation token");
+        let id = pending::token_session(token)
+            .ok_or_else(unknown)?
+            .to_string();
+        if answer.session_id.as_ref().is_some_and(|s| *s != id) {
+            return Err(unknown());
+        }
+        if self.store.get(&id).await?.is_none() {
+            return Err(unknown());
+        }
+        let live = self.live(&id);
+        let r = self.answer_locked(caller, &live, &id, token, answer).await;
+        drop(live);
+        self.evict_if_idle(&id);
+        r.map(|run| (id, run))
+    }
+
+    async fn answer_locked(
+        self: &Arc<Self>,
+        caller: &Caller,
+        live: &Arc<Live>,
+        id: &str,
+        token: &str,
+        answer: Answer,
+    ) -> Result<Option<RunWait>, ServiceError> {
+        let guard = live.lock.lock().await;
+        let digest = pending::token_digest(token);
+        let rec = self.record(id).await?;
+        let used = || {
+            ServiceError::new(
+                409,
+                "continuation_used",
+                "this continuation was answered already (a token is good for one answer)",
+            )
+        };
+        let Some(item) = rec
+            .pending
+            .items
+            .iter()
+            .find(|i| constant_time_eq(&i.token_digest, &digest))
+            .cloned()
+        else {
+            if rec
+                .pending
+                .used
+                .iter()
+                .any(|d| constant_time_eq(d, &digest))
+            {
+                return Err(used());
+            }
+            return Err(ServiceError::not_found(
+                "no pending call has this continuation token",
+            ));
+        };
+        if item.resolution.is_some() {
+            return Err(used());
+        }
+        if item.expires_at.is_some_and(|t| t <= now_ms()) {
+            drop(guard);
+            self.expire_session(id).await?;
+            return Err(ServiceError::new(
+                409,
+                "continuation_expired",
+                format!(
+                    "the call of {} waited longer than the agent's confirmTtl and was closed as not approved",
+                    item.tool
+                ),
+            ));
+        }
+        let agent = self.agent(&rec.agent)?.clone();
+        let bound_now = agent
+            .tool(&item.tool)
+            .map(|t| t.bound_params())
+            .unwrap_or_default();
+        if item.digest != pending::call_digest(&item.tool, &item.call, &item.bound_params)
+            || item.digest != pending::call_digest(&item.tool, &item.call, &bound_now)
+        {
+            return Err(ServiceError::new(
+                409,
+                "call_changed",
+                format!(
+                    "the call of {} is not the one this continuation was issued for (the tool's bound parameters changed since); cancel the run and ask again",
+                    item.tool
+                ),
+            ));
+        }
+        let resolution = match (item.disposition, &answer.result, answer.approve) {
+            (Disposition::Deferred, Some(result), None) => Resolution::Result {
+                output: match result {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                },
+            },
+            (Disposition::Confirm, None, Some(true)) => Resolution::Approved,
+            (Disposition::Confirm, None, Some(false)) => Resolution::Rejected {
+                reason: answer.reason.clone(),
+            },
+            (Disposition::Deferred, _, _) => {
+                return Err(ServiceError::bad_request(format!(
+                    "the call of {} is deferred: send its `result` (and no `approve`)",
+                    item.tool
+                )))
+            }
+            (Disposition::Confirm, _, _) => {
+                return Err(ServiceError::bad_request(format!(
+                    "the call of {} waits for approval: send `approve: true` or `approve: false` (and no `result`)",
+                    item.tool
+                )))
+            }
+        };
+        let last = rec.pending.open().count() == 1;
+        let resume = last && answer.resume != Some(false);
+        let message = if resume {
+            self.apply_params_locked(caller, id, Op::Resume, &answer.params)
+                .await?
+        } else {
+            if !answer.params.is_empty() {
+                self.apply_params_locked(caller, id, Op::PutParams, &answer.params)
+                    .await?;
+            }
+            Values::new()
+        };
+        let mut rec = self.record(id).await?;
+        if resolution == Resolution::Approved {
+            // The call never runs without its values: a secret that is gone
+            // (a restart) must be given again first.
+            let held = self.session_values(&rec);
+            let missing: Vec<String> = item
+                .bound_params
+                .iter()
+                .filter(|p| {
+                    agent.params.decl(p).is_some_and(|d| {
+                        d.scope == crate::spec::Scope::Session && d.secret && d.required
+                    }) && !held.contains_key(*p)
+                })
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                return Err(ServiceError {
+                    status: 409,
+                    code: "params_required",
+                    message: format!(
+                        "the call of {} needs secret parameter(s) {} that this server no longer holds; give them again with PUT /v1/sessions/{id}/params",
+                        item.tool,
+                        missing.join(", ")
+                    ),
+                    params: missing,
+                });
+            }
+        }
+        let Some(slot) = rec
+            .pending
+            .items
+            .iter_mut()
+            .find(|i| i.tool_call_id == item.tool_call_id && i.resolution.is_none())
+        else {
+            return Err(used());
+        };
+        slot.resolution = Some(resolution.clone());
+        rec.pending.retire_tokens();
+        rec.status_detail = Some(if rec.pending.all_resolved() {
+            "every pending call is answered; resume to go on".to_string()
+        } else {
+            rec.pending.detail()
+        });
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        self.store.update(&rec).await?;
+        self.emit(
+            id,
+            "resolved",
+            json!({"tool_call_id": item.tool_call_id, "tool": item.tool, "outcome": resolution.outcome()}),
+        )
+        .await;
+        tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), "pending call answered");
+        if !resume {
+            return Ok(None);
+        }
+        self.start_run_locked(guard, id, None, message, answer.mode)
+            .await
+            .map(Some)
+    }
+
+    /// Close the calls of session `id` whose confirmation time ran out, and
+    /// resume its run when nothing else waits. Whether any was closed.
+    async fn expire_session(self: &Arc<Self>, id: &str) -> Result<bool, ServiceError> {
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        let mut rec = self.record(id).await?;
+        if rec.status != SessionStatus::WaitingExternal {
+            return Ok(false);
+        }
+        let expired = rec.pending.expire(now_ms());
+        if expired.is_empty() {
+            return Ok(false);
+        }
+        let all = rec.pending.all_resolved();
+        rec.status_detail = Some(rec.pending.detail());
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        match self.store.update(&rec).await {
+            Ok(()) => {}
+            // Another server closed them first.
+            Err(StoreError::Conflict(_)) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        for call in &expired {
+            self.emit(
+                id,
+                "resolved",
+                json!({"tool_call_id": call, "outcome": "expired"}),
+            )
+            .await;
+        }
+        tracing::info!(
+            session = id,
+            n = expired.len(),
+            "pending calls expired (confirmTtl)"
+        );
+        if all {
+            self.start_run_locked(guard, id, None, Values::new(), RunMode::UntilBlocked)
+                .await?;
+        }
+        Ok(true)
+    }
+
+    /// Close every call whose confirmation time ran out (each heartbeat).
+    pub async fn expire_due(self: &Arc<Self>) -> Result<usize, ServiceError> {
+        let now = now_ms();
+        let mut n = 0;
+        for rec in self.store.list().await? {
+            let due = rec.status == SessionStatus::WaitingExternal
+                && rec
+                    .pending
+                    .open()
+                    .any(|i| i.expires_at.is_some_and(|t| t <= now));
+            if due && self.expire_session(&rec.id).await? {
+                n += 1;
+            }
+            self.evict_if_idle(&rec.id);
+        }
+        Ok(n)
     }
 
     /// Read-modify-write of a session by the run this process has on it,
@@ -1030,6 +1521,9 @@ impl Service {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
                 Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+            if let Err(e) = self.expire_due().await {
+                tracing::warn!("cannot close expired pending calls: {e}");
             }
         }
         if let Err(e) = self.store.forget_runner(&self.instance).await {

@@ -19,6 +19,7 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
         Toolbox::Bash(b) => b,
         Toolbox::Openapi(o) => return format!("toolbox {} (openapi {})", index + 1, o.spec),
         Toolbox::Mcp(m) => return format!("toolbox {} (mcp {})", index + 1, m.name),
+        Toolbox::Deferred(_) => return format!("toolbox {} (deferred)", index + 1),
     };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
@@ -74,6 +75,17 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
                 check_bindings(spec, &m.bindings, &place, &mut diags);
                 continue;
             }
+            Toolbox::Deferred(d) => {
+                for t in &d.tools {
+                    if !valid_tool_name(&t.name) {
+                        diags.push(Diagnostic::error(format!(
+                            "{place}, tool `{}`: a model-visible tool name may use only letters, digits, `_` and `-`, at most 64 characters",
+                            t.name
+                        )));
+                    }
+                }
+                continue;
+            }
         };
         let shape_ok = matches!(
             (&b.directory, &b.script, &b.basename_filter),
@@ -93,6 +105,15 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         &format!("{here}, agent-level bindings"),
         &mut diags,
     );
+    if let Some(ttl) = spec
+        .confirm_ttl
+        .as_deref()
+        .filter(|t| super::parse_ttl(t).is_none())
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}: confirmTtl `{ttl}` is not a duration; write a number and a unit: `90s`, `15m`, `2h` or `1d`"
+        )));
+    }
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(

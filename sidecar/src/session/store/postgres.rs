@@ -73,6 +73,8 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 3: a cancel asked of a run by a server that does not run it.
     "ALTER TABLE bindery_sessions ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;",
+    // 4: the tool calls a session waits for (no token, no bound value).
+    "ALTER TABLE bindery_sessions ADD COLUMN pending TEXT NOT NULL DEFAULT '{\"items\":[]}';",
 ];
 
 /// The advisory lock that serialises migrations between processes
@@ -379,9 +381,9 @@ impl PostgresStore {
     }
 }
 
-/// The values of a `sessions` row, bound as `$1`…`$13` in the order of
+/// The values of a `sessions` row, bound as `$1`…`$14` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
     [
         &c.id,
         &c.agent,
@@ -396,6 +398,7 @@ fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
         &c.forked_from,
         &c.runner,
         &c.cancel_requested,
+        &c.pending,
     ]
 }
 
@@ -415,6 +418,7 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         forked_from: row.try_get(10)?,
         runner: row.try_get(11)?,
         cancel_requested: row.try_get(12)?,
+        pending: row.try_get(13)?,
     })
 }
 
@@ -432,7 +436,7 @@ impl SessionStore for PostgresStore {
             .execute(
                 &format!(
                     "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
                 ),
                 &row_params(&c),
             )
@@ -498,7 +502,7 @@ impl SessionStore for PostgresStore {
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13
+                     cancel_requested = $13, pending = $14
                  WHERE id = $1 AND version + 1 = $7",
                 &row_params(&c),
             )
@@ -693,7 +697,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n"
+            "1\n2\n3\n4\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());

@@ -68,7 +68,16 @@ pub fn tool_spec(server: &str, tool: &Value) -> Result<ToolSpec, String> {
         local_name: local.to_string(),
         description,
         args,
+        writes: !read_only(tool),
     })
+}
+
+/// Whether the server annotates the tool `readOnlyHint: true` (MCP's
+/// default is that a tool may write).
+fn read_only(tool: &Value) -> bool {
+    tool.pointer("/annotations/readOnlyHint")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 /// `value` with `{"$ref": "#/…"}` replaced by what it points to in `root`

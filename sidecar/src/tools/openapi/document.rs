@@ -234,6 +234,10 @@ fn operation(
             local_name: name,
             description,
             args,
+            writes: !matches!(
+                method.to_ascii_uppercase().as_str(),
+                "GET" | "HEAD" | "OPTIONS"
+            ),
         },
         method: method.to_ascii_uppercase(),
         path: path.to_string(),
