@@ -1198,9 +1198,11 @@ impl Service {
                 .bound_params
                 .iter()
                 .filter(|p| {
-                    agent.params.decl(p).is_some_and(|d| {
-                        d.scope == crate::spec::Scope::Session && d.secret && d.required
-                    }) && !held.contains_key(*p)
+                    agent
+                        .params
+                        .decl(p)
+                        .is_some_and(|d| d.scope == crate::spec::Scope::Session && d.secret)
+                        && !held.contains_key(*p)
                 })
                 .cloned()
                 .collect();

@@ -1,0 +1,422 @@
+//! Runs that wait: a call that needs a person's approval, a deferred call
+//! the client runs, their continuations, and what a restart, a cancel and
+//! another session's token do to them. The real binary over TCP, real bash
+//! tools, a scripted model.
+
+mod common;
+
+use std::path::PathBuf;
+
+use bindery_tests::mock_llm::{last_message, tool_results, MockLlm, MockReply};
+use bindery_tests::sidecar::{Api, Reply, Sidecar};
+use common::*;
+use serde_json::{json, Value};
+
+/// The model: "where…" asks the client for `get_location`, anything else
+/// deletes invoice INV-7; after a tool result it answers with it.
+fn script(req: &Value) -> MockReply {
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => {
+            MockReply::text(format!("done: {}", last["content"].as_str().unwrap_or("")))
+        }
+        _ if last["content"].as_str().unwrap_or("").contains("where") => {
+            MockReply::tool_call("get_location", json!({"precision": "city"}))
+        }
+        _ => MockReply::tool_call("bash_delete-invoice", json!({"id": "INV-7"})),
+    }
+}
+
+struct Clerk {
+    dir: tempfile::TempDir,
+    mock: MockLlm,
+    agent: PathBuf,
+    store: String,
+}
+
+/// An agent `clerk` whose bash tool `delete-invoice` needs confirmation
+/// (it gets the secret `billing_token`, and counts its runs in a file) and
+/// whose deferred tool `get_location` the client runs. `spec_extra` is
+/// added to the agent's spec (`confirmTtl: 1s`).
+async fn clerk(spec_extra: &str) -> Clerk {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(script).await;
+    let tools = dir.path().join("clerk-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let tool = tools.join("delete-invoice");
+    std::fs::write(
+        &tool,
+        format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "delete-invoice", "description": "Deletes an invoice.", "args": [
+    {{"name": "id", "description": "the invoice", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}},
+    {{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "optional", "mode": "env"}}]}}'
+  exit 0
+fi
+echo run >> "{runs}"
+printf 'deleted %s, token-sha256 %s\n' "$3" "$(printf %s "${{TOKEN:-}}" | sha256sum | cut -d' ' -f1)"
+"#,
+            runs = dir.path().join("delete-runs").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: clerk
+spec:
+  model: {{url: "{url}", name: mock-model}}
+  parameters:
+    - {{name: tenant, scope: session}}
+    - {{name: billing_token, secret: true, scope: session, required: false}}
+  toolboxes:
+    - bash:
+        directory: "{tools}"
+        confirm: [{{tool: "delete-*"}}]
+        bindings:
+          - {{arg: token, value: {{param: billing_token}}, whenUnbound: omit}}
+    - deferred:
+        tools:
+          - name: get_location
+            description: Where the user is.
+            parameters: {{type: object, properties: {{precision: {{type: string}}}}}}
+{spec_extra}"#,
+        url = mock.url(),
+        tools = tools.display()
+    );
+    let agent = dir.path().join("clerk.yaml");
+    std::fs::write(&agent, text).unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let store = sqlite_in(dir.path());
+    Clerk {
+        dir,
+        mock,
+        agent,
+        store,
+    }
+}
+
+impl Clerk {
+    fn start(&self, extra: &[&str]) -> (Sidecar, Api) {
+        serve(&self.agent, &self.store, extra, &[], self.dir.path())
+    }
+
+    /// How often the confirmed tool ran.
+    fn runs(&self) -> usize {
+        std::fs::read_to_string(self.dir.path().join("delete-runs"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+/// A session of `clerk` asked `prompt`, run until it blocks.
+async fn waiting(api: &Api, prompt: &str) -> Reply {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "clerk", "prompt": prompt,
+                "params": {"tenant": "acme", "billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    r
+}
+
+fn id_of(r: &Reply) -> String {
+    r.json["session_id"].as_str().unwrap().to_string()
+}
+
+fn token_of(r: &Reply) -> String {
+    r.json["pending"][0]["continuation_token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pending token: {}", r.text))
+        .to_string()
+}
+
+async fn answer(api: &Api, token: &str, body: Value) -> Reply {
+    api.call(
+        "POST",
+        &format!("/v1/continuations/{token}?wait=true"),
+        Some(OWNER),
+        Some(&body),
+    )
+    .await
+}
+
+fn last_tool_output(r: &Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "tool")
+        .map(|t| t["content"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+fn sha256(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_runs_once_and_its_token_is_good_once() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "delete invoice 7").await;
+    let item = &r.json["pending"][0];
+    assert_eq!(item["disposition"], "confirm");
+    assert_eq!(item["tool"], "bash_delete-invoice");
+    assert_eq!(item["call"], json!({"id": "INV-7"}));
+    assert!(item["tool_call_id"].is_string());
+    assert!(
+        r.json["status_detail"]
+            .as_str()
+            .unwrap()
+            .contains("approval of bash_delete-invoice"),
+        "{}",
+        r.text
+    );
+    assert_eq!(c.runs(), 0, "the tool ran before approval");
+    let token = token_of(&r);
+    assert!(token.starts_with("ct_"), "{token}");
+
+    let r = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(r.json["pending"], json!([]));
+    assert_eq!(c.runs(), 1);
+    let out = last_tool_output(&r);
+    assert!(out.contains("deleted INV-7"), "{out}");
+    assert!(
+        out.contains(&sha256(CANARY)),
+        "the bound secret reached the tool: {out}"
+    );
+
+    let again = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&again), refusal(409, "continuation_used", &[]));
+    assert_eq!(c.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_call_reaches_the_model_as_a_tool_result() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "delete invoice 7").await;
+    let token = token_of(&r);
+    let wrong = answer(&api, &token, json!({"result": "ok"})).await;
+    assert_eq!(error_of(&wrong).0, 400, "{}", wrong.text);
+
+    let r = answer(
+        &api,
+        &token,
+        json!({"approve": false, "reason": "not today"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle");
+    assert_eq!(c.runs(), 0);
+    let last = c.mock.requests().last().cloned().unwrap();
+    let results = tool_results(&last);
+    assert!(
+        results
+            .iter()
+            .any(|t| t.contains("did not approve") && t.contains("not today")),
+        "{results:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_another_session_is_unknown() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let a = waiting(&api, "delete invoice 7").await;
+    let b = waiting(&api, "delete invoice 7").await;
+    let (ta, idb) = (token_of(&a), id_of(&b));
+    let named = answer(&api, &ta, json!({"approve": true, "session_id": idb})).await;
+    assert_eq!(error_of(&named), refusal(404, "not_found", &[]));
+    // The same secret part under the other session's name.
+    let forged = ta.replace(&id_of(&a), &idb);
+    let r = answer(&api, &forged, json!({"approve": true})).await;
+    assert_eq!(error_of(&r), refusal(404, "not_found", &[]));
+    let r = answer(&api, "ct_nothing", json!({"approve": true})).await;
+    assert_eq!(error_of(&r), refusal(404, "not_found", &[]));
+    assert_eq!(c.runs(), 0);
+    // Its own session named: fine.
+    let r = answer(&api, &ta, json!({"approve": true, "session_id": id_of(&a)})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(c.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_confirmation_expires_as_not_approved() {
+    let c = clerk("  confirmTtl: 1s\n").await;
+    let (_sidecar, api) = c.start(&["--runner-heartbeat", "100ms"]);
+    let r = waiting(&api, "delete invoice 7").await;
+    assert!(r.json["pending"][0]["expires_at"].is_string(), "{}", r.text);
+    let (id, token) = (id_of(&r), token_of(&r));
+    let mut view = r;
+    for _ in 0..200 {
+        if view.json["status"] == "idle" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        view = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+    }
+    assert_eq!(view.json["status"], "idle", "{}", view.text);
+    assert!(
+        last_tool_output(&view).contains("nobody approved this call in time"),
+        "{}",
+        view.text
+    );
+    assert_eq!(c.runs(), 0);
+    let late = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&late).0, 409, "{}", late.text);
+    assert_eq!(c.runs(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_call_waits_for_the_clients_result() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "where am I?").await;
+    let item = &r.json["pending"][0];
+    assert_eq!(item["disposition"], "deferred");
+    assert_eq!(item["tool"], "get_location");
+    assert_eq!(item["call"], json!({"precision": "city"}));
+    let token = token_of(&r);
+    let wrong = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&wrong).0, 400, "{}", wrong.text);
+    let r = answer(&api, &token, json!({"result": "Lyon"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle");
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "done: Lyon", "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_waiting_run_closes_its_calls() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "delete invoice 7").await;
+    let (id, token) = (id_of(&r), token_of(&r));
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle");
+    assert_eq!(r.json["status_detail"], "cancelled");
+    assert_eq!(r.json["pending"], json!([]));
+    assert_eq!(last_tool_output(&r), "error: the run was cancelled");
+    let late = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&late), refusal(409, "continuation_used", &[]));
+    assert_eq!(c.runs(), 0);
+}
+
+/// After a restart a deferred call (no secret in it) resumes; a confirmed
+/// call that gets the secret answers 409 params_required until the secret
+/// is given again. The canary is nowhere: pending items, events, store, log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
+    let c = clerk("").await;
+    let (mut sidecar, api) = c.start(&[]);
+    let deferred = waiting(&api, "where am I?").await;
+    let confirm = waiting(&api, "delete invoice 7").await;
+    sidecar.kill();
+
+    let (sidecar, api) = c.start(&[]);
+    let id = id_of(&confirm);
+    let view = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(view.json["status"], "waiting_external", "{}", view.text);
+    // The same token after the restart: derived, never stored.
+    assert_eq!(token_of(&view), token_of(&confirm));
+
+    let r = answer(&api, &token_of(&deferred), json!({"result": "Lyon"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+
+    let r = answer(&api, &token_of(&confirm), json!({"approve": true})).await;
+    assert_eq!(
+        error_of(&r),
+        refusal(409, "params_required", &["billing_token"])
+    );
+    assert_eq!(c.runs(), 0);
+    let r = api
+        .call(
+            "PUT",
+            &format!("/v1/sessions/{id}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = answer(&api, &token_of(&confirm), json!({"approve": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(c.runs(), 1);
+    assert!(last_tool_output(&r).contains(&sha256(CANARY)), "{}", r.text);
+
+    let (status, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let seen = stream
+        .until("resolved", std::time::Duration::from_secs(10))
+        .await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert!(kinds.contains(&"pending"), "{kinds:?}");
+    assert!(kinds.contains(&"resolved"), "{kinds:?}");
+    assert!(!stream.raw.contains(CANARY));
+    assert!(!stream.raw.contains("ct_"), "a token in a stored event");
+    assert!(!view.text.contains(CANARY));
+    assert!(!contains(&raw_files(c.dir.path(), "store.sqlite"), CANARY));
+    assert!(!contains(
+        &raw_files(c.dir.path(), "store.sqlite"),
+        &token_of(&confirm)
+    ));
+    assert!(!sidecar.logs().contains(CANARY));
+    assert!(!c
+        .mock
+        .requests()
+        .iter()
+        .any(|r| r.to_string().contains(CANARY)));
+}
+
+/// A message to a waiting session is refused until its calls are
+/// answered; a continuation takes `run` like any request that starts a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "delete invoice 7").await;
+    let id = id_of(&r);
+    let msg = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "and invoice 8"})),
+        )
+        .await;
+    assert_eq!(error_of(&msg), refusal(409, "waiting_external", &[]));
+    let r = answer(&api, &token_of(&r), json!({"approve": true, "run": "step"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(c.runs(), 1);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+}
