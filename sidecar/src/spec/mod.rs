@@ -70,6 +70,11 @@ pub struct AgentSpec {
     /// How long a call waits for approval (`90s`, `15m`, `2h`) before it is
     /// closed as not approved; absent: as long as it takes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[0-9]+[smhd]$')",
+        "message": "confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"
+    }]))]
     pub confirm_ttl: Option<String>,
 }
 
