@@ -28,6 +28,40 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
     }
 }
 
+/// The tools whose calls wait, as the definition selects them (pure: the
+/// tools themselves are known only once loaded): `confirm bash_delete-*`,
+/// `confirm toolbox 2 (openapi ./api.yaml): every write`, `deferred get_location`.
+pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
+    use super::{ConfirmKeyword, ToolboxConfirm};
+    let mut out: Vec<String> = spec
+        .confirm
+        .iter()
+        .map(|s| format!("confirm {}", s.tool))
+        .collect();
+    for (i, tb) in spec.toolboxes.iter().enumerate() {
+        let confirm = match tb {
+            Toolbox::Bash(b) => b.confirm.as_ref(),
+            Toolbox::Openapi(o) => o.confirm.as_ref(),
+            Toolbox::Mcp(m) => m.confirm.as_ref(),
+            Toolbox::Deferred(d) => {
+                out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
+                continue;
+            }
+        };
+        let label = toolbox_label(i, tb);
+        match confirm {
+            Some(ToolboxConfirm::Writes(ConfirmKeyword::Writes)) => {
+                out.push(format!("confirm {label}: every write"))
+            }
+            Some(ToolboxConfirm::Tools(sel)) => {
+                out.extend(sel.iter().map(|s| format!("confirm {label}: {}", s.tool)))
+            }
+            None => {}
+        }
+    }
+    out
+}
+
 /// A name the model can call a tool by (OpenAI's rule for function names).
 pub fn valid_tool_name(name: &str) -> bool {
     !name.is_empty()
