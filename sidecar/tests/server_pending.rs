@@ -420,3 +420,141 @@ async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     assert_eq!(c.runs(), 1);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
 }
+
+/// `bindery-sidecar run --prompt …` with `stdin` on its terminal; stdout,
+/// stderr, and whether it succeeded.
+async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (String, String, bool) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(bin())
+        .args(["run", "--agent-file"])
+        .arg(&c.agent)
+        .args(["--set", "tenant=acme", "--prompt", prompt])
+        .args(extra)
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+/// `run` asks on the terminal: y/n for a confirmation (showing the tool
+/// and the model's arguments, never the secret), `--yes` approves without
+/// asking, a deferred call's result is read from the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_asks_on_the_terminal() {
+    let c = clerk("").await;
+    let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "n\n").await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(r#"bash_delete-invoice wants to run with {"id":"INV-7"}. Approve? [y/N]"#),
+        "{stderr}"
+    );
+    assert!(stdout.contains("did not approve"), "{stdout}");
+    assert_eq!(c.runs(), 0);
+
+    let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "y\n").await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("deleted INV-7"), "{stdout}");
+    assert!(stdout.contains(&sha256(CANARY)), "{stdout}");
+    assert_eq!(c.runs(), 1);
+
+    let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &["--yes"], "").await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("deleted INV-7"), "{stdout}");
+    assert_eq!(c.runs(), 2);
+
+    let (stdout, stderr, ok) = run_cli(&c, "where am I?", &[], "Lyon\n").await;
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("get_location"), "{stderr}");
+    assert_eq!(stdout, "done: Lyon\n");
+    for s in [&stdout, &stderr] {
+        assert!(!s.contains(CANARY));
+    }
+}
+
+/// `check` and `describe` say which tools wait, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_describe_show_the_tools_that_wait() {
+    let c = clerk("  confirm: [{tool: get_*}]\n").await;
+    let out = tokio::process::Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(&c.agent)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(
+            "    bash_delete-invoice(id)\n      needs confirmation: a person approves each call\n"
+        ),
+        "{stdout}"
+    );
+    // A deferred tool stays deferred: the client runs it, whatever `confirm` says.
+    assert!(
+        stdout.contains("    get_location(precision?)\n      deferred: the client runs it"),
+        "{stdout}"
+    );
+    let out = tokio::process::Command::new(bin())
+        .args(["describe", "--agent-file"])
+        .arg(&c.agent)
+        .output()
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let waits: Vec<(String, Value)> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["function"]["name"].as_str().unwrap().to_string(),
+                t["waits"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        waits,
+        [
+            ("bash_delete-invoice".to_string(), json!("confirm")),
+            ("get_location".to_string(), json!("deferred")),
+        ]
+    );
+}
+
+/// A fork copies no pending call: its last turn is closed as a cancel
+/// closes it, and the source still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_copies_no_pending_call() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "delete invoice 7").await;
+    let id = id_of(&r);
+    let f = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/fork"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(f.status, 201, "{}", f.text);
+    assert_eq!(f.json["status"], "idle");
+    assert_eq!(f.json["pending"], json!([]));
+    assert_eq!(last_tool_output(&f), "error: the run was cancelled");
+    let src = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(src.json["status"], "waiting_external");
+    assert_eq!(token_of(&src), token_of(&r));
+}
