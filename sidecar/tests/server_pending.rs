@@ -558,3 +558,53 @@ async fn a_fork_copies_no_pending_call() {
     assert_eq!(src.json["status"], "waiting_external");
     assert_eq!(token_of(&src), token_of(&r));
 }
+
+/// Two servers on one PostgreSQL database: a call that waits on one is
+/// answered at the other, which runs the tool and resumes the run; both
+/// show the same token, and the token is good once across both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_postgres_take_the_continuation_at_either() {
+    let pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database("pending");
+    let mut c = clerk("").await;
+    c.store = pg.url("pending");
+    let (_a, api_a) = c.start(&[]);
+    let (_b, api_b) = c.start(&[]);
+    let r = waiting(&api_a, "delete invoice 7").await;
+    let id = id_of(&r);
+    let token = token_of(&r);
+    let seen_by_b = api_b
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(token_of(&seen_by_b), token);
+    // The secret lives in A's memory only: B needs it given again.
+    let r = answer(&api_b, &token, json!({"approve": true})).await;
+    assert_eq!(
+        error_of(&r),
+        refusal(409, "params_required", &["billing_token"])
+    );
+    let r = api_b
+        .call(
+            "PUT",
+            &format!("/v1/sessions/{id}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = answer(&api_b, &token, json!({"approve": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(c.runs(), 1);
+    let again = answer(&api_a, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&again), refusal(409, "continuation_used", &[]));
+
+    // A deferred call the other way round: waits on B, answered at A.
+    let r = waiting(&api_b, "where am I?").await;
+    let r = answer(&api_a, &token_of(&r), json!({"result": "Lyon"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let dump = pg.sql("pending", "SELECT pending, turns FROM bindery_sessions");
+    assert!(!dump.contains(CANARY));
+    assert!(!dump.contains(&token));
+}
