@@ -608,3 +608,59 @@ async fn two_replicas_on_postgres_take_the_continuation_at_either() {
     assert!(!dump.contains(CANARY));
     assert!(!dump.contains(&token));
 }
+
+/// One JSON-RPC `tools/call` over `POST /mcp`, the secret as a header.
+async fn mcp_call(api: &Api, params: Value) -> Value {
+    let resp = api
+        .http
+        .post(format!("{}/mcp", api.base))
+        .bearer_auth(OWNER)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("Agents-Param-tenant", "acme")
+        .header("Agents-Param-billing_token", CANARY)
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["error"].is_null(), "{v}");
+    v["result"].clone()
+}
+
+/// Over MCP a blocked run answers with its pending items; the next call
+/// carries the decision (and the values again) and runs on to the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_that_blocks_is_continued_by_the_next_call() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = mcp_call(
+        &api,
+        json!({"name": "ask_clerk", "arguments": {"prompt": "delete invoice 7"}}),
+    )
+    .await;
+    assert_eq!(r["isError"], false, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("approval of bash_delete-invoice"), "{text}");
+    let pending = &r["_meta"]["bindery.dev/pending"][0];
+    assert_eq!(pending["disposition"], "confirm");
+    assert_eq!(c.runs(), 0);
+    let token = pending["continuation_token"].as_str().unwrap();
+
+    let r = mcp_call(
+        &api,
+        json!({"name": "ask_clerk", "arguments": {},
+               "_meta": {"bindery.dev/continuations": [{"token": token, "approve": true}]}}),
+    )
+    .await;
+    assert_eq!(r["isError"], false, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("done: deleted INV-7"), "{text}");
+    assert!(text.contains(&sha256(CANARY)), "{text}");
+    assert!(r["_meta"].get("bindery.dev/pending").is_none(), "{r}");
+    assert_eq!(c.runs(), 1);
+}
