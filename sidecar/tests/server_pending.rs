@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use bindery_tests::mock_llm::{last_message, tool_results, MockLlm, MockReply};
+use bindery_tests::mock_llm::{last_message, tool_names, tool_results, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Reply, Sidecar};
 use common::*;
 use serde_json::{json, Value};
@@ -16,6 +16,10 @@ use serde_json::{json, Value};
 /// deletes invoice INV-7; after a tool result it answers with it.
 fn script(req: &Value) -> MockReply {
     let last = last_message(req);
+    // The boss (helpers test) delegates to the clerk.
+    if tool_names(req).iter().any(|t| t == "prompt_agent_clerk") && last["role"] == "user" {
+        return MockReply::tool_call("prompt_agent_clerk", json!({"what": "delete invoice 7"}));
+    }
     match last["role"].as_str() {
         Some("tool") => {
             MockReply::text(format!("done: {}", last["content"].as_str().unwrap_or("")))
@@ -663,4 +667,78 @@ async fn an_mcp_call_that_blocks_is_continued_by_the_next_call() {
     assert!(text.contains(&sha256(CANARY)), "{text}");
     assert!(r["_meta"].get("bindery.dev/pending").is_none(), "{r}");
     assert_eq!(c.runs(), 1);
+}
+
+/// A call that waits inside a helper shows in the top-level session's
+/// `pending` (`via` the helper); its answer resumes the helper, whose
+/// answer goes back to the caller, which answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helpers_pending_call_surfaces_and_resumes_the_helper_then_its_caller() {
+    let c = clerk("").await;
+    let boss = c.dir.path().join("boss.yaml");
+    std::fs::write(
+        &boss,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: boss
+spec:
+  model: {{url: "{url}", name: mock-model}}
+  parameters:
+    - {{name: tenant, scope: session}}
+    - {{name: billing_token, secret: true, scope: session, required: false}}
+  helpers:
+    - path: ./clerk.yaml
+      with: {{tenant: {{param: tenant}}, billing_token: {{param: billing_token}}}}
+"#,
+            url = c.mock.url()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(&boss, &c.store, &[], &[], c.dir.path());
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(
+                &json!({"agent": "boss", "prompt": "ask the clerk to delete invoice 7",
+                "params": {"tenant": "acme", "billing_token": CANARY}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    let item = &r.json["pending"][0];
+    assert_eq!(item["tool"], "bash_delete-invoice");
+    assert_eq!(item["via"], json!(["prompt_agent_clerk"]));
+    assert_eq!(item["call"], json!({"id": "INV-7"}));
+    assert!(r.json["status_detail"]
+        .as_str()
+        .unwrap()
+        .contains("(in prompt_agent_clerk)"));
+    assert_eq!(c.runs(), 0);
+
+    let r = answer(&api, &token_of(&r), json!({"approve": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(c.runs(), 1);
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    // The boss got the clerk's answer as its tool result, then answered.
+    let helper_result = last_tool_output(&r);
+    assert!(
+        helper_result.starts_with("done: deleted INV-7"),
+        "{}",
+        r.text
+    );
+    assert!(helper_result.contains(&sha256(CANARY)), "{}", r.text);
+    assert!(
+        turns.last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("done: done: deleted INV-7"),
+        "{}",
+        r.text
+    );
 }

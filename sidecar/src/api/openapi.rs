@@ -1069,6 +1069,12 @@ fn event_schemas() -> Value {
                         Stored only as a digest; never in events.",
                 },
                 "tool": { "type": "string", "description": "The model-visible tool name." },
+                "via": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "The helpers (`prompt_agent_*`) the call was made in, \
+                        outermost first; answering it resumes them, then their caller.",
+                },
                 "disposition": {
                     "enum": ["deferred", "confirm"],
                     "description": "`deferred`: the client runs the tool and posts the \

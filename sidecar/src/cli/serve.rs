@@ -95,6 +95,7 @@ fn ask_terminal(calls: &[runner::Blocked], yes: bool) -> Result<Vec<PendingCall>
             token_digest: String::new(),
             expires_at: None,
             resolution: Some(resolution),
+            frames: b.frames.clone(),
         });
     }
     Ok(out)

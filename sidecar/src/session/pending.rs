@@ -45,6 +45,38 @@ pub struct PendingCall {
     /// Set once answered; the run resumes when every item is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolution: Option<Resolution>,
+    /// The helpers the call was made in, outermost first (empty: the
+    /// session's own agent made it): what resuming them needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<Frame>,
+}
+
+/// A helper run suspended at a pending call: the `prompt_agent_*` call
+/// that started it (in its caller's history) and its own history so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    pub call_id: String,
+    /// `prompt_agent_<slug>`.
+    pub tool: String,
+    /// The calling model's arguments, as it sent them.
+    pub arguments: String,
+    /// The helper's conversation (never a bound value, like any history).
+    pub history: Vec<crate::llm::ChatMessage>,
+}
+
+impl PendingCall {
+    /// The id the API shows: unique in the session even for a call made
+    /// inside a helper (`<prompt_agent call id>/<call id>`).
+    pub fn id(&self) -> String {
+        let mut parts: Vec<&str> = self.frames.iter().map(|f| f.call_id.as_str()).collect();
+        parts.push(&self.tool_call_id);
+        parts.join("/")
+    }
+
+    /// The helpers it was made in, as `prompt_agent_a > prompt_agent_b`.
+    pub fn via(&self) -> Vec<String> {
+        self.frames.iter().map(|f| f.tool.clone()).collect()
+    }
 }
 
 /// How a pending call was answered.
@@ -116,7 +148,7 @@ impl Pending {
         let mut closed = Vec::new();
         for i in self.items.iter_mut().filter(|i| i.resolution.is_none()) {
             i.resolution = Some(r.clone());
-            closed.push(i.tool_call_id.clone());
+            closed.push(i.id());
         }
         self.retire_tokens();
         closed
@@ -137,7 +169,7 @@ impl Pending {
         for i in self.items.iter_mut() {
             if i.resolution.is_none() && i.expires_at.is_some_and(|t| t <= now) {
                 i.resolution = Some(Resolution::Expired);
-                expired.push(i.tool_call_id.clone());
+                expired.push(i.id());
             }
         }
         self.retire_tokens();
@@ -148,9 +180,15 @@ impl Pending {
     pub fn detail(&self) -> String {
         let what: Vec<String> = self
             .open()
-            .map(|i| match i.disposition {
-                Disposition::Confirm => format!("a person's approval of {}", i.tool),
-                Disposition::Deferred => format!("the client's result of {}", i.tool),
+            .map(|i| {
+                let via = match i.frames.last() {
+                    Some(f) => format!(" (in {})", f.tool),
+                    None => String::new(),
+                };
+                match i.disposition {
+                    Disposition::Confirm => format!("a person's approval of {}{via}", i.tool),
+                    Disposition::Deferred => format!("the client's result of {}{via}", i.tool),
+                }
             })
             .collect();
         format!("waiting for {}", what.join(", "))
@@ -259,6 +297,7 @@ mod tests {
             token_digest: format!("d-{id}"),
             expires_at,
             resolution: None,
+            frames: vec![],
         };
         let mut p = Pending {
             items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],

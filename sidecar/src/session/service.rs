@@ -885,34 +885,30 @@ impl Service {
             .iter()
             .map(|b| {
                 let call = runner::call_arguments(&b.call);
-                let nonce = hex::encode(random_key());
-                let token = pending::token_for(&self.cfg.continuation_key, id, &b.call.id, &nonce);
-                PendingCall {
+                let mut item = PendingCall {
                     tool_call_id: b.call.id.clone(),
                     tool: b.call.name.clone(),
                     disposition: b.disposition,
                     digest: pending::call_digest(&b.call.name, &call, &b.bound_params),
                     call,
                     bound_params: b.bound_params.clone(),
-                    nonce,
-                    token_digest: pending::token_digest(&token),
+                    nonce: hex::encode(random_key()),
+                    token_digest: String::new(),
                     expires_at: ttl
                         .filter(|_| b.disposition == Disposition::Confirm)
                         .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
                     resolution: None,
-                }
+                    frames: b.frames.clone(),
+                };
+                item.token_digest = pending::token_digest(&self.token_of(id, &item));
+                item
             })
             .collect()
     }
 
     /// The token of a pending item of session `id`.
     fn token_of(&self, id: &str, item: &PendingCall) -> String {
-        pending::token_for(
-            &self.cfg.continuation_key,
-            id,
-            &item.tool_call_id,
-            &item.nonce,
-        )
+        pending::token_for(&self.cfg.continuation_key, id, &item.id(), &item.nonce)
     }
 
     /// The open pending items as the API shows them, with their tokens
@@ -922,12 +918,15 @@ impl Service {
             .open()
             .map(|i| {
                 let mut v = json!({
-                    "tool_call_id": i.tool_call_id,
+                    "tool_call_id": i.id(),
                     "continuation_token": self.token_of(&rec.id, i),
                     "tool": i.tool,
                     "disposition": i.disposition.as_str(),
                     "call": i.call,
                 });
+                if !i.frames.is_empty() {
+                    v["via"] = json!(i.via());
+                }
                 if let Some(t) = i.expires_at {
                     let at = UNIX_EPOCH + Duration::from_millis(t.max(0) as u64);
                     v["expires_at"] = json!(humantime::format_rfc3339_millis(at).to_string());
@@ -1001,7 +1000,7 @@ impl Service {
             let items: Vec<_> = waiting
                 .items
                 .iter()
-                .map(|i| json!({"tool_call_id": i.tool_call_id, "tool": i.tool, "disposition": i.disposition.as_str(), "call": i.call}))
+                .map(|i| json!({"tool_call_id": i.id(), "tool": i.tool, "via": i.via(), "disposition": i.disposition.as_str(), "call": i.call}))
                 .collect();
             self.emit(id, "pending", json!({"pending": items})).await;
         }
@@ -1137,8 +1136,15 @@ impl Service {
             ));
         }
         let agent = self.agent(&rec.agent)?.clone();
-        let bound_now = agent
-            .tool(&item.tool)
+        // The agent whose tool it is: the session's, or a helper's.
+        let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
+            let slug = f.tool.strip_prefix("prompt_agent_")?;
+            let h = a.helpers.iter().find(|h| h.slug == slug)?;
+            self.tree.agent(&h.agent).cloned()
+        });
+        let bound_now = owner
+            .as_ref()
+            .and_then(|a| a.tool(&item.tool))
             .map(|t| t.bound_params())
             .unwrap_or_default();
         if item.digest != pending::call_digest(&item.tool, &item.call, &item.bound_params)
@@ -1223,7 +1229,7 @@ impl Service {
             .pending
             .items
             .iter_mut()
-            .find(|i| i.tool_call_id == item.tool_call_id && i.resolution.is_none())
+            .find(|i| i.id() == item.id() && i.resolution.is_none())
         else {
             return Err(used());
         };
@@ -1240,7 +1246,7 @@ impl Service {
         self.emit(
             id,
             "resolved",
-            json!({"tool_call_id": item.tool_call_id, "tool": item.tool, "outcome": resolution.outcome()}),
+            json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome()}),
         )
         .await;
         tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), "pending call answered");

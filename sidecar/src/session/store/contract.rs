@@ -117,6 +117,12 @@ pub fn full_record() -> SessionRecord {
                 resolution: Some(crate::session::pending::Resolution::Rejected {
                     reason: Some("not today".into()),
                 }),
+                frames: vec![crate::session::pending::Frame {
+                    call_id: "call_0".into(),
+                    tool: "prompt_agent_clerk".into(),
+                    arguments: r#"{"what":"delete a.txt"}"#.into(),
+                    history: vec![ChatMessage::user("delete a.txt")],
+                }],
             }],
             used: vec!["34".repeat(32)],
         },
