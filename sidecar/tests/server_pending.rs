@@ -742,3 +742,26 @@ spec:
         r.text
     );
 }
+
+/// A confirm selector that matches no tool protects nothing: `check` says
+/// so, naming the selector and the tools there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_selector_that_matches_nothing_is_an_error() {
+    let c = clerk("  confirm: [{tool: bash_delte-*}]\n").await;
+    let out = tokio::process::Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(&c.agent)
+        .output()
+        .await
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("agent `clerk`, agent-level confirm: confirm selector `bash_delte-*` matches no tool (tools: bash_delete-invoice, get_location)"),
+        "{all}"
+    );
+}

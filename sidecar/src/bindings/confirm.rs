@@ -3,6 +3,7 @@
 //! on model-visible names).
 
 use super::{glob_matches, BoundTool};
+use crate::diagnostic::{Diagnostic, Level};
 use crate::spec::{ConfirmKeyword, ConfirmSelector, ToolboxConfirm};
 use crate::tools::Disposition;
 
@@ -24,6 +25,38 @@ pub fn toolbox_selects(confirm: &ToolboxConfirm, local: &str, writes: bool) -> b
     match confirm {
         ToolboxConfirm::Writes(ConfirmKeyword::Writes) => writes,
         ToolboxConfirm::Tools(sel) => selects(sel, local),
+    }
+}
+
+/// The typo guard: a selector that matches none of `names` protects
+/// nothing, so it is reported at `level` (a warning where tools come late,
+/// from an MCP server). `place` says where the selectors were written.
+pub fn check_selectors(
+    selectors: &[ConfirmSelector],
+    names: &[&str],
+    place: &str,
+    level: impl Fn(&ConfirmSelector) -> Level,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for s in selectors {
+        if !names.iter().any(|n| glob_matches(&s.tool, n)) {
+            diags.push(Diagnostic {
+                level: level(s),
+                message: format!(
+                    "{place}: confirm selector `{}` matches no tool (tools: {}); fix the name, or no call will wait for approval",
+                    s.tool,
+                    names.join(", ")
+                ),
+            });
+        }
+    }
+}
+
+/// The selectors of a toolbox's `confirm` (none for `writes`).
+pub fn toolbox_selectors(confirm: Option<&ToolboxConfirm>) -> &[ConfirmSelector] {
+    match confirm {
+        Some(ToolboxConfirm::Tools(sel)) => sel,
+        _ => &[],
     }
 }
 

@@ -388,6 +388,22 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    let mut names: Vec<String> = tools.iter().map(|t| t.name().to_string()).collect();
+    names.extend(p.helpers.iter().map(|h| format!("prompt_agent_{}", h.slug)));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    crate::bindings::confirm::check_selectors(
+        &p.spec.confirm,
+        &names,
+        &format!("{here}, agent-level confirm"),
+        |s| {
+            if s.tool.starts_with("mcp_") {
+                Level::Warning
+            } else {
+                Level::Error
+            }
+        },
+        &mut diags,
+    );
     let tools = LiveTools::new(tools);
     let keep = mcp.watch(
         live::Assembly {
@@ -463,6 +479,7 @@ async fn load_toolbox(
                     diags,
                 );
                 apply_toolbox_confirm(&mut bound, o.confirm.as_ref());
+                check_toolbox_confirm(&bound, o.confirm.as_ref(), &place, Level::Error, diags);
                 tools.extend(bound);
             }
             return;
@@ -507,7 +524,26 @@ async fn load_toolbox(
         diags,
     );
     apply_toolbox_confirm(&mut bound, b.confirm.as_ref());
+    check_toolbox_confirm(&bound, b.confirm.as_ref(), &place, Level::Error, diags);
     tools.extend(bound);
+}
+
+/// The typo guard of a toolbox's `confirm` selectors, on its own tools.
+fn check_toolbox_confirm(
+    tools: &[BoundTool],
+    confirm: Option<&crate::spec::ToolboxConfirm>,
+    place: &str,
+    level: Level,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let names: Vec<&str> = tools.iter().map(|t| t.spec().local_name.as_str()).collect();
+    crate::bindings::confirm::check_selectors(
+        crate::bindings::confirm::toolbox_selectors(confirm),
+        &names,
+        place,
+        |_| level,
+        diags,
+    );
 }
 
 /// The MCP servers of one agent: started at load, then watched for
@@ -593,6 +629,7 @@ impl McpLoader {
             diags,
         );
         apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
+        check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
         self.servers.push((
             i,
