@@ -765,3 +765,60 @@ async fn a_confirm_selector_that_matches_nothing_is_an_error() {
         "{all}"
     );
 }
+
+/// `resume: false` records a result without running; a resume goes on. A
+/// call whose bound parameters changed (the agent file was edited and the
+/// server restarted) is not the call its token was issued for: 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_can_wait_for_a_resume_and_a_changed_call_is_refused() {
+    let c = clerk("").await;
+    let (mut sidecar, api) = c.start(&[]);
+    let r = waiting(&api, "where am I?").await;
+    let id = id_of(&r);
+    let r = answer(
+        &api,
+        &token_of(&r),
+        json!({"result": "Lyon", "resume": false}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    assert_eq!(r.json["pending"], json!([]));
+    assert!(
+        r.json["status_detail"].as_str().unwrap().contains("resume"),
+        "{}",
+        r.text
+    );
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume?wait=true"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(
+        r.json["session"]["turns"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["content"],
+        "done: Lyon"
+    );
+
+    let r = waiting(&api, "delete invoice 7").await;
+    let token = token_of(&r);
+    sidecar.kill();
+    let text = std::fs::read_to_string(&c.agent).unwrap();
+    std::fs::write(
+        &c.agent,
+        text.replace("{param: billing_token}", "{param: tenant}"),
+    )
+    .unwrap();
+    let (_sidecar, api) = c.start(&[]);
+    let r = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&r), refusal(409, "call_changed", &[]));
+    assert_eq!(c.runs(), 0);
+}
