@@ -392,6 +392,8 @@ mod tests {
             ("GET", "/projects/{project_id}/tasks")
         );
         assert_eq!(o.spec.description, "List a project's tasks");
+        assert!(!o.spec.writes, "a GET changes nothing");
+        assert!(op(&ops, "tasks_create_v2").spec.writes, "a POST may");
         let names: Vec<(&str, bool)> = o
             .spec
             .args
