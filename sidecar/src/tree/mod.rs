@@ -546,18 +546,23 @@ fn check_toolbox_confirm(
     );
 }
 
+/// One MCP server of an agent, and what re-listing its tools needs: its
+/// toolbox's index, place in messages, bindings and `confirm`.
+#[cfg(feature = "server")]
+type Watched = (
+    usize,
+    Arc<crate::tools::mcp::McpServer>,
+    String,
+    Vec<crate::spec::Binding>,
+    Option<crate::spec::ToolboxConfirm>,
+);
+
 /// The MCP servers of one agent: started at load, then watched for
 /// changes to their tool lists.
 #[derive(Default)]
 struct McpLoader {
     #[cfg(feature = "server")]
-    servers: Vec<(
-        usize,
-        Arc<crate::tools::mcp::McpServer>,
-        String,
-        Vec<crate::spec::Binding>,
-        Option<crate::spec::ToolboxConfirm>,
-    )>,
+    servers: Vec<Watched>,
     #[cfg(feature = "server")]
     changes: Option<(
         tokio::sync::mpsc::UnboundedSender<usize>,
