@@ -31,6 +31,22 @@ fn script(req: &Value) -> MockReply {
     }
 }
 
+/// An agent file up to its tools: the model at `url`, a session-scope
+/// `tenant` and an optional secret `billing_token`.
+fn agent_head(name: &str, url: &str) -> String {
+    format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: {name}
+spec:
+  model: {{url: "{url}", name: mock-model}}
+  parameters:
+    - {{name: tenant, scope: session}}
+    - {{name: billing_token, secret: true, scope: session, required: false}}"#
+    )
+}
+
 struct Clerk {
     dir: tempfile::TempDir,
     mock: MockLlm,
@@ -68,15 +84,7 @@ printf 'deleted %s, token-sha256 %s\n' "$3" "$(printf %s "${{TOKEN:-}}" | sha256
     .unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
     let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: clerk
-spec:
-  model: {{url: "{url}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: billing_token, secret: true, scope: session, required: false}}
+        r#"{head}
   toolboxes:
     - bash:
         directory: "{tools}"
@@ -89,7 +97,7 @@ spec:
             description: Where the user is.
             parameters: {{type: object, properties: {{precision: {{type: string}}}}}}
 {spec_extra}"#,
-        url = mock.url(),
+        head = agent_head("clerk", &mock.url()),
         tools = tools.display()
     );
     let agent = dir.path().join("clerk.yaml");
@@ -131,6 +139,23 @@ async fn waiting(api: &Api, prompt: &str) -> Reply {
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     r
+}
+
+/// `METHOD /v1/sessions/{id}{path}` as the owner.
+async fn on_session(api: &Api, method: &str, id: &str, path: &str, body: Option<Value>) -> Reply {
+    api.call(
+        method,
+        &format!("/v1/sessions/{id}{path}"),
+        Some(OWNER),
+        body.as_ref(),
+    )
+    .await
+}
+
+/// The secret `billing_token` given again (`PUT …/params`).
+async fn give_secret(api: &Api, id: &str) -> Reply {
+    let body = json!({"params": {"billing_token": CANARY}});
+    on_session(api, "PUT", id, "/params", Some(body)).await
 }
 
 fn id_of(r: &Reply) -> String {
@@ -272,9 +297,7 @@ async fn an_unanswered_confirmation_expires_as_not_approved() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        view = api
-            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-            .await;
+        view = on_session(&api, "GET", &id, "", None).await;
     }
     assert_eq!(view.json["status"], "idle", "{}", view.text);
     assert!(
@@ -313,14 +336,7 @@ async fn cancelling_a_waiting_run_closes_its_calls() {
     let (_sidecar, api) = c.start(&[]);
     let r = waiting(&api, "delete invoice 7").await;
     let (id, token) = (id_of(&r), token_of(&r));
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/cancel"),
-            Some(OWNER),
-            None,
-        )
-        .await;
+    let r = on_session(&api, "POST", &id, "/cancel", None).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["status"], "idle");
     assert_eq!(r.json["status_detail"], "cancelled");
@@ -344,9 +360,7 @@ async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
 
     let (sidecar, api) = c.start(&[]);
     let id = id_of(&confirm);
-    let view = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
+    let view = on_session(&api, "GET", &id, "", None).await;
     assert_eq!(view.json["status"], "waiting_external", "{}", view.text);
     // The same token after the restart: derived, never stored.
     assert_eq!(token_of(&view), token_of(&confirm));
@@ -361,14 +375,7 @@ async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
         refusal(409, "params_required", &["billing_token"])
     );
     assert_eq!(c.runs(), 0);
-    let r = api
-        .call(
-            "PUT",
-            &format!("/v1/sessions/{id}/params"),
-            Some(OWNER),
-            Some(&json!({"params": {"billing_token": CANARY}})),
-        )
-        .await;
+    let r = give_secret(&api, &id).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let r = answer(&api, &token_of(&confirm), json!({"approve": true})).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -410,14 +417,14 @@ async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     let (_sidecar, api) = c.start(&[]);
     let r = waiting(&api, "delete invoice 7").await;
     let id = id_of(&r);
-    let msg = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            Some(OWNER),
-            Some(&json!({"prompt": "and invoice 8"})),
-        )
-        .await;
+    let msg = on_session(
+        &api,
+        "POST",
+        &id,
+        "/messages",
+        Some(json!({"prompt": "and invoice 8"})),
+    )
+    .await;
     assert_eq!(error_of(&msg), refusal(409, "waiting_external", &[]));
     let r = answer(&api, &token_of(&r), json!({"approve": true, "run": "step"})).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -544,21 +551,12 @@ async fn a_fork_copies_no_pending_call() {
     let (_sidecar, api) = c.start(&[]);
     let r = waiting(&api, "delete invoice 7").await;
     let id = id_of(&r);
-    let f = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/fork"),
-            Some(OWNER),
-            Some(&json!({})),
-        )
-        .await;
+    let f = on_session(&api, "POST", &id, "/fork", Some(json!({}))).await;
     assert_eq!(f.status, 201, "{}", f.text);
     assert_eq!(f.json["status"], "idle");
     assert_eq!(f.json["pending"], json!([]));
     assert_eq!(last_tool_output(&f), "error: the run was cancelled");
-    let src = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
+    let src = on_session(&api, "GET", &id, "", None).await;
     assert_eq!(src.json["status"], "waiting_external");
     assert_eq!(token_of(&src), token_of(&r));
 }
@@ -577,9 +575,7 @@ async fn two_replicas_on_postgres_take_the_continuation_at_either() {
     let r = waiting(&api_a, "delete invoice 7").await;
     let id = id_of(&r);
     let token = token_of(&r);
-    let seen_by_b = api_b
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
+    let seen_by_b = on_session(&api_b, "GET", &id, "", None).await;
     assert_eq!(token_of(&seen_by_b), token);
     // The secret lives in A's memory only: B needs it given again.
     let r = answer(&api_b, &token, json!({"approve": true})).await;
@@ -587,14 +583,7 @@ async fn two_replicas_on_postgres_take_the_continuation_at_either() {
         error_of(&r),
         refusal(409, "params_required", &["billing_token"])
     );
-    let r = api_b
-        .call(
-            "PUT",
-            &format!("/v1/sessions/{id}/params"),
-            Some(OWNER),
-            Some(&json!({"params": {"billing_token": CANARY}})),
-        )
-        .await;
+    let r = give_secret(&api_b, &id).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let r = answer(&api_b, &token, json!({"approve": true})).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -679,20 +668,12 @@ async fn a_helpers_pending_call_surfaces_and_resumes_the_helper_then_its_caller(
     std::fs::write(
         &boss,
         format!(
-            r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: boss
-spec:
-  model: {{url: "{url}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: billing_token, secret: true, scope: session, required: false}}
+            r#"{head}
   helpers:
     - path: ./clerk.yaml
       with: {{tenant: {{param: tenant}}, billing_token: {{param: billing_token}}}}
 "#,
-            url = c.mock.url()
+            head = agent_head("boss", &c.mock.url())
         ),
     )
     .unwrap();
@@ -789,14 +770,7 @@ async fn an_answer_can_wait_for_a_resume_and_a_changed_call_is_refused() {
         "{}",
         r.text
     );
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/resume?wait=true"),
-            Some(OWNER),
-            Some(&json!({})),
-        )
-        .await;
+    let r = on_session(&api, "POST", &id, "/resume?wait=true", Some(json!({}))).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(
