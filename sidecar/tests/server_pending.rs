@@ -541,6 +541,15 @@ async fn check_and_describe_show_the_tools_that_wait() {
             ("get_location".to_string(), json!("deferred")),
         ]
     );
+    // And GET /v1/agents/clerk, for API clients.
+    let (_sidecar, api) = c.start(&[]);
+    let r = api.call("GET", "/v1/agents/clerk", Some(OWNER), None).await;
+    assert_eq!(
+        r.json["waits"],
+        json!({"bash_delete-invoice": "confirm", "get_location": "deferred"}),
+        "{}",
+        r.text
+    );
 }
 
 /// A fork copies no pending call: its last turn is closed as a cancel

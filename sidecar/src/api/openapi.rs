@@ -765,6 +765,12 @@ fn agent_schemas() -> Value {
                     "items": { "type": "string" },
                     "description": "The names of the tools the agent may call.",
                 },
+                "waits": {
+                    "type": "object",
+                    "additionalProperties": { "enum": ["confirm", "deferred"] },
+                    "description": "The tools whose calls wait, by name: for a person's \
+                        approval (`confirm`) or for the client's result (`deferred`).",
+                },
             },
         },
         "ParameterView": {
