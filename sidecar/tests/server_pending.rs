@@ -805,3 +805,39 @@ async fn an_answer_can_wait_for_a_resume_and_a_changed_call_is_refused() {
     assert_eq!(error_of(&r), refusal(409, "call_changed", &[]));
     assert_eq!(c.runs(), 0);
 }
+
+/// A message-scope value lasts one run: the request that resumes a waiting
+/// run must bring it again, or it is 409 params_required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_scope_values_come_with_the_answer_that_resumes() {
+    let c = clerk("").await;
+    let text = std::fs::read_to_string(&c.agent).unwrap();
+    let with_otp = text.replace(
+        "  toolboxes:",
+        "    - {name: otp, scope: message, secret: true}\n  toolboxes:",
+    );
+    std::fs::write(&c.agent, with_otp).unwrap();
+    let (_sidecar, api) = c.start(&[]);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "clerk", "prompt": "delete invoice 7",
+                "params": {"tenant": "acme", "billing_token": CANARY, "otp": "123456"}})),
+        )
+        .await;
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    let token = token_of(&r);
+    let r = answer(&api, &token, json!({"approve": true})).await;
+    assert_eq!(error_of(&r), refusal(409, "params_required", &["otp"]));
+    assert_eq!(c.runs(), 0);
+    let r = answer(
+        &api,
+        &token,
+        json!({"approve": true, "params": {"otp": "654321"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(c.runs(), 1);
+}
