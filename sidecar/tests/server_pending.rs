@@ -841,3 +841,23 @@ async fn message_scope_values_come_with_the_answer_that_resumes() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(c.runs(), 1);
 }
+
+/// A deferred tool runs at the client, which gets only the model's
+/// arguments: binding a value into one is refused at load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_can_be_bound_into_a_deferred_tool() {
+    let c = clerk("  bindings: [{tool: get_*, arg: precision, value: {literal: city}}]\n").await;
+    let out = tokio::process::Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(&c.agent)
+        .output()
+        .await
+        .unwrap();
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("tool `get_location` is deferred (the client runs it, and gets only the model's arguments), so nothing can be bound into it"),
+        "{all}"
+    );
+}

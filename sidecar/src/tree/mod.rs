@@ -388,6 +388,16 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    for t in tools
+        .iter()
+        .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}, agent-level bindings: tool `{}` is deferred (the client runs it, and gets only the model's arguments), so nothing can be bound into it; remove the binding of `{}` or narrow its `tool` glob",
+            t.name(),
+            t.bindings()[0].arg
+        )));
+    }
     let mut names: Vec<String> = tools.iter().map(|t| t.name().to_string()).collect();
     names.extend(p.helpers.iter().map(|h| format!("prompt_agent_{}", h.slug)));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
