@@ -73,9 +73,24 @@ impl PendingCall {
         parts.join("/")
     }
 
-    /// The helpers it was made in, as `prompt_agent_a > prompt_agent_b`.
+    /// The helpers it was made in, outermost first.
     pub fn via(&self) -> Vec<String> {
         self.frames.iter().map(|f| f.tool.clone()).collect()
+    }
+
+    /// The item as clients see it, without its token (events carry this;
+    /// the session view adds the token).
+    pub fn shown(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "tool_call_id": self.id(),
+            "tool": self.tool,
+            "disposition": self.disposition.as_str(),
+            "call": self.call,
+        });
+        if !self.frames.is_empty() {
+            v["via"] = serde_json::json!(self.via());
+        }
+        v
     }
 }
 

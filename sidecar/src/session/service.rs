@@ -919,11 +919,7 @@ impl Service {
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
         if !waiting.is_empty() {
             // Without tokens: events are stored, tokens never are.
-            let items: Vec<_> = waiting
-                .items
-                .iter()
-                .map(|i| json!({"tool_call_id": i.id(), "tool": i.tool, "via": i.via(), "disposition": i.disposition.as_str(), "call": i.call}))
-                .collect();
+            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
             self.emit(id, "pending", json!({"pending": items})).await;
         }
         self.emit(

@@ -86,16 +86,8 @@ impl Service {
         rec.pending
             .open()
             .map(|i| {
-                let mut v = json!({
-                    "tool_call_id": i.id(),
-                    "continuation_token": self.token_of(&rec.id, i),
-                    "tool": i.tool,
-                    "disposition": i.disposition.as_str(),
-                    "call": i.call,
-                });
-                if !i.frames.is_empty() {
-                    v["via"] = json!(i.via());
-                }
+                let mut v = i.shown();
+                v["continuation_token"] = json!(self.token_of(&rec.id, i));
                 if let Some(t) = i.expires_at {
                     let at = UNIX_EPOCH + Duration::from_millis(t.max(0) as u64);
                     v["expires_at"] = json!(humantime::format_rfc3339_millis(at).to_string());
