@@ -210,6 +210,36 @@ impl Pending {
     }
 }
 
+/// What an answer (`result`, `approve`, `reason`) resolves `item` to, or
+/// why it does not fit the item's disposition (in the client's words).
+pub fn resolution_for(
+    item: &PendingCall,
+    result: Option<&serde_json::Value>,
+    approve: Option<bool>,
+    reason: Option<&str>,
+) -> Result<Resolution, String> {
+    match (item.disposition, result, approve) {
+        (Disposition::Deferred, Some(result), None) => Ok(Resolution::Result {
+            output: match result {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            },
+        }),
+        (Disposition::Confirm, None, Some(true)) => Ok(Resolution::Approved),
+        (Disposition::Confirm, None, Some(false)) => Ok(Resolution::Rejected {
+            reason: reason.map(str::to_string),
+        }),
+        (Disposition::Deferred, _, _) => Err(format!(
+            "the call of {} is deferred: send its `result` (and no `approve`)",
+            item.tool
+        )),
+        (Disposition::Confirm, _, _) => Err(format!(
+            "the call of {} waits for approval: send `approve: true` or `approve: false` (and no `result`)",
+            item.tool
+        )),
+    }
+}
+
 /// The digest a continuation is bound to: the tool, the model's arguments
 /// (canonical JSON) and the sorted names of the bound parameters.
 pub fn call_digest(tool: &str, call: &serde_json::Value, bound_params: &[String]) -> String {
@@ -300,8 +330,30 @@ mod tests {
     }
 
     #[test]
-    fn expiry_closes_only_open_items_past_their_time() {
-        let item = |id: &str, expires_at| PendingCall {
+    fn an_answer_must_fit_the_disposition() {
+        let mut item = call("a", None);
+        let ok = resolution_for(&item, None, Some(false), Some("no"));
+        assert_eq!(
+            ok,
+            Ok(Resolution::Rejected {
+                reason: Some("no".into())
+            })
+        );
+        assert!(resolution_for(&item, Some(&json!("x")), None, None).is_err());
+        assert!(resolution_for(&item, None, None, None).is_err());
+        item.disposition = Disposition::Deferred;
+        let ok = resolution_for(&item, Some(&json!({"city": "Lyon"})), None, None);
+        assert_eq!(
+            ok,
+            Ok(Resolution::Result {
+                output: r#"{"city":"Lyon"}"#.into()
+            })
+        );
+        assert!(resolution_for(&item, Some(&json!("x")), Some(true), None).is_err());
+    }
+
+    fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
+        PendingCall {
             tool_call_id: id.into(),
             tool: "t".into(),
             disposition: Disposition::Confirm,
@@ -313,7 +365,12 @@ mod tests {
             expires_at,
             resolution: None,
             frames: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn expiry_closes_only_open_items_past_their_time() {
+        let item = call;
         let mut p = Pending {
             items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
             used: vec![],

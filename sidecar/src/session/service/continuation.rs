@@ -244,30 +244,13 @@ impl Service {
                 ),
             ));
         }
-        let resolution = match (item.disposition, &answer.result, answer.approve) {
-            (Disposition::Deferred, Some(result), None) => Resolution::Result {
-                output: match result {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                },
-            },
-            (Disposition::Confirm, None, Some(true)) => Resolution::Approved,
-            (Disposition::Confirm, None, Some(false)) => Resolution::Rejected {
-                reason: answer.reason.clone(),
-            },
-            (Disposition::Deferred, _, _) => {
-                return Err(ServiceError::bad_request(format!(
-                    "the call of {} is deferred: send its `result` (and no `approve`)",
-                    item.tool
-                )))
-            }
-            (Disposition::Confirm, _, _) => {
-                return Err(ServiceError::bad_request(format!(
-                    "the call of {} waits for approval: send `approve: true` or `approve: false` (and no `result`)",
-                    item.tool
-                )))
-            }
-        };
+        let resolution = pending::resolution_for(
+            &item,
+            answer.result.as_ref(),
+            answer.approve,
+            answer.reason.as_deref(),
+        )
+        .map_err(ServiceError::bad_request)?;
         let last = rec.pending.open().count() == 1;
         let resume = last && answer.resume != Some(false);
         let message = if resume {
@@ -284,19 +267,7 @@ impl Service {
         if resolution == Resolution::Approved {
             // The call never runs without its values: a secret that is gone
             // (a restart) must be given again first.
-            let held = self.session_values(&rec);
-            let missing: Vec<String> = item
-                .bound_params
-                .iter()
-                .filter(|p| {
-                    agent
-                        .params
-                        .decl(p)
-                        .is_some_and(|d| d.scope == crate::spec::Scope::Session && d.secret)
-                        && !held.contains_key(*p)
-                })
-                .cloned()
-                .collect();
+            let missing = self.missing_secrets(&agent, &rec, &item);
             if !missing.is_empty() {
                 return Err(ServiceError {
                     status: 409,
@@ -341,6 +312,32 @@ impl Service {
         self.start_run_locked(guard, id, None, message, answer.mode)
             .await
             .map(Some)
+    }
+
+    /// The secret session values bound into a call of the session's own
+    /// agent that this server does not hold (a helper's values come from
+    /// its caller's, which a resume checks as a whole).
+    fn missing_secrets(
+        &self,
+        agent: &crate::tree::LoadedAgent,
+        rec: &SessionRecord,
+        item: &PendingCall,
+    ) -> Vec<String> {
+        if !item.frames.is_empty() {
+            return Vec::new();
+        }
+        let held = self.session_values(rec);
+        item.bound_params
+            .iter()
+            .filter(|p| {
+                agent
+                    .params
+                    .decl(p)
+                    .is_some_and(|d| d.scope == crate::spec::Scope::Session && d.secret)
+                    && !held.contains_key(*p)
+            })
+            .cloned()
+            .collect()
     }
 
     /// Close the calls of session `id` whose confirmation time ran out, and
