@@ -27,6 +27,9 @@ fn script(req: &Value) -> MockReply {
         _ if last["content"].as_str().unwrap_or("").contains("where") => {
             MockReply::tool_call("get_location", json!({"precision": "city"}))
         }
+        _ if last["content"].as_str().unwrap_or("").contains("count") => {
+            MockReply::tool_call("bash_count-invoices", json!({}))
+        }
         _ => MockReply::tool_call("bash_delete-invoice", json!({"id": "INV-7"})),
     }
 }
@@ -83,6 +86,20 @@ printf 'deleted %s, token-sha256 %s\n' "$3" "$(printf %s "${{TOKEN:-}}" | sha256
     )
     .unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A tool that needs nobody: it runs when called.
+    let count = tools.join("count-invoices");
+    std::fs::write(
+        &count,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  echo '{"slug": "count-invoices", "description": "Counts invoices.", "args": []}'
+  exit 0
+fi
+echo 3 invoices
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&count, std::fs::Permissions::from_mode(0o755)).unwrap();
     let text = format!(
         r#"{head}
   toolboxes:
@@ -409,12 +426,41 @@ async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
         .any(|r| r.to_string().contains(CANARY)));
 }
 
-/// A message to a waiting session is refused until its calls are
-/// answered; a continuation takes `run` like any request that starts a run.
+/// `run: step` takes one model turn and runs its calls, then stops; a
+/// resume goes on. A message to a waiting session is refused until its
+/// calls are answered; a continuation takes `run` like any request that
+/// starts a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     let c = clerk("").await;
     let (_sidecar, api) = c.start(&[]);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(
+                &json!({"agent": "clerk", "prompt": "count them", "run": "step",
+                "params": {"tenant": "acme"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert!(
+        r.json["status_detail"]
+            .as_str()
+            .unwrap()
+            .contains("one step"),
+        "{}",
+        r.text
+    );
+    assert_eq!(last_tool_output(&r), "3 invoices\n");
+    let before = c.mock.request_count();
+    let r = on_session(&api, "POST", &id_of(&r), "/resume?wait=true", None).await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(r.json["status_detail"], Value::Null, "{}", r.text);
+    assert_eq!(c.mock.request_count(), before + 1);
+
     let r = waiting(&api, "delete invoice 7").await;
     let id = id_of(&r);
     let msg = on_session(
@@ -537,6 +583,7 @@ async fn check_and_describe_show_the_tools_that_wait() {
     assert_eq!(
         waits,
         [
+            ("bash_count-invoices".to_string(), Value::Null),
             ("bash_delete-invoice".to_string(), json!("confirm")),
             ("get_location".to_string(), json!("deferred")),
         ]
@@ -751,7 +798,7 @@ async fn a_confirm_selector_that_matches_nothing_is_an_error() {
     );
     assert!(!out.status.success(), "{all}");
     assert!(
-        all.contains("agent `clerk`, agent-level confirm: confirm selector `bash_delte-*` matches no tool (tools: bash_delete-invoice, get_location)"),
+        all.contains("agent `clerk`, agent-level confirm: confirm selector `bash_delte-*` matches no tool (tools: bash_count-invoices, bash_delete-invoice, get_location)"),
         "{all}"
     );
 }
