@@ -373,6 +373,7 @@ async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
     let (mut sidecar, api) = c.start(&[]);
     let deferred = waiting(&api, "where am I?").await;
     let confirm = waiting(&api, "delete invoice 7").await;
+    assert!(!sidecar.logs().contains(CANARY));
     sidecar.kill();
 
     let (sidecar, api) = c.start(&[]);
@@ -907,4 +908,45 @@ async fn nothing_can_be_bound_into_a_deferred_tool() {
         all.contains("tool `get_location` is deferred (the client runs it, and gets only the model's arguments), so nothing can be bound into it"),
         "{all}"
     );
+}
+
+/// A session-token holder sees what the session waits for, never a token,
+/// and cannot answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_token_sees_pending_calls_without_their_tokens() {
+    let c = clerk("").await;
+    let (_sidecar, api) = c.start(&[]);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(
+                &json!({"agent": "clerk", "prompt": "delete invoice 7", "session_token": true,
+                "params": {"tenant": "acme"}}),
+            ),
+        )
+        .await;
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    let (id, st, token) = (
+        id_of(&r),
+        r.json["session_token"].as_str().unwrap().to_string(),
+        token_of(&r),
+    );
+    let seen = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(&st), None)
+        .await;
+    assert_eq!(seen.json["pending"][0]["tool"], "bash_delete-invoice");
+    assert!(seen.json["pending"][0].get("continuation_token").is_none());
+    assert!(!seen.text.contains(&token));
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}"),
+            Some(&st),
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    assert_eq!(c.runs(), 0);
 }
