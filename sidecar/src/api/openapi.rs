@@ -821,7 +821,10 @@ fn session_schemas() -> Value {
                 "session_id": { "type": "string" },
                 "agent": { "type": "string", "description": "The agent's slug." },
                 "status": schema("SessionStatus"),
-                "status_detail": { "type": "string", "description": "Why the last run failed." },
+                "status_detail": {
+                    "type": "string",
+                    "description": "Why the last run failed, stopped, or what it waits for.",
+                },
                 "version": {
                     "type": "integer",
                     "description": "Bumped on every change of the session.",

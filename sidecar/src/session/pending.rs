@@ -6,6 +6,10 @@
 //! is derived from a nonce with the server's continuation key, so every
 //! replica that shares the key shows the same token, before and after a
 //! restart.
+//!
+//! Another reason to wait is another [`Disposition`], the answer it takes
+//! ([`resolution_for`]), a [`Resolution`], and what the resumed run does
+//! with it (`runner::answer_resolved`).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
