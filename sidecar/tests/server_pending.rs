@@ -62,15 +62,13 @@ struct Clerk {
 /// whose deferred tool `get_location` the client runs. `spec_extra` is
 /// added to the agent's spec (`confirmTtl: 1s`).
 async fn clerk(spec_extra: &str) -> Clerk {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let mock = MockLlm::start(script).await;
     let tools = dir.path().join("clerk-tools");
     std::fs::create_dir_all(&tools).unwrap();
-    let tool = tools.join("delete-invoice");
-    std::fs::write(
-        &tool,
-        format!(
+    executable(
+        &tools.join("delete-invoice"),
+        &format!(
             r#"#!/usr/bin/env bash
 if [[ "${{1:-}}" == "describe" ]]; then
   echo '{{"slug": "delete-invoice", "description": "Deletes an invoice.", "args": [
@@ -83,13 +81,10 @@ printf 'deleted %s, token-sha256 %s\n' "$3" "$(printf %s "${{TOKEN:-}}" | sha256
 "#,
             runs = dir.path().join("delete-runs").display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     // A tool that needs nobody: it runs when called.
-    let count = tools.join("count-invoices");
-    std::fs::write(
-        &count,
+    executable(
+        &tools.join("count-invoices"),
         r#"#!/usr/bin/env bash
 if [[ "${1:-}" == "describe" ]]; then
   echo '{"slug": "count-invoices", "description": "Counts invoices.", "args": []}'
@@ -97,9 +92,7 @@ if [[ "${1:-}" == "describe" ]]; then
 fi
 echo 3 invoices
 "#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&count, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let text = format!(
         r#"{head}
   toolboxes:
@@ -142,17 +135,34 @@ impl Clerk {
     }
 }
 
+/// `bindery-sidecar SUBCOMMAND --agent-file <clerk>`: whether it succeeded,
+/// stdout, and stdout and stderr together.
+async fn clerk_cli(c: &Clerk, subcommand: &str) -> (bool, String, String) {
+    let out = tokio::process::Command::new(bin())
+        .args([subcommand, "--agent-file"])
+        .arg(&c.agent)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = stdout.clone() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), stdout, all)
+}
+
+/// `POST /v1/sessions?wait=true` with `body`, as the owner.
+async fn create_waited(api: &Api, body: Value) -> Reply {
+    api.call("POST", "/v1/sessions?wait=true", Some(OWNER), Some(&body))
+        .await
+}
+
 /// A session of `clerk` asked `prompt`, run until it blocks.
 async fn waiting(api: &Api, prompt: &str) -> Reply {
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "clerk", "prompt": prompt,
-                "params": {"tenant": "acme", "billing_token": CANARY}})),
-        )
-        .await;
+    let r = create_waited(
+        &api,
+        json!({"agent": "clerk", "prompt": prompt,
+                "params": {"tenant": "acme", "billing_token": CANARY}}),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     r
@@ -435,17 +445,12 @@ async fn a_pending_call_survives_a_restart_and_never_runs_without_its_secret() {
 async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     let c = clerk("").await;
     let (_sidecar, api) = c.start(&[]);
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(
-                &json!({"agent": "clerk", "prompt": "count them", "run": "step",
+    let r = create_waited(
+        &api,
+        json!({"agent": "clerk", "prompt": "count them", "run": "step",
                 "params": {"tenant": "acme"}}),
-            ),
-        )
-        .await;
+    )
+    .await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert!(
         r.json["status_detail"]
@@ -544,14 +549,8 @@ async fn run_asks_on_the_terminal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_describe_show_the_tools_that_wait() {
     let c = clerk("  confirm: [{tool: get_*}]\n").await;
-    let out = tokio::process::Command::new(bin())
-        .args(["check", "--agent-file"])
-        .arg(&c.agent)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let (ok, stdout, _) = clerk_cli(&c, "check").await;
+    assert!(ok, "{stdout}");
     assert!(
         stdout.contains(
             "    bash_delete-invoice(id)\n      needs confirmation: a person approves each call\n"
@@ -563,13 +562,8 @@ async fn check_and_describe_show_the_tools_that_wait() {
         stdout.contains("    get_location(precision?)\n      deferred: the client runs it"),
         "{stdout}"
     );
-    let out = tokio::process::Command::new(bin())
-        .args(["describe", "--agent-file"])
-        .arg(&c.agent)
-        .output()
-        .await
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (_, stdout, _) = clerk_cli(&c, "describe").await;
+    let v: Value = serde_json::from_str(&stdout).unwrap();
     let waits: Vec<(String, Value)> = v["tools"]
         .as_array()
         .unwrap()
@@ -735,17 +729,12 @@ async fn a_helpers_pending_call_surfaces_and_resumes_the_helper_then_its_caller(
     )
     .unwrap();
     let (_sidecar, api) = serve(&boss, &c.store, &[], &[], c.dir.path());
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(
-                &json!({"agent": "boss", "prompt": "ask the clerk to delete invoice 7",
+    let r = create_waited(
+        &api,
+        json!({"agent": "boss", "prompt": "ask the clerk to delete invoice 7",
                 "params": {"tenant": "acme", "billing_token": CANARY}}),
-            ),
-        )
-        .await;
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let item = &r.json["pending"][0];
@@ -786,18 +775,8 @@ async fn a_helpers_pending_call_surfaces_and_resumes_the_helper_then_its_caller(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirm_selector_that_matches_nothing_is_an_error() {
     let c = clerk("  confirm: [{tool: bash_delte-*}]\n").await;
-    let out = tokio::process::Command::new(bin())
-        .args(["check", "--agent-file"])
-        .arg(&c.agent)
-        .output()
-        .await
-        .unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{all}");
+    let (ok, _, all) = clerk_cli(&c, "check").await;
+    assert!(!ok, "{all}");
     assert!(
         all.contains("agent `clerk`, agent-level confirm: confirm selector `bash_delte-*` matches no tool (tools: bash_count-invoices, bash_delete-invoice, get_location)"),
         "{all}"
@@ -866,15 +845,12 @@ async fn message_scope_values_come_with_the_answer_that_resumes() {
     );
     std::fs::write(&c.agent, with_otp).unwrap();
     let (_sidecar, api) = c.start(&[]);
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "clerk", "prompt": "delete invoice 7",
-                "params": {"tenant": "acme", "billing_token": CANARY, "otp": "123456"}})),
-        )
-        .await;
+    let r = create_waited(
+        &api,
+        json!({"agent": "clerk", "prompt": "delete invoice 7",
+                "params": {"tenant": "acme", "billing_token": CANARY, "otp": "123456"}}),
+    )
+    .await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let token = token_of(&r);
     let r = answer(&api, &token, json!({"approve": true})).await;
@@ -895,15 +871,8 @@ async fn message_scope_values_come_with_the_answer_that_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_can_be_bound_into_a_deferred_tool() {
     let c = clerk("  bindings: [{tool: get_*, arg: precision, value: {literal: city}}]\n").await;
-    let out = tokio::process::Command::new(bin())
-        .args(["check", "--agent-file"])
-        .arg(&c.agent)
-        .output()
-        .await
-        .unwrap();
-    let all =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{all}");
+    let (ok, _, all) = clerk_cli(&c, "check").await;
+    assert!(!ok, "{all}");
     assert!(
         all.contains("tool `get_location` is deferred (the client runs it, and gets only the model's arguments), so nothing can be bound into it"),
         "{all}"
@@ -916,17 +885,12 @@ async fn nothing_can_be_bound_into_a_deferred_tool() {
 async fn a_session_token_sees_pending_calls_without_their_tokens() {
     let c = clerk("").await;
     let (_sidecar, api) = c.start(&[]);
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(
-                &json!({"agent": "clerk", "prompt": "delete invoice 7", "session_token": true,
+    let r = create_waited(
+        &api,
+        json!({"agent": "clerk", "prompt": "delete invoice 7", "session_token": true,
                 "params": {"tenant": "acme"}}),
-            ),
-        )
-        .await;
+    )
+    .await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let (id, st, token) = (
         id_of(&r),
