@@ -158,7 +158,7 @@ async fn create_waited(api: &Api, body: Value) -> Reply {
 /// A session of `clerk` asked `prompt`, run until it blocks.
 async fn waiting(api: &Api, prompt: &str) -> Reply {
     let r = create_waited(
-        &api,
+        api,
         json!({"agent": "clerk", "prompt": prompt,
                 "params": {"tenant": "acme", "billing_token": CANARY}}),
     )
