@@ -197,6 +197,10 @@ pub struct AgentTenantStatus {
     /// `billing_token (invoices; process, secret, required): secret acme-billing/token`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub summary: Vec<String>,
+    /// The tools whose calls wait for a person or the client, in the agent
+    /// and its helpers: `confirm bash_delete-* (invoices)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_tools: Vec<String>,
     /// Required parameters bound / required (`3/4`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_bound: Option<String>,

@@ -529,6 +529,42 @@ fn each_parameter_is_listed_once() {
     refused_by_schema(&tenant_with(many(129)), "/spec/parameters", "maxItems");
 }
 
+#[test]
+fn confirm_ttl_is_a_number_and_a_unit() {
+    let agent = |spec_extra: Value| {
+        let mut spec = json!({"model": {"url": "http://llm/v1", "name": "m"}});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(spec_extra.as_object().unwrap().clone());
+        json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "Agent",
+               "metadata": {"name": "clerk"}, "spec": spec})
+    };
+    let msg = "confirmTtl is a number and a unit: 90s, 15m, 2h or 1d";
+    for good in ["90s", "15m", "2h", "1d"] {
+        let v = check_all("Agent", &agent(json!({"confirmTtl": good})));
+        assert!(v.is_clean(), "{good}: {v:#?}");
+    }
+    for bad in ["15", "m", "15 m", "1w", "-1s"] {
+        let v = check_all("Agent", &agent(json!({"confirmTtl": bad})));
+        assert!(v.structural.is_empty(), "{bad}: {v:#?}");
+        assert_eq!(v.cel_message(), Some(msg), "{bad}");
+    }
+    // The other new fields: selectors, a toolbox's `writes`, deferred tools.
+    let v = check_all(
+        "Agent",
+        &agent(json!({
+            "confirm": [{"tool": "bash_delete-*"}],
+            "toolboxes": [
+                {"bash": {"directory": "./tools", "confirm": "writes"}},
+                {"bash": {"script": "./x", "confirm": [{"tool": "rm-*"}]}},
+                {"deferred": {"tools": [{"name": "get_location",
+                    "parameters": {"type": "object", "properties": {}}}]}},
+            ],
+        })),
+    );
+    assert!(v.is_clean(), "{v:#?}");
+}
+
 /// Every CEL rule of the AgentTenant is one the tests above exercise; a new
 /// rule needs its own accept-and-refuse test.
 #[test]
@@ -551,13 +587,16 @@ fn every_rule_is_tested_above() {
             "{}",
             source.name
         );
-        let mut agent_rules = 0;
-        walk(source.schema("Agent"), "", &mut |_, node| {
-            agent_rules += rules_of(node).len()
+        let mut agent_rules = vec![];
+        walk(source.schema("Agent"), "", &mut |path, node| {
+            for r in rules_of(node) {
+                agent_rules.push(format!("{path}: {}", r.1));
+            }
         });
         assert_eq!(
-            agent_rules, 0,
-            "{}: the Agent has CEL rules now: test them",
+            agent_rules,
+            ["spec.confirmTtl: confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"],
+            "{}: a new Agent rule needs its own test",
             source.name
         );
     }
@@ -703,9 +742,15 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 
 /// Where free-form JSON is meant: the literal value of a binding, the
 /// `value` source of a default (and of the model's API key, the same type),
-/// an MCP server's `env` and `headers` literals, and a tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 11] = [
+/// an MCP server's `env` and `headers` literals, a deferred tool's JSON
+/// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
+/// tenant parameter's `value`.
+const FREE_FORM: [(&str, &str); 15] = [
     ("Agent", "spec.bindings[].value.literal"),
+    ("Agent", "spec.toolboxes[].bash.confirm"),
+    ("Agent", "spec.toolboxes[].deferred.tools[].parameters"),
+    ("Agent", "spec.toolboxes[].mcp.confirm"),
+    ("Agent", "spec.toolboxes[].openapi.confirm"),
     ("Agent", "spec.helpers[].with{}.literal"),
     ("Agent", "spec.model.apiKey.value"),
     ("Agent", "spec.parameters[].default.value"),

@@ -476,6 +476,38 @@ fn an_mcp_server_env_from_a_session_parameter_makes_the_agent_invalid() {
 }
 
 #[test]
+fn the_status_lists_the_tools_that_wait() {
+    let mut w = World::example();
+    let spec = w.agents.get_mut("invoices").unwrap();
+    spec.confirm = from_yaml("[{tool: 'bash_delete-*'}]").unwrap();
+    spec.toolboxes
+        .push(from_yaml("{deferred: {tools: [{name: get_location}]}}").unwrap());
+    spec.toolboxes.push(
+        from_yaml("{openapi: {spec: ./api.yaml, baseUrl: 'http://api', confirm: writes}}").unwrap(),
+    );
+    let now = time("2026-11-29T12:00:00Z");
+    let st = bindery_operator::desired::agent_status("invoices", &w.agents, Some(2), &[], &now);
+    assert_eq!(
+        st.waiting_tools,
+        [
+            "confirm bash_delete-*",
+            "deferred get_location",
+            "confirm toolbox 3 (openapi ./api.yaml): every write",
+        ]
+    );
+    // The tenant's status lists them too, naming the agent.
+    let d = w.run();
+    assert_eq!(
+        d.status.waiting_tools,
+        [
+            "confirm bash_delete-* (invoices)",
+            "deferred get_location (invoices)",
+            "confirm toolbox 3 (openapi ./api.yaml): every write (invoices)",
+        ]
+    );
+}
+
+#[test]
 fn an_agent_is_valid_or_says_why() {
     let w = World::example();
     let now = time("2026-11-29T12:00:00Z");

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::bindings::{BoundArg, BoundTool};
 use crate::params::{ParamStatus, Values};
+use crate::tools::Disposition;
 use crate::tree::LoadedAgent;
 
 #[derive(Serialize)]
@@ -25,6 +26,10 @@ pub struct ToolReport {
     /// The arguments the model sees, `?` marking optional ones.
     pub arguments: Vec<String>,
     pub bound: Vec<BoundArg>,
+    /// `confirm` (a person approves each call) or `deferred` (the client
+    /// runs it); absent: the tool runs when called.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits: Option<Disposition>,
 }
 
 #[derive(Serialize)]
@@ -42,6 +47,9 @@ pub struct ToolView {
     pub kind: &'static str,
     pub function: FunctionView,
     pub bound: Vec<BoundArg>,
+    /// `confirm` or `deferred`: calls wait (see [`ToolReport::waits`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits: Option<Disposition>,
 }
 
 #[derive(Serialize)]
@@ -65,6 +73,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
                 name: t.name().to_string(),
                 arguments: visible_args(&t, &values),
                 bound: t.bound_args(),
+                waits: agent.disposition(t.name(), Some(&t)),
             })
             .collect(),
         helpers: agent
@@ -95,8 +104,8 @@ fn visible_args(t: &BoundTool, values: &Values) -> Vec<String> {
         .collect()
 }
 
-/// The tool as the model receives it under `values`.
-pub fn tool_view(t: &BoundTool, values: &Values) -> ToolView {
+/// The tool of `agent` as the model receives it under `values`.
+pub fn tool_view(agent: &LoadedAgent, t: &BoundTool, values: &Values) -> ToolView {
     ToolView {
         kind: "function",
         function: FunctionView {
@@ -105,6 +114,7 @@ pub fn tool_view(t: &BoundTool, values: &Values) -> ToolView {
             parameters: t.model_schema(values),
         },
         bound: t.bound_args(),
+        waits: agent.disposition(t.name(), Some(t)),
     }
 }
 
@@ -137,6 +147,15 @@ pub fn render_text(r: &AgentReport) -> String {
         out.push_str("  tools:\n");
         for t in &r.tools {
             out.push_str(&format!("    {}({})\n", t.name, t.arguments.join(", ")));
+            match t.waits {
+                Some(Disposition::Confirm) => {
+                    out.push_str("      needs confirmation: a person approves each call\n")
+                }
+                Some(Disposition::Deferred) => {
+                    out.push_str("      deferred: the client runs it and posts the result\n")
+                }
+                None => {}
+            }
             for b in &t.bound {
                 let mode = b
                     .mode

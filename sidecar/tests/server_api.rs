@@ -682,7 +682,7 @@ async fn run_lifecycle_errors() {
         assert_eq!(r.status, 404, "{method} {path}: {}", r.text);
         assert_eq!(r.json["error"], "not_found", "{method} {path}: {}", r.text);
     }
-    // 404 not_found on a continuation: none is ever pending.
+    // 404 not_found on a continuation whose token names no pending call.
     let r = api
         .call(
             "POST",

@@ -254,6 +254,15 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         .count();
     status.params_bound = Some(format!("{bound}/{required}"));
     status.summary = resolution.rows.iter().map(summary_line).collect();
+    // Each agent of the tree: its own tools, then its helpers'.
+    status.waiting_tools = tree
+        .iter()
+        .flat_map(|a| {
+            bindery_sidecar::spec::checks::waiting_tools(a.spec)
+                .into_iter()
+                .map(move |w| format!("{} ({})", w, a.name))
+        })
+        .collect();
     status.parameters = resolution.rows;
 
     let tenant_name = inputs.tenant_name();
@@ -395,6 +404,10 @@ pub fn agent_status(
     crate::crd::AgentStatus {
         observed_generation: generation,
         conditions: vec![c.finish(generation, now, previous)],
+        waiting_tools: agents
+            .get(name)
+            .map(bindery_sidecar::spec::checks::waiting_tools)
+            .unwrap_or_default(),
     }
 }
 

@@ -28,6 +28,16 @@ impl OwnerToken {
         }
     }
 
+    /// The key continuation tokens derive from: servers that share the
+    /// owner token (replicas) show the same tokens.
+    pub fn continuation_key(&self) -> [u8; 32] {
+        Sha256::new()
+            .chain_update(b"bindery continuation tokens\0")
+            .chain_update(self.digest)
+            .finalize()
+            .into()
+    }
+
     fn matches(&self, presented: &str) -> bool {
         let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         d.iter()

@@ -42,15 +42,18 @@ pub enum RunOutcome {
     Cancelled,
     /// The run hit the agent's step limit.
     MaxSteps,
+    /// The run stopped with tool calls waiting (a person, the client).
+    Blocked,
 }
 
 impl RunOutcome {
     /// Every outcome, in the order they are rendered.
-    pub const ALL: [RunOutcome; 4] = [
+    pub const ALL: [RunOutcome; 5] = [
         RunOutcome::Completed,
         RunOutcome::Failed,
         RunOutcome::Cancelled,
         RunOutcome::MaxSteps,
+        RunOutcome::Blocked,
     ];
 
     /// The `outcome` label value.
@@ -60,6 +63,7 @@ impl RunOutcome {
             RunOutcome::Failed => "failed",
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::MaxSteps => "max_steps",
+            RunOutcome::Blocked => "blocked",
         }
     }
 
@@ -328,7 +332,7 @@ mod tests {
     fn fresh_metrics_render_zeroes() {
         let text = Metrics::new().render();
         assert!(has_line(&text, "bindery_runs_started_total 0"));
-        for outcome in ["completed", "failed", "cancelled", "max_steps"] {
+        for outcome in ["completed", "failed", "cancelled", "max_steps", "blocked"] {
             assert!(has_line(
                 &text,
                 &format!("bindery_runs_total{{outcome=\"{outcome}\"}} 0")
@@ -383,6 +387,7 @@ mod tests {
                 "bindery_runs_total{outcome=\"failed\"} 0",
                 "bindery_runs_total{outcome=\"cancelled\"} 0",
                 "bindery_runs_total{outcome=\"max_steps\"} 2",
+                "bindery_runs_total{outcome=\"blocked\"} 0",
             ]
         );
 

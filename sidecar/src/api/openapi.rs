@@ -435,9 +435,10 @@ fn post_message() -> Value {
             ),
             "404": session_not_found(),
             "409": error_response(
-                "A run is in progress (`run_in_progress`), or required parameters are \
-                 still unbound (`params_required`).",
-                &["run_in_progress", "params_required"],
+                "A run is in progress (`run_in_progress`), the session waits for pending \
+                 calls (`waiting_external`), or required parameters are still unbound \
+                 (`params_required`).",
+                &["run_in_progress", "waiting_external", "params_required"],
             ),
             "422": invalid_params(PARAM_CODES),
         },
@@ -461,8 +462,9 @@ fn resume_session() -> Value {
             "401": unauthorized(),
             "404": session_not_found(),
             "409": error_response(
-                "A run is in progress, or required parameters are still unbound.",
-                &["run_in_progress", "params_required"],
+                "A run is in progress, a pending call is not answered yet, or required \
+                 parameters are still unbound.",
+                &["run_in_progress", "waiting_external", "params_required"],
             ),
             "422": invalid_params(PARAM_CODES),
         },
@@ -473,7 +475,7 @@ fn cancel_session() -> Value {
     json!({
         "operationId": "cancelSession",
         "tags": ["sessions"],
-        "summary": "Cancel the run in progress",
+        "summary": "Cancel the run in progress (or the calls it waits for)",
         "security": owner_or_session(),
         "parameters": [parameter("SessionId")],
         "responses": {
@@ -518,25 +520,53 @@ fn post_continuation() -> Value {
     json!({
         "operationId": "postContinuation",
         "tags": ["sessions"],
-        "summary": "Complete a deferred tool call",
-        "description": "No continuation exists in this version; kept for agents-server \
-            clients. Bindery has no deferred tools yet, so every token is unknown.",
+        "summary": "Answer a pending tool call: a deferred call's result, or a decision",
+        "description": "Each item of a session's `pending` carries a `continuation_token`. \
+            For a `deferred` call send `result` (the tool's output: a string, or any JSON \
+            given to the model as its text); for a `confirm` call send `approve` (and an \
+            optional `reason`, which the model reads when the call is refused). The token \
+            names its session (`ct_<session id>_<mac>`): no other identifier is needed. \
+            `session_id` may say which session the caller means; a token of another \
+            session is then unknown (404). A token is good for one answer (a second is \
+            409 `continuation_used`), and is bound to the exact call: the tool, the \
+            model's arguments and the names of the parameters bound into it; when those \
+            changed (the agent was reloaded with other bindings) the answer is 409 \
+            `call_changed`. Past the agent's `confirmTtl` the call is closed as not \
+            approved (409 `continuation_expired`). When the last pending call is \
+            answered the run resumes (unless `resume: false` or `run: none`); `params` \
+            then follow the same rules as on resume, so message-scope values come with \
+            this request, and a call that gets a secret session value this server no \
+            longer holds (after a restart) answers 409 `params_required` until it is \
+            given again with `PUT /v1/sessions/{id}/params`. Owner only.",
         "security": owner(),
         "parameters": [{
             "name": "token",
             "in": "path",
             "required": true,
-            "description": "The continuation's token.",
+            "description": "The pending item's `continuation_token`.",
             "schema": { "type": "string" },
-        }],
+        }, parameter("Wait"), parameter("Timeout")],
         "requestBody": request_body("ContinuationRequest"),
         "responses": {
+            "200": json_response(
+                "The answer is recorded; the run it resumed finished or blocked again \
+                 (waited for), or no run was started.",
+                schema("SessionView"),
+            ),
+            "202": json_response("The run resumed and was not waited for.", schema("SessionView")),
             "400": bad_request(),
             "401": unauthorized(),
+            "403": error_response("Parameters this caller may not set.", &["forbidden_params"]),
             "404": error_response(
-                "Always, in this version: no continuation exists.",
+                "No pending call of the named session has this token.",
                 &["not_found"],
             ),
+            "409": error_response(
+                "The token was used already, the call changed, the confirmation \
+                 expired, or a required or bound secret value is missing.",
+                &["continuation_used", "call_changed", "continuation_expired", "params_required", "run_in_progress"],
+            ),
+            "422": invalid_params(PARAM_CODES),
         },
     })
 }
@@ -690,6 +720,8 @@ fn stream_events() -> Value {
                     "tool_result": schema("ToolResultEvent"),
                     "run_finished": schema("RunFinishedEvent"),
                     "params_changed": schema("ParamsChangedEvent"),
+                    "pending": schema("PendingEvent"),
+                    "resolved": schema("ResolvedEvent"),
                 },
             },
             "401": unauthorized(),
@@ -772,6 +804,12 @@ fn agent_schemas() -> Value {
                     "items": { "type": "string" },
                     "description": "The names of the tools the agent may call.",
                 },
+                "waits": {
+                    "type": "object",
+                    "additionalProperties": { "enum": ["confirm", "deferred"] },
+                    "description": "The tools whose calls wait, by name: for a person's \
+                        approval (`confirm`) or for the client's result (`deferred`).",
+                },
             },
         },
         "ParameterView": {
@@ -807,9 +845,10 @@ fn agent_schemas() -> Value {
 fn session_schemas() -> Value {
     json!({
         "SessionStatus": {
-            "enum": ["idle", "running", "failed"],
+            "enum": ["idle", "running", "failed", "waiting_external"],
             "description": "`idle`: ready for a message; `running`: a run is in progress; \
-                `failed`: the last run failed (see `status_detail`).",
+                `failed`: the last run failed (see `status_detail`); `waiting_external`: \
+                the run stopped with tool calls pending (see `pending`).",
         },
         "SessionView": {
             "type": "object",
@@ -821,7 +860,10 @@ fn session_schemas() -> Value {
                 "session_id": { "type": "string" },
                 "agent": { "type": "string", "description": "The agent's slug." },
                 "status": schema("SessionStatus"),
-                "status_detail": { "type": "string", "description": "Why the last run failed." },
+                "status_detail": {
+                    "type": "string",
+                    "description": "Why the last run failed, stopped, or what it waits for.",
+                },
                 "version": {
                     "type": "integer",
                     "description": "Bumped on every change of the session.",
@@ -856,9 +898,9 @@ fn session_schemas() -> Value {
                 },
                 "pending": {
                     "type": "array",
-                    "maxItems": 0,
-                    "description": "Deferred tool calls waiting for a continuation: always \
-                        empty in this version.",
+                    "items": schema("PendingItem"),
+                    "description": "Tool calls the run waits for, each answered through \
+                        its continuation. A session-token holder sees them without tokens.",
                 },
                 "session_token": {
                     "type": "string",
@@ -948,6 +990,7 @@ fn request_schemas() -> Value {
                     "type": "string",
                     "description": "The id of a session to start from a copy of.",
                 },
+                "run": schema("RunMode"),
             },
         },
         "MessageRequest": {
@@ -956,11 +999,12 @@ fn request_schemas() -> Value {
             "properties": {
                 "prompt": { "type": "string" },
                 "params": schema("ParamValues"),
+                "run": schema("RunMode"),
             },
         },
         "ResumeRequest": {
             "type": "object",
-            "properties": { "params": schema("ParamValues") },
+            "properties": { "params": schema("ParamValues"), "run": schema("RunMode") },
         },
         "ForkRequest": {
             "type": "object",
@@ -981,12 +1025,32 @@ fn request_schemas() -> Value {
         },
         "ContinuationRequest": {
             "type": "object",
-            "required": ["result"],
+            "description": "`result` for a deferred call, `approve` for a confirmation.",
+            "additionalProperties": false,
             "properties": {
                 "result": { "description": "The deferred tool's result: any JSON value." },
-                "resume": { "type": "boolean" },
+                "approve": { "type": "boolean", "description": "A confirmation's decision." },
+                "reason": {
+                    "type": "string",
+                    "description": "Why the call is refused; the model reads it.",
+                },
+                "session_id": {
+                    "type": "string",
+                    "description": "The session the caller means (optional).",
+                },
+                "resume": {
+                    "type": "boolean",
+                    "description": "`false`: record the answer only; a later resume goes on.",
+                },
+                "run": schema("RunMode"),
                 "params": schema("ParamValues"),
             },
+        },
+        "RunMode": {
+            "enum": ["none", "step", "until_blocked"],
+            "description": "How far the run goes: `until_blocked` (default) until the model \
+                answers or a call waits; `step` one model turn and its tool calls; `none` no \
+                run (creation only).",
         },
         "SetParamsRequest": {
             "type": "object",
@@ -1035,11 +1099,56 @@ fn event_schemas() -> Value {
         },
         "RunFinishedEvent": {
             "type": "object",
-            "description": "`run_finished`: the run ended.",
+            "description": "`run_finished`: the run ended (`blocked`: calls wait, see `pending`).",
             "required": ["status"],
             "properties": {
-                "status": { "enum": ["completed", "failed", "cancelled", "max_steps"] },
+                "status": { "enum": ["completed", "failed", "cancelled", "max_steps", "blocked"] },
                 "detail": { "type": "string" },
+            },
+        },
+        "PendingItem": {
+            "type": "object",
+            "required": ["tool_call_id", "tool", "disposition", "call"],
+            "properties": {
+                "tool_call_id": { "type": "string" },
+                "continuation_token": {
+                    "type": "string",
+                    "description": "`ct_…`: POST /v1/continuations/{token} answers the call. \
+                        Stored only as a digest; never in events.",
+                },
+                "tool": { "type": "string", "description": "The model-visible tool name." },
+                "via": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "The helpers (`prompt_agent_*`) the call was made in, \
+                        outermost first; answering it resumes them, then their caller.",
+                },
+                "disposition": {
+                    "enum": ["deferred", "confirm"],
+                    "description": "`deferred`: the client runs the tool and posts the \
+                        result; `confirm`: a person approves the call, or not.",
+                },
+                "call": {
+                    "description": "The model's arguments. Bound values never appear.",
+                },
+                "expires_at": timestamp("When an unanswered confirmation closes as not approved."),
+            },
+        },
+        "PendingEvent": {
+            "type": "object",
+            "description": "`pending`: the run stopped; these calls wait (no tokens: read \
+                them from the session).",
+            "required": ["pending"],
+            "properties": { "pending": { "type": "array", "items": schema("PendingItem") } },
+        },
+        "ResolvedEvent": {
+            "type": "object",
+            "description": "`resolved`: a pending call was answered or closed.",
+            "required": ["tool_call_id", "outcome"],
+            "properties": {
+                "tool_call_id": { "type": "string" },
+                "tool": { "type": "string" },
+                "outcome": { "enum": ["result", "approved", "rejected", "expired", "cancelled"] },
             },
         },
         "ParamsChangedEvent": {
@@ -1360,20 +1469,21 @@ mod tests {
     }
 
     #[test]
-    fn continuations_are_always_not_found() {
+    fn continuations_take_a_result_or_a_decision() {
         let doc = doc();
         let op = &doc["paths"]["/v1/continuations/{token}"]["post"];
-        let codes: Vec<&String> = op["responses"]
-            .as_object()
-            .expect("responses")
-            .keys()
-            .collect();
-        assert!(!codes.iter().any(|c| c.starts_with('2')), "{codes:?}");
-        assert!(op["responses"]["404"].is_object());
-        assert!(op["description"]
-            .as_str()
-            .expect("description")
-            .contains("No continuation exists in this version"));
+        for code in ["200", "404", "409"] {
+            assert!(op["responses"][code].is_object(), "{code}");
+        }
+        let body = &doc["components"]["schemas"]["ContinuationRequest"]["properties"];
+        for field in ["result", "approve", "reason", "resume", "params", "run"] {
+            assert!(body[field].is_object(), "{field}");
+        }
+        let item = &doc["components"]["schemas"]["PendingItem"]["properties"];
+        assert!(item["disposition"]["enum"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("confirm")));
     }
 
     #[test]
@@ -1384,7 +1494,7 @@ mod tests {
             view["properties"]["secret_params"]["items"]["type"],
             "string"
         );
-        assert_eq!(view["properties"]["pending"]["maxItems"], 0);
+        assert!(view["properties"]["pending"]["items"].is_object());
         let agent = &doc["components"]["schemas"]["ParameterView"];
         assert!(agent["properties"].get("value").is_none());
         assert!(agent["properties"].get("default").is_none());
@@ -1408,6 +1518,8 @@ mod tests {
             "tool_result",
             "run_finished",
             "params_changed",
+            "pending",
+            "resolved",
         ];
         assert_eq!(kinds.len(), expected.len());
         for kind in expected {

@@ -23,7 +23,7 @@ use super::auth::{caller, Door, OwnerToken};
 use super::metrics::Metrics;
 use super::views::{agent_view, session_summary, session_view};
 use crate::session::error::ServiceError;
-use crate::session::service::{CreateSession, Feed, LiveEvent, RunWait, Service};
+use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
 use crate::session::validate::Caller;
 
 pub struct AppState {
@@ -222,8 +222,22 @@ pub struct CreateBody {
     #[serde(default)]
     session_token: bool,
     fork: Option<String>,
-    /// `none` creates the session idle even with a prompt.
+    /// `none` creates the session idle even with a prompt; `step` runs one
+    /// model turn; `until_blocked` (the default) until the answer or a
+    /// pending call.
     run: Option<String>,
+}
+
+/// A request's `run`: `None` for `none` (no run at all).
+fn run_mode(run: Option<&str>) -> Result<Option<RunMode>, ServiceError> {
+    match run {
+        None | Some("until_blocked") => Ok(Some(RunMode::UntilBlocked)),
+        Some("step") => Ok(Some(RunMode::Step)),
+        Some("none") => Ok(None),
+        Some(other) => Err(ServiceError::bad_request(format!(
+            "`run` is one of none, step, until_blocked; got `{other}`"
+        ))),
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -232,18 +246,15 @@ pub struct MessageBody {
 }
 
 impl CreateBody {
-    fn prompt(&mut self) -> Result<Option<String>, ServiceError> {
+    fn prompt(&mut self) -> Result<(Option<String>, RunMode), ServiceError> {
         let prompt = self
             .prompt
             .take()
             .or_else(|| self.message.take().map(|m| m.text));
-        match self.run.as_deref() {
-            None | Some("step") | Some("until_blocked") => Ok(prompt),
-            Some("none") => Ok(None),
-            Some(other) => Err(ServiceError::bad_request(format!(
-                "`run` is one of none, step, until_blocked; got `{other}`"
-            ))),
-        }
+        Ok(match run_mode(self.run.as_deref())? {
+            Some(mode) => (prompt, mode),
+            None => (None, RunMode::UntilBlocked),
+        })
     }
 }
 
@@ -267,7 +278,7 @@ async fn create(
     mut b: CreateBody,
     fork: Option<String>,
 ) -> ApiResult {
-    let prompt = b.prompt()?;
+    let (prompt, mode) = b.prompt()?;
     let created = s
         .service
         .create(
@@ -279,6 +290,7 @@ async fn create(
                 seal: b.seal,
                 session_token: b.session_token,
                 fork,
+                mode,
             },
         )
         .await?;
@@ -294,11 +306,19 @@ async fn view(
     token: Option<String>,
 ) -> Result<super::views::SessionView, ServiceError> {
     let rec = s.service.record(id).await?;
+    let pending = s.service.pending_view(&rec);
     let mut v = session_view(rec, s.service.secret_names(id), token);
+    v.pending = pending;
     if let Caller::SessionToken(_) = who {
-        // A session token may read the conversation, not its parameters.
+        // A session token may read the conversation, not its parameters,
+        // and cannot answer a pending call.
         v.params.clear();
         v.secret_params.clear();
+        for p in &mut v.pending {
+            if let Some(o) = p.as_object_mut() {
+                o.remove("continuation_token");
+            }
+        }
     }
     Ok(v)
 }
@@ -331,6 +351,7 @@ pub struct MessagePost {
     message: Option<MessageBody>,
     #[serde(default)]
     params: BTreeMap<String, serde_json::Value>,
+    run: Option<String>,
 }
 
 async fn post_message(
@@ -346,7 +367,15 @@ async fn post_message(
         .prompt
         .or(b.message.map(|m| m.text))
         .ok_or_else(|| ServiceError::bad_request("`prompt` is required"))?;
-    let run = s.service.post_message(&who, &id, prompt, &b.params).await?;
+    let Some(mode) = run_mode(b.run.as_deref())? else {
+        return Err(ServiceError::bad_request(
+            "a message starts a run: `run` is step or until_blocked here",
+        ));
+    };
+    let run = s
+        .service
+        .post_message(&who, &id, prompt, &b.params, mode)
+        .await?;
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -364,6 +393,7 @@ async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) 
 pub struct ParamsBody {
     #[serde(default)]
     params: BTreeMap<String, serde_json::Value>,
+    run: Option<String>,
 }
 
 async fn resume(
@@ -375,7 +405,12 @@ async fn resume(
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     let b: ParamsBody = body(&b)?;
-    let run = s.service.resume(&who, &id, &b.params).await?;
+    let Some(mode) = run_mode(b.run.as_deref())? else {
+        return Err(ServiceError::bad_request(
+            "a resume starts a run: `run` is step or until_blocked here",
+        ));
+    };
+    let run = s.service.resume(&who, &id, &b.params, mode).await?;
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -431,15 +466,51 @@ async fn revoke_token(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `POST /v1/continuations/:token` body: `result` for a deferred call,
+/// `approve` (and `reason`) for a confirmation.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ContinuationBody {
+    /// The session the caller means; a token of another session is unknown.
+    session_id: Option<String>,
+    result: Option<serde_json::Value>,
+    approve: Option<bool>,
+    reason: Option<String>,
+    resume: Option<bool>,
+    #[serde(default)]
+    params: BTreeMap<String, serde_json::Value>,
+    run: Option<String>,
+}
+
 async fn continuation(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path(_token): Path<String>,
+    Path(token): Path<String>,
+    Query(q): Query<WaitQuery>,
+    b: Bytes,
 ) -> ApiResult {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
-    Err(ServiceError::not_found(
-        "no continuation has this token: Bindery runs no deferred tools, so none is ever pending",
-    ))
+    let who = s.caller(&headers, None, Door::OwnerOnly).await?;
+    let b: ContinuationBody = body(&b)?;
+    let mode = run_mode(b.run.as_deref())?;
+    let answer = Answer {
+        session_id: b.session_id,
+        result: b.result,
+        approve: b.approve,
+        reason: b.reason,
+        // `run: none` records the answer and starts nothing, like `resume: false`.
+        resume: if mode.is_none() {
+            Some(false)
+        } else {
+            b.resume
+        },
+        params: b.params,
+        mode: mode.unwrap_or_default(),
+    };
+    let (id, run) = s.service.answer(&who, &token, answer).await?;
+    match run {
+        Some(run) => ran(&s, &id, &who, &q, run).await,
+        None => Ok(Json(view(&s, &id, &who, None).await?).into_response()),
+    }
 }
 
 #[derive(Deserialize, Default)]

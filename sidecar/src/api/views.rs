@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::llm::ChatMessage;
 use crate::params::ParamStatus;
 use crate::session::model::SessionRecord;
+use crate::tools::Disposition;
 use crate::tree::LoadedAgent;
 
 #[derive(Serialize)]
@@ -15,6 +16,8 @@ pub struct AgentView {
     pub announce: Option<String>,
     pub parameters: Vec<ParameterView>,
     pub tools: Vec<String>,
+    /// Tool name → `confirm` or `deferred`, for the tools whose calls wait.
+    pub waits: std::collections::BTreeMap<String, Disposition>,
 }
 
 #[derive(Serialize)]
@@ -54,6 +57,11 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
             .map(ParameterView::from)
             .collect(),
         tools: a.tools.iter().map(|t| t.name().to_string()).collect(),
+        waits: a
+            .tools
+            .iter()
+            .filter_map(|t| Some((t.name().to_string(), a.disposition(t.name(), Some(&t))?)))
+            .collect(),
     }
 }
 

@@ -7,6 +7,7 @@
 //! each call, so one registration serves every session.
 
 pub mod apply;
+pub mod confirm;
 pub mod glob;
 
 use std::collections::BTreeSet;
@@ -16,7 +17,9 @@ use serde::Serialize;
 
 use crate::params::{ParamValue, Values};
 use crate::spec::{BindingValue, WhenUnbound};
-use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+use crate::tools::{
+    CallArgs, CallContext, Disposition, Tool, ToolError, ToolOutput, ToolSpec, Transport,
+};
 
 pub use apply::{apply_bindings, BindingLayer, Diagnostic, Level};
 pub use glob::glob_matches;
@@ -55,6 +58,9 @@ impl From<BindingValue> for BoundValue {
 pub struct BoundTool {
     inner: Arc<dyn Tool>,
     bindings: Arc<[AppliedBinding]>,
+    /// Why a call waits instead of running, if it does (its toolbox's
+    /// say; agent-level `confirm` is looked up by name at call time).
+    disposition: Option<Disposition>,
 }
 
 /// A bound argument as the operator sees it in `describe` (never a value of
@@ -100,7 +106,37 @@ impl BoundTool {
         BoundTool {
             inner,
             bindings: Arc::from(Vec::new()),
+            disposition: None,
         }
+    }
+
+    /// The same tool, whose calls wait for `d`.
+    pub fn with_disposition(&self, d: Disposition) -> Self {
+        BoundTool {
+            disposition: Some(d),
+            ..self.clone()
+        }
+    }
+
+    /// Why a call waits, as its toolbox says.
+    pub fn disposition(&self) -> Option<Disposition> {
+        self.disposition
+    }
+
+    /// The names of the parameters bound into this tool (never a value):
+    /// part of a pending call's digest.
+    pub fn bound_params(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .bindings
+            .iter()
+            .filter_map(|b| match &b.value {
+                BoundValue::Param(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// The same tool with more bindings after the existing ones. Used at
@@ -111,6 +147,7 @@ impl BoundTool {
         BoundTool {
             inner: self.inner.clone(),
             bindings: Arc::from(all),
+            disposition: self.disposition,
         }
     }
 

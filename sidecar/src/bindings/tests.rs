@@ -45,6 +45,7 @@ fn recorder(local: &str, args: Vec<ArgSpec>) -> Arc<Recorder> {
             local_name: local.into(),
             description: "Lists things.".into(),
             args,
+            writes: true,
         },
         calls: Mutex::new(Vec::new()),
     })

@@ -65,6 +65,9 @@ pub enum Command {
         /// What to ask.
         #[arg(long)]
         prompt: String,
+        /// Approve every call that needs confirmation without asking.
+        #[arg(long)]
+        yes: bool,
     },
     /// Serve the HTTP session API.
     Serve {

@@ -89,7 +89,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             agents,
             model,
             prompt,
-        } => super::serve::run(&agents, &model, prompt).await,
+            yes,
+        } => super::serve::run(&agents, &model, prompt, yes).await,
         Command::Serve {
             agents,
             model,
@@ -133,16 +134,18 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 Some(name) => match helper_tools.iter().find(|d| &d.name == name) {
                     Some(d) => vec![helper_view(d)],
                     None => {
-                        vec![
-                            serde_json::to_value(tool_view(&find_tool(agent, name)?, &values))
-                                .map_err(|e| e.to_string())?,
-                        ]
+                        vec![serde_json::to_value(tool_view(
+                            agent,
+                            &find_tool(agent, name)?,
+                            &values,
+                        ))
+                        .map_err(|e| e.to_string())?]
                     }
                 },
                 None => agent
                     .tools
                     .iter()
-                    .filter_map(|t| serde_json::to_value(tool_view(&t, &values)).ok())
+                    .filter_map(|t| serde_json::to_value(tool_view(agent, &t, &values)).ok())
                     .chain(helper_tools.iter().map(helper_view))
                     .collect(),
             };

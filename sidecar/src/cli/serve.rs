@@ -19,10 +19,11 @@ use crate::llm::ChatMessage;
 use crate::params::SecretString;
 use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
 use crate::session::lease::LeaseConfig;
+use crate::session::pending::{PendingCall, Resolution};
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
 use crate::session::store::{self, Location};
-use crate::tools::CallContext;
+use crate::tools::{CallContext, Disposition};
 
 fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
@@ -54,10 +55,67 @@ impl RunSink for CliSink {
     fn delta(&self, _: &str) {}
 }
 
+/// Ask on the terminal about each waiting call: y/n for a confirmation
+/// (`yes`: approved without asking), the result for a deferred call. Only
+/// the model's arguments are shown: a bound value never is.
+fn ask_terminal(calls: &[runner::Blocked], yes: bool) -> Result<Vec<PendingCall>, String> {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let line = || -> Result<Option<String>, String> {
+        let mut s = String::new();
+        match stdin.lock().read_line(&mut s) {
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(s.trim_end_matches(['\n', '\r']).to_string())),
+            Err(e) => Err(format!("error: reading the terminal: {e}")),
+        }
+    };
+    let mut out = Vec::new();
+    for b in calls {
+        let args = runner::call_arguments(&b.call);
+        let resolution = match b.disposition {
+            Disposition::Confirm if yes => {
+                eprintln!("{} {args}: approved (--yes)", b.call.name);
+                Resolution::Approved
+            }
+            Disposition::Confirm => {
+                eprint!("{} wants to run with {args}. Approve? [y/N] ", b.call.name);
+                let _ = std::io::stderr().flush();
+                match line()?.as_deref().map(str::trim) {
+                    Some("y" | "Y" | "yes") => Resolution::Approved,
+                    _ => Resolution::Rejected { reason: None },
+                }
+            }
+            Disposition::Deferred => {
+                eprint!("{} {args} is yours to run; its result: ", b.call.name);
+                let _ = std::io::stderr().flush();
+                match line()? {
+                    Some(output) => Resolution::Result { output },
+                    None => return Err(format!("error: no result given for {}", b.call.name)),
+                }
+            }
+        };
+        out.push(PendingCall {
+            tool_call_id: b.call.id.clone(),
+            tool: b.call.name.clone(),
+            disposition: b.disposition,
+            call: args,
+            bound_params: b.bound_params.clone(),
+            digest: String::new(),
+            nonce: String::new(),
+            token_digest: String::new(),
+            expires_at: None,
+            resolution: Some(resolution),
+            frames: b.frames.clone(),
+        });
+    }
+    Ok(out)
+}
+
 pub async fn run(
     agents: &AgentArgs,
     model: &ModelArgs,
     prompt: String,
+    yes: bool,
 ) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
     let tree = load(agents).await?;
@@ -109,8 +167,18 @@ pub async fn run(
             ctrl_c.cancel();
         }
     });
-    match runner::run(&ctx, &mut history, &CliSink, &cancel).await {
-        RunEnd::Completed => {
+    let mut end = runner::run(&ctx, &mut history, &CliSink, &cancel).await;
+    while let RunEnd::Blocked(calls) = &end {
+        let resolved = ask_terminal(calls, yes)?;
+        end = match runner::answer_resolved(&ctx, &resolved, &mut history, &CliSink, &cancel).await
+        {
+            Some(end) => end,
+            None => runner::run(&ctx, &mut history, &CliSink, &cancel).await,
+        };
+    }
+    match end {
+        RunEnd::Blocked(_) => unreachable!("answered above"),
+        RunEnd::Stepped | RunEnd::Completed => {
             let answer = history.iter().rev().find_map(|m| match m {
                 ChatMessage::Assistant {
                     content: Some(c), ..
@@ -167,6 +235,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
             lease: a.lease,
+            continuation_key: owner.continuation_key(),
         },
     );
     // Beat before the first run can start, then close the runs no live

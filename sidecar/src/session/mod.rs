@@ -6,6 +6,7 @@ pub mod error;
 mod fanout;
 pub mod lease;
 pub mod model;
+pub mod pending;
 pub mod runner;
 pub mod service;
 pub mod store;

@@ -17,6 +17,9 @@ pub enum SessionStatus {
     Running,
     /// The last run failed (see `status_detail`); a new message may follow.
     Failed,
+    /// The run stopped with tool calls pending (see `pending`): it resumes
+    /// once each is answered through its continuation.
+    WaitingExternal,
 }
 
 impl SessionStatus {
@@ -25,6 +28,7 @@ impl SessionStatus {
             SessionStatus::Idle => "idle",
             SessionStatus::Running => "running",
             SessionStatus::Failed => "failed",
+            SessionStatus::WaitingExternal => "waiting_external",
         }
     }
 
@@ -33,6 +37,7 @@ impl SessionStatus {
             "idle" => Some(SessionStatus::Idle),
             "running" => Some(SessionStatus::Running),
             "failed" => Some(SessionStatus::Failed),
+            "waiting_external" => Some(SessionStatus::WaitingExternal),
             _ => None,
         }
     }
@@ -96,6 +101,8 @@ pub struct SessionRecord {
     /// the run; the runner acts on it within a heartbeat (cleared when the
     /// run's end is written).
     pub cancel_requested: bool,
+    /// The calls the session waits for (never a bound value, never a token).
+    pub pending: super::pending::Pending,
 }
 
 /// One event of a session's stream (`GET /v1/sessions/:id/events`).

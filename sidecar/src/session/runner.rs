@@ -16,9 +16,10 @@ use crate::api::metrics::{Metrics, ToolOutcome};
 use crate::bindings::BoundTool;
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::params::Values;
+use crate::session::pending::{Frame, PendingCall, Resolution};
 use crate::tools::cache::ToolCache;
 use crate::tools::helpers::{self, HelperEnv};
-use crate::tools::{CallContext, ToolError};
+use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 
 /// How a run ended.
@@ -31,6 +32,34 @@ pub enum RunEnd {
     Cancelled,
     /// The model could not be reached or answered nonsense.
     Failed(String),
+    /// `run: step` took its one model turn (and ran its calls).
+    Stepped,
+    /// Tool calls wait (a person's approval, a client's result); the calls
+    /// that did not wait have run and their results are in the history.
+    Blocked(Vec<Blocked>),
+}
+
+/// A call the run stopped before.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub call: ToolCall,
+    pub disposition: Disposition,
+    /// Names of the parameters bound into the call (never a value).
+    pub bound_params: Vec<String>,
+    /// The helper runs it was made in, outermost first.
+    pub frames: Vec<Frame>,
+}
+
+/// What one call came to: its result, or calls (inside a helper) that wait.
+pub enum Outcome {
+    Done(Result<String, ToolError>),
+    Blocked(Vec<Blocked>),
+}
+
+/// The model's arguments of `call` as JSON (the raw text when they are not).
+pub fn call_arguments(call: &ToolCall) -> serde_json::Value {
+    call.parse_arguments()
+        .unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
 }
 
 /// Where a run reports what happens.
@@ -117,9 +146,15 @@ pub async fn run(
                 )
                 .await;
             }
+            let (waiting, now): (Vec<_>, Vec<_>) = response
+                .tool_calls
+                .iter()
+                .map(|c| (c, blocked(ctx, c)))
+                .partition(|(_, b)| b.is_some());
+            let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
             let results = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
+                r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
             };
             let Some(results) = results else {
                 for call in &response.tool_calls {
@@ -129,21 +164,136 @@ pub async fn run(
                 }
                 return RunEnd::Cancelled;
             };
-            for (call, result) in response.tool_calls.iter().zip(results) {
-                let (ok, output) = match result {
-                    Ok(text) => (true, text),
-                    Err(e) => (false, format!("error: {e}")),
-                };
-                let msg = ChatMessage::tool_result(&call.id, output.clone());
-                history.push(msg.clone());
-                sink.turn(&msg).await;
-                sink.event("tool_result", json!({"id": call.id, "ok": ok, "output": output})).await;
+            let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
+            for (call, outcome) in now.iter().zip(results) {
+                match outcome {
+                    Outcome::Done(result) => record_result(history, sink, &call.id, result).await,
+                    Outcome::Blocked(inner) => waiting.extend(inner),
+                }
+            }
+            if !waiting.is_empty() {
+                return RunEnd::Blocked(waiting);
             }
         }
         RunEnd::MaxSteps(ctx.max_steps)
     }
     .instrument(span)
     .await
+}
+
+/// The call as a pending item, if it waits instead of running.
+fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
+    let tool = ctx.tools.iter().find(|t| t.name() == call.name);
+    let disposition = ctx.agent.disposition(&call.name, tool)?;
+    Some(Blocked {
+        call: call.clone(),
+        disposition,
+        bound_params: tool.map(|t| t.bound_params()).unwrap_or_default(),
+        frames: Vec::new(),
+    })
+}
+
+/// Append a call's outcome to the history, the store and the stream.
+async fn record_result(
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    id: &str,
+    result: Result<String, ToolError>,
+) {
+    let (ok, output) = match result {
+        Ok(text) => (true, text),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    let msg = ChatMessage::tool_result(id, output.clone());
+    history.push(msg.clone());
+    sink.turn(&msg).await;
+    sink.event("tool_result", json!({"id": id, "ok": ok, "output": output}))
+        .await;
+}
+
+/// Answer the calls a run stopped before, as they were resolved: an
+/// approved call runs now (its first run), the others get what the
+/// resolution says; a helper that waited is resumed with its own calls'
+/// answers and runs on. Then the run goes on with [`run`] (`None`), unless
+/// it was cancelled or a helper waits again.
+pub async fn answer_resolved(
+    ctx: &RunContext<'_>,
+    resolved: &[PendingCall],
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    cancel: &CancellationToken,
+) -> Option<RunEnd> {
+    let mut waiting = Vec::new();
+    // A helper's calls, by the `prompt_agent_*` call that started it, in order.
+    let mut helpers: Vec<(Frame, Vec<PendingCall>)> = Vec::new();
+    for item in resolved.iter().filter(|i| i.resolution.is_some()) {
+        if let Some(frame) = item.frames.first() {
+            let inner = PendingCall {
+                frames: item.frames[1..].to_vec(),
+                ..item.clone()
+            };
+            match helpers.iter_mut().find(|(f, _)| f.call_id == frame.call_id) {
+                Some((_, items)) => items.push(inner),
+                None => helpers.push((frame.clone(), vec![inner])),
+            }
+            continue;
+        }
+        let outcome = match item.resolution.as_ref() {
+            Some(Resolution::Result { output }) => Outcome::Done(Ok(output.clone())),
+            Some(Resolution::Approved) => {
+                let call = ToolCall {
+                    id: item.tool_call_id.clone(),
+                    name: item.tool.clone(),
+                    arguments: match &item.call {
+                        serde_json::Value::String(raw) => raw.clone(),
+                        other => other.to_string(),
+                    },
+                };
+                tokio::select! {
+                    _ = cancel.cancelled() => None,
+                    r = dispatch(ctx, &call, history, cancel) => Some(r),
+                }
+                .unwrap_or_else(|| {
+                    Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
+                })
+            }
+            Some(other) => {
+                Outcome::Done(Err(ToolError::Failed(other.refusal().unwrap_or_default())))
+            }
+            None => continue,
+        };
+        match outcome {
+            Outcome::Done(result) => record_result(history, sink, &item.tool_call_id, result).await,
+            Outcome::Blocked(inner) => waiting.extend(inner),
+        }
+        if cancel.is_cancelled() {
+            return Some(RunEnd::Cancelled);
+        }
+    }
+    for (frame, items) in helpers {
+        let Some(env) = ctx.helpers.as_ref() else {
+            let why = Err(ToolError::Failed("helpers are not available here".into()));
+            record_result(history, sink, &frame.call_id, why).await;
+            continue;
+        };
+        let call = ToolCall {
+            id: frame.call_id.clone(),
+            name: frame.tool.clone(),
+            arguments: frame.arguments.clone(),
+        };
+        let resume = Resume {
+            history: frame.history.clone(),
+            resolved: &items,
+        };
+        match call_helper(ctx, env, &call, history, cancel, Some(resume)).await {
+            Outcome::Done(result) => record_result(history, sink, &frame.call_id, result).await,
+            Outcome::Blocked(inner) => waiting.extend(inner),
+        }
+        if cancel.is_cancelled() {
+            return Some(RunEnd::Cancelled);
+        }
+    }
+    (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
 }
 
 async fn model_turn(
@@ -171,23 +321,25 @@ async fn model_turn(
 }
 
 /// One tool call through its bindings (and the cache), or a helper call;
-/// its outcome is counted once, here.
+/// its outcome is counted once, here (a helper that waits is not yet).
 async fn dispatch(
     ctx: &RunContext<'_>,
     call: &ToolCall,
     history: &[ChatMessage],
     cancel: &CancellationToken,
-) -> Result<String, ToolError> {
+) -> Outcome {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
     async {
-        let result = dispatch_inner(ctx, call, history, cancel).await;
-        let outcome = match &result {
-            Ok(_) => ToolOutcome::Ok,
-            Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
-            Err(_) => ToolOutcome::Error,
-        };
-        ctx.metrics.tool_call(&call.name, outcome);
-        result
+        let outcome = dispatch_inner(ctx, call, history, cancel).await;
+        if let Outcome::Done(result) = &outcome {
+            let counted = match result {
+                Ok(_) => ToolOutcome::Ok,
+                Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
+                Err(_) => ToolOutcome::Error,
+            };
+            ctx.metrics.tool_call(&call.name, counted);
+        }
+        outcome
     }
     .instrument(span)
     .await
@@ -198,17 +350,21 @@ async fn dispatch_inner(
     call: &ToolCall,
     history: &[ChatMessage],
     cancel: &CancellationToken,
-) -> Result<String, ToolError> {
-    let args: serde_json::Value = call.parse_arguments().map_err(|e| {
-        ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
-    })?;
+) -> Outcome {
     if let Some(env) = ctx
         .helpers
         .as_ref()
         .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
     {
-        return call_helper(ctx, env, &call.name, args, history, cancel).await;
+        return call_helper(ctx, env, call, history, cancel, None).await;
     }
+    Outcome::Done(run_tool(ctx, call).await)
+}
+
+async fn run_tool(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolError> {
+    let args: serde_json::Value = call.parse_arguments().map_err(|e| {
+        ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
+    })?;
     let Some(tool) = ctx.tools.iter().find(|t| t.name() == call.name) else {
         return Err(ToolError::InvalidArguments(format!(
             "there is no tool named `{}`",
@@ -233,23 +389,44 @@ async fn dispatch_inner(
     Ok(out.text)
 }
 
-/// A helper tool: describe, derive, or run the helper's own loop.
+/// A suspended helper run to go on with: its history, and the answers to
+/// the calls it waited for.
+struct Resume<'r> {
+    history: Vec<ChatMessage>,
+    resolved: &'r [PendingCall],
+}
+
+/// A helper tool: describe, derive, or run the helper's own loop (from the
+/// start, or resumed). A call that waits inside the helper comes back as
+/// [`Outcome::Blocked`], with this helper's frame in front of its own.
 async fn call_helper(
     ctx: &RunContext<'_>,
     env: &HelperEnv<'_>,
-    name: &str,
-    args: serde_json::Value,
+    call: &ToolCall,
     history: &[ChatMessage],
     cancel: &CancellationToken,
-) -> Result<String, ToolError> {
+    resume: Option<Resume<'_>>,
+) -> Outcome {
+    let args: serde_json::Value = match call.parse_arguments() {
+        Ok(a) => a,
+        Err(e) => {
+            return Outcome::Done(Err(ToolError::InvalidArguments(format!(
+                "the arguments are not valid JSON: {e}"
+            ))))
+        }
+    };
+    let name = call.name.as_str();
     if name == helpers::DESCRIBE {
-        return helpers::describe(ctx.agent, env, args);
+        return Outcome::Done(helpers::describe(ctx.agent, env, args));
     }
     if name == helpers::DERIVE {
-        return helpers::derive(ctx.agent, env, args);
+        return Outcome::Done(helpers::derive(ctx.agent, env, args));
     }
     let slug = name.trim_start_matches("prompt_agent_");
-    let p = helpers::prepare(ctx.agent, ctx.values, env, slug, args, history)?;
+    let p = match helpers::prepare(ctx.agent, ctx.values, env, slug, args, history) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Done(Err(e)),
+    };
     let sub = RunContext {
         agent: p.agent,
         tools: &p.tools,
@@ -265,11 +442,21 @@ async fn call_helper(
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,
     };
-    let mut sub_history = vec![ChatMessage::user(p.what.clone())];
-    tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), "helper run");
+    tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
-    let end = Box::pin(run(&sub, &mut sub_history, &Discard, cancel)).await;
-    match end {
+    let (mut sub_history, end) = match resume {
+        None => (vec![ChatMessage::user(p.what.clone())], None),
+        Some(r) => {
+            let mut h = r.history;
+            let end = Box::pin(answer_resolved(&sub, r.resolved, &mut h, &Discard, cancel)).await;
+            (h, end)
+        }
+    };
+    let end = match end {
+        Some(end) => end,
+        None => Box::pin(run(&sub, &mut sub_history, &Discard, cancel)).await,
+    };
+    Outcome::Done(match end {
         RunEnd::Completed => Ok(sub_history
             .iter()
             .rev()
@@ -280,12 +467,28 @@ async fn call_helper(
                 _ => None,
             })
             .unwrap_or_default()),
+        // A helper's own run always goes until it blocks.
+        RunEnd::Stepped => Err(ToolError::Failed(
+            "the helper stopped after one step".into(),
+        )),
         RunEnd::MaxSteps(n) => Err(ToolError::Failed(format!(
             "the helper gave no answer within {n} turns"
         ))),
         RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
         RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
-    }
+        RunEnd::Blocked(mut calls) => {
+            let frame = Frame {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                arguments: call.arguments.clone(),
+                history: sub_history,
+            };
+            for b in &mut calls {
+                b.frames.insert(0, frame.clone());
+            }
+            return Outcome::Blocked(calls);
+        }
+    })
 }
 
 /// Where a helper's own run reports: nowhere but traces.

@@ -18,6 +18,7 @@ use super::fanout::Fanout;
 pub use super::fanout::LiveEvent;
 use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
+use super::pending::{self, PendingCall};
 use super::runner::{self, RunContext, RunEnd, RunSink};
 use super::store::{Notice, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
@@ -28,12 +29,18 @@ use crate::tools::cache::ToolCache;
 use crate::tools::helpers::HelperEnv;
 use crate::tools::CallContext;
 
+/// How a cancelled run's unanswered calls are answered (a fork's too).
+const CANCELLED: &str = "error: the run was cancelled";
+
 /// How long a cancel waits for the run to record its end.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// How deep helpers may nest below the agent a session talks to.
 pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
+
+mod continuation;
+pub use continuation::Answer;
 
 pub struct ServiceConfig {
     pub max_steps: u32,
@@ -43,6 +50,9 @@ pub struct ServiceConfig {
     pub tool_cache_ttl: Option<Duration>,
     /// How often this server beats, and how long a beat vouches for its runs.
     pub lease: LeaseConfig,
+    /// Derives continuation tokens (see [`pending::token_for`]): replicas
+    /// that share it show the same tokens. Never stored.
+    pub continuation_key: [u8; 32],
 }
 
 impl Default for ServiceConfig {
@@ -52,8 +62,29 @@ impl Default for ServiceConfig {
             stream: true,
             tool_cache_ttl: None,
             lease: LeaseConfig::default(),
+            continuation_key: random_key(),
         }
     }
+}
+
+/// A key of this process's own (one server, no replica to agree with).
+pub fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    if getrandom::fill(&mut key).is_err() {
+        // Without randomness the tokens would be guessable: refuse to run.
+        panic!("no randomness for the continuation key");
+    }
+    key
+}
+
+/// How far a run goes (`run` on create, messages, resume, continuations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunMode {
+    /// Until the model answers or a call waits.
+    #[default]
+    UntilBlocked,
+    /// One model turn and its tool calls.
+    Step,
 }
 
 /// What exists of a session in memory only.
@@ -85,6 +116,7 @@ pub struct CreateSession {
     pub seal: bool,
     pub session_token: bool,
     pub fork: Option<String>,
+    pub mode: RunMode,
 }
 
 /// A session that was just created or forked.
@@ -336,10 +368,9 @@ impl Service {
                 (
                     source.agent.clone(),
                     base,
-                    close_pending(
-                        source.turns,
-                        "error: the call did not finish before the session was forked",
-                    ),
+                    // Pending calls are not copied: the fork's last turn is
+                    // closed the way a cancel closes it.
+                    close_pending(source.turns, CANCELLED),
                     if req.prompt.is_some() {
                         Op::Fork
                     } else {
@@ -384,13 +415,14 @@ impl Service {
             forked_from: req.fork.clone(),
             runner: None,
             cancel_requested: false,
+            pending: Default::default(),
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match req.prompt {
             Some(prompt) => Some(
-                self.start_run(&rec.id, Some(prompt), accepted.message)
+                self.start_run(&rec.id, Some(prompt), accepted.message, req.mode)
                     .await?,
             ),
             None => None,
@@ -409,9 +441,10 @@ impl Service {
         id: &str,
         prompt: String,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let r = self
-            .run_request(caller, id, Op::Message, Some(prompt), params)
+            .run_request(caller, id, Op::Message, Some(prompt), params, mode)
             .await;
         self.evict_if_idle(id);
         r
@@ -422,8 +455,11 @@ impl Service {
         caller: &Caller,
         id: &str,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        let r = self.run_request(caller, id, Op::Resume, None, params).await;
+        let r = self
+            .run_request(caller, id, Op::Resume, None, params, mode)
+            .await;
         self.evict_if_idle(id);
         r
     }
@@ -438,13 +474,28 @@ impl Service {
         op: Op,
         prompt: Option<String>,
         params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         // No live entry for an id that names no session.
         self.record(id).await?;
         let live = self.live(id);
         let guard = live.lock.lock().await;
+        let rec = self.record(id).await?;
+        if rec.status == SessionStatus::WaitingExternal
+            && (op == Op::Message || !rec.pending.all_resolved())
+        {
+            return Err(ServiceError::new(
+                409,
+                "waiting_external",
+                format!(
+                    "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
+                    rec.pending.detail()
+                ),
+            ));
+        }
         let message = self.apply_params_locked(caller, id, op, params).await?;
-        self.start_run_locked(guard, id, prompt, message).await
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
     }
 
     pub async fn put_params(
@@ -548,6 +599,9 @@ impl Service {
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
+            if self.cancel_waiting(id).await? {
+                return Ok(());
+            }
             return self.request_cancel(id).await;
         };
         handle.cancel.cancel();
@@ -638,10 +692,12 @@ impl Service {
         id: &str,
         prompt: Option<String>,
         message: Values,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let guard = live.lock.lock().await;
-        self.start_run_locked(guard, id, prompt, message).await
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
     }
 
     /// Start a run; `guard` is the session's lock, released once the run
@@ -652,6 +708,7 @@ impl Service {
         id: &str,
         prompt: Option<String>,
         message: Values,
+        mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let (cancel, done_tx, done_rx) = {
@@ -678,6 +735,20 @@ impl Service {
                 // values were checked.
                 rec = self.close_if_lost(rec).await?;
             }
+            // The answered calls a waiting run resumes with.
+            let resolved = if rec.status == SessionStatus::WaitingExternal {
+                if !rec.pending.all_resolved() {
+                    return Err(ServiceError::new(
+                        409,
+                        "waiting_external",
+                        format!("the session is {}", rec.pending.detail()),
+                    ));
+                }
+                rec.pending.retire_tokens();
+                std::mem::take(&mut rec.pending.items)
+            } else {
+                Vec::new()
+            };
             if let Some(p) = &prompt {
                 rec.turns.push(ChatMessage::user(p.clone()));
             }
@@ -688,10 +759,10 @@ impl Service {
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
-            Ok::<_, ServiceError>(rec)
+            Ok::<_, ServiceError>((rec, resolved))
         }
         .await;
-        let rec = match started {
+        let (rec, resolved) = match started {
             Ok(rec) => rec,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -709,8 +780,14 @@ impl Service {
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            let (end, taken) = this.drive(&agent, &id, rec.turns, values, &cancel).await;
-            this.finish(&id, end, taken).await;
+            let (end, taken) = this
+                .drive(&agent, &id, rec.turns, values, &resolved, mode, &cancel)
+                .await;
+            let pending = match &end {
+                RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
+                _ => Vec::new(),
+            };
+            this.finish(&id, end, pending, taken).await;
             if let Some(live) = this.peek(&id) {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
@@ -720,12 +797,15 @@ impl Service {
         Ok(RunWait(done_rx))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn drive(
         &self,
         agent: &LoadedAgent,
         id: &str,
         mut history: Vec<ChatMessage>,
         values: Values,
+        resolved: &[PendingCall],
+        mode: RunMode,
         cancel: &CancellationToken,
     ) -> (RunEnd, bool) {
         let Some(client) = self.clients.get(&agent.name) else {
@@ -754,7 +834,10 @@ impl Service {
             },
             cache: self.cache.as_ref(),
             metrics: &self.metrics,
-            max_steps: agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            max_steps: match mode {
+                RunMode::Step => 1,
+                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            },
             stream: self.cfg.stream,
         };
         let sink = SessionSink {
@@ -763,14 +846,35 @@ impl Service {
             cancel,
             taken: AtomicBool::new(false),
         };
-        let end = runner::run(&ctx, &mut history, &sink, cancel).await;
+        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
+            Some(end) => end,
+            None => runner::run(&ctx, &mut history, &sink, cancel).await,
+        };
+        let end = match (mode, end) {
+            (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
+            (_, end) => end,
+        };
         (end, sink.taken.load(Ordering::Relaxed))
     }
 
     /// Record how a run ended, unless it was taken away (`taken`, or found
     /// so now): then the server that closed it has said how it ended.
-    async fn finish(&self, id: &str, end: RunEnd, taken: bool) {
+    async fn finish(&self, id: &str, end: RunEnd, pending: Vec<PendingCall>, taken: bool) {
+        let waiting = pending::Pending {
+            items: pending,
+            used: Vec::new(),
+        };
         let (status, detail, outcome) = match &end {
+            RunEnd::Blocked(_) => (
+                SessionStatus::WaitingExternal,
+                Some(waiting.detail()),
+                RunOutcome::Blocked,
+            ),
+            RunEnd::Stepped => (
+                SessionStatus::Idle,
+                Some("one step done (run: step); resume to go on".to_string()),
+                RunOutcome::Completed,
+            ),
             RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
             RunEnd::Cancelled => (
                 SessionStatus::Idle,
@@ -792,6 +896,7 @@ impl Service {
                 rec.status_detail = detail.clone();
                 rec.runner = None;
                 rec.cancel_requested = false;
+                rec.pending.items = waiting.items.clone();
             })
             .await
         };
@@ -811,6 +916,11 @@ impl Service {
         }
         self.metrics.run_finished(outcome);
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
+        if !waiting.is_empty() {
+            // Without tokens: events are stored, tokens never are.
+            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
+            self.emit(id, "pending", json!({"pending": items})).await;
+        }
         self.emit(
             id,
             "run_finished",
@@ -1071,6 +1181,9 @@ impl Service {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
                 Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+            if let Err(e) = self.expire_due().await {
+                tracing::warn!("cannot close expired pending calls: {e}");
             }
         }
         if let Err(e) = self.store.forget_runner(&self.instance).await {

@@ -112,6 +112,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             env: m.env.into_iter().map(|(k, v)| (k, v.into())).collect(),
             url: None,
             headers: BTreeMap::new(),
+            confirm: None,
             bindings: Vec::new(),
         }
     }
@@ -188,6 +189,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             base_url: o.base_url,
             timeout_seconds: None,
             max_response_bytes: None,
+            confirm: None,
             secrets: o
                 .secrets
                 .into_iter()
@@ -324,12 +326,14 @@ impl Description {
                     }),
                     basename_filter: d.basename_filter,
                     script: None,
+                    confirm: None,
                     bindings: bindings(d.bindings),
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
                     basename_filter: None,
                     script: Some(s.path),
+                    confirm: None,
                     bindings: bindings(s.bindings),
                 }),
             })
@@ -356,6 +360,8 @@ impl Description {
                 .collect(),
             toolboxes,
             bindings: bindings(self.bindings),
+            confirm: Vec::new(),
+            confirm_ttl: None,
             helpers: self
                 .extra_agents
                 .into_iter()

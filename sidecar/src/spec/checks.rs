@@ -19,12 +19,47 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
         Toolbox::Bash(b) => b,
         Toolbox::Openapi(o) => return format!("toolbox {} (openapi {})", index + 1, o.spec),
         Toolbox::Mcp(m) => return format!("toolbox {} (mcp {})", index + 1, m.name),
+        Toolbox::Deferred(_) => return format!("toolbox {} (deferred)", index + 1),
     };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
         (None, Some(s)) => format!("toolbox {} (bash script {s})", index + 1),
         _ => format!("toolbox {} (bash)", index + 1),
     }
+}
+
+/// The tools whose calls wait, as the definition selects them (pure: the
+/// tools themselves are known only once loaded): `confirm bash_delete-*`,
+/// `confirm toolbox 2 (openapi ./api.yaml): every write`, `deferred get_location`.
+pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
+    use super::{ConfirmKeyword, ToolboxConfirm};
+    let mut out: Vec<String> = spec
+        .confirm
+        .iter()
+        .map(|s| format!("confirm {}", s.tool))
+        .collect();
+    for (i, tb) in spec.toolboxes.iter().enumerate() {
+        let confirm = match tb {
+            Toolbox::Bash(b) => b.confirm.as_ref(),
+            Toolbox::Openapi(o) => o.confirm.as_ref(),
+            Toolbox::Mcp(m) => m.confirm.as_ref(),
+            Toolbox::Deferred(d) => {
+                out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
+                continue;
+            }
+        };
+        let label = toolbox_label(i, tb);
+        match confirm {
+            Some(ToolboxConfirm::Writes(ConfirmKeyword::Writes)) => {
+                out.push(format!("confirm {label}: every write"))
+            }
+            Some(ToolboxConfirm::Tools(sel)) => {
+                out.extend(sel.iter().map(|s| format!("confirm {label}: {}", s.tool)))
+            }
+            None => {}
+        }
+    }
+    out
 }
 
 /// A name the model can call a tool by (OpenAI's rule for function names).
@@ -74,6 +109,17 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
                 check_bindings(spec, &m.bindings, &place, &mut diags);
                 continue;
             }
+            Toolbox::Deferred(d) => {
+                for t in &d.tools {
+                    if !valid_tool_name(&t.name) {
+                        diags.push(Diagnostic::error(format!(
+                            "{place}, tool `{}`: a model-visible tool name may use only letters, digits, `_` and `-`, at most 64 characters",
+                            t.name
+                        )));
+                    }
+                }
+                continue;
+            }
         };
         let shape_ok = matches!(
             (&b.directory, &b.script, &b.basename_filter),
@@ -93,6 +139,15 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         &format!("{here}, agent-level bindings"),
         &mut diags,
     );
+    if let Some(ttl) = spec
+        .confirm_ttl
+        .as_deref()
+        .filter(|t| super::parse_ttl(t).is_none())
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}: confirmTtl `{ttl}` is not a duration; write a number and a unit: `90s`, `15m`, `2h` or `1d`"
+        )));
+    }
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(

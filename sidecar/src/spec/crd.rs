@@ -14,4 +14,8 @@ pub struct AgentStatus {
     /// `Valid`: the static checks passed (reason and message otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The tools whose calls wait for a person (`confirm …`) or the client
+    /// (`deferred …`), as the definition selects them, for `kubectl describe`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_tools: Vec<String>,
 }

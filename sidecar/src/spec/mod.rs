@@ -63,6 +63,69 @@ pub struct AgentSpec {
     /// Upper bound on model turns in one run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
+    /// Tools whose calls wait for a person's approval, by model-visible
+    /// name (`bash_delete-*`), on top of each toolbox's own `confirm`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirm: Vec<ConfirmSelector>,
+    /// How long a call waits for approval (`90s`, `15m`, `2h`) before it is
+    /// closed as not approved; absent: as long as it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[0-9]+[smhd]$')",
+        "message": "confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"
+    }]))]
+    pub confirm_ttl: Option<String>,
+}
+
+/// One selector of tools that need a person's approval: a glob (`*`
+/// matches any run of characters) on the tool name, like a binding's `tool`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfirmSelector {
+    pub tool: String,
+}
+
+/// A toolbox's `confirm`: `writes` (every tool that may change something:
+/// MCP tools not annotated `readOnlyHint: true`, OpenAPI operations other
+/// than GET, HEAD and OPTIONS, every bash tool), or selectors on the
+/// tools' names inside the toolbox.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum ToolboxConfirm {
+    Writes(ConfirmKeyword),
+    Tools(Vec<ConfirmSelector>),
+}
+
+/// The keyword form of a toolbox's `confirm`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ConfirmKeyword {
+    Writes,
+}
+
+/// A string or a list: kept as JSON in a CRD schema (`writes` or `[{tool}]`).
+fn toolbox_confirm_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "`writes` (every tool that may change something), or a list of `{tool: glob}` on the tools' names inside the toolbox: their calls wait for a person's approval.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A `confirmTtl` such as `90s`, `15m`, `2h` or `1d`, in seconds.
+pub fn parse_ttl(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    n.checked_mul(mult).filter(|s| *s > 0)
 }
 
 /// The model an agent talks to, over an OpenAI-compatible API.
@@ -179,6 +242,34 @@ pub enum Toolbox {
     Bash(BashToolbox),
     Openapi(OpenApiToolbox),
     Mcp(McpToolbox),
+    Deferred(DeferredToolbox),
+}
+
+/// Tools given by their schema only: the model calls them, the client runs
+/// them. A call stops the run with the call pending until the client posts
+/// its result to the call's continuation.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeferredToolbox {
+    pub tools: Vec<DeferredTool>,
+}
+
+/// One deferred tool, as the model sees it.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeferredTool {
+    /// The model-visible name, as is.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The JSON schema of the arguments (an object schema).
+    #[serde(default = "empty_object_schema")]
+    #[schemars(schema_with = "any_json")]
+    pub parameters: serde_json::Value,
+}
+
+fn empty_object_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object", "properties": {}})
 }
 
 /// An MCP server whose tools the agent gets as `mcp_<name>_<tool>`: a
@@ -204,6 +295,10 @@ pub struct McpToolbox {
     /// process-scope parameters only, like `env`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, BindingValue>,
+    /// Which tools wait for a person's approval before they run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "toolbox_confirm_schema")]
+    pub confirm: Option<ToolboxConfirm>,
     /// Bindings matched against the server's own tool names (`get_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
@@ -228,6 +323,10 @@ pub struct OpenApiToolbox {
     /// Credentials added to every request, never visible to the model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<OpenApiSecret>,
+    /// Which tools wait for a person's approval before they run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "toolbox_confirm_schema")]
+    pub confirm: Option<ToolboxConfirm>,
     /// Bindings matched against the operation's tool name (`list_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
@@ -336,6 +435,10 @@ pub struct BashToolbox {
     /// A single executable is the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
+    /// Which tools wait for a person's approval before they run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "toolbox_confirm_schema")]
+    pub confirm: Option<ToolboxConfirm>,
     /// Bindings matched against the script's own slug (`query-*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,

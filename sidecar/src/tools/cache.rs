@@ -120,6 +120,7 @@ mod tests {
             local_name: "t".into(),
             description: String::new(),
             args: Vec::new(),
+            writes: false,
         })))
         .with_bindings([AppliedBinding {
             arg: "a".into(),

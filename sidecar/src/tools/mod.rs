@@ -8,6 +8,7 @@
 
 pub mod bash;
 pub mod cache;
+pub mod deferred;
 #[cfg(feature = "server")]
 pub mod helpers;
 #[cfg(feature = "server")]
@@ -18,7 +19,7 @@ pub mod openapi;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::params::ParamValue;
 
@@ -53,6 +54,31 @@ pub struct ToolSpec {
     pub local_name: String,
     pub description: String,
     pub args: Vec<ArgSpec>,
+    /// Whether a call may change something (so `confirm: writes` asks):
+    /// an MCP tool not annotated read-only, an HTTP operation other than
+    /// GET, HEAD or OPTIONS, any executable.
+    pub writes: bool,
+}
+
+/// Why a tool call waits instead of running. More reasons may follow (an
+/// input the API owns, a selection); each one is a pending item with its
+/// own continuation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    /// The client runs the tool and posts its result.
+    Deferred,
+    /// A person approves the call (or not) before it runs.
+    Confirm,
+}
+
+impl Disposition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disposition::Deferred => "deferred",
+            Disposition::Confirm => "confirm",
+        }
+    }
 }
 
 impl ToolSpec {

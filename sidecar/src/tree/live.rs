@@ -174,6 +174,7 @@ mod tests {
                     transport: Transport::Json,
                 })
                 .collect(),
+            writes: true,
         })))
     }
 

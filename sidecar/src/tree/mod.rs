@@ -12,11 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::bindings::confirm::apply_toolbox_confirm;
 use crate::bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
 use crate::params::{AgentParams, ApiKeys, ProcessValues, Values};
 use crate::spec::{AgentSpec, BindingValue, Scope, Toolbox};
 use crate::tools::bash::{self, Limits};
-use crate::tools::Tool;
+use crate::tools::{Disposition, Tool};
 
 pub use live::LiveTools;
 
@@ -64,6 +65,24 @@ pub struct LoadedAgent {
 impl LoadedAgent {
     pub fn tool(&self, name: &str) -> Option<BoundTool> {
         self.tools.iter().find(|t| t.name() == name)
+    }
+
+    /// Why a call of the tool (or helper) called `name` waits instead of
+    /// running: its toolbox's say, else the agent-level `confirm`.
+    pub fn disposition(&self, name: &str, tool: Option<&BoundTool>) -> Option<Disposition> {
+        tool.and_then(BoundTool::disposition).or_else(|| {
+            crate::bindings::confirm::selects(&self.spec.confirm, name)
+                .then_some(Disposition::Confirm)
+        })
+    }
+
+    /// How long a call waits for approval (`confirmTtl`), if bounded.
+    pub fn confirm_ttl(&self) -> Option<std::time::Duration> {
+        self.spec
+            .confirm_ttl
+            .as_deref()
+            .and_then(crate::spec::parse_ttl)
+            .map(std::time::Duration::from_secs)
     }
 
     /// Parameter values with process values and defaults only.
@@ -369,6 +388,32 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    for t in tools
+        .iter()
+        .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}, agent-level bindings: tool `{}` is deferred (the client runs it, and gets only the model's arguments), so nothing can be bound into it; remove the binding of `{}` or narrow its `tool` glob",
+            t.name(),
+            t.bindings()[0].arg
+        )));
+    }
+    let mut names: Vec<String> = tools.iter().map(|t| t.name().to_string()).collect();
+    names.extend(p.helpers.iter().map(|h| format!("prompt_agent_{}", h.slug)));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    crate::bindings::confirm::check_selectors(
+        &p.spec.confirm,
+        &names,
+        &format!("{here}, agent-level confirm"),
+        |s| {
+            if s.tool.starts_with("mcp_") {
+                Level::Warning
+            } else {
+                Level::Error
+            }
+        },
+        &mut diags,
+    );
     let tools = LiveTools::new(tools);
     let keep = mcp.watch(
         live::Assembly {
@@ -408,6 +453,22 @@ async fn load_toolbox(
 ) {
     let b = match tb {
         Toolbox::Bash(b) => b,
+        Toolbox::Deferred(d) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let mut bound = Vec::new();
+            for decl in &d.tools {
+                match crate::tools::deferred::DeferredTool::new(decl) {
+                    Ok(t) => bound.push(
+                        BoundTool::new(Arc::new(t) as Arc<dyn Tool>)
+                            .with_disposition(crate::tools::Disposition::Deferred),
+                    ),
+                    Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
+                }
+            }
+            check_names(&bound, tools, &place, "the tool's `name`", diags);
+            tools.extend(bound);
+            return;
+        }
         Toolbox::Mcp(m) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
             mcp.load(i, m, base, p, params, opts, &place, tools, diags)
@@ -427,6 +488,8 @@ async fn load_toolbox(
                     &place,
                     diags,
                 );
+                apply_toolbox_confirm(&mut bound, o.confirm.as_ref());
+                check_toolbox_confirm(&bound, o.confirm.as_ref(), &place, Level::Error, diags);
                 tools.extend(bound);
             }
             return;
@@ -470,20 +533,46 @@ async fn load_toolbox(
         &place,
         diags,
     );
+    apply_toolbox_confirm(&mut bound, b.confirm.as_ref());
+    check_toolbox_confirm(&bound, b.confirm.as_ref(), &place, Level::Error, diags);
     tools.extend(bound);
 }
+
+/// The typo guard of a toolbox's `confirm` selectors, on its own tools.
+fn check_toolbox_confirm(
+    tools: &[BoundTool],
+    confirm: Option<&crate::spec::ToolboxConfirm>,
+    place: &str,
+    level: Level,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let names: Vec<&str> = tools.iter().map(|t| t.spec().local_name.as_str()).collect();
+    crate::bindings::confirm::check_selectors(
+        crate::bindings::confirm::toolbox_selectors(confirm),
+        &names,
+        place,
+        |_| level,
+        diags,
+    );
+}
+
+/// One MCP server of an agent, and what re-listing its tools needs: its
+/// toolbox's index, place in messages, bindings and `confirm`.
+#[cfg(feature = "server")]
+type Watched = (
+    usize,
+    Arc<crate::tools::mcp::McpServer>,
+    String,
+    Vec<crate::spec::Binding>,
+    Option<crate::spec::ToolboxConfirm>,
+);
 
 /// The MCP servers of one agent: started at load, then watched for
 /// changes to their tool lists.
 #[derive(Default)]
 struct McpLoader {
     #[cfg(feature = "server")]
-    servers: Vec<(
-        usize,
-        Arc<crate::tools::mcp::McpServer>,
-        String,
-        Vec<crate::spec::Binding>,
-    )>,
+    servers: Vec<Watched>,
     #[cfg(feature = "server")]
     changes: Option<(
         tokio::sync::mpsc::UnboundedSender<usize>,
@@ -554,9 +643,16 @@ impl McpLoader {
             |_| Level::Warning,
             diags,
         );
+        apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
+        check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
-        self.servers
-            .push((i, server, place.to_string(), m.bindings.clone()));
+        self.servers.push((
+            i,
+            server,
+            place.to_string(),
+            m.bindings.clone(),
+            m.confirm.clone(),
+        ));
     }
 
     #[cfg(not(feature = "server"))]
@@ -594,7 +690,7 @@ impl McpLoader {
         let keep = self
             .servers
             .iter()
-            .map(|(_, s, _, _)| s.clone() as Arc<dyn std::any::Any + Send + Sync>)
+            .map(|(_, s, _, _, _)| s.clone() as Arc<dyn std::any::Any + Send + Sync>)
             .collect();
         let servers = self.servers;
         let live = tools.clone();
@@ -604,7 +700,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings) in &servers {
+                for (i, server, place, bindings, confirm) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -617,13 +713,14 @@ impl McpLoader {
                                 .into_iter()
                                 .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
                                 .collect();
-                            let (bound, diags) = live::rebind(
+                            let (mut bound, diags) = live::rebind(
                                 bound,
                                 bindings,
                                 BindingLayer::Toolbox,
                                 &asm.params,
                                 place,
                             );
+                            apply_toolbox_confirm(&mut bound, confirm.as_ref());
                             for d in diags {
                                 tracing::warn!("{}", d.message);
                             }

@@ -91,16 +91,21 @@ pub fn tool_then_answer(req: &Value) -> MockReply {
     }
 }
 
+/// Write `text` to `path` as an executable (a bash tool of a test).
+pub fn executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// A toolbox directory with one bash tool, `bash_slow-lookup`, whose run
 /// sleeps (as the tool's own process, so cancelling the call kills it);
 /// for runs that must still be in progress when the test acts.
 pub fn slow_toolbox(dir: &Path) -> String {
-    use std::os::unix::fs::PermissionsExt;
     let tools = dir.join("slow-tools");
     std::fs::create_dir_all(&tools).unwrap();
-    let script = tools.join("slow-lookup");
-    std::fs::write(
-        &script,
+    executable(
+        &tools.join("slow-lookup"),
         r#"#!/usr/bin/env bash
 if [[ "${1:-}" == "describe" ]]; then
   echo '{"slug": "slow-lookup", "description": "Looks something up, slowly.", "args": []}'
@@ -108,9 +113,7 @@ if [[ "${1:-}" == "describe" ]]; then
 fi
 exec sleep 120
 "#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
 }
 

@@ -210,7 +210,9 @@ fn initialize(params: &Value) -> Value {
         "serverInfo": {"name": "bindery-sidecar", "version": env!("CARGO_PKG_VERSION")},
         "instructions": "Each ask_<agent> tool runs that agent once on the prompt. Parameters \
             come from Agents-Param-<name> request headers and from the call's \
-            _meta \"agents-exe/params\" (which wins).",
+            _meta \"agents-exe/params\" (which wins). A run that waits for a person or for \
+            the client answers with _meta \"bindery.dev/pending\"; call the tool again with \
+            _meta \"bindery.dev/continuations\" to answer each item and go on.",
     })
 }
 
@@ -222,23 +224,63 @@ async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value
         .ok_or_else(|| invalid("tools/call needs `name`, a tool from tools/list".into()))?;
     let agent = tools::agent_of(s.service.tree(), name)
         .ok_or_else(|| invalid(format!("unknown tool `{name}`; tools/list names them")))?;
-    let prompt = params["arguments"]["prompt"]
-        .as_str()
-        .ok_or_else(|| invalid(format!("`{name}` needs the argument `prompt`, a string")))?;
     let values = params::from_headers(headers)
         .and_then(|h| params::merge(h, params.get("_meta")))
         .map_err(for_mcp)?;
     tracing::debug!(tool = name, params = ?values.keys().collect::<Vec<_>>(), "MCP tools/call");
-    let answer = s
-        .service
-        .ask(&Caller::Owner, &agent.name, prompt.to_string(), values)
-        .await
-        .map_err(for_mcp)?;
+    let answer = match params.pointer("/_meta/bindery.dev~1continuations") {
+        Some(replies) => {
+            let replies = continuation_replies(replies).map_err(invalid)?;
+            s.service
+                .ask_continue(&Caller::Owner, replies, values)
+                .await
+        }
+        None => {
+            let prompt = params["arguments"]["prompt"].as_str().ok_or_else(|| {
+                invalid(format!("`{name}` needs the argument `prompt`, a string"))
+            })?;
+            s.service
+                .ask(&Caller::Owner, &agent.name, prompt.to_string(), values)
+                .await
+        }
+    }
+    .map_err(for_mcp)?;
+    let mut meta = json!({"bindery.dev/session_id": answer.session_id});
+    if !answer.pending.is_empty() {
+        meta["bindery.dev/pending"] = json!(answer.pending);
+    }
     Ok(json!({
         "content": [{"type": "text", "text": answer.text}],
         "isError": answer.is_error,
-        "_meta": {"bindery.dev/session_id": answer.session_id},
+        "_meta": meta,
     }))
+}
+
+/// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?}]`.
+fn continuation_replies(v: &Value) -> Result<Vec<crate::session::ask::Reply>, String> {
+    let bad = || {
+        "_meta \"bindery.dev/continuations\" is a list of {\"token\", \"approve\"} or {\"token\", \"result\"}, one per pending item".to_string()
+    };
+    let list = v.as_array().filter(|l| !l.is_empty()).ok_or_else(bad)?;
+    list.iter()
+        .map(|r| {
+            let token = r["token"].as_str().ok_or_else(bad)?.to_string();
+            let approve = match r.get("approve") {
+                None => None,
+                Some(Value::Bool(b)) => Some(*b),
+                Some(_) => return Err(bad()),
+            };
+            Ok((
+                token,
+                crate::session::service::Answer {
+                    result: r.get("result").cloned(),
+                    approve,
+                    reason: r["reason"].as_str().map(str::to_string),
+                    ..Default::default()
+                },
+            ))
+        })
+        .collect()
 }
 
 /// A session API error as MCP clients should read it: the same code, with

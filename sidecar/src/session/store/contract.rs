@@ -64,6 +64,7 @@ pub fn record(id: &str, created_at: i64) -> SessionRecord {
         forked_from: None,
         runner: None,
         cancel_requested: false,
+        pending: Default::default(),
     }
 }
 
@@ -102,6 +103,29 @@ pub fn full_record() -> SessionRecord {
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
         cancel_requested: true,
+        pending: crate::session::pending::Pending {
+            items: vec![crate::session::pending::PendingCall {
+                tool_call_id: "call_2".into(),
+                tool: "bash_delete".into(),
+                disposition: crate::tools::Disposition::Confirm,
+                call: json!({"path": "a.txt"}),
+                bound_params: vec!["token".into()],
+                digest: "ef".repeat(32),
+                nonce: "01".repeat(16),
+                token_digest: "12".repeat(32),
+                expires_at: Some(1_700_000_060_000),
+                resolution: Some(crate::session::pending::Resolution::Rejected {
+                    reason: Some("not today".into()),
+                }),
+                frames: vec![crate::session::pending::Frame {
+                    call_id: "call_0".into(),
+                    tool: "prompt_agent_clerk".into(),
+                    arguments: r#"{"what":"delete a.txt"}"#.into(),
+                    history: vec![ChatMessage::user("delete a.txt")],
+                }],
+            }],
+            used: vec!["34".repeat(32)],
+        },
     }
 }
 

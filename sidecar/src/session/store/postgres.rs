@@ -80,7 +80,9 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 3: a cancel asked of a run by a server that does not run it.
     "ALTER TABLE bindery_sessions ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE;",
-    // 4: each session's last event seq, so that an append numbers its event
+    // 4: the tool calls a session waits for (no token, no bound value).
+    "ALTER TABLE bindery_sessions ADD COLUMN pending TEXT NOT NULL DEFAULT '{\"items\":[]}';",
+    // 5: each session's last event seq, so that an append numbers its event
     // and inserts it in one statement.
     "ALTER TABLE bindery_sessions ADD COLUMN event_seq BIGINT NOT NULL DEFAULT 0;
     UPDATE bindery_sessions s SET event_seq = e.last
@@ -523,9 +525,9 @@ impl PostgresStore {
     }
 }
 
-/// The values of a `sessions` row, bound as `$1`…`$13` in the order of
+/// The values of a `sessions` row, bound as `$1`…`$14` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
     [
         &c.id,
         &c.agent,
@@ -540,6 +542,7 @@ fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
         &c.forked_from,
         &c.runner,
         &c.cancel_requested,
+        &c.pending,
     ]
 }
 
@@ -559,6 +562,7 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         forked_from: row.try_get(10)?,
         runner: row.try_get(11)?,
         cancel_requested: row.try_get(12)?,
+        pending: row.try_get(13)?,
     })
 }
 
@@ -578,7 +582,7 @@ impl SessionStore for PostgresStore {
         let client = self.conn(what).await?;
         let sql = format!(
             "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
         );
         let stmt = self.prepare(&client, what, &sql).await?;
         let inserted = client.execute(&stmt, &row_params(&c)).await;
@@ -640,7 +644,7 @@ impl SessionStore for PostgresStore {
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13
+                     cancel_requested = $13, pending = $14
                  WHERE id = $1 AND version + 1 = $7",
             )
             .await?;
@@ -844,7 +848,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n"
+            "1\n2\n3\n4\n5\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
@@ -860,11 +864,11 @@ mod tests {
             store.append_event("s1", "k", &json!({}), 1).await.unwrap();
         }
         drop(store);
-        // The database as a Bindery before migration 4 left it.
+        // The database as a Bindery before migration 5 left it.
         pg.sql(
             DB,
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq;
-             DELETE FROM bindery_schema_migrations WHERE version = 4",
+             DELETE FROM bindery_schema_migrations WHERE version = 5",
         );
         let store = open(&pg).await;
         assert_eq!(

@@ -10,7 +10,7 @@ use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from, runner, cancel_requested";
+     version, turns, params, security, forked_from, runner, cancel_requested, pending";
 
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +31,8 @@ pub struct Columns {
     pub forked_from: Option<String>,
     pub runner: Option<String>,
     pub cancel_requested: bool,
+    /// JSON Pending: calls waiting, token digests only.
+    pub pending: String,
 }
 
 impl Columns {
@@ -52,6 +54,7 @@ impl Columns {
             forked_from: rec.forked_from.clone(),
             runner: rec.runner.clone(),
             cancel_requested: rec.cancel_requested,
+            pending: json("pending", serde_json::to_string(&rec.pending))?,
         })
     }
 
@@ -63,6 +66,8 @@ impl Columns {
         let params = serde_json::from_str(&self.params).map_err(|e| corrupt(&id, "params", &e))?;
         let security =
             serde_json::from_str(&self.security).map_err(|e| corrupt(&id, "security", &e))?;
+        let pending =
+            serde_json::from_str(&self.pending).map_err(|e| corrupt(&id, "pending", &e))?;
         Ok(SessionRecord {
             id,
             agent: self.agent,
@@ -77,6 +82,7 @@ impl Columns {
             forked_from: self.forked_from,
             runner: self.runner,
             cancel_requested: self.cancel_requested,
+            pending,
         })
     }
 }

@@ -57,6 +57,8 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 3: a cancel asked of a run by a server that does not run it.
     "ALTER TABLE sessions ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;",
+    // 4: the tool calls a session waits for (no token, no bound value).
+    "ALTER TABLE sessions ADD COLUMN pending TEXT NOT NULL DEFAULT '{\"items\":[]}';",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -279,6 +281,7 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
         forked_from: row.get(10)?,
         runner: row.get(11)?,
         cancel_requested: row.get(12)?,
+        pending: row.get(13)?,
     })
 }
 
@@ -292,9 +295,9 @@ fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
         .map(|found| found.is_some())
 }
 
-/// The values of a `sessions` row, bound as `?1`…`?13` in the order of
+/// The values of a `sessions` row, bound as `?1`…`?14` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 13] {
+fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 14] {
     [
         &c.id,
         &c.agent,
@@ -309,6 +312,7 @@ fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 13] {
         &c.forked_from,
         &c.runner,
         &c.cancel_requested,
+        &c.pending,
     ]
 }
 
@@ -320,7 +324,7 @@ impl SessionStore for SqliteStore {
             let inserted = conn.execute(
                 &format!(
                     "INSERT INTO sessions ({SESSION_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
                 ),
                 row_params(&enc),
             );
@@ -397,7 +401,7 @@ impl SessionStore for SqliteStore {
                      SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                          updated_at = ?6, version = ?7, turns = ?8, params = ?9,
                          security = ?10, forked_from = ?11, runner = ?12,
-                         cancel_requested = ?13
+                         cancel_requested = ?13, pending = ?14
                      WHERE id = ?1 AND version = ?7 - 1",
                     row_params(&enc),
                 )

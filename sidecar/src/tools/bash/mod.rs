@@ -70,6 +70,8 @@ impl BashTool {
                     transport: Transport::Bash(a.mode),
                 })
                 .collect(),
+            // An executable may do anything.
+            writes: true,
         };
         BashTool {
             spec,

@@ -68,7 +68,16 @@ pub fn tool_spec(server: &str, tool: &Value) -> Result<ToolSpec, String> {
         local_name: local.to_string(),
         description,
         args,
+        writes: !read_only(tool),
     })
+}
+
+/// Whether the server annotates the tool `readOnlyHint: true` (MCP's
+/// default is that a tool may write).
+fn read_only(tool: &Value) -> bool {
+    tool.pointer("/annotations/readOnlyHint")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 /// `value` with `{"$ref": "#/…"}` replaced by what it points to in `root`
@@ -179,6 +188,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.name, "mcp_billing_get_invoice");
+        // Not annotated read-only: it may write (`confirm: writes` asks).
+        assert!(spec.writes);
+        let read_only = json!({"name": "get", "annotations": {"readOnlyHint": true}});
+        assert!(!tool_spec("billing", &read_only).unwrap().writes);
+        let said_no = json!({"name": "put", "annotations": {"readOnlyHint": false}});
+        assert!(tool_spec("billing", &said_no).unwrap().writes);
         assert_eq!(tool_name("s", &"x".repeat(80)).len(), 64);
         assert_eq!(spec.local_name, "get invoice");
         assert_eq!(spec.description, "One invoice");

@@ -234,6 +234,10 @@ fn operation(
             local_name: name,
             description,
             args,
+            writes: !matches!(
+                method.to_ascii_uppercase().as_str(),
+                "GET" | "HEAD" | "OPTIONS"
+            ),
         },
         method: method.to_ascii_uppercase(),
         path: path.to_string(),
@@ -388,6 +392,8 @@ mod tests {
             ("GET", "/projects/{project_id}/tasks")
         );
         assert_eq!(o.spec.description, "List a project's tasks");
+        assert!(!o.spec.writes, "a GET changes nothing");
+        assert!(op(&ops, "tasks_create_v2").spec.writes, "a POST may");
         let names: Vec<(&str, bool)> = o
             .spec
             .args

@@ -1,0 +1,390 @@
+//! Calls a run stopped before (pure: no I/O). Each pending item says why it
+//! waits (its [`Disposition`]), what the model asked for, and how its
+//! continuation is checked: a digest of the exact call (tool, the model's
+//! arguments, the names of the bound parameters, never a value) and the
+//! SHA-256 of its single-use token. The token itself is never stored: it
+//! is derived from a nonce with the server's continuation key, so every
+//! replica that shares the key shows the same token, before and after a
+//! restart.
+//!
+//! Another reason to wait is another [`Disposition`], the answer it takes
+//! ([`resolution_for`]), a [`Resolution`], and what the resumed run does
+//! with it (`runner::answer_resolved`).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::tools::Disposition;
+
+/// What a session waits for, and the tokens already answered.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub items: Vec<PendingCall>,
+    /// Digests of the tokens of answered or closed calls: a second use of
+    /// one is a conflict, not an unknown token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub used: Vec<String>,
+}
+
+/// One call that waits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub tool_call_id: String,
+    /// The model-visible tool name.
+    pub tool: String,
+    pub disposition: Disposition,
+    /// The model's arguments, as it sent them (bound values never appear).
+    pub call: serde_json::Value,
+    /// Names of the parameters bound into the call, never their values.
+    pub bound_params: Vec<String>,
+    /// [`call_digest`] of the call.
+    pub digest: String,
+    /// Random; the token is derived from it (see [`token_for`]).
+    pub nonce: String,
+    /// SHA-256 of the token.
+    pub token_digest: String,
+    /// Milliseconds since the epoch; past it, the call is closed as not approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// Set once answered; the run resumes when every item is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<Resolution>,
+    /// The helpers the call was made in, outermost first (empty: the
+    /// session's own agent made it): what resuming them needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<Frame>,
+}
+
+/// A helper run suspended at a pending call: the `prompt_agent_*` call
+/// that started it (in its caller's history) and its own history so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    pub call_id: String,
+    /// `prompt_agent_<slug>`.
+    pub tool: String,
+    /// The calling model's arguments, as it sent them.
+    pub arguments: String,
+    /// The helper's conversation (never a bound value, like any history).
+    pub history: Vec<crate::llm::ChatMessage>,
+}
+
+impl PendingCall {
+    /// The id the API shows: unique in the session even for a call made
+    /// inside a helper (`<prompt_agent call id>/<call id>`).
+    pub fn id(&self) -> String {
+        let mut parts: Vec<&str> = self.frames.iter().map(|f| f.call_id.as_str()).collect();
+        parts.push(&self.tool_call_id);
+        parts.join("/")
+    }
+
+    /// The helpers it was made in, outermost first.
+    pub fn via(&self) -> Vec<String> {
+        self.frames.iter().map(|f| f.tool.clone()).collect()
+    }
+
+    /// The item as clients see it, without its token (events carry this;
+    /// the session view adds the token).
+    pub fn shown(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "tool_call_id": self.id(),
+            "tool": self.tool,
+            "disposition": self.disposition.as_str(),
+            "call": self.call,
+        });
+        if !self.frames.is_empty() {
+            v["via"] = serde_json::json!(self.via());
+        }
+        v
+    }
+}
+
+/// How a pending call was answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Resolution {
+    /// A deferred call's result, from the client.
+    Result { output: String },
+    /// A person approved: the tool runs when the run resumes.
+    Approved,
+    /// A person said no.
+    Rejected {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Nobody answered within `confirmTtl`.
+    Expired,
+    /// The run was cancelled while the call waited.
+    Cancelled,
+}
+
+impl Resolution {
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Resolution::Result { .. } => "result",
+            Resolution::Approved => "approved",
+            Resolution::Rejected { .. } => "rejected",
+            Resolution::Expired => "expired",
+            Resolution::Cancelled => "cancelled",
+        }
+    }
+
+    /// Why the call did not run, as the model reads it (`None`: it ran,
+    /// here or at the client).
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Resolution::Result { .. } | Resolution::Approved => None,
+            Resolution::Rejected { reason: Some(r) } => Some(format!(
+                "a person did not approve this call, so it did not run; their reason: {r}"
+            )),
+            Resolution::Rejected { reason: None } => {
+                Some("a person did not approve this call, so it did not run".into())
+            }
+            Resolution::Expired => {
+                Some("nobody approved this call in time, so it did not run".into())
+            }
+            Resolution::Cancelled => Some("the run was cancelled".into()),
+        }
+    }
+}
+
+impl Pending {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Every item is answered: the run can resume.
+    pub fn all_resolved(&self) -> bool {
+        self.items.iter().all(|i| i.resolution.is_some())
+    }
+
+    /// The items nobody answered yet.
+    pub fn open(&self) -> impl Iterator<Item = &PendingCall> {
+        self.items.iter().filter(|i| i.resolution.is_none())
+    }
+
+    /// Close every open item with `r`; their tokens become used.
+    pub fn close_all(&mut self, r: &Resolution) -> Vec<String> {
+        let mut closed = Vec::new();
+        for i in self.items.iter_mut().filter(|i| i.resolution.is_none()) {
+            i.resolution = Some(r.clone());
+            closed.push(i.id());
+        }
+        self.retire_tokens();
+        closed
+    }
+
+    /// Record every answered item's token as used.
+    pub fn retire_tokens(&mut self) {
+        for i in self.items.iter().filter(|i| i.resolution.is_some()) {
+            if !self.used.contains(&i.token_digest) {
+                self.used.push(i.token_digest.clone());
+            }
+        }
+    }
+
+    /// Close the open items whose time ran out at `now`; their ids.
+    pub fn expire(&mut self, now: i64) -> Vec<String> {
+        let mut expired = Vec::new();
+        for i in self.items.iter_mut() {
+            if i.resolution.is_none() && i.expires_at.is_some_and(|t| t <= now) {
+                i.resolution = Some(Resolution::Expired);
+                expired.push(i.id());
+            }
+        }
+        self.retire_tokens();
+        expired
+    }
+
+    /// The summary of what the session waits for (`status_detail`).
+    pub fn detail(&self) -> String {
+        let what: Vec<String> = self
+            .open()
+            .map(|i| {
+                let via = match i.frames.last() {
+                    Some(f) => format!(" (in {})", f.tool),
+                    None => String::new(),
+                };
+                match i.disposition {
+                    Disposition::Confirm => format!("a person's approval of {}{via}", i.tool),
+                    Disposition::Deferred => format!("the client's result of {}{via}", i.tool),
+                }
+            })
+            .collect();
+        format!("waiting for {}", what.join(", "))
+    }
+}
+
+/// What an answer (`result`, `approve`, `reason`) resolves `item` to, or
+/// why it does not fit the item's disposition (in the client's words).
+pub fn resolution_for(
+    item: &PendingCall,
+    result: Option<&serde_json::Value>,
+    approve: Option<bool>,
+    reason: Option<&str>,
+) -> Result<Resolution, String> {
+    match (item.disposition, result, approve) {
+        (Disposition::Deferred, Some(result), None) => Ok(Resolution::Result {
+            output: match result {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            },
+        }),
+        (Disposition::Confirm, None, Some(true)) => Ok(Resolution::Approved),
+        (Disposition::Confirm, None, Some(false)) => Ok(Resolution::Rejected {
+            reason: reason.map(str::to_string),
+        }),
+        (Disposition::Deferred, _, _) => Err(format!(
+            "the call of {} is deferred: send its `result` (and no `approve`)",
+            item.tool
+        )),
+        (Disposition::Confirm, _, _) => Err(format!(
+            "the call of {} waits for approval: send `approve: true` or `approve: false` (and no `result`)",
+            item.tool
+        )),
+    }
+}
+
+/// The digest a continuation is bound to: the tool, the model's arguments
+/// (canonical JSON) and the sorted names of the bound parameters.
+pub fn call_digest(tool: &str, call: &serde_json::Value, bound_params: &[String]) -> String {
+    let mut names = bound_params.to_vec();
+    names.sort();
+    let text = serde_json::json!([tool, canonical(call), names]).to_string();
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// JSON with object keys sorted, whatever order they came in.
+fn canonical(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let sorted: std::collections::BTreeMap<_, _> =
+                m.iter().map(|(k, v)| (k.clone(), canonical(v))).collect();
+            serde_json::to_value(sorted).unwrap_or_default()
+        }
+        serde_json::Value::Array(a) => a.iter().map(canonical).collect(),
+        other => other.clone(),
+    }
+}
+
+/// The continuation token of call `tool_call_id` of session `session`:
+/// `ct_<session>_<mac>`, where the mac is HMAC-SHA256 under `key` of the
+/// session, the call and the item's nonce. The session travels in the
+/// token, so the route needs no other name for it.
+pub fn token_for(key: &[u8; 32], session: &str, tool_call_id: &str, nonce: &str) -> String {
+    let msg = format!("{session}\n{tool_call_id}\n{nonce}");
+    format!("ct_{session}_{}", hex::encode(hmac(key, msg.as_bytes())))
+}
+
+/// The session a continuation token names (`None`: not a token's shape).
+pub fn token_session(token: &str) -> Option<&str> {
+    let rest = token.strip_prefix("ct_")?;
+    let (session, mac) = rest.rsplit_once('_')?;
+    (mac.len() == 64 && !session.is_empty()).then_some(session)
+}
+
+/// SHA-256 of a token, as stored.
+pub fn token_digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn hmac(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+    let mut ipad = [0x36u8; 64];
+    let mut opad = [0x5cu8; 64];
+    for (i, k) in key.iter().enumerate() {
+        ipad[i] ^= k;
+        opad[i] ^= k;
+    }
+    let inner = Sha256::new()
+        .chain_update(ipad)
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(opad)
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_digest_ignores_key_order_and_names_only_parameters() {
+        let a = call_digest("bash_rm", &json!({"a": 1, "b": [2]}), &["token".into()]);
+        let b = call_digest("bash_rm", &json!({"b": [2], "a": 1}), &["token".into()]);
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            call_digest("bash_rm", &json!({"a": 2, "b": [2]}), &["token".into()])
+        );
+        assert_ne!(a, call_digest("bash_rm", &json!({"a": 1, "b": [2]}), &[]));
+    }
+
+    #[test]
+    fn a_token_names_its_session_and_depends_on_key_call_and_nonce() {
+        let key = [7u8; 32];
+        let t = token_for(&key, "s-1", "call_1", "n1");
+        assert_eq!(token_session(&t), Some("s-1"));
+        assert_eq!(t, token_for(&key, "s-1", "call_1", "n1"));
+        assert_ne!(t, token_for(&[8u8; 32], "s-1", "call_1", "n1"));
+        assert_ne!(t, token_for(&key, "s-1", "call_1", "n2"));
+        assert_eq!(token_session("ct_nope"), None);
+    }
+
+    #[test]
+    fn an_answer_must_fit_the_disposition() {
+        let mut item = call("a", None);
+        let ok = resolution_for(&item, None, Some(false), Some("no"));
+        assert_eq!(
+            ok,
+            Ok(Resolution::Rejected {
+                reason: Some("no".into())
+            })
+        );
+        assert!(resolution_for(&item, Some(&json!("x")), None, None).is_err());
+        assert!(resolution_for(&item, None, None, None).is_err());
+        item.disposition = Disposition::Deferred;
+        let ok = resolution_for(&item, Some(&json!({"city": "Lyon"})), None, None);
+        assert_eq!(
+            ok,
+            Ok(Resolution::Result {
+                output: r#"{"city":"Lyon"}"#.into()
+            })
+        );
+        assert!(resolution_for(&item, Some(&json!("x")), Some(true), None).is_err());
+    }
+
+    fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
+        PendingCall {
+            tool_call_id: id.into(),
+            tool: "t".into(),
+            disposition: Disposition::Confirm,
+            call: json!({}),
+            bound_params: vec![],
+            digest: String::new(),
+            nonce: String::new(),
+            token_digest: format!("d-{id}"),
+            expires_at,
+            resolution: None,
+            frames: vec![],
+        }
+    }
+
+    #[test]
+    fn expiry_closes_only_open_items_past_their_time() {
+        let item = call;
+        let mut p = Pending {
+            items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
+            used: vec![],
+        };
+        assert_eq!(p.expire(15), vec!["a".to_string()]);
+        assert_eq!(p.used, vec!["d-a".to_string()]);
+        assert!(!p.all_resolved());
+        assert_eq!(
+            p.detail(),
+            "waiting for a person's approval of t, a person's approval of t"
+        );
+    }
+}

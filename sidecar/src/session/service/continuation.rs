@@ -1,0 +1,407 @@
+//! Pending calls of a session: the items a blocked run leaves (with their
+//! tokens, derived, never stored), the answers to them through their
+//! continuations, their expiry (`confirmTtl`), and the cancel of a run that
+//! waits. The run that resumes is started like any other.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+
+use super::{
+    close_pending, constant_time_eq, now_ms, random_key, Live, RunMode, RunWait, Service, CANCELLED,
+};
+use crate::api::metrics::RunOutcome;
+use crate::params::Values;
+use crate::session::error::ServiceError;
+use crate::session::model::SessionRecord;
+use crate::session::model::SessionStatus;
+use crate::session::pending::{self, PendingCall, Resolution};
+use crate::session::runner;
+use crate::session::store::StoreError;
+use crate::session::validate::{Caller, Op};
+use crate::tools::Disposition;
+
+/// An answer to a pending call (`POST /v1/continuations/:token`).
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The session the caller means, if it says (a token of another
+    /// session is then unknown).
+    pub session_id: Option<String>,
+    /// A deferred call's result.
+    pub result: Option<serde_json::Value>,
+    /// A confirmation's decision.
+    pub approve: Option<bool>,
+    pub reason: Option<String>,
+    /// `false`: record the answer, start no run (a later resume does).
+    pub resume: Option<bool>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub mode: RunMode,
+}
+
+impl Service {
+    /// The pending items of the calls a run stopped before: each with a
+    /// fresh nonce (its token derives from it) and its digest.
+    pub(super) fn pending_items(
+        &self,
+        id: &str,
+        calls: &[runner::Blocked],
+        ttl: Option<Duration>,
+    ) -> Vec<PendingCall> {
+        let now = now_ms();
+        calls
+            .iter()
+            .map(|b| {
+                let call = runner::call_arguments(&b.call);
+                let mut item = PendingCall {
+                    tool_call_id: b.call.id.clone(),
+                    tool: b.call.name.clone(),
+                    disposition: b.disposition,
+                    digest: pending::call_digest(&b.call.name, &call, &b.bound_params),
+                    call,
+                    bound_params: b.bound_params.clone(),
+                    nonce: hex::encode(random_key()),
+                    token_digest: String::new(),
+                    expires_at: ttl
+                        .filter(|_| b.disposition == Disposition::Confirm)
+                        .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
+                    resolution: None,
+                    frames: b.frames.clone(),
+                };
+                item.token_digest = pending::token_digest(&self.token_of(id, &item));
+                item
+            })
+            .collect()
+    }
+
+    /// The token of a pending item of session `id`.
+    fn token_of(&self, id: &str, item: &PendingCall) -> String {
+        pending::token_for(&self.cfg.continuation_key, id, &item.id(), &item.nonce)
+    }
+
+    /// The open pending items as the API shows them, with their tokens
+    /// (never a bound value).
+    pub fn pending_view(&self, rec: &SessionRecord) -> Vec<serde_json::Value> {
+        rec.pending
+            .open()
+            .map(|i| {
+                let mut v = i.shown();
+                v["continuation_token"] = json!(self.token_of(&rec.id, i));
+                if let Some(t) = i.expires_at {
+                    let at = UNIX_EPOCH + Duration::from_millis(t.max(0) as u64);
+                    v["expires_at"] = json!(humantime::format_rfc3339_millis(at).to_string());
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// Cancel a run that waits for pending calls: each is closed the way a
+    /// cancel closes a call in progress. `false` when the session does not wait.
+    pub(super) async fn cancel_waiting(&self, id: &str) -> Result<bool, ServiceError> {
+        let live = self.live(id);
+        let r = async {
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            if rec.status != SessionStatus::WaitingExternal {
+                return Ok::<_, ServiceError>(None);
+            }
+            let closed = rec.pending.close_all(&Resolution::Cancelled);
+            rec.pending.items.clear();
+            rec.turns = close_pending(std::mem::take(&mut rec.turns), CANCELLED);
+            rec.status = SessionStatus::Idle;
+            rec.status_detail = Some("cancelled".into());
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok::<_, ServiceError>(Some(closed))
+        }
+        .await;
+        drop(live);
+        self.evict_if_idle(id);
+        let Some(closed) = r? else {
+            return Ok(false);
+        };
+        for call in closed {
+            self.emit(
+                id,
+                "resolved",
+                json!({"tool_call_id": call, "outcome": "cancelled"}),
+            )
+            .await;
+        }
+        self.metrics.run_finished(RunOutcome::Cancelled);
+        self.emit(
+            id,
+            "run_finished",
+            json!({"status": "cancelled", "session_status": "idle", "detail": "cancelled"}),
+        )
+        .await;
+        tracing::info!(session = id, "a waiting run was cancelled");
+        Ok(true)
+    }
+
+    /// Answer a pending call (`POST /v1/continuations/:token`): the call's
+    /// session comes from the token. When every call is answered the run
+    /// resumes (unless `resume: false`); the `RunWait` is that run's.
+    pub async fn answer(
+        self: &Arc<Self>,
+        caller: &Caller,
+        token: &str,
+        answer: Answer,
+    ) -> Result<(String, Option<RunWait>), ServiceError> {
+        let unknown = || ServiceError::not_found("no pending call has this continuation token");
+        let id = pending::token_session(token)
+            .ok_or_else(unknown)?
+            .to_string();
+        if answer.session_id.as_ref().is_some_and(|s| *s != id) {
+            return Err(unknown());
+        }
+        if self.store.get(&id).await?.is_none() {
+            return Err(unknown());
+        }
+        let live = self.live(&id);
+        let r = self.answer_locked(caller, &live, &id, token, answer).await;
+        drop(live);
+        self.evict_if_idle(&id);
+        r.map(|run| (id, run))
+    }
+
+    async fn answer_locked(
+        self: &Arc<Self>,
+        caller: &Caller,
+        live: &Arc<Live>,
+        id: &str,
+        token: &str,
+        answer: Answer,
+    ) -> Result<Option<RunWait>, ServiceError> {
+        let guard = live.lock.lock().await;
+        let digest = pending::token_digest(token);
+        let rec = self.record(id).await?;
+        let used = || {
+            ServiceError::new(
+                409,
+                "continuation_used",
+                "this continuation was answered already (a token is good for one answer)",
+            )
+        };
+        let Some(item) = rec
+            .pending
+            .items
+            .iter()
+            .find(|i| constant_time_eq(&i.token_digest, &digest))
+            .cloned()
+        else {
+            if rec
+                .pending
+                .used
+                .iter()
+                .any(|d| constant_time_eq(d, &digest))
+            {
+                return Err(used());
+            }
+            return Err(ServiceError::not_found(
+                "no pending call has this continuation token",
+            ));
+        };
+        if item.resolution.is_some() {
+            return Err(used());
+        }
+        if item.expires_at.is_some_and(|t| t <= now_ms()) {
+            drop(guard);
+            self.expire_session(id).await?;
+            return Err(ServiceError::new(
+                409,
+                "continuation_expired",
+                format!(
+                    "the call of {} waited longer than the agent's confirmTtl and was closed as not approved",
+                    item.tool
+                ),
+            ));
+        }
+        let agent = self.agent(&rec.agent)?.clone();
+        // The agent whose tool it is: the session's, or a helper's.
+        let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
+            let slug = f.tool.strip_prefix("prompt_agent_")?;
+            let h = a.helpers.iter().find(|h| h.slug == slug)?;
+            self.tree.agent(&h.agent).cloned()
+        });
+        let bound_now = owner
+            .as_ref()
+            .and_then(|a| a.tool(&item.tool))
+            .map(|t| t.bound_params())
+            .unwrap_or_default();
+        if item.digest != pending::call_digest(&item.tool, &item.call, &item.bound_params)
+            || item.digest != pending::call_digest(&item.tool, &item.call, &bound_now)
+        {
+            return Err(ServiceError::new(
+                409,
+                "call_changed",
+                format!(
+                    "the call of {} is not the one this continuation was issued for (the tool's bound parameters changed since); cancel the run and ask again",
+                    item.tool
+                ),
+            ));
+        }
+        let resolution = pending::resolution_for(
+            &item,
+            answer.result.as_ref(),
+            answer.approve,
+            answer.reason.as_deref(),
+        )
+        .map_err(ServiceError::bad_request)?;
+        let last = rec.pending.open().count() == 1;
+        let resume = last && answer.resume != Some(false);
+        let message = if resume {
+            self.apply_params_locked(caller, id, Op::Resume, &answer.params)
+                .await?
+        } else {
+            if !answer.params.is_empty() {
+                self.apply_params_locked(caller, id, Op::PutParams, &answer.params)
+                    .await?;
+            }
+            Values::new()
+        };
+        let mut rec = self.record(id).await?;
+        if resolution == Resolution::Approved {
+            // The call never runs without its values: a secret that is gone
+            // (a restart) must be given again first.
+            let missing = self.missing_secrets(&agent, &rec, &item);
+            if !missing.is_empty() {
+                return Err(ServiceError {
+                    status: 409,
+                    code: "params_required",
+                    message: format!(
+                        "the call of {} needs secret parameter(s) {} that this server no longer holds; give them again with PUT /v1/sessions/{id}/params",
+                        item.tool,
+                        missing.join(", ")
+                    ),
+                    params: missing,
+                });
+            }
+        }
+        let Some(slot) = rec
+            .pending
+            .items
+            .iter_mut()
+            .find(|i| i.id() == item.id() && i.resolution.is_none())
+        else {
+            return Err(used());
+        };
+        slot.resolution = Some(resolution.clone());
+        rec.pending.retire_tokens();
+        rec.status_detail = Some(if rec.pending.all_resolved() {
+            "every pending call is answered; resume to go on".to_string()
+        } else {
+            rec.pending.detail()
+        });
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        self.store.update(&rec).await?;
+        self.emit(
+            id,
+            "resolved",
+            json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome()}),
+        )
+        .await;
+        tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), "pending call answered");
+        if !resume {
+            return Ok(None);
+        }
+        self.start_run_locked(guard, id, None, message, answer.mode)
+            .await
+            .map(Some)
+    }
+
+    /// The secret session values bound into a call of the session's own
+    /// agent that this server does not hold (a helper's values come from
+    /// its caller's, which a resume checks as a whole).
+    fn missing_secrets(
+        &self,
+        agent: &crate::tree::LoadedAgent,
+        rec: &SessionRecord,
+        item: &PendingCall,
+    ) -> Vec<String> {
+        if !item.frames.is_empty() {
+            return Vec::new();
+        }
+        let held = self.session_values(rec);
+        item.bound_params
+            .iter()
+            .filter(|p| {
+                agent
+                    .params
+                    .decl(p)
+                    .is_some_and(|d| d.scope == crate::spec::Scope::Session && d.secret)
+                    && !held.contains_key(*p)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Close the calls of session `id` whose confirmation time ran out, and
+    /// resume its run when nothing else waits. Whether any was closed.
+    async fn expire_session(self: &Arc<Self>, id: &str) -> Result<bool, ServiceError> {
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        let mut rec = self.record(id).await?;
+        if rec.status != SessionStatus::WaitingExternal {
+            return Ok(false);
+        }
+        let expired = rec.pending.expire(now_ms());
+        if expired.is_empty() {
+            return Ok(false);
+        }
+        let all = rec.pending.all_resolved();
+        rec.status_detail = Some(rec.pending.detail());
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        match self.store.update(&rec).await {
+            Ok(()) => {}
+            // Another server closed them first.
+            Err(StoreError::Conflict(_)) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        for call in &expired {
+            self.emit(
+                id,
+                "resolved",
+                json!({"tool_call_id": call, "outcome": "expired"}),
+            )
+            .await;
+        }
+        tracing::info!(
+            session = id,
+            n = expired.len(),
+            "pending calls expired (confirmTtl)"
+        );
+        if all {
+            self.start_run_locked(guard, id, None, Values::new(), RunMode::UntilBlocked)
+                .await?;
+        }
+        Ok(true)
+    }
+
+    /// Close every call whose confirmation time ran out (each heartbeat).
+    pub async fn expire_due(self: &Arc<Self>) -> Result<usize, ServiceError> {
+        // Reading every session is for agents that set a confirmTtl only.
+        if !self.tree.agents.values().any(|a| a.confirm_ttl().is_some()) {
+            return Ok(0);
+        }
+        let now = now_ms();
+        let mut n = 0;
+        for rec in self.store.list().await? {
+            let due = rec.status == SessionStatus::WaitingExternal
+                && rec
+                    .pending
+                    .open()
+                    .any(|i| i.expires_at.is_some_and(|t| t <= now));
+            if due && self.expire_session(&rec.id).await? {
+                n += 1;
+            }
+            self.evict_if_idle(&rec.id);
+        }
+        Ok(n)
+    }
+}
