@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::metrics::{Metrics, ToolOutcome};
-use crate::bindings::BoundTool;
+use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
+use crate::params::scrub::Scrubber;
 use crate::params::Values;
 use crate::tools::cache::ToolCache;
 use crate::tools::helpers::{self, HelperEnv};
@@ -82,6 +83,7 @@ pub async fn run(
         if let Some(env) = &ctx.helpers {
             tools.extend(helpers::definitions(ctx.agent, env.tree));
         }
+        let scrubber = scrubber_for(ctx.values, ctx.tools);
         for step in 0..ctx.max_steps {
             let mut messages = Vec::with_capacity(history.len() + 1);
             if !ctx.agent.spec.system_prompt.is_empty() {
@@ -119,7 +121,7 @@ pub async fn run(
             }
             let results = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
+                r = futures::future::join_all(response.tool_calls.iter().map(|c| dispatch(ctx, c, history, &scrubber, cancel))) => Some(r),
             };
             let Some(results) = results else {
                 for call in &response.tool_calls {
@@ -171,16 +173,22 @@ async fn model_turn(
 }
 
 /// One tool call through its bindings (and the cache), or a helper call;
-/// its outcome is counted once, here.
+/// its outcome is counted once, and its text scrubbed of every secret the
+/// run can reach, here: whatever the model, the history, the store and
+/// the stream get passes this point.
 async fn dispatch(
     ctx: &RunContext<'_>,
     call: &ToolCall,
     history: &[ChatMessage],
+    scrubber: &Scrubber,
     cancel: &CancellationToken,
 ) -> Result<String, ToolError> {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
     async {
-        let result = dispatch_inner(ctx, call, history, cancel).await;
+        let result = dispatch_inner(ctx, call, history, cancel)
+            .await
+            .map(|text| scrubber.scrub(&text))
+            .map_err(|e| e.scrubbed(scrubber));
         let outcome = match &result {
             Ok(_) => ToolOutcome::Ok,
             Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
@@ -269,7 +277,10 @@ async fn call_helper(
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
     let end = Box::pin(run(&sub, &mut sub_history, &Discard, cancel)).await;
-    match end {
+    // The helper's own secrets (which the caller's scrubber does not know)
+    // stay out of its answer too.
+    let scrubber = scrubber_for(&p.values, &p.tools);
+    let answer = match end {
         RunEnd::Completed => Ok(sub_history
             .iter()
             .rev()
@@ -285,7 +296,10 @@ async fn call_helper(
         ))),
         RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
         RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
-    }
+    };
+    answer
+        .map(|text| scrubber.scrub(&text))
+        .map_err(|e| e.scrubbed(&scrubber))
 }
 
 /// Where a helper's own run reports: nowhere but traces.
