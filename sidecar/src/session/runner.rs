@@ -225,7 +225,7 @@ async fn dispatch_inner(
     };
     let key = ctx
         .cache
-        .and_then(|_| ToolCache::key(tool, &args, ctx.values));
+        .and_then(|_| ToolCache::key(&place(ctx), tool, &args, ctx.values));
     if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
         if let Some(hit) = cache.get(key) {
             tracing::debug!("tool cache hit");
@@ -239,6 +239,14 @@ async fn dispatch_inner(
         cache.put(key, out.text.clone());
     }
     Ok(out.text)
+}
+
+/// The agent's place in the tree: its call stack, top-level agent first.
+fn place(ctx: &RunContext<'_>) -> Vec<String> {
+    match &ctx.helpers {
+        Some(env) if !env.stack.is_empty() => env.stack.clone(),
+        _ => vec![ctx.agent.name.clone()],
+    }
 }
 
 /// A helper tool: describe, derive, or run the helper's own loop.
