@@ -98,6 +98,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             store_connect_timeout,
             owner_token_file,
             tool_cache_ttl,
+            live_session_ttl,
             no_stream,
             runner_heartbeat,
             runner_lease,
@@ -110,6 +111,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 store_patience: std::time::Duration::from_secs(store_connect_timeout),
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
+                live_session_ttl,
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,

@@ -41,6 +41,9 @@ pub struct ServiceConfig {
     pub tool_cache_ttl: Option<Duration>,
     /// How often this server beats, and how long a beat vouches for its runs.
     pub lease: LeaseConfig,
+    /// Forget a session's secret values once it has been idle this long
+    /// (`None`: keep them until the server stops).
+    pub live_session_ttl: Option<Duration>,
 }
 
 impl Default for ServiceConfig {
@@ -50,6 +53,7 @@ impl Default for ServiceConfig {
             stream: true,
             tool_cache_ttl: None,
             lease: LeaseConfig::default(),
+            live_session_ttl: None,
         }
     }
 }
@@ -67,8 +71,16 @@ struct Live {
     lock: tokio::sync::Mutex<()>,
     /// Session-scope secret values: never written anywhere.
     secrets: Mutex<Values>,
+    /// When the secrets were last set or used, or a run ended.
+    used: Mutex<std::time::Instant>,
     run: Mutex<Option<RunHandle>>,
     events: broadcast::Sender<LiveEvent>,
+}
+
+impl Live {
+    fn touch(&self) {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+    }
 }
 
 #[derive(Clone)]
@@ -196,6 +208,7 @@ impl Service {
                 Arc::new(Live {
                     lock: tokio::sync::Mutex::new(()),
                     secrets: Mutex::new(Values::new()),
+                    used: Mutex::new(std::time::Instant::now()),
                     run: Mutex::new(None),
                     events: broadcast::channel(1024).0,
                 })
@@ -256,6 +269,7 @@ impl Service {
             .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
             .collect();
         if let Some(live) = self.peek(&rec.id) {
+            live.touch();
             let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
             values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
@@ -282,6 +296,44 @@ impl Service {
             None => self.live(id),
         };
         *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
+        live.touch();
+    }
+
+    /// Forget the secret values of every session idle for longer than
+    /// `live_session_ttl` (no run, nothing set or used since): a later
+    /// message answers `params_required`, as after a restart. Returns how
+    /// many sessions lost theirs.
+    pub fn expire_secrets(&self) -> usize {
+        let Some(ttl) = self.cfg.live_session_ttl else {
+            return 0;
+        };
+        let entries: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut expired = 0;
+        for (id, live) in entries {
+            let idle = live.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && live
+                    .used
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed()
+                    >= ttl;
+            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            if idle && !secrets.is_empty() {
+                secrets.clear();
+                expired += 1;
+                tracing::info!(session = %id, "idle session: its secret values were forgotten");
+            }
+            drop(secrets);
+            drop(live);
+            self.evict_if_idle(&id);
+        }
+        expired
     }
 
     /// Drop a session's secret values from memory (a one-shot run's, once
@@ -714,6 +766,7 @@ impl Service {
             this.finish(&id, end, taken).await;
             if let Some(live) = this.peek(&id) {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                live.touch();
             }
             let _ = done_tx.send(true);
             this.evict_if_idle(&id);
