@@ -98,6 +98,8 @@ pub struct CreateSession {
     pub seal: bool,
     pub session_token: bool,
     pub fork: Option<String>,
+    /// With `fork`: copy only the turns before this index.
+    pub at_turn: Option<usize>,
 }
 
 /// A session that was just created or forked.
@@ -378,6 +380,16 @@ impl Service {
                         source.agent, source.agent
                     )));
                 }
+                let mut source = source;
+                if let Some(n) = req.at_turn {
+                    if n > source.turns.len() {
+                        return Err(ServiceError::bad_request(format!(
+                            "`at_turn` is {n}, but session {source_id} has {} turns",
+                            source.turns.len()
+                        )));
+                    }
+                    source.turns.truncate(n);
+                }
                 // Non-secret values only: secrets are never inherited.
                 let base: Values = source
                     .params
@@ -398,6 +410,11 @@ impl Service {
                         Op::ForkIdle
                     },
                 )
+            }
+            None if req.at_turn.is_some() => {
+                return Err(ServiceError::bad_request(
+                    "`at_turn` applies to a fork (POST /v1/sessions/:id/fork) only",
+                ))
             }
             None => {
                 let agent = req.agent.clone().ok_or_else(|| {
