@@ -1,0 +1,228 @@
+//! What live sessions and their event subscribers cost in memory, and
+//! whether it comes back.
+//!
+//! Run it with
+//!
+//! ```text
+//! cargo bench -p bindery-sidecar --bench memory
+//! MEMORY_SESSIONS=2000 MEMORY_SUBSCRIBERS=2000 cargo bench -p bindery-sidecar --bench memory
+//! ```
+//!
+//! A plain `main` (`harness = false`, `test = false`): `cargo test` neither
+//! builds nor runs it, and nothing in it asserts a size or a timing.
+//!
+//! It starts the real `bindery-sidecar serve` (release build) with the
+//! invoices agent, whose `billing_token` is a required secret session
+//! value, and `--live-session-ttl MEMORY_TTL` (default `60s`). Then it
+//! prints the server's resident memory (`VmRSS` of `/proc/PID/status`):
+//!
+//! 1. idle;
+//! 2. after `MEMORY_SESSIONS` sessions (default 10000) created through
+//!    `POST /v1/sessions`, each holding its own secret value (the server's
+//!    `bindery_sessions_live` then says so);
+//! 3. with `MEMORY_SUBSCRIBERS` (default 10000) event streams
+//!    (`GET /v1/sessions/:id/events`) open on them, one per session in turn;
+//! 4. once the streams are closed and the TTL has evicted every session
+//!    (`bindery_sessions_live` back to 0: waited for, not slept).
+//!
+//! Each row says what a session or a subscriber costs on average. The
+//! sessions are created faster than the TTL runs out on a usual machine;
+//! if the live count printed with a row is lower than the sessions
+//! created, raise `MEMORY_TTL`. Each process needs an open file per
+//! stream (`ulimit -n`; the bench says when it is too low).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bindery_tests::mock_llm::MockLlm;
+use bindery_tests::sidecar::{Api, EventStream};
+use common::{invoices_agent, serve, tool_then_answer, OWNER};
+use futures::StreamExt;
+use serde_json::json;
+
+/// Requests in flight at once while creating and subscribing.
+const CONCURRENCY: usize = 64;
+
+fn main() {
+    let sessions: usize = env_or("MEMORY_SESSIONS", 10_000);
+    let subscribers: usize = env_or("MEMORY_SUBSCRIBERS", 10_000);
+    let ttl: String = env_or("MEMORY_TTL", "60s".to_string());
+    check_open_files(subscribers);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    println!();
+    println!(
+        "bindery-sidecar memory: {sessions} live sessions with a secret, \
+         {subscribers} event subscribers, --live-session-ttl {ttl}"
+    );
+    rt.block_on(async {
+        let mock = MockLlm::start(tool_then_answer).await;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::create_dir_all(dir.path().join("logs")).expect("a log directory");
+        let agent = invoices_agent(dir.path(), &mock.url());
+        let store = format!("sqlite://{}", dir.path().join("store.sqlite").display());
+        let (sidecar, api) = serve(
+            &agent,
+            &store,
+            &["--live-session-ttl", &ttl],
+            &[],
+            dir.path(),
+        );
+        let pid = sidecar.pid();
+        // One request first, so the row measures what sessions add, not
+        // what the first request warms up.
+        let _ = live_count(&api).await;
+        let idle = rss_kib(pid);
+        println!("{:34} {:8.1} MiB", "idle", mib(idle));
+
+        let started = Instant::now();
+        let ids: Vec<String> = futures::stream::iter(0..sessions)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let body = json!({"agent": "invoices", "params": {
+                        "tenant": format!("tenant-{i}"),
+                        "billing_token": format!("secret-{i:08}-{}", "x".repeat(24)),
+                    }});
+                    let r = api
+                        .call("POST", "/v1/sessions", Some(OWNER), Some(&body))
+                        .await;
+                    r.json["session_id"].as_str().map(str::to_owned)
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .filter_map(|id| async move { id })
+            .collect()
+            .await;
+        let with_sessions = rss_kib(pid);
+        let live = live_count(&api).await;
+        println!(
+            "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a session \
+             ({} created in {:.1} s, {live} live)",
+            format!("{} sessions", ids.len()),
+            mib(with_sessions),
+            mib(with_sessions.saturating_sub(idle)),
+            per(with_sessions, idle, ids.len()),
+            ids.len(),
+            started.elapsed().as_secs_f64(),
+        );
+
+        let started = Instant::now();
+        let streams: Vec<EventStream> = futures::stream::iter(0..subscribers)
+            .map(|i| {
+                let api = api.clone();
+                let id = ids.get(i % ids.len().max(1)).cloned().unwrap_or_default();
+                async move {
+                    let path = format!("/v1/sessions/{id}/events");
+                    api.events(&path, Some(OWNER), None).await.1
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .filter_map(|s| async move { s })
+            .collect()
+            .await;
+        let with_subscribers = rss_kib(pid);
+        let live = live_count(&api).await;
+        println!(
+            "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a subscriber \
+             ({} opened in {:.1} s, {live} live)",
+            format!("+ {} subscribers", streams.len()),
+            mib(with_subscribers),
+            mib(with_subscribers.saturating_sub(with_sessions)),
+            per(with_subscribers, with_sessions, streams.len()),
+            streams.len(),
+            started.elapsed().as_secs_f64(),
+        );
+
+        drop(streams);
+        let started = Instant::now();
+        // A closed stream is noticed at its next keep-alive (15 s), a
+        // session at its TTL's next sweep.
+        let gone = wait_live(&api, 0, Duration::from_secs(600)).await;
+        let evicted = rss_kib(pid);
+        println!(
+            "{:34} {:8.1} MiB  {:+.1} MiB over idle ({:+.1} %; {} after {:.1} s)",
+            "evicted",
+            mib(evicted),
+            mib(evicted) - mib(idle),
+            (evicted as f64 - idle as f64) * 100.0 / idle as f64,
+            if gone {
+                "0 live".to_string()
+            } else {
+                format!("still {} live", live_count(&api).await)
+            },
+            started.elapsed().as_secs_f64(),
+        );
+        drop(sidecar);
+    });
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// KiB per item of the growth from `before` to `after`.
+fn per(after: u64, before: u64, items: usize) -> f64 {
+    after.saturating_sub(before) as f64 / items.max(1) as f64
+}
+
+/// Resident memory of a live process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `bindery_sessions_live` from the server's /metrics.
+async fn live_count(api: &Api) -> u64 {
+    let r = api.call("GET", "/metrics", None, None).await;
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix("bindery_sessions_live "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(u64::MAX, |v| v as u64)
+}
+
+/// Until the server has `want` live sessions; false if not within `limit`.
+async fn wait_live(api: &Api, want: u64, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if live_count(api).await == want {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// Every stream is an open file in both processes: say so up front when
+/// the limit (`ulimit -n`, which the server inherits) is too low.
+fn check_open_files(streams: usize) {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let soft: Option<u64> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok());
+    if let Some(soft) = soft.filter(|&s| s < streams as u64 + 200) {
+        println!(
+            "note: `ulimit -n` is {soft}: fewer than {streams} streams will open; \
+             raise it or lower MEMORY_SUBSCRIBERS"
+        );
+    }
+}
