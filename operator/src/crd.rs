@@ -67,6 +67,13 @@ pub struct AgentTenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
     pub live_session_ttl: Option<String>,
+    /// Keep at most this many sessions live (holding secret values in
+    /// memory) in each pod; past it, the least recently used idle session
+    /// forgets its secrets and answers 409 `params_required` until they are
+    /// supplied again. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_live_sessions: Option<i64>,
     /// Extra containers (the tenant's own tool services, reached on
     /// localhost), volumes, tolerations, node selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,6 +224,11 @@ pub struct AgentTenantStatus {
     pub replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
+    /// The limit of live sessions in each pod (`spec.maxLiveSessions`). How
+    /// many are live is each pod's `bindery_sessions_live` metric: the
+    /// operator does not scrape pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_live_sessions: Option<i64>,
 }
 
 /// How one declared parameter stands for this tenant.

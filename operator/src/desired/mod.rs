@@ -145,6 +145,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     let mut warnings = Vec::new();
     let mut status = AgentTenantStatus {
         observed_generation: generation,
+        max_live_sessions: tenant.spec.max_live_sessions,
         ..Default::default()
     };
 

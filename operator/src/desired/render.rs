@@ -320,6 +320,9 @@ pub fn render(
     if let Some(ttl) = &spec.live_session_ttl {
         args.extend(["--live-session-ttl".into(), ttl.clone()]);
     }
+    if let Some(n) = spec.max_live_sessions {
+        args.extend(["--max-live-sessions".into(), n.to_string()]);
+    }
     if let Some(t) = &spec.tools {
         volumes.push(Volume {
             name: "tools".into(),

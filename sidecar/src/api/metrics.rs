@@ -14,6 +14,8 @@
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
 //! | `bindery_sessions_live` | gauge | |
+//! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
+//! | `bindery_sessions_evicted_total` | counter | | (past `--max-live-sessions`)
 //! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
 
 use std::collections::BTreeMap;
@@ -116,6 +118,9 @@ pub struct Metrics {
     llm_error: AtomicU64,
     llm_duration: Histogram,
     sessions_live: AtomicU64,
+    /// `--max-live-sessions`, if given (0: none).
+    sessions_live_limit: AtomicU64,
+    sessions_evicted: AtomicU64,
     /// Route → status → count.
     http_requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
 }
@@ -130,6 +135,8 @@ impl Default for Metrics {
             llm_error: AtomicU64::new(0),
             llm_duration: Histogram::new(&LLM_DURATION_BUCKETS),
             sessions_live: AtomicU64::new(0),
+            sessions_live_limit: AtomicU64::new(0),
+            sessions_evicted: AtomicU64::new(0),
             http_requests: Mutex::default(),
         }
     }
@@ -178,6 +185,16 @@ impl Metrics {
     /// How many sessions are live right now.
     pub fn set_sessions_live(&self, n: u64) {
         self.sessions_live.store(n, Ordering::Relaxed);
+    }
+
+    /// At most this many sessions are live (`--max-live-sessions`).
+    pub fn set_sessions_live_limit(&self, n: u64) {
+        self.sessions_live_limit.store(n, Ordering::Relaxed);
+    }
+
+    /// A live session was evicted to stay within the limit.
+    pub fn session_evicted(&self) {
+        self.sessions_evicted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An HTTP request was answered. `route` is the route's pattern
@@ -285,6 +302,28 @@ impl Metrics {
             &[],
             load(&self.sessions_live),
         );
+        let limit = load(&self.sessions_live_limit);
+        if limit > 0 {
+            header(
+                &mut out,
+                "bindery_sessions_live_limit",
+                "gauge",
+                "At most this many sessions are live (--max-live-sessions).",
+            );
+            sample(&mut out, "bindery_sessions_live_limit", &[], limit);
+            header(
+                &mut out,
+                "bindery_sessions_evicted_total",
+                "counter",
+                "Live sessions evicted (their secret values forgotten) to stay within the limit.",
+            );
+            sample(
+                &mut out,
+                "bindery_sessions_evicted_total",
+                &[],
+                load(&self.sessions_evicted),
+            );
+        }
 
         header(
             &mut out,

@@ -113,6 +113,13 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", env = "BINDERY_LIVE_SESSION_TTL",
               value_parser = humantime::parse_duration)]
         live_session_ttl: Option<std::time::Duration>,
+        /// Keep at most this many sessions live (holding secret values in
+        /// memory): past it, the least recently used idle session forgets
+        /// its secrets and answers 409 params_required until they are
+        /// given again. Default: no limit.
+        #[arg(long, value_name = "N", env = "BINDERY_MAX_LIVE_SESSIONS",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        max_live_sessions: Option<u64>,
         /// Do not ask the model for streamed replies.
         #[arg(long)]
         no_stream: bool,

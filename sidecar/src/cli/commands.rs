@@ -101,6 +101,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             owner_token_file,
             tool_cache_ttl,
             live_session_ttl,
+            max_live_sessions,
             no_stream,
             runner_heartbeat,
             runner_lease,
@@ -115,6 +116,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
                 live_session_ttl,
+                max_live_sessions: max_live_sessions.map(|n| n as usize),
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,

@@ -207,6 +207,7 @@ pub struct ServeArgs<'a> {
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub live_session_ttl: Option<Duration>,
+    pub max_live_sessions: Option<usize>,
     pub stream: bool,
     pub lease: LeaseConfig,
 }
@@ -238,6 +239,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             lease: a.lease,
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
+            max_live_sessions: a.max_live_sessions,
         },
     );
     // Beat before the first run can start, then close the runs no live

@@ -5,6 +5,7 @@ pub mod clients;
 pub mod error;
 mod fanout;
 pub mod lease;
+mod lru;
 pub mod model;
 pub mod pending;
 pub mod runner;

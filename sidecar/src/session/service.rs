@@ -17,6 +17,7 @@ use super::error::ServiceError;
 use super::fanout::Fanout;
 pub use super::fanout::LiveEvent;
 use super::lease::{LeaseConfig, Liveness};
+use super::lru;
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
 use super::runner::{self, RunContext, RunEnd, RunSink};
@@ -56,6 +57,9 @@ pub struct ServiceConfig {
     /// Forget a session's secret values once it has been idle this long
     /// (`None`: keep them until the server stops).
     pub live_session_ttl: Option<Duration>,
+    /// At most this many live sessions: past it, the least recently used
+    /// idle one forgets its secrets (see [`super::lru`]). `None`: no limit.
+    pub max_live_sessions: Option<usize>,
 }
 
 impl Default for ServiceConfig {
@@ -67,6 +71,7 @@ impl Default for ServiceConfig {
             lease: LeaseConfig::default(),
             continuation_key: random_key(),
             live_session_ttl: None,
+            max_live_sessions: None,
         }
     }
 }
@@ -200,6 +205,9 @@ impl Service {
         metrics: Arc<Metrics>,
         cfg: ServiceConfig,
     ) -> Arc<Service> {
+        if let Some(limit) = cfg.max_live_sessions {
+            metrics.set_sessions_live_limit(limit as u64);
+        }
         Arc::new(Service {
             tree,
             clients,
@@ -235,21 +243,51 @@ impl Service {
 
     fn live(&self, id: &str) -> Arc<Live> {
         let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        let live = map
-            .entry(id.to_string())
-            .or_insert_with(|| {
-                Arc::new(Live {
-                    lock: tokio::sync::Mutex::new(()),
-                    secrets: Mutex::new(Values::new()),
-                    used: Mutex::new(std::time::Instant::now()),
-                    run: Mutex::new(None),
-                    events: Fanout::default(),
-                    elsewhere: watch::Sender::new(()),
-                })
-            })
-            .clone();
+        if let Some(live) = map.get(id) {
+            return live.clone();
+        }
+        let live = Arc::new(Live {
+            lock: tokio::sync::Mutex::new(()),
+            secrets: Mutex::new(Values::new()),
+            used: Mutex::new(std::time::Instant::now()),
+            run: Mutex::new(None),
+            events: Fanout::default(),
+            elsewhere: watch::Sender::new(()),
+        });
+        map.insert(id.to_string(), live.clone());
         self.metrics.set_sessions_live(map.len() as u64);
         live
+    }
+
+    /// Past `max_live_sessions`, drop the least recently used idle entries.
+    /// Their secret values go with them, as on a restart. Called when a
+    /// session takes secret values: a request that is refused or only
+    /// reads never pushes a session out.
+    fn evict_past_limit(&self) {
+        let Some(limit) = self.cfg.max_live_sessions else {
+            return;
+        };
+        // With the map locked, an entry only the map holds cannot be
+        // taken meanwhile.
+        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let excess = map.len().saturating_sub(limit);
+        if excess == 0 {
+            return;
+        }
+        let entries = map.iter().map(|(id, l)| lru::Entry {
+            key: id.clone(),
+            used: *l.used.lock().unwrap_or_else(|p| p.into_inner()),
+            // Held elsewhere: a request, a run or a stream is at work on it.
+            busy: Arc::strong_count(l) > 1
+                || l.run.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+                || !l.events.is_empty(),
+        });
+        for id in lru::victims(entries, excess) {
+            map.remove(&id);
+            self.metrics.session_evicted();
+            tracing::info!(session = %id, limit, "past --max-live-sessions: the least recently used session's secret values were forgotten");
+        }
+        self.metrics.set_sessions_live(map.len() as u64);
     }
 
     /// The live entry if there is one (reads never create one).
@@ -331,6 +369,7 @@ impl Service {
         };
         *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
         live.touch();
+        self.evict_past_limit();
     }
 
     /// Forget the secret values of every session idle for longer than
