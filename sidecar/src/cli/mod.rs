@@ -4,6 +4,7 @@ mod args;
 mod commands;
 mod serve;
 mod telemetry;
+mod trim;
 
 pub use args::Cli;
 pub use commands::main;

@@ -272,9 +272,17 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         let service = service.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
+            let mut live = service.live_count();
             loop {
                 tick.tick().await;
                 service.expire_secrets();
+                // Fewer sessions than at the last sweep: give back what
+                // they (and their streams) held.
+                let now = service.live_count();
+                if now < live {
+                    super::trim::release_freed_memory();
+                }
+                live = now;
             }
         });
     }

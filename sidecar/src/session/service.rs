@@ -290,6 +290,11 @@ impl Service {
         self.metrics.set_sessions_live(map.len() as u64);
     }
 
+    /// How many sessions are live (in memory) now.
+    pub fn live_count(&self) -> usize {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// The live entry if there is one (reads never create one).
     fn peek(&self, id: &str) -> Option<Arc<Live>> {
         self.live
