@@ -6,9 +6,10 @@
 //! subscriber a channel that grows only with what it has not read yet. A
 //! subscriber that falls [`BUFFER`] events behind is dropped: its stream
 //! ends, and it reconnects with `Last-Event-ID` (stored events are replayed
-//! from the store).
+//! from the store). An event is shared, not copied, by the subscribers
+//! that have not read it yet, and a queued slot is two words.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
@@ -20,8 +21,8 @@ pub const BUFFER: usize = 1024;
 /// An event as live subscribers get it.
 #[derive(Clone, Debug)]
 pub enum LiveEvent {
-    Stored(EventRecord),
-    Delta(String),
+    Stored(Arc<EventRecord>),
+    Delta(Arc<str>),
 }
 
 #[derive(Default)]
@@ -65,15 +66,15 @@ mod tests {
         let mut reading = fanout.subscribe();
         let mut stalled = fanout.subscribe();
         for i in 0..BUFFER {
-            fanout.send(LiveEvent::Delta(i.to_string()));
+            fanout.send(LiveEvent::Delta(i.to_string().into()));
             assert!(
-                matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if t == i.to_string())
+                matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if *t == *i.to_string())
             );
         }
         // `stalled` read nothing: one more and it is dropped, after what
         // it had buffered.
         fanout.send(LiveEvent::Delta("more".into()));
-        assert!(matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if t == "more"));
+        assert!(matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if &*t == "more"));
         let mut buffered = 0;
         while stalled.recv().await.is_some() {
             buffered += 1;

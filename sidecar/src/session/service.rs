@@ -1094,12 +1094,12 @@ impl Service {
                 let Some(live) = self.peek(id) else {
                     return; // nobody in memory, so nobody listening
                 };
-                live.events.send(LiveEvent::Stored(EventRecord {
+                live.events.send(LiveEvent::Stored(Arc::new(EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
                     at,
-                }));
+                })));
             }
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
         }
@@ -1175,7 +1175,8 @@ impl Service {
             match self.store.events_after(id, *last).await {
                 Ok(events) if !events.is_empty() => {
                     *last = events.last().map_or(*last, |e| e.seq);
-                    return Some(events.into_iter().map(LiveEvent::Stored).collect());
+                    let events = events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e)));
+                    return Some(events.collect());
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -1485,7 +1486,7 @@ impl RunSink for SessionSink<'_> {
 
     fn delta(&self, text: &str) {
         if let Some(live) = self.service.peek(self.id) {
-            live.events.send(LiveEvent::Delta(text.to_string()));
+            live.events.send(LiveEvent::Delta(text.into()));
         }
     }
 }
