@@ -61,15 +61,7 @@ async fn idle_sessions_forget_their_secrets() {
     );
     assert_eq!(w.mock.request_count(), before, "no run started");
 
-    let r = api
-        .call(
-            "PUT",
-            &format!("/v1/sessions/{id}/params"),
-            Some(OWNER),
-            Some(&json!({"params": {"billing_token": CANARY}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    give_token(&api, &id).await;
     let r = message("again").await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
@@ -94,13 +86,6 @@ async fn give_token(api: &Api, id: &str) {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-}
-
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l[series.len()..].trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

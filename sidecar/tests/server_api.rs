@@ -823,14 +823,6 @@ async fn every_documented_route_is_served() {
     assert_eq!(w.mock.request_count(), 0);
 }
 
-/// The value of the sample line that starts with `series` (name and labels).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l[series.len()..].trim().parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_after_one_run() {
     let w = World::new(tool_then_answer).await;

@@ -304,3 +304,11 @@ pub fn raw_files(dir: &Path, prefix: &str) -> Vec<u8> {
 pub fn contains(hay: &[u8], needle: &str) -> bool {
     hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
+
+/// The value of the sample line that starts with `series` (name and labels).
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l[series.len()..].trim().parse().ok())
+}
