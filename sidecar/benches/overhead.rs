@@ -219,6 +219,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         conversation_id: "bench".into(),
         turn_id: "bench".into(),
         agent_id: agent.name.clone(),
+        session_json: None,
     };
     let bound_call = || async {
         let t = Instant::now();

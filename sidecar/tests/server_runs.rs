@@ -182,3 +182,67 @@ async fn run_prints_the_answer() {
         "{stderr}"
     );
 }
+
+/// A toolbox with `bash_session-dump`, which prints `AGENT_SESSION_JSON`
+/// and takes the secret `billing_token` as an env-mode argument.
+fn session_dump_toolbox(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = dir.join("dump-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("session-dump");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  echo '{"slug": "session-dump", "description": "Prints the session.", "args": [{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]}'
+  exit 0
+fi
+printf '%s' "${AGENT_SESSION_JSON:-none}"
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: token, value: {{param: billing_token}}}}\n",
+        tools.display()
+    )
+}
+
+/// Bash tools get the conversation so far as `AGENT_SESSION_JSON`, as in
+/// agents-exe: the session's id, agent and turns as the model made them,
+/// never a bound or secret value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_tools_get_the_session_as_json_without_secrets() {
+    let script = |req: &serde_json::Value| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        match last["role"].as_str() {
+            Some("tool") => bindery_tests::mock_llm::MockReply::text("done"),
+            _ => bindery_tests::mock_llm::MockReply::tool_call("bash_session-dump", json!({})),
+        }
+    };
+    let w = World::with_toolboxes(script, session_dump_toolbox).await;
+    let (_sidecar, api) = w.start(&[], &[]);
+    let created = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "params": valid_params(), "prompt": "dump the session"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let turns = created.json["session"]["turns"].as_array().unwrap();
+    let dumped = turns[2]["content"].as_str().unwrap();
+    assert!(!dumped.contains(CANARY), "{dumped}");
+    let session: serde_json::Value = serde_json::from_str(dumped).expect(dumped);
+    assert_eq!(session["session_id"], id.as_str());
+    assert_eq!(session["agent"], "invoices");
+    // The question and the model's call, as the history holds them.
+    assert_eq!(session["turns"][0]["content"], "dump the session");
+    assert_eq!(
+        session["turns"][1]["tool_calls"][0]["function"]["name"],
+        "bash_session-dump"
+    );
+    assert_eq!(session["turns"].as_array().unwrap().len(), 2);
+}

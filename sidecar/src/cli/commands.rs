@@ -164,6 +164,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 conversation_id: id.clone(),
                 turn_id: id,
                 agent_id: agent.name.clone(),
+                session_json: None,
             };
             // The same span as a call in a run, so that a trace of a
             // `tool-call` looks like one step of a session.

@@ -95,6 +95,7 @@ pub async fn run(
             conversation_id: id,
             turn_id: String::new(),
             agent_id: agent.name.clone(),
+            session_json: None,
         },
         cache: None,
         metrics: &metrics,

@@ -224,7 +224,7 @@ async fn dispatch_inner(
             return Ok(hit);
         }
     }
-    let mut call_ctx = ctx.call.clone();
+    let mut call_ctx = ctx.call.clone().with_session(history);
     call_ctx.turn_id = call.id.clone();
     let out = tool.call(args, ctx.values, &call_ctx).await?;
     if let (Some(cache), Some(key)) = (ctx.cache, key) {

@@ -756,6 +756,7 @@ impl Service {
                 conversation_id: id.to_string(),
                 turn_id: String::new(),
                 agent_id: agent.name.clone(),
+                session_json: None,
             },
             cache: self.cache.as_ref(),
             metrics: &self.metrics,
