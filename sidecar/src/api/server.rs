@@ -279,6 +279,7 @@ async fn create(
                 seal: b.seal,
                 session_token: b.session_token,
                 fork,
+                owner: None,
             },
         )
         .await?;

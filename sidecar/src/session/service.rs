@@ -90,6 +90,8 @@ pub struct CreateSession {
     pub seal: bool,
     pub session_token: bool,
     pub fork: Option<String>,
+    /// Who asks, as the session view's `owner` shows it (default `owner`).
+    pub owner: Option<String>,
 }
 
 /// A session that was just created or forked.
@@ -385,6 +387,7 @@ impl Service {
             security: super::model::Security {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
+                owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
             },
             forked_from: req.fork.clone(),
             runner: None,
