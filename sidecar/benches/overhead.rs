@@ -204,6 +204,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         process,
         api_keys: ApiKeys::default(),
         limits: Limits::default(),
+        skip_broken_scripts: false,
     };
     let tree = tree::load(
         &AgentSources::Files(vec![example.join("agent.yaml")]),

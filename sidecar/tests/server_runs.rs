@@ -246,3 +246,70 @@ async fn bash_tools_get_the_session_as_json_without_secrets() {
     );
     assert_eq!(session["turns"].as_array().unwrap().len(), 2);
 }
+
+/// A toolbox directory holding one tool that works (`bash_session-dump`)
+/// and the two broken fixtures: one exits non-zero on `describe`, one
+/// prints something that is not a description.
+fn half_broken_toolbox(dir: &std::path::Path) -> String {
+    let tools = dir.join("dump-tools");
+    session_dump_toolbox(dir);
+    let broken =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/broken-tools");
+    for name in ["fails", "bad-json"] {
+        std::os::unix::fs::symlink(broken.join(name), tools.join(name)).unwrap();
+    }
+    format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
+}
+
+/// A script that cannot describe itself: `serve` leaves its tool out with
+/// a warning naming the file (agents-exe's behaviour) and serves the rest;
+/// `check` fails on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_skips_a_broken_script_and_check_refuses_it() {
+    let w = World::with_toolboxes(tool_then_answer, half_broken_toolbox).await;
+    let (sidecar, api) = w.start(&[], &[]);
+    let r = api
+        .call("GET", "/v1/agents/invoices", Some(OWNER), None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["tools"],
+        json!(["bash_query-invoices", "bash_session-dump"]),
+        "{}",
+        r.text
+    );
+    let logs = sidecar.logs();
+    for name in ["fails", "bad-json"] {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(&format!("dump-tools/{name}")))
+            .unwrap_or_else(|| panic!("no warning names {name}:\n{logs}"));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("left out"), "{line}");
+    }
+    // The session API works with the tools that loaded.
+    let created = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "params": valid_params(), "prompt": "overdue?"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    assert_eq!(created.json["status"], "idle", "{}", created.text);
+
+    let out = std::process::Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(&w.agent)
+        .args(["--set", "tenant=acme"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("dump-tools/fails"), "{text}");
+    assert!(text.contains("dump-tools/bad-json"), "{text}");
+}

@@ -188,7 +188,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
 }
 
 async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
-    let result = load_tree(agents).await;
+    let result = load_tree(agents, false).await;
     match (result, output) {
         (Ok(tree), Output::Text) => {
             for name in tree.agents.keys() {
@@ -289,15 +289,26 @@ impl From<Failure> for String {
 }
 
 pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
-    let tree = load_tree(agents).await?;
+    load_with(agents, false).await
+}
+
+/// [`load`] for the commands that run agents (`serve`, `run`): a broken
+/// tool script is skipped with a warning naming it, as agents-exe does.
+pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, String> {
+    load_with(agents, true).await
+}
+
+async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, String> {
+    let tree = load_tree(agents, skip_broken_scripts).await?;
     for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
         tracing::warn!("{}", w.message);
     }
     Ok(tree)
 }
 
-async fn load_tree(agents: &AgentArgs) -> Result<AgentTree, Failure> {
-    let opts = load_options(agents).map_err(Failure::Other)?;
+async fn load_tree(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, Failure> {
+    let mut opts = load_options(agents).map_err(Failure::Other)?;
+    opts.skip_broken_scripts = skip_broken_scripts;
     let sources = match &agents.agents_dir {
         Some(dir) => AgentSources::Dir(dir.clone()),
         None => AgentSources::Files(agents.agent_files.clone()),
@@ -334,5 +345,6 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
             max_output: agents.tool_max_output,
             ..Limits::default()
         },
+        skip_broken_scripts: false,
     })
 }

@@ -26,6 +26,10 @@ pub struct LoadOptions {
     pub process: ProcessValues,
     pub api_keys: ApiKeys,
     pub limits: Limits,
+    /// A script that cannot describe itself is skipped with a warning
+    /// naming it (as agents-exe does) instead of failing the load: for
+    /// `serve` and `run`; `check` stays strict.
+    pub skip_broken_scripts: bool,
 }
 
 /// Where the agents are.
@@ -391,6 +395,18 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     (agent, diags)
 }
 
+/// A script that failed to describe itself: an error, or with
+/// `skip_broken_scripts` a warning saying the tool is left out.
+fn broken_script(place: &str, e: String, opts: &LoadOptions) -> Diagnostic {
+    if opts.skip_broken_scripts {
+        Diagnostic::warning(format!(
+            "{place}: {e}; its tool is left out (`check` fails on this)"
+        ))
+    } else {
+        Diagnostic::error(format!("{place}: {e}"))
+    }
+}
+
 /// Load toolbox `i` of agent `p`, appending its tools (bound by the
 /// toolbox's own bindings) to `tools`.
 #[allow(clippy::too_many_arguments)]
@@ -437,9 +453,10 @@ async fn load_toolbox(
             bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits).await
         }
         (None, Some(script)) if b.basename_filter.is_none() => {
-            bash::load_script(&base.join(script), opts.limits)
-                .await
-                .map(|t| (vec![t], Vec::new()))
+            match bash::load_script(&base.join(script), opts.limits).await {
+                Ok(t) => Ok((vec![t], Vec::new())),
+                Err(e) => Ok((Vec::new(), vec![e])),
+            }
         }
         // A malformed toolbox is reported by `spec::checks`.
         _ => return,
@@ -452,11 +469,7 @@ async fn load_toolbox(
             return;
         }
     };
-    diags.extend(
-        errors
-            .into_iter()
-            .map(|e| Diagnostic::error(format!("{place}: {e}"))),
-    );
+    diags.extend(errors.into_iter().map(|e| broken_script(&place, e, opts)));
     let mut bound: Vec<BoundTool> = found
         .into_iter()
         .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
