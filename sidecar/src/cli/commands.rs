@@ -6,6 +6,7 @@ use clap::Parser;
 use tracing::Instrument;
 
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
+use super::check_tools::{self, ToolsMode};
 use super::telemetry::Telemetry;
 use crate::bindings::Level;
 use crate::params::{ApiKeys, ProcessValues};
@@ -84,7 +85,18 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
 
 async fn run(command: Command) -> Result<ExitCode, String> {
     match command {
-        Command::Check { agents, output } => check(&agents, output).await,
+        Command::Check {
+            agents,
+            output,
+            tools,
+        } => check(&agents, output, tools).await,
+        Command::ReplayToolCall {
+            session,
+            tool_call,
+            tool,
+            validate_only,
+            raw,
+        } => super::replay::replay(&session, tool_call, &tool, validate_only, raw).await,
         Command::Run {
             agents,
             model,
@@ -187,12 +199,20 @@ async fn run(command: Command) -> Result<ExitCode, String> {
     }
 }
 
-async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
+async fn check(
+    agents: &AgentArgs,
+    output: Output,
+    tools_mode: Option<ToolsMode>,
+) -> Result<ExitCode, String> {
     let result = load_tree(agents, false).await;
     match (result, output) {
         (Ok(tree), Output::Text) => {
             for name in tree.agents.keys() {
                 print!("{}", render_text(&agent_report(&tree.agents[name])));
+                if let Some(mode) = tools_mode {
+                    let defs = check_tools::definitions(&tree.agents[name], &tree);
+                    print!("{}", check_tools::render(mode, &defs));
+                }
             }
             for w in &tree.warnings {
                 println!("{w}");
@@ -208,12 +228,22 @@ async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
         }
         (Ok(tree), Output::Json) => {
             let reports: Vec<_> = tree.agents.values().map(|a| agent_report(a)).collect();
-            println!(
-                "{}",
-                to_json(
-                    &serde_json::json!({"ok": true, "agents": reports, "diagnostics": tree.warnings})
-                )
-            );
+            let mut doc =
+                serde_json::json!({"ok": true, "agents": reports, "diagnostics": tree.warnings});
+            if tools_mode.is_some() {
+                // For machines, one rendering: the request's `tools` array, by agent.
+                let tools: serde_json::Map<String, serde_json::Value> = tree
+                    .agents
+                    .values()
+                    .map(|a| {
+                        let defs = check_tools::definitions(a, &tree);
+                        let views = defs.iter().map(check_tools::openai_view).collect();
+                        (a.name.clone(), serde_json::Value::Array(views))
+                    })
+                    .collect();
+                doc["tools"] = serde_json::Value::Object(tools);
+            }
+            println!("{}", to_json(&doc));
             Ok(ExitCode::SUCCESS)
         }
         (Err(e), Output::Text) => Err(e.into()),

@@ -1,7 +1,9 @@
 //! The `bindery-sidecar` command line.
 
 mod args;
+mod check_tools;
 mod commands;
+mod replay;
 mod serve;
 mod telemetry;
 
