@@ -313,3 +313,130 @@ async fn serve_skips_a_broken_script_and_check_refuses_it() {
     assert!(text.contains("dump-tools/fails"), "{text}");
     assert!(text.contains("dump-tools/bad-json"), "{text}");
 }
+
+/// The binary as a bash tool (`as-tool`): a parent agent's tools directory
+/// holds a wrapper that serves the invoices agent through the describe/run
+/// protocol; the parent binds the child's tenant and secret token, which
+/// reaches the child in env mode only, and the child's answer is the tool's
+/// result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_an_agent_as_a_bash_tool() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new(tool_then_answer).await;
+    let tools = w.dir.path().join("parent-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let wrapper = tools.join("invoices");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec '{}' as-tool --agent-file '{}' \"$@\"\n",
+            bin(),
+            w.agent.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // The protocol's describe, as any runtime calls it.
+    let out = std::process::Command::new(&wrapper)
+        .arg("describe")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["slug"], "invoices");
+    assert_eq!(
+        d["description"],
+        "answers questions about one tenant's invoices"
+    );
+    let args: Vec<(String, String, String)> = d["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let s = |k: &str| a[k].as_str().unwrap().to_string();
+            (s("name"), s("mode"), s("arity"))
+        })
+        .collect();
+    let arg = |n: &str, m: &str, a: &str| (n.to_string(), m.to_string(), a.to_string());
+    assert_eq!(
+        args,
+        [
+            arg("prompt", "dashdashspace", "single"),
+            arg("tenant", "dashdashspace", "single"),
+            arg("billing_token", "env", "single"),
+            arg("otp", "env", "optional"),
+        ]
+    );
+
+    let parent = w.dir.path().join("parent.yaml");
+    std::fs::write(
+        &parent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: desk}}
+spec:
+  model: {{url: "http://127.0.0.1:9/v1", name: unused}}
+  parameters:
+    - {{name: customer, scope: session}}
+    - {{name: billing, secret: true}}
+  toolboxes:
+    - bash:
+        directory: "{}"
+        bindings:
+          - {{arg: tenant, value: {{param: customer}}}}
+          - {{arg: billing_token, value: {{param: billing}}}}
+"#,
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let parent_arg = parent.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(bin())
+            .args([
+                "tool-call",
+                "--agent-file",
+                &parent_arg,
+                "--set",
+                "customer=acme-corp",
+            ])
+            .args([
+                "--tool",
+                "bash_invoices",
+                "--args",
+                r#"{"prompt": "which are overdue?"}"#,
+            ])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("BINDERY_PARAM_BILLING", CANARY)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("answer: 2026-10-01\tINV-1002\t850.50 EUR\toverdue"),
+        "the child agent's answer for the bound tenant: {stdout}"
+    );
+    assert!(
+        !stdout.contains(CANARY) && !stderr.contains(CANARY),
+        "{stderr}"
+    );
+    // The child's model saw the question, and neither the tenant nor the token.
+    let reqs = w.mock.requests();
+    assert_eq!(reqs.len(), 2, "one tool call, one answer");
+    for r in reqs {
+        let text = r.to_string();
+        assert!(text.contains("which are overdue?"));
+        assert!(!text.contains(CANARY) && !text.contains("acme-corp"));
+    }
+}

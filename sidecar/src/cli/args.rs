@@ -90,6 +90,23 @@ pub enum Command {
         #[arg(long)]
         prompt: String,
     },
+    /// Serve one agent as a bash tool of another runtime: `as-tool
+    /// --agent-file F describe` prints its description, `as-tool
+    /// --agent-file F run --prompt TEXT [--NAME VALUE…]` runs it once.
+    AsTool {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// `describe`, or `run` and its arguments.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "describe|run …"
+        )]
+        protocol: Vec<String>,
+    },
     /// Serve the HTTP session API.
     Serve {
         #[command(flatten)]

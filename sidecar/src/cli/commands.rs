@@ -90,6 +90,11 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             output,
             tools,
         } => check(&agents, output, tools).await,
+        Command::AsTool {
+            agents,
+            model,
+            protocol,
+        } => super::as_tool::main(agents, model, protocol).await,
         Command::ReplayToolCall {
             session,
             tool_call,

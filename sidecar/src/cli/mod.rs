@@ -1,6 +1,7 @@
 //! The `bindery-sidecar` command line.
 
 mod args;
+mod as_tool;
 mod check_tools;
 mod commands;
 mod replay;
