@@ -107,6 +107,14 @@ pub enum Command {
         )]
         protocol: Vec<String>,
     },
+    /// Talk to a running server's session API: start (or fork) a session,
+    /// send a message, follow events, list and show sessions.
+    Session {
+        #[command(flatten)]
+        server: super::session_client::ServerArgs,
+        #[command(subcommand)]
+        command: super::session_client::SessionCommand,
+    },
     /// Serve the HTTP session API.
     Serve {
         #[command(flatten)]

@@ -90,6 +90,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             output,
             tools,
         } => check(&agents, output, tools).await,
+        Command::Session { server, command } => super::session_client::main(server, command).await,
         Command::AsTool {
             agents,
             model,

@@ -6,6 +6,7 @@ mod check_tools;
 mod commands;
 mod replay;
 mod serve;
+mod session_client;
 mod telemetry;
 
 pub use args::Cli;
