@@ -753,3 +753,110 @@ fn replay_tool_call_runs_a_saved_call_again() {
         out.stderr
     );
 }
+
+/// Builtin toolboxes: `io_<name>`, its `capability` bound like any
+/// argument; agents-exe's `SystemToolbox` loads as one.
+#[test]
+fn builtin_toolboxes_answer_through_their_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("sys.yaml");
+    std::fs::write(
+        &agent,
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {name: sys}
+spec:
+  model: {url: "http://127.0.0.1:9/v1", name: m}
+  toolboxes:
+    - builtin: {name: system, capabilities: [date, hostname]}
+    - builtin:
+        name: clock
+        capabilities: [date]
+        bindings: [{arg: capability, value: {literal: date}}]
+"#,
+    )
+    .unwrap();
+    let agent = agent.display().to_string();
+    let out = run(bin().args(["describe", "--agent-file", &agent]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let tools: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let schema = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .unwrap()["function"]["parameters"]
+            .clone()
+    };
+    assert_eq!(
+        schema("io_system")["properties"]["capability"]["enum"],
+        serde_json::json!(["date", "hostname"])
+    );
+    assert_eq!(
+        schema("io_clock")["properties"],
+        serde_json::json!({}),
+        "the bound capability is hidden"
+    );
+
+    let call = |tool: &str, args: &str| {
+        run(bin().args([
+            "tool-call",
+            "--agent-file",
+            &agent,
+            "--tool",
+            tool,
+            "--args",
+            args,
+        ]))
+    };
+    let out = call("io_system", r#"{"capability": "hostname"}"#);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(v["capability"], "hostname");
+    assert_eq!(v["data"]["hostname"], host.trim());
+    let out = call("io_clock", "{}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["capability"], "date");
+    assert!(v["data"]["utc"].as_str().unwrap().ends_with('Z'), "{v}");
+    let out = call("io_system", r#"{"capability": "uptime"}"#);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stdout.contains("not enabled here") || out.stderr.contains("not enabled here"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // agents-exe's form, and a capability Bindery refuses.
+    let exe = dir.path().join("sys.json");
+    let write = |caps: &str| {
+        std::fs::write(
+            &exe,
+            format!(r#"{{"tag": "OpenAIAgentDescription", "contents": {{"slug": "sys", "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m",
+                "builtinToolboxes": [{{"tag": "SystemToolbox", "contents": {{"name": "system", "description": "System context", "capabilities": {caps}, "envVarFilter": null}}}}]}}}}"#),
+        )
+        .unwrap();
+    };
+    write(r#"["date"]"#);
+    let out = run(bin()
+        .args(["check", "--agent-file"])
+        .arg(&exe)
+        .arg("--tools=list"));
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("- **io_system**: System context"),
+        "{}",
+        out.stdout
+    );
+    write(r#"["env-vars"]"#);
+    let out = run(bin().args(["check", "--agent-file"]).arg(&exe));
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("capability `env-vars`: it would show the model the sidecar's environment"),
+        "{}",
+        out.stderr
+    );
+}

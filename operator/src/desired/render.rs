@@ -63,7 +63,7 @@ fn agent_file(agent: &TreeAgent<'_>) -> String {
                 }
                 continue;
             }
-            Toolbox::Openapi(_) => continue,
+            Toolbox::Openapi(_) | Toolbox::Postgrest(_) | Toolbox::Builtin(_) => continue,
         };
         if b.directory.is_some() {
             b.directory = Some(TOOLS_DIR.to_string());

@@ -7,6 +7,7 @@
 //! [`crate::bindings`]).
 
 pub mod bash;
+pub mod builtin;
 pub mod cache;
 #[cfg(feature = "server")]
 pub mod helpers;

@@ -430,9 +430,44 @@ async fn load_toolbox(
                 .await;
             return;
         }
+        Toolbox::Builtin(bt) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let tool = crate::tools::builtin::SystemTool::new(bt);
+            let mut bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
+            check_names(&bound, tools, &place, "the toolbox `name`", diags);
+            apply_bindings(
+                &mut bound,
+                &bt.bindings,
+                BindingLayer::Toolbox,
+                &p.spec.parameters,
+                &place,
+                diags,
+            );
+            tools.extend(bound);
+            return;
+        }
+        Toolbox::Postgrest(pg) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let o = pg.as_openapi();
+            if let Some(mut bound) =
+                load_openapi(&o, Some(pg), base, p, params, opts, &place, diags).await
+            {
+                check_names(&bound, tools, &place, "the table", diags);
+                apply_bindings(
+                    &mut bound,
+                    &pg.bindings,
+                    BindingLayer::Toolbox,
+                    &p.spec.parameters,
+                    &place,
+                    diags,
+                );
+                tools.extend(bound);
+            }
+            return;
+        }
         Toolbox::Openapi(o) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            if let Some(bound) = load_openapi(o, base, p, params, opts, &place, diags).await {
+            if let Some(bound) = load_openapi(o, None, base, p, params, opts, &place, diags).await {
                 check_names(&bound, tools, &place, "operationId", diags);
                 let mut bound = bound;
                 apply_bindings(
@@ -702,8 +737,10 @@ fn check_names(
 
 /// An OpenAPI toolbox's tools, or `None` with the problem reported.
 #[cfg(feature = "server")]
+#[allow(clippy::too_many_arguments)]
 async fn load_openapi(
     o: &crate::spec::OpenApiToolbox,
+    postgrest: Option<&crate::spec::PostgrestToolbox>,
     base: &Path,
     p: &Pending,
     params: &AgentParams,
@@ -711,9 +748,20 @@ async fn load_openapi(
     place: &str,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Vec<BoundTool>> {
+    use crate::tools::openapi;
     // Values known at load (process values and defaults) may fetch the spec.
     let values = params.snapshot(&Values::new(), &Values::new());
-    match crate::tools::openapi::load(o, base, &p.spec.parameters, &values, &opts.api_keys).await {
+    let (decls, keys) = (&p.spec.parameters, &opts.api_keys);
+    let loaded = match postgrest {
+        Some(pg) => {
+            let read = |doc: &serde_json::Value| {
+                openapi::postgrest::operations(doc, &pg.name, &pg.allowed_methods)
+            };
+            openapi::load_with(o, base, decls, &values, keys, read).await
+        }
+        None => openapi::load(o, base, decls, &values, keys).await,
+    };
+    match loaded {
         Ok((tools, warnings)) => {
             diags.extend(
                 warnings
@@ -730,8 +778,10 @@ async fn load_openapi(
 }
 
 #[cfg(not(feature = "server"))]
+#[allow(clippy::too_many_arguments)]
 async fn load_openapi(
     _: &crate::spec::OpenApiToolbox,
+    _: Option<&crate::spec::PostgrestToolbox>,
     _: &Path,
     _: &Pending,
     _: &AgentParams,
