@@ -236,12 +236,23 @@ async fn root(State(s): State<Arc<Shared>>) -> Response {
     axum::Json(document(&s)).into_response()
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
+/// A PostgREST error answer.
+struct Refusal {
+    status: StatusCode,
+    body: Value,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body)).into_response()
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Refusal {
+    Refusal {
         status,
-        axum::Json(json!({"code": code, "message": message.into(), "details": null, "hint": null})),
-    )
-        .into_response()
+        body: json!({"code": code, "message": message.into(), "details": null, "hint": null}),
+    }
 }
 
 /// SQL built from a request: text and its parameters (all sent as text).
@@ -268,7 +279,7 @@ fn filters(
     cols: &[Column],
     pairs: &[(String, String)],
     sql: &mut Sql,
-) -> Result<String, Response> {
+) -> Result<String, Refusal> {
     let mut conds = Vec::new();
     for (k, v) in pairs {
         if ["select", "order", "limit", "offset"].contains(&k.as_str()) {
@@ -347,7 +358,7 @@ fn filters(
     })
 }
 
-fn known<'a>(cols: &[Column], name: &'a str) -> Result<&'a str, Response> {
+fn known<'a>(cols: &[Column], name: &'a str) -> Result<&'a str, Refusal> {
     if cols.iter().any(|c| c.name == name) {
         Ok(name)
     } else {
@@ -404,14 +415,16 @@ async fn table(
             StatusCode::UNAUTHORIZED,
             "PGRST301",
             "JWT invalid or missing",
-        );
+        )
+        .into_response();
     }
     let Some(cols) = s.tables.get(&table) else {
         return error(
             StatusCode::NOT_FOUND,
             "42P01",
             format!("relation \"public.{table}\" does not exist"),
-        );
+        )
+        .into_response();
     };
     match run(&s, &table, cols, &method, &pairs, &body).await {
         Ok(rows) => {
@@ -431,7 +444,7 @@ async fn table(
                 StatusCode::NO_CONTENT.into_response()
             }
         }
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -442,11 +455,11 @@ async fn run(
     method: &Method,
     pairs: &[(String, String)],
     body: &[u8],
-) -> Result<String, Response> {
+) -> Result<String, Refusal> {
     let mut sql = Sql::default();
     let t = quote(table);
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let body_json = || -> Result<Value, Response> {
+    let body_json = || -> Result<Value, Refusal> {
         serde_json::from_slice(body).map_err(|e| {
             error(
                 StatusCode::BAD_REQUEST,

@@ -107,6 +107,35 @@ pub fn parse_run(
     Ok((prompt, values))
 }
 
+/// `as-tool … describe` or `as-tool … run --prompt TEXT [--NAME VALUE…]`.
+pub async fn main(
+    mut agents: super::args::AgentArgs,
+    model: super::args::ModelArgs,
+    protocol: Vec<String>,
+) -> Result<std::process::ExitCode, String> {
+    let tree = super::commands::load_lenient(&agents).await?;
+    let agent = tree.pick(agents.agent.as_deref())?;
+    let params = open_params(agent.params.statuses());
+    match protocol.split_first() {
+        Some((cmd, [])) if cmd == "describe" => {
+            let d = describe(&agent.name, agent.spec.announce.as_deref(), &params);
+            println!("{d}");
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Some((cmd, rest)) if cmd == "run" => {
+            let (prompt, values) =
+                parse_run(rest, &params, |k| std::env::var(k).ok()).map_err(|e| format!("error: {e}"))?;
+            // Client-supplied values, as the operator's --set would give them.
+            agents.agent = Some(agent.name.clone());
+            agents
+                .set
+                .extend(values.into_iter().map(|(k, v)| format!("{k}={v}")));
+            super::serve::run(&agents, &model, prompt).await
+        }
+        _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,34 +204,5 @@ mod tests {
         assert!(parse_run(&argv, &params(), |_| None)
             .unwrap_err()
             .contains("unknown argument --billing_token"));
-    }
-}
-
-/// `as-tool … describe` or `as-tool … run --prompt TEXT [--NAME VALUE…]`.
-pub async fn main(
-    mut agents: super::args::AgentArgs,
-    model: super::args::ModelArgs,
-    protocol: Vec<String>,
-) -> Result<std::process::ExitCode, String> {
-    let tree = super::commands::load_lenient(&agents).await?;
-    let agent = tree.pick(agents.agent.as_deref())?;
-    let params = open_params(agent.params.statuses());
-    match protocol.split_first() {
-        Some((cmd, [])) if cmd == "describe" => {
-            let d = describe(&agent.name, agent.spec.announce.as_deref(), &params);
-            println!("{d}");
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Some((cmd, rest)) if cmd == "run" => {
-            let (prompt, values) =
-                parse_run(rest, &params, |k| std::env::var(k).ok()).map_err(|e| format!("error: {e}"))?;
-            // Client-supplied values, as the operator's --set would give them.
-            agents.agent = Some(agent.name.clone());
-            agents
-                .set
-                .extend(values.into_iter().map(|(k, v)| format!("{k}={v}")));
-            super::serve::run(&agents, &model, prompt).await
-        }
-        _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol)".into()),
     }
 }
