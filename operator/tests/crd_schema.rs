@@ -704,17 +704,20 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// Where free-form JSON is meant: the literal value of a binding, the
 /// `value` source of a default (and of the model's API key, the same type),
 /// an MCP server's `env` and `headers` literals, and a tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 11] = [
+const FREE_FORM: [(&str, &str); 14] = [
     ("Agent", "spec.bindings[].value.literal"),
     ("Agent", "spec.helpers[].with{}.literal"),
     ("Agent", "spec.model.apiKey.value"),
     ("Agent", "spec.parameters[].default.value"),
     ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),
+    ("Agent", "spec.toolboxes[].builtin.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].mcp.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].mcp.env{}.literal"),
     ("Agent", "spec.toolboxes[].mcp.headers{}.literal"),
     ("Agent", "spec.toolboxes[].openapi.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].openapi.secrets[].source.value"),
+    ("Agent", "spec.toolboxes[].postgrest.bindings[].value.literal"),
+    ("Agent", "spec.toolboxes[].postgrest.secrets[].source.value"),
     ("AgentTenant", "spec.parameters[].value"),
 ];
 
