@@ -716,7 +716,10 @@ const FREE_FORM: [(&str, &str); 14] = [
     ("Agent", "spec.toolboxes[].mcp.headers{}.literal"),
     ("Agent", "spec.toolboxes[].openapi.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].openapi.secrets[].source.value"),
-    ("Agent", "spec.toolboxes[].postgrest.bindings[].value.literal"),
+    (
+        "Agent",
+        "spec.toolboxes[].postgrest.bindings[].value.literal",
+    ),
     ("Agent", "spec.toolboxes[].postgrest.secrets[].source.value"),
     ("AgentTenant", "spec.parameters[].value"),
 ];

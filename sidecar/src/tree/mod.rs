@@ -433,52 +433,39 @@ async fn load_toolbox(
         Toolbox::Builtin(bt) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
             let tool = crate::tools::builtin::SystemTool::new(bt);
-            let mut bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
-            check_names(&bound, tools, &place, "the toolbox `name`", diags);
-            apply_bindings(
-                &mut bound,
-                &bt.bindings,
-                BindingLayer::Toolbox,
-                &p.spec.parameters,
-                &place,
-                diags,
-            );
-            tools.extend(bound);
+            let bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
+            let added = Added {
+                what: "the toolbox `name`",
+                bindings: &bt.bindings,
+                place: &place,
+            };
+            added.add(bound, p, tools, diags);
             return;
         }
         Toolbox::Postgrest(pg) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
             let o = pg.as_openapi();
-            if let Some(mut bound) =
+            if let Some(bound) =
                 load_openapi(&o, Some(pg), base, p, params, opts, &place, diags).await
             {
-                check_names(&bound, tools, &place, "the table", diags);
-                apply_bindings(
-                    &mut bound,
-                    &pg.bindings,
-                    BindingLayer::Toolbox,
-                    &p.spec.parameters,
-                    &place,
-                    diags,
-                );
-                tools.extend(bound);
+                let added = Added {
+                    what: "the table",
+                    bindings: &pg.bindings,
+                    place: &place,
+                };
+                added.add(bound, p, tools, diags);
             }
             return;
         }
         Toolbox::Openapi(o) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
             if let Some(bound) = load_openapi(o, None, base, p, params, opts, &place, diags).await {
-                check_names(&bound, tools, &place, "operationId", diags);
-                let mut bound = bound;
-                apply_bindings(
-                    &mut bound,
-                    &o.bindings,
-                    BindingLayer::Toolbox,
-                    &p.spec.parameters,
-                    &place,
-                    diags,
-                );
-                tools.extend(bound);
+                let added = Added {
+                    what: "operationId",
+                    bindings: &o.bindings,
+                    place: &place,
+                };
+                added.add(bound, p, tools, diags);
             }
             return;
         }
@@ -505,20 +492,46 @@ async fn load_toolbox(
         }
     };
     diags.extend(errors.into_iter().map(|e| broken_script(&place, e, opts)));
-    let mut bound: Vec<BoundTool> = found
+    let bound: Vec<BoundTool> = found
         .into_iter()
         .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
         .collect();
-    check_names(&bound, tools, &place, "the script's slug", diags);
-    apply_bindings(
-        &mut bound,
-        &b.bindings,
-        BindingLayer::Toolbox,
-        &p.spec.parameters,
-        &place,
-        diags,
-    );
-    tools.extend(bound);
+    let added = Added {
+        what: "the script's slug",
+        bindings: &b.bindings,
+        place: &place,
+    };
+    added.add(bound, p, tools, diags);
+}
+
+/// A toolbox's tools joining the agent's: their names checked against
+/// the earlier ones (`what` names where a clash comes from), then the
+/// toolbox's own bindings applied.
+struct Added<'a> {
+    what: &'a str,
+    bindings: &'a [crate::spec::Binding],
+    place: &'a str,
+}
+
+impl Added<'_> {
+    fn add(
+        &self,
+        mut bound: Vec<BoundTool>,
+        p: &Pending,
+        tools: &mut Vec<BoundTool>,
+        diags: &mut Vec<Diagnostic>,
+    ) {
+        check_names(&bound, tools, self.place, self.what, diags);
+        apply_bindings(
+            &mut bound,
+            self.bindings,
+            BindingLayer::Toolbox,
+            &p.spec.parameters,
+            self.place,
+            diags,
+        );
+        tools.extend(bound);
+    }
 }
 
 /// The MCP servers of one agent: started at load, then watched for
