@@ -666,6 +666,25 @@ fn check_tools_renders_like_agents_exe() {
         .collect();
     assert_eq!(keys, ["body", "level", "note"]);
 
+    let out = run(bin()
+        .args([
+            "check",
+            "--agent-file",
+            &probe(),
+            "--set",
+            "repo=r1",
+            "--output",
+            "json",
+            "--tools=openai",
+        ])
+        .env("BINDERY_PARAM_TOKEN", CANARY));
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        doc["tools"]["prober"][1]["function"]["name"], "bash_probe",
+        "{}",
+        out.stdout
+    );
+
     let bad = run(bin().args(["check", "--agent-file", &probe(), "--tools=yaml"]));
     assert_eq!(bad.code, 2);
     assert!(
