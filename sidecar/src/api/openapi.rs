@@ -871,6 +871,14 @@ fn session_schemas() -> Value {
                 "created_at": timestamp("RFC 3339."),
                 "updated_at": timestamp("RFC 3339."),
                 "forked_from": { "type": "string", "description": "The session this one was forked from." },
+                "parent_session_id": {
+                    "type": "string",
+                    "description": "The session this one was forked from (agents-server's name; same as `forked_from`).",
+                },
+                "owner": {
+                    "type": "string",
+                    "description": "Who created the session: `owner` (this API) or `mcp` (a call on /mcp).",
+                },
                 "sealed": {
                     "type": "boolean",
                     "description": "Only the owner may change parameters.",

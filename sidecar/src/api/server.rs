@@ -291,6 +291,7 @@ async fn create(
                 session_token: b.session_token,
                 fork,
                 mode,
+                owner: None,
             },
         )
         .await?;

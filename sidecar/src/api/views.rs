@@ -69,8 +69,10 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
 pub struct SessionView {
     pub session_id: String,
     pub agent: String,
+    /// The session this one was forked from (agents-server's name for it).
     pub parent_session_id: Option<String>,
-    pub owner: &'static str,
+    /// Who created it: `owner` (the session API) or `mcp`.
+    pub owner: String,
     pub status: &'static str,
     pub status_detail: Option<String>,
     pub version: i64,
@@ -116,8 +118,12 @@ pub fn session_view(
     SessionView {
         session_id: rec.id,
         agent: rec.agent,
-        parent_session_id: None,
-        owner: "owner",
+        parent_session_id: rec.forked_from.clone(),
+        owner: rec
+            .security
+            .owner
+            .clone()
+            .unwrap_or_else(|| "owner".to_string()),
         status: rec.status.as_str(),
         status_detail: rec.status_detail,
         version: rec.version,

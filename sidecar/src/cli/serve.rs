@@ -11,7 +11,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::commands::{load, load_options};
+use super::commands::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::metrics::Metrics;
 use crate::api::server::{router, AppState};
@@ -118,7 +118,7 @@ pub async fn run(
     yes: bool,
 ) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
-    let tree = load(agents).await?;
+    let tree = load_lenient(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
     for w in warnings {
@@ -153,6 +153,7 @@ pub async fn run(
             conversation_id: id,
             turn_id: String::new(),
             agent_id: agent.name.clone(),
+            session_json: None,
         },
         cache: None,
         metrics: &metrics,
@@ -212,7 +213,7 @@ pub struct ServeArgs<'a> {
 
 pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let opts = load_options(a.agents)?;
-    let tree = Arc::new(load(a.agents).await?);
+    let tree = Arc::new(load_lenient(a.agents).await?);
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
     for w in warnings {
         tracing::warn!("{w}");

@@ -358,10 +358,14 @@ async fn dispatch_inner(
     {
         return call_helper(ctx, env, call, history, cancel, None).await;
     }
-    Outcome::Done(run_tool(ctx, call).await)
+    Outcome::Done(run_tool(ctx, call, history).await)
 }
 
-async fn run_tool(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolError> {
+async fn run_tool(
+    ctx: &RunContext<'_>,
+    call: &ToolCall,
+    history: &[ChatMessage],
+) -> Result<String, ToolError> {
     let args: serde_json::Value = call.parse_arguments().map_err(|e| {
         ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
     })?;
@@ -380,7 +384,7 @@ async fn run_tool(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolE
             return Ok(hit);
         }
     }
-    let mut call_ctx = ctx.call.clone();
+    let mut call_ctx = ctx.call.clone().with_session(history);
     call_ctx.turn_id = call.id.clone();
     let out = tool.call(args, ctx.values, &call_ctx).await?;
     if let (Some(cache), Some(key)) = (ctx.cache, key) {

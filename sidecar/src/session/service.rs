@@ -117,6 +117,8 @@ pub struct CreateSession {
     pub session_token: bool,
     pub fork: Option<String>,
     pub mode: RunMode,
+    /// Who asks, as the session view's `owner` shows it (default `owner`).
+    pub owner: Option<String>,
 }
 
 /// A session that was just created or forked.
@@ -411,6 +413,7 @@ impl Service {
             security: super::model::Security {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
+                owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
             },
             forked_from: req.fork.clone(),
             runner: None,
@@ -831,6 +834,7 @@ impl Service {
                 conversation_id: id.to_string(),
                 turn_id: String::new(),
                 agent_id: agent.name.clone(),
+                session_json: None,
             },
             cache: self.cache.as_ref(),
             metrics: &self.metrics,

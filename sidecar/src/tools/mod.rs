@@ -7,6 +7,7 @@
 //! [`crate::bindings`]).
 
 pub mod bash;
+pub mod builtin;
 pub mod cache;
 pub mod deferred;
 #[cfg(feature = "server")]
@@ -117,6 +118,23 @@ pub struct CallContext {
     pub conversation_id: String,
     pub turn_id: String,
     pub agent_id: String,
+    /// The session as the model made it (`{"session_id", "agent",
+    /// "turns"}`), for bash tools' `AGENT_SESSION_JSON`; absent outside a
+    /// session. Turns never hold a bound value, so neither does this.
+    pub session_json: Option<std::sync::Arc<str>>,
+}
+
+impl CallContext {
+    /// Record the conversation so far for the tools of this call.
+    pub fn with_session<T: Serialize>(mut self, turns: &[T]) -> Self {
+        let json = serde_json::json!({
+            "session_id": self.session_id,
+            "agent": self.agent_id,
+            "turns": turns,
+        });
+        self.session_json = Some(json.to_string().into());
+        self
+    }
 }
 
 /// What a tool returns to the model.

@@ -99,6 +99,7 @@ pub fn full_record() -> SessionRecord {
         security: Security {
             sealed: true,
             token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
+            owner: Some("mcp".to_owned()),
         },
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
