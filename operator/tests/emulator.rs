@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bindery_operator::crd::AgentTenant;
+use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::kube::Emulator;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -205,6 +205,30 @@ impl Cluster {
                 Err(e) => Err(e.to_string()),
             }
         })
+        .await
+    }
+
+    /// Wait until the Agent `name`'s `Valid` condition has `status` and its
+    /// message contains `text`; return the condition.
+    async fn wait_agent_valid(&self, name: &str, status: &str, text: &str) -> Condition {
+        let agents = self.api::<Agent>();
+        self.wait(
+            &format!("Agent {name}: Valid={status} saying {text:?}"),
+            async || match agents.get_opt(name).await {
+                Ok(Some(a)) => {
+                    let valid = a
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Valid").cloned());
+                    match valid {
+                        Some(c) if c.status == status && c.message.contains(text) => Ok(c),
+                        _ => Err(format!("status {:?}", a.status)),
+                    }
+                }
+                Ok(None) => Err("no such Agent".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
         .await
     }
 
@@ -975,6 +999,9 @@ async fn agent_changes_reconcile_their_tenants() {
     cluster.apply_examples();
     let _operator = Operator::start(&cluster, "main", &[], &[]);
     let before = cluster.wait_tenant("acme", "resolved", resolved).await;
+    // The Agent's own status, from the Agent controller.
+    let valid = cluster.wait_agent_valid("invoices", "True", "").await;
+    assert_eq!(valid.reason, "Valid", "{valid:?}");
 
     // A new optional parameter with a default: a row, without touching the tenant.
     let region = "    - name: region\n      required: false\n      default:\n        value: eu\n";
@@ -1012,6 +1039,10 @@ async fn agent_changes_reconcile_their_tenants() {
     cluster
         .wait_warning("acme", "InvalidAgent", "`ledger`")
         .await;
+    let invalid = cluster
+        .wait_agent_valid("invoices", "False", "`ledger`")
+        .await;
+    assert_eq!(invalid.reason, "Invalid", "{invalid:?}");
 
     // The helper appears: valid again, with the helper's file.
     cluster.apply(
@@ -1037,6 +1068,9 @@ spec:
         "{:?}",
         t.status
     );
+    // A change to one Agent (the helper appearing) revalidates another.
+    cluster.wait_agent_valid("invoices", "True", "").await;
+    cluster.wait_agent_valid("ledger", "True", "").await;
     cluster
         .wait("the helper's file in acme-agents", async || {
             let cm: ConfigMap = cluster.api().get("acme-agents").await.unwrap();

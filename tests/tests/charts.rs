@@ -676,10 +676,11 @@ fn the_operator_binary_takes_every_flag_the_chart_passes() {
 ///   OwnerReferencesPermissionEnforcement is on);
 /// - operator/src/events.rs: creates core/v1 Events.
 const NAMESPACE_RULES: &[(&str, &str, &[&str])] = &[
-    ("bindery.dev", "agenttenants", &["list", "watch"]),
+    ("bindery.dev", "agenttenants", &["get", "list", "watch"]),
     ("bindery.dev", "agenttenants/status", &["patch"]),
     ("bindery.dev", "agenttenants/finalizers", &["update"]),
     ("bindery.dev", "agents", &["list", "watch"]),
+    ("bindery.dev", "agents/status", &["patch"]),
     (
         "apps",
         "deployments",

@@ -65,13 +65,17 @@ What the operator does in the namespaces it watches, and nothing more
 list and the code's calls in step):
 */}}
 {{- define "bindery-operator.rules" -}}
-# AgentTenants and Agents: the controller lists and watches them, and writes
-# only a tenant's status (server-side apply on the status subresource).
+# AgentTenants and Agents: the controllers list and watch them; a reconcile
+# reads its tenant afresh (get), and writes only the status of tenants and
+# of Agents (server-side apply on the status subresource).
 - apiGroups: ["bindery.dev"]
-  resources: ["agenttenants", "agents"]
+  resources: ["agenttenants"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["bindery.dev"]
+  resources: ["agents"]
   verbs: ["list", "watch"]
 - apiGroups: ["bindery.dev"]
-  resources: ["agenttenants/status"]
+  resources: ["agenttenants/status", "agents/status"]
   verbs: ["patch"]
 # Owned objects carry an ownerReference with blockOwnerDeletion, which
 # clusters with the OwnerReferencesPermissionEnforcement admission plugin
