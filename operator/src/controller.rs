@@ -294,7 +294,7 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
         let mut bytes = [0u8; 32];
         // Without randomness there is no token to mint; retry later.
         if getrandom::fill(&mut bytes).is_ok() {
-            let owner = tenant.controller_owner_ref(&()).unwrap_or_default();
+            let owner = crate::desired::owner_reference(tenant);
             let secret =
                 crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
             // Created once, never overwritten: the token is its holder's.

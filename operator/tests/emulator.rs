@@ -16,7 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bindery_operator::crd::{Agent, AgentTenant};
-use bindery_tests::kube::Emulator;
+use bindery_tests::helm::Render;
+use bindery_tests::kube::{Emulator, Identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret, Service, ServiceAccount};
@@ -60,11 +61,16 @@ fn tail(text: &str, n: usize) -> &str {
     &text[start..]
 }
 
-/// An emulator with the CRDs installed and one namespace for the test.
+/// An emulator with the CRDs installed, one namespace for the test, and
+/// the operator chart's ServiceAccount and RBAC for that namespace.
 struct Cluster {
     ns: String,
+    /// The test's own client: an administrator.
     client: Client,
     emu: Emulator,
+    /// What operators run as: the chart's ServiceAccount, never an
+    /// administrator.
+    operator: Identity,
     /// Logs of the operators started on this cluster, for failure messages.
     operator_logs: RefCell<Vec<PathBuf>>,
     manifests: Cell<usize>,
@@ -80,17 +86,31 @@ impl Cluster {
             .await
             .expect("config");
         let client = Client::try_from(config).expect("client");
+        let namespace = dir.path().join("namespace.yaml");
+        std::fs::write(
+            &namespace,
+            format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"),
+        )
+        .unwrap();
+        let out = emu.kubectl(&["apply", "-f", namespace.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+        // The chart watching this namespace, its Lease (two replicas) here too.
+        let operator = emu.install_operator_identity(
+            &Render::new("charts/bindery-operator", "bindery")
+                .namespace(ns)
+                .set(format!("watchNamespaces={{{ns}}}"))
+                .set("replicas=2")
+                .set("leaderElection.leaseName=bindery-operator"),
+        );
         let cluster = Cluster {
             ns: ns.to_string(),
             client,
             emu,
+            operator,
             operator_logs: RefCell::new(Vec::new()),
             manifests: Cell::new(0),
             dir,
         };
-        cluster.apply(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"
-        ));
         let out = cluster.kubectl(&["apply", "-f", &repo("crds")]);
         assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
         cluster
@@ -230,6 +250,24 @@ impl Cluster {
             },
         )
         .await
+    }
+
+    /// The operator ran as the chart's ServiceAccount (it is in the
+    /// emulator's audit, reading its tenants) and RBAC refused it nothing.
+    fn assert_operator_refused_nothing(&self) {
+        let audit = self.emu.audit();
+        let mine: Vec<_> = audit
+            .iter()
+            .filter(|a| a.user == self.operator.user)
+            .collect();
+        assert!(
+            mine.iter()
+                .any(|a| a.verb == "get" && a.resource == "agenttenants"),
+            "the operator is not in the audit as {}: {audit:#?}",
+            self.operator.user
+        );
+        let refused: Vec<_> = mine.iter().filter(|a| !a.allowed).collect();
+        assert!(refused.is_empty(), "refused: {refused:#?}\n{}", self.logs());
     }
 
     /// Wait until `name` of kind `K` exists; return it.
@@ -406,7 +444,7 @@ impl Operator {
                 &cluster.ns,
             ])
             .args(args)
-            .env("KUBECONFIG", &cluster.emu.kubeconfig)
+            .env("KUBECONFIG", &cluster.operator.kubeconfig)
             .env_remove("BINDERY_LOG")
             .env_remove("BINDERY_SIDECAR_IMAGE")
             .env_remove("POD_NAME")
@@ -651,6 +689,7 @@ async fn the_example_tenant_gets_its_status_and_objects() {
 
     let deployment: Deployment = cluster.wait_object("acme").await;
     assert!(owned_by(&deployment.metadata, &tenant), "{deployment:?}");
+    cluster.assert_operator_refused_nothing();
     let template = deployment.spec.as_ref().unwrap().template.clone();
     let hash = template
         .metadata

@@ -61,11 +61,30 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      (kube-rs ``Api<PartialObjectMeta<K>>``, its metadata watches) gets
      ``PartialObjectMetadata`` objects, metadata only, as from the API server:
      a Secret's data is not sent to whoever watches Secrets that way.
+ 13. Authentication and RBAC (rbac.py): ``POST .../serviceaccounts/NAME/token``
+     (a TokenRequest; ``kubectl create --raw``) gives a bearer token that
+     authenticates as ``system:serviceaccount:NS:NAME`` while that
+     ServiceAccount exists (an unknown token is a 401). Such a user gets what
+     the stored Roles, ClusterRoles, RoleBindings and ClusterRoleBindings grant
+     (verbs, ``*``, subresources as ``agenttenants/status``, ``resourceNames``,
+     a list or watch by ``metadata.name`` counting as that name) and a 403
+     ``Forbidden`` Status in the API server's words otherwise. An apply that
+     creates is authorized as ``create`` too, and setting ``blockOwnerDeletion``
+     on an ownerReference needs ``update`` on the owner's ``finalizers``
+     (the OwnerReferencesPermissionEnforcement admission plugin). Every
+     decision is recorded: ``GET /emulator/audit`` lists each (user, verb,
+     group, resource, namespace) asked for and whether it was allowed.
 
 Gaps, by design -- tests must not rely on these:
-  - no authentication, RBAC, admission, defaulting, CRD schema validation or
-    pruning, no conversion: every served version of a CRD stores its own
-    objects;
+  - a request without a bearer token acts as a cluster administrator (the
+    tests' own kubectl and kube-rs clients), where a real cluster would treat
+    it as ``system:anonymous``; tokens do not expire; there are no default
+    ClusterRoles (discovery is open to everyone) and no aggregated
+    ClusterRoles (``aggregationRule`` is ignored); non-resource URLs are not
+    authorized;
+  - no admission beyond the ownerReference check above, no defaulting, CRD
+    schema validation or pruning, no conversion: every served version of a
+    CRD stores its own objects;
   - server-side apply is a plain merge: no field ownership, no conflicts, no
     managedFields; strategic merge patch knows list merge keys only from
     kubectl's ``$setElementOrder`` directives, otherwise lists are replaced;
@@ -104,6 +123,8 @@ import kmock
 import yaml
 from kmock._internal import parsing
 
+import rbac
+
 log = logging.getLogger('emulator')
 
 # Fix 1: kmock reads the segment after ``namespaces`` as a namespace, so the
@@ -127,17 +148,20 @@ parsing.parse_path = _parse_path  # kmock's request parser calls it through the 
 
 NAMESPACES = kmock.resource('', 'v1', 'namespaces')
 SECRETS = kmock.resource('', 'v1', 'secrets')
+SERVICE_ACCOUNTS = kmock.resource('', 'v1', 'serviceaccounts')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
+AUDIT_PATH = '/emulator/audit'  # fix 13: not a Kubernetes path
 OPENAPI_V2_PROTOBUF = 'application/com.github.proto-openapi.spec.v2.v1.0+protobuf'  # as the API server labels it
 VERBS = ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']
 
 # Fix 9: the reasons clients match on (kube-rs ErrorResponse.reason, kubectl's messages).
-REASONS = {400: 'BadRequest', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict',
+REASONS = {400: 'BadRequest', 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict',
            415: 'UnsupportedMediaType', 422: 'Invalid', 500: 'InternalError'}
 STANDARD_REASONS = set(REASONS.values()) | {'AlreadyExists'}
 
 
 def api_error(code: int, message: str, reason: str | None = None, **details: Any) -> kmock.KubernetesError:
+    details = {k: v for k, v in details.items() if v is not None}  # as the API server omits them (kube-rs needs it)
     return kmock.KubernetesError(status=code, reason=reason or REASONS[code], message=message, details=details)
 
 
@@ -340,6 +364,12 @@ class Emulator(kmock.KubernetesEmulator):
     _watchers: set[asyncio.Queue] = attrs.field(factory=set, init=False)
     _custom: set[kmock.resource] = attrs.field(factory=set, init=False)  # resources that CRDs serve
     _columns: dict[kmock.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # their printer columns
+    # Fix 13: bearer tokens -> (namespace, ServiceAccount); the RBAC objects by (plural, namespace, name);
+    # what each user asked for, by (user, verb, group, resource, namespace) -> allowed.
+    _tokens: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)
+    _rbac: dict[tuple[str, str | None, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _audit: dict[tuple[str, str, str, str, str | None], bool] = attrs.field(factory=dict, init=False)
+    _requester: rbac.User | None = attrs.field(default=None, init=False)  # who makes the write in progress
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -356,6 +386,11 @@ class Emulator(kmock.KubernetesEmulator):
     # --- entry point, errors --------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.path == AUDIT_PATH and raw_request.method == 'GET':  # fix 13
+            return aiohttp.web.json_response([
+                {'user': user, 'verb': verb, 'group': group, 'resource': resource, 'namespace': namespace,
+                 'allowed': ok} for (user, verb, group, resource, namespace), ok in sorted(
+                    self._audit.items(), key=lambda e: tuple(str(x) for x in e[0]))])
         if 'protobuf' in raw_request.content_type:  # fix 9: kmock would fail to decode it as text
             return await self._render_error(api_error(
                 415, 'this emulator takes JSON or YAML bodies only; kubectl create sends protobuf'
@@ -375,6 +410,70 @@ class Emulator(kmock.KubernetesEmulator):
             'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
             'message': message, 'reason': reason, 'details': details, 'code': code,
         }, status=code)
+
+    # --- authentication and authorization (fix 13) ----------------------------------------
+
+    def _authenticate(self, request: kmock.Request) -> rbac.User | None:
+        """The user of a bearer token; None (an administrator) without one."""
+        header = request.headers.get('Authorization', '')
+        if not header:
+            return None
+        token = header.removeprefix('Bearer ').strip()
+        account = self._tokens.get(token)
+        if account is None or (SERVICE_ACCOUNTS, account[0], account[1]) not in self.objects \
+                or self.objects[SERVICE_ACCOUNTS, account[0], account[1]].deleted:
+            raise api_error(401, 'Unauthorized')  # unknown, or its ServiceAccount is gone
+        return rbac.service_account_user(*account)
+
+    def _authorize(self, user: rbac.User, request: kmock.Request) -> None:
+        res = request.resource
+        name = request.name
+        if name is None:
+            name = rbac.name_of_selector(request.params.get('fieldSelector', ''))
+        verb = rbac.verb_of(request.method.value, request.name, request.action == kmock.action.WATCH)
+        info = self.resources[res] if res in self.resources else None
+        namespace = request.namespace if info is None or info.namespaced else None
+        self._check(user, rbac.Attributes(verb, res.group, res.plural, request.subresource, namespace, name))
+
+    def _check(self, user: rbac.User, a: rbac.Attributes, prefix: str = '') -> None:
+        """Allow, or refuse with the API server's 403; either way, audit it."""
+        ok = rbac.allowed(user, a, self._rbac)
+        self._audit[user.name, a.verb, a.group, a.full_resource, a.namespace] = \
+            ok or self._audit.get((user.name, a.verb, a.group, a.full_resource, a.namespace), False)
+        if not ok:
+            message = rbac.forbidden_message(user, a)
+            if prefix:
+                message = prefix + message.split(' is forbidden: ', 1)[1]
+            raise api_error(403, message, name=a.name, group=a.group, kind=a.resource)
+
+    def _check_owner_references(self, user: rbac.User, res: kmock.resource, namespace: str | None,
+                                name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        """The OwnerReferencesPermissionEnforcement admission plugin: who sets
+        blockOwnerDeletion on a reference must be allowed to update the owner's finalizers."""
+        before = {(r.get('uid'), r.get('blockOwnerDeletion')) for r in lookup(old, 'metadata.ownerReferences') or []}
+        for ref in lookup(new, 'metadata.ownerReferences') or []:
+            if not ref.get('blockOwnerDeletion') or (ref.get('uid'), True) in before:
+                continue
+            group, _, version = (ref.get('apiVersion') or '').rpartition('/')
+            owner = next((r for r, i in self.resources.items()
+                          if r.group == group and r.version == version and i.kind == ref.get('kind')), None)
+            if owner is None:
+                continue
+            prefix = (f'{qualified(res)} "{name}" is forbidden: cannot set blockOwnerDeletion if an ownerReference'
+                      " refers to a resource you can't set finalizers on: ")
+            self._check(user, rbac.Attributes('update', group, owner.plural, 'finalizers', namespace, ref.get('name')),
+                        prefix)
+
+    def _token_request(self, namespace: str | None, name: str | None) -> dict[str, Any]:
+        """A ServiceAccount's token (TokenRequest), valid while the ServiceAccount exists."""
+        if self._get(SERVICE_ACCOUNTS, namespace, name) is None:
+            raise self._not_found(SERVICE_ACCOUNTS, name)
+        token = uuid.uuid4().hex
+        self._tokens[token] = (namespace, name)
+        return {'kind': 'TokenRequest', 'apiVersion': 'authentication.k8s.io/v1',
+                'metadata': {'name': name, 'namespace': namespace, 'creationTimestamp': None},
+                'spec': {'audiences': [], 'expirationSeconds': 3600},
+                'status': {'token': token, 'expirationTimestamp': now()}}
 
     # --- discovery ------------------------------------------------------------------------
 
@@ -550,11 +649,24 @@ class Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Fix 4: kmock's write interceptor (merge-only, MODIFIED on every patch, no PUT)
         # is replaced; reads and discovery go through kmock's routing to the _serve_* above.
+        user = self._authenticate(request)
+        if user is not None and request.resource is not None and request.resource.plural:
+            self._authorize(user, request)
         if request.resource is None or request.method == kmock.method.GET:
             return await super()._handle(request)
         res, info = self._info(request)
         namespace = self._namespace_of(request, info)
         body = self._body(request)
+        self._requester = user  # _store checks what it may set on this user's behalf; no await until it is reset
+        try:
+            return self._write(request, res, info, namespace, body)
+        finally:
+            self._requester = None
+
+    def _write(self, request: kmock.Request, res: kmock.resource, info: Any,
+               namespace: str | None, body: Any) -> aiohttp.web.StreamResponse:
+        if request.method == kmock.method.POST and request.subresource == 'token' and res == SERVICE_ACCOUNTS:
+            return self._respond(201, self._token_request(namespace, request.name))
         if request.method == kmock.method.POST and request.name is None:
             return self._respond(201, self._create(res, info, namespace, body))
         if request.name is not None and request.subresource in (None, 'status'):
@@ -620,6 +732,9 @@ class Emulator(kmock.KubernetesEmulator):
             if old is None:  # fix 4: server-side apply creates what is missing
                 if request.subresource is not None:
                     raise self._not_found(res, request.name)
+                if self._requester is not None:  # fix 13: as the API server does, it takes create too
+                    self._check(self._requester, rbac.Attributes(
+                        'create', res.group, res.plural, None, namespace, request.name))
                 body.setdefault('metadata', {})['name'] = request.name
                 return self._respond(201, self._create(res, info, namespace, body))
             new = merge_patch(old, body)  # a plain merge: no field ownership
@@ -685,6 +800,8 @@ class Emulator(kmock.KubernetesEmulator):
         if res == CRDS:
             self._register_crd(new)
             new['status'] = crd_status(new, old)  # the CRD controller's part: names accepted, Established
+        if self._requester is not None:
+            self._check_owner_references(self._requester, res, namespace, name, old, new)
 
         if old is not None:
             if new == old:  # fix 3: nothing changed, nothing to tell anyone
@@ -695,6 +812,8 @@ class Emulator(kmock.KubernetesEmulator):
         self._revision += 1
         meta['resourceVersion'] = str(self._revision)
         key = (res, namespace, name)
+        if res.group == rbac.RBAC_GROUP and res.plural in rbac.RBAC_KINDS:  # fix 13
+            self._rbac[res.plural, namespace, name] = new
         if meta.get('deletionTimestamp') and not meta.get('finalizers'):  # fix 6: the last finalizer went
             self._drop(key, new)
         elif old is None:
@@ -743,6 +862,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     def _drop(self, key: tuple[kmock.resource, str | None, str], last: dict[str, Any]) -> None:
         self.objects[key].delete()  # kmock's soft deletion keeps the history
+        self._rbac.pop((key[0].plural, key[1], key[2]), None)
         self._emit(key[0], 'DELETED', last)
 
     def _emit(self, res: kmock.resource, kind: str, obj: dict[str, Any]) -> None:

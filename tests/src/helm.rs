@@ -109,7 +109,7 @@ pub const KUBE_VERSION: &str = "1.33.0";
 pub struct Render {
     pub chart: &'static str,
     pub release: &'static str,
-    pub namespace: &'static str,
+    pub namespace: String,
     pub values: Vec<String>,
     pub set: Vec<String>,
 }
@@ -119,7 +119,7 @@ impl Render {
         Render {
             chart,
             release,
-            namespace: "shop",
+            namespace: "shop".into(),
             values: Vec::new(),
             set: Vec::new(),
         }
@@ -135,8 +135,8 @@ impl Render {
         self
     }
 
-    pub fn namespace(mut self, ns: &'static str) -> Render {
-        self.namespace = ns;
+    pub fn namespace(mut self, ns: impl Into<String>) -> Render {
+        self.namespace = ns.into();
         self
     }
 
@@ -162,7 +162,7 @@ impl Render {
             self.release,
             &chart,
             "--namespace",
-            self.namespace,
+            &self.namespace,
             "--kube-version",
             KUBE_VERSION,
             "--include-crds",
@@ -187,7 +187,7 @@ impl Render {
             "--strict",
             &chart,
             "--namespace",
-            self.namespace,
+            &self.namespace,
             "--kube-version",
             KUBE_VERSION,
         ]
@@ -217,7 +217,7 @@ impl Render {
             &chart,
             "--dry-run=client",
             "--namespace",
-            self.namespace,
+            &self.namespace,
         ]
         .map(String::from)
         .to_vec();

@@ -61,8 +61,8 @@ Call with (dict "image" .Values.image "root" .). */}}
 
 {{/*
 What the operator does in the namespaces it watches, and nothing more
-(operator/src/controller.rs, events.rs; tests/tests/charts.rs keeps this
-list and the code's calls in step):
+(operator/src/controller.rs, events.rs; tests/tests/charts.rs checks this
+list against what the operator asked of the API emulator, its audit):
 */}}
 {{- define "bindery-operator.rules" -}}
 # AgentTenants and Agents: the controllers list and watch them; a reconcile
