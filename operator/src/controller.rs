@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -72,6 +72,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(scoped::<ConfigMap>(&client, &namespace), cfg.clone())
         .owns(scoped::<Service>(&client, &namespace), cfg.clone())
         .owns(scoped::<ServiceAccount>(&client, &namespace), cfg.clone())
+        .owns(
+            scoped::<PersistentVolumeClaim>(&client, &namespace),
+            cfg.clone(),
+        )
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
         .watches(agents, cfg.clone(), move |agent: Agent| {
@@ -316,6 +320,10 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
         }
         apply(c, &ns, &o.deployment).await?;
         apply(c, &ns, &o.service).await?;
+        // Only once the new Deployment is applied: its pods no longer
+        // mount the claim (switching to Postgres, say).
+        let wanted = o.claim.as_ref().and_then(|c| c.metadata.name.clone());
+        prune::<PersistentVolumeClaim>(c, &ns, tenant, wanted.as_deref()).await?;
     }
     let previous: Vec<String> = tenant
         .status
@@ -388,6 +396,45 @@ where
         }
     }
     Ok(out)
+}
+
+/// Delete the objects of kind `K` that the tenant owns (by its label and
+/// ownerReference) other than `wanted`: what it no longer asks for.
+async fn prune<K>(
+    c: &Client,
+    ns: &str,
+    tenant: &AgentTenant,
+    wanted: Option<&str>,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = Api::<K>::namespaced(c.clone(), ns);
+    let name = tenant.name_any();
+    let selector = format!("{}={name}", names::TENANT_LABEL);
+    let uid = tenant.metadata.uid.as_deref();
+    for obj in api.list(&ListParams::default().labels(&selector)).await? {
+        let owned = obj
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
+        let obj_name = obj.name_any();
+        if owned && Some(obj_name.as_str()) != wanted {
+            match api.delete(&obj_name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    tracing::info!(tenant = %name, kind = K::kind(&()).as_ref(), name = %obj_name, "deleted what the tenant no longer asks for")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Server-side apply under the operator's one field manager.

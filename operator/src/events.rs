@@ -1,10 +1,19 @@
 //! Kubernetes Events for what a human must fix, as core/v1 Events so that
 //! `kubectl describe agenttenant` lists them.
+//!
+//! One Event per problem of a tenant: its name derives from the tenant's
+//! uid, the reason and the message, so a problem that comes back counts up
+//! (`count`, `lastTimestamp`) on the Event it already has instead of adding
+//! another. kube-runtime's `Recorder` would do the same with
+//! events.k8s.io/v1 series, but the API emulator the tests run against
+//! stores the two Event APIs apart (an API server shows one through the
+//! other), so `kubectl describe` there would not see them.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use sha2::{Digest, Sha256};
 
 use crate::crd::AgentTenant;
 
@@ -14,7 +23,17 @@ pub fn now() -> jiff::Timestamp {
     jiff::Timestamp::now()
 }
 
-/// Publish a Warning about `tenant`.
+/// The Event's name for one problem of one tenant.
+fn name(tenant: &AgentTenant, reason: &str, message: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [tenant.uid().unwrap_or_default().as_str(), reason, message] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!("{}.{}", tenant.name_any(), &hex::encode(h.finalize())[..16])
+}
+
+/// Publish a Warning about `tenant`, or count one more occurrence of it.
 pub async fn warn(
     client: &Client,
     tenant: &AgentTenant,
@@ -22,10 +41,24 @@ pub async fn warn(
     message: &str,
 ) -> Result<(), kube::Error> {
     let ns = tenant.namespace().unwrap_or_else(|| "default".into());
+    let api = Api::<Event>::namespaced(client.clone(), &ns);
+    let name = name(tenant, reason, message);
     let now = now();
+    if let Some(seen) = api.get_opt(&name).await? {
+        // The resourceVersion makes a concurrent count a conflict, not a loss.
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": seen.metadata.resource_version},
+            "count": seen.count.unwrap_or(1) + 1,
+            "lastTimestamp": Time(now),
+        });
+        return api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ());
+    }
     let ev = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", tenant.name_any())),
+            name: Some(name),
             namespace: Some(ns.clone()),
             ..Default::default()
         },
@@ -54,8 +87,5 @@ pub async fn warn(
         reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| COMPONENT.into())),
         ..Default::default()
     };
-    Api::<Event>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &ev)
-        .await
-        .map(|_| ())
+    api.create(&PostParams::default(), &ev).await.map(|_| ())
 }

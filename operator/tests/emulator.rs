@@ -20,7 +20,9 @@ use bindery_tests::helm::Render;
 use bindery_tests::kube::{Emulator, Identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -913,6 +915,31 @@ async fn a_deleted_secret_flips_the_tenant_until_it_is_restored() {
 
     cluster.settle("acme").await;
     cluster.assert_warnings_once("acme").await;
+
+    // The same problem again: the Event it already has counts 2.
+    cluster.kubectl(&["delete", "secret", "acme-billing"]);
+    let missing = "Secret `acme-billing` does not exist";
+    let counted = cluster
+        .wait("the missing Secret's Event to count 2", async || {
+            let events: Vec<Event> = cluster
+                .api::<Event>()
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|e| e.message.as_deref().is_some_and(|m| m.contains(missing)))
+                .collect();
+            match &events[..] {
+                [one] if one.count == Some(2) => Ok(one.clone()),
+                _ => Err(format!("{events:#?}")),
+            }
+        })
+        .await;
+    assert!(
+        counted.last_timestamp >= counted.first_timestamp,
+        "{counted:?}"
+    );
+    cluster.assert_warnings_once("acme").await;
     assert!(
         operator.running(),
         "the operator exited:\n{}",
@@ -1395,6 +1422,58 @@ async fn metrics_and_health_are_served() {
             }
         })
         .await;
+}
+
+/// A tenant that moves its sessions from a claim to Postgres: the claim it
+/// owned is deleted once the new Deployment (without it) is applied; a
+/// claim of the same tenant's label that it does not own stays.
+#[tokio::test]
+async fn a_claim_the_tenant_no_longer_wants_is_deleted() {
+    let cluster = Cluster::start("prune").await;
+    cluster.apply_examples();
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    let anchor = "  tools:\n";
+    let with_store =
+        |store: &str| tenant.replacen(anchor, &format!("  store:\n{store}{anchor}"), 1);
+    cluster.apply(&with_store("    pvcSize: 1Gi\n"));
+    cluster.apply(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: acme-scratch\n  labels: {bindery.dev/tenant: acme}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 1Gi}}\n",
+    );
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-db\ntype: Opaque\nstringData:\n  url: postgres://bindery@db:5432/acme\n",
+    );
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+    let claim: PersistentVolumeClaim = cluster.wait_object("acme-store").await;
+    assert!(owned_by(&claim.metadata, &t), "{claim:?}");
+
+    cluster.apply(&with_store(
+        "    postgres:\n      urlSecretRef: {name: acme-db, key: url}\n",
+    ));
+    let claims = cluster.api::<PersistentVolumeClaim>();
+    cluster
+        .wait("acme-store to be deleted", async || {
+            match claims.get_opt("acme-store").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let d: Deployment = cluster.api().get("acme").await.unwrap();
+    let volumes = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap_or_default();
+    assert!(
+        volumes.iter().all(|v| v.persistent_volume_claim.is_none()),
+        "{volumes:?}"
+    );
+    assert!(claims.get_opt("acme-scratch").await.unwrap().is_some());
+    cluster.assert_operator_refused_nothing();
 }
 
 /// A Postgres store whose URL Secret is missing: not ready, naming the

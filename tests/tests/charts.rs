@@ -1385,24 +1385,77 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         }
     }
 
-    // A problem a human must fix: a Warning Event.
-    kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
-    let events = || {
-        kubectl_json(&emu, &["get", "-n", ns, "events"])["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["involvedObject"]["name"] == "globex" && e["type"] == "Warning")
+    // globex moves its sessions to Postgres: its claim is deleted once the
+    // new Deployment is applied.
+    apply(
+        &emu,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: globex-db, namespace: shop}\n\
+         stringData: {url: 'postgres://bindery@db:5432/globex'}\n",
+    );
+    let values = std::fs::read_to_string(repo_path("examples/k8s/globex-values.yaml")).unwrap();
+    let store = "store:\n  pvcSize: 1Gi\n";
+    assert!(
+        values.contains(store),
+        "examples/k8s/globex-values.yaml changed"
+    );
+    let postgres = dir.path().join("globex-postgres.yaml");
+    std::fs::write(
+        &postgres,
+        values.replace(
+            store,
+            "store:\n  postgres:\n    urlSecretRef: {name: globex-db, key: url}\n",
+        ),
+    )
+    .unwrap();
+    let yaml = Render::new(TENANT, "globex")
+        .values(postgres.display().to_string())
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &yaml);
+    let claim_gone = || {
+        !emu.kubectl(&["get", "-n", ns, "persistentvolumeclaim", "globex-store"])
+            .status
+            .success()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !events() {
+    while !claim_gone() {
         assert!(
             std::time::Instant::now() < deadline,
-            "no Warning about globex\n{}",
+            "globex-store is still there\n{}",
             op.logs()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // A problem a human must fix: a Warning Event; fixed; and again: the
+    // same Event counts 2.
+    let warnings = || -> Vec<i64> {
+        kubectl_json(&emu, &["get", "-n", ns, "events"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == "globex" && e["type"] == "Warning")
+            .map(|e| e["count"].as_i64().unwrap_or(0))
+            .collect()
+    };
+    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {what}\n{}",
+                op.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let billing = repo_path("examples/k8s/globex-billing-secret.yaml");
+    kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
+    wait_until("a Warning about globex", &|| warnings() == [1]);
+    kubectl(&emu, &["apply", "-n", ns, "-f", &billing]);
+    wait_for(&emu, &op, "globex", "condition=ParametersResolved=True");
+    kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
+    wait_until("the Warning about globex to count 2", &|| warnings() == [2]);
     // The Lease was renewed (updated), not only created.
     let lease = kubectl_json(
         &emu,

@@ -95,17 +95,20 @@ list against what the operator asked of the API emulator, its audit):
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["list", "watch", "create", "patch"]
+# PersistentVolumeClaims are also deleted when a tenant no longer asks for
+# one (its store switched to Postgres, say).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Secrets: watched by metadata, read for their key names (never their
 # values), and the generated owner-token Secret created once. No update,
 # patch or delete: the operator never changes a Secret.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create"]
-# Warnings a human must see, on the AgentTenant.
+# Warnings a human must see, on the AgentTenant: one Event per problem,
+# read and patched to count a problem that comes back.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["get", "create", "patch"]
 {{- end }}
