@@ -6,7 +6,9 @@
 //!
 //! Each test runs its own emulator, namespace and operator process(es). The
 //! emulator has no controllers: Deployments never get Pods, so no tenant
-//! becomes Ready here (Available=False: PodsNotReady, or Deploying).
+//! becomes Ready here (Available=False: PodsNotReady, or Deploying). It
+//! enforces RBAC (operators run as the chart's ServiceAccount) and collects
+//! garbage (a deleted tenant takes what it owned).
 
 use std::cell::{Cell, RefCell};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1473,6 +1475,45 @@ async fn a_claim_the_tenant_no_longer_wants_is_deleted() {
         "{volumes:?}"
     );
     assert!(claims.get_opt("acme-scratch").await.unwrap().is_some());
+    cluster.assert_operator_refused_nothing();
+}
+
+/// Deleting a tenant (foreground, as `kubectl delete --cascade=foreground`)
+/// deletes everything it owned, through the cluster's garbage collector.
+#[tokio::test]
+async fn a_deleted_tenant_takes_what_it_owned() {
+    let cluster = Cluster::start("gc").await;
+    cluster.apply_examples();
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let _: Deployment = cluster.wait_object("acme").await;
+    let _: Secret = cluster.wait_object("acme-owner-token").await;
+    cluster.kubectl(&["delete", "agenttenant", "acme", "--cascade=foreground"]);
+    let owned = [
+        ("deployment", "acme"),
+        ("service", "acme"),
+        ("serviceaccount", "acme"),
+        ("configmap", "acme-agents"),
+        ("secret", "acme-owner-token"),
+        ("agenttenant", "acme"),
+    ];
+    cluster
+        .wait("everything acme owned to be gone", async || {
+            let left: Vec<_> = owned
+                .iter()
+                .filter(|(kind, name)| cluster.try_kubectl(&["get", kind, name]).status.success())
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        })
+        .await;
+    // Not what it only referred to.
+    for (kind, name) in [("secret", "acme-billing"), ("configmap", "invoices-tools")] {
+        cluster.kubectl(&["get", kind, name]);
+    }
     cluster.assert_operator_refused_nothing();
 }
 

@@ -74,6 +74,13 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      (the OwnerReferencesPermissionEnforcement admission plugin). Every
      decision is recorded: ``GET /emulator/audit`` lists each (user, verb,
      group, resource, namespace) asked for and whether it was allowed.
+ 14. Garbage collection by ``ownerReferences``: once an owner is gone, each
+     dependent loses its reference to it and is deleted when no other owner
+     of it exists (Background, the default; finalizers hold a dependent as
+     any deletion). ``propagationPolicy: Foreground`` keeps the owner (a
+     deletionTimestamp and the ``foregroundDeletion`` finalizer) until its
+     dependents with ``blockOwnerDeletion`` are gone; ``Orphan`` (or
+     ``orphanDependents``) removes the references and keeps the dependents.
 
 Gaps, by design -- tests must not rely on these:
   - a request without a bearer token acts as a cluster administrator (the
@@ -89,8 +96,11 @@ Gaps, by design -- tests must not rely on these:
     managedFields; strategic merge patch knows list merge keys only from
     kubectl's ``$setElementOrder`` directives, otherwise lists are replaced;
   - every kind gets ``metadata.generation`` (Kubernetes sets it for some);
-  - no garbage collection by ownerReferences, no controllers (Deployments
-    never get Pods, Namespaces are removed at once), no ``deletecollection``;
+  - garbage collection runs within the request that deletes the owner (or
+    that writes a dependent whose owners are all gone already), where a
+    cluster's collector catches up a moment later;
+  - no controllers (Deployments never get Pods, Namespaces are removed at
+    once), no ``deletecollection``;
   - no pagination (``limit`` is ignored, everything comes in one page), no
     dry-run, no ``sendInitialEvents``, no watch bookmarks; the event log that
     watches resume from is never trimmed (no 410 Gone);
@@ -152,6 +162,7 @@ SERVICE_ACCOUNTS = kmock.resource('', 'v1', 'serviceaccounts')
 CRDS = kmock.resource('apiextensions.k8s.io', 'v1', 'customresourcedefinitions')
 AUDIT_PATH = '/emulator/audit'  # fix 13: not a Kubernetes path
 OPENAPI_V2_PROTOBUF = 'application/com.github.proto-openapi.spec.v2.v1.0+protobuf'  # as the API server labels it
+FOREGROUND = 'foregroundDeletion'  # fix 14: the finalizer of an owner whose dependents go first
 VERBS = ['create', 'delete', 'get', 'list', 'patch', 'update', 'watch']
 
 # Fix 9: the reasons clients match on (kube-rs ErrorResponse.reason, kubectl's messages).
@@ -370,6 +381,9 @@ class Emulator(kmock.KubernetesEmulator):
     _rbac: dict[tuple[str, str | None, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
     _audit: dict[tuple[str, str, str, str, str | None], bool] = attrs.field(factory=dict, init=False)
     _requester: rbac.User | None = attrs.field(default=None, init=False)  # who makes the write in progress
+    # Fix 14: owner uid -> the keys of the objects whose ownerReferences name it.
+    _dependents: dict[str, set[tuple[kmock.resource, str | None, str]]] = attrs.field(factory=dict, init=False)
+    _uids: dict[str, tuple[kmock.resource, str | None, str]] = attrs.field(factory=dict, init=False)  # of what exists
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -675,7 +689,7 @@ class Emulator(kmock.KubernetesEmulator):
             if request.method == kmock.method.PATCH:
                 return self._patch(res, info, namespace, request, body)
             if request.method == kmock.method.DELETE and request.subresource is None:
-                return self._respond(200, self._delete(res, namespace, request.name))
+                return self._respond(200, self._delete(res, namespace, request.name, propagation(request, body)))
         raise api_error(405, f'{request.method.value} is not supported on {request.url.path}')
 
     @staticmethod
@@ -814,6 +828,11 @@ class Emulator(kmock.KubernetesEmulator):
         key = (res, namespace, name)
         if res.group == rbac.RBAC_GROUP and res.plural in rbac.RBAC_KINDS:  # fix 13
             self._rbac[res.plural, namespace, name] = new
+        for uid in owner_uids(old) - owner_uids(new):  # fix 14
+            self._dependents.get(uid, set()).discard(key)
+        for uid in owner_uids(new):
+            self._dependents.setdefault(uid, set()).add(key)
+        self._uids[meta['uid']] = key
         if meta.get('deletionTimestamp') and not meta.get('finalizers'):  # fix 6: the last finalizer went
             self._drop(key, new)
         elif old is None:
@@ -825,24 +844,112 @@ class Emulator(kmock.KubernetesEmulator):
         else:
             self.objects[key].history.append(new)
             self._emit(res, 'MODIFIED', new)
+        uids = owner_uids(new)
+        if uids and uids != owner_uids(old) and not any(u in self._uids for u in uids):
+            self._collect_orphan(key)  # fix 14: every owner it names is gone already
         return copy.deepcopy(new)
 
-    def _delete(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
+    def _delete(self, res: kmock.resource, namespace: str | None, name: str,
+                policy: str = 'Background') -> dict[str, Any]:
         old = self._get(res, namespace, name)
         if old is None:
             raise self._not_found(res, name)
         meta = old['metadata']
+        uid = meta.get('uid')
+        if policy == 'Orphan':  # fix 14: the dependents stay, without their reference to it
+            for key in list(self._dependents.get(uid, ())):
+                self._drop_owner(key, uid)
+        elif policy == 'Foreground' and self._dependents.get(uid):
+            # Fix 14: it stays (deletionTimestamp, the foregroundDeletion finalizer) until
+            # its dependents that block it are gone; they are deleted now.
+            if FOREGROUND not in (meta.get('finalizers') or []):
+                meta['finalizers'] = (meta.get('finalizers') or []) + [FOREGROUND]
+                marked = self._mark(res, namespace, name, old)
+            else:
+                marked = old
+            for key in list(self._dependents.get(uid, ())):
+                if (dependent := self._get(*key)) is not None and not lookup(dependent, 'metadata.deletionTimestamp'):
+                    self._delete(*key, policy='Foreground')
+            self._release_foreground(uid)
+            return self._get(res, namespace, name) or marked
         if meta.get('finalizers'):  # fix 6: mark; it goes when its finalizers are removed
             if meta.get('deletionTimestamp'):
                 return old
-            marked = copy.deepcopy(old)
-            marked['metadata'].update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
-            self._revision += 1
-            marked['metadata']['resourceVersion'] = str(self._revision)
-            self.objects[res, namespace, name].history.append(marked)
-            self._emit(res, 'MODIFIED', marked)
-            return marked
+            return self._mark(res, namespace, name, old)
         return self._remove(res, namespace, name)
+
+    def _mark(self, res: kmock.resource, namespace: str | None, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store ``obj`` as being deleted (a deletionTimestamp), waiting for its finalizers."""
+        marked = copy.deepcopy(obj)
+        marked['metadata'].setdefault('deletionTimestamp', now())
+        marked['metadata'].setdefault('deletionGracePeriodSeconds', 0)
+        self._revision += 1
+        marked['metadata']['resourceVersion'] = str(self._revision)
+        self.objects[res, namespace, name].history.append(marked)
+        self._emit(res, 'MODIFIED', marked)
+        return copy.deepcopy(marked)
+
+    # --- garbage collection (fix 14) --------------------------------------------------------
+
+    def _collect(self, gone: dict[str, Any]) -> None:
+        """What the garbage collector does once an object is gone: its dependents
+        lose their reference to it, and those left with no owner are deleted
+        (background); an owner waiting in foreground deletion for it may go."""
+        requester, self._requester = self._requester, None  # the collector acts, not the requester
+        try:
+            uid = lookup(gone, 'metadata.uid')
+            for key in list(self._dependents.pop(uid, ())):
+                dependent = self._get(*key)
+                if dependent is None:
+                    continue
+                others = [r for r in lookup(dependent, 'metadata.ownerReferences') or []
+                          if r.get('uid') != uid and self._owner_exists(r, key[1])]
+                if others:
+                    self._drop_owner(key, uid)
+                elif not lookup(dependent, 'metadata.deletionTimestamp'):
+                    self._delete(*key)
+            for ref in lookup(gone, 'metadata.ownerReferences') or []:
+                self._release_foreground(ref.get('uid'))
+        finally:
+            self._requester = requester
+
+    def _collect_orphan(self, key: tuple[kmock.resource, str | None, str]) -> None:
+        requester, self._requester = self._requester, None
+        try:
+            if self._get(*key) is not None:
+                self._delete(*key)
+        finally:
+            self._requester = requester
+
+    def _owner_exists(self, ref: dict[str, Any], namespace: str | None) -> bool:
+        return ref.get('uid') in self._uids
+
+    def _drop_owner(self, key: tuple[kmock.resource, str | None, str], uid: str) -> None:
+        """Remove the reference to owner ``uid`` from the object at ``key``."""
+        obj = self._get(*key)
+        if obj is None:
+            return
+        refs = [r for r in lookup(obj, 'metadata.ownerReferences') or [] if r.get('uid') != uid]
+        new = copy.deepcopy(obj)
+        if refs:
+            new['metadata']['ownerReferences'] = refs
+        else:
+            new['metadata'].pop('ownerReferences', None)
+        self._store(*key, obj, new)
+
+    def _release_foreground(self, uid: str | None) -> None:
+        """An owner in foreground deletion goes once no dependent blocks it."""
+        key = self._uids.get(uid)
+        if key is not None:
+            owner = self._get(*key)
+            finalizers = lookup(owner, 'metadata.finalizers') or []
+            if FOREGROUND not in finalizers:
+                return
+            blocking = [k for k in self._dependents.get(uid, ()) if (d := self._get(*k)) is not None and any(
+                r.get('uid') == uid and r.get('blockOwnerDeletion') for r in lookup(d, 'metadata.ownerReferences') or [])]
+            if not blocking:
+                owner['metadata']['finalizers'] = [f for f in finalizers if f != FOREGROUND]
+                self._store(*key, self._get(*key), owner)
 
     def _remove(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
         """Delete at once, finalizers notwithstanding; with what a Namespace or a CRD holds."""
@@ -863,13 +970,30 @@ class Emulator(kmock.KubernetesEmulator):
     def _drop(self, key: tuple[kmock.resource, str | None, str], last: dict[str, Any]) -> None:
         self.objects[key].delete()  # kmock's soft deletion keeps the history
         self._rbac.pop((key[0].plural, key[1], key[2]), None)
+        for uid in owner_uids(last):
+            self._dependents.get(uid, set()).discard(key)
+        self._uids.pop(lookup(last, 'metadata.uid'), None)
         self._emit(key[0], 'DELETED', last)
+        self._collect(last)
 
     def _emit(self, res: kmock.resource, kind: str, obj: dict[str, Any]) -> None:
         event = {'type': kind, 'object': copy.deepcopy(obj)}
         self._events.append((self._revision, res, event))
         for queue in self._watchers:
             queue.put_nowait((res, event))
+
+
+def owner_uids(obj: dict[str, Any] | None) -> set[str]:
+    return {r.get('uid') for r in lookup(obj, 'metadata.ownerReferences') or [] if r.get('uid')}
+
+
+def propagation(request: kmock.Request, body: Any) -> str:
+    """Fix 14: a delete's propagationPolicy (query or DeleteOptions body); Background by default."""
+    options = body if isinstance(body, dict) else {}
+    policy = request.params.get('propagationPolicy') or options.get('propagationPolicy')
+    if not policy and options.get('orphanDependents') is True:
+        policy = 'Orphan'
+    return policy or 'Background'
 
 
 def crd_status(crd: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:

@@ -740,6 +740,99 @@ async fn rbac_grants_what_roles_say_and_refuses_the_rest() {
     assert_eq!((status.code, status.reason.as_str()), (401, "Unauthorized"));
 }
 
+/// A ConfigMap owned by `owners` (blocking their foreground deletion),
+/// with `finalizers`.
+fn dependent(name: &str, owners: &[&ConfigMap], finalizers: &[&str]) -> ConfigMap {
+    let refs: Vec<Value> = owners
+        .iter()
+        .map(|o| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "name": o.name_any(),
+                   "uid": o.uid().unwrap(), "blockOwnerDeletion": true})
+        })
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": refs,
+                                               "finalizers": finalizers}}))
+    .unwrap()
+}
+
+/// Garbage collection: background (the default), foreground and orphan
+/// deletion of an owner; a dependent with another owner keeps living;
+/// finalizers hold a dependent as any deletion.
+#[tokio::test]
+async fn owners_take_their_dependents_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let pp = PostParams::default();
+    let mk = async |name: &str| {
+        let owner: ConfigMap = serde_json::from_value(cm(name, json!({}))).unwrap();
+        cms.create(&pp, &owner).await.unwrap()
+    };
+    let gone = async |name: &str| cms.get_opt(name).await.unwrap().is_none();
+    let unfinalize = async |name: &str| {
+        let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        cms.patch(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    };
+
+    // Background: the owner goes at once, then what it alone owned.
+    let (owner, other) = (mk("owner").await, mk("other").await);
+    for d in [
+        dependent("only-mine", &[&owner], &[]),
+        dependent("shared", &[&owner, &other], &[]),
+        dependent("held", &[&owner], &["example.dev/hold"]),
+    ] {
+        cms.create(&pp, &d).await.unwrap();
+    }
+    cms.delete("owner", &DeleteParams::default()).await.unwrap();
+    assert!(gone("owner").await && gone("only-mine").await);
+    let shared = cms.get("shared").await.unwrap();
+    let refs: Vec<_> = shared
+        .owner_references()
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(refs, ["other"], "{shared:?}");
+    let held = cms.get("held").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some(), "{held:?}");
+    unfinalize("held").await;
+    assert!(gone("held").await);
+
+    // Foreground: the owner waits for its blocking dependents.
+    let owner = mk("parent").await;
+    cms.create(&pp, &dependent("child", &[&owner], &["example.dev/hold"]))
+        .await
+        .unwrap();
+    cms.delete("parent", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let parent = cms.get("parent").await.unwrap();
+    assert!(parent.metadata.deletion_timestamp.is_some(), "{parent:?}");
+    assert_eq!(parent.finalizers(), ["foregroundDeletion"]);
+    let child = cms.get("child").await.unwrap();
+    assert!(child.metadata.deletion_timestamp.is_some(), "{child:?}");
+    unfinalize("child").await;
+    assert!(gone("child").await && gone("parent").await);
+
+    // Orphan: the dependents stay, without the reference.
+    let owner = mk("elder").await;
+    cms.create(&pp, &dependent("orphan", &[&owner], &[]))
+        .await
+        .unwrap();
+    cms.delete("elder", &DeleteParams::orphan()).await.unwrap();
+    assert!(gone("elder").await);
+    let orphan = cms.get("orphan").await.unwrap();
+    assert!(orphan.owner_references().is_empty(), "{orphan:?}");
+
+    // Written after its only owner went (a controller's late apply): collected.
+    cms.create(&pp, &dependent("late", &[&owner], &[]))
+        .await
+        .unwrap();
+    assert!(gone("late").await);
+}
+
 #[tokio::test]
 async fn kube_rs_finalizer_helper_adds_and_removes_its_finalizer() {
     const FINALIZER: &str = "example.dev/cleanup";
