@@ -5,8 +5,9 @@
 //! endpoint.
 //!
 //! Each test runs its own emulator, namespace and operator process(es). The
-//! emulator has no controllers: Deployments never get Pods, so no tenant
-//! becomes Ready here (Available=False: PodsNotReady, or Deploying). It
+//! emulator here maps no image to a program: Pods stay Pending, so no
+//! tenant becomes Ready (Available=False: PodsNotReady, or Deploying; the
+//! chart tests run the real sidecar in them). It
 //! enforces RBAC (operators run as the chart's ServiceAccount) and collects
 //! garbage (a deleted tenant takes what it owned).
 

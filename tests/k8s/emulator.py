@@ -89,6 +89,16 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      in the API server's words; fields the schema does not declare are
      pruned, or refused (400) when the client asks for
      ``fieldValidation=Strict`` as kubectl does.
+ 16. Pods (kubelet.py): each Deployment's pod template becomes Pods (owned
+     by the Deployment) whose containers run as local processes of the
+     program ``--image NAME=PATH`` maps their image to, with their
+     environment (literal, ``secretKeyRef``, ``configMapKeyRef``,
+     ``fieldRef``) and volumes (ConfigMap, Secret, emptyDir, PVC) as
+     directories bind-mounted at their mount paths in a private mount
+     namespace; readiness probes (``httpGet``) are polled and Pod and
+     Deployment status written (``readyReplicas``, conditions); a new
+     template rolls the Pods. A Service gets a local TCP address that reaches
+     its ready Pods, in ``status.loadBalancer.ingress`` (ip and ports).
 
 Gaps, by design -- tests must not rely on these:
   - a request without a bearer token acts as a cluster administrator (the
@@ -110,8 +120,22 @@ Gaps, by design -- tests must not rely on these:
   - garbage collection runs within the request that deletes the owner (or
     that writes a dependent whose owners are all gone already), where a
     cluster's collector catches up a moment later;
-  - no controllers (Deployments never get Pods, Namespaces are removed at
-    once), no ``deletecollection``;
+  - Pods: no ReplicaSets (a Deployment owns its Pods), no scheduling, no
+    images (only mapped programs run; others stay Pending with
+    ErrImagePull), no resource limits, security contexts, users or
+    read-only root filesystems; a Pod's network is the host's: each gets a
+    loopback address of its own (127.0.1.N) and an argument ``0.0.0.0``
+    becomes that address; probes run every 0.2 s whatever their period;
+    liveness probes, init containers, ``subPath``, projected and downward-API
+    volumes are not run; mounting needs root (``unshare --mount``); mount
+    points missing on the host are created there (empty directories such
+    as /etc/bindery); volumes do not follow later changes of their
+    ConfigMaps and Secrets (a rollout does); no ``kubectl logs`` (container
+    output goes to ``--pods-dir``/NS/POD/CONTAINER.log);
+  - Services: no cluster IPs or DNS names, a local port per Service port
+    instead (``status.loadBalancer``), connections go round robin;
+  - no other controllers (Namespaces are removed at once), no
+    ``deletecollection``;
   - no pagination (``limit`` is ignored, everything comes in one page), no
     dry-run, no ``sendInitialEvents``, no watch bookmarks; the event log that
     watches resume from is never trimmed (no 410 Gone);
@@ -132,8 +156,10 @@ import logging
 import re
 import signal
 import sys
+import tempfile
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -145,6 +171,7 @@ import yaml
 from kmock._internal import parsing
 
 import admission
+import kubelet
 import rbac
 
 log = logging.getLogger('emulator')
@@ -395,6 +422,7 @@ class Emulator(kmock.KubernetesEmulator):
     _requester: rbac.User | None = attrs.field(default=None, init=False)  # who makes the write in progress
     _strict: bool = attrs.field(default=False, init=False)  # and whether it asked for strict field validation
     _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)  # fix 15: CRD schemas
+    kubelet: Any = attrs.field(default=None, init=False)  # fix 16: told of every event
     # Fix 14: owner uid -> the keys of the objects whose ownerReferences name it.
     _dependents: dict[str, set[tuple[kmock.resource, str | None, str]]] = attrs.field(factory=dict, init=False)
     _uids: dict[str, tuple[kmock.resource, str | None, str]] = attrs.field(factory=dict, init=False)  # of what exists
@@ -1017,6 +1045,8 @@ class Emulator(kmock.KubernetesEmulator):
         self._events.append((self._revision, res, event))
         for queue in self._watchers:
             queue.put_nowait((res, event))
+        if self.kubelet is not None:
+            self.kubelet.notice(res, event)
 
 
 def owner_uids(obj: dict[str, Any] | None) -> set[str]:
@@ -1047,8 +1077,10 @@ def crd_status(crd: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any
     }
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, images: dict[str, str], pods_dir: Path) -> None:
     async with Emulator() as emulator, kmock.Server(emulator, host='127.0.0.1', port=port) as server:
+        emulator.kubelet = kubelet.Kubelet(emulator, images, pods_dir)  # fix 16
+        emulator.kubelet.start()
         print(f'listening on http://127.0.0.1:{server.port}', flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -1056,15 +1088,21 @@ async def serve(port: int) -> None:
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         log.info('stopping')
+        await emulator.kubelet.stop()
         emulator.close_watches()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--port', type=int, default=0, help='0 (the default) picks a free port')
+    parser.add_argument('--image', action='append', default=[], metavar='NAME=PATH',
+                        help='run containers of image NAME (with or without its tag) as the program PATH')
+    parser.add_argument('--pods-dir', type=Path, help="where Pods' volumes and logs go (default: a temporary directory)")
     args = parser.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(asctime)s %(name)s %(message)s')
-    asyncio.run(serve(args.port))
+    images = dict(i.split('=', 1) for i in args.image)
+    with tempfile.TemporaryDirectory(prefix='emulator-pods-') as scratch:
+        asyncio.run(serve(args.port, images, args.pods_dir or Path(scratch)))
 
 
 if __name__ == '__main__':

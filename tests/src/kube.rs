@@ -43,6 +43,12 @@ impl Emulator {
     /// Start an emulator whose files (kubeconfig, log, kubectl cache) go to
     /// `dir`, and wait until it listens.
     pub fn start(dir: &Path) -> Emulator {
+        Emulator::start_with_images(dir, &[])
+    }
+
+    /// [`Emulator::start`], with containers of each `(image, program)`
+    /// running as that program; Pods' volumes and logs go to `dir/pods`.
+    pub fn start_with_images(dir: &Path, images: &[(&str, &Path)]) -> Emulator {
         ensure_python_deps();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/emulator.py");
         std::fs::create_dir_all(dir).expect("emulator dir");
@@ -50,7 +56,13 @@ impl Emulator {
         let stderr = std::fs::File::create(&stderr_log).expect("emulator stderr log");
         let mut child = Command::new("python3")
             .arg(&script)
-            .args(["--port", "0"])
+            .args(["--port", "0", "--pods-dir"])
+            .arg(dir.join("pods"))
+            .args(
+                images
+                    .iter()
+                    .flat_map(|(i, p)| ["--image".to_string(), format!("{i}={}", p.display())]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

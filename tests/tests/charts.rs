@@ -1273,8 +1273,10 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "bindery-system",
         "--lease-name",
         "bindery-bindery-operator",
+        // Renewed (updated) every 2 s; long enough not to be lost on a
+        // loaded machine.
         "--lease-duration",
-        "2",
+        "6",
     ];
     let mut op = Operator::start(&identity, dir.path(), ns, &lease);
     for tenant in ["acme", "globex"] {
@@ -1662,4 +1664,291 @@ fn openapi_to_json_schema(schema: &Value, structural: bool) -> Value {
     } else {
         out
     }
+}
+
+// The platform team's path, end to end, on an emulator that runs the
+// tenants' pods.
+
+/// What the emulator's kubelet runs the operator's `--sidecar-image` as.
+const SIDECAR_IMAGE: &str = "bindery-sidecar:e2e";
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// The example tools ConfigMap, its tool also printing the SHA-256 of the
+/// billing token it was given (so a test sees which value reached it
+/// without the value itself travelling anywhere).
+fn tools_with_token_digest() -> String {
+    let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
+    let anchor = "    invoices | awk";
+    assert!(
+        tools.contains(anchor),
+        "examples/k8s/tools-configmap.yaml changed"
+    );
+    tools.replacen(
+        anchor,
+        "    printf 'token-sha256: %s\\n' \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\"\n    invoices | awk",
+        1,
+    )
+}
+
+/// Poll `ok` (a blocking check) until it holds, at most 120 s.
+async fn eventually(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited for {what}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One session through the tenant's Service: its tool result and answer.
+async fn ask(base: &str, owner: &str) -> (u16, String) {
+    let api = bindery_tests::sidecar::Api::new(base);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(owner),
+            Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    (r.status, r.text)
+}
+
+/// The operator chart (its RBAC enforced: the operator runs as its
+/// ServiceAccount), the example Agent, tools and Secret, the tenant chart:
+/// the tenant becomes Ready with its pods running the real sidecar; a
+/// session through its Service answers for the pinned tenant with the
+/// Secret's value reaching the tool and nothing else; rotating the Secret
+/// rolls the pods and the new value reaches the tool; deleting the
+/// tenant's release takes everything it owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_platform_teams_path_end_to_end() {
+    const CANARY: &str = "billing-canary-51c2e9";
+    const ROTATED: &str = "billing-rotated-8d04aa";
+    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        if last["role"] == "tool" {
+            bindery_tests::mock_llm::MockReply::text(format!(
+                "answer: {}",
+                last["content"].as_str().unwrap_or("")
+            ))
+        } else {
+            // Asks for another tenant's invoices: the pin decides.
+            bindery_tests::mock_llm::MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue", "tenant_id": "globex"}),
+            )
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = bindery_tests::helm::sidecar_binary();
+    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
+    let ns = "shop";
+    apply(
+        &emu,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata: {name: bindery-system}\n",
+    );
+
+    // 1. The operator chart: CRDs, then the rest, as helm install would.
+    let operator_docs = Render::new(OPERATOR, "bindery")
+        .namespace("bindery-system")
+        .set("watchNamespaces={shop}")
+        .set(format!(
+            "sidecarImage.repository={}",
+            SIDECAR_IMAGE.split(':').next().unwrap()
+        ))
+        .set("sidecarImage.tag=e2e")
+        .template(&[])
+        .unwrap();
+    let (crds, rest): (Vec<Value>, Vec<Value>) = documents(&operator_docs)
+        .into_iter()
+        .partition(|d| d["kind"] == "CustomResourceDefinition");
+    let as_yaml = |docs: &[Value]| {
+        docs.iter()
+            .map(|d| serde_yaml::to_string(d).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    apply(&emu, &as_yaml(&crds));
+    apply(&emu, &as_yaml(&rest));
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
+    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+
+    // 2. The example Agent (its model: the mock), tools and Secret.
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace("https://api.openai.com/v1", &llm.url());
+    apply(
+        &emu,
+        &agent.replace("name: invoices\n", "name: invoices\n  namespace: shop\n"),
+    );
+    apply(
+        &emu,
+        &tools_with_token_digest().replace(
+            "name: invoices-tools\n",
+            "name: invoices-tools\n  namespace: shop\n",
+        ),
+    );
+    let billing = |value: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-billing, namespace: shop}}\nstringData: {{token: {value}}}\n")
+    };
+    apply(&emu, &billing(CANARY));
+
+    // 3. The tenant chart: Ready, every parameter's row in describe.
+    let tenant_yaml = Render::new(TENANT, "acme")
+        .values("examples/k8s/acme-values.yaml")
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &tenant_yaml);
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+    let acme = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
+    let described = kubectl(&emu, &["describe", "-n", ns, "agenttenant", "acme"]);
+    let summary = acme["status"]["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 2, "{acme:#}");
+    for line in summary {
+        assert!(
+            described.contains(line.as_str().unwrap()),
+            "{line} not in:\n{described}"
+        );
+    }
+    let deployment = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
+    assert_eq!(deployment["status"]["readyReplicas"], 1, "{deployment:#}");
+
+    // 4. A session through the tenant's Service, against the mock model.
+    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
+    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
+    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
+    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
+    let (status, text) = ask(&base, &owner).await;
+    assert_eq!(status, 201, "{text}");
+    assert!(
+        text.contains("INV-1002"),
+        "acme-corp's overdue invoice: {text}"
+    );
+    assert!(
+        !text.contains("INV-2002"),
+        "another tenant's invoice: {text}"
+    );
+    assert!(
+        text.contains(&sha256_hex(CANARY)),
+        "the Secret's value did not reach the tool: {text}"
+    );
+
+    // 5. Rotate the Secret: the pods roll, the new value reaches the tool.
+    let pods_before = kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"]);
+    apply(&emu, &billing(ROTATED));
+    eventually(
+        "the pods to roll",
+        || op.logs(),
+        || {
+            let d = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
+            let pods = kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"]);
+            d["status"]["updatedReplicas"] == 1
+                && d["status"]["readyReplicas"] == 1
+                && d["status"]["replicas"] == 1
+                && !pods.is_empty()
+                && pods.lines().all(|p| !pods_before.contains(p))
+        },
+    )
+    .await;
+    let (status, text) = ask(&base, &owner).await;
+    assert_eq!(status, 201, "{text}");
+    assert!(
+        text.contains(&sha256_hex(ROTATED)),
+        "the new value did not reach the tool: {text}"
+    );
+
+    // Neither value anywhere but in its Secret: no other object, no log, no
+    // model request, no answer.
+    let mut everywhere = String::new();
+    for kind in [
+        "agenttenants",
+        "agents",
+        "deployments",
+        "pods",
+        "configmaps",
+        "services",
+        "serviceaccounts",
+        "events",
+        "persistentvolumeclaims",
+    ] {
+        everywhere.push_str(&kubectl(&emu, &["get", "-A", kind, "-o", "json"]));
+    }
+    everywhere.push_str(&op.logs());
+    everywhere.push_str(&emu.logs());
+    everywhere.push_str(&text);
+    everywhere.push_str(&serde_json::to_string(&llm.requests()).unwrap());
+    for entry in walk(&dir.path().join("pods")) {
+        if entry.extension().is_some_and(|e| e == "log") {
+            everywhere.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
+        }
+    }
+    for value in [CANARY, ROTATED] {
+        assert!(!everywhere.contains(value), "{value} left its Secret");
+    }
+
+    // 6. The tenant's release goes: everything it owned goes with it.
+    let file = dir.path().join("acme-release.yaml");
+    std::fs::write(&file, &tenant_yaml).unwrap();
+    kubectl(&emu, &["delete", "-f", file.to_str().unwrap()]);
+    eventually(
+        "everything acme owned to be gone",
+        || op.logs(),
+        || {
+            [
+                ("deployment", "acme"),
+                ("service", "acme"),
+                ("serviceaccount", "acme"),
+                ("configmap", "acme-agents"),
+                ("secret", "acme-owner-token"),
+            ]
+            .iter()
+            .all(|(kind, name)| !emu.kubectl(&["get", "-n", ns, kind, name]).status.success())
+                && kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"])
+                    .trim()
+                    .is_empty()
+        },
+    )
+    .await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port as u16))
+            .map(|mut s| {
+                let _ = s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                out
+            })
+            .unwrap_or_default()
+            .is_empty(),
+        "the Service still answers"
+    );
+    llm.shutdown().await;
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }
