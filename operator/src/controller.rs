@@ -41,6 +41,13 @@ pub enum Error {
     NoNamespace(String),
 }
 
+/// How many tenants are reconciled at the same time.
+const RECONCILES_AT_ONCE: u16 = 128;
+/// A tenant is reconciled once the changes that concern it have been quiet
+/// this long: one apply changes several of its objects at once, and each
+/// would otherwise reconcile it again.
+const QUIET: Duration = Duration::from_millis(500);
+
 /// Run the controller on `namespace` (all namespaces when `None`) until
 /// SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
@@ -48,7 +55,14 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let tenants = scoped::<AgentTenant>(&client, &namespace);
     let agents = scoped::<Agent>(&client, &namespace);
     let cfg = watcher::Config::default();
-    let controller = Controller::new(tenants, cfg.clone());
+    // A bounded number of reconciles at once: with a thousand tenants
+    // queued together, unbounded concurrency holds every one's objects in
+    // memory at the same time (and gains nothing against one API server).
+    let controller = Controller::new(tenants, cfg.clone()).with_config(
+        kube::runtime::controller::Config::default()
+            .concurrency(RECONCILES_AT_ONCE)
+            .debounce(QUIET),
+    );
     let store = controller.store();
     let by_agent = store.clone();
     let by_secret = store.clone();
