@@ -382,6 +382,23 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
     })))
 }
 
+/// A namespaced kind that reconcile reads, applies or deletes.
+trait Namespaced:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Namespaced for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 /// Key names and resourceVersion of each named object that exists.
 async fn key_names<K>(
     c: &Client,
@@ -390,10 +407,7 @@ async fn key_names<K>(
     reduce: impl Fn(K) -> (BTreeSet<String>, String),
 ) -> Result<BTreeMap<String, RefObject>, kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Namespaced,
 {
     let api = Api::<K>::namespaced(c.clone(), ns);
     let mut out = BTreeMap::new();
@@ -421,10 +435,7 @@ async fn prune<K>(
     wanted: Option<&str>,
 ) -> Result<(), kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Namespaced,
 {
     let api = Api::<K>::namespaced(c.clone(), ns);
     let name = tenant.name_any();
@@ -454,11 +465,7 @@ where
 /// Server-side apply under the operator's one field manager.
 async fn apply<K>(c: &Client, ns: &str, obj: &K) -> Result<(), kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug,
+    K: Namespaced + Serialize,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
     Api::<K>::namespaced(c.clone(), ns)

@@ -1195,32 +1195,25 @@ fn condition<'a>(tenant: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition: {tenant:#}"))
 }
 
-#[test]
-fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(dir.path());
-    let ns = "shop";
+/// The namespaces `shop` and `bindery-system`, and the operator chart
+/// watching `shop` (with `sets`) applied as helm install would: CRDs first,
+/// then the rest (ServiceAccount, RBAC, Deployment, Service). Its documents.
+fn install_operator_chart(emu: &Emulator, sets: &[&str]) -> Vec<Value> {
     apply(
-        &emu,
+        emu,
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: bindery-system}\n",
     );
-
-    // The operator chart, namespaced to `shop`, with two replicas (leader
-    // election): CRDs first, then the rest (ServiceAccount, RBAC,
-    // Deployment, Service), as helm install would.
-    let operator_docs = Render::new(OPERATOR, "bindery")
+    let mut chart = Render::new(OPERATOR, "bindery")
         .namespace("bindery-system")
-        .set("watchNamespaces={shop}")
-        .set("replicas=2")
-        .template(&[])
-        .unwrap();
-    let roles: Vec<Value> = documents(&operator_docs)
-        .into_iter()
-        .filter(|d| d["kind"] == "Role")
-        .collect();
-    let (crds, rest): (Vec<Value>, Vec<Value>) = documents(&operator_docs)
-        .into_iter()
+        .set("watchNamespaces={shop}");
+    for s in sets {
+        chart = chart.set(*s);
+    }
+    let docs = documents(&chart.template(&[]).unwrap());
+    let (crds, rest): (Vec<Value>, Vec<Value>) = docs
+        .iter()
+        .cloned()
         .partition(|d| d["kind"] == "CustomResourceDefinition");
     let as_yaml = |docs: &[Value]| {
         docs.iter()
@@ -1228,17 +1221,28 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
             .collect::<Vec<_>>()
             .join("---\n")
     };
-    let out = apply(&emu, &as_yaml(&crds));
+    let out = apply(emu, &as_yaml(&crds));
     assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
-    let out = apply(&emu, &as_yaml(&rest));
-    assert!(
-        out.contains("deployment.apps/bindery-bindery-operator created"),
-        "{out}"
-    );
-    assert!(
-        out.contains("role.rbac.authorization.k8s.io/bindery-bindery-operator created"),
-        "{out}"
-    );
+    let out = apply(emu, &as_yaml(&rest));
+    for created in [
+        "deployment.apps/bindery-bindery-operator created",
+        "role.rbac.authorization.k8s.io/bindery-bindery-operator created",
+    ] {
+        assert!(out.contains(created), "{out}");
+    }
+    docs
+}
+
+#[test]
+fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let ns = "shop";
+    // With two replicas (leader election).
+    let roles: Vec<Value> = install_operator_chart(&emu, &["replicas=2"])
+        .into_iter()
+        .filter(|d| d["kind"] == "Role")
+        .collect();
 
     // The agent, its tools and the demo Secrets; then two tenants from
     // the tenant chart with the example values.
@@ -1414,20 +1418,22 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         .template(&["--skip-tests"])
         .unwrap();
     apply(&emu, &yaml);
-    let claim_gone = || {
+    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {what}\n{}",
+                op.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_until("globex-store to be deleted", &|| {
         !emu.kubectl(&["get", "-n", ns, "persistentvolumeclaim", "globex-store"])
             .status
             .success()
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !claim_gone() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "globex-store is still there\n{}",
-            op.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
 
     // A problem a human must fix: a Warning Event; fixed; and again: the
     // same Event counts 2.
@@ -1439,17 +1445,6 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
             .filter(|e| e["involvedObject"]["name"] == "globex" && e["type"] == "Warning")
             .map(|e| e["count"].as_i64().unwrap_or(0))
             .collect()
-    };
-    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        while !ok() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited for {what}\n{}",
-                op.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
     };
     let billing = repo_path("examples/k8s/globex-billing-secret.yaml");
     kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
@@ -1752,34 +1747,13 @@ async fn the_platform_teams_path_end_to_end() {
     let sidecar = bindery_tests::helm::sidecar_binary();
     let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
     let ns = "shop";
-    apply(
-        &emu,
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
-         apiVersion: v1\nkind: Namespace\nmetadata: {name: bindery-system}\n",
-    );
 
-    // 1. The operator chart: CRDs, then the rest, as helm install would.
-    let operator_docs = Render::new(OPERATOR, "bindery")
-        .namespace("bindery-system")
-        .set("watchNamespaces={shop}")
-        .set(format!(
-            "sidecarImage.repository={}",
-            SIDECAR_IMAGE.split(':').next().unwrap()
-        ))
-        .set("sidecarImage.tag=e2e")
-        .template(&[])
-        .unwrap();
-    let (crds, rest): (Vec<Value>, Vec<Value>) = documents(&operator_docs)
-        .into_iter()
-        .partition(|d| d["kind"] == "CustomResourceDefinition");
-    let as_yaml = |docs: &[Value]| {
-        docs.iter()
-            .map(|d| serde_yaml::to_string(d).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n")
-    };
-    apply(&emu, &as_yaml(&crds));
-    apply(&emu, &as_yaml(&rest));
+    // 1. The operator chart.
+    let repository = format!(
+        "sidecarImage.repository={}",
+        SIDECAR_IMAGE.split(':').next().unwrap()
+    );
+    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
     let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
     let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
     let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);

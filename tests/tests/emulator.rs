@@ -239,7 +239,11 @@ stringData: {token: s3cr3t}
 
 /// A kube-rs client for the emulator, from the kubeconfig it wrote.
 async fn client(emu: &Emulator) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).expect("kubeconfig");
+    client_from(&emu.kubeconfig).await
+}
+
+async fn client_from(kubeconfig: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("config");
@@ -543,11 +547,7 @@ async fn kube_rs_status_subresource_changes_only_status() {
 
 /// A kube-rs client authenticating as `identity` (a ServiceAccount's token).
 async fn client_as(identity: &bindery_tests::kube::Identity) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&identity.kubeconfig).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("config");
-    Client::try_from(config).expect("client")
+    client_from(&identity.kubeconfig).await
 }
 
 /// The 403 of a refused request: its message.
