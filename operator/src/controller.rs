@@ -173,6 +173,20 @@ async fn reconcile_agent(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action,
         previous,
         &Time(crate::events::now()),
     );
+    // What the checks found, once per new finding: a Warning on the Agent.
+    if let Some(found) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid" && c.status == "False")
+    {
+        if !previous.iter().any(|c| c.message == found.message) {
+            if let Err(e) =
+                crate::events::warn_agent(&ctx.client, &agent, "InvalidAgent", &found.message).await
+            {
+                tracing::warn!(agent = %name, "cannot publish an event: {e}");
+            }
+        }
+    }
     if agent.status.as_ref() != Some(&status) {
         api.patch_status(
             &name,

@@ -1,8 +1,8 @@
 //! Kubernetes Events for what a human must fix, as core/v1 Events so that
-//! `kubectl describe agenttenant` lists them.
+//! `kubectl describe agenttenant` (or `agent`) lists them.
 //!
-//! One Event per problem of a tenant: its name derives from the tenant's
-//! uid, the reason and the message, so a problem that comes back counts up
+//! One Event per problem of a tenant or Agent: its name derives from the
+//! object's uid, the reason and the message, so a problem that comes back counts up
 //! (`count`, `lastTimestamp`) on the Event it already has instead of adding
 //! another. kube-runtime's `Recorder` would do the same with
 //! events.k8s.io/v1 series, but the API emulator the tests run against
@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use crate::crd::AgentTenant;
+use crate::crd::{Agent, AgentTenant};
 
 pub const COMPONENT: &str = "bindery-operator";
 
@@ -23,14 +23,26 @@ pub fn now() -> jiff::Timestamp {
     jiff::Timestamp::now()
 }
 
-/// The Event's name for one problem of one tenant.
-fn name(tenant: &AgentTenant, reason: &str, message: &str) -> String {
+/// The Event's name for one problem of one object.
+fn name(about: &ObjectReference, reason: &str, message: &str) -> String {
     let mut h = Sha256::new();
-    for part in [tenant.uid().unwrap_or_default().as_str(), reason, message] {
+    for part in [about.uid.as_deref().unwrap_or_default(), reason, message] {
         h.update(part.as_bytes());
         h.update([0]);
     }
-    format!("{}.{}", tenant.name_any(), &hex::encode(h.finalize())[..16])
+    let object = about.name.as_deref().unwrap_or_default();
+    format!("{object}.{}", &hex::encode(h.finalize())[..16])
+}
+
+fn reference(kind: &str, name: String, ns: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("bindery.dev/v1alpha1".into()),
+        kind: Some(kind.into()),
+        name: Some(name),
+        namespace: Some(ns.into()),
+        uid,
+        ..Default::default()
+    }
 }
 
 /// Publish a Warning about `tenant`, or count one more occurrence of it.
@@ -41,8 +53,32 @@ pub async fn warn(
     message: &str,
 ) -> Result<(), kube::Error> {
     let ns = tenant.namespace().unwrap_or_else(|| "default".into());
+    let about = reference("AgentTenant", tenant.name_any(), &ns, tenant.uid());
+    publish(client, about, reason, message).await
+}
+
+/// Publish a Warning about `agent` (what its checks found), or count one
+/// more occurrence of it.
+pub async fn warn_agent(
+    client: &Client,
+    agent: &Agent,
+    reason: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let ns = agent.namespace().unwrap_or_else(|| "default".into());
+    let about = reference("Agent", agent.name_any(), &ns, agent.uid());
+    publish(client, about, reason, message).await
+}
+
+async fn publish(
+    client: &Client,
+    about: ObjectReference,
+    reason: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let ns = about.namespace.clone().unwrap_or_default();
     let api = Api::<Event>::namespaced(client.clone(), &ns);
-    let name = name(tenant, reason, message);
+    let name = name(&about, reason, message);
     let now = now();
     if let Some(seen) = api.get_opt(&name).await? {
         // The resourceVersion makes a concurrent count a conflict, not a loss.
@@ -62,14 +98,7 @@ pub async fn warn(
             namespace: Some(ns.clone()),
             ..Default::default()
         },
-        involved_object: ObjectReference {
-            api_version: Some("bindery.dev/v1alpha1".into()),
-            kind: Some("AgentTenant".into()),
-            name: Some(tenant.name_any()),
-            namespace: Some(ns.clone()),
-            uid: tenant.metadata.uid.clone(),
-            ..Default::default()
-        },
+        involved_object: about,
         reason: Some(reason.into()),
         // An Event message is at most 1 kB.
         message: Some(message.chars().take(1000).collect()),

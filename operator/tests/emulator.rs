@@ -326,6 +326,11 @@ impl Cluster {
 
     /// `(reason, message)` of the Warning Events about the tenant `name`.
     async fn warnings(&self, name: &str) -> Vec<(String, String)> {
+        self.warnings_about("AgentTenant", name).await
+    }
+
+    /// `(reason, message)` of the Warning Events about `kind` `name`.
+    async fn warnings_about(&self, kind: &str, name: &str) -> Vec<(String, String)> {
         self.api::<Event>()
             .list(&Default::default())
             .await
@@ -333,7 +338,7 @@ impl Cluster {
             .into_iter()
             .filter(|e| {
                 e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.kind.as_deref() == Some("AgentTenant")
+                    && e.involved_object.kind.as_deref() == Some(kind)
                     && e.involved_object.name.as_deref() == Some(name)
             })
             .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
@@ -1112,6 +1117,18 @@ async fn agent_changes_reconcile_their_tenants() {
         .wait_agent_valid("invoices", "False", "`ledger`")
         .await;
     assert_eq!(invalid.reason, "Invalid", "{invalid:?}");
+    // And what its checks found, as a Warning on the Agent itself.
+    cluster
+        .wait("a Warning on Agent invoices naming ledger", async || {
+            let w = cluster.warnings_about("Agent", "invoices").await;
+            match &w[..] {
+                [(reason, message)] if reason == "InvalidAgent" && message.contains("`ledger`") => {
+                    Ok(())
+                }
+                _ => Err(format!("{w:?}")),
+            }
+        })
+        .await;
 
     // The helper appears: valid again, with the helper's file.
     cluster.apply(
