@@ -154,7 +154,7 @@ pub fn render_text(r: &AgentReport) -> String {
                 Some(Disposition::Deferred) => {
                     out.push_str("      deferred: the client runs it and posts the result\n")
                 }
-                None => {}
+                Some(_) | None => {}
             }
             for b in &t.bound {
                 let mode = b

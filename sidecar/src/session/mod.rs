@@ -2,6 +2,7 @@
 
 pub mod ask;
 pub mod clients;
+pub mod depends;
 pub mod error;
 pub mod lease;
 pub mod model;

@@ -114,6 +114,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             headers: BTreeMap::new(),
             confirm: None,
             bindings: Vec::new(),
+            tools: Vec::new(),
         }
     }
 }
@@ -190,6 +191,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             timeout_seconds: None,
             max_response_bytes: None,
             confirm: None,
+            tools: Vec::new(),
             secrets: o
                 .secrets
                 .into_iter()
@@ -328,6 +330,7 @@ impl Description {
                     script: None,
                     confirm: None,
                     bindings: bindings(d.bindings),
+                    tools: Vec::new(),
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
@@ -335,6 +338,7 @@ impl Description {
                     script: Some(s.path),
                     confirm: None,
                     bindings: bindings(s.bindings),
+                    tools: Vec::new(),
                 }),
             })
             .collect();
@@ -360,6 +364,7 @@ impl Description {
                 .collect(),
             toolboxes,
             bindings: bindings(self.bindings),
+            tools: Vec::new(),
             confirm: Vec::new(),
             confirm_ttl: None,
             helpers: self

@@ -388,6 +388,8 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    crate::bindings::depends::apply_agent_decls(&mut tools, &p.spec.tools);
+    crate::bindings::depends::check_loaded(&tools, &here, &mut diags);
     for t in tools
         .iter()
         .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
@@ -488,6 +490,7 @@ async fn load_toolbox(
                     &place,
                     diags,
                 );
+                crate::bindings::depends::apply_toolbox_decls(&mut bound, &o.tools);
                 apply_toolbox_confirm(&mut bound, o.confirm.as_ref());
                 check_toolbox_confirm(&bound, o.confirm.as_ref(), &place, Level::Error, diags);
                 tools.extend(bound);
@@ -533,6 +536,7 @@ async fn load_toolbox(
         &place,
         diags,
     );
+    crate::bindings::depends::apply_toolbox_decls(&mut bound, &b.tools);
     apply_toolbox_confirm(&mut bound, b.confirm.as_ref());
     check_toolbox_confirm(&bound, b.confirm.as_ref(), &place, Level::Error, diags);
     tools.extend(bound);
@@ -643,6 +647,7 @@ impl McpLoader {
             |_| Level::Warning,
             diags,
         );
+        crate::bindings::depends::apply_toolbox_decls(&mut bound, &m.tools);
         apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
         check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
