@@ -418,7 +418,8 @@ mod tests {
                 reason: Some("no".into())
             })
         );
-        assert!(resolution_for(&item, r(Some(&json!("x")), None, None)).is_err());
+        let x = json!("x");
+        assert!(resolution_for(&item, r(Some(&x), None, None)).is_err());
         assert!(resolution_for(&item, r(None, None, None)).is_err());
         item.disposition = Disposition::Deferred;
         let lyon = json!({"city": "Lyon"});
@@ -429,7 +430,55 @@ mod tests {
                 output: r#"{"city":"Lyon"}"#.into()
             })
         );
-        assert!(resolution_for(&item, r(Some(&json!("x")), Some(true), None)).is_err());
+        assert!(resolution_for(&item, r(Some(&x), Some(true), None)).is_err());
+    }
+
+    #[test]
+    fn a_choice_must_name_an_offered_option_and_a_chat_message_may_number_it() {
+        use crate::session::depends::{Ask, Choice, LookupState};
+        let mut item = call("s", None);
+        item.disposition = Disposition::NeedsSelection;
+        let option = |id: &str, label: &str| Choice {
+            id: id.into(),
+            label: label.into(),
+            facts: Default::default(),
+            real: format!("real-{id}"),
+        };
+        let state = LookupState {
+            ask: Ask::Selection {
+                key: "k".into(),
+                lookup: "availability".into(),
+                options: vec![option("opt_1", "10:00"), option("opt_2", "11:00")],
+                note: None,
+            },
+            ..Default::default()
+        };
+        item.lookup = Some(state.clone());
+        let choose = |c: &'static str| Reply {
+            choice: Some(c),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolution_for(&item, choose("opt_2")),
+            Ok(Resolution::Chosen {
+                option: "opt_2".into()
+            })
+        );
+        assert!(resolution_for(&item, choose("real-opt_2")).is_err());
+        assert!(resolution_for(
+            &item,
+            Reply {
+                approve: Some(true),
+                ..Default::default()
+            }
+        )
+        .is_err());
+        assert_eq!(state.option_named(" 2 "), Some("opt_2".into()));
+        assert_eq!(state.option_named("10:00"), Some("opt_1".into()));
+        assert_eq!(state.option_named("3"), None);
+        assert_eq!(state.option_named("10"), None);
+        // The real ids never show.
+        assert!(!state.shown().to_string().contains("real-"));
     }
 
     fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
