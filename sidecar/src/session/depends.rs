@@ -561,3 +561,192 @@ fn canonical(v: &Value) -> Value {
         other => other.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::tools::{ArgSpec, CallArgs, Tool, ToolOutput, ToolSpec, Transport};
+
+    /// A tool answering `reply`, recording each call's arguments.
+    struct Fake {
+        spec: ToolSpec,
+        reply: Value,
+        calls: Arc<Mutex<Vec<String>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Tool for Fake {
+        fn spec(&self) -> &ToolSpec {
+            &self.spec
+        }
+        async fn call(&self, args: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
+            let args: BTreeMap<_, _> = args
+                .iter()
+                .map(|(k, v)| (k.clone(), v.plain().cloned()))
+                .collect();
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", self.spec.name, json!(args)));
+            Ok(ToolOutput {
+                text: self.reply.to_string(),
+            })
+        }
+    }
+
+    fn tool(
+        name: &str,
+        args: &[&str],
+        writes: bool,
+        reply: Value,
+        calls: &Arc<Mutex<Vec<String>>>,
+    ) -> BoundTool {
+        BoundTool::new(Arc::new(Fake {
+            spec: ToolSpec {
+                name: name.into(),
+                local_name: name.into(),
+                description: String::new(),
+                args: args
+                    .iter()
+                    .map(|a| ArgSpec {
+                        name: a.to_string(),
+                        description: String::new(),
+                        required: true,
+                        schema: json!({"type": "string"}),
+                        transport: Transport::Json,
+                    })
+                    .collect(),
+                writes,
+            },
+            reply,
+            calls: calls.clone(),
+        }))
+    }
+
+    fn world(deps: &str) -> (Vec<BoundTool>, Arc<Mutex<Vec<String>>>) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let deps: Vec<Dependency> = serde_yaml::from_str(deps).unwrap();
+        let tools = vec![
+            tool(
+                "svc",
+                &[],
+                false,
+                json!({"services": [{"id": "s1"}]}),
+                &calls,
+            ),
+            tool(
+                "slots",
+                &["date", "service_id"],
+                false,
+                json!({"slots": [{"token": "t9", "at": "10:00"}]}),
+                &calls,
+            ),
+            tool(
+                "book",
+                &["date", "service_id", "slot_token"],
+                true,
+                json!({"ok": true}),
+                &calls,
+            )
+            .with_decl(false, &deps),
+        ];
+        (tools, calls)
+    }
+
+    const DEPS: &str = r#"
+- {tool: svc, map: {$.service_id: "$.services[0].id"}}
+- tool: slots
+  arguments: {date: $.date, service_id: $.service_id}
+  select: {items_path: $.slots, id_path: $.token, label_path: $.at, facts: {time: $.at}}
+  map: {$.slot_token: $.token}
+"#;
+
+    async fn step(
+        tools: &[BoundTool],
+        state: LookupState,
+        max_steps: u32,
+        cache: &LookupCache,
+    ) -> Step {
+        let values = Values::new();
+        let call = CallContext::default();
+        let env = Env {
+            tools,
+            values: &values,
+            call: &call,
+            cache,
+            max_steps,
+            now: 1_000,
+        };
+        resolve(&env, &tools[2], state, false).await
+    }
+
+    #[tokio::test]
+    async fn a_later_dependency_reads_what_an_earlier_map_filled_and_a_write_waits() {
+        let (tools, calls) = world(DEPS);
+        let cache = LookupCache::default();
+        let start = LookupState {
+            args: json!({"date": "d1"}),
+            ..Default::default()
+        };
+        let Step::Wait(Disposition::NeedsConfirmation, state) =
+            step(&tools, start, 10, &cache).await
+        else {
+            panic!("no confirmation");
+        };
+        assert_eq!(
+            *calls.lock().unwrap(),
+            vec![
+                "svc {}".to_string(),
+                r#"slots {"date":"d1","service_id":"s1"}"#.to_string()
+            ]
+        );
+        assert!(matches!(&state.ask, Ask::Confirmation { facts, .. } if facts["time"] == "10:00"));
+        assert_eq!(state.expires_at, Some(31_000));
+        // Approved: ready, from the cache.
+        let mut approved = state.clone();
+        if let Ask::Confirmation { prepared, .. } = &state.ask {
+            approved.approved = Some(prepared.clone());
+        }
+        let Step::Ready(args) = step(&tools, approved, 10, &cache).await else {
+            panic!("not ready");
+        };
+        assert_eq!(
+            args,
+            json!({"date": "d1", "service_id": "s1", "slot_token": "t9"})
+        );
+        assert_eq!(calls.lock().unwrap().len(), 2, "a cached lookup ran again");
+    }
+
+    #[tokio::test]
+    async fn when_missing_skips_a_given_destination_and_max_steps_bounds_the_lookups() {
+        let (tools, calls) = world(
+            "[{tool: svc, when: missing, map: {$.service_id: \"$.services[0].id\"}},
+              {tool: slots, when: missing, arguments: {date: $.date, service_id: $.service_id}, map: {$.slot_token: \"$.slots[0].token\"}}]",
+        );
+        let given = LookupState {
+            args: json!({"date": "d1", "service_id": "s7", "slot_token": "t1"}),
+            ..Default::default()
+        };
+        let cache = LookupCache::default();
+        assert!(matches!(
+            step(&tools, given, 10, &cache).await,
+            Step::Wait(Disposition::NeedsConfirmation, _)
+        ));
+        assert!(
+            calls.lock().unwrap().is_empty(),
+            "{:?}",
+            calls.lock().unwrap()
+        );
+        let (tools, _) = world(DEPS);
+        let start = LookupState {
+            args: json!({"date": "d1"}),
+            ..Default::default()
+        };
+        let Step::Failed(why) = step(&tools, start, 1, &LookupCache::default()).await else {
+            panic!("not bounded");
+        };
+        assert!(why.contains("more than 1 lookups"), "{why}");
+    }
+}

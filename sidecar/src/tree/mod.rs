@@ -421,6 +421,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         live::Assembly {
             parts,
             agent_bindings: p.spec.bindings.clone(),
+            agent_decls: p.spec.tools.clone(),
             params: p.spec.parameters.clone(),
             here: here.clone(),
         },
@@ -568,7 +569,10 @@ type Watched = (
     Arc<crate::tools::mcp::McpServer>,
     String,
     Vec<crate::spec::Binding>,
-    Option<crate::spec::ToolboxConfirm>,
+    (
+        Option<crate::spec::ToolboxConfirm>,
+        Vec<crate::spec::ToolDecl>,
+    ),
 );
 
 /// The MCP servers of one agent: started at load, then watched for
@@ -656,7 +660,7 @@ impl McpLoader {
             server,
             place.to_string(),
             m.bindings.clone(),
-            m.confirm.clone(),
+            (m.confirm.clone(), m.tools.clone()),
         ));
     }
 
@@ -705,7 +709,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings, confirm) in &servers {
+                for (i, server, place, bindings, (confirm, decls)) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -725,6 +729,7 @@ impl McpLoader {
                                 &asm.params,
                                 place,
                             );
+                            crate::bindings::depends::apply_toolbox_decls(&mut bound, decls);
                             apply_toolbox_confirm(&mut bound, confirm.as_ref());
                             for d in diags {
                                 tracing::warn!("{}", d.message);
