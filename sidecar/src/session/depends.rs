@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::bindings::depends::lookup_tool;
 use crate::bindings::BoundTool;
 use crate::params::Values;
+use crate::session::pending::canonical;
 use crate::spec::jsonpath::{get, Path};
 use crate::spec::Dependency;
 use crate::tools::{CallContext, Disposition, ToolError};
@@ -548,17 +549,6 @@ pub fn is_stale(e: &ToolError) -> bool {
             .iter()
             .any(|s| m.starts_with(s) || m.contains(&format!(": {s}"))),
         _ => false,
-    }
-}
-
-fn canonical(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let sorted: BTreeMap<_, _> = m.iter().map(|(k, v)| (k.clone(), canonical(v))).collect();
-            serde_json::to_value(sorted).unwrap_or_default()
-        }
-        Value::Array(a) => a.iter().map(canonical).collect(),
-        other => other.clone(),
     }
 }
 

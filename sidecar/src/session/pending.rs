@@ -323,7 +323,7 @@ pub fn call_digest(tool: &str, call: &serde_json::Value, bound_params: &[String]
 }
 
 /// JSON with object keys sorted, whatever order they came in.
-fn canonical(v: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn canonical(v: &serde_json::Value) -> serde_json::Value {
     match v {
         serde_json::Value::Object(m) => {
             let sorted: std::collections::BTreeMap<_, _> =
