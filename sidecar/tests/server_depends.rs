@@ -582,3 +582,46 @@ fn the_example_checks_and_hides_the_slot_token_from_the_model() {
         "{text}"
     );
 }
+
+/// `run` asks on the terminal: the options by number, then y/n for the
+/// prepared booking with its facts; a canary key shows nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
+    use tokio::io::AsyncWriteExt;
+    let b = booking(two_slots(), |t| t).await;
+    let prompt = format!("book {}", json!({"date": DAY, "service": "Haircut"}));
+    let mut child = tokio::process::Command::new(bin())
+        .args(["run", "--agent-file"])
+        .arg(&b.agent)
+        .args(["--set", &format!("booking_store={}", b.store.display())])
+        .args(["--prompt", &prompt])
+        .env("BINDERY_PARAM_API_KEY", CANARY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"2\ny\n").await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("  1. 10:00\n  2. 11:00\n"), "{stderr}");
+    assert!(
+        stderr.contains(r#"({"time":"11:00"}). Approve? [y/N]"#),
+        "{stderr}"
+    );
+    assert!(stdout.contains("\"booked\": true"), "{stdout}");
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-b")]);
+    for s in [&stdout, &stderr] {
+        assert!(!s.contains(CANARY), "{s}");
+    }
+    // The slot token is in no prompt (only the operator's log of the command line).
+    let asked: Vec<&str> = stderr.lines().filter(|l| !l.contains(" INFO ")).collect();
+    assert!(!asked.join("\n").contains("slot-b"), "{stderr}");
+    assert!(!stdout.contains("slot-b"), "{stdout}");
+}
