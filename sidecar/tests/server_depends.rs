@@ -202,6 +202,15 @@ fn id_of(r: &Reply) -> String {
 async fn several_slots_ask_a_person_and_the_booking_waits_for_confirmation() {
     let b = booking(two_slots(), |t| t).await;
     let (mut sidecar, api) = b.start();
+    let agent = api
+        .call("GET", "/v1/agents/booking", Some(OWNER), None)
+        .await;
+    assert_eq!(
+        agent.json["depends_on"],
+        json!({"bash_availability": ["services"], "bash_book": ["availability"]}),
+        "{}",
+        agent.text
+    );
     let r = ask(&api, json!({"date": DAY, "service": "haircut"})).await;
     let id = id_of(&r);
     let item = pending(&r, "needs_selection");

@@ -775,6 +775,13 @@ fn agent_schemas() -> Value {
                     "description": "The tools whose calls wait, by name: for a person's \
                         approval (`confirm`) or for the client's result (`deferred`).",
                 },
+                "depends_on": {
+                    "type": "object",
+                    "additionalProperties": { "type": "array", "items": { "type": "string" } },
+                    "description": "The tools with `depends_on`, by name: their lookups, in \
+                        order. Their calls may stop at `needs_input`, `needs_selection` or \
+                        `needs_confirmation`.",
+                },
             },
         },
         "ParameterView": {
