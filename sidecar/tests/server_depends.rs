@@ -634,3 +634,153 @@ async fn run_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
     assert!(!asked.join("\n").contains("slot-b"), "{stderr}");
     assert!(!stdout.contains("slot-b"), "{stdout}");
 }
+
+/// A booking API on 127.0.0.1 described by OpenAPI: `getAvailability` (a
+/// GET, so read-only) and `createBooking` (a POST), which refuses its first
+/// call with 409. What it saw: `GET <date>` and `POST <slot>` lines.
+async fn booking_api() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use axum::extract::{Query, State};
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+    let doc = json!({
+        "openapi": "3.0.3",
+        "info": {"title": "booking", "version": "1"},
+        "paths": {
+            "/availability": {"get": {
+                "operationId": "getAvailability",
+                "parameters": [{"name": "date", "in": "query", "required": true, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "slots"}}
+            }},
+            "/bookings": {"post": {
+                "operationId": "createBooking",
+                "requestBody": {"content": {"application/json": {"schema": {
+                    "type": "object", "required": ["date", "slot_token"],
+                    "properties": {"date": {"type": "string"}, "slot_token": {"type": "string"}}
+                }}}},
+                "responses": {"201": {"description": "booked"}, "409": {"description": "taken"}}
+            }}
+        }
+    });
+    let seen: Seen = Default::default();
+    let app = Router::new()
+        .route("/openapi.json", get(move || async move { Json(doc) }))
+        .route(
+            "/availability",
+            get(|State(seen): State<Seen>, Query(q): Query<std::collections::BTreeMap<String, String>>| async move {
+                seen.lock().unwrap().push(format!("GET {}", q["date"]));
+                Json(json!({"data": {"slots": [
+                    {"slot_token": "tok-1", "label": "10:00"}, {"slot_token": "tok-2", "label": "11:00"}
+                ]}}))
+            }),
+        )
+        .route(
+            "/bookings",
+            post(|State(seen): State<Seen>, Json(b): Json<Value>| async move {
+                let mut seen = seen.lock().unwrap();
+                let first = !seen.iter().any(|l| l.starts_with("POST"));
+                seen.push(format!("POST {}", b["slot_token"].as_str().unwrap_or("")));
+                if first {
+                    (StatusCode::CONFLICT, "the slot was taken meanwhile").into_response()
+                } else {
+                    (StatusCode::CREATED, "booked").into_response()
+                }
+            }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+/// The same flow through an OpenAPI toolbox: the GET is a lookup without
+/// any declaration, the POST waits for confirmation, and its 409 brings a
+/// fresh lookup and a new choice instead of another booking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openapi_get_is_the_lookup_and_a_409_from_the_post_asks_again() {
+    let (addr, seen) = booking_api().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        match last["role"].as_str() {
+            Some("tool") => MockReply::text("done"),
+            _ => MockReply::tool_call("createBooking", json!({"date": DAY})),
+        }
+    })
+    .await;
+    let agent = dir.path().join("api.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: booking
+spec:
+  model: {{url: "{url}", name: mock-model}}
+  toolboxes:
+    - openapi:
+        spec: "http://{addr}/openapi.json"
+        baseUrl: "http://{addr}"
+        tools:
+          - tool: createBooking
+            depends_on:
+              - tool: getAvailability
+                arguments: {{date: $.date}}
+                select: {{items_path: $.data.slots, id_path: $.slot_token, label_path: $.label, id_sensitive: true}}
+                map: {{$.slot_token: $.slot_token}}
+"#,
+            url = mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let seen_now = || seen.lock().unwrap().clone();
+    let r = ask(&api, json!({})).await;
+    let item = pending(&r, "needs_selection");
+    let r = answer(
+        &api,
+        item,
+        json!({"choice": option_labeled(item, "10:00")["id"]}),
+    )
+    .await;
+    let confirm = pending(&r, "needs_confirmation");
+    assert_eq!(
+        seen_now(),
+        vec![format!("GET {DAY}")],
+        "a write before confirmation"
+    );
+    let r = answer(&api, confirm, json!({"approve": true})).await;
+    let item = pending(&r, "needs_selection");
+    assert!(item["note"].as_str().is_none());
+    assert_eq!(
+        seen_now(),
+        vec![
+            format!("GET {DAY}"),
+            "POST tok-1".into(),
+            format!("GET {DAY}")
+        ]
+    );
+    let r = answer(
+        &api,
+        item,
+        json!({"choice": option_labeled(item, "11:00")["id"]}),
+    )
+    .await;
+    let confirm = pending(&r, "needs_confirmation");
+    assert!(
+        confirm["note"].as_str().unwrap().contains("409/410"),
+        "{confirm}"
+    );
+    let r = answer(&api, confirm, json!({"approve": true})).await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(seen_now().last().unwrap(), "POST tok-2");
+    assert!(last_tool_output(&r).contains("booked"), "{}", r.text);
+}
