@@ -178,6 +178,9 @@ pub struct Env<'a> {
     /// At most this many lookups per orchestration (the agent's maxSteps).
     pub max_steps: u32,
     pub now: i64,
+    /// The tool needs a person's approval even if it writes nothing (a
+    /// `confirm` selector names it).
+    pub confirm: bool,
 }
 
 /// Where an orchestration got to.
@@ -243,7 +246,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
             a.name
         ));
     }
-    if !tool.writes() {
+    if !tool.writes() && !env.confirm {
         return Step::Ready(args);
     }
     let prepared = hex::encode(Sha256::digest(canonical(&args).to_string().as_bytes()));
@@ -668,6 +671,7 @@ mod tests {
             cache,
             max_steps,
             now: 1_000,
+            confirm: false,
         };
         resolve(&env, &tools[2], state, false).await
     }

@@ -400,6 +400,7 @@ async fn orchestrated(
         cache,
         max_steps: ctx.agent.spec.max_steps.unwrap_or(ctx.max_steps).max(1),
         now: crate::session::service::now_ms(),
+        confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
     };
     let mut fresh = false;
     loop {
@@ -407,7 +408,7 @@ async fn orchestrated(
             Step::Ready(args) => {
                 let r = tool.call(args, ctx.values, &call_ctx).await.map(|o| o.text);
                 if let Err(e) = &r {
-                    if !fresh && tool.writes() && depends::is_stale(e) {
+                    if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {
                         tracing::info!(tool = %call.name, "the API refused the prepared call as stale; its lookups run again");
                         state.choices.clear();
                         state.approved = None;
