@@ -95,7 +95,7 @@ pub struct ConfirmSelector {
 
 /// A toolbox's `confirm`: `writes` (every tool that may change something:
 /// MCP tools not annotated `readOnlyHint: true`, OpenAPI operations other
-/// than GET, HEAD and OPTIONS, every bash tool), or selectors on the
+/// than GET, HEAD and OPTIONS, every bash tool not declared `readOnly`), or selectors on the
 /// tools' names inside the toolbox.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
