@@ -784,3 +784,30 @@ spec:
     assert_eq!(seen_now().last().unwrap(), "POST tok-2");
     assert!(last_tool_output(&r).contains("booked"), "{}", r.text);
 }
+
+/// `serve` refuses to start on a dependency mistake, naming the file and the tool.
+#[test]
+fn serve_does_not_start_with_an_effectful_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/invalid/depends-effectful.yaml");
+    let out = std::process::Command::new(bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &sqlite_in(dir.path()),
+        ])
+        .arg("--agent-file")
+        .arg(&fixture)
+        .env("BINDERY_OWNER_TOKEN", OWNER)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("depends-effectful.yaml: agent `depends-effectful`, tool `bash_probe`, depends_on 1 (tool `lister`): `bash_lister` may change something"),
+        "{stderr}"
+    );
+}
