@@ -344,6 +344,9 @@ pub async fn answer_resolved(
     (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
 }
 
+/// The lookups one call may take when the agent sets no `maxSteps`, at least.
+const MIN_LOOKUPS: u32 = 16;
+
 /// The orchestration state an answer leads to, or why the call does not run.
 fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
     use depends::Ask;
@@ -398,7 +401,12 @@ async fn orchestrated(
         values: ctx.values,
         call: &call_ctx,
         cache,
-        max_steps: ctx.agent.spec.max_steps.unwrap_or(ctx.max_steps).max(1),
+        // `run: step` bounds model turns, not the lookups of one call.
+        max_steps: ctx
+            .agent
+            .spec
+            .max_steps
+            .unwrap_or(ctx.max_steps.max(MIN_LOOKUPS)),
         now: crate::session::service::now_ms(),
         confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
     };
