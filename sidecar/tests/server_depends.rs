@@ -194,6 +194,14 @@ fn last_tool_output(r: &Reply) -> String {
         .unwrap_or_default()
 }
 
+/// Ask `book {args}` of a run that ends without waiting: its tool's output.
+async fn ended(api: &Api, args: Value) -> (Reply, String) {
+    let r = ask(api, args).await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let out = last_tool_output(&r);
+    (r, out)
+}
+
 fn id_of(r: &Reply) -> String {
     r.json["session_id"].as_str().unwrap().to_string()
 }
@@ -328,9 +336,7 @@ async fn zero_slots_are_an_outcome_and_one_slot_goes_straight_to_confirmation() 
     )
     .await;
     let (_sidecar, api) = b.start();
-    let r = ask(&api, json!({"date": DAY, "service": "Haircut"})).await;
-    assert_eq!(r.json["status"], "idle", "{}", r.text);
-    let out = last_tool_output(&r);
+    let (_, out) = ended(&api, json!({"date": DAY, "service": "Haircut"})).await;
     assert!(out.contains("\"outcome\":\"no_options\""), "{out}");
     assert!(!out.starts_with("error"), "{out}");
 
@@ -360,9 +366,7 @@ async fn duplicate_ids_and_a_missing_token_are_refused_without_showing_them() {
     )
     .await;
     let (_sidecar, api) = b.start();
-    let r = ask(&api, json!({"date": DAY, "service": "Haircut"})).await;
-    assert_eq!(r.json["status"], "idle", "{}", r.text);
-    let out = last_tool_output(&r);
+    let (r, out) = ended(&api, json!({"date": DAY, "service": "Haircut"})).await;
     assert!(out.contains("options 1 and 2 have the same id"), "{out}");
     assert!(!r.text.contains("slot-dup"), "{}", r.text);
     let r = ask(&api, json!({"date": "2026-10-02", "service": "Haircut"})).await;
