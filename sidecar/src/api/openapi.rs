@@ -524,7 +524,11 @@ fn post_continuation() -> Value {
         "description": "Each item of a session's `pending` carries a `continuation_token`. \
             For a `deferred` call send `result` (the tool's output: a string, or any JSON \
             given to the model as its text); for a `confirm` call send `approve` (and an \
-            optional `reason`, which the model reads when the call is refused). The token \
+            optional `reason`, which the model reads when the call is refused); for a \
+            `needs_selection` item send `choice` (the `id` of one of its `options`), for \
+            `needs_confirmation` `approve`, for `needs_input` `input` (the missing \
+            fields). A selection or confirmation that rests on lookups past their \
+            `ttl_ms` is refused (409 `continuation_expired`) and asked again. The token \
             names its session (`ct_<session id>_<mac>`): no other identifier is needed. \
             `session_id` may say which session the caller means; a token of another \
             session is then unknown (404). A token is good for one answer (a second is \
@@ -810,6 +814,13 @@ fn agent_schemas() -> Value {
                     "description": "The tools whose calls wait, by name: for a person's \
                         approval (`confirm`) or for the client's result (`deferred`).",
                 },
+                "depends_on": {
+                    "type": "object",
+                    "additionalProperties": { "type": "array", "items": { "type": "string" } },
+                    "description": "The tools with `depends_on`, by name: their lookups, in \
+                        order. Their calls may stop at `needs_input`, `needs_selection` or \
+                        `needs_confirmation`.",
+                },
             },
         },
         "ParameterView": {
@@ -1033,9 +1044,18 @@ fn request_schemas() -> Value {
         },
         "ContinuationRequest": {
             "type": "object",
-            "description": "`result` for a deferred call, `approve` for a confirmation.",
+            "description": "`result` for a deferred call, `approve` for a confirmation, \
+                `choice` for a selection, `input` for missing user-owned fields.",
             "additionalProperties": false,
             "properties": {
+                "choice": {
+                    "type": "string",
+                    "description": "The `id` of the chosen option (`needs_selection`).",
+                },
+                "input": {
+                    "type": "object",
+                    "description": "The user-owned fields a `needs_input` item lists as `missing`.",
+                },
                 "result": { "description": "The deferred tool's result: any JSON value." },
                 "approve": { "type": "boolean", "description": "A confirmation's decision." },
                 "reason": {
@@ -1132,10 +1152,34 @@ fn event_schemas() -> Value {
                         outermost first; answering it resumes them, then their caller.",
                 },
                 "disposition": {
-                    "enum": ["deferred", "confirm"],
+                    "enum": ["deferred", "confirm", "needs_input", "needs_selection", "needs_confirmation"],
                     "description": "`deferred`: the client runs the tool and posts the \
-                        result; `confirm`: a person approves the call, or not.",
+                        result; `confirm`: a person approves the call, or not; for a tool \
+                        with `depends_on`: `needs_input` (user-owned fields are missing), \
+                        `needs_selection` (choose one of `options`), `needs_confirmation` \
+                        (approve the prepared write, shown by its `facts`).",
                 },
+                "missing": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "`needs_input`: the fields to send as `input`.",
+                },
+                "lookup": { "type": "string", "description": "`needs_selection`: the lookup tool the options come from." },
+                "options": {
+                    "type": "array",
+                    "description": "`needs_selection`: what the API offered, in its order. An \
+                        `id` is opaque when the lookup's ids are sensitive.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": { "type": "string" },
+                            "label": { "type": "string" },
+                            "facts": { "type": "object" },
+                        },
+                    },
+                },
+                "facts": { "type": "object", "description": "`needs_confirmation`: what the chosen options said." },
+                "note": { "type": "string", "description": "Why it asks (no exact match, several, the API refused the earlier call)." },
                 "call": {
                     "description": "The model's arguments. Bound values never appear.",
                 },
@@ -1156,7 +1200,7 @@ fn event_schemas() -> Value {
             "properties": {
                 "tool_call_id": { "type": "string" },
                 "tool": { "type": "string" },
-                "outcome": { "enum": ["result", "approved", "rejected", "expired", "cancelled"] },
+                "outcome": { "enum": ["result", "approved", "chosen", "input", "rejected", "expired", "cancelled"] },
             },
         },
         "ParamsChangedEvent": {
@@ -1484,7 +1528,9 @@ mod tests {
             assert!(op["responses"][code].is_object(), "{code}");
         }
         let body = &doc["components"]["schemas"]["ContinuationRequest"]["properties"];
-        for field in ["result", "approve", "reason", "resume", "params", "run"] {
+        for field in [
+            "result", "approve", "reason", "resume", "params", "run", "choice", "input",
+        ] {
             assert!(body[field].is_object(), "{field}");
         }
         let item = &doc["components"]["schemas"]["PendingItem"]["properties"];

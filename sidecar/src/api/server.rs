@@ -468,7 +468,8 @@ async fn revoke_token(
 }
 
 /// `POST /v1/continuations/:token` body: `result` for a deferred call,
-/// `approve` (and `reason`) for a confirmation.
+/// `approve` (and `reason`) for a confirmation, `choice` for a selection,
+/// `input` for missing user-owned fields.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ContinuationBody {
@@ -477,6 +478,10 @@ pub struct ContinuationBody {
     result: Option<serde_json::Value>,
     approve: Option<bool>,
     reason: Option<String>,
+    /// A selection's answer: the `id` of an offered option.
+    choice: Option<String>,
+    /// A `needs_input` item's answer: the missing fields.
+    input: Option<serde_json::Map<String, serde_json::Value>>,
     resume: Option<bool>,
     #[serde(default)]
     params: BTreeMap<String, serde_json::Value>,
@@ -498,6 +503,8 @@ async fn continuation(
         result: b.result,
         approve: b.approve,
         reason: b.reason,
+        choice: b.choice,
+        input: b.input,
         // `run: none` records the answer and starts nothing, like `resume: false`.
         resume: if mode.is_none() {
             Some(false)

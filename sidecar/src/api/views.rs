@@ -18,6 +18,9 @@ pub struct AgentView {
     pub tools: Vec<String>,
     /// Tool name → `confirm` or `deferred`, for the tools whose calls wait.
     pub waits: std::collections::BTreeMap<String, Disposition>,
+    /// Tool name → the lookups that run before it (`depends_on`), in order.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub depends_on: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Serialize)]
@@ -61,6 +64,15 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
             .tools
             .iter()
             .filter_map(|t| Some((t.name().to_string(), a.disposition(t.name(), Some(&t))?)))
+            .collect(),
+        depends_on: a
+            .tools
+            .iter()
+            .filter(|t| !t.depends().is_empty())
+            .map(|t| {
+                let deps = t.depends().iter().map(|d| d.tool.clone()).collect();
+                (t.name().to_string(), deps)
+            })
             .collect(),
     }
 }

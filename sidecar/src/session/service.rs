@@ -152,6 +152,8 @@ pub struct Service {
     store: Arc<dyn SessionStore>,
     metrics: Arc<Metrics>,
     cache: Option<ToolCache>,
+    /// Results of tools' dependency lookups (each with its own `ttl_ms`).
+    lookups: crate::session::depends::LookupCache,
     cfg: ServiceConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// This process, as runs record who runs them (random, per start).
@@ -194,6 +196,7 @@ impl Service {
             store,
             metrics,
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            lookups: Default::default(),
             cfg,
             live: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
@@ -446,6 +449,20 @@ impl Service {
         params: &BTreeMap<String, serde_json::Value>,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
+        // A message that names an option of the one open selection answers it.
+        if let Some(token) = self.chat_choice(id, &prompt).await? {
+            let answer = Answer {
+                session_id: Some(id.to_string()),
+                choice: token.1,
+                params: params.clone(),
+                mode,
+                ..Default::default()
+            };
+            let (_, run) = self.answer(caller, &token.0, answer).await?;
+            if let Some(run) = run {
+                return Ok(run);
+            }
+        }
         let r = self
             .run_request(caller, id, Op::Message, Some(prompt), params, mode)
             .await;
@@ -837,6 +854,7 @@ impl Service {
                 session_json: None,
             },
             cache: self.cache.as_ref(),
+            lookups: Some(&self.lookups),
             metrics: &self.metrics,
             max_steps: match mode {
                 RunMode::Step => 1,

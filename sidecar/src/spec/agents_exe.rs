@@ -229,6 +229,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             headers: BTreeMap::new(),
             confirm: None,
             bindings: Vec::new(),
+            tools: Vec::new(),
         }
     }
 }
@@ -305,6 +306,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             timeout_seconds: None,
             max_response_bytes: None,
             confirm: None,
+            tools: Vec::new(),
             secrets: o
                 .secrets
                 .into_iter()
@@ -436,6 +438,7 @@ impl Description {
                     script: None,
                     confirm: None,
                     bindings: bindings(d.bindings),
+                    tools: Vec::new(),
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
@@ -443,6 +446,7 @@ impl Description {
                     script: Some(s.path),
                     confirm: None,
                     bindings: bindings(s.bindings),
+                    tools: Vec::new(),
                 }),
             })
             .collect();
@@ -474,6 +478,7 @@ impl Description {
                 .collect(),
             toolboxes,
             bindings: bindings(self.bindings),
+            tools: Vec::new(),
             confirm: Vec::new(),
             confirm_ttl: None,
             helpers: self

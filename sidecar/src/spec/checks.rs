@@ -106,11 +106,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             Toolbox::Openapi(o) => {
                 check_openapi(spec, o, &place, &mut diags);
                 check_bindings(spec, &o.bindings, &place, &mut diags);
+                super::depends::check_decls(&o.tools, &place, &mut diags);
                 continue;
             }
             Toolbox::Mcp(m) => {
                 check_mcp(spec, m, &place, &mut diags);
                 check_bindings(spec, &m.bindings, &place, &mut diags);
+                super::depends::check_decls(&m.tools, &place, &mut diags);
                 continue;
             }
             Toolbox::Deferred(d) => {
@@ -147,7 +149,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             )));
         }
         check_bindings(spec, &b.bindings, &place, &mut diags);
+        super::depends::check_decls(&b.tools, &place, &mut diags);
     }
+    super::depends::check_decls(
+        &spec.tools,
+        &format!("{here}, agent-level tools"),
+        &mut diags,
+    );
     check_bindings(
         spec,
         &spec.bindings,

@@ -11,13 +11,16 @@ pub mod agents_exe;
 pub mod checks;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod depends;
 pub mod document;
+pub mod jsonpath;
 
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use depends::{Dependency, ToolDecl};
 pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
 
 /// What an agent is: its model, prompt, parameters, tools and helpers.
@@ -57,6 +60,10 @@ pub struct AgentSpec {
     /// applied after every toolbox's own bindings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by model-visible name (`bash_book`): `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
     /// Sub-agents this agent may prompt, each exposed as `prompt_agent_<slug>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub helpers: Vec<HelperRef>,
@@ -88,7 +95,7 @@ pub struct ConfirmSelector {
 
 /// A toolbox's `confirm`: `writes` (every tool that may change something:
 /// MCP tools not annotated `readOnlyHint: true`, OpenAPI operations other
-/// than GET, HEAD and OPTIONS, every bash tool), or selectors on the
+/// than GET, HEAD and OPTIONS, every bash tool not declared `readOnly`), or selectors on the
 /// tools' names inside the toolbox.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
@@ -333,6 +340,7 @@ impl PostgrestToolbox {
             max_response_bytes: self.max_response_bytes,
             secrets: self.secrets.clone(),
             confirm: self.confirm.clone(),
+            tools: Vec::new(),
             bindings: self.bindings.clone(),
         }
     }
@@ -386,6 +394,10 @@ pub struct McpToolbox {
     /// Bindings matched against the server's own tool names (`get_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// An HTTP API described by an OpenAPI 3.x document: one tool per operation.
@@ -414,6 +426,10 @@ pub struct OpenApiToolbox {
     /// Bindings matched against the operation's tool name (`list_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// A credential of an OpenAPI toolbox: where its value comes from and where
@@ -526,6 +542,10 @@ pub struct BashToolbox {
     /// Bindings matched against the script's own slug (`query-*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// Ties one tool argument to a parameter or a literal. The argument

@@ -71,6 +71,14 @@ pub enum Disposition {
     Deferred,
     /// A person approves the call (or not) before it runs.
     Confirm,
+    /// A field the user owns is missing or invalid: the client sends it
+    /// (`input`), before any lookup runs.
+    NeedsInput,
+    /// A lookup returned options: a person chooses one (`choice`).
+    NeedsSelection,
+    /// The prepared call of a tool that writes, with its facts: a person
+    /// approves it (or not) before it runs.
+    NeedsConfirmation,
 }
 
 impl Disposition {
@@ -78,6 +86,9 @@ impl Disposition {
         match self {
             Disposition::Deferred => "deferred",
             Disposition::Confirm => "confirm",
+            Disposition::NeedsInput => "needs_input",
+            Disposition::NeedsSelection => "needs_selection",
+            Disposition::NeedsConfirmation => "needs_confirmation",
         }
     }
 }

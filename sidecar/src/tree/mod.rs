@@ -392,6 +392,8 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    crate::bindings::depends::apply_agent_decls(&mut tools, &p.spec.tools);
+    crate::bindings::depends::check_loaded(&tools, &here, &mut diags);
     for t in tools
         .iter()
         .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
@@ -423,6 +425,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         live::Assembly {
             parts,
             agent_bindings: p.spec.bindings.clone(),
+            agent_decls: p.spec.tools.clone(),
             params: p.spec.parameters.clone(),
             here: here.clone(),
         },
@@ -498,6 +501,7 @@ async fn load_toolbox(
             let added = Added {
                 what: "the toolbox `name`",
                 bindings: &bt.bindings,
+                decls: &[],
                 confirm: None,
                 place: &place,
             };
@@ -513,6 +517,7 @@ async fn load_toolbox(
                 let added = Added {
                     what: "the table",
                     bindings: &pg.bindings,
+                    decls: &[],
                     confirm: pg.confirm.as_ref(),
                     place: &place,
                 };
@@ -526,6 +531,7 @@ async fn load_toolbox(
                 let added = Added {
                     what: "operationId",
                     bindings: &o.bindings,
+                    decls: &o.tools,
                     confirm: o.confirm.as_ref(),
                     place: &place,
                 };
@@ -563,6 +569,7 @@ async fn load_toolbox(
     let added = Added {
         what: "the script's slug",
         bindings: &b.bindings,
+        decls: &b.tools,
         confirm: b.confirm.as_ref(),
         place: &place,
     };
@@ -571,10 +578,12 @@ async fn load_toolbox(
 
 /// A toolbox's tools joining the agent's: their names checked against
 /// the earlier ones (`what` names where a clash comes from), then the
-/// toolbox's own bindings and `confirm` applied.
+/// toolbox's own bindings, tool declarations (`readOnly`, `depends_on`)
+/// and `confirm` applied.
 struct Added<'a> {
     what: &'a str,
     bindings: &'a [crate::spec::Binding],
+    decls: &'a [crate::spec::ToolDecl],
     confirm: Option<&'a crate::spec::ToolboxConfirm>,
     place: &'a str,
 }
@@ -596,6 +605,7 @@ impl Added<'_> {
             self.place,
             diags,
         );
+        crate::bindings::depends::apply_toolbox_decls(&mut bound, self.decls);
         apply_toolbox_confirm(&mut bound, self.confirm);
         check_toolbox_confirm(&bound, self.confirm, self.place, Level::Error, diags);
         tools.extend(bound);
@@ -628,7 +638,10 @@ type Watched = (
     Arc<crate::tools::mcp::McpServer>,
     String,
     Vec<crate::spec::Binding>,
-    Option<crate::spec::ToolboxConfirm>,
+    (
+        Option<crate::spec::ToolboxConfirm>,
+        Vec<crate::spec::ToolDecl>,
+    ),
 );
 
 /// The MCP servers of one agent: started at load, then watched for
@@ -707,6 +720,7 @@ impl McpLoader {
             |_| Level::Warning,
             diags,
         );
+        crate::bindings::depends::apply_toolbox_decls(&mut bound, &m.tools);
         apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
         check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
@@ -715,7 +729,7 @@ impl McpLoader {
             server,
             place.to_string(),
             m.bindings.clone(),
-            m.confirm.clone(),
+            (m.confirm.clone(), m.tools.clone()),
         ));
     }
 
@@ -764,7 +778,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings, confirm) in &servers {
+                for (i, server, place, bindings, (confirm, decls)) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -784,6 +798,7 @@ impl McpLoader {
                                 &asm.params,
                                 place,
                             );
+                            crate::bindings::depends::apply_toolbox_decls(&mut bound, decls);
                             apply_toolbox_confirm(&mut bound, confirm.as_ref());
                             for d in diags {
                                 tracing::warn!("{}", d.message);
