@@ -61,6 +61,12 @@ pub struct AgentTenantSpec {
     /// A Secret key holding the owner token; one is generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_token_secret_ref: Option<KeyRef>,
+    /// Forget a session's secret values once it has been idle this long
+    /// (`30m`, `1h`, `90s`); its next message then answers 409
+    /// `params_required` until they are supplied again. Default: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub live_session_ttl: Option<String>,
     /// Extra containers (the tenant's own tool services, reached on
     /// localhost), volumes, tolerations, node selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,7 +3,7 @@
 //! Run it with
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench -j1 -p bindery-sidecar --bench overhead
+//! CARGO_TARGET_DIR=target/bench cargo bench -j1 -p bindery-sidecar --bench overhead
 //! ```
 //!
 //! `cargo bench` builds the sidecar in the release profile (the first build

@@ -169,7 +169,7 @@ async fn stdio_server_tools_are_listed_called_bound_and_configured() {
         let env_seen: Value = serde_json::from_str(&results[1]).unwrap();
         assert_eq!(env_seen["GREETING"], "hello");
         assert_eq!(env_seen["REGION"], "eu-west-1");
-        assert_eq!(env_seen["API_TOKEN"], "<secret>");
+        assert_eq!(env_seen["API_TOKEN"], "<secret:api_token>");
         assert!(env_seen.get("EVERYTHING_TOKEN").is_none(), "{env_seen}");
         assert!(env_seen.get("BINDERY_OWNER_TOKEN").is_none(), "{env_seen}");
         assert!(env_seen.get("BINDERY_LOG").is_none(), "{env_seen}");
@@ -257,7 +257,7 @@ fn agents_exe_mcp_servers_load_unchanged() {
     let seen: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(seen["REGION"], "eu-west-1");
     assert_eq!(seen["MODE"], "read-only");
-    assert_eq!(seen["API_TOKEN"], "<secret>");
+    assert_eq!(seen["API_TOKEN"], "<secret:api_token>");
     assert!(!out.contains(TOKEN) && !err.contains(TOKEN));
 }
 

@@ -47,6 +47,27 @@ fn chain_script(req: &Value) -> MockReply {
                     "prompt_agent_sealed",
                     json!({"what": "x", "bindings": [{"arg": "scope", "value": lit("y")}]}),
                 )
+            } else if user.contains("secret argv") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "note",
+                        "value": {"tag": "Param", "contents": "gh_token"}}]}),
+                )
+            } else if user.contains("nothing below") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "**", "arg": "colour", "value": lit("red")}]}),
+                )
+            } else if user.contains("wrong type below") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "leaf", "arg": "level", "value": lit("ten")}]}),
+                )
+            } else if user.contains("with process") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "with": {"region": lit("us")}}),
+                )
             } else if user.contains("bad path") {
                 MockReply::tool_call(
                     "prompt_agent_middle",
@@ -251,6 +272,38 @@ async fn refusals_reach_the_calling_model() {
     );
     // Only root's model was asked: no helper ran.
     assert_eq!(w.mock.request_count() - before, 4);
+}
+
+/// Narrowings aimed below the helper are checked before it runs: a secret
+/// routed into a command-line argument, a `**` binding that fills nothing,
+/// a value of the wrong type; and a call-time `with` cannot set a
+/// helper's process-scope parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowings_below_are_checked_before_the_helper_runs() {
+    let w = World::new(chain_script).await;
+    let (sidecar, api) = start(&w).await;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "root"})),
+        )
+        .await;
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let before = w.mock.request_count();
+    for (prompt, refusal) in [
+        ("secret argv", "helper `middle`: `agent: leaf`: `note` of `bash_probe` is passed on the command line (positional), where other processes can read it; a secret may fill only an `env` or `stdin` argument"),
+        ("nothing below", "helper `middle`: `agent: **`: no tool matching `*` of `middle` or of its narrowable helpers has an argument `colour`"),
+        ("wrong type below", "helper `middle`: `agent: leaf`: `level` of `bash_probe` takes an integer, got a string"),
+        ("with process", "`with.region`: a process-scope parameter of helper `middle`; only the operator sets it"),
+    ] {
+        let out = answer(&message(&api, &id, prompt).await);
+        assert!(out.contains(refusal), "{prompt}: {out}");
+    }
+    // Only root's model was asked: no helper ran.
+    assert_eq!(w.mock.request_count() - before, 8);
+    assert!(!sidecar.logs().contains(CANARY));
 }
 
 /// derive_agent names a narrowing; a later message uses it with `as`; an

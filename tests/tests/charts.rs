@@ -353,7 +353,7 @@ fn the_acme_values_render_the_acme_example_tenant() {
         &documents(&std::fs::read_to_string(repo_path("examples/k8s/tenant.yaml")).unwrap())[0];
     assert_eq!(tenant["metadata"]["name"], "acme");
     assert_eq!(tenant["metadata"]["namespace"], "shop");
-    for field in ["agentRef", "parameters", "tools"] {
+    for field in ["agentRef", "parameters", "tools", "liveSessionTtl"] {
         assert_eq!(
             tenant["spec"][field], example["spec"][field],
             "spec.{field}"
@@ -412,6 +412,7 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
         spec["ownerTokenSecretRef"],
         json!({"name": "initech-owner", "key": "token"})
     );
+    assert_eq!(spec["liveSessionTtl"], "1h30m");
     assert_eq!(spec["resources"]["limits"]["memory"], "512Mi");
     assert_eq!(
         spec["podOverrides"]["nodeSelector"],

@@ -320,6 +320,9 @@ pub fn render(
         "--log-format".into(),
         "json".into(),
     ]);
+    if let Some(ttl) = &spec.live_session_ttl {
+        args.extend(["--live-session-ttl".into(), ttl.clone()]);
+    }
     if let Some(t) = &spec.tools {
         volumes.push(Volume {
             name: "tools".into(),

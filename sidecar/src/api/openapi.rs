@@ -200,9 +200,9 @@ fn parameters() -> Value {
             "name": "timeout",
             "in": "query",
             "required": false,
-            "description": "With `wait=true`: how many seconds to wait at most. A run still \
-                going then is answered with 202.",
-            "schema": { "type": "integer", "minimum": 0 },
+            "description": "With `wait=true`: how many seconds to wait at most (default 60, \
+                at most 600; more is a 400). A run still going then is answered with 202.",
+            "schema": { "type": "integer", "minimum": 0, "maximum": 600, "default": 60 },
         },
         "LastEventId": {
             "name": "Last-Event-ID",
@@ -1038,7 +1038,8 @@ fn request_schemas() -> Value {
                 "at_turn": {
                     "type": "integer",
                     "minimum": 0,
-                    "description": "Copy only the turns before this index.",
+                    "description": "Copy only the turns before this index (0: none); past \
+                        the source's last turn is a 400.",
                 },
             },
         },

@@ -81,6 +81,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .merge(super::chat::routes())
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
+        .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -98,6 +99,51 @@ async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: 
         .metrics
         .http_request(&route, response.status().as_u16());
     response
+}
+
+/// Every error in the API's `{"error", "message"}` shape: axum's own
+/// rejections (a query string, path or body it cannot read, a method a
+/// route does not take) answer in plain text; they are rewritten here,
+/// keeping their status and their text as the message.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("the request failed")
+            .to_string()
+    } else {
+        text
+    };
+    let mut out = (status, Json(json!({"error": code, "message": message}))).into_response();
+    // Keep what the rejection said besides its body (`Allow` on a 405).
+    for (k, v) in parts.headers.iter() {
+        if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 impl IntoResponse for ServiceError {
@@ -138,6 +184,16 @@ pub struct WaitQuery {
 }
 
 impl WaitQuery {
+    /// A `timeout` past the documented bound is refused, not cut short.
+    fn check(&self) -> Result<(), ServiceError> {
+        match self.timeout {
+            Some(t) if t > MAX_WAIT => Err(ServiceError::bad_request(format!(
+                "`timeout` is at most {MAX_WAIT} seconds; got {t}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     async fn wait(&self, run: Option<RunWait>) -> bool {
         match (self.wait.unwrap_or(false), run) {
             (true, Some(r)) => {
@@ -222,6 +278,8 @@ pub struct CreateBody {
     #[serde(default)]
     session_token: bool,
     fork: Option<String>,
+    /// With a fork: copy only the turns before this index.
+    at_turn: Option<usize>,
     /// `none` creates the session idle even with a prompt; `step` runs one
     /// model turn; `until_blocked` (the default) until the answer or a
     /// pending call.
@@ -265,6 +323,7 @@ async fn create_session(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, None, Door::OwnerOnly).await?;
+    q.check()?;
     let b: CreateBody = body(&b)?;
     let fork = b.fork.clone();
     create(&s, &who, &q, b, fork).await
@@ -292,6 +351,7 @@ async fn create(
                 fork,
                 mode,
                 owner: None,
+                at_turn: b.at_turn,
             },
         )
         .await?;
@@ -363,6 +423,7 @@ async fn post_message(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    q.check()?;
     let b: MessagePost = body(&b)?;
     let prompt = b
         .prompt
@@ -405,6 +466,7 @@ async fn resume(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
+    q.check()?;
     let b: ParamsBody = body(&b)?;
     let Some(mode) = run_mode(b.run.as_deref())? else {
         return Err(ServiceError::bad_request(
@@ -433,6 +495,7 @@ async fn fork(
     b: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
+    q.check()?;
     let b: CreateBody = body(&b)?;
     create(&s, &who, &q, b, Some(id)).await
 }

@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::params::{ParamValue, Values};
+use crate::params::scrub::Scrubber;
+use crate::params::{ParamValue, SecretString, Values};
 use crate::spec::{BindingValue, WhenUnbound};
 use crate::tools::{
     CallArgs, CallContext, Disposition, Tool, ToolError, ToolOutput, ToolSpec, Transport,
@@ -228,6 +229,19 @@ impl BoundTool {
         })
     }
 
+    /// Secrets this tool may hand over besides the run's values: its own
+    /// (an OpenAPI toolbox's loaded credential) and those a calling agent
+    /// fixed by narrowing (named by the argument).
+    pub fn secrets(&self) -> Vec<(String, SecretString)> {
+        let mut out = self.inner.secrets();
+        for b in self.bindings.iter() {
+            if let BoundValue::Fixed(ParamValue::Secret(s)) = &b.value {
+                out.push((b.arg.clone(), s.clone()));
+            }
+        }
+        out
+    }
+
     /// The non-secret values fixed by narrowings, for cache keys.
     pub fn fixed_values(&self) -> Vec<(&str, &serde_json::Value)> {
         self.bindings
@@ -353,6 +367,18 @@ impl BoundTool {
         }
         self.inner.call(merged.args, ctx).await
     }
+}
+
+/// What scrubs the output of `tools` called with `values`: every secret
+/// value, bound or held by a tool.
+pub fn scrubber_for(values: &Values, tools: &[BoundTool]) -> Scrubber {
+    let mut s = Scrubber::from_values(values);
+    for t in tools {
+        for (name, secret) in t.secrets() {
+            s.add(&name, &secret);
+        }
+    }
+    s
 }
 
 fn exposed(b: &AppliedBinding, values: &Values) -> bool {

@@ -156,6 +156,12 @@ pub enum Command {
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,
+        /// Forget a session's secret values after it has been idle this
+        /// long (`30m`, `90s`); the next message then answers 409
+        /// params_required, as after a restart. Default: never.
+        #[arg(long, value_name = "DURATION", env = "BINDERY_LIVE_SESSION_TTL",
+              value_parser = humantime::parse_duration)]
+        live_session_ttl: Option<std::time::Duration>,
         /// Do not ask the model for streamed replies.
         #[arg(long)]
         no_stream: bool,

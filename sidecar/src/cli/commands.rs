@@ -118,6 +118,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             store_pool_size,
             owner_token_file,
             tool_cache_ttl,
+            live_session_ttl,
             no_stream,
             runner_heartbeat,
             runner_lease,
@@ -131,6 +132,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 store_pool_size: usize::from(store_pool_size),
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
+                live_session_ttl,
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,
@@ -190,14 +192,18 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             // The same span as a call in a run, so that a trace of a
             // `tool-call` looks like one step of a session.
             let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
+            let values = agent.process_values();
+            let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(&bound));
             let result = bound
-                .call(model_args, &agent.process_values(), &ctx)
+                .call(model_args, &values, &ctx)
                 .instrument(span)
-                .await;
+                .await
+                .map(|out| scrubber.scrub(&out.text))
+                .map_err(|e| e.scrubbed(&scrubber));
             match result {
-                Ok(out) => {
-                    print!("{}", out.text);
-                    if !out.text.ends_with('\n') && !out.text.is_empty() {
+                Ok(text) => {
+                    print!("{text}");
+                    if !text.ends_with('\n') && !text.is_empty() {
                         println!();
                     }
                     Ok(ExitCode::SUCCESS)

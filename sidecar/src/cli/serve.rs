@@ -252,6 +252,7 @@ pub struct ServeArgs<'a> {
     pub store_pool_size: usize,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
+    pub live_session_ttl: Option<Duration>,
     pub stream: bool,
     pub lease: LeaseConfig,
 }
@@ -282,6 +283,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
             lease: a.lease,
             continuation_key: owner.continuation_key(),
+            live_session_ttl: a.live_session_ttl,
         },
     );
     // Beat before the first run can start, then close the runs no live
@@ -308,6 +310,18 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let stop_beating = CancellationToken::new();
     let beating = tokio::spawn(service.clone().keep_alive(stop_beating.clone()));
     tokio::spawn(service.clone().relay_notices(stop_beating.clone()));
+    if let Some(ttl) = a.live_session_ttl {
+        // A session outlives its TTL by at most a quarter of it.
+        let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        let service = service.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                service.expire_secrets();
+            }
+        });
+    }
     let state = Arc::new(AppState {
         service: service.clone(),
         owner,

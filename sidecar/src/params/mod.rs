@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod process;
 pub mod resolve;
+pub mod scrub;
 pub mod secret;
 pub mod sources;
 pub mod value;

@@ -175,6 +175,9 @@ pub struct Env<'a> {
     pub values: &'a Values,
     pub call: &'a CallContext,
     pub cache: &'a LookupCache,
+    /// What a lookup's answer is scrubbed with before anything is read
+    /// from it: no option, label or fact carries a secret the run holds.
+    pub scrubber: &'a crate::params::scrub::Scrubber,
     /// At most this many lookups per orchestration (the agent's maxSteps).
     pub max_steps: u32,
     pub now: i64,
@@ -370,7 +373,8 @@ impl Walk<'_, '_> {
                     .map_err(|e| {
                         Stop::Failed(format!("the lookup `{}` failed: {e}", tool.name()))
                     })?;
-                let v: Value = serde_json::from_str(out.text.trim()).map_err(|_| {
+                let text = self.env.scrubber.scrub(&out.text);
+                let v: Value = serde_json::from_str(text.trim()).map_err(|_| {
                     Stop::Failed(format!(
                         "the lookup `{}` did not answer with JSON",
                         tool.name()
@@ -664,11 +668,13 @@ mod tests {
     ) -> Step {
         let values = Values::new();
         let call = CallContext::default();
+        let scrubber = crate::params::scrub::Scrubber::default();
         let env = Env {
             tools,
             values: &values,
             call: &call,
             cache,
+            scrubber: &scrubber,
             max_steps,
             now: 1_000,
             confirm: false,

@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::metrics::{Metrics, ToolOutcome};
-use crate::bindings::BoundTool;
+use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
+use crate::params::scrub::Scrubber;
 use crate::params::Values;
 use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::pending::{Frame, PendingCall, Resolution};
@@ -116,6 +117,7 @@ pub async fn run(
         if let Some(env) = &ctx.helpers {
             tools.extend(helpers::definitions(ctx.agent, env.tree));
         }
+        let scrubber = scrubber_for(ctx.values, ctx.tools);
         for step in 0..ctx.max_steps {
             let mut messages = Vec::with_capacity(history.len() + 1);
             if !ctx.agent.spec.system_prompt.is_empty() {
@@ -172,7 +174,9 @@ pub async fn run(
             let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
             for (call, outcome) in now.iter().zip(results) {
                 match outcome {
-                    Outcome::Done(result) => record_result(history, sink, &call.id, result).await,
+                    Outcome::Done(result) => {
+                        record_result(history, sink, &scrubber, &call.id, result).await
+                    }
                     Outcome::Blocked(inner) => waiting.extend(inner),
                 }
             }
@@ -203,16 +207,21 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
     })
 }
 
-/// Append a call's outcome to the history, the store and the stream.
+/// Append a call's outcome to the history, the store and the stream,
+/// scrubbed of every secret the run can reach: whatever the model, the
+/// history, the store and the stream get of a tool passes this point
+/// (a result run now, an approved call, a client's deferred result, a
+/// refusal's reason, a helper's answer).
 async fn record_result(
     history: &mut Vec<ChatMessage>,
     sink: &dyn RunSink,
+    scrubber: &Scrubber,
     id: &str,
     result: Result<String, ToolError>,
 ) {
     let (ok, output) = match result {
-        Ok(text) => (true, text),
-        Err(e) => (false, format!("error: {e}")),
+        Ok(text) => (true, scrubber.scrub(&text)),
+        Err(e) => (false, scrubber.scrub(&format!("error: {e}"))),
     };
     let msg = ChatMessage::tool_result(id, output.clone());
     history.push(msg.clone());
@@ -234,6 +243,7 @@ pub async fn answer_resolved(
     cancel: &CancellationToken,
 ) -> Option<RunEnd> {
     let mut waiting = Vec::new();
+    let scrubber = scrubber_for(ctx.values, ctx.tools);
     // A helper's calls, by the `prompt_agent_*` call that started it, in order.
     let mut helpers: Vec<(Frame, Vec<PendingCall>)> = Vec::new();
     for item in resolved.iter().filter(|i| i.resolution.is_some()) {
@@ -277,7 +287,7 @@ pub async fn answer_resolved(
             };
             match outcome {
                 Outcome::Done(result) => {
-                    record_result(history, sink, &item.tool_call_id, result).await
+                    record_result(history, sink, &scrubber, &item.tool_call_id, result).await
                 }
                 Outcome::Blocked(inner) => waiting.extend(inner),
             }
@@ -311,7 +321,9 @@ pub async fn answer_resolved(
             None => continue,
         };
         match outcome {
-            Outcome::Done(result) => record_result(history, sink, &item.tool_call_id, result).await,
+            Outcome::Done(result) => {
+                record_result(history, sink, &scrubber, &item.tool_call_id, result).await
+            }
             Outcome::Blocked(inner) => waiting.extend(inner),
         }
         if cancel.is_cancelled() {
@@ -321,7 +333,7 @@ pub async fn answer_resolved(
     for (frame, items) in helpers {
         let Some(env) = ctx.helpers.as_ref() else {
             let why = Err(ToolError::Failed("helpers are not available here".into()));
-            record_result(history, sink, &frame.call_id, why).await;
+            record_result(history, sink, &scrubber, &frame.call_id, why).await;
             continue;
         };
         let call = ToolCall {
@@ -334,7 +346,9 @@ pub async fn answer_resolved(
             resolved: &items,
         };
         match call_helper(ctx, env, &call, history, cancel, Some(resume)).await {
-            Outcome::Done(result) => record_result(history, sink, &frame.call_id, result).await,
+            Outcome::Done(result) => {
+                record_result(history, sink, &scrubber, &frame.call_id, result).await
+            }
             Outcome::Blocked(inner) => waiting.extend(inner),
         }
         if cancel.is_cancelled() {
@@ -396,11 +410,13 @@ async fn orchestrated(
     };
     let mut call_ctx = ctx.call.clone();
     call_ctx.turn_id = call.id.clone();
+    let scrubber = scrubber_for(ctx.values, ctx.tools);
     let env = depends::Env {
         tools: ctx.tools,
         values: ctx.values,
         call: &call_ctx,
         cache,
+        scrubber: &scrubber,
         // `run: step` bounds model turns, not the lookups of one call.
         max_steps: ctx
             .agent
@@ -475,6 +491,7 @@ async fn model_turn(
 
 /// One tool call through its bindings (and the cache), or a helper call;
 /// its outcome is counted once, here (a helper that waits is not yet).
+/// [`record_result`] scrubs what it returns.
 async fn dispatch(
     ctx: &RunContext<'_>,
     call: &ToolCall,
@@ -541,7 +558,7 @@ async fn run_tool(
     };
     let key = ctx
         .cache
-        .and_then(|_| ToolCache::key(tool, &args, ctx.values));
+        .and_then(|_| ToolCache::key(&place(ctx), tool, &args, ctx.values));
     if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
         if let Some(hit) = cache.get(key) {
             tracing::debug!("tool cache hit");
@@ -555,6 +572,14 @@ async fn run_tool(
         cache.put(key, out.text.clone());
     }
     Ok(out.text)
+}
+
+/// The agent's place in the tree: its call stack, top-level agent first.
+fn place(ctx: &RunContext<'_>) -> Vec<String> {
+    match &ctx.helpers {
+        Some(env) if !env.stack.is_empty() => env.stack.clone(),
+        _ => vec![ctx.agent.name.clone()],
+    }
 }
 
 /// A suspended helper run to go on with: its history, and the answers to
@@ -625,7 +650,10 @@ async fn call_helper(
         Some(end) => end,
         None => Box::pin(run(&sub, &mut sub_history, &Discard, cancel)).await,
     };
-    Outcome::Done(match end {
+    // The helper's own secrets (which the caller's scrubber does not know)
+    // stay out of its answer too.
+    let scrubber = scrubber_for(&p.values, &p.tools);
+    let answer = match end {
         RunEnd::Completed => Ok(sub_history
             .iter()
             .rev()
@@ -657,7 +685,12 @@ async fn call_helper(
             }
             return Outcome::Blocked(calls);
         }
-    })
+    };
+    Outcome::Done(
+        answer
+            .map(|text| scrubber.scrub(&text))
+            .map_err(|e| e.scrubbed(&scrubber)),
+    )
 }
 
 /// Where a helper's own run reports: nowhere but traces.

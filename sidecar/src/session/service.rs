@@ -53,6 +53,9 @@ pub struct ServiceConfig {
     /// Derives continuation tokens (see [`pending::token_for`]): replicas
     /// that share it show the same tokens. Never stored.
     pub continuation_key: [u8; 32],
+    /// Forget a session's secret values once it has been idle this long
+    /// (`None`: keep them until the server stops).
+    pub live_session_ttl: Option<Duration>,
 }
 
 impl Default for ServiceConfig {
@@ -63,6 +66,7 @@ impl Default for ServiceConfig {
             tool_cache_ttl: None,
             lease: LeaseConfig::default(),
             continuation_key: random_key(),
+            live_session_ttl: None,
         }
     }
 }
@@ -93,12 +97,20 @@ struct Live {
     lock: tokio::sync::Mutex<()>,
     /// Session-scope secret values: never written anywhere.
     secrets: Mutex<Values>,
+    /// When the secrets were last set or used, or a run ended.
+    used: Mutex<std::time::Instant>,
     run: Mutex<Option<RunHandle>>,
     events: Fanout,
     /// On a shared store: bumped when another server appends an event to
     /// this session (see [`Service::relay_notices`]); subscribers then read
     /// the store.
     elsewhere: watch::Sender<()>,
+}
+
+impl Live {
+    fn touch(&self) {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+    }
 }
 
 #[derive(Clone)]
@@ -119,6 +131,8 @@ pub struct CreateSession {
     pub mode: RunMode,
     /// Who asks, as the session view's `owner` shows it (default `owner`).
     pub owner: Option<String>,
+    /// With `fork`: copy only the turns before this index.
+    pub at_turn: Option<usize>,
 }
 
 /// A session that was just created or forked.
@@ -232,6 +246,7 @@ impl Service {
                 Arc::new(Live {
                     lock: tokio::sync::Mutex::new(()),
                     secrets: Mutex::new(Values::new()),
+                    used: Mutex::new(std::time::Instant::now()),
                     run: Mutex::new(None),
                     events: Fanout::default(),
                     elsewhere: watch::Sender::new(()),
@@ -293,6 +308,7 @@ impl Service {
             .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
             .collect();
         if let Some(live) = self.peek(&rec.id) {
+            live.touch();
             let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
             values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
@@ -319,6 +335,44 @@ impl Service {
             None => self.live(id),
         };
         *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
+        live.touch();
+    }
+
+    /// Forget the secret values of every session idle for longer than
+    /// `live_session_ttl` (no run, nothing set or used since): a later
+    /// message answers `params_required`, as after a restart. Returns how
+    /// many sessions lost theirs.
+    pub fn expire_secrets(&self) -> usize {
+        let Some(ttl) = self.cfg.live_session_ttl else {
+            return 0;
+        };
+        let entries: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut expired = 0;
+        for (id, live) in entries {
+            let idle = live.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && live
+                    .used
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed()
+                    >= ttl;
+            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            if idle && !secrets.is_empty() {
+                secrets.clear();
+                expired += 1;
+                tracing::info!(session = %id, "idle session: its secret values were forgotten");
+            }
+            drop(secrets);
+            drop(live);
+            self.evict_if_idle(&id);
+        }
+        expired
     }
 
     /// Drop a session's secret values from memory (a one-shot run's, once
@@ -363,6 +417,16 @@ impl Service {
                         source.agent, source.agent
                     )));
                 }
+                let mut source = source;
+                if let Some(n) = req.at_turn {
+                    if n > source.turns.len() {
+                        return Err(ServiceError::bad_request(format!(
+                            "`at_turn` is {n}, but session {source_id} has {} turns",
+                            source.turns.len()
+                        )));
+                    }
+                    source.turns.truncate(n);
+                }
                 // Non-secret values only: secrets are never inherited.
                 let base: Values = source
                     .params
@@ -382,6 +446,11 @@ impl Service {
                         Op::ForkIdle
                     },
                 )
+            }
+            None if req.at_turn.is_some() => {
+                return Err(ServiceError::bad_request(
+                    "`at_turn` applies to a fork (POST /v1/sessions/:id/fork) only",
+                ))
             }
             None => {
                 let agent = req.agent.clone().ok_or_else(|| {
@@ -810,6 +879,7 @@ impl Service {
             this.finish(&id, end, pending, taken).await;
             if let Some(live) = this.peek(&id) {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                live.touch();
             }
             let _ = done_tx.send(true);
             this.evict_if_idle(&id);

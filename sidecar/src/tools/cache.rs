@@ -1,7 +1,10 @@
 //! A tool-result cache that cannot answer one tenant with another's result.
 //!
-//! The key is the tool, the model's arguments and a digest of every
-//! non-secret parameter value of the run (so bound values such as a tenant
+//! The key is the agent's place in the tree (the chain of agents from the
+//! top-level one down to it: two agents, or one agent reached by two
+//! paths, may each have a tool of the same name bound differently), the
+//! tool, the model's arguments and a digest of every non-secret parameter
+//! value of the run (so bound values such as a tenant
 //! id are part of it). A call whose bound values include a secret is never
 //! cached: a token hashed into a key is an oracle, and a result fetched with
 //! one credential must not be replayed for another.
@@ -32,8 +35,10 @@ impl ToolCache {
         }
     }
 
-    /// The key for this call, or `None` when it must not be cached.
+    /// The key for this call by the agent at `place` (its call stack,
+    /// top-level agent first), or `None` when it must not be cached.
     pub fn key(
+        place: &[String],
         tool: &BoundTool,
         model_args: &serde_json::Value,
         values: &Values,
@@ -48,6 +53,7 @@ impl ToolCache {
         let mut h = Sha256::new();
         // Length-prefixed parts: no two different calls share an encoding.
         for part in [
+            serde_json::to_vec(place).ok()?,
             tool.name().as_bytes().to_vec(),
             serde_json::to_vec(model_args).ok()?,
             serde_json::to_vec(&non_secret).ok()?,
@@ -144,14 +150,28 @@ mod tests {
     fn keys_separate_tenants_and_skip_secrets() {
         let t = tool("tenant");
         let args = json!({"q": 1});
-        let a = ToolCache::key(&t, &args, &values("acme")).unwrap();
-        assert_eq!(Some(a), ToolCache::key(&t, &args, &values("acme")));
-        assert_ne!(Some(a), ToolCache::key(&t, &args, &values("globex")));
+        let root = ["root".to_string()];
+        let a = ToolCache::key(&root, &t, &args, &values("acme")).unwrap();
+        assert_eq!(Some(a), ToolCache::key(&root, &t, &args, &values("acme")));
+        assert_ne!(Some(a), ToolCache::key(&root, &t, &args, &values("globex")));
         assert_ne!(
             Some(a),
-            ToolCache::key(&t, &json!({"q": 2}), &values("acme"))
+            ToolCache::key(&root, &t, &json!({"q": 2}), &values("acme"))
         );
-        assert_eq!(ToolCache::key(&tool("token"), &args, &values("acme")), None);
+        assert_eq!(
+            ToolCache::key(&root, &tool("token"), &args, &values("acme")),
+            None
+        );
+        // Another agent's tool of the same name, or the same agent reached
+        // by another path, has keys of its own.
+        let other = ["other".to_string()];
+        assert_ne!(Some(a), ToolCache::key(&other, &t, &args, &values("acme")));
+        let below = ["root".to_string(), "helper".to_string()];
+        let via = ["other".to_string(), "helper".to_string()];
+        assert_ne!(
+            ToolCache::key(&below, &t, &args, &values("acme")),
+            ToolCache::key(&via, &t, &args, &values("acme"))
+        );
 
         let cache = ToolCache::new(Duration::from_secs(60), 2);
         cache.put(a, "result".into());

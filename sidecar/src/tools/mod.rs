@@ -22,7 +22,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::params::ParamValue;
+use crate::params::scrub::Scrubber;
+use crate::params::{ParamValue, SecretString};
 
 /// How an argument travels to the tool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -170,8 +171,25 @@ pub enum ToolError {
     Unavailable,
 }
 
+impl ToolError {
+    /// The same error with every secret in its text replaced (an API's
+    /// error body may quote the credential it was sent).
+    pub fn scrubbed(self, scrubber: &Scrubber) -> ToolError {
+        match self {
+            ToolError::InvalidArguments(m) => ToolError::InvalidArguments(scrubber.scrub(&m)),
+            ToolError::Failed(m) => ToolError::Failed(scrubber.scrub(&m)),
+            ToolError::Unavailable => ToolError::Unavailable,
+        }
+    }
+}
+
 #[async_trait]
 pub trait Tool: Send + Sync {
     fn spec(&self) -> &ToolSpec;
+    /// Secret values the tool holds itself (read when it loaded, not bound
+    /// per call), each with the name its output is scrubbed to.
+    fn secrets(&self) -> Vec<(String, SecretString)> {
+        Vec::new()
+    }
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError>;
 }

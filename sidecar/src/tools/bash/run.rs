@@ -179,6 +179,17 @@ fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError>
                 false,
             ),
         };
+        // Whatever bound it (a narrowing, a helper's `with`), a secret never
+        // goes on a command line, which every process on the host can read.
+        if secret && !matches!(arg.mode, Mode::Stdin | Mode::Env) {
+            tracing::warn!(
+                tool = %tool.spec.name,
+                arg = %arg.name,
+                mode = arg.mode.as_str(),
+                "call refused: a secret value would be passed on the command line; bind it to an env or stdin argument"
+            );
+            return Err(ToolError::Unavailable);
+        }
         let shown = if secret {
             REDACTED_ARG.to_string()
         } else {
@@ -319,4 +330,67 @@ fn shell_words(words: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{ParamValue, SecretString};
+    use crate::tools::bash::{Arity, Limits, ScriptArg, ScriptInfo};
+
+    fn tool() -> BashTool {
+        let arg = |name: &str, mode| ScriptArg {
+            name: name.into(),
+            description: String::new(),
+            type_: "string".into(),
+            backing_type: None,
+            arity: Arity::Optional,
+            mode,
+        };
+        BashTool::new(
+            "/bin/true".into(),
+            ScriptInfo {
+                slug: "t".into(),
+                description: String::new(),
+                args: vec![
+                    arg("pos", Mode::Positional),
+                    arg("space", Mode::Dashdashspace),
+                    arg("equal", Mode::Dashdashequal),
+                    arg("input", Mode::Stdin),
+                    arg("var", Mode::Env),
+                ],
+                empty_result: None,
+            },
+            Limits::default(),
+        )
+    }
+
+    fn secret() -> ParamValue {
+        ParamValue::Secret(SecretString::new("canary-7f3a9c"))
+    }
+
+    #[test]
+    fn a_secret_never_goes_on_the_command_line() {
+        let t = tool();
+        for arg in ["pos", "space", "equal"] {
+            let args: CallArgs = [(arg.to_string(), secret())].into();
+            assert_eq!(
+                invocation(&t, &args).err(),
+                Some(ToolError::Unavailable),
+                "{arg}"
+            );
+        }
+        let args: CallArgs = [
+            ("input".to_string(), secret()),
+            ("var".to_string(), secret()),
+        ]
+        .into();
+        let inv = invocation(&t, &args).ok().unwrap();
+        assert_eq!(inv.argv, ["run"]);
+        assert_eq!(inv.stdin.as_deref(), Some("canary-7f3a9c\n"));
+        assert_eq!(inv.env, [("VAR".to_string(), "canary-7f3a9c".to_string())]);
+        let plain: CallArgs =
+            [("pos".to_string(), ParamValue::Plain(serde_json::json!("x")))].into();
+        assert_eq!(invocation(&t, &plain).ok().unwrap().argv, ["run", "x"]);
+    }
 }

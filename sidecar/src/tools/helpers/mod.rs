@@ -15,10 +15,13 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use self::narrowing::{
-    carry, narrow, resolve_bindings, resolve_value, Address, CallBinding, CallValue, ScopedBinding,
+    carry, check_binding, fits, narrow, resolve_bindings, resolve_value, Address, CallBinding,
+    CallValue, ScopedBinding,
 };
+use crate::bindings::BoundValue;
 use crate::llm::{ChatClient, ChatMessage, ToolDefinition};
 use crate::params::{ParamValue, Values};
+use crate::spec::Scope;
 use crate::tools::ToolError;
 use crate::tree::{AgentTree, Helper, LoadedAgent};
 
@@ -246,6 +249,115 @@ fn check_paths(
     Ok(())
 }
 
+/// The call's own bindings aimed below the helper (`a/b`, `**`), checked
+/// against the agents they reach before anything runs: a binding that
+/// would fill nothing, or fill an argument with a value that does not fit,
+/// is the calling model's to fix. (Those aimed at the helper itself are
+/// checked by `narrow`.)
+fn check_below(
+    tree: &AgentTree,
+    target: &LoadedAgent,
+    own: &[ScopedBinding],
+) -> Result<(), String> {
+    for b in own {
+        match &b.address {
+            Address::Here => {}
+            Address::Path(path) => {
+                let mut at = target;
+                // `check_paths` has checked each step.
+                for slug in path {
+                    let next = at
+                        .helpers
+                        .iter()
+                        .find(|h| &h.slug == slug)
+                        .and_then(|h| tree.agent(&h.agent));
+                    match next {
+                        Some(a) => at = a,
+                        None => return Err(format!("`agent: {}` is not loaded", path.join("/"))),
+                    }
+                }
+                check_binding(&at.tools.snapshot(), b)
+                    .map_err(|e| format!("`agent: {}`: {e}", path.join("/")))?;
+            }
+            Address::Everywhere => {
+                let glob = b.tool.as_deref().unwrap_or("*");
+                let mut filled = 0;
+                for agent in narrowable_below(tree, target) {
+                    for t in agent.tools.snapshot().iter() {
+                        let Some(arg) = t
+                            .spec()
+                            .arg(&b.arg)
+                            .filter(|_| crate::bindings::glob_matches(glob, t.name()))
+                        else {
+                            continue;
+                        };
+                        fits(arg, &b.value).map_err(|why| {
+                            format!(
+                                "`agent: **`: `{}` of `{}` (agent `{}`) {why}",
+                                b.arg,
+                                t.name(),
+                                agent.name
+                            )
+                        })?;
+                        filled += 1;
+                    }
+                }
+                if filled == 0 {
+                    return Err(format!(
+                        "`agent: **`: no tool matching `{glob}` of `{}` or of its narrowable helpers has an argument `{}`",
+                        target.name, b.arg
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `target` and every helper below it that narrowings reach, each once.
+fn narrowable_below<'a>(tree: &'a AgentTree, target: &'a LoadedAgent) -> Vec<&'a LoadedAgent> {
+    let mut out = vec![target];
+    let mut next = 0;
+    while next < out.len() {
+        let at = out[next];
+        next += 1;
+        for h in at.helpers.iter().filter(|h| h.narrowable) {
+            if let Some(a) = tree.agent(&h.agent) {
+                if !out.iter().any(|o| o.name == a.name) {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A helper's tool that would put a secret on a command line: a value its
+/// caller passed with `with` (secrecy travels with the value) into a
+/// parameter the helper binds to a positional or `--` argument.
+fn check_secret_argv(
+    tools: &[crate::bindings::BoundTool],
+    values: &Values,
+) -> Result<(), ToolError> {
+    for t in tools {
+        for b in t.bindings() {
+            let (BoundValue::Param(p), Some(arg)) = (&b.value, t.spec().arg(&b.arg)) else {
+                continue;
+            };
+            if let Some(v) = values.get(p).filter(|v| v.is_secret()) {
+                if let Err(why) = fits(arg, v) {
+                    return Err(invalid(format!(
+                        "`with.{p}`: a secret value, and `{}` of `{}` {why}",
+                        b.arg,
+                        t.name()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `describe_agent {slug}`.
 pub fn describe(
     agent: &LoadedAgent,
@@ -260,7 +372,12 @@ pub fn describe(
     let a: Args = parse(args)?;
     let h = helper(agent, &a.slug)?;
     let mut stack = env.stack.clone();
-    let view = helper_view(env, h, &carry(&env.inherited, &h.slug), &mut stack);
+    let view = helper_view(
+        env,
+        h,
+        &carry(&env.inherited, &h.slug, h.narrowable),
+        &mut stack,
+    );
     Ok(serde_json::to_string_pretty(&view).unwrap_or_default())
 }
 
@@ -314,7 +431,7 @@ fn helper_view(
     let helpers: Vec<Value> = agent
         .helpers
         .iter()
-        .map(|h2| helper_view(env, h2, &carry(inherited, &h2.slug), stack))
+        .map(|h2| helper_view(env, h2, &carry(inherited, &h2.slug, h2.narrowable), stack))
         .collect();
     stack.pop();
     json!({"slug": h.slug, "announce": announce, "parameters": parameters, "tools": tools, "helpers": helpers})
@@ -367,6 +484,16 @@ fn check_with_keys(
                 "`with.{key}`: helper `{}` has no such parameter (parameters: {})",
                 h.slug,
                 names.join(", ")
+            )));
+        }
+        if target
+            .params
+            .decl(key)
+            .is_some_and(|d| d.scope == Scope::Process)
+        {
+            return Err(invalid(format!(
+                "`with.{key}`: a process-scope parameter of helper `{}`; only the operator sets it",
+                h.slug
             )));
         }
         if h.with.contains_key(key) {
@@ -442,7 +569,8 @@ pub fn prepare<'a>(
     call_bindings.extend(a.bindings);
     check_paths(env.tree, target, &call_bindings)?;
     let own = resolve_bindings(&call_bindings, caller_values).map_err(invalid)?;
-    let inherited = carry(&env.inherited, slug);
+    check_below(env.tree, target, &own).map_err(|e| invalid(format!("helper `{slug}`: {e}")))?;
+    let inherited = carry(&env.inherited, slug, h.narrowable);
     let narrowed = narrow(&target.tools.snapshot(), &inherited, &own)
         .map_err(|e| invalid(format!("helper `{slug}`: {e}")))?;
 
@@ -482,6 +610,7 @@ pub fn prepare<'a>(
             .map_err(invalid)?;
         fill(key, v)?;
     }
+    check_secret_argv(&narrowed.tools, &values)?;
     let missing = target.params.missing_required(&values);
     if !missing.is_empty() {
         tracing::warn!(helper = %target.name, missing = ?missing, "helper called without required parameters");

@@ -16,7 +16,8 @@ use crate::bindings::{glob_matches, AppliedBinding, BoundTool, BoundValue};
 use crate::params::{ParamValue, Values};
 use crate::spec::agents_exe::ExeBindingValue;
 use crate::spec::{BindingValue, WhenUnbound};
-use crate::tools::Transport;
+use crate::tools::bash::Mode;
+use crate::tools::{ArgSpec, Transport};
 
 /// Where a narrowing applies, relative to the helper being called.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,27 +163,13 @@ pub fn narrow(
         if !b.address.applies_here() {
             continue;
         }
+        if strict && b.address == Address::Here {
+            check_binding(&out, b)?;
+        }
         let glob = b.tool.as_deref().unwrap_or("*");
         let matched: Vec<usize> = (0..out.len())
             .filter(|&i| glob_matches(glob, out[i].name()))
             .collect();
-        if strict && b.address == Address::Here {
-            if matched.is_empty() {
-                let names: Vec<&str> = out.iter().map(|t| t.name()).collect();
-                return Err(format!(
-                    "no tool matches `{glob}` (tools: {})",
-                    list(&names)
-                ));
-            }
-            if !matched.iter().any(|&i| out[i].spec().arg(&b.arg).is_some()) {
-                let open: Vec<String> = matched.iter().map(|&i| open_args(&out[i])).collect();
-                return Err(format!(
-                    "no tool matching `{glob}` has an open argument `{}` (open: {})",
-                    b.arg,
-                    open.join("; ")
-                ));
-            }
-        }
         for i in matched {
             let Some(arg) = out[i].spec().arg(&b.arg) else {
                 continue;
@@ -191,14 +178,10 @@ pub fn narrow(
                 dropped.push((b.arg.clone(), out[i].name().to_string()));
                 continue;
             }
-            if matches!(arg.transport, Transport::Bash(_)) && b.value.to_text().is_none() {
-                if strict {
-                    return Err(format!(
-                        "`{}` of `{}` takes a string, a number or a boolean",
-                        b.arg,
-                        out[i].name()
-                    ));
-                }
+            // Checked before the helper runs (`check_binding`); where an
+            // inherited `**` binding does not fit, it leaves the argument open.
+            if let Err(why) = fits(arg, &b.value) {
+                tracing::info!(arg = %b.arg, tool = %out[i].name(), "narrowing not applied: {why}");
                 continue;
             }
             out[i] = out[i].with_bindings([AppliedBinding {
@@ -215,6 +198,88 @@ pub fn narrow(
         tools: out,
         dropped,
     })
+}
+
+/// Check a calling model's binding against the tools it is aimed at: a
+/// tool matches, one of them has the argument, and the value fits each
+/// argument it would fill. Returns how many arguments it would fill.
+pub fn check_binding(tools: &[BoundTool], b: &ScopedBinding) -> Result<usize, String> {
+    let glob = b.tool.as_deref().unwrap_or("*");
+    let matched: Vec<&BoundTool> = tools
+        .iter()
+        .filter(|t| glob_matches(glob, t.name()))
+        .collect();
+    if matched.is_empty() {
+        let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
+        return Err(format!(
+            "no tool matches `{glob}` (tools: {})",
+            list(&names)
+        ));
+    }
+    let with_arg: Vec<(&BoundTool, &ArgSpec)> = matched
+        .iter()
+        .filter_map(|t| t.spec().arg(&b.arg).map(|a| (*t, a)))
+        .collect();
+    if with_arg.is_empty() {
+        let open: Vec<String> = matched.iter().map(|t| open_args(t)).collect();
+        return Err(format!(
+            "no tool matching `{glob}` has an open argument `{}` (open: {})",
+            b.arg,
+            open.join("; ")
+        ));
+    }
+    for (t, arg) in &with_arg {
+        fits(arg, &b.value).map_err(|why| format!("`{}` of `{}` {why}", b.arg, t.name()))?;
+    }
+    Ok(with_arg.len())
+}
+
+/// Whether `value` may fill `arg`: its JSON type matches the argument's,
+/// a bash argument gets text, and a secret never goes on a command line.
+pub fn fits(arg: &ArgSpec, value: &ParamValue) -> Result<(), String> {
+    if let Transport::Bash(mode) = arg.transport {
+        if value.is_secret() && !matches!(mode, Mode::Env | Mode::Stdin) {
+            return Err(format!(
+                "is passed on the command line ({}), where other processes can read it; a secret may fill only an `env` or `stdin` argument",
+                mode.as_str()
+            ));
+        }
+        if value.to_text().is_none() {
+            return Err("takes a string, a number or a boolean".to_string());
+        }
+    }
+    let want = arg.schema.get("type").and_then(|t| t.as_str());
+    let ok = match (want, value) {
+        (None, _) => true,
+        // A secret is text.
+        (Some(t), ParamValue::Secret(_)) => t == "string",
+        (Some(t), ParamValue::Plain(v)) => match t {
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            "array" => v.is_array(),
+            "object" => v.is_object(),
+            "null" => v.is_null(),
+            _ => true,
+        },
+    };
+    if ok {
+        Ok(())
+    } else {
+        let got = value
+            .plain()
+            .map_or("a secret string", crate::params::value::json_kind);
+        Err(format!("takes {}, got {got}", a_type(want.unwrap_or(""))))
+    }
+}
+
+fn a_type(t: &str) -> String {
+    match t {
+        "integer" | "object" | "array" => format!("an {t}"),
+        "null" => "null".to_string(),
+        _ => format!("a {t}"),
+    }
 }
 
 /// `tool: a, b` — what is still open on a tool.
@@ -238,8 +303,12 @@ fn list(items: &[&str]) -> String {
     }
 }
 
-/// What travels to the child `slug` from `all` (inherited and own).
-pub fn carry(all: &[ScopedBinding], slug: &str) -> Vec<ScopedBinding> {
+/// What travels to the child `slug` from `all` (inherited and own): nothing
+/// to a helper its caller marked `narrowable: false`, not even `**`.
+pub fn carry(all: &[ScopedBinding], slug: &str, narrowable: bool) -> Vec<ScopedBinding> {
+    if !narrowable {
+        return Vec::new();
+    }
     all.iter()
         .filter_map(|b| {
             b.address.descend(slug).map(|address| ScopedBinding {
@@ -294,7 +363,8 @@ mod tests {
             sb("mid/leaf", "c"),
             sb("**", "d"),
         ];
-        let to_mid = carry(&all, "mid");
+        assert!(carry(&all, "mid", false).is_empty(), "not even `**`");
+        let to_mid = carry(&all, "mid", true);
         let args: Vec<(&str, Address)> = to_mid
             .iter()
             .map(|b| (b.arg.as_str(), b.address.clone()))
@@ -333,6 +403,111 @@ mod tests {
             resolve_value(&BindingValue::Param("q".into()), &caller, "x")
                 .unwrap_err()
                 .contains("`q` has no value")
+        );
+    }
+
+    /// A tool with a positional, an env and an integer JSON argument.
+    fn tools() -> Vec<BoundTool> {
+        use crate::tools::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+        struct T(ToolSpec);
+        #[async_trait::async_trait]
+        impl Tool for T {
+            fn spec(&self) -> &ToolSpec {
+                &self.0
+            }
+            async fn call(&self, _: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
+                unreachable!()
+            }
+        }
+        let arg = |name: &str, ty: &str, transport| ArgSpec {
+            name: name.into(),
+            description: String::new(),
+            required: false,
+            schema: json!({"type": ty}),
+            transport,
+        };
+        let spec = |name: &str, args| ToolSpec {
+            name: name.into(),
+            local_name: name.into(),
+            description: String::new(),
+            args,
+            writes: true,
+        };
+        vec![
+            BoundTool::new(std::sync::Arc::new(T(spec(
+                "bash_probe",
+                vec![
+                    arg("repo", "string", Transport::Bash(Mode::Positional)),
+                    arg("token", "string", Transport::Bash(Mode::Env)),
+                ],
+            )))),
+            BoundTool::new(std::sync::Arc::new(T(spec(
+                "get_item",
+                vec![arg("limit", "integer", Transport::Json)],
+            )))),
+        ]
+    }
+
+    fn own(arg: &str, value: ParamValue) -> ScopedBinding {
+        ScopedBinding {
+            address: Address::Here,
+            tool: None,
+            arg: arg.into(),
+            value,
+        }
+    }
+
+    fn secret() -> ParamValue {
+        ParamValue::Secret(crate::params::SecretString::new("canary-7f3a9c"))
+    }
+
+    #[test]
+    fn a_secret_narrowing_into_argv_is_refused() {
+        let err = narrow(&tools(), &[], &[own("repo", secret())])
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("`repo` of `bash_probe` is passed on the command line (positional)"),
+            "{err}"
+        );
+        assert!(!err.contains("canary"));
+        // Into an env argument it is fine; inherited, it leaves argv alone.
+        let ok = narrow(&tools(), &[], &[own("token", secret())]).unwrap();
+        assert!(ok.tools[0].binding_for("token").is_some());
+        let mut inherited = own("repo", secret());
+        inherited.address = Address::Everywhere;
+        let n = narrow(&tools(), &[inherited], &[]).unwrap();
+        assert!(n.tools[0].binding_for("repo").is_none());
+    }
+
+    #[test]
+    fn a_wrong_type_is_caught_for_every_kind_of_tool() {
+        let err = narrow(
+            &tools(),
+            &[],
+            &[own("limit", ParamValue::Plain(json!("ten")))],
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err, "`limit` of `get_item` takes an integer, got a string");
+        let err = narrow(&tools(), &[], &[own("limit", secret())])
+            .err()
+            .unwrap();
+        assert_eq!(
+            err,
+            "`limit` of `get_item` takes an integer, got a secret string"
+        );
+        let err = narrow(&tools(), &[], &[own("repo", ParamValue::Plain(json!([1])))])
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("takes a string, a number or a boolean"),
+            "{err}"
+        );
+        assert!(narrow(&tools(), &[], &[own("limit", ParamValue::Plain(json!(10)))]).is_ok());
+        assert_eq!(
+            check_binding(&tools(), &own("nothing", ParamValue::Plain(json!(1)))).unwrap_err(),
+            "no tool matching `*` has an open argument `nothing` (open: bash_probe: repo, token; get_item: limit)"
         );
     }
 }

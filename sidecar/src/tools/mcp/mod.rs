@@ -6,8 +6,9 @@
 //! read once, at load, from literals and process-scope parameters. The
 //! program gets no environment of the sidecar's but `PATH` and `HOME`: the
 //! sidecar's own variables hold the operator's values and tokens. The
-//! secrets it was given are masked (`<secret>`) in its stderr, which goes
-//! to the sidecar's log, and in its tools' results, which go to the model.
+//! secrets it was given are scrubbed (`<secret:NAME>`) from its stderr,
+//! which goes to the sidecar's log, and, like every tool's, from its tools'
+//! results (see [`crate::params::scrub`]).
 //!
 //! The client is rmcp, the official Rust SDK. The sidecar spawns the
 //! program itself and hands rmcp the pipes, so that it owns the child's
@@ -33,7 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::bash::Limits;
 use super::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
-use crate::params::secret::REDACTED;
+use crate::params::scrub::Scrubber;
 use crate::params::{ParamValue, SecretString, Values};
 use crate::spec::{BindingValue, McpToolbox};
 
@@ -100,13 +101,14 @@ pub fn shared_values(
     Ok(out)
 }
 
-/// `line` with every secret value replaced by `<secret>`.
-fn mask(line: &str, secrets: &[SecretString]) -> String {
-    let mut out = line.to_string();
-    for s in secrets.iter().filter(|s| !s.is_empty()) {
-        out = out.replace(s.expose(), REDACTED);
+/// What scrubs the server's stderr: its own secrets, named by the variable
+/// or header that carries them.
+fn scrubber_of(secrets: &[(String, SecretString)]) -> Scrubber {
+    let mut s = Scrubber::default();
+    for (name, secret) in secrets {
+        s.add(name, secret);
     }
-    out
+    s
 }
 
 /// How the program ended, given a moment to be recorded: a closed pipe
@@ -120,11 +122,11 @@ async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
     }
 }
 
-fn secrets_of(values: &[(String, SharedValue)]) -> Vec<SecretString> {
+fn secrets_of(values: &[(String, SharedValue)]) -> Vec<(String, SecretString)> {
     values
         .iter()
-        .filter_map(|(_, v)| match v {
-            SharedValue::Secret(s) => Some(s.clone()),
+        .filter_map(|(k, v)| match v {
+            SharedValue::Secret(s) => Some((k.clone(), s.clone())),
             SharedValue::Plain(_) => None,
         })
         .collect()
@@ -149,8 +151,8 @@ pub struct McpServer {
     service: RunningService<RoleClient, Handler>,
     /// How the program ended, once it has (stdio servers).
     exited: watch::Receiver<Option<String>>,
-    /// The secret values of its `env` or `headers`, masked in results.
-    secrets: Vec<SecretString>,
+    /// The secret values of its `env` or `headers`, scrubbed from results.
+    secrets: Vec<(String, SecretString)>,
     /// Dropping it stops the program.
     stop_on_drop: Option<oneshot::Sender<()>>,
     limits: Limits,
@@ -262,12 +264,11 @@ impl McpServer {
             return Err("the program's pipes were not set up".to_string());
         };
 
-        let (server, masked) = (tb.name.clone(), secrets.clone());
+        let (server, scrubber) = (tb.name.clone(), scrubber_of(&secrets));
         tokio::spawn(async move {
-            let secrets = masked;
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(mcp_server = %server, "stderr: {}", mask(&line, &secrets));
+                tracing::info!(mcp_server = %server, "stderr: {}", scrubber.scrub(&line));
             }
         });
         let (record, exited) = watch::channel(None);
@@ -367,6 +368,10 @@ impl Tool for McpTool {
         &self.spec
     }
 
+    fn secrets(&self) -> Vec<(String, SecretString)> {
+        self.server.secrets.clone()
+    }
+
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let server = &self.server;
         let arguments: serde_json::Map<String, serde_json::Value> = args
@@ -416,12 +421,11 @@ impl Tool for McpTool {
             duration_ms = started.elapsed().as_millis() as u64,
             "MCP tool call"
         );
-        // The server's own credentials never go back to the model.
+        // The server's own credentials are scrubbed with the run's (see
+        // `secrets`).
         outcome
-            .map(|text| ToolOutput {
-                text: mask(&text, &server.secrets),
-            })
-            .map_err(|e| ToolError::Failed(mask(&e, &server.secrets)))
+            .map(|text| ToolOutput { text })
+            .map_err(ToolError::Failed)
     }
 }
 
@@ -467,8 +471,8 @@ mod tests {
     }
 
     #[test]
-    fn stderr_lines_are_masked() {
-        let s = [SecretString::new("s3cr3t")];
-        assert_eq!(mask("token=s3cr3t!", &s), "token=<secret>!");
+    fn stderr_lines_are_scrubbed() {
+        let s = scrubber_of(&[("API_TOKEN".into(), SecretString::new("s3cr3t"))]);
+        assert_eq!(s.scrub("token=s3cr3t!"), "token=<secret:API_TOKEN>!");
     }
 }

@@ -270,6 +270,22 @@ impl Tool for OpenApiTool {
         &self.spec
     }
 
+    /// Credentials read when the toolbox loaded, named by the header or
+    /// query parameter that carries them.
+    fn secrets(&self) -> Vec<(String, SecretString)> {
+        self.shared
+            .secrets
+            .iter()
+            .filter_map(|s| match (&s.value, &s.place) {
+                (SecretValue::Loaded(v), SecretPlace::Header { name, .. }) => {
+                    Some((name.as_str().to_string(), v.clone()))
+                }
+                (SecretValue::Loaded(v), SecretPlace::Query(q)) => Some((q.clone(), v.clone())),
+                (SecretValue::Arg(_), _) => None,
+            })
+            .collect()
+    }
+
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let req = self.request(&args)?;
         let started = Instant::now();
