@@ -50,6 +50,8 @@ async fn schemathesis_finds_nothing() {
         .args(["--report", "har"])
         .arg("--report-dir")
         .arg(&report)
+        // Its caches go to the test's directory, not the repository.
+        .current_dir(w.dir.path())
         .env("NO_COLOR", "1")
         .env("SCHEMATHESIS_TELEMETRY", "false")
         .stdin(Stdio::null())
