@@ -86,7 +86,7 @@ proptest! {
             .replace("name: prober", &format!("name: {name}"))
             .replace("{name: repo, scope: session}", &format!("{{name: {param}, scope: session}}"))
             .replace("value: {param: repo}", &format!("value: {{param: {param}}}"));
-        let parsed = parse_text(&renamed).map_err(|e| TestCaseError::fail(e))?;
+        let parsed = parse_text(&renamed).map_err(TestCaseError::fail)?;
         prop_assert_eq!(parsed.len(), 1);
         prop_assert_eq!(&parsed[0].name, &name);
         prop_assert_eq!(&parsed[0].spec.parameters[0].name, &param);
@@ -130,7 +130,7 @@ proptest! {
             })).collect::<Vec<_>>(),
         });
         let info = parse_description(described.to_string().as_bytes())
-            .map_err(|e| TestCaseError::fail(e))?;
+            .map_err(TestCaseError::fail)?;
         prop_assert_eq!(info.slug, slug);
         prop_assert_eq!(info.args.len(), args.len());
     }
@@ -159,7 +159,7 @@ proptest! {
             }}));
         }
         let doc = json!({"openapi": "3.0.3", "info": {"title": "t", "version": "1"}, "paths": doc_paths});
-        let (ops, _) = operations(&doc).map_err(|e| TestCaseError::fail(e))?;
+        let (ops, _) = operations(&doc).map_err(TestCaseError::fail)?;
         prop_assert_eq!(ops.len(), paths.len());
         for op in &ops {
             let query = op.path.matches('{').count() == 0;

@@ -62,7 +62,7 @@ impl Scrubber {
             }
         }
         // Longest first: a full encoding goes before its fragments.
-        self.needles.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        self.needles.sort_by_key(|n| std::cmp::Reverse(n.0.len()));
     }
 
     pub fn is_empty(&self) -> bool {
