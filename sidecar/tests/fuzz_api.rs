@@ -8,7 +8,6 @@ mod common;
 use std::process::Stdio;
 
 use common::*;
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing() {
@@ -21,15 +20,7 @@ async fn schemathesis_finds_nothing() {
     let w = World::new(tool_then_answer).await;
     let (_sidecar, api) = w.start(&["--no-stream"], &[]);
     // A session that holds the canary, for the fuzzer to find if it can.
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "invoices", "prompt": "overdue?", "params": valid_params()})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
+    invoices_run(&api).await;
     let max_time = std::env::var("SCHEMATHESIS_MAX_TIME").unwrap_or_else(|_| "20".into());
     let report = w.dir.path().join("schemathesis");
     let out = tokio::process::Command::new(&st)
