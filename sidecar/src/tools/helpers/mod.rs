@@ -658,36 +658,21 @@ mod tests {
 
     #[test]
     fn a_secret_with_never_reaches_a_command_line() {
-        use crate::bindings::{AppliedBinding, BoundTool};
+        use super::narrowing::tests::{arg, tool};
+        use crate::bindings::AppliedBinding;
         use crate::params::SecretString;
         use crate::spec::WhenUnbound;
         use crate::tools::bash::Mode;
-        use crate::tools::{ArgSpec, CallArgs, CallContext, Tool, ToolOutput, ToolSpec, Transport};
-        struct T(ToolSpec);
-        #[async_trait::async_trait]
-        impl Tool for T {
-            fn spec(&self) -> &ToolSpec {
-                &self.0
-            }
-            async fn call(&self, _: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
-                unreachable!()
-            }
-        }
-        let arg = |name: &str, mode| ArgSpec {
-            name: name.into(),
-            description: String::new(),
-            required: false,
-            schema: json!({"type": "string"}),
-            transport: Transport::Bash(mode),
-        };
+        use crate::tools::Transport;
         // The helper's file binds its plain parameter `note` to a
         // positional argument and `key` to an env one.
-        let tool = BoundTool::new(std::sync::Arc::new(T(ToolSpec {
-            name: "bash_probe".into(),
-            local_name: "probe".into(),
-            description: String::new(),
-            args: vec![arg("note", Mode::Positional), arg("key", Mode::Env)],
-        })))
+        let tool = tool(
+            "bash_probe",
+            vec![
+                arg("note", "string", Transport::Bash(Mode::Positional)),
+                arg("key", "string", Transport::Bash(Mode::Env)),
+            ],
+        )
         .with_bindings([
             AppliedBinding {
                 arg: "note".into(),
