@@ -666,15 +666,21 @@ fn mcp() -> Value {
             "name": "MCP-Protocol-Version",
             "in": "header",
             "required": false,
-            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent.",
-            "schema": { "type": "string" },
+            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent. \
+                Another value is a 400 (a JSON-RPC error).",
+            "schema": { "enum": super::mcp::PROTOCOL_VERSIONS },
         }],
         "requestBody": {
             "required": true,
             "content": { "application/json": { "schema": {
                 "oneOf": [
                     schema("JsonRpcMessage"),
-                    { "type": "array", "items": schema("JsonRpcMessage") },
+                    {
+                        "type": "array",
+                        "description": "A batch (protocol 2025-03-26): each entry that is \
+                            not a JSON-RPC message gets an error response of its own.",
+                        "items": {},
+                    },
                 ],
             } } },
         },
@@ -715,7 +721,16 @@ fn stream_events() -> Value {
         "responses": {
             "200": {
                 "description": "The event stream; it stays open.",
-                "content": { "text/event-stream": { "schema": { "type": "string" } } },
+                "content": { "text/event-stream": { "schema": {
+                    "description": "One server-sent event: `id` (its sequence number), \
+                        `event` (a key of `x-events`) and `data` (that event's JSON).",
+                    "type": "object",
+                    "properties": {
+                        "id": { "type": "string" },
+                        "event": { "type": "string" },
+                        "data": { "type": "string" },
+                    },
+                } } },
                 "x-events": {
                     "run_started": schema("RunStartedEvent"),
                     "message": schema("Turn"),
@@ -872,7 +887,7 @@ fn session_schemas() -> Value {
                 "agent": { "type": "string", "description": "The agent's slug." },
                 "status": schema("SessionStatus"),
                 "status_detail": {
-                    "type": "string",
+                    "type": ["string", "null"],
                     "description": "Why the last run failed, stopped, or what it waits for.",
                 },
                 "version": {
@@ -881,9 +896,12 @@ fn session_schemas() -> Value {
                 },
                 "created_at": timestamp("RFC 3339."),
                 "updated_at": timestamp("RFC 3339."),
-                "forked_from": { "type": "string", "description": "The session this one was forked from." },
+                "forked_from": {
+                    "type": ["string", "null"],
+                    "description": "The session this one was forked from.",
+                },
                 "parent_session_id": {
-                    "type": "string",
+                    "type": ["string", "null"],
                     "description": "The session this one was forked from (agents-server's name; same as `forked_from`).",
                 },
                 "owner": {
@@ -937,7 +955,7 @@ fn session_schemas() -> Value {
                 "status": schema("SessionStatus"),
                 "created_at": timestamp("RFC 3339."),
                 "updated_at": timestamp("RFC 3339."),
-                "forked_from": { "type": "string" },
+                "forked_from": { "type": ["string", "null"] },
             },
         },
         "SessionList": {
@@ -1083,7 +1101,7 @@ fn request_schemas() -> Value {
         },
         "SetParamsRequest": {
             "type": "object",
-            "required": ["params"],
+            "description": "Without `params` (or with an empty body) nothing changes.",
             "properties": { "params": schema("ParamValues") },
         },
     })
@@ -1223,7 +1241,10 @@ fn mcp_schemas() -> Value {
                 "jsonrpc": { "const": "2.0" },
                 "id": { "type": ["string", "integer"] },
                 "method": { "type": "string" },
-                "params": { "type": "object" },
+                "params": {
+                    "description": "The method's parameters (an object); any other value \
+                        is answered, like an unknown method, with a JSON-RPC error in a 200.",
+                },
             },
         },
         "JsonRpcResponse": {
@@ -1505,7 +1526,9 @@ mod tests {
             &doc,
             &put["requestBody"]["content"]["application/json"]["schema"],
         );
-        assert_eq!(body["required"], json!(["params"]));
+        // The server takes a body without `params` (nothing changes).
+        assert!(body.get("required").is_none(), "{body}");
+        assert!(body["properties"]["params"].is_object());
 
         let delete = &doc["paths"]["/v1/sessions/{id}/token"]["delete"];
         assert!(delete["responses"]["204"].is_object());

@@ -123,6 +123,20 @@ pub async fn create(api: &Api, body: Value) -> Reply {
         .await
 }
 
+/// An invoices session created with a prompt, its run waited for.
+pub async fn invoices_run(api: &Api) -> Reply {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "prompt": "overdue?", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    r
+}
+
 /// A valid creation body for the invoices agent (no prompt).
 pub fn valid_params() -> Value {
     json!({"tenant": "acme", "billing_token": CANARY})
