@@ -190,6 +190,7 @@ proptest! {
                 schema: json!({"type": "string"}),
                 transport: Transport::Bash(Mode::Env),
             }).collect(),
+            writes: false,
         };
         let bindings: Vec<AppliedBinding> = bound.iter().map(|(arg, kind, fail)| AppliedBinding {
             arg: names[*arg % nargs].to_string(),
