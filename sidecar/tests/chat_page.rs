@@ -8,7 +8,9 @@
 //! under `target/tmp/chat-page/` (the path is printed). This test then
 //! checks the page's headers and that the secret value reached neither the
 //! model, the logs nor the store. A second scenario answers a waiting run's
-//! calls from their cards: approve, reject with a reason, a deferred result.
+//! calls from their cards: approve, reject with a reason, a deferred result;
+//! a third books through the booking example's input, choice and
+//! confirmation.
 
 mod common;
 
@@ -17,6 +19,7 @@ use std::process::Command;
 
 use bindery_tests::mock_llm::{last_message, MockReply};
 use bindery_tests::sidecar::Sidecar;
+use common::booking::{booking, two_slots, DAY};
 use common::{contains, executable, raw_files, tool_then_answer, World, CANARY, OWNER};
 use serde_json::{json, Value};
 
@@ -219,4 +222,23 @@ async fn a_person_answers_pending_calls_in_a_real_browser() {
     );
     assert_eq!(results[2], "Lisbon, Portugal");
     secret_kept(&w, &sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_gives_input_chooses_and_confirms_a_booking_in_a_real_browser() {
+    let b = booking(two_slots(), |t| t).await;
+    let (sidecar, _api) = b.start();
+    browser(&sidecar, "booking").await;
+    // The option the person chose, booked once, after the confirmation.
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-b")]);
+    for req in b._mock.requests() {
+        assert!(
+            !req.to_string().contains(CANARY),
+            "the model saw the API key"
+        );
+    }
+    assert!(
+        !sidecar.logs().contains(CANARY),
+        "the API key is in the log"
+    );
 }

@@ -8,6 +8,8 @@
 // fork, the session list, a shared link. `pending`: a run that waits, its
 // calls answered from their cards (approve, reject with a reason, a
 // deferred result), and the same cards seen through a shared link.
+// `booking`: the booking example's API-owned inputs: a missing field typed
+// in, an option chosen, the prepared booking confirmed.
 //
 // Prints one line per step and a screenshot path per state; exits non-zero,
 // naming the step, on the first thing that is not as expected.
@@ -299,8 +301,52 @@ async function pendingScenario() {
   check(await other.page.locator("#pending").isHidden(), "the shared link still shows the card");
 }
 
+/// The day the booking fixture has slots on (common::booking::DAY).
+const DAY = "2026-10-01";
+
+async function bookingScenario() {
+  step = "owner: a booking session";
+  const { page } = await newPage();
+  await page.goto(base + "/");
+  await page.getByLabel("Owner token").fill(ownerToken);
+  await page.getByLabel("Owner token").press("Enter");
+  await page.getByText("Connected with the owner token.").waitFor();
+  await page.getByLabel("Agent", { exact: true }).selectOption("booking");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#chat-title").filter({ hasText: "booking" }).waitFor();
+
+  step = "a missing field is asked for, and typed in";
+  let card = await untilPending(page, 'book {"service": "Haircut"}', "bash_book");
+  check((await card.innerText()).includes("needs more input"), "the input card does not say what it needs");
+  await card.getByLabel("date").fill(DAY);
+  await shot(page, "needs-input");
+  await card.getByLabel("date").press("Enter");
+
+  step = "an option is chosen with its button";
+  card = page.locator("#pending-list .pending-card").filter({ hasText: "asks you to choose" });
+  await card.waitFor();
+  const options = await card.locator("button.option .option-label").allInnerTexts();
+  check(JSON.stringify(options) === JSON.stringify(["10:00", "11:00"]), `options: ${JSON.stringify(options)}`);
+  check((await card.innerText()).includes("time: 11:00"), "an option's facts are not shown");
+  await secretNeverRendered(page);
+  await shot(page, "needs-selection");
+  await card.getByRole("button", { name: /^11:00/ }).click();
+
+  step = "the prepared booking is confirmed, with its facts";
+  card = page.locator("#pending-list .pending-card").filter({ hasText: "asks you to confirm" });
+  await card.waitFor();
+  const facts = await card.locator(".facts").innerText();
+  check(facts.includes("time") && facts.includes("11:00"), `confirmation facts: ${facts}`);
+  await shot(page, "needs-confirmation");
+  await card.getByRole("button", { name: "Approve" }).click();
+  await answered(page, "booked");
+  await secretNeverRendered(page);
+  await shot(page, "booked");
+}
+
 try {
   if (scenario === "pending") await pendingScenario();
+  else if (scenario === "booking") await bookingScenario();
   else await chatScenario();
   check(problems.length === 0, problems.join("\n"));
   console.log(`chat page (${scenario}): all steps passed`);

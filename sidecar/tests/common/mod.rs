@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod booking;
 pub mod callbacks;
 
 use std::path::{Path, PathBuf};
