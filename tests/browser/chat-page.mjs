@@ -213,14 +213,20 @@ async function chatScenario() {
   check((await other.context.cookies()).length === 0, "the link's browser got cookies");
 }
 
-/// Connects as the owner and creates an invoices session (with a link);
-/// returns the page and the link.
-async function ownerSession() {
+/// A fresh page connected with the owner token.
+async function ownerPage() {
   const { context, page } = await newPage();
   await page.goto(base + "/");
   await page.getByLabel("Owner token").fill(ownerToken);
   await page.getByLabel("Owner token").press("Enter");
   await page.getByText("Connected with the owner token.").waitFor();
+  return { context, page };
+}
+
+/// Connects as the owner and creates an invoices session (with a link);
+/// returns the page and the link.
+async function ownerSession() {
+  const { context, page } = await ownerPage();
   await page.getByLabel("Agent", { exact: true }).selectOption("invoices");
   await page.getByLabel(/^tenant/).fill("acme-corp");
   await page.getByLabel(/^billing_token/).fill(canary);
@@ -306,11 +312,7 @@ const DAY = "2026-10-01";
 
 async function bookingScenario() {
   step = "owner: a booking session";
-  const { page } = await newPage();
-  await page.goto(base + "/");
-  await page.getByLabel("Owner token").fill(ownerToken);
-  await page.getByLabel("Owner token").press("Enter");
-  await page.getByText("Connected with the owner token.").waitFor();
+  const { page } = await ownerPage();
   await page.getByLabel("Agent", { exact: true }).selectOption("booking");
   await page.getByRole("button", { name: "Create session" }).click();
   await page.locator("#chat-title").filter({ hasText: "booking" }).waitFor();
