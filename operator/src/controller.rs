@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -41,6 +41,13 @@ pub enum Error {
     NoNamespace(String),
 }
 
+/// How many tenants are reconciled at the same time.
+const RECONCILES_AT_ONCE: u16 = 128;
+/// A tenant is reconciled once the changes that concern it have been quiet
+/// this long: one apply changes several of its objects at once, and each
+/// would otherwise reconcile it again.
+const QUIET: Duration = Duration::from_millis(500);
+
 /// Run the controller on `namespace` (all namespaces when `None`) until
 /// SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
@@ -48,7 +55,14 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let tenants = scoped::<AgentTenant>(&client, &namespace);
     let agents = scoped::<Agent>(&client, &namespace);
     let cfg = watcher::Config::default();
-    let controller = Controller::new(tenants, cfg.clone());
+    // A bounded number of reconciles at once: with a thousand tenants
+    // queued together, unbounded concurrency holds every one's objects in
+    // memory at the same time (and gains nothing against one API server).
+    let controller = Controller::new(tenants, cfg.clone()).with_config(
+        kube::runtime::controller::Config::default()
+            .concurrency(RECONCILES_AT_ONCE)
+            .debounce(QUIET),
+    );
     let store = controller.store();
     let by_agent = store.clone();
     let by_secret = store.clone();
@@ -72,6 +86,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(scoped::<ConfigMap>(&client, &namespace), cfg.clone())
         .owns(scoped::<Service>(&client, &namespace), cfg.clone())
         .owns(scoped::<ServiceAccount>(&client, &namespace), cfg.clone())
+        .owns(
+            scoped::<PersistentVolumeClaim>(&client, &namespace),
+            cfg.clone(),
+        )
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
         .watches(agents, cfg.clone(), move |agent: Agent| {
@@ -155,6 +173,20 @@ async fn reconcile_agent(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action,
         previous,
         &Time(crate::events::now()),
     );
+    // What the checks found, once per new finding: a Warning on the Agent.
+    if let Some(found) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid" && c.status == "False")
+    {
+        if !previous.iter().any(|c| c.message == found.message) {
+            if let Err(e) =
+                crate::events::warn_agent(&ctx.client, &agent, "InvalidAgent", &found.message).await
+            {
+                tracing::warn!(agent = %name, "cannot publish an event: {e}");
+            }
+        }
+    }
     if agent.status.as_ref() != Some(&status) {
         api.patch_status(
             &name,
@@ -294,7 +326,7 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
         let mut bytes = [0u8; 32];
         // Without randomness there is no token to mint; retry later.
         if getrandom::fill(&mut bytes).is_ok() {
-            let owner = tenant.controller_owner_ref(&()).unwrap_or_default();
+            let owner = crate::desired::owner_reference(tenant);
             let secret =
                 crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
             // Created once, never overwritten: the token is its holder's.
@@ -316,6 +348,10 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
         }
         apply(c, &ns, &o.deployment).await?;
         apply(c, &ns, &o.service).await?;
+        // Only once the new Deployment is applied: its pods no longer
+        // mount the claim (switching to Postgres, say).
+        let wanted = o.claim.as_ref().and_then(|c| c.metadata.name.clone());
+        prune::<PersistentVolumeClaim>(c, &ns, tenant, wanted.as_deref()).await?;
     }
     let previous: Vec<String> = tenant
         .status
@@ -360,6 +396,23 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
     })))
 }
 
+/// A namespaced kind that reconcile reads, applies or deletes.
+trait Namespaced:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Namespaced for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 /// Key names and resourceVersion of each named object that exists.
 async fn key_names<K>(
     c: &Client,
@@ -368,10 +421,7 @@ async fn key_names<K>(
     reduce: impl Fn(K) -> (BTreeSet<String>, String),
 ) -> Result<BTreeMap<String, RefObject>, kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Namespaced,
 {
     let api = Api::<K>::namespaced(c.clone(), ns);
     let mut out = BTreeMap::new();
@@ -390,14 +440,46 @@ where
     Ok(out)
 }
 
+/// Delete the objects of kind `K` that the tenant owns (by its label and
+/// ownerReference) other than `wanted`: what it no longer asks for.
+async fn prune<K>(
+    c: &Client,
+    ns: &str,
+    tenant: &AgentTenant,
+    wanted: Option<&str>,
+) -> Result<(), kube::Error>
+where
+    K: Namespaced,
+{
+    let api = Api::<K>::namespaced(c.clone(), ns);
+    let name = tenant.name_any();
+    let selector = format!("{}={name}", names::TENANT_LABEL);
+    let uid = tenant.metadata.uid.as_deref();
+    for obj in api.list(&ListParams::default().labels(&selector)).await? {
+        let owned = obj
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
+        let obj_name = obj.name_any();
+        if owned && Some(obj_name.as_str()) != wanted {
+            match api.delete(&obj_name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    tracing::info!(tenant = %name, kind = K::kind(&()).as_ref(), name = %obj_name, "deleted what the tenant no longer asks for")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Server-side apply under the operator's one field manager.
 async fn apply<K>(c: &Client, ns: &str, obj: &K) -> Result<(), kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug,
+    K: Namespaced + Serialize,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
     Api::<K>::namespaced(c.clone(), ns)

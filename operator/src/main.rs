@@ -193,11 +193,16 @@ async fn run(
         namespaces.into_iter().map(Some).collect()
     };
     tracing::info!(namespaces = ?scopes, "controller started");
-    let controllers = futures::future::join_all(
-        scopes
-            .into_iter()
-            .map(|ns| controller::run(ctx.clone(), ns)),
-    );
+    // Per scope, the tenants' controller and the Agents' (their `Valid`).
+    let controllers = futures::future::join_all(scopes.into_iter().map(|ns| {
+        let (tenants, agents) = (ctx.clone(), ctx.clone());
+        async move {
+            futures::join!(
+                controller::run(tenants, ns.clone()),
+                controller::run_agents(agents, ns)
+            );
+        }
+    }));
     match &lease {
         Some(l) => {
             tokio::select! {

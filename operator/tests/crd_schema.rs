@@ -745,21 +745,28 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 15] = [
+const FREE_FORM: [(&str, &str); 19] = [
     ("Agent", "spec.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].bash.confirm"),
     ("Agent", "spec.toolboxes[].deferred.tools[].parameters"),
     ("Agent", "spec.toolboxes[].mcp.confirm"),
     ("Agent", "spec.toolboxes[].openapi.confirm"),
+    ("Agent", "spec.toolboxes[].postgrest.confirm"),
     ("Agent", "spec.helpers[].with{}.literal"),
     ("Agent", "spec.model.apiKey.value"),
     ("Agent", "spec.parameters[].default.value"),
     ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),
+    ("Agent", "spec.toolboxes[].builtin.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].mcp.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].mcp.env{}.literal"),
     ("Agent", "spec.toolboxes[].mcp.headers{}.literal"),
     ("Agent", "spec.toolboxes[].openapi.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].openapi.secrets[].source.value"),
+    (
+        "Agent",
+        "spec.toolboxes[].postgrest.bindings[].value.literal",
+    ),
+    ("Agent", "spec.toolboxes[].postgrest.secrets[].source.value"),
     ("AgentTenant", "spec.parameters[].value"),
 ];
 

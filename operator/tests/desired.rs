@@ -532,3 +532,27 @@ fn an_agent_is_valid_or_says_why() {
         bad
     );
 }
+
+#[test]
+fn a_dependency_cycle_duplicate_or_overlap_makes_the_agent_invalid() {
+    let mut w = World::example();
+    let spec = w.agents.get_mut("invoices").unwrap();
+    spec.tools = from_yaml(
+        r#"[{tool: bash_book, depends_on: [{tool: bash_slots, map: {$.slot: $.id}},
+                                       {tool: bash_slots, map: {$.other: $.id}},
+                                       {tool: bash_rooms, map: {$.slot: $.room}}]},
+            {tool: bash_slots, depends_on: [{tool: bash_book, map: {$.x: $.y}}]}]"#,
+    )
+    .unwrap();
+    let now = time("2026-11-29T12:00:00Z");
+    let st = bindery_operator::desired::agent_status("invoices", &w.agents, Some(2), &[], &now);
+    assert_eq!(st.conditions[0].status, "False");
+    let msg = &st.conditions[0].message;
+    for want in [
+        "Agent `invoices`, agent-level tools, tool `bash_book`, depends_on 2 (tool `bash_slots`): a duplicate dependency",
+        "depends_on 3 (tool `bash_rooms`): destination `$.slot` is already filled by depends_on 1",
+        "tool `bash_book`: its dependencies form a cycle (bash_book -> bash_slots -> bash_book)",
+    ] {
+        assert!(msg.contains(want), "{want} not in {msg}");
+    }
+}

@@ -5,8 +5,11 @@
 //! endpoint.
 //!
 //! Each test runs its own emulator, namespace and operator process(es). The
-//! emulator has no controllers: Deployments never get Pods, so no tenant
-//! becomes Ready here (Available=False: PodsNotReady, or Deploying).
+//! emulator here maps no image to a program: Pods stay Pending, so no
+//! tenant becomes Ready (Available=False: PodsNotReady, or Deploying; the
+//! chart tests run the real sidecar in them). It
+//! enforces RBAC (operators run as the chart's ServiceAccount) and collects
+//! garbage (a deleted tenant takes what it owned).
 
 use std::cell::{Cell, RefCell};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -15,11 +18,14 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bindery_operator::crd::AgentTenant;
-use bindery_tests::kube::Emulator;
+use bindery_operator::crd::{Agent, AgentTenant};
+use bindery_tests::helm::Render;
+use bindery_tests::kube::{Emulator, Identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -60,11 +66,16 @@ fn tail(text: &str, n: usize) -> &str {
     &text[start..]
 }
 
-/// An emulator with the CRDs installed and one namespace for the test.
+/// An emulator with the CRDs installed, one namespace for the test, and
+/// the operator chart's ServiceAccount and RBAC for that namespace.
 struct Cluster {
     ns: String,
+    /// The test's own client: an administrator.
     client: Client,
     emu: Emulator,
+    /// What operators run as: the chart's ServiceAccount, never an
+    /// administrator.
+    operator: Identity,
     /// Logs of the operators started on this cluster, for failure messages.
     operator_logs: RefCell<Vec<PathBuf>>,
     manifests: Cell<usize>,
@@ -80,17 +91,31 @@ impl Cluster {
             .await
             .expect("config");
         let client = Client::try_from(config).expect("client");
+        let namespace = dir.path().join("namespace.yaml");
+        std::fs::write(
+            &namespace,
+            format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"),
+        )
+        .unwrap();
+        let out = emu.kubectl(&["apply", "-f", namespace.to_str().unwrap()]);
+        assert!(out.status.success(), "{out:?}");
+        // The chart watching this namespace, its Lease (two replicas) here too.
+        let operator = emu.install_operator_identity(
+            &Render::new("charts/bindery-operator", "bindery")
+                .namespace(ns)
+                .set(format!("watchNamespaces={{{ns}}}"))
+                .set("replicas=2")
+                .set("leaderElection.leaseName=bindery-operator"),
+        );
         let cluster = Cluster {
             ns: ns.to_string(),
             client,
             emu,
+            operator,
             operator_logs: RefCell::new(Vec::new()),
             manifests: Cell::new(0),
             dir,
         };
-        cluster.apply(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"
-        ));
         let out = cluster.kubectl(&["apply", "-f", &repo("crds")]);
         assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
         cluster
@@ -208,6 +233,48 @@ impl Cluster {
         .await
     }
 
+    /// Wait until the Agent `name`'s `Valid` condition has `status` and its
+    /// message contains `text`; return the condition.
+    async fn wait_agent_valid(&self, name: &str, status: &str, text: &str) -> Condition {
+        let agents = self.api::<Agent>();
+        self.wait(
+            &format!("Agent {name}: Valid={status} saying {text:?}"),
+            async || match agents.get_opt(name).await {
+                Ok(Some(a)) => {
+                    let valid = a
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Valid").cloned());
+                    match valid {
+                        Some(c) if c.status == status && c.message.contains(text) => Ok(c),
+                        _ => Err(format!("status {:?}", a.status)),
+                    }
+                }
+                Ok(None) => Err("no such Agent".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await
+    }
+
+    /// The operator ran as the chart's ServiceAccount (it is in the
+    /// emulator's audit, reading its tenants) and RBAC refused it nothing.
+    fn assert_operator_refused_nothing(&self) {
+        let audit = self.emu.audit();
+        let mine: Vec<_> = audit
+            .iter()
+            .filter(|a| a.user == self.operator.user)
+            .collect();
+        assert!(
+            mine.iter()
+                .any(|a| a.verb == "get" && a.resource == "agenttenants"),
+            "the operator is not in the audit as {}: {audit:#?}",
+            self.operator.user
+        );
+        let refused: Vec<_> = mine.iter().filter(|a| !a.allowed).collect();
+        assert!(refused.is_empty(), "refused: {refused:#?}\n{}", self.logs());
+    }
+
     /// Wait until `name` of kind `K` exists; return it.
     async fn wait_object<K>(&self, name: &str) -> K
     where
@@ -259,6 +326,11 @@ impl Cluster {
 
     /// `(reason, message)` of the Warning Events about the tenant `name`.
     async fn warnings(&self, name: &str) -> Vec<(String, String)> {
+        self.warnings_about("AgentTenant", name).await
+    }
+
+    /// `(reason, message)` of the Warning Events about `kind` `name`.
+    async fn warnings_about(&self, kind: &str, name: &str) -> Vec<(String, String)> {
         self.api::<Event>()
             .list(&Default::default())
             .await
@@ -266,7 +338,7 @@ impl Cluster {
             .into_iter()
             .filter(|e| {
                 e.type_.as_deref() == Some("Warning")
-                    && e.involved_object.kind.as_deref() == Some("AgentTenant")
+                    && e.involved_object.kind.as_deref() == Some(kind)
                     && e.involved_object.name.as_deref() == Some(name)
             })
             .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
@@ -382,7 +454,7 @@ impl Operator {
                 &cluster.ns,
             ])
             .args(args)
-            .env("KUBECONFIG", &cluster.emu.kubeconfig)
+            .env("KUBECONFIG", &cluster.operator.kubeconfig)
             .env_remove("BINDERY_LOG")
             .env_remove("BINDERY_SIDECAR_IMAGE")
             .env_remove("POD_NAME")
@@ -627,6 +699,7 @@ async fn the_example_tenant_gets_its_status_and_objects() {
 
     let deployment: Deployment = cluster.wait_object("acme").await;
     assert!(owned_by(&deployment.metadata, &tenant), "{deployment:?}");
+    cluster.assert_operator_refused_nothing();
     let template = deployment.spec.as_ref().unwrap().template.clone();
     let hash = template
         .metadata
@@ -850,6 +923,31 @@ async fn a_deleted_secret_flips_the_tenant_until_it_is_restored() {
 
     cluster.settle("acme").await;
     cluster.assert_warnings_once("acme").await;
+
+    // The same problem again: the Event it already has counts 2.
+    cluster.kubectl(&["delete", "secret", "acme-billing"]);
+    let missing = "Secret `acme-billing` does not exist";
+    let counted = cluster
+        .wait("the missing Secret's Event to count 2", async || {
+            let events: Vec<Event> = cluster
+                .api::<Event>()
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|e| e.message.as_deref().is_some_and(|m| m.contains(missing)))
+                .collect();
+            match &events[..] {
+                [one] if one.count == Some(2) => Ok(one.clone()),
+                _ => Err(format!("{events:#?}")),
+            }
+        })
+        .await;
+    assert!(
+        counted.last_timestamp >= counted.first_timestamp,
+        "{counted:?}"
+    );
+    cluster.assert_warnings_once("acme").await;
     assert!(
         operator.running(),
         "the operator exited:\n{}",
@@ -975,6 +1073,9 @@ async fn agent_changes_reconcile_their_tenants() {
     cluster.apply_examples();
     let _operator = Operator::start(&cluster, "main", &[], &[]);
     let before = cluster.wait_tenant("acme", "resolved", resolved).await;
+    // The Agent's own status, from the Agent controller.
+    let valid = cluster.wait_agent_valid("invoices", "True", "").await;
+    assert_eq!(valid.reason, "Valid", "{valid:?}");
 
     // A new optional parameter with a default: a row, without touching the tenant.
     let region = "    - name: region\n      required: false\n      default:\n        value: eu\n";
@@ -1012,6 +1113,22 @@ async fn agent_changes_reconcile_their_tenants() {
     cluster
         .wait_warning("acme", "InvalidAgent", "`ledger`")
         .await;
+    let invalid = cluster
+        .wait_agent_valid("invoices", "False", "`ledger`")
+        .await;
+    assert_eq!(invalid.reason, "Invalid", "{invalid:?}");
+    // And what its checks found, as a Warning on the Agent itself.
+    cluster
+        .wait("a Warning on Agent invoices naming ledger", async || {
+            let w = cluster.warnings_about("Agent", "invoices").await;
+            match &w[..] {
+                [(reason, message)] if reason == "InvalidAgent" && message.contains("`ledger`") => {
+                    Ok(())
+                }
+                _ => Err(format!("{w:?}")),
+            }
+        })
+        .await;
 
     // The helper appears: valid again, with the helper's file.
     cluster.apply(
@@ -1037,6 +1154,9 @@ spec:
         "{:?}",
         t.status
     );
+    // A change to one Agent (the helper appearing) revalidates another.
+    cluster.wait_agent_valid("invoices", "True", "").await;
+    cluster.wait_agent_valid("ledger", "True", "").await;
     cluster
         .wait("the helper's file in acme-agents", async || {
             let cm: ConfigMap = cluster.api().get("acme-agents").await.unwrap();
@@ -1322,6 +1442,145 @@ async fn metrics_and_health_are_served() {
             }
         })
         .await;
+}
+
+/// A tenant that moves its sessions from a claim to Postgres: the claim it
+/// owned is deleted once the new Deployment (without it) is applied; a
+/// claim of the same tenant's label that it does not own stays.
+#[tokio::test]
+async fn a_claim_the_tenant_no_longer_wants_is_deleted() {
+    let cluster = Cluster::start("prune").await;
+    cluster.apply_examples();
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    let anchor = "  tools:\n";
+    let with_store =
+        |store: &str| tenant.replacen(anchor, &format!("  store:\n{store}{anchor}"), 1);
+    cluster.apply(&with_store("    pvcSize: 1Gi\n"));
+    cluster.apply(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: acme-scratch\n  labels: {bindery.dev/tenant: acme}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {requests: {storage: 1Gi}}\n",
+    );
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-db\ntype: Opaque\nstringData:\n  url: postgres://bindery@db:5432/acme\n",
+    );
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+    let claim: PersistentVolumeClaim = cluster.wait_object("acme-store").await;
+    assert!(owned_by(&claim.metadata, &t), "{claim:?}");
+
+    cluster.apply(&with_store(
+        "    postgres:\n      urlSecretRef: {name: acme-db, key: url}\n",
+    ));
+    let claims = cluster.api::<PersistentVolumeClaim>();
+    cluster
+        .wait("acme-store to be deleted", async || {
+            match claims.get_opt("acme-store").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let d: Deployment = cluster.api().get("acme").await.unwrap();
+    let volumes = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap_or_default();
+    assert!(
+        volumes.iter().all(|v| v.persistent_volume_claim.is_none()),
+        "{volumes:?}"
+    );
+    assert!(claims.get_opt("acme-scratch").await.unwrap().is_some());
+    cluster.assert_operator_refused_nothing();
+}
+
+/// The API server refuses an invalid AgentTenant (its CRD's schema and CEL
+/// rules) before the operator ever sees it, in its own words.
+#[tokio::test]
+async fn an_invalid_tenant_is_refused_by_the_api_server() {
+    let cluster = Cluster::start("admission").await;
+    let tenant = |spec: &str| {
+        format!("apiVersion: bindery.dev/v1alpha1\nkind: AgentTenant\nmetadata:\n  name: bad\nspec:\n  agentRef: {{name: invoices}}\n{spec}")
+    };
+    let refused = |spec: &str| -> String {
+        let path = cluster.dir.path().join("bad-tenant.yaml");
+        std::fs::write(&path, tenant(spec)).unwrap();
+        let out = cluster.try_kubectl(&["apply", "-f", path.to_str().unwrap()]);
+        assert!(!out.status.success(), "accepted: {spec}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let twice = "  parameters:\n    - {name: tenant, value: a}\n    - {name: tenant, value: b}\n";
+    let err = refused(twice);
+    assert!(
+        err.contains(r#"The AgentTenant "bad" is invalid: spec.parameters: Invalid value: "array": each parameter may be listed once"#),
+        "{err}"
+    );
+    let err = refused("  replicas: two\n");
+    assert!(
+        err.contains(r#"spec.replicas: Invalid value: "string": spec.replicas in body must be of type integer: "string""#),
+        "{err}"
+    );
+    let err = refused("  parameters:\n    - {name: Tenant, value: a}\n");
+    assert!(
+        err.contains(
+            "a parameter name is lower-case letters, digits and _, starting with a letter"
+        ),
+        "{err}"
+    );
+    let err = refused("  colour: blue\n");
+    assert!(
+        err.contains(r#"strict decoding error: unknown field "spec.colour""#),
+        "{err}"
+    );
+    let err = refused(
+        "  store:\n    pvcSize: 1Gi\n    postgres:\n      urlSecretRef: {name: db, key: url}\n",
+    );
+    assert!(
+        err.contains("store.postgres keeps sessions in PostgreSQL"),
+        "{err}"
+    );
+    assert!(cluster.tenants().get_opt("bad").await.unwrap().is_none());
+}
+
+/// Deleting a tenant (foreground, as `kubectl delete --cascade=foreground`)
+/// deletes everything it owned, through the cluster's garbage collector.
+#[tokio::test]
+async fn a_deleted_tenant_takes_what_it_owned() {
+    let cluster = Cluster::start("gc").await;
+    cluster.apply_examples();
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let _: Deployment = cluster.wait_object("acme").await;
+    let _: Secret = cluster.wait_object("acme-owner-token").await;
+    cluster.kubectl(&["delete", "agenttenant", "acme", "--cascade=foreground"]);
+    let owned = [
+        ("deployment", "acme"),
+        ("service", "acme"),
+        ("serviceaccount", "acme"),
+        ("configmap", "acme-agents"),
+        ("secret", "acme-owner-token"),
+        ("agenttenant", "acme"),
+    ];
+    cluster
+        .wait("everything acme owned to be gone", async || {
+            let left: Vec<_> = owned
+                .iter()
+                .filter(|(kind, name)| cluster.try_kubectl(&["get", kind, name]).status.success())
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        })
+        .await;
+    // Not what it only referred to.
+    for (kind, name) in [("secret", "acme-billing"), ("configmap", "invoices-tools")] {
+        cluster.kubectl(&["get", kind, name]);
+    }
+    cluster.assert_operator_refused_nothing();
 }
 
 /// A Postgres store whose URL Secret is missing: not ready, naming the

@@ -204,6 +204,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         process,
         api_keys: ApiKeys::default(),
         limits: Limits::default(),
+        skip_broken_scripts: false,
     };
     let tree = tree::load(
         &AgentSources::Files(vec![example.join("agent.yaml")]),
@@ -219,6 +220,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         conversation_id: "bench".into(),
         turn_id: "bench".into(),
         agent_id: agent.name.clone(),
+        session_json: None,
     };
     let bound_call = || async {
         let t = Instant::now();

@@ -30,6 +30,12 @@ pub struct ToolReport {
     /// runs it); absent: the tool runs when called.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waits: Option<Disposition>,
+    /// The lookups that run first, each with the arguments it fills.
+    #[serde(rename = "dependsOn", skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Whether a call may change something (so a lookup cannot be it, and
+    /// with dependencies it runs only once confirmed).
+    pub writes: bool,
 }
 
 #[derive(Serialize)]
@@ -74,6 +80,12 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
                 arguments: visible_args(&t, &values),
                 bound: t.bound_args(),
                 waits: agent.disposition(t.name(), Some(&t)),
+                depends_on: t
+                    .depends()
+                    .iter()
+                    .map(|d| format!("{} (fills {})", d.tool, d.destinations().join(", ")))
+                    .collect(),
+                writes: t.writes(),
             })
             .collect(),
         helpers: agent
@@ -90,10 +102,11 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
 
 fn visible_args(t: &BoundTool, values: &Values) -> Vec<String> {
     let hidden = t.hidden_args(values);
+    let filled = t.filled_args();
     t.spec()
         .args
         .iter()
-        .filter(|a| !hidden.contains(a.name.as_str()))
+        .filter(|a| !hidden.contains(a.name.as_str()) && !filled.contains(&a.name))
         .map(|a| {
             if a.required {
                 a.name.clone()
@@ -154,7 +167,13 @@ pub fn render_text(r: &AgentReport) -> String {
                 Some(Disposition::Deferred) => {
                     out.push_str("      deferred: the client runs it and posts the result\n")
                 }
-                None => {}
+                Some(_) | None => {}
+            }
+            for d in &t.depends_on {
+                out.push_str(&format!("      depends on: {d}\n"));
+            }
+            if !t.depends_on.is_empty() && t.writes {
+                out.push_str("      writes: runs only once a person confirms the prepared call\n");
             }
             for b in &t.bound {
                 let mode = b

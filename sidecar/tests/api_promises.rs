@@ -71,15 +71,7 @@ fn turns(r: &Value) -> usize {
 async fn a_fork_at_a_turn_copies_the_turns_before_it() {
     let w = World::new(tool_then_answer).await;
     let (_sidecar, api) = w.start(&[], &[]);
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "invoices", "prompt": "overdue?", "params": valid_params()})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
+    let r = invoices_run(&api).await;
     assert_eq!(turns(&r.json), 4, "{}", r.text);
     let id = r.json["session_id"].as_str().unwrap().to_string();
     let fork = |mut body: Value| {

@@ -7,14 +7,21 @@
 //! shared link in a fresh profile; it saves a screenshot of each state
 //! under `target/tmp/chat-page/` (the path is printed). This test then
 //! checks the page's headers and that the secret value reached neither the
-//! model, the logs nor the store.
+//! model, the logs nor the store. A second scenario answers a waiting run's
+//! calls from their cards: approve, reject with a reason, a deferred result;
+//! a third books through the booking example's input, choice and
+//! confirmation.
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::{contains, raw_files, tool_then_answer, World, CANARY, OWNER};
+use bindery_tests::mock_llm::{last_message, MockReply};
+use bindery_tests::sidecar::Sidecar;
+use common::booking::{booking, two_slots, DAY};
+use common::{contains, executable, raw_files, tool_then_answer, World, CANARY, OWNER};
+use serde_json::{json, Value};
 
 fn browser_script() -> std::path::PathBuf {
     common::repo().join("tests/browser/chat-page.mjs")
@@ -71,8 +78,10 @@ async fn the_page_is_embedded_with_a_strict_policy_and_no_cookies() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_chats_forks_and_lists_in_a_real_browser() {
+/// Runs the browser script's `scenario` against `sidecar`, its screenshots
+/// under `target/tmp/chat-page/<scenario>/`; fails the test with its output
+/// and the sidecar's log unless every step passed.
+async fn browser(sidecar: &Sidecar, scenario: &str) {
     let node_modules = common::repo().join("tests/browser/node_modules/playwright-core");
     assert!(
         node_modules.is_dir(),
@@ -84,17 +93,18 @@ async fn a_person_chats_forks_and_lists_in_a_real_browser() {
         Path::new(&chromium).exists(),
         "{chromium} is missing: run tests/setup.sh (apt-get install chromium)"
     );
-
-    let w = World::new(tool_then_answer).await;
-    let (sidecar, _api) = w.start(&[], &[]);
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("chat-page")
+        .join(scenario);
     let _ = std::fs::remove_dir_all(&shots);
     let url = sidecar.url.clone();
+    let scenario = scenario.to_string();
     let out = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .arg(browser_script())
             .args([&url, OWNER, CANARY])
             .arg(&shots)
+            .arg(&scenario)
             .env("CHROMIUM", chromium)
             .output()
             .expect("node runs")
@@ -110,11 +120,11 @@ async fn a_person_chats_forks_and_lists_in_a_real_browser() {
         out.status,
         sidecar.logs()
     );
-    assert!(stdout.contains("chat page: all steps passed"), "{stdout}");
+    assert!(stdout.contains("all steps passed"), "{stdout}");
+}
 
-    // Two runs (the owner's message, the link holder's), each a tool call
-    // then an answer; the secret never went to the model.
-    assert_eq!(w.mock.request_count(), 4);
+/// The secret never went to the model, the log or the store.
+fn secret_kept(w: &World, sidecar: &Sidecar) {
     for (_, body) in w.mock.raw_requests() {
         assert!(!body.contains(CANARY), "the model saw the secret: {body}");
     }
@@ -122,4 +132,113 @@ async fn a_person_chats_forks_and_lists_in_a_real_browser() {
     let store = raw_files(&w.dir.path().join("store"), "bindery.sqlite");
     assert!(!store.is_empty());
     assert!(!contains(&store, CANARY), "the secret is in the store");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_chats_forks_and_lists_in_a_real_browser() {
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    browser(&sidecar, "chat").await;
+    // Two runs (the owner's message, the link holder's), each a tool call
+    // then an answer.
+    assert_eq!(w.mock.request_count(), 4);
+    secret_kept(&w, &sidecar);
+}
+
+/// The model: "where…" asks the client for `get_location`, "delete…" calls
+/// `bash_delete-invoice` (which needs approval); after a tool result it
+/// answers with it.
+fn waits(req: &Value) -> MockReply {
+    let last = last_message(req);
+    let content = last["content"].as_str().unwrap_or("");
+    match last["role"].as_str() {
+        Some("tool") => MockReply::text(format!("done: {content}")),
+        _ if content.contains("where") => {
+            MockReply::tool_call("get_location", json!({"precision": "city"}))
+        }
+        _ => MockReply::tool_call("bash_delete-invoice", json!({"id": "INV-7"})),
+    }
+}
+
+/// A bash tool `delete-invoice` that needs a person's approval (it counts
+/// its runs in `delete-runs`) and a deferred `get_location`.
+fn waiting_toolboxes(dir: &Path) -> String {
+    let tools = dir.join("approve-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    executable(
+        &tools.join("delete-invoice"),
+        &format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "delete-invoice", "description": "Deletes an invoice.", "args": [
+    {{"name": "id", "description": "the invoice", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}}]}}'
+  exit 0
+fi
+echo run >> "{runs}"
+echo "deleted $*"
+"#,
+            runs = dir.join("delete-runs").display()
+        ),
+    );
+    format!(
+        r#"    - bash:
+        directory: "{tools}"
+        confirm: [{{tool: "delete-*"}}]
+    - deferred:
+        tools:
+          - name: get_location
+            description: Where the user is.
+            parameters: {{type: object, properties: {{precision: {{type: string}}}}}}
+"#,
+        tools = tools.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_answers_pending_calls_in_a_real_browser() {
+    let w = World::with_toolboxes(waits, waiting_toolboxes).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    browser(&sidecar, "pending").await;
+
+    // Approved once, rejected once: the tool ran once.
+    let runs = std::fs::read_to_string(w.dir.path().join("delete-runs")).unwrap_or_default();
+    assert_eq!(runs.lines().count(), 1, "delete-invoice runs: {runs:?}");
+    // What the model read after each answer.
+    let results: Vec<String> = w
+        .mock
+        .raw_requests()
+        .iter()
+        .filter_map(|(_, body)| {
+            let req: Value = serde_json::from_str(body).ok()?;
+            let last = last_message(&req);
+            (last["role"] == "tool").then(|| last["content"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(results[0].contains("INV-7"), "{results:?}");
+    assert!(
+        results[1].contains("did not approve") && results[1].contains("not before the audit"),
+        "{results:?}"
+    );
+    assert_eq!(results[2], "Lisbon, Portugal");
+    secret_kept(&w, &sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_gives_input_chooses_and_confirms_a_booking_in_a_real_browser() {
+    let b = booking(two_slots(), |t| t).await;
+    let (sidecar, _api) = b.start();
+    browser(&sidecar, "booking").await;
+    // The option the person chose, booked once, after the confirmation.
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-b")]);
+    for req in b._mock.requests() {
+        assert!(
+            !req.to_string().contains(CANARY),
+            "the model saw the API key"
+        );
+    }
+    assert!(
+        !sidecar.logs().contains(CANARY),
+        "the API key is in the log"
+    );
 }

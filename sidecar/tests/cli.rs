@@ -602,3 +602,280 @@ fn describe_lists_the_helper_tools_the_model_receives() {
         "a helper that is not narrowable takes `what` only"
     );
 }
+
+/// `check --tools=…` prints the tools the model receives in agents-exe's
+/// three renderings; bound arguments are not in them.
+#[test]
+fn check_tools_renders_like_agents_exe() {
+    let check = |mode: &str| {
+        let out = run(bin()
+            .args(["check", "--agent-file", &probe(), "--set", "repo=r1"])
+            .arg(format!("--tools={mode}"))
+            .env("BINDERY_PARAM_TOKEN", CANARY));
+        assert_eq!(out.code, 0, "{mode}: {}{}", out.stdout, out.stderr);
+        assert!(!out.stdout.contains(CANARY));
+        out.stdout
+    };
+    let list = check("list");
+    assert!(list.contains("\n**Tools:**\n- **bash_lister**: Lists items within the given scope.\n- **bash_probe**: Reports what it received.\n"), "{list}");
+
+    // The JSON documents between the fence lines.
+    let json_in = |text: &str| -> Vec<serde_json::Value> {
+        let body = text
+            .split("```json\n")
+            .nth(1)
+            .unwrap()
+            .split("```")
+            .next()
+            .unwrap();
+        serde_json::Deserializer::from_str(body)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let openai = check("openai");
+    assert!(
+        openai.contains("<summary>OpenAI LLM tool representation</summary>"),
+        "{openai}"
+    );
+    let tools = json_in(&openai).remove(0);
+    assert_eq!(tools[1]["type"], "function");
+    assert_eq!(tools[1]["function"]["name"], "bash_probe");
+    let props = tools[1]["function"]["parameters"]["properties"]
+        .as_object()
+        .unwrap();
+    assert!(
+        props.contains_key("note")
+            && !props.contains_key("repo")
+            && !props.contains_key("repo-token"),
+        "{props:?}"
+    );
+
+    let exe = check("agents-exe");
+    assert!(
+        exe.contains("<summary>agents-exe tool representation</summary>"),
+        "{exe}"
+    );
+    let tool = json_in(&exe).remove(1);
+    assert_eq!(tool["name"], "bash_probe");
+    let keys: Vec<&str> = tool["paramProperties"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["propertyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["body", "level", "note"]);
+
+    let out = run(bin()
+        .args([
+            "check",
+            "--agent-file",
+            &probe(),
+            "--set",
+            "repo=r1",
+            "--output",
+            "json",
+            "--tools=openai",
+        ])
+        .env("BINDERY_PARAM_TOKEN", CANARY));
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        doc["tools"]["prober"][1]["function"]["name"], "bash_probe",
+        "{}",
+        out.stdout
+    );
+
+    let bad = run(bin().args(["check", "--agent-file", &probe(), "--tools=yaml"]));
+    assert_eq!(bad.code, 2);
+    assert!(
+        bad.stderr.contains("list, agents-exe, openai"),
+        "{}",
+        bad.stderr
+    );
+}
+
+/// `replay-tool-call` runs one call of a saved session (as `GET
+/// /v1/sessions/ID` answers) against a bash script, as agents-exe does.
+#[test]
+fn replay_tool_call_runs_a_saved_call_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = dir.path().join("session.json");
+    let call = |id: &str, args: serde_json::Value| {
+        serde_json::json!({"id": id, "type": "function",
+            "function": {"name": "bash_probe", "arguments": args.to_string()}})
+    };
+    std::fs::write(
+        &session,
+        serde_json::json!({"session_id": "s-1", "agent": "prober", "session": {"turns": [
+            {"role": "user", "content": "probe it"},
+            {"role": "assistant", "tool_calls": [call("a", serde_json::json!({"repo": "r1"}))]},
+            {"role": "tool", "tool_call_id": "a", "content": "error"},
+            {"role": "assistant", "tool_calls": [call("b", serde_json::json!({"repo": "r2", "repo-token": "tok-9a1", "note": "n"}))]},
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let probe_tool = fixtures().join("tools/probe");
+    let replay = |index: &str, extra: &[&str]| {
+        run(bin()
+            .args(["replay-tool-call", "--session"])
+            .arg(&session)
+            .args(["--tool-call", index, "--tool"])
+            .arg(&probe_tool)
+            .args(extra))
+    };
+    let out = replay("1", &[]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .starts_with("✓ Tool call validation passed\nTool: probe\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("=== Tool Output ===\nargv: [--repo] [r2] [n]\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("session: s-1"), "{}", out.stdout);
+
+    let out = replay("1", &["--raw"]);
+    assert!(
+        out.stdout.starts_with("argv: [--repo] [r2] [n]\n"),
+        "{}",
+        out.stdout
+    );
+
+    // The first call lacks the bound token: it is refused, naming the argument.
+    let out = replay("0", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("missing required argument repo-token"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("tool-call --agent-file"),
+        "{}",
+        out.stdout
+    );
+
+    let out = replay("0", &["--validate-only"]);
+    assert_eq!(out.code, 1);
+    let out = replay("7", &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("has no tool call 7 (available: 0 to 1)"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Builtin toolboxes: `io_<name>`, its `capability` bound like any
+/// argument; agents-exe's `SystemToolbox` loads as one.
+#[test]
+fn builtin_toolboxes_answer_through_their_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("sys.yaml");
+    std::fs::write(
+        &agent,
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {name: sys}
+spec:
+  model: {url: "http://127.0.0.1:9/v1", name: m}
+  toolboxes:
+    - builtin: {name: system, capabilities: [date, hostname]}
+    - builtin:
+        name: clock
+        capabilities: [date]
+        bindings: [{arg: capability, value: {literal: date}}]
+"#,
+    )
+    .unwrap();
+    let agent = agent.display().to_string();
+    let out = run(bin().args(["describe", "--agent-file", &agent]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let tools: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let schema = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .unwrap()["function"]["parameters"]
+            .clone()
+    };
+    assert_eq!(
+        schema("io_system")["properties"]["capability"]["enum"],
+        serde_json::json!(["date", "hostname"])
+    );
+    assert_eq!(
+        schema("io_clock")["properties"],
+        serde_json::json!({}),
+        "the bound capability is hidden"
+    );
+
+    let call = |tool: &str, args: &str| {
+        run(bin().args([
+            "tool-call",
+            "--agent-file",
+            &agent,
+            "--tool",
+            tool,
+            "--args",
+            args,
+        ]))
+    };
+    let out = call("io_system", r#"{"capability": "hostname"}"#);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(v["capability"], "hostname");
+    assert_eq!(v["data"]["hostname"], host.trim());
+    let out = call("io_clock", "{}");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["capability"], "date");
+    assert!(v["data"]["utc"].as_str().unwrap().ends_with('Z'), "{v}");
+    let out = call("io_system", r#"{"capability": "uptime"}"#);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stdout.contains("not enabled here") || out.stderr.contains("not enabled here"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // agents-exe's form, and a capability Bindery refuses.
+    let exe = dir.path().join("sys.json");
+    let write = |caps: &str| {
+        std::fs::write(
+            &exe,
+            format!(r#"{{"tag": "OpenAIAgentDescription", "contents": {{"slug": "sys", "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m",
+                "builtinToolboxes": [{{"tag": "SystemToolbox", "contents": {{"name": "system", "description": "System context", "capabilities": {caps}, "envVarFilter": null}}}}]}}}}"#),
+        )
+        .unwrap();
+    };
+    write(r#"["date"]"#);
+    let out = run(bin()
+        .args(["check", "--agent-file"])
+        .arg(&exe)
+        .arg("--tools=list"));
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("- **io_system**: System context"),
+        "{}",
+        out.stdout
+    );
+    write(r#"["env-vars"]"#);
+    let out = run(bin().args(["check", "--agent-file"]).arg(&exe));
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("capability `env-vars`: it would show the model the sidecar's environment"),
+        "{}",
+        out.stderr
+    );
+}

@@ -241,6 +241,8 @@ async fn a_real_mcp_client_asks_the_agent_with_header_and_meta_values() {
     assert_eq!(r.json["secret_params"], json!([]));
     assert_eq!(r.json["status"], "idle");
     assert_eq!(r.json["session"]["turns"][0]["content"], "from headers");
+    assert_eq!(r.json["owner"], "mcp", "created through /mcp");
+    assert_eq!(r.json["parent_session_id"], json!(null));
     let r = api.call("GET", "/v1/sessions", Some(OWNER), None).await;
     assert_eq!(
         r.json["sessions"].as_array().unwrap().len(),

@@ -142,6 +142,20 @@ fn answer(r: &bindery_tests::sidecar::Reply) -> String {
         .unwrap_or_default()
 }
 
+/// A new idle session on `root`.
+async fn root_session(api: &Api) -> String {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "root"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    r.json["session_id"].as_str().unwrap().to_string()
+}
+
 async fn message(api: &Api, id: &str, prompt: &str) -> bindery_tests::sidecar::Reply {
     let r = api
         .call(
@@ -250,15 +264,7 @@ async fn narrowing_travels_down_the_chain_and_only_narrows() {
 async fn refusals_reach_the_calling_model() {
     let w = World::new(chain_script).await;
     let (_sidecar, api) = start(&w).await;
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "root"})),
-        )
-        .await;
-    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let id = root_session(&api).await;
     let before = w.mock.request_count();
     let out = answer(&message(&api, &id, "sealed").await);
     assert!(
@@ -282,15 +288,7 @@ async fn refusals_reach_the_calling_model() {
 async fn narrowings_below_are_checked_before_the_helper_runs() {
     let w = World::new(chain_script).await;
     let (sidecar, api) = start(&w).await;
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "root"})),
-        )
-        .await;
-    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let id = root_session(&api).await;
     let before = w.mock.request_count();
     for (prompt, refusal) in [
         ("secret argv", "helper `middle`: `agent: leaf`: `note` of `bash_probe` is passed on the command line (positional), where other processes can read it; a secret may fill only an `env` or `stdin` argument"),
@@ -312,15 +310,7 @@ async fn narrowings_below_are_checked_before_the_helper_runs() {
 async fn derived_narrowings_live_in_the_history() {
     let w = World::new(chain_script).await;
     let (_sidecar, api) = start(&w).await;
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "root"})),
-        )
-        .await;
-    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let id = root_session(&api).await;
     let out = answer(&message(&api, &id, "derive").await);
     assert!(out.contains(r#""stored":true"#), "{out}");
     let out = answer(&message(&api, &id, "use r1").await);

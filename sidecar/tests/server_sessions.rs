@@ -189,6 +189,8 @@ async fn a_fork_starts_from_the_history_with_fresh_values() {
         let fork = session_id(&r);
         assert_ne!(fork, source);
         assert_eq!(r.json["forked_from"], json!(source));
+        assert_eq!(r.json["parent_session_id"], json!(source));
+        assert_eq!(r.json["owner"], "owner", "created through the session API");
         assert_eq!(r.json["sealed"], false, "{how}: the seal is not inherited");
         assert!(r.json.get("session_token").is_none(), "{how}");
         assert_eq!(r.json["params"], json!({"tenant": "globex"}));

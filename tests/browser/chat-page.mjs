@@ -2,7 +2,14 @@
 // would, for sidecar/tests/chat_page.rs (which starts the sidecar and the
 // mock model and checks what they saw):
 //
-//   node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR
+//   node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR [SCENARIO]
+//
+// SCENARIO `chat` (the default): connect, parameters, a streamed answer,
+// fork, the session list, a shared link. `pending`: a run that waits, its
+// calls answered from their cards (approve, reject with a reason, a
+// deferred result), and the same cards seen through a shared link.
+// `booking`: the booking example's API-owned inputs: a missing field typed
+// in, an option chosen, the prepared booking confirmed.
 //
 // Prints one line per step and a screenshot path per state; exits non-zero,
 // naming the step, on the first thing that is not as expected.
@@ -10,7 +17,7 @@ import { chromium } from "playwright-core";
 import path from "node:path";
 import fs from "node:fs";
 
-const [base, ownerToken, canary, shots] = process.argv.slice(2);
+const [base, ownerToken, canary, shots, scenario = "chat"] = process.argv.slice(2);
 if (!shots) {
   console.error("usage: node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR");
   process.exit(2);
@@ -85,7 +92,7 @@ async function secretNeverRendered(page) {
   check(seen.cookie === "", `the page has cookies: ${seen.cookie}`);
 }
 
-try {
+async function chatScenario() {
   const { context, page } = await newPage();
 
   step = "open the page";
@@ -204,9 +211,147 @@ try {
   await secretNeverRendered(other.page);
   await shot(other.page, "shared-link");
   check((await other.context.cookies()).length === 0, "the link's browser got cookies");
+}
 
+/// A fresh page connected with the owner token.
+async function ownerPage() {
+  const { context, page } = await newPage();
+  await page.goto(base + "/");
+  await page.getByLabel("Owner token").fill(ownerToken);
+  await page.getByLabel("Owner token").press("Enter");
+  await page.getByText("Connected with the owner token.").waitFor();
+  return { context, page };
+}
+
+/// Connects as the owner and creates an invoices session (with a link);
+/// returns the page and the link.
+async function ownerSession() {
+  const { context, page } = await ownerPage();
+  await page.getByLabel("Agent", { exact: true }).selectOption("invoices");
+  await page.getByLabel(/^tenant/).fill("acme-corp");
+  await page.getByLabel(/^billing_token/).fill(canary);
+  await page.getByLabel("Give a link to this session").check();
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#chat-title").filter({ hasText: "Session" }).waitFor();
+  const link = await page.getByLabel(/^Link to this session/).inputValue();
+  return { context, page, link };
+}
+
+/// Sends `prompt` and waits for the card of the call it makes.
+async function untilPending(page, prompt, tool) {
+  await page.getByLabel("Message").fill(prompt);
+  await page.getByLabel("Message").press("Enter");
+  const card = page.locator("#pending-list .pending-card").filter({ hasText: tool });
+  await card.waitFor();
+  await page.locator("#status", { hasText: "waiting_external" }).waitFor();
+  return card;
+}
+
+/// The run resumed and the model answered with `text`; no card is left.
+async function answered(page, text) {
+  await page.locator("#transcript .turn.assistant:not(.streaming)", { hasText: text }).waitFor();
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+  check(await page.locator("#pending").isHidden(), "a card stays after the run resumed");
+}
+
+async function pendingScenario() {
+  step = "owner: a session whose run waits for an approval";
+  const { page, link } = await ownerSession();
+  let card = await untilPending(page, "delete invoice 7", "bash_delete-invoice");
+  check((await card.locator(".pending-args").innerText()).includes("INV-7"), "the card lacks the model's arguments");
+  check((await card.innerText()).includes("asks for your approval"), "the card does not say it asks for approval");
+  const waitingCall = page.locator("#transcript .turn.tool .tool-state").last();
+  check((await waitingCall.innerText()) === "waiting", "the waiting call is not marked waiting in the transcript");
+  await secretNeverRendered(page);
+  await shot(page, "pending-confirm");
+
+  step = "approve (by keyboard): the tool runs and the model answers";
+  await card.getByRole("button", { name: "Approve" }).focus();
+  await page.keyboard.press("Enter");
+  await answered(page, "done: deleted");
+  await shot(page, "approved");
+
+  step = "reject with a reason: the model reads the refusal";
+  card = await untilPending(page, "delete it again", "bash_delete-invoice");
+  await card.getByLabel(/^Reason, if you reject/).fill("not before the audit");
+  await shot(page, "pending-reject-with-reason");
+  await card.getByRole("button", { name: "Reject" }).click();
+  await answered(page, "did not approve this call");
+  await page.locator("#transcript .turn.assistant", { hasText: "not before the audit" }).waitFor();
+  await shot(page, "rejected");
+
+  step = "a deferred call waits for its result";
+  card = await untilPending(page, "where am I?", "get_location");
+  check((await card.innerText()).includes("waits for its result"), "the deferred card does not say what it waits for");
+
+  step = "a session-token holder sees the card and that only the owner answers";
+  const other = await newPage();
+  await other.page.goto(link);
+  const seen = other.page.locator("#pending-list .pending-card").filter({ hasText: "get_location" });
+  await seen.locator(".owner-only").waitFor();
+  check((await seen.locator("button, textarea, input").count()) === 0, "a session-token holder is offered an answer");
+  await secretNeverRendered(other.page);
+  await shot(other.page, "pending-shared-link");
+
+  step = "owner: submit the deferred result";
+  await card.getByLabel("Result of get_location").fill("Lisbon, Portugal");
+  await shot(page, "pending-deferred");
+  await card.getByLabel("Result of get_location").press("Tab");
+  await page.keyboard.press("Enter");
+  await answered(page, "done: Lisbon, Portugal");
+  await secretNeverRendered(page);
+  await shot(page, "deferred-answered");
+
+  step = "the shared link follows the resumed run";
+  await other.page.locator("#transcript .turn.assistant", { hasText: "done: Lisbon, Portugal" }).waitFor();
+  check(await other.page.locator("#pending").isHidden(), "the shared link still shows the card");
+}
+
+/// The day the booking fixture has slots on (common::booking::DAY).
+const DAY = "2026-10-01";
+
+async function bookingScenario() {
+  step = "owner: a booking session";
+  const { page } = await ownerPage();
+  await page.getByLabel("Agent", { exact: true }).selectOption("booking");
+  await page.getByRole("button", { name: "Create session" }).click();
+  await page.locator("#chat-title").filter({ hasText: "booking" }).waitFor();
+
+  step = "a missing field is asked for, and typed in";
+  let card = await untilPending(page, 'book {"service": "Haircut"}', "bash_book");
+  check((await card.innerText()).includes("needs more input"), "the input card does not say what it needs");
+  await card.getByLabel("date").fill(DAY);
+  await shot(page, "needs-input");
+  await card.getByLabel("date").press("Enter");
+
+  step = "an option is chosen with its button";
+  card = page.locator("#pending-list .pending-card").filter({ hasText: "asks you to choose" });
+  await card.waitFor();
+  const options = await card.locator("button.option .option-label").allInnerTexts();
+  check(JSON.stringify(options) === JSON.stringify(["10:00", "11:00"]), `options: ${JSON.stringify(options)}`);
+  check((await card.innerText()).includes("time: 11:00"), "an option's facts are not shown");
+  await secretNeverRendered(page);
+  await shot(page, "needs-selection");
+  await card.getByRole("button", { name: /^11:00/ }).click();
+
+  step = "the prepared booking is confirmed, with its facts";
+  card = page.locator("#pending-list .pending-card").filter({ hasText: "asks you to confirm" });
+  await card.waitFor();
+  const facts = await card.locator(".facts").innerText();
+  check(facts.includes("time") && facts.includes("11:00"), `confirmation facts: ${facts}`);
+  await shot(page, "needs-confirmation");
+  await card.getByRole("button", { name: "Approve" }).click();
+  await answered(page, "booked");
+  await secretNeverRendered(page);
+  await shot(page, "booked");
+}
+
+try {
+  if (scenario === "pending") await pendingScenario();
+  else if (scenario === "booking") await bookingScenario();
+  else await chatScenario();
   check(problems.length === 0, problems.join("\n"));
-  console.log("chat page: all steps passed");
+  console.log(`chat page (${scenario}): all steps passed`);
 } catch (e) {
   console.error(`chat page, step "${step}": ${e.message}`);
   if (problems.length) console.error(problems.join("\n"));

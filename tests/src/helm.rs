@@ -109,7 +109,7 @@ pub const KUBE_VERSION: &str = "1.33.0";
 pub struct Render {
     pub chart: &'static str,
     pub release: &'static str,
-    pub namespace: &'static str,
+    pub namespace: String,
     pub values: Vec<String>,
     pub set: Vec<String>,
 }
@@ -119,7 +119,7 @@ impl Render {
         Render {
             chart,
             release,
-            namespace: "shop",
+            namespace: "shop".into(),
             values: Vec::new(),
             set: Vec::new(),
         }
@@ -135,8 +135,8 @@ impl Render {
         self
     }
 
-    pub fn namespace(mut self, ns: &'static str) -> Render {
-        self.namespace = ns;
+    pub fn namespace(mut self, ns: impl Into<String>) -> Render {
+        self.namespace = ns.into();
         self
     }
 
@@ -162,7 +162,7 @@ impl Render {
             self.release,
             &chart,
             "--namespace",
-            self.namespace,
+            &self.namespace,
             "--kube-version",
             KUBE_VERSION,
             "--include-crds",
@@ -187,7 +187,7 @@ impl Render {
             "--strict",
             &chart,
             "--namespace",
-            self.namespace,
+            &self.namespace,
             "--kube-version",
             KUBE_VERSION,
         ]
@@ -217,7 +217,7 @@ impl Render {
             &chart,
             "--dry-run=client",
             "--namespace",
-            self.namespace,
+            &self.namespace,
         ]
         .map(String::from)
         .to_vec();
@@ -303,52 +303,60 @@ pub fn kubernetes_validate(
     }
 }
 
-/// The `bindery-operator` binary of this build (`target/<profile>/`, next
-/// to the directory of this test executable), built first by
-/// `cargo build -p bindery-operator` so that it is never stale.
+/// The `bindery-operator` binary of this build (see [`workspace_binary`]).
 pub fn operator_binary() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        // target/<profile>/deps/<test executable>
-        let exe = std::env::current_exe().expect("the test executable");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target/").to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(other) => other.to_string(),
-            None => "dev".to_string(),
-        };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(&cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--package",
-                "bindery-operator",
-                "--bin",
-                "bindery-operator",
-                "--profile",
-                &profile,
-                "--target-dir",
-            ])
-            .arg(&target_dir)
-            .current_dir(repo_root())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cargo ({}) does not run: {e}", Path::new(&cargo).display())
-            });
-        assert!(
-            out.status.success(),
-            "cargo build -p bindery-operator failed:\n{}",
-            both(&out)
-        );
-        let bin = profile_dir.join(format!("bindery-operator{}", std::env::consts::EXE_SUFFIX));
-        assert!(bin.is_file(), "{} was not built", bin.display());
-        bin
-    })
+    PATH.get_or_init(|| workspace_binary("bindery-operator"))
+}
+
+/// The `bindery-sidecar` binary of this build (see [`workspace_binary`]).
+pub fn sidecar_binary() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| workspace_binary("bindery-sidecar"))
+}
+
+/// The binary of the workspace package `package` (its binary of the same
+/// name) of this build (`target/<profile>/`, next to the directory of this
+/// test executable), built first by `cargo build -p PACKAGE` so that it is
+/// never stale.
+fn workspace_binary(package: &str) -> PathBuf {
+    // target/<profile>/deps/<test executable>
+    let exe = std::env::current_exe().expect("the test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf();
+    let target_dir = profile_dir.parent().expect("target/").to_path_buf();
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(other) => other.to_string(),
+        None => "dev".to_string(),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            package,
+            "--bin",
+            package,
+            "--profile",
+            &profile,
+            "--target-dir",
+        ])
+        .arg(&target_dir)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cargo ({}) does not run: {e}", Path::new(&cargo).display()));
+    assert!(
+        out.status.success(),
+        "cargo build -p {package} failed:\n{}",
+        both(&out)
+    );
+    let bin = profile_dir.join(format!("{package}{}", std::env::consts::EXE_SUFFIX));
+    assert!(bin.is_file(), "{} was not built", bin.display());
+    bin
 }

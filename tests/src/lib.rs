@@ -5,4 +5,5 @@ pub mod kube;
 pub mod mcp_client;
 pub mod mock_llm;
 pub mod postgres;
+pub mod postgrest;
 pub mod sidecar;

@@ -3,9 +3,10 @@
 //! example values file; every rendered manifest validates against the
 //! Kubernetes schemas (`kubernetes-validate --strict`) and every custom
 //! resource against our CRDs; the values schema refuses malformed
-//! parameter rows with a readable message; the operator's RBAC grants
-//! exactly what its code uses; and, end to end against the API emulator,
-//! the operator reconciles tenants installed from the tenant chart.
+//! parameter rows with a readable message; and, end to end against the API
+//! emulator, the operator reconciles tenants installed from the tenant
+//! chart, as the chart's ServiceAccount, and its RBAC grants exactly what
+//! the operator asked for (the emulator's audit).
 //!
 //! Needs helm (`tests/helm/install-helm.sh`) and the Python tools of
 //! `tests/k8s/requirements.txt`.
@@ -20,7 +21,7 @@ use std::time::Duration;
 use bindery_tests::helm::{
     both, documents, id, kubernetes_validate, operator_binary, repo_path, repo_root, Render,
 };
-use bindery_tests::kube::Emulator;
+use bindery_tests::kube::{Emulator, Identity};
 use serde_json::{json, Map, Value};
 
 const OPERATOR: &str = "charts/bindery-operator";
@@ -668,63 +669,7 @@ fn the_operator_binary_takes_every_flag_the_chart_passes() {
     );
 }
 
-/// Everything the operator's code asks of the API server in a namespace it
-/// watches, as (API group, resource, verb). Keep in step with:
-/// - operator/src/controller.rs: the Controller lists and watches
-///   AgentTenants, and (`owns`) Deployments, ConfigMaps, Services and
-///   ServiceAccounts; `watches` Agents; `watches_stream` Secrets and
-///   ConfigMaps by metadata; reconcile lists Agents, GETs referenced
-///   Secrets and ConfigMaps (key names) and the tenant's Deployment,
-///   creates the owner-token Secret, server-side applies ConfigMap,
-///   ServiceAccount, PersistentVolumeClaim, Deployment and Service (an
-///   apply that creates is authorized as create too) and the AgentTenant's
-///   status;
-/// - operator/src/desired/mod.rs: owned objects' ownerReferences set
-///   blockOwnerDeletion (update on agenttenants/finalizers where
-///   OwnerReferencesPermissionEnforcement is on);
-/// - operator/src/events.rs: creates core/v1 Events.
-const NAMESPACE_RULES: &[(&str, &str, &[&str])] = &[
-    ("bindery.dev", "agenttenants", &["list", "watch"]),
-    ("bindery.dev", "agenttenants/status", &["patch"]),
-    ("bindery.dev", "agenttenants/finalizers", &["update"]),
-    ("bindery.dev", "agents", &["list", "watch"]),
-    (
-        "apps",
-        "deployments",
-        &["get", "list", "watch", "create", "patch"],
-    ),
-    (
-        "",
-        "configmaps",
-        &["get", "list", "watch", "create", "patch"],
-    ),
-    ("", "services", &["list", "watch", "create", "patch"]),
-    ("", "serviceaccounts", &["list", "watch", "create", "patch"]),
-    ("", "persistentvolumeclaims", &["create", "patch"]),
-    ("", "secrets", &["get", "list", "watch", "create"]),
-    ("", "events", &["create"]),
-];
-
-/// operator/src/leader.rs: get the Lease, create it when missing, replace
-/// (update) it to acquire and renew; in the release namespace only.
-const LEASE_RULES: &[(&str, &str, &[&str])] = &[(
-    "coordination.k8s.io",
-    "leases",
-    &["get", "create", "update"],
-)];
-
 type Grant = (String, String, String);
-
-fn expected(rules: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
-    rules
-        .iter()
-        .flat_map(|(g, r, verbs)| {
-            verbs
-                .iter()
-                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
-        })
-        .collect()
-}
 
 /// The (group, resource, verb) triples a Role or ClusterRole grants.
 fn grants(role: &Value) -> BTreeSet<Grant> {
@@ -751,20 +696,6 @@ fn grants(role: &Value) -> BTreeSet<Grant> {
     out
 }
 
-/// The role grants exactly `rules`: nothing more, nothing less.
-fn assert_grants(role: &Value, rules: &[(&str, &str, &[&str])]) {
-    let (got, want) = (grants(role), expected(rules));
-    let extra: Vec<_> = got.difference(&want).collect();
-    let missing: Vec<_> = want.difference(&got).collect();
-    assert!(
-        extra.is_empty() && missing.is_empty(),
-        "{} {}/{}: grants beyond what the operator uses: {extra:?}; misses what it uses: {missing:?}",
-        role["kind"].as_str().unwrap_or("?"),
-        role["metadata"]["namespace"].as_str().unwrap_or("-"),
-        role["metadata"]["name"].as_str().unwrap_or("?"),
-    );
-}
-
 fn binds(binding: &Value, role_kind: &str, role: &str, sa_namespace: &str) {
     assert_eq!(binding["roleRef"]["kind"], role_kind, "{binding}");
     assert_eq!(binding["roleRef"]["name"], role, "{binding}");
@@ -775,15 +706,19 @@ fn binds(binding: &Value, role_kind: &str, role: &str, sa_namespace: &str) {
     );
 }
 
+/// Where the operator's RBAC goes for each way of installing it, and that
+/// each grants the same rules; which rules those are (exactly what the
+/// operator asks for) is checked against the emulator's audit by
+/// `the_operator_reconciles_tenants_installed_from_the_tenant_chart`.
 #[test]
-fn the_operator_rbac_grants_exactly_what_the_operator_uses() {
+fn the_operator_rbac_is_the_same_rules_in_each_scope() {
     let release_ns = "bindery-system";
     let base = || Render::new(OPERATOR, "bindery").namespace(release_ns);
 
     // All namespaces: one ClusterRole, no Role, no Lease.
     let docs = render_docs(&base());
     let role = one(&docs, "ClusterRole");
-    assert_grants(role, NAMESPACE_RULES);
+    let rules = grants(role);
     binds(
         one(&docs, "ClusterRoleBinding"),
         "ClusterRole",
@@ -808,7 +743,7 @@ fn the_operator_rbac_grants_exactly_what_the_operator_uses() {
         .collect();
     assert_eq!(namespaces, BTreeSet::from(["shop", "billing"]));
     for role in roles {
-        assert_grants(role, NAMESPACE_RULES);
+        assert_eq!(grants(role), rules, "{role:#}");
     }
     let bindings = of_kind(&docs, "RoleBinding");
     assert_eq!(bindings.len(), 2);
@@ -818,10 +753,17 @@ fn the_operator_rbac_grants_exactly_what_the_operator_uses() {
 
     // Two replicas: the Lease, in the release namespace, by its name.
     let docs = render_docs(&base().values("tests/charts/operator-ha.yaml"));
-    assert_grants(one(&docs, "ClusterRole"), NAMESPACE_RULES);
+    assert_eq!(grants(one(&docs, "ClusterRole")), rules);
     let lease_role = one(&docs, "Role");
     assert_eq!(lease_role["metadata"]["namespace"], release_ns);
-    assert_grants(lease_role, LEASE_RULES);
+    let leases: BTreeSet<_> = grants(lease_role)
+        .into_iter()
+        .map(|(g, r, _)| (g, r))
+        .collect();
+    assert_eq!(
+        leases,
+        BTreeSet::from([("coordination.k8s.io".into(), "leases".into())])
+    );
     for rule in lease_role["rules"].as_array().unwrap() {
         let verbs = rule["verbs"].as_array().unwrap();
         if verbs.iter().any(|v| v == "get" || v == "update") {
@@ -1135,7 +1077,9 @@ struct Operator {
 }
 
 impl Operator {
-    fn start(emu: &Emulator, dir: &Path, namespace: &str) -> Operator {
+    /// The operator as `identity`, watching `namespace`, with `args` after
+    /// the usual ones.
+    fn start(identity: &Identity, dir: &Path, namespace: &str, args: &[&str]) -> Operator {
         let stderr = dir.join("operator.stderr");
         let mut child = Command::new(operator_binary())
             .args([
@@ -1145,7 +1089,8 @@ impl Operator {
                 "--metrics-listen",
                 "127.0.0.1:0",
             ])
-            .env("KUBECONFIG", &emu.kubeconfig)
+            .args(args)
+            .env("KUBECONFIG", &identity.kubeconfig)
             .env("BINDERY_LOG", "info,bindery_operator=debug")
             .env("POD_NAME", "bindery-operator-test")
             .stdin(Stdio::null())
@@ -1258,26 +1203,25 @@ fn condition<'a>(tenant: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition: {tenant:#}"))
 }
 
-#[test]
-fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
-    let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(dir.path());
-    let ns = "shop";
+/// The namespaces `shop` and `bindery-system`, and the operator chart
+/// watching `shop` (with `sets`) applied as helm install would: CRDs first,
+/// then the rest (ServiceAccount, RBAC, Deployment, Service). Its documents.
+fn install_operator_chart(emu: &Emulator, sets: &[&str]) -> Vec<Value> {
     apply(
-        &emu,
+        emu,
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: bindery-system}\n",
     );
-
-    // The operator chart, namespaced to `shop`: CRDs first, then the rest
-    // (ServiceAccount, RBAC, Deployment, Service), as helm install would.
-    let operator_docs = Render::new(OPERATOR, "bindery")
+    let mut chart = Render::new(OPERATOR, "bindery")
         .namespace("bindery-system")
-        .set("watchNamespaces={shop}")
-        .template(&[])
-        .unwrap();
-    let (crds, rest): (Vec<Value>, Vec<Value>) = documents(&operator_docs)
-        .into_iter()
+        .set("watchNamespaces={shop}");
+    for s in sets {
+        chart = chart.set(*s);
+    }
+    let docs = documents(&chart.template(&[]).unwrap());
+    let (crds, rest): (Vec<Value>, Vec<Value>) = docs
+        .iter()
+        .cloned()
         .partition(|d| d["kind"] == "CustomResourceDefinition");
     let as_yaml = |docs: &[Value]| {
         docs.iter()
@@ -1285,17 +1229,28 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
             .collect::<Vec<_>>()
             .join("---\n")
     };
-    let out = apply(&emu, &as_yaml(&crds));
+    let out = apply(emu, &as_yaml(&crds));
     assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
-    let out = apply(&emu, &as_yaml(&rest));
-    assert!(
-        out.contains("deployment.apps/bindery-bindery-operator created"),
-        "{out}"
-    );
-    assert!(
-        out.contains("role.rbac.authorization.k8s.io/bindery-bindery-operator created"),
-        "{out}"
-    );
+    let out = apply(emu, &as_yaml(&rest));
+    for created in [
+        "deployment.apps/bindery-bindery-operator created",
+        "role.rbac.authorization.k8s.io/bindery-bindery-operator created",
+    ] {
+        assert!(out.contains(created), "{out}");
+    }
+    docs
+}
+
+#[test]
+fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let ns = "shop";
+    // With two replicas (leader election).
+    let roles: Vec<Value> = install_operator_chart(&emu, &["replicas=2"])
+        .into_iter()
+        .filter(|d| d["kind"] == "Role")
+        .collect();
 
     // The agent, its tools and the demo Secrets; then two tenants from
     // the tenant chart with the example values.
@@ -1322,7 +1277,20 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         );
     }
 
-    let mut op = Operator::start(&emu, dir.path(), ns);
+    // The operator runs as the chart's ServiceAccount, with the chart's RBAC.
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let lease = [
+        "--leader-elect",
+        "--lease-namespace",
+        "bindery-system",
+        "--lease-name",
+        "bindery-bindery-operator",
+        // Renewed (updated) every 2 s; long enough not to be lost on a
+        // loaded machine.
+        "--lease-duration",
+        "6",
+    ];
+    let mut op = Operator::start(&identity, dir.path(), ns, &lease);
     for tenant in ["acme", "globex"] {
         wait_for(&emu, &op, tenant, "condition=ParametersResolved=True");
         wait_for(&emu, &op, tenant, "jsonpath={.status.paramsBound}=2/2");
@@ -1430,6 +1398,119 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
             assert!(!all.contains(canary), "{canary} in {kind}: {all}");
         }
     }
+
+    // globex moves its sessions to Postgres: its claim is deleted once the
+    // new Deployment is applied.
+    apply(
+        &emu,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: globex-db, namespace: shop}\n\
+         stringData: {url: 'postgres://bindery@db:5432/globex'}\n",
+    );
+    let values = std::fs::read_to_string(repo_path("examples/k8s/globex-values.yaml")).unwrap();
+    let store = "store:\n  pvcSize: 1Gi\n";
+    assert!(
+        values.contains(store),
+        "examples/k8s/globex-values.yaml changed"
+    );
+    let postgres = dir.path().join("globex-postgres.yaml");
+    std::fs::write(
+        &postgres,
+        values.replace(
+            store,
+            "store:\n  postgres:\n    urlSecretRef: {name: globex-db, key: url}\n",
+        ),
+    )
+    .unwrap();
+    let yaml = Render::new(TENANT, "globex")
+        .values(postgres.display().to_string())
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &yaml);
+    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {what}\n{}",
+                op.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_until("globex-store to be deleted", &|| {
+        !emu.kubectl(&["get", "-n", ns, "persistentvolumeclaim", "globex-store"])
+            .status
+            .success()
+    });
+
+    // A problem a human must fix: a Warning Event; fixed; and again: the
+    // same Event counts 2.
+    let warnings = || -> Vec<i64> {
+        kubectl_json(&emu, &["get", "-n", ns, "events"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == "globex" && e["type"] == "Warning")
+            .map(|e| e["count"].as_i64().unwrap_or(0))
+            .collect()
+    };
+    let billing = repo_path("examples/k8s/globex-billing-secret.yaml");
+    kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
+    wait_until("a Warning about globex", &|| warnings() == [1]);
+    kubectl(&emu, &["apply", "-n", ns, "-f", &billing]);
+    wait_for(&emu, &op, "globex", "condition=ParametersResolved=True");
+    kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
+    wait_until("the Warning about globex to count 2", &|| warnings() == [2]);
+    // The Lease was renewed (updated), not only created.
+    let lease = kubectl_json(
+        &emu,
+        &[
+            "get",
+            "-n",
+            "bindery-system",
+            "lease",
+            "bindery-bindery-operator",
+        ],
+    );
+    assert!(lease["spec"]["renewTime"].is_string(), "{lease:#}");
+
+    // The chart grants exactly what the operator asked for in this run,
+    // namespace by namespace (the emulator's audit): nothing was refused,
+    // nothing granted goes unused.
+    let audit: Vec<_> = emu
+        .audit()
+        .into_iter()
+        .filter(|a| a.user == identity.user)
+        .collect();
+    let refused: Vec<_> = audit.iter().filter(|a| !a.allowed).collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}\n{}", op.logs());
+    let asked_in = |namespace: &str| -> BTreeSet<Grant> {
+        audit
+            .iter()
+            .filter(|a| a.namespace.as_deref() == Some(namespace))
+            .map(|a| (a.group.clone(), a.resource.clone(), a.verb.clone()))
+            .collect()
+    };
+    let elsewhere: Vec<_> = audit
+        .iter()
+        .filter(|a| !matches!(a.namespace.as_deref(), Some("shop" | "bindery-system")))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "outside its namespaces: {elsewhere:#?}"
+    );
+    for role in &roles {
+        let namespace = role["metadata"]["namespace"].as_str().unwrap();
+        let (granted, asked) = (grants(role), asked_in(namespace));
+        assert!(
+            granted == asked,
+            "Role {namespace}/{}: granted but never asked for: {:?}; asked for: {:?}",
+            role["metadata"]["name"],
+            granted.difference(&asked).collect::<Vec<_>>(),
+            asked
+        );
+    }
+    assert_eq!(roles.len(), 2, "the shop Role and the Lease's: {roles:#?}");
 
     // The operator's health and metrics endpoints.
     let (status_line, body) = http_get(&op.metrics, "/readyz");
@@ -1586,4 +1667,270 @@ fn openapi_to_json_schema(schema: &Value, structural: bool) -> Value {
     } else {
         out
     }
+}
+
+// The platform team's path, end to end, on an emulator that runs the
+// tenants' pods.
+
+/// What the emulator's kubelet runs the operator's `--sidecar-image` as.
+const SIDECAR_IMAGE: &str = "bindery-sidecar:e2e";
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// The example tools ConfigMap, its tool also printing the SHA-256 of the
+/// billing token it was given (so a test sees which value reached it
+/// without the value itself travelling anywhere).
+fn tools_with_token_digest() -> String {
+    let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
+    let anchor = "    invoices | awk";
+    assert!(
+        tools.contains(anchor),
+        "examples/k8s/tools-configmap.yaml changed"
+    );
+    tools.replacen(
+        anchor,
+        "    printf 'token-sha256: %s\\n' \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\"\n    invoices | awk",
+        1,
+    )
+}
+
+/// Poll `ok` (a blocking check) until it holds, at most 120 s.
+async fn eventually(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited for {what}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One session through the tenant's Service: its tool result and answer.
+async fn ask(base: &str, owner: &str) -> (u16, String) {
+    let api = bindery_tests::sidecar::Api::new(base);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(owner),
+            Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    (r.status, r.text)
+}
+
+/// The operator chart (its RBAC enforced: the operator runs as its
+/// ServiceAccount), the example Agent, tools and Secret, the tenant chart:
+/// the tenant becomes Ready with its pods running the real sidecar; a
+/// session through its Service answers for the pinned tenant with the
+/// Secret's value reaching the tool and nothing else; rotating the Secret
+/// rolls the pods and the new value reaches the tool; deleting the
+/// tenant's release takes everything it owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_platform_teams_path_end_to_end() {
+    const CANARY: &str = "billing-canary-51c2e9";
+    const ROTATED: &str = "billing-rotated-8d04aa";
+    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        if last["role"] == "tool" {
+            bindery_tests::mock_llm::MockReply::text(format!(
+                "answer: {}",
+                last["content"].as_str().unwrap_or("")
+            ))
+        } else {
+            // Asks for another tenant's invoices: the pin decides.
+            bindery_tests::mock_llm::MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue", "tenant_id": "globex"}),
+            )
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = bindery_tests::helm::sidecar_binary();
+    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
+    let ns = "shop";
+
+    // 1. The operator chart.
+    let repository = format!(
+        "sidecarImage.repository={}",
+        SIDECAR_IMAGE.split(':').next().unwrap()
+    );
+    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
+    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+
+    // 2. The example Agent (its model: the mock), tools and Secret.
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace("https://api.openai.com/v1", &llm.url());
+    apply(
+        &emu,
+        &agent.replace("name: invoices\n", "name: invoices\n  namespace: shop\n"),
+    );
+    apply(
+        &emu,
+        &tools_with_token_digest().replace(
+            "name: invoices-tools\n",
+            "name: invoices-tools\n  namespace: shop\n",
+        ),
+    );
+    let billing = |value: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-billing, namespace: shop}}\nstringData: {{token: {value}}}\n")
+    };
+    apply(&emu, &billing(CANARY));
+
+    // 3. The tenant chart: Ready, every parameter's row in describe.
+    let tenant_yaml = Render::new(TENANT, "acme")
+        .values("examples/k8s/acme-values.yaml")
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &tenant_yaml);
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+    let acme = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
+    let described = kubectl(&emu, &["describe", "-n", ns, "agenttenant", "acme"]);
+    let summary = acme["status"]["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 2, "{acme:#}");
+    for line in summary {
+        assert!(
+            described.contains(line.as_str().unwrap()),
+            "{line} not in:\n{described}"
+        );
+    }
+    let deployment = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
+    assert_eq!(deployment["status"]["readyReplicas"], 1, "{deployment:#}");
+
+    // 4. A session through the tenant's Service, against the mock model.
+    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
+    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
+    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
+    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
+    let (status, text) = ask(&base, &owner).await;
+    assert_eq!(status, 201, "{text}");
+    assert!(
+        text.contains("INV-1002"),
+        "acme-corp's overdue invoice: {text}"
+    );
+    assert!(
+        !text.contains("INV-2002"),
+        "another tenant's invoice: {text}"
+    );
+    assert!(
+        text.contains(&sha256_hex(CANARY)),
+        "the Secret's value did not reach the tool: {text}"
+    );
+
+    // 5. Rotate the Secret: the pods roll, the new value reaches the tool.
+    let pods_before = kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"]);
+    apply(&emu, &billing(ROTATED));
+    eventually(
+        "the pods to roll",
+        || op.logs(),
+        || {
+            let d = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
+            let pods = kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"]);
+            d["status"]["updatedReplicas"] == 1
+                && d["status"]["readyReplicas"] == 1
+                && d["status"]["replicas"] == 1
+                && !pods.is_empty()
+                && pods.lines().all(|p| !pods_before.contains(p))
+        },
+    )
+    .await;
+    let (status, text) = ask(&base, &owner).await;
+    assert_eq!(status, 201, "{text}");
+    assert!(
+        text.contains(&sha256_hex(ROTATED)),
+        "the new value did not reach the tool: {text}"
+    );
+
+    // Neither value anywhere but in its Secret: no other object, no log, no
+    // model request, no answer.
+    let mut everywhere = String::new();
+    for kind in [
+        "agenttenants",
+        "agents",
+        "deployments",
+        "pods",
+        "configmaps",
+        "services",
+        "serviceaccounts",
+        "events",
+        "persistentvolumeclaims",
+    ] {
+        everywhere.push_str(&kubectl(&emu, &["get", "-A", kind, "-o", "json"]));
+    }
+    everywhere.push_str(&op.logs());
+    everywhere.push_str(&emu.logs());
+    everywhere.push_str(&text);
+    everywhere.push_str(&serde_json::to_string(&llm.requests()).unwrap());
+    for entry in walk(&dir.path().join("pods")) {
+        if entry.extension().is_some_and(|e| e == "log") {
+            everywhere.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
+        }
+    }
+    for value in [CANARY, ROTATED] {
+        assert!(!everywhere.contains(value), "{value} left its Secret");
+    }
+
+    // 6. The tenant's release goes: everything it owned goes with it.
+    let file = dir.path().join("acme-release.yaml");
+    std::fs::write(&file, &tenant_yaml).unwrap();
+    kubectl(&emu, &["delete", "-f", file.to_str().unwrap()]);
+    eventually(
+        "everything acme owned to be gone",
+        || op.logs(),
+        || {
+            [
+                ("deployment", "acme"),
+                ("service", "acme"),
+                ("serviceaccount", "acme"),
+                ("configmap", "acme-agents"),
+                ("secret", "acme-owner-token"),
+            ]
+            .iter()
+            .all(|(kind, name)| !emu.kubectl(&["get", "-n", ns, kind, name]).status.success())
+                && kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"])
+                    .trim()
+                    .is_empty()
+        },
+    )
+    .await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port as u16))
+            .map(|mut s| {
+                let _ = s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                out
+            })
+            .unwrap_or_default()
+            .is_empty(),
+        "the Service still answers"
+    );
+    llm.shutdown().await;
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }

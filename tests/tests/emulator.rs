@@ -239,7 +239,11 @@ stringData: {token: s3cr3t}
 
 /// A kube-rs client for the emulator, from the kubeconfig it wrote.
 async fn client(emu: &Emulator) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).expect("kubeconfig");
+    client_from(&emu.kubeconfig).await
+}
+
+async fn client_from(kubeconfig: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("config");
@@ -539,6 +543,294 @@ async fn kube_rs_status_subresource_changes_only_status() {
     assert_eq!(after.status.as_ref().unwrap().phase, "Ready");
     let status = widgets.get_status("w1").await.unwrap();
     assert_eq!(status.status.unwrap().phase, "Ready");
+}
+
+/// A kube-rs client authenticating as `identity` (a ServiceAccount's token).
+async fn client_as(identity: &bindery_tests::kube::Identity) -> Client {
+    client_from(&identity.kubeconfig).await
+}
+
+/// The 403 of a refused request: its message.
+fn forbidden(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    let status = api_status(result.expect_err("refused"));
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (403, "Forbidden"),
+        "{status:?}"
+    );
+    status.message
+}
+
+const ROBOT_RBAC: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: robot, namespace: team-a}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: team-a}
+rules:
+  - apiGroups: [\"\"]
+    resources: [configmaps]
+    verbs: [get, list, watch]
+  - apiGroups: [\"\"]
+    resources: [secrets]
+    resourceNames: [mine]
+    verbs: [get]
+  - apiGroups: [example.dev]
+    resources: [widgets/status]
+    verbs: [patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: robot-reads, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
+subjects: [{kind: ServiceAccount, name: robot, namespace: team-a}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: event-writer}
+rules:
+  - apiGroups: [\"\"]
+    resources: [events]
+    verbs: [\"*\"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: robot-writes-events, namespace: team-b}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: event-writer}
+subjects: [{kind: ServiceAccount, name: robot, namespace: team-a}]
+";
+
+/// A ServiceAccount gets what its Roles grant (verbs, `*`, subresources,
+/// resourceNames, a ClusterRole bound in one namespace) and a 403 in the
+/// API server's words otherwise; every decision is in the audit; a token
+/// dies with its ServiceAccount.
+#[tokio::test]
+async fn rbac_grants_what_roles_say_and_refuses_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let admin = client(&emu).await;
+    install_widget_crd(&admin).await;
+    apply_manifest(&emu, ROBOT_RBAC, &[]);
+    let admin_widgets: Api<Widget> = Api::namespaced(admin.clone(), "team-a");
+    let w = Widget::new(
+        "w1",
+        WidgetSpec {
+            size: 1,
+            color: "red".into(),
+        },
+    );
+    admin_widgets
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "team-a");
+    for name in ["mine", "theirs"] {
+        let s: Secret =
+            serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}}))
+                .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+
+    let robot = emu.service_account("team-a", "robot");
+    assert_eq!(robot.user, "system:serviceaccount:team-a:robot");
+    let client = client_as(&robot).await;
+    let user = "User \"system:serviceaccount:team-a:robot\"";
+
+    // Granted: reads of ConfigMaps in team-a (a missing one is a 404, not a 403).
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team-a");
+    cms.list(&ListParams::default()).await.unwrap();
+    assert_eq!(api_status(cms.get("nope").await.unwrap_err()).code, 404);
+    // Refused: another verb, another namespace, the cluster scope.
+    let data = serde_json::from_value::<ConfigMap>(cm("x", json!({"a": "b"}))).unwrap();
+    assert_eq!(
+        forbidden(cms.create(&PostParams::default(), &data).await),
+        format!("configmaps is forbidden: {user} cannot create resource \"configmaps\" in API group \"\" in the namespace \"team-a\"")
+    );
+    let other: Api<ConfigMap> = Api::namespaced(client.clone(), "team-b");
+    assert!(
+        forbidden(other.list(&ListParams::default()).await).ends_with(
+            "cannot list resource \"configmaps\" in API group \"\" in the namespace \"team-b\""
+        )
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    assert_eq!(
+        forbidden(namespaces.list(&ListParams::default()).await),
+        format!("namespaces is forbidden: {user} cannot list resource \"namespaces\" in API group \"\" at the cluster scope")
+    );
+
+    // resourceNames: one Secret, not another.
+    let robot_secrets: Api<Secret> = Api::namespaced(client.clone(), "team-a");
+    robot_secrets.get("mine").await.unwrap();
+    assert_eq!(
+        forbidden(robot_secrets.get("theirs").await),
+        format!("secrets \"theirs\" is forbidden: {user} cannot get resource \"secrets\" in API group \"\" in the namespace \"team-a\"")
+    );
+
+    // A subresource is its own resource: widgets/status, not widgets.
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), "team-a");
+    let patch = Patch::Merge(json!({"status": {"phase": "Ready"}}));
+    widgets
+        .patch_status("w1", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    assert_eq!(
+        forbidden(widgets.patch("w1", &PatchParams::default(), &patch).await),
+        format!("widgets.example.dev \"w1\" is forbidden: {user} cannot patch resource \"widgets\" in API group \"example.dev\" in the namespace \"team-a\"")
+    );
+
+    // A ClusterRole's `*` verbs, bound in team-b only.
+    let event = |ns: &str| -> k8s_openapi::api::core::v1::Event {
+        serde_json::from_value(json!({
+            "metadata": {"name": "e1", "namespace": ns},
+            "involvedObject": {"kind": "Widget", "name": "w1", "namespace": ns},
+            "reason": "Test", "message": "hello", "type": "Normal"
+        }))
+        .unwrap()
+    };
+    let events_b: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(client.clone(), "team-b");
+    events_b
+        .create(&PostParams::default(), &event("team-b"))
+        .await
+        .unwrap();
+    events_b
+        .delete("e1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let events_a: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(client.clone(), "team-a");
+    forbidden(
+        events_a
+            .create(&PostParams::default(), &event("team-a"))
+            .await,
+    );
+
+    // The audit: what the robot asked for, allowed or not.
+    let audit = emu.audit();
+    let seen = |verb: &str, resource: &str, ns: &str, allowed: bool| {
+        audit.iter().any(|a| {
+            a.user == robot.user
+                && a.verb == verb
+                && a.resource == resource
+                && a.namespace.as_deref() == Some(ns)
+                && a.allowed == allowed
+        })
+    };
+    assert!(seen("list", "configmaps", "team-a", true), "{audit:#?}");
+    assert!(seen("create", "configmaps", "team-a", false), "{audit:#?}");
+    assert!(
+        seen("patch", "widgets/status", "team-a", true),
+        "{audit:#?}"
+    );
+    assert!(seen("delete", "events", "team-b", true), "{audit:#?}");
+
+    // An unknown token, and the token of a deleted ServiceAccount: 401.
+    let out = emu.kubectl(&["delete", "serviceaccount", "robot", "-n", "team-a"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = api_status(cms.list(&ListParams::default()).await.unwrap_err());
+    assert_eq!((status.code, status.reason.as_str()), (401, "Unauthorized"));
+}
+
+/// A ConfigMap owned by `owners` (blocking their foreground deletion),
+/// with `finalizers`.
+fn dependent(name: &str, owners: &[&ConfigMap], finalizers: &[&str]) -> ConfigMap {
+    let refs: Vec<Value> = owners
+        .iter()
+        .map(|o| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "name": o.name_any(),
+                   "uid": o.uid().unwrap(), "blockOwnerDeletion": true})
+        })
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": refs,
+                                               "finalizers": finalizers}}))
+    .unwrap()
+}
+
+/// Garbage collection: background (the default), foreground and orphan
+/// deletion of an owner; a dependent with another owner keeps living;
+/// finalizers hold a dependent as any deletion.
+#[tokio::test]
+async fn owners_take_their_dependents_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Emulator::start(dir.path());
+    let client = client(&emu).await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let pp = PostParams::default();
+    let mk = async |name: &str| {
+        let owner: ConfigMap = serde_json::from_value(cm(name, json!({}))).unwrap();
+        cms.create(&pp, &owner).await.unwrap()
+    };
+    let gone = async |name: &str| cms.get_opt(name).await.unwrap().is_none();
+    let unfinalize = async |name: &str| {
+        let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        cms.patch(name, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    };
+
+    // Background: the owner goes at once, then what it alone owned.
+    let (owner, other) = (mk("owner").await, mk("other").await);
+    for d in [
+        dependent("only-mine", &[&owner], &[]),
+        dependent("shared", &[&owner, &other], &[]),
+        dependent("held", &[&owner], &["example.dev/hold"]),
+    ] {
+        cms.create(&pp, &d).await.unwrap();
+    }
+    cms.delete("owner", &DeleteParams::default()).await.unwrap();
+    assert!(gone("owner").await && gone("only-mine").await);
+    let shared = cms.get("shared").await.unwrap();
+    let refs: Vec<_> = shared
+        .owner_references()
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(refs, ["other"], "{shared:?}");
+    let held = cms.get("held").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some(), "{held:?}");
+    unfinalize("held").await;
+    assert!(gone("held").await);
+
+    // Foreground: the owner waits for its blocking dependents.
+    let owner = mk("parent").await;
+    cms.create(&pp, &dependent("child", &[&owner], &["example.dev/hold"]))
+        .await
+        .unwrap();
+    cms.delete("parent", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let parent = cms.get("parent").await.unwrap();
+    assert!(parent.metadata.deletion_timestamp.is_some(), "{parent:?}");
+    assert_eq!(parent.finalizers(), ["foregroundDeletion"]);
+    let child = cms.get("child").await.unwrap();
+    assert!(child.metadata.deletion_timestamp.is_some(), "{child:?}");
+    unfinalize("child").await;
+    assert!(gone("child").await && gone("parent").await);
+
+    // Orphan: the dependents stay, without the reference.
+    let owner = mk("elder").await;
+    cms.create(&pp, &dependent("orphan", &[&owner], &[]))
+        .await
+        .unwrap();
+    cms.delete("elder", &DeleteParams::orphan()).await.unwrap();
+    assert!(gone("elder").await);
+    let orphan = cms.get("orphan").await.unwrap();
+    assert!(orphan.owner_references().is_empty(), "{orphan:?}");
+
+    // Written after its only owner went (a controller's late apply): collected.
+    cms.create(&pp, &dependent("late", &[&owner], &[]))
+        .await
+        .unwrap();
+    assert!(gone("late").await);
 }
 
 #[tokio::test]

@@ -61,17 +61,21 @@ Call with (dict "image" .Values.image "root" .). */}}
 
 {{/*
 What the operator does in the namespaces it watches, and nothing more
-(operator/src/controller.rs, events.rs; tests/tests/charts.rs keeps this
-list and the code's calls in step):
+(operator/src/controller.rs, events.rs; tests/tests/charts.rs checks this
+list against what the operator asked of the API emulator, its audit):
 */}}
 {{- define "bindery-operator.rules" -}}
-# AgentTenants and Agents: the controller lists and watches them, and writes
-# only a tenant's status (server-side apply on the status subresource).
+# AgentTenants and Agents: the controllers list and watch them; a reconcile
+# reads its tenant afresh (get), and writes only the status of tenants and
+# of Agents (server-side apply on the status subresource).
 - apiGroups: ["bindery.dev"]
-  resources: ["agenttenants", "agents"]
+  resources: ["agenttenants"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["bindery.dev"]
+  resources: ["agents"]
   verbs: ["list", "watch"]
 - apiGroups: ["bindery.dev"]
-  resources: ["agenttenants/status"]
+  resources: ["agenttenants/status", "agents/status"]
   verbs: ["patch"]
 # Owned objects carry an ownerReference with blockOwnerDeletion, which
 # clusters with the OwnerReferencesPermissionEnforcement admission plugin
@@ -91,17 +95,20 @@ list and the code's calls in step):
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["list", "watch", "create", "patch"]
+# PersistentVolumeClaims are also deleted when a tenant no longer asks for
+# one (its store switched to Postgres, say).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Secrets: watched by metadata, read for their key names (never their
 # values), and the generated owner-token Secret created once. No update,
 # patch or delete: the operator never changes a Secret.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create"]
-# Warnings a human must see, on the AgentTenant.
+# Warnings a human must see, on the AgentTenant: one Event per problem,
+# read and patched to count a problem that comes back.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["get", "create", "patch"]
 {{- end }}

@@ -10,7 +10,6 @@ pub mod tree;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::Resource;
 
 use crate::crd::{AgentTenant, AgentTenantStatus, KeyRef};
 use crate::names;
@@ -447,15 +446,15 @@ impl Cond {
     }
 }
 
-fn owner_reference(tenant: &AgentTenant) -> OwnerReference {
-    tenant
-        .controller_owner_ref(&())
-        .unwrap_or_else(|| OwnerReference {
-            api_version: "bindery.dev/v1alpha1".into(),
-            kind: "AgentTenant".into(),
-            name: tenant.metadata.name.clone().unwrap_or_default(),
-            uid: tenant.metadata.uid.clone().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        })
+/// The reference every owned object carries: the tenant as its controller,
+/// blocking the tenant's foreground deletion until the object is gone.
+pub fn owner_reference(tenant: &AgentTenant) -> OwnerReference {
+    OwnerReference {
+        api_version: "bindery.dev/v1alpha1".into(),
+        kind: "AgentTenant".into(),
+        name: tenant.metadata.name.clone().unwrap_or_default(),
+        uid: tenant.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
 }

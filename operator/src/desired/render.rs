@@ -63,7 +63,10 @@ fn agent_file(agent: &TreeAgent<'_>) -> String {
                 }
                 continue;
             }
-            Toolbox::Openapi(_) | Toolbox::Deferred(_) => continue,
+            Toolbox::Openapi(_)
+            | Toolbox::Deferred(_)
+            | Toolbox::Postgrest(_)
+            | Toolbox::Builtin(_) => continue,
         };
         if b.directory.is_some() {
             b.directory = Some(TOOLS_DIR.to_string());

@@ -524,7 +524,11 @@ fn post_continuation() -> Value {
         "description": "Each item of a session's `pending` carries a `continuation_token`. \
             For a `deferred` call send `result` (the tool's output: a string, or any JSON \
             given to the model as its text); for a `confirm` call send `approve` (and an \
-            optional `reason`, which the model reads when the call is refused). The token \
+            optional `reason`, which the model reads when the call is refused); for a \
+            `needs_selection` item send `choice` (the `id` of one of its `options`), for \
+            `needs_confirmation` `approve`, for `needs_input` `input` (the missing \
+            fields). A selection or confirmation that rests on lookups past their \
+            `ttl_ms` is refused (409 `continuation_expired`) and asked again. The token \
             names its session (`ct_<session id>_<mac>`): no other identifier is needed. \
             `session_id` may say which session the caller means; a token of another \
             session is then unknown (404). A token is good for one answer (a second is \
@@ -662,15 +666,21 @@ fn mcp() -> Value {
             "name": "MCP-Protocol-Version",
             "in": "header",
             "required": false,
-            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent.",
-            "schema": { "type": "string" },
+            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent. \
+                Another value is a 400 (a JSON-RPC error).",
+            "schema": { "enum": super::mcp::PROTOCOL_VERSIONS },
         }],
         "requestBody": {
             "required": true,
             "content": { "application/json": { "schema": {
                 "oneOf": [
                     schema("JsonRpcMessage"),
-                    { "type": "array", "items": schema("JsonRpcMessage") },
+                    {
+                        "type": "array",
+                        "description": "A batch (protocol 2025-03-26): each entry that is \
+                            not a JSON-RPC message gets an error response of its own.",
+                        "items": {},
+                    },
                 ],
             } } },
         },
@@ -711,7 +721,16 @@ fn stream_events() -> Value {
         "responses": {
             "200": {
                 "description": "The event stream; it stays open.",
-                "content": { "text/event-stream": { "schema": { "type": "string" } } },
+                "content": { "text/event-stream": { "schema": {
+                    "description": "One server-sent event: `id` (its sequence number), \
+                        `event` (a key of `x-events`) and `data` (that event's JSON).",
+                    "type": "object",
+                    "properties": {
+                        "id": { "type": "string" },
+                        "event": { "type": "string" },
+                        "data": { "type": "string" },
+                    },
+                } } },
                 "x-events": {
                     "run_started": schema("RunStartedEvent"),
                     "message": schema("Turn"),
@@ -810,6 +829,13 @@ fn agent_schemas() -> Value {
                     "description": "The tools whose calls wait, by name: for a person's \
                         approval (`confirm`) or for the client's result (`deferred`).",
                 },
+                "depends_on": {
+                    "type": "object",
+                    "additionalProperties": { "type": "array", "items": { "type": "string" } },
+                    "description": "The tools with `depends_on`, by name: their lookups, in \
+                        order. Their calls may stop at `needs_input`, `needs_selection` or \
+                        `needs_confirmation`.",
+                },
             },
         },
         "ParameterView": {
@@ -861,7 +887,7 @@ fn session_schemas() -> Value {
                 "agent": { "type": "string", "description": "The agent's slug." },
                 "status": schema("SessionStatus"),
                 "status_detail": {
-                    "type": "string",
+                    "type": ["string", "null"],
                     "description": "Why the last run failed, stopped, or what it waits for.",
                 },
                 "version": {
@@ -870,7 +896,18 @@ fn session_schemas() -> Value {
                 },
                 "created_at": timestamp("RFC 3339."),
                 "updated_at": timestamp("RFC 3339."),
-                "forked_from": { "type": "string", "description": "The session this one was forked from." },
+                "forked_from": {
+                    "type": ["string", "null"],
+                    "description": "The session this one was forked from.",
+                },
+                "parent_session_id": {
+                    "type": ["string", "null"],
+                    "description": "The session this one was forked from (agents-server's name; same as `forked_from`).",
+                },
+                "owner": {
+                    "type": "string",
+                    "description": "Who created the session: `owner` (this API) or `mcp` (a call on /mcp).",
+                },
                 "sealed": {
                     "type": "boolean",
                     "description": "Only the owner may change parameters.",
@@ -918,7 +955,7 @@ fn session_schemas() -> Value {
                 "status": schema("SessionStatus"),
                 "created_at": timestamp("RFC 3339."),
                 "updated_at": timestamp("RFC 3339."),
-                "forked_from": { "type": "string" },
+                "forked_from": { "type": ["string", "null"] },
             },
         },
         "SessionList": {
@@ -1026,9 +1063,18 @@ fn request_schemas() -> Value {
         },
         "ContinuationRequest": {
             "type": "object",
-            "description": "`result` for a deferred call, `approve` for a confirmation.",
+            "description": "`result` for a deferred call, `approve` for a confirmation, \
+                `choice` for a selection, `input` for missing user-owned fields.",
             "additionalProperties": false,
             "properties": {
+                "choice": {
+                    "type": "string",
+                    "description": "The `id` of the chosen option (`needs_selection`).",
+                },
+                "input": {
+                    "type": "object",
+                    "description": "The user-owned fields a `needs_input` item lists as `missing`.",
+                },
                 "result": { "description": "The deferred tool's result: any JSON value." },
                 "approve": { "type": "boolean", "description": "A confirmation's decision." },
                 "reason": {
@@ -1055,7 +1101,7 @@ fn request_schemas() -> Value {
         },
         "SetParamsRequest": {
             "type": "object",
-            "required": ["params"],
+            "description": "Without `params` (or with an empty body) nothing changes.",
             "properties": { "params": schema("ParamValues") },
         },
     })
@@ -1125,10 +1171,34 @@ fn event_schemas() -> Value {
                         outermost first; answering it resumes them, then their caller.",
                 },
                 "disposition": {
-                    "enum": ["deferred", "confirm"],
+                    "enum": ["deferred", "confirm", "needs_input", "needs_selection", "needs_confirmation"],
                     "description": "`deferred`: the client runs the tool and posts the \
-                        result; `confirm`: a person approves the call, or not.",
+                        result; `confirm`: a person approves the call, or not; for a tool \
+                        with `depends_on`: `needs_input` (user-owned fields are missing), \
+                        `needs_selection` (choose one of `options`), `needs_confirmation` \
+                        (approve the prepared write, shown by its `facts`).",
                 },
+                "missing": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "`needs_input`: the fields to send as `input`.",
+                },
+                "lookup": { "type": "string", "description": "`needs_selection`: the lookup tool the options come from." },
+                "options": {
+                    "type": "array",
+                    "description": "`needs_selection`: what the API offered, in its order. An \
+                        `id` is opaque when the lookup's ids are sensitive.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": { "type": "string" },
+                            "label": { "type": "string" },
+                            "facts": { "type": "object" },
+                        },
+                    },
+                },
+                "facts": { "type": "object", "description": "`needs_confirmation`: what the chosen options said." },
+                "note": { "type": "string", "description": "Why it asks (no exact match, several, the API refused the earlier call)." },
                 "call": {
                     "description": "The model's arguments. Bound values never appear.",
                 },
@@ -1149,7 +1219,7 @@ fn event_schemas() -> Value {
             "properties": {
                 "tool_call_id": { "type": "string" },
                 "tool": { "type": "string" },
-                "outcome": { "enum": ["result", "approved", "rejected", "expired", "cancelled"] },
+                "outcome": { "enum": ["result", "approved", "chosen", "input", "rejected", "expired", "cancelled"] },
             },
         },
         "ParamsChangedEvent": {
@@ -1171,7 +1241,10 @@ fn mcp_schemas() -> Value {
                 "jsonrpc": { "const": "2.0" },
                 "id": { "type": ["string", "integer"] },
                 "method": { "type": "string" },
-                "params": { "type": "object" },
+                "params": {
+                    "description": "The method's parameters (an object); any other value \
+                        is answered, like an unknown method, with a JSON-RPC error in a 200.",
+                },
             },
         },
         "JsonRpcResponse": {
@@ -1453,7 +1526,9 @@ mod tests {
             &doc,
             &put["requestBody"]["content"]["application/json"]["schema"],
         );
-        assert_eq!(body["required"], json!(["params"]));
+        // The server takes a body without `params` (nothing changes).
+        assert!(body.get("required").is_none(), "{body}");
+        assert!(body["properties"]["params"].is_object());
 
         let delete = &doc["paths"]["/v1/sessions/{id}/token"]["delete"];
         assert!(delete["responses"]["204"].is_object());
@@ -1477,7 +1552,9 @@ mod tests {
             assert!(op["responses"][code].is_object(), "{code}");
         }
         let body = &doc["components"]["schemas"]["ContinuationRequest"]["properties"];
-        for field in ["result", "approve", "reason", "resume", "params", "run"] {
+        for field in [
+            "result", "approve", "reason", "resume", "params", "run", "choice", "input",
+        ] {
             assert!(body[field].is_object(), "{field}");
         }
         let item = &doc["components"]["schemas"]["PendingItem"]["properties"];

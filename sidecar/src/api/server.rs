@@ -75,9 +75,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/continuations/{token}", post(continuation))
         .route(
             "/mcp",
-            post(super::mcp::post)
-                .get(super::mcp::not_allowed)
-                .delete(super::mcp::not_allowed),
+            // Every other method (GET: no stream; DELETE: no session) is a
+            // 405 that says `Allow: POST`.
+            post(super::mcp::post).fallback(super::mcp::not_allowed),
         )
         .merge(super::chat::routes())
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
@@ -161,6 +161,23 @@ impl IntoResponse for ServiceError {
 }
 
 type ApiResult = Result<Response, ServiceError>;
+
+/// `at_turn` as an index: a whole number from 0 (JSON Schema's `integer`
+/// takes `3.0`, so this does too).
+fn turn_index(n: Option<serde_json::Number>) -> Result<Option<usize>, ServiceError> {
+    let Some(n) = n else { return Ok(None) };
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            .map(|f| f as u64)
+    });
+    match whole {
+        Some(i) => Ok(Some(usize::try_from(i).unwrap_or(usize::MAX))),
+        None => Err(ServiceError::bad_request(format!(
+            "`at_turn` is a turn index, a whole number from 0; got {n}"
+        ))),
+    }
+}
 
 /// A JSON body, whatever `Content-Type` says (agents-server clients, and
 /// plain `curl -d`, often send none). An empty body is the default value.
@@ -278,8 +295,9 @@ pub struct CreateBody {
     #[serde(default)]
     session_token: bool,
     fork: Option<String>,
-    /// With a fork: copy only the turns before this index.
-    at_turn: Option<usize>,
+    /// With a fork: copy only the turns before this index (any JSON number
+    /// that is a whole one: `3.0` too).
+    at_turn: Option<serde_json::Number>,
     /// `none` creates the session idle even with a prompt; `step` runs one
     /// model turn; `until_blocked` (the default) until the answer or a
     /// pending call.
@@ -350,7 +368,8 @@ async fn create(
                 session_token: b.session_token,
                 fork,
                 mode,
-                at_turn: b.at_turn,
+                owner: None,
+                at_turn: turn_index(b.at_turn)?,
             },
         )
         .await?;
@@ -530,7 +549,8 @@ async fn revoke_token(
 }
 
 /// `POST /v1/continuations/:token` body: `result` for a deferred call,
-/// `approve` (and `reason`) for a confirmation.
+/// `approve` (and `reason`) for a confirmation, `choice` for a selection,
+/// `input` for missing user-owned fields.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ContinuationBody {
@@ -539,6 +559,10 @@ pub struct ContinuationBody {
     result: Option<serde_json::Value>,
     approve: Option<bool>,
     reason: Option<String>,
+    /// A selection's answer: the `id` of an offered option.
+    choice: Option<String>,
+    /// A `needs_input` item's answer: the missing fields.
+    input: Option<serde_json::Map<String, serde_json::Value>>,
     resume: Option<bool>,
     #[serde(default)]
     params: BTreeMap<String, serde_json::Value>,
@@ -560,6 +584,8 @@ async fn continuation(
         result: b.result,
         approve: b.approve,
         reason: b.reason,
+        choice: b.choice,
+        input: b.input,
         // `run: none` records the answer and starts nothing, like `resume: false`.
         resume: if mode.is_none() {
             Some(false)

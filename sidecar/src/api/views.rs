@@ -18,6 +18,9 @@ pub struct AgentView {
     pub tools: Vec<String>,
     /// Tool name → `confirm` or `deferred`, for the tools whose calls wait.
     pub waits: std::collections::BTreeMap<String, Disposition>,
+    /// Tool name → the lookups that run before it (`depends_on`), in order.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub depends_on: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Serialize)]
@@ -62,6 +65,15 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
             .iter()
             .filter_map(|t| Some((t.name().to_string(), a.disposition(t.name(), Some(&t))?)))
             .collect(),
+        depends_on: a
+            .tools
+            .iter()
+            .filter(|t| !t.depends().is_empty())
+            .map(|t| {
+                let deps = t.depends().iter().map(|d| d.tool.clone()).collect();
+                (t.name().to_string(), deps)
+            })
+            .collect(),
     }
 }
 
@@ -69,8 +81,10 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
 pub struct SessionView {
     pub session_id: String,
     pub agent: String,
+    /// The session this one was forked from (agents-server's name for it).
     pub parent_session_id: Option<String>,
-    pub owner: &'static str,
+    /// Who created it: `owner` (the session API) or `mcp`.
+    pub owner: String,
     pub status: &'static str,
     pub status_detail: Option<String>,
     pub version: i64,
@@ -116,8 +130,12 @@ pub fn session_view(
     SessionView {
         session_id: rec.id,
         agent: rec.agent,
-        parent_session_id: None,
-        owner: "owner",
+        parent_session_id: rec.forked_from.clone(),
+        owner: rec
+            .security
+            .owner
+            .clone()
+            .unwrap_or_else(|| "owner".to_string()),
         status: rec.status.as_str(),
         status_detail: rec.status_detail,
         version: rec.version,

@@ -13,7 +13,7 @@ pub fn apply_toolbox_confirm(tools: &mut [BoundTool], confirm: Option<&ToolboxCo
         return;
     };
     for t in tools.iter_mut() {
-        if toolbox_selects(confirm, &t.spec().local_name, t.spec().writes) {
+        if toolbox_selects(confirm, &t.spec().local_name, t.writes()) {
             *t = t.with_disposition(Disposition::Confirm);
         }
     }

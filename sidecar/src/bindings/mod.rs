@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod confirm;
+pub mod depends;
 pub mod glob;
 
 use std::collections::BTreeSet;
@@ -62,6 +63,10 @@ pub struct BoundTool {
     /// Why a call waits instead of running, if it does (its toolbox's
     /// say; agent-level `confirm` is looked up by name at call time).
     disposition: Option<Disposition>,
+    /// Declared read-only (`readOnly: true`) although its kind may write.
+    read_only: bool,
+    /// The lookups that fill its API-owned arguments, in order.
+    depends: Arc<[crate::spec::Dependency]>,
 }
 
 /// A bound argument as the operator sees it in `describe` (never a value of
@@ -108,6 +113,8 @@ impl BoundTool {
             inner,
             bindings: Arc::from(Vec::new()),
             disposition: None,
+            read_only: false,
+            depends: Arc::from(Vec::new()),
         }
     }
 
@@ -148,8 +155,35 @@ impl BoundTool {
         BoundTool {
             inner: self.inner.clone(),
             bindings: Arc::from(all),
-            disposition: self.disposition,
+            ..self.clone()
         }
+    }
+
+    /// The same tool, declared read-only and/or with more dependencies.
+    pub fn with_decl(&self, read_only: bool, depends: &[crate::spec::Dependency]) -> Self {
+        let mut all = self.depends.to_vec();
+        all.extend(depends.iter().cloned());
+        BoundTool {
+            read_only: self.read_only || read_only,
+            depends: Arc::from(all),
+            ..self.clone()
+        }
+    }
+
+    /// Whether a call may change something: its kind says so and it was
+    /// not declared `readOnly`.
+    pub fn writes(&self) -> bool {
+        self.spec().writes && !self.read_only
+    }
+
+    /// The lookups to run before the tool, in declaration order.
+    pub fn depends(&self) -> &[crate::spec::Dependency] {
+        &self.depends
+    }
+
+    /// The top-level arguments its dependencies fill (the model never sees them).
+    pub fn filled_args(&self) -> BTreeSet<String> {
+        self.depends.iter().flat_map(|d| d.destinations()).collect()
     }
 
     pub fn spec(&self) -> &ToolSpec {
@@ -181,8 +215,9 @@ impl BoundTool {
     /// The JSON schema of the arguments the model sees.
     pub fn model_schema(&self, values: &Values) -> serde_json::Value {
         let hidden = self.hidden_args(values);
+        let filled = self.filled_args();
         self.spec()
-            .json_schema(|a| !hidden.contains(a.name.as_str()))
+            .json_schema(|a| !hidden.contains(a.name.as_str()) && !filled.contains(a.name.as_str()))
     }
 
     /// Whether a call under `values` would hand the tool a secret value.

@@ -380,3 +380,35 @@ fn an_agent_level_binding_aimed_at_mcp_tools_that_matches_nothing_is_a_warning()
         "{diags:?}"
     );
 }
+
+#[test]
+fn declarations_hide_filled_arguments_and_read_only_tools_are_not_writes() {
+    let decls: Vec<crate::spec::ToolDecl> = serde_yaml::from_str(
+        "[{tool: 'slot*', readOnly: true},
+          {tool: book, depends_on: [{tool: slots, map: {$.slot_token: $.token}}]}]",
+    )
+    .unwrap();
+    let mut tools = vec![
+        BoundTool::new(recorder("slots", vec![arg("date", true, Transport::Json)])),
+        BoundTool::new(recorder(
+            "book",
+            vec![
+                arg("date", true, Transport::Json),
+                arg("slot_token", true, Transport::Json),
+            ],
+        )),
+    ];
+    depends::apply_toolbox_decls(&mut tools, &decls);
+    confirm::apply_toolbox_confirm(
+        &mut tools,
+        Some(&serde_json::from_value(json!("writes")).unwrap()),
+    );
+    assert!(!tools[0].writes() && tools[0].disposition().is_none());
+    assert!(tools[1].writes() && tools[1].disposition().is_some());
+    let schema = tools[1].model_schema(&Values::new());
+    assert_eq!(schema["required"], json!(["date"]));
+    assert!(schema["properties"].get("slot_token").is_none());
+    let mut diags = Vec::new();
+    depends::check_loaded(&tools, "a.yaml", &mut diags);
+    assert!(diags.is_empty(), "{diags:?}");
+}

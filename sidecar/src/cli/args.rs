@@ -35,6 +35,10 @@ pub enum Command {
         agents: AgentArgs,
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
+        /// Also show each agent's tools as the model receives them, in one
+        /// of agents-exe's renderings.
+        #[arg(long, value_enum, value_name = "MODE")]
+        tools: Option<super::check_tools::ToolsMode>,
     },
     /// Print each tool's schema exactly as the model receives it, with the
     /// bound arguments listed apart.
@@ -56,6 +60,26 @@ pub enum Command {
         #[arg(long, default_value = "{}")]
         args: String,
     },
+    /// Run one tool call of a saved session again, against a bash script
+    /// (agents-exe's command). The session file is what GET
+    /// /v1/sessions/ID answers; calls are numbered from 0 across it.
+    ReplayToolCall {
+        /// The session file.
+        #[arg(long, value_name = "FILE")]
+        session: PathBuf,
+        /// Which call (0 is the session's first).
+        #[arg(long = "tool-call", value_name = "INDEX")]
+        tool_call: usize,
+        /// The bash tool to run it with.
+        #[arg(long, value_name = "PATH")]
+        tool: PathBuf,
+        /// Check the call's arguments against the tool without running it.
+        #[arg(long)]
+        validate_only: bool,
+        /// Print only the tool's output.
+        #[arg(long)]
+        raw: bool,
+    },
     /// One run to completion on the command line; the answer goes to stdout.
     Run {
         #[command(flatten)]
@@ -68,6 +92,31 @@ pub enum Command {
         /// Approve every call that needs confirmation without asking.
         #[arg(long)]
         yes: bool,
+    },
+    /// Serve one agent as a bash tool of another runtime: `as-tool
+    /// --agent-file F describe` prints its description, `as-tool
+    /// --agent-file F run --prompt TEXT [--NAME VALUE…]` runs it once.
+    AsTool {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// `describe`, or `run` and its arguments.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "describe|run …"
+        )]
+        protocol: Vec<String>,
+    },
+    /// Talk to a running server's session API: start (or fork) a session,
+    /// send a message, follow events, list and show sessions.
+    Session {
+        #[command(flatten)]
+        server: super::session_client::ServerArgs,
+        #[command(subcommand)]
+        command: super::session_client::SessionCommand,
     },
     /// Serve the HTTP session API.
     Serve {

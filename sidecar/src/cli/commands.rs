@@ -6,6 +6,7 @@ use clap::Parser;
 use tracing::Instrument;
 
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
+use super::check_tools::{self, ToolsMode};
 use super::telemetry::Telemetry;
 use crate::bindings::Level;
 use crate::params::{ApiKeys, ProcessValues};
@@ -84,7 +85,24 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
 
 async fn run(command: Command) -> Result<ExitCode, String> {
     match command {
-        Command::Check { agents, output } => check(&agents, output).await,
+        Command::Check {
+            agents,
+            output,
+            tools,
+        } => check(&agents, output, tools).await,
+        Command::Session { server, command } => super::session_client::main(server, command).await,
+        Command::AsTool {
+            agents,
+            model,
+            protocol,
+        } => super::as_tool::main(agents, model, protocol).await,
+        Command::ReplayToolCall {
+            session,
+            tool_call,
+            tool,
+            validate_only,
+            raw,
+        } => super::replay::replay(&session, tool_call, &tool, validate_only, raw).await,
         Command::Run {
             agents,
             model,
@@ -171,6 +189,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 conversation_id: id.clone(),
                 turn_id: id,
                 agent_id: agent.name.clone(),
+                session_json: None,
             };
             // The same span as a call in a run, so that a trace of a
             // `tool-call` looks like one step of a session.
@@ -197,12 +216,20 @@ async fn run(command: Command) -> Result<ExitCode, String> {
     }
 }
 
-async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
-    let result = load_tree(agents).await;
+async fn check(
+    agents: &AgentArgs,
+    output: Output,
+    tools_mode: Option<ToolsMode>,
+) -> Result<ExitCode, String> {
+    let result = load_tree(agents, false).await;
     match (result, output) {
         (Ok(tree), Output::Text) => {
             for name in tree.agents.keys() {
                 print!("{}", render_text(&agent_report(&tree.agents[name])));
+                if let Some(mode) = tools_mode {
+                    let defs = check_tools::definitions(&tree.agents[name], &tree);
+                    print!("{}", check_tools::render(mode, &defs));
+                }
             }
             for w in &tree.warnings {
                 println!("{w}");
@@ -218,12 +245,22 @@ async fn check(agents: &AgentArgs, output: Output) -> Result<ExitCode, String> {
         }
         (Ok(tree), Output::Json) => {
             let reports: Vec<_> = tree.agents.values().map(|a| agent_report(a)).collect();
-            println!(
-                "{}",
-                to_json(
-                    &serde_json::json!({"ok": true, "agents": reports, "diagnostics": tree.warnings})
-                )
-            );
+            let mut doc =
+                serde_json::json!({"ok": true, "agents": reports, "diagnostics": tree.warnings});
+            if tools_mode.is_some() {
+                // For machines, one rendering: the request's `tools` array, by agent.
+                let tools: serde_json::Map<String, serde_json::Value> = tree
+                    .agents
+                    .values()
+                    .map(|a| {
+                        let defs = check_tools::definitions(a, &tree);
+                        let views = defs.iter().map(check_tools::openai_view).collect();
+                        (a.name.clone(), serde_json::Value::Array(views))
+                    })
+                    .collect();
+                doc["tools"] = serde_json::Value::Object(tools);
+            }
+            println!("{}", to_json(&doc));
             Ok(ExitCode::SUCCESS)
         }
         (Err(e), Output::Text) => Err(e.into()),
@@ -299,15 +336,26 @@ impl From<Failure> for String {
 }
 
 pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
-    let tree = load_tree(agents).await?;
+    load_with(agents, false).await
+}
+
+/// [`load`] for the commands that run agents (`serve`, `run`): a broken
+/// tool script is skipped with a warning naming it, as agents-exe does.
+pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, String> {
+    load_with(agents, true).await
+}
+
+async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, String> {
+    let tree = load_tree(agents, skip_broken_scripts).await?;
     for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
         tracing::warn!("{}", w.message);
     }
     Ok(tree)
 }
 
-async fn load_tree(agents: &AgentArgs) -> Result<AgentTree, Failure> {
-    let opts = load_options(agents).map_err(Failure::Other)?;
+async fn load_tree(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, Failure> {
+    let mut opts = load_options(agents).map_err(Failure::Other)?;
+    opts.skip_broken_scripts = skip_broken_scripts;
     let sources = match &agents.agents_dir {
         Some(dir) => AgentSources::Dir(dir.clone()),
         None => AgentSources::Files(agents.agent_files.clone()),
@@ -344,5 +392,6 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
             max_output: agents.tool_max_output,
             ..Limits::default()
         },
+        skip_broken_scripts: false,
     })
 }

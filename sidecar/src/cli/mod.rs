@@ -1,8 +1,12 @@
 //! The `bindery-sidecar` command line.
 
 mod args;
+mod as_tool;
+mod check_tools;
 mod commands;
+mod replay;
 mod serve;
+mod session_client;
 mod telemetry;
 mod trim;
 

@@ -11,7 +11,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::commands::{load, load_options};
+use super::commands::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::metrics::Metrics;
 use crate::api::server::{router, AppState};
@@ -73,16 +73,58 @@ fn ask_terminal(calls: &[runner::Blocked], yes: bool) -> Result<Vec<PendingCall>
     for b in calls {
         let args = runner::call_arguments(&b.call);
         let resolution = match b.disposition {
-            Disposition::Confirm if yes => {
+            Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
                 eprintln!("{} {args}: approved (--yes)", b.call.name);
                 Resolution::Approved
             }
-            Disposition::Confirm => {
-                eprint!("{} wants to run with {args}. Approve? [y/N] ", b.call.name);
+            Disposition::NeedsConfirmation | Disposition::Confirm => {
+                let facts = b
+                    .lookup
+                    .as_ref()
+                    .map(|l| format!(" ({})", l.shown()["facts"]))
+                    .unwrap_or_default();
+                eprint!(
+                    "{} wants to run with {args}{facts}. Approve? [y/N] ",
+                    b.call.name
+                );
                 let _ = std::io::stderr().flush();
                 match line()?.as_deref().map(str::trim) {
                     Some("y" | "Y" | "yes") => Resolution::Approved,
                     _ => Resolution::Rejected { reason: None },
+                }
+            }
+            Disposition::NeedsSelection => {
+                let state = b.lookup.as_ref().map(|l| l.shown()).unwrap_or_default();
+                eprintln!("{} needs a choice:", b.call.name);
+                for (n, o) in state["options"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                {
+                    eprintln!("  {}. {}", n + 1, o["label"].as_str().unwrap_or_default());
+                }
+                eprint!("your choice (number or label): ");
+                let _ = std::io::stderr().flush();
+                let said = line()?.unwrap_or_default();
+                match b.lookup.as_ref().and_then(|l| l.option_named(&said)) {
+                    Some(option) => Resolution::Chosen { option },
+                    None => Resolution::Rejected {
+                        reason: Some(format!("`{said}` is none of the options")),
+                    },
+                }
+            }
+            Disposition::NeedsInput => {
+                let missing = b.lookup.as_ref().map(|l| l.shown()["missing"].clone());
+                eprint!(
+                    "{} {args} needs {} (a JSON object): ",
+                    b.call.name,
+                    missing.unwrap_or_default()
+                );
+                let _ = std::io::stderr().flush();
+                match line()?.and_then(|l| serde_json::from_str(&l).ok()) {
+                    Some(values) => Resolution::Input { values },
+                    None => return Err(format!("error: no input given for {}", b.call.name)),
                 }
             }
             Disposition::Deferred => {
@@ -106,6 +148,7 @@ fn ask_terminal(calls: &[runner::Blocked], yes: bool) -> Result<Vec<PendingCall>
             expires_at: None,
             resolution: Some(resolution),
             frames: b.frames.clone(),
+            lookup: b.lookup.clone(),
         });
     }
     Ok(out)
@@ -118,7 +161,7 @@ pub async fn run(
     yes: bool,
 ) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
-    let tree = load(agents).await?;
+    let tree = load_lenient(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
     for w in warnings {
@@ -134,6 +177,7 @@ pub async fn run(
         ));
     }
     let metrics = Metrics::default();
+    let lookups = crate::session::depends::LookupCache::default();
     let id = uuid::Uuid::new_v4().to_string();
     let tools = agent.tools.snapshot();
     let ctx = RunContext {
@@ -153,8 +197,10 @@ pub async fn run(
             conversation_id: id,
             turn_id: String::new(),
             agent_id: agent.name.clone(),
+            session_json: None,
         },
         cache: None,
+        lookups: Some(&lookups),
         metrics: &metrics,
         max_steps: agent.spec.max_steps.unwrap_or(model.max_steps),
         stream: false,
@@ -214,7 +260,7 @@ pub struct ServeArgs<'a> {
 
 pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let opts = load_options(a.agents)?;
-    let tree = Arc::new(load(a.agents).await?);
+    let tree = Arc::new(load_lenient(a.agents).await?);
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
     for w in warnings {
         tracing::warn!("{w}");

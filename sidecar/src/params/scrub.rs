@@ -25,9 +25,19 @@ pub const MIN_LEN: usize = 4;
 const MIN_FRAGMENT: usize = 6;
 
 /// What to look for, longest first, and what replaces it.
-#[derive(Default)]
 pub struct Scrubber {
     needles: Vec<(Vec<u8>, String)>,
+    /// Bytes some needle starts with: most positions are skipped at once.
+    starts: [bool; 256],
+}
+
+impl Default for Scrubber {
+    fn default() -> Self {
+        Scrubber {
+            needles: Vec::new(),
+            starts: [false; 256],
+        }
+    }
 }
 
 impl std::fmt::Debug for Scrubber {
@@ -58,11 +68,12 @@ impl Scrubber {
         let marker = format!("<secret:{name}>");
         for form in forms(value.as_bytes()) {
             if !self.needles.iter().any(|(n, _)| *n == form) {
+                self.starts[usize::from(form[0])] = true;
                 self.needles.push((form, marker.clone()));
             }
         }
         // Longest first: a full encoding goes before its fragments.
-        self.needles.sort_by_key(|b| std::cmp::Reverse(b.0.len()));
+        self.needles.sort_by_key(|n| std::cmp::Reverse(n.0.len()));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -79,6 +90,11 @@ impl Scrubber {
         let mut out: Vec<u8> = Vec::with_capacity(bytes.len());
         let mut i = 0;
         'outer: while i < bytes.len() {
+            if !self.starts[usize::from(bytes[i])] {
+                out.push(bytes[i]);
+                i += 1;
+                continue;
+            }
             for (needle, marker) in &self.needles {
                 if bytes[i..].starts_with(needle) {
                     out.extend_from_slice(marker.as_bytes());

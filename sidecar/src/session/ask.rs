@@ -52,6 +52,7 @@ impl Service {
                     agent: Some(agent.to_string()),
                     prompt: Some(prompt),
                     params,
+                    owner: Some("mcp".to_string()),
                     ..CreateSession::default()
                 },
             )

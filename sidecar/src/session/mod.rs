@@ -2,6 +2,7 @@
 
 pub mod ask;
 pub mod clients;
+pub mod depends;
 pub mod error;
 mod fanout;
 pub mod lease;

@@ -75,6 +75,10 @@ pub struct Security {
     pub sealed: bool,
     /// SHA-256 (hex) of the session tokens; never the tokens.
     pub token_digests: Vec<String>,
+    /// Who created the session: `owner` (the session API) or `mcp` (a
+    /// `tools/call` on `/mcp`). Absent in sessions stored before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// A session as stored.

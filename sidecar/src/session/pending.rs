@@ -53,6 +53,10 @@ pub struct PendingCall {
     /// session's own agent made it): what resuming them needs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<Frame>,
+    /// For an input, a selection or a confirmation of a tool with
+    /// dependencies: where its orchestration stands (server-side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<crate::session::depends::LookupState>,
 }
 
 /// A helper run suspended at a pending call: the `prompt_agent_*` call
@@ -94,6 +98,13 @@ impl PendingCall {
         if !self.frames.is_empty() {
             v["via"] = serde_json::json!(self.via());
         }
+        if let Some(l) = &self.lookup {
+            if let serde_json::Value::Object(m) = l.shown() {
+                for (k, x) in m {
+                    v[k] = x;
+                }
+            }
+        }
         v
     }
 }
@@ -111,7 +122,13 @@ pub enum Resolution {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
-    /// Nobody answered within `confirmTtl`.
+    /// A selection's answer: the option id as shown.
+    Chosen { option: String },
+    /// The user-owned fields a `needs_input` item asked for.
+    Input {
+        values: serde_json::Map<String, serde_json::Value>,
+    },
+    /// Nobody answered within `confirmTtl`, or what the answer rests on went stale.
     Expired,
     /// The run was cancelled while the call waited.
     Cancelled,
@@ -122,6 +139,8 @@ impl Resolution {
         match self {
             Resolution::Result { .. } => "result",
             Resolution::Approved => "approved",
+            Resolution::Chosen { .. } => "chosen",
+            Resolution::Input { .. } => "input",
             Resolution::Rejected { .. } => "rejected",
             Resolution::Expired => "expired",
             Resolution::Cancelled => "cancelled",
@@ -132,7 +151,10 @@ impl Resolution {
     /// here or at the client).
     pub fn refusal(&self) -> Option<String> {
         match self {
-            Resolution::Result { .. } | Resolution::Approved => None,
+            Resolution::Result { .. }
+            | Resolution::Approved
+            | Resolution::Chosen { .. }
+            | Resolution::Input { .. } => None,
             Resolution::Rejected { reason: Some(r) } => Some(format!(
                 "a person did not approve this call, so it did not run; their reason: {r}"
             )),
@@ -207,6 +229,11 @@ impl Pending {
                 match i.disposition {
                     Disposition::Confirm => format!("a person's approval of {}{via}", i.tool),
                     Disposition::Deferred => format!("the client's result of {}{via}", i.tool),
+                    Disposition::NeedsInput => format!("the user's input to {}{via}", i.tool),
+                    Disposition::NeedsSelection => format!("a person's choice for {}{via}", i.tool),
+                    Disposition::NeedsConfirmation => {
+                        format!("a person's confirmation of {}{via}", i.tool)
+                    }
                 }
             })
             .collect();
@@ -214,32 +241,78 @@ impl Pending {
     }
 }
 
-/// What an answer (`result`, `approve`, `reason`) resolves `item` to, or
-/// why it does not fit the item's disposition (in the client's words).
-pub fn resolution_for(
-    item: &PendingCall,
-    result: Option<&serde_json::Value>,
-    approve: Option<bool>,
-    reason: Option<&str>,
-) -> Result<Resolution, String> {
-    match (item.disposition, result, approve) {
-        (Disposition::Deferred, Some(result), None) => Ok(Resolution::Result {
-            output: match result {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
+/// An answer to a pending call, as the client sent it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reply<'a> {
+    pub result: Option<&'a serde_json::Value>,
+    pub approve: Option<bool>,
+    pub reason: Option<&'a str>,
+    pub choice: Option<&'a str>,
+    pub input: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What an answer resolves `item` to, or why it does not fit the item's
+/// disposition (in the client's words).
+pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, String> {
+    let only = |result: bool, approve: bool, choice: bool, input: bool| {
+        r.result.is_some() == result
+            && r.approve.is_some() == approve
+            && r.choice.is_some() == choice
+            && r.input.is_some() == input
+    };
+    let approval = || match r.approve {
+        Some(true) => Resolution::Approved,
+        _ => Resolution::Rejected {
+            reason: r.reason.map(str::to_string),
+        },
+    };
+    let tool = &item.tool;
+    match item.disposition {
+        Disposition::Deferred if only(true, false, false, false) => Ok(Resolution::Result {
+            output: match r.result {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
             },
         }),
-        (Disposition::Confirm, None, Some(true)) => Ok(Resolution::Approved),
-        (Disposition::Confirm, None, Some(false)) => Ok(Resolution::Rejected {
-            reason: reason.map(str::to_string),
-        }),
-        (Disposition::Deferred, _, _) => Err(format!(
-            "the call of {} is deferred: send its `result` (and no `approve`)",
-            item.tool
+        Disposition::Deferred => Err(format!(
+            "the call of {tool} is deferred: send its `result` (and no `approve`)"
         )),
-        (Disposition::Confirm, _, _) => Err(format!(
-            "the call of {} waits for approval: send `approve: true` or `approve: false` (and no `result`)",
-            item.tool
+        Disposition::Confirm | Disposition::NeedsConfirmation if only(false, true, false, false) => {
+            Ok(approval())
+        }
+        Disposition::Confirm | Disposition::NeedsConfirmation => Err(format!(
+            "the call of {tool} waits for approval: send `approve: true` or `approve: false` (and no `result`)"
+        )),
+        Disposition::NeedsSelection if only(false, false, true, false) => {
+            let id = r.choice.unwrap_or_default();
+            let known = match item.lookup.as_ref().map(|l| &l.ask) {
+                Some(crate::session::depends::Ask::Selection { options, .. }) => {
+                    options.iter().any(|o| o.id == id)
+                }
+                _ => false,
+            };
+            if !known {
+                return Err(format!(
+                    "`{id}` is not one of the options offered for {tool}; send the `id` of one of them"
+                ));
+            }
+            Ok(Resolution::Chosen { option: id.to_string() })
+        }
+        Disposition::NeedsSelection if only(false, true, false, false) && r.approve == Some(false) => {
+            Ok(approval())
+        }
+        Disposition::NeedsSelection => Err(format!(
+            "the call of {tool} waits for a choice: send `choice` with an option's `id` (or `approve: false` to decline)"
+        )),
+        Disposition::NeedsInput if only(false, false, false, true) => Ok(Resolution::Input {
+            values: r.input.cloned().unwrap_or_default(),
+        }),
+        Disposition::NeedsInput if only(false, true, false, false) && r.approve == Some(false) => {
+            Ok(approval())
+        }
+        Disposition::NeedsInput => Err(format!(
+            "the call of {tool} waits for the user's input: send `input` with the missing fields (or `approve: false` to decline)"
         )),
     }
 }
@@ -254,7 +327,7 @@ pub fn call_digest(tool: &str, call: &serde_json::Value, bound_params: &[String]
 }
 
 /// JSON with object keys sorted, whatever order they came in.
-fn canonical(v: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn canonical(v: &serde_json::Value) -> serde_json::Value {
     match v {
         serde_json::Value::Object(m) => {
             let sorted: std::collections::BTreeMap<_, _> =
@@ -336,24 +409,80 @@ mod tests {
     #[test]
     fn an_answer_must_fit_the_disposition() {
         let mut item = call("a", None);
-        let ok = resolution_for(&item, None, Some(false), Some("no"));
+        let r = |result, approve, reason| Reply {
+            result,
+            approve,
+            reason,
+            ..Default::default()
+        };
+        let ok = resolution_for(&item, r(None, Some(false), Some("no")));
         assert_eq!(
             ok,
             Ok(Resolution::Rejected {
                 reason: Some("no".into())
             })
         );
-        assert!(resolution_for(&item, Some(&json!("x")), None, None).is_err());
-        assert!(resolution_for(&item, None, None, None).is_err());
+        let x = json!("x");
+        assert!(resolution_for(&item, r(Some(&x), None, None)).is_err());
+        assert!(resolution_for(&item, r(None, None, None)).is_err());
         item.disposition = Disposition::Deferred;
-        let ok = resolution_for(&item, Some(&json!({"city": "Lyon"})), None, None);
+        let lyon = json!({"city": "Lyon"});
+        let ok = resolution_for(&item, r(Some(&lyon), None, None));
         assert_eq!(
             ok,
             Ok(Resolution::Result {
                 output: r#"{"city":"Lyon"}"#.into()
             })
         );
-        assert!(resolution_for(&item, Some(&json!("x")), Some(true), None).is_err());
+        assert!(resolution_for(&item, r(Some(&x), Some(true), None)).is_err());
+    }
+
+    #[test]
+    fn a_choice_must_name_an_offered_option_and_a_chat_message_may_number_it() {
+        use crate::session::depends::{Ask, Choice, LookupState};
+        let mut item = call("s", None);
+        item.disposition = Disposition::NeedsSelection;
+        let option = |id: &str, label: &str| Choice {
+            id: id.into(),
+            label: label.into(),
+            facts: Default::default(),
+            real: format!("real-{id}"),
+        };
+        let state = LookupState {
+            ask: Ask::Selection {
+                key: "k".into(),
+                lookup: "availability".into(),
+                options: vec![option("opt_1", "10:00"), option("opt_2", "11:00")],
+                note: None,
+            },
+            ..Default::default()
+        };
+        item.lookup = Some(state.clone());
+        let choose = |c: &'static str| Reply {
+            choice: Some(c),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolution_for(&item, choose("opt_2")),
+            Ok(Resolution::Chosen {
+                option: "opt_2".into()
+            })
+        );
+        assert!(resolution_for(&item, choose("real-opt_2")).is_err());
+        assert!(resolution_for(
+            &item,
+            Reply {
+                approve: Some(true),
+                ..Default::default()
+            }
+        )
+        .is_err());
+        assert_eq!(state.option_named(" 2 "), Some("opt_2".into()));
+        assert_eq!(state.option_named("10:00"), Some("opt_1".into()));
+        assert_eq!(state.option_named("3"), None);
+        assert_eq!(state.option_named("10"), None);
+        // The real ids never show.
+        assert!(!state.shown().to_string().contains("real-"));
     }
 
     fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
@@ -369,6 +498,7 @@ mod tests {
             expires_at,
             resolution: None,
             frames: vec![],
+            lookup: None,
         }
     }
 

@@ -17,6 +17,7 @@ use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::params::scrub::Scrubber;
 use crate::params::Values;
+use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::pending::{Frame, PendingCall, Resolution};
 use crate::tools::cache::ToolCache;
 use crate::tools::helpers::{self, HelperEnv};
@@ -49,6 +50,8 @@ pub struct Blocked {
     pub bound_params: Vec<String>,
     /// The helper runs it was made in, outermost first.
     pub frames: Vec<Frame>,
+    /// A tool with dependencies: where its orchestration stands.
+    pub lookup: Option<LookupState>,
 }
 
 /// What one call came to: its result, or calls (inside a helper) that wait.
@@ -85,6 +88,8 @@ pub struct RunContext<'a> {
     pub values: &'a Values,
     pub call: CallContext,
     pub cache: Option<&'a ToolCache>,
+    /// Lookup results of tools' dependencies (none: not kept between calls).
+    pub lookups: Option<&'a LookupCache>,
     pub metrics: &'a Metrics,
     pub max_steps: u32,
     pub stream: bool,
@@ -188,12 +193,17 @@ pub async fn run(
 /// The call as a pending item, if it waits instead of running.
 fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
+    if tool.is_some_and(|t| !t.depends().is_empty()) {
+        // Its inputs are resolved first; a write is confirmed with its facts.
+        return None;
+    }
     let disposition = ctx.agent.disposition(&call.name, tool)?;
     Some(Blocked {
         call: call.clone(),
         disposition,
         bound_params: tool.map(|t| t.bound_params()).unwrap_or_default(),
         frames: Vec::new(),
+        lookup: None,
     })
 }
 
@@ -245,6 +255,44 @@ pub async fn answer_resolved(
             match helpers.iter_mut().find(|(f, _)| f.call_id == frame.call_id) {
                 Some((_, items)) => items.push(inner),
                 None => helpers.push((frame.clone(), vec![inner])),
+            }
+            continue;
+        }
+        if let Some(state) = item.lookup.clone() {
+            let call = ToolCall {
+                id: item.tool_call_id.clone(),
+                name: item.tool.clone(),
+                arguments: item.call.to_string(),
+            };
+            let tool = ctx.tools.iter().find(|t| t.name() == item.tool);
+            let outcome = match (
+                tool,
+                item.resolution
+                    .as_ref()
+                    .and_then(|r| go_on(state, r))
+                    .unwrap_or_else(|| Err("the answer does not fit the call".into())),
+            ) {
+                (Some(tool), Ok(state)) => tokio::select! {
+                    _ = cancel.cancelled() => None,
+                    r = orchestrated(ctx, &call, tool, state) => Some(r),
+                }
+                .unwrap_or_else(|| {
+                    Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
+                }),
+                (None, _) => Outcome::Done(Err(ToolError::Failed(format!(
+                    "there is no tool named `{}` any more",
+                    item.tool
+                )))),
+                (_, Err(why)) => Outcome::Done(Err(ToolError::Failed(why))),
+            };
+            match outcome {
+                Outcome::Done(result) => {
+                    record_result(history, sink, &scrubber, &item.tool_call_id, result).await
+                }
+                Outcome::Blocked(inner) => waiting.extend(inner),
+            }
+            if cancel.is_cancelled() {
+                return Some(RunEnd::Cancelled);
             }
             continue;
         }
@@ -310,6 +358,113 @@ pub async fn answer_resolved(
     (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
 }
 
+/// The lookups one call may take when the agent sets no `maxSteps`, at least.
+const MIN_LOOKUPS: u32 = 16;
+
+/// The orchestration state an answer leads to, or why the call does not run.
+fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
+    use depends::Ask;
+    match (r, &state.ask) {
+        (Resolution::Chosen { option }, Ask::Selection { key, options, .. }) => {
+            let real = options.iter().find(|o| &o.id == option)?.real.clone();
+            state.choices.insert(key.clone(), real);
+        }
+        (Resolution::Input { values }, _) => {
+            if !state.args.is_object() {
+                state.args = json!({});
+            }
+            for (k, v) in values {
+                state.args[k] = v.clone();
+            }
+        }
+        (Resolution::Approved, Ask::Confirmation { prepared, .. }) => {
+            state.approved = Some(prepared.clone());
+        }
+        // What it rested on went stale: resolved again, asked again.
+        (Resolution::Expired, _) => {}
+        (other, _) => {
+            return Some(Err(other
+                .refusal()
+                .unwrap_or_else(|| "the call did not run".into())))
+        }
+    }
+    Some(Ok(state))
+}
+
+/// A tool with dependencies: resolve its inputs (asking when a person must
+/// say), then run it. A write the API refuses as stale (409/410) runs its
+/// lookups again and asks again: it never runs on something else unasked.
+async fn orchestrated(
+    ctx: &RunContext<'_>,
+    call: &ToolCall,
+    tool: &BoundTool,
+    mut state: LookupState,
+) -> Outcome {
+    let own;
+    let cache = match ctx.lookups {
+        Some(c) => c,
+        None => {
+            own = LookupCache::default();
+            &own
+        }
+    };
+    let mut call_ctx = ctx.call.clone();
+    call_ctx.turn_id = call.id.clone();
+    let scrubber = scrubber_for(ctx.values, ctx.tools);
+    let env = depends::Env {
+        tools: ctx.tools,
+        values: ctx.values,
+        call: &call_ctx,
+        cache,
+        scrubber: &scrubber,
+        // `run: step` bounds model turns, not the lookups of one call.
+        max_steps: ctx
+            .agent
+            .spec
+            .max_steps
+            .unwrap_or(ctx.max_steps.max(MIN_LOOKUPS)),
+        now: crate::session::service::now_ms(),
+        confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
+    };
+    let mut fresh = false;
+    loop {
+        match depends::resolve(&env, tool, state.clone(), fresh).await {
+            Step::Ready(args) => {
+                let r = tool.call(args, ctx.values, &call_ctx).await.map(|o| o.text);
+                if let Err(e) = &r {
+                    if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {
+                        tracing::info!(tool = %call.name, "the API refused the prepared call as stale; its lookups run again");
+                        state.choices.clear();
+                        state.approved = None;
+                        state.refreshed = true;
+                        fresh = true;
+                        continue;
+                    }
+                }
+                return Outcome::Done(r);
+            }
+            Step::Wait(disposition, state) => {
+                return Outcome::Blocked(vec![Blocked {
+                    call: call.clone(),
+                    disposition,
+                    bound_params: tool.bound_params(),
+                    frames: Vec::new(),
+                    lookup: Some(state),
+                }])
+            }
+            Step::NoOptions { lookup } => {
+                return Outcome::Done(Ok(json!({
+                    "outcome": "no_options",
+                    "lookup": lookup,
+                    "message": format!("`{lookup}` returned no options, so there is nothing to choose and `{}` did not run; tell the user", call.name),
+                })
+                .to_string()))
+            }
+            Step::Failed(why) => return Outcome::Done(Err(ToolError::Failed(why))),
+        }
+    }
+}
+
 async fn model_turn(
     ctx: &RunContext<'_>,
     request: &ChatRequest,
@@ -373,10 +528,25 @@ async fn dispatch_inner(
     {
         return call_helper(ctx, env, call, history, cancel, None).await;
     }
-    Outcome::Done(run_tool(ctx, call).await)
+    if let Some(tool) = ctx
+        .tools
+        .iter()
+        .find(|t| t.name() == call.name && !t.depends().is_empty())
+    {
+        let state = LookupState {
+            args: call_arguments(call),
+            ..Default::default()
+        };
+        return orchestrated(ctx, call, tool, state).await;
+    }
+    Outcome::Done(run_tool(ctx, call, history).await)
 }
 
-async fn run_tool(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolError> {
+async fn run_tool(
+    ctx: &RunContext<'_>,
+    call: &ToolCall,
+    history: &[ChatMessage],
+) -> Result<String, ToolError> {
     let args: serde_json::Value = call.parse_arguments().map_err(|e| {
         ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
     })?;
@@ -395,7 +565,7 @@ async fn run_tool(ctx: &RunContext<'_>, call: &ToolCall) -> Result<String, ToolE
             return Ok(hit);
         }
     }
-    let mut call_ctx = ctx.call.clone();
+    let mut call_ctx = ctx.call.clone().with_session(history);
     call_ctx.turn_id = call.id.clone();
     let out = tool.call(args, ctx.values, &call_ctx).await?;
     if let (Some(cache), Some(key)) = (ctx.cache, key) {
@@ -461,6 +631,7 @@ async fn call_helper(
             ..ctx.call.clone()
         },
         cache: ctx.cache,
+        lookups: ctx.lookups,
         metrics: ctx.metrics,
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,

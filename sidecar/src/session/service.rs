@@ -134,6 +134,8 @@ pub struct CreateSession {
     pub session_token: bool,
     pub fork: Option<String>,
     pub mode: RunMode,
+    /// Who asks, as the session view's `owner` shows it (default `owner`).
+    pub owner: Option<String>,
     /// With `fork`: copy only the turns before this index.
     pub at_turn: Option<usize>,
 }
@@ -169,6 +171,8 @@ pub struct Service {
     store: Arc<dyn SessionStore>,
     metrics: Arc<Metrics>,
     cache: Option<ToolCache>,
+    /// Results of tools' dependency lookups (each with its own `ttl_ms`).
+    lookups: crate::session::depends::LookupCache,
     cfg: ServiceConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// This process, as runs record who runs them (random, per start).
@@ -214,6 +218,7 @@ impl Service {
             store,
             metrics,
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            lookups: Default::default(),
             cfg,
             live: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
@@ -524,6 +529,7 @@ impl Service {
             security: super::model::Security {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
+                owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
             },
             forked_from: req.fork.clone(),
             runner: None,
@@ -556,6 +562,20 @@ impl Service {
         params: &BTreeMap<String, serde_json::Value>,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
+        // A message that names an option of the one open selection answers it.
+        if let Some(token) = self.chat_choice(id, &prompt).await? {
+            let answer = Answer {
+                session_id: Some(id.to_string()),
+                choice: token.1,
+                params: params.clone(),
+                mode,
+                ..Default::default()
+            };
+            let (_, run) = self.answer(caller, &token.0, answer).await?;
+            if let Some(run) = run {
+                return Ok(run);
+            }
+        }
         let r = self
             .run_request(caller, id, Op::Message, Some(prompt), params, mode)
             .await;
@@ -945,8 +965,10 @@ impl Service {
                 conversation_id: id.to_string(),
                 turn_id: String::new(),
                 agent_id: agent.name.clone(),
+                session_json: None,
             },
             cache: self.cache.as_ref(),
+            lookups: Some(&self.lookups),
             metrics: &self.metrics,
             max_steps: match mode {
                 RunMode::Step => 1,

@@ -49,7 +49,122 @@ pub struct Description {
     #[serde(default)]
     pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
     #[serde(default)]
-    pub postgrest_toolboxes: Vec<serde_json::Value>,
+    pub postgrest_toolboxes: Vec<PostgrestToolboxDescription>,
+    /// Tagged builtin toolboxes; only `SystemToolbox` exists here.
+    #[serde(default)]
+    pub builtin_toolboxes: Vec<serde_json::Value>,
+}
+
+/// A `postgrestToolboxes` entry.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+pub enum PostgrestToolboxDescription {
+    PostgRESTServer(PostgrestServer),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PostgrestServer {
+    pub spec_url: String,
+    pub base_url: String,
+    /// Part of the tools' names; default: the base URL's host and port.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A JWT sent as `Authorization: Bearer …` (also when fetching the spec).
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub allowed_methods: Option<Vec<String>>,
+    #[serde(default, alias = "Secrets")]
+    pub secrets: Vec<ExeSecret>,
+    #[serde(default, alias = "Bindings")]
+    pub bindings: Vec<ExeBinding>,
+}
+
+impl From<PostgrestServer> for super::PostgrestToolbox {
+    fn from(p: PostgrestServer) -> Self {
+        let name = p.name.clone().unwrap_or_else(|| {
+            let host = p
+                .base_url
+                .split("://")
+                .nth(1)
+                .unwrap_or(&p.base_url)
+                .split('/')
+                .next()
+                .unwrap_or_default();
+            let mut n: String = host
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            n.truncate(32);
+            n
+        });
+        let token = p.token.clone();
+        let allowed = p.allowed_methods.clone();
+        let o: OpenApiToolbox = OpenApiServer {
+            spec_url: p.spec_url,
+            base_url: p.base_url,
+            secrets: p.secrets,
+            bindings: p.bindings,
+        }
+        .into();
+        let mut secrets = o.secrets;
+        if let Some(t) = token {
+            secrets.push(OpenApiSecret {
+                source: super::SecretSource::Value(serde_json::Value::String(t)),
+                header: Some(SecretHeader {
+                    name: "Authorization".into(),
+                    template: Some("Bearer {{secret}}".into()),
+                }),
+                query: None,
+                fetch_spec: o.spec.starts_with("http://") || o.spec.starts_with("https://"),
+            });
+        }
+        super::PostgrestToolbox {
+            confirm: None,
+            name,
+            base_url: o.base_url,
+            spec: Some(o.spec),
+            allowed_methods: allowed.unwrap_or_else(|| vec!["GET".to_string()]),
+            timeout_seconds: None,
+            max_response_bytes: None,
+            secrets,
+            bindings: o.bindings,
+        }
+    }
+}
+
+/// agents-exe's `SystemToolbox` description (both spellings of its keys).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct SystemToolboxDescription {
+    #[serde(alias = "Name")]
+    pub name: String,
+    #[serde(default, alias = "Description")]
+    pub description: Option<String>,
+    #[serde(alias = "Capabilities")]
+    pub capabilities: Vec<String>,
+    /// Accepted for compatibility; `env-vars` is refused anyway.
+    #[serde(default, rename = "envVarFilter", alias = "EnvVarFilter")]
+    pub env_var_filter: Option<serde_json::Value>,
+}
+
+/// One `builtinToolboxes` entry as a Bindery toolbox, or why not.
+fn builtin_toolbox(v: serde_json::Value) -> Result<Toolbox, String> {
+    let tag = v["tag"].as_str().unwrap_or("(no tag)").to_string();
+    if tag != "SystemToolbox" {
+        return Err(format!(
+            "builtin toolbox `{tag}` is not supported by Bindery (only `SystemToolbox` is); remove it"
+        ));
+    }
+    let d: SystemToolboxDescription = serde_json::from_value(v["contents"].clone())
+        .map_err(|e| format!("builtin toolbox `SystemToolbox`: {e}"))?;
+    Ok(Toolbox::Builtin(super::BuiltinToolbox {
+        name: d.name,
+        description: d.description,
+        capabilities: d.capabilities,
+        bindings: Vec::new(),
+    }))
 }
 
 #[derive(Deserialize, Debug)]
@@ -114,6 +229,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             headers: BTreeMap::new(),
             confirm: None,
             bindings: Vec::new(),
+            tools: Vec::new(),
         }
     }
 }
@@ -190,6 +306,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             timeout_seconds: None,
             max_response_bytes: None,
             confirm: None,
+            tools: Vec::new(),
             secrets: o
                 .secrets
                 .into_iter()
@@ -307,13 +424,6 @@ impl Description {
     /// The same agent in Bindery's own types. Fails on toolbox kinds this
     /// build cannot run yet, naming them, rather than dropping them.
     pub fn convert(self) -> Result<Converted, String> {
-        if !self.postgrest_toolboxes.is_empty() {
-            return Err(
-                "`postgrestToolboxes` is not supported by this version of Bindery (only bash, OpenAPI and MCP toolboxes are); \
-                 remove it or leave it empty"
-                    .to_string(),
-            );
-        }
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
         let mut toolboxes: Vec<Toolbox> = self
             .bash_toolboxes
@@ -328,6 +438,7 @@ impl Description {
                     script: None,
                     confirm: None,
                     bindings: bindings(d.bindings),
+                    tools: Vec::new(),
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
@@ -335,15 +446,22 @@ impl Description {
                     script: Some(s.path),
                     confirm: None,
                     bindings: bindings(s.bindings),
+                    tools: Vec::new(),
                 }),
             })
             .collect();
         toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
             OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
         }));
+        toolboxes.extend(self.postgrest_toolboxes.into_iter().map(|t| match t {
+            PostgrestToolboxDescription::PostgRESTServer(p) => Toolbox::Postgrest(p.into()),
+        }));
         toolboxes.extend(self.mcp_servers.into_iter().map(|m| match m {
             McpServerDescription::McpSimpleBinary(m) => Toolbox::Mcp(m.into()),
         }));
+        for b in self.builtin_toolboxes {
+            toolboxes.push(builtin_toolbox(b)?);
+        }
         let spec = AgentSpec {
             announce: self.announce,
             model: ModelSpec {
@@ -360,6 +478,7 @@ impl Description {
                 .collect(),
             toolboxes,
             bindings: bindings(self.bindings),
+            tools: Vec::new(),
             confirm: Vec::new(),
             confirm_ttl: None,
             helpers: self
@@ -487,15 +606,48 @@ mod tests {
     }
 
     #[test]
-    fn postgrest_is_still_refused() {
+    fn postgrest_and_system_toolboxes_convert() {
         let file: AgentFile = serde_json::from_value(serde_json::json!({
             "tag": "OpenAIAgentDescription",
-            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m", "postgrestToolboxes": [{}]}
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                "parameters": [{"name": "tenant", "scope": "session"}],
+                "postgrestToolboxes": [{"tag": "PostgRESTServer", "contents": {
+                    "specUrl": "http://127.0.0.1:3000/", "baseUrl": "http://127.0.0.1:3000",
+                    "allowedMethods": ["GET", "POST"], "token": "jwt",
+                    "bindings": [{"arg": "tenant_id", "value": {"tag": "Param", "contents": "tenant"}}]}}],
+                "builtinToolboxes": [{"tag": "SystemToolbox", "contents": {
+                    "name": "system", "description": "System context", "capabilities": ["date"], "envVarFilter": null}}]}
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let [Toolbox::Postgrest(p), Toolbox::Builtin(b)] = c.spec.toolboxes.as_slice() else {
+            panic!("{:?}", c.spec.toolboxes)
+        };
+        assert_eq!(p.name, "127_0_0_1_3000");
+        assert_eq!(p.allowed_methods, ["GET", "POST"]);
+        assert_eq!(p.bindings[0].value, BindingValue::Param("tenant".into()));
+        assert_eq!(p.secrets[0].header.as_ref().unwrap().name, "Authorization");
+        assert!(p.secrets[0].fetch_spec);
+        assert_eq!(
+            (b.name.as_str(), b.capabilities.as_slice()),
+            ("system", &["date".to_string()][..])
+        );
+        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        assert!(diags.is_empty(), "{diags:?}");
+
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                "builtinToolboxes": [{"tag": "SqliteToolbox", "contents": {}}]}
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
         let err = d.convert().err().unwrap();
-        assert!(err.contains("postgrestToolboxes"), "{err}");
+        assert!(
+            err.contains("builtin toolbox `SqliteToolbox` is not supported"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::collections::BTreeMap;
 
 use super::{
-    AgentSpec, Binding, BindingValue, McpToolbox, OpenApiToolbox, Scope, SecretSource, Toolbox,
-    WhenUnbound,
+    AgentSpec, Binding, BindingValue, BuiltinToolbox, McpToolbox, OpenApiToolbox, PostgrestToolbox,
+    Scope, SecretSource, Toolbox, WhenUnbound,
 };
 use crate::diagnostic::Diagnostic;
 use crate::params::valid_name;
@@ -20,6 +20,8 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
         Toolbox::Openapi(o) => return format!("toolbox {} (openapi {})", index + 1, o.spec),
         Toolbox::Mcp(m) => return format!("toolbox {} (mcp {})", index + 1, m.name),
         Toolbox::Deferred(_) => return format!("toolbox {} (deferred)", index + 1),
+        Toolbox::Postgrest(p) => return format!("toolbox {} (postgrest {})", index + 1, p.name),
+        Toolbox::Builtin(b) => return format!("toolbox {} (builtin {})", index + 1, b.name),
     };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
@@ -43,6 +45,8 @@ pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
             Toolbox::Bash(b) => b.confirm.as_ref(),
             Toolbox::Openapi(o) => o.confirm.as_ref(),
             Toolbox::Mcp(m) => m.confirm.as_ref(),
+            Toolbox::Postgrest(p) => p.confirm.as_ref(),
+            Toolbox::Builtin(_) => None,
             Toolbox::Deferred(d) => {
                 out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
                 continue;
@@ -102,11 +106,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             Toolbox::Openapi(o) => {
                 check_openapi(spec, o, &place, &mut diags);
                 check_bindings(spec, &o.bindings, &place, &mut diags);
+                super::depends::check_decls(&o.tools, &place, &mut diags);
                 continue;
             }
             Toolbox::Mcp(m) => {
                 check_mcp(spec, m, &place, &mut diags);
                 check_bindings(spec, &m.bindings, &place, &mut diags);
+                super::depends::check_decls(&m.tools, &place, &mut diags);
                 continue;
             }
             Toolbox::Deferred(d) => {
@@ -118,6 +124,17 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
                         )));
                     }
                 }
+                continue;
+            }
+            Toolbox::Postgrest(p) => {
+                check_postgrest(p, &place, &mut diags);
+                check_openapi(spec, &p.as_openapi(), &place, &mut diags);
+                check_bindings(spec, &p.bindings, &place, &mut diags);
+                continue;
+            }
+            Toolbox::Builtin(b) => {
+                check_builtin(b, &place, &mut diags);
+                check_bindings(spec, &b.bindings, &place, &mut diags);
                 continue;
             }
         };
@@ -132,7 +149,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             )));
         }
         check_bindings(spec, &b.bindings, &place, &mut diags);
+        super::depends::check_decls(&b.tools, &place, &mut diags);
     }
+    super::depends::check_decls(
+        &spec.tools,
+        &format!("{here}, agent-level tools"),
+        &mut diags,
+    );
     check_bindings(
         spec,
         &spec.bindings,
@@ -167,6 +190,62 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         }
     }
     diags
+}
+
+/// The capabilities a builtin toolbox may offer.
+pub const BUILTIN_CAPABILITIES: [&str; 7] = [
+    "date",
+    "hostname",
+    "operating-system",
+    "working-directory",
+    "running-user",
+    "uptime",
+    "process-info",
+];
+
+fn check_builtin(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    if !valid_mcp_name(&b.name) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: a builtin toolbox's `name` is its tool's name (`io_<name>`): use 1 to 32 letters, digits, `_` and `-`"
+        )));
+    }
+    if b.capabilities.is_empty() {
+        diags.push(Diagnostic::error(format!(
+            "{place}: list at least one capability ({})",
+            BUILTIN_CAPABILITIES.join(", ")
+        )));
+    }
+    for c in &b.capabilities {
+        if BUILTIN_CAPABILITIES.contains(&c.as_str()) {
+            continue;
+        }
+        let why = match c.as_str() {
+            "env-vars" => "it would show the model the sidecar's environment, which holds parameter values and tokens".to_string(),
+            "attach-file" | "list-sessions" | "search-sessions" | "read-session" | "get-session-stats" => {
+                "Bindery does not offer it".to_string()
+            }
+            _ => "no such capability".to_string(),
+        };
+        diags.push(Diagnostic::error(format!(
+            "{place}: capability `{c}`: {why}; the capabilities are {}",
+            BUILTIN_CAPABILITIES.join(", ")
+        )));
+    }
+}
+
+fn check_postgrest(p: &PostgrestToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    if !valid_mcp_name(&p.name) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: a PostgREST toolbox's `name` is part of its tools' names (`postgrest_<name>_<method>_<table>`): use 1 to 32 letters, digits, `_` and `-`"
+        )));
+    }
+    for m in &p.allowed_methods {
+        if !["GET", "POST", "PATCH", "DELETE"].contains(&m.as_str()) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: `allowedMethods` holds `{m}`; give GET, POST, PATCH or DELETE (upper case)"
+            )));
+        }
+    }
 }
 
 /// An MCP server's name, as it appears in `mcp_<name>_<tool>`.

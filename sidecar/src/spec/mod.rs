@@ -11,13 +11,16 @@ pub mod agents_exe;
 pub mod checks;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod depends;
 pub mod document;
+pub mod jsonpath;
 
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use depends::{Dependency, ToolDecl};
 pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
 
 /// What an agent is: its model, prompt, parameters, tools and helpers.
@@ -57,6 +60,10 @@ pub struct AgentSpec {
     /// applied after every toolbox's own bindings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by model-visible name (`bash_book`): `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
     /// Sub-agents this agent may prompt, each exposed as `prompt_agent_<slug>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub helpers: Vec<HelperRef>,
@@ -88,7 +95,7 @@ pub struct ConfirmSelector {
 
 /// A toolbox's `confirm`: `writes` (every tool that may change something:
 /// MCP tools not annotated `readOnlyHint: true`, OpenAPI operations other
-/// than GET, HEAD and OPTIONS, every bash tool), or selectors on the
+/// than GET, HEAD and OPTIONS, every bash tool not declared `readOnly`), or selectors on the
 /// tools' names inside the toolbox.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
@@ -235,14 +242,17 @@ impl ValueSource {
 }
 
 /// A source of tools: executables (bash), an HTTP API described by an
-/// OpenAPI document, or an MCP server.
+/// OpenAPI document, a PostgREST server, an MCP server, or tools built
+/// into the sidecar.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum Toolbox {
     Bash(BashToolbox),
     Openapi(OpenApiToolbox),
+    Postgrest(PostgrestToolbox),
     Mcp(McpToolbox),
     Deferred(DeferredToolbox),
+    Builtin(BuiltinToolbox),
 }
 
 /// Tools given by their schema only: the model calls them, the client runs
@@ -270,6 +280,88 @@ pub struct DeferredTool {
 
 fn empty_object_schema() -> serde_json::Value {
     serde_json::json!({"type": "object", "properties": {}})
+}
+
+/// A PostgREST server: one tool per table and allowed method,
+/// `postgrest_<name>_<method>_<table>`. Its arguments (column filters,
+/// `select`, `order`, `limit`, `offset`, body columns) are bound exactly
+/// like an OpenAPI toolbox's.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PostgrestToolbox {
+    /// Part of the tools' names: letters, digits, `_` and `-`.
+    pub name: String,
+    /// Where requests go (PostgREST's root).
+    pub base_url: String,
+    /// The OpenAPI document PostgREST serves (default: `{baseUrl}/`), or a
+    /// file relative to the agent file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
+    /// `GET` (the default), `POST`, `PATCH`, `DELETE`.
+    #[serde(default = "read_only", skip_serializing_if = "is_read_only")]
+    pub allowed_methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+    /// Credentials added to every request (as for OpenAPI), e.g. a JWT as
+    /// `Authorization: Bearer {{secret}}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<OpenApiSecret>,
+    /// Which tools wait for a person's approval before they run (`writes`:
+    /// every method but GET).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "toolbox_confirm_schema")]
+    pub confirm: Option<ToolboxConfirm>,
+    /// Bindings matched against `<method>_<table>` (`get_*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
+}
+
+fn read_only() -> Vec<String> {
+    vec!["GET".to_string()]
+}
+
+fn is_read_only(v: &Vec<String>) -> bool {
+    *v == read_only()
+}
+
+impl PostgrestToolbox {
+    /// The same server as an OpenAPI toolbox: what loading and the checks
+    /// of secrets and bindings share with OpenAPI.
+    pub fn as_openapi(&self) -> OpenApiToolbox {
+        OpenApiToolbox {
+            spec: self
+                .spec
+                .clone()
+                .unwrap_or_else(|| format!("{}/", self.base_url.trim_end_matches('/'))),
+            base_url: self.base_url.clone(),
+            timeout_seconds: self.timeout_seconds,
+            max_response_bytes: self.max_response_bytes,
+            secrets: self.secrets.clone(),
+            confirm: self.confirm.clone(),
+            tools: Vec::new(),
+            bindings: self.bindings.clone(),
+        }
+    }
+}
+
+/// Tools built into the sidecar, in agents-exe's system toolbox's terms:
+/// one tool `io_<name>` whose `capability` argument picks what it reports
+/// (bind it to a literal to offer a single capability).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BuiltinToolbox {
+    /// The tool is `io_<name>`: letters, digits, `_` and `-`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// `date`, `hostname`, `operating-system`, `working-directory`,
+    /// `running-user`, `uptime`, `process-info`.
+    pub capabilities: Vec<String>,
+    /// Bindings matched against `<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
 }
 
 /// An MCP server whose tools the agent gets as `mcp_<name>_<tool>`: a
@@ -302,6 +394,10 @@ pub struct McpToolbox {
     /// Bindings matched against the server's own tool names (`get_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// An HTTP API described by an OpenAPI 3.x document: one tool per operation.
@@ -330,6 +426,10 @@ pub struct OpenApiToolbox {
     /// Bindings matched against the operation's tool name (`list_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// A credential of an OpenAPI toolbox: where its value comes from and where
@@ -442,6 +542,10 @@ pub struct BashToolbox {
     /// Bindings matched against the script's own slug (`query-*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// What the author says about tools by their names inside the toolbox: `readOnly`, and
+    /// the lookups a tool depends on (`depends_on`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDecl>,
 }
 
 /// Ties one tool argument to a parameter or a literal. The argument

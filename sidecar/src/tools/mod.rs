@@ -7,6 +7,7 @@
 //! [`crate::bindings`]).
 
 pub mod bash;
+pub mod builtin;
 pub mod cache;
 pub mod deferred;
 #[cfg(feature = "server")]
@@ -71,6 +72,14 @@ pub enum Disposition {
     Deferred,
     /// A person approves the call (or not) before it runs.
     Confirm,
+    /// A field the user owns is missing or invalid: the client sends it
+    /// (`input`), before any lookup runs.
+    NeedsInput,
+    /// A lookup returned options: a person chooses one (`choice`).
+    NeedsSelection,
+    /// The prepared call of a tool that writes, with its facts: a person
+    /// approves it (or not) before it runs.
+    NeedsConfirmation,
 }
 
 impl Disposition {
@@ -78,6 +87,9 @@ impl Disposition {
         match self {
             Disposition::Deferred => "deferred",
             Disposition::Confirm => "confirm",
+            Disposition::NeedsInput => "needs_input",
+            Disposition::NeedsSelection => "needs_selection",
+            Disposition::NeedsConfirmation => "needs_confirmation",
         }
     }
 }
@@ -118,6 +130,23 @@ pub struct CallContext {
     pub conversation_id: String,
     pub turn_id: String,
     pub agent_id: String,
+    /// The session as the model made it (`{"session_id", "agent",
+    /// "turns"}`), for bash tools' `AGENT_SESSION_JSON`; absent outside a
+    /// session. Turns never hold a bound value, so neither does this.
+    pub session_json: Option<std::sync::Arc<str>>,
+}
+
+impl CallContext {
+    /// Record the conversation so far for the tools of this call.
+    pub fn with_session<T: Serialize>(mut self, turns: &[T]) -> Self {
+        let json = serde_json::json!({
+            "session_id": self.session_id,
+            "agent": self.agent_id,
+            "turns": turns,
+        });
+        self.session_json = Some(json.to_string().into());
+        self
+    }
 }
 
 /// What a tool returns to the model.

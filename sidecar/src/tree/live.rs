@@ -106,6 +106,8 @@ pub struct Assembly {
     /// One entry per toolbox, in order.
     pub parts: Vec<Vec<BoundTool>>,
     pub agent_bindings: Vec<Binding>,
+    /// The agent-level `tools` declarations (`readOnly`, `depends_on`).
+    pub agent_decls: Vec<crate::spec::ToolDecl>,
     pub params: Vec<ParameterDecl>,
     /// `agent.yaml: agent `invoices``.
     pub here: String,
@@ -128,7 +130,7 @@ impl Assembly {
             }
             all.push(t.clone());
         }
-        let (all, more) = rebind(
+        let (mut all, more) = rebind(
             all,
             &self.agent_bindings,
             BindingLayer::Agent,
@@ -136,6 +138,7 @@ impl Assembly {
             &format!("{}, agent-level bindings", self.here),
         );
         diags.extend(more);
+        crate::bindings::depends::apply_agent_decls(&mut all, &self.agent_decls);
         (all, diags)
     }
 }
@@ -231,6 +234,7 @@ mod tests {
                 vec![tool("echo", &[]), tool("sum", &[("a", true)])],
             ],
             agent_bindings: vec![binding("{tool: mcp_s_sum, arg: a, value: {literal: 1}}")],
+            agent_decls: vec![],
             params: vec![],
             here: "here".into(),
         };

@@ -27,6 +27,10 @@ pub struct LoadOptions {
     pub process: ProcessValues,
     pub api_keys: ApiKeys,
     pub limits: Limits,
+    /// A script that cannot describe itself is skipped with a warning
+    /// naming it (as agents-exe does) instead of failing the load: for
+    /// `serve` and `run`; `check` stays strict.
+    pub skip_broken_scripts: bool,
 }
 
 /// Where the agents are.
@@ -388,6 +392,8 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         crate::bindings::apply::agent_typo_level,
         &mut diags,
     );
+    crate::bindings::depends::apply_agent_decls(&mut tools, &p.spec.tools);
+    crate::bindings::depends::check_loaded(&tools, &here, &mut diags);
     for t in tools
         .iter()
         .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
@@ -419,6 +425,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         live::Assembly {
             parts,
             agent_bindings: p.spec.bindings.clone(),
+            agent_decls: p.spec.tools.clone(),
             params: p.spec.parameters.clone(),
             here: here.clone(),
         },
@@ -434,6 +441,18 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         _keep: keep,
     };
     (agent, diags)
+}
+
+/// A script that failed to describe itself: an error, or with
+/// `skip_broken_scripts` a warning saying the tool is left out.
+fn broken_script(place: &str, e: String, opts: &LoadOptions) -> Diagnostic {
+    if opts.skip_broken_scripts {
+        Diagnostic::warning(format!(
+            "{place}: {e}; its tool is left out (`check` fails on this)"
+        ))
+    } else {
+        Diagnostic::error(format!("{place}: {e}"))
+    }
 }
 
 /// Load toolbox `i` of agent `p`, appending its tools (bound by the
@@ -475,22 +494,48 @@ async fn load_toolbox(
                 .await;
             return;
         }
+        Toolbox::Builtin(bt) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let tool = crate::tools::builtin::SystemTool::new(bt);
+            let bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
+            let added = Added {
+                what: "the toolbox `name`",
+                bindings: &bt.bindings,
+                decls: &[],
+                confirm: None,
+                place: &place,
+            };
+            added.add(bound, p, tools, diags);
+            return;
+        }
+        Toolbox::Postgrest(pg) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let o = pg.as_openapi();
+            if let Some(bound) =
+                load_openapi(&o, Some(pg), base, p, params, opts, &place, diags).await
+            {
+                let added = Added {
+                    what: "the table",
+                    bindings: &pg.bindings,
+                    decls: &[],
+                    confirm: pg.confirm.as_ref(),
+                    place: &place,
+                };
+                added.add(bound, p, tools, diags);
+            }
+            return;
+        }
         Toolbox::Openapi(o) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            if let Some(bound) = load_openapi(o, base, p, params, opts, &place, diags).await {
-                check_names(&bound, tools, &place, "operationId", diags);
-                let mut bound = bound;
-                apply_bindings(
-                    &mut bound,
-                    &o.bindings,
-                    BindingLayer::Toolbox,
-                    &p.spec.parameters,
-                    &place,
-                    diags,
-                );
-                apply_toolbox_confirm(&mut bound, o.confirm.as_ref());
-                check_toolbox_confirm(&bound, o.confirm.as_ref(), &place, Level::Error, diags);
-                tools.extend(bound);
+            if let Some(bound) = load_openapi(o, None, base, p, params, opts, &place, diags).await {
+                let added = Added {
+                    what: "operationId",
+                    bindings: &o.bindings,
+                    decls: &o.tools,
+                    confirm: o.confirm.as_ref(),
+                    place: &place,
+                };
+                added.add(bound, p, tools, diags);
             }
             return;
         }
@@ -500,9 +545,10 @@ async fn load_toolbox(
             bash::load_directory(&base.join(dir), b.basename_filter.as_deref(), opts.limits).await
         }
         (None, Some(script)) if b.basename_filter.is_none() => {
-            bash::load_script(&base.join(script), opts.limits)
-                .await
-                .map(|t| (vec![t], Vec::new()))
+            match bash::load_script(&base.join(script), opts.limits).await {
+                Ok(t) => Ok((vec![t], Vec::new())),
+                Err(e) => Ok((Vec::new(), vec![e])),
+            }
         }
         // A malformed toolbox is reported by `spec::checks`.
         _ => return,
@@ -515,27 +561,55 @@ async fn load_toolbox(
             return;
         }
     };
-    diags.extend(
-        errors
-            .into_iter()
-            .map(|e| Diagnostic::error(format!("{place}: {e}"))),
-    );
-    let mut bound: Vec<BoundTool> = found
+    diags.extend(errors.into_iter().map(|e| broken_script(&place, e, opts)));
+    let bound: Vec<BoundTool> = found
         .into_iter()
         .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
         .collect();
-    check_names(&bound, tools, &place, "the script's slug", diags);
-    apply_bindings(
-        &mut bound,
-        &b.bindings,
-        BindingLayer::Toolbox,
-        &p.spec.parameters,
-        &place,
-        diags,
-    );
-    apply_toolbox_confirm(&mut bound, b.confirm.as_ref());
-    check_toolbox_confirm(&bound, b.confirm.as_ref(), &place, Level::Error, diags);
-    tools.extend(bound);
+    let added = Added {
+        what: "the script's slug",
+        bindings: &b.bindings,
+        decls: &b.tools,
+        confirm: b.confirm.as_ref(),
+        place: &place,
+    };
+    added.add(bound, p, tools, diags);
+}
+
+/// A toolbox's tools joining the agent's: their names checked against
+/// the earlier ones (`what` names where a clash comes from), then the
+/// toolbox's own bindings, tool declarations (`readOnly`, `depends_on`)
+/// and `confirm` applied.
+struct Added<'a> {
+    what: &'a str,
+    bindings: &'a [crate::spec::Binding],
+    decls: &'a [crate::spec::ToolDecl],
+    confirm: Option<&'a crate::spec::ToolboxConfirm>,
+    place: &'a str,
+}
+
+impl Added<'_> {
+    fn add(
+        &self,
+        mut bound: Vec<BoundTool>,
+        p: &Pending,
+        tools: &mut Vec<BoundTool>,
+        diags: &mut Vec<Diagnostic>,
+    ) {
+        check_names(&bound, tools, self.place, self.what, diags);
+        apply_bindings(
+            &mut bound,
+            self.bindings,
+            BindingLayer::Toolbox,
+            &p.spec.parameters,
+            self.place,
+            diags,
+        );
+        crate::bindings::depends::apply_toolbox_decls(&mut bound, self.decls);
+        apply_toolbox_confirm(&mut bound, self.confirm);
+        check_toolbox_confirm(&bound, self.confirm, self.place, Level::Error, diags);
+        tools.extend(bound);
+    }
 }
 
 /// The typo guard of a toolbox's `confirm` selectors, on its own tools.
@@ -564,7 +638,10 @@ type Watched = (
     Arc<crate::tools::mcp::McpServer>,
     String,
     Vec<crate::spec::Binding>,
-    Option<crate::spec::ToolboxConfirm>,
+    (
+        Option<crate::spec::ToolboxConfirm>,
+        Vec<crate::spec::ToolDecl>,
+    ),
 );
 
 /// The MCP servers of one agent: started at load, then watched for
@@ -643,6 +720,7 @@ impl McpLoader {
             |_| Level::Warning,
             diags,
         );
+        crate::bindings::depends::apply_toolbox_decls(&mut bound, &m.tools);
         apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
         check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
@@ -651,7 +729,7 @@ impl McpLoader {
             server,
             place.to_string(),
             m.bindings.clone(),
-            m.confirm.clone(),
+            (m.confirm.clone(), m.tools.clone()),
         ));
     }
 
@@ -700,7 +778,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings, confirm) in &servers {
+                for (i, server, place, bindings, (confirm, decls)) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -720,6 +798,7 @@ impl McpLoader {
                                 &asm.params,
                                 place,
                             );
+                            crate::bindings::depends::apply_toolbox_decls(&mut bound, decls);
                             apply_toolbox_confirm(&mut bound, confirm.as_ref());
                             for d in diags {
                                 tracing::warn!("{}", d.message);
@@ -786,8 +865,10 @@ fn check_names(
 
 /// An OpenAPI toolbox's tools, or `None` with the problem reported.
 #[cfg(feature = "server")]
+#[allow(clippy::too_many_arguments)]
 async fn load_openapi(
     o: &crate::spec::OpenApiToolbox,
+    postgrest: Option<&crate::spec::PostgrestToolbox>,
     base: &Path,
     p: &Pending,
     params: &AgentParams,
@@ -795,9 +876,20 @@ async fn load_openapi(
     place: &str,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Vec<BoundTool>> {
+    use crate::tools::openapi;
     // Values known at load (process values and defaults) may fetch the spec.
     let values = params.snapshot(&Values::new(), &Values::new());
-    match crate::tools::openapi::load(o, base, &p.spec.parameters, &values, &opts.api_keys).await {
+    let (decls, keys) = (&p.spec.parameters, &opts.api_keys);
+    let loaded = match postgrest {
+        Some(pg) => {
+            let read = |doc: &serde_json::Value| {
+                openapi::postgrest::operations(doc, &pg.name, &pg.allowed_methods)
+            };
+            openapi::load_with(o, base, decls, &values, keys, read).await
+        }
+        None => openapi::load(o, base, decls, &values, keys).await,
+    };
+    match loaded {
         Ok((tools, warnings)) => {
             diags.extend(
                 warnings
@@ -814,8 +906,10 @@ async fn load_openapi(
 }
 
 #[cfg(not(feature = "server"))]
+#[allow(clippy::too_many_arguments)]
 async fn load_openapi(
     _: &crate::spec::OpenApiToolbox,
+    _: Option<&crate::spec::PostgrestToolbox>,
     _: &Path,
     _: &Pending,
     _: &AgentParams,

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod booking;
 pub mod callbacks;
 
 use std::path::{Path, PathBuf};
@@ -121,6 +122,20 @@ exec sleep 120
 pub async fn create(api: &Api, body: Value) -> Reply {
     api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
         .await
+}
+
+/// An invoices session created with a prompt, its run waited for.
+pub async fn invoices_run(api: &Api) -> Reply {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "prompt": "overdue?", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    r
 }
 
 /// A valid creation body for the invoices agent (no prompt).

@@ -19,6 +19,7 @@ const state = {
   delta: "", // streamed text of the model turn in progress
   refreshing: false,
   dirty: false,
+  pendingKey: "", // which pending calls the cards show
 };
 
 const OWNER_KEY = "bindery.owner-token";
@@ -227,6 +228,7 @@ function openSession(view, shareToken) {
   state.agent = view.agent;
   state.lastEventId = 0;
   state.delta = "";
+  state.pendingKey = null;
   $("chat").hidden = false;
   let title = `Session ${short(view.session_id)} · ${view.agent}`;
   if (view.forked_from) title += ` (fork of ${short(view.forked_from)})`;
@@ -307,6 +309,12 @@ function render(view) {
       }
     }
   }
+  if (view.status === "waiting_external") {
+    for (const p of view.pending || []) {
+      const item = calls.get(p.tool_call_id);
+      if (item) item.querySelector(".tool-state").textContent = "waiting";
+    }
+  }
   if (state.delta) {
     items.push(el("li", { class: "turn assistant streaming" }, el("span", { class: "who" }, view.agent), state.delta));
   }
@@ -317,6 +325,146 @@ function render(view) {
   $("status").textContent = status;
   $("status").className = `status ${view.status}`;
   $("send-button").disabled = view.status === "running";
+  renderPending(view.status === "waiting_external" ? view.pending || [] : []);
+}
+
+// ---------------------------------------------------------------------------
+// Pending calls: a run that waits shows a card per call, with the answer
+// its disposition takes. Only the owner holds continuation tokens; a
+// session-token holder sees the calls without them.
+
+const ASKS = {
+  confirm: "asks for your approval",
+  needs_confirmation: "asks you to confirm",
+  deferred: "waits for its result from you",
+  needs_selection: "asks you to choose",
+  needs_input: "needs more input",
+};
+
+function factList(facts) {
+  const list = el("dl", { class: "facts" });
+  for (const [k, v] of Object.entries(facts || {})) {
+    list.append(el("dt", {}, k), el("dd", {}, typeof v === "string" ? v : JSON.stringify(v)));
+  }
+  return list;
+}
+
+/// Posts one answer, then reads the session again; the event stream
+/// follows the resumed run.
+async function answerPending(card, token, body) {
+  for (const c of card.querySelectorAll("button, input, textarea")) c.disabled = true;
+  try {
+    const view = await api("POST", `/v1/continuations/${encodeURIComponent(token)}`, {
+      ...body,
+      session_id: state.session,
+    });
+    render(view);
+  } catch (e) {
+    for (const c of card.querySelectorAll("button, input, textarea")) c.disabled = false;
+    throw e;
+  }
+  refresh();
+}
+
+function pendingCard(p, n) {
+  const id = `pending-${n}`;
+  const card = el("li", { class: "pending-card", "data-call": p.tool_call_id, "aria-labelledby": `${id}-title` });
+  const title = el(
+    "p",
+    { id: `${id}-title`, class: "pending-title" },
+    el("span", { class: "tool-name" }, p.tool),
+    ` ${ASKS[p.disposition] || p.disposition}`,
+  );
+  if (p.via && p.via.length) title.append(el("span", { class: "hint" }, ` (via ${p.via.join(" → ")})`));
+  card.append(title, el("code", { class: "pending-args" }, JSON.stringify(p.call ?? {})));
+  if (p.note) card.append(el("p", { class: "hint" }, p.note));
+  if (p.facts && Object.keys(p.facts).length) card.append(factList(p.facts));
+  const token = p.continuation_token;
+  if (!token) {
+    card.append(el("p", { class: "hint owner-only" }, "Only the owner can answer this call (open the session with the owner token)."));
+    return card;
+  }
+  const answer = (body) => guarded(() => answerPending(card, token, body));
+  const form = el("form", { class: "pending-answer" });
+  switch (p.disposition) {
+    case "confirm":
+    case "needs_confirmation": {
+      const reason = el("input", { id: `${id}-reason`, type: "text", autocomplete: "off" });
+      const approve = el("button", { type: "submit" }, "Approve");
+      const reject = el("button", { type: "button", class: "reject" }, "Reject");
+      reject.addEventListener("click", () => {
+        const body = { approve: false };
+        if (reason.value.trim()) body.reason = reason.value.trim();
+        answer(body);
+      });
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        answer({ approve: true });
+      });
+      form.append(
+        el("label", { for: reason.id }, "Reason, if you reject (the model reads it)"),
+        reason,
+        el("div", { class: "buttons" }, approve, reject),
+      );
+      break;
+    }
+    case "deferred": {
+      const result = el("textarea", { id: `${id}-result`, rows: 2, required: true });
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        answer({ result: result.value });
+      });
+      form.append(
+        el("label", { for: result.id }, `Result of ${p.tool}`),
+        result,
+        el("button", { type: "submit" }, "Submit result"),
+      );
+      break;
+    }
+    case "needs_selection": {
+      form.addEventListener("submit", (ev) => ev.preventDefault());
+      const options = el("ul", { class: "options", "aria-label": `Options for ${p.tool}` });
+      for (const o of p.options || []) {
+        const button = el("button", { type: "button", class: "option" }, el("span", { class: "option-label" }, o.label || o.id));
+        // A button holds phrasing content only: its facts on one line.
+        const facts = Object.entries(o.facts || {}).map(
+          ([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`,
+        );
+        if (facts.length) button.append(el("span", { class: "option-facts" }, facts.join(" · ")));
+        button.addEventListener("click", () => answer({ choice: o.id }));
+        options.append(el("li", {}, button));
+      }
+      form.append(options);
+      break;
+    }
+    case "needs_input": {
+      const fields = (p.missing || []).map((name) => {
+        const input = el("input", { id: `${id}-in-${name}`, name, type: "text", autocomplete: "off", required: true });
+        return el("div", { class: "field" }, el("label", { for: input.id }, name), input);
+      });
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        const input = {};
+        for (const i of form.querySelectorAll("input")) input[i.name] = i.value;
+        answer({ input });
+      });
+      form.append(...fields, el("button", { type: "submit" }, "Submit"));
+      break;
+    }
+    default:
+      form.append(el("p", { class: "hint" }, `This page cannot answer a "${p.disposition}" call.`));
+  }
+  card.append(form);
+  return card;
+}
+
+/// Redraws the cards only when the calls changed, so what a person typed stays.
+function renderPending(pending) {
+  const key = JSON.stringify(pending.map((p) => [p.tool_call_id, !!p.continuation_token]));
+  if (key === state.pendingKey) return;
+  state.pendingKey = key;
+  $("pending-list").replaceChildren(...pending.map(pendingCard));
+  $("pending").hidden = pending.length === 0;
 }
 
 function renderDelta() {

@@ -256,7 +256,7 @@ async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value
     }))
 }
 
-/// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?}]`.
+/// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?, choice?, input?}]`.
 fn continuation_replies(v: &Value) -> Result<Vec<crate::session::ask::Reply>, String> {
     let bad = || {
         "_meta \"bindery.dev/continuations\" is a list of {\"token\", \"approve\"} or {\"token\", \"result\"}, one per pending item".to_string()
@@ -275,6 +275,8 @@ fn continuation_replies(v: &Value) -> Result<Vec<crate::session::ask::Reply>, St
                 crate::session::service::Answer {
                     result: r.get("result").cloned(),
                     approve,
+                    choice: r["choice"].as_str().map(str::to_string),
+                    input: r["input"].as_object().cloned(),
                     reason: r["reason"].as_str().map(str::to_string),
                     ..Default::default()
                 },

@@ -34,6 +34,10 @@ pub struct Answer {
     /// A confirmation's decision.
     pub approve: Option<bool>,
     pub reason: Option<String>,
+    /// A selection's answer: the `id` of an offered option.
+    pub choice: Option<String>,
+    /// A `needs_input` item's answer: the missing fields.
+    pub input: Option<serde_json::Map<String, serde_json::Value>>,
     /// `false`: record the answer, start no run (a later resume does).
     pub resume: Option<bool>,
     pub params: BTreeMap<String, serde_json::Value>,
@@ -64,11 +68,24 @@ impl Service {
                     nonce: hex::encode(random_key()),
                     token_digest: String::new(),
                     expires_at: ttl
-                        .filter(|_| b.disposition == Disposition::Confirm)
+                        .filter(|_| {
+                            matches!(
+                                b.disposition,
+                                Disposition::Confirm | Disposition::NeedsConfirmation
+                            )
+                        })
                         .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
                     resolution: None,
                     frames: b.frames.clone(),
+                    lookup: b.lookup.clone(),
                 };
+                if let Some(l) = &b.lookup {
+                    // A choice or confirmation lasts no longer than what it rests on.
+                    item.expires_at = match (item.expires_at, l.expires_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
                 item.token_digest = pending::token_digest(&self.token_of(id, &item));
                 item
             })
@@ -78,6 +95,32 @@ impl Service {
     /// The token of a pending item of session `id`.
     fn token_of(&self, id: &str, item: &PendingCall) -> String {
         pending::token_for(&self.cfg.continuation_key, id, &item.id(), &item.nonce)
+    }
+
+    /// When session `id` waits for one choice only and `text` names one of
+    /// its options (a one-based number as shown, or an exact label): the
+    /// item's token and the option's id.
+    pub(super) async fn chat_choice(
+        &self,
+        id: &str,
+        text: &str,
+    ) -> Result<Option<(String, Option<String>)>, ServiceError> {
+        let rec = self.record(id).await?;
+        if rec.status != SessionStatus::WaitingExternal {
+            return Ok(None);
+        }
+        let mut open = rec.pending.open();
+        let (Some(item), None) = (open.next(), open.next()) else {
+            return Ok(None);
+        };
+        if item.disposition != Disposition::NeedsSelection {
+            return Ok(None);
+        }
+        Ok(item
+            .lookup
+            .as_ref()
+            .and_then(|l| l.option_named(text))
+            .map(|option| (self.token_of(id, item), Some(option))))
     }
 
     /// The open pending items as the API shows them, with their tokens
@@ -211,14 +254,19 @@ impl Service {
         if item.expires_at.is_some_and(|t| t <= now_ms()) {
             drop(guard);
             self.expire_session(id).await?;
-            return Err(ServiceError::new(
-                409,
-                "continuation_expired",
+            let why = if item.lookup.is_some() {
+                format!(
+                    "the {} for {} rested on lookups that went stale (their ttl_ms passed); they run again and the session asks anew: answer the new pending item",
+                    item.disposition.as_str(),
+                    item.tool
+                )
+            } else {
                 format!(
                     "the call of {} waited longer than the agent's confirmTtl and was closed as not approved",
                     item.tool
-                ),
-            ));
+                )
+            };
+            return Err(ServiceError::new(409, "continuation_expired", why));
         }
         let agent = self.agent(&rec.agent)?.clone();
         // The agent whose tool it is: the session's, or a helper's.
@@ -246,9 +294,13 @@ impl Service {
         }
         let resolution = pending::resolution_for(
             &item,
-            answer.result.as_ref(),
-            answer.approve,
-            answer.reason.as_deref(),
+            pending::Reply {
+                result: answer.result.as_ref(),
+                approve: answer.approve,
+                reason: answer.reason.as_deref(),
+                choice: answer.choice.as_deref(),
+                input: answer.input.as_ref(),
+            },
         )
         .map_err(ServiceError::bad_request)?;
         let last = rec.pending.open().count() == 1;
@@ -396,7 +448,8 @@ impl Service {
                 && rec
                     .pending
                     .open()
-                    .any(|i| i.expires_at.is_some_and(|t| t <= now));
+                    // A stale choice is asked again only when someone answers it.
+                    .any(|i| i.lookup.is_none() && i.expires_at.is_some_and(|t| t <= now));
             if due && self.expire_session(&rec.id).await? {
                 n += 1;
             }

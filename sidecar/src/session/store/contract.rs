@@ -99,6 +99,7 @@ pub fn full_record() -> SessionRecord {
         security: Security {
             sealed: true,
             token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
+            owner: Some("mcp".to_owned()),
         },
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
@@ -123,6 +124,21 @@ pub fn full_record() -> SessionRecord {
                     arguments: r#"{"what":"delete a.txt"}"#.into(),
                     history: vec![ChatMessage::user("delete a.txt")],
                 }],
+                // Where a dependency's orchestration stands round-trips too.
+                lookup: Some(crate::session::depends::LookupState {
+                    args: json!({"date": "2026-10-01"}),
+                    choices: [("bash_book/1:availability".to_string(), "slot-a".to_string())]
+                        .into(),
+                    context: "ab".repeat(32),
+                    approved: None,
+                    refreshed: true,
+                    ask: crate::session::depends::Ask::Confirmation {
+                        prepared: "cd".repeat(32),
+                        facts: json!({"time": "10:00"}).as_object().cloned().unwrap(),
+                        note: None,
+                    },
+                    expires_at: Some(1_700_000_030_000),
+                }),
             }],
             used: vec!["34".repeat(32)],
         },

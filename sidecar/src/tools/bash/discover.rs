@@ -44,6 +44,17 @@ pub async fn load_directory(
     Ok((tools, errors))
 }
 
+/// What a script printed for `describe`, read (pure: the fuzz targets in
+/// tests/proptest_parsers.rs drive it).
+pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, String> {
+    let info: ScriptInfo = serde_json::from_slice(stdout)
+        .map_err(|e| format!("`describe` did not print a valid tool description: {e}"))?;
+    if info.slug.is_empty() {
+        return Err("`describe` gave an empty slug".to_string());
+    }
+    Ok(info)
+}
+
 /// Run `path describe` and read its description.
 pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String> {
     let shown = path.display();
@@ -78,11 +89,6 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let info: ScriptInfo = serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!("script {shown}: `describe` did not print a valid tool description: {e}")
-    })?;
-    if info.slug.is_empty() {
-        return Err(format!("script {shown}: `describe` gave an empty slug"));
-    }
+    let info = parse_description(&out.stdout).map_err(|e| format!("script {shown}: {e}"))?;
     Ok(BashTool::new(path.to_path_buf(), info, limits))
 }

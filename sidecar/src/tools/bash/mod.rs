@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use discover::{load_directory, load_script};
-pub use protocol::{Arity, EmptyResult, Mode, ScriptArg, ScriptInfo};
+pub use discover::{load_directory, load_script, parse_description};
+pub use protocol::{env_var_name, Arity, EmptyResult, Mode, ScriptArg, ScriptInfo};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 

@@ -220,8 +220,12 @@ fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError>
     Ok(inv)
 }
 
-fn context_env(ctx: &CallContext) -> [(String, String); 4] {
-    [
+/// The longest `AGENT_SESSION_JSON` passed: Linux refuses a single
+/// environment string past 128 KiB (`E2BIG`), which would fail the call.
+const MAX_SESSION_JSON: usize = 120 * 1024;
+
+fn context_env(ctx: &CallContext) -> Vec<(String, String)> {
+    let mut env = vec![
         ("AGENT_SESSION_ID".to_string(), ctx.session_id.clone()),
         (
             "AGENT_CONVERSATION_ID".to_string(),
@@ -229,7 +233,18 @@ fn context_env(ctx: &CallContext) -> [(String, String); 4] {
         ),
         ("AGENT_TURN_ID".to_string(), ctx.turn_id.clone()),
         ("AGENT_AGENT_ID".to_string(), ctx.agent_id.clone()),
-    ]
+    ];
+    match &ctx.session_json {
+        Some(json) if json.len() <= MAX_SESSION_JSON => {
+            env.push(("AGENT_SESSION_JSON".to_string(), json.to_string()))
+        }
+        Some(json) => tracing::debug!(
+            bytes = json.len(),
+            "AGENT_SESSION_JSON left out: the session is too long for one environment variable"
+        ),
+        None => {}
+    }
+    env
 }
 
 pub(super) async fn run(
@@ -239,7 +254,7 @@ pub(super) async fn run(
 ) -> Result<ToolOutput, ToolError> {
     let inv = invocation(tool, &args)?;
     drop(args);
-    let mut env: Vec<(String, String)> = context_env(ctx).into();
+    let mut env = context_env(ctx);
     env.extend(inv.env);
     let name = tool.spec.name.as_str();
     let path = tool.path.display().to_string();

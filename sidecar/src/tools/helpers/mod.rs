@@ -657,6 +657,52 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_with_never_reaches_a_command_line() {
+        use super::narrowing::tests::{arg, tool};
+        use crate::bindings::AppliedBinding;
+        use crate::params::SecretString;
+        use crate::spec::WhenUnbound;
+        use crate::tools::bash::Mode;
+        use crate::tools::Transport;
+        // The helper's file binds its plain parameter `note` to a
+        // positional argument and `key` to an env one.
+        let tool = tool(
+            "bash_probe",
+            vec![
+                arg("note", "string", Transport::Bash(Mode::Positional)),
+                arg("key", "string", Transport::Bash(Mode::Env)),
+            ],
+        )
+        .with_bindings([
+            AppliedBinding {
+                arg: "note".into(),
+                value: BoundValue::Param("note".into()),
+                when_unbound: WhenUnbound::Fail,
+            },
+            AppliedBinding {
+                arg: "key".into(),
+                value: BoundValue::Param("key".into()),
+                when_unbound: WhenUnbound::Fail,
+            },
+        ]);
+        let secret = || ParamValue::Secret(SecretString::new("canary-7f3a9c"));
+        let plain = Values::from([("note".to_string(), ParamValue::Plain(json!("hi")))]);
+        assert!(check_secret_argv(std::slice::from_ref(&tool), &plain).is_ok());
+        let key = Values::from([("key".to_string(), secret())]);
+        assert!(check_secret_argv(std::slice::from_ref(&tool), &key).is_ok());
+        // A caller's `with` made `note` secret: refused, naming it, never the value.
+        let note = Values::from([("note".to_string(), secret())]);
+        let err = check_secret_argv(std::slice::from_ref(&tool), &note)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`with.note`: a secret value, and `note` of `bash_probe` is passed on the command line (positional)"),
+            "{err}"
+        );
+        assert!(!err.contains("canary"));
+    }
+
+    #[test]
     fn the_derive_table_is_a_fold_over_successful_calls() {
         let args = |slug: &str, repo: &str| json!({"from": "mid", "slug": slug, "bindings": [{"arg": "repo", "value": {"tag": "Literal", "contents": repo}}]});
         let history = vec![

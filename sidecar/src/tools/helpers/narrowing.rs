@@ -329,7 +329,7 @@ pub fn bound_here(inherited: &[ScopedBinding]) -> BTreeSet<(Option<String>, Stri
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -406,9 +406,20 @@ mod tests {
         );
     }
 
-    /// A tool with a positional, an env and an integer JSON argument.
-    fn tools() -> Vec<BoundTool> {
-        use crate::tools::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+    /// An argument of type `ty` that travels by `transport`.
+    pub(in crate::tools::helpers) fn arg(name: &str, ty: &str, transport: Transport) -> ArgSpec {
+        ArgSpec {
+            name: name.into(),
+            description: String::new(),
+            required: false,
+            schema: json!({"type": ty}),
+            transport,
+        }
+    }
+
+    /// A tool that only describes itself.
+    pub(in crate::tools::helpers) fn tool(name: &str, args: Vec<ArgSpec>) -> BoundTool {
+        use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
         struct T(ToolSpec);
         #[async_trait::async_trait]
         impl Tool for T {
@@ -419,32 +430,27 @@ mod tests {
                 unreachable!()
             }
         }
-        let arg = |name: &str, ty: &str, transport| ArgSpec {
-            name: name.into(),
-            description: String::new(),
-            required: false,
-            schema: json!({"type": ty}),
-            transport,
-        };
-        let spec = |name: &str, args| ToolSpec {
+        BoundTool::new(std::sync::Arc::new(T(ToolSpec {
             name: name.into(),
             local_name: name.into(),
             description: String::new(),
             args,
             writes: true,
-        };
+        })))
+    }
+
+    /// A tool with a positional and an env argument, and one with an
+    /// integer JSON argument.
+    fn tools() -> Vec<BoundTool> {
         vec![
-            BoundTool::new(std::sync::Arc::new(T(spec(
+            tool(
                 "bash_probe",
                 vec![
                     arg("repo", "string", Transport::Bash(Mode::Positional)),
                     arg("token", "string", Transport::Bash(Mode::Env)),
                 ],
-            )))),
-            BoundTool::new(std::sync::Arc::new(T(spec(
-                "get_item",
-                vec![arg("limit", "integer", Transport::Json)],
-            )))),
+            ),
+            tool("get_item", vec![arg("limit", "integer", Transport::Json)]),
         ]
     }
 

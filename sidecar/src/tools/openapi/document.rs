@@ -7,11 +7,16 @@ use serde_json::{json, Map, Value};
 use crate::tools::{ArgSpec, ToolSpec, Transport};
 
 /// Where an argument goes in the request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
     Path,
     Query,
     Body,
+    /// A PostgREST column filter: `?col=op.value`, a bare value meaning `eq.`.
+    Filter,
+    /// A body field under another name than the argument's (PostgREST's
+    /// `set_<col>` on PATCH, whose filters already use `<col>`).
+    BodyField(String),
 }
 
 /// One operation, ready to become a tool.
@@ -26,6 +31,8 @@ pub struct Operation {
     pub locations: Vec<(String, Location)>,
     /// The operation takes a JSON body (even with no argument in it).
     pub has_body: bool,
+    /// Fixed request headers (PostgREST's `Prefer`).
+    pub headers: Vec<(String, String)>,
 }
 
 const METHODS: [&str; 8] = [
@@ -243,6 +250,7 @@ fn operation(
         path: path.to_string(),
         locations,
         has_body,
+        headers: Vec::new(),
     })
 }
 

@@ -12,6 +12,7 @@
 //! request is logged as its method, path template, status and duration.
 
 pub mod document;
+pub mod postgrest;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -199,9 +200,24 @@ impl OpenApiTool {
                 Location::Body => {
                     body.insert(name.clone(), json_of(v));
                 }
+                Location::BodyField(field) => {
+                    body.insert(field.clone(), json_of(v));
+                }
+                Location::Filter => match v.plain() {
+                    Some(serde_json::Value::Null) => {}
+                    _ => query.push((name.clone(), postgrest::filter_value(&text_of(v)))),
+                },
             }
         }
         let mut headers = Vec::new();
+        for (k, v) in &self.op.headers {
+            if let (Ok(k), Ok(v)) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                headers.push((k, v));
+            }
+        }
         for s in &self.shared.secrets {
             let value = match &s.value {
                 SecretValue::Loaded(v) => v.expose().to_string(),
@@ -376,6 +392,18 @@ pub async fn load(
     values: &Values,
     api_keys: &ApiKeys,
 ) -> Result<(Vec<BoundTool>, Vec<String>), String> {
+    load_with(tb, base, params, values, api_keys, operations).await
+}
+
+/// [`load`] with another reading of the document (PostgREST's).
+pub async fn load_with(
+    tb: &OpenApiToolbox,
+    base: &Path,
+    params: &[ParameterDecl],
+    values: &Values,
+    api_keys: &ApiKeys,
+    to_operations: impl FnOnce(&serde_json::Value) -> Result<(Vec<Operation>, Vec<String>), String>,
+) -> Result<(Vec<BoundTool>, Vec<String>), String> {
     let timeout = tb
         .timeout_seconds
         .map(Duration::from_secs)
@@ -429,7 +457,7 @@ pub async fn load(
     }
 
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
-    let (ops, warnings) = operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    let (ops, warnings) = to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
     let shared = Arc::new(Shared {
         base_url: tb.base_url.clone(),
         client,

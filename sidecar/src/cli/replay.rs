@@ -1,0 +1,211 @@
+//! `replay-tool-call`: run one tool call of a saved session again, against
+//! a bash script, as agents-exe's command of that name does. The session
+//! file is what `GET /v1/sessions/:id` answers (or agents-exe's session
+//! file: JSON lines, the last one the session); calls are numbered from 0
+//! across the whole session, in order.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::Value;
+
+use crate::tools::bash::{load_script, Limits};
+use crate::tools::{CallArgs, CallContext, Tool};
+
+/// One call the model made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedCall {
+    pub index: usize,
+    /// The turn it appears in, from 1.
+    pub turn: usize,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// Every tool call in a session document, in order. Arguments given as a
+/// JSON string (OpenAI's form) are parsed; an unparsable string is kept.
+pub fn recorded_calls(doc: &Value) -> Vec<RecordedCall> {
+    let turns = doc
+        .pointer("/session/turns")
+        .or_else(|| doc.get("turns"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut calls = Vec::new();
+    for (i, turn) in turns.iter().enumerate() {
+        let mut found = Vec::new();
+        collect_calls(turn, &mut found);
+        for (name, arguments) in found {
+            calls.push(RecordedCall {
+                index: calls.len(),
+                turn: i + 1,
+                name,
+                arguments,
+            });
+        }
+    }
+    calls
+}
+
+/// Objects shaped `{"function": {"name", "arguments"}}`, depth first.
+fn collect_calls(v: &Value, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(f) = o.get("function") {
+                if let (Some(name), Some(args)) = (f["name"].as_str(), f.get("arguments")) {
+                    let args = match args {
+                        Value::String(s) => serde_json::from_str(s).unwrap_or(args.clone()),
+                        other => other.clone(),
+                    };
+                    out.push((name.to_string(), args));
+                    return;
+                }
+            }
+            o.values().for_each(|x| collect_calls(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_calls(x, out)),
+        _ => {}
+    }
+}
+
+/// A session file: one JSON document, or JSON lines whose last is the session.
+pub fn read_session(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("error: cannot read session file {}: {e}", path.display()))?;
+    if let Ok(v) = serde_json::from_str(&text) {
+        return Ok(v);
+    }
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .ok_or_else(|| {
+            format!(
+                "error: no session in {} (the file is empty)",
+                path.display()
+            )
+        })?;
+    serde_json::from_str(last).map_err(|e| {
+        format!(
+            "error: {} is neither a session (as GET /v1/sessions/ID answers) nor JSON lines ending with one: {e}",
+            path.display()
+        )
+    })
+}
+
+pub async fn replay(
+    session: &Path,
+    index: usize,
+    tool: &Path,
+    validate_only: bool,
+    raw: bool,
+) -> Result<ExitCode, String> {
+    let doc = read_session(session)?;
+    let calls = recorded_calls(&doc);
+    let Some(call) = calls.get(index) else {
+        let available = if calls.is_empty() {
+            "none".to_string()
+        } else {
+            format!("0 to {}", calls.len() - 1)
+        };
+        return Err(format!(
+            "error: session file {} has no tool call {index} (available: {available})",
+            session.display()
+        ));
+    };
+    let script = load_script(tool, Limits::default())
+        .await
+        .map_err(|e| format!("error: {e}"))?;
+    let Value::Object(map) = &call.arguments else {
+        return Err(format!(
+            "error: tool call {index} ({}) has arguments that are not a JSON object",
+            call.name
+        ));
+    };
+    let missing: Vec<&str> = script
+        .spec()
+        .args
+        .iter()
+        .filter(|a| a.required && !map.contains_key(&a.name))
+        .map(|a| a.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        println!(
+            "✗ Tool call {index} ({}) does not fit {} ({}): missing required argument{} {}",
+            call.name,
+            tool.display(),
+            script.spec().local_name,
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", ")
+        );
+        println!("  A bound argument is not in the session: replay it through its bindings with `tool-call --agent-file … --tool {} --args '{}'`.", call.name, call.arguments);
+        return Ok(ExitCode::FAILURE);
+    }
+    if !raw {
+        println!("✓ Tool call validation passed");
+        println!("Tool: {}", script.spec().local_name);
+        println!("Arguments: {}", call.arguments);
+    }
+    if validate_only {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let args: CallArgs = map
+        .iter()
+        .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
+        .collect();
+    let id = format!("replay-{}", std::process::id());
+    let ctx = CallContext {
+        session_id: doc["session_id"].as_str().unwrap_or(&id).to_string(),
+        conversation_id: id.clone(),
+        turn_id: id,
+        agent_id: doc["agent"].as_str().unwrap_or_default().to_string(),
+        session_json: None,
+    };
+    if !raw {
+        println!("\nExecuting tool...\n");
+    }
+    match script.call(args, &ctx).await {
+        Ok(out) if raw => {
+            println!("{}", out.text);
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(out) => {
+            println!("=== Tool Output ===");
+            println!("{}", out.text.trim_end_matches('\n'));
+            println!("===================");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(format!("error: tool execution failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn calls_are_numbered_across_the_session() {
+        let doc = json!({"session": {"turns": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "bash_x", "arguments": "{\"q\":1}"}},
+                {"id": "b", "type": "function", "function": {"name": "bash_y", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "r"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "bash_x", "arguments": {"q": 2}}}]},
+        ]}});
+        let calls = recorded_calls(&doc);
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.index, c.turn, c.name.as_str(), c.arguments.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                (0, 2, "bash_x", json!({"q": 1})),
+                (1, 2, "bash_y", json!({})),
+                (2, 4, "bash_x", json!({"q": 2})),
+            ]
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! Builtin toolboxes: tools the sidecar answers itself, agents-exe's
+//! `io_<slug>` tools. One toolbox is one tool, `io_<name>`, whose
+//! `capability` argument picks what it reports (agents-exe's system
+//! toolbox: the date, the host name, …). Being an ordinary [`Tool`], it
+//! gets bindings through the same combinator: bind `capability` to a
+//! literal and the model sees a tool without arguments.
+//!
+//! Nothing here reads the sidecar's environment: it holds parameter values
+//! and tokens (`env-vars` is refused at load, see `spec::checks`).
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+use crate::spec::BuiltinToolbox;
+
+pub struct SystemTool {
+    spec: ToolSpec,
+    capabilities: Vec<String>,
+}
+
+impl SystemTool {
+    pub fn new(tb: &BuiltinToolbox) -> SystemTool {
+        let spec = ToolSpec {
+            name: format!("io_{}", tb.name),
+            local_name: tb.name.clone(),
+            description: tb.description.clone().unwrap_or_else(|| {
+                format!("Reports about the system: {}.", tb.capabilities.join(", "))
+            }),
+            args: vec![ArgSpec {
+                name: "capability".into(),
+                description: "what to report".into(),
+                required: true,
+                schema: json!({"type": "string", "enum": tb.capabilities, "description": "what to report"}),
+                transport: Transport::Json,
+            }],
+            writes: false,
+        };
+        SystemTool {
+            spec,
+            capabilities: tb.capabilities.clone(),
+        }
+    }
+}
+
+/// What one capability reports (Linux facts from `/proc`).
+pub fn report(capability: &str) -> Result<Value, String> {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    match capability {
+        "date" => {
+            let now = SystemTime::now();
+            let unix = now
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            Ok(json!({"utc": rfc3339(unix), "unix": unix}))
+        }
+        "hostname" => read("/proc/sys/kernel/hostname")
+            .or_else(|_| read("/etc/hostname"))
+            .map(|h| json!({"hostname": h}))
+            .map_err(|e| format!("cannot read the host name: {e}")),
+        "operating-system" => {
+            let pretty = read("/etc/os-release").ok().and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                    .map(|v| v.trim_matches('"').to_string())
+            });
+            Ok(
+                json!({"os": std::env::consts::OS, "arch": std::env::consts::ARCH,
+                      "family": std::env::consts::FAMILY, "release": pretty}),
+            )
+        }
+        "working-directory" => std::env::current_dir()
+            .map(|d| json!({"path": d.display().to_string()}))
+            .map_err(|e| format!("cannot read the working directory: {e}")),
+        "running-user" => {
+            let status = read("/proc/self/status").unwrap_or_default();
+            let id = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            Ok(json!({"uid": id("Uid:"), "gid": id("Gid:")}))
+        }
+        "uptime" => read("/proc/uptime")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+            .map(|s| json!({"seconds": s}))
+            .ok_or_else(|| "cannot read the uptime".to_string()),
+        "process-info" => Ok(json!({"pid": std::process::id(),
+                                    "ppid": nix::unistd::getppid().as_raw()})),
+        other => Err(format!("unknown capability `{other}`")),
+    }
+}
+
+/// `2026-11-30T11:15:33Z` for seconds since the Unix epoch (UTC).
+fn rfc3339(unix: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[async_trait]
+impl Tool for SystemTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: CallArgs, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let capability = match args.get("capability").and_then(|v| v.plain()) {
+            Some(Value::String(c)) => c.clone(),
+            _ => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "`capability` must be one of {}",
+                    self.capabilities.join(", ")
+                )))
+            }
+        };
+        if !self.capabilities.contains(&capability) {
+            return Err(ToolError::InvalidArguments(format!(
+                "capability `{capability}` is not enabled here; use one of {}",
+                self.capabilities.join(", ")
+            )));
+        }
+        let started = Instant::now();
+        let data = report(&capability).map_err(ToolError::Failed)?;
+        let out = json!({"capability": capability, "data": data,
+                         "executionTime": started.elapsed().as_secs_f64()});
+        Ok(ToolOutput {
+            text: out.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_796_037_333), "2026-11-30T11:15:33Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn every_capability_reports() {
+        for c in crate::spec::checks::BUILTIN_CAPABILITIES {
+            let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
+            assert!(v.is_object(), "{c}: {v}");
+        }
+        assert!(report("env-vars").is_err());
+    }
+}
