@@ -173,12 +173,7 @@ pub async fn run(
             };
             let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
             for (call, outcome) in now.iter().zip(results) {
-                match outcome {
-                    Outcome::Done(result) => {
-                        record_result(history, sink, &scrubber, &call.id, result).await
-                    }
-                    Outcome::Blocked(inner) => waiting.extend(inner),
-                }
+                settle(history, sink, &scrubber, &call.id, outcome, &mut waiting).await;
             }
             if !waiting.is_empty() {
                 return RunEnd::Blocked(waiting);
@@ -205,6 +200,22 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
         frames: Vec::new(),
         lookup: None,
     })
+}
+
+/// A call's outcome: recorded if it is done, or the calls it waits for
+/// added to `waiting`.
+async fn settle(
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    scrubber: &Scrubber,
+    id: &str,
+    outcome: Outcome,
+    waiting: &mut Vec<Blocked>,
+) {
+    match outcome {
+        Outcome::Done(result) => record_result(history, sink, scrubber, id, result).await,
+        Outcome::Blocked(inner) => waiting.extend(inner),
+    }
 }
 
 /// Append a call's outcome to the history, the store and the stream,
@@ -285,12 +296,15 @@ pub async fn answer_resolved(
                 )))),
                 (_, Err(why)) => Outcome::Done(Err(ToolError::Failed(why))),
             };
-            match outcome {
-                Outcome::Done(result) => {
-                    record_result(history, sink, &scrubber, &item.tool_call_id, result).await
-                }
-                Outcome::Blocked(inner) => waiting.extend(inner),
-            }
+            settle(
+                history,
+                sink,
+                &scrubber,
+                &item.tool_call_id,
+                outcome,
+                &mut waiting,
+            )
+            .await;
             if cancel.is_cancelled() {
                 return Some(RunEnd::Cancelled);
             }
@@ -320,12 +334,15 @@ pub async fn answer_resolved(
             }
             None => continue,
         };
-        match outcome {
-            Outcome::Done(result) => {
-                record_result(history, sink, &scrubber, &item.tool_call_id, result).await
-            }
-            Outcome::Blocked(inner) => waiting.extend(inner),
-        }
+        settle(
+            history,
+            sink,
+            &scrubber,
+            &item.tool_call_id,
+            outcome,
+            &mut waiting,
+        )
+        .await;
         if cancel.is_cancelled() {
             return Some(RunEnd::Cancelled);
         }
@@ -345,12 +362,16 @@ pub async fn answer_resolved(
             history: frame.history.clone(),
             resolved: &items,
         };
-        match call_helper(ctx, env, &call, history, cancel, Some(resume)).await {
-            Outcome::Done(result) => {
-                record_result(history, sink, &scrubber, &frame.call_id, result).await
-            }
-            Outcome::Blocked(inner) => waiting.extend(inner),
-        }
+        let outcome = call_helper(ctx, env, &call, history, cancel, Some(resume)).await;
+        settle(
+            history,
+            sink,
+            &scrubber,
+            &frame.call_id,
+            outcome,
+            &mut waiting,
+        )
+        .await;
         if cancel.is_cancelled() {
             return Some(RunEnd::Cancelled);
         }
