@@ -395,7 +395,9 @@ class Kubelet:
     async def _keep_running(self, pod: Pod, name: str, argv: list[str], env: dict[str, str],
                             mounts: list[tuple[Path, str, bool]], extra: dict[str, Any]) -> None:
         container = pod.containers[name]
-        script = ['set -e']
+        # The program is opened before any mount: an emptyDir at /tmp hides it
+        # when the workspace (and so the built binary) lives below /tmp.
+        script = ['set -e', 'exec 3<"$1"', 'shift']
         # A mount over an ancestor of the Pods' directory (an emptyDir at /tmp)
         # would hide the other volumes' directories: it comes last.
         shadows = lambda m: str(self.root.resolve()).startswith(m[1].rstrip('/') + '/')  # noqa: E731
@@ -403,7 +405,7 @@ class Kubelet:
             script.append(f'mkdir -p {shlex.quote(target)} && mount --bind {shlex.quote(str(source))} {shlex.quote(target)}')
             if read_only:
                 script.append(f'mount -o remount,bind,ro {shlex.quote(target)}')
-        script.append('exec "$@"')
+        script.append('exec /proc/self/fd/3 "$@"')
         logs = pod.dir / f'{name}.log'
         probe_task = asyncio.get_running_loop().create_task(self._probe(pod, container, extra))
         try:
