@@ -269,14 +269,14 @@ pub async fn answer_resolved(
             }
             continue;
         }
-        if let Some(state) = item.lookup.clone() {
+        let outcome = if let Some(state) = item.lookup.clone() {
             let call = ToolCall {
                 id: item.tool_call_id.clone(),
                 name: item.tool.clone(),
                 arguments: item.call.to_string(),
             };
             let tool = ctx.tools.iter().find(|t| t.name() == item.tool);
-            let outcome = match (
+            match (
                 tool,
                 item.resolution
                     .as_ref()
@@ -295,44 +295,32 @@ pub async fn answer_resolved(
                     item.tool
                 )))),
                 (_, Err(why)) => Outcome::Done(Err(ToolError::Failed(why))),
-            };
-            settle(
-                history,
-                sink,
-                &scrubber,
-                &item.tool_call_id,
-                outcome,
-                &mut waiting,
-            )
-            .await;
-            if cancel.is_cancelled() {
-                return Some(RunEnd::Cancelled);
             }
-            continue;
-        }
-        let outcome = match item.resolution.as_ref() {
-            Some(Resolution::Result { output }) => Outcome::Done(Ok(output.clone())),
-            Some(Resolution::Approved) => {
-                let call = ToolCall {
-                    id: item.tool_call_id.clone(),
-                    name: item.tool.clone(),
-                    arguments: match &item.call {
-                        serde_json::Value::String(raw) => raw.clone(),
-                        other => other.to_string(),
-                    },
-                };
-                tokio::select! {
-                    _ = cancel.cancelled() => None,
-                    r = dispatch(ctx, &call, history, cancel) => Some(r),
+        } else {
+            match item.resolution.as_ref() {
+                Some(Resolution::Result { output }) => Outcome::Done(Ok(output.clone())),
+                Some(Resolution::Approved) => {
+                    let call = ToolCall {
+                        id: item.tool_call_id.clone(),
+                        name: item.tool.clone(),
+                        arguments: match &item.call {
+                            serde_json::Value::String(raw) => raw.clone(),
+                            other => other.to_string(),
+                        },
+                    };
+                    tokio::select! {
+                        _ = cancel.cancelled() => None,
+                        r = dispatch(ctx, &call, history, cancel) => Some(r),
+                    }
+                    .unwrap_or_else(|| {
+                        Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
+                    })
                 }
-                .unwrap_or_else(|| {
-                    Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
-                })
+                Some(other) => {
+                    Outcome::Done(Err(ToolError::Failed(other.refusal().unwrap_or_default())))
+                }
+                None => continue,
             }
-            Some(other) => {
-                Outcome::Done(Err(ToolError::Failed(other.refusal().unwrap_or_default())))
-            }
-            None => continue,
         };
         settle(
             history,
