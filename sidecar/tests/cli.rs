@@ -501,7 +501,7 @@ fn secrecy_canary() {
     .unwrap();
     // (flags, environment) for each way of giving the secret.
     type Way<'a> = (Vec<String>, Vec<(&'a str, &'a str)>);
-    let ways: Vec<Way> = vec![
+    let ways: Vec<Way<'_>> = vec![
         (
             vec!["--set".into(), format!("billing_token={CANARY}")],
             vec![],

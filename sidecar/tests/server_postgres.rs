@@ -526,7 +526,7 @@ async fn servers_sharing_a_database_share_sessions_across_restarts() {
         log_dir: &w.dir.path().join("logs"),
         owner_token: OWNER,
     });
-    let api_b = bindery_tests::sidecar::Api::new(&b.url);
+    let api_b = Api::new(&b.url);
     let r = api_b
         .call("GET", &format!("/v1/sessions/{first}"), Some(OWNER), None)
         .await;

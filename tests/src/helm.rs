@@ -303,13 +303,13 @@ pub fn kubernetes_validate(
     }
 }
 
-/// The `bindery-operator` binary of this build (see [`workspace_binary`]).
+/// The `bindery-operator` binary of this build (built on first use).
 pub fn operator_binary() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| workspace_binary("bindery-operator"))
 }
 
-/// The `bindery-sidecar` binary of this build (see [`workspace_binary`]).
+/// The `bindery-sidecar` binary of this build (built on first use).
 pub fn sidecar_binary() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| workspace_binary("bindery-sidecar"))

@@ -156,7 +156,9 @@ impl Postgres {
                 .stdout(Stdio::null())
                 .stderr(log);
             // If the test process dies without dropping us, the server
-            // goes too (immediate shutdown).
+            // goes too (immediate shutdown). SAFETY: the closure only
+            // calls prctl, which is async-signal-safe, between fork and exec.
+            #[allow(unsafe_code)]
             unsafe {
                 cmd.pre_exec(|| {
                     nix::sys::prctl::set_pdeathsig(Signal::SIGQUIT).map_err(std::io::Error::from)

@@ -143,7 +143,7 @@ pub fn render(
         serde_json::to_string_pretty(&params_file).expect("JSON serializes"),
     );
     let config_map = ConfigMap {
-        metadata: meta(names::config_map(tenant), inputs, owner),
+        metadata: meta(config_map(tenant), inputs, owner),
         data: Some(data.clone()),
         ..Default::default()
     };

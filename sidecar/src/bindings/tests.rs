@@ -361,13 +361,13 @@ fn an_agent_level_binding_aimed_at_mcp_tools_that_matches_nothing_is_a_warning()
         ),
     ];
     let mut diags = Vec::new();
-    crate::bindings::apply::apply_bindings_with(
+    apply::apply_bindings_with(
         &mut tools,
         &bindings,
         BindingLayer::Agent,
         &[],
         "agent.yaml",
-        crate::bindings::apply::agent_typo_level,
+        apply::agent_typo_level,
         &mut diags,
     );
     let levels: Vec<(Level, bool)> = diags

@@ -129,7 +129,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 model: &model,
                 listen: &listen,
                 store: store.as_deref(),
-                store_patience: std::time::Duration::from_secs(store_connect_timeout),
+                store_patience: Duration::from_secs(store_connect_timeout),
                 store_pool_size: usize::from(store_pool_size),
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,

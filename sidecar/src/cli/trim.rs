@@ -8,6 +8,7 @@
 /// Return the heap's free pages to the system (glibc only).
 pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code)]
     // SAFETY: malloc_trim only walks and trims the allocator's own free
     // lists, under its own locks; it takes no pointer of ours.
     unsafe {

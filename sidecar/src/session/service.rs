@@ -58,7 +58,7 @@ pub struct ServiceConfig {
     /// (`None`: keep them until the server stops).
     pub live_session_ttl: Option<Duration>,
     /// At most this many live sessions: past it, the least recently used
-    /// idle one forgets its secrets (see [`super::lru`]). `None`: no limit.
+    /// idle one forgets its secrets (the `session::lru` policy). `None`: no limit.
     pub max_live_sessions: Option<usize>,
 }
 
@@ -178,7 +178,7 @@ pub struct Service {
     /// This process, as runs record who runs them (random, per start).
     instance: String,
     /// Whether the last heartbeat reached the store (readiness follows it).
-    store_ok: std::sync::atomic::AtomicBool,
+    store_ok: AtomicBool,
 }
 
 pub fn now_ms() -> i64 {
@@ -222,7 +222,7 @@ impl Service {
             cfg,
             live: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
-            store_ok: std::sync::atomic::AtomicBool::new(true),
+            store_ok: AtomicBool::new(true),
         })
     }
 
@@ -230,7 +230,7 @@ impl Service {
     /// cannot reach its store is not ready (`/readyz`), so a load balancer
     /// sends sessions elsewhere until it can.
     pub fn store_ok(&self) -> bool {
-        self.store_ok.load(std::sync::atomic::Ordering::Relaxed)
+        self.store_ok.load(Ordering::Relaxed)
     }
 
     pub fn tree(&self) -> &AgentTree {
@@ -1303,9 +1303,7 @@ impl Service {
                 _ = tick.tick() => {}
             }
             let beat = self.beat().await;
-            let was_ok = self
-                .store_ok
-                .swap(beat.is_ok(), std::sync::atomic::Ordering::Relaxed);
+            let was_ok = self.store_ok.swap(beat.is_ok(), Ordering::Relaxed);
             match beat {
                 Err(e) => tracing::warn!(
                     lease = %humantime::format_duration(self.cfg.lease.lease),

@@ -479,7 +479,7 @@ async fn load_toolbox(
                 match crate::tools::deferred::DeferredTool::new(decl) {
                     Ok(t) => bound.push(
                         BoundTool::new(Arc::new(t) as Arc<dyn Tool>)
-                            .with_disposition(crate::tools::Disposition::Deferred),
+                            .with_disposition(Disposition::Deferred),
                     ),
                     Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
                 }

@@ -249,7 +249,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
 /// readers to resync) when it is lost, until `stop`.
 async fn listen(
     config: Config,
-    tls: super::postgres_tls::Tls,
+    tls: Tls,
     target: String,
     notices: broadcast::Sender<Notice>,
     stop: CancellationToken,
