@@ -162,7 +162,7 @@ async fn run(
                     (
                         [(
                             axum::http::header::CONTENT_TYPE,
-                            bindery_sidecar::prom::CONTENT_TYPE,
+                            bindery_operator::metrics::CONTENT_TYPE,
                         )],
                         m.render(),
                     )

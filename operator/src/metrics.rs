@@ -1,81 +1,85 @@
 //! The operator's Prometheus metrics: reconciles by outcome, their
-//! duration, and writes it made.
+//! duration, and the Warnings it published, in a `prometheus-client`
+//! registry served as OpenMetrics text.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
-use bindery_sidecar::prom::{header, load, sample, Histogram};
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 const DURATION_BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
-    ok: AtomicU64,
-    error: AtomicU64,
+    registry: Registry,
+    reconciles: Family<Outcome, Counter>,
     duration: Histogram,
-    warnings: AtomicU64,
+    warnings: Counter,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let reconciles = Family::<Outcome, Counter>::default();
+        for outcome in ["ok", "error"] {
+            drop(reconciles.get_or_create(&Outcome { outcome }));
+        }
+        let duration = Histogram::new(DURATION_BUCKETS);
+        let warnings = Counter::default();
+        let mut registry = Registry::default();
+        registry.register(
+            "bindery_operator_reconciles",
+            "Reconciles of AgentTenants, by outcome",
+            reconciles.clone(),
+        );
+        registry.register(
+            "bindery_operator_reconcile_duration_seconds",
+            "How long one reconcile took",
+            duration.clone(),
+        );
+        registry.register(
+            "bindery_operator_warning_events",
+            "Warning events published for a human to act on",
+            warnings.clone(),
+        );
         Metrics {
-            ok: AtomicU64::new(0),
-            error: AtomicU64::new(0),
-            duration: Histogram::new(&DURATION_BUCKETS),
-            warnings: AtomicU64::new(0),
+            registry,
+            reconciles,
+            duration,
+            warnings,
         }
     }
 }
 
 impl Metrics {
     pub fn reconciled(&self, seconds: f64, ok: bool) {
-        self.duration.observe(seconds);
-        if ok { &self.ok } else { &self.error }.fetch_add(1, Ordering::Relaxed);
+        self.duration
+            .observe(if seconds.is_finite() && seconds >= 0.0 {
+                seconds
+            } else {
+                0.0
+            });
+        let outcome = if ok { "ok" } else { "error" };
+        self.reconciles.get_or_create(&Outcome { outcome }).inc();
     }
 
     pub fn warning_published(&self) {
-        self.warnings.fetch_add(1, Ordering::Relaxed);
+        self.warnings.inc();
     }
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        header(
-            &mut out,
-            "bindery_operator_reconciles_total",
-            "counter",
-            "Reconciles of AgentTenants, by outcome.",
-        );
-        sample(
-            &mut out,
-            "bindery_operator_reconciles_total",
-            &[("outcome", "ok")],
-            load(&self.ok),
-        );
-        sample(
-            &mut out,
-            "bindery_operator_reconciles_total",
-            &[("outcome", "error")],
-            load(&self.error),
-        );
-        header(
-            &mut out,
-            "bindery_operator_reconcile_duration_seconds",
-            "histogram",
-            "How long one reconcile took.",
-        );
-        self.duration
-            .render(&mut out, "bindery_operator_reconcile_duration_seconds");
-        header(
-            &mut out,
-            "bindery_operator_warning_events_total",
-            "counter",
-            "Warning events published for a human to act on.",
-        );
-        sample(
-            &mut out,
-            "bindery_operator_warning_events_total",
-            &[],
-            load(&self.warnings),
-        );
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 }
@@ -94,8 +98,10 @@ mod tests {
         );
         assert!(text.contains("bindery_operator_reconciles_total{outcome=\"error\"} 1\n"));
         assert!(
-            text.contains("bindery_operator_reconcile_duration_seconds_bucket{le=\"0.025\"} 1\n")
+            text.contains("bindery_operator_reconcile_duration_seconds_bucket{le=\"0.025\"} 1\n"),
+            "{text}"
         );
         assert!(text.contains("bindery_operator_reconcile_duration_seconds_count 2\n"));
+        assert!(text.contains("bindery_operator_warning_events_total 0\n"));
     }
 }

@@ -9,8 +9,9 @@ pub mod cli;
 pub mod diagnostic;
 #[cfg(feature = "server")]
 pub mod llm;
+#[cfg(feature = "server")]
+pub mod metrics;
 pub mod params;
-pub mod prom;
 pub mod report;
 #[cfg(feature = "server")]
 pub mod session;

@@ -4,7 +4,6 @@
 pub mod auth;
 pub mod chat;
 pub mod mcp;
-pub mod metrics;
 pub mod openapi;
 pub mod server;
 pub mod views;

@@ -302,8 +302,8 @@ fn metrics() -> Value {
         "security": public(),
         "responses": {
             "200": {
-                "description": "The metrics in the Prometheus text exposition format 0.0.4.",
-                "content": { "text/plain; version=0.0.4": { "schema": { "type": "string" } } },
+                "description": "The metrics as OpenMetrics text.",
+                "content": { "application/openmetrics-text": { "schema": { "type": "string" } } },
             },
         },
     })

@@ -20,8 +20,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::{caller, Door, OwnerToken};
-use super::metrics::Metrics;
 use super::views::{agent_view, session_summary, session_view};
+use crate::metrics::Metrics;
 use crate::session::error::ServiceError;
 use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
 use crate::session::validate::Caller;
@@ -248,7 +248,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            crate::metrics::CONTENT_TYPE,
         )],
         state.metrics.render(),
     )

@@ -12,9 +12,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::api::metrics::{Metrics, ToolOutcome};
 use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
+use crate::metrics::{Metrics, ToolOutcome};
 use crate::params::scrub::Scrubber;
 use crate::params::Values;
 use crate::session::depends::{self, LookupCache, LookupState, Step};
@@ -516,7 +516,13 @@ async fn dispatch(
                 Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
                 Err(_) => ToolOutcome::Error,
             };
-            ctx.metrics.tool_call(&call.name, counted);
+            // A name the agent does not have is the model's free text: one
+            // series for all of them keeps the metric's series bounded.
+            let tool = match counted {
+                ToolOutcome::Unavailable => crate::metrics::UNKNOWN_TOOL,
+                _ => call.name.as_str(),
+            };
+            ctx.metrics.tool_call(tool, counted);
         }
         outcome
     }

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::{
     close_pending, constant_time_eq, now_ms, random_key, Live, RunMode, RunWait, Service, CANCELLED,
 };
-use crate::api::metrics::RunOutcome;
+use crate::metrics::RunOutcome;
 use crate::params::Values;
 use crate::session::error::ServiceError;
 use crate::session::model::SessionRecord;

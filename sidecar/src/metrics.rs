@@ -1,0 +1,570 @@
+//! The server's Prometheus metrics: what sessions, runs, tools and the
+//! model client record, kept in a `prometheus-client` registry.
+//!
+//! This sits below the session layer, so runs record into it directly;
+//! `api` only encodes it at `GET /metrics` (OpenMetrics text, which
+//! Prometheus scrapes natively).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `bindery_runs_started_total` | counter | |
+//! | `bindery_runs_total` | counter | `outcome` = `completed`, `failed`, `cancelled`, `max_steps`, `blocked` |
+//! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable` |
+//! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
+//! | `bindery_llm_request_duration_seconds` | histogram | |
+//! | `bindery_sessions_live` | gauge | |
+//! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
+//! | `bindery_sessions_evicted_total` | counter | | (only with `--max-live-sessions`)
+//! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
+
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `tool` label of calls to a tool the agent does not have.
+pub const UNKNOWN_TOOL: &str = "<unknown>";
+
+/// The upper bounds (seconds) of the LLM request duration histogram's
+/// buckets; a last `+Inf` bucket follows.
+pub const LLM_DURATION_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// How a run of the agent loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunOutcome {
+    /// The model gave its final answer.
+    Completed,
+    /// An error ended the run.
+    Failed,
+    /// The run was cancelled.
+    Cancelled,
+    /// The run hit the agent's step limit.
+    MaxSteps,
+    /// The run stopped with tool calls waiting (a person, the client).
+    Blocked,
+}
+
+impl RunOutcome {
+    /// Every outcome; each has a series from the start.
+    pub const ALL: [RunOutcome; 5] = [
+        RunOutcome::Completed,
+        RunOutcome::Failed,
+        RunOutcome::Cancelled,
+        RunOutcome::MaxSteps,
+        RunOutcome::Blocked,
+    ];
+
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Completed => "completed",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::MaxSteps => "max_steps",
+            RunOutcome::Blocked => "blocked",
+        }
+    }
+}
+
+/// How one tool call went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ToolOutcome {
+    /// The tool ran and succeeded.
+    Ok,
+    /// The tool ran and failed (or its arguments were rejected).
+    Error,
+    /// The model asked for a tool that is not there.
+    Unavailable,
+}
+
+impl ToolOutcome {
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolOutcome::Ok => "ok",
+            ToolOutcome::Error => "error",
+            ToolOutcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolCall {
+    tool: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpRequest {
+    route: String,
+    status: u16,
+}
+
+/// The server's metrics. Every method takes `&self`; share one in an `Arc`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Registered only once `--max-live-sessions` is given, so a server
+    /// without a limit shows no limit.
+    limit_registry: Registry,
+    runs_started: Counter,
+    runs: Family<Outcome, Counter>,
+    tool_calls: Family<ToolCall, Counter>,
+    llm_requests: Family<Outcome, Counter>,
+    llm_duration: Histogram,
+    sessions_live: Gauge,
+    sessions_live_limit: Gauge,
+    sessions_evicted: Counter,
+    http_requests: Family<HttpRequest, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Metrics {
+            registry: Registry::default(),
+            limit_registry: Registry::default(),
+            runs_started: Counter::default(),
+            runs: Family::default(),
+            tool_calls: Family::default(),
+            llm_requests: Family::default(),
+            llm_duration: Histogram::new(LLM_DURATION_BUCKETS),
+            sessions_live: Gauge::default(),
+            sessions_live_limit: Gauge::default(),
+            sessions_evicted: Counter::default(),
+            http_requests: Family::default(),
+        };
+        // Series that exist from the start, at 0, so a rate() over them
+        // needs no first event.
+        for outcome in RunOutcome::ALL {
+            drop(m.runs.get_or_create(&Outcome {
+                outcome: outcome.as_str(),
+            }));
+        }
+        for outcome in ["ok", "error"] {
+            drop(m.llm_requests.get_or_create(&Outcome { outcome }));
+        }
+        m.registered()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics, all zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "bindery_runs_started",
+            "Runs of the agent loop started",
+            self.runs_started.clone(),
+        );
+        r.register(
+            "bindery_runs",
+            "Runs of the agent loop finished, by outcome",
+            self.runs.clone(),
+        );
+        r.register(
+            "bindery_tool_calls",
+            "Tool calls made by the model, by tool and outcome",
+            self.tool_calls.clone(),
+        );
+        r.register(
+            "bindery_llm_requests",
+            "Requests to the LLM endpoint, by outcome",
+            self.llm_requests.clone(),
+        );
+        r.register(
+            "bindery_llm_request_duration_seconds",
+            "Time taken by requests to the LLM endpoint, retries included",
+            self.llm_duration.clone(),
+        );
+        r.register(
+            "bindery_sessions_live",
+            "Sessions currently live",
+            self.sessions_live.clone(),
+        );
+        r.register(
+            "bindery_http_requests",
+            "HTTP requests answered, by route and status",
+            self.http_requests.clone(),
+        );
+        let l = &mut self.limit_registry;
+        l.register(
+            "bindery_sessions_live_limit",
+            "At most this many sessions are live (--max-live-sessions)",
+            self.sessions_live_limit.clone(),
+        );
+        l.register(
+            "bindery_sessions_evicted",
+            "Live sessions evicted (their secret values forgotten) to stay within the limit",
+            self.sessions_evicted.clone(),
+        );
+        self
+    }
+
+    /// A run of the agent loop started.
+    pub fn run_started(&self) {
+        self.runs_started.inc();
+    }
+
+    /// A run of the agent loop ended.
+    pub fn run_finished(&self, outcome: RunOutcome) {
+        self.runs
+            .get_or_create(&Outcome {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// The model called `tool`.
+    pub fn tool_call(&self, tool: &str, outcome: ToolOutcome) {
+        self.tool_calls
+            .get_or_create(&ToolCall {
+                tool: tool.to_owned(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// One request to the LLM endpoint took `seconds` (retries included) and
+    /// ended well or not. A duration that is not a finite, non-negative
+    /// number (a clock gone wrong) counts as 0, so it cannot poison the sum.
+    pub fn llm_request(&self, seconds: f64, ok: bool) {
+        let seconds = if seconds.is_finite() && seconds >= 0.0 {
+            seconds
+        } else {
+            0.0
+        };
+        self.llm_duration.observe(seconds);
+        let outcome = if ok { "ok" } else { "error" };
+        self.llm_requests.get_or_create(&Outcome { outcome }).inc();
+    }
+
+    /// How many sessions are live right now.
+    pub fn set_sessions_live(&self, n: u64) {
+        self.sessions_live.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// At most this many sessions are live (`--max-live-sessions`).
+    pub fn set_sessions_live_limit(&self, n: u64) {
+        self.sessions_live_limit
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A live session was evicted to stay within the limit.
+    pub fn session_evicted(&self) {
+        self.sessions_evicted.inc();
+    }
+
+    /// An HTTP request was answered. `route` is the route's pattern
+    /// (`/v1/sessions/:id`), never the actual path, so that the number of
+    /// series stays bounded.
+    pub fn http_request(&self, route: &str, status: u16) {
+        self.http_requests
+            .get_or_create(&HttpRequest {
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+    }
+
+    /// Every metric, in the OpenMetrics text format (see [`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        // Writing into a String cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        if self.sessions_live_limit.get() > 0 {
+            let _ = encode_registry(&mut out, &self.limit_registry);
+        }
+        let _ = encode_eof(&mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn has_line(text: &str, line: &str) -> bool {
+        text.lines().any(|l| l == line)
+    }
+
+    /// The sample lines of one family, sorted (a family's series come out
+    /// in no set order).
+    fn series(text: &str, prefix: &str) -> Vec<String> {
+        let mut v: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn metrics_is_send_and_sync() {
+        fn check<T: Send + Sync + Default>() {}
+        check::<Metrics>();
+    }
+
+    #[test]
+    fn fresh_metrics_render_zeroes() {
+        let text = Metrics::new().render();
+        assert!(has_line(&text, "bindery_runs_started_total 0"), "{text}");
+        for outcome in ["completed", "failed", "cancelled", "max_steps", "blocked"] {
+            assert!(
+                has_line(
+                    &text,
+                    &format!("bindery_runs_total{{outcome=\"{outcome}\"}} 0")
+                ),
+                "{text}"
+            );
+        }
+        assert!(has_line(&text, "bindery_sessions_live 0"), "{text}");
+        assert!(
+            has_line(
+                &text,
+                "bindery_llm_request_duration_seconds_bucket{le=\"+Inf\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(has_line(
+            &text,
+            "bindery_llm_request_duration_seconds_count 0"
+        ));
+        // A family with labels shows its first series once it has one.
+        assert!(!text.contains("bindery_tool_calls_total{"));
+        // No limit given: no limit shown.
+        assert!(!text.contains("bindery_sessions_live_limit"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn counters_render_exact_lines() {
+        let m = Metrics::new();
+        m.run_started();
+        m.run_started();
+        m.run_finished(RunOutcome::Completed);
+        m.run_finished(RunOutcome::MaxSteps);
+        m.run_finished(RunOutcome::MaxSteps);
+        m.tool_call("shell", ToolOutcome::Ok);
+        m.tool_call("shell", ToolOutcome::Ok);
+        m.tool_call("shell", ToolOutcome::Error);
+        m.tool_call("fetch", ToolOutcome::Unavailable);
+        m.set_sessions_live(7);
+        m.http_request("/v1/sessions/:id", 200);
+        m.http_request("/v1/sessions/:id", 200);
+        m.http_request("/v1/sessions/:id", 404);
+        m.http_request("/healthz", 200);
+        let text = m.render();
+
+        assert_eq!(
+            series(&text, "bindery_runs"),
+            [
+                "bindery_runs_started_total 2",
+                "bindery_runs_total{outcome=\"blocked\"} 0",
+                "bindery_runs_total{outcome=\"cancelled\"} 0",
+                "bindery_runs_total{outcome=\"completed\"} 1",
+                "bindery_runs_total{outcome=\"failed\"} 0",
+                "bindery_runs_total{outcome=\"max_steps\"} 2",
+            ]
+        );
+        assert_eq!(
+            series(&text, "bindery_tool_calls_total"),
+            [
+                "bindery_tool_calls_total{tool=\"fetch\",outcome=\"unavailable\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"error\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\"} 2",
+            ]
+        );
+        assert_eq!(
+            series(&text, "bindery_http_requests_total"),
+            [
+                "bindery_http_requests_total{route=\"/healthz\",status=\"200\"} 1",
+                "bindery_http_requests_total{route=\"/v1/sessions/:id\",status=\"200\"} 2",
+                "bindery_http_requests_total{route=\"/v1/sessions/:id\",status=\"404\"} 1",
+            ]
+        );
+
+        assert!(has_line(&text, "bindery_sessions_live 7"));
+        m.set_sessions_live(3);
+        assert!(has_line(&m.render(), "bindery_sessions_live 3"));
+    }
+
+    #[test]
+    fn help_and_type_lines() {
+        let text = Metrics::new().render();
+        let l: Vec<&str> = text.lines().collect();
+        let at = l
+            .iter()
+            .position(|x| x.starts_with("# HELP bindery_runs "))
+            .expect("HELP line");
+        assert_eq!(l[at + 1], "# TYPE bindery_runs counter");
+        assert!(
+            l[at + 2].starts_with("bindery_runs_total{outcome="),
+            "{text}"
+        );
+        assert!(has_line(
+            &text,
+            "# TYPE bindery_llm_request_duration_seconds histogram"
+        ));
+        assert!(has_line(&text, "# TYPE bindery_sessions_live gauge"));
+    }
+
+    #[test]
+    fn the_limit_shows_once_given() {
+        let m = Metrics::new();
+        m.set_sessions_live_limit(100);
+        m.session_evicted();
+        let text = m.render();
+        assert!(has_line(&text, "bindery_sessions_live_limit 100"), "{text}");
+        assert!(
+            has_line(&text, "bindery_sessions_evicted_total 1"),
+            "{text}"
+        );
+        // One end-of-exposition marker, last.
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    /// The value of the one sample line that starts with `series `.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("{series}: {e}\n{text}"))
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::new();
+        m.llm_request(0.003, true); // le 0.005
+        m.llm_request(0.005, true); // le 0.005 (bounds are inclusive)
+        m.llm_request(0.2, true); // le 0.25
+        m.llm_request(1.0, false); // le 1
+        m.llm_request(45.0, true); // le 60
+        m.llm_request(120.0, false); // +Inf only
+        let text = m.render();
+
+        let bucket = |le: &str| {
+            value(
+                &text,
+                &format!("bindery_llm_request_duration_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        let counts: Vec<f64> = [
+            "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0",
+            "30.0", "60.0", "+Inf",
+        ]
+        .into_iter()
+        .map(bucket)
+        .collect();
+        assert_eq!(
+            counts,
+            [2.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 5.0, 6.0]
+        );
+        let sum = value(&text, "bindery_llm_request_duration_seconds_sum");
+        assert!((sum - 166.208).abs() < 1e-9, "sum {sum}");
+        assert_eq!(
+            value(&text, "bindery_llm_request_duration_seconds_count"),
+            6.0
+        );
+        assert_eq!(
+            value(&text, "bindery_llm_requests_total{outcome=\"ok\"}"),
+            4.0
+        );
+        assert_eq!(
+            value(&text, "bindery_llm_requests_total{outcome=\"error\"}"),
+            2.0
+        );
+    }
+
+    #[test]
+    fn odd_durations_do_not_poison_the_sum() {
+        let m = Metrics::new();
+        m.llm_request(f64::NAN, false);
+        m.llm_request(-1.0, false);
+        m.llm_request(f64::INFINITY, false);
+        let text = m.render();
+        assert_eq!(
+            value(
+                &text,
+                "bindery_llm_request_duration_seconds_bucket{le=\"0.005\"}"
+            ),
+            3.0
+        );
+        assert_eq!(
+            value(&text, "bindery_llm_request_duration_seconds_sum"),
+            0.0
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new();
+        m.tool_call("we\"ird\\to\nol", ToolOutcome::Ok);
+        let text = m.render();
+        assert!(
+            has_line(
+                &text,
+                r#"bindery_tool_calls_total{tool="we\"ird\\to\nol",outcome="ok"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn concurrent_updates_are_all_counted() {
+        let m = Arc::new(Metrics::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = Arc::clone(&m);
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        m.run_started();
+                        m.tool_call("shell", ToolOutcome::Ok);
+                        m.llm_request(0.5, true);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        let text = m.render();
+        assert_eq!(value(&text, "bindery_runs_started_total"), 4000.0);
+        assert_eq!(
+            value(
+                &text,
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\"}"
+            ),
+            4000.0
+        );
+        assert_eq!(
+            value(&text, "bindery_llm_request_duration_seconds_count"),
+            4000.0
+        );
+        assert_eq!(
+            value(&text, "bindery_llm_request_duration_seconds_sum"),
+            2000.0
+        );
+    }
+}
