@@ -18,3 +18,99 @@ pub mod session;
 pub mod spec;
 pub mod tools;
 pub mod tree;
+
+/// The layer rule of ARCHITECTURE.md, checked: a module may name
+/// (`crate::…`) only modules of its own layer or below.
+#[cfg(test)]
+mod layers {
+    use std::path::Path;
+
+    /// Bottom first. `diagnostic` and `report` are shared leaf modules.
+    const LAYERS: &[&[&str]] = &[
+        &["spec", "diagnostic"],
+        &["params", "metrics", "llm"],
+        &["tools"],
+        &["bindings"],
+        &["tree", "report"],
+        &["session"],
+        &["api"],
+        &["cli"],
+    ];
+
+    /// Imports that still climb, each one to be straightened (and then
+    /// removed from here: the test fails on an entry that no longer
+    /// climbs). Helper tools run sub-agents, which belongs with sessions;
+    /// the tool cache and OpenAPI's PostgREST writes hold bound tools.
+    const KNOWN: &[(&str, &str)] = &[
+        ("tools/cache.rs", "bindings"),
+        ("tools/helpers/mod.rs", "bindings"),
+        ("tools/helpers/mod.rs", "tree"),
+        ("tools/helpers/narrowing.rs", "bindings"),
+        ("tools/openapi/mod.rs", "bindings"),
+    ];
+
+    fn layer(module: &str) -> Option<usize> {
+        LAYERS.iter().position(|l| l.contains(&module))
+    }
+
+    fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn no_import_climbs_a_layer() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut climbs = std::collections::BTreeSet::new();
+        for file in &files {
+            let rel = file
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let own = rel.split('/').next().unwrap().trim_end_matches(".rs");
+            let Some(own_layer) = layer(own) else {
+                continue; // lib.rs, main.rs
+            };
+            let text = std::fs::read_to_string(file).unwrap();
+            for line in text.lines() {
+                let code = line.split("//").next().unwrap_or("");
+                for (at, _) in code.match_indices("crate::") {
+                    let target: String = code[at + "crate::".len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        !target.is_empty(),
+                        "{rel}: `crate::{{…}}` hides what it imports: {line}"
+                    );
+                    if layer(&target).is_some_and(|t| t > own_layer) {
+                        climbs.insert((rel.clone(), target));
+                    }
+                }
+            }
+        }
+        let known: std::collections::BTreeSet<(String, String)> = KNOWN
+            .iter()
+            .map(|(f, t)| (f.to_string(), t.to_string()))
+            .collect();
+        let new: Vec<_> = climbs.difference(&known).collect();
+        assert!(
+            new.is_empty(),
+            "imports that climb a layer (see ARCHITECTURE.md): {new:?}"
+        );
+        let gone: Vec<_> = known.difference(&climbs).collect();
+        assert!(
+            gone.is_empty(),
+            "no longer climbing; remove from KNOWN: {gone:?}"
+        );
+    }
+}

@@ -16,9 +16,5 @@ pub use secret::SecretString;
 pub use sources::ApiKeys;
 pub use value::{ParamValue, Supplied, Values};
 
-/// `[a-z][a-z0-9_]*`.
-pub fn valid_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some('a'..='z'))
-        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
-}
+/// What a parameter name may be: the definition's rule, in `spec`.
+pub use crate::spec::valid_param_name as valid_name;

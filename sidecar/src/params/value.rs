@@ -101,17 +101,7 @@ impl fmt::Debug for Supplied {
     }
 }
 
-/// "a string", "an object": for messages that must not quote a value.
-pub fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
+pub use crate::spec::json_kind;
 
 #[cfg(test)]
 mod tests {

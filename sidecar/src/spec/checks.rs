@@ -6,12 +6,12 @@ use std::collections::BTreeSet;
 
 use std::collections::BTreeMap;
 
+use super::valid_param_name as valid_name;
 use super::{
     AgentSpec, Binding, BindingValue, BuiltinToolbox, McpToolbox, OpenApiToolbox, PostgrestToolbox,
     Scope, SecretSource, Toolbox, WhenUnbound,
 };
 use crate::diagnostic::Diagnostic;
-use crate::params::valid_name;
 
 /// `toolbox 2 (bash directory ./tools)`: how messages name a toolbox.
 pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
@@ -338,7 +338,7 @@ fn check_shared_values(
             BindingValue::Literal(l @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
                 diags.push(Diagnostic::error(format!(
                     "{here}: the literal is {}; give a string, number or boolean",
-                    crate::params::value::json_kind(l)
+                    super::json_kind(l)
                 )))
             }
             BindingValue::Literal(_) => {}

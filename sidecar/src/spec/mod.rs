@@ -23,6 +23,25 @@ use serde::{Deserialize, Serialize};
 pub use depends::{Dependency, ToolDecl};
 pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
 
+/// A parameter name: `[a-z][a-z0-9_]*`.
+pub fn valid_param_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+/// "a string", "an object": for messages that must not quote a value.
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// What an agent is: its model, prompt, parameters, tools and helpers.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "crd", derive(kube::CustomResource))]
