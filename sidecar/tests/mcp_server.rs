@@ -493,3 +493,57 @@ async fn a_client_that_goes_away_cancels_its_run() {
     assert_eq!(r.json["status_detail"], "cancelled", "{}", r.text);
     assert_eq!(r.json["secret_params"], json!([]), "{}", r.text);
 }
+
+/// A client of protocol 2026-07-28 (rmcp's, with no handshake: it
+/// discovers, then every request describes itself) lists the agents and
+/// asks one, its values in `Agents-Param-*` headers and `_meta`; the
+/// secret reaches the tool and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_the_stateless_protocol_discovers_lists_and_calls() {
+    use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    let headers = [(
+        reqwest::header::HeaderName::from_static("agents-param-billing-token"),
+        reqwest::header::HeaderValue::from_static(CANARY),
+    )]
+    .into_iter()
+    .collect();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", sidecar.url))
+        .auth_header(OWNER)
+        .custom_headers(headers);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("discovery against /mcp");
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert!(names.contains(&"ask_invoices"), "{names:?}");
+
+    let mut meta = rmcp::model::RequestMetaObject::new();
+    meta.insert("agents-exe/params".into(), json!({"tenant": "acme-corp"}));
+    let mut call = CallToolRequestParams::new("ask_invoices").with_arguments(
+        json!({"prompt": "which invoices are overdue?"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    call.meta = Some(meta);
+    let result = client.call_tool(call).await.expect("tools/call");
+    let text = serde_json::to_string(&result).unwrap();
+    assert_eq!(result.is_error, Some(false), "{text}");
+    assert!(text.contains("INV-1002"), "{text}");
+    assert!(!text.contains(CANARY), "{text}");
+    client.cancel().await.ok();
+}

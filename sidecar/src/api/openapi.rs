@@ -652,7 +652,8 @@ fn mcp() -> Value {
             JSON-RPC message (a batch only in protocol 2025-03-26) and is answered with \
             `application/json`; no session id, no server-sent events (`GET /mcp` is 405). \
             Methods: `initialize` (protocol 2025-03-26, 2025-06-18 or 2025-11-25), `ping`, \
-            `tools/list`, `tools/call`. A `tools/call` starts a new session on the tool's \
+            `tools/list`, `tools/call`; in protocol 2026-07-28 `server/discover` instead of \
+            `initialize` and `ping`, with the version in each request's `_meta`. A `tools/call` starts a new session on the tool's \
             agent, runs `arguments.prompt` to the end and answers with the model's last \
             text; the session's id is in the result's `_meta` \"bindery.dev/session_id\". \
             Parameter values come from `Agents-Param-<name>` request headers (strings; \

@@ -5,12 +5,14 @@
 //! stream (`GET /mcp` is 405).
 //!
 //! Methods: `initialize`, `ping`, `tools/list` (one `ask_<slug>` tool per
-//! agent) and `tools/call` (one run, see [`crate::session::ask`]).
-//! Authentication is the session API's: the owner token only, checked
-//! before the body is read.
+//! agent) and `tools/call` (one run, see [`crate::session::ask`]); from
+//! protocol 2026-07-28 on, `server/discover` instead of the handshake (see
+//! [`stateless`]). Authentication is the session API's: the owner token
+//! only, checked before the body is read.
 
 pub mod jsonrpc;
 pub mod params;
+pub mod stateless;
 pub mod tools;
 
 use std::sync::Arc;
@@ -28,9 +30,12 @@ use super::server::AppState;
 use crate::session::error::ServiceError;
 use crate::session::validate::Caller;
 
-/// The protocol versions `initialize` agrees to, oldest first. All use
-/// Streamable HTTP; 2024-11-05's HTTP+SSE transport is not served.
-pub const PROTOCOL_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
+/// The protocol versions served, oldest first. All use Streamable HTTP;
+/// 2024-11-05's HTTP+SSE transport is not served. The last one has no
+/// handshake: see [`stateless`].
+pub const PROTOCOL_VERSIONS: &[&str] =
+    &["2025-03-26", "2025-06-18", "2025-11-25", stateless::VERSION];
+/// The newest version `initialize` agrees to (later ones have no handshake).
 const LATEST: &str = "2025-11-25";
 /// Assumed when a client sends no `MCP-Protocol-Version` (the spec says so).
 const DEFAULT_VERSION: &str = "2025-03-26";
@@ -58,16 +63,10 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
     let version = match headers.get("mcp-protocol-version").map(|v| v.to_str()) {
         None => DEFAULT_VERSION,
         Some(Ok(v)) if PROTOCOL_VERSIONS.contains(&v.trim()) => v.trim(),
-        Some(_) => {
+        Some(v) => {
             return refused(
                 StatusCode::BAD_REQUEST,
-                RpcError::new(
-                    jsonrpc::INVALID_REQUEST,
-                    format!(
-                        "unsupported MCP-Protocol-Version; this server speaks {}",
-                        PROTOCOL_VERSIONS.join(", ")
-                    ),
-                ),
+                stateless::unsupported(v.unwrap_or("(not text)")),
             )
         }
     };
@@ -86,8 +85,25 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
             Err((id, e)) => (StatusCode::BAD_REQUEST, Json(response(id, Err(e)))).into_response(),
             Ok(Incoming::NoReply) => StatusCode::ACCEPTED.into_response(),
             Ok(Incoming::Request { id, method, params }) => {
-                let outcome = handle(&s, &headers, &method, params).await;
-                Json(response(id, outcome)).into_response()
+                match stateless::Era::of(&headers, &method, &params) {
+                    Err(e) => (StatusCode::BAD_REQUEST, Json(response(id, Err(e)))).into_response(),
+                    Ok(stateless::Era::Legacy) => {
+                        let outcome = handle(&s, &headers, &method, params).await;
+                        Json(response(id, outcome)).into_response()
+                    }
+                    Ok(stateless::Era::Stateless) => {
+                        let outcome = match method.as_str() {
+                            "server/discover" => Ok(stateless::discover(INSTRUCTIONS)),
+                            "initialize" | "ping" => Err(RpcError::new(
+                                jsonrpc::METHOD_NOT_FOUND,
+                                format!("protocol {} has no `{method}`: call server/discover, then tools/list and tools/call", stateless::VERSION),
+                            )),
+                            _ => handle(&s, &headers, &method, params).await,
+                        };
+                        let outcome = outcome.map(|r| stateless::complete(&method, r));
+                        Json(response(id, outcome)).into_response()
+                    }
+                }
             }
         },
     }
@@ -201,6 +217,7 @@ fn initialize(params: &Value) -> Value {
     // decides whether it can live with that.
     let version = PROTOCOL_VERSIONS
         .iter()
+        .filter(|v| **v <= LATEST)
         .find(|v| **v == asked)
         .copied()
         .unwrap_or(LATEST);
@@ -208,13 +225,15 @@ fn initialize(params: &Value) -> Value {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": false}},
         "serverInfo": {"name": "bindery-sidecar", "version": env!("CARGO_PKG_VERSION")},
-        "instructions": "Each ask_<agent> tool runs that agent once on the prompt. Parameters \
-            come from Agents-Param-<name> request headers and from the call's \
-            _meta \"agents-exe/params\" (which wins). A run that waits for a person or for \
-            the client answers with _meta \"bindery.dev/pending\"; call the tool again with \
-            _meta \"bindery.dev/continuations\" to answer each item and go on.",
+        "instructions": INSTRUCTIONS,
     })
 }
+
+const INSTRUCTIONS: &str = "Each ask_<agent> tool runs that agent once on the prompt. Parameters \
+    come from Agents-Param-<name> request headers and from the call's \
+    _meta \"agents-exe/params\" (which wins). A run that waits for a person or for \
+    the client answers with _meta \"bindery.dev/pending\"; call the tool again with \
+    _meta \"bindery.dev/continuations\" to answer each item and go on.";
 
 /// `tools/call`: one run of the tool's agent.
 async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value, RpcError> {
@@ -323,12 +342,15 @@ mod tests {
 
     #[test]
     fn initialize_agrees_on_a_version() {
-        for v in PROTOCOL_VERSIONS {
+        for v in PROTOCOL_VERSIONS.iter().filter(|v| **v <= LATEST) {
             assert_eq!(
                 initialize(&json!({"protocolVersion": v}))["protocolVersion"],
                 *v
             );
         }
+        // A version without the handshake gets the newest one that has it.
+        let r = initialize(&json!({"protocolVersion": stateless::VERSION}));
+        assert_eq!(r["protocolVersion"], LATEST);
         let r = initialize(&json!({"protocolVersion": "2024-11-05"}));
         assert_eq!(r["protocolVersion"], LATEST);
         assert_eq!(r["capabilities"], json!({"tools": {"listChanged": false}}));
