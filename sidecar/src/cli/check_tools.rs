@@ -31,7 +31,7 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
             description: t.spec().description.clone(),
             parameters: t.model_schema(&values),
         })
-        .chain(crate::tools::helpers::definitions(agent, tree))
+        .chain(crate::session::helpers::definitions(agent, tree))
         .collect()
 }
 

@@ -147,7 +147,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
-            let helper_tools = crate::tools::helpers::definitions(agent, &tree);
+            let helper_tools = crate::session::helpers::definitions(agent, &tree);
             let helper_view = |d: &crate::llm::ToolDefinition| {
                 serde_json::json!({"type": "function", "function": {
                     "name": d.name, "description": d.description, "parameters": d.parameters}, "bound": []})

@@ -183,7 +183,7 @@ pub async fn run(
     let ctx = RunContext {
         agent: &agent,
         tools: &tools,
-        helpers: Some(crate::tools::helpers::HelperEnv {
+        helpers: Some(crate::session::helpers::HelperEnv {
             tree: &tree,
             clients: &clients,
             stack: vec![agent.name.clone()],

@@ -5,6 +5,7 @@ pub mod clients;
 pub mod depends;
 pub mod error;
 mod fanout;
+pub mod helpers;
 pub mod lease;
 mod lru;
 pub mod model;

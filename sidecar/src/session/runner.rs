@@ -18,9 +18,9 @@ use crate::metrics::{Metrics, ToolOutcome};
 use crate::params::scrub::Scrubber;
 use crate::params::Values;
 use crate::session::depends::{self, LookupCache, LookupState, Step};
+use crate::session::helpers::{self, HelperEnv};
 use crate::session::pending::{Frame, PendingCall, Resolution};
 use crate::tools::cache::ToolCache;
-use crate::tools::helpers::{self, HelperEnv};
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 

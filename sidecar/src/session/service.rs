@@ -26,8 +26,8 @@ use super::validate::{validate, Caller, Op};
 use crate::llm::{ChatClient, ChatMessage};
 use crate::metrics::{Metrics, RunOutcome};
 use crate::params::{ParamValue, Values};
+use crate::session::helpers::HelperEnv;
 use crate::tools::cache::ToolCache;
-use crate::tools::helpers::HelperEnv;
 use crate::tools::CallContext;
 
 /// How a cancelled run's unanswered calls are answered (a fork's too).

@@ -11,8 +11,6 @@ pub mod builtin;
 pub mod cache;
 pub mod deferred;
 #[cfg(feature = "server")]
-pub mod helpers;
-#[cfg(feature = "server")]
 pub mod mcp;
 #[cfg(feature = "server")]
 pub mod openapi;

@@ -407,7 +407,7 @@ pub(super) mod tests {
     }
 
     /// An argument of type `ty` that travels by `transport`.
-    pub(in crate::tools::helpers) fn arg(name: &str, ty: &str, transport: Transport) -> ArgSpec {
+    pub(in crate::session::helpers) fn arg(name: &str, ty: &str, transport: Transport) -> ArgSpec {
         ArgSpec {
             name: name.into(),
             description: String::new(),
@@ -418,7 +418,7 @@ pub(super) mod tests {
     }
 
     /// A tool that only describes itself.
-    pub(in crate::tools::helpers) fn tool(name: &str, args: Vec<ArgSpec>) -> BoundTool {
+    pub(in crate::session::helpers) fn tool(name: &str, args: Vec<ArgSpec>) -> BoundTool {
         use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
         struct T(ToolSpec);
         #[async_trait::async_trait]
