@@ -7,6 +7,7 @@
 //! each call, so one registration serves every session.
 
 pub mod apply;
+pub mod cache;
 pub mod confirm;
 pub mod depends;
 pub mod glob;

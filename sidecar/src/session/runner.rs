@@ -12,6 +12,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::bindings::cache::ToolCache;
 use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::metrics::{Metrics, ToolOutcome};
@@ -20,7 +21,6 @@ use crate::params::Values;
 use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
 use crate::session::pending::{Frame, PendingCall, Resolution};
-use crate::tools::cache::ToolCache;
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 

@@ -23,11 +23,11 @@ use super::pending::{self, PendingCall};
 use super::runner::{self, RunContext, RunEnd, RunSink};
 use super::store::{Notice, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
+use crate::bindings::cache::ToolCache;
 use crate::llm::{ChatClient, ChatMessage};
 use crate::metrics::{Metrics, RunOutcome};
 use crate::params::{ParamValue, Values};
 use crate::session::helpers::HelperEnv;
-use crate::tools::cache::ToolCache;
 use crate::tools::CallContext;
 
 /// How a cancelled run's unanswered calls are answered (a fork's too).

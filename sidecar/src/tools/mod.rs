@@ -8,7 +8,6 @@
 
 pub mod bash;
 pub mod builtin;
-pub mod cache;
 pub mod deferred;
 #[cfg(feature = "server")]
 pub mod mcp;

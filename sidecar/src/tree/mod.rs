@@ -879,24 +879,54 @@ async fn load_openapi(
     use crate::tools::openapi;
     // Values known at load (process values and defaults) may fetch the spec.
     let values = params.snapshot(&Values::new(), &Values::new());
-    let (decls, keys) = (&p.spec.parameters, &opts.api_keys);
+    let keys = &opts.api_keys;
     let loaded = match postgrest {
         Some(pg) => {
             let read = |doc: &serde_json::Value| {
                 openapi::postgrest::operations(doc, &pg.name, &pg.allowed_methods)
             };
-            openapi::load_with(o, base, decls, &values, keys, read).await
+            openapi::load_with(o, base, &values, keys, read).await
         }
-        None => openapi::load(o, base, decls, &values, keys).await,
+        None => openapi::load(o, base, &values, keys).await,
     };
     match loaded {
-        Ok((tools, warnings)) => {
+        Ok(loaded) => {
             diags.extend(
-                warnings
+                loaded
+                    .warnings
                     .into_iter()
                     .map(|w| Diagnostic::warning(format!("{place}: {w}"))),
             );
-            Some(tools)
+            // Each credential argument is bound to its parameter: the
+            // model never sees it, and a required parameter without a
+            // value fails the call rather than sending no credential.
+            let credentials: Vec<crate::bindings::AppliedBinding> = loaded
+                .credentials
+                .into_iter()
+                .map(|(arg, param)| {
+                    let required = p
+                        .spec
+                        .parameters
+                        .iter()
+                        .any(|d| d.name == param && d.required);
+                    crate::bindings::AppliedBinding {
+                        arg,
+                        value: crate::bindings::BoundValue::Param(param),
+                        when_unbound: if required {
+                            crate::spec::WhenUnbound::Fail
+                        } else {
+                            crate::spec::WhenUnbound::Omit
+                        },
+                    }
+                })
+                .collect();
+            Some(
+                loaded
+                    .tools
+                    .into_iter()
+                    .map(|t| BoundTool::new(t).with_bindings(credentials.iter().cloned()))
+                    .collect(),
+            )
         }
         Err(e) => {
             diags.push(Diagnostic::error(format!("{place}: {e}")));

@@ -25,10 +25,9 @@ use reqwest::Url;
 pub use document::{operations, sanitize_name, Location, Operation};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::bindings::{AppliedBinding, BoundTool, BoundValue};
 use crate::params::value::ArgText;
 use crate::params::{ApiKeys, ParamValue, SecretString, Values};
-use crate::spec::{OpenApiSecret, OpenApiToolbox, ParameterDecl, SecretSource, WhenUnbound};
+use crate::spec::{OpenApiSecret, OpenApiToolbox, SecretSource};
 
 /// Default request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -380,30 +379,38 @@ impl Tool for OpenApiTool {
     }
 }
 
+/// An OpenAPI toolbox's tools, and the hidden arguments each of them has
+/// for the toolbox's secrets given by a parameter: the loader binds each
+/// such argument to its parameter, so the model never sees it.
+pub struct Loaded {
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// `(argument, parameter)`, the same for every tool of the toolbox.
+    pub credentials: Vec<(String, String)>,
+    /// One per operation skipped.
+    pub warnings: Vec<String>,
+}
+
 /// Load an OpenAPI toolbox: read (or fetch) its document and turn each
-/// operation into a tool, with secret-carrying hidden arguments already
-/// bound. `values` are the parameter values known at load (process values
-/// and defaults): secrets for fetching the document may come from them.
-/// Returns the tools and a warning for each operation skipped.
+/// operation into a tool. `values` are the parameter values known at load
+/// (process values and defaults): secrets for fetching the document may
+/// come from them.
 pub async fn load(
     tb: &OpenApiToolbox,
     base: &Path,
-    params: &[ParameterDecl],
     values: &Values,
     api_keys: &ApiKeys,
-) -> Result<(Vec<BoundTool>, Vec<String>), String> {
-    load_with(tb, base, params, values, api_keys, operations).await
+) -> Result<Loaded, String> {
+    load_with(tb, base, values, api_keys, operations).await
 }
 
 /// [`load`] with another reading of the document (PostgREST's).
 pub async fn load_with(
     tb: &OpenApiToolbox,
     base: &Path,
-    params: &[ParameterDecl],
     values: &Values,
     api_keys: &ApiKeys,
     to_operations: impl FnOnce(&serde_json::Value) -> Result<(Vec<Operation>, Vec<String>), String>,
-) -> Result<(Vec<BoundTool>, Vec<String>), String> {
+) -> Result<Loaded, String> {
     let timeout = tb
         .timeout_seconds
         .map(Duration::from_secs)
@@ -467,12 +474,12 @@ pub async fn load_with(
             .unwrap_or(DEFAULT_MAX_RESPONSE),
         secrets: secrets.clone(),
     });
-    let hidden: Vec<(String, &str)> = tb
+    let hidden: Vec<(String, String)> = tb
         .secrets
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match &s.source {
-            SecretSource::Param(p) => Some((secret_arg(i), p.as_str())),
+            SecretSource::Param(p) => Some((secret_arg(i), p.clone())),
             _ => None,
         })
         .collect();
@@ -495,21 +502,14 @@ pub async fn load_with(
                 op,
                 shared: shared.clone(),
             };
-            BoundTool::new(Arc::new(tool)).with_bindings(hidden.iter().map(|(arg, p)| {
-                let required = params.iter().any(|d| d.name == *p && d.required);
-                AppliedBinding {
-                    arg: arg.clone(),
-                    value: BoundValue::Param(p.to_string()),
-                    when_unbound: if required {
-                        WhenUnbound::Fail
-                    } else {
-                        WhenUnbound::Omit
-                    },
-                }
-            }))
+            Arc::new(tool) as Arc<dyn Tool>
         })
         .collect();
-    Ok((tools, warnings))
+    Ok(Loaded {
+        tools,
+        credentials: hidden,
+        warnings,
+    })
 }
 
 fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, String> {

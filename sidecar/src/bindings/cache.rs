@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::bindings::BoundTool;
+use super::BoundTool;
 use crate::params::Values;
 
 pub type CacheKey = [u8; 32];
