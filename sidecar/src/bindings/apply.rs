@@ -5,8 +5,6 @@
 use super::{AppliedBinding, BoundTool};
 pub use crate::diagnostic::{Diagnostic, Level};
 use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
-use crate::tools::bash::Mode;
-use crate::tools::Transport;
 
 /// Which tool name a binding's glob is matched against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,29 +143,28 @@ pub fn apply_bindings_with(
                 )));
                 continue;
             }
-            if let Transport::Bash(mode) = arg.transport {
-                if let Some(d) = param.filter(|d| d.secret) {
-                    if mode != Mode::Env {
-                        diags.push(Diagnostic::error(format!(
-                            "{at}: secret parameter `{}` is bound to argument \"{}\", passed in mode `{}` where it would show in the process list and traces; declare the argument with \"mode\": \"env\" in the tool's describe output",
-                            d.name,
-                            b.arg,
-                            mode.as_str()
-                        )));
-                        continue;
-                    }
-                }
-                if let BindingValue::Literal(
+            if let (Some(d), Some(exposure)) =
+                (param.filter(|d| d.secret), arg.transport.secret_exposure())
+            {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: secret parameter `{}` is bound to argument \"{}\", {exposure}",
+                    d.name, b.arg,
+                )));
+                continue;
+            }
+            if let (
+                Some(carries),
+                BindingValue::Literal(
                     l @ (serde_json::Value::Object(_) | serde_json::Value::Array(_)),
-                ) = &b.value
-                {
-                    diags.push(Diagnostic::error(format!(
-                        "{at}: the literal bound to argument \"{}\" is {}; a bash tool takes strings, numbers or booleans",
-                        b.arg,
-                        crate::params::value::json_kind(l)
-                    )));
-                    continue;
-                }
+                ),
+            ) = (arg.transport.scalars_only(), &b.value)
+            {
+                diags.push(Diagnostic::error(format!(
+                    "{at}: the literal bound to argument \"{}\" is {}; {carries}",
+                    b.arg,
+                    crate::params::value::json_kind(l)
+                )));
+                continue;
             }
             if mentions(&tool.spec().description, &b.arg) {
                 diags.push(Diagnostic::warning(format!(

@@ -32,6 +32,28 @@ pub enum Transport {
     Bash(bash::Mode),
 }
 
+impl Transport {
+    /// Where a secret passed this way would show, if it would, and what to
+    /// do instead: the bindings refuse such a binding at load.
+    pub fn secret_exposure(&self) -> Option<String> {
+        match self {
+            Transport::Bash(mode) if *mode != bash::Mode::Env => Some(format!(
+                "passed in mode `{}` where it would show in the process list and traces; declare the argument with \"mode\": \"env\" in the tool's describe output",
+                mode.as_str()
+            )),
+            _ => None,
+        }
+    }
+
+    /// What it carries, when that is scalars only (no objects or arrays).
+    pub fn scalars_only(&self) -> Option<&'static str> {
+        match self {
+            Transport::Bash(_) => Some("a bash tool takes strings, numbers or booleans"),
+            Transport::Json => None,
+        }
+    }
+}
+
 /// One argument of a tool.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ArgSpec {
