@@ -113,7 +113,7 @@ pub async fn main(
     model: super::args::ModelArgs,
     protocol: Vec<String>,
 ) -> Result<std::process::ExitCode, String> {
-    let tree = super::commands::load_lenient(&agents).await?;
+    let tree = super::load::load_lenient(&agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?;
     let params = open_params(agent.params.statuses());
     match protocol.split_first() {

@@ -7,13 +7,11 @@ use tracing::Instrument;
 
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
 use super::check_tools::{self, ToolsMode};
+use super::load::{load, load_tree};
 use super::telemetry::Telemetry;
-use crate::bindings::Level;
-use crate::params::{ApiKeys, ProcessValues};
 use crate::report::{agent_report, render_text, tool_view};
-use crate::tools::bash::Limits;
 use crate::tools::CallContext;
-use crate::tree::{self, AgentSources, AgentTree, LoadOptions};
+use crate::tree;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -302,96 +300,5 @@ fn find_tool(agent: &tree::LoadedAgent, name: &str) -> Result<crate::bindings::B
                 names.join(", ")
             }
         )
-    })
-}
-
-/// A load failure: either every diagnostic, or one message.
-enum Failure {
-    Load(tree::LoadError),
-    Other(String),
-}
-
-impl Failure {
-    fn downcast(self) -> Result<tree::LoadError, String> {
-        match self {
-            Failure::Load(e) => Ok(e),
-            Failure::Other(m) => Err(m),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Load(e) => write!(f, "error: {e}"),
-            Failure::Other(m) => write!(f, "error: {m}"),
-        }
-    }
-}
-
-impl From<Failure> for String {
-    fn from(f: Failure) -> String {
-        f.to_string()
-    }
-}
-
-pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
-    load_with(agents, false).await
-}
-
-/// [`load`] for the commands that run agents (`serve`, `run`): a broken
-/// tool script is skipped with a warning naming it, as agents-exe does.
-pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, String> {
-    load_with(agents, true).await
-}
-
-async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, String> {
-    let tree = load_tree(agents, skip_broken_scripts).await?;
-    for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
-        tracing::warn!("{}", w.message);
-    }
-    Ok(tree)
-}
-
-async fn load_tree(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, Failure> {
-    let mut opts = load_options(agents).map_err(Failure::Other)?;
-    opts.skip_broken_scripts = skip_broken_scripts;
-    let sources = match &agents.agents_dir {
-        Some(dir) => AgentSources::Dir(dir.clone()),
-        None => AgentSources::Files(agents.agent_files.clone()),
-    };
-    tree::load(&sources, &opts).await.map_err(Failure::Load)
-}
-
-/// The process values, from flags, files and the environment.
-pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
-    let mut process = ProcessValues::new();
-    for (flag, list) in [
-        ("--set", &agents.set),
-        ("--set-json", &agents.set_json),
-        ("--pin", &agents.pin),
-        ("--pin-json", &agents.pin_json),
-    ] {
-        for arg in list {
-            process.add_flag(flag, arg)?;
-        }
-    }
-    for f in &agents.params_files {
-        process.add_params_file(f)?;
-    }
-    process.add_env(std::env::vars())?;
-    let api_keys = match &agents.api_keys {
-        Some(p) => ApiKeys::load(p)?,
-        None => ApiKeys::default(),
-    };
-    Ok(LoadOptions {
-        process,
-        api_keys,
-        limits: Limits {
-            call_timeout: Duration::from_secs(agents.tool_timeout),
-            max_output: agents.tool_max_output,
-            ..Limits::default()
-        },
-        skip_broken_scripts: false,
     })
 }

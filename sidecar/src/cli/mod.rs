@@ -4,6 +4,7 @@ mod args;
 mod as_tool;
 mod check_tools;
 mod commands;
+mod load;
 mod replay;
 mod serve;
 mod session_client;

@@ -11,7 +11,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::commands::{load_lenient, load_options};
+use super::load::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::server::{router, AppState};
 use crate::llm::ChatMessage;
