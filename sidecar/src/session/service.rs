@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
@@ -181,11 +181,7 @@ pub struct Service {
     store_ok: AtomicBool,
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub use super::store::now_ms;
 
 /// SHA-256 of a session token, as stored.
 pub fn token_digest(token: &str) -> String {

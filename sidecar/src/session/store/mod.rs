@@ -18,6 +18,15 @@ use async_trait::async_trait;
 use super::model::{EventRecord, SessionRecord};
 pub use location::Location;
 
+/// Milliseconds since the Unix epoch, the stores' and sessions' one clock
+/// (0 for a clock before 1970, saturating far in the future).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("session {0} was changed concurrently; reload it and try again")]

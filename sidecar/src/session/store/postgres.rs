@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
@@ -341,13 +341,6 @@ fn pool_error(e: &PoolError) -> String {
     }
 }
 
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 impl PostgresStore {
     /// Connect (retrying for up to `patience` while the database is not
     /// reachable: it may be starting next to us) with a pool of at most
@@ -516,7 +509,7 @@ impl PostgresStore {
             tx.batch_execute(step).await.map_err(&db)?;
             tx.execute(
                 "INSERT INTO bindery_schema_migrations (version, applied_at) VALUES ($1, $2)",
-                &[&version, &now_millis()],
+                &[&version, &super::now_ms()],
             )
             .await
             .map_err(&db)?;

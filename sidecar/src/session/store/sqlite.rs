@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
@@ -230,18 +230,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
         tx.execute_batch(step).map_err(|e| op.db(e))?;
         tx.execute(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
-            params![current + 1, now_millis()],
+            params![current + 1, super::now_ms()],
         )
         .map_err(|e| op.db(e))?;
         tx.commit().map_err(|e| op.db(e))?;
     }
-}
-
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// What is being done to which file, for error messages.
