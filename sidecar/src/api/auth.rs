@@ -4,7 +4,7 @@
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::session::error::ServiceError;
+use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::Service;
 use crate::session::validate::Caller;
 
@@ -57,7 +57,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 pub fn unauthorized(msg: &str) -> ServiceError {
-    ServiceError::new(401, "unauthorized", msg)
+    ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
 }
 
 /// The caller of a request on `session` (when the route names one) through `door`.
@@ -81,7 +81,7 @@ pub async fn caller(
             return match door {
                 Door::SessionToken => Ok(Caller::SessionToken(id.to_string())),
                 Door::OwnerOnly => Err(ServiceError::new(
-                    403,
+                    ErrorKind::Forbidden,
                     "forbidden",
                     "a session token can read the session and its events, post messages and cancel a run; nothing else",
                 )),

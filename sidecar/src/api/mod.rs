@@ -6,4 +6,5 @@ pub mod chat;
 pub mod mcp;
 pub mod openapi;
 pub mod server;
+pub mod status;
 pub mod views;

@@ -22,7 +22,7 @@ use serde_json::json;
 use super::auth::{caller, Door, OwnerToken};
 use super::views::{agent_view, session_summary, session_view};
 use crate::metrics::Metrics;
-use crate::session::error::ServiceError;
+use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
 use crate::session::validate::Caller;
 
@@ -148,7 +148,7 @@ async fn json_errors(response: Response) -> Response {
 
 impl IntoResponse for ServiceError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = super::status::of(self.kind);
         let mut body = json!({"error": self.code, "message": self.message});
         if !self.params.is_empty()
             || self.code.ends_with("params")
@@ -528,7 +528,7 @@ async fn put_params(
     let b: ParamsBody = body(&b)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
-            status: 403,
+            kind: ErrorKind::Forbidden,
             code: "forbidden_params",
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),

@@ -1,21 +1,45 @@
-//! Errors the session API answers with: an HTTP status, a stable code, a
-//! message that says what to do, and the parameter names concerned.
+//! Errors of the session layer: what kind of failure, a stable code, a
+//! message that says what to do, and the parameter names concerned. The
+//! API edge turns the kind into an HTTP status (and `/mcp` into a JSON-RPC
+//! error); nothing here knows HTTP.
 
 use super::store::StoreError;
 use super::validate::ParamsError;
 
+/// What kind of failure an error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request itself is malformed.
+    BadRequest,
+    /// No valid credential.
+    Unauthorized,
+    /// The caller may not do this (a pinned value, a sealed session).
+    Forbidden,
+    /// No such session, token or agent.
+    NotFound,
+    /// The session's state does not allow it now (a run in progress,
+    /// a secret value missing, a spent continuation).
+    Conflict,
+    /// Values that do not fit what the agent declares.
+    Invalid,
+    /// A dependency of the server (its store, a peer) cannot serve now.
+    Unavailable,
+    /// The server's own failure; the log says more.
+    Internal,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceError {
-    pub status: u16,
+    pub kind: ErrorKind,
     pub code: &'static str,
     pub message: String,
     pub params: Vec<String>,
 }
 
 impl ServiceError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
         ServiceError {
-            status,
+            kind,
             code,
             message: message.into(),
             params: Vec::new(),
@@ -23,22 +47,22 @@ impl ServiceError {
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {
-        ServiceError::new(404, "not_found", what)
+        ServiceError::new(ErrorKind::NotFound, "not_found", what)
     }
 
     pub fn bad_request(what: impl Into<String>) -> Self {
-        ServiceError::new(400, "bad_request", what)
+        ServiceError::new(ErrorKind::BadRequest, "bad_request", what)
     }
 
     pub fn forbidden(what: impl Into<String>) -> Self {
-        ServiceError::new(403, "forbidden", what)
+        ServiceError::new(ErrorKind::Forbidden, "forbidden", what)
     }
 }
 
 impl From<ParamsError> for ServiceError {
     fn from(e: ParamsError) -> Self {
         ServiceError {
-            status: e.status(),
+            kind: e.kind(),
             code: e.code(),
             message: e.message(),
             params: e.names().to_vec(),
@@ -50,11 +74,13 @@ impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(id) => ServiceError::not_found(format!("no session {id}")),
-            StoreError::Conflict(_) => ServiceError::new(409, "conflict", e.to_string()),
+            StoreError::Conflict(_) => {
+                ServiceError::new(ErrorKind::Conflict, "conflict", e.to_string())
+            }
             other => {
                 tracing::error!("{other}");
                 ServiceError::new(
-                    500,
+                    ErrorKind::Internal,
                     "internal",
                     "the session store failed; see the server log",
                 )
@@ -65,6 +91,6 @@ impl From<StoreError> for ServiceError {
 
 impl std::fmt::Display for ServiceError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status, self.code, self.message)
+        write!(f, "{}: {}", self.code, self.message)
     }
 }

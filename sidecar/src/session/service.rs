@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::error::ServiceError;
+use super::error::{ErrorKind, ServiceError};
 use super::fanout::Fanout;
 pub use super::fanout::LiveEvent;
 use super::lease::{LeaseConfig, Liveness};
@@ -192,7 +192,11 @@ fn new_token() -> Result<String, ServiceError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| {
         tracing::error!("no randomness for a session token: {e}");
-        ServiceError::new(500, "internal", "cannot mint a session token")
+        ServiceError::new(
+            ErrorKind::Internal,
+            "internal",
+            "cannot mint a session token",
+        )
     })?;
     Ok(format!("st_{}", hex::encode(bytes)))
 }
@@ -445,7 +449,7 @@ impl Service {
         let (agent_name, base, turns, op) = match &req.fork {
             Some(source_id) => {
                 let source = self.record(source_id).await.map_err(|e| {
-                    if e.status == 404 {
+                    if e.kind == ErrorKind::NotFound {
                         ServiceError::not_found(format!("no session {source_id} to fork"))
                     } else {
                         e
@@ -614,7 +618,7 @@ impl Service {
             && (op == Op::Message || !rec.pending.all_resolved())
         {
             return Err(ServiceError::new(
-                409,
+                ErrorKind::Conflict,
                 "waiting_external",
                 format!(
                     "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
@@ -656,7 +660,7 @@ impl Service {
         let mut rec = self.record(id).await?;
         if op != Op::PutParams && self.is_running(id) {
             return Err(ServiceError::new(
-                409,
+                ErrorKind::Conflict,
                 "run_in_progress",
                 "a run is in progress on this session; wait for it or cancel it",
             ));
@@ -744,8 +748,13 @@ impl Service {
     /// or the run's next write), and the run's end is awaited here as a
     /// local cancel awaits it. A lost run is closed, as any request would.
     async fn request_cancel(&self, id: &str) -> Result<(), ServiceError> {
-        let not_running =
-            || ServiceError::new(409, "not_running", "no run is in progress on this session");
+        let not_running = || {
+            ServiceError::new(
+                ErrorKind::Conflict,
+                "not_running",
+                "no run is in progress on this session",
+            )
+        };
         let live = self.live(id);
         let requested = async {
             let _guard = live.lock.lock().await;
@@ -773,7 +782,7 @@ impl Service {
                 }
             }
             Err(ServiceError::new(
-                409,
+                ErrorKind::Conflict,
                 "conflict",
                 format!("session {id} kept changing concurrently; try the cancel again"),
             ))
@@ -844,7 +853,7 @@ impl Service {
             let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
             if run.is_some() {
                 return Err(ServiceError::new(
-                    409,
+                    ErrorKind::Conflict,
                     "run_in_progress",
                     "a run is in progress on this session; wait for it or cancel it",
                 ));
@@ -868,7 +877,7 @@ impl Service {
             let resolved = if rec.status == SessionStatus::WaitingExternal {
                 if !rec.pending.all_resolved() {
                     return Err(ServiceError::new(
-                        409,
+                        ErrorKind::Conflict,
                         "waiting_external",
                         format!("the session is {}", rec.pending.detail()),
                     ));
@@ -1341,7 +1350,7 @@ impl Service {
             rec = self.record(&id).await?;
         }
         Err(ServiceError::new(
-            409,
+            ErrorKind::Conflict,
             "run_in_progress",
             "a run is in progress on this session on another server; wait for it to end",
         ))

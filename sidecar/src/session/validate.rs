@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::params::{AgentParams, ParamValue, Values};
 use crate::spec::Scope;
 
+use super::error::ErrorKind;
+
 /// Who is asking.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
@@ -50,14 +52,14 @@ pub enum ParamsError {
 }
 
 impl ParamsError {
-    pub fn status(&self) -> u16 {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            ParamsError::Unknown(_) | ParamsError::Invalid(..) => 422,
-            ParamsError::Forbidden(..) => 403,
-            ParamsError::Required { existing: true, .. } => 409,
+            ParamsError::Unknown(_) | ParamsError::Invalid(..) => ErrorKind::Invalid,
+            ParamsError::Forbidden(..) => ErrorKind::Forbidden,
+            ParamsError::Required { existing: true, .. } => ErrorKind::Conflict,
             ParamsError::Required {
                 existing: false, ..
-            } => 422,
+            } => ErrorKind::Invalid,
         }
     }
 
@@ -274,9 +276,9 @@ mod tests {
         validate(&agent(), op, &caller, sealed, current, &map(v))
     }
 
-    fn err(r: Result<Accepted, ParamsError>) -> (u16, &'static str, Vec<String>) {
+    fn err(r: Result<Accepted, ParamsError>) -> (ErrorKind, &'static str, Vec<String>) {
         let e = r.unwrap_err();
-        (e.status(), e.code(), e.names().to_vec())
+        (e.kind(), e.code(), e.names().to_vec())
     }
 
     fn names(n: &[&str]) -> Vec<String> {
@@ -296,7 +298,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a", "token": "t", "tennant": 1})
             )),
-            (422, "unknown_params", names(&["tennant"]))
+            (ErrorKind::Invalid, "unknown_params", names(&["tennant"]))
         );
         assert_eq!(
             err(check(
@@ -306,7 +308,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a", "token": "t", "region": "us"})
             )),
-            (403, "forbidden_params", names(&["region"]))
+            (ErrorKind::Forbidden, "forbidden_params", names(&["region"]))
         );
         assert_eq!(
             err(check(
@@ -316,7 +318,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a", "token": "t", "plan": "free"})
             )),
-            (403, "forbidden_params", names(&["plan"]))
+            (ErrorKind::Forbidden, "forbidden_params", names(&["plan"]))
         );
         assert_eq!(
             err(check(
@@ -326,7 +328,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a", "token": 42})
             )),
-            (422, "invalid_params", names(&["token"]))
+            (ErrorKind::Invalid, "invalid_params", names(&["token"]))
         );
         assert_eq!(
             err(check(
@@ -336,7 +338,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a"})
             )),
-            (422, "params_required", names(&["token"]))
+            (ErrorKind::Invalid, "params_required", names(&["token"]))
         );
         assert_eq!(
             err(check(
@@ -346,7 +348,7 @@ mod tests {
                 &none,
                 json!({"tenant": "a"})
             )),
-            (422, "params_required", names(&["token"]))
+            (ErrorKind::Invalid, "params_required", names(&["token"]))
         );
 
         let current: Values = [("tenant".to_string(), ParamValue::Plain(json!("acme")))].into();
@@ -358,11 +360,11 @@ mod tests {
                 &current,
                 json!({})
             )),
-            (409, "params_required", names(&["token"]))
+            (ErrorKind::Conflict, "params_required", names(&["token"]))
         );
         assert_eq!(
             err(check(Op::Resume, Caller::Owner, false, &current, json!({}))),
-            (409, "params_required", names(&["token"]))
+            (ErrorKind::Conflict, "params_required", names(&["token"]))
         );
         let st = Caller::SessionToken("s".into());
         assert_eq!(
@@ -373,7 +375,7 @@ mod tests {
                 &current,
                 json!({"tenant": "x"})
             )),
-            (403, "forbidden_params", names(&["tenant"]))
+            (ErrorKind::Forbidden, "forbidden_params", names(&["tenant"]))
         );
         assert_eq!(
             err(check(
@@ -383,7 +385,7 @@ mod tests {
                 &current,
                 json!({"otp": "1"})
             )),
-            (422, "invalid_params", names(&["otp"]))
+            (ErrorKind::Invalid, "invalid_params", names(&["otp"]))
         );
         // Sealed: the owner is exempt.
         let mut with_token = current.clone();
@@ -448,7 +450,7 @@ mod tests {
                 &ok.session,
                 json!({})
             )),
-            (409, "params_required", names(&["token"]))
+            (ErrorKind::Conflict, "params_required", names(&["token"]))
         );
     }
 }

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::session::error::ServiceError;
+use crate::session::error::{ErrorKind, ServiceError};
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
@@ -57,12 +57,13 @@ impl RpcError {
 /// `forbidden_params` exactly as a REST client would.
 impl From<ServiceError> for RpcError {
     fn from(e: ServiceError) -> Self {
-        let code = match e.status {
-            401 => UNAUTHORIZED,
-            500.. => INTERNAL_ERROR,
+        let code = match e.kind {
+            ErrorKind::Unauthorized => UNAUTHORIZED,
+            ErrorKind::Internal | ErrorKind::Unavailable => INTERNAL_ERROR,
             _ => INVALID_PARAMS,
         };
-        let mut data = json!({"error": e.code, "status": e.status});
+        let status = crate::api::status::of(e.kind).as_u16();
+        let mut data = json!({"error": e.code, "status": status});
         if !e.params.is_empty() || e.code.ends_with("params") {
             data["params"] = json!(e.params);
         }
@@ -175,7 +176,7 @@ mod tests {
     #[test]
     fn service_errors_keep_their_rest_code() {
         let e = RpcError::from(ServiceError {
-            status: 422,
+            kind: ErrorKind::Invalid,
             code: "unknown_params",
             message: "no".into(),
             params: vec!["tennant".into()],
@@ -185,13 +186,17 @@ mod tests {
             e.data,
             Some(json!({"error": "unknown_params", "status": 422, "params": ["tennant"]}))
         );
-        let e = RpcError::from(ServiceError::new(401, "unauthorized", "no token"));
+        let e = RpcError::from(ServiceError::new(
+            ErrorKind::Unauthorized,
+            "unauthorized",
+            "no token",
+        ));
         assert_eq!(e.code, UNAUTHORIZED);
         assert_eq!(
             e.data,
             Some(json!({"error": "unauthorized", "status": 401}))
         );
-        let e = RpcError::from(ServiceError::new(500, "internal", "store"));
+        let e = RpcError::from(ServiceError::new(ErrorKind::Internal, "internal", "store"));
         assert_eq!(e.code, INTERNAL_ERROR);
         assert_eq!(
             response(json!(9), Err(e))["error"]["data"]["error"],

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use crate::session::error::ServiceError;
+use crate::session::error::{ErrorKind, ServiceError};
 
 const PREFIX: &str = "agents-param-";
 /// Where `tools/call` carries values in its `_meta`.
@@ -27,7 +27,7 @@ pub fn param_name(header: &str) -> Option<String> {
 
 fn invalid(name: &str, why: &str) -> ServiceError {
     ServiceError {
-        status: 422,
+        kind: ErrorKind::Invalid,
         code: "invalid_params",
         message: format!("{name}: {why}"),
         params: vec![name.to_string()],
@@ -139,7 +139,7 @@ mod tests {
             from
         );
         let e = merge(from, Some(&json!({"agents-exe/params": ["tenant"]}))).unwrap_err();
-        assert_eq!((e.status, e.code), (400, "bad_request"));
+        assert_eq!((e.kind, e.code), (ErrorKind::BadRequest, "bad_request"));
     }
 
     #[test]
@@ -149,7 +149,7 @@ mod tests {
             ("Agents-Param-Billing-Token", b"two-secret"),
         ]);
         let e = from_headers(&twice).unwrap_err();
-        assert_eq!((e.status, e.code), (422, "invalid_params"));
+        assert_eq!((e.kind, e.code), (ErrorKind::Invalid, "invalid_params"));
         assert_eq!(e.params, ["billing_token"]);
         assert!(!e.message.contains("secret"), "{}", e.message);
         let utf8 = headers(&[("Agents-Param-tenant", "café".as_bytes())]);

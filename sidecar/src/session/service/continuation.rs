@@ -14,7 +14,7 @@ use super::{
 };
 use crate::metrics::RunOutcome;
 use crate::params::Values;
-use crate::session::error::ServiceError;
+use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::model::SessionRecord;
 use crate::session::model::SessionStatus;
 use crate::session::pending::{self, PendingCall, Resolution};
@@ -224,7 +224,7 @@ impl Service {
         let rec = self.record(id).await?;
         let used = || {
             ServiceError::new(
-                409,
+                ErrorKind::Conflict,
                 "continuation_used",
                 "this continuation was answered already (a token is good for one answer)",
             )
@@ -266,7 +266,11 @@ impl Service {
                     item.tool
                 )
             };
-            return Err(ServiceError::new(409, "continuation_expired", why));
+            return Err(ServiceError::new(
+                ErrorKind::Conflict,
+                "continuation_expired",
+                why,
+            ));
         }
         let agent = self.agent(&rec.agent)?.clone();
         // The agent whose tool it is: the session's, or a helper's.
@@ -284,7 +288,7 @@ impl Service {
             || item.digest != pending::call_digest(&item.tool, &item.call, &bound_now)
         {
             return Err(ServiceError::new(
-                409,
+                ErrorKind::Conflict,
                 "call_changed",
                 format!(
                     "the call of {} is not the one this continuation was issued for (the tool's bound parameters changed since); cancel the run and ask again",
@@ -322,7 +326,7 @@ impl Service {
             let missing = self.missing_secrets(&agent, &rec, &item);
             if !missing.is_empty() {
                 return Err(ServiceError {
-                    status: 409,
+                    kind: ErrorKind::Conflict,
                     code: "params_required",
                     message: format!(
                         "the call of {} needs secret parameter(s) {} that this server no longer holds; give them again with PUT /v1/sessions/{id}/params",
