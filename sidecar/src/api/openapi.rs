@@ -373,18 +373,6 @@ pub enum RunMode {
     UntilBlocked,
 }
 
-/// `idle`: ready for a message; `running`: a run is in progress; `failed`:
-/// the last run failed (see `status_detail`); `waiting_external`: the run
-/// stopped with tool calls pending (see `pending`).
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    Idle,
-    Running,
-    Failed,
-    WaitingExternal,
-}
-
 /// Who sets it: the server (process), a session, or each message.
 #[derive(ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -91,7 +91,7 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .merge(super::chat::routes())
 }
 
-/// The OpenAPI document of [`routes`], as `GET /openapi.json` serves it.
+/// The OpenAPI document of [`routes()`], as `GET /openapi.json` serves it.
 pub fn document() -> serde_json::Value {
     static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
     DOCUMENT
@@ -255,7 +255,7 @@ impl WaitQuery {
 }
 
 /// Liveness: the process is up
-#[utoipa::path(get, path = "/healthz", tag = "health", operation_id = "healthz", security(()),
+#[utoipa::path(get, path = "/healthz", tag = "health", operation_id = "healthz", security(),
     responses((status = 200, description = "Up.", body = Health)),
 )]
 async fn healthz() -> Json<serde_json::Value> {
@@ -264,7 +264,7 @@ async fn healthz() -> Json<serde_json::Value> {
 
 /// This document
 #[utoipa::path(get, path = "/openapi.json", tag = "health", operation_id = "openapi",
-    security(()),
+    security(),
     responses((status = 200, description = "The OpenAPI 3.1 document.", body = Object)),
 )]
 async fn openapi() -> Json<serde_json::Value> {
@@ -272,7 +272,7 @@ async fn openapi() -> Json<serde_json::Value> {
 }
 
 /// Readiness: the server can take requests
-#[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(()), responses(
+#[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(), responses(
     (status = 200, description = "Ready.", body = Ready),
     (status = 503, description = "Not ready: starting, or the session store does not answer.",
         body = inline(NotReady)),
@@ -298,7 +298,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Prometheus metrics
-#[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics", security(()), responses(
+#[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics", security(), responses(
     (status = 200, description = "The metrics as OpenMetrics text.", body = String,
         content_type = "application/openmetrics-text"),
 ))]
@@ -908,8 +908,9 @@ pub struct EventsQuery {
     operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
-        ("Last-Event-ID" = Option<u64>, Header, description = "Replay the stored events \
-            after this one (an event's `id`) before following new ones."),
+        ("Last-Event-ID" = Option<String>, Header, description = "Replay the stored events \
+            after this one (an event's `id`) before following new ones. A value that is not \
+            a whole number is ignored."),
         EventsQuery,
     ),
     responses(

@@ -4,10 +4,10 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::openapi::{PendingItem, Scope, SessionStatus, Turn, Wait};
+use super::openapi::{PendingItem, Scope, Turn, Wait};
 use crate::llm::ChatMessage;
 use crate::params::ParamStatus;
-use crate::session::model::SessionRecord;
+use crate::session::model::{SessionRecord, SessionStatus};
 use crate::tools::Disposition;
 use crate::tree::LoadedAgent;
 
@@ -102,6 +102,10 @@ pub struct SessionView {
     /// Who created the session: `owner` (this API) or `mcp` (a call on
     /// /mcp).
     pub owner: String,
+    /// `idle`: ready for a message; `running`: a run is in progress;
+    /// `failed`: the last run failed (see `status_detail`);
+    /// `waiting_external`: the run stopped with tool calls pending (see
+    /// `pending`).
     #[schema(value_type = SessionStatus)]
     pub status: &'static str,
     /// Why the last run failed, stopped, or what it waits for.

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::llm::ChatMessage;
 use crate::params::Values;
 
-/// Where a session stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a session stands. (Its schema is the API document's.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     /// No run in progress; ready for a message.

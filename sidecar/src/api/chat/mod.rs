@@ -34,7 +34,7 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
 }
 
 /// The chat page
-#[utoipa::path(get, path = "/", tag = "chat", operation_id = "chatPage", security(()),
+#[utoipa::path(get, path = "/", tag = "chat", operation_id = "chatPage", security(),
     responses((status = 200, description = "The file, embedded in the server.", body = String,
         content_type = "text/html", headers(("Content-Security-Policy" = String)))),
 )]
@@ -43,7 +43,7 @@ async fn page() -> Response {
 }
 
 /// The chat page's script
-#[utoipa::path(get, path = "/chat.js", tag = "chat", operation_id = "chatScript", security(()),
+#[utoipa::path(get, path = "/chat.js", tag = "chat", operation_id = "chatScript", security(),
     responses((status = 200, description = "The file, embedded in the server.", body = String,
         content_type = "text/javascript", headers(("Content-Security-Policy" = String)))),
 )]
@@ -52,7 +52,7 @@ async fn script() -> Response {
 }
 
 /// The chat page's style sheet
-#[utoipa::path(get, path = "/chat.css", tag = "chat", operation_id = "chatStyle", security(()),
+#[utoipa::path(get, path = "/chat.css", tag = "chat", operation_id = "chatStyle", security(),
     responses((status = 200, description = "The file, embedded in the server.", body = String,
         content_type = "text/css", headers(("Content-Security-Policy" = String)))),
 )]
