@@ -26,6 +26,8 @@ use utoipa::openapi::{
 };
 use utoipa::{OpenApi, PartialSchema, ToResponse, ToSchema};
 
+use crate::session::model::SessionStatus;
+
 /// The schemas only the events route's `x-events` names (a response
 /// extension, which utoipa does not collect by itself).
 #[derive(OpenApi)]
@@ -584,7 +586,9 @@ pub struct ToolResultEvent {
 pub struct RunFinishedEvent {
     pub status: RunEnd,
     #[serde(default)]
-    pub detail: String,
+    pub detail: Option<String>,
+    /// The session's status after the run.
+    pub session_status: SessionStatus,
 }
 
 #[derive(ToSchema)]
@@ -1058,6 +1062,26 @@ mod tests {
         let agent = &doc["components"]["schemas"]["ParameterView"];
         assert!(agent["properties"].get("value").is_none());
         assert!(agent["properties"].get("default").is_none());
+    }
+
+    #[test]
+    fn optional_parameters_and_bodies_may_be_left_out_not_null() {
+        let doc = doc();
+        for (method, path, op) in operations(&doc) {
+            let params = op["parameters"].as_array().cloned().unwrap_or_default();
+            let body = &op["requestBody"]["content"]["application/json"]["schema"];
+            for schema in params.iter().map(|p| &p["schema"]).chain([body]) {
+                let text = schema.to_string();
+                assert!(!text.contains(r#""null""#), "{method} {path}: {text}");
+            }
+        }
+        for path in ["/v1/sessions/{id}/fork", "/v1/sessions/{id}/resume"] {
+            let body = &doc["paths"][path]["post"]["requestBody"];
+            assert_eq!(body["required"], false, "{path}: {body}");
+            assert!(body["content"]["application/json"]["schema"]["$ref"].is_string());
+        }
+        let create = &doc["paths"]["/v1/sessions"]["post"]["requestBody"];
+        assert_eq!(create["required"], true, "{create}");
     }
 
     #[test]

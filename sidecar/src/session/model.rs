@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::llm::ChatMessage;
 use crate::params::Values;
 
-/// Where a session stands. (Its schema is the API document's.)
+/// Where a session stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
