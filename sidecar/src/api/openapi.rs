@@ -1,1302 +1,805 @@
 //! The OpenAPI 3.1 document of the HTTP API, served at `GET /openapi.json`.
 //!
-//! Written by hand with `serde_json::json!`: one function per operation, a
-//! few helpers for the pieces they share (error responses, security, the
-//! `wait`/`timeout` query parameters) and the schemas under `components`.
-//! [`ROUTES`] lists every route; the tests check that the document and the
-//! list agree.
+//! Derived with utoipa, not written: each handler's `#[utoipa::path]` gives
+//! its route, security, parameters and responses, `server::routes` registers
+//! it once for both the router and the document (utoipa-axum's
+//! `OpenApiRouter`), and the view and request types derive their schemas.
+//! This module holds what is not a handler: the document's frame (info,
+//! tags, security schemes), the error bodies with the `error` codes each
+//! route may answer, and the schemas of JSON that no Rust type of the API
+//! holds (events, pending items, turns, JSON-RPC messages).
 
-use serde_json::{json, Map, Value};
+// utoipa's derives spell out paths that are in scope.
+#![allow(unused_qualifications)]
 
-/// Every route of the API as `(METHOD, path)`, the path in OpenAPI form
-/// (`{id}`, not `:id`).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
-    ("GET", "/openapi.json"),
-    ("GET", "/v1/agents"),
-    ("GET", "/v1/agents/{slug}"),
-    ("POST", "/v1/sessions"),
-    ("GET", "/v1/sessions"),
-    ("GET", "/v1/sessions/{id}"),
-    ("POST", "/v1/sessions/{id}/messages"),
-    ("POST", "/v1/sessions/{id}/resume"),
-    ("POST", "/v1/sessions/{id}/cancel"),
-    ("POST", "/v1/sessions/{id}/fork"),
-    ("POST", "/v1/continuations/{token}"),
-    ("PUT", "/v1/sessions/{id}/params"),
-    ("DELETE", "/v1/sessions/{id}/token"),
-    ("GET", "/v1/sessions/{id}/events"),
-    ("POST", "/mcp"),
-    ("GET", "/"),
-    ("GET", "/chat.js"),
-    ("GET", "/chat.css"),
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use utoipa::openapi::content::ContentBuilder;
+use utoipa::openapi::extensions::ExtensionsBuilder;
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::tag::TagBuilder;
+use utoipa::openapi::{
+    ComponentsBuilder, InfoBuilder, LicenseBuilder, OpenApi as Document, Ref, RefOr, Response,
+    ResponseBuilder,
+};
+use utoipa::{OpenApi, PartialSchema, ToResponse, ToSchema};
+
+use crate::session::model::SessionStatus;
+
+/// The schemas only the events route's `x-events` names (a response
+/// extension, which utoipa does not collect by itself).
+#[derive(OpenApi)]
+#[openapi(components(schemas(
+    RunStartedEvent,
+    Turn,
+    DeltaEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    RunFinishedEvent,
+    ParamsChangedEvent,
+    PendingEvent,
+    ResolvedEvent,
+)))]
+struct EventSchemas;
+
+/// The SSE event kinds and their `data` schemas, as `x-events` lists them.
+const EVENTS: &[(&str, &str)] = &[
+    ("run_started", "RunStartedEvent"),
+    ("message", "Turn"),
+    ("delta", "DeltaEvent"),
+    ("tool_call", "ToolCallEvent"),
+    ("tool_result", "ToolResultEvent"),
+    ("run_finished", "RunFinishedEvent"),
+    ("params_changed", "ParamsChangedEvent"),
+    ("pending", "PendingEvent"),
+    ("resolved", "ResolvedEvent"),
 ];
 
-/// The 422 codes of a request that sets parameters on a new session.
-const NEW_SESSION_PARAM_CODES: &[&str] = &["unknown_params", "invalid_params", "params_required"];
-/// The 422 codes of a request that sets parameters on an existing session.
-const PARAM_CODES: &[&str] = &["unknown_params", "invalid_params"];
+/// The path of the events route, whose 200 gets `x-events`.
+pub const EVENTS_PATH: &str = "/v1/sessions/{id}/events";
 
-/// The whole document; `version` is the server's, shown as `info.version`.
-pub fn document(version: &str) -> Value {
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Bindery",
-            "version": version,
-            "description": "Bindery's agent server: run an agent in a session, talk to it, \
-                watch its events. Parameter values are write-only: no response ever \
-                carries a secret value, and agent views carry no values at all.",
-            "license": { "name": "Apache-2.0", "identifier": "Apache-2.0" },
-        },
-        "tags": [
-            { "name": "health", "description": "Liveness, readiness, metrics and this document." },
-            { "name": "agents", "description": "The agents this server runs." },
-            { "name": "sessions", "description": "Conversations with an agent, their runs and parameters." },
-            { "name": "mcp", "description": "The agents as MCP tools (MCP's Streamable HTTP transport)." },
-            { "name": "chat", "description": "The chat page, for a person trying an agent." },
-        ],
-        "security": owner(),
-        "paths": paths(),
-        "components": {
-            "securitySchemes": {
-                "ownerToken": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "The owner token, given to the server at start-up. Allowed everywhere.",
-                },
-                "sessionToken": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "A session token (`st_…`), handed out once when a session is \
-                        created or forked with `session_token: true`. Valid for that session \
-                        only, and only on the operations that list it.",
-                },
-            },
-            "parameters": parameters(),
-            "responses": {
-                "Unauthorized": error_response(
-                    "No valid token: none given, a wrong one, or a session token for another session.",
-                    &[],
-                ),
-            },
-            "schemas": schemas(),
-        },
-    })
-}
-
-// ---------------------------------------------------------------------------
-// Shared pieces.
-
-/// `{"$ref": "#/components/schemas/<name>"}`.
-fn schema(name: &str) -> Value {
-    json!({ "$ref": format!("#/components/schemas/{name}") })
-}
-
-/// `{"$ref": "#/components/parameters/<name>"}`.
-fn parameter(name: &str) -> Value {
-    json!({ "$ref": format!("#/components/parameters/{name}") })
-}
-
-/// Security: the owner token only.
-fn owner() -> Value {
-    json!([{ "ownerToken": [] }])
-}
-
-/// Security: the owner token, or a session token for this session.
-fn owner_or_session() -> Value {
-    json!([{ "ownerToken": [] }, { "sessionToken": [] }])
-}
-
-/// Security: none.
-fn public() -> Value {
-    json!([])
-}
-
-/// A JSON response body.
-fn json_response(description: &str, body: Value) -> Value {
-    json!({
-        "description": description,
-        "content": { "application/json": { "schema": body } },
-    })
-}
-
-/// An error response; `codes`, when given, are the `error` values it may carry.
-fn error_response(description: &str, codes: &[&str]) -> Value {
-    let body = if codes.is_empty() {
-        schema("Error")
-    } else {
-        json!({
-            "allOf": [
-                schema("Error"),
-                { "properties": { "error": { "enum": codes } } },
-            ],
+/// The document for `api`, the routes' part that `server::routes`
+/// collected; `version` is the server's, shown as `info.version`.
+pub fn document(mut api: Document, version: &str) -> Value {
+    api.info = InfoBuilder::new()
+        .title("Bindery")
+        .version(version)
+        .description(Some(
+            "Bindery's agent server: run an agent in a session, talk to it, watch its \
+             events. Parameter values are write-only: no response ever carries a secret \
+             value, and agent views carry no values at all.",
+        ))
+        .license(Some(
+            LicenseBuilder::new()
+                .name("Apache-2.0")
+                .identifier(Some("Apache-2.0"))
+                .build(),
+        ))
+        .build();
+    api.tags = Some(
+        [
+            ("health", "Liveness, readiness, metrics and this document."),
+            ("agents", "The agents this server runs."),
+            (
+                "sessions",
+                "Conversations with an agent, their runs and parameters.",
+            ),
+            (
+                "mcp",
+                "The agents as MCP tools (MCP's Streamable HTTP transport).",
+            ),
+            ("chat", "The chat page, for a person trying an agent."),
+        ]
+        .into_iter()
+        .map(|(name, description)| {
+            TagBuilder::new()
+                .name(name)
+                .description(Some(description))
+                .build()
         })
+        .collect(),
+    );
+    api.security = Some(vec![SecurityRequirement::new(
+        "ownerToken",
+        Vec::<String>::new(),
+    )]);
+    let bearer = |description: &str| {
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(description))
+                .build(),
+        )
     };
-    json_response(description, body)
+    let components = ComponentsBuilder::new()
+        .security_scheme(
+            "ownerToken",
+            bearer("The owner token, given to the server at start-up. Allowed everywhere."),
+        )
+        .security_scheme(
+            "sessionToken",
+            bearer(
+                "A session token (`st_…`), handed out once when a session is created or \
+                 forked with `session_token: true`. Valid for that session only, and only on \
+                 the operations that list it.",
+            ),
+        )
+        .response_from::<Unauthorized>()
+        .build();
+    api.merge(EventSchemas::openapi());
+    match api.components.as_mut() {
+        Some(c) => {
+            c.security_schemes.extend(components.security_schemes);
+            c.responses.extend(components.responses);
+        }
+        None => api.components = Some(components),
+    }
+    let events = EVENTS
+        .iter()
+        .map(|(kind, schema)| {
+            (
+                kind.to_string(),
+                serde_json::json!({ "$ref": format!("#/components/schemas/{schema}") }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>();
+    if let Some(RefOr::T(ok)) = api
+        .paths
+        .paths
+        .get_mut(EVENTS_PATH)
+        .and_then(|item| item.get.as_mut())
+        .and_then(|op| op.responses.responses.get_mut("200"))
+    {
+        ok.extensions = Some(
+            ExtensionsBuilder::new()
+                .add("x-events", Value::Object(events))
+                .build(),
+        );
+    }
+    let mut doc = serde_json::to_value(&api).expect("the OpenAPI document serialises");
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        paths
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .flat_map(|item| item.values_mut())
+            .for_each(optional_means_absent);
+    }
+    doc
 }
 
-fn unauthorized() -> Value {
-    json!({ "$ref": "#/components/responses/Unauthorized" })
+/// utoipa reads an `Option` parameter or body as "may be null"; here it
+/// means "may be left out": `null` is no value the server takes there.
+fn optional_means_absent(operation: &mut Value) {
+    if let Some(params) = operation
+        .get_mut("parameters")
+        .and_then(Value::as_array_mut)
+    {
+        for schema in params.iter_mut().filter_map(|p| p.get_mut("schema")) {
+            drop_null(schema);
+        }
+    }
+    if let Some(body) = operation.get_mut("requestBody") {
+        let schema = body.pointer_mut("/content/application~1json/schema");
+        if schema.is_some_and(drop_null) {
+            body["required"] = Value::Bool(false);
+        }
+    }
 }
 
-fn bad_request() -> Value {
-    error_response(
-        "The body is not valid JSON or does not have the expected shape, or a query \
-         parameter is malformed.",
-        &["bad_request"],
-    )
-}
-
-fn session_not_found() -> Value {
-    error_response("No such session.", &["not_found"])
-}
-
-fn invalid_params(codes: &[&str]) -> Value {
-    error_response(
-        "Parameters that are not declared by the agent (`unknown_params`), values that \
-         do not fit (`invalid_params`: wrong type, a secret that is not a string, a \
-         message-scope parameter where only session values are taken) or required \
-         parameters left unbound (`params_required`). `params` names the parameters.",
-        codes,
-    )
-}
-
-/// A required JSON request body.
-fn request_body(name: &str) -> Value {
-    json!({
-        "required": true,
-        "content": { "application/json": { "schema": schema(name) } },
-    })
-}
-
-/// A JSON request body that may be left out.
-fn optional_request_body(name: &str) -> Value {
-    json!({
-        "required": false,
-        "content": { "application/json": { "schema": schema(name) } },
-    })
-}
-
-fn parameters() -> Value {
-    json!({
-        "SessionId": {
-            "name": "id",
-            "in": "path",
-            "required": true,
-            "description": "The session's id.",
-            "schema": { "type": "string" },
-        },
-        "Wait": {
-            "name": "wait",
-            "in": "query",
-            "required": false,
-            "description": "Wait for the run this request starts to finish before answering.",
-            "schema": { "type": "boolean", "default": false },
-        },
-        "Timeout": {
-            "name": "timeout",
-            "in": "query",
-            "required": false,
-            "description": "With `wait=true`: how many seconds to wait at most (default 60, \
-                at most 600; more is a 400). A run still going then is answered with 202.",
-            "schema": { "type": "integer", "minimum": 0, "maximum": 600, "default": 60 },
-        },
-        "LastEventId": {
-            "name": "Last-Event-ID",
-            "in": "header",
-            "required": false,
-            "description": "Replay the stored events after this one (an event's `id`) \
-                before following new ones.",
-            "schema": { "type": "integer", "minimum": 0 },
-        },
-    })
+/// Takes `null` out of `schema`'s types; whether there was one.
+fn drop_null(schema: &mut Value) -> bool {
+    let null = Value::from("null");
+    let types = schema.get_mut("type").and_then(Value::as_array_mut);
+    if let Some(types) = types.filter(|t| t.contains(&null)) {
+        types.retain(|t| *t != null);
+        if let [only] = types.as_slice() {
+            schema["type"] = only.clone();
+        }
+        return true;
+    }
+    let mut one_of = match schema.get("oneOf").and_then(Value::as_array) {
+        Some(items) if items.len() == 2 && items.iter().any(|i| i["type"] == null) => items.clone(),
+        _ => return false,
+    };
+    one_of.retain(|i| i["type"] != null);
+    *schema = one_of.remove(0);
+    true
 }
 
 // ---------------------------------------------------------------------------
-// Paths.
+// Errors.
 
-fn paths() -> Value {
-    let operations = [
-        ("GET", "/healthz", healthz()),
-        ("GET", "/readyz", readyz()),
-        ("GET", "/metrics", metrics()),
-        ("GET", "/openapi.json", openapi()),
-        ("GET", "/v1/agents", list_agents()),
-        ("GET", "/v1/agents/{slug}", get_agent()),
-        ("POST", "/v1/sessions", create_session()),
-        ("GET", "/v1/sessions", list_sessions()),
-        ("GET", "/v1/sessions/{id}", get_session()),
-        ("POST", "/v1/sessions/{id}/messages", post_message()),
-        ("POST", "/v1/sessions/{id}/resume", resume_session()),
-        ("POST", "/v1/sessions/{id}/cancel", cancel_session()),
-        ("POST", "/v1/sessions/{id}/fork", fork_session()),
-        ("POST", "/v1/continuations/{token}", post_continuation()),
-        ("PUT", "/v1/sessions/{id}/params", set_params()),
-        ("DELETE", "/v1/sessions/{id}/token", revoke_session_tokens()),
-        ("GET", "/v1/sessions/{id}/events", stream_events()),
-        ("POST", "/mcp", mcp()),
-        (
-            "GET",
-            "/",
-            chat_file("chatPage", "The chat page", "text/html"),
-        ),
-        (
-            "GET",
-            "/chat.js",
-            chat_file("chatScript", "The chat page's script", "text/javascript"),
-        ),
-        (
-            "GET",
-            "/chat.css",
-            chat_file("chatStyle", "The chat page's style sheet", "text/css"),
-        ),
+/// Every error of the session API (`/mcp` answers JSON-RPC errors instead).
+#[derive(ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    /// A stable, machine-readable code.
+    pub error: String,
+    /// For people.
+    pub message: String,
+    /// The parameters the error is about, when it is about some.
+    #[serde(default)]
+    pub params: Vec<String>,
+}
+
+/// The 401 of every route but the public ones and `/mcp`, a shared
+/// response under `components`.
+pub struct Unauthorized;
+
+impl<'r> ToResponse<'r> for Unauthorized {
+    fn response() -> (&'r str, RefOr<Response>) {
+        let response = ResponseBuilder::new()
+            .description(
+                "No valid token: none given, a wrong one, or a session token for another \
+                 session.",
+            )
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Error")))
+                    .build(),
+            )
+            .build();
+        ("Unauthorized", response.into())
+    }
+}
+
+/// The `Error` schema with `error` narrowed to `codes`.
+fn error_with(codes: &[&str]) -> RefOr<Schema> {
+    AllOfBuilder::new()
+        .item(Ref::from_schema_name("Error"))
+        .item(
+            ObjectBuilder::new().property(
+                "error",
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .enum_values(Some(codes.iter().copied())),
+            ),
+        )
+        .into()
+}
+
+/// An error response body that may carry only these `error` codes; used
+/// inline in a handler's `responses(...)`.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $name:ident = [$($code:literal),+ $(,)?];)*) => {$(
+        $(#[$doc])*
+        pub struct $name;
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                error_with(&[$($code),+])
+            }
+        }
+
+        impl ToSchema for $name {
+            fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+                schemas.push((ErrorBody::name().into(), ErrorBody::schema()));
+                ErrorBody::schemas(schemas);
+            }
+        }
+    )*};
+}
+
+error_codes! {
+    /// The body or a query parameter cannot be read.
+    BadRequest = ["bad_request"];
+    /// No such agent, session or pending call.
+    NotFound = ["not_found"];
+    /// Parameters this caller may not set.
+    ForbiddenParams = ["forbidden_params"];
+    /// Parameters refused on a new session.
+    NewSessionParams = ["unknown_params", "invalid_params", "params_required"];
+    /// Parameters refused on an existing session.
+    SessionParams = ["unknown_params", "invalid_params"];
+    /// A run cannot start now.
+    RunBlocked = ["run_in_progress", "waiting_external", "params_required"];
+    /// Nothing to cancel.
+    NotRunning = ["not_running"];
+    /// An answer to a pending call that cannot be taken.
+    AnswerRefused = [
+        "continuation_used",
+        "call_changed",
+        "continuation_expired",
+        "params_required",
+        "run_in_progress",
     ];
-    let mut paths = Map::new();
-    for (method, path, operation) in operations {
-        let item = paths
-            .entry(path)
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(item) = item {
-            item.insert(method.to_ascii_lowercase(), operation);
-        }
-    }
-    Value::Object(paths)
+    /// Not ready.
+    NotReady = ["starting", "store_unavailable"];
 }
 
-fn healthz() -> Value {
-    json!({
-        "operationId": "healthz",
-        "tags": ["health"],
-        "summary": "Liveness: the process is up",
-        "security": public(),
-        "responses": {
-            "200": json_response("Up.", schema("Health")),
-        },
-    })
+/// The text of a 422 for parameters (each route adds its codes).
+pub const INVALID_PARAMS: &str = "Parameters that are not declared by the agent \
+    (`unknown_params`), values that do not fit (`invalid_params`: wrong type, a secret that \
+    is not a string, a message-scope parameter where only session values are taken) or \
+    required parameters left unbound (`params_required`). `params` names the parameters.";
+
+/// The text of a 400.
+pub const BAD_REQUEST: &str = "The body is not valid JSON or does not have the expected \
+    shape, or a query parameter is malformed.";
+
+// ---------------------------------------------------------------------------
+// Small shapes.
+
+/// `{"status": "ok"}`.
+#[derive(ToSchema)]
+pub struct Health {
+    pub status: HealthStatus,
 }
 
-fn readyz() -> Value {
-    json!({
-        "operationId": "readyz",
-        "tags": ["health"],
-        "summary": "Readiness: the server can take requests",
-        "security": public(),
-        "responses": {
-            "200": json_response("Ready.", schema("Ready")),
-            "503": error_response(
-                "Not ready: starting, or the session store does not answer.",
-                &["starting", "store_unavailable"],
-            ),
-        },
-    })
+#[derive(ToSchema)]
+pub enum HealthStatus {
+    #[serde(rename = "ok")]
+    Ok,
 }
 
-fn metrics() -> Value {
-    json!({
-        "operationId": "metrics",
-        "tags": ["health"],
-        "summary": "Prometheus metrics",
-        "security": public(),
-        "responses": {
-            "200": {
-                "description": "The metrics as OpenMetrics text.",
-                "content": { "application/openmetrics-text": { "schema": { "type": "string" } } },
-            },
-        },
-    })
+/// `{"status": "ready"}`.
+#[derive(ToSchema)]
+pub struct Ready {
+    pub status: ReadyStatus,
 }
 
-fn openapi() -> Value {
-    json!({
-        "operationId": "openapi",
-        "tags": ["health"],
-        "summary": "This document",
-        "security": public(),
-        "responses": {
-            "200": json_response("The OpenAPI 3.1 document.", json!({ "type": "object" })),
-        },
-    })
+#[derive(ToSchema)]
+pub enum ReadyStatus {
+    #[serde(rename = "ready")]
+    Ready,
 }
 
-fn list_agents() -> Value {
-    json!({
-        "operationId": "listAgents",
-        "tags": ["agents"],
-        "summary": "The agents this server runs",
-        "security": owner(),
-        "responses": {
-            "200": json_response("Every agent.", schema("AgentList")),
-            "401": unauthorized(),
-        },
-    })
+/// Parameter name → JSON value; `null` removes the value. Secret values
+/// must be strings.
+#[derive(ToSchema)]
+pub struct ParamValues(pub BTreeMap<String, Value>);
+
+/// `GET /v1/agents`.
+#[derive(ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<super::views::AgentView>,
 }
 
-fn get_agent() -> Value {
-    json!({
-        "operationId": "getAgent",
-        "tags": ["agents"],
-        "summary": "One agent",
-        "security": owner(),
-        "parameters": [{
-            "name": "slug",
-            "in": "path",
-            "required": true,
-            "description": "The agent's slug.",
-            "schema": { "type": "string" },
-        }],
-        "responses": {
-            "200": json_response("The agent.", schema("AgentView")),
-            "401": unauthorized(),
-            "404": error_response("No such agent.", &["not_found"]),
-        },
-    })
+/// `GET /v1/sessions`.
+#[derive(ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<super::views::SessionSummary>,
 }
 
-fn create_session() -> Value {
-    json!({
-        "operationId": "createSession",
-        "tags": ["sessions"],
-        "summary": "Start a session, or fork one, and optionally a first run",
-        "description": "With `prompt`, a first run starts at once. With `fork`, the new \
-            session starts from a copy of that session's conversation and parameters.",
-        "security": owner(),
-        "parameters": [parameter("Wait"), parameter("Timeout")],
-        "requestBody": request_body("CreateSessionRequest"),
-        "responses": {
-            "201": json_response(
-                "Created, and the run (if any) finished. `session_token` is there, this \
-                 once, when it was asked for.",
-                schema("SessionView"),
-            ),
-            "202": json_response(
-                "Created, and a run was started and not waited for.",
-                schema("SessionView"),
-            ),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "403": error_response(
-                "Parameters that may not be set here: process-scope or pinned ones.",
-                &["forbidden_params"],
-            ),
-            "404": error_response("No such agent, or no such session to fork from.", &["not_found"]),
-            "422": invalid_params(NEW_SESSION_PARAM_CODES),
-        },
-    })
+/// How far the run goes: `until_blocked` (default) until the model answers
+/// or a call waits; `step` one model turn and its tool calls; `none` no run
+/// (creation only).
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    None,
+    Step,
+    UntilBlocked,
 }
 
-fn list_sessions() -> Value {
-    json!({
-        "operationId": "listSessions",
-        "tags": ["sessions"],
-        "summary": "Every session",
-        "security": owner(),
-        "responses": {
-            "200": json_response("The sessions.", schema("SessionList")),
-            "401": unauthorized(),
-        },
-    })
+/// Who sets it: the server (process), a session, or each message.
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Process,
+    Session,
+    Message,
 }
 
-fn get_session() -> Value {
-    json!({
-        "operationId": "getSession",
-        "tags": ["sessions"],
-        "summary": "One session",
-        "security": owner_or_session(),
-        "parameters": [parameter("SessionId")],
-        "responses": {
-            "200": json_response("The session.", schema("SessionView")),
-            "401": unauthorized(),
-            "404": session_not_found(),
-        },
-    })
+/// How a tool's calls wait: for a person's approval (`confirm`) or for the
+/// client's result (`deferred`).
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Wait {
+    Confirm,
+    Deferred,
 }
 
-fn post_message() -> Value {
-    json!({
-        "operationId": "postMessage",
-        "tags": ["sessions"],
-        "summary": "Say something: add a user message and start a run",
-        "security": owner_or_session(),
-        "parameters": [parameter("SessionId"), parameter("Wait"), parameter("Timeout")],
-        "requestBody": request_body("MessageRequest"),
-        "responses": {
-            "200": json_response("The run finished (waited for).", schema("SessionView")),
-            "202": json_response("The run started and was not waited for.", schema("SessionView")),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "403": error_response(
-                "Parameters this caller may not set: process-scope or pinned ones, or \
-                 any session value of a sealed session for a session-token holder.",
-                &["forbidden_params"],
-            ),
-            "404": session_not_found(),
-            "409": error_response(
-                "A run is in progress (`run_in_progress`), the session waits for pending \
-                 calls (`waiting_external`), or required parameters are still unbound \
-                 (`params_required`).",
-                &["run_in_progress", "waiting_external", "params_required"],
-            ),
-            "422": invalid_params(PARAM_CODES),
-        },
-    })
+/// `POST /v1/sessions/{id}/fork`'s body.
+#[derive(ToSchema)]
+pub struct ForkRequest {
+    #[serde(default)]
+    pub params: ParamValues,
+    /// A first message: starts a run.
+    #[serde(default)]
+    pub prompt: String,
+    #[serde(default)]
+    pub seal: bool,
+    /// Hand out a session token for the new session.
+    #[serde(default)]
+    pub session_token: bool,
+    /// Copy only the turns before this index (0: none); past the source's
+    /// last turn is a 400.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub at_turn: u64,
 }
 
-fn resume_session() -> Value {
-    json!({
-        "operationId": "resumeSession",
-        "tags": ["sessions"],
-        "summary": "Start a run again from where the conversation stands",
-        "description": "For a session whose last run failed or was cancelled; `params` may \
-            first bind what was missing.",
-        "security": owner(),
-        "parameters": [parameter("SessionId"), parameter("Wait"), parameter("Timeout")],
-        "requestBody": optional_request_body("ResumeRequest"),
-        "responses": {
-            "200": json_response("The run finished (waited for).", schema("SessionView")),
-            "202": json_response("The run started and was not waited for.", schema("SessionView")),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "404": session_not_found(),
-            "409": error_response(
-                "A run is in progress, a pending call is not answered yet, or required \
-                 parameters are still unbound.",
-                &["run_in_progress", "waiting_external", "params_required"],
-            ),
-            "422": invalid_params(PARAM_CODES),
-        },
-    })
-}
-
-fn cancel_session() -> Value {
-    json!({
-        "operationId": "cancelSession",
-        "tags": ["sessions"],
-        "summary": "Cancel the run in progress (or the calls it waits for)",
-        "security": owner_or_session(),
-        "parameters": [parameter("SessionId")],
-        "responses": {
-            "200": json_response("Cancelled.", schema("SessionView")),
-            "401": unauthorized(),
-            "404": session_not_found(),
-            "409": error_response("No run is in progress.", &["not_running"]),
-        },
-    })
-}
-
-fn fork_session() -> Value {
-    json!({
-        "operationId": "forkSession",
-        "tags": ["sessions"],
-        "summary": "Start a new session from a copy of this one",
-        "description": "The copy takes the conversation (up to `at_turn` when given) and \
-            the session's parameter values; `params` then changes them. With `prompt`, a \
-            first run starts at once.",
-        "security": owner(),
-        "parameters": [parameter("SessionId")],
-        "requestBody": optional_request_body("ForkRequest"),
-        "responses": {
-            "201": json_response(
-                "The new session. `session_token` is there, this once, when it was asked for.",
-                schema("SessionView"),
-            ),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "403": error_response(
-                "Session-token holders may not fork, or parameters that may not be set \
-                 (process-scope or pinned ones).",
-                &[],
-            ),
-            "404": session_not_found(),
-            "422": invalid_params(NEW_SESSION_PARAM_CODES),
-        },
-    })
-}
-
-fn post_continuation() -> Value {
-    json!({
-        "operationId": "postContinuation",
-        "tags": ["sessions"],
-        "summary": "Answer a pending tool call: a deferred call's result, or a decision",
-        "description": "Each item of a session's `pending` carries a `continuation_token`. \
-            For a `deferred` call send `result` (the tool's output: a string, or any JSON \
-            given to the model as its text); for a `confirm` call send `approve` (and an \
-            optional `reason`, which the model reads when the call is refused); for a \
-            `needs_selection` item send `choice` (the `id` of one of its `options`), for \
-            `needs_confirmation` `approve`, for `needs_input` `input` (the missing \
-            fields). A selection or confirmation that rests on lookups past their \
-            `ttl_ms` is refused (409 `continuation_expired`) and asked again. The token \
-            names its session (`ct_<session id>_<mac>`): no other identifier is needed. \
-            `session_id` may say which session the caller means; a token of another \
-            session is then unknown (404). A token is good for one answer (a second is \
-            409 `continuation_used`), and is bound to the exact call: the tool, the \
-            model's arguments and the names of the parameters bound into it; when those \
-            changed (the agent was reloaded with other bindings) the answer is 409 \
-            `call_changed`. Past the agent's `confirmTtl` the call is closed as not \
-            approved (409 `continuation_expired`). When the last pending call is \
-            answered the run resumes (unless `resume: false` or `run: none`); `params` \
-            then follow the same rules as on resume, so message-scope values come with \
-            this request, and a call that gets a secret session value this server no \
-            longer holds (after a restart) answers 409 `params_required` until it is \
-            given again with `PUT /v1/sessions/{id}/params`. Owner only.",
-        "security": owner(),
-        "parameters": [{
-            "name": "token",
-            "in": "path",
-            "required": true,
-            "description": "The pending item's `continuation_token`.",
-            "schema": { "type": "string" },
-        }, parameter("Wait"), parameter("Timeout")],
-        "requestBody": request_body("ContinuationRequest"),
-        "responses": {
-            "200": json_response(
-                "The answer is recorded; the run it resumed finished or blocked again \
-                 (waited for), or no run was started.",
-                schema("SessionView"),
-            ),
-            "202": json_response("The run resumed and was not waited for.", schema("SessionView")),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "403": error_response("Parameters this caller may not set.", &["forbidden_params"]),
-            "404": error_response(
-                "No pending call of the named session has this token.",
-                &["not_found"],
-            ),
-            "409": error_response(
-                "The token was used already, the call changed, the confirmation \
-                 expired, or a required or bound secret value is missing.",
-                &["continuation_used", "call_changed", "continuation_expired", "params_required", "run_in_progress"],
-            ),
-            "422": invalid_params(PARAM_CODES),
-        },
-    })
-}
-
-fn set_params() -> Value {
-    json!({
-        "operationId": "setSessionParams",
-        "tags": ["sessions"],
-        "summary": "Set or remove session-scope parameter values",
-        "security": owner(),
-        "parameters": [parameter("SessionId")],
-        "requestBody": request_body("SetParamsRequest"),
-        "responses": {
-            "200": json_response("The session, with its new values.", schema("SessionView")),
-            "400": bad_request(),
-            "401": unauthorized(),
-            "403": error_response(
-                "Not allowed: a session token was used, the session is sealed and the \
-                 caller is not its owner, or the parameters are process-scope or pinned.",
-                &[],
-            ),
-            "404": session_not_found(),
-            "422": error_response(
-                "Parameters not declared by the agent (`unknown_params`), or values \
-                 that do not fit (`invalid_params`: wrong type, a secret that is not a \
-                 string, or a message-scope parameter).",
-                PARAM_CODES,
-            ),
-        },
-    })
-}
-
-fn revoke_session_tokens() -> Value {
-    json!({
-        "operationId": "revokeSessionTokens",
-        "tags": ["sessions"],
-        "summary": "Revoke every session token of this session",
-        "security": owner(),
-        "parameters": [parameter("SessionId")],
-        "responses": {
-            "204": { "description": "Revoked (also when there was none)." },
-            "401": unauthorized(),
-            "404": session_not_found(),
-        },
-    })
-}
-
-/// A JSON-RPC error response of `/mcp`.
-fn jsonrpc_error(description: &str) -> Value {
-    json_response(description, schema("JsonRpcResponse"))
-}
-
-/// A file of the chat page: public, as the page holds no data (the person
-/// gives it a token); served with a strict Content-Security-Policy.
-fn chat_file(id: &str, summary: &str, media_type: &str) -> Value {
-    json!({
-        "operationId": id,
-        "tags": ["chat"],
-        "summary": summary,
-        "security": public(),
-        "responses": {
-            "200": {
-                "description": "The file, embedded in the server.",
-                "headers": {
-                    "Content-Security-Policy": { "schema": { "type": "string" } },
-                },
-                "content": { media_type: { "schema": { "type": "string" } } },
-            },
-        },
-    })
-}
-
-fn mcp() -> Value {
-    json!({
-        "operationId": "mcp",
-        "tags": ["mcp"],
-        "summary": "MCP over HTTP: one `ask_<agent>` tool per agent, each call one run",
-        "description": "MCP's Streamable HTTP transport, stateless: each POST carries one \
-            JSON-RPC message (a batch only in protocol 2025-03-26) and is answered with \
-            `application/json`; no session id, no server-sent events (`GET /mcp` is 405). \
-            Methods: `initialize` (protocol 2025-03-26, 2025-06-18 or 2025-11-25), `ping`, \
-            `tools/list`, `tools/call`; in protocol 2026-07-28 `server/discover` instead of \
-            `initialize` and `ping`, with the version in each request's `_meta`. A `tools/call` starts a new session on the tool's \
-            agent, runs `arguments.prompt` to the end and answers with the model's last \
-            text; the session's id is in the result's `_meta` \"bindery.dev/session_id\". \
-            Parameter values come from `Agents-Param-<name>` request headers (strings; \
-            the name is case-insensitive, `-` read as `_`) and from the call's `_meta` \
-            \"agents-exe/params\" (any JSON; wins by name). They are validated like a \
-            session creation with a prompt; a refusal is a JSON-RPC error with code \
-            -32602 and `data` `{error, status, params}` holding the session API's code \
-            (`unknown_params`, `forbidden_params`, `invalid_params`, `params_required`).",
-        "security": owner(),
-        "parameters": [{
-            "name": "MCP-Protocol-Version",
-            "in": "header",
-            "required": false,
-            "description": "The protocol version `initialize` agreed on; 2025-03-26 when absent. \
-                Another value is a 400 (a JSON-RPC error).",
-            "schema": { "enum": super::mcp::PROTOCOL_VERSIONS },
-        }],
-        "requestBody": {
-            "required": true,
-            "content": { "application/json": { "schema": {
-                "oneOf": [
-                    schema("JsonRpcMessage"),
-                    {
-                        "type": "array",
-                        "description": "A batch (protocol 2025-03-26): each entry that is \
-                            not a JSON-RPC message gets an error response of its own.",
-                        "items": {},
-                    },
-                ],
-            } } },
-        },
-        "responses": {
-            "200": json_response(
-                "The JSON-RPC response; an array of them for a batch.",
-                json!({
-                    "oneOf": [
-                        schema("JsonRpcResponse"),
-                        { "type": "array", "items": schema("JsonRpcResponse") },
-                    ],
-                }),
-            ),
-            "202": { "description": "Only notifications or responses were posted: nothing to answer." },
-            "400": jsonrpc_error(
-                "Not JSON, not a JSON-RPC message, an unsupported MCP-Protocol-Version, or a \
-                 batch in a protocol version that has none.",
-            ),
-            "401": jsonrpc_error(
-                "No owner token (session tokens are not valid here); the error's code is -32001.",
-            ),
-            "406": jsonrpc_error("`Accept` does not allow `application/json`."),
-        },
-    })
-}
-
-fn stream_events() -> Value {
-    json!({
-        "operationId": "streamEvents",
-        "tags": ["sessions"],
-        "summary": "Follow the session's events (server-sent events)",
-        "description": "Each event is sent as `id: <seq>` (left out for `delta`), \
-            `event: <kind>` and `data: <JSON>`. With `Last-Event-ID`, the stored events \
-            after that id are replayed first. `x-events` gives the `data` schema of \
-            each kind.",
-        "security": owner_or_session(),
-        "parameters": [parameter("SessionId"), parameter("LastEventId")],
-        "responses": {
-            "200": {
-                "description": "The event stream; it stays open.",
-                "content": { "text/event-stream": { "schema": {
-                    "description": "One server-sent event: `id` (its sequence number), \
-                        `event` (a key of `x-events`) and `data` (that event's JSON).",
-                    "type": "object",
-                    "properties": {
-                        "id": { "type": "string" },
-                        "event": { "type": "string" },
-                        "data": { "type": "string" },
-                    },
-                } } },
-                "x-events": {
-                    "run_started": schema("RunStartedEvent"),
-                    "message": schema("Turn"),
-                    "delta": schema("DeltaEvent"),
-                    "tool_call": schema("ToolCallEvent"),
-                    "tool_result": schema("ToolResultEvent"),
-                    "run_finished": schema("RunFinishedEvent"),
-                    "params_changed": schema("ParamsChangedEvent"),
-                    "pending": schema("PendingEvent"),
-                    "resolved": schema("ResolvedEvent"),
-                },
-            },
-            "401": unauthorized(),
-            "404": session_not_found(),
-        },
-    })
+/// Without `params` (or with an empty body) nothing changes.
+#[derive(ToSchema)]
+pub struct SetParamsRequest {
+    #[serde(default)]
+    pub params: ParamValues,
 }
 
 // ---------------------------------------------------------------------------
-// Schemas.
+// The conversation.
 
-fn schemas() -> Value {
-    let mut all = Map::new();
-    for part in [
-        basic_schemas(),
-        agent_schemas(),
-        session_schemas(),
-        request_schemas(),
-        event_schemas(),
-        mcp_schemas(),
-    ] {
-        if let Value::Object(part) = part {
-            all.extend(part);
-        }
+/// One message of the conversation: an OpenAI chat message.
+#[derive(ToSchema)]
+pub struct Turn {
+    pub role: Role,
+    /// The text; `null` for an assistant message with tool calls only.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Assistant messages: the tools the model called.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    /// Tool messages: the call this answers.
+    #[serde(default)]
+    pub tool_call_id: String,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    pub r#type: FunctionType,
+    #[schema(inline)]
+    pub function: ToolFunction,
+}
+
+#[derive(ToSchema)]
+pub enum FunctionType {
+    #[serde(rename = "function")]
+    Function,
+}
+
+#[derive(ToSchema)]
+pub struct ToolFunction {
+    pub name: String,
+    /// JSON text as the model sent it; not necessarily valid.
+    pub arguments: String,
+}
+
+/// A tool call the run waits for.
+#[derive(ToSchema)]
+pub struct PendingItem {
+    pub tool_call_id: String,
+    /// `ct_…`: POST /v1/continuations/{token} answers the call. Stored only
+    /// as a digest; never in events.
+    #[serde(default)]
+    pub continuation_token: String,
+    /// The model-visible tool name.
+    pub tool: String,
+    /// The helpers (`prompt_agent_*`) the call was made in, outermost
+    /// first; answering it resumes them, then their caller.
+    #[serde(default)]
+    pub via: Vec<String>,
+    #[schema(inline)]
+    pub disposition: PendingDisposition,
+    /// `needs_input`: the fields to send as `input`.
+    #[serde(default)]
+    pub missing: Vec<String>,
+    /// `needs_selection`: the lookup tool the options come from.
+    #[serde(default)]
+    pub lookup: String,
+    /// `needs_selection`: what the API offered, in its order. An `id` is
+    /// opaque when the lookup's ids are sensitive.
+    #[serde(default)]
+    #[schema(inline)]
+    pub options: Vec<PendingOption>,
+    /// `needs_confirmation`: what the chosen options said.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub facts: Value,
+    /// Why it asks (no exact match, several, the API refused the earlier
+    /// call).
+    #[serde(default)]
+    pub note: String,
+    /// The model's arguments. Bound values never appear.
+    pub call: Value,
+    /// When an unanswered confirmation closes as not approved.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub expires_at: String,
+}
+
+/// `deferred`: the client runs the tool and posts the result; `confirm`: a
+/// person approves the call, or not; for a tool with `depends_on`:
+/// `needs_input` (user-owned fields are missing), `needs_selection` (choose
+/// one of `options`), `needs_confirmation` (approve the prepared write,
+/// shown by its `facts`).
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingDisposition {
+    Deferred,
+    Confirm,
+    NeedsInput,
+    NeedsSelection,
+    NeedsConfirmation,
+}
+
+#[derive(ToSchema)]
+pub struct PendingOption {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub label: String,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub facts: Value,
+}
+
+// ---------------------------------------------------------------------------
+// Events.
+
+/// One server-sent event: `id` (its sequence number), `event` (a key of
+/// `x-events`) and `data` (that event's JSON).
+#[derive(ToSchema)]
+pub struct SseEvent {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub event: String,
+    #[serde(default)]
+    pub data: String,
+}
+
+/// `run_started`: a run began.
+#[derive(ToSchema)]
+pub struct RunStartedEvent(pub BTreeMap<String, Value>);
+
+/// `delta`: a piece of the assistant's text as it streams in. Not stored,
+/// so it has no id and is never replayed.
+#[derive(ToSchema)]
+pub struct DeltaEvent {
+    pub content: String,
+}
+
+/// `tool_call`: the model called a tool.
+#[derive(ToSchema)]
+pub struct ToolCallEvent {
+    pub id: String,
+    pub name: String,
+    /// As the model sent them; not necessarily valid JSON.
+    pub arguments: String,
+}
+
+/// `tool_result`: what a tool call gave back.
+#[derive(ToSchema)]
+pub struct ToolResultEvent {
+    /// The tool call's id.
+    pub id: String,
+    pub ok: bool,
+    /// As given to the model.
+    pub output: String,
+}
+
+/// `run_finished`: the run ended (`blocked`: calls wait, see `pending`).
+#[derive(ToSchema)]
+pub struct RunFinishedEvent {
+    pub status: RunEnd,
+    #[serde(default)]
+    pub detail: Option<String>,
+    /// The session's status after the run.
+    pub session_status: SessionStatus,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunEnd {
+    Completed,
+    Failed,
+    Cancelled,
+    MaxSteps,
+    Blocked,
+}
+
+/// `pending`: the run stopped; these calls wait (no tokens: read them from
+/// the session).
+#[derive(ToSchema)]
+pub struct PendingEvent {
+    pub pending: Vec<PendingItem>,
+}
+
+/// `resolved`: a pending call was answered or closed.
+#[derive(ToSchema)]
+pub struct ResolvedEvent {
+    pub tool_call_id: String,
+    #[serde(default)]
+    pub tool: String,
+    pub outcome: Outcome,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Result,
+    Approved,
+    Chosen,
+    Input,
+    Rejected,
+    Expired,
+    Cancelled,
+}
+
+/// `params_changed`: session values were set or removed. Names only.
+#[derive(ToSchema)]
+pub struct ParamsChangedEvent {
+    pub names: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------
+// MCP.
+
+/// `{"type": [..types]}`.
+fn one_of_types(types: &[Type]) -> Schema {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Array(types.to_vec()))
+        .into()
+}
+
+fn request_id() -> Schema {
+    one_of_types(&[Type::String, Type::Integer])
+}
+
+fn response_id() -> Schema {
+    one_of_types(&[Type::String, Type::Integer, Type::Null])
+}
+
+#[derive(ToSchema)]
+pub enum JsonRpcVersion {
+    #[serde(rename = "2.0")]
+    V2,
+}
+
+/// A JSON-RPC 2.0 request, notification or response.
+#[derive(ToSchema)]
+pub struct JsonRpcMessage {
+    #[schema(inline)]
+    pub jsonrpc: JsonRpcVersion,
+    #[serde(default)]
+    #[schema(schema_with = request_id)]
+    pub id: Value,
+    #[serde(default)]
+    pub method: String,
+    /// The method's parameters (an object); any other value is answered,
+    /// like an unknown method, with a JSON-RPC error in a 200.
+    #[serde(default)]
+    pub params: Value,
+}
+
+/// What `/mcp` takes: one JSON-RPC message, or (protocol 2025-03-26) a batch.
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum McpRequest {
+    One(JsonRpcMessage),
+    /// A batch (protocol 2025-03-26): each entry that is not a JSON-RPC
+    /// message gets an error response of its own.
+    Batch(Vec<Value>),
+}
+
+/// The JSON-RPC response; an array of them for a batch.
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum McpResponse {
+    One(JsonRpcResponse),
+    Batch(Vec<JsonRpcResponse>),
+}
+
+#[derive(ToSchema)]
+pub struct JsonRpcResponse {
+    #[schema(inline)]
+    pub jsonrpc: JsonRpcVersion,
+    #[schema(schema_with = response_id)]
+    pub id: Value,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub result: Value,
+    #[serde(default)]
+    pub error: JsonRpcError,
+}
+
+#[derive(ToSchema)]
+pub struct JsonRpcError {
+    /// -32602 for parameters the session API would refuse (and other
+    /// invalid params), -32001 without an owner token, -32601 for an
+    /// unknown method, -32600/-32700 for malformed messages; in protocol
+    /// 2026-07-28 also -32022 (a version not spoken) and -32020 (a header
+    /// that disagrees with the body).
+    pub code: i64,
+    pub message: String,
+    #[serde(default)]
+    pub data: McpErrorDetail,
+}
+
+/// What an error's `data` holds: the session API's error, or the versions
+/// spoken when the one asked for is not.
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum McpErrorDetail {
+    Session(McpErrorData),
+    Version(UnsupportedVersion),
+}
+
+/// A protocol version this server does not speak (-32022).
+#[derive(ToSchema)]
+pub struct UnsupportedVersion {
+    pub requested: String,
+    pub supported: Vec<String>,
+}
+
+/// The session API's error, for errors it would also give.
+#[derive(ToSchema)]
+pub struct McpErrorData {
+    /// The session API's code, e.g. `unknown_params`.
+    pub error: String,
+    /// The HTTP status the session API would answer with.
+    pub status: i64,
+    #[serde(default)]
+    pub params: Vec<String>,
+}
+
+/// The `MCP-Protocol-Version` header's values.
+pub struct McpProtocolVersion;
+
+impl PartialSchema for McpProtocolVersion {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::String))
+            .enum_values(Some(super::mcp::PROTOCOL_VERSIONS.iter().copied()))
+            .into()
     }
-    Value::Object(all)
 }
 
-/// `{"type": "string", "format": "date-time"}` with a description.
-fn timestamp(description: &str) -> Value {
-    json!({ "type": "string", "format": "date-time", "description": description })
-}
-
-fn basic_schemas() -> Value {
-    json!({
-        "Error": {
-            "type": "object",
-            "required": ["error", "message"],
-            "properties": {
-                "error": { "type": "string", "description": "A stable, machine-readable code." },
-                "message": { "type": "string", "description": "For people." },
-                "params": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "The parameters the error is about, when it is about some.",
-                },
-            },
-        },
-        "Health": {
-            "type": "object",
-            "required": ["status"],
-            "properties": { "status": { "const": "ok" } },
-        },
-        "Ready": {
-            "type": "object",
-            "required": ["status"],
-            "properties": { "status": { "const": "ready" } },
-        },
-        "ParamValues": {
-            "type": "object",
-            "description": "Parameter name → JSON value; `null` removes the value. Secret \
-                values must be strings.",
-            "additionalProperties": true,
-        },
-    })
-}
-
-fn agent_schemas() -> Value {
-    json!({
-        "AgentView": {
-            "type": "object",
-            "description": "An agent as callers see it: what it takes, never any value.",
-            "required": ["slug", "parameters", "tools"],
-            "properties": {
-                "slug": { "type": "string" },
-                "announce": { "type": "string", "description": "What the agent says it is for." },
-                "parameters": { "type": "array", "items": schema("ParameterView") },
-                "tools": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "The names of the tools the agent may call.",
-                },
-                "waits": {
-                    "type": "object",
-                    "additionalProperties": { "enum": ["confirm", "deferred"] },
-                    "description": "The tools whose calls wait, by name: for a person's \
-                        approval (`confirm`) or for the client's result (`deferred`).",
-                },
-                "depends_on": {
-                    "type": "object",
-                    "additionalProperties": { "type": "array", "items": { "type": "string" } },
-                    "description": "The tools with `depends_on`, by name: their lookups, in \
-                        order. Their calls may stop at `needs_input`, `needs_selection` or \
-                        `needs_confirmation`.",
-                },
-            },
-        },
-        "ParameterView": {
-            "type": "object",
-            "required": ["name", "scope", "secret", "required", "bound", "pinned"],
-            "properties": {
-                "name": { "type": "string" },
-                "description": { "type": "string" },
-                "scope": {
-                    "enum": ["process", "session", "message"],
-                    "description": "Who sets it: the server (process), a session, or each message.",
-                },
-                "secret": { "type": "boolean" },
-                "required": { "type": "boolean" },
-                "bound": {
-                    "type": "boolean",
-                    "description": "A value is bound at process level.",
-                },
-                "pinned": {
-                    "type": "boolean",
-                    "description": "The process-level value may not be overridden.",
-                },
-            },
-        },
-        "AgentList": {
-            "type": "object",
-            "required": ["agents"],
-            "properties": { "agents": { "type": "array", "items": schema("AgentView") } },
-        },
-    })
-}
-
-fn session_schemas() -> Value {
-    json!({
-        "SessionStatus": {
-            "enum": ["idle", "running", "failed", "waiting_external"],
-            "description": "`idle`: ready for a message; `running`: a run is in progress; \
-                `failed`: the last run failed (see `status_detail`); `waiting_external`: \
-                the run stopped with tool calls pending (see `pending`).",
-        },
-        "SessionView": {
-            "type": "object",
-            "required": [
-                "session_id", "agent", "status", "version", "created_at", "updated_at",
-                "sealed", "params", "secret_params", "session", "pending",
-            ],
-            "properties": {
-                "session_id": { "type": "string" },
-                "agent": { "type": "string", "description": "The agent's slug." },
-                "status": schema("SessionStatus"),
-                "status_detail": {
-                    "type": ["string", "null"],
-                    "description": "Why the last run failed, stopped, or what it waits for.",
-                },
-                "version": {
-                    "type": "integer",
-                    "description": "Bumped on every change of the session.",
-                },
-                "created_at": timestamp("RFC 3339."),
-                "updated_at": timestamp("RFC 3339."),
-                "forked_from": {
-                    "type": ["string", "null"],
-                    "description": "The session this one was forked from.",
-                },
-                "parent_session_id": {
-                    "type": ["string", "null"],
-                    "description": "The session this one was forked from (agents-server's name; same as `forked_from`).",
-                },
-                "owner": {
-                    "type": "string",
-                    "description": "Who created the session: `owner` (this API) or `mcp` (a call on /mcp).",
-                },
-                "sealed": {
-                    "type": "boolean",
-                    "description": "Only the owner may change parameters.",
-                },
-                "params": {
-                    "type": "object",
-                    "additionalProperties": true,
-                    "description": "The session's non-secret values, by parameter name.",
-                },
-                "secret_params": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "The names of the secret values the session holds; never the values.",
-                },
-                "session": {
-                    "type": "object",
-                    "required": ["turns"],
-                    "properties": {
-                        "turns": {
-                            "type": "array",
-                            "items": schema("Turn"),
-                            "description": "The conversation, oldest first.",
-                        },
-                    },
-                },
-                "pending": {
-                    "type": "array",
-                    "items": schema("PendingItem"),
-                    "description": "Tool calls the run waits for, each answered through \
-                        its continuation. A session-token holder sees them without tokens.",
-                },
-                "session_token": {
-                    "type": "string",
-                    "description": "A new session token (`st_…`), only in the response that \
-                        created it (session creation or fork with `session_token: true`).",
-                },
-            },
-        },
-        "SessionSummary": {
-            "type": "object",
-            "required": ["session_id", "agent", "status", "created_at", "updated_at"],
-            "properties": {
-                "session_id": { "type": "string" },
-                "agent": { "type": "string" },
-                "status": schema("SessionStatus"),
-                "created_at": timestamp("RFC 3339."),
-                "updated_at": timestamp("RFC 3339."),
-                "forked_from": { "type": ["string", "null"] },
-            },
-        },
-        "SessionList": {
-            "type": "object",
-            "required": ["sessions"],
-            "properties": { "sessions": { "type": "array", "items": schema("SessionSummary") } },
-        },
-        "Turn": {
-            "type": "object",
-            "description": "One message of the conversation: an OpenAI chat message.",
-            "required": ["role"],
-            "properties": {
-                "role": { "enum": ["user", "assistant", "tool"] },
-                "content": {
-                    "type": ["string", "null"],
-                    "description": "The text; `null` for an assistant message with tool calls only.",
-                },
-                "tool_calls": {
-                    "type": "array",
-                    "items": schema("ToolCall"),
-                    "description": "Assistant messages: the tools the model called.",
-                },
-                "tool_call_id": {
-                    "type": "string",
-                    "description": "Tool messages: the call this answers.",
-                },
-            },
-        },
-        "ToolCall": {
-            "type": "object",
-            "required": ["id", "type", "function"],
-            "properties": {
-                "id": { "type": "string" },
-                "type": { "const": "function" },
-                "function": {
-                    "type": "object",
-                    "required": ["name", "arguments"],
-                    "properties": {
-                        "name": { "type": "string" },
-                        "arguments": {
-                            "type": "string",
-                            "description": "JSON text as the model sent it; not necessarily valid.",
-                        },
-                    },
-                },
-            },
-        },
-    })
-}
-
-fn request_schemas() -> Value {
-    json!({
-        "CreateSessionRequest": {
-            "type": "object",
-            "required": ["agent"],
-            "properties": {
-                "agent": { "type": "string", "description": "The agent's slug." },
-                "prompt": { "type": "string", "description": "A first message: starts a run." },
-                "params": schema("ParamValues"),
-                "seal": {
-                    "type": "boolean",
-                    "description": "Only the owner may change the parameters from now on.",
-                },
-                "session_token": {
-                    "type": "boolean",
-                    "description": "Hand out a session token in the response.",
-                },
-                "fork": {
-                    "type": "string",
-                    "description": "The id of a session to start from a copy of.",
-                },
-                "run": schema("RunMode"),
-            },
-        },
-        "MessageRequest": {
-            "type": "object",
-            "required": ["prompt"],
-            "properties": {
-                "prompt": { "type": "string" },
-                "params": schema("ParamValues"),
-                "run": schema("RunMode"),
-            },
-        },
-        "ResumeRequest": {
-            "type": "object",
-            "properties": { "params": schema("ParamValues"), "run": schema("RunMode") },
-        },
-        "ForkRequest": {
-            "type": "object",
-            "properties": {
-                "params": schema("ParamValues"),
-                "prompt": { "type": "string", "description": "A first message: starts a run." },
-                "seal": { "type": "boolean" },
-                "session_token": {
-                    "type": "boolean",
-                    "description": "Hand out a session token for the new session.",
-                },
-                "at_turn": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "Copy only the turns before this index (0: none); past \
-                        the source's last turn is a 400.",
-                },
-            },
-        },
-        "ContinuationRequest": {
-            "type": "object",
-            "description": "`result` for a deferred call, `approve` for a confirmation, \
-                `choice` for a selection, `input` for missing user-owned fields.",
-            "additionalProperties": false,
-            "properties": {
-                "choice": {
-                    "type": "string",
-                    "description": "The `id` of the chosen option (`needs_selection`).",
-                },
-                "input": {
-                    "type": "object",
-                    "description": "The user-owned fields a `needs_input` item lists as `missing`.",
-                },
-                "result": { "description": "The deferred tool's result: any JSON value." },
-                "approve": { "type": "boolean", "description": "A confirmation's decision." },
-                "reason": {
-                    "type": "string",
-                    "description": "Why the call is refused; the model reads it.",
-                },
-                "session_id": {
-                    "type": "string",
-                    "description": "The session the caller means (optional).",
-                },
-                "resume": {
-                    "type": "boolean",
-                    "description": "`false`: record the answer only; a later resume goes on.",
-                },
-                "run": schema("RunMode"),
-                "params": schema("ParamValues"),
-            },
-        },
-        "RunMode": {
-            "enum": ["none", "step", "until_blocked"],
-            "description": "How far the run goes: `until_blocked` (default) until the model \
-                answers or a call waits; `step` one model turn and its tool calls; `none` no \
-                run (creation only).",
-        },
-        "SetParamsRequest": {
-            "type": "object",
-            "description": "Without `params` (or with an empty body) nothing changes.",
-            "properties": { "params": schema("ParamValues") },
-        },
-    })
-}
-
-fn event_schemas() -> Value {
-    json!({
-        "RunStartedEvent": {
-            "type": "object",
-            "description": "`run_started`: a run began.",
-            "additionalProperties": true,
-        },
-        "DeltaEvent": {
-            "type": "object",
-            "description": "`delta`: a piece of the assistant's text as it streams in. \
-                Not stored, so it has no id and is never replayed.",
-            "required": ["content"],
-            "properties": { "content": { "type": "string" } },
-        },
-        "ToolCallEvent": {
-            "type": "object",
-            "description": "`tool_call`: the model called a tool.",
-            "required": ["id", "name", "arguments"],
-            "properties": {
-                "id": { "type": "string" },
-                "name": { "type": "string" },
-                "arguments": {
-                    "type": "string",
-                    "description": "As the model sent them; not necessarily valid JSON.",
-                },
-            },
-        },
-        "ToolResultEvent": {
-            "type": "object",
-            "description": "`tool_result`: what a tool call gave back.",
-            "required": ["id", "ok", "output"],
-            "properties": {
-                "id": { "type": "string", "description": "The tool call's id." },
-                "ok": { "type": "boolean" },
-                "output": { "type": "string", "description": "As given to the model." },
-            },
-        },
-        "RunFinishedEvent": {
-            "type": "object",
-            "description": "`run_finished`: the run ended (`blocked`: calls wait, see `pending`).",
-            "required": ["status"],
-            "properties": {
-                "status": { "enum": ["completed", "failed", "cancelled", "max_steps", "blocked"] },
-                "detail": { "type": "string" },
-            },
-        },
-        "PendingItem": {
-            "type": "object",
-            "required": ["tool_call_id", "tool", "disposition", "call"],
-            "properties": {
-                "tool_call_id": { "type": "string" },
-                "continuation_token": {
-                    "type": "string",
-                    "description": "`ct_…`: POST /v1/continuations/{token} answers the call. \
-                        Stored only as a digest; never in events.",
-                },
-                "tool": { "type": "string", "description": "The model-visible tool name." },
-                "via": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "The helpers (`prompt_agent_*`) the call was made in, \
-                        outermost first; answering it resumes them, then their caller.",
-                },
-                "disposition": {
-                    "enum": ["deferred", "confirm", "needs_input", "needs_selection", "needs_confirmation"],
-                    "description": "`deferred`: the client runs the tool and posts the \
-                        result; `confirm`: a person approves the call, or not; for a tool \
-                        with `depends_on`: `needs_input` (user-owned fields are missing), \
-                        `needs_selection` (choose one of `options`), `needs_confirmation` \
-                        (approve the prepared write, shown by its `facts`).",
-                },
-                "missing": {
-                    "type": "array",
-                    "items": { "type": "string" },
-                    "description": "`needs_input`: the fields to send as `input`.",
-                },
-                "lookup": { "type": "string", "description": "`needs_selection`: the lookup tool the options come from." },
-                "options": {
-                    "type": "array",
-                    "description": "`needs_selection`: what the API offered, in its order. An \
-                        `id` is opaque when the lookup's ids are sensitive.",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "id": { "type": "string" },
-                            "label": { "type": "string" },
-                            "facts": { "type": "object" },
-                        },
-                    },
-                },
-                "facts": { "type": "object", "description": "`needs_confirmation`: what the chosen options said." },
-                "note": { "type": "string", "description": "Why it asks (no exact match, several, the API refused the earlier call)." },
-                "call": {
-                    "description": "The model's arguments. Bound values never appear.",
-                },
-                "expires_at": timestamp("When an unanswered confirmation closes as not approved."),
-            },
-        },
-        "PendingEvent": {
-            "type": "object",
-            "description": "`pending`: the run stopped; these calls wait (no tokens: read \
-                them from the session).",
-            "required": ["pending"],
-            "properties": { "pending": { "type": "array", "items": schema("PendingItem") } },
-        },
-        "ResolvedEvent": {
-            "type": "object",
-            "description": "`resolved`: a pending call was answered or closed.",
-            "required": ["tool_call_id", "outcome"],
-            "properties": {
-                "tool_call_id": { "type": "string" },
-                "tool": { "type": "string" },
-                "outcome": { "enum": ["result", "approved", "chosen", "input", "rejected", "expired", "cancelled"] },
-            },
-        },
-        "ParamsChangedEvent": {
-            "type": "object",
-            "description": "`params_changed`: session values were set or removed. Names only.",
-            "required": ["names"],
-            "properties": { "names": { "type": "array", "items": { "type": "string" } } },
-        },
-    })
-}
-
-fn mcp_schemas() -> Value {
-    json!({
-        "JsonRpcMessage": {
-            "type": "object",
-            "description": "A JSON-RPC 2.0 request, notification or response.",
-            "required": ["jsonrpc"],
-            "properties": {
-                "jsonrpc": { "const": "2.0" },
-                "id": { "type": ["string", "integer"] },
-                "method": { "type": "string" },
-                "params": {
-                    "description": "The method's parameters (an object); any other value \
-                        is answered, like an unknown method, with a JSON-RPC error in a 200.",
-                },
-            },
-        },
-        "JsonRpcResponse": {
-            "type": "object",
-            "required": ["jsonrpc", "id"],
-            "properties": {
-                "jsonrpc": { "const": "2.0" },
-                "id": { "type": ["string", "integer", "null"] },
-                "result": { "type": "object" },
-                "error": schema("JsonRpcError"),
-            },
-        },
-        "JsonRpcError": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {
-                "code": {
-                    "type": "integer",
-                    "description": "-32602 for parameters the session API would refuse (and \
-                        other invalid params), -32001 without an owner token, -32601 for an \
-                        unknown method, -32600/-32700 for malformed messages.",
-                },
-                "message": { "type": "string" },
-                "data": schema("McpErrorData"),
-            },
-        },
-        "McpErrorData": {
-            "type": "object",
-            "description": "The session API's error, for errors it would also give.",
-            "required": ["error", "status"],
-            "properties": {
-                "error": { "type": "string", "description": "The session API's code, e.g. `unknown_params`." },
-                "status": { "type": "integer", "description": "The HTTP status the session API would answer with." },
-                "params": { "type": "array", "items": { "type": "string" } },
-            },
-        },
-    })
-}
+impl ToSchema for McpProtocolVersion {}
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
+    use serde_json::json;
+
     use super::*;
+
+    /// Every route of the API as `(METHOD, path)`: the document lists
+    /// these and nothing else.
+    const ROUTES: &[(&str, &str)] = &[
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("GET", "/v1/agents"),
+        ("GET", "/v1/agents/{slug}"),
+        ("POST", "/v1/sessions"),
+        ("GET", "/v1/sessions"),
+        ("GET", "/v1/sessions/{id}"),
+        ("POST", "/v1/sessions/{id}/messages"),
+        ("POST", "/v1/sessions/{id}/resume"),
+        ("POST", "/v1/sessions/{id}/cancel"),
+        ("POST", "/v1/sessions/{id}/fork"),
+        ("POST", "/v1/continuations/{token}"),
+        ("PUT", "/v1/sessions/{id}/params"),
+        ("DELETE", "/v1/sessions/{id}/token"),
+        ("GET", "/v1/sessions/{id}/events"),
+        ("POST", "/mcp"),
+        ("GET", "/"),
+        ("GET", "/chat.js"),
+        ("GET", "/chat.css"),
+    ];
 
     const METHODS: [&str; 8] = [
         "get", "put", "post", "delete", "options", "head", "patch", "trace",
     ];
 
     fn doc() -> Value {
-        document("1.2.3")
+        document(crate::api::server::routes().into_openapi(), "1.2.3")
     }
 
     /// Every operation as `(METHOD, path, operation)`.
@@ -1577,6 +1080,26 @@ mod tests {
         let agent = &doc["components"]["schemas"]["ParameterView"];
         assert!(agent["properties"].get("value").is_none());
         assert!(agent["properties"].get("default").is_none());
+    }
+
+    #[test]
+    fn optional_parameters_and_bodies_may_be_left_out_not_null() {
+        let doc = doc();
+        for (method, path, op) in operations(&doc) {
+            let params = op["parameters"].as_array().cloned().unwrap_or_default();
+            let body = &op["requestBody"]["content"]["application/json"]["schema"];
+            for schema in params.iter().map(|p| &p["schema"]).chain([body]) {
+                let text = schema.to_string();
+                assert!(!text.contains(r#""null""#), "{method} {path}: {text}");
+            }
+        }
+        for path in ["/v1/sessions/{id}/fork", "/v1/sessions/{id}/resume"] {
+            let body = &doc["paths"][path]["post"]["requestBody"];
+            assert_eq!(body["required"], false, "{path}: {body}");
+            assert!(body["content"]["application/json"]["schema"]["$ref"].is_string());
+        }
+        let create = &doc["paths"]["/v1/sessions"]["post"]["requestBody"];
+        assert_eq!(create["required"], true, "{create}");
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The HTTP session API (agents-server's routes and shapes), over the
 //! session service.
 
+// utoipa's `IntoParams` expansion spells out paths that are in scope.
+#![allow(unused_qualifications)]
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,14 +16,22 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::MethodRouter;
 use axum::{Json, Router};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::auth::{caller, Door, OwnerToken};
-use super::views::{agent_view, session_summary, session_view};
+use super::openapi::{
+    AgentList, AnswerRefused, BadRequest, ErrorBody, ForbiddenParams, ForkRequest, Health,
+    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked, SessionList,
+    SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
+};
+use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
 use crate::metrics::Metrics;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
@@ -49,37 +60,50 @@ impl AppState {
 const DEFAULT_WAIT: u64 = 60;
 const MAX_WAIT: u64 = 600;
 
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route(
-            "/openapi.json",
-            get(|| async { Json(super::openapi::document(env!("CARGO_PKG_VERSION"))) }),
-        )
-        .route("/v1/agents", get(list_agents))
-        .route("/v1/agents/{slug}", get(get_agent))
-        .route("/v1/sessions", post(create_session).get(list_sessions))
-        .route("/v1/sessions/{id}", get(get_session))
-        .route("/v1/sessions/{id}/messages", post(post_message))
-        .route("/v1/sessions/{id}/resume", post(resume))
-        .route("/v1/sessions/{id}/cancel", post(cancel))
-        .route("/v1/sessions/{id}/fork", post(fork))
-        .route("/v1/sessions/{id}/params", put(put_params))
-        .route(
-            "/v1/sessions/{id}/token",
-            axum::routing::delete(revoke_token),
-        )
-        .route("/v1/sessions/{id}/events", get(events))
-        .route("/v1/continuations/{token}", post(continuation))
+/// Every route of the API, each registered once: its handler's
+/// `#[utoipa::path]` gives the router its path and method, and the
+/// OpenAPI document its operation.
+pub fn routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(list_agents))
+        .routes(routes!(get_agent))
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session))
+        .routes(routes!(post_message))
+        .routes(routes!(resume))
+        .routes(routes!(cancel))
+        .routes(routes!(fork))
+        .routes(routes!(put_params))
+        .routes(routes!(revoke_token))
+        .routes(routes!(events))
+        .routes(routes!(continuation))
+        .routes(routes!(super::mcp::post))
+        // Every other method on /mcp (GET: no stream; DELETE: no session)
+        // is a 405 that says `Allow: POST`.
         .route(
             "/mcp",
-            // Every other method (GET: no stream; DELETE: no session) is a
-            // 405 that says `Allow: POST`.
-            post(super::mcp::post).fallback(super::mcp::not_allowed),
+            MethodRouter::new().fallback(super::mcp::not_allowed),
         )
         .merge(super::chat::routes())
+}
+
+/// The OpenAPI document of [`routes()`], as `GET /openapi.json` serves it.
+pub fn document() -> serde_json::Value {
+    static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    DOCUMENT
+        .get_or_init(|| {
+            super::openapi::document(routes().into_openapi(), env!("CARGO_PKG_VERSION"))
+        })
+        .clone()
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(
@@ -192,11 +216,17 @@ fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Se
     })
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WaitQuery {
+    /// Wait for the run this request starts to finish before answering.
     #[serde(default)]
+    #[param(value_type = bool, default = false)]
     wait: Option<bool>,
+    /// With `wait=true`: how many seconds to wait at most (default 60, at
+    /// most 600; more is a 400). A run still going then is answered with 202.
     #[serde(default)]
+    #[param(value_type = u64, minimum = 0, maximum = 600, default = 60)]
     timeout: Option<u64>,
 }
 
@@ -224,6 +254,29 @@ impl WaitQuery {
     }
 }
 
+/// Liveness: the process is up
+#[utoipa::path(get, path = "/healthz", tag = "health", operation_id = "healthz", security(),
+    responses((status = 200, description = "Up.", body = Health)),
+)]
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// This document
+#[utoipa::path(get, path = "/openapi.json", tag = "health", operation_id = "openapi",
+    security(),
+    responses((status = 200, description = "The OpenAPI 3.1 document.", body = Object)),
+)]
+async fn openapi() -> Json<serde_json::Value> {
+    Json(document())
+}
+
+/// Readiness: the server can take requests
+#[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(), responses(
+    (status = 200, description = "Ready.", body = Ready),
+    (status = 503, description = "Not ready: starting, or the session store does not answer.",
+        body = inline(NotReady)),
+))]
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let not_ready = |error: &str, message: &str| {
         (
@@ -244,6 +297,11 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// Prometheus metrics
+#[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics", security(), responses(
+    (status = 200, description = "The metrics as OpenMetrics text.", body = String,
+        content_type = "application/openmetrics-text"),
+))]
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(
@@ -255,6 +313,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The agents this server runs
+#[utoipa::path(get, path = "/v1/agents", tag = "agents", operation_id = "listAgents", security(("ownerToken" = [])), responses(
+    (status = 200, description = "Every agent.", body = AgentList),
+    (status = 401, response = Unauthorized),
+))]
 async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
     s.caller(&headers, None, Door::OwnerOnly).await?;
     let agents: Vec<_> = s
@@ -267,6 +330,15 @@ async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiR
     Ok(Json(json!({"agents": agents})).into_response())
 }
 
+/// One agent
+#[utoipa::path(get, path = "/v1/agents/{slug}", tag = "agents", operation_id = "getAgent", security(("ownerToken" = [])),
+    params(("slug" = String, Path, description = "The agent's slug.")),
+    responses(
+        (status = 200, description = "The agent.", body = AgentView),
+        (status = 401, response = Unauthorized),
+        (status = 404, description = "No such agent.", body = inline(NotFound)),
+    ),
+)]
 async fn get_agent(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -281,26 +353,42 @@ async fn get_agent(
     Ok(Json(agent_view(agent)).into_response())
 }
 
-/// `POST /v1/sessions` (and the fork route's) body.
-#[derive(Deserialize, Default)]
+// The fork route parses this too; the document shows its part as
+// `ForkRequest`. It leaves out `message` (agents-server's form of `prompt`)
+// and `at_turn` (a creation without `fork` takes none).
+/// `POST /v1/sessions`'s body.
+#[derive(Deserialize, Default, ToSchema)]
+#[schema(as = CreateSessionRequest)]
 pub struct CreateBody {
+    /// The agent's slug.
+    #[schema(value_type = String, required = true)]
     agent: Option<String>,
+    /// A first message: starts a run.
+    #[schema(value_type = String, required = false)]
     prompt: Option<String>,
     /// agents-server's `{"message": {"text": …}}` form of `prompt`.
+    #[schema(ignore)]
     message: Option<MessageBody>,
     #[serde(default)]
+    #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
+    /// Only the owner may change the parameters from now on.
     #[serde(default)]
     seal: bool,
+    /// Hand out a session token in the response.
     #[serde(default)]
     session_token: bool,
+    /// The id of a session to start from a copy of.
+    #[schema(value_type = String, required = false)]
     fork: Option<String>,
     /// With a fork: copy only the turns before this index (any JSON number
     /// that is a whole one: `3.0` too).
+    #[schema(ignore)]
     at_turn: Option<serde_json::Number>,
     /// `none` creates the session idle even with a prompt; `step` runs one
     /// model turn; `until_blocked` (the default) until the answer or a
     /// pending call.
+    #[schema(value_type = super::openapi::RunMode, required = false)]
     run: Option<String>,
 }
 
@@ -334,6 +422,27 @@ impl CreateBody {
     }
 }
 
+/// Start a session, or fork one, and optionally a first run
+///
+/// With `prompt`, a first run starts at once. With `fork`, the new session
+/// starts from a copy of that session's conversation and parameters.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession", security(("ownerToken" = [])),
+    params(WaitQuery),
+    request_body = CreateBody,
+    responses(
+        (status = 201, body = SessionView, description = "Created, and the run (if any) \
+            finished. `session_token` is there, this once, when it was asked for."),
+        (status = 202, body = SessionView,
+            description = "Created, and a run was started and not waited for."),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 403, body = inline(ForbiddenParams), description = "Parameters that may \
+            not be set here: process-scope or pinned ones."),
+        (status = 404, body = inline(NotFound),
+            description = "No such agent, or no such session to fork from."),
+        (status = 422, description = INVALID_PARAMS, body = inline(NewSessionParams)),
+    ),
+)]
 async fn create_session(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -383,7 +492,7 @@ async fn view(
     id: &str,
     who: &Caller,
     token: Option<String>,
-) -> Result<super::views::SessionView, ServiceError> {
+) -> Result<SessionView, ServiceError> {
     let rec = s.service.record(id).await?;
     let pending = s.service.pending_view(&rec);
     let mut v = session_view(rec, s.service.secret_names(id), token);
@@ -402,6 +511,10 @@ async fn view(
     Ok(v)
 }
 
+/// Every session
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "listSessions", security(("ownerToken" = [])),
+    responses((status = 200, description = "The sessions.", body = SessionList), (status = 401, response = Unauthorized)),
+)]
 async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
     s.caller(&headers, None, Door::OwnerOnly).await?;
     let list: Vec<_> = s
@@ -415,6 +528,12 @@ async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Ap
     Ok(Json(json!({"sessions": list})).into_response())
 }
 
+/// One session
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", operation_id = "getSession",
+    security(("ownerToken" = []), ("sessionToken" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    responses((status = 200, description = "The session.", body = SessionView), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
+)]
 async fn get_session(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -424,15 +543,42 @@ async fn get_session(
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
+#[schema(as = MessageRequest)]
 pub struct MessagePost {
+    #[schema(value_type = String, required = true)]
     prompt: Option<String>,
+    // agents-server's form of `prompt`; the document shows `prompt` only.
+    #[schema(ignore)]
     message: Option<MessageBody>,
     #[serde(default)]
+    #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
+    #[schema(value_type = super::openapi::RunMode, required = false)]
     run: Option<String>,
 }
 
+/// Say something: add a user message and start a run
+#[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    operation_id = "postMessage", security(("ownerToken" = []), ("sessionToken" = [])),
+    params(("id" = String, Path, description = "The session's id."), WaitQuery),
+    request_body = MessagePost,
+    responses(
+        (status = 200, description = "The run finished (waited for).", body = SessionView),
+        (status = 202, description = "The run started and was not waited for.",
+            body = SessionView),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 403, body = inline(ForbiddenParams), description = "Parameters this caller \
+            may not set: process-scope or pinned ones, or any session value of a sealed \
+            session for a session-token holder."),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+        (status = 409, body = inline(RunBlocked), description = "A run is in progress \
+            (`run_in_progress`), the session waits for pending calls (`waiting_external`), \
+            or required parameters are still unbound (`params_required`)."),
+        (status = 422, description = INVALID_PARAMS, body = inline(SessionParams)),
+    ),
+)]
 async fn post_message(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -469,13 +615,39 @@ async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) 
     Ok((status, Json(view(s, id, who, None).await?)).into_response())
 }
 
-#[derive(Deserialize, Default)]
+// The params route parses this too; the document shows its part as
+// `SetParamsRequest`.
+/// `POST /v1/sessions/{id}/resume`'s body.
+#[derive(Deserialize, Default, ToSchema)]
+#[schema(as = ResumeRequest)]
 pub struct ParamsBody {
     #[serde(default)]
+    #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
+    #[schema(value_type = super::openapi::RunMode, required = false)]
     run: Option<String>,
 }
 
+/// Start a run again from where the conversation stands
+///
+/// For a session whose last run failed or was cancelled; `params` may first
+/// bind what was missing.
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    operation_id = "resumeSession", security(("ownerToken" = [])),
+    params(("id" = String, Path, description = "The session's id."), WaitQuery),
+    request_body(content = Option<ParamsBody>),
+    responses(
+        (status = 200, description = "The run finished (waited for).", body = SessionView),
+        (status = 202, description = "The run started and was not waited for.",
+            body = SessionView),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+        (status = 409, body = inline(RunBlocked), description = "A run is in progress, a \
+            pending call is not answered yet, or required parameters are still unbound."),
+        (status = 422, description = INVALID_PARAMS, body = inline(SessionParams)),
+    ),
+)]
 async fn resume(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -495,6 +667,17 @@ async fn resume(
     ran(&s, &id, &who, &q, run).await
 }
 
+/// Cancel the run in progress (or the calls it waits for)
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions",
+    operation_id = "cancelSession", security(("ownerToken" = []), ("sessionToken" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    responses(
+        (status = 200, description = "Cancelled.", body = SessionView),
+        (status = 401, response = Unauthorized),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+        (status = 409, description = "No run is in progress.", body = inline(NotRunning)),
+    ),
+)]
 async fn cancel(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -505,6 +688,26 @@ async fn cancel(
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
+/// Start a new session from a copy of this one
+///
+/// The copy takes the conversation (up to `at_turn` when given) and the
+/// session's parameter values; `params` then changes them. With `prompt`, a
+/// first run starts at once.
+#[utoipa::path(post, path = "/v1/sessions/{id}/fork", tag = "sessions",
+    operation_id = "forkSession", security(("ownerToken" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    request_body(content = Option<ForkRequest>),
+    responses(
+        (status = 201, body = SessionView, description = "The new session. `session_token` \
+            is there, this once, when it was asked for."),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 403, body = ErrorBody, description = "Session-token holders may not \
+            fork, or parameters that may not be set (process-scope or pinned ones)."),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+        (status = 422, description = INVALID_PARAMS, body = inline(NewSessionParams)),
+    ),
+)]
 async fn fork(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -518,6 +721,24 @@ async fn fork(
     create(&s, &who, &q, b, Some(id)).await
 }
 
+/// Set or remove session-scope parameter values
+#[utoipa::path(put, path = "/v1/sessions/{id}/params", tag = "sessions",
+    operation_id = "setSessionParams", security(("ownerToken" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    request_body = SetParamsRequest,
+    responses(
+        (status = 200, description = "The session, with its new values.", body = SessionView),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 403, body = ErrorBody, description = "Not allowed: a session token was \
+            used, the session is sealed and the caller is not its owner, or the parameters \
+            are process-scope or pinned."),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+        (status = 422, body = inline(SessionParams), description = "Parameters not declared \
+            by the agent (`unknown_params`), or values that do not fit (`invalid_params`: \
+            wrong type, a secret that is not a string, or a message-scope parameter)."),
+    ),
+)]
 async fn put_params(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -538,6 +759,12 @@ async fn put_params(
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
 }
 
+/// Revoke every session token of this session
+#[utoipa::path(delete, path = "/v1/sessions/{id}/token", tag = "sessions",
+    operation_id = "revokeSessionTokens", security(("ownerToken" = [])),
+    params(("id" = String, Path, description = "The session's id.")),
+    responses((status = 204, description = "Revoked (also when there was none)."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
+)]
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -551,24 +778,86 @@ async fn revoke_token(
 /// `POST /v1/continuations/:token` body: `result` for a deferred call,
 /// `approve` (and `reason`) for a confirmation, `choice` for a selection,
 /// `input` for missing user-owned fields.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ContinuationRequest)]
 pub struct ContinuationBody {
     /// The session the caller means; a token of another session is unknown.
+    #[schema(value_type = String, required = false)]
     session_id: Option<String>,
+    /// The deferred tool's result: any JSON value.
+    #[schema(value_type = Value, required = false)]
     result: Option<serde_json::Value>,
+    /// A confirmation's decision.
+    #[schema(value_type = bool, required = false)]
     approve: Option<bool>,
+    /// Why the call is refused; the model reads it.
+    #[schema(value_type = String, required = false)]
     reason: Option<String>,
     /// A selection's answer: the `id` of an offered option.
+    #[schema(value_type = String, required = false)]
     choice: Option<String>,
     /// A `needs_input` item's answer: the missing fields.
+    #[schema(value_type = Object, required = false)]
     input: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `false`: record the answer only; a later resume goes on.
+    #[schema(value_type = bool, required = false)]
     resume: Option<bool>,
     #[serde(default)]
+    #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
+    #[schema(value_type = super::openapi::RunMode, required = false)]
     run: Option<String>,
 }
 
+/// Answer a pending tool call: a deferred call's result, or a decision
+///
+/// Each item of a session's `pending` carries a `continuation_token`. For a
+/// `deferred` call send `result` (the tool's output: a string, or any JSON
+/// given to the model as its text); for a `confirm` call send `approve` (and
+/// an optional `reason`, which the model reads when the call is refused);
+/// for a `needs_selection` item send `choice` (the `id` of one of its
+/// `options`), for `needs_confirmation` `approve`, for `needs_input` `input`
+/// (the missing fields). A selection or confirmation that rests on lookups
+/// past their `ttl_ms` is refused (409 `continuation_expired`) and asked
+/// again. The token names its session (`ct_<session id>_<mac>`): no other
+/// identifier is needed. `session_id` may say which session the caller
+/// means; a token of another session is then unknown (404). A token is good
+/// for one answer (a second is 409 `continuation_used`), and is bound to the
+/// exact call: the tool, the model's arguments and the names of the
+/// parameters bound into it; when those changed (the agent was reloaded with
+/// other bindings) the answer is 409 `call_changed`. Past the agent's
+/// `confirmTtl` the call is closed as not approved (409
+/// `continuation_expired`). When the last pending call is answered the run
+/// resumes (unless `resume: false` or `run: none`); `params` then follow the
+/// same rules as on resume, so message-scope values come with this request,
+/// and a call that gets a secret session value this server no longer holds
+/// (after a restart) answers 409 `params_required` until it is given again
+/// with `PUT /v1/sessions/{id}/params`. Owner only.
+#[utoipa::path(post, path = "/v1/continuations/{token}", tag = "sessions",
+    operation_id = "postContinuation", security(("ownerToken" = [])),
+    params(
+        ("token" = String, Path, description = "The pending item's `continuation_token`."),
+        WaitQuery,
+    ),
+    request_body = ContinuationBody,
+    responses(
+        (status = 200, body = SessionView, description = "The answer is recorded; the run it \
+            resumed finished or blocked again (waited for), or no run was started."),
+        (status = 202, description = "The run resumed and was not waited for.",
+            body = SessionView),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 403, description = "Parameters this caller may not set.",
+            body = inline(ForbiddenParams)),
+        (status = 404, description = "No pending call of the named session has this token.",
+            body = inline(NotFound)),
+        (status = 409, body = inline(AnswerRefused), description = "The token was used \
+            already, the call changed, the confirmation expired, or a required or bound \
+            secret value is missing."),
+        (status = 422, description = INVALID_PARAMS, body = inline(SessionParams)),
+    ),
+)]
 async fn continuation(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -602,11 +891,36 @@ async fn continuation(
     }
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
+    /// Like `Last-Event-ID`, which wins when both are given.
+    #[param(value_type = i64, required = false)]
     after: Option<i64>,
 }
 
+/// Follow the session's events (server-sent events)
+///
+/// Each event is sent as `id: <seq>` (left out for `delta`), `event: <kind>`
+/// and `data: <JSON>`. With `Last-Event-ID`, the stored events after that id
+/// are replayed first. `x-events` gives the `data` schema of each kind.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
+    operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = [])),
+    params(
+        ("id" = String, Path, description = "The session's id."),
+        ("Last-Event-ID" = Option<String>, Header, description = "Replay the stored events \
+            after this one (an event's `id`) before following new ones. A value that is not \
+            a whole number is ignored."),
+        EventsQuery,
+    ),
+    responses(
+        (status = 200, description = "The event stream; it stays open.", body = inline(SseEvent),
+            content_type = "text/event-stream"),
+        (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
+        (status = 401, response = Unauthorized),
+        (status = 404, description = "No such session.", body = inline(NotFound)),
+    ),
+)]
 async fn events(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,

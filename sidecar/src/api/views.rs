@@ -2,36 +2,50 @@
 //! ever holds a parameter's value unless it is a non-secret session value.
 
 use serde::Serialize;
+use utoipa::ToSchema;
 
+use super::openapi::{PendingItem, Scope, Turn, Wait};
 use crate::llm::ChatMessage;
 use crate::params::ParamStatus;
-use crate::session::model::SessionRecord;
+use crate::session::model::{SessionRecord, SessionStatus};
 use crate::tools::Disposition;
 use crate::tree::LoadedAgent;
 
-#[derive(Serialize)]
+/// An agent as callers see it: what it takes, never any value.
+#[derive(Serialize, ToSchema)]
 pub struct AgentView {
     pub slug: String,
+    /// What the agent says it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     pub announce: Option<String>,
     pub parameters: Vec<ParameterView>,
+    /// The names of the tools the agent may call.
     pub tools: Vec<String>,
-    /// Tool name → `confirm` or `deferred`, for the tools whose calls wait.
+    /// The tools whose calls wait, by name: for a person's approval
+    /// (`confirm`) or for the client's result (`deferred`).
+    #[schema(value_type = std::collections::BTreeMap<String, Wait>)]
     pub waits: std::collections::BTreeMap<String, Disposition>,
-    /// Tool name → the lookups that run before it (`depends_on`), in order.
+    /// The tools with `depends_on`, by name: their lookups, in order. Their
+    /// calls may stop at `needs_input`, `needs_selection` or
+    /// `needs_confirmation`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub depends_on: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct ParameterView {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     pub description: Option<String>,
+    #[schema(value_type = Scope)]
     pub scope: &'static str,
     pub secret: bool,
     pub required: bool,
+    /// A value is bound at process level.
     pub bound: bool,
+    /// The process-level value may not be overridden.
     pub pinned: bool,
 }
 
@@ -77,42 +91,71 @@ pub fn agent_view(a: &LoadedAgent) -> AgentView {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct SessionView {
     pub session_id: String,
+    /// The agent's slug.
     pub agent: String,
-    /// The session this one was forked from (agents-server's name for it).
+    /// The session this one was forked from (agents-server's name; same as
+    /// `forked_from`).
     pub parent_session_id: Option<String>,
-    /// Who created it: `owner` (the session API) or `mcp`.
+    /// Who created the session: `owner` (this API) or `mcp` (a call on
+    /// /mcp).
     pub owner: String,
+    /// `idle`: ready for a message; `running`: a run is in progress;
+    /// `failed`: the last run failed (see `status_detail`);
+    /// `waiting_external`: the run stopped with tool calls pending (see
+    /// `pending`).
+    #[schema(value_type = SessionStatus)]
     pub status: &'static str,
+    /// Why the last run failed, stopped, or what it waits for.
     pub status_detail: Option<String>,
+    /// Bumped on every change of the session.
     pub version: i64,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
     pub created_at: String,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
     pub updated_at: String,
+    /// The session this one was forked from.
     pub forked_from: Option<String>,
+    /// Only the owner may change parameters.
     pub sealed: bool,
-    /// Non-secret session values.
+    /// The session's non-secret values, by parameter name.
+    #[schema(value_type = Object)]
     pub params: serde_json::Map<String, serde_json::Value>,
-    /// Names of the secret values the session holds now.
+    /// The names of the secret values the session holds; never the values.
     pub secret_params: Vec<String>,
+    #[schema(inline)]
     pub session: Turns,
+    /// Tool calls the run waits for, each answered through its
+    /// continuation. A session-token holder sees them without tokens.
+    #[schema(value_type = Vec<PendingItem>)]
     pub pending: Vec<serde_json::Value>,
+    /// A new session token (`st_…`), only in the response that created it
+    /// (session creation or fork with `session_token: true`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String)]
     pub session_token: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct Turns {
+    /// The conversation, oldest first.
+    #[schema(value_type = Vec<Turn>)]
     pub turns: Vec<ChatMessage>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct SessionSummary {
     pub session_id: String,
     pub agent: String,
+    #[schema(value_type = SessionStatus)]
     pub status: &'static str,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
     pub forked_from: Option<String>,
 }

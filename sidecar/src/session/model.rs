@@ -8,7 +8,7 @@ use crate::llm::ChatMessage;
 use crate::params::Values;
 
 /// Where a session stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     /// No run in progress; ready for a message.

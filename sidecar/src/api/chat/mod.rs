@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::server::AppState;
 
@@ -26,20 +26,38 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
     form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /`, `/chat.js` and `/chat.css`; public, as the page holds no data.
-pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route(
-            "/",
-            get(|| async { asset("text/html; charset=utf-8", PAGE) }),
-        )
-        .route(
-            "/chat.js",
-            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
-        )
-        .route(
-            "/chat.css",
-            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
-        )
+pub fn routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(page))
+        .routes(routes!(script))
+        .routes(routes!(style))
+}
+
+/// The chat page
+#[utoipa::path(get, path = "/", tag = "chat", operation_id = "chatPage", security(),
+    responses((status = 200, description = "The file, embedded in the server.", body = String,
+        content_type = "text/html", headers(("Content-Security-Policy" = String)))),
+)]
+async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE)
+}
+
+/// The chat page's script
+#[utoipa::path(get, path = "/chat.js", tag = "chat", operation_id = "chatScript", security(),
+    responses((status = 200, description = "The file, embedded in the server.", body = String,
+        content_type = "text/javascript", headers(("Content-Security-Policy" = String)))),
+)]
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+/// The chat page's style sheet
+#[utoipa::path(get, path = "/chat.css", tag = "chat", operation_id = "chatStyle", security(),
+    responses((status = 200, description = "The file, embedded in the server.", body = String,
+        content_type = "text/css", headers(("Content-Security-Policy" = String)))),
+)]
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

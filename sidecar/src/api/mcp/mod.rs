@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use self::jsonrpc::{classify, response, Incoming, RpcError};
 use super::auth::Door;
+use super::openapi::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
 use super::server::AppState;
 use crate::session::error::ServiceError;
 use crate::session::validate::Caller;
@@ -46,7 +47,48 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
     (status, Json(response(Value::Null, Err(e)))).into_response()
 }
 
-/// `POST /mcp`.
+/// MCP over HTTP: one `ask_<agent>` tool per agent, each call one run
+///
+/// MCP's Streamable HTTP transport, stateless: each POST carries one
+/// JSON-RPC message (a batch only in protocol 2025-03-26) and is answered
+/// with `application/json`; no session id, no server-sent events (`GET /mcp`
+/// is 405). Methods: `initialize` (protocol 2025-03-26, 2025-06-18 or
+/// 2025-11-25), `ping`, `tools/list`, `tools/call`; in protocol 2026-07-28
+/// `server/discover` instead of `initialize` and `ping`, with the version
+/// and the client's capabilities in each request's `_meta` and
+/// `Mcp-Method`/`Mcp-Name` headers that agree with the body. A `tools/call` starts a
+/// new session on the tool's agent, runs `arguments.prompt` to the end and
+/// answers with the model's last text; the session's id is in the result's
+/// `_meta` "bindery.dev/session_id". Parameter values come from
+/// `Agents-Param-<name>` request headers (strings; the name is
+/// case-insensitive, `-` read as `_`) and from the call's `_meta`
+/// "agents-exe/params" (any JSON; wins by name). They are validated like a
+/// session creation with a prompt; a refusal is a JSON-RPC error with code
+/// -32602 and `data` `{error, status, params}` holding the session API's code
+/// (`unknown_params`, `forbidden_params`, `invalid_params`,
+/// `params_required`).
+#[utoipa::path(post, path = "/mcp", tag = "mcp", operation_id = "mcp",
+    security(("ownerToken" = [])),
+    params(("MCP-Protocol-Version" = inline(Option<McpProtocolVersion>), Header,
+        description = "The protocol version `initialize` agreed on (or, from 2026-07-28, \
+            the one in the request's `_meta`); 2025-03-26 when absent. Another value is a \
+            400 (a JSON-RPC error).")),
+    request_body = inline(McpRequest),
+    responses(
+        (status = 200, description = "The JSON-RPC response; an array of them for a batch.",
+            body = inline(McpResponse)),
+        (status = 202,
+            description = "Only notifications or responses were posted: nothing to answer."),
+        (status = 400, body = JsonRpcResponse, description = "Not JSON, not a JSON-RPC \
+            message, an unsupported MCP-Protocol-Version, a batch in a protocol version \
+            that has none, or (2026-07-28) a request whose `_meta` or headers are missing or \
+            disagree with its body."),
+        (status = 401, body = JsonRpcResponse, description = "No owner token (session tokens \
+            are not valid here); the error's code is -32001."),
+        (status = 406, body = JsonRpcResponse,
+            description = "`Accept` does not allow `application/json`."),
+    ),
+)]
 pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = s.caller(&headers, None, Door::OwnerOnly).await {
         return refused(StatusCode::UNAUTHORIZED, e.into());
