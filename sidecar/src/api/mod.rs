@@ -6,5 +6,6 @@ pub mod chat;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;
+pub mod peers;
 pub mod server;
 pub mod views;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::auth::{caller, Door, OwnerToken};
 use super::metrics::Metrics;
+use super::peers::{forward, is_forwarded, Incoming};
 use super::views::{agent_view, session_summary, session_view};
 use crate::session::error::ServiceError;
 use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
@@ -31,6 +32,8 @@ pub struct AppState {
     pub owner: OwnerToken,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
+    /// Forwards requests to other servers on a shared store.
+    pub peers: reqwest::Client,
 }
 
 impl AppState {
@@ -42,6 +45,41 @@ impl AppState {
         door: Door,
     ) -> Result<Caller, ServiceError> {
         caller(headers, &self.owner, &self.service, session, door).await
+    }
+
+    /// `req` on session `id` sent on to the server holding what it needs
+    /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
+    /// (it came from a peer already, no other live server holds it, or
+    /// that server cannot be reached).
+    async fn forward_to_holder(&self, id: &str, who: &Caller, req: &Incoming) -> Option<Response> {
+        if is_forwarded(&req.headers) {
+            return None;
+        }
+        let to = self.service.held_elsewhere(id).await?;
+        let key = self.owner.peer_key();
+        let sent = forward(&self.peers, &key, &to, who, req).await;
+        match sent {
+            Ok(r) => Some(r),
+            Err(why) => {
+                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
+                None
+            }
+        }
+    }
+
+    /// A request refused here for want of secret values another live
+    /// server holds is answered by that server; anything else stands.
+    async fn or_forward(
+        &self,
+        e: ServiceError,
+        id: &str,
+        who: &Caller,
+        req: &Incoming,
+    ) -> ApiResult {
+        if e.code != "params_required" {
+            return Err(e);
+        }
+        self.forward_to_holder(id, who, req).await.ok_or(e)
     }
 }
 
@@ -435,14 +473,16 @@ pub struct MessagePost {
 
 async fn post_message(
     State(s): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    bytes: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     q.check()?;
-    let b: MessagePost = body(&b)?;
+    let b: MessagePost = body(&bytes)?;
     let prompt = b
         .prompt
         .or(b.message.map(|m| m.text))
@@ -452,10 +492,22 @@ async fn post_message(
             "a message starts a run: `run` is step or until_blocked here",
         ));
     };
-    let run = s
+    let run = match s
         .service
         .post_message(&who, &id, prompt, &b.params, mode)
-        .await?;
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => {
+            let req = Incoming {
+                method,
+                uri,
+                headers,
+                body: bytes,
+            };
+            return s.or_forward(e, &id, &who, &req).await;
+        }
+    };
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -478,20 +530,33 @@ pub struct ParamsBody {
 
 async fn resume(
     State(s): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    bytes: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
-    let b: ParamsBody = body(&b)?;
+    let b: ParamsBody = body(&bytes)?;
     let Some(mode) = run_mode(b.run.as_deref())? else {
         return Err(ServiceError::bad_request(
             "a resume starts a run: `run` is step or until_blocked here",
         ));
     };
-    let run = s.service.resume(&who, &id, &b.params, mode).await?;
+    let run = match s.service.resume(&who, &id, &b.params, mode).await {
+        Ok(run) => run,
+        Err(e) => {
+            let req = Incoming {
+                method,
+                uri,
+                headers,
+                body: bytes,
+            };
+            return s.or_forward(e, &id, &who, &req).await;
+        }
+    };
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -520,12 +585,14 @@ async fn fork(
 
 async fn put_params(
     State(s): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
-    b: Bytes,
+    bytes: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
-    let b: ParamsBody = body(&b)?;
+    let b: ParamsBody = body(&bytes)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             status: 403,
@@ -533,6 +600,16 @@ async fn put_params(
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
         });
+    }
+    // Where the session's other secret values are, so that they stay together.
+    let req = Incoming {
+        method,
+        uri,
+        headers,
+        body: bytes,
+    };
+    if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+        return Ok(r);
     }
     s.service.put_params(&who, &id, &b.params).await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
@@ -571,13 +648,16 @@ pub struct ContinuationBody {
 
 async fn continuation(
     State(s): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     Path(token): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    bytes: Bytes,
 ) -> ApiResult {
     let who = s.caller(&headers, None, Door::OwnerOnly).await?;
-    let b: ContinuationBody = body(&b)?;
+    let b: ContinuationBody = body(&bytes)?;
+    let session = crate::session::pending::token_session(&token).map(str::to_owned);
     let mode = run_mode(b.run.as_deref())?;
     let answer = Answer {
         session_id: b.session_id,
@@ -595,7 +675,19 @@ async fn continuation(
         params: b.params,
         mode: mode.unwrap_or_default(),
     };
-    let (id, run) = s.service.answer(&who, &token, answer).await?;
+    let (id, run) = match s.service.answer(&who, &token, answer).await {
+        Ok(answered) => answered,
+        Err(e) => {
+            let Some(id) = session else { return Err(e) };
+            let req = Incoming {
+                method,
+                uri,
+                headers,
+                body: bytes,
+            };
+            return s.or_forward(e, &id, &who, &req).await;
+        }
+    };
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,
         None => Ok(Json(view(&s, &id, &who, None).await?).into_response()),
@@ -609,11 +701,27 @@ pub struct EventsQuery {
 
 async fn events(
     State(s): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult {
-    s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    // `delta` events exist only where the run is: a run on another server,
+    // or the next one (that server holds the session's secret values),
+    // streams from there.
+    if !s.service.is_running(&id) {
+        let req = Incoming {
+            method,
+            uri,
+            headers: headers.clone(),
+            body: Bytes::new(),
+        };
+        if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+            return Ok(r);
+        }
+    }
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
