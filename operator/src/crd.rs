@@ -32,6 +32,7 @@ pub use bindery_sidecar::spec::{Agent, AgentSpec};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.replicas) || self.replicas <= 1 || (has(self.store) && has(self.store.postgres))").message("replicas above 1 need spec.store.postgres: a SQLite store (an emptyDir or a pvcSize claim) belongs to one pod, so each replica would see only its own sessions"))]
 pub struct AgentTenantSpec {
     /// The `Agent` (same namespace) this tenant runs.
     pub agent_ref: AgentRef,
@@ -44,7 +45,8 @@ pub struct AgentTenantSpec {
     #[schemars(length(max = 128))]
     #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each parameter may be listed once"))]
     pub parameters: Vec<TenantParameter>,
-    /// Agent server pods (default 1).
+    /// Agent server pods (default 1). More than one needs
+    /// `store.postgres`, which they share (and route requests through).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
     /// The sidecar image (default: the operator's `--sidecar-image`).

@@ -579,6 +579,7 @@ fn every_rule_is_tested_above() {
         assert_eq!(
             rules,
             [
+                "spec: replicas above 1 need spec.store.postgres: a SQLite store (an emptyDir or a pvcSize claim) belongs to one pod, so each replica would see only its own sessions",
                 "spec.parameters: each parameter may be listed once",
                 "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
                 "spec.parameters[].valueFrom: give exactly one of secretKeyRef or configMapKeyRef",
@@ -1006,4 +1007,26 @@ fn a_postgres_store_excludes_the_sqlite_volume_fields() {
         "/spec/store/postgres",
         "required",
     );
+}
+
+#[test]
+fn more_than_one_replica_needs_a_postgres_store() {
+    let msg = "replicas above 1 need spec.store.postgres: a SQLite store (an emptyDir or a pvcSize claim) belongs to one pod, so each replica would see only its own sessions";
+    let with = |replicas: Option<i32>, store: Option<Value>| {
+        let mut t = tenant_with(json!([]));
+        if let Some(n) = replicas {
+            t["spec"]["replicas"] = json!(n);
+        }
+        if let Some(s) = store {
+            t["spec"]["store"] = s;
+        }
+        t
+    };
+    let pg = json!({"postgres": {"urlSecretRef": secret("acme-db", "url")}});
+    refused_by_rule(&with(Some(2), None), msg);
+    refused_by_rule(&with(Some(3), Some(json!({"pvcSize": "1Gi"}))), msg);
+    accepted(&with(Some(3), Some(pg.clone())));
+    accepted(&with(Some(1), Some(json!({"pvcSize": "1Gi"}))));
+    accepted(&with(None, None));
+    accepted(&with(Some(0), None));
 }

@@ -210,6 +210,13 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             ));
         }
     }
+    if let Some(n) = tenant.spec.replicas.filter(|n| *n > 1) {
+        if postgres_url(tenant).is_none() {
+            resolution.problems.push(format!(
+                "spec.replicas is {n}, but the sessions are kept in SQLite: a SQLite store (an emptyDir or a pvcSize claim) belongs to one pod, so each replica would see only its own sessions: give replicas: 1, or keep the sessions in PostgreSQL (spec.store.postgres)"
+            ));
+        }
+    }
     for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
         if e.name.starts_with("BINDERY_") {
             resolution.problems.push(format!(

@@ -876,7 +876,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n"
+            "1\n2\n3\n4\n5\n6\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
@@ -895,8 +895,9 @@ mod tests {
         // The database as a Bindery before migration 5 left it.
         pg.sql(
             DB,
-            "ALTER TABLE bindery_sessions DROP COLUMN event_seq;
-             DELETE FROM bindery_schema_migrations WHERE version = 5",
+            "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
+             ALTER TABLE bindery_runners DROP COLUMN address;
+             DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;
         assert_eq!(
