@@ -6,7 +6,8 @@ A container's image is mapped to a local program (``--image NAME=PATH``);
 its volumes (ConfigMap, Secret, emptyDir, PersistentVolumeClaim) are
 directories bind-mounted at their mount paths in a private mount namespace
 of the process (``unshare --mount``); its environment is built from literal
-values, ``secretKeyRef``, ``configMapKeyRef`` and ``fieldRef``. Each Pod
+values (with ``$(VAR)`` of an earlier variable), ``secretKeyRef``,
+``configMapKeyRef`` and ``fieldRef``. Each Pod
 gets a loopback address of its own (127.0.1.N): an argument ``0.0.0.0``
 (listen on all addresses) becomes that address. Readiness probes
 (``httpGet``) are polled; Pod and Deployment status follow. A new pod
@@ -21,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -64,6 +66,13 @@ class NotYet(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """A literal env value as Kubernetes gives it: ``$(VAR)`` is an earlier
+    variable's value (an unknown one stays as written), ``$$`` one ``$``."""
+    return re.sub(r'\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)',
+                  lambda m: '$' if m.group(0) == '$$' else env.get(m.group(1), m.group(0)), text)
 
 
 class NoImage(NotYet):
@@ -321,7 +330,7 @@ class Kubelet:
             for e in c.get('env') or []:
                 value = self._env_value(pod, obj, e)
                 if value is not None:
-                    env[e['name']] = value
+                    env[e['name']] = expand(value, env) if 'value' in e else value
             mounts = []
             for m in c.get('volumeMounts') or []:
                 if m['name'] not in volumes:

@@ -1933,6 +1933,155 @@ async fn the_platform_teams_path_end_to_end() {
     llm.shutdown().await;
 }
 
+/// Two replicas of a tenant on PostgreSQL, installed with the tenant chart,
+/// behind its Service (which sends each connection to the next pod): each
+/// pod advertises its pod IP, so a session whose secret value one pod holds
+/// is answered whichever pod a request lands on, the value reaching the
+/// tool every time and never leaving the pod's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reaches() {
+    const CANARY: &str = "billing-session-7a31f0";
+    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        if last["role"] == "tool" {
+            bindery_tests::mock_llm::MockReply::text(format!(
+                "answer: {}",
+                last["content"].as_str().unwrap_or("")
+            ))
+        } else {
+            bindery_tests::mock_llm::MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue"}),
+            )
+        }
+    })
+    .await;
+    let pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database("acme");
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = bindery_tests::helm::sidecar_binary();
+    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
+    let ns = "shop";
+    let repository = format!(
+        "sidecarImage.repository={}",
+        SIDECAR_IMAGE.split(':').next().unwrap()
+    );
+    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
+    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+
+    // The example Agent, its billing token given with each session (held
+    // in the memory of the pod that receives it).
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace("https://api.openai.com/v1", &llm.url());
+    let secret = "      secret: true\n";
+    assert!(agent.contains(secret), "examples/k8s/agent.yaml changed");
+    apply(
+        &emu,
+        &agent
+            .replace("name: invoices\n", "name: invoices\n  namespace: shop\n")
+            .replace(secret, "      secret: true\n      scope: session\n"),
+    );
+    apply(
+        &emu,
+        &tools_with_token_digest().replace(
+            "name: invoices-tools\n",
+            "name: invoices-tools\n  namespace: shop\n",
+        ),
+    );
+    apply(
+        &emu,
+        &format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-db, namespace: shop}}\nstringData: {{url: '{}'}}\n",
+            pg.url("acme")
+        ),
+    );
+    let tenant_yaml = Render::new(TENANT, "acme")
+        .values("tests/charts/tenant-postgres.yaml")
+        .set("replicas=2")
+        .set("tools=invoices-tools")
+        .set("parameters[0].name=tenant")
+        .set("parameters[0].value=acme-corp")
+        .set("parameters[0].pinned=true")
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &tenant_yaml);
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+    eventually(
+        "both pods ready",
+        || emu.logs(),
+        || {
+            kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"])["status"]["readyReplicas"]
+                == 2
+        },
+    )
+    .await;
+
+    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
+    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
+    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
+    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
+
+    // A new client (so a new connection, so the next pod) for each request.
+    let r = bindery_tests::sidecar::Api::new(&base)
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(&owner),
+            Some(&json!({"agent": "invoices", "params": {"billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    for n in 0..4 {
+        let r = bindery_tests::sidecar::Api::new(&base)
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/messages?wait=true"),
+                Some(&owner),
+                Some(&json!({"prompt": format!("which invoices are overdue? ({n})")})),
+            )
+            .await;
+        assert_eq!(r.status, 200, "message {n}: {}", r.text);
+        let answer = r.json["session"]["turns"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["content"]
+            .to_string();
+        assert!(answer.contains("INV-1002"), "message {n}: {}", r.text);
+        assert!(
+            answer.contains(&sha256_hex(CANARY)),
+            "message {n}: the session's value did not reach the tool: {}",
+            r.text
+        );
+    }
+    // Both pods served requests, and the value stayed in one's memory.
+    let mut logs = Vec::new();
+    for entry in walk(&dir.path().join("pods")) {
+        if entry.extension().is_some_and(|e| e == "log") {
+            logs.push(std::fs::read_to_string(&entry).unwrap_or_default());
+        }
+    }
+    let served = logs
+        .iter()
+        .filter(|l| l.contains("serving the session API"))
+        .count();
+    assert_eq!(served, 2, "two sidecars ran");
+    let everything = logs.concat() + &pg.dump("acme") + &emu.logs() + &op.logs();
+    assert!(
+        !everything.contains(CANARY),
+        "the session's value left memory"
+    );
+    llm.shutdown().await;
+}
+
 /// Every file under `dir`.
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
