@@ -17,12 +17,17 @@
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
 //! | `bindery_sessions_evicted_total` | counter | | (past `--max-live-sessions`)
 //! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
+//! | `bindery_store_operations_total` | counter | `op` = `get`, `update`, `append_event`, … |
+//! | `bindery_store_operation_seconds_total` | counter | `op`: the time those operations took |
+//! | `bindery_event_fanout_total` | counter | | (events handed to a session's subscribers)
+//! | `bindery_event_fanout_seconds_total` | counter | | (the time that took)
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::prom::{header, load, lock, sample, Histogram};
+use crate::prom::{format_float, header, load, lock, sample, Histogram};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub use crate::prom::CONTENT_TYPE;
@@ -123,6 +128,10 @@ pub struct Metrics {
     sessions_evicted: AtomicU64,
     /// Route → status → count.
     http_requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
+    /// Store operation → (count, nanoseconds).
+    store_ops: Mutex<BTreeMap<&'static str, (u64, u64)>>,
+    fanouts: AtomicU64,
+    fanout_nanos: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -138,6 +147,9 @@ impl Default for Metrics {
             sessions_live_limit: AtomicU64::new(0),
             sessions_evicted: AtomicU64::new(0),
             http_requests: Mutex::default(),
+            store_ops: Mutex::default(),
+            fanouts: AtomicU64::new(0),
+            fanout_nanos: AtomicU64::new(0),
         }
     }
 }
@@ -207,6 +219,23 @@ impl Metrics {
             None => map.entry(route.to_owned()).or_default(),
         };
         *statuses.entry(status).or_insert(0) += 1;
+    }
+
+    /// A session store operation `op` took `took`.
+    pub fn store_operation(&self, op: &'static str, took: std::time::Duration) {
+        let mut map = lock(&self.store_ops);
+        let entry = map.entry(op).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    }
+
+    /// Handing one event to a session's subscribers took `took`.
+    pub fn event_fanout(&self, took: std::time::Duration) {
+        self.fanouts.fetch_add(1, Ordering::Relaxed);
+        self.fanout_nanos.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Every metric, in the Prometheus text exposition format 0.0.4 (see
@@ -342,6 +371,59 @@ impl Metrics {
             }
         }
 
+        let seconds = |nanos: u64| format_float(nanos as f64 / 1e9);
+        let store_ops = lock(&self.store_ops).clone();
+        header(
+            &mut out,
+            "bindery_store_operations_total",
+            "counter",
+            "Session store operations, by operation.",
+        );
+        for (op, (n, _)) in &store_ops {
+            sample(
+                &mut out,
+                "bindery_store_operations_total",
+                &[("op", op)],
+                *n,
+            );
+        }
+        header(
+            &mut out,
+            "bindery_store_operation_seconds_total",
+            "counter",
+            "The time session store operations took, by operation.",
+        );
+        for (op, (_, nanos)) in &store_ops {
+            let _ = writeln!(
+                out,
+                "bindery_store_operation_seconds_total{{op=\"{op}\"}} {}",
+                seconds(*nanos)
+            );
+        }
+        header(
+            &mut out,
+            "bindery_event_fanout_total",
+            "counter",
+            "Events handed to a session's subscribers in this server.",
+        );
+        sample(
+            &mut out,
+            "bindery_event_fanout_total",
+            &[],
+            load(&self.fanouts),
+        );
+        header(
+            &mut out,
+            "bindery_event_fanout_seconds_total",
+            "counter",
+            "The time handing events to subscribers took.",
+        );
+        let _ = writeln!(
+            out,
+            "bindery_event_fanout_seconds_total {}",
+            seconds(load(&self.fanout_nanos))
+        );
+
         out
     }
 }
@@ -359,6 +441,33 @@ mod tests {
 
     fn has_line(text: &str, line: &str) -> bool {
         text.lines().any(|l| l == line)
+    }
+
+    #[test]
+    fn store_operations_and_the_event_fanout_are_counted_with_their_time() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(has_line(&text, "bindery_event_fanout_total 0"), "{text}");
+        assert!(
+            has_line(&text, "bindery_event_fanout_seconds_total 0"),
+            "{text}"
+        );
+        assert!(!text.contains("bindery_store_operations_total{"), "{text}");
+        m.store_operation("get", std::time::Duration::from_millis(2));
+        m.store_operation("get", std::time::Duration::from_millis(3));
+        m.store_operation("update", std::time::Duration::from_micros(500));
+        m.event_fanout(std::time::Duration::from_micros(250));
+        let text = m.render();
+        for line in [
+            "bindery_store_operations_total{op=\"get\"} 2",
+            "bindery_store_operations_total{op=\"update\"} 1",
+            "bindery_store_operation_seconds_total{op=\"get\"} 0.005",
+            "bindery_store_operation_seconds_total{op=\"update\"} 0.0005",
+            "bindery_event_fanout_total 1",
+            "bindery_event_fanout_seconds_total 0.00025",
+        ] {
+            assert!(has_line(&text, line), "{line} not in:\n{text}");
+        }
     }
 
     #[test]
@@ -748,7 +857,7 @@ mod tests {
             samples.push(sample);
         }
 
-        assert_eq!(typed.len(), 7);
+        assert_eq!(typed.len(), 11);
         let tool_values: Vec<&str> = samples
             .iter()
             .filter(|s| s.name == "bindery_tool_calls_total")

@@ -281,6 +281,11 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
     let advertise = advertise_url(a.advertise_url, addr)?;
     let metrics = Arc::new(Metrics::default());
+    let observed = metrics.clone();
+    let store: Arc<dyn store::SessionStore> = Arc::new(store::timed::Timed::new(
+        store,
+        Arc::new(move |op, took| observed.store_operation(op, took)),
+    ));
     let service = Service::new(
         tree.clone(),
         clients,

@@ -1210,12 +1210,14 @@ impl Service {
                 let Some(live) = self.peek(id) else {
                     return; // nobody in memory, so nobody listening
                 };
+                let start = std::time::Instant::now();
                 live.events.send(LiveEvent::Stored(Arc::new(EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
                     at,
                 })));
+                self.metrics.event_fanout(start.elapsed());
             }
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
         }
@@ -1605,7 +1607,9 @@ impl RunSink for SessionSink<'_> {
 
     fn delta(&self, text: &str) {
         if let Some(live) = self.service.peek(self.id) {
+            let start = std::time::Instant::now();
             live.events.send(LiveEvent::Delta(text.into()));
+            self.service.metrics.event_fanout(start.elapsed());
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod postgres;
 mod postgres_tls;
 mod record;
 pub mod sqlite;
+pub mod timed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
