@@ -1709,6 +1709,56 @@ fn tools_with_token_digest() -> String {
     )
 }
 
+/// The mock model of the end-to-end tests: it asks for another tenant's
+/// overdue invoices (the pin decides), then answers with the tool's output.
+async fn invoices_model() -> bindery_tests::mock_llm::MockLlm {
+    bindery_tests::mock_llm::MockLlm::start(|req| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        if last["role"] == "tool" {
+            bindery_tests::mock_llm::MockReply::text(format!(
+                "answer: {}",
+                last["content"].as_str().unwrap_or("")
+            ))
+        } else {
+            bindery_tests::mock_llm::MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue", "tenant_id": "globex"}),
+            )
+        }
+    })
+    .await
+}
+
+/// An emulator whose pods run the built sidecar, the operator chart
+/// installed in it, and the operator running as the chart's ServiceAccount,
+/// watching `shop`.
+fn operator_in_emulator(dir: &Path) -> (Emulator, Operator) {
+    let sidecar = bindery_tests::helm::sidecar_binary();
+    let emu = Emulator::start_with_images(dir, &[(SIDECAR_IMAGE, sidecar)]);
+    let repository = format!(
+        "sidecarImage.repository={}",
+        SIDECAR_IMAGE.split(':').next().unwrap()
+    );
+    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
+    let op = Operator::start(&identity, dir, "shop", &[&sidecar_flag]);
+    (emu, op)
+}
+
+/// The local port of `tenant`'s Service, and the tenant's owner token.
+fn tenant_access(emu: &Emulator, ns: &str, tenant: &str) -> (u64, String) {
+    let svc = kubectl_json(emu, &["get", "-n", ns, "service", tenant]);
+    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let secret = format!("{tenant}-owner-token");
+    let token = kubectl_json(emu, &["get", "-n", ns, "secret", &secret]);
+    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
+    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
+    (port, owner)
+}
+
 /// Poll `ok` (a blocking check) until it holds, at most 120 s.
 async fn eventually(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -1747,36 +1797,12 @@ async fn ask(base: &str, owner: &str) -> (u16, String) {
 async fn the_platform_teams_path_end_to_end() {
     const CANARY: &str = "billing-canary-51c2e9";
     const ROTATED: &str = "billing-rotated-8d04aa";
-    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
-        let last = bindery_tests::mock_llm::last_message(req);
-        if last["role"] == "tool" {
-            bindery_tests::mock_llm::MockReply::text(format!(
-                "answer: {}",
-                last["content"].as_str().unwrap_or("")
-            ))
-        } else {
-            // Asks for another tenant's invoices: the pin decides.
-            bindery_tests::mock_llm::MockReply::tool_call(
-                "bash_query-invoices",
-                json!({"status": "overdue", "tenant_id": "globex"}),
-            )
-        }
-    })
-    .await;
+    let llm = invoices_model().await;
     let dir = tempfile::tempdir().unwrap();
-    let sidecar = bindery_tests::helm::sidecar_binary();
-    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
     let ns = "shop";
 
     // 1. The operator chart.
-    let repository = format!(
-        "sidecarImage.repository={}",
-        SIDECAR_IMAGE.split(':').next().unwrap()
-    );
-    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
-    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
-    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
-    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+    let (emu, op) = operator_in_emulator(dir.path());
 
     // 2. The example Agent (its model: the mock), tools and Secret.
     let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
@@ -1819,14 +1845,8 @@ async fn the_platform_teams_path_end_to_end() {
     assert_eq!(deployment["status"]["readyReplicas"], 1, "{deployment:#}");
 
     // 4. A session through the tenant's Service, against the mock model.
-    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
-    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let (port, owner) = tenant_access(&emu, ns, "acme");
     let base = format!("http://127.0.0.1:{port}");
-    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
-    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
-    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
     let (status, text) = ask(&base, &owner).await;
     assert_eq!(status, 201, "{text}");
     assert!(
@@ -1941,35 +1961,12 @@ async fn the_platform_teams_path_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reaches() {
     const CANARY: &str = "billing-session-7a31f0";
-    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
-        let last = bindery_tests::mock_llm::last_message(req);
-        if last["role"] == "tool" {
-            bindery_tests::mock_llm::MockReply::text(format!(
-                "answer: {}",
-                last["content"].as_str().unwrap_or("")
-            ))
-        } else {
-            bindery_tests::mock_llm::MockReply::tool_call(
-                "bash_query-invoices",
-                json!({"status": "overdue"}),
-            )
-        }
-    })
-    .await;
+    let llm = invoices_model().await;
     let pg = bindery_tests::postgres::Postgres::start();
     pg.create_database("acme");
     let dir = tempfile::tempdir().unwrap();
-    let sidecar = bindery_tests::helm::sidecar_binary();
-    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
     let ns = "shop";
-    let repository = format!(
-        "sidecarImage.repository={}",
-        SIDECAR_IMAGE.split(':').next().unwrap()
-    );
-    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
-    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
-    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
-    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+    let (emu, op) = operator_in_emulator(dir.path());
 
     // The example Agent, its billing token given with each session (held
     // in the memory of the pod that receives it).
@@ -2019,14 +2016,8 @@ async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reach
     )
     .await;
 
-    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
-    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let (port, owner) = tenant_access(&emu, ns, "acme");
     let base = format!("http://127.0.0.1:{port}");
-    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
-    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
-    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
 
     // A new client (so a new connection, so the next pod) for each request.
     let r = bindery_tests::sidecar::Api::new(&base)

@@ -6,8 +6,9 @@
 //! served as if it came directly, never forwarded again.
 
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, HeaderName, Method, Uri};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use crate::session::error::ServiceError;
 use crate::session::pending::hmac;
@@ -77,12 +78,32 @@ pub fn vouched(headers: &HeaderMap, key: &[u8; 32]) -> Option<Result<Caller, Ser
     })
 }
 
-/// A client's request as a peer would get it, if it has to be forwarded.
+/// A client's request as a peer would get it, if it has to be forwarded
+/// (an extractor: a route that may forward takes it instead of the body).
 pub struct Incoming {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
     pub body: Bytes,
+}
+
+impl<S: Send + Sync> FromRequest<S> for Incoming {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Incoming {
+            method,
+            uri,
+            headers,
+            body,
+        })
+    }
 }
 
 /// Send a client's request to the peer at `to` (`http://HOST:PORT`) on

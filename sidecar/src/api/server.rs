@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -473,16 +473,15 @@ pub struct MessagePost {
 
 async fn post_message(
     State(s): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    bytes: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
     q.check()?;
-    let b: MessagePost = body(&bytes)?;
+    let b: MessagePost = body(&req.body)?;
     let prompt = b
         .prompt
         .or(b.message.map(|m| m.text))
@@ -498,15 +497,7 @@ async fn post_message(
         .await
     {
         Ok(run) => run,
-        Err(e) => {
-            let req = Incoming {
-                method,
-                uri,
-                headers,
-                body: bytes,
-            };
-            return s.or_forward(e, &id, &who, &req).await;
-        }
+        Err(e) => return s.or_forward(e, &id, &who, &req).await,
     };
     ran(&s, &id, &who, &q, run).await
 }
@@ -530,16 +521,13 @@ pub struct ParamsBody {
 
 async fn resume(
     State(s): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    bytes: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
+    let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
-    let b: ParamsBody = body(&bytes)?;
+    let b: ParamsBody = body(&req.body)?;
     let Some(mode) = run_mode(b.run.as_deref())? else {
         return Err(ServiceError::bad_request(
             "a resume starts a run: `run` is step or until_blocked here",
@@ -547,15 +535,7 @@ async fn resume(
     };
     let run = match s.service.resume(&who, &id, &b.params, mode).await {
         Ok(run) => run,
-        Err(e) => {
-            let req = Incoming {
-                method,
-                uri,
-                headers,
-                body: bytes,
-            };
-            return s.or_forward(e, &id, &who, &req).await;
-        }
+        Err(e) => return s.or_forward(e, &id, &who, &req).await,
     };
     ran(&s, &id, &who, &q, run).await
 }
@@ -585,14 +565,13 @@ async fn fork(
 
 async fn put_params(
     State(s): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    bytes: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
-    let b: ParamsBody = body(&bytes)?;
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
+    let b: ParamsBody = body(&req.body)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             status: 403,
@@ -602,12 +581,6 @@ async fn put_params(
         });
     }
     // Where the session's other secret values are, so that they stay together.
-    let req = Incoming {
-        method,
-        uri,
-        headers,
-        body: bytes,
-    };
     if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
         return Ok(r);
     }
@@ -648,15 +621,12 @@ pub struct ContinuationBody {
 
 async fn continuation(
     State(s): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(token): Path<String>,
     Query(q): Query<WaitQuery>,
-    bytes: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, None, Door::OwnerOnly).await?;
-    let b: ContinuationBody = body(&bytes)?;
+    let who = s.caller(&req.headers, None, Door::OwnerOnly).await?;
+    let b: ContinuationBody = body(&req.body)?;
     let session = crate::session::pending::token_session(&token).map(str::to_owned);
     let mode = run_mode(b.run.as_deref())?;
     let answer = Answer {
@@ -679,12 +649,6 @@ async fn continuation(
         Ok(answered) => answered,
         Err(e) => {
             let Some(id) = session else { return Err(e) };
-            let req = Incoming {
-                method,
-                uri,
-                headers,
-                body: bytes,
-            };
             return s.or_forward(e, &id, &who, &req).await;
         }
     };
@@ -701,28 +665,23 @@ pub struct EventsQuery {
 
 async fn events(
     State(s): State<Arc<AppState>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
     // `delta` events exist only where the run is: a run on another server,
     // or the next one (that server holds the session's secret values),
     // streams from there.
     if !s.service.is_running(&id) {
-        let req = Incoming {
-            method,
-            uri,
-            headers: headers.clone(),
-            body: Bytes::new(),
-        };
         if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
             return Ok(r);
         }
     }
-    let after = headers
+    let after = req
+        .headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<i64>().ok())
