@@ -157,34 +157,30 @@ fn a_postgres_tenant_gets_its_url_from_the_secret_and_keeps_no_files() {
 }
 
 #[test]
-fn more_than_one_replica_on_a_sqlite_store_is_not_deployed() {
-    for (what, store) in [("emptyDir", None), ("claim", Some("{pvcSize: 1Gi}"))] {
-        let mut w = World::example();
-        w.tenant.spec.store = store.map(|s| from_yaml(s).unwrap());
-        w.tenant.spec.replicas = Some(2);
-        let d = w.run();
-        assert!(d.objects.is_none(), "{what}");
-        let c = cond(&d, "ParametersResolved");
-        assert_eq!(c.status, "False", "{what}");
-        assert!(
-            c.message
-                .contains("spec.replicas is 2, but the sessions are kept in SQLite")
-                && c.message
-                    .contains("keep the sessions in PostgreSQL (spec.store.postgres)"),
-            "{what}: {}",
-            c.message
-        );
-        // One replica of either is fine, and renders no peer address.
-        w.tenant.spec.replicas = Some(1);
-        let d = w.run();
-        let o = d.objects.as_ref().expect(what);
-        let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
-        let env = pod.unwrap().containers[0].env.clone().unwrap_or_default();
-        assert!(
-            !env.iter().any(|e| e.name == "BINDERY_ADVERTISE_URL"),
-            "{what}"
-        );
-    }
+fn more_than_one_replica_on_a_claimed_sqlite_store_is_not_deployed() {
+    let mut w = World::example();
+    w.tenant.spec.store = Some(from_yaml("{pvcSize: 1Gi}").unwrap());
+    w.tenant.spec.replicas = Some(2);
+    let d = w.run();
+    assert!(d.objects.is_none());
+    let c = cond(&d, "ParametersResolved");
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(
+            "spec.replicas is 2, but the sessions are kept in SQLite on a claim (spec.store.pvcSize)"
+        ) && c
+            .message
+            .contains("keep the sessions in PostgreSQL (spec.store.postgres), which replicas share"),
+        "{}",
+        c.message
+    );
+    // One replica is fine, and renders no peer address (nobody to reach it).
+    w.tenant.spec.replicas = Some(1);
+    let d = w.run();
+    let o = d.objects.as_ref().expect("objects");
+    let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    let env = pod.unwrap().containers[0].env.clone().unwrap_or_default();
+    assert!(!env.iter().any(|e| e.name == "BINDERY_ADVERTISE_URL"));
 }
 
 #[test]
