@@ -2068,6 +2068,19 @@ async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reach
         !everything.contains(CANARY),
         "the session's value left memory"
     );
+
+    // The pods stop with their tenant, before the database does.
+    kubectl(&emu, &["delete", "-n", ns, "agenttenant", "acme"]);
+    eventually(
+        "acme's pods to stop",
+        || op.logs(),
+        || {
+            kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"])
+                .trim()
+                .is_empty()
+        },
+    )
+    .await;
     llm.shutdown().await;
 }
 
