@@ -110,6 +110,17 @@ async fn on_postgres(
     (pg, w)
 }
 
+/// `POST /v1/sessions/{id}/messages?wait=true` on `api` with `body`.
+async fn message(api: &Api, id: &str, token: &str, body: Value) -> bindery_tests::sidecar::Reply {
+    api.call(
+        "POST",
+        &format!("/v1/sessions/{id}/messages?wait=true"),
+        Some(token),
+        Some(&body),
+    )
+    .await
+}
+
 /// Short heartbeats, so that a lease passes within a test.
 const QUICK: [&str; 4] = ["--runner-heartbeat", "200ms", "--runner-lease", "1s"];
 
@@ -561,24 +572,10 @@ async fn servers_sharing_a_database_share_sessions_across_restarts() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     // B holds the second session's secret: the new A has it answered there.
-    let r = api_a
-        .call(
-            "POST",
-            &format!("/v1/sessions/{second}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "and now?"})),
-        )
-        .await;
+    let r = message(&api_a, &second, OWNER, json!({"prompt": "and now?"})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     // The first session's secret went with the server that had it in memory.
-    let r = api_a
-        .call(
-            "POST",
-            &format!("/v1/sessions/{first}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "and now?"})),
-        )
-        .await;
+    let r = message(&api_a, &first, OWNER, json!({"prompt": "and now?"})).await;
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.json["params"], json!(["billing_token"]));
 
@@ -760,14 +757,7 @@ async fn a_request_needing_what_another_server_holds_is_forwarded_there() {
         .await;
     assert_eq!(status, 200);
     let mut stream = stream.unwrap();
-    let r = api_b
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(&token),
-            Some(&json!({"prompt": "hi"})),
-        )
-        .await;
+    let r = message(&api_b, &id, &token, json!({"prompt": "hi"})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     let turns = r.json["session"]["turns"].as_array().unwrap();
@@ -818,14 +808,7 @@ async fn a_request_needing_what_another_server_holds_is_forwarded_there() {
         assert!(Instant::now() < deadline, "A's heartbeat never went");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = api_b
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "again"})),
-        )
-        .await;
+    let r = message(&api_b, &id, OWNER, json!({"prompt": "again"})).await;
     let (status, code, params) = error_of(&r);
     assert_eq!(
         (status, code.as_str()),

@@ -1727,6 +1727,23 @@ async fn invoices_model() -> bindery_tests::mock_llm::MockLlm {
     .await
 }
 
+/// The example Agent in `shop` (its model at `model_url`, then `edit`ed),
+/// and its tools ConfigMap, the tool printing the token's digest.
+fn apply_invoices_agent(emu: &Emulator, model_url: &str, edit: impl FnOnce(String) -> String) {
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace("https://api.openai.com/v1", model_url)
+        .replace("name: invoices\n", "name: invoices\n  namespace: shop\n");
+    apply(emu, &edit(agent));
+    apply(
+        emu,
+        &tools_with_token_digest().replace(
+            "name: invoices-tools\n",
+            "name: invoices-tools\n  namespace: shop\n",
+        ),
+    );
+}
+
 /// An emulator whose pods run the built sidecar, the operator chart
 /// installed in it, and the operator running as the chart's ServiceAccount,
 /// watching `shop`.
@@ -1803,20 +1820,7 @@ async fn the_platform_teams_path_end_to_end() {
     let (emu, op) = operator_in_emulator(dir.path());
 
     // 2. The example Agent (its model: the mock), tools and Secret.
-    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
-        .unwrap()
-        .replace("https://api.openai.com/v1", &llm.url());
-    apply(
-        &emu,
-        &agent.replace("name: invoices\n", "name: invoices\n  namespace: shop\n"),
-    );
-    apply(
-        &emu,
-        &tools_with_token_digest().replace(
-            "name: invoices-tools\n",
-            "name: invoices-tools\n  namespace: shop\n",
-        ),
-    );
+    apply_invoices_agent(&emu, &llm.url(), |agent| agent);
     let billing = |value: &str| {
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-billing, namespace: shop}}\nstringData: {{token: {value}}}\n")
     };
@@ -1968,24 +1972,11 @@ async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reach
 
     // The example Agent, its billing token given with each session (held
     // in the memory of the pod that receives it).
-    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
-        .unwrap()
-        .replace("https://api.openai.com/v1", &llm.url());
-    let secret = "      secret: true\n";
-    assert!(agent.contains(secret), "examples/k8s/agent.yaml changed");
-    apply(
-        &emu,
-        &agent
-            .replace("name: invoices\n", "name: invoices\n  namespace: shop\n")
-            .replace(secret, "      secret: true\n      scope: session\n"),
-    );
-    apply(
-        &emu,
-        &tools_with_token_digest().replace(
-            "name: invoices-tools\n",
-            "name: invoices-tools\n  namespace: shop\n",
-        ),
-    );
+    apply_invoices_agent(&emu, &llm.url(), |agent| {
+        let secret = "      secret: true\n";
+        assert!(agent.contains(secret), "examples/k8s/agent.yaml changed");
+        agent.replace(secret, "      secret: true\n      scope: session\n")
+    });
     apply(
         &emu,
         &format!(
