@@ -32,6 +32,7 @@ pub use bindery_sidecar::spec::{Agent, AgentSpec};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.replicas) || self.replicas <= 1 || !has(self.store) || !has(self.store.pvcSize)").message("replicas above 1 need a store they share (spec.store.postgres): a pvcSize claim holds one pod's SQLite file"))]
 pub struct AgentTenantSpec {
     /// The `Agent` (same namespace) this tenant runs.
     pub agent_ref: AgentRef,
@@ -44,7 +45,10 @@ pub struct AgentTenantSpec {
     #[schemars(length(max = 128))]
     #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each parameter may be listed once"))]
     pub parameters: Vec<TenantParameter>,
-    /// Agent server pods (default 1).
+    /// Agent server pods (default 1). More than one needs `store.postgres`
+    /// to share sessions (and route requests to each other); a `pvcSize`
+    /// store is refused with more than one, an emptyDir one gives each pod
+    /// sessions of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
     /// The sidecar image (default: the operator's `--sidecar-image`).

@@ -579,6 +579,7 @@ fn every_rule_is_tested_above() {
         assert_eq!(
             rules,
             [
+                "spec: replicas above 1 need a store they share (spec.store.postgres): a pvcSize claim holds one pod's SQLite file",
                 "spec.parameters: each parameter may be listed once",
                 "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
                 "spec.parameters[].valueFrom: give exactly one of secretKeyRef or configMapKeyRef",
@@ -1006,4 +1007,27 @@ fn a_postgres_store_excludes_the_sqlite_volume_fields() {
         "/spec/store/postgres",
         "required",
     );
+}
+
+#[test]
+fn more_than_one_replica_needs_a_postgres_store() {
+    let msg = "replicas above 1 need a store they share (spec.store.postgres): a pvcSize claim holds one pod's SQLite file";
+    let with = |replicas: Option<i32>, store: Option<Value>| {
+        let mut t = tenant_with(json!([]));
+        if let Some(n) = replicas {
+            t["spec"]["replicas"] = json!(n);
+        }
+        if let Some(s) = store {
+            t["spec"]["store"] = s;
+        }
+        t
+    };
+    let pg = json!({"postgres": {"urlSecretRef": secret("acme-db", "url")}});
+    refused_by_rule(&with(Some(3), Some(json!({"pvcSize": "1Gi"}))), msg);
+    accepted(&with(Some(3), Some(pg.clone())));
+    // An emptyDir each: sessions of each pod's own, as before.
+    accepted(&with(Some(2), None));
+    accepted(&with(Some(1), Some(json!({"pvcSize": "1Gi"}))));
+    accepted(&with(None, None));
+    accepted(&with(Some(0), None));
 }

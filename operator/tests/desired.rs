@@ -125,6 +125,21 @@ fn a_postgres_tenant_gets_its_url_from_the_secret_and_keeps_no_files() {
         .as_ref()
         .unwrap();
     assert_eq!((r.name.as_str(), r.key.as_str()), ("acme-db", "url"));
+    // Each replica tells the others where it is: its pod IP, declared
+    // before the variable that refers to it.
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    let ip = names.iter().position(|n| *n == "BINDERY_POD_IP").unwrap();
+    let url = names
+        .iter()
+        .position(|n| *n == "BINDERY_ADVERTISE_URL")
+        .unwrap();
+    assert!(ip < url, "{names:?}");
+    let field = env[ip].value_from.as_ref().unwrap().field_ref.as_ref();
+    assert_eq!(field.unwrap().field_path, "status.podIP");
+    assert_eq!(
+        env[url].value.as_deref(),
+        Some("http://$(BINDERY_POD_IP):8080")
+    );
     let args = sidecar.args.as_ref().unwrap();
     assert!(!args.iter().any(|a| a.contains("--store")), "{args:?}");
     let volumes: Vec<&str> = pod
@@ -139,6 +154,33 @@ fn a_postgres_tenant_gets_its_url_from_the_secret_and_keeps_no_files() {
     assert!(bindery_operator::desired::referenced(&w.tenant)
         .0
         .contains("acme-db"));
+}
+
+#[test]
+fn more_than_one_replica_on_a_claimed_sqlite_store_is_not_deployed() {
+    let mut w = World::example();
+    w.tenant.spec.store = Some(from_yaml("{pvcSize: 1Gi}").unwrap());
+    w.tenant.spec.replicas = Some(2);
+    let d = w.run();
+    assert!(d.objects.is_none());
+    let c = cond(&d, "ParametersResolved");
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(
+            "spec.replicas is 2, but the sessions are kept in SQLite on a claim (spec.store.pvcSize)"
+        ) && c
+            .message
+            .contains("keep the sessions in PostgreSQL (spec.store.postgres), which replicas share"),
+        "{}",
+        c.message
+    );
+    // One replica is fine, and renders no peer address (nobody to reach it).
+    w.tenant.spec.replicas = Some(1);
+    let d = w.run();
+    let o = d.objects.as_ref().expect("objects");
+    let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    let env = pod.unwrap().containers[0].env.clone().unwrap_or_default();
+    assert!(!env.iter().any(|e| e.name == "BINDERY_ADVERTISE_URL"));
 }
 
 #[test]

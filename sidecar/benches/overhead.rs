@@ -33,6 +33,15 @@
 //!   what binding, argument checks, redacted tracing and async process
 //!   handling cost on top of starting bash (x1.00: nothing).
 //!
+//! Where a streamed round trip's time goes comes from the server's own
+//! `/metrics`, read before and after the measured round trips: the time of
+//! each session store operation (`bindery_store_operation_seconds_total`),
+//! the LLM client's requests beyond the model's delay
+//! (`bindery_llm_request_duration_seconds`), the event fan-out
+//! (`bindery_event_fanout_seconds_total`), the tool script's own run (the
+//! direct median), and the rest (HTTP, the run loop, the tool's process
+//! handling), as averages per round trip.
+//!
 //! Medians are the headline; p90 shows the spread. The machine's load
 //! average is printed too: on a shared two-core machine other work moves
 //! the numbers by milliseconds, so compare runs made under similar load.
@@ -74,8 +83,9 @@ fn main() {
         .expect("a tokio runtime");
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let started = Instant::now();
-    let streamed = Stats::of(rt.block_on(round_trips(true)));
-    let unstreamed = Stats::of(rt.block_on(round_trips(false)));
+    let (streamed, spent) = rt.block_on(round_trips(true));
+    let streamed = Stats::of(streamed);
+    let unstreamed = Stats::of(rt.block_on(round_trips(false)).0);
     let (bound, direct) = rt.block_on(tool_dispatch());
     let (bound, direct) = (Stats::of(bound), Stats::of(direct));
     let elapsed = started.elapsed();
@@ -115,6 +125,7 @@ fn main() {
             ),
         );
     }
+    spent.print(&direct);
     println!(
         "tool call:            median {} bound over {} direct -> x{:.2} ({})",
         ms(bound.median),
@@ -144,7 +155,7 @@ fn main() {
 /// call and an answer from a mock that waits [`MODEL_DELAY`] per request;
 /// the sidecar asks the model for event streams unless `stream` is false
 /// (`serve --no-stream`).
-async fn round_trips(stream: bool) -> Vec<Duration> {
+async fn round_trips(stream: bool) -> (Vec<Duration>, Spent) {
     let w = World::new(|req| tool_then_answer(req).delayed(MODEL_DELAY)).await;
     let pin = format!("tenant={TENANT}");
     let mut flags = vec!["--pin", pin.as_str()];
@@ -169,7 +180,11 @@ async fn round_trips(stream: bool) -> Vec<Duration> {
     let body = json!({"prompt": "which invoices are overdue?"});
 
     let mut samples = Vec::with_capacity(ROUND_TRIPS);
+    let mut before = Scrape::default();
     for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
+        if i == WARMUP_ROUND_TRIPS {
+            before = Scrape::of(&api).await;
+        }
         let t = Instant::now();
         let reply = api.call("POST", &path, Some(OWNER), Some(&body)).await;
         let elapsed = t.elapsed();
@@ -183,12 +198,124 @@ async fn round_trips(stream: bool) -> Vec<Duration> {
             samples.push(elapsed);
         }
     }
+    let after = Scrape::of(&api).await;
     assert_eq!(
         w.mock.request_count(),
         MODEL_TURNS as usize * (WARMUP_ROUND_TRIPS + ROUND_TRIPS)
     );
     drop(sidecar);
-    samples
+    let mean = samples.iter().sum::<Duration>() / ROUND_TRIPS as u32;
+    (samples, Spent::between(&before, &after, mean))
+}
+
+/// The server's `/metrics` samples: `name{labels}` to value.
+#[derive(Default)]
+struct Scrape(std::collections::BTreeMap<String, f64>);
+
+impl Scrape {
+    async fn of(api: &bindery_tests::sidecar::Api) -> Scrape {
+        let r = api.call("GET", "/metrics", None, None).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        Scrape(
+            r.text
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| l.rsplit_once(' '))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> f64 {
+        self.0.get(key).copied().unwrap_or(0.0)
+    }
+}
+
+/// Where the measured round trips' time went, per round trip (means).
+struct Spent {
+    round_trip: Duration,
+    /// Store operation → (count, seconds).
+    store: Vec<(String, f64, f64)>,
+    llm_requests: f64,
+    llm_seconds: f64,
+    fanouts: f64,
+    fanout_seconds: f64,
+}
+
+impl Spent {
+    fn between(before: &Scrape, after: &Scrape, round_trip: Duration) -> Spent {
+        let per = |key: &str| (after.get(key) - before.get(key)) / ROUND_TRIPS as f64;
+        let prefix = "bindery_store_operations_total{op=\"";
+        let store = after
+            .0
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix)?.strip_suffix("\"}"))
+            .map(|op| {
+                (
+                    op.to_string(),
+                    per(&format!("{prefix}{op}\"}}")),
+                    per(&format!(
+                        "bindery_store_operation_seconds_total{{op=\"{op}\"}}"
+                    )),
+                )
+            })
+            .filter(|(_, n, _)| *n > 0.0)
+            .collect();
+        Spent {
+            round_trip,
+            store,
+            llm_requests: per("bindery_llm_request_duration_seconds_count"),
+            llm_seconds: per("bindery_llm_request_duration_seconds_sum"),
+            fanouts: per("bindery_event_fanout_total"),
+            fanout_seconds: per("bindery_event_fanout_seconds_total"),
+        }
+    }
+
+    fn print(&self, direct: &Stats) {
+        let model = (MODEL_DELAY * MODEL_TURNS).as_secs_f64();
+        let store: f64 = self.store.iter().map(|(_, _, s)| s).sum();
+        let tool = direct.median.as_secs_f64();
+        let client = self.llm_seconds - model;
+        let total = self.round_trip.as_secs_f64();
+        let rest = total - model - store - client - self.fanout_seconds - tool;
+        let line = |what: &str, secs: f64, note: String| {
+            println!(
+                "{:21}    {what:<24} {:>8} ({:>4.1}%) {note}",
+                "",
+                ms_signed(secs),
+                100.0 * secs / total
+            );
+        };
+        println!(
+            "{:21}    where a streamed round trip's {} (mean) goes:",
+            "",
+            ms(self.round_trip)
+        );
+        line("the model", model, String::new());
+        line(
+            "the LLM client",
+            client,
+            format!(
+                "{:.1} requests, beyond the model's delay (the mock's own work too)",
+                self.llm_requests
+            ),
+        );
+        line("the session store", store, String::new());
+        for (op, n, secs) in &self.store {
+            line(&format!("  {op}"), *secs, format!("{n:.1} per round trip"));
+        }
+        line(
+            "the event fan-out",
+            self.fanout_seconds,
+            format!("{:.1} events", self.fanouts),
+        );
+        line("the tool script", tool, "its direct median".into());
+        line(
+            "the rest",
+            rest,
+            "HTTP, the run loop, the tool's process handling".into(),
+        );
+    }
 }
 
 /// (b) `bash_query-invoices` through the bindings and by a direct

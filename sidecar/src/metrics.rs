@@ -16,6 +16,10 @@
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
 //! | `bindery_sessions_evicted_total` | counter | | (only with `--max-live-sessions`)
 //! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
+//! | `bindery_store_operations_total` | counter | `op` = `get`, `update`, `append_event`, … |
+//! | `bindery_store_operation_seconds_total` | counter | `op`: the time those operations took |
+//! | `bindery_event_fanout_total` | counter | | (events handed to a session's subscribers)
+//! | `bindery_event_fanout_seconds_total` | counter | | (the time that took)
 
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -108,6 +112,14 @@ struct ToolCall {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreOp {
+    op: &'static str,
+}
+
+/// A counter of seconds.
+type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpRequest {
     route: String,
     status: u16,
@@ -129,6 +141,10 @@ pub struct Metrics {
     sessions_live_limit: Gauge,
     sessions_evicted: Counter,
     http_requests: Family<HttpRequest, Counter>,
+    store_ops: Family<StoreOp, Counter>,
+    store_seconds: Family<StoreOp, Seconds>,
+    fanouts: Counter,
+    fanout_seconds: Seconds,
 }
 
 impl Default for Metrics {
@@ -145,6 +161,10 @@ impl Default for Metrics {
             sessions_live_limit: Gauge::default(),
             sessions_evicted: Counter::default(),
             http_requests: Family::default(),
+            store_ops: Family::default(),
+            store_seconds: Family::default(),
+            fanouts: Counter::default(),
+            fanout_seconds: Seconds::default(),
         };
         // Series that exist from the start, at 0, so a rate() over them
         // needs no first event.
@@ -202,6 +222,26 @@ impl Metrics {
             "bindery_http_requests",
             "HTTP requests answered, by route and status",
             self.http_requests.clone(),
+        );
+        r.register(
+            "bindery_store_operations",
+            "Session store operations, by operation",
+            self.store_ops.clone(),
+        );
+        r.register(
+            "bindery_store_operation_seconds",
+            "The time session store operations took, by operation",
+            self.store_seconds.clone(),
+        );
+        r.register(
+            "bindery_event_fanout",
+            "Events handed to a session's subscribers in this server",
+            self.fanouts.clone(),
+        );
+        r.register(
+            "bindery_event_fanout_seconds",
+            "The time handing events to subscribers took",
+            self.fanout_seconds.clone(),
         );
         let l = &mut self.limit_registry;
         l.register(
@@ -281,6 +321,21 @@ impl Metrics {
                 status,
             })
             .inc();
+    }
+
+    /// A session store operation `op` took `took`.
+    pub fn store_operation(&self, op: &'static str, took: std::time::Duration) {
+        let label = StoreOp { op };
+        self.store_ops.get_or_create(&label).inc();
+        self.store_seconds
+            .get_or_create(&label)
+            .inc_by(took.as_secs_f64());
+    }
+
+    /// Handing one event to a session's subscribers took `took`.
+    pub fn event_fanout(&self, took: std::time::Duration) {
+        self.fanouts.inc();
+        self.fanout_seconds.inc_by(took.as_secs_f64());
     }
 
     /// Every metric, in the OpenMetrics text format (see [`CONTENT_TYPE`]).
@@ -515,6 +570,34 @@ mod tests {
             value(&text, "bindery_llm_request_duration_seconds_sum"),
             0.0
         );
+    }
+
+    #[test]
+    fn store_operations_and_the_event_fanout_are_counted_with_their_time() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert_eq!(value(&text, "bindery_event_fanout_total"), 0.0);
+        assert_eq!(value(&text, "bindery_event_fanout_seconds_total"), 0.0);
+        assert!(!text.contains("bindery_store_operations_total{"), "{text}");
+        m.store_operation("get", std::time::Duration::from_millis(2));
+        m.store_operation("get", std::time::Duration::from_millis(3));
+        m.store_operation("update", std::time::Duration::from_micros(500));
+        m.event_fanout(std::time::Duration::from_micros(250));
+        let text = m.render();
+        for (series, want) in [
+            ("bindery_store_operations_total{op=\"get\"}", 2.0),
+            ("bindery_store_operations_total{op=\"update\"}", 1.0),
+            ("bindery_store_operation_seconds_total{op=\"get\"}", 0.005),
+            (
+                "bindery_store_operation_seconds_total{op=\"update\"}",
+                0.0005,
+            ),
+            ("bindery_event_fanout_total", 1.0),
+            ("bindery_event_fanout_seconds_total", 0.00025),
+        ] {
+            let got = value(&text, series);
+            assert!((got - want).abs() < 1e-12, "{series}: {got} in\n{text}");
+        }
     }
 
     #[test]

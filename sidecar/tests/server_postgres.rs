@@ -110,6 +110,17 @@ async fn on_postgres(
     (pg, w)
 }
 
+/// `POST /v1/sessions/{id}/messages?wait=true` on `api` with `body`.
+async fn message(api: &Api, id: &str, token: &str, body: Value) -> bindery_tests::sidecar::Reply {
+    api.call(
+        "POST",
+        &format!("/v1/sessions/{id}/messages?wait=true"),
+        Some(token),
+        Some(&body),
+    )
+    .await
+}
+
 /// Short heartbeats, so that a lease passes within a test.
 const QUICK: [&str; 4] = ["--runner-heartbeat", "200ms", "--runner-lease", "1s"];
 
@@ -439,14 +450,16 @@ async fn a_run_is_cancelled_through_another_server() {
     assert_eq!(ends[1]["status"], "completed", "{ends:?}");
 }
 
-/// A subscriber on a server that does not run the session gets the run's
-/// events as the running server stores them, without reconnecting.
+/// A subscriber on a server that does not run the session, and cannot
+/// forward to the one that does (it advertises no address), gets the run's
+/// stored events as the running server stores them, without reconnecting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_of_a_run_on_another_server_stream_live() {
     let gate = Gate::new();
     let (_pg, w) = on_postgres(held_by(&gate)).await;
 
-    let (_a, api_a) = w.start(&QUICK, &[]);
+    let unreachable = [&QUICK[..], &["--advertise-url", "none"]].concat();
+    let (_a, api_a) = w.start(&unreachable, &[]);
     let id = held_run(&w, &api_a).await;
     let (_b, api_b) = w.start(&QUICK, &[]);
 
@@ -493,6 +506,10 @@ async fn events_of_a_run_on_another_server_stream_live() {
     assert!(
         live.iter().any(|e| e.data.contains("released")),
         "the model's answer is among the live events: {live:?}"
+    );
+    assert!(
+        !live.iter().any(|e| e.event == "delta"),
+        "deltas are the running server's only: {live:?}"
     );
 }
 
@@ -554,15 +571,11 @@ async fn servers_sharing_a_database_share_sessions_across_restarts() {
         .call("GET", &format!("/v1/sessions/{second}"), Some(OWNER), None)
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let r = api_a
-        .call(
-            "POST",
-            &format!("/v1/sessions/{second}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "and now?"})),
-        )
-        .await;
-    // The secret went with the server that had it in memory.
+    // B holds the second session's secret: the new A has it answered there.
+    let r = message(&api_a, &second, OWNER, json!({"prompt": "and now?"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // The first session's secret went with the server that had it in memory.
+    let r = message(&api_a, &first, OWNER, json!({"prompt": "and now?"})).await;
     assert_eq!(r.status, 409, "{}", r.text);
     assert_eq!(r.json["params"], json!(["billing_token"]));
 
@@ -700,4 +713,116 @@ async fn a_store_that_cannot_work_is_refused_with_what_to_fix() {
 
     let err = serve_fails(&w, "mysql://bindery:pw-0b7d2@db/x", &[], true);
     assert!(err.contains("unknown scheme `mysql`"), "{err}");
+}
+
+/// What the model streams in the forwarding test.
+const STREAMED: &str = "a fairly long answer, streamed in pieces";
+
+/// The text of the `delta` events among `events`, in order.
+fn delta_text(events: &[bindery_tests::sidecar::SseEvent]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "delta")
+        .map(|e| {
+            serde_json::from_str::<Value>(&e.data).unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Secret values given to server A, a client behind the Service reaching
+/// server B: B forwards what needs them to A (the message is answered, not
+/// refused with 409), a subscriber on B gets the run's `delta` events from
+/// A, and the session token B checked goes with the forward. A client
+/// cannot pose as a peer. Once A is gone, B answers 409 as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_needing_what_another_server_holds_is_forwarded_there() {
+    let (pg, w) = on_postgres(|_| MockReply::text(STREAMED)).await;
+    let (mut a, api_a) = w.start(&QUICK, &[]);
+    let (b, api_b) = w.start(&QUICK, &[]);
+
+    let r = create(
+        &api_a,
+        json!({"agent": "invoices", "params": valid_params(), "session_token": true}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = session_id(&r);
+    let token = r.json["session_token"].as_str().unwrap().to_string();
+
+    let (status, stream) = api_b
+        .events(&format!("/v1/sessions/{id}/events"), Some(&token), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let r = message(&api_b, &id, &token, json!({"prompt": "hi"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], STREAMED, "{}", r.text);
+    // The session token's view: no parameters, as on A.
+    assert_eq!(r.json["params"], json!({}), "{}", r.text);
+    assert_eq!(w.mock.request_count(), 1);
+    assert!(
+        !w.mock.requests()[0].to_string().contains(CANARY),
+        "a secret value reached the model"
+    );
+
+    let events = stream.until("run_finished", PATIENCE).await;
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("run_finished"),
+        "{events:?}"
+    );
+    assert_eq!(delta_text(&events), STREAMED, "{events:?}");
+
+    // A peer's header from a client is refused, with or without a token.
+    for bearer in [None, Some(OWNER)] {
+        let mut req = api_b
+            .http
+            .post(format!("{}/v1/sessions/{id}/messages", api_b.base))
+            .header("x-bindery-peer", "0".repeat(64))
+            .header("x-bindery-peer-caller", "owner")
+            .json(&json!({"prompt": "posing"}));
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "unauthorized", "{body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("x-bindery-peer"),
+            "{body}"
+        );
+    }
+    assert_eq!(w.mock.request_count(), 1, "nothing ran for a poser");
+
+    // A stops beating (killed): once its heartbeat is gone, B serves the
+    // session itself, without the secret, as before.
+    a.kill();
+    let deadline = Instant::now() + PATIENCE;
+    while instances(&pg).len() != 1 {
+        assert!(Instant::now() < deadline, "A's heartbeat never went");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = message(&api_b, &id, OWNER, json!({"prompt": "again"})).await;
+    let (status, code, params) = error_of(&r);
+    assert_eq!(
+        (status, code.as_str()),
+        (409, "params_required"),
+        "{}",
+        r.text
+    );
+    assert_eq!(params, ["billing_token"]);
+    let logs = b.logs();
+    assert!(
+        !logs.contains("cannot forward"),
+        "B tried a dead server:\n{logs}"
+    );
+    for s in [&a, &b] {
+        assert!(!s.logs().contains(CANARY), "{}", s.logs());
+    }
 }

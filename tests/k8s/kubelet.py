@@ -6,8 +6,10 @@ A container's image is mapped to a local program (``--image NAME=PATH``);
 its volumes (ConfigMap, Secret, emptyDir, PersistentVolumeClaim) are
 directories bind-mounted at their mount paths in a private mount namespace
 of the process (``unshare --mount``); its environment is built from literal
-values, ``secretKeyRef``, ``configMapKeyRef`` and ``fieldRef``. Each Pod
-gets a loopback address of its own (127.0.1.N): an argument ``0.0.0.0``
+values (with ``$(VAR)`` of an earlier variable), ``secretKeyRef``,
+``configMapKeyRef`` and ``fieldRef``. Each Pod
+gets a loopback address of its own (127.X.Y.N, X.Y drawn per emulator, so
+that emulators running at once never share one): an argument ``0.0.0.0``
 (listen on all addresses) becomes that address. Readiness probes
 (``httpGet``) are polled; Pod and Deployment status follow. A new pod
 template (a rollout) starts new Pods and stops the old ones once the new
@@ -21,6 +23,8 @@ import hashlib
 import json
 import logging
 import os
+import random
+import re
 import shlex
 import shutil
 import signal
@@ -66,6 +70,13 @@ class NotYet(Exception):
         self.message = message
 
 
+def expand(text: str, env: dict[str, str]) -> str:
+    """A literal env value as Kubernetes gives it: ``$(VAR)`` is an earlier
+    variable's value (an unknown one stays as written), ``$$`` one ``$``."""
+    return re.sub(r'\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)',
+                  lambda m: '$' if m.group(0) == '$$' else env.get(m.group(1), m.group(0)), text)
+
+
 class NoImage(NotYet):
     """No program for a container's image: the Pod never starts."""
 
@@ -101,6 +112,8 @@ class Kubelet:
         self._dirty: set[tuple[str, str, str]] = set()
         self._wake = asyncio.Event()
         self._next_ip = 1
+        # Each emulator its own /24 of 127/8 (all loopback on Linux).
+        self._subnet = f'127.{random.randint(2, 254)}.{random.randint(0, 255)}'
         self._task: asyncio.Task | None = None
 
     # --- from the emulator -----------------------------------------------------------------
@@ -245,7 +258,7 @@ class Kubelet:
         }
         info = self.emu.resources[PODS]
         created = self._write(self.emu._create, PODS, info, namespace, body)
-        ip = f'127.0.1.{self._next_ip}'
+        ip = f'{self._subnet}.{self._next_ip % 254 + 1}'
         self._next_ip += 1
         pod = Pod(namespace, pod_name, ip, self.root / namespace / pod_name)
         self.pods[namespace, pod_name] = pod
@@ -321,7 +334,7 @@ class Kubelet:
             for e in c.get('env') or []:
                 value = self._env_value(pod, obj, e)
                 if value is not None:
-                    env[e['name']] = value
+                    env[e['name']] = expand(value, env) if 'value' in e else value
             mounts = []
             for m in c.get('volumeMounts') or []:
                 if m['name'] not in volumes:

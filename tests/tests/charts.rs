@@ -457,6 +457,16 @@ fn a_postgres_store_is_a_secret_reference_and_excludes_the_sqlite_fields() {
             "{extra}: {err}"
         );
     }
+    // More than one replica cannot share a claim.
+    let err = Render::new(TENANT, "acme")
+        .set("replicas=2")
+        .set("store.pvcSize=1Gi")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        err.contains("replicas above 1 need a store they share (store.postgres): store.pvcSize holds one pod's SQLite file"),
+        "{err}"
+    );
     let no_key = Render::new(TENANT, "acme")
         .set("store.postgres.urlSecretRef.name=acme-db")
         .template(&[])
@@ -1697,6 +1707,73 @@ fn tools_with_token_digest() -> String {
     )
 }
 
+/// The mock model of the end-to-end tests: it asks for another tenant's
+/// overdue invoices (the pin decides), then answers with the tool's output.
+async fn invoices_model() -> bindery_tests::mock_llm::MockLlm {
+    bindery_tests::mock_llm::MockLlm::start(|req| {
+        let last = bindery_tests::mock_llm::last_message(req);
+        if last["role"] == "tool" {
+            bindery_tests::mock_llm::MockReply::text(format!(
+                "answer: {}",
+                last["content"].as_str().unwrap_or("")
+            ))
+        } else {
+            bindery_tests::mock_llm::MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue", "tenant_id": "globex"}),
+            )
+        }
+    })
+    .await
+}
+
+/// The example Agent in `shop` (its model at `model_url`, then `edit`ed),
+/// and its tools ConfigMap, the tool printing the token's digest.
+fn apply_invoices_agent(emu: &Emulator, model_url: &str, edit: impl FnOnce(String) -> String) {
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace("https://api.openai.com/v1", model_url)
+        .replace("name: invoices\n", "name: invoices\n  namespace: shop\n");
+    apply(emu, &edit(agent));
+    apply(
+        emu,
+        &tools_with_token_digest().replace(
+            "name: invoices-tools\n",
+            "name: invoices-tools\n  namespace: shop\n",
+        ),
+    );
+}
+
+/// An emulator whose pods run the built sidecar, the operator chart
+/// installed in it, and the operator running as the chart's ServiceAccount,
+/// watching `shop`.
+fn operator_in_emulator(dir: &Path) -> (Emulator, Operator) {
+    let sidecar = bindery_tests::helm::sidecar_binary();
+    let emu = Emulator::start_with_images(dir, &[(SIDECAR_IMAGE, sidecar)]);
+    let repository = format!(
+        "sidecarImage.repository={}",
+        SIDECAR_IMAGE.split(':').next().unwrap()
+    );
+    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
+    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
+    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
+    let op = Operator::start(&identity, dir, "shop", &[&sidecar_flag]);
+    (emu, op)
+}
+
+/// The local port of `tenant`'s Service, and the tenant's owner token.
+fn tenant_access(emu: &Emulator, ns: &str, tenant: &str) -> (u64, String) {
+    let svc = kubectl_json(emu, &["get", "-n", ns, "service", tenant]);
+    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let secret = format!("{tenant}-owner-token");
+    let token = kubectl_json(emu, &["get", "-n", ns, "secret", &secret]);
+    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
+    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
+    (port, owner)
+}
+
 /// Poll `ok` (a blocking check) until it holds, at most 120 s.
 async fn eventually(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -1735,52 +1812,15 @@ async fn ask(base: &str, owner: &str) -> (u16, String) {
 async fn the_platform_teams_path_end_to_end() {
     const CANARY: &str = "billing-canary-51c2e9";
     const ROTATED: &str = "billing-rotated-8d04aa";
-    let llm = bindery_tests::mock_llm::MockLlm::start(|req| {
-        let last = bindery_tests::mock_llm::last_message(req);
-        if last["role"] == "tool" {
-            bindery_tests::mock_llm::MockReply::text(format!(
-                "answer: {}",
-                last["content"].as_str().unwrap_or("")
-            ))
-        } else {
-            // Asks for another tenant's invoices: the pin decides.
-            bindery_tests::mock_llm::MockReply::tool_call(
-                "bash_query-invoices",
-                json!({"status": "overdue", "tenant_id": "globex"}),
-            )
-        }
-    })
-    .await;
+    let llm = invoices_model().await;
     let dir = tempfile::tempdir().unwrap();
-    let sidecar = bindery_tests::helm::sidecar_binary();
-    let emu = Emulator::start_with_images(dir.path(), &[(SIDECAR_IMAGE, sidecar)]);
     let ns = "shop";
 
     // 1. The operator chart.
-    let repository = format!(
-        "sidecarImage.repository={}",
-        SIDECAR_IMAGE.split(':').next().unwrap()
-    );
-    install_operator_chart(&emu, &[&repository, "sidecarImage.tag=e2e"]);
-    let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
-    let sidecar_flag = format!("--sidecar-image={SIDECAR_IMAGE}");
-    let op = Operator::start(&identity, dir.path(), ns, &[&sidecar_flag]);
+    let (emu, op) = operator_in_emulator(dir.path());
 
     // 2. The example Agent (its model: the mock), tools and Secret.
-    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
-        .unwrap()
-        .replace("https://api.openai.com/v1", &llm.url());
-    apply(
-        &emu,
-        &agent.replace("name: invoices\n", "name: invoices\n  namespace: shop\n"),
-    );
-    apply(
-        &emu,
-        &tools_with_token_digest().replace(
-            "name: invoices-tools\n",
-            "name: invoices-tools\n  namespace: shop\n",
-        ),
-    );
+    apply_invoices_agent(&emu, &llm.url(), |agent| agent);
     let billing = |value: &str| {
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-billing, namespace: shop}}\nstringData: {{token: {value}}}\n")
     };
@@ -1807,14 +1847,8 @@ async fn the_platform_teams_path_end_to_end() {
     assert_eq!(deployment["status"]["readyReplicas"], 1, "{deployment:#}");
 
     // 4. A session through the tenant's Service, against the mock model.
-    let svc = kubectl_json(&emu, &["get", "-n", ns, "service", "acme"]);
-    let port = svc["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no local address for the Service: {svc:#}"));
+    let (port, owner) = tenant_access(&emu, ns, "acme");
     let base = format!("http://127.0.0.1:{port}");
-    let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
-    let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(token).unwrap();
-    let owner = String::from_utf8(token.data.unwrap()["token"].0.clone()).unwrap();
     let (status, text) = ask(&base, &owner).await;
     assert_eq!(status, 201, "{text}");
     assert!(
@@ -1918,6 +1952,126 @@ async fn the_platform_teams_path_end_to_end() {
             .is_empty(),
         "the Service still answers"
     );
+    llm.shutdown().await;
+}
+
+/// Two replicas of a tenant on PostgreSQL, installed with the tenant chart,
+/// behind its Service (which sends each connection to the next pod): each
+/// pod advertises its pod IP, so a session whose secret value one pod holds
+/// is answered whichever pod a request lands on, the value reaching the
+/// tool every time and never leaving the pod's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reaches() {
+    const CANARY: &str = "billing-session-7a31f0";
+    let llm = invoices_model().await;
+    let pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database("acme");
+    let dir = tempfile::tempdir().unwrap();
+    let ns = "shop";
+    let (emu, op) = operator_in_emulator(dir.path());
+
+    // The example Agent, its billing token given with each session (held
+    // in the memory of the pod that receives it).
+    apply_invoices_agent(&emu, &llm.url(), |agent| {
+        let secret = "      secret: true\n";
+        assert!(agent.contains(secret), "examples/k8s/agent.yaml changed");
+        agent.replace(secret, "      secret: true\n      scope: session\n")
+    });
+    apply(
+        &emu,
+        &format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-db, namespace: shop}}\nstringData: {{url: '{}'}}\n",
+            pg.url("acme")
+        ),
+    );
+    let tenant_yaml = Render::new(TENANT, "acme")
+        .values("tests/charts/tenant-postgres.yaml")
+        .set("replicas=2")
+        .set("tools=invoices-tools")
+        .set("parameters[0].name=tenant")
+        .set("parameters[0].value=acme-corp")
+        .set("parameters[0].pinned=true")
+        .template(&["--skip-tests"])
+        .unwrap();
+    apply(&emu, &tenant_yaml);
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+    eventually(
+        "both pods ready",
+        || emu.logs(),
+        || {
+            kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"])["status"]["readyReplicas"]
+                == 2
+        },
+    )
+    .await;
+
+    let (port, owner) = tenant_access(&emu, ns, "acme");
+    let base = format!("http://127.0.0.1:{port}");
+
+    // A new client (so a new connection, so the next pod) for each request.
+    let r = bindery_tests::sidecar::Api::new(&base)
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(&owner),
+            Some(&json!({"agent": "invoices", "params": {"billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    for n in 0..4 {
+        let r = bindery_tests::sidecar::Api::new(&base)
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/messages?wait=true"),
+                Some(&owner),
+                Some(&json!({"prompt": format!("which invoices are overdue? ({n})")})),
+            )
+            .await;
+        assert_eq!(r.status, 200, "message {n}: {}", r.text);
+        let answer = r.json["session"]["turns"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["content"]
+            .to_string();
+        assert!(answer.contains("INV-1002"), "message {n}: {}", r.text);
+        assert!(
+            answer.contains(&sha256_hex(CANARY)),
+            "message {n}: the session's value did not reach the tool: {}",
+            r.text
+        );
+    }
+    // Both pods served requests, and the value stayed in one's memory.
+    let mut logs = Vec::new();
+    for entry in walk(&dir.path().join("pods")) {
+        if entry.extension().is_some_and(|e| e == "log") {
+            logs.push(std::fs::read_to_string(&entry).unwrap_or_default());
+        }
+    }
+    let served = logs
+        .iter()
+        .filter(|l| l.contains("serving the session API"))
+        .count();
+    assert_eq!(served, 2, "two sidecars ran");
+    let everything = logs.concat() + &pg.dump("acme") + &emu.logs() + &op.logs();
+    assert!(
+        !everything.contains(CANARY),
+        "the session's value left memory"
+    );
+
+    // The pods stop with their tenant, before the database does.
+    kubectl(&emu, &["delete", "-n", ns, "agenttenant", "acme"]);
+    eventually(
+        "acme's pods to stop",
+        || op.logs(),
+        || {
+            kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"])
+                .trim()
+                .is_empty()
+        },
+    )
+    .await;
     llm.shutdown().await;
 }
 

@@ -210,6 +210,14 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             ));
         }
     }
+    if let Some(n) = tenant.spec.replicas.filter(|n| *n > 1) {
+        let claim = tenant.spec.store.as_ref().and_then(|s| s.pvc_size.as_ref());
+        if claim.is_some() && postgres_url(tenant).is_none() {
+            resolution.problems.push(format!(
+                "spec.replicas is {n}, but the sessions are kept in SQLite on a claim (spec.store.pvcSize), which holds one pod's file: give replicas: 1, or keep the sessions in PostgreSQL (spec.store.postgres), which replicas share"
+            ));
+        }
+    }
     for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
         if e.name.starts_with("BINDERY_") {
             resolution.problems.push(format!(

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
-    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -273,18 +273,39 @@ pub fn render(
     match postgres {
         // The URL holds a password: like a secret parameter, it goes from
         // the Secret to the pod's environment, never through here.
-        Some(r) => env.push(EnvVar {
-            name: "BINDERY_STORE".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: r.name.clone(),
-                    key: r.key.clone(),
-                    optional: Some(false),
+        Some(r) => env.extend([
+            EnvVar {
+                name: "BINDERY_STORE".into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: r.name.clone(),
+                        key: r.key.clone(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
                 }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        }),
+            },
+            // Replicas forward to each other the requests that need what
+            // one pod holds in memory: each says, with its heartbeat, where
+            // it is reached (its pod IP, from the downward API).
+            EnvVar {
+                name: "BINDERY_POD_IP".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "status.podIP".into(),
+                        api_version: None,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "BINDERY_ADVERTISE_URL".into(),
+                value: Some(format!("http://$(BINDERY_POD_IP):{PORT}")),
+                ..Default::default()
+            },
+        ]),
         None => {
             volumes.push(match &claim {
                 Some(c) => Volume {

@@ -38,6 +38,16 @@ impl OwnerToken {
             .into()
     }
 
+    /// The key the servers sharing the owner token (replicas) vouch for
+    /// the callers of the requests they forward to each other with.
+    pub fn peer_key(&self) -> [u8; 32] {
+        Sha256::new()
+            .chain_update(b"bindery peer requests\0")
+            .chain_update(self.digest)
+            .finalize()
+            .into()
+    }
+
     fn matches(&self, presented: &str) -> bool {
         let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         d.iter()
@@ -60,6 +70,14 @@ pub fn unauthorized(msg: &str) -> ServiceError {
     ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
 }
 
+fn session_token_only() -> ServiceError {
+    ServiceError::new(
+        ErrorKind::Forbidden,
+        "forbidden",
+        "a session token can read the session and its events, post messages and cancel a run; nothing else",
+    )
+}
+
 /// The caller of a request on `session` (when the route names one) through `door`.
 pub async fn caller(
     headers: &HeaderMap,
@@ -68,6 +86,17 @@ pub async fn caller(
     session: Option<&str>,
     door: Door,
 ) -> Result<Caller, ServiceError> {
+    // Forwarded by a replica, which checked the client's own credentials.
+    if let Some(vouched) = super::peers::vouched(headers, &owner.peer_key()) {
+        return match vouched? {
+            Caller::Owner => Ok(Caller::Owner),
+            Caller::SessionToken(id) if session != Some(id.as_str()) => {
+                Err(unauthorized("the token is not valid here"))
+            }
+            Caller::SessionToken(_) if door == Door::OwnerOnly => Err(session_token_only()),
+            who => Ok(who),
+        };
+    }
     let Some(token) = bearer(headers) else {
         return Err(unauthorized("send `Authorization: Bearer <token>`"));
     };
@@ -80,11 +109,7 @@ pub async fn caller(
         if service.token_matches(id, token).await {
             return match door {
                 Door::SessionToken => Ok(Caller::SessionToken(id.to_string())),
-                Door::OwnerOnly => Err(ServiceError::new(
-                    ErrorKind::Forbidden,
-                    "forbidden",
-                    "a session token can read the session and its events, post messages and cancel a run; nothing else",
-                )),
+                Door::OwnerOnly => Err(session_token_only()),
             };
         }
     }

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod chat;
 pub mod mcp;
 pub mod openapi;
+pub mod peers;
 pub mod server;
 pub mod status;
 pub mod views;

@@ -31,6 +31,7 @@ use super::openapi::{
     NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked, SessionList,
     SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
+use super::peers::{forward, is_forwarded, Incoming};
 use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
 use crate::metrics::Metrics;
 use crate::session::error::{ErrorKind, ServiceError};
@@ -42,6 +43,8 @@ pub struct AppState {
     pub owner: OwnerToken,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
+    /// Forwards requests to other servers on a shared store.
+    pub peers: reqwest::Client,
 }
 
 impl AppState {
@@ -53,6 +56,41 @@ impl AppState {
         door: Door,
     ) -> Result<Caller, ServiceError> {
         caller(headers, &self.owner, &self.service, session, door).await
+    }
+
+    /// `req` on session `id` sent on to the server holding what it needs
+    /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
+    /// (it came from a peer already, no other live server holds it, or
+    /// that server cannot be reached).
+    async fn forward_to_holder(&self, id: &str, who: &Caller, req: &Incoming) -> Option<Response> {
+        if is_forwarded(&req.headers) {
+            return None;
+        }
+        let to = self.service.held_elsewhere(id).await?;
+        let key = self.owner.peer_key();
+        let sent = forward(&self.peers, &key, &to, who, req).await;
+        match sent {
+            Ok(r) => Some(r),
+            Err(why) => {
+                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
+                None
+            }
+        }
+    }
+
+    /// A request refused here for want of secret values another live
+    /// server holds is answered by that server; anything else stands.
+    async fn or_forward(
+        &self,
+        e: ServiceError,
+        id: &str,
+        who: &Caller,
+        req: &Incoming,
+    ) -> ApiResult {
+        if e.code != "params_required" {
+            return Err(e);
+        }
+        self.forward_to_holder(id, who, req).await.ok_or(e)
     }
 }
 
@@ -581,14 +619,15 @@ pub struct MessagePost {
 )]
 async fn post_message(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
     q.check()?;
-    let b: MessagePost = body(&b)?;
+    let b: MessagePost = body(&req.body)?;
     let prompt = b
         .prompt
         .or(b.message.map(|m| m.text))
@@ -598,10 +637,14 @@ async fn post_message(
             "a message starts a run: `run` is step or until_blocked here",
         ));
     };
-    let run = s
+    let run = match s
         .service
         .post_message(&who, &id, prompt, &b.params, mode)
-        .await?;
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => return s.or_forward(e, &id, &who, &req).await,
+    };
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -650,20 +693,22 @@ pub struct ParamsBody {
 )]
 async fn resume(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
+    let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
-    let b: ParamsBody = body(&b)?;
+    let b: ParamsBody = body(&req.body)?;
     let Some(mode) = run_mode(b.run.as_deref())? else {
         return Err(ServiceError::bad_request(
             "a resume starts a run: `run` is step or until_blocked here",
         ));
     };
-    let run = s.service.resume(&who, &id, &b.params, mode).await?;
+    let run = match s.service.resume(&who, &id, &b.params, mode).await {
+        Ok(run) => run,
+        Err(e) => return s.or_forward(e, &id, &who, &req).await,
+    };
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -741,12 +786,13 @@ async fn fork(
 )]
 async fn put_params(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    b: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
-    let b: ParamsBody = body(&b)?;
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
+    let b: ParamsBody = body(&req.body)?;
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             kind: ErrorKind::Forbidden,
@@ -754,6 +800,10 @@ async fn put_params(
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
         });
+    }
+    // Where the session's other secret values are, so that they stay together.
+    if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+        return Ok(r);
     }
     s.service.put_params(&who, &id, &b.params).await?;
     Ok(Json(view(&s, &id, &who, None).await?).into_response())
@@ -860,13 +910,13 @@ pub struct ContinuationBody {
 )]
 async fn continuation(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(token): Path<String>,
     Query(q): Query<WaitQuery>,
-    b: Bytes,
+    req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&headers, None, Door::OwnerOnly).await?;
-    let b: ContinuationBody = body(&b)?;
+    let who = s.caller(&req.headers, None, Door::OwnerOnly).await?;
+    let b: ContinuationBody = body(&req.body)?;
+    let session = crate::session::pending::token_session(&token).map(str::to_owned);
     let mode = run_mode(b.run.as_deref())?;
     let answer = Answer {
         session_id: b.session_id,
@@ -884,7 +934,13 @@ async fn continuation(
         params: b.params,
         mode: mode.unwrap_or_default(),
     };
-    let (id, run) = s.service.answer(&who, &token, answer).await?;
+    let (id, run) = match s.service.answer(&who, &token, answer).await {
+        Ok(answered) => answered,
+        Err(e) => {
+            let Some(id) = session else { return Err(e) };
+            return s.or_forward(e, &id, &who, &req).await;
+        }
+    };
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,
         None => Ok(Json(view(&s, &id, &who, None).await?).into_response()),
@@ -923,12 +979,23 @@ pub struct EventsQuery {
 )]
 async fn events(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
+    req: Incoming,
 ) -> ApiResult {
-    s.caller(&headers, Some(&id), Door::SessionToken).await?;
-    let after = headers
+    let who = s
+        .caller(&req.headers, Some(&id), Door::SessionToken)
+        .await?;
+    // `delta` events exist only where the run is: a run on another server,
+    // or the next one (that server holds the session's secret values),
+    // streams from there.
+    if !s.service.is_running(&id) {
+        if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+            return Ok(r);
+        }
+    }
+    let after = req
+        .headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<i64>().ok())

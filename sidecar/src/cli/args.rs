@@ -148,6 +148,14 @@ pub enum Command {
         #[arg(long, value_name = "N", env = "BINDERY_STORE_POOL_SIZE", default_value_t = 8,
               value_parser = clap::value_parser!(u16).range(1..))]
         store_pool_size: u16,
+        /// Where the other servers sharing a Postgres store reach this one
+        /// (`http://10.0.0.7:8080`), recorded with its heartbeat: a request
+        /// that needs a session's secret values or live run held by another
+        /// server is forwarded there. Default: the address listened on,
+        /// unless that is 0.0.0.0 (then none, and no server forwards here);
+        /// `none`: no server forwards here.
+        #[arg(long, value_name = "URL", env = "BINDERY_ADVERTISE_URL")]
+        advertise_url: Option<String>,
         /// A file holding the owner's bearer token. Without it (and without
         /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
         /// next to an SQLite store; a Postgres store needs one given.

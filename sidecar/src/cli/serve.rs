@@ -250,6 +250,7 @@ pub struct ServeArgs<'a> {
     pub store: Option<&'a str>,
     pub store_patience: Duration,
     pub store_pool_size: usize,
+    pub advertise_url: Option<&'a str>,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub live_session_ttl: Option<Duration>,
@@ -272,7 +273,19 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
+    // Bound before the first heartbeat, which records where peers reach us;
+    // nothing is accepted until the router serves.
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
+    let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
+    let advertise = advertise_url(a.advertise_url, addr)?;
     let metrics = Arc::new(Metrics::default());
+    let observed = metrics.clone();
+    let store: Arc<dyn store::SessionStore> = Arc::new(store::timed::Timed::new(
+        store,
+        Arc::new(move |op, took| observed.store_operation(op, took)),
+    ));
     let service = Service::new(
         tree.clone(),
         clients,
@@ -286,6 +299,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
             max_live_sessions: a.max_live_sessions,
+            advertise,
         },
     );
     // Beat before the first run can start, then close the runs no live
@@ -337,11 +351,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         owner,
         metrics,
         ready: AtomicBool::new(false),
+        peers: crate::api::peers::client(),
     });
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
-    let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
     state
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -363,6 +374,31 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let _ = beating.await;
     served.map_err(|e| format!("error: the server stopped: {e}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where peers reach this server: `--advertise-url` as given (an http(s)
+/// URL without a path; `none`: nowhere), or the address listened on unless it is a
+/// wildcard, which names no one host.
+fn advertise_url(
+    given: Option<&str>,
+    bound: std::net::SocketAddr,
+) -> Result<Option<String>, String> {
+    let Some(url) = given.map(str::trim).filter(|u| !u.is_empty()) else {
+        return Ok((!bound.ip().is_unspecified()).then(|| format!("http://{bound}")));
+    };
+    if url == "none" {
+        return Ok(None);
+    }
+    let url = url.trim_end_matches('/');
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.contains('/') => Ok(Some(url.to_string())),
+        _ => Err(format!(
+            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}` is not an http:// or https:// URL of a host and port, such as http://10.0.0.7:8080"
+        )),
+    }
 }
 
 async fn shutdown() {
@@ -445,4 +481,32 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     f.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertise_url;
+
+    #[test]
+    fn the_advertised_address_is_the_one_given_or_a_specific_one_listened_on() {
+        let bound = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            advertise_url(Some("http://10.0.0.7:8080/"), bound("0.0.0.0:8080")).unwrap(),
+            Some("http://10.0.0.7:8080".into())
+        );
+        assert_eq!(
+            advertise_url(None, bound("127.0.0.1:4100")).unwrap(),
+            Some("http://127.0.0.1:4100".into())
+        );
+        assert_eq!(advertise_url(None, bound("0.0.0.0:8080")).unwrap(), None);
+        assert_eq!(
+            advertise_url(Some("none"), bound("127.0.0.1:4100")).unwrap(),
+            None
+        );
+        assert_eq!(advertise_url(Some(" "), bound("[::]:8080")).unwrap(), None);
+        for bad in ["10.0.0.7:8080", "http://", "http://h:1/v1", "ftp://h:1"] {
+            let err = advertise_url(Some(bad), bound("0.0.0.0:8080")).unwrap_err();
+            assert!(err.contains("--advertise-url"), "{err}");
+        }
+    }
 }

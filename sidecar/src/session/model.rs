@@ -107,6 +107,10 @@ pub struct SessionRecord {
     pub cancel_requested: bool,
     /// The calls the session waits for (never a bound value, never a token).
     pub pending: super::pending::Pending,
+    /// On a shared store: the server instance whose memory holds the
+    /// session's secret values (they are never stored), so that another
+    /// server forwards the requests that need them there.
+    pub holder: Option<String>,
 }
 
 /// One event of a session's stream (`GET /v1/sessions/:id/events`).

@@ -360,7 +360,8 @@ pub fn token_digest(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-fn hmac(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+/// HMAC-SHA256 of `msg` under `key` (RFC 2104).
+pub fn hmac(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
     let mut ipad = [0x36u8; 64];
     let mut opad = [0x5cu8; 64];
     for (i, k) in key.iter().enumerate() {

@@ -60,6 +60,10 @@ pub struct ServiceConfig {
     /// At most this many live sessions: past it, the least recently used
     /// idle one forgets its secrets (the `session::lru` policy). `None`: no limit.
     pub max_live_sessions: Option<usize>,
+    /// Where the other servers on a shared store reach this one
+    /// (`--advertise-url`), recorded with its heartbeat. `None`: they
+    /// cannot forward requests here.
+    pub advertise: Option<String>,
 }
 
 impl Default for ServiceConfig {
@@ -72,6 +76,7 @@ impl Default for ServiceConfig {
             continuation_key: random_key(),
             live_session_ttl: None,
             max_live_sessions: None,
+            advertise: None,
         }
     }
 }
@@ -179,6 +184,8 @@ pub struct Service {
     instance: String,
     /// Whether the last heartbeat reached the store (readiness follows it).
     store_ok: AtomicBool,
+    /// This service, for the background writes of sync paths.
+    me: std::sync::Weak<Service>,
 }
 
 pub use super::store::now_ms;
@@ -212,7 +219,8 @@ impl Service {
         if let Some(limit) = cfg.max_live_sessions {
             metrics.set_sessions_live_limit(limit as u64);
         }
-        Arc::new(Service {
+        Arc::new_cyclic(|me| Service {
+            me: me.clone(),
             tree,
             clients,
             store,
@@ -289,6 +297,7 @@ impl Service {
         });
         for id in lru::victims(entries, excess) {
             map.remove(&id);
+            self.release_holder(&id);
             self.metrics.session_evicted();
             tracing::info!(session = %id, limit, "past --max-live-sessions: the least recently used session's secret values were forgotten");
         }
@@ -409,6 +418,7 @@ impl Service {
             let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
             if idle && !secrets.is_empty() {
                 secrets.clear();
+                self.release_holder(&id);
                 expired += 1;
                 tracing::info!(session = %id, "idle session: its secret values were forgotten");
             }
@@ -423,12 +433,93 @@ impl Service {
     /// it has ended); a later run needs them supplied again.
     pub fn forget_secrets(&self, id: &str) {
         if let Some(live) = self.peek(id) {
-            live.secrets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
+            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            if !secrets.is_empty() {
+                secrets.clear();
+                self.release_holder(id);
+            }
         }
         self.evict_if_idle(id);
+    }
+
+    /// Who holds a session's secret values once it has `session`: this
+    /// server when some are secret; nobody when none are and it was this
+    /// server; else whoever did (a server that never had them cannot say
+    /// they are gone). Only a shared store records it.
+    fn holder_of(&self, current: Option<String>, session: &Values) -> Option<String> {
+        if !self.store.shared() {
+            return None;
+        }
+        if session.values().any(ParamValue::is_secret) {
+            Some(self.instance.clone())
+        } else if current.as_deref() == Some(self.instance.as_str()) {
+            None
+        } else {
+            current
+        }
+    }
+
+    /// This server forgot a session's secret values: the record stops
+    /// naming it as their holder, in the background (a stale holder only
+    /// costs a forwarded request, which that server answers with 409
+    /// `params_required`, as this one would).
+    fn release_holder(&self, id: &str) {
+        if !self.store.shared() {
+            return;
+        }
+        let (Some(this), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let id = id.to_string();
+        rt.spawn(async move {
+            for _ in 0..3 {
+                let Ok(Some(mut rec)) = this.store.get(&id).await else {
+                    return;
+                };
+                // Given again meanwhile, or held elsewhere now.
+                if rec.holder.as_deref() != Some(this.instance.as_str())
+                    || !this.secret_names(&id).is_empty()
+                {
+                    return;
+                }
+                rec.holder = None;
+                rec.version += 1;
+                match this.store.update(&rec).await {
+                    Err(StoreError::Conflict(_)) => continue,
+                    Err(e) => {
+                        tracing::warn!(session = %id, "cannot clear the holder of its secret values: {e}");
+                        return;
+                    }
+                    Ok(()) => return,
+                }
+            }
+        });
+    }
+
+    /// Where a request on session `id` that needs what lives only in a
+    /// server's memory goes instead of here: the address of the live
+    /// server running its run, or else of the one holding its secret
+    /// values, when that is another server. `None`: serve it here (a
+    /// store of one server's own, nobody else, or a server not beating
+    /// within the lease, whose memory is as good as gone).
+    pub async fn held_elsewhere(&self, id: &str) -> Option<String> {
+        if !self.store.shared() {
+            return None;
+        }
+        let rec = self.store.get(id).await.ok()??;
+        let other = if rec.status == SessionStatus::Running {
+            rec.runner
+        } else {
+            rec.holder
+        };
+        let other = other.filter(|o| *o != self.instance)?;
+        let peer = self.store.peer(&other).await.ok()??;
+        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
+        if now_ms().saturating_sub(peer.at) > lease {
+            return None;
+        }
+        peer.address
     }
 
     pub fn is_running(&self, id: &str) -> bool {
@@ -516,6 +607,7 @@ impl Service {
             None
         };
         let now = now_ms();
+        let holder = self.holder_of(None, &accepted.session);
         let rec = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name,
@@ -535,6 +627,7 @@ impl Service {
             runner: None,
             cancel_requested: false,
             pending: Default::default(),
+            holder,
         };
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
@@ -686,6 +779,7 @@ impl Service {
         });
         if session_changed {
             rec.params = StoredParams::from_values(&accepted.session);
+            rec.holder = self.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
@@ -1121,12 +1215,14 @@ impl Service {
                 let Some(live) = self.peek(id) else {
                     return; // nobody in memory, so nobody listening
                 };
+                let start = std::time::Instant::now();
                 live.events.send(LiveEvent::Stored(Arc::new(EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
                     at,
                 })));
+                self.metrics.event_fanout(start.elapsed());
             }
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
         }
@@ -1254,7 +1350,10 @@ impl Service {
 
     /// Record this server's heartbeat: it vouches for its runs for a lease.
     pub async fn beat(&self) -> Result<(), ServiceError> {
-        Ok(self.store.beat(&self.instance, now_ms()).await?)
+        Ok(self
+            .store
+            .beat(&self.instance, now_ms(), self.cfg.advertise.as_deref())
+            .await?)
     }
 
     /// What this server knows of runs' liveness at `now`, given the
@@ -1511,7 +1610,9 @@ impl RunSink for SessionSink<'_> {
 
     fn delta(&self, text: &str) {
         if let Some(live) = self.service.peek(self.id) {
+            let start = std::time::Instant::now();
             live.events.send(LiveEvent::Delta(text.into()));
+            self.service.metrics.event_fanout(start.elapsed());
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{SessionStore, StoreError};
+use super::{Peer, SessionStore, StoreError};
 use crate::llm::{ChatMessage, ToolCall};
 use crate::params::{ParamValue, Values};
 use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
@@ -44,6 +44,8 @@ macro_rules! store_contract {
             case!(the_runner_of_a_run_is_stored_and_cleared);
             case!(a_cancel_request_is_stored_and_cleared);
             case!(heartbeats_are_kept_per_instance_and_forgotten);
+            case!(a_servers_address_is_kept_with_its_heartbeat);
+            case!(the_holder_of_a_sessions_secrets_is_stored_and_cleared);
         }
     };
 }
@@ -65,6 +67,7 @@ pub fn record(id: &str, created_at: i64) -> SessionRecord {
         runner: None,
         cancel_requested: false,
         pending: Default::default(),
+        holder: None,
     }
 }
 
@@ -104,6 +107,7 @@ pub fn full_record() -> SessionRecord {
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
         cancel_requested: true,
+        holder: Some("runner-2".to_owned()),
         pending: crate::session::pending::Pending {
             items: vec![crate::session::pending::PendingCall {
                 tool_call_id: "call_2".into(),
@@ -323,9 +327,9 @@ pub async fn a_cancel_request_is_stored_and_cleared(store: Arc<dyn SessionStore>
 
 pub async fn heartbeats_are_kept_per_instance_and_forgotten(store: Arc<dyn SessionStore>) {
     assert!(store.heartbeats().await.unwrap().is_empty());
-    store.beat("a", 100).await.unwrap();
-    store.beat("b", 150).await.unwrap();
-    store.beat("a", 200).await.unwrap();
+    store.beat("a", 100, None).await.unwrap();
+    store.beat("b", 150, None).await.unwrap();
+    store.beat("a", 200, None).await.unwrap();
     let beats = |pairs: &[(&str, i64)]| {
         pairs
             .iter()
@@ -338,11 +342,56 @@ pub async fn heartbeats_are_kept_per_instance_and_forgotten(store: Arc<dyn Sessi
     );
 
     // Only heartbeats older than the cutoff go: "a" beat since.
-    store.beat("c", 10).await.unwrap();
+    store.beat("c", 10, None).await.unwrap();
     assert_eq!(store.prune_runners(160).await.unwrap(), 2);
     assert_eq!(store.heartbeats().await.unwrap(), beats(&[("a", 200)]));
 
     store.forget_runner("a").await.unwrap();
     store.forget_runner("never-seen").await.unwrap();
     assert!(store.heartbeats().await.unwrap().is_empty());
+}
+
+pub async fn a_servers_address_is_kept_with_its_heartbeat(store: Arc<dyn SessionStore>) {
+    assert_eq!(store.peer("a").await.unwrap(), None);
+    store
+        .beat("a", 100, Some("http://10.0.0.7:8080"))
+        .await
+        .unwrap();
+    store.beat("b", 150, None).await.unwrap();
+    let peer = |at, address: Option<&str>| {
+        Some(Peer {
+            at,
+            address: address.map(str::to_owned),
+        })
+    };
+    assert_eq!(
+        store.peer("a").await.unwrap(),
+        peer(100, Some("http://10.0.0.7:8080"))
+    );
+    assert_eq!(store.peer("b").await.unwrap(), peer(150, None));
+    // A later beat moves the address with it (a pod restarted elsewhere).
+    store
+        .beat("a", 200, Some("http://10.0.0.9:8080"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.peer("a").await.unwrap(),
+        peer(200, Some("http://10.0.0.9:8080"))
+    );
+    store.forget_runner("a").await.unwrap();
+    assert_eq!(store.peer("a").await.unwrap(), None);
+}
+
+pub async fn the_holder_of_a_sessions_secrets_is_stored_and_cleared(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    rec.holder = Some("server-a".into());
+    store.create(&rec).await.unwrap();
+    assert_eq!(
+        store.get("s1").await.unwrap().unwrap().holder.as_deref(),
+        Some("server-a")
+    );
+    rec.holder = None;
+    rec.version += 1;
+    store.update(&rec).await.unwrap();
+    assert_eq!(store.get("s1").await.unwrap().unwrap().holder, None);
 }

@@ -8,6 +8,7 @@ pub mod postgres;
 mod postgres_tls;
 mod record;
 pub mod sqlite;
+pub mod timed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +51,15 @@ pub enum Notice {
     Resync,
 }
 
+/// A server as its last heartbeat left it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peer {
+    /// Milliseconds since the epoch, by its clock.
+    pub at: i64,
+    /// Where the other servers reach it (`--advertise-url`), if it said.
+    pub address: Option<String>,
+}
+
 #[async_trait]
 pub trait SessionStore: Send + Sync {
     /// Whether other processes may be using the same sessions (so a run
@@ -86,8 +96,10 @@ pub trait SessionStore: Send + Sync {
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;
     /// Record that server `instance` was alive at `at` (milliseconds since
-    /// the epoch, by its clock).
-    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError>;
+    /// the epoch, by its clock), reached by its peers at `address`.
+    async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError>;
+    /// Server `instance`'s last heartbeat and address (`None`: no heartbeat).
+    async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError>;
     /// Every server's last heartbeat: instance to `at`.
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError>;
     /// Forget server `instance` (it is shutting down).

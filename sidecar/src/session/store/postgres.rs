@@ -39,7 +39,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
-use super::{Notice, SessionStore, StoreError};
+use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 
 /// The schema, one step per entry; entry `i` brings the database to version
@@ -88,6 +88,10 @@ const MIGRATIONS: &[&str] = &[
     UPDATE bindery_sessions s SET event_seq = e.last
       FROM (SELECT session_id, MAX(seq) AS last FROM bindery_events GROUP BY session_id) e
       WHERE e.session_id = s.id;",
+    // 6: the server holding a session's secret values, and where each
+    // server is reached by its peers.
+    "ALTER TABLE bindery_sessions ADD COLUMN holder TEXT;
+    ALTER TABLE bindery_runners ADD COLUMN address TEXT;",
 ];
 
 /// The advisory lock that serialises migrations between processes
@@ -518,9 +522,9 @@ impl PostgresStore {
     }
 }
 
-/// The values of a `sessions` row, bound as `$1`…`$14` in the order of
+/// The values of a `sessions` row, bound as `$1`…`$15` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
+fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 15] {
     [
         &c.id,
         &c.agent,
@@ -536,6 +540,7 @@ fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
         &c.runner,
         &c.cancel_requested,
         &c.pending,
+        &c.holder,
     ]
 }
 
@@ -556,6 +561,7 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         runner: row.try_get(11)?,
         cancel_requested: row.try_get(12)?,
         pending: row.try_get(13)?,
+        holder: row.try_get(14)?,
     })
 }
 
@@ -575,7 +581,7 @@ impl SessionStore for PostgresStore {
         let client = self.conn(what).await?;
         let sql = format!(
             "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
         );
         let stmt = self.prepare(&client, what, &sql).await?;
         let inserted = client.execute(&stmt, &row_params(&c)).await;
@@ -637,7 +643,7 @@ impl SessionStore for PostgresStore {
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13, pending = $14
+                     cancel_requested = $13, pending = $14, holder = $15
                  WHERE id = $1 AND version + 1 = $7",
             )
             .await?;
@@ -736,22 +742,44 @@ impl SessionStore for PostgresStore {
             .collect()
     }
 
-    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError> {
+    async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
         let what = "record a heartbeat";
         let client = self.conn(what).await?;
         let stmt = self
             .prepare(
                 &client,
                 what,
-                "INSERT INTO bindery_runners (instance, heartbeat_at) VALUES ($1, $2)
-                 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+                "INSERT INTO bindery_runners (instance, heartbeat_at, address) VALUES ($1, $2, $3)
+                 ON CONFLICT (instance) DO UPDATE
+                 SET heartbeat_at = excluded.heartbeat_at, address = excluded.address",
             )
             .await?;
         client
-            .execute(&stmt, &[&instance, &at])
+            .execute(&stmt, &[&instance, &at, &address])
             .await
             .map(drop)
             .map_err(self.db(what))
+    }
+
+    async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError> {
+        let what = "read a heartbeat";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let stmt = self
+            .prepare(
+                &client,
+                what,
+                "SELECT heartbeat_at, address FROM bindery_runners WHERE instance = $1",
+            )
+            .await?;
+        let row = client.query_opt(&stmt, &[&instance]).await.map_err(&db)?;
+        row.map(|r| {
+            Ok(Peer {
+                at: r.try_get(0).map_err(&db)?,
+                address: r.try_get(1).map_err(&db)?,
+            })
+        })
+        .transpose()
     }
 
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
@@ -841,7 +869,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n"
+            "1\n2\n3\n4\n5\n6\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
@@ -860,8 +888,9 @@ mod tests {
         // The database as a Bindery before migration 5 left it.
         pg.sql(
             DB,
-            "ALTER TABLE bindery_sessions DROP COLUMN event_seq;
-             DELETE FROM bindery_schema_migrations WHERE version = 5",
+            "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
+             ALTER TABLE bindery_runners DROP COLUMN address;
+             DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;
         assert_eq!(

@@ -10,7 +10,7 @@ use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from, runner, cancel_requested, pending";
+     version, turns, params, security, forked_from, runner, cancel_requested, pending, holder";
 
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +33,7 @@ pub struct Columns {
     pub cancel_requested: bool,
     /// JSON Pending: calls waiting, token digests only.
     pub pending: String,
+    pub holder: Option<String>,
 }
 
 impl Columns {
@@ -55,6 +56,7 @@ impl Columns {
             runner: rec.runner.clone(),
             cancel_requested: rec.cancel_requested,
             pending: json("pending", serde_json::to_string(&rec.pending))?,
+            holder: rec.holder.clone(),
         })
     }
 
@@ -83,6 +85,7 @@ impl Columns {
             runner: self.runner,
             cancel_requested: self.cancel_requested,
             pending,
+            holder: self.holder,
         })
     }
 }

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
-use super::{SessionStore, StoreError};
+use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 
 /// The schema, one step per entry; entry `i` brings the database to version
@@ -59,6 +59,10 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;",
     // 4: the tool calls a session waits for (no token, no bound value).
     "ALTER TABLE sessions ADD COLUMN pending TEXT NOT NULL DEFAULT '{\"items\":[]}';",
+    // 5: the server holding a session's secret values, and where each
+    // server is reached by its peers.
+    "ALTER TABLE sessions ADD COLUMN holder TEXT;
+    ALTER TABLE runners ADD COLUMN address TEXT;",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -275,6 +279,7 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
         runner: row.get(11)?,
         cancel_requested: row.get(12)?,
         pending: row.get(13)?,
+        holder: row.get(14)?,
     })
 }
 
@@ -288,9 +293,9 @@ fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
         .map(|found| found.is_some())
 }
 
-/// The values of a `sessions` row, bound as `?1`…`?14` in the order of
+/// The values of a `sessions` row, bound as `?1`…`?15` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 14] {
+fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 15] {
     [
         &c.id,
         &c.agent,
@@ -306,6 +311,7 @@ fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 14] {
         &c.runner,
         &c.cancel_requested,
         &c.pending,
+        &c.holder,
     ]
 }
 
@@ -317,7 +323,7 @@ impl SessionStore for SqliteStore {
             let inserted = conn.execute(
                 &format!(
                     "INSERT INTO sessions ({SESSION_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
                 ),
                 row_params(&enc),
             );
@@ -394,7 +400,7 @@ impl SessionStore for SqliteStore {
                      SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                          updated_at = ?6, version = ?7, turns = ?8, params = ?9,
                          security = ?10, forked_from = ?11, runner = ?12,
-                         cancel_requested = ?13, pending = ?14
+                         cancel_requested = ?13, pending = ?14, holder = ?15
                      WHERE id = ?1 AND version = ?7 - 1",
                     row_params(&enc),
                 )
@@ -487,15 +493,36 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn beat(&self, instance: &str, at: i64) -> Result<(), StoreError> {
+    async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
         let instance = instance.to_owned();
+        let address = address.map(str::to_owned);
         self.run("record a heartbeat", move |conn, op| {
             conn.execute(
-                "INSERT INTO runners (instance, heartbeat_at) VALUES (?1, ?2)
-                 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
-                params![instance, at],
+                "INSERT INTO runners (instance, heartbeat_at, address) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (instance) DO UPDATE
+                 SET heartbeat_at = excluded.heartbeat_at, address = excluded.address",
+                params![instance, at, address],
             )
             .map(drop)
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError> {
+        let instance = instance.to_owned();
+        self.run("read a heartbeat", move |conn, op| {
+            conn.query_row(
+                "SELECT heartbeat_at, address FROM runners WHERE instance = ?1",
+                [instance],
+                |row| {
+                    Ok(Peer {
+                        at: row.get(0)?,
+                        address: row.get(1)?,
+                    })
+                },
+            )
+            .optional()
             .map_err(|e| op.db(e))
         })
         .await

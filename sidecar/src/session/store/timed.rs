@@ -1,0 +1,125 @@
+//! A store that says how long each of its operations took: it wraps
+//! another and hands every operation's name and duration to an observer
+//! (the server's metrics), so that a round trip's time can be attributed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{Notice, Peer, SessionStore, StoreError};
+use crate::session::model::{EventRecord, SessionRecord};
+
+/// Told each operation's name (`get`, `update`, `append_event`, …) and how
+/// long it took, failed ones included.
+pub type Observer = Arc<dyn Fn(&'static str, Duration) + Send + Sync>;
+
+pub struct Timed {
+    inner: Arc<dyn SessionStore>,
+    observe: Observer,
+}
+
+impl Timed {
+    pub fn new(inner: Arc<dyn SessionStore>, observe: Observer) -> Timed {
+        Timed { inner, observe }
+    }
+
+    async fn time<T>(&self, op: &'static str, f: impl std::future::Future<Output = T>) -> T {
+        let start = Instant::now();
+        let out = f.await;
+        (self.observe)(op, start.elapsed());
+        out
+    }
+}
+
+#[async_trait]
+impl SessionStore for Timed {
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<Notice>> {
+        self.inner.notices()
+    }
+    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        self.time("create", self.inner.create(rec)).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.time("get", self.inner.get(id)).await
+    }
+    async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.time("list", self.inner.list()).await
+    }
+    async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.time("running", self.inner.running()).await
+    }
+    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        self.time("update", self.inner.update(rec)).await
+    }
+    async fn append_event(
+        &self,
+        session: &str,
+        kind: &str,
+        data: &serde_json::Value,
+        at: i64,
+    ) -> Result<i64, StoreError> {
+        self.time(
+            "append_event",
+            self.inner.append_event(session, kind, data, at),
+        )
+        .await
+    }
+    async fn events_after(
+        &self,
+        session: &str,
+        after: i64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        self.time("events_after", self.inner.events_after(session, after))
+            .await
+    }
+    async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
+        self.time("beat", self.inner.beat(instance, at, address))
+            .await
+    }
+    async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError> {
+        self.time("peer", self.inner.peer(instance)).await
+    }
+    async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
+        self.time("heartbeats", self.inner.heartbeats()).await
+    }
+    async fn forget_runner(&self, instance: &str) -> Result<(), StoreError> {
+        self.time("forget_runner", self.inner.forget_runner(instance))
+            .await
+    }
+    async fn prune_runners(&self, before: i64) -> Result<u64, StoreError> {
+        self.time("prune_runners", self.inner.prune_runners(before))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::session::store::contract::record;
+    use crate::session::store::sqlite::SqliteStore;
+
+    #[tokio::test]
+    async fn each_operation_is_observed_by_name_and_answered_as_the_inner_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
+        let inner = Arc::new(SqliteStore::open(&path.to_string_lossy()).unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let store = Timed::new(inner, Arc::new(move |op, _| log.lock().unwrap().push(op)));
+        store.create(&record("s1", 1)).await.unwrap();
+        assert_eq!(store.get("s1").await.unwrap().unwrap().id, "s1");
+        assert!(store.get("s2").await.unwrap().is_none());
+        assert!(matches!(
+            store.update(&record("s2", 1)).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(*seen.lock().unwrap(), ["create", "get", "get", "update"]);
+    }
+}
