@@ -7,5 +7,6 @@ pub mod mcp;
 pub mod openapi;
 pub mod peers;
 pub mod server;
+pub mod state;
 pub mod status;
 pub mod views;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,74 +25,18 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::{caller, Door, OwnerToken};
+use super::auth::Door;
 use super::openapi::{
     AgentList, AnswerRefused, BadRequest, ErrorBody, ForbiddenParams, ForkRequest, Health,
     NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked, SessionList,
     SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
-use super::peers::{forward, is_forwarded, Incoming};
+use super::peers::Incoming;
+use super::state::AppState;
 use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
-use crate::metrics::Metrics;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
 use crate::session::validate::Caller;
-
-pub struct AppState {
-    pub service: Arc<Service>,
-    pub owner: OwnerToken,
-    pub metrics: Arc<Metrics>,
-    pub ready: AtomicBool,
-    /// Forwards requests to other servers on a shared store.
-    pub peers: reqwest::Client,
-}
-
-impl AppState {
-    /// Who sends this request on `session` through `door`.
-    pub(crate) async fn caller(
-        &self,
-        headers: &HeaderMap,
-        session: Option<&str>,
-        door: Door,
-    ) -> Result<Caller, ServiceError> {
-        caller(headers, &self.owner, &self.service, session, door).await
-    }
-
-    /// `req` on session `id` sent on to the server holding what it needs
-    /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
-    /// (it came from a peer already, no other live server holds it, or
-    /// that server cannot be reached).
-    async fn forward_to_holder(&self, id: &str, who: &Caller, req: &Incoming) -> Option<Response> {
-        if is_forwarded(&req.headers) {
-            return None;
-        }
-        let to = self.service.held_elsewhere(id).await?;
-        let key = self.owner.peer_key();
-        let sent = forward(&self.peers, &key, &to, who, req).await;
-        match sent {
-            Ok(r) => Some(r),
-            Err(why) => {
-                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
-                None
-            }
-        }
-    }
-
-    /// A request refused here for want of secret values another live
-    /// server holds is answered by that server; anything else stands.
-    async fn or_forward(
-        &self,
-        e: ServiceError,
-        id: &str,
-        who: &Caller,
-        req: &Incoming,
-    ) -> ApiResult {
-        if e.code != "params_required" {
-            return Err(e);
-        }
-        self.forward_to_holder(id, who, req).await.ok_or(e)
-    }
-}
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
 const DEFAULT_WAIT: u64 = 60;

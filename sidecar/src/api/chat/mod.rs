@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::server::AppState;
+use super::state::AppState;
 
 const PAGE: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("chat.js");

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use self::jsonrpc::{classify, response, Incoming, RpcError};
 use super::auth::Door;
 use super::openapi::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
-use super::server::AppState;
+use super::state::AppState;
 use crate::session::error::ServiceError;
 use crate::session::validate::Caller;
 

@@ -1,0 +1,79 @@
+//! What every handler shares: the session service, the owner token, the
+//! metrics, readiness, and the client that forwards a request to the
+//! server holding a session. Its own module, so that the router
+//! (`server`), `/mcp` and the chat page each depend on it and not on one
+//! another.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+
+use super::auth::{caller, Door, OwnerToken};
+use super::peers::{forward, is_forwarded, Incoming};
+use crate::metrics::Metrics;
+use crate::session::error::ServiceError;
+use crate::session::service::Service;
+use crate::session::validate::Caller;
+
+pub struct AppState {
+    pub service: Arc<Service>,
+    pub owner: OwnerToken,
+    pub metrics: Arc<Metrics>,
+    pub ready: AtomicBool,
+    /// Forwards requests to other servers on a shared store.
+    pub peers: reqwest::Client,
+}
+
+impl AppState {
+    /// Who sends this request on `session` through `door`.
+    pub(crate) async fn caller(
+        &self,
+        headers: &HeaderMap,
+        session: Option<&str>,
+        door: Door,
+    ) -> Result<Caller, ServiceError> {
+        caller(headers, &self.owner, &self.service, session, door).await
+    }
+
+    /// `req` on session `id` sent on to the server holding what it needs
+    /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
+    /// (it came from a peer already, no other live server holds it, or
+    /// that server cannot be reached).
+    pub(super) async fn forward_to_holder(
+        &self,
+        id: &str,
+        who: &Caller,
+        req: &Incoming,
+    ) -> Option<Response> {
+        if is_forwarded(&req.headers) {
+            return None;
+        }
+        let to = self.service.held_elsewhere(id).await?;
+        let key = self.owner.peer_key();
+        let sent = forward(&self.peers, &key, &to, who, req).await;
+        match sent {
+            Ok(r) => Some(r),
+            Err(why) => {
+                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
+                None
+            }
+        }
+    }
+
+    /// A request refused here for want of secret values another live
+    /// server holds is answered by that server; anything else stands.
+    pub(super) async fn or_forward(
+        &self,
+        e: ServiceError,
+        id: &str,
+        who: &Caller,
+        req: &Incoming,
+    ) -> Result<Response, ServiceError> {
+        if e.code != "params_required" {
+            return Err(e);
+        }
+        self.forward_to_holder(id, who, req).await.ok_or(e)
+    }
+}
