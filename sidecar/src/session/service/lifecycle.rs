@@ -1,0 +1,268 @@
+//! A session's life through the API: created (or forked), sent messages, resumed, given new parameter values.
+
+use super::*;
+
+impl Service {
+    pub async fn create(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateSession,
+    ) -> Result<Created, ServiceError> {
+        if *caller != Caller::Owner {
+            return Err(ServiceError::forbidden(
+                "only the owner can create or fork sessions",
+            ));
+        }
+        let (agent_name, base, turns, op) = match &req.fork {
+            Some(source_id) => {
+                let source = self.record(source_id).await.map_err(|e| {
+                    if e.kind == ErrorKind::NotFound {
+                        ServiceError::not_found(format!("no session {source_id} to fork"))
+                    } else {
+                        e
+                    }
+                })?;
+                if let Some(a) = req.agent.as_ref().filter(|a| **a != source.agent) {
+                    return Err(ServiceError::bad_request(format!(
+                        "a fork keeps its source's agent (`{}`); drop `agent` or give `{}`, not `{a}`",
+                        source.agent, source.agent
+                    )));
+                }
+                let mut source = source;
+                if let Some(n) = req.at_turn {
+                    if n > source.turns.len() {
+                        return Err(ServiceError::bad_request(format!(
+                            "`at_turn` is {n}, but session {source_id} has {} turns",
+                            source.turns.len()
+                        )));
+                    }
+                    source.turns.truncate(n);
+                }
+                // Non-secret values only: secrets are never inherited.
+                let base: Values = source
+                    .params
+                    .as_map()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
+                    .collect();
+                (
+                    source.agent.clone(),
+                    base,
+                    // Pending calls are not copied: the fork's last turn is
+                    // closed the way a cancel closes it.
+                    close_pending(source.turns, CANCELLED),
+                    if req.prompt.is_some() {
+                        Op::Fork
+                    } else {
+                        Op::ForkIdle
+                    },
+                )
+            }
+            None if req.at_turn.is_some() => {
+                return Err(ServiceError::bad_request(
+                    "`at_turn` applies to a fork (POST /v1/sessions/:id/fork) only",
+                ))
+            }
+            None => {
+                let agent = req.agent.clone().ok_or_else(|| {
+                    ServiceError::bad_request("`agent` is required (see GET /v1/agents)")
+                })?;
+                let op = if req.prompt.is_some() {
+                    Op::Create
+                } else {
+                    Op::CreateIdle
+                };
+                (agent, Values::new(), Vec::new(), op)
+            }
+        };
+        let agent = self.agent(&agent_name)?.clone();
+        let accepted = validate(&agent.params, op, caller, false, &base, &req.params)?;
+        let token = if req.session_token {
+            Some(new_token()?)
+        } else {
+            None
+        };
+        let now = now_ms();
+        let holder = self.holder_of(None, &accepted.session);
+        let rec = SessionRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            agent: agent_name,
+            status: SessionStatus::Idle,
+            status_detail: None,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+            turns,
+            params: StoredParams::from_values(&accepted.session),
+            security: crate::session::model::Security {
+                sealed: req.seal,
+                token_digests: token.iter().map(|t| token_digest(t)).collect(),
+                owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
+            },
+            forked_from: req.fork.clone(),
+            runner: None,
+            cancel_requested: false,
+            pending: Default::default(),
+            holder,
+        };
+        self.store.create(&rec).await?;
+        self.keep_secrets(&rec.id, &accepted.session);
+        tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
+        let run = match req.prompt {
+            Some(prompt) => Some(
+                self.start_run(&rec.id, Some(prompt), accepted.message, req.mode)
+                    .await?,
+            ),
+            None => None,
+        };
+        self.evict_if_idle(&rec.id);
+        Ok(Created {
+            id: rec.id,
+            token,
+            run,
+        })
+    }
+
+    pub async fn post_message(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        prompt: String,
+        params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        // A message that names an option of the one open selection answers it.
+        if let Some(token) = self.chat_choice(id, &prompt).await? {
+            let answer = Answer {
+                session_id: Some(id.to_string()),
+                choice: token.1,
+                params: params.clone(),
+                mode,
+                ..Default::default()
+            };
+            let (_, run) = self.answer(caller, &token.0, answer).await?;
+            if let Some(run) = run {
+                return Ok(run);
+            }
+        }
+        let r = self
+            .run_request(caller, id, Op::Message, Some(prompt), params, mode)
+            .await;
+        self.evict_if_idle(id);
+        r
+    }
+
+    pub async fn resume(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        let r = self
+            .run_request(caller, id, Op::Resume, None, params, mode)
+            .await;
+        self.evict_if_idle(id);
+        r
+    }
+
+    /// A request that starts a run: its values are validated and stored,
+    /// and the run reserved, in one critical section, so a request refused
+    /// with `run_in_progress` changes nothing.
+    pub(super) async fn run_request(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        op: Op,
+        prompt: Option<String>,
+        params: &BTreeMap<String, serde_json::Value>,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        // No live entry for an id that names no session.
+        self.record(id).await?;
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        let rec = self.record(id).await?;
+        if rec.status == SessionStatus::WaitingExternal
+            && (op == Op::Message || !rec.pending.all_resolved())
+        {
+            return Err(ServiceError::new(
+                ErrorKind::Conflict,
+                "waiting_external",
+                format!(
+                    "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
+                    rec.pending.detail()
+                ),
+            ));
+        }
+        let message = self.apply_params_locked(caller, id, op, params).await?;
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
+    }
+
+    pub async fn put_params(
+        &self,
+        caller: &Caller,
+        id: &str,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), ServiceError> {
+        self.record(id).await?;
+        let r = {
+            let live = self.live(id);
+            let _guard = live.lock.lock().await;
+            self.apply_params_locked(caller, id, Op::PutParams, params)
+                .await
+        };
+        self.evict_if_idle(id);
+        r.map(drop)
+    }
+
+    /// Validate and store a request's values; returns its message-scope values.
+    /// The caller holds the session's lock.
+    pub(super) async fn apply_params_locked(
+        &self,
+        caller: &Caller,
+        id: &str,
+        op: Op,
+        params: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Values, ServiceError> {
+        let mut rec = self.record(id).await?;
+        if op != Op::PutParams && self.is_running(id) {
+            return Err(ServiceError::new(
+                ErrorKind::Conflict,
+                "run_in_progress",
+                "a run is in progress on this session; wait for it or cancel it",
+            ));
+        }
+        if op != Op::PutParams && rec.status == SessionStatus::Running {
+            rec = self.close_if_lost(rec).await?;
+        }
+        let agent = self.agent(&rec.agent)?.clone();
+        let current = self.session_values(&rec);
+        let accepted = validate(
+            &agent.params,
+            op,
+            caller,
+            rec.security.sealed,
+            &current,
+            params,
+        )?;
+        let session_changed = accepted.changed.iter().any(|n| {
+            agent
+                .params
+                .decl(n)
+                .is_some_and(|d| d.scope == crate::spec::Scope::Session)
+        });
+        if session_changed {
+            rec.params = StoredParams::from_values(&accepted.session);
+            rec.holder = self.holder_of(rec.holder.take(), &accepted.session);
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            self.keep_secrets(id, &accepted.session);
+            self.emit(id, "params_changed", json!({"names": accepted.changed}))
+                .await;
+        }
+        Ok(accepted.message)
+    }
+}

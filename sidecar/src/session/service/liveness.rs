@@ -1,0 +1,163 @@
+//! Heartbeats and the sweep: this server's beat in the store, and runs whose server stopped beating closed as failed.
+
+use super::*;
+
+impl Service {
+    /// Record this server's heartbeat: it vouches for its runs for a lease.
+    pub async fn beat(&self) -> Result<(), ServiceError> {
+        Ok(self
+            .store
+            .beat(&self.instance, now_ms(), self.cfg.advertise.as_deref())
+            .await?)
+    }
+
+    /// What this server knows of runs' liveness at `now`, given the
+    /// servers' `heartbeats`.
+    pub(super) fn liveness<'a>(
+        &'a self,
+        heartbeats: &'a HashMap<String, i64>,
+        now: i64,
+    ) -> Liveness<'a> {
+        Liveness {
+            me: &self.instance,
+            exclusive: !self.store.shared(),
+            now,
+            lease: self.cfg.lease.lease,
+            heartbeats,
+        }
+    }
+
+    /// Close every lost run (see [`Liveness`]); how many. At startup on a
+    /// store of our own that is every run in progress: the last process's.
+    pub async fn sweep(&self) -> Result<usize, ServiceError> {
+        // Running sessions first, heartbeats second: a server beats before
+        // it starts runs, so any runner in the list has its beat read here.
+        let running = self.store.running().await?;
+        let heartbeats = self.store.heartbeats().await?;
+        let now = now_ms();
+        let liveness = self.liveness(&heartbeats, now);
+        let mut closed = 0;
+        for rec in running {
+            if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
+                self.cancel_here(&rec.id);
+            }
+            if liveness.is_lost(&rec, self.is_running(&rec.id))
+                && self.close_interrupted(rec).await?
+            {
+                closed += 1;
+            }
+        }
+        // A stale heartbeat says no more than a missing one.
+        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
+        self.store.prune_runners(now.saturating_sub(lease)).await?;
+        Ok(closed)
+    }
+
+    /// Beat and sweep every heartbeat interval until `stop`; then forget
+    /// this server, so that others take its runs for lost at once.
+    pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick completes at once, and serve has just beaten.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let beat = self.beat().await;
+            let was_ok = self.store_ok.swap(beat.is_ok(), Ordering::Relaxed);
+            match beat {
+                Err(e) => tracing::warn!(
+                    lease = %humantime::format_duration(self.cfg.lease.lease),
+                    "cannot record this server's heartbeat ({e}); not ready until it can, and once the lease passes, other servers take its runs for lost"
+                ),
+                Ok(()) if !was_ok => tracing::info!("the session store answers again; ready"),
+                Ok(()) => {}
+            }
+            match self.sweep().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
+                Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+            if let Err(e) = self.expire_due().await {
+                tracing::warn!("cannot close expired pending calls: {e}");
+            }
+        }
+        if let Err(e) = self.store.forget_runner(&self.instance).await {
+            tracing::warn!("cannot remove this server's heartbeat: {e}");
+        }
+    }
+
+    /// A session recorded as running that this process does not run: the
+    /// run goes on elsewhere (409), or it is lost and closed here, and the
+    /// fresh record returned. The caller holds the session's lock.
+    pub(super) async fn close_if_lost(
+        &self,
+        mut rec: SessionRecord,
+    ) -> Result<SessionRecord, ServiceError> {
+        for _ in 0..3 {
+            if rec.status != SessionStatus::Running {
+                return Ok(rec);
+            }
+            let heartbeats = self.store.heartbeats().await?;
+            let liveness = self.liveness(&heartbeats, now_ms());
+            if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
+                break;
+            }
+            // Closed here, or by another server first: read what it says now.
+            let id = rec.id.clone();
+            self.close_interrupted(rec).await?;
+            rec = self.record(&id).await?;
+        }
+        Err(ServiceError::new(
+            ErrorKind::Conflict,
+            "run_in_progress",
+            "a run is in progress on this session on another server; wait for it to end",
+        ))
+    }
+
+    /// Close an interrupted run (`rec` as it was read): unanswered tool
+    /// calls are answered, the session fails, `run_finished` is emitted.
+    /// Nothing is retried blind. `false` when the session changed since it
+    /// was read (another server closed it first, or the run moved on).
+    pub(super) async fn close_interrupted(
+        &self,
+        mut rec: SessionRecord,
+    ) -> Result<bool, ServiceError> {
+        let (detail, call) = if self.store.shared() {
+            (
+                "interrupted: the server running it stopped",
+                "error: the server running this call stopped; it was not retried",
+            )
+        } else {
+            (
+                "interrupted by a restart of the server",
+                "error: the server restarted during this call; it was not retried",
+            )
+        };
+        let runner = rec.runner.take();
+        rec.cancel_requested = false;
+        rec.turns = close_pending(std::mem::take(&mut rec.turns), call);
+        rec.status = SessionStatus::Failed;
+        rec.status_detail = Some(detail.into());
+        rec.version += 1;
+        rec.updated_at = now_ms();
+        match self.store.update(&rec).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict(_)) => {
+                tracing::debug!(session = %rec.id, "a lost run changed meanwhile: left to whoever changed it");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.emit(
+            &rec.id,
+            "run_finished",
+            json!({"status": "failed", "session_status": "failed", "detail": detail}),
+        )
+        .await;
+        tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
+        Ok(true)
+    }
+}

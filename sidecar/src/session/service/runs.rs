@@ -1,0 +1,401 @@
+//! Driving a run: registering it, running the model loop with this session as its sink, recording each turn and event and its end.
+
+use super::*;
+
+impl Service {
+    pub(super) async fn start_run(
+        self: &Arc<Self>,
+        id: &str,
+        prompt: Option<String>,
+        message: Values,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live(id);
+        let guard = live.lock.lock().await;
+        self.start_run_locked(guard, id, prompt, message, mode)
+            .await
+    }
+
+    /// Start a run; `guard` is the session's lock, released once the run
+    /// is recorded as started.
+    pub(super) async fn start_run_locked(
+        self: &Arc<Self>,
+        guard: tokio::sync::MutexGuard<'_, ()>,
+        id: &str,
+        prompt: Option<String>,
+        message: Values,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live(id);
+        let (cancel, done_tx, done_rx) = {
+            let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
+            if run.is_some() {
+                return Err(ServiceError::new(
+                    ErrorKind::Conflict,
+                    "run_in_progress",
+                    "a run is in progress on this session; wait for it or cancel it",
+                ));
+            }
+            let (tx, rx) = watch::channel(false);
+            let cancel = CancellationToken::new();
+            *run = Some(RunHandle {
+                cancel: cancel.clone(),
+                done: rx.clone(),
+            });
+            (cancel, tx, rx)
+        };
+        let started = async {
+            let mut rec = self.record(id).await?;
+            if rec.status == SessionStatus::Running {
+                // Another server may have started one since the request's
+                // values were checked.
+                rec = self.close_if_lost(rec).await?;
+            }
+            // The answered calls a waiting run resumes with.
+            let resolved = if rec.status == SessionStatus::WaitingExternal {
+                if !rec.pending.all_resolved() {
+                    return Err(ServiceError::new(
+                        ErrorKind::Conflict,
+                        "waiting_external",
+                        format!("the session is {}", rec.pending.detail()),
+                    ));
+                }
+                rec.pending.retire_tokens();
+                std::mem::take(&mut rec.pending.items)
+            } else {
+                Vec::new()
+            };
+            if let Some(p) = &prompt {
+                rec.turns.push(ChatMessage::user(p.clone()));
+            }
+            rec.status = SessionStatus::Running;
+            rec.status_detail = None;
+            rec.runner = Some(self.instance.clone());
+            rec.cancel_requested = false;
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok::<_, ServiceError>((rec, resolved))
+        }
+        .await;
+        let (rec, resolved) = match started {
+            Ok(rec) => rec,
+            Err(e) => {
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                return Err(e);
+            }
+        };
+        drop(guard);
+        let agent = self.agent(&rec.agent)?.clone();
+        let session = self.session_values(&rec);
+        let values = agent.params.snapshot(&session, &message);
+        drop(message);
+        self.metrics.run_started();
+        self.emit(id, "run_started", json!({"prompt": prompt}))
+            .await;
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let (end, taken) = this
+                .drive(&agent, &id, rec.turns, values, &resolved, mode, &cancel)
+                .await;
+            let pending = match &end {
+                RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
+                _ => Vec::new(),
+            };
+            this.finish(&id, end, pending, taken).await;
+            if let Some(live) = this.peek(&id) {
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                live.touch();
+            }
+            let _ = done_tx.send(true);
+            this.evict_if_idle(&id);
+        });
+        Ok(RunWait(done_rx))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drive(
+        &self,
+        agent: &LoadedAgent,
+        id: &str,
+        mut history: Vec<ChatMessage>,
+        values: Values,
+        resolved: &[PendingCall],
+        mode: RunMode,
+        cancel: &CancellationToken,
+    ) -> (RunEnd, bool) {
+        let Some(client) = self.clients.get(&agent.name) else {
+            let why = format!("no model client for agent `{}`", agent.name);
+            return (RunEnd::Failed(why), false);
+        };
+        // The tools as of the run's start; an MCP server's change applies to the next run.
+        let tools = agent.tools.snapshot();
+        let ctx = RunContext {
+            agent,
+            tools: &tools,
+            helpers: Some(HelperEnv {
+                tree: &self.tree,
+                clients: &self.clients,
+                stack: vec![agent.name.clone()],
+                inherited: Vec::new(),
+                max_depth: MAX_HELPER_DEPTH,
+            }),
+            client,
+            values: &values,
+            call: CallContext {
+                session_id: id.to_string(),
+                conversation_id: id.to_string(),
+                turn_id: String::new(),
+                agent_id: agent.name.clone(),
+                session_json: None,
+            },
+            cache: self.cache.as_ref(),
+            lookups: Some(&self.lookups),
+            metrics: &self.metrics,
+            max_steps: match mode {
+                RunMode::Step => 1,
+                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+            },
+            stream: self.cfg.stream,
+        };
+        let sink = SessionSink {
+            service: self,
+            id,
+            cancel,
+            taken: AtomicBool::new(false),
+        };
+        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
+            Some(end) => end,
+            None => runner::run(&ctx, &mut history, &sink, cancel).await,
+        };
+        let end = match (mode, end) {
+            (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
+            (_, end) => end,
+        };
+        (end, sink.taken.load(Ordering::Relaxed))
+    }
+
+    /// Record how a run ended, unless it was taken away (`taken`, or found
+    /// so now): then the server that closed it has said how it ended.
+    pub(super) async fn finish(
+        &self,
+        id: &str,
+        end: RunEnd,
+        pending: Vec<PendingCall>,
+        taken: bool,
+    ) {
+        let waiting = pending::Pending {
+            items: pending,
+            used: Vec::new(),
+        };
+        let (status, detail, outcome) = match &end {
+            RunEnd::Blocked(_) => (
+                SessionStatus::WaitingExternal,
+                Some(waiting.detail()),
+                RunOutcome::Blocked,
+            ),
+            RunEnd::Stepped => (
+                SessionStatus::Idle,
+                Some("one step done (run: step); resume to go on".to_string()),
+                RunOutcome::Completed,
+            ),
+            RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
+            RunEnd::Cancelled => (
+                SessionStatus::Idle,
+                Some("cancelled".to_string()),
+                RunOutcome::Cancelled,
+            ),
+            RunEnd::MaxSteps(n) => (
+                SessionStatus::Idle,
+                Some(format!("stopped after {n} model turns without an answer")),
+                RunOutcome::MaxSteps,
+            ),
+            RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
+        };
+        let written = if taken {
+            RunWrite::Taken
+        } else {
+            self.write_run(id, |rec| {
+                rec.status = status;
+                rec.status_detail = detail.clone();
+                rec.runner = None;
+                rec.cancel_requested = false;
+                rec.pending.items = waiting.items.clone();
+            })
+            .await
+        };
+        match written {
+            RunWrite::Written => {}
+            RunWrite::Taken => {
+                self.metrics.run_finished(RunOutcome::Failed);
+                tracing::warn!(
+                    session = id,
+                    "run stopped: another server closed it as lost (this server's heartbeat had lapsed)"
+                );
+                return;
+            }
+            RunWrite::Failed(e) => {
+                tracing::error!(session = id, "cannot record the end of a run: {e}");
+            }
+        }
+        self.metrics.run_finished(outcome);
+        tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
+        if !waiting.is_empty() {
+            // Without tokens: events are stored, tokens never are.
+            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
+            self.emit(id, "pending", json!({"pending": items})).await;
+        }
+        self.emit(
+            id,
+            "run_finished",
+            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
+        )
+        .await;
+    }
+
+    /// Read-modify-write of a session by the run this process has on it,
+    /// under the session's lock. Nothing is written once the run is no
+    /// longer ours (another server found it lost and closed it); a write
+    /// that lost a race with a change elsewhere (parameters) is redone on
+    /// the fresh record.
+    pub(super) async fn write_run(
+        &self,
+        id: &str,
+        change: impl Fn(&mut SessionRecord),
+    ) -> RunWrite {
+        let live = self.live(id);
+        let _guard = live.lock.lock().await;
+        for _ in 0..3 {
+            let mut rec = match self.record(id).await {
+                Ok(rec) => rec,
+                Err(e) => return RunWrite::Failed(e.to_string()),
+            };
+            if rec.status != SessionStatus::Running
+                || rec.runner.as_deref() != Some(self.instance.as_str())
+            {
+                return RunWrite::Taken;
+            }
+            if rec.cancel_requested {
+                // Another server asked to cancel this run.
+                self.cancel_here(id);
+            }
+            change(&mut rec);
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            match self.store.update(&rec).await {
+                Ok(()) => return RunWrite::Written,
+                Err(StoreError::Conflict(_)) => continue,
+                Err(e) => return RunWrite::Failed(e.to_string()),
+            }
+        }
+        RunWrite::Failed(format!(
+            "session {id} kept changing concurrently; gave up after 3 attempts"
+        ))
+    }
+
+    pub(super) async fn append_turn(&self, id: &str, msg: &ChatMessage) -> RunWrite {
+        let written = self.write_run(id, |rec| rec.turns.push(msg.clone())).await;
+        if let RunWrite::Failed(e) = &written {
+            tracing::error!(session = id, "cannot store a turn: {e}");
+        }
+        written
+    }
+
+    pub(super) async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
+        let at = now_ms();
+        match self.store.append_event(id, kind, &data, at).await {
+            Ok(seq) => {
+                let Some(live) = self.peek(id) else {
+                    return; // nobody in memory, so nobody listening
+                };
+                let start = std::time::Instant::now();
+                live.events.send(LiveEvent::Stored(Arc::new(EventRecord {
+                    seq,
+                    kind: kind.to_string(),
+                    data,
+                    at,
+                })));
+                self.metrics.event_fanout(start.elapsed());
+            }
+            Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
+        }
+    }
+}
+
+/// What became of a run's write to its session.
+pub(super) enum RunWrite {
+    Written,
+    /// The run is no longer this process's: another server closed it.
+    Taken,
+    Failed(String),
+}
+
+/// Answer every tool call that has no result yet with `why`, so the history
+/// stays well-formed for the model.
+pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage> {
+    let Some(pos) = turns.iter().rposition(
+        |m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+    ) else {
+        return turns;
+    };
+    let ChatMessage::Assistant { tool_calls, .. } = &turns[pos] else {
+        return turns;
+    };
+    let answered: Vec<String> = turns[pos + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let missing: Vec<String> = tool_calls
+        .iter()
+        .map(|c| c.id.clone())
+        .filter(|id| !answered.contains(id))
+        .collect();
+    for id in missing {
+        turns.push(ChatMessage::tool_result(id, why));
+    }
+    turns
+}
+
+pub(super) struct SessionSink<'a> {
+    service: &'a Service,
+    id: &'a str,
+    cancel: &'a CancellationToken,
+    /// Another server closed the run as lost: it is stopped, and writes
+    /// nothing more.
+    taken: AtomicBool,
+}
+
+#[async_trait]
+impl RunSink for SessionSink<'_> {
+    async fn turn(&self, msg: &ChatMessage) {
+        if self.taken.load(Ordering::Relaxed) {
+            return;
+        }
+        if let RunWrite::Taken = self.service.append_turn(self.id, msg).await {
+            tracing::warn!(
+                session = self.id,
+                "another server closed this run as lost (this server's heartbeat had lapsed): stopping it"
+            );
+            self.taken.store(true, Ordering::Relaxed);
+            self.cancel.cancel();
+        }
+    }
+
+    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+        if !self.taken.load(Ordering::Relaxed) {
+            self.service.emit(self.id, kind, data).await;
+        }
+    }
+
+    fn delta(&self, text: &str) {
+        if let Some(live) = self.service.peek(self.id) {
+            let start = std::time::Instant::now();
+            live.events.send(LiveEvent::Delta(text.into()));
+            self.service.metrics.event_fanout(start.elapsed());
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Secret session values: held in this process's memory only, for as long as the session is live, and which server holds them (so a request elsewhere can be sent here).
+
+use super::*;
+
+impl Service {
+    /// The session-scope values a session holds now: stored ones and the
+    /// secrets in memory.
+    pub(super) fn session_values(&self, rec: &SessionRecord) -> Values {
+        let mut values: Values = rec
+            .params
+            .as_map()
+            .iter()
+            .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
+            .collect();
+        if let Some(live) = self.peek(&rec.id) {
+            live.touch();
+            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        values
+    }
+
+    /// Names of the secret values a session holds (never the values).
+    pub fn secret_names(&self, id: &str) -> Vec<String> {
+        self.peek(id).map_or_else(Vec::new, |live| {
+            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            secrets.keys().cloned().collect()
+        })
+    }
+
+    pub(super) fn keep_secrets(&self, id: &str, session: &Values) {
+        let kept: Values = session
+            .iter()
+            .filter(|(_, v)| v.is_secret())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let live = match self.peek(id) {
+            Some(live) => live,
+            None if kept.is_empty() => return,
+            None => self.live(id),
+        };
+        *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
+        live.touch();
+        self.evict_past_limit();
+    }
+
+    /// Forget the secret values of every session idle for longer than
+    /// `live_session_ttl` (no run, nothing set or used since): a later
+    /// message answers `params_required`, as after a restart. Returns how
+    /// many sessions lost theirs.
+    pub fn expire_secrets(&self) -> usize {
+        let Some(ttl) = self.cfg.live_session_ttl else {
+            return 0;
+        };
+        let entries: Vec<(String, Arc<Live>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut expired = 0;
+        for (id, live) in entries {
+            let idle = live.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && live
+                    .used
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed()
+                    >= ttl;
+            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            if idle && !secrets.is_empty() {
+                secrets.clear();
+                self.release_holder(&id);
+                expired += 1;
+                tracing::info!(session = %id, "idle session: its secret values were forgotten");
+            }
+            drop(secrets);
+            drop(live);
+            self.evict_if_idle(&id);
+        }
+        expired
+    }
+
+    /// Drop a session's secret values from memory (a one-shot run's, once
+    /// it has ended); a later run needs them supplied again.
+    pub fn forget_secrets(&self, id: &str) {
+        if let Some(live) = self.peek(id) {
+            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            if !secrets.is_empty() {
+                secrets.clear();
+                self.release_holder(id);
+            }
+        }
+        self.evict_if_idle(id);
+    }
+
+    /// Who holds a session's secret values once it has `session`: this
+    /// server when some are secret; nobody when none are and it was this
+    /// server; else whoever did (a server that never had them cannot say
+    /// they are gone). Only a shared store records it.
+    pub(super) fn holder_of(&self, current: Option<String>, session: &Values) -> Option<String> {
+        if !self.store.shared() {
+            return None;
+        }
+        if session.values().any(ParamValue::is_secret) {
+            Some(self.instance.clone())
+        } else if current.as_deref() == Some(self.instance.as_str()) {
+            None
+        } else {
+            current
+        }
+    }
+
+    /// This server forgot a session's secret values: the record stops
+    /// naming it as their holder, in the background (a stale holder only
+    /// costs a forwarded request, which that server answers with 409
+    /// `params_required`, as this one would).
+    pub(super) fn release_holder(&self, id: &str) {
+        if !self.store.shared() {
+            return;
+        }
+        let (Some(this), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let id = id.to_string();
+        rt.spawn(async move {
+            for _ in 0..3 {
+                let Ok(Some(mut rec)) = this.store.get(&id).await else {
+                    return;
+                };
+                // Given again meanwhile, or held elsewhere now.
+                if rec.holder.as_deref() != Some(this.instance.as_str())
+                    || !this.secret_names(&id).is_empty()
+                {
+                    return;
+                }
+                rec.holder = None;
+                rec.version += 1;
+                match this.store.update(&rec).await {
+                    Err(StoreError::Conflict(_)) => continue,
+                    Err(e) => {
+                        tracing::warn!(session = %id, "cannot clear the holder of its secret values: {e}");
+                        return;
+                    }
+                    Ok(()) => return,
+                }
+            }
+        });
+    }
+
+    /// Where a request on session `id` that needs what lives only in a
+    /// server's memory goes instead of here: the address of the live
+    /// server running its run, or else of the one holding its secret
+    /// values, when that is another server. `None`: serve it here (a
+    /// store of one server's own, nobody else, or a server not beating
+    /// within the lease, whose memory is as good as gone).
+    pub async fn held_elsewhere(&self, id: &str) -> Option<String> {
+        if !self.store.shared() {
+            return None;
+        }
+        let rec = self.store.get(id).await.ok()??;
+        let other = if rec.status == SessionStatus::Running {
+            rec.runner
+        } else {
+            rec.holder
+        };
+        let other = other.filter(|o| *o != self.instance)?;
+        let peer = self.store.peer(&other).await.ok()??;
+        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
+        if now_ms().saturating_sub(peer.at) > lease {
+            return None;
+        }
+        peer.address
+    }
+}

@@ -1,0 +1,61 @@
+//! Session tokens: minted at random, kept as SHA-256 digests, compared in constant time, revoked together.
+
+use super::*;
+
+impl Service {
+    pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
+        self.record(id).await?;
+        let r = async {
+            let live = self.live(id);
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            rec.security.token_digests.clear();
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await?;
+            Ok(())
+        }
+        .await;
+        self.evict_if_idle(id);
+        r
+    }
+
+    /// Whether `token` is a live session token of session `id`.
+    pub async fn token_matches(&self, id: &str, token: &str) -> bool {
+        let digest = token_digest(token);
+        match self.store.get(id).await {
+            Ok(Some(rec)) => rec
+                .security
+                .token_digests
+                .iter()
+                .any(|d| constant_time_eq(d, &digest)),
+            _ => false,
+        }
+    }
+}
+
+/// SHA-256 of a session token, as stored.
+pub fn token_digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+pub(super) fn new_token() -> Result<String, ServiceError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        tracing::error!("no randomness for a session token: {e}");
+        ServiceError::new(
+            ErrorKind::Internal,
+            "internal",
+            "cannot mint a session token",
+        )
+    })?;
+    Ok(format!("st_{}", hex::encode(bytes)))
+}
+
+pub(super) fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
