@@ -45,12 +45,19 @@ rendering. This shim fixes what keeps kubectl and kube-rs from working:
   8. Watches are ``application/json`` (was octet-stream), newline-delimited
      ``{"type": ..., "object": ...}`` events, resumed after the
      ``resourceVersion`` given (replayed from an in-memory event log) or
-     starting with ADDED for every object when none is given;
-     ``timeoutSeconds`` ends the stream.
+     starting with ADDED for every object when none is given or
+     ``sendInitialEvents=true`` asks for them (client-go's watch-lists:
+     kubectl wait, helm's --wait), those then ending with the BOOKMARK
+     annotated ``k8s.io/initial-events-end``; ``timeoutSeconds`` ends the
+     stream.
   9. Errors are ``kind: Status`` objects with the standard ``reason``
      (NotFound, AlreadyExists, Conflict, ...), ``code``, ``message`` and
-     ``details``; a protobuf body (kubectl's ``create`` subcommands send one
-     for built-in kinds) gets a 415 saying to use ``kubectl apply -f``.
+     ``details``. Protobuf bodies (client-go's typed clients send them:
+     helm's release Secrets, ``kubectl create secret``) are decoded
+     (protobuf.py) for Secrets, ConfigMaps, Namespaces and DeleteOptions and
+     handled as JSON; answers are always JSON, which such clients accept
+     too; a protobuf body of any other kind gets a 415 naming the kinds
+     decoded.
  10. ``/openapi/v2`` is an empty document: kubectl apply's validation needs
      one to exist (and with nothing in it, validates nothing).
  11. ``kubectl get`` asks for Tables: the name, then a CRD's printer columns
@@ -145,8 +152,11 @@ Gaps, by design -- tests must not rely on these:
   - no other controllers (Namespaces are removed at once), no
     ``deletecollection``;
   - no pagination (``limit`` is ignored, everything comes in one page), no
-    dry-run, no ``sendInitialEvents``, no watch bookmarks; the event log that
-    watches resume from is never trimmed (no 410 Gone);
+    dry-run, no watch bookmarks but the end of a watch-list's initial
+    events; the event log that watches resume from is never trimmed (no 410
+    Gone); responses are never protobuf, and protobuf request bodies are
+    decoded only for the kinds of fix 9, without their ``managedFields``
+    (and a Namespace's ``status``);
   - no OpenAPI documents: ``/openapi/v2`` is an empty one and ``/openapi/v3``
     answers 404, so kubectl apply computes patches from its built-in types
     (strategic merge) or, for custom resources, as JSON merge patches;
@@ -181,6 +191,7 @@ from kmock._internal import parsing
 
 import admission
 import kubelet
+import protobuf
 import rbac
 
 log = logging.getLogger('emulator')
@@ -459,10 +470,13 @@ class Emulator(kmock.KubernetesEmulator):
                 {'user': user, 'verb': verb, 'group': group, 'resource': resource, 'namespace': namespace,
                  'allowed': ok} for (user, verb, group, resource, namespace), ok in sorted(
                     self._audit.items(), key=lambda e: tuple(str(x) for x in e[0]))])
-        if 'protobuf' in raw_request.content_type:  # fix 9: kmock would fail to decode it as text
-            return await self._render_error(api_error(
-                415, 'this emulator takes JSON or YAML bodies only; kubectl create sends protobuf'
-                     ' for built-in kinds: use kubectl apply -f (or create -f) instead'))
+        if raw_request.content_type == protobuf.MEDIA_TYPE:  # fix 9: kmock would fail to decode it as text
+            try:
+                raw_request = await as_json(raw_request)
+            except protobuf.Unsupported as e:
+                return await self._render_error(api_error(
+                    415, f'this emulator decodes protobuf bodies of {protobuf.known()} only, not {e};'
+                         ' send JSON or YAML (kubectl apply -f or create -f)'))
         return await super().__call__(raw_request)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
@@ -671,11 +685,20 @@ class Emulator(kmock.KubernetesEmulator):
         # so nothing is missed or sent twice.
         res, info = self._info(request)
         since = request.params.get('resourceVersion', '')
-        if since in ('', '0'):
+        initial = request.params.get('sendInitialEvents') == 'true'  # a watch-list (client-go's reflectors)
+        if since in ('', '0') or initial:
             backlog = [{'type': 'ADDED', 'object': copy.deepcopy(self.objects[key].raw)}
                        for key in self._keys.get(res, {})]
         else:
             backlog = [event for revision, r, event in self._events if r == res and revision > int(since)]
+        if initial and request.params.get('allowWatchBookmarks') == 'true':
+            # What the initial events are consistent with, marked as their end.
+            backlog.append({'type': 'BOOKMARK', 'object': {
+                'kind': 'PartialObjectMetadata' if wants_metadata(request) else info.kind,
+                'apiVersion': 'meta.k8s.io/v1' if wants_metadata(request) else
+                (f'{res.group}/{res.version}' if res.group else res.version),
+                'metadata': {'resourceVersion': str(self._revision),
+                             'annotations': {'k8s.io/initial-events-end': 'true'}}}})
         queue: asyncio.Queue = asyncio.Queue()
         self._watchers.add(queue)
         timeout = float(request.params.get('timeoutSeconds') or 0) or None
@@ -693,7 +716,9 @@ class Emulator(kmock.KubernetesEmulator):
         try:
             async with asyncio.timeout(timeout):
                 for event in backlog:
-                    if self._selected(request, res, info, event['object']):
+                    if event['type'] == 'BOOKMARK':
+                        yield event
+                    elif self._selected(request, res, info, event['object']):
                         yield render(event)
                 while (item := await queue.get()) is not None:
                     r, event = item
@@ -1097,6 +1122,16 @@ class Emulator(kmock.KubernetesEmulator):
             queue.put_nowait((res, event))
         if self.kubelet is not None:
             self.kubelet.notice(res, event)
+
+
+async def as_json(raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.BaseRequest:
+    """Fix 9: the request with its protobuf body decoded, as JSON."""
+    headers = raw_request.headers.copy()
+    headers['Content-Type'] = 'application/json'
+    clone = raw_request.clone(headers=headers)  # before the body is read: they share its stream
+    obj = protobuf.decode(await raw_request.read())
+    clone._read_bytes = json.dumps(obj).encode()  # what its read(), text() and json() return
+    return clone
 
 
 def owner_uids(obj: dict[str, Any] | None) -> set[str]:
