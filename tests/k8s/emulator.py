@@ -145,8 +145,9 @@ Gaps, by design -- tests must not rely on these:
     images (only mapped programs run; others stay Pending with
     ErrImagePull), no resource limits, security contexts, users or
     read-only root filesystems; a Pod's network is the host's: each gets a
-    loopback address of its own (127.0.1.N) and an argument ``0.0.0.0``
-    becomes that address; probes run every 0.2 s whatever their period;
+    free loopback address of its own (random in 127.0.0.0/8, as emulators
+    may run side by side) and an argument ``0.0.0.0`` becomes that
+    address; probes run every 0.2 s whatever their period;
     liveness probes, init containers, ``subPath``, projected and downward-API
     volumes are not run; mounting needs root (``unshare --mount``); mount
     points missing on the host are created there (empty directories such
