@@ -25,6 +25,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 const NS: &str = "bench";
+/// Where the emulator's floor for the operator's work is measured.
+const FLOOR: &str = "floor";
 
 fn repo(path: &str) -> String {
     format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))
@@ -256,6 +258,20 @@ fn as_sent<K: kube::Resource + serde::Serialize>(
     v
 }
 
+/// Server-side apply of a copy of `obj` (see [`as_sent`]) as `name`.
+async fn apply_copy<K>(api: &Api<K>, name: &str, obj: &K)
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &kube::api::PatchParams::apply(bindery_operator::names::FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(as_sent(obj, FLOOR, name)),
+    )
+    .await
+    .unwrap();
+}
+
 /// The emulator's own floor for the operator's work: the requests of N
 /// first reconciles, as `FIRST_RECONCILE` says, with the operator's
 /// objects (copied from the first tenant's), its concurrency and no
@@ -267,7 +283,6 @@ async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Du
         ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
     };
     use kube::api::{Patch, PatchParams};
-    const FLOOR: &str = "floor";
 
     let client = tenants.clone().into_client();
     let sample = tenants.get("t00000").await.unwrap();
@@ -378,34 +393,10 @@ async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Du
                     .await
                     .unwrap();
                 let cm = names::config_map(&name);
-                config_maps
-                    .patch(&cm, apply, &Patch::Apply(as_sent(config_map, FLOOR, &cm)))
-                    .await
-                    .unwrap();
-                accounts
-                    .patch(
-                        &workload,
-                        apply,
-                        &Patch::Apply(as_sent(account, FLOOR, &workload)),
-                    )
-                    .await
-                    .unwrap();
-                deployments
-                    .patch(
-                        &workload,
-                        apply,
-                        &Patch::Apply(as_sent(deployment, FLOOR, &workload)),
-                    )
-                    .await
-                    .unwrap();
-                services
-                    .patch(
-                        &workload,
-                        apply,
-                        &Patch::Apply(as_sent(service, FLOOR, &workload)),
-                    )
-                    .await
-                    .unwrap();
+                apply_copy(&config_maps, &cm, config_map).await;
+                apply_copy(&accounts, &workload, account).await;
+                apply_copy(&deployments, &workload, deployment).await;
+                apply_copy(&services, &workload, service).await;
                 let selector = format!("{}={name}", names::TENANT_LABEL);
                 claims
                     .list(&ListParams::default().labels(&selector))

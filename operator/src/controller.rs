@@ -73,6 +73,19 @@ where
     })
 }
 
+/// Someone else's changes to the objects of kind `K` (what tenants own).
+fn owned_changes<K>(
+    client: &Client,
+    namespace: &Option<String>,
+    scope: &Arc<Scope>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Namespaced + Send + Sync + 'static,
+{
+    let changes = watcher(scoped::<K>(client, namespace), watcher::Config::default());
+    foreign(changes.touched_objects(), scope)
+}
+
 fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> own_writes::Key {
     (
         K::kind(&()).into_owned(),
@@ -126,29 +139,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     .touched_objects();
 
     controller
-        .owns_stream(foreign(
-            watcher(scoped::<Deployment>(&client, &namespace), cfg.clone()).touched_objects(),
-            &scope,
-        ))
-        .owns_stream(foreign(
-            watcher(scoped::<ConfigMap>(&client, &namespace), cfg.clone()).touched_objects(),
-            &scope,
-        ))
-        .owns_stream(foreign(
-            watcher(scoped::<Service>(&client, &namespace), cfg.clone()).touched_objects(),
-            &scope,
-        ))
-        .owns_stream(foreign(
-            watcher(scoped::<ServiceAccount>(&client, &namespace), cfg.clone()).touched_objects(),
-            &scope,
-        ))
-        .owns_stream(foreign(
-            watcher(
-                scoped::<PersistentVolumeClaim>(&client, &namespace),
-                cfg.clone(),
-            )
-            .touched_objects(),
-            &scope,
+        .owns_stream(owned_changes::<Deployment>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<ConfigMap>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<Service>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<ServiceAccount>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<PersistentVolumeClaim>(
+            &client, &namespace, &scope,
         ))
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
