@@ -324,17 +324,23 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let c = &ctx.client;
 
-    // The tenant as it is now, not as cached: the cache can lag behind our
-    // own last status write (the owner-token Secret created by one reconcile
-    // queues the next, which can start before that write reaches the
-    // cache), and the previous status decides which Warnings are new.
-    let Some(tenant) = Api::<AgentTenant>::namespaced(c.clone(), &ns)
-        .get_opt(&name)
-        .await?
-    else {
-        return Ok(Action::await_change()); // deleted meanwhile
+    // The tenant as it is now: the cache can lag behind our own last status
+    // write (a reconcile queued by one of its writes can start before that
+    // write reaches the cache), and the previous status decides which
+    // Warnings are new. The cache will do when it holds that very write.
+    let fresh;
+    let tenant = if own.is_ours(&key_of(cached), cached.meta()) {
+        cached
+    } else {
+        let Some(t) = Api::<AgentTenant>::namespaced(c.clone(), &ns)
+            .get_opt(&name)
+            .await?
+        else {
+            return Ok(Action::await_change()); // deleted meanwhile
+        };
+        fresh = t;
+        &fresh
     };
-    let tenant = &tenant;
 
     // The Agents as watched (a change to one reconciles its tenants once
     // the cache has it); read from the API when the tenant's own Agent is
@@ -359,13 +365,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     if tenant.spec.owner_token_secret_ref.is_none() {
         secret_names.insert(names::owner_token_secret(&name));
     }
-    let secrets = key_names::<Secret>(c, &ns, &secret_names, |s| {
-        // Only the key names are kept; the values are dropped here.
-        let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
-        keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
-        (keys, s.metadata.resource_version.unwrap_or_default())
-    })
-    .await?;
+    let mut secrets = key_names::<Secret>(c, &ns, &secret_names, secret_keys).await?;
     let config_maps = key_names::<ConfigMap>(c, &ns, &config_map_names, |m| {
         let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
         keys.extend(m.binary_data.into_iter().flatten().map(|(k, _)| k));
@@ -383,38 +383,49 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             }
         });
 
-    let inputs = Inputs {
-        tenant,
-        agents: &agents,
-        secrets: &secrets,
-        config_maps: &config_maps,
-        config: &ctx.config,
-        rollout,
-        now: Time(crate::events::now()),
-    };
-    let d = desired(&inputs);
-
-    if d.generate_owner_token {
+    let now = Time(crate::events::now());
+    let mut minted = false;
+    let d = loop {
+        let inputs = Inputs {
+            tenant,
+            agents: &agents,
+            secrets: &secrets,
+            config_maps: &config_maps,
+            config: &ctx.config,
+            rollout: rollout.clone(),
+            now: now.clone(),
+        };
+        let d = desired(&inputs);
         let mut bytes = [0u8; 32];
         // Without randomness there is no token to mint; retry later.
-        if getrandom::fill(&mut bytes).is_ok() {
-            let owner = crate::desired::owner_reference(tenant);
-            let secret =
-                crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
-            // Created once, never overwritten: the token is its holder's.
-            match Api::<Secret>::namespaced(c.clone(), &ns)
-                .create(&PostParams::default(), &secret)
-                .await
-            {
-                Ok(created) => {
-                    own.wrote(key_of(&created), &created.metadata, None);
-                    tracing::info!(tenant = %name, "owner token generated")
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+        if !d.generate_owner_token || minted || getrandom::fill(&mut bytes).is_err() {
+            break d;
         }
-    }
+        let owner = crate::desired::owner_reference(tenant);
+        let secret =
+            crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
+        // Created once, never overwritten: the token is its holder's.
+        match Api::<Secret>::namespaced(c.clone(), &ns)
+            .create(&PostParams::default(), &secret)
+            .await
+        {
+            Ok(created) => {
+                own.wrote(key_of(&created), &created.metadata, None);
+                tracing::info!(tenant = %name, "owner token generated");
+                // Once more with the token there: the pods start with it,
+                // not again when the next reconcile sees it.
+                let (keys, resource_version) = secret_keys(created);
+                let token = RefObject {
+                    keys,
+                    resource_version,
+                };
+                secrets.insert(names::owner_token_secret(&name), token);
+                minted = true;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => break d,
+            Err(e) => return Err(e.into()),
+        }
+    };
     if let Some(o) = &d.objects {
         let mut sent = apply(c, own, &ns, &o.config_map).await?;
         sent |= apply(c, own, &ns, &o.service_account).await?;
@@ -490,6 +501,13 @@ impl<K> Namespaced for K where
         + DeserializeOwned
         + std::fmt::Debug
 {
+}
+
+/// A Secret's key names and resourceVersion; its values are dropped here.
+fn secret_keys(s: Secret) -> (BTreeSet<String>, String) {
+    let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
+    keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
+    (keys, s.metadata.resource_version.unwrap_or_default())
 }
 
 /// Key names and resourceVersion of each named object that exists.

@@ -79,6 +79,12 @@ impl OwnWrites {
         }
     }
 
+    /// Whether `meta` is the object as our last write of `key` left it.
+    pub fn is_ours(&self, key: &Key, meta: &ObjectMeta) -> bool {
+        let written = self.written.lock().unwrap();
+        written.get(key).map(|w| Some(&w.resource_version)) == Some(meta.resource_version.as_ref())
+    }
+
     /// Whether applying `digest` to `key` would send what we last applied
     /// there, with no change by anyone else seen since.
     pub fn unchanged(&self, key: &Key, digest: u64) -> bool {
@@ -111,6 +117,9 @@ mod tests {
         let own = OwnWrites::default();
         own.wrote(key("a"), &meta("7", None), Some(1));
         assert!(!own.is_foreign(&key("a"), &meta("7", None)));
+        assert!(own.is_ours(&key("a"), &meta("7", None)));
+        assert!(!own.is_ours(&key("a"), &meta("6", None)));
+        assert!(!own.is_ours(&key("b"), &meta("7", None)));
         assert!(own.unchanged(&key("a"), 1));
         assert!(!own.unchanged(&key("a"), 2), "a new digest is applied");
     }
