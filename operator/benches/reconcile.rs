@@ -17,10 +17,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bindery_operator::crd::AgentTenant;
+use bindery_operator::names;
 use bindery_tests::helm::Render;
 use bindery_tests::kube::Emulator;
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -229,6 +234,16 @@ async fn main() {
     );
 }
 
+/// Where a tenant's objects are written: its Deployment, Service,
+/// ServiceAccount, ConfigMap and Secret.
+type OwnedApis = (
+    Api<Deployment>,
+    Api<Service>,
+    Api<ServiceAccount>,
+    Api<ConfigMap>,
+    Api<Secret>,
+);
+
 /// The requests of a tenant's first reconcile: GET the tenant, its two
 /// Secrets, its tools ConfigMap and its Deployment; create the owner-token
 /// Secret; apply the ConfigMap, ServiceAccount, Deployment and Service;
@@ -265,8 +280,8 @@ where
 {
     api.patch(
         name,
-        &kube::api::PatchParams::apply(bindery_operator::names::FIELD_MANAGER).force(),
-        &kube::api::Patch::Apply(as_sent(obj, FLOOR, name)),
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(as_sent(obj, FLOOR, name)),
     )
     .await
     .unwrap();
@@ -277,22 +292,9 @@ where
 /// objects (copied from the first tenant's), its concurrency and no
 /// operator, in a namespace of their own. Returns how long they took.
 async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Duration {
-    use bindery_operator::names;
-    use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{
-        ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
-    };
-    use kube::api::{Patch, PatchParams};
-
     let client = tenants.clone().into_client();
     let sample = tenants.get("t00000").await.unwrap();
-    let at = |ns: &str| -> (
-        Api<Deployment>,
-        Api<Service>,
-        Api<ServiceAccount>,
-        Api<ConfigMap>,
-        Api<Secret>,
-    ) {
+    let at = |ns: &str| -> OwnedApis {
         (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
