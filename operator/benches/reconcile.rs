@@ -5,8 +5,11 @@
 //!
 //! prints the emulator's own floor for N objects (one list, one watch from
 //! the start), the time until every tenant has a status for its generation,
-//! reconciles per second and the operator's peak RSS. A benchmark, not a
-//! test: it asserts nothing about times. N defaults to 1000.
+//! reconciles per second, the operator's peak RSS, and the emulator's floor
+//! for the operator's work: the requests of N first reconciles sent without
+//! the operator (the same objects, the same concurrency), which bounds what
+//! any operator can do on this emulator. A benchmark, not a test: it
+//! asserts nothing about times. N defaults to 1000.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -14,14 +17,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bindery_operator::crd::AgentTenant;
+use bindery_operator::names;
 use bindery_tests::helm::Render;
 use bindery_tests::kube::Emulator;
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 const NS: &str = "bench";
+/// Where the emulator's floor for the operator's work is measured.
+const FLOOR: &str = "floor";
 
 fn repo(path: &str) -> String {
     format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))
@@ -171,26 +181,36 @@ async fn main() {
     let metrics = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("metrics address");
+    // Followed with one watch: polling lists of N would load the emulator
+    // as much as the operator does.
     let t = Instant::now();
-    let deadline = t + Duration::from_secs(600);
-    loop {
-        let list = tenants.list(&ListParams::default()).await.unwrap();
-        let done = list
-            .items
-            .iter()
-            .filter(|t| {
-                t.status.as_ref().and_then(|s| s.observed_generation) == t.metadata.generation
-            })
-            .count();
-        if done == n || Instant::now() > deadline {
-            println!(
-                "{done} of {n} tenants with a status for their generation after {:.2?}",
-                t.elapsed()
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut done = std::collections::BTreeMap::new();
+    let stream = tenants
+        .watch(&WatchParams::default().timeout(290), "0")
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    let deadline = tokio::time::sleep(Duration::from_secs(600));
+    tokio::pin!(deadline);
+    while done.len() < n || done.values().any(|ok| !ok) {
+        let event = tokio::select! {
+            e = stream.try_next() => e.unwrap(),
+            _ = &mut deadline => None,
+        };
+        let Some(WatchEvent::Added(t) | WatchEvent::Modified(t)) = event else {
+            if event.is_none() {
+                break;
+            }
+            continue;
+        };
+        let ok = t.status.as_ref().and_then(|s| s.observed_generation) == t.metadata.generation;
+        done.insert(t.metadata.name.clone().unwrap_or_default(), ok);
     }
+    println!(
+        "{} of {n} tenants with a status for their generation after {:.2?}",
+        done.values().filter(|ok| **ok).count(),
+        t.elapsed()
+    );
     let elapsed = t.elapsed().as_secs_f64();
     let text = http_get(&metrics, "/metrics");
     let reconciles: f64 = text
@@ -205,4 +225,203 @@ async fn main() {
     println!("operator peak RSS: {:.1} MiB", peak_rss_mib(pid));
     let _ = child.kill();
     let _ = child.wait();
+
+    let floor = writes_floor(&emu, tenants.clone(), n).await;
+    println!(
+        "emulator floor: the {n} first reconciles' requests ({FIRST_RECONCILE} each, {} at once, \
+         no operator) in {floor:.2?}",
+        bindery_operator::controller::RECONCILES_AT_ONCE
+    );
+}
+
+/// Where a tenant's objects are written: its Deployment, Service,
+/// ServiceAccount, ConfigMap and Secret.
+type OwnedApis = (
+    Api<Deployment>,
+    Api<Service>,
+    Api<ServiceAccount>,
+    Api<ConfigMap>,
+    Api<Secret>,
+);
+
+/// The requests of a tenant's first reconcile: GET the tenant, its two
+/// Secrets, its tools ConfigMap and its Deployment; create the owner-token
+/// Secret; apply the ConfigMap, ServiceAccount, Deployment and Service;
+/// list its claims; apply its status.
+const FIRST_RECONCILE: usize = 12;
+
+/// An object as the operator sends it: read back from namespace `NS`,
+/// without what the API server sets (status, uid, owners...), named `name`
+/// in namespace `ns`.
+fn as_sent<K: kube::Resource + serde::Serialize>(
+    obj: &K,
+    ns: &str,
+    name: &str,
+) -> serde_json::Value {
+    let mut v = serde_json::to_value(obj).unwrap();
+    let map = v.as_object_mut().unwrap();
+    map.remove("status");
+    map.insert(
+        "metadata".into(),
+        serde_json::json!({
+            "name": name,
+            "namespace": ns,
+            "labels": obj.meta().labels,
+            "annotations": obj.meta().annotations,
+        }),
+    );
+    v
+}
+
+/// Server-side apply of a copy of `obj` (see [`as_sent`]) as `name`.
+async fn apply_copy<K>(api: &Api<K>, name: &str, obj: &K)
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(as_sent(obj, FLOOR, name)),
+    )
+    .await
+    .unwrap();
+}
+
+/// The emulator's own floor for the operator's work: the requests of N
+/// first reconciles, as `FIRST_RECONCILE` says, with the operator's
+/// objects (copied from the first tenant's), its concurrency and no
+/// operator, in a namespace of their own. Returns how long they took.
+async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Duration {
+    let client = tenants.clone().into_client();
+    let sample = tenants.get("t00000").await.unwrap();
+    let at = |ns: &str| -> OwnedApis {
+        (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        )
+    };
+    let (deployments, services, accounts, config_maps, secrets) = at(NS);
+    let deployment = deployments.get(&names::workload("t00000")).await.unwrap();
+    let service = services.get(&names::workload("t00000")).await.unwrap();
+    let account = accounts.get(&names::workload("t00000")).await.unwrap();
+    let config_map = config_maps.get(&names::config_map("t00000")).await.unwrap();
+    let token = secrets
+        .get(&names::owner_token_secret("t00000"))
+        .await
+        .unwrap();
+    let status = sample.status.clone();
+
+    let ns_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        ns_file.path(),
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {FLOOR}}}\n"),
+    )
+    .unwrap();
+    kubectl(emu, &["apply", "-f", ns_file.path().to_str().unwrap()]);
+    for f in ["tools-configmap.yaml", "billing-secret.yaml"] {
+        kubectl(
+            emu,
+            &[
+                "apply",
+                "-n",
+                FLOOR,
+                "-f",
+                &repo(&format!("examples/k8s/{f}")),
+            ],
+        );
+    }
+    let floor_tenants: Api<AgentTenant> = Api::namespaced(client.clone(), FLOOR);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = floor_tenants.clone();
+            async move {
+                let mut t = tenant(i);
+                t.metadata.namespace = Some(FLOOR.into());
+                api.create(&PostParams::default(), &t).await.unwrap()
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+
+    let (deployments, services, accounts, config_maps, secrets) = at(FLOOR);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), FLOOR);
+    let apply = PatchParams::apply(names::FIELD_MANAGER).force();
+    let t = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let name = format!("t{i:05}");
+            let (tenants, deployments, services, accounts, config_maps, secrets, claims) = (
+                floor_tenants.clone(),
+                deployments.clone(),
+                services.clone(),
+                accounts.clone(),
+                config_maps.clone(),
+                secrets.clone(),
+                claims.clone(),
+            );
+            let (deployment, service, account, config_map, token, status, apply) = (
+                &deployment,
+                &service,
+                &account,
+                &config_map,
+                &token,
+                &status,
+                &apply,
+            );
+            async move {
+                let workload = names::workload(&name);
+                tenants.get(&name).await.unwrap();
+                secrets.get("acme-billing").await.unwrap();
+                secrets
+                    .get_opt(&names::owner_token_secret(&name))
+                    .await
+                    .unwrap();
+                config_maps.get("invoices-tools").await.unwrap();
+                deployments.get_opt(&workload).await.unwrap();
+                secrets
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(as_sent(
+                            token,
+                            FLOOR,
+                            &names::owner_token_secret(&name),
+                        ))
+                        .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                let cm = names::config_map(&name);
+                apply_copy(&config_maps, &cm, config_map).await;
+                apply_copy(&accounts, &workload, account).await;
+                apply_copy(&deployments, &workload, deployment).await;
+                apply_copy(&services, &workload, service).await;
+                let selector = format!("{}={name}", names::TENANT_LABEL);
+                claims
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .unwrap();
+                tenants
+                    .patch_status(
+                        &name,
+                        apply,
+                        &Patch::Apply(serde_json::json!({
+                            "apiVersion": "bindery.dev/v1alpha1",
+                            "kind": "AgentTenant",
+                            "status": status,
+                        })),
+                    )
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(usize::from(
+            bindery_operator::controller::RECONCILES_AT_ONCE,
+        ))
+        .collect::<Vec<_>>()
+        .await;
+    t.elapsed()
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -26,6 +26,7 @@ use crate::crd::{Agent, AgentTenant};
 use crate::desired::{desired, referenced, Inputs, OperatorConfig, RefObject, Rollout};
 use crate::metrics::Metrics;
 use crate::names;
+use crate::own_writes::{self, OwnWrites};
 
 pub struct Context {
     pub client: Client,
@@ -42,28 +43,84 @@ pub enum Error {
 }
 
 /// How many tenants are reconciled at the same time.
-const RECONCILES_AT_ONCE: u16 = 128;
+pub const RECONCILES_AT_ONCE: u16 = 128;
 /// A tenant is reconciled once the changes that concern it have been quiet
 /// this long: one apply changes several of its objects at once, and each
 /// would otherwise reconcile it again.
 const QUIET: Duration = Duration::from_millis(500);
 
+/// What the tenants' reconciles of one scope share: the context, the
+/// Agents as watched, and the operator's own writes.
+struct Scope {
+    ctx: Arc<Context>,
+    agents: Store<Agent>,
+    own: OwnWrites,
+}
+
+/// The watch events of `stream` that are not our own writes coming back:
+/// only someone else's changes make a tenant reconcile again.
+fn foreign<K>(
+    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    scope: &Arc<Scope>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    let scope = scope.clone();
+    stream.try_filter(move |obj| {
+        let key = key_of(obj);
+        futures::future::ready(scope.own.is_foreign(&key, obj.meta()))
+    })
+}
+
+/// Someone else's changes to the objects of kind `K` (what tenants own).
+fn owned_changes<K>(
+    client: &Client,
+    namespace: &Option<String>,
+    scope: &Arc<Scope>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Namespaced + Send + Sync + 'static,
+{
+    let changes = watcher(scoped::<K>(client, namespace), watcher::Config::default());
+    foreign(changes.touched_objects(), scope)
+}
+
+fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> own_writes::Key {
+    (
+        K::kind(&()).into_owned(),
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone().unwrap_or_default(),
+    )
+}
+
 /// Run the controller on `namespace` (all namespaces when `None`) until
 /// SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let client = ctx.client.clone();
-    let tenants = scoped::<AgentTenant>(&client, &namespace);
-    let agents = scoped::<Agent>(&client, &namespace);
     let cfg = watcher::Config::default();
+    let (agents, agents_writer) = reflector::store();
+    let agent_changes = watcher(scoped::<Agent>(&client, &namespace), cfg.clone())
+        .reflect(agents_writer)
+        .touched_objects();
+    let scope = Arc::new(Scope {
+        ctx,
+        agents,
+        own: OwnWrites::default(),
+    });
+    let (store, tenants_writer) = reflector::store();
+    let tenant_changes = watcher(scoped::<AgentTenant>(&client, &namespace), cfg.clone())
+        .reflect(tenants_writer)
+        .applied_objects();
     // A bounded number of reconciles at once: with a thousand tenants
     // queued together, unbounded concurrency holds every one's objects in
     // memory at the same time (and gains nothing against one API server).
-    let controller = Controller::new(tenants, cfg.clone()).with_config(
-        kube::runtime::controller::Config::default()
-            .concurrency(RECONCILES_AT_ONCE)
-            .debounce(QUIET),
-    );
-    let store = controller.store();
+    let controller = Controller::for_stream(foreign(tenant_changes, &scope), store.clone())
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(RECONCILES_AT_ONCE)
+                .debounce(QUIET),
+        );
     let by_agent = store.clone();
     let by_secret = store.clone();
     let by_config_map = store.clone();
@@ -82,17 +139,16 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     .touched_objects();
 
     controller
-        .owns(scoped::<Deployment>(&client, &namespace), cfg.clone())
-        .owns(scoped::<ConfigMap>(&client, &namespace), cfg.clone())
-        .owns(scoped::<Service>(&client, &namespace), cfg.clone())
-        .owns(scoped::<ServiceAccount>(&client, &namespace), cfg.clone())
-        .owns(
-            scoped::<PersistentVolumeClaim>(&client, &namespace),
-            cfg.clone(),
-        )
+        .owns_stream(owned_changes::<Deployment>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<ConfigMap>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<Service>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<ServiceAccount>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<PersistentVolumeClaim>(
+            &client, &namespace, &scope,
+        ))
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
-        .watches(agents, cfg.clone(), move |agent: Agent| {
+        .watches_stream(agent_changes, move |agent: Agent| {
             let ns = agent.namespace();
             by_agent
                 .state()
@@ -101,14 +157,14 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()
         })
-        .watches_stream(secrets, move |s| {
+        .watches_stream(foreign(secrets, &scope), move |s| {
             referring(&by_secret, &s.namespace(), &s.name_any(), true)
         })
         .watches_stream(config_maps, move |c| {
             referring(&by_config_map, &c.namespace(), &c.name_any(), false)
         })
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, scope.clone())
         .for_each(|r| async move {
             match r {
                 Ok((obj, _)) => tracing::debug!(tenant = %obj.name, "reconciled"),
@@ -220,7 +276,7 @@ where
 
 /// Tenants of `namespace` that reference the Secret (or ConfigMap) `name`.
 fn referring(
-    store: &kube::runtime::reflector::Store<AgentTenant>,
+    store: &Store<AgentTenant>,
     namespace: &Option<String>,
     name: &str,
     secret: bool,
@@ -242,58 +298,74 @@ fn referring(
         .collect()
 }
 
-fn error_policy(tenant: Arc<AgentTenant>, err: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(tenant: Arc<AgentTenant>, err: &Error, scope: Arc<Scope>) -> Action {
     tracing::warn!(tenant = %tenant.name_any(), "reconcile failed: {err}");
-    ctx.metrics.reconciled(0.0, false);
+    scope.ctx.metrics.reconciled(0.0, false);
     Action::requeue(Duration::from_secs(30))
 }
 
-async fn reconcile(tenant: Arc<AgentTenant>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile(tenant: Arc<AgentTenant>, scope: Arc<Scope>) -> Result<Action, Error> {
     let started = Instant::now();
-    let result = reconcile_inner(&tenant, &ctx).await;
+    let result = reconcile_inner(&tenant, &scope).await;
     if result.is_ok() {
-        ctx.metrics
+        scope
+            .ctx
+            .metrics
             .reconciled(started.elapsed().as_secs_f64(), true);
     }
     result
 }
 
-async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, Error> {
+    let (ctx, own) = (&scope.ctx, &scope.own);
     let name = cached.name_any();
     let ns = cached
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let c = &ctx.client;
 
-    // The tenant as it is now, not as cached: the cache can lag behind our
-    // own last status write (the owner-token Secret created by one reconcile
-    // queues the next, which can start before that write reaches the
-    // cache), and the previous status decides which Warnings are new.
-    let Some(tenant) = Api::<AgentTenant>::namespaced(c.clone(), &ns)
-        .get_opt(&name)
-        .await?
-    else {
-        return Ok(Action::await_change()); // deleted meanwhile
+    // The tenant as it is now: the cache can lag behind our own last status
+    // write (a reconcile queued by one of its writes can start before that
+    // write reaches the cache), and the previous status decides which
+    // Warnings are new. The cache will do when it holds that very write.
+    let fresh;
+    let tenant = if own.is_ours(&key_of(cached), cached.meta()) {
+        cached
+    } else {
+        let Some(t) = Api::<AgentTenant>::namespaced(c.clone(), &ns)
+            .get_opt(&name)
+            .await?
+        else {
+            return Ok(Action::await_change()); // deleted meanwhile
+        };
+        fresh = t;
+        &fresh
     };
-    let tenant = &tenant;
 
-    let agents: BTreeMap<String, _> = Api::<Agent>::namespaced(c.clone(), &ns)
-        .list(&Default::default())
-        .await?
+    // The Agents as watched (a change to one reconciles its tenants once
+    // the cache has it); read from the API when the tenant's own Agent is
+    // not in the cache yet, rather than report it missing.
+    let _ = scope.agents.wait_until_ready().await;
+    let mut agents: BTreeMap<String, _> = scope
+        .agents
+        .state()
         .into_iter()
-        .map(|a| (a.name_any(), a.spec))
+        .filter(|a| a.namespace().as_deref() == Some(ns.as_str()))
+        .map(|a| (a.name_any(), a.spec.clone()))
         .collect();
+    if !agents.contains_key(&tenant.spec.agent_ref.name) {
+        agents = Api::<Agent>::namespaced(c.clone(), &ns)
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .map(|a| (a.name_any(), a.spec))
+            .collect();
+    }
     let (mut secret_names, config_map_names) = referenced(tenant);
     if tenant.spec.owner_token_secret_ref.is_none() {
         secret_names.insert(names::owner_token_secret(&name));
     }
-    let secrets = key_names::<Secret>(c, &ns, &secret_names, |s| {
-        // Only the key names are kept; the values are dropped here.
-        let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
-        keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
-        (keys, s.metadata.resource_version.unwrap_or_default())
-    })
-    .await?;
+    let mut secrets = key_names::<Secret>(c, &ns, &secret_names, secret_keys).await?;
     let config_maps = key_names::<ConfigMap>(c, &ns, &config_map_names, |m| {
         let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
         keys.extend(m.binary_data.into_iter().flatten().map(|(k, _)| k));
@@ -311,47 +383,64 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
             }
         });
 
-    let inputs = Inputs {
-        tenant,
-        agents: &agents,
-        secrets: &secrets,
-        config_maps: &config_maps,
-        config: &ctx.config,
-        rollout,
-        now: Time(crate::events::now()),
-    };
-    let d = desired(&inputs);
-
-    if d.generate_owner_token {
+    let now = Time(crate::events::now());
+    let mut minted = false;
+    let d = loop {
+        let inputs = Inputs {
+            tenant,
+            agents: &agents,
+            secrets: &secrets,
+            config_maps: &config_maps,
+            config: &ctx.config,
+            rollout: rollout.clone(),
+            now: now.clone(),
+        };
+        let d = desired(&inputs);
         let mut bytes = [0u8; 32];
         // Without randomness there is no token to mint; retry later.
-        if getrandom::fill(&mut bytes).is_ok() {
-            let owner = crate::desired::owner_reference(tenant);
-            let secret =
-                crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
-            // Created once, never overwritten: the token is its holder's.
-            match Api::<Secret>::namespaced(c.clone(), &ns)
-                .create(&PostParams::default(), &secret)
-                .await
-            {
-                Ok(_) => tracing::info!(tenant = %name, "owner token generated"),
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
+        if !d.generate_owner_token || minted || getrandom::fill(&mut bytes).is_err() {
+            break d;
+        }
+        let owner = crate::desired::owner_reference(tenant);
+        let secret =
+            crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
+        // Created once, never overwritten: the token is its holder's.
+        match Api::<Secret>::namespaced(c.clone(), &ns)
+            .create(&PostParams::default(), &secret)
+            .await
+        {
+            Ok(created) => {
+                own.wrote(key_of(&created), &created.metadata, None);
+                tracing::info!(tenant = %name, "owner token generated");
+                // Once more with the token there: the pods start with it,
+                // not again when the next reconcile sees it.
+                let (keys, resource_version) = secret_keys(created);
+                let token = RefObject {
+                    keys,
+                    resource_version,
+                };
+                secrets.insert(names::owner_token_secret(&name), token);
+                minted = true;
             }
+            Err(kube::Error::Api(e)) if e.code == 409 => break d,
+            Err(e) => return Err(e.into()),
         }
-    }
+    };
     if let Some(o) = &d.objects {
-        apply(c, &ns, &o.config_map).await?;
-        apply(c, &ns, &o.service_account).await?;
+        let mut sent = apply(c, own, &ns, &o.config_map).await?;
+        sent |= apply(c, own, &ns, &o.service_account).await?;
         if let Some(claim) = &o.claim {
-            apply::<PersistentVolumeClaim>(c, &ns, claim).await?;
+            sent |= apply::<PersistentVolumeClaim>(c, own, &ns, claim).await?;
         }
-        apply(c, &ns, &o.deployment).await?;
-        apply(c, &ns, &o.service).await?;
+        sent |= apply(c, own, &ns, &o.deployment).await?;
+        sent |= apply(c, own, &ns, &o.service).await?;
         // Only once the new Deployment is applied: its pods no longer
-        // mount the claim (switching to Postgres, say).
-        let wanted = o.claim.as_ref().and_then(|c| c.metadata.name.clone());
-        prune::<PersistentVolumeClaim>(c, &ns, tenant, wanted.as_deref()).await?;
+        // mount the claim (switching to Postgres, say). Nothing applied,
+        // nothing the tenant asks for changed: nothing to delete.
+        if sent {
+            let wanted = o.claim.as_ref().and_then(|c| c.metadata.name.clone());
+            prune::<PersistentVolumeClaim>(c, &ns, tenant, wanted.as_deref()).await?;
+        }
     }
     let previous: Vec<String> = tenant
         .status
@@ -376,7 +465,7 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     if tenant.status.as_ref() != Some(&d.status) {
-        Api::<AgentTenant>::namespaced(c.clone(), &ns)
+        let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
             .patch_status(
                 &name,
                 &PatchParams::apply(names::FIELD_MANAGER).force(),
@@ -387,6 +476,7 @@ async fn reconcile_inner(cached: &AgentTenant, ctx: &Context) -> Result<Action, 
                 })),
             )
             .await?;
+        own.wrote(key_of(&written), &written.metadata, None);
     }
     tracing::info!(tenant = %name, namespace = %ns, ready, deployed = d.objects.is_some(), "reconciled");
     Ok(Action::requeue(Duration::from_secs(if ready {
@@ -411,6 +501,13 @@ impl<K> Namespaced for K where
         + DeserializeOwned
         + std::fmt::Debug
 {
+}
+
+/// A Secret's key names and resourceVersion; its values are dropped here.
+fn secret_keys(s: Secret) -> (BTreeSet<String>, String) {
+    let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
+    keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
+    (keys, s.metadata.resource_version.unwrap_or_default())
 }
 
 /// Key names and resourceVersion of each named object that exists.
@@ -476,18 +573,26 @@ where
     Ok(())
 }
 
-/// Server-side apply under the operator's one field manager.
-async fn apply<K>(c: &Client, ns: &str, obj: &K) -> Result<(), kube::Error>
+/// Server-side apply under the operator's one field manager, unless it
+/// would send what was last applied with nobody's change seen since;
+/// whether it was sent.
+async fn apply<K>(c: &Client, own: &OwnWrites, ns: &str, obj: &K) -> Result<bool, kube::Error>
 where
     K: Namespaced + Serialize,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    Api::<K>::namespaced(c.clone(), ns)
+    let key = (K::kind(&()).into_owned(), ns.to_string(), name.clone());
+    let digest = own_writes::digest(obj);
+    if own.unchanged(&key, digest) {
+        return Ok(false);
+    }
+    let applied = Api::<K>::namespaced(c.clone(), ns)
         .patch(
             &name,
             &PatchParams::apply(names::FIELD_MANAGER).force(),
             &Patch::Apply(obj),
         )
-        .await
-        .map(|_| ())
+        .await?;
+    own.wrote(key, applied.meta(), Some(digest));
+    Ok(true)
 }

@@ -9,3 +9,4 @@ pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod names;
+pub mod own_writes;

@@ -18,6 +18,11 @@ TYPES = {'object': dict, 'array': list, 'string': str, 'boolean': bool}
 
 _programs: dict[str, Any] = {}  # CEL rule -> compiled program
 _cel = celpy.Environment()
+# (CEL rule, its message, the value as JSON) -> the error it gives, or None: cel-python takes
+# milliseconds a rule, and an object's spec is checked again on every write of
+# its status. Bounded: emptied when full.
+_verdicts: dict[tuple[str, str, str], str | None] = {}
+VERDICTS_KEPT = 100_000
 
 
 class Invalid(Exception):
@@ -100,18 +105,28 @@ def _cel_rules(schema: dict[str, Any], value: Any, path: str) -> list[tuple[str,
         text = rule.get('rule', '')
         if 'oldSelf' in text:
             continue  # transition rules: the emulator keeps no old object here
-        program = _programs.get(text)
-        if program is None:
-            program = _programs[text] = _cel.program(_cel.compile(text))
-        try:
-            ok = bool(program.evaluate({'self': celpy.json_to_cel(value)}))
-        except celpy.CELEvalError as e:
-            ok, rule = False, dict(rule, message=f'evaluation error: {e}')
-        if not ok:
+        key = (text, rule.get('message') or '', json.dumps(value, sort_keys=True))
+        if key not in _verdicts:
+            if len(_verdicts) >= VERDICTS_KEPT:
+                _verdicts.clear()
+            _verdicts[key] = _evaluate(text, rule, value)
+        if (message := _verdicts[key]) is not None:
             at = path + (rule.get('fieldPath') or '')
-            message = rule.get('message') or f'failed rule: {text}'
             causes.append((at, f'{at}: Invalid value: {_shown(value)}: {message}'))
     return causes
+
+
+def _evaluate(text: str, rule: dict[str, Any], value: Any) -> str | None:
+    """What a failing CEL rule says about ``value``; None when it holds."""
+    program = _programs.get(text)
+    if program is None:
+        program = _programs[text] = _cel.program(_cel.compile(text))
+    try:
+        if program.evaluate({'self': celpy.json_to_cel(value)}):
+            return None
+    except celpy.CELEvalError as e:
+        return f'evaluation error: {e}'
+    return rule.get('message') or f'failed rule: {text}'
 
 
 def _walk(schema: dict[str, Any], value: Any, path: str, unknown: list[str], prune: bool) -> list[tuple[str, str]]:

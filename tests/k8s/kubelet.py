@@ -7,10 +7,10 @@ its volumes (ConfigMap, Secret, emptyDir, PersistentVolumeClaim) are
 directories bind-mounted at their mount paths in a private mount namespace
 of the process (``unshare --mount``); its environment is built from literal
 values (with ``$(VAR)`` of an earlier variable), ``secretKeyRef``,
-``configMapKeyRef`` and ``fieldRef``. Each Pod
-gets a loopback address of its own (127.X.Y.N, X.Y drawn per emulator, so
-that emulators running at once never share one): an argument ``0.0.0.0``
-(listen on all addresses) becomes that address. Readiness probes
+``configMapKeyRef`` and ``fieldRef``. Each Pod gets a free loopback
+address of its own (127.x.y.z, random): an argument ``0.0.0.0`` (listen on
+all addresses) becomes that address. Its processes die with the emulator,
+however it ends. Readiness probes
 (``httpGet``) are polled; Pod and Deployment status follow. A new pod
 template (a rollout) starts new Pods and stops the old ones once the new
 are ready (``Recreate``: stops them first).
@@ -18,6 +18,7 @@ are ready (``Recreate``: stops them first).
 
 import asyncio
 import base64
+import ctypes
 import datetime
 import hashlib
 import json
@@ -28,6 +29,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ SECRETS = kmock.resource('', 'v1', 'secrets')
 CONFIG_MAPS = kmock.resource('', 'v1', 'configmaps')
 PROBE_EVERY = 0.2  # seconds; a probe's periodSeconds is not waited for
 RESTART_AFTER = 0.5  # seconds before a container that exited runs again
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def now() -> str:
@@ -53,6 +56,23 @@ def now() -> str:
 
 def template_hash(template: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def port_free(ip: str, port: int) -> bool:
+    """Whether nothing listens on ``ip:port`` (a listener on every address counts)."""
+    with socket.socket() as s:
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def die_with_parent() -> None:
+    """In a container's process before it runs: killed when the emulator dies,
+    however it dies (a SIGKILLed emulator left its Pods running, holding
+    their addresses)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def lookup(obj: Any, path: str) -> Any:
@@ -111,9 +131,6 @@ class Kubelet:
         self.rr: dict[tuple[str, str], int] = {}
         self._dirty: set[tuple[str, str, str]] = set()
         self._wake = asyncio.Event()
-        self._next_ip = 1
-        # Each emulator its own /24 of 127/8 (all loopback on Linux).
-        self._subnet = f'127.{random.randint(2, 254)}.{random.randint(0, 255)}'
         self._task: asyncio.Task | None = None
 
     # --- from the emulator -----------------------------------------------------------------
@@ -258,12 +275,23 @@ class Kubelet:
         }
         info = self.emu.resources[PODS]
         created = self._write(self.emu._create, PODS, info, namespace, body)
-        ip = f'{self._subnet}.{self._next_ip % 254 + 1}'
-        self._next_ip += 1
+        ip = self._free_address([p.get('containerPort') for c in lookup(body, 'spec.containers') or []
+                                 for p in c.get('ports') or []])
         pod = Pod(namespace, pod_name, ip, self.root / namespace / pod_name)
         self.pods[namespace, pod_name] = pod
         pod.task = asyncio.get_running_loop().create_task(self._run_pod(pod))
         return created
+
+    def _free_address(self, ports: list[Any]) -> str:
+        """A loopback address for a new Pod, random in 127.0.0.0/8 and with its
+        containers' ports free there: other emulators on the machine (tests run
+        in parallel), or Pods they left behind, hold addresses of their own."""
+        taken = {pod.ip for pod in self.pods.values()}
+        for _ in range(100):
+            ip = f'127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}'
+            if ip not in taken and all(port_free(ip, p) for p in ports if isinstance(p, int)):
+                break
+        return ip
 
     # --- the kubelet ----------------------------------------------------------------------
 
@@ -426,7 +454,8 @@ class Kubelet:
                 with open(logs, 'ab') as out:
                     container.process = await asyncio.create_subprocess_exec(
                         'unshare', '--mount', '--propagation', 'private', 'sh', '-c', '\n'.join(script), 'sh', *argv,
-                        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+                        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                        preexec_fn=die_with_parent)
                 container.started = now()
                 self._status(pod, 'Running')
                 code = await container.process.wait()

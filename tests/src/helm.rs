@@ -74,19 +74,25 @@ fn helm_home() -> &'static Path {
     })
 }
 
-/// Run helm with `args` from the repository root.
-pub fn helm(args: &[&str]) -> Output {
+/// helm with `args`, from the repository root, with a private helm home
+/// and no cluster (no `KUBECONFIG`) unless the caller gives one.
+pub fn helm_command(args: &[&str]) -> Command {
     let home = helm_home();
-    Command::new(helm_path())
+    let mut command = Command::new(helm_path());
+    command
         .args(args)
         .current_dir(repo_root())
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
         .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("helm runs")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Run helm with `args` from the repository root, with no cluster.
+pub fn helm(args: &[&str]) -> Output {
+    helm_command(args).output().expect("helm runs")
 }
 
 /// stdout and stderr of a finished command, for messages.
@@ -153,6 +159,22 @@ impl Render {
         args
     }
 
+    /// The arguments of `helm install` for this release (a cluster's
+    /// kubeconfig is the caller's to give).
+    pub fn install_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "install",
+            self.release,
+            &repo_path(self.chart),
+            "--namespace",
+            &self.namespace,
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(self.value_args());
+        args
+    }
+
     /// `helm template` (CRDs and test hooks included); the output or helm's
     /// stderr.
     pub fn template(&self, extra: &[&str]) -> Result<String, String> {
@@ -210,18 +232,8 @@ impl Render {
     /// The NOTES.txt a `helm install` would print (a client-side dry run:
     /// no cluster needed).
     pub fn notes(&self) -> String {
-        let chart = repo_path(self.chart);
-        let mut args: Vec<String> = [
-            "install",
-            self.release,
-            &chart,
-            "--dry-run=client",
-            "--namespace",
-            &self.namespace,
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(self.value_args());
+        let mut args = self.install_args();
+        args.push("--dry-run=client".into());
         let out = helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(out.status.success(), "helm {args:?}: {}", both(&out));
         let text = String::from_utf8(out.stdout).expect("utf-8");

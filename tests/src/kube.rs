@@ -110,12 +110,18 @@ impl Emulator {
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("KUBECACHEDIR", &self.cache_dir)
-            // The emulator sends no initial-events-end bookmark: without
-            // this, watches that ask for one (`kubectl wait`) never start.
-            .env("KUBE_FEATURE_WatchListClient", "false")
             .stdin(Stdio::null())
             .output()
             .expect("kubectl runs")
+    }
+
+    /// Run helm against this emulator as its administrator (the
+    /// kubeconfig without a token), as a platform team runs it.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        crate::helm::helm_command(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .expect("helm runs")
     }
 
     /// Everything the emulator wrote to stderr (its request log) and stdout.

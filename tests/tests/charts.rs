@@ -4,9 +4,10 @@
 //! Kubernetes schemas (`kubernetes-validate --strict`) and every custom
 //! resource against our CRDs; the values schema refuses malformed
 //! parameter rows with a readable message; and, end to end against the API
-//! emulator, the operator reconciles tenants installed from the tenant
-//! chart, as the chart's ServiceAccount, and its RBAC grants exactly what
-//! the operator asked for (the emulator's audit).
+//! emulator (installed with `helm install`), the operator reconciles
+//! tenants installed from the tenant chart, as the chart's ServiceAccount,
+//! and its RBAC grants exactly what the operator asked for (the emulator's
+//! audit).
 //!
 //! Needs helm (`tests/helm/install-helm.sh`) and the Python tools of
 //! `tests/k8s/requirements.txt`.
@@ -1213,14 +1214,33 @@ fn condition<'a>(tenant: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition: {tenant:#}"))
 }
 
-/// The namespaces `shop` and `bindery-system`, and the operator chart
-/// watching `shop` (with `sets`) applied as helm install would: CRDs first,
-/// then the rest (ServiceAccount, RBAC, Deployment, Service). Its documents.
+/// `helm` against the emulator as its administrator, which must succeed;
+/// its stdout.
+fn helm_ok(emu: &Emulator, args: &[&str]) -> String {
+    let out = emu.helm(args);
+    assert!(
+        out.status.success(),
+        "helm {args:?}: {}\nemulator log:\n{}",
+        both(&out),
+        emu.logs()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `helm install` of `chart` with `extra` arguments.
+fn helm_install(emu: &Emulator, chart: &Render, extra: &[&str]) -> String {
+    let mut args = chart.install_args();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    helm_ok(emu, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The namespace `shop`, and `helm install` of the operator chart into
+/// `bindery-system` (created by helm), watching `shop`, with `sets`. The
+/// documents of the installed release (`helm get manifest`).
 fn install_operator_chart(emu: &Emulator, sets: &[&str]) -> Vec<Value> {
     apply(
         emu,
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
-         apiVersion: v1\nkind: Namespace\nmetadata: {name: bindery-system}\n",
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n",
     );
     let mut chart = Render::new(OPERATOR, "bindery")
         .namespace("bindery-system")
@@ -1228,25 +1248,19 @@ fn install_operator_chart(emu: &Emulator, sets: &[&str]) -> Vec<Value> {
     for s in sets {
         chart = chart.set(*s);
     }
-    let docs = documents(&chart.template(&[]).unwrap());
-    let (crds, rest): (Vec<Value>, Vec<Value>) = docs
-        .iter()
-        .cloned()
-        .partition(|d| d["kind"] == "CustomResourceDefinition");
-    let as_yaml = |docs: &[Value]| {
-        docs.iter()
-            .map(|d| serde_yaml::to_string(d).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n")
-    };
-    let out = apply(emu, &as_yaml(&crds));
-    assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
-    let out = apply(emu, &as_yaml(&rest));
-    for created in [
-        "deployment.apps/bindery-bindery-operator created",
-        "role.rbac.authorization.k8s.io/bindery-bindery-operator created",
-    ] {
-        assert!(out.contains(created), "{out}");
+    let out = helm_install(emu, &chart, &["--create-namespace"]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    // helm applies the chart's crds/ directory itself, outside the release.
+    for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
+        kubectl(emu, &["get", "crd", crd]);
+    }
+    let manifest = helm_ok(emu, &["get", "manifest", "bindery", "-n", "bindery-system"]);
+    let docs = documents(&manifest);
+    for kind in ["Deployment", "Role", "RoleBinding", "ServiceAccount"] {
+        assert!(
+            docs.iter().any(|d| d["kind"] == kind),
+            "no {kind} in the release:\n{manifest}"
+        );
     }
     docs
 }
@@ -1801,13 +1815,14 @@ async fn ask(base: &str, owner: &str) -> (u16, String) {
     (r.status, r.text)
 }
 
-/// The operator chart (its RBAC enforced: the operator runs as its
-/// ServiceAccount), the example Agent, tools and Secret, the tenant chart:
-/// the tenant becomes Ready with its pods running the real sidecar; a
-/// session through its Service answers for the pinned tenant with the
-/// Secret's value reaching the tool and nothing else; rotating the Secret
-/// rolls the pods and the new value reaches the tool; deleting the
-/// tenant's release takes everything it owned.
+/// `helm install` of the operator chart (its RBAC enforced: the operator
+/// runs as its ServiceAccount), the example Agent, tools and Secret, `helm
+/// install` of the tenant chart: the tenant becomes Ready with its pods
+/// running the real sidecar; a session through its Service answers for
+/// the pinned tenant with the Secret's value reaching the tool and nothing
+/// else; rotating the Secret rolls the pods and the new value reaches the
+/// tool; `helm uninstall` of the tenant takes everything it owned, and
+/// helm's record of the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_platform_teams_path_end_to_end() {
     const CANARY: &str = "billing-canary-51c2e9";
@@ -1816,7 +1831,9 @@ async fn the_platform_teams_path_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let ns = "shop";
 
-    // 1. The operator chart.
+    // 1. helm install the operator chart; the operator runs as its
+    // ServiceAccount (a local process: the emulator runs only the sidecar's
+    // image).
     let (emu, op) = operator_in_emulator(dir.path());
 
     // 2. The example Agent (its model: the mock), tools and Secret.
@@ -1827,11 +1844,9 @@ async fn the_platform_teams_path_end_to_end() {
     apply(&emu, &billing(CANARY));
 
     // 3. The tenant chart: Ready, every parameter's row in describe.
-    let tenant_yaml = Render::new(TENANT, "acme")
-        .values("examples/k8s/acme-values.yaml")
-        .template(&["--skip-tests"])
-        .unwrap();
-    apply(&emu, &tenant_yaml);
+    let tenant = Render::new(TENANT, "acme").values("examples/k8s/acme-values.yaml");
+    let out = helm_install(&emu, &tenant, &["--wait", "--timeout", RECONCILE_TIMEOUT]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
     wait_for(&emu, &op, "acme", "condition=Ready=True");
     let acme = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
     let described = kubectl(&emu, &["describe", "-n", ns, "agenttenant", "acme"]);
@@ -1917,15 +1932,28 @@ async fn the_platform_teams_path_end_to_end() {
         assert!(!everywhere.contains(value), "{value} left its Secret");
     }
 
-    // 6. The tenant's release goes: everything it owned goes with it.
-    let file = dir.path().join("acme-release.yaml");
-    std::fs::write(&file, &tenant_yaml).unwrap();
-    kubectl(&emu, &["delete", "-f", file.to_str().unwrap()]);
+    // 6. The tenant's release goes: everything it owned goes with it, and
+    // so does helm's record of the release.
+    let out = helm_ok(
+        &emu,
+        &[
+            "uninstall",
+            "acme",
+            "-n",
+            ns,
+            "--wait",
+            "--timeout",
+            RECONCILE_TIMEOUT,
+        ],
+    );
+    assert!(out.contains("release \"acme\" uninstalled"), "{out}");
     eventually(
         "everything acme owned to be gone",
         || op.logs(),
         || {
             [
+                ("agenttenant", "acme"),
+                ("secret", "sh.helm.release.v1.acme.v1"),
                 ("deployment", "acme"),
                 ("service", "acme"),
                 ("serviceaccount", "acme"),
@@ -1940,6 +1968,13 @@ async fn the_platform_teams_path_end_to_end() {
         },
     )
     .await;
+    assert_eq!(
+        helm_ok(&emu, &["list", "-n", ns, "-q"]).trim(),
+        "",
+        "helm still lists a release in {ns}"
+    );
+    let releases = helm_ok(&emu, &["list", "-n", "bindery-system", "-q"]);
+    assert_eq!(releases.trim(), "bindery", "the operator's release stays");
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port as u16))
             .map(|mut s| {
