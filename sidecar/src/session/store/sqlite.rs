@@ -1,7 +1,10 @@
 //! The embedded session store: one SQLite file, one connection.
 //!
 //! SQLite calls block, so every operation runs on tokio's blocking pool with
-//! the connection behind a `std::sync::Mutex`. One connection is plenty for
+//! the connection behind a `std::sync::Mutex`. Operations queue for the
+//! connection before they take a blocking thread: under a burst of
+//! requests, a thread per waiting operation (a hundred, each with its own
+//! stack and malloc arena) would only have waited on the lock. One connection is plenty for
 //! one sidecar and keeps writes trivially serialised; WAL mode lets another
 //! process (a backup, `sqlite3` for debugging) read meanwhile.
 //!
@@ -68,6 +71,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteStore {
     path: Arc<Path>,
     conn: Arc<Mutex<Connection>>,
+    /// One operation at a time goes to the blocking pool.
+    turn: tokio::sync::Semaphore,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -106,6 +111,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path: path.into(),
             conn: Arc::new(Mutex::new(conn)),
+            turn: tokio::sync::Semaphore::new(1),
         })
     }
 
@@ -133,6 +139,8 @@ impl SqliteStore {
     {
         let conn = Arc::clone(&self.conn);
         let path = Arc::clone(&self.path);
+        // Never closed, so `acquire` cannot fail; held until the task ends.
+        let _turn = self.turn.acquire().await;
         let task = tokio::task::spawn_blocking(move || {
             let op = Op { what, path: &path };
             // A panic while holding the lock may have left a transaction
