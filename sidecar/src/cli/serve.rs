@@ -326,6 +326,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                 // they (and their streams) held.
                 let now = service.live_count();
                 if now < live {
+                    service.release_memory().await;
                     super::trim::release_freed_memory();
                 }
                 live = now;

@@ -547,6 +547,20 @@ impl SessionStore for SqliteStore {
         })
         .await
     }
+
+    /// Empty the connection's page cache (up to 2 MiB of pages that a
+    /// burst of sessions read); it refills from the file as needed.
+    async fn release_memory(&self) {
+        let released = self
+            .run("release the page cache", |conn, op| {
+                conn.execute_batch("PRAGMA shrink_memory")
+                    .map_err(|e| op.db(e))
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::debug!(error = %e, "cannot release SQLite's page cache");
+        }
+    }
 }
 
 #[cfg(test)]
