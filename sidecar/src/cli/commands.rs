@@ -26,6 +26,7 @@ pub fn main() -> ExitCode {
 }
 
 fn run_main(command: Command) -> ExitCode {
+    super::trim::configure();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

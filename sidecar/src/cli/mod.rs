@@ -4,6 +4,7 @@ mod args;
 mod as_tool;
 mod check_tools;
 mod commands;
+mod http;
 mod load;
 mod replay;
 mod serve;

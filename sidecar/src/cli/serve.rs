@@ -341,6 +341,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                 // they (and their streams) held.
                 let now = service.live_count();
                 if now < live {
+                    service.release_memory().await;
                     super::trim::release_freed_memory();
                 }
                 live = now;
@@ -367,13 +368,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown())
-        .await;
+    super::http::serve(listener, router(state), shutdown()).await;
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
-    served.map_err(|e| format!("error: the server stopped: {e}"))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -128,7 +128,7 @@ impl Service {
 /// [`Service::next_events`]).
 pub struct Feed {
     id: String,
-    rx: tokio::sync::mpsc::Receiver<LiveEvent>,
+    rx: crate::session::fanout::Receiver,
     /// The `seq` of the last stored event given.
     last: i64,
     /// On a shared store: changes when another server stores an event of

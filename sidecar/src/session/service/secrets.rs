@@ -82,6 +82,17 @@ impl Service {
         expired
     }
 
+    /// Give back what sessions that went held and left behind: the live
+    /// map's room for them (a map never shrinks by itself) and the store's
+    /// cache. Called after a sweep that forgot many.
+    pub async fn release_memory(&self) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shrink_to_fit();
+        self.store.release_memory().await;
+    }
+
     /// Drop a session's secret values from memory (a one-shot run's, once
     /// it has ended); a later run needs them supplied again.
     pub fn forget_secrets(&self, id: &str) {

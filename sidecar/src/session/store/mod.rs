@@ -107,6 +107,9 @@ pub trait SessionStore: Send + Sync {
     /// Forget servers whose last heartbeat is older than `before` (only
     /// those: a server that beat meanwhile stays); how many went.
     async fn prune_runners(&self, before: i64) -> Result<u64, StoreError>;
+    /// Give back the memory the store caches (after many sessions went);
+    /// nothing to do for a store that holds no cache of its own.
+    async fn release_memory(&self) {}
 }
 
 /// Open the store at `location`; a Postgres database that is not reachable

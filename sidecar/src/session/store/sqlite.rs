@@ -1,7 +1,10 @@
 //! The embedded session store: one SQLite file, one connection.
 //!
 //! SQLite calls block, so every operation runs on tokio's blocking pool with
-//! the connection behind a `std::sync::Mutex`. One connection is plenty for
+//! the connection behind a `std::sync::Mutex`. Operations queue for the
+//! connection before they take a blocking thread: under a burst of
+//! requests, a thread per waiting operation (a hundred, each with its own
+//! stack and malloc arena) would only have waited on the lock. One connection is plenty for
 //! one sidecar and keeps writes trivially serialised; WAL mode lets another
 //! process (a backup, `sqlite3` for debugging) read meanwhile.
 //!
@@ -72,6 +75,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteStore {
     path: Arc<Path>,
     conn: Arc<Mutex<Connection>>,
+    /// One operation at a time goes to the blocking pool.
+    turn: tokio::sync::Semaphore,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -110,6 +115,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path: path.into(),
             conn: Arc::new(Mutex::new(conn)),
+            turn: tokio::sync::Semaphore::new(1),
         })
     }
 
@@ -137,6 +143,8 @@ impl SqliteStore {
     {
         let conn = Arc::clone(&self.conn);
         let path = Arc::clone(&self.path);
+        // Never closed, so `acquire` cannot fail; held until the task ends.
+        let _turn = self.turn.acquire().await;
         let task = tokio::task::spawn_blocking(move || {
             let op = Op { what, path: &path };
             // A panic while holding the lock may have left a transaction
@@ -558,6 +566,20 @@ impl SessionStore for SqliteStore {
                 .map_err(|e| op.db(e))
         })
         .await
+    }
+
+    /// Empty the connection's page cache (up to 2 MiB of pages that a
+    /// burst of sessions read); it refills from the file as needed.
+    async fn release_memory(&self) {
+        let released = self
+            .run("release the page cache", |conn, op| {
+                conn.execute_batch("PRAGMA shrink_memory")
+                    .map_err(|e| op.db(e))
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::debug!(error = %e, "cannot release SQLite's page cache");
+        }
     }
 }
 
