@@ -35,7 +35,7 @@ pub struct Context {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("AgentTenant {0} has no namespace")]

@@ -17,9 +17,9 @@ use sha2::{Digest, Sha256};
 
 use crate::crd::{Agent, AgentTenant};
 
-pub const COMPONENT: &str = "bindery-operator";
+pub(crate) const COMPONENT: &str = "bindery-operator";
 
-pub fn now() -> jiff::Timestamp {
+pub(crate) fn now() -> jiff::Timestamp {
     jiff::Timestamp::now()
 }
 
@@ -46,7 +46,7 @@ fn reference(kind: &str, name: String, ns: &str, uid: Option<String>) -> ObjectR
 }
 
 /// Publish a Warning about `tenant`, or count one more occurrence of it.
-pub async fn warn(
+pub(crate) async fn warn(
     client: &Client,
     tenant: &AgentTenant,
     reason: &str,
@@ -59,7 +59,7 @@ pub async fn warn(
 
 /// Publish a Warning about `agent` (what its checks found), or count one
 /// more occurrence of it.
-pub async fn warn_agent(
+pub(crate) async fn warn_agent(
     client: &Client,
     agent: &Agent,
     reason: &str,

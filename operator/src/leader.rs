@@ -30,7 +30,7 @@ fn expired(spec: &LeaseSpec, now: jiff::Timestamp) -> bool {
 }
 
 /// Try once: `Ok(true)` when we hold the lease now.
-pub async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
+pub(crate) async fn try_acquire(client: &Client, cfg: &LeaseConfig) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let now = jiff::Timestamp::now();
     let ours = |transitions: i32, acquired: Option<MicroTime>| LeaseSpec {

@@ -5,8 +5,8 @@
 pub mod controller;
 pub mod crd;
 pub mod desired;
-pub mod events;
+mod events;
 pub mod leader;
 pub mod metrics;
 pub mod names;
-pub mod own_writes;
+mod own_writes;

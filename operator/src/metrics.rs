@@ -61,7 +61,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn reconciled(&self, seconds: f64, ok: bool) {
+    pub(crate) fn reconciled(&self, seconds: f64, ok: bool) {
         self.duration
             .observe(if seconds.is_finite() && seconds >= 0.0 {
                 seconds
@@ -72,7 +72,7 @@ impl Metrics {
         self.reconciles.get_or_create(&Outcome { outcome }).inc();
     }
 
-    pub fn warning_published(&self) {
+    pub(crate) fn warning_published(&self) {
         self.warnings.inc();
     }
 

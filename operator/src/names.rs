@@ -5,17 +5,17 @@ use std::collections::BTreeMap;
 /// The field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "bindery-operator";
 /// Pod annotation whose change rolls the pods.
-pub const CONFIG_HASH: &str = "bindery.dev/config-hash";
+pub(crate) const CONFIG_HASH: &str = "bindery.dev/config-hash";
 pub const TENANT_LABEL: &str = "bindery.dev/tenant";
 
-pub const AGENTS_DIR: &str = "/etc/bindery/agents";
-pub const PARAMS_DIR: &str = "/etc/bindery/params";
-pub const PARAMS_FILE: &str = "params.json";
-pub const TOOLS_DIR: &str = "/etc/bindery/tools";
-pub const OWNER_DIR: &str = "/etc/bindery/owner";
-pub const OWNER_FILE: &str = "token";
-pub const STORE_DIR: &str = "/var/lib/bindery";
-pub const PORT: i32 = 8080;
+pub(crate) const AGENTS_DIR: &str = "/etc/bindery/agents";
+pub(crate) const PARAMS_DIR: &str = "/etc/bindery/params";
+pub(crate) const PARAMS_FILE: &str = "params.json";
+pub(crate) const TOOLS_DIR: &str = "/etc/bindery/tools";
+pub(crate) const OWNER_DIR: &str = "/etc/bindery/owner";
+pub(crate) const OWNER_FILE: &str = "token";
+pub(crate) const STORE_DIR: &str = "/var/lib/bindery";
+pub(crate) const PORT: i32 = 8080;
 
 /// The Deployment, Service and ServiceAccount of a tenant.
 pub fn workload(tenant: &str) -> String {
@@ -30,11 +30,11 @@ pub fn owner_token_secret(tenant: &str) -> String {
     format!("{tenant}-owner-token")
 }
 
-pub fn store_claim(tenant: &str) -> String {
+pub(crate) fn store_claim(tenant: &str) -> String {
     format!("{tenant}-store")
 }
 
-pub fn labels(tenant: &str) -> BTreeMap<String, String> {
+pub(crate) fn labels(tenant: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "bindery-tenant".into()),
         ("app.kubernetes.io/instance".into(), tenant.into()),
@@ -47,7 +47,7 @@ pub fn labels(tenant: &str) -> BTreeMap<String, String> {
 }
 
 /// The environment variable a parameter value travels in.
-pub fn param_env(name: &str, pinned: bool) -> String {
+pub(crate) fn param_env(name: &str, pinned: bool) -> String {
     let prefix = if pinned {
         "BINDERY_PIN_"
     } else {

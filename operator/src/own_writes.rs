@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// An object: its kind, namespace and name.
-pub type Key = (String, String, String);
+pub(crate) type Key = (String, String, String);
 
 #[derive(Debug)]
 struct Written {
@@ -31,12 +31,12 @@ struct Written {
 }
 
 #[derive(Debug, Default)]
-pub struct OwnWrites {
+pub(crate) struct OwnWrites {
     written: Mutex<HashMap<Key, Written>>,
 }
 
 /// A digest of what an apply sends.
-pub fn digest(body: &impl serde::Serialize) -> u64 {
+pub(crate) fn digest(body: &impl serde::Serialize) -> u64 {
     let mut h = DefaultHasher::new();
     serde_json::to_vec(body).unwrap_or_default().hash(&mut h);
     h.finish()
@@ -45,7 +45,7 @@ pub fn digest(body: &impl serde::Serialize) -> u64 {
 impl OwnWrites {
     /// Our write of `key` left it at `meta`'s resourceVersion and
     /// generation; `digest` if it was an apply.
-    pub fn wrote(&self, key: Key, meta: &ObjectMeta, digest: Option<u64>) {
+    pub(crate) fn wrote(&self, key: Key, meta: &ObjectMeta, digest: Option<u64>) {
         let mut written = self.written.lock().unwrap();
         match meta.resource_version.clone() {
             Some(resource_version) => {
@@ -67,7 +67,7 @@ impl OwnWrites {
 
     /// A watch event showed `key` as `meta`: whether it is someone else's
     /// change (ours come back with the resourceVersion we recorded).
-    pub fn is_foreign(&self, key: &Key, meta: &ObjectMeta) -> bool {
+    pub(crate) fn is_foreign(&self, key: &Key, meta: &ObjectMeta) -> bool {
         let mut written = self.written.lock().unwrap();
         match written.get_mut(key) {
             Some(w) if meta.resource_version.as_ref() == Some(&w.resource_version) => false,
@@ -80,14 +80,14 @@ impl OwnWrites {
     }
 
     /// Whether `meta` is the object as our last write of `key` left it.
-    pub fn is_ours(&self, key: &Key, meta: &ObjectMeta) -> bool {
+    pub(crate) fn is_ours(&self, key: &Key, meta: &ObjectMeta) -> bool {
         let written = self.written.lock().unwrap();
         written.get(key).map(|w| Some(&w.resource_version)) == Some(meta.resource_version.as_ref())
     }
 
     /// Whether applying `digest` to `key` would send what we last applied
     /// there, with no change by anyone else seen since.
-    pub fn unchanged(&self, key: &Key, digest: u64) -> bool {
+    pub(crate) fn unchanged(&self, key: &Key, digest: u64) -> bool {
         self.written
             .lock()
             .unwrap()

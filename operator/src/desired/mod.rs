@@ -3,9 +3,9 @@
 //! their keys) and the operator's configuration, to the objects to apply,
 //! the status to write and the events a human must see. No I/O here.
 
-pub mod params;
-pub mod render;
-pub mod tree;
+pub(crate) mod params;
+pub(crate) mod render;
+pub(crate) mod tree;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -65,13 +65,13 @@ pub struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    pub fn tenant_name(&self) -> &str {
+    pub(crate) fn tenant_name(&self) -> &str {
         self.tenant.metadata.name.as_deref().unwrap_or_default()
     }
 
     /// Where the owner token is: the tenant's reference, or the Secret the
     /// operator generates.
-    pub fn owner_token_ref(&self) -> KeyRef {
+    pub(crate) fn owner_token_ref(&self) -> KeyRef {
         self.tenant
             .spec
             .owner_token_secret_ref
@@ -128,7 +128,7 @@ pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) 
 }
 
 /// The Secret key of a Postgres store's URL, if the tenant has one.
-pub fn postgres_url(tenant: &AgentTenant) -> Option<&KeyRef> {
+pub(crate) fn postgres_url(tenant: &AgentTenant) -> Option<&KeyRef> {
     let store = tenant.spec.store.as_ref()?;
     store.postgres.as_ref().map(|p| &p.url_secret_ref)
 }
@@ -456,7 +456,7 @@ impl Cond {
 
 /// The reference every owned object carries: the tenant as its controller,
 /// blocking the tenant's foreground deletion until the object is gone.
-pub fn owner_reference(tenant: &AgentTenant) -> OwnerReference {
+pub(crate) fn owner_reference(tenant: &AgentTenant) -> OwnerReference {
     OwnerReference {
         api_version: "bindery.dev/v1alpha1".into(),
         kind: "AgentTenant".into(),

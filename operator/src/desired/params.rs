@@ -11,7 +11,7 @@ use crate::crd::{KeyRef, ParameterRow, TenantParameter};
 
 /// How the tenant supplies one parameter to the pod.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Supply {
+pub(crate) enum Supply {
     /// A value written into the params file (never for a secret).
     Value(serde_json::Value),
     /// An environment variable from a Secret key.
@@ -21,7 +21,7 @@ pub enum Supply {
 }
 
 #[derive(Debug, Default)]
-pub struct Resolution {
+pub(crate) struct Resolution {
     pub rows: Vec<ParameterRow>,
     /// Name → (how, pinned), for parameters the pod gets.
     pub supplies: BTreeMap<String, (Supply, bool)>,
@@ -29,7 +29,7 @@ pub struct Resolution {
     pub problems: Vec<String>,
 }
 
-pub fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution {
+pub(crate) fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution {
     let params: &[TenantParameter] = &inputs.tenant.spec.parameters;
     let mut out = Resolution::default();
     let declared: BTreeSet<&str> = tree
@@ -89,7 +89,11 @@ fn problem(row: &ParameterRow) -> bool {
 
 /// Whether the Secret or ConfigMap key `r` exists; if not, which of the
 /// object or the key is missing (and the keys there are).
-pub fn check_key(kind: &str, r: &KeyRef, objs: &BTreeMap<String, RefObject>) -> Result<(), String> {
+pub(crate) fn check_key(
+    kind: &str,
+    r: &KeyRef,
+    objs: &BTreeMap<String, RefObject>,
+) -> Result<(), String> {
     match objs.get(&r.name) {
         None => Err(format!("{kind} `{}` does not exist", r.name)),
         Some(o) if !o.keys.contains(&r.key) => Err(format!(

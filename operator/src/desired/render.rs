@@ -88,7 +88,7 @@ fn agent_file(agent: &TreeAgent<'_>) -> String {
     bindery_sidecar::spec::to_yaml(&doc).expect("an agent document serializes")
 }
 
-pub fn render(
+pub(crate) fn render(
     inputs: &Inputs<'_>,
     tree: &[TreeAgent<'_>],
     supplies: &BTreeMap<String, (Supply, bool)>,
@@ -500,7 +500,7 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 
 /// The owner-token Secret a tenant gets when it names none (created once,
 /// never overwritten: the token is the caller's to keep).
-pub fn generated_owner_token(
+pub(crate) fn generated_owner_token(
     inputs: &Inputs<'_>,
     owner: &OwnerReference,
     token: &str,

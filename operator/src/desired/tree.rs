@@ -7,7 +7,7 @@ use bindery_sidecar::spec::{AgentSpec, BindingValue};
 
 /// One agent of the tree, with how its caller refers to it.
 #[derive(Clone, Debug)]
-pub struct TreeAgent<'a> {
+pub(crate) struct TreeAgent<'a> {
     pub name: String,
     pub spec: &'a AgentSpec,
     /// Parameters the caller's `with` fills (empty for the root).
@@ -17,7 +17,7 @@ pub struct TreeAgent<'a> {
 }
 
 /// The tree in breadth-first order (root first), or what is missing.
-pub fn resolve<'a>(
+pub(crate) fn resolve<'a>(
     root: &str,
     agents: &'a BTreeMap<String, AgentSpec>,
 ) -> Result<Vec<TreeAgent<'a>>, Vec<String>> {
@@ -82,26 +82,5 @@ pub fn resolve<'a>(
         Ok(out)
     } else {
         Err(problems)
-    }
-}
-
-/// Every Agent whose tree includes `name` as a helper, directly or not:
-/// a change to `name` concerns their tenants too.
-pub fn agents_using(name: &str, agents: &BTreeMap<String, AgentSpec>) -> BTreeSet<String> {
-    let mut users = BTreeSet::from([name.to_string()]);
-    loop {
-        let before = users.len();
-        for (a, spec) in agents {
-            if spec
-                .helpers
-                .iter()
-                .any(|h| h.agent.as_ref().is_some_and(|n| users.contains(n)))
-            {
-                users.insert(a.clone());
-            }
-        }
-        if users.len() == before {
-            return users;
-        }
     }
 }
