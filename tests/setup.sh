@@ -18,7 +18,7 @@ fi
 tests/mcp/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -r tests/mcp/requirements.txt
 
-# The API fuzzing test (sidecar/tests/fuzz_api.rs): schemathesis, pinned, in
+# The API fuzzing test (sidecar/tests/it/fuzz_api.rs): schemathesis, pinned, in
 # a virtualenv of its own.
 if [[ ! -x tests/schemathesis/.venv/bin/python ]]; then
     python3 -m venv tests/schemathesis/.venv
@@ -32,7 +32,7 @@ tests/helm/install-helm.sh
 # The MCP toolbox tests' third-party server (server-everything, from npm).
 tests/mcp/install-mcp-servers.sh
 
-# The chat page's browser test (sidecar/tests/chat_page.rs): playwright-core
+# The chat page's browser test (sidecar/tests/it/chat_page.rs): playwright-core
 # from npm, driving Debian's chromium (below).
 tests/npm-ci.sh tests/browser
 

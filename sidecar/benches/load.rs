@@ -34,7 +34,7 @@
 //!   through the store costs, not how replicas scale; the CPU seconds say
 //!   how the work would spread over more cores.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -43,7 +43,7 @@
 //! connection. After eviction, what stays is glibc's fragments and the
 //! code paged in by the burst (`cli/trim.rs`).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

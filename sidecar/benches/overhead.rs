@@ -46,7 +46,7 @@
 //! average is printed too: on a shared two-core machine other work moves
 //! the numbers by milliseconds, so compare runs made under similar load.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

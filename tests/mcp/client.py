@@ -13,7 +13,7 @@ Each connection opens the Streamable HTTP transport with its headers, runs
 object on stdout: per connection the initialize result, the tools, and per
 call its result or its JSON-RPC error (`{"error": {code, message, data}}`).
 A connection whose `initialize` fails records that error and stops there.
-Run by sidecar/tests/mcp_server.rs with tests/mcp/.venv/bin/python.
+Run by sidecar/tests/it/mcp_server.rs with tests/mcp/.venv/bin/python.
 """
 
 import asyncio

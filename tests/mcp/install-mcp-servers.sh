@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the third-party MCP servers the sidecar's MCP toolbox tests run
-# (sidecar/tests/mcp.rs): `@modelcontextprotocol/server-everything`, the
+# (sidecar/tests/it/mcp.rs): `@modelcontextprotocol/server-everything`, the
 # MCP project's reference server, from npm, pinned by package-lock.json, into
 # tests/mcp/node_modules, where the tests look for it.
 #

@@ -61,7 +61,7 @@ Call with (dict "image" .Values.image "root" .). */}}
 
 {{/*
 What the operator does in the namespaces it watches, and nothing more
-(operator/src/controller.rs, events.rs; tests/tests/charts.rs checks this
+(operator/src/controller.rs, events.rs; tests/tests/it/charts.rs checks this
 list against what the operator asked of the API emulator, its audit):
 */}}
 {{- define "bindery-operator.rules" -}}

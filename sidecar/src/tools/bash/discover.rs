@@ -45,7 +45,7 @@ pub async fn load_directory(
 }
 
 /// What a script printed for `describe`, read (pure: the fuzz targets in
-/// tests/proptest_parsers.rs drive it).
+/// tests/it/proptest_parsers.rs drive it).
 pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, String> {
     let info: ScriptInfo = serde_json::from_slice(stdout)
         .map_err(|e| format!("`describe` did not print a valid tool description: {e}"))?;

@@ -4,12 +4,10 @@
 //! `serve --max-live-sessions`: past the limit, the least recently used
 //! session loses them the same way.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bindery_tests::sidecar::Api;
-use common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,16 +5,14 @@
 //! model, an API reply, the event stream, the store or the logs; the model
 //! sees `<secret:NAME>` in their place.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use crate::common::*;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
 use bindery_tests::mock_llm::{last_message, tool_results, MockLlm, MockReply};
-use common::*;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 

@@ -3,15 +3,13 @@
 //! other's sessions, and neither a secret value nor the database password
 //! ends up where it must not.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, Gate, MockReply};
 use bindery_tests::postgres::Postgres;
 use bindery_tests::sidecar::Api;
-use common::*;
 use serde_json::{json, Value};
 
 const DB: &str = "tenant_acme";

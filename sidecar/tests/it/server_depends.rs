@@ -4,12 +4,10 @@
 //! selection, confirmation. The write count stays zero until a person
 //! confirms, and a canary API key never shows.
 
-mod common;
-
+use crate::common::booking::*;
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, tool_schema, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Reply};
-use common::booking::*;
-use common::*;
 use serde_json::{json, Value};
 
 /// A session asked `book {args}`, run until it stops.

@@ -1,9 +1,7 @@
 //! `bindery-sidecar session …` against a real `serve` over TCP: start a
 //! session, send a message, follow its events, fork it, list and show.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 struct Out {

@@ -8,9 +8,7 @@ use bindery_operator::crd::ParameterRow;
 use bindery_operator::desired::{Desired, Rollout};
 use bindery_sidecar::spec::{from_yaml, AgentSpec};
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn golden(name: &str, text: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

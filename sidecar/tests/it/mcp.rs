@@ -3,15 +3,13 @@
 //! `tests/setup.sh` into tests/mcp/node_modules), over stdio and over
 //! streamable HTTP.
 
-mod common;
-
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bindery_tests::mock_llm::{tool_names, tool_results, tool_schema, MockLlm, MockReply};
-use common::*;
 use serde_json::{json, Value};
 
 /// The secret process parameter handed to the server in its `env`.

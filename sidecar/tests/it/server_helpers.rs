@@ -1,13 +1,11 @@
 //! Helpers and narrowing through the real server: a three-level chain
 //! root → middle → leaf, each agent's model scripted by the mock LLM.
 
-mod common;
-
 use std::path::Path;
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
 use bindery_tests::sidecar::{Api, Sidecar};
-use common::*;
 use serde_json::{json, Value};
 
 fn text(v: &Value) -> &str {

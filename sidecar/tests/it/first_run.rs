@@ -9,15 +9,13 @@
 //! `--listen HOST:PORT` becomes port 0, so that the test never collides
 //! with another server; each binary prints the address it got.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bindery_tests::sidecar::{Api, Sidecar};
 
 fn readme() -> String {
-    std::fs::read_to_string(common::repo().join("README.md")).expect("README.md is readable")
+    std::fs::read_to_string(crate::common::repo().join("README.md")).expect("README.md is readable")
 }
 
 /// The README's command line that starts with `start` (shell words,
@@ -54,7 +52,7 @@ fn cargo_run_args(words: &[String]) -> (String, Vec<String>) {
 /// ones not ignored (work not committed yet), nothing else (no `data/`,
 /// no `target/`).
 fn fresh_copy() -> tempfile::TempDir {
-    let repo = common::repo();
+    let repo = crate::common::repo();
     let out = Command::new("git")
         .args([
             "ls-files",
@@ -96,7 +94,7 @@ fn in_copy(program: &Path, args: &[String], dir: &Path) -> Command {
 }
 
 fn sidecar_bin() -> PathBuf {
-    PathBuf::from(common::bin())
+    PathBuf::from(crate::common::bin())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,7 +154,10 @@ async fn the_readme_main_command_serves_in_a_fresh_clone() {
 /// no-op once built): Cargo hands a test the path of its own package's
 /// binaries only, and `mock-model` is the `tests` crate's.
 fn mock_model_bin() -> PathBuf {
-    let bin_dir = Path::new(common::bin()).parent().unwrap().to_path_buf();
+    let bin_dir = Path::new(crate::common::bin())
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let target_dir = bin_dir.parent().unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = Command::new(cargo);
@@ -164,7 +165,7 @@ fn mock_model_bin() -> PathBuf {
         .args(["build", "-q", "-p", "bindery-tests", "--bin", "mock-model"])
         .arg("--target-dir")
         .arg(target_dir)
-        .current_dir(common::repo());
+        .current_dir(crate::common::repo());
     if bin_dir.ends_with("release") {
         build.arg("--release");
     }
@@ -287,14 +288,14 @@ async fn the_readme_first_run_without_a_key_calls_the_tool_through_the_mock_mode
 /// its own server, is never sent there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_url_sends_its_own_key_and_never_the_agent_files() {
-    let mock = bindery_tests::mock_llm::MockLlm::start(common::tool_then_answer).await;
+    let mock = bindery_tests::mock_llm::MockLlm::start(crate::common::tool_then_answer).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = common::repo().join("examples/invoices/agent.yaml");
+    let agent = crate::common::repo().join("examples/invoices/agent.yaml");
     let url = mock.url();
-    let (sidecar, api) = common::serve(
+    let (sidecar, api) = crate::common::serve(
         &agent,
-        &common::sqlite_in(dir.path()),
+        &crate::common::sqlite_in(dir.path()),
         &[
             "--pin",
             "tenant=acme-corp",
@@ -304,7 +305,7 @@ async fn model_url_sends_its_own_key_and_never_the_agent_files() {
             "local-model",
         ],
         &[
-            ("OPENAI_API_KEY", common::CANARY),
+            ("OPENAI_API_KEY", crate::common::CANARY),
             ("BINDERY_MODEL_API_KEY", "key-for-the-local-server"),
         ],
         dir.path(),
@@ -313,7 +314,7 @@ async fn model_url_sends_its_own_key_and_never_the_agent_files() {
         .call(
             "POST",
             "/v1/sessions?wait=true",
-            Some(common::OWNER),
+            Some(crate::common::OWNER),
             Some(
                 &serde_json::json!({"agent": "invoices", "prompt": "Which invoices are overdue?"}),
             ),
@@ -335,7 +336,7 @@ async fn model_url_sends_its_own_key_and_never_the_agent_files() {
                 "Bearer key-for-the-local-server".to_string()
             )]
         );
-        assert!(!body.contains(common::CANARY));
+        assert!(!body.contains(crate::common::CANARY));
         let body: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(body["model"], "local-model");
     }

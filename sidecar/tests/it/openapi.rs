@@ -3,11 +3,9 @@
 //! `project_id` path parameter to a session parameter and sends a
 //! session-scope secret as `Authorization: Bearer …`.
 
-mod common;
-
+use crate::common::callbacks::{agent_file, digest, start_api};
+use crate::common::*;
 use bindery_tests::mock_llm::{tool_results, tool_schema, MockLlm, MockReply};
-use common::callbacks::{agent_file, digest, start_api};
-use common::*;
 use serde_json::{json, Value};
 
 const TOKEN_A: &str = "cb-token-alpha-5d1e";

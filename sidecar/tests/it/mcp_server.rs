@@ -4,14 +4,12 @@
 //! and with `_meta`, every code of the validation table, and the owner
 //! token. Then the transport's edges over plain HTTP.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use bindery_tests::mcp_client;
 use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
 use bindery_tests::sidecar::Api;
-use common::*;
 use serde_json::{json, Value};
 
 fn plan(url: &str, connections: Value) -> Value {

@@ -3,11 +3,9 @@
 //! (`SCHEMATHESIS_MAX_TIME` seconds, default 20): no 5xx, no response that
 //! disagrees with the document, and no secret in any response.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing() {

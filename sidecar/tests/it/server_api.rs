@@ -2,13 +2,11 @@
 //! parameter validation table, sealed sessions and session tokens, run
 //! lifecycle errors, the OpenAPI document, metrics and agent views.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::sidecar::Reply;
-use common::*;
 use serde_json::{json, Value};
 
 /// An id no session has.

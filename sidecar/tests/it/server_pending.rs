@@ -3,13 +3,11 @@
 //! another session's token do to them. The real binary over TCP, real bash
 //! tools, a scripted model.
 
-mod common;
-
 use std::path::PathBuf;
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, tool_names, tool_results, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Reply, Sidecar};
-use common::*;
 use serde_json::{json, Value};
 
 /// The model: "where…" asks the client for `get_location`, anything else

@@ -12,19 +12,17 @@
 //! a third books through the booking example's input, choice and
 //! confirmation.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::common::booking::{booking, two_slots, DAY};
+use crate::common::{contains, executable, raw_files, tool_then_answer, World, CANARY, OWNER};
 use bindery_tests::mock_llm::{last_message, MockReply};
 use bindery_tests::sidecar::Sidecar;
-use common::booking::{booking, two_slots, DAY};
-use common::{contains, executable, raw_files, tool_then_answer, World, CANARY, OWNER};
 use serde_json::{json, Value};
 
 fn browser_script() -> std::path::PathBuf {
-    common::repo().join("tests/browser/chat-page.mjs")
+    crate::common::repo().join("tests/browser/chat-page.mjs")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +80,7 @@ async fn the_page_is_embedded_with_a_strict_policy_and_no_cookies() {
 /// under `target/tmp/chat-page/<scenario>/`; fails the test with its output
 /// and the sidecar's log unless every step passed.
 async fn browser(sidecar: &Sidecar, scenario: &str) {
-    let node_modules = common::repo().join("tests/browser/node_modules/playwright-core");
+    let node_modules = crate::common::repo().join("tests/browser/node_modules/playwright-core");
     assert!(
         node_modules.is_dir(),
         "{} is missing: run tests/setup.sh (it installs playwright-core and chromium)",

@@ -8,12 +8,10 @@
 //! over `/mcp`. The backend rotates the token, then forks with a fresh
 //! one (spec §5.1, §5.2), and each callback carries the current token.
 
-mod common;
-
+use crate::common::callbacks::{agent_file, digest, start_api};
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, tool_schema, MockLlm, MockReply};
 use bindery_tests::sidecar::Reply;
-use common::callbacks::{agent_file, digest, start_api};
-use common::*;
 use serde_json::{json, Value};
 
 const MINTED: &str = "minted-for-42-c0ffee";

@@ -1,13 +1,11 @@
 //! `serve --tool-cache-ttl`: two agents with a tool of the same name do not
 //! share cache entries (the key holds the agent and its place in the tree).
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
-use common::*;
 use serde_json::json;
 
 /// Agent `name` whose bash tool `bash_whoami` prints `name`.

@@ -51,8 +51,8 @@ fn any_json() -> impl Strategy<Value = Value> {
     })
 }
 
-const NATIVE: &str = include_str!("fixtures/valid/probe.yaml");
-const AGENTS_EXE: &str = include_str!("../../examples/invoices/agents-exe/invoices.json");
+const NATIVE: &str = include_str!("../fixtures/valid/probe.yaml");
+const AGENTS_EXE: &str = include_str!("../../../examples/invoices/agents-exe/invoices.json");
 
 /// `text` with `len` bytes at `at` replaced by `with` (on char boundaries).
 fn splice(text: &str, at: usize, len: usize, with: &str) -> String {

@@ -1,12 +1,10 @@
 //! Session lifecycle through the real server: restart, fork, message scope,
 //! many sessions at once, and a secret canary searched for everywhere.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockReply};
-use common::*;
 use serde_json::json;
 
 fn session_id(r: &bindery_tests::sidecar::Reply) -> String {

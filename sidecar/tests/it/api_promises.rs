@@ -3,9 +3,7 @@
 //! right status; `timeout` has a bound that is enforced; a fork's
 //! `at_turn` copies the turns before it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

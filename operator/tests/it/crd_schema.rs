@@ -14,9 +14,7 @@ use bindery_operator::desired::Rollout;
 use kube::core::cel::{compile_schema, estimate_rule_cost, ErrorKind, ValidationError, Validator};
 use serde_json::{json, Map, Value};
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 // ---------------------------------------------------------------------------
 // The schemas

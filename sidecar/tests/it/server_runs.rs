@@ -1,8 +1,6 @@
 //! Runs through the real server over TCP, against the scripted mock LLM.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// The "done": a client creates a session on a server whose tenant

@@ -3,8 +3,6 @@
 //! with `OTEL_EXPORTER_OTLP_ENDPOINT`, and the protobuf bodies it receives
 //! checked for the spans, the service name and the absence of a secret.
 
-mod common;
-
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,7 +12,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::Router;
 
-use common::{tool_then_answer, World, CANARY, OWNER};
+use crate::common::{tool_then_answer, World, CANARY, OWNER};
 use serde_json::json;
 
 /// Bound on every wait for an export (they come within a second when the
@@ -102,7 +100,7 @@ fn tool_call(env: &[(&str, &str)]) -> std::process::Output {
         .env("BINDERY_PARAM_BILLING_TOKEN", CANARY)
         .envs(env.iter().copied())
         .args(["tool-call", "--agent-file"])
-        .arg(common::repo().join("examples/invoices/agent.yaml"))
+        .arg(crate::common::repo().join("examples/invoices/agent.yaml"))
         .args([
             "--set",
             "tenant=acme-corp",

@@ -1,0 +1,12 @@
+//! The operator's integration tests, one binary (the crate links once):
+//! the CRDs, the desired state as golden files, and the controller against
+//! the strict API emulator.
+//!
+//! Run one area with `cargo test -p bindery-operator --test it emulator::`.
+
+mod common;
+
+mod crd_schema;
+mod crds;
+mod desired;
+mod emulator;

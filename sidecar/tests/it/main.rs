@@ -1,0 +1,33 @@
+//! The sidecar's integration tests, one binary: each module is one area,
+//! driven as a user would (the real `bindery-sidecar` binary over TCP, real
+//! files, a mock model). One binary links the crate once instead of once a
+//! file, which is most of the tests' build time on two cores.
+//!
+//! Run one area with `cargo test -p bindery-sidecar --test it server_api::`.
+
+mod common;
+
+mod api_promises;
+mod chat_page;
+mod cli;
+mod first_run;
+mod fuzz_api;
+mod live_ttl;
+mod mcp;
+mod mcp_server;
+mod openapi;
+mod otlp;
+mod postgrest;
+mod proptest_parsers;
+mod repo_paths;
+mod scenario_s2;
+mod scrub;
+mod server_api;
+mod server_depends;
+mod server_helpers;
+mod server_pending;
+mod server_postgres;
+mod server_runs;
+mod server_sessions;
+mod session_cli;
+mod tool_cache;
