@@ -163,19 +163,11 @@ async fn round_trips(stream: bool) -> (Vec<Duration>, Spent) {
         flags.push("--no-stream");
     }
     let (sidecar, api) = w.start(&flags, &[]);
-    let created = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "invoices", "params": {"billing_token": CANARY}})),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    let id = created.json["session_id"]
-        .as_str()
-        .expect("a session id")
-        .to_string();
+    let id = common::new_session(
+        &api,
+        json!({"agent": "invoices", "params": {"billing_token": CANARY}}),
+    )
+    .await;
     let path = format!("/v1/sessions/{id}/messages?wait=true");
     let body = json!({"prompt": "which invoices are overdue?"});
 

@@ -14,9 +14,7 @@ use serde_json::json;
 async fn idle_sessions_forget_their_secrets() {
     let w = World::new(tool_then_answer).await;
     let (_sidecar, api) = w.start(&["--live-session-ttl", "1s"], &[]);
-    let created = create(&api, json!({"agent": "invoices", "params": valid_params()})).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let id = new_session(&api, json!({"agent": "invoices", "params": valid_params()})).await;
     let message = |prompt: &'static str| {
         let api = &api;
         let id = id.clone();

@@ -144,15 +144,7 @@ async fn stdio_server_tools_are_listed_called_bound_and_configured() {
         .await;
         assert_eq!(created.status, 201, "{}", created.text);
         let id = created.json["session_id"].as_str().unwrap().to_string();
-        let reply = api
-            .call(
-                "POST",
-                &format!("/v1/sessions/{id}/messages?wait=true"),
-                Some(OWNER),
-                Some(&json!({"prompt": "try the tools"})),
-            )
-            .await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
+        let reply = message_waited(&api, &id, "try the tools").await;
         let turns = reply.json["session"]["turns"].as_array().unwrap().clone();
         let results: Vec<String> = turns
             .iter()
@@ -448,18 +440,7 @@ spec:
     let say = |prompt: &'static str| {
         let api = api.clone();
         let id = id.clone();
-        async move {
-            let r = api
-                .call(
-                    "POST",
-                    &format!("/v1/sessions/{id}/messages?wait=true"),
-                    Some(OWNER),
-                    Some(&json!({ "prompt": prompt })),
-                )
-                .await;
-            assert_eq!(r.status, 200, "{}", r.text);
-            r
-        }
+        async move { message_waited(&api, &id, prompt).await }
     };
 
     let first = say("grow").await;

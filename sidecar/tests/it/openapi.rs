@@ -46,15 +46,7 @@ async fn bound_path_parameter_and_session_secret_reach_the_api_per_session() {
         .await;
         assert_eq!(created.status, 201, "{}", created.text);
         let id = created.json["session_id"].as_str().unwrap().to_string();
-        let reply = api
-            .call(
-                "POST",
-                &format!("/v1/sessions/{id}/messages?wait=true"),
-                Some(OWNER),
-                Some(&json!({"prompt": "what is open?"})),
-            )
-            .await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
+        let reply = message_waited(&api, &id, "what is open?").await;
         assert_eq!(reply.json["status"], "idle", "{}", reply.text);
         turns_of.push((project, token, reply.json["session"]["turns"].clone()));
         let view = api

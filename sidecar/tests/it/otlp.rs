@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::Router;
 
-use crate::common::{tool_then_answer, World, CANARY, OWNER};
+use crate::common::{message_waited, new_session, tool_then_answer, World, CANARY};
 use serde_json::json;
 
 /// Bound on every wait for an export (they come within a second when the
@@ -235,25 +235,12 @@ fn a_served_run_is_exported_when_the_server_stops() {
             &["--pin", "tenant=acme-corp"],
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)],
         );
-        let created = api
-            .call(
-                "POST",
-                "/v1/sessions",
-                Some(OWNER),
-                Some(&json!({"agent": "invoices", "params": {"billing_token": CANARY}})),
-            )
-            .await;
-        assert_eq!(created.status, 201, "{}", created.text);
-        let id = created.json["session_id"].as_str().unwrap().to_string();
-        let reply = api
-            .call(
-                "POST",
-                &format!("/v1/sessions/{id}/messages?wait=true"),
-                Some(OWNER),
-                Some(&json!({"prompt": "which invoices are overdue?"})),
-            )
-            .await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
+        let id = new_session(
+            &api,
+            json!({"agent": "invoices", "params": {"billing_token": CANARY}}),
+        )
+        .await;
+        message_waited(&api, &id, "which invoices are overdue?").await;
         let status = sidecar.stop();
         assert!(!sidecar.logs().contains(CANARY));
         status

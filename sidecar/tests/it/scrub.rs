@@ -207,18 +207,8 @@ async fn leak_through(tool: &'static str, args: Value, named: &[(&str, &str)]) {
         ],
         dir.path(),
     );
-    let created = create(&api, json!({"agent": "leaky", "params": {"token": TOKEN}})).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    let id = created.json["session_id"].as_str().unwrap().to_string();
-    let reply = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "print your token"})),
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    let id = new_session(&api, json!({"agent": "leaky", "params": {"token": TOKEN}})).await;
+    let reply = message_waited(&api, &id, "print your token").await;
     assert_eq!(reply.json["status"], "idle", "{}", reply.text);
     let (status, events) = api
         .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)

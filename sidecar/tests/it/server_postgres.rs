@@ -294,15 +294,7 @@ async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
     let ends = run_ends(&api_a, &id, 1).await;
     assert_eq!(ends[0]["status"], "failed", "only B's end: {ends:?}");
     // The session takes messages (on A too, which has the secret).
-    let r = api_a
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "again"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let r = message_waited(&api_a, &id, "again").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     let ends = run_ends(&api_a, &id, 2).await;
     assert_eq!(ends[1]["status"], "completed", "{ends:?}");

@@ -23,15 +23,7 @@ async fn a_pinned_tenant_reaches_the_tool_and_never_the_model() {
     assert_eq!(created.json["secret_params"], json!(["billing_token"]));
     assert!(!created.text.contains(CANARY));
 
-    let reply = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "which invoices are overdue?"})),
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    let reply = message_waited(&api, &id, "which invoices are overdue?").await;
     assert_eq!(reply.json["status"], "idle");
     let turns = reply.json["session"]["turns"].as_array().unwrap();
     assert_eq!(turns.len(), 4, "{turns:?}");

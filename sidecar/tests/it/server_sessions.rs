@@ -77,15 +77,7 @@ async fn a_restart_keeps_plain_values_and_forgets_secrets() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["secret_params"], json!(["billing_token"]));
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "again"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let r = message_waited(&api, &id, "again").await;
     assert_eq!(r.json["status"], "idle");
     assert!(tool_output(&r).contains("INV-2002"));
     assert_eq!(r.json["session"]["turns"].as_array().unwrap().len(), 8);
@@ -243,15 +235,7 @@ async fn a_message_scope_value_lasts_one_run() {
         "message values are not session values"
     );
 
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "again"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let r = message_waited(&api, &id, "again").await;
     assert_eq!(
         tool_output(&r),
         "error: tool unavailable",

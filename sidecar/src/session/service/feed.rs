@@ -1,4 +1,5 @@
-//! A session's events for subscribers: the stored ones, then live ones from this server or, on a shared store, relayed from others.
+//! A session's events for subscribers: the stored ones, then live ones from
+//! this server or, on a shared store, relayed from others.
 
 use super::*;
 

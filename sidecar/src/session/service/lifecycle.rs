@@ -1,4 +1,5 @@
-//! A session's life through the API: created (or forked), sent messages, resumed, given new parameter values.
+//! A session's life through the API: created (or forked), sent messages,
+//! resumed, given new parameter values.
 
 use super::*;
 

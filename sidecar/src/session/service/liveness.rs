@@ -1,4 +1,5 @@
-//! Heartbeats and the sweep: this server's beat in the store, and runs whose server stopped beating closed as failed.
+//! Heartbeats and the sweep: this server's beat in the store, and runs
+//! whose server stopped beating closed as failed.
 
 use super::*;
 

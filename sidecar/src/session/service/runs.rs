@@ -1,4 +1,5 @@
-//! Driving a run: registering it, running the model loop with this session as its sink, recording each turn and event and its end.
+//! Driving a run: registering it, running the model loop with this session
+//! as its sink, recording each turn and event and its end.
 
 use super::*;
 

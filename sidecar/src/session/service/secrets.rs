@@ -1,4 +1,6 @@
-//! Secret session values: held in this process's memory only, for as long as the session is live, and which server holds them (so a request elsewhere can be sent here).
+//! Secret session values: held in this process's memory only, for as long
+//! as the session is live, and which server holds them (so a request
+//! elsewhere can be sent here).
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Session tokens: minted at random, kept as SHA-256 digests, compared in constant time, revoked together.
+//! Session tokens: minted at random, kept as SHA-256 digests, compared in
+//! constant time, revoked together.
 
 use super::*;
 

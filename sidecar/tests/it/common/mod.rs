@@ -124,6 +124,29 @@ pub async fn create(api: &Api, body: Value) -> Reply {
         .await
 }
 
+/// A session created as the owner from `body`; its id (the creation must
+/// succeed).
+pub async fn new_session(api: &Api, body: Value) -> String {
+    let created = create(api, body).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    created.json["session_id"].as_str().unwrap().to_string()
+}
+
+/// `prompt` posted to session `id` as the owner, the run waited for; the
+/// answer (which must be 200).
+pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
+    let reply = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({ "prompt": prompt })),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply
+}
+
 /// An invoices session created with a prompt, its run waited for.
 pub async fn invoices_run(api: &Api) -> Reply {
     let r = api
