@@ -32,6 +32,23 @@ pub struct Objects {
     pub claim: Option<PersistentVolumeClaim>,
 }
 
+/// Variable `name` from a Secret's key, which must exist: the value goes
+/// from the Secret to the pod and never through the operator.
+fn secret_env(name: String, r: &crate::crd::KeyRef) -> EnvVar {
+    EnvVar {
+        name,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn meta(name: String, inputs: &Inputs<'_>, owner: &OwnerReference) -> ObjectMeta {
     let tenant = inputs.tenant_name();
     ObjectMeta {
@@ -108,18 +125,7 @@ pub(crate) fn render(
                     serde_json::json!({"value": v, "pinned": pinned}),
                 );
             }
-            Supply::Secret(r) => env.push(EnvVar {
-                name: param_env(name, *pinned),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: r.name.clone(),
-                        key: r.key.clone(),
-                        optional: Some(false),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            Supply::Secret(r) => env.push(secret_env(param_env(name, *pinned), r)),
             Supply::ConfigMap(r) => env.push(EnvVar {
                 name: param_env(name, *pinned),
                 value_from: Some(EnvVarSource {
@@ -274,18 +280,7 @@ pub(crate) fn render(
         // The URL holds a password: like a secret parameter, it goes from
         // the Secret to the pod's environment, never through here.
         Some(r) => env.extend([
-            EnvVar {
-                name: "BINDERY_STORE".into(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: r.name.clone(),
-                        key: r.key.clone(),
-                        optional: Some(false),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            secret_env("BINDERY_STORE".into(), r),
             // Replicas forward to each other the requests that need what
             // one pod holds in memory: each says, with its heartbeat, where
             // it is reached (its pod IP, from the downward API).
