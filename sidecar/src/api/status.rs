@@ -13,7 +13,6 @@ pub fn of(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -30,6 +29,5 @@ mod tests {
         assert_eq!(of(ErrorKind::Conflict).as_u16(), 409);
         assert_eq!(of(ErrorKind::Unauthorized).as_u16(), 401);
         assert_eq!(of(ErrorKind::NotFound).as_u16(), 404);
-        assert_eq!(of(ErrorKind::Unavailable).as_u16(), 503);
     }
 }

@@ -22,8 +22,6 @@ pub enum ErrorKind {
     Conflict,
     /// Values that do not fit what the agent declares.
     Invalid,
-    /// A dependency of the server (its store, a peer) cannot serve now.
-    Unavailable,
     /// The server's own failure; the log says more.
     Internal,
 }

@@ -59,7 +59,7 @@ impl From<ServiceError> for RpcError {
     fn from(e: ServiceError) -> Self {
         let code = match e.kind {
             ErrorKind::Unauthorized => UNAUTHORIZED,
-            ErrorKind::Internal | ErrorKind::Unavailable => INTERNAL_ERROR,
+            ErrorKind::Internal => INTERNAL_ERROR,
             _ => INVALID_PARAMS,
         };
         let status = crate::api::status::of(e.kind).as_u16();
