@@ -122,8 +122,12 @@ pub enum RunMode {
 
 /// What exists of a session in memory only.
 struct Live {
-    /// Serializes read-modify-write of the stored record.
-    lock: tokio::sync::Mutex<()>,
+    /// Serializes read-modify-write of the stored record. While this
+    /// server's run goes on it holds the record as the run last wrote it,
+    /// so the run's next write need not read it back: the update is
+    /// version-checked, so a write made since (elsewhere or here) fails it
+    /// and the record is read again.
+    lock: tokio::sync::Mutex<Written>,
     /// Session-scope secret values: never written anywhere.
     secrets: Mutex<Values>,
     /// When the secrets were last set or used, or a run ended.
@@ -141,6 +145,9 @@ impl Live {
         *self.used.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
     }
 }
+
+/// See [`Live::lock`].
+type Written = Option<Box<SessionRecord>>;
 
 #[derive(Clone)]
 struct RunHandle {
@@ -261,7 +268,7 @@ impl Service {
             return live.clone();
         }
         let live = Arc::new(Live {
-            lock: tokio::sync::Mutex::new(()),
+            lock: tokio::sync::Mutex::new(None),
             secrets: Mutex::new(Values::new()),
             used: Mutex::new(std::time::Instant::now()),
             run: Mutex::new(None),

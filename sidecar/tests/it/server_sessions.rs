@@ -469,3 +469,81 @@ async fn a_refused_concurrent_message_changes_nothing() {
         .await;
     }
 }
+
+/// A run keeps the record it last wrote rather than read it back before
+/// each write; a value changed while it runs (PUT params, between the tool
+/// call and the answer) must make its next write start from the stored
+/// record, not overwrite the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_changed_during_a_run_survives_the_runs_writes() {
+    use bindery_tests::mock_llm::{tool_results, Gate};
+    let gate = Gate::new();
+    let held = gate.clone();
+    let w = World::new(move |req| {
+        let reply = tool_then_answer(req);
+        if tool_results(req).is_empty() {
+            reply
+        } else {
+            reply.held(&held)
+        }
+    })
+    .await;
+    let (sidecar, api) = w.start(&[], &[]);
+    let id = new_session(&api, json!({"agent": "invoices", "params": valid_params()})).await;
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    // The second model request holds the tool call and its result: both
+    // are written by now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while w.mock.request_count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", sidecar.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = api
+        .call(
+            "PUT",
+            &format!("/v1/sessions/{id}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"tenant": "globex"}})),
+        )
+        .await;
+    assert!(
+        r.status == 200 || r.status == 204,
+        "{} {}",
+        r.status,
+        r.text
+    );
+    gate.open();
+    let done = loop {
+        let r = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        if r.json["status"] != "running" {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", sidecar.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(done.json["status"], "idle", "{}", done.text);
+    assert_eq!(done.json["params"]["tenant"], "globex", "{}", done.text);
+    let turns = done.json["session"]["turns"].as_array().expect("turns");
+    let roles: Vec<_> = turns.iter().map(|t| t["role"].as_str()).collect();
+    assert_eq!(
+        roles,
+        [
+            Some("user"),
+            Some("assistant"),
+            Some("tool"),
+            Some("assistant")
+        ],
+        "{}",
+        done.text
+    );
+}

@@ -310,11 +310,12 @@ impl Service {
         let last = rec.pending.open().count() == 1;
         let resume = last && answer.resume != Some(false);
         let message = if resume {
-            self.apply_params_locked(caller, id, Op::Resume, &answer.params)
+            self.apply_params_locked(caller, id, Op::Resume, &answer.params, rec)
                 .await?
+                .0
         } else {
             if !answer.params.is_empty() {
-                self.apply_params_locked(caller, id, Op::PutParams, &answer.params)
+                self.apply_params_locked(caller, id, Op::PutParams, &answer.params, rec)
                     .await?;
             }
             Values::new()
@@ -365,7 +366,7 @@ impl Service {
         if !resume {
             return Ok(None);
         }
-        self.start_run_locked(guard, id, None, message, answer.mode)
+        self.start_run_locked(guard, Some(rec), id, None, message, answer.mode)
             .await
             .map(Some)
     }
@@ -433,8 +434,15 @@ impl Service {
             "pending calls expired (confirmTtl)"
         );
         if all {
-            self.start_run_locked(guard, id, None, Values::new(), RunMode::UntilBlocked)
-                .await?;
+            self.start_run_locked(
+                guard,
+                Some(rec),
+                id,
+                None,
+                Values::new(),
+                RunMode::UntilBlocked,
+            )
+            .await?;
         }
         Ok(true)
     }

@@ -132,8 +132,20 @@ impl Service {
         params: &BTreeMap<String, serde_json::Value>,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        // A message that names an option of the one open selection answers it.
-        if let Some(token) = self.chat_choice(id, &prompt).await? {
+        let r = async {
+            let e = match self
+                .run_request(caller, id, Op::Message, Some(prompt.clone()), params, mode)
+                .await
+            {
+                Err(e) if e.code == "waiting_external" => e,
+                r => return r,
+            };
+            // A message that names an option of the one open selection
+            // answers it (a session that waits refused it as a message, and
+            // changed nothing).
+            let Some(token) = self.chat_choice(id, &prompt).await? else {
+                return Err(e);
+            };
             let answer = Answer {
                 session_id: Some(id.to_string()),
                 choice: token.1,
@@ -141,14 +153,15 @@ impl Service {
                 mode,
                 ..Default::default()
             };
-            let (_, run) = self.answer(caller, &token.0, answer).await?;
-            if let Some(run) = run {
-                return Ok(run);
+            match self.answer(caller, &token.0, answer).await? {
+                (_, Some(run)) => Ok(run),
+                (_, None) => {
+                    self.run_request(caller, id, Op::Message, Some(prompt), params, mode)
+                        .await
+                }
             }
         }
-        let r = self
-            .run_request(caller, id, Op::Message, Some(prompt), params, mode)
-            .await;
+        .await;
         self.evict_if_idle(id);
         r
     }
@@ -179,8 +192,8 @@ impl Service {
         params: &BTreeMap<String, serde_json::Value>,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        // No live entry for an id that names no session.
-        self.record(id).await?;
+        // The live entry made for an id that names no session goes again
+        // with the caller's `evict_if_idle`.
         let live = self.live(id);
         let guard = live.lock.lock().await;
         let rec = self.record(id).await?;
@@ -196,8 +209,10 @@ impl Service {
                 ),
             ));
         }
-        let message = self.apply_params_locked(caller, id, op, params).await?;
-        self.start_run_locked(guard, id, prompt, message, mode)
+        let (message, rec) = self
+            .apply_params_locked(caller, id, op, params, rec)
+            .await?;
+        self.start_run_locked(guard, Some(rec), id, prompt, message, mode)
             .await
     }
 
@@ -207,27 +222,31 @@ impl Service {
         id: &str,
         params: &BTreeMap<String, serde_json::Value>,
     ) -> Result<(), ServiceError> {
-        self.record(id).await?;
-        let r = {
+        let r = async {
+            // An id that names no session leaves no live entry behind:
+            // `evict_if_idle` below drops it.
             let live = self.live(id);
             let _guard = live.lock.lock().await;
-            self.apply_params_locked(caller, id, Op::PutParams, params)
+            let rec = self.record(id).await?;
+            self.apply_params_locked(caller, id, Op::PutParams, params, rec)
                 .await
-        };
+        }
+        .await;
         self.evict_if_idle(id);
         r.map(drop)
     }
 
-    /// Validate and store a request's values; returns its message-scope values.
-    /// The caller holds the session's lock.
+    /// Validate and store a request's values in `rec` (read under the
+    /// session's lock, which the caller holds); returns its message-scope
+    /// values and the record as it now stands.
     pub(super) async fn apply_params_locked(
         &self,
         caller: &Caller,
         id: &str,
         op: Op,
         params: &BTreeMap<String, serde_json::Value>,
-    ) -> Result<Values, ServiceError> {
-        let mut rec = self.record(id).await?;
+        mut rec: SessionRecord,
+    ) -> Result<(Values, SessionRecord), ServiceError> {
         if op != Op::PutParams && self.is_running(id) {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
@@ -264,6 +283,6 @@ impl Service {
             self.emit(id, "params_changed", json!({"names": accepted.changed}))
                 .await;
         }
-        Ok(accepted.message)
+        Ok((accepted.message, rec))
     }
 }

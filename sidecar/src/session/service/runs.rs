@@ -13,15 +13,17 @@ impl Service {
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let guard = live.lock.lock().await;
-        self.start_run_locked(guard, id, prompt, message, mode)
+        self.start_run_locked(guard, None, id, prompt, message, mode)
             .await
     }
 
     /// Start a run; `guard` is the session's lock, released once the run
-    /// is recorded as started.
+    /// is recorded as started; `rec`, the record as the caller read or
+    /// wrote it under that lock, if it has it.
     pub(super) async fn start_run_locked(
         self: &Arc<Self>,
-        guard: tokio::sync::MutexGuard<'_, ()>,
+        mut guard: tokio::sync::MutexGuard<'_, Written>,
+        rec: Option<SessionRecord>,
         id: &str,
         prompt: Option<String>,
         message: Values,
@@ -46,7 +48,10 @@ impl Service {
             (cancel, tx, rx)
         };
         let started = async {
-            let mut rec = self.record(id).await?;
+            let mut rec = match rec {
+                Some(rec) => rec,
+                None => self.record(id).await?,
+            };
             if rec.status == SessionStatus::Running {
                 // Another server may have started one since the request's
                 // values were checked.
@@ -76,6 +81,7 @@ impl Service {
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
+            *guard = Some(Box::new(rec.clone()));
             Ok::<_, ServiceError>((rec, resolved))
         }
         .await;
@@ -106,6 +112,8 @@ impl Service {
             };
             this.finish(&id, end, pending, taken).await;
             if let Some(live) = this.peek(&id) {
+                // A run that was taken away may leave its last write here.
+                live.lock.lock().await.take();
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 live.touch();
             }
@@ -266,11 +274,16 @@ impl Service {
         change: impl Fn(&mut SessionRecord),
     ) -> RunWrite {
         let live = self.live(id);
-        let _guard = live.lock.lock().await;
-        for _ in 0..3 {
-            let mut rec = match self.record(id).await {
-                Ok(rec) => rec,
-                Err(e) => return RunWrite::Failed(e.to_string()),
+        let mut written = live.lock.lock().await;
+        // A record as last written is an extra attempt, not one of the three.
+        let cached = usize::from(written.is_some());
+        for _ in 0..3 + cached {
+            let mut rec = match written.take() {
+                Some(rec) => *rec,
+                None => match self.record(id).await {
+                    Ok(rec) => rec,
+                    Err(e) => return RunWrite::Failed(e.to_string()),
+                },
             };
             if rec.status != SessionStatus::Running
                 || rec.runner.as_deref() != Some(self.instance.as_str())
@@ -285,7 +298,12 @@ impl Service {
             rec.version += 1;
             rec.updated_at = now_ms();
             match self.store.update(&rec).await {
-                Ok(()) => return RunWrite::Written,
+                Ok(()) => {
+                    if rec.status == SessionStatus::Running {
+                        *written = Some(Box::new(rec));
+                    }
+                    return RunWrite::Written;
+                }
                 Err(StoreError::Conflict(_)) => continue,
                 Err(e) => return RunWrite::Failed(e.to_string()),
             }
