@@ -81,51 +81,55 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let delay = std::env::var("MODEL_DELAY_MS")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("MODEL_DELAY_MS is a number of milliseconds")
+        })
+        .map_or(MODEL_DELAY, Duration::from_millis);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let started = Instant::now();
-    let (streamed, spent) = rt.block_on(round_trips(true));
-    let streamed = Stats::of(streamed);
-    let unstreamed = Stats::of(rt.block_on(round_trips(false)).0);
+    let streamed = rt.block_on(round_trips(true, delay));
+    let unstreamed = rt.block_on(round_trips(false, delay));
     let (bound, direct) = rt.block_on(tool_dispatch());
     let (bound, direct) = (Stats::of(bound), Stats::of(direct));
     let elapsed = started.elapsed();
 
-    let model = MODEL_DELAY * MODEL_TURNS;
     println!();
     println!(
         "bindery-sidecar overhead, after warm-up: {ROUND_TRIPS} round trips per mode \
-         (model {} per turn, {MODEL_TURNS} turns), {TOOL_CALLS} tool calls each way",
-        ms(MODEL_DELAY)
+         ({MODEL_TURNS} model turns of {} delay each, one tool run), {TOOL_CALLS} tool calls each way",
+        ms(delay)
     );
-    for (name, trip) in [
+    println!(
+        "the tool script's own run: median {} (direct fork+exec)",
+        ms(direct.median)
+    );
+    for (name, m) in [
         ("round trip:          ", &streamed),
         ("round trip no-stream:", &unstreamed),
     ] {
+        let (trip, model) = (Stats::of(m.trips.clone()), Stats::of(m.model.clone()));
+        let floor = model.median + direct.median;
         println!(
-            "{name} median {} over model {} -> x{:.2} ({})",
+            "{name} median {} -> x{:.2} the model's {}, x{:.2} the model's and the tool's {} ({} the sidecar's own)",
             ms(trip.median),
-            ms(model),
-            ratio(trip.median, model),
-            ms_diff(trip.median, model),
+            ratio(trip.median, model.median),
+            ms(model.median),
+            ratio(trip.median, floor),
+            ms(floor),
+            ms_diff(trip.median, floor),
         );
         println!(
-            "{:21}    p90 {} over model {} -> x{:.2} ({})",
+            "{:21}    p90 {} -> x{:.2} the model's p90 {}",
             "",
             ms(trip.p90),
-            ms(model),
-            ratio(trip.p90, model),
-            ms_diff(trip.p90, model),
-        );
-        println!(
-            "{:21}    of which the script's own run (direct median): {}; the rest: {}",
-            "",
-            ms(direct.median),
-            ms_signed(
-                trip.median.as_secs_f64() - model.as_secs_f64() - direct.median.as_secs_f64()
-            ),
+            ratio(trip.p90, model.p90),
+            ms(model.p90),
         );
     }
-    spent.print(&direct);
+    streamed.spent.print(&direct);
     println!(
         "tool call:            median {} bound over {} direct -> x{:.2} ({})",
         ms(bound.median),
@@ -151,12 +155,24 @@ fn main() {
     );
 }
 
+/// One mode's samples: round trips through the server, and the same model
+/// requests sent straight to the mock right after each.
+struct Measured {
+    trips: Vec<Duration>,
+    model: Vec<Duration>,
+    spent: Spent,
+}
+
 /// (a) Wall time of `POST /v1/sessions/:id/messages?wait=true`, each a tool
-/// call and an answer from a mock that waits [`MODEL_DELAY`] per request;
-/// the sidecar asks the model for event streams unless `stream` is false
-/// (`serve --no-stream`).
-async fn round_trips(stream: bool) -> (Vec<Duration>, Spent) {
-    let w = World::new(|req| tool_then_answer(req).delayed(MODEL_DELAY)).await;
+/// call and an answer from a mock that waits `delay` per request; the
+/// sidecar asks the model for event streams unless `stream` is false
+/// (`serve --no-stream`). After each round trip the model's two requests of
+/// the first one (as the sidecar sent them) go straight to the mock: the
+/// model's time as a client sees it, its HTTP and timer included.
+async fn round_trips(stream: bool, delay: Duration) -> Measured {
+    let w = World::new(move |req| tool_then_answer(req).delayed(delay)).await;
+    // One write per event, as model servers stream.
+    w.mock.stream_whole_events(true);
     let pin = format!("tenant={TENANT}");
     let mut flags = vec!["--pin", pin.as_str()];
     if !stream {
@@ -170,12 +186,20 @@ async fn round_trips(stream: bool) -> (Vec<Duration>, Spent) {
     .await;
     let path = format!("/v1/sessions/{id}/messages?wait=true");
     let body = json!({"prompt": "which invoices are overdue?"});
+    let http = reqwest::Client::new();
+    let completions = format!("{}/chat/completions", w.mock.url());
 
-    let mut samples = Vec::with_capacity(ROUND_TRIPS);
+    let mut trips = Vec::with_capacity(ROUND_TRIPS);
+    let mut model = Vec::with_capacity(ROUND_TRIPS);
     let mut before = Scrape::default();
+    let mut replay = Vec::new();
     for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
         if i == WARMUP_ROUND_TRIPS {
             before = Scrape::of(&api).await;
+        }
+        if i == 1 {
+            replay = w.mock.requests();
+            assert_eq!(replay.len(), MODEL_TURNS as usize);
         }
         let t = Instant::now();
         let reply = api.call("POST", &path, Some(OWNER), Some(&body)).await;
@@ -186,18 +210,37 @@ async fn round_trips(stream: bool) -> (Vec<Duration>, Spent) {
         let turns = reply.json["session"]["turns"].as_array().expect("turns");
         let last = turns.last().expect("a last turn");
         assert_eq!(last["content"], format!("answer: {EXPECTED}"), "{last}");
-        if i >= WARMUP_ROUND_TRIPS {
-            samples.push(elapsed);
+        if i < WARMUP_ROUND_TRIPS {
+            continue;
         }
+        trips.push(elapsed);
+        let t = Instant::now();
+        for body in &replay {
+            let r = http
+                .post(&completions)
+                .json(body)
+                .send()
+                .await
+                .expect("the mock answers");
+            assert!(r.status().is_success(), "{}", r.status());
+            // To the end of the body, as a client that reuses the connection.
+            r.bytes().await.expect("the whole answer");
+        }
+        model.push(t.elapsed());
     }
     let after = Scrape::of(&api).await;
     assert_eq!(
         w.mock.request_count(),
-        MODEL_TURNS as usize * (WARMUP_ROUND_TRIPS + ROUND_TRIPS)
+        MODEL_TURNS as usize * (WARMUP_ROUND_TRIPS + 2 * ROUND_TRIPS)
     );
     drop(sidecar);
-    let mean = samples.iter().sum::<Duration>() / ROUND_TRIPS as u32;
-    (samples, Spent::between(&before, &after, mean))
+    let mean = |d: &[Duration]| d.iter().sum::<Duration>() / d.len() as u32;
+    let spent = Spent::between(&before, &after, mean(&trips), mean(&model));
+    Measured {
+        trips,
+        model,
+        spent,
+    }
 }
 
 /// The server's `/metrics` samples: `name{labels}` to value.
@@ -226,6 +269,8 @@ impl Scrape {
 /// Where the measured round trips' time went, per round trip (means).
 struct Spent {
     round_trip: Duration,
+    /// The mean of the same model requests sent straight to the mock.
+    model: Duration,
     /// Store operation → (count, seconds).
     store: Vec<(String, f64, f64)>,
     llm_requests: f64,
@@ -235,7 +280,7 @@ struct Spent {
 }
 
 impl Spent {
-    fn between(before: &Scrape, after: &Scrape, round_trip: Duration) -> Spent {
+    fn between(before: &Scrape, after: &Scrape, round_trip: Duration, model: Duration) -> Spent {
         let per = |key: &str| (after.get(key) - before.get(key)) / ROUND_TRIPS as f64;
         let prefix = "bindery_store_operations_total{op=\"";
         let store = after
@@ -255,6 +300,7 @@ impl Spent {
             .collect();
         Spent {
             round_trip,
+            model,
             store,
             llm_requests: per("bindery_llm_request_duration_seconds_count"),
             llm_seconds: per("bindery_llm_request_duration_seconds_sum"),
@@ -264,7 +310,7 @@ impl Spent {
     }
 
     fn print(&self, direct: &Stats) {
-        let model = (MODEL_DELAY * MODEL_TURNS).as_secs_f64();
+        let model = self.model.as_secs_f64();
         let store: f64 = self.store.iter().map(|(_, _, s)| s).sum();
         let tool = direct.median.as_secs_f64();
         let client = self.llm_seconds - model;
@@ -283,12 +329,16 @@ impl Spent {
             "",
             ms(self.round_trip)
         );
-        line("the model", model, String::new());
+        line(
+            "the model",
+            model,
+            "as a client sees it: the same requests sent straight to the mock".into(),
+        );
         line(
             "the LLM client",
             client,
             format!(
-                "{:.1} requests, beyond the model's delay (the mock's own work too)",
+                "{:.1} requests, beyond what they take a direct client",
                 self.llm_requests
             ),
         );

@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -153,6 +153,8 @@ struct Shared {
     call_ids: AtomicUsize,
     /// The number of the last reply id given out.
     reply_ids: AtomicUsize,
+    /// See [`MockLlm::stream_whole_events`].
+    whole_events: AtomicBool,
 }
 
 impl Shared {
@@ -197,6 +199,7 @@ impl MockLlm {
             requests: Mutex::new(Vec::new()),
             call_ids: AtomicUsize::new(0),
             reply_ids: AtomicUsize::new(0),
+            whole_events: AtomicBool::new(false),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -258,6 +261,13 @@ impl MockLlm {
     /// The address the mock listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Stream each event in one write, as model servers do, instead of in
+    /// pieces cut anywhere (the default, which tests a client's parser).
+    /// Benchmarks use it: the pieces cost both ends a read and a write each.
+    pub fn stream_whole_events(&self, whole: bool) {
+        self.shared.whole_events.store(whole, Ordering::Relaxed);
     }
 
     /// Every request body received so far, in order.
@@ -576,23 +586,22 @@ fn answer(
             "usage": usage,
         }));
     }
-    let mut sse = String::new();
-    for c in &chunks {
-        sse.push_str("data: ");
-        sse.push_str(&c.to_string());
-        sse.push_str("\n\n");
-    }
-    sse.push_str("data: [DONE]\n\n");
-    event_stream(sse.into_bytes())
+    let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    events.push("data: [DONE]\n\n".to_string());
+    let pieces = if shared.whole_events.load(Ordering::Relaxed) {
+        events.into_iter().map(Bytes::from).collect()
+    } else {
+        odd_pieces(events.concat().as_bytes())
+    };
+    event_stream(pieces)
 }
 
-/// An event-stream response whose body goes out in pieces of odd sizes,
-/// cut anywhere (inside lines, inside UTF-8 characters), yielding between
-/// pieces so that they tend to arrive as separate reads.
-fn event_stream(bytes: Vec<u8>) -> Response {
+/// `bytes` in pieces of odd sizes, cut anywhere (inside lines, inside UTF-8
+/// characters).
+fn odd_pieces(bytes: &[u8]) -> Vec<Bytes> {
     const SIZES: [usize; 5] = [7, 1, 13, 3, 29];
     let mut pieces = Vec::new();
-    let mut rest = &bytes[..];
+    let mut rest = bytes;
     let mut i = 0;
     while !rest.is_empty() {
         let n = SIZES[i % SIZES.len()].min(rest.len());
@@ -600,6 +609,12 @@ fn event_stream(bytes: Vec<u8>) -> Response {
         rest = &rest[n..];
         i += 1;
     }
+    pieces
+}
+
+/// An event-stream response whose body goes out in `pieces`, yielding
+/// between them so that they tend to arrive as separate reads.
+fn event_stream(pieces: Vec<Bytes>) -> Response {
     let body = futures::stream::unfold(pieces.into_iter(), |mut pieces| async move {
         let piece = pieces.next()?;
         tokio::task::yield_now().await;
