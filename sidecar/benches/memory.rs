@@ -29,6 +29,12 @@
 //!    (`bindery_sessions_live` back to 0: waited for, not slept), and the
 //!    memory the sweep gives back has stopped falling.
 //!
+//! `MEMORY_CYCLES` (default 1) repeats steps 2 to 4: a second "evicted"
+//! row close to the first says that what stays after a burst is reused by
+//! the next, not leaked. The idle and evicted rows split resident memory
+//! into heap and stacks (`RssAnon`) and the binary's code and other files
+//! (`RssFile`).
+//!
 //! Each row says what a session or a subscriber costs on average. The
 //! sessions are created faster than the TTL runs out on a usual machine;
 //! if the live count printed with a row is lower than the sessions
@@ -61,6 +67,7 @@ fn main() {
     let sessions: usize = env_or("MEMORY_SESSIONS", 10_000);
     let subscribers: usize = env_or("MEMORY_SUBSCRIBERS", 10_000);
     let ttl: String = env_or("MEMORY_TTL", "60s".to_string());
+    let cycles: usize = env_or("MEMORY_CYCLES", 1);
     check_open_files(subscribers);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -92,88 +99,91 @@ fn main() {
         // of each pages in (about 1 MiB, mostly the binary's code).
         warm_up(&api).await;
         let idle = rss_kib(pid);
-        println!("{:34} {:8.1} MiB", "idle", mib(idle));
+        println!("{:34} {:8.1} MiB  ({})", "idle", mib(idle), rss_parts(pid));
 
-        let started = Instant::now();
-        let ids: Vec<String> = futures::stream::iter(0..sessions)
-            .map(|i| {
-                let api = api.clone();
-                async move {
-                    let body = json!({"agent": "invoices", "params": {
-                        "tenant": format!("tenant-{i}"),
-                        "billing_token": format!("secret-{i:08}-{}", "x".repeat(24)),
-                    }});
-                    let r = api
-                        .call("POST", "/v1/sessions", Some(OWNER), Some(&body))
-                        .await;
-                    r.json["session_id"].as_str().map(str::to_owned)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .filter_map(|id| async move { id })
-            .collect()
-            .await;
-        let with_sessions = rss_kib(pid);
-        let live = live_count(&api).await;
-        println!(
-            "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a session \
-             ({} created in {:.1} s, {live} live)",
-            format!("{} sessions", ids.len()),
-            mib(with_sessions),
-            mib(with_sessions.saturating_sub(idle)),
-            per(with_sessions, idle, ids.len()),
-            ids.len(),
-            started.elapsed().as_secs_f64(),
-        );
+        for _ in 0..cycles {
+            let started = Instant::now();
+            let ids: Vec<String> = futures::stream::iter(0..sessions)
+                .map(|i| {
+                    let api = api.clone();
+                    async move {
+                        let body = json!({"agent": "invoices", "params": {
+                            "tenant": format!("tenant-{i}"),
+                            "billing_token": format!("secret-{i:08}-{}", "x".repeat(24)),
+                        }});
+                        let r = api
+                            .call("POST", "/v1/sessions", Some(OWNER), Some(&body))
+                            .await;
+                        r.json["session_id"].as_str().map(str::to_owned)
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .filter_map(|id| async move { id })
+                .collect()
+                .await;
+            let with_sessions = rss_kib(pid);
+            let live = live_count(&api).await;
+            println!(
+                "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a session \
+                 ({} created in {:.1} s, {live} live)",
+                format!("{} sessions", ids.len()),
+                mib(with_sessions),
+                mib(with_sessions.saturating_sub(idle)),
+                per(with_sessions, idle, ids.len()),
+                ids.len(),
+                started.elapsed().as_secs_f64(),
+            );
 
-        let started = Instant::now();
-        let streams: Vec<EventStream> = futures::stream::iter(0..subscribers)
-            .map(|i| {
-                let api = api.clone();
-                let id = ids.get(i % ids.len().max(1)).cloned().unwrap_or_default();
-                async move {
-                    let path = format!("/v1/sessions/{id}/events");
-                    api.events(&path, Some(OWNER), None).await.1
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .filter_map(|s| async move { s })
-            .collect()
-            .await;
-        let with_subscribers = rss_kib(pid);
-        let live = live_count(&api).await;
-        println!(
-            "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a subscriber \
-             ({} opened in {:.1} s, {live} live)",
-            format!("+ {} subscribers", streams.len()),
-            mib(with_subscribers),
-            mib(with_subscribers.saturating_sub(with_sessions)),
-            per(with_subscribers, with_sessions, streams.len()),
-            streams.len(),
-            started.elapsed().as_secs_f64(),
-        );
+            let started = Instant::now();
+            let streams: Vec<EventStream> = futures::stream::iter(0..subscribers)
+                .map(|i| {
+                    let api = api.clone();
+                    let id = ids.get(i % ids.len().max(1)).cloned().unwrap_or_default();
+                    async move {
+                        let path = format!("/v1/sessions/{id}/events");
+                        api.events(&path, Some(OWNER), None).await.1
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .filter_map(|s| async move { s })
+                .collect()
+                .await;
+            let with_subscribers = rss_kib(pid);
+            let live = live_count(&api).await;
+            println!(
+                "{:34} {:8.1} MiB  +{:.1} MiB, {:.2} KiB a subscriber \
+                 ({} opened in {:.1} s, {live} live)",
+                format!("+ {} subscribers", streams.len()),
+                mib(with_subscribers),
+                mib(with_subscribers.saturating_sub(with_sessions)),
+                per(with_subscribers, with_sessions, streams.len()),
+                streams.len(),
+                started.elapsed().as_secs_f64(),
+            );
 
-        drop(streams);
-        let started = Instant::now();
-        // A closed stream is noticed at its next keep-alive (15 s), a
-        // session at its TTL's next sweep.
-        let gone = wait_live(&api, 0, Duration::from_secs(600)).await;
-        // The sweep that evicted the last ones gives the memory back just
-        // after the count falls: read it once it has stopped falling.
-        let evicted = settled_rss(pid).await;
-        println!(
-            "{:34} {:8.1} MiB  {:+.1} MiB over idle ({:+.1} %; {} after {:.1} s)",
-            "evicted",
-            mib(evicted),
-            mib(evicted) - mib(idle),
-            (evicted as f64 - idle as f64) * 100.0 / idle as f64,
-            if gone {
-                "0 live".to_string()
-            } else {
-                format!("still {} live", live_count(&api).await)
-            },
-            started.elapsed().as_secs_f64(),
-        );
+            drop(streams);
+            let started = Instant::now();
+            // A closed stream is noticed at its next keep-alive (15 s), a
+            // session at its TTL's next sweep.
+            let gone = wait_live(&api, 0, Duration::from_secs(600)).await;
+            // The sweep that evicted the last ones gives the memory back just
+            // after the count falls: read it once it has stopped falling.
+            let evicted = settled_rss(pid).await;
+            println!(
+                "{:34} {:8.1} MiB  {:+.1} MiB over idle ({:+.1} %; {} after {:.1} s; {})",
+                "evicted",
+                mib(evicted),
+                mib(evicted) - mib(idle),
+                (evicted as f64 - idle as f64) * 100.0 / idle as f64,
+                if gone {
+                    "0 live".to_string()
+                } else {
+                    format!("still {} live", live_count(&api).await)
+                },
+                started.elapsed().as_secs_f64(),
+                rss_parts(pid),
+            );
+        }
         drop(sidecar);
     });
 }
@@ -231,6 +241,22 @@ fn per(after: u64, before: u64, items: usize) -> f64 {
 }
 
 /// Resident memory of a live process, in KiB.
+/// `RssAnon` and `RssFile` of `/proc/PID/status`, for the breakdown.
+fn rss_parts(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or("?".to_string(), |v| v.trim().to_string())
+    };
+    format!(
+        "heap and stacks {}, code and files {}",
+        field("RssAnon:"),
+        field("RssFile:")
+    )
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
