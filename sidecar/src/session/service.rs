@@ -28,7 +28,7 @@ use super::lru;
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
 use super::runner::{self, RunContext, RunEnd, RunSink};
-use super::store::{Notice, SessionStore, StoreError};
+use super::store::{Notice, Peer, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use crate::bindings::cache::ToolCache;
 use crate::llm::{ChatClient, ChatMessage};
@@ -210,6 +210,9 @@ pub struct Service {
     instance: String,
     /// Whether the last heartbeat reached the store (readiness follows it).
     store_ok: AtomicBool,
+    /// Other servers' heartbeats as last read, with when they were read
+    /// (see [`Service::held_elsewhere`]).
+    peers: Mutex<HashMap<String, (Peer, std::time::Instant)>>,
     /// This service, for the background writes of sync paths.
     me: std::sync::Weak<Service>,
 }
@@ -239,6 +242,7 @@ impl Service {
             live: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
             store_ok: AtomicBool::new(true),
+            peers: Mutex::new(HashMap::new()),
         })
     }
 

@@ -180,11 +180,42 @@ impl Service {
             rec.holder
         };
         let other = other.filter(|o| *o != self.instance)?;
-        let peer = self.store.peer(&other).await.ok()??;
+        let peer = self.peer(&other).await?;
+        peer.address
+    }
+
+    /// Server `instance`'s last heartbeat, if it is within the lease. A
+    /// heartbeat read less than a beat ago is not read again (every request
+    /// forwarded to a server would read it): one that has not lapsed can
+    /// only be older than the stored one, so it answers as a fresh read
+    /// would, but for a server that stopped since, whose requests then fall
+    /// back to being served here, as for one that cannot be reached.
+    async fn peer(&self, instance: &str) -> Option<Peer> {
         let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
-        if now_ms().saturating_sub(peer.at) > lease {
+        let alive = |p: &Peer| now_ms().saturating_sub(p.at) <= lease;
+        let cached = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(instance)
+            .filter(|(p, read)| read.elapsed() < self.cfg.lease.heartbeat && alive(p))
+            .map(|(p, _)| p.clone());
+        if let Some(peer) = cached {
+            return Some(peer);
+        }
+        let peer = self.store.peer(instance).await.ok()??;
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        // Servers come and go (a new instance id each start): keep only
+        // those still beating.
+        peers.retain(|_, (p, _)| alive(p));
+        if !alive(&peer) {
+            peers.remove(instance);
             return None;
         }
-        peer.address
+        peers.insert(
+            instance.to_string(),
+            (peer.clone(), std::time::Instant::now()),
+        );
+        Some(peer)
     }
 }
