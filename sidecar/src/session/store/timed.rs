@@ -95,6 +95,10 @@ impl SessionStore for Timed {
         self.time("prune_runners", self.inner.prune_runners(before))
             .await
     }
+    async fn release_memory(&self) {
+        self.time("release_memory", self.inner.release_memory())
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -121,5 +125,124 @@ mod tests {
             Err(StoreError::NotFound(_))
         ));
         assert_eq!(*seen.lock().unwrap(), ["create", "get", "get", "update"]);
+    }
+
+    /// A store that only notes which operation reached it.
+    #[derive(Default)]
+    struct Reached(Mutex<Vec<&'static str>>);
+
+    impl Reached {
+        fn note(&self, op: &'static str) {
+            self.0.lock().unwrap().push(op);
+        }
+    }
+
+    #[async_trait]
+    impl SessionStore for Reached {
+        async fn create(&self, _: &SessionRecord) -> Result<(), StoreError> {
+            self.note("create");
+            Ok(())
+        }
+        async fn get(&self, _: &str) -> Result<Option<SessionRecord>, StoreError> {
+            self.note("get");
+            Ok(None)
+        }
+        async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
+            self.note("list");
+            Ok(Vec::new())
+        }
+        async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
+            self.note("running");
+            Ok(Vec::new())
+        }
+        async fn update(&self, _: &SessionRecord) -> Result<(), StoreError> {
+            self.note("update");
+            Ok(())
+        }
+        async fn append_event(
+            &self,
+            _: &str,
+            _: &str,
+            _: &serde_json::Value,
+            _: i64,
+        ) -> Result<i64, StoreError> {
+            self.note("append_event");
+            Ok(1)
+        }
+        async fn events_after(&self, _: &str, _: i64) -> Result<Vec<EventRecord>, StoreError> {
+            self.note("events_after");
+            Ok(Vec::new())
+        }
+        async fn beat(&self, _: &str, _: i64, _: Option<&str>) -> Result<(), StoreError> {
+            self.note("beat");
+            Ok(())
+        }
+        async fn peer(&self, _: &str) -> Result<Option<Peer>, StoreError> {
+            self.note("peer");
+            Ok(None)
+        }
+        async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
+            self.note("heartbeats");
+            Ok(HashMap::new())
+        }
+        async fn forget_runner(&self, _: &str) -> Result<(), StoreError> {
+            self.note("forget_runner");
+            Ok(())
+        }
+        async fn prune_runners(&self, _: i64) -> Result<u64, StoreError> {
+            self.note("prune_runners");
+            Ok(0)
+        }
+        async fn release_memory(&self) {
+            self.note("release_memory");
+        }
+    }
+
+    /// A method with a default body that `Timed` does not pass on would
+    /// silently do the default (as `release_memory` once did: SQLite's
+    /// page cache was never emptied behind it).
+    #[tokio::test]
+    async fn every_operation_reaches_the_inner_store() {
+        let inner = Arc::new(Reached::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let store = Timed::new(
+            inner.clone(),
+            Arc::new(move |op, _| log.lock().unwrap().push(op)),
+        );
+        let rec = record("s1", 1);
+        store.create(&rec).await.unwrap();
+        store.get("s1").await.unwrap();
+        store.list().await.unwrap();
+        store.running().await.unwrap();
+        store.update(&rec).await.unwrap();
+        store
+            .append_event("s1", "k", &serde_json::Value::Null, 1)
+            .await
+            .unwrap();
+        store.events_after("s1", 0).await.unwrap();
+        store.beat("i", 1, None).await.unwrap();
+        store.peer("i").await.unwrap();
+        store.heartbeats().await.unwrap();
+        store.forget_runner("i").await.unwrap();
+        store.prune_runners(0).await.unwrap();
+        store.release_memory().await;
+        let all = [
+            "create",
+            "get",
+            "list",
+            "running",
+            "update",
+            "append_event",
+            "events_after",
+            "beat",
+            "peer",
+            "heartbeats",
+            "forget_runner",
+            "prune_runners",
+            "release_memory",
+        ];
+        assert_eq!(*inner.0.lock().unwrap(), all);
+        assert_eq!(*seen.lock().unwrap(), all);
     }
 }
