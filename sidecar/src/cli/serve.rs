@@ -47,10 +47,11 @@ struct CliSink;
 
 #[async_trait]
 impl RunSink for CliSink {
-    async fn turn(&self, _: &ChatMessage) {}
-    async fn event(&self, kind: &'static str, data: serde_json::Value) {
-        if kind == "tool_call" {
-            tracing::info!(tool = %data["name"], "tool call");
+    async fn turn(&self, _: &ChatMessage, events: runner::Events) {
+        for (kind, data) in events {
+            if kind == "tool_call" {
+                tracing::info!(tool = %data["name"], "tool call");
+            }
         }
     }
     fn delta(&self, _: &str) {}

@@ -69,13 +69,16 @@ pub fn call_arguments(call: &ToolCall) -> serde_json::Value {
 /// Where a run reports what happens.
 #[async_trait]
 pub trait RunSink: Send + Sync {
-    /// A message to append to the history (persisted).
-    async fn turn(&self, msg: &ChatMessage);
-    /// An event for the session's stream (persisted, with an id).
-    async fn event(&self, kind: &'static str, data: serde_json::Value);
+    /// A message to append to the history and the events it made for the
+    /// session's stream (kind, data), persisted together, each event with
+    /// an id.
+    async fn turn(&self, msg: &ChatMessage, events: Events);
     /// Streamed text as it arrives (live only).
     fn delta(&self, text: &str);
 }
+
+/// Events for the session's stream: kind and data.
+pub type Events = Vec<(&'static str, serde_json::Value)>;
 
 pub struct RunContext<'a> {
     pub agent: &'a LoadedAgent,
@@ -138,20 +141,20 @@ pub async fn run(
             };
             let message = response.to_message();
             history.push(message.clone());
-            sink.turn(&message).await;
+            let mut events = Events::new();
             if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
-                sink.event("message", json!({"role": "assistant", "content": text})).await;
-            }
-            if response.tool_calls.is_empty() {
-                return RunEnd::Completed;
+                events.push(("message", json!({"role": "assistant", "content": text})));
             }
             for call in &response.tool_calls {
                 // The call as the model made it: bound values are merged later.
-                sink.event(
+                events.push((
                     "tool_call",
                     json!({"id": call.id, "name": call.name, "arguments": call.arguments}),
-                )
-                .await;
+                ));
+            }
+            sink.turn(&message, events).await;
+            if response.tool_calls.is_empty() {
+                return RunEnd::Completed;
             }
             let (waiting, now): (Vec<_>, Vec<_>) = response
                 .tool_calls
@@ -167,7 +170,7 @@ pub async fn run(
                 for call in &response.tool_calls {
                     let msg = ChatMessage::tool_result(&call.id, "error: the run was cancelled");
                     history.push(msg.clone());
-                    sink.turn(&msg).await;
+                    sink.turn(&msg, Events::new()).await;
                 }
                 return RunEnd::Cancelled;
             };
@@ -236,9 +239,8 @@ async fn record_result(
     };
     let msg = ChatMessage::tool_result(id, output.clone());
     history.push(msg.clone());
-    sink.turn(&msg).await;
-    sink.event("tool_result", json!({"id": id, "ok": ok, "output": output}))
-        .await;
+    let event = json!({"id": id, "ok": ok, "output": output});
+    sink.turn(&msg, vec![("tool_result", event)]).await;
 }
 
 /// Answer the calls a run stopped before, as they were resolved: an
@@ -713,7 +715,6 @@ struct Discard;
 
 #[async_trait]
 impl RunSink for Discard {
-    async fn turn(&self, _: &ChatMessage) {}
-    async fn event(&self, _: &'static str, _: serde_json::Value) {}
+    async fn turn(&self, _: &ChatMessage, _: Events) {}
     fn delta(&self, _: &str) {}
 }

@@ -27,7 +27,7 @@ use super::lease::{LeaseConfig, Liveness};
 use super::lru;
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
-use super::runner::{self, RunContext, RunEnd, RunSink};
+use super::runner::{self, Events, RunContext, RunEnd, RunSink};
 use super::store::{Notice, Peer, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use crate::bindings::cache::ToolCache;

@@ -222,20 +222,35 @@ impl Service {
             ),
             RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
         };
+        // Stored with the record's end, in the same write.
+        let mut events = Events::new();
+        if !waiting.is_empty() {
+            // Without tokens: events are stored, tokens never are.
+            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
+            events.push(("pending", json!({"pending": items})));
+        }
+        events.push((
+            "run_finished",
+            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
+        ));
         let written = if taken {
             RunWrite::Taken
         } else {
-            self.write_run(id, |rec| {
-                rec.status = status;
-                rec.status_detail = detail.clone();
-                rec.runner = None;
-                rec.cancel_requested = false;
-                rec.pending.items = waiting.items.clone();
-            })
+            self.write_run(
+                id,
+                |rec| {
+                    rec.status = status;
+                    rec.status_detail = detail.clone();
+                    rec.runner = None;
+                    rec.cancel_requested = false;
+                    rec.pending.items = waiting.items.clone();
+                },
+                &events,
+            )
             .await
         };
-        match written {
-            RunWrite::Written => {}
+        let stored = match written {
+            RunWrite::Written(stored) => Some(stored),
             RunWrite::Taken => {
                 self.metrics.run_finished(RunOutcome::Failed);
                 tracing::warn!(
@@ -246,32 +261,33 @@ impl Service {
             }
             RunWrite::Failed(e) => {
                 tracing::error!(session = id, "cannot record the end of a run: {e}");
+                None
             }
-        }
+        };
         self.metrics.run_finished(outcome);
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
-        if !waiting.is_empty() {
-            // Without tokens: events are stored, tokens never are.
-            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
-            self.emit(id, "pending", json!({"pending": items})).await;
+        match stored {
+            Some(stored) => self.publish(id, stored),
+            // The end could not be stored; its events may still be.
+            None => {
+                for (kind, data) in events {
+                    self.emit(id, kind, data).await;
+                }
+            }
         }
-        self.emit(
-            id,
-            "run_finished",
-            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
-        )
-        .await;
     }
 
     /// Read-modify-write of a session by the run this process has on it,
-    /// under the session's lock. Nothing is written once the run is no
-    /// longer ours (another server found it lost and closed it); a write
-    /// that lost a race with a change elsewhere (parameters) is redone on
-    /// the fresh record.
+    /// under the session's lock, with `events` appended in the same store
+    /// operation (see [`Service::publish`] for their subscribers). Nothing
+    /// is written once the run is no longer ours (another server found it
+    /// lost and closed it); a write that lost a race with a change
+    /// elsewhere (parameters) is redone on the fresh record.
     pub(super) async fn write_run(
         &self,
         id: &str,
         change: impl Fn(&mut SessionRecord),
+        events: &[(&'static str, serde_json::Value)],
     ) -> RunWrite {
         let live = self.live(id);
         let mut written = live.lock.lock().await;
@@ -296,13 +312,24 @@ impl Service {
             }
             change(&mut rec);
             rec.version += 1;
-            rec.updated_at = now_ms();
-            match self.store.update(&rec).await {
-                Ok(()) => {
+            let at = now_ms();
+            rec.updated_at = at;
+            match self.store.update_with_events(&rec, events, at).await {
+                Ok(seqs) => {
                     if rec.status == SessionStatus::Running {
                         *written = Some(Box::new(rec));
                     }
-                    return RunWrite::Written;
+                    let stored = seqs
+                        .into_iter()
+                        .zip(events)
+                        .map(|(seq, (kind, data))| EventRecord {
+                            seq,
+                            kind: kind.to_string(),
+                            data: data.clone(),
+                            at,
+                        })
+                        .collect();
+                    return RunWrite::Written(stored);
                 }
                 Err(StoreError::Conflict(_)) => continue,
                 Err(e) => return RunWrite::Failed(e.to_string()),
@@ -313,8 +340,15 @@ impl Service {
         ))
     }
 
-    pub(super) async fn append_turn(&self, id: &str, msg: &ChatMessage) -> RunWrite {
-        let written = self.write_run(id, |rec| rec.turns.push(msg.clone())).await;
+    pub(super) async fn append_turn(
+        &self,
+        id: &str,
+        msg: &ChatMessage,
+        events: &[(&'static str, serde_json::Value)],
+    ) -> RunWrite {
+        let written = self
+            .write_run(id, |rec| rec.turns.push(msg.clone()), events)
+            .await;
         if let RunWrite::Failed(e) = &written {
             tracing::error!(session = id, "cannot store a turn: {e}");
         }
@@ -324,27 +358,36 @@ impl Service {
     pub(super) async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
         let at = now_ms();
         match self.store.append_event(id, kind, &data, at).await {
-            Ok(seq) => {
-                let Some(live) = self.peek(id) else {
-                    return; // nobody in memory, so nobody listening
-                };
-                let start = std::time::Instant::now();
-                live.events.send(LiveEvent::Stored(Arc::new(EventRecord {
+            Ok(seq) => self.publish(
+                id,
+                vec![EventRecord {
                     seq,
                     kind: kind.to_string(),
                     data,
                     at,
-                })));
-                self.metrics.event_fanout(start.elapsed());
-            }
+                }],
+            ),
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
+        }
+    }
+
+    /// Hand stored events to the session's live subscribers, in order.
+    pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
+        let Some(live) = self.peek(id) else {
+            return; // nobody in memory, so nobody listening
+        };
+        for event in events {
+            let start = std::time::Instant::now();
+            live.events.send(LiveEvent::Stored(Arc::new(event)));
+            self.metrics.event_fanout(start.elapsed());
         }
     }
 }
 
 /// What became of a run's write to its session.
 pub(super) enum RunWrite {
-    Written,
+    /// Stored, with the events that went with it.
+    Written(Vec<EventRecord>),
     /// The run is no longer this process's: another server closed it.
     Taken,
     Failed(String),
@@ -390,23 +433,26 @@ pub(super) struct SessionSink<'a> {
 
 #[async_trait]
 impl RunSink for SessionSink<'_> {
-    async fn turn(&self, msg: &ChatMessage) {
+    async fn turn(&self, msg: &ChatMessage, events: Events) {
         if self.taken.load(Ordering::Relaxed) {
             return;
         }
-        if let RunWrite::Taken = self.service.append_turn(self.id, msg).await {
-            tracing::warn!(
-                session = self.id,
-                "another server closed this run as lost (this server's heartbeat had lapsed): stopping it"
-            );
-            self.taken.store(true, Ordering::Relaxed);
-            self.cancel.cancel();
-        }
-    }
-
-    async fn event(&self, kind: &'static str, data: serde_json::Value) {
-        if !self.taken.load(Ordering::Relaxed) {
-            self.service.emit(self.id, kind, data).await;
+        match self.service.append_turn(self.id, msg, &events).await {
+            RunWrite::Written(stored) => self.service.publish(self.id, stored),
+            RunWrite::Taken => {
+                tracing::warn!(
+                    session = self.id,
+                    "another server closed this run as lost (this server's heartbeat had lapsed): stopping it"
+                );
+                self.taken.store(true, Ordering::Relaxed);
+                self.cancel.cancel();
+            }
+            // The turn could not be stored; its events may still be.
+            RunWrite::Failed(_) => {
+                for (kind, data) in events {
+                    self.service.emit(self.id, kind, data).await;
+                }
+            }
         }
     }
 

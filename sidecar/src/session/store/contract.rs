@@ -40,6 +40,7 @@ macro_rules! store_contract {
             case!(update_of_an_unknown_session_is_not_found);
             case!(list_is_newest_first_then_by_id);
             case!(events_are_numbered_per_session_and_read_in_order);
+            case!(an_update_and_its_events_are_stored_together);
             case!(concurrent_appends_get_distinct_seqs);
             case!(the_runner_of_a_run_is_stored_and_cleared);
             case!(a_cancel_request_is_stored_and_cleared);
@@ -256,6 +257,67 @@ pub async fn events_are_numbered_per_session_and_read_in_order(store: Arc<dyn Se
         Err(StoreError::NotFound(id)) => assert_eq!(id, "nope"),
         other => panic!("expected NotFound, got {other:?}"),
     }
+}
+
+pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&rec).await.unwrap();
+    store
+        .append_event("s1", "run_started", &json!(null), 10)
+        .await
+        .unwrap();
+
+    rec.version = 2;
+    rec.turns.push(ChatMessage::user("hi"));
+    let events = [("message", json!({"n": 1})), ("tool_call", json!({"n": 2}))];
+    let seqs = store.update_with_events(&rec, &events, 50).await.unwrap();
+    assert_eq!(seqs, [2, 3]);
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+    let stored = store.events_after("s1", 1).await.unwrap();
+    assert_eq!(
+        stored,
+        [
+            EventRecord {
+                seq: 2,
+                kind: "message".into(),
+                data: json!({"n": 1}),
+                at: 50
+            },
+            EventRecord {
+                seq: 3,
+                kind: "tool_call".into(),
+                data: json!({"n": 2}),
+                at: 50
+            },
+        ]
+    );
+
+    // A stale write stores neither the record nor its events.
+    let mut stale = rec.clone();
+    stale.status = SessionStatus::Failed;
+    match store.update_with_events(&stale, &events, 60).await {
+        Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+    assert!(store.events_after("s1", 3).await.unwrap().is_empty());
+
+    // Without events it is an update.
+    rec.version = 3;
+    rec.status = SessionStatus::Idle;
+    assert!(store
+        .update_with_events(&rec, &[], 70)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+
+    let mut ghost = record("ghost", 1);
+    ghost.version = 2;
+    assert!(matches!(
+        store.update_with_events(&ghost, &events, 80).await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 pub async fn concurrent_appends_get_distinct_seqs(store: Arc<dyn SessionStore>) {

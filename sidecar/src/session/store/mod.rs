@@ -92,6 +92,23 @@ pub trait SessionStore: Send + Sync {
         data: &serde_json::Value,
         at: i64,
     ) -> Result<i64, StoreError>;
+    /// [`update`](Self::update), then each of `events` (kind, data)
+    /// appended at `at`: their seqs, in order. A store that can does it in
+    /// one transaction, so that a turn and the events it made are stored
+    /// together or not at all (and in one commit rather than several).
+    async fn update_with_events(
+        &self,
+        rec: &SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.update(rec).await?;
+        let mut seqs = Vec::with_capacity(events.len());
+        for (kind, data) in events {
+            seqs.push(self.append_event(&rec.id, kind, data, at).await?);
+        }
+        Ok(seqs)
+    }
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;

@@ -295,6 +295,59 @@ fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
     e.sqlite_extended_error_code() == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
+/// Write `enc` over its row if the stored version is the one before it;
+/// in the caller's transaction, so "no row changed" and "does it exist"
+/// agree.
+fn update_row(conn: &Connection, enc: Columns, op: &Op<'_>) -> Result<(), StoreError> {
+    let changed = conn
+        .execute(
+            "UPDATE sessions
+             SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
+                 updated_at = ?6, version = ?7, turns = ?8, params = ?9,
+                 security = ?10, forked_from = ?11, runner = ?12,
+                 cancel_requested = ?13, pending = ?14, holder = ?15
+             WHERE id = ?1 AND version = ?7 - 1",
+            row_params(&enc),
+        )
+        .map_err(|e| op.db(e))?;
+    if changed == 0 {
+        let exists = session_exists(conn, &enc.id).map_err(|e| op.db(e))?;
+        return Err(if exists {
+            StoreError::Conflict(enc.id)
+        } else {
+            StoreError::NotFound(enc.id)
+        });
+    }
+    Ok(())
+}
+
+/// Append `events` (kind, JSON text) to `session` with the next seqs; the
+/// caller holds the write lock (an IMMEDIATE transaction).
+fn insert_events(
+    conn: &Connection,
+    session: &str,
+    events: &[(String, String)],
+    at: i64,
+) -> rusqlite::Result<Vec<i64>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let next: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1",
+        [session],
+        |row| row.get(0),
+    )?;
+    let mut insert = conn.prepare(
+        "INSERT INTO events (session_id, seq, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    let mut seqs = Vec::with_capacity(events.len());
+    for (seq, (kind, data)) in (next..).zip(events) {
+        insert.execute(params![session, seq, kind, data, at])?;
+        seqs.push(seq);
+    }
+    Ok(seqs)
+}
+
 fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
     conn.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
         .optional()
@@ -402,26 +455,34 @@ impl SessionStore for SqliteStore {
         self.run("update a session", move |conn, op| {
             // One transaction, so "no row changed" and "does it exist" agree.
             let tx = conn.transaction().map_err(|e| op.db(e))?;
-            let changed = tx
-                .execute(
-                    "UPDATE sessions
-                     SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
-                         updated_at = ?6, version = ?7, turns = ?8, params = ?9,
-                         security = ?10, forked_from = ?11, runner = ?12,
-                         cancel_requested = ?13, pending = ?14, holder = ?15
-                     WHERE id = ?1 AND version = ?7 - 1",
-                    row_params(&enc),
-                )
-                .map_err(|e| op.db(e))?;
-            if changed == 0 {
-                let exists = session_exists(&tx, &enc.id).map_err(|e| op.db(e))?;
-                return Err(if exists {
-                    StoreError::Conflict(enc.id)
-                } else {
-                    StoreError::NotFound(enc.id)
-                });
-            }
+            update_row(&tx, enc, op)?;
             tx.commit().map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn update_with_events(
+        &self,
+        rec: &SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let enc = self.encode(rec)?;
+        let session = rec.id.clone();
+        let events: Vec<(String, String)> = events
+            .iter()
+            .map(|(kind, data)| (kind.to_string(), data.to_string()))
+            .collect();
+        self.run("update a session and append its events", move |conn, op| {
+            // IMMEDIATE, as for `append_event`: the seqs are read and used
+            // under the write lock.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| op.db(e))?;
+            update_row(&tx, enc, op)?;
+            let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
+            tx.commit().map_err(|e| op.db(e))?;
+            Ok(seqs)
         })
         .await
     }
@@ -445,20 +506,9 @@ impl SessionStore for SqliteStore {
             if !session_exists(&tx, &session).map_err(|e| op.db(e))? {
                 return Err(StoreError::NotFound(session));
             }
-            let seq: i64 = tx
-                .query_row(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1",
-                    [&session],
-                    |row| row.get(0),
-                )
-                .map_err(|e| op.db(e))?;
-            tx.execute(
-                "INSERT INTO events (session_id, seq, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![session, seq, kind, data, at],
-            )
-            .map_err(|e| op.db(e))?;
+            let seqs = insert_events(&tx, &session, &[(kind, data)], at).map_err(|e| op.db(e))?;
             tx.commit().map_err(|e| op.db(e))?;
-            Ok(seq)
+            Ok(seqs[0])
         })
         .await
     }

@@ -69,6 +69,18 @@ impl SessionStore for Timed {
         )
         .await
     }
+    async fn update_with_events(
+        &self,
+        rec: &SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.time(
+            "update_with_events",
+            self.inner.update_with_events(rec, events, at),
+        )
+        .await
+    }
     async fn events_after(
         &self,
         session: &str,
@@ -169,6 +181,15 @@ mod tests {
             self.note("append_event");
             Ok(1)
         }
+        async fn update_with_events(
+            &self,
+            _: &SessionRecord,
+            _: &[(&str, serde_json::Value)],
+            _: i64,
+        ) -> Result<Vec<i64>, StoreError> {
+            self.note("update_with_events");
+            Ok(Vec::new())
+        }
         async fn events_after(&self, _: &str, _: i64) -> Result<Vec<EventRecord>, StoreError> {
             self.note("events_after");
             Ok(Vec::new())
@@ -220,6 +241,7 @@ mod tests {
             .append_event("s1", "k", &serde_json::Value::Null, 1)
             .await
             .unwrap();
+        store.update_with_events(&rec, &[], 1).await.unwrap();
         store.events_after("s1", 0).await.unwrap();
         store.beat("i", 1, None).await.unwrap();
         store.peer("i").await.unwrap();
@@ -234,6 +256,7 @@ mod tests {
             "running",
             "update",
             "append_event",
+            "update_with_events",
             "events_after",
             "beat",
             "peer",
