@@ -628,27 +628,61 @@ impl SessionStore for PostgresStore {
     }
 
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        self.update_with_events(rec, &[], rec.updated_at)
+            .await
+            .map(drop)
+    }
+
+    async fn update_with_events(
+        &self,
+        rec: &SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+    ) -> Result<Vec<i64>, StoreError> {
         let what = "update a session";
         let db = self.db(what);
         let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
+        let data: Vec<String> = events.iter().map(|(_, data)| data.to_string()).collect();
         let client = self.conn(what).await?;
-        // One statement: the version check and the write are atomic. Only
-        // when it changes nothing is a second one needed, to tell a stale
-        // version from a missing session.
-        let stmt = self
-            .prepare(
-                &client,
-                what,
-                "UPDATE bindery_sessions
+        // One statement: the version check, the write and the events (with
+        // their seqs and notices, as `append_event`'s) are atomic, in one
+        // round trip. Only when it changes nothing is a second one needed,
+        // to tell a stale version from a missing session.
+        let sql = format!(
+            "WITH u AS (
+                 UPDATE bindery_sessions
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13, pending = $14, holder = $15
-                 WHERE id = $1 AND version + 1 = $7",
+                     cancel_requested = $13, pending = $14, holder = $15,
+                     event_seq = event_seq + cardinality($16::TEXT[])
+                 WHERE id = $1 AND version + 1 = $7
+                 RETURNING event_seq
+             ), e AS (
+                 INSERT INTO bindery_events (session_id, seq, kind, data, at)
+                 SELECT $1, u.event_seq - cardinality($16::TEXT[]) + x.n, x.kind, x.data, $18
+                 FROM u, unnest($16::TEXT[], $17::TEXT[]) WITH ORDINALITY AS x(kind, data, n)
+                 RETURNING seq
+             )
+             SELECT (SELECT count(*) FROM u),
+                    COALESCE((SELECT array_agg(seq ORDER BY seq) FROM e), '{{}}'),
+                    (SELECT count(pg_notify('{NOTICE_CHANNEL}', $1 || ' ' || seq)) FROM e)"
+        );
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let [p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15] = row_params(&c);
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, &kinds,
+                    &data, &at,
+                ],
             )
-            .await?;
-        let changed = client.execute(&stmt, &row_params(&c)).await.map_err(&db)?;
-        if changed == 0 {
+            .await
+            .map_err(&db)?;
+        let updated: i64 = row.try_get(0).map_err(&db)?;
+        if updated == 0 {
             let stmt = self
                 .prepare(
                     &client,
@@ -667,7 +701,7 @@ impl SessionStore for PostgresStore {
                 StoreError::NotFound(c.id)
             });
         }
-        Ok(())
+        row.try_get(1).map_err(&db)
     }
 
     async fn append_event(
