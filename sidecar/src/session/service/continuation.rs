@@ -449,13 +449,13 @@ impl Service {
 
     /// Close every call whose confirmation time ran out (each heartbeat).
     pub async fn expire_due(self: &Arc<Self>) -> Result<usize, ServiceError> {
-        // Reading every session is for agents that set a confirmTtl only.
+        // Reading the waiting sessions is for agents that set a confirmTtl only.
         if !self.tree.agents.values().any(|a| a.confirm_ttl().is_some()) {
             return Ok(0);
         }
         let now = now_ms();
         let mut n = 0;
-        for rec in self.store.list().await? {
+        for rec in self.store.waiting().await? {
             let due = rec.status == SessionStatus::WaitingExternal
                 && rec
                     .pending

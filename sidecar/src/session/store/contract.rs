@@ -43,6 +43,7 @@ macro_rules! store_contract {
             case!(an_update_and_its_events_are_stored_together);
             case!(concurrent_appends_get_distinct_seqs);
             case!(the_runner_of_a_run_is_stored_and_cleared);
+            case!(waiting_sessions_are_listed_apart);
             case!(a_cancel_request_is_stored_and_cleared);
             case!(heartbeats_are_kept_per_instance_and_forgotten);
             case!(a_servers_address_is_kept_with_its_heartbeat);
@@ -359,6 +360,22 @@ pub async fn the_runner_of_a_run_is_stored_and_cleared(store: Arc<dyn SessionSto
     store.update(&rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap().unwrap().runner, None);
     assert!(store.running().await.unwrap().is_empty());
+}
+
+pub async fn waiting_sessions_are_listed_apart(store: Arc<dyn SessionStore>) {
+    let mut waits = record("s2", 1);
+    waits.status = SessionStatus::WaitingExternal;
+    let mut runs = record("s1", 2);
+    runs.status = SessionStatus::Running;
+    for rec in [&waits, &runs, &record("s3", 3)] {
+        store.create(rec).await.unwrap();
+    }
+    assert_eq!(store.waiting().await.unwrap(), [waits.clone()]);
+    assert_eq!(store.running().await.unwrap(), [runs]);
+    waits.version = 2;
+    waits.status = SessionStatus::Idle;
+    store.update(&waits).await.unwrap();
+    assert!(store.waiting().await.unwrap().is_empty());
 }
 
 pub async fn a_cancel_request_is_stored_and_cleared(store: Arc<dyn SessionStore>) {

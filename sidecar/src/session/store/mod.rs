@@ -82,6 +82,8 @@ pub trait SessionStore: Send + Sync {
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// The sessions whose status is `running`, by id.
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError>;
+    /// The sessions whose status is `waiting_external`, by id.
+    async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// Replace a session whose stored version is `rec.version - 1`.
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError>;
     /// Append an event; its `seq` is assigned here and returned.

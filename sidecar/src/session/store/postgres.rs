@@ -627,6 +627,14 @@ impl SessionStore for PostgresStore {
         .await
     }
 
+    async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.sessions(
+            "list waiting sessions",
+            "WHERE status = 'waiting_external' ORDER BY id COLLATE \"C\"",
+        )
+        .await
+    }
+
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         self.update_with_events(rec, &[], rec.updated_at)
             .await

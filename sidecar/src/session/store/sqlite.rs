@@ -135,6 +135,29 @@ impl SqliteStore {
         })
     }
 
+    /// The sessions whose status is `status`, by id.
+    async fn with_status(
+        &self,
+        what: &'static str,
+        status: &'static str,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        self.run(what, move |conn, op| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE status = ?1 ORDER BY id"
+                ))
+                .map_err(|e| op.db(e))?;
+            let rows = stmt.query_map([status], columns).map_err(|e| op.db(e))?;
+            rows.map(|raw| {
+                raw.map_err(|e| op.db(e))?
+                    .decode()
+                    .map_err(|why| op.fail(why))
+            })
+            .collect()
+        })
+        .await
+    }
+
     /// Run `f` with the connection on the blocking pool.
     async fn run<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
@@ -433,21 +456,12 @@ impl SessionStore for SqliteStore {
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.run("list running sessions", |conn, op| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE status = 'running' ORDER BY id"
-                ))
-                .map_err(|e| op.db(e))?;
-            let rows = stmt.query_map([], columns).map_err(|e| op.db(e))?;
-            rows.map(|raw| {
-                raw.map_err(|e| op.db(e))?
-                    .decode()
-                    .map_err(|why| op.fail(why))
-            })
-            .collect()
-        })
-        .await
+        self.with_status("list running sessions", "running").await
+    }
+
+    async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.with_status("list waiting sessions", "waiting_external")
+            .await
     }
 
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {

@@ -53,6 +53,9 @@ impl SessionStore for Timed {
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.time("running", self.inner.running()).await
     }
+    async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
+        self.time("waiting", self.inner.waiting()).await
+    }
     async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         self.time("update", self.inner.update(rec)).await
     }
@@ -167,6 +170,10 @@ mod tests {
             self.note("running");
             Ok(Vec::new())
         }
+        async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
+            self.note("waiting");
+            Ok(Vec::new())
+        }
         async fn update(&self, _: &SessionRecord) -> Result<(), StoreError> {
             self.note("update");
             Ok(())
@@ -236,6 +243,7 @@ mod tests {
         store.get("s1").await.unwrap();
         store.list().await.unwrap();
         store.running().await.unwrap();
+        store.waiting().await.unwrap();
         store.update(&rec).await.unwrap();
         store
             .append_event("s1", "k", &serde_json::Value::Null, 1)
@@ -254,6 +262,7 @@ mod tests {
             "get",
             "list",
             "running",
+            "waiting",
             "update",
             "append_event",
             "update_with_events",
