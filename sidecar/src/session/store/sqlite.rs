@@ -135,19 +135,23 @@ impl SqliteStore {
         })
     }
 
-    /// The sessions whose status is `status`, by id.
-    async fn with_status(
+    /// The sessions `SELECT … FROM sessions {tail}` finds, `status` bound
+    /// to `?1` if given.
+    async fn sessions(
         &self,
         what: &'static str,
-        status: &'static str,
+        tail: &'static str,
+        status: Option<&'static str>,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         self.run(what, move |conn, op| {
             let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE status = ?1 ORDER BY id"
-                ))
+                .prepare(&format!("SELECT {SESSION_COLUMNS} FROM sessions {tail}"))
                 .map_err(|e| op.db(e))?;
-            let rows = stmt.query_map([status], columns).map_err(|e| op.db(e))?;
+            let params: &[&dyn rusqlite::ToSql] = match &status {
+                Some(s) => &[s],
+                None => &[],
+            };
+            let rows = stmt.query_map(params, columns).map_err(|e| op.db(e))?;
             rows.map(|raw| {
                 raw.map_err(|e| op.db(e))?
                     .decode()
@@ -438,29 +442,19 @@ impl SessionStore for SqliteStore {
     }
 
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.run("list sessions", |conn, op| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, id"
-                ))
-                .map_err(|e| op.db(e))?;
-            let rows = stmt.query_map([], columns).map_err(|e| op.db(e))?;
-            rows.map(|raw| {
-                raw.map_err(|e| op.db(e))?
-                    .decode()
-                    .map_err(|why| op.fail(why))
-            })
-            .collect()
-        })
-        .await
+        self.sessions("list sessions", "ORDER BY created_at DESC, id", None)
+            .await
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.with_status("list running sessions", "running").await
+        let tail = "WHERE status = ?1 ORDER BY id";
+        self.sessions("list running sessions", tail, Some("running"))
+            .await
     }
 
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.with_status("list waiting sessions", "waiting_external")
+        let tail = "WHERE status = ?1 ORDER BY id";
+        self.sessions("list waiting sessions", tail, Some("waiting_external"))
             .await
     }
 
