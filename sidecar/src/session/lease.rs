@@ -45,6 +45,13 @@ impl LeaseConfig {
     }
 }
 
+/// Whether a heartbeat stamped `at` has lapsed at `now` (both milliseconds
+/// since the epoch) under `lease`.
+pub fn lapsed(lease: Duration, at: i64, now: i64) -> bool {
+    let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    now.saturating_sub(at) > lease
+}
+
 /// What a server knows when it judges runs.
 #[derive(Debug)]
 pub struct Liveness<'a> {
@@ -67,8 +74,7 @@ impl Liveness<'_> {
         if rec.status != SessionStatus::Running || running_here {
             return false;
         }
-        let lease = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
-        let stale = |at: i64| self.now.saturating_sub(at) > lease;
+        let stale = |at: i64| lapsed(self.lease, at, self.now);
         match rec.runner.as_deref() {
             // Ours by the record yet not in memory: its end could not be
             // recorded, and nobody else will close it while we beat.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::{ErrorKind, ServiceError};
 use super::fanout::Fanout;
 pub use super::fanout::LiveEvent;
-use super::lease::{LeaseConfig, Liveness};
+use super::lease::{self, LeaseConfig, Liveness};
 use super::lru;
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};

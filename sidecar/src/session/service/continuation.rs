@@ -456,12 +456,11 @@ impl Service {
         let now = now_ms();
         let mut n = 0;
         for rec in self.store.waiting().await? {
-            let due = rec.status == SessionStatus::WaitingExternal
-                && rec
-                    .pending
-                    .open()
-                    // A stale choice is asked again only when someone answers it.
-                    .any(|i| i.lookup.is_none() && i.expires_at.is_some_and(|t| t <= now));
+            let due = rec
+                .pending
+                .open()
+                // A stale choice is asked again only when someone answers it.
+                .any(|i| i.lookup.is_none() && i.expires_at.is_some_and(|t| t <= now));
             if due && self.expire_session(&rec.id).await? {
                 n += 1;
             }

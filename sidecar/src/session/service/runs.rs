@@ -269,11 +269,7 @@ impl Service {
         match stored {
             Some(stored) => self.publish(id, stored),
             // The end could not be stored; its events may still be.
-            None => {
-                for (kind, data) in events {
-                    self.emit(id, kind, data).await;
-                }
-            }
+            None => self.emit_all(id, events).await,
         }
     }
 
@@ -371,6 +367,13 @@ impl Service {
         }
     }
 
+    /// Each of `events` stored on its own, then handed to subscribers.
+    async fn emit_all(&self, id: &str, events: Events) {
+        for (kind, data) in events {
+            self.emit(id, kind, data).await;
+        }
+    }
+
     /// Hand stored events to the session's live subscribers, in order.
     pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
         let Some(live) = self.peek(id) else {
@@ -448,11 +451,7 @@ impl RunSink for SessionSink<'_> {
                 self.cancel.cancel();
             }
             // The turn could not be stored; its events may still be.
-            RunWrite::Failed(_) => {
-                for (kind, data) in events {
-                    self.service.emit(self.id, kind, data).await;
-                }
-            }
+            RunWrite::Failed(_) => self.service.emit_all(self.id, events).await,
         }
     }
 

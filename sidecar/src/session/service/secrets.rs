@@ -191,8 +191,7 @@ impl Service {
     /// would, but for a server that stopped since, whose requests then fall
     /// back to being served here, as for one that cannot be reached.
     async fn peer(&self, instance: &str) -> Option<Peer> {
-        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
-        let alive = |p: &Peer| now_ms().saturating_sub(p.at) <= lease;
+        let alive = |p: &Peer| !lease::lapsed(self.cfg.lease.lease, p.at, now_ms());
         let cached = self
             .peers
             .lock()
@@ -209,7 +208,6 @@ impl Service {
         // those still beating.
         peers.retain(|_, (p, _)| alive(p));
         if !alive(&peer) {
-            peers.remove(instance);
             return None;
         }
         peers.insert(

@@ -85,7 +85,11 @@ pub trait SessionStore: Send + Sync {
     /// The sessions whose status is `waiting_external`, by id.
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// Replace a session whose stored version is `rec.version - 1`.
-    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError>;
+    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+        self.update_with_events(rec, &[], rec.updated_at)
+            .await
+            .map(drop)
+    }
     /// Append an event; its `seq` is assigned here and returned.
     async fn append_event(
         &self,
@@ -94,23 +98,15 @@ pub trait SessionStore: Send + Sync {
         data: &serde_json::Value,
         at: i64,
     ) -> Result<i64, StoreError>;
-    /// [`update`](Self::update), then each of `events` (kind, data)
-    /// appended at `at`: their seqs, in order. A store that can does it in
-    /// one transaction, so that a turn and the events it made are stored
-    /// together or not at all (and in one commit rather than several).
+    /// [`update`](Self::update), and each of `events` (kind, data)
+    /// appended at `at`, in one transaction: a turn and the events it made
+    /// are stored together or not at all. Their seqs, in order.
     async fn update_with_events(
         &self,
         rec: &SessionRecord,
         events: &[(&str, serde_json::Value)],
         at: i64,
-    ) -> Result<Vec<i64>, StoreError> {
-        self.update(rec).await?;
-        let mut seqs = Vec::with_capacity(events.len());
-        for (kind, data) in events {
-            seqs.push(self.append_event(&rec.id, kind, data, at).await?);
-        }
-        Ok(seqs)
-    }
+    ) -> Result<Vec<i64>, StoreError>;
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;

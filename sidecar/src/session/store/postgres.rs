@@ -635,12 +635,6 @@ impl SessionStore for PostgresStore {
         .await
     }
 
-    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        self.update_with_events(rec, &[], rec.updated_at)
-            .await
-            .map(drop)
-    }
-
     async fn update_with_events(
         &self,
         rec: &SessionRecord,

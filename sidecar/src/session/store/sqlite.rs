@@ -458,17 +458,6 @@ impl SessionStore for SqliteStore {
             .await
     }
 
-    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        let enc = self.encode(rec)?;
-        self.run("update a session", move |conn, op| {
-            // One transaction, so "no row changed" and "does it exist" agree.
-            let tx = conn.transaction().map_err(|e| op.db(e))?;
-            update_row(&tx, enc, op)?;
-            tx.commit().map_err(|e| op.db(e))
-        })
-        .await
-    }
-
     async fn update_with_events(
         &self,
         rec: &SessionRecord,
@@ -481,7 +470,7 @@ impl SessionStore for SqliteStore {
             .iter()
             .map(|(kind, data)| (kind.to_string(), data.to_string()))
             .collect();
-        self.run("update a session and append its events", move |conn, op| {
+        self.run("update a session", move |conn, op| {
             // IMMEDIATE, as for `append_event`: the seqs are read and used
             // under the write lock.
             let tx = conn
