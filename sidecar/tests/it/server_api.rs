@@ -103,48 +103,38 @@ async fn every_code_of_the_validation_table() {
     let w = World::new(tool_then_answer).await;
     let (sidecar, api) = w.start(&[], &[]);
 
-    // 422 unknown_params: a typo, named back.
-    let r = create(
-        &api,
-        json!({"agent": "invoices", "prompt": "hi",
-               "params": {"tenant": "acme", "billing_token": CANARY, "tennant": "acme"}}),
-    )
-    .await;
-    assert_eq!(
-        error_of(&r),
-        refusal(422, "unknown_params", &["tennant"]),
-        "{}",
-        r.text
-    );
-
-    // 403 forbidden_params: a process-scope name.
-    let r = create(
-        &api,
-        json!({"agent": "invoices", "prompt": "hi",
-               "params": {"tenant": "acme", "billing_token": CANARY, "region": "us"}}),
-    )
-    .await;
-    assert_eq!(
-        error_of(&r),
-        refusal(403, "forbidden_params", &["region"]),
-        "{}",
-        r.text
-    );
-
-    // 422 invalid_params: a secret given as a number.
-    let r = create(
-        &api,
-        json!({"agent": "invoices", "prompt": "hi",
-               "params": {"tenant": "acme", "billing_token": 4242}}),
-    )
-    .await;
-    assert_eq!(
-        error_of(&r),
-        refusal(422, "invalid_params", &["billing_token"]),
-        "{}",
-        r.text
-    );
-    assert!(!r.text.contains("4242"), "the value is echoed: {}", r.text);
+    // Refused creations: (params, status, code, names, a value never echoed).
+    let rows = [
+        // A typo, named back.
+        (
+            json!({"tenant": "acme", "billing_token": CANARY, "tennant": "acme"}),
+            refusal(422, "unknown_params", &["tennant"]),
+            None,
+        ),
+        // A process-scope name.
+        (
+            json!({"tenant": "acme", "billing_token": CANARY, "region": "us"}),
+            refusal(403, "forbidden_params", &["region"]),
+            None,
+        ),
+        // A secret given as a number.
+        (
+            json!({"tenant": "acme", "billing_token": 4242}),
+            refusal(422, "invalid_params", &["billing_token"]),
+            Some("4242"),
+        ),
+    ];
+    for (params, expected, hidden) in rows {
+        let r = create(
+            &api,
+            json!({"agent": "invoices", "prompt": "hi", "params": params}),
+        )
+        .await;
+        assert_eq!(error_of(&r), expected, "{params}: {}", r.text);
+        if let Some(value) = hidden {
+            assert!(!r.text.contains(value), "the value is echoed: {}", r.text);
+        }
+    }
 
     // 422 params_required on creation, with a prompt and without.
     for body in [
@@ -292,15 +282,7 @@ async fn every_code_of_the_validation_table() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let r = api
-        .call(
-            "POST",
-            &format!("{messages}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "which invoices are overdue?"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let r = message_waited(&api, &id, "which invoices are overdue?").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(w.mock.request_count(), 2);
     assert!(!sidecar.logs().contains(CANARY));
@@ -640,15 +622,7 @@ async fn run_lifecycle_errors() {
     assert_eq!(error_of(&r).1, "not_running", "{}", r.text);
 
     // The session goes on: the model is sent a well-formed history.
-    let r = api
-        .call(
-            "POST",
-            &format!("{messages}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "hello again"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let r = message_waited(&api, &id, "hello again").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(r.json["status_detail"], Value::Null, "{}", r.text);
     assert_well_formed(&turns_of(&r));
