@@ -12,6 +12,12 @@
 //!   speaks HTTP/1 only (as before: HTTP/2 is not built in), so hyper reads
 //!   the socket itself.
 //!
+//! - the future of the request in flight: hyper boxes it once per
+//!   connection and keeps the box (about 300 bytes with the request it
+//!   holds) for the connection's life, an open event stream included.
+//!   Here that box is a pointer, and the future a box of its own that goes
+//!   when the response is ready.
+//!
 //! Graceful shutdown is unchanged: on the signal no new connection is
 //! taken, each open one finishes the response in flight, and the future
 //! returns once all have closed.
@@ -20,7 +26,9 @@ use std::future::Future;
 
 use axum::serve::Listener;
 use axum::Router;
+use futures::future::BoxFuture;
 use hyper::server::conn::http1;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -35,7 +43,8 @@ pub async fn serve<L: Listener>(mut listener: L, router: Router, signal: impl Fu
             (io, _) = listener.accept() => io,
             () = &mut signal => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let tower = TowerToHyperService::new(router.clone());
+        let service = service_fn(move |req| -> BoxFuture<'static, _> { Box::pin(tower.call(req)) });
         let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
         let conn = connections.watch(conn);
         tokio::spawn(async move {
