@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod chat;
+pub mod event_stream;
 pub mod mcp;
 pub mod openapi;
 pub mod peers;

@@ -5,7 +5,6 @@
 #![allow(unused_qualifications)]
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +13,9 @@ use axum::body::Bytes;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use axum::{Json, Router};
-use futures::Stream;
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
@@ -35,7 +32,7 @@ use super::peers::Incoming;
 use super::state::AppState;
 use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
 use crate::session::error::{ErrorKind, ServiceError};
-use crate::session::service::{Answer, CreateSession, Feed, LiveEvent, RunMode, RunWait, Service};
+use crate::session::service::{Answer, CreateSession, RunMode, RunWait};
 use crate::session::validate::Caller;
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
@@ -946,39 +943,9 @@ async fn events(
         .or(q.after)
         .unwrap_or(0);
     let (stored, feed) = s.service.events(&id, after).await?;
-    Ok(Sse::new(event_stream(s.service.clone(), stored, feed))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
-}
-
-fn to_sse(e: &crate::session::model::EventRecord) -> Event {
-    Event::default()
-        .id(e.seq.to_string())
-        .event(e.kind.clone())
-        .data(e.data.to_string())
-}
-
-/// Stored events first, then the feed's (see `Service::next_events`). A
-/// subscriber that falls too far behind is dropped; it reconnects with
-/// `Last-Event-ID`.
-fn event_stream(
-    service: Arc<Service>,
-    stored: Vec<crate::session::model::EventRecord>,
-    feed: Feed,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let replay = futures::stream::iter(stored.iter().map(to_sse).map(Ok).collect::<Vec<_>>());
-    let live = futures::stream::unfold((service, feed), |(service, mut feed)| async move {
-        let events = service.next_events(&mut feed).await?;
-        let sse: Vec<_> = events
-            .iter()
-            .map(|e| match e {
-                LiveEvent::Stored(e) => Ok(to_sse(e)),
-                LiveEvent::Delta(text) => Ok(Event::default()
-                    .event("delta")
-                    .data(json!({"content": text}).to_string())),
-            })
-            .collect();
-        Some((futures::stream::iter(sse), (service, feed)))
-    });
-    futures::StreamExt::chain(replay, futures::StreamExt::flatten(live))
+    Ok(super::event_stream::response(
+        s.service.clone(),
+        stored,
+        feed,
+    ))
 }

@@ -177,6 +177,11 @@ pub enum Command {
         #[arg(long, value_name = "N", env = "BINDERY_MAX_LIVE_SESSIONS",
               value_parser = clap::value_parser!(u64).range(1..))]
         max_live_sessions: Option<u64>,
+        /// Send a comment on each event stream with nothing to say this
+        /// often, so that a proxy with an idle timeout keeps it open.
+        #[arg(long, value_name = "DURATION", env = "BINDERY_EVENTS_KEEP_ALIVE",
+              default_value = "15s", value_parser = parse_interval)]
+        events_keep_alive: std::time::Duration,
         /// Do not ask the model for streamed replies.
         #[arg(long)]
         no_stream: bool,
@@ -262,4 +267,13 @@ pub struct AgentArgs {
     /// Bytes of a tool's output kept.
     #[arg(long, default_value_t = 256 * 1024)]
     pub tool_max_output: usize,
+}
+
+/// A duration that repeats (`15s`, `1m`): more than zero.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than zero".to_string()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }

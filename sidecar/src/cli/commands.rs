@@ -120,6 +120,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             tool_cache_ttl,
             live_session_ttl,
             max_live_sessions,
+            events_keep_alive,
             no_stream,
             runner_heartbeat,
             runner_lease,
@@ -136,6 +137,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 tool_cache_ttl,
                 live_session_ttl,
                 max_live_sessions: max_live_sessions.map(|n| n as usize),
+                events_keep_alive,
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,

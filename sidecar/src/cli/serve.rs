@@ -257,6 +257,7 @@ pub struct ServeArgs<'a> {
     pub tool_cache_ttl: u64,
     pub live_session_ttl: Option<Duration>,
     pub max_live_sessions: Option<usize>,
+    pub events_keep_alive: Duration,
     pub stream: bool,
     pub lease: LeaseConfig,
 }
@@ -328,6 +329,11 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let stop_beating = CancellationToken::new();
     let beating = tokio::spawn(service.clone().keep_alive(stop_beating.clone()));
     tokio::spawn(service.clone().relay_notices(stop_beating.clone()));
+    tokio::spawn(
+        service
+            .clone()
+            .ping_streams(a.events_keep_alive, stop_beating.clone()),
+    );
     if let Some(ttl) = a.live_session_ttl {
         // A session outlives its TTL by at most a quarter of it.
         let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));

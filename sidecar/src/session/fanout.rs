@@ -9,16 +9,17 @@
 //! from the store). An event is shared, not copied, by the subscribers
 //! that have not read it yet, and a queued slot is two words.
 //!
-//! The queue is a `VecDeque` and a `Notify` in one allocation (about 100
-//! bytes) rather than a tokio `mpsc` channel, which allocates its state
-//! and a first block of 32 slots (about 1 KiB) per subscriber, queued or
-//! not: with thousands of open event streams that was a tenth of what
-//! each cost.
+//! The queue is a `VecDeque`, two flags and the reader's waker in one
+//! allocation (about 100 bytes), polled by the event stream's body itself
+//! (`api/event_stream.rs`): no channel state, no future per subscriber.
+//! Besides events, the fanout can raise two flags on every queue: another
+//! server stored events (read the store), and a keep-alive is due. So a
+//! session needs no watch channel of its own for the first, and a stream
+//! no timer of its own for the second.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-
-use tokio::sync::Notify;
+use std::task::{Context, Poll, Waker};
 
 use super::model::EventRecord;
 
@@ -32,17 +33,30 @@ pub enum LiveEvent {
     Delta(Arc<str>),
 }
 
+/// What a subscriber reads from its queue.
+#[derive(Debug)]
+pub enum Signal {
+    Event(LiveEvent),
+    /// Another server stored events of this session: they are in the
+    /// store, not in this queue.
+    StoredElsewhere,
+    /// Nothing for a while: time for a keep-alive.
+    Ping,
+}
+
 /// What the fanout and one subscriber share.
 #[derive(Default)]
 struct Queue {
     state: Mutex<State>,
-    /// Wakes the subscriber (one waiter: a stored permit is never lost).
-    ready: Notify,
 }
 
 #[derive(Default)]
 struct State {
     events: VecDeque<LiveEvent>,
+    /// The reader waiting for the next signal.
+    waker: Option<Waker>,
+    stored_elsewhere: bool,
+    ping: bool,
     /// The fanout let go of this subscriber: no more events will come.
     ended: bool,
     /// The subscriber went.
@@ -60,16 +74,30 @@ impl Queue {
 struct Sender(Arc<Queue>);
 
 impl Sender {
-    /// False if the subscriber is gone or `BUFFER` events behind.
-    fn try_send(&self, event: LiveEvent) -> bool {
+    /// Change the queue and wake its reader, unless the subscriber is gone
+    /// or `change` refuses (false for both).
+    fn update(&self, change: impl FnOnce(&mut State) -> bool) -> bool {
         let mut state = self.0.lock();
-        if state.gone || state.events.len() >= BUFFER {
+        if state.gone || !change(&mut state) {
             return false;
         }
-        state.events.push_back(event);
+        let waker = state.waker.take();
         drop(state);
-        self.0.ready.notify_one();
+        if let Some(w) = waker {
+            w.wake();
+        }
         true
+    }
+
+    /// False if the subscriber is gone or `BUFFER` events behind.
+    fn try_send(&self, event: LiveEvent) -> bool {
+        self.update(|state| {
+            if state.events.len() >= BUFFER {
+                return false;
+            }
+            state.events.push_back(event);
+            true
+        })
     }
 
     fn is_closed(&self) -> bool {
@@ -79,8 +107,10 @@ impl Sender {
 
 impl Drop for Sender {
     fn drop(&mut self) {
-        self.0.lock().ended = true;
-        self.0.ready.notify_one();
+        self.update(|state| {
+            state.ended = true;
+            true
+        });
     }
 }
 
@@ -88,27 +118,43 @@ impl Drop for Sender {
 pub struct Receiver(Arc<Queue>);
 
 impl Receiver {
-    /// The next event; `None` once the fanout let go of this subscriber and
-    /// everything queued has been read. Cancel-safe: nothing is taken from
-    /// the queue unless it is returned. `&mut`: one reader per queue.
+    /// The next signal, events first; `None` once the fanout let go of this
+    /// subscriber and every event queued has been read. Nothing is taken
+    /// from the queue unless it is returned. `&mut`: one reader per queue;
+    /// `Context` by `&mut`, as every `poll` takes it.
     #[allow(clippy::needless_pass_by_ref_mut)]
-    pub async fn recv(&mut self) -> Option<LiveEvent> {
-        loop {
-            {
-                let mut state = self.0.lock();
-                if let Some(event) = state.events.pop_front() {
-                    if state.events.is_empty() && state.events.capacity() > 16 {
-                        // A burst is over: give its room back.
-                        state.events.shrink_to_fit();
-                    }
-                    return Some(event);
-                }
-                if state.ended {
-                    return None;
-                }
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Signal>> {
+        let mut state = self.0.lock();
+        if let Some(event) = state.events.pop_front() {
+            if state.events.is_empty() && state.events.capacity() > 16 {
+                // A burst is over: give its room back.
+                state.events.shrink_to_fit();
             }
-            self.0.ready.notified().await;
+            return Poll::Ready(Some(Signal::Event(event)));
         }
+        if std::mem::take(&mut state.stored_elsewhere) {
+            return Poll::Ready(Some(Signal::StoredElsewhere));
+        }
+        if state.ended {
+            return Poll::Ready(None);
+        }
+        if std::mem::take(&mut state.ping) {
+            return Poll::Ready(Some(Signal::Ping));
+        }
+        if !state
+            .waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            state.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// [`Receiver::poll_next`] as a future.
+    #[cfg(test)]
+    pub async fn recv(&mut self) -> Option<Signal> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 }
 
@@ -117,6 +163,7 @@ impl Drop for Receiver {
         let mut state = self.0.lock();
         state.gone = true;
         state.events = VecDeque::new();
+        state.waker = None;
     }
 }
 
@@ -138,6 +185,26 @@ impl Fanout {
         self.lock().retain(|tx| tx.try_send(event.clone()));
     }
 
+    /// Tell every subscriber that another server stored events of this
+    /// session.
+    pub fn stored_elsewhere(&self) {
+        self.raise(|state| state.stored_elsewhere = true);
+    }
+
+    /// Ask every subscriber with nothing queued for a keep-alive.
+    pub fn ping(&self) {
+        self.raise(|state| state.ping = state.events.is_empty());
+    }
+
+    fn raise(&self, flag: impl Fn(&mut State)) {
+        self.lock().retain(|tx| {
+            tx.update(|state| {
+                flag(state);
+                true
+            })
+        });
+    }
+
     /// Whether nobody subscribes (those that went are forgotten here).
     pub fn is_empty(&self) -> bool {
         let mut subscribers = self.lock();
@@ -154,6 +221,13 @@ impl Fanout {
 mod tests {
     use super::*;
 
+    fn delta(signal: Option<Signal>) -> Option<String> {
+        match signal {
+            Some(Signal::Event(LiveEvent::Delta(t))) => Some(t.to_string()),
+            other => panic!("expected a delta, got {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn each_subscriber_gets_every_event_and_one_that_lags_is_dropped() {
         let fanout = Fanout::default();
@@ -162,14 +236,12 @@ mod tests {
         let mut stalled = fanout.subscribe();
         for i in 0..BUFFER {
             fanout.send(LiveEvent::Delta(i.to_string().into()));
-            assert!(
-                matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if *t == *i.to_string())
-            );
+            assert_eq!(delta(reading.recv().await), Some(i.to_string()));
         }
         // `stalled` read nothing: one more and it is dropped, after what
         // it had buffered.
         fanout.send(LiveEvent::Delta("more".into()));
-        assert!(matches!(reading.recv().await, Some(LiveEvent::Delta(t)) if &*t == "more"));
+        assert_eq!(delta(reading.recv().await).as_deref(), Some("more"));
         let mut buffered = 0;
         while stalled.recv().await.is_some() {
             buffered += 1;
@@ -188,7 +260,35 @@ mod tests {
         fanout.send(LiveEvent::Delta("hi".into()));
         drop(fanout);
         let (first, end) = waiting.await.expect("the subscriber's task");
-        assert!(matches!(first, Some(LiveEvent::Delta(t)) if &*t == "hi"));
+        assert_eq!(delta(first).as_deref(), Some("hi"));
         assert!(end.is_none());
+    }
+
+    #[tokio::test]
+    async fn flags_wake_a_waiting_subscriber_and_come_after_queued_events() {
+        let fanout = Fanout::default();
+        let mut rx = fanout.subscribe();
+        let waiting = tokio::spawn(async move {
+            let signal = rx.recv().await;
+            (signal, rx)
+        });
+        fanout.stored_elsewhere();
+        let (signal, mut rx) = waiting.await.expect("the subscriber's task");
+        assert!(matches!(signal, Some(Signal::StoredElsewhere)));
+
+        // Queued events first; a keep-alive is not asked of a subscriber
+        // that has some to read.
+        fanout.send(LiveEvent::Delta("a".into()));
+        fanout.ping();
+        fanout.stored_elsewhere();
+        assert_eq!(delta(rx.recv().await).as_deref(), Some("a"));
+        assert!(matches!(rx.recv().await, Some(Signal::StoredElsewhere)));
+        fanout.ping();
+        assert!(matches!(rx.recv().await, Some(Signal::Ping)));
+        // Each flag is read once.
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(rx.poll_next(&mut cx).is_pending());
+        drop(fanout);
+        assert!(rx.recv().await.is_none());
     }
 }

@@ -57,7 +57,7 @@ mod secrets;
 mod tokens;
 
 pub use continuation::Answer;
-pub use feed::Feed;
+pub use feed::{Feed, FeedItem};
 pub use runs::close_pending;
 pub use tokens::token_digest;
 use tokens::{constant_time_eq, new_token};
@@ -133,11 +133,9 @@ struct Live {
     /// When the secrets were last set or used, or a run ended.
     used: Mutex<std::time::Instant>,
     run: Mutex<Option<RunHandle>>,
+    /// Its event subscribers; on a shared store, also told when another
+    /// server appends an event (see [`Service::relay_notices`]).
     events: Fanout,
-    /// On a shared store: bumped when another server appends an event to
-    /// this session (see [`Service::relay_notices`]); subscribers then read
-    /// the store.
-    elsewhere: watch::Sender<()>,
 }
 
 impl Live {
@@ -277,7 +275,6 @@ impl Service {
             used: Mutex::new(std::time::Instant::now()),
             run: Mutex::new(None),
             events: Fanout::default(),
-            elsewhere: watch::Sender::new(()),
         });
         map.insert(id.to_string(), live.clone());
         self.metrics.set_sessions_live(map.len() as u64);
@@ -319,6 +316,12 @@ impl Service {
     /// How many sessions are live (in memory) now.
     pub fn live_count(&self) -> usize {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Every live entry, as of now.
+    fn all_live(&self) -> Vec<Arc<Live>> {
+        let map = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
     }
 
     /// The live entry if there is one (reads never create one).

@@ -879,3 +879,24 @@ spec:
         out.stderr
     );
 }
+
+/// A keep-alive interval of zero would mean a comment without pause:
+/// refused before anything starts, with the flag's name.
+#[test]
+fn a_zero_keep_alive_interval_is_refused() {
+    let out = run(bin().args([
+        "serve",
+        "--agent-file",
+        &invoices(),
+        "--events-keep-alive",
+        "0s",
+    ]));
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("'--events-keep-alive <DURATION>': must be more than zero"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+}

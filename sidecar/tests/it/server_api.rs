@@ -911,3 +911,86 @@ async fn agent_views_show_flags_never_values() {
     let r = api.call("GET", "/v1/agents", None, None).await;
     assert_eq!(r.status, 401, "{}", r.text);
 }
+
+/// The event stream's wire format, byte for byte as agents-server clients
+/// read it, and a keep-alive comment on a stream with nothing to say
+/// (`--events-keep-alive`), which stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_server_sent_events_kept_alive_while_idle() {
+    let w = World::new(tool_then_answer).await;
+    let (_sidecar, api) = w.start(&["--events-keep-alive", "100ms"], &[]);
+    let r = create(&api, json!({"agent": "invoices", "params": valid_params()})).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = id_of(&r);
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let events = format!("/v1/sessions/{id}/events");
+    let resp = api
+        .http
+        .get(format!("{}{events}", api.base))
+        .bearer_auth(OWNER)
+        .send()
+        .await
+        .expect("the stream opens");
+    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(header("content-type"), Some("text/event-stream"));
+    assert_eq!(header("cache-control"), Some("no-cache"));
+    drop(resp);
+
+    // The stored events, replayed: `id`, `event`, one `data` line of JSON.
+    let (status, stream) = api.events(&events, Some(OWNER), None).await;
+    assert_eq!(status, 200);
+    let mut stream = stream.expect("a stream");
+    let seen = stream.until("run_finished", PATIENCE).await;
+    assert_eq!(
+        seen.last().map(|e| e.event.as_str()),
+        Some("run_finished"),
+        "{seen:?}"
+    );
+    let first = &seen[0];
+    let data: Value = serde_json::from_str(&first.data).expect("JSON data");
+    let block = format!("id: 1\nevent: {}\ndata: {data}\n\n", first.event);
+    assert!(stream.raw.starts_with(&block), "{:?}", stream.raw);
+    for (i, e) in seen.iter().enumerate() {
+        assert_eq!(
+            e.id.as_deref(),
+            Some((i + 1).to_string().as_str()),
+            "{seen:?}"
+        );
+    }
+
+    // Then nothing happens: keep-alive comments, and the stream stays open
+    // for the next run's events.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while stream.raw.matches("\n:\n\n").count() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no keep-alive: {:?}",
+            stream.raw
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
+    }
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "and now?"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let seen = stream.until("run_finished", PATIENCE).await;
+    assert_eq!(
+        seen.last().map(|e| e.event.as_str()),
+        Some("run_finished"),
+        "{seen:?}"
+    );
+}

@@ -1,7 +1,12 @@
 //! A session's events for subscribers: the stored ones, then live ones from
 //! this server or, on a shared store, relayed from others.
 
+use std::task::{ready, Context, Poll};
+
+use futures::future::BoxFuture;
+
 use super::*;
+use crate::session::fanout::{Receiver, Signal};
 
 impl Service {
     /// Subscribe first, then read what is stored: nothing falls in between.
@@ -12,79 +17,30 @@ impl Service {
         after: i64,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
-        let live = self.live(id);
-        let rx = live.events.subscribe();
-        let elsewhere = self.store.shared().then(|| live.elsewhere.subscribe());
-        drop(live);
+        let rx = self.live(id).events.subscribe();
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {
             id: id.to_string(),
             last: stored.last().map_or(after, |e| e.seq),
             rx,
-            elsewhere,
+            reading: None,
         };
         Ok((stored, feed))
     }
 
-    /// The next events of `feed`, in order: this server's live ones as they
-    /// happen and, on a shared store while this server does not run the
-    /// session, those another server stores, read when the store's notice
-    /// of them arrives (an idle subscriber costs no query). `None` once the
-    /// subscriber has fallen too far behind (it reconnects with
-    /// `Last-Event-ID`).
-    pub async fn next_events(&self, feed: &mut Feed) -> Option<Vec<LiveEvent>> {
+    /// Ask every event stream with nothing to send for a keep-alive, each
+    /// `every`, until `stop`: one timer for all of them.
+    pub async fn ping_streams(self: Arc<Self>, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
         loop {
-            let Feed {
-                id,
-                rx,
-                last,
-                elsewhere,
-            } = &mut *feed;
-            let tick = async {
-                match elsewhere {
-                    Some(w) => {
-                        if w.changed().await.is_err() {
-                            std::future::pending::<()>().await
-                        }
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let gap = tokio::select! {
-                got = rx.recv() => match got {
-                    Some(LiveEvent::Delta(text)) => return Some(vec![LiveEvent::Delta(text)]),
-                    Some(LiveEvent::Stored(e)) => match next_step(*last, e.seq) {
-                        Step::Skip => continue,
-                        Step::Send => {
-                            *last = e.seq;
-                            return Some(vec![LiveEvent::Stored(e)]);
-                        }
-                        Step::Fetch => Some(e),
-                    },
-                    // Dropped for falling behind (or the session left memory).
-                    None => return None,
-                },
-                _ = tick => {
-                    if self.is_running(id) {
-                        continue; // the live feed has it all
-                    }
-                    None
-                }
-            };
-            match self.store.events_after(id, *last).await {
-                Ok(events) if !events.is_empty() => {
-                    *last = events.last().map_or(*last, |e| e.seq);
-                    let events = events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e)));
-                    return Some(events.collect());
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(session = %id, "cannot read the session's new events: {e}");
-                    if let Some(e) = gap {
-                        *last = e.seq;
-                        return Some(vec![LiveEvent::Stored(e)]);
-                    }
-                }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for live in self.all_live() {
+                live.events.ping();
             }
         }
     }
@@ -104,19 +60,12 @@ impl Service {
             match notice {
                 Ok(Notice::Appended { session, .. }) => {
                     if let Some(live) = self.peek(&session) {
-                        live.elsewhere.send_replace(());
+                        live.events.stored_elsewhere();
                     }
                 }
                 Ok(Notice::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let live: Vec<Arc<Live>> = self
-                        .live
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .values()
-                        .cloned()
-                        .collect();
-                    for l in live {
-                        l.elsewhere.send_replace(());
+                    for live in self.all_live() {
+                        live.events.stored_elsewhere();
                     }
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -125,16 +74,87 @@ impl Service {
     }
 }
 
-/// A subscriber's place in a session's event stream (see
-/// [`Service::next_events`]).
+/// A subscriber's place in a session's event stream, polled by the
+/// stream's body: this server's live events as they happen and, on a
+/// shared store while this server does not run the session, those another
+/// server stores, read when the store's notice of them arrives (an idle
+/// subscriber costs no query).
 pub struct Feed {
     id: String,
-    rx: crate::session::fanout::Receiver,
+    rx: Receiver,
     /// The `seq` of the last stored event given.
     last: i64,
-    /// On a shared store: changes when another server stores an event of
-    /// this session.
-    elsewhere: Option<watch::Receiver<()>>,
+    /// A read of the store under way, with the live event that showed the
+    /// gap it fills (given as it is if the read fails).
+    reading: Option<Reading>,
+}
+
+struct Reading {
+    events: BoxFuture<'static, Result<Vec<EventRecord>, StoreError>>,
+    gap: Option<Arc<EventRecord>>,
+}
+
+/// What a feed gives next.
+#[derive(Debug)]
+pub enum FeedItem {
+    /// Events in order (never empty).
+    Events(Vec<LiveEvent>),
+    /// Nothing new for a while.
+    KeepAlive,
+}
+
+impl Feed {
+    /// The next events, in order, or a keep-alive; `None` once the
+    /// subscriber has fallen too far behind (it reconnects with
+    /// `Last-Event-ID`) or the session left memory.
+    pub fn poll_next(&mut self, service: &Service, cx: &mut Context<'_>) -> Poll<Option<FeedItem>> {
+        loop {
+            if let Some(reading) = &mut self.reading {
+                let read = ready!(reading.events.as_mut().poll(cx));
+                let gap = self.reading.take().and_then(|r| r.gap);
+                match read {
+                    Ok(events) if !events.is_empty() => {
+                        self.last = events.last().map_or(self.last, |e| e.seq);
+                        let events = events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e)));
+                        return Poll::Ready(Some(FeedItem::Events(events.collect())));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let id = &self.id;
+                        tracing::warn!(session = %id, "cannot read the session's new events: {e}");
+                        if let Some(e) = gap {
+                            self.last = e.seq;
+                            return Poll::Ready(Some(FeedItem::Events(vec![LiveEvent::Stored(e)])));
+                        }
+                    }
+                }
+                continue;
+            }
+            let gap = match ready!(self.rx.poll_next(cx)) {
+                None => return Poll::Ready(None),
+                Some(Signal::Ping) => return Poll::Ready(Some(FeedItem::KeepAlive)),
+                Some(Signal::Event(LiveEvent::Delta(text))) => {
+                    return Poll::Ready(Some(FeedItem::Events(vec![LiveEvent::Delta(text)])))
+                }
+                Some(Signal::Event(LiveEvent::Stored(e))) => match next_step(self.last, e.seq) {
+                    Step::Skip => continue,
+                    Step::Send => {
+                        self.last = e.seq;
+                        return Poll::Ready(Some(FeedItem::Events(vec![LiveEvent::Stored(e)])));
+                    }
+                    Step::Fetch => Some(e),
+                },
+                // While the run is here, the live events have it all.
+                Some(Signal::StoredElsewhere) if service.is_running(&self.id) => continue,
+                Some(Signal::StoredElsewhere) => None,
+            };
+            let (store, id, after) = (service.store.clone(), self.id.clone(), self.last);
+            self.reading = Some(Reading {
+                events: Box::pin(async move { store.events_after(&id, after).await }),
+                gap,
+            });
+        }
+    }
 }
 
 /// What a feed that has given stored events up to `last` does with a live
