@@ -29,6 +29,7 @@ fn run_main(command: Command) -> ExitCode {
     super::trim::configure();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(super::trim::on_worker_park)
         .build()
     {
         Ok(rt) => rt,
