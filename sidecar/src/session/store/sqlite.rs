@@ -145,7 +145,7 @@ impl SqliteStore {
     ) -> Result<Vec<SessionRecord>, StoreError> {
         self.run(what, move |conn, op| {
             let mut stmt = conn
-                .prepare(&format!("SELECT {SESSION_COLUMNS} FROM sessions {tail}"))
+                .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions {tail}"))
                 .map_err(|e| op.db(e))?;
             let params: &[&dyn rusqlite::ToSql] = match &status {
                 Some(s) => &[s],
@@ -327,15 +327,15 @@ fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
 /// agree.
 fn update_row(conn: &Connection, enc: Columns, op: &Op<'_>) -> Result<(), StoreError> {
     let changed = conn
-        .execute(
+        .prepare_cached(
             "UPDATE sessions
              SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                  updated_at = ?6, version = ?7, turns = ?8, params = ?9,
                  security = ?10, forked_from = ?11, runner = ?12,
                  cancel_requested = ?13, pending = ?14, holder = ?15
              WHERE id = ?1 AND version = ?7 - 1",
-            row_params(&enc),
         )
+        .and_then(|mut update| update.execute(row_params(&enc)))
         .map_err(|e| op.db(e))?;
     if changed == 0 {
         let exists = session_exists(conn, &enc.id).map_err(|e| op.db(e))?;
@@ -359,12 +359,10 @@ fn insert_events(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let next: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1",
-        [session],
-        |row| row.get(0),
-    )?;
-    let mut insert = conn.prepare(
+    let next: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1")?
+        .query_row([session], |row| row.get(0))?;
+    let mut insert = conn.prepare_cached(
         "INSERT INTO events (session_id, seq, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     let mut seqs = Vec::with_capacity(events.len());
@@ -376,7 +374,8 @@ fn insert_events(
 }
 
 fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
-    conn.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
+    conn.prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
+        .query_row([id], |_| Ok(()))
         .optional()
         .map(|found| found.is_some())
 }
@@ -408,13 +407,12 @@ impl SessionStore for SqliteStore {
     async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
         let enc = self.encode(rec)?;
         self.run("create a session", move |conn, op| {
-            let inserted = conn.execute(
-                &format!(
+            let inserted = conn
+                .prepare_cached(&format!(
                     "INSERT INTO sessions ({SESSION_COLUMNS})
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-                ),
-                row_params(&enc),
-            );
+                ))
+                .and_then(|mut insert| insert.execute(row_params(&enc)));
             match inserted {
                 Ok(_) => Ok(()),
                 Err(e) if is_primary_key_violation(&e) => Err(StoreError::Exists(enc.id)),
@@ -428,12 +426,10 @@ impl SessionStore for SqliteStore {
         let id = id.to_owned();
         self.run("read a session", move |conn, op| {
             let raw = conn
-                .query_row(
-                    &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
-                    [&id],
-                    columns,
-                )
-                .optional()
+                .prepare_cached(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"
+                ))
+                .and_then(|mut select| select.query_row([&id], columns).optional())
                 .map_err(|e| op.db(e))?;
             raw.map(|raw| raw.decode().map_err(|why| op.fail(why)))
                 .transpose()
@@ -518,7 +514,7 @@ impl SessionStore for SqliteStore {
         let session = session.to_owned();
         self.run("read events", move |conn, op| {
             let mut stmt = conn
-                .prepare(
+                .prepare_cached(
                     "SELECT seq, kind, data, at FROM events
                      WHERE session_id = ?1 AND seq > ?2 ORDER BY seq",
                 )
@@ -616,10 +612,12 @@ impl SessionStore for SqliteStore {
     }
 
     /// Empty the connection's page cache (up to 2 MiB of pages that a
-    /// burst of sessions read); it refills from the file as needed.
+    /// burst of sessions read) and its prepared statements; both come back
+    /// as they are needed.
     async fn release_memory(&self) {
         let released = self
             .run("release the page cache", |conn, op| {
+                conn.flush_prepared_statement_cache();
                 conn.execute_batch("PRAGMA shrink_memory")
                     .map_err(|e| op.db(e))
             })
