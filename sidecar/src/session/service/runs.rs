@@ -79,13 +79,16 @@ impl Service {
             rec.runner = Some(self.instance.clone());
             rec.cancel_requested = false;
             rec.version += 1;
-            rec.updated_at = now_ms();
-            self.store.update(&rec).await?;
+            let at = now_ms();
+            rec.updated_at = at;
+            // Stored with the record that says it runs: one transaction.
+            let event = [("run_started", json!({"prompt": prompt}))];
+            let seqs = self.store.update_with_events(&rec, &event, at).await?;
             *guard = Some(Box::new(rec.clone()));
-            Ok::<_, ServiceError>((rec, resolved))
+            Ok::<_, ServiceError>((rec, resolved, stored_events(seqs, &event, at)))
         }
         .await;
-        let (rec, resolved) = match started {
+        let (rec, resolved, started) = match started {
             Ok(rec) => rec,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -98,8 +101,7 @@ impl Service {
         let values = agent.params.snapshot(&session, &message);
         drop(message);
         self.metrics.run_started();
-        self.emit(id, "run_started", json!({"prompt": prompt}))
-            .await;
+        self.publish(id, started);
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
@@ -315,17 +317,7 @@ impl Service {
                     if rec.status == SessionStatus::Running {
                         *written = Some(Box::new(rec));
                     }
-                    let stored = seqs
-                        .into_iter()
-                        .zip(events)
-                        .map(|(seq, (kind, data))| EventRecord {
-                            seq,
-                            kind: kind.to_string(),
-                            data: data.clone(),
-                            at,
-                        })
-                        .collect();
-                    return RunWrite::Written(stored);
+                    return RunWrite::Written(stored_events(seqs, events, at));
                 }
                 Err(StoreError::Conflict(_)) => continue,
                 Err(e) => return RunWrite::Failed(e.to_string()),
@@ -385,6 +377,23 @@ impl Service {
             self.metrics.event_fanout(start.elapsed());
         }
     }
+}
+
+/// `events` as stored with `seqs` at `at`.
+fn stored_events(
+    seqs: Vec<i64>,
+    events: &[(&str, serde_json::Value)],
+    at: i64,
+) -> Vec<EventRecord> {
+    seqs.into_iter()
+        .zip(events)
+        .map(|(seq, (kind, data))| EventRecord {
+            seq,
+            kind: kind.to_string(),
+            data: data.clone(),
+            at,
+        })
+        .collect()
 }
 
 /// What became of a run's write to its session.
