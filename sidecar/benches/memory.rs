@@ -41,13 +41,16 @@
 //! created, raise `MEMORY_TTL`. Each process needs an open file per
 //! stream (`ulimit -n`; the bench says when it is too low).
 //!
-//! Where it goes (found with a counting allocator and `/proc/PID/smaps`):
-//! an open stream is mostly hyper's two 8 KiB connection buffers (read and
-//! write, fixed by hyper), partly untouched; the rest is the connection's
-//! task, the response's boxed body and headers, and the subscriber's queue
-//! (`session/fanout.rs`). `cli/http.rs` says what `axum::serve` added per
-//! connection. After eviction, what stays is glibc's fragments and the
-//! code paged in by the burst (`cli/trim.rs`).
+//! Where it goes (found with heaptrack and `/proc/PID/smaps`): an open
+//! stream is mostly hyper's two 8 KiB connection buffers (read and write,
+//! fixed by hyper), partly untouched; the rest is the connection's task,
+//! the event stream's body (`api/event_stream.rs`: the feed, no timer of
+//! its own) with its two headers, and the subscriber's queue
+//! (`session/fanout.rs`). `cli/http.rs` says what `axum::serve` and
+//! hyper's in-flight slot added per connection. After eviction, what stays
+//! is glibc's fragments and the code paged in by the burst; the chunks
+//! each thread caches are renewed so that they do not pin the freed pages
+//! (`cli/trim.rs`).
 
 #[path = "../tests/it/common/mod.rs"]
 mod common;
