@@ -922,15 +922,7 @@ async fn an_event_stream_is_server_sent_events_kept_alive_while_idle() {
     let r = create(&api, json!({"agent": "invoices", "params": valid_params()})).await;
     assert_eq!(r.status, 201, "{}", r.text);
     let id = id_of(&r);
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": "which invoices are overdue?"})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    message_waited(&api, &id, "which invoices are overdue?").await;
 
     let events = format!("/v1/sessions/{id}/events");
     let resp = api
