@@ -78,6 +78,12 @@ pub struct AgentTenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_live_sessions: Option<i64>,
+    /// Send a comment on each event stream with nothing to say this often
+    /// (`10s`, `1m`), so that a proxy whose idle timeout is shorter keeps
+    /// it open. Default: every 15 seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^0*[1-9][0-9]*(ms|s|m|h|d)([0-9]+(ms|s|m|h|d))*$"))]
+    pub events_keep_alive: Option<String>,
     /// Extra containers (the tenant's own tool services, reached on
     /// localhost), volumes, tolerations, node selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -342,6 +342,9 @@ pub(crate) fn render(
     if let Some(n) = spec.max_live_sessions {
         args.extend(["--max-live-sessions".into(), n.to_string()]);
     }
+    if let Some(every) = &spec.events_keep_alive {
+        args.extend(["--events-keep-alive".into(), every.clone()]);
+    }
     if let Some(t) = &spec.tools {
         volumes.push(Volume {
             name: "tools".into(),

@@ -173,6 +173,15 @@ fn the_crd_schemas_refuse_unknown_fields_and_wrong_types() {
             json!({"agentRef": {"name": "a"}, "parameters": [{"name": "t", "value": 1, "pinnned": true}]}),
             "pinnned",
         ),
+        // The sidecar refuses a keep-alive of zero: so does the API server.
+        (
+            json!({"agentRef": {"name": "a"}, "eventsKeepAlive": "0s"}),
+            "0s",
+        ),
+        (
+            json!({"agentRef": {"name": "a"}, "eventsKeepAlive": "15"}),
+            "15",
+        ),
     ] {
         let err = crds
             .validate(&tenant(spec.clone()))
@@ -328,6 +337,15 @@ fn the_tenant_chart_refuses_other_mistakes_with_readable_messages() {
         typo.contains("additional properties 'tool' not allowed"),
         "{typo}"
     );
+    let no_pause = Render::new(TENANT, "acme")
+        .set("agentRef=invoices")
+        .set("eventsKeepAlive=0s")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        no_pause.contains("at '/eventsKeepAlive': '0s' does not match pattern"),
+        "{no_pause}"
+    );
     let typo = Render::new(OPERATOR, "bindery")
         .set("replica=2")
         .template(&[])
@@ -360,6 +378,7 @@ fn the_acme_values_render_the_acme_example_tenant() {
         "tools",
         "liveSessionTtl",
         "maxLiveSessions",
+        "eventsKeepAlive",
     ] {
         assert_eq!(
             tenant["spec"][field], example["spec"][field],
@@ -421,6 +440,7 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
     );
     assert_eq!(spec["liveSessionTtl"], "1h30m");
     assert_eq!(spec["maxLiveSessions"], 5000);
+    assert_eq!(spec["eventsKeepAlive"], "20s");
     assert_eq!(spec["resources"]["limits"]["memory"], "512Mi");
     assert_eq!(
         spec["podOverrides"]["nodeSelector"],
