@@ -346,15 +346,7 @@ impl Service {
     pub(super) async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
         let at = now_ms();
         match self.store.append_event(id, kind, &data, at).await {
-            Ok(seq) => self.publish(
-                id,
-                vec![EventRecord {
-                    seq,
-                    kind: kind.to_string(),
-                    data,
-                    at,
-                }],
-            ),
+            Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
         }
     }
