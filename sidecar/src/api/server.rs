@@ -32,7 +32,7 @@ use super::peers::Incoming;
 use super::state::AppState;
 use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
 use crate::session::error::{ErrorKind, ServiceError};
-use crate::session::service::{Answer, CreateSession, RunMode, RunWait};
+use crate::session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
 use crate::session::validate::Caller;
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
@@ -220,7 +220,8 @@ impl WaitQuery {
         }
     }
 
-    async fn wait(&self, run: Option<RunWait>) -> bool {
+    /// The run's end, when asked to wait and it came in time.
+    async fn wait(&self, run: Option<RunWait>) -> Option<Ended> {
         match (self.wait.unwrap_or(false), run) {
             (true, Some(r)) => {
                 r.wait(Duration::from_secs(
@@ -228,7 +229,7 @@ impl WaitQuery {
                 ))
                 .await
             }
-            _ => false,
+            _ => None,
         }
     }
 }
@@ -461,18 +462,24 @@ async fn create(
             },
         )
         .await?;
-    q.wait(created.run).await;
-    let view = view(s, &created.id, who, created.token).await?;
+    let ended = q.wait(created.run).await;
+    let view = view(s, &created.id, who, created.token, ended).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
+/// The session as `who` may see it: as the run that `ended` left it, or
+/// as stored now.
 async fn view(
     s: &AppState,
     id: &str,
     who: &Caller,
     token: Option<String>,
+    ended: Option<Ended>,
 ) -> Result<SessionView, ServiceError> {
-    let rec = s.service.record(id).await?;
+    let rec = match ended.and_then(|e| e.record) {
+        Some(rec) => Arc::unwrap_or_clone(rec),
+        None => s.service.record(id).await?,
+    };
     let pending = s.service.pending_view(&rec);
     let mut v = session_view(rec, s.service.secret_names(id), token);
     v.pending = pending;
@@ -519,7 +526,7 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
-    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 
 #[derive(Deserialize, Default, ToSchema)]
@@ -590,13 +597,13 @@ async fn post_message(
 }
 
 async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) -> ApiResult {
-    let finished = q.wait(Some(run)).await;
-    let status = if finished {
+    let ended = q.wait(Some(run)).await;
+    let status = if ended.is_some() {
         StatusCode::OK
     } else {
         StatusCode::ACCEPTED
     };
-    Ok((status, Json(view(s, id, who, None).await?)).into_response())
+    Ok((status, Json(view(s, id, who, None, ended).await?)).into_response())
 }
 
 // The params route parses this too; the document shows its part as
@@ -671,7 +678,7 @@ async fn cancel(
 ) -> ApiResult {
     let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     s.service.cancel(&id).await?;
-    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 
 /// Start a new session from a copy of this one
@@ -747,7 +754,7 @@ async fn put_params(
         return Ok(r);
     }
     s.service.put_params(&who, &id, &b.params).await?;
-    Ok(Json(view(&s, &id, &who, None).await?).into_response())
+    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 
 /// Revoke every session token of this session
@@ -884,7 +891,7 @@ async fn continuation(
     };
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,
-        None => Ok(Json(view(&s, &id, &who, None).await?).into_response()),
+        None => Ok(Json(view(&s, &id, &who, None, None).await?).into_response()),
     }
 }
 

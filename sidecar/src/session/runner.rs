@@ -71,8 +71,20 @@ pub fn call_arguments(call: &ToolCall) -> serde_json::Value {
 pub trait RunSink: Send + Sync {
     /// A message to append to the history and the events it made for the
     /// session's stream (kind, data), persisted together, each event with
-    /// an id.
+    /// an id. The sink may still be storing it when this returns:
+    /// [`RunSink::stored`] waits for that, and each turn is stored after
+    /// the one before.
     async fn turn(&self, msg: &ChatMessage, events: Events);
+    /// The run's answer, its last turn: a sink may keep it to store with
+    /// the run's end.
+    async fn answer(&self, msg: &ChatMessage, events: Events) {
+        self.turn(msg, events).await
+    }
+    /// Wait until every turn given so far is stored. The run calls it
+    /// before anything that acts outside the run (a tool, a helper), so
+    /// a call runs only once the turn that asked for it is on record (and
+    /// not at all if that write found the run taken: it cancels the run).
+    async fn stored(&self) {}
     /// Streamed text as it arrives (live only).
     fn delta(&self, text: &str);
 }
@@ -152,17 +164,21 @@ pub async fn run(
                     json!({"id": call.id, "name": call.name, "arguments": call.arguments}),
                 ));
             }
-            sink.turn(&message, events).await;
             if response.tool_calls.is_empty() {
+                sink.answer(&message, events).await;
                 return RunEnd::Completed;
             }
+            sink.turn(&message, events).await;
             let (waiting, now): (Vec<_>, Vec<_>) = response
                 .tool_calls
                 .iter()
                 .map(|c| (c, blocked(ctx, c)))
                 .partition(|(_, b)| b.is_some());
             let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
+            sink.stored().await;
+            // Biased: a run cancelled by then (or found taken) starts no call.
             let results = tokio::select! {
+                biased;
                 _ = cancel.cancelled() => None,
                 r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
             };
@@ -260,6 +276,8 @@ pub async fn answer_resolved(
     // A helper's calls, by the `prompt_agent_*` call that started it, in order.
     let mut helpers: Vec<(Frame, Vec<PendingCall>)> = Vec::new();
     for item in resolved.iter().filter(|i| i.resolution.is_some()) {
+        // What came before is on record before this call may run.
+        sink.stored().await;
         if let Some(frame) = item.frames.first() {
             let inner = PendingCall {
                 frames: item.frames[1..].to_vec(),
@@ -286,6 +304,7 @@ pub async fn answer_resolved(
                     .unwrap_or_else(|| Err("the answer does not fit the call".into())),
             ) {
                 (Some(tool), Ok(state)) => tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => None,
                     r = orchestrated(ctx, &call, tool, state) => Some(r),
                 }
@@ -311,6 +330,7 @@ pub async fn answer_resolved(
                         },
                     };
                     tokio::select! {
+                        biased;
                         _ = cancel.cancelled() => None,
                         r = dispatch(ctx, &call, history, cancel) => Some(r),
                     }
@@ -338,6 +358,7 @@ pub async fn answer_resolved(
         }
     }
     for (frame, items) in helpers {
+        sink.stored().await;
         let Some(env) = ctx.helpers.as_ref() else {
             let why = Err(ToolError::Failed("helpers are not available here".into()));
             record_result(history, sink, &scrubber, &frame.call_id, why).await;
@@ -717,4 +738,120 @@ struct Discard;
 impl RunSink for Discard {
     async fn turn(&self, _: &ChatMessage, _: Events) {}
     fn delta(&self, _: &str) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bindery_tests::mock_llm::{MockLlm, MockReply};
+
+    use super::*;
+    use crate::llm::{ChatClient, ModelEndpoint};
+    use crate::tree::{self, AgentSources, LoadOptions};
+
+    /// A sink whose every write of a turn with tool calls finds the run
+    /// taken, as a store does once another server has closed it.
+    struct TakenOnStore {
+        turns: Mutex<Vec<ChatMessage>>,
+        cancel: CancellationToken,
+    }
+
+    #[async_trait]
+    impl RunSink for TakenOnStore {
+        async fn turn(&self, msg: &ChatMessage, _: Events) {
+            self.turns.lock().unwrap().push(msg.clone());
+        }
+        async fn stored(&self) {
+            let asked = self.turns.lock().unwrap().iter().any(|m| {
+                matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+            });
+            if asked {
+                self.cancel.cancel();
+            }
+        }
+        fn delta(&self, _: &str) {}
+    }
+
+    /// The turn is handed over and its write has not yet said whether the
+    /// run is still this server's: the call waits for it, and never runs
+    /// when the run turns out taken.
+    #[tokio::test]
+    async fn a_call_waits_for_the_turn_that_asked_for_it_to_be_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("marked");
+        let tools = dir.path().join("tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        let script = tools.join("mark");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"mark\", \"description\": \"Leaves a mark.\", \"args\": []}}'\n  exit 0\nfi\ntouch '{}'\necho marked\n",
+                mark.display()
+            ),
+        )
+        .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mock = MockLlm::start(|_| MockReply::tool_call("bash_mark", json!({}))).await;
+        let file = dir.path().join("agent.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: marker}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+                mock.url(),
+                tools.display()
+            ),
+        )
+        .unwrap();
+        let tree = tree::load(&AgentSources::Files(vec![file]), &LoadOptions::default())
+            .await
+            .unwrap();
+        let agent = tree.pick(None).unwrap();
+        let tools = agent.tools.snapshot();
+        let client = ChatClient::new(ModelEndpoint::new(mock.url(), "m")).unwrap();
+        let values = agent.process_values();
+        let metrics = Metrics::default();
+        let ctx = RunContext {
+            agent,
+            tools: &tools,
+            helpers: None,
+            client: &client,
+            values: &values,
+            call: CallContext {
+                session_id: "s".into(),
+                conversation_id: "s".into(),
+                turn_id: String::new(),
+                agent_id: agent.name.clone(),
+                session_json: None,
+            },
+            cache: None,
+            lookups: None,
+            metrics: &metrics,
+            max_steps: 3,
+            stream: false,
+        };
+        let cancel = CancellationToken::new();
+        let sink = TakenOnStore {
+            turns: Mutex::default(),
+            cancel: cancel.clone(),
+        };
+        let mut history = vec![ChatMessage::user("mark it")];
+        let end = run(&ctx, &mut history, &sink, &cancel).await;
+
+        assert_eq!(end, RunEnd::Cancelled);
+        assert!(!mark.exists(), "the tool ran before its call was stored");
+        let turns = sink.turns.lock().unwrap();
+        assert_eq!(
+            turns.len(),
+            2,
+            "the call, then its cancelled result: {turns:?}"
+        );
+        assert!(
+            matches!(&turns[1], ChatMessage::Tool { content, .. } if content.contains("cancelled")),
+            "{turns:?}"
+        );
+    }
 }

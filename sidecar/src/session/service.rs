@@ -54,6 +54,7 @@ mod lifecycle;
 mod liveness;
 mod runs;
 mod secrets;
+mod sink;
 mod tokens;
 
 pub use continuation::Answer;
@@ -150,7 +151,7 @@ type Written = Option<Box<SessionRecord>>;
 #[derive(Clone)]
 struct RunHandle {
     cancel: CancellationToken,
-    done: watch::Receiver<bool>,
+    done: watch::Receiver<Option<Ended>>,
 }
 
 /// A session creation request.
@@ -178,19 +179,29 @@ pub struct Created {
 }
 
 /// Waits for a run to end.
-pub struct RunWait(watch::Receiver<bool>);
+pub struct RunWait(watch::Receiver<Option<Ended>>);
+
+/// A run that ended.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// The session as this server stored the run's end, so a caller who
+    /// waited needs no second read (`None`: it could not store it, or
+    /// another server had closed the run).
+    pub record: Option<Arc<SessionRecord>>,
+}
 
 impl RunWait {
-    /// `true` when the run ended within `timeout`.
-    pub async fn wait(mut self, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.0.wait_for(|done| *done))
-            .await
-            .is_ok_and(|r| r.is_ok())
+    /// The run's end, if it came within `timeout`.
+    pub async fn wait(mut self, timeout: Duration) -> Option<Ended> {
+        match tokio::time::timeout(timeout, self.0.wait_for(Option::is_some)).await {
+            Ok(Ok(ended)) => ended.clone(),
+            _ => None,
+        }
     }
 
     /// Until the run ends, however long that takes.
     pub async fn finished(mut self) {
-        let _ = self.0.wait_for(|done| *done).await;
+        let _ = self.0.wait_for(Option::is_some).await;
     }
 }
 

@@ -300,6 +300,76 @@ async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
     assert_eq!(ends[1]["status"], "completed", "{ends:?}");
 }
 
+/// As above, but what the model asks for when the server wakes is a tool
+/// call: the turn that asks for it finds the run closed, and the tool
+/// (which would leave a mark) never runs, on this server or any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_wakes_to_find_its_run_closed_runs_no_tool() {
+    let gate = Gate::new();
+    let held = gate.clone();
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::with_toolboxes(
+        move |req| match last_message(req)["content"].as_str() {
+            Some("hold") => MockReply::tool_call("bash_mark", json!({})).held(&held),
+            _ => MockReply::text("fresh"),
+        },
+        |dir| {
+            let tools = dir.join("mark-tools");
+            std::fs::create_dir_all(&tools).unwrap();
+            executable(
+                &tools.join("mark"),
+                &format!(
+                    r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "mark", "description": "Leaves a mark.", "args": []}}'
+  exit 0
+fi
+touch "{}"
+echo marked
+"#,
+                    dir.join("marked").display()
+                ),
+            );
+            format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
+        },
+    )
+    .await;
+    w.store = pg.url(DB);
+    let mark = w.dir.path().join("marked");
+
+    let (a, api_a) = w.start(&QUICK, &[]);
+    let id = held_run(&w, &api_a).await;
+    a.signal("STOP");
+    let (_b, api_b) = w.start(&QUICK, &[]);
+    session_until(&api_b, &id, "failed", |s| s["status"] != "running").await;
+
+    a.signal("CONT");
+    gate.open();
+    let deadline = Instant::now() + PATIENCE;
+    while !a
+        .logs()
+        .contains("run stopped: another server closed it as lost")
+    {
+        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !mark.exists(),
+        "the tool ran for a run that was not A's any more"
+    );
+    let ends = run_ends(&api_a, &id, 1).await;
+    assert_eq!(ends[0]["status"], "failed", "only B's end: {ends:?}");
+    let r = api_a
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = r.json["session"]["turns"].to_string();
+    assert!(
+        !turns.contains("bash_mark"),
+        "A stored its tool call after all: {turns}"
+    );
+}
+
 /// While the server running a run beats, another server leaves the run
 /// alone (well past the lease), refuses messages to its session, and sees
 /// the run end normally; a server that stops leaves no heartbeat behind.

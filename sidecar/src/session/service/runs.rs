@@ -1,6 +1,7 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
+use super::sink::SessionSink;
 use super::*;
 
 impl Service {
@@ -39,7 +40,7 @@ impl Service {
                     "a run is in progress on this session; wait for it or cancel it",
                 ));
             }
-            let (tx, rx) = watch::channel(false);
+            let (tx, rx) = watch::channel(None);
             let cancel = CancellationToken::new();
             *run = Some(RunHandle {
                 cancel: cancel.clone(),
@@ -105,21 +106,23 @@ impl Service {
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            let (end, taken) = this
+            let driven = this
                 .drive(&agent, &id, rec.turns, values, &resolved, mode, &cancel)
                 .await;
-            let pending = match &end {
+            let pending = match &driven.end {
                 RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
                 _ => Vec::new(),
             };
-            this.finish(&id, end, pending, taken).await;
+            let record = this.finish(&id, driven, pending).await;
             if let Some(live) = this.peek(&id) {
                 // A run that was taken away may leave its last write here.
                 live.lock.lock().await.take();
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 live.touch();
             }
-            let _ = done_tx.send(true);
+            let _ = done_tx.send(Some(Ended {
+                record: record.map(Arc::from),
+            }));
             this.evict_if_idle(&id);
         });
         Ok(RunWait(done_rx))
@@ -127,7 +130,7 @@ impl Service {
 
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn drive(
-        &self,
+        self: &Arc<Self>,
         agent: &LoadedAgent,
         id: &str,
         mut history: Vec<ChatMessage>,
@@ -135,10 +138,14 @@ impl Service {
         resolved: &[PendingCall],
         mode: RunMode,
         cancel: &CancellationToken,
-    ) -> (RunEnd, bool) {
+    ) -> Driven {
         let Some(client) = self.clients.get(&agent.name) else {
             let why = format!("no model client for agent `{}`", agent.name);
-            return (RunEnd::Failed(why), false);
+            return Driven {
+                end: RunEnd::Failed(why),
+                answer: None,
+                taken: false,
+            };
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
@@ -170,12 +177,7 @@ impl Service {
             },
             stream: self.cfg.stream,
         };
-        let sink = SessionSink {
-            service: self,
-            id,
-            cancel,
-            taken: AtomicBool::new(false),
-        };
+        let sink = SessionSink::new(self, id, cancel);
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
             None => runner::run(&ctx, &mut history, &sink, cancel).await,
@@ -184,18 +186,20 @@ impl Service {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
-        (end, sink.taken.load(Ordering::Relaxed))
+        let (answer, taken) = sink.close().await;
+        Driven { end, answer, taken }
     }
 
-    /// Record how a run ended, unless it was taken away (`taken`, or found
-    /// so now): then the server that closed it has said how it ended.
+    /// Record how a run ended, with its answer, unless it was taken away
+    /// (`taken`, or found so now): then the server that closed it has said
+    /// how it ended. The session as stored, if it was.
     pub(super) async fn finish(
         &self,
         id: &str,
-        end: RunEnd,
+        driven: Driven,
         pending: Vec<PendingCall>,
-        taken: bool,
-    ) {
+    ) -> Option<Box<SessionRecord>> {
+        let Driven { end, answer, taken } = driven;
         let waiting = pending::Pending {
             items: pending,
             used: Vec::new(),
@@ -225,7 +229,10 @@ impl Service {
             RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
         };
         // Stored with the record's end, in the same write.
-        let mut events = Events::new();
+        let (answer, mut events) = match answer {
+            Some((msg, events)) => (Some(msg), events),
+            None => (None, Events::new()),
+        };
         if !waiting.is_empty() {
             // Without tokens: events are stored, tokens never are.
             let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
@@ -241,6 +248,7 @@ impl Service {
             self.write_run(
                 id,
                 |rec| {
+                    rec.turns.extend(answer.clone());
                     rec.status = status;
                     rec.status_detail = detail.clone();
                     rec.runner = None;
@@ -251,19 +259,19 @@ impl Service {
             )
             .await
         };
-        let stored = match written {
-            RunWrite::Written(stored) => Some(stored),
+        let (stored, record) = match written {
+            RunWrite::Written(stored, record) => (Some(stored), record),
             RunWrite::Taken => {
                 self.metrics.run_finished(RunOutcome::Failed);
                 tracing::warn!(
                     session = id,
                     "run stopped: another server closed it as lost (this server's heartbeat had lapsed)"
                 );
-                return;
+                return None;
             }
             RunWrite::Failed(e) => {
                 tracing::error!(session = id, "cannot record the end of a run: {e}");
-                None
+                (None, None)
             }
         };
         self.metrics.run_finished(outcome);
@@ -273,6 +281,7 @@ impl Service {
             // The end could not be stored; its events may still be.
             None => self.emit_all(id, events).await,
         }
+        record
     }
 
     /// Read-modify-write of a session by the run this process has on it,
@@ -314,10 +323,12 @@ impl Service {
             rec.updated_at = at;
             match self.store.update_with_events(&rec, events, at).await {
                 Ok(seqs) => {
+                    let stored = stored_events(seqs, events, at);
                     if rec.status == SessionStatus::Running {
                         *written = Some(Box::new(rec));
+                        return RunWrite::Written(stored, None);
                     }
-                    return RunWrite::Written(stored_events(seqs, events, at));
+                    return RunWrite::Written(stored, Some(Box::new(rec)));
                 }
                 Err(StoreError::Conflict(_)) => continue,
                 Err(e) => return RunWrite::Failed(e.to_string()),
@@ -352,7 +363,7 @@ impl Service {
     }
 
     /// Each of `events` stored on its own, then handed to subscribers.
-    async fn emit_all(&self, id: &str, events: Events) {
+    pub(super) async fn emit_all(&self, id: &str, events: Events) {
         for (kind, data) in events {
             self.emit(id, kind, data).await;
         }
@@ -388,10 +399,21 @@ fn stored_events(
         .collect()
 }
 
+/// What a run's loop leaves for its end to record.
+pub(super) struct Driven {
+    end: RunEnd,
+    /// The answer, stored with the end (see [`RunSink::answer`]).
+    answer: Option<(ChatMessage, Events)>,
+    /// Another server closed the run as lost.
+    taken: bool,
+}
+
 /// What became of a run's write to its session.
 pub(super) enum RunWrite {
-    /// Stored, with the events that went with it.
-    Written(Vec<EventRecord>),
+    /// Stored, with the events that went with it, and the record as
+    /// stored when the write ended the run (a running one stays cached
+    /// under the session's lock).
+    Written(Vec<EventRecord>, Option<Box<SessionRecord>>),
     /// The run is no longer this process's: another server closed it.
     Taken,
     Failed(String),
@@ -424,43 +446,4 @@ pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage>
         turns.push(ChatMessage::tool_result(id, why));
     }
     turns
-}
-
-pub(super) struct SessionSink<'a> {
-    service: &'a Service,
-    id: &'a str,
-    cancel: &'a CancellationToken,
-    /// Another server closed the run as lost: it is stopped, and writes
-    /// nothing more.
-    taken: AtomicBool,
-}
-
-#[async_trait]
-impl RunSink for SessionSink<'_> {
-    async fn turn(&self, msg: &ChatMessage, events: Events) {
-        if self.taken.load(Ordering::Relaxed) {
-            return;
-        }
-        match self.service.append_turn(self.id, msg, &events).await {
-            RunWrite::Written(stored) => self.service.publish(self.id, stored),
-            RunWrite::Taken => {
-                tracing::warn!(
-                    session = self.id,
-                    "another server closed this run as lost (this server's heartbeat had lapsed): stopping it"
-                );
-                self.taken.store(true, Ordering::Relaxed);
-                self.cancel.cancel();
-            }
-            // The turn could not be stored; its events may still be.
-            RunWrite::Failed(_) => self.service.emit_all(self.id, events).await,
-        }
-    }
-
-    fn delta(&self, text: &str) {
-        if let Some(live) = self.service.peek(self.id) {
-            let start = std::time::Instant::now();
-            live.events.send(LiveEvent::Delta(text.into()));
-            self.service.metrics.event_fanout(start.elapsed());
-        }
-    }
 }
