@@ -1,7 +1,7 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
-use super::sink::SessionSink;
+use super::sink::{self, SessionSink};
 use super::*;
 
 impl Service {
@@ -48,7 +48,7 @@ impl Service {
             });
             (cancel, tx, rx)
         };
-        let started = async {
+        let prepared = async {
             let mut rec = match rec {
                 Some(rec) => rec,
                 None => self.record(id).await?,
@@ -72,6 +72,7 @@ impl Service {
             } else {
                 Vec::new()
             };
+            let agent = self.agent(&rec.agent)?.clone();
             if let Some(p) = &prompt {
                 rec.turns.push(ChatMessage::user(p.clone()));
             }
@@ -80,35 +81,35 @@ impl Service {
             rec.runner = Some(self.instance.clone());
             rec.cancel_requested = false;
             rec.version += 1;
-            let at = now_ms();
-            rec.updated_at = at;
-            // Stored with the record that says it runs: one transaction.
-            let event = [("run_started", json!({"prompt": prompt}))];
-            let seqs = self.store.update_with_events(&rec, &event, at).await?;
-            *guard = Some(Box::new(rec.clone()));
-            Ok::<_, ServiceError>((rec, resolved, stored_events(seqs, &event, at)))
+            rec.updated_at = now_ms();
+            Ok::<_, ServiceError>((rec, resolved, agent))
         }
         .await;
-        let (rec, resolved, started) = match started {
-            Ok(rec) => rec,
+        let (rec, resolved, agent) = match prepared {
+            Ok(prepared) => prepared,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 return Err(e);
             }
         };
-        drop(guard);
-        let agent = self.agent(&rec.agent)?.clone();
         let session = self.session_values(&rec);
         let values = agent.params.snapshot(&session, &message);
         drop(message);
-        self.metrics.run_started();
-        self.publish(id, started);
+        // The run asks the model while its start is stored; its sink holds
+        // back everything else until the start is on record.
+        let (starter, gate) = sink::start_gate();
         let this = self.clone();
-        let id = id.to_string();
+        let run_id = id.to_string();
+        let turns = rec.turns.clone();
+        let stop = cancel.clone();
         tokio::spawn(async move {
-            let driven = this
-                .drive(&agent, &id, rec.turns, values, &resolved, mode, &cancel)
-                .await;
+            let id = run_id;
+            let drive = this.drive(&agent, &id, turns, values, &resolved, mode, &cancel, gate);
+            let Some(driven) = drive.await else {
+                // Its start was not stored: as far as anyone knows, this
+                // run never was.
+                return;
+            };
             let pending = match &driven.end {
                 RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
                 _ => Vec::new(),
@@ -125,9 +126,30 @@ impl Service {
             }));
             this.evict_if_idle(&id);
         });
-        Ok(RunWait(done_rx))
+        // Stored with the record that says it runs: one transaction.
+        let event = [("run_started", json!({"prompt": prompt}))];
+        let at = rec.updated_at;
+        match self.store.update_with_events(&rec, &event, at).await {
+            Ok(seqs) => {
+                *guard = Some(Box::new(rec));
+                drop(guard);
+                self.metrics.run_started();
+                self.publish(id, stored_events(seqs, &event, at));
+                starter.stored(self, id);
+                Ok(RunWait(done_rx))
+            }
+            Err(e) => {
+                // The run stops before it stores or runs anything.
+                stop.cancel();
+                drop(starter);
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Err(e.into())
+            }
+        }
     }
 
+    /// The run's loop, once `gate` says its start is stored (`None` if it
+    /// was not: the run then stops and leaves nothing).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn drive(
         self: &Arc<Self>,
@@ -138,14 +160,16 @@ impl Service {
         resolved: &[PendingCall],
         mode: RunMode,
         cancel: &CancellationToken,
-    ) -> Driven {
+        gate: sink::StartGate,
+    ) -> Option<Driven> {
+        let sink = SessionSink::new(self, id, cancel, gate);
         let Some(client) = self.clients.get(&agent.name) else {
             let why = format!("no model client for agent `{}`", agent.name);
-            return Driven {
+            return sink.close().await.map(|(answer, taken)| Driven {
                 end: RunEnd::Failed(why),
-                answer: None,
-                taken: false,
-            };
+                answer,
+                taken,
+            });
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
@@ -177,7 +201,6 @@ impl Service {
             },
             stream: self.cfg.stream,
         };
-        let sink = SessionSink::new(self, id, cancel);
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
             None => runner::run(&ctx, &mut history, &sink, cancel).await,
@@ -186,8 +209,8 @@ impl Service {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
-        let (answer, taken) = sink.close().await;
-        Driven { end, answer, taken }
+        let (answer, taken) = sink.close().await?;
+        Some(Driven { end, answer, taken })
     }
 
     /// Record how a run ended, with its answer, unless it was taken away

@@ -1,14 +1,16 @@
 //! Where a session's run reports: each turn to the store, then to the
 //! session's subscribers.
 //!
-//! A turn is written in the background while the run goes on to its next
-//! step, so the store's time is spent while the model thinks rather than
-//! on top of it. Turns are still stored one after another, in order, and
-//! the run waits for them ([`RunSink::stored`]) before a tool or helper
-//! runs: a call never acts before the turn that asked for it is on record,
-//! nor at all when that write found the run taken. The answer is kept
-//! and stored with the run's end, in the same write.
+//! The run's start and each turn are written in the background while the
+//! run goes on to its next step, so the store's time is spent while the
+//! model thinks rather than on top of it. They are still stored one after
+//! another, in order, and the run waits for them ([`RunSink::stored`])
+//! before a tool or helper runs: a call never acts before the turn that
+//! asked for it is on record, nor at all when that write found the run
+//! taken (or its start could not be stored). The answer is kept and
+//! stored with the run's end, in the same write.
 
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::runs::RunWrite;
@@ -21,7 +23,7 @@ pub(super) struct SessionSink<'a> {
     cancel: &'a CancellationToken,
     shared: Arc<Shared>,
     /// The write in flight, if any.
-    behind: Mutex<Option<JoinHandle<()>>>,
+    behind: Mutex<Option<Behind>>,
     /// The answer, for the run's end to store.
     answer: Mutex<Option<(ChatMessage, Events)>>,
 }
@@ -32,7 +34,62 @@ struct Shared {
     /// Another server closed the run as lost: it is stopped, and writes
     /// nothing more.
     taken: AtomicBool,
+    /// The run's start could not be stored: it stops and leaves nothing.
+    unstarted: AtomicBool,
     held: Mutex<Held>,
+}
+
+impl Shared {
+    /// The write in flight is done and its events sent: the text held
+    /// behind it goes out.
+    fn release(&self, service: &Service, id: &str) {
+        let mut held = lock(&self.held);
+        for text in held.deltas.drain(..) {
+            service.send_delta(id, text);
+        }
+        held.writing = false;
+    }
+}
+
+enum Behind {
+    /// The run's start, stored by whoever started the run.
+    Start(oneshot::Receiver<bool>),
+    /// A turn.
+    Write(JoinHandle<()>),
+}
+
+/// Who starts a run says, with this, whether its start was stored.
+pub(super) struct Starter {
+    stored: oneshot::Sender<bool>,
+    shared: Arc<Shared>,
+}
+
+/// The run's side of [`Starter`], for its sink.
+pub(super) struct StartGate {
+    stored: oneshot::Receiver<bool>,
+    shared: Arc<Shared>,
+}
+
+/// A run whose start is being stored: until [`Starter::stored`], its sink
+/// stores and sends nothing (dropping the starter says it was not).
+pub(super) fn start_gate() -> (Starter, StartGate) {
+    let (tx, rx) = oneshot::channel();
+    let shared = Arc::new(Shared::default());
+    lock(&shared.held).writing = true;
+    let starter = Starter {
+        stored: tx,
+        shared: Arc::clone(&shared),
+    };
+    (starter, StartGate { stored: rx, shared })
+}
+
+impl Starter {
+    /// The start is stored and its event sent: the run's turns and
+    /// streamed text may follow.
+    pub(super) fn stored(self, service: &Service, id: &str) {
+        self.shared.release(service, id);
+        let _ = self.stored.send(true);
+    }
 }
 
 /// Streamed text that came while a turn was being written: it goes out
@@ -48,23 +105,28 @@ impl<'a> SessionSink<'a> {
         service: &'a Arc<Service>,
         id: &'a str,
         cancel: &'a CancellationToken,
+        gate: StartGate,
     ) -> Self {
         SessionSink {
             service,
             id,
             cancel,
-            shared: Arc::default(),
-            behind: Mutex::default(),
+            shared: gate.shared,
+            behind: Mutex::new(Some(Behind::Start(gate.stored))),
             answer: Mutex::default(),
         }
     }
 
-    /// Once the run's loop is over: every turn stored, the answer to store
-    /// with the end, and whether the run was taken.
-    pub(super) async fn close(&self) -> (Option<(ChatMessage, Events)>, bool) {
+    /// Once the run's loop is over: every turn stored, then the answer to
+    /// store with the end and whether the run was taken; `None` if the
+    /// run's start was never stored.
+    pub(super) async fn close(&self) -> Option<(Option<(ChatMessage, Events)>, bool)> {
         self.stored().await;
+        if self.shared.unstarted.load(Ordering::Relaxed) {
+            return None;
+        }
         let answer = lock(&self.answer).take();
-        (answer, self.shared.taken.load(Ordering::Relaxed))
+        Some((answer, self.shared.taken.load(Ordering::Relaxed)))
     }
 }
 
@@ -95,13 +157,9 @@ impl RunSink for SessionSink<'_> {
                 // The turn could not be stored; its events may still be.
                 RunWrite::Failed(_) => service.emit_all(&id, events).await,
             }
-            let mut held = lock(&shared.held);
-            for text in held.deltas.drain(..) {
-                service.send_delta(&id, text);
-            }
-            held.writing = false;
+            shared.release(&service, &id);
         });
-        *lock(&self.behind) = Some(write);
+        *lock(&self.behind) = Some(Behind::Write(write));
     }
 
     async fn answer(&self, msg: &ChatMessage, events: Events) {
@@ -110,10 +168,22 @@ impl RunSink for SessionSink<'_> {
     }
 
     async fn stored(&self) {
-        let write = lock(&self.behind).take();
-        if let Some(write) = write {
-            if let Err(e) = write.await {
-                tracing::error!(session = self.id, "storing a turn failed: {e}");
+        let behind = lock(&self.behind).take();
+        match behind {
+            None => {}
+            Some(Behind::Start(stored)) => {
+                // A dropped starter is a start that was not stored.
+                let started = stored.await.unwrap_or(false);
+                if !started {
+                    self.shared.unstarted.store(true, Ordering::Relaxed);
+                    self.shared.taken.store(true, Ordering::Relaxed);
+                    self.cancel.cancel();
+                }
+            }
+            Some(Behind::Write(write)) => {
+                if let Err(e) = write.await {
+                    tracing::error!(session = self.id, "storing a turn failed: {e}");
+                }
             }
         }
     }
@@ -175,6 +245,13 @@ mod tests {
         service
     }
 
+    /// A sink of a run whose start is stored.
+    fn started<'a>(service: &'a Arc<Service>, cancel: &'a CancellationToken) -> SessionSink<'a> {
+        let (starter, gate) = start_gate();
+        starter.stored(service, "s");
+        SessionSink::new(service, "s", cancel, gate)
+    }
+
     fn event(signal: Option<Signal>) -> String {
         match signal {
             Some(Signal::Event(LiveEvent::Stored(e))) => e.kind.clone(),
@@ -193,7 +270,7 @@ mod tests {
         let service = running_here(&path).await;
         let mut events = service.live("s").events.subscribe();
         let cancel = CancellationToken::new();
-        let sink = SessionSink::new(&service, "s", &cancel);
+        let sink = started(&service, &cancel);
 
         // Another connection holds the database's write lock.
         let blocker = rusqlite::Connection::open(&path).unwrap();
@@ -232,7 +309,7 @@ mod tests {
         closed.version += 1;
         service.store.update(&closed).await.unwrap();
         let cancel = CancellationToken::new();
-        let sink = SessionSink::new(&service, "s", &cancel);
+        let sink = started(&service, &cancel);
 
         sink.turn(&ChatMessage::tool_result("c1", "done"), Events::new())
             .await;
@@ -242,9 +319,46 @@ mod tests {
             .await;
         sink.answer(&ChatMessage::assistant("an answer"), Events::new())
             .await;
-        let (answer, taken) = sink.close().await;
+        let (answer, taken) = sink.close().await.expect("it had started");
         assert!(taken);
         assert!(answer.is_some(), "the end decides what becomes of it");
         assert_eq!(service.store.get("s").await.unwrap().unwrap(), closed);
+    }
+
+    /// The run asks the model while its start is stored: text it streams
+    /// meanwhile waits for the start's event, and a start that could not
+    /// be stored stops the run, which then stores and sends nothing.
+    #[tokio::test]
+    async fn nothing_of_a_run_goes_out_before_its_start_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
+        let service = running_here(&path).await;
+        let mut events = service.live("s").events.subscribe();
+
+        let cancel = CancellationToken::new();
+        let (starter, gate) = start_gate();
+        let sink = SessionSink::new(&service, "s", &cancel, gate);
+        sink.delta("early");
+        assert!(events.recv().now_or_never().is_none());
+        starter.stored(&service, "s");
+        assert_eq!(event(events.recv().await), "delta early");
+
+        let before = service.store.get("s").await.unwrap().unwrap();
+        let cancel = CancellationToken::new();
+        let (starter, gate) = start_gate();
+        let sink = SessionSink::new(&service, "s", &cancel, gate);
+        sink.delta("never");
+        drop(starter);
+        sink.turn(&ChatMessage::tool_result("c1", "done"), Events::new())
+            .await;
+        assert!(cancel.is_cancelled(), "the run is stopped");
+        sink.answer(&ChatMessage::assistant("an answer"), Events::new())
+            .await;
+        assert!(
+            sink.close().await.is_none(),
+            "its end is not recorded either"
+        );
+        assert_eq!(service.store.get("s").await.unwrap().unwrap(), before);
+        assert!(events.recv().now_or_never().is_none(), "nothing was sent");
     }
 }
