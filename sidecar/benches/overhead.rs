@@ -34,9 +34,13 @@
 //!   handling cost on top of starting bash (x1.00: nothing).
 //!
 //! Where a streamed round trip's time goes comes from the server's own
-//! `/metrics`, read before and after the measured round trips: the time of
-//! each session store operation (`bindery_store_operation_seconds_total`),
-//! the LLM client's requests beyond the model's delay
+//! `/metrics`, read before and after the measured round trips: the session
+//! store as the round trip waited for it (its reads, and of its writes the
+//! time the run stood still for them, `bindery_run_store_wait_seconds_total`:
+//! a run's start and its tools' results are stored while the model works),
+//! the time of each store operation whether waited for or not
+//! (`bindery_store_operation_seconds_total`), the LLM client's requests
+//! beyond the model's own time
 //! (`bindery_llm_request_duration_seconds`), the event fan-out
 //! (`bindery_event_fanout_seconds_total`), the tool script's own run (the
 //! direct median), and the rest (HTTP, the run loop, the tool's process
@@ -58,7 +62,7 @@ use bindery_sidecar::tools::bash::Limits;
 use bindery_sidecar::tools::CallContext;
 use bindery_sidecar::tree::{self, AgentSources, LoadOptions};
 use common::{tool_then_answer, World, CANARY, OWNER};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// How long the mock LLM takes to answer each request.
 const MODEL_DELAY: Duration = Duration::from_millis(20);
@@ -167,8 +171,11 @@ struct Measured {
 /// call and an answer from a mock that waits `delay` per request; the
 /// sidecar asks the model for event streams unless `stream` is false
 /// (`serve --no-stream`). After each round trip the model's two requests of
-/// the first one (as the sidecar sent them) go straight to the mock: the
-/// model's time as a client sees it, its HTTP and timer included.
+/// that round trip (as the sidecar sent them, the conversation so far
+/// included) go straight to the mock: the model's time as a client sees it,
+/// its HTTP and timer included. Both are timed to the last byte of the
+/// answer; the sidecar's answer is parsed and checked after that (the
+/// client's JSON parsing is the client's time, not the sidecar's).
 async fn round_trips(stream: bool, delay: Duration) -> Measured {
     let w = World::new(move |req| tool_then_answer(req).delayed(delay)).await;
     // One write per event, as model servers stream.
@@ -192,24 +199,39 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     let mut trips = Vec::with_capacity(ROUND_TRIPS);
     let mut model = Vec::with_capacity(ROUND_TRIPS);
     let mut before = Scrape::default();
-    let mut replay = Vec::new();
+    let url = format!("{}{path}", api.base);
     for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
         if i == WARMUP_ROUND_TRIPS {
             before = Scrape::of(&api).await;
         }
-        if i == 1 {
-            replay = w.mock.requests();
-            assert_eq!(replay.len(), MODEL_TURNS as usize);
-        }
+        let asked = w.mock.request_count();
         let t = Instant::now();
-        let reply = api.call("POST", &path, Some(OWNER), Some(&body)).await;
+        let r = http
+            .post(&url)
+            .bearer_auth(OWNER)
+            .json(&body)
+            .send()
+            .await
+            .expect("the sidecar answers");
+        let status = r.status();
+        let answer = r.bytes().await.expect("the whole answer");
         let elapsed = t.elapsed();
         // Not a timing check: a run that failed would measure nothing.
-        assert_eq!(reply.status, 200, "{}\n{}", reply.text, sidecar.logs());
-        assert_eq!(reply.json["status"], "idle", "{}", reply.text);
-        let turns = reply.json["session"]["turns"].as_array().expect("turns");
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(status, 200, "{text}\n{}", sidecar.logs());
+        let reply: Value = serde_json::from_slice(&answer).expect("a JSON answer");
+        assert_eq!(reply["status"], "idle", "{text}");
+        let turns = reply["session"]["turns"].as_array().expect("turns");
         let last = turns.last().expect("a last turn");
         assert_eq!(last["content"], format!("answer: {EXPECTED}"), "{last}");
+        // Serialized before the clock starts: the direct client only sends.
+        let replay: Vec<Vec<u8>> = w
+            .mock
+            .requests_after(asked)
+            .iter()
+            .map(|body| serde_json::to_vec(body).expect("a request body"))
+            .collect();
+        assert_eq!(replay.len(), MODEL_TURNS as usize);
         if i < WARMUP_ROUND_TRIPS {
             continue;
         }
@@ -218,7 +240,8 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         for body in &replay {
             let r = http
                 .post(&completions)
-                .json(body)
+                .header("content-type", "application/json")
+                .body(body.clone())
                 .send()
                 .await
                 .expect("the mock answers");
@@ -277,6 +300,8 @@ struct Spent {
     llm_seconds: f64,
     fanouts: f64,
     fanout_seconds: f64,
+    /// The time the run stood still waiting for its writes.
+    run_store_wait: f64,
 }
 
 impl Spent {
@@ -306,12 +331,22 @@ impl Spent {
             llm_seconds: per("bindery_llm_request_duration_seconds_sum"),
             fanouts: per("bindery_event_fanout_total"),
             fanout_seconds: per("bindery_event_fanout_seconds_total"),
+            run_store_wait: per("bindery_run_store_wait_seconds_total"),
         }
     }
 
     fn print(&self, direct: &Stats) {
         let model = self.model.as_secs_f64();
-        let store: f64 = self.store.iter().map(|(_, _, s)| s).sum();
+        // On the round trip's path: the reads (before the run starts) and
+        // what the run waited for; the other writes are made while the
+        // model works.
+        let reads: f64 = self
+            .store
+            .iter()
+            .filter(|(op, _, _)| op == "get")
+            .map(|(_, _, s)| s)
+            .sum();
+        let store = reads + self.run_store_wait;
         let tool = direct.median.as_secs_f64();
         let client = self.llm_seconds - model;
         let total = self.round_trip.as_secs_f64();
@@ -342,9 +377,17 @@ impl Spent {
                 self.llm_requests
             ),
         );
-        line("the session store", store, String::new());
+        line(
+            "the session store",
+            store,
+            "waited for: the reads, and of the writes, what the run waited for".into(),
+        );
         for (op, n, secs) in &self.store {
-            line(&format!("  {op}"), *secs, format!("{n:.1} per round trip"));
+            line(
+                &format!("  {op}"),
+                *secs,
+                format!("{n:.1} per round trip (all of their time, waited for or not)"),
+            );
         }
         line(
             "the event fan-out",

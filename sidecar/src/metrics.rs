@@ -20,6 +20,7 @@
 //! | `bindery_store_operation_seconds_total` | counter | `op`: the time those operations took |
 //! | `bindery_event_fanout_total` | counter | | (events handed to a session's subscribers)
 //! | `bindery_event_fanout_seconds_total` | counter | | (the time that took)
+//! | `bindery_run_store_wait_seconds_total` | counter | | (the time runs stood still waiting for the session store; its writes made while the model works are not counted)
 
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -145,6 +146,7 @@ pub struct Metrics {
     store_seconds: Family<StoreOp, Seconds>,
     fanouts: Counter,
     fanout_seconds: Seconds,
+    run_store_wait: Seconds,
 }
 
 impl Default for Metrics {
@@ -165,6 +167,7 @@ impl Default for Metrics {
             store_seconds: Family::default(),
             fanouts: Counter::default(),
             fanout_seconds: Seconds::default(),
+            run_store_wait: Seconds::default(),
         };
         // Series that exist from the start, at 0, so a rate() over them
         // needs no first event.
@@ -242,6 +245,11 @@ impl Metrics {
             "bindery_event_fanout_seconds",
             "The time handing events to subscribers took",
             self.fanout_seconds.clone(),
+        );
+        r.register(
+            "bindery_run_store_wait_seconds",
+            "The time runs stood still waiting for the session store",
+            self.run_store_wait.clone(),
         );
         let l = &mut self.limit_registry;
         l.register(
@@ -336,6 +344,11 @@ impl Metrics {
     pub fn event_fanout(&self, took: std::time::Duration) {
         self.fanouts.inc();
         self.fanout_seconds.inc_by(took.as_secs_f64());
+    }
+
+    /// A run stood still for `took` until the store had what it wrote.
+    pub fn run_store_wait(&self, took: std::time::Duration) {
+        self.run_store_wait.inc_by(took.as_secs_f64());
     }
 
     /// Every metric, in the OpenMetrics text format (see [`CONTENT_TYPE`]).
@@ -583,6 +596,7 @@ mod tests {
         m.store_operation("get", std::time::Duration::from_millis(3));
         m.store_operation("update", std::time::Duration::from_micros(500));
         m.event_fanout(std::time::Duration::from_micros(250));
+        m.run_store_wait(std::time::Duration::from_micros(125));
         let text = m.render();
         for (series, want) in [
             ("bindery_store_operations_total{op=\"get\"}", 2.0),
@@ -594,6 +608,7 @@ mod tests {
             ),
             ("bindery_event_fanout_total", 1.0),
             ("bindery_event_fanout_seconds_total", 0.00025),
+            ("bindery_run_store_wait_seconds_total", 0.000125),
         ] {
             let got = value(&text, series);
             assert!((got - want).abs() < 1e-12, "{series}: {got} in\n{text}");

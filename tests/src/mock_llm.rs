@@ -279,6 +279,16 @@ impl MockLlm {
             .collect()
     }
 
+    /// The request bodies received after the first `n`, in order.
+    pub fn requests_after(&self, n: usize) -> Vec<Value> {
+        self.shared
+            .requests()
+            .iter()
+            .skip(n)
+            .map(|r| r.json.clone())
+            .collect()
+    }
+
     /// Every request received so far, in order: its headers (names in
     /// lower case) and its body as text.
     pub fn raw_requests(&self) -> Vec<(Vec<(String, String)>, String)> {

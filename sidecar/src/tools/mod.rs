@@ -158,12 +158,25 @@ pub struct CallContext {
 impl CallContext {
     /// Record the conversation so far for the tools of this call.
     pub fn with_session<T: Serialize>(mut self, turns: &[T]) -> Self {
-        let json = serde_json::json!({
-            "session_id": self.session_id,
-            "agent": self.agent_id,
-            "turns": turns,
-        });
-        self.session_json = Some(json.to_string().into());
+        // Written straight from the turns: no JSON tree of the whole
+        // conversation is built for each call.
+        #[derive(Serialize)]
+        struct Session<'a, T> {
+            session_id: &'a str,
+            agent: &'a str,
+            turns: &'a [T],
+        }
+        let session = Session {
+            session_id: &self.session_id,
+            agent: &self.agent_id,
+            turns,
+        };
+        match serde_json::to_string(&session) {
+            Ok(json) => self.session_json = Some(json.into()),
+            // Turns are plain data; should one not serialize, the tool
+            // runs without the session rather than not at all.
+            Err(e) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
+        }
         self
     }
 }

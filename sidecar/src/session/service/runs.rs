@@ -265,6 +265,7 @@ impl Service {
             "run_finished",
             json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
         ));
+        let waited = std::time::Instant::now();
         let written = if taken {
             RunWrite::Taken
         } else {
@@ -282,6 +283,7 @@ impl Service {
             )
             .await
         };
+        self.metrics.run_store_wait(waited.elapsed());
         let (stored, record) = match written {
             RunWrite::Written(stored, record) => (Some(stored), record),
             RunWrite::Taken => {

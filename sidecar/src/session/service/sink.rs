@@ -169,8 +169,9 @@ impl RunSink for SessionSink<'_> {
 
     async fn stored(&self) {
         let behind = lock(&self.behind).take();
+        let waited = std::time::Instant::now();
         match behind {
-            None => {}
+            None => return,
             Some(Behind::Start(stored)) => {
                 // A dropped starter is a start that was not stored.
                 let started = stored.await.unwrap_or(false);
@@ -186,6 +187,7 @@ impl RunSink for SessionSink<'_> {
                 }
             }
         }
+        self.service.metrics.run_store_wait(waited.elapsed());
     }
 
     fn delta(&self, text: &str) {
