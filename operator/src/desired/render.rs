@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
     EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
@@ -414,6 +414,15 @@ pub(crate) fn render(
         metadata: meta(workload(tenant), inputs, owner),
         spec: Some(DeploymentSpec {
             replicas: Some(spec.replicas.unwrap_or(1)),
+            // A SQLite file on a claim is one pod's: a rolling update would
+            // start the new pod while the old one holds the volume (on
+            // another node it never attaches, and the rollout stalls; on
+            // the same one two servers would share the file). The old pod
+            // goes first.
+            strategy: claim.is_some().then(|| DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                ..Default::default()
+            }),
             selector: LabelSelector {
                 match_labels: Some(BTreeMap::from([(
                     TENANT_LABEL.to_string(),

@@ -179,6 +179,18 @@ fn more_than_one_replica_on_a_claimed_sqlite_store_is_not_deployed() {
     let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
     let env = pod.unwrap().containers[0].env.clone().unwrap_or_default();
     assert!(!env.iter().any(|e| e.name == "BINDERY_ADVERTISE_URL"));
+    // Its pod is replaced, never joined by a second one on the claim.
+    let strategy = o.deployment.spec.as_ref().unwrap().strategy.as_ref();
+    assert_eq!(
+        strategy.and_then(|s| s.type_.as_deref()),
+        Some("Recreate"),
+        "{strategy:?}"
+    );
+    // Without a claim each pod has its own file: the default rolling update.
+    w.tenant.spec.store = None;
+    let d = w.run();
+    let o = d.objects.as_ref().expect("objects");
+    assert_eq!(o.deployment.spec.as_ref().unwrap().strategy, None);
 }
 
 #[test]
