@@ -253,6 +253,21 @@ async fn a_run_cut_by_a_crash_is_closed_by_another_server_after_the_lease() {
     gate.open();
 }
 
+/// Server `a`, frozen mid-run, wakes and its model answers (`gate`
+/// opens): wait until it has noticed that its run was closed meanwhile.
+async fn wakes_to_find_its_run_closed(a: &bindery_tests::sidecar::Sidecar, gate: &Gate) {
+    a.signal("CONT");
+    gate.open();
+    let deadline = Instant::now() + PATIENCE;
+    while !a
+        .logs()
+        .contains("run stopped: another server closed it as lost")
+    {
+        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A server frozen mid-run (its heartbeat lapses) whose run another
 /// server closed: when it wakes and the model answers, it finds the run no
 /// longer its own, stops it and writes nothing, and keeps serving.
@@ -271,16 +286,7 @@ async fn a_server_that_wakes_to_find_its_run_closed_stops_it() {
         "interrupted: the server running it stopped"
     );
 
-    a.signal("CONT");
-    gate.open();
-    let deadline = Instant::now() + PATIENCE;
-    while !a
-        .logs()
-        .contains("run stopped: another server closed it as lost")
-    {
-        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wakes_to_find_its_run_closed(&a, &gate).await;
     let r = api_a
         .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
         .await;
@@ -344,16 +350,7 @@ echo marked
     let (_b, api_b) = w.start(&QUICK, &[]);
     session_until(&api_b, &id, "failed", |s| s["status"] != "running").await;
 
-    a.signal("CONT");
-    gate.open();
-    let deadline = Instant::now() + PATIENCE;
-    while !a
-        .logs()
-        .contains("run stopped: another server closed it as lost")
-    {
-        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wakes_to_find_its_run_closed(&a, &gate).await;
     assert!(
         !mark.exists(),
         "the tool ran for a run that was not A's any more"

@@ -225,8 +225,11 @@ mod tests {
     use crate::session::store::contract::record;
     use crate::session::store::sqlite::SqliteStore;
 
-    /// A service on a SQLite file with session `s` running here.
-    async fn running_here(path: &std::path::Path) -> Arc<Service> {
+    /// A service on a SQLite file (in the directory returned, which holds
+    /// it) with session `s` running here, and the file's path.
+    async fn running_here() -> (tempfile::TempDir, std::path::PathBuf, Arc<Service>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
         let store = Arc::new(SqliteStore::open(&path.to_string_lossy()).unwrap());
         let tree = Arc::new(AgentTree {
             agents: BTreeMap::new(),
@@ -244,7 +247,7 @@ mod tests {
         rec.status = SessionStatus::Running;
         rec.runner = Some(service.instance.clone());
         store.create(&rec).await.unwrap();
-        service
+        (dir, path, service)
     }
 
     /// A sink of a run whose start is stored.
@@ -267,9 +270,7 @@ mod tests {
     /// record once `stored` returns.
     #[tokio::test]
     async fn a_turn_is_written_while_the_run_goes_on_and_streams_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.sqlite");
-        let service = running_here(&path).await;
+        let (_dir, path, service) = running_here().await;
         let mut events = service.live("s").events.subscribe();
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
@@ -302,9 +303,7 @@ mod tests {
     /// and nothing after it is written; the answer is left to the end.
     #[tokio::test]
     async fn a_write_that_finds_the_run_taken_stops_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.sqlite");
-        let service = running_here(&path).await;
+        let (_dir, _, service) = running_here().await;
         let mut closed = service.store.get("s").await.unwrap().unwrap();
         closed.status = SessionStatus::Failed;
         closed.runner = None;
@@ -332,9 +331,7 @@ mod tests {
     /// be stored stops the run, which then stores and sends nothing.
     #[tokio::test]
     async fn nothing_of_a_run_goes_out_before_its_start_is_stored() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.sqlite");
-        let service = running_here(&path).await;
+        let (_dir, _, service) = running_here().await;
         let mut events = service.live("s").events.subscribe();
 
         let cancel = CancellationToken::new();
