@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench -p bindery-sidecar --bench load
 //! LOAD_SESSIONS=200 MODEL_DELAY_MS=50 cargo bench -p bindery-sidecar --bench load
+//! LOAD_WORKER_THREADS=default cargo bench -p bindery-sidecar --bench load
 //! ```
 //!
 //! A plain `main` (`harness = false`, `test = false`): `cargo test` neither
@@ -18,6 +19,12 @@
 //! request after `MODEL_DELAY_MS` (default 100): first a call of
 //! `bash_query-invoices`, then an answer quoting its result. So every
 //! message runs the example's real bash tool once.
+//!
+//! Each server runs with `--worker-threads` from `LOAD_WORKER_THREADS`
+//! (default 1, as in a pod limited to one CPU; `default`: tokio's one per
+//! core). On this two-core machine the tools' processes, PostgreSQL and
+//! this process already keep both cores busy, and a second worker thread
+//! per server mostly adds parking and waking.
 //!
 //! Each row prints the wall time from the first message to the last
 //! answer (and its ratio to the floor's), answers lost or wrong, the p50
@@ -53,6 +60,11 @@ const EXPECTED: &str = "2026-10-01\tINV-1002\t850.50 EUR\toverdue\n";
 fn main() {
     let sessions: usize = env_or("LOAD_SESSIONS", 1000);
     let delay = Duration::from_millis(env_or("MODEL_DELAY_MS", 100));
+    let workers = std::env::var("LOAD_WORKER_THREADS").unwrap_or_else(|_| "1".into());
+    let flags: Vec<&str> = match workers.as_str() {
+        "default" => Vec::new(),
+        n => vec!["--worker-threads", n],
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -62,7 +74,8 @@ fn main() {
     println!();
     println!(
         "bindery-sidecar under load: {sessions} concurrent sessions, one message each \
-         (2 model turns of {} ms, 1 bash tool run); load average before: {}",
+         (2 model turns of {} ms, 1 bash tool run), worker threads per server: {workers}; \
+         load average before: {}",
         delay.as_millis(),
         load.split_whitespace()
             .take(3)
@@ -79,16 +92,16 @@ fn main() {
         floor.print("floor", None);
 
         let store = format!("sqlite://{}", dir.path().join("store.sqlite").display());
-        let sqlite = against(&[&agent], &store, dir.path(), 1, sessions).await;
+        let sqlite = against(&[&agent], &store, &flags, dir.path(), 1, sessions).await;
         sqlite.print("sqlite", Some(&floor));
 
         match std::panic::catch_unwind(Postgres::start) {
             Ok(pg) => {
                 pg.create_database("one");
-                let one = against(&[&agent], &pg.url("one"), dir.path(), 1, sessions).await;
+                let one = against(&[&agent], &pg.url("one"), &flags, dir.path(), 1, sessions).await;
                 one.print("postgres", Some(&floor));
                 pg.create_database("two");
-                let two = against(&[&agent], &pg.url("two"), dir.path(), 2, sessions).await;
+                let two = against(&[&agent], &pg.url("two"), &flags, dir.path(), 2, sessions).await;
                 two.print("postgres x2", Some(&floor));
                 println!(
                     "postgres over sqlite: x{:.2} wall; two replicas' throughput over one: x{:.2}",
@@ -230,10 +243,17 @@ fn row(wall: Duration, results: Vec<(bool, Duration)>, processes: Vec<(u64, f64)
 
 /// `replicas` servers on `store`; sessions created on server `i % n`,
 /// their messages sent to server `(i + 1) % n`.
-async fn against(agent: &[&str], store: &str, dir: &Path, replicas: usize, sessions: usize) -> Row {
+async fn against(
+    agent: &[&str],
+    store: &str,
+    flags: &[&str],
+    dir: &Path,
+    replicas: usize,
+    sessions: usize,
+) -> Row {
     let env = [("BINDERY_PARAM_BILLING_TOKEN", "load-token")];
     let servers: Vec<(Sidecar, Api)> = (0..replicas)
-        .map(|_| serve(Path::new(agent[0]), store, &[], &env, dir))
+        .map(|_| serve(Path::new(agent[0]), store, flags, &env, dir))
         .collect();
     let created = futures::future::join_all((0..sessions).map(|i| {
         let api = servers[i % replicas].1.clone();

@@ -182,6 +182,13 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", env = "BINDERY_EVENTS_KEEP_ALIVE",
               default_value = "15s", value_parser = parse_interval)]
         events_keep_alive: std::time::Duration,
+        /// Run the server's async work on this many threads. Default: one
+        /// per CPU the process may use (a container's CPU limit counts).
+        /// A server that shares its cores with its tools' processes, a
+        /// database or other replicas may do better with fewer.
+        #[arg(long, value_name = "N", env = "BINDERY_WORKER_THREADS",
+              value_parser = clap::value_parser!(u16).range(1..))]
+        worker_threads: Option<u16>,
         /// Do not ask the model for streamed replies.
         #[arg(long)]
         no_stream: bool,

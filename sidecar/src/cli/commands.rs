@@ -27,7 +27,15 @@ pub fn main() -> ExitCode {
 
 fn run_main(command: Command) -> ExitCode {
     super::trim::configure();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve {
+        worker_threads: Some(n),
+        ..
+    } = &command
+    {
+        builder.worker_threads(usize::from(*n));
+    }
+    let rt = match builder
         .enable_all()
         .on_thread_park(super::trim::on_worker_park)
         .build()
@@ -122,6 +130,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             live_session_ttl,
             max_live_sessions,
             events_keep_alive,
+            worker_threads: _,
             no_stream,
             runner_heartbeat,
             runner_lease,

@@ -900,3 +900,21 @@ fn a_zero_keep_alive_interval_is_refused() {
     );
     assert!(out.stdout.is_empty(), "{}", out.stdout);
 }
+
+/// No worker threads would be no server: refused before anything starts.
+#[test]
+fn zero_worker_threads_are_refused() {
+    let out = run(bin().args([
+        "serve",
+        "--agent-file",
+        &invoices(),
+        "--worker-threads",
+        "0",
+    ]));
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("'--worker-threads <N>'"),
+        "{}",
+        out.stderr
+    );
+}

@@ -430,3 +430,18 @@ spec:
         assert!(!text.contains(CANARY) && !text.contains("acme-corp"));
     }
 }
+
+/// `--worker-threads 1`: everything the server does shares one thread, and
+/// sessions still run side by side, each to its answer (nothing waits on
+/// work that needs a second thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_one_worker_thread_runs_sessions_side_by_side() {
+    let w = World::new(tool_then_answer).await;
+    let (_sidecar, api) = w.start(&["--worker-threads", "1"], &[]);
+    let runs = futures::future::join_all((0..4).map(|_| invoices_run(&api))).await;
+    for r in runs {
+        assert_eq!(r.json["status"], "idle", "{}", r.text);
+        let turns = r.json["session"]["turns"].as_array().unwrap();
+        assert_eq!(turns.len(), 4, "{turns:?}");
+    }
+}
