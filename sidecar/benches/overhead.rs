@@ -33,7 +33,7 @@
 //!   what binding, argument checks, redacted tracing and async process
 //!   handling cost on top of starting bash (x1.00: nothing).
 //!
-//! Where a streamed round trip's time goes comes from the server's own
+//! Where a round trip's time goes (in each mode) comes from the server's own
 //! `/metrics`, read before and after the measured round trips: the session
 //! store as the round trip waited for it (its reads, and of its writes the
 //! time the run stood still for them, `bindery_run_store_wait_seconds_total`:
@@ -133,7 +133,8 @@ fn main() {
             ms(model.p90),
         );
     }
-    streamed.spent.print(&direct);
+    streamed.spent.print(&direct, "a streamed");
+    unstreamed.spent.print(&direct, "a no-stream");
     println!(
         "tool call:            median {} bound over {} direct -> x{:.2} ({})",
         ms(bound.median),
@@ -335,7 +336,7 @@ impl Spent {
         }
     }
 
-    fn print(&self, direct: &Stats) {
+    fn print(&self, direct: &Stats, mode: &str) {
         let model = self.model.as_secs_f64();
         // On the round trip's path: the reads (before the run starts) and
         // what the run waited for; the other writes are made while the
@@ -360,7 +361,7 @@ impl Spent {
             );
         };
         println!(
-            "{:21}    where a streamed round trip's {} (mean) goes:",
+            "{:21}    where {mode} round trip's {} (mean) goes:",
             "",
             ms(self.round_trip)
         );
