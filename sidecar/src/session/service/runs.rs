@@ -396,12 +396,21 @@ impl Service {
 
     /// Hand stored events to the session's live subscribers, in order.
     pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
+        self.fan_out(
+            id,
+            events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e))),
+        );
+    }
+
+    /// Hand `events` (stored ones, or streamed text, which is never stored)
+    /// to the session's live subscribers, in order, each timed.
+    pub(super) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
         let Some(live) = self.peek(id) else {
             return; // nobody in memory, so nobody listening
         };
         for event in events {
             let start = std::time::Instant::now();
-            live.events.send(LiveEvent::Stored(Arc::new(event)));
+            live.events.send(event);
             self.metrics.event_fanout(start.elapsed());
         }
     }

@@ -44,9 +44,7 @@ impl Shared {
     /// behind it goes out.
     fn release(&self, service: &Service, id: &str) {
         let mut held = lock(&self.held);
-        for text in held.deltas.drain(..) {
-            service.send_delta(id, text);
-        }
+        service.fan_out(id, held.deltas.drain(..).map(LiveEvent::Delta));
         held.writing = false;
     }
 }
@@ -196,24 +194,14 @@ impl RunSink for SessionSink<'_> {
         if held.writing {
             held.deltas.push(text.into());
         } else {
-            self.service.send_delta(self.id, text.into());
+            self.service
+                .fan_out(self.id, [LiveEvent::Delta(text.into())]);
         }
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Service {
-    /// Streamed text to the session's live subscribers (never stored).
-    fn send_delta(&self, id: &str, text: Arc<str>) {
-        if let Some(live) = self.peek(id) {
-            let start = std::time::Instant::now();
-            live.events.send(LiveEvent::Delta(text));
-            self.metrics.event_fanout(start.elapsed());
-        }
-    }
 }
 
 #[cfg(test)]
