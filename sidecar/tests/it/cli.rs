@@ -880,41 +880,28 @@ spec:
     );
 }
 
-/// A keep-alive interval of zero would mean a comment without pause:
-/// refused before anything starts, with the flag's name.
-#[test]
-fn a_zero_keep_alive_interval_is_refused() {
-    let out = run(bin().args([
-        "serve",
-        "--agent-file",
-        &invoices(),
-        "--events-keep-alive",
-        "0s",
-    ]));
+/// `serve --agent-file <invoices> FLAG VALUE`: refused before anything
+/// starts (exit 2, nothing on stdout), its message containing `says`.
+fn serve_refuses(flag: &str, value: &str, says: &str) {
+    let out = run(bin().args(["serve", "--agent-file", &invoices(), flag, value]));
     assert_eq!(out.code, 2, "{}", out.stderr);
-    assert!(
-        out.stderr
-            .contains("'--events-keep-alive <DURATION>': must be more than zero"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains(says), "{}", out.stderr);
     assert!(out.stdout.is_empty(), "{}", out.stdout);
 }
 
-/// No worker threads would be no server: refused before anything starts.
+/// A keep-alive interval of zero would mean a comment without pause:
+/// refused, with the flag's name.
+#[test]
+fn a_zero_keep_alive_interval_is_refused() {
+    serve_refuses(
+        "--events-keep-alive",
+        "0s",
+        "'--events-keep-alive <DURATION>': must be more than zero",
+    );
+}
+
+/// No worker threads would be no server: refused, with the flag's name.
 #[test]
 fn zero_worker_threads_are_refused() {
-    let out = run(bin().args([
-        "serve",
-        "--agent-file",
-        &invoices(),
-        "--worker-threads",
-        "0",
-    ]));
-    assert_eq!(out.code, 2, "{}", out.stderr);
-    assert!(
-        out.stderr.contains("'--worker-threads <N>'"),
-        "{}",
-        out.stderr
-    );
+    serve_refuses("--worker-threads", "0", "'--worker-threads <N>'");
 }
