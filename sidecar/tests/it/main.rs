@@ -7,6 +7,7 @@
 
 mod common;
 
+mod adversarial;
 mod api_promises;
 mod chat_page;
 mod cli;

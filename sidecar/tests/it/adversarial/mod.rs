@@ -1,0 +1,10 @@
+//! The adversarial suite: each module plays one actor of the threat model
+//! (docs/security.md) against the sinks a value can reach, and fails when a
+//! secret, a session's data or an authority crosses its line.
+
+mod cache;
+mod egress;
+mod logs;
+mod peers;
+mod sessions;
+mod tool_output;
