@@ -178,6 +178,11 @@ impl BoundTool {
     }
 
     /// The lookups to run before the tool, in declaration order.
+    /// Whether a call hands the tool the session's context.
+    pub fn receives_session(&self) -> bool {
+        self.inner.receives_session()
+    }
+
     pub fn depends(&self) -> &[crate::spec::Dependency] {
         &self.depends
     }

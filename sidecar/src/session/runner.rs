@@ -594,17 +594,21 @@ async fn run_tool(
             call.name
         )));
     };
+    let mut call_ctx = ctx.call.clone();
+    call_ctx.turn_id = call.id.clone();
+    if tool.receives_session() {
+        call_ctx = call_ctx.with_session(history);
+    }
+    // The key covers the session's context where the tool is given it.
     let key = ctx
         .cache
-        .and_then(|_| ToolCache::key(&place(ctx), tool, &args, ctx.values));
+        .and_then(|_| ToolCache::key(&place(ctx), tool, &args, ctx.values, &call_ctx));
     if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
         if let Some(hit) = cache.get(key) {
             tracing::debug!("tool cache hit");
             return Ok(hit);
         }
     }
-    let mut call_ctx = ctx.call.clone().with_session(history);
-    call_ctx.turn_id = call.id.clone();
     let out = tool.call(args, ctx.values, &call_ctx).await?;
     if let (Some(cache), Some(key)) = (ctx.cache, key) {
         cache.put(key, out.text.clone());

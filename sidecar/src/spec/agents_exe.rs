@@ -439,6 +439,7 @@ impl Description {
                     confirm: None,
                     bindings: bindings(d.bindings),
                     tools: Vec::new(),
+                    cache: None,
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
@@ -447,6 +448,7 @@ impl Description {
                     confirm: None,
                     bindings: bindings(s.bindings),
                     tools: Vec::new(),
+                    cache: None,
                 }),
             })
             .collect();

@@ -565,6 +565,20 @@ pub struct BashToolbox {
     /// the lookups a tool depends on (`depends_on`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDecl>,
+    /// `shared`: the scripts run without the session's context (no `AGENT_SESSION_ID`,
+    /// `AGENT_CONVERSATION_ID`, `AGENT_TURN_ID` or `AGENT_SESSION_JSON`), so with `serve
+    /// --tool-cache-ttl` one result may answer the same call from any session. Absent: a
+    /// result is reused only for a call handed the very same context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<ToolboxCache>,
+}
+
+/// Whose calls a toolbox's cached results may answer.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolboxCache {
+    /// Any session's: the tools are given nothing of the session.
+    Shared,
 }
 
 /// Ties one tool argument to a parameter or a literal. The argument

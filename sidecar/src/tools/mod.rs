@@ -156,6 +156,15 @@ pub struct CallContext {
 }
 
 impl CallContext {
+    /// The context with nothing of the session: what a tool shared across
+    /// sessions is given.
+    pub fn without_session(&self) -> CallContext {
+        CallContext {
+            agent_id: self.agent_id.clone(),
+            ..CallContext::default()
+        }
+    }
+
     /// Record the conversation so far for the tools of this call.
     pub fn with_session<T: Serialize>(mut self, turns: &[T]) -> Self {
         // Written straight from the turns: no JSON tree of the whole
@@ -222,6 +231,12 @@ pub trait Tool: Send + Sync {
     /// per call), each with the name its output is scrubbed to.
     fn secrets(&self) -> Vec<(String, SecretString)> {
         Vec::new()
+    }
+    /// Whether a call hands the tool the session's context (a bash tool's
+    /// `AGENT_SESSION_*` variables): then its result may depend on the
+    /// conversation, and a cached one may answer only the same context.
+    fn receives_session(&self) -> bool {
+        false
     }
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError>;
 }

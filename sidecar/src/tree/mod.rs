@@ -564,7 +564,10 @@ async fn load_toolbox(
     diags.extend(errors.into_iter().map(|e| broken_script(&place, e, opts)));
     let bound: Vec<BoundTool> = found
         .into_iter()
-        .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+        .map(|t| {
+            let shared = b.cache == Some(crate::spec::ToolboxCache::Shared);
+            BoundTool::new(Arc::new(t.shared(shared)) as Arc<dyn Tool>)
+        })
         .collect();
     let added = Added {
         what: "the script's slug",

@@ -37,7 +37,7 @@ metadata:
 spec:
   model: {{url: "{model_url}", name: mock-model}}
   toolboxes:
-    - bash: {{directory: "{tools}"}}
+    - bash: {{directory: "{tools}", cache: shared}}
 "#,
             tools = tools.display()
         ),

@@ -48,6 +48,8 @@ pub struct BashTool {
     path: PathBuf,
     info: ScriptInfo,
     limits: Limits,
+    /// Declared `cache: shared`: run without the session's context.
+    shared: bool,
 }
 
 impl BashTool {
@@ -78,7 +80,15 @@ impl BashTool {
             path,
             info,
             limits,
+            shared: false,
         }
+    }
+
+    /// The tool as its toolbox declares it: `shared` ones are given nothing
+    /// of the session, so one result may serve every session.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
     }
 
     pub fn path(&self) -> &std::path::Path {
@@ -92,7 +102,14 @@ impl Tool for BashTool {
         &self.spec
     }
 
+    fn receives_session(&self) -> bool {
+        !self.shared
+    }
+
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        if self.shared {
+            return run::run(self, args, &ctx.without_session()).await;
+        }
         run::run(self, args, ctx).await
     }
 }

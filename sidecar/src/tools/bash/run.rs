@@ -225,15 +225,18 @@ fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError>
 const MAX_SESSION_JSON: usize = 120 * 1024;
 
 fn context_env(ctx: &CallContext) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("AGENT_SESSION_ID".to_string(), ctx.session_id.clone()),
-        (
-            "AGENT_CONVERSATION_ID".to_string(),
-            ctx.conversation_id.clone(),
-        ),
-        ("AGENT_TURN_ID".to_string(), ctx.turn_id.clone()),
-        ("AGENT_AGENT_ID".to_string(), ctx.agent_id.clone()),
-    ];
+    // What is not known is left unset: scripts default it themselves
+    // (`${AGENT_SESSION_ID:-unknown}`).
+    let mut env: Vec<(String, String)> = [
+        ("AGENT_SESSION_ID", &ctx.session_id),
+        ("AGENT_CONVERSATION_ID", &ctx.conversation_id),
+        ("AGENT_TURN_ID", &ctx.turn_id),
+        ("AGENT_AGENT_ID", &ctx.agent_id),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k.to_string(), v.clone()))
+    .collect();
     match &ctx.session_json {
         Some(json) if json.len() <= MAX_SESSION_JSON => {
             env.push(("AGENT_SESSION_JSON".to_string(), json.to_string()))
