@@ -14,6 +14,7 @@
 //! process in the `Authorization` header.
 
 mod client;
+pub mod egress;
 mod error;
 mod parse;
 mod sse;

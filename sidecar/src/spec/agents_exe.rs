@@ -128,6 +128,7 @@ impl From<PostgrestServer> for super::PostgrestToolbox {
             allowed_methods: allowed.unwrap_or_else(|| vec!["GET".to_string()]),
             timeout_seconds: None,
             max_response_bytes: None,
+            redirects: Default::default(),
             secrets,
             bindings: o.bindings,
         }
@@ -305,6 +306,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             base_url: o.base_url,
             timeout_seconds: None,
             max_response_bytes: None,
+            redirects: Default::default(),
             confirm: None,
             tools: Vec::new(),
             secrets: o

@@ -323,6 +323,10 @@ pub struct PostgrestToolbox {
     pub timeout_seconds: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_response_bytes: Option<u64>,
+    /// Which redirects requests follow: `sameOrigin` (the default: only to
+    /// the same scheme, host and port) or `none`.
+    #[serde(default, skip_serializing_if = "Redirects::is_default")]
+    pub redirects: Redirects,
     /// Credentials added to every request (as for OpenAPI), e.g. a JWT as
     /// `Authorization: Bearer {{secret}}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -357,6 +361,7 @@ impl PostgrestToolbox {
             base_url: self.base_url.clone(),
             timeout_seconds: self.timeout_seconds,
             max_response_bytes: self.max_response_bytes,
+            redirects: self.redirects,
             secrets: self.secrets.clone(),
             confirm: self.confirm.clone(),
             tools: Vec::new(),
@@ -435,6 +440,10 @@ pub struct OpenApiToolbox {
     /// (default 262144).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_response_bytes: Option<u64>,
+    /// Which redirects requests follow: `sameOrigin` (the default: only to
+    /// the same scheme, host and port) or `none`.
+    #[serde(default, skip_serializing_if = "Redirects::is_default")]
+    pub redirects: Redirects,
     /// Credentials added to every request, never visible to the model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<OpenApiSecret>,
@@ -449,6 +458,34 @@ pub struct OpenApiToolbox {
     /// the lookups a tool depends on (`depends_on`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDecl>,
+}
+
+/// Which redirects an HTTP toolbox's requests follow. Credentials go only
+/// to the origin they were written for, so a redirect to another origin
+/// (scheme, host or port) is never followed: the call fails instead.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Redirects {
+    /// Those that stay on the origin of the request, a few hops at most.
+    #[default]
+    #[serde(rename = "sameOrigin")]
+    SameOrigin,
+    /// None: a redirect answer fails the call.
+    #[serde(rename = "none")]
+    Never,
+}
+
+impl Redirects {
+    pub fn is_default(&self) -> bool {
+        *self == Redirects::default()
+    }
+
+    /// As written in an agent file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Redirects::SameOrigin => "sameOrigin",
+            Redirects::Never => "none",
+        }
+    }
 }
 
 /// A credential of an OpenAPI toolbox: where its value comes from and where

@@ -509,10 +509,12 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Postgrest(pg) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let label = crate::spec::checks::toolbox_label(i, tb);
+            let place = format!("{here}, {label}");
             let o = pg.as_openapi();
+            let names = (place.as_str(), label.as_str());
             if let Some(bound) =
-                load_openapi(&o, Some(pg), base, p, params, opts, &place, diags).await
+                load_openapi(&o, Some(pg), base, p, params, opts, names, diags).await
             {
                 let added = Added {
                     what: "the table",
@@ -526,8 +528,10 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Openapi(o) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            if let Some(bound) = load_openapi(o, None, base, p, params, opts, &place, diags).await {
+            let label = crate::spec::checks::toolbox_label(i, tb);
+            let place = format!("{here}, {label}");
+            let names = (place.as_str(), label.as_str());
+            if let Some(bound) = load_openapi(o, None, base, p, params, opts, names, diags).await {
                 let added = Added {
                     what: "operationId",
                     bindings: &o.bindings,
@@ -867,6 +871,8 @@ fn check_names(
 }
 
 /// An OpenAPI toolbox's tools, or `None` with the problem reported.
+/// `(place, label)`: the toolbox in the load's messages, and in its tools'
+/// errors (without the agent file's path).
 #[cfg(feature = "server")]
 #[allow(clippy::too_many_arguments)]
 async fn load_openapi(
@@ -876,7 +882,7 @@ async fn load_openapi(
     p: &Pending,
     params: &AgentParams,
     opts: &LoadOptions,
-    place: &str,
+    (place, label): (&str, &str),
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Vec<BoundTool>> {
     use crate::tools::openapi;
@@ -888,9 +894,9 @@ async fn load_openapi(
             let read = |doc: &serde_json::Value| {
                 openapi::postgrest::operations(doc, &pg.name, &pg.allowed_methods)
             };
-            openapi::load_with(o, base, &values, keys, read).await
+            openapi::load_with(o, label, base, &values, keys, read).await
         }
-        None => openapi::load(o, base, &values, keys).await,
+        None => openapi::load(o, label, base, &values, keys).await,
     };
     match loaded {
         Ok(loaded) => {
@@ -947,7 +953,7 @@ async fn load_openapi(
     _: &Pending,
     _: &AgentParams,
     _: &LoadOptions,
-    place: &str,
+    (place, _): (&str, &str),
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Vec<BoundTool>> {
     diags.push(Diagnostic::error(format!(

@@ -25,6 +25,7 @@ use reqwest::Url;
 pub use document::{operations, sanitize_name, Location, Operation};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+use crate::llm::egress;
 use crate::params::value::ArgText;
 use crate::params::{ApiKeys, ParamValue, SecretString, Values};
 use crate::spec::{OpenApiSecret, OpenApiToolbox, SecretSource};
@@ -65,6 +66,8 @@ struct Secret {
 
 /// What the operations of one toolbox share.
 struct Shared {
+    /// The toolbox, as messages name it (`toolbox 2 (openapi ./api.yaml)`).
+    label: String,
     base_url: String,
     client: reqwest::Client,
     max_response: usize,
@@ -308,6 +311,13 @@ impl Tool for OpenApiTool {
         let mut resp = match builder.send().await {
             Ok(r) => r,
             Err(e) => {
+                if let Some(refused) = egress::refused(&e) {
+                    log_failure(&refused.to_string());
+                    return Err(ToolError::Failed(format!(
+                        "{}: {refused}",
+                        self.shared.label
+                    )));
+                }
                 // `without_url`: the URL may carry a secret in its query string.
                 let msg = if e.is_timeout() {
                     "the request timed out".to_string()
@@ -393,19 +403,21 @@ pub struct Loaded {
 /// Load an OpenAPI toolbox: read (or fetch) its document and turn each
 /// operation into a tool. `values` are the parameter values known at load
 /// (process values and defaults): secrets for fetching the document may
-/// come from them.
+/// come from them. `label` names the toolbox in the tools' errors.
 pub async fn load(
     tb: &OpenApiToolbox,
+    label: &str,
     base: &Path,
     values: &Values,
     api_keys: &ApiKeys,
 ) -> Result<Loaded, String> {
-    load_with(tb, base, values, api_keys, operations).await
+    load_with(tb, label, base, values, api_keys, operations).await
 }
 
 /// [`load`] with another reading of the document (PostgREST's).
 pub async fn load_with(
     tb: &OpenApiToolbox,
+    label: &str,
     base: &Path,
     values: &Values,
     api_keys: &ApiKeys,
@@ -415,7 +427,7 @@ pub async fn load_with(
         .timeout_seconds
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_TIMEOUT);
-    let client = reqwest::Client::builder()
+    let client = egress::client(tb.redirects)
         .timeout(timeout)
         .build()
         .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
@@ -466,6 +478,7 @@ pub async fn load_with(
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
     let (ops, warnings) = to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
     let shared = Arc::new(Shared {
+        label: label.to_string(),
         base_url: tb.base_url.clone(),
         client,
         max_response: tb
@@ -559,10 +572,10 @@ async fn read_document(
             req = req.header(k, v);
         }
         // Messages name `spec` as written, never the URL with secrets added.
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("cannot fetch spec {spec}: {}", e.without_url()))?;
+        let resp = req.send().await.map_err(|e| match egress::refused(&e) {
+            Some(refused) => format!("cannot fetch spec {spec}: {refused}"),
+            None => format!("cannot fetch spec {spec}: {}", e.without_url()),
+        })?;
         let status = resp.status();
         if !status.is_success() {
             return Err(format!(

@@ -79,6 +79,7 @@ fn tool(secrets: Vec<Secret>) -> OpenApiTool {
         spec,
         op,
         shared: Arc::new(Shared {
+            label: "toolbox 1 (openapi api.yaml)".into(),
             base_url: "http://api.test".into(),
             client: reqwest::Client::new(),
             max_response: 100,
