@@ -15,6 +15,7 @@ use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
 use super::sse::SseParser;
 use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, WireRequest};
+use crate::spec::Redirects;
 
 /// The longest `Retry-After` the client honours; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -86,7 +87,8 @@ impl ChatClient {
                 Some(value)
             }
         };
-        let http = reqwest::Client::builder()
+        // The key goes only to the endpoint's own origin (see `egress`).
+        let http = super::egress::client(Redirects::SameOrigin)
             .connect_timeout(endpoint.timeout)
             .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -330,6 +332,9 @@ impl ChatClient {
     }
 
     fn transport_error(&self, what: &str, e: &reqwest::Error) -> LlmError {
+        if let Some(refused) = super::egress::refused(e) {
+            return LlmError::Transport(format!("{}: {refused}", self.inner.url));
+        }
         LlmError::Transport(format!("{what} {}: {}", self.inner.url, error_chain(e)))
     }
 

@@ -11,7 +11,8 @@
 //! with exponential backoff (honouring `Retry-After`); everything else is
 //! reported at once as an [`LlmError`]. The API key is held as a
 //! [`SecretString`](crate::params::SecretString) and only ever leaves the
-//! process in the `Authorization` header.
+//! process in the `Authorization` header, to the endpoint's own origin
+//! ([`egress`]: a redirect elsewhere is not followed).
 
 mod client;
 pub mod egress;

@@ -453,3 +453,78 @@ spec:
         &hostile.elsewhere_origin(),
     );
 }
+
+const MODEL_KEY: &str = "sk-egress-model-key-0c9a";
+
+/// `run` of an agent whose model is at `model_url`, with its API key from
+/// the environment: exit code, stdout, stderr.
+async fn run_against_model(dir: &Path, model_url: &str) -> (i32, String, String) {
+    let agent = dir.join("asker.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: asker
+spec:
+  model: {{url: "{model_url}", name: m, apiKey: {{env: EGRESS_MODEL_KEY}}}}
+  systemPrompt: Answer.
+"#
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["run", "--agent-file", &agent.display().to_string()])
+        .args(["--prompt", "hello", "--llm-retries", "0"])
+        .env("EGRESS_MODEL_KEY", MODEL_KEY)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_key_and_conversation_do_not_follow_a_redirect_to_another_origin() {
+    let hostile = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // A 307 keeps the method and body: the whole conversation would go.
+    let (code, out, err) =
+        run_against_model(dir.path(), &format!("http://{}/cross/307/v1", hostile.home)).await;
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(hostile.got_elsewhere().is_empty(), "{:#?}", hostile.got());
+    assert_refused(
+        &err,
+        "/cross/307/v1",
+        "307 Temporary Redirect",
+        &hostile.elsewhere_origin(),
+    );
+    assert!(
+        !err.contains(MODEL_KEY) && !out.contains(MODEL_KEY),
+        "{err}"
+    );
+
+    // On its own origin the redirect is followed, with the key.
+    let (code, out, err) =
+        run_against_model(dir.path(), &format!("http://{}/same/307/v1", hostile.home)).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("answered where it landed"), "{out}");
+    let got = hostile.got();
+    assert_no_referer(&got);
+    let landed: Vec<&Got> = got
+        .iter()
+        .filter(|g| g.target.starts_with("/landed/"))
+        .collect();
+    assert_eq!(landed.len(), 1, "{got:#?}");
+    assert_eq!(landed[0].method, "POST");
+    assert_eq!(landed[0].target, "/landed/v1/chat/completions");
+    assert_eq!(
+        landed[0].header("authorization"),
+        Some(format!("Bearer {MODEL_KEY}").as_str())
+    );
+}
