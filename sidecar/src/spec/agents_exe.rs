@@ -228,6 +228,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             env: m.env.into_iter().map(|(k, v)| (k, v.into())).collect(),
             url: None,
             headers: BTreeMap::new(),
+            redirects: Default::default(),
             confirm: None,
             bindings: Vec::new(),
             tools: Vec::new(),

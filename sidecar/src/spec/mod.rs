@@ -411,6 +411,10 @@ pub struct McpToolbox {
     /// process-scope parameters only, like `env`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, BindingValue>,
+    /// Which redirects requests to a remote server follow: `sameOrigin`
+    /// (the default: only to the same scheme, host and port) or `none`.
+    #[serde(default, skip_serializing_if = "Redirects::is_default")]
+    pub redirects: Redirects,
     /// Which tools wait for a person's approval before they run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "toolbox_confirm_schema")]

@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::bash::Limits;
 use super::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::llm::egress;
 use crate::params::scrub::Scrubber;
 use crate::params::{ParamValue, SecretString, Values};
 use crate::spec::{BindingValue, McpToolbox};
@@ -122,6 +123,39 @@ async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
     }
 }
 
+/// What failed a request: a redirect the egress policy refused is told as
+/// such, anything else as rmcp says it.
+fn why(e: &(dyn std::error::Error + 'static)) -> String {
+    match refused_in(e) {
+        Some(refused) => refused.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// The redirect the egress policy refused, if that failed a request. rmcp
+/// gives neither the HTTP client's error nor an initialize request's
+/// transport error as a cause (`source`), so both are looked into here.
+fn refused_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a egress::Refused> {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(refused) = egress::refused(c) {
+            return Some(refused);
+        }
+        if let Some(StreamableHttpError::Client(inner)) =
+            c.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return egress::refused(inner);
+        }
+        cause = match c.downcast_ref::<ClientInitializeError>() {
+            Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
+            _ => c.source(),
+        };
+    }
+    None
+}
+
 fn secrets_of(values: &[(String, SharedValue)]) -> Vec<(String, SecretString)> {
     values
         .iter()
@@ -202,7 +236,8 @@ impl McpServer {
             value.set_sensitive(true);
             map.insert(name, value);
         }
-        let client = reqwest::Client::builder()
+        // The headers go only to the server's own origin (see `egress`).
+        let client = egress::client(tb.redirects)
             .connect_timeout(START_TIMEOUT)
             .build()
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
@@ -211,7 +246,7 @@ impl McpServer {
         let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
             .await
             .map_err(|_| format!("{url} did not answer `initialize` within {START_TIMEOUT:?}"))?
-            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+            .map_err(|e| format!("cannot connect to {url}: {}", why(&e)))?;
         Ok(Arc::new(McpServer {
             name: tb.name.clone(),
             service,
@@ -339,7 +374,7 @@ impl McpServer {
         )
         .await
         .map_err(|_| self.failure("`tools/list` timed out"))?
-        .map_err(|e| self.failure(e))?;
+        .map_err(|e| self.failure(why(&e)))?;
         let mut tools = Vec::new();
         let mut warnings = Vec::new();
         for t in listed {
@@ -406,7 +441,7 @@ impl Tool for McpTool {
                 if closed && server.stop_on_drop.is_some() {
                     exit_of(&server.exited).await;
                 }
-                Err(server.failure(e))
+                Err(server.failure(why(&e)))
             }
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();

@@ -528,3 +528,91 @@ async fn the_model_key_and_conversation_do_not_follow_a_redirect_to_another_orig
         Some(format!("Bearer {MODEL_KEY}").as_str())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_headers_do_not_follow_a_redirect_to_another_origin() {
+    let hostile = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("remote.yaml");
+    let toolbox = |name: &str, path: &str, extra: &str| {
+        format!(
+            r#"    - mcp:
+        name: {name}
+        url: "http://{home}{path}"
+        headers:
+          X-Api-Key: {{param: mcp_key}}
+{extra}"#,
+            home = hostile.home
+        )
+    };
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: remote
+spec:
+  model: {{url: "http://127.0.0.1:9/v1", name: m}}
+  parameters:
+    - {{name: mcp_key, secret: true, default: {{env: EGRESS_MCP_KEY}}}}
+  toolboxes:
+{}{}{}"#,
+            toolbox("elsewhere", "/cross/307/mcp", ""),
+            toolbox("home", "/same/307/mcp", ""),
+            toolbox("still", "/same/307/still", "        redirects: none\n"),
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["check", "--agent-file", &agent.display().to_string()])
+        .env("EGRESS_MCP_KEY", SECRET)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // None of them speaks MCP where it lands.
+    assert!(!out.status.success(), "{text}");
+
+    assert!(hostile.got_elsewhere().is_empty(), "{:#?}", hostile.got());
+    let got = hostile.got();
+    assert_no_referer(&got);
+    for g in &got {
+        assert_eq!(g.header("x-api-key"), Some(SECRET), "{g:?}");
+    }
+    // On its own origin the redirect is followed, with the header; with
+    // `redirects: none` it is not.
+    let landed: Vec<&str> = got
+        .iter()
+        .filter(|g| g.target.starts_with("/landed/"))
+        .map(|g| g.target.as_str())
+        .collect();
+    assert!(landed.contains(&"/landed/mcp"), "{got:#?}");
+    assert!(!landed.contains(&"/landed/still"), "{got:#?}");
+
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!("(mcp {name})")))
+            .unwrap_or_else(|| panic!("no error for `{name}`:\n{text}"))
+            .to_string()
+    };
+    assert_refused(
+        &line("elsewhere"),
+        "toolbox 1 (mcp elsewhere)",
+        "307 Temporary Redirect",
+        &hostile.elsewhere_origin(),
+    );
+    let still = line("still");
+    assert_refused(
+        &still,
+        "toolbox 3 (mcp still)",
+        "307 Temporary Redirect",
+        &format!("http://{}", hostile.home),
+    );
+    assert!(still.contains("`redirects: none`"), "{still}");
+    assert!(!text.contains(SECRET), "{text}");
+}
