@@ -246,6 +246,15 @@ struct Client {
 }
 
 impl Client {
+    /// Why a request did not get an answer; a redirect the egress policy
+    /// refused says so.
+    fn unreachable(&self, e: &reqwest::Error) -> String {
+        match crate::llm::egress::refused(e) {
+            Some(refused) => format!("the server at {}: {refused}", self.base),
+            None => format!("cannot reach the server at {}: {e}", self.base),
+        }
+    }
+
     async fn call(
         &self,
         method: reqwest::Method,
@@ -257,10 +266,7 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach the server at {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         let status = resp.status();
         let text = resp
             .text()
@@ -296,10 +302,7 @@ impl Client {
         if let Some(a) = after {
             req = req.header("Last-Event-ID", a.to_string());
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach the server at {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let v: Value = resp.json().await.unwrap_or(Value::Null);
@@ -377,7 +380,10 @@ fn print_outcome(v: &Value, args: &ServerArgs, waited: bool, with_id: bool) {
 pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, String> {
     let err = |e: String| format!("error: {e}");
     let client = Client {
-        http: reqwest::Client::new(),
+        // The token and the values go to that server's origin only.
+        http: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
+            .build()
+            .map_err(|e| err(format!("cannot set up HTTP: {e}")))?,
         base: args.server.clone(),
         token: read_token(&args).map_err(err)?,
     };

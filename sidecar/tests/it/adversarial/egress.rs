@@ -616,3 +616,58 @@ spec:
     assert!(still.contains("`redirects: none`"), "{still}");
     assert!(!text.contains(SECRET), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_client_sends_its_token_and_values_to_its_server_only() {
+    let hostile = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let params = dir.path().join("params.json");
+    std::fs::write(&params, json!({"api_key": SECRET}).to_string()).unwrap();
+    let start = |server: String| {
+        let params = params.display().to_string();
+        async move {
+            let out = tokio::process::Command::new(bin())
+                .args([
+                    "session", "--server", &server, "start", "--agent", "hostile",
+                ])
+                .args(["--params-file", &params])
+                .env("BINDERY_TOKEN", OWNER)
+                .output()
+                .await
+                .unwrap();
+            (
+                out.status.success(),
+                format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        }
+    };
+
+    // A 307 would replay the body, the secret value in it.
+    let (ok, text) = start(format!("http://{}/cross/307", hostile.home)).await;
+    assert!(!ok, "{text}");
+    assert!(hostile.got_elsewhere().is_empty(), "{:#?}", hostile.got());
+    assert_refused(
+        &text,
+        "/cross/307",
+        "307 Temporary Redirect",
+        &hostile.elsewhere_origin(),
+    );
+
+    let _ = start(format!("http://{}/same/307", hostile.home)).await;
+    let got = hostile.got();
+    assert_no_referer(&got);
+    let landed: Vec<&Got> = got
+        .iter()
+        .filter(|g| g.target.starts_with("/landed/"))
+        .collect();
+    assert_eq!(landed.len(), 1, "{got:#?}");
+    assert_eq!(landed[0].target, "/landed/v1/sessions");
+    assert_eq!(
+        landed[0].header("authorization"),
+        Some(format!("Bearer {OWNER}").as_str())
+    );
+}
