@@ -482,14 +482,6 @@ impl Redirects {
     pub fn is_default(&self) -> bool {
         *self == Redirects::default()
     }
-
-    /// As written in an agent file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Redirects::SameOrigin => "sameOrigin",
-            Redirects::Never => "none",
-        }
-    }
 }
 
 /// A credential of an OpenAPI toolbox: where its value comes from and where
@@ -707,5 +699,35 @@ mod tests {
             assert!(props.contains_key(field), "{field} missing from {props:?}");
         }
         assert_eq!(schema["required"], serde_json::json!(["model"]));
+    }
+
+    #[test]
+    fn redirects_default_to_the_same_origin_and_read_as_written() {
+        let read = |extra: &str| {
+            serde_json::from_str::<Toolbox>(&format!(
+                r#"{{"openapi": {{"spec": "api.json", "baseUrl": "http://x"{extra}}}}}"#
+            ))
+        };
+        let Toolbox::Openapi(o) = read("").unwrap() else {
+            panic!("not openapi")
+        };
+        assert_eq!(o.redirects, Redirects::SameOrigin);
+        // The default is not written back.
+        assert!(!serde_json::to_string(&o).unwrap().contains("redirects"));
+        let Toolbox::Openapi(o) = read(r#", "redirects": "none""#).unwrap() else {
+            panic!("not openapi")
+        };
+        assert_eq!(o.redirects, Redirects::Never);
+        // A PostgREST toolbox's is its OpenAPI reading's.
+        let pg: Toolbox = serde_json::from_str(
+            r#"{"postgrest": {"name": "shop", "baseUrl": "http://x", "redirects": "none"}}"#,
+        )
+        .unwrap();
+        let Toolbox::Postgrest(pg) = pg else {
+            panic!("not postgrest")
+        };
+        assert_eq!(pg.as_openapi().redirects, Redirects::Never);
+        let e = read(r#", "redirects": "always""#).unwrap_err().to_string();
+        assert!(e.contains("sameOrigin") && e.contains("none"), "{e}");
     }
 }
