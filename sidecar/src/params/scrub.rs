@@ -2,47 +2,117 @@
 //! `<secret:NAME>` before a tool's text goes anywhere (the model, the
 //! history, the store, the event stream, logs).
 //!
-//! Tools print secrets in the forms programs print them, so each value is
-//! looked for as it is and as:
-//! - base64, standard and URL-safe, padded or not, and at each of the three
-//!   alignments it can have inside a longer encoded string (`Basic
-//!   base64(user:token)`): the characters that depend on the value alone;
-//! - URL-encoded (upper- and lower-case hex, `+` or `%20` for a space, `/`
-//!   kept or encoded);
-//! - JSON-escaped (as serde and as ASCII-only encoders write it, `\/` too).
+//! # What is recognised
 //!
-//! Values shorter than [`MIN_LEN`] bytes are left alone: such a value (a
-//! PIN, a flag, a digit) occurs everywhere in ordinary output, and each
-//! replacement would mangle the text and point at where the value occurs.
+//! A value is not looked for as a fixed list of strings: the matcher walks
+//! the value one unit at a time and lets each unit appear in any of the
+//! forms below, so forms that mix escaped and literal characters match too.
+//!
+//! - **Text** (the value as it is, and escaped as JSON, URL or form
+//!   encoders write it). Each character may appear literally, as a JSON
+//!   escape (`\uXXXX` with hex digits of either case, a surrogate pair
+//!   `\uD83D\uDE00` for a character outside the BMP, or one of `\"` `\\`
+//!   `\/` `\b` `\f` `\n` `\r` `\t`), or byte by byte percent-encoded
+//!   (`%XX`, either case) with `+` for a space. Any mix matches: every
+//!   character escaped, only `&`, `<` and `>` escaped (Go's
+//!   `\u0026`, `\u003c`, `\u003e`), only non-ASCII escaped (Python's
+//!   `json.dumps`), query strings, form bodies.
+//! - **Base64**, standard or URL-safe alphabet (either per character),
+//!   padded or not, at each of the three alignments a value can have inside
+//!   a longer encoded string (`Basic base64(user:token)`): the characters
+//!   that depend on the value alone, then the last character the value
+//!   shares with what follows and its `=` padding when present. One line
+//!   break may stand between any two characters, whatever the width of the
+//!   lines (`\n`, `\r\n`, `\r`, or the two-character JSON escapes `\n` and
+//!   `\r\n` of a wrapped value inside a JSON string).
+//! - **Hex** of the whole value's bytes, either case (per digit).
+//! - A marker this scrubber writes (`<secret:NAME>`) is copied as it is, so
+//!   scrubbing twice changes nothing.
+//!
+//! At each position the longest match of any value wins, and the text is
+//! read once, left to right: a marker is never searched again.
+//!
+//! # What cannot be recognised, and why
+//!
+//! - Values shorter than [`MIN_LEN`] bytes: such a value (a PIN, a flag, a
+//!   digit) occurs everywhere in ordinary output; each replacement would
+//!   mangle the text and point at where the value occurs.
+//! - Transformations that need a key or the whole text to undo: encryption,
+//!   hashing, compression, or any encoding not listed (rot13, base32,
+//!   ASCII85, reversed text, HTML entities): recognising them means running
+//!   each such transformation over every value, and a tool can always pick
+//!   one more.
+//! - A value printed in pieces at different places (or with separators
+//!   inside, `de:ad:be:ef`, spaces in base64): only contiguous forms match;
+//!   any piece may be shorter than what could be told apart from ordinary
+//!   text.
+//! - Double encodings beyond the mixes above: base64 of the JSON-escaped
+//!   value, percent-encoding of a percent-encoded value, hex of base64, and
+//!   so on. Each layer multiplies the forms to try.
+//! - The first base64 character of a value at a shifted alignment (it
+//!   shares bits with what precedes the value, at most 4 of the value's).
+//!
+//! # Cutting
+//!
+//! Output that is cut at a limit is scrubbed first and cut after, with
+//! [`Scrubber::scrub_cut`]: the reader keeps [`Scrubber::lookahead`] bytes
+//! past the limit, so a form that starts before the limit is read whole and
+//! replaced whole, and no cut leaves a secret's leading bytes behind.
+//!
+//! # Cost
+//!
+//! Text with no secret in it costs one table lookup per byte: `starts`
+//! says which bytes may begin a form, and runs of other bytes are copied at
+//! once. Matching allocates nothing.
 
 use super::{ParamValue, SecretString, Values};
 
 /// The shortest value that is scrubbed, in bytes.
 pub const MIN_LEN: usize = 4;
 
-/// The shortest base64 fragment looked for at a shifted alignment: shorter
-/// ones match unrelated base64 text too often.
+/// The fewest base64 characters looked for at a shifted alignment: shorter
+/// runs match unrelated base64 text too often.
 const MIN_FRAGMENT: usize = 6;
 
-/// What to look for, longest first, and what replaces it.
+/// One value, ready to be looked for.
+struct Secret {
+    value: SecretString,
+    marker: String,
+    /// Its base64 forms, one per alignment that is long enough.
+    base64: Vec<Base64Form>,
+}
+
+/// The base64 of a value starting `shift` bytes into a 3-byte group: the
+/// 6-bit digits that depend on the value alone, then the bits of the value
+/// the next digit starts with (`tail_bits` of them, `tail` their value).
+struct Base64Form {
+    digits: Vec<u8>,
+    tail: u8,
+    tail_bits: u32,
+}
+
+/// What to look for and what replaces it.
 pub struct Scrubber {
-    needles: Vec<(Vec<u8>, String)>,
-    /// Bytes some needle starts with: most positions are skipped at once.
+    secrets: Vec<Secret>,
+    /// Bytes some form starts with: most positions are skipped at once.
     starts: [bool; 256],
+    /// The longest text any form can match, in bytes.
+    lookahead: usize,
 }
 
 impl Default for Scrubber {
     fn default() -> Self {
         Scrubber {
-            needles: Vec::new(),
+            secrets: Vec::new(),
             starts: [false; 256],
+            lookahead: 0,
         }
     }
 }
 
 impl std::fmt::Debug for Scrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Scrubber({} patterns)", self.needles.len())
+        write!(f, "Scrubber({} values)", self.secrets.len())
     }
 }
 
@@ -59,162 +129,392 @@ impl Scrubber {
         s
     }
 
-    /// Look for `secret` too, replacing it by `<secret:NAME>`.
+    /// Look for `secret` too, replacing it by `<secret:NAME>`. A value
+    /// already looked for keeps its first name.
     pub fn add(&mut self, name: &str, secret: &SecretString) {
         let value = secret.expose();
-        if value.len() < MIN_LEN {
+        let bytes = value.as_bytes();
+        if bytes.len() < MIN_LEN || self.secrets.iter().any(|s| s.value == *secret) {
             return;
         }
         let marker = format!("<secret:{name}>");
-        for form in forms(value.as_bytes()) {
-            if !self.needles.iter().any(|(n, _)| *n == form) {
-                self.starts[usize::from(form[0])] = true;
-                self.needles.push((form, marker.clone()));
+        let base64: Vec<Base64Form> = (0..3)
+            .map(|shift| base64_form(bytes, shift))
+            .enumerate()
+            .filter(|(shift, f)| *shift == 0 || f.digits.len() >= MIN_FRAGMENT)
+            .map(|(_, f)| f)
+            .collect();
+        let first = bytes[0];
+        for b in [first, b'%', b'\\', b'<'] {
+            self.starts[usize::from(b)] = true;
+        }
+        if first == b' ' {
+            self.starts[usize::from(b'+')] = true;
+        }
+        for f in &base64 {
+            if let Some(&d) = f.digits.first() {
+                self.starts[usize::from(STANDARD[usize::from(d)])] = true;
+                self.starts[usize::from(URL_SAFE[usize::from(d)])] = true;
             }
         }
-        // Longest first: a full encoding goes before its fragments.
-        self.needles.sort_by_key(|n| std::cmp::Reverse(n.0.len()));
+        for digits in [HEX_LOWER, HEX_UPPER] {
+            self.starts[usize::from(digits[usize::from(first >> 4)])] = true;
+        }
+        // Text: at most 12 bytes a character (a surrogate pair, or a
+        // 4-byte character percent-encoded). Base64: each character, and
+        // the last one and two `=`, after a line break of at most 4 bytes.
+        let text = value.chars().count() * 12;
+        let longest_base64 = base64.iter().map(|f| f.digits.len()).max().unwrap_or(0);
+        let wrapped = (longest_base64 + 3) * 5;
+        self.lookahead = self
+            .lookahead
+            .max(text)
+            .max(wrapped)
+            .max(bytes.len() * 2)
+            .max(marker.len());
+        self.secrets.push(Secret {
+            value: secret.clone(),
+            marker,
+            base64,
+        });
+    }
+
+    /// Look for every value `other` looks for too.
+    pub fn extend(&mut self, other: &Scrubber) {
+        for s in &other.secrets {
+            let name = &s.marker["<secret:".len()..s.marker.len() - 1];
+            self.add(name, &s.value);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.needles.is_empty()
+        self.secrets.is_empty()
+    }
+
+    /// The longest text a form of a value can take, in bytes: what a
+    /// reader must keep past a limit for [`Scrubber::scrub_cut`] to see a
+    /// form that starts before the limit whole.
+    pub fn lookahead(&self) -> usize {
+        self.lookahead
     }
 
     /// `text` with every occurrence of a secret replaced. One left-to-right
     /// pass: a marker is never searched again.
     pub fn scrub(&self, text: &str) -> String {
-        if self.needles.is_empty() {
-            return text.to_string();
+        self.scrub_until(text, text.len()).0
+    }
+
+    /// `text` scrubbed, then cut at `limit` bytes of `text` (at the
+    /// character boundary at or before it); whether anything was cut.
+    ///
+    /// A form that starts before the limit is replaced whole, even where it
+    /// ends past the limit; nothing that starts at or after it is kept. So
+    /// `text` should hold [`Scrubber::lookahead`] bytes more than `limit`
+    /// when there are more: a form cut short by the end of `text` is not
+    /// recognised.
+    pub fn scrub_cut(&self, text: &str, limit: usize) -> (String, bool) {
+        if text.len() <= limit {
+            return (self.scrub(text), false);
         }
+        let mut limit = limit;
+        while !text.is_char_boundary(limit) {
+            limit -= 1;
+        }
+        let (out, reached) = self.scrub_until(text, limit);
+        (out, reached < text.len())
+    }
+
+    /// Scrub the forms that start before `limit`; the text up to where the
+    /// last of them ends (`limit` or past it), and that position.
+    fn scrub_until(&self, text: &str, limit: usize) -> (String, usize) {
         let bytes = text.as_bytes();
-        let mut out: Vec<u8> = Vec::with_capacity(bytes.len());
+        if self.secrets.is_empty() {
+            return (text[..limit].to_string(), limit);
+        }
+        let mut out: Vec<u8> = Vec::with_capacity(limit);
         let mut i = 0;
-        'outer: while i < bytes.len() {
-            if !self.starts[usize::from(bytes[i])] {
-                out.push(bytes[i]);
-                i += 1;
-                continue;
+        while i < limit {
+            let run = bytes[i..limit]
+                .iter()
+                .position(|&b| self.starts[usize::from(b)])
+                .map_or(limit, |k| i + k);
+            out.extend_from_slice(&bytes[i..run]);
+            i = run;
+            if i >= limit {
+                break;
             }
-            for (needle, marker) in &self.needles {
-                if bytes[i..].starts_with(needle) {
+            match self.match_at(bytes, i) {
+                Some((end, marker)) => {
                     out.extend_from_slice(marker.as_bytes());
-                    i += needle.len();
-                    continue 'outer;
+                    i = end;
+                }
+                None => {
+                    out.push(bytes[i]);
+                    i += 1;
                 }
             }
-            out.push(bytes[i]);
-            i += 1;
         }
-        // A needle may begin or end inside a multi-byte character only if
-        // the value itself does, which a `str` value cannot.
-        String::from_utf8(out)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        // Every form begins and ends on a character boundary of `text`:
+        // it is ASCII, or the value's own characters whole.
+        let out = String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        (out, i)
+    }
+
+    /// The longest form of any value at `i`: where it ends and its marker.
+    fn match_at(&self, bytes: &[u8], i: usize) -> Option<(usize, &str)> {
+        if bytes[i] == b'<' {
+            if let Some(s) = self
+                .secrets
+                .iter()
+                .find(|s| bytes[i..].starts_with(s.marker.as_bytes()))
+            {
+                return Some((i + s.marker.len(), &s.marker));
+            }
+        }
+        let mut best: Option<(usize, &str)> = None;
+        for s in &self.secrets {
+            let value = s.value.expose();
+            let ends = std::iter::once(match_text(value, bytes, i))
+                .chain(s.base64.iter().map(|f| match_base64(f, bytes, i)))
+                .chain(std::iter::once(match_hex(value.as_bytes(), bytes, i)));
+            for end in ends.flatten() {
+                if end > i && best.is_none_or(|(b, _)| end > b) {
+                    best = Some((end, &s.marker));
+                }
+            }
+        }
+        best
     }
 }
 
-/// Every form of `value` to look for.
-fn forms(value: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = vec![value.to_vec()];
-    for alphabet in [STANDARD, URL_SAFE] {
-        let full = base64(value, alphabet);
-        out.push(full.trim_end_matches('=').as_bytes().to_vec());
-        out.push(full.into_bytes());
-        for shift in 0..3 {
-            let fragment = base64_fragment(value, shift, alphabet);
-            if fragment.len() >= MIN_FRAGMENT {
-                out.push(fragment.into_bytes());
+/// How many steps one text match may take before it gives up, per byte of
+/// the value. Only a value with many `\` or `%` in it against text with
+/// many of them makes the matcher retry; a match that runs out of steps
+/// counts as a match up to the furthest byte it reached, so a slow match
+/// scrubs more, never less.
+const STEPS_PER_BYTE: usize = 16;
+
+/// Where the value as text (each character literal, JSON-escaped or
+/// percent-encoded) that starts at `start` ends.
+fn match_text(value: &str, input: &[u8], start: usize) -> Option<usize> {
+    let mut budget = Budget {
+        steps: STEPS_PER_BYTE * value.len() + 64,
+        furthest: start,
+    };
+    text_from(value.as_bytes(), 0, input, start, &mut budget)
+}
+
+struct Budget {
+    steps: usize,
+    furthest: usize,
+}
+
+/// The rest of `value` from byte `vi` at `p`. Where one input can be read
+/// two ways (`%25` for a `%`, `\\` for a `\`), the longer reading is tried
+/// first and the other after it fails.
+fn text_from(
+    value: &[u8],
+    mut vi: usize,
+    input: &[u8],
+    mut p: usize,
+    budget: &mut Budget,
+) -> Option<usize> {
+    loop {
+        budget.furthest = budget.furthest.max(p);
+        if vi == value.len() {
+            return Some(p);
+        }
+        if budget.steps == 0 {
+            return Some(budget.furthest);
+        }
+        budget.steps -= 1;
+        let c = *input.get(p)?;
+        let b = value[vi];
+        let mut ways = [(0usize, 0usize); 3];
+        let mut n = 0;
+        if c == b'\\' && (b & 0xC0) != 0x80 {
+            if let Some((vlen, plen)) = json_escape(value, vi, input, p) {
+                ways[n] = (vi + vlen, p + plen);
+                n += 1;
+            }
+        }
+        if c == b'%' && hex_byte(input, p + 1) == Some(b) {
+            ways[n] = (vi + 1, p + 3);
+            n += 1;
+        }
+        if c == b || (c == b'+' && b == b' ') {
+            ways[n] = (vi + 1, p + 1);
+            n += 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        for &(v, q) in &ways[..n - 1] {
+            if let Some(end) = text_from(value, v, input, q, budget) {
+                return Some(end);
+            }
+        }
+        (vi, p) = ways[n - 1];
+    }
+}
+
+/// The JSON escape at `p` (`input[p]` is `\`) when it stands for the
+/// character of `value` at `vi`: that character's length and the escape's.
+fn json_escape(value: &[u8], vi: usize, input: &[u8], p: usize) -> Option<(usize, usize)> {
+    let len = match value[vi] {
+        b if b < 0x80 => 1,
+        b if b >= 0xF0 => 4,
+        b if b >= 0xE0 => 3,
+        _ => 2,
+    };
+    let wanted = std::str::from_utf8(value.get(vi..vi + len)?)
+        .ok()?
+        .chars()
+        .next()?;
+    let (got, plen) = match *input.get(p + 1)? {
+        b'u' => {
+            let unit = hex_unit(input, p + 2)?;
+            if (0xD800..0xDC00).contains(&unit) {
+                if input.get(p + 6..p + 8)? != b"\\u" {
+                    return None;
+                }
+                let low = hex_unit(input, p + 8)?;
+                if !(0xDC00..0xE000).contains(&low) {
+                    return None;
+                }
+                let c = char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))?;
+                (c, 12)
+            } else {
+                (char::from_u32(unit)?, 6)
+            }
+        }
+        b'"' => ('"', 2),
+        b'\\' => ('\\', 2),
+        b'/' => ('/', 2),
+        b'b' => ('\u{8}', 2),
+        b'f' => ('\u{c}', 2),
+        b'n' => ('\n', 2),
+        b'r' => ('\r', 2),
+        b't' => ('\t', 2),
+        _ => return None,
+    };
+    (got == wanted).then_some((len, plen))
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The byte two hex digits at `p` stand for.
+fn hex_byte(input: &[u8], p: usize) -> Option<u8> {
+    let hi = hex_digit(*input.get(p)?)?;
+    let lo = hex_digit(*input.get(p + 1)?)?;
+    Some(hi << 4 | lo)
+}
+
+/// The UTF-16 unit four hex digits at `p` stand for.
+fn hex_unit(input: &[u8], p: usize) -> Option<u32> {
+    let hi = hex_byte(input, p)?;
+    let lo = hex_byte(input, p + 2)?;
+    Some(u32::from(hi) << 8 | u32::from(lo))
+}
+
+/// Where the hex of the whole `value` that starts at `p` ends.
+fn match_hex(value: &[u8], input: &[u8], p: usize) -> Option<usize> {
+    for (k, &b) in value.iter().enumerate() {
+        if hex_byte(input, p + 2 * k)? != b {
+            return None;
+        }
+    }
+    Some(p + 2 * value.len())
+}
+
+/// Where the base64 form `f` that starts at `p` ends: its digits (with one
+/// line break allowed between two of them), then, when present, the digit
+/// it shares with what follows and its padding.
+fn match_base64(f: &Base64Form, input: &[u8], p: usize) -> Option<usize> {
+    let mut q = p;
+    for (j, &d) in f.digits.iter().enumerate() {
+        if j > 0 {
+            q = skip_break(input, q);
+        }
+        if DECODE[usize::from(*input.get(q)?)] != d {
+            return None;
+        }
+        q += 1;
+    }
+    if f.tail_bits > 0 {
+        let r = skip_break(input, q);
+        let d = input.get(r).map_or(INVALID, |&c| DECODE[usize::from(c)]);
+        if d != INVALID && u32::from(d) >> (6 - f.tail_bits) == u32::from(f.tail) {
+            q = r + 1;
+            for _ in 0..2 {
+                let r = skip_break(input, q);
+                if input.get(r) != Some(&b'=') {
+                    break;
+                }
+                q = r + 1;
             }
         }
     }
-    let text = String::from_utf8_lossy(value);
-    for upper in [true, false] {
-        for keep in ["", "/", "!'()*"] {
-            let encoded = percent_encode(value, upper, keep);
-            out.push(encoded.replace("%20", "+").into_bytes());
-            out.push(encoded.into_bytes());
+    Some(q)
+}
+
+/// `q` past one line break, when one is there.
+fn skip_break(input: &[u8], q: usize) -> usize {
+    let rest = &input[q.min(input.len())..];
+    for brk in [&b"\r\n"[..], b"\n", b"\r", b"\\r\\n", b"\\n", b"\\r"] {
+        if rest.starts_with(brk) {
+            return q + brk.len();
         }
     }
-    let json = serde_json::to_string(text.as_ref()).unwrap_or_default();
-    let json = json[1..json.len() - 1].to_string();
-    out.push(json.replace('/', "\\/").into_bytes());
-    out.push(ascii_json(&json).into_bytes());
-    out.push(json.into_bytes());
-    out.retain(|f| !f.is_empty());
-    out
+    q
+}
+
+/// The base64 digits of `value` when it starts `shift` bytes into a
+/// 3-byte group.
+fn base64_form(value: &[u8], shift: usize) -> Base64Form {
+    let bit = |i: usize| -> u8 {
+        let i = i - shift * 8;
+        (value[i / 8] >> (7 - i % 8)) & 1
+    };
+    let bits = |from: usize, count: usize| (from..from + count).fold(0u8, |n, i| n << 1 | bit(i));
+    let first_bit = shift * 8;
+    let end_bit = first_bit + value.len() * 8;
+    let first = first_bit.div_ceil(6);
+    let last = end_bit / 6; // exclusive
+    let digits = (first..last.max(first)).map(|k| bits(k * 6, 6)).collect();
+    let tail_bits = end_bit - last.max(first) * 6;
+    Base64Form {
+        digits,
+        tail: bits(last.max(first) * 6, tail_bits.min(5)),
+        tail_bits: tail_bits.min(5) as u32,
+    }
 }
 
 const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const HEX_LOWER: &[u8; 16] = b"0123456789abcdef";
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+const INVALID: u8 = 0xFF;
 
-/// Padded base64.
-fn base64(data: &[u8], alphabet: &[u8; 64]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for k in 0..4 {
-            if k <= chunk.len() {
-                out.push(alphabet[((n >> (18 - 6 * k)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
+/// The 6-bit value of a base64 character of either alphabet.
+const DECODE: [u8; 256] = {
+    let mut t = [INVALID; 256];
+    let mut i = 0;
+    while i < 64 {
+        t[STANDARD[i] as usize] = i as u8;
+        t[URL_SAFE[i] as usize] = i as u8;
+        i += 1;
     }
-    out
-}
-
-/// The base64 characters that depend on `value` alone when it starts
-/// `shift` bytes into a 3-byte group of a longer encoded string.
-fn base64_fragment(value: &[u8], shift: usize, alphabet: &[u8; 64]) -> String {
-    let mut padded = vec![0u8; shift];
-    padded.extend_from_slice(value);
-    let encoded = base64(&padded, alphabet);
-    // Characters (6 bits each) fully inside the value's bits.
-    let first_bit = shift * 8;
-    let end_bit = padded.len() * 8;
-    let first = first_bit.div_ceil(6);
-    let last = end_bit / 6; // exclusive
-    if last <= first {
-        return String::new();
-    }
-    encoded[first..last].to_string()
-}
-
-fn percent_encode(value: &[u8], upper: bool, keep: &str) -> String {
-    let mut out = String::new();
-    for &b in value {
-        let unreserved = b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-        if unreserved || keep.as_bytes().contains(&b) {
-            out.push(b as char);
-        } else if upper {
-            out.push_str(&format!("%{b:02X}"));
-        } else {
-            out.push_str(&format!("%{b:02x}"));
-        }
-    }
-    out
-}
-
-/// JSON text with every non-ASCII character as `\uXXXX` (as Python's
-/// `json.dumps` writes by default).
-fn ascii_json(json: &str) -> String {
-    let mut out = String::new();
-    for c in json.chars() {
-        if c.is_ascii() {
-            out.push(c);
-        } else {
-            let mut units = [0u16; 2];
-            for u in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{u:04x}"));
-            }
-        }
-    }
-    out
-}
+    t
+};
 
 #[cfg(test)]
 mod tests {
@@ -230,13 +530,29 @@ mod tests {
 
     #[test]
     fn base64_matches_the_reference_encoding() {
-        assert_eq!(base64(b"", STANDARD), "");
-        assert_eq!(base64(b"f", STANDARD), "Zg==");
-        assert_eq!(base64(b"fo", STANDARD), "Zm8=");
-        assert_eq!(base64(b"foo", STANDARD), "Zm9v");
-        assert_eq!(base64(b"foobar", STANDARD), "Zm9vYmFy");
-        assert_eq!(base64(&[0xfb, 0xff], STANDARD), "+/8=");
-        assert_eq!(base64(&[0xfb, 0xff], URL_SAFE), "-_8=");
+        assert_eq!(b64(b"", STD, true), "");
+        assert_eq!(b64(b"f", STD, true), "Zg==");
+        assert_eq!(b64(b"fo", STD, true), "Zm8=");
+        assert_eq!(b64(b"fo", STD, false), "Zm8");
+        assert_eq!(b64(b"foo", STD, true), "Zm9v");
+        assert_eq!(b64(b"foobar", STD, true), "Zm9vYmFy");
+        assert_eq!(b64(&[0xfb, 0xff], STD, true), "+/8=");
+        assert_eq!(b64(&[0xfb, 0xff], URL, true), "-_8=");
+    }
+
+    fn percent_encode(value: &[u8], upper: bool, keep: &str) -> String {
+        let mut out = String::new();
+        for &b in value {
+            let unreserved = b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+            if unreserved || keep.as_bytes().contains(&b) {
+                out.push(b as char);
+            } else if upper {
+                out.push_str(&format!("%{b:02X}"));
+            } else {
+                out.push_str(&format!("%{b:02x}"));
+            }
+        }
+        out
     }
 
     #[test]
@@ -252,12 +568,16 @@ mod tests {
     #[test]
     fn base64_alone_and_inside_longer_strings() {
         let s = scrubber();
-        for alphabet in [STANDARD, URL_SAFE] {
-            let alone = base64(CANARY.as_bytes(), alphabet);
+        for alphabet in [STD, URL] {
+            let alone = b64(CANARY.as_bytes(), alphabet, true);
             assert_eq!(s.scrub(&format!("b64 {alone}")), "b64 <secret:token>");
             for prefix in ["", "u:", "us:", "user:", "x"] {
                 for suffix in ["", "!", "!!", "?!?"] {
-                    let embedded = base64(format!("{prefix}{CANARY}{suffix}").as_bytes(), alphabet);
+                    let embedded = b64(
+                        format!("{prefix}{CANARY}{suffix}").as_bytes(),
+                        alphabet,
+                        true,
+                    );
                     let out = s.scrub(&embedded);
                     assert!(out.contains("<secret:token>"), "{prefix}|{suffix}: {out}");
                     // What is left is the prefix's, the suffix's and at most
@@ -316,6 +636,141 @@ mod tests {
             "pin 123, tenant acme-corp, token <secret:token>"
         );
         assert!(Scrubber::default().is_empty());
+    }
+
+    /// Base64 of `data` with `alphabet`, padded or not, for the tests.
+    fn b64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> String {
+        let mut out = String::new();
+        for chunk in data.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+            for k in 0..4 {
+                if k <= chunk.len() {
+                    out.push(alphabet[((n >> (18 - 6 * k)) & 63) as usize] as char);
+                } else if pad {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    /// `text` cut into lines of `width` characters joined by `newline`.
+    fn wrap(text: &str, width: usize, newline: &str) -> String {
+        let chars: Vec<char> = text.chars().collect();
+        chars
+            .chunks(width)
+            .map(|c| c.iter().collect::<String>())
+            .collect::<Vec<_>>()
+            .join(newline)
+    }
+
+    const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+    /// `\uXXXX` for every UTF-16 unit of `c`, in either case.
+    fn u_escape(c: char, upper: bool) -> String {
+        let mut units = [0u16; 2];
+        c.encode_utf16(&mut units)
+            .iter()
+            .map(|u| {
+                if upper {
+                    format!("\\u{u:04X}")
+                } else {
+                    format!("\\u{u:04x}")
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn json_with_escaped_characters_in_any_mix() {
+        let value = "k&y<1>-SEKRIT-\u{e9}-\u{1F600}-\"q\"";
+        let mut s = Scrubber::default();
+        s.add("token", &SecretString::new(value));
+        // Every character escaped, in either case.
+        for upper in [false, true] {
+            let all: String = value.chars().map(|c| u_escape(c, upper)).collect();
+            assert_eq!(
+                s.scrub(&format!("{{\"t\":\"{all}\"}}")),
+                r#"{"t":"<secret:token>"}"#
+            );
+        }
+        // Go's default: `&`, `<`, `>` escaped, the rest as serde writes it.
+        let json = serde_json::to_string(value).unwrap();
+        let go = json
+            .replace('&', "\\u0026")
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e");
+        assert!(go.contains("\\u0026"), "{go}");
+        assert_eq!(s.scrub(&format!("x {go} y")), "x \"<secret:token>\" y");
+        // Python's default: every non-ASCII character escaped, the emoji
+        // as a surrogate pair.
+        let python: String = value
+            .chars()
+            .map(|c| match c {
+                '"' => "\\\"".to_string(),
+                c if c.is_ascii() => c.to_string(),
+                c => u_escape(c, false),
+            })
+            .collect();
+        assert!(python.contains("\\ud83d\\ude00"), "{python}");
+        assert_eq!(s.scrub(&python), "<secret:token>");
+        // Every other character escaped, mixed case.
+        let mixed: String = value
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                if i % 2 == 0 {
+                    u_escape(c, i % 4 == 0)
+                } else if c == '"' {
+                    "\\\"".to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect();
+        assert_eq!(s.scrub(&mixed), "<secret:token>");
+    }
+
+    #[test]
+    fn base64_wrapped_at_any_width() {
+        let s = scrubber();
+        for alphabet in [STD, URL] {
+            for pad in [true, false] {
+                for prefix in ["", "u", "us", "user:"] {
+                    let encoded = b64(format!("{prefix}{CANARY}").as_bytes(), alphabet, pad);
+                    for width in [1, 2, 3, 4, 7, 64, 76, 80] {
+                        for newline in ["\n", "\r\n"] {
+                            let wrapped = wrap(&encoded, width, newline);
+                            let out = s.scrub(&format!("data:\n{wrapped}\nend"));
+                            assert!(out.contains("<secret:token>"), "{width} {newline:?}: {out}");
+                            // What is left is the prefix's characters and
+                            // at most one shared with the value.
+                            let left = out
+                                .replace("<secret:token>", "")
+                                .replace(['\r', '\n'], "")
+                                .len();
+                            assert!(
+                                left <= "dataend".len() + prefix.len() * 4 / 3 + 2,
+                                "{width} {newline:?} {prefix:?}: {out}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hex_in_either_case() {
+        let s = scrubber();
+        let lower = hex::encode(CANARY);
+        assert_eq!(s.scrub(&format!("hex {lower}.")), "hex <secret:token>.");
+        let upper = lower.to_uppercase();
+        assert_eq!(s.scrub(&format!("HEX={upper}")), "HEX=<secret:token>");
     }
 
     #[test]

@@ -333,3 +333,265 @@ async fn a_helpers_own_secrets_are_scrubbed() {
     )
     .await;
 }
+
+/// Properties of the scrubber itself, over random values, encodings and
+/// surrounding text (proptest; `PROPTEST_CASES` sets the count).
+///
+/// A case is a secret `s` (at least `MIN_LEN` bytes: printable ASCII and
+/// some non-ASCII, one character outside the BMP among them), one of the
+/// promised encodings `E` of it (plain; JSON with each character literal,
+/// short-escaped or `\u`-escaped in either case; percent-encoded byte by
+/// byte in either case with `+` or `%20` for a space; base64 standard or
+/// URL-safe, padded or not, of `s` between 0..=4 bytes before and 0..=3
+/// after, wrapped at any width with `\n` or `\r\n`; hex in either case),
+/// and text `P` and `S` before and after it drawn from characters that no
+/// form of `s` uses. `T = P + E + S`; `m` is where the part of `E` that
+/// depends on `s` alone begins.
+///
+/// - scrubbed: `scrub(T)` is `P`, then at most the base64 characters that
+///   hold bits of the bytes before `s` (and line breaks), one marker, at
+///   most those of the bytes after `s` and the padding, then `S`. So it
+///   holds neither `s` nor any part of `E` that depends on `s` alone.
+mod properties {
+    use bindery_sidecar::params::scrub::{Scrubber, MIN_LEN};
+    use bindery_sidecar::params::SecretString;
+    use proptest::prelude::*;
+
+    const MARKER: &str = "<secret:t>";
+
+    /// How one case encodes its secret.
+    #[derive(Clone, Debug)]
+    enum Encoding {
+        Plain,
+        /// Per character: 0 literal (where JSON allows it), 1 short
+        /// escape (where there is one), 2 `\u` lower, 3 `\u` upper.
+        Json(Vec<u8>),
+        /// Per byte: encoded or not (reserved bytes always are), upper
+        /// case; `+` for a space or not.
+        Percent(Vec<(bool, bool)>, bool),
+        Base64 {
+            url: bool,
+            pad: bool,
+            before: Vec<u8>,
+            after: Vec<u8>,
+            /// 0: one line.
+            width: usize,
+            crlf: bool,
+        },
+        Hex(bool),
+    }
+
+    fn secret() -> impl Strategy<Value = String> {
+        let ch = prop_oneof![
+            8 => (0x20u8..0x7f)
+                .prop_filter("not a surrounding character", |b| !b"|#".contains(b))
+                .prop_map(char::from),
+            1 => prop::sample::select(vec!['\u{e9}', '\u{df}', '\u{20ac}', '\u{4e2d}', '\u{1F600}']),
+        ];
+        prop::collection::vec(ch, MIN_LEN..40).prop_map(|c| c.into_iter().collect())
+    }
+
+    fn encoding() -> impl Strategy<Value = Encoding> {
+        prop_oneof![
+            Just(Encoding::Plain),
+            prop::collection::vec(0u8..4, 40).prop_map(Encoding::Json),
+            (
+                prop::collection::vec(any::<(bool, bool)>(), 160),
+                any::<bool>()
+            )
+                .prop_map(|(b, plus)| Encoding::Percent(b, plus)),
+            (
+                any::<bool>(),
+                any::<bool>(),
+                prop::collection::vec(any::<u8>(), 0..=4),
+                prop::collection::vec(any::<u8>(), 0..=3),
+                prop_oneof![Just(0usize), 1usize..100, Just(76usize)],
+                any::<bool>()
+            )
+                .prop_map(|(url, pad, before, after, width, crlf)| Encoding::Base64 {
+                    url,
+                    pad,
+                    before,
+                    after,
+                    width,
+                    crlf
+                }),
+            any::<bool>().prop_map(Encoding::Hex),
+        ]
+    }
+
+    fn surrounding() -> impl Strategy<Value = String> {
+        "[|# ]{0,12}".prop_map(|s| s.replace(' ', "\t"))
+    }
+
+    const STD: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const URL: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+    /// `E`, and how many of its characters (line breaks not counted) come
+    /// before the part that depends on the secret alone.
+    fn encode(s: &str, e: &Encoding) -> (String, usize) {
+        match e {
+            Encoding::Plain => (s.to_string(), 0),
+            Encoding::Json(how) => {
+                let mut out = String::new();
+                for (i, c) in s.chars().enumerate() {
+                    let short = match c {
+                        '"' => Some("\\\""),
+                        '\\' => Some("\\\\"),
+                        '/' => Some("\\/"),
+                        _ => None,
+                    };
+                    match (how[i % how.len()], short) {
+                        (0, None) => out.push(c),
+                        (0 | 1, Some(short)) => out.push_str(short),
+                        (1, None) => out.push(c),
+                        (n, _) => {
+                            let mut units = [0u16; 2];
+                            for u in c.encode_utf16(&mut units) {
+                                if n == 2 {
+                                    out.push_str(&format!("\\u{u:04x}"));
+                                } else {
+                                    out.push_str(&format!("\\u{u:04X}"));
+                                }
+                            }
+                        }
+                    }
+                }
+                (out, 0)
+            }
+            Encoding::Percent(how, plus) => {
+                let mut out = String::new();
+                for (i, &b) in s.as_bytes().iter().enumerate() {
+                    let (encode, upper) = how[i % how.len()];
+                    if b == b' ' && *plus {
+                        out.push('+');
+                    } else if b.is_ascii_alphanumeric() && !encode {
+                        out.push(char::from(b));
+                    } else if upper {
+                        out.push_str(&format!("%{b:02X}"));
+                    } else {
+                        out.push_str(&format!("%{b:02x}"));
+                    }
+                }
+                (out, 0)
+            }
+            Encoding::Hex(upper) => {
+                let h = hex::encode(s);
+                (if *upper { h.to_uppercase() } else { h }, 0)
+            }
+            Encoding::Base64 {
+                url,
+                pad,
+                before,
+                after,
+                width,
+                crlf,
+            } => {
+                let mut data = before.clone();
+                data.extend_from_slice(s.as_bytes());
+                data.extend_from_slice(after);
+                let alphabet = if *url { URL } else { STD };
+                let mut text = String::new();
+                for chunk in data.chunks(3) {
+                    let n = chunk
+                        .iter()
+                        .enumerate()
+                        .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+                    for k in 0..4 {
+                        if k <= chunk.len() {
+                            text.push(char::from(alphabet[((n >> (18 - 6 * k)) & 63) as usize]));
+                        } else if *pad {
+                            text.push('=');
+                        }
+                    }
+                }
+                let wrapped = if *width == 0 {
+                    text
+                } else {
+                    let chars: Vec<char> = text.chars().collect();
+                    chars
+                        .chunks(*width)
+                        .map(|c| c.iter().collect::<String>())
+                        .collect::<Vec<_>>()
+                        .join(if *crlf { "\r\n" } else { "\n" })
+                };
+                (wrapped, (before.len() * 8).div_ceil(6))
+            }
+        }
+    }
+
+    /// Characters other than line breaks.
+    fn visible(text: &str) -> usize {
+        text.chars().filter(|c| !matches!(c, '\r' | '\n')).count()
+    }
+
+    /// The case's text, its secret's scrubber, the parts and where `m` is.
+    struct Case {
+        text: String,
+        scrubber: Scrubber,
+        before: String,
+        after: String,
+        /// At most this many characters may stay before the marker, and
+        /// after it, besides `P` and `S` (and line breaks).
+        left: (usize, usize),
+        m: usize,
+    }
+
+    fn case(s: &str, e: &Encoding, before: String, after: String) -> Option<Case> {
+        if let Encoding::Base64 { before: b, .. } = e {
+            // At a shifted alignment a value needs 5 bytes to leave the
+            // 6 characters looked for (see the module's doc).
+            if b.len() % 3 != 0 && s.len() < 5 {
+                return None;
+            }
+        }
+        let (encoded, lead) = encode(s, e);
+        let left = match e {
+            Encoding::Base64 { after, .. } => (lead, (after.len() * 8).div_ceil(6) + 3),
+            _ => (0, 0),
+        };
+        // `m`: past `lead` visible characters of `E`.
+        let mut m = before.len();
+        let mut seen = 0;
+        for c in encoded.chars() {
+            if seen == lead && !matches!(c, '\r' | '\n') {
+                break;
+            }
+            if !matches!(c, '\r' | '\n') {
+                seen += 1;
+            }
+            m += c.len_utf8();
+        }
+        let mut scrubber = Scrubber::default();
+        scrubber.add("t", &SecretString::new(s));
+        Some(Case {
+            text: format!("{before}{encoded}{after}"),
+            scrubber,
+            before,
+            after,
+            left,
+            m,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_promised_form_is_scrubbed(
+            s in secret(),
+            e in encoding(),
+            before in surrounding(),
+            after in surrounding(),
+        ) {
+            let Some(c) = case(&s, &e, before, after) else { return Ok(()) };
+            let out = c.scrubber.scrub(&c.text);
+            prop_assert!(!out.contains(&s), "{:?} in {:?}", s, out);
+            prop_assert_eq!(out.matches(MARKER).count(), 1, "{:?} from {:?}", out, c.text);
+            let (head, tail) = out.split_once(MARKER).unwrap();
+            prop_assert!(head.starts_with(&c.before), "{:?}", out);
+            prop_assert!(tail.ends_with(&c.after), "{:?}", out);
+            prop_assert!(visible(&head[c.before.len()..]) <= c.left.0, "{:?} from {:?}", out, c.text);
+            prop_assert!(visible(&tail[..tail.len() - c.after.len()]) <= c.left.1, "{:?} from {:?}", out, c.text);
+            let _ = c.m;
+        }
+    }
+}
