@@ -434,6 +434,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         turn_id: "bench".into(),
         agent_id: agent.name.clone(),
         session_json: None,
+        scrubber: Default::default(),
     };
     let bound_call = || async {
         let t = Instant::now();

@@ -371,6 +371,15 @@ impl BoundTool {
         for key in &merged.dropped {
             tracing::info!(tool, arg = %key, "the model sent a bound argument; the bound value was used");
         }
+        if ctx.scrubber.is_empty() {
+            // Where the tool cuts its output, it scrubs first (the run
+            // scrubs the whole result again, to the same markers).
+            let ctx = CallContext {
+                scrubber: Arc::new(scrubber_for(values, std::slice::from_ref(self))),
+                ..ctx.clone()
+            };
+            return self.inner.call(merged.args, &ctx).await;
+        }
         self.inner.call(merged.args, ctx).await
     }
 }

@@ -203,6 +203,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 turn_id: id,
                 agent_id: agent.name.clone(),
                 session_json: None,
+                scrubber: Default::default(),
             };
             // The same span as a call in a run, so that a trace of a
             // `tool-call` looks like one step of a session.

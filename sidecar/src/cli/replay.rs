@@ -160,6 +160,7 @@ pub async fn replay(
         turn_id: id,
         agent_id: doc["agent"].as_str().unwrap_or_default().to_string(),
         session_json: None,
+        scrubber: Default::default(),
     };
     if !raw {
         println!("\nExecuting tool...\n");

@@ -200,6 +200,7 @@ pub async fn run(
             turn_id: String::new(),
             agent_id: agent.name.clone(),
             session_json: None,
+            scrubber: Default::default(),
         },
         cache: None,
         lookups: Some(&lookups),

@@ -204,8 +204,8 @@ impl Scrubber {
         self.scrub_until(text, text.len()).0
     }
 
-    /// `text` scrubbed, then cut at `limit` bytes of `text` (at the
-    /// character boundary at or before it); whether anything was cut.
+    /// `text` scrubbed, then cut at `limit` bytes of `text` (a character
+    /// the limit falls inside is left out); whether anything was cut.
     ///
     /// A form that starts before the limit is replaced whole, even where it
     /// ends past the limit; nothing that starts at or after it is kept. So
@@ -216,10 +216,6 @@ impl Scrubber {
         if text.len() <= limit {
             return (self.scrub(text), false);
         }
-        let mut limit = limit;
-        while !text.is_char_boundary(limit) {
-            limit -= 1;
-        }
         let (out, reached) = self.scrub_until(text, limit);
         (out, reached < text.len())
     }
@@ -229,7 +225,11 @@ impl Scrubber {
     fn scrub_until(&self, text: &str, limit: usize) -> (String, usize) {
         let bytes = text.as_bytes();
         if self.secrets.is_empty() {
-            return (text[..limit].to_string(), limit);
+            let mut end = limit;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            return (text[..end].to_string(), end);
         }
         let mut out: Vec<u8> = Vec::with_capacity(limit);
         let mut i = 0;
@@ -255,7 +255,15 @@ impl Scrubber {
             }
         }
         // Every form begins and ends on a character boundary of `text`:
-        // it is ASCII, or the value's own characters whole.
+        // it is ASCII, or the value's own characters whole. So where the
+        // limit stopped the copy inside a character, the bytes of it
+        // copied are the last ones out.
+        let mut start = i;
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        out.truncate(out.len() - (i - start));
+        let i = start;
         let out = String::from_utf8(out)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         (out, i)
@@ -771,6 +779,41 @@ mod tests {
         assert_eq!(s.scrub(&format!("hex {lower}.")), "hex <secret:token>.");
         let upper = lower.to_uppercase();
         assert_eq!(s.scrub(&format!("HEX={upper}")), "HEX=<secret:token>");
+    }
+
+    #[test]
+    fn a_cut_inside_a_secret_replaces_it_whole() {
+        let s = scrubber();
+        let text = format!("abc {CANARY} and then more text");
+        let start = 4;
+        for limit in 0..text.len() {
+            if !text.is_char_boundary(limit) {
+                continue;
+            }
+            let (out, cut) = s.scrub_cut(&text, limit);
+            assert!(cut, "{limit}");
+            if limit <= start {
+                assert_eq!(out, text[..limit], "{limit}");
+            } else if limit < start + CANARY.len() {
+                assert_eq!(out, "abc <secret:token>", "{limit}");
+            } else {
+                assert_eq!(
+                    out,
+                    format!("abc <secret:token>{}", &text[start + CANARY.len()..limit])
+                );
+            }
+        }
+        assert_eq!(s.scrub_cut(&text, text.len()), (s.scrub(&text), false));
+        // Cut inside a character: before it.
+        assert_eq!(s.scrub_cut("ab\u{e9}cdef", 3), ("ab".to_string(), true));
+        // The lookahead covers the longest form: every character of the
+        // value as a surrogate pair.
+        let mut wide = Scrubber::default();
+        wide.add("t", &SecretString::new("\u{1F600}".repeat(5)));
+        let escaped = "\\ud83d\\ude00".repeat(5);
+        assert!(wide.lookahead() >= escaped.len());
+        let (out, _) = wide.scrub_cut(&format!("x{escaped}y"), 2);
+        assert_eq!(out, "x<secret:t>");
     }
 
     #[test]

@@ -830,6 +830,7 @@ mod tests {
                 turn_id: String::new(),
                 agent_id: agent.name.clone(),
                 session_json: None,
+                scrubber: Default::default(),
             },
             cache: None,
             lookups: None,

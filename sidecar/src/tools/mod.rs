@@ -153,6 +153,10 @@ pub struct CallContext {
     /// "turns"}`), for bash tools' `AGENT_SESSION_JSON`; absent outside a
     /// session. Turns never hold a bound value, so neither does this.
     pub session_json: Option<std::sync::Arc<str>>,
+    /// What scrubs the call's output where a tool cuts it at a limit
+    /// ([`Scrubber::scrub_cut`]): every secret the call can reach. The
+    /// bindings fill it in when it is empty.
+    pub scrubber: std::sync::Arc<Scrubber>,
 }
 
 impl CallContext {

@@ -352,6 +352,12 @@ async fn a_helpers_own_secrets_are_scrubbed() {
 ///   hold bits of the bytes before `s` (and line breaks), one marker, at
 ///   most those of the bytes after `s` and the padding, then `S`. So it
 ///   holds neither `s` nor any part of `E` that depends on `s` alone.
+/// - cut: for every limit `l` (`0..=len(T)`), with `(o, cut) =
+///   scrub_cut(T, l)`: `o` is a prefix of `scrub(T)` (so, by the first
+///   property, it holds no byte of `E`'s part that depends on `s` alone);
+///   when `l > m` it holds the marker (the form that starts before the
+///   limit is replaced whole, none of its leading bytes kept); and `cut`
+///   is false exactly when `o` is all of `scrub(T)`.
 mod properties {
     use bindery_sidecar::params::scrub::{Scrubber, MIN_LEN};
     use bindery_sidecar::params::SecretString;
@@ -591,7 +597,25 @@ mod properties {
             prop_assert!(tail.ends_with(&c.after), "{:?}", out);
             prop_assert!(visible(&head[c.before.len()..]) <= c.left.0, "{:?} from {:?}", out, c.text);
             prop_assert!(visible(&tail[..tail.len() - c.after.len()]) <= c.left.1, "{:?} from {:?}", out, c.text);
-            let _ = c.m;
+        }
+
+        #[test]
+        fn a_cut_never_leaves_part_of_a_secret(
+            s in secret(),
+            e in encoding(),
+            before in surrounding(),
+            after in surrounding(),
+        ) {
+            let Some(c) = case(&s, &e, before, after) else { return Ok(()) };
+            let full = c.scrubber.scrub(&c.text);
+            for limit in 0..=c.text.len() {
+                let (out, cut) = c.scrubber.scrub_cut(&c.text, limit);
+                prop_assert!(full.starts_with(&out), "{} of {:?}: {:?} vs {:?}", limit, c.text, out, full);
+                if limit > c.m {
+                    prop_assert!(out.contains(MARKER), "{} of {:?}: {:?}", limit, c.text, out);
+                }
+                prop_assert_eq!(cut, out.len() < full.len(), "{} of {:?}: {:?}", limit, c.text, out);
+            }
         }
     }
 }

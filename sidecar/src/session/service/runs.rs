@@ -191,6 +191,7 @@ impl Service {
                 turn_id: String::new(),
                 agent_id: agent.name.clone(),
                 session_json: None,
+                scrubber: Default::default(),
             },
             cache: self.cache.as_ref(),
             lookups: Some(&self.lookups),

@@ -72,7 +72,7 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
         &[],
         None,
         limits.describe_timeout,
-        1024 * 1024,
+        (1024 * 1024, super::run::MAX_STDERR),
     )
     .await
     .map_err(|e| match e {

@@ -16,7 +16,7 @@ use crate::params::value::ArgText;
 use crate::tools::{CallArgs, CallContext, ToolError, ToolOutput};
 
 /// Bytes of stderr kept for an error message.
-const MAX_STDERR: usize = 16 * 1024;
+pub(super) const MAX_STDERR: usize = 16 * 1024;
 
 /// Environment variables a tool never inherits from the sidecar: they hold
 /// the operator's parameter values (secrets among them) and tokens.
@@ -27,7 +27,7 @@ pub(super) struct Exec {
     pub status: ExitStatus,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// stdout went past the limit and was cut.
+    /// stdout went past what was read of it, and the process was stopped.
     pub truncated: bool,
 }
 
@@ -38,15 +38,16 @@ pub(super) enum ExecError {
 
 /// Start `path` with `argv` and `env` (added to the sidecar's environment,
 /// less its `BINDERY_*` variables), feed it `stdin`, and collect its output
-/// within `timeout`. On a timeout, or when stdout passes `max_output`, the
-/// whole process group is killed so that no grandchild lingers.
+/// within `timeout`: `read` bytes of stdout, and of stderr. On a timeout,
+/// or when stdout passes `read.0`, the whole process group is killed so
+/// that no grandchild lingers.
 pub(super) async fn exec(
     path: &Path,
     argv: &[String],
     env: &[(String, String)],
     stdin: Option<String>,
     timeout: Duration,
-    max_output: usize,
+    read: (usize, usize),
 ) -> Result<Exec, ExecError> {
     let mut cmd = Command::new(path);
     cmd.args(argv)
@@ -81,8 +82,8 @@ pub(super) async fn exec(
         };
         let (_, (out, truncated), (err, _)) = tokio::join!(
             feed,
-            read_limited(stdout, max_output, pgid),
-            read_limited(stderr, MAX_STDERR, None),
+            read_limited(stdout, read.0, pgid),
+            read_limited(stderr, read.1, None),
         );
         let status = child.wait().await;
         (status, out, err, truncated)
@@ -264,13 +265,20 @@ pub(super) async fn run(
     let cmdline = shell_words(&inv.shown);
     tracing::info!(tool = name, session = %ctx.session_id, script = %path, command = %cmdline, "bash tool started");
     let started = Instant::now();
+    // Past each limit, read as much as the longest form of a secret: a
+    // secret that starts before the limit is scrubbed whole, then cut.
+    let scrubber = &ctx.scrubber;
+    let max_output = tool.limits.max_output;
     let result = exec(
         &tool.path,
         &inv.argv,
         &env,
         inv.stdin,
         tool.limits.call_timeout,
-        tool.limits.max_output,
+        (
+            max_output.saturating_add(scrubber.lookahead()),
+            MAX_STDERR.saturating_add(scrubber.lookahead()),
+        ),
     )
     .await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
@@ -292,16 +300,13 @@ pub(super) async fn run(
     };
     let code = exec.status.code();
     tracing::info!(tool = name, command = %cmdline, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
-    let mut out = String::from_utf8_lossy(&exec.stdout).into_owned();
-    if exec.truncated {
-        out.push_str(&format!(
-            "\n[output cut at {} bytes]",
-            tool.limits.max_output
-        ));
+    let (mut out, cut) = scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stdout), max_output);
+    if exec.truncated || cut {
+        out.push_str(&format!("\n[output cut at {max_output} bytes]"));
         return Ok(ToolOutput { text: out });
     }
     if !exec.status.success() {
-        let stderr = String::from_utf8_lossy(&exec.stderr);
+        let (stderr, _) = scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stderr), MAX_STDERR);
         let how = match (code, exec.status.signal()) {
             (Some(c), _) => format!("exit status {c}"),
             (None, Some(s)) => format!("killed by signal {s}"),

@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::params::scrub::Scrubber;
 use crate::tools::openapi::sanitize_name;
 use crate::tools::{ArgSpec, ToolSpec, Transport};
 
@@ -111,7 +112,7 @@ fn inline_refs(root: &Value, value: &Value, depth: usize) -> Value {
 /// as text: text parts joined by newlines, other kinds named in brackets,
 /// the structured content when there is no other; cut at `max` bytes.
 /// `Err` when the server flagged the result as an error.
-pub fn result_text(result: &Value, max: usize) -> Result<String, String> {
+pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<String, String> {
     let mut parts: Vec<String> = Vec::new();
     for c in result
         .get("content")
@@ -142,13 +143,10 @@ pub fn result_text(result: &Value, max: usize) -> Result<String, String> {
             parts.push(s.to_string());
         }
     }
-    let mut text = parts.join("\n");
-    if text.len() > max {
-        let mut cut = max;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+    // Scrubbed before it is cut: a secret that starts before the limit is
+    // replaced whole, none of it left at the cut.
+    let (mut text, cut) = scrubber.scrub_cut(&parts.join("\n"), max);
+    if cut {
         text.push_str(&format!("\n[result cut at {max} bytes]"));
     }
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
@@ -230,18 +228,41 @@ mod tests {
             {"type": "resource_link", "uri": "file:///b", "name": "b"}
         ]});
         assert_eq!(
-            result_text(&r, 1000).unwrap(),
+            result_text(&r, 1000, &Scrubber::default()).unwrap(),
             "one\n[image image/png]\nbody\n[resource link b file:///b]"
         );
         let structured = json!({"content": [], "structuredContent": {"sum": 3}});
-        assert_eq!(result_text(&structured, 1000).unwrap(), r#"{"sum":3}"#);
+        assert_eq!(
+            result_text(&structured, 1000, &Scrubber::default()).unwrap(),
+            r#"{"sum":3}"#
+        );
         let failed =
             json!({"content": [{"type": "text", "text": "no such invoice"}], "isError": true});
-        assert_eq!(result_text(&failed, 1000).unwrap_err(), "no such invoice");
+        assert_eq!(
+            result_text(&failed, 1000, &Scrubber::default()).unwrap_err(),
+            "no such invoice"
+        );
         let long = json!({"content": [{"type": "text", "text": "é".repeat(10)}]});
         assert_eq!(
-            result_text(&long, 5).unwrap(),
+            result_text(&long, 5, &Scrubber::default()).unwrap(),
             "éé\n[result cut at 5 bytes]"
         );
+    }
+
+    #[test]
+    fn a_result_cut_inside_a_secret_keeps_none_of_it() {
+        let mut s = Scrubber::default();
+        s.add("token", &crate::params::SecretString::new("s3cr3t-token"));
+        for at in 1.."s3cr3t-token".len() {
+            let text = format!("{}s3cr3t-token and more", "x".repeat(10 - at.min(10)));
+            let r = json!({"content": [{"type": "text", "text": text}]});
+            let got = result_text(&r, 10, &s).unwrap();
+            assert!(got.starts_with("x") || at >= 10, "{got}");
+            assert!(
+                got.contains("<secret:token>\n[result cut at 10 bytes]"),
+                "{at}: {got}"
+            );
+            assert!(!got.contains("s3c"), "{got}");
+        }
     }
 }

@@ -445,7 +445,7 @@ impl Tool for McpTool {
             }
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();
-                listing::result_text(&json, server.limits.max_output)
+                listing::result_text(&json, server.limits.max_output, &ctx.scrubber)
             }
         };
         tracing::info!(

@@ -329,12 +329,16 @@ impl Tool for OpenApiTool {
             }
         };
         let status = resp.status();
+        // Past the limit, as much as the longest form of a secret: one that
+        // starts before the limit is scrubbed whole, then cut.
+        let max_response = self.shared.max_response;
+        let read = max_response.saturating_add(ctx.scrubber.lookahead());
         let mut body = Vec::new();
         let mut truncated = false;
         loop {
             match resp.chunk().await {
                 Ok(Some(chunk)) => {
-                    let room = self.shared.max_response.saturating_sub(body.len());
+                    let room = read.saturating_sub(body.len());
                     if chunk.len() > room {
                         body.extend_from_slice(&chunk[..room]);
                         truncated = true;
@@ -363,27 +367,25 @@ impl Tool for OpenApiTool {
             duration_ms = started.elapsed().as_millis() as u64,
             "HTTP request"
         );
-        let text = String::from_utf8_lossy(&body).into_owned();
+        let raw = String::from_utf8_lossy(&body);
         if status.is_success() {
+            let (text, cut) = ctx.scrubber.scrub_cut(&raw, max_response);
             let mut text = if text.is_empty() {
                 format!("HTTP {status} (empty response body)")
             } else {
                 text
             };
-            if truncated {
-                text.push_str(&format!(
-                    "\n[response cut at {} bytes]",
-                    self.shared.max_response
-                ));
+            if truncated || cut {
+                text.push_str(&format!("\n[response cut at {max_response} bytes]"));
             }
             Ok(ToolOutput { text })
         } else {
-            let excerpt: String = text.chars().take(MAX_ERROR_EXCERPT).collect();
-            let cut = if excerpt.len() < text.len() || truncated {
-                " […]"
-            } else {
-                ""
-            };
+            let chars = raw
+                .char_indices()
+                .nth(MAX_ERROR_EXCERPT)
+                .map_or(raw.len(), |(i, _)| i);
+            let (excerpt, cut) = ctx.scrubber.scrub_cut(&raw, chars.min(max_response));
+            let cut = if cut || truncated { " […]" } else { "" };
             Err(ToolError::Failed(format!("HTTP {status}: {excerpt}{cut}")))
         }
     }

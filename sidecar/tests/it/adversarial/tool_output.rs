@@ -287,3 +287,244 @@ async fn every_promised_form_is_scrubbed() {
     );
     assert_nothing_leaked(&seen);
 }
+
+/// The bash tool `cut`: prints `limit - offset` bytes of padding, then the
+/// form `form` of its token, then more, to stdout or (failing) to stderr:
+/// the tool's limit falls `offset` bytes into the form.
+const CUT_TOOL: &str = r#"#!/usr/bin/env python3
+import base64, json, os, sys
+if sys.argv[1:] == ["describe"]:
+    arg = lambda name, mode: {"name": name, "description": name, "type": "string",
+                              "backing_type": "string", "arity": "single", "mode": mode}
+    print(json.dumps({"slug": "cut", "description": "Prints its token at a cut.", "args": [
+        arg("token", "env"), arg("form", "positional"), arg("offset", "positional"),
+        arg("stream", "positional")]}))
+    sys.exit(0)
+form, offset, stream = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+v = os.environ["TOKEN"]
+b = v.encode()
+text = {
+    "plain": v,
+    "base64": "\n".join(base64.b64encode(b).decode()[i:i + 76] for i in range(0, 200, 76)),
+    "json": "".join("\\u%04x" % int.from_bytes(c.encode("utf-16-be")[i:i + 2], "big")
+                    for c in v for i in range(0, len(c.encode("utf-16-be")), 2)),
+    "hex": b.hex(),
+}[form]
+limit = 1000 if stream == "stdout" else 16 * 1024
+out = sys.stdout if stream == "stdout" else sys.stderr
+out.write("x" * (limit - offset) + text + "\n" + "y" * 3000 + "\n")
+out.flush()
+sys.exit(0 if stream == "stdout" else 1)
+"#;
+
+/// The forms the cut tests print, and offsets into each: every offset
+/// lies inside every form.
+const CUT_FORMS: [&str; 4] = ["plain", "base64", "json", "hex"];
+const CUT_OFFSETS: [usize; 4] = [1, 3, 11, 30];
+
+/// The same forms as `CUT_TOOL` prints them.
+fn cut_form(form: &str) -> String {
+    match form {
+        "plain" => CANARY.to_string(),
+        "base64" => base64(CANARY.as_bytes(), false)
+            .as_bytes()
+            .chunks(76)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        "json" => CANARY
+            .encode_utf16()
+            .map(|u| format!("\\u{u:04x}"))
+            .collect(),
+        "hex" => hex::encode(CANARY),
+        other => panic!("no form {other}"),
+    }
+}
+
+/// A model that calls `tool` with the arguments the user's message holds
+/// (as JSON), then answers with the result.
+fn call_as_told(tool: &'static str) -> impl Fn(&Value) -> MockReply {
+    move |req: &Value| {
+        let last = last_message(req);
+        match last["role"].as_str() {
+            Some("tool") => MockReply::text(format!(
+                "the tool said: {}",
+                last["content"].as_str().unwrap_or("")
+            )),
+            _ => MockReply::tool_call(
+                tool,
+                serde_json::from_str(last["content"].as_str().unwrap_or("{}")).unwrap(),
+            ),
+        }
+    }
+}
+
+/// An API whose `pad` operation answers 200 with `limit - offset` bytes of
+/// padding and then a form of the canary (which the session holds: the
+/// API need not be sent it to print it), and whose `reject` answers 401
+/// the same way, at the error excerpt's limit.
+async fn start_padding_api() -> std::net::SocketAddr {
+    use axum::extract::Query;
+    use axum::routing::get;
+    use std::collections::HashMap;
+    fn padded(q: &HashMap<String, String>, limit: usize) -> String {
+        let offset: usize = q["offset"].parse().unwrap();
+        format!(
+            "{}{}\n{}",
+            "x".repeat(limit - offset),
+            cut_form(&q["form"]),
+            "y".repeat(3000)
+        )
+    }
+    let param = |name: &str| json!({"name": name, "in": "query", "required": true, "schema": {"type": "string"}});
+    let doc = json!({
+        "openapi": "3.0.3",
+        "info": {"title": "padding", "version": "1"},
+        "paths": {
+            "/pad": {"get": {"operationId": "pad_http", "parameters": [param("form"), param("offset")],
+                "responses": {"200": {"description": "ok"}}}},
+            "/reject": {"get": {"operationId": "reject_http", "parameters": [param("form"), param("offset")],
+                "responses": {"401": {"description": "no"}}}}
+        }
+    });
+    let app = axum::Router::new()
+        .route("/openapi.json", get(move || async move { axum::Json(doc) }))
+        .route(
+            "/pad",
+            get(|Query(q): Query<HashMap<String, String>>| async move { padded(&q, 4096) }),
+        )
+        .route(
+            "/reject",
+            get(|Query(q): Query<HashMap<String, String>>| async move {
+                (axum::http::StatusCode::UNAUTHORIZED, padded(&q, 2048))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// Post each of `calls` (the tool's arguments) as a message to one session
+/// of a server whose model calls `tool` with them; the results the model
+/// got, and every place they may have reached.
+async fn cut_everywhere(
+    tool: &'static str,
+    extra: &str,
+    flags: &[&str],
+    calls: &[Value],
+) -> (Vec<String>, Vec<(String, String)>) {
+    let mock = MockLlm::start(call_as_told(tool)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    std::fs::create_dir_all(dir.path().join("store")).unwrap();
+    let tools = tools_dir(dir.path(), &[("cut", CUT_TOOL)]);
+    let agent = agent_file(dir.path(), &mock.url(), &tools, extra);
+    let store = sqlite_in(&dir.path().join("store"));
+    let (mut sidecar, api) = serve(&agent, &store, flags, &[], dir.path());
+    let id = new_session(
+        &api,
+        json!({"agent": "hostile", "params": {"token": CANARY}}),
+    )
+    .await;
+    let (status, events) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut events = events.unwrap();
+    let mut replies = Vec::new();
+    for call in calls {
+        let reply = message_waited(&api, &id, &call.to_string()).await;
+        assert_eq!(reply.json["status"], "idle", "{}", reply.text);
+        replies.push(reply.text);
+        let seen = events
+            .until("run_finished", std::time::Duration::from_secs(30))
+            .await;
+        assert!(seen.iter().any(|e| e.event == "tool_result"), "{seen:?}");
+    }
+    let stream = std::mem::take(&mut events.raw);
+    drop(events);
+    let view = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    sidecar.stop();
+    let results: Vec<String> = mock
+        .requests()
+        .iter()
+        .filter(|r| last_message(r)["role"] == "tool")
+        .map(|r| last_message(r)["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(results.len(), calls.len(), "{results:#?}");
+    let mut places = vec![
+        ("the session".to_string(), view.text),
+        ("the event stream".to_string(), stream),
+        (
+            "the store".to_string(),
+            String::from_utf8_lossy(&raw_files(&dir.path().join("store"), "")).into_owned(),
+        ),
+    ];
+    places.extend(replies.into_iter().map(|r| ("a reply".to_string(), r)));
+    for (_, body) in mock.raw_requests() {
+        places.push(("a model request".to_string(), body));
+    }
+    (results, places)
+}
+
+/// Each call's result holds the marker where the form was cut, and no
+/// place holds the leading bytes of any form.
+fn assert_cut_whole(results: Vec<String>, places: Vec<(String, String)>, calls: &[Value]) {
+    for (result, call) in results.iter().zip(calls) {
+        assert!(
+            result.contains("x<secret:token>"),
+            "{call}: the form cut at the limit is not replaced whole: {:?}",
+            &result[result.len().saturating_sub(300)..]
+        );
+        assert!(!result.contains("yyy"), "{call}: kept past the limit");
+    }
+    assert_nothing_leaked(&Seen {
+        result: String::new(),
+        places,
+    });
+}
+
+fn cut_calls(stream: Option<&str>) -> Vec<Value> {
+    let mut calls = Vec::new();
+    for form in CUT_FORMS {
+        for offset in CUT_OFFSETS {
+            let mut call = json!({"form": form, "offset": offset.to_string()});
+            if let Some(s) = stream {
+                call["stream"] = json!(s);
+            }
+            calls.push(call);
+        }
+    }
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_output_cut_inside_a_secret_keeps_none_of_it() {
+    for stream in ["stdout", "stderr"] {
+        let calls = cut_calls(Some(stream));
+        let (results, places) =
+            cut_everywhere("bash_cut", "", &["--tool-max-output", "1000"], &calls).await;
+        if stream == "stdout" {
+            for r in &results {
+                assert!(r.contains("[output cut at 1000 bytes]"), "{r}");
+            }
+        }
+        assert_cut_whole(results, places, &calls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_bodies_and_excerpts_cut_inside_a_secret_keep_none_of_it() {
+    let api = start_padding_api().await;
+    let extra = format!(
+        "    - openapi:\n        spec: \"http://{api}/openapi.json\"\n        baseUrl: \"http://{api}\"\n        maxResponseBytes: 4096\n"
+    );
+    for tool in ["pad_http", "reject_http"] {
+        let calls = cut_calls(None);
+        let (results, places) = cut_everywhere(tool, &extra, &[], &calls).await;
+        assert_cut_whole(results, places, &calls);
+    }
+}
