@@ -112,6 +112,39 @@ fn scrubber_of(secrets: &[(String, SecretString)]) -> Scrubber {
     s
 }
 
+type InFlight = Arc<std::sync::Mutex<Vec<Arc<Scrubber>>>>;
+
+/// A call's scrubber, in flight until this is dropped.
+struct InCall<'a>(&'a InFlight, Arc<Scrubber>);
+
+impl<'a> InCall<'a> {
+    fn new(calls: &'a InFlight, scrubber: &Arc<Scrubber>) -> InCall<'a> {
+        let mut list = calls.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(scrubber.clone());
+        InCall(calls, scrubber.clone())
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = list.iter().position(|s| Arc::ptr_eq(s, &self.1)) {
+            list.swap_remove(i);
+        }
+    }
+}
+
+/// A line of the server's stderr scrubbed of its own secrets and of those
+/// of every call in flight.
+fn scrub_stderr(line: &str, own: &Scrubber, calls: &InFlight) -> String {
+    let mut line = own.scrub(line);
+    let in_flight: Vec<Arc<Scrubber>> = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for s in in_flight {
+        line = s.scrub(&line);
+    }
+    line
+}
+
 /// How the program ended, given a moment to be recorded: a closed pipe
 /// comes before the exit status, which explains more.
 async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
@@ -187,6 +220,11 @@ pub struct McpServer {
     exited: watch::Receiver<Option<String>>,
     /// The secret values of its `env` or `headers`, scrubbed from results.
     secrets: Vec<(String, SecretString)>,
+    /// The scrubbers of the calls in flight: a server that logs its
+    /// arguments has its stderr scrubbed of the values each call can reach
+    /// too (a line read after its call has ended is left to the logs' own
+    /// scrubbing of every live value).
+    calls: InFlight,
     /// Dropping it stops the program.
     stop_on_drop: Option<oneshot::Sender<()>>,
     limits: Limits,
@@ -253,6 +291,7 @@ impl McpServer {
             // Never set: a remote server has no program to exit.
             exited: watch::channel(None).1,
             secrets: secrets_of(&headers),
+            calls: InFlight::default(),
             stop_on_drop: None,
             limits,
         }))
@@ -300,10 +339,13 @@ impl McpServer {
         };
 
         let (server, scrubber) = (tb.name.clone(), scrubber_of(&secrets));
+        let calls = InFlight::default();
+        let in_flight = calls.clone();
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(mcp_server = %server, "stderr: {}", scrubber.scrub(&line));
+                let line = scrub_stderr(&line, &scrubber, &in_flight);
+                tracing::info!(mcp_server = %server, "stderr: {line}");
             }
         });
         let (record, exited) = watch::channel(None);
@@ -348,6 +390,7 @@ impl McpServer {
             service,
             exited,
             secrets,
+            calls,
             stop_on_drop: Some(stop),
             limits,
         }))
@@ -422,6 +465,7 @@ impl Tool for McpTool {
         let params =
             CallToolRequestParams::new(self.spec.local_name.clone()).with_arguments(arguments);
         let started = Instant::now();
+        let _in_call = InCall::new(&server.calls, &ctx.scrubber);
         let answer = tokio::time::timeout(
             server.limits.call_timeout,
             server.service.peer().call_tool(params),
@@ -503,6 +547,28 @@ mod tests {
         assert!(shared_values(&bad, &values)
             .unwrap_err()
             .contains("an object"));
+    }
+
+    #[test]
+    fn stderr_lines_are_scrubbed_of_the_calls_in_flight_too() {
+        let own = scrubber_of(&[("API_TOKEN".into(), SecretString::new("s3cr3t"))]);
+        let calls = InFlight::default();
+        let mut call = Scrubber::default();
+        call.add("token", &SecretString::new("session-secret-1"));
+        let call = Arc::new(call);
+        let line = r#"args: {"token": "session-secret-1"} env: s3cr3t"#;
+        {
+            let _in_call = InCall::new(&calls, &call);
+            assert_eq!(
+                scrub_stderr(line, &own, &calls),
+                r#"args: {"token": "<secret:token>"} env: <secret:API_TOKEN>"#
+            );
+        }
+        assert!(calls.lock().unwrap().is_empty());
+        assert_eq!(
+            scrub_stderr(line, &own, &calls),
+            r#"args: {"token": "session-secret-1"} env: <secret:API_TOKEN>"#
+        );
     }
 
     #[test]
