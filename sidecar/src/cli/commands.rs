@@ -69,8 +69,12 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
         tracing_subscriber::EnvFilter::try_from_env("BINDERY_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
     };
+    // Every record is scrubbed of the live secret values as it is written.
     let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(super::telemetry::Scrubbed {
+            inner: std::io::stderr,
+            json: matches!(format, LogFormat::Json),
+        })
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt = match format {
         LogFormat::Json => fmt.json().with_filter(filter()).boxed(),

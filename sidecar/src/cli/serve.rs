@@ -266,6 +266,24 @@ pub struct ServeArgs<'a> {
 pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let opts = load_options(a.agents)?;
     let tree = Arc::new(load_lenient(a.agents).await?);
+    // The process's own secret values, and those its toolboxes hold, stay
+    // out of the logs for as long as it serves.
+    let _live: Vec<_> = tree
+        .agents
+        .values()
+        .filter_map(|agent| {
+            let values = agent.process_values();
+            let mut secrets: Vec<_> = values
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    crate::params::ParamValue::Secret(s) => Some((k.clone(), s.clone())),
+                    crate::params::ParamValue::Plain(_) => None,
+                })
+                .collect();
+            secrets.extend(agent.tools.snapshot().iter().flat_map(|t| t.secrets()));
+            crate::params::live::register(secrets)
+        })
+        .collect();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
     for w in warnings {
         tracing::warn!("{w}");

@@ -13,7 +13,10 @@
 //!
 //! What is exported is what is logged: the same `BINDERY_LOG` filter picks
 //! the spans and events, so what the logs keep out (secret values) stays out
-//! of the traces too. Spans go out in batches from a thread of their own; a
+//! of the traces too. As a last line of defence, every log record
+//! ([`Scrubbed`]) and every exported span's name, attributes, events and
+//! status are scrubbed of the secret values live in the process
+//! ([`crate::params::live`]), whatever module wrote them. Spans go out in batches from a thread of their own; a
 //! collector that is down costs failed exports and warnings, never a crash.
 //! [`Telemetry::shutdown`] sends what is left before the process exits.
 
@@ -26,6 +29,8 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
+
+use crate::params::scrub::Scrubber;
 
 /// The base URL of an OTLP/HTTP receiver; turns exporting on.
 pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -86,6 +91,7 @@ impl Telemetry {
             .with_protocol(Protocol::HttpBinary)
             .build()
             .map_err(|e| format!("cannot export traces ({variable}): {e}"))?;
+        let exporter = ScrubbingExporter(exporter);
         let provider = SdkTracerProvider::builder()
             .with_resource(resource())
             .with_batch_exporter(exporter)
@@ -160,5 +166,173 @@ mod tests {
                 format!("{target}=off").parse();
             assert!(d.is_ok(), "{target}: {d:?}");
         }
+    }
+}
+
+/// A log writer that scrubs each record of the live secret values before
+/// it is written (the formatter writes one record at a time). With `json`,
+/// each string in the record is scrubbed as it reads once unescaped: a
+/// value the logged text already had escaped once is still found.
+pub struct Scrubbed<M> {
+    pub inner: M,
+    pub json: bool,
+}
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for Scrubbed<M>
+{
+    type Writer = ScrubbedWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        ScrubbedWriter {
+            inner: self.inner.make_writer(),
+            json: self.json,
+        }
+    }
+}
+
+pub struct ScrubbedWriter<W> {
+    inner: W,
+    json: bool,
+}
+
+impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let live = crate::params::live::scrubber();
+        if live.is_empty() {
+            return self.inner.write(buf);
+        }
+        let text = String::from_utf8_lossy(buf);
+        let scrubbed = if self.json {
+            scrub_json_lines(&text, &live)
+        } else {
+            live.scrub(&text)
+        };
+        self.inner.write_all(scrubbed.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Each line of `text` that is a JSON record with its strings (keys too)
+/// scrubbed, and the whole line scrubbed as text after; a line that is no
+/// JSON as text.
+fn scrub_json_lines(text: &str, live: &Scrubber) -> String {
+    fn strings(v: &mut serde_json::Value, live: &Scrubber) {
+        match v {
+            serde_json::Value::String(s) => *s = live.scrub(s),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| strings(i, live)),
+            serde_json::Value::Object(map) => {
+                let old = std::mem::take(map);
+                for (k, mut v) in old {
+                    strings(&mut v, live);
+                    map.insert(live.scrub(&k), v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let body = line.trim_end_matches('\n');
+        match serde_json::from_str::<serde_json::Value>(body) {
+            Ok(mut v) => {
+                strings(&mut v, live);
+                out.push_str(&live.scrub(&v.to_string()));
+                out.push_str(&line[body.len()..]);
+            }
+            Err(_) => out.push_str(&live.scrub(line)),
+        }
+    }
+    out
+}
+
+/// An exporter that scrubs each span of the live secret values before
+/// the one it wraps sends it.
+#[derive(Debug)]
+struct ScrubbingExporter<E>(E);
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for ScrubbingExporter<E>
+{
+    fn export(
+        &self,
+        mut batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let live = crate::params::live::scrubber();
+        if !live.is_empty() {
+            for span in &mut batch {
+                scrub_span(span, &live);
+            }
+        }
+        self.0.export(batch)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource)
+    }
+}
+
+fn scrub_span(span: &mut opentelemetry_sdk::trace::SpanData, live: &Scrubber) {
+    if let std::borrow::Cow::Owned(name) = scrub_cow(live, &span.name) {
+        span.name = name.into();
+    }
+    scrub_attributes(&mut span.attributes, live);
+    for event in span.events.events.iter_mut() {
+        if let std::borrow::Cow::Owned(name) = scrub_cow(live, &event.name) {
+            event.name = name.into();
+        }
+        scrub_attributes(&mut event.attributes, live);
+    }
+    if let opentelemetry::trace::Status::Error { description } = &mut span.status {
+        if let std::borrow::Cow::Owned(d) = scrub_cow(live, description) {
+            *description = d.into();
+        }
+    }
+}
+
+fn scrub_attributes(attributes: &mut [opentelemetry::KeyValue], live: &Scrubber) {
+    use opentelemetry::{Array, StringValue, Value};
+    let scrub = |s: &StringValue| match scrub_cow(live, s.as_str()) {
+        std::borrow::Cow::Owned(t) => Some(StringValue::from(t)),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
+    for kv in attributes {
+        match &mut kv.value {
+            Value::String(s) => {
+                if let Some(t) = scrub(s) {
+                    *s = t;
+                }
+            }
+            Value::Array(Array::String(items)) => {
+                for s in items {
+                    if let Some(t) = scrub(s) {
+                        *s = t;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `text` scrubbed; borrowed when nothing changed.
+fn scrub_cow<'t>(live: &Scrubber, text: &'t str) -> std::borrow::Cow<'t, str> {
+    let out = live.scrub(text);
+    if out == text {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        std::borrow::Cow::Owned(out)
     }
 }

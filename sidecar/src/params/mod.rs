@@ -2,6 +2,7 @@
 //! order in which they win.
 
 pub mod agent;
+pub mod live;
 pub mod process;
 pub mod resolve;
 pub mod scrub;

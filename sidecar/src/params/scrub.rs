@@ -96,6 +96,15 @@ pub struct Scrubber {
     secrets: Vec<Secret>,
     /// Bytes some form starts with: most positions are skipped at once.
     starts: [bool; 256],
+    /// The secrets whose value starts with a byte (for the text and hex
+    /// forms), and whose base64 forms start with a digit: at a position,
+    /// only those that can match there are tried, however many values
+    /// there are.
+    by_first_byte: Vec<Vec<u32>>,
+    by_first_digit: Vec<Vec<u32>>,
+    /// Every marker, to copy them as they are.
+    markers: std::collections::HashSet<String>,
+    longest_marker: usize,
     /// The longest text any form can match, in bytes.
     lookahead: usize,
 }
@@ -105,6 +114,10 @@ impl Default for Scrubber {
         Scrubber {
             secrets: Vec::new(),
             starts: [false; 256],
+            by_first_byte: vec![Vec::new(); 256],
+            by_first_digit: vec![Vec::new(); 64],
+            markers: Default::default(),
+            longest_marker: 0,
             lookahead: 0,
         }
     }
@@ -134,9 +147,14 @@ impl Scrubber {
     pub fn add(&mut self, name: &str, secret: &SecretString) {
         let value = secret.expose();
         let bytes = value.as_bytes();
-        if bytes.len() < MIN_LEN || self.secrets.iter().any(|s| s.value == *secret) {
+        if bytes.len() < MIN_LEN
+            || self.by_first_byte[usize::from(bytes[0])]
+                .iter()
+                .any(|&k| self.secrets[k as usize].value == *secret)
+        {
             return;
         }
+        let index = u32::try_from(self.secrets.len()).unwrap_or(u32::MAX);
         let marker = format!("<secret:{name}>");
         let base64: Vec<Base64Form> = (0..3)
             .map(|shift| base64_form(bytes, shift))
@@ -151,10 +169,15 @@ impl Scrubber {
         if first == b' ' {
             self.starts[usize::from(b'+')] = true;
         }
+        self.by_first_byte[usize::from(first)].push(index);
         for f in &base64 {
             if let Some(&d) = f.digits.first() {
                 self.starts[usize::from(STANDARD[usize::from(d)])] = true;
                 self.starts[usize::from(URL_SAFE[usize::from(d)])] = true;
+                let bucket = &mut self.by_first_digit[usize::from(d)];
+                if bucket.last() != Some(&index) {
+                    bucket.push(index);
+                }
             }
         }
         for digits in [HEX_LOWER, HEX_UPPER] {
@@ -172,6 +195,8 @@ impl Scrubber {
             .max(wrapped)
             .max(bytes.len() * 2)
             .max(marker.len());
+        self.longest_marker = self.longest_marker.max(marker.len());
+        self.markers.insert(marker.clone());
         self.secrets.push(Secret {
             value: secret.clone(),
             marker,
@@ -270,29 +295,67 @@ impl Scrubber {
     }
 
     /// The longest form of any value at `i`: where it ends and its marker.
+    /// Only values that can start here are tried: by the byte the text
+    /// here spells (as it is, percent-encoded or JSON-escaped), the byte
+    /// two hex digits spell, the base64 digit.
     fn match_at(&self, bytes: &[u8], i: usize) -> Option<(usize, &str)> {
-        if bytes[i] == b'<' {
-            if let Some(s) = self
-                .secrets
-                .iter()
-                .find(|s| bytes[i..].starts_with(s.marker.as_bytes()))
-            {
-                return Some((i + s.marker.len(), &s.marker));
+        let b = bytes[i];
+        if b == b'<' {
+            if let Some(m) = self.marker_at(bytes, i) {
+                return Some((i + m.len(), m));
             }
         }
-        let mut best: Option<(usize, &str)> = None;
-        for s in &self.secrets {
-            let value = s.value.expose();
-            let ends = std::iter::once(match_text(value, bytes, i))
-                .chain(s.base64.iter().map(|f| match_base64(f, bytes, i)))
-                .chain(std::iter::once(match_hex(value.as_bytes(), bytes, i)));
-            for end in ends.flatten() {
-                if end > i && best.is_none_or(|(b, _)| end > b) {
-                    best = Some((end, &s.marker));
+        let spelled = match b {
+            b'%' => hex_byte(bytes, i + 1),
+            b'\\' => json_unescape(bytes, i).map(|(c, _)| {
+                let mut buf = [0u8; 4];
+                c.encode_utf8(&mut buf).as_bytes()[0]
+            }),
+            b'+' => Some(b' '),
+            _ => None,
+        };
+        // (end, which secret)
+        let mut best: Option<(usize, usize)> = None;
+        let mut consider = |end: Option<usize>, k: u32| {
+            if let Some(end) = end {
+                if end > i && best.is_none_or(|(e, _)| end > e) {
+                    best = Some((end, k as usize));
+                }
+            }
+        };
+        for first in std::iter::once(b).chain(spelled.filter(|&f| f != b)) {
+            for &k in &self.by_first_byte[usize::from(first)] {
+                let value = self.secrets[k as usize].value.expose();
+                consider(match_text(value, bytes, i), k);
+            }
+        }
+        if let Some(first) = hex_byte(bytes, i) {
+            for &k in &self.by_first_byte[usize::from(first)] {
+                let value = self.secrets[k as usize].value.expose();
+                consider(match_hex(value.as_bytes(), bytes, i), k);
+            }
+        }
+        let d = DECODE[usize::from(b)];
+        if d != INVALID {
+            for &k in &self.by_first_digit[usize::from(d)] {
+                let forms = self.secrets[k as usize].base64.iter();
+                for f in forms.filter(|f| f.digits.first() == Some(&d)) {
+                    consider(match_base64(f, bytes, i), k);
                 }
             }
         }
-        best
+        best.map(|(end, k)| (end, self.secrets[k].marker.as_str()))
+    }
+
+    /// The marker at `i`, when it is one this scrubber writes.
+    fn marker_at(&self, bytes: &[u8], i: usize) -> Option<&str> {
+        let rest = &bytes[i..bytes.len().min(i + self.longest_marker)];
+        if !rest.starts_with(b"<secret:") {
+            return None;
+        }
+        let end = rest.iter().position(|&c| c == b'>')?;
+        let m = std::str::from_utf8(&rest[..=end]).ok()?;
+        self.markers.get(m).map(String::as_str)
     }
 }
 
@@ -380,7 +443,16 @@ fn json_escape(value: &[u8], vi: usize, input: &[u8], p: usize) -> Option<(usize
         .ok()?
         .chars()
         .next()?;
-    let (got, plen) = match *input.get(p + 1)? {
+    let (got, plen) = json_unescape(input, p)?;
+    (got == wanted).then_some((len, plen))
+}
+
+/// The character the JSON escape at `p` stands for, and its length.
+fn json_unescape(input: &[u8], p: usize) -> Option<(char, usize)> {
+    if input.get(p) != Some(&b'\\') {
+        return None;
+    }
+    Some(match *input.get(p + 1)? {
         b'u' => {
             let unit = hex_unit(input, p + 2)?;
             if (0xD800..0xDC00).contains(&unit) {
@@ -406,8 +478,7 @@ fn json_escape(value: &[u8], vi: usize, input: &[u8], p: usize) -> Option<(usize
         b'r' => ('\r', 2),
         b't' => ('\t', 2),
         _ => return None,
-    };
-    (got == wanted).then_some((len, plen))
+    })
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
@@ -814,6 +885,29 @@ mod tests {
         assert!(wide.lookahead() >= escaped.len());
         let (out, _) = wide.scrub_cut(&format!("x{escaped}y"), 2);
         assert_eq!(out, "x<secret:t>");
+    }
+
+    #[test]
+    fn many_values_each_tried_only_where_it_can_start() {
+        let mut s = Scrubber::default();
+        for n in 0..3000 {
+            s.add(
+                &format!("s{n}"),
+                &SecretString::new(format!("value-{n:05}-x")),
+            );
+        }
+        assert_eq!(s.scrub("a value-01234-x b"), "a <secret:s1234> b");
+        assert_eq!(s.scrub(&hex::encode("value-02999-x")), "<secret:s2999>");
+        let b64 = b64(b"value-00007-x", URL, false);
+        assert_eq!(s.scrub(&format!("[{b64}]")), "[<secret:s7>]");
+        assert_eq!(s.scrub("value%2D00042%2dx"), "<secret:s42>");
+        assert_eq!(
+            s.scrub("<secret:s7> <secret:other> value-1-x"),
+            "<secret:s7> <secret:other> value-1-x"
+        );
+        // The same value again keeps its first name.
+        s.add("again", &SecretString::new("value-00003-x"));
+        assert_eq!(s.scrub("value-00003-x"), "<secret:s3>");
     }
 
     #[test]

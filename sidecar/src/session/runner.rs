@@ -119,6 +119,9 @@ pub async fn run(
     cancel: &CancellationToken,
 ) -> RunEnd {
     let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name);
+    // The run's secret values (message-scope ones too) stay out of the
+    // logs while it goes on.
+    let _live = crate::params::live::register_values(ctx.values);
     async move {
         let mut tools: Vec<ToolDefinition> = ctx
             .tools

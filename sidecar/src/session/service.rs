@@ -129,8 +129,9 @@ struct Live {
     /// version-checked, so a write made since (elsewhere or here) fails it
     /// and the record is read again.
     lock: tokio::sync::Mutex<Written>,
-    /// Session-scope secret values: never written anywhere.
-    secrets: Mutex<Values>,
+    /// Session-scope secret values: never written anywhere, kept out of
+    /// the logs while held.
+    secrets: Mutex<crate::params::live::LiveValues>,
     /// When the secrets were last set or used, or a run ended.
     used: Mutex<std::time::Instant>,
     run: Mutex<Option<RunHandle>>,
@@ -282,7 +283,7 @@ impl Service {
         }
         let live = Arc::new(Live {
             lock: tokio::sync::Mutex::new(None),
-            secrets: Mutex::new(Values::new()),
+            secrets: Mutex::new(Default::default()),
             used: Mutex::new(std::time::Instant::now()),
             run: Mutex::new(None),
             events: Fanout::default(),

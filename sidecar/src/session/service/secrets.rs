@@ -41,7 +41,10 @@ impl Service {
             None if kept.is_empty() => return,
             None => self.live(id),
         };
-        *live.secrets.lock().unwrap_or_else(|p| p.into_inner()) = kept;
+        live.secrets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(kept);
         live.touch();
         self.evict_past_limit();
     }
