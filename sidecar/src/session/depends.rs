@@ -190,7 +190,9 @@ pub struct Env<'a> {
 #[derive(Debug)]
 pub enum Step {
     /// Every argument is there (and a write was approved): run with these.
-    Ready(Value),
+    /// Second, the real ids of the `id_sensitive` options chosen on the
+    /// way: the caller keeps them out of the logs while the call runs.
+    Ready(Value, Vec<String>),
     /// A pending item.
     Wait(Disposition, LookupState),
     /// A lookup found nothing to choose from (not an error).
@@ -224,6 +226,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
         steps: 0,
         expires_at: None,
         facts: serde_json::Map::new(),
+        sensitive: Vec::new(),
     };
     let mut args = state.args.clone();
     if let Err(stop) = run.fill(tool, &mut args, tool.name().to_string()).await {
@@ -250,11 +253,11 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
         ));
     }
     if !tool.writes() && !env.confirm {
-        return Step::Ready(args);
+        return Step::Ready(args, run.sensitive);
     }
     let prepared = hex::encode(Sha256::digest(canonical(&args).to_string().as_bytes()));
     if state.approved.as_deref() == Some(prepared.as_str()) {
-        return Step::Ready(args);
+        return Step::Ready(args, run.sensitive);
     }
     let note = state.refreshed.then(|| {
         "the API refused the earlier call (409/410); the lookups ran again: review this one"
@@ -284,6 +287,8 @@ struct Walk<'a, 'e> {
     steps: u32,
     expires_at: Option<i64>,
     facts: serde_json::Map<String, Value>,
+    /// The real ids of the `id_sensitive` options chosen.
+    sensitive: Vec<String>,
 }
 
 type Filled<'f> = Pin<Box<dyn Future<Output = Result<(), Stop>> + Send + 'f>>;
@@ -460,6 +465,9 @@ impl Walk<'_, '_> {
         }
         let pick = |i: usize, this: &mut Self| {
             this.facts.extend(options[i].facts.clone());
+            if sel.id_sensitive {
+                this.sensitive.push(options[i].real.clone());
+            }
             Ok(items[i].clone())
         };
         let mut note = None;
@@ -709,9 +717,10 @@ mod tests {
         if let Ask::Confirmation { prepared, .. } = &state.ask {
             approved.approved = Some(prepared.clone());
         }
-        let Step::Ready(args) = step(&tools, approved, 10, &cache).await else {
+        let Step::Ready(args, sensitive) = step(&tools, approved, 10, &cache).await else {
             panic!("not ready");
         };
+        assert!(sensitive.is_empty(), "{sensitive:?}");
         assert_eq!(
             args,
             json!({"date": "d1", "service_id": "s1", "slot_token": "t9"})

@@ -17,7 +17,7 @@ use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
 use crate::metrics::{Metrics, ToolOutcome};
 use crate::params::scrub::Scrubber;
-use crate::params::Values;
+use crate::params::{SecretString, Values};
 use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
 use crate::session::pending::{Frame, PendingCall, Resolution};
@@ -464,7 +464,15 @@ async fn orchestrated(
     let mut fresh = false;
     loop {
         match depends::resolve(&env, tool, state.clone(), fresh).await {
-            Step::Ready(args) => {
+            Step::Ready(args, sensitive) => {
+                // Like a secret, an id_sensitive option's real id is kept
+                // out of every log line while the call runs.
+                let _hidden = crate::params::live::register(
+                    sensitive
+                        .into_iter()
+                        .map(|id| ("selection".to_string(), SecretString::new(id)))
+                        .collect(),
+                );
                 let r = tool.call(args, ctx.values, &call_ctx).await.map(|o| o.text);
                 if let Err(e) = &r {
                     if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {

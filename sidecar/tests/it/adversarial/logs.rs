@@ -178,3 +178,51 @@ async fn a_hostile_mcp_server_logs_no_secret_in_text_logs() {
 async fn a_hostile_mcp_server_logs_no_secret_in_json_logs() {
     hostile_server_logs("json").await;
 }
+
+/// The slot token of the booking example's only slot: its selection is
+/// `id_sensitive`, so clients never see it, and neither may the log.
+const SLOT: &str = "slot-SENSITIVE-8c41d7";
+
+/// The booking example books its one slot (`bash_book` gets the token on
+/// its command line, chosen by a lookup marked `id_sensitive`): the API
+/// got the token, the log never shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_sensitive_selection_id_is_in_no_log_line() {
+    use crate::common::booking::{booking, DAY};
+    let b = booking(
+        json!({DAY: [{"slot_token": SLOT, "label": "09:00", "service": "svc-cut"}]}),
+        |t| t,
+    )
+    .await;
+    let (mut sidecar, api) = b.start();
+    let prompt = format!("book {}", json!({"date": DAY, "service": "Haircut"}));
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "booking", "prompt": prompt})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let item = &r.json["pending"][0];
+    assert_eq!(item["disposition"], "needs_confirmation", "{}", r.text);
+    let token = item["continuation_token"].as_str().unwrap();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(OWNER),
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(b.bookings(), vec![format!("{DAY} {SLOT}")]);
+    sidecar.stop();
+    let logs = sidecar.logs();
+    assert!(logs.contains("bash tool started"), "{logs}");
+    assert!(
+        !logs.contains(SLOT) && !logs.contains("SENSITIVE"),
+        "the id_sensitive slot token is in the log:\n{logs}"
+    );
+}
