@@ -15,8 +15,8 @@
 //! the spans and events, so what the logs keep out (secret values) stays out
 //! of the traces too. As a last line of defence, every log record
 //! ([`Scrubbed`]) and every exported span's name, attributes, events and
-//! status are scrubbed of the secret values live in the process
-//! ([`crate::params::live`]), whatever module wrote them. Spans go out in batches from a thread of their own; a
+//! status (as the span ends) are scrubbed of the secret values live in the
+//! process ([`crate::params::live`]), whatever module wrote them. Spans go out in batches from a thread of their own; a
 //! collector that is down costs failed exports and warnings, never a crash.
 //! [`Telemetry::shutdown`] sends what is left before the process exits.
 
@@ -91,10 +91,11 @@ impl Telemetry {
             .with_protocol(Protocol::HttpBinary)
             .build()
             .map_err(|e| format!("cannot export traces ({variable}): {e}"))?;
-        let exporter = ScrubbingExporter(exporter);
+        // Each span is scrubbed as it ends, while what it quotes is live.
+        let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
         let provider = SdkTracerProvider::builder()
             .with_resource(resource())
-            .with_batch_exporter(exporter)
+            .with_span_processor(ScrubbingProcessor(batch))
             .build();
         Ok(Some(Telemetry { provider, variable }))
     }
@@ -250,33 +251,33 @@ fn scrub_json_lines(text: &str, live: &Scrubber) -> String {
     out
 }
 
-/// An exporter that scrubs each span of the live secret values before
-/// the one it wraps sends it.
+/// A span processor that scrubs each span of the live secret values as it
+/// ends (when the values it may quote are still live), before the one it
+/// wraps batches it for export.
 #[derive(Debug)]
-struct ScrubbingExporter<E>(E);
+struct ScrubbingProcessor<P>(P);
 
-impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
-    for ScrubbingExporter<E>
+impl<P: opentelemetry_sdk::trace::SpanProcessor> opentelemetry_sdk::trace::SpanProcessor
+    for ScrubbingProcessor<P>
 {
-    fn export(
-        &self,
-        mut batch: Vec<opentelemetry_sdk::trace::SpanData>,
-    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
-        let live = crate::params::live::scrubber();
-        if !live.is_empty() {
-            for span in &mut batch {
-                scrub_span(span, &live);
-            }
-        }
-        self.0.export(batch)
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.0.on_start(span, cx)
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
+    fn on_end(&self, mut span: opentelemetry_sdk::trace::SpanData) {
+        let live = crate::params::live::scrubber();
+        if !live.is_empty() {
+            scrub_span(&mut span, &live);
+        }
+        self.0.on_end(span)
     }
 
     fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
         self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
     }
 
     fn set_resource(&mut self, resource: &Resource) {

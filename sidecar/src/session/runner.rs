@@ -120,9 +120,30 @@ pub async fn run(
 ) -> RunEnd {
     let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name);
     // The run's secret values (message-scope ones too) stay out of the
-    // logs while it goes on.
+    // logs while it goes on, and so do the id_sensitive ids its calls
+    // chose: until its spans have ended, as they are scrubbed then.
     let _live = crate::params::live::register_values(ctx.values);
-    async move {
+    HIDDEN
+        .scope(
+            std::sync::Mutex::new(Vec::new()),
+            run_inner(ctx, history, sink, cancel).instrument(span),
+        )
+        .await
+}
+
+tokio::task_local! {
+    /// Where a run keeps the registrations of the id_sensitive ids its
+    /// calls chose (see [`run`]).
+    static HIDDEN: std::sync::Mutex<Vec<crate::params::live::Registration>>;
+}
+
+async fn run_inner(
+    ctx: &RunContext<'_>,
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    cancel: &CancellationToken,
+) -> RunEnd {
+    {
         let mut tools: Vec<ToolDefinition> = ctx
             .tools
             .iter()
@@ -203,8 +224,6 @@ pub async fn run(
         }
         RunEnd::MaxSteps(ctx.max_steps)
     }
-    .instrument(span)
-    .await
 }
 
 /// The call as a pending item, if it waits instead of running.
@@ -467,12 +486,19 @@ async fn orchestrated(
             Step::Ready(args, sensitive) => {
                 // Like a secret, an id_sensitive option's real id is kept
                 // out of every log line while the call runs.
-                let _hidden = crate::params::live::register(
+                let mut hidden = crate::params::live::register(
                     sensitive
                         .into_iter()
                         .map(|id| ("selection".to_string(), SecretString::new(id)))
                         .collect(),
                 );
+                // Inside a run, until its spans have ended; else (a call
+                // resumed outside one) until this call has.
+                let _ = HIDDEN.try_with(|h| {
+                    if let Some(r) = hidden.take() {
+                        h.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                    }
+                });
                 let r = tool.call(args, ctx.values, &call_ctx).await.map(|o| o.text);
                 if let Err(e) = &r {
                     if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {

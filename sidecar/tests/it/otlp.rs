@@ -260,3 +260,102 @@ fn a_served_run_is_exported_when_the_server_stops() {
         assert!(!contains(b, CANARY), "the canary was exported");
     }
 }
+
+/// A lookup's only option, chosen by a selection marked `id_sensitive`, is
+/// the argument of a read-only bash tool: the tool's `bash tool started`
+/// event (its command line holds the id) is exported scrubbed, and the log
+/// does not show the id either.
+#[test]
+fn an_id_sensitive_id_is_scrubbed_from_exported_spans() {
+    const SLOT: &str = "slot-SENSITIVE-otlp-5e93a1";
+    let receiver = Receiver::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tool = |slug: &str, args: &str, run: &str| {
+        format!(
+            "#!/usr/bin/env python3\nimport json, sys\nif sys.argv[1:] == ['describe']:\n    print(json.dumps({{'slug': '{slug}', 'description': '{slug}', 'args': [{args}]}}))\n    sys.exit(0)\n{run}\n"
+        )
+    };
+    crate::common::executable(
+        &tools.join("slots"),
+        &tool(
+            "slots",
+            "",
+            &format!(
+                "print(json.dumps({{'slots': [{{'slot_token': '{SLOT}', 'label': '09:00'}}]}}))"
+            ),
+        ),
+    );
+    crate::common::executable(
+        &tools.join("show"),
+        &tool(
+            "show",
+            "{'name': 'slot_token', 'description': 'the slot', 'type': 'string', 'backing_type': 'string', 'arity': 'single', 'mode': 'dashdashspace'}",
+            "print('shown')",
+        ),
+    );
+    let status = rt.block_on(async {
+        let mock = bindery_tests::mock_llm::MockLlm::start(|req: &serde_json::Value| {
+            match bindery_tests::mock_llm::last_message(req)["role"].as_str() {
+                Some("tool") => bindery_tests::mock_llm::MockReply::text("done"),
+                _ => bindery_tests::mock_llm::MockReply::tool_call("bash_show", json!({})),
+            }
+        })
+        .await;
+        let agent = dir.path().join("slots.yaml");
+        std::fs::write(
+            &agent,
+            format!(
+                r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: slots
+spec:
+  model: {{url: "{url}", name: mock-model}}
+  toolboxes:
+    - bash:
+        directory: "{tools}"
+        tools:
+          - tool: slots
+            readOnly: true
+          - tool: show
+            readOnly: true
+            depends_on:
+              - tool: slots
+                select: {{items_path: $.slots, id_path: $.slot_token, label_path: $.label, id_sensitive: true}}
+                map: {{$.slot_token: $.slot_token}}
+"#,
+                url = mock.url(),
+                tools = tools.display()
+            ),
+        )
+        .unwrap();
+        let (mut sidecar, api) = crate::common::serve(
+            &agent,
+            &crate::common::sqlite_in(dir.path()),
+            &[],
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url)],
+            dir.path(),
+        );
+        let id = new_session(&api, json!({"agent": "slots"})).await;
+        let reply = message_waited(&api, &id, "show the slot").await;
+        assert!(reply.text.contains("shown"), "{}", reply.text);
+        let status = sidecar.stop();
+        let logs = sidecar.logs();
+        assert!(logs.contains("bash tool started"), "{logs}");
+        assert!(!logs.contains(SLOT), "the id is in the log:\n{logs}");
+        status
+    });
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    // Every export until the one with the tool's event.
+    while !bodies.iter().any(|b| contains(b, "--slot_token")) {
+        bodies.extend(receiver.exports().into_iter().map(|e| e.body));
+    }
+    for b in &bodies {
+        assert!(!contains(b, SLOT), "the id_sensitive id was exported");
+    }
+}
