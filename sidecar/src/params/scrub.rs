@@ -204,14 +204,6 @@ impl Scrubber {
         });
     }
 
-    /// Look for every value `other` looks for too.
-    pub fn extend(&mut self, other: &Scrubber) {
-        for s in &other.secrets {
-            let name = &s.marker["<secret:".len()..s.marker.len() - 1];
-            self.add(name, &s.value);
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.secrets.is_empty()
     }
