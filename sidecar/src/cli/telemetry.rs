@@ -30,7 +30,7 @@ use opentelemetry_sdk::Resource;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::params::scrub::Scrubber;
+use crate::params::live::Live;
 
 /// The base URL of an OTLP/HTTP receiver; turns exporting on.
 pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -221,8 +221,8 @@ impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
 /// Each line of `text` that is a JSON record with its strings (keys too)
 /// scrubbed, and the whole line scrubbed as text after; a line that is no
 /// JSON as text.
-fn scrub_json_lines(text: &str, live: &Scrubber) -> String {
-    fn strings(v: &mut serde_json::Value, live: &Scrubber) {
+fn scrub_json_lines(text: &str, live: &Live) -> String {
+    fn strings(v: &mut serde_json::Value, live: &Live) {
         match v {
             serde_json::Value::String(s) => *s = live.scrub(s),
             serde_json::Value::Array(items) => items.iter_mut().for_each(|i| strings(i, live)),
@@ -285,7 +285,7 @@ impl<P: opentelemetry_sdk::trace::SpanProcessor> opentelemetry_sdk::trace::SpanP
     }
 }
 
-fn scrub_span(span: &mut opentelemetry_sdk::trace::SpanData, live: &Scrubber) {
+fn scrub_span(span: &mut opentelemetry_sdk::trace::SpanData, live: &Live) {
     if let std::borrow::Cow::Owned(name) = scrub_cow(live, &span.name) {
         span.name = name.into();
     }
@@ -303,7 +303,7 @@ fn scrub_span(span: &mut opentelemetry_sdk::trace::SpanData, live: &Scrubber) {
     }
 }
 
-fn scrub_attributes(attributes: &mut [opentelemetry::KeyValue], live: &Scrubber) {
+fn scrub_attributes(attributes: &mut [opentelemetry::KeyValue], live: &Live) {
     use opentelemetry::{Array, StringValue, Value};
     let scrub = |s: &StringValue| match scrub_cow(live, s.as_str()) {
         std::borrow::Cow::Owned(t) => Some(StringValue::from(t)),
@@ -329,7 +329,7 @@ fn scrub_attributes(attributes: &mut [opentelemetry::KeyValue], live: &Scrubber)
 }
 
 /// `text` scrubbed; borrowed when nothing changed.
-fn scrub_cow<'t>(live: &Scrubber, text: &'t str) -> std::borrow::Cow<'t, str> {
+fn scrub_cow<'t>(live: &Live, text: &'t str) -> std::borrow::Cow<'t, str> {
     let out = live.scrub(text);
     if out == text {
         std::borrow::Cow::Borrowed(text)

@@ -16,20 +16,63 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
-use super::scrub::Scrubber;
+use super::scrub::{Prepared, Scrubber};
 use super::{ParamValue, SecretString, Values};
 
+/// Every live value, and what readers scrub with.
+///
+/// Thousands of sessions may each hold a value, and each run registers its
+/// own: building one scrubber of them all at every change would cost the
+/// square of their number. So a change builds only `recent` (what was
+/// registered since `base` was built), and `base` is built again from
+/// every entry once `recent` has grown, or enough of `base`'s values have
+/// gone, past the square root of their number. Until then a value that
+/// went stays in `base`: scrubbed a little longer, never less.
 struct Registry {
-    entries: Mutex<BTreeMap<u64, Vec<(String, SecretString)>>>,
-    current: RwLock<Arc<Scrubber>>,
+    state: Mutex<State>,
+    current: RwLock<Live>,
     next: AtomicU64,
 }
 
+#[derive(Default)]
+struct State {
+    entries: BTreeMap<u64, Vec<Prepared>>,
+    /// Entries registered since `base` was built.
+    recent: Vec<u64>,
+    /// Values of `base` unregistered since it was built.
+    gone: usize,
+}
+
+/// What scrubs every live value: a record passes both scrubbers.
+#[derive(Clone, Default)]
+pub struct Live {
+    base: Arc<Scrubber>,
+    recent: Arc<Scrubber>,
+}
+
+impl Live {
+    pub fn is_empty(&self) -> bool {
+        self.base.is_empty() && self.recent.is_empty()
+    }
+
+    /// `text` with every live value replaced by its marker.
+    pub fn scrub(&self, text: &str) -> String {
+        let once = self.base.scrub(text);
+        if self.recent.is_empty() {
+            return once;
+        }
+        self.recent.scrub(&once)
+    }
+}
+
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
-    entries: Mutex::new(BTreeMap::new()),
-    current: RwLock::new(Arc::new(Scrubber::default())),
+    state: Mutex::new(State::default()),
+    current: RwLock::new(Live::default()),
     next: AtomicU64::new(0),
 });
+
+/// Below this many live values, `base` is built again at every change.
+const SMALL: usize = 256;
 
 /// Values that stay live until this is dropped.
 #[derive(Debug)]
@@ -37,23 +80,34 @@ pub struct Registration(u64);
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut entries = REGISTRY.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.remove(&self.0).is_some() {
-            rebuild(&entries);
+        let mut state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(gone) = state.entries.remove(&self.0) else {
+            return;
+        };
+        if let Some(at) = state.recent.iter().position(|k| *k == self.0) {
+            state.recent.swap_remove(at);
+        } else {
+            state.gone += gone.len();
         }
+        publish(&mut state);
     }
 }
 
 /// Keep `secrets` (each with the name it is scrubbed to) out of every log
 /// record until the registration is dropped; `None` when there are none.
 pub fn register(secrets: Vec<(String, SecretString)>) -> Option<Registration> {
-    if secrets.is_empty() {
+    let prepared: Vec<Prepared> = secrets
+        .iter()
+        .filter_map(|(name, secret)| Prepared::new(name, secret))
+        .collect();
+    if prepared.is_empty() {
         return None;
     }
     let key = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
-    let mut entries = REGISTRY.entries.lock().unwrap_or_else(|p| p.into_inner());
-    entries.insert(key, secrets);
-    rebuild(&entries);
+    let mut state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
+    state.entries.insert(key, prepared);
+    state.recent.push(key);
+    publish(&mut state);
     Some(Registration(key))
 }
 
@@ -71,7 +125,7 @@ pub fn register_values(values: &Values) -> Option<Registration> {
 }
 
 /// What scrubs every live value now.
-pub fn scrubber() -> Arc<Scrubber> {
+pub fn scrubber() -> Live {
     REGISTRY
         .current
         .read()
@@ -79,14 +133,39 @@ pub fn scrubber() -> Arc<Scrubber> {
         .clone()
 }
 
-/// Called with the entries locked, so builds happen in the order of the
-/// changes and the last one wins.
-fn rebuild(entries: &BTreeMap<u64, Vec<(String, SecretString)>>) {
-    let mut s = Scrubber::default();
-    for (name, secret) in entries.values().flatten() {
-        s.add(name, secret);
+/// Build what changed and make it what readers get. Called with the state
+/// locked, so builds happen in the order of the changes and the last wins.
+fn publish(state: &mut State) {
+    let total: usize = state.entries.values().map(Vec::len).sum();
+    let recent_len: usize = state
+        .recent
+        .iter()
+        .filter_map(|k| state.entries.get(k))
+        .map(Vec::len)
+        .sum();
+    let bound = if total < SMALL { 0 } else { total.isqrt() };
+    let mut current = REGISTRY.current.write().unwrap_or_else(|p| p.into_inner());
+    if recent_len > bound || state.gone > bound {
+        let mut base = Scrubber::default();
+        for p in state.entries.values().flatten() {
+            base.add_prepared(p);
+        }
+        state.recent.clear();
+        state.gone = 0;
+        current.base = Arc::new(base);
+        current.recent = Arc::default();
+    } else {
+        let mut recent = Scrubber::default();
+        for p in state
+            .recent
+            .iter()
+            .filter_map(|k| state.entries.get(k))
+            .flatten()
+        {
+            recent.add_prepared(p);
+        }
+        current.recent = Arc::new(recent);
     }
-    *REGISTRY.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
 }
 
 /// A session's secret values as it holds them in memory, live while it
@@ -145,5 +224,25 @@ mod tests {
         drop(held);
         assert_eq!(scrubber().scrub(line), line);
         assert!(register(Vec::new()).is_none());
+    }
+
+    /// Past a few hundred values, a change builds only what is recent; every
+    /// live value is scrubbed all the same, and one that went is not kept
+    /// for ever.
+    #[test]
+    fn many_values_stay_live_and_go() {
+        let value = |n: usize| format!("many-{n:05}-9b7e");
+        let mut held: Vec<Registration> = (0..2000)
+            .map(|n| register(vec![(format!("m{n}"), SecretString::new(value(n)))]).unwrap())
+            .collect();
+        for n in [0, 999, 1999] {
+            assert_eq!(scrubber().scrub(&value(n)), format!("<secret:m{n}>"));
+        }
+        // Drop all but the last: the first ones are let go before long.
+        let last = held.pop().unwrap();
+        drop(held);
+        assert_eq!(scrubber().scrub(&value(0)), value(0));
+        assert_eq!(scrubber().scrub(&value(1999)), "<secret:m1999>");
+        drop(last);
     }
 }

@@ -74,7 +74,39 @@ pub const MIN_LEN: usize = 4;
 /// runs match unrelated base64 text too often.
 const MIN_FRAGMENT: usize = 6;
 
-/// One value, ready to be looked for.
+/// One value, ready to be looked for: its forms are worked out once, and
+/// every scrubber that looks for it shares them.
+#[derive(Clone)]
+pub struct Prepared(std::sync::Arc<Secret>);
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Prepared({})", self.0.marker)
+    }
+}
+
+impl Prepared {
+    /// `secret`, to be replaced by `<secret:NAME>`; `None` when it is too
+    /// short to be looked for.
+    pub fn new(name: &str, secret: &SecretString) -> Option<Prepared> {
+        let bytes = secret.expose().as_bytes();
+        if bytes.len() < MIN_LEN {
+            return None;
+        }
+        let base64: Vec<Base64Form> = (0..3)
+            .map(|shift| base64_form(bytes, shift))
+            .enumerate()
+            .filter(|(shift, f)| *shift == 0 || f.digits.len() >= MIN_FRAGMENT)
+            .map(|(_, f)| f)
+            .collect();
+        Some(Prepared(std::sync::Arc::new(Secret {
+            value: secret.clone(),
+            marker: format!("<secret:{name}>"),
+            base64,
+        })))
+    }
+}
+
 struct Secret {
     value: SecretString,
     marker: String,
@@ -93,7 +125,10 @@ struct Base64Form {
 
 /// What to look for and what replaces it.
 pub struct Scrubber {
-    secrets: Vec<Secret>,
+    secrets: Vec<Prepared>,
+    /// The values looked for, by a hash of their bytes: a value added again
+    /// is found without comparing it to every other.
+    seen: std::collections::HashMap<u64, Vec<u32>>,
     /// Bytes some form starts with: most positions are skipped at once.
     starts: [bool; 256],
     /// The secrets whose value starts with a byte (for the text and hex
@@ -113,6 +148,7 @@ impl Default for Scrubber {
     fn default() -> Self {
         Scrubber {
             secrets: Vec::new(),
+            seen: Default::default(),
             starts: [false; 256],
             by_first_byte: vec![Vec::new(); 256],
             by_first_digit: vec![Vec::new(); 64],
@@ -145,23 +181,31 @@ impl Scrubber {
     /// Look for `secret` too, replacing it by `<secret:NAME>`. A value
     /// already looked for keeps its first name.
     pub fn add(&mut self, name: &str, secret: &SecretString) {
-        let value = secret.expose();
+        if let Some(p) = Prepared::new(name, secret) {
+            self.add_prepared(&p);
+        }
+    }
+
+    /// Look for a prepared value too (its forms are shared, not worked out
+    /// again). A value already looked for keeps its first name.
+    pub fn add_prepared(&mut self, prepared: &Prepared) {
+        let secret = &*prepared.0;
+        let value = secret.value.expose();
         let bytes = value.as_bytes();
-        if bytes.len() < MIN_LEN
-            || self.by_first_byte[usize::from(bytes[0])]
-                .iter()
-                .any(|&k| self.secrets[k as usize].value == *secret)
+        let hash = {
+            use std::hash::{BuildHasher, BuildHasherDefault};
+            BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .hash_one(bytes)
+        };
+        let same = self.seen.entry(hash).or_default();
+        if same
+            .iter()
+            .any(|&k| self.secrets[k as usize].0.value == secret.value)
         {
             return;
         }
         let index = u32::try_from(self.secrets.len()).unwrap_or(u32::MAX);
-        let marker = format!("<secret:{name}>");
-        let base64: Vec<Base64Form> = (0..3)
-            .map(|shift| base64_form(bytes, shift))
-            .enumerate()
-            .filter(|(shift, f)| *shift == 0 || f.digits.len() >= MIN_FRAGMENT)
-            .map(|(_, f)| f)
-            .collect();
+        same.push(index);
         let first = bytes[0];
         for b in [first, b'%', b'\\', b'<'] {
             self.starts[usize::from(b)] = true;
@@ -170,7 +214,7 @@ impl Scrubber {
             self.starts[usize::from(b'+')] = true;
         }
         self.by_first_byte[usize::from(first)].push(index);
-        for f in &base64 {
+        for f in &secret.base64 {
             if let Some(&d) = f.digits.first() {
                 self.starts[usize::from(STANDARD[usize::from(d)])] = true;
                 self.starts[usize::from(URL_SAFE[usize::from(d)])] = true;
@@ -187,8 +231,14 @@ impl Scrubber {
         // 4-byte character percent-encoded). Base64: each character, and
         // the last one and two `=`, after a line break of at most 4 bytes.
         let text = value.chars().count() * 12;
-        let longest_base64 = base64.iter().map(|f| f.digits.len()).max().unwrap_or(0);
+        let longest_base64 = secret
+            .base64
+            .iter()
+            .map(|f| f.digits.len())
+            .max()
+            .unwrap_or(0);
         let wrapped = (longest_base64 + 3) * 5;
+        let marker = &secret.marker;
         self.lookahead = self
             .lookahead
             .max(text)
@@ -197,11 +247,12 @@ impl Scrubber {
             .max(marker.len());
         self.longest_marker = self.longest_marker.max(marker.len());
         self.markers.insert(marker.clone());
-        self.secrets.push(Secret {
-            value: secret.clone(),
-            marker,
-            base64,
-        });
+        self.secrets.push(prepared.clone());
+    }
+
+    /// How many values are looked for.
+    pub fn len(&self) -> usize {
+        self.secrets.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -317,26 +368,26 @@ impl Scrubber {
         };
         for first in std::iter::once(b).chain(spelled.filter(|&f| f != b)) {
             for &k in &self.by_first_byte[usize::from(first)] {
-                let value = self.secrets[k as usize].value.expose();
+                let value = self.secrets[k as usize].0.value.expose();
                 consider(match_text(value, bytes, i), k);
             }
         }
         if let Some(first) = hex_byte(bytes, i) {
             for &k in &self.by_first_byte[usize::from(first)] {
-                let value = self.secrets[k as usize].value.expose();
+                let value = self.secrets[k as usize].0.value.expose();
                 consider(match_hex(value.as_bytes(), bytes, i), k);
             }
         }
         let d = DECODE[usize::from(b)];
         if d != INVALID {
             for &k in &self.by_first_digit[usize::from(d)] {
-                let forms = self.secrets[k as usize].base64.iter();
+                let forms = self.secrets[k as usize].0.base64.iter();
                 for f in forms.filter(|f| f.digits.first() == Some(&d)) {
                     consider(match_base64(f, bytes, i), k);
                 }
             }
         }
-        best.map(|(end, k)| (end, self.secrets[k].marker.as_str()))
+        best.map(|(end, k)| (end, self.secrets[k].0.marker.as_str()))
     }
 
     /// The marker at `i`, when it is one this scrubber writes.

@@ -161,10 +161,11 @@ pub struct CallContext {
 
 impl CallContext {
     /// The context with nothing of the session: what a tool shared across
-    /// sessions is given.
+    /// sessions is given. Its output is scrubbed all the same.
     pub fn without_session(&self) -> CallContext {
         CallContext {
             agent_id: self.agent_id.clone(),
+            scrubber: self.scrubber.clone(),
             ..CallContext::default()
         }
     }
