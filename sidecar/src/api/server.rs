@@ -761,7 +761,7 @@ async fn put_params(
 #[utoipa::path(delete, path = "/v1/sessions/{id}/token", tag = "sessions",
     operation_id = "revokeSessionTokens", security(("ownerToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
-    responses((status = 204, description = "Revoked (also when there was none)."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
+    responses((status = 204, description = "Revoked (also when there was none); the event streams opened with them end at once."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
 )]
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
@@ -949,7 +949,14 @@ async fn events(
         .and_then(|v| v.trim().parse::<i64>().ok())
         .or(q.after)
         .unwrap_or(0);
-    let (stored, feed) = s.service.events(&id, after).await?;
+    let by_token = matches!(who, Caller::SessionToken(_));
+    let (stored, feed) = s.service.events(&id, after, by_token).await?;
+    if by_token {
+        // Subscribed: a revocation from now on ends this stream. One that
+        // came between the check above and the subscription shows here.
+        s.caller(&req.headers, Some(&id), Door::SessionToken)
+            .await?;
+    }
     Ok(super::event_stream::response(
         s.service.clone(),
         stored,

@@ -61,6 +61,11 @@ struct State {
     ended: bool,
     /// The subscriber went.
     gone: bool,
+    /// Opened with a session token (not the owner's): ended when the
+    /// session's tokens are revoked.
+    by_token: bool,
+    /// Ended by a revocation: nothing more is given, queued or not.
+    revoked: bool,
 }
 
 impl Queue {
@@ -125,6 +130,9 @@ impl Receiver {
     #[allow(clippy::needless_pass_by_ref_mut)]
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Signal>> {
         let mut state = self.0.lock();
+        if state.revoked {
+            return Poll::Ready(None);
+        }
         if let Some(event) = state.events.pop_front() {
             if state.events.is_empty() && state.events.capacity() > 16 {
                 // A burst is over: give its room back.
@@ -151,6 +159,12 @@ impl Receiver {
         Poll::Pending
     }
 
+    /// Whether a revocation ended this subscriber (what it was about to
+    /// give is not given).
+    pub fn revoked(&self) -> bool {
+        self.0.lock().revoked
+    }
+
     /// [`Receiver::poll_next`] as a future.
     #[cfg(test)]
     pub async fn recv(&mut self) -> Option<Signal> {
@@ -173,10 +187,32 @@ pub struct Fanout {
 }
 
 impl Fanout {
-    pub fn subscribe(&self) -> Receiver {
+    /// A new subscriber; `by_token` when it came with a session token.
+    pub fn subscribe(&self, by_token: bool) -> Receiver {
         let queue = Arc::new(Queue::default());
+        queue.lock().by_token = by_token;
         self.lock().push(Sender(queue.clone()));
         Receiver(queue)
+    }
+
+    /// End at once every subscriber that came with a session token (the
+    /// session's tokens were revoked): what is queued for them is dropped,
+    /// and nothing more reaches them. The owner's stay.
+    pub fn end_token_streams(&self) -> usize {
+        let mut ended = 0;
+        self.lock().retain(|tx| {
+            let revoked = tx.update(|state| {
+                if !state.by_token {
+                    return false;
+                }
+                state.revoked = true;
+                state.events = VecDeque::new();
+                true
+            });
+            ended += usize::from(revoked);
+            !revoked && !tx.is_closed()
+        });
+        ended
     }
 
     /// To every subscriber still reading; those gone or too far behind are
@@ -232,8 +268,8 @@ mod tests {
     async fn each_subscriber_gets_every_event_and_one_that_lags_is_dropped() {
         let fanout = Fanout::default();
         assert!(fanout.is_empty());
-        let mut reading = fanout.subscribe();
-        let mut stalled = fanout.subscribe();
+        let mut reading = fanout.subscribe(false);
+        let mut stalled = fanout.subscribe(false);
         for i in 0..BUFFER {
             fanout.send(LiveEvent::Delta(i.to_string().into()));
             assert_eq!(delta(reading.recv().await), Some(i.to_string()));
@@ -255,7 +291,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_subscriber_wakes_on_send_and_ends_with_the_fanout() {
         let fanout = Fanout::default();
-        let mut rx = fanout.subscribe();
+        let mut rx = fanout.subscribe(false);
         let waiting = tokio::spawn(async move { (rx.recv().await, rx.recv().await) });
         fanout.send(LiveEvent::Delta("hi".into()));
         drop(fanout);
@@ -267,7 +303,7 @@ mod tests {
     #[tokio::test]
     async fn flags_wake_a_waiting_subscriber_and_come_after_queued_events() {
         let fanout = Fanout::default();
-        let mut rx = fanout.subscribe();
+        let mut rx = fanout.subscribe(false);
         let waiting = tokio::spawn(async move {
             let signal = rx.recv().await;
             (signal, rx)
@@ -290,5 +326,26 @@ mod tests {
         assert!(rx.poll_next(&mut cx).is_pending());
         drop(fanout);
         assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_revocation_ends_the_token_subscribers_at_once_and_only_them() {
+        let fanout = Fanout::default();
+        let mut owner = fanout.subscribe(false);
+        let mut token = fanout.subscribe(true);
+        fanout.send(LiveEvent::Delta("before".into()));
+        assert_eq!(delta(token.recv().await).as_deref(), Some("before"));
+        // Queued and not read yet when the tokens go: never given.
+        fanout.send(LiveEvent::Delta("queued".into()));
+        assert_eq!(fanout.end_token_streams(), 1);
+        assert!(token.recv().await.is_none());
+        assert!(token.revoked());
+        fanout.send(LiveEvent::Delta("after".into()));
+        assert_eq!(delta(owner.recv().await).as_deref(), Some("before"));
+        assert_eq!(delta(owner.recv().await).as_deref(), Some("queued"));
+        assert_eq!(delta(owner.recv().await).as_deref(), Some("after"));
+        assert!(!owner.revoked());
+        assert_eq!(fanout.end_token_streams(), 0);
+        assert!(!fanout.is_empty());
     }
 }

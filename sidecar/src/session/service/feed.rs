@@ -11,13 +11,16 @@ use crate::session::fanout::{Receiver, Signal};
 impl Service {
     /// Subscribe first, then read what is stored: nothing falls in between.
     /// The stored events after `after`, and the feed of those to come.
+    /// `by_token`: the subscriber came with a session token, and its feed
+    /// ends when the session's tokens are revoked.
     pub async fn events(
         &self,
         id: &str,
         after: i64,
+        by_token: bool,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
-        let rx = self.live(id).events.subscribe();
+        let rx = self.live(id).events.subscribe(by_token);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {
             id: id.to_string(),
@@ -106,12 +109,16 @@ pub enum FeedItem {
 impl Feed {
     /// The next events, in order, or a keep-alive; `None` once the
     /// subscriber has fallen too far behind (it reconnects with
-    /// `Last-Event-ID`) or the session left memory.
+    /// `Last-Event-ID`), the session left memory, or the session token it
+    /// came with was revoked.
     pub fn poll_next(&mut self, service: &Service, cx: &mut Context<'_>) -> Poll<Option<FeedItem>> {
         loop {
             if let Some(reading) = &mut self.reading {
                 let read = ready!(reading.events.as_mut().poll(cx));
                 let gap = self.reading.take().and_then(|r| r.gap);
+                if self.rx.revoked() {
+                    return Poll::Ready(None);
+                }
                 match read {
                     Ok(events) if !events.is_empty() => {
                         self.last = events.last().map_or(self.last, |e| e.seq);

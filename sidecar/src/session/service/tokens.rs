@@ -4,6 +4,10 @@
 use super::*;
 
 impl Service {
+    /// Revoke every session token of session `id`, and end at once the
+    /// event streams opened with one, once the store no longer knows the
+    /// tokens (a stream that subscribes meanwhile checks its token again
+    /// after subscribing). The owner's streams stay open.
     pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
         let r = async {
@@ -14,6 +18,14 @@ impl Service {
             rec.version += 1;
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
+            let ended = live.events.end_token_streams();
+            if ended > 0 {
+                tracing::info!(
+                    session = id,
+                    streams = ended,
+                    "session tokens revoked: their event streams were ended"
+                );
+            }
             Ok(())
         }
         .await;
