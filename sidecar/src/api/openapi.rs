@@ -290,6 +290,9 @@ error_codes! {
     NotFound = ["not_found"];
     /// Parameters this caller may not set.
     ForbiddenParams = ["forbidden_params"];
+    /// Parameters this caller may not set, or a pending call only the
+    /// owner may answer.
+    ForbiddenAnswer = ["forbidden", "forbidden_params"];
     /// Parameters refused on a new session.
     NewSessionParams = ["unknown_params", "invalid_params", "params_required"];
     /// Parameters refused on an existing session.

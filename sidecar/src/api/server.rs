@@ -24,9 +24,10 @@ use utoipa_axum::routes;
 
 use super::auth::Door;
 use super::openapi::{
-    AgentList, AnswerRefused, BadRequest, ErrorBody, ForbiddenParams, ForkRequest, Health,
-    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked, SessionList,
-    SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
+    AgentList, AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest,
+    Health, NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
+    SessionList, SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST,
+    INVALID_PARAMS,
 };
 use super::peers::Incoming;
 use super::state::AppState;
@@ -555,9 +556,10 @@ pub struct MessagePost {
             body = SessionView),
         (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
         (status = 401, response = Unauthorized),
-        (status = 403, body = inline(ForbiddenParams), description = "Parameters this caller \
+        (status = 403, body = inline(ForbiddenAnswer), description = "Parameters this caller \
             may not set: process-scope or pinned ones, or any session value of a sealed \
-            session for a session-token holder."),
+            session for a session-token holder; or (`forbidden`) a session-token holder's \
+            message that picks an option of a pending selection, which only the owner answers."),
         (status = 404, description = "No such session.", body = inline(NotFound)),
         (status = 409, body = inline(RunBlocked), description = "A run is in progress \
             (`run_in_progress`), the session waits for pending calls (`waiting_external`), \
@@ -846,8 +848,9 @@ pub struct ContinuationBody {
             body = SessionView),
         (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
         (status = 401, response = Unauthorized),
-        (status = 403, description = "Parameters this caller may not set.",
-            body = inline(ForbiddenParams)),
+        (status = 403, body = inline(ForbiddenAnswer), description = "A session token \
+            (`forbidden`: only the owner answers pending calls), or parameters this caller \
+            may not set."),
         (status = 404, description = "No pending call of the named session has this token.",
             body = inline(NotFound)),
         (status = 409, body = inline(AnswerRefused), description = "The token was used \
@@ -862,9 +865,14 @@ async fn continuation(
     Query(q): Query<WaitQuery>,
     req: Incoming,
 ) -> ApiResult {
-    let who = s.caller(&req.headers, None, Door::OwnerOnly).await?;
-    let b: ContinuationBody = body(&req.body)?;
+    // The token names its session: a session token of that session is
+    // known here, so that the service refuses it as it does on every path
+    // that answers a pending call (any other token is none).
     let session = crate::session::pending::token_session(&token).map(str::to_owned);
+    let who = s
+        .caller(&req.headers, session.as_deref(), Door::SessionToken)
+        .await?;
+    let b: ContinuationBody = body(&req.body)?;
     let mode = run_mode(b.run.as_deref())?;
     let answer = Answer {
         session_id: b.session_id,

@@ -44,6 +44,20 @@ pub struct Answer {
     pub mode: RunMode,
 }
 
+/// Whether `caller` may answer a session's pending items: its owner only.
+/// Every path that answers one (the continuation route, `/mcp`, a chat
+/// message that picks an option, and so the chat page, which uses them)
+/// comes through [`Service::answer`], which asks this before anything
+/// else; a session token reads the items but never answers them.
+fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
+    match caller {
+        Caller::Owner => Ok(()),
+        Caller::SessionToken(_) => Err(ServiceError::forbidden(
+            "only the session's owner may answer its pending calls (a continuation, or a chat message that picks an option); a session token may read them, not answer them",
+        )),
+    }
+}
+
 impl Service {
     /// The pending items of the calls a run stopped before: each with a
     /// fresh nonce (its token derives from it) and its digest.
@@ -194,6 +208,7 @@ impl Service {
         token: &str,
         answer: Answer,
     ) -> Result<(String, Option<RunWait>), ServiceError> {
+        may_answer(caller)?;
         let unknown = || ServiceError::not_found("no pending call has this continuation token");
         let id = pending::token_session(token)
             .ok_or_else(unknown)?

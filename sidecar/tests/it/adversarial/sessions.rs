@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::common::booking::*;
 use crate::common::*;
 use bindery_tests::sidecar::{Api, EventStream, Reply};
 use serde_json::{json, Value};
@@ -253,4 +254,121 @@ async fn revoking_the_tokens_ends_their_open_streams_at_once() {
     let (status, _) = api.events(&events, Some(fresh), None).await;
     assert_eq!(status, 401, "a fork's token opened its source's events");
     assert_eq!(answer.json["status"], "idle", "{}", answer.text);
+}
+
+/// A booking session that waits for a choice of service, created with a
+/// session token: its view (as the owner sees it) and the token.
+async fn waiting_for_a_choice(api: &Api) -> (Reply, String) {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(
+                &json!({"agent": "booking", "prompt": format!("book {}", json!({"date": DAY})),
+                         "session_token": true}),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    assert_eq!(
+        r.json["pending"][0]["disposition"], "needs_selection",
+        "{}",
+        r.text
+    );
+    let token = r.json["session_token"].as_str().unwrap().to_string();
+    (r, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_answers_a_pending_item_whatever_the_path() {
+    let b = booking(two_slots(), |t| t).await;
+    let (_sidecar, api) = b.start();
+    let (owners, token) = waiting_for_a_choice(&api).await;
+    let id = owners.json["session_id"].as_str().unwrap().to_string();
+    let item = &owners.json["pending"][0];
+    let continuation = item["continuation_token"].as_str().unwrap().to_string();
+    let choice = item["options"][1]["id"].clone();
+    let lookups = b.lookups();
+
+    // The holder's view shows the item without its token.
+    let view = call(&api, "GET", &format!("/v1/sessions/{id}"), &token, None).await;
+    assert_eq!(view.status, 200, "{}", view.text);
+    assert!(
+        view.json["pending"][0]["continuation_token"].is_null(),
+        "{}",
+        view.text
+    );
+    assert!(!view.text.contains(&continuation), "{}", view.text);
+
+    // A chat message that names an option.
+    let messages = format!("/v1/sessions/{id}/messages?wait=true");
+    for text in ["2", "Colour"] {
+        assert_eq!(
+            refused(
+                &api,
+                "POST",
+                &messages,
+                &token,
+                Some(json!({"prompt": text}))
+            )
+            .await,
+            (403, "forbidden".to_string()),
+            "the chat message {text:?}"
+        );
+    }
+    // The continuation route, with the owner's continuation token (leaked).
+    let route = format!("/v1/continuations/{continuation}?wait=true");
+    assert_eq!(
+        refused(
+            &api,
+            "POST",
+            &route,
+            &token,
+            Some(json!({"choice": choice}))
+        )
+        .await,
+        (403, "forbidden".to_string())
+    );
+    // `/mcp`, where a session token is no token.
+    let mcp = api
+        .http
+        .post(format!("{}/mcp", api.base))
+        .bearer_auth(&token)
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "ask_booking", "arguments": {},
+            "_meta": {"bindery.dev/continuations": [{"token": continuation, "choice": choice}]}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status().as_u16(), 401);
+
+    // Nothing was answered: the same item waits, with the same token.
+    let now = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(now.json["status"], "waiting_external", "{}", now.text);
+    assert_eq!(now.json["pending"], owners.json["pending"], "{}", now.text);
+    assert_eq!(b.lookups(), lookups, "a lookup ran for an answer");
+    assert!(b.bookings().is_empty());
+
+    // The owner's chat message does answer it.
+    let r = api
+        .call(
+            "POST",
+            &messages,
+            Some(OWNER),
+            Some(&json!({"prompt": "2"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["pending"][0]["disposition"], "needs_confirmation",
+        "{}",
+        r.text
+    );
 }
