@@ -67,9 +67,10 @@ pub struct AgentTenantSpec {
     pub owner_token_secret_ref: Option<KeyRef>,
     /// Forget a session's secret values once it has been idle this long
     /// (`30m`, `1h`, `90s`); its next message then answers 409
-    /// `params_required` until they are supplied again. Default: never.
+    /// `params_required` until they are supplied again. `off`: keep them
+    /// as long as the pod runs. Default: one hour.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    #[schemars(regex(pattern = r"^(off|0*[1-9][0-9]*(ms|s|m|h|d)([0-9]+(ms|s|m|h|d))*)$"))]
     pub live_session_ttl: Option<String>,
     /// Keep at most this many sessions live (holding secret values in
     /// memory) in each pod; past it, the least recently used idle session

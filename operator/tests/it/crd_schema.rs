@@ -563,6 +563,23 @@ fn confirm_ttl_is_a_number_and_a_unit() {
     assert!(v.is_clean(), "{v:#?}");
 }
 
+#[test]
+fn live_session_ttl_is_a_duration_over_zero_or_off() {
+    let with = |ttl: &str| {
+        let mut t = tenant_with(json!([{"name": "tenant", "value": "acme"}]));
+        t["spec"]["liveSessionTtl"] = json!(ttl);
+        t
+    };
+    for good in ["1h", "30m", "90s", "1h30m", "off"] {
+        accepted(&with(good));
+    }
+    // The sidecar refuses a zero TTL (it would forget at once) and
+    // anything that is not a duration or `off`.
+    for bad in ["0s", "0", "30", "never", "", "Off "] {
+        refused_by_schema(&with(bad), "/spec/liveSessionTtl", "pattern");
+    }
+}
+
 /// Every CEL rule of the AgentTenant is one the tests above exercise; a new
 /// rule needs its own accept-and-refuse test.
 #[test]

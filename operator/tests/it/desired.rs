@@ -608,3 +608,29 @@ fn a_dependency_cycle_duplicate_or_overlap_makes_the_agent_invalid() {
         assert!(msg.contains(want), "{want} not in {msg}");
     }
 }
+
+/// The sidecar's arguments as rendered for `w`.
+fn sidecar_args(w: &World) -> Vec<String> {
+    let d = w.run();
+    let o = d.objects.as_ref().expect("objects are rendered");
+    let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    pod.unwrap().containers[0].args.clone().unwrap_or_default()
+}
+
+/// The value `flag` is given in `args`, if it is there.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+#[test]
+fn a_tenant_sets_how_long_idle_sessions_keep_their_secrets_or_turns_it_off() {
+    let mut w = World::example();
+    let flag = "--live-session-ttl";
+    assert_eq!(flag_value(&sidecar_args(&w), flag), Some("30m"));
+    // Left out: the sidecar's own default (an hour) applies.
+    w.tenant.spec.live_session_ttl = None;
+    assert_eq!(flag_value(&sidecar_args(&w), flag), None);
+    w.tenant.spec.live_session_ttl = Some("off".into());
+    assert_eq!(flag_value(&sidecar_args(&w), flag), Some("off"));
+}

@@ -166,10 +166,11 @@ pub enum Command {
         tool_cache_ttl: u64,
         /// Forget a session's secret values after it has been idle this
         /// long (`30m`, `90s`); the next message then answers 409
-        /// params_required, as after a restart. Default: never.
+        /// params_required, as after a restart. `off`: keep them as long
+        /// as the process runs.
         #[arg(long, value_name = "DURATION", env = "BINDERY_LIVE_SESSION_TTL",
-              value_parser = humantime::parse_duration)]
-        live_session_ttl: Option<std::time::Duration>,
+              default_value = "1h", value_parser = parse_lifetime)]
+        live_session_ttl: Lifetime,
         /// Keep at most this many sessions live (holding secret values in
         /// memory): past it, the least recently used idle session forgets
         /// its secrets and answers 409 params_required until they are
@@ -276,11 +277,77 @@ pub struct AgentArgs {
     pub tool_max_output: usize,
 }
 
+/// How long something idle is kept: a duration, or `None` for as long as
+/// the process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime(pub Option<std::time::Duration>);
+
+/// `30m`, `90s`, or `off`; zero would forget at once, so it is refused.
+fn parse_lifetime(s: &str) -> Result<Lifetime, String> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(Lifetime(None));
+    }
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => {
+            Err("must be more than zero (`off` keeps the values for good)".to_string())
+        }
+        Ok(d) => Ok(Lifetime(Some(d))),
+        Err(e) => Err(format!("{e} (a duration such as `30m`, or `off`)")),
+    }
+}
+
 /// A duration that repeats (`15s`, `1m`): more than zero.
 fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) if d.is_zero() => Err("must be more than zero".to_string()),
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::{Cli, Command, Lifetime};
+
+    fn live_session_ttl(extra: &[&str]) -> Result<Lifetime, String> {
+        let args = ["bindery-sidecar", "serve", "--agent-file", "a.yaml"]
+            .iter()
+            .chain(extra);
+        match Cli::try_parse_from(args)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Serve {
+                live_session_ttl, ..
+            } => Ok(live_session_ttl),
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn secret_values_of_an_idle_session_last_an_hour_unless_told_otherwise() {
+        assert_eq!(
+            live_session_ttl(&[]),
+            Ok(Lifetime(Some(Duration::from_secs(3600))))
+        );
+        assert_eq!(
+            live_session_ttl(&["--live-session-ttl", "90s"]),
+            Ok(Lifetime(Some(Duration::from_secs(90))))
+        );
+        assert_eq!(
+            live_session_ttl(&["--live-session-ttl", "off"]),
+            Ok(Lifetime(None))
+        );
+        for bad in ["0s", "0", "soon"] {
+            let err = live_session_ttl(&["--live-session-ttl", bad]).unwrap_err();
+            assert!(
+                err.contains("--live-session-ttl") && err.contains("off"),
+                "{err}"
+            );
+        }
     }
 }

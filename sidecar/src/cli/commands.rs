@@ -149,7 +149,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 advertise_url: advertise_url.as_deref(),
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
-                live_session_ttl,
+                live_session_ttl: live_session_ttl.0,
                 max_live_sessions: max_live_sessions.map(|n| n as usize),
                 events_keep_alive,
                 stream: !no_stream,

@@ -1,6 +1,7 @@
-//! `serve --live-session-ttl`: a session idle for longer than the TTL loses
-//! its secret values, and its next message answers 409 `params_required`
-//! exactly as after a restart, until they are supplied again.
+//! `serve --live-session-ttl` (an hour unless set; `off` keeps them): a
+//! session idle for longer than the TTL loses its secret values, and its
+//! next message answers 409 `params_required` exactly as after a restart,
+//! until they are supplied again.
 //! `serve --max-live-sessions`: past the limit, the least recently used
 //! session loses them the same way.
 
@@ -167,12 +168,18 @@ fn the_limit_is_a_positive_number() {
 }
 
 #[test]
-fn the_ttl_is_a_duration() {
-    let out = std::process::Command::new(bin())
-        .args(["serve", "--live-session-ttl", "soon"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--live-session-ttl"), "{err}");
+fn the_ttl_is_a_duration_over_zero_or_off() {
+    // Zero would forget at once: `off` is how to keep the values.
+    for bad in ["soon", "0s"] {
+        let out = std::process::Command::new(bin())
+            .args(["serve", "--live-session-ttl", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--live-session-ttl") && err.contains("`off`"),
+            "{err}"
+        );
+    }
 }
