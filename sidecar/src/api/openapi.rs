@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::extensions::ExtensionsBuilder;
-use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::schema::{
+    AllOfBuilder, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type,
+};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::tag::TagBuilder;
 use utoipa::openapi::{
@@ -166,7 +168,95 @@ pub fn document(mut api: Document, version: &str) -> Value {
             .flat_map(|item| item.values_mut())
             .for_each(optional_means_absent);
     }
+    add_links(&mut doc);
     doc
+}
+
+/// The operations a session's id opens, each with the name of its path
+/// parameter.
+const SESSION_OPERATIONS: &[&str] = &[
+    "getSession",
+    "postMessage",
+    "resumeSession",
+    "cancelSession",
+    "forkSession",
+    "setSessionParams",
+    "revokeSessionTokens",
+    "streamEvents",
+];
+
+/// The answers that name a session: (path, method, status, where its id
+/// is in the body, whether it is a session view with `pending` items).
+const SESSION_ANSWERS: &[(&str, &str, &str, &str, bool)] = &[
+    (
+        "/v1/sessions",
+        "get",
+        "200",
+        "/sessions/0/session_id",
+        false,
+    ),
+    ("/v1/sessions", "post", "201", "/session_id", true),
+    ("/v1/sessions/{id}", "get", "200", "/session_id", true),
+    (
+        "/v1/sessions/{id}/messages",
+        "post",
+        "202",
+        "/session_id",
+        true,
+    ),
+    ("/v1/sessions/{id}/fork", "post", "201", "/session_id", true),
+    (
+        "/v1/sessions/{id}/params",
+        "put",
+        "200",
+        "/session_id",
+        true,
+    ),
+    (
+        "/v1/continuations/{token}",
+        "post",
+        "200",
+        "/session_id",
+        true,
+    ),
+];
+
+/// OpenAPI links: how one answer feeds the next request. A session's id
+/// (from its view or the list) opens its routes; a pending item's
+/// continuation token opens the continuation route; an agent's slug its
+/// view and a new session. A client (or a fuzzer's stateful phase) can
+/// follow them.
+fn add_links(doc: &mut Value) {
+    let link = |operation: &str, parameter: &str, from: &str| {
+        serde_json::json!({
+            "operationId": operation,
+            "parameters": { parameter: format!("$response.body#{from}") },
+        })
+    };
+    let mut add = |path: &str, method: &str, status: &str, name: &str, to: Value| {
+        let response = &mut doc["paths"][path][method]["responses"][status];
+        assert!(
+            response.is_object(),
+            "no {status} answer of {method} {path} to link from"
+        );
+        response["links"][name] = to;
+    };
+    for (path, method, status, id, view) in SESSION_ANSWERS {
+        for operation in SESSION_OPERATIONS {
+            add(path, method, status, operation, link(operation, "id", id));
+        }
+        if *view {
+            let to = link("postContinuation", "token", "/pending/0/continuation_token");
+            add(path, method, status, "postContinuation", to);
+        }
+    }
+    let to = link("getAgent", "slug", "/agents/0/slug");
+    add("/v1/agents", "get", "200", "getAgent", to);
+    let to = serde_json::json!({
+        "operationId": "createSession",
+        "requestBody": { "agent": "$response.body#/agents/0/slug" },
+    });
+    add("/v1/agents", "get", "200", "createSession", to);
 }
 
 /// utoipa reads an `Option` parameter or body as "may be null"; here it
@@ -369,11 +459,22 @@ pub struct SessionList {
 
 /// How far the run goes: `until_blocked` (default) until the model answers
 /// or a call waits; `step` one model turn and its tool calls; `none` no run
-/// (creation only).
+/// (a creation stays idle; an answer to a pending call is recorded only).
 #[derive(ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunMode {
     None,
+    Step,
+    UntilBlocked,
+}
+
+/// How far the run a message or a resume starts goes: `until_blocked`
+/// (default) until the model answers or a call waits; `step` one model
+/// turn and its tool calls. Such a request exists to start a run, so
+/// `none` is not taken here.
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStarted {
     Step,
     UntilBlocked,
 }
@@ -683,10 +784,29 @@ pub struct JsonRpcMessage {
 #[serde(untagged)]
 pub enum McpRequest {
     One(JsonRpcMessage),
-    /// A batch (protocol 2025-03-26): each entry that is not a JSON-RPC
-    /// message gets an error response of its own.
-    Batch(Vec<Value>),
+    Batch(#[schema(inline)] McpBatch),
 }
+
+/// A batch (protocol 2025-03-26): each entry that is not a JSON-RPC
+/// message gets an error response of its own. An empty one is no request
+/// at all (so JSON-RPC has it), and is answered with a 400.
+pub struct McpBatch;
+
+impl PartialSchema for McpBatch {
+    fn schema() -> RefOr<Schema> {
+        ArrayBuilder::new()
+            .items(ObjectBuilder::new().schema_type(SchemaType::AnyValue))
+            .min_items(Some(1))
+            .description(Some(
+                "A batch (protocol 2025-03-26): each entry that is not a JSON-RPC message \
+                 gets an error response of its own. An empty one is no request at all, and \
+                 is answered with a 400.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for McpBatch {}
 
 /// The JSON-RPC response; an array of them for a batch.
 #[derive(ToSchema)]

@@ -541,7 +541,7 @@ pub struct MessagePost {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
-    #[schema(value_type = super::openapi::RunMode, required = false)]
+    #[schema(value_type = super::openapi::RunStarted, required = false)]
     run: Option<String>,
 }
 
@@ -617,7 +617,7 @@ pub struct ParamsBody {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
-    #[schema(value_type = super::openapi::RunMode, required = false)]
+    #[schema(value_type = super::openapi::RunStarted, required = false)]
     run: Option<String>,
 }
 
