@@ -1,23 +1,69 @@
 //! Replicas on a shared store forward to each other the requests that need
 //! what lives in one server's memory only: a session's secret values, its
 //! run's `delta` events. The server a client reached checks the client's
-//! credentials; the forward carries the caller it found, vouched for by a
-//! credential derived from the owner token every replica shares, and is
-//! served as if it came directly, never forwarded again.
+//! credentials; the forward carries the caller it found and is served as if
+//! it came directly, never forwarded again.
+//!
+//! A forward is signed, one request at a time: HMAC-SHA256 under a key
+//! derived from the owner token every replica shares (its own label, so it
+//! is no other key the token derives), over the method, the path and query,
+//! the SHA-256 of the body, the caller, the time it was sent and a random
+//! nonce. The receiver ([`admit`], in front of every route) refuses a
+//! signature that does not match, a time more than [`WINDOW`] away from its
+//! own clock, and a nonce it has seen already; it remembers nonces for
+//! twice the window, which is as long as their time could be accepted, and
+//! no longer. So a captured forward is good for that one request, once, and
+//! for a short while: replayed, or with its path or body changed, or its
+//! headers put on another request, it is refused (401).
+//!
+//! Replicas of the version before signed requests (a fixed credential per
+//! caller) and of this one cannot forward to each other. During a rolling
+//! update a request that reaches a new replica and needs an old one is
+//! refused by the old one (401); the new one takes that as it takes a peer
+//! it cannot reach, and serves the request itself (`409 params_required`
+//! when it needs secret values it does not hold, an event stream without
+//! `delta` events). A forward from an old replica is refused by the new one
+//! (401), and the old replica passes that answer on to its client. Once
+//! every replica runs the new version, forwards work again.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request};
-use axum::http::{header, HeaderMap, HeaderName, Method, Uri};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::pending::hmac;
 use crate::session::validate::Caller;
 
-/// The peer credential: from a server of the same tenant, never a client.
+/// The signature of a forward: from a server of the same tenant, never a
+/// client.
 pub const PEER_HEADER: &str = "x-bindery-peer";
 /// The caller the forwarding server authenticated (`owner`, `session:ID`).
 pub const CALLER_HEADER: &str = "x-bindery-peer-caller";
+/// When the forward was sent: seconds since the Unix epoch.
+pub const TIME_HEADER: &str = "x-bindery-peer-time";
+/// A random value, never sent twice: 16 bytes in hex.
+pub const NONCE_HEADER: &str = "x-bindery-peer-nonce";
+/// Set by [`admit`] on a forward whose signature it checked, to the caller
+/// it vouches for; removed from every other request, so that no client can
+/// set it.
+const VOUCHED_HEADER: &str = "x-bindery-peer-vouched";
+
+/// How far a forward's time may be from the receiver's clock, either way.
+/// Replicas run on nodes whose clocks are kept in sync (NTP keeps them
+/// within well under a second); 30 s leaves room for that and for a slow
+/// network, while a captured request stops being accepted soon after.
+pub const WINDOW: Duration = Duration::from_secs(30);
+
+/// The largest body a forward may carry (axum's default limit for a
+/// request's body, which the routes apply to a client's request too).
+const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// What a client's request passes on to a peer.
 const PASSED: [HeaderName; 3] = [
@@ -33,48 +79,215 @@ fn caller_name(who: &Caller) -> String {
     }
 }
 
-/// The credential vouching for `caller`: bound to it, so one seen for a
-/// session token's holder does not make its bearer the owner.
-fn credential(key: &[u8; 32], caller: &str) -> String {
-    hex::encode(hmac(key, format!("bindery peer\n{caller}").as_bytes()))
+/// What one forward is signed over.
+struct Signed<'a> {
+    method: &'a str,
+    path: &'a str,
+    body: &'a [u8],
+    caller: &'a str,
+    time: u64,
+    nonce: &'a str,
 }
 
-/// Whether a request says it comes from a peer (then it is served here,
-/// whatever it needs).
-pub fn is_forwarded(headers: &HeaderMap) -> bool {
-    headers.contains_key(PEER_HEADER)
-}
-
-/// The caller a peer vouches for; `None` when the request does not claim to
-/// come from one. A claim whose credential does not match is refused: a
-/// client cannot pose as a peer.
-pub fn vouched(headers: &HeaderMap, key: &[u8; 32]) -> Option<Result<Caller, ServiceError>> {
-    let presented = headers.get(PEER_HEADER)?;
-    let refused = || {
-        Err(ServiceError::new(
-            ErrorKind::Unauthorized,
-            "unauthorized",
-            format!("`{PEER_HEADER}` is for the servers of one tenant forwarding to each other; a client sends `Authorization: Bearer <token>` only"),
-        ))
-    };
-    let Some(name) = headers.get(CALLER_HEADER).and_then(|v| v.to_str().ok()) else {
-        return Some(refused());
-    };
-    let expected = credential(key, name);
-    let matches = presented.as_bytes().len() == expected.len()
-        && presented
-            .as_bytes()
-            .iter()
-            .zip(expected.as_bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if !matches {
-        return Some(refused());
+impl Signed<'_> {
+    fn signature(&self, key: &[u8; 32]) -> [u8; 32] {
+        let digest = hex::encode(Sha256::digest(self.body));
+        let text = format!(
+            "bindery peer request\n{}\n{}\n{digest}\n{}\n{}\n{}",
+            self.method, self.path, self.caller, self.time, self.nonce
+        );
+        hmac(key, text.as_bytes())
     }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The nonces of the forwards accepted within the last two windows: a
+/// nonce is remembered as long as its time could still be accepted, then
+/// forgotten, so memory is bounded by the rate of forwards.
+#[derive(Default)]
+pub struct Nonces {
+    seen: Mutex<Seen>,
+}
+
+/// The nonces, and the same in the order they came, with when.
+#[derive(Default)]
+struct Seen {
+    set: HashSet<String>,
+    order: VecDeque<(Instant, String)>,
+}
+
+impl Nonces {
+    /// Whether `nonce` is new (it is remembered from now on); `false`: it
+    /// was seen within the last two windows.
+    fn first_use(&self, nonce: &str, now: Instant) -> bool {
+        let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let Seen { set, order } = &mut *guard;
+        while let Some((at, _)) = order.front() {
+            if now.saturating_duration_since(*at) <= 2 * WINDOW {
+                break;
+            }
+            if let Some((_, old)) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+        if !set.insert(nonce.to_string()) {
+            return false;
+        }
+        order.push_back((now, nonce.to_string()));
+        true
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.seen.lock().unwrap().set.len()
+    }
+}
+
+/// What [`admit`] checks forwards with.
+pub struct PeerAuth {
+    key: [u8; 32],
+    nonces: Nonces,
+}
+
+impl PeerAuth {
+    /// `key`: [`super::auth::OwnerToken::peer_key`].
+    pub fn new(key: [u8; 32]) -> Self {
+        PeerAuth {
+            key,
+            nonces: Nonces::default(),
+        }
+    }
+}
+
+fn refused(why: &str) -> ServiceError {
+    ServiceError::new(
+        ErrorKind::Unauthorized,
+        "unauthorized",
+        format!("`{PEER_HEADER}` is for the servers of one tenant forwarding to each other, each request signed once ({why}); a client sends `Authorization: Bearer <token>` only"),
+    )
+}
+
+/// The caller a forward is signed for, if its signature, time and nonce
+/// hold (the nonce is remembered only then: a forged request cannot fill
+/// the memory).
+fn verify(
+    auth: &PeerAuth,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: u64,
+    at: Instant,
+) -> Result<String, ServiceError> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(presented), Some(caller), Some(time), Some(nonce)) = (
+        text(PEER_HEADER),
+        text(CALLER_HEADER),
+        text(TIME_HEADER),
+        text(NONCE_HEADER),
+    ) else {
+        return Err(refused(&format!(
+            "a forward carries `{PEER_HEADER}`, `{CALLER_HEADER}`, `{TIME_HEADER}` and `{NONCE_HEADER}`"
+        )));
+    };
+    let Ok(time) = time.parse::<u64>() else {
+        return Err(refused(&format!("`{TIME_HEADER}` is not a time")));
+    };
+    if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(refused(&format!("`{NONCE_HEADER}` is not 16 bytes in hex")));
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let expected = Signed {
+        method: method.as_str(),
+        path,
+        body,
+        caller,
+        time,
+        nonce,
+    }
+    .signature(&auth.key);
+    let matches = hex::decode(presented).is_ok_and(|p| {
+        p.len() == expected.len()
+            && p.iter()
+                .zip(&expected)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if !matches {
+        return Err(refused("the signature does not match this request"));
+    }
+    if now.abs_diff(time) > WINDOW.as_secs() {
+        return Err(refused(&format!(
+            "its time is more than {} s from this server's clock: keep the replicas' clocks in sync",
+            WINDOW.as_secs()
+        )));
+    }
+    if !auth.nonces.first_use(nonce, at) {
+        return Err(refused("this request was accepted once already"));
+    }
+    Ok(caller.to_string())
+}
+
+/// In front of every route: a request that says it is a peer's forward is
+/// admitted only with a good signature, and then carries the caller it
+/// vouches for; the peer headers go, and no other request carries a
+/// vouched caller.
+pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    parts.headers.remove(VOUCHED_HEADER);
+    let claims = [PEER_HEADER, CALLER_HEADER, TIME_HEADER, NONCE_HEADER]
+        .iter()
+        .any(|h| parts.headers.contains_key(*h));
+    if !claims {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the forward's body is too large",
+        )
+            .into_response();
+    };
+    let caller = verify(
+        &auth,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        &body,
+        unix_now(),
+        Instant::now(),
+    );
+    let caller = match caller.map(|c| HeaderValue::from_str(&c)) {
+        Ok(Ok(c)) => c,
+        Ok(Err(_)) => return refused("the caller is not a header value").into_response(),
+        Err(e) => return e.into_response(),
+    };
+    for h in [PEER_HEADER, CALLER_HEADER, TIME_HEADER, NONCE_HEADER] {
+        parts.headers.remove(h);
+    }
+    parts.headers.insert(VOUCHED_HEADER, caller);
+    next.run(Request::from_parts(parts, Body::from(body))).await
+}
+
+/// Whether a request is a peer's forward (then it is served here, whatever
+/// it needs).
+pub fn is_forwarded(headers: &HeaderMap) -> bool {
+    headers.contains_key(VOUCHED_HEADER)
+}
+
+/// The caller a peer vouches for, its forward admitted by [`admit`];
+/// `None` when the request is not a forward.
+pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
+    let name = headers.get(VOUCHED_HEADER)?.to_str().unwrap_or_default();
     Some(match name.strip_prefix("session:") {
         None if name == "owner" => Ok(Caller::Owner),
         Some(id) if !id.is_empty() => Ok(Caller::SessionToken(id.to_string())),
-        _ => refused(),
+        _ => Err(refused("the caller is neither `owner` nor `session:ID`")),
     })
 }
 
@@ -107,8 +320,10 @@ impl<S: Send + Sync> FromRequest<S> for Incoming {
 }
 
 /// Send a client's request to the peer at `to` (`http://HOST:PORT`) on
-/// behalf of `who`, and stream its answer back as it comes (an event
-/// stream stays open). `Err`: the peer could not be reached.
+/// behalf of `who`, signed for this one request, and stream its answer back
+/// as it comes (an event stream stays open). `Err`: the peer could not be
+/// reached, or refused the signature (a replica of another version, or
+/// with another owner token).
 pub async fn forward(
     client: &reqwest::Client,
     key: &[u8; 32],
@@ -118,10 +333,25 @@ pub async fn forward(
 ) -> Result<Response, String> {
     let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
     let name = caller_name(who);
+    let mut nonce = [0u8; 16];
+    getrandom::fill(&mut nonce).map_err(|e| format!("no randomness for a nonce: {e}"))?;
+    let nonce = hex::encode(nonce);
+    let time = unix_now();
+    let signature = Signed {
+        method: incoming.method.as_str(),
+        path,
+        body: &incoming.body,
+        caller: &name,
+        time,
+        nonce: &nonce,
+    }
+    .signature(key);
     let mut req = client
         .request(incoming.method.clone(), format!("{to}{path}"))
-        .header(PEER_HEADER, credential(key, &name))
-        .header(CALLER_HEADER, name);
+        .header(PEER_HEADER, hex::encode(signature))
+        .header(CALLER_HEADER, name)
+        .header(TIME_HEADER, time.to_string())
+        .header(NONCE_HEADER, nonce);
     for h in &PASSED {
         if let Some(v) = incoming.headers.get(h) {
             req = req.header(h, v);
@@ -132,6 +362,9 @@ pub async fn forward(
         .send()
         .await
         .map_err(|e| e.to_string())?;
+    if answer.status() == StatusCode::UNAUTHORIZED {
+        return Err("it refused this server's signature (a replica of another version, during a rolling update, or one with another owner token)".into());
+    }
     let mut out = Response::builder().status(answer.status());
     for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
         if let Some(v) = answer.headers().get(&h) {
@@ -148,7 +381,7 @@ pub async fn forward(
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
-        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .unwrap_or_default()
 }
@@ -157,48 +390,159 @@ pub fn client() -> reqwest::Client {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, v.parse().unwrap());
+    const KEY: [u8; 32] = [7u8; 32];
+    const NONCE: &str = "00112233445566778899aabbccddeeff";
+
+    /// The headers of a forward of `POST /v1/sessions/s1/messages` with
+    /// `body`, signed under `key` at `time` with `nonce` for `caller`.
+    fn signed(key: &[u8; 32], caller: &str, body: &[u8], time: u64, nonce: &str) -> HeaderMap {
+        let sig = Signed {
+            method: "POST",
+            path: "/v1/sessions/s1/messages?wait=true",
+            body,
+            caller,
+            time,
+            nonce,
         }
+        .signature(key);
+        let mut h = HeaderMap::new();
+        h.insert(PEER_HEADER, hex::encode(sig).parse().unwrap());
+        h.insert(CALLER_HEADER, caller.parse().unwrap());
+        h.insert(TIME_HEADER, time.to_string().parse().unwrap());
+        h.insert(NONCE_HEADER, nonce.parse().unwrap());
         h
     }
 
+    fn check(
+        auth: &PeerAuth,
+        uri: &str,
+        h: &HeaderMap,
+        body: &[u8],
+        now: u64,
+        at: Instant,
+    ) -> Result<String, ServiceError> {
+        verify(auth, &Method::POST, &uri.parse().unwrap(), h, body, now, at)
+    }
+
+    const URI: &str = "/v1/sessions/s1/messages?wait=true";
+
     #[test]
-    fn a_peer_vouches_for_the_caller_its_credential_names() {
-        let key = [7u8; 32];
-        let owner = credential(&key, "owner");
-        let h = headers(&[(PEER_HEADER, &owner), (CALLER_HEADER, "owner")]);
-        assert_eq!(vouched(&h, &key).unwrap().unwrap(), Caller::Owner);
-        let s1 = credential(&key, "session:s1");
-        let h = headers(&[(PEER_HEADER, &s1), (CALLER_HEADER, "session:s1")]);
+    fn a_forward_is_admitted_once_for_the_request_it_was_signed_for() {
+        let auth = PeerAuth::new(KEY);
+        let at = Instant::now();
+        let h = signed(&KEY, "session:s1", b"{}", 1000, NONCE);
         assert_eq!(
-            vouched(&h, &key).unwrap().unwrap(),
-            Caller::SessionToken("s1".into())
+            check(&auth, URI, &h, b"{}", 1000, at).unwrap(),
+            "session:s1"
         );
-        assert!(vouched(&HeaderMap::new(), &key).is_none());
+        // The same again: refused, however soon.
+        let e = check(&auth, URI, &h, b"{}", 1000, at).unwrap_err();
+        assert!(e.message.contains("accepted once already"), "{}", e.message);
     }
 
     #[test]
-    fn a_credential_for_another_caller_or_key_is_refused() {
-        let key = [7u8; 32];
-        let s1 = credential(&key, "session:s1");
-        for h in [
-            headers(&[(PEER_HEADER, &s1), (CALLER_HEADER, "owner")]),
-            headers(&[
-                (PEER_HEADER, &credential(&[8u8; 32], "owner")),
-                (CALLER_HEADER, "owner"),
-            ]),
-            headers(&[(PEER_HEADER, "owner"), (CALLER_HEADER, "owner")]),
-            headers(&[(PEER_HEADER, &s1)]),
-        ] {
-            let e = vouched(&h, &key).unwrap().unwrap_err();
-            assert_eq!(
-                (e.kind, e.code),
-                (ErrorKind::Unauthorized, "unauthorized"),
-                "{h:?}"
+    fn a_forward_changed_in_any_part_is_refused() {
+        let at = Instant::now();
+        let h = signed(&KEY, "owner", b"{\"prompt\":\"a\"}", 1000, NONCE);
+        let mut other_caller = h.clone();
+        other_caller.insert(CALLER_HEADER, "session:s1".parse().unwrap());
+        let mut other_time = h.clone();
+        other_time.insert(TIME_HEADER, "1001".parse().unwrap());
+        let mut other_nonce = h.clone();
+        other_nonce.insert(
+            NONCE_HEADER,
+            "ffffffffffffffffffffffffffffffff".parse().unwrap(),
+        );
+        let other_key = signed(&[8u8; 32], "owner", b"{\"prompt\":\"a\"}", 1000, NONCE);
+        let cases: [(&str, &HeaderMap, &[u8]); 6] = [
+            (URI, &h, b"{\"prompt\":\"b\"}"),
+            (
+                "/v1/sessions/s2/messages?wait=true",
+                &h,
+                b"{\"prompt\":\"a\"}",
+            ),
+            (URI, &other_caller, b"{\"prompt\":\"a\"}"),
+            (URI, &other_time, b"{\"prompt\":\"a\"}"),
+            (URI, &other_nonce, b"{\"prompt\":\"a\"}"),
+            (URI, &other_key, b"{\"prompt\":\"a\"}"),
+        ];
+        for (uri, headers, body) in cases {
+            let auth = PeerAuth::new(KEY);
+            let e = check(&auth, uri, headers, body, 1000, at).unwrap_err();
+            assert_eq!((e.kind, e.code), (ErrorKind::Unauthorized, "unauthorized"));
+            assert!(
+                e.message.contains("does not match"),
+                "{uri} {headers:?}: {}",
+                e.message
             );
+            assert_eq!(auth.nonces.len(), 0, "a forged request's nonce is not kept");
+        }
+        // On another method.
+        let auth = PeerAuth::new(KEY);
+        let e = verify(
+            &auth,
+            &Method::PUT,
+            &URI.parse().unwrap(),
+            &h,
+            b"{\"prompt\":\"a\"}",
+            1000,
+            at,
+        );
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn a_forward_outside_the_window_or_missing_a_part_is_refused() {
+        let auth = PeerAuth::new(KEY);
+        let at = Instant::now();
+        let w = WINDOW.as_secs();
+        for now in [1000 + w + 1, 1000 - w - 1] {
+            let h = signed(&KEY, "owner", b"", 1000, NONCE);
+            let e = check(&auth, URI, &h, b"", now, at).unwrap_err();
+            assert!(e.message.contains("clock"), "{}", e.message);
+        }
+        for now in [1000 + w, 1000 - w] {
+            let nonce = format!("{now:032x}");
+            let h = signed(&KEY, "owner", b"", 1000, &nonce);
+            check(&auth, URI, &h, b"", now, at).unwrap();
+        }
+        for missing in [PEER_HEADER, CALLER_HEADER, TIME_HEADER, NONCE_HEADER] {
+            let mut h = signed(&KEY, "owner", b"", 1000, NONCE);
+            h.remove(missing);
+            assert!(check(&auth, URI, &h, b"", 1000, at).is_err(), "{missing}");
+        }
+        let h = signed(&KEY, "owner", b"", 1000, "short");
+        assert!(check(&auth, URI, &h, b"", 1000, at).is_err());
+    }
+
+    #[test]
+    fn nonces_are_forgotten_once_their_time_is_past() {
+        let nonces = Nonces::default();
+        let t0 = Instant::now();
+        assert!(nonces.first_use("a", t0));
+        assert!(!nonces.first_use("a", t0 + WINDOW));
+        assert!(nonces.first_use("b", t0 + WINDOW));
+        assert_eq!(nonces.len(), 2);
+        // Past two windows `a` is gone; `b` is still within its own.
+        assert!(nonces.first_use("c", t0 + 2 * WINDOW + Duration::from_secs(1)));
+        assert_eq!(nonces.len(), 2);
+        assert!(!nonces.first_use("b", t0 + 2 * WINDOW + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_vouched_caller_is_the_owner_or_one_session() {
+        let mut h = HeaderMap::new();
+        assert!(vouched(&h).is_none());
+        h.insert(VOUCHED_HEADER, "owner".parse().unwrap());
+        assert_eq!(vouched(&h).unwrap().unwrap(), Caller::Owner);
+        h.insert(VOUCHED_HEADER, "session:s1".parse().unwrap());
+        assert_eq!(
+            vouched(&h).unwrap().unwrap(),
+            Caller::SessionToken("s1".into())
+        );
+        for bad in ["session:", "admin"] {
+            h.insert(VOUCHED_HEADER, bad.parse().unwrap());
+            assert!(vouched(&h).unwrap().is_err(), "{bad}");
         }
     }
 }

@@ -85,6 +85,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
+        .layer(middleware::from_fn_with_state(
+            state.peer_auth.clone(),
+            super::peers::admit,
+        ))
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(
             state.clone(),

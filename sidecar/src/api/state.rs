@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use super::auth::{caller, Door, OwnerToken};
-use super::peers::{forward, is_forwarded, Incoming};
+use super::peers::{forward, is_forwarded, Incoming, PeerAuth};
 use crate::metrics::Metrics;
 use crate::session::error::ServiceError;
 use crate::session::service::Service;
@@ -24,6 +24,8 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Forwards requests to other servers on a shared store.
     pub peers: reqwest::Client,
+    /// Checks the forwards of other servers.
+    pub peer_auth: Arc<PeerAuth>,
 }
 
 impl AppState {

@@ -374,12 +374,14 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             }
         });
     }
+    let peer_auth = Arc::new(crate::api::peers::PeerAuth::new(owner.peer_key()));
     let state = Arc::new(AppState {
         service: service.clone(),
         owner,
         metrics,
         ready: AtomicBool::new(false),
         peers: crate::api::peers::client(),
+        peer_auth,
     });
     state
         .ready
