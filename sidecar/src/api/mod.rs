@@ -6,6 +6,7 @@ pub mod chat;
 pub mod event_stream;
 pub mod mcp;
 pub mod openapi;
+pub mod peer_tls;
 pub mod peers;
 pub mod server;
 pub mod state;

@@ -388,7 +388,7 @@ error_codes! {
     /// Parameters refused on an existing session.
     SessionParams = ["unknown_params", "invalid_params"];
     /// A run cannot start now.
-    RunBlocked = ["run_in_progress", "waiting_external", "params_required"];
+    RunBlocked = ["run_in_progress", "waiting_external", "params_required", "peer_tls_required"];
     /// Nothing to cancel.
     NotRunning = ["not_running"];
     /// An answer to a pending call that cannot be taken.
@@ -398,6 +398,7 @@ error_codes! {
         "continuation_expired",
         "params_required",
         "run_in_progress",
+        "peer_tls_required",
     ];
     /// Not ready.
     NotReady = ["starting", "store_unavailable"];

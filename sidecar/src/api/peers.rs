@@ -386,6 +386,48 @@ pub fn client() -> reqwest::Client {
         .unwrap_or_default()
 }
 
+/// The same over mutual TLS (`--peer-tls-dir`): `tls` presents this
+/// server's certificate and checks the peer's (see `peer_tls.rs`).
+pub fn tls_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(5))
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| format!("the peer TLS client: {e}"))
+}
+
+/// The names of the secret values `body` (a message, resume, continuation
+/// or `PUT …/params` body) gives for an agent whose parameters `secret`
+/// tells apart: what a forward of it would carry.
+pub fn secret_values_in(body: &[u8], secret: impl Fn(&str) -> bool) -> Vec<String> {
+    let Ok(serde_json::Value::Object(body)) = serde_json::from_slice(body) else {
+        return Vec::new();
+    };
+    let Some(serde_json::Value::Object(params)) = body.get("params") else {
+        return Vec::new();
+    };
+    params
+        .iter()
+        .filter(|(name, value)| !value.is_null() && secret(name))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The answer to a request that would carry secret values `names` to a
+/// peer over plain HTTP.
+pub fn tls_required(names: Vec<String>) -> ServiceError {
+    ServiceError {
+        kind: ErrorKind::Conflict,
+        code: "peer_tls_required",
+        message: format!(
+            "another replica holds this session's secret values, and this request would carry the secret value of {} to it over plain HTTP, which is not done: give every replica the tenant's peer certificate with `serve --peer-tls-dir DIR` (ca.crt, tls.crt, tls.key), `--peer-tls-name NAME` and `--peer-listen ADDR`, so that replicas forward to each other over mutual TLS (the operator does this for an AgentTenant)",
+            names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+        ),
+        params: names,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

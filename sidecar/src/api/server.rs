@@ -756,7 +756,7 @@ async fn put_params(
         });
     }
     // Where the session's other secret values are, so that they stay together.
-    if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+    if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
         return Ok(r);
     }
     s.service.put_params(&who, &id, &b.params).await?;
@@ -950,7 +950,7 @@ async fn events(
     // or the next one (that server holds the session's secret values),
     // streams from there.
     if !s.service.is_running(&id) {
-        if let Some(r) = s.forward_to_holder(&id, &who, &req).await {
+        if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
             return Ok(r);
         }
     }

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use super::auth::{caller, Door, OwnerToken};
-use super::peers::{forward, is_forwarded, Incoming, PeerAuth};
+use super::peers::{forward, is_forwarded, secret_values_in, tls_required, Incoming, PeerAuth};
 use crate::metrics::Metrics;
 use crate::session::error::ServiceError;
 use crate::session::service::Service;
@@ -24,6 +24,9 @@ pub struct AppState {
     pub ready: AtomicBool,
     /// Forwards requests to other servers on a shared store.
     pub peers: reqwest::Client,
+    /// The same over mutual TLS, with `--peer-tls-dir`: the only way a
+    /// forward carrying a secret value goes.
+    pub peers_tls: Option<reqwest::Client>,
     /// Checks the forwards of other servers.
     pub peer_auth: Arc<PeerAuth>,
 }
@@ -42,26 +45,56 @@ impl AppState {
     /// `req` on session `id` sent on to the server holding what it needs
     /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
     /// (it came from a peer already, no other live server holds it, or
-    /// that server cannot be reached).
+    /// that server cannot be reached). Refused: it would carry a secret
+    /// value over plain HTTP.
     pub(super) async fn forward_to_holder(
         &self,
         id: &str,
         who: &Caller,
         req: &Incoming,
-    ) -> Option<Response> {
+    ) -> Result<Option<Response>, ServiceError> {
         if is_forwarded(&req.headers) {
-            return None;
+            return Ok(None);
         }
-        let to = self.service.held_elsewhere(id).await?;
+        let Some(to) = self.service.held_elsewhere(id).await else {
+            return Ok(None);
+        };
+        let client = if to.starts_with("https://") {
+            let Some(client) = &self.peers_tls else {
+                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: it takes forwards over TLS, and this server has no --peer-tls-dir");
+                return Ok(None);
+            };
+            client
+        } else {
+            let secrets = self.secret_values_in(id, req).await;
+            if !secrets.is_empty() {
+                return Err(tls_required(secrets));
+            }
+            &self.peers
+        };
         let key = self.owner.peer_key();
-        let sent = forward(&self.peers, &key, &to, who, req).await;
-        match sent {
-            Ok(r) => Some(r),
+        match forward(client, &key, &to, who, req).await {
+            Ok(r) => Ok(Some(r)),
             Err(why) => {
                 tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
-                None
+                Ok(None)
             }
         }
+    }
+
+    /// The secret values `req` gives for session `id`'s agent (all the
+    /// values it gives when the session cannot be read: none may go in
+    /// clear by mistake).
+    async fn secret_values_in(&self, id: &str, req: &Incoming) -> Vec<String> {
+        let agent = match self.service.record(id).await {
+            Ok(rec) => self.service.tree().agent(&rec.agent).cloned(),
+            Err(_) => None,
+        };
+        secret_values_in(&req.body, |name| {
+            agent
+                .as_ref()
+                .is_none_or(|a| a.params.decl(name).is_none_or(|d| d.secret))
+        })
     }
 
     /// A request refused here for want of secret values another live
@@ -76,6 +109,6 @@ impl AppState {
         if e.code != "params_required" {
             return Err(e);
         }
-        self.forward_to_holder(id, who, req).await.ok_or(e)
+        self.forward_to_holder(id, who, req).await?.ok_or(e)
     }
 }

@@ -156,6 +156,8 @@ pub enum Command {
         /// `none`: no server forwards here.
         #[arg(long, value_name = "URL", env = "BINDERY_ADVERTISE_URL")]
         advertise_url: Option<String>,
+        #[command(flatten)]
+        peer: Box<PeerArgs>,
         /// A file holding the owner's bearer token. Without it (and without
         /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
         /// next to an SQLite store; a Postgres store needs one given.
@@ -203,6 +205,41 @@ pub enum Command {
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
     },
+}
+
+/// How replicas forward to each other over mutual TLS.
+#[derive(Args, Debug, Clone)]
+pub struct PeerArgs {
+    /// The tenant's peer certificate: a directory holding `ca.crt`,
+    /// `tls.crt` and `tls.key` (PEM; a kubernetes.io/tls Secret plus its
+    /// CA). Replicas then forward to each other over mutual TLS on
+    /// --peer-listen, and --advertise-url names that port (https://).
+    /// Without it, a forward that would carry a secret value is refused.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "BINDERY_PEER_TLS_DIR",
+        requires = "peer_tls_name"
+    )]
+    pub peer_tls_dir: Option<PathBuf>,
+    /// The DNS name on the replicas' shared certificate (the tenant's
+    /// Service name): a peer's certificate must name it.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BINDERY_PEER_TLS_NAME",
+        requires = "peer_tls_dir"
+    )]
+    pub peer_tls_name: Option<String>,
+    /// Address to take other replicas' forwards on, over mutual TLS,
+    /// with --peer-tls-dir.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "BINDERY_PEER_LISTEN",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub peer_listen: String,
 }
 
 /// How to talk to the model.

@@ -129,6 +129,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             store_connect_timeout,
             store_pool_size,
             advertise_url,
+            peer,
             owner_token_file,
             tool_cache_ttl,
             live_session_ttl,
@@ -147,6 +148,11 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 store_patience: Duration::from_secs(store_connect_timeout),
                 store_pool_size: usize::from(store_pool_size),
                 advertise_url: advertise_url.as_deref(),
+                peer_tls: peer
+                    .peer_tls_dir
+                    .as_deref()
+                    .zip(peer.peer_tls_name.as_deref()),
+                peer_listen: &peer.peer_listen,
                 owner_token_file: owner_token_file.as_deref(),
                 tool_cache_ttl,
                 live_session_ttl: live_session_ttl.0,

@@ -56,3 +56,59 @@ pub async fn serve<L: Listener>(mut listener: L, router: Router, signal: impl Fu
     drop(listener);
     connections.shutdown().await;
 }
+
+/// How long a peer has to finish its TLS handshake.
+const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serve `router` over TLS on `listener` (the peer port: `tls` asks each
+/// client for a certificate of the tenant CA) until `signal`, then until
+/// every open connection is done. Each connection's handshake runs in its
+/// own task, so one that stalls holds up no other.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    router: Router,
+    signal: impl Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let connections = GracefulShutdown::new();
+    let mut signal = std::pin::pin!(signal);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot accept a peer connection");
+                    continue;
+                }
+            },
+            () = &mut signal => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let watcher = connections.watcher();
+        tokio::spawn(async move {
+            let io = match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                Ok(Ok(io)) => io,
+                Ok(Err(e)) => {
+                    tracing::info!(error = %e, "a peer connection refused: its TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!("a peer connection refused: no TLS handshake in time");
+                    return;
+                }
+            };
+            let tower = TowerToHyperService::new(router);
+            let service =
+                service_fn(move |req| -> BoxFuture<'static, _> { Box::pin(tower.call(req)) });
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
+            if let Err(e) = watcher.watch(conn).await {
+                tracing::trace!(error = %e, "peer connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    connections.shutdown().await;
+}

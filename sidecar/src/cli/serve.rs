@@ -254,6 +254,9 @@ pub struct ServeArgs<'a> {
     pub store_patience: Duration,
     pub store_pool_size: usize,
     pub advertise_url: Option<&'a str>,
+    /// `--peer-tls-dir` and `--peer-tls-name`.
+    pub peer_tls: Option<(&'a Path, &'a str)>,
+    pub peer_listen: &'a str,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub live_session_ttl: Option<Duration>,
@@ -295,13 +298,40 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
+    let peer_tls = match a.peer_tls {
+        Some((dir, name)) => {
+            Some(crate::api::peer_tls::load(dir, name).map_err(|e| format!("error: {e}"))?)
+        }
+        None => None,
+    };
     // Bound before the first heartbeat, which records where peers reach us;
     // nothing is accepted until the router serves.
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
     let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
-    let advertise = advertise_url(a.advertise_url, addr)?;
+    // With peer TLS, peers reach us on a port of their own.
+    let peer_listener = match &peer_tls {
+        Some(_) => Some(
+            tokio::net::TcpListener::bind(a.peer_listen)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "error: cannot listen on --peer-listen {}: {e}",
+                        a.peer_listen
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let advertise = match &peer_listener {
+        Some(l) => advertise_url(
+            a.advertise_url,
+            l.local_addr().map_err(|e| format!("error: {e}"))?,
+            true,
+        )?,
+        None => advertise_url(a.advertise_url, addr, false)?,
+    };
     let metrics = Arc::new(Metrics::default());
     let observed = metrics.clone();
     let store: Arc<dyn store::SessionStore> = Arc::new(store::timed::Timed::new(
@@ -381,6 +411,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         metrics,
         ready: AtomicBool::new(false),
         peers: crate::api::peers::client(),
+        peers_tls: match &peer_tls {
+            Some(t) => Some(
+                crate::api::peers::tls_client(t.client.clone())
+                    .map_err(|e| format!("error: {e}"))?,
+            ),
+            None => None,
+        },
         peer_auth,
     });
     state
@@ -396,7 +433,28 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    super::http::serve(listener, router(state), shutdown()).await;
+    let app = router(state);
+    let stop_peers = CancellationToken::new();
+    let peers = match (peer_listener, peer_tls) {
+        (Some(l), Some(tls)) => {
+            let at = l.local_addr().map_err(|e| format!("error: {e}"))?;
+            tracing::info!(%at, "taking other replicas' forwards over mutual TLS");
+            println!("listening for peers on https://{at}");
+            let stop = stop_peers.clone();
+            Some(tokio::spawn(super::http::serve_tls(
+                l,
+                tls.server,
+                app.clone(),
+                async move { stop.cancelled().await },
+            )))
+        }
+        _ => None,
+    };
+    super::http::serve(listener, app, shutdown()).await;
+    stop_peers.cancel();
+    if let Some(p) = peers {
+        let _ = p.await;
+    }
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
@@ -405,13 +463,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
 
 /// Where peers reach this server: `--advertise-url` as given (an http(s)
 /// URL without a path; `none`: nowhere), or the address listened on unless it is a
-/// wildcard, which names no one host.
+/// wildcard, which names no one host. With peer TLS (`tls`), `bound` is the
+/// peer port and the URL is an https:// one.
 fn advertise_url(
     given: Option<&str>,
     bound: std::net::SocketAddr,
+    tls: bool,
 ) -> Result<Option<String>, String> {
+    let scheme = if tls { "https" } else { "http" };
     let Some(url) = given.map(str::trim).filter(|u| !u.is_empty()) else {
-        return Ok((!bound.ip().is_unspecified()).then(|| format!("http://{bound}")));
+        return Ok((!bound.ip().is_unspecified()).then(|| format!("{scheme}://{bound}")));
     };
     if url == "none" {
         return Ok(None);
@@ -421,6 +482,12 @@ fn advertise_url(
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
     match rest {
+        Some(_) if tls && !url.starts_with("https://") => Err(format!(
+            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}`: with --peer-tls-dir, peers reach this server over TLS on --peer-listen: give https://HOST:PORT of that port, such as https://10.0.0.7:8443"
+        )),
+        Some(_) if !tls && url.starts_with("https://") => Err(format!(
+            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}` is an https:// URL: peers forward over TLS only with --peer-tls-dir (and then to --peer-listen); give http://HOST:PORT, or add --peer-tls-dir"
+        )),
         Some(host) if !host.is_empty() && !host.contains('/') => Ok(Some(url.to_string())),
         _ => Err(format!(
             "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}` is not an http:// or https:// URL of a host and port, such as http://10.0.0.7:8080"
@@ -515,7 +582,27 @@ mod tests {
     use super::advertise_url;
 
     #[test]
+    fn with_peer_tls_the_advertised_address_is_the_peer_port_over_https() {
+        let bound = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            advertise_url(None, bound("127.0.0.1:8443"), true).unwrap(),
+            Some("https://127.0.0.1:8443".into())
+        );
+        assert_eq!(
+            advertise_url(Some("https://10.0.0.7:8443"), bound("0.0.0.0:8443"), true).unwrap(),
+            Some("https://10.0.0.7:8443".into())
+        );
+        let err =
+            advertise_url(Some("http://10.0.0.7:8080"), bound("0.0.0.0:8443"), true).unwrap_err();
+        assert!(err.contains("https://"), "{err}");
+        let err =
+            advertise_url(Some("https://10.0.0.7:8443"), bound("0.0.0.0:8080"), false).unwrap_err();
+        assert!(err.contains("--peer-tls-dir"), "{err}");
+    }
+
+    #[test]
     fn the_advertised_address_is_the_one_given_or_a_specific_one_listened_on() {
+        let advertise_url = |given, bound| advertise_url(given, bound, false);
         let bound = |s: &str| s.parse().unwrap();
         assert_eq!(
             advertise_url(Some("http://10.0.0.7:8080/"), bound("0.0.0.0:8080")).unwrap(),

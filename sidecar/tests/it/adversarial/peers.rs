@@ -334,3 +334,327 @@ async fn a_captured_forward_cannot_be_replayed_or_reused() {
         .await;
     assert_eq!(r.json["params"]["tenant"], "beta", "{}", r.text);
 }
+
+/// A value for `billing_token` given after the session was created.
+const ROTATED: &str = "rotated-secret-5b1e07";
+
+/// The invoices agent's world plus the probe tool, with `billing_token`
+/// bound to it (its output shows the digest of the token it got); the
+/// model calls the probe once per message, then answers with its output.
+async fn probing_on_postgres() -> (Postgres, World) {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let probe = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools/probe");
+    let mut w = World::with_toolboxes(
+        |req| {
+            let last = bindery_tests::mock_llm::last_message(req);
+            match last["role"].as_str() {
+                Some("tool") => MockReply::text(format!(
+                    "answer: {}",
+                    last["content"].as_str().unwrap_or("")
+                )),
+                _ => MockReply::tool_call("bash_probe", json!({})),
+            }
+        },
+        |_| {
+            format!(
+                "    - bash:
+        script: \"{}\"
+        bindings:
+          - {{arg: repo, value: {{param: tenant}}}}
+          - {{arg: repo-token, value: {{param: billing_token}}}}
+",
+                probe.display()
+            )
+        },
+    )
+    .await;
+    w.store = pg.url(DB);
+    (pg, w)
+}
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+/// Without peer TLS, a forward that would carry a secret value is not
+/// sent: the client is told that the replicas need a certificate, and the
+/// sniffer never sees the value. A forward without one still goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_peer_tls_no_secret_value_is_forwarded_in_clear() {
+    let (_pg, w) = on_postgres().await;
+    let sniffer = Sniffer::start().await;
+    let through = format!("http://{}", sniffer.addr);
+    let (b, api_b) = w.start(&["--advertise-url", &through], &[]);
+    sniffer.aim(&api_b.base);
+    let (a, api_a) = w.start(&[], &[]);
+
+    let id = session_on(&api_b).await;
+    let r = put_params(&api_a, &id, json!({"billing_token": ROTATED})).await;
+    let (status, code, params) = error_of(&r);
+    assert_eq!(
+        (status, code.as_str(), params),
+        (409, "peer_tls_required", vec!["billing_token".to_string()]),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.json["message"]
+            .as_str()
+            .unwrap()
+            .contains("--peer-tls-dir"),
+        "{}",
+        r.text
+    );
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "hi", "params": {"otp": ROTATED}})),
+        )
+        .await;
+    assert_eq!(
+        error_of(&r),
+        refusal(409, "peer_tls_required", &["otp"]),
+        "{}",
+        r.text
+    );
+    // Removing a secret value carries none.
+    let r = put_params(
+        &api_a,
+        &id,
+        json!({"tenant": "beta", "billing_token": null}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let captured = captured_until(&sniffer, |c| !c.is_empty()).await;
+    for c in &captured {
+        let text = String::from_utf8_lossy(&c.raw);
+        assert!(!text.contains(ROTATED) && !text.contains(CANARY), "{text}");
+    }
+    assert!(
+        captured.iter().all(|c| c.line.starts_with("PUT ")),
+        "only the forward without a secret went: {captured:?}"
+    );
+    for s in [&a, &b] {
+        assert!(!s.logs().contains(ROTATED), "{}", s.logs());
+    }
+}
+
+/// The tenant's certificates, as a kubernetes.io/tls Secret plus `ca.crt`
+/// would give them, for `name`; made with openssl in `dir/<sub>`.
+fn certificates(dir: &std::path::Path, sub: &str, name: &str) -> std::path::PathBuf {
+    let out = dir.join(sub);
+    std::fs::create_dir_all(&out).unwrap();
+    let openssl = |args: &[&str]| {
+        let o = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("openssl: {e}: run tests/setup.sh"));
+        assert!(
+            o.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=tenant peers CA",
+                "-days",
+                "2",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "tls.key",
+                "-out",
+                "tls.csr",
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        out.join("ext.cnf"),
+        format!("subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"),
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "tls.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    out
+}
+
+/// The address a server takes peers' forwards on, from its first lines.
+async fn peer_address(s: &bindery_tests::sidecar::Sidecar) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let logs = s.logs();
+        if let Some(url) = logs
+            .lines()
+            .find_map(|l| l.strip_prefix("listening for peers on "))
+        {
+            return url.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "no peer address in:\n{logs}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client of the peer port that trusts the tenant CA for `name`, with
+/// `identity` (PEM certificate and key) if any.
+fn peer_client(
+    ca: &std::path::Path,
+    name: &str,
+    at: SocketAddr,
+    identity: Option<&std::path::Path>,
+) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca.join("ca.crt")).unwrap()).unwrap();
+    let mut b = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .resolve(name, at)
+        .no_proxy();
+    if let Some(dir) = identity {
+        let mut pem = std::fs::read(dir.join("tls.crt")).unwrap();
+        pem.extend(std::fs::read(dir.join("tls.key")).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+/// With peer TLS, what crosses the pod network between replicas is
+/// encrypted: the sniffer's bytes hold neither a secret value nor the
+/// owner token, a rotated secret reaches the replica that holds the
+/// session's secrets and is used there, and the peer port takes no client
+/// without a certificate from the tenant CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_peer_tls_secrets_cross_between_replicas_encrypted_only() {
+    const NAME: &str = "acme.tenants.svc";
+    let (_pg, w) = probing_on_postgres().await;
+    let tenant = certificates(w.dir.path(), "tenant", NAME);
+    let rogue = certificates(w.dir.path(), "rogue", NAME);
+    let tls_dir = tenant.display().to_string();
+    let sniffer = Sniffer::start().await;
+    let through = format!("https://{}", sniffer.addr);
+    let peer_tls = [
+        "--peer-tls-dir",
+        &tls_dir,
+        "--peer-tls-name",
+        NAME,
+        "--peer-listen",
+        "127.0.0.1:0",
+    ];
+    let (b, api_b) = w.start(
+        &[&peer_tls[..], &["--advertise-url", &through]].concat(),
+        &[],
+    );
+    let b_peers = peer_address(&b).await;
+    sniffer.aim(&b_peers);
+    let (a, api_a) = w.start(&peer_tls, &[]);
+
+    let id = session_on(&api_b).await;
+    let r = put_params(&api_a, &id, json!({"billing_token": ROTATED})).await;
+    assert_eq!(r.status, 200, "forwarded to B over TLS: {}", r.text);
+    let r = message_waited(&api_a, &id, "probe").await;
+    let answer = r.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        answer.contains(&format!("token-sha256: {}", sha256_hex(ROTATED))),
+        "B ran the tool with the rotated value: {answer}"
+    );
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "again", "params": {"otp": CANARY}})),
+        )
+        .await;
+    assert_eq!(
+        r.status, 200,
+        "a message-scope secret forwarded over TLS: {}",
+        r.text
+    );
+
+    let bytes: Vec<u8> = sniffer.sent.lock().unwrap().concat();
+    assert!(bytes.len() > 1000, "the forwards went through the sniffer");
+    for needle in [ROTATED, CANARY, OWNER, "x-bindery-peer", "billing_token"] {
+        assert!(
+            !contains(&bytes, needle),
+            "`{needle}` crossed the pod network readable"
+        );
+    }
+
+    // The peer port: only a client with the tenant's certificate.
+    let at = addr_of(&b_peers);
+    let url = format!("https://{NAME}:{}/healthz", at.port());
+    let ok = peer_client(&tenant, NAME, at, Some(&tenant))
+        .get(&url)
+        .send()
+        .await;
+    assert_eq!(
+        ok.map(|r| r.status().as_u16()).ok(),
+        Some(200),
+        "the tenant's own certificate is taken"
+    );
+    for (who, identity) in [
+        ("no certificate", None),
+        ("another CA's", Some(rogue.as_path())),
+    ] {
+        let r = peer_client(&tenant, NAME, at, identity)
+            .get(&url)
+            .send()
+            .await;
+        assert!(r.is_err(), "{who}: {r:?}");
+    }
+    for s in [&a, &b] {
+        let logs = s.logs();
+        assert!(!logs.contains(ROTATED) && !logs.contains(CANARY), "{logs}");
+    }
+}
