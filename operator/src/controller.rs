@@ -40,6 +40,8 @@ pub(crate) enum Error {
     Kube(#[from] kube::Error),
     #[error("AgentTenant {0} has no namespace")]
     NoNamespace(String),
+    #[error("generating the replicas' peer certificate: {0}")]
+    PeerCertificate(String),
 }
 
 /// How many tenants are reconciled at the same time.
@@ -288,8 +290,9 @@ fn referring(
         .filter(|t| {
             let (secrets, config_maps) = referenced(t);
             let owner = names::owner_token_secret(&t.name_any());
+            let peer_tls = names::peer_tls_secret(&t.name_any());
             if secret {
-                secrets.contains(name) || owner == name
+                secrets.contains(name) || owner == name || peer_tls == name
             } else {
                 config_maps.contains(name)
             }
@@ -365,6 +368,9 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     if tenant.spec.owner_token_secret_ref.is_none() {
         secret_names.insert(names::owner_token_secret(&name));
     }
+    if crate::desired::postgres_url(tenant).is_some() {
+        secret_names.insert(names::peer_tls_secret(&name));
+    }
     let mut secrets = key_names::<Secret>(c, &ns, &secret_names, secret_keys).await?;
     let config_maps = key_names::<ConfigMap>(c, &ns, &config_map_names, |m| {
         let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
@@ -385,6 +391,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
 
     let now = Time(crate::events::now());
     let mut minted = false;
+    let mut certified = false;
     let d = loop {
         let inputs = Inputs {
             tenant,
@@ -396,6 +403,32 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             now: now.clone(),
         };
         let d = desired(&inputs);
+        if d.generate_peer_tls && !certified {
+            certified = true;
+            let secret = crate::desired::generated_peer_tls(&inputs, now.0)
+                .map_err(Error::PeerCertificate)?;
+            // Created once, never overwritten, like the owner token.
+            match Api::<Secret>::namespaced(c.clone(), &ns)
+                .create(&PostParams::default(), &secret)
+                .await
+            {
+                Ok(created) => {
+                    own.wrote(key_of(&created), &created.metadata, None);
+                    tracing::info!(tenant = %name, "peer certificate generated");
+                    let (keys, resource_version) = secret_keys(created);
+                    secrets.insert(
+                        names::peer_tls_secret(&name),
+                        RefObject {
+                            keys,
+                            resource_version,
+                        },
+                    );
+                    continue;
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let mut bytes = [0u8; 32];
         // Without randomness there is no token to mint; retry later.
         if !d.generate_owner_token || minted || getrandom::fill(&mut bytes).is_err() {

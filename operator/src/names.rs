@@ -16,6 +16,9 @@ pub(crate) const OWNER_DIR: &str = "/etc/bindery/owner";
 pub(crate) const OWNER_FILE: &str = "token";
 pub(crate) const STORE_DIR: &str = "/var/lib/bindery";
 pub(crate) const PORT: i32 = 8080;
+/// Where replicas take each other's forwards, over mutual TLS.
+pub(crate) const PEER_PORT: i32 = 8443;
+pub(crate) const PEER_TLS_DIR: &str = "/etc/bindery/peer-tls";
 
 /// The Deployment, Service and ServiceAccount of a tenant.
 pub fn workload(tenant: &str) -> String {
@@ -29,6 +32,14 @@ pub fn config_map(tenant: &str) -> String {
 pub fn owner_token_secret(tenant: &str) -> String {
     format!("{tenant}-owner-token")
 }
+
+/// The tenant's peer certificate (kubernetes.io/tls plus `ca.crt`).
+pub fn peer_tls_secret(tenant: &str) -> String {
+    format!("{tenant}-peer-tls")
+}
+
+/// The files of the peer certificate's Secret.
+pub const PEER_TLS_KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
 
 pub(crate) fn store_claim(tenant: &str) -> String {
     format!("{tenant}-store")

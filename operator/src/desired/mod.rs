@@ -83,6 +83,16 @@ impl Inputs<'_> {
     }
 }
 
+/// The peer certificate's Secret to create for a tenant on Postgres
+/// ([`Desired::generate_peer_tls`]), issued at `now`.
+pub fn generated_peer_tls(
+    inputs: &Inputs<'_>,
+    now: jiff::Timestamp,
+) -> Result<k8s_openapi::api::core::v1::Secret, String> {
+    render::generated_peer_tls(inputs, &owner_reference(inputs.tenant), now)
+        .map_err(|e| e.to_string())
+}
+
 /// A Kubernetes Event for a human.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Warning {
@@ -97,6 +107,9 @@ pub struct Desired {
     pub objects: Option<Objects>,
     /// The owner-token Secret to create when it does not exist.
     pub generate_owner_token: bool,
+    /// The peer certificate's Secret to create when it does not exist (a
+    /// tenant on Postgres, whose replicas forward to each other).
+    pub generate_peer_tls: bool,
     pub status: AgentTenantStatus,
     pub warnings: Vec<Warning>,
 }
@@ -208,6 +221,23 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             resolution.problems.push(format!(
                 "the session store (spec.store.postgres.urlSecretRef): {e}"
             ));
+        }
+    }
+    // Made by the operator when absent; one made otherwise must hold the
+    // three files.
+    let peer_tls = names::peer_tls_secret(inputs.tenant_name());
+    if postgres_url(tenant).is_some() {
+        if let Some(o) = inputs.secrets.get(&peer_tls) {
+            let missing: Vec<&str> = names::PEER_TLS_KEYS
+                .into_iter()
+                .filter(|k| !o.keys.contains(*k))
+                .collect();
+            if !missing.is_empty() {
+                resolution.problems.push(format!(
+                    "the replicas' peer certificate: Secret `{peer_tls}` has no key {}: give it ca.crt, tls.crt and tls.key, or delete it and the operator makes a new one",
+                    missing.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                ));
+            }
         }
     }
     if let Some(n) = tenant.spec.replicas.filter(|n| *n > 1) {
@@ -347,6 +377,8 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     Desired {
         objects,
         generate_owner_token: generated && !inputs.secrets.contains_key(&owner.name),
+        generate_peer_tls: postgres_url(tenant).is_some()
+            && !inputs.secrets.contains_key(&peer_tls),
         status,
         warnings,
     }

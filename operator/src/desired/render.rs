@@ -174,8 +174,10 @@ pub(crate) fn render(
         .collect();
     referenced.push(("secret", owner_ref.name.as_str()));
     let postgres = super::postgres_url(inputs.tenant);
+    let peer_tls = peer_tls_secret(tenant);
     if let Some(r) = postgres {
         referenced.push(("secret", r.name.as_str()));
+        referenced.push(("secret", peer_tls.as_str()));
     }
     if let Some(t) = &spec.tools {
         referenced.push(("configmap", t.config_map_ref.name.as_str()));
@@ -276,31 +278,76 @@ pub(crate) fn render(
         "--listen".into(),
         format!("0.0.0.0:{PORT}"),
     ];
+    let mut ports = vec![ContainerPort {
+        name: Some("http".into()),
+        container_port: PORT,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }];
     match postgres {
         // The URL holds a password: like a secret parameter, it goes from
         // the Secret to the pod's environment, never through here.
-        Some(r) => env.extend([
-            secret_env("BINDERY_STORE".into(), r),
-            // Replicas forward to each other the requests that need what
-            // one pod holds in memory: each says, with its heartbeat, where
-            // it is reached (its pod IP, from the downward API).
-            EnvVar {
-                name: "BINDERY_POD_IP".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "status.podIP".into(),
-                        api_version: None,
-                    }),
+        Some(r) => {
+            // Replicas forward to each other over mutual TLS, with the
+            // certificate all of them share (made by the operator).
+            volumes.push(Volume {
+                name: "peer-tls".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(peer_tls.clone()),
+                    items: Some(
+                        PEER_TLS_KEYS
+                            .iter()
+                            .map(|k| KeyToPath {
+                                key: (*k).into(),
+                                path: (*k).into(),
+                                mode: None,
+                            })
+                            .collect(),
+                    ),
+                    default_mode: Some(0o440),
                     ..Default::default()
                 }),
                 ..Default::default()
-            },
-            EnvVar {
-                name: "BINDERY_ADVERTISE_URL".into(),
-                value: Some(format!("http://$(BINDERY_POD_IP):{PORT}")),
+            });
+            mounts.push(mount("peer-tls", PEER_TLS_DIR, true));
+            args.extend([
+                "--peer-tls-dir".into(),
+                PEER_TLS_DIR.into(),
+                "--peer-tls-name".into(),
+                peer_tls_name(inputs),
+                "--peer-listen".into(),
+                format!("0.0.0.0:{PEER_PORT}"),
+            ]);
+            // On the pod only: the Service is for clients.
+            ports.push(ContainerPort {
+                name: Some("peer".into()),
+                container_port: PEER_PORT,
+                protocol: Some("TCP".into()),
                 ..Default::default()
-            },
-        ]),
+            });
+            env.extend([
+                secret_env("BINDERY_STORE".into(), r),
+                // Replicas forward to each other the requests that need what
+                // one pod holds in memory: each says, with its heartbeat, where
+                // it is reached (its pod IP, from the downward API).
+                EnvVar {
+                    name: "BINDERY_POD_IP".into(),
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "status.podIP".into(),
+                            api_version: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                EnvVar {
+                    name: "BINDERY_ADVERTISE_URL".into(),
+                    value: Some(format!("https://$(BINDERY_POD_IP):{PEER_PORT}")),
+                    ..Default::default()
+                },
+            ]);
+        }
         None => {
             volumes.push(match &claim {
                 Some(c) => Volume {
@@ -379,12 +426,7 @@ pub(crate) fn render(
         ),
         args: Some(args),
         env: (!env.is_empty()).then_some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("http".into()),
-            container_port: PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(ports),
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/healthz")),
         resources: spec.resources.clone(),
@@ -522,4 +564,96 @@ pub(crate) fn generated_owner_token(
         type_: Some("Opaque".into()),
         ..Default::default()
     }
+}
+
+/// The DNS names of the tenant's Service, which its replicas' shared
+/// certificate carries.
+pub(crate) fn peer_dns_names(inputs: &Inputs<'_>) -> Vec<String> {
+    let svc = workload(inputs.tenant_name());
+    let ns = inputs
+        .tenant
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or("default");
+    vec![
+        svc.clone(),
+        format!("{svc}.{ns}"),
+        format!("{svc}.{ns}.svc"),
+        format!("{svc}.{ns}.svc.{}", inputs.config.cluster_domain),
+    ]
+}
+
+/// The one name a replica checks on a peer's certificate.
+pub(crate) fn peer_tls_name(inputs: &Inputs<'_>) -> String {
+    peer_dns_names(inputs).swap_remove(2)
+}
+
+/// The peer certificate's Secret of a tenant on Postgres (created once,
+/// never overwritten): a CA of the tenant's own and one certificate,
+/// issued by it for the tenant's Service names, that every replica
+/// presents as server and as client. The CA's key is not kept: a new
+/// certificate is had by deleting the Secret (the pods roll with the new
+/// one).
+pub(crate) fn generated_peer_tls(
+    inputs: &Inputs<'_>,
+    owner: &OwnerReference,
+    now: jiff::Timestamp,
+) -> Result<k8s_openapi::api::core::v1::Secret, rcgen::Error> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let tenant = inputs.tenant_name();
+    let today = now.to_zoned(jiff::tz::TimeZone::UTC).date();
+    // From yesterday (a node whose clock is behind), for ten years.
+    let since = today.yesterday().unwrap_or(today);
+    let from = rcgen::date_time_ymd(
+        i32::from(since.year()),
+        since.month() as u8,
+        since.day() as u8,
+    );
+    let until = rcgen::date_time_ymd(
+        i32::from(today.year()) + 10,
+        today.month() as u8,
+        today.day().min(28) as u8,
+    );
+
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{tenant} replicas CA"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = from;
+    ca.not_after = until;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let key = KeyPair::generate()?;
+    let names = peer_dns_names(inputs);
+    let mut leaf = CertificateParams::new(names.clone())?;
+    leaf.distinguished_name
+        .push(DnType::CommonName, names[2].clone());
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    leaf.not_before = from;
+    leaf.not_after = until;
+    let cert = leaf.signed_by(&key, &issuer)?;
+
+    let file = |text: String| k8s_openapi::ByteString(text.into_bytes());
+    Ok(k8s_openapi::api::core::v1::Secret {
+        metadata: meta(peer_tls_secret(tenant), inputs, owner),
+        data: Some(BTreeMap::from([
+            ("ca.crt".to_string(), file(ca_cert.pem())),
+            ("tls.crt".to_string(), file(cert.pem())),
+            ("tls.key".to_string(), file(key.serialize_pem())),
+        ])),
+        type_: Some("kubernetes.io/tls".into()),
+        ..Default::default()
+    })
 }

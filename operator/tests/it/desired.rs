@@ -92,6 +92,10 @@ fn postgres_world() -> World {
         Some(from_yaml("{postgres: {urlSecretRef: {name: acme-db, key: url}}}").unwrap());
     w.tenant.spec.replicas = Some(3);
     w.secrets.insert("acme-db".into(), obj(&["url"], "900"));
+    w.secrets.insert(
+        "acme-peer-tls".into(),
+        obj(&["ca.crt", "tls.crt", "tls.key"], "902"),
+    );
     w
 }
 
@@ -134,12 +138,40 @@ fn a_postgres_tenant_gets_its_url_from_the_secret_and_keeps_no_files() {
     assert!(ip < url, "{names:?}");
     let field = env[ip].value_from.as_ref().unwrap().field_ref.as_ref();
     assert_eq!(field.unwrap().field_path, "status.podIP");
+    // Where the others reach it is its peer port, over mutual TLS.
     assert_eq!(
         env[url].value.as_deref(),
-        Some("http://$(BINDERY_POD_IP):8080")
+        Some("https://$(BINDERY_POD_IP):8443")
     );
     let args = sidecar.args.as_ref().unwrap();
     assert!(!args.iter().any(|a| a.contains("--store")), "{args:?}");
+    let joined = args.join(" ");
+    assert!(
+        joined.contains(
+            "--peer-tls-dir /etc/bindery/peer-tls --peer-tls-name acme.shop.svc --peer-listen 0.0.0.0:8443"
+        ),
+        "{joined}"
+    );
+    let ports: Vec<(Option<&str>, i32)> = sidecar
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.name.as_deref(), p.container_port))
+        .collect();
+    assert_eq!(ports, [(Some("http"), 8080), (Some("peer"), 8443)]);
+    let service_ports = o.service.spec.as_ref().unwrap().ports.as_ref().unwrap();
+    assert_eq!(service_ports.len(), 1, "the peer port is not the clients'");
+    let peer_tls = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "peer-tls")
+        .unwrap();
+    let source = peer_tls.secret.as_ref().unwrap();
+    assert_eq!(source.secret_name.as_deref(), Some("acme-peer-tls"));
+    assert!(!d.generate_peer_tls, "the Secret exists");
     let volumes: Vec<&str> = pod
         .volumes
         .as_ref()
@@ -323,6 +355,111 @@ fn pods_roll_when_a_referenced_secret_changes() {
         .config_maps
         .insert("invoices-tools".into(), obj(&["query-invoices"], "56"));
     assert_ne!(before, hash(&tools.run()));
+}
+
+/// A tenant on Postgres gets its replicas' peer certificate made when the
+/// Secret is absent, never otherwise; a tenant on SQLite (one pod, nothing
+/// to forward) has none.
+#[test]
+fn a_peer_certificate_is_made_for_a_postgres_tenant_when_absent() {
+    let mut w = postgres_world();
+    assert!(!w.run().generate_peer_tls);
+    w.secrets.remove("acme-peer-tls");
+    let d = w.run();
+    assert!(d.generate_peer_tls);
+    assert!(d.objects.is_some());
+    let sqlite = World::example().run();
+    assert!(!sqlite.generate_peer_tls);
+    let pod = sqlite
+        .objects
+        .unwrap()
+        .deployment
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    assert!(!pod.containers[0]
+        .args
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|a| a.contains("peer")));
+    assert!(!pod.volumes.unwrap().iter().any(|v| v.name == "peer-tls"));
+
+    // One made by hand must hold the three files.
+    w.secrets
+        .insert("acme-peer-tls".into(), obj(&["tls.crt", "tls.key"], "3"));
+    let d = w.run();
+    assert!(d.objects.is_none());
+    assert!(cond(&d, "ParametersResolved")
+        .message
+        .contains("the replicas' peer certificate: Secret `acme-peer-tls` has no key `ca.crt`"));
+}
+
+/// The certificate the operator makes: a CA of the tenant's own, and one
+/// certificate it issued for the tenant's Service names, good for a server
+/// and a client (openssl checks it, as a replica's TLS would).
+#[test]
+fn the_peer_certificate_chains_to_the_tenant_ca_and_names_the_service() {
+    let w = postgres_world();
+    let inputs = bindery_operator::desired::Inputs {
+        tenant: &w.tenant,
+        agents: &w.agents,
+        secrets: &w.secrets,
+        config_maps: &w.config_maps,
+        config: &bindery_operator::desired::OperatorConfig::default(),
+        rollout: None,
+        now: w.now.clone(),
+    };
+    let secret = bindery_operator::desired::generated_peer_tls(&inputs, w.now.0).unwrap();
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(secret.metadata.name.as_deref(), Some("acme-peer-tls"));
+    let owners = secret.metadata.owner_references.as_ref().unwrap();
+    assert_eq!(owners[0].name, "acme");
+    let data = secret.data.as_ref().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for k in ["ca.crt", "tls.crt", "tls.key"] {
+        std::fs::write(dir.path().join(k), &data[k].0).unwrap();
+    }
+    let openssl = |args: &[&str]| {
+        let o = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl (tests/setup.sh installs it)");
+        assert!(
+            o.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    for purpose in ["sslserver", "sslclient"] {
+        let out = openssl(&[
+            "verify", "-CAfile", "ca.crt", "-purpose", purpose, "tls.crt",
+        ]);
+        assert!(out.contains("tls.crt: OK"), "{out}");
+    }
+    let names = openssl(&["x509", "-in", "tls.crt", "-noout", "-ext", "subjectAltName"]);
+    for n in [
+        "acme",
+        "acme.shop",
+        "acme.shop.svc",
+        "acme.shop.svc.cluster.local",
+    ] {
+        assert!(
+            names.contains(&format!("DNS:{n},")) || names.trim_end().ends_with(&format!("DNS:{n}")),
+            "{names}"
+        );
+    }
+    // The key is the certificate's.
+    let from_key = openssl(&["pkey", "-in", "tls.key", "-pubout"]);
+    let from_cert = openssl(&["x509", "-in", "tls.crt", "-noout", "-pubkey"]);
+    assert_eq!(from_key, from_cert);
+    // Each is made anew: no two tenants share a CA.
+    let again = bindery_operator::desired::generated_peer_tls(&inputs, w.now.0).unwrap();
+    assert_ne!(again.data.as_ref().unwrap()["ca.crt"], data["ca.crt"]);
 }
 
 #[test]

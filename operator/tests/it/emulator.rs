@@ -1648,4 +1648,35 @@ async fn a_postgres_store_waits_for_its_url_secret() {
     let described = cluster.kubectl(&["describe", "agenttenant", "acme"]);
     assert!(!described.contains(PASSWORD));
     assert!(!operator.log().contains(PASSWORD));
+
+    // The replicas' peer certificate: made once, mounted, never remade.
+    let tenant: AgentTenant = cluster.tenants().get("acme").await.unwrap();
+    let peer: Secret = cluster.wait_object("acme-peer-tls").await;
+    assert!(owned_by(&peer.metadata, &tenant), "{:?}", peer.metadata);
+    assert_eq!(peer.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = peer.data.clone().unwrap_or_default();
+    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["ca.crt", "tls.crt", "tls.key"]);
+    assert!(String::from_utf8_lossy(&data["tls.crt"].0).starts_with("-----BEGIN CERTIFICATE-----"));
+    let args = pod.containers[0].args.clone().unwrap_or_default().join(" ");
+    assert!(
+        args.contains("--peer-tls-dir /etc/bindery/peer-tls --peer-tls-name acme.pgstore.svc"),
+        "{args}"
+    );
+    assert!(
+        pod.volumes.iter().flatten().any(|v| v
+            .secret
+            .as_ref()
+            .is_some_and(|s| s.secret_name.as_deref() == Some("acme-peer-tls"))),
+        "{:?}",
+        pod.volumes
+    );
+    cluster.settle("acme").await;
+    let again: Secret = cluster.api().get("acme-peer-tls").await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        peer.metadata.resource_version
+    );
+    assert_eq!(again.data, peer.data, "never overwritten");
+    assert!(!operator.log().contains("BEGIN PRIVATE KEY"));
 }
