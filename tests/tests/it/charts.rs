@@ -49,6 +49,7 @@ fn renders() -> Vec<Render> {
         Render::new(TENANT, "globex").values("examples/k8s/globex-values.yaml"),
         Render::new(TENANT, "initech").values("tests/charts/tenant-inline-agent.yaml"),
         Render::new(TENANT, "acme").values("tests/charts/tenant-postgres.yaml"),
+        Render::new(TENANT, "acme").values("tests/charts/tenant-network-policy.yaml"),
     ]
 }
 
@@ -847,6 +848,59 @@ fn the_tenant_test_hook_calls_readyz_in_a_restricted_pod() {
         .template(&["--skip-tests"])
         .unwrap();
     assert!(!skipped.contains("kind: Pod"));
+}
+
+/// The tenant's pods admit their own replicas on the peer port, and on the
+/// session API only the clients the values name (and the chart's test
+/// pod); the policy can be left out.
+#[test]
+fn the_tenant_network_policy_admits_its_replicas_and_the_named_clients_only() {
+    let docs = render_docs(&Render::new(TENANT, "acme"));
+    let policy = one(&docs, "NetworkPolicy");
+    assert_eq!(policy["metadata"]["name"], "acme");
+    let spec = &policy["spec"];
+    let own = json!({"matchLabels": {"bindery.dev/tenant": "acme"}});
+    assert_eq!(spec["podSelector"], own);
+    assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+    let rules = spec["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 2, "{rules:#?}");
+    assert_eq!(rules[0]["from"], json!([{"podSelector": own}]));
+    assert_eq!(
+        rules[0]["ports"],
+        json!([{"protocol": "TCP", "port": 8443}])
+    );
+    let tester = json!({"podSelector": {"matchLabels": {"bindery.dev/test-of": "acme"}}});
+    assert_eq!(rules[1]["from"], json!([tester.clone()]));
+    assert_eq!(
+        rules[1]["ports"],
+        json!([{"protocol": "TCP", "port": 8080}])
+    );
+    // The test pod carries the label the policy admits.
+    let pod = one(&docs, "Pod");
+    assert_eq!(pod["metadata"]["labels"]["bindery.dev/test-of"], "acme");
+
+    let docs =
+        render_docs(&Render::new(TENANT, "acme").values("tests/charts/tenant-network-policy.yaml"));
+    let rules = &one(&docs, "NetworkPolicy")["spec"]["ingress"];
+    assert_eq!(
+        rules[1]["from"],
+        json!([
+            tester,
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop-backend"}},
+             "podSelector": {"matchLabels": {"app": "checkout"}}},
+            {"podSelector": {"matchLabels": {"app": "storefront"}}},
+        ])
+    );
+    assert_eq!(rules[0]["ports"][0]["port"], 8443, "the peer rule stays");
+
+    let docs = render_docs(&Render::new(TENANT, "acme").set("networkPolicy.enabled=false"));
+    assert!(of_kind(&docs, "NetworkPolicy").is_empty());
+    // A client that is not a NetworkPolicy peer is refused by the schema.
+    let err = Render::new(TENANT, "acme")
+        .set("networkPolicy.clients[0].app=checkout")
+        .template(&[])
+        .unwrap_err();
+    assert!(err.contains("networkPolicy"), "{err}");
 }
 
 #[test]
