@@ -658,3 +658,48 @@ async fn with_peer_tls_secrets_cross_between_replicas_encrypted_only() {
         assert!(!logs.contains(ROTATED) && !logs.contains(CANARY), "{logs}");
     }
 }
+
+/// A peer that refuses this server's signature (a replica of the version
+/// before signed forwards, during a rolling update; here one with another
+/// owner token, which refuses it the same way) is taken as one that cannot
+/// be reached: the request is served where it landed (409
+/// params_required for want of the secret value the peer holds), not
+/// answered with the peer's 401, and the log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_refuses_the_signature_is_taken_as_unreachable() {
+    const OTHER: &str = "another-owner-token-for-tests";
+    let (_pg, w) = on_postgres().await;
+    let (b, api_b) = w.start(&[], &[("BINDERY_OWNER_TOKEN", OTHER)]);
+    let (a, api_a) = w.start(&[], &[]);
+    let r = api_b
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OTHER),
+            Some(&json!({"agent": "invoices", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "hi"})),
+        )
+        .await;
+    assert_eq!(
+        error_of(&r),
+        refusal(409, "params_required", &["billing_token"]),
+        "{}",
+        r.text
+    );
+    assert!(
+        a.logs().contains("refused this server's signature"),
+        "{}",
+        a.logs()
+    );
+    assert_eq!(w.mock.request_count(), 0, "nothing ran");
+    assert!(!b.logs().contains(CANARY));
+}
