@@ -2,6 +2,12 @@
 //! [`AgentSpec`]s, so existing agents and their tools move over with no edits.
 //!
 //! Only the reading direction exists: Bindery writes its own format.
+//!
+//! Unlike Bindery's own format, these types take fields they do not know:
+//! agents-exe files carry fields Bindery has no use for (and newer
+//! agents-exe versions add more). The loader reads them with
+//! [`serde_ignored`] and warns about each one, by its path in the file
+//! ([`ignored_path`]), so a typo is still seen.
 
 use std::collections::BTreeMap;
 
@@ -14,13 +20,13 @@ use super::{
 
 /// The top level of an agents-exe agent file.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum AgentFile {
     OpenAIAgentDescription(Description),
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Description {
     pub slug: String,
     #[serde(default)]
@@ -57,13 +63,13 @@ pub struct Description {
 
 /// A `postgrestToolboxes` entry.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum PostgrestToolboxDescription {
     PostgRESTServer(PostgrestServer),
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PostgrestServer {
     pub spec_url: String,
     pub base_url: String,
@@ -137,7 +143,6 @@ impl From<PostgrestServer> for super::PostgrestToolbox {
 
 /// agents-exe's `SystemToolbox` description (both spellings of its keys).
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct SystemToolboxDescription {
     #[serde(alias = "Name")]
     pub name: String,
@@ -150,16 +155,26 @@ pub struct SystemToolboxDescription {
     pub env_var_filter: Option<serde_json::Value>,
 }
 
-/// One `builtinToolboxes` entry as a Bindery toolbox, or why not.
-fn builtin_toolbox(v: serde_json::Value) -> Result<Toolbox, String> {
+/// One `builtinToolboxes` entry as a Bindery toolbox, or why not; the
+/// paths (from the entry) of the fields it did not read go to `ignored`.
+fn builtin_toolbox(v: serde_json::Value, ignored: &mut Vec<String>) -> Result<Toolbox, String> {
     let tag = v["tag"].as_str().unwrap_or("(no tag)").to_string();
     if tag != "SystemToolbox" {
         return Err(format!(
             "builtin toolbox `{tag}` is not supported by Bindery (only `SystemToolbox` is); remove it"
         ));
     }
-    let d: SystemToolboxDescription = serde_json::from_value(v["contents"].clone())
-        .map_err(|e| format!("builtin toolbox `SystemToolbox`: {e}"))?;
+    let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), |p| {
+        ignored.push(format!("contents.{}", ignored_path(&p)))
+    })
+    .map_err(|e| format!("builtin toolbox `SystemToolbox`: {e}"))?;
+    if let Some(o) = v.as_object() {
+        ignored.extend(
+            o.keys()
+                .filter(|k| *k != "tag" && *k != "contents")
+                .cloned(),
+        );
+    }
     Ok(Toolbox::Builtin(super::BuiltinToolbox {
         name: d.name,
         description: d.description,
@@ -169,7 +184,7 @@ fn builtin_toolbox(v: serde_json::Value) -> Result<Toolbox, String> {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Parameter {
     pub name: String,
     #[serde(default)]
@@ -190,7 +205,7 @@ fn yes() -> bool {
 
 /// agents-exe's `SecretSource`.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum SecretSource {
     Given(String),
     ApiKey(String),
@@ -202,14 +217,13 @@ pub enum SecretSource {
 
 /// An `mcpServers` entry.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum McpServerDescription {
     McpSimpleBinary(McpSimpleBinary),
 }
 
 /// A server started as a child process, spoken to over stdio.
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct McpSimpleBinary {
     pub name: String,
     pub executable: String,
@@ -238,13 +252,12 @@ impl From<McpSimpleBinary> for McpToolbox {
 
 /// An `openApiToolboxes` entry.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum OpenApiToolboxDescription {
     OpenAPIServer(OpenApiServer),
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct OpenApiServer {
     /// `file://…`, `http(s)://…` or a path.
     #[serde(rename = "SpecUrl")]
@@ -259,7 +272,6 @@ pub struct OpenApiServer {
 
 /// One of an OpenAPI server's secrets.
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct ExeSecret {
     pub source: ExeSecretSource,
     #[serde(default)]
@@ -269,7 +281,7 @@ pub struct ExeSecret {
 
 /// A `SecretSource`, plus `ParamSource` (a parameter, per request).
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum ExeSecretSource {
     ParamSource(String),
     Given(String),
@@ -281,14 +293,14 @@ pub enum ExeSecretSource {
 
 /// How the secret's bytes are read; only `Clear` (as they are) exists here.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum ExeDecoder {
     Clear(serde_json::Value),
 }
 
 /// Where the secret goes in a request.
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum ExeSerializer {
     /// Header name and an optional template (`Bearer {{secret}}`).
     Header(String, Option<String>),
@@ -347,14 +359,13 @@ impl From<OpenApiServer> for OpenApiToolbox {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum BashToolboxDescription {
     FileSystemDirectory(DirectoryDescription),
     SingleTool(SingleToolDescription),
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct DirectoryDescription {
     #[serde(rename = "Path")]
     pub path: String,
@@ -368,7 +379,6 @@ pub struct DirectoryDescription {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct SingleToolDescription {
     #[serde(rename = "Path")]
     pub path: String,
@@ -377,7 +387,7 @@ pub struct SingleToolDescription {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ExeBinding {
     #[serde(default)]
     pub tool: Option<String>,
@@ -389,7 +399,7 @@ pub struct ExeBinding {
 
 /// `{"tag": "Param", "contents": "tenant"}` or `{"tag": "Literal", "contents": …}`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
-#[serde(tag = "tag", content = "contents", deny_unknown_fields)]
+#[serde(tag = "tag", content = "contents")]
 pub enum ExeBindingValue {
     Param(String),
     Literal(serde_json::Value),
@@ -405,7 +415,6 @@ impl From<ExeBindingValue> for BindingValue {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct ExtraAgent {
     pub slug: String,
     pub path: String,
@@ -421,6 +430,30 @@ pub struct Converted {
     pub spec: AgentSpec,
     /// `toolDirectory`, resolved by the loader (it lists files).
     pub tool_directory: Option<String>,
+    /// Fields of `builtinToolboxes` entries Bindery did not read, by their
+    /// path in the file (the typed pass sees only the rest).
+    pub ignored: Vec<String>,
+}
+
+/// A path as serde_ignored gives it, written the way a user reads the file:
+/// `contents.mcpServers[0].contents.fooBar`.
+pub fn ignored_path(p: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match p {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
+        Path::Map { parent, key } => {
+            let parent = ignored_path(parent);
+            if parent.is_empty() {
+                key.clone()
+            } else {
+                format!("{parent}.{key}")
+            }
+        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => ignored_path(parent),
+    }
 }
 
 impl Description {
@@ -464,8 +497,14 @@ impl Description {
         toolboxes.extend(self.mcp_servers.into_iter().map(|m| match m {
             McpServerDescription::McpSimpleBinary(m) => Toolbox::Mcp(m.into()),
         }));
-        for b in self.builtin_toolboxes {
-            toolboxes.push(builtin_toolbox(b)?);
+        let mut ignored = Vec::new();
+        for (i, b) in self.builtin_toolboxes.into_iter().enumerate() {
+            let mut here = Vec::new();
+            toolboxes.push(builtin_toolbox(b, &mut here)?);
+            ignored.extend(
+                here.into_iter()
+                    .map(|p| format!("contents.builtinToolboxes[{i}].{p}")),
+            );
         }
         let spec = AgentSpec {
             announce: self.announce,
@@ -503,6 +542,7 @@ impl Description {
             name: self.slug,
             spec,
             tool_directory: self.tool_directory,
+            ignored,
         })
     }
 }

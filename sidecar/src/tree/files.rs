@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use crate::spec::agents_exe::AgentFile;
+use crate::spec::agents_exe::{ignored_path, AgentFile};
 use crate::spec::{AgentDocument, AgentSpec, API_VERSION, KIND};
 
 /// One agent read from a file.
@@ -19,6 +19,10 @@ pub struct ParsedAgent {
     pub tool_directory: Option<String>,
     /// The file is in agents-exe's format.
     pub agents_exe: bool,
+    /// Fields of an agents-exe file Bindery does not read, by their path
+    /// in the file (`contents.mcpServers[0].contents.fooBar`). Always empty
+    /// for Bindery's own format, which refuses unknown fields.
+    pub ignored: Vec<String>,
 }
 
 /// Every agent in one file (a YAML file may hold several documents).
@@ -34,14 +38,22 @@ pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
         if value.get("tag").is_some() {
-            let file: AgentFile = from_json(text)?;
+            let mut ignored = Vec::new();
+            let de = &mut serde_json::Deserializer::from_str(text);
+            let file: AgentFile =
+                serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {
+                    ignored.push(ignored_path(&p))
+                }))
+                .map_err(|e| at_path(e.path().to_string(), e.inner()))?;
             let AgentFile::OpenAIAgentDescription(desc) = file;
             let converted = desc.convert()?;
+            ignored.extend(converted.ignored);
             return Ok(vec![ParsedAgent {
                 name: converted.name,
                 spec: converted.spec,
                 tool_directory: converted.tool_directory,
                 agents_exe: true,
+                ignored,
             }]);
         }
         let doc: AgentDocument = from_json(text)?;
@@ -79,6 +91,7 @@ fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
         spec: doc.spec,
         tool_directory: None,
         agents_exe: false,
+        ignored: Vec::new(),
     })
 }
 

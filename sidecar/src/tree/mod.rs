@@ -180,6 +180,7 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     }
     reader.resolve_helpers(&mut diags);
     let unread = !diags.is_empty();
+    diags.append(&mut reader.ignored);
 
     let mut agents = BTreeMap::new();
     let loaded =
@@ -236,6 +237,8 @@ struct Reader {
     seen: BTreeMap<PathBuf, Vec<String>>,
     /// (caller, helper reference index, file) for helpers given by path.
     by_path: Vec<(String, usize, PathBuf)>,
+    /// One per field of an agents-exe file that Bindery does not read.
+    ignored: Vec<Diagnostic>,
 }
 
 impl Reader {
@@ -250,6 +253,12 @@ impl Reader {
         let base = path.parent().unwrap_or(Path::new("."));
         let mut names = Vec::new();
         for agent in parsed {
+            self.ignored.extend(agent.ignored.iter().map(|f| {
+                Diagnostic::warning(format!(
+                    "{}: ignored field {f} (agents-exe reads it, Bindery has no use for it; remove it to silence this warning)",
+                    path.display()
+                ))
+            }));
             if let Some(other) = self.pending.get(&agent.name) {
                 return Err(format!(
                     "{}: agent `{}` is already defined in {}; agent names must be unique",

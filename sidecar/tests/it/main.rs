@@ -8,6 +8,7 @@
 mod common;
 
 mod adversarial;
+mod agents_exe_compat;
 mod api_promises;
 mod chat_page;
 mod cli;

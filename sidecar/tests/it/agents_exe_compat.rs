@@ -1,0 +1,160 @@
+//! agents-exe users move over unchanged: their JSON agent files load with
+//! the fields Bindery does not read, and `check` and `serve` name each such
+//! field by its file and its path in the document.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::{bin, repo, serve, sqlite_in};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents-exe")
+}
+
+/// Every key named `unused…` in `v`, by its path in the document, written
+/// as `a.b[0].c`: the corpus marks each field Bindery must skip that way.
+fn unused_paths(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let here = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                if k.starts_with("unused") {
+                    out.push(here.clone());
+                }
+                unused_paths(v, &here, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                unused_paths(v, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn read(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The warning lines loading `file` must give: one per `unused…` key, in
+/// it and in the helper files its `extraAgents` name.
+fn expected_warnings(file: &Path) -> Vec<String> {
+    let doc = read(file);
+    let mut lines = Vec::new();
+    let mut add = |f: &Path, doc: &Value| {
+        let mut paths = Vec::new();
+        unused_paths(doc, "", &mut paths);
+        lines.extend(
+            paths
+                .into_iter()
+                .map(|p| format!("warning: {}: ignored field {p} ", f.display())),
+        );
+    };
+    add(file, &doc);
+    for helper in doc["contents"]["extraAgents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let f = file
+            .parent()
+            .unwrap()
+            .join(helper["path"].as_str().unwrap());
+        add(&f, &read(&f));
+    }
+    lines
+}
+
+/// The corpus: agents-exe files with an unread field at every level (the
+/// file, the agent, a parameter and its default, each toolbox kind and its
+/// tagged wrapper, a binding and its value, an OpenAPI secret, an MCP
+/// server, a builtin toolbox, an extra agent and the helper file it names),
+/// a typo'd field, and the agents-exe examples the repository already has.
+/// Each loads, and `check` names every unread field, nothing else.
+#[test]
+fn agents_exe_files_load_with_a_warning_naming_each_field_bindery_does_not_read() {
+    let files = [
+        corpus().join("extras.json"),
+        corpus().join("typo.json"),
+        repo().join("examples/invoices/agents-exe/invoices.json"),
+        repo().join("sidecar/tests/fixtures/mcp/everything-agents-exe.json"),
+    ];
+    let mut total = 0;
+    for file in &files {
+        let out = Command::new(bin())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("EVERYTHING_TOKEN", "t")
+            // The MCP server's script is given relative to the corpus.
+            .current_dir(corpus())
+            .args(["check", "--agent-file"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {stdout}{stderr}", file.display());
+        let expected = expected_warnings(file);
+        for line in &expected {
+            assert!(
+                stdout.lines().any(|l| l.starts_with(line.as_str())),
+                "{line}\nnot in:\n{stdout}"
+            );
+        }
+        assert_eq!(
+            stdout.matches("ignored field").count(),
+            expected.len(),
+            "{stdout}"
+        );
+        total += expected.len();
+    }
+    // The corpus does mark fields at every level listed above.
+    assert!(total >= 20, "{total}");
+}
+
+/// Bindery's own format stays strict: the same stray field there is a typo
+/// to fix, and the file is refused.
+#[test]
+fn a_native_agent_file_still_refuses_an_unknown_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: \"http://127.0.0.1:9/v1\", name: m}\n  unusedVersion: 3\n",
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .env_clear()
+        .args(["check", "--agent-file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("at `spec.unusedVersion`: unknown field `unusedVersion`"),
+        "{stderr}"
+    );
+}
+
+/// `serve`'s start-up log names the unread fields of the files it serves.
+#[test]
+fn serve_logs_each_ignored_field_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = corpus().join("typo.json");
+    std::fs::create_dir(dir.path().join("logs")).unwrap();
+    let (sidecar, _api) = serve(&file, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let logs = sidecar.logs();
+    let line = format!(
+        "{}: ignored field contents.bashToolboxes[0].contents.unusedBindngs",
+        file.display()
+    );
+    assert!(logs.contains(&line), "{line}\nnot in:\n{logs}");
+}
