@@ -14,6 +14,22 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+impl Cli {
+    /// The command line, parsed. `replay-tool-call` needs no agent file
+    /// when it replays raw against a script (`--raw-tool`).
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command()
+            .mut_subcommand("replay-tool-call", |c| {
+                c.mut_arg("agent_files", |a| {
+                    a.required_unless_present_any(["agents_dir", "tool"])
+                })
+            })
+            .get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -60,19 +76,25 @@ pub enum Command {
         #[arg(long, default_value = "{}")]
         args: String,
     },
-    /// Run one tool call of a saved session again, against a bash script
-    /// (agents-exe's command). The session file is what GET
+    /// Run one tool call of a saved session again: through its bindings,
+    /// as a live call (--agent-file …, values by --set/--pin/--params-file
+    /// and the environment), or raw against a bash script (--raw-tool,
+    /// agents-exe's command). The session file is what GET
     /// /v1/sessions/ID answers; calls are numbered from 0 across it.
     ReplayToolCall {
+        #[command(flatten)]
+        agents: AgentArgs,
         /// The session file.
         #[arg(long, value_name = "FILE")]
         session: PathBuf,
         /// Which call (0 is the session's first).
         #[arg(long = "tool-call", value_name = "INDEX")]
         tool_call: usize,
-        /// The bash tool to run it with.
-        #[arg(long, value_name = "PATH")]
-        tool: PathBuf,
+        /// Raw: run the recorded arguments as they are against this bash
+        /// script, no bindings (agents-exe's `--tool`).
+        #[arg(long = "raw-tool", visible_alias = "tool", value_name = "PATH",
+              conflicts_with_all = ["agent_files", "agents_dir"])]
+        tool: Option<PathBuf>,
         /// Check the call's arguments against the tool without running it.
         #[arg(long)]
         validate_only: bool,

@@ -1,20 +1,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
-
-use tracing::Instrument;
-
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
 use super::check_tools::{self, ToolsMode};
 use super::load::{load, load_tree};
 use super::telemetry::Telemetry;
 use crate::report::{agent_report, render_text, tool_view};
-use crate::tools::CallContext;
-use crate::tree;
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let telemetry = init_logging(cli.log_format);
     let code = run_main(cli.command);
     // Every command ends here (`serve` too, on SIGTERM or ctrl-c): send the
@@ -109,12 +103,20 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             protocol,
         } => super::as_tool::main(agents, model, protocol).await,
         Command::ReplayToolCall {
+            agents,
             session,
             tool_call,
             tool,
             validate_only,
             raw,
-        } => super::replay::replay(&session, tool_call, &tool, validate_only, raw).await,
+        } => match tool {
+            Some(script) => {
+                super::replay::replay(&session, tool_call, &script, validate_only, raw).await
+            }
+            None => {
+                super::replay::through_bindings(&agents, &session, tool_call, validate_only).await
+            }
+        },
         Command::Run {
             agents,
             model,
@@ -181,7 +183,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                     None => {
                         vec![serde_json::to_value(tool_view(
                             agent,
-                            &find_tool(agent, name)?,
+                            &super::call::find_tool(agent, name)?,
                             &values,
                         ))
                         .map_err(|e| e.to_string())?]
@@ -203,39 +205,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::ToolCall { agents, tool, args } => {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
-            let bound = find_tool(agent, &tool)?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
-            let id = format!("cli-{}", std::process::id());
-            let ctx = CallContext {
-                session_id: id.clone(),
-                conversation_id: id.clone(),
-                turn_id: id,
-                agent_id: agent.name.clone(),
-                session_json: None,
-                scrubber: Default::default(),
-            };
-            // The same span as a call in a run, so that a trace of a
-            // `tool-call` looks like one step of a session.
-            let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
-            let values = agent.process_values();
-            let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(&bound));
-            let result = bound
-                .call(model_args, &values, &ctx)
-                .instrument(span)
-                .await
-                .map(|out| scrubber.scrub(&out.text))
-                .map_err(|e| e.scrubbed(&scrubber));
-            match result {
-                Ok(text) => {
-                    print!("{text}");
-                    if !text.ends_with('\n') && !text.is_empty() {
-                        println!();
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => Err(format!("error: tool {tool}: {e}")),
-            }
+            super::call::through_bindings(agent, &tool, model_args, None).await
         }
     }
 }
@@ -312,19 +284,4 @@ fn plural(n: usize) -> &'static str {
 
 fn to_json(v: &serde_json::Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
-}
-
-fn find_tool(agent: &tree::LoadedAgent, name: &str) -> Result<crate::bindings::BoundTool, String> {
-    agent.tool(name).ok_or_else(|| {
-        let names: Vec<String> = agent.tools.iter().map(|t| t.name().to_string()).collect();
-        format!(
-            "error: agent `{}` has no tool `{name}` (tools: {})",
-            agent.name,
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        )
-    })
 }

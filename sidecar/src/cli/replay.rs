@@ -1,5 +1,7 @@
-//! `replay-tool-call`: run one tool call of a saved session again, against
-//! a bash script, as agents-exe's command of that name does. The session
+//! `replay-tool-call`: run one tool call of a saved session again, either
+//! through the agent's bindings as a live call goes (`--agent-file`), or
+//! raw against a bash script, as agents-exe's command of that name does
+//! (`--raw-tool`, alias `--tool`). The session
 //! file is what `GET /v1/sessions/:id` answers (or agents-exe's session
 //! file: JSON lines, the last one the session); calls are numbered from 0
 //! across the whole session, in order.
@@ -9,6 +11,8 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
+use super::args::AgentArgs;
+use super::load::load;
 use crate::tools::bash::{load_script, Limits};
 use crate::tools::{CallArgs, CallContext, Tool};
 
@@ -93,6 +97,74 @@ pub fn read_session(path: &Path) -> Result<Value, String> {
     })
 }
 
+/// Call `index` of `session`, or a message naming the calls there are.
+fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCall, String> {
+    let calls = recorded_calls(doc);
+    calls.get(index).cloned().ok_or_else(|| {
+        let available = if calls.is_empty() {
+            "none".to_string()
+        } else {
+            format!("0 to {}", calls.len() - 1)
+        };
+        format!(
+            "error: session file {} has no tool call {index} (available: {available})",
+            session.display()
+        )
+    })
+}
+
+/// Replay through the bindings: the recorded arguments are the model's,
+/// the agent's bound values (from the process values and the environment)
+/// are merged over them, exactly as `tool-call` calls a tool.
+pub async fn through_bindings(
+    agents: &AgentArgs,
+    session: &Path,
+    index: usize,
+    validate_only: bool,
+) -> Result<ExitCode, String> {
+    let doc = read_session(session)?;
+    let call = recorded_call(&doc, session, index)?;
+    let tree = load(agents).await?;
+    let agent = tree.pick(agents.agent.as_deref())?;
+    if validate_only {
+        let bound = super::call::find_tool(agent, &call.name)?;
+        let Value::Object(map) = call.arguments.clone() else {
+            return Err(format!(
+                "error: tool call {index} ({}) has arguments that are not a JSON object",
+                call.name
+            ));
+        };
+        let merged = bound.merge(map, &agent.process_values()).map_err(|e| {
+            format!(
+                "error: tool call {index} ({}) cannot be bound: {e}",
+                call.name
+            )
+        })?;
+        let missing: Vec<&str> = bound
+            .spec()
+            .args
+            .iter()
+            .filter(|a| a.required && !merged.args.contains_key(&a.name))
+            .map(|a| a.name.as_str())
+            .collect();
+        if !missing.is_empty() {
+            println!(
+                "✗ Tool call {index} ({}) misses required argument{} {} (neither recorded nor bound)",
+                call.name,
+                if missing.len() == 1 { "" } else { "s" },
+                missing.join(", ")
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        println!("✓ Tool call validation passed");
+        println!("Tool: {}", call.name);
+        println!("Arguments: {}", call.arguments);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let session_id = doc["session_id"].as_str();
+    super::call::through_bindings(agent, &call.name, call.arguments, session_id).await
+}
+
 pub async fn replay(
     session: &Path,
     index: usize,
@@ -101,18 +173,7 @@ pub async fn replay(
     raw: bool,
 ) -> Result<ExitCode, String> {
     let doc = read_session(session)?;
-    let calls = recorded_calls(&doc);
-    let Some(call) = calls.get(index) else {
-        let available = if calls.is_empty() {
-            "none".to_string()
-        } else {
-            format!("0 to {}", calls.len() - 1)
-        };
-        return Err(format!(
-            "error: session file {} has no tool call {index} (available: {available})",
-            session.display()
-        ));
-    };
+    let call = recorded_call(&doc, session, index)?;
     let script = load_script(tool, Limits::default())
         .await
         .map_err(|e| format!("error: {e}"))?;
@@ -138,7 +199,7 @@ pub async fn replay(
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", ")
         );
-        println!("  A bound argument is not in the session: replay it through its bindings with `tool-call --agent-file … --tool {} --args '{}'`.", call.name, call.arguments);
+        println!("  A bound argument is not in the session: replay the call through its bindings with `replay-tool-call --agent-file … --session {} --tool-call {index}` (values by --set, --pin, --params-file or the environment).", session.display());
         return Ok(ExitCode::FAILURE);
     }
     if !raw {

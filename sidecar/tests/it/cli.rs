@@ -773,6 +773,102 @@ fn replay_tool_call_runs_a_saved_call_again() {
     );
 }
 
+/// `replay-tool-call --agent-file` replays a recorded call as a live call
+/// goes: the agent's bindings merge the bound values (`--set`, a secret
+/// from the environment) over the recorded arguments; `--raw-tool` runs
+/// the recorded arguments alone, and misses the bound one.
+#[test]
+fn replay_tool_call_through_the_agents_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("prober.json");
+    std::fs::write(
+        &agent,
+        serde_json::json!({"tag": "OpenAIAgentDescription", "contents": {
+            "slug": "prober", "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m",
+            "parameters": [{"name": "tenant"}, {"name": "token", "secret": true}],
+            "bashToolboxes": [{"tag": "SingleTool", "contents": {
+                "Path": fixtures().join("tools/probe").display().to_string(),
+                "Bindings": [
+                    {"arg": "repo", "value": {"tag": "Param", "contents": "tenant"}},
+                    {"arg": "repo-token", "value": {"tag": "Param", "contents": "token"}}]}}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let session = dir.path().join("session.json");
+    std::fs::write(
+        &session,
+        serde_json::json!({"session_id": "s-2", "agent": "prober", "session": {"turns": [
+            {"role": "user", "content": "probe it"},
+            {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "bash_probe", "arguments": "{\"note\": \"n\"}"}}]},
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let replay = |extra: &[&str]| {
+        run(bin()
+            .env("BINDERY_PARAM_TOKEN", CANARY)
+            .args(["replay-tool-call", "--session"])
+            .arg(&session)
+            .args(["--tool-call", "0"])
+            .args(extra))
+    };
+    let agent = agent.display().to_string();
+    let out = replay(&["--agent-file", &agent, "--set", "tenant=acme"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.starts_with("argv: [--repo] [acme] [n]\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("token-sha256: {}\n", sha256(CANARY))),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("session: s-2"), "{}", out.stdout);
+    assert!(!out.stdout.contains(CANARY) && !out.stderr.contains(CANARY));
+
+    let out = replay(&[
+        "--agent-file",
+        &agent,
+        "--set",
+        "tenant=acme",
+        "--validate-only",
+    ]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .starts_with("✓ Tool call validation passed\nTool: bash_probe\n"),
+        "{}",
+        out.stdout
+    );
+    // Without the tenant, the bound argument has no value: refused, named.
+    let out = replay(&["--agent-file", &agent]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+
+    let probe = fixtures().join("tools/probe").display().to_string();
+    let out = replay(&["--raw-tool", &probe]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains("missing required arguments repo, repo-token"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("replay-tool-call --agent-file"),
+        "{}",
+        out.stdout
+    );
+    // One or the other: an agent file and a raw script together are refused.
+    let out = replay(&["--raw-tool", &probe, "--agent-file", &agent]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let out = replay(&[]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}
+
 /// Builtin toolboxes: `io_<name>`, its `capability` bound like any
 /// argument; agents-exe's `SystemToolbox` loads as one.
 #[test]
