@@ -316,7 +316,7 @@ impl BoundTool {
                     },
                 },
             };
-            args.insert(b.arg.clone(), value);
+            args.insert(b.arg.clone(), self.as_declared(&b.arg, value));
         }
         let mut dropped = Vec::new();
         for (k, v) in model_args {
@@ -327,6 +327,26 @@ impl BoundTool {
             }
         }
         Ok(Merged { args, dropped })
+    }
+
+    /// A bound number or boolean for an argument declared a string, as the
+    /// string of its JSON text (`true`, `42`, `1.5`): what a bash tool gets
+    /// on its command line, every other tool gets too, whether the value
+    /// was bound in the file, by a parameter or by a narrowing.
+    fn as_declared(&self, arg: &str, value: ParamValue) -> ParamValue {
+        let declared_string = self
+            .spec()
+            .arg(arg)
+            .and_then(|a| a.schema.get("type"))
+            .is_some_and(|t| t == "string");
+        match value {
+            ParamValue::Plain(v @ (serde_json::Value::Bool(_) | serde_json::Value::Number(_)))
+                if declared_string =>
+            {
+                ParamValue::Plain(serde_json::Value::String(v.to_string()))
+            }
+            other => other,
+        }
     }
 
     fn check_text(&self, arg: &str, param: &str, v: &ParamValue) -> Result<(), MergeError> {

@@ -412,3 +412,51 @@ fn declarations_hide_filled_arguments_and_read_only_tools_are_not_writes() {
     depends::check_loaded(&tools, "a.yaml", &mut diags);
     assert!(diags.is_empty(), "{diags:?}");
 }
+
+/// One rule for string arguments: a bound number or boolean, whatever bound
+/// it (a literal, a parameter, a narrowing), reaches a JSON tool as the
+/// string of its JSON text, as a bash tool gets it on its command line.
+#[test]
+fn numbers_and_booleans_bound_to_string_arguments_arrive_as_their_json_text() {
+    let tool = BoundTool::new(recorder(
+        "search",
+        vec![
+            arg("strict", true, Transport::Json),
+            arg("limit", true, Transport::Json),
+            arg("ratio", true, Transport::Json),
+        ],
+    ))
+    .with_bindings([
+        AppliedBinding {
+            arg: "strict".into(),
+            value: BoundValue::Literal(json!(true)),
+            when_unbound: WhenUnbound::Fail,
+        },
+        AppliedBinding {
+            arg: "limit".into(),
+            value: BoundValue::Param("limit".into()),
+            when_unbound: WhenUnbound::Fail,
+        },
+        AppliedBinding {
+            arg: "ratio".into(),
+            value: BoundValue::Fixed(ParamValue::Plain(json!(1.5))),
+            when_unbound: WhenUnbound::Fail,
+        },
+    ]);
+    let mut values = Values::new();
+    values.insert("limit".into(), ParamValue::Plain(json!(42)));
+    let merged = tool.merge(serde_json::Map::new(), &values).unwrap();
+    let got: Vec<(&str, serde_json::Value)> = merged
+        .args
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.plain().unwrap().clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("limit", json!("42")),
+            ("ratio", json!("1.5")),
+            ("strict", json!("true"))
+        ]
+    );
+}

@@ -61,6 +61,15 @@ fn chain_script(req: &Value) -> MockReply {
                     "prompt_agent_middle",
                     json!({"what": "x", "bindings": [{"agent": "leaf", "arg": "level", "value": lit("ten")}]}),
                 )
+            } else if user.contains("scalars below") {
+                // A number and a boolean for two string arguments.
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "go", "bindings": [
+                        {"agent": "leaf", "tool": "bash_probe", "arg": "repo",
+                         "value": {"tag": "Literal", "contents": 42}},
+                        {"agent": "leaf", "arg": "note", "value": {"tag": "Literal", "contents": true}}]}),
+                )
             } else if user.contains("with process") {
                 MockReply::tool_call(
                     "prompt_agent_middle",
@@ -300,6 +309,17 @@ async fn narrowings_below_are_checked_before_the_helper_runs() {
     // Only root's model was asked: no helper ran.
     assert_eq!(w.mock.request_count() - before, 8);
     assert!(!sidecar.logs().contains(CANARY));
+}
+
+/// Narrowing takes a number or a boolean for a string argument, as a
+/// binding in a file does, and the tool gets its JSON text (`42`, `true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowing_takes_numbers_and_booleans_for_string_arguments() {
+    let w = World::new(chain_script).await;
+    let (_sidecar, api) = start(&w).await;
+    let id = root_session(&api).await;
+    let out = answer(&message(&api, &id, "scalars below").await);
+    assert!(out.contains("argv: [--repo] [42] [true]"), "{out}");
 }
 
 /// derive_agent names a narrowing; a later message uses it with `as`; an

@@ -254,7 +254,10 @@ pub fn fits(arg: &ArgSpec, value: &ParamValue) -> Result<(), String> {
         // A secret is text.
         (Some(t), ParamValue::Secret(_)) => t == "string",
         (Some(t), ParamValue::Plain(v)) => match t {
-            "string" => v.is_string(),
+            // The one rule for string arguments, at load time and at call
+            // time: a number or a boolean is taken, and the tool gets its
+            // JSON text (`true`, `42`, `1.5`; see `BoundTool::merge`).
+            "string" => v.is_string() || v.is_number() || v.is_boolean(),
             "integer" => v.is_i64() || v.is_u64(),
             "number" => v.is_number(),
             "boolean" => v.is_boolean(),
