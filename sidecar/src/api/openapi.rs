@@ -518,8 +518,10 @@ pub struct ForkRequest {
     pub at_turn: u64,
 }
 
-/// Without `params` (or with an empty body) nothing changes.
+/// Without `params` (or with an empty body) nothing changes; any other key
+/// is refused (422).
 #[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SetParamsRequest {
     #[serde(default)]
     pub params: ParamValues,

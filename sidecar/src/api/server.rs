@@ -735,7 +735,8 @@ async fn fork(
         (status = 404, description = "No such session.", body = inline(NotFound)),
         (status = 422, body = inline(SessionParams), description = "Parameters not declared \
             by the agent (`unknown_params`), or values that do not fit (`invalid_params`: \
-            wrong type, a secret that is not a string, or a message-scope parameter)."),
+            wrong type, a secret that is not a string, a message-scope parameter, or a \
+            body with keys beside `params`)."),
     ),
 )]
 async fn put_params(
@@ -747,6 +748,7 @@ async fn put_params(
         .caller(&req.headers, Some(&id), Door::SessionToken)
         .await?;
     let b: ParamsBody = body(&req.body)?;
+    let stray = beside_params(&req.body);
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             kind: ErrorKind::Forbidden,
@@ -759,8 +761,31 @@ async fn put_params(
     if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
         return Ok(r);
     }
+    if !stray.is_empty() {
+        // An unknown session is a 404 whatever the body.
+        view(&s, &id, &who, None, None).await?;
+        return Err(ServiceError {
+            kind: ErrorKind::Invalid,
+            code: "invalid_params",
+            message: format!(
+                "the body holds {} beside `params`; this route takes {{\"params\": {{\"NAME\": value, …}}}} (null removes a value), nothing else",
+                stray.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+            ),
+            params: stray,
+        });
+    }
     s.service.put_params(&who, &id, &b.params).await?;
     Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
+}
+
+/// The keys of a PUT params body beside `params`. Values put at the top
+/// level (`{"tenant": "x"}`) would otherwise be dropped in silence, with a
+/// 200 that changed nothing.
+fn beside_params(bytes: &Bytes) -> Vec<String> {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(serde_json::Value::Object(o)) => o.keys().filter(|k| *k != "params").cloned().collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Revoke every session token of this session

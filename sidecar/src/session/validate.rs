@@ -47,8 +47,14 @@ pub enum ParamsError {
     Forbidden(Vec<String>, String),
     /// 422: values of the wrong shape, and why (never the value).
     Invalid(Vec<String>, String),
-    /// 422 on creation, 409 on an existing session: required names unbound.
-    Required { names: Vec<String>, existing: bool },
+    /// 422 on creation, 409 on an existing session: required names unbound;
+    /// `per_message` those of them that are message-scope (only a message
+    /// can carry them, PUT params refuses them).
+    Required {
+        names: Vec<String>,
+        existing: bool,
+        per_message: Vec<String>,
+    },
 }
 
 impl ParamsError {
@@ -87,12 +93,39 @@ impl ParamsError {
             ParamsError::Unknown(_) => format!("the agent declares no parameter named {names}"),
             ParamsError::Forbidden(_, why) => format!("{names}: {why}"),
             ParamsError::Invalid(_, why) => format!("{names}: {why}"),
-            ParamsError::Required { existing: false, .. } => {
+            ParamsError::Required {
+                existing: false, ..
+            } => {
                 format!("required parameters have no value: {names}; supply them in `params`")
             }
-            ParamsError::Required { existing: true, .. } => format!(
-                "required parameters are no longer bound: {names}; the session's owner can supply them with PUT /v1/sessions/:id/params"
-            ),
+            ParamsError::Required {
+                existing: true,
+                names: all,
+                per_message,
+            } => {
+                let per_session: Vec<&str> = all
+                    .iter()
+                    .filter(|n| !per_message.contains(n))
+                    .map(String::as_str)
+                    .collect();
+                let mut how = Vec::new();
+                if !per_message.is_empty() {
+                    how.push(format!(
+                        "send {} with the message, in its `params` (message scope: a value lasts one run, PUT /v1/sessions/:id/params does not take it)",
+                        per_message.join(", ")
+                    ));
+                }
+                if !per_session.is_empty() {
+                    how.push(format!(
+                        "the session's owner can supply {} with PUT /v1/sessions/:id/params or in the message's `params`",
+                        per_session.join(", ")
+                    ));
+                }
+                format!(
+                    "required parameters are not bound: {names}; {}",
+                    how.join("; ")
+                )
+            }
         }
     }
 }
@@ -218,9 +251,15 @@ pub fn validate(
             .filter(|n| runs || params.decl(n).is_some_and(|d| d.scope != Scope::Message))
             .collect();
         if !missing.is_empty() {
+            let per_message = missing
+                .iter()
+                .filter(|n| params.decl(n).is_some_and(|d| d.scope == Scope::Message))
+                .cloned()
+                .collect();
             return Err(ParamsError::Required {
                 names: missing,
                 existing: op.starts_run_on_existing(),
+                per_message,
             });
         }
     }

@@ -986,3 +986,102 @@ async fn an_event_stream_is_server_sent_events_kept_alive_while_idle() {
         "{seen:?}"
     );
 }
+
+/// A required message-scope value that is missing: the 409 says to send it
+/// with the message, in `params` (where PUT params refuses it), and doing
+/// so works. A PUT params body without the `params` wrapper is refused
+/// with 422, naming what was expected, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_says_how_to_give_a_missing_value_and_refuses_a_misshapen_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(tool_then_answer).await;
+    let agent = invoices_agent_file(
+        dir.path(),
+        &mock.url(),
+        "    - {name: tenant, scope: session}
+    - {name: billing_token, secret: true, scope: session}
+    - {name: otp, secret: true, scope: message}
+",
+        "",
+    );
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let r = create(&api, json!({"agent": "invoices", "params": valid_params()})).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = id_of(&r);
+    let messages = format!("/v1/sessions/{id}/messages?wait=true");
+    let r = api
+        .call(
+            "POST",
+            &messages,
+            Some(OWNER),
+            Some(&json!({"prompt": "hi"})),
+        )
+        .await;
+    assert_eq!(
+        error_of(&r),
+        refusal(409, "params_required", &["otp"]),
+        "{}",
+        r.text
+    );
+    let hint = r.json["message"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains("send otp with the message, in its `params`"),
+        "{}",
+        r.text
+    );
+    assert!(!hint.contains("supply them with PUT"), "{}", r.text);
+    // The hint, followed, works.
+    let r = api
+        .call(
+            "POST",
+            &messages,
+            Some(OWNER),
+            Some(&json!({"prompt": "hi", "params": {"otp": "123456"}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let params = format!("/v1/sessions/{id}/params");
+    let r = api
+        .call(
+            "PUT",
+            &params,
+            Some(OWNER),
+            Some(&json!({"tenant": "globex"})),
+        )
+        .await;
+    assert_eq!(
+        error_of(&r),
+        refusal(422, "invalid_params", &["tenant"]),
+        "{}",
+        r.text
+    );
+    assert!(
+        r.json["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(r#"{"params": {"NAME": value, …}}"#),
+        "{}",
+        r.text
+    );
+    let r = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(r.json["params"]["tenant"], "acme", "{}", r.text);
+    // The wrapped form still works, and an empty body changes nothing.
+    let r = api
+        .call(
+            "PUT",
+            &params,
+            Some(OWNER),
+            Some(&json!({"params": {"tenant": "globex"}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["params"]["tenant"], "globex", "{}", r.text);
+    let r = api
+        .call("PUT", &params, Some(OWNER), Some(&json!({})))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
