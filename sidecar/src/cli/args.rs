@@ -75,6 +75,13 @@ pub enum Command {
         /// The arguments the model would send, as a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
+        /// A tool with `depends_on`: approve its confirmation without asking.
+        #[arg(long)]
+        yes: bool,
+        /// A tool with `depends_on`: take this option at its choice (the
+        /// option's id, number or label) without asking.
+        #[arg(long, value_name = "ID")]
+        choose: Option<String>,
     },
     /// Run one tool call of a saved session again: through its bindings,
     /// as a live call (--agent-file …, values by --set/--pin/--params-file

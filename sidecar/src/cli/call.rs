@@ -6,17 +6,34 @@ use std::process::ExitCode;
 
 use tracing::Instrument;
 
-use crate::tools::CallContext;
+use crate::bindings::BoundTool;
+use crate::llm::ToolCall;
+use crate::params::Values;
+use crate::session::depends::{LookupCache, LookupState};
+use crate::session::runner::{self, CallEnv, Outcome};
+use crate::tools::{CallContext, ToolError};
 use crate::tree::LoadedAgent;
+
+/// How a call with dependencies gets what a person must say.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Asking<'a> {
+    /// Approve the confirmation without asking.
+    pub yes: bool,
+    /// The option to take at a choice (its id, number or label).
+    pub choose: Option<&'a str>,
+}
 
 /// Call `tool` of `agent` with the model's `model_args`: bound values
 /// (the process values: flags, files, the environment) merged in, the
-/// output scrubbed of every secret, printed to stdout.
+/// output scrubbed of every secret, printed to stdout. A tool with
+/// `depends_on` is orchestrated as in a run: its lookups, then a choice
+/// and a confirmation asked on the terminal (or given by `asking`).
 pub(super) async fn through_bindings(
     agent: &LoadedAgent,
     tool: &str,
     model_args: serde_json::Value,
     session_id: Option<&str>,
+    asking: Asking<'_>,
 ) -> Result<ExitCode, String> {
     let bound = find_tool(agent, tool)?;
     let id = format!("cli-{}", std::process::id());
@@ -33,12 +50,19 @@ pub(super) async fn through_bindings(
     let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
     let values = agent.process_values();
     let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(&bound));
-    let result = bound
-        .call(model_args, &values, &ctx)
-        .instrument(span)
-        .await
-        .map(|out| scrubber.scrub(&out.text))
-        .map_err(|e| e.scrubbed(&scrubber));
+    let result = if bound.depends().is_empty() {
+        bound
+            .call(model_args, &values, &ctx)
+            .instrument(span)
+            .await
+            .map(|out| out.text)
+    } else {
+        orchestrated(agent, &bound, model_args, &values, &ctx, asking)
+            .instrument(span)
+            .await?
+    }
+    .map(|text| scrubber.scrub(&text))
+    .map_err(|e| e.scrubbed(&scrubber));
     match result {
         Ok(text) => {
             print!("{text}");
@@ -51,10 +75,7 @@ pub(super) async fn through_bindings(
     }
 }
 
-pub(super) fn find_tool(
-    agent: &LoadedAgent,
-    name: &str,
-) -> Result<crate::bindings::BoundTool, String> {
+pub(super) fn find_tool(agent: &LoadedAgent, name: &str) -> Result<BoundTool, String> {
     agent.tool(name).ok_or_else(|| {
         let names: Vec<String> = agent.tools.iter().map(|t| t.name().to_string()).collect();
         format!(
@@ -67,4 +88,62 @@ pub(super) fn find_tool(
             }
         )
     })
+}
+
+/// A tool with dependencies, called once as a run would call it: lookups,
+/// then each pending item asked ([`super::ask::ask_terminal`]) and its
+/// answer applied, until the call runs or is refused.
+async fn orchestrated(
+    agent: &LoadedAgent,
+    bound: &BoundTool,
+    model_args: serde_json::Value,
+    values: &Values,
+    ctx: &CallContext,
+    asking: Asking<'_>,
+) -> Result<Result<String, ToolError>, String> {
+    let tools = agent.tools.snapshot();
+    let lookups = LookupCache::default();
+    let env = CallEnv {
+        agent,
+        tools: &tools,
+        values,
+        call: ctx,
+        lookups: Some(&lookups),
+        // The agent's maxSteps, or the least one call's lookups may take.
+        max_steps: 0,
+    };
+    let call = ToolCall {
+        id: ctx.turn_id.clone(),
+        name: bound.name().to_string(),
+        arguments: model_args.to_string(),
+    };
+    let mut state = LookupState {
+        args: model_args,
+        ..Default::default()
+    };
+    loop {
+        let waiting = match runner::orchestrated(&env, &call, bound, state).await {
+            Outcome::Done(result) => return Ok(result),
+            Outcome::Blocked(waiting) => waiting,
+        };
+        let answered = super::ask::ask_terminal(&waiting, asking.yes, asking.choose)?;
+        let (Some(item), Some(lookup)) = (
+            answered.first(),
+            waiting.first().and_then(|b| b.lookup.clone()),
+        ) else {
+            return Err(format!("error: tool {}: nothing to ask", call.name));
+        };
+        let Some(resolution) = item.resolution.as_ref() else {
+            return Err(format!("error: tool {}: no answer", call.name));
+        };
+        state = match runner::go_on(lookup, resolution) {
+            Some(Ok(next)) => next,
+            Some(Err(why)) => return Ok(Err(ToolError::Failed(why))),
+            None => {
+                return Ok(Err(ToolError::Failed(
+                    "the answer does not fit the call".into(),
+                )))
+            }
+        };
+    }
 }

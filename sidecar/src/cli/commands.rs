@@ -202,12 +202,22 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::ToolCall { agents, tool, args } => {
+        Command::ToolCall {
+            agents,
+            tool,
+            args,
+            yes,
+            choose,
+        } => {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
-            super::call::through_bindings(agent, &tool, model_args, None).await
+            let asking = super::call::Asking {
+                yes,
+                choose: choose.as_deref(),
+            };
+            super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
     }
 }

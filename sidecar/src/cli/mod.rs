@@ -2,6 +2,7 @@
 
 mod args;
 mod as_tool;
+mod ask;
 mod call;
 mod check_tools;
 mod commands;

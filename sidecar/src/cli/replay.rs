@@ -162,7 +162,8 @@ pub async fn through_bindings(
         return Ok(ExitCode::SUCCESS);
     }
     let session_id = doc["session_id"].as_str();
-    super::call::through_bindings(agent, &call.name, call.arguments, session_id).await
+    let asking = super::call::Asking::default();
+    super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking).await
 }
 
 pub async fn replay(

@@ -11,6 +11,7 @@ use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
+use super::ask::ask_terminal;
 use super::load::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::server::router;
@@ -20,11 +21,10 @@ use crate::metrics::Metrics;
 use crate::params::SecretString;
 use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
 use crate::session::lease::LeaseConfig;
-use crate::session::pending::{PendingCall, Resolution};
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
 use crate::session::store::{self, Location};
-use crate::tools::{CallContext, Disposition};
+use crate::tools::CallContext;
 
 fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
@@ -55,105 +55,6 @@ impl RunSink for CliSink {
         }
     }
     fn delta(&self, _: &str) {}
-}
-
-/// Ask on the terminal about each waiting call: y/n for a confirmation
-/// (`yes`: approved without asking), the result for a deferred call. Only
-/// the model's arguments are shown: a bound value never is.
-fn ask_terminal(calls: &[runner::Blocked], yes: bool) -> Result<Vec<PendingCall>, String> {
-    use std::io::{BufRead, Write};
-    let stdin = std::io::stdin();
-    let line = || -> Result<Option<String>, String> {
-        let mut s = String::new();
-        match stdin.lock().read_line(&mut s) {
-            Ok(0) => Ok(None),
-            Ok(_) => Ok(Some(s.trim_end_matches(['\n', '\r']).to_string())),
-            Err(e) => Err(format!("error: reading the terminal: {e}")),
-        }
-    };
-    let mut out = Vec::new();
-    for b in calls {
-        let args = runner::call_arguments(&b.call);
-        let resolution = match b.disposition {
-            Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
-                eprintln!("{} {args}: approved (--yes)", b.call.name);
-                Resolution::Approved
-            }
-            Disposition::NeedsConfirmation | Disposition::Confirm => {
-                let facts = b
-                    .lookup
-                    .as_ref()
-                    .map(|l| format!(" ({})", l.shown()["facts"]))
-                    .unwrap_or_default();
-                eprint!(
-                    "{} wants to run with {args}{facts}. Approve? [y/N] ",
-                    b.call.name
-                );
-                let _ = std::io::stderr().flush();
-                match line()?.as_deref().map(str::trim) {
-                    Some("y" | "Y" | "yes") => Resolution::Approved,
-                    _ => Resolution::Rejected { reason: None },
-                }
-            }
-            Disposition::NeedsSelection => {
-                let state = b.lookup.as_ref().map(|l| l.shown()).unwrap_or_default();
-                eprintln!("{} needs a choice:", b.call.name);
-                for (n, o) in state["options"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
-                    eprintln!("  {}. {}", n + 1, o["label"].as_str().unwrap_or_default());
-                }
-                eprint!("your choice (number or label): ");
-                let _ = std::io::stderr().flush();
-                let said = line()?.unwrap_or_default();
-                match b.lookup.as_ref().and_then(|l| l.option_named(&said)) {
-                    Some(option) => Resolution::Chosen { option },
-                    None => Resolution::Rejected {
-                        reason: Some(format!("`{said}` is none of the options")),
-                    },
-                }
-            }
-            Disposition::NeedsInput => {
-                let missing = b.lookup.as_ref().map(|l| l.shown()["missing"].clone());
-                eprint!(
-                    "{} {args} needs {} (a JSON object): ",
-                    b.call.name,
-                    missing.unwrap_or_default()
-                );
-                let _ = std::io::stderr().flush();
-                match line()?.and_then(|l| serde_json::from_str(&l).ok()) {
-                    Some(values) => Resolution::Input { values },
-                    None => return Err(format!("error: no input given for {}", b.call.name)),
-                }
-            }
-            Disposition::Deferred => {
-                eprint!("{} {args} is yours to run; its result: ", b.call.name);
-                let _ = std::io::stderr().flush();
-                match line()? {
-                    Some(output) => Resolution::Result { output },
-                    None => return Err(format!("error: no result given for {}", b.call.name)),
-                }
-            }
-        };
-        out.push(PendingCall {
-            tool_call_id: b.call.id.clone(),
-            tool: b.call.name.clone(),
-            disposition: b.disposition,
-            call: args,
-            bound_params: b.bound_params.clone(),
-            digest: String::new(),
-            nonce: String::new(),
-            token_digest: String::new(),
-            expires_at: None,
-            resolution: Some(resolution),
-            frames: b.frames.clone(),
-            lookup: b.lookup.clone(),
-        });
-    }
-    Ok(out)
 }
 
 pub async fn run(
@@ -218,7 +119,7 @@ pub async fn run(
     });
     let mut end = runner::run(&ctx, &mut history, &CliSink, &cancel).await;
     while let RunEnd::Blocked(calls) = &end {
-        let resolved = ask_terminal(calls, yes)?;
+        let resolved = ask_terminal(calls, yes, None)?;
         end = match runner::answer_resolved(&ctx, &resolved, &mut history, &CliSink, &cancel).await
         {
             Some(end) => end,

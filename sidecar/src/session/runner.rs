@@ -318,6 +318,7 @@ pub async fn answer_resolved(
                 arguments: item.call.to_string(),
             };
             let tool = ctx.tools.iter().find(|t| t.name() == item.tool);
+            let env = ctx.call_env();
             match (
                 tool,
                 item.resolution
@@ -328,7 +329,7 @@ pub async fn answer_resolved(
                 (Some(tool), Ok(state)) => tokio::select! {
                     biased;
                     _ = cancel.cancelled() => None,
-                    r = orchestrated(ctx, &call, tool, state) => Some(r),
+                    r = orchestrated(&env, &call, tool, state) => Some(r),
                 }
                 .unwrap_or_else(|| {
                     Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
@@ -416,7 +417,7 @@ pub async fn answer_resolved(
 const MIN_LOOKUPS: u32 = 16;
 
 /// The orchestration state an answer leads to, or why the call does not run.
-fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
+pub fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
     use depends::Ask;
     match (r, &state.ask) {
         (Resolution::Chosen { option }, Ask::Selection { key, options, .. }) => {
@@ -445,11 +446,39 @@ fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, S
     Some(Ok(state))
 }
 
+/// What one call of a tool with dependencies needs of the run it is in:
+/// no model. A run lends its own ([`RunContext::call_env`]); `tool-call`
+/// builds one for a call made on the command line.
+pub struct CallEnv<'a> {
+    pub agent: &'a LoadedAgent,
+    pub tools: &'a [BoundTool],
+    pub values: &'a Values,
+    pub call: &'a CallContext,
+    /// Lookup results kept between calls (none: kept for this call only).
+    pub lookups: Option<&'a LookupCache>,
+    pub max_steps: u32,
+}
+
+impl<'a> RunContext<'a> {
+    fn call_env(&'a self) -> CallEnv<'a> {
+        CallEnv {
+            agent: self.agent,
+            tools: self.tools,
+            values: self.values,
+            call: &self.call,
+            lookups: self.lookups,
+            max_steps: self.max_steps,
+        }
+    }
+}
+
 /// A tool with dependencies: resolve its inputs (asking when a person must
 /// say), then run it. A write the API refuses as stale (409/410) runs its
 /// lookups again and asks again: it never runs on something else unasked.
-async fn orchestrated(
-    ctx: &RunContext<'_>,
+/// The call waits ([`Outcome::Blocked`]) for what a person must say; the
+/// answer goes into `state` with [`go_on`] and the call is made again.
+pub async fn orchestrated(
+    ctx: &CallEnv<'_>,
     call: &ToolCall,
     tool: &BoundTool,
     mut state: LookupState,
@@ -612,7 +641,7 @@ async fn dispatch_inner(
             args: call_arguments(call),
             ..Default::default()
         };
-        return orchestrated(ctx, call, tool, state).await;
+        return orchestrated(&ctx.call_env(), call, tool, state).await;
     }
     Outcome::Done(run_tool(ctx, call, history).await)
 }

@@ -528,6 +528,98 @@ async fn run_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
     assert!(!stdout.contains("slot-b"), "{stdout}");
 }
 
+/// `tool-call` orchestrates `depends_on` as `run` does: the lookups, then
+/// the choice and the confirmation asked on the terminal; no model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
+    use tokio::io::AsyncWriteExt;
+    let b = booking(two_slots(), |t| t).await;
+    let mut child = tokio::process::Command::new(bin())
+        .args(["tool-call", "--agent-file"])
+        .arg(&b.agent)
+        .args(["--set", &format!("booking_store={}", b.store.display())])
+        .args(["--tool", "bash_book"])
+        .args([
+            "--args",
+            &json!({"date": DAY, "service": "Haircut"}).to_string(),
+        ])
+        .env("BINDERY_PARAM_API_KEY", CANARY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"2\ny\n").await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("  1. 10:00\n  2. 11:00\n"), "{stderr}");
+    assert!(
+        stderr.contains(r#"({"time":"11:00"}). Approve? [y/N]"#),
+        "{stderr}"
+    );
+    assert!(stdout.contains("\"booked\": true"), "{stdout}");
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-b")]);
+    for s in [&stdout, &stderr] {
+        assert!(!s.contains(CANARY), "{s}");
+    }
+}
+
+/// Without a terminal: `--choose` takes an option (by label here) and
+/// `--yes` approves; a refused confirmation books nothing; an option that
+/// is not offered is an error naming the options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_chooses_and_approves_from_its_flags() {
+    let b = booking(two_slots(), |t| t).await;
+    let call = |extra: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .args(["tool-call", "--agent-file"])
+            .arg(&b.agent)
+            .args(["--set", &format!("booking_store={}", b.store.display())])
+            .args(["--tool", "bash_book"])
+            .args([
+                "--args",
+                &json!({"date": DAY, "service": "Haircut"}).to_string(),
+            ])
+            .args(extra)
+            .env("BINDERY_PARAM_API_KEY", CANARY)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // No answer on stdin: the confirmation is refused, nothing is booked.
+    let (code, _, stderr) = call(&["--choose", "10:00"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(b.bookings().is_empty());
+    let (code, _, stderr) = call(&["--choose", "12:00", "--yes"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--choose `12:00` is none of the options of bash_book"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("(10:00)") && stderr.contains("(11:00)"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = call(&["--choose", "10:00", "--yes"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("\"booked\": true"), "{stdout}");
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-a")]);
+    // The slot token is in no prompt (only the operator's log of the command line).
+    let asked: Vec<&str> = stderr.lines().filter(|l| !l.contains(" INFO ")).collect();
+    assert!(!asked.join("\n").contains("slot-a"), "{stderr}");
+}
+
 /// A booking API on 127.0.0.1 described by OpenAPI: `getAvailability` (a
 /// GET, so read-only) and `createBooking` (a POST), which refuses its first
 /// call with 409. What it saw: `GET <date>` and `POST <slot>` lines.
