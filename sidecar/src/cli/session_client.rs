@@ -35,16 +35,21 @@ pub struct ServerArgs {
 /// Values for a session's parameters.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ParamArgs {
-    /// A parameter's value as a string: NAME=VALUE. Shows in `ps`: give
-    /// secrets with --params-file.
-    #[arg(long = "param", value_name = "NAME=VALUE")]
+    /// A parameter's value as a string: NAME=VALUE (`--param` too). Shows
+    /// in `ps`: give secrets with --params-file.
+    #[arg(long = "set", visible_alias = "param", value_name = "NAME=VALUE")]
     pub param: Vec<String>,
-    /// A parameter's value as JSON: NAME=JSON.
-    #[arg(long = "param-json", value_name = "NAME=JSON")]
+    /// A parameter's value as JSON: NAME=JSON (`--param-json` too).
+    #[arg(
+        long = "set-json",
+        visible_alias = "param-json",
+        value_name = "NAME=JSON"
+    )]
     pub param_json: Vec<String>,
-    /// A JSON object of values: {"name": value}.
+    /// A JSON object of values: {"name": value}. Repeatable; a later file,
+    /// then --set and --set-json, win.
     #[arg(long = "params-file", value_name = "FILE")]
-    pub params_file: Option<PathBuf>,
+    pub params_file: Vec<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -197,7 +202,7 @@ pub fn render_list(list: &Value) -> String {
 
 fn collect_params(p: &ParamArgs) -> Result<BTreeMap<String, Value>, String> {
     let mut out = BTreeMap::new();
-    if let Some(file) = &p.params_file {
+    for file in &p.params_file {
         let text = std::fs::read_to_string(file)
             .map_err(|e| format!("cannot read --params-file {}: {e}", file.display()))?;
         let v: BTreeMap<String, Value> = serde_json::from_str(&text).map_err(|e| {
@@ -211,14 +216,14 @@ fn collect_params(p: &ParamArgs) -> Result<BTreeMap<String, Value>, String> {
     for s in &p.param {
         let (k, v) = s
             .split_once('=')
-            .ok_or_else(|| format!("--param {s}: expected NAME=VALUE"))?;
+            .ok_or_else(|| format!("--set {s}: expected NAME=VALUE"))?;
         out.insert(k.to_string(), Value::String(v.to_string()));
     }
     for s in &p.param_json {
         let (k, v) = s
             .split_once('=')
-            .ok_or_else(|| format!("--param-json {s}: expected NAME=JSON"))?;
-        let v = serde_json::from_str(v).map_err(|e| format!("--param-json {k}: not JSON: {e}"))?;
+            .ok_or_else(|| format!("--set-json {s}: expected NAME=JSON"))?;
+        let v = serde_json::from_str(v).map_err(|e| format!("--set-json {k}: not JSON: {e}"))?;
         out.insert(k.to_string(), v);
     }
     Ok(out)

@@ -204,3 +204,74 @@ async fn a_terminal_drives_sessions_on_a_running_server() {
         "a secret reached the terminal: {seen}"
     );
 }
+
+/// The session client takes values with the flags every other command
+/// uses: `--set`, `--set-json`, and `--params-file` (repeatable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_client_takes_values_as_every_command_does() {
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    let token = w.dir.path().join("token");
+    std::fs::write(&token, format!("{OWNER}\n")).unwrap();
+    let secret = w.dir.path().join("secret.json");
+    std::fs::write(&secret, json!({"billing_token": CANARY}).to_string()).unwrap();
+    let tenant = w.dir.path().join("tenant.json");
+    std::fs::write(&tenant, json!({"tenant": "initech"}).to_string()).unwrap();
+    let (secret, tenant) = (secret.display().to_string(), tenant.display().to_string());
+    let out = session(
+        &sidecar.url,
+        &token,
+        &[
+            "start",
+            "--agent",
+            "invoices",
+            "--params-file",
+            &secret,
+            "--params-file",
+            &tenant,
+            "--set",
+            "tenant=acme-corp",
+            "--prompt",
+            "which are overdue?",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    // --set wins over the file's tenant.
+    assert!(
+        out.stdout
+            .contains("answer: 2026-10-01\tINV-1002\t850.50 EUR\toverdue"),
+        "{}",
+        out.stdout
+    );
+    let id = out
+        .stdout
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("session-id: "))
+        .unwrap()
+        .to_string();
+    let out = session(
+        &sidecar.url,
+        &token,
+        &[
+            "send",
+            &id,
+            "--set-json",
+            r#"tenant="globex""#,
+            "--prompt",
+            "and now?",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains("answer: 2026-10-20\tINV-2002\t7400.00 EUR\toverdue"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains(CANARY) && !out.stderr.contains(CANARY));
+}
