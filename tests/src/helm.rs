@@ -27,9 +27,12 @@ pub fn repo_path(rel: &str) -> String {
     repo_root().join(rel).display().to_string()
 }
 
-/// Where `install-helm.sh` puts helm (keep the two in step).
-fn installed_helm() -> PathBuf {
-    let cache = match std::env::var_os("BINDERY_CACHE") {
+/// Where tests/setup.sh installs and builds what the tests run:
+/// `BINDERY_CACHE`, else `$XDG_CACHE_HOME/bindery`, else
+/// `~/.cache/bindery` (the same rule as install-helm.sh and
+/// tests/control-plane/build.sh).
+pub fn bindery_cache() -> PathBuf {
+    match std::env::var_os("BINDERY_CACHE") {
         Some(c) => PathBuf::from(c),
         None => match std::env::var_os("XDG_CACHE_HOME") {
             Some(x) => PathBuf::from(x).join("bindery"),
@@ -37,8 +40,12 @@ fn installed_helm() -> PathBuf {
                 PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/bindery")
             }
         },
-    };
-    cache.join("helm/helm")
+    }
+}
+
+/// Where `install-helm.sh` puts helm (keep the two in step).
+fn installed_helm() -> PathBuf {
+    bindery_cache().join("helm/helm")
 }
 
 /// The helm binary: `BINDERY_HELM`, else the one `install-helm.sh`

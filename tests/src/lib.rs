@@ -1,5 +1,6 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
+pub mod control_plane;
 pub mod helm;
 pub mod kube;
 pub mod mcp_client;

@@ -286,7 +286,7 @@ impl Drop for Postgres {
 
 /// A CA and a server certificate it signed for `localhost` and
 /// 127.0.0.1, with openssl; the key readable by the server's user only.
-fn make_certificates(dir: &Path, run_as: Option<(Uid, Gid)>) {
+pub(crate) fn make_certificates(dir: &Path, run_as: Option<(Uid, Gid)>) {
     let openssl = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)

@@ -1,0 +1,622 @@
+//! The real Kubernetes control plane for a test: etcd, kube-apiserver and
+//! kube-controller-manager, built from their Go modules by
+//! `tests/control-plane/build.sh` (which `tests/setup.sh` runs), started on
+//! loopback ports chosen at run time with their files in a temporary
+//! directory.
+//!
+//! The API server authorizes with RBAC and authenticates with static tokens:
+//! an administrator ([`ADMIN`], group `system:masters`) and one token per
+//! ServiceAccount the test names (the user `system:serviceaccount:NS:NAME`,
+//! as a pod's token would be; RBAC binds by that name, so the account object
+//! itself need not exist). It serves TLS with a certificate from a CA made
+//! for the run, signs ServiceAccount tokens with a key pair made for the run,
+//! and writes an audit log at level `Metadata` ([`ControlPlane::audit`]).
+//! The controller manager runs the garbage collector and the namespace,
+//! deployment, replicaset and serviceaccount controllers, each with its own
+//! ServiceAccount's credentials; there is no kubelet and no scheduler, so
+//! Pods stay Pending.
+//!
+//! [`ControlPlane::shared`] starts one per test binary, stopped and removed
+//! when the process exits; [`ControlPlane::start`] one for a test, stopped
+//! and removed on drop.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// The administrator's user name (group `system:masters`).
+pub const ADMIN: &str = "bindery-admin";
+/// The namespace of the operator's ServiceAccount in the
+/// [`ControlPlane::shared`] instance: the operator chart installed as the
+/// release `bindery-operator` in `bindery-system`.
+pub const OPERATOR_NAMESPACE: &str = "bindery-system";
+/// The name of that ServiceAccount.
+pub const OPERATOR_ACCOUNT: &str = "bindery-operator";
+/// The controller manager's own user (bound by Kubernetes' bootstrap RBAC).
+const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
+/// The controllers it runs.
+const CONTROLLERS: &str = "garbagecollector,namespace,deployment,replicaset,serviceaccount";
+/// The ServiceAccounts whose existence says those controllers run (each
+/// runs with its own account's credentials, created as it starts).
+const CONTROLLER_ACCOUNTS: [(&str, &str); 5] = [
+    ("kube-system", "generic-garbage-collector"),
+    ("kube-system", "namespace-controller"),
+    ("kube-system", "deployment-controller"),
+    ("kube-system", "replicaset-controller"),
+    ("default", "default"),
+];
+
+/// How long the whole control plane may take to become ready (seconds on
+/// an idle machine; much longer while cargo compiles beside it).
+const START_TIMEOUT: Duration = Duration::from_secs(300);
+const POLL: Duration = Duration::from_millis(100);
+const SETUP_HINT: &str = "run tests/setup.sh (it builds them with tests/control-plane/build.sh), \
+     or set BINDERY_CONTROL_PLANE to a directory holding etcd, kube-apiserver and \
+     kube-controller-manager";
+
+/// The Kubernetes release `tests/control-plane/kubernetes/go.mod` requires
+/// (`v1.Y.Z`): the one build.sh builds.
+pub fn kubernetes_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        include_str!("../control-plane/kubernetes/go.mod")
+            .lines()
+            .find_map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                match words.as_slice() {
+                    ["require", "k8s.io/kubernetes", v, ..] | ["k8s.io/kubernetes", v, ..] => {
+                        Some(v.to_string())
+                    }
+                    _ => None,
+                }
+            })
+            .expect("tests/control-plane/kubernetes/go.mod requires k8s.io/kubernetes")
+    })
+}
+
+/// Where the binaries are: `BINDERY_CONTROL_PLANE`, else where build.sh
+/// puts them. Panics naming tests/setup.sh when one is missing.
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let (dir, from) = match std::env::var_os("BINDERY_CONTROL_PLANE") {
+            Some(d) => (PathBuf::from(d), "BINDERY_CONTROL_PLANE"),
+            None => (
+                crate::helm::bindery_cache()
+                    .join("control-plane")
+                    .join(kubernetes_version()),
+                "where tests/control-plane/build.sh puts them",
+            ),
+        };
+        for bin in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+            assert!(
+                dir.join(bin).is_file(),
+                "the Kubernetes control plane is not built: no {bin} in {} ({from}): {SETUP_HINT}",
+                dir.display()
+            );
+        }
+        dir
+    })
+}
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// `https://127.0.0.1:PORT`: the API server.
+    pub url: String,
+    dir: PathBuf,
+    /// (user name, kubeconfig), the administrator first.
+    users: Vec<(String, PathBuf)>,
+    /// Tells the keeper thread (which owns the processes and the
+    /// directory) to stop them.
+    stop: Mutex<Option<mpsc::Sender<()>>>,
+    keeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ControlPlane {
+    /// The instance of this test binary, started on first use, with a token
+    /// for the operator's ServiceAccount ([`OPERATOR_NAMESPACE`],
+    /// [`OPERATOR_ACCOUNT`]); stopped, and its directory removed, when the
+    /// process exits.
+    pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+        extern "C" fn stop_shared() {
+            if let Some(plane) = SHARED.get() {
+                plane.shut_down();
+            }
+        }
+        SHARED.get_or_init(|| {
+            let plane = ControlPlane::start(&[(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)]);
+            // SAFETY: atexit only stores the function pointer; the function
+            // takes no arguments and stops our own child processes.
+            #[allow(unsafe_code)]
+            let registered = unsafe { libc::atexit(stop_shared) };
+            assert_eq!(registered, 0, "atexit refused the control plane's stop");
+            plane
+        })
+    }
+
+    /// A control plane of its own, with a token for each ServiceAccount
+    /// `(namespace, name)` besides the administrator's.
+    pub fn start(service_accounts: &[(&str, &str)]) -> ControlPlane {
+        let bin = bin_dir().to_path_buf();
+        let tmp = tempfile::Builder::new()
+            .prefix("bindery-control-plane-")
+            .tempdir()
+            .expect("a temporary directory");
+        let dir = tmp.path().to_path_buf();
+        let mut users = vec![(ADMIN.to_string(), "system:masters".to_string())];
+        users.extend(service_accounts.iter().map(|(ns, name)| {
+            (
+                format!("system:serviceaccount:{ns}:{name}"),
+                format!("system:serviceaccounts,system:serviceaccounts:{ns}"),
+            )
+        }));
+        users.push((CONTROLLER_MANAGER.to_string(), String::new()));
+        let tokens = write_files(&dir, &users);
+        let users_kubeconfigs: Vec<(String, PathBuf)> = tokens
+            .iter()
+            .map(|t| (t.user.clone(), t.kubeconfig.clone()))
+            .collect();
+
+        // The processes are children of a thread that lives as long as the
+        // control plane: a child's parent-death signal follows the thread
+        // that spawned it, and a test's thread ends with the test.
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let keeper_dir = dir.clone();
+        let keeper = std::thread::Builder::new()
+            .name("control-plane".into())
+            .spawn(move || {
+                let started =
+                    std::panic::catch_unwind(|| Processes::start(&bin, &keeper_dir, &tokens));
+                match started {
+                    Ok(mut processes) => {
+                        let _ = ready_tx.send(Ok(processes.url.clone()));
+                        // Until told to stop, or the ControlPlane is gone.
+                        let _ = stop_rx.recv();
+                        processes.stop();
+                    }
+                    Err(panic) => {
+                        let why = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        let _ = ready_tx.send(Err(why));
+                    }
+                }
+                drop(tmp);
+            })
+            .expect("a thread for the control plane");
+        let url = match ready_rx.recv() {
+            Ok(Ok(url)) => url,
+            Ok(Err(why)) => {
+                let _ = keeper.join();
+                panic!("the Kubernetes control plane did not start: {why}")
+            }
+            Err(_) => panic!("the Kubernetes control plane's thread ended without a word"),
+        };
+        let users = users_kubeconfigs
+            .into_iter()
+            .filter(|(user, _)| user != CONTROLLER_MANAGER)
+            .collect();
+        ControlPlane {
+            url,
+            dir,
+            users,
+            stop: Mutex::new(Some(stop_tx)),
+            keeper: Mutex::new(Some(keeper)),
+        }
+    }
+
+    /// The user name of the ServiceAccount `ns/name`.
+    pub fn service_account_user(ns: &str, name: &str) -> String {
+        format!("system:serviceaccount:{ns}:{name}")
+    }
+
+    /// A kubeconfig file (for kubectl, helm or kube-rs) authenticating as
+    /// `user`: [`ADMIN`], or a ServiceAccount's user name given at start.
+    pub fn kubeconfig(&self, user: &str) -> &Path {
+        self.users
+            .iter()
+            .find(|(u, _)| u == user)
+            .map(|(_, k)| k.as_path())
+            .unwrap_or_else(|| {
+                panic!(
+                    "the control plane has no token for {user}; it has {:?}",
+                    self.users.iter().map(|(u, _)| u).collect::<Vec<_>>()
+                )
+            })
+    }
+
+    /// A kube-rs client authenticating as `user` (see [`Self::kubeconfig`]).
+    pub async fn client(&self, user: &str) -> kube::Client {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig(user)).expect("the kubeconfig");
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .expect("a client config from the kubeconfig");
+        kube::Client::try_from(config).expect("a kube client")
+    }
+
+    /// kubectl (the one tests/setup.sh installs) as `user`, with a
+    /// discovery cache of this control plane's own.
+    pub fn kubectl(&self, user: &str, args: &[&str]) -> Output {
+        Command::new(crate::kube::kubectl_path())
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig(user))
+            .env("KUBECACHEDIR", self.dir.join("kubectl-cache"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl runs")
+    }
+
+    /// Every event of the audit log so far (one JSON object per request
+    /// at its ResponseComplete stage, level `Metadata`: `user.username`,
+    /// `verb`, `objectRef`, `responseStatus.code`, …).
+    pub fn audit(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("an audit event is JSON"))
+            .collect()
+    }
+
+    /// The log of one component (`etcd`, `kube-apiserver`,
+    /// `kube-controller-manager`), for failure messages.
+    pub fn log(&self, component: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{component}.log"))).unwrap_or_default()
+    }
+
+    /// Stop the processes and remove the directory (once).
+    fn shut_down(&self) {
+        drop(self.stop.lock().map(|mut s| s.take()));
+        if let Some(keeper) = self.keeper.lock().ok().and_then(|mut k| k.take()) {
+            let _ = keeper.join();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A user of the token file.
+struct Token {
+    user: String,
+    token: String,
+    /// Where its kubeconfig goes once the server's port is known.
+    kubeconfig: PathBuf,
+}
+
+/// The token file, the CA and serving certificate, the ServiceAccount
+/// signing key pair and the audit policy, in `dir`; the tokens of `users`
+/// (user name, groups), in their order.
+fn write_files(dir: &Path, users: &[(String, String)]) -> Vec<Token> {
+    crate::postgres::make_certificates(dir, None);
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            "sa.key",
+        ],
+    );
+    openssl(dir, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+    std::fs::write(
+        dir.join("audit-policy.yaml"),
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+    )
+    .unwrap();
+    let tokens: Vec<Token> = users
+        .iter()
+        .enumerate()
+        .map(|(i, (user, _))| Token {
+            user: user.clone(),
+            token: random_token(),
+            kubeconfig: dir.join(if user == CONTROLLER_MANAGER {
+                "kube-controller-manager.kubeconfig".to_string()
+            } else {
+                format!("kubeconfig-{i}.yaml")
+            }),
+        })
+        .collect();
+    let csv: String = users
+        .iter()
+        .zip(&tokens)
+        .enumerate()
+        .map(|(i, ((user, groups), t))| format!("{},{user},uid-{i},\"{groups}\"\n", t.token))
+        .collect();
+    std::fs::write(dir.join("tokens.csv"), csv).unwrap();
+    tokens
+}
+
+/// 32 hex digits from the system's random source.
+fn random_token() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("/dev/urandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl: {e}: run tests/setup.sh"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A kubeconfig for `url` (the run's CA) with `token`.
+fn kubeconfig_yaml(url: &str, ca: &Path, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: bindery-test
+  cluster:
+    server: {url}
+    certificate-authority: {ca}
+users:
+- name: {user:?}
+  user:
+    token: {token}
+contexts:
+- name: bindery-test
+  context:
+    cluster: bindery-test
+    user: {user:?}
+    namespace: default
+current-context: bindery-test
+",
+        ca = ca.display()
+    )
+}
+
+/// The three processes, children of the keeper thread.
+struct Processes {
+    /// (name, process), in the order they started.
+    children: Vec<(&'static str, Child)>,
+    url: String,
+}
+
+/// How one try at starting ended, when it did not.
+enum Failed {
+    /// A port was taken between choosing and binding it: try others.
+    PortTaken,
+}
+
+impl Processes {
+    /// Start etcd, the API server and the controller manager, and wait
+    /// until all three serve. Panics with the log of the one that failed.
+    fn start(bin: &Path, dir: &Path, tokens: &[Token]) -> Processes {
+        for _ in 0..5 {
+            match Processes::try_start(bin, dir, tokens) {
+                Ok(processes) => return processes,
+                Err(Failed::PortTaken) => continue,
+            }
+        }
+        panic!("found no free ports in five tries");
+    }
+
+    fn try_start(bin: &Path, dir: &Path, tokens: &[Token]) -> Result<Processes, Failed> {
+        let [etcd_port, peer_port, api_port] = free_ports();
+        let url = format!("https://127.0.0.1:{api_port}");
+        let ca = dir.join("ca.crt");
+        let controller_manager = tokens
+            .iter()
+            .find(|t| t.user == CONTROLLER_MANAGER)
+            .expect("the controller manager has a token");
+        for t in tokens {
+            std::fs::write(&t.kubeconfig, kubeconfig_yaml(&url, &ca, &t.user, &t.token)).unwrap();
+        }
+        let path = |name: &str| dir.join(name).display().to_string();
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut processes = Processes {
+            children: Vec::new(),
+            url: url.clone(),
+        };
+        processes.spawn(
+            dir,
+            &bin.join("etcd"),
+            "etcd",
+            &[
+                "--name=bindery".into(),
+                format!("--data-dir={}", path("etcd")),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=bindery={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        );
+        processes.spawn(
+            dir,
+            &bin.join("kube-apiserver"),
+            "kube-apiserver",
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                format!("--tls-cert-file={}", path("server.crt")),
+                format!("--tls-private-key-file={}", path("server.key")),
+                format!("--cert-dir={}", path("apiserver-certs")),
+                "--authorization-mode=RBAC".into(),
+                format!("--token-auth-file={}", path("tokens.csv")),
+                format!("--service-account-key-file={}", path("sa.pub")),
+                format!("--service-account-signing-key-file={}", path("sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--audit-policy-file={}", path("audit-policy.yaml")),
+                format!("--audit-log-path={}", path("audit.log")),
+                "--audit-log-mode=blocking".into(),
+                "--profiling=false".into(),
+            ],
+        );
+        processes.spawn(
+            dir,
+            &bin.join("kube-controller-manager"),
+            "kube-controller-manager",
+            &[
+                format!("--kubeconfig={}", controller_manager.kubeconfig.display()),
+                format!("--controllers={CONTROLLERS}"),
+                "--use-service-account-credentials=true".into(),
+                "--secure-port=0".into(),
+                "--leader-elect=false".into(),
+            ],
+        );
+
+        let admin_token = &tokens[0].token;
+        let ca_pem = std::fs::read(&ca).expect("the CA");
+        let http = reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&ca_pem).expect("the CA is PEM")])
+            .build()
+            .expect("an HTTP client");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let get = |path: String| {
+            let request = http.get(format!("{url}{path}")).bearer_auth(admin_token);
+            runtime.block_on(async move {
+                match request.send().await {
+                    Ok(r) => r.status().is_success(),
+                    Err(_) => false,
+                }
+            })
+        };
+        let mut waiting: Vec<String> = std::iter::once("/readyz".to_string())
+            .chain(
+                CONTROLLER_ACCOUNTS
+                    .iter()
+                    .map(|(ns, name)| format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}")),
+            )
+            .collect();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !waiting.is_empty() {
+            if let Some(failed) = processes.exited() {
+                let log =
+                    std::fs::read_to_string(dir.join(format!("{failed}.log"))).unwrap_or_default();
+                processes.stop();
+                if log.contains("address already in use") {
+                    return Err(Failed::PortTaken);
+                }
+                panic!("{failed} exited; its log:\n{}", tail(&log, 8000));
+            }
+            if Instant::now() > deadline {
+                let logs = processes.logs(dir);
+                processes.stop();
+                panic!(
+                    "not ready after {START_TIMEOUT:?} (still waiting for {waiting:?}); the logs:\n{logs}"
+                );
+            }
+            // In order: the server first, then what the controllers make.
+            if get(waiting[0].clone()) {
+                waiting.remove(0);
+            } else {
+                std::thread::sleep(POLL);
+            }
+        }
+        Ok(processes)
+    }
+
+    fn spawn(&mut self, dir: &Path, program: &Path, name: &'static str, args: &[String]) {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("a log file");
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log file"))
+            .stderr(log);
+        // If the test process dies without stopping us, the servers go too.
+        // SAFETY: between fork and exec the closure only calls prctl, which
+        // is async-signal-safe.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} does not run: {e}: {SETUP_HINT}", program.display()));
+        self.children.push((name, child));
+    }
+
+    /// The first process that has exited, if one has.
+    fn exited(&mut self) -> Option<&'static str> {
+        self.children
+            .iter_mut()
+            .find_map(|(name, c)| (!matches!(c.try_wait(), Ok(None))).then_some(*name))
+    }
+
+    fn logs(&self, dir: &Path) -> String {
+        self.children
+            .iter()
+            .map(|(name, _)| {
+                let log =
+                    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+                format!("--- {name}:\n{}\n", tail(&log, 4000))
+            })
+            .collect()
+    }
+
+    /// SIGTERM, the last started first; SIGKILL after ten seconds.
+    fn stop(&mut self) {
+        while let Some((_, mut child)) = self.children.pop() {
+            if let Ok(None) = child.try_wait() {
+                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Three distinct free loopback ports (bound together, then let go).
+fn free_ports() -> [u16; 3] {
+    let listeners: Vec<TcpListener> = (0..3)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    let port = |i: usize| listeners[i].local_addr().unwrap().port();
+    [port(0), port(1), port(2)]
+}
+
+/// The last `n` bytes of `text` (on a char boundary).
+fn tail(text: &str, n: usize) -> &str {
+    let mut start = text.len().saturating_sub(n);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
