@@ -1,6 +1,6 @@
 //! The operator's integration tests, one binary (the crate links once):
-//! the CRDs, the desired state as golden files, and the controller against
-//! the strict API emulator.
+//! the CRDs, the desired state as golden files, the controller against
+//! the strict API emulator, and the CRDs and RBAC on the real API server.
 //!
 //! Run one area with `cargo test -p bindery-operator --test it emulator::`.
 
@@ -10,3 +10,4 @@ mod crd_schema;
 mod crds;
 mod desired;
 mod emulator;
+mod real_apiserver;

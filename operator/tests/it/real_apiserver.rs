@@ -1,0 +1,597 @@
+//! The CRDs and the operator chart's RBAC against the real Kubernetes
+//! control plane (tests/src/control_plane.rs: etcd, kube-apiserver and
+//! kube-controller-manager built by tests/setup.sh), not the emulator: the
+//! API server compiles the CRDs' schemas and CEL rules, enforces them,
+//! prints the columns, resolves server-side apply conflicts and authorizes
+//! the operator's ServiceAccount with RBAC, and its audit log shows what
+//! that account asked for.
+//!
+//! One control plane for the test binary; each test has a namespace of its
+//! own. The last test checks the controller manager the later tests rely
+//! on: a Deployment gets its ReplicaSet and Pod, and collecting garbage
+//! takes them with it.
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bindery_operator::crd::{Agent, AgentTenant};
+use bindery_tests::control_plane::{ControlPlane, ADMIN, OPERATOR_ACCOUNT, OPERATOR_NAMESPACE};
+use bindery_tests::helm::{documents, Render};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy, WatchEvent,
+    WatchParams,
+};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+
+fn repo(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn yaml(path: &str) -> Value {
+    let text = std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// kubectl as `user`, which must succeed; its stdout.
+fn kubectl(plane: &ControlPlane, user: &str, args: &[&str]) -> String {
+    let out = plane.kubectl(user, args);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} as {user} -> {}\nstdout:\n{}\nstderr:\n{}\n--- kube-apiserver (tail):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        tail(&plane.log("kube-apiserver"), 4000)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn tail(text: &str, n: usize) -> &str {
+    let mut start = text.len().saturating_sub(n);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+/// The shared control plane with the generated CRDs applied (server-side:
+/// the AgentTenant CRD is too big for kubectl's last-applied annotation)
+/// and established.
+fn plane() -> &'static ControlPlane {
+    static READY: OnceLock<()> = OnceLock::new();
+    let plane = ControlPlane::shared();
+    READY.get_or_init(|| {
+        let out = kubectl(plane, ADMIN, &["apply", "--server-side", "-f", &repo("crds")]);
+        assert!(
+            out.contains("customresourcedefinition.apiextensions.k8s.io/agents.bindery.dev serverside-applied")
+                && out.contains("agenttenants.bindery.dev serverside-applied"),
+            "{out}"
+        );
+        kubectl(
+            plane,
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/agents.bindery.dev",
+                "crd/agenttenants.bindery.dev",
+            ],
+        );
+    });
+    plane
+}
+
+/// A fresh namespace for one test; the administrator's client.
+async fn namespace(name: &str) -> Client {
+    let admin = plane().client(ADMIN).await;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+    admin
+}
+
+/// The refusal `create` met: its HTTP code and message.
+async fn refused<K>(api: &Api<K>, object: Value) -> (u16, String)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(object).expect("the object deserializes");
+    match api.create(&PostParams::default(), &object).await {
+        Ok(created) => panic!("the API server accepted {created:?}"),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(e) => panic!("not an API error: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn the_generated_crds_are_structural_and_their_cel_rules_compile() {
+    let plane = plane();
+    // Established (above), and neither condition the server sets on a
+    // schema it cannot use.
+    for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
+        let out = kubectl(
+            plane,
+            ADMIN,
+            &["get", "crd", crd, "-o", "jsonpath={.status.conditions}"],
+        );
+        let conditions: Vec<Value> = serde_json::from_str(&out).expect("conditions");
+        let status = |t: &str| {
+            conditions
+                .iter()
+                .find(|c| c["type"] == t)
+                .map(|c| c["status"].as_str().unwrap().to_string())
+        };
+        assert_eq!(
+            status("Established").as_deref(),
+            Some("True"),
+            "{crd}: {out}"
+        );
+        assert_eq!(
+            status("NamesAccepted").as_deref(),
+            Some("True"),
+            "{crd}: {out}"
+        );
+        assert_eq!(status("NonStructuralSchema"), None, "{crd}: {out}");
+    }
+    // The server is the release tests/control-plane builds, and says so.
+    let version: Value =
+        serde_json::from_str(&kubectl(plane, ADMIN, &["version", "-o", "json"])).unwrap();
+    assert_eq!(
+        version["serverVersion"]["gitVersion"],
+        bindery_tests::control_plane::kubernetes_version(),
+        "{version}"
+    );
+    // And the examples are valid objects of them.
+    let admin = namespace("real-crds").await;
+    let agent: Agent = serde_json::from_value(yaml("examples/k8s/agent.yaml")).unwrap();
+    let tenant: AgentTenant = serde_json::from_value(yaml("examples/k8s/tenant.yaml")).unwrap();
+    Api::<Agent>::namespaced(admin.clone(), "real-crds")
+        .create(&PostParams::default(), &agent)
+        .await
+        .expect("the example Agent is accepted");
+    Api::<AgentTenant>::namespaced(admin, "real-crds")
+        .create(&PostParams::default(), &tenant)
+        .await
+        .expect("the example AgentTenant is accepted");
+}
+
+#[tokio::test]
+async fn the_crds_cel_rules_refuse_invalid_objects_with_their_messages() {
+    let admin = namespace("real-cel").await;
+    let agents = Api::<Agent>::namespaced(admin.clone(), "real-cel");
+    let mut agent = yaml("examples/k8s/agent.yaml");
+    agent["spec"]["confirmTtl"] = json!("soon");
+    let (code, message) = refused(&agents, agent).await;
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.confirmTtl")
+            && message.contains("confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"),
+        "{message}"
+    );
+
+    let tenants = Api::<AgentTenant>::namespaced(admin, "real-cel");
+    let mut tenant = yaml("examples/k8s/tenant.yaml");
+    tenant["spec"]["replicas"] = json!(2);
+    tenant["spec"]["store"] = json!({"pvcSize": "1Gi"});
+    let (code, message) = refused(&tenants, tenant).await;
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains(
+            "replicas above 1 need a store they share (spec.store.postgres): \
+             a pvcSize claim holds one pod's SQLite file"
+        ),
+        "{message}"
+    );
+
+    // A rule on list items: the same parameter twice.
+    let mut tenant = yaml("examples/k8s/tenant.yaml");
+    tenant["spec"]["parameters"] = json!([
+        {"name": "tenant", "value": "a"},
+        {"name": "tenant", "value": "b"},
+    ]);
+    let (code, message) = refused(&tenants, tenant).await;
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.parameters")
+            && message.contains("each parameter may be listed once"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_get_agenttenants_shows_the_printer_columns() {
+    let plane = plane();
+    let admin = namespace("real-columns").await;
+    let tenant: AgentTenant = serde_json::from_value(yaml("examples/k8s/tenant.yaml")).unwrap();
+    Api::<AgentTenant>::namespaced(admin, "real-columns")
+        .create(&PostParams::default(), &tenant)
+        .await
+        .unwrap();
+    let out = kubectl(plane, ADMIN, &["get", "agenttenants", "-n", "real-columns"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    // The cells sit under their headers; an empty one (no status yet:
+    // Ready and Params) is blank.
+    let header = lines[0];
+    let starts: Vec<usize> = header
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || header.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| i)
+        .collect();
+    let cells = |line: &str| -> Vec<String> {
+        starts
+            .iter()
+            .enumerate()
+            .map(|(n, &start)| {
+                let end = starts
+                    .get(n + 1)
+                    .copied()
+                    .unwrap_or(line.len())
+                    .min(line.len());
+                line.get(start.min(end)..end)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        cells(header),
+        ["NAME", "AGENT", "READY", "PARAMS", "AGE"],
+        "{out}"
+    );
+    let row = cells(lines[1]);
+    assert_eq!(row[..4], ["acme", "invoices", "", ""], "{out}");
+    assert!(row[4].ends_with('s'), "AGE is a duration: {out}");
+}
+
+#[tokio::test]
+async fn server_side_apply_by_two_managers_conflicts_until_forced() {
+    let admin = namespace("real-ssa").await;
+    let tenants = Api::<AgentTenant>::namespaced(admin, "real-ssa");
+    let apply = |ttl: &str| {
+        json!({
+            "apiVersion": "bindery.dev/v1alpha1",
+            "kind": "AgentTenant",
+            "metadata": {"name": "acme"},
+            "spec": {"agentRef": {"name": "invoices"}, "liveSessionTtl": ttl},
+        })
+    };
+    tenants
+        .patch(
+            "acme",
+            &PatchParams::apply("platform-team"),
+            &Patch::Apply(apply("30m")),
+        )
+        .await
+        .expect("the first manager's apply");
+    let err = tenants
+        .patch(
+            "acme",
+            &PatchParams::apply("tenant-admin"),
+            &Patch::Apply(apply("1h")),
+        )
+        .await
+        .expect_err("a second manager setting the same field conflicts");
+    match err {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 409, "{status:?}");
+            assert!(
+                status.message.contains("conflict with \"platform-team\"")
+                    && status.message.contains(".spec.liveSessionTtl"),
+                "{status:?}"
+            );
+        }
+        e => panic!("not an API error: {e}"),
+    }
+    // Same value, no conflict: both managers own the field.
+    tenants
+        .patch(
+            "acme",
+            &PatchParams::apply("tenant-admin"),
+            &Patch::Apply(apply("30m")),
+        )
+        .await
+        .expect("agreeing on a value is no conflict");
+    let forced = tenants
+        .patch(
+            "acme",
+            &PatchParams::apply("tenant-admin").force(),
+            &Patch::Apply(apply("1h")),
+        )
+        .await
+        .expect("a forced apply takes the field");
+    assert_eq!(forced.spec.live_session_ttl.as_deref(), Some("1h"));
+    let owners: Vec<String> = forced
+        .managed_fields()
+        .iter()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0["f:spec"].get("f:liveSessionTtl").is_some())
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(owners, ["tenant-admin"]);
+}
+
+#[tokio::test]
+async fn the_operator_chart_rbac_lets_its_account_list_and_watch_and_the_audit_shows_it() {
+    let plane = plane();
+    let ns = "real-rbac";
+    let admin = namespace(ns).await;
+    if Api::<Namespace>::all(admin.clone())
+        .get_opt(OPERATOR_NAMESPACE)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        let n: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": OPERATOR_NAMESPACE}})).unwrap();
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &n)
+            .await
+            .unwrap();
+    }
+    // The chart's ServiceAccount and RBAC (cluster-wide: no watchNamespaces),
+    // nothing else of it, applied as a platform team would.
+    let rendered = Render::new("charts/bindery-operator", "bindery-operator")
+        .namespace(OPERATOR_NAMESPACE)
+        .template(&[])
+        .unwrap_or_else(|e| panic!("helm template: {e}"));
+    let identity: Vec<String> = documents(&rendered)
+        .into_iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .iter()
+            .any(|k| d["kind"] == *k)
+        })
+        .map(|d| serde_yaml::to_string(&d).unwrap())
+        .collect();
+    let account = ControlPlane::service_account_user(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT);
+    assert!(
+        identity
+            .iter()
+            .any(|d| d.contains(&format!("name: {OPERATOR_ACCOUNT}"))),
+        "the chart's ServiceAccount is not {OPERATOR_ACCOUNT}:\n{}",
+        identity.join("---\n")
+    );
+    let file =
+        std::env::temp_dir().join(format!("bindery-operator-rbac-{}.yaml", std::process::id()));
+    std::fs::write(&file, identity.join("---\n")).unwrap();
+    let out = kubectl(plane, ADMIN, &["apply", "-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.contains("clusterrolebinding.rbac.authorization.k8s.io/bindery-operator"),
+        "{out}"
+    );
+
+    let operator = plane.client(&account).await;
+    let agents = Api::<Agent>::namespaced(operator.clone(), ns);
+    let tenants = Api::<AgentTenant>::namespaced(operator.clone(), ns);
+    // RBAC is evaluated as bindings land: wait until the account may list.
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = Api::<Agent>::all(operator.clone())
+        .list(&Default::default())
+        .await
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the operator still cannot list Agents: {e}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    tenants
+        .list(&Default::default())
+        .await
+        .expect("list AgentTenants");
+
+    // A watch sees an Agent the administrator creates.
+    let mut events = tenants
+        .watch(&WatchParams::default().timeout(30), "0")
+        .await
+        .expect("watch AgentTenants")
+        .boxed();
+    let agent: Agent = serde_json::from_value(yaml("examples/k8s/agent.yaml")).unwrap();
+    Api::<Agent>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &agent)
+        .await
+        .unwrap();
+    let tenant: AgentTenant = serde_json::from_value(yaml("examples/k8s/tenant.yaml")).unwrap();
+    Api::<AgentTenant>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &tenant)
+        .await
+        .unwrap();
+    let seen = loop {
+        match events.try_next().await.expect("the watch goes on") {
+            Some(WatchEvent::Added(t)) => break t.name_any(),
+            Some(WatchEvent::Error(e)) => panic!("watch error: {e:?}"),
+            Some(_) => continue,
+            None => panic!("the watch ended before the tenant was added"),
+        }
+    };
+    assert_eq!(seen, "acme");
+    drop(events);
+    let listed = agents.list(&Default::default()).await.expect("list Agents");
+    assert_eq!(
+        listed
+            .items
+            .iter()
+            .map(|a| a.name_any())
+            .collect::<Vec<_>>(),
+        ["invoices"]
+    );
+
+    // What the chart does not grant is refused: the operator never deletes
+    // a Secret, and reads Agents by list and watch only.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "billing"}, "stringData": {"token": "t"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let forbidden = |r: Result<_, kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("expected 403, got {other:?}"),
+    };
+    let m = forbidden(
+        Api::<Secret>::namespaced(operator.clone(), ns)
+            .delete("billing", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    );
+    assert!(
+        m.contains(&account) && m.contains("cannot delete resource \"secrets\""),
+        "{m}"
+    );
+    let m = forbidden(agents.get("invoices").await.map(|_| ()));
+    assert!(m.contains("cannot get resource \"agents\""), "{m}");
+
+    // The audit log: the account's requests, with the authorizer's decision.
+    let want = [
+        ("list", "agents", "allow"),
+        ("list", "agenttenants", "allow"),
+        ("watch", "agenttenants", "allow"),
+        ("delete", "secrets", "forbid"),
+        ("get", "agents", "forbid"),
+    ];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let audit = plane.audit();
+        let missing: Vec<_> = want
+            .iter()
+            .filter(|(verb, resource, decision)| {
+                !audit.iter().any(|e| {
+                    e["user"]["username"] == account.as_str()
+                        && e["verb"] == *verb
+                        && e["objectRef"]["resource"] == *resource
+                        && e["objectRef"]["namespace"] == ns
+                        && e["annotations"]["authorization.k8s.io/decision"] == *decision
+                        && e["level"] == "Metadata"
+                })
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the audit log lacks {missing:?}; the account's entries:\n{:#?}",
+            audit
+                .iter()
+                .filter(|e| e["user"]["username"] == account.as_str())
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Poll `probe` until it gives `Some`, at most [`WAIT`].
+async fn wait_for<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(t) = probe().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "waited {WAIT:?} for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[tokio::test]
+async fn the_controller_manager_rolls_out_a_deployment_and_collects_its_garbage() {
+    let ns = "real-controllers";
+    let admin = namespace(ns).await;
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "registry.invalid/web:1"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), ns);
+    let created = deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let replica_sets = Api::<ReplicaSet>::namespaced(admin.clone(), ns);
+    let pods = Api::<Pod>::namespaced(admin.clone(), ns);
+    let owned_by = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+                    uid: &str| {
+        refs.iter()
+            .any(|r| r.uid == uid && r.controller == Some(true))
+    };
+    // The deployment controller makes a ReplicaSet; the replicaset
+    // controller a Pod (Pending: no scheduler, no kubelet), once the
+    // serviceaccount controller has made the namespace's `default`.
+    let rs = wait_for("the Deployment's ReplicaSet", async || {
+        let list = replica_sets.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .find(|rs| owned_by(rs.owner_references(), created.uid().as_deref().unwrap()))
+    })
+    .await;
+    let pod = wait_for("the ReplicaSet's Pod", async || {
+        let list = pods.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .find(|p| owned_by(p.owner_references(), rs.uid().as_deref().unwrap()))
+    })
+    .await;
+    assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+
+    // Deleting the Deployment in the background: the garbage collector
+    // deletes what it owned, and what that owned.
+    deployments
+        .delete(
+            "web",
+            &DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the garbage collector to delete the ReplicaSet and its Pod",
+        async || {
+            let sets = replica_sets.list(&ListParams::default()).await.unwrap();
+            let left = pods.list(&ListParams::default()).await.unwrap();
+            (sets.items.is_empty()
+                && left
+                    .items
+                    .iter()
+                    .all(|p| p.metadata.deletion_timestamp.is_some()))
+            .then_some(())
+        },
+    )
+    .await;
+}
