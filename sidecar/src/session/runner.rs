@@ -447,7 +447,7 @@ pub fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupStat
 }
 
 /// What one call of a tool with dependencies needs of the run it is in:
-/// no model. A run lends its own ([`RunContext::call_env`]); `tool-call`
+/// no model. A run lends its own (`RunContext::call_env`); `tool-call`
 /// builds one for a call made on the command line.
 pub struct CallEnv<'a> {
     pub agent: &'a LoadedAgent,
