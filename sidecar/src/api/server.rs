@@ -796,11 +796,16 @@ fn beside_params(bytes: &Bytes) -> Vec<String> {
 )]
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    req: Incoming,
 ) -> ApiResult {
-    s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
+    let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     s.service.revoke_tokens(&id).await?;
+    // A token's event stream is served by the server holding the session
+    // (events are forwarded there): that server ends it too.
+    if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
+        return Ok(r);
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

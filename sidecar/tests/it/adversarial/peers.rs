@@ -703,3 +703,56 @@ async fn a_peer_that_refuses_the_signature_is_taken_as_unreachable() {
     assert_eq!(w.mock.request_count(), 0, "nothing ran");
     assert!(!b.logs().contains(CANARY));
 }
+
+/// A session token's event stream opened through one replica is served by
+/// the replica holding the session; revoking the token through the other
+/// one ends it all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_through_one_replica_ends_the_streams_the_other_serves() {
+    let (_pg, w) = on_postgres().await;
+    let (_b, api_b) = w.start(&[], &[]);
+    let (_a, api_a) = w.start(&[], &[]);
+    // Held by B (its secret value lives there), with a session token.
+    let r = api_b
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "params": valid_params(), "session_token": true})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let token = r.json["session_token"].as_str().unwrap().to_string();
+    let events = format!("/v1/sessions/{id}/events");
+    let (status, stream) = api_a.events(&events, Some(&token), None).await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let r = message_waited(&api_a, &id, "first").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let seen = stream.until("run_finished", PATIENCE).await;
+    assert!(seen.iter().any(|e| e.event == "run_finished"), "{seen:?}");
+
+    let r = api_a
+        .call(
+            "DELETE",
+            &format!("/v1/sessions/{id}/token"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let ended = tokio::time::timeout(PATIENCE, async {
+        let mut after = Vec::new();
+        while let Some(e) = stream.next().await {
+            after.push(e.event);
+        }
+        after
+    })
+    .await;
+    let after = ended.expect("the token's stream served by the holder is still open");
+    assert!(after.is_empty(), "events after the revocation: {after:?}");
+    let r = message_waited(&api_a, &id, "second").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(!stream.raw.contains("second"), "{}", stream.raw);
+}
