@@ -205,7 +205,8 @@ mod tests {
         [("key".to_string(), ParamValue::Secret(SecretString::new(v)))].into()
     }
 
-    // One test: the registry is the process's.
+    // One test: the registry is the process's, and its tests would see
+    // each other's values.
     #[test]
     fn values_are_live_while_registered() {
         let line = "a=live-one-4f2a b=live-two-9c1e";
@@ -224,13 +225,10 @@ mod tests {
         drop(held);
         assert_eq!(scrubber().scrub(line), line);
         assert!(register(Vec::new()).is_none());
-    }
 
-    /// Past a few hundred values, a change builds only what is recent; every
-    /// live value is scrubbed all the same, and one that went is not kept
-    /// for ever.
-    #[test]
-    fn many_values_stay_live_and_go() {
+        // Past a few hundred values, a change builds only what is recent;
+        // every live value is scrubbed all the same, and one that went is
+        // not kept for ever.
         let value = |n: usize| format!("many-{n:05}-9b7e");
         let mut held: Vec<Registration> = (0..2000)
             .map(|n| register(vec![(format!("m{n}"), SecretString::new(value(n)))]).unwrap())
