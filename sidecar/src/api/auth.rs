@@ -4,6 +4,7 @@
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
+use crate::params::secret::constant_time_eq;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::Service;
 use crate::session::validate::Caller;
@@ -50,10 +51,7 @@ impl OwnerToken {
 
     fn matches(&self, presented: &str) -> bool {
         let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        d.iter()
-            .zip(self.digest.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        constant_time_eq(&d, &self.digest)
     }
 }
 

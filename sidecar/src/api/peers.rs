@@ -37,6 +37,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use crate::params::secret::constant_time_eq;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::pending::hmac;
 use crate::session::validate::Caller;
@@ -211,13 +212,7 @@ fn verify(
         nonce,
     }
     .signature(&auth.key);
-    let matches = hex::decode(presented).is_ok_and(|p| {
-        p.len() == expected.len()
-            && p.iter()
-                .zip(&expected)
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    });
+    let matches = hex::decode(presented).is_ok_and(|p| constant_time_eq(&p, &expected));
     if !matches {
         return Err(refused("the signature does not match this request"));
     }

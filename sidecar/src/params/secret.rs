@@ -12,6 +12,13 @@ use std::fmt;
 /// What a secret prints as, everywhere.
 pub const REDACTED: &str = "<secret>";
 
+/// Whether `a` and `b` are equal, in a time that depends on their lengths
+/// only: a credential compared byte by byte until the first difference
+/// would tell a guesser how much of it was right.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretString(Box<str>);
 

@@ -57,11 +57,12 @@ mod secrets;
 mod sink;
 mod tokens;
 
+use crate::params::secret::constant_time_eq;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 pub use runs::close_pending;
+use tokens::new_token;
 pub use tokens::token_digest;
-use tokens::{constant_time_eq, new_token};
 
 pub struct ServiceConfig {
     pub max_steps: u32,

@@ -248,14 +248,14 @@ impl Service {
             .pending
             .items
             .iter()
-            .find(|i| constant_time_eq(&i.token_digest, &digest))
+            .find(|i| constant_time_eq(i.token_digest.as_bytes(), digest.as_bytes()))
             .cloned()
         else {
             if rec
                 .pending
                 .used
                 .iter()
-                .any(|d| constant_time_eq(d, &digest))
+                .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes()))
             {
                 return Err(used());
             }

@@ -41,7 +41,7 @@ impl Service {
                 .security
                 .token_digests
                 .iter()
-                .any(|d| constant_time_eq(d, &digest)),
+                .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes())),
             _ => false,
         }
     }
@@ -63,12 +63,4 @@ pub(super) fn new_token() -> Result<String, ServiceError> {
         )
     })?;
     Ok(format!("st_{}", hex::encode(bytes)))
-}
-
-pub(super) fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
