@@ -37,10 +37,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use crate::llm::egress;
 use crate::params::secret::constant_time_eq;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::pending::hmac;
 use crate::session::validate::Caller;
+use crate::spec::Redirects;
 
 /// The signature of a forward: from a server of the same tenant, never a
 /// client.
@@ -372,9 +374,11 @@ pub async fn forward(
 
 /// The HTTP client a server forwards with: no proxy (peers are on the
 /// cluster's network), a short connect timeout, no overall one (an event
-/// stream lasts as long as its client).
+/// stream lasts as long as its client), and the outbound policy of every
+/// client with no redirect followed: a forward goes to its peer and
+/// nowhere else.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    egress::client(Redirects::Never)
         .no_proxy()
         .connect_timeout(Duration::from_secs(5))
         .build()
@@ -384,7 +388,7 @@ pub fn client() -> reqwest::Client {
 /// The same over mutual TLS (`--peer-tls-dir`): `tls` presents this
 /// server's certificate and checks the peer's (see `peer_tls.rs`).
 pub fn tls_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+    egress::client(Redirects::Never)
         .no_proxy()
         .connect_timeout(Duration::from_secs(5))
         .tls_backend_preconfigured(tls)
@@ -581,5 +585,55 @@ mod tests {
             h.insert(VOUCHED_HEADER, bad.parse().unwrap());
             assert!(vouched(&h).unwrap().is_err(), "{bad}");
         }
+    }
+
+    /// A peer that answers with a redirect elsewhere: the forward (its
+    /// signed headers, caller and body) goes nowhere else.
+    #[tokio::test]
+    async fn a_forward_follows_no_redirect() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let there = elsewhere.local_addr().unwrap();
+        let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = reached.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = elsewhere.accept().await.unwrap();
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        });
+        let peer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = peer.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = peer.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{there}/v1/sessions\r\nContent-Length: 0\r\n\r\n"
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+        });
+        let incoming = Incoming {
+            method: Method::POST,
+            uri: "/v1/sessions/s/messages".parse().unwrap(),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"{\"message\": \"hi\"}"),
+        };
+        let r = forward(
+            &client(),
+            &KEY,
+            &format!("http://{at}"),
+            &Caller::Owner,
+            &incoming,
+        )
+        .await;
+        assert!(r.is_err(), "the redirect was followed");
+        assert!(
+            !reached.load(std::sync::atomic::Ordering::SeqCst),
+            "the other origin was reached"
+        );
     }
 }
