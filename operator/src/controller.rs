@@ -44,6 +44,31 @@ pub(crate) enum Error {
     PeerCertificate(String),
 }
 
+impl Error {
+    /// What failed, as the `error` label of the failure metrics: few
+    /// values, so that a dashboard can tell a conflict storm from RBAC
+    /// drift or an unreachable API server.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => match s.code {
+                403 => "api_forbidden",
+                404 => "api_not_found",
+                409 => "api_conflict",
+                422 => "api_invalid",
+                429 => "api_throttled",
+                500..=599 => "api_server_error",
+                _ => "api_other",
+            },
+            Error::Kube(
+                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_),
+            ) => "transport",
+            Error::Kube(_) => "client",
+            Error::NoNamespace(_) => "no_namespace",
+            Error::PeerCertificate(_) => "peer_certificate",
+        }
+    }
+}
+
 /// How many tenants are reconciled at the same time.
 pub const RECONCILES_AT_ONCE: u16 = 128;
 /// A tenant is reconciled once the changes that concern it have been quiet
@@ -301,21 +326,20 @@ fn referring(
         .collect()
 }
 
-fn error_policy(tenant: Arc<AgentTenant>, err: &Error, scope: Arc<Scope>) -> Action {
-    tracing::warn!(tenant = %tenant.name_any(), "reconcile failed: {err}");
-    scope.ctx.metrics.reconciled(0.0, false);
+fn error_policy(tenant: Arc<AgentTenant>, err: &Error, _: Arc<Scope>) -> Action {
+    tracing::warn!(tenant = %tenant.name_any(), error = err.kind(), "reconcile failed: {err}");
     Action::requeue(Duration::from_secs(30))
 }
 
 async fn reconcile(tenant: Arc<AgentTenant>, scope: Arc<Scope>) -> Result<Action, Error> {
+    // Timed whatever the outcome: a slow failure (an API server timing
+    // out) is what the duration of failures is there to show.
     let started = Instant::now();
     let result = reconcile_inner(&tenant, &scope).await;
-    if result.is_ok() {
-        scope
-            .ctx
-            .metrics
-            .reconciled(started.elapsed().as_secs_f64(), true);
-    }
+    scope.ctx.metrics.reconciled(
+        started.elapsed().as_secs_f64(),
+        result.as_ref().err().map(Error::kind),
+    );
     result
 }
 

@@ -1,6 +1,6 @@
 //! The operator's Prometheus metrics: reconciles by outcome, their
-//! duration, and the Warnings it published, in a `prometheus-client`
-//! registry served as OpenMetrics text.
+//! duration by outcome, failed ones by what failed, and the Warnings it
+//! published, in a `prometheus-client` registry served as OpenMetrics text.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,11 +19,17 @@ struct Outcome {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Failure {
+    error: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     reconciles: Family<Outcome, Counter>,
-    duration: Histogram,
+    duration: Family<Outcome, Histogram>,
+    failures: Family<Failure, Counter>,
     warnings: Counter,
 }
 
@@ -33,7 +39,9 @@ impl Default for Metrics {
         for outcome in ["ok", "error"] {
             drop(reconciles.get_or_create(&Outcome { outcome }));
         }
-        let duration = Histogram::new(DURATION_BUCKETS);
+        let duration =
+            Family::<Outcome, Histogram>::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
+        let failures = Family::<Failure, Counter>::default();
         let warnings = Counter::default();
         let mut registry = Registry::default();
         registry.register(
@@ -43,8 +51,13 @@ impl Default for Metrics {
         );
         registry.register(
             "bindery_operator_reconcile_duration_seconds",
-            "How long one reconcile took",
+            "How long one reconcile took, by outcome",
             duration.clone(),
+        );
+        registry.register(
+            "bindery_operator_reconcile_failures",
+            "Failed reconciles, by what failed",
+            failures.clone(),
         );
         registry.register(
             "bindery_operator_warning_events",
@@ -55,21 +68,30 @@ impl Default for Metrics {
             registry,
             reconciles,
             duration,
+            failures,
             warnings,
         }
     }
 }
 
 impl Metrics {
-    pub(crate) fn reconciled(&self, seconds: f64, ok: bool) {
+    /// One reconcile that took `seconds`: it succeeded (`failed` is
+    /// `None`) or failed with an error of that kind.
+    pub(crate) fn reconciled(&self, seconds: f64, failed: Option<&'static str>) {
+        let outcome = Outcome {
+            outcome: if failed.is_some() { "error" } else { "ok" },
+        };
         self.duration
+            .get_or_create(&outcome)
             .observe(if seconds.is_finite() && seconds >= 0.0 {
                 seconds
             } else {
                 0.0
             });
-        let outcome = if ok { "ok" } else { "error" };
-        self.reconciles.get_or_create(&Outcome { outcome }).inc();
+        self.reconciles.get_or_create(&outcome).inc();
+        if let Some(error) = failed {
+            self.failures.get_or_create(&Failure { error }).inc();
+        }
     }
 
     pub(crate) fn warning_published(&self) {
@@ -89,8 +111,8 @@ mod tests {
     #[test]
     fn renders() {
         let m = super::Metrics::default();
-        m.reconciled(0.02, true);
-        m.reconciled(3.0, false);
+        m.reconciled(0.02, None);
+        m.reconciled(3.0, Some("api_conflict"));
         let text = m.render();
         assert!(
             text.contains("bindery_operator_reconciles_total{outcome=\"ok\"} 1\n"),
@@ -98,10 +120,21 @@ mod tests {
         );
         assert!(text.contains("bindery_operator_reconciles_total{outcome=\"error\"} 1\n"));
         assert!(
-            text.contains("bindery_operator_reconcile_duration_seconds_bucket{le=\"0.025\"} 1\n"),
+            text.contains(
+                "bindery_operator_reconcile_duration_seconds_bucket{le=\"0.025\",outcome=\"ok\"} 1\n"
+            ),
             "{text}"
         );
-        assert!(text.contains("bindery_operator_reconcile_duration_seconds_count 2\n"));
+        assert!(
+            text.contains(
+                "bindery_operator_reconcile_duration_seconds_bucket{le=\"5.0\",outcome=\"error\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("bindery_operator_reconcile_failures_total{error=\"api_conflict\"} 1\n"),
+            "{text}"
+        );
         assert!(text.contains("bindery_operator_warning_events_total 0\n"));
     }
 }

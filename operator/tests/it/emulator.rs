@@ -1427,7 +1427,11 @@ async fn metrics_and_health_are_served() {
     let ok = sample(&text, "bindery_operator_reconciles_total{outcome=\"ok\"}");
     assert!(ok.is_some_and(|n| n > 0.0), "{text}");
     assert!(
-        sample(&text, "bindery_operator_reconcile_duration_seconds_count").is_some_and(|n| n > 0.0),
+        sample(
+            &text,
+            "bindery_operator_reconcile_duration_seconds_count{outcome=\"ok\"}"
+        )
+        .is_some_and(|n| n > 0.0),
         "{text}"
     );
 
