@@ -22,7 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::crd::{Agent, AgentTenant};
+use crate::crd::{Agent, AgentSpec, AgentTenant};
 use crate::desired::{desired, referenced, Inputs, OperatorConfig, RefObject, Rollout};
 use crate::metrics::Metrics;
 use crate::names;
@@ -201,12 +201,23 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
+/// What the Agents' reconciles share: the context and the Agents as
+/// watched.
+struct AgentScope {
+    ctx: Arc<Context>,
+    agents: Store<Agent>,
+}
+
 /// Keep every Agent's `Valid` condition current (a change to one Agent can
 /// make another valid or not: its helpers).
 pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
     let agents = scoped::<Agent>(&ctx.client, &namespace);
     let controller = Controller::new(agents.clone(), watcher::Config::default());
     let store = controller.store();
+    let scope = Arc::new(AgentScope {
+        ctx,
+        agents: store.clone(),
+    });
     controller
         .watches(agents, watcher::Config::default(), move |changed: Agent| {
             let ns = changed.namespace();
@@ -218,7 +229,7 @@ pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
                 .collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(reconcile_agent, agent_error_policy, ctx)
+        .run(reconcile_agent, agent_error_policy, scope)
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::warn!("agent reconcile: {e}");
@@ -227,23 +238,34 @@ pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
-fn agent_error_policy(agent: Arc<Agent>, err: &Error, _: Arc<Context>) -> Action {
-    tracing::warn!(agent = %agent.name_any(), "agent status failed: {err}");
+fn agent_error_policy(agent: Arc<Agent>, err: &Error, _: Arc<AgentScope>) -> Action {
+    tracing::warn!(agent = %agent.name_any(), error = err.kind(), "agent status failed: {err}");
     Action::requeue(Duration::from_secs(30))
 }
 
-async fn reconcile_agent(agent: Arc<Agent>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// The Agents of `ns` in `store`, by name.
+fn agents_of(store: &Store<Agent>, ns: &str) -> BTreeMap<String, AgentSpec> {
+    store
+        .state()
+        .into_iter()
+        .filter(|a| a.namespace().as_deref() == Some(ns))
+        .map(|a| (a.name_any(), a.spec.clone()))
+        .collect()
+}
+
+async fn reconcile_agent(agent: Arc<Agent>, scope: Arc<AgentScope>) -> Result<Action, Error> {
+    let ctx = &scope.ctx;
     let name = agent.name_any();
     let ns = agent
         .namespace()
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let api = Api::<Agent>::namespaced(ctx.client.clone(), &ns);
-    let agents: BTreeMap<String, _> = api
-        .list(&Default::default())
-        .await?
-        .into_iter()
-        .map(|a| (a.name_any(), a.spec))
-        .collect();
+    // The Agents as watched, not a LIST per reconcile: with many Agents in
+    // a namespace, each change would otherwise read them all once per
+    // Agent. A helper the cache has not seen yet makes this Agent invalid
+    // for a moment; its arrival reconciles this Agent again.
+    let _ = scope.agents.wait_until_ready().await;
+    let agents = agents_of(&scope.agents, &ns);
     let previous = agent
         .status
         .as_ref()
@@ -373,13 +395,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     // the cache has it); read from the API when the tenant's own Agent is
     // not in the cache yet, rather than report it missing.
     let _ = scope.agents.wait_until_ready().await;
-    let mut agents: BTreeMap<String, _> = scope
-        .agents
-        .state()
-        .into_iter()
-        .filter(|a| a.namespace().as_deref() == Some(ns.as_str()))
-        .map(|a| (a.name_any(), a.spec.clone()))
-        .collect();
+    let mut agents = agents_of(&scope.agents, &ns);
     if !agents.contains_key(&tenant.spec.agent_ref.name) {
         agents = Api::<Agent>::namespaced(c.clone(), &ns)
             .list(&Default::default())
