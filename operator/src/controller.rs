@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -110,6 +110,16 @@ where
     K: Namespaced + Send + Sync + 'static,
 {
     let changes = watcher(scoped::<K>(client, namespace), watcher::Config::default());
+    // A deletion's last state can carry the very generation we applied:
+    // forget the write, or the next reconcile would take the object for
+    // up to date and never create it again.
+    let own = scope.clone();
+    let changes = changes.map_ok(move |e| {
+        if let watcher::Event::Delete(obj) = &e {
+            own.own.forget(&key_of(obj));
+        }
+        e
+    });
     foreign(changes.touched_objects(), scope)
 }
 
@@ -507,12 +517,22 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         }
         sent |= apply(c, own, &ns, &o.deployment).await?;
         sent |= apply(c, own, &ns, &o.service).await?;
-        // Only once the new Deployment is applied: its pods no longer
-        // mount the claim (switching to Postgres, say). Nothing applied,
-        // nothing the tenant asks for changed: nothing to delete.
+        // What the tenant owns and no longer asks for goes, by its label:
+        // a claim once its store is PostgreSQL, objects an older operator
+        // named otherwise. Only after the new Deployment is applied (its
+        // pods no longer mount the claim), and only when something was
+        // sent: nothing applied, nothing the tenant asks for changed. A
+        // restarted operator sends everything once, so what an interrupted
+        // reconcile left behind goes then.
         if sent {
-            let wanted = o.claim.as_ref().and_then(|c| c.metadata.name.clone());
-            prune::<PersistentVolumeClaim>(c, &ns, tenant, wanted.as_deref()).await?;
+            let name_of = |m: &kube::core::ObjectMeta| m.name.clone().unwrap_or_default();
+            let one = |m: &kube::core::ObjectMeta| [name_of(m)];
+            prune::<ConfigMap>(c, own, &ns, tenant, &one(&o.config_map.metadata)).await?;
+            prune::<ServiceAccount>(c, own, &ns, tenant, &one(&o.service_account.metadata)).await?;
+            let claims: Vec<String> = o.claim.iter().map(|c| name_of(&c.metadata)).collect();
+            prune::<PersistentVolumeClaim>(c, own, &ns, tenant, &claims).await?;
+            prune::<Deployment>(c, own, &ns, tenant, &one(&o.deployment.metadata)).await?;
+            prune::<Service>(c, own, &ns, tenant, &one(&o.service.metadata)).await?;
         }
     }
     let previous: Vec<String> = tenant
@@ -612,11 +632,13 @@ where
 
 /// Delete the objects of kind `K` that the tenant owns (by its label and
 /// ownerReference) other than `wanted`: what it no longer asks for.
+/// Someone else's object that merely carries the label stays.
 async fn prune<K>(
     c: &Client,
+    own: &OwnWrites,
     ns: &str,
     tenant: &AgentTenant,
-    wanted: Option<&str>,
+    wanted: &[String],
 ) -> Result<(), kube::Error>
 where
     K: Namespaced,
@@ -625,22 +647,38 @@ where
     let name = tenant.name_any();
     let selector = format!("{}={name}", names::TENANT_LABEL);
     let uid = tenant.metadata.uid.as_deref();
-    for obj in api.list(&ListParams::default().labels(&selector)).await? {
+    // Metadata is all it takes to decide: the objects' bodies never enter
+    // the operator's memory.
+    for obj in api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?
+    {
         let owned = obj
-            .meta()
+            .metadata
             .owner_references
             .iter()
             .flatten()
             .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
         let obj_name = obj.name_any();
-        if owned && Some(obj_name.as_str()) != wanted {
-            match api.delete(&obj_name, &DeleteParams::background()).await {
-                Ok(_) => {
-                    tracing::info!(tenant = %name, kind = K::kind(&()).as_ref(), name = %obj_name, "deleted what the tenant no longer asks for")
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e),
+        if !owned || wanted.contains(&obj_name) {
+            continue;
+        }
+        // Exactly the object listed: one created again meanwhile under
+        // the same name is not ours to judge here.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&obj_name, &params).await {
+            Ok(_) => {
+                own.forget(&(K::kind(&()).into_owned(), ns.to_string(), obj_name.clone()));
+                tracing::info!(tenant = %name, kind = K::kind(&()).as_ref(), name = %obj_name, "deleted what the tenant no longer asks for")
             }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())

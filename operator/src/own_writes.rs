@@ -85,6 +85,12 @@ impl OwnWrites {
         written.get(key).map(|w| Some(&w.resource_version)) == Some(meta.resource_version.as_ref())
     }
 
+    /// The object `key` is gone (deleted by anyone): the next apply goes
+    /// out whatever we last sent.
+    pub(crate) fn forget(&self, key: &Key) {
+        self.written.lock().unwrap().remove(key);
+    }
+
     /// Whether applying `digest` to `key` would send what we last applied
     /// there, with no change by anyone else seen since.
     pub(crate) fn unchanged(&self, key: &Key, digest: u64) -> bool {
@@ -122,6 +128,18 @@ mod tests {
         assert!(!own.is_ours(&key("b"), &meta("7", None)));
         assert!(own.unchanged(&key("a"), 1));
         assert!(!own.unchanged(&key("a"), 2), "a new digest is applied");
+    }
+
+    #[test]
+    fn a_deleted_object_is_applied_again_even_unchanged() {
+        let own = OwnWrites::default();
+        own.wrote(key("a"), &meta("7", Some(1)), Some(1));
+        // A deletion's last state keeps the generation we wrote.
+        assert!(own.is_foreign(&key("a"), &meta("8", Some(1))));
+        assert!(own.unchanged(&key("a"), 1), "not enough to tell a delete");
+        own.forget(&key("a"));
+        assert!(!own.unchanged(&key("a"), 1));
+        assert!(own.is_foreign(&key("a"), &meta("7", Some(1))));
     }
 
     #[test]

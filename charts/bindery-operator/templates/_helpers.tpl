@@ -84,21 +84,18 @@ list against what the operator asked of the API emulator, its audit):
   resources: ["agenttenants/finalizers"]
   verbs: ["update"]
 # What a tenant owns, applied server-side (an apply that creates is
-# authorized as create too). Deployments are read for the rollout status;
-# ConfigMaps for the key names of those a tenant references.
+# authorized as create too), and deleted once the tenant no longer asks for
+# it (found by the tenant's label; only objects it controls). Deployments
+# are read for the rollout status; ConfigMaps for the key names of those a
+# tenant references.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
-  verbs: ["list", "watch", "create", "patch"]
-# PersistentVolumeClaims are also deleted when a tenant no longer asks for
-# one (its store switched to Postgres, say).
-- apiGroups: [""]
-  resources: ["persistentvolumeclaims"]
+  resources: ["services", "serviceaccounts", "persistentvolumeclaims"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 # Secrets: watched by metadata, read for their key names (never their
 # values), and the generated owner-token Secret created once. No update,

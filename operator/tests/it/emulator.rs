@@ -1500,6 +1500,77 @@ async fn a_claim_the_tenant_no_longer_wants_is_deleted() {
     cluster.assert_operator_refused_nothing();
 }
 
+/// Objects of each kind a tenant owns, named as an older operator might
+/// have named them: the tenant's label and a controller ownerReference to
+/// it, and nothing else of what the operator applies.
+fn strays(tenant: &AgentTenant, suffix: &str) -> String {
+    let (name, uid) = (tenant.name_any(), tenant.uid().unwrap());
+    let meta = format!(
+        "metadata:\n  name: {name}-{suffix}\n  labels: {{bindery.dev/tenant: {name}}}\n  ownerReferences:\n  - {{apiVersion: bindery.dev/v1alpha1, kind: AgentTenant, name: {name}, uid: {uid}, controller: true}}\n"
+    );
+    [
+        format!("apiVersion: v1\nkind: ConfigMap\n{meta}data: {{agent.yaml: old}}\n"),
+        format!("apiVersion: v1\nkind: ServiceAccount\n{meta}"),
+        format!("apiVersion: v1\nkind: Service\n{meta}spec:\n  ports: [{{port: 80}}]\n"),
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\n{meta}spec:\n  replicas: 0\n  selector: {{matchLabels: {{old: {name}}}}}\n  template:\n    metadata: {{labels: {{old: {name}}}}}\n    spec: {{containers: [{{name: c, image: old}}]}}\n"
+        ),
+    ]
+    .join("---\n")
+}
+
+/// What an older operator left (objects of every kind the tenant owns,
+/// named otherwise) is deleted by the tenant's label once a new operator
+/// has applied what the tenant wants; someone else's objects that merely
+/// carry the label stay; and an object of the tenant's deleted by hand is
+/// created again, even though nothing the tenant asks for changed.
+#[tokio::test]
+async fn what_a_tenant_no_longer_wants_is_deleted_and_what_it_wants_comes_back() {
+    let cluster = Cluster::start("orphans").await;
+    cluster.apply_examples();
+    let mut old = Operator::start(&cluster, "old", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+    old.kill();
+    cluster.apply(&strays(&t, "v0"));
+    cluster.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: acme-notes\n  labels: {bindery.dev/tenant: acme}\ndata: {who: the platform team}\n",
+    );
+    let _new = Operator::start(&cluster, "new", &[], &[]);
+    let gone = async |kind: &str| {
+        let name = "acme-v0";
+        cluster
+            .wait(&format!("{kind} {name} to be deleted"), async || {
+                let out = cluster.try_kubectl(&["get", kind, name]);
+                if out.status.success() {
+                    Err(String::from_utf8_lossy(&out.stdout).into_owned())
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+    };
+    for kind in ["configmap", "serviceaccount", "service", "deployment"] {
+        gone(kind).await;
+    }
+    // What the tenant wants is all there; the platform team's note stays.
+    let _: Deployment = cluster.api().get("acme").await.unwrap();
+    let _: Service = cluster.api().get("acme").await.unwrap();
+    let _: ServiceAccount = cluster.api().get("acme").await.unwrap();
+    let _: ConfigMap = cluster.api().get("acme-agents").await.unwrap();
+    assert!(cluster
+        .api::<ConfigMap>()
+        .get_opt("acme-notes")
+        .await
+        .unwrap()
+        .is_some());
+
+    // Deleted by hand: back, though the operator applied it unchanged
+    // before and the tenant did not change.
+    cluster.kubectl(&["delete", "service", "acme"]);
+    cluster.wait_object::<Service>("acme").await;
+    cluster.assert_operator_refused_nothing();
+}
+
 /// The API server refuses an invalid AgentTenant (its CRD's schema and CEL
 /// rules) before the operator ever sees it, in its own words.
 #[tokio::test]

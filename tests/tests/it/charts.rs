@@ -1377,7 +1377,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
 
     // The operator runs as the chart's ServiceAccount, with the chart's RBAC.
     let identity = emu.service_account("bindery-system", "bindery-bindery-operator");
-    let lease = [
+    let lease_args = [
         "--leader-elect",
         "--lease-namespace",
         "bindery-system",
@@ -1388,7 +1388,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "--lease-duration",
         "6",
     ];
-    let mut op = Operator::start(&identity, dir.path(), ns, &lease);
+    let mut op = Operator::start(&identity, dir.path(), ns, &lease_args);
     for tenant in ["acme", "globex"] {
         wait_for(&emu, &op, tenant, "condition=ParametersResolved=True");
         wait_for(&emu, &op, tenant, "jsonpath={.status.paramsBound}=2/2");
@@ -1571,6 +1571,46 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         ],
     );
     assert!(lease["spec"]["renewTime"].is_string(), "{lease:#}");
+
+    // An operator upgrade: what the old one left under other names (of
+    // every kind a tenant owns) is deleted by the new one, by the tenant's
+    // label, once it has applied what the tenant wants (acme's: globex
+    // lacks its Secret now, so nothing of it is applied).
+    let stopped = op.stop();
+    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
+    let tenant = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
+    let uid = tenant["metadata"]["uid"].as_str().unwrap();
+    let meta = format!(
+        "metadata:\n  name: acme-v0\n  namespace: {ns}\n  labels: {{bindery.dev/tenant: acme}}\n  ownerReferences:\n  - {{apiVersion: bindery.dev/v1alpha1, kind: AgentTenant, name: acme, uid: {uid}, controller: true}}\n"
+    );
+    apply(
+        &emu,
+        &[
+            format!("apiVersion: v1\nkind: ConfigMap\n{meta}data: {{agent.yaml: old}}\n"),
+            format!("apiVersion: v1\nkind: ServiceAccount\n{meta}"),
+            format!("apiVersion: v1\nkind: Service\n{meta}spec:\n  ports: [{{port: 80}}]\n"),
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\n{meta}spec:\n  replicas: 0\n  selector: {{matchLabels: {{old: acme}}}}\n  template:\n    metadata: {{labels: {{old: acme}}}}\n    spec: {{containers: [{{name: c, image: old}}]}}\n"
+            ),
+        ]
+        .join("---\n"),
+    );
+    let mut op = Operator::start(&identity, dir.path(), ns, &lease_args);
+    for kind in ["configmap", "serviceaccount", "service", "deployment"] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while emu
+            .kubectl(&["get", "-n", ns, kind, "acme-v0"])
+            .status
+            .success()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {kind} acme-v0 to be deleted\n{}",
+                op.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 
     // The chart grants exactly what the operator asked for in this run,
     // namespace by namespace (the emulator's audit): nothing was refused,
