@@ -29,6 +29,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::helm::{documents, Render};
+pub use crate::kube::{Audited, Identity};
+
+/// The kinds that make up who the operator is and what it may do.
+const IDENTITY_KINDS: &[&str] = &[
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -43,15 +55,18 @@ pub const OPERATOR_NAMESPACE: &str = "bindery-system";
 pub const OPERATOR_ACCOUNT: &str = "bindery-operator";
 /// The controller manager's own user (bound by Kubernetes' bootstrap RBAC).
 const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
-/// The controllers it runs.
-const CONTROLLERS: &str = "garbagecollector,namespace,deployment,replicaset,serviceaccount";
+/// The controllers it runs. `pvc-protection` takes the finalizer the API
+/// server puts on every claim off a deleted one that no Pod uses.
+const CONTROLLERS: &str =
+    "garbagecollector,namespace,deployment,replicaset,serviceaccount,pvc-protection";
 /// The ServiceAccounts whose existence says those controllers run (each
 /// runs with its own account's credentials, created as it starts).
-const CONTROLLER_ACCOUNTS: [(&str, &str); 5] = [
+const CONTROLLER_ACCOUNTS: [(&str, &str); 6] = [
     ("kube-system", "generic-garbage-collector"),
     ("kube-system", "namespace-controller"),
     ("kube-system", "deployment-controller"),
     ("kube-system", "replicaset-controller"),
+    ("kube-system", "pvc-protection-controller"),
     ("default", "default"),
 ];
 
@@ -258,6 +273,108 @@ impl ControlPlane {
             .stdin(Stdio::null())
             .output()
             .expect("kubectl runs")
+    }
+
+    /// A kubeconfig authenticating as the ServiceAccount `ns/name` (which
+    /// must exist) with a token from its TokenRequest, as a pod's projected
+    /// token would; written to `dir`.
+    pub fn service_account(&self, ns: &str, name: &str, dir: &Path) -> Identity {
+        let request = dir.join(format!("token-request-{ns}-{name}.json"));
+        std::fs::write(
+            &request,
+            r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":86400}}"#,
+        )
+        .unwrap();
+        let path = format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token");
+        let out = self.kubectl_ok(
+            ADMIN,
+            &["create", "--raw", &path, "-f", request.to_str().unwrap()],
+        );
+        let answer: Value = serde_json::from_str(&out).expect("a TokenRequest");
+        let token = answer["status"]["token"].as_str().expect("a token");
+        let user = Self::service_account_user(ns, name);
+        let kubeconfig = dir.join(format!("kubeconfig-{ns}-{name}.yaml"));
+        std::fs::write(
+            &kubeconfig,
+            kubeconfig_yaml(&self.url, &self.dir.join("ca.crt"), &user, token),
+        )
+        .unwrap();
+        Identity { user, kubeconfig }
+    }
+
+    /// Apply the ServiceAccount and RBAC objects of the rendered operator
+    /// chart (nothing else of it) as the administrator, and return that
+    /// ServiceAccount's identity: what the operator runs as in a cluster.
+    pub fn install_operator_identity(&self, chart: &Render, dir: &Path) -> Identity {
+        let rendered = chart
+            .template(&[])
+            .unwrap_or_else(|e| panic!("helm template {chart:?}: {e}"));
+        let docs: Vec<Value> = documents(&rendered)
+            .into_iter()
+            .filter(|d| IDENTITY_KINDS.iter().any(|k| d["kind"] == *k))
+            .collect();
+        let account = docs
+            .iter()
+            .find(|d| d["kind"] == "ServiceAccount")
+            .expect("the chart renders a ServiceAccount");
+        let ns = account["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let name = account["metadata"]["name"].as_str().unwrap().to_string();
+        let yaml: Vec<String> = docs
+            .iter()
+            .map(|d| serde_yaml::to_string(d).unwrap())
+            .collect();
+        let file = dir.join(format!("identity-{ns}-{name}.yaml"));
+        std::fs::write(&file, yaml.join("---\n")).unwrap();
+        self.kubectl_ok(ADMIN, &["apply", "-f", file.to_str().unwrap()]);
+        self.service_account(&ns, &name, dir)
+    }
+
+    /// kubectl as `user`, which must succeed; its stdout.
+    pub fn kubectl_ok(&self, user: &str, args: &[&str]) -> String {
+        let out = self.kubectl(user, args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    }
+
+    /// The audit log's requests for resources, as who asked for what and
+    /// whether RBAC allowed it. An apply (a `patch`) that created its
+    /// object counts as a `create` too: the server authorized it as both.
+    pub fn audited(&self) -> Vec<Audited> {
+        let mut out = Vec::new();
+        for e in self.audit() {
+            let Some(object) = e.get("objectRef") else {
+                continue;
+            };
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let mut resource = text(&object["resource"]);
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            let a = Audited {
+                user: text(&e["user"]["username"]),
+                verb: text(&e["verb"]),
+                group: text(&object["apiGroup"]),
+                resource,
+                namespace: object["namespace"].as_str().map(str::to_string),
+                allowed: e["annotations"]["authorization.k8s.io/decision"] == "allow",
+            };
+            if a.verb == "patch" && e["responseStatus"]["code"] == 201 {
+                out.push(Audited {
+                    verb: "create".into(),
+                    ..a.clone()
+                });
+            }
+            out.push(a);
+        }
+        out
     }
 
     /// Every event of the audit log so far (one JSON object per request

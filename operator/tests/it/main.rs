@@ -1,13 +1,13 @@
 //! The operator's integration tests, one binary (the crate links once):
-//! the CRDs, the desired state as golden files, the controller against
-//! the strict API emulator, and the CRDs and RBAC on the real API server.
+//! the CRDs, the desired state as golden files, the controller, the CRDs
+//! and RBAC on the real API server.
 //!
-//! Run one area with `cargo test -p bindery-operator --test it emulator::`.
+//! Run one area with `cargo test -p bindery-operator --test it operator::`.
 
 mod common;
 
 mod crd_schema;
 mod crds;
 mod desired;
-mod emulator;
+mod operator;
 mod real_apiserver;

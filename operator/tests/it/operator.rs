@@ -1,15 +1,18 @@
-//! The real operator binary against the Kubernetes API emulator
-//! (tests/k8s/emulator.py): the example tenant end to end, what kubectl
-//! shows of it, Secrets and Agents changing under a running operator, a
-//! Secret's value never leaving its Secret, leader election and the metrics
-//! endpoint.
+//! The real operator binary against the real Kubernetes control plane
+//! (kube-apiserver, etcd and kube-controller-manager built from their Go
+//! modules; `bindery_tests::control_plane`): the example tenant end to end,
+//! what kubectl shows of it, Secrets and Agents changing under a running
+//! operator, a Secret's value never leaving its Secret, what a tenant no
+//! longer wants going, leader election and the metrics endpoint.
 //!
-//! Each test runs its own emulator, namespace and operator process(es). The
-//! emulator here maps no image to a program: Pods stay Pending, so no
-//! tenant becomes Ready (Available=False: PodsNotReady, or Deploying; the
-//! chart tests run the real sidecar in them). It
-//! enforces RBAC (operators run as the chart's ServiceAccount) and collects
-//! garbage (a deleted tenant takes what it owned).
+//! The tests share one control plane per test binary; each has its own
+//! namespace, where the operator chart's ServiceAccount and RBAC are
+//! installed (watching that namespace only) and its operator process(es)
+//! run with a token of that ServiceAccount. There is no kubelet here: Pods
+//! stay Pending, so no tenant becomes Ready (Available=False: PodsNotReady,
+//! or Deploying; the chart tests run the real sidecar in them). RBAC,
+//! admission, CEL, server-side apply and garbage collection are the real
+//! server's.
 
 use std::cell::{Cell, RefCell};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,21 +22,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bindery_operator::crd::{Agent, AgentTenant};
+use bindery_tests::control_plane::{ControlPlane, Identity, ADMIN};
 use bindery_tests::helm::Render;
-use bindery_tests::kube::{Emulator, Identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Event, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
 /// Bound on every wait for the operator (reconciles take a fraction of a
-/// second against the emulator; tests share two cores).
+/// second; tests share two cores, and the control plane with each other).
 const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 /// A Secret value that must never leave its Secret.
@@ -66,13 +69,39 @@ fn tail(text: &str, n: usize) -> &str {
     &text[start..]
 }
 
-/// An emulator with the CRDs installed, one namespace for the test, and
-/// the operator chart's ServiceAccount and RBAC for that namespace.
+/// The shared control plane with the generated CRDs applied (server-side:
+/// the AgentTenant CRD is too big for kubectl's last-applied annotation)
+/// and established.
+fn plane() -> &'static ControlPlane {
+    static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let plane = ControlPlane::shared();
+    READY.get_or_init(|| {
+        let out = plane.kubectl_ok(ADMIN, &["apply", "--server-side", "-f", &repo("crds")]);
+        assert!(
+            out.contains("agenttenants.bindery.dev serverside-applied"),
+            "{out}"
+        );
+        plane.kubectl_ok(
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/agents.bindery.dev",
+                "crd/agenttenants.bindery.dev",
+            ],
+        );
+    });
+    plane
+}
+
+/// A namespace of the shared control plane for one test, with the operator
+/// chart's ServiceAccount and RBAC for that namespace.
 struct Cluster {
     ns: String,
     /// The test's own client: an administrator.
     client: Client,
-    emu: Emulator,
+    plane: &'static ControlPlane,
     /// What operators run as: the chart's ServiceAccount, never an
     /// administrator.
     operator: Identity,
@@ -85,47 +114,35 @@ struct Cluster {
 impl Cluster {
     async fn start(ns: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let emu = Emulator::start(dir.path());
-        let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).expect("kubeconfig");
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-        let client = Client::try_from(config).expect("client");
-        let namespace = dir.path().join("namespace.yaml");
-        std::fs::write(
-            &namespace,
-            format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"),
-        )
-        .unwrap();
-        let out = emu.kubectl(&["apply", "-f", namespace.to_str().unwrap()]);
-        assert!(out.status.success(), "{out:?}");
-        // The chart watching this namespace, its Lease (two replicas) here too.
-        let operator = emu.install_operator_identity(
+        let plane = plane();
+        let client = plane.client(ADMIN).await;
+        plane.kubectl_ok(ADMIN, &["create", "namespace", ns]);
+        // The chart installed in this namespace and watching it, its Lease
+        // (two replicas) here too.
+        let operator = plane.install_operator_identity(
             &Render::new("charts/bindery-operator", "bindery")
                 .namespace(ns)
                 .set(format!("watchNamespaces={{{ns}}}"))
                 .set("replicas=2")
                 .set("leaderElection.leaseName=bindery-operator"),
+            dir.path(),
         );
-        let cluster = Cluster {
+        Cluster {
             ns: ns.to_string(),
             client,
-            emu,
+            plane,
             operator,
             operator_logs: RefCell::new(Vec::new()),
             manifests: Cell::new(0),
             dir,
-        };
-        let out = cluster.kubectl(&["apply", "-f", &repo("crds")]);
-        assert!(out.contains("agenttenants.bindery.dev created"), "{out}");
-        cluster
+        }
     }
 
     /// kubectl in the test's namespace.
     fn try_kubectl(&self, args: &[&str]) -> Output {
         let mut all = args.to_vec();
         all.extend(["-n", &self.ns]);
-        self.emu.kubectl(&all)
+        self.plane.kubectl(ADMIN, &all)
     }
 
     /// kubectl in the test's namespace; its stdout, or a panic with both
@@ -174,7 +191,7 @@ impl Cluster {
         self.api()
     }
 
-    /// The tail of each operator's log and of the emulator's.
+    /// The tail of each operator's log and of the API server's.
     fn logs(&self) -> String {
         let mut s = String::new();
         for path in self.operator_logs.borrow().iter() {
@@ -186,8 +203,8 @@ impl Cluster {
             ));
         }
         s.push_str(&format!(
-            "--- emulator (tail) ---\n{}\n",
-            tail(&self.emu.logs(), 4000)
+            "--- kube-apiserver (tail) ---\n{}\n",
+            tail(&self.plane.log("kube-apiserver"), 2000)
         ));
         s
     }
@@ -258,9 +275,9 @@ impl Cluster {
     }
 
     /// The operator ran as the chart's ServiceAccount (it is in the
-    /// emulator's audit, reading its tenants) and RBAC refused it nothing.
+    /// API server's audit, reading its tenants) and RBAC refused it nothing.
     fn assert_operator_refused_nothing(&self) {
-        let audit = self.emu.audit();
+        let audit = self.plane.audited();
         let mine: Vec<_> = audit
             .iter()
             .filter(|a| a.user == self.operator.user)
@@ -422,7 +439,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     /// A failed test keeps its files (operator logs, manifests, the
-    /// emulator's log) for inspection.
+    /// control plane's logs stay with it) for inspection.
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.dir.disable_cleanup(true);
@@ -646,7 +663,7 @@ async fn the_example_tenant_gets_its_status_and_objects() {
     let tenant = cluster
         .wait_tenant(
             "acme",
-            "Ready=False: no pods in an emulator",
+            "Ready=False: no kubelet runs the pods",
             ready_false_without_pods,
         )
         .await;
@@ -1446,6 +1463,91 @@ async fn metrics_and_health_are_served() {
             }
         })
         .await;
+}
+
+/// A reconcile the API server refuses is counted by what failed and timed:
+/// here RBAC drift (the operator may no longer patch Deployments).
+#[tokio::test]
+async fn failed_reconciles_are_counted_by_what_failed() {
+    let cluster = Cluster::start("failures").await;
+    cluster.apply_examples();
+    let operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+
+    // The chart's Role in this namespace, without `patch` on Deployments.
+    let roles = cluster.api::<Role>();
+    let mut role = roles.get("bindery-bindery-operator").await.unwrap();
+    for rule in role.rules.iter_mut().flatten() {
+        if rule.resources.iter().flatten().any(|r| r == "deployments") {
+            rule.verbs.retain(|v| v != "patch");
+        }
+    }
+    roles
+        .replace("bindery-bindery-operator", &Default::default(), &role)
+        .await
+        .unwrap();
+    cluster.change_spec("acme").await;
+    let forbidden = "bindery_operator_reconcile_failures_total{error=\"api_forbidden\"}";
+    let text = cluster
+        .wait("a forbidden reconcile counted", async || {
+            let (_, text) = http_get(&operator.metrics, "/metrics");
+            match sample(&text, forbidden) {
+                Some(n) if n >= 1.0 => Ok(text),
+                _ => Err(text),
+            }
+        })
+        .await;
+    assert!(
+        sample(
+            &text,
+            "bindery_operator_reconcile_duration_seconds_count{outcome=\"error\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            "bindery_operator_reconciles_total{outcome=\"error\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+}
+
+/// Agents are read from the operator's watch: however many change, the
+/// only LISTs of Agents are the watches' own, once each at start (the
+/// tenants' controller watches Agents, and the Agents' controller watches
+/// them twice: for themselves and for their namespace's other Agents).
+#[tokio::test]
+async fn agents_are_read_from_the_watch_not_listed_per_reconcile() {
+    let cluster = Cluster::start("agent-cache").await;
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let agent = read_repo("examples/k8s/agent.yaml");
+    for i in 0..6 {
+        cluster.apply(&agent.replacen("name: invoices", &format!("name: invoices-{i}"), 1));
+    }
+    for i in 0..6 {
+        cluster
+            .wait_agent_valid(&format!("invoices-{i}"), "True", "")
+            .await;
+    }
+    let lists: Vec<_> = cluster
+        .plane
+        .audited()
+        .into_iter()
+        .filter(|a| {
+            a.user == cluster.operator.user
+                && a.resource == "agents"
+                && a.verb == "list"
+                && a.namespace.as_deref() == Some(cluster.ns.as_str())
+        })
+        .collect();
+    assert!(
+        (1..=3).contains(&lists.len()),
+        "Agents listed {} times: {lists:#?}",
+        lists.len()
+    );
 }
 
 /// A tenant that moves its sessions from a claim to Postgres: the claim it
