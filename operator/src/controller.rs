@@ -32,6 +32,7 @@ pub struct Context {
     pub client: Client,
     pub config: OperatorConfig,
     pub metrics: Arc<Metrics>,
+    pub events: crate::events::Publisher,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -295,8 +296,10 @@ async fn reconcile_agent(agent: Arc<Agent>, scope: Arc<AgentScope>) -> Result<Ac
         .find(|c| c.type_ == "Valid" && c.status == "False")
     {
         if !previous.iter().any(|c| c.message == found.message) {
-            if let Err(e) =
-                crate::events::warn_agent(&ctx.client, &agent, "InvalidAgent", &found.message).await
+            if let Err(e) = ctx
+                .events
+                .warn_agent(&agent, "InvalidAgent", &found.message)
+                .await
             {
                 tracing::warn!(agent = %name, "cannot publish an event: {e}");
             }
@@ -546,7 +549,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             .iter()
             .any(|m| m == &w.message || m.contains(&w.message))
         {
-            match crate::events::warn(c, tenant, w.reason, &w.message).await {
+            match ctx.events.warn(tenant, w.reason, &w.message).await {
                 Ok(()) => ctx.metrics.warning_published(),
                 Err(e) => tracing::warn!(tenant = %name, "cannot publish an event: {e}"),
             }

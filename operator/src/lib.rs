@@ -5,7 +5,7 @@
 pub mod controller;
 pub mod crd;
 pub mod desired;
-mod events;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod names;

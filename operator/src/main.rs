@@ -186,6 +186,7 @@ async fn run(
         client: client.clone(),
         config,
         metrics,
+        events: bindery_operator::events::Publisher::new(client.clone()),
     });
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]

@@ -103,9 +103,10 @@ list against what the operator asked of the API emulator, its audit):
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create"]
-# Warnings a human must see, on the AgentTenant: one Event per problem,
-# read and patched to count a problem that comes back.
-- apiGroups: [""]
+# Warnings a human must see, on the AgentTenant or Agent (events.k8s.io,
+# through kube-runtime's Recorder): one Event per problem, patched to count
+# a problem that comes back.
+- apiGroups: ["events.k8s.io"]
   resources: ["events"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create", "patch"]
 {{- end }}

@@ -29,6 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Event, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::events::v1::Event as NewEvent;
 use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
@@ -941,29 +942,44 @@ async fn a_deleted_secret_flips_the_tenant_until_it_is_restored() {
     cluster.settle("acme").await;
     cluster.assert_warnings_once("acme").await;
 
-    // The same problem again: the Event it already has counts 2.
+    // The same problem again: the Event it already has counts 2 (its
+    // events.k8s.io series), from the operator that published it.
     cluster.kubectl(&["delete", "secret", "acme-billing"]);
     let missing = "Secret `acme-billing` does not exist";
     let counted = cluster
         .wait("the missing Secret's Event to count 2", async || {
-            let events: Vec<Event> = cluster
-                .api::<Event>()
+            let events: Vec<NewEvent> = cluster
+                .api::<NewEvent>()
                 .list(&Default::default())
                 .await
                 .map_err(|e| e.to_string())?
                 .into_iter()
-                .filter(|e| e.message.as_deref().is_some_and(|m| m.contains(missing)))
+                .filter(|e| e.note.as_deref().is_some_and(|m| m.contains(missing)))
                 .collect();
             match &events[..] {
-                [one] if one.count == Some(2) => Ok(one.clone()),
+                [one] if one.series.as_ref().is_some_and(|s| s.count == 2) => Ok(one.clone()),
                 _ => Err(format!("{events:#?}")),
             }
         })
         .await;
-    assert!(
-        counted.last_timestamp >= counted.first_timestamp,
+    assert_eq!(counted.type_.as_deref(), Some("Warning"), "{counted:?}");
+    assert_eq!(
+        counted.reporting_controller.as_deref(),
+        Some("bindery-operator"),
         "{counted:?}"
     );
+    let regarding = counted.regarding.as_ref().expect("regarding");
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("AgentTenant"), Some("acme")),
+        "{counted:?}"
+    );
+    // Another problem with the same reason is an Event of its own, in its
+    // own words: not one more count on the first.
+    cluster.apply(&billing_secret("other", "x"));
+    cluster
+        .wait_warning("acme", "ParametersUnresolved", "has no key `token`")
+        .await;
     cluster.assert_warnings_once("acme").await;
     assert!(
         operator.running(),

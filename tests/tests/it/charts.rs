@@ -1542,14 +1542,14 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     });
 
     // A problem a human must fix: a Warning Event; fixed; and again: the
-    // same Event counts 2.
+    // same Event counts 2 (its series).
     let warnings = || -> Vec<i64> {
-        kubectl_json(&emu, &["get", "-n", ns, "events"])["items"]
+        kubectl_json(&emu, &["get", "-n", ns, "events.events.k8s.io"])["items"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|e| e["involvedObject"]["name"] == "globex" && e["type"] == "Warning")
-            .map(|e| e["count"].as_i64().unwrap_or(0))
+            .filter(|e| e["regarding"]["name"] == "globex" && e["type"] == "Warning")
+            .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
             .collect()
     };
     let billing = repo_path("examples/k8s/globex-billing-secret.yaml");
