@@ -56,17 +56,20 @@ pub const OPERATOR_ACCOUNT: &str = "bindery-operator";
 /// The controller manager's own user (bound by Kubernetes' bootstrap RBAC).
 const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
 /// The controllers it runs. `pvc-protection` takes the finalizer the API
-/// server puts on every claim off a deleted one that no Pod uses.
-const CONTROLLERS: &str =
-    "garbagecollector,namespace,deployment,replicaset,serviceaccount,pvc-protection";
+/// server puts on every claim off a deleted one that no Pod uses;
+/// `root-ca-cert-publisher` gives each namespace the `kube-root-ca.crt`
+/// ConfigMap a Pod's ServiceAccount volume holds.
+const CONTROLLERS: &str = "garbagecollector,namespace,deployment,replicaset,serviceaccount,\
+     pvc-protection,root-ca-cert-publisher";
 /// The ServiceAccounts whose existence says those controllers run (each
 /// runs with its own account's credentials, created as it starts).
-const CONTROLLER_ACCOUNTS: [(&str, &str); 6] = [
+const CONTROLLER_ACCOUNTS: [(&str, &str); 7] = [
     ("kube-system", "generic-garbage-collector"),
     ("kube-system", "namespace-controller"),
     ("kube-system", "deployment-controller"),
     ("kube-system", "replicaset-controller"),
     ("kube-system", "pvc-protection-controller"),
+    ("kube-system", "root-ca-cert-publisher"),
     ("default", "default"),
 ];
 
@@ -585,6 +588,10 @@ impl Processes {
                 format!("--tls-private-key-file={}", path("server.key")),
                 format!("--cert-dir={}", path("apiserver-certs")),
                 "--authorization-mode=RBAC".into(),
+                // As OpenShift does: an ownerReference that blocks its
+                // owner's deletion needs leave to update the owner's
+                // finalizers (the operator chart grants it).
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
                 format!("--token-auth-file={}", path("tokens.csv")),
                 format!("--service-account-key-file={}", path("sa.pub")),
                 format!("--service-account-signing-key-file={}", path("sa.key")),
@@ -603,6 +610,7 @@ impl Processes {
             &[
                 format!("--kubeconfig={}", controller_manager.kubeconfig.display()),
                 format!("--controllers={CONTROLLERS}"),
+                format!("--root-ca-file={}", path("ca.crt")),
                 "--use-service-account-credentials=true".into(),
                 "--secure-port=0".into(),
                 "--leader-elect=false".into(),

@@ -182,6 +182,13 @@ impl Render {
         args
     }
 
+    /// The arguments of `helm upgrade` of this release to these values.
+    pub fn upgrade_args(&self) -> Vec<String> {
+        let mut args = self.install_args();
+        args[0] = "upgrade".into();
+        args
+    }
+
     /// `helm template` (CRDs and test hooks included); the output or helm's
     /// stderr.
     pub fn template(&self, extra: &[&str]) -> Result<String, String> {

@@ -3,6 +3,7 @@
 pub mod control_plane;
 pub mod helm;
 pub mod kube;
+pub mod kubelet;
 pub mod mcp_client;
 pub mod mock_llm;
 pub mod postgres;

@@ -6,4 +6,5 @@
 
 mod charts;
 mod emulator;
+mod kubelet;
 mod llm_client;

@@ -1,0 +1,205 @@
+//! The test kubelet (`bindery_tests::kubelet`) on the real control plane:
+//! a Deployment's Pods run as local processes and become ready through
+//! their probe, so the real controllers count them; a Service reaches them
+//! at its address and by name from a Pod; a Pod that may not restart ends
+//! `Succeeded` or `Failed`; a deleted Deployment's Pods stop and go.
+
+use std::time::{Duration, Instant};
+
+use bindery_tests::control_plane::{ControlPlane, ADMIN};
+use bindery_tests::kubelet::Kubelet;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn wait<T>(what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(seen) if Instant::now() >= deadline => panic!("waited for {what}; last: {seen}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+fn program(name: &str) -> std::path::PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not on PATH"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_become_ready_and_are_reached_through_their_service() {
+    let plane = ControlPlane::shared();
+    let ns = "kubelet";
+    plane.kubectl_ok(ADMIN, &["create", "namespace", ns]);
+    let dir = tempfile::tempdir().unwrap();
+    // The interpreter itself, not a shim that looks at its own name.
+    let python = std::process::Command::new(program("python3"))
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 runs");
+    let python = std::path::PathBuf::from(String::from_utf8(python.stdout).unwrap().trim());
+    let sh = program("sh");
+    let kubelet = Kubelet::start(
+        plane,
+        &[ns],
+        &[("web:1", python.as_path()), ("shell", sh.as_path())],
+        &dir.path().join("pods"),
+    );
+    let client = plane.client(ADMIN).await;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::write(served.join("hello.txt"), "hello from a pod\n").unwrap();
+    let web: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "containers": [{
+                        "name": "web",
+                        "image": "web:1",
+                        "args": ["-m", "http.server", "8080", "--bind", "0.0.0.0",
+                                 "--directory", served.display().to_string()],
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/hello.txt", "port": "http"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &web)
+        .await
+        .unwrap();
+    let svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]},
+    });
+    let file = dir.path().join("svc.json");
+    std::fs::write(&file, svc.to_string()).unwrap();
+    plane.kubectl_ok(ADMIN, &["apply", "-f", file.to_str().unwrap()]);
+
+    // The real controllers count the Pods the kubelet runs ready.
+    wait("the Deployment's two replicas ready", async || {
+        let d = deployments.get("web").await.map_err(|e| e.to_string())?;
+        let ready = d.status.as_ref().and_then(|s| s.ready_replicas);
+        if ready == Some(2) {
+            return Ok(());
+        }
+        let pods = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Vec<String> = pods
+            .items
+            .iter()
+            .map(|p| format!("{:?}: {:?}", p.metadata.name, p.status))
+            .collect();
+        Err(format!("{:?}\npods: {seen:#?}", d.status))
+    })
+    .await;
+    let address = wait("the Service's address", async || {
+        kubelet
+            .service_address(ns, "web")
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+    let body = reqwest::get(format!("http://{address}:80/hello.txt"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "hello from a pod\n");
+
+    // A Pod that may not restart: it finds the Service by name and ends.
+    let lookup: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "lookup"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "lookup", "image": "shell",
+                            "command": ["sh", "-c", "getent hosts web.kubelet.svc.cluster.local"]}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &lookup).await.unwrap();
+    wait("the lookup Pod to succeed", async || {
+        let p = pods.get("lookup").await.map_err(|e| e.to_string())?;
+        match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => Ok(()),
+            other => Err(format!("{other:?}: {:?}", p.status)),
+        }
+    })
+    .await;
+    let log = std::fs::read_to_string(
+        dir.path()
+            .join("pods")
+            .join(ns)
+            .join("lookup")
+            .join("lookup.log"),
+    )
+    .unwrap();
+    assert!(log.starts_with(&format!("{address} ")), "{log}");
+    let failing: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "failing"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "failing", "image": "shell", "command": ["sh", "-c", "exit 3"]}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &failing).await.unwrap();
+    wait("the failing Pod to fail", async || {
+        let p = pods.get("failing").await.map_err(|e| e.to_string())?;
+        let status = p.status.clone().unwrap_or_default();
+        let code = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .find_map(|c| c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code));
+        match (status.phase.as_deref(), code) {
+            (Some("Failed"), Some(3)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // The Deployment goes: its Pods stop and are removed (the garbage
+    // collector deletes them gracefully; the kubelet finishes the job).
+    deployments
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait("the web Pods to be gone", async || {
+        let left = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .map_err(|e| e.to_string())?;
+        if left.items.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} left", left.items.len()))
+        }
+    })
+    .await;
+    let reached = reqwest::Client::new()
+        .get(format!("http://{address}:80/hello.txt"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    assert!(reached.is_err(), "the Service still answers: {reached:?}");
+}
