@@ -503,6 +503,10 @@ pub enum Wait {
 pub struct ForkRequest {
     #[serde(default)]
     pub params: ParamValues,
+    /// Values pinned for the new session. The source's pins are kept;
+    /// this replaces one (`null` drops it, and its value).
+    #[serde(default)]
+    pub pin: ParamValues,
     /// A first message: starts a run.
     #[serde(default)]
     pub prompt: String,

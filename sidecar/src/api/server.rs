@@ -357,6 +357,13 @@ pub struct CreateBody {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
+    /// Values pinned for this session: set like `params`, then refused
+    /// (403 `forbidden_params`) to every later request, the owner's too.
+    /// A fork keeps its source's pins; its own `pin` replaces one (`null`
+    /// drops it, and its value).
+    #[serde(default)]
+    #[schema(value_type = ParamValues)]
+    pin: BTreeMap<String, serde_json::Value>,
     /// Only the owner may change the parameters from now on.
     #[serde(default)]
     seal: bool,
@@ -458,6 +465,7 @@ async fn create(
                 agent: b.agent,
                 prompt,
                 params: b.params,
+                pin: b.pin,
                 seal: b.seal,
                 session_token: b.session_token,
                 fork,

@@ -127,6 +127,9 @@ pub struct SessionView {
     pub params: serde_json::Map<String, serde_json::Value>,
     /// The names of the secret values the session holds; never the values.
     pub secret_params: Vec<String>,
+    /// The names pinned for this session: no request may give them (fork
+    /// with a new `pin` to change one).
+    pub pinned: Vec<String>,
     #[schema(inline)]
     pub session: Turns,
     /// Tool calls the run waits for, each answered through its
@@ -188,6 +191,7 @@ pub fn session_view(
         sealed: rec.security.sealed,
         params: rec.params.as_map().clone().into_iter().collect(),
         secret_params,
+        pinned: rec.security.pinned.clone(),
         session: Turns { turns: rec.turns },
         pending: Vec::new(),
         session_token: token,

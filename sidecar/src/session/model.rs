@@ -79,6 +79,11 @@ pub struct Security {
     /// `tools/call` on `/mcp`). Absent in sessions stored before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Session pins: names whose value was fixed when the session was
+    /// created (or forked); no request may give them again. The values are
+    /// the session's own (a secret one is never stored, like any secret).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
 }
 
 /// A session as stored.

@@ -162,6 +162,9 @@ pub struct CreateSession {
     pub agent: Option<String>,
     pub prompt: Option<String>,
     pub params: BTreeMap<String, serde_json::Value>,
+    /// Values pinned for the session: `null` (in a fork) drops a pin the
+    /// source had, and its value.
+    pub pin: BTreeMap<String, serde_json::Value>,
     pub seal: bool,
     pub session_token: bool,
     pub fork: Option<String>,

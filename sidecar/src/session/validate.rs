@@ -143,12 +143,14 @@ pub struct Accepted {
 
 /// Check `supplied` (name → JSON, `null` removes) against the agent's
 /// declarations for `op` by `caller`, on a session whose current
-/// session-scope values are `current`.
+/// session-scope values are `current` and whose session pins are
+/// `session_pins`.
 pub fn validate(
     params: &AgentParams,
     op: Op,
     caller: &Caller,
     sealed: bool,
+    session_pins: &[String],
     current: &Values,
     supplied: &BTreeMap<String, serde_json::Value>,
 ) -> Result<Accepted, ParamsError> {
@@ -195,6 +197,25 @@ pub fn validate(
         return Err(ParamsError::Forbidden(
             pinned,
             "pinned by the operator; no client can override it".into(),
+        ));
+    }
+    // A pinned secret this server no longer holds (after a restart, or
+    // forgotten when idle) is given again by the owner, as any secret is.
+    let lost_secret = |n: &String| {
+        *caller == Caller::Owner
+            && params.decl(n).is_some_and(|d| d.secret)
+            && !current.contains_key(n)
+            && !supplied[n].is_null()
+    };
+    let session_pinned: Vec<String> = names
+        .iter()
+        .filter(|n| session_pins.contains(n) && !lost_secret(n))
+        .cloned()
+        .collect();
+    if !session_pinned.is_empty() {
+        return Err(ParamsError::Forbidden(
+            session_pinned,
+            "pinned for this session: no request can change it; to change it, fork the session with a new pin (POST /v1/sessions/:id/fork with `pin`, or `session start --fork ID --pin NAME=VALUE`)".into(),
         ));
     }
     if op == Op::PutParams {
@@ -312,7 +333,7 @@ mod tests {
         current: &Values,
         v: serde_json::Value,
     ) -> Result<Accepted, ParamsError> {
-        validate(&agent(), op, &caller, sealed, current, &map(v))
+        validate(&agent(), op, &caller, sealed, &[], current, &map(v))
     }
 
     fn err(r: Result<Accepted, ParamsError>) -> (ErrorKind, &'static str, Vec<String>) {
@@ -491,5 +512,51 @@ mod tests {
             )),
             (ErrorKind::Conflict, "params_required", names(&["token"]))
         );
+    }
+
+    #[test]
+    fn a_session_pin_is_refused_to_everyone_unless_a_lost_secret_comes_back() {
+        let pins = names(&["tenant", "token"]);
+        let held: Values = [
+            ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
+            (
+                "token".to_string(),
+                ParamValue::Secret(SecretString::new("t")),
+            ),
+        ]
+        .into();
+        let pinned = |op, caller: &Caller, current: &Values, v| {
+            validate(&agent(), op, caller, false, &pins, current, &map(v))
+        };
+        for op in [Op::Message, Op::Resume, Op::PutParams] {
+            for v in [json!({"tenant": "other"}), json!({"tenant": null})] {
+                let e = pinned(op, &Caller::Owner, &held, v).unwrap_err();
+                assert_eq!(e.code(), "forbidden_params");
+                assert_eq!(e.names(), names(&["tenant"]));
+                assert!(
+                    e.message().contains("pinned for this session"),
+                    "{}",
+                    e.message()
+                );
+                assert!(e.message().contains("fork"), "{}", e.message());
+            }
+        }
+        // A held secret is pinned like any value.
+        let e = pinned(Op::PutParams, &Caller::Owner, &held, json!({"token": "u"})).unwrap_err();
+        assert_eq!(e.names(), names(&["token"]));
+        // Lost (not held any more): the owner gives it again; a session
+        // token never does.
+        let mut lost = held.clone();
+        lost.remove("token");
+        assert!(pinned(Op::PutParams, &Caller::Owner, &lost, json!({"token": "t"})).is_ok());
+        let st = Caller::SessionToken("s".into());
+        assert_eq!(
+            pinned(Op::PutParams, &st, &lost, json!({"token": "t"}))
+                .unwrap_err()
+                .code(),
+            "forbidden_params"
+        );
+        // Names that are not pinned go through.
+        assert!(pinned(Op::Message, &Caller::Owner, &held, json!({"otp": "1"})).is_ok());
     }
 }

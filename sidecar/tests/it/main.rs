@@ -32,4 +32,5 @@ mod server_postgres;
 mod server_runs;
 mod server_sessions;
 mod session_cli;
+mod session_pins;
 mod tool_cache;

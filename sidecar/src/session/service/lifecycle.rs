@@ -14,7 +14,7 @@ impl Service {
                 "only the owner can create or fork sessions",
             ));
         }
-        let (agent_name, base, turns, op) = match &req.fork {
+        let (agent_name, base, turns, op, source_pins) = match &req.fork {
             Some(source_id) => {
                 let source = self.record(source_id).await.map_err(|e| {
                     if e.kind == ErrorKind::NotFound {
@@ -57,6 +57,7 @@ impl Service {
                     } else {
                         Op::ForkIdle
                     },
+                    source.security.pinned,
                 )
             }
             None if req.at_turn.is_some() => {
@@ -73,11 +74,16 @@ impl Service {
                 } else {
                     Op::CreateIdle
                 };
-                (agent, Values::new(), Vec::new(), op)
+                (agent, Values::new(), Vec::new(), op, Vec::new())
             }
         };
         let agent = self.agent(&agent_name)?.clone();
-        let accepted = validate(&agent.params, op, caller, false, &base, &req.params)?;
+        let WithPins {
+            supplied,
+            kept,
+            pinned,
+        } = session_pins(&agent.params, &req, source_pins)?;
+        let accepted = validate(&agent.params, op, caller, false, &kept, &base, &supplied)?;
         let token = if req.session_token {
             Some(new_token()?)
         } else {
@@ -99,6 +105,7 @@ impl Service {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
                 owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
+                pinned,
             },
             forked_from: req.fork.clone(),
             runner: None,
@@ -264,6 +271,7 @@ impl Service {
             op,
             caller,
             rec.security.sealed,
+            &rec.security.pinned,
             &current,
             params,
         )?;
@@ -285,4 +293,77 @@ impl Service {
         }
         Ok((accepted.message, rec))
     }
+}
+
+/// A creation's values with its pins.
+struct WithPins {
+    /// What to validate: `params` and `pin` together.
+    supplied: BTreeMap<String, serde_json::Value>,
+    /// The inherited pins in force for that check (a fork's own `pin`
+    /// replaces the source's).
+    kept: Vec<String>,
+    /// The new session's pins.
+    pinned: Vec<String>,
+}
+
+fn session_pins(
+    params: &crate::params::AgentParams,
+    req: &CreateSession,
+    inherited: Vec<String>,
+) -> Result<WithPins, crate::session::validate::ParamsError> {
+    let both: Vec<String> = req
+        .pin
+        .iter()
+        .filter(|(k, v)| !v.is_null() && req.params.contains_key(*k))
+        .map(|(k, _)| k)
+        .cloned()
+        .collect();
+    if !both.is_empty() {
+        return Err(crate::session::validate::ParamsError::Invalid(
+            both,
+            "given in both `params` and `pin`; give each name once".into(),
+        ));
+    }
+    let per_message: Vec<String> = req
+        .pin
+        .keys()
+        .filter(|k| {
+            params
+                .decl(k)
+                .is_some_and(|d| d.scope == crate::spec::Scope::Message)
+        })
+        .cloned()
+        .collect();
+    if !per_message.is_empty() {
+        return Err(crate::session::validate::ParamsError::Invalid(
+            per_message,
+            "message-scope parameters last one run and cannot be pinned for a session; pin session-scope ones".into(),
+        ));
+    }
+    // A `null` pin drops the pin, and the value unless `params` gives one.
+    let mut supplied = req.params.clone();
+    for (k, v) in &req.pin {
+        supplied.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    let keep: Vec<String> = inherited
+        .into_iter()
+        .filter(|n| !req.pin.contains_key(n))
+        .collect();
+    let mut pinned: Vec<String> = keep
+        .iter()
+        .cloned()
+        .chain(
+            req.pin
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, _)| k.clone()),
+        )
+        .collect();
+    pinned.sort();
+    pinned.dedup();
+    Ok(WithPins {
+        supplied,
+        kept: keep,
+        pinned,
+    })
 }
