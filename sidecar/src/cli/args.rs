@@ -140,7 +140,8 @@ pub enum Command {
         protocol: Vec<String>,
     },
     /// Talk to a running server's session API: start (or fork) a session,
-    /// send a message, follow events, list and show sessions.
+    /// send, resume, cancel, set values, answer pending calls, follow a
+    /// run, list and show sessions.
     Session {
         #[command(flatten)]
         server: super::session_client::ServerArgs,

@@ -1,5 +1,7 @@
-//! Asking a person on the terminal about the calls a run (`run`) or one
-//! call (`tool-call`) waits for.
+//! Asking a person on the terminal about the calls a run (`run`), one
+//! call (`tool-call`) or a server's session (`session follow`) waits for.
+
+use serde_json::{json, Value};
 
 use crate::session::pending::{PendingCall, Resolution};
 use crate::session::runner;
@@ -15,118 +17,20 @@ pub(super) fn ask_terminal(
     yes: bool,
     choose: Option<&str>,
 ) -> Result<Vec<PendingCall>, String> {
-    use std::io::{BufRead, Write};
-    let stdin = std::io::stdin();
-    let line = || -> Result<Option<String>, String> {
-        let mut s = String::new();
-        match stdin.lock().read_line(&mut s) {
-            Ok(0) => Ok(None),
-            Ok(_) => Ok(Some(s.trim_end_matches(['\n', '\r']).to_string())),
-            Err(e) => Err(format!("error: reading the terminal: {e}")),
-        }
-    };
     let mut out = Vec::new();
     for b in calls {
         let args = runner::call_arguments(&b.call);
-        let resolution = match b.disposition {
-            Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
-                eprintln!("{} {args}: approved (--yes)", b.call.name);
-                Resolution::Approved
+        let mut item = json!({
+            "tool": b.call.name,
+            "disposition": b.disposition.as_str(),
+            "call": args,
+        });
+        if let Some(Value::Object(shown)) = b.lookup.as_ref().map(|l| l.shown()) {
+            for (k, v) in shown {
+                item[k] = v;
             }
-            Disposition::NeedsConfirmation | Disposition::Confirm => {
-                let facts = b
-                    .lookup
-                    .as_ref()
-                    .map(|l| format!(" ({})", l.shown()["facts"]))
-                    .unwrap_or_default();
-                eprint!(
-                    "{} wants to run with {args}{facts}. Approve? [y/N] ",
-                    b.call.name
-                );
-                let _ = std::io::stderr().flush();
-                match line()?.as_deref().map(str::trim) {
-                    Some("y" | "Y" | "yes") => Resolution::Approved,
-                    _ => Resolution::Rejected { reason: None },
-                }
-            }
-            Disposition::NeedsSelection if choose.is_some() => {
-                let said = choose.unwrap_or_default();
-                let state = b.lookup.as_ref().map(|l| l.shown()).unwrap_or_default();
-                let by_id = state["options"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|o| o["id"] == said)
-                    .and_then(|o| o["id"].as_str().map(str::to_string));
-                match by_id.or_else(|| b.lookup.as_ref().and_then(|l| l.option_named(said))) {
-                    Some(option) => {
-                        eprintln!("{} needs a choice: `{said}` (--choose)", b.call.name);
-                        Resolution::Chosen { option }
-                    }
-                    None => {
-                        let offered: Vec<String> = state["options"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|o| {
-                                format!(
-                                    "{} ({})",
-                                    o["id"].as_str().unwrap_or_default(),
-                                    o["label"].as_str().unwrap_or_default()
-                                )
-                            })
-                            .collect();
-                        return Err(format!(
-                            "error: --choose `{said}` is none of the options of {}: {}",
-                            b.call.name,
-                            offered.join(", ")
-                        ));
-                    }
-                }
-            }
-            Disposition::NeedsSelection => {
-                let state = b.lookup.as_ref().map(|l| l.shown()).unwrap_or_default();
-                eprintln!("{} needs a choice:", b.call.name);
-                for (n, o) in state["options"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
-                    eprintln!("  {}. {}", n + 1, o["label"].as_str().unwrap_or_default());
-                }
-                eprint!("your choice (number or label): ");
-                let _ = std::io::stderr().flush();
-                let said = line()?.unwrap_or_default();
-                match b.lookup.as_ref().and_then(|l| l.option_named(&said)) {
-                    Some(option) => Resolution::Chosen { option },
-                    None => Resolution::Rejected {
-                        reason: Some(format!("`{said}` is none of the options")),
-                    },
-                }
-            }
-            Disposition::NeedsInput => {
-                let missing = b.lookup.as_ref().map(|l| l.shown()["missing"].clone());
-                eprint!(
-                    "{} {args} needs {} (a JSON object): ",
-                    b.call.name,
-                    missing.unwrap_or_default()
-                );
-                let _ = std::io::stderr().flush();
-                match line()?.and_then(|l| serde_json::from_str(&l).ok()) {
-                    Some(values) => Resolution::Input { values },
-                    None => return Err(format!("error: no input given for {}", b.call.name)),
-                }
-            }
-            Disposition::Deferred => {
-                eprint!("{} {args} is yours to run; its result: ", b.call.name);
-                let _ = std::io::stderr().flush();
-                match line()? {
-                    Some(output) => Resolution::Result { output },
-                    None => return Err(format!("error: no result given for {}", b.call.name)),
-                }
-            }
-        };
+        }
+        let resolution = ask_item(&item, yes, choose)?;
         out.push(PendingCall {
             tool_call_id: b.call.id.clone(),
             tool: b.call.name.clone(),
@@ -143,4 +47,150 @@ pub(super) fn ask_terminal(
         });
     }
     Ok(out)
+}
+
+/// The option `said` names among `options` (as a pending item shows them):
+/// its id, its one-based number, or its label.
+pub(super) fn option_named(options: &Value, said: &str) -> Option<String> {
+    let said = said.trim();
+    let options = options.as_array()?;
+    let id = |o: &Value| o["id"].as_str().map(str::to_string);
+    if let Some(o) = options.iter().find(|o| o["id"] == said) {
+        return id(o);
+    }
+    if let Ok(n) = said.parse::<usize>() {
+        return n.checked_sub(1).and_then(|i| options.get(i)).and_then(id);
+    }
+    options.iter().find(|o| o["label"] == said).and_then(id)
+}
+
+/// Ask about one waiting call, given as a session's `pending` item shows it
+/// (`tool`, `disposition`, `call`, and `options`, `facts`, `missing` when
+/// it has them); `yes` and `choose` answer without asking.
+pub(super) fn ask_item(
+    item: &Value,
+    yes: bool,
+    choose: Option<&str>,
+) -> Result<Resolution, String> {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let line = || -> Result<Option<String>, String> {
+        let mut s = String::new();
+        match stdin.lock().read_line(&mut s) {
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(s.trim_end_matches(['\n', '\r']).to_string())),
+            Err(e) => Err(format!("error: reading the terminal: {e}")),
+        }
+    };
+    let tool = item["tool"].as_str().unwrap_or("the tool");
+    let args = &item["call"];
+    let disposition = match item["disposition"].as_str() {
+        Some("deferred") => Disposition::Deferred,
+        Some("confirm") => Disposition::Confirm,
+        Some("needs_input") => Disposition::NeedsInput,
+        Some("needs_selection") => Disposition::NeedsSelection,
+        Some("needs_confirmation") => Disposition::NeedsConfirmation,
+        other => {
+            return Err(format!(
+                "error: {tool} waits in a way this client does not know ({})",
+                other.unwrap_or("none given")
+            ))
+        }
+    };
+    let offered = || -> Vec<String> {
+        item["options"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                format!(
+                    "{} ({})",
+                    o["id"].as_str().unwrap_or_default(),
+                    o["label"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    Ok(match disposition {
+        Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
+            eprintln!("{tool} {args}: approved (--yes)");
+            Resolution::Approved
+        }
+        Disposition::NeedsConfirmation | Disposition::Confirm => {
+            let facts = match item.get("facts") {
+                Some(f) if !f.is_null() => format!(" ({f})"),
+                _ => String::new(),
+            };
+            eprint!("{tool} wants to run with {args}{facts}. Approve? [y/N] ");
+            let _ = std::io::stderr().flush();
+            match line()?.as_deref().map(str::trim) {
+                Some("y" | "Y" | "yes") => Resolution::Approved,
+                _ => Resolution::Rejected { reason: None },
+            }
+        }
+        Disposition::NeedsSelection if choose.is_some() => {
+            let said = choose.unwrap_or_default();
+            match option_named(&item["options"], said) {
+                Some(option) => {
+                    eprintln!("{tool} needs a choice: `{said}` (--choose)");
+                    Resolution::Chosen { option }
+                }
+                None => {
+                    return Err(format!(
+                        "error: --choose `{said}` is none of the options of {tool}: {}",
+                        offered().join(", ")
+                    ));
+                }
+            }
+        }
+        Disposition::NeedsSelection => {
+            eprintln!("{tool} needs a choice:");
+            for (n, o) in item["options"].as_array().into_iter().flatten().enumerate() {
+                eprintln!("  {}. {}", n + 1, o["label"].as_str().unwrap_or_default());
+            }
+            eprint!("your choice (number or label): ");
+            let _ = std::io::stderr().flush();
+            let said = line()?.unwrap_or_default();
+            match option_named(&item["options"], &said) {
+                Some(option) => Resolution::Chosen { option },
+                None => Resolution::Rejected {
+                    reason: Some(format!("`{said}` is none of the options")),
+                },
+            }
+        }
+        Disposition::NeedsInput => {
+            eprint!(
+                "{tool} {args} needs {} (a JSON object): ",
+                item.get("missing").cloned().unwrap_or_default()
+            );
+            let _ = std::io::stderr().flush();
+            match line()?.and_then(|l| serde_json::from_str(&l).ok()) {
+                Some(values) => Resolution::Input { values },
+                None => return Err(format!("error: no input given for {tool}")),
+            }
+        }
+        Disposition::Deferred => {
+            eprint!("{tool} {args} is yours to run; its result: ");
+            let _ = std::io::stderr().flush();
+            match line()? {
+                Some(output) => Resolution::Result { output },
+                None => return Err(format!("error: no result given for {tool}")),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_option_is_named_by_id_number_or_label() {
+        let options = json!([{"id": "c-7", "label": "Acme"}, {"id": "c-9", "label": "Beta"}]);
+        assert_eq!(option_named(&options, "c-9").as_deref(), Some("c-9"));
+        assert_eq!(option_named(&options, "1").as_deref(), Some("c-7"));
+        assert_eq!(option_named(&options, " Beta ").as_deref(), Some("c-9"));
+        assert_eq!(option_named(&options, "3"), None);
+        assert_eq!(option_named(&options, "Gamma"), None);
+    }
 }

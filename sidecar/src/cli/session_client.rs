@@ -1,7 +1,9 @@
 //! `session …`: a client of a running server's session API, from a
-//! terminal. Start a session (or fork one), send a message, follow the
-//! events, list and show sessions. Tokens are read from a file or the
-//! environment, never from argv.
+//! terminal. Every route a client uses has its verb: start (or fork) a
+//! session, send, resume, cancel, set and clear values, revoke tokens,
+//! list and answer pending calls, follow a run (asking about what it waits
+//! for, with [`super::ask`]), read events, list and show sessions. Tokens
+//! are read from a file or the environment, never from argv.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +12,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use futures::StreamExt;
 use serde_json::{json, Value};
+
+use crate::session::pending::Resolution;
 
 /// Where the server is and who asks.
 #[derive(Args, Debug, Clone)]
@@ -46,10 +50,38 @@ pub struct ParamArgs {
         value_name = "NAME=JSON"
     )]
     pub param_json: Vec<String>,
-    /// A JSON object of values: {"name": value}. Repeatable; a later file,
-    /// then --set and --set-json, win.
+    /// Like --set, and pinned for the session: no later request may give
+    /// it (`start` only; a fork with a new --pin changes it).
+    #[arg(long = "pin", value_name = "NAME=VALUE")]
+    pub pin: Vec<String>,
+    /// Like --set-json, and pinned for the session.
+    #[arg(long = "pin-json", value_name = "NAME=JSON")]
+    pub pin_json: Vec<String>,
+    /// A JSON/YAML object of values: {"name": value}, or {"name": {"value":
+    /// …, "pinned": true}} to pin. Repeatable; a later file, then --set,
+    /// --set-json, --pin and --pin-json, win.
     #[arg(long = "params-file", value_name = "FILE")]
     pub params_file: Vec<PathBuf>,
+}
+
+/// A pending call to answer, and what then.
+#[derive(Args, Debug, Clone)]
+pub struct AnswerArgs {
+    /// The pending call's continuation token (`ct_…`, see `session
+    /// pending`), or the session's id when it waits for one call only.
+    #[arg(value_name = "TOKEN|SESSION_ID")]
+    pub target: String,
+    #[command(flatten)]
+    pub params: ParamArgs,
+    /// Wait for the run the answer resumes and print its answer.
+    #[arg(long, conflicts_with = "follow")]
+    pub wait: bool,
+    /// Follow the resumed run, asking about what it waits for next.
+    #[arg(long)]
+    pub follow: bool,
+    /// With --follow: approve confirmations without asking.
+    #[arg(long, requires = "follow")]
+    pub yes: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -59,7 +91,7 @@ pub enum SessionCommand {
         /// The agent (see GET /v1/agents); a fork keeps its source's.
         #[arg(long, required_unless_present = "fork")]
         agent: Option<String>,
-        /// Fork this session: its history and non-secret values.
+        /// Fork this session: its history, non-secret values and pins.
         #[arg(long, value_name = "SESSION_ID")]
         fork: Option<String>,
         #[command(flatten)]
@@ -74,8 +106,14 @@ pub enum SessionCommand {
         #[arg(long)]
         session_token: bool,
         /// Wait for the run to end and print the answer.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "follow")]
         wait: bool,
+        /// Follow the run, asking about each call it waits for.
+        #[arg(long, requires = "prompt")]
+        follow: bool,
+        /// With --follow: approve confirmations without asking.
+        #[arg(long, requires = "follow")]
+        yes: bool,
     },
     /// Send a message to a session.
     Send {
@@ -85,8 +123,104 @@ pub enum SessionCommand {
         #[command(flatten)]
         params: ParamArgs,
         /// Wait for the run to end and print the answer.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "follow")]
         wait: bool,
+        /// Follow the run, asking about each call it waits for.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: approve confirmations without asking.
+        #[arg(long, requires = "follow")]
+        yes: bool,
+    },
+    /// Start a run again where the conversation stands (after a failure or
+    /// a cancel), with values that were missing.
+    Resume {
+        session_id: String,
+        #[command(flatten)]
+        params: ParamArgs,
+        /// Wait for the run to end and print the answer.
+        #[arg(long, conflicts_with = "follow")]
+        wait: bool,
+        /// Follow the run, asking about each call it waits for.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: approve confirmations without asking.
+        #[arg(long, requires = "follow")]
+        yes: bool,
+    },
+    /// Follow a session: its progress, each call it waits for asked about
+    /// here (from the terminal, or stdin), until the run ends; then the
+    /// answer.
+    Follow {
+        session_id: String,
+        /// Approve confirmations without asking.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Cancel the run in progress, or the calls it waits for.
+    Cancel { session_id: String },
+    /// Set session values (PUT /v1/sessions/ID/params).
+    Set {
+        session_id: String,
+        #[command(flatten)]
+        params: ParamArgs,
+    },
+    /// Remove session values.
+    Clear {
+        session_id: String,
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
+    },
+    /// Revoke every session token of a session.
+    RevokeToken { session_id: String },
+    /// List the calls a session waits for, with their tokens.
+    Pending { session_id: String },
+    /// Approve a pending confirmation.
+    Approve {
+        #[command(flatten)]
+        answer: AnswerArgs,
+    },
+    /// Refuse a pending call (a confirmation, a choice or an input); the
+    /// model reads the reason.
+    Reject {
+        #[command(flatten)]
+        answer: AnswerArgs,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Choose an option of a pending selection: its id, number or label.
+    Choose {
+        #[command(flatten)]
+        answer: AnswerArgs,
+        /// The option: its id, its number as `session pending` shows it, or its label.
+        #[arg(value_name = "OPTION")]
+        option: String,
+    },
+    /// Give the fields a pending call needs (`needs_input`).
+    Input {
+        #[command(flatten)]
+        answer: AnswerArgs,
+        /// A field as a string: NAME=VALUE.
+        #[arg(long = "field", value_name = "NAME=VALUE")]
+        field: Vec<String>,
+        /// A field as JSON: NAME=JSON.
+        #[arg(long = "field-json", value_name = "NAME=JSON")]
+        field_json: Vec<String>,
+    },
+    /// Give a deferred call's result (the tool you ran).
+    Result {
+        #[command(flatten)]
+        answer: AnswerArgs,
+        /// The result as text.
+        #[arg(
+            long,
+            required_unless_present = "output_json",
+            conflicts_with = "output_json"
+        )]
+        output: Option<String>,
+        /// The result as JSON.
+        #[arg(long, value_name = "JSON")]
+        output_json: Option<String>,
     },
     /// Follow a session's events (one line each: id, kind, data).
     Events {
@@ -200,33 +334,102 @@ pub fn render_list(list: &Value) -> String {
     out
 }
 
-fn collect_params(p: &ParamArgs) -> Result<BTreeMap<String, Value>, String> {
-    let mut out = BTreeMap::new();
+/// A request's values: plain ones, and those pinned for the session.
+#[derive(Debug, Default, PartialEq)]
+pub struct Values {
+    pub params: BTreeMap<String, Value>,
+    pub pin: BTreeMap<String, Value>,
+}
+
+impl Values {
+    /// For a verb that does not make a session: pins are refused here,
+    /// naming them and where a pin is given.
+    fn unpinned(self, verb: &str) -> Result<BTreeMap<String, Value>, String> {
+        if self.pin.is_empty() {
+            return Ok(self.params);
+        }
+        let names: Vec<&str> = self.pin.keys().map(String::as_str).collect();
+        Err(format!(
+            "`session {verb}` cannot pin {}: a pin is fixed when a session is made; give it to `session start` (or `session start --fork ID --pin …` to change a session's pin)",
+            names.join(", ")
+        ))
+    }
+}
+
+/// The values of `--params-file`s then `--set`, `--set-json`, `--pin`,
+/// `--pin-json`: a later one wins, pinned or not.
+pub fn collect_params(p: &ParamArgs) -> Result<Values, String> {
+    let mut out = Values::default();
+    let mut put = |name: &str, value: Value, pinned: bool| {
+        out.params.remove(name);
+        out.pin.remove(name);
+        let to = if pinned {
+            &mut out.pin
+        } else {
+            &mut out.params
+        };
+        to.insert(name.to_string(), value);
+    };
     for file in &p.params_file {
+        let shown = file.display();
         let text = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read --params-file {}: {e}", file.display()))?;
-        let v: BTreeMap<String, Value> = serde_json::from_str(&text).map_err(|e| {
-            format!(
-                "--params-file {} is not a JSON object of values: {e}",
-                file.display()
-            )
+            .map_err(|e| format!("cannot read --params-file {shown}: {e}"))?;
+        // serde_yaml's messages name a place, never a value.
+        let v: BTreeMap<String, Value> = serde_yaml::from_str(&text).map_err(|e| {
+            format!("--params-file {shown} is not a JSON/YAML object of values: {e}")
         })?;
-        out.extend(v);
+        for (name, entry) in v {
+            match entry {
+                Value::Object(o)
+                    if o.contains_key("value")
+                        && o.keys().all(|k| k == "value" || k == "pinned") =>
+                {
+                    let pinned = match o.get("pinned") {
+                        None => false,
+                        Some(Value::Bool(b)) => *b,
+                        Some(_) => {
+                            return Err(format!(
+                                "--params-file {shown}: `{name}.pinned` must be true or false"
+                            ))
+                        }
+                    };
+                    put(&name, o["value"].clone(), pinned);
+                }
+                other => put(&name, other, false),
+            }
+        }
     }
-    for s in &p.param {
-        let (k, v) = s
-            .split_once('=')
-            .ok_or_else(|| format!("--set {s}: expected NAME=VALUE"))?;
-        out.insert(k.to_string(), Value::String(v.to_string()));
-    }
-    for s in &p.param_json {
-        let (k, v) = s
-            .split_once('=')
-            .ok_or_else(|| format!("--set-json {s}: expected NAME=JSON"))?;
-        let v = serde_json::from_str(v).map_err(|e| format!("--set-json {k}: not JSON: {e}"))?;
-        out.insert(k.to_string(), v);
+    let flags: [(&str, &Vec<String>, bool, bool); 4] = [
+        ("--set", &p.param, false, false),
+        ("--set-json", &p.param_json, true, false),
+        ("--pin", &p.pin, false, true),
+        ("--pin-json", &p.pin_json, true, true),
+    ];
+    for (flag, args, json, pinned) in flags {
+        for s in args {
+            let (name, v) = split_value(flag, s, json)?;
+            put(&name, v, pinned);
+        }
     }
     Ok(out)
+}
+
+/// `NAME=VALUE` (a string) or `NAME=JSON`; an error never echoes a value.
+fn split_value(flag: &str, s: &str, json: bool) -> Result<(String, Value), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| {
+        let name = s.split('=').next().unwrap_or_default();
+        if json {
+            format!("{flag} {name}: expected NAME=JSON")
+        } else {
+            format!("{flag} {name}: expected NAME=VALUE")
+        }
+    })?;
+    let v = if json {
+        serde_json::from_str(v).map_err(|e| format!("{flag} {k}: not JSON: {e}"))?
+    } else {
+        Value::String(v.to_string())
+    };
+    Ok((k.to_string(), v))
 }
 
 fn read_token(args: &ServerArgs) -> Result<String, String> {
@@ -244,10 +447,139 @@ fn read_token(args: &ServerArgs) -> Result<String, String> {
         .map_err(|_| "no token: give --token-file FILE or BINDERY_TOKEN (data/owner-token does not exist here)".to_string())
 }
 
+/// A refusal of the server as `CODE: message`, with what to do when the
+/// message alone does not say it.
+pub fn refusal(status: u16, path: &str, body: &Value) -> String {
+    let code = body["error"]
+        .as_str()
+        .map_or_else(|| format!("http_{status}"), str::to_string);
+    let message = body["message"]
+        .as_str()
+        .or(body.as_str())
+        .unwrap_or("no message");
+    let hint = if status == 401 {
+        "; the server did not take this token: check --token-file or BINDERY_TOKEN"
+    } else if status == 404 && path.starts_with("/v1/continuations/") {
+        "; `session pending SESSION_ID` lists the calls a session waits for, with their tokens"
+    } else if status == 404 && path.starts_with("/v1/sessions/") {
+        "; `session list` shows the sessions"
+    } else {
+        ""
+    };
+    format!("{code}: {message}{hint}")
+}
+
 struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+}
+
+fn turns(view: &Value) -> &[Value] {
+    view.pointer("/session/turns")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Print on stderr what the turns from `from` did: the tools called and
+/// what they gave; returns how many turns are now shown.
+fn show_progress(view: &Value, from: usize) -> usize {
+    let all = turns(view);
+    for t in all.iter().skip(from) {
+        match t["role"].as_str() {
+            Some("assistant") => {
+                for c in t["tool_calls"].as_array().into_iter().flatten() {
+                    eprintln!(
+                        "-> {} {}",
+                        c.pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?"),
+                        c.pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                    );
+                }
+            }
+            Some("tool") => eprintln!("<- {}", t["content"].as_str().unwrap_or("")),
+            _ => {}
+        }
+    }
+    all.len().max(from)
+}
+
+/// The pending items, one block each: number, tool, disposition, the
+/// model's arguments; then what answering it takes.
+pub fn render_pending(view: &Value) -> String {
+    let items = view["pending"].as_array().map_or(&[][..], Vec::as_slice);
+    if items.is_empty() {
+        return format!(
+            "session {} waits for nothing (status: {})\n",
+            view["session_id"].as_str().unwrap_or("?"),
+            view["status"].as_str().unwrap_or("?")
+        );
+    }
+    let mut out = String::new();
+    for (n, i) in items.iter().enumerate() {
+        let s = |k: &str| i[k].as_str().unwrap_or_default().to_string();
+        out.push_str(&format!(
+            "{}. {} {} {}\n",
+            n + 1,
+            s("tool"),
+            s("disposition"),
+            i["call"]
+        ));
+        if !s("continuation_token").is_empty() {
+            out.push_str(&format!("   token: {}\n", s("continuation_token")));
+        }
+        for (k, o) in i["options"].as_array().into_iter().flatten().enumerate() {
+            out.push_str(&format!(
+                "   option {}: {} ({}) {}\n",
+                k + 1,
+                o["label"].as_str().unwrap_or_default(),
+                o["id"].as_str().unwrap_or_default(),
+                o["facts"]
+            ));
+        }
+        if let Some(m) = i["missing"].as_array().filter(|m| !m.is_empty()) {
+            let m: Vec<&str> = m.iter().filter_map(Value::as_str).collect();
+            out.push_str(&format!("   missing: {}\n", m.join(", ")));
+        }
+        if i["facts"].is_object() && i["disposition"] != "needs_selection" {
+            out.push_str(&format!("   facts: {}\n", i["facts"]));
+        }
+        if !s("note").is_empty() {
+            out.push_str(&format!("   note: {}\n", s("note")));
+        }
+        if !s("expires_at").is_empty() {
+            out.push_str(&format!("   expires: {}\n", s("expires_at")));
+        }
+        let how = match i["disposition"].as_str() {
+            Some("deferred") => "session result TOKEN --output TEXT",
+            Some("confirm" | "needs_confirmation") => {
+                "session approve TOKEN, or session reject TOKEN --reason WHY"
+            }
+            Some("needs_selection") => "session choose TOKEN OPTION",
+            Some("needs_input") => "session input TOKEN --field NAME=VALUE",
+            _ => "POST /v1/continuations/TOKEN",
+        };
+        out.push_str(&format!("   answer: {how}\n"));
+    }
+    out
+}
+
+/// What answering with `r` sends to the continuation.
+fn answer_body(r: &Resolution) -> Value {
+    match r {
+        Resolution::Result { output } => json!({"result": output}),
+        Resolution::Approved => json!({"approve": true}),
+        Resolution::Rejected { reason } => match reason {
+            Some(why) => json!({"approve": false, "reason": why}),
+            None => json!({"approve": false}),
+        },
+        Resolution::Chosen { option } => json!({"choice": option}),
+        Resolution::Input { values } => json!({"input": values}),
+        Resolution::Expired | Resolution::Cancelled => json!({"approve": false}),
+    }
 }
 
 impl Client {
@@ -277,32 +609,27 @@ impl Client {
             .text()
             .await
             .map_err(|e| format!("reading the answer: {e}"))?;
+        if status == reqwest::StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
+        }
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status.is_success() {
             Ok(v)
         } else {
-            Err(format!(
-                "the server answered {}: {} ({})",
-                status.as_u16(),
-                v["message"].as_str().unwrap_or("no message"),
-                v["error"].as_str().unwrap_or("error")
-            ))
+            let path = path.split('?').next().unwrap_or(path);
+            Err(refusal(status.as_u16(), path, &v))
         }
     }
 
-    /// Follow the events after `after`, printing each when `print`, until
-    /// one of kind `until` (then return) or the stream ends.
-    async fn follow(
-        &self,
-        id: &str,
-        after: Option<u64>,
-        until: Option<&str>,
-        print: bool,
-    ) -> Result<(), String> {
-        let url = format!(
-            "{}/v1/sessions/{id}/events",
-            self.base.trim_end_matches('/')
-        );
+    async fn view(&self, id: &str) -> Result<Value, String> {
+        self.call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+            .await
+    }
+
+    /// The events of session `id` after `after`.
+    async fn events(&self, id: &str, after: Option<u64>) -> Result<reqwest::Response, String> {
+        let path = format!("/v1/sessions/{id}/events");
+        let url = format!("{}{path}", self.base.trim_end_matches('/'));
         let mut req = self.http.get(&url).bearer_auth(&self.token);
         if let Some(a) = after {
             req = req.header("Last-Event-ID", a.to_string());
@@ -311,24 +638,30 @@ impl Client {
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let v: Value = resp.json().await.unwrap_or(Value::Null);
-            return Err(format!(
-                "the server answered {status}: {}",
-                v["message"].as_str().unwrap_or("no message")
-            ));
+            return Err(refusal(status, &path, &v));
         }
+        Ok(resp)
+    }
+
+    /// Print the events after `after`, one a line, until one of kind
+    /// `until` (then return) or the stream ends.
+    async fn print_events(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        until: Option<&str>,
+    ) -> Result<(), String> {
         let mut parser = SseLines::default();
-        let mut body = resp.bytes_stream();
+        let mut body = self.events(id, after).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
             for ev in parser.feed(&String::from_utf8_lossy(&chunk)) {
-                if print {
-                    println!(
-                        "{}\t{}\t{}",
-                        ev.id.as_deref().unwrap_or("-"),
-                        ev.event,
-                        ev.data
-                    );
-                }
+                println!(
+                    "{}\t{}\t{}",
+                    ev.id.as_deref().unwrap_or("-"),
+                    ev.event,
+                    ev.data
+                );
                 if until == Some(ev.event.as_str()) {
                     return Ok(());
                 }
@@ -337,16 +670,122 @@ impl Client {
         Ok(())
     }
 
-    /// After a `?wait=true` answer: if the run is still going (past the
-    /// server's wait), follow the events to its end and read the session.
-    async fn settle(&self, view: Value) -> Result<Value, String> {
+    /// The session once its run is over (it is not `running`): read again
+    /// whenever an event says the conversation moved, its progress shown
+    /// on stderr from turn `*shown` when `progress`.
+    async fn settled(
+        &self,
+        view: Value,
+        shown: &mut usize,
+        progress: bool,
+    ) -> Result<Value, String> {
+        if progress {
+            *shown = show_progress(&view, *shown);
+        }
         if view["status"] != "running" {
             return Ok(view);
         }
         let id = view["session_id"].as_str().unwrap_or_default().to_string();
-        self.follow(&id, None, Some("run_finished"), false).await?;
-        self.call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
-            .await
+        let mut parser = SseLines::default();
+        let mut body = self.events(&id, None).await?.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
+            let moved = parser
+                .feed(&String::from_utf8_lossy(&chunk))
+                .iter()
+                .any(|e| {
+                    matches!(
+                        e.event.as_str(),
+                        "message" | "tool_call" | "tool_result" | "pending" | "run_finished"
+                    )
+                });
+            if !moved {
+                continue;
+            }
+            let view = self.view(&id).await?;
+            if progress {
+                *shown = show_progress(&view, *shown);
+            }
+            if view["status"] != "running" {
+                return Ok(view);
+            }
+        }
+        self.view(&id).await
+    }
+
+    /// Follow session `id` from `view` until its run ends, asking about
+    /// each call it waits for (`yes`: confirmations approved).
+    async fn follow(&self, mut view: Value, mut shown: usize, yes: bool) -> Result<Value, String> {
+        let id = view["session_id"].as_str().unwrap_or_default().to_string();
+        loop {
+            view = self.settled(view, &mut shown, true).await?;
+            if view["status"] != "waiting_external" {
+                return Ok(view);
+            }
+            let items = view["pending"].as_array().cloned().unwrap_or_default();
+            for item in items {
+                let Some(token) = item["continuation_token"].as_str().map(str::to_string) else {
+                    return Err(format!(
+                        "session {id} waits for {} and this token may not answer it: only the session's owner answers pending calls",
+                        item["tool"].as_str().unwrap_or("a call")
+                    ));
+                };
+                let asked = item.clone();
+                let r =
+                    tokio::task::spawn_blocking(move || super::ask::ask_item(&asked, yes, None))
+                        .await
+                        .map_err(|e| format!("asking: {e}"))?
+                        .map_err(|e| e.trim_start_matches("error: ").to_string())?;
+                self.call(
+                    reqwest::Method::POST,
+                    &format!("/v1/continuations/{token}"),
+                    Some(answer_body(&r)),
+                )
+                .await?;
+            }
+            view = self.view(&id).await?;
+        }
+    }
+
+    /// The pending item `target` names (a token, or a session waiting for
+    /// one call) and its token. A token this client cannot see in the
+    /// session (used already, or not the owner's to see) is sent as it is,
+    /// for the server to say why.
+    async fn pending_item(&self, target: &str) -> Result<(String, Value), String> {
+        if target.starts_with("ct_") {
+            let view = match crate::session::pending::token_session(target) {
+                Some(id) => self.view(id).await.ok(),
+                None => None,
+            };
+            let item = view
+                .as_ref()
+                .and_then(|v| v["pending"].as_array())
+                .into_iter()
+                .flatten()
+                .find(|i| i["continuation_token"] == target)
+                .cloned()
+                .unwrap_or(Value::Null);
+            return Ok((target.to_string(), item));
+        }
+        let view = self.view(target).await?;
+        let items = view["pending"].as_array().cloned().unwrap_or_default();
+        match items.as_slice() {
+            [] => Err(format!(
+                "session {target} waits for no call (status: {})",
+                view["status"].as_str().unwrap_or("?")
+            )),
+            [item] => match item["continuation_token"].as_str() {
+                Some(t) => Ok((t.to_string(), item.clone())),
+                None => Err(format!(
+                    "forbidden: session {target} waits for {}, and only the session's owner answers pending calls (this is not the owner's token)",
+                    item["tool"].as_str().unwrap_or("a call")
+                )),
+            },
+            more => Err(format!(
+                "session {target} waits for {} calls: give the token of the one to answer (`session pending {target}` lists them)",
+                more.len()
+            )),
+        }
     }
 }
 
@@ -371,6 +810,7 @@ fn print_outcome(v: &Value, args: &ServerArgs, waited: bool, with_id: bool) {
                 "status: failed ({})",
                 v["status_detail"].as_str().unwrap_or("no detail")
             ),
+            Some("waiting_external") => print!("status: waiting_external\n{}", render_pending(v)),
             _ => {
                 if let Some(a) = last_answer(v) {
                     println!("{a}");
@@ -379,6 +819,42 @@ fn print_outcome(v: &Value, args: &ServerArgs, waited: bool, with_id: bool) {
         }
     } else {
         println!("status: {}", v["status"].as_str().unwrap_or("?"));
+    }
+}
+
+/// How a request that starts a run ends on the terminal.
+#[derive(Clone, Copy)]
+struct Then {
+    wait: bool,
+    follow: bool,
+    yes: bool,
+}
+
+impl Then {
+    fn query(self) -> &'static str {
+        if self.wait {
+            "?wait=true&timeout=600"
+        } else {
+            ""
+        }
+    }
+
+    /// The view to print after the request answered `v` (its turns up to
+    /// `shown` known before), and whether it was waited for.
+    async fn finish(
+        self,
+        client: &Client,
+        v: Value,
+        shown: usize,
+    ) -> Result<(Value, bool), String> {
+        let mut shown = shown;
+        if self.follow {
+            Ok((client.follow(v, shown, self.yes).await?, true))
+        } else if self.wait {
+            Ok((client.settled(v, &mut shown, false).await?, true))
+        } else {
+            Ok((v, false))
+        }
     }
 }
 
@@ -392,8 +868,15 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
         base: args.server.clone(),
         token: read_token(&args).map_err(err)?,
     };
+    run(&client, &args, cmd).await.map_err(err)
+}
+
+async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<ExitCode, String> {
     use reqwest::Method;
-    let wait_q = |w: bool| if w { "?wait=true&timeout=600" } else { "" };
+    let turns_of = |id: &str| {
+        let id = id.to_string();
+        async move { Ok::<_, String>(turns(&client.view(&id).await?).len()) }
+    };
     match cmd {
         SessionCommand::Start {
             agent,
@@ -403,56 +886,215 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
             seal,
             session_token,
             wait,
+            follow,
+            yes,
         } => {
-            let mut body = json!({"params": collect_params(&params).map_err(err)?, "seal": seal, "session_token": session_token});
+            let values = collect_params(&params)?;
+            let mut body =
+                json!({"params": values.params, "seal": seal, "session_token": session_token});
+            if !values.pin.is_empty() {
+                body["pin"] = json!(values.pin);
+            }
             if let Some(a) = agent {
                 body["agent"] = json!(a);
             }
-            if let Some(f) = fork {
+            if let Some(f) = &fork {
                 body["fork"] = json!(f);
             }
-            let waited = wait && prompt.is_some();
+            let then = Then {
+                wait: wait && prompt.is_some(),
+                follow,
+                yes,
+            };
+            // A fork's copied turns are not this run's progress.
+            let shown = match &fork {
+                Some(f) => turns_of(f).await?,
+                None => 0,
+            };
             if let Some(p) = prompt {
                 body["prompt"] = json!(p);
             }
             let v = client
                 .call(
                     Method::POST,
-                    &format!("/v1/sessions{}", wait_q(waited)),
+                    &format!("/v1/sessions{}", then.query()),
                     Some(body),
                 )
-                .await
-                .map_err(err)?;
+                .await?;
             let token = v["session_token"].clone();
-            let mut v = if waited {
-                client.settle(v).await.map_err(err)?
-            } else {
-                v
-            };
+            if then.follow && !args.json {
+                // The id first: the run may wait for a long while.
+                println!("session-id: {}", v["session_id"].as_str().unwrap_or("?"));
+                if let Some(t) = token.as_str() {
+                    println!("session-token: {t}");
+                }
+            }
+            let (mut v, waited) = then.finish(client, v, shown).await?;
             v["session_token"] = token;
-            print_outcome(&v, &args, waited, true);
+            print_outcome(&v, args, waited, !then.follow);
         }
         SessionCommand::Send {
             session_id,
             prompt,
             params,
             wait,
+            follow,
+            yes,
         } => {
-            let body = json!({"prompt": prompt, "params": collect_params(&params).map_err(err)?});
+            let body =
+                json!({"prompt": prompt, "params": collect_params(&params)?.unpinned("send")?});
+            let then = Then { wait, follow, yes };
+            let shown = if follow {
+                turns_of(&session_id).await?
+            } else {
+                0
+            };
             let v = client
                 .call(
                     Method::POST,
-                    &format!("/v1/sessions/{session_id}/messages{}", wait_q(wait)),
+                    &format!("/v1/sessions/{session_id}/messages{}", then.query()),
                     Some(body),
                 )
-                .await
-                .map_err(err)?;
-            let v = if wait {
-                client.settle(v).await.map_err(err)?
+                .await?;
+            let (v, waited) = then.finish(client, v, shown).await?;
+            print_outcome(&v, args, waited, false);
+        }
+        SessionCommand::Resume {
+            session_id,
+            params,
+            wait,
+            follow,
+            yes,
+        } => {
+            let body = json!({"params": collect_params(&params)?.unpinned("resume")?});
+            let then = Then { wait, follow, yes };
+            let shown = if follow {
+                turns_of(&session_id).await?
             } else {
-                v
+                0
             };
-            print_outcome(&v, &args, wait, false);
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/sessions/{session_id}/resume{}", then.query()),
+                    Some(body),
+                )
+                .await?;
+            let (v, waited) = then.finish(client, v, shown).await?;
+            print_outcome(&v, args, waited, false);
+        }
+        SessionCommand::Follow { session_id, yes } => {
+            let view = client.view(&session_id).await?;
+            let shown = turns(&view).len();
+            let v = client.follow(view, shown, yes).await?;
+            print_outcome(&v, args, true, false);
+        }
+        SessionCommand::Cancel { session_id } => {
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/sessions/{session_id}/cancel"),
+                    None,
+                )
+                .await?;
+            print_outcome(&v, args, false, false);
+        }
+        SessionCommand::Set { session_id, params } => {
+            let values = collect_params(&params)?.unpinned("set")?;
+            if values.is_empty() {
+                return Err("`session set` needs values: --set NAME=VALUE, --set-json NAME=JSON or --params-file FILE (`session clear ID NAME` removes one)".into());
+            }
+            let v = client
+                .call(
+                    Method::PUT,
+                    &format!("/v1/sessions/{session_id}/params"),
+                    Some(json!({"params": values})),
+                )
+                .await?;
+            print_values(&v, args);
+        }
+        SessionCommand::Clear { session_id, names } => {
+            let values: BTreeMap<String, Value> =
+                names.into_iter().map(|n| (n, Value::Null)).collect();
+            let v = client
+                .call(
+                    Method::PUT,
+                    &format!("/v1/sessions/{session_id}/params"),
+                    Some(json!({"params": values})),
+                )
+                .await?;
+            print_values(&v, args);
+        }
+        SessionCommand::RevokeToken { session_id } => {
+            client
+                .call(
+                    Method::DELETE,
+                    &format!("/v1/sessions/{session_id}/token"),
+                    None,
+                )
+                .await?;
+            println!("revoked: every session token of {session_id}");
+        }
+        SessionCommand::Pending { session_id } => {
+            let v = client.view(&session_id).await?;
+            if args.json {
+                print_json(&v["pending"]);
+            } else {
+                print!("{}", render_pending(&v));
+            }
+        }
+        SessionCommand::Approve { answer } => {
+            answer_call(client, args, answer, |_| Ok(json!({"approve": true}))).await?;
+        }
+        SessionCommand::Reject { answer, reason } => {
+            answer_call(client, args, answer, |_| {
+                Ok(answer_body(&Resolution::Rejected { reason }))
+            })
+            .await?;
+        }
+        SessionCommand::Choose { answer, option } => {
+            answer_call(client, args, answer, |item| {
+                // By number or label when the item is in view; else the id
+                // as given, for the server to judge.
+                let id = super::ask::option_named(&item["options"], &option).unwrap_or(option);
+                Ok(json!({"choice": id}))
+            })
+            .await?;
+        }
+        SessionCommand::Input {
+            answer,
+            field,
+            field_json,
+        } => {
+            let mut input = serde_json::Map::new();
+            for s in &field {
+                let (k, v) = split_value("--field", s, false)?;
+                input.insert(k, v);
+            }
+            for s in &field_json {
+                let (k, v) = split_value("--field-json", s, true)?;
+                input.insert(k, v);
+            }
+            if input.is_empty() {
+                return Err("`session input` needs the fields: --field NAME=VALUE or --field-json NAME=JSON (`session pending ID` says which are missing)".into());
+            }
+            answer_call(client, args, answer, |_| Ok(json!({"input": input}))).await?;
+        }
+        SessionCommand::Result {
+            answer,
+            output,
+            output_json,
+        } => {
+            let result = match (output, output_json) {
+                (Some(t), _) => Value::String(t),
+                (None, Some(j)) => {
+                    serde_json::from_str(&j).map_err(|e| format!("--output-json: not JSON: {e}"))?
+                }
+                (None, None) => {
+                    return Err("give the result: --output TEXT or --output-json JSON".into())
+                }
+            };
+            answer_call(client, args, answer, |_| Ok(json!({"result": result}))).await?;
         }
         SessionCommand::Events {
             session_id,
@@ -460,15 +1102,11 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
             until,
         } => {
             client
-                .follow(&session_id, after, until.as_deref(), true)
-                .await
-                .map_err(err)?;
+                .print_events(&session_id, after, until.as_deref())
+                .await?;
         }
         SessionCommand::List => {
-            let v = client
-                .call(Method::GET, "/v1/sessions", None)
-                .await
-                .map_err(err)?;
+            let v = client.call(Method::GET, "/v1/sessions", None).await?;
             if args.json {
                 print_json(&v);
             } else {
@@ -476,14 +1114,68 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
             }
         }
         SessionCommand::Show { session_id } => {
-            let v = client
-                .call(Method::GET, &format!("/v1/sessions/{session_id}"), None)
-                .await
-                .map_err(err)?;
-            print_json(&v);
+            print_json(&client.view(&session_id).await?);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// After `set` or `clear`: the session's values as they now stand (names
+/// only for secrets), and its pins.
+fn print_values(v: &Value, args: &ServerArgs) {
+    if args.json {
+        return print_json(v);
+    }
+    for (k, x) in v["params"].as_object().into_iter().flatten() {
+        println!("{k}={x}");
+    }
+    for k in v["secret_params"].as_array().into_iter().flatten() {
+        println!("{}=<secret>", k.as_str().unwrap_or_default());
+    }
+    let pinned: Vec<&str> = v["pinned"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !pinned.is_empty() {
+        println!("pinned: {}", pinned.join(", "));
+    }
+}
+
+/// Answer the pending call `a.target` names with the body `make` builds
+/// from its item (`null` when not in view), and what then.
+async fn answer_call(
+    client: &Client,
+    args: &ServerArgs,
+    a: AnswerArgs,
+    make: impl FnOnce(&Value) -> Result<Value, String>,
+) -> Result<(), String> {
+    let params = collect_params(&a.params)?.unpinned("answers")?;
+    let (token, item) = client.pending_item(&a.target).await?;
+    let mut body = make(&item)?;
+    if !params.is_empty() {
+        body["params"] = json!(params);
+    }
+    let then = Then {
+        wait: a.wait,
+        follow: a.follow,
+        yes: a.yes,
+    };
+    let shown = match crate::session::pending::token_session(&token) {
+        Some(id) if a.follow => turns(&client.view(id).await?).len(),
+        _ => 0,
+    };
+    let v = client
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/continuations/{token}{}", then.query()),
+            Some(body),
+        )
+        .await?;
+    let (v, waited) = then.finish(client, v, shown).await?;
+    print_outcome(&v, args, waited, false);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -528,6 +1220,93 @@ mod tests {
         assert_eq!(
             render_list(&v),
             "SESSION  AGENT  STATUS  UPDATED  FORKED FROM\ns1       inv    idle    t        -\n"
+        );
+    }
+
+    #[test]
+    fn a_later_value_wins_pinned_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("v.yaml");
+        std::fs::write(
+            &file,
+            "tenant: {value: acme, pinned: true}\nregion: eu\nplan: {value: gold, pinned: false}\ncfg: {value: 1, other: 2}\n",
+        )
+        .unwrap();
+        let p = ParamArgs {
+            params_file: vec![file.clone()],
+            pin: vec!["region=us".into()],
+            ..Default::default()
+        };
+        let v = collect_params(&p).unwrap();
+        assert_eq!(
+            v.pin,
+            [
+                ("region".into(), json!("us")),
+                ("tenant".into(), json!("acme"))
+            ]
+            .into()
+        );
+        assert_eq!(
+            v.params,
+            [
+                ("cfg".into(), json!({"value": 1, "other": 2})),
+                ("plan".into(), json!("gold"))
+            ]
+            .into()
+        );
+        let err = v.unpinned("set").map(drop).unwrap_err();
+        assert!(
+            err.starts_with("`session set` cannot pin region, tenant"),
+            "{err}"
+        );
+        let p = ParamArgs {
+            params_file: vec![file],
+            param: vec!["tenant=initech".into()],
+            ..Default::default()
+        };
+        let v = collect_params(&p).unwrap();
+        assert!(!v.pin.contains_key("tenant"));
+        assert_eq!(v.params["tenant"], json!("initech"));
+        assert_eq!(v.unpinned("set").unwrap()["region"], json!("eu"));
+        let bad = ParamArgs {
+            pin_json: vec!["tenant=secret-but-not-json".into()],
+            ..Default::default()
+        };
+        let err = collect_params(&bad).unwrap_err();
+        assert!(err.starts_with("--pin-json tenant: not JSON"), "{err}");
+        assert!(!err.contains("secret-but-not-json"), "{err}");
+    }
+
+    #[test]
+    fn pending_items_show_what_answers_them() {
+        let v = json!({"session_id": "s1", "status": "waiting_external", "pending": [
+            {"tool": "bash_book", "disposition": "needs_selection", "call": {"d": 1},
+             "continuation_token": "ct_s1_x", "options": [{"id": "opt_1", "label": "10:00", "facts": {"t": 1}}]},
+            {"tool": "get_location", "disposition": "deferred", "call": {}}]});
+        assert_eq!(
+            render_pending(&v),
+            "1. bash_book needs_selection {\"d\":1}\n   token: ct_s1_x\n   option 1: 10:00 (opt_1) {\"t\":1}\n   answer: session choose TOKEN OPTION\n\
+             2. get_location deferred {}\n   answer: session result TOKEN --output TEXT\n"
+        );
+        assert_eq!(
+            render_pending(&json!({"session_id": "s1", "status": "idle", "pending": []})),
+            "session s1 waits for nothing (status: idle)\n"
+        );
+    }
+
+    #[test]
+    fn a_refusal_names_its_code_and_what_to_do() {
+        let body = json!({"error": "not_found", "message": "no session x"});
+        assert_eq!(
+            refusal(404, "/v1/sessions/x", &body),
+            "not_found: no session x; `session list` shows the sessions"
+        );
+        assert!(
+            refusal(404, "/v1/continuations/ct_x", &body).contains("`session pending SESSION_ID`")
+        );
+        assert_eq!(
+            refusal(502, "/v1/sessions", &json!("bad gateway")),
+            "http_502: bad gateway"
         );
     }
 }

@@ -48,8 +48,8 @@ spec:
     )
 }
 
-struct Clerk {
-    dir: tempfile::TempDir,
+pub(crate) struct Clerk {
+    pub(crate) dir: tempfile::TempDir,
     mock: MockLlm,
     agent: PathBuf,
     store: String,
@@ -59,7 +59,7 @@ struct Clerk {
 /// (it gets the secret `billing_token`, and counts its runs in a file) and
 /// whose deferred tool `get_location` the client runs. `spec_extra` is
 /// added to the agent's spec (`confirmTtl: 1s`).
-async fn clerk(spec_extra: &str) -> Clerk {
+pub(crate) async fn clerk(spec_extra: &str) -> Clerk {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockLlm::start(script).await;
     let tools = dir.path().join("clerk-tools");
@@ -121,12 +121,12 @@ echo 3 invoices
 }
 
 impl Clerk {
-    fn start(&self, extra: &[&str]) -> (Sidecar, Api) {
+    pub(crate) fn start(&self, extra: &[&str]) -> (Sidecar, Api) {
         serve(&self.agent, &self.store, extra, &[], self.dir.path())
     }
 
     /// How often the confirmed tool ran.
-    fn runs(&self) -> usize {
+    pub(crate) fn runs(&self) -> usize {
         std::fs::read_to_string(self.dir.path().join("delete-runs"))
             .map(|s| s.lines().count())
             .unwrap_or(0)

@@ -12,15 +12,37 @@ struct Out {
 
 /// `bindery-sidecar session --server URL --token-file F ARGS…`.
 async fn session(url: &str, token_file: &std::path::Path, args: &[&str]) -> Out {
+    session_with_stdin(url, token_file, args, "").await
+}
+
+/// The same, with `stdin` piped in (the answers a person would type).
+async fn session_with_stdin(
+    url: &str,
+    token_file: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> Out {
+    use std::io::Write;
     let mut cmd = std::process::Command::new(bin());
     cmd.args(["session", "--server", url, "--token-file"])
         .arg(token_file)
         .args(args)
         .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
-    let o = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let stdin = stdin.to_string();
+    let o = tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        // A client that stops reading early closes the pipe: not an error here.
+        let _ = pipe.write_all(stdin.as_bytes());
+        drop(pipe);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
     Out {
         code: o.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -185,7 +207,9 @@ async fn a_terminal_drives_sessions_on_a_running_server() {
     let out = run(session(&url, &token, &["send", "no-such-session", "--prompt", "hi"]).await);
     assert_eq!(out.code, 1);
     assert!(
-        out.stderr.contains("the server answered 404"),
+        out.stderr
+            .starts_with("error: not_found: no session no-such-session")
+            && out.stderr.contains("`session list` shows the sessions"),
         "{}",
         out.stderr
     );
@@ -194,7 +218,8 @@ async fn a_terminal_drives_sessions_on_a_running_server() {
     let out = run(session(&url, &wrong, &["list"]).await);
     assert_eq!(out.code, 1);
     assert!(
-        out.stderr.contains("the server answered 401"),
+        out.stderr.starts_with("error: unauthorized: ")
+            && out.stderr.contains("check --token-file or BINDERY_TOKEN"),
         "{}",
         out.stderr
     );
@@ -274,4 +299,338 @@ async fn the_session_client_takes_values_as_every_command_does() {
         out.stdout
     );
     assert!(!out.stdout.contains(CANARY) && !out.stderr.contains(CANARY));
+}
+
+/// The `session-id: …` line of a start.
+fn started_id(o: &Out) -> String {
+    o.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("session-id: "))
+        .unwrap_or_else(|| panic!("no session id: {}{}", o.stdout, o.stderr))
+        .to_string()
+}
+
+/// The first `token: ct_…` line of a `pending` list.
+fn listed_token(o: &Out) -> String {
+    o.stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap_or_else(|| panic!("no token listed: {}{}", o.stdout, o.stderr))
+        .to_string()
+}
+
+fn failed_with(o: &Out, start: &str) {
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert!(o.stderr.starts_with(start), "{}", o.stderr);
+}
+
+/// --pin, --pin-json and a params file's `{"value", "pinned"}` pin a value
+/// for the session; then no verb may give it (the server refuses, and
+/// says how to change it), a verb that makes no session refuses to pin,
+/// and a fork with a new pin changes it. `set` and `clear` change the
+/// values that are not pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_and_values_from_the_terminal() {
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    let url = sidecar.url.clone();
+    let token = w.dir.path().join("token");
+    std::fs::write(&token, OWNER).unwrap();
+    let file = |name: &str, v: serde_json::Value| {
+        let p = w.dir.path().join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.display().to_string()
+    };
+    let pins = file(
+        "pins.json",
+        json!({"tenant": {"value": "acme-corp", "pinned": true}, "billing_token": CANARY}),
+    );
+    let secret = file("secret.json", json!({"billing_token": CANARY}));
+    let mut seen = String::new();
+
+    let out = session(
+        &url,
+        &token,
+        &[
+            "start",
+            "--agent",
+            "invoices",
+            "--params-file",
+            &pins,
+            "--prompt",
+            "which are overdue?",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("INV-1002"), "{}", out.stdout);
+    let id = started_id(&out);
+    let view: serde_json::Value =
+        serde_json::from_str(&session(&url, &token, &["show", &id]).await.stdout).unwrap();
+    assert_eq!(view["pinned"], json!(["tenant"]));
+
+    for args in [
+        vec![
+            "send",
+            &id,
+            "--set",
+            "tenant=globex",
+            "--prompt",
+            "and now?",
+        ],
+        vec!["resume", &id, "--set-json", r#"tenant="globex""#],
+        vec!["set", &id, "--param", "tenant=globex"],
+        vec!["clear", &id, "tenant"],
+    ] {
+        let out = session(&url, &token, &args).await;
+        seen += &(out.stdout.clone() + &out.stderr);
+        failed_with(
+            &out,
+            "error: forbidden_params: tenant: pinned for this session",
+        );
+        assert!(out.stderr.contains("fork"), "{}", out.stderr);
+    }
+    let out = session(
+        &url,
+        &token,
+        &["send", &id, "--pin", "tenant=globex", "--prompt", "hi"],
+    )
+    .await;
+    failed_with(&out, "error: `session send` cannot pin tenant");
+    assert!(out.stderr.contains("session start"), "{}", out.stderr);
+
+    // A fork with a new pin (as JSON) changes it.
+    let out = session(
+        &url,
+        &token,
+        &[
+            "start",
+            "--fork",
+            &id,
+            "--pin-json",
+            r#"tenant="globex""#,
+            "--params-file",
+            &secret,
+            "--prompt",
+            "and now?",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("INV-2002"), "{}", out.stdout);
+    let fork = started_id(&out);
+    let view: serde_json::Value =
+        serde_json::from_str(&session(&url, &token, &["show", &fork]).await.stdout).unwrap();
+    assert_eq!(view["pinned"], json!(["tenant"]));
+    assert_eq!(view["params"]["tenant"], "globex");
+
+    // Values that are not pinned: set, then clear.
+    let out = session(
+        &url,
+        &token,
+        &[
+            "start",
+            "--agent",
+            "invoices",
+            "--set",
+            "tenant=acme-corp",
+            "--params-file",
+            &secret,
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let plain = started_id(&out);
+    let out = session(&url, &token, &["set", &plain, "--set", "tenant=globex"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "tenant=\"globex\"\nbilling_token=<secret>\n");
+    let out = session(&url, &token, &["clear", &plain, "tenant"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "billing_token=<secret>\n");
+    let out = session(&url, &token, &["set", &plain]).await;
+    failed_with(&out, "error: `session set` needs values");
+    seen += &(out.stdout + &out.stderr);
+    assert!(
+        !seen.contains(CANARY),
+        "a secret reached the terminal: {seen}"
+    );
+}
+
+/// Every way of answering a pending call, from the terminal: list them,
+/// reject with a reason, approve, give a deferred result, cancel and
+/// resume; a session-token holder may read the calls but answer none and
+/// set no value; a pinned value stays pinned when an answer carries it; a
+/// wrong or used token says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_calls_are_answered_from_the_terminal() {
+    let c = crate::server_pending::clerk("").await;
+    let (sidecar, _api) = c.start(&[]);
+    let url = sidecar.url.clone();
+    let owner = c.dir.path().join("owner-token-file");
+    std::fs::write(&owner, OWNER).unwrap();
+    let secret = c.dir.path().join("secret.json");
+    std::fs::write(&secret, json!({"billing_token": CANARY}).to_string()).unwrap();
+    let secret = secret.display().to_string();
+    let start = |prompt: &'static str, extra: &'static [&'static str]| {
+        let (url, owner, secret) = (url.clone(), owner.clone(), secret.clone());
+        async move {
+            let mut args = vec![
+                "start",
+                "--agent",
+                "clerk",
+                "--params-file",
+                &secret,
+                "--prompt",
+                prompt,
+                "--wait",
+            ];
+            args.extend(extra);
+            let out = session(&url, &owner, &args).await;
+            assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+            out
+        }
+    };
+
+    // Reject, with a reason the model reads.
+    let out = start("delete invoice 7", &["--set", "tenant=acme"]).await;
+    assert!(
+        out.stdout.contains(
+            "status: waiting_external\n1. bash_delete-invoice confirm {\"id\":\"INV-7\"}"
+        ),
+        "{}",
+        out.stdout
+    );
+    let id = started_id(&out);
+    let listed = session(&url, &owner, &["pending", &id]).await;
+    assert!(
+        listed.stdout.contains("answer: session approve TOKEN"),
+        "{}",
+        listed.stdout
+    );
+    let out = session(
+        &url,
+        &owner,
+        &["reject", &id, "--reason", "not today", "--wait"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("their reason: not today"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(c.runs(), 0);
+
+    // A session-token holder, on a session whose tenant is pinned.
+    let out = start(
+        "delete invoice 7",
+        &["--pin", "tenant=acme", "--session-token"],
+    )
+    .await;
+    let id = started_id(&out);
+    let st = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("session-token: "))
+        .unwrap()
+        .to_string();
+    let st_file = c.dir.path().join("st");
+    std::fs::write(&st_file, &st).unwrap();
+    let ct = listed_token(&session(&url, &owner, &["pending", &id]).await);
+    let theirs = session(&url, &st_file, &["pending", &id]).await;
+    assert_eq!(theirs.code, 0, "{}", theirs.stderr);
+    assert!(
+        theirs.stdout.contains("bash_delete-invoice confirm") && !theirs.stdout.contains("ct_"),
+        "{}",
+        theirs.stdout
+    );
+    failed_with(
+        &session(&url, &st_file, &["approve", &ct]).await,
+        "error: forbidden: only the session's owner",
+    );
+    failed_with(
+        &session(&url, &st_file, &["approve", &id]).await,
+        "error: forbidden: session",
+    );
+    failed_with(
+        &session(&url, &st_file, &["set", &id, "--set", "tenant=x"]).await,
+        "error: forbidden_params: a session token cannot set parameters",
+    );
+    assert_eq!(
+        session(&url, &st_file, &["revoke-token", &id]).await.code,
+        1
+    );
+    // The owner's answer may not carry the pinned tenant either.
+    let out = session(
+        &url,
+        &owner,
+        &["approve", &ct, "--set", "tenant=globex", "--wait"],
+    )
+    .await;
+    failed_with(
+        &out,
+        "error: forbidden_params: tenant: pinned for this session",
+    );
+    assert_eq!(c.runs(), 0);
+    let out = session(&url, &owner, &["approve", &ct, "--wait"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with("done: deleted INV-7"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(c.runs(), 1);
+    failed_with(
+        &session(&url, &owner, &["approve", &ct]).await,
+        "error: continuation_used: ",
+    );
+    failed_with(
+        &session(&url, &owner, &["approve", "ct_nothing_here"]).await,
+        "error: not_found: ",
+    );
+    let out = session(&url, &owner, &["approve", "ct_nothing_here"]).await;
+    assert!(
+        out.stderr.contains("`session pending SESSION_ID`"),
+        "{}",
+        out.stderr
+    );
+    let out = session(&url, &owner, &["revoke-token", &id]).await;
+    assert_eq!(
+        out.stdout,
+        format!("revoked: every session token of {id}\n"),
+        "{}",
+        out.stderr
+    );
+    failed_with(
+        &session(&url, &st_file, &["show", &id]).await,
+        "error: unauthorized: ",
+    );
+
+    // A deferred call's result.
+    let out = start("where am I?", &["--set", "tenant=acme"]).await;
+    let id = started_id(&out);
+    let out = session(&url, &owner, &["result", &id, "--output", "Lyon", "--wait"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "done: Lyon\n");
+
+    // Cancel the calls a run waits for, then resume.
+    let out = start("delete invoice 7", &["--set", "tenant=acme"]).await;
+    let id = started_id(&out);
+    let out = session(&url, &owner, &["cancel", &id]).await;
+    assert_eq!(out.stdout, "status: idle\n", "{}", out.stderr);
+    let out = session(&url, &owner, &["pending", &id]).await;
+    assert_eq!(
+        out.stdout,
+        format!("session {id} waits for nothing (status: idle)\n")
+    );
+    failed_with(
+        &session(&url, &owner, &["approve", &id]).await,
+        "error: session",
+    );
+    let out = session(&url, &owner, &["resume", &id, "--wait"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "done: error: the run was cancelled\n");
+    assert_eq!(c.runs(), 1);
 }
