@@ -634,3 +634,132 @@ async fn pending_calls_are_answered_from_the_terminal() {
     assert_eq!(out.stdout, "done: error: the run was cancelled\n");
     assert_eq!(c.runs(), 1);
 }
+
+/// `--follow` and `session follow`: the run's progress, each call it waits
+/// for asked on stdin (the date a booking needs, a choice by label or
+/// number, a confirmation, or `--yes` for it), until the answer. Nothing
+/// is booked that the person did not confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_follows_a_run_and_answers_what_it_waits_for() {
+    use crate::common::booking::{booking, two_slots, DAY};
+    let b = booking(two_slots(), |t| t).await;
+    let (sidecar, _api) = b.start();
+    let url = sidecar.url.clone();
+    let owner = b.dir.path().join("owner-token-file");
+    std::fs::write(&owner, OWNER).unwrap();
+
+    // Input, a choice by label, a confirmation: typed in.
+    let out = session_with_stdin(
+        &url,
+        &owner,
+        &[
+            "start",
+            "--agent",
+            "booking",
+            "--prompt",
+            r#"book {"service": "Haircut"}"#,
+            "--follow",
+        ],
+        &format!("{{\"date\": \"{DAY}\"}}\n11:00\ny\n"),
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("session-id: "), "{}", out.stdout);
+    let answer = out.stdout.trim_end().lines().last().unwrap();
+    assert!(
+        answer.starts_with("done: ") && answer.contains("\"booked\": true"),
+        "{}",
+        out.stdout
+    );
+    for asked in [
+        "needs [\"date\"]",
+        "needs a choice:",
+        "2. 11:00",
+        "Approve? [y/N]",
+        "-> bash_book",
+    ] {
+        assert!(out.stderr.contains(asked), "{asked}: {}", out.stderr);
+    }
+    assert_eq!(b.bookings(), vec![format!("{DAY} slot-b")]);
+
+    // A choice by number; --yes approves without asking.
+    let prompt = format!(r#"book {{"service": "Haircut", "date": "{DAY}"}}"#);
+    let out = session_with_stdin(
+        &url,
+        &owner,
+        &[
+            "start", "--agent", "booking", "--prompt", &prompt, "--follow", "--yes",
+        ],
+        "1\n",
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("approved (--yes)"), "{}", out.stderr);
+    assert_eq!(
+        b.bookings(),
+        vec![format!("{DAY} slot-b"), format!("{DAY} slot-a")]
+    );
+
+    // `session follow` on a session that waits; a "no" books nothing.
+    let out = session(
+        &url,
+        &owner,
+        &["start", "--agent", "booking", "--prompt", &prompt, "--wait"],
+    )
+    .await;
+    assert!(out.stdout.contains("needs_selection"), "{}", out.stdout);
+    let id = started_id(&out);
+    let out = session_with_stdin(&url, &owner, &["follow", &id], "11:00\nn\n").await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("did not approve"), "{}", out.stdout);
+    assert_eq!(b.bookings().len(), 2);
+
+    // `send --follow` on it: the next run, its own progress only.
+    let out = session_with_stdin(
+        &url,
+        &owner,
+        &["send", &id, "--prompt", &prompt, "--follow"],
+        "11:00\ny\n",
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stderr.matches("-> bash_book").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    assert_eq!(b.bookings().len(), 3);
+
+    // A session-token holder follows but cannot answer.
+    let out = session(
+        &url,
+        &owner,
+        &[
+            "start",
+            "--agent",
+            "booking",
+            "--prompt",
+            &prompt,
+            "--wait",
+            "--session-token",
+        ],
+    )
+    .await;
+    let id = started_id(&out);
+    let st = b.dir.path().join("st");
+    let token = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("session-token: "))
+        .unwrap();
+    std::fs::write(&st, token).unwrap();
+    let out = session_with_stdin(&url, &st, &["follow", &id, "--yes"], "1\n").await;
+    failed_with(&out, "error: session");
+    assert!(
+        out.stderr.contains("only the session's owner answers"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(b.bookings().len(), 3);
+}
