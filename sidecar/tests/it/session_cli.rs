@@ -495,6 +495,7 @@ async fn pending_calls_are_answered_from_the_terminal() {
 
     // Reject, with a reason the model reads.
     let out = start("delete invoice 7", &["--set", "tenant=acme"]).await;
+    let first = started_id(&out);
     assert!(
         out.stdout.contains(
             "status: waiting_external\n1. bash_delete-invoice confirm {\"id\":\"INV-7\"}"
@@ -562,6 +563,17 @@ async fn pending_calls_are_answered_from_the_terminal() {
         session(&url, &st_file, &["revoke-token", &id]).await.code,
         1
     );
+    // Nor may it read or touch another session.
+    for args in [
+        vec!["pending", &first],
+        vec!["follow", &first],
+        vec!["cancel", &first],
+    ] {
+        failed_with(
+            &session(&url, &st_file, &args).await,
+            "error: unauthorized: ",
+        );
+    }
     // The owner's answer may not carry the pinned tenant either.
     let out = session(
         &url,

@@ -45,7 +45,20 @@ fn pinned_refusal(r: &Reply, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_value_is_refused_to_every_later_request_and_survives_a_restart() {
-    let w = World::new(tool_then_answer).await;
+    pins_hold(&World::new(tool_then_answer).await).await;
+}
+
+/// The same on a PostgreSQL store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_survives_a_restart_on_postgres_too() {
+    let pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database("pins");
+    let mut w = World::new(tool_then_answer).await;
+    w.store = pg.url("pins");
+    pins_hold(&w).await;
+}
+
+async fn pins_hold(w: &World) {
     let (mut sidecar, api) = w.start(&[], &[]);
     let created = post(
         &api,

@@ -132,4 +132,15 @@ mod tests {
         assert!(msg.contains("column data (event 3) of session s1"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
     }
+
+    #[test]
+    fn a_session_stored_before_pins_reads_as_unpinned() {
+        let mut cols = Columns::encode(&full_record()).unwrap();
+        cols.security = r#"{"sealed": false, "token_digests": []}"#.into();
+        let rec = cols.decode().unwrap();
+        assert!(rec.security.pinned.is_empty());
+        // …and an unpinned one is written as before.
+        let again = Columns::encode(&rec).unwrap();
+        assert!(!again.security.contains("pinned"), "{}", again.security);
+    }
 }
