@@ -83,7 +83,8 @@ fn agent_file(agent: &TreeAgent<'_>) -> String {
             Toolbox::Openapi(_)
             | Toolbox::Deferred(_)
             | Toolbox::Postgrest(_)
-            | Toolbox::Builtin(_) => continue,
+            | Toolbox::Builtin(_)
+            | Toolbox::Sqlite(_) => continue,
         };
         if b.directory.is_some() {
             b.directory = Some(TOOLS_DIR.to_string());

@@ -56,7 +56,8 @@ pub struct Description {
     pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
     #[serde(default)]
     pub postgrest_toolboxes: Vec<PostgrestToolboxDescription>,
-    /// Tagged builtin toolboxes; only `SystemToolbox` exists here.
+    /// Tagged builtin toolboxes: `SystemToolbox` and `SqliteToolbox` load,
+    /// other kinds are refused, saying why.
     #[serde(default)]
     pub builtin_toolboxes: Vec<serde_json::Value>,
 }
@@ -150,24 +151,91 @@ pub struct SystemToolboxDescription {
     pub description: Option<String>,
     #[serde(alias = "Capabilities")]
     pub capabilities: Vec<String>,
-    /// Accepted for compatibility; `env-vars` is refused anyway.
+    /// agents-exe matches it as a substring of the names; Bindery reads it
+    /// as exact names separated by commas or spaces (see [`env_var_names`]).
     #[serde(default, rename = "envVarFilter", alias = "EnvVarFilter")]
-    pub env_var_filter: Option<serde_json::Value>,
+    pub env_var_filter: Option<String>,
 }
 
-/// One `builtinToolboxes` entry as a Bindery toolbox, or why not; the
-/// paths (from the entry) of the fields it did not read go to `ignored`.
-fn builtin_toolbox(v: serde_json::Value, ignored: &mut Vec<String>) -> Result<Toolbox, String> {
+/// `envVarFilter` as the list of names `env-vars` shows: exact names,
+/// separated by commas or white space. A substring filter would show any
+/// variable whose name happens to contain it, later ones included.
+pub fn env_var_names(filter: Option<&str>) -> Vec<String> {
+    filter
+        .unwrap_or_default()
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// agents-exe's `SqliteToolbox` description: the current form (`versioning`)
+/// and the older one (`path` and `access`).
+#[derive(Deserialize, Debug)]
+pub struct SqliteToolboxDescription {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub versioning: Option<SqliteVersioning>,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub access: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(tag = "tag")]
+pub enum SqliteVersioning {
+    SqliteReadOnly {
+        path: String,
+    },
+    SqliteReadWrite {
+        path: String,
+    },
+    SqliteNoVersioning {
+        path: String,
+    },
+    /// Copies of the database kept per conversation: not offered.
+    SqliteVersioned {
+        #[serde(rename = "basePath")]
+        base_path: String,
+    },
+}
+
+/// One `builtinToolboxes` entry (the `index`th) as a Bindery toolbox, or
+/// why not; the paths (from the entry) of the fields it did not read go to
+/// `ignored`.
+fn builtin_toolbox(
+    index: usize,
+    v: serde_json::Value,
+    ignored: &mut Vec<String>,
+) -> Result<Toolbox, String> {
     let tag = v["tag"].as_str().unwrap_or("(no tag)").to_string();
-    if tag != "SystemToolbox" {
-        return Err(format!(
-            "builtin toolbox `{tag}` is not supported by Bindery (only `SystemToolbox` is); remove it"
-        ));
+    let here = format!("builtinToolboxes[{index}] (`{tag}`)");
+    let refuse =
+        |why: &str, instead: &str| Err(format!("{here}: {why}; {instead}, and remove this entry"));
+    match tag.as_str() {
+        "SystemToolbox" | "SqliteToolbox" => {}
+        "DeveloperToolbox" => {
+            return refuse(
+                "Bindery does not offer agents-exe's developer toolbox: it writes and patches files and scaffolds agents on the server, which every tenant shares",
+                "to edit files, give the agent a bash tool that changes the one place you mean (run `bindery-sidecar check` to validate agents and tools)",
+            )
+        }
+        "LuaToolbox" => {
+            return refuse(
+                "Bindery does not run model-written Lua: a script chosen by the model would run inside the server",
+                "give the agent the tools the script would call (bash, OpenAPI, MCP); the model calls them in turn",
+            )
+        }
+        _ => {
+            return refuse(
+                "Bindery knows no such builtin toolbox (it offers `SystemToolbox` and `SqliteToolbox`)",
+                "use a bash, OpenAPI, PostgREST or MCP toolbox for what it does",
+            )
+        }
     }
-    let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), |p| {
-        ignored.push(format!("contents.{}", ignored_path(&p)))
-    })
-    .map_err(|e| format!("builtin toolbox `SystemToolbox`: {e}"))?;
     if let Some(o) = v.as_object() {
         ignored.extend(
             o.keys()
@@ -175,10 +243,52 @@ fn builtin_toolbox(v: serde_json::Value, ignored: &mut Vec<String>) -> Result<To
                 .cloned(),
         );
     }
+    let mut note =
+        |p: serde_ignored::Path<'_>| ignored.push(format!("contents.{}", ignored_path(&p)));
+    if tag == "SqliteToolbox" {
+        let d: SqliteToolboxDescription =
+            serde_ignored::deserialize(v["contents"].clone(), &mut note)
+                .map_err(|e| format!("{here}: {e}"))?;
+        let (path, read_write) = match (d.versioning, d.path, d.access.as_deref()) {
+            (Some(SqliteVersioning::SqliteReadOnly { path }), _, _) => (path, false),
+            (Some(SqliteVersioning::SqliteReadWrite { path }), _, _)
+            | (Some(SqliteVersioning::SqliteNoVersioning { path }), _, _) => (path, true),
+            (Some(SqliteVersioning::SqliteVersioned { .. }), _, _) | (None, Some(_), Some("snapshot")) => {
+                return refuse(
+                    "Bindery does not keep a copy of the database per conversation (`SqliteVersioned`, access `snapshot`)",
+                    "use `SqliteReadOnly`, or `SqliteReadWrite` on a database the agent may change",
+                )
+            }
+            (None, Some(path), None | Some("read-only")) => (path, false),
+            (None, Some(path), Some("read-write")) => (path, true),
+            (None, Some(_), Some(other)) => {
+                return Err(format!(
+                    "{here}: access `{other}` is not one of read-only, read-write"
+                ))
+            }
+            (None, None, _) => {
+                return Err(format!(
+                    "{here}: give `versioning` ({{\"tag\": \"SqliteReadOnly\", \"path\": …}}) or `path`"
+                ))
+            }
+        };
+        return Ok(Toolbox::Sqlite(super::SqliteToolbox {
+            name: d.name,
+            description: d.description,
+            path,
+            read_write,
+            max_rows: None,
+            timeout_seconds: None,
+            bindings: Vec::new(),
+        }));
+    }
+    let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), &mut note)
+        .map_err(|e| format!("{here}: {e}"))?;
     Ok(Toolbox::Builtin(super::BuiltinToolbox {
         name: d.name,
         description: d.description,
         capabilities: d.capabilities,
+        env_vars: env_var_names(d.env_var_filter.as_deref()),
         bindings: Vec::new(),
     }))
 }
@@ -500,7 +610,7 @@ impl Description {
         let mut ignored = Vec::new();
         for (i, b) in self.builtin_toolboxes.into_iter().enumerate() {
             let mut here = Vec::new();
-            toolboxes.push(builtin_toolbox(b, &mut here)?);
+            toolboxes.push(builtin_toolbox(i, b, &mut here)?);
             ignored.extend(
                 here.into_iter()
                     .map(|p| format!("contents.builtinToolboxes[{i}].{p}")),
@@ -684,13 +794,15 @@ mod tests {
         let file: AgentFile = serde_json::from_value(serde_json::json!({
             "tag": "OpenAIAgentDescription",
             "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
-                "builtinToolboxes": [{"tag": "SqliteToolbox", "contents": {}}]}
+                "builtinToolboxes": [{"tag": "LuaToolbox", "contents": {}}]}
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
         let err = d.convert().err().unwrap();
         assert!(
-            err.contains("builtin toolbox `SqliteToolbox` is not supported"),
+            err.starts_with(
+                "builtinToolboxes[0] (`LuaToolbox`): Bindery does not run model-written Lua"
+            ),
             "{err}"
         );
     }

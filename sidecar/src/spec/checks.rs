@@ -22,6 +22,7 @@ pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
         Toolbox::Deferred(_) => return format!("toolbox {} (deferred)", index + 1),
         Toolbox::Postgrest(p) => return format!("toolbox {} (postgrest {})", index + 1, p.name),
         Toolbox::Builtin(b) => return format!("toolbox {} (builtin {})", index + 1, b.name),
+        Toolbox::Sqlite(q) => return format!("toolbox {} (sqlite {})", index + 1, q.name),
     };
     match (&b.directory, &b.script) {
         (Some(d), None) => format!("toolbox {} (bash directory {d})", index + 1),
@@ -46,7 +47,7 @@ pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
             Toolbox::Openapi(o) => o.confirm.as_ref(),
             Toolbox::Mcp(m) => m.confirm.as_ref(),
             Toolbox::Postgrest(p) => p.confirm.as_ref(),
-            Toolbox::Builtin(_) => None,
+            Toolbox::Builtin(_) | Toolbox::Sqlite(_) => None,
             Toolbox::Deferred(d) => {
                 out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
                 continue;
@@ -133,8 +134,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
                 continue;
             }
             Toolbox::Builtin(b) => {
-                check_builtin(b, &place, &mut diags);
+                check_builtin(spec, b, &place, &mut diags);
                 check_bindings(spec, &b.bindings, &place, &mut diags);
+                continue;
+            }
+            Toolbox::Sqlite(q) => {
+                check_sqlite(q, &place, &mut diags);
+                check_bindings(spec, &q.bindings, &place, &mut diags);
                 continue;
             }
         };
@@ -192,8 +198,9 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
     diags
 }
 
-/// The capabilities a builtin toolbox may offer.
-pub const BUILTIN_CAPABILITIES: [&str; 7] = [
+/// The capabilities a builtin toolbox may offer (`env-vars` only with
+/// its list of names, see [`env_var_refusal`]).
+pub const BUILTIN_CAPABILITIES: [&str; 8] = [
     "date",
     "hostname",
     "operating-system",
@@ -201,9 +208,68 @@ pub const BUILTIN_CAPABILITIES: [&str; 7] = [
     "running-user",
     "uptime",
     "process-info",
+    "env-vars",
 ];
 
-fn check_builtin(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+/// The prefixes of the variables that set and pin process parameters
+/// (`params::process` reads them).
+pub const PARAM_ENV_PREFIXES: [&str; 2] = ["BINDERY_PARAM_", "BINDERY_PIN_"];
+
+/// The environment variables the definition reads a value from: a
+/// parameter's default, the model's API key, a toolbox's credential. Their
+/// values are parameters or credentials, so `env-vars` never shows them.
+pub fn env_sources(spec: &AgentSpec) -> BTreeSet<String> {
+    use super::ValueSource;
+    let mut out = BTreeSet::new();
+    let mut add = |v: Option<&ValueSource>| {
+        if let Some(ValueSource::Env(n)) = v {
+            out.insert(n.clone());
+        }
+    };
+    for d in &spec.parameters {
+        add(d.default.as_ref());
+    }
+    add(spec.model.api_key.as_ref());
+    let mut secrets = |list: &[super::OpenApiSecret]| {
+        for s in list {
+            if let SecretSource::Env(n) = &s.source {
+                out.insert(n.clone());
+            }
+        }
+    };
+    for tb in &spec.toolboxes {
+        match tb {
+            Toolbox::Openapi(o) => secrets(&o.secrets),
+            Toolbox::Postgrest(p) => secrets(&p.secrets),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Why `env-vars` may not show the variable `name` (of an agent whose
+/// definition reads `sources`), or `None` when it may.
+pub fn env_var_refusal(name: &str, sources: &BTreeSet<String>) -> Option<String> {
+    let [set, pin] = PARAM_ENV_PREFIXES;
+    if name.starts_with(set) || name.starts_with(pin) {
+        return Some(format!(
+            "`{name}` holds a parameter's value (a {set}*/{pin}* variable); bind the parameter to a tool argument instead"
+        ));
+    }
+    if sources.contains(name) {
+        return Some(format!(
+            "`{name}` is where this agent reads a parameter's or credential's value from; declare a parameter and bind it to a tool argument instead"
+        ));
+    }
+    let valid = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    (!valid).then(|| {
+        format!("`{name}` is not a variable name: list exact names (letters, digits and `_`), no patterns")
+    })
+}
+
+fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
     if !valid_mcp_name(&b.name) {
         diags.push(Diagnostic::error(format!(
             "{place}: a builtin toolbox's `name` is its tool's name (`io_<name>`): use 1 to 32 letters, digits, `_` and `-`"
@@ -220,15 +286,52 @@ fn check_builtin(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
             continue;
         }
         let why = match c.as_str() {
-            "env-vars" => "it would show the model the sidecar's environment, which holds parameter values and tokens".to_string(),
-            "attach-file" | "list-sessions" | "search-sessions" | "read-session" | "get-session-stats" => {
-                "Bindery does not offer it".to_string()
+            "attach-file" => "it would hand the model files of the server's own file system, which every tenant shares; to give the model a file's content, use a bash tool that reads that one file".to_string(),
+            "list-sessions" | "search-sessions" | "read-session" | "get-session-stats" => {
+                "sessions are read through the session API (GET /v1/sessions/ID), where each caller sees only its own; the model already has its own conversation".to_string()
             }
             _ => "no such capability".to_string(),
         };
         diags.push(Diagnostic::error(format!(
             "{place}: capability `{c}`: {why}; the capabilities are {}",
             BUILTIN_CAPABILITIES.join(", ")
+        )));
+    }
+    let env = b.capabilities.iter().any(|c| c == "env-vars");
+    if env && b.env_vars.is_empty() {
+        diags.push(Diagnostic::error(format!(
+            "{place}: capability `env-vars` needs the list of variables it may show (`envVars`, or agents-exe's `envVarFilter`): without one it would show the whole environment, parameter values and tokens included"
+        )));
+    }
+    if !env && !b.env_vars.is_empty() {
+        diags.push(Diagnostic::error(format!(
+            "{place}: `envVars` is given but capability `env-vars` is not listed; add it or remove `envVars`"
+        )));
+    }
+    let sources = env_sources(spec);
+    for name in &b.env_vars {
+        if let Some(why) = env_var_refusal(name, &sources) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: `env-vars` may not show {why}"
+            )));
+        }
+    }
+}
+
+fn check_sqlite(q: &super::SqliteToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    if !valid_mcp_name(&q.name) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: an SQLite toolbox's `name` is its tool's name (`sqlite_<name>`): use 1 to 32 letters, digits, `_` and `-`"
+        )));
+    }
+    if q.path.trim().is_empty() {
+        diags.push(Diagnostic::error(format!(
+            "{place}: `path` is empty; give the database file (relative to the agent file)"
+        )));
+    }
+    if q.max_rows == Some(0) || q.timeout_seconds == Some(0) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: `maxRows` and `timeoutSeconds` are at least 1"
         )));
     }
 }

@@ -272,6 +272,7 @@ pub enum Toolbox {
     Mcp(McpToolbox),
     Deferred(DeferredToolbox),
     Builtin(BuiltinToolbox),
+    Sqlite(SqliteToolbox),
 }
 
 /// Tools given by their schema only: the model calls them, the client runs
@@ -381,8 +382,39 @@ pub struct BuiltinToolbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// `date`, `hostname`, `operating-system`, `working-directory`,
-    /// `running-user`, `uptime`, `process-info`.
+    /// `running-user`, `uptime`, `process-info`, `env-vars`.
     pub capabilities: Vec<String>,
+    /// With `env-vars`: the only environment variables it shows, by exact
+    /// name (never one that holds a parameter's or credential's value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_vars: Vec<String>,
+    /// Bindings matched against `<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
+}
+
+/// An SQLite database file the model queries with SQL, one statement a
+/// call, through the tool `sqlite_<name>` (arguments `query` and `params`).
+/// Read-only unless `readWrite`; no statement may attach another file,
+/// change a pragma or load an extension.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SqliteToolbox {
+    /// The tool is `sqlite_<name>`: letters, digits, `_` and `-`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The database file; relative to the agent file. It must exist.
+    pub path: String,
+    /// Allow statements that change the database (default: read-only).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_write: bool,
+    /// At most this many rows in a result (default 200); more are cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<u32>,
+    /// A statement running longer is interrupted (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,

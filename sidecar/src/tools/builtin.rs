@@ -5,9 +5,12 @@
 //! gets bindings through the same combinator: bind `capability` to a
 //! literal and the model sees a tool without arguments.
 //!
-//! Nothing here reads the sidecar's environment: it holds parameter values
-//! and tokens (`env-vars` is refused at load, see `spec::checks`).
+//! The sidecar's environment holds parameter values and tokens: `env-vars`
+//! reads only the variables its declaration lists (`spec::checks` refuses a
+//! list naming a parameter's or credential's variable), and at each call
+//! leaves out any whose value holds a live secret.
 
+use std::collections::BTreeSet;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -19,10 +22,14 @@ use crate::spec::BuiltinToolbox;
 pub struct SystemTool {
     spec: ToolSpec,
     capabilities: Vec<String>,
+    /// What `env-vars` may show: the listed names, less any refused.
+    env_vars: Vec<String>,
 }
 
 impl SystemTool {
-    pub fn new(tb: &BuiltinToolbox) -> SystemTool {
+    /// The toolbox's tool; `sources` are the variables the agent reads
+    /// values from ([`crate::spec::checks::env_sources`]), never shown.
+    pub fn new(tb: &BuiltinToolbox, sources: &BTreeSet<String>) -> SystemTool {
         let spec = ToolSpec {
             name: format!("io_{}", tb.name),
             local_name: tb.name.clone(),
@@ -41,7 +48,36 @@ impl SystemTool {
         SystemTool {
             spec,
             capabilities: tb.capabilities.clone(),
+            env_vars: tb
+                .env_vars
+                .iter()
+                .filter(|n| crate::spec::checks::env_var_refusal(n, sources).is_none())
+                .cloned()
+                .collect(),
         }
+    }
+
+    /// `env-vars`: each listed variable's value, `null` when unset; one
+    /// whose value holds a secret this process or this call knows is
+    /// named under `withheld`, its value not read out.
+    fn env_report(&self, ctx: &CallContext) -> Value {
+        let live = crate::params::live::scrubber();
+        let mut vars = serde_json::Map::new();
+        let mut withheld = Vec::new();
+        for name in &self.env_vars {
+            match std::env::var(name) {
+                Ok(v) if live.scrub(&v) != v || ctx.scrubber.scrub(&v) != v => {
+                    withheld.push(name.clone())
+                }
+                Ok(v) => {
+                    vars.insert(name.clone(), Value::String(v));
+                }
+                Err(_) => {
+                    vars.insert(name.clone(), Value::Null);
+                }
+            }
+        }
+        json!({"variables": vars, "withheld": withheld})
     }
 }
 
@@ -125,7 +161,7 @@ impl Tool for SystemTool {
         &self.spec
     }
 
-    async fn call(&self, args: CallArgs, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
         let capability = match args.get("capability").and_then(|v| v.plain()) {
             Some(Value::String(c)) => c.clone(),
             _ => {
@@ -142,7 +178,11 @@ impl Tool for SystemTool {
             )));
         }
         let started = Instant::now();
-        let data = report(&capability).map_err(ToolError::Failed)?;
+        let data = if capability == "env-vars" {
+            self.env_report(ctx)
+        } else {
+            report(&capability).map_err(ToolError::Failed)?
+        };
         let out = json!({"capability": capability, "data": data,
                          "executionTime": started.elapsed().as_secs_f64()});
         Ok(ToolOutput {
@@ -164,7 +204,10 @@ mod tests {
 
     #[test]
     fn every_capability_reports() {
-        for c in crate::spec::checks::BUILTIN_CAPABILITIES {
+        for c in crate::spec::checks::BUILTIN_CAPABILITIES
+            .iter()
+            .filter(|c| **c != "env-vars")
+        {
             let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
             assert!(v.is_object(), "{c}: {v}");
         }

@@ -13,6 +13,8 @@ pub mod deferred;
 pub mod mcp;
 #[cfg(feature = "server")]
 pub mod openapi;
+#[cfg(feature = "server")]
+pub mod sqlite;
 
 use std::collections::BTreeMap;
 

@@ -505,7 +505,8 @@ async fn load_toolbox(
         }
         Toolbox::Builtin(bt) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            let tool = crate::tools::builtin::SystemTool::new(bt);
+            let sources = crate::spec::checks::env_sources(&p.spec);
+            let tool = crate::tools::builtin::SystemTool::new(bt, &sources);
             let bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
             let added = Added {
                 what: "the toolbox `name`",
@@ -515,6 +516,31 @@ async fn load_toolbox(
                 place: &place,
             };
             added.add(bound, p, tools, diags);
+            return;
+        }
+        Toolbox::Sqlite(q) => {
+            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            #[cfg(feature = "server")]
+            match crate::tools::sqlite::SqliteTool::open(q, base.join(&q.path)) {
+                Ok(tool) => {
+                    let added = Added {
+                        what: "the toolbox `name`",
+                        bindings: &q.bindings,
+                        decls: &[],
+                        confirm: None,
+                        place: &place,
+                    };
+                    added.add(
+                        vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)],
+                        p,
+                        tools,
+                        diags,
+                    );
+                }
+                Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
+            }
+            #[cfg(not(feature = "server"))]
+            let _ = (q, place);
             return;
         }
         Toolbox::Postgrest(pg) => {

@@ -10,6 +10,7 @@ mod common;
 mod adversarial;
 mod agents_exe_compat;
 mod api_promises;
+mod builtins;
 mod chat_page;
 mod cli;
 mod first_run;

@@ -1,0 +1,361 @@
+//! The SQLite toolbox: one tool, `sqlite_<name>`, that runs one SQL
+//! statement against a database file the agent's author named.
+//!
+//! The model writes the SQL, so the statement is bounded on every side:
+//! one statement a call; read-only (the file opened read-only, and every
+//! statement must be one SQLite itself calls read-only) unless the
+//! declaration says `readWrite`; never another file (`ATTACH`, `VACUUM
+//! INTO`), a pragma or an extension, refused by SQLite's authorizer before
+//! the statement runs; at most `maxRows` rows back; interrupted past
+//! `timeoutSeconds`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{json, Value};
+
+use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
+use crate::spec::SqliteToolbox;
+
+/// Rows a result holds at most when the declaration does not say.
+pub const DEFAULT_MAX_ROWS: u32 = 200;
+/// Seconds a statement may run when the declaration does not say.
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
+
+pub struct SqliteTool {
+    spec: ToolSpec,
+    read_write: bool,
+    max_rows: usize,
+    timeout: Duration,
+    /// One connection, one statement at a time.
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteTool {
+    /// The toolbox's tool over the file at `path` (resolved by the caller);
+    /// fails when the file cannot be opened as a database.
+    pub fn open(tb: &SqliteToolbox, path: PathBuf) -> Result<SqliteTool, String> {
+        if !path.is_file() {
+            return Err(format!(
+                "database file {} does not exist; create it, or fix `path` (relative to the agent file)",
+                path.display()
+            ));
+        }
+        let flags = if tb.read_write {
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn = Connection::open_with_flags(&path, flags)
+            .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        conn.authorizer(Some(authorize))
+            .map_err(|e| e.to_string())?;
+        // Checks the file really is a database.
+        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+            .map_err(|e| format!("{} is not a usable SQLite database: {e}", path.display()))?;
+        let access = if tb.read_write {
+            "read-write"
+        } else {
+            "read-only"
+        };
+        let spec = ToolSpec {
+            name: format!("sqlite_{}", tb.name),
+            local_name: tb.name.clone(),
+            description: format!(
+                "{} Runs one SQL statement on an SQLite database ({access}); `params` fill its `?` placeholders.",
+                tb.description.clone().unwrap_or_default()
+            )
+            .trim()
+            .to_string(),
+            args: vec![
+                ArgSpec {
+                    name: "query".into(),
+                    description: "one SQL statement".into(),
+                    required: true,
+                    schema: json!({"type": "string", "description": "one SQL statement"}),
+                    transport: Transport::Json,
+                },
+                ArgSpec {
+                    name: "params".into(),
+                    description: "values for the statement's `?` placeholders, in order".into(),
+                    required: false,
+                    schema: json!({"type": "array", "items": {"type": ["string", "number", "boolean", "null"]},
+                                   "description": "values for the statement's `?` placeholders, in order"}),
+                    transport: Transport::Json,
+                },
+            ],
+            writes: tb.read_write,
+        };
+        Ok(SqliteTool {
+            spec,
+            read_write: tb.read_write,
+            max_rows: tb.max_rows.unwrap_or(DEFAULT_MAX_ROWS) as usize,
+            timeout: Duration::from_secs(tb.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS)),
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+}
+
+/// What no statement may do, whatever the access: reach another file,
+/// change how the connection behaves, or load code.
+fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    match ctx.action {
+        AuthAction::Attach { .. } | AuthAction::Detach { .. } | AuthAction::Pragma { .. } => {
+            Authorization::Deny
+        }
+        AuthAction::Function { function_name }
+            if function_name.eq_ignore_ascii_case("load_extension") =>
+        {
+            Authorization::Deny
+        }
+        _ => Authorization::Allow,
+    }
+}
+
+/// The first keyword of `sql`, past white space and comments, upper-cased.
+fn first_keyword(sql: &str) -> String {
+    let mut rest = sql;
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r.split_once('\n').map_or("", |(_, after)| after);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.split_once("*/").map_or("", |(_, after)| after);
+        } else {
+            break;
+        }
+    }
+    rest.chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect::<String>()
+        .to_ascii_uppercase()
+}
+
+fn to_sql(v: &Value) -> Result<rusqlite::types::Value, String> {
+    use rusqlite::types::Value as V;
+    Ok(match v {
+        Value::Null => V::Null,
+        Value::Bool(b) => V::Integer(i64::from(*b)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => V::Integer(i),
+            None => V::Real(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => V::Text(s.clone()),
+        other => {
+            return Err(format!(
+                "`params` holds {}; give strings, numbers, booleans or null",
+                crate::spec::json_kind(other)
+            ))
+        }
+    })
+}
+
+fn cell(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => json!(i),
+        ValueRef::Real(f) => json!(f),
+        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => json!({"blob_bytes": b.len()}),
+    }
+}
+
+impl SqliteTool {
+    fn run(&self, sql: &str, params: &[rusqlite::types::Value]) -> Result<Value, ToolError> {
+        let keyword = first_keyword(sql);
+        if matches!(keyword.as_str(), "VACUUM" | "ATTACH" | "DETACH" | "PRAGMA") {
+            return Err(ToolError::Failed(format!(
+                "`{keyword}` statements are not allowed here"
+            )));
+        }
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = Instant::now() + self.timeout;
+        conn.progress_handler(10_000, Some(move || Instant::now() > deadline))
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        let result = (|| {
+            let mut stmt = conn.prepare(sql).map_err(|e| match e {
+                rusqlite::Error::MultipleStatement => {
+                    "give one statement a call (no `;` between statements)".to_string()
+                }
+                e => e.to_string(),
+            })?;
+            if !self.read_write && !stmt.readonly() {
+                return Err("this database is read-only here: only statements that read (SELECT, WITH … SELECT) are allowed".to_string());
+            }
+            if stmt.parameter_count() != params.len() {
+                return Err(format!(
+                    "the statement has {} `?` placeholder(s) but `params` gives {} value(s)",
+                    stmt.parameter_count(),
+                    params.len()
+                ));
+            }
+            let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
+            let mut rows = stmt
+                .query(rusqlite::params_from_iter(params.iter()))
+                .map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            let mut truncated = false;
+            while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+                if out.len() == self.max_rows {
+                    truncated = true;
+                    break;
+                }
+                out.push(Value::Array(
+                    (0..columns.len())
+                        .map(|i| row.get_ref(i).map(cell).unwrap_or(Value::Null))
+                        .collect(),
+                ));
+            }
+            drop(rows);
+            let changes = conn.changes();
+            Ok(
+                json!({"columns": columns, "rows": out, "rowCount": out.len(),
+                      "truncated": truncated, "changes": if columns.is_empty() { json!(changes) } else { Value::Null }}),
+            )
+        })();
+        let _ = conn.progress_handler(0, None::<fn() -> bool>);
+        result.map_err(|e| {
+            if e.contains("interrupted") {
+                ToolError::Failed(format!(
+                    "the statement ran past {}s and was stopped",
+                    self.timeout.as_secs()
+                ))
+            } else {
+                ToolError::Failed(e)
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Tool for SqliteTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, args: CallArgs, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let sql = match args.get("query").and_then(|v| v.plain()) {
+            Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
+            _ => {
+                return Err(ToolError::InvalidArguments(
+                    "`query` must be one SQL statement (a string)".into(),
+                ))
+            }
+        };
+        let params = match args.get("params").and_then(|v| v.plain()) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(to_sql)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ToolError::InvalidArguments)?,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`params` must be an array of values".into(),
+                ))
+            }
+        };
+        let this = SqliteTool {
+            spec: self.spec.clone(),
+            read_write: self.read_write,
+            max_rows: self.max_rows,
+            timeout: self.timeout,
+            conn: self.conn.clone(),
+        };
+        let started = Instant::now();
+        let data = tokio::task::spawn_blocking(move || this.run(&sql, &params))
+            .await
+            .map_err(|e| ToolError::Failed(format!("the query task failed: {e}")))??;
+        let mut out = data;
+        out["executionTime"] = json!(started.elapsed().as_secs_f64());
+        Ok(ToolOutput {
+            text: out.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(read_write: bool) -> (tempfile::TempDir, SqliteTool) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE t(a INTEGER, b TEXT); INSERT INTO t VALUES (1,'x'),(2,'y'),(3,'z');",
+        )
+        .unwrap();
+        drop(c);
+        let tb = SqliteToolbox {
+            name: "db".into(),
+            description: None,
+            path: "db.sqlite".into(),
+            read_write,
+            max_rows: Some(2),
+            timeout_seconds: Some(1),
+            bindings: Vec::new(),
+        };
+        let t = SqliteTool::open(&tb, path).unwrap();
+        (dir, t)
+    }
+
+    #[test]
+    fn keywords_skip_comments() {
+        assert_eq!(first_keyword("  -- hi\n /* x */ vacuum into 'f'"), "VACUUM");
+        assert_eq!(first_keyword("select 1"), "SELECT");
+    }
+
+    #[test]
+    fn reads_are_bounded_and_writes_refused_when_read_only() {
+        let (_d, t) = tool(false);
+        let v = t.run("SELECT a, b FROM t ORDER BY a", &[]).unwrap();
+        assert_eq!(v["rowCount"], 2);
+        assert_eq!(v["truncated"], true);
+        let err = t.run("DELETE FROM t", &[]).unwrap_err().to_string();
+        assert!(err.contains("read-only"), "{err}");
+        let err = t
+            .run("SELECT 1; DELETE FROM t", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one statement"), "{err}");
+        let err = t
+            .run("ATTACH DATABASE '/tmp/other.sqlite' AS o", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not allowed"), "{err}");
+        let err = t
+            .run("/* */ SELECT * FROM pragma_table_info('t')", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not authorized"), "{err}");
+        let v = t.run("SELECT b FROM t WHERE a = ?", &[2.into()]).unwrap();
+        assert_eq!(v["rows"], json!([["y"]]));
+        let err = t
+            .run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stopped"), "{err}");
+    }
+
+    #[test]
+    fn read_write_allows_changes_but_no_other_file() {
+        let (d, t) = tool(true);
+        let v = t.run("INSERT INTO t VALUES (4, 'w')", &[]).unwrap();
+        assert_eq!(v["changes"], 1);
+        let out = d.path().join("copy.sqlite");
+        let err = t
+            .run(&format!("VACUUM INTO '{}'", out.display()), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not allowed"), "{err}");
+        assert!(!out.exists());
+    }
+}

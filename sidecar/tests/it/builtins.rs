@@ -1,0 +1,333 @@
+//! Builtin toolboxes, driven as a user would: agents-exe files using each
+//! builtin kind load or are refused with the documented reason (`check`),
+//! bindings apply to builtin tools as to any other (`describe`,
+//! `tool-call`), and through the real server the model asking for the
+//! environment never gets a secret back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::*;
+use bindery_tests::mock_llm::{last_message, tool_results, MockLlm, MockReply};
+use serde_json::{json, Value};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents-exe/builtins")
+}
+
+/// The corpus copied into a fresh directory, with the `notes.sqlite` its
+/// SQLite toolboxes read.
+fn corpus_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(corpus()).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    notes_db(&dir.path().join("notes.sqlite"));
+    dir
+}
+
+fn notes_db(path: &Path) {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); \
+             c.execute('CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)'); \
+             c.executemany('INSERT INTO notes VALUES (?,?)', [(1,'ship on friday'),(2,'rotate the keys')]); \
+             c.commit()",
+        )
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+fn sidecar(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(bin())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Each file of the corpus that Bindery refuses, and the words of the
+/// refusal: which entry, why, and what to use instead.
+const REFUSED: &[(&str, &[&str])] = &[
+    (
+        "developer.json",
+        &[
+            "builtinToolboxes[0] (`DeveloperToolbox`)",
+            "every tenant shares",
+            "give the agent a bash tool",
+        ],
+    ),
+    (
+        "lua.json",
+        &[
+            "builtinToolboxes[0] (`LuaToolbox`)",
+            "model-written Lua",
+            "give the agent the tools the script would call",
+        ],
+    ),
+    (
+        "unknown-kind.json",
+        &[
+            "builtinToolboxes[0] (`BrowserToolbox`)",
+            "it offers `SystemToolbox` and `SqliteToolbox`",
+        ],
+    ),
+    (
+        "sqlite-versioned.json",
+        &[
+            "builtinToolboxes[0] (`SqliteToolbox`)",
+            "`SqliteVersioned`",
+            "use `SqliteReadOnly`",
+        ],
+    ),
+    (
+        "env-vars-unlisted.json",
+        &[
+            "toolbox 1 (builtin env): capability `env-vars` needs the list of variables",
+            "`envVarFilter`",
+        ],
+    ),
+    (
+        "env-vars-secret-source.json",
+        &[
+            "toolbox 1 (builtin env): `env-vars` may not show `SVC_TOKEN`",
+            "declare a parameter and bind it",
+        ],
+    ),
+    (
+        "env-vars-param-prefix.json",
+        &["`env-vars` may not show `BINDERY_PARAM_TENANT` holds a parameter's value"],
+    ),
+    (
+        "env-vars-pattern.json",
+        &["`APP_*` is not a variable name: list exact names"],
+    ),
+    (
+        "sessions.json",
+        &[
+            "capability `list-sessions`: sessions are read through the session API",
+            "capability `read-session`",
+        ],
+    ),
+    (
+        "attach-file.json",
+        &[
+            "capability `attach-file`: it would hand the model files of the server's own file system",
+            "use a bash tool that reads that one file",
+        ],
+    ),
+];
+
+#[test]
+fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
+    let dir = corpus_copy();
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "system-and-sqlite.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    for tool in ["io_system", "io_env", "sqlite_notes", "sqlite_scratch"] {
+        assert!(out.contains(tool), "{tool} not in:\n{out}");
+    }
+    let mut seen = 0;
+    for (file, words) in REFUSED {
+        let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", file], &[]);
+        assert!(!ok, "{file} loaded:\n{out}");
+        for w in *words {
+            assert!(out.contains(w), "{file}: `{w}` not in:\n{out}");
+        }
+        seen += 1;
+    }
+    // Every refused file of the corpus is in the table.
+    let files = std::fs::read_dir(corpus()).unwrap().count();
+    assert_eq!(seen + 1, files);
+}
+
+/// A binding on a builtin tool works as on any other: `io_env` has its
+/// `capability` bound (agent-level binding), so the model sees no
+/// argument and the call reports the listed variables; `sqlite_notes`
+/// answers a read and refuses a write, `sqlite_scratch` may write.
+#[test]
+fn bindings_apply_to_builtin_tools_and_sqlite_is_read_only_unless_declared() {
+    let dir = corpus_copy();
+    let (ok, out) = sidecar(
+        dir.path(),
+        &[
+            "describe",
+            "--agent-file",
+            "system-and-sqlite.json",
+            "--tool",
+            "io_env",
+        ],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let described: Value = serde_json::from_str(&out[..out.rfind('}').unwrap() + 1]).unwrap();
+    let tool = &described["tools"][0];
+    assert_eq!(tool["bound"][0]["arg"], "capability", "{out}");
+    assert_eq!(
+        tool["function"]["parameters"]["properties"],
+        json!({}),
+        "{out}"
+    );
+
+    let env = [("APP_REGION", "eu-west"), ("HOME_SECRET_ELSEWHERE", "zzz")];
+    let (ok, out) = sidecar(
+        dir.path(),
+        &[
+            "tool-call",
+            "--agent-file",
+            "system-and-sqlite.json",
+            "--tool",
+            "io_env",
+            "--args",
+            "{}",
+        ],
+        &env,
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("\"APP_REGION\":\"eu-west\""), "{out}");
+    assert!(out.contains("\"APP_MIRROR\":null"), "{out}");
+    assert!(
+        !out.contains("zzz") && !out.contains("HOME_SECRET"),
+        "{out}"
+    );
+
+    let call = |tool: &str, args: Value| {
+        sidecar(
+            dir.path(),
+            &[
+                "tool-call",
+                "--agent-file",
+                "system-and-sqlite.json",
+                "--tool",
+                tool,
+                "--args",
+                &args.to_string(),
+            ],
+            &[],
+        )
+    };
+    let (ok, out) = call(
+        "sqlite_notes",
+        json!({"query": "SELECT body FROM notes WHERE id = ?", "params": [2]}),
+    );
+    assert!(ok && out.contains("rotate the keys"), "{out}");
+    let (_, out) = call("sqlite_notes", json!({"query": "DELETE FROM notes"}));
+    assert!(out.contains("read-only"), "{out}");
+    let (ok, out) = call(
+        "sqlite_scratch",
+        json!({"query": "INSERT INTO notes(body) VALUES ('x')"}),
+    );
+    assert!(ok && out.contains("\"changes\":1"), "{out}");
+    let (_, out) = call(
+        "sqlite_scratch",
+        json!({"query": "ATTACH DATABASE 'other.sqlite' AS o"}),
+    );
+    assert!(out.contains("not allowed"), "{out}");
+    assert!(!dir.path().join("other.sqlite").exists());
+}
+
+/// The attack: the model asks for the environment. The variables listed
+/// are shown, but one whose value is the process's secret parameter (read
+/// from `SVC_TOKEN`) or the session's secret is withheld, by name only:
+/// neither value reaches the model, the API's replies or the store.
+#[tokio::test]
+async fn the_model_asking_for_env_vars_never_gets_a_secret() {
+    const PROCESS_SECRET: &str = "svc-SEKRIT-41";
+    const SESSION_SECRET: &str = "sess-SEKRIT-42";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("env: {}", last["content"].as_str().unwrap_or("")));
+        }
+        MockReply::tool_call("io_env", json!({"capability": "env-vars"}))
+    })
+    .await;
+    let agent = dir.path().join("env.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: envy}}
+spec:
+  model: {{url: "{}", name: mock-model}}
+  parameters:
+    - {{name: api_token, secret: true, scope: process, default: {{env: SVC_TOKEN}}}}
+    - {{name: billing_key, secret: true, scope: session}}
+  toolboxes:
+    - builtin:
+        name: env
+        capabilities: [env-vars, date]
+        envVars: [APP_REGION, APP_MIRROR, APP_SESSION_COPY]
+"#,
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let env = [
+        ("SVC_TOKEN", PROCESS_SECRET),
+        ("APP_REGION", "eu-west"),
+        ("APP_MIRROR", PROCESS_SECRET),
+        ("APP_SESSION_COPY", SESSION_SECRET),
+    ];
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
+    let id = new_session(
+        &api,
+        json!({"agent": "envy", "params": {"billing_key": SESSION_SECRET}}),
+    )
+    .await;
+    let reply = message_waited(&api, &id, "what is set?").await;
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let results: Vec<String> = mock
+        .requests()
+        .iter()
+        .flat_map(|r| {
+            tool_results(r)
+                .into_iter()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    let out: Value = serde_json::from_str(&results[0]).unwrap();
+    assert_eq!(
+        out["data"]["variables"],
+        json!({"APP_REGION": "eu-west"}),
+        "{out}"
+    );
+    assert_eq!(
+        out["data"]["withheld"],
+        json!(["APP_MIRROR", "APP_SESSION_COPY"]),
+        "{out}"
+    );
+    let requests = serde_json::to_string(&mock.requests()).unwrap();
+    drop(sidecar);
+    let store = raw_files(dir.path(), "store.sqlite");
+    for secret in [PROCESS_SECRET, SESSION_SECRET] {
+        assert!(!requests.contains(secret), "the model got {secret}");
+        for text in [&reply.text, &session.text] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(!contains(&store, secret), "{secret} stored");
+    }
+    mock.shutdown().await;
+}
