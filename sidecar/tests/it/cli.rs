@@ -970,7 +970,7 @@ spec:
     assert_eq!(out.code, 1);
     assert!(
         out.stderr
-            .contains("capability `env-vars`: it would show the model the sidecar's environment"),
+            .contains("capability `env-vars` needs the list of variables it may show"),
         "{}",
         out.stderr
     );
