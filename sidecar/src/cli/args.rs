@@ -16,16 +16,23 @@ pub struct Cli {
 
 impl Cli {
     /// The command line, parsed. `replay-tool-call` needs no agent file
-    /// when it replays raw against a script (`--raw-tool`).
+    /// when it replays raw against a script (`--raw-tool`). agents-exe's
+    /// invocations are read in Bindery's words first
+    /// ([`super::agents_exe_argv`]).
     pub fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
+        let argv =
+            super::agents_exe_argv::rewrite(std::env::args_os().collect()).unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(2)
+            });
         let matches = Cli::command()
             .mut_subcommand("replay-tool-call", |c| {
                 c.mut_arg("agent_files", |a| {
                     a.required_unless_present_any(["agents_dir", "tool"])
                 })
             })
-            .get_matches();
+            .get_matches_from(argv);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 }
@@ -40,6 +47,12 @@ pub enum LogFormat {
 pub enum Output {
     Text,
     Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    Json,
+    Pretty,
 }
 
 #[derive(Subcommand, Debug)]
@@ -64,6 +77,19 @@ pub enum Command {
         /// Only this tool (its model-visible name, e.g. bash_query-invoices).
         #[arg(long)]
         tool: Option<String>,
+    },
+    /// Run a bash tool script's `describe` and print its description,
+    /// checked (agents-exe's `describe-tool`; no agent file needed).
+    DescribeTool {
+        /// The script.
+        #[arg(value_name = "TOOLPATH")]
+        path: PathBuf,
+        /// `json` (one line) or `pretty`.
+        #[arg(long, short = 'f', value_enum, default_value_t = ToolFormat::Json)]
+        format: ToolFormat,
+        /// Only say whether the description is valid.
+        #[arg(long)]
+        check_only: bool,
     },
     /// Run one tool through its bindings, as if the model had called it.
     ToolCall {
@@ -125,6 +151,7 @@ pub enum Command {
     /// Serve one agent as a bash tool of another runtime: `as-tool
     /// --agent-file F describe` prints its description, `as-tool
     /// --agent-file F run --prompt TEXT [--NAME VALUE…]` runs it once.
+    /// agents-exe's `--agent-file F describe|run …` is read as this.
     AsTool {
         #[command(flatten)]
         agents: AgentArgs,

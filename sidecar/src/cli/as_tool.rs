@@ -53,6 +53,36 @@ pub fn describe(slug: &str, announce: Option<&str>, params: &[ParamStatus]) -> V
     })
 }
 
+/// `describe`'s options, agents-exe's: `--self-describe-slug NAME` and
+/// `--self-describe-description TEXT` name the tool differently.
+pub fn parse_describe(argv: &[String]) -> Result<(Option<String>, Option<String>), String> {
+    let (mut slug, mut description) = (None, None);
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (flag.as_str(), None),
+        };
+        let slot = match name {
+            "--self-describe-slug" => &mut slug,
+            "--self-describe-description" => &mut description,
+            _ => {
+                return Err(format!(
+                    "unexpected argument `{flag}`: `describe` takes --self-describe-slug NAME and --self-describe-description TEXT"
+                ))
+            }
+        };
+        *slot = Some(match inline {
+            Some(v) => v,
+            None => it
+                .next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))?,
+        });
+    }
+    Ok((slug, description))
+}
+
 /// `run`'s arguments: the prompt and `NAME=VALUE` for each parameter
 /// given, a secret one read from its environment variable (`env` mode).
 pub fn parse_run(
@@ -117,8 +147,13 @@ pub async fn main(
     let agent = tree.pick(agents.agent.as_deref())?;
     let params = open_params(agent.params.statuses());
     match protocol.split_first() {
-        Some((cmd, [])) if cmd == "describe" => {
-            let d = describe(&agent.name, agent.spec.announce.as_deref(), &params);
+        Some((cmd, rest)) if cmd == "describe" => {
+            let (slug, description) = parse_describe(rest).map_err(|e| format!("error: {e}"))?;
+            let d = describe(
+                slug.as_deref().unwrap_or(&agent.name),
+                description.as_deref().or(agent.spec.announce.as_deref()),
+                &params,
+            );
             println!("{d}");
             Ok(std::process::ExitCode::SUCCESS)
         }

@@ -97,6 +97,31 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             tools,
         } => check(&agents, output, tools).await,
         Command::Session { server, command } => super::session_client::main(server, command).await,
+        Command::DescribeTool {
+            path,
+            format,
+            check_only,
+        } => {
+            let tool =
+                crate::tools::bash::load_script(&path, crate::tools::bash::Limits::default())
+                    .await
+                    .map_err(|e| format!("error: {e}"))?;
+            let info = tool.info();
+            if check_only {
+                println!("{}: valid tool `{}`", path.display(), info.slug);
+            } else if format == super::args::ToolFormat::Pretty {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(info).map_err(|e| e.to_string())?
+                );
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string(info).map_err(|e| e.to_string())?
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::AsTool {
             agents,
             model,

@@ -1,5 +1,6 @@
 //! The `bindery-sidecar` command line.
 
+mod agents_exe_argv;
 mod args;
 mod as_tool;
 mod ask;

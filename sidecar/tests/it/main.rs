@@ -8,6 +8,7 @@
 mod common;
 
 mod adversarial;
+mod agents_exe_cli;
 mod agents_exe_compat;
 mod api_promises;
 mod builtins;

@@ -53,6 +53,11 @@ pub struct BashTool {
 }
 
 impl BashTool {
+    /// What the script's `describe` printed.
+    pub fn info(&self) -> &ScriptInfo {
+        &self.info
+    }
+
     pub fn new(path: PathBuf, info: ScriptInfo, limits: Limits) -> Self {
         let spec = ToolSpec {
             name: format!("bash_{}", info.slug),

@@ -1,0 +1,169 @@
+//! agents-exe's own command line, accepted as is, so a tool script or a
+//! toolbox entry written for the agents-exe binary runs with
+//! `bindery-sidecar` in its place:
+//!
+//! ```sh
+//! exec bindery-sidecar --agent-file child.json "$@"   # describe | run --prompt …
+//! ```
+//!
+//! agents-exe puts its global options (`--agent-file`, `--agent`/`-a`,
+//! `--api-keys`, the `--log-*` sinks) before the command; Bindery puts
+//! every option after it. So an invocation that starts with one of those
+//! options is agents-exe's, and is rewritten before parsing:
+//!
+//! | agents-exe | Bindery |
+//! |---|---|
+//! | `--agent-file F describe [--self-describe-slug S] [--self-describe-description D]` | `as-tool --agent-file F describe …` |
+//! | `--agent-file F run --prompt P [--NAME V…]` | `as-tool --agent-file F run --prompt P …` |
+//! | `--agent-file F check` | `check --agent-file F` |
+//!
+//! `bindery-sidecar describe --agent-file F` (options after the command)
+//! stays Bindery's `describe`, the tools' schemas. `describe-tool PATH` is
+//! an ordinary command of both.
+
+use std::ffi::OsString;
+
+/// agents-exe's global options that take a value.
+const GLOBAL: [&str; 8] = [
+    "--agent-file",
+    "--agent",
+    "-a",
+    "--api-keys",
+    "--log-file",
+    "--log-http",
+    "--log-json-file",
+    "--session-json-file-prefix",
+];
+
+/// `argv` in Bindery's words when it is an agents-exe invocation (see the
+/// module's table); otherwise `argv` unchanged. An agents-exe command
+/// Bindery does not offer is an error naming what to use.
+pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let Some((prog, rest)) = argv.split_first() else {
+        return Ok(argv);
+    };
+    let text: Vec<String> = rest
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut agent = Vec::<OsString>::new();
+    let mut i = 0;
+    while let Some(arg) = text.get(i) {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        if !GLOBAL.contains(&name) {
+            break;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => text
+                .get(i + 1)
+                .cloned()
+                .ok_or_else(|| format!("error: {name} needs a value"))?,
+        };
+        i += if arg.contains('=') { 1 } else { 2 };
+        match name {
+            "--agent-file" | "--api-keys" => agent.extend([name.into(), value.into()]),
+            "--agent" | "-a" => agent.extend(["--agent".into(), value.into()]),
+            // Bindery logs to stderr (and OTLP); these sinks are agents-exe's.
+            _ => {}
+        }
+    }
+    if i == 0 {
+        return Ok(argv);
+    }
+    let command = text.get(i).map(String::as_str);
+    let after = rest[(i + 1).min(rest.len())..].iter().cloned();
+    let mut out = vec![prog.clone()];
+    match command {
+        Some("describe") | Some("run") => {
+            out.push("as-tool".into());
+            out.extend(agent);
+            out.push(command.unwrap_or_default().into());
+            out.extend(after);
+        }
+        Some("check") => {
+            out.push("check".into());
+            out.extend(agent);
+            out.extend(after);
+        }
+        Some("describe-tool") => {
+            out.push("describe-tool".into());
+            out.extend(after);
+        }
+        Some(other) => {
+            return Err(format!(
+                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run --prompt TEXT`, `check` and `describe-tool PATH` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
+            ))
+        }
+        None => {
+            return Err(
+                "error: give a command after the agent options: `describe`, `run --prompt TEXT` or `check`"
+                    .into(),
+            )
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rw(args: &[&str]) -> Result<Vec<String>, String> {
+        let argv = std::iter::once("bindery-sidecar")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        rewrite(argv).map(|v| {
+            v.into_iter()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn agents_exe_invocations_become_as_tool_and_bindery_ones_stay() {
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "--log-file", "x", "describe"]).unwrap(),
+            ["as-tool", "--agent-file", "c.json", "describe"]
+        );
+        assert_eq!(
+            rw(&[
+                "--api-keys=k.json",
+                "-a",
+                "child",
+                "--agent-file",
+                "c.json",
+                "run",
+                "--prompt",
+                "hi"
+            ])
+            .unwrap(),
+            [
+                "as-tool",
+                "--api-keys",
+                "k.json",
+                "--agent",
+                "child",
+                "--agent-file",
+                "c.json",
+                "run",
+                "--prompt",
+                "hi"
+            ]
+        );
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "check"]).unwrap(),
+            ["check", "--agent-file", "c.json"]
+        );
+        let bindery = ["describe", "--agent-file", "c.json", "--tool", "io_x"];
+        assert_eq!(rw(&bindery).unwrap(), bindery);
+        assert!(rw(&["--agent-file", "c.json", "tui"])
+            .unwrap_err()
+            .contains("`tui` is an agents-exe command"));
+    }
+}
