@@ -11,4 +11,5 @@ pub mod peers;
 pub mod server;
 pub mod state;
 pub mod status;
+pub mod stored_agents;
 pub mod views;

@@ -402,6 +402,12 @@ error_codes! {
     ];
     /// Not ready.
     NotReady = ["starting", "store_unavailable"];
+    /// Agents are not kept over the API on this server.
+    StoredAgentsDisabled = ["stored_agents_disabled"];
+    /// A file agent has this slug.
+    AgentExists = ["agent_exists"];
+    /// The agent's definition does not load.
+    InvalidAgent = ["invalid_agent"];
 }
 
 /// The text of a 422 for parameters (each route adds its codes).
@@ -907,6 +913,8 @@ mod tests {
         ("GET", "/openapi.json"),
         ("GET", "/v1/agents"),
         ("GET", "/v1/agents/{slug}"),
+        ("PUT", "/v1/agents/{slug}"),
+        ("DELETE", "/v1/agents/{slug}"),
         ("POST", "/v1/sessions"),
         ("GET", "/v1/sessions"),
         ("GET", "/v1/sessions/{id}"),

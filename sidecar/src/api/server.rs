@@ -50,7 +50,11 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(metrics))
         .routes(routes!(openapi))
         .routes(routes!(list_agents))
-        .routes(routes!(get_agent))
+        .routes(routes!(
+            get_agent,
+            super::stored_agents::put,
+            super::stored_agents::delete
+        ))
         .routes(routes!(create_session, list_sessions))
         .routes(routes!(get_session))
         .routes(routes!(post_message))
@@ -307,10 +311,10 @@ async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiR
     s.caller(&headers, None, Door::OwnerOnly).await?;
     let agents: Vec<_> = s
         .service
-        .tree()
-        .agents
-        .values()
-        .map(|a| agent_view(a))
+        .all_agents()
+        .await
+        .into_iter()
+        .map(|(a, source)| agent_view(&a, source))
         .collect();
     Ok(Json(json!({"agents": agents})).into_response())
 }
@@ -330,12 +334,8 @@ async fn get_agent(
     Path(slug): Path<String>,
 ) -> ApiResult {
     s.caller(&headers, None, Door::OwnerOnly).await?;
-    let agent = s
-        .service
-        .tree()
-        .agent(&slug)
-        .ok_or_else(|| ServiceError::not_found(format!("no agent named `{slug}`")))?;
-    Ok(Json(agent_view(agent)).into_response())
+    let (agent, source) = s.service.get_agent(&slug).await?;
+    Ok(Json(agent_view(&agent, source)).into_response())
 }
 
 // The fork route parses this too; the document shows its part as

@@ -87,7 +87,7 @@ impl AppState {
     /// clear by mistake).
     async fn secret_values_in(&self, id: &str, req: &Incoming) -> Vec<String> {
         let agent = match self.service.record(id).await {
-            Ok(rec) => self.service.tree().agent(&rec.agent).cloned(),
+            Ok(rec) => self.service.find_agent(&rec.agent).map(|(a, _)| a),
             Err(_) => None,
         };
         secret_values_in(&req.body, |name| {

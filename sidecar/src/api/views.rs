@@ -15,6 +15,10 @@ use crate::tree::LoadedAgent;
 #[derive(Serialize, ToSchema)]
 pub struct AgentView {
     pub slug: String,
+    /// Where its definition comes from: `file` (the server's files) or
+    /// `store` (kept over the API).
+    #[schema(value_type = String, example = "file")]
+    pub source: &'static str,
     /// What the agent says it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
@@ -63,9 +67,13 @@ impl From<ParamStatus> for ParameterView {
     }
 }
 
-pub fn agent_view(a: &LoadedAgent) -> AgentView {
+pub fn agent_view(
+    a: &LoadedAgent,
+    source: crate::session::service::stored::AgentSource,
+) -> AgentView {
     AgentView {
         slug: a.name.clone(),
+        source: source.as_str(),
         announce: a.spec.announce.clone(),
         parameters: a
             .params

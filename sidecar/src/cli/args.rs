@@ -223,6 +223,11 @@ pub enum Command {
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,
+        /// Keep agents the owner sends over the API (PUT /v1/agents/SLUG)
+        /// in the store. They may use only toolboxes that run no code on
+        /// this server (see README, Stored agents).
+        #[arg(long, env = "BINDERY_STORED_AGENTS")]
+        stored_agents: bool,
         /// Forget a session's secret values after it has been idle this
         /// long (`30m`, `90s`); the next message then answers 409
         /// params_required, as after a restart. `off`: keep them as long

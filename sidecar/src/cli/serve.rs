@@ -160,6 +160,7 @@ pub struct ServeArgs<'a> {
     pub peer_listen: &'a str,
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
+    pub stored_agents: bool,
     pub live_session_ttl: Option<Duration>,
     pub max_live_sessions: Option<usize>,
     pub events_keep_alive: Duration,
@@ -255,6 +256,15 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             advertise,
         },
     );
+    if a.stored_agents {
+        service.enable_stored(crate::session::service::stored::StoredAgents::new(
+            opts.limits,
+            client_options(a.model),
+        ));
+        if let Err(e) = service.load_stored().await {
+            tracing::warn!("stored agents not loaded: {}", e.message);
+        }
+    }
     // Beat before the first run can start, then close the runs no live
     // server vouches for (all of them on a store of our own: the last
     // process's); from then on, beat and sweep in the background.

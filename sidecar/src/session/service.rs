@@ -55,6 +55,7 @@ mod liveness;
 mod runs;
 mod secrets;
 mod sink;
+pub mod stored;
 mod tokens;
 
 use crate::params::secret::constant_time_eq;
@@ -229,6 +230,8 @@ pub struct Service {
     peers: Mutex<HashMap<String, (Peer, std::time::Instant)>>,
     /// This service, for the background writes of sync paths.
     me: std::sync::Weak<Service>,
+    /// Agents kept by the API, when the server allows it (`--stored-agents`).
+    stored: std::sync::OnceLock<stored::StoredAgents>,
 }
 
 pub use super::store::now_ms;
@@ -257,7 +260,13 @@ impl Service {
             instance: uuid::Uuid::new_v4().to_string(),
             store_ok: AtomicBool::new(true),
             peers: Mutex::new(HashMap::new()),
+            stored: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Keep agents sent over the API (`serve --stored-agents`).
+    pub fn enable_stored(&self, stored: stored::StoredAgents) {
+        let _ = self.stored.set(stored);
     }
 
     /// Whether the store took this server's last heartbeat: a server that
@@ -366,12 +375,6 @@ impl Service {
             map.remove(id);
         }
         self.metrics.set_sessions_live(map.len() as u64);
-    }
-
-    fn agent(&self, name: &str) -> Result<&Arc<LoadedAgent>, ServiceError> {
-        self.tree
-            .agent(name)
-            .ok_or_else(|| ServiceError::not_found(format!("no agent named `{name}`")))
     }
 
     pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {

@@ -550,6 +550,115 @@ fn check_bindings(
     }
 }
 
+/// Why an agent definition sent over the API (`PUT /v1/agents/:slug`)
+/// may not be kept, one reason per offending place; empty when it may.
+///
+/// An API client chooses the whole definition, so nothing in it may make
+/// the server run code, read its files or environment, or hand on a
+/// value the server holds: only toolboxes that reach out over HTTP
+/// (OpenAPI and PostgREST by URL, MCP by URL), that the client runs
+/// itself (deferred), or builtins that report no secret; no helper, no
+/// model API key, no value read from the server, and no credential
+/// written into the definition (it would be stored in clear).
+pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
+    use super::ValueSource;
+    let mut out = Vec::new();
+    let is_url = |s: &str| s.starts_with("http://") || s.starts_with("https://");
+    for d in &spec.parameters {
+        match &d.default {
+            Some(ValueSource::Value(_)) if d.secret => out.push(format!(
+                "parameter `{}`: a secret's value may not be written into a stored agent (it would be kept in clear); give it per session instead",
+                d.name
+            )),
+            Some(ValueSource::Value(_)) | None => {}
+            Some(other) => out.push(format!(
+                "parameter `{}`: its default is read from the server ({}); a stored agent's values come from its sessions: remove the default",
+                d.name,
+                other.describe()
+            )),
+        }
+        if d.scope == Scope::Process && d.default.is_none() {
+            out.push(format!(
+                "parameter `{}`: process scope would read the server's own values; use session or message scope",
+                d.name
+            ));
+        }
+    }
+    if spec.model.api_key.is_some() {
+        out.push("model `apiKey`: a stored agent uses no key of its own (one written in would be kept in clear, one of the server's would go to a URL the client chose); serve with --model-url and BINDERY_MODEL_API_KEY, or use a model that needs no key".to_string());
+    }
+    if !spec.helpers.is_empty() {
+        out.push("helpers: a stored agent has none (a helper by path reads the server's files); store the helper as an agent of its own and call it from the client".to_string());
+    }
+    let secrets = |list: &[super::OpenApiSecret], place: &str, out: &mut Vec<String>| {
+        for s in list {
+            if !matches!(s.source, SecretSource::Param(_)) {
+                out.push(format!(
+                    "{place}: a credential from {} is read from the server or kept in clear; take it from a secret parameter (`param`) given per session",
+                    match &s.source {
+                        SecretSource::Value(_) => "a written-in `value`".to_string(),
+                        SecretSource::Env(v) => format!("env {v}"),
+                        SecretSource::File(f) => format!("file {f}"),
+                        SecretSource::Command(_) => "a command".to_string(),
+                        SecretSource::ApiKey(k) => format!("api-key {k}"),
+                        SecretSource::Param(_) => String::new(),
+                    }
+                ));
+            }
+        }
+    };
+    for (i, tb) in spec.toolboxes.iter().enumerate() {
+        let place = toolbox_label(i, tb);
+        match tb {
+            Toolbox::Bash(_) => out.push(format!(
+                "{place}: a bash toolbox runs executables on the server, and a stored agent's are chosen by an API client; put the agent in a file the server loads, or use an OpenAPI or MCP-by-URL toolbox"
+            )),
+            Toolbox::Sqlite(_) => out.push(format!(
+                "{place}: an SQLite toolbox reads a file on the server; put the agent in a file the server loads, or serve the data over PostgREST"
+            )),
+            Toolbox::Mcp(m) => {
+                if m.url.is_none() {
+                    out.push(format!(
+                        "{place}: an MCP server started as a program runs on the server; give its `url` instead"
+                    ));
+                }
+                for (k, v) in m.headers.iter().chain(&m.env) {
+                    if matches!(v, BindingValue::Param(_)) {
+                        out.push(format!(
+                            "{place}: `{k}` reads a process parameter, which a stored agent does not have"
+                        ));
+                    }
+                }
+            }
+            Toolbox::Openapi(o) => {
+                if !is_url(&o.spec) {
+                    out.push(format!(
+                        "{place}: `spec` must be an http(s) URL (a path would read the server's files)"
+                    ));
+                }
+                secrets(&o.secrets, &place, &mut out);
+            }
+            Toolbox::Postgrest(p) => {
+                if p.spec.as_deref().is_some_and(|s| !is_url(s)) {
+                    out.push(format!(
+                        "{place}: `spec` must be an http(s) URL (a path would read the server's files)"
+                    ));
+                }
+                secrets(&p.secrets, &place, &mut out);
+            }
+            Toolbox::Builtin(b) => {
+                if b.capabilities.iter().any(|c| c == "env-vars") {
+                    out.push(format!(
+                        "{place}: capability `env-vars` would show the server's environment to an agent an API client defined; remove it"
+                    ));
+                }
+            }
+            Toolbox::Deferred(_) => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -205,6 +205,79 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     })
 }
 
+/// One agent from a definition's text (`PUT /v1/agents/:slug`), named
+/// `label` in messages where a file would be named, checked exactly as a
+/// file's agent is, plus `refuse` (reasons it may not be kept, each an
+/// error); the document must hold one agent, called `slug`. It gets no
+/// helper: helpers are refused before loading.
+pub async fn load_document(
+    label: &str,
+    slug: &str,
+    text: &str,
+    opts: &LoadOptions,
+    refuse: impl Fn(&AgentSpec) -> Vec<String>,
+) -> Result<(Arc<LoadedAgent>, Vec<Diagnostic>), LoadError> {
+    let fail = |m: String| LoadError {
+        diagnostics: vec![Diagnostic::error(m)],
+    };
+    let mut parsed = files::parse_text(text).map_err(|e| fail(format!("{label}: {e}")))?;
+    if parsed.len() != 1 {
+        return Err(fail(format!(
+            "{label}: give one agent ({} given)",
+            parsed.len()
+        )));
+    }
+    let agent = parsed.remove(0);
+    if agent.name != slug {
+        return Err(fail(format!(
+            "{label}: the definition names agent `{}`; its name must be the slug in the path, `{slug}`",
+            agent.name
+        )));
+    }
+    let here = format!("{label}: agent `{slug}`");
+    let mut diags: Vec<Diagnostic> = agent
+        .ignored
+        .iter()
+        .map(|f| {
+            Diagnostic::warning(format!(
+                "{label}: ignored field {f} (agents-exe reads it, Bindery has no use for it; remove it to silence this warning)"
+            ))
+        })
+        .collect();
+    let refused = refuse(&agent.spec);
+    if agent.tool_directory.is_some() {
+        diags.push(Diagnostic::error(format!(
+            "{here}: `toolDirectory` reads the server's files; a stored agent has no helpers"
+        )));
+    }
+    diags.extend(
+        refused
+            .into_iter()
+            .map(|r| Diagnostic::error(format!("{here}, {r}"))),
+    );
+    if diags.iter().any(|d| d.level == Level::Error) {
+        // Nothing it names is loaded: no program runs, no file is read.
+        diags.extend(crate::spec::checks::check_definition(
+            slug,
+            &agent.spec,
+            &here,
+        ));
+        return Err(LoadError { diagnostics: diags });
+    }
+    let pending = Pending {
+        name: agent.name,
+        file: PathBuf::from(label),
+        spec: agent.spec,
+        helpers: Vec::new(),
+    };
+    let (loaded, mut d) = load_agent(&pending, opts).await;
+    diags.append(&mut d);
+    if diags.iter().any(|d| d.level == Level::Error) {
+        return Err(LoadError { diagnostics: diags });
+    }
+    Ok((Arc::new(loaded), diags))
+}
+
 fn agent_files_in(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read agents directory {}: {e}", dir.display()))?;

@@ -35,4 +35,5 @@ mod server_runs;
 mod server_sessions;
 mod session_cli;
 mod session_pins;
+mod stored_agents;
 mod tool_cache;

@@ -77,6 +77,9 @@ impl Service {
                 (agent, Values::new(), Vec::new(), op, Vec::new())
             }
         };
+        if let Err(e) = self.refresh_stored(&agent_name).await {
+            tracing::warn!(agent = %agent_name, "stored agent not read again: {}", e.message);
+        }
         let agent = self.agent(&agent_name)?.clone();
         let WithPins {
             supplied,

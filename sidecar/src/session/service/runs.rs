@@ -163,7 +163,8 @@ impl Service {
         gate: sink::StartGate,
     ) -> Option<Driven> {
         let sink = SessionSink::new(self, id, cancel, gate);
-        let Some(client) = self.clients.get(&agent.name) else {
+        let client = self.client_for(&agent.name);
+        let Some(client) = client.as_ref() else {
             let why = format!("no model client for agent `{}`", agent.name);
             return sink.close().await.map(|(answer, taken)| Driven {
                 end: RunEnd::Failed(why),

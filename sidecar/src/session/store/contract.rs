@@ -48,6 +48,7 @@ macro_rules! store_contract {
             case!(heartbeats_are_kept_per_instance_and_forgotten);
             case!(a_servers_address_is_kept_with_its_heartbeat);
             case!(the_holder_of_a_sessions_secrets_is_stored_and_cleared);
+            case!(agents_are_put_replaced_listed_and_deleted);
         }
     };
 }
@@ -474,4 +475,30 @@ pub async fn the_holder_of_a_sessions_secrets_is_stored_and_cleared(store: Arc<d
     rec.version += 1;
     store.update(&rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap().unwrap().holder, None);
+}
+
+pub async fn agents_are_put_replaced_listed_and_deleted(store: Arc<dyn SessionStore>) {
+    use crate::session::store::StoredAgent;
+    assert!(store.put_agent("b", r#"{"v":1}"#, 10).await.unwrap());
+    assert!(store.put_agent("a", r#"{"v":2}"#, 11).await.unwrap());
+    assert!(!store.put_agent("b", r#"{"v":3}"#, 12).await.unwrap());
+    assert_eq!(
+        store.get_agent("b").await.unwrap(),
+        Some(StoredAgent {
+            slug: "b".into(),
+            document: r#"{"v":3}"#.into(),
+            updated_at: 12
+        })
+    );
+    let slugs: Vec<String> = store
+        .agents()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.slug)
+        .collect();
+    assert_eq!(slugs, ["a", "b"]);
+    assert!(store.delete_agent("b").await.unwrap());
+    assert!(!store.delete_agent("b").await.unwrap());
+    assert_eq!(store.get_agent("b").await.unwrap(), None);
 }

@@ -125,6 +125,35 @@ pub trait SessionStore: Send + Sync {
     /// Give back the memory the store caches (after many sessions went);
     /// nothing to do for a store that holds no cache of its own.
     async fn release_memory(&self) {}
+    /// Keep the definition `document` (JSON text) as stored agent `slug`,
+    /// replacing any; whether it was new.
+    async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
+        let _ = (slug, document, at);
+        Err(StoreError::Backend("this store keeps no agents".into()))
+    }
+    /// Stored agent `slug`: its document and when it was last put.
+    async fn get_agent(&self, slug: &str) -> Result<Option<StoredAgent>, StoreError> {
+        let _ = slug;
+        Ok(None)
+    }
+    /// Forget stored agent `slug`; whether there was one.
+    async fn delete_agent(&self, slug: &str) -> Result<bool, StoreError> {
+        let _ = slug;
+        Ok(false)
+    }
+    /// Every stored agent, by slug.
+    async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// An agent definition kept in the store (`PUT /v1/agents/:slug`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredAgent {
+    pub slug: String,
+    /// The definition as JSON text (Bindery's form or agents-exe's).
+    pub document: String,
+    pub updated_at: i64,
 }
 
 /// Open the store at `location`; a Postgres database that is not reachable

@@ -92,6 +92,12 @@ const MIGRATIONS: &[&str] = &[
     // server is reached by its peers.
     "ALTER TABLE bindery_sessions ADD COLUMN holder TEXT;
     ALTER TABLE bindery_runners ADD COLUMN address TEXT;",
+    // 7: agents kept by the API (`PUT /v1/agents/:slug`).
+    "CREATE TABLE bindery_agents (
+        slug       TEXT PRIMARY KEY,
+        document   TEXT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );",
 ];
 
 /// The advisory lock that serialises migrations between processes
@@ -818,6 +824,77 @@ impl SessionStore for PostgresStore {
         .transpose()
     }
 
+    async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
+        let what = "store an agent";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        // `xmax = 0` tells an inserted row from an updated one.
+        let row = client
+            .query_one(
+                "INSERT INTO bindery_agents (slug, document, updated_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (slug) DO UPDATE SET document = $2, updated_at = $3
+                 RETURNING (xmax = 0)",
+                &[&slug, &document, &at],
+            )
+            .await
+            .map_err(&db)?;
+        row.try_get(0).map_err(&db)
+    }
+
+    async fn get_agent(&self, slug: &str) -> Result<Option<super::StoredAgent>, StoreError> {
+        let what = "read an agent";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let row = client
+            .query_opt(
+                "SELECT slug, document, updated_at FROM bindery_agents WHERE slug = $1",
+                &[&slug],
+            )
+            .await
+            .map_err(&db)?;
+        row.map(|r| {
+            Ok(super::StoredAgent {
+                slug: r.try_get(0).map_err(&db)?,
+                document: r.try_get(1).map_err(&db)?,
+                updated_at: r.try_get(2).map_err(&db)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn delete_agent(&self, slug: &str) -> Result<bool, StoreError> {
+        let what = "remove an agent";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let n = client
+            .execute("DELETE FROM bindery_agents WHERE slug = $1", &[&slug])
+            .await
+            .map_err(&db)?;
+        Ok(n > 0)
+    }
+
+    async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
+        let what = "read agents";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query(
+                "SELECT slug, document, updated_at FROM bindery_agents ORDER BY slug",
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(super::StoredAgent {
+                    slug: r.try_get(0).map_err(&db)?,
+                    document: r.try_get(1).map_err(&db)?,
+                    updated_at: r.try_get(2).map_err(&db)?,
+                })
+            })
+            .collect()
+    }
+
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
         let what = "read heartbeats";
         let db = self.db(what);
@@ -905,7 +982,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n6\n"
+            "1\n2\n3\n4\n5\n6\n7\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
@@ -926,6 +1003,7 @@ mod tests {
             DB,
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
+             DROP TABLE bindery_agents;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;

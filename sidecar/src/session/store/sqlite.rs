@@ -66,6 +66,12 @@ const MIGRATIONS: &[&str] = &[
     // server is reached by its peers.
     "ALTER TABLE sessions ADD COLUMN holder TEXT;
     ALTER TABLE runners ADD COLUMN address TEXT;",
+    // 6: agents kept by the API (`PUT /v1/agents/:slug`).
+    "CREATE TABLE agents (
+        slug       TEXT PRIMARY KEY,
+        document   TEXT NOT NULL,  -- JSON: the definition as put
+        updated_at INTEGER NOT NULL
+    );",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -575,6 +581,74 @@ impl SessionStore for SqliteStore {
             )
             .optional()
             .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
+        let (slug, document) = (slug.to_owned(), document.to_owned());
+        self.run("store an agent", move |conn, op| {
+            let existed = conn
+                .query_row("SELECT 1 FROM agents WHERE slug = ?1", [&slug], |_| Ok(()))
+                .optional()
+                .map_err(|e| op.db(e))?
+                .is_some();
+            conn.execute(
+                "INSERT INTO agents (slug, document, updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (slug) DO UPDATE SET document = ?2, updated_at = ?3",
+                rusqlite::params![slug, document, at],
+            )
+            .map_err(|e| op.db(e))?;
+            Ok(!existed)
+        })
+        .await
+    }
+
+    async fn get_agent(&self, slug: &str) -> Result<Option<super::StoredAgent>, StoreError> {
+        let slug = slug.to_owned();
+        self.run("read an agent", move |conn, op| {
+            conn.query_row(
+                "SELECT slug, document, updated_at FROM agents WHERE slug = ?1",
+                [slug],
+                |row| {
+                    Ok(super::StoredAgent {
+                        slug: row.get(0)?,
+                        document: row.get(1)?,
+                        updated_at: row.get(2)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn delete_agent(&self, slug: &str) -> Result<bool, StoreError> {
+        let slug = slug.to_owned();
+        self.run("remove an agent", move |conn, op| {
+            conn.execute("DELETE FROM agents WHERE slug = ?1", [slug])
+                .map(|n| n > 0)
+                .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
+        self.run("read agents", |conn, op| {
+            let mut stmt = conn
+                .prepare("SELECT slug, document, updated_at FROM agents ORDER BY slug")
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok(super::StoredAgent {
+                        slug: row.get(0)?,
+                        document: row.get(1)?,
+                        updated_at: row.get(2)?,
+                    })
+                })
+                .map_err(|e| op.db(e))?;
+            rows.map(|r| r.map_err(|e| op.db(e))).collect()
         })
         .await
     }

@@ -99,6 +99,20 @@ impl SessionStore for Timed {
     async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError> {
         self.time("peer", self.inner.peer(instance)).await
     }
+    async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
+        self.time("put_agent", self.inner.put_agent(slug, document, at))
+            .await
+    }
+    async fn get_agent(&self, slug: &str) -> Result<Option<super::StoredAgent>, StoreError> {
+        self.time("get_agent", self.inner.get_agent(slug)).await
+    }
+    async fn delete_agent(&self, slug: &str) -> Result<bool, StoreError> {
+        self.time("delete_agent", self.inner.delete_agent(slug))
+            .await
+    }
+    async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
+        self.time("agents", self.inner.agents()).await
+    }
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
         self.time("heartbeats", self.inner.heartbeats()).await
     }

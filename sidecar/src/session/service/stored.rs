@@ -1,0 +1,318 @@
+//! Agents kept in the session store by the API (`PUT /v1/agents/:slug`),
+//! next to the agents the server's files define.
+//!
+//! Only with `serve --stored-agents`. A stored definition is checked
+//! exactly as a file is, and more: whoever holds the owner token chooses
+//! all of it, so it may use nothing that runs code, reads the server's
+//! files or environment, or hands on a value the server holds
+//! ([`crate::spec::checks::stored_agent_refusals`]); it gets none of the
+//! server's process values or API keys. A file agent's slug is never
+//! shadowed.
+//!
+//! Loaded agents are kept in memory by the time their definition was put:
+//! all of them at start, one again when it is put, and each time a session
+//! is created for it (so that another server's put or delete on a shared
+//! store is seen there).
+
+use super::*;
+use crate::session::clients::{build_clients, ClientOptions};
+use crate::session::store::StoredAgent;
+use crate::tools::bash::Limits;
+use crate::tree::LoadOptions;
+
+/// What building a stored agent needs (the server's model options).
+pub struct StoredAgents {
+    pub limits: Limits,
+    pub client: ClientOptions,
+    loaded: Mutex<HashMap<String, Loaded>>,
+}
+
+#[derive(Clone)]
+struct Loaded {
+    updated_at: i64,
+    agent: Arc<LoadedAgent>,
+    client: ChatClient,
+}
+
+impl StoredAgents {
+    pub fn new(limits: Limits, client: ClientOptions) -> StoredAgents {
+        StoredAgents {
+            limits,
+            client,
+            loaded: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Loaded>> {
+        self.loaded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where an agent comes from, as `GET /v1/agents` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentSource {
+    File,
+    Store,
+}
+
+impl AgentSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentSource::File => "file",
+            AgentSource::Store => "store",
+        }
+    }
+}
+
+/// A definition the API sent, as JSON text: JSON as given, YAML turned
+/// into JSON (one document).
+fn as_json(body: &str) -> Result<String, ServiceError> {
+    if body.trim_start().starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| ServiceError::bad_request(format!("the body is not valid JSON: {e}")))?;
+        return Ok(v.to_string());
+    }
+    let v: serde_json::Value = serde_yaml::from_str(body).map_err(|e| {
+        ServiceError::bad_request(format!(
+            "the body is neither JSON nor one YAML document: {e}"
+        ))
+    })?;
+    Ok(v.to_string())
+}
+
+fn disabled() -> ServiceError {
+    ServiceError::new(
+        ErrorKind::Forbidden,
+        "stored_agents_disabled",
+        "this server keeps no agents sent over the API; start it with --stored-agents to allow it (see README, Stored agents)",
+    )
+}
+
+impl Service {
+    /// Agent `name`, from the files or the store's agents as loaded here.
+    pub(super) fn agent(&self, name: &str) -> Result<Arc<LoadedAgent>, ServiceError> {
+        self.find_agent(name)
+            .map(|(a, _)| a)
+            .ok_or_else(|| ServiceError::not_found(format!("no agent named `{name}`")))
+    }
+
+    /// Agent `name` and where it comes from, as known here now.
+    pub fn find_agent(&self, name: &str) -> Option<(Arc<LoadedAgent>, AgentSource)> {
+        if let Some(a) = self.tree.agent(name) {
+            return Some((a.clone(), AgentSource::File));
+        }
+        let stored = self.stored.get()?;
+        let map = stored.map();
+        map.get(name).map(|l| (l.agent.clone(), AgentSource::Store))
+    }
+
+    /// The model client of agent `name`.
+    pub(super) fn client_for(&self, name: &str) -> Option<ChatClient> {
+        if let Some(c) = self.clients.get(name) {
+            return Some(c.clone());
+        }
+        let stored = self.stored.get()?;
+        let map = stored.map();
+        map.get(name).map(|l| l.client.clone())
+    }
+
+    /// Every agent (the files' then the store's), with its source.
+    pub async fn all_agents(&self) -> Vec<(Arc<LoadedAgent>, AgentSource)> {
+        let mut out: Vec<_> = self
+            .tree
+            .agents
+            .values()
+            .map(|a| (a.clone(), AgentSource::File))
+            .collect();
+        if self.stored.get().is_some() {
+            if let Err(e) = self.load_stored().await {
+                tracing::warn!("stored agents: {}", e.message);
+            }
+            let stored = self
+                .stored
+                .get()
+                .map(|s| s.map().clone())
+                .unwrap_or_default();
+            let mut names: Vec<_> = stored.keys().cloned().collect();
+            names.sort();
+            out.extend(names.into_iter().filter_map(|n| {
+                stored
+                    .get(&n)
+                    .map(|l| (l.agent.clone(), AgentSource::Store))
+            }));
+        }
+        out
+    }
+
+    /// Bring the stored agents loaded here in line with the store: each
+    /// one put since it was loaded is loaded again, each one deleted is
+    /// dropped. A definition that no longer loads (an API it reads is
+    /// down) is left out, with a warning.
+    pub async fn load_stored(&self) -> Result<(), ServiceError> {
+        let Some(stored) = self.stored.get() else {
+            return Ok(());
+        };
+        let all = self.store.agents().await?;
+        let keep: std::collections::HashSet<&str> = all.iter().map(|a| a.slug.as_str()).collect();
+        stored.map().retain(|k, _| keep.contains(k.as_str()));
+        for a in &all {
+            if let Err(e) = self.refresh_one(a).await {
+                tracing::warn!(agent = %a.slug, "stored agent left out: {}", e.message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stored agent `name` as the store has it now (a no-op for a file
+    /// agent's name, or when agents are not stored).
+    pub(super) async fn refresh_stored(&self, name: &str) -> Result<(), ServiceError> {
+        let Some(stored) = self.stored.get() else {
+            return Ok(());
+        };
+        if self.tree.agent(name).is_some() {
+            return Ok(());
+        }
+        match self.store.get_agent(name).await? {
+            Some(a) => self.refresh_one(&a).await,
+            None => {
+                stored.map().remove(name);
+                Ok(())
+            }
+        }
+    }
+
+    async fn refresh_one(&self, a: &StoredAgent) -> Result<(), ServiceError> {
+        let Some(stored) = self.stored.get() else {
+            return Ok(());
+        };
+        if stored
+            .map()
+            .get(&a.slug)
+            .is_some_and(|l| l.updated_at == a.updated_at)
+        {
+            return Ok(());
+        }
+        let (agent, client, _) = self.build_stored(&a.slug, &a.document).await?;
+        stored.map().insert(
+            a.slug.clone(),
+            Loaded {
+                updated_at: a.updated_at,
+                agent,
+                client,
+            },
+        );
+        Ok(())
+    }
+
+    /// Load `document` as stored agent `slug`, checked as a file and
+    /// against [`crate::spec::checks::stored_agent_refusals`]; a 422 with
+    /// every diagnostic when it does not load. Also its warnings.
+    async fn build_stored(
+        &self,
+        slug: &str,
+        document: &str,
+    ) -> Result<(Arc<LoadedAgent>, ChatClient, Vec<String>), ServiceError> {
+        let stored = self.stored.get().ok_or_else(disabled)?;
+        // No process values, no API keys: the server's own values never
+        // reach an agent an API client defined.
+        let opts = LoadOptions {
+            limits: stored.limits,
+            ..LoadOptions::default()
+        };
+        let label = format!("PUT /v1/agents/{slug}");
+        let (agent, diags) = crate::tree::load_document(
+            &label,
+            slug,
+            document,
+            &opts,
+            crate::spec::checks::stored_agent_refusals,
+        )
+        .await
+        .map_err(|e| {
+            let lines: Vec<String> = e.diagnostics.iter().map(|d| d.to_string()).collect();
+            ServiceError::new(
+                ErrorKind::Invalid,
+                "invalid_agent",
+                format!("the agent did not load:\n{}", lines.join("\n")),
+            )
+        })?;
+        let tree = AgentTree {
+            agents: BTreeMap::from([(slug.to_string(), agent.clone())]),
+            roots: vec![slug.to_string()],
+            warnings: Vec::new(),
+        };
+        let (mut clients, warnings) = build_clients(&tree, &Default::default(), &stored.client)
+            .map_err(|e| ServiceError::new(ErrorKind::Invalid, "invalid_agent", e))?;
+        let client = clients
+            .remove(slug)
+            .ok_or_else(|| ServiceError::new(ErrorKind::Internal, "internal", "no model client"))?;
+        let mut notes: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+        notes.extend(warnings);
+        Ok((agent, client, notes))
+    }
+
+    /// `PUT /v1/agents/:slug`: keep `body` (Bindery's form or agents-exe's,
+    /// JSON or YAML) as agent `slug`. Whether it is new, the agent, and
+    /// its load warnings.
+    pub async fn put_agent(
+        &self,
+        slug: &str,
+        body: &str,
+    ) -> Result<(bool, Arc<LoadedAgent>, Vec<String>), ServiceError> {
+        let stored = self.stored.get().ok_or_else(disabled)?;
+        if self.tree.agent(slug).is_some() {
+            return Err(ServiceError::new(
+                ErrorKind::Conflict,
+                "agent_exists",
+                format!("agent `{slug}` is defined by the server's files; a stored agent takes another slug"),
+            ));
+        }
+        let document = as_json(body)?;
+        // Checked as sent, so that messages point into the text as given.
+        let (agent, client, notes) = self.build_stored(slug, body).await?;
+        let at = now_ms();
+        let created = self.store.put_agent(slug, &document, at).await?;
+        stored.map().insert(
+            slug.to_string(),
+            Loaded {
+                updated_at: at,
+                agent: agent.clone(),
+                client,
+            },
+        );
+        Ok((created, agent, notes))
+    }
+
+    /// `DELETE /v1/agents/:slug`. Sessions of the agent stay readable;
+    /// they can no longer run.
+    pub async fn delete_agent(&self, slug: &str) -> Result<(), ServiceError> {
+        let stored = self.stored.get().ok_or_else(disabled)?;
+        if self.tree.agent(slug).is_some() {
+            return Err(ServiceError::new(
+                ErrorKind::Conflict,
+                "agent_exists",
+                format!("agent `{slug}` is defined by the server's files, not stored; remove it from them"),
+            ));
+        }
+        let gone = self.store.delete_agent(slug).await?;
+        stored.map().remove(slug);
+        if !gone {
+            return Err(ServiceError::not_found(format!(
+                "no stored agent named `{slug}`"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Agent `slug` for `GET /v1/agents/:slug`, a stored one read again.
+    pub async fn get_agent(
+        &self,
+        slug: &str,
+    ) -> Result<(Arc<LoadedAgent>, AgentSource), ServiceError> {
+        if let Err(e) = self.refresh_stored(slug).await {
+            tracing::warn!(agent = %slug, "stored agent left out: {}", e.message);
+        }
+        self.find_agent(slug)
+            .ok_or_else(|| ServiceError::not_found(format!("no agent named `{slug}`")))
+    }
+}
