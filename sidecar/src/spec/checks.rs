@@ -622,12 +622,10 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
                         "{place}: an MCP server started as a program runs on the server; give its `url` instead"
                     ));
                 }
-                for (k, v) in m.headers.iter().chain(&m.env) {
-                    if matches!(v, BindingValue::Param(_)) {
-                        out.push(format!(
-                            "{place}: `{k}` reads a process parameter, which a stored agent does not have"
-                        ));
-                    }
+                if !m.headers.is_empty() {
+                    out.push(format!(
+                        "{place}: `headers` would be kept in clear in the store (and may read the server's process parameters); a stored agent reaches MCP servers that need no header"
+                    ));
                 }
             }
             Toolbox::Openapi(o) => {

@@ -90,6 +90,10 @@ fn refused(model: &str) -> Vec<(String, &'static str)> {
             "an MCP server started as a program runs on the server",
         ),
         (
+            doc("  toolboxes:\n    - mcp: {name: m, url: \"http://127.0.0.1:9/mcp\", headers: {Authorization: {literal: Bearer x}}}\n"),
+            "`headers` would be kept in clear in the store",
+        ),
+        (
             doc("  toolboxes:\n    - sqlite: {name: s, path: /etc/passwd}\n"),
             "an SQLite toolbox reads a file on the server",
         ),
