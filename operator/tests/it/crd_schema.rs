@@ -761,7 +761,7 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 19] = [
+const FREE_FORM: [(&str, &str); 20] = [
     ("Agent", "spec.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].bash.confirm"),
     ("Agent", "spec.toolboxes[].deferred.tools[].parameters"),
@@ -783,6 +783,7 @@ const FREE_FORM: [(&str, &str); 19] = [
         "spec.toolboxes[].postgrest.bindings[].value.literal",
     ),
     ("Agent", "spec.toolboxes[].postgrest.secrets[].source.value"),
+    ("Agent", "spec.toolboxes[].sqlite.bindings[].value.literal"),
     ("AgentTenant", "spec.parameters[].value"),
 ];
 
