@@ -199,8 +199,9 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
 }
 
 /// The capabilities a builtin toolbox may offer (`env-vars` only with
-/// its list of names, see [`env_var_refusal`]).
-pub const BUILTIN_CAPABILITIES: [&str; 8] = [
+/// its list of names, see [`env_var_refusal`]; `read-session` and
+/// `get-session-stats` report the calling session only).
+pub const BUILTIN_CAPABILITIES: [&str; 10] = [
     "date",
     "hostname",
     "operating-system",
@@ -209,6 +210,8 @@ pub const BUILTIN_CAPABILITIES: [&str; 8] = [
     "uptime",
     "process-info",
     "env-vars",
+    "read-session",
+    "get-session-stats",
 ];
 
 /// The prefixes of the variables that set and pin process parameters
@@ -287,8 +290,8 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
         }
         let why = match c.as_str() {
             "attach-file" => "it would hand the model files of the server's own file system, which every tenant shares; to give the model a file's content, use a bash tool that reads that one file".to_string(),
-            "list-sessions" | "search-sessions" | "read-session" | "get-session-stats" => {
-                "sessions are read through the session API (GET /v1/sessions/ID), where each caller sees only its own; the model already has its own conversation".to_string()
+            "list-sessions" | "search-sessions" => {
+                "it would reach sessions other than the caller's, other tenants' among them; sessions are listed through the session API (GET /v1/sessions, owner only), and `read-session` / `get-session-stats` report the calling session".to_string()
             }
             _ => "no such capability".to_string(),
         };

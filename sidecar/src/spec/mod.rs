@@ -382,7 +382,8 @@ pub struct BuiltinToolbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// `date`, `hostname`, `operating-system`, `working-directory`,
-    /// `running-user`, `uptime`, `process-info`, `env-vars`.
+    /// `running-user`, `uptime`, `process-info`, `env-vars`, and the
+    /// calling session's `read-session` and `get-session-stats`.
     pub capabilities: Vec<String>,
     /// With `env-vars`: the only environment variables it shows, by exact
     /// name (never one that holds a parameter's or credential's value).

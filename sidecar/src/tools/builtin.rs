@@ -5,6 +5,11 @@
 //! gets bindings through the same combinator: bind `capability` to a
 //! literal and the model sees a tool without arguments.
 //!
+//! `read-session` and `get-session-stats` report the calling session only:
+//! the tool is handed that run's own conversation (as a bash tool's
+//! `AGENT_SESSION_JSON`: what the model already saw, never a bound value),
+//! and nothing else of the store.
+//!
 //! The sidecar's environment holds parameter values and tokens: `env-vars`
 //! reads only the variables its declaration lists (`spec::checks` refuses a
 //! list naming a parameter's or credential's variable), and at each call
@@ -155,10 +160,49 @@ fn rfc3339(unix: u64) -> String {
     )
 }
 
+/// `read-session` (the calling session's turns) or `get-session-stats`
+/// (how many turns of each role, and which tools were called how often).
+fn session_report(capability: &str, ctx: &CallContext) -> Result<Value, String> {
+    let json = ctx
+        .session_json
+        .as_deref()
+        .ok_or("there is no session here: this capability reports the session that calls it")?;
+    let session: Value =
+        serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))?;
+    let turns = session["turns"].as_array().cloned().unwrap_or_default();
+    if capability == "read-session" {
+        return Ok(json!({"session_id": session["session_id"], "turns": turns}));
+    }
+    let mut roles = serde_json::Map::new();
+    let mut tools = serde_json::Map::new();
+    for t in &turns {
+        let role = t["role"].as_str().unwrap_or("unknown").to_string();
+        let n = roles.get(&role).and_then(Value::as_u64).unwrap_or(0);
+        roles.insert(role, json!(n + 1));
+        for call in t["tool_calls"].as_array().into_iter().flatten() {
+            let name = call["function"]["name"].as_str().unwrap_or("").to_string();
+            let n = tools.get(&name).and_then(Value::as_u64).unwrap_or(0);
+            tools.insert(name, json!(n + 1));
+        }
+    }
+    Ok(
+        json!({"session_id": session["session_id"], "turns": turns.len(),
+              "byRole": roles, "toolCalls": tools}),
+    )
+}
+
 #[async_trait]
 impl Tool for SystemTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    /// With a session capability, the tool is handed the calling session
+    /// (and a cached result answers only that same session).
+    fn receives_session(&self) -> bool {
+        self.capabilities
+            .iter()
+            .any(|c| c == "read-session" || c == "get-session-stats")
     }
 
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
@@ -178,10 +222,12 @@ impl Tool for SystemTool {
             )));
         }
         let started = Instant::now();
-        let data = if capability == "env-vars" {
-            self.env_report(ctx)
-        } else {
-            report(&capability).map_err(ToolError::Failed)?
+        let data = match capability.as_str() {
+            "env-vars" => self.env_report(ctx),
+            "read-session" | "get-session-stats" => {
+                session_report(&capability, ctx).map_err(ToolError::Failed)?
+            }
+            _ => report(&capability).map_err(ToolError::Failed)?,
         };
         let out = json!({"capability": capability, "data": data,
                          "executionTime": started.elapsed().as_secs_f64()});
@@ -206,7 +252,7 @@ mod tests {
     fn every_capability_reports() {
         for c in crate::spec::checks::BUILTIN_CAPABILITIES
             .iter()
-            .filter(|c| **c != "env-vars")
+            .filter(|c| !["env-vars", "read-session", "get-session-stats"].contains(*c))
         {
             let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
             assert!(v.is_object(), "{c}: {v}");

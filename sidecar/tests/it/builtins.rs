@@ -117,8 +117,8 @@ const REFUSED: &[(&str, &[&str])] = &[
     (
         "sessions.json",
         &[
-            "capability `list-sessions`: sessions are read through the session API",
-            "capability `read-session`",
+            "capability `list-sessions`: it would reach sessions other than the caller's",
+            "capability `search-sessions`",
         ],
     ),
     (
@@ -139,7 +139,13 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
         &[],
     );
     assert!(ok, "{out}");
-    for tool in ["io_system", "io_env", "sqlite_notes", "sqlite_scratch"] {
+    for tool in [
+        "io_system",
+        "io_env",
+        "io_session",
+        "sqlite_notes",
+        "sqlite_scratch",
+    ] {
         assert!(out.contains(tool), "{tool} not in:\n{out}");
     }
     let mut seen = 0;
@@ -329,5 +335,98 @@ spec:
         }
         assert!(!contains(&store, secret), "{secret} stored");
     }
+    mock.shutdown().await;
+}
+
+/// `read-session` and `get-session-stats` report the calling session and
+/// nothing else: two sessions of one agent, the second reads itself and
+/// sees none of the first's conversation, with the tool cache on (a
+/// result is never served to another session).
+#[tokio::test]
+async fn the_session_capabilities_see_only_the_calling_session() {
+    const FIRST: &str = "first-session-private-note-31";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("seen: {}", last["content"].as_str().unwrap_or("")));
+        }
+        let prompt = last["content"].as_str().unwrap_or("");
+        let capability = if prompt.contains("stats") {
+            "get-session-stats"
+        } else {
+            "read-session"
+        };
+        MockReply::tool_call("io_session", json!({"capability": capability}))
+    })
+    .await;
+    let agent = dir.path().join("s.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: reader}}
+spec:
+  model: {{url: "{}", name: mock-model}}
+  toolboxes:
+    - builtin: {{name: session, capabilities: [read-session, get-session-stats]}}
+"#,
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--tool-cache-ttl", "300"],
+        &[],
+        dir.path(),
+    );
+    let first = new_session(&api, json!({"agent": "reader"})).await;
+    let r = message_waited(&api, &first, FIRST).await;
+    assert!(
+        r.text.contains(FIRST),
+        "the first session reads itself: {}",
+        r.text
+    );
+    let second = new_session(&api, json!({"agent": "reader"})).await;
+    let r = message_waited(&api, &second, "what was said?").await;
+    assert!(!r.text.contains(FIRST), "{}", r.text);
+    assert!(
+        r.text.contains(&second) && !r.text.contains(&first),
+        "{}",
+        r.text
+    );
+    let r = message_waited(&api, &second, "stats please").await;
+    let seen = r.json["session"]["turns"]
+        .as_array()
+        .and_then(|t| t.last())
+        .and_then(|t| t["content"].as_str())
+        .unwrap_or("")
+        .to_string();
+    let stats: Value = serde_json::from_str(seen.trim_start_matches("seen: ")).unwrap();
+    assert_eq!(stats["data"]["session_id"], json!(second), "{stats}");
+    assert_eq!(stats["data"]["toolCalls"]["io_session"], 2, "{stats}");
+    assert_eq!(stats["data"]["byRole"]["user"], 2, "{stats}");
+    // Outside a session (the CLI), there is nothing to report.
+    let out = Command::new(bin())
+        .args(["tool-call", "--agent-file"])
+        .arg(&agent)
+        .args([
+            "--tool",
+            "io_session",
+            "--args",
+            r#"{"capability": "read-session"}"#,
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("there is no session here"), "{text}");
     mock.shutdown().await;
 }
