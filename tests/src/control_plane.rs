@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::helm::{documents, Render};
-pub use crate::kube::{Audited, Identity};
+pub use crate::kubectl::{Audited, Identity};
 
 /// The kinds that make up who the operator is and what it may do.
 const IDENTITY_KINDS: &[&str] = &[
@@ -269,7 +269,7 @@ impl ControlPlane {
     /// kubectl (the one tests/setup.sh installs) as `user`, with a
     /// discovery cache of this control plane's own.
     pub fn kubectl(&self, user: &str, args: &[&str]) -> Output {
-        Command::new(crate::kube::kubectl_path())
+        Command::new(crate::kubectl::kubectl_path())
             .args(args)
             .env("KUBECONFIG", self.kubeconfig(user))
             .env("KUBECACHEDIR", self.dir.join("kubectl-cache"))

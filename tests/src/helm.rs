@@ -289,7 +289,7 @@ pub fn kubernetes_validate(
     versions: &[&str],
     custom_groups: &[&str],
 ) -> Result<String, String> {
-    crate::kube::ensure_python_deps();
+    crate::kubectl::ensure_python_deps();
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("manifests.yaml");
     std::fs::write(&file, yaml).expect("write manifests");
@@ -310,7 +310,7 @@ pub fn kubernetes_validate(
     );
     if text.contains("No module named kubernetes_validate") {
         panic!(
-            "kubernetes-validate is missing: run `python3 -m pip install -r tests/k8s/requirements.txt`"
+            "kubernetes-validate is missing: run `python3 -m pip install -r tests/requirements.txt`"
         );
     }
     let unexpected_skips: Vec<&str> = text

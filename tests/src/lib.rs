@@ -2,7 +2,7 @@
 
 pub mod control_plane;
 pub mod helm;
-pub mod kube;
+pub mod kubectl;
 pub mod kubelet;
 pub mod mcp_client;
 pub mod mock_llm;

@@ -62,7 +62,7 @@ Call with (dict "image" .Values.image "root" .). */}}
 {{/*
 What the operator does in the namespaces it watches, and nothing more
 (operator/src/controller.rs, events.rs; tests/tests/it/charts.rs checks this
-list against what the operator asked of the API emulator, its audit):
+list against what the operator asked of a real API server, its audit log):
 */}}
 {{- define "bindery-operator.rules" -}}
 # AgentTenants and Agents: the controllers list and watch them; a reconcile

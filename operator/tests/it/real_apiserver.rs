@@ -1,7 +1,7 @@
 //! The CRDs and the operator chart's RBAC against the real Kubernetes
 //! control plane (tests/src/control_plane.rs: etcd, kube-apiserver and
-//! kube-controller-manager built by tests/setup.sh), not the emulator: the
-//! API server compiles the CRDs' schemas and CEL rules, enforces them,
+//! kube-controller-manager built by tests/setup.sh): the API server
+//! compiles the CRDs' schemas and CEL rules, enforces them,
 //! prints the columns, resolves server-side apply conflicts and authorizes
 //! the operator's ServiceAccount with RBAC, and its audit log shows what
 //! that account asked for.

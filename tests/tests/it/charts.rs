@@ -742,7 +742,7 @@ fn binds(binding: &Value, role_kind: &str, role: &str, sa_namespace: &str) {
 
 /// Where the operator's RBAC goes for each way of installing it, and that
 /// each grants the same rules; which rules those are (exactly what the
-/// operator asks for) is checked against the emulator's audit by
+/// operator asks for) is checked against the API server's audit by
 /// `the_operator_reconciles_tenants_installed_from_the_tenant_chart`.
 #[test]
 fn the_operator_rbac_is_the_same_rules_in_each_scope() {
@@ -1124,8 +1124,8 @@ fn the_dockerfiles_pin_their_bases_build_locked_and_run_as_non_root() {
 }
 
 // ---------------------------------------------------------------------------
-// End to end: the charts' output applied to the API emulator, the operator
-// reconciling.
+// End to end: the charts' output applied to the real control plane, the
+// operator reconciling.
 
 /// How long the operator may take to get a tenant to the expected status.
 const RECONCILE_TIMEOUT: &str = "90s";
@@ -1205,7 +1205,7 @@ fn kubectl(emu: &Cluster, args: &[&str]) -> String {
     let out = emu.kubectl(args);
     assert!(
         out.status.success(),
-        "kubectl {args:?}: {}\nemulator log:\n{}",
+        "kubectl {args:?}: {}\ncontrol plane logs:\n{}",
         both(&out),
         emu.logs()
     );
@@ -1226,7 +1226,7 @@ fn apply(emu: &Cluster, yaml: &str) -> String {
     kubectl(emu, &["apply", "-f", file.to_str().unwrap()])
 }
 
-/// The operator binary, running against the emulator until dropped.
+/// The operator binary, running against the control plane until dropped.
 struct Operator {
     child: Child,
     stderr: PathBuf,
@@ -1361,13 +1361,13 @@ fn condition<'a>(tenant: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition: {tenant:#}"))
 }
 
-/// `helm` against the emulator as its administrator, which must succeed;
+/// `helm` against the control plane as its administrator, which must succeed;
 /// its stdout.
 fn helm_ok(emu: &Cluster, args: &[&str]) -> String {
     let out = emu.helm(args);
     assert!(
         out.status.success(),
-        "helm {args:?}: {}\nemulator log:\n{}",
+        "helm {args:?}: {}\ncontrol plane logs:\n{}",
         both(&out),
         emu.logs()
     );
@@ -1474,7 +1474,8 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "True",
         "{status:#}"
     );
-    // No pods run in the emulator: the Deployment never becomes available.
+    // Nothing runs the tenants' image here: the Deployment never becomes
+    // available.
     assert_eq!(condition(&acme, "Ready")["status"], "False", "{status:#}");
     assert_eq!(
         status["endpoint"], "http://acme.shop.svc.cluster.local",
@@ -1697,7 +1698,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     }
 
     // The chart grants exactly what the operator asked for in this run,
-    // namespace by namespace (the emulator's audit): nothing was refused,
+    // namespace by namespace (the API server's audit): nothing was refused,
     // nothing granted goes unused.
     let audit: Vec<_> = emu
         .audit()
@@ -1905,10 +1906,10 @@ fn openapi_to_json_schema(schema: &Value, structural: bool) -> Value {
     }
 }
 
-// The platform team's path, end to end, on an emulator that runs the
-// tenants' pods.
+// The platform team's path, end to end, on the real control plane with
+// the test kubelet running the tenants' pods.
 
-/// What the emulator's kubelet runs the operator's `--sidecar-image` as.
+/// What the test kubelet runs the operator's `--sidecar-image` as.
 const SIDECAR_IMAGE: &str = "bindery-sidecar:e2e";
 /// The tenant chart's default `test.image`.
 const TEST_IMAGE: &str = "curlimages/curl";
@@ -1972,7 +1973,7 @@ fn apply_invoices_agent(emu: &Cluster, model_url: &str, edit: impl FnOnce(String
     );
 }
 
-/// An emulator whose pods run the built sidecar, the operator chart
+/// A control plane whose pods run the built sidecar, the operator chart
 /// installed in it, and the operator running as the chart's ServiceAccount,
 /// watching `shop`.
 fn operator_in_cluster(dir: &Path) -> (Cluster, Operator) {
@@ -2050,7 +2051,7 @@ async fn the_platform_teams_path_end_to_end() {
     let ns = "shop";
 
     // 1. helm install the operator chart; the operator runs as its
-    // ServiceAccount (a local process: the emulator runs only the sidecar's
+    // ServiceAccount (a local process: the kubelet runs only the sidecar's
     // image).
     let (emu, op) = operator_in_cluster(dir.path());
 
