@@ -265,6 +265,11 @@ fn as_sent<K: kube::Resource + serde::Serialize>(
     let mut v = serde_json::to_value(obj).unwrap();
     let map = v.as_object_mut().unwrap();
     map.remove("status");
+    // What the API server allocated: a copy gets its own.
+    if let Some(spec) = map.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("clusterIP");
+        spec.remove("clusterIPs");
+    }
     map.insert(
         "metadata".into(),
         serde_json::json!({
