@@ -274,6 +274,9 @@ pub(crate) fn render(
         "serve".to_string(),
         "--agents-dir".into(),
         AGENTS_DIR.into(),
+        // GET /v1/agents says they are `Agent` resources, not files.
+        "--agents-source".into(),
+        "crd".into(),
         "--params-file".into(),
         format!("{PARAMS_DIR}/{PARAMS_FILE}"),
         "--listen".into(),

@@ -15,8 +15,9 @@ use crate::tree::LoadedAgent;
 #[derive(Serialize, ToSchema)]
 pub struct AgentView {
     pub slug: String,
-    /// Where its definition comes from: `file` (the server's files) or
-    /// `store` (kept over the API).
+    /// Where its definition comes from: `file` (the server's files),
+    /// `crd` (an `Agent` resource, given by the operator) or `store` (kept
+    /// over the API).
     #[schema(value_type = String, example = "file")]
     pub source: &'static str,
     /// What the agent says it is for.

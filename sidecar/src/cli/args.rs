@@ -55,6 +55,15 @@ pub enum ToolFormat {
     Pretty,
 }
 
+/// Where `serve`'s agents come from (`--agents-source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AgentsSource {
+    /// Agent files.
+    File,
+    /// `Agent` resources the operator wrote as files.
+    Crd,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Load the agents, run every check, and show each agent's parameters
@@ -228,6 +237,12 @@ pub enum Command {
         /// this server (see README, Stored agents).
         #[arg(long, env = "BINDERY_STORED_AGENTS")]
         stored_agents: bool,
+        /// Where the agents loaded at start come from, as GET /v1/agents
+        /// shows it: `file`, or `crd` (the operator's pods: `Agent`
+        /// resources written as files).
+        #[arg(long, value_enum, value_name = "SOURCE", default_value_t = AgentsSource::File,
+              env = "BINDERY_AGENTS_SOURCE")]
+        agents_source: AgentsSource,
         /// Forget a session's secret values after it has been idle this
         /// long (`30m`, `90s`); the next message then answers 409
         /// params_required, as after a restart. `off`: keep them as long

@@ -161,6 +161,7 @@ pub struct ServeArgs<'a> {
     pub owner_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stored_agents: bool,
+    pub agents_source: super::args::AgentsSource,
     pub live_session_ttl: Option<Duration>,
     pub max_live_sessions: Option<usize>,
     pub events_keep_alive: Duration,
@@ -254,6 +255,12 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             live_session_ttl: a.live_session_ttl,
             max_live_sessions: a.max_live_sessions,
             advertise,
+            agents_source: match a.agents_source {
+                super::args::AgentsSource::Crd => crate::session::service::stored::AgentSource::Crd,
+                super::args::AgentsSource::File => {
+                    crate::session::service::stored::AgentSource::File
+                }
+            },
         },
     );
     if a.stored_agents {

@@ -86,6 +86,9 @@ pub struct ServiceConfig {
     /// (`--advertise-url`), recorded with its heartbeat. `None`: they
     /// cannot forward requests here.
     pub advertise: Option<String>,
+    /// Where the agents loaded at start come from, as `GET /v1/agents`
+    /// shows it: files, or `Agent` resources the operator wrote as files.
+    pub agents_source: stored::AgentSource,
 }
 
 impl Default for ServiceConfig {
@@ -99,6 +102,7 @@ impl Default for ServiceConfig {
             live_session_ttl: None,
             max_live_sessions: None,
             advertise: None,
+            agents_source: stored::AgentSource::File,
         }
     }
 }

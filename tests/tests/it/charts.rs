@@ -2096,6 +2096,17 @@ async fn the_platform_teams_path_end_to_end() {
         text.contains(&sha256_hex(CANARY)),
         "the Secret's value did not reach the tool: {text}"
     );
+    // The agent is known as the `Agent` resource it is.
+    let agents = bindery_tests::sidecar::Api::new(&base)
+        .call("GET", "/v1/agents", Some(&owner), None)
+        .await;
+    assert_eq!(agents.status, 200, "{}", agents.text);
+    let listed: Value = serde_json::from_str(&agents.text).unwrap();
+    let invoices = listed["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["slug"] == "invoices"))
+        .unwrap_or_else(|| panic!("no invoices agent: {listed:#}"));
+    assert_eq!(invoices["source"], "crd", "{invoices:#}");
 
     // `helm test`: its pod (curl) reaches the tenant's Service by name and
     // ends Succeeded.

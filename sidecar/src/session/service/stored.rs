@@ -51,7 +51,11 @@ impl StoredAgents {
 /// Where an agent comes from, as `GET /v1/agents` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentSource {
+    /// An agent file given to the server.
     File,
+    /// An `Agent` resource, which the operator gives the server as a file.
+    Crd,
+    /// Sent over the API and kept in the session store.
     Store,
 }
 
@@ -59,6 +63,7 @@ impl AgentSource {
     pub fn as_str(self) -> &'static str {
         match self {
             AgentSource::File => "file",
+            AgentSource::Crd => "crd",
             AgentSource::Store => "store",
         }
     }
@@ -99,7 +104,7 @@ impl Service {
     /// Agent `name` and where it comes from, as known here now.
     pub fn find_agent(&self, name: &str) -> Option<(Arc<LoadedAgent>, AgentSource)> {
         if let Some(a) = self.tree.agent(name) {
-            return Some((a.clone(), AgentSource::File));
+            return Some((a.clone(), self.cfg.agents_source));
         }
         let stored = self.stored.get()?;
         let map = stored.map();
@@ -122,7 +127,7 @@ impl Service {
             .tree
             .agents
             .values()
-            .map(|a| (a.clone(), AgentSource::File))
+            .map(|a| (a.clone(), self.cfg.agents_source))
             .collect();
         if self.stored.get().is_some() {
             if let Err(e) = self.load_stored().await {
