@@ -18,7 +18,7 @@ impl Cli {
     /// The command line, parsed. `replay-tool-call` needs no agent file
     /// when it replays raw against a script (`--raw-tool`). agents-exe's
     /// invocations are read in Bindery's words first
-    /// ([`super::agents_exe_argv`]).
+    /// (`cli/agents_exe_argv.rs`).
     pub fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
         let argv =
