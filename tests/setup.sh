@@ -53,6 +53,18 @@ if ! { command -v initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb'; } >/d
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 openssl >/dev/null
 fi
 
+# The test kubelet (tests/src/kubelet.rs): curl is the program of the tenant
+# chart's `helm test` pod; unshare and mount (util-linux) give each container
+# its volumes.
+if ! command -v curl >/dev/null || ! command -v unshare >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests/setup.sh: curl or unshare is missing; as root: apt-get install curl util-linux mount" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl util-linux mount >/dev/null
+fi
+
 # The chat page's browser: Debian's chromium, headless, and a font for its
 # screenshots.
 if ! command -v chromium >/dev/null; then
