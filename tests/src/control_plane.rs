@@ -340,9 +340,11 @@ impl ControlPlane {
         let out = self.kubectl(user, args);
         assert!(
             out.status.success(),
-            "kubectl {args:?}: {}{}",
+            "kubectl {args:?} as {user} -> {}\nstdout:\n{}\nstderr:\n{}\n--- kube-apiserver (tail):\n{}",
+            out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
+            self.log_tail("kube-apiserver", 4000)
         );
         String::from_utf8(out.stdout).expect("utf-8")
     }
@@ -389,6 +391,11 @@ impl ControlPlane {
             .lines()
             .map(|l| serde_json::from_str(l).expect("an audit event is JSON"))
             .collect()
+    }
+
+    /// The last `n` bytes of one component's log (see [`Self::log`]).
+    pub fn log_tail(&self, component: &str, n: usize) -> String {
+        tail(&self.log(component), n).to_string()
     }
 
     /// The log of one component (`etcd`, `kube-apiserver`,
@@ -467,7 +474,7 @@ fn write_files(dir: &Path, users: &[(String, String)]) -> Vec<Token> {
 }
 
 /// 32 hex digits from the system's random source.
-fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     use std::io::Read;
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")

@@ -32,11 +32,11 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, Node, Pod, Secret, Service, ServicePort, Volume,
+    ConfigMap, Container, EnvVar, KeyToPath, Node, Pod, Secret, Service, ServicePort, Volume,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use nix::sys::signal::{killpg, Signal};
@@ -76,7 +76,7 @@ impl Kubelet {
         images: &[(&str, &Path)],
         root: &Path,
     ) -> Kubelet {
-        let node = format!("kubelet-{}", &random_hex()[..10]);
+        let node = format!("kubelet-{}", &crate::control_plane::random_token()[..10]);
         let kubeconfig = plane.kubeconfig(ADMIN).to_path_buf();
         let shared = Shared {
             node: node.clone(),
@@ -166,6 +166,8 @@ struct State {
     shared: Shared,
     /// Every Pod of each namespace, as watched (the proxies' endpoints).
     pods: HashMap<String, Store<Pod>>,
+    /// Every Service of each namespace, as watched (their selectors).
+    services: HashMap<String, Store<Service>>,
     running: Mutex<HashMap<(String, String), RunningPod>>,
     proxies: Proxies,
     addresses: Addresses,
@@ -197,6 +199,7 @@ async fn run(
         return;
     }
     let mut pods = HashMap::new();
+    let mut services = HashMap::new();
     let mut streams = Vec::new();
     for ns in &namespaces {
         let (store, writer) = reflector::store();
@@ -209,10 +212,13 @@ async fn run(
                 .map_ok(|e| Change::Pod(Box::new(e)))
                 .boxed(),
         );
+        let (store, writer) = reflector::store();
+        services.insert(ns.clone(), store);
         let api = Api::<Service>::namespaced(client.clone(), ns);
         streams.push(
             watcher(api, watcher::Config::default())
                 .default_backoff()
+                .reflect(writer)
                 .map_ok(|e| Change::Service(Box::new(e)))
                 .boxed(),
         );
@@ -221,6 +227,7 @@ async fn run(
         client: client.clone(),
         shared,
         pods,
+        services,
         running: Mutex::default(),
         proxies: Mutex::default(),
         addresses,
@@ -775,41 +782,11 @@ async fn volume(
     std::fs::create_dir_all(&path).expect("a volume's directory");
     if let Some(s) = &v.secret {
         let name = s.secret_name.clone().unwrap_or_default();
-        let optional = s.optional.unwrap_or(false);
-        let items = s
-            .items
-            .iter()
-            .flatten()
-            .map(|i| (i.key.clone(), i.path.clone(), i.mode));
-        write_items(
-            state,
-            ns,
-            true,
-            &name,
-            optional,
-            items.collect(),
-            s.default_mode,
-            &path,
-        )
-        .await?;
+        let keys = Keys::of(true, &name, s.optional, &s.items);
+        write_items(state, ns, keys, s.default_mode, &path).await?;
     } else if let Some(c) = &v.config_map {
-        let optional = c.optional.unwrap_or(false);
-        let items = c
-            .items
-            .iter()
-            .flatten()
-            .map(|i| (i.key.clone(), i.path.clone(), i.mode));
-        write_items(
-            state,
-            ns,
-            false,
-            &c.name,
-            optional,
-            items.collect(),
-            c.default_mode,
-            &path,
-        )
-        .await?;
+        let keys = Keys::of(false, &c.name, c.optional, &c.items);
+        write_items(state, ns, keys, c.default_mode, &path).await?;
     } else if let Some(p) = &v.projected {
         // What the ServiceAccount admission plugin mounts: a token of the
         // Pod's account, the cluster's CA, its namespace.
@@ -819,42 +796,12 @@ async fn volume(
                 write_file(&path.join(&t.path), token.as_bytes(), p.default_mode);
             }
             if let Some(c) = &source.config_map {
-                let optional = c.optional.unwrap_or(false);
-                let items = c
-                    .items
-                    .iter()
-                    .flatten()
-                    .map(|i| (i.key.clone(), i.path.clone(), i.mode));
-                write_items(
-                    state,
-                    ns,
-                    false,
-                    &c.name,
-                    optional,
-                    items.collect(),
-                    p.default_mode,
-                    &path,
-                )
-                .await?;
+                let keys = Keys::of(false, &c.name, c.optional, &c.items);
+                write_items(state, ns, keys, p.default_mode, &path).await?;
             }
             if let Some(s) = &source.secret {
-                let optional = s.optional.unwrap_or(false);
-                let items = s
-                    .items
-                    .iter()
-                    .flatten()
-                    .map(|i| (i.key.clone(), i.path.clone(), i.mode));
-                write_items(
-                    state,
-                    ns,
-                    true,
-                    &s.name,
-                    optional,
-                    items.collect(),
-                    p.default_mode,
-                    &path,
-                )
-                .await?;
+                let keys = Keys::of(true, &s.name, s.optional, &s.items);
+                write_items(state, ns, keys, p.default_mode, &path).await?;
             }
             if let Some(d) = &source.downward_api {
                 for item in d.items.iter().flatten() {
@@ -880,26 +827,56 @@ async fn volume(
     Ok(path)
 }
 
-/// The keys of a Secret or ConfigMap as files under `path`: `items`
-/// (key, file, mode), or every key under its own name.
-#[allow(clippy::too_many_arguments)]
+/// Which keys of a Secret or ConfigMap a volume holds, and as which files.
+struct Keys<'a> {
+    secret: bool,
+    name: &'a str,
+    optional: bool,
+    /// (key, file, mode); none: every key under its own name.
+    items: &'a [KeyToPath],
+}
+
+impl<'a> Keys<'a> {
+    fn of(
+        secret: bool,
+        name: &'a str,
+        optional: Option<bool>,
+        items: &'a Option<Vec<KeyToPath>>,
+    ) -> Keys<'a> {
+        Keys {
+            secret,
+            name,
+            optional: optional.unwrap_or(false),
+            items: items.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// The keys of a Secret or ConfigMap as files under `path`, each with its
+/// item's mode or `mode`.
 async fn write_items(
     state: &State,
     ns: &str,
-    secret: bool,
-    name: &str,
-    optional: bool,
-    items: Vec<(String, String, Option<i32>)>,
+    keys: Keys<'_>,
     mode: Option<i32>,
     path: &Path,
 ) -> Result<(), NotYet> {
+    let Keys {
+        secret,
+        name,
+        optional,
+        items,
+    } = keys;
     let data = source_data(state, ns, secret, name, optional)
         .await?
         .unwrap_or_default();
-    let items = if items.is_empty() {
+    let items: Vec<(String, String, Option<i32>)> = if items.is_empty() {
         data.keys().map(|k| (k.clone(), k.clone(), None)).collect()
     } else {
         items
+            .iter()
+            .map(|i| (i.key.clone(), i.path.clone(), i.mode))
+            .collect()
     };
     for (key, file, item_mode) in items {
         let Some(bytes) = data.get(&key) else {
@@ -1317,7 +1294,7 @@ async fn proxy(
         let Ok((mut inbound, _)) = listener.accept().await else {
             return;
         };
-        let endpoints = endpoints(&state, &ns, &name, &port).await;
+        let endpoints = endpoints(&state, &ns, &name, &port);
         if endpoints.is_empty() {
             continue; // dropped: nothing ready to answer
         }
@@ -1332,14 +1309,19 @@ async fn proxy(
 }
 
 /// The ready Pods' addresses for a Service's port.
-async fn endpoints(state: &State, ns: &str, name: &str, port: &ServicePort) -> Vec<String> {
-    let Ok(Some(svc)) = Api::<Service>::namespaced(state.client.clone(), ns)
-        .get_opt(name)
-        .await
+fn endpoints(state: &State, ns: &str, name: &str, port: &ServicePort) -> Vec<String> {
+    let Some(svc) = state
+        .services
+        .get(ns)
+        .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
     else {
         return Vec::new();
     };
-    let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+    let selector = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
     if selector.is_empty() {
         return Vec::new();
     }
@@ -1392,7 +1374,7 @@ async fn endpoints(state: &State, ns: &str, name: &str, port: &ServicePort) -> V
 fn free_address(ports: &[i32]) -> String {
     let mut last = String::new();
     for _ in 0..100 {
-        let b = random_hex();
+        let b = crate::control_plane::random_token();
         let byte = |i: usize| u8::from_str_radix(&b[i..i + 2], 16).unwrap_or(1);
         last = format!(
             "127.{}.{}.{}",
@@ -1408,16 +1390,6 @@ fn free_address(ports: &[i32]) -> String {
         }
     }
     last
-}
-
-/// 32 hex digits from the system's random source.
-fn random_hex() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .expect("/dev/urandom");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn shell_quote(s: &str) -> String {

@@ -9,3 +9,10 @@ pub mod mock_llm;
 pub mod postgres;
 pub mod postgrest;
 pub mod sidecar;
+
+/// The first file named `name` in a directory of `PATH`.
+pub fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|f| f.is_file())
+}

@@ -33,11 +33,7 @@ pub struct Postgres {
 /// `initdb` on PATH (often a link into the versioned directory, which also
 /// holds `pg_isready` and `psql`), else Debian's newest versioned directory.
 fn bin_dir() -> PathBuf {
-    let on_path = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("initdb"))
-            .find(|f| f.is_file())
-    });
+    let on_path = crate::on_path("initdb");
     if let Some(dir) = on_path
         .and_then(|f| std::fs::canonicalize(f).ok())
         .and_then(|f| f.parent().map(Path::to_path_buf))

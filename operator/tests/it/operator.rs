@@ -21,6 +21,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::common::plane;
 use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::control_plane::{ControlPlane, Identity, ADMIN};
 use bindery_tests::helm::Render;
@@ -68,32 +69,6 @@ fn tail(text: &str, n: usize) -> &str {
         start += 1;
     }
     &text[start..]
-}
-
-/// The shared control plane with the generated CRDs applied (server-side:
-/// the AgentTenant CRD is too big for kubectl's last-applied annotation)
-/// and established.
-fn plane() -> &'static ControlPlane {
-    static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    let plane = ControlPlane::shared();
-    READY.get_or_init(|| {
-        let out = plane.kubectl_ok(ADMIN, &["apply", "--server-side", "-f", &repo("crds")]);
-        assert!(
-            out.contains("agenttenants.bindery.dev serverside-applied"),
-            "{out}"
-        );
-        plane.kubectl_ok(
-            ADMIN,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/agents.bindery.dev",
-                "crd/agenttenants.bindery.dev",
-            ],
-        );
-    });
-    plane
 }
 
 /// A namespace of the shared control plane for one test, with the operator

@@ -12,9 +12,9 @@
 //! takes them with it.
 
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::common::plane;
 use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::control_plane::{ControlPlane, ADMIN, OPERATOR_ACCOUNT, OPERATOR_NAMESPACE};
 use bindery_tests::helm::{documents, Render};
@@ -42,56 +42,6 @@ fn repo(path: &str) -> String {
 fn yaml(path: &str) -> Value {
     let text = std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// kubectl as `user`, which must succeed; its stdout.
-fn kubectl(plane: &ControlPlane, user: &str, args: &[&str]) -> String {
-    let out = plane.kubectl(user, args);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} as {user} -> {}\nstdout:\n{}\nstderr:\n{}\n--- kube-apiserver (tail):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        tail(&plane.log("kube-apiserver"), 4000)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
-}
-
-fn tail(text: &str, n: usize) -> &str {
-    let mut start = text.len().saturating_sub(n);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
-}
-
-/// The shared control plane with the generated CRDs applied (server-side:
-/// the AgentTenant CRD is too big for kubectl's last-applied annotation)
-/// and established.
-fn plane() -> &'static ControlPlane {
-    static READY: OnceLock<()> = OnceLock::new();
-    let plane = ControlPlane::shared();
-    READY.get_or_init(|| {
-        let out = kubectl(plane, ADMIN, &["apply", "--server-side", "-f", &repo("crds")]);
-        assert!(
-            out.contains("customresourcedefinition.apiextensions.k8s.io/agents.bindery.dev serverside-applied")
-                && out.contains("agenttenants.bindery.dev serverside-applied"),
-            "{out}"
-        );
-        kubectl(
-            plane,
-            ADMIN,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/agents.bindery.dev",
-                "crd/agenttenants.bindery.dev",
-            ],
-        );
-    });
-    plane
 }
 
 /// A fresh namespace for one test; the administrator's client.
@@ -124,8 +74,7 @@ async fn the_generated_crds_are_structural_and_their_cel_rules_compile() {
     // Established (above), and neither condition the server sets on a
     // schema it cannot use.
     for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
-        let out = kubectl(
-            plane,
+        let out = plane.kubectl_ok(
             ADMIN,
             &["get", "crd", crd, "-o", "jsonpath={.status.conditions}"],
         );
@@ -150,7 +99,7 @@ async fn the_generated_crds_are_structural_and_their_cel_rules_compile() {
     }
     // The server is the release tests/control-plane builds, and says so.
     let version: Value =
-        serde_json::from_str(&kubectl(plane, ADMIN, &["version", "-o", "json"])).unwrap();
+        serde_json::from_str(&plane.kubectl_ok(ADMIN, &["version", "-o", "json"])).unwrap();
     assert_eq!(
         version["serverVersion"]["gitVersion"],
         bindery_tests::control_plane::kubernetes_version(),
@@ -222,7 +171,7 @@ async fn kubectl_get_agenttenants_shows_the_printer_columns() {
         .create(&PostParams::default(), &tenant)
         .await
         .unwrap();
-    let out = kubectl(plane, ADMIN, &["get", "agenttenants", "-n", "real-columns"]);
+    let out = plane.kubectl_ok(ADMIN, &["get", "agenttenants", "-n", "real-columns"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
     // The cells sit under their headers; an empty one (no status yet:
@@ -380,7 +329,7 @@ async fn the_operator_chart_rbac_lets_its_account_list_and_watch_and_the_audit_s
     let file =
         std::env::temp_dir().join(format!("bindery-operator-rbac-{}.yaml", std::process::id()));
     std::fs::write(&file, identity.join("---\n")).unwrap();
-    let out = kubectl(plane, ADMIN, &["apply", "-f", file.to_str().unwrap()]);
+    let out = plane.kubectl_ok(ADMIN, &["apply", "-f", file.to_str().unwrap()]);
     let _ = std::fs::remove_file(&file);
     assert!(
         out.contains("clusterrolebinding.rbac.authorization.k8s.io/bindery-operator"),

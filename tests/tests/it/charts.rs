@@ -1145,12 +1145,9 @@ impl Cluster {
     fn start(dir: &Path, images: &[(&str, &Path)]) -> Cluster {
         let plane = ControlPlane::start(&[]);
         // The tenant chart's test pod runs curl, as its image would.
-        let curl = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|d| d.join("curl"))
-            .find(|p| p.is_file())
-            .expect(
-                "curl on PATH (tests/setup.sh installs it): the tenant chart's test pod runs it",
-            );
+        let curl = bindery_tests::on_path("curl").expect(
+            "curl on PATH (tests/setup.sh installs it): the tenant chart's test pod runs it",
+        );
         let mut images = images.to_vec();
         images.push((TEST_IMAGE, &curl));
         let kubelet = Kubelet::start(&plane, &["shop"], &images, &dir.join("pods"));
@@ -1179,14 +1176,7 @@ impl Cluster {
     fn logs(&self) -> String {
         ["kube-apiserver", "kube-controller-manager"]
             .iter()
-            .map(|c| {
-                let log = self.plane.log(c);
-                let start = log.len().saturating_sub(3000);
-                let start = (start..log.len())
-                    .find(|i| log.is_char_boundary(*i))
-                    .unwrap_or(log.len());
-                format!("--- {c} (tail) ---\n{}\n", &log[start..])
-            })
+            .map(|c| format!("--- {c} (tail) ---\n{}\n", self.plane.log_tail(c, 3000)))
             .collect()
     }
 

@@ -28,10 +28,7 @@ async fn wait<T>(what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) 
 }
 
 fn program(name: &str) -> std::path::PathBuf {
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} is not on PATH"))
+    bindery_tests::on_path(name).unwrap_or_else(|| panic!("{name} is not on PATH"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

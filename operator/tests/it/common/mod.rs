@@ -1,5 +1,6 @@
 //! The example tenant and what `desired()` reads about it, shared by the
-//! golden tests and the CRD schema tests.
+//! golden tests and the CRD schema tests; the control plane the controller
+//! and API server tests share.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 use bindery_operator::crd::AgentTenant;
 use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
 use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
+use bindery_tests::control_plane::{ControlPlane, ADMIN};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 pub fn repo() -> PathBuf {
@@ -31,6 +33,32 @@ pub fn example_tenant() -> AgentTenant {
     t.metadata.uid = Some("0b7c3b0e-1111-4a4a-9f9f-000000000001".into());
     t.metadata.generation = Some(3);
     t
+}
+
+/// The test binary's control plane with the generated CRDs applied
+/// (server-side: the AgentTenant CRD is too big for kubectl's last-applied
+/// annotation) and established.
+pub fn plane() -> &'static ControlPlane {
+    static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let plane = ControlPlane::shared();
+    READY.get_or_init(|| {
+        let crds = repo().join("crds").display().to_string();
+        let out = plane.kubectl_ok(ADMIN, &["apply", "--server-side", "-f", &crds]);
+        for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
+            assert!(out.contains(&format!("{crd} serverside-applied")), "{out}");
+        }
+        plane.kubectl_ok(
+            ADMIN,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/agents.bindery.dev",
+                "crd/agenttenants.bindery.dev",
+            ],
+        );
+    });
+    plane
 }
 
 pub fn time(s: &str) -> Time {
