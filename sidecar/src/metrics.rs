@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `bindery_runs_started_total` | counter | |
 //! | `bindery_runs_total` | counter | `outcome` = `completed`, `failed`, `cancelled`, `max_steps`, `blocked` |
-//! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable` |
+//! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool) |
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
 //! | `bindery_sessions_live` | gauge | |
@@ -90,6 +90,25 @@ pub enum ToolOutcome {
     Unavailable,
 }
 
+/// Who made a tool call: the agent's model, or an MCP client calling an
+/// exposed tool directly (`/mcp`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ToolCaller {
+    #[default]
+    Model,
+    Mcp,
+}
+
+impl ToolCaller {
+    /// The `caller` label value, and the field of the `tool_call` span.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCaller::Model => "model",
+            ToolCaller::Mcp => "mcp",
+        }
+    }
+}
+
 impl ToolOutcome {
     /// The `outcome` label value.
     pub fn as_str(self) -> &'static str {
@@ -110,6 +129,7 @@ struct Outcome {
 struct ToolCall {
     tool: String,
     outcome: &'static str,
+    caller: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -280,11 +300,12 @@ impl Metrics {
     }
 
     /// The model called `tool`.
-    pub fn tool_call(&self, tool: &str, outcome: ToolOutcome) {
+    pub fn tool_call(&self, tool: &str, outcome: ToolOutcome, caller: ToolCaller) {
         self.tool_calls
             .get_or_create(&ToolCall {
                 tool: tool.to_owned(),
                 outcome: outcome.as_str(),
+                caller: caller.as_str(),
             })
             .inc();
     }
@@ -432,10 +453,10 @@ mod tests {
         m.run_finished(RunOutcome::Completed);
         m.run_finished(RunOutcome::MaxSteps);
         m.run_finished(RunOutcome::MaxSteps);
-        m.tool_call("shell", ToolOutcome::Ok);
-        m.tool_call("shell", ToolOutcome::Ok);
-        m.tool_call("shell", ToolOutcome::Error);
-        m.tool_call("fetch", ToolOutcome::Unavailable);
+        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
+        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
+        m.tool_call("shell", ToolOutcome::Error, ToolCaller::Model);
+        m.tool_call("fetch", ToolOutcome::Unavailable, ToolCaller::Model);
         m.set_sessions_live(7);
         m.http_request("/v1/sessions/:id", 200);
         m.http_request("/v1/sessions/:id", 200);
@@ -457,9 +478,9 @@ mod tests {
         assert_eq!(
             series(&text, "bindery_tool_calls_total"),
             [
-                "bindery_tool_calls_total{tool=\"fetch\",outcome=\"unavailable\"} 1",
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"error\"} 1",
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\"} 2",
+                "bindery_tool_calls_total{tool=\"fetch\",outcome=\"unavailable\",caller=\"model\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"error\",caller=\"model\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\"} 2",
             ]
         );
         assert_eq!(
@@ -618,12 +639,12 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let m = Metrics::new();
-        m.tool_call("we\"ird\\to\nol", ToolOutcome::Ok);
+        m.tool_call("we\"ird\\to\nol", ToolOutcome::Ok, ToolCaller::Model);
         let text = m.render();
         assert!(
             has_line(
                 &text,
-                r#"bindery_tool_calls_total{tool="we\"ird\\to\nol",outcome="ok"} 1"#
+                r#"bindery_tool_calls_total{tool="we\"ird\\to\nol",outcome="ok",caller="model"} 1"#
             ),
             "{text}"
         );
@@ -638,7 +659,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
                         m.run_started();
-                        m.tool_call("shell", ToolOutcome::Ok);
+                        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
                         m.llm_request(0.5, true);
                     }
                 })
@@ -652,7 +673,7 @@ mod tests {
         assert_eq!(
             value(
                 &text,
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\"}"
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\"}"
             ),
             4000.0
         );

@@ -49,13 +49,14 @@ impl OwnerToken {
             .into()
     }
 
-    fn matches(&self, presented: &str) -> bool {
+    /// Whether `presented` is this token (in constant time).
+    pub(crate) fn matches(&self, presented: &str) -> bool {
         let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         constant_time_eq(&d, &self.digest)
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers
         .get(axum::http::header::AUTHORIZATION)?
         .to_str()

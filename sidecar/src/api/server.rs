@@ -472,6 +472,7 @@ async fn create(
                 mode,
                 owner: None,
                 at_turn: turn_index(b.at_turn)?,
+                call: None,
             },
         )
         .await?;

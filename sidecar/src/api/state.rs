@@ -20,6 +20,9 @@ use crate::session::validate::Caller;
 pub struct AppState {
     pub service: Arc<Service>,
     pub owner: OwnerToken,
+    /// The MCP client token (`--mcp-client-token-file`): it opens `/mcp`
+    /// for the agents' exposed tools only.
+    pub mcp_client: Option<OwnerToken>,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     /// Forwards requests to other servers on a shared store.

@@ -229,6 +229,11 @@ pub enum Command {
         /// next to an SQLite store; a Postgres store needs one given.
         #[arg(long, value_name = "FILE")]
         owner_token_file: Option<PathBuf>,
+        /// A file holding the MCP client token: a client that presents it
+        /// on `/mcp` may call the agents' exposed tools (`spec.mcp.exposeTools`)
+        /// and nothing else. Also BINDERY_MCP_CLIENT_TOKEN. None by default.
+        #[arg(long, value_name = "FILE")]
+        mcp_client_token_file: Option<PathBuf>,
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,

@@ -108,6 +108,7 @@ pub async fn run(
         metrics: &metrics,
         max_steps: agent.spec.max_steps.unwrap_or(model.max_steps),
         stream: false,
+        origin: crate::metrics::ToolCaller::Model,
     };
     let mut history = vec![ChatMessage::user(prompt)];
     let cancel = CancellationToken::new();
@@ -159,6 +160,7 @@ pub struct ServeArgs<'a> {
     pub peer_tls: Option<(&'a Path, &'a str)>,
     pub peer_listen: &'a str,
     pub owner_token_file: Option<&'a Path>,
+    pub mcp_client_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stored_agents: bool,
     pub agents_source: super::args::AgentsSource,
@@ -198,6 +200,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
     // Before the store: a missing owner token is the quicker thing to fix.
     let owner = owner_token(a.owner_token_file, &location)?;
+    let mcp_client = mcp_client_token(a.mcp_client_token_file)?;
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
@@ -326,6 +329,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let state = Arc::new(AppState {
         service: service.clone(),
         owner,
+        mcp_client,
         metrics,
         ready: AtomicBool::new(false),
         peers: crate::api::peers::client(),
@@ -430,6 +434,29 @@ async fn shutdown() {
         _ = term => {},
     }
     tracing::info!("shutting down");
+}
+
+/// The MCP client token, if one is given: from a file, or from
+/// BINDERY_MCP_CLIENT_TOKEN (the operator's `mcpClientTokenSecretRef`).
+fn mcp_client_token(file: Option<&Path>) -> Result<Option<OwnerToken>, String> {
+    let token = match file {
+        Some(f) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| format!("error: --mcp-client-token-file {}: {e}", f.display()))?;
+            if t.trim().is_empty() {
+                return Err(format!(
+                    "error: --mcp-client-token-file {} is empty",
+                    f.display()
+                ));
+            }
+            t
+        }
+        None => match std::env::var("BINDERY_MCP_CLIENT_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => t,
+            _ => return Ok(None),
+        },
+    };
+    Ok(Some(OwnerToken::new(&token)))
 }
 
 /// The owner token: from a file, from BINDERY_OWNER_TOKEN, or generated

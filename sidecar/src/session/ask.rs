@@ -1,5 +1,7 @@
 //! One-shot runs, as MCP's `tools/call` makes them: a new session of the
-//! owner's, one run to its end, the model's last text as the answer.
+//! owner's (or a session the client names), one run to its end, the
+//! model's last text as the answer; or, for an exposed tool, one call of
+//! it made by the client ([`Service::call_tool`]), its result as the answer.
 //!
 //! The session is kept (listed, readable, continuable by the owner) like
 //! any other; its secret values are dropped from memory when the run ends
@@ -12,9 +14,9 @@ use std::sync::Arc;
 
 use super::error::ServiceError;
 use super::model::SessionStatus;
-use super::service::{CreateSession, Service};
+use super::service::{CreateSession, RunMode, RunWait, Service};
 use super::validate::Caller;
-use crate::llm::ChatMessage;
+use crate::llm::{ChatMessage, ToolCall};
 
 /// How a one-shot run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,17 +59,98 @@ impl Service {
                 },
             )
             .await?;
+        self.wait_and_answer(&created.id, created.run, true).await
+    }
+
+    /// `prompt` as a message in session `id` (named by an MCP client; a
+    /// session token's holder may name its own session only), run until
+    /// it ends, and answer. The session keeps its values; `params` are the
+    /// message's, validated as any message's.
+    pub async fn ask_in(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        prompt: String,
+        params: BTreeMap<String, serde_json::Value>,
+    ) -> Result<Answer, ServiceError> {
+        let run = self
+            .post_message(caller, id, prompt, &params, RunMode::UntilBlocked)
+            .await?;
+        self.wait_and_answer(id, Some(run), false).await
+    }
+
+    /// One call of an exposed tool of `agent`, made by an MCP client: in a
+    /// new session of its own (owner `mcp`), or in session `id` when the
+    /// client names one (its values then apply, as to a message). The call
+    /// goes the way a model's goes (confirmations, lookups, bindings, the
+    /// cache, the scrubber), with no model turn; the answer is its result.
+    pub async fn call_tool(
+        self: &Arc<Self>,
+        caller: &Caller,
+        agent: &str,
+        call: ToolCall,
+        params: BTreeMap<String, serde_json::Value>,
+        session: Option<&str>,
+    ) -> Result<Answer, ServiceError> {
+        if let Some(id) = session {
+            let rec = self.record(id).await?;
+            if rec.agent != agent {
+                return Err(ServiceError::bad_request(format!(
+                    "session {id} is a session of agent `{}`, not of `{agent}`: name one of `{agent}`'s sessions, or none",
+                    rec.agent
+                )));
+            }
+            let run = self
+                .run_request(
+                    caller,
+                    id,
+                    super::validate::Op::Message,
+                    super::service::Opening::Call(call),
+                    &params,
+                    RunMode::Call,
+                )
+                .await;
+            self.evict_if_idle(id);
+            return self.wait_and_answer(id, Some(run?), false).await;
+        }
+        let created = self
+            .create(
+                caller,
+                CreateSession {
+                    agent: Some(agent.to_string()),
+                    call: Some(call),
+                    params,
+                    owner: Some("mcp".to_string()),
+                    ..CreateSession::default()
+                },
+            )
+            .await?;
+        self.wait_and_answer(&created.id, created.run, true).await
+    }
+
+    /// Wait for the run on session `id` to end (cancelled if the future is
+    /// dropped first), forget the values that came with this one request
+    /// when the session was made for it (`forget`), and answer.
+    async fn wait_and_answer(
+        self: &Arc<Self>,
+        id: &str,
+        run: Option<RunWait>,
+        forget: bool,
+    ) -> Result<Answer, ServiceError> {
         let mut guard = CancelOnDrop {
             service: self.clone(),
-            id: created.id.clone(),
+            id: id.to_string(),
             armed: true,
+            forget,
         };
-        if let Some(run) = created.run {
+        if let Some(run) = run {
             run.finished().await;
         }
         guard.armed = false;
-        self.forget_secrets(&created.id);
-        self.answer_of(&created.id).await
+        if forget {
+            self.forget_secrets(id);
+        }
+        self.answer_of(id).await
     }
 
     /// Answer the pending calls of a one-shot run (`replies`, the last one
@@ -94,17 +177,13 @@ impl Service {
         let id = session.ok_or_else(|| {
             ServiceError::bad_request("no answer given: list at least one {token, …}")
         })?;
-        let mut guard = CancelOnDrop {
-            service: self.clone(),
-            id: id.clone(),
-            armed: true,
-        };
-        if let Some(run) = run {
-            run.finished().await;
-        }
-        guard.armed = false;
-        self.forget_secrets(&id);
-        self.answer_of(&id).await
+        // A session made for an MCP request forgets the values it came
+        // with; a session the client named keeps its own.
+        let forget = self
+            .record(&id)
+            .await
+            .map_or(true, |r| r.security.owner.as_deref() == Some("mcp"));
+        self.wait_and_answer(&id, run, forget).await
     }
 
     /// A one-shot run's answer, from its session as it stands.
@@ -132,6 +211,11 @@ impl Service {
                 Some(ChatMessage::Assistant { content, .. }) => {
                     (content.clone().unwrap_or_default(), false)
                 }
+                // A client's call (`call_tool`): its result, scrubbed when
+                // it was recorded; a failure is recorded as `error: …`.
+                Some(ChatMessage::Tool { content, .. }) => {
+                    (content.clone(), content.starts_with("error: "))
+                }
                 _ => ("the run ended without an answer".into(), true),
             },
         };
@@ -144,11 +228,13 @@ impl Service {
     }
 }
 
-/// Cancels the run of session `id` when dropped while armed.
+/// Cancels the run of session `id` when dropped while armed (and forgets
+/// its values when they came with the one request).
 struct CancelOnDrop {
     service: Arc<Service>,
     id: String,
     armed: bool,
+    forget: bool,
 }
 
 impl Drop for CancelOnDrop {
@@ -161,10 +247,13 @@ impl Drop for CancelOnDrop {
         };
         let service = self.service.clone();
         let id = std::mem::take(&mut self.id);
+        let forget = self.forget;
         rt.spawn(async move {
             tracing::info!(session = %id, "the client went away; cancelling its run");
             let _ = service.cancel(&id).await;
-            service.forget_secrets(&id);
+            if forget {
+                service.forget_secrets(&id);
+            }
         });
     }
 }

@@ -24,6 +24,10 @@ pub struct Pending {
     /// one is a conflict, not an unknown token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used: Vec<String>,
+    /// The calls were a client's (an MCP `tools/call`), not the model's:
+    /// once they are answered the run ends with no model turn.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_call: bool,
 }
 
 /// One call that waits.

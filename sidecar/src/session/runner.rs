@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::bindings::cache::ToolCache;
 use crate::bindings::{scrubber_for, BoundTool};
 use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
-use crate::metrics::{Metrics, ToolOutcome};
+use crate::metrics::{Metrics, ToolCaller, ToolOutcome};
 use crate::params::scrub::Scrubber;
 use crate::params::{SecretString, Values};
 use crate::session::depends::{self, LookupCache, LookupState, Step};
@@ -108,6 +108,8 @@ pub struct RunContext<'a> {
     pub metrics: &'a Metrics,
     pub max_steps: u32,
     pub stream: bool,
+    /// Who makes the run's tool calls (metrics, traces, events).
+    pub origin: ToolCaller,
 }
 
 /// Run the loop over `history` (which ends with the request that started
@@ -193,37 +195,79 @@ async fn run_inner(
                 return RunEnd::Completed;
             }
             sink.turn(&message, events).await;
-            let (waiting, now): (Vec<_>, Vec<_>) = response
-                .tool_calls
-                .iter()
-                .map(|c| (c, blocked(ctx, c)))
-                .partition(|(_, b)| b.is_some());
-            let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
-            sink.stored().await;
-            // Biased: a run cancelled by then (or found taken) starts no call.
-            let results = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => None,
-                r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
-            };
-            let Some(results) = results else {
-                for call in &response.tool_calls {
-                    let msg = ChatMessage::tool_result(&call.id, "error: the run was cancelled");
-                    history.push(msg.clone());
-                    sink.turn(&msg, Events::new()).await;
-                }
-                return RunEnd::Cancelled;
-            };
-            let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
-            for (call, outcome) in now.iter().zip(results) {
-                settle(history, sink, &scrubber, &call.id, outcome, &mut waiting).await;
-            }
-            if !waiting.is_empty() {
-                return RunEnd::Blocked(waiting);
+            if let Some(end) =
+                act(ctx, &response.tool_calls, history, sink, &scrubber, cancel).await
+            {
+                return end;
             }
         }
         RunEnd::MaxSteps(ctx.max_steps)
     }
+}
+
+/// The calls of one turn: those that wait become pending items, the
+/// others run (concurrently, once the turn that asked for them is stored)
+/// and their results are recorded. `None`: every call is answered and the
+/// run may go on; else how it stops.
+async fn act(
+    ctx: &RunContext<'_>,
+    calls: &[ToolCall],
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    scrubber: &Scrubber,
+    cancel: &CancellationToken,
+) -> Option<RunEnd> {
+    let (waiting, now): (Vec<_>, Vec<_>) = calls
+        .iter()
+        .map(|c| (c, blocked(ctx, c)))
+        .partition(|(_, b)| b.is_some());
+    let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
+    sink.stored().await;
+    // Biased: a run cancelled by then (or found taken) starts no call.
+    let results = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
+    };
+    let Some(results) = results else {
+        for call in calls {
+            let msg = ChatMessage::tool_result(&call.id, "error: the run was cancelled");
+            history.push(msg.clone());
+            sink.turn(&msg, Events::new()).await;
+        }
+        return Some(RunEnd::Cancelled);
+    };
+    let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
+    for (call, outcome) in now.iter().zip(results) {
+        settle(history, sink, scrubber, &call.id, outcome, &mut waiting).await;
+    }
+    (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
+}
+
+/// A run with no model turn: the calls of the last turn of `history`,
+/// which a client made (an MCP `tools/call` of an exposed tool), go the
+/// way a model's calls go (confirmations, lookups, the bindings, the
+/// cache, the scrubber) and the run ends once they are answered.
+pub async fn run_calls(
+    ctx: &RunContext<'_>,
+    history: &mut Vec<ChatMessage>,
+    sink: &dyn RunSink,
+    cancel: &CancellationToken,
+) -> RunEnd {
+    let calls = match history.last() {
+        Some(ChatMessage::Assistant { tool_calls, .. }) if !tool_calls.is_empty() => {
+            tool_calls.clone()
+        }
+        _ => return RunEnd::Failed("the run was given no tool call to make".into()),
+    };
+    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str());
+    let _live = crate::params::live::register_values(ctx.values);
+    let scrubber = scrubber_for(ctx.values, ctx.tools);
+    let acted = HIDDEN.scope(
+        std::sync::Mutex::new(Vec::new()),
+        act(ctx, &calls, history, sink, &scrubber, cancel).instrument(span),
+    );
+    acted.await.unwrap_or(RunEnd::Completed)
 }
 
 /// The call as a pending item, if it waits instead of running.
@@ -596,7 +640,7 @@ async fn dispatch(
     history: &[ChatMessage],
     cancel: &CancellationToken,
 ) -> Outcome {
-    let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id);
+    let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
     async {
         let outcome = dispatch_inner(ctx, call, history, cancel).await;
         if let Outcome::Done(result) = &outcome {
@@ -611,7 +655,7 @@ async fn dispatch(
                 ToolOutcome::Unavailable => crate::metrics::UNKNOWN_TOOL,
                 _ => call.name.as_str(),
             };
-            ctx.metrics.tool_call(tool, counted);
+            ctx.metrics.tool_call(tool, counted, ctx.origin);
         }
         outcome
     }
@@ -743,6 +787,8 @@ async fn call_helper(
         metrics: ctx.metrics,
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,
+        // A helper's calls are its own model's.
+        origin: ToolCaller::Model,
     };
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
@@ -903,6 +949,7 @@ mod tests {
             metrics: &metrics,
             max_steps: 3,
             stream: false,
+            origin: ToolCaller::Model,
         };
         let cancel = CancellationToken::new();
         let sink = TakenOnStore {

@@ -32,7 +32,7 @@ use super::store::{Notice, Peer, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use crate::bindings::cache::ToolCache;
 use crate::llm::{ChatClient, ChatMessage};
-use crate::metrics::{Metrics, RunOutcome};
+use crate::metrics::{Metrics, RunOutcome, ToolCaller};
 use crate::params::{ParamValue, Values};
 use crate::session::helpers::HelperEnv;
 use crate::tools::CallContext;
@@ -125,6 +125,21 @@ pub enum RunMode {
     UntilBlocked,
     /// One model turn and its tool calls.
     Step,
+    /// No model turn: the calls a client made (an MCP `tools/call` of an
+    /// exposed tool, the session's last turn), and the run ends once they
+    /// are answered. Never chosen by a request's `run`.
+    Call,
+}
+
+/// What a run starts from.
+#[derive(Debug)]
+pub enum Opening {
+    /// The session as it stands (a resume, an answered continuation).
+    Resume,
+    /// A user's message.
+    Prompt(String),
+    /// A call a client made of one of the agent's tools (`RunMode::Call`).
+    Call(crate::llm::ToolCall),
 }
 
 /// What exists of a session in memory only.
@@ -178,6 +193,9 @@ pub struct CreateSession {
     pub owner: Option<String>,
     /// With `fork`: copy only the turns before this index.
     pub at_turn: Option<usize>,
+    /// A client's call of one of the agent's tools, run at once instead of
+    /// a prompt (`RunMode::Call`; `prompt` is then ignored).
+    pub call: Option<crate::llm::ToolCall>,
 }
 
 /// A session that was just created or forked.
@@ -364,7 +382,7 @@ impl Service {
 
     /// Drop a session's live entry when it holds nothing worth keeping: no
     /// run, no secret, no event subscriber, and nobody else holds it.
-    fn evict_if_idle(&self, id: &str) {
+    pub(crate) fn evict_if_idle(&self, id: &str) {
         let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
         let idle = map.get(id).is_some_and(|l| {
             Arc::strong_count(l) == 1

@@ -635,6 +635,7 @@ impl Description {
             tools: Vec::new(),
             confirm: Vec::new(),
             confirm_ttl: None,
+            mcp: Default::default(),
             helpers: self
                 .extra_agents
                 .into_iter()

@@ -102,6 +102,26 @@ pub struct AgentSpec {
         "message": "confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"
     }]))]
     pub confirm_ttl: Option<String>,
+    /// What `/mcp` serves of this agent besides its `ask_<agent>` tool.
+    #[serde(default, skip_serializing_if = "McpSpec::is_default")]
+    pub mcp: McpSpec,
+}
+
+/// What an agent offers MCP clients on the server's `/mcp` endpoint.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct McpSpec {
+    /// List the agent's own tools on `/mcp`, as its model sees them (bound
+    /// arguments removed), and run a client's call of one through the same
+    /// bindings, confirmations and lookups as a model's call. Off by default.
+    #[serde(default)]
+    pub expose_tools: bool,
+}
+
+impl McpSpec {
+    fn is_default(&self) -> bool {
+        *self == McpSpec::default()
+    }
 }
 
 /// One selector of tools that need a person's approval: a glob (`*`

@@ -10,6 +10,8 @@
 //! [`stateless`]). Authentication is the session API's: the owner token
 //! only, checked before the body is read.
 
+pub mod elicit;
+pub mod exposed;
 pub mod jsonrpc;
 pub mod params;
 pub mod stateless;
@@ -90,9 +92,11 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
     ),
 )]
 pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = s.caller(&headers, None, Door::OwnerOnly).await {
-        return refused(StatusCode::UNAUTHORIZED, e.into());
-    }
+    let who = match who(&s, &headers).await {
+        Ok(who) => who,
+        Err(e) => return refused(StatusCode::UNAUTHORIZED, e.into()),
+    };
+    let who = &who;
     if !accepts_json(&headers) {
         return refused(
             StatusCode::NOT_ACCEPTABLE,
@@ -122,7 +126,7 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
         }
     };
     match message {
-        Value::Array(batch) => post_batch(&s, &headers, version, batch).await,
+        Value::Array(batch) => post_batch(&s, &headers, who, version, batch).await,
         single => match classify(single) {
             Err((id, e)) => (StatusCode::BAD_REQUEST, Json(response(id, Err(e)))).into_response(),
             Ok(Incoming::NoReply) => StatusCode::ACCEPTED.into_response(),
@@ -130,7 +134,9 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
                 match stateless::Era::of(&headers, &method, &params) {
                     Err(e) => (StatusCode::BAD_REQUEST, Json(response(id, Err(e)))).into_response(),
                     Ok(stateless::Era::Legacy) => {
-                        let outcome = handle(&s, &headers, &method, params).await;
+                        let outcome =
+                            handle(&s, &headers, who, stateless::Era::Legacy, &method, params)
+                                .await;
                         Json(response(id, outcome)).into_response()
                     }
                     Ok(stateless::Era::Stateless) => {
@@ -140,7 +146,10 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
                                 jsonrpc::METHOD_NOT_FOUND,
                                 format!("protocol {} has no `{method}`: call server/discover, then tools/list and tools/call", stateless::VERSION),
                             )),
-                            _ => handle(&s, &headers, &method, params).await,
+                            _ => {
+                                handle(&s, &headers, who, stateless::Era::Stateless, &method, params)
+                                    .await
+                            }
                         };
                         let outcome = outcome.map(|r| stateless::complete(&method, r));
                         Json(response(id, outcome)).into_response()
@@ -156,6 +165,7 @@ pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
 async fn post_batch(
     s: &AppState,
     headers: &HeaderMap,
+    who: &Who,
     version: &str,
     batch: Vec<Value>,
 ) -> Response {
@@ -185,9 +195,10 @@ async fn post_batch(
                     "initialize must not be part of a batch",
                 )),
             )),
-            Ok(Incoming::Request { id, method, params }) => {
-                Some(response(id, handle(s, headers, &method, params).await))
-            }
+            Ok(Incoming::Request { id, method, params }) => Some(response(
+                id,
+                handle(s, headers, who, stateless::Era::Legacy, &method, params).await,
+            )),
         }
     });
     let answers: Vec<Value> = futures::future::join_all(answers)
@@ -235,17 +246,62 @@ fn accepts_json(headers: &HeaderMap) -> bool {
         .any(|t| matches!(t.as_str(), "application/json" | "application/*" | "*/*"))
 }
 
+/// Who calls `/mcp`, as far as its tools go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    /// The owner token: every tool, answers to pending items.
+    Owner,
+    /// The MCP client token: the exposed tools, nothing answered.
+    Client,
+    /// A session token, with the session it names (`Bindery-Session-Id`)
+    /// and that session's agent: its `ask_<agent>` tool, in that session.
+    Session { id: String, agent: String },
+}
+
+/// The header a session token's holder names its session with.
+const SESSION_HEADER: &str = "bindery-session-id";
+
+/// Who calls, from the request's headers alone (the body is not read
+/// before this).
+async fn who(s: &AppState, headers: &HeaderMap) -> Result<Who, ServiceError> {
+    let owner = s.caller(headers, None, Door::OwnerOnly).await;
+    if owner.is_ok() {
+        return Ok(Who::Owner);
+    }
+    let bearer = super::auth::bearer(headers);
+    if let (Some(token), Some(client)) = (bearer, &s.mcp_client) {
+        if client.matches(token) {
+            return Ok(Who::Client);
+        }
+    }
+    if let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+        let id = id.trim();
+        if let Ok(Caller::SessionToken(id)) = s.caller(headers, Some(id), Door::SessionToken).await
+        {
+            let agent = s.service.record(&id).await?.agent;
+            return Ok(Who::Session { id, agent });
+        }
+    }
+    owner.map(|_| Who::Owner).map_err(|_| {
+        super::auth::unauthorized(
+            "send `Authorization: Bearer <token>`: the owner token, the MCP client token, or a session token with its session in a Bindery-Session-Id header",
+        )
+    })
+}
+
 async fn handle(
     s: &AppState,
     headers: &HeaderMap,
+    who: &Who,
+    era: stateless::Era,
     method: &str,
     params: Value,
 ) -> Result<Value, RpcError> {
     match method {
         "initialize" => Ok(initialize(&params)),
         "ping" => Ok(json!({})),
-        "tools/list" => Ok(json!({"tools": tools::list(s.service.tree())})),
-        "tools/call" => call(s, headers, &params).await,
+        "tools/list" => Ok(json!({"tools": list(s, who)})),
+        "tools/call" => call(s, headers, who, era, &params).await,
         other => Err(RpcError::new(
             jsonrpc::METHOD_NOT_FOUND,
             format!("no method `{other}` here: this server has initialize, ping, tools/list and tools/call"),
@@ -277,44 +333,219 @@ const INSTRUCTIONS: &str = "Each ask_<agent> tool runs that agent once on the pr
     the client answers with _meta \"bindery.dev/pending\"; call the tool again with \
     _meta \"bindery.dev/continuations\" to answer each item and go on.";
 
-/// `tools/call`: one run of the tool's agent.
-async fn call(s: &AppState, headers: &HeaderMap, params: &Value) -> Result<Value, RpcError> {
+/// `tools/list` for `who`.
+fn list(s: &AppState, who: &Who) -> Vec<Value> {
+    let tree = s.service.tree();
+    match who {
+        Who::Owner => {
+            let mut all = tools::list(tree);
+            all.extend(exposed::list(tree));
+            all
+        }
+        Who::Client => exposed::list(tree),
+        Who::Session { agent, .. } => tools::list(tree)
+            .into_iter()
+            .filter(|t| t["name"] == tools::tool_name(agent))
+            .collect(),
+    }
+}
+
+/// Where a client names the session a call goes to (`_meta`).
+const META_SESSION: &str = "/_meta/bindery.dev~1session_id";
+const META_CONTINUATIONS: &str = "/_meta/bindery.dev~1continuations";
+
+/// `tools/call`: one run of an `ask_<agent>` tool's agent, or one call of
+/// an exposed tool.
+async fn call(
+    s: &AppState,
+    headers: &HeaderMap,
+    who: &Who,
+    era: stateless::Era,
+    params: &Value,
+) -> Result<Value, RpcError> {
     let invalid = |why: String| RpcError::new(jsonrpc::INVALID_PARAMS, why);
     let name = params["name"]
         .as_str()
         .ok_or_else(|| invalid("tools/call needs `name`, a tool from tools/list".into()))?;
-    let agent = tools::agent_of(s.service.tree(), name)
-        .ok_or_else(|| invalid(format!("unknown tool `{name}`; tools/list names them")))?;
     let values = params::from_headers(headers)
         .and_then(|h| params::merge(h, params.get("_meta")))
         .map_err(for_mcp)?;
-    tracing::debug!(tool = name, params = ?values.keys().collect::<Vec<_>>(), "MCP tools/call");
-    let answer = match params.pointer("/_meta/bindery.dev~1continuations") {
-        Some(replies) => {
-            let replies = continuation_replies(replies).map_err(invalid)?;
-            s.service
-                .ask_continue(&Caller::Owner, replies, values)
-                .await
+    let session = params.pointer(META_SESSION).map(|v| {
+        v.as_str().map(str::to_string).ok_or_else(|| {
+            invalid("_meta \"bindery.dev/session_id\" is a session id, a string".into())
+        })
+    });
+    let session = session.transpose()?;
+    tracing::debug!(tool = name, caller = ?who, params = ?values.keys().collect::<Vec<_>>(), "MCP tools/call");
+    let tree = s.service.tree();
+    if let Some(agent) = tools::agent_of(tree, name) {
+        return ask(s, who, name, &agent.name, params, values, session).await;
+    }
+    let Some(found) = exposed::find(tree, name).filter(|_| !matches!(who, Who::Session { .. }))
+    else {
+        return Err(invalid(format!(
+            "unknown tool `{name}`; tools/list names them"
+        )));
+    };
+    let answers = params.pointer(META_CONTINUATIONS).map(continuation_replies);
+    let answers = match (answers, elicit::replies(params).map_err(invalid)?) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "give either _meta \"bindery.dev/continuations\" or inputResponses, not both"
+                    .into(),
+            ))
         }
+        (Some(r), None) => Some(r.map_err(invalid)?),
+        (None, r) => r,
+    };
+    if *who == Who::Client && (answers.is_some() || session.is_some()) {
+        return Err(RpcError::from(ServiceError::forbidden(
+            "an MCP client token calls the exposed tools in sessions of their own: it may not answer pending calls nor name a session; the owner answers them (POST /v1/continuations/:token)",
+        )));
+    }
+    let answer = match answers {
+        Some(replies) => s.service.ask_continue(&Caller::Owner, replies, values).await,
         None => {
-            let prompt = params["arguments"]["prompt"].as_str().ok_or_else(|| {
-                invalid(format!("`{name}` needs the argument `prompt`, a string"))
-            })?;
+            let arguments = match params.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(a @ Value::Object(_)) => a.clone(),
+                Some(_) => {
+                    return Err(invalid(format!(
+                        "the arguments of `{name}` are a JSON object"
+                    )))
+                }
+            };
+            let call = crate::llm::ToolCall {
+                id: format!("mcp-{}", uuid::Uuid::new_v4().simple()),
+                name: found.tool.name().to_string(),
+                arguments: arguments.to_string(),
+            };
+            tracing::info!(tool = %call.name, agent = %found.agent.name, caller = "mcp", "MCP client calls an exposed tool");
             s.service
-                .ask(&Caller::Owner, &agent.name, prompt.to_string(), values)
+                .call_tool(&Caller::Owner, &found.agent.name, call, values, session.as_deref())
                 .await
         }
     }
     .map_err(for_mcp)?;
-    let mut meta = json!({"bindery.dev/session_id": answer.session_id});
-    if !answer.pending.is_empty() {
-        meta["bindery.dev/pending"] = json!(answer.pending);
+    if !answer.pending.is_empty()
+        && *who == Who::Owner
+        && era == stateless::Era::Stateless
+        && elicit::supported(params)
+    {
+        return Ok(elicit::input_required(&answer.session_id, &answer.pending));
     }
-    Ok(json!({
-        "content": [{"type": "text", "text": answer.text}],
-        "isError": answer.is_error,
+    Ok(result(who, answer, true))
+}
+
+/// An `ask_<agent>` call: a new session's run, a message in a session the
+/// owner names, or (a session token) a message in the token's session.
+async fn ask(
+    s: &AppState,
+    who: &Who,
+    name: &str,
+    agent: &str,
+    params: &Value,
+    values: std::collections::BTreeMap<String, Value>,
+    session: Option<String>,
+) -> Result<Value, RpcError> {
+    let invalid = |why: String| RpcError::new(jsonrpc::INVALID_PARAMS, why);
+    let prompt = || {
+        params["arguments"]["prompt"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| invalid(format!("`{name}` needs the argument `prompt`, a string")))
+    };
+    let answer = match who {
+        Who::Client => {
+            return Err(invalid(format!(
+                "unknown tool `{name}`; tools/list names them (an MCP client token calls the exposed tools only)"
+            )))
+        }
+        Who::Session { id, agent: own } => {
+            if own != agent || session.as_ref().is_some_and(|s| s != id) {
+                return Err(invalid(format!("unknown tool `{name}`; tools/list names them")));
+            }
+            if params.pointer(META_CONTINUATIONS).is_some() {
+                return Err(RpcError::from(ServiceError::forbidden(
+                    "a session token may read pending calls, not answer them; the session's owner answers them",
+                )));
+            }
+            s.service
+                .ask_in(&Caller::SessionToken(id.clone()), id, prompt()?, values)
+                .await
+        }
+        Who::Owner => match (params.pointer(META_CONTINUATIONS), session) {
+            (Some(replies), _) => {
+                let replies = continuation_replies(replies).map_err(invalid)?;
+                s.service.ask_continue(&Caller::Owner, replies, values).await
+            }
+            (None, Some(id)) => {
+                let rec = s.service.record(&id).await.map_err(for_mcp)?;
+                if rec.agent != agent {
+                    return Err(invalid(format!(
+                        "session {id} is a session of agent `{}`; call ask_{} for it",
+                        rec.agent, rec.agent
+                    )));
+                }
+                s.service.ask_in(&Caller::Owner, &id, prompt()?, values).await
+            }
+            (None, None) => {
+                s.service
+                    .ask(&Caller::Owner, agent, prompt()?, values)
+                    .await
+            }
+        },
+    }
+    .map_err(for_mcp)?;
+    Ok(result(who, answer, false))
+}
+
+/// A run's answer as a `tools/call` result, the pending items of a run that
+/// waits in its `_meta` (their continuation tokens to the owner only). An
+/// exposed tool's call that waits did not run: its result is an error
+/// whose structured content holds the items as the session API shows them.
+fn result(who: &Who, answer: crate::session::ask::Answer, tool: bool) -> Value {
+    let mut meta = json!({"bindery.dev/session_id": answer.session_id});
+    if answer.pending.is_empty() {
+        return json!({
+            "content": [{"type": "text", "text": answer.text}],
+            "isError": answer.is_error,
+            "_meta": meta,
+        });
+    }
+    let mut pending = answer.pending;
+    if !tool && *who == Who::Owner {
+        meta["bindery.dev/pending"] = json!(pending);
+        return json!({
+            "content": [{"type": "text", "text": answer.text}],
+            "isError": answer.is_error,
+            "_meta": meta,
+        });
+    }
+    let text = if *who == Who::Owner {
+        answer.text
+    } else {
+        for item in &mut pending {
+            if let Value::Object(m) = item {
+                m.remove("continuation_token");
+            }
+        }
+        format!(
+            "The call waits for a person: the session's owner answers it (POST /v1/continuations/:token, with the token from GET /v1/sessions/{}), and the result is then in that session.",
+            answer.session_id
+        )
+    };
+    meta["bindery.dev/pending"] = json!(pending);
+    json!({
+        "content": [{"type": "text", "text": text}],
+        "isError": true,
+        "structuredContent": {
+            "status": "waiting_external",
+            "session_id": answer.session_id,
+            "pending": pending,
+        },
         "_meta": meta,
-    }))
+    })
 }
 
 /// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?, choice?, input?}]`.

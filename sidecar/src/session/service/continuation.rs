@@ -10,7 +10,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::json;
 
 use super::{
-    close_pending, constant_time_eq, now_ms, random_key, Live, RunMode, RunWait, Service, CANCELLED,
+    close_pending, constant_time_eq, now_ms, random_key, Live, Opening, RunMode, RunWait, Service,
+    CANCELLED,
 };
 use crate::metrics::RunOutcome;
 use crate::params::Values;
@@ -381,7 +382,7 @@ impl Service {
         if !resume {
             return Ok(None);
         }
-        self.start_run_locked(guard, Some(rec), id, None, message, answer.mode)
+        self.start_run_locked(guard, Some(rec), id, Opening::Resume, message, answer.mode)
             .await
             .map(Some)
     }
@@ -453,7 +454,7 @@ impl Service {
                 guard,
                 Some(rec),
                 id,
-                None,
+                Opening::Resume,
                 Values::new(),
                 RunMode::UntilBlocked,
             )

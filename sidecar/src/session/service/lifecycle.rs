@@ -69,7 +69,7 @@ impl Service {
                 let agent = req.agent.clone().ok_or_else(|| {
                     ServiceError::bad_request("`agent` is required (see GET /v1/agents)")
                 })?;
-                let op = if req.prompt.is_some() {
+                let op = if req.prompt.is_some() || req.call.is_some() {
                     Op::Create
                 } else {
                     Op::CreateIdle
@@ -119,12 +119,21 @@ impl Service {
         self.store.create(&rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
-        let run = match req.prompt {
-            Some(prompt) => Some(
-                self.start_run(&rec.id, Some(prompt), accepted.message, req.mode)
+        let run = match (req.call, req.prompt) {
+            (Some(call), _) => Some(
+                self.start_run(
+                    &rec.id,
+                    Opening::Call(call),
+                    accepted.message,
+                    RunMode::Call,
+                )
+                .await?,
+            ),
+            (None, Some(prompt)) => Some(
+                self.start_run(&rec.id, Opening::Prompt(prompt), accepted.message, req.mode)
                     .await?,
             ),
-            None => None,
+            (None, None) => None,
         };
         self.evict_if_idle(&rec.id);
         Ok(Created {
@@ -144,7 +153,14 @@ impl Service {
     ) -> Result<RunWait, ServiceError> {
         let r = async {
             let e = match self
-                .run_request(caller, id, Op::Message, Some(prompt.clone()), params, mode)
+                .run_request(
+                    caller,
+                    id,
+                    Op::Message,
+                    Opening::Prompt(prompt.clone()),
+                    params,
+                    mode,
+                )
                 .await
             {
                 Err(e) if e.code == "waiting_external" => e,
@@ -166,8 +182,15 @@ impl Service {
             match self.answer(caller, &token.0, answer).await? {
                 (_, Some(run)) => Ok(run),
                 (_, None) => {
-                    self.run_request(caller, id, Op::Message, Some(prompt), params, mode)
-                        .await
+                    self.run_request(
+                        caller,
+                        id,
+                        Op::Message,
+                        Opening::Prompt(prompt),
+                        params,
+                        mode,
+                    )
+                    .await
                 }
             }
         }
@@ -184,7 +207,7 @@ impl Service {
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let r = self
-            .run_request(caller, id, Op::Resume, None, params, mode)
+            .run_request(caller, id, Op::Resume, Opening::Resume, params, mode)
             .await;
         self.evict_if_idle(id);
         r
@@ -193,12 +216,12 @@ impl Service {
     /// A request that starts a run: its values are validated and stored,
     /// and the run reserved, in one critical section, so a request refused
     /// with `run_in_progress` changes nothing.
-    pub(super) async fn run_request(
+    pub(crate) async fn run_request(
         self: &Arc<Self>,
         caller: &Caller,
         id: &str,
         op: Op,
-        prompt: Option<String>,
+        opening: Opening,
         params: &BTreeMap<String, serde_json::Value>,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
@@ -222,7 +245,7 @@ impl Service {
         let (message, rec) = self
             .apply_params_locked(caller, id, op, params, rec)
             .await?;
-        self.start_run_locked(guard, Some(rec), id, prompt, message, mode)
+        self.start_run_locked(guard, Some(rec), id, opening, message, mode)
             .await
     }
 

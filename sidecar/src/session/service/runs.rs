@@ -8,13 +8,13 @@ impl Service {
     pub(super) async fn start_run(
         self: &Arc<Self>,
         id: &str,
-        prompt: Option<String>,
+        opening: Opening,
         message: Values,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
         let live = self.live(id);
         let guard = live.lock.lock().await;
-        self.start_run_locked(guard, None, id, prompt, message, mode)
+        self.start_run_locked(guard, None, id, opening, message, mode)
             .await
     }
 
@@ -26,7 +26,7 @@ impl Service {
         mut guard: tokio::sync::MutexGuard<'_, Written>,
         rec: Option<SessionRecord>,
         id: &str,
-        prompt: Option<String>,
+        opening: Opening,
         message: Values,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
@@ -58,6 +58,12 @@ impl Service {
                 // values were checked.
                 rec = self.close_if_lost(rec).await?;
             }
+            // A client's calls that waited end their run once answered.
+            let mode = if std::mem::take(&mut rec.pending.client_call) {
+                RunMode::Call
+            } else {
+                mode
+            };
             // The answered calls a waiting run resumes with.
             let resolved = if rec.status == SessionStatus::WaitingExternal {
                 if !rec.pending.all_resolved() {
@@ -73,8 +79,27 @@ impl Service {
                 Vec::new()
             };
             let agent = self.agent(&rec.agent)?.clone();
-            if let Some(p) = &prompt {
-                rec.turns.push(ChatMessage::user(p.clone()));
+            let mut events = Events::new();
+            match &opening {
+                Opening::Resume => events.push(("run_started", json!({"prompt": null}))),
+                Opening::Prompt(p) => {
+                    rec.turns.push(ChatMessage::user(p.clone()));
+                    events.push(("run_started", json!({"prompt": p})));
+                }
+                Opening::Call(call) => {
+                    // Stored with the run's start: the call is on record
+                    // before it may act, as a model's call is.
+                    rec.turns.push(ChatMessage::Assistant {
+                        content: None,
+                        tool_calls: vec![call.clone()],
+                    });
+                    let caller = ToolCaller::Mcp.as_str();
+                    events.push(("run_started", json!({"prompt": null, "caller": caller})));
+                    events.push((
+                        "tool_call",
+                        json!({"id": call.id, "name": call.name, "arguments": call.arguments, "caller": caller}),
+                    ));
+                }
             }
             rec.status = SessionStatus::Running;
             rec.status_detail = None;
@@ -82,10 +107,10 @@ impl Service {
             rec.cancel_requested = false;
             rec.version += 1;
             rec.updated_at = now_ms();
-            Ok::<_, ServiceError>((rec, resolved, agent))
+            Ok::<_, ServiceError>((rec, resolved, agent, mode, events))
         }
         .await;
-        let (rec, resolved, agent) = match prepared {
+        let (rec, resolved, agent, mode, event) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -114,7 +139,7 @@ impl Service {
                 RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
                 _ => Vec::new(),
             };
-            let record = this.finish(&id, driven, pending).await;
+            let record = this.finish(&id, driven, pending, mode).await;
             if let Some(live) = this.peek(&id) {
                 // A run that was taken away may leave its last write here.
                 live.lock.lock().await.take();
@@ -127,7 +152,6 @@ impl Service {
             this.evict_if_idle(&id);
         });
         // Stored with the record that says it runs: one transaction.
-        let event = [("run_started", json!({"prompt": prompt}))];
         let at = rec.updated_at;
         match self.store.update_with_events(&rec, &event, at).await {
             Ok(seqs) => {
@@ -198,13 +222,22 @@ impl Service {
             lookups: Some(&self.lookups),
             metrics: &self.metrics,
             max_steps: match mode {
-                RunMode::Step => 1,
+                RunMode::Step | RunMode::Call => 1,
                 RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
             },
             stream: self.cfg.stream,
+            origin: match mode {
+                RunMode::Call => ToolCaller::Mcp,
+                _ => ToolCaller::Model,
+            },
         };
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
+            // A client's calls, answered now: nothing more to do.
+            None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
+            None if mode == RunMode::Call => {
+                runner::run_calls(&ctx, &mut history, &sink, cancel).await
+            }
             None => runner::run(&ctx, &mut history, &sink, cancel).await,
         };
         let end = match (mode, end) {
@@ -223,9 +256,11 @@ impl Service {
         id: &str,
         driven: Driven,
         pending: Vec<PendingCall>,
+        mode: RunMode,
     ) -> Option<Box<SessionRecord>> {
         let Driven { end, answer, taken } = driven;
         let waiting = pending::Pending {
+            client_call: mode == RunMode::Call && !pending.is_empty(),
             items: pending,
             used: Vec::new(),
         };
@@ -280,6 +315,7 @@ impl Service {
                     rec.runner = None;
                     rec.cancel_requested = false;
                     rec.pending.items = waiting.items.clone();
+                    rec.pending.client_call = waiting.client_call;
                 },
                 &events,
             )
