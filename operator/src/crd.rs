@@ -65,6 +65,11 @@ pub struct AgentTenantSpec {
     /// A Secret key holding the owner token; one is generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_token_secret_ref: Option<KeyRef>,
+    /// A Secret key holding the token MCP clients present on `/mcp` to call
+    /// the agent's exposed tools (and nothing else). Absent: no such token;
+    /// only the owner token opens `/mcp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_client_token_secret_ref: Option<KeyRef>,
     /// Forget a session's secret values once it has been idle this long
     /// (`30m`, `1h`, `90s`); its next message then answers 409
     /// `params_required` until they are supplied again. `off`: keep them

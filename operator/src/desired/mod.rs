@@ -131,6 +131,9 @@ pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) 
     if let Some(r) = &tenant.spec.owner_token_secret_ref {
         secrets.insert(r.name.clone());
     }
+    if let Some(r) = &tenant.spec.mcp_client_token_secret_ref {
+        secrets.insert(r.name.clone());
+    }
     if let Some(r) = postgres_url(tenant) {
         secrets.insert(r.name.clone());
     }
@@ -215,6 +218,20 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             owner.name
         )),
         _ => {}
+    }
+    // Never generated: without one, only the owner token opens `/mcp`.
+    if let Some(r) = &tenant.spec.mcp_client_token_secret_ref {
+        match inputs.secrets.get(&r.name) {
+            Some(o) if !o.keys.contains(&r.key) => resolution.problems.push(format!(
+                "the MCP client token: Secret `{}` (spec.mcpClientTokenSecretRef) has no key `{}`",
+                r.name, r.key
+            )),
+            None => resolution.problems.push(format!(
+                "the MCP client token: Secret `{}` (spec.mcpClientTokenSecretRef, key `{}`) does not exist",
+                r.name, r.key
+            )),
+            Some(_) => {}
+        }
     }
     if let Some(r) = postgres_url(tenant) {
         if let Err(e) = params::check_key("Secret", r, inputs.secrets) {

@@ -297,6 +297,12 @@ fn every_status_the_operator_writes_validates() {
         ("owner token generated", |w| {
             w.secrets.remove("acme-owner-token");
         }),
+        ("missing MCP client token", |w| {
+            w.tenant.spec.mcp_client_token_secret_ref = Some(KeyRef {
+                name: "acme-mcp".into(),
+                key: "token".into(),
+            });
+        }),
     ];
     for (what, change) in cases {
         let mut w = World::example();
@@ -670,8 +676,21 @@ fn structurally_invalid_tenants_are_refused() {
             |t| t["spec"]["tools"] = json!({}),
             "/spec/tools (required)",
         ),
+        (
+            "an MCP client token without its key",
+            |t| t["spec"]["mcpClientTokenSecretRef"] = json!({"name": "acme-mcp"}),
+            "/spec/mcpClientTokenSecretRef (required)",
+        ),
+        (
+            "an MCP client token as a value",
+            |t| t["spec"]["mcpClientTokenSecretRef"] = json!("canary-7f3a9c"),
+            "/spec/mcpClientTokenSecretRef (type)",
+        ),
     ];
     accepted(&base());
+    let mut with_token = base();
+    with_token["spec"]["mcpClientTokenSecretRef"] = secret("acme-mcp", "token");
+    accepted(&with_token);
     for (what, change, want) in cases {
         let mut t = base();
         change(&mut t);

@@ -481,6 +481,157 @@ fn an_owner_token_is_generated_when_none_is_named() {
         .contains("the owner token: Secret `mine` (spec.ownerTokenSecretRef) does not exist"));
 }
 
+/// The example tenant with an MCP client token in the Secret `acme-mcp`,
+/// key `token`.
+fn mcp_client_token_world() -> World {
+    let mut w = World::example();
+    w.tenant.spec.mcp_client_token_secret_ref = Some(bindery_operator::crd::KeyRef {
+        name: "acme-mcp".into(),
+        key: "token".into(),
+    });
+    w.secrets.insert("acme-mcp".into(), obj(&["token"], "300"));
+    w
+}
+
+fn sidecar_env(d: &Desired) -> Vec<k8s_openapi::api::core::v1::EnvVar> {
+    let o = d.objects.as_ref().expect("objects are rendered");
+    let pod = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    pod.unwrap().containers[0].env.clone().unwrap_or_default()
+}
+
+/// The MCP client token goes from its Secret to the sidecar's environment
+/// as a `secretKeyRef`: never a value, never in the ConfigMap, the
+/// arguments or the status. None is generated, and without a reference
+/// the pod has no such variable.
+#[test]
+fn an_mcp_client_token_reaches_the_sidecar_from_its_secret_key_only() {
+    let w = mcp_client_token_world();
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    let env = sidecar_env(&d);
+    golden(
+        "acme-mcp-client-token-env.yaml",
+        &serde_yaml::to_string(&env).unwrap(),
+    );
+    let token: Vec<_> = env
+        .iter()
+        .filter(|e| e.name == "BINDERY_MCP_CLIENT_TOKEN")
+        .collect();
+    assert_eq!(token.len(), 1, "{env:?}");
+    assert!(token[0].value.is_none(), "never a value");
+    let r = token[0]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.key.as_str(), r.optional),
+        ("acme-mcp", "token", Some(false))
+    );
+    // The Secret is named in one place of what is rendered: that
+    // secretKeyRef (no volume, argument or ConfigMap key).
+    let yaml = objects_yaml(&d);
+    assert_eq!(yaml.matches("acme-mcp").count(), 1, "{yaml}");
+    assert_eq!(yaml.matches("MCP_CLIENT_TOKEN").count(), 1, "{yaml}");
+    let o = d.objects.as_ref().unwrap();
+    let args = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    let args = args.unwrap().containers[0].args.clone().unwrap_or_default();
+    assert!(!args.join(" ").to_lowercase().contains("mcp"), "{args:?}");
+    assert!(!serde_yaml::to_string(&d.status)
+        .unwrap()
+        .contains("acme-mcp"));
+    // Watched like the other referenced Secrets.
+    assert!(bindery_operator::desired::referenced(&w.tenant)
+        .0
+        .contains("acme-mcp"));
+    // Never generated: the owner token is, the MCP client token is not.
+    assert!(!d.generate_owner_token);
+
+    // Without a reference: no variable, nothing else changes.
+    let plain = World::example().run();
+    assert!(
+        !sidecar_env(&plain)
+            .iter()
+            .any(|e| e.name == "BINDERY_MCP_CLIENT_TOKEN"),
+        "{:?}",
+        sidecar_env(&plain)
+    );
+    assert!(!objects_yaml(&plain).contains("MCP_CLIENT_TOKEN"));
+}
+
+/// The pods roll when the MCP client token's Secret changes, and when the
+/// reference does.
+#[test]
+fn pods_roll_when_the_mcp_client_token_changes() {
+    let template = |w: &World| w.run().objects.unwrap().deployment.spec.unwrap().template;
+    let hash = |w: &World| {
+        template(w).metadata.unwrap().annotations.unwrap()["bindery.dev/config-hash"].clone()
+    };
+    let mut w = mcp_client_token_world();
+    let before = hash(&w);
+    assert_eq!(before, hash(&w), "deterministic");
+    assert_ne!(before, hash(&World::example()), "the reference counts");
+    w.secrets.insert("acme-mcp".into(), obj(&["token"], "301"));
+    assert_ne!(before, hash(&w), "a new resourceVersion of the Secret");
+    let mut other_key = mcp_client_token_world();
+    other_key
+        .secrets
+        .insert("acme-mcp".into(), obj(&["token", "t2"], "300"));
+    let first = template(&other_key);
+    other_key
+        .tenant
+        .spec
+        .mcp_client_token_secret_ref
+        .as_mut()
+        .unwrap()
+        .key = "t2".into();
+    assert_ne!(first, template(&other_key), "another key");
+}
+
+/// A missing Secret or key of the MCP client token: not ready, nothing
+/// deployed, a condition and a Warning naming the field, the Secret and the
+/// key, as for the owner token. Never generated in its place.
+#[test]
+fn an_mcp_client_token_without_its_secret_is_not_deployed() {
+    for (what, change, message) in [
+        (
+            "missing",
+            None,
+            "the MCP client token: Secret `acme-mcp` (spec.mcpClientTokenSecretRef, key `token`) does not exist",
+        ),
+        (
+            "no key",
+            Some(obj(&["tok"], "301")),
+            "the MCP client token: Secret `acme-mcp` (spec.mcpClientTokenSecretRef) has no key `token`",
+        ),
+    ] {
+        let mut w = mcp_client_token_world();
+        match change {
+            Some(o) => w.secrets.insert("acme-mcp".into(), o),
+            None => w.secrets.remove("acme-mcp"),
+        };
+        let d = w.run();
+        assert!(d.objects.is_none(), "{what}");
+        assert!(!d.generate_owner_token, "{what}");
+        let c = cond(&d, "ParametersResolved");
+        assert_eq!(c.status, "False", "{what}");
+        assert_eq!(c.reason, "Unresolved", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(cond(&d, "Ready").message.contains(message), "{what}");
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
+            "{what}: {:?}",
+            d.warnings
+        );
+    }
+}
+
 /// Every failure: not ready, nothing rendered, a message naming what to
 /// fix, and a Warning event.
 #[test]
