@@ -13,7 +13,15 @@ Each connection opens the Streamable HTTP transport with its headers, runs
 object on stdout: per connection the initialize result, the tools, and per
 call its result or its JSON-RPC error (`{"error": {code, message, data}}`).
 A connection whose `initialize` fails records that error and stops there.
-Run by sidecar/tests/it/mcp_server.rs with tests/mcp/.venv/bin/python.
+
+A connection with `"mode": "2026-07-28"` uses the SDK's `Client` instead
+(no handshake: every request describes itself). With `"elicit": [...]` it
+declares elicitation and answers each form the server asks with the next
+entry (`{"action": "accept", "content": {...}}`, or `{"choose": LABEL}` to
+accept the option titled LABEL); the forms asked are recorded under
+`elicitations`.
+Run by sidecar/tests/it/mcp_server.rs and mcp_tools.rs with
+tests/mcp/.venv/bin/python.
 """
 
 import asyncio
@@ -21,7 +29,8 @@ import json
 import sys
 
 import httpx2
-from mcp import ClientSession
+import mcp_types as types
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -59,11 +68,43 @@ async def connection(url, plan):
     return out
 
 
+async def modern_connection(url, plan):
+    out = {"tools": None, "calls": [], "elicitations": []}
+    answers = list(plan.get("elicit") or [])
+
+    async def on_elicit(context, params):
+        asked = dump(params)
+        out["elicitations"].append(asked)
+        answer = answers.pop(0) if answers else {"action": "decline"}
+        if "choose" in answer:
+            options = asked["requestedSchema"]["properties"]["choice"]["oneOf"]
+            chosen = next(o["const"] for o in options if o["title"] == answer["choose"])
+            answer = {"action": "accept", "content": {"choice": chosen}}
+        return types.ElicitResult(**answer)
+
+    timeout = httpx2.Timeout(30, read=300)
+    async with httpx2.AsyncClient(headers=plan.get("headers", {}), timeout=timeout) as http:
+        transport = streamable_http_client(url, http_client=http)
+        callback = on_elicit if plan.get("elicit") is not None else None
+        async with Client(transport, mode=plan["mode"], elicitation_callback=callback, cache=None) as client:
+            out["tools"] = [dump(t) for t in (await client.list_tools()).tools]
+            for call in plan.get("calls", []):
+                try:
+                    result = await client.call_tool(call["tool"], call.get("arguments"), meta=call.get("meta"))
+                    out["calls"].append({"result": dump(result)})
+                except MCPError as e:
+                    out["calls"].append(error_of(e))
+    return out
+
+
 async def main():
     plan = json.load(sys.stdin)
     results = []
     for c in plan["connections"]:
-        results.append(await connection(plan["url"], c))
+        if c.get("mode"):
+            results.append(await modern_connection(plan["url"], c))
+        else:
+            results.append(await connection(plan["url"], c))
     json.dump({"connections": results}, sys.stdout)
 
 

@@ -19,6 +19,7 @@ mod fuzz_api;
 mod live_ttl;
 mod mcp;
 mod mcp_server;
+mod mcp_tools;
 mod openapi;
 mod otlp;
 mod postgrest;

@@ -223,7 +223,8 @@ pub fn discover(instructions: &str) -> Value {
 /// may be cached (by this caller only: it took the owner token).
 pub fn complete(method: &str, mut result: Value) -> Value {
     if let Value::Object(m) = &mut result {
-        m.insert("resultType".into(), json!("complete"));
+        // A result that asks for input (`elicit::input_required`) says so itself.
+        m.entry("resultType").or_insert_with(|| json!("complete"));
         if method == "tools/list" {
             m.insert("ttlMs".into(), json!(TOOLS_TTL_MS));
             m.insert("cacheScope".into(), json!("private"));

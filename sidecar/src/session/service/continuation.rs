@@ -399,7 +399,11 @@ impl Service {
         if !item.frames.is_empty() {
             return Vec::new();
         }
-        let held = self.session_values(rec);
+        // What the process gives (a pin, BINDERY_PARAM_*, a default) is
+        // never gone.
+        let held = agent
+            .params
+            .snapshot(&self.session_values(rec), &Values::new());
         item.bound_params
             .iter()
             .filter(|p| {
