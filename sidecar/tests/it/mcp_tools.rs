@@ -513,3 +513,57 @@ async fn a_session_token_reaches_only_its_own_sessions_ask() {
         .await;
     assert!(!o.text.contains("which are overdue?"), "{}", o.text);
 }
+
+/// rmcp's client (protocol 2026-07-28, no handshake) lists an exposed tool
+/// without its bound arguments and calls it with a prompt-injected tenant:
+/// the pinned tenant is the one the tool reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
+    use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+
+    let w = world("").await;
+    let (mut sidecar, _api) = start(&w);
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", sidecar.url))
+        .auth_header(CLIENT);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("discovery against /mcp");
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let query = tools
+        .iter()
+        .find(|t| t.name == "bash_query-invoices")
+        .expect("the exposed tool");
+    let schema = serde_json::to_value(&query.input_schema).unwrap();
+    assert!(schema["properties"].get("tenant_id").is_none(), "{schema}");
+    assert!(schema["properties"].get("token").is_none(), "{schema}");
+
+    let call = CallToolRequestParams::new("bash_query-invoices").with_arguments(
+        json!({"tenant_id": "globex", "token": "stolen", "status": "overdue"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let result = client.call_tool(call).await.expect("tools/call");
+    let text = serde_json::to_string(&result).unwrap();
+    assert_eq!(result.is_error, Some(false), "{text}");
+    assert!(text.contains("INV-1002") && !text.contains("INV-2002"), "{text}");
+    let leak = client
+        .call_tool(CallToolRequestParams::new("bash_leak"))
+        .await
+        .expect("tools/call");
+    let text = serde_json::to_string(&leak).unwrap();
+    assert!(text.contains("my token is") && !text.contains(CANARY), "{text}");
+    client.cancel().await.ok();
+    sidecar.stop();
+    assert!(!sidecar.logs().contains(CANARY));
+}
