@@ -349,6 +349,24 @@ fn the_tenant_chart_refuses_other_mistakes_with_readable_messages() {
         no_pause.contains("at '/eventsKeepAlive': '0s' does not match pattern"),
         "{no_pause}"
     );
+    // The MCP client token is a Secret key, never a value; both halves.
+    let inline = Render::new(TENANT, "acme")
+        .set("mcpClientTokenSecretRef=mcp-client-3b9d41")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        inline.contains("at '/mcpClientTokenSecretRef': got string, want object"),
+        "{inline}"
+    );
+    assert!(!inline.contains("mcp-client-3b9d41"), "{inline}");
+    let no_key = Render::new(TENANT, "acme")
+        .set("mcpClientTokenSecretRef.name=acme-mcp")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        no_key.contains("at '/mcpClientTokenSecretRef': missing property 'key'"),
+        "{no_key}"
+    );
     let typo = Render::new(OPERATOR, "bindery")
         .set("replica=2")
         .template(&[])
@@ -440,6 +458,10 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
     assert_eq!(
         spec["ownerTokenSecretRef"],
         json!({"name": "initech-owner", "key": "token"})
+    );
+    assert_eq!(
+        spec["mcpClientTokenSecretRef"],
+        json!({"name": "initech-mcp", "key": "token"})
     );
     assert_eq!(spec["liveSessionTtl"], "1h30m");
     assert_eq!(spec["maxLiveSessions"], 5000);
