@@ -513,6 +513,7 @@ mod tests {
         let mut p = Pending {
             items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
             used: vec![],
+            client_call: false,
         };
         assert_eq!(p.expire(15), vec!["a".to_string()]);
         assert_eq!(p.used, vec!["d-a".to_string()]);

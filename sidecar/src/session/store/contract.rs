@@ -149,6 +149,8 @@ pub fn full_record() -> SessionRecord {
                 }),
             }],
             used: vec!["34".repeat(32)],
+            // A client's call that waits: its run ends once it is answered.
+            client_call: true,
         },
     }
 }
