@@ -128,6 +128,13 @@ pub fn document(mut api: Document, version: &str) -> Value {
                  the operations that list it.",
             ),
         )
+        .security_scheme(
+            "mcpClientToken",
+            bearer(
+                "The MCP client token (`serve --mcp-client-token-file`): on `/mcp`, the \
+                 agents' exposed tools only, answering nothing.",
+            ),
+        )
         .response_from::<Unauthorized>()
         .build();
     api.merge(EventSchemas::openapi());
@@ -1142,10 +1149,13 @@ mod tests {
             ("post", "/v1/sessions/{id}/fork"),
             ("put", "/v1/sessions/{id}/params"),
             ("delete", "/v1/sessions/{id}/token"),
-            ("post", "/mcp"),
         ] {
             assert_eq!(schemes_of(method, path), ["ownerToken"], "{method} {path}");
         }
+        assert_eq!(
+            schemes_of("post", "/mcp"),
+            ["ownerToken", "mcpClientToken", "sessionToken"]
+        );
         assert_eq!(
             doc["components"]["securitySchemes"]["sessionToken"]["scheme"],
             "bearer"

@@ -49,7 +49,7 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
     (status, Json(response(Value::Null, Err(e)))).into_response()
 }
 
-/// MCP over HTTP: one `ask_<agent>` tool per agent, each call one run
+/// MCP over HTTP: one `ask_<agent>` tool per agent, and the tools of the agents that expose theirs
 ///
 /// MCP's Streamable HTTP transport, stateless: each POST carries one
 /// JSON-RPC message (a batch only in protocol 2025-03-26) and is answered
@@ -58,23 +58,44 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
 /// 2025-11-25), `ping`, `tools/list`, `tools/call`; in protocol 2026-07-28
 /// `server/discover` instead of `initialize` and `ping`, with the version
 /// and the client's capabilities in each request's `_meta` and
-/// `Mcp-Method`/`Mcp-Name` headers that agree with the body. A `tools/call` starts a
-/// new session on the tool's agent, runs `arguments.prompt` to the end and
-/// answers with the model's last text; the session's id is in the result's
-/// `_meta` "bindery.dev/session_id". Parameter values come from
-/// `Agents-Param-<name>` request headers (strings; the name is
-/// case-insensitive, `-` read as `_`) and from the call's `_meta`
-/// "agents-exe/params" (any JSON; wins by name). They are validated like a
-/// session creation with a prompt; a refusal is a JSON-RPC error with code
-/// -32602 and `data` `{error, status, params}` holding the session API's code
-/// (`unknown_params`, `forbidden_params`, `invalid_params`,
+/// `Mcp-Method`/`Mcp-Name` headers that agree with the body.
+///
+/// An `ask_<agent>` call starts a new session on the tool's agent (or, with
+/// `_meta` "bindery.dev/session_id", posts a message in that session), runs
+/// `arguments.prompt` to the end and answers with the model's last text;
+/// the session's id is in the result's `_meta` "bindery.dev/session_id".
+/// An agent with `spec.mcp.exposeTools` also lists its own tools as its
+/// model sees them (bound arguments removed; `<agent>__<tool>` when the
+/// server serves several agents): a call runs through the same bindings,
+/// confirmations, lookups, cache and scrubber as a model's call, in a
+/// session of its own (or the one `_meta` names), and answers with the
+/// tool's result. A call that waits for a person did not run: its result is
+/// an error whose `structuredContent.pending` holds the items as the
+/// session API shows them; on 2026-07-28, to the owner's client that
+/// declares elicitation, it is an `input_required` result with one form per
+/// item instead.
+///
+/// Parameter values come from `Agents-Param-<name>` request headers
+/// (strings; the name is case-insensitive, `-` read as `_`) and from the
+/// call's `_meta` "agents-exe/params" (any JSON; wins by name). They are
+/// validated like a session creation; a refusal is a JSON-RPC error with
+/// code -32602 and `data` `{error, status, params}` holding the session
+/// API's code (`unknown_params`, `forbidden_params`, `invalid_params`,
 /// `params_required`).
+///
+/// The owner token reaches every tool and may answer pending items; the
+/// MCP client token (`serve --mcp-client-token-file`) the exposed tools
+/// only, answering nothing; a session token, with its session named in a
+/// `Bindery-Session-Id` header, that session's `ask_<agent>` only.
 #[utoipa::path(post, path = "/mcp", tag = "mcp", operation_id = "mcp",
-    security(("ownerToken" = [])),
+    security(("ownerToken" = []), ("mcpClientToken" = []), ("sessionToken" = [])),
     params(("MCP-Protocol-Version" = inline(Option<McpProtocolVersion>), Header,
         description = "The protocol version `initialize` agreed on (or, from 2026-07-28, \
             the one in the request's `_meta`); 2025-03-26 when absent. Another value is a \
-            400 (a JSON-RPC error).")),
+            400 (a JSON-RPC error)."),
+        ("Bindery-Session-Id" = Option<String>, Header,
+            description = "With a session token: the session it belongs to (its `ask_<agent>` \
+            tool is then the only one listed).")),
     request_body = inline(McpRequest),
     responses(
         (status = 200, description = "The JSON-RPC response; an array of them for a batch.",
@@ -85,8 +106,9 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
             message, an unsupported MCP-Protocol-Version, a batch in a protocol version \
             that has none, or (2026-07-28) a request whose `_meta` or headers are missing or \
             disagree with its body."),
-        (status = 401, body = JsonRpcResponse, description = "No owner token (session tokens \
-            are not valid here); the error's code is -32001."),
+        (status = 401, body = JsonRpcResponse, description = "None of the owner token, the MCP \
+            client token, or a session token with its session in `Bindery-Session-Id`; the \
+            error's code is -32001."),
         (status = 406, body = JsonRpcResponse,
             description = "`Accept` does not allow `application/json`."),
     ),
