@@ -556,13 +556,19 @@ async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
     let result = client.call_tool(call).await.expect("tools/call");
     let text = serde_json::to_string(&result).unwrap();
     assert_eq!(result.is_error, Some(false), "{text}");
-    assert!(text.contains("INV-1002") && !text.contains("INV-2002"), "{text}");
+    assert!(
+        text.contains("INV-1002") && !text.contains("INV-2002"),
+        "{text}"
+    );
     let leak = client
         .call_tool(CallToolRequestParams::new("bash_leak"))
         .await
         .expect("tools/call");
     let text = serde_json::to_string(&leak).unwrap();
-    assert!(text.contains("my token is") && !text.contains(CANARY), "{text}");
+    assert!(
+        text.contains("my token is") && !text.contains(CANARY),
+        "{text}"
+    );
     client.cancel().await.ok();
     sidecar.stop();
     assert!(!sidecar.logs().contains(CANARY));

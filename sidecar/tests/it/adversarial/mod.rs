@@ -5,6 +5,7 @@
 mod cache;
 mod egress;
 mod logs;
+mod mcp_client;
 mod peers;
 mod sessions;
 mod tool_output;
