@@ -573,3 +573,192 @@ async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
     sidecar.stop();
     assert!(!sidecar.logs().contains(CANARY));
 }
+
+/// A toolbox declared `cache: shared` whose `count` tool appends a line to
+/// `calls` each time it really runs.
+fn counting(dir: &std::path::Path) -> String {
+    let tools = dir.join("counting");
+    std::fs::create_dir_all(&tools).unwrap();
+    executable(
+        &tools.join("count"),
+        &format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "count", "description": "Counts its runs.", "args": []}}'
+  exit 0
+fi
+echo run >> '{}'
+echo "counted"
+"#,
+            dir.join("calls").display()
+        ),
+    );
+    format!(
+        "    - bash:\n        directory: \"{}\"\n        cache: shared\n",
+        tools.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_tools_result_is_cached_like_a_models_call() {
+    let w = World::with_toolboxes(no_model, counting).await;
+    let text_ = std::fs::read_to_string(&w.agent).unwrap().replace(
+        "  toolboxes:",
+        "  mcp:\n    exposeTools: true\n  toolboxes:",
+    );
+    std::fs::write(&w.agent, text_).unwrap();
+    let (sidecar, _api) = w.start(
+        &["--tool-cache-ttl", "60", "--pin", "tenant=acme-corp"],
+        &[("BINDERY_PARAM_BILLING_TOKEN", CANARY)],
+    );
+    let call = json!({"tool": "bash_count", "arguments": {}});
+    let conns = client(
+        &sidecar,
+        json!([connection(OWNER, json!([call.clone(), call]))]),
+    )
+    .await;
+    for c in conns[0]["calls"].as_array().unwrap() {
+        assert_eq!(text(c).trim(), "counted", "{c}");
+    }
+    let runs = std::fs::read_to_string(w.dir.path().join("calls")).unwrap();
+    assert_eq!(
+        runs.lines().count(),
+        1,
+        "the second call ran the tool again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_a_named_session_takes_that_sessions_values() {
+    let w = world("").await;
+    // No process values this time: the session brings them.
+    let (sidecar, api) = w.start(&[], &[("BINDERY_MCP_CLIENT_TOKEN", CLIENT)]);
+    let secret = "session-secret-5b2e";
+    let id = new_session(
+        &api,
+        json!({"agent": "invoices", "params": {"tenant": "globex", "billing_token": secret}}),
+    )
+    .await;
+    let in_session = |tool: &str| {
+        json!({"tool": tool, "arguments": {"status": "overdue", "tenant_id": "initech"},
+               "meta": {"bindery.dev/session_id": id}})
+    };
+    let conns = client(
+        &sidecar,
+        json!([
+            connection(
+                OWNER,
+                json!([
+                    in_session("bash_query-invoices"),
+                    in_session("bash_leak"),
+                    // Without the session, the tenant is missing.
+                    {"tool": "bash_query-invoices", "arguments": {}},
+                ])
+            ),
+            connection(CLIENT, json!([in_session("bash_query-invoices")])),
+        ]),
+    )
+    .await;
+    let calls = conns[0]["calls"].as_array().unwrap();
+    let got = text(&calls[0]);
+    assert!(
+        got.contains("INV-2002") && !got.contains("INV-1002"),
+        "{got}"
+    );
+    assert_eq!(
+        calls[0]["result"]["_meta"]["bindery.dev/session_id"],
+        id.as_str()
+    );
+    let leak = text(&calls[1]);
+    assert!(
+        leak.starts_with("my token is ") && !leak.contains(secret),
+        "{leak}"
+    );
+    assert_eq!(
+        calls[2]["error"]["data"]["error"], "params_required",
+        "{}",
+        calls[2]
+    );
+    // The client token may not borrow a session's values.
+    assert_eq!(
+        conns[1]["calls"][0]["error"]["data"]["error"], "forbidden",
+        "{}",
+        conns[1]
+    );
+
+    // The calls are in the session's history, and it keeps its secret.
+    let view = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(view.json["status"], "idle", "{}", view.text);
+    assert_eq!(
+        view.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        view.text
+    );
+    let tools: Vec<&Value> = view.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "tool")
+        .collect();
+    assert_eq!(tools.len(), 2, "{}", view.text);
+    assert!(!view.text.contains(secret), "{}", view.text);
+    assert!(w.mock.requests().is_empty(), "the model was asked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_agents_each_tool_is_named_by_its_agent() {
+    let w = world("").await;
+    let billing = w.dir.path().join("billing.yaml");
+    std::fs::write(
+        &billing,
+        std::fs::read_to_string(&w.agent)
+            .unwrap()
+            .replace("name: invoices", "name: billing"),
+    )
+    .unwrap();
+    let (sidecar, _api) = serve(
+        &w.agent,
+        &w.store,
+        &[
+            "--agent-file",
+            billing.to_str().unwrap(),
+            "--pin",
+            "tenant=acme-corp",
+        ],
+        &[("BINDERY_PARAM_BILLING_TOKEN", CANARY)],
+        w.dir.path(),
+    );
+    let conns = client(
+        &sidecar,
+        json!([connection(
+            OWNER,
+            json!([
+                {"tool": "billing__bash_query-invoices", "arguments": {"status": "paid"}},
+                {"tool": "bash_query-invoices", "arguments": {}},
+            ])
+        )]),
+    )
+    .await;
+    let mut listed = names(&conns[0]);
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "ask_billing",
+            "ask_invoices",
+            "billing__bash_leak",
+            "billing__bash_query-invoices",
+            "invoices__bash_leak",
+            "invoices__bash_query-invoices",
+        ]
+    );
+    let calls = conns[0]["calls"].as_array().unwrap();
+    assert!(text(&calls[0]).contains("INV-1001"), "{}", calls[0]);
+    assert!(calls[1]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown tool"));
+}
