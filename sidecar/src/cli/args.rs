@@ -224,16 +224,8 @@ pub enum Command {
         advertise_url: Option<String>,
         #[command(flatten)]
         peer: Box<PeerArgs>,
-        /// A file holding the owner's bearer token. Without it (and without
-        /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
-        /// next to an SQLite store; a Postgres store needs one given.
-        #[arg(long, value_name = "FILE")]
-        owner_token_file: Option<PathBuf>,
-        /// A file holding the MCP client token: a client that presents it
-        /// on `/mcp` may call the agents' exposed tools (`spec.mcp.exposeTools`)
-        /// and nothing else. Also BINDERY_MCP_CLIENT_TOKEN. None by default.
-        #[arg(long, value_name = "FILE")]
-        mcp_client_token_file: Option<PathBuf>,
+        #[command(flatten)]
+        tokens: Box<TokenArgs>,
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,
@@ -287,6 +279,21 @@ pub enum Command {
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
     },
+}
+
+/// The bearer tokens the server accepts besides session tokens.
+#[derive(Args, Debug, Clone)]
+pub struct TokenArgs {
+    /// A file holding the owner's bearer token. Without it (and without
+    /// BINDERY_OWNER_TOKEN) a token is generated into `owner-token`
+    /// next to an SQLite store; a Postgres store needs one given.
+    #[arg(long, value_name = "FILE")]
+    pub owner_token_file: Option<PathBuf>,
+    /// A file holding the MCP client token: a client that presents it
+    /// on `/mcp` may call the agents' exposed tools (`spec.mcp.exposeTools`)
+    /// and nothing else. Also BINDERY_MCP_CLIENT_TOKEN. None by default.
+    #[arg(long, value_name = "FILE")]
+    pub mcp_client_token_file: Option<PathBuf>,
 }
 
 /// How replicas forward to each other over mutual TLS.

@@ -762,3 +762,46 @@ async fn with_two_agents_each_tool_is_named_by_its_agent() {
         .unwrap()
         .contains("unknown tool"));
 }
+
+/// docs/mcp.md's Python example, as written: the example agent served
+/// with its tenant pinned and an MCP client token, and the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_python_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let token = dir.path().join("mcp-token");
+    std::fs::write(&token, "doc-example-token\n").unwrap();
+    let agent = repo().join("examples/mcp-client/invoices.yaml");
+    let (sidecar, _api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &[
+            "--pin",
+            "tenant=acme-corp",
+            "--mcp-client-token-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+        dir.path(),
+    );
+    let python = std::env::var_os("BINDERY_MCP_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo().join("tests/mcp/.venv/bin/python"));
+    let out = tokio::process::Command::new(python)
+        .arg(repo().join("examples/mcp-client/pinned_tools.py"))
+        .arg(format!("{}/mcp", sidecar.url))
+        .arg(&token)
+        .output()
+        .await
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout,
+        "bash_query-invoices ['since', 'status']\n2026-10-01\tINV-1002\t850.50 EUR\toverdue\n"
+    );
+}
