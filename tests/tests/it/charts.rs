@@ -2046,18 +2046,41 @@ async fn ask(base: &str, owner: &str) -> (u16, String) {
     (r.status, r.text)
 }
 
+/// One JSON-RPC request on the tenant's `/mcp` (protocol 2025-03-26's
+/// stateless POST: no handshake needed) with `token` as the bearer.
+async fn mcp(
+    base: &str,
+    token: &str,
+    method: &str,
+    params: Value,
+) -> bindery_tests::sidecar::Reply {
+    bindery_tests::sidecar::Api::new(base)
+        .call(
+            "POST",
+            "/mcp",
+            Some(token),
+            Some(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})),
+        )
+        .await
+}
+
 /// `helm install` of the operator chart (its RBAC enforced: the operator
 /// runs as its ServiceAccount), the example Agent, tools and Secret, `helm
 /// install` of the tenant chart: the tenant becomes Ready with its pods
 /// running the real sidecar; a session through its Service answers for
 /// the pinned tenant with the Secret's value reaching the tool and nothing
-/// else; rotating the Secret rolls the pods and the new value reaches the
-/// tool; `helm uninstall` of the tenant takes everything it owned, and
-/// helm's record of the release.
+/// else; an MCP client holding the token of the Secret the tenant's
+/// `mcpClientTokenSecretRef` names sees and calls the agent's exposed tool,
+/// pinned to the tenant, and nothing more; rotating the Secret rolls the
+/// pods and the new value reaches the tool; no secret value, the MCP client
+/// token's included, is in any object but its own Secret; `helm uninstall`
+/// of the tenant takes everything it owned, and helm's record of the
+/// release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_platform_teams_path_end_to_end() {
     const CANARY: &str = "billing-canary-51c2e9";
     const ROTATED: &str = "billing-rotated-8d04aa";
+    const MCP_TOKEN: &str = "mcp-client-canary-e47b10";
     let llm = invoices_model().await;
     let dir = tempfile::tempdir().unwrap();
     let ns = "shop";
@@ -2067,15 +2090,27 @@ async fn the_platform_teams_path_end_to_end() {
     // image).
     let (emu, op) = operator_in_cluster(dir.path());
 
-    // 2. The example Agent (its model: the mock), tools and Secret.
-    apply_invoices_agent(&emu, &llm.url(), |agent| agent);
+    // 2. The example Agent (its model: the mock; its tools exposed on
+    // /mcp), tools and Secrets: the billing token, and the token MCP
+    // clients present.
+    apply_invoices_agent(&emu, &llm.url(), |agent| {
+        let spec = "\nspec:\n";
+        assert!(agent.contains(spec), "examples/k8s/agent.yaml changed");
+        agent.replacen(spec, "\nspec:\n  mcp:\n    exposeTools: true\n", 1)
+    });
     let billing = |value: &str| {
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-billing, namespace: shop}}\nstringData: {{token: {value}}}\n")
     };
     apply(&emu, &billing(CANARY));
+    apply(
+        &emu,
+        &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-mcp, namespace: shop}}\nstringData: {{token: {MCP_TOKEN}}}\n"),
+    );
 
     // 3. The tenant chart: Ready, every parameter's row in describe.
-    let tenant = Render::new(TENANT, "acme").values("examples/k8s/acme-values.yaml");
+    let tenant = Render::new(TENANT, "acme")
+        .values("examples/k8s/acme-values.yaml")
+        .set("mcpClientTokenSecretRef.name=acme-mcp,mcpClientTokenSecretRef.key=token");
     let out = helm_install(&emu, &tenant, &["--wait", "--timeout", RECONCILE_TIMEOUT]);
     assert!(out.contains("STATUS: deployed"), "{out}");
     wait_for(&emu, &op, "acme", "condition=Ready=True");
@@ -2119,6 +2154,77 @@ async fn the_platform_teams_path_end_to_end() {
         .and_then(|a| a.iter().find(|a| a["slug"] == "invoices"))
         .unwrap_or_else(|| panic!("no invoices agent: {listed:#}"));
     assert_eq!(invoices["source"], "crd", "{invoices:#}");
+
+    // An MCP client with the token of the Secret `acme-mcp`: it sees the
+    // agent's own tool as the model does (the bound arguments are not
+    // there)...
+    let listed = mcp(&base, MCP_TOKEN, "tools/list", json!({})).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let tools = listed.json["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools: {}", listed.text));
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["bash_query-invoices"], "{}", listed.text);
+    let properties = tools[0]["inputSchema"]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no inputSchema.properties: {}", listed.text));
+    assert!(properties.contains_key("status"), "{}", listed.text);
+    for bound in ["tenant_id", "token"] {
+        assert!(
+            !properties.contains_key(bound),
+            "a bound argument is listed: {}",
+            listed.text
+        );
+    }
+    // ... and calls it: the pinned tenant wins over the one it asks for,
+    // and the billing Secret's value reaches the tool through its binding.
+    let called = mcp(
+        &base,
+        MCP_TOKEN,
+        "tools/call",
+        json!({"name": "bash_query-invoices",
+               "arguments": {"status": "overdue", "tenant_id": "globex"}}),
+    )
+    .await;
+    assert_eq!(called.status, 200, "{}", called.text);
+    let result = &called.json["result"];
+    assert_eq!(result["isError"], false, "{}", called.text);
+    assert!(
+        result["_meta"]["bindery.dev/session_id"].is_string(),
+        "{}",
+        called.text
+    );
+    let answer = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        answer.contains("INV-1002"),
+        "acme-corp's overdue invoice: {}",
+        called.text
+    );
+    assert!(
+        !answer.contains("INV-2002"),
+        "the tenant the client asked for: {}",
+        called.text
+    );
+    assert!(
+        answer.contains(&sha256_hex(CANARY)),
+        "the Secret's value did not reach the tool: {}",
+        called.text
+    );
+    // The agent itself is not its to ask.
+    let asked = mcp(
+        &base,
+        MCP_TOKEN,
+        "tools/call",
+        json!({"name": "ask_invoices", "arguments": {"prompt": "which invoices are overdue?"}}),
+    )
+    .await;
+    assert!(asked.json["result"].is_null(), "{}", asked.text);
+    let refusal = asked.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(refusal.contains("exposed tools only"), "{}", asked.text);
+    // Another token opens nothing.
+    let wrong = mcp(&base, "mcp-client-wrong-0f3c2d", "tools/list", json!({})).await;
+    assert_eq!(wrong.status, 401, "{}", wrong.text);
+    assert!(wrong.json["result"].is_null(), "{}", wrong.text);
 
     // `helm test`: its pod (curl) reaches the tenant's Service by name and
     // ends Succeeded.
@@ -2204,9 +2310,42 @@ async fn the_platform_teams_path_end_to_end() {
             everywhere.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
         }
     }
-    for value in [CANARY, ROTATED] {
+    everywhere.push_str(&called.text);
+    everywhere.push_str(&helm_ok(&emu, &["get", "all", "acme", "-n", ns]));
+    for value in [CANARY, ROTATED, MCP_TOKEN] {
         assert!(!everywhere.contains(value), "{value} left its Secret");
     }
+    // Nor in another Secret (their data read decoded: each value now in
+    // its Secret is seen there).
+    let secrets = kubectl_json(&emu, &["get", "-A", "secrets"]);
+    let mut at_home = BTreeSet::new();
+    for item in secrets["items"].as_array().unwrap() {
+        let secret: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(item.clone()).unwrap();
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let mut text = item.to_string();
+        for v in secret.data.iter().flat_map(|d| d.values()) {
+            text.push_str(&String::from_utf8_lossy(&v.0));
+        }
+        for (value, own) in [
+            (CANARY, "acme-billing"),
+            (ROTATED, "acme-billing"),
+            (MCP_TOKEN, "acme-mcp"),
+        ] {
+            if name == own && text.contains(value) {
+                at_home.insert(value);
+            }
+            assert!(
+                name == own || !text.contains(value),
+                "{value} in the Secret {name}"
+            );
+        }
+    }
+    assert_eq!(
+        at_home,
+        BTreeSet::from([ROTATED, MCP_TOKEN]),
+        "the Secrets' values as read"
+    );
 
     // 6. The tenant's release goes: everything it owned goes with it, and
     // so does helm's record of the release.
