@@ -36,6 +36,9 @@ pub struct AgentView {
     /// `needs_confirmation`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub depends_on: std::collections::BTreeMap<String, Vec<String>>,
+    /// MCP clients see its tools on `/mcp` besides `ask_<slug>`
+    /// (`spec.mcp.exposeTools`), deferred ones excepted.
+    pub exposes_tools: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -97,6 +100,7 @@ pub fn agent_view(
                 (t.name().to_string(), deps)
             })
             .collect(),
+        exposes_tools: a.spec.mcp.expose_tools,
     }
 }
 

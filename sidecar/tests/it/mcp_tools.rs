@@ -216,6 +216,10 @@ async fn a_client_sees_no_bound_argument_and_cannot_override_the_tenant() {
     assert!(stream.raw.contains("\"caller\":\"mcp\""), "{}", stream.raw);
     assert!(!stream.raw.contains(CANARY));
     drop(stream);
+    let agent = api
+        .call("GET", "/v1/agents/invoices", Some(OWNER), None)
+        .await;
+    assert_eq!(agent.json["exposes_tools"], true, "{}", agent.text);
     let metrics = api.call("GET", "/metrics", None, None).await;
     assert_eq!(
         sample(

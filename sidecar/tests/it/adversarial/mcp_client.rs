@@ -123,7 +123,11 @@ async fn a_prompt_injected_mcp_client_cannot_fill_a_lookup_nor_answer_for_a_pers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_exposes_nothing_has_no_tool_for_an_mcp_client() {
     let w = World::new(tool_then_answer).await;
-    let (sidecar, _api) = w.start(&[], &[("BINDERY_MCP_CLIENT_TOKEN", CLIENT)]);
+    let (sidecar, api) = w.start(&[], &[("BINDERY_MCP_CLIENT_TOKEN", CLIENT)]);
+    let agent = api
+        .call("GET", "/v1/agents/invoices", Some(OWNER), None)
+        .await;
+    assert_eq!(agent.json["exposes_tools"], false, "{}", agent.text);
     let listed = rpc(&sidecar.url, CLIENT, "tools/list", json!({})).await;
     assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
     let owner = rpc(&sidecar.url, OWNER, "tools/list", json!({})).await;
