@@ -36,6 +36,13 @@ pub struct ToolReport {
     /// Whether a call may change something (so a lookup cannot be it, and
     /// with dependencies it runs only once confirmed).
     pub writes: bool,
+    /// `confirm` conditions (CEL): a call asks when one holds.
+    #[serde(rename = "confirmWhen", skip_serializing_if = "Vec::is_empty")]
+    pub confirm_when: Vec<String>,
+    /// Its output may carry instructions from outside.
+    pub untrusted: bool,
+    /// It can send data out: after an untrusted result, its calls ask.
+    pub egress: bool,
 }
 
 #[derive(Serialize)]
@@ -86,6 +93,17 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
                     .map(|d| format!("{} (fills {})", d.tool, d.destinations().join(", ")))
                     .collect(),
                 writes: t.writes(),
+                confirm_when: t
+                    .confirm_when()
+                    .iter()
+                    .cloned()
+                    .chain(
+                        crate::bindings::confirm::conditions(&agent.spec.confirm, t.name())
+                            .map(str::to_string),
+                    )
+                    .collect(),
+                untrusted: t.untrusted(),
+                egress: t.egress(),
             })
             .collect(),
         helpers: agent
@@ -168,6 +186,19 @@ pub fn render_text(r: &AgentReport) -> String {
                     out.push_str("      deferred: the client runs it and posts the result\n")
                 }
                 Some(_) | None => {}
+            }
+            for c in &t.confirm_when {
+                out.push_str(&format!("      needs confirmation when: {c}\n"));
+            }
+            if t.untrusted {
+                out.push_str(
+                    "      untrusted: its results hold the session's egress calls for a person\n",
+                );
+            }
+            if t.egress {
+                out.push_str(
+                    "      egress: after an untrusted result, each call waits for a person\n",
+                );
             }
             for d in &t.depends_on {
                 out.push_str(&format!("      depends on: {d}\n"));

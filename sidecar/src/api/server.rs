@@ -846,6 +846,10 @@ pub struct ContinuationBody {
     /// `false`: record the answer only; a later resume goes on.
     #[schema(value_type = bool, required = false)]
     resume: Option<bool>,
+    /// `true`: the untrusted results the session took in so far no longer
+    /// hold its egress calls (the taint guard); a new one holds them again.
+    #[serde(default)]
+    clear_taint: bool,
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
@@ -931,6 +935,7 @@ async fn continuation(
             b.resume
         },
         params: b.params,
+        clear_taint: b.clear_taint,
         mode: mode.unwrap_or_default(),
     };
     let (id, run) = match s.service.answer(&who, &token, answer).await {

@@ -39,6 +39,12 @@ pub struct AgentView {
     /// MCP clients see its tools on `/mcp` besides `ask_<slug>`
     /// (`spec.mcp.exposeTools`), deferred ones excepted.
     pub exposes_tools: bool,
+    /// The tools whose output may carry instructions from outside
+    /// (`untrusted: true`).
+    pub untrusted: Vec<String>,
+    /// The tools that can send data out (`egress: true`): after an
+    /// untrusted result, their calls wait for a person.
+    pub egress: Vec<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -101,6 +107,18 @@ pub fn agent_view(
             })
             .collect(),
         exposes_tools: a.spec.mcp.expose_tools,
+        untrusted: a
+            .tools
+            .iter()
+            .filter(|t| t.untrusted())
+            .map(|t| t.name().to_string())
+            .collect(),
+        egress: a
+            .tools
+            .iter()
+            .filter(|t| t.egress())
+            .map(|t| t.name().to_string())
+            .collect(),
     }
 }
 

@@ -15,8 +15,25 @@ pub fn apply_toolbox_confirm(tools: &mut [BoundTool], confirm: Option<&ToolboxCo
     for t in tools.iter_mut() {
         if toolbox_selects(confirm, &t.spec().local_name, t.writes()) {
             *t = t.with_disposition(Disposition::Confirm);
+        } else if let ToolboxConfirm::Tools(sel) = confirm {
+            let local = t.spec().local_name.clone();
+            for c in conditions(sel, &local) {
+                *t = t.with_confirm_when(c);
+            }
         }
     }
+}
+
+/// The conditions of the selectors that match `name` and ask only when
+/// their condition holds.
+pub fn conditions<'a>(
+    selectors: &'a [ConfirmSelector],
+    name: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
+    selectors
+        .iter()
+        .filter(move |s| glob_matches(&s.tool, name))
+        .filter_map(|s| s.when.as_deref())
 }
 
 /// Whether a toolbox's `confirm` selects the tool called `local` in it,
@@ -60,9 +77,12 @@ pub fn toolbox_selectors(confirm: Option<&ToolboxConfirm>) -> &[ConfirmSelector]
     }
 }
 
-/// Whether one of `selectors` matches `name`.
+/// Whether one of `selectors` without a condition matches `name`: every
+/// call of it asks.
 pub fn selects(selectors: &[ConfirmSelector], name: &str) -> bool {
-    selectors.iter().any(|s| glob_matches(&s.tool, name))
+    selectors
+        .iter()
+        .any(|s| s.when.is_none() && glob_matches(&s.tool, name))
 }
 
 #[cfg(test)]

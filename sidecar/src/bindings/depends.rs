@@ -12,7 +12,7 @@ pub fn apply_toolbox_decls(tools: &mut [BoundTool], decls: &[ToolDecl]) {
     for t in tools.iter_mut() {
         let name = t.spec().local_name.clone();
         for d in decls.iter().filter(|d| glob_matches(&d.tool, &name)) {
-            *t = t.with_decl(d.read_only, &d.depends_on);
+            *t = t.with_decl(d);
         }
     }
 }
@@ -22,7 +22,7 @@ pub fn apply_agent_decls(tools: &mut [BoundTool], decls: &[ToolDecl]) {
     for t in tools.iter_mut() {
         let name = t.name().to_string();
         for d in decls.iter().filter(|d| glob_matches(&d.tool, &name)) {
-            *t = t.with_decl(d.read_only, &d.depends_on);
+            *t = t.with_decl(d);
         }
     }
 }

@@ -68,6 +68,12 @@ pub struct BoundTool {
     read_only: bool,
     /// The lookups that fill its API-owned arguments, in order.
     depends: Arc<[crate::spec::Dependency]>,
+    /// Its toolbox's `confirm` conditions (CEL): a call asks when one holds.
+    confirm_when: Arc<[String]>,
+    /// Its output may carry instructions from outside (`untrusted: true`).
+    untrusted: bool,
+    /// It can send data out of the tenant (`egress: true`).
+    egress: bool,
 }
 
 /// A bound argument as the operator sees it in `describe` (never a value of
@@ -116,7 +122,36 @@ impl BoundTool {
             disposition: None,
             read_only: false,
             depends: Arc::from(Vec::new()),
+            confirm_when: Arc::from(Vec::new()),
+            untrusted: false,
+            egress: false,
         }
+    }
+
+    /// The same tool, whose calls also ask when `condition` holds.
+    pub fn with_confirm_when(&self, condition: &str) -> Self {
+        let mut all = self.confirm_when.to_vec();
+        all.push(condition.to_string());
+        BoundTool {
+            confirm_when: Arc::from(all),
+            ..self.clone()
+        }
+    }
+
+    /// The `confirm` conditions of its toolbox.
+    pub fn confirm_when(&self) -> &[String] {
+        &self.confirm_when
+    }
+
+    /// Its results may carry instructions from outside: once a session has
+    /// taken one in, its `egress` calls ask first.
+    pub fn untrusted(&self) -> bool {
+        self.untrusted
+    }
+
+    /// It can send data out.
+    pub fn egress(&self) -> bool {
+        self.egress
     }
 
     /// The same tool, whose calls wait for `d`.
@@ -160,12 +195,15 @@ impl BoundTool {
         }
     }
 
-    /// The same tool, declared read-only and/or with more dependencies.
-    pub fn with_decl(&self, read_only: bool, depends: &[crate::spec::Dependency]) -> Self {
+    /// The same tool with a declaration applied: read-only, untrusted,
+    /// egress (each only ever added) and more dependencies.
+    pub fn with_decl(&self, d: &crate::spec::ToolDecl) -> Self {
         let mut all = self.depends.to_vec();
-        all.extend(depends.iter().cloned());
+        all.extend(d.depends_on.iter().cloned());
         BoundTool {
-            read_only: self.read_only || read_only,
+            read_only: self.read_only || d.read_only,
+            untrusted: self.untrusted || d.untrusted,
+            egress: self.egress || d.egress,
             depends: Arc::from(all),
             ..self.clone()
         }

@@ -25,6 +25,9 @@ pub(super) fn ask_terminal(
             "disposition": b.disposition.as_str(),
             "call": args,
         });
+        if !b.tainted_by.is_empty() {
+            item["tainted_by"] = json!(b.tainted_by);
+        }
         if let Some(Value::Object(shown)) = b.lookup.as_ref().map(|l| l.shown()) {
             for (k, v) in shown {
                 item[k] = v;
@@ -44,6 +47,7 @@ pub(super) fn ask_terminal(
             resolution: Some(resolution),
             frames: b.frames.clone(),
             lookup: b.lookup.clone(),
+            tainted_by: b.tainted_by.clone(),
         });
     }
     Ok(out)

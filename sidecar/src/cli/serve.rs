@@ -109,6 +109,7 @@ pub async fn run(
         max_steps: agent.spec.max_steps.unwrap_or(model.max_steps),
         stream: false,
         origin: crate::metrics::ToolCaller::Model,
+        taint_from: 0,
     };
     let mut history = vec![ChatMessage::user(prompt)];
     let cancel = CancellationToken::new();

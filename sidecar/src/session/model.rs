@@ -84,6 +84,10 @@ pub struct Security {
     /// the session's own (a secret one is never stored, like any secret).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<String>,
+    /// A person cleared the taint guard when the session had this many
+    /// turns: untrusted results before it no longer hold egress calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint_cleared_at: Option<usize>,
 }
 
 /// A session as stored.

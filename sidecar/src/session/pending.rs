@@ -61,6 +61,17 @@ pub struct PendingCall {
     /// dependencies: where its orchestration stands (server-side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lookup: Option<crate::session::depends::LookupState>,
+    /// An egress call held by the taint guard: the untrusted calls whose
+    /// results the session took in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tainted_by: Vec<TaintSource>,
+}
+
+/// A call whose untrusted result a session took in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaintSource {
+    pub tool_call_id: String,
+    pub tool: String,
 }
 
 /// A helper run suspended at a pending call: the `prompt_agent_*` call
@@ -101,6 +112,9 @@ impl PendingCall {
         });
         if !self.frames.is_empty() {
             v["via"] = serde_json::json!(self.via());
+        }
+        if !self.tainted_by.is_empty() {
+            v["tainted_by"] = serde_json::json!(self.tainted_by);
         }
         if let Some(l) = &self.lookup {
             if let serde_json::Value::Object(m) = l.shown() {
@@ -504,6 +518,7 @@ mod tests {
             resolution: None,
             frames: vec![],
             lookup: None,
+            tainted_by: vec![],
         }
     }
 

@@ -20,7 +20,7 @@ use crate::params::scrub::Scrubber;
 use crate::params::{SecretString, Values};
 use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
-use crate::session::pending::{Frame, PendingCall, Resolution};
+use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 
@@ -52,6 +52,9 @@ pub struct Blocked {
     pub frames: Vec<Frame>,
     /// A tool with dependencies: where its orchestration stands.
     pub lookup: Option<LookupState>,
+    /// An egress call in a session that took in untrusted results: those
+    /// results' calls.
+    pub tainted_by: Vec<TaintSource>,
 }
 
 /// What one call came to: its result, or calls (inside a helper) that wait.
@@ -110,6 +113,9 @@ pub struct RunContext<'a> {
     pub stream: bool,
     /// Who makes the run's tool calls (metrics, traces, events).
     pub origin: ToolCaller,
+    /// Untrusted results before this turn of the history were cleared by
+    /// a person: they no longer hold egress calls.
+    pub taint_from: usize,
 }
 
 /// Run the loop over `history` (which ends with the request that started
@@ -219,7 +225,7 @@ async fn act(
 ) -> Option<RunEnd> {
     let (waiting, now): (Vec<_>, Vec<_>) = calls
         .iter()
-        .map(|c| (c, blocked(ctx, c)))
+        .map(|c| (c, blocked(ctx, c, history)))
         .partition(|(_, b)| b.is_some());
     let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
     sink.stored().await;
@@ -270,20 +276,104 @@ pub async fn run_calls(
     acted.await.unwrap_or(RunEnd::Completed)
 }
 
-/// The call as a pending item, if it waits instead of running.
-fn blocked(ctx: &RunContext<'_>, call: &ToolCall) -> Option<Blocked> {
+/// The call as a pending item, if it waits instead of running: its
+/// toolbox's or the agent's `confirm` (a condition that holds, or cannot be
+/// told), or the taint guard (an egress call after an untrusted result).
+fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[ChatMessage]) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
     if tool.is_some_and(|t| !t.depends().is_empty()) {
         // Its inputs are resolved first; a write is confirmed with its facts.
         return None;
     }
-    let disposition = ctx.agent.disposition(&call.name, tool)?;
+    let tainted_by = match tool {
+        Some(t) if t.egress() => taint(ctx, history),
+        _ => Vec::new(),
+    };
+    let disposition = ctx
+        .agent
+        .disposition(&call.name, tool)
+        .or_else(|| condition_asks(ctx, call, tool).then_some(Disposition::Confirm))
+        .or_else(|| (!tainted_by.is_empty()).then_some(Disposition::Confirm))?;
+    if !tainted_by.is_empty() {
+        tracing::info!(tool = %call.name, untrusted = tainted_by.len(), "an egress call after untrusted results waits for a person");
+    }
     Some(Blocked {
         call: call.clone(),
         disposition,
         bound_params: tool.map(|t| t.bound_params()).unwrap_or_default(),
         frames: Vec::new(),
         lookup: None,
+        tainted_by,
+    })
+}
+
+/// The untrusted results the run's conversation has taken in since a
+/// person last cleared them: the calls that made them.
+pub fn taint(ctx: &RunContext<'_>, history: &[ChatMessage]) -> Vec<TaintSource> {
+    let untrusted = |name: &str| ctx.tools.iter().any(|t| t.name() == name && t.untrusted());
+    let mut named = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for (i, m) in history.iter().enumerate() {
+        match m {
+            ChatMessage::Assistant { tool_calls, .. } => {
+                for c in tool_calls {
+                    named.insert(c.id.as_str(), c.name.as_str());
+                }
+            }
+            ChatMessage::Tool { tool_call_id, .. } if i >= ctx.taint_from => {
+                if let Some(name) = named.get(tool_call_id.as_str()).filter(|n| untrusted(n)) {
+                    out.push(TaintSource {
+                        tool_call_id: tool_call_id.clone(),
+                        tool: name.to_string(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether a `confirm` condition on this call holds (or cannot be told,
+/// which asks too).
+fn condition_asks(ctx: &RunContext<'_>, call: &ToolCall, tool: Option<&BoundTool>) -> bool {
+    let toolbox = tool.map(BoundTool::confirm_when).unwrap_or_default();
+    let sources: Vec<&str> = toolbox
+        .iter()
+        .map(String::as_str)
+        .chain(crate::bindings::confirm::conditions(
+            &ctx.agent.spec.confirm,
+            &call.name,
+        ))
+        .collect();
+    if sources.is_empty() {
+        return false;
+    }
+    let model_args = match call.parse_arguments() {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    // The arguments as the tool would get them, a secret as `<secret>`.
+    let args: serde_json::Map<String, serde_json::Value> =
+        match tool.map(|t| t.merge(model_args.clone(), ctx.values)) {
+            Some(Ok(merged)) => merged
+                .args
+                .iter()
+                .map(|(k, v)| (k.clone(), v.plain().cloned().unwrap_or(json!("<secret>"))))
+                .collect(),
+            _ => model_args,
+        };
+    let params: serde_json::Map<String, serde_json::Value> = ctx
+        .values
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.plain()?.clone())))
+        .collect();
+    let (args, params) = (args.into(), params.into());
+    sources.iter().any(|src| {
+        crate::spec::condition::holds(src, &args, &params).unwrap_or_else(|e| {
+            tracing::warn!(tool = %call.name, condition = %src, "a confirm condition could not be evaluated, so the call asks: {e}");
+            true
+        })
     })
 }
 
@@ -592,6 +682,7 @@ pub async fn orchestrated(
                     bound_params: tool.bound_params(),
                     frames: Vec::new(),
                     lookup: Some(state),
+                    tainted_by: Vec::new(),
                 }])
             }
             Step::NoOptions { lookup } => {
@@ -787,8 +878,9 @@ async fn call_helper(
         metrics: ctx.metrics,
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,
-        // A helper's calls are its own model's.
+        // A helper's calls are its own model's, in its own conversation.
         origin: ToolCaller::Model,
+        taint_from: 0,
     };
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
@@ -950,6 +1042,7 @@ mod tests {
             max_steps: 3,
             stream: false,
             origin: ToolCaller::Model,
+            taint_from: 0,
         };
         let cancel = CancellationToken::new();
         let sink = TakenOnStore {

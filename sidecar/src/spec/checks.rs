@@ -168,6 +168,24 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         &format!("{here}, agent-level bindings"),
         &mut diags,
     );
+    check_conditions(
+        &spec.confirm,
+        &format!("{here}, agent-level confirm"),
+        &mut diags,
+    );
+    for (i, tb) in spec.toolboxes.iter().enumerate() {
+        let confirm = match tb {
+            Toolbox::Bash(b) => b.confirm.as_ref(),
+            Toolbox::Openapi(o) => o.confirm.as_ref(),
+            Toolbox::Mcp(m) => m.confirm.as_ref(),
+            Toolbox::Postgrest(p) => p.confirm.as_ref(),
+            Toolbox::Builtin(_) | Toolbox::Sqlite(_) | Toolbox::Deferred(_) => None,
+        };
+        if let Some(super::ToolboxConfirm::Tools(selectors)) = confirm {
+            let place = format!("{here}, {}, confirm", toolbox_label(i, tb));
+            check_conditions(selectors, &place, &mut diags);
+        }
+    }
     if let Some(ttl) = spec
         .confirm_ttl
         .as_deref()
@@ -196,6 +214,24 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         }
     }
     diags
+}
+
+/// Every `when` of `selectors` compiles; an error names the selector and
+/// where in its condition the mistake is.
+fn check_conditions(
+    selectors: &[super::ConfirmSelector],
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for s in selectors {
+        let Some(when) = &s.when else { continue };
+        if let Some(e) = super::condition::compile_error(when) {
+            diags.push(Diagnostic::error(format!(
+                "{place} `{}`: the condition `when: {when}` does not compile {e}; write a CEL expression over `args` and `params`, such as `args.amount > 100`",
+                s.tool
+            )));
+        }
+    }
 }
 
 /// The capabilities a builtin toolbox may offer (`env-vars` only with

@@ -26,6 +26,15 @@ pub struct ToolDecl {
     /// the tool's API-owned arguments, which the model then never sees.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<Dependency>,
+    /// Its output may carry instructions from outside (a web page, a
+    /// ticket, a free-text row): once a session has taken in one of its
+    /// results, every `egress` tool's call asks a person first.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub untrusted: bool,
+    /// It can send data out (an email, an HTTP post, a message): in a
+    /// session that took in an `untrusted` result, its calls ask first.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub egress: bool,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -9,6 +9,7 @@
 
 pub mod agents_exe;
 pub mod checks;
+pub mod condition;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod depends;
@@ -130,6 +131,14 @@ impl McpSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfirmSelector {
     pub tool: String,
+    /// Ask only when this CEL condition holds for the call, over `args` (its
+    /// arguments as the tool gets them, bound values included; a secret
+    /// reads `"<secret>"`) and `params` (the run's non-secret values):
+    /// `args.amount > 100 || args.currency != 'EUR'`. A condition that
+    /// cannot be evaluated asks. Absent: every call asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub when: Option<String>,
 }
 
 /// A toolbox's `confirm`: `writes` (every tool that may change something:

@@ -42,6 +42,9 @@ pub struct Answer {
     /// `false`: record the answer, start no run (a later resume does).
     pub resume: Option<bool>,
     pub params: BTreeMap<String, serde_json::Value>,
+    /// Clear the taint guard: untrusted results taken in so far no longer
+    /// hold the session's egress calls.
+    pub clear_taint: bool,
     pub mode: RunMode,
 }
 
@@ -93,6 +96,7 @@ impl Service {
                     resolution: None,
                     frames: b.frames.clone(),
                     lookup: b.lookup.clone(),
+                    tainted_by: b.tainted_by.clone(),
                 };
                 if let Some(l) = &b.lookup {
                     // A choice or confirmation lasts no longer than what it rests on.
@@ -364,6 +368,10 @@ impl Service {
         };
         slot.resolution = Some(resolution.clone());
         rec.pending.retire_tokens();
+        if answer.clear_taint {
+            rec.security.taint_cleared_at = Some(rec.turns.len());
+            tracing::info!(session = id, "the taint guard was cleared: earlier untrusted results no longer hold egress calls");
+        }
         rec.status_detail = Some(if rec.pending.all_resolved() {
             "every pending call is answered; resume to go on".to_string()
         } else {
@@ -372,12 +380,12 @@ impl Service {
         rec.version += 1;
         rec.updated_at = now_ms();
         self.store.update(&rec).await?;
-        self.emit(
-            id,
-            "resolved",
-            json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome()}),
-        )
-        .await;
+        let mut resolved =
+            json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome()});
+        if answer.clear_taint {
+            resolved["cleared_taint"] = json!(true);
+        }
+        self.emit(id, "resolved", resolved).await;
         tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), "pending call answered");
         if !resume {
             return Ok(None);

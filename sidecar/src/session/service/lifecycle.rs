@@ -109,6 +109,9 @@ impl Service {
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
                 owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
                 pinned,
+                // A fork of a tainted history is tainted again until a
+                // person clears it (a fork before the taint is clean).
+                taint_cleared_at: None,
             },
             forked_from: req.fork.clone(),
             runner: None,

@@ -126,10 +126,23 @@ impl Service {
         let this = self.clone();
         let run_id = id.to_string();
         let turns = rec.turns.clone();
+        let taint_from = rec.security.taint_cleared_at.unwrap_or(0);
         let stop = cancel.clone();
         tokio::spawn(async move {
             let id = run_id;
-            let drive = this.drive(&agent, &id, turns, values, &resolved, mode, &cancel, gate);
+            let drive = this.drive(
+                &agent,
+                &id,
+                Driving {
+                    history: turns,
+                    taint_from,
+                },
+                values,
+                &resolved,
+                mode,
+                &cancel,
+                gate,
+            );
             let Some(driven) = drive.await else {
                 // Its start was not stored: as far as anyone knows, this
                 // run never was.
@@ -179,13 +192,17 @@ impl Service {
         self: &Arc<Self>,
         agent: &LoadedAgent,
         id: &str,
-        mut history: Vec<ChatMessage>,
+        driving: Driving,
         values: Values,
         resolved: &[PendingCall],
         mode: RunMode,
         cancel: &CancellationToken,
         gate: sink::StartGate,
     ) -> Option<Driven> {
+        let Driving {
+            mut history,
+            taint_from,
+        } = driving;
         let sink = SessionSink::new(self, id, cancel, gate);
         let client = self.client_for(&agent.name);
         let Some(client) = client.as_ref() else {
@@ -230,6 +247,7 @@ impl Service {
                 RunMode::Call => ToolCaller::Mcp,
                 _ => ToolCaller::Model,
             },
+            taint_from,
         };
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
@@ -469,6 +487,13 @@ fn stored_events(
             at,
         })
         .collect()
+}
+
+/// The conversation a run goes on from, and where its taint counts from
+/// (see `RunContext::taint_from`).
+pub(super) struct Driving {
+    history: Vec<ChatMessage>,
+    taint_from: usize,
 }
 
 /// What a run's loop leaves for its end to record.

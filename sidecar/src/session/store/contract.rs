@@ -147,6 +147,10 @@ pub fn full_record() -> SessionRecord {
                     },
                     expires_at: Some(1_700_000_030_000),
                 }),
+                tainted_by: vec![crate::session::pending::TaintSource {
+                    tool_call_id: "call_1".into(),
+                    tool: "bash_fetch-ticket".into(),
+                }],
             }],
             used: vec!["34".repeat(32)],
             // A client's call that waits: its run ends once it is answered.
