@@ -11,6 +11,7 @@ mod adversarial;
 mod agents_exe_cli;
 mod agents_exe_compat;
 mod api_promises;
+mod approvals;
 mod builtins;
 mod chat_page;
 mod cli;
