@@ -70,6 +70,12 @@ pub struct AgentTenantSpec {
     /// only the owner token opens `/mcp`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp_client_token_secret_ref: Option<KeyRef>,
+    /// A Secret key holding the approver token: its bearer lists the
+    /// tenant's pending approvals (`GET /v1/approvals`) and answers them,
+    /// and reads nothing else of a conversation. Absent: no approver token;
+    /// the owner answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver_token_secret_ref: Option<KeyRef>,
     /// Forget a session's secret values once it has been idle this long
     /// (`30m`, `1h`, `90s`); its next message then answers 409
     /// `params_required` until they are supplied again. `off`: keep them

@@ -134,6 +134,9 @@ pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) 
     if let Some(r) = &tenant.spec.mcp_client_token_secret_ref {
         secrets.insert(r.name.clone());
     }
+    if let Some(r) = &tenant.spec.approver_token_secret_ref {
+        secrets.insert(r.name.clone());
+    }
     if let Some(r) = postgres_url(tenant) {
         secrets.insert(r.name.clone());
     }
@@ -228,6 +231,20 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             )),
             None => resolution.problems.push(format!(
                 "the MCP client token: Secret `{}` (spec.mcpClientTokenSecretRef, key `{}`) does not exist",
+                r.name, r.key
+            )),
+            Some(_) => {}
+        }
+    }
+    // Never generated: without one, the owner answers approvals.
+    if let Some(r) = &tenant.spec.approver_token_secret_ref {
+        match inputs.secrets.get(&r.name) {
+            Some(o) if !o.keys.contains(&r.key) => resolution.problems.push(format!(
+                "the approver token: Secret `{}` (spec.approverTokenSecretRef) has no key `{}`",
+                r.name, r.key
+            )),
+            None => resolution.problems.push(format!(
+                "the approver token: Secret `{}` (spec.approverTokenSecretRef, key `{}`) does not exist",
                 r.name, r.key
             )),
             Some(_) => {}

@@ -177,6 +177,9 @@ pub(crate) fn render(
     if let Some(r) = &spec.mcp_client_token_secret_ref {
         referenced.push(("secret", r.name.as_str()));
     }
+    if let Some(r) = &spec.approver_token_secret_ref {
+        referenced.push(("secret", r.name.as_str()));
+    }
     let postgres = super::postgres_url(inputs.tenant);
     let peer_tls = peer_tls_secret(tenant);
     if let Some(r) = postgres {
@@ -393,6 +396,9 @@ pub(crate) fn render(
     // Like a secret parameter: from the Secret to the pod's environment.
     if let Some(r) = &spec.mcp_client_token_secret_ref {
         env.push(secret_env("BINDERY_MCP_CLIENT_TOKEN".into(), r));
+    }
+    if let Some(r) = &spec.approver_token_secret_ref {
+        env.push(secret_env("BINDERY_APPROVER_TOKEN".into(), r));
     }
     if let Some(ttl) = &spec.live_session_ttl {
         args.extend(["--live-session-ttl".into(), ttl.clone()]);

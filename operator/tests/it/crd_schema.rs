@@ -303,6 +303,12 @@ fn every_status_the_operator_writes_validates() {
                 key: "token".into(),
             });
         }),
+        ("missing approver token", |w| {
+            w.tenant.spec.approver_token_secret_ref = Some(KeyRef {
+                name: "acme-approver".into(),
+                key: "token".into(),
+            });
+        }),
     ];
     for (what, change) in cases {
         let mut w = World::example();
@@ -686,11 +692,26 @@ fn structurally_invalid_tenants_are_refused() {
             |t| t["spec"]["mcpClientTokenSecretRef"] = json!("canary-7f3a9c"),
             "/spec/mcpClientTokenSecretRef (type)",
         ),
+        (
+            "an approver token without its key",
+            |t| t["spec"]["approverTokenSecretRef"] = json!({"name": "acme-approver"}),
+            "/spec/approverTokenSecretRef (required)",
+        ),
+        (
+            "an approver token as a value",
+            |t| t["spec"]["approverTokenSecretRef"] = json!("approver-5c81d0"),
+            "/spec/approverTokenSecretRef (type)",
+        ),
     ];
     accepted(&base());
     let mut with_token = base();
     with_token["spec"]["mcpClientTokenSecretRef"] = secret("acme-mcp", "token");
     accepted(&with_token);
+    let mut with_approver = base();
+    with_approver["spec"]["approverTokenSecretRef"] = secret("acme-approver", "token");
+    accepted(&with_approver);
+    with_approver["spec"]["mcpClientTokenSecretRef"] = secret("acme-mcp", "token");
+    accepted(&with_approver);
     for (what, change, want) in cases {
         let mut t = base();
         change(&mut t);

@@ -632,6 +632,208 @@ fn an_mcp_client_token_without_its_secret_is_not_deployed() {
     }
 }
 
+/// The example tenant with an approver token in the Secret
+/// `acme-approver`, key `token`.
+fn approver_token_world() -> World {
+    let mut w = World::example();
+    w.tenant.spec.approver_token_secret_ref = Some(bindery_operator::crd::KeyRef {
+        name: "acme-approver".into(),
+        key: "token".into(),
+    });
+    w.secrets
+        .insert("acme-approver".into(), obj(&["token"], "400"));
+    w
+}
+
+/// The approver token goes from its Secret to the sidecar's environment
+/// as a `secretKeyRef`: never a value, never in the ConfigMap, the
+/// arguments or the status. None is generated, and without a reference
+/// the pod has no such variable.
+#[test]
+fn an_approver_token_reaches_the_sidecar_from_its_secret_key_only() {
+    let w = approver_token_world();
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    let env = sidecar_env(&d);
+    golden(
+        "acme-approver-token-env.yaml",
+        &serde_yaml::to_string(&env).unwrap(),
+    );
+    let token: Vec<_> = env
+        .iter()
+        .filter(|e| e.name == "BINDERY_APPROVER_TOKEN")
+        .collect();
+    assert_eq!(token.len(), 1, "{env:?}");
+    assert!(token[0].value.is_none(), "never a value");
+    let r = token[0]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.key.as_str(), r.optional),
+        ("acme-approver", "token", Some(false))
+    );
+    // The Secret is named in one place of what is rendered: that
+    // secretKeyRef (no volume, argument or ConfigMap key).
+    let yaml = objects_yaml(&d);
+    assert_eq!(yaml.matches("acme-approver").count(), 1, "{yaml}");
+    assert_eq!(yaml.matches("APPROVER_TOKEN").count(), 1, "{yaml}");
+    let o = d.objects.as_ref().unwrap();
+    let args = o.deployment.spec.as_ref().unwrap().template.spec.as_ref();
+    let args = args.unwrap().containers[0].args.clone().unwrap_or_default();
+    assert!(
+        !args.join(" ").to_lowercase().contains("approver"),
+        "{args:?}"
+    );
+    assert!(!serde_yaml::to_string(&d.status)
+        .unwrap()
+        .contains("acme-approver"));
+    // Watched like the other referenced Secrets.
+    assert!(bindery_operator::desired::referenced(&w.tenant)
+        .0
+        .contains("acme-approver"));
+    // Never generated: the owner token is, the approver token is not.
+    assert!(!d.generate_owner_token);
+
+    // Without a reference: no variable, nothing else changes.
+    let plain = World::example().run();
+    assert!(
+        !sidecar_env(&plain)
+            .iter()
+            .any(|e| e.name == "BINDERY_APPROVER_TOKEN"),
+        "{:?}",
+        sidecar_env(&plain)
+    );
+    assert!(!objects_yaml(&plain).contains("APPROVER_TOKEN"));
+}
+
+/// The approver and MCP client tokens side by side: each variable from
+/// its own Secret, neither taking the other's place.
+#[test]
+fn the_approver_and_mcp_client_tokens_are_two_variables_from_two_secrets() {
+    let mut w = approver_token_world();
+    let mcp = mcp_client_token_world();
+    w.tenant.spec.mcp_client_token_secret_ref = mcp.tenant.spec.mcp_client_token_secret_ref;
+    w.secrets
+        .insert("acme-mcp".into(), mcp.secrets["acme-mcp"].clone());
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    let refs: Vec<(String, String, String)> = sidecar_env(&d)
+        .iter()
+        .filter(|e| e.name == "BINDERY_APPROVER_TOKEN" || e.name == "BINDERY_MCP_CLIENT_TOKEN")
+        .map(|e| {
+            assert!(e.value.is_none(), "{e:?}");
+            let r = e.value_from.as_ref().unwrap().secret_key_ref.as_ref();
+            let r = r.unwrap();
+            (e.name.clone(), r.name.clone(), r.key.clone())
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        [
+            (
+                "BINDERY_MCP_CLIENT_TOKEN".to_string(),
+                "acme-mcp".to_string(),
+                "token".to_string()
+            ),
+            (
+                "BINDERY_APPROVER_TOKEN".to_string(),
+                "acme-approver".to_string(),
+                "token".to_string()
+            ),
+        ]
+    );
+    // One missing is reported alone; the other is not blamed.
+    w.secrets.remove("acme-approver");
+    let d = w.run();
+    let c = cond(&d, "ParametersResolved");
+    assert!(
+        c.message.contains("spec.approverTokenSecretRef"),
+        "{}",
+        c.message
+    );
+    assert!(
+        !c.message.contains("spec.mcpClientTokenSecretRef"),
+        "{}",
+        c.message
+    );
+}
+
+/// The pods roll when the approver token's Secret changes, and when the
+/// reference does.
+#[test]
+fn pods_roll_when_the_approver_token_changes() {
+    let template = |w: &World| w.run().objects.unwrap().deployment.spec.unwrap().template;
+    let hash = |w: &World| {
+        template(w).metadata.unwrap().annotations.unwrap()["bindery.dev/config-hash"].clone()
+    };
+    let mut w = approver_token_world();
+    let before = hash(&w);
+    assert_eq!(before, hash(&w), "deterministic");
+    assert_ne!(before, hash(&World::example()), "the reference counts");
+    w.secrets
+        .insert("acme-approver".into(), obj(&["token"], "401"));
+    assert_ne!(before, hash(&w), "a new resourceVersion of the Secret");
+    let mut other_key = approver_token_world();
+    other_key
+        .secrets
+        .insert("acme-approver".into(), obj(&["token", "t2"], "400"));
+    let first = template(&other_key);
+    other_key
+        .tenant
+        .spec
+        .approver_token_secret_ref
+        .as_mut()
+        .unwrap()
+        .key = "t2".into();
+    assert_ne!(first, template(&other_key), "another key");
+}
+
+/// A missing Secret or key of the approver token: not ready, nothing
+/// deployed, a condition and a Warning naming the field, the Secret and
+/// the key, as for the MCP client token. Never generated in its place.
+#[test]
+fn an_approver_token_without_its_secret_is_not_deployed() {
+    for (what, change, message) in [
+        (
+            "missing",
+            None,
+            "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef, key `token`) does not exist",
+        ),
+        (
+            "no key",
+            Some(obj(&["tok"], "401")),
+            "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef) has no key `token`",
+        ),
+    ] {
+        let mut w = approver_token_world();
+        match change {
+            Some(o) => w.secrets.insert("acme-approver".into(), o),
+            None => w.secrets.remove("acme-approver"),
+        };
+        let d = w.run();
+        assert!(d.objects.is_none(), "{what}");
+        assert!(!d.generate_owner_token, "{what}");
+        let c = cond(&d, "ParametersResolved");
+        assert_eq!(c.status, "False", "{what}");
+        assert_eq!(c.reason, "Unresolved", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(cond(&d, "Ready").message.contains(message), "{what}");
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
+            "{what}: {:?}",
+            d.warnings
+        );
+    }
+}
+
 /// Every failure: not ready, nothing rendered, a message naming what to
 /// fix, and a Warning event.
 #[test]
