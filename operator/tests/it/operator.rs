@@ -1978,3 +1978,136 @@ async fn an_mcp_client_token_waits_for_its_secret() {
     cluster.assert_warnings_once("acme").await;
     cluster.assert_operator_refused_nothing();
 }
+
+/// An approver token whose Secret is missing: not ready, naming the
+/// field, the Secret and the key, and never generated; once the Secret is
+/// created the tenant recovers, its pods get the token only as a
+/// `secretKeyRef`, and a new value rolls them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_token_waits_for_its_secret() {
+    let cluster = Cluster::start("approver").await;
+    cluster.apply_examples();
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    let anchor = "  tools:\n";
+    assert!(tenant.contains(anchor), "examples/k8s/tenant.yaml changed");
+    cluster.apply(&tenant.replacen(
+        anchor,
+        "  approverTokenSecretRef: {name: acme-approver, key: token}\n  tools:\n",
+        1,
+    ));
+    let operator = Operator::start(&cluster, "main", &[], &[]);
+    let missing = "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef, key `token`) does not exist";
+    let t = cluster
+        .wait_tenant(
+            "acme",
+            "unresolved: the approver token's Secret is missing",
+            |t| {
+                has(t, "ParametersResolved", "False")
+                    && message(t, "ParametersResolved").contains(missing)
+            },
+        )
+        .await;
+    assert!(has(&t, "Ready", "False"), "{:?}", t.status);
+    assert!(message(&t, "Ready").contains(missing), "{:?}", t.status);
+    cluster
+        .wait_warning("acme", "ParametersUnresolved", missing)
+        .await;
+    // The owner token is generated; the approver token never is.
+    let _: Secret = cluster.wait_object("acme-owner-token").await;
+    let secrets = cluster.api::<Secret>();
+    assert!(secrets.get_opt("acme-approver").await.unwrap().is_none());
+    assert!(
+        cluster
+            .api::<Deployment>()
+            .get_opt("acme")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is deployed until it is fixed"
+    );
+
+    // Created without the key: the message names the key.
+    let approver_secret = |key: &str, value: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-approver\ntype: Opaque\nstringData:\n  {key}: {value}\n"
+        )
+    };
+    cluster.apply(&approver_secret("tok", "not-the-token"));
+    let no_key =
+        "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef) has no key `token`";
+    cluster
+        .wait_tenant("acme", "unresolved: no key `token`", |t| {
+            has(t, "ParametersResolved", "False")
+                && message(t, "ParametersResolved").contains(no_key)
+        })
+        .await;
+    cluster
+        .wait_warning("acme", "ParametersUnresolved", no_key)
+        .await;
+
+    // With the key: resolved, and all that is left is the pods.
+    const TOKEN: &str = "approver-9a27c4";
+    cluster.apply(&approver_secret("token", TOKEN));
+    cluster
+        .wait_tenant("acme", "resolved once the Secret has the key", |t| {
+            resolved(t) && ready_false_without_pods(t)
+        })
+        .await;
+    let d: Deployment = cluster.wait_object("acme").await;
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    let token = env
+        .iter()
+        .find(|e| e.name == "BINDERY_APPROVER_TOKEN")
+        .expect("BINDERY_APPROVER_TOKEN");
+    assert!(token.value.is_none(), "{token:?}");
+    let r = token
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.key.as_str()),
+        ("acme-approver", "token")
+    );
+    // The Deployment names the Secret in one place: that secretKeyRef.
+    let deployment = cluster.kubectl_json(&["get", "deployment", "acme", "-o", "json"]);
+    let mut found = Vec::new();
+    paths_containing(&deployment, "acme-approver", "", &mut found);
+    let at = env
+        .iter()
+        .position(|e| e.name == "BINDERY_APPROVER_TOKEN")
+        .unwrap();
+    assert_eq!(
+        found,
+        [format!(
+            "/spec/template/spec/containers/0/env/{at}/valueFrom/secretKeyRef/name"
+        )],
+        "{deployment:#}"
+    );
+
+    // A new value rolls the pods; it is nowhere the operator writes.
+    let hash = cluster.wait_hash_of("acme").await;
+    const ROTATED: &str = "approver-d51e6b";
+    cluster.apply(&approver_secret("token", ROTATED));
+    cluster.wait_hash_change("acme", &hash).await;
+    let everything = cluster.kubectl_json(&[
+        "get",
+        "agenttenants,configmaps,deployments,events",
+        "-o",
+        "json",
+    ]);
+    let describe = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    let log = operator.log();
+    for value in [TOKEN, ROTATED] {
+        let mut found = Vec::new();
+        paths_containing(&everything, value, "", &mut found);
+        assert!(found.is_empty(), "{value} is in {found:?}");
+        assert!(!describe.contains(value), "{describe}");
+        assert!(!log.contains(value), "{value} is in the operator's log");
+    }
+    cluster.assert_warnings_once("acme").await;
+    cluster.assert_operator_refused_nothing();
+}
