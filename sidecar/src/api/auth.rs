@@ -16,6 +16,10 @@ pub enum Door {
     OwnerOnly,
     /// Read the session, post a message, read its events, cancel a run.
     SessionToken,
+    /// Pending approvals and their answers: the owner, the approver, and a
+    /// session token of the session the route names (which may read
+    /// pending items but never answers one).
+    Approvals,
 }
 
 pub struct OwnerToken {
@@ -69,6 +73,14 @@ pub fn unauthorized(msg: &str) -> ServiceError {
     ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
 }
 
+fn approver_only() -> ServiceError {
+    ServiceError::new(
+        ErrorKind::Forbidden,
+        "forbidden",
+        "an approver token lists pending approvals (GET /v1/approvals) and answers them (POST /v1/continuations/:token); nothing else",
+    )
+}
+
 fn session_token_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
@@ -77,14 +89,21 @@ fn session_token_only() -> ServiceError {
     )
 }
 
+/// The tokens the server takes besides session tokens.
+pub struct Tokens<'a> {
+    pub owner: &'a OwnerToken,
+    pub approver: Option<&'a OwnerToken>,
+}
+
 /// The caller of a request on `session` (when the route names one) through `door`.
 pub async fn caller(
     headers: &HeaderMap,
-    owner: &OwnerToken,
+    tokens: Tokens<'_>,
     service: &Service,
     session: Option<&str>,
     door: Door,
 ) -> Result<Caller, ServiceError> {
+    let owner = tokens.owner;
     // Forwarded by a replica, which checked the client's own credentials
     // (its signature was checked in front of the route).
     if let Some(vouched) = super::peers::vouched(headers) {
@@ -94,6 +113,7 @@ pub async fn caller(
                 Err(unauthorized("the token is not valid here"))
             }
             Caller::SessionToken(_) if door == Door::OwnerOnly => Err(session_token_only()),
+            Caller::Approver if door != Door::Approvals => Err(approver_only()),
             who => Ok(who),
         };
     }
@@ -103,12 +123,18 @@ pub async fn caller(
     if owner.matches(token) {
         return Ok(Caller::Owner);
     }
+    if tokens.approver.is_some_and(|a| a.matches(token)) {
+        return match door {
+            Door::Approvals => Ok(Caller::Approver),
+            _ => Err(approver_only()),
+        };
+    }
     // A session token is honoured only on its own session's routes; anywhere
     // else it is as good as no token, so it cannot be used to probe.
     if let (Some(id), true) = (session, token.starts_with("st_")) {
         if service.token_matches(id, token).await {
             return match door {
-                Door::SessionToken => Ok(Caller::SessionToken(id.to_string())),
+                Door::SessionToken | Door::Approvals => Ok(Caller::SessionToken(id.to_string())),
                 Door::OwnerOnly => Err(session_token_only()),
             };
         }

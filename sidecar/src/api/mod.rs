@@ -1,6 +1,7 @@
 //! The HTTP API: routes, authentication, views, metrics, the OpenAPI
 //! document, MCP over HTTP and the chat page.
 
+pub mod approvals;
 pub mod auth;
 pub mod chat;
 pub mod event_stream;

@@ -92,6 +92,10 @@ pub fn document(mut api: Document, version: &str) -> Value {
                 "mcp",
                 "The agents as MCP tools (MCP's Streamable HTTP transport).",
             ),
+            (
+                "approvals",
+                "What waits for a person, for the approver and the links of webhook notices.",
+            ),
             ("chat", "The chat page, for a person trying an agent."),
         ]
         .into_iter()
@@ -126,6 +130,13 @@ pub fn document(mut api: Document, version: &str) -> Value {
                 "A session token (`st_…`), handed out once when a session is created or \
                  forked with `session_token: true`. Valid for that session only, and only on \
                  the operations that list it.",
+            ),
+        )
+        .security_scheme(
+            "approverToken",
+            bearer(
+                "The approver token (`serve --approver-token-file`): lists pending approvals \
+                 and answers them; reads nothing else.",
             ),
         )
         .security_scheme(
@@ -591,6 +602,13 @@ pub struct ToolFunction {
     pub arguments: String,
 }
 
+/// A call whose untrusted result the session took in.
+#[derive(ToSchema)]
+pub struct TaintSource {
+    pub tool_call_id: String,
+    pub tool: String,
+}
+
 /// A tool call the run waits for.
 #[derive(ToSchema)]
 pub struct PendingItem {
@@ -628,6 +646,11 @@ pub struct PendingItem {
     pub note: String,
     /// The model's arguments. Bound values never appear.
     pub call: Value,
+    /// An egress call held by the taint guard: the untrusted calls whose
+    /// results the session took in.
+    #[serde(default)]
+    #[schema(inline)]
+    pub tainted_by: Vec<TaintSource>,
     /// When an unanswered confirmation closes as not approved.
     #[serde(default)]
     #[schema(format = DateTime)]
@@ -739,6 +762,22 @@ pub struct ResolvedEvent {
     #[serde(default)]
     pub tool: String,
     pub outcome: Outcome,
+    /// Who decided: `owner`, `approver`, or `webhook` (a notice's answer
+    /// URL); absent when nobody did (expired, cancelled).
+    #[serde(default)]
+    #[schema(inline)]
+    pub by: Decider,
+    /// The answer cleared the taint guard.
+    #[serde(default)]
+    pub cleared_taint: bool,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Decider {
+    Owner,
+    Approver,
+    Webhook,
 }
 
 #[derive(ToSchema)]
@@ -930,6 +969,8 @@ mod tests {
         ("POST", "/v1/sessions/{id}/cancel"),
         ("POST", "/v1/sessions/{id}/fork"),
         ("POST", "/v1/continuations/{token}"),
+        ("GET", "/v1/approvals"),
+        ("POST", "/v1/approvals/{token}"),
         ("PUT", "/v1/sessions/{id}/params"),
         ("DELETE", "/v1/sessions/{id}/token"),
         ("GET", "/v1/sessions/{id}/events"),

@@ -79,6 +79,7 @@ fn caller_name(who: &Caller) -> String {
     match who {
         Caller::Owner => "owner".into(),
         Caller::SessionToken(id) => format!("session:{id}"),
+        Caller::Approver => "approver".into(),
     }
 }
 
@@ -283,6 +284,7 @@ pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
     let name = headers.get(VOUCHED_HEADER)?.to_str().unwrap_or_default();
     Some(match name.strip_prefix("session:") {
         None if name == "owner" => Ok(Caller::Owner),
+        None if name == "approver" => Ok(Caller::Approver),
         Some(id) if !id.is_empty() => Ok(Caller::SessionToken(id.to_string())),
         _ => Err(refused("the caller is neither `owner` nor `session:ID`")),
     })

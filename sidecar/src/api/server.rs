@@ -65,6 +65,8 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(revoke_token))
         .routes(routes!(events))
         .routes(routes!(continuation))
+        .routes(routes!(super::approvals::list))
+        .routes(routes!(super::approvals::answer_link))
         .routes(routes!(super::mcp::post))
         // Every other method on /mcp (GET: no stream; DELETE: no session)
         // is a 405 that says `Allow: POST`.
@@ -172,7 +174,7 @@ impl IntoResponse for ServiceError {
     }
 }
 
-type ApiResult = Result<Response, ServiceError>;
+pub(super) type ApiResult = Result<Response, ServiceError>;
 
 /// `at_turn` as an index: a whole number from 0 (JSON Schema's `integer`
 /// takes `3.0`, so this does too).
@@ -193,7 +195,9 @@ fn turn_index(n: Option<serde_json::Number>) -> Result<Option<usize>, ServiceErr
 
 /// A JSON body, whatever `Content-Type` says (agents-server clients, and
 /// plain `curl -d`, often send none). An empty body is the default value.
-fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, ServiceError> {
+pub(super) fn body<T: serde::de::DeserializeOwned + Default>(
+    bytes: &Bytes,
+) -> Result<T, ServiceError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -230,7 +234,7 @@ impl WaitQuery {
     }
 
     /// The run's end, when asked to wait and it came in time.
-    async fn wait(&self, run: Option<RunWait>) -> Option<Ended> {
+    pub(super) async fn wait(&self, run: Option<RunWait>) -> Option<Ended> {
         match (self.wait.unwrap_or(false), run) {
             (true, Some(r)) => {
                 r.wait(Duration::from_secs(
@@ -827,7 +831,7 @@ async fn revoke_token(
 pub struct ContinuationBody {
     /// The session the caller means; a token of another session is unknown.
     #[schema(value_type = String, required = false)]
-    session_id: Option<String>,
+    pub(super) session_id: Option<String>,
     /// The deferred tool's result: any JSON value.
     #[schema(value_type = Value, required = false)]
     result: Option<serde_json::Value>,
@@ -857,6 +861,32 @@ pub struct ContinuationBody {
     run: Option<String>,
 }
 
+impl ContinuationBody {
+    /// The answer the body gives.
+    pub(super) fn into_answer(self) -> Result<Answer, ServiceError> {
+        let b = self;
+        let mode = run_mode(b.run.as_deref())?;
+        Ok(Answer {
+            session_id: b.session_id,
+            result: b.result,
+            approve: b.approve,
+            reason: b.reason,
+            choice: b.choice,
+            input: b.input,
+            // `run: none` records the answer and starts nothing, like `resume: false`.
+            resume: if mode.is_none() {
+                Some(false)
+            } else {
+                b.resume
+            },
+            params: b.params,
+            clear_taint: b.clear_taint,
+            by: None,
+            mode: mode.unwrap_or_default(),
+        })
+    }
+}
+
 /// Answer a pending tool call: a deferred call's result, or a decision
 ///
 /// Each item of a session's `pending` carries a `continuation_token`. For a
@@ -880,9 +910,12 @@ pub struct ContinuationBody {
 /// same rules as on resume, so message-scope values come with this request,
 /// and a call that gets a secret session value this server no longer holds
 /// (after a restart) answers 409 `params_required` until it is given again
-/// with `PUT /v1/sessions/{id}/params`. Owner only.
+/// with `PUT /v1/sessions/{id}/params`. The owner, or the approver (who
+/// may set no `params`, and is answered with the session's status and what
+/// it waits for, never its turns). `clear_taint: true` clears the taint
+/// guard with the answer.
 #[utoipa::path(post, path = "/v1/continuations/{token}", tag = "sessions",
-    operation_id = "postContinuation", security(("ownerToken" = [])),
+    operation_id = "postContinuation", security(("ownerToken" = []), ("approverToken" = [])),
     params(
         ("token" = String, Path, description = "The pending item's `continuation_token`."),
         WaitQuery,
@@ -917,27 +950,10 @@ async fn continuation(
     // that answers a pending call (any other token is none).
     let session = crate::session::pending::token_session(&token).map(str::to_owned);
     let who = s
-        .caller(&req.headers, session.as_deref(), Door::SessionToken)
+        .caller(&req.headers, session.as_deref(), Door::Approvals)
         .await?;
     let b: ContinuationBody = body(&req.body)?;
-    let mode = run_mode(b.run.as_deref())?;
-    let answer = Answer {
-        session_id: b.session_id,
-        result: b.result,
-        approve: b.approve,
-        reason: b.reason,
-        choice: b.choice,
-        input: b.input,
-        // `run: none` records the answer and starts nothing, like `resume: false`.
-        resume: if mode.is_none() {
-            Some(false)
-        } else {
-            b.resume
-        },
-        params: b.params,
-        clear_taint: b.clear_taint,
-        mode: mode.unwrap_or_default(),
-    };
+    let answer = b.into_answer()?;
     let (id, run) = match s.service.answer(&who, &token, answer).await {
         Ok(answered) => answered,
         Err(e) => {
@@ -945,6 +961,9 @@ async fn continuation(
             return s.or_forward(e, &id, &who, &req).await;
         }
     };
+    if who == Caller::Approver {
+        return super::approvals::answered(&s, &id, &q, run).await;
+    }
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,
         None => Ok(Json(view(&s, &id, &who, None, None).await?).into_response()),

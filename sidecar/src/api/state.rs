@@ -23,6 +23,9 @@ pub struct AppState {
     /// The MCP client token (`--mcp-client-token-file`): it opens `/mcp`
     /// for the agents' exposed tools only.
     pub mcp_client: Option<OwnerToken>,
+    /// The approver token (`--approver-token-file`): pending approvals
+    /// and their answers only.
+    pub approver: Option<OwnerToken>,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     /// Forwards requests to other servers on a shared store.
@@ -42,7 +45,11 @@ impl AppState {
         session: Option<&str>,
         door: Door,
     ) -> Result<Caller, ServiceError> {
-        caller(headers, &self.owner, &self.service, session, door).await
+        let tokens = super::auth::Tokens {
+            owner: &self.owner,
+            approver: self.approver.as_ref(),
+        };
+        caller(headers, tokens, &self.service, session, door).await
     }
 
     /// `req` on session `id` sent on to the server holding what it needs

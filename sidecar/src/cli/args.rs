@@ -294,6 +294,11 @@ pub struct TokenArgs {
     /// and nothing else. Also BINDERY_MCP_CLIENT_TOKEN. None by default.
     #[arg(long, value_name = "FILE")]
     pub mcp_client_token_file: Option<PathBuf>,
+    /// A file holding the approver token: its bearer lists pending
+    /// approvals (GET /v1/approvals) and answers them, and reads nothing
+    /// else. Also BINDERY_APPROVER_TOKEN. None by default.
+    #[arg(long, value_name = "FILE")]
+    pub approver_token_file: Option<PathBuf>,
 }
 
 /// How replicas forward to each other over mutual TLS.

@@ -184,6 +184,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 peer_listen: &peer.peer_listen,
                 owner_token_file: tokens.owner_token_file.as_deref(),
                 mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
+                approver_token_file: tokens.approver_token_file.as_deref(),
                 tool_cache_ttl,
                 stored_agents,
                 agents_source,

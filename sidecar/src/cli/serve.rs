@@ -162,6 +162,7 @@ pub struct ServeArgs<'a> {
     pub peer_listen: &'a str,
     pub owner_token_file: Option<&'a Path>,
     pub mcp_client_token_file: Option<&'a Path>,
+    pub approver_token_file: Option<&'a Path>,
     pub tool_cache_ttl: u64,
     pub stored_agents: bool,
     pub agents_source: super::args::AgentsSource,
@@ -201,7 +202,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
     // Before the store: a missing owner token is the quicker thing to fix.
     let owner = owner_token(a.owner_token_file, &location)?;
-    let mcp_client = mcp_client_token(a.mcp_client_token_file)?;
+    let mcp_client = optional_token(
+        a.mcp_client_token_file,
+        "--mcp-client-token-file",
+        "BINDERY_MCP_CLIENT_TOKEN",
+    )?;
+    let approver = optional_token(
+        a.approver_token_file,
+        "--approver-token-file",
+        "BINDERY_APPROVER_TOKEN",
+    )?;
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
@@ -331,6 +341,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         service: service.clone(),
         owner,
         mcp_client,
+        approver,
         metrics,
         ready: AtomicBool::new(false),
         peers: crate::api::peers::client(),
@@ -437,22 +448,24 @@ async fn shutdown() {
     tracing::info!("shutting down");
 }
 
-/// The MCP client token, if one is given: from a file, or from
-/// BINDERY_MCP_CLIENT_TOKEN (the operator's `mcpClientTokenSecretRef`).
-fn mcp_client_token(file: Option<&Path>) -> Result<Option<OwnerToken>, String> {
+/// A token the server takes only when one is given (the MCP client's, the
+/// approver's): from the file `flag` names, or from the variable `env`
+/// (how the operator gives it, from a Secret).
+fn optional_token(
+    file: Option<&Path>,
+    flag: &str,
+    env: &str,
+) -> Result<Option<OwnerToken>, String> {
     let token = match file {
         Some(f) => {
             let t = std::fs::read_to_string(f)
-                .map_err(|e| format!("error: --mcp-client-token-file {}: {e}", f.display()))?;
+                .map_err(|e| format!("error: {flag} {}: {e}", f.display()))?;
             if t.trim().is_empty() {
-                return Err(format!(
-                    "error: --mcp-client-token-file {} is empty",
-                    f.display()
-                ));
+                return Err(format!("error: {flag} {} is empty", f.display()));
             }
             t
         }
-        None => match std::env::var("BINDERY_MCP_CLIENT_TOKEN") {
+        None => match std::env::var(env) {
             Ok(t) if !t.trim().is_empty() => t,
             _ => return Ok(None),
         },

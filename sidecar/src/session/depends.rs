@@ -655,7 +655,13 @@ mod tests {
                 json!({"ok": true}),
                 &calls,
             )
-            .with_decl(false, &deps),
+            .with_decl(&crate::spec::ToolDecl {
+                tool: "book".into(),
+                read_only: false,
+                depends_on: deps.clone(),
+                untrusted: false,
+                egress: false,
+            }),
         ];
         (tools, calls)
     }

@@ -16,6 +16,9 @@ pub enum Caller {
     Owner,
     /// The bearer of a session token for this session.
     SessionToken(String),
+    /// The bearer of the approver token: lists and answers pending
+    /// approvals, and sees nothing else of a conversation.
+    Approver,
 }
 
 /// Which request carries the values.
@@ -168,6 +171,12 @@ pub fn validate(
             return Err(ParamsError::Forbidden(
                 names,
                 "a session token cannot set parameters".into(),
+            ));
+        }
+        if *caller == Caller::Approver {
+            return Err(ParamsError::Forbidden(
+                names,
+                "an approver answers pending calls and sets no parameters".into(),
             ));
         }
         if sealed && *caller != Caller::Owner {

@@ -45,6 +45,9 @@ pub struct Answer {
     /// Clear the taint guard: untrusted results taken in so far no longer
     /// hold the session's egress calls.
     pub clear_taint: bool,
+    /// Who decided, as the `resolved` event and the log record it, when it
+    /// is not the caller's role (`webhook`: through a notice's answer URL).
+    pub by: Option<&'static str>,
     pub mode: RunMode,
 }
 
@@ -55,7 +58,7 @@ pub struct Answer {
 /// else; a session token reads the items but never answers them.
 fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
     match caller {
-        Caller::Owner => Ok(()),
+        Caller::Owner | Caller::Approver => Ok(()),
         Caller::SessionToken(_) => Err(ServiceError::forbidden(
             "only the session's owner may answer its pending calls (a continuation, or a chat message that picks an option); a session token may read them, not answer them",
         )),
@@ -157,6 +160,25 @@ impl Service {
                 v
             })
             .collect()
+    }
+
+    /// Every open item that waits for a person, in every session that
+    /// waits, as an approver sees it: the item as the session API shows it
+    /// (its token included) with its session and agent, and nothing else
+    /// of the conversation. Deferred calls wait for the client, not a person.
+    pub async fn approvals(&self) -> Result<Vec<serde_json::Value>, ServiceError> {
+        let mut out = Vec::new();
+        for rec in self.store.waiting().await? {
+            for mut item in self.pending_view(&rec) {
+                if item["disposition"] == Disposition::Deferred.as_str() {
+                    continue;
+                }
+                item["session_id"] = json!(rec.id);
+                item["agent"] = json!(rec.agent);
+                out.push(item);
+            }
+        }
+        Ok(out)
     }
 
     /// Cancel a run that waits for pending calls: each is closed the way a
@@ -380,13 +402,16 @@ impl Service {
         rec.version += 1;
         rec.updated_at = now_ms();
         self.store.update(&rec).await?;
-        let mut resolved =
-            json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome()});
+        let by = answer.by.unwrap_or(match caller {
+            Caller::Approver => "approver",
+            _ => "owner",
+        });
+        let mut resolved = json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome(), "by": by});
         if answer.clear_taint {
             resolved["cleared_taint"] = json!(true);
         }
         self.emit(id, "resolved", resolved).await;
-        tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), "pending call answered");
+        tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), by, "pending call answered");
         if !resume {
             return Ok(None);
         }

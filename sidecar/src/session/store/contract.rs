@@ -107,6 +107,7 @@ pub fn full_record() -> SessionRecord {
             token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
             owner: Some("mcp".to_owned()),
             pinned: vec!["tenant".to_owned()],
+            taint_cleared_at: Some(3),
         },
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
