@@ -367,6 +367,24 @@ fn the_tenant_chart_refuses_other_mistakes_with_readable_messages() {
         no_key.contains("at '/mcpClientTokenSecretRef': missing property 'key'"),
         "{no_key}"
     );
+    // So is the approver token.
+    let inline = Render::new(TENANT, "acme")
+        .set("approverTokenSecretRef=approver-9a27c4")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        inline.contains("at '/approverTokenSecretRef': got string, want object"),
+        "{inline}"
+    );
+    assert!(!inline.contains("approver-9a27c4"), "{inline}");
+    let no_key = Render::new(TENANT, "acme")
+        .set("approverTokenSecretRef.name=acme-approver")
+        .template(&[])
+        .unwrap_err();
+    assert!(
+        no_key.contains("at '/approverTokenSecretRef': missing property 'key'"),
+        "{no_key}"
+    );
     let typo = Render::new(OPERATOR, "bindery")
         .set("replica=2")
         .template(&[])
@@ -462,6 +480,10 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
     assert_eq!(
         spec["mcpClientTokenSecretRef"],
         json!({"name": "initech-mcp", "key": "token"})
+    );
+    assert_eq!(
+        spec["approverTokenSecretRef"],
+        json!({"name": "initech-approver", "key": "token"})
     );
     assert_eq!(spec["liveSessionTtl"], "1h30m");
     assert_eq!(spec["maxLiveSessions"], 5000);
