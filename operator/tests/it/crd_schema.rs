@@ -575,6 +575,48 @@ fn confirm_ttl_is_a_number_and_a_unit() {
     assert!(v.is_clean(), "{v:#?}");
 }
 
+/// A `confirm` selector's `when` is a string of at most 4096 characters,
+/// agent-level and in a toolbox. Whether it compiles is not the schema's
+/// to say (the Agent's status says it, from `check_definition`): one that
+/// does not is accepted here like one that does.
+#[test]
+fn a_confirm_condition_is_a_bounded_string() {
+    let agent = |when: Value| {
+        json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "clerk"},
+        "spec": {
+            "model": {"url": "http://llm/v1", "name": "m"},
+            "confirm": [{"tool": "bash_pay", "when": when}],
+            "toolboxes": [{"bash": {"script": "./x",
+                "confirm": [{"tool": "pay", "when": when}]}}],
+        }})
+    };
+    for good in [
+        "args.amount > 100",
+        "args.amount > 100 || args.currency != 'EUR'",
+        "args.amount > > 100",
+    ] {
+        let v = check_all("Agent", &agent(json!(good)));
+        assert!(v.is_clean(), "{good}: {v:#?}");
+    }
+    let v = check_all("Agent", &agent(json!("x".repeat(4096))));
+    assert!(v.is_clean(), "{v:#?}");
+    let v = check_all("Agent", &agent(json!("x".repeat(4097))));
+    assert!(
+        v.structural
+            .iter()
+            .any(|e| e.starts_with("/spec/confirm/0/when (maxLength)")),
+        "{v:#?}"
+    );
+    let v = check_all("Agent", &agent(json!(100)));
+    assert!(
+        v.structural
+            .iter()
+            .any(|e| e.starts_with("/spec/confirm/0/when (type)")),
+        "{v:#?}"
+    );
+}
+
 #[test]
 fn live_session_ttl_is_a_duration_over_zero_or_off() {
     let with = |ttl: &str| {

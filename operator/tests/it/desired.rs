@@ -899,6 +899,85 @@ fn every_failure_names_what_to_fix() {
     }
 }
 
+/// A `confirm` selector's `when` that does not compile: the Agent is
+/// invalid (its own `Valid` False; the tenant's `AgentValid` False, a
+/// Warning, nothing deployed) with a message naming the selector and
+/// where in the condition the mistake is, for an agent-level selector and
+/// a toolbox's alike. A condition that compiles is valid and reported
+/// nowhere.
+#[test]
+fn a_confirm_condition_that_does_not_compile_makes_the_agent_invalid() {
+    const BAD: &str = "args.amount > > 100";
+    const GOOD: &str = "args.amount > 100";
+    let agent_level = |when: &str| {
+        let mut w = World::example();
+        let spec = w.agents.get_mut("invoices").unwrap();
+        spec.confirm =
+            from_yaml(&format!("[{{tool: bash_query-invoices, when: {when:?}}}]")).unwrap();
+        w
+    };
+    let in_toolbox = |when: &str| {
+        let mut w = World::example();
+        let spec = w.agents.get_mut("invoices").unwrap();
+        let bindery_sidecar::spec::Toolbox::Bash(b) = &mut spec.toolboxes[0] else {
+            panic!("examples/k8s/agent.yaml: its first toolbox is no longer bash");
+        };
+        b.confirm =
+            Some(from_yaml(&format!("[{{tool: query-invoices, when: {when:?}}}]")).unwrap());
+        w
+    };
+    type Make = fn(&str) -> World;
+    let cases: [(&str, Make, &str); 2] = [
+        (
+            "agent-level",
+            agent_level,
+            "Agent `invoices`, agent-level confirm `bash_query-invoices`: the condition `when: args.amount > > 100` does not compile at line 1, column",
+        ),
+        (
+            "toolbox",
+            in_toolbox,
+            "Agent `invoices`, toolbox 1 (bash directory tools), confirm `query-invoices`: the condition `when: args.amount > > 100` does not compile at line 1, column",
+        ),
+    ];
+    let now = time("2026-11-29T12:00:00Z");
+    let valid = |w: &World| {
+        let st = bindery_operator::desired::agent_status("invoices", &w.agents, Some(2), &[], &now);
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Valid")
+            .unwrap()
+    };
+    for (what, make, message) in cases {
+        let own = valid(&make(BAD));
+        assert_eq!(own.status, "False", "{what}: {own:?}");
+        assert!(own.message.contains(message), "{what}: {}", own.message);
+        let d = make(BAD).run();
+        let c = cond(&d, "AgentValid");
+        assert_eq!(c.status, "False", "{what}: {:?}", d.status.conditions);
+        assert_eq!(c.reason, "InvalidAgent", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(d.objects.is_none(), "{what}: nothing is deployed");
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.reason == "InvalidAgent" && w.message.contains(message)),
+            "{what}: {:?}",
+            d.warnings
+        );
+
+        let own = valid(&make(GOOD));
+        assert_eq!(own.status, "True", "{what}: {own:?}");
+        let d = make(GOOD).run();
+        let c = cond(&d, "AgentValid");
+        assert_eq!(c.status, "True", "{what}: {:?}", d.status.conditions);
+        assert!(d.warnings.is_empty(), "{what}: {:?}", d.warnings);
+        let status = serde_yaml::to_string(&d.status).unwrap();
+        assert!(!status.contains("does not compile"), "{what}: {status}");
+        assert!(d.objects.is_some(), "{what}: deployed");
+    }
+}
+
 /// Helpers: the tree's parameters all get rows, marked with their agent and
 /// whether the caller's `with` fills them.
 #[test]

@@ -162,6 +162,54 @@ async fn the_crds_cel_rules_refuse_invalid_objects_with_their_messages() {
     );
 }
 
+/// An Agent whose `confirm` selectors carry a `when` is accepted, and
+/// the API server keeps each condition as written (the schema has the
+/// field: nothing is pruned), agent-level and in a toolbox. One that does
+/// not compile is accepted too: the tenant's `AgentValid` says so, not the
+/// schema. One over 4096 characters is refused.
+#[tokio::test]
+async fn the_api_server_keeps_a_confirm_condition_as_written() {
+    let plane = plane();
+    let ns = "real-confirm";
+    let admin = namespace(ns).await;
+    let agents = Api::<Agent>::namespaced(admin, ns);
+    let with_when = |name: &str, when: &str| {
+        let mut agent = yaml("examples/k8s/agent.yaml");
+        agent["metadata"]["name"] = json!(name);
+        agent["spec"]["confirm"] = json!([{"tool": "bash_query-invoices", "when": when}]);
+        agent["spec"]["toolboxes"][0]["bash"]["confirm"] =
+            json!([{"tool": "query-invoices", "when": when}]);
+        agent
+    };
+    for (name, when) in [
+        ("compiles", "args.amount > 100"),
+        ("does-not-compile", "args.amount > > 100"),
+    ] {
+        let agent: Agent = serde_json::from_value(with_when(name, when)).unwrap();
+        agents
+            .create(&PostParams::default(), &agent)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let stored: Value = serde_json::from_str(
+            &plane.kubectl_ok(ADMIN, &["get", "agent", name, "-n", ns, "-o", "json"]),
+        )
+        .unwrap();
+        assert_eq!(
+            stored["spec"]["confirm"],
+            json!([{"tool": "bash_query-invoices", "when": when}]),
+            "{name}: {stored:#}"
+        );
+        assert_eq!(
+            stored["spec"]["toolboxes"][0]["bash"]["confirm"],
+            json!([{"tool": "query-invoices", "when": when}]),
+            "{name}: {stored:#}"
+        );
+    }
+    let (code, message) = refused(&agents, with_when("too-long", &"x".repeat(4097))).await;
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("spec.confirm[0].when"), "{message}");
+}
+
 #[tokio::test]
 async fn kubectl_get_agenttenants_shows_the_printer_columns() {
     let plane = plane();
