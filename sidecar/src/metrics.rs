@@ -11,6 +11,7 @@
 //! | `bindery_runs_total` | counter | `outcome` = `completed`, `failed`, `cancelled`, `max_steps`, `blocked` |
 //! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool) |
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
+//! | `bindery_approval_notices_total` | counter | `outcome` = `delivered`, `retried` (an attempt that failed and is tried again), `failed` (for good) |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
 //! | `bindery_sessions_live` | gauge | |
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
@@ -156,6 +157,7 @@ pub struct Metrics {
     runs_started: Counter,
     runs: Family<Outcome, Counter>,
     tool_calls: Family<ToolCall, Counter>,
+    approval_notices: Family<Outcome, Counter>,
     llm_requests: Family<Outcome, Counter>,
     llm_duration: Histogram,
     sessions_live: Gauge,
@@ -177,6 +179,7 @@ impl Default for Metrics {
             runs_started: Counter::default(),
             runs: Family::default(),
             tool_calls: Family::default(),
+            approval_notices: Family::default(),
             llm_requests: Family::default(),
             llm_duration: Histogram::new(LLM_DURATION_BUCKETS),
             sessions_live: Gauge::default(),
@@ -223,8 +226,13 @@ impl Metrics {
         );
         r.register(
             "bindery_tool_calls",
-            "Tool calls made by the model, by tool and outcome",
+            "Tool calls, by tool, outcome and caller (the model or an MCP client)",
             self.tool_calls.clone(),
+        );
+        r.register(
+            "bindery_approval_notices",
+            "Attempts to deliver approval webhook notices, by outcome",
+            self.approval_notices.clone(),
         );
         r.register(
             "bindery_llm_requests",
@@ -307,6 +315,13 @@ impl Metrics {
                 outcome: outcome.as_str(),
                 caller: caller.as_str(),
             })
+            .inc();
+    }
+
+    /// An approval notice was delivered, will be tried again, or failed for good.
+    pub fn approval_notice(&self, outcome: &'static str) {
+        self.approval_notices
+            .get_or_create(&Outcome { outcome })
             .inc();
     }
 

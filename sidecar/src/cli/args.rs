@@ -226,6 +226,8 @@ pub enum Command {
         peer: Box<PeerArgs>,
         #[command(flatten)]
         tokens: Box<TokenArgs>,
+        #[command(flatten)]
+        approvals: Box<ApprovalArgs>,
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,
@@ -279,6 +281,21 @@ pub enum Command {
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
     },
+}
+
+/// How approval notices reach people.
+#[derive(Args, Debug, Clone)]
+pub struct ApprovalArgs {
+    /// Where people and webhook receivers reach this server (the tenant's
+    /// public address): the base of the answer URLs in approval notices.
+    /// Default: the address listened on, unless that is 0.0.0.0.
+    #[arg(long, value_name = "URL", env = "BINDERY_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// How many times an approval notice is sent before it fails for
+    /// good (with backoff from 0.5 s, doubling).
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub approval_notice_attempts: u32,
 }
 
 /// The bearer tokens the server accepts besides session tokens.

@@ -163,6 +163,8 @@ pub struct ServeArgs<'a> {
     pub owner_token_file: Option<&'a Path>,
     pub mcp_client_token_file: Option<&'a Path>,
     pub approver_token_file: Option<&'a Path>,
+    pub public_url: Option<&'a str>,
+    pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
     pub stored_agents: bool,
     pub agents_source: super::args::AgentsSource,
@@ -268,6 +270,14 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
             max_live_sessions: a.max_live_sessions,
+            public_url: a
+                .public_url
+                .map(str::to_string)
+                .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}"))),
+            notice_retries: crate::session::notify::Retries {
+                attempts: a.approval_notice_attempts,
+                ..Default::default()
+            },
             advertise,
             agents_source: match a.agents_source {
                 super::args::AgentsSource::Crd => crate::session::service::stored::AgentSource::Crd,

@@ -9,6 +9,7 @@ pub mod helpers;
 pub mod lease;
 mod lru;
 pub mod model;
+pub mod notify;
 pub mod pending;
 pub mod runner;
 pub mod service;

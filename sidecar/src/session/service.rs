@@ -89,6 +89,11 @@ pub struct ServiceConfig {
     /// Where the agents loaded at start come from, as `GET /v1/agents`
     /// shows it: files, or `Agent` resources the operator wrote as files.
     pub agents_source: stored::AgentSource,
+    /// Where people reach this server (`--public-url`): the base of the
+    /// answer URLs in approval notices.
+    pub public_url: Option<String>,
+    /// How approval notices are retried.
+    pub notice_retries: crate::session::notify::Retries,
 }
 
 impl Default for ServiceConfig {
@@ -103,6 +108,8 @@ impl Default for ServiceConfig {
             max_live_sessions: None,
             advertise: None,
             agents_source: stored::AgentSource::File,
+            public_url: None,
+            notice_retries: Default::default(),
         }
     }
 }
@@ -254,6 +261,8 @@ pub struct Service {
     me: std::sync::Weak<Service>,
     /// Agents kept by the API, when the server allows it (`--stored-agents`).
     stored: std::sync::OnceLock<stored::StoredAgents>,
+    /// Sends approval notices (the outbound policy's client).
+    notices: reqwest::Client,
 }
 
 pub use super::store::now_ms;
@@ -283,6 +292,9 @@ impl Service {
             store_ok: AtomicBool::new(true),
             peers: Mutex::new(HashMap::new()),
             stored: std::sync::OnceLock::new(),
+            notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
+                .build()
+                .unwrap_or_default(),
         })
     }
 

@@ -636,6 +636,7 @@ impl Description {
             confirm: Vec::new(),
             confirm_ttl: None,
             mcp: Default::default(),
+            approvals: None,
             helpers: self
                 .extra_agents
                 .into_iter()

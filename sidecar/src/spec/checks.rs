@@ -186,6 +186,25 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             check_conditions(selectors, &place, &mut diags);
         }
     }
+    if let Some(w) = spec.approvals.as_ref().and_then(|a| a.webhook.as_ref()) {
+        let place = format!("{here}, approvals.webhook");
+        if !(w.url.starts_with("https://") || w.url.starts_with("http://")) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: url `{}` is not an http(s) URL; write where the notices go, such as `https://approvals.example.com/bindery`",
+                w.url
+            )));
+        }
+        let key = &w.signing_key.param;
+        match spec.parameters.iter().find(|d| &d.name == key) {
+            None => diags.push(Diagnostic::error(format!(
+                "{place}: signingKey reads parameter `{key}`, which this agent does not declare; declare it (secret: true, scope: process)"
+            ))),
+            Some(d) if !d.secret || d.scope != Scope::Process => diags.push(Diagnostic::error(format!(
+                "{place}: signingKey parameter `{key}` must be `secret: true` and `scope: process` (the operator's value, never a client's)"
+            ))),
+            Some(_) => {}
+        }
+    }
     if let Some(ttl) = spec
         .confirm_ttl
         .as_deref()

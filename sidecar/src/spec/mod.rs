@@ -106,6 +106,38 @@ pub struct AgentSpec {
     /// What `/mcp` serves of this agent besides its `ask_<agent>` tool.
     #[serde(default, skip_serializing_if = "McpSpec::is_default")]
     pub mcp: McpSpec,
+    /// Where the calls that wait for a person are announced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<ApprovalsSpec>,
+}
+
+/// Approvals delivered out of band.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalsSpec {
+    /// A signed notice is POSTed here for every call that starts waiting
+    /// for a person's approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
+}
+
+/// An approval webhook: where notices go, and the key that signs them.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// The receiver, `https://` (or `http://`).
+    #[schemars(length(max = 2048))]
+    pub url: String,
+    /// The HMAC-SHA256 key: a secret, process-scope parameter of this
+    /// agent (`{param: approvals_key}`), which a tenant maps to its Secret.
+    pub signing_key: ParamRef,
+}
+
+/// A parameter of the agent, by name.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParamRef {
+    pub param: String,
 }
 
 /// What an agent offers MCP clients on the server's `/mcp` endpoint.

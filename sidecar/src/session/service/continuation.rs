@@ -162,6 +162,112 @@ impl Service {
             .collect()
     }
 
+    /// Send the agent's approval webhook a notice for each item of `rec`
+    /// that waits for a person's approval, in the background; one that
+    /// fails for good says so in the session's `status_detail`.
+    pub(super) fn announce(&self, rec: &SessionRecord) {
+        let Ok(agent) = self.agent(&rec.agent) else {
+            return;
+        };
+        let Some(hook) = agent
+            .spec
+            .approvals
+            .as_ref()
+            .and_then(|a| a.webhook.clone())
+        else {
+            return;
+        };
+        let values = agent.process_values();
+        let Some(crate::params::ParamValue::Secret(key)) = values.get(&hook.signing_key.param)
+        else {
+            tracing::warn!(agent = %rec.agent, param = %hook.signing_key.param, "no approval notice sent: the webhook's signing key has no value; give the parameter one");
+            return;
+        };
+        let key = key.clone();
+        let base = self
+            .cfg
+            .public_url
+            .clone()
+            .or_else(|| self.cfg.advertise.clone())
+            .unwrap_or_default();
+        let items: Vec<serde_json::Value> = self
+            .pending_view(rec)
+            .into_iter()
+            .filter(|i| {
+                i["disposition"] == Disposition::Confirm.as_str()
+                    || i["disposition"] == Disposition::NeedsConfirmation.as_str()
+            })
+            .collect();
+        for item in items {
+            let (id, body) =
+                crate::session::notify::notice(&rec.id, &rec.agent, &item, &base, now_ms());
+            let client = self.notices.clone();
+            let metrics = self.metrics.clone();
+            let retries = self.cfg.notice_retries;
+            let me = self.me.clone();
+            let session = rec.id.clone();
+            let url = hook.url.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let (attempts, sent) = crate::session::notify::deliver(
+                    &client,
+                    &url,
+                    key.expose().as_bytes(),
+                    &id,
+                    &body,
+                    retries,
+                )
+                .await;
+                let retried = attempts - u32::from(sent.is_ok());
+                for _ in 0..retried {
+                    metrics.approval_notice("retried");
+                }
+                match sent {
+                    Ok(()) => {
+                        metrics.approval_notice("delivered");
+                        tracing::info!(session = %session, notice = %id, attempts, "approval notice delivered");
+                    }
+                    Err(why) => {
+                        metrics.approval_notice("failed");
+                        tracing::warn!(session = %session, notice = %id, "approval notice not delivered: {why}");
+                        if let Some(me) = me.upgrade() {
+                            me.notice_failed(&session, &why).await;
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// A notice failed for good: the waiting session's `status_detail` says so.
+    async fn notice_failed(&self, id: &str, why: &str) {
+        let live = self.live(id);
+        let written = async {
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            if rec.status != SessionStatus::WaitingExternal {
+                return Ok(());
+            }
+            rec.status_detail = Some(format!(
+                "{}; the approval webhook could not be told: {why}",
+                rec.pending.detail()
+            ));
+            rec.version += 1;
+            rec.updated_at = now_ms();
+            self.store.update(&rec).await.map_err(ServiceError::from)
+        }
+        .await;
+        drop(live);
+        self.evict_if_idle(id);
+        if let Err(e) = written {
+            tracing::warn!(
+                session = id,
+                "cannot record that an approval notice failed: {}",
+                e.message
+            );
+        }
+    }
+
     /// Every open item that waits for a person, in every session that
     /// waits, as an approver sees it: the item as the session API shows it
     /// (its token included) with its session and agent, and nothing else

@@ -362,6 +362,9 @@ impl Service {
             // The end could not be stored; its events may still be.
             None => self.emit_all(id, events).await,
         }
+        if let Some(rec) = record.as_deref().filter(|r| !r.pending.is_empty()) {
+            self.announce(rec);
+        }
         record
     }
 
