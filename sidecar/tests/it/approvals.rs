@@ -43,6 +43,16 @@ struct Guard {
 
 impl Guard {
     async fn start() -> Guard {
+        Guard::start_with(|t| t, &[], &[]).await
+    }
+
+    /// The example with `edit` applied to its text, `extra` arguments and
+    /// `env` for the server.
+    async fn start_with(
+        edit: impl FnOnce(String) -> String,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Guard {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("logs")).unwrap();
         let mock = MockLlm::start(obedient).await;
@@ -58,15 +68,13 @@ impl Guard {
                 &format!("directory: \"{}\"", example.join("tools").display()),
             );
         let agent = dir.path().join("helpdesk.yaml");
-        std::fs::write(&agent, text).unwrap();
+        std::fs::write(&agent, edit(text)).unwrap();
         let outbox = format!("outbox={}", dir.path().join("outbox.tsv").display());
-        let (sidecar, api) = serve(
-            &agent,
-            &sqlite_in(dir.path()),
-            &["--set", &outbox],
-            &[("BINDERY_PARAM_MAIL_TOKEN", CANARY)],
-            dir.path(),
-        );
+        let mut args = vec!["--set", outbox.as_str()];
+        args.extend_from_slice(extra);
+        let mut vars = vec![("BINDERY_PARAM_MAIL_TOKEN", CANARY)];
+        vars.extend_from_slice(env);
+        let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &args, &vars, dir.path());
         Guard {
             dir,
             _mock: mock,
@@ -267,4 +275,400 @@ async fn a_condition_that_does_not_compile_is_caught_by_check() {
         said.contains("untrusted:") && said.contains("egress:"),
         "{said}"
     );
+}
+
+const KEY: &str = "whsec-approvals-7d1c";
+const APPROVER: &str = "approver-token-for-tests";
+
+/// What a webhook receiver saw: each delivery's headers that matter and
+/// its body, and whether it took it.
+#[derive(Clone, Debug)]
+struct Delivery {
+    signature: String,
+    id: String,
+    body: String,
+    accepted: bool,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Delivery>>>,
+    /// Answer 503 to this many deliveries first.
+    failures: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Receiver {
+    /// A receiver on 127.0.0.1 that verifies each notice as a real one
+    /// should: the signature with the shared key, the timestamp within five
+    /// minutes, and an id it has not taken before (else 409).
+    async fn start(failures: usize) -> (String, Receiver) {
+        use axum::http::{HeaderMap, StatusCode};
+        let r = Receiver::default();
+        r.failures
+            .store(failures, std::sync::atomic::Ordering::SeqCst);
+        let state = r.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let r = state.clone();
+                async move {
+                    let get = |h: &str| {
+                        headers
+                            .get(h)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_string()
+                    };
+                    let (signature, id) = (get("bindery-signature"), get("idempotency-key"));
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_secs();
+                    let genuine = bindery_sidecar::session::notify::verify(
+                        KEY.as_bytes(),
+                        &signature,
+                        &body,
+                        now,
+                        300,
+                    );
+                    let mut seen = r.seen.lock().unwrap();
+                    let replayed = seen.iter().any(|d| d.accepted && d.id == id);
+                    let failing = r
+                        .failures
+                        .fetch_update(
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                            |n| n.checked_sub(1),
+                        )
+                        .is_ok();
+                    let status = if !genuine {
+                        StatusCode::UNAUTHORIZED
+                    } else if replayed {
+                        StatusCode::CONFLICT
+                    } else if failing {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        StatusCode::NO_CONTENT
+                    };
+                    seen.push(Delivery {
+                        signature,
+                        id,
+                        body: String::from_utf8_lossy(&body).to_string(),
+                        accepted: status == StatusCode::NO_CONTENT,
+                    });
+                    status
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, r)
+    }
+
+    fn deliveries(&self) -> Vec<Delivery> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Until `n` deliveries came.
+    async fn until(&self, n: usize) -> Vec<Delivery> {
+        for _ in 0..2000 {
+            let d = self.deliveries();
+            if d.len() >= n {
+                return d;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{n} deliveries did not come: {:?}", self.deliveries());
+    }
+}
+
+/// The guard example with an approval webhook to `url`, its signing key a
+/// secret process parameter.
+fn with_webhook(url: &str) -> impl FnOnce(String) -> String + '_ {
+    move |t: String| {
+        t.replace(
+            "  parameters:\n",
+            &format!(
+                "  approvals:\n    webhook:\n      url: \"{url}\"\n      signingKey: {{param: approvals_key}}\n  parameters:\n    - {{name: approvals_key, secret: true, scope: process}}\n"
+            ),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_notice_is_signed_refuses_replay_and_its_link_answers() {
+    let (url, receiver) = Receiver::start(0).await;
+    let mut g = Guard::start_with(
+        with_webhook(&url),
+        &[],
+        &[("BINDERY_PARAM_APPROVALS_KEY", KEY)],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let r = g.message(&id, "mail outsider").await;
+    let item = waiting(&r).clone();
+    let notice = receiver.until(1).await.remove(0);
+    assert!(notice.accepted, "{notice:?}");
+    let body: Value = serde_json::from_str(&notice.body).unwrap();
+    assert_eq!(body["type"], "approval.pending");
+    assert_eq!(body["session_id"], id.as_str());
+    assert_eq!(body["agent"], "helpdesk");
+    assert_eq!(body["tool"], "bash_send-email");
+    assert_eq!(body["call"]["to"], "someone@other.example");
+    assert_eq!(body["id"], notice.id.as_str());
+    // Bound and secret values never: neither the mail token nor the key.
+    assert!(
+        !notice.body.contains(CANARY) && !notice.body.contains(KEY),
+        "{}",
+        notice.body
+    );
+    assert!(body["call"].get("token").is_none());
+
+    // The same notice sent again (a replay, or an attacker who caught it)
+    // is refused by a receiver that checks what the notice carries.
+    let again = reqwest::Client::new()
+        .post(&url)
+        .header("bindery-signature", &notice.signature)
+        .header("idempotency-key", &notice.id)
+        .body(notice.body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409);
+    // An altered one does not verify.
+    let forged = reqwest::Client::new()
+        .post(&url)
+        .header("bindery-signature", &notice.signature)
+        .header("idempotency-key", "another")
+        .body(
+            notice
+                .body
+                .replace("someone@other.example", "me@evil.example"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+
+    // The receiver answers through the notice's link: no token but the link's.
+    let link = body["answer_url"].as_str().unwrap();
+    assert!(
+        link.ends_with(item["continuation_token"].as_str().unwrap()),
+        "{link}"
+    );
+    let answered = reqwest::Client::new()
+        .post(format!("{link}?wait=true"))
+        .json(&json!({"approve": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.unwrap();
+    assert_eq!(answered["status"], "idle", "{answered}");
+    assert!(
+        answered.get("session").is_none(),
+        "the link shows no turns: {answered}"
+    );
+    assert_eq!(g.outbox(), ["someone@other.example\thello"]);
+    // The link is good for one answer.
+    let twice = reqwest::Client::new()
+        .post(link)
+        .json(&json!({"approve": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 409);
+    // Who decided is on record.
+    let (status, stream) = g
+        .api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let read = async {
+        while let Some(e) = stream.next().await {
+            if e.event == "resolved" {
+                return serde_json::from_str::<Value>(&e.data).unwrap_or_default();
+            }
+        }
+        Value::Null
+    };
+    let resolved = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the resolved event");
+    assert_eq!(resolved["by"], "webhook", "{resolved}");
+    drop(stream);
+    g.sidecar.stop();
+    let logs = g.sidecar.logs();
+    assert!(!logs.contains(KEY) && !logs.contains(CANARY));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_fails_twice_gets_the_notice_the_third_time() {
+    let (url, receiver) = Receiver::start(2).await;
+    let g = Guard::start_with(
+        with_webhook(&url),
+        &[],
+        &[("BINDERY_PARAM_APPROVALS_KEY", KEY)],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    waiting(&g.message(&id, "mail outsider").await);
+    let seen = receiver.until(3).await;
+    assert_eq!(
+        seen.iter().map(|d| d.accepted).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    // One notice: every attempt carries the same id, each freshly signed.
+    assert!(seen.iter().all(|d| d.id == seen[0].id), "{seen:?}");
+    let metrics = g.api.call("GET", "/metrics", None, None).await;
+    for (outcome, n) in [("retried", 2.0), ("delivered", 1.0)] {
+        assert_eq!(
+            sample(
+                &metrics.text,
+                &format!("bindery_approval_notices_total{{outcome=\"{outcome}\"}}")
+            ),
+            Some(n),
+            "{}",
+            metrics.text
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_that_fails_for_good_shows_in_the_session() {
+    let (url, receiver) = Receiver::start(usize::MAX).await;
+    let g = Guard::start_with(
+        with_webhook(&url),
+        &["--approval-notice-attempts", "2"],
+        &[("BINDERY_PARAM_APPROVALS_KEY", KEY)],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    waiting(&g.message(&id, "mail outsider").await);
+    receiver.until(2).await;
+    let mut detail = String::new();
+    for _ in 0..1000 {
+        let s = g
+            .api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        detail = s.json["status_detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if detail.contains("webhook") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        detail.contains("the approval webhook could not be told"),
+        "{detail}"
+    );
+    assert!(detail.contains("503"), "{detail}");
+    let metrics = g.api.call("GET", "/metrics", None, None).await;
+    assert_eq!(
+        sample(
+            &metrics.text,
+            "bindery_approval_notices_total{outcome=\"failed\"}"
+        ),
+        Some(1.0),
+        "{}",
+        metrics.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_answers_but_reads_nothing_else() {
+    let g = Guard::start_with(|t| t, &[], &[("BINDERY_APPROVER_TOKEN", APPROVER)]).await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    waiting(&g.message(&id, "mail outsider").await);
+    let api = &g.api;
+    let listed = api.call("GET", "/v1/approvals", Some(APPROVER), None).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let items = listed.json["approvals"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{}", listed.text);
+    let item = &items[0];
+    assert_eq!(item["session_id"], id.as_str());
+    assert_eq!(item["agent"], "helpdesk");
+    assert_eq!(item["call"]["to"], "someone@other.example");
+    // Nothing else opens: not the session, its turns, its events, the
+    // list, a message, /mcp.
+    for (method, path, body) in [
+        ("GET", format!("/v1/sessions/{id}"), None),
+        ("GET", format!("/v1/sessions/{id}/events"), None),
+        ("GET", "/v1/sessions".to_string(), None),
+        ("GET", "/v1/agents".to_string(), None),
+        (
+            "POST",
+            format!("/v1/sessions/{id}/messages"),
+            Some(json!({"prompt": "hi"})),
+        ),
+        (
+            "PUT",
+            format!("/v1/sessions/{id}/params"),
+            Some(json!({"params": {}})),
+        ),
+    ] {
+        let r = api.call(method, &path, Some(APPROVER), body.as_ref()).await;
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.text);
+        assert!(!r.text.contains("someone@other.example"), "{}", r.text);
+    }
+    let mcp = api
+        .call(
+            "POST",
+            "/mcp",
+            Some(APPROVER),
+            Some(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})),
+        )
+        .await;
+    assert_eq!(mcp.status, 401, "{}", mcp.text);
+    // It answers, setting no value, and is told no more than the status.
+    let token = item["continuation_token"].as_str().unwrap();
+    let with_params = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}"),
+            Some(APPROVER),
+            Some(&json!({"approve": true, "params": {"outbox": "/tmp/elsewhere"}})),
+        )
+        .await;
+    assert_eq!(with_params.status, 403, "{}", with_params.text);
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(APPROVER),
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert!(
+        r.json.get("session").is_none() && r.json.get("params").is_none(),
+        "{}",
+        r.text
+    );
+    assert_eq!(g.outbox(), ["someone@other.example\thello"]);
+    let listed = api.call("GET", "/v1/approvals", Some(APPROVER), None).await;
+    assert_eq!(listed.json["approvals"], json!([]), "{}", listed.text);
+    // The owner sees who decided.
+    let (_, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    let mut stream = stream.unwrap();
+    let read = async {
+        while let Some(e) = stream.next().await {
+            if e.event == "resolved" {
+                return serde_json::from_str::<Value>(&e.data).unwrap_or_default();
+            }
+        }
+        Value::Null
+    };
+    let resolved = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the resolved event");
+    assert_eq!(resolved["by"], "approver", "{resolved}");
 }
