@@ -287,6 +287,11 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             },
         },
     );
+    match crate::session::kube_events::KubeEvents::from_env() {
+        Ok(Some(events)) => service.enable_kube_events(events),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("no Kubernetes Events: {e}"),
+    }
     if a.stored_agents {
         service.enable_stored(crate::session::service::stored::StoredAgents::new(
             opts.limits,

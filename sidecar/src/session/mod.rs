@@ -6,6 +6,7 @@ pub mod depends;
 pub mod error;
 mod fanout;
 pub mod helpers;
+pub mod kube_events;
 pub mod lease;
 mod lru;
 pub mod model;

@@ -263,6 +263,8 @@ pub struct Service {
     stored: std::sync::OnceLock<stored::StoredAgents>,
     /// Sends approval notices (the outbound policy's client).
     notices: reqwest::Client,
+    /// Warning Events on the tenant, where the operator allows them.
+    kube_events: std::sync::OnceLock<crate::session::kube_events::KubeEvents>,
 }
 
 pub use super::store::now_ms;
@@ -295,7 +297,13 @@ impl Service {
             notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
                 .build()
                 .unwrap_or_default(),
+            kube_events: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Record Warning Events on the pod's AgentTenant.
+    pub fn enable_kube_events(&self, events: crate::session::kube_events::KubeEvents) {
+        let _ = self.kube_events.set(events);
     }
 
     /// Keep agents sent over the API (`serve --stored-agents`).

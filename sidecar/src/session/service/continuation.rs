@@ -208,6 +208,7 @@ impl Service {
             let session = rec.id.clone();
             let url = hook.url.clone();
             let key = key.clone();
+            let tool = item["tool"].as_str().unwrap_or_default().to_string();
             tokio::spawn(async move {
                 let (attempts, sent) = crate::session::notify::deliver(
                     &client,
@@ -231,7 +232,7 @@ impl Service {
                         metrics.approval_notice("failed");
                         tracing::warn!(session = %session, notice = %id, "approval notice not delivered: {why}");
                         if let Some(me) = me.upgrade() {
-                            me.notice_failed(&session, &why).await;
+                            me.notice_failed(&session, &tool, &why).await;
                         }
                     }
                 }
@@ -239,8 +240,15 @@ impl Service {
         }
     }
 
-    /// A notice failed for good: the waiting session's `status_detail` says so.
-    async fn notice_failed(&self, id: &str, why: &str) {
+    /// A notice failed for good: the waiting session's `status_detail`
+    /// says so, and a Warning Event on the tenant where there are Events.
+    async fn notice_failed(&self, id: &str, tool: &str, why: &str) {
+        if let Some(events) = self.kube_events.get() {
+            let note = format!(
+                "the approval notice for {tool} in session {id} could not be delivered: {why}"
+            );
+            events.warn("ApprovalNoticeFailed", "Notify", &note).await;
+        }
         let live = self.live(id);
         let written = async {
             let _guard = live.lock.lock().await;
