@@ -179,6 +179,10 @@ pub enum SessionCommand {
     Approve {
         #[command(flatten)]
         answer: AnswerArgs,
+        /// Also clear the taint guard: the untrusted results the session
+        /// took in so far no longer hold its egress calls.
+        #[arg(long)]
+        clear_taint: bool,
     },
     /// Refuse a pending call (a confirmation, a choice or an input); the
     /// model reads the reason.
@@ -1043,8 +1047,16 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
                 print!("{}", render_pending(&v));
             }
         }
-        SessionCommand::Approve { answer } => {
-            answer_call(client, args, answer, |_| Ok(json!({"approve": true}))).await?;
+        SessionCommand::Approve {
+            answer,
+            clear_taint,
+        } => {
+            let body = if clear_taint {
+                json!({"approve": true, "clear_taint": true})
+            } else {
+                json!({"approve": true})
+            };
+            answer_call(client, args, answer, |_| Ok(body)).await?;
         }
         SessionCommand::Reject { answer, reason } => {
             answer_call(client, args, answer, |_| {

@@ -672,3 +672,40 @@ async fn an_approver_answers_but_reads_nothing_else() {
         .expect("the resolved event");
     assert_eq!(resolved["by"], "approver", "{resolved}");
 }
+
+/// The session CLI clears the taint guard with its approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cli_approves_and_clears_the_taint() {
+    let g = Guard::start().await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let item = waiting(&g.message(&id, "read ticket T-1").await).clone();
+    g.answer(&item, json!({"approve": false})).await;
+    waiting(&g.message(&id, "mail bob").await);
+    let token_file = g.dir.path().join("owner-token");
+    std::fs::write(&token_file, OWNER).unwrap();
+    let url = g.sidecar.url.clone();
+    let out = tokio::task::spawn_blocking({
+        let id = id.clone();
+        move || {
+            std::process::Command::new(bin())
+                .args(["session", "--server", &url, "--token-file"])
+                .arg(&token_file)
+                .args(["approve", &id, "--clear-taint", "--wait"])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(g.outbox(), ["bob@example.com\thello"]);
+    // Cleared: the next mail runs at once.
+    let r = g.message(&id, "mail bob").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(g.outbox().len(), 2);
+}
