@@ -42,17 +42,11 @@ pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
         .map(|s| format!("confirm {}", s.tool))
         .collect();
     for (i, tb) in spec.toolboxes.iter().enumerate() {
-        let confirm = match tb {
-            Toolbox::Bash(b) => b.confirm.as_ref(),
-            Toolbox::Openapi(o) => o.confirm.as_ref(),
-            Toolbox::Mcp(m) => m.confirm.as_ref(),
-            Toolbox::Postgrest(p) => p.confirm.as_ref(),
-            Toolbox::Builtin(_) | Toolbox::Sqlite(_) => None,
-            Toolbox::Deferred(d) => {
-                out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
-                continue;
-            }
-        };
+        if let Toolbox::Deferred(d) = tb {
+            out.extend(d.tools.iter().map(|t| format!("deferred {}", t.name)));
+            continue;
+        }
+        let confirm = toolbox_confirm(tb);
         let label = toolbox_label(i, tb);
         match confirm {
             Some(ToolboxConfirm::Writes(ConfirmKeyword::Writes)) => {
@@ -65,6 +59,17 @@ pub fn waiting_tools(spec: &AgentSpec) -> Vec<String> {
         }
     }
     out
+}
+
+/// A toolbox's `confirm`, for the kinds that have one.
+fn toolbox_confirm(tb: &Toolbox) -> Option<&super::ToolboxConfirm> {
+    match tb {
+        Toolbox::Bash(b) => b.confirm.as_ref(),
+        Toolbox::Openapi(o) => o.confirm.as_ref(),
+        Toolbox::Mcp(m) => m.confirm.as_ref(),
+        Toolbox::Postgrest(p) => p.confirm.as_ref(),
+        Toolbox::Builtin(_) | Toolbox::Sqlite(_) | Toolbox::Deferred(_) => None,
+    }
 }
 
 /// A name the model can call a tool by (OpenAI's rule for function names).
@@ -174,14 +179,7 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         &mut diags,
     );
     for (i, tb) in spec.toolboxes.iter().enumerate() {
-        let confirm = match tb {
-            Toolbox::Bash(b) => b.confirm.as_ref(),
-            Toolbox::Openapi(o) => o.confirm.as_ref(),
-            Toolbox::Mcp(m) => m.confirm.as_ref(),
-            Toolbox::Postgrest(p) => p.confirm.as_ref(),
-            Toolbox::Builtin(_) | Toolbox::Sqlite(_) | Toolbox::Deferred(_) => None,
-        };
-        if let Some(super::ToolboxConfirm::Tools(selectors)) = confirm {
+        if let Some(super::ToolboxConfirm::Tools(selectors)) = toolbox_confirm(tb) {
             let place = format!("{here}, {}, confirm", toolbox_label(i, tb));
             check_conditions(selectors, &place, &mut diags);
         }

@@ -117,17 +117,6 @@ fn waiting(r: &Reply) -> &Value {
     &r.json["pending"][0]
 }
 
-fn last_tool_output(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "tool")
-        .map(|t| t["content"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_ticket_cannot_mail_data_away() {
     let mut g = Guard::start().await;
@@ -480,25 +469,8 @@ async fn a_webhook_notice_is_signed_refuses_replay_and_its_link_answers() {
         .unwrap();
     assert_eq!(twice.status(), 409);
     // Who decided is on record.
-    let (status, stream) = g
-        .api
-        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
-        .await;
-    assert_eq!(status, 200);
-    let mut stream = stream.unwrap();
-    let read = async {
-        while let Some(e) = stream.next().await {
-            if e.event == "resolved" {
-                return serde_json::from_str::<Value>(&e.data).unwrap_or_default();
-            }
-        }
-        Value::Null
-    };
-    let resolved = tokio::time::timeout(std::time::Duration::from_secs(10), read)
-        .await
-        .expect("the resolved event");
+    let (resolved, _) = first_event(&g.api, &id, "resolved").await;
     assert_eq!(resolved["by"], "webhook", "{resolved}");
-    drop(stream);
     g.sidecar.stop();
     let logs = g.sidecar.logs();
     assert!(!logs.contains(KEY) && !logs.contains(CANARY));
@@ -655,21 +627,7 @@ async fn an_approver_answers_but_reads_nothing_else() {
     let listed = api.call("GET", "/v1/approvals", Some(APPROVER), None).await;
     assert_eq!(listed.json["approvals"], json!([]), "{}", listed.text);
     // The owner sees who decided.
-    let (_, stream) = api
-        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
-        .await;
-    let mut stream = stream.unwrap();
-    let read = async {
-        while let Some(e) = stream.next().await {
-            if e.event == "resolved" {
-                return serde_json::from_str::<Value>(&e.data).unwrap_or_default();
-            }
-        }
-        Value::Null
-    };
-    let resolved = tokio::time::timeout(std::time::Duration::from_secs(10), read)
-        .await
-        .expect("the resolved event");
+    let (resolved, _) = first_event(api, &id, "resolved").await;
     assert_eq!(resolved["by"], "approver", "{resolved}");
 }
 

@@ -72,17 +72,6 @@ fn option_labeled<'a>(item: &'a Value, label: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no option {label} in {item}"))
 }
 
-fn last_tool_output(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no turns: {}", r.text))
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "tool")
-        .map(|t| t["content"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 /// Ask `book {args}` of a run that ends without waiting: its tool's output.
 async fn ended(api: &Api, args: Value) -> (Reply, String) {
     let r = ask(api, args).await;

@@ -204,17 +204,6 @@ async fn answer(api: &Api, token: &str, body: Value) -> Reply {
     .await
 }
 
-fn last_tool_output(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "tool")
-        .map(|t| t["content"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 fn sha256(s: &str) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(s.as_bytes()))

@@ -22,6 +22,19 @@ async fn rpc(url: &str, token: &str, method: &str, params: Value) -> Value {
     r.json().await.expect("a JSON-RPC answer")
 }
 
+/// The session as its owner sees it.
+async fn view_of(url: &str, session: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{url}/v1/sessions/{session}"))
+        .bearer_auth(OWNER)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()
+}
+
 /// The booking agent exposing its tools, the client token configured.
 async fn exposed_booking() -> (booking::Booking, bindery_tests::sidecar::Sidecar) {
     let b = booking(two_slots(), |t| {
@@ -71,15 +84,7 @@ async fn a_prompt_injected_mcp_client_cannot_fill_a_lookup_nor_answer_for_a_pers
     // It learns the item's token (a leaked view) and forges a retry that
     // answers it, through _meta and through inputResponses.
     let session = result["structuredContent"]["session_id"].as_str().unwrap();
-    let view = reqwest::Client::new()
-        .get(format!("{url}/v1/sessions/{session}"))
-        .bearer_auth(OWNER)
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let view = view_of(&url, session).await;
     let token = view["pending"][0]["continuation_token"].as_str().unwrap();
     let choice = view["pending"][0]["options"][0]["id"].as_str().unwrap();
     let forged_state = {
@@ -101,15 +106,7 @@ async fn a_prompt_injected_mcp_client_cannot_fill_a_lookup_nor_answer_for_a_pers
         let r = rpc(&url, CLIENT, "tools/call", params).await;
         assert_eq!(r["error"]["data"]["error"], "forbidden", "{r}");
     }
-    let after = reqwest::Client::new()
-        .get(format!("{url}/v1/sessions/{session}"))
-        .bearer_auth(OWNER)
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let after = view_of(&url, session).await;
     assert_eq!(after["status"], "waiting_external", "{after}");
     assert_eq!(
         after["pending"][0]["continuation_token"], token,

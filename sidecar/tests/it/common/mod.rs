@@ -118,6 +118,41 @@ exec sleep 120
     format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
 }
 
+/// The output of a session view's last tool result (empty without one).
+pub fn last_tool_output(r: &Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no turns: {}", r.text))
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "tool")
+        .map(|t| t["content"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// The data of the first `kind` event session `id` has stored (the owner
+/// follows its stream from the start), within ten seconds; and the
+/// stream's raw text up to it.
+pub async fn first_event(api: &Api, id: &str, kind: &str) -> (Value, String) {
+    let (status, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200, "the events of session {id}");
+    let mut stream = stream.expect("an event stream");
+    let read = async {
+        while let Some(e) = stream.next().await {
+            if e.event == kind {
+                return serde_json::from_str::<Value>(&e.data).unwrap_or_default();
+            }
+        }
+        Value::Null
+    };
+    let data = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .unwrap_or_else(|_| panic!("no {kind} event in session {id}"));
+    (data, stream.raw.clone())
+}
+
 /// `POST /v1/sessions` as the owner.
 pub async fn create(api: &Api, body: Value) -> Reply {
     api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
