@@ -287,6 +287,15 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             },
         },
     );
+    let webhooks = tree.agents.values().any(|a| {
+        a.spec
+            .approvals
+            .as_ref()
+            .is_some_and(|x| x.webhook.is_some())
+    });
+    if webhooks && a.public_url.is_none() && addr.ip().is_unspecified() {
+        tracing::warn!("an agent has an approval webhook, but its notices' answer links are relative (/v1/approvals/…): give --public-url, the address receivers reach this server at");
+    }
     match crate::session::kube_events::KubeEvents::from_env() {
         Ok(Some(events)) => service.enable_kube_events(events),
         Ok(None) => {}

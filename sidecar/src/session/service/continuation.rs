@@ -184,12 +184,9 @@ impl Service {
             return;
         };
         let key = key.clone();
-        let base = self
-            .cfg
-            .public_url
-            .clone()
-            .or_else(|| self.cfg.advertise.clone())
-            .unwrap_or_default();
+        // Without --public-url the links are relative (`/v1/approvals/…`):
+        // the receiver knows where it reaches the tenant.
+        let base = self.cfg.public_url.clone().unwrap_or_default();
         let items: Vec<serde_json::Value> = self
             .pending_view(rec)
             .into_iter()
