@@ -891,7 +891,7 @@ pub struct JsonRpcResponse {
 #[derive(ToSchema)]
 pub struct JsonRpcError {
     /// -32602 for parameters the session API would refuse (and other
-    /// invalid params), -32001 without an owner token, -32601 for an
+    /// invalid params), -32001 without a token `/mcp` takes, -32601 for an
     /// unknown method, -32600/-32700 for malformed messages; in protocol
     /// 2026-07-28 also -32022 (a version not spoken) and -32020 (a header
     /// that disagrees with the body).

@@ -20,6 +20,9 @@ pub fn compile_error(source: &str) -> Option<String> {
     program(source).err()
 }
 
+/// How many compiled conditions are kept at most.
+const MAX_CACHED: usize = 1024;
+
 fn program(source: &str) -> Result<Arc<cel::Program>, String> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<cel::Program>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -38,10 +41,13 @@ fn program(source: &str) -> Result<Arc<cel::Program>, String> {
             .join("; ")
     })?;
     let compiled = Arc::new(compiled);
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(source.to_string(), compiled.clone());
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    // Agents' files hold a handful of conditions; stored agents may bring
+    // more over time, so the cache never grows past a bound.
+    if cache.len() >= MAX_CACHED {
+        cache.clear();
+    }
+    cache.insert(source.to_string(), compiled.clone());
     Ok(compiled)
 }
 
