@@ -667,3 +667,56 @@ async fn the_session_cli_approves_and_clears_the_taint() {
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(g.outbox().len(), 2);
 }
+
+/// A receiver that redirects notices to another origin does not get them
+/// delivered there: the notice, signed with the tenant's key, goes only to
+/// the origin the agent names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_does_not_follow_a_redirect_to_another_origin() {
+    let (elsewhere, thief) = Receiver::start(0).await;
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post({
+            let to = elsewhere.clone();
+            move || {
+                let to = to.clone();
+                async move { axum::response::Redirect::temporary(&to) }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let g = Guard::start_with(
+        with_webhook(&url),
+        &["--approval-notice-attempts", "1"],
+        &[("BINDERY_PARAM_APPROVALS_KEY", KEY)],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    waiting(&g.message(&id, "mail outsider").await);
+    let mut detail = String::new();
+    for _ in 0..1000 {
+        let s = g
+            .api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        detail = s.json["status_detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if detail.contains("webhook") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(detail.contains("was not followed"), "{detail}");
+    assert!(
+        !detail.contains("/hook"),
+        "the receiver's path in the detail: {detail}"
+    );
+    assert!(
+        thief.deliveries().is_empty(),
+        "the notice reached the other origin"
+    );
+}
