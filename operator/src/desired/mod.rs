@@ -17,7 +17,7 @@ use bindery_sidecar::diagnostic::Level;
 use bindery_sidecar::spec::checks::check_definition;
 use bindery_sidecar::spec::AgentSpec;
 
-pub use render::Objects;
+pub use render::{EventsAccess, Objects};
 
 /// A Secret or ConfigMap as reconcile sees it: its key names and version,
 /// never its values.

@@ -4,13 +4,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapProjection, ConfigMapVolumeSource,
+    Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServiceAccountTokenProjection,
+    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -30,6 +32,53 @@ pub struct Objects {
     pub deployment: Deployment,
     pub service: Service,
     pub claim: Option<PersistentVolumeClaim>,
+    /// For a tenant whose agent tree has an approval webhook: what lets its
+    /// pods post Warning Events on it. None otherwise, and then the pods
+    /// hold no ServiceAccount token at all.
+    pub events_access: Option<EventsAccess>,
+}
+
+/// A Role allowing its holder to create Events in the tenant's namespace
+/// (`events.k8s.io`, nothing else: not read them, not change one), and
+/// its binding to the tenant's ServiceAccount.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventsAccess {
+    pub role: Role,
+    pub binding: RoleBinding,
+}
+
+/// Whether an agent of the tree announces calls that wait for a person to
+/// an approval webhook (whose failures the sidecar reports as Events).
+pub(crate) fn has_webhook(tree: &[TreeAgent<'_>]) -> bool {
+    tree.iter().any(|a| {
+        a.spec
+            .approvals
+            .as_ref()
+            .is_some_and(|p| p.webhook.is_some())
+    })
+}
+
+/// An environment variable from the Pod's own fields (the downward API).
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn literal_env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
 }
 
 /// Variable `name` from a Secret's key, which must exist: the value goes
@@ -340,22 +389,11 @@ pub(crate) fn render(
                 // Replicas forward to each other the requests that need what
                 // one pod holds in memory: each says, with its heartbeat, where
                 // it is reached (its pod IP, from the downward API).
-                EnvVar {
-                    name: "BINDERY_POD_IP".into(),
-                    value_from: Some(EnvVarSource {
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "status.podIP".into(),
-                            api_version: None,
-                        }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                EnvVar {
-                    name: "BINDERY_ADVERTISE_URL".into(),
-                    value: Some(format!("https://$(BINDERY_POD_IP):{PEER_PORT}")),
-                    ..Default::default()
-                },
+                field_env("BINDERY_POD_IP", "status.podIP"),
+                literal_env(
+                    "BINDERY_ADVERTISE_URL",
+                    format!("https://$(BINDERY_POD_IP):{PEER_PORT}"),
+                ),
             ]);
         }
         None => {
@@ -421,6 +459,67 @@ pub(crate) fn render(
         });
         mounts.push(mount("tools", TOOLS_DIR, true));
     }
+    // An approval notice that fails for good is a Warning Event on the
+    // tenant, which the sidecar posts itself: it gets a token of the pod's
+    // ServiceAccount (allowed to create Events and nothing else, by the
+    // Role below), the CA to check the API server with and its namespace.
+    // A tenant without a webhook gets no token at all (the account's and
+    // the pod's automountServiceAccountToken stay false either way).
+    let events_access = has_webhook(tree).then(|| {
+        volumes.push(Volume {
+            name: "events".into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![
+                    VolumeProjection {
+                        service_account_token: Some(ServiceAccountTokenProjection {
+                            path: "token".into(),
+                            expiration_seconds: Some(3600),
+                            audience: None,
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        config_map: Some(ConfigMapProjection {
+                            name: ROOT_CA_CONFIG_MAP.into(),
+                            items: Some(vec![KeyToPath {
+                                key: "ca.crt".into(),
+                                path: "ca.crt".into(),
+                                mode: None,
+                            }]),
+                            optional: None,
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        downward_api: Some(DownwardAPIProjection {
+                            items: Some(vec![DownwardAPIVolumeFile {
+                                path: "namespace".into(),
+                                field_ref: Some(ObjectFieldSelector {
+                                    field_path: "metadata.namespace".into(),
+                                    api_version: None,
+                                }),
+                                ..Default::default()
+                            }]),
+                        }),
+                        ..Default::default()
+                    },
+                ]),
+                default_mode: None,
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("events", EVENTS_DIR, true));
+        env.extend([
+            literal_env("BINDERY_EVENTS_DIR", EVENTS_DIR),
+            literal_env("BINDERY_TENANT", tenant),
+            literal_env(
+                "BINDERY_TENANT_UID",
+                inputs.tenant.metadata.uid.clone().unwrap_or_default(),
+            ),
+            field_env("POD_NAME", "metadata.name"),
+        ]);
+        events_rbac(inputs, owner)
+    });
     let overrides = spec.pod_overrides.clone().unwrap_or_default();
     volumes.extend(overrides.volumes);
     env.extend(overrides.env);
@@ -552,7 +651,37 @@ pub(crate) fn render(
         deployment,
         service,
         claim,
+        events_access,
     }
+}
+
+/// The tenant's Role to create Events, bound to its ServiceAccount.
+fn events_rbac(inputs: &Inputs<'_>, owner: &OwnerReference) -> EventsAccess {
+    let tenant = inputs.tenant_name();
+    let role = Role {
+        metadata: meta(workload(tenant), inputs, owner),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["events.k8s.io".into()]),
+            resources: Some(vec!["events".into()]),
+            verbs: vec!["create".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(workload(tenant), inputs, owner),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: workload(tenant),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: workload(tenant),
+            namespace: inputs.tenant.metadata.namespace.clone(),
+            api_group: None,
+        }]),
+    };
+    EventsAccess { role, binding }
 }
 
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {

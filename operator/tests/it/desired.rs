@@ -36,6 +36,10 @@ fn objects_yaml(d: &Desired) -> String {
     if let Some(c) = &o.claim {
         docs.push(serde_yaml::to_string(c).unwrap());
     }
+    if let Some(a) = &o.events_access {
+        docs.push(serde_yaml::to_string(&a.role).unwrap());
+        docs.push(serde_yaml::to_string(&a.binding).unwrap());
+    }
     docs.join("---\n")
 }
 
@@ -1202,4 +1206,184 @@ fn a_tenant_sets_how_long_idle_sessions_keep_their_secrets_or_turns_it_off() {
     assert_eq!(flag_value(&sidecar_args(&w), flag), None);
     w.tenant.spec.live_session_ttl = Some("off".into());
     assert_eq!(flag_value(&sidecar_args(&w), flag), Some("off"));
+}
+
+/// The example tenant whose agent announces the calls that wait for a
+/// person to an approval webhook, its signing key from the Secret
+/// `acme-approvals`, key `key`.
+fn approval_webhook_world() -> World {
+    let mut w = World::example();
+    let spec = w.agents.get_mut("invoices").unwrap();
+    spec.approvals = Some(
+        from_yaml("{webhook: {url: 'https://approvals.example.com/bindery', signingKey: {param: approvals_key}}}")
+            .unwrap(),
+    );
+    spec.parameters
+        .push(from_yaml("{name: approvals_key, secret: true, scope: process}").unwrap());
+    w.tenant.spec.parameters.push(
+        from_yaml(
+            "{name: approvals_key, valueFrom: {secretKeyRef: {name: acme-approvals, key: key}}}",
+        )
+        .unwrap(),
+    );
+    w.secrets
+        .insert("acme-approvals".into(), obj(&["key"], "500"));
+    w
+}
+
+fn pod_spec(d: &Desired) -> k8s_openapi::api::core::v1::PodSpec {
+    let o = d.objects.as_ref().expect("objects are rendered");
+    let template = &o.deployment.spec.as_ref().unwrap().template;
+    template.spec.clone().unwrap()
+}
+
+/// A tenant whose agent has an approval webhook: a Role that may create
+/// Events in its namespace and do nothing else, bound to the tenant's
+/// ServiceAccount, both owned and labelled like the rest; the sidecar gets
+/// a projected token of that account, the cluster's CA and the namespace,
+/// and the variables that say where they are and which tenant to post on.
+/// The pod and account still mount no token of their own accord.
+#[test]
+fn an_approval_webhook_lets_the_tenant_post_events_and_nothing_more() {
+    let w = approval_webhook_world();
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    golden("acme-approval-webhook.yaml", &objects_yaml(&d));
+    let o = d.objects.as_ref().unwrap();
+    let access = o.events_access.as_ref().expect("a Role and a RoleBinding");
+    let plain = World::example().run();
+    let labels = plain
+        .objects
+        .as_ref()
+        .unwrap()
+        .service
+        .metadata
+        .labels
+        .clone();
+    for meta in [&access.role.metadata, &access.binding.metadata] {
+        assert_eq!(meta.name.as_deref(), Some("acme"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.labels, labels, "labelled like the other owned objects");
+        let owners = meta.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "AgentTenant");
+        assert_eq!(owners[0].uid, "0b7c3b0e-1111-4a4a-9f9f-000000000001");
+        assert_eq!(owners[0].controller, Some(true));
+    }
+    let rules = serde_json::to_value(&access.role.rules).unwrap();
+    assert_eq!(
+        rules,
+        serde_json::json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}])
+    );
+    let binding = serde_json::to_value(&access.binding).unwrap();
+    assert_eq!(
+        binding["roleRef"],
+        serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "acme"})
+    );
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "acme", "namespace": "shop"}])
+    );
+
+    // The token: projected, of the tenant's account, for an hour.
+    let pod = pod_spec(&d);
+    assert_eq!(pod.service_account_name.as_deref(), Some("acme"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        o.service_account.automount_service_account_token,
+        Some(false)
+    );
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "events")
+        .expect("the events volume");
+    assert_eq!(
+        serde_json::to_value(volume).unwrap(),
+        serde_json::json!({"name": "events", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+        ]}})
+    );
+    let sidecar = &pod.containers[0];
+    let mount = sidecar
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "events")
+        .expect("the events mount");
+    assert_eq!(mount.mount_path, "/var/run/secrets/bindery/events");
+    assert_eq!(mount.read_only, Some(true));
+    let env = sidecar_env(&d);
+    let var = |name: &str| {
+        let found: Vec<_> = env.iter().filter(|e| e.name == name).collect();
+        assert_eq!(found.len(), 1, "{name}: {env:?}");
+        serde_json::to_value(found[0]).unwrap()
+    };
+    assert_eq!(
+        var("BINDERY_EVENTS_DIR")["value"],
+        "/var/run/secrets/bindery/events"
+    );
+    assert_eq!(var("BINDERY_TENANT")["value"], "acme");
+    assert_eq!(
+        var("BINDERY_TENANT_UID")["value"],
+        "0b7c3b0e-1111-4a4a-9f9f-000000000001"
+    );
+    assert_eq!(
+        var("POD_NAME")["valueFrom"],
+        serde_json::json!({"fieldRef": {"fieldPath": "metadata.name"}})
+    );
+    // The signing key, like any secret parameter: a secretKeyRef only.
+    let key = var("BINDERY_PARAM_APPROVALS_KEY");
+    assert!(key.get("value").is_none(), "{key}");
+    assert_eq!(
+        key["valueFrom"]["secretKeyRef"],
+        serde_json::json!({"name": "acme-approvals", "key": "key", "optional": false})
+    );
+}
+
+/// Without a webhook anywhere in the tree: no Role, no RoleBinding, no
+/// token, no variables for Events (the example tenant, and one whose
+/// agents have approvals without a webhook). A helper's webhook counts:
+/// its failures are the tenant's Events too.
+#[test]
+fn only_a_webhook_somewhere_in_the_tree_brings_a_token_and_a_role() {
+    let bare = |d: &Desired| {
+        let o = d.objects.as_ref().expect("objects are rendered");
+        let yaml = objects_yaml(d);
+        o.events_access.is_none()
+            && !yaml.contains("serviceAccountToken")
+            && !yaml.contains("kube-root-ca.crt")
+            && !yaml.contains("BINDERY_EVENTS_DIR")
+            && !yaml.contains("BINDERY_TENANT")
+            && !yaml.contains("POD_NAME")
+            && !pod_spec(d)
+                .volumes
+                .iter()
+                .flatten()
+                .any(|v| v.projected.is_some())
+    };
+    assert!(bare(&World::example().run()));
+    let mut no_hook = World::example();
+    no_hook.agents.get_mut("invoices").unwrap().approvals = Some(from_yaml("{}").unwrap());
+    assert!(bare(&no_hook.run()));
+
+    // The webhook on a helper of the tenant's agent.
+    let mut w = approval_webhook_world();
+    let support: AgentSpec =
+        from_yaml("{model: {url: 'http://model', name: m}, helpers: [{agent: invoices}]}").unwrap();
+    w.agents.insert("support".into(), support);
+    w.tenant.spec.agent_ref.name = "support".into();
+    let d = w.run();
+    assert_eq!(
+        cond(&d, "ParametersResolved").status,
+        "True",
+        "{:?}",
+        d.status.conditions
+    );
+    assert!(!bare(&d));
+    assert!(d.objects.unwrap().events_access.is_some());
 }
