@@ -30,6 +30,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
 
@@ -251,8 +252,10 @@ type OwnedApis = (
 /// The requests of a tenant's first reconcile: GET the tenant, its two
 /// Secrets, its tools ConfigMap and its Deployment; create the owner-token
 /// Secret; apply the ConfigMap, ServiceAccount, Deployment and Service;
-/// list (by metadata) what it owns of each of five kinds; apply its status.
-const FIRST_RECONCILE: usize = 16;
+/// list (by metadata) what it owns of each of seven kinds (the five, and
+/// the Role and RoleBinding of a tenant with an approval webhook); apply
+/// its status.
+const FIRST_RECONCILE: usize = 18;
 
 /// An object as the operator sends it: read back from namespace `NS`,
 /// without what the API server sets (status, uid, owners...), named `name`
@@ -358,6 +361,8 @@ async fn writes_floor(emu: &ControlPlane, tenants: Api<AgentTenant>, n: usize) -
 
     let (deployments, services, accounts, config_maps, secrets) = at(FLOOR);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), FLOOR);
+    let roles: Api<Role> = Api::namespaced(client.clone(), FLOOR);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), FLOOR);
     let apply = PatchParams::apply(names::FIELD_MANAGER).force();
     let t = Instant::now();
     futures::stream::iter(0..n)
@@ -372,6 +377,7 @@ async fn writes_floor(emu: &ControlPlane, tenants: Api<AgentTenant>, n: usize) -
                 secrets.clone(),
                 claims.clone(),
             );
+            let (roles, bindings) = (roles.clone(), bindings.clone());
             let (deployment, service, account, config_map, token, status, apply) = (
                 &deployment,
                 &service,
@@ -416,6 +422,8 @@ async fn writes_floor(emu: &ControlPlane, tenants: Api<AgentTenant>, n: usize) -
                 accounts.list_metadata(&by_label).await.unwrap();
                 deployments.list_metadata(&by_label).await.unwrap();
                 services.list_metadata(&by_label).await.unwrap();
+                roles.list_metadata(&by_label).await.unwrap();
+                bindings.list_metadata(&by_label).await.unwrap();
                 tenants
                     .patch_status(
                         &name,

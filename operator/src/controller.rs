@@ -12,6 +12,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
@@ -184,6 +185,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns_stream(owned_changes::<PersistentVolumeClaim>(
             &client, &namespace, &scope,
         ))
+        .owns_stream(owned_changes::<Role>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<RoleBinding>(&client, &namespace, &scope))
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
         .watches_stream(agent_changes, move |agent: Agent| {
@@ -518,11 +521,18 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         if let Some(claim) = &o.claim {
             sent |= apply::<PersistentVolumeClaim>(c, own, &ns, claim).await?;
         }
+        // Before the pods that use it: their first Event is allowed.
+        if let Some(a) = &o.events_access {
+            sent |= apply(c, own, &ns, &a.role).await?;
+            sent |= apply(c, own, &ns, &a.binding).await?;
+        }
         sent |= apply(c, own, &ns, &o.deployment).await?;
         sent |= apply(c, own, &ns, &o.service).await?;
         // What the tenant owns and no longer asks for goes, by its label:
-        // a claim once its store is PostgreSQL, objects an older operator
-        // named otherwise. Only after the new Deployment is applied (its
+        // a claim once its store is PostgreSQL, the Role and RoleBinding
+        // for Events once no agent has an approval webhook (after the
+        // Deployment whose pods no longer hold a token), objects an older
+        // operator named otherwise. Only after the new Deployment is applied (its
         // pods no longer mount the claim), and only when something was
         // sent: nothing applied, nothing the tenant asks for changed. A
         // restarted operator sends everything once, so what an interrupted
@@ -536,6 +546,18 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             prune::<PersistentVolumeClaim>(c, own, &ns, tenant, &claims).await?;
             prune::<Deployment>(c, own, &ns, tenant, &one(&o.deployment.metadata)).await?;
             prune::<Service>(c, own, &ns, tenant, &one(&o.service.metadata)).await?;
+            let roles: Vec<String> = o
+                .events_access
+                .iter()
+                .map(|a| name_of(&a.role.metadata))
+                .collect();
+            prune::<Role>(c, own, &ns, tenant, &roles).await?;
+            let bindings: Vec<String> = o
+                .events_access
+                .iter()
+                .map(|a| name_of(&a.binding.metadata))
+                .collect();
+            prune::<RoleBinding>(c, own, &ns, tenant, &bindings).await?;
         }
     }
     let previous: Vec<String> = tenant

@@ -97,6 +97,14 @@ list against what the operator asked of a real API server, its audit log):
 - apiGroups: [""]
   resources: ["services", "serviceaccounts", "persistentvolumeclaims"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# A tenant whose agents have an approval webhook: a Role letting its pods'
+# ServiceAccount create Events (and nothing else) and its RoleBinding, owned
+# and applied like the kinds above, deleted once no agent has a webhook. The
+# API server lets the operator grant only what it holds itself: Events
+# create, below.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Secrets: watched by metadata, read for their key names (never their
 # values), and the generated owner-token Secret created once. No update,
 # patch or delete: the operator never changes a Secret.
