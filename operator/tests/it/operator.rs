@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Event, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::events::v1::Event as NewEvent;
-use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -1608,6 +1608,10 @@ fn strays(tenant: &AgentTenant, suffix: &str) -> String {
         format!(
             "apiVersion: apps/v1\nkind: Deployment\n{meta}spec:\n  replicas: 0\n  selector: {{matchLabels: {{old: {name}}}}}\n  template:\n    metadata: {{labels: {{old: {name}}}}}\n    spec: {{containers: [{{name: c, image: old}}]}}\n"
         ),
+        format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n{meta}rules: []\n"),
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n{meta}roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}-{suffix}}}\nsubjects: [{{kind: ServiceAccount, name: {name}}}]\n"
+        ),
     ]
     .join("---\n")
 }
@@ -1642,7 +1646,14 @@ async fn what_a_tenant_no_longer_wants_is_deleted_and_what_it_wants_comes_back()
             })
             .await
     };
-    for kind in ["configmap", "serviceaccount", "service", "deployment"] {
+    for kind in [
+        "configmap",
+        "serviceaccount",
+        "service",
+        "deployment",
+        "role",
+        "rolebinding",
+    ] {
         gone(kind).await;
     }
     // What the tenant wants is all there; the platform team's note stays.
@@ -2109,5 +2120,128 @@ async fn an_approver_token_waits_for_its_secret() {
         assert!(!log.contains(value), "{value} is in the operator's log");
     }
     cluster.assert_warnings_once("acme").await;
+    cluster.assert_operator_refused_nothing();
+}
+
+/// The example agent with an approval webhook (its signing key the secret
+/// process parameter `approvals_key`), or, with `webhook` false, only that
+/// parameter: what the tenant maps stays declared either way.
+fn agent_with_webhook(webhook: bool) -> String {
+    let agent = agent_with_parameter(
+        "    - name: approvals_key\n      secret: true\n      scope: process\n",
+    );
+    if !webhook {
+        return agent;
+    }
+    let anchor = "\nspec:\n";
+    assert!(agent.contains(anchor), "examples/k8s/agent.yaml changed");
+    agent.replacen(
+        anchor,
+        "\nspec:\n  approvals:\n    webhook:\n      url: https://approvals.example.com/bindery\n      signingKey: {param: approvals_key}\n",
+        1,
+    )
+}
+
+/// Whether the ServiceAccount `account` of `ns` may `verb` `resource`
+/// there, as the real API server's RBAC says (`kubectl auth can-i`).
+fn can_i(cluster: &Cluster, account: &str, verb: &str, resource: &str) -> bool {
+    let user = ControlPlane::service_account_user(&cluster.ns, account);
+    let out = cluster.try_kubectl(&["auth", "can-i", verb, resource, "--as", &user]);
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl auth can-i {verb} {resource}: {answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
+/// A tenant whose agent has an approval webhook gets, on the real API
+/// server, a Role and RoleBinding (owned, labelled) that let its
+/// ServiceAccount create Events in its namespace and do nothing else, and
+/// pods with a projected token of that account; once the webhook goes, so
+/// do the Role, the RoleBinding and the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_webhook_gives_the_tenant_leave_to_create_events_and_no_more() {
+    let cluster = Cluster::start("webhook").await;
+    cluster.apply_examples();
+    cluster.apply(&agent_with_webhook(true));
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-approvals\ntype: Opaque\nstringData:\n  key: whsec-canary-3d9e71\n",
+    );
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    let anchor = "  tools:\n";
+    assert!(tenant.contains(anchor), "examples/k8s/tenant.yaml changed");
+    cluster.apply(&tenant.replacen(
+        anchor,
+        "    - name: approvals_key\n      valueFrom:\n        secretKeyRef: {name: acme-approvals, key: key}\n  tools:\n",
+        1,
+    ));
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+    let role: Role = cluster.wait_object("acme").await;
+    let binding: RoleBinding = cluster.wait_object("acme").await;
+    for meta in [&role.metadata, &binding.metadata] {
+        assert!(owned_by(meta, &t), "{meta:?}");
+        assert_eq!(
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get("bindery.dev/tenant")),
+            Some(&"acme".to_string())
+        );
+    }
+    // What the real RBAC makes of them: Events created, nothing else.
+    assert!(can_i(&cluster, "acme", "create", "events.events.k8s.io"));
+    for (verb, resource) in [
+        ("get", "events.events.k8s.io"),
+        ("list", "events.events.k8s.io"),
+        ("patch", "events.events.k8s.io"),
+        ("create", "events"),
+        ("get", "secrets"),
+        ("list", "pods"),
+        ("get", "agenttenants.bindery.dev"),
+        ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ] {
+        assert!(
+            !can_i(&cluster, "acme", verb, resource),
+            "{verb} {resource}"
+        );
+    }
+    // Another tenant's account gets nothing from them.
+    assert!(!can_i(
+        &cluster,
+        "default",
+        "create",
+        "events.events.k8s.io"
+    ));
+    // The pods: a projected token of the tenant's account, nothing mounted
+    // by the ServiceAccount admission (automount stays off).
+    let volumes = async || -> Vec<String> {
+        let d: Deployment = cluster.api().get("acme").await.unwrap();
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        pod.volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| v.projected.is_some())
+            .map(|v| v.name)
+            .collect()
+    };
+    assert_eq!(volumes().await, ["events"]);
+
+    // The webhook goes: the Role, the RoleBinding and the token follow.
+    cluster.apply(&agent_with_webhook(false));
+    cluster
+        .wait("the Role and RoleBinding to be deleted", async || {
+            let role = cluster.api::<Role>().get_opt("acme").await.unwrap();
+            let binding = cluster.api::<RoleBinding>().get_opt("acme").await.unwrap();
+            match (role, binding) {
+                (None, None) => Ok(()),
+                left => Err(format!("{left:?}")),
+            }
+        })
+        .await;
+    assert!(volumes().await.is_empty());
+    assert!(!can_i(&cluster, "acme", "create", "events.events.k8s.io"));
     cluster.assert_operator_refused_nothing();
 }
