@@ -1,6 +1,7 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
 pub mod control_plane;
+pub mod eventually;
 pub mod helm;
 pub mod kubectl;
 pub mod kubelet;

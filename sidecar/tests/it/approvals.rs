@@ -361,15 +361,29 @@ impl Receiver {
 
     /// Until `n` deliveries came.
     async fn until(&self, n: usize) -> Vec<Delivery> {
-        for _ in 0..2000 {
+        let what = format!("{n} deliveries come");
+        eventually(&what, PATIENCE, || {
             let d = self.deliveries();
-            if d.len() >= n {
-                return d;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("{n} deliveries did not come: {:?}", self.deliveries());
+            std::future::ready((d.len() >= n).then_some(d))
+        })
+        .await
     }
+}
+
+/// The session's `status_detail` once it says how its notice went.
+async fn notice_detail(g: &Guard, id: &str) -> String {
+    eventually("the session tells of its notice", PATIENCE, || async {
+        let s = g
+            .api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        let detail = s.json["status_detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        detail.contains("webhook").then_some(detail)
+    })
+    .await
 }
 
 /// The guard example with an approval webhook to `url`, its signing key a
@@ -520,21 +534,7 @@ async fn a_notice_that_fails_for_good_shows_in_the_session() {
     let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
     waiting(&g.message(&id, "mail outsider").await);
     receiver.until(2).await;
-    let mut detail = String::new();
-    for _ in 0..1000 {
-        let s = g
-            .api
-            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-            .await;
-        detail = s.json["status_detail"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if detail.contains("webhook") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let detail = notice_detail(&g, &id).await;
     assert!(
         detail.contains("the approval webhook could not be told"),
         "{detail}"
@@ -695,21 +695,7 @@ async fn a_notice_does_not_follow_a_redirect_to_another_origin() {
     .await;
     let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
     waiting(&g.message(&id, "mail outsider").await);
-    let mut detail = String::new();
-    for _ in 0..1000 {
-        let s = g
-            .api
-            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-            .await;
-        detail = s.json["status_detail"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if detail.contains("webhook") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let detail = notice_detail(&g, &id).await;
     assert!(detail.contains("was not followed"), "{detail}");
     assert!(
         !detail.contains("/hook"),

@@ -454,40 +454,29 @@ async fn a_client_that_goes_away_cancels_its_run() {
         .send();
     let pending = tokio::spawn(request);
     // Wait until the model has the request: the run is in flight.
-    for _ in 0..1000 {
-        if w.mock.request_count() > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the model gets the request", PATIENCE, || {
+        w.mock.request_count() > 0
+    })
+    .await;
     assert_eq!(w.mock.request_count(), 1);
     pending.abort();
     let _ = pending.await;
 
-    let mut last = Value::Null;
-    for _ in 0..1000 {
+    let last = eventually("the cancelled run's session is idle", PATIENCE, || async {
         let r = api.call("GET", "/v1/sessions", Some(OWNER), None).await;
-        last = r.json["sessions"][0].clone();
-        if last["status"] == "idle" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(last["status"], "idle", "{last}");
+        let last = r.json["sessions"][0].clone();
+        (last["status"] == "idle").then_some(last)
+    })
+    .await;
     let id = last["session_id"].as_str().unwrap();
     // The run records its end first; its secrets are dropped right after.
-    let mut r = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
-    for _ in 0..1000 {
-        if r.json["secret_params"] == json!([]) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        r = api
+    let r = eventually("the session's secrets are dropped", PATIENCE, || async {
+        let r = api
             .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
             .await;
-    }
+        (r.json["secret_params"] == json!([])).then_some(r)
+    })
+    .await;
     assert_eq!(r.json["status_detail"], "cancelled", "{}", r.text);
     assert_eq!(r.json["secret_params"], json!([]), "{}", r.text);
 }

@@ -12,9 +12,6 @@ use serde_json::{json, Value};
 /// An id no session has.
 const NO_SUCH_SESSION: &str = "00000000-0000-4000-8000-000000000000";
 
-/// How long a test waits for something that should happen at once.
-const PATIENCE: Duration = Duration::from_secs(30);
-
 /// `tool_then_answer`, except that a user message mentioning "slow" is
 /// answered only after two minutes: a run that stays in progress.
 fn slow_when_asked(req: &Value) -> MockReply {
@@ -46,15 +43,8 @@ fn slow_tool_when_asked(req: &Value) -> MockReply {
 
 /// Wait (bounded) until the mock has received `n` requests.
 async fn until_requests(mock: &MockLlm, n: usize) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while mock.request_count() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the model got {} requests, not {n}",
-            mock.request_count()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("the model gets {n} requests");
+    until(&what, PATIENCE, || mock.request_count() >= n).await;
 }
 
 fn id_of(r: &Reply) -> String {

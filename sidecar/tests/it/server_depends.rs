@@ -301,17 +301,11 @@ async fn match_selects_exactly_one_and_asks_for_several_or_none() {
 
 /// Polls the session until `ok` holds for it.
 async fn until(api: &Api, id: &str, ok: impl Fn(&Reply) -> bool) -> Reply {
-    for _ in 0..400 {
+    eventually("the session gets there", PATIENCE, || async {
         let r = session(api, id).await;
-        if ok(&r) {
-            return r;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!(
-        "the session never got there: {}",
-        session(api, id).await.text
-    );
+        ok(&r).then_some(r)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -305,15 +305,11 @@ async fn an_unanswered_confirmation_expires_as_not_approved() {
     let r = waiting(&api, "delete invoice 7").await;
     assert!(r.json["pending"][0]["expires_at"].is_string(), "{}", r.text);
     let (id, token) = (id_of(&r), token_of(&r));
-    let mut view = r;
-    for _ in 0..200 {
-        if view.json["status"] == "idle" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        view = on_session(&api, "GET", &id, "", None).await;
-    }
-    assert_eq!(view.json["status"], "idle", "{}", view.text);
+    let view = eventually("the confirmation expires", PATIENCE, || async {
+        let view = on_session(&api, "GET", &id, "", None).await;
+        (view.json["status"] == "idle").then_some(view)
+    })
+    .await;
     assert!(
         last_tool_output(&view).contains("nobody approved this call in time"),
         "{}",

@@ -100,12 +100,10 @@ async fn a_run_cut_by_a_crash_is_failed_not_retried() {
     let id = session_id(&r);
     assert_eq!(r.json["status"], "running");
     // Wait until the model has the request: the run is really in flight.
-    for _ in 0..500 {
-        if w.mock.request_count() > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the model gets the request", PATIENCE, || {
+        w.mock.request_count() > 0
+    })
+    .await;
     assert_eq!(w.mock.request_count(), 1);
     sidecar.kill();
     let (_sidecar, api) = w.start(&[], &[]);

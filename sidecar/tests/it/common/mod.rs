@@ -8,6 +8,9 @@ pub mod callbacks;
 
 use std::path::{Path, PathBuf};
 
+// Benches include this file too, and wait on nothing.
+#[allow(unused_imports)]
+pub use bindery_tests::eventually::{eventually, until, PATIENCE};
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
 use serde_json::{json, Value};
