@@ -7,7 +7,12 @@
 //! each of its ports reaches its ready Pods ([`Kubelet::service_address`]),
 //! and every container sees its namespace's Services by name in its
 //! `/etc/hosts` (`NAME`, `NAME.NS`, `NAME.NS.svc`, `NAME.NS.svc.cluster.local`),
-//! as cluster DNS would give them.
+//! as cluster DNS would give them. Every container also gets
+//! `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`, as a kubelet
+//! gives those of the `kubernetes` Service whatever `enableServiceLinks`
+//! says: here the real API server's own address (`127.0.0.1` and its
+//! port), whose serving certificate the CA each namespace's
+//! `kube-root-ca.crt` publishes verifies for that host.
 //!
 //! A container's image is mapped to a local program; its volumes
 //! (ConfigMap, Secret, emptyDir, PersistentVolumeClaim) are directories
@@ -78,9 +83,20 @@ impl Kubelet {
     ) -> Kubelet {
         let node = format!("kubelet-{}", &crate::control_plane::random_token()[..10]);
         let kubeconfig = plane.kubeconfig(ADMIN).to_path_buf();
+        let api = reqwest::Url::parse(&plane.url).expect("the API server's URL");
         let shared = Shared {
             node: node.clone(),
             root: root.to_path_buf(),
+            // A bare address, as the variable holds it (an IPv6 one too).
+            api_host: api
+                .host_str()
+                .expect("the API server's host")
+                .trim_matches(['[', ']'])
+                .to_string(),
+            api_port: api
+                .port_or_known_default()
+                .expect("the API server's port")
+                .to_string(),
             images: images
                 .iter()
                 .map(|(i, p)| (i.to_string(), p.to_path_buf()))
@@ -157,6 +173,10 @@ type Proxies = Mutex<HashMap<(String, String), Vec<tokio::task::JoinHandle<()>>>
 struct Shared {
     node: String,
     root: PathBuf,
+    /// Where containers reach the API server: `KUBERNETES_SERVICE_HOST`
+    /// and `KUBERNETES_SERVICE_PORT`.
+    api_host: String,
+    api_port: String,
     images: HashMap<String, PathBuf>,
 }
 
@@ -535,6 +555,16 @@ async fn launch(
             std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
         ),
         ("HOSTNAME".into(), me.name.clone()),
+        // The `kubernetes` Service, as a kubelet gives it to every
+        // container: the real API server (its certificate names 127.0.0.1).
+        (
+            "KUBERNETES_SERVICE_HOST".into(),
+            state.shared.api_host.clone(),
+        ),
+        (
+            "KUBERNETES_SERVICE_PORT".into(),
+            state.shared.api_port.clone(),
+        ),
     ];
     for e in c.env.iter().flatten() {
         if let Some(value) = env_value(state, pod, me, e).await? {

@@ -2,7 +2,10 @@
 //! a Deployment's Pods run as local processes and become ready through
 //! their probe, so the real controllers count them; a Service reaches them
 //! at its address and by name from a Pod; a Pod that may not restart ends
-//! `Succeeded` or `Failed`; a deleted Deployment's Pods stop and go.
+//! `Succeeded` or `Failed`; a deleted Deployment's Pods stop and go; a
+//! container reaches the API server where `KUBERNETES_SERVICE_HOST` and
+//! `KUBERNETES_SERVICE_PORT` say, checking it with the CA of
+//! `kube-root-ca.crt`, as its projected ServiceAccount token.
 
 use std::time::{Duration, Instant};
 
@@ -199,4 +202,124 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
         .send()
         .await;
     assert!(reached.is_err(), "the Service still answers: {reached:?}");
+}
+
+/// As a real kubelet does, the stand-in tells every container where the
+/// API server is (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`,
+/// with `enableServiceLinks: false` too), and the server's certificate
+/// verifies for that host against the CA the namespace's
+/// `kube-root-ca.crt` publishes: a Pod with the projected volume a
+/// ServiceAccount token comes in (token, CA, namespace) asks the server who
+/// it is, over TLS checked with that CA only, and is told its account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_reach_the_api_server_with_the_published_ca_as_their_account() {
+    let plane = ControlPlane::shared();
+    let ns = "kubelet-api";
+    plane.kubectl_ok(ADMIN, &["create", "namespace", ns]);
+    let dir = tempfile::tempdir().unwrap();
+    let sh = program("sh");
+    program("curl");
+    let _kubelet = Kubelet::start(
+        plane,
+        &[ns],
+        &[("shell", sh.as_path())],
+        &dir.path().join("pods"),
+    );
+    let client = plane.client(ADMIN).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns);
+    // Published by the controller manager in every namespace, as is the
+    // namespace's `default` ServiceAccount.
+    let ca = wait(
+        "kube-root-ca.crt in the namespace",
+        async || match config_maps.get_opt("kube-root-ca.crt").await {
+            Ok(Some(c)) => c
+                .data
+                .and_then(|d| d.get("ca.crt").cloned())
+                .ok_or_else(|| "no ca.crt".to_string()),
+            Ok(None) => Err("not yet".into()),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .await;
+    let accounts =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), ns);
+    wait("the default ServiceAccount", async || {
+        match accounts.get_opt("default").await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let dir_in_pod = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        r#"echo "api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT"
+curl -sS --fail --cacert {dir_in_pod}/ca.crt \
+  -H "Authorization: Bearer $(cat {dir_in_pod}/token)" -H 'Content-Type: application/json' \
+  -d '{{"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}}' \
+  "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/apis/authentication.k8s.io/v1/selfsubjectreviews"
+echo
+echo "namespace=$(cat {dir_in_pod}/namespace)""#
+    );
+    let who: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "who"},
+        "spec": {
+            "restartPolicy": "Never",
+            "enableServiceLinks": false,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "who", "image": "shell", "command": ["sh", "-c", script],
+                "volumeMounts": [{"name": "api", "mountPath": dir_in_pod, "readOnly": true}],
+            }],
+            "volumes": [{"name": "api", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+            ]}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &who).await.unwrap();
+    let log_file = dir.path().join("pods").join(ns).join("who").join("who.log");
+    wait("the Pod to succeed", async || {
+        let p = pods.get("who").await.map_err(|e| e.to_string())?;
+        match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => Ok(()),
+            other => Err(format!(
+                "{other:?}: {:?}\nlog: {}",
+                p.status,
+                std::fs::read_to_string(&log_file).unwrap_or_default()
+            )),
+        }
+    })
+    .await;
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    let url = reqwest::Url::parse(&plane.url).unwrap();
+    let address = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    assert!(log.contains(&format!("api={address}\n")), "{log}");
+    let review: serde_json::Value = log
+        .find('{')
+        .zip(log.rfind('}'))
+        .and_then(|(from, to)| serde_json::from_str(&log[from..=to]).ok())
+        .unwrap_or_else(|| panic!("no SelfSubjectReview in the log: {log}"));
+    assert_eq!(
+        review["status"]["userInfo"]["username"],
+        format!("system:serviceaccount:{ns}:default"),
+        "{log}"
+    );
+    assert!(log.contains(&format!("namespace={ns}\n")), "{log}");
+
+    // The same check from here: the published CA, and nothing else, is
+    // enough for that host.
+    let http = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(ca.as_bytes()).unwrap()])
+        .no_proxy()
+        .build()
+        .unwrap();
+    let version = http
+        .get(format!("https://{address}/version"))
+        .send()
+        .await
+        .expect("the API server's certificate verifies against kube-root-ca.crt");
+    assert!(version.status().is_success(), "{version:?}");
 }
