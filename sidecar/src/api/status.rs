@@ -23,7 +23,7 @@ mod tests {
 
     #[test]
     fn the_statuses_the_api_promises() {
-        // The validation table's codes (README, /openapi.json).
+        // The validation table's codes (docs/session-api.md, /openapi.json).
         assert_eq!(of(ErrorKind::Invalid).as_u16(), 422);
         assert_eq!(of(ErrorKind::Forbidden).as_u16(), 403);
         assert_eq!(of(ErrorKind::Conflict).as_u16(), 409);

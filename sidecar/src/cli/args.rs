@@ -233,7 +233,7 @@ pub enum Command {
         tool_cache_ttl: u64,
         /// Keep agents the owner sends over the API (PUT /v1/agents/SLUG)
         /// in the store. They may use only toolboxes that run no code on
-        /// this server (see README, Stored agents).
+        /// this server (see docs/agents.md, Stored agents).
         #[arg(long, env = "BINDERY_STORED_AGENTS")]
         stored_agents: bool,
         /// Where the agents loaded at start come from, as GET /v1/agents

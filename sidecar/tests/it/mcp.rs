@@ -251,7 +251,7 @@ fn agents_exe_mcp_servers_load_unchanged() {
     assert!(!out.contains(TOKEN) && !err.contains(TOKEN));
 }
 
-/// README's example, as README says to try it.
+/// The example of docs/agents.md (MCP toolboxes), as it says to try it.
 #[test]
 fn the_example_agent_lists_and_calls_its_server() {
     everything();

@@ -3,7 +3,7 @@
 //! `describe` parser, the OpenAPI document loader and the bindings
 //! combinator. None may panic, and each keeps its promise on the inputs it
 //! accepts. `cargo test` runs proptest's default case count (256, or
-//! `PROPTEST_CASES`); README shows a longer run.
+//! `PROPTEST_CASES`); docs/benchmarks.md shows a longer run.
 
 use std::sync::Arc;
 

@@ -89,7 +89,7 @@ fn disabled() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
         "stored_agents_disabled",
-        "this server keeps no agents sent over the API; start it with --stored-agents to allow it (see README, Stored agents)",
+        "this server keeps no agents sent over the API; start it with --stored-agents to allow it (see docs/agents.md, Stored agents)",
     )
 }
 
