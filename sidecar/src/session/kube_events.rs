@@ -10,12 +10,25 @@
 //! the notice's URL, the call's arguments and the key stay out of it.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
 /// Where the projected volume puts the token, the CA and the namespace.
 pub const DIR_ENV: &str = "BINDERY_EVENTS_DIR";
+
+/// The most an Event's note may hold, in bytes (the API server counts
+/// bytes).
+const NOTE_LIMIT: usize = 1024;
+
+/// `text` cut to at most `limit` bytes, on a character boundary.
+fn cut(text: &str, limit: usize) -> &str {
+    let mut end = text.len().min(limit);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 pub struct KubeEvents {
     client: reqwest::Client,
@@ -81,21 +94,22 @@ impl KubeEvents {
         }))
     }
 
-    /// Record a Warning with `reason` and `note` on the tenant. A failure
-    /// is logged, never raised: an Event is a courtesy, the session and
-    /// the metrics say it too.
-    pub async fn warn(&self, reason: &str, action: &str, note: &str) {
-        let event = json!({
+    /// The Event of a Warning with `reason`, `action` and `note` on the
+    /// tenant, at `now`.
+    fn event(&self, reason: &str, action: &str, note: &str, now: SystemTime) -> serde_json::Value {
+        json!({
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"generateName": format!("{}.", self.tenant), "namespace": self.namespace},
-            "eventTime": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            // The API server checks the prefix as a name (a trailing `-`
+            // aside): `acme.` would be refused.
+            "metadata": {"generateName": format!("{}-", self.tenant), "namespace": self.namespace},
+            "eventTime": humantime::format_rfc3339_micros(now).to_string(),
             "reportingController": "bindery.dev/sidecar",
             "reportingInstance": self.instance,
             "action": action,
             "reason": reason,
             "type": "Warning",
-            "note": note.chars().take(1024).collect::<String>(),
+            "note": cut(note, NOTE_LIMIT),
             "regarding": {
                 "apiVersion": "bindery.dev/v1alpha1",
                 "kind": "AgentTenant",
@@ -103,7 +117,14 @@ impl KubeEvents {
                 "namespace": self.namespace,
                 "uid": self.uid,
             },
-        });
+        })
+    }
+
+    /// Record a Warning with `reason` and `note` on the tenant. A failure
+    /// is logged, never raised: an Event is a courtesy, the session and
+    /// the metrics say it too.
+    pub async fn warn(&self, reason: &str, action: &str, note: &str) {
+        let event = self.event(reason, action, note, SystemTime::now());
         // Read each time: a projected token is renewed while the pod runs.
         let token = match std::fs::read_to_string(&self.token) {
             Ok(t) => t,
@@ -126,16 +147,84 @@ impl KubeEvents {
             Ok(r) if r.status().is_success() => {
                 tracing::info!(reason, "a Warning Event was recorded on the AgentTenant")
             }
-            Ok(r) => tracing::warn!(
-                reason,
-                status = r.status().as_u16(),
-                "the API server refused a Kubernetes Event"
-            ),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                // Its Status says why (a field of the Event, never a value
+                // of the session's).
+                let why = r
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    reason,
+                    status,
+                    "the API server refused a Kubernetes Event: {why}"
+                )
+            }
             Err(e) => tracing::warn!(
                 reason,
                 "cannot record a Kubernetes Event: {}",
                 e.without_url()
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events() -> KubeEvents {
+        KubeEvents {
+            client: reqwest::Client::new(),
+            url: String::new(),
+            token: PathBuf::new(),
+            namespace: "shop".into(),
+            tenant: "acme".into(),
+            uid: "0b7c3b0e-1111-4a4a-9f9f-000000000001".into(),
+            instance: "acme-7d4b9c-x2x5q".into(),
+        }
+    }
+
+    #[test]
+    fn the_event_is_what_events_k8s_io_v1_accepts() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_micros(1_764_614_400_000_001);
+        let e = events().event("ApprovalNoticeFailed", "Notify", "why", at);
+        // A generateName is checked as a DNS subdomain once a trailing `-`
+        // is set aside.
+        let prefix = e["metadata"]["generateName"].as_str().unwrap();
+        assert_eq!(prefix, "acme-");
+        let name = prefix.trim_end_matches('-');
+        assert!(
+            name.split('.').all(|label| !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')),
+            "{prefix}"
+        );
+        // MicroTime: microseconds, UTC.
+        assert_eq!(e["eventTime"], "2025-12-01T18:40:00.000001Z");
+        assert_eq!(e["type"], "Warning");
+        assert_eq!(e["reportingController"], "bindery.dev/sidecar");
+        assert_eq!(e["reportingInstance"], "acme-7d4b9c-x2x5q");
+        assert_eq!(
+            e["regarding"],
+            json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "AgentTenant", "name": "acme",
+                   "namespace": "shop", "uid": "0b7c3b0e-1111-4a4a-9f9f-000000000001"})
+        );
+    }
+
+    #[test]
+    fn a_long_note_is_cut_to_1024_bytes_on_a_character_boundary() {
+        let note = "é".repeat(1000);
+        let e = events().event("R", "A", &note, SystemTime::UNIX_EPOCH);
+        let cut = e["note"].as_str().unwrap();
+        assert_eq!(cut.len(), 1024);
+        assert!(note.starts_with(cut));
+        assert_eq!(super::cut("short", 1024), "short");
     }
 }
