@@ -7,7 +7,10 @@
 //! real control plane (installed with `helm install`; the tenants' pods run
 //! by the test kubelet), the operator reconciles tenants installed from the
 //! tenant chart, as the chart's ServiceAccount, and its RBAC grants exactly
-//! what the operator asked for (the API server's audit).
+//! what the operator asked for (the API server's audit); and an approval
+//! notice its receiver refuses is a Warning Event on the tenant, posted by
+//! the sidecar in the tenant's pod with the token the operator gives a
+//! tenant whose agents have a webhook (and only such a tenant).
 //!
 //! Needs helm (`tests/helm/install-helm.sh`), the control plane
 //! (`tests/control-plane/build.sh`) and the Python tools of
@@ -52,6 +55,7 @@ fn renders() -> Vec<Render> {
         Render::new(TENANT, "initech").values("tests/charts/tenant-inline-agent.yaml"),
         Render::new(TENANT, "acme").values("tests/charts/tenant-postgres.yaml"),
         Render::new(TENANT, "acme").values("tests/charts/tenant-network-policy.yaml"),
+        Render::new(TENANT, "hooli").values("tests/charts/tenant-approval-webhook.yaml"),
     ]
 }
 
@@ -1458,7 +1462,8 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         .collect();
 
     // The agent, its tools and the demo Secrets; then two tenants from
-    // the tenant chart with the example values.
+    // the tenant chart with the example values, and a third whose inline
+    // agent has an approval webhook (its signing key in a Secret).
     for f in [
         "examples/k8s/agent.yaml",
         "examples/k8s/tools-configmap.yaml",
@@ -1467,9 +1472,16 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     ] {
         kubectl(&emu, &["apply", "-n", ns, "-f", &repo_path(f)]);
     }
+    const HOOLI_KEY: &str = "whsec-hooli-5be2d0";
+    apply(
+        &emu,
+        &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: hooli-approvals, namespace: shop}}\nstringData: {{key: {HOOLI_KEY}}}\n"),
+    );
+    let hooli = Render::new(TENANT, "hooli").values("tests/charts/tenant-approval-webhook.yaml");
     for (release, values) in [
         ("acme", "examples/k8s/acme-values.yaml"),
         ("globex", "examples/k8s/globex-values.yaml"),
+        ("hooli", "tests/charts/tenant-approval-webhook.yaml"),
     ] {
         let yaml = Render::new(TENANT, release)
             .values(values)
@@ -1500,6 +1512,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         wait_for(&emu, &op, tenant, "condition=ParametersResolved=True");
         wait_for(&emu, &op, tenant, "jsonpath={.status.paramsBound}=2/2");
     }
+    wait_for(&emu, &op, "hooli", "condition=ParametersResolved=True");
 
     let acme = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
     let status = &acme["status"];
@@ -1556,6 +1569,45 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     }
     let token = kubectl_json(&emu, &["get", "-n", ns, "secret", "acme-owner-token"]);
     assert!(token["data"]["token"].is_string(), "{token:#}");
+    // hooli's agent has an approval webhook: a Role to create Events and
+    // its binding to hooli's ServiceAccount; the others have neither.
+    let role = kubectl_json(&emu, &["get", "-n", ns, "role", "hooli"]);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]),
+        "{role:#}"
+    );
+    let binding = kubectl_json(&emu, &["get", "-n", ns, "rolebinding", "hooli"]);
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "hooli", "namespace": ns}]),
+        "{binding:#}"
+    );
+    for obj in [&role, &binding] {
+        assert_eq!(
+            obj["metadata"]["ownerReferences"][0]["name"], "hooli",
+            "{obj:#}"
+        );
+    }
+    let roles_of = |tenant: &str| {
+        let selector = format!("bindery.dev/tenant={tenant}");
+        kubectl(
+            &emu,
+            &[
+                "get",
+                "-n",
+                ns,
+                "roles,rolebindings",
+                "-l",
+                &selector,
+                "-o",
+                "name",
+            ],
+        )
+    };
+    for tenant in ["acme", "globex"] {
+        assert_eq!(roles_of(tenant).trim(), "", "{tenant}");
+    }
     let claim = kubectl_json(
         &emu,
         &["get", "-n", ns, "persistentvolumeclaim", "globex-store"],
@@ -1600,10 +1652,47 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "persistentvolumeclaims",
     ] {
         let all = kubectl(&emu, &["get", "-n", ns, kind, "-o", "json"]);
-        for canary in ["demo-acme-billing-token", "demo-globex-billing-token"] {
+        for canary in [
+            "demo-acme-billing-token",
+            "demo-globex-billing-token",
+            HOOLI_KEY,
+        ] {
             assert!(!all.contains(canary), "{canary} in {kind}: {all}");
         }
     }
+
+    // Until `ok` holds (asked every 100 ms, at most 90 s).
+    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited for {what}\n{}",
+                op.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // hooli's agent drops its webhook: its Role and RoleBinding go (the
+    // tenant's label finds them), and its pods hold no token any more.
+    apply(
+        &emu,
+        &hooli
+            .clone()
+            .set("agent.approvals=null")
+            .template(&["--skip-tests"])
+            .unwrap(),
+    );
+    wait_until("hooli's Role and RoleBinding to be deleted", &|| {
+        roles_of("hooli").trim().is_empty()
+    });
+    let deployment = kubectl_json(&emu, &["get", "-n", ns, "deployment", "hooli"]);
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        !volumes.to_string().contains("serviceAccountToken"),
+        "{volumes:#}"
+    );
 
     // globex moves its sessions to Postgres: its claim is deleted once the
     // new Deployment is applied.
@@ -1632,17 +1721,6 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         .template(&["--skip-tests"])
         .unwrap();
     apply(&emu, &yaml);
-    let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        while !ok() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited for {what}\n{}",
-                op.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     // Deleted: gone, or held (Terminating) by the API server's claim
     // protection until no Pod uses it any more. Here that is never: the
     // old Pod stays until a new one is ready, and nothing runs globex's
@@ -1711,11 +1789,22 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
             format!(
                 "apiVersion: apps/v1\nkind: Deployment\n{meta}spec:\n  replicas: 0\n  selector: {{matchLabels: {{old: acme}}}}\n  template:\n    metadata: {{labels: {{old: acme}}}}\n    spec: {{containers: [{{name: c, image: old}}]}}\n"
             ),
+            format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n{meta}rules: []\n"),
+            format!(
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n{meta}roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: acme-v0}}\nsubjects: [{{kind: ServiceAccount, name: acme}}]\n"
+            ),
         ]
         .join("---\n"),
     );
     let mut op = Operator::start(&identity, dir.path(), ns, &lease_args);
-    for kind in ["configmap", "serviceaccount", "service", "deployment"] {
+    for kind in [
+        "configmap",
+        "serviceaccount",
+        "service",
+        "deployment",
+        "role",
+        "rolebinding",
+    ] {
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
         while emu
             .kubectl(&["get", "-n", ns, kind, "acme-v0"])
@@ -1799,7 +1888,11 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         op.logs()
     );
     let logs = op.logs();
-    for canary in ["demo-acme-billing-token", "demo-globex-billing-token"] {
+    for canary in [
+        "demo-acme-billing-token",
+        "demo-globex-billing-token",
+        HOOLI_KEY,
+    ] {
         assert!(!logs.contains(canary), "{canary} in the operator's logs");
     }
 }
@@ -2148,6 +2241,8 @@ async fn the_platform_teams_path_end_to_end() {
     }
     let deployment = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
     assert_eq!(deployment["status"]["readyReplicas"], 1, "{deployment:#}");
+    // No agent has an approval webhook: no Role, no RoleBinding, no token.
+    assert_no_events_access(&emu, ns, "acme");
 
     // 4. A session through the tenant's Service, against the mock model.
     let (base, owner) = tenant_access(&emu, ns, "acme");
@@ -2424,6 +2519,387 @@ async fn the_platform_teams_path_end_to_end() {
             .is_empty(),
         "the Service still answers"
     );
+    llm.shutdown().await;
+}
+
+/// What a tenant whose agents have no approval webhook must not have: a
+/// Role or RoleBinding of its own, a projected ServiceAccount token in its
+/// pods (the Deployment's and the running pods'), the variables of Events.
+fn assert_no_events_access(emu: &Cluster, ns: &str, tenant: &str) {
+    let selector = format!("bindery.dev/tenant={tenant}");
+    let rbac = kubectl(
+        emu,
+        &[
+            "get",
+            "-n",
+            ns,
+            "roles,rolebindings",
+            "-l",
+            &selector,
+            "-o",
+            "name",
+        ],
+    );
+    assert_eq!(rbac.trim(), "", "{tenant} has RBAC of its own");
+    let deployment = kubectl_json(emu, &["get", "-n", ns, "deployment", tenant]);
+    let pods = kubectl_json(emu, &["get", "-n", ns, "pods", "-l", &selector]);
+    let mut specs = vec![deployment["spec"]["template"]["spec"].clone()];
+    specs.extend(
+        pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["spec"].clone()),
+    );
+    for spec in specs {
+        assert_eq!(spec["automountServiceAccountToken"], false, "{spec:#}");
+        let text = spec.to_string();
+        for what in ["serviceAccountToken", "projected", "BINDERY_EVENTS_DIR"] {
+            assert!(!text.contains(what), "{what} in {tenant}'s pods: {spec:#}");
+        }
+    }
+}
+
+/// HMAC-SHA256 of `message` with `key`, in hex (RFC 2104, on SHA-256).
+fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    if key.len() > block.len() {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    hex::encode(
+        Sha256::new()
+            .chain_update(pad(0x5c))
+            .chain_update(inner)
+            .finalize(),
+    )
+}
+
+/// What an approval receiver got: each notice's `Bindery-Signature` and
+/// body.
+type Notices = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// An approval receiver on 127.0.0.1 that refuses every notice (400, which
+/// the sidecar takes as final); its URL and what it got.
+async fn refusing_receiver() -> (String, Notices) {
+    let seen = Notices::default();
+    let keep = seen.clone();
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let keep = keep.clone();
+            async move {
+                let signature = headers
+                    .get("bindery-signature")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let body = String::from_utf8_lossy(&body).into_owned();
+                keep.lock().unwrap().push((signature, body));
+                (axum::http::StatusCode::BAD_REQUEST, "not taken")
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/bindery/notices", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// An Agent whose model's first call waits for a person (`confirm`) and
+/// which announces it to an approval webhook, on the real control plane
+/// with the real sidecar in the tenant's pod: the receiver refuses the
+/// notice (400), so the sidecar itself posts a Warning Event
+/// `ApprovalNoticeFailed` on the AgentTenant, as the tenant's
+/// ServiceAccount, with the token, CA and namespace the operator projects
+/// and the API server's address the kubelet gives; `kubectl describe`
+/// shows it, its note names the session and the tool and carries no
+/// secret, and the signing key (from a Secret) signed the notice but is in
+/// no Event, object or log. The tenant's account asked the API server for
+/// that Event and nothing else. Once the webhook goes, so do the Role, the
+/// RoleBinding and the pods' token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
+    const KEY: &str = "whsec-approvals-canary-61f0c8";
+    const CANARY: &str = "billing-canary-0d7e42";
+    let llm = invoices_model().await;
+    let (hook, notices) = refusing_receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ns = "shop";
+    let (emu, op) = operator_in_cluster(dir.path());
+
+    // The example Agent, its query confirmed by a person and announced to
+    // the receiver, the signing key a secret process parameter...
+    let declare = "  parameters:\n";
+    let with_webhook = |webhook: bool| {
+        let hook = hook.clone();
+        move |agent: String| {
+            assert!(agent.contains(declare), "examples/k8s/agent.yaml changed");
+            let agent = agent.replacen(
+                declare,
+                "  parameters:\n    - {name: approvals_key, secret: true, scope: process}\n",
+                1,
+            );
+            if !webhook {
+                return agent;
+            }
+            agent.replacen(
+                "\nspec:\n",
+                &format!(
+                    "\nspec:\n  confirm:\n    - tool: bash_query-invoices\n  approvals:\n    webhook:\n      url: \"{hook}\"\n      signingKey: {{param: approvals_key}}\n"
+                ),
+                1,
+            )
+        }
+    };
+    apply_invoices_agent(&emu, &llm.url(), with_webhook(true));
+    // ... which the tenant maps from its Secret.
+    for (name, key, value) in [
+        ("acme-billing", "token", CANARY),
+        ("acme-approvals", "key", KEY),
+    ] {
+        apply(
+            &emu,
+            &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: shop}}\nstringData: {{{key}: {value}}}\n"),
+        );
+    }
+    let values = std::fs::read_to_string(repo_path("examples/k8s/acme-values.yaml")).unwrap();
+    assert!(
+        values.contains("\nparameters:\n"),
+        "examples/k8s/acme-values.yaml changed"
+    );
+    let values_file = dir.path().join("acme-approvals.yaml");
+    std::fs::write(
+        &values_file,
+        values.replacen(
+            "\nparameters:\n",
+            "\nparameters:\n  - name: approvals_key\n    valueFrom:\n      secretKeyRef: {name: acme-approvals, key: key}\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let tenant = Render::new(TENANT, "acme").values(values_file.display().to_string());
+    apply(&emu, &tenant.template(&["--skip-tests"]).unwrap());
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+    let acme = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
+    let uid = acme["metadata"]["uid"].as_str().unwrap().to_string();
+    let role = kubectl_json(&emu, &["get", "-n", ns, "role", "acme"]);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]),
+        "{role:#}"
+    );
+    kubectl(&emu, &["get", "-n", ns, "rolebinding", "acme"]);
+
+    // A session: the model's first call waits for a person; the notice is
+    // refused, for good.
+    let (base, owner) = tenant_access(&emu, ns, "acme");
+    let r = bindery_tests::sidecar::Api::new(&base)
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&owner),
+            Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    let session = r.json["session_id"].as_str().unwrap().to_string();
+    eventually(
+        "the notice at the receiver",
+        || op.logs(),
+        || !notices.lock().unwrap().is_empty(),
+    )
+    .await;
+    // Signed with the Secret's key: it reached the sidecar, and only it.
+    let (signature, body) = notices.lock().unwrap()[0].clone();
+    let parts: std::collections::BTreeMap<&str, &str> = signature
+        .split(',')
+        .filter_map(|p| p.split_once('='))
+        .collect();
+    let signed = format!("{}.{body}", parts["t"]);
+    assert_eq!(
+        parts["v1"],
+        hmac_sha256_hex(KEY.as_bytes(), signed.as_bytes()),
+        "{signature}"
+    );
+    let notice: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(notice["session_id"], session.as_str(), "{body}");
+    assert_eq!(notice["tool"], "bash_query-invoices", "{body}");
+
+    // The Warning on the tenant, posted by the sidecar.
+    let failed = || -> Vec<Value> {
+        kubectl_json(&emu, &["get", "-n", ns, "events.events.k8s.io"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == "ApprovalNoticeFailed")
+            .cloned()
+            .collect()
+    };
+    let pod_logs = || {
+        let mut logs = op.logs();
+        for entry in walk(emu.kubelet.root()) {
+            if entry.extension().is_some_and(|e| e == "log") {
+                logs.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
+            }
+        }
+        logs
+    };
+    eventually("an ApprovalNoticeFailed Event", pod_logs, || {
+        !failed().is_empty()
+    })
+    .await;
+    let events = failed();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0];
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    assert_eq!(event["action"], "Notify", "{event:#}");
+    assert_eq!(
+        event["reportingController"], "bindery.dev/sidecar",
+        "{event:#}"
+    );
+    assert_eq!(
+        event["regarding"],
+        json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "AgentTenant",
+               "name": "acme", "namespace": ns, "uid": uid}),
+        "{event:#}"
+    );
+    let pods = kubectl_json(
+        &emu,
+        &["get", "-n", ns, "pods", "-l", "bindery.dev/tenant=acme"],
+    );
+    let pod_names: Vec<&str> = pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert!(
+        pod_names.contains(&event["reportingInstance"].as_str().unwrap_or_default()),
+        "{event:#} {pod_names:?}"
+    );
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&session) && note.contains("bash_query-invoices"),
+        "{note}"
+    );
+    for secret in [KEY, CANARY, hook.as_str(), "/bindery/notices"] {
+        assert!(!note.contains(secret), "{secret} in the note: {note}");
+    }
+    let described = kubectl(&emu, &["describe", "-n", ns, "agenttenant", "acme"]);
+    assert!(
+        described.contains("ApprovalNoticeFailed") && described.contains("bash_query-invoices"),
+        "{described}"
+    );
+    // The session says it too.
+    let s = bindery_tests::sidecar::Api::new(&base)
+        .call(
+            "GET",
+            &format!("/v1/sessions/{session}"),
+            Some(&owner),
+            None,
+        )
+        .await;
+    assert!(
+        s.json["status_detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the approval webhook could not be told"),
+        "{}",
+        s.text
+    );
+    // What the tenant's account asked of the API server: that Event.
+    let account = ControlPlane::service_account_user(ns, "acme");
+    let asked: BTreeSet<(String, String, String, bool)> = emu
+        .audit()
+        .into_iter()
+        .filter(|a| a.user == account)
+        .map(|a| (a.group, a.resource, a.verb, a.allowed))
+        .collect();
+    assert_eq!(
+        asked,
+        BTreeSet::from([(
+            "events.k8s.io".into(),
+            "events".into(),
+            "create".into(),
+            true
+        )]),
+        "the tenant's account asked for"
+    );
+
+    // The key is in no Event, object or log: only in its Secret.
+    let mut everywhere = String::new();
+    for kind in [
+        "agenttenants",
+        "agents",
+        "deployments",
+        "pods",
+        "configmaps",
+        "services",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+        "events",
+        "events.events.k8s.io",
+    ] {
+        everywhere.push_str(&kubectl(&emu, &["get", "-A", kind, "-o", "json"]));
+    }
+    everywhere.push_str(&described);
+    everywhere.push_str(&pod_logs());
+    everywhere.push_str(&emu.logs());
+    everywhere.push_str(&s.text);
+    everywhere.push_str(&serde_json::to_string(&llm.requests()).unwrap());
+    for (_, body) in notices.lock().unwrap().iter() {
+        everywhere.push_str(body);
+    }
+    for value in [KEY, CANARY] {
+        assert!(!everywhere.contains(value), "{value} left its Secret");
+    }
+
+    // The webhook goes: so do the Role, the RoleBinding and the token.
+    apply_invoices_agent(&emu, &llm.url(), with_webhook(false));
+    eventually(
+        "acme's pods to roll without the token, and its RBAC to go",
+        || op.logs(),
+        || {
+            let d = kubectl_json(&emu, &["get", "-n", ns, "deployment", "acme"]);
+            let pods = kubectl_json(
+                &emu,
+                &["get", "-n", ns, "pods", "-l", "bindery.dev/tenant=acme"],
+            );
+            let rbac = kubectl(
+                &emu,
+                &[
+                    "get",
+                    "-n",
+                    ns,
+                    "roles,rolebindings",
+                    "-l",
+                    "bindery.dev/tenant=acme",
+                    "-o",
+                    "name",
+                ],
+            );
+            !d["spec"]["template"]
+                .to_string()
+                .contains("serviceAccountToken")
+                && d["status"]["updatedReplicas"] == 1
+                && d["status"]["readyReplicas"] == 1
+                && d["status"]["replicas"] == 1
+                && pods["items"].as_array().is_some_and(|p| p.len() == 1)
+                && !pods["items"].to_string().contains("serviceAccountToken")
+                && rbac.trim().is_empty()
+        },
+    )
+    .await;
+    assert_no_events_access(&emu, ns, "acme");
     llm.shutdown().await;
 }
 
