@@ -76,6 +76,14 @@ pub struct AgentTenantSpec {
     /// the owner answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approver_token_secret_ref: Option<KeyRef>,
+    /// Where people and webhook receivers reach the tenant's agent server
+    /// (`https://acme.agents.example.com`): the base of the answer links in
+    /// approval notices. Default, for a tenant whose agents have an
+    /// approval webhook: its Service inside the cluster
+    /// (`http://<tenant>.<namespace>.svc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub public_url: Option<String>,
     /// Forget a session's secret values once it has been idle this long
     /// (`30m`, `1h`, `90s`); its next message then answers 409
     /// `params_required` until they are supplied again. `off`: keep them

@@ -520,6 +520,22 @@ pub(crate) fn render(
         ]);
         events_rbac(inputs, owner)
     });
+    // The answer links of approval notices: the tenant's own address, or
+    // its Service's inside the cluster when it has a webhook and says none.
+    let public_url = spec.public_url.clone().or_else(|| {
+        events_access.as_ref().map(|_| {
+            let ns = inputs
+                .tenant
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or("default");
+            format!("http://{tenant}.{ns}.svc")
+        })
+    });
+    if let Some(url) = public_url {
+        env.push(literal_env("BINDERY_PUBLIC_URL", url));
+    }
     let overrides = spec.pod_overrides.clone().unwrap_or_default();
     volumes.extend(overrides.volumes);
     env.extend(overrides.env);

@@ -1387,3 +1387,33 @@ fn only_a_webhook_somewhere_in_the_tree_brings_a_token_and_a_role() {
     assert!(!bare(&d));
     assert!(d.objects.unwrap().events_access.is_some());
 }
+
+/// The answer links of approval notices: a tenant's `publicUrl`, else, for
+/// a tenant with a webhook, its Service inside the cluster; nothing for a
+/// tenant that has neither.
+#[test]
+fn approval_answer_links_point_at_the_tenants_address() {
+    let public_url = |d: &Desired| {
+        sidecar_env(d)
+            .into_iter()
+            .find(|e| e.name == "BINDERY_PUBLIC_URL")
+            .and_then(|e| e.value)
+    };
+    assert_eq!(public_url(&World::example().run()), None);
+    assert_eq!(
+        public_url(&approval_webhook_world().run()).as_deref(),
+        Some("http://acme.shop.svc")
+    );
+    let mut w = approval_webhook_world();
+    w.tenant.spec.public_url = Some("https://acme.agents.example.com".into());
+    assert_eq!(
+        public_url(&w.run()).as_deref(),
+        Some("https://acme.agents.example.com")
+    );
+    let mut w = World::example();
+    w.tenant.spec.public_url = Some("https://acme.agents.example.com".into());
+    assert_eq!(
+        public_url(&w.run()).as_deref(),
+        Some("https://acme.agents.example.com")
+    );
+}

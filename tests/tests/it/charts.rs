@@ -489,6 +489,7 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
         spec["approverTokenSecretRef"],
         json!({"name": "initech-approver", "key": "token"})
     );
+    assert_eq!(spec["publicUrl"], "https://initech.agents.example.com");
     assert_eq!(spec["liveSessionTtl"], "1h30m");
     assert_eq!(spec["maxLiveSessions"], 5000);
     assert_eq!(spec["eventsKeepAlive"], "20s");
@@ -2732,6 +2733,13 @@ async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
     let notice: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(notice["session_id"], session.as_str(), "{body}");
     assert_eq!(notice["tool"], "bash_query-invoices", "{body}");
+    // Its answer link is the tenant's Service inside the cluster (no
+    // `publicUrl` given), and names the item's one-time token.
+    let link = notice["answer_url"].as_str().unwrap_or_default();
+    assert!(
+        link.starts_with(&format!("http://acme.{ns}.svc/v1/approvals/ct_")),
+        "{body}"
+    );
 
     // The Warning on the tenant, posted by the sidecar.
     let failed = || -> Vec<Value> {
