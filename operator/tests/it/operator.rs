@@ -1860,43 +1860,55 @@ async fn a_postgres_store_waits_for_its_url_secret() {
     assert!(!operator.log().contains("BEGIN PRIVATE KEY"));
 }
 
-/// An MCP client token whose Secret is missing: not ready, naming the
-/// field, the Secret and the key, and never generated; once the Secret is
-/// created the tenant recovers, its pods get the token only as a
+/// A token the tenant gives from a Secret (the MCP client's, the
+/// approver's): while its Secret is missing the tenant is not ready, naming
+/// the field, the Secret and the key, and it is never generated; once the
+/// Secret is created the tenant recovers, its pods get the token only as a
 /// `secretKeyRef`, and a new value rolls them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mcp_client_token_waits_for_its_secret() {
-    let cluster = Cluster::start("mcptoken").await;
+struct TokenCase {
+    cluster: &'static str,
+    /// The AgentTenant's field.
+    field: &'static str,
+    secret: &'static str,
+    /// How messages name it.
+    what: &'static str,
+    env: &'static str,
+    /// Its value, then the rotated one.
+    values: (&'static str, &'static str),
+}
+
+async fn a_token_waits_for_its_secret(c: TokenCase) {
+    let cluster = Cluster::start(c.cluster).await;
     cluster.apply_examples();
     let tenant = read_repo("examples/k8s/tenant.yaml");
     let anchor = "  tools:\n";
     assert!(tenant.contains(anchor), "examples/k8s/tenant.yaml changed");
-    cluster.apply(&tenant.replacen(
-        anchor,
-        "  mcpClientTokenSecretRef: {name: acme-mcp, key: token}\n  tools:\n",
-        1,
-    ));
+    let field = format!(
+        "  {}: {{name: {}, key: token}}\n  tools:\n",
+        c.field, c.secret
+    );
+    cluster.apply(&tenant.replacen(anchor, &field, 1));
     let operator = Operator::start(&cluster, "main", &[], &[]);
-    let missing = "the MCP client token: Secret `acme-mcp` (spec.mcpClientTokenSecretRef, key `token`) does not exist";
+    let missing = format!(
+        "{}: Secret `{}` (spec.{}, key `token`) does not exist",
+        c.what, c.secret, c.field
+    );
+    let missing = missing.as_str();
     let t = cluster
-        .wait_tenant(
-            "acme",
-            "unresolved: the MCP client token's Secret is missing",
-            |t| {
-                has(t, "ParametersResolved", "False")
-                    && message(t, "ParametersResolved").contains(missing)
-            },
-        )
+        .wait_tenant("acme", "unresolved: the token's Secret is missing", |t| {
+            has(t, "ParametersResolved", "False")
+                && message(t, "ParametersResolved").contains(missing)
+        })
         .await;
     assert!(has(&t, "Ready", "False"), "{:?}", t.status);
     assert!(message(&t, "Ready").contains(missing), "{:?}", t.status);
     cluster
         .wait_warning("acme", "ParametersUnresolved", missing)
         .await;
-    // The owner token is generated; the MCP client token never is.
+    // The owner token is generated; this one never is.
     let _: Secret = cluster.wait_object("acme-owner-token").await;
     let secrets = cluster.api::<Secret>();
-    assert!(secrets.get_opt("acme-mcp").await.unwrap().is_none());
+    assert!(secrets.get_opt(c.secret).await.unwrap().is_none());
     assert!(
         cluster
             .api::<Deployment>()
@@ -1908,14 +1920,18 @@ async fn an_mcp_client_token_waits_for_its_secret() {
     );
 
     // Created without the key: the message names the key.
-    let mcp_secret = |key: &str, value: &str| {
+    let token_secret = |key: &str, value: &str| {
         format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-mcp\ntype: Opaque\nstringData:\n  {key}: {value}\n"
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {}\ntype: Opaque\nstringData:\n  {key}: {value}\n",
+            c.secret
         )
     };
-    cluster.apply(&mcp_secret("tok", "not-the-token"));
-    let no_key =
-        "the MCP client token: Secret `acme-mcp` (spec.mcpClientTokenSecretRef) has no key `token`";
+    cluster.apply(&token_secret("tok", "not-the-token"));
+    let no_key = format!(
+        "{}: Secret `{}` (spec.{}) has no key `token`",
+        c.what, c.secret, c.field
+    );
+    let no_key = no_key.as_str();
     cluster
         .wait_tenant("acme", "unresolved: no key `token`", |t| {
             has(t, "ParametersResolved", "False")
@@ -1927,8 +1943,8 @@ async fn an_mcp_client_token_waits_for_its_secret() {
         .await;
 
     // With the key: resolved, and all that is left is the pods.
-    const TOKEN: &str = "mcp-client-3b9d41";
-    cluster.apply(&mcp_secret("token", TOKEN));
+    let (token_value, rotated) = c.values;
+    cluster.apply(&token_secret("token", token_value));
     cluster
         .wait_tenant("acme", "resolved once the Secret has the key", |t| {
             resolved(t) && ready_false_without_pods(t)
@@ -1939,8 +1955,8 @@ async fn an_mcp_client_token_waits_for_its_secret() {
     let env = pod.containers[0].env.clone().unwrap_or_default();
     let token = env
         .iter()
-        .find(|e| e.name == "BINDERY_MCP_CLIENT_TOKEN")
-        .expect("BINDERY_MCP_CLIENT_TOKEN");
+        .find(|e| e.name == c.env)
+        .unwrap_or_else(|| panic!("{} in {env:?}", c.env));
     assert!(token.value.is_none(), "{token:?}");
     let r = token
         .value_from
@@ -1949,15 +1965,12 @@ async fn an_mcp_client_token_waits_for_its_secret() {
         .secret_key_ref
         .as_ref()
         .unwrap();
-    assert_eq!((r.name.as_str(), r.key.as_str()), ("acme-mcp", "token"));
+    assert_eq!((r.name.as_str(), r.key.as_str()), (c.secret, "token"));
     // The Deployment names the Secret in one place: that secretKeyRef.
     let deployment = cluster.kubectl_json(&["get", "deployment", "acme", "-o", "json"]);
     let mut found = Vec::new();
-    paths_containing(&deployment, "acme-mcp", "", &mut found);
-    let at = env
-        .iter()
-        .position(|e| e.name == "BINDERY_MCP_CLIENT_TOKEN")
-        .unwrap();
+    paths_containing(&deployment, c.secret, "", &mut found);
+    let at = env.iter().position(|e| e.name == c.env).unwrap();
     assert_eq!(
         found,
         [format!(
@@ -1968,8 +1981,7 @@ async fn an_mcp_client_token_waits_for_its_secret() {
 
     // A new value rolls the pods; it is nowhere the operator writes.
     let hash = cluster.wait_hash_of("acme").await;
-    const ROTATED: &str = "mcp-client-8e02f7";
-    cluster.apply(&mcp_secret("token", ROTATED));
+    cluster.apply(&token_secret("token", rotated));
     cluster.wait_hash_change("acme", &hash).await;
     let everything = cluster.kubectl_json(&[
         "get",
@@ -1979,7 +1991,7 @@ async fn an_mcp_client_token_waits_for_its_secret() {
     ]);
     let describe = cluster.kubectl(&["describe", "agenttenant", "acme"]);
     let log = operator.log();
-    for value in [TOKEN, ROTATED] {
+    for value in [token_value, rotated] {
         let mut found = Vec::new();
         paths_containing(&everything, value, "", &mut found);
         assert!(found.is_empty(), "{value} is in {found:?}");
@@ -1990,137 +2002,30 @@ async fn an_mcp_client_token_waits_for_its_secret() {
     cluster.assert_operator_refused_nothing();
 }
 
-/// An approver token whose Secret is missing: not ready, naming the
-/// field, the Secret and the key, and never generated; once the Secret is
-/// created the tenant recovers, its pods get the token only as a
-/// `secretKeyRef`, and a new value rolls them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_client_token_waits_for_its_secret() {
+    a_token_waits_for_its_secret(TokenCase {
+        cluster: "mcptoken",
+        field: "mcpClientTokenSecretRef",
+        secret: "acme-mcp",
+        what: "the MCP client token",
+        env: "BINDERY_MCP_CLIENT_TOKEN",
+        values: ("mcp-client-3b9d41", "mcp-client-8e02f7"),
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approver_token_waits_for_its_secret() {
-    let cluster = Cluster::start("approver").await;
-    cluster.apply_examples();
-    let tenant = read_repo("examples/k8s/tenant.yaml");
-    let anchor = "  tools:\n";
-    assert!(tenant.contains(anchor), "examples/k8s/tenant.yaml changed");
-    cluster.apply(&tenant.replacen(
-        anchor,
-        "  approverTokenSecretRef: {name: acme-approver, key: token}\n  tools:\n",
-        1,
-    ));
-    let operator = Operator::start(&cluster, "main", &[], &[]);
-    let missing = "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef, key `token`) does not exist";
-    let t = cluster
-        .wait_tenant(
-            "acme",
-            "unresolved: the approver token's Secret is missing",
-            |t| {
-                has(t, "ParametersResolved", "False")
-                    && message(t, "ParametersResolved").contains(missing)
-            },
-        )
-        .await;
-    assert!(has(&t, "Ready", "False"), "{:?}", t.status);
-    assert!(message(&t, "Ready").contains(missing), "{:?}", t.status);
-    cluster
-        .wait_warning("acme", "ParametersUnresolved", missing)
-        .await;
-    // The owner token is generated; the approver token never is.
-    let _: Secret = cluster.wait_object("acme-owner-token").await;
-    let secrets = cluster.api::<Secret>();
-    assert!(secrets.get_opt("acme-approver").await.unwrap().is_none());
-    assert!(
-        cluster
-            .api::<Deployment>()
-            .get_opt("acme")
-            .await
-            .unwrap()
-            .is_none(),
-        "nothing is deployed until it is fixed"
-    );
-
-    // Created without the key: the message names the key.
-    let approver_secret = |key: &str, value: &str| {
-        format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-approver\ntype: Opaque\nstringData:\n  {key}: {value}\n"
-        )
-    };
-    cluster.apply(&approver_secret("tok", "not-the-token"));
-    let no_key =
-        "the approver token: Secret `acme-approver` (spec.approverTokenSecretRef) has no key `token`";
-    cluster
-        .wait_tenant("acme", "unresolved: no key `token`", |t| {
-            has(t, "ParametersResolved", "False")
-                && message(t, "ParametersResolved").contains(no_key)
-        })
-        .await;
-    cluster
-        .wait_warning("acme", "ParametersUnresolved", no_key)
-        .await;
-
-    // With the key: resolved, and all that is left is the pods.
-    const TOKEN: &str = "approver-9a27c4";
-    cluster.apply(&approver_secret("token", TOKEN));
-    cluster
-        .wait_tenant("acme", "resolved once the Secret has the key", |t| {
-            resolved(t) && ready_false_without_pods(t)
-        })
-        .await;
-    let d: Deployment = cluster.wait_object("acme").await;
-    let pod = d.spec.unwrap().template.spec.unwrap();
-    let env = pod.containers[0].env.clone().unwrap_or_default();
-    let token = env
-        .iter()
-        .find(|e| e.name == "BINDERY_APPROVER_TOKEN")
-        .expect("BINDERY_APPROVER_TOKEN");
-    assert!(token.value.is_none(), "{token:?}");
-    let r = token
-        .value_from
-        .as_ref()
-        .unwrap()
-        .secret_key_ref
-        .as_ref()
-        .unwrap();
-    assert_eq!(
-        (r.name.as_str(), r.key.as_str()),
-        ("acme-approver", "token")
-    );
-    // The Deployment names the Secret in one place: that secretKeyRef.
-    let deployment = cluster.kubectl_json(&["get", "deployment", "acme", "-o", "json"]);
-    let mut found = Vec::new();
-    paths_containing(&deployment, "acme-approver", "", &mut found);
-    let at = env
-        .iter()
-        .position(|e| e.name == "BINDERY_APPROVER_TOKEN")
-        .unwrap();
-    assert_eq!(
-        found,
-        [format!(
-            "/spec/template/spec/containers/0/env/{at}/valueFrom/secretKeyRef/name"
-        )],
-        "{deployment:#}"
-    );
-
-    // A new value rolls the pods; it is nowhere the operator writes.
-    let hash = cluster.wait_hash_of("acme").await;
-    const ROTATED: &str = "approver-d51e6b";
-    cluster.apply(&approver_secret("token", ROTATED));
-    cluster.wait_hash_change("acme", &hash).await;
-    let everything = cluster.kubectl_json(&[
-        "get",
-        "agenttenants,configmaps,deployments,events",
-        "-o",
-        "json",
-    ]);
-    let describe = cluster.kubectl(&["describe", "agenttenant", "acme"]);
-    let log = operator.log();
-    for value in [TOKEN, ROTATED] {
-        let mut found = Vec::new();
-        paths_containing(&everything, value, "", &mut found);
-        assert!(found.is_empty(), "{value} is in {found:?}");
-        assert!(!describe.contains(value), "{describe}");
-        assert!(!log.contains(value), "{value} is in the operator's log");
-    }
-    cluster.assert_warnings_once("acme").await;
-    cluster.assert_operator_refused_nothing();
+    a_token_waits_for_its_secret(TokenCase {
+        cluster: "approver",
+        field: "approverTokenSecretRef",
+        secret: "acme-approver",
+        what: "the approver token",
+        env: "BINDERY_APPROVER_TOKEN",
+        values: ("approver-9a27c4", "approver-d51e6b"),
+    })
+    .await;
 }
 
 /// The example agent with an approval webhook (its signing key the secret
