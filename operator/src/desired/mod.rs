@@ -222,29 +222,28 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         )),
         _ => {}
     }
-    // Never generated: without one, only the owner token opens `/mcp`.
-    if let Some(r) = &tenant.spec.mcp_client_token_secret_ref {
+    // Never generated: without one, only the owner token opens `/mcp`, and
+    // the owner answers approvals.
+    for (what, field, r) in [
+        (
+            "the MCP client token",
+            "mcpClientTokenSecretRef",
+            &tenant.spec.mcp_client_token_secret_ref,
+        ),
+        (
+            "the approver token",
+            "approverTokenSecretRef",
+            &tenant.spec.approver_token_secret_ref,
+        ),
+    ] {
+        let Some(r) = r else { continue };
         match inputs.secrets.get(&r.name) {
             Some(o) if !o.keys.contains(&r.key) => resolution.problems.push(format!(
-                "the MCP client token: Secret `{}` (spec.mcpClientTokenSecretRef) has no key `{}`",
+                "{what}: Secret `{}` (spec.{field}) has no key `{}`",
                 r.name, r.key
             )),
             None => resolution.problems.push(format!(
-                "the MCP client token: Secret `{}` (spec.mcpClientTokenSecretRef, key `{}`) does not exist",
-                r.name, r.key
-            )),
-            Some(_) => {}
-        }
-    }
-    // Never generated: without one, the owner answers approvals.
-    if let Some(r) = &tenant.spec.approver_token_secret_ref {
-        match inputs.secrets.get(&r.name) {
-            Some(o) if !o.keys.contains(&r.key) => resolution.problems.push(format!(
-                "the approver token: Secret `{}` (spec.approverTokenSecretRef) has no key `{}`",
-                r.name, r.key
-            )),
-            None => resolution.problems.push(format!(
-                "the approver token: Secret `{}` (spec.approverTokenSecretRef, key `{}`) does not exist",
+                "{what}: Secret `{}` (spec.{field}, key `{}`) does not exist",
                 r.name, r.key
             )),
             Some(_) => {}
