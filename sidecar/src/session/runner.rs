@@ -126,16 +126,18 @@ pub async fn run(
     sink: &dyn RunSink,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name);
-    // The run's secret values (message-scope ones too) stay out of the
-    // logs while it goes on, and so do the id_sensitive ids its calls
-    // chose: until its spans have ended, as they are scrubbed then.
+    as_run(ctx, run_inner(ctx, history, sink, cancel)).await
+}
+
+/// `work` as a run of `ctx`: in its `run` span, with the run's secret
+/// values (message-scope ones too) kept out of the logs while it goes on,
+/// and so the id_sensitive ids its calls chose: until its spans have
+/// ended, as they are scrubbed then.
+async fn as_run<T>(ctx: &RunContext<'_>, work: impl std::future::Future<Output = T>) -> T {
+    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str());
     let _live = crate::params::live::register_values(ctx.values);
     HIDDEN
-        .scope(
-            std::sync::Mutex::new(Vec::new()),
-            run_inner(ctx, history, sink, cancel).instrument(span),
-        )
+        .scope(std::sync::Mutex::new(Vec::new()), work.instrument(span))
         .await
 }
 
@@ -266,14 +268,10 @@ pub async fn run_calls(
         }
         _ => return RunEnd::Failed("the run was given no tool call to make".into()),
     };
-    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str());
-    let _live = crate::params::live::register_values(ctx.values);
     let scrubber = scrubber_for(ctx.values, ctx.tools);
-    let acted = HIDDEN.scope(
-        std::sync::Mutex::new(Vec::new()),
-        act(ctx, &calls, history, sink, &scrubber, cancel).instrument(span),
-    );
-    acted.await.unwrap_or(RunEnd::Completed)
+    as_run(ctx, act(ctx, &calls, history, sink, &scrubber, cancel))
+        .await
+        .unwrap_or(RunEnd::Completed)
 }
 
 /// The call as a pending item, if it waits instead of running: its

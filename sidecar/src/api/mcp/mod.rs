@@ -286,8 +286,7 @@ const SESSION_HEADER: &str = "bindery-session-id";
 /// Who calls, from the request's headers alone (the body is not read
 /// before this).
 async fn who(s: &AppState, headers: &HeaderMap) -> Result<Who, ServiceError> {
-    let owner = s.caller(headers, None, Door::OwnerOnly).await;
-    if owner.is_ok() {
+    if s.caller(headers, None, Door::OwnerOnly).await.is_ok() {
         return Ok(Who::Owner);
     }
     let bearer = super::auth::bearer(headers);
@@ -304,11 +303,9 @@ async fn who(s: &AppState, headers: &HeaderMap) -> Result<Who, ServiceError> {
             return Ok(Who::Session { id, agent });
         }
     }
-    owner.map(|_| Who::Owner).map_err(|_| {
-        super::auth::unauthorized(
-            "send `Authorization: Bearer <token>`: the owner token, the MCP client token, or a session token with its session in a Bindery-Session-Id header",
-        )
-    })
+    Err(super::auth::unauthorized(
+        "send `Authorization: Bearer <token>`: the owner token, the MCP client token, or a session token with its session in a Bindery-Session-Id header",
+    ))
 }
 
 async fn handle(
