@@ -56,17 +56,7 @@ impl Guard {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("logs")).unwrap();
         let mock = MockLlm::start(obedient).await;
-        let example = repo().join("examples/guard");
-        let text = std::fs::read_to_string(example.join("agent.yaml"))
-            .unwrap()
-            .replace(
-                "url: https://api.openai.com/v1",
-                &format!("url: \"{}\"", mock.url()),
-            )
-            .replace(
-                "directory: tools",
-                &format!("directory: \"{}\"", example.join("tools").display()),
-            );
+        let text = example_agent_text("guard", &mock.url());
         let agent = dir.path().join("helpdesk.yaml");
         std::fs::write(&agent, edit(text)).unwrap();
         let outbox = format!("outbox={}", dir.path().join("outbox.tsv").display());

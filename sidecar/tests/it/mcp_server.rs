@@ -487,10 +487,7 @@ async fn a_client_that_goes_away_cancels_its_run() {
 /// secret reaches the tool and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_of_the_stateless_protocol_discovers_lists_and_calls() {
-    use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
-    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::model::CallToolRequestParams;
 
     let w = World::new(tool_then_answer).await;
     let (sidecar, _api) = w.start(&[], &[]);
@@ -500,19 +497,7 @@ async fn a_client_of_the_stateless_protocol_discovers_lists_and_calls() {
     )]
     .into_iter()
     .collect();
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", sidecar.url))
-        .auth_header(OWNER)
-        .custom_headers(headers);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let client = ClientConfig::default()
-        .serve_with_lifecycle(
-            transport,
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
-        .await
-        .expect("discovery against /mcp");
+    let client = stateless_mcp_client(&sidecar.url, OWNER, headers).await;
 
     let tools = client.list_all_tools().await.expect("tools/list");
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();

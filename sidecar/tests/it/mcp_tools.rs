@@ -508,25 +508,11 @@ async fn a_session_token_reaches_only_its_own_sessions_ask() {
 /// the pinned tenant is the one the tool reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
-    use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
-    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::model::CallToolRequestParams;
 
     let w = world("").await;
     let (mut sidecar, _api) = start(&w);
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", sidecar.url))
-        .auth_header(CLIENT);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let client = ClientConfig::default()
-        .serve_with_lifecycle(
-            transport,
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
-        .await
-        .expect("discovery against /mcp");
+    let client = stateless_mcp_client(&sidecar.url, CLIENT, Default::default()).await;
     let tools = client.list_all_tools().await.expect("tools/list");
     let query = tools
         .iter()

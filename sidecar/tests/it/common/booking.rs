@@ -41,20 +41,7 @@ pub async fn booking(slots: Value, edit: impl Fn(String) -> String) -> Booking {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockLlm::start(script).await;
     let example = repo().join("examples/booking");
-    let text = std::fs::read_to_string(example.join("agent.yaml"))
-        .unwrap()
-        .replace(
-            "url: https://api.openai.com/v1",
-            &format!("url: \"{}\"", mock.url()),
-        )
-        .replace(
-            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
-            "name: mock-model\n",
-        )
-        .replace(
-            "directory: tools",
-            &format!("directory: \"{}\"", example.join("tools").display()),
-        )
+    let text = super::example_agent_text("booking", &mock.url())
         .replace("      default:\n        file: demo-api-key\n", "");
     let agent = dir.path().join("booking.yaml");
     std::fs::write(&agent, edit(text)).unwrap();

@@ -121,6 +121,53 @@ exec sleep 120
     format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
 }
 
+/// rmcp's client of protocol 2026-07-28 (no handshake: it discovers, then
+/// every request describes itself) on `url`'s `/mcp`, with `token` and
+/// the extra `headers`.
+pub async fn stateless_mcp_client(
+    url: &str,
+    token: &str,
+    headers: std::collections::HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>,
+) -> rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig> {
+    use rmcp::model::{ClientConfig, ProtocolVersion};
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp"))
+        .auth_header(token)
+        .custom_headers(headers);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("discovery against /mcp")
+}
+
+/// The text of `examples/<example>/agent.yaml` with its model at
+/// `model_url` (no API key) and its bash tools where they are.
+pub fn example_agent_text(example: &str, model_url: &str) -> String {
+    let dir = repo().join("examples").join(example);
+    std::fs::read_to_string(dir.join("agent.yaml"))
+        .unwrap()
+        .replace(
+            "url: https://api.openai.com/v1",
+            &format!("url: \"{model_url}\""),
+        )
+        .replace(
+            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
+            "name: mock-model\n",
+        )
+        .replace(
+            "directory: tools",
+            &format!("directory: \"{}\"", dir.join("tools").display()),
+        )
+}
+
 /// The output of a session view's last tool result (empty without one).
 pub fn last_tool_output(r: &Reply) -> String {
     r.json["session"]["turns"]
