@@ -623,6 +623,7 @@ impl Description {
                 url: self.model_url,
                 name: self.model_name,
                 api_key: self.api_key_id.map(ValueSource::ApiKey),
+                pricing: None,
             },
             system_prompt: self.system_prompt.join("\n"),
             parameters: self
@@ -637,6 +638,7 @@ impl Description {
             confirm_ttl: None,
             mcp: Default::default(),
             approvals: None,
+            budgets: Vec::new(),
             helpers: self
                 .extra_agents
                 .into_iter()

@@ -212,6 +212,7 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             "{here}: confirmTtl `{ttl}` is not a duration; write a number and a unit: `90s`, `15m`, `2h` or `1d`"
         )));
     }
+    super::budget::check(&spec.budgets, spec.model.pricing.as_ref(), here, &mut diags);
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(

@@ -8,6 +8,7 @@
 //! types.
 
 pub mod agents_exe;
+pub mod budget;
 pub mod checks;
 pub mod condition;
 #[cfg(feature = "crd")]
@@ -62,6 +63,10 @@ pub fn json_kind(v: &serde_json::Value) -> &'static str {
     )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.budgets) || !self.budgets.exists(b, has(b.cost)) || has(self.model.pricing)",
+    "message": "a cost budget needs spec.model.pricing"
+}]))]
 pub struct AgentSpec {
     /// One line telling a calling agent (or a human) what this agent does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,6 +114,12 @@ pub struct AgentSpec {
     /// Where the calls that wait for a person are announced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approvals: Option<ApprovalsSpec>,
+    /// Caps on the tokens, tool calls and cost of this agent's runs, each
+    /// over a window; a tenant may replace one by name or add more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub budgets: Vec<budget::Budget>,
 }
 
 /// Approvals delivered out of band.
@@ -230,6 +241,9 @@ pub struct ModelSpec {
     /// Where the API key comes from (none: no `Authorization` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ValueSource>,
+    /// What the model costs, for usage reports and `cost` budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<budget::Pricing>,
 }
 
 fn default_flavor() -> String {

@@ -1,0 +1,382 @@
+//! Budgets: caps on what an agent's runs may use (tokens, tool calls,
+//! cost) over a window, and what happens when one is used up. The types
+//! are the file format and the CRD schema; [`Budget::limit`] and
+//! [`Per::parse`] turn them into what the server measures.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::diagnostic::Diagnostic;
+
+/// One cap. Exactly one of `tokens`, `toolCalls` and `cost` is set.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.tokens) ? 1 : 0) + (has(self.toolCalls) ? 1 : 0) + (has(self.cost) ? 1 : 0) == 1",
+    "message": "a budget caps exactly one of tokens, toolCalls and cost"
+}]))]
+pub struct Budget {
+    /// Unique among the agent's budgets; a tenant's budget of the same
+    /// name replaces it.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Prompt plus completion tokens, as the model reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Tool calls (every tool; a helper agent's prompt counts as one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u64>,
+    /// Money, in `spec.model.pricing`'s currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub cost: Option<f64>,
+    /// The window use is counted over: a rolling duration (`1h`, `24h`,
+    /// `30d`), or `session` or `run`.
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == 'session' || self == 'run' || self.matches('^[0-9]+[smhd]$')",
+        "message": "per is a duration (1h, 24h, 30d), `session` or `run`"
+    }]))]
+    pub per: String,
+    /// What a run that reaches the cap gets: `refuse` (the default) or
+    /// `confirm` (it waits for a person, who may let it go on).
+    #[serde(default)]
+    pub on_exceed: OnExceed,
+}
+
+/// What happens at a used-up budget.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum OnExceed {
+    /// Nothing more starts: a message is answered 429, a run stops, a tool
+    /// call is answered with why it did not run.
+    #[default]
+    Refuse,
+    /// The run waits with a pending item of disposition `budget`; an
+    /// approval lets this run go on to its end.
+    Confirm,
+}
+
+/// What a budget's model is priced at, per million tokens.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pricing {
+    #[schemars(range(min = 0.0))]
+    pub input_per_million: f64,
+    #[schemars(range(min = 0.0))]
+    pub output_per_million: f64,
+    /// A label for reports (`USD`); Bindery converts nothing.
+    #[serde(default = "default_currency")]
+    #[schemars(length(max = 8))]
+    pub currency: String,
+}
+
+fn default_currency() -> String {
+    "USD".to_string()
+}
+
+impl Pricing {
+    /// What `prompt` and `completion` tokens cost.
+    pub fn cost(&self, prompt: u64, completion: u64) -> f64 {
+        (prompt as f64 * self.input_per_million + completion as f64 * self.output_per_million)
+            / 1_000_000.0
+    }
+}
+
+/// What a budget counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Meter {
+    Tokens,
+    ToolCalls,
+    Cost,
+}
+
+impl Meter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Meter::Tokens => "tokens",
+            Meter::ToolCalls => "tool_calls",
+            Meter::Cost => "cost",
+        }
+    }
+}
+
+/// A budget's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Per {
+    /// The last this many milliseconds.
+    Rolling(i64),
+    Session,
+    Run,
+}
+
+impl Per {
+    pub fn parse(s: &str) -> Option<Per> {
+        match s {
+            "session" => Some(Per::Session),
+            "run" => Some(Per::Run),
+            _ => super::parse_ttl(s)
+                .and_then(|secs| i64::try_from(secs).ok()?.checked_mul(1000))
+                .map(Per::Rolling),
+        }
+    }
+}
+
+/// A budget as the server measures it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limit {
+    pub name: String,
+    pub meter: Meter,
+    pub limit: f64,
+    pub per: Per,
+    /// `per` as written (`24h`), for messages and reports.
+    pub per_text: String,
+    pub on_exceed: OnExceed,
+}
+
+impl Budget {
+    /// What it caps and how much (`None` when not exactly one is set).
+    pub fn meter(&self) -> Option<(Meter, f64)> {
+        match (self.tokens, self.tool_calls, self.cost) {
+            (Some(t), None, None) => Some((Meter::Tokens, t as f64)),
+            (None, Some(c), None) => Some((Meter::ToolCalls, c as f64)),
+            (None, None, Some(c)) => Some((Meter::Cost, c)),
+            _ => None,
+        }
+    }
+
+    /// The budget as measured; `None` for one `check` refuses.
+    pub fn limit(&self) -> Option<Limit> {
+        let (meter, limit) = self.meter()?;
+        Some(Limit {
+            name: self.name.clone(),
+            meter,
+            limit,
+            per: Per::parse(&self.per)?,
+            per_text: self.per.clone(),
+            on_exceed: self.on_exceed,
+        })
+    }
+}
+
+/// One budget's use in its current window, as `AgentTenant.status.budgets`
+/// shows it (the server that enforces it writes it).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetStatus {
+    pub name: String,
+    /// The agent whose runs it caps.
+    pub agent: String,
+    /// `tokens`, `tool_calls` or `cost`.
+    pub meter: String,
+    pub used: f64,
+    pub limit: f64,
+    /// The window, as written (`24h`, `session`, `run`). A `session` or
+    /// `run` budget shows the most any one session or run has used.
+    pub per: String,
+    pub on_exceed: OnExceed,
+    /// `used` has reached `limit`: nothing more starts against it.
+    pub exhausted: bool,
+    /// When it was measured (RFC 3339).
+    pub measured_at: String,
+}
+
+impl BudgetStatus {
+    /// `daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 1%`.
+    pub fn summary(&self) -> String {
+        let pct = if self.limit > 0.0 {
+            (self.used / self.limit * 100.0).floor()
+        } else {
+            100.0
+        };
+        let amount = |x: f64| match self.meter.as_str() {
+            "cost" => format!("{x:.2}"),
+            _ => format!("{x:.0}"),
+        };
+        format!(
+            "{} (agent {}): {} of {} {} per {}, {pct}%{}",
+            self.name,
+            self.agent,
+            amount(self.used),
+            amount(self.limit),
+            self.meter.replace('_', " "),
+            self.per,
+            if self.exhausted { ", exhausted" } else { "" }
+        )
+    }
+}
+
+/// `budgets` with each of `overrides` replacing the one of its name, or
+/// added after them: a tenant's budgets over its agent's.
+pub fn overlay(budgets: &[Budget], overrides: &[Budget]) -> Vec<Budget> {
+    let mut out: Vec<Budget> = budgets
+        .iter()
+        .map(|b| {
+            overrides
+                .iter()
+                .find(|o| o.name == b.name)
+                .unwrap_or(b)
+                .clone()
+        })
+        .collect();
+    out.extend(
+        overrides
+            .iter()
+            .filter(|o| !budgets.iter().any(|b| b.name == o.name))
+            .cloned(),
+    );
+    out
+}
+
+/// The checks of an agent's budgets: names unique, one cap each, a window
+/// that parses, and pricing for a cost budget.
+pub fn check(
+    budgets: &[Budget],
+    pricing: Option<&Pricing>,
+    here: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let mut seen = std::collections::BTreeSet::new();
+    for b in budgets {
+        let place = format!("{here}, budget `{}`", b.name);
+        if b.name.is_empty() || b.name.len() > 63 {
+            diags.push(Diagnostic::error(format!(
+                "{here}: a budget's name is 1 to 63 characters"
+            )));
+        }
+        if !seen.insert(b.name.as_str()) {
+            diags.push(Diagnostic::error(format!(
+                "{place} is declared twice; give each budget its own name"
+            )));
+        }
+        match b.meter() {
+            None => diags.push(Diagnostic::error(format!(
+                "{place}: set exactly one of `tokens`, `toolCalls` and `cost`"
+            ))),
+            Some((Meter::Cost, c)) if !c.is_finite() || c < 0.0 => diags.push(Diagnostic::error(
+                format!("{place}: `cost` is a number of at least 0"),
+            )),
+            Some((Meter::Cost, _)) if pricing.is_none() => diags.push(Diagnostic::error(format!(
+                "{place} caps cost, so the model needs a price: add `spec.model.pricing` \
+                 with `inputPerMillion` and `outputPerMillion`"
+            ))),
+            Some(_) => {}
+        }
+        if Per::parse(&b.per).is_none() {
+            diags.push(Diagnostic::error(format!(
+                "{place}: `per` is a duration such as `1h`, `24h` or `30d`, or `session` or `run`; got `{}`",
+                b.per
+            )));
+        }
+    }
+    if let Some(p) = pricing {
+        let bad = |x: f64| !x.is_finite() || x < 0.0;
+        if bad(p.input_per_million) || bad(p.output_per_million) {
+            diags.push(Diagnostic::error(format!(
+                "{here}, model pricing: prices are numbers of at least 0"
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(yaml: &str) -> Budget {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn windows_parse_and_bad_ones_do_not() {
+        assert_eq!(Per::parse("24h"), Some(Per::Rolling(86_400_000)));
+        assert_eq!(Per::parse("30d"), Some(Per::Rolling(2_592_000_000)));
+        assert_eq!(Per::parse("session"), Some(Per::Session));
+        assert_eq!(Per::parse("run"), Some(Per::Run));
+        for bad in ["", "0h", "24", "h", "1w", "Session", "-1h"] {
+            assert_eq!(Per::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_tenant_budget_replaces_its_namesake_and_adds_the_rest() {
+        let agent = vec![
+            budget("{name: daily, tokens: 100, per: 24h}"),
+            budget("{name: calls, toolCalls: 5, per: session}"),
+        ];
+        let tenant = vec![
+            budget("{name: daily, tokens: 10, per: 1h, onExceed: confirm}"),
+            budget("{name: spend, cost: 2.5, per: 30d}"),
+        ];
+        let names: Vec<_> = overlay(&agent, &tenant)
+            .into_iter()
+            .map(|b| (b.name, b.tokens, b.on_exceed))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("daily".into(), Some(10), OnExceed::Confirm),
+                ("calls".into(), None, OnExceed::Refuse),
+                ("spend".into(), None, OnExceed::Refuse),
+            ]
+        );
+    }
+
+    #[test]
+    fn check_names_each_mistake_and_where() {
+        let budgets = vec![
+            budget("{name: a, tokens: 1, per: 1h}"),
+            budget("{name: a, tokens: 1, per: 1h}"),
+            budget("{name: b, tokens: 1, toolCalls: 2, per: run}"),
+            budget("{name: c, cost: 1.0, per: 1w}"),
+        ];
+        let mut diags = Vec::new();
+        check(&budgets, None, "agent.yaml", &mut diags);
+        let text: Vec<String> = diags.iter().map(|d| d.message.clone()).collect();
+        let has = |s: &str| text.iter().any(|t| t.contains(s));
+        assert!(has("budget `a` is declared twice"), "{text:#?}");
+        assert!(has("budget `b`: set exactly one of"), "{text:#?}");
+        assert!(
+            has("budget `c` caps cost, so the model needs a price"),
+            "{text:#?}"
+        );
+        assert!(has("budget `c`: `per` is a duration"), "{text:#?}");
+        let mut ok = Vec::new();
+        let pricing = Pricing {
+            input_per_million: 0.15,
+            output_per_million: 0.6,
+            currency: "USD".into(),
+        };
+        check(
+            &[budget("{name: c, cost: 1.0, per: 30d}")],
+            Some(&pricing),
+            "x",
+            &mut ok,
+        );
+        assert!(ok.is_empty(), "{ok:?}");
+    }
+
+    #[test]
+    fn cost_is_priced_per_million() {
+        let p = Pricing {
+            input_per_million: 0.15,
+            output_per_million: 0.6,
+            currency: "USD".into(),
+        };
+        assert!((p.cost(1_000_000, 1_000_000) - 0.75).abs() < 1e-12);
+        assert!((p.cost(2000, 500) - 0.0006).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_budget_reads_with_refuse_by_default() {
+        let b = budget("{name: x, toolCalls: 50, per: session}");
+        let l = b.limit().unwrap();
+        assert_eq!(l.meter, Meter::ToolCalls);
+        assert_eq!(l.limit, 50.0);
+        assert_eq!(l.on_exceed, OnExceed::Refuse);
+        assert!(
+            serde_yaml::from_str::<Budget>("{name: x, tokens: 1, per: run, extra: 1}").is_err()
+        );
+    }
+}
