@@ -15,4 +15,5 @@ pub mod pending;
 pub mod runner;
 pub mod service;
 pub mod store;
+pub mod usage;
 pub mod validate;

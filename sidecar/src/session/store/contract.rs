@@ -10,6 +10,8 @@ use super::{Peer, SessionStore, StoreError};
 use crate::llm::{ChatMessage, ToolCall};
 use crate::params::{ParamValue, Values};
 use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
+use crate::session::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Use};
+use crate::spec::budget::Meter;
 
 /// A fresh store and whatever must live as long as it (a directory, a
 /// database server).
@@ -49,6 +51,10 @@ macro_rules! store_contract {
             case!(a_servers_address_is_kept_with_its_heartbeat);
             case!(the_holder_of_a_sessions_secrets_is_stored_and_cleared);
             case!(agents_are_put_replaced_listed_and_deleted);
+            case!(usage_is_claimed_settled_and_summed_by_scope);
+            case!(a_rolling_window_frees_up_as_its_oldest_use_leaves_it);
+            case!(racing_claims_for_the_last_room_pass_once);
+            case!(usage_is_reported_by_group_and_per_session);
         }
     };
 }
@@ -508,4 +514,238 @@ pub async fn agents_are_put_replaced_listed_and_deleted(store: Arc<dyn SessionSt
     assert!(store.delete_agent("b").await.unwrap());
     assert!(!store.delete_agent("b").await.unwrap());
     assert_eq!(store.get_agent("b").await.unwrap(), None);
+}
+
+/// A model request's use of `tokens` (prompt) at `at`.
+pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) -> Use {
+    Use {
+        at,
+        agent: agent.into(),
+        session: session.into(),
+        run: run.into(),
+        model: "m".into(),
+        tool: None,
+        prompt_tokens: tokens,
+        completion_tokens: 0,
+        estimated: false,
+        tool_calls: 0,
+        cost: 0.0,
+    }
+}
+
+fn tokens_of(scope: Scope, since: i64) -> Gauge {
+    Gauge {
+        meter: Meter::Tokens,
+        scope,
+        since,
+    }
+}
+
+fn granted(c: Claimed) -> i64 {
+    match c {
+        Claimed::Granted { id } => id,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn SessionStore>) {
+    let id = granted(
+        store
+            .claim(&[], &usage_row(10, "a", "s1", "r1", 5))
+            .await
+            .unwrap(),
+    );
+    let mut actual = usage_row(10, "a", "s1", "r1", 30);
+    actual.completion_tokens = 12;
+    actual.cost = 0.25;
+    store.settle(id, &actual).await.unwrap();
+    let mut call = usage_row(11, "a", "s1", "r2", 0);
+    call.tool = Some("bash_x".into());
+    call.tool_calls = 1;
+    store.claim(&[], &call).await.unwrap();
+    store
+        .claim(&[], &usage_row(12, "b", "s2", "r3", 100))
+        .await
+        .unwrap();
+    let cost = Gauge {
+        meter: Meter::Cost,
+        scope: Scope::Agent("a".into()),
+        since: 0,
+    };
+    let calls = Gauge {
+        meter: Meter::ToolCalls,
+        scope: Scope::Session("s1".into()),
+        since: 0,
+    };
+    let got = store
+        .measure(&[
+            tokens_of(Scope::Agent("a".into()), 0),
+            tokens_of(Scope::Session("s1".into()), 0),
+            tokens_of(Scope::Run("r1".into()), 0),
+            tokens_of(Scope::Run("r2".into()), 0),
+            cost,
+            calls,
+        ])
+        .await
+        .unwrap();
+    let used: Vec<f64> = got.iter().map(|s| s.used).collect();
+    assert_eq!(used, [42.0, 42.0, 42.0, 0.0, 0.25, 1.0]);
+    assert_eq!(got[0].oldest, Some(10));
+    // A limit already reached refuses and records nothing; one with room grants.
+    let limits = [
+        (tokens_of(Scope::Run("r9".into()), 0), 1.0),
+        (tokens_of(Scope::Agent("a".into()), 0), 42.0),
+    ];
+    let refused = store
+        .claim(&limits, &usage_row(13, "a", "s1", "r9", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        Claimed::Exhausted {
+            index: 1,
+            standing: Standing {
+                used: 42.0,
+                oldest: Some(10)
+            }
+        }
+    );
+    let after = store
+        .measure(&[tokens_of(Scope::Agent("a".into()), 0)])
+        .await
+        .unwrap();
+    assert_eq!(after[0].used, 42.0, "a refused claim records nothing");
+    assert_eq!(store.peak("a", Meter::Tokens, true, 0).await.unwrap(), 42.0);
+    assert_eq!(
+        store.peak("a", Meter::Tokens, false, 11).await.unwrap(),
+        0.0
+    );
+    assert_eq!(
+        store.peak("a", Meter::Tokens, false, 0).await.unwrap(),
+        42.0
+    );
+}
+
+/// The clock is the caller's: a claim at a later `at` with a later
+/// `since` sees the old use leave the window.
+pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dyn SessionStore>) {
+    const HOUR: i64 = 3_600_000;
+    let t0 = 1_000 * HOUR;
+    store
+        .claim(&[], &usage_row(t0, "a", "s1", "r1", 60))
+        .await
+        .unwrap();
+    store
+        .claim(&[], &usage_row(t0 + HOUR, "a", "s1", "r2", 40))
+        .await
+        .unwrap();
+    let window = |now: i64| [(tokens_of(Scope::Agent("a".into()), now - 24 * HOUR), 100.0)];
+    // 23 hours on: both uses are in the window, which is full.
+    let now = t0 + 23 * HOUR;
+    let refused = store
+        .claim(&window(now), &usage_row(now, "a", "s1", "r3", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        Claimed::Exhausted {
+            index: 0,
+            standing: Standing {
+                used: 100.0,
+                oldest: Some(t0)
+            }
+        }
+    );
+    // Just past 24 hours: the first use has left it.
+    let now = t0 + 24 * HOUR + 1;
+    granted(
+        store
+            .claim(&window(now), &usage_row(now, "a", "s1", "r3", 1))
+            .await
+            .unwrap(),
+    );
+    let standing = store.measure(&[window(now)[0].0.clone()]).await.unwrap();
+    assert_eq!(
+        standing[0],
+        Standing {
+            used: 41.0,
+            oldest: Some(t0 + HOUR)
+        }
+    );
+}
+
+/// Ten claims at once for a budget with room for one claim's amount: one
+/// passes.
+pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionStore>) {
+    store
+        .claim(&[], &usage_row(1, "a", "s1", "r1", 99))
+        .await
+        .unwrap();
+    let limits = [(tokens_of(Scope::Agent("a".into()), 0), 100.0)];
+    let claims = (0..10).map(|i| {
+        let store = store.clone();
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            store
+                .claim(&limits, &usage_row(2, "a", &format!("s{i}"), "r", 5))
+                .await
+                .unwrap()
+        })
+    });
+    let outcomes = futures::future::join_all(claims).await;
+    let passed = outcomes
+        .into_iter()
+        .filter(|o| matches!(o.as_ref().unwrap(), Claimed::Granted { .. }))
+        .count();
+    assert_eq!(passed, 1);
+}
+
+pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionStore>) {
+    let mut estimated = usage_row(10, "a", "s1", "r1", 7);
+    estimated.estimated = true;
+    estimated.completion_tokens = 3;
+    store.claim(&[], &estimated).await.unwrap();
+    store
+        .claim(&[], &usage_row(20, "b", "s2", "r2", 100))
+        .await
+        .unwrap();
+    let mut call = usage_row(30, "a", "s1", "r1", 0);
+    call.tool = Some("bash_x".into());
+    call.tool_calls = 1;
+    store.claim(&[], &call).await.unwrap();
+    store
+        .claim(&[], &usage_row(99, "a", "s3", "r3", 1000))
+        .await
+        .unwrap();
+    let by_agent = store.report(0, 99, Group::Agent).await.unwrap();
+    let keys: Vec<_> = by_agent.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(
+        keys,
+        [Some("b".into()), Some("a".into())],
+        "largest first; `to` excluded"
+    );
+    assert_eq!(
+        by_agent[1].totals,
+        Totals {
+            prompt_tokens: 7,
+            completion_tokens: 3,
+            total_tokens: 10,
+            estimated_tokens: 10,
+            model_requests: 1,
+            tool_calls: 1,
+            cost: 0.0,
+        }
+    );
+    let by_tool = store.report(0, 99, Group::Tool).await.unwrap();
+    let keys: Vec<_> = by_tool.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys, [None, Some("bash_x".into())]);
+    let s1 = store.session_totals("s1").await.unwrap();
+    assert_eq!(
+        (s1.total_tokens, s1.tool_calls, s1.model_requests),
+        (10, 1, 1)
+    );
+    assert_eq!(
+        store.session_totals("none").await.unwrap(),
+        Totals::default()
+    );
 }

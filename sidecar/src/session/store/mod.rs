@@ -17,6 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::model::{EventRecord, SessionRecord};
+use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::spec::budget::Meter;
 pub use location::Location;
 
 /// Milliseconds since the Unix epoch, the stores' and sessions' one clock
@@ -145,6 +147,51 @@ pub trait SessionStore: Send + Sync {
     async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
         Ok(Vec::new())
     }
+    /// Record `row` unless one of `limits` (a gauge and its limit) is used
+    /// up, its use having reached the limit. Atomic with every other claim
+    /// for the same agent, on every server sharing the store: two runs
+    /// racing for a budget's last room do not both pass.
+    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+        let _ = (limits, row);
+        Err(no_usage())
+    }
+    /// Replace the amounts of claimed row `id` with what was used.
+    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
+        let _ = (id, row);
+        Err(no_usage())
+    }
+    /// Each gauge's standing.
+    async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
+        let _ = gauges;
+        Err(no_usage())
+    }
+    /// The most of `meter` one session (`by_session`) or one run of
+    /// `agent` used, among those that used anything since `since`.
+    async fn peak(
+        &self,
+        agent: &str,
+        meter: Meter,
+        by_session: bool,
+        since: i64,
+    ) -> Result<f64, StoreError> {
+        let _ = (agent, meter, by_session, since);
+        Err(no_usage())
+    }
+    /// Use from `from` to `to` (milliseconds, `to` excluded), summed by
+    /// `group`, largest total tokens first.
+    async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
+        let _ = (from, to, group);
+        Err(no_usage())
+    }
+    /// Everything session `session` used.
+    async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
+        let _ = session;
+        Err(no_usage())
+    }
+}
+
+fn no_usage() -> StoreError {
+    StoreError::Backend("this store keeps no usage".into())
 }
 
 /// An agent definition kept in the store (`PUT /v1/agents/:slug`).

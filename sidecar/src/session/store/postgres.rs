@@ -41,6 +41,8 @@ use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
+use crate::session::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::spec::budget::Meter;
 
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited. Tables carry a
@@ -98,7 +100,33 @@ const MIGRATIONS: &[&str] = &[
         document   TEXT NOT NULL,
         updated_at BIGINT NOT NULL
     );",
+    // 8: what runs used, for budgets and reports (kept when sessions go).
+    "CREATE TABLE bindery_usage (
+        id                BIGSERIAL PRIMARY KEY,
+        at                BIGINT NOT NULL,
+        agent             TEXT NOT NULL,
+        session           TEXT NOT NULL,
+        run               TEXT NOT NULL,
+        model             TEXT NOT NULL,
+        tool              TEXT,
+        prompt_tokens     BIGINT NOT NULL,
+        completion_tokens BIGINT NOT NULL,
+        estimated         BOOLEAN NOT NULL,
+        tool_calls        BIGINT NOT NULL,
+        cost              DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX bindery_usage_agent_at ON bindery_usage (agent, at);
+    CREATE INDEX bindery_usage_session ON bindery_usage (session);
+    CREATE INDEX bindery_usage_run ON bindery_usage (run);
+    CREATE INDEX bindery_usage_at ON bindery_usage (at);",
 ];
+
+/// The sums a [`Totals`] reads, in its order.
+const TOTALS: &str = "COALESCE(SUM(prompt_tokens), 0)::BIGINT, COALESCE(SUM(completion_tokens), 0)::BIGINT,
+     COALESCE(SUM(prompt_tokens + completion_tokens), 0)::BIGINT,
+     COALESCE(SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END), 0)::BIGINT,
+     COUNT(*) FILTER (WHERE tool IS NULL), COALESCE(SUM(tool_calls), 0)::BIGINT,
+     COALESCE(SUM(cost), 0)::DOUBLE PRECISION";
 
 /// The advisory lock that serialises migrations between processes
 /// starting at once ("bindery" in ASCII).
@@ -824,6 +852,146 @@ impl SessionStore for PostgresStore {
         .transpose()
     }
 
+    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+        let what = "claim a budget";
+        let db = self.db(what);
+        let mut client = self.conn(what).await?;
+        let tx = client.transaction().await.map_err(&db)?;
+        // Every claim for this agent, on every server, takes its turn here
+        // until its transaction ends: the sums below cannot go stale
+        // before the row is in.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('bindery_usage:' || $1, 0))",
+            &[&row.agent],
+        )
+        .await
+        .map_err(&db)?;
+        for (index, (gauge, limit)) in limits.iter().enumerate() {
+            let standing = measure_one(&tx, gauge).await.map_err(&db)?;
+            if standing.used >= *limit {
+                return Ok(Claimed::Exhausted { index, standing });
+            }
+        }
+        let r = tx
+            .query_one(
+                "INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
+                     completion_tokens, estimated, tool_calls, cost)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                &[
+                    &row.at,
+                    &row.agent,
+                    &row.session,
+                    &row.run,
+                    &row.model,
+                    &row.tool,
+                    &count(row.prompt_tokens),
+                    &count(row.completion_tokens),
+                    &row.estimated,
+                    &count(row.tool_calls),
+                    &row.cost,
+                ],
+            )
+            .await
+            .map_err(&db)?;
+        let id: i64 = r.try_get(0).map_err(&db)?;
+        tx.commit().await.map_err(&db)?;
+        Ok(Claimed::Granted { id })
+    }
+
+    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
+        let what = "record usage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let stmt = self
+            .prepare(
+                &client,
+                what,
+                "UPDATE bindery_usage SET model = $2, prompt_tokens = $3, completion_tokens = $4,
+                     estimated = $5, tool_calls = $6, cost = $7 WHERE id = $1",
+            )
+            .await?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &id,
+                    &row.model,
+                    &count(row.prompt_tokens),
+                    &count(row.completion_tokens),
+                    &row.estimated,
+                    &count(row.tool_calls),
+                    &row.cost,
+                ],
+            )
+            .await
+            .map(drop)
+            .map_err(&db)
+    }
+
+    async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
+        let what = "measure usage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let mut out = Vec::with_capacity(gauges.len());
+        for g in gauges {
+            out.push(measure_one(&client, g).await.map_err(&db)?);
+        }
+        Ok(out)
+    }
+
+    async fn peak(
+        &self,
+        agent: &str,
+        meter: Meter,
+        by_session: bool,
+        since: i64,
+    ) -> Result<f64, StoreError> {
+        let what = "measure usage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let by = if by_session { "session" } else { "run" };
+        let sql = format!(
+            "SELECT COALESCE(MAX(total), 0)::DOUBLE PRECISION FROM (SELECT SUM({}) AS total
+             FROM bindery_usage WHERE agent = $1 GROUP BY {by} HAVING MAX(at) >= $2) t",
+            meter_sql(meter)
+        );
+        let r = client
+            .query_one(&sql, &[&agent, &since])
+            .await
+            .map_err(&db)?;
+        r.try_get(0).map_err(&db)
+    }
+
+    async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
+        let what = "report usage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let col = group.column();
+        let sql = format!(
+            "SELECT {col}, {TOTALS} FROM bindery_usage WHERE at >= $1 AND at < $2
+             GROUP BY {col} ORDER BY 4 DESC, 1"
+        );
+        let rows = client.query(&sql, &[&from, &to]).await.map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ReportRow {
+                    key: r.try_get(0).map_err(&db)?,
+                    totals: totals_at(r, 1).map_err(&db)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
+        let what = "read a session's usage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let sql = format!("SELECT {TOTALS} FROM bindery_usage WHERE session = $1");
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let r = client.query_one(&stmt, &[&session]).await.map_err(&db)?;
+        totals_at(&r, 0).map_err(&db)
+    }
+
     async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
         let what = "store an agent";
         let db = self.db(what);
@@ -934,6 +1102,44 @@ impl SessionStore for PostgresStore {
     }
 }
 
+fn totals_at(r: &Row, at: usize) -> Result<Totals, tokio_postgres::Error> {
+    let n = |i: usize| {
+        r.try_get::<_, i64>(at + i)
+            .map(|v| u64::try_from(v).unwrap_or(0))
+    };
+    Ok(Totals {
+        prompt_tokens: n(0)?,
+        completion_tokens: n(1)?,
+        total_tokens: n(2)?,
+        estimated_tokens: n(3)?,
+        model_requests: n(4)?,
+        tool_calls: n(5)?,
+        cost: r.try_get(at + 6)?,
+    })
+}
+
+async fn measure_one(
+    client: &impl deadpool_postgres::GenericClient,
+    g: &Gauge,
+) -> Result<Standing, tokio_postgres::Error> {
+    let (column, value) = g.scope.column();
+    let sql = format!(
+        "SELECT COALESCE(SUM({}), 0)::DOUBLE PRECISION, MIN(at) FROM bindery_usage
+         WHERE {column} = $1 AND at >= $2",
+        meter_sql(g.meter)
+    );
+    let r = client.query_one(&sql, &[&value, &g.since]).await?;
+    Ok(Standing {
+        used: r.try_get(0)?,
+        oldest: r.try_get(1)?,
+    })
+}
+
+/// A count as PostgreSQL's BIGINT.
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -982,7 +1188,7 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n6\n7\n"
+            "1\n2\n3\n4\n5\n6\n7\n8\n"
         );
         a.create(&record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
@@ -1003,7 +1209,7 @@ mod tests {
             DB,
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
-             DROP TABLE bindery_agents;
+             DROP TABLE bindery_agents, bindery_usage;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;

@@ -23,6 +23,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
+use crate::session::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::spec::budget::Meter;
 
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited, since databases
@@ -72,6 +74,25 @@ const MIGRATIONS: &[&str] = &[
         document   TEXT NOT NULL,  -- JSON: the definition as put
         updated_at INTEGER NOT NULL
     );",
+    // 7: what runs used, for budgets and reports (kept when sessions go).
+    "CREATE TABLE usage (
+        id                INTEGER PRIMARY KEY AUTOINCREMENT,
+        at                INTEGER NOT NULL,
+        agent             TEXT NOT NULL,
+        session           TEXT NOT NULL,
+        run               TEXT NOT NULL,
+        model             TEXT NOT NULL,
+        tool              TEXT,            -- NULL: a model request
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        estimated         INTEGER NOT NULL,
+        tool_calls        INTEGER NOT NULL,
+        cost              REAL NOT NULL
+    );
+    CREATE INDEX usage_agent_at ON usage (agent, at);
+    CREATE INDEX usage_session ON usage (session);
+    CREATE INDEX usage_run ON usage (run);
+    CREATE INDEX usage_at ON usage (at);",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -196,6 +217,49 @@ impl SqliteStore {
             .fail("the worker task panicked or was cancelled")),
         }
     }
+}
+
+/// The sums a [`Totals`] reads, in its order.
+pub(super) const TOTALS: &str =
+    "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),
+     COALESCE(SUM(prompt_tokens + completion_tokens), 0),
+     COALESCE(SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END), 0),
+     COALESCE(SUM(CASE WHEN tool IS NULL THEN 1 ELSE 0 END), 0),
+     COALESCE(SUM(tool_calls), 0), COALESCE(SUM(cost), 0.0)";
+
+fn totals_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Totals> {
+    let n = |i: usize| {
+        r.get::<_, i64>(at + i)
+            .map(|v| u64::try_from(v).unwrap_or(0))
+    };
+    Ok(Totals {
+        prompt_tokens: n(0)?,
+        completion_tokens: n(1)?,
+        total_tokens: n(2)?,
+        estimated_tokens: n(3)?,
+        model_requests: n(4)?,
+        tool_calls: n(5)?,
+        cost: r.get(at + 6)?,
+    })
+}
+
+fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
+    let (column, value) = g.scope.column();
+    conn.prepare_cached(&format!(
+        "SELECT COALESCE(SUM({}), 0), MIN(at) FROM usage WHERE {column} = ?1 AND at >= ?2",
+        meter_sql(g.meter)
+    ))?
+    .query_row(params![value, g.since], |r| {
+        Ok(Standing {
+            used: r.get(0)?,
+            oldest: r.get(1)?,
+        })
+    })
+}
+
+/// A count as SQLite's integer.
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Create the file readable by its owner only, if it does not exist yet:
@@ -649,6 +713,138 @@ impl SessionStore for SqliteStore {
                 })
                 .map_err(|e| op.db(e))?;
             rows.map(|r| r.map_err(|e| op.db(e))).collect()
+        })
+        .await
+    }
+
+    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+        let limits = limits.to_vec();
+        let row = row.clone();
+        self.run("claim a budget", move |conn, op| {
+            // IMMEDIATE: the sums are read and the row written under the
+            // write lock, so no other claim comes in between.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| op.db(e))?;
+            for (index, (gauge, limit)) in limits.iter().enumerate() {
+                let standing = measure_one(&tx, gauge).map_err(|e| op.db(e))?;
+                if standing.used >= *limit {
+                    return Ok(Claimed::Exhausted { index, standing });
+                }
+            }
+            tx.execute(
+                "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
+                     completion_tokens, estimated, tool_calls, cost)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    row.at,
+                    row.agent,
+                    row.session,
+                    row.run,
+                    row.model,
+                    row.tool,
+                    count(row.prompt_tokens),
+                    count(row.completion_tokens),
+                    row.estimated,
+                    count(row.tool_calls),
+                    row.cost
+                ],
+            )
+            .map_err(|e| op.db(e))?;
+            let id = tx.last_insert_rowid();
+            tx.commit().map_err(|e| op.db(e))?;
+            Ok(Claimed::Granted { id })
+        })
+        .await
+    }
+
+    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
+        let row = row.clone();
+        self.run("record usage", move |conn, op| {
+            conn.prepare_cached(
+                "UPDATE usage SET model = ?2, prompt_tokens = ?3, completion_tokens = ?4,
+                     estimated = ?5, tool_calls = ?6, cost = ?7 WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    row.model,
+                    count(row.prompt_tokens),
+                    count(row.completion_tokens),
+                    row.estimated,
+                    count(row.tool_calls),
+                    row.cost
+                ])
+            })
+            .map(drop)
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
+        let gauges = gauges.to_vec();
+        self.run("measure usage", move |conn, op| {
+            gauges
+                .iter()
+                .map(|g| measure_one(conn, g).map_err(|e| op.db(e)))
+                .collect()
+        })
+        .await
+    }
+
+    async fn peak(
+        &self,
+        agent: &str,
+        meter: Meter,
+        by_session: bool,
+        since: i64,
+    ) -> Result<f64, StoreError> {
+        let agent = agent.to_owned();
+        self.run("measure usage", move |conn, op| {
+            let by = if by_session { "session" } else { "run" };
+            conn.query_row(
+                &format!(
+                    "SELECT COALESCE(MAX(total), 0) FROM (SELECT SUM({}) AS total FROM usage
+                     WHERE agent = ?1 GROUP BY {by} HAVING MAX(at) >= ?2)",
+                    meter_sql(meter)
+                ),
+                params![agent, since],
+                |r| r.get(0),
+            )
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
+        self.run("report usage", move |conn, op| {
+            let col = group.column();
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {col}, {TOTALS} FROM usage WHERE at >= ?1 AND at < ?2
+                     GROUP BY {col} ORDER BY 4 DESC, 1"
+                ))
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map(params![from, to], |r| {
+                    Ok(ReportRow {
+                        key: r.get(0)?,
+                        totals: totals_at(r, 1)?,
+                    })
+                })
+                .map_err(|e| op.db(e))?;
+            rows.map(|r| r.map_err(|e| op.db(e))).collect()
+        })
+        .await
+    }
+
+    async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
+        let session = session.to_owned();
+        self.run("read a session's usage", move |conn, op| {
+            conn.prepare_cached(&format!("SELECT {TOTALS} FROM usage WHERE session = ?1"))
+                .and_then(|mut s| s.query_row([session], |r| totals_at(r, 0)))
+                .map_err(|e| op.db(e))
         })
         .await
     }

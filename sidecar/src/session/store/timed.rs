@@ -10,6 +10,8 @@ use async_trait::async_trait;
 
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
+use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::spec::budget::Meter;
 
 /// Told each operation's name (`get`, `update`, `append_event`, …) and how
 /// long it took, failed ones included.
@@ -112,6 +114,33 @@ impl SessionStore for Timed {
     }
     async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
         self.time("agents", self.inner.agents()).await
+    }
+    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+        self.time("claim", self.inner.claim(limits, row)).await
+    }
+    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
+        self.time("settle", self.inner.settle(id, row)).await
+    }
+    async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
+        self.time("measure", self.inner.measure(gauges)).await
+    }
+    async fn peak(
+        &self,
+        agent: &str,
+        meter: Meter,
+        by_session: bool,
+        since: i64,
+    ) -> Result<f64, StoreError> {
+        let peak = self.inner.peak(agent, meter, by_session, since);
+        self.time("peak", peak).await
+    }
+    async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
+        self.time("report", self.inner.report(from, to, group))
+            .await
+    }
+    async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
+        self.time("session_totals", self.inner.session_totals(session))
+            .await
     }
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
         self.time("heartbeats", self.inner.heartbeats()).await
@@ -238,6 +267,30 @@ mod tests {
         async fn release_memory(&self) {
             self.note("release_memory");
         }
+        async fn claim(&self, _: &[(Gauge, f64)], _: &Use) -> Result<Claimed, StoreError> {
+            self.note("claim");
+            Ok(Claimed::Granted { id: 1 })
+        }
+        async fn settle(&self, _: i64, _: &Use) -> Result<(), StoreError> {
+            self.note("settle");
+            Ok(())
+        }
+        async fn measure(&self, _: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
+            self.note("measure");
+            Ok(Vec::new())
+        }
+        async fn peak(&self, _: &str, _: Meter, _: bool, _: i64) -> Result<f64, StoreError> {
+            self.note("peak");
+            Ok(0.0)
+        }
+        async fn report(&self, _: i64, _: i64, _: Group) -> Result<Vec<ReportRow>, StoreError> {
+            self.note("report");
+            Ok(Vec::new())
+        }
+        async fn session_totals(&self, _: &str) -> Result<Totals, StoreError> {
+            self.note("session_totals");
+            Ok(Totals::default())
+        }
     }
 
     /// A method with a default body that `Timed` does not pass on would
@@ -271,6 +324,13 @@ mod tests {
         store.forget_runner("i").await.unwrap();
         store.prune_runners(0).await.unwrap();
         store.release_memory().await;
+        let row = crate::session::store::contract::usage_row(1, "a", "s1", "r1", 1);
+        store.claim(&[], &row).await.unwrap();
+        store.settle(1, &row).await.unwrap();
+        store.measure(&[]).await.unwrap();
+        store.peak("a", Meter::Tokens, true, 0).await.unwrap();
+        store.report(0, 1, Group::Agent).await.unwrap();
+        store.session_totals("s1").await.unwrap();
         let all = [
             "create",
             "get",
@@ -287,6 +347,12 @@ mod tests {
             "forget_runner",
             "prune_runners",
             "release_memory",
+            "claim",
+            "settle",
+            "measure",
+            "peak",
+            "report",
+            "session_totals",
         ];
         assert_eq!(*inner.0.lock().unwrap(), all);
         assert_eq!(*seen.lock().unwrap(), all);

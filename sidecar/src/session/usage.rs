@@ -1,0 +1,220 @@
+//! What runs use, as the session store keeps it: one row per model request
+//! (its tokens and cost) and per tool call, and the questions a budget asks
+//! of those rows. Pure: the stores answer with SQL, in one transaction
+//! where a budget must not be passed twice (see [`SessionStore::claim`]).
+//!
+//! [`SessionStore::claim`]: super::store::SessionStore::claim
+
+use serde::Serialize;
+
+use crate::spec::budget::Meter;
+
+/// One model request or tool call of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Use {
+    /// Milliseconds since the epoch.
+    pub at: i64,
+    pub agent: String,
+    pub session: String,
+    pub run: String,
+    /// The model a request went to (a tool call's: the run's model).
+    pub model: String,
+    /// The tool called; `None` for a model request.
+    pub tool: Option<String>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The model reported no usage: the tokens are estimated.
+    pub estimated: bool,
+    pub tool_calls: u64,
+    /// In the agent's pricing currency (0 without pricing).
+    pub cost: f64,
+}
+
+/// Whose use a gauge sums.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scope {
+    /// Every session of an agent.
+    Agent(String),
+    Session(String),
+    Run(String),
+}
+
+impl Scope {
+    /// The column a scope filters on, and its value.
+    pub fn column(&self) -> (&'static str, &str) {
+        match self {
+            Scope::Agent(a) => ("agent", a),
+            Scope::Session(s) => ("session", s),
+            Scope::Run(r) => ("run", r),
+        }
+    }
+}
+
+/// One budget's question: how much of `meter` has `scope` used since `since`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gauge {
+    pub meter: Meter,
+    pub scope: Scope,
+    /// Milliseconds since the epoch (0: all of it).
+    pub since: i64,
+}
+
+/// The SQL sum a meter reads.
+pub fn meter_sql(meter: Meter) -> &'static str {
+    match meter {
+        Meter::Tokens => "prompt_tokens + completion_tokens",
+        Meter::ToolCalls => "tool_calls",
+        Meter::Cost => "cost",
+    }
+}
+
+/// A gauge's answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Standing {
+    pub used: f64,
+    /// When the oldest counted use was (`None`: nothing counted): a
+    /// rolling window frees up as it leaves the window.
+    pub oldest: Option<i64>,
+}
+
+/// What [`SessionStore::claim`](super::store::SessionStore::claim) did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Claimed {
+    /// Every limit had room: the use is recorded (as claimed, until settled).
+    Granted { id: i64 },
+    /// Limit `index` is used up; nothing was recorded.
+    Exhausted { index: usize, standing: Standing },
+}
+
+/// How a usage report is grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Group {
+    Agent,
+    Session,
+    Tool,
+    Model,
+}
+
+impl Group {
+    /// The column; a tool report's model requests have none.
+    pub fn column(self) -> &'static str {
+        match self {
+            Group::Agent => "agent",
+            Group::Session => "session",
+            Group::Tool => "tool",
+            Group::Model => "model",
+        }
+    }
+}
+
+/// Sums of use.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Totals {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Of `total_tokens`, those estimated because the model reported none.
+    pub estimated_tokens: u64,
+    pub model_requests: u64,
+    pub tool_calls: u64,
+    pub cost: f64,
+}
+
+/// A token count a model did not report: about four characters a token,
+/// the rule of thumb for English text with OpenAI's tokenizers.
+pub fn estimate_tokens(chars: usize) -> u64 {
+    (chars as u64).div_ceil(4)
+}
+
+/// One report row: the group's key (`None`: model requests in a report by
+/// tool) and its sums.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct ReportRow {
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub totals: Totals,
+}
+
+/// The report as CSV, `group` the first column's name.
+pub fn report_csv(group: Group, rows: &[ReportRow], currency: &str) -> String {
+    let mut out = format!(
+        "{},prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency\n",
+        group.column()
+    );
+    for r in rows {
+        let t = &r.totals;
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            csv_field(r.key.as_deref().unwrap_or("")),
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.total_tokens,
+            t.estimated_tokens,
+            t.model_requests,
+            t.tool_calls,
+            t.cost,
+            csv_field(currency),
+        ));
+    }
+    out
+}
+
+/// A field quoted when it must be (RFC 4180), and defused when a
+/// spreadsheet would read it as a formula.
+fn csv_field(s: &str) -> String {
+    let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    };
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_and_defuses_what_it_must() {
+        let rows = vec![
+            ReportRow {
+                key: Some("a,\"b\"".into()),
+                totals: Totals {
+                    prompt_tokens: 3,
+                    completion_tokens: 2,
+                    total_tokens: 5,
+                    model_requests: 1,
+                    cost: 0.5,
+                    ..Totals::default()
+                },
+            },
+            ReportRow {
+                key: Some("=HYPERLINK(1)".into()),
+                totals: Totals::default(),
+            },
+            ReportRow {
+                key: None,
+                totals: Totals::default(),
+            },
+        ];
+        let csv = report_csv(Group::Session, &rows, "USD");
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "session,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency");
+        assert_eq!(lines[1], "\"a,\"\"b\"\"\",3,2,5,0,1,0,0.5,USD");
+        assert_eq!(lines[2], "'=HYPERLINK(1),0,0,0,0,0,0,0,USD");
+        assert_eq!(lines[3], ",0,0,0,0,0,0,0,USD");
+    }
+
+    #[test]
+    fn estimates_round_up() {
+        assert_eq!(estimate_tokens(0), 0);
+        assert_eq!(estimate_tokens(1), 1);
+        assert_eq!(estimate_tokens(8), 2);
+        assert_eq!(estimate_tokens(9), 3);
+    }
+}
