@@ -23,7 +23,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::crd::{Agent, AgentSpec, AgentTenant};
+use crate::crd::{Agent, AgentSpec, AgentTenant, AgentTenantStatus};
 use crate::desired::{desired, referenced, Inputs, OperatorConfig, RefObject, Rollout};
 use crate::metrics::Metrics;
 use crate::names;
@@ -150,7 +150,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let (store, tenants_writer) = reflector::store();
     let tenant_changes = watcher(scoped::<AgentTenant>(&client, &namespace), cfg.clone())
         .reflect(tenants_writer)
-        .applied_objects();
+        .applied_objects()
+        .predicate_filter(tenant_view, Default::default());
     // A bounded number of reconciles at once: with a thousand tenants
     // queued together, unbounded concurrency holds every one's objects in
     // memory at the same time (and gains nothing against one API server).
@@ -530,7 +531,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         sent |= apply(c, own, &ns, &o.service).await?;
         // What the tenant owns and no longer asks for goes, by its label:
         // a claim once its store is PostgreSQL, the Role and RoleBinding
-        // for Events once no agent has an approval webhook (after the
+        // once no agent has an approval webhook or a budget (after the
         // Deployment whose pods no longer hold a token), objects an older
         // operator named otherwise. Only after the new Deployment is applied (its
         // pods no longer mount the claim), and only when something was
@@ -582,16 +583,19 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    if tenant.status.as_ref() != Some(&d.status) {
+    // Compared, and applied, without what the tenant's agent server writes
+    // (its budgets' use): the operator neither takes those fields nor
+    // clears them, and their changes call for no write of its own.
+    let current = tenant
+        .status
+        .as_ref()
+        .map(AgentTenantStatus::operators_part);
+    if current.as_ref() != Some(&d.status) {
         let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
             .patch_status(
                 &name,
                 &PatchParams::apply(names::FIELD_MANAGER).force(),
-                &Patch::Apply(serde_json::json!({
-                    "apiVersion": "bindery.dev/v1alpha1",
-                    "kind": "AgentTenant",
-                    "status": d.status,
-                })),
+                &Patch::Apply(status_apply(&d.status)),
             )
             .await?;
         own.wrote(key_of(&written), &written.metadata, None);
@@ -602,6 +606,38 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     } else {
         60
     })))
+}
+
+/// The body of the operator's server-side apply of a tenant's status:
+/// every field it computes, never those the tenant's agent server writes
+/// ([`AgentTenantStatus::SERVER_FIELDS`]). Under a forced apply, a field
+/// named here would become the operator's (the server's next apply would
+/// conflict), and one the operator once named and then left out would be
+/// removed; never named, they stay the server's alone.
+pub fn status_apply(status: &AgentTenantStatus) -> serde_json::Value {
+    let mut status = serde_json::to_value(status).expect("a status serializes");
+    if let Some(fields) = status.as_object_mut() {
+        for f in AgentTenantStatus::SERVER_FIELDS {
+            fields.remove(f);
+        }
+    }
+    serde_json::json!({
+        "apiVersion": "bindery.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "status": status,
+    })
+}
+
+/// What of a tenant a change must touch to reconcile it: all of it but
+/// its resourceVersion, its managed fields and the status fields the
+/// tenant's agent server writes. That server writes its budgets' use as it
+/// goes; a reconcile would find nothing to do.
+fn tenant_view(tenant: &AgentTenant) -> Option<u64> {
+    let mut t = tenant.clone();
+    t.metadata.resource_version = None;
+    t.metadata.managed_fields = None;
+    t.status = t.status.as_ref().map(AgentTenantStatus::operators_part);
+    Some(own_writes::digest(&t))
 }
 
 /// A namespaced kind that reconcile reads, applies or deletes.
@@ -731,4 +767,107 @@ where
         .await?;
     own.wrote(key, applied.meta(), Some(digest));
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::BudgetStatus;
+
+    /// A status the tenant's agent server has written its budget rows to,
+    /// on top of the operator's.
+    fn with_budgets() -> AgentTenantStatus {
+        AgentTenantStatus {
+            observed_generation: Some(4),
+            params_bound: Some("2/2".into()),
+            summary: vec!["tenant (invoices; session, required): pinned".into()],
+            budgets: vec![BudgetStatus {
+                name: "daily-tokens".into(),
+                agent: "invoices".into(),
+                meter: "tokens".into(),
+                used: 1200.0,
+                limit: 200000.0,
+                per: "24h".into(),
+                on_exceed: Default::default(),
+                exhausted: false,
+                measured_at: "2026-11-29T12:00:00Z".into(),
+            }],
+            budget_summary: vec![
+                "daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 0%".into(),
+            ],
+            ..Default::default()
+        }
+    }
+
+    /// The operator's status apply never names the fields the agent server
+    /// writes (so it neither takes them nor clears them), whatever the
+    /// status it is given holds; everything else it computes goes out.
+    #[test]
+    fn the_operators_status_apply_has_no_budget_fields() {
+        let body = status_apply(&with_budgets());
+        assert_eq!(body["apiVersion"], "bindery.dev/v1alpha1");
+        assert_eq!(body["kind"], "AgentTenant");
+        let status = body["status"].as_object().expect("a status");
+        for field in ["budgets", "budgetSummary"] {
+            assert!(!status.contains_key(field), "{field}: {body:#}");
+        }
+        assert_eq!(status["observedGeneration"], 4);
+        assert_eq!(status["paramsBound"], "2/2");
+        assert_eq!(
+            status["summary"][0],
+            "tenant (invoices; session, required): pinned"
+        );
+        // Every field of the status but those two is the operator's.
+        let all = serde_json::to_value(with_budgets()).unwrap();
+        let mut theirs: Vec<&str> = all
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !status.contains_key(*k))
+            .map(String::as_str)
+            .collect();
+        let mut server_fields = AgentTenantStatus::SERVER_FIELDS;
+        theirs.sort();
+        server_fields.sort();
+        assert_eq!(theirs, server_fields);
+    }
+
+    /// The budget rows make no difference to whether the operator writes
+    /// its status, nor to whether a tenant's change reconciles it.
+    #[test]
+    fn the_agent_servers_budget_rows_call_for_no_write_and_no_reconcile() {
+        let theirs = with_budgets();
+        let ours = theirs.operators_part();
+        assert!(ours.budgets.is_empty() && ours.budget_summary.is_empty());
+        assert_eq!(ours.params_bound, theirs.params_bound);
+        assert_eq!(
+            ours,
+            AgentTenantStatus {
+                budgets: vec![],
+                budget_summary: vec![],
+                ..with_budgets()
+            }
+        );
+
+        let mut tenant = AgentTenant::new(
+            "acme",
+            serde_json::from_value(serde_json::json!({"agentRef": {"name": "invoices"}})).unwrap(),
+        );
+        tenant.metadata.resource_version = Some("10".into());
+        tenant.status = Some(ours.clone());
+        let before = tenant_view(&tenant);
+        // The agent server's apply: new rows, a new resourceVersion, its
+        // managed fields.
+        tenant.status = Some(theirs);
+        tenant.metadata.resource_version = Some("11".into());
+        tenant.metadata.managed_fields = Some(vec![Default::default()]);
+        assert_eq!(tenant_view(&tenant), before);
+        // Anyone else's change to the status (or the spec) does reconcile.
+        let mut changed = tenant.clone();
+        changed.status.as_mut().unwrap().params_bound = Some("1/2".into());
+        assert_ne!(tenant_view(&changed), before);
+        let mut changed = tenant.clone();
+        changed.spec.replicas = Some(2);
+        assert_ne!(tenant_view(&changed), before);
+    }
 }

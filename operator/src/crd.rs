@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use bindery_sidecar::spec::budget::{Budget, BudgetStatus};
 pub use bindery_sidecar::spec::crd::AgentStatus;
 pub use bindery_sidecar::spec::{Agent, AgentSpec};
 
@@ -108,6 +109,14 @@ pub struct AgentTenantSpec {
     /// localhost), volumes, tolerations, node selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_overrides: Option<PodOverrides>,
+    /// This tenant's budgets: each replaces the agent's budget of the same
+    /// name, or is added to them. They cap the tenant's agent (the
+    /// `agentRef` one), not its helpers, which keep their own. A `cost`
+    /// budget needs the agent's `spec.model.pricing`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub budgets: Vec<Budget>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
@@ -224,7 +233,8 @@ pub struct PodOverrides {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// What the operator found and did.
+/// What the operator found and did; and, in `budgets` and
+/// `budgetSummary`, what the tenant's agent server measured.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentTenantStatus {
@@ -259,6 +269,33 @@ pub struct AgentTenantStatus {
     /// operator does not scrape pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_live_sessions: Option<i64>,
+    /// Each budget's use in its current window, one row per agent and
+    /// budget. Written by the tenant's agent server (field manager
+    /// `bindery-sidecar`), never by the operator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["agent", "name"]))]
+    pub budgets: Vec<BudgetStatus>,
+    /// The same rows, one line each, for `kubectl describe`:
+    /// `daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 1%`.
+    /// Written with `budgets`, by the agent server.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget_summary: Vec<String>,
+}
+
+impl AgentTenantStatus {
+    /// The status fields the tenant's agent server writes, never the
+    /// operator (as they are named in the object).
+    pub const SERVER_FIELDS: [&'static str; 2] = ["budgets", "budgetSummary"];
+
+    /// The status as the operator writes it: without the fields the agent
+    /// server writes.
+    pub fn operators_part(&self) -> AgentTenantStatus {
+        AgentTenantStatus {
+            budgets: Vec::new(),
+            budget_summary: Vec::new(),
+            ..self.clone()
+        }
+    }
 }
 
 /// How one declared parameter stands for this tenant.

@@ -309,6 +309,17 @@ fn every_status_the_operator_writes_validates() {
                 key: "token".into(),
             });
         }),
+        ("tenant budgets", |w| {
+            w.tenant.spec.budgets = serde_json::from_value(json!([
+                {"name": "daily-tokens", "tokens": 20000, "per": "24h", "onExceed": "confirm"},
+            ]))
+            .unwrap();
+        }),
+        ("a tenant cost budget without the agent's pricing", |w| {
+            w.tenant.spec.budgets =
+                serde_json::from_value(json!([{"name": "spend", "cost": 5.0, "per": "30d"}]))
+                    .unwrap();
+        }),
     ];
     for (what, change) in cases {
         let mut w = World::example();
@@ -363,6 +374,213 @@ fn a_wrong_status_is_refused() {
         assert!(v.structural.iter().any(|e| e.starts_with(w)), "{w}: {v:#?}");
     }
     assert_eq!(v.structural.len(), want.len(), "{v:#?}");
+}
+
+/// The budget rows the tenant's agent server writes (`status.budgets`,
+/// `status.budgetSummary`) validate beside the operator's status; a row
+/// without its measurement time, or with a word for a number, is refused.
+#[test]
+fn the_budget_rows_the_agent_server_writes_validate() {
+    let mut w = World::example();
+    let d = w.run();
+    w.tenant.status = Some(d.status);
+    let mut object = serde_json::to_value(&w.tenant).unwrap();
+    let row = bindery_operator::crd::BudgetStatus {
+        name: "daily-tokens".into(),
+        agent: "invoices".into(),
+        meter: "tokens".into(),
+        used: 1200.0,
+        limit: 200000.0,
+        per: "24h".into(),
+        on_exceed: Default::default(),
+        exhausted: false,
+        measured_at: "2026-11-29T12:00:00Z".into(),
+    };
+    object["status"]["budgets"] = json!([row]);
+    object["status"]["budgetSummary"] = json!([row.summary()]);
+    let v = check_all("AgentTenant", &object);
+    assert!(v.is_clean(), "{v:#?}\n{object:#}");
+    assert_eq!(
+        object["status"]["budgetSummary"][0],
+        "daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 0%"
+    );
+    object["status"]["budgets"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("measuredAt");
+    object["status"]["budgets"][0]["used"] = json!("lots");
+    let v = check_all("AgentTenant", &object);
+    for want in [
+        "/status/budgets/0 (required)",
+        "/status/budgets/0/used (type)",
+    ] {
+        assert!(
+            v.structural.iter().any(|e| e.starts_with(want)),
+            "{want}: {v:#?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Budgets, on the Agent and on the AgentTenant
+
+/// An Agent of `budgets`, its model priced when `priced`.
+fn agent_with_budgets(budgets: Value, priced: bool) -> Value {
+    let mut model = json!({"url": "http://llm/v1", "name": "m"});
+    if priced {
+        model["pricing"] = json!({"inputPerMillion": 0.15, "outputPerMillion": 0.6});
+    }
+    json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "Agent",
+           "metadata": {"name": "clerk"},
+           "spec": {"model": model, "budgets": budgets}})
+}
+
+fn tenant_with_budgets(budgets: Value) -> Value {
+    let mut t = tenant_with(json!([]));
+    t["spec"]["budgets"] = budgets;
+    t
+}
+
+/// Each budget caps exactly one of tokens, tool calls and cost, over a
+/// window that is a duration, `session` or `run`, on the Agent and on the
+/// AgentTenant alike; its name, what happens past it and how many there
+/// are have their bounds.
+#[test]
+fn a_budget_caps_one_thing_over_a_window() {
+    let one = "a budget caps exactly one of tokens, toolCalls and cost";
+    let per = "per is a duration (1h, 24h, 30d), `session` or `run`";
+    type Make = fn(Value) -> (&'static str, Value);
+    let kinds: [Make; 2] = [
+        |b| ("Agent", agent_with_budgets(b, true)),
+        |b| ("AgentTenant", tenant_with_budgets(b)),
+    ];
+    for make in kinds {
+        let check = |budgets: Value| {
+            let (kind, object) = make(budgets);
+            (kind, check_all(kind, &object), object)
+        };
+        for good in [
+            json!([{"name": "daily", "tokens": 200000, "per": "24h"}]),
+            json!([{"name": "calls", "toolCalls": 50, "per": "session", "onExceed": "confirm"}]),
+            json!([{"name": "spend", "cost": 25.5, "per": "30d"}]),
+            json!([{"name": "one-run", "tokens": 1, "per": "run"}, {"name": "m", "toolCalls": 3, "per": "90m"}]),
+        ] {
+            let (kind, v, object) = check(good);
+            assert!(v.is_clean(), "{kind}: {v:#?}\n{object:#}");
+        }
+        for (bad, message) in [
+            (
+                json!({"name": "b", "tokens": 1, "cost": 2.0, "per": "1h"}),
+                one,
+            ),
+            (
+                json!({"name": "b", "tokens": 1, "toolCalls": 2, "per": "1h"}),
+                one,
+            ),
+            (json!({"name": "b", "per": "1h"}), one),
+            (json!({"name": "b", "tokens": 1, "per": "1w"}), per),
+            (json!({"name": "b", "tokens": 1, "per": "24"}), per),
+            (json!({"name": "b", "tokens": 1, "per": "Session"}), per),
+        ] {
+            let (kind, v, object) = check(json!([bad]));
+            assert!(v.structural.is_empty(), "{kind}: {v:#?}\n{object:#}");
+            assert_eq!(v.cel_message(), Some(message), "{kind}: {object:#}");
+        }
+        for (bad, want) in [
+            (
+                json!([{"name": "b", "tokens": 1, "per": "1h", "onExceed": "ask"}]),
+                "/spec/budgets/0/onExceed (enum)",
+            ),
+            (
+                json!([{"name": "", "tokens": 1, "per": "1h"}]),
+                "/spec/budgets/0/name (minLength)",
+            ),
+            (
+                json!([{"name": "b", "tokens": -1, "per": "1h"}]),
+                "/spec/budgets/0/tokens (minimum)",
+            ),
+            (
+                json!([{"name": "b", "cost": 1.0}]),
+                "/spec/budgets/0 (required)",
+            ),
+            (
+                json!([{"name": "b", "tokens": 1, "per": "1h", "perDay": 2}]),
+                "/spec/budgets/0 (additionalProperties)",
+            ),
+            (
+                Value::Array(
+                    (0..33)
+                        .map(|i| json!({"name": format!("b{i}"), "tokens": 1, "per": "1h"}))
+                        .collect(),
+                ),
+                "/spec/budgets (maxItems)",
+            ),
+        ] {
+            let (kind, v, object) = check(bad);
+            assert!(
+                v.structural.iter().any(|e| e.starts_with(want)),
+                "{kind}: want `{want}`: {v:#?}\n{object:#}"
+            );
+        }
+    }
+}
+
+/// An Agent's cost budget needs its model's pricing. A tenant's cannot be
+/// told by its own schema (the pricing is the Agent's): it is accepted
+/// here, and the tenant's status says what to do
+/// (`desired::a_wrong_tenant_budget_names_the_field_and_what_to_do`).
+#[test]
+fn a_cost_budget_needs_the_agents_pricing() {
+    let msg = "a cost budget needs spec.model.pricing";
+    let cost = json!([{"name": "spend", "cost": 5.0, "per": "30d"}]);
+    let v = check_all("Agent", &agent_with_budgets(cost.clone(), false));
+    assert!(v.structural.is_empty(), "{v:#?}");
+    assert_eq!(v.cel_message(), Some(msg));
+    let v = check_all("Agent", &agent_with_budgets(cost.clone(), true));
+    assert!(v.is_clean(), "{v:#?}");
+    let tokens = json!([{"name": "daily", "tokens": 5, "per": "24h"}]);
+    let v = check_all("Agent", &agent_with_budgets(tokens, false));
+    assert!(v.is_clean(), "tokens need no price: {v:#?}");
+    accepted(&tenant_with_budgets(cost));
+}
+
+/// Budgets are lists the API server keys by name (a second budget of a
+/// name is refused, and server-side apply merges them by name); the status
+/// rows by agent and name. The refusal itself is the real API server's
+/// (real_apiserver.rs): a client-side check does not see list keys.
+#[test]
+fn budgets_are_lists_keyed_by_name() {
+    for source in sources() {
+        let keyed = |kind: &str, path: &[&str]| {
+            let mut node = source.schema(kind);
+            for p in path {
+                node = &node["properties"][p];
+            }
+            (
+                node["x-kubernetes-list-type"].clone(),
+                node["x-kubernetes-list-map-keys"].clone(),
+                node["maxItems"].clone(),
+            )
+        };
+        assert_eq!(
+            keyed("Agent", &["spec", "budgets"]),
+            (json!("map"), json!(["name"]), json!(32)),
+            "{}",
+            source.name
+        );
+        assert_eq!(
+            keyed("AgentTenant", &["spec", "budgets"]),
+            (json!("map"), json!(["name"]), json!(32)),
+            "{}",
+            source.name
+        );
+        assert_eq!(
+            keyed("AgentTenant", &["status", "budgets"]),
+            (json!("map"), json!(["agent", "name"]), Value::Null),
+            "{}",
+            source.name
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -649,6 +867,8 @@ fn every_rule_is_tested_above() {
             rules,
             [
                 "spec: replicas above 1 need a store they share (spec.store.postgres): a pvcSize claim holds one pod's SQLite file",
+                "spec.budgets[]: a budget caps exactly one of tokens, toolCalls and cost",
+                "spec.budgets[].per: per is a duration (1h, 24h, 30d), `session` or `run`",
                 "spec.parameters: each parameter may be listed once",
                 "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
                 "spec.parameters[].valueFrom: give exactly one of secretKeyRef or configMapKeyRef",
@@ -665,7 +885,12 @@ fn every_rule_is_tested_above() {
         });
         assert_eq!(
             agent_rules,
-            ["spec.confirmTtl: confirmTtl is a number and a unit: 90s, 15m, 2h or 1d"],
+            [
+                "spec: a cost budget needs spec.model.pricing",
+                "spec.budgets[]: a budget caps exactly one of tokens, toolCalls and cost",
+                "spec.budgets[].per: per is a duration (1h, 24h, 30d), `session` or `run`",
+                "spec.confirmTtl: confirmTtl is a number and a unit: 90s, 15m, 2h or 1d",
+            ],
             "{}: a new Agent rule needs its own test",
             source.name
         );

@@ -162,6 +162,195 @@ async fn the_crds_cel_rules_refuse_invalid_objects_with_their_messages() {
     );
 }
 
+/// Budgets on the real API server: a second budget of a name is refused
+/// (the list is keyed by name), and so are one capping two things, a window
+/// that is no duration and, on an Agent, a cost without the model's
+/// pricing; on the Agent and on the AgentTenant alike. A tenant's cost
+/// budget is accepted: the pricing is the Agent's, and the tenant's status
+/// says what to do.
+#[tokio::test]
+async fn the_api_server_refuses_wrong_budgets_with_their_messages() {
+    let ns = "real-budgets";
+    let admin = namespace(ns).await;
+    let agents = Api::<Agent>::namespaced(admin.clone(), ns);
+    let tenants = Api::<AgentTenant>::namespaced(admin, ns);
+    let agent = |budgets: Value, priced: bool| {
+        let mut a = yaml("examples/k8s/agent.yaml");
+        a["spec"]["budgets"] = budgets;
+        if priced {
+            a["spec"]["model"]["pricing"] =
+                json!({"inputPerMillion": 0.15, "outputPerMillion": 0.6});
+        }
+        a
+    };
+    let tenant = |budgets: Value| {
+        let mut t = yaml("examples/k8s/tenant.yaml");
+        t["spec"]["budgets"] = budgets;
+        t
+    };
+    let daily = json!({"name": "daily", "tokens": 200000, "per": "24h"});
+    let shapes = [
+        (
+            json!([daily, {"name": "daily", "toolCalls": 5, "per": "run"}]),
+            vec!["spec.budgets[1]", "Duplicate value"],
+        ),
+        (
+            json!([{"name": "both", "tokens": 1, "cost": 2.0, "per": "1h"}]),
+            vec![
+                "spec.budgets[0]",
+                "a budget caps exactly one of tokens, toolCalls and cost",
+            ],
+        ),
+        (
+            json!([{"name": "weekly", "tokens": 1, "per": "1w"}]),
+            vec![
+                "spec.budgets[0].per",
+                "per is a duration (1h, 24h, 30d), `session` or `run`",
+            ],
+        ),
+    ];
+    for (budgets, want) in &shapes {
+        for (kind, (code, message)) in [
+            (
+                "Agent",
+                refused(&agents, agent(budgets.clone(), true)).await,
+            ),
+            (
+                "AgentTenant",
+                refused(&tenants, tenant(budgets.clone())).await,
+            ),
+        ] {
+            assert_eq!(code, 422, "{kind}: {message}");
+            for w in want {
+                assert!(message.contains(w), "{kind}: want {w:?}: {message}");
+            }
+        }
+    }
+    let cost = json!([{"name": "spend", "cost": 25.0, "per": "30d"}]);
+    let (code, message) = refused(&agents, agent(cost.clone(), false)).await;
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("a cost budget needs spec.model.pricing"),
+        "{message}"
+    );
+    // What is right is accepted, and kept as written.
+    let good =
+        json!([daily, {"name": "calls", "toolCalls": 50, "per": "session", "onExceed": "confirm"}]);
+    let mut both = good.as_array().unwrap().clone();
+    both.extend(cost.as_array().unwrap().iter().cloned());
+    let created = agents
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(agent(Value::Array(both), true)).unwrap(),
+        )
+        .await
+        .expect("budgets with a priced model are accepted");
+    assert_eq!(created.spec.budgets.len(), 3);
+    let created = tenants
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(tenant(cost)).unwrap(),
+        )
+        .await
+        .expect("a tenant's cost budget is accepted");
+    assert_eq!(created.spec.budgets[0].cost, Some(25.0));
+}
+
+/// The operator's status apply (its very body, `status_apply`) and the
+/// agent server's (field manager `bindery-sidecar`, `status.budgets` and
+/// `status.budgetSummary` alone) share the status without a conflict and
+/// without either removing the other's fields, however often each applies.
+#[tokio::test]
+async fn the_operators_status_and_the_agent_servers_budget_rows_keep_to_their_fields() {
+    let ns = "real-budget-status";
+    let admin = namespace(ns).await;
+    let tenants = Api::<AgentTenant>::namespaced(admin, ns);
+    let tenant: AgentTenant = serde_json::from_value(yaml("examples/k8s/tenant.yaml")).unwrap();
+    tenants
+        .create(&PostParams::default(), &tenant)
+        .await
+        .unwrap();
+    let mut world = crate::common::World::example();
+    world.tenant.metadata.namespace = Some(ns.into());
+    let status = world.run().status;
+    let operator = |status: &bindery_operator::crd::AgentTenantStatus| {
+        let body = bindery_operator::controller::status_apply(status);
+        let tenants = tenants.clone();
+        async move {
+            tenants
+                .patch_status(
+                    "acme",
+                    &PatchParams::apply(bindery_operator::names::FIELD_MANAGER).force(),
+                    &Patch::Apply(body),
+                )
+                .await
+                .expect("the operator's status apply")
+        }
+    };
+    let row = |used: f64| {
+        let r = bindery_operator::crd::BudgetStatus {
+            name: "daily".into(),
+            agent: "invoices".into(),
+            meter: "tokens".into(),
+            used,
+            limit: 200000.0,
+            per: "24h".into(),
+            on_exceed: Default::default(),
+            exhausted: false,
+            measured_at: "2026-11-29T12:00:00Z".into(),
+        };
+        json!({"apiVersion": "bindery.dev/v1alpha1", "kind": "AgentTenant",
+               "status": {"budgets": [r], "budgetSummary": [r.summary()]}})
+    };
+    let sidecar = |used: f64| {
+        let tenants = tenants.clone();
+        async move {
+            // Not forced: a conflict with the operator would fail here.
+            tenants
+                .patch_status(
+                    "acme",
+                    &PatchParams::apply("bindery-sidecar"),
+                    &Patch::Apply(row(used)),
+                )
+                .await
+                .expect("the agent server's status apply")
+        }
+    };
+    operator(&status).await;
+    sidecar(1200.0).await;
+    let mut later = status.clone();
+    later.params_bound = Some("1/2".into());
+    let t = operator(&later).await;
+    let s = t.status.as_ref().unwrap();
+    assert_eq!(s.params_bound.as_deref(), Some("1/2"));
+    assert_eq!(s.budgets.len(), 1, "the operator kept the rows: {s:?}");
+    assert_eq!(s.budgets[0].used, 1200.0);
+    assert_eq!(
+        s.budget_summary,
+        ["daily (agent invoices): 1200 of 200000 tokens per 24h, 0%"]
+    );
+    let t = sidecar(5000.0).await;
+    let s = t.status.as_ref().unwrap();
+    assert_eq!(s.budgets[0].used, 5000.0);
+    assert_eq!(s.params_bound.as_deref(), Some("1/2"), "{s:?}");
+    assert_eq!(s.conditions.len(), status.conditions.len(), "{s:?}");
+    // Who owns what: the rows are the agent server's alone.
+    let owners = |field: &str| -> Vec<String> {
+        t.managed_fields()
+            .iter()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0["f:status"].get(field).is_some())
+            })
+            .filter_map(|m| m.manager.clone())
+            .collect()
+    };
+    assert_eq!(owners("f:budgets"), ["bindery-sidecar"]);
+    assert_eq!(owners("f:budgetSummary"), ["bindery-sidecar"]);
+    assert_eq!(owners("f:paramsBound"), ["bindery-operator"]);
+}
+
 /// An Agent whose `confirm` selectors carry a `when` is accepted, and
 /// the API server keeps each condition as written (the schema has the
 /// field: nothing is pruned), agent-level and in a toolbox. One that does
