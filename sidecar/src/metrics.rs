@@ -11,6 +11,9 @@
 //! | `bindery_runs_total` | counter | `outcome` = `completed`, `failed`, `cancelled`, `max_steps`, `blocked` |
 //! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool) |
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
+//! | `bindery_model_tokens_total` | counter | `agent` (the session's), `model`, `kind` = `prompt`, `completion` (an estimate where the model reported none) |
+//! | `bindery_model_cost_total` | counter | `agent`, `model`, `currency` (by `spec.model.pricing`; models without a price are not counted) |
+//! | `bindery_budget_remaining` | gauge | `agent`, `budget`: what was left after this server's last use against it (a rolling budget's window moves on meanwhile) |
 //! | `bindery_approval_notices_total` | counter | `outcome` = `delivered`, `retried` (an attempt that failed and is tried again), `failed` (for good) |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
 //! | `bindery_sessions_live` | gauge | |
@@ -134,6 +137,26 @@ struct ToolCall {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelTokens {
+    agent: String,
+    model: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelCost {
+    agent: String,
+    model: String,
+    currency: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    agent: String,
+    budget: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreOp {
     op: &'static str,
 }
@@ -159,6 +182,9 @@ pub struct Metrics {
     tool_calls: Family<ToolCall, Counter>,
     approval_notices: Family<Outcome, Counter>,
     llm_requests: Family<Outcome, Counter>,
+    model_tokens: Family<ModelTokens, Counter>,
+    model_cost: Family<ModelCost, Counter<f64, std::sync::atomic::AtomicU64>>,
+    budget_remaining: Family<BudgetLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     llm_duration: Histogram,
     sessions_live: Gauge,
     sessions_live_limit: Gauge,
@@ -181,6 +207,9 @@ impl Default for Metrics {
             tool_calls: Family::default(),
             approval_notices: Family::default(),
             llm_requests: Family::default(),
+            model_tokens: Family::default(),
+            model_cost: Family::default(),
+            budget_remaining: Family::default(),
             llm_duration: Histogram::new(LLM_DURATION_BUCKETS),
             sessions_live: Gauge::default(),
             sessions_live_limit: Gauge::default(),
@@ -238,6 +267,21 @@ impl Metrics {
             "bindery_llm_requests",
             "Requests to the LLM endpoint, by outcome",
             self.llm_requests.clone(),
+        );
+        r.register(
+            "bindery_model_tokens",
+            "Tokens of model requests, by the session's agent, model and kind (prompt, completion)",
+            self.model_tokens.clone(),
+        );
+        r.register(
+            "bindery_model_cost",
+            "What model requests cost by the model's pricing, by agent, model and currency",
+            self.model_cost.clone(),
+        );
+        r.register(
+            "bindery_budget_remaining",
+            "What a budget had left after this server's last use against it",
+            self.budget_remaining.clone(),
         );
         r.register(
             "bindery_llm_request_duration_seconds",
@@ -337,6 +381,47 @@ impl Metrics {
         self.llm_duration.observe(seconds);
         let outcome = if ok { "ok" } else { "error" };
         self.llm_requests.get_or_create(&Outcome { outcome }).inc();
+    }
+
+    /// A model request of a session of `agent` used these tokens, costing
+    /// `cost` in `currency` (`""`: the model has no price).
+    pub fn model_usage(
+        &self,
+        agent: &str,
+        model: &str,
+        prompt: u64,
+        completion: u64,
+        cost: f64,
+        currency: &str,
+    ) {
+        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
+            self.model_tokens
+                .get_or_create(&ModelTokens {
+                    agent: agent.to_owned(),
+                    model: model.to_owned(),
+                    kind,
+                })
+                .inc_by(n);
+        }
+        if !currency.is_empty() && cost.is_finite() && cost >= 0.0 {
+            self.model_cost
+                .get_or_create(&ModelCost {
+                    agent: agent.to_owned(),
+                    model: model.to_owned(),
+                    currency: currency.to_owned(),
+                })
+                .inc_by(cost);
+        }
+    }
+
+    /// What budget `budget` of `agent` had left after a use.
+    pub fn budget_remaining(&self, agent: &str, budget: &str, remaining: f64) {
+        self.budget_remaining
+            .get_or_create(&BudgetLabels {
+                agent: agent.to_owned(),
+                budget: budget.to_owned(),
+            })
+            .set(remaining.max(0.0));
     }
 
     /// How many sessions are live right now.

@@ -13,4 +13,5 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod stored_agents;
+pub mod usage;
 pub mod views;

@@ -43,6 +43,7 @@ use crate::session::model::SessionStatus;
     ParamsChangedEvent,
     PendingEvent,
     ResolvedEvent,
+    BudgetEvent,
 )))]
 struct EventSchemas;
 
@@ -57,6 +58,7 @@ const EVENTS: &[(&str, &str)] = &[
     ("params_changed", "ParamsChangedEvent"),
     ("pending", "PendingEvent"),
     ("resolved", "ResolvedEvent"),
+    ("budget", "BudgetEvent"),
 ];
 
 /// The path of the events route, whose 200 gets `x-events`.
@@ -655,6 +657,56 @@ pub struct PendingItem {
     #[serde(default)]
     #[schema(format = DateTime)]
     pub expires_at: String,
+    /// `budget`: the used-up budget the run waits at. Held before a model
+    /// request, the item's `tool` is empty and `call` is `{}`.
+    #[serde(default)]
+    #[schema(inline)]
+    pub budget: Option<BudgetExceeded>,
+}
+
+/// A used-up budget: in a 429's body (with `error: budget_exceeded`), and
+/// in a pending item of disposition `budget`.
+#[derive(ToSchema)]
+pub struct BudgetExceeded {
+    pub budget: String,
+    #[schema(inline)]
+    pub meter: BudgetMeter,
+    pub limit: f64,
+    pub used: f64,
+    /// The window: a duration (`24h`), `session` or `run`.
+    pub per: String,
+    /// Seconds until the oldest use in a rolling window leaves it; absent
+    /// for `session` and `run` budgets.
+    #[serde(default)]
+    pub retry_after: u64,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetMeter {
+    Tokens,
+    ToolCalls,
+    Cost,
+}
+
+/// `budget`: a budget went past 80% of its limit, or reached it.
+#[derive(ToSchema)]
+pub struct BudgetEvent {
+    pub budget: String,
+    #[schema(inline)]
+    pub state: BudgetState,
+    pub used: f64,
+    pub limit: f64,
+    #[schema(inline)]
+    pub meter: BudgetMeter,
+    pub per: String,
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetState {
+    NearlyUsed,
+    UsedUp,
 }
 
 /// `deferred`: the client runs the tool and posts the result; `confirm`: a
@@ -670,6 +722,7 @@ pub enum PendingDisposition {
     NeedsInput,
     NeedsSelection,
     NeedsConfirmation,
+    Budget,
 }
 
 #[derive(ToSchema)]
@@ -736,6 +789,8 @@ pub struct RunFinishedEvent {
     pub detail: Option<String>,
     /// The session's status after the run.
     pub session_status: SessionStatus,
+    /// What this run used (since it last resumed, for a run that waited).
+    pub usage: crate::session::usage::Totals,
 }
 
 #[derive(ToSchema)]
@@ -971,6 +1026,7 @@ mod tests {
         ("POST", "/v1/continuations/{token}"),
         ("GET", "/v1/approvals"),
         ("POST", "/v1/approvals/{token}"),
+        ("GET", "/v1/usage"),
         ("PUT", "/v1/sessions/{id}/params"),
         ("DELETE", "/v1/sessions/{id}/token"),
         ("GET", "/v1/sessions/{id}/events"),
@@ -1311,6 +1367,7 @@ mod tests {
             "params_changed",
             "pending",
             "resolved",
+            "budget",
         ];
         assert_eq!(kinds.len(), expected.len());
         for kind in expected {

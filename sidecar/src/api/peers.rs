@@ -419,6 +419,7 @@ pub fn secret_values_in(body: &[u8], secret: impl Fn(&str) -> bool) -> Vec<Strin
 /// peer over plain HTTP.
 pub fn tls_required(names: Vec<String>) -> ServiceError {
     ServiceError {
+        extra: None,
         kind: ErrorKind::Conflict,
         code: "peer_tls_required",
         message: format!(

@@ -65,6 +65,7 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(revoke_token))
         .routes(routes!(events))
         .routes(routes!(continuation))
+        .routes(routes!(super::usage::report))
         .routes(routes!(super::approvals::list))
         .routes(routes!(super::approvals::answer_link))
         .routes(routes!(super::mcp::post))
@@ -169,6 +170,9 @@ impl IntoResponse for ServiceError {
             || self.code == "params_required"
         {
             body["params"] = json!(self.params);
+        }
+        for (k, v) in self.extra.into_iter().flat_map(|m| *m) {
+            body[k] = v;
         }
         (status, Json(body)).into_response()
     }
@@ -499,8 +503,10 @@ async fn view(
         None => s.service.record(id).await?,
     };
     let pending = s.service.pending_view(&rec);
+    let usage = s.service.session_usage(&rec).await;
     let mut v = session_view(rec, s.service.secret_names(id), token);
     v.pending = pending;
+    v.usage = usage;
     if let Caller::SessionToken(_) = who {
         // A session token may read the conversation, not its parameters,
         // and cannot answer a pending call.
@@ -764,6 +770,7 @@ async fn put_params(
     let stray = beside_params(&req.body);
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
+            extra: None,
             kind: ErrorKind::Forbidden,
             code: "forbidden_params",
             message: "a session token cannot set parameters".into(),
@@ -778,6 +785,7 @@ async fn put_params(
         // An unknown session is a 404 whatever the body.
         view(&s, &id, &who, None, None).await?;
         return Err(ServiceError {
+            extra: None,
             kind: ErrorKind::Invalid,
             code: "invalid_params",
             message: format!(

@@ -13,6 +13,7 @@ pub fn of(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Exhausted => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -29,5 +30,6 @@ mod tests {
         assert_eq!(of(ErrorKind::Conflict).as_u16(), 409);
         assert_eq!(of(ErrorKind::Unauthorized).as_u16(), 401);
         assert_eq!(of(ErrorKind::NotFound).as_u16(), 404);
+        assert_eq!(of(ErrorKind::Exhausted).as_u16(), 429);
     }
 }

@@ -167,6 +167,8 @@ pub struct SessionView {
     /// continuation. A session-token holder sees them without tokens.
     #[schema(value_type = Vec<PendingItem>)]
     pub pending: Vec<serde_json::Value>,
+    /// What the session's runs used (null when the store could not say).
+    pub usage: Option<crate::session::usage::SessionUsage>,
     /// A new session token (`st_…`), only in the response that created it
     /// (session creation or fork with `session_token: true`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -225,6 +227,7 @@ pub fn session_view(
         pinned: rec.security.pinned.clone(),
         session: Turns { turns: rec.turns },
         pending: Vec::new(),
+        usage: None,
         session_token: token,
     }
 }

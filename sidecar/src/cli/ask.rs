@@ -28,6 +28,9 @@ pub(super) fn ask_terminal(
         if !b.tainted_by.is_empty() {
             item["tainted_by"] = json!(b.tainted_by);
         }
+        if let Some(budget) = &b.budget {
+            item["budget"] = json!(budget);
+        }
         if let Some(Value::Object(shown)) = b.lookup.as_ref().map(|l| l.shown()) {
             for (k, v) in shown {
                 item[k] = v;
@@ -48,6 +51,7 @@ pub(super) fn ask_terminal(
             frames: b.frames.clone(),
             lookup: b.lookup.clone(),
             tainted_by: b.tainted_by.clone(),
+            budget: b.budget.clone(),
         });
     }
     Ok(out)
@@ -94,6 +98,7 @@ pub(super) fn ask_item(
         Some("needs_input") => Disposition::NeedsInput,
         Some("needs_selection") => Disposition::NeedsSelection,
         Some("needs_confirmation") => Disposition::NeedsConfirmation,
+        Some("budget") => Disposition::Budget,
         other => {
             return Err(format!(
                 "error: {tool} waits in a way this client does not know ({})",
@@ -116,6 +121,23 @@ pub(super) fn ask_item(
             .collect()
     };
     Ok(match disposition {
+        Disposition::Budget => {
+            let budget: Option<crate::session::ledger::Exceeded> =
+                serde_json::from_value(item["budget"].clone()).ok();
+            let what = budget
+                .map(|b| b.detail())
+                .unwrap_or_else(|| "a budget is used up".into());
+            if yes {
+                eprintln!("{what}: the run goes on (--yes)");
+                return Ok(Resolution::Approved);
+            }
+            eprint!("{what}. Let this run go on to its end? [y/N] ");
+            let _ = std::io::stderr().flush();
+            match line()?.as_deref().map(str::trim) {
+                Some("y" | "Y" | "yes") => Resolution::Approved,
+                _ => Resolution::Rejected { reason: None },
+            }
+        }
         Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
             eprintln!("{tool} {args}: approved (--yes)");
             Resolution::Approved

@@ -110,6 +110,8 @@ pub async fn run(
         stream: false,
         origin: crate::metrics::ToolCaller::Model,
         taint_from: 0,
+        // `run` keeps no store, so nothing is counted.
+        ledger: None,
     };
     let mut history = vec![ChatMessage::user(prompt)];
     let cancel = CancellationToken::new();
@@ -144,7 +146,7 @@ pub async fn run(
             "error: no answer after {n} model turns (raise --max-steps)"
         )),
         RunEnd::Cancelled => Err("error: cancelled".to_string()),
-        RunEnd::Failed(why) => Err(format!("error: {why}")),
+        RunEnd::Failed(why) | RunEnd::OverBudget(why) => Err(format!("error: {why}")),
     }
 }
 
@@ -301,6 +303,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         Ok(None) => {}
         Err(e) => tracing::warn!("no Kubernetes Events: {e}"),
     }
+    tokio::spawn(service.clone().write_budget_status());
     if a.stored_agents {
         service.enable_stored(crate::session::service::stored::StoredAgents::new(
             opts.limits,

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Conflict,
     /// Values that do not fit what the agent declares.
     Invalid,
+    /// A budget is used up: nothing more starts until it frees up.
+    Exhausted,
     /// The server's own failure; the log says more.
     Internal,
 }
@@ -32,6 +34,9 @@ pub struct ServiceError {
     pub code: &'static str,
     pub message: String,
     pub params: Vec<String>,
+    /// Fields the error's body carries besides `error` and `message` (a
+    /// budget's name, limit and use).
+    pub extra: Option<Box<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl ServiceError {
@@ -41,6 +46,7 @@ impl ServiceError {
             code,
             message: message.into(),
             params: Vec::new(),
+            extra: None,
         }
     }
 
@@ -64,6 +70,7 @@ impl From<ParamsError> for ServiceError {
             code: e.code(),
             message: e.message(),
             params: e.names().to_vec(),
+            extra: None,
         }
     }
 }

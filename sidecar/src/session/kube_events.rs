@@ -17,6 +17,10 @@ use serde_json::json;
 /// Where the projected volume puts the token, the CA and the namespace.
 pub const DIR_ENV: &str = "BINDERY_EVENTS_DIR";
 
+/// The field manager of the tenant's `status.budgets`: the operator
+/// applies the rest of the status as its own, so neither takes the other's.
+pub const STATUS_MANAGER: &str = "bindery-sidecar";
+
 /// The most an Event's note may hold, in bytes (the API server counts
 /// bytes).
 const NOTE_LIMIT: usize = 1024;
@@ -34,6 +38,8 @@ pub struct KubeEvents {
     client: reqwest::Client,
     /// `https://HOST:PORT/apis/events.k8s.io/v1/namespaces/NS/events`.
     url: String,
+    /// `https://HOST:PORT/apis/bindery.dev/v1alpha1/namespaces/NS/agenttenants/T/status`.
+    status_url: String,
     token: PathBuf,
     namespace: String,
     tenant: String,
@@ -84,6 +90,9 @@ impl KubeEvents {
             url: format!(
                 "https://{host}:{port}/apis/events.k8s.io/v1/namespaces/{namespace}/events"
             ),
+            status_url: format!(
+                "https://{host}:{port}/apis/bindery.dev/v1alpha1/namespaces/{namespace}/agenttenants/{tenant}/status?fieldManager={STATUS_MANAGER}&force=true"
+            ),
             token: dir.join("token"),
             namespace,
             tenant,
@@ -118,6 +127,67 @@ impl KubeEvents {
                 "uid": self.uid,
             },
         })
+    }
+
+    /// The server-side apply body of the tenant's budget rows.
+    fn status_patch(&self, rows: &[crate::spec::budget::BudgetStatus]) -> serde_json::Value {
+        json!({
+            "apiVersion": "bindery.dev/v1alpha1",
+            "kind": "AgentTenant",
+            "metadata": {"name": self.tenant, "namespace": self.namespace},
+            "status": {
+                "budgets": rows,
+                "budgetSummary": rows.iter().map(|r| r.summary()).collect::<Vec<_>>(),
+            },
+        })
+    }
+
+    /// Apply `rows` as the tenant's `status.budgets` (and their summary
+    /// lines). A failure is logged: the next write tries again.
+    pub async fn budget_status(&self, rows: &[crate::spec::budget::BudgetStatus]) {
+        let token = match std::fs::read_to_string(&self.token) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot write the tenant's budget status: {}: {e}",
+                    self.token.display()
+                );
+                return;
+            }
+        };
+        let sent = self
+            .client
+            .patch(&self.status_url)
+            .bearer_auth(token.trim())
+            .header("Content-Type", "application/apply-patch+yaml")
+            .body(self.status_patch(rows).to_string())
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                tracing::debug!(
+                    budgets = rows.len(),
+                    "the tenant's budget status was written"
+                )
+            }
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let why = r
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    status,
+                    "the API server refused the tenant's budget status: {why}"
+                )
+            }
+            Err(e) => tracing::warn!(
+                "cannot write the tenant's budget status: {}",
+                e.without_url()
+            ),
+        }
     }
 
     /// Record a Warning with `reason` and `note` on the tenant. A failure
@@ -180,6 +250,7 @@ mod tests {
         KubeEvents {
             client: reqwest::Client::new(),
             url: String::new(),
+            status_url: String::new(),
             token: PathBuf::new(),
             namespace: "shop".into(),
             tenant: "acme".into(),

@@ -8,6 +8,7 @@ mod fanout;
 pub mod helpers;
 pub mod kube_events;
 pub mod lease;
+pub mod ledger;
 mod lru;
 pub mod model;
 pub mod notify;

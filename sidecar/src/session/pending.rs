@@ -28,6 +28,19 @@ pub struct Pending {
     /// once they are answered the run ends with no model turn.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub client_call: bool,
+    /// The run that waits, which goes on once the items are answered: its
+    /// id (what `per: run` budgets count) and the budgets a person let it
+    /// go past.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<WaitingRun>,
+}
+
+/// A waiting run, as its resumption needs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitingRun {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets_approved: Vec<String>,
 }
 
 /// One call that waits.
@@ -65,6 +78,9 @@ pub struct PendingCall {
     /// results the session took in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tainted_by: Vec<TaintSource>,
+    /// A used-up `confirm` budget the run waits at (disposition `budget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::session::ledger::Exceeded>,
 }
 
 /// A call whose untrusted result a session took in.
@@ -115,6 +131,9 @@ impl PendingCall {
         }
         if !self.tainted_by.is_empty() {
             v["tainted_by"] = serde_json::json!(self.tainted_by);
+        }
+        if let Some(b) = &self.budget {
+            v["budget"] = serde_json::json!(b);
         }
         if let Some(l) = &self.lookup {
             if let serde_json::Value::Object(m) = l.shown() {
@@ -252,6 +271,10 @@ impl Pending {
                     Disposition::NeedsConfirmation => {
                         format!("a person's confirmation of {}{via}", i.tool)
                     }
+                    Disposition::Budget => match &i.budget {
+                        Some(b) => format!("a person to let the run go past budget {}", b.budget),
+                        None => "a person to let the run go past a budget".to_string(),
+                    },
                 }
             })
             .collect();
@@ -296,9 +319,14 @@ pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, St
         Disposition::Deferred => Err(format!(
             "the call of {tool} is deferred: send its `result` (and no `approve`)"
         )),
-        Disposition::Confirm | Disposition::NeedsConfirmation if only(false, true, false, false) => {
+        Disposition::Confirm | Disposition::NeedsConfirmation | Disposition::Budget
+            if only(false, true, false, false) =>
+        {
             Ok(approval())
         }
+        Disposition::Budget => Err(
+            "the run waits at a used-up budget: send `approve: true` to let it go on, or `approve: false` to end it".to_string()
+        ),
         Disposition::Confirm | Disposition::NeedsConfirmation => Err(format!(
             "the call of {tool} waits for approval: send `approve: true` or `approve: false` (and no `result`)"
         )),
@@ -506,6 +534,7 @@ mod tests {
 
     fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
         PendingCall {
+            budget: None,
             tool_call_id: id.into(),
             tool: "t".into(),
             disposition: Disposition::Confirm,
@@ -526,6 +555,7 @@ mod tests {
     fn expiry_closes_only_open_items_past_their_time() {
         let item = call;
         let mut p = Pending {
+            run: None,
             items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
             used: vec![],
             client_call: false,

@@ -20,6 +20,7 @@ use crate::params::scrub::Scrubber;
 use crate::params::{SecretString, Values};
 use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
+use crate::session::ledger::{Exceeded, Gate, Ledger, Spent};
 use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
@@ -39,6 +40,9 @@ pub enum RunEnd {
     /// Tool calls wait (a person's approval, a client's result); the calls
     /// that did not wait have run and their results are in the history.
     Blocked(Vec<Blocked>),
+    /// A `refuse` budget is used up, or a person did not let the run go
+    /// past a `confirm` one: why.
+    OverBudget(String),
 }
 
 /// A call the run stopped before.
@@ -55,6 +59,9 @@ pub struct Blocked {
     /// An egress call in a session that took in untrusted results: those
     /// results' calls.
     pub tainted_by: Vec<TaintSource>,
+    /// A used-up `confirm` budget (disposition `budget`); before a model
+    /// request `call` is a stand-in with no tool.
+    pub budget: Option<Exceeded>,
 }
 
 /// What one call came to: its result, or calls (inside a helper) that wait.
@@ -116,6 +123,9 @@ pub struct RunContext<'a> {
     /// Untrusted results before this turn of the history were cleared by
     /// a person: they no longer hold egress calls.
     pub taint_from: usize,
+    /// The run's budgets (none: nothing is counted, as in `run` on the
+    /// command line).
+    pub ledger: Option<&'a dyn Ledger>,
 }
 
 /// Run the loop over `history` (which ends with the request that started
@@ -167,6 +177,10 @@ async fn run_inner(
             tools.extend(helpers::definitions(ctx.agent, env.tree));
         }
         let scrubber = scrubber_for(ctx.values, ctx.tools);
+        let tools_chars = tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .sum::<usize>();
         for step in 0..ctx.max_steps {
             let mut messages = Vec::with_capacity(history.len() + 1);
             if !ctx.agent.spec.system_prompt.is_empty() {
@@ -177,13 +191,46 @@ async fn run_inner(
                 messages,
                 tools: tools.clone(),
             };
-            let response = tokio::select! {
-                _ = cancel.cancelled() => return RunEnd::Cancelled,
-                r = model_turn(ctx, &request, sink).instrument(tracing::info_span!("model_turn", step)) => r,
+            let model = &ctx.agent.spec.model;
+            let estimate = crate::session::usage::estimate_tokens(
+                tools_chars + request.messages.iter().map(message_chars).sum::<usize>(),
+            );
+            let claim = match ctx.ledger {
+                Some(ledger) => match ledger.before_model(model, estimate).await {
+                    Gate::Go(claim) => claim,
+                    Gate::Refuse(e) => return RunEnd::OverBudget(e.detail()),
+                    Gate::Ask(e) => return RunEnd::Blocked(vec![budget_hold(None, e)]),
+                },
+                None => None,
             };
+            let response = tokio::select! {
+                _ = cancel.cancelled() => None,
+                r = model_turn(ctx, &request, sink).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+            };
+            if let Some(ledger) = ctx.ledger {
+                let spent = match &response {
+                    Some(Ok(r)) => Some(match &r.usage {
+                        Some(u) => Spent {
+                            prompt: u.prompt_tokens,
+                            completion: u.completion_tokens,
+                            estimated: false,
+                        },
+                        None => Spent {
+                            prompt: estimate,
+                            completion: crate::session::usage::estimate_tokens(message_chars(
+                                &r.to_message(),
+                            )),
+                            estimated: true,
+                        },
+                    }),
+                    _ => None,
+                };
+                ledger.after_model(claim, model, spent).await;
+            }
             let response = match response {
-                Ok(r) => r,
-                Err(e) => return RunEnd::Failed(format!("the model request failed: {e}")),
+                None => return RunEnd::Cancelled,
+                Some(Ok(r)) => r,
+                Some(Err(e)) => return RunEnd::Failed(format!("the model request failed: {e}")),
             };
             let message = response.to_message();
             history.push(message.clone());
@@ -210,6 +257,43 @@ async fn run_inner(
             }
         }
         RunEnd::MaxSteps(ctx.max_steps)
+    }
+}
+
+/// About how many characters a message puts in a request (its texts and
+/// its calls' names and arguments), for estimating its tokens.
+fn message_chars(m: &ChatMessage) -> usize {
+    match m {
+        ChatMessage::System { content } | ChatMessage::User { content } => content.len(),
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+        } => {
+            content.as_ref().map_or(0, String::len)
+                + tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len())
+                    .sum::<usize>()
+        }
+        ChatMessage::Tool { content, .. } => content.len(),
+    }
+}
+
+/// A run held at a used-up `confirm` budget: before `call`, or before a
+/// model request (a stand-in call with no tool).
+fn budget_hold(call: Option<&ToolCall>, e: Exceeded) -> Blocked {
+    Blocked {
+        call: call.cloned().unwrap_or_else(|| ToolCall {
+            id: format!("budget-{}", e.budget),
+            name: String::new(),
+            arguments: "{}".into(),
+        }),
+        disposition: Disposition::Budget,
+        bound_params: Vec::new(),
+        frames: Vec::new(),
+        lookup: None,
+        tainted_by: Vec::new(),
+        budget: Some(e),
     }
 }
 
@@ -302,6 +386,7 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[ChatMessage]) -> Op
         frames: Vec::new(),
         lookup: None,
         tainted_by,
+        budget: None,
     })
 }
 
@@ -442,6 +527,32 @@ pub async fn answer_resolved(
                 None => helpers.push((frame.clone(), vec![inner])),
             }
             continue;
+        }
+        if item.disposition == Disposition::Budget {
+            let name = item.budget.as_ref().map_or("", |b| b.budget.as_str());
+            match &item.resolution {
+                Some(Resolution::Approved) => {
+                    if let Some(ledger) = ctx.ledger {
+                        ledger.approve(name);
+                    }
+                    tracing::info!(budget = name, "a person let the run go past a budget");
+                    if item.tool.is_empty() {
+                        // Held before a model request: the run goes on to it.
+                        continue;
+                    }
+                }
+                Some(other) => {
+                    if !item.tool.is_empty() {
+                        let why = other.refusal().unwrap_or_default();
+                        let why = Err(ToolError::Failed(why));
+                        record_result(history, sink, &scrubber, &item.tool_call_id, why).await;
+                    }
+                    return Some(RunEnd::OverBudget(format!(
+                        "a person did not let the run go past budget {name}"
+                    )));
+                }
+                None => continue,
+            }
         }
         let outcome = if let Some(state) = item.lookup.clone() {
             let call = ToolCall {
@@ -681,6 +792,7 @@ pub async fn orchestrated(
                     frames: Vec::new(),
                     lookup: Some(state),
                     tainted_by: Vec::new(),
+                    budget: None,
                 }])
             }
             Step::NoOptions { lookup } => {
@@ -731,6 +843,19 @@ async fn dispatch(
 ) -> Outcome {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
     async {
+        if let Some(ledger) = ctx.ledger {
+            match ledger.before_tool(&call.name).await {
+                Gate::Go(_) => {}
+                Gate::Refuse(e) => {
+                    tracing::info!(budget = %e.budget, "a tool call over budget did not run");
+                    return Outcome::Done(Err(ToolError::Failed(format!(
+                        "{}, so this call did not run",
+                        e.detail()
+                    ))));
+                }
+                Gate::Ask(e) => return Outcome::Blocked(vec![budget_hold(Some(call), e)]),
+            }
+        }
         let outcome = dispatch_inner(ctx, call, history, cancel).await;
         if let Outcome::Done(result) = &outcome {
             let counted = match result {
@@ -879,6 +1004,8 @@ async fn call_helper(
         // A helper's calls are its own model's, in its own conversation.
         origin: ToolCaller::Model,
         taint_from: 0,
+        // What a helper uses counts against the session's budgets.
+        ledger: ctx.ledger,
     };
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
@@ -917,6 +1044,7 @@ async fn call_helper(
         ))),
         RunEnd::Cancelled => Err(ToolError::Failed("the run was cancelled".into())),
         RunEnd::Failed(why) => Err(ToolError::Failed(format!("the helper failed: {why}"))),
+        RunEnd::OverBudget(why) => Err(ToolError::Failed(format!("the helper stopped: {why}"))),
         RunEnd::Blocked(mut calls) => {
             let frame = Frame {
                 call_id: call.id.clone(),
@@ -1021,6 +1149,7 @@ mod tests {
         let values = agent.process_values();
         let metrics = Metrics::default();
         let ctx = RunContext {
+            ledger: None,
             agent,
             tools: &tools,
             helpers: None,

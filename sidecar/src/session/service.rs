@@ -47,6 +47,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
 
+mod budgets;
 mod cancel;
 mod continuation;
 mod feed;
@@ -265,6 +266,8 @@ pub struct Service {
     notices: reqwest::Client,
     /// Warning Events on the tenant, where the operator allows them.
     kube_events: std::sync::OnceLock<crate::session::kube_events::KubeEvents>,
+    /// Wakes the writer of the tenant's budget status before its next tick.
+    budget_status: tokio::sync::Notify,
 }
 
 pub use super::store::now_ms;
@@ -298,6 +301,7 @@ impl Service {
                 .build()
                 .unwrap_or_default(),
             kube_events: std::sync::OnceLock::new(),
+            budget_status: tokio::sync::Notify::new(),
         })
     }
 

@@ -80,14 +80,15 @@ pub struct Standing {
 /// What [`SessionStore::claim`](super::store::SessionStore::claim) did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Claimed {
-    /// Every limit had room: the use is recorded (as claimed, until settled).
-    Granted { id: i64 },
+    /// Every limit had room: the use is recorded (as claimed, until
+    /// settled). `used`: each limit's use before it.
+    Granted { id: i64, used: Vec<f64> },
     /// Limit `index` is used up; nothing was recorded.
     Exhausted { index: usize, standing: Standing },
 }
 
 /// How a usage report is grouped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Group {
     Agent,
@@ -119,6 +120,15 @@ pub struct Totals {
     pub model_requests: u64,
     pub tool_calls: u64,
     pub cost: f64,
+}
+
+/// A session's use, as its view shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct SessionUsage {
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// The currency of `cost` (null: the agent's model has no price).
+    pub currency: Option<String>,
 }
 
 /// A token count a model did not report: about four characters a token,

@@ -101,6 +101,9 @@ pub enum Disposition {
     /// The prepared call of a tool that writes, with its facts: a person
     /// approves it (or not) before it runs.
     NeedsConfirmation,
+    /// A `confirm` budget is used up: a person lets the run go on past it
+    /// (or not). Before a model request the item holds no call.
+    Budget,
 }
 
 impl Disposition {
@@ -111,6 +114,7 @@ impl Disposition {
             Disposition::NeedsInput => "needs_input",
             Disposition::NeedsSelection => "needs_selection",
             Disposition::NeedsConfirmation => "needs_confirmation",
+            Disposition::Budget => "budget",
         }
     }
 }

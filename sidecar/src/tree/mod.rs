@@ -89,6 +89,16 @@ impl LoadedAgent {
             .map(std::time::Duration::from_secs)
     }
 
+    /// The agent's budgets as the server measures them (`check` refuses
+    /// any that does not read).
+    pub fn budget_limits(&self) -> Vec<crate::spec::budget::Limit> {
+        self.spec
+            .budgets
+            .iter()
+            .filter_map(crate::spec::budget::Budget::limit)
+            .collect()
+    }
+
     /// Parameter values with process values and defaults only.
     pub fn process_values(&self) -> Values {
         self.params.snapshot(&Values::new(), &Values::new())

@@ -176,6 +176,7 @@ mod tests {
     #[test]
     fn service_errors_keep_their_rest_code() {
         let e = RpcError::from(ServiceError {
+            extra: None,
             kind: ErrorKind::Invalid,
             code: "unknown_params",
             message: "no".into(),

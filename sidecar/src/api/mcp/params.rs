@@ -27,6 +27,7 @@ pub fn param_name(header: &str) -> Option<String> {
 
 fn invalid(name: &str, why: &str) -> ServiceError {
     ServiceError {
+        extra: None,
         kind: ErrorKind::Invalid,
         code: "invalid_params",
         message: format!("{name}: {why}"),

@@ -92,7 +92,9 @@ impl Service {
                         .filter(|_| {
                             matches!(
                                 b.disposition,
-                                Disposition::Confirm | Disposition::NeedsConfirmation
+                                Disposition::Confirm
+                                    | Disposition::NeedsConfirmation
+                                    | Disposition::Budget
                             )
                         })
                         .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
@@ -100,6 +102,7 @@ impl Service {
                     frames: b.frames.clone(),
                     lookup: b.lookup.clone(),
                     tainted_by: b.tainted_by.clone(),
+                    budget: b.budget.clone(),
                 };
                 if let Some(l) = &b.lookup {
                     // A choice or confirmation lasts no longer than what it rests on.
@@ -480,6 +483,7 @@ impl Service {
             let missing = self.missing_secrets(&agent, &rec, &item);
             if !missing.is_empty() {
                 return Err(ServiceError {
+                    extra: None,
                     kind: ErrorKind::Conflict,
                     code: "params_required",
                     message: format!(

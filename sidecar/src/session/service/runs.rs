@@ -64,6 +64,14 @@ impl Service {
             } else {
                 mode
             };
+            // A waiting run goes on as itself; any other start is a new run.
+            let run = match rec.pending.run.take() {
+                Some(run) if rec.status == SessionStatus::WaitingExternal => run,
+                _ => pending::WaitingRun {
+                    id: hex::encode(&random_key()[..12]),
+                    budgets_approved: Vec::new(),
+                },
+            };
             // The answered calls a waiting run resumes with.
             let resolved = if rec.status == SessionStatus::WaitingExternal {
                 if !rec.pending.all_resolved() {
@@ -79,6 +87,7 @@ impl Service {
                 Vec::new()
             };
             let agent = self.agent(&rec.agent)?.clone();
+            self.refuse_if_spent(&agent, &rec, &run).await?;
             let mut events = Events::new();
             match &opening {
                 Opening::Resume => events.push(("run_started", json!({"prompt": null}))),
@@ -107,10 +116,10 @@ impl Service {
             rec.cancel_requested = false;
             rec.version += 1;
             rec.updated_at = now_ms();
-            Ok::<_, ServiceError>((rec, resolved, agent, mode, events))
+            Ok::<_, ServiceError>((rec, resolved, agent, mode, events, run))
         }
         .await;
-        let (rec, resolved, agent, mode, event) = match prepared {
+        let (rec, resolved, agent, mode, event, run) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -136,6 +145,7 @@ impl Service {
                 Driving {
                     history: turns,
                     taint_from,
+                    run,
                 },
                 values,
                 &resolved,
@@ -202,6 +212,7 @@ impl Service {
         let Driving {
             mut history,
             taint_from,
+            run,
         } = driving;
         let sink = SessionSink::new(self, id, cancel, gate);
         let client = self.client_for(&agent.name);
@@ -211,8 +222,11 @@ impl Service {
                 end: RunEnd::Failed(why),
                 answer,
                 taken,
+                run,
+                usage: Default::default(),
             });
         };
+        let budget = budgets::RunBudget::new(self, agent, id, &run);
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
@@ -248,6 +262,7 @@ impl Service {
                 _ => ToolCaller::Model,
             },
             taint_from,
+            ledger: Some(&budget),
         };
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
@@ -263,7 +278,17 @@ impl Service {
             (_, end) => end,
         };
         let (answer, taken) = sink.close().await?;
-        Some(Driven { end, answer, taken })
+        let run = pending::WaitingRun {
+            budgets_approved: budget.approved(),
+            ..run
+        };
+        Some(Driven {
+            end,
+            answer,
+            taken,
+            run,
+            usage: budget.spent(),
+        })
     }
 
     /// Record how a run ended, with its answer, unless it was taken away
@@ -276,9 +301,16 @@ impl Service {
         pending: Vec<PendingCall>,
         mode: RunMode,
     ) -> Option<Box<SessionRecord>> {
-        let Driven { end, answer, taken } = driven;
+        let Driven {
+            end,
+            answer,
+            taken,
+            run,
+            usage,
+        } = driven;
         let waiting = pending::Pending {
             client_call: mode == RunMode::Call && !pending.is_empty(),
+            run: (!pending.is_empty()).then_some(run),
             items: pending,
             used: Vec::new(),
         };
@@ -305,6 +337,11 @@ impl Service {
                 RunOutcome::MaxSteps,
             ),
             RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
+            RunEnd::OverBudget(why) => (
+                SessionStatus::Failed,
+                Some(format!("budget_exceeded: {why}")),
+                RunOutcome::Failed,
+            ),
         };
         // Stored with the record's end, in the same write.
         let (answer, mut events) = match answer {
@@ -318,7 +355,8 @@ impl Service {
         }
         events.push((
             "run_finished",
-            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail}),
+            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail,
+                   "usage": usage}),
         ));
         let waited = std::time::Instant::now();
         let written = if taken {
@@ -334,6 +372,7 @@ impl Service {
                     rec.cancel_requested = false;
                     rec.pending.items = waiting.items.clone();
                     rec.pending.client_call = waiting.client_call;
+                    rec.pending.run = waiting.run.clone();
                 },
                 &events,
             )
@@ -497,6 +536,8 @@ fn stored_events(
 pub(super) struct Driving {
     history: Vec<ChatMessage>,
     taint_from: usize,
+    /// The run's id and the budgets a person let it go past.
+    run: pending::WaitingRun,
 }
 
 /// What a run's loop leaves for its end to record.
@@ -506,6 +547,10 @@ pub(super) struct Driven {
     answer: Option<(ChatMessage, Events)>,
     /// Another server closed the run as lost.
     taken: bool,
+    /// What the run's next part needs if it waits.
+    run: pending::WaitingRun,
+    /// What this part of the run used.
+    usage: crate::session::usage::Totals,
 }
 
 /// What became of a run's write to its session.

@@ -120,7 +120,12 @@ pub fn full_record() -> SessionRecord {
         cancel_requested: true,
         holder: Some("runner-2".to_owned()),
         pending: crate::session::pending::Pending {
+            run: Some(crate::session::pending::WaitingRun {
+                id: "r1".into(),
+                budgets_approved: vec!["b".into()],
+            }),
             items: vec![crate::session::pending::PendingCall {
+                budget: None,
                 tool_call_id: "call_2".into(),
                 tool: "bash_delete".into(),
                 disposition: crate::tools::Disposition::Confirm,
@@ -543,7 +548,7 @@ fn tokens_of(scope: Scope, since: i64) -> Gauge {
 
 fn granted(c: Claimed) -> i64 {
     match c {
-        Claimed::Granted { id } => id,
+        Claimed::Granted { id, .. } => id,
         other => panic!("expected a grant, got {other:?}"),
     }
 }

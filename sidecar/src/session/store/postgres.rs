@@ -866,11 +866,13 @@ impl SessionStore for PostgresStore {
         )
         .await
         .map_err(&db)?;
+        let mut used = Vec::with_capacity(limits.len());
         for (index, (gauge, limit)) in limits.iter().enumerate() {
             let standing = measure_one(&tx, gauge).await.map_err(&db)?;
             if standing.used >= *limit {
                 return Ok(Claimed::Exhausted { index, standing });
             }
+            used.push(standing.used);
         }
         let r = tx
             .query_one(
@@ -895,7 +897,7 @@ impl SessionStore for PostgresStore {
             .map_err(&db)?;
         let id: i64 = r.try_get(0).map_err(&db)?;
         tx.commit().await.map_err(&db)?;
-        Ok(Claimed::Granted { id })
+        Ok(Claimed::Granted { id, used })
     }
 
     async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {

@@ -726,11 +726,13 @@ impl SessionStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(|e| op.db(e))?;
+            let mut used = Vec::with_capacity(limits.len());
             for (index, (gauge, limit)) in limits.iter().enumerate() {
                 let standing = measure_one(&tx, gauge).map_err(|e| op.db(e))?;
                 if standing.used >= *limit {
                     return Ok(Claimed::Exhausted { index, standing });
                 }
+                used.push(standing.used);
             }
             tx.execute(
                 "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
@@ -753,7 +755,7 @@ impl SessionStore for SqliteStore {
             .map_err(|e| op.db(e))?;
             let id = tx.last_insert_rowid();
             tx.commit().map_err(|e| op.db(e))?;
-            Ok(Claimed::Granted { id })
+            Ok(Claimed::Granted { id, used })
         })
         .await
     }

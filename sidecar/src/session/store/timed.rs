@@ -269,7 +269,10 @@ mod tests {
         }
         async fn claim(&self, _: &[(Gauge, f64)], _: &Use) -> Result<Claimed, StoreError> {
             self.note("claim");
-            Ok(Claimed::Granted { id: 1 })
+            Ok(Claimed::Granted {
+                id: 1,
+                used: Vec::new(),
+            })
         }
         async fn settle(&self, _: i64, _: &Use) -> Result<(), StoreError> {
             self.note("settle");

@@ -1,0 +1,399 @@
+//! The server's [`Ledger`]: each run's budgets, asked of the session store
+//! so that every replica counts against the same use, and what is told
+//! when one nears or reaches its limit (the session's stream, a Warning
+//! Event on the tenant, the metrics).
+
+use super::*;
+use crate::session::ledger::{self, Crossing, Exceeded, Gate, Ledger, Spent, Who};
+use crate::session::usage::{Claimed, Gauge, SessionUsage, Totals, Use};
+use crate::spec::budget::{Limit, Meter, OnExceed};
+use crate::spec::ModelSpec;
+
+/// One run's budgets.
+pub(super) struct RunBudget {
+    service: Arc<Service>,
+    agent: String,
+    session: String,
+    run: String,
+    /// The session's agent's budgets (a helper's count against them).
+    limits: Vec<Limit>,
+    /// `confirm` budgets a person let this run go past.
+    approved: Mutex<Vec<String>>,
+    /// The model request in flight: its limits' use before it.
+    before: Mutex<Vec<(usize, f64)>>,
+    /// What this part of the run used (until it ends or waits).
+    spent: Mutex<Totals>,
+}
+
+/// The meters a model request counts.
+const MODEL: [Meter; 2] = [Meter::Tokens, Meter::Cost];
+
+impl RunBudget {
+    pub(super) fn new(
+        service: &Arc<Service>,
+        agent: &LoadedAgent,
+        session: &str,
+        run: &pending::WaitingRun,
+    ) -> RunBudget {
+        RunBudget {
+            service: service.clone(),
+            agent: agent.name.clone(),
+            session: session.to_string(),
+            run: run.id.clone(),
+            limits: agent.budget_limits(),
+            approved: Mutex::new(run.budgets_approved.clone()),
+            before: Mutex::new(Vec::new()),
+            spent: Mutex::new(Totals::default()),
+        }
+    }
+
+    /// What this part of the run used.
+    pub(super) fn spent(&self) -> Totals {
+        self.spent.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn add(&self, row: &Use) {
+        let mut t = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+        t.prompt_tokens += row.prompt_tokens;
+        t.completion_tokens += row.completion_tokens;
+        t.total_tokens += row.prompt_tokens + row.completion_tokens;
+        if row.estimated {
+            t.estimated_tokens += row.prompt_tokens + row.completion_tokens;
+        }
+        t.model_requests += u64::from(row.tool.is_none());
+        t.tool_calls += row.tool_calls;
+        t.cost += row.cost;
+    }
+
+    /// The budgets a person let the run go past, for its next part.
+    pub(super) fn approved(&self) -> Vec<String> {
+        self.approved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn who(&self) -> Who<'_> {
+        Who {
+            agent: &self.agent,
+            session: &self.session,
+            run: &self.run,
+        }
+    }
+
+    fn row(&self, at: i64, model: &str, tool: Option<&str>) -> Use {
+        Use {
+            at,
+            agent: self.agent.clone(),
+            session: self.session.clone(),
+            run: self.run.clone(),
+            model: model.to_string(),
+            tool: tool.map(str::to_string),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            estimated: false,
+            tool_calls: 0,
+            cost: 0.0,
+        }
+    }
+
+    /// Claim `row` against the limits that count `meters`.
+    async fn claim(&self, meters: &[Meter], row: Use) -> (Gate, Vec<(usize, f64)>) {
+        let gauges = ledger::gauges(&self.limits, meters, &self.approved(), &self.who(), row.at);
+        let limits: Vec<(Gauge, f64)> = gauges
+            .iter()
+            .map(|(i, g)| (g.clone(), self.limits[*i].limit))
+            .collect();
+        match self.service.store.claim(&limits, &row).await {
+            Ok(Claimed::Granted { id, used }) => {
+                let before = gauges.iter().map(|(i, _)| *i).zip(used).collect();
+                (Gate::Go(Some(id)), before)
+            }
+            Ok(Claimed::Exhausted { index, standing }) => {
+                let limit = &self.limits[gauges[index].0];
+                let e = Exceeded::of(limit, &standing, row.at);
+                tracing::info!(session = %self.session, budget = %e.budget, "{}", e.detail());
+                let gate = match limit.on_exceed {
+                    OnExceed::Refuse => Gate::Refuse(e),
+                    OnExceed::Confirm => Gate::Ask(e),
+                };
+                (gate, Vec::new())
+            }
+            Err(e) => {
+                // The run's own writes go to the same store; failing them
+                // is its business. Usage is not worth stopping a run for.
+                tracing::error!(session = %self.session, "cannot count usage: {e}");
+                (Gate::Go(None), Vec::new())
+            }
+        }
+    }
+
+    /// Tell of each limit in `before` that `row` took past a line.
+    async fn crossed(&self, before: &[(usize, f64)], row: &Use) {
+        for (i, used) in before {
+            let limit = &self.limits[*i];
+            let amount = match limit.meter {
+                Meter::Tokens => (row.prompt_tokens + row.completion_tokens) as f64,
+                Meter::ToolCalls => row.tool_calls as f64,
+                Meter::Cost => row.cost,
+            };
+            let after = used + amount;
+            self.service
+                .metrics
+                .budget_remaining(&self.agent, &limit.name, limit.limit - after);
+            if let Some(c) = ledger::crossing(*used, after, limit.limit) {
+                self.service
+                    .budget_crossed(&self.session, &self.agent, limit, after, c)
+                    .await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Ledger for RunBudget {
+    async fn before_model(&self, model: &ModelSpec, estimate: u64) -> Gate {
+        let now = now_ms();
+        let mut row = self.row(now, &model.name, None);
+        // Claimed at the estimate; settled at what the model reports.
+        row.prompt_tokens = estimate;
+        row.estimated = true;
+        row.cost = model.pricing.as_ref().map_or(0.0, |p| p.cost(estimate, 0));
+        let (gate, before) = self.claim(&MODEL, row).await;
+        *self.before.lock().unwrap_or_else(|p| p.into_inner()) = before;
+        gate
+    }
+
+    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
+        let before = std::mem::take(&mut *self.before.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut row = self.row(now_ms(), &model.name, None);
+        if let Some(s) = used {
+            row.prompt_tokens = s.prompt;
+            row.completion_tokens = s.completion;
+            row.estimated = s.estimated;
+            row.cost = model
+                .pricing
+                .as_ref()
+                .map_or(0.0, |p| p.cost(s.prompt, s.completion));
+            let currency = model.pricing.as_ref().map_or("", |p| p.currency.as_str());
+            self.service.metrics.model_usage(
+                &self.agent,
+                &model.name,
+                s.prompt,
+                s.completion,
+                row.cost,
+                currency,
+            );
+        }
+        self.add(&row);
+        let stored = match claim {
+            Some(id) => self.service.store.settle(id, &row).await,
+            None => self.service.store.claim(&[], &row).await.map(drop),
+        };
+        if let Err(e) = stored {
+            tracing::error!(session = %self.session, "cannot record a model request's usage: {e}");
+        }
+        self.crossed(&before, &row).await;
+    }
+
+    async fn before_tool(&self, tool: &str) -> Gate {
+        let mut row = self.row(now_ms(), "", Some(tool));
+        row.tool_calls = 1;
+        let (gate, before) = self.claim(&[Meter::ToolCalls], row.clone()).await;
+        if matches!(gate, Gate::Go(_)) {
+            self.add(&row);
+            self.crossed(&before, &row).await;
+        }
+        gate
+    }
+
+    fn approve(&self, name: &str) {
+        let mut approved = self.approved.lock().unwrap_or_else(|p| p.into_inner());
+        if !approved.iter().any(|a| a == name) {
+            approved.push(name.to_string());
+        }
+    }
+}
+
+impl Service {
+    /// A 429 for a message or resume of session `rec` when one of its
+    /// agent's `refuse` budgets of tokens or cost is used up (a tool-call
+    /// budget refuses each call instead).
+    pub(super) async fn refuse_if_spent(
+        &self,
+        agent: &LoadedAgent,
+        rec: &SessionRecord,
+        run: &pending::WaitingRun,
+    ) -> Result<(), ServiceError> {
+        let limits = agent.budget_limits();
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let who = Who {
+            agent: &agent.name,
+            session: &rec.id,
+            run: &run.id,
+        };
+        let gauges: Vec<_> = ledger::gauges(&limits, &MODEL, &[], &who, now)
+            .into_iter()
+            .filter(|(i, _)| limits[*i].on_exceed == OnExceed::Refuse)
+            .collect();
+        if gauges.is_empty() {
+            return Ok(());
+        }
+        let asked: Vec<Gauge> = gauges.iter().map(|(_, g)| g.clone()).collect();
+        let standings = self.store.measure(&asked).await?;
+        for ((i, _), standing) in gauges.iter().zip(standings) {
+            let limit = &limits[*i];
+            if standing.used >= limit.limit {
+                let e = Exceeded::of(limit, &standing, now);
+                let mut err =
+                    ServiceError::new(ErrorKind::Exhausted, "budget_exceeded", e.detail());
+                err.extra = Some(Box::new(e.fields()));
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// A budget of `agent` went past 80% or its limit in session `id`:
+    /// said on the session's stream and as a Warning Event on the tenant.
+    async fn budget_crossed(&self, id: &str, agent: &str, limit: &Limit, used: f64, c: Crossing) {
+        let (state, reason) = match c {
+            Crossing::Nearly => ("nearly_used", "BudgetNearlyUsed"),
+            Crossing::UsedUp => ("used_up", "BudgetUsedUp"),
+        };
+        self.emit(
+            id,
+            "budget",
+            json!({"budget": limit.name, "state": state, "used": used, "limit": limit.limit,
+                   "meter": limit.meter.as_str(), "per": limit.per_text}),
+        )
+        .await;
+        if let Some(events) = self.kube_events.get() {
+            let note = format!(
+                "budget {} of agent {agent} has used {} of {} {} per {} (session {id})",
+                limit.name,
+                used.floor(),
+                limit.limit,
+                limit.meter.as_str().replace('_', " "),
+                limit.per_text,
+            );
+            events.warn(reason, "Budget", &note).await;
+        }
+        self.budget_status_due();
+    }
+}
+
+/// How often the tenant's budget status is written when nothing crosses a line.
+const STATUS_EVERY: Duration = Duration::from_secs(30);
+
+impl Service {
+    /// Write the tenant's budget status soon (a budget crossed a line).
+    pub(super) fn budget_status_due(&self) {
+        self.budget_status.notify_one();
+    }
+
+    /// Each budget of each agent this server serves, as measured now.
+    pub async fn budget_statuses(&self) -> Result<Vec<BudgetStatus>, ServiceError> {
+        let now = now_ms();
+        let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let mut out = Vec::new();
+        for agent in self.tree.agents.values() {
+            for limit in agent.budget_limits() {
+                let used = match limit.per {
+                    crate::spec::budget::Per::Rolling(window) => {
+                        let gauge = Gauge {
+                            meter: limit.meter,
+                            scope: crate::session::usage::Scope::Agent(agent.name.clone()),
+                            since: now - window,
+                        };
+                        self.store.measure(&[gauge]).await?[0].used
+                    }
+                    // The largest session (or run) of the last day.
+                    per => {
+                        let since = now - 86_400_000;
+                        let by_session = per == crate::spec::budget::Per::Session;
+                        self.store
+                            .peak(&agent.name, limit.meter, by_session, since)
+                            .await?
+                    }
+                };
+                out.push(BudgetStatus {
+                    name: limit.name.clone(),
+                    agent: agent.name.clone(),
+                    meter: limit.meter.as_str().to_string(),
+                    used,
+                    limit: limit.limit,
+                    per: limit.per_text.clone(),
+                    on_exceed: limit.on_exceed,
+                    exhausted: used >= limit.limit,
+                    measured_at: at.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Keep the tenant's `status.budgets` current, while the server runs:
+    /// every [`STATUS_EVERY`], and soon after a budget crosses a line.
+    /// Only where the operator gave the pod what it takes (see
+    /// `kube_events`) and an agent has budgets.
+    pub async fn write_budget_status(self: Arc<Self>) {
+        let Some(events) = self.kube_events.get() else {
+            return;
+        };
+        if self.tree.agents.values().all(|a| a.spec.budgets.is_empty()) {
+            return;
+        }
+        loop {
+            match self.budget_statuses().await {
+                Ok(rows) => events.budget_status(&rows).await,
+                Err(e) => tracing::warn!("cannot measure the budgets for the tenant's status: {e}"),
+            }
+            let _ = tokio::time::timeout(STATUS_EVERY, self.budget_status.notified()).await;
+        }
+    }
+}
+
+use crate::spec::budget::BudgetStatus;
+
+impl Service {
+    /// What session `rec` used, as its view shows it (`None`: the store
+    /// could not say; the view is shown without it).
+    pub async fn session_usage(&self, rec: &SessionRecord) -> Option<SessionUsage> {
+        match self.store.session_totals(&rec.id).await {
+            Ok(totals) => Some(SessionUsage {
+                totals,
+                currency: self
+                    .agent(&rec.agent)
+                    .ok()
+                    .and_then(|a| a.spec.model.pricing.as_ref().map(|p| p.currency.clone())),
+            }),
+            Err(e) => {
+                tracing::warn!(session = %rec.id, "cannot read the session's usage: {e}");
+                None
+            }
+        }
+    }
+
+    /// The currency the served agents are priced in: `mixed` for several,
+    /// `None` for none.
+    pub fn pricing_currency(&self) -> Option<String> {
+        let mut all: Vec<&str> = self
+            .tree
+            .agents
+            .values()
+            .filter_map(|a| a.spec.model.pricing.as_ref())
+            .map(|p| p.currency.as_str())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        match all.as_slice() {
+            [] => None,
+            [one] => Some(one.to_string()),
+            _ => Some("mixed".to_string()),
+        }
+    }
+}
