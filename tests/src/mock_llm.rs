@@ -70,6 +70,10 @@ pub enum MockReply {
     /// Hold the request until the gate is opened, then answer with the
     /// inner reply (at once if it is open already).
     Held(Gate, Box<MockReply>),
+    /// The inner reply with this `usage` (prompt and completion tokens),
+    /// or with none at all, as from a server that reports none. Without
+    /// it, the mock reports an estimate of its own.
+    Usage(Option<(u64, u64)>, Box<MockReply>),
 }
 
 /// A latch that holds [`MockReply::Held`] replies until the test opens it;
@@ -134,6 +138,16 @@ impl MockReply {
     /// This reply, once `gate` is open.
     pub fn held(self, gate: &Gate) -> Self {
         MockReply::Held(gate.clone(), Box::new(self))
+    }
+
+    /// This reply, reporting `prompt` and `completion` tokens.
+    pub fn with_usage(self, prompt: u64, completion: u64) -> Self {
+        MockReply::Usage(Some((prompt, completion)), Box::new(self))
+    }
+
+    /// This reply, reporting no usage.
+    pub fn without_usage(self) -> Self {
+        MockReply::Usage(None, Box::new(self))
     }
 }
 
@@ -434,8 +448,16 @@ async fn chat_completions(
         json: json.clone(),
     });
     let mut reply = (shared.script)(&json);
+    let mut usage = Reported::Estimate;
     let reply = loop {
         reply = match reply {
+            MockReply::Usage(given, inner) => {
+                usage = match given {
+                    Some((p, c)) => Reported::Given(p, c),
+                    None => Reported::Nothing,
+                };
+                *inner
+            }
             MockReply::Delay(delay, inner) => {
                 tokio::time::sleep(delay).await;
                 *inner
@@ -481,7 +503,7 @@ async fn chat_completions(
             };
             ([(header::CONTENT_TYPE, content_type)], body).into_response()
         }
-        MockReply::Text(text) => answer(&shared, &json, stream, Some(text), Vec::new()),
+        MockReply::Text(text) => answer(&shared, &json, stream, Some(text), Vec::new(), usage),
         MockReply::ToolCalls(calls) => {
             let calls = calls
                 .into_iter()
@@ -490,12 +512,20 @@ async fn chat_completions(
                     (format!("call_{n}"), name, arguments.to_string())
                 })
                 .collect();
-            answer(&shared, &json, stream, None, calls)
+            answer(&shared, &json, stream, None, calls, usage)
         }
-        MockReply::Delay(..) | MockReply::Held(..) => {
-            unreachable!("delays and gates are unwrapped above")
+        MockReply::Delay(..) | MockReply::Held(..) | MockReply::Usage(..) => {
+            unreachable!("delays, gates and usage are unwrapped above")
         }
     }
+}
+
+/// What a reply says of its tokens.
+enum Reported {
+    /// The mock's own estimate.
+    Estimate,
+    Given(u64, u64),
+    Nothing,
 }
 
 /// A successful completion: a JSON reply, or an event stream.
@@ -505,6 +535,7 @@ fn answer(
     stream: bool,
     content: Option<String>,
     calls: Vec<(String, String, String)>,
+    reported: Reported,
 ) -> Response {
     let id = format!(
         "chatcmpl-mock-{}",
@@ -522,11 +553,12 @@ fn answer(
             .iter()
             .map(|(_, name, args)| estimate_tokens(name) + estimate_tokens(args))
             .sum::<u64>();
-    let usage = json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    });
+    let usage = match reported {
+        Reported::Estimate => Some((prompt_tokens, completion_tokens)),
+        Reported::Given(p, c) => Some((p, c)),
+        Reported::Nothing => None,
+    }
+    .map(|(p, c)| json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}));
     if !stream {
         let mut message = json!({"role": "assistant", "content": content});
         if !calls.is_empty() {
@@ -544,8 +576,11 @@ fn answer(
             "created": 0,
             "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-            "usage": usage,
         });
+        let mut body = body;
+        if let Some(u) = &usage {
+            body["usage"] = u.clone();
+        }
         return (
             [(header::CONTENT_TYPE, "application/json")],
             body.to_string(),
@@ -586,7 +621,8 @@ fn answer(
         }
     }
     chunks.push(chunk(json!({}), Some(finish_reason)));
-    if req.pointer("/stream_options/include_usage") == Some(&Value::Bool(true)) {
+    let asked = req.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
+    if let Some(usage) = usage.filter(|_| asked) {
         chunks.push(json!({
             "id": id,
             "object": "chat.completion.chunk",

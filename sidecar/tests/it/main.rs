@@ -12,6 +12,7 @@ mod agents_exe_cli;
 mod agents_exe_compat;
 mod api_promises;
 mod approvals;
+mod budgets;
 mod builtins;
 mod chat_page;
 mod cli;

@@ -1,0 +1,503 @@
+//! Budgets through the binary: a server whose agent caps tokens, tool
+//! calls or cost, a mock model that reports the usage the test chooses,
+//! and what the client, the model, the store and the metrics then see.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use bindery_tests::mock_llm::{last_message, Gate, MockLlm, MockReply};
+use bindery_tests::postgres::Postgres;
+use bindery_tests::sidecar::{Api, Reply};
+use serde_json::{json, Value};
+
+/// An agent `metered` with a bash tool `bash_count` (it counts its runs
+/// in `dir/count`), the model at `model_url`, and `spec` (YAML lines,
+/// indented two spaces) added to its spec.
+fn metered_agent(dir: &Path, model_url: &str, model_extra: &str, spec: &str) -> PathBuf {
+    let tools = dir.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    executable(
+        &tools.join("count"),
+        &format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "count", "description": "Counts.", "args": []}}'
+  exit 0
+fi
+echo x >> '{count}'
+echo counted
+"#,
+            count = dir.join("count").display()
+        ),
+    );
+    let path = dir.join("metered.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: metered
+spec:
+  model: {{url: "{model_url}", name: mock-model{model_extra}}}
+  systemPrompt: You count things.
+  toolboxes:
+    - bash: {{directory: "{tools}"}}
+{spec}"#,
+            tools = tools.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// How many times the count tool ran.
+fn counted(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("count"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// How many tool results the request's conversation holds.
+fn results(req: &Value) -> usize {
+    req["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+        .unwrap_or(0)
+}
+
+/// Call the count tool until the conversation holds `calls` results per
+/// user message, then answer; every reply reports 40 + 20 tokens.
+fn count_then_answer(calls: usize) -> impl Fn(&Value) -> MockReply {
+    move |req| {
+        let users = req["messages"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
+            .unwrap_or(1);
+        if results(req) < calls * users {
+            MockReply::tool_call("bash_count", json!({})).with_usage(40, 20)
+        } else {
+            MockReply::text(format!(
+                "done: {}",
+                last_message(req)["content"].as_str().unwrap_or("")
+            ))
+            .with_usage(40, 20)
+        }
+    }
+}
+
+async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
+    api.call(
+        "POST",
+        &format!("/v1/sessions/{id}/messages?wait=true"),
+        Some(OWNER),
+        Some(&json!({ "prompt": prompt })),
+    )
+    .await
+}
+
+async fn session(api: &Api, id: &str) -> Reply {
+    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await
+}
+
+#[tokio::test]
+async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
+    let mock = MockLlm::start(count_then_answer(2)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: daily-tokens, tokens: 100, per: 24h}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+
+    // Two model turns use 120 tokens; the third does not start.
+    let r = message(&api, &id, "count twice").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    let detail = r.json["status_detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(
+            "budget_exceeded: budget daily-tokens is used up: 120 of 100 tokens per 24h; it frees up in"
+        ),
+        "{detail}"
+    );
+    assert_eq!(mock.requests().len(), 2);
+    assert_eq!(counted(dir.path()), 2);
+    let usage = &r.json["usage"];
+    assert_eq!(usage["total_tokens"], 120, "{usage}");
+    assert_eq!(usage["prompt_tokens"], 80, "{usage}");
+    assert_eq!(usage["model_requests"], 2, "{usage}");
+    assert_eq!(usage["tool_calls"], 2, "{usage}");
+    assert_eq!(usage["estimated_tokens"], 0, "{usage}");
+
+    // A message now is refused before anything starts, in any session of
+    // the agent (the window is the agent's).
+    let other = new_session(&api, json!({"agent": "metered"})).await;
+    for sid in [&id, &other] {
+        let refused = message(&api, sid, "again").await;
+        assert_eq!(refused.status, 429, "{}", refused.text);
+        let b = &refused.json;
+        assert_eq!(b["error"], "budget_exceeded");
+        assert_eq!(b["budget"], "daily-tokens");
+        assert_eq!(b["meter"], "tokens");
+        assert_eq!(b["limit"], 100.0);
+        assert_eq!(b["used"], 120.0);
+        assert_eq!(b["per"], "24h");
+        let retry = b["retry_after"]
+            .as_u64()
+            .expect("a rolling budget says when");
+        assert!((86_000..=86_400).contains(&retry), "{retry}");
+    }
+    assert_eq!(mock.requests().len(), 2, "nothing reached the model");
+
+    let metrics = reqwest::get(format!("{}/metrics", api.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"bindery_model_tokens_total{agent="metered",model="mock-model",kind="prompt"} 80"#,
+        r#"bindery_model_tokens_total{agent="metered",model="mock-model",kind="completion"} 40"#,
+        r#"bindery_budget_remaining{agent="metered",budget="daily-tokens"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it() {
+    let mock = MockLlm::start(count_then_answer(2)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: per-session, tokens: 100, per: session, onExceed: confirm}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+
+    let r = message(&api, &id, "count twice").await;
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    assert_eq!(
+        r.json["status_detail"],
+        "waiting for a person to let the run go past budget per-session"
+    );
+    let item = &r.json["pending"][0];
+    assert_eq!(item["disposition"], "budget", "{item}");
+    assert_eq!(item["tool"], "");
+    assert_eq!(
+        item["budget"],
+        json!({"budget": "per-session", "meter": "tokens", "limit": 100.0, "used": 120.0, "per": "session"})
+    );
+    assert_eq!(mock.requests().len(), 2);
+    let token = item["continuation_token"].as_str().unwrap();
+    // An answer that does not fit says what does.
+    let wrong = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}"),
+            Some(OWNER),
+            Some(&json!({"result": "x"})),
+        )
+        .await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text);
+    assert!(
+        wrong.text.contains("send `approve: true`"),
+        "{}",
+        wrong.text
+    );
+
+    let approved = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(OWNER),
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(approved.status, 200, "{}", approved.text);
+    let view = session(&api, &id).await;
+    assert_eq!(view.json["status"], "idle", "{}", view.text);
+    assert_eq!(mock.requests().len(), 3, "the run went on to its answer");
+    assert_eq!(view.json["usage"]["total_tokens"], 180);
+
+    // The approval was for that run: the next one asks again, and a
+    // refusal ends it.
+    let r = message(&api, &id, "once more").await;
+    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+    let token = r.json["pending"][0]["continuation_token"].as_str().unwrap();
+    let refused = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(OWNER),
+            Some(&json!({"approve": false})),
+        )
+        .await;
+    assert_eq!(refused.status, 200, "{}", refused.text);
+    let view = session(&api, &id).await;
+    assert_eq!(view.json["status"], "failed", "{}", view.text);
+    assert_eq!(
+        view.json["status_detail"],
+        "budget_exceeded: a person did not let the run go past budget per-session"
+    );
+    assert_eq!(
+        mock.requests().len(),
+        3,
+        "no model request after the refusal"
+    );
+}
+
+#[tokio::test]
+async fn a_per_session_tool_call_budget_refuses_the_call_and_tells_the_model() {
+    let mock = MockLlm::start(count_then_answer(3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: calls, toolCalls: 2, per: session}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &id, "count thrice").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(counted(dir.path()), 2, "the third call did not run");
+    assert_eq!(
+        last_tool_output(&r),
+        "error: budget calls is used up: 2 of 2 tool calls per session, so this call did not run"
+    );
+    assert_eq!(r.json["usage"]["tool_calls"], 2);
+    // Another session has budget of its own.
+    let other = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &other, "count thrice").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(counted(dir.path()), 4);
+}
+
+#[tokio::test]
+async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
+    let mock = MockLlm::start(|_| MockReply::text("ok").with_usage(30, 10)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    // 1 EUR a prompt token, 2 a completion token: 50 a request.
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        ", pricing: {inputPerMillion: 1000000, outputPerMillion: 2000000, currency: EUR}",
+        "  budgets:\n    - {name: monthly-spend, cost: 100, per: 30d}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let a = new_session(&api, json!({"agent": "metered"})).await;
+    let b = new_session(&api, json!({"agent": "metered"})).await;
+    assert_eq!(message(&api, &a, "one").await.json["usage"]["cost"], 50.0);
+    let r = message(&api, &b, "two").await;
+    assert_eq!(r.json["usage"]["cost"], 50.0);
+    assert_eq!(r.json["usage"]["currency"], "EUR");
+    let refused = message(&api, &a, "three").await;
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    assert_eq!(refused.json["meter"], "cost");
+    assert_eq!(refused.json["used"], 100.0);
+
+    let report = api
+        .call("GET", "/v1/usage?group_by=session", Some(OWNER), None)
+        .await;
+    assert_eq!(report.status, 200, "{}", report.text);
+    assert_eq!(report.json["currency"], "EUR");
+    let rows = report.json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{}", report.text);
+    for row in rows {
+        assert_eq!(row["cost"], 50.0, "{row}");
+        assert_eq!(row["total_tokens"], 40, "{row}");
+        assert_eq!(row["model_requests"], 1, "{row}");
+    }
+    let by_model = api
+        .call("GET", "/v1/usage?group_by=model", Some(OWNER), None)
+        .await;
+    assert_eq!(by_model.json["rows"][0]["key"], "mock-model");
+    assert_eq!(by_model.json["rows"][0]["cost"], 100.0);
+    let csv = api
+        .http
+        .get(format!("{}/v1/usage?group_by=agent", api.base))
+        .bearer_auth(OWNER)
+        .header("Accept", "text/csv")
+        .send()
+        .await
+        .unwrap();
+    assert!(csv.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    assert_eq!(
+        csv.text().await.unwrap(),
+        "agent,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency\n\
+         metered,60,20,80,0,2,0,100,EUR\n"
+    );
+    // A range that holds nothing, and one that does not read.
+    let empty = api
+        .call(
+            "GET",
+            "/v1/usage?from=2020-01-01T00:00:00Z&to=2020-02-01T00:00:00Z",
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(empty.json["rows"], json!([]), "{}", empty.text);
+    let bad = api
+        .call("GET", "/v1/usage?from=yesterday", Some(OWNER), None)
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    assert!(
+        bad.text.contains("`from` is an RFC 3339 time"),
+        "{}",
+        bad.text
+    );
+    // The owner's only.
+    assert_eq!(api.call("GET", "/v1/usage", None, None).await.status, 401);
+}
+
+#[tokio::test]
+async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
+    let mock = MockLlm::start(|_| MockReply::text("a reply of some length").without_usage()).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(dir.path(), &mock.url(), "", "");
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &id, "hello").await;
+    let usage = &r.json["usage"];
+    let total = usage["total_tokens"].as_u64().unwrap();
+    assert!(total > 5, "{usage}");
+    assert_eq!(usage["estimated_tokens"].as_u64(), Some(total), "{usage}");
+    // The server asked for usage in its streamed request.
+    assert_eq!(
+        mock.requests()[0]["stream_options"],
+        json!({"include_usage": true})
+    );
+}
+
+/// The window is measured by the server's clock against the times the
+/// store holds: a use written an hour ago less a moment fills the window
+/// until that moment passes.
+#[tokio::test]
+async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
+    let mock = MockLlm::start(|_| MockReply::text("ok").with_usage(1, 1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: hourly, tokens: 100, per: 1h}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let db = rusqlite::Connection::open(dir.path().join("store.sqlite")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute(
+        "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
+             completion_tokens, estimated, tool_calls, cost)
+         VALUES (?1, 'metered', 'earlier', 'earlier', 'mock-model', NULL, 100, 0, 0, 0, 0)",
+        [now - 3_600_000 + 2_000],
+    )
+    .unwrap();
+    let refused = message(&api, &id, "now?").await;
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    let retry = refused.json["retry_after"].as_u64().unwrap();
+    assert!((1..=2).contains(&retry), "{}", refused.text);
+    assert!(mock.requests().is_empty());
+    let r = eventually("the hour-old use leaves the window", PATIENCE, || async {
+        let r = message(&api, &id, "now?").await;
+        (r.status == 200).then_some(r)
+    })
+    .await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(mock.requests().len(), 1);
+}
+
+/// Two replicas share one database and one budget whose last room is less
+/// than one request: however the two runs race, one request reaches the
+/// model and the other run is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
+    let gate = Gate::new();
+    let held = gate.clone();
+    let mock =
+        MockLlm::start(move |_| MockReply::text("ok").with_usage(400, 100).held(&held)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: daily-tokens, tokens: 5, per: 24h}\n",
+    );
+    let pg = Postgres::start();
+    pg.create_database("budgets");
+    let store = pg.url("budgets");
+    let (_a, api_a) = serve(&agent, &store, &[], &[], dir.path());
+    let (_b, api_b) = serve(&agent, &store, &[], &[], dir.path());
+    let sa = new_session(&api_a, json!({"agent": "metered"})).await;
+    let sb = new_session(&api_b, json!({"agent": "metered"})).await;
+    let post = |api: &Api, id: &str| {
+        let (api, id) = (api.clone(), id.to_string());
+        tokio::spawn(async move {
+            api.call(
+                "POST",
+                &format!("/v1/sessions/{id}/messages"),
+                Some(OWNER),
+                Some(&json!({"prompt": "go"})),
+            )
+            .await
+        })
+    };
+    let (ra, rb) = tokio::join!(post(&api_a, &sa), post(&api_b, &sb));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    // Whichever claimed second: its run stops before the model, or (its
+    // message came after the first claim) it is refused with a 429.
+    let finished = |api: &Api, id: &str| {
+        let (api, id) = (api.clone(), id.to_string());
+        async move {
+            eventually("the run ends", PATIENCE, || async {
+                let v = session(&api, &id).await;
+                (v.json["status"] != "running").then_some(v)
+            })
+            .await
+        }
+    };
+    until("one request reaches the model", PATIENCE, || {
+        mock.requests().len() == 1 || ra.status == 429 || rb.status == 429
+    })
+    .await;
+    gate.open();
+    let (va, vb) = tokio::join!(finished(&api_a, &sa), finished(&api_b, &sb));
+    let outcome = |r: &Reply, v: &Reply| match (r.status, v.json["status"].as_str()) {
+        (429, _) => "refused",
+        (202, Some("failed"))
+            if v.json["status_detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("budget_exceeded: budget daily-tokens")) =>
+        {
+            "refused"
+        }
+        (202, Some("idle")) => "answered",
+        _ => panic!("{} / {}", r.text, v.text),
+    };
+    let mut outcomes = [outcome(&ra, &va), outcome(&rb, &vb)];
+    outcomes.sort_unstable();
+    assert_eq!(outcomes, ["answered", "refused"]);
+    assert_eq!(mock.requests().len(), 1);
+}
