@@ -19,17 +19,19 @@ pub(crate) const PORT: i32 = 8080;
 /// Where replicas take each other's forwards, over mutual TLS.
 pub(crate) const PEER_PORT: i32 = 8443;
 pub(crate) const PEER_TLS_DIR: &str = "/etc/bindery/peer-tls";
-/// Where a tenant whose agents have an approval webhook finds what it
-/// takes to post Events on its `AgentTenant` (`BINDERY_EVENTS_DIR`): a
-/// projected ServiceAccount token, the cluster's CA and the namespace.
+/// Where a tenant whose agents have an approval webhook or a budget finds
+/// what it takes to post Events on its `AgentTenant` and, with a budget, to
+/// write its `status.budgets` (`BINDERY_EVENTS_DIR`): a projected
+/// ServiceAccount token, the cluster's CA and the namespace.
 pub(crate) const EVENTS_DIR: &str = "/var/run/secrets/bindery/events";
 /// The ConfigMap every namespace has with the cluster's CA (`ca.crt`),
 /// published by the controller manager.
 pub(crate) const ROOT_CA_CONFIG_MAP: &str = "kube-root-ca.crt";
 
 /// The Deployment, Service and ServiceAccount of a tenant; and, for a
-/// tenant whose agents have an approval webhook, the Role that lets that
-/// account create Events and its RoleBinding.
+/// tenant whose agents have an approval webhook or a budget, the Role that
+/// lets that account create Events (and, with a budget, write its tenant's
+/// status) and its RoleBinding.
 pub fn workload(tenant: &str) -> String {
     tenant.to_string()
 }

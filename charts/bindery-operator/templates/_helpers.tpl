@@ -77,6 +77,13 @@ list against what the operator asked of a real API server, its audit log):
 - apiGroups: ["bindery.dev"]
   resources: ["agenttenants/status", "agents/status"]
   verbs: ["patch"]
+# Never asked for by the operator itself: the Role of a tenant with budgets
+# grants its pods get and patch on that tenant's status (they write the
+# budgets' use there), and the API server lets the operator grant only
+# what it holds (patch, above, and this get).
+- apiGroups: ["bindery.dev"]
+  resources: ["agenttenants/status"]
+  verbs: ["get"]
 # Owned objects carry an ownerReference with blockOwnerDeletion, which
 # clusters with the OwnerReferencesPermissionEnforcement admission plugin
 # (OpenShift) allow only to who may update the owner's finalizers.
@@ -97,11 +104,12 @@ list against what the operator asked of a real API server, its audit log):
 - apiGroups: [""]
   resources: ["services", "serviceaccounts", "persistentvolumeclaims"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# A tenant whose agents have an approval webhook: a Role letting its pods'
-# ServiceAccount create Events (and nothing else) and its RoleBinding, owned
-# and applied like the kinds above, deleted once no agent has a webhook. The
-# API server lets the operator grant only what it holds itself: Events
-# create, below.
+# A tenant whose agents have an approval webhook or a budget: a Role letting
+# its pods' ServiceAccount create Events (and, with a budget, get and patch
+# its own AgentTenant's status; nothing else) and its RoleBinding, owned and
+# applied like the kinds above, deleted once no agent has either. The API
+# server lets the operator grant only what it holds itself: Events create,
+# below, and agenttenants/status get and patch, above.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create", "patch", "delete"]

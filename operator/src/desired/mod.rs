@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, 
 use crate::crd::{AgentTenant, AgentTenantStatus, KeyRef};
 use crate::names;
 use bindery_sidecar::diagnostic::Level;
+use bindery_sidecar::spec::budget::{self, Budget, Meter, Pricing};
 use bindery_sidecar::spec::checks::check_definition;
 use bindery_sidecar::spec::AgentSpec;
 
@@ -281,6 +282,13 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             ));
         }
     }
+    // The tenant's budgets, once its agent tree is valid (the agent's own
+    // budgets are checked with the agent).
+    if let Some(root) = tree.first().filter(|_| agent_ok) {
+        resolution
+            .problems
+            .extend(budget_problems(&tenant.spec.budgets, root));
+    }
     for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
         if e.name.starts_with("BINDERY_") {
             resolution.problems.push(format!(
@@ -415,6 +423,49 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         status,
         warnings,
     }
+}
+
+/// What is wrong with the tenant's budgets (`spec.budgets`) over those of
+/// its agent `root`, in the tenant's words.
+///
+/// They are checked as the tenant wrote them, against the agent's model
+/// pricing: the agent's own budgets passed the same checks (or the agent is
+/// invalid) and the overlay keeps names unique, so whatever the merged list
+/// fails, the tenant's list fails too, and by the tenant's budget's name
+/// (a name the tenant gives twice can even vanish in the overlay).
+fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String> {
+    let pricing = root.spec.model.pricing.as_ref();
+    // A cost budget the agent's model has no price for is said below,
+    // naming the Agent; the shape checks go against any price.
+    let any_price = Pricing {
+        input_per_million: 0.0,
+        output_per_million: 0.0,
+        currency: String::new(),
+    };
+    let mut diags = Vec::new();
+    budget::check(
+        budgets,
+        Some(pricing.unwrap_or(&any_price)),
+        "spec.budgets",
+        &mut diags,
+    );
+    let mut problems: Vec<String> = diags
+        .into_iter()
+        .filter(|d| d.level == Level::Error)
+        .map(|d| d.message)
+        .collect();
+    if pricing.is_none() {
+        let costs = |b: &&Budget| matches!(b.meter(), Some((Meter::Cost, _)));
+        for b in budgets.iter().filter(costs) {
+            problems.push(format!(
+                "spec.budgets, budget `{}` caps cost, but Agent `{}` gives its model no price: \
+                 add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, \
+                 or cap tokens or toolCalls in this budget instead",
+                b.name, root.name
+            ));
+        }
+    }
+    problems
 }
 
 /// `billing_token (invoices; process, secret, required): secret acme-billing/token — message`.

@@ -22,6 +22,7 @@ use super::params::Supply;
 use super::tree::TreeAgent;
 use super::Inputs;
 use crate::names::{self, *};
+use bindery_sidecar::spec::budget::{self, Budget};
 use bindery_sidecar::spec::{AgentDocument, Metadata, Toolbox, API_VERSION, KIND};
 
 /// Everything a tenant runs on.
@@ -32,15 +33,18 @@ pub struct Objects {
     pub deployment: Deployment,
     pub service: Service,
     pub claim: Option<PersistentVolumeClaim>,
-    /// For a tenant whose agent tree has an approval webhook: what lets its
-    /// pods post Warning Events on it. None otherwise, and then the pods
-    /// hold no ServiceAccount token at all.
+    /// For a tenant whose agent tree has an approval webhook or a budget:
+    /// what lets its pods post Warning Events on it (and, with a budget,
+    /// write the budgets' use to its status). None otherwise, and then the
+    /// pods hold no ServiceAccount token at all.
     pub events_access: Option<EventsAccess>,
 }
 
 /// A Role allowing its holder to create Events in the tenant's namespace
-/// (`events.k8s.io`, nothing else: not read them, not change one), and
-/// its binding to the tenant's ServiceAccount.
+/// (`events.k8s.io`, nothing else: not read them, not change one) and,
+/// for a tenant with budgets, to get and patch the status of its own
+/// `AgentTenant` (by name: no other tenant's, not the spec); and its
+/// binding to the tenant's ServiceAccount.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventsAccess {
     pub role: Role,
@@ -56,6 +60,14 @@ pub(crate) fn has_webhook(tree: &[TreeAgent<'_>]) -> bool {
             .as_ref()
             .is_some_and(|p| p.webhook.is_some())
     })
+}
+
+/// Whether an agent of the tree, as rendered for the tenant, has a budget
+/// (whose use the sidecar writes to the tenant's status, and whose
+/// exhaustion it posts as an Event): the tenant's own budgets, which
+/// overlay its agent's, or any agent's of the tree.
+pub(crate) fn has_budgets(tree: &[TreeAgent<'_>], tenant_budgets: &[Budget]) -> bool {
+    !tenant_budgets.is_empty() || tree.iter().any(|a| !a.spec.budgets.is_empty())
 }
 
 /// An environment variable from the Pod's own fields (the downward API).
@@ -111,9 +123,14 @@ fn meta(name: String, inputs: &Inputs<'_>, owner: &OwnerReference) -> ObjectMeta
 
 /// An agent's file as the pod reads it: bash tools come from the tenant's
 /// tools ConfigMap, mounted at one directory, and so does an MCP server
-/// program given by a relative path (`./servers/billing.py`).
-fn agent_file(agent: &TreeAgent<'_>) -> String {
+/// program given by a relative path (`./servers/billing.py`). The tenant's
+/// agent (the root) carries the tenant's budgets over its own; a helper
+/// keeps its own.
+fn agent_file(agent: &TreeAgent<'_>, tenant_budgets: &[Budget]) -> String {
     let mut spec = agent.spec.clone();
+    if agent.root {
+        spec.budgets = budget::overlay(&spec.budgets, tenant_budgets);
+    }
     for tb in &mut spec.toolboxes {
         // OpenAPI toolboxes name a URL or a file the author placed; left as
         // written. So do MCP programs found in `PATH` or by an absolute path
@@ -192,7 +209,7 @@ pub(crate) fn render(
     }
     let mut data = BTreeMap::new();
     for a in tree {
-        data.insert(format!("{}.yaml", a.name), agent_file(a));
+        data.insert(format!("{}.yaml", a.name), agent_file(a, &spec.budgets));
     }
     data.insert(
         PARAMS_FILE.to_string(),
@@ -459,13 +476,18 @@ pub(crate) fn render(
         });
         mounts.push(mount("tools", TOOLS_DIR, true));
     }
-    // An approval notice that fails for good is a Warning Event on the
-    // tenant, which the sidecar posts itself: it gets a token of the pod's
-    // ServiceAccount (allowed to create Events and nothing else, by the
-    // Role below), the CA to check the API server with and its namespace.
-    // A tenant without a webhook gets no token at all (the account's and
-    // the pod's automountServiceAccountToken stay false either way).
-    let events_access = has_webhook(tree).then(|| {
+    // An approval notice that fails for good, or a budget used up, is a
+    // Warning Event on the tenant, which the sidecar posts itself; and a
+    // tenant with budgets has their use in its status (`status.budgets`),
+    // which the sidecar writes too. For that it gets a token of the pod's
+    // ServiceAccount (allowed to create Events and, with budgets, to get
+    // and patch its tenant's status, nothing else: the Role below), the CA
+    // to check the API server with and its namespace. A tenant with neither
+    // a webhook nor a budget gets no token at all (the account's and the
+    // pod's automountServiceAccountToken stay false either way).
+    let webhook = has_webhook(tree);
+    let budgets = has_budgets(tree, &spec.budgets);
+    let events_access = (webhook || budgets).then(|| {
         volumes.push(Volume {
             name: "events".into(),
             projected: Some(ProjectedVolumeSource {
@@ -518,12 +540,12 @@ pub(crate) fn render(
             ),
             field_env("POD_NAME", "metadata.name"),
         ]);
-        events_rbac(inputs, owner)
+        events_rbac(inputs, owner, budgets)
     });
     // The answer links of approval notices: the tenant's own address, or
     // its Service's inside the cluster when it has a webhook and says none.
     let public_url = spec.public_url.clone().or_else(|| {
-        events_access.as_ref().map(|_| {
+        webhook.then(|| {
             let ns = inputs
                 .tenant
                 .metadata
@@ -671,17 +693,30 @@ pub(crate) fn render(
     }
 }
 
-/// The tenant's Role to create Events, bound to its ServiceAccount.
-fn events_rbac(inputs: &Inputs<'_>, owner: &OwnerReference) -> EventsAccess {
+/// The tenant's Role to create Events and, with `budgets`, to write its
+/// own status, bound to its ServiceAccount.
+fn events_rbac(inputs: &Inputs<'_>, owner: &OwnerReference, budgets: bool) -> EventsAccess {
     let tenant = inputs.tenant_name();
+    let mut rules = vec![PolicyRule {
+        api_groups: Some(vec!["events.k8s.io".into()]),
+        resources: Some(vec!["events".into()]),
+        verbs: vec!["create".into()],
+        ..Default::default()
+    }];
+    if budgets {
+        // The sidecar applies `status.budgets` server-side (a patch) and
+        // may read what it last wrote (a get); of this tenant only.
+        rules.push(PolicyRule {
+            api_groups: Some(vec!["bindery.dev".into()]),
+            resources: Some(vec!["agenttenants/status".into()]),
+            resource_names: Some(vec![tenant.to_string()]),
+            verbs: vec!["get".into(), "patch".into()],
+            ..Default::default()
+        });
+    }
     let role = Role {
         metadata: meta(workload(tenant), inputs, owner),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["events.k8s.io".into()]),
-            resources: Some(vec!["events".into()]),
-            verbs: vec!["create".into()],
-            ..Default::default()
-        }]),
+        rules: Some(rules),
     };
     let binding = RoleBinding {
         metadata: meta(workload(tenant), inputs, owner),

@@ -1417,3 +1417,280 @@ fn approval_answer_links_point_at_the_tenants_address() {
         Some("https://acme.agents.example.com")
     );
 }
+
+// ---------------------------------------------------------------------------
+// Budgets
+
+/// The example tenant whose agent has a price and two budgets, of which
+/// the tenant overrides one (`daily-tokens`: fewer tokens, and a person
+/// confirms past it) and adds one (`monthly-spend`, a cost).
+fn budget_world() -> World {
+    let mut w = World::example();
+    let spec = w.agents.get_mut("invoices").unwrap();
+    spec.model.pricing = Some(from_yaml("{inputPerMillion: 0.15, outputPerMillion: 0.6}").unwrap());
+    spec.budgets = from_yaml(
+        "[{name: daily-tokens, tokens: 200000, per: 24h}, {name: tool-calls, toolCalls: 50, per: session}]",
+    )
+    .unwrap();
+    w.tenant.spec.budgets = from_yaml(
+        "[{name: daily-tokens, tokens: 20000, per: 24h, onExceed: confirm}, {name: monthly-spend, cost: 25.0, per: 30d}]",
+    )
+    .unwrap();
+    w
+}
+
+/// The agent file `name` of the tenant's ConfigMap, as the sidecar reads it.
+fn agent_file(d: &Desired, name: &str) -> AgentSpec {
+    let o = d.objects.as_ref().expect("objects are rendered");
+    let data = o.config_map.data.as_ref().unwrap();
+    let doc: bindery_sidecar::spec::AgentDocument =
+        from_yaml(&data[&format!("{name}.yaml")]).unwrap();
+    doc.spec
+}
+
+fn budget_names(spec: &AgentSpec) -> Vec<(String, Option<u64>, Option<f64>, String)> {
+    spec.budgets
+        .iter()
+        .map(|b| {
+            (
+                b.name.clone(),
+                b.tokens.or(b.tool_calls),
+                b.cost,
+                format!("{:?}", b.on_exceed),
+            )
+        })
+        .collect()
+}
+
+/// The tenant's agent's file carries the tenant's budgets over the
+/// agent's: the one of the same name replaced where it was, the new one
+/// after them. The pods get a token of the tenant's account and a Role that
+/// may create Events and get and patch this tenant's status, nothing more;
+/// no webhook, so no default answer-link URL.
+#[test]
+fn a_tenant_overrides_its_agents_budget_and_adds_one() {
+    let w = budget_world();
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(
+        cond(&d, "ParametersResolved").status,
+        "True",
+        "{:?}",
+        d.status.conditions
+    );
+    golden("acme-budgets.yaml", &objects_yaml(&d));
+    assert_eq!(
+        budget_names(&agent_file(&d, "invoices")),
+        [
+            ("daily-tokens".into(), Some(20000), None, "Confirm".into()),
+            ("tool-calls".into(), Some(50), None, "Refuse".into()),
+            ("monthly-spend".into(), None, Some(25.0), "Refuse".into()),
+        ]
+    );
+    let o = d.objects.as_ref().unwrap();
+    let access = o.events_access.as_ref().expect("a Role and a RoleBinding");
+    assert_eq!(
+        serde_json::to_value(&access.role.rules).unwrap(),
+        serde_json::json!([
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+            {"apiGroups": ["bindery.dev"], "resources": ["agenttenants/status"],
+             "resourceNames": ["acme"], "verbs": ["get", "patch"]},
+        ])
+    );
+    assert_eq!(
+        serde_json::to_value(&access.binding.subjects).unwrap(),
+        serde_json::json!([{"kind": "ServiceAccount", "name": "acme", "namespace": "shop"}])
+    );
+    let pod = pod_spec(&d);
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert!(pod.volumes.iter().flatten().any(|v| v.name == "events"));
+    let env = sidecar_env(&d);
+    let value = |name: &str| {
+        let found: Vec<_> = env.iter().filter(|e| e.name == name).collect();
+        assert_eq!(found.len(), 1, "{name}: {env:?}");
+        found[0].value.clone()
+    };
+    assert_eq!(
+        value("BINDERY_EVENTS_DIR").as_deref(),
+        Some("/var/run/secrets/bindery/events")
+    );
+    assert_eq!(value("BINDERY_TENANT").as_deref(), Some("acme"));
+    assert_eq!(
+        value("BINDERY_TENANT_UID").as_deref(),
+        Some("0b7c3b0e-1111-4a4a-9f9f-000000000001")
+    );
+    assert!(
+        !env.iter().any(|e| e.name == "BINDERY_PUBLIC_URL"),
+        "no webhook, no default public URL: {env:?}"
+    );
+    // The operator writes no budget rows: the agent server does.
+    assert!(d.status.budgets.is_empty() && d.status.budget_summary.is_empty());
+}
+
+/// Where the budgets come from does not matter for the token and the Role:
+/// the tenant's alone, the agent's alone, or a helper's. With a webhook
+/// too, one Role has both rules; without a budget anywhere, a webhook's
+/// Role is Events alone (`an_approval_webhook_lets_the_tenant_post_events_and_nothing_more`).
+#[test]
+fn a_budget_anywhere_in_the_tree_brings_the_token_and_the_status_rule() {
+    let status_rule = serde_json::json!({"apiGroups": ["bindery.dev"],
+        "resources": ["agenttenants/status"], "resourceNames": ["acme"], "verbs": ["get", "patch"]});
+    let rules = |w: &World| {
+        let d = w.run();
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        let access = d.objects.unwrap().events_access.expect("a Role");
+        serde_json::to_value(access.role.rules.unwrap()).unwrap()
+    };
+    let events_rule = serde_json::json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]});
+
+    let mut tenant_only = World::example();
+    tenant_only.tenant.spec.budgets =
+        from_yaml("[{name: calls, toolCalls: 10, per: run}]").unwrap();
+    assert_eq!(
+        rules(&tenant_only),
+        serde_json::json!([events_rule, status_rule])
+    );
+
+    let mut agent_only = World::example();
+    agent_only.agents.get_mut("invoices").unwrap().budgets =
+        from_yaml("[{name: calls, toolCalls: 10, per: run}]").unwrap();
+    assert_eq!(
+        rules(&agent_only),
+        serde_json::json!([events_rule, status_rule])
+    );
+
+    let mut helper_only = World::example();
+    let support: AgentSpec =
+        from_yaml("{model: {url: 'http://model', name: m}, helpers: [{agent: invoices}]}").unwrap();
+    helper_only.agents.insert("support".into(), support);
+    helper_only.agents.get_mut("invoices").unwrap().budgets =
+        from_yaml("[{name: calls, toolCalls: 10, per: run}]").unwrap();
+    helper_only.tenant.spec.agent_ref.name = "support".into();
+    assert_eq!(
+        rules(&helper_only),
+        serde_json::json!([events_rule, status_rule])
+    );
+
+    let mut both = approval_webhook_world();
+    both.tenant.spec.budgets = from_yaml("[{name: calls, toolCalls: 10, per: run}]").unwrap();
+    assert_eq!(rules(&both), serde_json::json!([events_rule, status_rule]));
+    let env = sidecar_env(&both.run());
+    assert!(
+        env.iter().any(|e| e.name == "BINDERY_PUBLIC_URL"
+            && e.value.as_deref() == Some("http://acme.shop.svc")),
+        "the webhook's answer links: {env:?}"
+    );
+    assert_eq!(
+        rules(&approval_webhook_world()),
+        serde_json::json!([events_rule])
+    );
+}
+
+/// A tenant's budgets are its agent's, not its helpers': a helper's file
+/// keeps the helper's own budgets, whatever their names.
+#[test]
+fn a_tenants_budgets_do_not_reach_its_helpers() {
+    let mut w = budget_world();
+    let ledger: AgentSpec = from_yaml(
+        "{model: {url: 'http://model', name: m}, budgets: [{name: daily-tokens, tokens: 5, per: 1h}]}",
+    )
+    .unwrap();
+    w.agents.insert("ledger".into(), ledger);
+    w.agents
+        .get_mut("invoices")
+        .unwrap()
+        .helpers
+        .push(from_yaml("{agent: ledger}").unwrap());
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(
+        budget_names(&agent_file(&d, "ledger")),
+        [("daily-tokens".into(), Some(5), None, "Refuse".into())]
+    );
+    assert_eq!(agent_file(&d, "invoices").budgets.len(), 3);
+}
+
+/// A new budget is a new agent file: the pods roll.
+#[test]
+fn pods_roll_when_the_tenants_budgets_change() {
+    let hash = |w: &World| {
+        let d = w.run();
+        let template = &d.objects.unwrap().deployment.spec.unwrap().template;
+        template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()["bindery.dev/config-hash"]
+            .clone()
+    };
+    let mut w = budget_world();
+    let before = hash(&w);
+    w.tenant.spec.budgets[0].tokens = Some(30000);
+    assert_ne!(hash(&w), before);
+}
+
+/// A tenant budget the checks refuse: `ParametersResolved` False naming
+/// `spec.budgets`, the budget and what to do, a Warning, nothing deployed
+/// (what runs keeps running). The shape mistakes are the CRD's to refuse
+/// too; the status says them for a tenant stored before the schema.
+#[test]
+fn a_wrong_tenant_budget_names_the_field_and_what_to_do() {
+    type Change = fn(&mut World);
+    let cases: Vec<(&str, Change, &str)> = vec![
+        (
+            "a cost without the agent's pricing",
+            |w| w.agents.get_mut("invoices").unwrap().model.pricing = None,
+            "spec.budgets, budget `monthly-spend` caps cost, but Agent `invoices` gives its model no price: add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, or cap tokens or toolCalls in this budget instead",
+        ),
+        (
+            "two caps",
+            |w| w.tenant.spec.budgets[1].tokens = Some(10),
+            "spec.budgets, budget `monthly-spend`: set exactly one of `tokens`, `toolCalls` and `cost`",
+        ),
+        (
+            "a week",
+            |w| w.tenant.spec.budgets[0].per = "1w".into(),
+            "spec.budgets, budget `daily-tokens`: `per` is a duration such as `1h`, `24h` or `30d`, or `session` or `run`; got `1w`",
+        ),
+        (
+            "the same name twice",
+            |w| {
+                let again = w.tenant.spec.budgets[0].clone();
+                w.tenant.spec.budgets.push(again);
+            },
+            "spec.budgets, budget `daily-tokens` is declared twice; give each budget its own name",
+        ),
+    ];
+    for (what, change, message) in cases {
+        let mut w = budget_world();
+        change(&mut w);
+        let d = w.run();
+        let c = cond(&d, "ParametersResolved");
+        assert_eq!(c.status, "False", "{what}");
+        assert!(c.message.contains(message), "{what}: {}", c.message);
+        assert_eq!(cond(&d, "AgentValid").status, "True", "{what}");
+        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert!(d.objects.is_none(), "{what}: nothing is deployed");
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
+            "{what}: {:?}",
+            d.warnings
+        );
+    }
+    // A two-cap budget is one mistake, not also a cost to price.
+    let mut w = budget_world();
+    w.agents.get_mut("invoices").unwrap().model.pricing = None;
+    w.tenant.spec.budgets[1].tokens = Some(10);
+    let c = w.run();
+    let m = &cond(&c, "ParametersResolved").message;
+    assert!(!m.contains("gives its model no price"), "{m}");
+    // Tokens and tool calls need no price.
+    let mut w = budget_world();
+    w.agents.get_mut("invoices").unwrap().model.pricing = None;
+    w.tenant.spec.budgets.pop();
+    assert!(w.run().objects.is_some());
+}

@@ -2150,3 +2150,216 @@ async fn an_approval_webhook_gives_the_tenant_leave_to_create_events_and_no_more
     assert!(!can_i(&cluster, "acme", "create", "events.events.k8s.io"));
     cluster.assert_operator_refused_nothing();
 }
+
+/// The example agent with a budget (`daily`, tokens per day), or as it is.
+fn agent_with_budget(budget: bool) -> String {
+    let agent = read_repo("examples/k8s/agent.yaml");
+    if !budget {
+        return agent;
+    }
+    let anchor = "\nspec:\n";
+    assert!(agent.contains(anchor), "examples/k8s/agent.yaml changed");
+    agent.replacen(
+        anchor,
+        "\nspec:\n  budgets:\n    - {name: daily, tokens: 200000, per: 24h}\n",
+        1,
+    )
+}
+
+/// The example tenant, with budgets of its own (`daily` lowered and made
+/// to wait for a person, `calls` added) or as it is.
+fn tenant_with_budgets(budgets: bool) -> String {
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    if !budgets {
+        return tenant;
+    }
+    assert!(
+        tenant.ends_with("  eventsKeepAlive: 10s\n"),
+        "examples/k8s/tenant.yaml changed"
+    );
+    format!(
+        "{tenant}  budgets:\n    - {{name: daily, tokens: 20000, per: 24h, onExceed: confirm}}\n    - {{name: calls, toolCalls: 50, per: session}}\n"
+    )
+}
+
+/// Whether the ServiceAccount `account` may `verb` the status of the
+/// AgentTenant `tenant`, as the real API server's RBAC says.
+fn can_i_status(cluster: &Cluster, account: &str, verb: &str, tenant: &str) -> bool {
+    let user = ControlPlane::service_account_user(&cluster.ns, account);
+    let resource = format!("agenttenants.bindery.dev/{tenant}");
+    let out = cluster.try_kubectl(&[
+        "auth",
+        "can-i",
+        verb,
+        &resource,
+        "--subresource=status",
+        "--as",
+        &user,
+    ]);
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl auth can-i {verb} {resource} --subresource=status: {answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
+/// A tenant with budgets (its agent's, overlaid by its own) gets, on the
+/// real API server, its agent's file with the merged budgets and a Role
+/// (the operator may grant it: the chart gives the operator what it
+/// grants) that lets its ServiceAccount create Events and get and patch
+/// its own AgentTenant's status, nothing more. With a token of that
+/// account, the agent server's apply of `status.budgets` goes through, and
+/// the operator's next status write keeps it. Once no budget is left, the
+/// Role, the RoleBinding and the token go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
+    let cluster = Cluster::start("budgets").await;
+    cluster.apply_examples();
+    cluster.apply(&agent_with_budget(true));
+    cluster.apply(&tenant_with_budgets(true));
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+
+    let files: ConfigMap = cluster.wait_object("acme-agents").await;
+    let file = &files.data.as_ref().unwrap()["invoices.yaml"];
+    let doc: bindery_sidecar::spec::AgentDocument = bindery_sidecar::spec::from_yaml(file).unwrap();
+    let budgets: Vec<(String, Option<u64>)> = doc
+        .spec
+        .budgets
+        .iter()
+        .map(|b| (b.name.clone(), b.tokens.or(b.tool_calls)))
+        .collect();
+    assert_eq!(
+        budgets,
+        [("daily".into(), Some(20000)), ("calls".into(), Some(50))]
+    );
+
+    let role: Role = cluster.wait_object("acme").await;
+    let binding: RoleBinding = cluster.wait_object("acme").await;
+    assert!(owned_by(&role.metadata, &t) && owned_by(&binding.metadata, &t));
+    assert_eq!(
+        serde_json::to_value(&role.rules).unwrap(),
+        json!([
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+            {"apiGroups": ["bindery.dev"], "resources": ["agenttenants/status"],
+             "resourceNames": ["acme"], "verbs": ["get", "patch"]},
+        ])
+    );
+    // What the real RBAC makes of it: this tenant's status, Events, and
+    // nothing else (not its spec, not another tenant's status, no list).
+    assert!(can_i(&cluster, "acme", "create", "events.events.k8s.io"));
+    assert!(can_i_status(&cluster, "acme", "get", "acme"));
+    assert!(can_i_status(&cluster, "acme", "patch", "acme"));
+    assert!(!can_i_status(&cluster, "acme", "patch", "globex"));
+    assert!(!can_i_status(&cluster, "acme", "update", "acme"));
+    for (verb, resource) in [
+        ("get", "agenttenants.bindery.dev/acme"),
+        ("patch", "agenttenants.bindery.dev/acme"),
+        ("list", "agenttenants.bindery.dev"),
+        ("get", "agents.bindery.dev"),
+        ("get", "secrets"),
+    ] {
+        assert!(
+            !can_i(&cluster, "acme", verb, resource),
+            "{verb} {resource}"
+        );
+    }
+    let d: Deployment = cluster.api().get("acme").await.unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let projected: Vec<_> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.projected.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(projected, ["events"]);
+
+    // As the agent server: a token of the tenant's account, the status
+    // rows applied under its own field manager.
+    let _: ServiceAccount = cluster.wait_object("acme").await;
+    let identity = cluster
+        .plane
+        .service_account(&cluster.ns, "acme", cluster.dir.path());
+    let kubeconfig = kube::config::Kubeconfig::read_from(&identity.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let server = Client::try_from(config).unwrap();
+    let as_server = Api::<AgentTenant>::namespaced(server, &cluster.ns);
+    let row = bindery_operator::crd::BudgetStatus {
+        name: "daily".into(),
+        agent: "invoices".into(),
+        meter: "tokens".into(),
+        used: 1200.0,
+        limit: 20000.0,
+        per: "24h".into(),
+        on_exceed: bindery_sidecar::spec::budget::OnExceed::Confirm,
+        exhausted: false,
+        measured_at: "2026-11-29T12:00:00Z".into(),
+    };
+    let summary = row.summary();
+    as_server
+        .patch_status(
+            "acme",
+            &PatchParams::apply("bindery-sidecar").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "bindery.dev/v1alpha1",
+                "kind": "AgentTenant",
+                "status": {"budgets": [row], "budgetSummary": [summary]},
+            })),
+        )
+        .await
+        .expect("the tenant's account applies its status rows");
+    as_server.get_status("acme").await.expect("and reads them");
+    let refused = as_server
+        .patch(
+            "acme",
+            &PatchParams::apply("bindery-sidecar"),
+            &Patch::Apply(json!({
+                "apiVersion": "bindery.dev/v1alpha1",
+                "kind": "AgentTenant",
+                "spec": {"replicas": 5},
+            })),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "the spec is not the account's: {refused:?}"
+    );
+    // The operator's next status write (a new generation) keeps the rows.
+    let t = cluster.settle("acme").await;
+    let s = t.status.as_ref().unwrap();
+    assert_eq!(s.budgets.len(), 1, "{s:?}");
+    assert_eq!(s.budget_summary, [summary.as_str()]);
+    let described = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    assert!(
+        described.contains("daily (agent invoices): 1200 of 20000 tokens per 24h, 6%"),
+        "{described}"
+    );
+
+    // No budget left anywhere: the Role, the RoleBinding and the token go.
+    cluster.apply(&agent_with_budget(false));
+    cluster.apply(&tenant_with_budgets(false));
+    cluster
+        .wait("the Role and RoleBinding to be deleted", async || {
+            let role = cluster.api::<Role>().get_opt("acme").await.unwrap();
+            let binding = cluster.api::<RoleBinding>().get_opt("acme").await.unwrap();
+            match (role, binding) {
+                (None, None) => Ok(()),
+                left => Err(format!("{left:?}")),
+            }
+        })
+        .await;
+    assert!(!can_i_status(&cluster, "acme", "patch", "acme"));
+    let d: Deployment = cluster.api().get("acme").await.unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    assert!(
+        !pod.volumes.iter().flatten().any(|v| v.projected.is_some()),
+        "{pod:?}"
+    );
+    cluster.assert_operator_refused_nothing();
+}
