@@ -346,8 +346,36 @@ async function bookingScenario() {
   await shot(page, "booked");
 }
 
+async function budgetScenario() {
+  step = "owner: a run that reaches its session's budget waits for a person";
+  const { page } = await ownerSession();
+  const card = await untilPending(page, "how much is overdue?", "The run");
+  const text = await card.innerText();
+  check(text.includes("has used up a budget"), `the budget card: ${text}`);
+  const facts = await card.locator(".facts").innerText();
+  check(facts.includes("per-session") && facts.includes("40 of 10 tokens per session"), `budget facts: ${facts}`);
+  check((await card.locator(".pending-args").count()) === 0, "a budget card before a model request shows a call");
+  await secretNeverRendered(page);
+  await shot(page, "pending-budget");
+
+  step = "let the run go on: the model answers, and the page says what it cost";
+  await card.getByRole("button", { name: "Let the run go on" }).click();
+  await answered(page, "answer:");
+  const usage = page.locator("#usage");
+  await usage.filter({ hasText: "This session used 80 tokens, 1 tool call, cost 0.0001 USD." }).waitFor();
+  await usage.filter({ hasText: "Last run: 40 tokens, 0 tool calls, cost 0.00005 USD." }).waitFor();
+  await shot(page, "budget-passed");
+
+  step = "the next run asks again, and ending it says why";
+  const again = await untilPending(page, "and now?", "The run");
+  await again.getByRole("button", { name: "End the run" }).click();
+  await page.locator("#status", { hasText: "a person did not let the run go past budget per-session" }).waitFor();
+  await shot(page, "budget-refused");
+}
+
 try {
   if (scenario === "pending") await pendingScenario();
+  else if (scenario === "budget") await budgetScenario();
   else if (scenario === "booking") await bookingScenario();
   else await chatScenario();
   check(problems.length === 0, problems.join("\n"));

@@ -240,3 +240,22 @@ async fn a_person_gives_input_chooses_and_confirms_a_booking_in_a_real_browser()
         "the API key is in the log"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_lets_a_run_go_past_a_budget_in_a_real_browser() {
+    let w = World::with_toolboxes(
+        |req| tool_then_answer(req).with_usage(30, 10),
+        |_| "  budgets:\n    - {name: per-session, tokens: 10, per: session, onExceed: confirm}\n".into(),
+    )
+    .await;
+    let priced = std::fs::read_to_string(&w.agent).unwrap().replace(
+        "name: mock-model}",
+        "name: mock-model, pricing: {inputPerMillion: 1.0, outputPerMillion: 2.0}}",
+    );
+    std::fs::write(&w.agent, priced).unwrap();
+    let (sidecar, _api) = w.start(&[], &[]);
+    browser(&sidecar, "budget").await;
+    // The first run's two turns; the second run ended before the model.
+    assert_eq!(w.mock.requests().len(), 2);
+    secret_kept(&w, &sidecar);
+}

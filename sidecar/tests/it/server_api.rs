@@ -762,7 +762,7 @@ async fn every_documented_route_is_served() {
             routes.push((op.to_ascii_uppercase(), path.clone(), op.clone()));
         }
     }
-    assert_eq!(routes.len(), 25, "{routes:?}");
+    assert_eq!(routes.len(), 26, "{routes:?}");
     for (method, path, op) in &routes {
         let method = method.as_str();
         let url = fill(path, NO_SUCH_SESSION);

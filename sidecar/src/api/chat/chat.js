@@ -20,6 +20,7 @@ const state = {
   refreshing: false,
   dirty: false,
   pendingKey: "", // which pending calls the cards show
+  lastRun: null, // what the last run of the open session used (its run_finished event)
 };
 
 const OWNER_KEY = "bindery.owner-token";
@@ -228,6 +229,7 @@ function openSession(view, shareToken) {
   state.agent = view.agent;
   state.lastEventId = 0;
   state.delta = "";
+  state.lastRun = null;
   state.pendingKey = null;
   $("chat").hidden = false;
   let title = `Session ${short(view.session_id)} · ${view.agent}`;
@@ -325,7 +327,30 @@ function render(view) {
   $("status").textContent = status;
   $("status").className = `status ${view.status}`;
   $("send-button").disabled = view.status === "running";
+  renderUsage(view.usage);
   renderPending(view.status === "waiting_external" ? view.pending || [] : []);
+}
+
+/// `12 tokens, 1 tool call, cost 0.0004 USD`: what a session or a run used.
+function usageText(u, currency) {
+  const plural = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`;
+  const parts = [plural(u.total_tokens, "token")];
+  if (u.estimated_tokens) parts[0] += ` (${u.estimated_tokens} estimated)`;
+  parts.push(plural(u.tool_calls, "tool call"));
+  if (currency) parts.push(`cost ${Number(u.cost.toPrecision(4))} ${currency}`);
+  return parts.join(", ");
+}
+
+function renderUsage(usage) {
+  const line = $("usage");
+  if (!usage) {
+    line.hidden = true;
+    return;
+  }
+  let text = `This session used ${usageText(usage, usage.currency)}.`;
+  if (state.lastRun) text += ` Last run: ${usageText(state.lastRun, usage.currency)}.`;
+  line.textContent = text;
+  line.hidden = false;
 }
 
 // ---------------------------------------------------------------------------
@@ -339,7 +364,17 @@ const ASKS = {
   deferred: "waits for its result from you",
   needs_selection: "asks you to choose",
   needs_input: "needs more input",
+  budget: "has used up a budget",
 };
+
+/// What a used-up budget says: `120 of 100 tokens per 24h`.
+function budgetFacts(b) {
+  const amount = (x) => (b.meter === "cost" ? Number(x.toPrecision(4)) : Math.round(x));
+  return {
+    budget: b.budget,
+    used: `${amount(b.used)} of ${amount(b.limit)} ${b.meter.replace("_", " ")} per ${b.per}`,
+  };
+}
 
 function factList(facts) {
   const list = el("dl", { class: "facts" });
@@ -372,11 +407,14 @@ function pendingCard(p, n) {
   const title = el(
     "p",
     { id: `${id}-title`, class: "pending-title" },
-    el("span", { class: "tool-name" }, p.tool),
+    el("span", { class: "tool-name" }, p.tool || "The run"),
     ` ${ASKS[p.disposition] || p.disposition}`,
   );
   if (p.via && p.via.length) title.append(el("span", { class: "hint" }, ` (via ${p.via.join(" → ")})`));
-  card.append(title, el("code", { class: "pending-args" }, JSON.stringify(p.call ?? {})));
+  card.append(title);
+  // A run held before a model request has no call to show.
+  if (p.tool) card.append(el("code", { class: "pending-args" }, JSON.stringify(p.call ?? {})));
+  if (p.budget) card.append(factList(budgetFacts(p.budget)));
   if (p.note) card.append(el("p", { class: "hint" }, p.note));
   if (p.facts && Object.keys(p.facts).length) card.append(factList(p.facts));
   const token = p.continuation_token;
@@ -405,6 +443,20 @@ function pendingCard(p, n) {
         el("label", { for: reason.id }, "Reason, if you reject (the model reads it)"),
         reason,
         el("div", { class: "buttons" }, approve, reject),
+      );
+      break;
+    }
+    case "budget": {
+      const go = el("button", { type: "submit" }, "Let the run go on");
+      const stop = el("button", { type: "button", class: "reject" }, "End the run");
+      stop.addEventListener("click", () => answer({ approve: false }));
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        answer({ approve: true });
+      });
+      form.append(
+        el("p", { class: "hint" }, "Letting it go on lifts this budget for this run only."),
+        el("div", { class: "buttons" }, go, stop),
       );
       break;
     }
@@ -505,9 +557,12 @@ function onEvent(kind, data) {
       state.delta += (data && data.content) || "";
       renderDelta();
       return;
+    case "run_finished":
+      state.lastRun = (data && data.usage) || null;
+      state.delta = "";
+      break;
     case "message":
     case "tool_call":
-    case "run_finished":
       state.delta = "";
       break;
     default:
