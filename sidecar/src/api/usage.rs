@@ -66,7 +66,6 @@ fn instant(name: &str, s: &str) -> Result<i64, ServiceError> {
     Ok(t.timestamp_millis().max(0))
 }
 
-
 /// What runs used
 ///
 /// Tokens (prompt, completion, and how many of them were estimated because
