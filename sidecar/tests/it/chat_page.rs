@@ -245,7 +245,10 @@ async fn a_person_gives_input_chooses_and_confirms_a_booking_in_a_real_browser()
 async fn a_person_lets_a_run_go_past_a_budget_in_a_real_browser() {
     let w = World::with_toolboxes(
         |req| tool_then_answer(req).with_usage(30, 10),
-        |_| "  budgets:\n    - {name: per-session, tokens: 10, per: session, onExceed: confirm}\n".into(),
+        |_| {
+            "  budgets:\n    - {name: per-session, tokens: 10, per: session, onExceed: confirm}\n"
+                .into()
+        },
     )
     .await;
     let priced = std::fs::read_to_string(&w.agent).unwrap().replace(

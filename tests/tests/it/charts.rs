@@ -1856,11 +1856,20 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "agenttenants/finalizers".into(),
         "update".into(),
     );
+    // Held only to be granted: RBAC lets the operator give a budget
+    // tenant's pods leave to read their tenant's status only if it may
+    // itself (the escalation rule); it reads that status as a watch.
+    let to_grant: (String, String, String) = (
+        "bindery.dev".into(),
+        "agenttenants/status".into(),
+        "get".into(),
+    );
     for role in &roles {
         let namespace = role["metadata"]["namespace"].as_str().unwrap();
         let mut asked = asked_in(namespace);
         if namespace == "shop" {
             asked.insert(by_admission.clone());
+            asked.insert(to_grant.clone());
         }
         let granted = grants(role);
         assert!(
