@@ -3052,3 +3052,160 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A tenant's budget replaces its Agent's of the same name, through the
+/// tenant chart and the operator, and the real sidecar in the tenant's pod
+/// enforces it: the run stops at the tenant's cap, the next message is
+/// refused with a 429 through the tenant's Service, and the pod writes each
+/// budget's use to the AgentTenant's status (as the tenant's own
+/// ServiceAccount, owning only those fields) and a Warning Event when the
+/// budget is used up; `kubectl describe` shows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_it() {
+    let llm = invoices_model().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ns = "shop";
+    let (emu, op) = operator_in_cluster(dir.path());
+    // The Agent allows plenty; the tenant allows one token a day.
+    apply_invoices_agent(&emu, &llm.url(), |agent| {
+        agent.replacen(
+            "\nspec:\n",
+            "\nspec:\n  budgets:\n    - {name: daily-tokens, tokens: 1000000, per: 24h}\n    - {name: calls, toolCalls: 100, per: session}\n",
+            1,
+        )
+    });
+    apply(
+        &emu,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: acme-billing, namespace: shop}\nstringData: {token: billing-canary-5e1d}\n",
+    );
+    let values = std::fs::read_to_string(repo_path("examples/k8s/acme-values.yaml")).unwrap();
+    let values_file = dir.path().join("acme-budgets.yaml");
+    std::fs::write(
+        &values_file,
+        format!("{values}\nbudgets:\n  - {{name: daily-tokens, tokens: 1, per: 24h}}\n"),
+    )
+    .unwrap();
+    let tenant = Render::new(TENANT, "acme").values(values_file.display().to_string());
+    apply(&emu, &tenant.template(&["--skip-tests"]).unwrap());
+    wait_for(&emu, &op, "acme", "condition=Ready=True");
+
+    let (base, owner) = tenant_access(&emu, ns, "acme");
+    let api = bindery_tests::sidecar::Api::new(&base);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&owner),
+            Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    assert!(
+        r.json["status_detail"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("budget_exceeded: budget daily-tokens is used up:"),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "the second model turn did not start"
+    );
+    let session = r.json["session_id"].as_str().unwrap();
+    let refused = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{session}/messages"),
+            Some(&owner),
+            Some(&json!({"prompt": "and now?"})),
+        )
+        .await;
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    assert_eq!(refused.json["budget"], "daily-tokens");
+    assert_eq!(
+        refused.json["limit"], 1.0,
+        "the tenant's limit, not the Agent's"
+    );
+
+    let pod_logs = || {
+        let mut logs = op.logs();
+        for entry in walk(emu.kubelet.root()) {
+            if entry.extension().is_some_and(|e| e == "log") {
+                logs.push_str(&std::fs::read_to_string(&entry).unwrap_or_default());
+            }
+        }
+        logs
+    };
+    let rows = || {
+        kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"])["status"]["budgets"].clone()
+    };
+    eventually(
+        "the pods' budget rows on the tenant's status",
+        pod_logs,
+        || {
+            rows().as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|b| b["name"] == "daily-tokens" && b["exhausted"] == true)
+            })
+        },
+    )
+    .await;
+    let rows = rows();
+    let daily = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "daily-tokens")
+        .unwrap();
+    assert_eq!(daily["agent"], "invoices", "{rows:#}");
+    // The API server writes whole numbers without a fraction.
+    assert_eq!(daily["limit"].as_f64(), Some(1.0), "{rows:#}");
+    assert_eq!(daily["per"], "24h", "{rows:#}");
+    let calls = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "calls")
+        .expect("the Agent's own budget is kept");
+    assert_eq!(calls["limit"].as_f64(), Some(100.0), "{rows:#}");
+    assert_eq!(calls["used"].as_f64(), Some(1.0), "{rows:#}");
+    eventually("a BudgetUsedUp Event", pod_logs, || {
+        kubectl_json(&emu, &["get", "-n", ns, "events.events.k8s.io"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "BudgetUsedUp" && e["type"] == "Warning")
+    })
+    .await;
+    let described = kubectl(&emu, &["describe", "-n", ns, "agenttenant", "acme"]);
+    assert!(
+        described.contains("daily-tokens (agent invoices):")
+            && described.contains("of 1 tokens per 24h")
+            && described.contains("BudgetUsedUp"),
+        "{described}"
+    );
+    // The rows are the pods' (their field manager), and no secret is in them.
+    let acme = kubectl_json(
+        &emu,
+        &[
+            "get",
+            "-n",
+            ns,
+            "agenttenant",
+            "acme",
+            "--show-managed-fields",
+        ],
+    );
+    let managers: Vec<&str> = acme["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["fieldsV1"]["f:status"]["f:budgets"].is_object())
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert_eq!(managers, ["bindery-sidecar"], "{acme:#}");
+    assert!(!described.contains("billing-canary-5e1d"));
+}
