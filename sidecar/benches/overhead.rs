@@ -24,7 +24,12 @@
 //!   session store, the run loop, the LLM client (and the mock's own JSON
 //!   work) and the tool run. "The rest" subtracts the tool script's own run
 //!   time (the direct median below) from that overhead. It is measured with
-//!   the model's answers streamed (the default) and with `serve --no-stream`.
+//!   the model's answers streamed (the default) and with `serve --no-stream`,
+//!   and streamed once more with budgets on (a rolling token budget, a
+//!   per-session tool-call budget and a per-run token budget, none ever
+//!   reached): every model request and tool call is then claimed against
+//!   them in the store. That row's ratio is over the streamed round trip
+//!   without budgets (x1.00: budgets cost nothing).
 //! - **Tool-call dispatch.** `bash_query-invoices` run through the bindings
 //!   (the agent loaded with [`bindery_sidecar::tree::load`], then
 //!   `BoundTool::call`, as `bindery-sidecar tool-call` does) against a direct
@@ -94,8 +99,9 @@ fn main() {
         .map_or(MODEL_DELAY, Duration::from_millis);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let started = Instant::now();
-    let streamed = rt.block_on(round_trips(true, delay));
-    let unstreamed = rt.block_on(round_trips(false, delay));
+    let streamed = rt.block_on(round_trips(true, delay, false));
+    let unstreamed = rt.block_on(round_trips(false, delay, false));
+    let budgeted = rt.block_on(round_trips(true, delay, true));
     let (bound, direct) = rt.block_on(tool_dispatch());
     let (bound, direct) = (Stats::of(bound), Stats::of(direct));
     let elapsed = started.elapsed();
@@ -133,6 +139,17 @@ fn main() {
             ms(model.p90),
         );
     }
+    let (plain, with) = (
+        Stats::of(streamed.trips.clone()),
+        Stats::of(budgeted.trips.clone()),
+    );
+    println!(
+        "round trip, budgets:  median {} -> x{:.3} the round trip without them ({}); p90 x{:.3}",
+        ms(with.median),
+        ratio(with.median, plain.median),
+        ms_diff(with.median, plain.median),
+        ratio(with.p90, plain.p90),
+    );
     streamed.spent.print(&direct, "a streamed");
     unstreamed.spent.print(&direct, "a no-stream");
     println!(
@@ -177,8 +194,15 @@ struct Measured {
 /// its HTTP and timer included. Both are timed to the last byte of the
 /// answer; the sidecar's answer is parsed and checked after that (the
 /// client's JSON parsing is the client's time, not the sidecar's).
-async fn round_trips(stream: bool, delay: Duration) -> Measured {
-    let w = World::new(move |req| tool_then_answer(req).delayed(delay)).await;
+async fn round_trips(stream: bool, delay: Duration, budgets: bool) -> Measured {
+    let w = World::with_toolboxes(
+        move |req| tool_then_answer(req).delayed(delay),
+        |_| match budgets {
+            true => "  budgets:\n    - {name: daily, tokens: 1000000000000, per: 24h}\n    - {name: calls, toolCalls: 1000000000, per: session}\n    - {name: run, tokens: 1000000000, per: run}\n".into(),
+            false => String::new(),
+        },
+    )
+    .await;
     // One write per event, as model servers stream.
     w.mock.stream_whole_events(true);
     let pin = format!("tenant={TENANT}");

@@ -501,3 +501,77 @@ async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
     assert_eq!(outcomes, ["answered", "refused"]);
     assert_eq!(mock.requests().len(), 1);
 }
+
+/// What an attacker could try: a model asking for many calls at once in
+/// one turn gets as many as the budget has room for (the claims take
+/// turns in the store); a session-token holder (a browser given one
+/// session) sees the budget's pending item without the token that
+/// answers it, and cannot read the tenant's usage.
+#[tokio::test]
+async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothing_go_on() {
+    let mock = MockLlm::start(|req| match results(req) {
+        0 => {
+            MockReply::ToolCalls(vec![("bash_count".to_string(), json!({})); 5]).with_usage(40, 20)
+        }
+        _ => MockReply::text("done").with_usage(40, 20),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: calls, toolCalls: 2, per: run}\n    - {name: tokens, tokens: 100, per: session, onExceed: confirm}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let created = create(&api, json!({"agent": "metered", "session_token": true})).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let token = created.json["session_token"].as_str().unwrap().to_string();
+
+    let r = message(&api, &id, "count five at once").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(counted(dir.path()), 2, "five calls at once, room for two");
+    let refusals = r.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["role"] == "tool"
+                && t["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("budget calls is used up"))
+        })
+        .count();
+    assert_eq!(refusals, 3);
+
+    // 120 tokens now: the session token's next message waits at the
+    // confirm budget, and its holder cannot let it go on.
+    let held = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(&token),
+            Some(&json!({"prompt": "more"})),
+        )
+        .await;
+    assert_eq!(held.status, 200, "{}", held.text);
+    assert_eq!(held.json["status"], "waiting_external", "{}", held.text);
+    let item = &held.json["pending"][0];
+    assert_eq!(item["disposition"], "budget", "{item}");
+    assert!(item.get("continuation_token").is_none(), "{item}");
+    let usage = api.call("GET", "/v1/usage", Some(&token), None).await;
+    assert_eq!(usage.status, 401, "{}", usage.text);
+    let resume = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_ne!(resume.status / 100, 2, "{}", resume.text);
+    assert_eq!(session(&api, &id).await.json["status"], "waiting_external");
+    assert_eq!(mock.requests().len(), 2, "nothing went past the budget");
+}
