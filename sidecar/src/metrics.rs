@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `bindery_runs_started_total` | counter | |
 //! | `bindery_runs_total` | counter | `outcome` = `completed`, `failed`, `cancelled`, `max_steps`, `blocked` |
-//! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool) |
+//! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool), `agent` (whose model made the call: a helper's own) |
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
 //! | `bindery_model_tokens_total` | counter | `agent` (the session's), `model`, `kind` = `prompt`, `completion` (an estimate where the model reported none) |
 //! | `bindery_model_cost_total` | counter | `agent`, `model`, `currency` (by `spec.model.pricing`; models without a price are not counted) |
@@ -134,6 +134,7 @@ struct ToolCall {
     tool: String,
     outcome: &'static str,
     caller: &'static str,
+    agent: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -255,7 +256,7 @@ impl Metrics {
         );
         r.register(
             "bindery_tool_calls",
-            "Tool calls, by tool, outcome and caller (the model or an MCP client)",
+            "Tool calls, by tool, outcome, caller (the model or an MCP client) and agent",
             self.tool_calls.clone(),
         );
         r.register(
@@ -352,12 +353,13 @@ impl Metrics {
     }
 
     /// The model called `tool`.
-    pub fn tool_call(&self, tool: &str, outcome: ToolOutcome, caller: ToolCaller) {
+    pub fn tool_call(&self, agent: &str, tool: &str, outcome: ToolOutcome, caller: ToolCaller) {
         self.tool_calls
             .get_or_create(&ToolCall {
                 tool: tool.to_owned(),
                 outcome: outcome.as_str(),
                 caller: caller.as_str(),
+                agent: agent.to_owned(),
             })
             .inc();
     }
@@ -553,10 +555,10 @@ mod tests {
         m.run_finished(RunOutcome::Completed);
         m.run_finished(RunOutcome::MaxSteps);
         m.run_finished(RunOutcome::MaxSteps);
-        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
-        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
-        m.tool_call("shell", ToolOutcome::Error, ToolCaller::Model);
-        m.tool_call("fetch", ToolOutcome::Unavailable, ToolCaller::Model);
+        m.tool_call("a", "shell", ToolOutcome::Ok, ToolCaller::Model);
+        m.tool_call("a", "shell", ToolOutcome::Ok, ToolCaller::Model);
+        m.tool_call("a", "shell", ToolOutcome::Error, ToolCaller::Model);
+        m.tool_call("a", "fetch", ToolOutcome::Unavailable, ToolCaller::Model);
         m.set_sessions_live(7);
         m.http_request("/v1/sessions/:id", 200);
         m.http_request("/v1/sessions/:id", 200);
@@ -578,9 +580,9 @@ mod tests {
         assert_eq!(
             series(&text, "bindery_tool_calls_total"),
             [
-                "bindery_tool_calls_total{tool=\"fetch\",outcome=\"unavailable\",caller=\"model\"} 1",
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"error\",caller=\"model\"} 1",
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\"} 2",
+                "bindery_tool_calls_total{tool=\"fetch\",outcome=\"unavailable\",caller=\"model\",agent=\"a\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"error\",caller=\"model\",agent=\"a\"} 1",
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\",agent=\"a\"} 2",
             ]
         );
         assert_eq!(
@@ -739,12 +741,12 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let m = Metrics::new();
-        m.tool_call("we\"ird\\to\nol", ToolOutcome::Ok, ToolCaller::Model);
+        m.tool_call("a", "we\"ird\\to\nol", ToolOutcome::Ok, ToolCaller::Model);
         let text = m.render();
         assert!(
             has_line(
                 &text,
-                r#"bindery_tool_calls_total{tool="we\"ird\\to\nol",outcome="ok",caller="model"} 1"#
+                r#"bindery_tool_calls_total{tool="we\"ird\\to\nol",outcome="ok",caller="model",agent="a"} 1"#
             ),
             "{text}"
         );
@@ -759,7 +761,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
                         m.run_started();
-                        m.tool_call("shell", ToolOutcome::Ok, ToolCaller::Model);
+                        m.tool_call("a", "shell", ToolOutcome::Ok, ToolCaller::Model);
                         m.llm_request(0.5, true);
                     }
                 })
@@ -773,7 +775,7 @@ mod tests {
         assert_eq!(
             value(
                 &text,
-                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\"}"
+                "bindery_tool_calls_total{tool=\"shell\",outcome=\"ok\",caller=\"model\",agent=\"a\"}"
             ),
             4000.0
         );

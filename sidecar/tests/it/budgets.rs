@@ -575,3 +575,42 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
     assert_eq!(session(&api, &id).await.json["status"], "waiting_external");
     assert_eq!(mock.requests().len(), 2, "nothing went past the budget");
 }
+
+/// The session's stream says when a budget passes 80% of its limit and
+/// when it reaches it, once each.
+#[tokio::test]
+async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
+    let mock = MockLlm::start(count_then_answer(2)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    // 60 tokens a turn: 120 passes 80% of 125, 180 reaches it.
+    let agent = metered_agent(
+        dir.path(),
+        &mock.url(),
+        "",
+        "  budgets:\n    - {name: daily-tokens, tokens: 125, per: 24h}\n",
+    );
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &id, "count twice").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let (status, stream) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let seen = stream.unwrap().until("run_finished", PATIENCE).await;
+    let budget: Vec<Value> = seen
+        .iter()
+        .filter(|e| e.event == "budget")
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect();
+    assert_eq!(
+        budget,
+        vec![
+            json!({"budget": "daily-tokens", "state": "nearly_used", "used": 120.0, "limit": 125.0, "meter": "tokens", "per": "24h"}),
+            json!({"budget": "daily-tokens", "state": "used_up", "used": 180.0, "limit": 125.0, "meter": "tokens", "per": "24h"}),
+        ]
+    );
+    let finished: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
+    assert_eq!(finished["usage"]["total_tokens"], 180, "{finished}");
+}

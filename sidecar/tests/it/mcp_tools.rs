@@ -209,7 +209,7 @@ async fn a_client_sees_no_bound_argument_and_cannot_override_the_tenant() {
     assert_eq!(
         sample(
             &metrics.text,
-            "bindery_tool_calls_total{tool=\"bash_query-invoices\",outcome=\"ok\",caller=\"mcp\"}"
+            "bindery_tool_calls_total{tool=\"bash_query-invoices\",outcome=\"ok\",caller=\"mcp\",agent=\"invoices\"}"
         ),
         Some(2.0),
         "{}",
