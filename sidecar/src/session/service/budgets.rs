@@ -19,8 +19,11 @@ pub(super) struct RunBudget {
     limits: Vec<Limit>,
     /// `confirm` budgets a person let this run go past.
     approved: Mutex<Vec<String>>,
-    /// The model request in flight: its limits' use before it.
-    before: Mutex<Vec<(usize, f64)>>,
+    /// The session's agent's model: what its tool calls are reported under.
+    model: String,
+    /// Each model request in flight (helpers' may run at once), by its
+    /// claim: its limits' use before it.
+    before: Mutex<HashMap<i64, Vec<(usize, f64)>>>,
     /// What this part of the run used (until it ends or waits).
     spent: Mutex<Totals>,
 }
@@ -42,7 +45,8 @@ impl RunBudget {
             run: run.id.clone(),
             limits: agent.budget_limits(),
             approved: Mutex::new(run.budgets_approved.clone()),
-            before: Mutex::new(Vec::new()),
+            model: agent.spec.model.name.clone(),
+            before: Mutex::new(HashMap::new()),
             spent: Mutex::new(Totals::default()),
         }
     }
@@ -160,12 +164,24 @@ impl Ledger for RunBudget {
         row.estimated = true;
         row.cost = model.pricing.as_ref().map_or(0.0, |p| p.cost(estimate, 0));
         let (gate, before) = self.claim(&MODEL, row).await;
-        *self.before.lock().unwrap_or_else(|p| p.into_inner()) = before;
+        if let Gate::Go(Some(id)) = gate {
+            self.before
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, before);
+        }
         gate
     }
 
     async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
-        let before = std::mem::take(&mut *self.before.lock().unwrap_or_else(|p| p.into_inner()));
+        let before = claim
+            .and_then(|id| {
+                self.before
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id)
+            })
+            .unwrap_or_default();
         let mut row = self.row(now_ms(), &model.name, None);
         if let Some(s) = used {
             row.prompt_tokens = s.prompt;
@@ -197,7 +213,7 @@ impl Ledger for RunBudget {
     }
 
     async fn before_tool(&self, tool: &str) -> Gate {
-        let mut row = self.row(now_ms(), "", Some(tool));
+        let mut row = self.row(now_ms(), &self.model, Some(tool));
         row.tool_calls = 1;
         let (gate, before) = self.claim(&[Meter::ToolCalls], row.clone()).await;
         if matches!(gate, Gate::Go(_)) {
