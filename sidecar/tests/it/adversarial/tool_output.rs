@@ -343,6 +343,8 @@ fn cut_form(form: &str) -> String {
 
 /// A model that calls `tool` with the arguments the user's message holds
 /// (as JSON), then answers with the result.
+/// Call `tool` once with each of the arguments the user message lists (a
+/// JSON array), all in one turn; then answer with the last result.
 fn call_as_told(tool: &'static str) -> impl Fn(&Value) -> MockReply {
     move |req: &Value| {
         let last = last_message(req);
@@ -351,10 +353,11 @@ fn call_as_told(tool: &'static str) -> impl Fn(&Value) -> MockReply {
                 "the tool said: {}",
                 last["content"].as_str().unwrap_or("")
             )),
-            _ => MockReply::tool_call(
-                tool,
-                serde_json::from_str(last["content"].as_str().unwrap_or("{}")).unwrap(),
-            ),
+            _ => {
+                let calls: Vec<Value> =
+                    serde_json::from_str(last["content"].as_str().unwrap_or("[]")).unwrap();
+                MockReply::ToolCalls(calls.into_iter().map(|c| (tool.to_string(), c)).collect())
+            }
         }
     }
 }
@@ -405,9 +408,10 @@ async fn start_padding_api() -> std::net::SocketAddr {
     addr
 }
 
-/// Post each of `calls` (the tool's arguments) as a message to one session
-/// of a server whose model calls `tool` with them; the results the model
-/// got, and every place they may have reached.
+/// Post `calls` (the tool's arguments) as one message to a session of a
+/// server whose model calls `tool` with each of them in one turn; the
+/// results the model got, in the calls' order, and every place they may
+/// have reached.
 async fn cut_everywhere(
     tool: &'static str,
     extra: &str,
@@ -432,27 +436,31 @@ async fn cut_everywhere(
         .await;
     assert_eq!(status, 200);
     let mut events = events.unwrap();
-    let mut replies = Vec::new();
-    for call in calls {
-        let reply = message_waited(&api, &id, &call.to_string()).await;
-        assert_eq!(reply.json["status"], "idle", "{}", reply.text);
-        replies.push(reply.text);
-        let seen = events
-            .until("run_finished", std::time::Duration::from_secs(30))
-            .await;
-        assert!(seen.iter().any(|e| e.event == "tool_result"), "{seen:?}");
-    }
+    let reply = message_waited(&api, &id, &Value::from(calls.to_vec()).to_string()).await;
+    assert_eq!(reply.json["status"], "idle", "{}", reply.text);
+    let seen = events.until("run_finished", PATIENCE).await;
+    assert_eq!(
+        seen.iter().filter(|e| e.event == "tool_result").count(),
+        calls.len(),
+        "{seen:?}\n{}",
+        sidecar.logs()
+    );
     let stream = std::mem::take(&mut events.raw);
     drop(events);
     let view = api
         .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
         .await;
     sidecar.stop();
+    // The request after the calls holds their results, in the calls' order.
     let results: Vec<String> = mock
         .requests()
         .iter()
-        .filter(|r| last_message(r)["role"] == "tool")
-        .map(|r| last_message(r)["content"].as_str().unwrap().to_string())
+        .find(|r| last_message(r)["role"] == "tool")
+        .and_then(|r| r["messages"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(results.len(), calls.len(), "{results:#?}");
     let mut places = vec![
@@ -463,7 +471,7 @@ async fn cut_everywhere(
             String::from_utf8_lossy(&raw_files(&dir.path().join("store"), "")).into_owned(),
         ),
     ];
-    places.extend(replies.into_iter().map(|r| ("a reply".to_string(), r)));
+    places.push(("the reply".to_string(), reply.text));
     for (_, body) in mock.raw_requests() {
         places.push(("a model request".to_string(), body));
     }
