@@ -145,48 +145,13 @@ impl KubeEvents {
     /// Apply `rows` as the tenant's `status.budgets` (and their summary
     /// lines). A failure is logged: the next write tries again.
     pub async fn budget_status(&self, rows: &[crate::spec::budget::BudgetStatus]) {
-        let token = match std::fs::read_to_string(&self.token) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(
-                    "cannot write the tenant's budget status: {}: {e}",
-                    self.token.display()
-                );
-                return;
-            }
-        };
-        let sent = self
+        let request = self
             .client
             .patch(&self.status_url)
-            .bearer_auth(token.trim())
             .header("Content-Type", "application/apply-patch+yaml")
-            .body(self.status_patch(rows).to_string())
-            .send()
-            .await;
-        match sent {
-            Ok(r) if r.status().is_success() => {
-                tracing::debug!(
-                    budgets = rows.len(),
-                    "the tenant's budget status was written"
-                )
-            }
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let why = r
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v["message"].as_str().map(str::to_string))
-                    .unwrap_or_default();
-                tracing::warn!(
-                    status,
-                    "the API server refused the tenant's budget status: {why}"
-                )
-            }
-            Err(e) => tracing::warn!(
-                "cannot write the tenant's budget status: {}",
-                e.without_url()
-            ),
+            .body(self.status_patch(rows).to_string());
+        if self.send(request, "the tenant's budget status").await {
+            tracing::debug!(budgets = rows.len(), "the tenant's budget status was written");
         }
     }
 
@@ -195,31 +160,31 @@ impl KubeEvents {
     /// the metrics say it too.
     pub async fn warn(&self, reason: &str, action: &str, note: &str) {
         let event = self.event(reason, action, note, SystemTime::now());
+        let request = self.client.post(&self.url).json(&event);
+        if self
+            .send(request, &format!("a Kubernetes Event ({reason})"))
+            .await
+        {
+            tracing::info!(reason, "a Warning Event was recorded on the AgentTenant");
+        }
+    }
+
+    /// Send `request` with the pod's token; whether the API server took
+    /// it. A failure is logged as about `what`.
+    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> bool {
         // Read each time: a projected token is renewed while the pod runs.
         let token = match std::fs::read_to_string(&self.token) {
             Ok(t) => t,
             Err(e) => {
-                tracing::warn!(
-                    "cannot record a Kubernetes Event ({reason}): {}: {e}",
-                    self.token.display()
-                );
-                return;
+                tracing::warn!("cannot send {what}: {}: {e}", self.token.display());
+                return false;
             }
         };
-        let sent = self
-            .client
-            .post(&self.url)
-            .bearer_auth(token.trim())
-            .json(&event)
-            .send()
-            .await;
-        match sent {
-            Ok(r) if r.status().is_success() => {
-                tracing::info!(reason, "a Warning Event was recorded on the AgentTenant")
-            }
+        match request.bearer_auth(token.trim()).send().await {
+            Ok(r) if r.status().is_success() => true,
             Ok(r) => {
                 let status = r.status().as_u16();
-                // Its Status says why (a field of the Event, never a value
+                // Its Status says why (a field of the object, never a value
                 // of the session's).
                 let why = r
                     .json::<serde_json::Value>()
@@ -227,17 +192,13 @@ impl KubeEvents {
                     .ok()
                     .and_then(|v| v["message"].as_str().map(str::to_string))
                     .unwrap_or_default();
-                tracing::warn!(
-                    reason,
-                    status,
-                    "the API server refused a Kubernetes Event: {why}"
-                )
+                tracing::warn!(status, "the API server refused {what}: {why}");
+                false
             }
-            Err(e) => tracing::warn!(
-                reason,
-                "cannot record a Kubernetes Event: {}",
-                e.without_url()
-            ),
+            Err(e) => {
+                tracing::warn!("cannot send {what}: {}", e.without_url());
+                false
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::common::*;
 use bindery_tests::mock_llm::{last_message, Gate, MockLlm, MockReply};
 use bindery_tests::postgres::Postgres;
-use bindery_tests::sidecar::{Api, Reply};
+use bindery_tests::sidecar::{Api, Reply, Sidecar};
 use serde_json::{json, Value};
 
 /// An agent `metered` with a bash tool `bash_count` (it counts its runs
@@ -49,6 +49,34 @@ spec:
     )
     .unwrap();
     path
+}
+
+/// A server of the metered agent on its own SQLite store, and its model.
+struct Metered {
+    mock: MockLlm,
+    dir: tempfile::TempDir,
+    _sidecar: Sidecar,
+    api: Api,
+}
+
+/// [`metered_agent`] with `model_extra` and `spec`, served, its model
+/// answering by `script`.
+async fn metered(
+    script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+    model_extra: &str,
+    spec: &str,
+) -> Metered {
+    let mock = MockLlm::start(script).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = metered_agent(dir.path(), &mock.url(), model_extra, spec);
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    Metered {
+        mock,
+        dir,
+        _sidecar: sidecar,
+        api,
+    }
 }
 
 /// How many times the count tool ran.
@@ -103,16 +131,17 @@ async fn session(api: &Api, id: &str) -> Reply {
 
 #[tokio::test]
 async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
-    let mock = MockLlm::start(count_then_answer(2)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock,
+        dir,
+        _sidecar,
+        api,
+    } = metered(
+        count_then_answer(2),
         "",
         "  budgets:\n    - {name: daily-tokens, tokens: 100, per: 24h}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
 
     // Two model turns use 120 tokens; the third does not start.
@@ -172,16 +201,17 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
 
 #[tokio::test]
 async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it() {
-    let mock = MockLlm::start(count_then_answer(2)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock,
+        dir: _dir,
+        _sidecar,
+        api,
+    } = metered(
+        count_then_answer(2),
         "",
         "  budgets:\n    - {name: per-session, tokens: 100, per: session, onExceed: confirm}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
 
     let r = message(&api, &id, "count twice").await;
@@ -258,16 +288,17 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
 
 #[tokio::test]
 async fn a_per_session_tool_call_budget_refuses_the_call_and_tells_the_model() {
-    let mock = MockLlm::start(count_then_answer(3)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock: _mock,
+        dir,
+        _sidecar,
+        api,
+    } = metered(
+        count_then_answer(3),
         "",
         "  budgets:\n    - {name: calls, toolCalls: 2, per: session}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
     let r = message(&api, &id, "count thrice").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
@@ -286,17 +317,18 @@ async fn a_per_session_tool_call_budget_refuses_the_call_and_tells_the_model() {
 
 #[tokio::test]
 async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
-    let mock = MockLlm::start(|_| MockReply::text("ok").with_usage(30, 10)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     // 1 EUR a prompt token, 2 a completion token: 50 a request.
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock: _mock,
+        dir: _dir,
+        _sidecar,
+        api,
+    } = metered(
+        |_| MockReply::text("ok").with_usage(30, 10),
         ", pricing: {inputPerMillion: 1000000, outputPerMillion: 2000000, currency: EUR}",
         "  budgets:\n    - {name: monthly-spend, cost: 100, per: 30d}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let a = new_session(&api, json!({"agent": "metered"})).await;
     let b = new_session(&api, json!({"agent": "metered"})).await;
     assert_eq!(message(&api, &a, "one").await.json["usage"]["cost"], 50.0);
@@ -367,11 +399,17 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
 
 #[tokio::test]
 async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
-    let mock = MockLlm::start(|_| MockReply::text("a reply of some length").without_usage()).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(dir.path(), &mock.url(), "", "");
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let Metered {
+        mock,
+        dir: _dir,
+        _sidecar,
+        api,
+    } = metered(
+        |_| MockReply::text("a reply of some length").without_usage(),
+        "",
+        "",
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
     let r = message(&api, &id, "hello").await;
     let usage = &r.json["usage"];
@@ -390,16 +428,17 @@ async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
 /// until that moment passes.
 #[tokio::test]
 async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
-    let mock = MockLlm::start(|_| MockReply::text("ok").with_usage(1, 1)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock,
+        dir,
+        _sidecar,
+        api,
+    } = metered(
+        |_| MockReply::text("ok").with_usage(1, 1),
         "",
         "  budgets:\n    - {name: hourly, tokens: 100, per: 1h}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -509,22 +548,21 @@ async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
 /// answers it, and cannot read the tenant's usage.
 #[tokio::test]
 async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothing_go_on() {
-    let mock = MockLlm::start(|req| match results(req) {
-        0 => {
-            MockReply::ToolCalls(vec![("bash_count".to_string(), json!({})); 5]).with_usage(40, 20)
-        }
-        _ => MockReply::text("done").with_usage(40, 20),
-    })
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock,
+        dir,
+        _sidecar,
+        api,
+    } = metered(
+        |req| match results(req) {
+            0 => MockReply::ToolCalls(vec![("bash_count".to_string(), json!({})); 5])
+                .with_usage(40, 20),
+            _ => MockReply::text("done").with_usage(40, 20),
+        },
         "",
         "  budgets:\n    - {name: calls, toolCalls: 2, per: run}\n    - {name: tokens, tokens: 100, per: session, onExceed: confirm}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let created = create(&api, json!({"agent": "metered", "session_token": true})).await;
     assert_eq!(created.status, 201, "{}", created.text);
     let id = created.json["session_id"].as_str().unwrap().to_string();
@@ -580,17 +618,18 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
 /// when it reaches it, once each.
 #[tokio::test]
 async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
-    let mock = MockLlm::start(count_then_answer(2)).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     // 60 tokens a turn: 120 passes 80% of 125, 180 reaches it.
-    let agent = metered_agent(
-        dir.path(),
-        &mock.url(),
+    let Metered {
+        mock: _mock,
+        dir: _dir,
+        _sidecar,
+        api,
+    } = metered(
+        count_then_answer(2),
         "",
         "  budgets:\n    - {name: daily-tokens, tokens: 125, per: 24h}\n",
-    );
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    )
+    .await;
     let id = new_session(&api, json!({"agent": "metered"})).await;
     let r = message(&api, &id, "count twice").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
