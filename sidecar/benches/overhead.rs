@@ -25,11 +25,12 @@
 //!   work) and the tool run. "The rest" subtracts the tool script's own run
 //!   time (the direct median below) from that overhead. It is measured with
 //!   the model's answers streamed (the default) and with `serve --no-stream`,
-//!   and streamed once more with budgets on (a rolling token budget, a
-//!   per-session tool-call budget and a per-run token budget, none ever
-//!   reached): every model request and tool call is then claimed against
-//!   them in the store. That row's ratio is over the streamed round trip
-//!   without budgets (x1.00: budgets cost nothing).
+//!   and with budgets on (a rolling token budget, a per-session tool-call
+//!   budget and a per-run token budget, none ever reached: every model
+//!   request and tool call is then claimed against them in the store)
+//!   against the same server without them, the two taking turns round
+//!   trip by round trip so that the machine's load falls on both alike.
+//!   That row's ratio is with over without (x1.00: budgets cost nothing).
 //! - **Tool-call dispatch.** `bash_query-invoices` run through the bindings
 //!   (the agent loaded with [`bindery_sidecar::tree::load`], then
 //!   `BoundTool::call`, as `bindery-sidecar tool-call` does) against a direct
@@ -99,9 +100,9 @@ fn main() {
         .map_or(MODEL_DELAY, Duration::from_millis);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let started = Instant::now();
-    let streamed = rt.block_on(round_trips(true, delay, false));
-    let unstreamed = rt.block_on(round_trips(false, delay, false));
-    let budgeted = rt.block_on(round_trips(true, delay, true));
+    let streamed = rt.block_on(round_trips(true, delay));
+    let unstreamed = rt.block_on(round_trips(false, delay));
+    let (plain, with) = rt.block_on(budget_round_trips(delay));
     let (bound, direct) = rt.block_on(tool_dispatch());
     let (bound, direct) = (Stats::of(bound), Stats::of(direct));
     let elapsed = started.elapsed();
@@ -139,10 +140,7 @@ fn main() {
             ms(model.p90),
         );
     }
-    let (plain, with) = (
-        Stats::of(streamed.trips.clone()),
-        Stats::of(budgeted.trips.clone()),
-    );
+    let (plain, with) = (Stats::of(plain), Stats::of(with));
     println!(
         "round trip, budgets:  median {} -> x{:.3} the round trip without them ({}); p90 x{:.3}",
         ms(with.median),
@@ -194,15 +192,57 @@ struct Measured {
 /// its HTTP and timer included. Both are timed to the last byte of the
 /// answer; the sidecar's answer is parsed and checked after that (the
 /// client's JSON parsing is the client's time, not the sidecar's).
-async fn round_trips(stream: bool, delay: Duration, budgets: bool) -> Measured {
-    let w = World::with_toolboxes(
-        move |req| tool_then_answer(req).delayed(delay),
-        |_| match budgets {
-            true => "  budgets:\n    - {name: daily, tokens: 1000000000000, per: 24h}\n    - {name: calls, toolCalls: 1000000000, per: session}\n    - {name: run, tokens: 1000000000, per: run}\n".into(),
-            false => String::new(),
-        },
-    )
-    .await;
+/// Budgets no round trip reaches: a rolling token budget, a per-session
+/// tool-call budget and a per-run token budget.
+const BUDGETS: &str = "  budgets:\n    - {name: daily, tokens: 1000000000000, per: 24h}\n    - {name: calls, toolCalls: 1000000000, per: session}\n    - {name: run, tokens: 1000000000, per: run}\n";
+
+/// Round trips (as [`round_trips`] streamed) through a server without
+/// budgets and one with [`BUDGETS`], taking turns: the wall times of each.
+async fn budget_round_trips(delay: Duration) -> (Vec<Duration>, Vec<Duration>) {
+    let mut servers = Vec::new();
+    for budgets in [false, true] {
+        let w = World::with_toolboxes(
+            move |req| tool_then_answer(req).delayed(delay),
+            |_| if budgets { BUDGETS.into() } else { String::new() },
+        )
+        .await;
+        w.mock.stream_whole_events(true);
+        let pin = format!("tenant={TENANT}");
+        let (sidecar, api) = w.start(&["--pin", pin.as_str()], &[]);
+        let id = common::new_session(
+            &api,
+            json!({"agent": "invoices", "params": {"billing_token": CANARY}}),
+        )
+        .await;
+        let url = format!("{}/v1/sessions/{id}/messages?wait=true", api.base);
+        servers.push((w, sidecar, url));
+    }
+    let http = reqwest::Client::new();
+    let body = json!({"prompt": "which invoices are overdue?"});
+    let mut times = [Vec::new(), Vec::new()];
+    for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
+        for (n, (_, sidecar, url)) in servers.iter().enumerate() {
+            let t = Instant::now();
+            let r = http.post(url).bearer_auth(OWNER).json(&body).send().await;
+            let r = r.expect("the sidecar answers");
+            let status = r.status();
+            let answer = r.bytes().await.expect("the whole answer");
+            let elapsed = t.elapsed();
+            // Not a timing check: a run that failed would measure nothing.
+            let reply: Value = serde_json::from_slice(&answer).expect("a JSON answer");
+            assert_eq!(status, 200, "{reply}\n{}", sidecar.logs());
+            assert_eq!(reply["status"], "idle", "{reply}");
+            if i >= WARMUP_ROUND_TRIPS {
+                times[n].push(elapsed);
+            }
+        }
+    }
+    let [plain, with] = times;
+    (plain, with)
+}
+
+async fn round_trips(stream: bool, delay: Duration) -> Measured {
+    let w = World::new(move |req| tool_then_answer(req).delayed(delay)).await;
     // One write per event, as model servers stream.
     w.mock.stream_whole_events(true);
     let pin = format!("tenant={TENANT}");

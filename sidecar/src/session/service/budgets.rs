@@ -158,6 +158,11 @@ impl RunBudget {
 impl Ledger for RunBudget {
     async fn before_model(&self, model: &ModelSpec, estimate: u64) -> Gate {
         let now = now_ms();
+        if ledger::gauges(&self.limits, &MODEL, &self.approved(), &self.who(), now).is_empty() {
+            // Nothing to claim against: the request's row is written once,
+            // when its use is known.
+            return Gate::Go(None);
+        }
         let mut row = self.row(now, &model.name, None);
         // Claimed at the estimate; settled at what the model reports.
         row.prompt_tokens = estimate;
