@@ -182,6 +182,14 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
             .expect("a rolling budget says when");
         assert!((86_000..=86_400).contains(&retry), "{retry}");
     }
+    // An MCP client's ask is refused the same way, with the same fields.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "ask_metered", "arguments": {"prompt": "again"}}});
+    let mcp = api.call("POST", "/mcp", Some(OWNER), Some(&call)).await;
+    let data = &mcp.json["error"]["data"];
+    assert_eq!(data["error"], "budget_exceeded", "{}", mcp.text);
+    assert_eq!(data["status"], 429, "{}", mcp.text);
+    assert_eq!(data["budget"], "daily-tokens", "{}", mcp.text);
     assert_eq!(mock.requests().len(), 2, "nothing reached the model");
 
     let metrics = reqwest::get(format!("{}/metrics", api.base))

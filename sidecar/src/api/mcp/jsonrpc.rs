@@ -67,6 +67,10 @@ impl From<ServiceError> for RpcError {
         if !e.params.is_empty() || e.code.ends_with("params") {
             data["params"] = json!(e.params);
         }
+        // A used-up budget's name, limit and use, as the 429 carries them.
+        for (k, v) in e.extra.into_iter().flat_map(|m| *m) {
+            data[k] = v;
+        }
         RpcError {
             code,
             message: e.message,
