@@ -203,7 +203,13 @@ async fn budget_round_trips(delay: Duration) -> (Vec<Duration>, Vec<Duration>) {
     for budgets in [false, true] {
         let w = World::with_toolboxes(
             move |req| tool_then_answer(req).delayed(delay),
-            |_| if budgets { BUDGETS.into() } else { String::new() },
+            |_| {
+                if budgets {
+                    BUDGETS.into()
+                } else {
+                    String::new()
+                }
+            },
         )
         .await;
         w.mock.stream_whole_events(true);

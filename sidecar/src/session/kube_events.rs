@@ -151,7 +151,10 @@ impl KubeEvents {
             .header("Content-Type", "application/apply-patch+yaml")
             .body(self.status_patch(rows).to_string());
         if self.send(request, "the tenant's budget status").await {
-            tracing::debug!(budgets = rows.len(), "the tenant's budget status was written");
+            tracing::debug!(
+                budgets = rows.len(),
+                "the tenant's budget status was written"
+            );
         }
     }
 

@@ -869,7 +869,8 @@ async fn dispatch(
                 ToolOutcome::Unavailable => crate::metrics::UNKNOWN_TOOL,
                 _ => call.name.as_str(),
             };
-            ctx.metrics.tool_call(&ctx.agent.name, tool, counted, ctx.origin);
+            ctx.metrics
+                .tool_call(&ctx.agent.name, tool, counted, ctx.origin);
         }
         outcome
     }

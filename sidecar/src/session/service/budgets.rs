@@ -26,6 +26,9 @@ pub(super) struct RunBudget {
     before: Mutex<HashMap<i64, Vec<(usize, f64)>>>,
     /// What this part of the run used (until it ends or waits).
     spent: Mutex<Totals>,
+    /// Use no budget asked to claim, not written yet: with the next
+    /// claim, or once the run's part ends ([`RunBudget::flush`]).
+    unwritten: Mutex<Vec<Use>>,
 }
 
 /// The meters a model request counts.
@@ -48,7 +51,23 @@ impl RunBudget {
             model: agent.spec.model.name.clone(),
             before: Mutex::new(HashMap::new()),
             spent: Mutex::new(Totals::default()),
+            unwritten: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Write the use no claim has written yet (the run's part ends).
+    pub(super) async fn flush(&self) {
+        let rows = std::mem::take(&mut *self.unwritten.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Err(e) = self.service.store.record(&rows).await {
+            tracing::error!(session = %self.session, "cannot record the run's usage: {e}");
+        }
+    }
+
+    fn keep(&self, row: Use) {
+        self.unwritten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(row);
     }
 
     /// What this part of the run used.
@@ -108,7 +127,9 @@ impl RunBudget {
             .iter()
             .map(|(i, g)| (g.clone(), self.limits[*i].limit))
             .collect();
-        match self.service.store.claim(&limits, &row).await {
+        let earlier =
+            std::mem::take(&mut *self.unwritten.lock().unwrap_or_else(|p| p.into_inner()));
+        match self.service.store.claim(&limits, &earlier, &row).await {
             Ok(Claimed::Granted { id, used }) => {
                 let before = gauges.iter().map(|(i, _)| *i).zip(used).collect();
                 (Gate::Go(Some(id)), before)
@@ -207,20 +228,30 @@ impl Ledger for RunBudget {
             );
         }
         self.add(&row);
-        let stored = match claim {
-            Some(id) => self.service.store.settle(id, &row).await,
-            None => self.service.store.claim(&[], &row).await.map(drop),
-        };
-        if let Err(e) = stored {
-            tracing::error!(session = %self.session, "cannot record a model request's usage: {e}");
+        match claim {
+            Some(id) => {
+                if let Err(e) = self.service.store.settle(id, &row).await {
+                    tracing::error!(session = %self.session, "cannot record a model request's usage: {e}");
+                }
+                self.crossed(&before, &row).await;
+            }
+            // No budget claimed it: written with the next claim or the
+            // run's end, not on the run's way.
+            None => self.keep(row),
         }
-        self.crossed(&before, &row).await;
     }
 
     async fn before_tool(&self, tool: &str) -> Gate {
-        let mut row = self.row(now_ms(), &self.model, Some(tool));
+        let now = now_ms();
+        let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
-        let (gate, before) = self.claim(&[Meter::ToolCalls], row.clone()).await;
+        let meters = [Meter::ToolCalls];
+        if ledger::gauges(&self.limits, &meters, &self.approved(), &self.who(), now).is_empty() {
+            self.add(&row);
+            self.keep(row);
+            return Gate::Go(None);
+        }
+        let (gate, before) = self.claim(&meters, row.clone()).await;
         if matches!(gate, Gate::Go(_)) {
             self.add(&row);
             self.crossed(&before, &row).await;

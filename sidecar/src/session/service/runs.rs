@@ -277,6 +277,7 @@ impl Service {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
+        budget.flush().await;
         let (answer, taken) = sink.close().await?;
         let run = pending::WaitingRun {
             budgets_approved: budget.approved(),

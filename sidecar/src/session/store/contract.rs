@@ -556,7 +556,7 @@ fn granted(c: Claimed) -> i64 {
 pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn SessionStore>) {
     let id = granted(
         store
-            .claim(&[], &usage_row(10, "a", "s1", "r1", 5))
+            .claim(&[], &[], &usage_row(10, "a", "s1", "r1", 5))
             .await
             .unwrap(),
     );
@@ -567,9 +567,9 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     let mut call = usage_row(11, "a", "s1", "r2", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.claim(&[], &call).await.unwrap();
+    store.record(&[call.clone()]).await.unwrap();
     store
-        .claim(&[], &usage_row(12, "b", "s2", "r3", 100))
+        .record(&[usage_row(12, "b", "s2", "r3", 100)])
         .await
         .unwrap();
     let cost = Gauge {
@@ -596,13 +596,17 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     let used: Vec<f64> = got.iter().map(|s| s.used).collect();
     assert_eq!(used, [42.0, 42.0, 42.0, 0.0, 0.25, 1.0]);
     assert_eq!(got[0].oldest, Some(10));
-    // A limit already reached refuses and records nothing; one with room grants.
+    // A limit already reached refuses and records nothing of the claim,
+    // but what was used before it (`earlier`) is recorded all the same.
     let limits = [
         (tokens_of(Scope::Run("r9".into()), 0), 1.0),
         (tokens_of(Scope::Agent("a".into()), 0), 42.0),
     ];
+    let mut earlier = usage_row(13, "a", "s1", "r8", 0);
+    earlier.tool = Some("bash_y".into());
+    earlier.tool_calls = 1;
     let refused = store
-        .claim(&limits, &usage_row(13, "a", "s1", "r9", 1))
+        .claim(&limits, &[earlier], &usage_row(13, "a", "s1", "r9", 1))
         .await
         .unwrap();
     assert_eq!(
@@ -620,6 +624,12 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
         .await
         .unwrap();
     assert_eq!(after[0].used, 42.0, "a refused claim records nothing");
+    let calls = Gauge {
+        meter: Meter::ToolCalls,
+        scope: Scope::Session("s1".into()),
+        since: 0,
+    };
+    assert_eq!(store.measure(&[calls]).await.unwrap()[0].used, 2.0);
     assert_eq!(store.peak("a", Meter::Tokens, true, 0).await.unwrap(), 42.0);
     assert_eq!(
         store.peak("a", Meter::Tokens, false, 11).await.unwrap(),
@@ -637,18 +647,18 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
     const HOUR: i64 = 3_600_000;
     let t0 = 1_000 * HOUR;
     store
-        .claim(&[], &usage_row(t0, "a", "s1", "r1", 60))
+        .record(&[usage_row(t0, "a", "s1", "r1", 60)])
         .await
         .unwrap();
     store
-        .claim(&[], &usage_row(t0 + HOUR, "a", "s1", "r2", 40))
+        .record(&[usage_row(t0 + HOUR, "a", "s1", "r2", 40)])
         .await
         .unwrap();
     let window = |now: i64| [(tokens_of(Scope::Agent("a".into()), now - 24 * HOUR), 100.0)];
     // 23 hours on: both uses are in the window, which is full.
     let now = t0 + 23 * HOUR;
     let refused = store
-        .claim(&window(now), &usage_row(now, "a", "s1", "r3", 1))
+        .claim(&window(now), &[], &usage_row(now, "a", "s1", "r3", 1))
         .await
         .unwrap();
     assert_eq!(
@@ -665,7 +675,7 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
     let now = t0 + 24 * HOUR + 1;
     granted(
         store
-            .claim(&window(now), &usage_row(now, "a", "s1", "r3", 1))
+            .claim(&window(now), &[], &usage_row(now, "a", "s1", "r3", 1))
             .await
             .unwrap(),
     );
@@ -683,7 +693,7 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
 /// passes.
 pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionStore>) {
     store
-        .claim(&[], &usage_row(1, "a", "s1", "r1", 99))
+        .record(&[usage_row(1, "a", "s1", "r1", 99)])
         .await
         .unwrap();
     let limits = [(tokens_of(Scope::Agent("a".into()), 0), 100.0)];
@@ -692,7 +702,7 @@ pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionSto
         let limits = limits.clone();
         tokio::spawn(async move {
             store
-                .claim(&limits, &usage_row(2, "a", &format!("s{i}"), "r", 5))
+                .claim(&limits, &[], &usage_row(2, "a", &format!("s{i}"), "r", 5))
                 .await
                 .unwrap()
         })
@@ -709,17 +719,17 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut estimated = usage_row(10, "a", "s1", "r1", 7);
     estimated.estimated = true;
     estimated.completion_tokens = 3;
-    store.claim(&[], &estimated).await.unwrap();
+    store.record(&[estimated.clone()]).await.unwrap();
     store
-        .claim(&[], &usage_row(20, "b", "s2", "r2", 100))
+        .record(&[usage_row(20, "b", "s2", "r2", 100)])
         .await
         .unwrap();
     let mut call = usage_row(30, "a", "s1", "r1", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.claim(&[], &call).await.unwrap();
+    store.record(&[call.clone()]).await.unwrap();
     store
-        .claim(&[], &usage_row(99, "a", "s3", "r3", 1000))
+        .record(&[usage_row(99, "a", "s3", "r3", 1000)])
         .await
         .unwrap();
     let by_agent = store.report(0, 99, Group::Agent).await.unwrap();

@@ -147,12 +147,23 @@ pub trait SessionStore: Send + Sync {
     async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
         Ok(Vec::new())
     }
-    /// Record `row` unless one of `limits` (a gauge and its limit) is used
-    /// up, its use having reached the limit. Atomic with every other claim
-    /// for the same agent, on every server sharing the store: two runs
-    /// racing for a budget's last room do not both pass.
-    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
-        let _ = (limits, row);
+    /// Record `earlier` (use already made), then `row` unless one of
+    /// `limits` (a gauge and its limit) is used up, its use having reached
+    /// the limit. Atomic with every other claim for the same agent, on
+    /// every server sharing the store: two runs racing for a budget's last
+    /// room do not both pass.
+    async fn claim(
+        &self,
+        limits: &[(Gauge, f64)],
+        earlier: &[Use],
+        row: &Use,
+    ) -> Result<Claimed, StoreError> {
+        let _ = (limits, earlier, row);
+        Err(no_usage())
+    }
+    /// Record `rows`, use already made, in one write.
+    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
+        let _ = rows;
         Err(no_usage())
     }
     /// Replace the amounts of claimed row `id` with what was used.

@@ -852,7 +852,12 @@ impl SessionStore for PostgresStore {
         .transpose()
     }
 
-    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+    async fn claim(
+        &self,
+        limits: &[(Gauge, f64)],
+        earlier: &[Use],
+        row: &Use,
+    ) -> Result<Claimed, StoreError> {
         let what = "claim a budget";
         let db = self.db(what);
         let mut client = self.conn(what).await?;
@@ -866,38 +871,35 @@ impl SessionStore for PostgresStore {
         )
         .await
         .map_err(&db)?;
+        for r in earlier {
+            insert_use(&tx, r).await.map_err(&db)?;
+        }
         let mut used = Vec::with_capacity(limits.len());
         for (index, (gauge, limit)) in limits.iter().enumerate() {
             let standing = measure_one(&tx, gauge).await.map_err(&db)?;
             if standing.used >= *limit {
+                tx.commit().await.map_err(&db)?;
                 return Ok(Claimed::Exhausted { index, standing });
             }
             used.push(standing.used);
         }
-        let r = tx
-            .query_one(
-                "INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
-                     completion_tokens, estimated, tool_calls, cost)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
-                &[
-                    &row.at,
-                    &row.agent,
-                    &row.session,
-                    &row.run,
-                    &row.model,
-                    &row.tool,
-                    &count(row.prompt_tokens),
-                    &count(row.completion_tokens),
-                    &row.estimated,
-                    &count(row.tool_calls),
-                    &row.cost,
-                ],
-            )
-            .await
-            .map_err(&db)?;
-        let id: i64 = r.try_get(0).map_err(&db)?;
+        let id = insert_use(&tx, row).await.map_err(&db)?;
         tx.commit().await.map_err(&db)?;
         Ok(Claimed::Granted { id, used })
+    }
+
+    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let what = "record usage";
+        let db = self.db(what);
+        let mut client = self.conn(what).await?;
+        let tx = client.transaction().await.map_err(&db)?;
+        for r in rows {
+            insert_use(&tx, r).await.map_err(&db)?;
+        }
+        tx.commit().await.map_err(&db)
     }
 
     async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
@@ -1135,6 +1137,34 @@ async fn measure_one(
         used: r.try_get(0)?,
         oldest: r.try_get(1)?,
     })
+}
+
+/// Insert one usage row; its id.
+async fn insert_use(
+    client: &impl deadpool_postgres::GenericClient,
+    r: &Use,
+) -> Result<i64, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
+                 completion_tokens, estimated, tool_calls, cost)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+            &[
+                &r.at,
+                &r.agent,
+                &r.session,
+                &r.run,
+                &r.model,
+                &r.tool,
+                &count(r.prompt_tokens),
+                &count(r.completion_tokens),
+                &r.estimated,
+                &count(r.tool_calls),
+                &r.cost,
+            ],
+        )
+        .await?;
+    row.try_get(0)
 }
 
 /// A count as PostgreSQL's BIGINT.

@@ -257,6 +257,29 @@ fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
     })
 }
 
+/// Insert one usage row; its id.
+fn insert_use(conn: &Connection, r: &Use) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
+             completion_tokens, estimated, tool_calls, cost)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?
+    .execute(params![
+        r.at,
+        r.agent,
+        r.session,
+        r.run,
+        r.model,
+        r.tool,
+        count(r.prompt_tokens),
+        count(r.completion_tokens),
+        r.estimated,
+        count(r.tool_calls),
+        r.cost
+    ])?;
+    Ok(conn.last_insert_rowid())
+}
+
 /// A count as SQLite's integer.
 fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -717,8 +740,14 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
+    async fn claim(
+        &self,
+        limits: &[(Gauge, f64)],
+        earlier: &[Use],
+        row: &Use,
+    ) -> Result<Claimed, StoreError> {
         let limits = limits.to_vec();
+        let earlier = earlier.to_vec();
         let row = row.clone();
         self.run("claim a budget", move |conn, op| {
             // IMMEDIATE: the sums are read and the row written under the
@@ -726,36 +755,36 @@ impl SessionStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(|e| op.db(e))?;
+            for r in &earlier {
+                insert_use(&tx, r).map_err(|e| op.db(e))?;
+            }
             let mut used = Vec::with_capacity(limits.len());
             for (index, (gauge, limit)) in limits.iter().enumerate() {
                 let standing = measure_one(&tx, gauge).map_err(|e| op.db(e))?;
                 if standing.used >= *limit {
+                    tx.commit().map_err(|e| op.db(e))?;
                     return Ok(Claimed::Exhausted { index, standing });
                 }
                 used.push(standing.used);
             }
-            tx.execute(
-                "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
-                     completion_tokens, estimated, tool_calls, cost)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                params![
-                    row.at,
-                    row.agent,
-                    row.session,
-                    row.run,
-                    row.model,
-                    row.tool,
-                    count(row.prompt_tokens),
-                    count(row.completion_tokens),
-                    row.estimated,
-                    count(row.tool_calls),
-                    row.cost
-                ],
-            )
-            .map_err(|e| op.db(e))?;
-            let id = tx.last_insert_rowid();
+            let id = insert_use(&tx, &row).map_err(|e| op.db(e))?;
             tx.commit().map_err(|e| op.db(e))?;
             Ok(Claimed::Granted { id, used })
+        })
+        .await
+    }
+
+    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let rows = rows.to_vec();
+        self.run("record usage", move |conn, op| {
+            let tx = conn.transaction().map_err(|e| op.db(e))?;
+            for r in &rows {
+                insert_use(&tx, r).map_err(|e| op.db(e))?;
+            }
+            tx.commit().map_err(|e| op.db(e))
         })
         .await
     }

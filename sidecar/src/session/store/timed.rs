@@ -115,8 +115,17 @@ impl SessionStore for Timed {
     async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
         self.time("agents", self.inner.agents()).await
     }
-    async fn claim(&self, limits: &[(Gauge, f64)], row: &Use) -> Result<Claimed, StoreError> {
-        self.time("claim", self.inner.claim(limits, row)).await
+    async fn claim(
+        &self,
+        limits: &[(Gauge, f64)],
+        earlier: &[Use],
+        row: &Use,
+    ) -> Result<Claimed, StoreError> {
+        self.time("claim", self.inner.claim(limits, earlier, row))
+            .await
+    }
+    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
+        self.time("record", self.inner.record(rows)).await
     }
     async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
         self.time("settle", self.inner.settle(id, row)).await
@@ -267,7 +276,16 @@ mod tests {
         async fn release_memory(&self) {
             self.note("release_memory");
         }
-        async fn claim(&self, _: &[(Gauge, f64)], _: &Use) -> Result<Claimed, StoreError> {
+        async fn record(&self, _: &[Use]) -> Result<(), StoreError> {
+            self.note("record");
+            Ok(())
+        }
+        async fn claim(
+            &self,
+            _: &[(Gauge, f64)],
+            _: &[Use],
+            _: &Use,
+        ) -> Result<Claimed, StoreError> {
             self.note("claim");
             Ok(Claimed::Granted {
                 id: 1,
@@ -328,7 +346,8 @@ mod tests {
         store.prune_runners(0).await.unwrap();
         store.release_memory().await;
         let row = crate::session::store::contract::usage_row(1, "a", "s1", "r1", 1);
-        store.claim(&[], &row).await.unwrap();
+        store.claim(&[], &[], &row).await.unwrap();
+        store.record(&[row.clone()]).await.unwrap();
         store.settle(1, &row).await.unwrap();
         store.measure(&[]).await.unwrap();
         store.peak("a", Meter::Tokens, true, 0).await.unwrap();
@@ -351,6 +370,7 @@ mod tests {
             "prune_runners",
             "release_memory",
             "claim",
+            "record",
             "settle",
             "measure",
             "peak",
