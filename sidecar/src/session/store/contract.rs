@@ -567,7 +567,7 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     let mut call = usage_row(11, "a", "s1", "r2", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(&[call.clone()]).await.unwrap();
+    store.record(std::slice::from_ref(&call)).await.unwrap();
     store
         .record(&[usage_row(12, "b", "s2", "r3", 100)])
         .await
@@ -719,7 +719,7 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut estimated = usage_row(10, "a", "s1", "r1", 7);
     estimated.estimated = true;
     estimated.completion_tokens = 3;
-    store.record(&[estimated.clone()]).await.unwrap();
+    store.record(std::slice::from_ref(&estimated)).await.unwrap();
     store
         .record(&[usage_row(20, "b", "s2", "r2", 100)])
         .await
@@ -727,7 +727,7 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut call = usage_row(30, "a", "s1", "r1", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(&[call.clone()]).await.unwrap();
+    store.record(std::slice::from_ref(&call)).await.unwrap();
     store
         .record(&[usage_row(99, "a", "s3", "r3", 1000)])
         .await

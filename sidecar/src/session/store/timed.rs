@@ -347,7 +347,7 @@ mod tests {
         store.release_memory().await;
         let row = crate::session::store::contract::usage_row(1, "a", "s1", "r1", 1);
         store.claim(&[], &[], &row).await.unwrap();
-        store.record(&[row.clone()]).await.unwrap();
+        store.record(std::slice::from_ref(&row)).await.unwrap();
         store.settle(1, &row).await.unwrap();
         store.measure(&[]).await.unwrap();
         store.peak("a", Meter::Tokens, true, 0).await.unwrap();
