@@ -719,7 +719,10 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut estimated = usage_row(10, "a", "s1", "r1", 7);
     estimated.estimated = true;
     estimated.completion_tokens = 3;
-    store.record(std::slice::from_ref(&estimated)).await.unwrap();
+    store
+        .record(std::slice::from_ref(&estimated))
+        .await
+        .unwrap();
     store
         .record(&[usage_row(20, "b", "s2", "r2", 100)])
         .await
