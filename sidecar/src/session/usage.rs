@@ -30,6 +30,23 @@ pub struct Use {
     pub cost: f64,
 }
 
+/// Use made but not written yet: rows no budget claimed, and what the
+/// claimed rows (by id) came to. Written with the next claim, in its
+/// transaction, or on their own ([`SessionStore::record`]).
+///
+/// [`SessionStore::record`]: super::store::SessionStore::record
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Unwritten {
+    pub rows: Vec<Use>,
+    pub settled: Vec<(i64, Use)>,
+}
+
+impl Unwritten {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.settled.is_empty()
+    }
+}
+
 /// Whose use a gauge sums.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scope {

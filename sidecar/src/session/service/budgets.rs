@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::session::ledger::{self, Crossing, Exceeded, Gate, Ledger, Spent, Who};
-use crate::session::usage::{Claimed, Gauge, SessionUsage, Totals, Use};
+use crate::session::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use};
 use crate::spec::budget::{Limit, Meter, OnExceed};
 use crate::spec::ModelSpec;
 
@@ -26,9 +26,10 @@ pub(super) struct RunBudget {
     before: Mutex<HashMap<i64, Vec<(usize, f64)>>>,
     /// What this part of the run used (until it ends or waits).
     spent: Mutex<Totals>,
-    /// Use no budget asked to claim, not written yet: with the next
-    /// claim, or once the run's part ends ([`RunBudget::flush`]).
-    unwritten: Mutex<Vec<Use>>,
+    /// Use not written yet (rows no budget claimed, and what claimed
+    /// model requests came to): with the next claim, in its transaction,
+    /// or once the run's part ends ([`RunBudget::flush`]).
+    unwritten: Mutex<Unwritten>,
 }
 
 /// The meters a model request counts.
@@ -51,23 +52,24 @@ impl RunBudget {
             model: agent.spec.model.name.clone(),
             before: Mutex::new(HashMap::new()),
             spent: Mutex::new(Totals::default()),
-            unwritten: Mutex::new(Vec::new()),
+            unwritten: Mutex::new(Unwritten::default()),
         }
     }
 
     /// Write the use no claim has written yet (the run's part ends).
     pub(super) async fn flush(&self) {
-        let rows = std::mem::take(&mut *self.unwritten.lock().unwrap_or_else(|p| p.into_inner()));
-        if let Err(e) = self.service.store.record(&rows).await {
+        let earlier = self.take_unwritten();
+        if let Err(e) = self.service.store.record(&earlier).await {
             tracing::error!(session = %self.session, "cannot record the run's usage: {e}");
         }
     }
 
-    fn keep(&self, row: Use) {
-        self.unwritten
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(row);
+    fn unwritten(&self) -> std::sync::MutexGuard<'_, Unwritten> {
+        self.unwritten.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_unwritten(&self) -> Unwritten {
+        std::mem::take(&mut *self.unwritten())
     }
 
     /// What this part of the run used.
@@ -127,8 +129,7 @@ impl RunBudget {
             .iter()
             .map(|(i, g)| (g.clone(), self.limits[*i].limit))
             .collect();
-        let earlier =
-            std::mem::take(&mut *self.unwritten.lock().unwrap_or_else(|p| p.into_inner()));
+        let earlier = self.take_unwritten();
         match self.service.store.claim(&limits, &earlier, &row).await {
             Ok(Claimed::Granted { id, used }) => {
                 let before = gauges.iter().map(|(i, _)| *i).zip(used).collect();
@@ -148,6 +149,11 @@ impl RunBudget {
                 // The run's own writes go to the same store; failing them
                 // is its business. Usage is not worth stopping a run for.
                 tracing::error!(session = %self.session, "cannot count usage: {e}");
+                // Kept for the next write, with this one's row.
+                let mut unwritten = self.unwritten();
+                unwritten.rows.extend(earlier.rows);
+                unwritten.settled.extend(earlier.settled);
+                unwritten.rows.push(row);
                 (Gate::Go(None), Vec::new())
             }
         }
@@ -228,16 +234,14 @@ impl Ledger for RunBudget {
             );
         }
         self.add(&row);
+        // Written with the next claim (which so counts it exactly) or at
+        // the run's end, not on the run's way.
         match claim {
             Some(id) => {
-                if let Err(e) = self.service.store.settle(id, &row).await {
-                    tracing::error!(session = %self.session, "cannot record a model request's usage: {e}");
-                }
                 self.crossed(&before, &row).await;
+                self.unwritten().settled.push((id, row));
             }
-            // No budget claimed it: written with the next claim or the
-            // run's end, not on the run's way.
-            None => self.keep(row),
+            None => self.unwritten().rows.push(row),
         }
     }
 
@@ -248,7 +252,7 @@ impl Ledger for RunBudget {
         let meters = [Meter::ToolCalls];
         if ledger::gauges(&self.limits, &meters, &self.approved(), &self.who(), now).is_empty() {
             self.add(&row);
-            self.keep(row);
+            self.unwritten().rows.push(row);
             return Gate::Go(None);
         }
         let (gate, before) = self.claim(&meters, row.clone()).await;

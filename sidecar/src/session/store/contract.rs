@@ -10,7 +10,7 @@ use super::{Peer, SessionStore, StoreError};
 use crate::llm::{ChatMessage, ToolCall};
 use crate::params::{ParamValue, Values};
 use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
-use crate::session::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Use};
+use crate::session::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Unwritten, Use};
 use crate::spec::budget::Meter;
 
 /// A fresh store and whatever must live as long as it (a directory, a
@@ -538,6 +538,14 @@ pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) ->
     }
 }
 
+/// `row`, unwritten.
+fn rows(row: Use) -> Unwritten {
+    Unwritten {
+        rows: vec![row],
+        settled: Vec::new(),
+    }
+}
+
 fn tokens_of(scope: Scope, since: i64) -> Gauge {
     Gauge {
         meter: Meter::Tokens,
@@ -556,20 +564,30 @@ fn granted(c: Claimed) -> i64 {
 pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn SessionStore>) {
     let id = granted(
         store
-            .claim(&[], &[], &usage_row(10, "a", "s1", "r1", 5))
+            .claim(
+                &[],
+                &Unwritten::default(),
+                &usage_row(10, "a", "s1", "r1", 5),
+            )
             .await
             .unwrap(),
     );
     let mut actual = usage_row(10, "a", "s1", "r1", 30);
     actual.completion_tokens = 12;
     actual.cost = 0.25;
-    store.settle(id, &actual).await.unwrap();
+    store
+        .record(&Unwritten {
+            rows: Vec::new(),
+            settled: vec![(id, actual)],
+        })
+        .await
+        .unwrap();
     let mut call = usage_row(11, "a", "s1", "r2", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(std::slice::from_ref(&call)).await.unwrap();
+    store.record(&rows(call.clone())).await.unwrap();
     store
-        .record(&[usage_row(12, "b", "s2", "r3", 100)])
+        .record(&rows(usage_row(12, "b", "s2", "r3", 100)))
         .await
         .unwrap();
     let cost = Gauge {
@@ -606,7 +624,7 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     earlier.tool = Some("bash_y".into());
     earlier.tool_calls = 1;
     let refused = store
-        .claim(&limits, &[earlier], &usage_row(13, "a", "s1", "r9", 1))
+        .claim(&limits, &rows(earlier), &usage_row(13, "a", "s1", "r9", 1))
         .await
         .unwrap();
     assert_eq!(
@@ -647,18 +665,22 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
     const HOUR: i64 = 3_600_000;
     let t0 = 1_000 * HOUR;
     store
-        .record(&[usage_row(t0, "a", "s1", "r1", 60)])
+        .record(&rows(usage_row(t0, "a", "s1", "r1", 60)))
         .await
         .unwrap();
     store
-        .record(&[usage_row(t0 + HOUR, "a", "s1", "r2", 40)])
+        .record(&rows(usage_row(t0 + HOUR, "a", "s1", "r2", 40)))
         .await
         .unwrap();
     let window = |now: i64| [(tokens_of(Scope::Agent("a".into()), now - 24 * HOUR), 100.0)];
     // 23 hours on: both uses are in the window, which is full.
     let now = t0 + 23 * HOUR;
     let refused = store
-        .claim(&window(now), &[], &usage_row(now, "a", "s1", "r3", 1))
+        .claim(
+            &window(now),
+            &Unwritten::default(),
+            &usage_row(now, "a", "s1", "r3", 1),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -675,7 +697,11 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
     let now = t0 + 24 * HOUR + 1;
     granted(
         store
-            .claim(&window(now), &[], &usage_row(now, "a", "s1", "r3", 1))
+            .claim(
+                &window(now),
+                &Unwritten::default(),
+                &usage_row(now, "a", "s1", "r3", 1),
+            )
             .await
             .unwrap(),
     );
@@ -693,7 +719,7 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
 /// passes.
 pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionStore>) {
     store
-        .record(&[usage_row(1, "a", "s1", "r1", 99)])
+        .record(&rows(usage_row(1, "a", "s1", "r1", 99)))
         .await
         .unwrap();
     let limits = [(tokens_of(Scope::Agent("a".into()), 0), 100.0)];
@@ -702,7 +728,11 @@ pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionSto
         let limits = limits.clone();
         tokio::spawn(async move {
             store
-                .claim(&limits, &[], &usage_row(2, "a", &format!("s{i}"), "r", 5))
+                .claim(
+                    &limits,
+                    &Unwritten::default(),
+                    &usage_row(2, "a", &format!("s{i}"), "r", 5),
+                )
                 .await
                 .unwrap()
         })
@@ -719,20 +749,17 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut estimated = usage_row(10, "a", "s1", "r1", 7);
     estimated.estimated = true;
     estimated.completion_tokens = 3;
+    store.record(&rows(estimated.clone())).await.unwrap();
     store
-        .record(std::slice::from_ref(&estimated))
-        .await
-        .unwrap();
-    store
-        .record(&[usage_row(20, "b", "s2", "r2", 100)])
+        .record(&rows(usage_row(20, "b", "s2", "r2", 100)))
         .await
         .unwrap();
     let mut call = usage_row(30, "a", "s1", "r1", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(std::slice::from_ref(&call)).await.unwrap();
+    store.record(&rows(call.clone())).await.unwrap();
     store
-        .record(&[usage_row(99, "a", "s3", "r3", 1000)])
+        .record(&rows(usage_row(99, "a", "s3", "r3", 1000)))
         .await
         .unwrap();
     let by_agent = store.report(0, 99, Group::Agent).await.unwrap();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::model::{EventRecord, SessionRecord};
-use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use crate::spec::budget::Meter;
 pub use location::Location;
 
@@ -147,28 +147,23 @@ pub trait SessionStore: Send + Sync {
     async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
         Ok(Vec::new())
     }
-    /// Record `earlier` (use already made), then `row` unless one of
-    /// `limits` (a gauge and its limit) is used up, its use having reached
-    /// the limit. Atomic with every other claim for the same agent, on
-    /// every server sharing the store: two runs racing for a budget's last
-    /// room do not both pass.
+    /// Write `earlier` (use already made), then record `row` unless one
+    /// of `limits` (a gauge and its limit) is used up, its use having
+    /// reached the limit. Atomic with every other claim for the same
+    /// agent, on every server sharing the store: two runs racing for a
+    /// budget's last room do not both pass.
     async fn claim(
         &self,
         limits: &[(Gauge, f64)],
-        earlier: &[Use],
+        earlier: &Unwritten,
         row: &Use,
     ) -> Result<Claimed, StoreError> {
         let _ = (limits, earlier, row);
         Err(no_usage())
     }
-    /// Record `rows`, use already made, in one write.
-    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
-        let _ = rows;
-        Err(no_usage())
-    }
-    /// Replace the amounts of claimed row `id` with what was used.
-    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
-        let _ = (id, row);
+    /// Write `earlier`, use already made, in one transaction.
+    async fn record(&self, earlier: &Unwritten) -> Result<(), StoreError> {
+        let _ = earlier;
         Err(no_usage())
     }
     /// Each gauge's standing.

@@ -41,7 +41,9 @@ use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::session::usage::{
+    meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
+};
 use crate::spec::budget::Meter;
 
 /// The schema, one step per entry; entry `i` brings the database to version
@@ -855,7 +857,7 @@ impl SessionStore for PostgresStore {
     async fn claim(
         &self,
         limits: &[(Gauge, f64)],
-        earlier: &[Use],
+        earlier: &Unwritten,
         row: &Use,
     ) -> Result<Claimed, StoreError> {
         let what = "claim a budget";
@@ -871,9 +873,7 @@ impl SessionStore for PostgresStore {
         )
         .await
         .map_err(&db)?;
-        for r in earlier {
-            insert_use(&tx, r).await.map_err(&db)?;
-        }
+        write_unwritten(&tx, earlier).await.map_err(&db)?;
         let mut used = Vec::with_capacity(limits.len());
         for (index, (gauge, limit)) in limits.iter().enumerate() {
             let standing = measure_one(&tx, gauge).await.map_err(&db)?;
@@ -888,48 +888,16 @@ impl SessionStore for PostgresStore {
         Ok(Claimed::Granted { id, used })
     }
 
-    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
-        if rows.is_empty() {
+    async fn record(&self, earlier: &Unwritten) -> Result<(), StoreError> {
+        if earlier.is_empty() {
             return Ok(());
         }
         let what = "record usage";
         let db = self.db(what);
         let mut client = self.conn(what).await?;
         let tx = client.transaction().await.map_err(&db)?;
-        for r in rows {
-            insert_use(&tx, r).await.map_err(&db)?;
-        }
+        write_unwritten(&tx, earlier).await.map_err(&db)?;
         tx.commit().await.map_err(&db)
-    }
-
-    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
-        let what = "record usage";
-        let db = self.db(what);
-        let client = self.conn(what).await?;
-        let stmt = self
-            .prepare(
-                &client,
-                what,
-                "UPDATE bindery_usage SET model = $2, prompt_tokens = $3, completion_tokens = $4,
-                     estimated = $5, tool_calls = $6, cost = $7 WHERE id = $1",
-            )
-            .await?;
-        client
-            .execute(
-                &stmt,
-                &[
-                    &id,
-                    &row.model,
-                    &count(row.prompt_tokens),
-                    &count(row.completion_tokens),
-                    &row.estimated,
-                    &count(row.tool_calls),
-                    &row.cost,
-                ],
-            )
-            .await
-            .map(drop)
-            .map_err(&db)
     }
 
     async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
@@ -1137,6 +1105,34 @@ async fn measure_one(
         used: r.try_get(0)?,
         oldest: r.try_get(1)?,
     })
+}
+
+/// Insert `u`'s rows and settle its claimed ones.
+async fn write_unwritten(
+    client: &impl deadpool_postgres::GenericClient,
+    u: &Unwritten,
+) -> Result<(), tokio_postgres::Error> {
+    for r in &u.rows {
+        insert_use(client, r).await?;
+    }
+    for (id, r) in &u.settled {
+        client
+            .execute(
+                "UPDATE bindery_usage SET model = $2, prompt_tokens = $3, completion_tokens = $4,
+                     estimated = $5, tool_calls = $6, cost = $7 WHERE id = $1",
+                &[
+                    id,
+                    &r.model,
+                    &count(r.prompt_tokens),
+                    &count(r.completion_tokens),
+                    &r.estimated,
+                    &count(r.tool_calls),
+                    &r.cost,
+                ],
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 /// Insert one usage row; its id.

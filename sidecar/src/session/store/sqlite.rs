@@ -23,7 +23,9 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::session::usage::{
+    meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
+};
 use crate::spec::budget::Meter;
 
 /// The schema, one step per entry; entry `i` brings the database to version
@@ -255,6 +257,29 @@ fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
             oldest: r.get(1)?,
         })
     })
+}
+
+/// Insert `u`'s rows and settle its claimed ones.
+fn write_unwritten(conn: &Connection, u: &Unwritten) -> rusqlite::Result<()> {
+    for r in &u.rows {
+        insert_use(conn, r)?;
+    }
+    for (id, r) in &u.settled {
+        conn.prepare_cached(
+            "UPDATE usage SET model = ?2, prompt_tokens = ?3, completion_tokens = ?4,
+                 estimated = ?5, tool_calls = ?6, cost = ?7 WHERE id = ?1",
+        )?
+        .execute(params![
+            id,
+            r.model,
+            count(r.prompt_tokens),
+            count(r.completion_tokens),
+            r.estimated,
+            count(r.tool_calls),
+            r.cost
+        ])?;
+    }
+    Ok(())
 }
 
 /// Insert one usage row; its id.
@@ -743,11 +768,11 @@ impl SessionStore for SqliteStore {
     async fn claim(
         &self,
         limits: &[(Gauge, f64)],
-        earlier: &[Use],
+        earlier: &Unwritten,
         row: &Use,
     ) -> Result<Claimed, StoreError> {
         let limits = limits.to_vec();
-        let earlier = earlier.to_vec();
+        let earlier = earlier.clone();
         let row = row.clone();
         self.run("claim a budget", move |conn, op| {
             // IMMEDIATE: the sums are read and the row written under the
@@ -755,9 +780,7 @@ impl SessionStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(|e| op.db(e))?;
-            for r in &earlier {
-                insert_use(&tx, r).map_err(|e| op.db(e))?;
-            }
+            write_unwritten(&tx, &earlier).map_err(|e| op.db(e))?;
             let mut used = Vec::with_capacity(limits.len());
             for (index, (gauge, limit)) in limits.iter().enumerate() {
                 let standing = measure_one(&tx, gauge).map_err(|e| op.db(e))?;
@@ -774,41 +797,15 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
-        if rows.is_empty() {
+    async fn record(&self, earlier: &Unwritten) -> Result<(), StoreError> {
+        if earlier.is_empty() {
             return Ok(());
         }
-        let rows = rows.to_vec();
+        let earlier = earlier.clone();
         self.run("record usage", move |conn, op| {
             let tx = conn.transaction().map_err(|e| op.db(e))?;
-            for r in &rows {
-                insert_use(&tx, r).map_err(|e| op.db(e))?;
-            }
+            write_unwritten(&tx, &earlier).map_err(|e| op.db(e))?;
             tx.commit().map_err(|e| op.db(e))
-        })
-        .await
-    }
-
-    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
-        let row = row.clone();
-        self.run("record usage", move |conn, op| {
-            conn.prepare_cached(
-                "UPDATE usage SET model = ?2, prompt_tokens = ?3, completion_tokens = ?4,
-                     estimated = ?5, tool_calls = ?6, cost = ?7 WHERE id = ?1",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    id,
-                    row.model,
-                    count(row.prompt_tokens),
-                    count(row.completion_tokens),
-                    row.estimated,
-                    count(row.tool_calls),
-                    row.cost
-                ])
-            })
-            .map(drop)
-            .map_err(|e| op.db(e))
         })
         .await
     }

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Use};
+use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use crate::spec::budget::Meter;
 
 /// Told each operation's name (`get`, `update`, `append_event`, …) and how
@@ -118,17 +118,14 @@ impl SessionStore for Timed {
     async fn claim(
         &self,
         limits: &[(Gauge, f64)],
-        earlier: &[Use],
+        earlier: &Unwritten,
         row: &Use,
     ) -> Result<Claimed, StoreError> {
         self.time("claim", self.inner.claim(limits, earlier, row))
             .await
     }
-    async fn record(&self, rows: &[Use]) -> Result<(), StoreError> {
-        self.time("record", self.inner.record(rows)).await
-    }
-    async fn settle(&self, id: i64, row: &Use) -> Result<(), StoreError> {
-        self.time("settle", self.inner.settle(id, row)).await
+    async fn record(&self, earlier: &Unwritten) -> Result<(), StoreError> {
+        self.time("record", self.inner.record(earlier)).await
     }
     async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
         self.time("measure", self.inner.measure(gauges)).await
@@ -276,14 +273,14 @@ mod tests {
         async fn release_memory(&self) {
             self.note("release_memory");
         }
-        async fn record(&self, _: &[Use]) -> Result<(), StoreError> {
+        async fn record(&self, _: &Unwritten) -> Result<(), StoreError> {
             self.note("record");
             Ok(())
         }
         async fn claim(
             &self,
             _: &[(Gauge, f64)],
-            _: &[Use],
+            _: &Unwritten,
             _: &Use,
         ) -> Result<Claimed, StoreError> {
             self.note("claim");
@@ -291,10 +288,6 @@ mod tests {
                 id: 1,
                 used: Vec::new(),
             })
-        }
-        async fn settle(&self, _: i64, _: &Use) -> Result<(), StoreError> {
-            self.note("settle");
-            Ok(())
         }
         async fn measure(&self, _: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
             self.note("measure");
@@ -346,9 +339,8 @@ mod tests {
         store.prune_runners(0).await.unwrap();
         store.release_memory().await;
         let row = crate::session::store::contract::usage_row(1, "a", "s1", "r1", 1);
-        store.claim(&[], &[], &row).await.unwrap();
-        store.record(std::slice::from_ref(&row)).await.unwrap();
-        store.settle(1, &row).await.unwrap();
+        store.claim(&[], &Unwritten::default(), &row).await.unwrap();
+        store.record(&Unwritten::default()).await.unwrap();
         store.measure(&[]).await.unwrap();
         store.peak("a", Meter::Tokens, true, 0).await.unwrap();
         store.report(0, 1, Group::Agent).await.unwrap();
@@ -371,7 +363,6 @@ mod tests {
             "release_memory",
             "claim",
             "record",
-            "settle",
             "measure",
             "peak",
             "report",
