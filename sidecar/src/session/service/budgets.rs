@@ -393,7 +393,7 @@ impl Service {
     }
 
     /// Keep the tenant's `status.budgets` current, while the server runs:
-    /// every [`STATUS_EVERY`], and soon after a budget crosses a line.
+    /// every 30 seconds, and soon after a budget crosses a line.
     /// Only where the operator gave the pod what it takes (see
     /// `kube_events`) and an agent has budgets.
     pub async fn write_budget_status(self: Arc<Self>) {
