@@ -15,15 +15,38 @@ pub async fn eventually<T, Fut>(what: &str, within: Duration, mut check: impl Fn
 where
     Fut: Future<Output = Option<T>>,
 {
+    eventually_or(what, within, || {
+        let asked = check();
+        async move { asked.await.ok_or_else(String::new) }
+    })
+    .await
+}
+
+/// [`eventually`] for a check that says what it saw while the condition
+/// does not hold yet (`Err`): the panic shows the last of it.
+pub async fn eventually_or<T, Fut>(
+    what: &str,
+    within: Duration,
+    mut check: impl FnMut() -> Fut,
+) -> T
+where
+    Fut: Future<Output = Result<T, String>>,
+{
     let deadline = tokio::time::Instant::now() + within;
     let mut pause = Duration::from_millis(5);
     loop {
-        if let Some(v) = check().await {
-            return v;
-        }
+        let seen = match check().await {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what}: not within {within:?}"
+            "{what}: not within {within:?}{}{seen}",
+            if seen.is_empty() {
+                ""
+            } else {
+                "; last seen:\n"
+            }
         );
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(100));
@@ -51,5 +74,17 @@ mod tests {
         let never = tokio::spawn(until("never", Duration::from_millis(50), || false));
         let e = never.await.unwrap_err();
         assert!(e.is_panic());
+        // What the check last saw is in the message.
+        let seen = tokio::spawn(eventually_or(
+            "never",
+            Duration::from_millis(20),
+            || async { Err::<(), _>("status 503".to_string()) },
+        ));
+        let e = seen.await.unwrap_err().into_panic();
+        let msg = e.downcast_ref::<String>().unwrap();
+        assert!(
+            msg.contains("never: not within") && msg.ends_with("last seen:\nstatus 503"),
+            "{msg}"
+        );
     }
 }

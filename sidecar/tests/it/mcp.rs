@@ -90,7 +90,8 @@ fn script(req: &Value) -> MockReply {
     }
 }
 
-/// Wait until `cond` holds, failing with `what` after a generous bound.
+/// Wait until `cond` holds, failing with `what` after a generous bound;
+/// for code that cannot await (a server's constructor), else [`until`].
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -183,9 +184,12 @@ async fn stdio_server_tools_are_listed_called_bound_and_configured() {
 
     // server-everything adds tools once the client is initialized and says
     // so; the sidecar re-lists them.
-    wait_for("the tools/list_changed refresh in the log", || {
-        sidecar.logs().contains("tools changed, now")
-    });
+    until(
+        "the tools/list_changed refresh in the log",
+        PATIENCE,
+        || sidecar.logs().contains("tools changed, now"),
+    )
+    .await;
 
     // The secret is nowhere: model requests, API replies, logs.
     let logs = sidecar.logs();
@@ -445,11 +449,12 @@ spec:
 
     let first = say("grow").await;
     assert!(first.text.contains("done: grown"), "{}", first.text);
-    wait_for("the new tool list", || {
+    until("the new tool list", PATIENCE, || {
         sidecar
             .logs()
             .contains("tools changed, now mcp_changing_grow, mcp_changing_die, mcp_changing_lookup")
-    });
+    })
+    .await;
     let second = say("lookup").await;
     // The new tool's bound argument: hidden from the model, merged at the call.
     assert!(

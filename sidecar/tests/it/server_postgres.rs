@@ -52,38 +52,32 @@ async fn run_ends(api: &Api, id: &str, n: usize) -> Vec<Value> {
 
 /// Poll `GET /v1/sessions/{id}` on `api` until `done` holds of it.
 async fn session_until(api: &Api, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let what = format!("session {id} {what}");
+    eventually_or(&what, PATIENCE, || async {
         let r = api
             .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
             .await;
         assert_eq!(r.status, 200, "{}", r.text);
         if done(&r.json) {
-            return r.json;
+            Ok(r.json)
+        } else {
+            Err(r.text)
         }
-        assert!(
-            Instant::now() < deadline,
-            "session {id} not {what} after {PATIENCE:?}: {}",
-            r.text
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Poll the database until `done` holds of the answer to `query`.
 async fn db_until(pg: &Postgres, query: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_or(what, PATIENCE, || async {
         let out = pg.sql(DB, query);
         if done(&out) {
-            return out;
+            Ok(out)
+        } else {
+            Err(out)
         }
-        assert!(
-            Instant::now() < deadline,
-            "not {what} after {PATIENCE:?}: {out}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// A model that holds the prompt "hold" until `gate` opens, then answers
@@ -132,11 +126,10 @@ async fn held_run(w: &World, api: &Api) -> String {
     .await;
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.json["status"], "running", "{}", r.text);
-    let deadline = Instant::now() + PATIENCE;
-    while w.mock.request_count() == 0 {
-        assert!(Instant::now() < deadline, "the model never got the request");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the model gets the request", PATIENCE, || {
+        w.mock.request_count() > 0
+    })
+    .await;
     session_id(&r)
 }
 
@@ -153,20 +146,15 @@ fn instances(pg: &Postgres) -> Vec<String> {
 
 /// `/readyz` until its status is `want`; the last answer.
 async fn ready_until(api: &Api, want: u16) -> bindery_tests::sidecar::Reply {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_or(&format!("/readyz {want}"), PATIENCE, || async {
         let r = api.call("GET", "/readyz", None, None).await;
         if r.status == want {
-            return r;
+            Ok(r)
+        } else {
+            Err(format!("{} {}", r.status, r.text))
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz not {want} after {PATIENCE:?}: {} {}",
-            r.status,
-            r.text
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// A server whose database stops taking connections is not ready until it
@@ -258,14 +246,14 @@ async fn a_run_cut_by_a_crash_is_closed_by_another_server_after_the_lease() {
 async fn wakes_to_find_its_run_closed(a: &bindery_tests::sidecar::Sidecar, gate: &Gate) {
     a.signal("CONT");
     gate.open();
-    let deadline = Instant::now() + PATIENCE;
-    while !a
-        .logs()
-        .contains("run stopped: another server closed it as lost")
-    {
-        assert!(Instant::now() < deadline, "A never noticed:\n{}", a.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_or("A notices its run was closed", PATIENCE, || async {
+        let logs = a.logs();
+        match logs.contains("run stopped: another server closed it as lost") {
+            true => Ok(()),
+            false => Err(logs),
+        }
+    })
+    .await;
 }
 
 /// A server frozen mid-run (its heartbeat lapses) whose run another
@@ -860,11 +848,7 @@ async fn a_request_needing_what_another_server_holds_is_forwarded_there() {
     // A stops beating (killed): once its heartbeat is gone, B serves the
     // session itself, without the secret, as before.
     a.kill();
-    let deadline = Instant::now() + PATIENCE;
-    while instances(&pg).len() != 1 {
-        assert!(Instant::now() < deadline, "A's heartbeat never went");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("A's heartbeat goes", PATIENCE, || instances(&pg).len() == 1).await;
     let r = message(&api_b, &id, OWNER, json!({"prompt": "again"})).await;
     let (status, code, params) = error_of(&r);
     assert_eq!(

@@ -499,11 +499,10 @@ async fn a_value_changed_during_a_run_survives_the_runs_writes() {
     assert_eq!(r.status, 202, "{}", r.text);
     // The second model request holds the tool call and its result: both
     // are written by now.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while w.mock.request_count() < 2 {
-        assert!(std::time::Instant::now() < deadline, "{}", sidecar.logs());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the model's second request", PATIENCE, || {
+        w.mock.request_count() >= 2
+    })
+    .await;
     let r = api
         .call(
             "PUT",
@@ -519,16 +518,16 @@ async fn a_value_changed_during_a_run_survives_the_runs_writes() {
         r.text
     );
     gate.open();
-    let done = loop {
+    let done = eventually_or("the run ends", PATIENCE, || async {
         let r = api
             .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
             .await;
-        if r.json["status"] != "running" {
-            break r;
+        match r.json["status"] != "running" {
+            true => Ok(r),
+            false => Err(sidecar.logs()),
         }
-        assert!(std::time::Instant::now() < deadline, "{}", sidecar.logs());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    })
+    .await;
     assert_eq!(done.json["status"], "idle", "{}", done.text);
     assert_eq!(done.json["params"]["tenant"], "globex", "{}", done.text);
     let turns = done.json["session"]["turns"].as_array().expect("turns");

@@ -10,7 +10,6 @@
 //! with the text and the JSON log format.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
@@ -129,15 +128,14 @@ async fn hostile_server_logs(format: &str) {
         assert_eq!(reply.json["status"], "idle", "{}", reply.text);
     }
     // The server's stderr is copied as it comes: wait for the late line.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sidecar.logs().contains("late: ") {
-        assert!(
-            Instant::now() < deadline,
-            "no late line:\n{}",
-            sidecar.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_or("the late line in the log", PATIENCE, || async {
+        let logs = sidecar.logs();
+        match logs.contains("late: ") {
+            true => Ok(()),
+            false => Err(logs),
+        }
+    })
+    .await;
     sidecar.stop();
     let logs = sidecar.logs();
     // The lines are there, the values are not.

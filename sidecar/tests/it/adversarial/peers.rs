@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 use bindery_tests::mock_llm::MockReply;
@@ -235,15 +235,14 @@ async fn put_params(api: &Api, id: &str, params: Value) -> bindery_tests::sideca
 /// Until `done` holds of the sniffer's requests (a forward's last bytes
 /// may still be on their way when the answer is back).
 async fn captured_until(s: &Sniffer, done: impl Fn(&[Captured]) -> bool) -> Vec<Captured> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_or("the sniffer's requests", PATIENCE, || async {
         let got = s.requests();
-        if done(&got) {
-            return got;
+        match done(&got) {
+            true => Ok(got),
+            false => Err(format!("{got:?}")),
         }
-        assert!(Instant::now() < deadline, "the sniffer saw {got:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// With plain HTTP between the replicas, what the sniffer captured is good
@@ -527,18 +526,14 @@ fn certificates(dir: &std::path::Path, sub: &str, name: &str) -> std::path::Path
 
 /// The address a server takes peers' forwards on, from its first lines.
 async fn peer_address(s: &bindery_tests::sidecar::Sidecar) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_or("the peer address in the log", PATIENCE, || async {
         let logs = s.logs();
-        if let Some(url) = logs
-            .lines()
+        logs.lines()
             .find_map(|l| l.strip_prefix("listening for peers on "))
-        {
-            return url.trim().to_string();
-        }
-        assert!(Instant::now() < deadline, "no peer address in:\n{logs}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .map(|url| url.trim().to_string())
+            .ok_or(logs)
+    })
+    .await
 }
 
 /// A client of the peer port that trusts the tenant CA for `name`, with

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 // Benches include this file too, and wait on nothing.
 #[allow(unused_imports)]
-pub use bindery_tests::eventually::{eventually, until, PATIENCE};
+pub use bindery_tests::eventually::{eventually, eventually_or, until, PATIENCE};
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
 use serde_json::{json, Value};
