@@ -45,6 +45,24 @@ pub struct AgentView {
     /// The tools that can send data out (`egress: true`): after an
     /// untrusted result, their calls wait for a person.
     pub egress: Vec<String>,
+    /// What caps the agent's runs (its own budgets, or a tenant's over
+    /// them): see `GET /v1/usage` for what was used.
+    pub budgets: Vec<BudgetView>,
+}
+
+/// One budget of an agent.
+#[derive(Serialize, ToSchema)]
+pub struct BudgetView {
+    pub name: String,
+    /// `tokens`, `tool_calls` or `cost`.
+    #[schema(value_type = String, example = "tokens")]
+    pub meter: &'static str,
+    pub limit: f64,
+    /// The window: a duration (`24h`), `session` or `run`.
+    pub per: String,
+    /// `refuse` or `confirm`.
+    #[schema(value_type = String, example = "refuse")]
+    pub on_exceed: &'static str,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -118,6 +136,20 @@ pub fn agent_view(
             .iter()
             .filter(|t| t.egress())
             .map(|t| t.name().to_string())
+            .collect(),
+        budgets: a
+            .budget_limits()
+            .into_iter()
+            .map(|l| BudgetView {
+                meter: l.meter.as_str(),
+                limit: l.limit,
+                on_exceed: match l.on_exceed {
+                    crate::spec::budget::OnExceed::Refuse => "refuse",
+                    crate::spec::budget::OnExceed::Confirm => "confirm",
+                },
+                per: l.per_text,
+                name: l.name,
+            })
             .collect(),
     }
 }

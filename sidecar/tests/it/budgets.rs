@@ -191,6 +191,16 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
     assert_eq!(data["status"], 429, "{}", mcp.text);
     assert_eq!(data["budget"], "daily-tokens", "{}", mcp.text);
     assert_eq!(mock.requests().len(), 2, "nothing reached the model");
+    // The agent says what caps it.
+    let agent = api
+        .call("GET", "/v1/agents/metered", Some(OWNER), None)
+        .await;
+    assert_eq!(
+        agent.json["budgets"],
+        json!([{"name": "daily-tokens", "meter": "tokens", "limit": 100.0, "per": "24h", "on_exceed": "refuse"}]),
+        "{}",
+        agent.text
+    );
 
     let metrics = reqwest::get(format!("{}/metrics", api.base))
         .await
