@@ -3142,6 +3142,8 @@ async fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_i
     let rows = || {
         kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"])["status"]["budgets"].clone()
     };
+    // Written when the budget is used up, and again after the run (its
+    // tool call counted).
     eventually(
         "the pods' budget rows on the tenant's status",
         pod_logs,
@@ -3149,6 +3151,8 @@ async fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_i
             rows().as_array().is_some_and(|r| {
                 r.iter()
                     .any(|b| b["name"] == "daily-tokens" && b["exhausted"] == true)
+                    && r.iter()
+                        .any(|b| b["name"] == "calls" && b["used"].as_f64() == Some(1.0))
             })
         },
     )

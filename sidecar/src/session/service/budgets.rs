@@ -56,11 +56,15 @@ impl RunBudget {
         }
     }
 
-    /// Write the use no claim has written yet (the run's part ends).
+    /// Write the use no claim has written yet (the run's part ends), and
+    /// have the tenant's budget status follow.
     pub(super) async fn flush(&self) {
         let earlier = self.take_unwritten();
         if let Err(e) = self.service.store.record(&earlier).await {
             tracing::error!(session = %self.session, "cannot record the run's usage: {e}");
+        }
+        if !self.limits.is_empty() && self.spent() != Totals::default() {
+            self.service.budget_status_due();
         }
     }
 
@@ -345,8 +349,14 @@ impl Service {
 /// How often the tenant's budget status is written when nothing crosses a line.
 const STATUS_EVERY: Duration = Duration::from_secs(30);
 
+/// The least time between two writes of the tenant's budget status: a
+/// busy tenant's runs ask for one each, and the API server need not hear
+/// of every one.
+const STATUS_GAP: Duration = Duration::from_secs(5);
+
 impl Service {
-    /// Write the tenant's budget status soon (a budget crossed a line).
+    /// Write the tenant's budget status soon (a budget crossed a line, or
+    /// a run that counts against budgets used something).
     pub(super) fn budget_status_due(&self) {
         self.budget_status.notify_one();
     }
@@ -393,7 +403,8 @@ impl Service {
     }
 
     /// Keep the tenant's `status.budgets` current, while the server runs:
-    /// every 30 seconds, and soon after a budget crosses a line.
+    /// every 30 seconds, and soon after a budget crosses a line or a run
+    /// that counts against one ends (at most every 5 seconds).
     /// Only where the operator gave the pod what it takes (see
     /// `kube_events`) and an agent has budgets.
     pub async fn write_budget_status(self: Arc<Self>) {
@@ -408,7 +419,9 @@ impl Service {
                 Ok(rows) => events.budget_status(&rows).await,
                 Err(e) => tracing::warn!("cannot measure the budgets for the tenant's status: {e}"),
             }
+            let written = tokio::time::Instant::now();
             let _ = tokio::time::timeout(STATUS_EVERY, self.budget_status.notified()).await;
+            tokio::time::sleep_until(written + STATUS_GAP).await;
         }
     }
 }
