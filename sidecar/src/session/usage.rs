@@ -30,6 +30,18 @@ pub struct Use {
     pub cost: f64,
 }
 
+impl Use {
+    /// What this use counts against a budget of `meter` ([`meter_sql`]
+    /// sums the same in the store).
+    pub fn amount(&self, meter: Meter) -> f64 {
+        match meter {
+            Meter::Tokens => (self.prompt_tokens + self.completion_tokens) as f64,
+            Meter::ToolCalls => self.tool_calls as f64,
+            Meter::Cost => self.cost,
+        }
+    }
+}
+
 /// Use made but not written yet: rows no budget claimed, and what the
 /// claimed rows (by id) came to. Written with the next claim, in its
 /// transaction, or on their own ([`SessionStore::record`]).
@@ -139,6 +151,22 @@ pub struct Totals {
     pub cost: f64,
 }
 
+impl Totals {
+    /// `row` added, as the store's sums add it.
+    pub fn add(&mut self, row: &Use) {
+        let tokens = row.prompt_tokens + row.completion_tokens;
+        self.prompt_tokens += row.prompt_tokens;
+        self.completion_tokens += row.completion_tokens;
+        self.total_tokens += tokens;
+        if row.estimated {
+            self.estimated_tokens += tokens;
+        }
+        self.model_requests += u64::from(row.tool.is_none());
+        self.tool_calls += row.tool_calls;
+        self.cost += row.cost;
+    }
+}
+
 /// A session's use, as its view shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct SessionUsage {
@@ -235,6 +263,51 @@ mod tests {
         assert_eq!(lines[1], "\"a,\"\"b\"\"\",3,2,5,0,1,0,0.5,USD");
         assert_eq!(lines[2], "'=HYPERLINK(1),0,0,0,0,0,0,0,USD");
         assert_eq!(lines[3], ",0,0,0,0,0,0,0,USD");
+    }
+
+    #[test]
+    fn a_row_adds_to_the_totals_and_counts_by_meter() {
+        let mut request = Use {
+            at: 1,
+            agent: "a".into(),
+            session: "s".into(),
+            run: "r".into(),
+            model: "m".into(),
+            tool: None,
+            prompt_tokens: 30,
+            completion_tokens: 10,
+            estimated: true,
+            tool_calls: 0,
+            cost: 0.5,
+        };
+        let call = Use {
+            tool: Some("bash_x".into()),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            estimated: false,
+            tool_calls: 1,
+            cost: 0.0,
+            ..request.clone()
+        };
+        let mut t = Totals::default();
+        t.add(&request);
+        t.add(&call);
+        assert_eq!(
+            t,
+            Totals {
+                prompt_tokens: 30,
+                completion_tokens: 10,
+                total_tokens: 40,
+                estimated_tokens: 40,
+                model_requests: 1,
+                tool_calls: 1,
+                cost: 0.5,
+            }
+        );
+        assert_eq!(request.amount(Meter::Tokens), 40.0);
+        assert_eq!(call.amount(Meter::ToolCalls), 1.0);
+        request.cost = 0.25;
+        assert_eq!(request.amount(Meter::Cost), 0.25);
     }
 
     #[test]

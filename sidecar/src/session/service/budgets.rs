@@ -82,16 +82,10 @@ impl RunBudget {
     }
 
     fn add(&self, row: &Use) {
-        let mut t = self.spent.lock().unwrap_or_else(|p| p.into_inner());
-        t.prompt_tokens += row.prompt_tokens;
-        t.completion_tokens += row.completion_tokens;
-        t.total_tokens += row.prompt_tokens + row.completion_tokens;
-        if row.estimated {
-            t.estimated_tokens += row.prompt_tokens + row.completion_tokens;
-        }
-        t.model_requests += u64::from(row.tool.is_none());
-        t.tool_calls += row.tool_calls;
-        t.cost += row.cost;
+        self.spent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(row);
     }
 
     /// The budgets a person let the run go past, for its next part.
@@ -126,15 +120,20 @@ impl RunBudget {
         }
     }
 
-    /// Claim `row` against the limits that count `meters`.
-    async fn claim(&self, meters: &[Meter], row: Use) -> (Gate, Vec<(usize, f64)>) {
-        let gauges = ledger::gauges(&self.limits, meters, &self.approved(), &self.who(), row.at);
+    /// What the limits that count `meters` ask of the store at `at`.
+    fn gauges(&self, meters: &[Meter], at: i64) -> Vec<(usize, Gauge)> {
+        ledger::gauges(&self.limits, meters, &self.approved(), &self.who(), at)
+    }
+
+    /// Claim `row` against `gauges` (never empty). A store that fails
+    /// lets the work go on (`Go(None)`): the caller keeps the row.
+    async fn claim(&self, gauges: &[(usize, Gauge)], row: &Use) -> (Gate, Vec<(usize, f64)>) {
         let limits: Vec<(Gauge, f64)> = gauges
             .iter()
             .map(|(i, g)| (g.clone(), self.limits[*i].limit))
             .collect();
         let earlier = self.take_unwritten();
-        match self.service.store.claim(&limits, &earlier, &row).await {
+        match self.service.store.claim(&limits, &earlier, row).await {
             Ok(Claimed::Granted { id, used }) => {
                 let before = gauges.iter().map(|(i, _)| *i).zip(used).collect();
                 (Gate::Go(Some(id)), before)
@@ -153,11 +152,10 @@ impl RunBudget {
                 // The run's own writes go to the same store; failing them
                 // is its business. Usage is not worth stopping a run for.
                 tracing::error!(session = %self.session, "cannot count usage: {e}");
-                // Kept for the next write, with this one's row.
+                // Kept for the next write.
                 let mut unwritten = self.unwritten();
                 unwritten.rows.extend(earlier.rows);
                 unwritten.settled.extend(earlier.settled);
-                unwritten.rows.push(row);
                 (Gate::Go(None), Vec::new())
             }
         }
@@ -167,12 +165,7 @@ impl RunBudget {
     async fn crossed(&self, before: &[(usize, f64)], row: &Use) {
         for (i, used) in before {
             let limit = &self.limits[*i];
-            let amount = match limit.meter {
-                Meter::Tokens => (row.prompt_tokens + row.completion_tokens) as f64,
-                Meter::ToolCalls => row.tool_calls as f64,
-                Meter::Cost => row.cost,
-            };
-            let after = used + amount;
+            let after = used + row.amount(limit.meter);
             self.service
                 .metrics
                 .budget_remaining(&self.agent, &limit.name, limit.limit - after);
@@ -189,17 +182,20 @@ impl RunBudget {
 impl Ledger for RunBudget {
     async fn before_model(&self, model: &ModelSpec, estimate: u64) -> Gate {
         let now = now_ms();
-        if ledger::gauges(&self.limits, &MODEL, &self.approved(), &self.who(), now).is_empty() {
+        let gauges = self.gauges(&MODEL, now);
+        if gauges.is_empty() {
             // Nothing to claim against: the request's row is written once,
             // when its use is known.
             return Gate::Go(None);
         }
         let mut row = self.row(now, &model.name, None);
-        // Claimed at the estimate; settled at what the model reports.
+        // Claimed at the estimate; settled at what the model reports. If
+        // the claim fails, the request's row is written once its use is
+        // known, like one no budget claims.
         row.prompt_tokens = estimate;
         row.estimated = true;
         row.cost = model.pricing.as_ref().map_or(0.0, |p| p.cost(estimate, 0));
-        let (gate, before) = self.claim(&MODEL, row).await;
+        let (gate, before) = self.claim(&gauges, &row).await;
         if let Gate::Go(Some(id)) = gate {
             self.before
                 .lock()
@@ -253,16 +249,21 @@ impl Ledger for RunBudget {
         let now = now_ms();
         let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
-        let meters = [Meter::ToolCalls];
-        if ledger::gauges(&self.limits, &meters, &self.approved(), &self.who(), now).is_empty() {
-            self.add(&row);
-            self.unwritten().rows.push(row);
-            return Gate::Go(None);
-        }
-        let (gate, before) = self.claim(&meters, row.clone()).await;
-        if matches!(gate, Gate::Go(_)) {
-            self.add(&row);
-            self.crossed(&before, &row).await;
+        let gauges = self.gauges(&[Meter::ToolCalls], now);
+        let (gate, before) = match gauges.is_empty() {
+            true => (Gate::Go(None), Vec::new()),
+            false => self.claim(&gauges, &row).await,
+        };
+        match gate {
+            Gate::Go(claimed) => {
+                self.add(&row);
+                self.crossed(&before, &row).await;
+                if claimed.is_none() {
+                    // Not written by a claim: written with the next one.
+                    self.unwritten().rows.push(row);
+                }
+            }
+            Gate::Refuse(_) | Gate::Ask(_) => {}
         }
         gate
     }
