@@ -91,8 +91,13 @@ impl Exceeded {
 /// A run's budgets.
 #[async_trait]
 pub trait Ledger: Send + Sync {
-    /// Before a request to `model` whose prompt is about `estimate` tokens.
-    async fn before_model(&self, model: &ModelSpec, estimate: u64) -> Gate;
+    /// Before a request to `model`; `estimate` tells about how many tokens
+    /// its prompt is (asked only when a budget claims the request).
+    async fn before_model(
+        &self,
+        model: &ModelSpec,
+        estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate;
     /// What the request `claim` was for used (`None`: it failed, so it
     /// used nothing anyone bills).
     async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>);

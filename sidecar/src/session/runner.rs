@@ -177,10 +177,9 @@ async fn run_inner(
             tools.extend(helpers::definitions(ctx.agent, env.tree));
         }
         let scrubber = scrubber_for(ctx.values, ctx.tools);
-        let tools_chars = tools
-            .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
-            .sum::<usize>();
+        // Counted only when a budget claims a request or a model reports
+        // no usage: most runs never need it.
+        let tools_chars = std::sync::OnceLock::new();
         for step in 0..ctx.max_steps {
             let mut messages = Vec::with_capacity(history.len() + 1);
             if !ctx.agent.spec.system_prompt.is_empty() {
@@ -192,11 +191,21 @@ async fn run_inner(
                 tools: tools.clone(),
             };
             let model = &ctx.agent.spec.model;
-            let estimate = crate::session::usage::estimate_tokens(
-                tools_chars + request.messages.iter().map(message_chars).sum::<usize>(),
-            );
+            let estimate = || {
+                let tools = *tools_chars.get_or_init(|| {
+                    request
+                        .tools
+                        .iter()
+                        .map(|t| {
+                            t.name.len() + t.description.len() + t.parameters.to_string().len()
+                        })
+                        .sum::<usize>()
+                });
+                let messages = request.messages.iter().map(message_chars).sum::<usize>();
+                crate::session::usage::estimate_tokens(tools + messages)
+            };
             let claim = match ctx.ledger {
-                Some(ledger) => match ledger.before_model(model, estimate).await {
+                Some(ledger) => match ledger.before_model(model, &estimate).await {
                     Gate::Go(claim) => claim,
                     Gate::Refuse(e) => return RunEnd::OverBudget(e.detail()),
                     Gate::Ask(e) => return RunEnd::Blocked(vec![budget_hold(None, e)]),
@@ -216,7 +225,7 @@ async fn run_inner(
                             estimated: false,
                         },
                         None => Spent {
-                            prompt: estimate,
+                            prompt: estimate(),
                             completion: crate::session::usage::estimate_tokens(message_chars(
                                 &r.to_message(),
                             )),

@@ -180,7 +180,11 @@ impl RunBudget {
 
 #[async_trait]
 impl Ledger for RunBudget {
-    async fn before_model(&self, model: &ModelSpec, estimate: u64) -> Gate {
+    async fn before_model(
+        &self,
+        model: &ModelSpec,
+        estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate {
         let now = now_ms();
         let gauges = self.gauges(&MODEL, now);
         if gauges.is_empty() {
@@ -192,6 +196,7 @@ impl Ledger for RunBudget {
         // Claimed at the estimate; settled at what the model reports. If
         // the claim fails, the request's row is written once its use is
         // known, like one no budget claims.
+        let estimate = estimate();
         row.prompt_tokens = estimate;
         row.estimated = true;
         row.cost = model.pricing.as_ref().map_or(0.0, |p| p.cost(estimate, 0));
