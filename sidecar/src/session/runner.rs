@@ -853,7 +853,15 @@ async fn dispatch(
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
     async {
         if let Some(ledger) = ctx.ledger {
-            match ledger.before_tool(&call.name).await {
+            // A name the agent does not have is the model's free text: it is
+            // counted, under one name, as the metrics count it.
+            let known = ctx.tools.iter().any(|t| t.name() == call.name)
+                || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name));
+            let counted_as = match known {
+                true => call.name.as_str(),
+                false => crate::metrics::UNKNOWN_TOOL,
+            };
+            match ledger.before_tool(counted_as).await {
                 Gate::Go(_) => {}
                 Gate::Refuse(e) => {
                     tracing::info!(budget = %e.budget, "a tool call over budget did not run");

@@ -671,3 +671,43 @@ async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
     let finished: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
     assert_eq!(finished["usage"]["total_tokens"], 180, "{finished}");
 }
+
+/// A tool name the agent does not have is the model's free text (or a
+/// prompt injection's): it counts against a tool-call budget, but is kept
+/// in the store and the report under one name, as the metrics keep it.
+#[tokio::test]
+async fn a_made_up_tool_name_counts_but_is_not_kept() {
+    const MADE_UP: &str = "bash_exfiltrate-canary-3c1f";
+    let Metered {
+        mock: _mock,
+        dir,
+        _sidecar,
+        api,
+    } = metered(
+        |req| match results(req) {
+            0 => MockReply::tool_call(MADE_UP, json!({})),
+            _ => MockReply::text("done"),
+        },
+        "",
+        "  budgets:\n    - {name: calls, toolCalls: 5, per: session}\n",
+    )
+    .await;
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &id, "call something").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(r.json["usage"]["tool_calls"], 1, "{}", r.text);
+    let report = api
+        .call("GET", "/v1/usage?group_by=tool", Some(OWNER), None)
+        .await;
+    assert!(!report.text.contains(MADE_UP), "{}", report.text);
+    assert!(report.text.contains("<unknown>"), "{}", report.text);
+    let db = rusqlite::Connection::open(dir.path().join("store.sqlite")).unwrap();
+    let tools: Vec<Option<String>> = db
+        .prepare("SELECT tool FROM usage")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(tools.contains(&Some("<unknown>".into())), "{tools:?}");
+}
