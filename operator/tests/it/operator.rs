@@ -2050,12 +2050,27 @@ fn agent_with_webhook(webhook: bool) -> String {
 /// Whether the ServiceAccount `account` of `ns` may `verb` `resource`
 /// there, as the real API server's RBAC says (`kubectl auth can-i`).
 fn can_i(cluster: &Cluster, account: &str, verb: &str, resource: &str) -> bool {
+    can_i_with(cluster, account, verb, resource, &[])
+}
+
+/// [`can_i`] with more of `kubectl auth can-i`'s flags.
+fn can_i_with(
+    cluster: &Cluster,
+    account: &str,
+    verb: &str,
+    resource: &str,
+    flags: &[&str],
+) -> bool {
     let user = ControlPlane::service_account_user(&cluster.ns, account);
-    let out = cluster.try_kubectl(&["auth", "can-i", verb, resource, "--as", &user]);
+    let mut args = vec!["auth", "can-i", verb, resource];
+    args.extend(flags);
+    args.extend(["--as", &user]);
+    let out = cluster.try_kubectl(&args);
     let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(
         answer == "yes" || answer == "no",
-        "kubectl auth can-i {verb} {resource}: {answer} {}",
+        "kubectl auth can-i {verb} {resource} {}: {answer} {}",
+        flags.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     answer == "yes"
@@ -2185,24 +2200,8 @@ fn tenant_with_budgets(budgets: bool) -> String {
 /// Whether the ServiceAccount `account` may `verb` the status of the
 /// AgentTenant `tenant`, as the real API server's RBAC says.
 fn can_i_status(cluster: &Cluster, account: &str, verb: &str, tenant: &str) -> bool {
-    let user = ControlPlane::service_account_user(&cluster.ns, account);
     let resource = format!("agenttenants.bindery.dev/{tenant}");
-    let out = cluster.try_kubectl(&[
-        "auth",
-        "can-i",
-        verb,
-        &resource,
-        "--subresource=status",
-        "--as",
-        &user,
-    ]);
-    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        answer == "yes" || answer == "no",
-        "kubectl auth can-i {verb} {resource} --subresource=status: {answer} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    answer == "yes"
+    can_i_with(cluster, account, verb, &resource, &["--subresource=status"])
 }
 
 /// A tenant with budgets (its agent's, overlaid by its own) gets, on the
