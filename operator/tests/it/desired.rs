@@ -54,6 +54,24 @@ fn cond<'a>(
         .unwrap()
 }
 
+/// A tenant refused as reconcile refuses one: `condition` false saying
+/// `message`, not Ready, nothing deployed, and a Warning (of `reason`, if
+/// given) saying it.
+fn assert_refused(d: &Desired, condition: &str, reason: Option<&str>, message: &str, what: &str) {
+    let c = cond(d, condition);
+    assert_eq!(c.status, "False", "{what}");
+    assert!(c.message.contains(message), "{what}: {}", c.message);
+    assert_eq!(cond(d, "Ready").status, "False", "{what}");
+    assert!(d.objects.is_none(), "{what}: nothing is deployed");
+    assert!(
+        d.warnings
+            .iter()
+            .any(|w| reason.is_none_or(|r| w.reason == r) && w.message.contains(message)),
+        "{what}: {:?}",
+        d.warnings
+    );
+}
+
 fn row<'a>(d: &'a Desired, agent: &str, name: &str) -> &'a ParameterRow {
     d.status
         .parameters
@@ -618,21 +636,10 @@ fn an_mcp_client_token_without_its_secret_is_not_deployed() {
             None => w.secrets.remove("acme-mcp"),
         };
         let d = w.run();
-        assert!(d.objects.is_none(), "{what}");
+        assert_refused(&d, "ParametersResolved", Some("ParametersUnresolved"), message, what);
         assert!(!d.generate_owner_token, "{what}");
-        let c = cond(&d, "ParametersResolved");
-        assert_eq!(c.status, "False", "{what}");
-        assert_eq!(c.reason, "Unresolved", "{what}");
-        assert!(c.message.contains(message), "{what}: {}", c.message);
-        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert_eq!(cond(&d, "ParametersResolved").reason, "Unresolved", "{what}");
         assert!(cond(&d, "Ready").message.contains(message), "{what}");
-        assert!(
-            d.warnings
-                .iter()
-                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
-            "{what}: {:?}",
-            d.warnings
-        );
     }
 }
 
@@ -820,21 +827,10 @@ fn an_approver_token_without_its_secret_is_not_deployed() {
             None => w.secrets.remove("acme-approver"),
         };
         let d = w.run();
-        assert!(d.objects.is_none(), "{what}");
+        assert_refused(&d, "ParametersResolved", Some("ParametersUnresolved"), message, what);
         assert!(!d.generate_owner_token, "{what}");
-        let c = cond(&d, "ParametersResolved");
-        assert_eq!(c.status, "False", "{what}");
-        assert_eq!(c.reason, "Unresolved", "{what}");
-        assert!(c.message.contains(message), "{what}: {}", c.message);
-        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
+        assert_eq!(cond(&d, "ParametersResolved").reason, "Unresolved", "{what}");
         assert!(cond(&d, "Ready").message.contains(message), "{what}");
-        assert!(
-            d.warnings
-                .iter()
-                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
-            "{what}: {:?}",
-            d.warnings
-        );
     }
 }
 
@@ -884,16 +880,7 @@ fn every_failure_names_what_to_fix() {
         let mut w = World::example();
         change(&mut w);
         let d = w.run();
-        let c = cond(&d, type_);
-        assert_eq!(c.status, "False", "{what}");
-        assert!(c.message.contains(message), "{what}: {}", c.message);
-        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
-        assert!(d.objects.is_none(), "{what}: nothing is deployed");
-        assert!(
-            d.warnings.iter().any(|w| w.message.contains(message)),
-            "{what}: {:?}",
-            d.warnings
-        );
+        assert_refused(&d, type_, None, message, what);
         assert!(
             !serde_yaml::to_string(&d.status)
                 .unwrap()
@@ -956,19 +943,8 @@ fn a_confirm_condition_that_does_not_compile_makes_the_agent_invalid() {
         assert_eq!(own.status, "False", "{what}: {own:?}");
         assert!(own.message.contains(message), "{what}: {}", own.message);
         let d = make(BAD).run();
-        let c = cond(&d, "AgentValid");
-        assert_eq!(c.status, "False", "{what}: {:?}", d.status.conditions);
-        assert_eq!(c.reason, "InvalidAgent", "{what}");
-        assert!(c.message.contains(message), "{what}: {}", c.message);
-        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
-        assert!(d.objects.is_none(), "{what}: nothing is deployed");
-        assert!(
-            d.warnings
-                .iter()
-                .any(|w| w.reason == "InvalidAgent" && w.message.contains(message)),
-            "{what}: {:?}",
-            d.warnings
-        );
+        assert_refused(&d, "AgentValid", Some("InvalidAgent"), message, what);
+        assert_eq!(cond(&d, "AgentValid").reason, "InvalidAgent", "{what}");
 
         let own = valid(&make(GOOD));
         assert_eq!(own.status, "True", "{what}: {own:?}");
@@ -1667,19 +1643,14 @@ fn a_wrong_tenant_budget_names_the_field_and_what_to_do() {
         let mut w = budget_world();
         change(&mut w);
         let d = w.run();
-        let c = cond(&d, "ParametersResolved");
-        assert_eq!(c.status, "False", "{what}");
-        assert!(c.message.contains(message), "{what}: {}", c.message);
-        assert_eq!(cond(&d, "AgentValid").status, "True", "{what}");
-        assert_eq!(cond(&d, "Ready").status, "False", "{what}");
-        assert!(d.objects.is_none(), "{what}: nothing is deployed");
-        assert!(
-            d.warnings
-                .iter()
-                .any(|w| w.reason == "ParametersUnresolved" && w.message.contains(message)),
-            "{what}: {:?}",
-            d.warnings
+        assert_refused(
+            &d,
+            "ParametersResolved",
+            Some("ParametersUnresolved"),
+            message,
+            what,
         );
+        assert_eq!(cond(&d, "AgentValid").status, "True", "{what}");
     }
     // A two-cap budget is one mistake, not also a cost to price.
     let mut w = budget_world();
