@@ -131,21 +131,16 @@ async fn session(api: &Api, id: &str) -> Reply {
 
 #[tokio::test]
 async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
-    let Metered {
-        mock,
-        dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         count_then_answer(2),
         "",
         "  budgets:\n    - {name: daily-tokens, tokens: 100, per: 24h}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
 
     // Two model turns use 120 tokens; the third does not start.
-    let r = message(&api, &id, "count twice").await;
+    let r = message(&m.api, &id, "count twice").await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["status"], "failed", "{}", r.text);
     let detail = r.json["status_detail"].as_str().unwrap();
@@ -155,8 +150,8 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
         ),
         "{detail}"
     );
-    assert_eq!(mock.requests().len(), 2);
-    assert_eq!(counted(dir.path()), 2);
+    assert_eq!(m.mock.requests().len(), 2);
+    assert_eq!(counted(m.dir.path()), 2);
     let usage = &r.json["usage"];
     assert_eq!(usage["total_tokens"], 120, "{usage}");
     assert_eq!(usage["prompt_tokens"], 80, "{usage}");
@@ -166,9 +161,9 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
 
     // A message now is refused before anything starts, in any session of
     // the agent (the window is the agent's).
-    let other = new_session(&api, json!({"agent": "metered"})).await;
+    let other = new_session(&m.api, json!({"agent": "metered"})).await;
     for sid in [&id, &other] {
-        let refused = message(&api, sid, "again").await;
+        let refused = message(&m.api, sid, "again").await;
         assert_eq!(refused.status, 429, "{}", refused.text);
         let b = &refused.json;
         assert_eq!(b["error"], "budget_exceeded");
@@ -185,14 +180,15 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
     // An MCP client's ask is refused the same way, with the same fields.
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "ask_metered", "arguments": {"prompt": "again"}}});
-    let mcp = api.call("POST", "/mcp", Some(OWNER), Some(&call)).await;
+    let mcp = m.api.call("POST", "/mcp", Some(OWNER), Some(&call)).await;
     let data = &mcp.json["error"]["data"];
     assert_eq!(data["error"], "budget_exceeded", "{}", mcp.text);
     assert_eq!(data["status"], 429, "{}", mcp.text);
     assert_eq!(data["budget"], "daily-tokens", "{}", mcp.text);
-    assert_eq!(mock.requests().len(), 2, "nothing reached the model");
+    assert_eq!(m.mock.requests().len(), 2, "nothing reached the model");
     // The agent says what caps it.
-    let agent = api
+    let agent = m
+        .api
         .call("GET", "/v1/agents/metered", Some(OWNER), None)
         .await;
     assert_eq!(
@@ -202,7 +198,7 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
         agent.text
     );
 
-    let metrics = reqwest::get(format!("{}/metrics", api.base))
+    let metrics = reqwest::get(format!("{}/metrics", m.api.base))
         .await
         .unwrap()
         .text()
@@ -219,20 +215,15 @@ async fn a_token_budget_stops_a_run_going_and_refuses_the_next_message() {
 
 #[tokio::test]
 async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it() {
-    let Metered {
-        mock,
-        dir: _dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         count_then_answer(2),
         "",
         "  budgets:\n    - {name: per-session, tokens: 100, per: session, onExceed: confirm}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
 
-    let r = message(&api, &id, "count twice").await;
+    let r = message(&m.api, &id, "count twice").await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     assert_eq!(
         r.json["status_detail"],
@@ -245,10 +236,11 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         item["budget"],
         json!({"budget": "per-session", "meter": "tokens", "limit": 100.0, "used": 120.0, "per": "session"})
     );
-    assert_eq!(mock.requests().len(), 2);
+    assert_eq!(m.mock.requests().len(), 2);
     let token = item["continuation_token"].as_str().unwrap();
     // An answer that does not fit says what does.
-    let wrong = api
+    let wrong = m
+        .api
         .call(
             "POST",
             &format!("/v1/continuations/{token}"),
@@ -263,7 +255,8 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         wrong.text
     );
 
-    let approved = api
+    let approved = m
+        .api
         .call(
             "POST",
             &format!("/v1/continuations/{token}?wait=true"),
@@ -272,17 +265,18 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         )
         .await;
     assert_eq!(approved.status, 200, "{}", approved.text);
-    let view = session(&api, &id).await;
+    let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "idle", "{}", view.text);
-    assert_eq!(mock.requests().len(), 3, "the run went on to its answer");
+    assert_eq!(m.mock.requests().len(), 3, "the run went on to its answer");
     assert_eq!(view.json["usage"]["total_tokens"], 180);
 
     // The approval was for that run: the next one asks again, and a
     // refusal ends it.
-    let r = message(&api, &id, "once more").await;
+    let r = message(&m.api, &id, "once more").await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let token = r.json["pending"][0]["continuation_token"].as_str().unwrap();
-    let refused = api
+    let refused = m
+        .api
         .call(
             "POST",
             &format!("/v1/continuations/{token}?wait=true"),
@@ -291,14 +285,14 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         )
         .await;
     assert_eq!(refused.status, 200, "{}", refused.text);
-    let view = session(&api, &id).await;
+    let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "failed", "{}", view.text);
     assert_eq!(
         view.json["status_detail"],
         "budget_exceeded: a person did not let the run go past budget per-session"
     );
     assert_eq!(
-        mock.requests().len(),
+        m.mock.requests().len(),
         3,
         "no model request after the refusal"
     );
@@ -306,59 +300,50 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
 
 #[tokio::test]
 async fn a_per_session_tool_call_budget_refuses_the_call_and_tells_the_model() {
-    let Metered {
-        mock: _mock,
-        dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         count_then_answer(3),
         "",
         "  budgets:\n    - {name: calls, toolCalls: 2, per: session}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
-    let r = message(&api, &id, "count thrice").await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "count thrice").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    assert_eq!(counted(dir.path()), 2, "the third call did not run");
+    assert_eq!(counted(m.dir.path()), 2, "the third call did not run");
     assert_eq!(
         last_tool_output(&r),
         "error: budget calls is used up: 2 of 2 tool calls per session, so this call did not run"
     );
     assert_eq!(r.json["usage"]["tool_calls"], 2);
     // Another session has budget of its own.
-    let other = new_session(&api, json!({"agent": "metered"})).await;
-    let r = message(&api, &other, "count thrice").await;
+    let other = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &other, "count thrice").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    assert_eq!(counted(dir.path()), 4);
+    assert_eq!(counted(m.dir.path()), 4);
 }
 
 #[tokio::test]
 async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
     // 1 EUR a prompt token, 2 a completion token: 50 a request.
-    let Metered {
-        mock: _mock,
-        dir: _dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         |_| MockReply::text("ok").with_usage(30, 10),
         ", pricing: {inputPerMillion: 1000000, outputPerMillion: 2000000, currency: EUR}",
         "  budgets:\n    - {name: monthly-spend, cost: 100, per: 30d}\n",
     )
     .await;
-    let a = new_session(&api, json!({"agent": "metered"})).await;
-    let b = new_session(&api, json!({"agent": "metered"})).await;
-    assert_eq!(message(&api, &a, "one").await.json["usage"]["cost"], 50.0);
-    let r = message(&api, &b, "two").await;
+    let a = new_session(&m.api, json!({"agent": "metered"})).await;
+    let b = new_session(&m.api, json!({"agent": "metered"})).await;
+    assert_eq!(message(&m.api, &a, "one").await.json["usage"]["cost"], 50.0);
+    let r = message(&m.api, &b, "two").await;
     assert_eq!(r.json["usage"]["cost"], 50.0);
     assert_eq!(r.json["usage"]["currency"], "EUR");
-    let refused = message(&api, &a, "three").await;
+    let refused = message(&m.api, &a, "three").await;
     assert_eq!(refused.status, 429, "{}", refused.text);
     assert_eq!(refused.json["meter"], "cost");
     assert_eq!(refused.json["used"], 100.0);
 
-    let report = api
+    let report = m
+        .api
         .call("GET", "/v1/usage?group_by=session", Some(OWNER), None)
         .await;
     assert_eq!(report.status, 200, "{}", report.text);
@@ -370,14 +355,16 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
         assert_eq!(row["total_tokens"], 40, "{row}");
         assert_eq!(row["model_requests"], 1, "{row}");
     }
-    let by_model = api
+    let by_model = m
+        .api
         .call("GET", "/v1/usage?group_by=model", Some(OWNER), None)
         .await;
     assert_eq!(by_model.json["rows"][0]["key"], "mock-model");
     assert_eq!(by_model.json["rows"][0]["cost"], 100.0);
-    let csv = api
+    let csv = m
+        .api
         .http
-        .get(format!("{}/v1/usage?group_by=agent", api.base))
+        .get(format!("{}/v1/usage?group_by=agent", m.api.base))
         .bearer_auth(OWNER)
         .header("Accept", "text/csv")
         .send()
@@ -393,7 +380,8 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
          metered,60,20,80,0,2,0,100,EUR\n"
     );
     // A range that holds nothing, and one that does not read.
-    let empty = api
+    let empty = m
+        .api
         .call(
             "GET",
             "/v1/usage?from=2020-01-01T00:00:00Z&to=2020-02-01T00:00:00Z",
@@ -402,7 +390,8 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
         )
         .await;
     assert_eq!(empty.json["rows"], json!([]), "{}", empty.text);
-    let bad = api
+    let bad = m
+        .api
         .call("GET", "/v1/usage?from=yesterday", Some(OWNER), None)
         .await;
     assert_eq!(bad.status, 400, "{}", bad.text);
@@ -412,31 +401,26 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
         bad.text
     );
     // The owner's only.
-    assert_eq!(api.call("GET", "/v1/usage", None, None).await.status, 401);
+    assert_eq!(m.api.call("GET", "/v1/usage", None, None).await.status, 401);
 }
 
 #[tokio::test]
 async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
-    let Metered {
-        mock,
-        dir: _dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         |_| MockReply::text("a reply of some length").without_usage(),
         "",
         "",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
-    let r = message(&api, &id, "hello").await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "hello").await;
     let usage = &r.json["usage"];
     let total = usage["total_tokens"].as_u64().unwrap();
     assert!(total > 5, "{usage}");
     assert_eq!(usage["estimated_tokens"].as_u64(), Some(total), "{usage}");
     // The server asked for usage in its streamed request.
     assert_eq!(
-        mock.requests()[0]["stream_options"],
+        m.mock.requests()[0]["stream_options"],
         json!({"include_usage": true})
     );
 }
@@ -446,23 +430,18 @@ async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
 /// until that moment passes.
 #[tokio::test]
 async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
-    let Metered {
-        mock,
-        dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         |_| MockReply::text("ok").with_usage(1, 1),
         "",
         "  budgets:\n    - {name: hourly, tokens: 100, per: 1h}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let db = rusqlite::Connection::open(dir.path().join("store.sqlite")).unwrap();
+    let db = rusqlite::Connection::open(m.dir.path().join("store.sqlite")).unwrap();
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     db.execute(
         "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
@@ -471,18 +450,18 @@ async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
         [now - 3_600_000 + 2_000],
     )
     .unwrap();
-    let refused = message(&api, &id, "now?").await;
+    let refused = message(&m.api, &id, "now?").await;
     assert_eq!(refused.status, 429, "{}", refused.text);
     let retry = refused.json["retry_after"].as_u64().unwrap();
     assert!((1..=2).contains(&retry), "{}", refused.text);
-    assert!(mock.requests().is_empty());
+    assert!(m.mock.requests().is_empty());
     let r = eventually("the hour-old use leaves the window", PATIENCE, || async {
-        let r = message(&api, &id, "now?").await;
+        let r = message(&m.api, &id, "now?").await;
         (r.status == 200).then_some(r)
     })
     .await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    assert_eq!(mock.requests().len(), 1);
+    assert_eq!(m.mock.requests().len(), 1);
 }
 
 /// Two replicas share one database and one budget whose last room is less
@@ -566,12 +545,7 @@ async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
 /// answers it, and cannot read the tenant's usage.
 #[tokio::test]
 async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothing_go_on() {
-    let Metered {
-        mock,
-        dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         |req| match results(req) {
             0 => MockReply::ToolCalls(vec![("bash_count".to_string(), json!({})); 5])
                 .with_usage(40, 20),
@@ -581,14 +555,14 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
         "  budgets:\n    - {name: calls, toolCalls: 2, per: run}\n    - {name: tokens, tokens: 100, per: session, onExceed: confirm}\n",
     )
     .await;
-    let created = create(&api, json!({"agent": "metered", "session_token": true})).await;
+    let created = create(&m.api, json!({"agent": "metered", "session_token": true})).await;
     assert_eq!(created.status, 201, "{}", created.text);
     let id = created.json["session_id"].as_str().unwrap().to_string();
     let token = created.json["session_token"].as_str().unwrap().to_string();
 
-    let r = message(&api, &id, "count five at once").await;
+    let r = message(&m.api, &id, "count five at once").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    assert_eq!(counted(dir.path()), 2, "five calls at once, room for two");
+    assert_eq!(counted(m.dir.path()), 2, "five calls at once, room for two");
     let refusals = r.json["session"]["turns"]
         .as_array()
         .unwrap()
@@ -604,7 +578,8 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
 
     // 120 tokens now: the session token's next message waits at the
     // confirm budget, and its holder cannot let it go on.
-    let held = api
+    let held = m
+        .api
         .call(
             "POST",
             &format!("/v1/sessions/{id}/messages?wait=true"),
@@ -617,9 +592,10 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
     let item = &held.json["pending"][0];
     assert_eq!(item["disposition"], "budget", "{item}");
     assert!(item.get("continuation_token").is_none(), "{item}");
-    let usage = api.call("GET", "/v1/usage", Some(&token), None).await;
+    let usage = m.api.call("GET", "/v1/usage", Some(&token), None).await;
     assert_eq!(usage.status, 401, "{}", usage.text);
-    let resume = api
+    let resume = m
+        .api
         .call(
             "POST",
             &format!("/v1/sessions/{id}/resume"),
@@ -628,8 +604,11 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
         )
         .await;
     assert_ne!(resume.status / 100, 2, "{}", resume.text);
-    assert_eq!(session(&api, &id).await.json["status"], "waiting_external");
-    assert_eq!(mock.requests().len(), 2, "nothing went past the budget");
+    assert_eq!(
+        session(&m.api, &id).await.json["status"],
+        "waiting_external"
+    );
+    assert_eq!(m.mock.requests().len(), 2, "nothing went past the budget");
 }
 
 /// The session's stream says when a budget passes 80% of its limit and
@@ -637,21 +616,17 @@ async fn parallel_calls_do_not_slip_past_a_budget_and_a_session_token_lets_nothi
 #[tokio::test]
 async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
     // 60 tokens a turn: 120 passes 80% of 125, 180 reaches it.
-    let Metered {
-        mock: _mock,
-        dir: _dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         count_then_answer(2),
         "",
         "  budgets:\n    - {name: daily-tokens, tokens: 125, per: 24h}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
-    let r = message(&api, &id, "count twice").await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "count twice").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    let (status, stream) = api
+    let (status, stream) = m
+        .api
         .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
         .await;
     assert_eq!(status, 200);
@@ -678,12 +653,7 @@ async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
 #[tokio::test]
 async fn a_made_up_tool_name_counts_but_is_not_kept() {
     const MADE_UP: &str = "bash_exfiltrate-canary-3c1f";
-    let Metered {
-        mock: _mock,
-        dir,
-        _sidecar,
-        api,
-    } = metered(
+    let m = metered(
         |req| match results(req) {
             0 => MockReply::tool_call(MADE_UP, json!({})),
             _ => MockReply::text("done"),
@@ -692,16 +662,17 @@ async fn a_made_up_tool_name_counts_but_is_not_kept() {
         "  budgets:\n    - {name: calls, toolCalls: 5, per: session}\n",
     )
     .await;
-    let id = new_session(&api, json!({"agent": "metered"})).await;
-    let r = message(&api, &id, "call something").await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "call something").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(r.json["usage"]["tool_calls"], 1, "{}", r.text);
-    let report = api
+    let report = m
+        .api
         .call("GET", "/v1/usage?group_by=tool", Some(OWNER), None)
         .await;
     assert!(!report.text.contains(MADE_UP), "{}", report.text);
     assert!(report.text.contains("<unknown>"), "{}", report.text);
-    let db = rusqlite::Connection::open(dir.path().join("store.sqlite")).unwrap();
+    let db = rusqlite::Connection::open(m.dir.path().join("store.sqlite")).unwrap();
     let tools: Vec<Option<String>> = db
         .prepare("SELECT tool FROM usage")
         .unwrap()
