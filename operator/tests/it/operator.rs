@@ -2047,6 +2047,20 @@ fn agent_with_webhook(webhook: bool) -> String {
     )
 }
 
+/// Until tenant `tenant`'s Role and RoleBinding are gone.
+async fn rbac_gone(cluster: &Cluster, tenant: &str) {
+    cluster
+        .wait("the Role and RoleBinding to be deleted", async || {
+            let role = cluster.api::<Role>().get_opt(tenant).await.unwrap();
+            let binding = cluster.api::<RoleBinding>().get_opt(tenant).await.unwrap();
+            match (role, binding) {
+                (None, None) => Ok(()),
+                left => Err(format!("{left:?}")),
+            }
+        })
+        .await;
+}
+
 /// Whether the ServiceAccount `account` of `ns` may `verb` `resource`
 /// there, as the real API server's RBAC says (`kubectl auth can-i`).
 fn can_i(cluster: &Cluster, account: &str, verb: &str, resource: &str) -> bool {
@@ -2151,16 +2165,7 @@ async fn an_approval_webhook_gives_the_tenant_leave_to_create_events_and_no_more
 
     // The webhook goes: the Role, the RoleBinding and the token follow.
     cluster.apply(&agent_with_webhook(false));
-    cluster
-        .wait("the Role and RoleBinding to be deleted", async || {
-            let role = cluster.api::<Role>().get_opt("acme").await.unwrap();
-            let binding = cluster.api::<RoleBinding>().get_opt("acme").await.unwrap();
-            match (role, binding) {
-                (None, None) => Ok(()),
-                left => Err(format!("{left:?}")),
-            }
-        })
-        .await;
+    rbac_gone(&cluster, "acme").await;
     assert!(volumes().await.is_empty());
     assert!(!can_i(&cluster, "acme", "create", "events.events.k8s.io"));
     cluster.assert_operator_refused_nothing();
@@ -2343,16 +2348,7 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
     // No budget left anywhere: the Role, the RoleBinding and the token go.
     cluster.apply(&agent_with_budget(false));
     cluster.apply(&tenant_with_budgets(false));
-    cluster
-        .wait("the Role and RoleBinding to be deleted", async || {
-            let role = cluster.api::<Role>().get_opt("acme").await.unwrap();
-            let binding = cluster.api::<RoleBinding>().get_opt("acme").await.unwrap();
-            match (role, binding) {
-                (None, None) => Ok(()),
-                left => Err(format!("{left:?}")),
-            }
-        })
-        .await;
+    rbac_gone(&cluster, "acme").await;
     assert!(!can_i_status(&cluster, "acme", "patch", "acme"));
     let d: Deployment = cluster.api().get("acme").await.unwrap();
     let pod = d.spec.unwrap().template.spec.unwrap();
