@@ -11,9 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-pub use bindery_sidecar::spec::budget::{Budget, BudgetStatus};
-pub use bindery_sidecar::spec::crd::AgentStatus;
-pub use bindery_sidecar::spec::{Agent, AgentSpec};
+pub use bindery_spec::budget::{Budget, BudgetStatus};
+pub use bindery_spec::crd::AgentStatus;
+pub use bindery_spec::{Agent, AgentSpec};
 
 /// One tenant of one agent: its pinned and set parameter values, the
 /// Secrets its secret parameters come from, and how its pods run.

@@ -1,23 +1,22 @@
 //! Bindery's agent server: agent definitions, parameters, bindings, tools,
 //! the LLM loop and the session API.
 
-#[cfg(feature = "server")]
 pub mod api;
 pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod diagnostic;
-#[cfg(feature = "server")]
 pub mod llm;
-#[cfg(feature = "server")]
 pub mod metrics;
 pub mod params;
 pub mod report;
-#[cfg(feature = "server")]
 pub mod session;
-pub mod spec;
 pub mod tools;
 pub mod tree;
+
+// The agent definition and its diagnostics live in the `bindery-spec` crate,
+// which the operator shares; these keep their paths in this crate.
+pub use bindery_spec as spec;
+pub use bindery_spec::diagnostic;
 
 /// The layer rule of ARCHITECTURE.md, checked: a module may name
 /// (`crate::…`) only modules of its own layer or below.

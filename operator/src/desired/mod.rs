@@ -13,10 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, 
 
 use crate::crd::{AgentTenant, AgentTenantStatus, KeyRef};
 use crate::names;
-use bindery_sidecar::diagnostic::Level;
-use bindery_sidecar::spec::budget::{self, Budget, Meter, Pricing};
-use bindery_sidecar::spec::checks::check_definition;
-use bindery_sidecar::spec::AgentSpec;
+use bindery_spec::budget::{self, Budget, Meter, Pricing};
+use bindery_spec::checks::check_definition;
+use bindery_spec::diagnostic::Level;
+use bindery_spec::AgentSpec;
 
 pub use render::{EventsAccess, Objects};
 
@@ -337,7 +337,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     status.waiting_tools = tree
         .iter()
         .flat_map(|a| {
-            bindery_sidecar::spec::checks::waiting_tools(a.spec)
+            bindery_spec::checks::waiting_tools(a.spec)
                 .into_iter()
                 .map(move |w| format!("{} ({})", w, a.name))
         })
@@ -530,7 +530,7 @@ pub fn agent_status(
         conditions: vec![c.finish(generation, now, previous)],
         waiting_tools: agents
             .get(name)
-            .map(bindery_sidecar::spec::checks::waiting_tools)
+            .map(bindery_spec::checks::waiting_tools)
             .unwrap_or_default(),
     }
 }

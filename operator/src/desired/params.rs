@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bindery_sidecar::spec::{ParameterDecl, Scope, ValueSource};
+use bindery_spec::{ParameterDecl, Scope, ValueSource};
 
 use super::tree::TreeAgent;
 use super::{Inputs, RefObject};

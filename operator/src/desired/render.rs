@@ -22,8 +22,8 @@ use super::params::Supply;
 use super::tree::TreeAgent;
 use super::Inputs;
 use crate::names::{self, *};
-use bindery_sidecar::spec::budget::{self, Budget};
-use bindery_sidecar::spec::{AgentDocument, Metadata, Toolbox, API_VERSION, KIND};
+use bindery_spec::budget::{self, Budget};
+use bindery_spec::{AgentDocument, Metadata, Toolbox, API_VERSION, KIND};
 
 /// Everything a tenant runs on.
 #[derive(Clone, Debug, PartialEq)]
@@ -169,7 +169,7 @@ fn agent_file(agent: &TreeAgent<'_>, tenant_budgets: &[Budget]) -> String {
         },
         spec,
     };
-    bindery_sidecar::spec::to_yaml(&doc).expect("an agent document serializes")
+    bindery_spec::to_yaml(&doc).expect("an agent document serializes")
 }
 
 pub(crate) fn render(

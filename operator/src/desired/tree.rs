@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bindery_sidecar::spec::{AgentSpec, BindingValue};
+use bindery_spec::{AgentSpec, BindingValue};
 
 /// One agent of the tree, with how its caller refers to it.
 #[derive(Clone, Debug)]

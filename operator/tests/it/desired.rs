@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use bindery_operator::crd::ParameterRow;
 use bindery_operator::desired::{Desired, Rollout};
-use bindery_sidecar::spec::{from_yaml, AgentSpec};
+use bindery_spec::{from_yaml, AgentSpec};
 
 use crate::common::*;
 
@@ -910,7 +910,7 @@ fn a_confirm_condition_that_does_not_compile_makes_the_agent_invalid() {
     let in_toolbox = |when: &str| {
         let mut w = World::example();
         let spec = w.agents.get_mut("invoices").unwrap();
-        let bindery_sidecar::spec::Toolbox::Bash(b) = &mut spec.toolboxes[0] else {
+        let bindery_spec::Toolbox::Bash(b) = &mut spec.toolboxes[0] else {
             panic!("examples/k8s/agent.yaml: its first toolbox is no longer bash");
         };
         b.confirm =
@@ -1018,13 +1018,13 @@ fn an_mcp_program_given_by_a_relative_path_comes_from_the_tools_config_map() {
         d.status.conditions
     );
     let data = d.objects.unwrap().config_map.data.unwrap();
-    let file: bindery_sidecar::spec::AgentDocument = from_yaml(&data["invoices.yaml"]).unwrap();
+    let file: bindery_spec::AgentDocument = from_yaml(&data["invoices.yaml"]).unwrap();
     let commands: Vec<(String, Vec<String>, Option<String>)> = file
         .spec
         .toolboxes
         .iter()
         .filter_map(|t| match t {
-            bindery_sidecar::spec::Toolbox::Mcp(m) => {
+            bindery_spec::Toolbox::Mcp(m) => {
                 Some((m.name.clone(), m.command.clone(), m.url.clone()))
             }
             _ => None,
@@ -1419,8 +1419,7 @@ fn budget_world() -> World {
 fn agent_file(d: &Desired, name: &str) -> AgentSpec {
     let o = d.objects.as_ref().expect("objects are rendered");
     let data = o.config_map.data.as_ref().unwrap();
-    let doc: bindery_sidecar::spec::AgentDocument =
-        from_yaml(&data[&format!("{name}.yaml")]).unwrap();
+    let doc: bindery_spec::AgentDocument = from_yaml(&data[&format!("{name}.yaml")]).unwrap();
     doc.spec
 }
 

@@ -2228,7 +2228,7 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
 
     let files: ConfigMap = cluster.wait_object("acme-agents").await;
     let file = &files.data.as_ref().unwrap()["invoices.yaml"];
-    let doc: bindery_sidecar::spec::AgentDocument = bindery_sidecar::spec::from_yaml(file).unwrap();
+    let doc: bindery_spec::AgentDocument = bindery_spec::from_yaml(file).unwrap();
     let budgets: Vec<(String, Option<u64>)> = doc
         .spec
         .budgets
@@ -2301,7 +2301,7 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         used: 1200.0,
         limit: 20000.0,
         per: "24h".into(),
-        on_exceed: bindery_sidecar::spec::budget::OnExceed::Confirm,
+        on_exceed: bindery_spec::budget::OnExceed::Confirm,
         exhausted: false,
         measured_at: "2026-11-29T12:00:00Z".into(),
     };

@@ -9,11 +9,8 @@
 pub mod bash;
 pub mod builtin;
 pub mod deferred;
-#[cfg(feature = "server")]
 pub mod mcp;
-#[cfg(feature = "server")]
 pub mod openapi;
-#[cfg(feature = "server")]
 pub mod sqlite;
 
 use std::collections::BTreeMap;

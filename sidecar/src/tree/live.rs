@@ -40,8 +40,7 @@ impl LiveTools {
         self.len() == 0
     }
 
-    // Only MCP servers change a list, and only the `server` build has them.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    // Only MCP servers change a list.
     pub(crate) fn set(&self, tools: Vec<BoundTool>) {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
     }

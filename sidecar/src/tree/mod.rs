@@ -603,7 +603,6 @@ async fn load_toolbox(
         }
         Toolbox::Sqlite(q) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            #[cfg(feature = "server")]
             match crate::tools::sqlite::SqliteTool::open(q, base.join(&q.path)) {
                 Ok(tool) => {
                     let added = Added {
@@ -622,8 +621,6 @@ async fn load_toolbox(
                 }
                 Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
             }
-            #[cfg(not(feature = "server"))]
-            let _ = (q, place);
             return;
         }
         Toolbox::Postgrest(pg) => {
@@ -757,7 +754,6 @@ fn check_toolbox_confirm(
 
 /// One MCP server of an agent, and what re-listing its tools needs: its
 /// toolbox's index, place in messages, bindings and `confirm`.
-#[cfg(feature = "server")]
 type Watched = (
     usize,
     Arc<crate::tools::mcp::McpServer>,
@@ -773,9 +769,7 @@ type Watched = (
 /// changes to their tool lists.
 #[derive(Default)]
 struct McpLoader {
-    #[cfg(feature = "server")]
     servers: Vec<Watched>,
-    #[cfg(feature = "server")]
     changes: Option<(
         tokio::sync::mpsc::UnboundedSender<usize>,
         tokio::sync::mpsc::UnboundedReceiver<usize>,
@@ -785,7 +779,6 @@ struct McpLoader {
 impl McpLoader {
     /// Start MCP toolbox `i` and append its tools. The typo guard of its
     /// bindings is a warning: an MCP server's tools come late and may change.
-    #[cfg(feature = "server")]
     #[allow(clippy::too_many_arguments)]
     async fn load(
         &mut self,
@@ -858,31 +851,10 @@ impl McpLoader {
         ));
     }
 
-    // The server build's signature, so that callers need no cfg of their own.
-    #[cfg(not(feature = "server"))]
-    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_ref_mut)]
-    async fn load(
-        &mut self,
-        _: usize,
-        _: &crate::spec::McpToolbox,
-        _: &Path,
-        _: &Pending,
-        _: &AgentParams,
-        _: &LoadOptions,
-        place: &str,
-        _: &mut Vec<BoundTool>,
-        diags: &mut Vec<Diagnostic>,
-    ) {
-        diags.push(Diagnostic::error(format!(
-            "{place}: this build has no MCP client (the `server` feature), so it cannot load MCP toolboxes"
-        )));
-    }
-
     /// Rebuild `tools` whenever a server says its tools changed; returns
     /// what keeps the servers alive. An agent tree is never unloaded, so
     /// they live as long as the process; when it ends, the runtime drops
     /// the tasks holding each program, which stops it (kill on drop).
-    #[cfg(feature = "server")]
     fn watch(
         self,
         mut asm: live::Assembly,
@@ -950,11 +922,6 @@ impl McpLoader {
         });
         keep
     }
-
-    #[cfg(not(feature = "server"))]
-    fn watch(self, _: live::Assembly, _: &LiveTools) -> Vec<Arc<dyn std::any::Any + Send + Sync>> {
-        Vec::new()
-    }
 }
 
 use crate::spec::checks::valid_tool_name;
@@ -992,7 +959,6 @@ fn check_names(
 /// An OpenAPI toolbox's tools, or `None` with the problem reported.
 /// `(place, label)`: the toolbox in the load's messages, and in its tools'
 /// errors (without the agent file's path).
-#[cfg(feature = "server")]
 #[allow(clippy::too_many_arguments)]
 async fn load_openapi(
     o: &crate::spec::OpenApiToolbox,
@@ -1061,24 +1027,6 @@ async fn load_openapi(
             None
         }
     }
-}
-
-#[cfg(not(feature = "server"))]
-#[allow(clippy::too_many_arguments)]
-async fn load_openapi(
-    _: &crate::spec::OpenApiToolbox,
-    _: Option<&crate::spec::PostgrestToolbox>,
-    _: &Path,
-    _: &Pending,
-    _: &AgentParams,
-    _: &LoadOptions,
-    (place, _): (&str, &str),
-    diags: &mut Vec<Diagnostic>,
-) -> Option<Vec<BoundTool>> {
-    diags.push(Diagnostic::error(format!(
-        "{place}: this build has no HTTP client (the `server` feature), so it cannot load OpenAPI toolboxes"
-    )));
-    None
 }
 
 /// Helper references point at loaded agents; `with` names declared

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use bindery_operator::crd::AgentTenant;
 use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
-use bindery_sidecar::spec::{from_yaml, AgentDocument, AgentSpec};
+use bindery_spec::{from_yaml, AgentDocument, AgentSpec};
 use bindery_tests::control_plane::{ControlPlane, ADMIN};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

@@ -1,5 +1,7 @@
 //! The agent definition: one type tree that is both Bindery's file format
-//! and the `Agent` custom resource's `spec`.
+//! and the `Agent` custom resource's `spec`, with the static checks and the
+//! diagnostics they give. Both binaries depend on this crate: the sidecar
+//! reads agent files into these types, the operator reads `Agent` resources.
 //!
 //! A native agent file is a Kubernetes-style document (`apiVersion`,
 //! `kind: Agent`, `metadata.name`, `spec`), so the very file a platform team
@@ -14,6 +16,7 @@ pub mod condition;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod depends;
+pub mod diagnostic;
 pub mod document;
 pub mod jsonpath;
 

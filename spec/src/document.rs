@@ -50,7 +50,7 @@ pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::ValueSource;
+    use crate::ValueSource;
 
     #[test]
     fn enums_are_maps_both_ways() {

@@ -731,7 +731,7 @@ toolboxes:
 {toolbox}
 "#
         );
-        crate::spec::from_yaml(&text).unwrap()
+        crate::from_yaml(&text).unwrap()
     }
 
     fn errors(spec: &AgentSpec) -> Vec<String> {

@@ -694,7 +694,7 @@ impl From<Parameter> for ParameterDecl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::SecretSource as Src;
+    use crate::SecretSource as Src;
 
     #[test]
     fn an_openapi_server_converts_to_an_openapi_toolbox() {
@@ -760,7 +760,7 @@ mod tests {
             o.bindings[0].value,
             BindingValue::Param("project_id".into())
         );
-        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
         assert!(diags.is_empty(), "{diags:?}");
     }
 
@@ -792,7 +792,7 @@ mod tests {
             (b.name.as_str(), b.capabilities.as_slice()),
             ("system", &["date".to_string()][..])
         );
-        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
         assert!(diags.is_empty(), "{diags:?}");
 
         let file: AgentFile = serde_json::from_value(serde_json::json!({
@@ -848,7 +848,7 @@ mod tests {
         assert_eq!(m.url, None);
         assert_eq!(plain.command, ["srv"]);
         assert!(plain.env.is_empty());
-        let diags = crate::spec::checks::check_definition(&c.name, &c.spec, "here");
+        let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
         assert!(diags.is_empty(), "{diags:?}");
     }
 }
