@@ -46,8 +46,11 @@ pub const LLM_DURATION_BUCKETS: [f64; 13] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// How a run of the agent loop ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How a run of the agent loop ended (a `run_finished` event's `status`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
     /// The model gave its final answer.
     Completed,
@@ -96,7 +99,19 @@ pub enum ToolOutcome {
 
 /// Who made a tool call: the agent's model, or an MCP client calling an
 /// exposed tool directly (`/mcp`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolCaller {
     #[default]
     Model,

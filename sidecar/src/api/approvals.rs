@@ -13,10 +13,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde_json::json;
 
 use super::auth::Door;
-use super::openapi::{AnswerRefused, BadRequest, NotFound, PendingItem, Unauthorized};
+use super::openapi::{AnswerRefused, BadRequest, NotFound, Unauthorized};
 use super::peers::Incoming;
 use super::server::{body, ApiResult, ContinuationBody, WaitQuery};
 use super::state::AppState;
@@ -39,16 +38,14 @@ use crate::session::validate::Caller;
 pub async fn list(State(s): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> ApiResult {
     s.caller(&headers, None, Door::Approvals).await?;
     let approvals = s.service.approvals().await?;
-    Ok(Json(json!({"approvals": approvals})).into_response())
+    Ok(Json(ApprovalList { approvals }).into_response())
 }
 
 /// `GET /v1/approvals`' answer.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ApprovalList {
-    /// Oldest session first; each item as a session's `pending` shows it,
-    /// with `session_id` and `agent`.
-    approvals: Vec<PendingItem>,
+    /// Oldest session first.
+    approvals: Vec<crate::session::wire::Approval>,
 }
 
 /// What an approver (or an answer link) is told after answering: the
@@ -59,13 +56,12 @@ pub async fn answered(s: &AppState, id: &str, q: &WaitQuery, run: Option<RunWait
         Some(rec) => Arc::unwrap_or_clone(rec),
         None => s.service.record(id).await?,
     };
-    let pending = s.service.pending_view(&rec);
-    Ok(Json(json!({
-        "session_id": rec.id,
-        "status": rec.status.as_str(),
-        "pending": pending,
-    }))
-    .into_response())
+    let answered = ApprovalAnswered {
+        pending: s.service.pending_view(&rec),
+        session_id: rec.id,
+        status: rec.status,
+    };
+    Ok(Json(answered).into_response())
 }
 
 /// Answer one pending item through the link of its webhook notice
@@ -98,7 +94,7 @@ pub async fn answer_link(
 ) -> ApiResult {
     let b: ContinuationBody = body(&req.body)?;
     let mut answer = b.into_answer()?;
-    answer.by = Some("webhook");
+    answer.by = Some(crate::session::wire::Decider::Webhook);
     let (id, run) = match s.service.answer(&Caller::Approver, &token, answer).await {
         Ok(answered) => answered,
         Err(e) => {
@@ -113,12 +109,10 @@ pub async fn answer_link(
 }
 
 /// What an answer link or an approver's answer returns.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ApprovalAnswered {
     session_id: String,
-    #[schema(value_type = crate::session::model::SessionStatus)]
-    status: String,
+    status: crate::session::model::SessionStatus,
     /// What the session waits for now.
-    pending: Vec<PendingItem>,
+    pending: Vec<crate::session::wire::PendingItem>,
 }

@@ -26,6 +26,7 @@ use http_body::Frame;
 
 use crate::session::model::EventRecord;
 use crate::session::service::{Feed, FeedItem, LiveEvent, Service};
+use crate::session::wire::Delta;
 
 /// The response: `stored` first, then what `feed` gives.
 pub fn response(service: Arc<Service>, stored: Vec<EventRecord>, feed: Feed) -> Response {
@@ -74,7 +75,10 @@ impl http_body::Body for EventBody {
                     match e {
                         LiveEvent::Stored(e) => write_stored(&mut out, e),
                         LiveEvent::Delta(text) => {
-                            let data = serde_json::json!({ "content": &**text }).to_string();
+                            let delta = Delta {
+                                content: text.to_string(),
+                            };
+                            let data = serde_json::to_string(&delta).expect("text is plain JSON");
                             write_event(&mut out, None, "delta", &data);
                         }
                     }

@@ -26,40 +26,13 @@ use utoipa::openapi::{
     ComponentsBuilder, InfoBuilder, LicenseBuilder, OpenApi as Document, Ref, RefOr, Response,
     ResponseBuilder,
 };
-use utoipa::{OpenApi, PartialSchema, ToResponse, ToSchema};
+use utoipa::{PartialSchema, ToResponse, ToSchema};
 
-use crate::session::model::SessionStatus;
+use crate::session::wire::{Delta, SessionEvent};
 
-/// The schemas only the events route's `x-events` names (a response
-/// extension, which utoipa does not collect by itself).
-#[derive(OpenApi)]
-#[openapi(components(schemas(
-    RunStartedEvent,
-    Turn,
-    DeltaEvent,
-    ToolCallEvent,
-    ToolResultEvent,
-    RunFinishedEvent,
-    ParamsChangedEvent,
-    PendingEvent,
-    ResolvedEvent,
-    BudgetEvent,
-)))]
-struct EventSchemas;
-
-/// The SSE event kinds and their `data` schemas, as `x-events` lists them.
-const EVENTS: &[(&str, &str)] = &[
-    ("run_started", "RunStartedEvent"),
-    ("message", "Turn"),
-    ("delta", "DeltaEvent"),
-    ("tool_call", "ToolCallEvent"),
-    ("tool_result", "ToolResultEvent"),
-    ("run_finished", "RunFinishedEvent"),
-    ("params_changed", "ParamsChangedEvent"),
-    ("pending", "PendingEvent"),
-    ("resolved", "ResolvedEvent"),
-    ("budget", "BudgetEvent"),
-];
+/// The `delta` event: streamed text, never stored, so not a
+/// [`SessionEvent`]; `x-events` lists it with the stored kinds.
+const DELTA: &str = "delta";
 
 /// The path of the events route, whose 200 gets `x-events`.
 pub const EVENTS_PATH: &str = "/v1/sessions/{id}/events";
@@ -150,21 +123,19 @@ pub fn document(mut api: Document, version: &str) -> Value {
         )
         .response_from::<Unauthorized>()
         .build();
-    api.merge(EventSchemas::openapi());
-    match api.components.as_mut() {
-        Some(c) => {
-            c.security_schemes.extend(components.security_schemes);
-            c.responses.extend(components.responses);
-        }
-        None => api.components = Some(components),
-    }
-    let events = EVENTS
-        .iter()
+    let mut schemas = vec![(Delta::name().into_owned(), Delta::schema())];
+    SessionEvent::schemas(&mut schemas);
+    let c = api.components.get_or_insert_with(Default::default);
+    c.security_schemes.extend(components.security_schemes);
+    c.responses.extend(components.responses);
+    c.schemas.extend(schemas);
+    let kinds = SessionEvent::kinds()
+        .into_iter()
+        .chain([(DELTA, Delta::name().into_owned())]);
+    let events = kinds
         .map(|(kind, schema)| {
-            (
-                kind.to_string(),
-                serde_json::json!({ "$ref": format!("#/components/schemas/{schema}") }),
-            )
+            let to = serde_json::json!({ "$ref": format!("#/components/schemas/{schema}") });
+            (kind.to_string(), to)
         })
         .collect::<serde_json::Map<_, _>>();
     if let Some(RefOr::T(ok)) = api
@@ -484,28 +455,6 @@ pub struct SessionList {
     pub sessions: Vec<super::views::SessionSummary>,
 }
 
-/// How far the run goes: `until_blocked` (default) until the model answers
-/// or a call waits; `step` one model turn and its tool calls; `none` no run
-/// (a creation stays idle; an answer to a pending call is recorded only).
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RunMode {
-    None,
-    Step,
-    UntilBlocked,
-}
-
-/// How far the run a message or a resume starts goes: `until_blocked`
-/// (default) until the model answers or a call waits; `step` one model
-/// turn and its tool calls. Such a request exists to start a run, so
-/// `none` is not taken here.
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStarted {
-    Step,
-    UntilBlocked,
-}
-
 /// Who sets it: the server (process), a session, or each message.
 #[derive(ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -513,15 +462,6 @@ pub enum Scope {
     Process,
     Session,
     Message,
-}
-
-/// How a tool's calls wait: for a person's approval (`confirm`) or for the
-/// client's result (`deferred`).
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Wait {
-    Confirm,
-    Deferred,
 }
 
 /// `POST /v1/sessions/{id}/fork`'s body.
@@ -558,185 +498,6 @@ pub struct SetParamsRequest {
 }
 
 // ---------------------------------------------------------------------------
-// The conversation.
-
-/// One message of the conversation: an OpenAI chat message.
-#[derive(ToSchema)]
-pub struct Turn {
-    pub role: Role,
-    /// The text; `null` for an assistant message with tool calls only.
-    #[serde(default)]
-    pub content: Option<String>,
-    /// Assistant messages: the tools the model called.
-    #[serde(default)]
-    pub tool_calls: Vec<ToolCall>,
-    /// Tool messages: the call this answers.
-    #[serde(default)]
-    pub tool_call_id: String,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    User,
-    Assistant,
-    Tool,
-}
-
-#[derive(ToSchema)]
-pub struct ToolCall {
-    pub id: String,
-    pub r#type: FunctionType,
-    #[schema(inline)]
-    pub function: ToolFunction,
-}
-
-#[derive(ToSchema)]
-pub enum FunctionType {
-    #[serde(rename = "function")]
-    Function,
-}
-
-#[derive(ToSchema)]
-pub struct ToolFunction {
-    pub name: String,
-    /// JSON text as the model sent it; not necessarily valid.
-    pub arguments: String,
-}
-
-/// A call whose untrusted result the session took in.
-#[derive(ToSchema)]
-pub struct TaintSource {
-    pub tool_call_id: String,
-    pub tool: String,
-}
-
-/// A tool call the run waits for.
-#[derive(ToSchema)]
-pub struct PendingItem {
-    pub tool_call_id: String,
-    /// `ct_…`: POST /v1/continuations/{token} answers the call. Stored only
-    /// as a digest; never in events.
-    #[serde(default)]
-    pub continuation_token: String,
-    /// The model-visible tool name.
-    pub tool: String,
-    /// The helpers (`prompt_agent_*`) the call was made in, outermost
-    /// first; answering it resumes them, then their caller.
-    #[serde(default)]
-    pub via: Vec<String>,
-    #[schema(inline)]
-    pub disposition: PendingDisposition,
-    /// `needs_input`: the fields to send as `input`.
-    #[serde(default)]
-    pub missing: Vec<String>,
-    /// `needs_selection`: the lookup tool the options come from.
-    #[serde(default)]
-    pub lookup: String,
-    /// `needs_selection`: what the API offered, in its order. An `id` is
-    /// opaque when the lookup's ids are sensitive.
-    #[serde(default)]
-    #[schema(inline)]
-    pub options: Vec<PendingOption>,
-    /// `needs_confirmation`: what the chosen options said.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub facts: Value,
-    /// Why it asks (no exact match, several, the API refused the earlier
-    /// call).
-    #[serde(default)]
-    pub note: String,
-    /// The model's arguments. Bound values never appear.
-    pub call: Value,
-    /// An egress call held by the taint guard: the untrusted calls whose
-    /// results the session took in.
-    #[serde(default)]
-    #[schema(inline)]
-    pub tainted_by: Vec<TaintSource>,
-    /// When an unanswered confirmation closes as not approved.
-    #[serde(default)]
-    #[schema(format = DateTime)]
-    pub expires_at: String,
-    /// `budget`: the used-up budget the run waits at. Held before a model
-    /// request, the item's `tool` is empty and `call` is `{}`.
-    #[serde(default)]
-    #[schema(inline)]
-    pub budget: Option<BudgetExceeded>,
-}
-
-/// A used-up budget: in a 429's body (with `error: budget_exceeded`), and
-/// in a pending item of disposition `budget`.
-#[derive(ToSchema)]
-pub struct BudgetExceeded {
-    pub budget: String,
-    #[schema(inline)]
-    pub meter: BudgetMeter,
-    pub limit: f64,
-    pub used: f64,
-    /// The window: a duration (`24h`), `session` or `run`.
-    pub per: String,
-    /// Seconds until the oldest use in a rolling window leaves it; absent
-    /// for `session` and `run` budgets.
-    #[serde(default)]
-    pub retry_after: u64,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum BudgetMeter {
-    Tokens,
-    ToolCalls,
-    Cost,
-}
-
-/// `budget`: a budget went past 80% of its limit, or reached it.
-#[derive(ToSchema)]
-pub struct BudgetEvent {
-    pub budget: String,
-    #[schema(inline)]
-    pub state: BudgetState,
-    pub used: f64,
-    pub limit: f64,
-    #[schema(inline)]
-    pub meter: BudgetMeter,
-    pub per: String,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum BudgetState {
-    NearlyUsed,
-    UsedUp,
-}
-
-/// `deferred`: the client runs the tool and posts the result; `confirm`: a
-/// person approves the call, or not; for a tool with `depends_on`:
-/// `needs_input` (user-owned fields are missing), `needs_selection` (choose
-/// one of `options`), `needs_confirmation` (approve the prepared write,
-/// shown by its `facts`).
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PendingDisposition {
-    Deferred,
-    Confirm,
-    NeedsInput,
-    NeedsSelection,
-    NeedsConfirmation,
-    Budget,
-}
-
-#[derive(ToSchema)]
-pub struct PendingOption {
-    #[serde(default)]
-    pub id: String,
-    #[serde(default)]
-    pub label: String,
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub facts: Value,
-}
-
-// ---------------------------------------------------------------------------
 // Events.
 
 /// One server-sent event: `id` (its sequence number), `event` (a key of
@@ -749,108 +510,6 @@ pub struct SseEvent {
     pub event: String,
     #[serde(default)]
     pub data: String,
-}
-
-/// `run_started`: a run began.
-#[derive(ToSchema)]
-pub struct RunStartedEvent(pub BTreeMap<String, Value>);
-
-/// `delta`: a piece of the assistant's text as it streams in. Not stored,
-/// so it has no id and is never replayed.
-#[derive(ToSchema)]
-pub struct DeltaEvent {
-    pub content: String,
-}
-
-/// `tool_call`: the model called a tool.
-#[derive(ToSchema)]
-pub struct ToolCallEvent {
-    pub id: String,
-    pub name: String,
-    /// As the model sent them; not necessarily valid JSON.
-    pub arguments: String,
-}
-
-/// `tool_result`: what a tool call gave back.
-#[derive(ToSchema)]
-pub struct ToolResultEvent {
-    /// The tool call's id.
-    pub id: String,
-    pub ok: bool,
-    /// As given to the model.
-    pub output: String,
-}
-
-/// `run_finished`: the run ended (`blocked`: calls wait, see `pending`).
-#[derive(ToSchema)]
-pub struct RunFinishedEvent {
-    pub status: RunEnd,
-    #[serde(default)]
-    pub detail: Option<String>,
-    /// The session's status after the run.
-    pub session_status: SessionStatus,
-    /// What this run used (since it last resumed, for a run that waited).
-    pub usage: crate::session::usage::Totals,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RunEnd {
-    Completed,
-    Failed,
-    Cancelled,
-    MaxSteps,
-    Blocked,
-}
-
-/// `pending`: the run stopped; these calls wait (no tokens: read them from
-/// the session).
-#[derive(ToSchema)]
-pub struct PendingEvent {
-    pub pending: Vec<PendingItem>,
-}
-
-/// `resolved`: a pending call was answered or closed.
-#[derive(ToSchema)]
-pub struct ResolvedEvent {
-    pub tool_call_id: String,
-    #[serde(default)]
-    pub tool: String,
-    pub outcome: Outcome,
-    /// Who decided: `owner`, `approver`, or `webhook` (a notice's answer
-    /// URL); absent when nobody did (expired, cancelled).
-    #[serde(default)]
-    #[schema(inline)]
-    pub by: Decider,
-    /// The answer cleared the taint guard.
-    #[serde(default)]
-    pub cleared_taint: bool,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Decider {
-    Owner,
-    Approver,
-    Webhook,
-}
-
-#[derive(ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Result,
-    Approved,
-    Chosen,
-    Input,
-    Rejected,
-    Expired,
-    Cancelled,
-}
-
-/// `params_changed`: session values were set or removed. Names only.
-#[derive(ToSchema)]
-pub struct ParamsChangedEvent {
-    pub names: Vec<String>,
 }
 
 // ---------------------------------------------------------------------------
@@ -1307,7 +966,7 @@ mod tests {
             assert!(body[field].is_object(), "{field}");
         }
         let item = &doc["components"]["schemas"]["PendingItem"]["properties"];
-        assert!(item["disposition"]["enum"]
+        assert!(resolve(&doc, &item["disposition"])["enum"]
             .as_array()
             .unwrap()
             .contains(&json!("confirm")));

@@ -35,6 +35,7 @@ use super::views::{agent_view, session_summary, session_view, AgentView, Session
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
 use crate::session::validate::Caller;
+use crate::session::wire::{RunRequest, StartRun};
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
 const DEFAULT_WAIT: u64 = 60;
@@ -388,19 +389,24 @@ pub struct CreateBody {
     /// `none` creates the session idle even with a prompt; `step` runs one
     /// model turn; `until_blocked` (the default) until the answer or a
     /// pending call.
-    #[schema(value_type = super::openapi::RunMode, required = false)]
-    run: Option<String>,
+    #[serde(default)]
+    run: RunRequest,
 }
 
 /// A request's `run`: `None` for `none` (no run at all).
-fn run_mode(run: Option<&str>) -> Result<Option<RunMode>, ServiceError> {
+fn run_mode(run: RunRequest) -> Option<RunMode> {
     match run {
-        None | Some("until_blocked") => Ok(Some(RunMode::UntilBlocked)),
-        Some("step") => Ok(Some(RunMode::Step)),
-        Some("none") => Ok(None),
-        Some(other) => Err(ServiceError::bad_request(format!(
-            "`run` is one of none, step, until_blocked; got `{other}`"
-        ))),
+        RunRequest::UntilBlocked => Some(RunMode::UntilBlocked),
+        RunRequest::Step => Some(RunMode::Step),
+        RunRequest::None => None,
+    }
+}
+
+/// The run a message or a resume starts.
+fn start_mode(run: StartRun) -> RunMode {
+    match run {
+        StartRun::UntilBlocked => RunMode::UntilBlocked,
+        StartRun::Step => RunMode::Step,
     }
 }
 
@@ -415,7 +421,7 @@ impl CreateBody {
             .prompt
             .take()
             .or_else(|| self.message.take().map(|m| m.text));
-        Ok(match run_mode(self.run.as_deref())? {
+        Ok(match run_mode(self.run) {
             Some(mode) => (prompt, mode),
             None => (None, RunMode::UntilBlocked),
         })
@@ -513,9 +519,7 @@ async fn view(
         v.params.clear();
         v.secret_params.clear();
         for p in &mut v.pending {
-            if let Some(o) = p.as_object_mut() {
-                o.remove("continuation_token");
-            }
+            p.continuation_token = None;
         }
     }
     Ok(v)
@@ -564,8 +568,8 @@ pub struct MessagePost {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
-    #[schema(value_type = super::openapi::RunStarted, required = false)]
-    run: Option<String>,
+    #[serde(default)]
+    run: StartRun,
 }
 
 /// Say something: add a user message and start a run
@@ -605,11 +609,7 @@ async fn post_message(
         .prompt
         .or(b.message.map(|m| m.text))
         .ok_or_else(|| ServiceError::bad_request("`prompt` is required"))?;
-    let Some(mode) = run_mode(b.run.as_deref())? else {
-        return Err(ServiceError::bad_request(
-            "a message starts a run: `run` is step or until_blocked here",
-        ));
-    };
+    let mode = start_mode(b.run);
     let run = match s
         .service
         .post_message(&who, &id, prompt, &b.params, mode)
@@ -640,8 +640,8 @@ pub struct ParamsBody {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
-    #[schema(value_type = super::openapi::RunStarted, required = false)]
-    run: Option<String>,
+    #[serde(default)]
+    run: StartRun,
 }
 
 /// Start a run again from where the conversation stands
@@ -673,11 +673,7 @@ async fn resume(
     let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
     let b: ParamsBody = body(&req.body)?;
-    let Some(mode) = run_mode(b.run.as_deref())? else {
-        return Err(ServiceError::bad_request(
-            "a resume starts a run: `run` is step or until_blocked here",
-        ));
-    };
+    let mode = start_mode(b.run);
     let run = match s.service.resume(&who, &id, &b.params, mode).await {
         Ok(run) => run,
         Err(e) => return s.or_forward(e, &id, &who, &req).await,
@@ -865,15 +861,15 @@ pub struct ContinuationBody {
     #[serde(default)]
     #[schema(value_type = ParamValues)]
     params: BTreeMap<String, serde_json::Value>,
-    #[schema(value_type = super::openapi::RunMode, required = false)]
-    run: Option<String>,
+    #[serde(default)]
+    run: RunRequest,
 }
 
 impl ContinuationBody {
     /// The answer the body gives.
     pub(super) fn into_answer(self) -> Result<Answer, ServiceError> {
         let b = self;
-        let mode = run_mode(b.run.as_deref())?;
+        let mode = run_mode(b.run);
         Ok(Answer {
             session_id: b.session_id,
             result: b.result,

@@ -4,10 +4,11 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::openapi::{PendingItem, Scope, Turn, Wait};
+use super::openapi::Scope;
 use crate::llm::ChatMessage;
 use crate::params::ParamStatus;
 use crate::session::model::{SessionRecord, SessionStatus};
+use crate::session::wire::PendingItem;
 use crate::tools::Disposition;
 use crate::tree::LoadedAgent;
 
@@ -29,7 +30,6 @@ pub struct AgentView {
     pub tools: Vec<String>,
     /// The tools whose calls wait, by name: for a person's approval
     /// (`confirm`) or for the client's result (`deferred`).
-    #[schema(value_type = std::collections::BTreeMap<String, Wait>)]
     pub waits: std::collections::BTreeMap<String, Disposition>,
     /// The tools with `depends_on`, by name: their lookups, in order. Their
     /// calls may stop at `needs_input`, `needs_selection` or
@@ -169,8 +169,7 @@ pub struct SessionView {
     /// `failed`: the last run failed (see `status_detail`);
     /// `waiting_external`: the run stopped with tool calls pending (see
     /// `pending`).
-    #[schema(value_type = SessionStatus)]
-    pub status: &'static str,
+    pub status: SessionStatus,
     /// Why the last run failed, stopped, or what it waits for.
     pub status_detail: Option<String>,
     /// Bumped on every change of the session.
@@ -197,8 +196,7 @@ pub struct SessionView {
     pub session: Turns,
     /// Tool calls the run waits for, each answered through its
     /// continuation. A session-token holder sees them without tokens.
-    #[schema(value_type = Vec<PendingItem>)]
-    pub pending: Vec<serde_json::Value>,
+    pub pending: Vec<PendingItem>,
     /// What the session's runs used (null when the store could not say).
     pub usage: Option<crate::session::usage::SessionUsage>,
     /// A new session token (`st_…`), only in the response that created it
@@ -211,7 +209,6 @@ pub struct SessionView {
 #[derive(Serialize, ToSchema)]
 pub struct Turns {
     /// The conversation, oldest first.
-    #[schema(value_type = Vec<Turn>)]
     pub turns: Vec<ChatMessage>,
 }
 
@@ -219,8 +216,7 @@ pub struct Turns {
 pub struct SessionSummary {
     pub session_id: String,
     pub agent: String,
-    #[schema(value_type = SessionStatus)]
-    pub status: &'static str,
+    pub status: SessionStatus,
     #[schema(format = DateTime)]
     pub created_at: String,
     #[schema(format = DateTime)]
@@ -247,7 +243,7 @@ pub fn session_view(
             .owner
             .clone()
             .unwrap_or_else(|| "owner".to_string()),
-        status: rec.status.as_str(),
+        status: rec.status,
         status_detail: rec.status_detail,
         version: rec.version,
         created_at: rfc3339(rec.created_at),
@@ -268,7 +264,7 @@ pub fn session_summary(rec: &SessionRecord) -> SessionSummary {
     SessionSummary {
         session_id: rec.id.clone(),
         agent: rec.agent.clone(),
-        status: rec.status.as_str(),
+        status: rec.status,
         created_at: rfc3339(rec.created_at),
         updated_at: rfc3339(rec.updated_at),
         forked_from: rec.forked_from.clone(),

@@ -1,10 +1,11 @@
 //! Asking a person on the terminal about the calls a run (`run`), one
 //! call (`tool-call`) or a server's session (`session follow`) waits for.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::session::pending::{PendingCall, Resolution};
 use crate::session::runner;
+use crate::session::wire::PendingItem;
 use crate::tools::Disposition;
 
 /// Ask on the terminal about each waiting call: y/n for a confirmation
@@ -20,22 +21,25 @@ pub(super) fn ask_terminal(
     let mut out = Vec::new();
     for b in calls {
         let args = runner::call_arguments(&b.call);
-        let mut item = json!({
-            "tool": b.call.name,
-            "disposition": b.disposition.as_str(),
-            "call": args,
-        });
-        if !b.tainted_by.is_empty() {
-            item["tainted_by"] = json!(b.tainted_by);
-        }
-        if let Some(budget) = &b.budget {
-            item["budget"] = json!(budget);
-        }
-        if let Some(Value::Object(shown)) = b.lookup.as_ref().map(|l| l.shown()) {
-            for (k, v) in shown {
-                item[k] = v;
-            }
-        }
+        let asked = b.lookup.as_ref().map(|l| l.asked()).unwrap_or_default();
+        // The item as the session API would show it, for the same prompts.
+        let item = serde_json::to_value(PendingItem {
+            tool_call_id: b.call.id.clone(),
+            continuation_token: None,
+            tool: b.call.name.clone(),
+            via: Vec::new(),
+            disposition: b.disposition,
+            call: args.clone(),
+            missing: asked.missing,
+            lookup: asked.lookup,
+            options: asked.options,
+            facts: asked.facts,
+            note: asked.note,
+            tainted_by: b.tainted_by.clone(),
+            expires_at: None,
+            budget: b.budget.clone(),
+        })
+        .expect("a pending item is plain JSON");
         let resolution = ask_item(&item, yes, choose)?;
         out.push(PendingCall {
             tool_call_id: b.call.id.clone(),
@@ -209,6 +213,7 @@ pub(super) fn ask_item(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn an_option_is_named_by_id_number_or_label() {

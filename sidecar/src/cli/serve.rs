@@ -24,6 +24,7 @@ use crate::session::lease::LeaseConfig;
 use crate::session::runner::{self, RunContext, RunEnd, RunSink};
 use crate::session::service::{Service, ServiceConfig};
 use crate::session::store::{self, Location};
+use crate::session::wire::SessionEvent;
 use crate::tools::CallContext;
 
 fn client_options(m: &ModelArgs) -> ClientOptions {
@@ -48,9 +49,9 @@ struct CliSink;
 #[async_trait]
 impl RunSink for CliSink {
     async fn turn(&self, _: &ChatMessage, events: runner::Events) {
-        for (kind, data) in events {
-            if kind == "tool_call" {
-                tracing::info!(tool = %data["name"], "tool call");
+        for event in events {
+            if let SessionEvent::ToolCall(call) = event {
+                tracing::info!(tool = %call.name, "tool call");
             }
         }
     }

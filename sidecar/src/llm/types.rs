@@ -55,7 +55,7 @@ impl ModelEndpoint {
 
 /// One message of a conversation, in the OpenAI wire shape: an object tagged
 /// by `role` (`system`, `user`, `assistant`, `tool`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "role", rename_all = "lowercase")]
 pub enum ChatMessage {
     /// Instructions to the model.
@@ -180,6 +180,44 @@ impl Serialize for ToolCall {
         .serialize(s)
     }
 }
+
+/// The wire shape [`Serialize`] writes: `{id, type: "function", function:
+/// {name, arguments}}`.
+impl utoipa::PartialSchema for ToolCall {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let text = |description: Option<&str>| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(description)
+        };
+        let function = ObjectBuilder::new()
+            .property("name", text(None))
+            .property(
+                "arguments",
+                text(Some(
+                    "JSON text as the model sent it; not necessarily valid.",
+                )),
+            )
+            .required("name")
+            .required("arguments");
+        ObjectBuilder::new()
+            .property("id", text(None))
+            .property(
+                "type",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["function"])),
+            )
+            .property("function", function)
+            .required("id")
+            .required("type")
+            .required("function")
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ToolCall {}
 
 #[derive(Deserialize)]
 struct WireToolCallIn {

@@ -19,14 +19,14 @@ use super::validate::Caller;
 use crate::llm::{ChatMessage, ToolCall};
 
 /// How a one-shot run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub session_id: String,
     /// The model's answer, or why there is none (`is_error`).
     pub text: String,
     pub is_error: bool,
     /// The calls the run waits for (with their tokens), if it blocked.
-    pub pending: Vec<serde_json::Value>,
+    pub pending: Vec<crate::session::wire::PendingItem>,
 }
 
 /// One answer of [`Service::ask_continue`]: a pending item's token and the

@@ -19,6 +19,7 @@ use crate::bindings::depends::lookup_tool;
 use crate::bindings::BoundTool;
 use crate::params::Values;
 use crate::session::pending::canonical;
+use crate::session::wire::{Asked, PendingOption};
 use crate::spec::jsonpath::{get, Path};
 use crate::spec::Dependency;
 use crate::tools::{CallContext, Disposition, ToolError};
@@ -87,33 +88,38 @@ pub struct Choice {
 impl LookupState {
     /// What clients see of it: options without their real ids, facts,
     /// missing fields.
-    pub fn shown(&self) -> Value {
+    pub fn asked(&self) -> Asked {
         match &self.ask {
-            Ask::Nothing => json!({}),
-            Ask::Input { missing } => json!({"missing": missing}),
+            Ask::Nothing => Asked::default(),
+            Ask::Input { missing } => Asked {
+                missing: Some(missing.clone()),
+                ..Asked::default()
+            },
             Ask::Selection {
                 lookup,
                 options,
                 note,
                 ..
-            } => {
-                let options: Vec<Value> = options
-                    .iter()
-                    .map(|o| json!({"id": o.id, "label": o.label, "facts": o.facts}))
-                    .collect();
-                let mut v = json!({"lookup": lookup, "options": options});
-                if let Some(n) = note {
-                    v["note"] = json!(n);
-                }
-                v
-            }
-            Ask::Confirmation { facts, note, .. } => {
-                let mut v = json!({"facts": facts});
-                if let Some(n) = note {
-                    v["note"] = json!(n);
-                }
-                v
-            }
+            } => Asked {
+                lookup: Some(lookup.clone()),
+                options: Some(
+                    options
+                        .iter()
+                        .map(|o| PendingOption {
+                            id: o.id.clone(),
+                            label: o.label.clone(),
+                            facts: Value::Object(o.facts.clone()),
+                        })
+                        .collect(),
+                ),
+                note: note.clone(),
+                ..Asked::default()
+            },
+            Ask::Confirmation { facts, note, .. } => Asked {
+                facts: Some(Value::Object(facts.clone())),
+                note: note.clone(),
+                ..Asked::default()
+            },
         }
     }
 

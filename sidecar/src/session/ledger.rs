@@ -6,9 +6,9 @@
 //! asks the store.
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
 use super::usage::{Gauge, Scope, Standing};
+use super::wire::BudgetMeter;
 use crate::spec::budget::{Limit, Meter, OnExceed, Per};
 use crate::spec::ModelSpec;
 
@@ -23,21 +23,7 @@ pub enum Gate {
     Ask(Exceeded),
 }
 
-/// A used-up budget, as a 429's body, a run's end and a pending item carry it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Exceeded {
-    pub budget: String,
-    /// `tokens`, `tool_calls` or `cost`.
-    pub meter: String,
-    pub limit: f64,
-    pub used: f64,
-    /// The window as written (`24h`, `session`, `run`).
-    pub per: String,
-    /// Seconds until the oldest use in a rolling window leaves it (the
-    /// earliest anything frees up); absent for `session` and `run`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after: Option<u64>,
-}
+pub use crate::session::wire::Exceeded;
 
 impl Exceeded {
     /// Limit `limit` as `standing` found it at `now`.
@@ -51,7 +37,7 @@ impl Exceeded {
         };
         Exceeded {
             budget: limit.name.clone(),
-            meter: limit.meter.as_str().to_string(),
+            meter: limit.meter.into(),
             limit: limit.limit,
             used: standing.used,
             per: limit.per_text.clone(),
@@ -61,16 +47,16 @@ impl Exceeded {
 
     /// `budget daily-tokens is used up: 200412 of 200000 tokens per 24h`.
     pub fn detail(&self) -> String {
-        let amount = |x: f64| match self.meter.as_str() {
-            "cost" => format!("{x:.4}"),
-            _ => format!("{x:.0}"),
+        let amount = |x: f64| match self.meter {
+            BudgetMeter::Cost => format!("{x:.4}"),
+            BudgetMeter::Tokens | BudgetMeter::ToolCalls => format!("{x:.0}"),
         };
         let mut text = format!(
             "budget {} is used up: {} of {} {} per {}",
             self.budget,
             amount(self.used),
             amount(self.limit),
-            self.meter.replace('_', " "),
+            self.meter.as_str().replace('_', " "),
             self.per
         );
         if let Some(s) = self.retry_after {

@@ -18,3 +18,4 @@ pub mod service;
 pub mod store;
 pub mod usage;
 pub mod validate;
+pub mod wire;

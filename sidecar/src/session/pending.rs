@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::session::wire::{Outcome, PendingItem};
 use crate::tools::Disposition;
 
 /// What a session waits for, and the tokens already answered.
@@ -80,15 +81,10 @@ pub struct PendingCall {
     pub tainted_by: Vec<TaintSource>,
     /// A used-up `confirm` budget the run waits at (disposition `budget`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::session::ledger::Exceeded>,
+    pub budget: Option<crate::session::wire::Exceeded>,
 }
 
-/// A call whose untrusted result a session took in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaintSource {
-    pub tool_call_id: String,
-    pub tool: String,
-}
+pub use crate::session::wire::TaintSource;
 
 /// A helper run suspended at a pending call: the `prompt_agent_*` call
 /// that started it (in its caller's history) and its own history so far.
@@ -118,31 +114,25 @@ impl PendingCall {
     }
 
     /// The item as clients see it, without its token (events carry this;
-    /// the session view adds the token).
-    pub fn shown(&self) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "tool_call_id": self.id(),
-            "tool": self.tool,
-            "disposition": self.disposition.as_str(),
-            "call": self.call,
-        });
-        if !self.frames.is_empty() {
-            v["via"] = serde_json::json!(self.via());
+    /// the session view adds the token and when it expires).
+    pub fn shown(&self) -> PendingItem {
+        let asked = self.lookup.as_ref().map(|l| l.asked()).unwrap_or_default();
+        PendingItem {
+            tool_call_id: self.id(),
+            continuation_token: None,
+            tool: self.tool.clone(),
+            via: self.via(),
+            disposition: self.disposition,
+            call: self.call.clone(),
+            missing: asked.missing,
+            lookup: asked.lookup,
+            options: asked.options,
+            facts: asked.facts,
+            note: asked.note,
+            tainted_by: self.tainted_by.clone(),
+            expires_at: None,
+            budget: self.budget.clone(),
         }
-        if !self.tainted_by.is_empty() {
-            v["tainted_by"] = serde_json::json!(self.tainted_by);
-        }
-        if let Some(b) = &self.budget {
-            v["budget"] = serde_json::json!(b);
-        }
-        if let Some(l) = &self.lookup {
-            if let serde_json::Value::Object(m) = l.shown() {
-                for (k, x) in m {
-                    v[k] = x;
-                }
-            }
-        }
-        v
     }
 }
 
@@ -172,15 +162,15 @@ pub enum Resolution {
 }
 
 impl Resolution {
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Resolution::Result { .. } => "result",
-            Resolution::Approved => "approved",
-            Resolution::Chosen { .. } => "chosen",
-            Resolution::Input { .. } => "input",
-            Resolution::Rejected { .. } => "rejected",
-            Resolution::Expired => "expired",
-            Resolution::Cancelled => "cancelled",
+            Resolution::Result { .. } => Outcome::Result,
+            Resolution::Approved => Outcome::Approved,
+            Resolution::Chosen { .. } => Outcome::Chosen,
+            Resolution::Input { .. } => Outcome::Input,
+            Resolution::Rejected { .. } => Outcome::Rejected,
+            Resolution::Expired => Outcome::Expired,
+            Resolution::Cancelled => Outcome::Cancelled,
         }
     }
 
@@ -529,7 +519,7 @@ mod tests {
         assert_eq!(state.option_named("3"), None);
         assert_eq!(state.option_named("10"), None);
         // The real ids never show.
-        assert!(!state.shown().to_string().contains("real-"));
+        assert!(!format!("{:?}", state.asked()).contains("real-"));
     }
 
     fn call(id: &str, expires_at: Option<i64>) -> PendingCall {

@@ -22,6 +22,7 @@ use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
 use crate::session::ledger::{Exceeded, Gate, Ledger, Spent};
 use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
+use crate::session::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
 
@@ -99,8 +100,8 @@ pub trait RunSink: Send + Sync {
     fn delta(&self, text: &str);
 }
 
-/// Events for the session's stream: kind and data.
-pub type Events = Vec<(&'static str, serde_json::Value)>;
+/// Events for the session's stream.
+pub type Events = Vec<SessionEvent>;
 
 pub struct RunContext<'a> {
     pub agent: &'a LoadedAgent,
@@ -245,14 +246,16 @@ async fn run_inner(
             history.push(message.clone());
             let mut events = Events::new();
             if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
-                events.push(("message", json!({"role": "assistant", "content": text})));
+                events.push(SessionEvent::Message(AssistantText::new(text)));
             }
             for call in &response.tool_calls {
                 // The call as the model made it: bound values are merged later.
-                events.push((
-                    "tool_call",
-                    json!({"id": call.id, "name": call.name, "arguments": call.arguments}),
-                ));
+                events.push(SessionEvent::ToolCall(ToolCallEvent {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    caller: None,
+                }));
             }
             if response.tool_calls.is_empty() {
                 sink.answer(&message, events).await;
@@ -503,8 +506,12 @@ async fn record_result(
     };
     let msg = ChatMessage::tool_result(id, output.clone());
     history.push(msg.clone());
-    let event = json!({"id": id, "ok": ok, "output": output});
-    sink.turn(&msg, vec![("tool_result", event)]).await;
+    let event = SessionEvent::ToolResult(ToolResult {
+        id: id.to_string(),
+        ok,
+        output,
+    });
+    sink.turn(&msg, vec![event]).await;
 }
 
 /// Answer the calls a run stopped before, as they were resolved: an

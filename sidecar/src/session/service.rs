@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -30,6 +29,10 @@ use super::pending::{self, PendingCall};
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};
 use super::store::{Notice, Peer, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
+use super::wire::{
+    BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
+    ToolCallEvent,
+};
 use crate::bindings::cache::ToolCache;
 use crate::llm::{ChatClient, ChatMessage};
 use crate::metrics::{Metrics, RunOutcome, ToolCaller};

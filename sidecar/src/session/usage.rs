@@ -139,7 +139,7 @@ impl Group {
 }
 
 /// Sums of use.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Totals {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,

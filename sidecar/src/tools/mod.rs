@@ -83,7 +83,7 @@ pub struct ToolSpec {
 /// Why a tool call waits instead of running. More reasons may follow (an
 /// input the API owns, a selection); each one is a pending item with its
 /// own continuation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Disposition {
     /// The client runs the tool and posts its result.

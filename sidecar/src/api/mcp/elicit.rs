@@ -18,6 +18,8 @@ use serde_json::{json, Map, Value};
 
 use crate::session::ask::Reply;
 use crate::session::service::Answer;
+use crate::session::wire::PendingItem;
+use crate::tools::Disposition;
 
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 
@@ -32,7 +34,7 @@ pub fn supported(params: &Value) -> bool {
 
 /// The `input_required` result for a run that waits on `pending` (the
 /// items as the session API shows them to the owner, tokens included).
-pub fn input_required(session: &str, pending: &[Value]) -> Value {
+pub fn input_required(session: &str, pending: &[PendingItem]) -> Value {
     let mut requests = Map::new();
     let mut tokens = Map::new();
     for (i, item) in pending.iter().enumerate() {
@@ -44,8 +46,8 @@ pub fn input_required(session: &str, pending: &[Value]) -> Value {
         tokens.insert(
             key,
             json!({
-                "token": item["continuation_token"],
-                "disposition": item["disposition"],
+                "token": item.continuation_token,
+                "disposition": item.disposition,
             }),
         );
     }
@@ -58,21 +60,23 @@ pub fn input_required(session: &str, pending: &[Value]) -> Value {
 }
 
 /// One item's form: what the person decides, and on what facts.
-fn form(item: &Value) -> Value {
-    let tool = item["tool"].as_str().unwrap_or("a tool");
-    let call = &item["call"];
-    let (message, schema) = match item["disposition"].as_str() {
-        Some("needs_selection") => {
-            let options: Vec<Value> = item["options"]
-                .as_array()
-                .into_iter()
+fn form(item: &PendingItem) -> Value {
+    let tool = Some(item.tool.as_str())
+        .filter(|t| !t.is_empty())
+        .unwrap_or("a tool");
+    let call = &item.call;
+    let (message, schema) = match item.disposition {
+        Disposition::NeedsSelection => {
+            let options: Vec<Value> = item
+                .options
+                .iter()
                 .flatten()
-                .map(|o| json!({"const": o["id"], "title": o["label"]}))
+                .map(|o| json!({"const": o.id, "title": o.label}))
                 .collect();
             (
                 format!(
                     "`{tool}` needs a choice from `{}` before it runs.",
-                    item["lookup"].as_str().unwrap_or("a lookup")
+                    item.lookup.as_deref().unwrap_or("a lookup")
                 ),
                 json!({
                     "type": "object",
@@ -81,12 +85,10 @@ fn form(item: &Value) -> Value {
                 }),
             )
         }
-        Some("needs_input") => {
+        Disposition::NeedsInput => {
             let mut props = Map::new();
-            for name in item["missing"].as_array().into_iter().flatten() {
-                if let Some(n) = name.as_str() {
-                    props.insert(n.to_string(), json!({"type": "string", "title": n}));
-                }
+            for n in item.missing.iter().flatten() {
+                props.insert(n.to_string(), json!({"type": "string", "title": n}));
             }
             let required: Vec<Value> = props.keys().map(|k| json!(k)).collect();
             (
@@ -95,7 +97,7 @@ fn form(item: &Value) -> Value {
             )
         }
         _ => {
-            let facts = item.get("facts").filter(|f| !f.is_null());
+            let facts = item.facts.as_ref().filter(|f| !f.is_null());
             let mut message = format!("Approve this call of `{tool}`? Arguments: {call}");
             if let Some(f) = facts {
                 message.push_str(&format!(". Facts: {f}"));
@@ -202,11 +204,12 @@ fn answer(disposition: &str, response: &Value) -> Answer {
 mod tests {
     use super::*;
 
-    fn confirm_item() -> Value {
-        json!({
+    fn confirm_item() -> PendingItem {
+        serde_json::from_value(json!({
             "tool_call_id": "mcp-1", "tool": "bash_pay", "disposition": "confirm",
             "call": {"amount": 5}, "continuation_token": "ct_abc",
-        })
+        }))
+        .unwrap()
     }
 
     #[test]

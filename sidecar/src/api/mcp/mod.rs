@@ -545,9 +545,7 @@ fn result(who: &Who, answer: crate::session::ask::Answer, tool: bool) -> Value {
         answer.text
     } else {
         for item in &mut pending {
-            if let Value::Object(m) = item {
-                m.remove("continuation_token");
-            }
+            item.continuation_token = None;
         }
         format!(
             "The call waits for a person: the session's owner answers it (POST /v1/continuations/:token, with the token from GET /v1/sessions/{}), and the result is then in that session.",

@@ -327,16 +327,18 @@ impl Service {
     /// said on the session's stream and as a Warning Event on the tenant.
     async fn budget_crossed(&self, id: &str, agent: &str, limit: &Limit, used: f64, c: Crossing) {
         let (state, reason) = match c {
-            Crossing::Nearly => ("nearly_used", "BudgetNearlyUsed"),
-            Crossing::UsedUp => ("used_up", "BudgetUsedUp"),
+            Crossing::Nearly => (BudgetState::NearlyUsed, "BudgetNearlyUsed"),
+            Crossing::UsedUp => (BudgetState::UsedUp, "BudgetUsedUp"),
         };
-        self.emit(
-            id,
-            "budget",
-            json!({"budget": limit.name, "state": state, "used": used, "limit": limit.limit,
-                   "meter": limit.meter.as_str(), "per": limit.per_text}),
-        )
-        .await;
+        let event = BudgetEvent {
+            budget: limit.name.clone(),
+            state,
+            used,
+            limit: limit.limit,
+            meter: limit.meter.into(),
+            per: limit.per_text.clone(),
+        };
+        self.emit(id, SessionEvent::Budget(event)).await;
         if let Some(events) = self.kube_events.get() {
             let note = format!(
                 "budget {} of agent {agent} has used {} of {} {} per {} (session {id})",

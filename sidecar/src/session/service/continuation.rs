@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use serde_json::json;
-
 use super::{
     close_pending, constant_time_eq, now_ms, random_key, Live, Opening, RunMode, RunWait, Service,
     CANCELLED,
@@ -22,6 +20,9 @@ use crate::session::pending::{self, PendingCall, Resolution};
 use crate::session::runner;
 use crate::session::store::StoreError;
 use crate::session::validate::{Caller, Op};
+use crate::session::wire::{
+    Approval, Decider, Outcome, PendingItem, Resolved, RunFinished, SessionEvent,
+};
 use crate::tools::Disposition;
 
 /// An answer to a pending call (`POST /v1/continuations/:token`).
@@ -47,7 +48,7 @@ pub struct Answer {
     pub clear_taint: bool,
     /// Who decided, as the `resolved` event and the log record it, when it
     /// is not the caller's role (`webhook`: through a notice's answer URL).
-    pub by: Option<&'static str>,
+    pub by: Option<Decider>,
     pub mode: RunMode,
 }
 
@@ -150,17 +151,16 @@ impl Service {
 
     /// The open pending items as the API shows them, with their tokens
     /// (never a bound value).
-    pub fn pending_view(&self, rec: &SessionRecord) -> Vec<serde_json::Value> {
+    pub fn pending_view(&self, rec: &SessionRecord) -> Vec<PendingItem> {
         rec.pending
             .open()
-            .map(|i| {
-                let mut v = i.shown();
-                v["continuation_token"] = json!(self.token_of(&rec.id, i));
-                if let Some(t) = i.expires_at {
+            .map(|i| PendingItem {
+                continuation_token: Some(self.token_of(&rec.id, i)),
+                expires_at: i.expires_at.map(|t| {
                     let at = UNIX_EPOCH + Duration::from_millis(t.max(0) as u64);
-                    v["expires_at"] = json!(humantime::format_rfc3339_millis(at).to_string());
-                }
-                v
+                    humantime::format_rfc3339_millis(at).to_string()
+                }),
+                ..i.shown()
             })
             .collect()
     }
@@ -190,15 +190,14 @@ impl Service {
         // Without --public-url the links are relative (`/v1/approvals/…`):
         // the receiver knows where it reaches the tenant.
         let base = self.cfg.public_url.clone().unwrap_or_default();
-        let items: Vec<serde_json::Value> = self
-            .pending_view(rec)
-            .into_iter()
-            .filter(|i| {
-                i["disposition"] == Disposition::Confirm.as_str()
-                    || i["disposition"] == Disposition::NeedsConfirmation.as_str()
-            })
-            .collect();
+        let items = self.pending_view(rec).into_iter().filter(|i| {
+            matches!(
+                i.disposition,
+                Disposition::Confirm | Disposition::NeedsConfirmation
+            )
+        });
         for item in items {
+            let item = serde_json::to_value(&item).expect("a pending item is plain JSON");
             let (id, body) =
                 crate::session::notify::notice(&rec.id, &rec.agent, &item, &base, now_ms());
             let client = self.notices.clone();
@@ -280,16 +279,18 @@ impl Service {
     /// waits, as an approver sees it: the item as the session API shows it
     /// (its token included) with its session and agent, and nothing else
     /// of the conversation. Deferred calls wait for the client, not a person.
-    pub async fn approvals(&self) -> Result<Vec<serde_json::Value>, ServiceError> {
+    pub async fn approvals(&self) -> Result<Vec<Approval>, ServiceError> {
         let mut out = Vec::new();
         for rec in self.store.waiting().await? {
-            for mut item in self.pending_view(&rec) {
-                if item["disposition"] == Disposition::Deferred.as_str() {
+            for item in self.pending_view(&rec) {
+                if item.disposition == Disposition::Deferred {
                     continue;
                 }
-                item["session_id"] = json!(rec.id);
-                item["agent"] = json!(rec.agent);
-                out.push(item);
+                out.push(Approval {
+                    session_id: rec.id.clone(),
+                    agent: rec.agent.clone(),
+                    item,
+                });
             }
         }
         Ok(out)
@@ -322,20 +323,17 @@ impl Service {
             return Ok(false);
         };
         for call in closed {
-            self.emit(
-                id,
-                "resolved",
-                json!({"tool_call_id": call, "outcome": "cancelled"}),
-            )
-            .await;
+            let closed = Resolved::closed(call, Outcome::Cancelled);
+            self.emit(id, SessionEvent::Resolved(closed)).await;
         }
         self.metrics.run_finished(RunOutcome::Cancelled);
-        self.emit(
-            id,
-            "run_finished",
-            json!({"status": "cancelled", "session_status": "idle", "detail": "cancelled"}),
-        )
-        .await;
+        let finished = RunFinished {
+            status: RunOutcome::Cancelled,
+            detail: Some("cancelled".into()),
+            session_status: SessionStatus::Idle,
+            usage: Some(crate::session::usage::Totals::default()),
+        };
+        self.emit(id, SessionEvent::RunFinished(finished)).await;
         tracing::info!(session = id, "a waiting run was cancelled");
         Ok(true)
     }
@@ -518,15 +516,19 @@ impl Service {
         rec.updated_at = now_ms();
         self.store.update(&rec).await?;
         let by = answer.by.unwrap_or(match caller {
-            Caller::Approver => "approver",
-            _ => "owner",
+            Caller::Approver => Decider::Approver,
+            _ => Decider::Owner,
         });
-        let mut resolved = json!({"tool_call_id": item.id(), "tool": item.tool, "outcome": resolution.outcome(), "by": by});
-        if answer.clear_taint {
-            resolved["cleared_taint"] = json!(true);
-        }
-        self.emit(id, "resolved", resolved).await;
-        tracing::info!(session = id, tool = %item.tool, outcome = resolution.outcome(), by, "pending call answered");
+        let resolved = Resolved {
+            tool_call_id: item.id(),
+            tool: Some(item.tool.clone()),
+            outcome: resolution.outcome(),
+            by: Some(by),
+            cleared_taint: answer.clear_taint,
+        };
+        self.emit(id, SessionEvent::Resolved(resolved)).await;
+        let (outcome, by) = (resolution.outcome().as_str(), by.as_str());
+        tracing::info!(session = id, tool = %item.tool, outcome, by, "pending call answered");
         if !resume {
             return Ok(None);
         }
@@ -589,12 +591,8 @@ impl Service {
             Err(e) => return Err(e.into()),
         }
         for call in &expired {
-            self.emit(
-                id,
-                "resolved",
-                json!({"tool_call_id": call, "outcome": "expired"}),
-            )
-            .await;
+            let closed = Resolved::closed(call.clone(), Outcome::Expired);
+            self.emit(id, SessionEvent::Resolved(closed)).await;
         }
         tracing::info!(
             session = id,

@@ -317,7 +317,8 @@ impl Service {
             rec.updated_at = now_ms();
             self.store.update(&rec).await?;
             self.keep_secrets(id, &accepted.session);
-            self.emit(id, "params_changed", json!({"names": accepted.changed}))
+            let names = accepted.changed.clone();
+            self.emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))
                 .await;
         }
         Ok((accepted.message, rec))

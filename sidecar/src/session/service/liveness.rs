@@ -152,12 +152,14 @@ impl Service {
             }
             Err(e) => return Err(e.into()),
         }
-        self.emit(
-            &rec.id,
-            "run_finished",
-            json!({"status": "failed", "session_status": "failed", "detail": detail}),
-        )
-        .await;
+        let finished = RunFinished {
+            status: RunOutcome::Failed,
+            detail: Some(detail.to_string()),
+            session_status: SessionStatus::Failed,
+            usage: None,
+        };
+        self.emit(&rec.id, SessionEvent::RunFinished(finished))
+            .await;
         tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
         Ok(true)
     }

@@ -90,10 +90,16 @@ impl Service {
             self.refuse_if_spent(&agent, &rec, &run).await?;
             let mut events = Events::new();
             match &opening {
-                Opening::Resume => events.push(("run_started", json!({"prompt": null}))),
+                Opening::Resume => events.push(SessionEvent::RunStarted(RunStarted {
+                    prompt: None,
+                    caller: None,
+                })),
                 Opening::Prompt(p) => {
                     rec.turns.push(ChatMessage::user(p.clone()));
-                    events.push(("run_started", json!({"prompt": p})));
+                    events.push(SessionEvent::RunStarted(RunStarted {
+                        prompt: Some(p.clone()),
+                        caller: None,
+                    }));
                 }
                 Opening::Call(call) => {
                     // Stored with the run's start: the call is on record
@@ -102,12 +108,17 @@ impl Service {
                         content: None,
                         tool_calls: vec![call.clone()],
                     });
-                    let caller = ToolCaller::Mcp.as_str();
-                    events.push(("run_started", json!({"prompt": null, "caller": caller})));
-                    events.push((
-                        "tool_call",
-                        json!({"id": call.id, "name": call.name, "arguments": call.arguments, "caller": caller}),
-                    ));
+                    let caller = Some(ToolCaller::Mcp);
+                    events.push(SessionEvent::RunStarted(RunStarted {
+                        prompt: None,
+                        caller,
+                    }));
+                    events.push(SessionEvent::ToolCall(ToolCallEvent {
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        caller,
+                    }));
                 }
             }
             rec.status = SessionStatus::Running;
@@ -176,6 +187,7 @@ impl Service {
         });
         // Stored with the record that says it runs: one transaction.
         let at = rec.updated_at;
+        let event = encoded(&event);
         match self.store.update_with_events(&rec, &event, at).await {
             Ok(seqs) => {
                 *guard = Some(Box::new(rec));
@@ -351,14 +363,15 @@ impl Service {
         };
         if !waiting.is_empty() {
             // Without tokens: events are stored, tokens never are.
-            let items: Vec<_> = waiting.items.iter().map(PendingCall::shown).collect();
-            events.push(("pending", json!({"pending": items})));
+            let pending = waiting.items.iter().map(PendingCall::shown).collect();
+            events.push(SessionEvent::Pending(PendingEvent { pending }));
         }
-        events.push((
-            "run_finished",
-            json!({"status": outcome.as_str(), "session_status": status.as_str(), "detail": detail,
-                   "usage": usage}),
-        ));
+        events.push(SessionEvent::RunFinished(RunFinished {
+            status: outcome,
+            detail: detail.clone(),
+            session_status: status,
+            usage: Some(usage),
+        }));
         let waited = std::time::Instant::now();
         let written = if taken {
             RunWrite::Taken
@@ -418,8 +431,9 @@ impl Service {
         &self,
         id: &str,
         change: impl Fn(&mut SessionRecord),
-        events: &[(&'static str, serde_json::Value)],
+        events: &[SessionEvent],
     ) -> RunWrite {
+        let events = &encoded(events);
         let live = self.live(id);
         let mut written = live.lock.lock().await;
         // A record as last written is an extra attempt, not one of the three.
@@ -467,7 +481,7 @@ impl Service {
         &self,
         id: &str,
         msg: &ChatMessage,
-        events: &[(&'static str, serde_json::Value)],
+        events: &[SessionEvent],
     ) -> RunWrite {
         let written = self
             .write_run(id, |rec| rec.turns.push(msg.clone()), events)
@@ -478,8 +492,9 @@ impl Service {
         written
     }
 
-    pub(super) async fn emit(&self, id: &str, kind: &'static str, data: serde_json::Value) {
+    pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
         let at = now_ms();
+        let (kind, data) = (event.kind(), event.data());
         match self.store.append_event(id, kind, &data, at).await {
             Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
@@ -488,8 +503,8 @@ impl Service {
 
     /// Each of `events` stored on its own, then handed to subscribers.
     pub(super) async fn emit_all(&self, id: &str, events: Events) {
-        for (kind, data) in events {
-            self.emit(id, kind, data).await;
+        for event in events {
+            self.emit(id, event).await;
         }
     }
 
@@ -516,11 +531,7 @@ impl Service {
 }
 
 /// `events` as stored with `seqs` at `at`.
-fn stored_events(
-    seqs: Vec<i64>,
-    events: &[(&str, serde_json::Value)],
-    at: i64,
-) -> Vec<EventRecord> {
+fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<EventRecord> {
     seqs.into_iter()
         .zip(events)
         .map(|(seq, (kind, data))| EventRecord {
@@ -530,6 +541,15 @@ fn stored_events(
             at,
         })
         .collect()
+}
+
+/// An event as the store keeps it: its kind and its data as JSON. Stored
+/// events are read back in this form (never as [`SessionEvent`]), so a row
+/// written by an older or newer server still reads and streams as it was.
+type Encoded = (&'static str, serde_json::Value);
+
+fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
+    events.iter().map(|e| (e.kind(), e.data())).collect()
 }
 
 /// The conversation a run goes on from, and where its taint counts from

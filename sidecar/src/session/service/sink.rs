@@ -267,9 +267,14 @@ mod tests {
         let blocker = rusqlite::Connection::open(&path).unwrap();
         blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
         let result = ChatMessage::tool_result("c1", "done");
-        let data = json!({"id": "c1", "ok": true, "output": "done"});
+        let data = crate::session::wire::ToolResult {
+            id: "c1".into(),
+            ok: true,
+            output: "done".into(),
+        };
         // Returns at once: the write waits for the lock, the run does not.
-        sink.turn(&result, vec![("tool_result", data)]).await;
+        sink.turn(&result, vec![SessionEvent::ToolResult(data)])
+            .await;
         sink.delta("the next");
         assert!(
             events.recv().now_or_never().is_none(),
