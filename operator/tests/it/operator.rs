@@ -19,11 +19,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::plane;
 use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::control_plane::{ControlPlane, Identity, ADMIN};
+use bindery_tests::eventually::eventually_or;
 use bindery_tests::helm::Render;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -40,7 +41,6 @@ use serde_json::{json, Value};
 /// Bound on every wait for the operator (reconciles take a fraction of a
 /// second; tests share two cores, and the control plane with each other).
 const WAIT: Duration = Duration::from_secs(60);
-const POLL: Duration = Duration::from_millis(100);
 /// A Secret value that must never leave its Secret.
 const CANARY: &str = "canary-7f3a9c";
 const EXAMPLES: [&str; 4] = [
@@ -188,19 +188,12 @@ impl Cluster {
     /// Poll `probe` until it gives `Ok`, at most [`WAIT`]; otherwise panic
     /// with what it last saw (its `Err`) and the logs.
     async fn wait<T>(&self, what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match probe().await {
-                Ok(v) => return v,
-                Err(seen) if Instant::now() >= deadline => {
-                    panic!(
-                        "waited {WAIT:?} for {what}; last seen: {seen}\n{}",
-                        self.logs()
-                    )
-                }
-                Err(_) => tokio::time::sleep(POLL).await,
-            }
-        }
+        eventually_or(what, WAIT, async || {
+            probe()
+                .await
+                .map_err(|seen| format!("{seen}\n{}", self.logs()))
+        })
+        .await
     }
 
     /// Wait until the tenant `name` satisfies `ok`; return it.

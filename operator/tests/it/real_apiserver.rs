@@ -12,11 +12,12 @@
 //! takes them with it.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::plane;
 use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::control_plane::{ControlPlane, ADMIN, OPERATOR_ACCOUNT, OPERATOR_NAMESPACE};
+use bindery_tests::eventually::{eventually, eventually_or};
 use bindery_tests::helm::{documents, Render};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -29,7 +30,6 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(60);
-const POLL: Duration = Duration::from_millis(100);
 
 fn repo(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -577,17 +577,18 @@ async fn the_operator_chart_rbac_lets_its_account_list_and_watch_and_the_audit_s
     let agents = Api::<Agent>::namespaced(operator.clone(), ns);
     let tenants = Api::<AgentTenant>::namespaced(operator.clone(), ns);
     // RBAC is evaluated as bindings land: wait until the account may list.
-    let deadline = Instant::now() + WAIT;
-    while let Err(e) = Api::<Agent>::all(operator.clone())
-        .list(&Default::default())
-        .await
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the operator still cannot list Agents: {e}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+    eventually_or(
+        "the operator to be allowed to list Agents",
+        WAIT,
+        async || {
+            Api::<Agent>::all(operator.clone())
+                .list(&Default::default())
+                .await
+                .map(drop)
+                .map_err(|e| format!("the operator still cannot list Agents: {e}"))
+        },
+    )
+    .await;
     tenants
         .list(&Default::default())
         .await
@@ -664,47 +665,37 @@ async fn the_operator_chart_rbac_lets_its_account_list_and_watch_and_the_audit_s
         ("delete", "secrets", "forbid"),
         ("get", "agents", "forbid"),
     ];
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let audit = plane.audit();
-        let missing: Vec<_> = want
-            .iter()
-            .filter(|(verb, resource, decision)| {
-                !audit.iter().any(|e| {
-                    e["user"]["username"] == account.as_str()
-                        && e["verb"] == *verb
-                        && e["objectRef"]["resource"] == *resource
-                        && e["objectRef"]["namespace"] == ns
-                        && e["annotations"]["authorization.k8s.io/decision"] == *decision
-                        && e["level"] == "Metadata"
-                })
-            })
-            .collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the audit log lacks {missing:?}; the account's entries:\n{:#?}",
-            audit
+    eventually_or(
+        "the account's requests in the audit log",
+        WAIT,
+        async || {
+            let audit = plane.audit();
+            let missing: Vec<_> = want
                 .iter()
-                .filter(|e| e["user"]["username"] == account.as_str())
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Poll `probe` until it gives `Some`, at most [`WAIT`].
-async fn wait_for<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(t) = probe().await {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "waited {WAIT:?} for {what}");
-        tokio::time::sleep(POLL).await;
-    }
+                .filter(|(verb, resource, decision)| {
+                    !audit.iter().any(|e| {
+                        e["user"]["username"] == account.as_str()
+                            && e["verb"] == *verb
+                            && e["objectRef"]["resource"] == *resource
+                            && e["objectRef"]["namespace"] == ns
+                            && e["annotations"]["authorization.k8s.io/decision"] == *decision
+                            && e["level"] == "Metadata"
+                    })
+                })
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            Err(format!(
+                "the audit log lacks {missing:?}; the account's entries:\n{:#?}",
+                audit
+                    .iter()
+                    .filter(|e| e["user"]["username"] == account.as_str())
+                    .collect::<Vec<_>>()
+            ))
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -738,14 +729,14 @@ async fn the_controller_manager_rolls_out_a_deployment_and_collects_its_garbage(
     // The deployment controller makes a ReplicaSet; the replicaset
     // controller a Pod (Pending: no scheduler, no kubelet), once the
     // serviceaccount controller has made the namespace's `default`.
-    let rs = wait_for("the Deployment's ReplicaSet", async || {
+    let rs = eventually("the Deployment's ReplicaSet", WAIT, async || {
         let list = replica_sets.list(&ListParams::default()).await.unwrap();
         list.items
             .into_iter()
             .find(|rs| owned_by(rs.owner_references(), created.uid().as_deref().unwrap()))
     })
     .await;
-    let pod = wait_for("the ReplicaSet's Pod", async || {
+    let pod = eventually("the ReplicaSet's Pod", WAIT, async || {
         let list = pods.list(&ListParams::default()).await.unwrap();
         list.items
             .into_iter()
@@ -766,8 +757,9 @@ async fn the_controller_manager_rolls_out_a_deployment_and_collects_its_garbage(
         )
         .await
         .unwrap();
-    wait_for(
+    eventually(
         "the garbage collector to delete the ReplicaSet and its Pod",
+        WAIT,
         async || {
             let sets = replica_sets.list(&ListParams::default()).await.unwrap();
             let left = pods.list(&ListParams::default()).await.unwrap();

@@ -6,9 +6,10 @@
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
+use bindery_tests::eventually::until_blocking;
 use bindery_tests::mock_llm::{tool_names, tool_results, tool_schema, MockLlm, MockReply};
 use serde_json::{json, Value};
 
@@ -87,19 +88,6 @@ fn script(req: &Value) -> MockReply {
         1 => MockReply::tool_call("mcp_everything_get-env", json!({})),
         2 => MockReply::tool_call("mcp_everything_get-sum", json!({"a": 2, "b": 40})),
         _ => MockReply::text(format!("done: {}", results.join(" | "))),
-    }
-}
-
-/// Wait until `cond` holds, failing with `what` after a generous bound;
-/// for code that cannot await (a server's constructor), else [`until`].
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -303,12 +291,18 @@ impl HttpServer {
             .spawn()
             .expect("server-everything starts");
         let mut server = HttpServer { child, port };
-        wait_for("server-everything to listen", || {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("server-everything exited: {status}");
-            }
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        // A constructor cannot await: the blocking wait, with the generous
+        // bound it always had (node starting on a busy machine).
+        until_blocking(
+            "server-everything to listen",
+            Duration::from_secs(60),
+            || {
+                if let Ok(Some(status)) = server.child.try_wait() {
+                    panic!("server-everything exited: {status}");
+                }
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            },
+        );
         server
     }
 }

@@ -24,6 +24,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use bindery_tests::control_plane::{Audited, ControlPlane, Identity, ADMIN};
+use bindery_tests::eventually::{eventually_or, eventually_or_blocking};
 use bindery_tests::helm::{
     both, documents, id, kubernetes_validate, operator_binary, repo_path, repo_root, Render,
 };
@@ -1323,27 +1324,36 @@ impl Operator {
     }
 
     fn logs(&self) -> String {
-        format!(
-            "{}{}",
-            self.stdout.lock().unwrap(),
-            std::fs::read_to_string(&self.stderr).unwrap_or_default()
-        )
+        logs_of(&self.stdout, &self.stderr)
     }
 
-    /// SIGTERM; the exit status once it stopped (bounded).
-    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+    /// SIGTERM; the exit status once it stopped (within 30 s, or a panic
+    /// with its logs).
+    fn stop(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        eventually_or_blocking(
+            "the operator to exit on SIGTERM",
+            Duration::from_secs(30),
+            || match self.child.try_wait() {
+                Ok(Some(status)) => Ok(status),
+                other => Err(format!(
+                    "{other:?}\n{}",
+                    logs_of(&self.stdout, &self.stderr)
+                )),
+            },
+        )
     }
+}
+
+/// The operator's stdout so far, then its stderr.
+fn logs_of(stdout: &std::sync::Mutex<String>, stderr: &Path) -> String {
+    format!(
+        "{}{}",
+        stdout.lock().unwrap(),
+        std::fs::read_to_string(stderr).unwrap_or_default()
+    )
 }
 
 impl Drop for Operator {
@@ -1662,17 +1672,16 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         }
     }
 
-    // Until `ok` holds (asked every 100 ms, at most 90 s).
+    // Until `ok` holds (at most 90 s; else a panic with the operator's
+    // logs).
     let wait_until = |what: &str, ok: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        while !ok() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited for {what}\n{}",
-                op.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually_or_blocking(what, Duration::from_secs(90), || {
+            if ok() {
+                Ok(())
+            } else {
+                Err(op.logs())
+            }
+        })
     };
 
     // hooli's agent drops its webhook: its Role and RoleBinding go (the
@@ -1775,7 +1784,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     // label, once it has applied what the tenant wants (acme's: globex
     // lacks its Secret now, so nothing of it is applied).
     let stopped = op.stop();
-    assert!(stopped.is_some_and(|s| s.success()), "{stopped:?}");
+    assert!(stopped.success(), "{stopped:?}");
     let tenant = kubectl_json(&emu, &["get", "-n", ns, "agenttenant", "acme"]);
     let uid = tenant["metadata"]["uid"].as_str().unwrap();
     let meta = format!(
@@ -1806,19 +1815,15 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
         "role",
         "rolebinding",
     ] {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        while emu
-            .kubectl(&["get", "-n", ns, kind, "acme-v0"])
-            .status
-            .success()
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited for {kind} acme-v0 to be deleted\n{}",
-                op.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("{kind} acme-v0 to be deleted");
+        eventually_or_blocking(&what, Duration::from_secs(90), || {
+            let got = emu.kubectl(&["get", "-n", ns, kind, "acme-v0"]);
+            if got.status.success() {
+                Err(op.logs())
+            } else {
+                Ok(())
+            }
+        });
     }
 
     // The chart grants exactly what the operator asked for in this run,
@@ -1893,7 +1898,7 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
 
     let stopped = op.stop();
     assert!(
-        stopped.is_some_and(|s| s.success()),
+        stopped.success(),
         "the operator on SIGTERM: {stopped:?}\n{}",
         op.logs()
     );
@@ -2144,17 +2149,17 @@ fn tenant_access(emu: &Cluster, ns: &str, tenant: &str) -> (String, String) {
     (base, owner)
 }
 
-/// Poll `ok` (a blocking check) until it holds, at most 120 s.
-async fn eventually(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "waited for {what}\n{}",
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// Poll `ok` (a blocking check) until it holds, at most 120 s; else a
+/// panic with `logs`.
+async fn until_or_logs(what: &str, logs: impl Fn() -> String, mut ok: impl FnMut() -> bool) {
+    eventually_or(what, Duration::from_secs(120), async || {
+        if ok() {
+            Ok(())
+        } else {
+            Err(logs())
+        }
+    })
+    .await
 }
 
 /// One session through the tenant's Service: its tool result and answer.
@@ -2371,7 +2376,7 @@ async fn the_platform_teams_path_end_to_end() {
     args.extend(["--wait", "--timeout", RECONCILE_TIMEOUT].map(String::from));
     let out = helm_ok(&emu, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.contains("has been upgraded"), "{out}");
-    eventually(
+    until_or_logs(
         "the pods to roll to the new value",
         || op.logs(),
         || {
@@ -2391,7 +2396,7 @@ async fn the_platform_teams_path_end_to_end() {
     // 5. Rotate the Secret: the pods roll, the new value reaches the tool.
     let pods_before = kubectl(&emu, &["get", "-n", ns, "pods", "-o", "name"]);
     apply(&emu, &billing(ROTATED));
-    eventually(
+    until_or_logs(
         "the pods to roll",
         || op.logs(),
         || {
@@ -2489,7 +2494,7 @@ async fn the_platform_teams_path_end_to_end() {
         ],
     );
     assert!(out.contains("release \"acme\" uninstalled"), "{out}");
-    eventually(
+    until_or_logs(
         "everything acme owned to be gone",
         || op.logs(),
         || {
@@ -2721,7 +2726,7 @@ async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let session = r.json["session_id"].as_str().unwrap().to_string();
-    eventually(
+    until_or_logs(
         "the notice at the receiver",
         || op.logs(),
         || !notices.lock().unwrap().is_empty(),
@@ -2769,7 +2774,7 @@ async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
         }
         logs
     };
-    eventually("an ApprovalNoticeFailed Event", pod_logs, || {
+    until_or_logs("an ApprovalNoticeFailed Event", pod_logs, || {
         !failed().is_empty()
     })
     .await;
@@ -2882,7 +2887,7 @@ async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
 
     // The webhook goes: so do the Role, the RoleBinding and the token.
     apply_invoices_agent(&emu, &llm.url(), with_webhook(false));
-    eventually(
+    until_or_logs(
         "acme's pods to roll without the token, and its RBAC to go",
         || op.logs(),
         || {
@@ -2960,7 +2965,7 @@ async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reach
         .unwrap();
     apply(&emu, &tenant_yaml);
     wait_for(&emu, &op, "acme", "condition=Ready=True");
-    eventually(
+    until_or_logs(
         "both pods ready",
         || emu.logs(),
         || {
@@ -3026,7 +3031,7 @@ async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reach
 
     // The pods stop with their tenant, before the database does.
     kubectl(&emu, &["delete", "-n", ns, "agenttenant", "acme"]);
-    eventually(
+    until_or_logs(
         "acme's pods to stop",
         || op.logs(),
         || {
@@ -3144,7 +3149,7 @@ async fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_i
     };
     // Written when the budget is used up, and again after the run (its
     // tool call counted).
-    eventually(
+    until_or_logs(
         "the pods' budget rows on the tenant's status",
         pod_logs,
         || {
@@ -3176,7 +3181,7 @@ async fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_i
         .expect("the Agent's own budget is kept");
     assert_eq!(calls["limit"].as_f64(), Some(100.0), "{rows:#}");
     assert_eq!(calls["used"].as_f64(), Some(1.0), "{rows:#}");
-    eventually("a BudgetUsedUp Event", pod_logs, || {
+    until_or_logs("a BudgetUsedUp Event", pod_logs, || {
         kubectl_json(&emu, &["get", "-n", ns, "events.events.k8s.io"])["items"]
             .as_array()
             .unwrap()

@@ -7,9 +7,10 @@
 //! `KUBERNETES_SERVICE_PORT` say, checking it with the CA of
 //! `kube-root-ca.crt`, as its projected ServiceAccount token.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bindery_tests::control_plane::{ControlPlane, ADMIN};
+use bindery_tests::eventually::eventually_or;
 use bindery_tests::kubelet::Kubelet;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -18,17 +19,6 @@ use kube::Api;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-async fn wait<T>(what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(seen) if Instant::now() >= deadline => panic!("waited for {what}; last: {seen}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
 
 fn program(name: &str) -> std::path::PathBuf {
     bindery_tests::on_path(name).unwrap_or_else(|| panic!("{name} is not on PATH"))
@@ -94,7 +84,7 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
     plane.kubectl_ok(ADMIN, &["apply", "-f", file.to_str().unwrap()]);
 
     // The real controllers count the Pods the kubelet runs ready.
-    wait("the Deployment's two replicas ready", async || {
+    eventually_or("the Deployment's two replicas ready", WAIT, async || {
         let d = deployments.get("web").await.map_err(|e| e.to_string())?;
         let ready = d.status.as_ref().and_then(|s| s.ready_replicas);
         if ready == Some(2) {
@@ -112,7 +102,7 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
         Err(format!("{:?}\npods: {seen:#?}", d.status))
     })
     .await;
-    let address = wait("the Service's address", async || {
+    let address = eventually_or("the Service's address", WAIT, async || {
         kubelet
             .service_address(ns, "web")
             .ok_or_else(|| "none yet".to_string())
@@ -137,7 +127,7 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &lookup).await.unwrap();
-    wait("the lookup Pod to succeed", async || {
+    eventually_or("the lookup Pod to succeed", WAIT, async || {
         let p = pods.get("lookup").await.map_err(|e| e.to_string())?;
         match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Succeeded") => Ok(()),
@@ -163,7 +153,7 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &failing).await.unwrap();
-    wait("the failing Pod to fail", async || {
+    eventually_or("the failing Pod to fail", WAIT, async || {
         let p = pods.get("failing").await.map_err(|e| e.to_string())?;
         let status = p.status.clone().unwrap_or_default();
         let code = status
@@ -184,7 +174,7 @@ async fn pods_run_become_ready_and_are_reached_through_their_service() {
         .delete("web", &DeleteParams::foreground())
         .await
         .unwrap();
-    wait("the web Pods to be gone", async || {
+    eventually_or("the web Pods to be gone", WAIT, async || {
         let left = pods
             .list(&ListParams::default().labels("app=web"))
             .await
@@ -230,8 +220,9 @@ async fn containers_reach_the_api_server_with_the_published_ca_as_their_account(
     let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns);
     // Published by the controller manager in every namespace, as is the
     // namespace's `default` ServiceAccount.
-    let ca = wait(
+    let ca = eventually_or(
         "kube-root-ca.crt in the namespace",
+        WAIT,
         async || match config_maps.get_opt("kube-root-ca.crt").await {
             Ok(Some(c)) => c
                 .data
@@ -244,11 +235,12 @@ async fn containers_reach_the_api_server_with_the_published_ca_as_their_account(
     .await;
     let accounts =
         Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), ns);
-    wait("the default ServiceAccount", async || {
-        match accounts.get_opt("default").await {
-            Ok(Some(_)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
+    eventually_or("the default ServiceAccount", WAIT, async || match accounts
+        .get_opt("default")
+        .await
+    {
+        Ok(Some(_)) => Ok(()),
+        other => Err(format!("{other:?}")),
     })
     .await;
     let dir_in_pod = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -281,7 +273,7 @@ echo "namespace=$(cat {dir_in_pod}/namespace)""#
     .unwrap();
     pods.create(&PostParams::default(), &who).await.unwrap();
     let log_file = dir.path().join("pods").join(ns).join("who").join("who.log");
-    wait("the Pod to succeed", async || {
+    eventually_or("the Pod to succeed", WAIT, async || {
         let p = pods.get("who").await.map_err(|e| e.to_string())?;
         match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
             Some("Succeeded") => Ok(()),

@@ -6,6 +6,7 @@ use bindery_sidecar::llm::{
     ChatClient, ChatMessage, ChatRequest, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
 };
 use bindery_sidecar::params::SecretString;
+use bindery_tests::eventually::{eventually_or, PATIENCE};
 use bindery_tests::mock_llm::{last_message, tool_names, tool_schema, Gate, MockLlm, MockReply};
 use serde_json::json;
 
@@ -101,15 +102,28 @@ async fn a_held_reply_waits_for_its_gate() {
     // The request arrives and stays unanswered until the gate opens: the
     // client is still waiting a round after the mock has it.
     let mut rounds_since_arrival = 0;
-    while rounds_since_arrival < 2 {
-        tokio::select! {
-            r = &mut pending => panic!("answered before the gate opened: {r:?}"),
-            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-        }
-        if llm.request_count() == 1 {
-            rounds_since_arrival += 1;
-        }
-    }
+    eventually_or(
+        "two rounds after the request arrives",
+        PATIENCE,
+        async || {
+            tokio::select! {
+                r = &mut pending => panic!("answered before the gate opened: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            if llm.request_count() == 1 {
+                rounds_since_arrival += 1;
+            }
+            if rounds_since_arrival == 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} requests, {rounds_since_arrival} rounds since",
+                    llm.request_count()
+                ))
+            }
+        },
+    )
+    .await;
     gate.open();
     let response = pending.await.unwrap();
     assert_eq!(response.content.as_deref(), Some("let go"));
