@@ -287,6 +287,7 @@ fn yes() -> bool {
 
 /// Who may supply a parameter's value, and for how long it lasts.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum Scope {
     /// Only the operator, when the process starts.

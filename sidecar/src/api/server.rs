@@ -24,14 +24,15 @@ use utoipa_axum::routes;
 
 use super::auth::Door;
 use super::openapi::{
-    AgentList, AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest,
-    Health, NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
-    SessionList, SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST,
-    INVALID_PARAMS,
+    AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest, Health,
+    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
+    SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
 use super::peers::Incoming;
 use super::state::AppState;
-use super::views::{agent_view, session_summary, session_view, AgentView, SessionView};
+use super::views::{
+    agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
+};
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
 use crate::session::validate::Caller;
@@ -325,7 +326,7 @@ async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiR
         .into_iter()
         .map(|(a, source)| agent_view(&a, source))
         .collect();
-    Ok(Json(json!({"agents": agents})).into_response())
+    Ok(Json(AgentList { agents }).into_response())
 }
 
 /// One agent
@@ -531,7 +532,7 @@ async fn view(
 )]
 async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
     s.caller(&headers, None, Door::OwnerOnly).await?;
-    let list: Vec<_> = s
+    let sessions: Vec<_> = s
         .service
         .store()
         .list()
@@ -539,7 +540,7 @@ async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Ap
         .iter()
         .map(session_summary)
         .collect();
-    Ok(Json(json!({"sessions": list})).into_response())
+    Ok(Json(SessionList { sessions }).into_response())
 }
 
 /// One session

@@ -4,7 +4,6 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::openapi::Scope;
 use crate::llm::ChatMessage;
 use crate::params::ParamStatus;
 use crate::session::model::{SessionRecord, SessionStatus};
@@ -65,14 +64,26 @@ pub struct BudgetView {
     pub on_exceed: &'static str,
 }
 
+/// `GET /v1/agents`.
+#[derive(Serialize, ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<AgentView>,
+}
+
+/// `GET /v1/sessions`.
+#[derive(Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionSummary>,
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct ParameterView {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
     pub description: Option<String>,
-    #[schema(value_type = Scope)]
-    pub scope: &'static str,
+    /// Who sets it: the server (process), a session, or each message.
+    pub scope: crate::spec::Scope,
     pub secret: bool,
     pub required: bool,
     /// A value is bound at process level.
@@ -86,7 +97,7 @@ impl From<ParamStatus> for ParameterView {
         ParameterView {
             name: s.name,
             description: s.description,
-            scope: s.scope.as_str(),
+            scope: s.scope,
             secret: s.secret,
             required: s.required,
             bound: s.bound,

@@ -14,6 +14,7 @@ pub mod elicit;
 pub mod exposed;
 pub mod jsonrpc;
 pub mod params;
+pub mod schema;
 pub mod stateless;
 pub mod tools;
 
@@ -28,10 +29,10 @@ use serde_json::{json, Value};
 
 use self::jsonrpc::{classify, response, Incoming, RpcError};
 use super::auth::Door;
-use super::openapi::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
 use super::state::AppState;
 use crate::session::error::ServiceError;
 use crate::session::validate::Caller;
+use schema::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
 
 /// The protocol versions served, oldest first. All use Streamable HTTP;
 /// 2024-11-05's HTTP+SSE transport is not served. The last one has no
