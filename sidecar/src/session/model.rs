@@ -103,7 +103,13 @@ pub struct SessionRecord {
     /// Bumped on every update; the store refuses a stale write.
     pub version: i64,
     /// The conversation as the model made it: bound values never appear.
+    /// It only grows: a write appends, it never rewrites a turn.
     pub turns: Vec<ChatMessage>,
+    /// How many of `turns` the store holds (the store sets it when it
+    /// reads or writes the record): a write stores only the ones after
+    /// them, and is refused as a conflict if the store holds another
+    /// number.
+    pub stored_turns: usize,
     pub params: StoredParams,
     pub security: Security,
     pub forked_from: Option<String>,

@@ -52,7 +52,7 @@ impl Service {
                 rec.cancel_requested = true;
                 rec.version += 1;
                 rec.updated_at = now_ms();
-                match self.store.update(&rec).await {
+                match self.store.update(&mut rec).await {
                     Ok(()) => return Ok(rec.runner),
                     Err(StoreError::Conflict(_)) => continue,
                     Err(e) => return Err(e.into()),

@@ -261,7 +261,10 @@ impl Service {
             ));
             rec.version += 1;
             rec.updated_at = now_ms();
-            self.store.update(&rec).await.map_err(ServiceError::from)
+            self.store
+                .update(&mut rec)
+                .await
+                .map_err(ServiceError::from)
         }
         .await;
         drop(live);
@@ -313,7 +316,7 @@ impl Service {
             rec.status_detail = Some("cancelled".into());
             rec.version += 1;
             rec.updated_at = now_ms();
-            self.store.update(&rec).await?;
+            self.store.update(&mut rec).await?;
             Ok::<_, ServiceError>(Some(closed))
         }
         .await;
@@ -514,7 +517,7 @@ impl Service {
         });
         rec.version += 1;
         rec.updated_at = now_ms();
-        self.store.update(&rec).await?;
+        self.store.update(&mut rec).await?;
         let by = answer.by.unwrap_or(match caller {
             Caller::Approver => Decider::Approver,
             _ => Decider::Owner,
@@ -584,7 +587,7 @@ impl Service {
         rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
         rec.updated_at = now_ms();
-        match self.store.update(&rec).await {
+        match self.store.update(&mut rec).await {
             Ok(()) => {}
             // Another server closed them first.
             Err(StoreError::Conflict(_)) => return Ok(false),

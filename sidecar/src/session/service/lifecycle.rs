@@ -94,7 +94,7 @@ impl Service {
         };
         let now = now_ms();
         let holder = self.holder_of(None, &accepted.session);
-        let rec = SessionRecord {
+        let mut rec = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name,
             status: SessionStatus::Idle,
@@ -103,6 +103,7 @@ impl Service {
             updated_at: now,
             version: 1,
             turns,
+            stored_turns: 0,
             params: StoredParams::from_values(&accepted.session),
             security: crate::session::model::Security {
                 sealed: req.seal,
@@ -119,7 +120,7 @@ impl Service {
             pending: Default::default(),
             holder,
         };
-        self.store.create(&rec).await?;
+        self.store.create(&mut rec).await?;
         self.keep_secrets(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match (req.call, req.prompt) {
@@ -315,7 +316,7 @@ impl Service {
             rec.holder = self.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;
             rec.updated_at = now_ms();
-            self.store.update(&rec).await?;
+            self.store.update(&mut rec).await?;
             self.keep_secrets(id, &accepted.session);
             let names = accepted.changed.clone();
             self.emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))

@@ -144,7 +144,7 @@ impl Service {
         rec.status_detail = Some(detail.into());
         rec.version += 1;
         rec.updated_at = now_ms();
-        match self.store.update(&rec).await {
+        match self.store.update(&mut rec).await {
             Ok(()) => {}
             Err(StoreError::Conflict(_)) => {
                 tracing::debug!(session = %rec.id, "a lost run changed meanwhile: left to whoever changed it");

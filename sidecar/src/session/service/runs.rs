@@ -130,7 +130,7 @@ impl Service {
             Ok::<_, ServiceError>((rec, resolved, agent, mode, events, run))
         }
         .await;
-        let (rec, resolved, agent, mode, event, run) = match prepared {
+        let (mut rec, resolved, agent, mode, event, run) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -188,7 +188,7 @@ impl Service {
         // Stored with the record that says it runs: one transaction.
         let at = rec.updated_at;
         let event = encoded(&event);
-        match self.store.update_with_events(&rec, &event, at).await {
+        match self.store.update_with_events(&mut rec, &event, at).await {
             Ok(seqs) => {
                 *guard = Some(Box::new(rec));
                 drop(guard);
@@ -459,7 +459,7 @@ impl Service {
             rec.version += 1;
             let at = now_ms();
             rec.updated_at = at;
-            match self.store.update_with_events(&rec, events, at).await {
+            match self.store.update_with_events(&mut rec, events, at).await {
                 Ok(seqs) => {
                     let stored = stored_events(seqs, events, at);
                     if rec.status == SessionStatus::Running {

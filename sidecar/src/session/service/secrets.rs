@@ -154,7 +154,7 @@ impl Service {
                 }
                 rec.holder = None;
                 rec.version += 1;
-                match this.store.update(&rec).await {
+                match this.store.update(&mut rec).await {
                     Err(StoreError::Conflict(_)) => continue,
                     Err(e) => {
                         tracing::warn!(session = %id, "cannot clear the holder of its secret values: {e}");

@@ -234,7 +234,7 @@ mod tests {
         let mut rec = record("s", 1);
         rec.status = SessionStatus::Running;
         rec.runner = Some(service.instance.clone());
-        store.create(&rec).await.unwrap();
+        store.create(&mut rec).await.unwrap();
         (dir, path, service)
     }
 
@@ -301,7 +301,7 @@ mod tests {
         closed.status = SessionStatus::Failed;
         closed.runner = None;
         closed.version += 1;
-        service.store.update(&closed).await.unwrap();
+        service.store.update(&mut closed).await.unwrap();
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
 

@@ -17,7 +17,7 @@ impl Service {
             rec.security.token_digests.clear();
             rec.version += 1;
             rec.updated_at = now_ms();
-            self.store.update(&rec).await?;
+            self.store.update(&mut rec).await?;
             let ended = live.events.end_token_streams();
             if ended > 0 {
                 tracing::info!(

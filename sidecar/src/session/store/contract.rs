@@ -39,6 +39,7 @@ macro_rules! store_contract {
             case!(create_then_get_returns_the_same_record);
             case!(create_refuses_an_existing_id);
             case!(update_needs_the_next_version);
+            case!(turns_are_appended_and_a_write_from_a_stale_count_is_refused);
             case!(update_of_an_unknown_session_is_not_found);
             case!(list_is_newest_first_then_by_id);
             case!(events_are_numbered_per_session_and_read_in_order);
@@ -70,6 +71,7 @@ pub fn record(id: &str, created_at: i64) -> SessionRecord {
         updated_at: created_at,
         version: 1,
         turns: Vec::new(),
+        stored_turns: 0,
         params: StoredParams::default(),
         security: Security::default(),
         forked_from: None,
@@ -107,6 +109,7 @@ pub fn full_record() -> SessionRecord {
             ChatMessage::tool_result("call_1", "hello"),
             ChatMessage::assistant("It says hello."),
         ],
+        stored_turns: 0,
         params: StoredParams::from_values(&values),
         security: Security {
             sealed: true,
@@ -171,19 +174,55 @@ pub fn full_record() -> SessionRecord {
     }
 }
 
+/// A write appends the turns after those the store holds, and never
+/// rewrites one: a record that miscounts them is a conflict, like a stale
+/// version, so its writer reads the session again.
+pub async fn turns_are_appended_and_a_write_from_a_stale_count_is_refused(
+    store: Arc<dyn SessionStore>,
+) {
+    let mut rec = full_record();
+    let n = rec.turns.len();
+    store.create(&mut rec).await.unwrap();
+    assert_eq!(rec.stored_turns, n);
+    let mut read = store.get(&rec.id).await.unwrap().unwrap();
+    assert_eq!(read.stored_turns, n);
+    read.turns.push(ChatMessage::user("and b.txt?"));
+    read.version += 1;
+    store.update(&mut read).await.unwrap();
+    assert_eq!(read.stored_turns, n + 1);
+    // Written again with nothing new: nothing is appended twice.
+    read.version += 1;
+    store.update(&mut read).await.unwrap();
+    let back = store.get(&rec.id).await.unwrap().unwrap();
+    assert_eq!(back, read);
+    assert_eq!(back.turns.len(), n + 1);
+    assert_eq!(back.turns.last(), Some(&ChatMessage::user("and b.txt?")));
+    // The right version, but the writer thinks the store holds fewer turns.
+    let mut stale = back.clone();
+    stale.stored_turns = n;
+    stale.version += 1;
+    match store.update(&mut stale).await {
+        Err(StoreError::Conflict(id)) => assert_eq!(id, rec.id),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
+    // Turns and sessions are listed alike.
+    assert_eq!(store.list().await.unwrap(), [back]);
+}
+
 pub async fn create_then_get_returns_the_same_record(store: Arc<dyn SessionStore>) {
-    let rec = full_record();
+    let mut rec = full_record();
     assert!(!rec.params.is_empty());
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
     assert_eq!(store.get("s-full").await.unwrap(), Some(rec));
     assert_eq!(store.get("nope").await.unwrap(), None);
 }
 
 pub async fn create_refuses_an_existing_id(store: Arc<dyn SessionStore>) {
-    store.create(&record("s1", 1)).await.unwrap();
+    store.create(&mut record("s1", 1)).await.unwrap();
     let mut other = record("s1", 2);
     other.agent = "other".into();
-    match store.create(&other).await {
+    match store.create(&mut other).await {
         Err(StoreError::Exists(id)) => assert_eq!(id, "s1"),
         other => panic!("expected Exists, got {other:?}"),
     }
@@ -192,25 +231,25 @@ pub async fn create_refuses_an_existing_id(store: Arc<dyn SessionStore>) {
 
 pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
     let mut rec = record("s1", 1);
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
 
     rec.version = 2;
     rec.status = SessionStatus::Running;
     rec.turns.push(ChatMessage::user("hi"));
-    store.update(&rec).await.unwrap();
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
 
     // A writer that loaded version 1 and also writes version 2 loses.
     let mut stale = rec.clone();
     stale.status = SessionStatus::Failed;
-    match store.update(&stale).await {
+    match store.update(&mut stale).await {
         Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
         other => panic!("expected Conflict, got {other:?}"),
     }
     // So does one that skips a version.
     stale.version = 4;
     assert!(matches!(
-        store.update(&stale).await,
+        store.update(&mut stale).await,
         Err(StoreError::Conflict(_))
     ));
     assert_eq!(store.get("s1").await.unwrap(), Some(rec));
@@ -219,7 +258,7 @@ pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
 pub async fn update_of_an_unknown_session_is_not_found(store: Arc<dyn SessionStore>) {
     let mut rec = record("ghost", 1);
     rec.version = 2;
-    match store.update(&rec).await {
+    match store.update(&mut rec).await {
         Err(StoreError::NotFound(id)) => assert_eq!(id, "ghost"),
         other => panic!("expected NotFound, got {other:?}"),
     }
@@ -227,7 +266,7 @@ pub async fn update_of_an_unknown_session_is_not_found(store: Arc<dyn SessionSto
 
 pub async fn list_is_newest_first_then_by_id(store: Arc<dyn SessionStore>) {
     for (id, at) in [("b", 10), ("c", 30), ("a", 10), ("d", 20), ("B", 10)] {
-        store.create(&record(id, at)).await.unwrap();
+        store.create(&mut record(id, at)).await.unwrap();
     }
     let ids: Vec<String> = store
         .list()
@@ -241,8 +280,8 @@ pub async fn list_is_newest_first_then_by_id(store: Arc<dyn SessionStore>) {
 }
 
 pub async fn events_are_numbered_per_session_and_read_in_order(store: Arc<dyn SessionStore>) {
-    store.create(&record("s1", 1)).await.unwrap();
-    store.create(&record("s2", 2)).await.unwrap();
+    store.create(&mut record("s1", 1)).await.unwrap();
+    store.create(&mut record("s2", 2)).await.unwrap();
     for i in 1..=4 {
         let seq = store
             .append_event("s1", "message", &json!({"n": i}), 100 + i)
@@ -282,7 +321,7 @@ pub async fn events_are_numbered_per_session_and_read_in_order(store: Arc<dyn Se
 
 pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn SessionStore>) {
     let mut rec = record("s1", 1);
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
     store
         .append_event("s1", "run_started", &json!(null), 10)
         .await
@@ -291,7 +330,10 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
     rec.version = 2;
     rec.turns.push(ChatMessage::user("hi"));
     let events = [("message", json!({"n": 1})), ("tool_call", json!({"n": 2}))];
-    let seqs = store.update_with_events(&rec, &events, 50).await.unwrap();
+    let seqs = store
+        .update_with_events(&mut rec, &events, 50)
+        .await
+        .unwrap();
     assert_eq!(seqs, [2, 3]);
     assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
     let stored = store.events_after("s1", 1).await.unwrap();
@@ -316,7 +358,7 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
     // A stale write stores neither the record nor its events.
     let mut stale = rec.clone();
     stale.status = SessionStatus::Failed;
-    match store.update_with_events(&stale, &events, 60).await {
+    match store.update_with_events(&mut stale, &events, 60).await {
         Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
         other => panic!("expected Conflict, got {other:?}"),
     }
@@ -327,7 +369,7 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
     rec.version = 3;
     rec.status = SessionStatus::Idle;
     assert!(store
-        .update_with_events(&rec, &[], 70)
+        .update_with_events(&mut rec, &[], 70)
         .await
         .unwrap()
         .is_empty());
@@ -336,13 +378,13 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
     let mut ghost = record("ghost", 1);
     ghost.version = 2;
     assert!(matches!(
-        store.update_with_events(&ghost, &events, 80).await,
+        store.update_with_events(&mut ghost, &events, 80).await,
         Err(StoreError::NotFound(_))
     ));
 }
 
 pub async fn concurrent_appends_get_distinct_seqs(store: Arc<dyn SessionStore>) {
-    store.create(&record("s1", 1)).await.unwrap();
+    store.create(&mut record("s1", 1)).await.unwrap();
     assert_distinct_seqs(&[store], "s1", 16).await;
 }
 
@@ -366,18 +408,18 @@ pub async fn assert_distinct_seqs(stores: &[Arc<dyn SessionStore>], session: &st
 
 pub async fn the_runner_of_a_run_is_stored_and_cleared(store: Arc<dyn SessionStore>) {
     let mut rec = record("s1", 1);
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
     rec.version = 2;
     rec.status = SessionStatus::Running;
     rec.runner = Some("instance-a".into());
-    store.update(&rec).await.unwrap();
-    store.create(&record("s0", 2)).await.unwrap();
+    store.update(&mut rec).await.unwrap();
+    store.create(&mut record("s0", 2)).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
     assert_eq!(store.running().await.unwrap(), [rec.clone()]);
     rec.version = 3;
     rec.status = SessionStatus::Idle;
     rec.runner = None;
-    store.update(&rec).await.unwrap();
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap().unwrap().runner, None);
     assert!(store.running().await.unwrap().is_empty());
 }
@@ -387,14 +429,14 @@ pub async fn waiting_sessions_are_listed_apart(store: Arc<dyn SessionStore>) {
     waits.status = SessionStatus::WaitingExternal;
     let mut runs = record("s1", 2);
     runs.status = SessionStatus::Running;
-    for rec in [&waits, &runs, &record("s3", 3)] {
+    for rec in [&mut waits, &mut runs, &mut record("s3", 3)] {
         store.create(rec).await.unwrap();
     }
     assert_eq!(store.waiting().await.unwrap(), [waits.clone()]);
     assert_eq!(store.running().await.unwrap(), [runs]);
     waits.version = 2;
     waits.status = SessionStatus::Idle;
-    store.update(&waits).await.unwrap();
+    store.update(&mut waits).await.unwrap();
     assert!(store.waiting().await.unwrap().is_empty());
 }
 
@@ -402,17 +444,17 @@ pub async fn a_cancel_request_is_stored_and_cleared(store: Arc<dyn SessionStore>
     let mut rec = record("s1", 1);
     rec.status = SessionStatus::Running;
     rec.runner = Some("instance-a".into());
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
     assert!(!store.get("s1").await.unwrap().unwrap().cancel_requested);
     rec.version = 2;
     rec.cancel_requested = true;
-    store.update(&rec).await.unwrap();
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.running().await.unwrap(), [rec.clone()]);
     // A request written on a stale version is refused like any other write.
     let mut stale = rec.clone();
     stale.cancel_requested = false;
     assert!(matches!(
-        store.update(&stale).await,
+        store.update(&mut stale).await,
         Err(StoreError::Conflict(_))
     ));
     assert!(store.get("s1").await.unwrap().unwrap().cancel_requested);
@@ -420,7 +462,7 @@ pub async fn a_cancel_request_is_stored_and_cleared(store: Arc<dyn SessionStore>
     rec.status = SessionStatus::Idle;
     rec.runner = None;
     rec.cancel_requested = false;
-    store.update(&rec).await.unwrap();
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap(), Some(rec));
 }
 
@@ -484,14 +526,14 @@ pub async fn a_servers_address_is_kept_with_its_heartbeat(store: Arc<dyn Session
 pub async fn the_holder_of_a_sessions_secrets_is_stored_and_cleared(store: Arc<dyn SessionStore>) {
     let mut rec = record("s1", 1);
     rec.holder = Some("server-a".into());
-    store.create(&rec).await.unwrap();
+    store.create(&mut rec).await.unwrap();
     assert_eq!(
         store.get("s1").await.unwrap().unwrap().holder.as_deref(),
         Some("server-a")
     );
     rec.holder = None;
     rec.version += 1;
-    store.update(&rec).await.unwrap();
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap().unwrap().holder, None);
 }
 

@@ -77,8 +77,9 @@ pub trait SessionStore: Send + Sync {
     fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<Notice>> {
         None
     }
-    /// Store a new session (its `version` as given, usually 1).
-    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError>;
+    /// Store a new session (its `version` as given, usually 1) with all
+    /// its turns; `rec.stored_turns` then counts them.
+    async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError>;
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// Every session, newest first (then by id, in byte order).
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError>;
@@ -86,11 +87,13 @@ pub trait SessionStore: Send + Sync {
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// The sessions whose status is `waiting_external`, by id.
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError>;
-    /// Replace a session whose stored version is `rec.version - 1`.
-    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        self.update_with_events(rec, &[], rec.updated_at)
-            .await
-            .map(drop)
+    /// Replace a session whose stored version is `rec.version - 1` and
+    /// that holds `rec.stored_turns` turns (else a conflict): its row is
+    /// rewritten, its turns after those appended, and `rec.stored_turns`
+    /// then counts them all. The history is never rewritten.
+    async fn update(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
+        let at = rec.updated_at;
+        self.update_with_events(rec, &[], at).await.map(drop)
     }
     /// Append an event; its `seq` is assigned here and returned.
     async fn append_event(
@@ -105,7 +108,7 @@ pub trait SessionStore: Send + Sync {
     /// are stored together or not at all. Their seqs, in order.
     async fn update_with_events(
         &self,
-        rec: &SessionRecord,
+        rec: &mut SessionRecord,
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError>;

@@ -32,13 +32,14 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, Recycli
 use tokio::sync::broadcast;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::AsyncMessage;
 use tokio_postgres::{Config, Row};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
-use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
+use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 use crate::session::usage::{
@@ -121,7 +122,25 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX bindery_usage_session ON bindery_usage (session);
     CREATE INDEX bindery_usage_run ON bindery_usage (run);
     CREATE INDEX bindery_usage_at ON bindery_usage (at);",
+    // 9: a session's turns as rows of their own, so that a write appends
+    // the new ones instead of rewriting the whole history; the turns the
+    // rows held move there (as text: json, not jsonb, keeps it as written).
+    "CREATE TABLE bindery_turns (
+        session_id TEXT NOT NULL REFERENCES bindery_sessions (id) ON DELETE CASCADE,
+        idx        BIGINT NOT NULL,
+        message    TEXT NOT NULL,
+        PRIMARY KEY (session_id, idx)
+    );
+    INSERT INTO bindery_turns (session_id, idx, message)
+        SELECT s.id, t.n - 1, t.m::TEXT
+        FROM bindery_sessions s, json_array_elements(s.turns::JSON) WITH ORDINALITY AS t(m, n);
+    ALTER TABLE bindery_sessions ADD COLUMN turn_count BIGINT NOT NULL DEFAULT 0;
+    UPDATE bindery_sessions SET turn_count = json_array_length(turns::JSON), turns = '[]';",
 ];
+
+/// A session's rows, then its turns in order (one round trip for both).
+const WITH_TURNS: &str = "ARRAY(SELECT t.message FROM bindery_turns t
+     WHERE t.session_id = bindery_sessions.id ORDER BY t.idx)";
 
 /// The sums a [`Totals`] reads, in its order.
 const TOTALS: &str = "COALESCE(SUM(prompt_tokens), 0)::BIGINT, COALESCE(SUM(completion_tokens), 0)::BIGINT,
@@ -478,6 +497,16 @@ impl PostgresStore {
             .map_err(|e| self.fail(what, describe(&e)))
     }
 
+    /// A row read with [`WITH_TURNS`], as a record.
+    fn record(&self, what: &str, row: &Row) -> Result<SessionRecord, StoreError> {
+        let db = self.db(what);
+        let turns: Vec<String> = row.try_get(16).map_err(&db)?;
+        columns(row)
+            .map_err(&db)?
+            .decode(turns)
+            .map_err(|why| self.fail(what, why))
+    }
+
     fn fail(&self, what: &str, why: impl fmt::Display) -> StoreError {
         StoreError::Backend(format!("could not {what} ({}): {why}", self.target))
     }
@@ -495,17 +524,10 @@ impl PostgresStore {
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions {tail}");
+        let sql = format!("SELECT {SESSION_COLUMNS}, {WITH_TURNS} FROM bindery_sessions {tail}");
         let stmt = self.prepare(&client, what, &sql).await?;
         let rows = client.query(&stmt, &[]).await.map_err(&db)?;
-        rows.iter()
-            .map(|r| {
-                columns(r)
-                    .map_err(&db)?
-                    .decode()
-                    .map_err(|why| self.fail(what, why))
-            })
-            .collect()
+        rows.iter().map(|r| self.record(what, r)).collect()
     }
 
     /// Apply the missing steps of [`MIGRATIONS`] in one transaction, under
@@ -558,9 +580,9 @@ impl PostgresStore {
     }
 }
 
-/// The values of a `sessions` row, bound as `$1`…`$15` in the order of
+/// The values of a `sessions` row, bound as `$1`…`$16` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 15] {
+fn row_params(c: &Columns) -> [&(dyn ToSql + Sync); 16] {
     [
         &c.id,
         &c.agent,
@@ -577,6 +599,7 @@ fn row_params(c: &Columns) -> [&(dyn tokio_postgres::types::ToSql + Sync); 15] {
         &c.cancel_requested,
         &c.pending,
         &c.holder,
+        &c.turn_count,
     ]
 }
 
@@ -598,7 +621,13 @@ fn columns(row: &Row) -> Result<Columns, tokio_postgres::Error> {
         cancel_requested: row.try_get(12)?,
         pending: row.try_get(13)?,
         holder: row.try_get(14)?,
+        turn_count: row.try_get(15)?,
     })
+}
+
+/// A write's new turns as the two arrays its statement unnests.
+fn turn_arrays(new: NewTurns) -> (Vec<i64>, Vec<String>) {
+    new.into_iter().unzip()
 }
 
 #[async_trait]
@@ -611,18 +640,31 @@ impl SessionStore for PostgresStore {
         Some(self.notices.subscribe())
     }
 
-    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+    async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
         let what = "create a session";
-        let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        // A new session's turns are all new (a fork's copy too).
+        rec.stored_turns = 0;
+        let (c, new) = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let (idx, messages) = turn_arrays(new);
         let client = self.conn(what).await?;
         let sql = format!(
-            "INSERT INTO bindery_sessions ({SESSION_COLUMNS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+            "WITH s AS (
+                 INSERT INTO bindery_sessions ({SESSION_COLUMNS})
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 RETURNING id
+             )
+             INSERT INTO bindery_turns (session_id, idx, message)
+             SELECT s.id, x.i, x.m FROM s, unnest($17::BIGINT[], $18::TEXT[]) AS x(i, m)"
         );
         let stmt = self.prepare(&client, what, &sql).await?;
-        let inserted = client.execute(&stmt, &row_params(&c)).await;
+        let mut values: Vec<&(dyn ToSql + Sync)> = row_params(&c).to_vec();
+        values.extend([&idx as &(dyn ToSql + Sync), &messages]);
+        let inserted = client.execute(&stmt, &values).await;
         match inserted {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                rec.stored_turns = rec.turns.len();
+                Ok(())
+            }
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 Err(StoreError::Exists(c.id))
             }
@@ -634,16 +676,11 @@ impl SessionStore for PostgresStore {
         let what = "read a session";
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM bindery_sessions WHERE id = $1");
+        let sql =
+            format!("SELECT {SESSION_COLUMNS}, {WITH_TURNS} FROM bindery_sessions WHERE id = $1");
         let stmt = self.prepare(&client, what, &sql).await?;
         let row = client.query_opt(&stmt, &[&id]).await.map_err(&db)?;
-        row.map(|r| {
-            columns(&r)
-                .map_err(&db)?
-                .decode()
-                .map_err(|why| self.fail(what, why))
-        })
-        .transpose()
+        row.map(|r| self.record(what, &r)).transpose()
     }
 
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
@@ -673,13 +710,15 @@ impl SessionStore for PostgresStore {
 
     async fn update_with_events(
         &self,
-        rec: &SessionRecord,
+        rec: &mut SessionRecord,
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
         let what = "update a session";
         let db = self.db(what);
-        let c = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let (c, new) = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let (idx, messages) = turn_arrays(new);
+        let stored = rec.stored_turns as i64;
         let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
         let data: Vec<String> = events.iter().map(|(_, data)| data.to_string()).collect();
         let client = self.conn(what).await?;
@@ -693,14 +732,17 @@ impl SessionStore for PostgresStore {
                  SET agent = $2, status = $3, status_detail = $4, created_at = $5,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13, pending = $14, holder = $15,
-                     event_seq = event_seq + cardinality($16::TEXT[])
-                 WHERE id = $1 AND version + 1 = $7
+                     cancel_requested = $13, pending = $14, holder = $15, turn_count = $16,
+                     event_seq = event_seq + cardinality($17::TEXT[])
+                 WHERE id = $1 AND version + 1 = $7 AND turn_count = $20
                  RETURNING event_seq
+             ), t AS (
+                 INSERT INTO bindery_turns (session_id, idx, message)
+                 SELECT $1, x.i, x.m FROM u, unnest($21::BIGINT[], $22::TEXT[]) AS x(i, m)
              ), e AS (
                  INSERT INTO bindery_events (session_id, seq, kind, data, at)
-                 SELECT $1, u.event_seq - cardinality($16::TEXT[]) + x.n, x.kind, x.data, $18
-                 FROM u, unnest($16::TEXT[], $17::TEXT[]) WITH ORDINALITY AS x(kind, data, n)
+                 SELECT $1, u.event_seq - cardinality($17::TEXT[]) + x.n, x.kind, x.data, $19
+                 FROM u, unnest($17::TEXT[], $18::TEXT[]) WITH ORDINALITY AS x(kind, data, n)
                  RETURNING seq
              )
              SELECT (SELECT count(*) FROM u),
@@ -708,17 +750,16 @@ impl SessionStore for PostgresStore {
                     (SELECT count(pg_notify('{NOTICE_CHANNEL}', $1 || ' ' || seq)) FROM e)"
         );
         let stmt = self.prepare(&client, what, &sql).await?;
-        let [p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15] = row_params(&c);
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, &kinds,
-                    &data, &at,
-                ],
-            )
-            .await
-            .map_err(&db)?;
+        let mut values: Vec<&(dyn ToSql + Sync)> = row_params(&c).to_vec();
+        values.extend([
+            &kinds as &(dyn ToSql + Sync),
+            &data,
+            &at,
+            &stored,
+            &idx,
+            &messages,
+        ]);
+        let row = client.query_one(&stmt, &values).await.map_err(&db)?;
         let updated: i64 = row.try_get(0).map_err(&db)?;
         if updated == 0 {
             let stmt = self
@@ -739,7 +780,9 @@ impl SessionStore for PostgresStore {
                 StoreError::NotFound(c.id)
             });
         }
-        row.try_get(1).map_err(&db)
+        let seqs = row.try_get(1).map_err(&db)?;
+        rec.stored_turns = rec.turns.len();
+        Ok(seqs)
     }
 
     async fn append_event(
@@ -1216,9 +1259,9 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n6\n7\n8\n"
+            "1\n2\n3\n4\n5\n6\n7\n8\n9\n"
         );
-        a.create(&record("s1", 1)).await.unwrap();
+        a.create(&mut record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());
         assert_eq!(c.list().await.unwrap().len(), 1);
     }
@@ -1227,7 +1270,7 @@ mod tests {
     async fn events_appended_before_the_seq_counter_keep_their_numbering() {
         let pg = server();
         let store = open(&pg).await;
-        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&mut record("s1", 1)).await.unwrap();
         for _ in 0..2 {
             store.append_event("s1", "k", &json!({}), 1).await.unwrap();
         }
@@ -1237,7 +1280,8 @@ mod tests {
             DB,
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
-             DROP TABLE bindery_agents, bindery_usage;
+             ALTER TABLE bindery_sessions DROP COLUMN turn_count;
+             DROP TABLE bindery_agents, bindery_usage, bindery_turns;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;
@@ -1248,13 +1292,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_history_kept_in_the_row_before_migration_9_moves_to_its_table() {
+        let pg = server();
+        let mut rec = full_record();
+        let store = open(&pg).await;
+        store.create(&mut rec).await.unwrap();
+        drop(store);
+        // The database as a Bindery before migration 9 left it: the whole
+        // history in the row.
+        let history = serde_json::to_string(&rec.turns)
+            .unwrap()
+            .replace('\'', "''");
+        pg.sql(
+            DB,
+            &format!(
+                "UPDATE bindery_sessions SET turns = '{history}';
+                 ALTER TABLE bindery_sessions DROP COLUMN turn_count;
+                 DROP TABLE bindery_turns;
+                 DELETE FROM bindery_schema_migrations WHERE version >= 9"
+            ),
+        );
+        let store = open(&pg).await;
+        let mut back = store.get(&rec.id).await.unwrap().unwrap();
+        assert_eq!(back, rec);
+        assert_eq!(
+            pg.sql(DB, "SELECT count(*), max(idx) FROM bindery_turns"),
+            format!("{}|{}\n", rec.turns.len(), rec.turns.len() - 1)
+        );
+        assert_eq!(pg.sql(DB, "SELECT turns FROM bindery_sessions"), "[]\n");
+        back.turns.push(crate::llm::ChatMessage::user("more"));
+        back.version += 1;
+        store.update(&mut back).await.unwrap();
+        assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
+    }
+
+    #[tokio::test]
     async fn every_server_hears_of_every_append() {
         let pg = server();
         let a = open(&pg).await;
         let b = open(&pg).await;
         // `open` returns once the store listens: nothing after it is missed.
         let mut heard = b.notices().expect("a shared store has notices");
-        a.create(&record("s 1", 1)).await.unwrap();
+        a.create(&mut record("s 1", 1)).await.unwrap();
         for want in 1..=2 {
             a.append_event("s 1", "k", &json!({}), 1).await.unwrap();
             let got = tokio::time::timeout(Duration::from_secs(30), heard.recv()).await;
@@ -1276,7 +1355,7 @@ mod tests {
         let a: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
         let b: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
         assert!(a.shared());
-        a.create(&record("s1", 1)).await.unwrap();
+        a.create(&mut record("s1", 1)).await.unwrap();
         assert_distinct_seqs(&[a.clone(), b.clone()], "s1", 24).await;
         assert_eq!(b.events_after("s1", 20).await.unwrap().len(), 4);
 
@@ -1287,7 +1366,7 @@ mod tests {
         from_a.agent = "a".into();
         from_b.version = 2;
         from_b.agent = "b".into();
-        let (ra, rb) = tokio::join!(a.update(&from_a), b.update(&from_b));
+        let (ra, rb) = tokio::join!(a.update(&mut from_a), b.update(&mut from_b));
         let won = match (ra, rb) {
             (Ok(()), Err(StoreError::Conflict(_))) => "a",
             (Err(StoreError::Conflict(_)), Ok(())) => "b",
@@ -1299,10 +1378,10 @@ mod tests {
     #[tokio::test]
     async fn data_survives_close_and_reopen() {
         let pg = server();
-        let rec = full_record();
+        let mut rec = full_record();
         {
             let store = open(&pg).await;
-            store.create(&rec).await.unwrap();
+            store.create(&mut rec).await.unwrap();
             store
                 .append_event(&rec.id, "run_started", &json!({"run": 1}), 5)
                 .await
@@ -1323,7 +1402,7 @@ mod tests {
     async fn a_lost_connection_is_replaced_by_the_next_operation() {
         let pg = server();
         let store = open(&pg).await;
-        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&mut record("s1", 1)).await.unwrap();
         let mut heard = store.notices().unwrap();
         let killed = pg.sql(
             DB,
@@ -1474,7 +1553,7 @@ mod tests {
             let store = PostgresStore::open(&url, Duration::ZERO, 4)
                 .await
                 .unwrap_or_else(|e| panic!("{app}: {e}"));
-            store.create(&record(app, 1)).await.unwrap();
+            store.create(&mut record(app, 1)).await.unwrap();
             assert_eq!(encrypted(app), "t\n", "{app}");
         }
         // By name, too: the certificate names localhost.
@@ -1536,9 +1615,9 @@ mod tests {
         values.insert("tenant".into(), ParamValue::Plain(json!(PLAIN)));
         let mut rec = full_record();
         rec.params = StoredParams::from_values(&values);
-        store.create(&rec).await.unwrap();
+        store.create(&mut rec).await.unwrap();
         rec.version = 2;
-        store.update(&rec).await.unwrap();
+        store.update(&mut rec).await.unwrap();
         store
             .append_event(&rec.id, "run_started", &json!({"params": rec.params}), 1)
             .await

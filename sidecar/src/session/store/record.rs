@@ -6,11 +6,13 @@
 //! Messages name the session and the column, never the content: a stored
 //! conversation may hold anything the user typed.
 
+use crate::llm::ChatMessage;
 use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
-     version, turns, params, security, forked_from, runner, cancel_requested, pending, holder";
+     version, turns, params, security, forked_from, runner, cancel_requested, pending, holder, \
+     turn_count";
 
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +24,10 @@ pub struct Columns {
     pub created_at: i64,
     pub updated_at: i64,
     pub version: i64,
-    /// JSON array of ChatMessage.
+    /// JSON array of ChatMessage: turns an older server wrote into the
+    /// row itself, after the turns the `turns` table holds. This version
+    /// writes `[]`, and moves what it finds there into the table with its
+    /// next write.
     pub turns: String,
     /// JSON object: StoredParams, never a secret.
     pub params: String,
@@ -34,14 +39,26 @@ pub struct Columns {
     /// JSON Pending: calls waiting, token digests only.
     pub pending: String,
     pub holder: Option<String>,
+    /// How many turns the `turns` table holds for the session.
+    pub turn_count: i64,
 }
 
+/// The turns a write adds to the `turns` table: `(index, JSON text)`.
+pub type NewTurns = Vec<(i64, String)>;
+
 impl Columns {
-    pub fn encode(rec: &SessionRecord) -> Result<Columns, String> {
+    /// The row of `rec`, and the turns the store does not hold yet (those
+    /// after `rec.stored_turns`).
+    pub fn encode(rec: &SessionRecord) -> Result<(Columns, NewTurns), String> {
         let json = |column: &str, r: serde_json::Result<String>| {
             r.map_err(|e| format!("cannot encode column {column} of session {}: {e}", rec.id))
         };
-        Ok(Columns {
+        let from = rec.stored_turns.min(rec.turns.len());
+        let mut new = Vec::with_capacity(rec.turns.len() - from);
+        for (i, turn) in rec.turns.iter().enumerate().skip(from) {
+            new.push((i as i64, json("turns", serde_json::to_string(turn))?));
+        }
+        let cols = Columns {
             id: rec.id.clone(),
             agent: rec.agent.clone(),
             status: rec.status.as_str().to_owned(),
@@ -49,7 +66,7 @@ impl Columns {
             created_at: rec.created_at,
             updated_at: rec.updated_at,
             version: rec.version,
-            turns: json("turns", serde_json::to_string(&rec.turns))?,
+            turns: "[]".to_owned(),
             params: json("params", serde_json::to_string(&rec.params))?,
             security: json("security", serde_json::to_string(&rec.security))?,
             forked_from: rec.forked_from.clone(),
@@ -57,14 +74,27 @@ impl Columns {
             cancel_requested: rec.cancel_requested,
             pending: json("pending", serde_json::to_string(&rec.pending))?,
             holder: rec.holder.clone(),
-        })
+            turn_count: rec.turns.len() as i64,
+        };
+        Ok((cols, new))
     }
 
-    pub fn decode(self) -> Result<SessionRecord, String> {
+    /// The record of this row and its turns from the `turns` table (JSON
+    /// text, in order).
+    pub fn decode(self, stored: Vec<String>) -> Result<SessionRecord, String> {
         let id = self.id;
         let status = SessionStatus::parse(&self.status)
             .ok_or_else(|| format!("column status of session {id} holds an unknown status"))?;
-        let turns = serde_json::from_str(&self.turns).map_err(|e| corrupt(&id, "turns", &e))?;
+        let stored_turns = stored.len();
+        let mut turns: Vec<ChatMessage> = Vec::with_capacity(stored_turns);
+        for (i, text) in stored.iter().enumerate() {
+            let turn = serde_json::from_str(text)
+                .map_err(|e| corrupt(&id, &format!("message (turn {i})"), &e))?;
+            turns.push(turn);
+        }
+        let older: Vec<ChatMessage> =
+            serde_json::from_str(&self.turns).map_err(|e| corrupt(&id, "turns", &e))?;
+        turns.extend(older);
         let params = serde_json::from_str(&self.params).map_err(|e| corrupt(&id, "params", &e))?;
         let security =
             serde_json::from_str(&self.security).map_err(|e| corrupt(&id, "security", &e))?;
@@ -79,6 +109,7 @@ impl Columns {
             updated_at: self.updated_at,
             version: self.version,
             turns,
+            stored_turns,
             params,
             security,
             forked_from: self.forked_from,
@@ -111,22 +142,66 @@ mod tests {
     use super::*;
     use crate::session::store::contract::full_record;
 
+    /// A row and its turns as a store would read them back.
+    fn stored(rec: &SessionRecord) -> (Columns, Vec<String>) {
+        let (cols, new) = Columns::encode(rec).unwrap();
+        (cols, new.into_iter().map(|(_, text)| text).collect())
+    }
+
     #[test]
     fn a_record_survives_encode_and_decode() {
         let rec = full_record();
-        assert_eq!(Columns::encode(&rec).unwrap().decode().unwrap(), rec);
+        let (cols, turns) = stored(&rec);
+        assert_eq!(cols.turns, "[]", "turns are rows of their own");
+        assert_eq!(cols.turn_count, rec.turns.len() as i64);
+        let back = cols.decode(turns).unwrap();
+        assert_eq!(back.stored_turns, rec.turns.len());
+        assert_eq!(back.turns, rec.turns);
+    }
+
+    #[test]
+    fn a_write_carries_only_the_turns_the_store_does_not_hold() {
+        let mut rec = full_record();
+        rec.stored_turns = rec.turns.len() - 1;
+        let (_, new) = Columns::encode(&rec).unwrap();
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].0, rec.turns.len() as i64 - 1);
+        rec.stored_turns = rec.turns.len();
+        assert!(Columns::encode(&rec).unwrap().1.is_empty());
+    }
+
+    #[test]
+    fn turns_an_older_server_wrote_into_the_row_follow_the_stored_ones() {
+        let rec = full_record();
+        let (mut cols, mut turns) = stored(&rec);
+        let older = turns.split_off(2);
+        cols.turns = format!("[{}]", older.join(","));
+        let back = cols.decode(turns).unwrap();
+        assert_eq!(back.turns, rec.turns);
+        // The next write moves them into the table.
+        assert_eq!(back.stored_turns, 2);
+        let (cols, new) = Columns::encode(&back).unwrap();
+        assert_eq!(cols.turns, "[]");
+        assert_eq!(new.len(), rec.turns.len() - 2);
     }
 
     #[test]
     fn a_bad_column_is_named_without_its_content() {
-        let mut cols = Columns::encode(&full_record()).unwrap();
+        let (mut cols, turns) = stored(&full_record());
         cols.security = "{\"sealed\": \"wizard-4d1e\"}".into();
-        let msg = cols.clone().decode().unwrap_err();
+        let msg = cols.clone().decode(turns.clone()).unwrap_err();
         assert!(msg.contains("column security of session s-full"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
         cols.status = "wizard-4d1e".into();
-        let msg = cols.decode().unwrap_err();
+        let msg = cols.clone().decode(turns).unwrap_err();
         assert!(msg.contains("column status"), "{msg}");
+        assert!(!msg.contains("wizard-4d1e"), "{msg}");
+        cols.status = "idle".into();
+        cols.security = "{}".into();
+        let msg = cols
+            .decode(vec!["{\"role\": \"wizard-4d1e\"}".into()])
+            .unwrap_err();
+        assert!(msg.contains("message (turn 0) of session s-full"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
         let msg = decode_event_data("s1", 3, "{\"x\": wizard-4d1e").unwrap_err();
         assert!(msg.contains("column data (event 3) of session s1"), "{msg}");
@@ -135,12 +210,12 @@ mod tests {
 
     #[test]
     fn a_session_stored_before_pins_reads_as_unpinned() {
-        let mut cols = Columns::encode(&full_record()).unwrap();
+        let (mut cols, turns) = stored(&full_record());
         cols.security = r#"{"sealed": false, "token_digests": []}"#.into();
-        let rec = cols.decode().unwrap();
+        let rec = cols.decode(turns).unwrap();
         assert!(rec.security.pinned.is_empty());
         // …and an unpinned one is written as before.
-        let again = Columns::encode(&rec).unwrap();
+        let (again, _) = Columns::encode(&rec).unwrap();
         assert!(!again.security.contains("pinned"), "{}", again.security);
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
-use super::record::{decode_event_data, Columns, SESSION_COLUMNS};
+use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 use crate::session::usage::{
@@ -95,6 +95,19 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_session ON usage (session);
     CREATE INDEX usage_run ON usage (run);
     CREATE INDEX usage_at ON usage (at);",
+    // 8: a session's turns as rows of their own, so that a write appends
+    // the new ones instead of rewriting the whole history; the turns the
+    // rows held move there.
+    "CREATE TABLE turns (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        idx        INTEGER NOT NULL,
+        message    TEXT NOT NULL,  -- JSON ChatMessage
+        PRIMARY KEY (session_id, idx)
+    ) WITHOUT ROWID;
+    INSERT INTO turns (session_id, idx, message)
+        SELECT s.id, t.key, t.value FROM sessions s, json_each(s.turns) t;
+    ALTER TABLE sessions ADD COLUMN turn_count INTEGER NOT NULL DEFAULT 0;
+    UPDATE sessions SET turn_count = json_array_length(turns), turns = '[]';",
 ];
 
 /// How long a statement waits for another process's lock before failing.
@@ -153,8 +166,9 @@ impl SqliteStore {
         &self.path
     }
 
-    /// A record's columns, with its JSON written out before taking the lock.
-    fn encode(&self, rec: &SessionRecord) -> Result<Columns, StoreError> {
+    /// A record's columns and new turns, with their JSON written out before
+    /// taking the lock.
+    fn encode(&self, rec: &SessionRecord) -> Result<(Columns, NewTurns), StoreError> {
         Columns::encode(rec).map_err(|why| {
             Op {
                 what: "write a session",
@@ -180,13 +194,16 @@ impl SqliteStore {
                 Some(s) => &[s],
                 None => &[],
             };
-            let rows = stmt.query_map(params, columns).map_err(|e| op.db(e))?;
-            rows.map(|raw| {
-                raw.map_err(|e| op.db(e))?
-                    .decode()
-                    .map_err(|why| op.fail(why))
-            })
-            .collect()
+            let rows: Vec<Columns> = stmt
+                .query_map(params, columns)
+                .and_then(|rows| rows.collect())
+                .map_err(|e| op.db(e))?;
+            rows.into_iter()
+                .map(|raw| {
+                    let turns = read_turns(conn, &raw.id).map_err(|e| op.db(e))?;
+                    raw.decode(turns).map_err(|why| op.fail(why))
+                })
+                .collect()
         })
         .await
     }
@@ -433,27 +450,55 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
         cancel_requested: row.get(12)?,
         pending: row.get(13)?,
         holder: row.get(14)?,
+        turn_count: row.get(15)?,
     })
+}
+
+/// A session's rows of the `turns` table, in order (JSON text).
+fn read_turns(conn: &Connection, session: &str) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached("SELECT message FROM turns WHERE session_id = ?1 ORDER BY idx")?
+        .query_map([session], |row| row.get(0))?
+        .collect()
+}
+
+/// Append `turns` to `session`'s rows of the `turns` table.
+fn insert_turns(conn: &Connection, session: &str, turns: &NewTurns) -> rusqlite::Result<()> {
+    if turns.is_empty() {
+        return Ok(());
+    }
+    let mut insert =
+        conn.prepare_cached("INSERT INTO turns (session_id, idx, message) VALUES (?1, ?2, ?3)")?;
+    for (idx, message) in turns {
+        insert.execute(params![session, idx, message])?;
+    }
+    Ok(())
 }
 
 fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
     e.sqlite_extended_error_code() == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
-/// Write `enc` over its row if the stored version is the one before it;
-/// in the caller's transaction, so "no row changed" and "does it exist"
-/// agree.
-fn update_row(conn: &Connection, enc: Columns, op: &Op<'_>) -> Result<(), StoreError> {
+/// Write `enc` over its row if the stored version is the one before it
+/// and the store holds `stored` turns, then append `new`; in the caller's
+/// transaction, so "no row changed" and "does it exist" agree.
+fn update_row(
+    conn: &Connection,
+    (enc, new): (Columns, NewTurns),
+    stored: i64,
+    op: &Op<'_>,
+) -> Result<(), StoreError> {
+    let mut values = row_params(&enc).to_vec();
+    values.push(&stored);
     let changed = conn
         .prepare_cached(
             "UPDATE sessions
              SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
                  updated_at = ?6, version = ?7, turns = ?8, params = ?9,
                  security = ?10, forked_from = ?11, runner = ?12,
-                 cancel_requested = ?13, pending = ?14, holder = ?15
-             WHERE id = ?1 AND version = ?7 - 1",
+                 cancel_requested = ?13, pending = ?14, holder = ?15, turn_count = ?16
+             WHERE id = ?1 AND version = ?7 - 1 AND turn_count = ?17",
         )
-        .and_then(|mut update| update.execute(row_params(&enc)))
+        .and_then(|mut update| update.execute(values.as_slice()))
         .map_err(|e| op.db(e))?;
     if changed == 0 {
         let exists = session_exists(conn, &enc.id).map_err(|e| op.db(e))?;
@@ -463,7 +508,7 @@ fn update_row(conn: &Connection, enc: Columns, op: &Op<'_>) -> Result<(), StoreE
             StoreError::NotFound(enc.id)
         });
     }
-    Ok(())
+    insert_turns(conn, &enc.id, &new).map_err(|e| op.db(e))
 }
 
 /// Append `events` (kind, JSON text) to `session` with the next seqs; the
@@ -498,9 +543,9 @@ fn session_exists(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
         .map(|found| found.is_some())
 }
 
-/// The values of a `sessions` row, bound as `?1`…`?15` in the order of
+/// The values of a `sessions` row, bound as `?1`…`?16` in the order of
 /// [`SESSION_COLUMNS`] (insert and update both).
-fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 15] {
+fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 16] {
     [
         &c.id,
         &c.agent,
@@ -517,27 +562,36 @@ fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 15] {
         &c.cancel_requested,
         &c.pending,
         &c.holder,
+        &c.turn_count,
     ]
 }
 
 #[async_trait]
 impl SessionStore for SqliteStore {
-    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
-        let enc = self.encode(rec)?;
+    async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
+        // A new session's turns are all new (a fork's copy too).
+        rec.stored_turns = 0;
+        let (enc, new) = self.encode(rec)?;
+        let count = rec.turns.len();
         self.run("create a session", move |conn, op| {
-            let inserted = conn
+            let tx = conn.transaction().map_err(|e| op.db(e))?;
+            let inserted = tx
                 .prepare_cached(&format!(
                     "INSERT INTO sessions ({SESSION_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
                 ))
                 .and_then(|mut insert| insert.execute(row_params(&enc)));
             match inserted {
-                Ok(_) => Ok(()),
-                Err(e) if is_primary_key_violation(&e) => Err(StoreError::Exists(enc.id)),
-                Err(e) => Err(op.db(e)),
+                Ok(_) => {}
+                Err(e) if is_primary_key_violation(&e) => return Err(StoreError::Exists(enc.id)),
+                Err(e) => return Err(op.db(e)),
             }
+            insert_turns(&tx, &enc.id, &new).map_err(|e| op.db(e))?;
+            tx.commit().map_err(|e| op.db(e))
         })
-        .await
+        .await?;
+        rec.stored_turns = count;
+        Ok(())
     }
 
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
@@ -549,8 +603,11 @@ impl SessionStore for SqliteStore {
                 ))
                 .and_then(|mut select| select.query_row([&id], columns).optional())
                 .map_err(|e| op.db(e))?;
-            raw.map(|raw| raw.decode().map_err(|why| op.fail(why)))
-                .transpose()
+            let Some(raw) = raw else {
+                return Ok(None);
+            };
+            let turns = read_turns(conn, &raw.id).map_err(|e| op.db(e))?;
+            raw.decode(turns).map(Some).map_err(|why| op.fail(why))
         })
         .await
     }
@@ -574,28 +631,33 @@ impl SessionStore for SqliteStore {
 
     async fn update_with_events(
         &self,
-        rec: &SessionRecord,
+        rec: &mut SessionRecord,
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
         let enc = self.encode(rec)?;
+        let stored = rec.stored_turns as i64;
+        let count = rec.turns.len();
         let session = rec.id.clone();
         let events: Vec<(String, String)> = events
             .iter()
             .map(|(kind, data)| (kind.to_string(), data.to_string()))
             .collect();
-        self.run("update a session", move |conn, op| {
-            // IMMEDIATE, as for `append_event`: the seqs are read and used
-            // under the write lock.
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| op.db(e))?;
-            update_row(&tx, enc, op)?;
-            let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
-            tx.commit().map_err(|e| op.db(e))?;
-            Ok(seqs)
-        })
-        .await
+        let seqs = self
+            .run("update a session", move |conn, op| {
+                // IMMEDIATE, as for `append_event`: the seqs are read and used
+                // under the write lock.
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(|e| op.db(e))?;
+                update_row(&tx, enc, stored, op)?;
+                let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
+                tx.commit().map_err(|e| op.db(e))?;
+                Ok(seqs)
+            })
+            .await?;
+        rec.stored_turns = count;
+        Ok(seqs)
     }
 
     async fn append_event(
@@ -977,10 +1039,10 @@ mod tests {
     #[tokio::test]
     async fn data_survives_close_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let rec = full_record();
+        let mut rec = full_record();
         {
             let store = open_in(&dir);
-            store.create(&rec).await.unwrap();
+            store.create(&mut rec).await.unwrap();
             store
                 .append_event(&rec.id, "run_started", &json!({"run": 1}), 5)
                 .await
@@ -1007,11 +1069,52 @@ mod tests {
         let all: Vec<i64> = (1..=MIGRATIONS.len() as i64).collect();
         assert_eq!(schema_versions(&path), all);
         let store = open_in(&dir);
-        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&mut record("s1", 1)).await.unwrap();
         drop(store);
         let store = open_in(&dir);
         assert_eq!(schema_versions(&path), all);
         assert!(store.get("s1").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_history_kept_in_the_row_before_migration_8_moves_to_its_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec = full_record();
+        let path = {
+            let store = open_in(&dir);
+            store.create(&mut rec).await.unwrap();
+            store.path().to_owned()
+        };
+        // The file as a Bindery before migration 8 left it: the whole
+        // history in the row.
+        let conn = Connection::open(&path).unwrap();
+        let history = serde_json::to_string(&rec.turns).unwrap();
+        conn.execute("UPDATE sessions SET turns = ?1", [history])
+            .unwrap();
+        conn.execute_batch(
+            "ALTER TABLE sessions DROP COLUMN turn_count;
+             DROP TABLE turns;
+             DELETE FROM schema_migrations WHERE version >= 8",
+        )
+        .unwrap();
+        drop(conn);
+        let store = open_in(&dir);
+        let mut back = store.get(&rec.id).await.unwrap().unwrap();
+        assert_eq!(back, rec);
+        let conn = Connection::open(&path).unwrap();
+        let (rows, row_turns): (i64, String) = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM turns), turns FROM sessions",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(rows, rec.turns.len() as i64);
+        assert_eq!(row_turns, "[]");
+        back.turns.push(crate::llm::ChatMessage::user("more"));
+        back.version += 1;
+        store.update(&mut back).await.unwrap();
+        assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
     }
 
     #[tokio::test]
@@ -1041,7 +1144,7 @@ mod tests {
     async fn a_corrupt_row_names_the_session_and_column_not_the_content() {
         let dir = tempfile::tempdir().unwrap();
         let store = open_in(&dir);
-        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&mut record("s1", 1)).await.unwrap();
         Connection::open(store.path())
             .unwrap()
             .execute(
@@ -1094,9 +1197,9 @@ mod tests {
         values.insert("tenant".into(), ParamValue::Plain(json!(PLAIN)));
         let mut rec = full_record();
         rec.params = StoredParams::from_values(&values);
-        store.create(&rec).await.unwrap();
+        store.create(&mut rec).await.unwrap();
         rec.version = 2;
-        store.update(&rec).await.unwrap();
+        store.update(&mut rec).await.unwrap();
         store
             .append_event(&rec.id, "run_started", &json!({"params": rec.params}), 1)
             .await

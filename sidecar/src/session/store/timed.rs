@@ -43,7 +43,7 @@ impl SessionStore for Timed {
     fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<Notice>> {
         self.inner.notices()
     }
-    async fn create(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+    async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
         self.time("create", self.inner.create(rec)).await
     }
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
@@ -58,7 +58,7 @@ impl SessionStore for Timed {
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.time("waiting", self.inner.waiting()).await
     }
-    async fn update(&self, rec: &SessionRecord) -> Result<(), StoreError> {
+    async fn update(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
         self.time("update", self.inner.update(rec)).await
     }
     async fn append_event(
@@ -76,7 +76,7 @@ impl SessionStore for Timed {
     }
     async fn update_with_events(
         &self,
-        rec: &SessionRecord,
+        rec: &mut SessionRecord,
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
@@ -181,11 +181,11 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let store = Timed::new(inner, Arc::new(move |op, _| log.lock().unwrap().push(op)));
-        store.create(&record("s1", 1)).await.unwrap();
+        store.create(&mut record("s1", 1)).await.unwrap();
         assert_eq!(store.get("s1").await.unwrap().unwrap().id, "s1");
         assert!(store.get("s2").await.unwrap().is_none());
         assert!(matches!(
-            store.update(&record("s2", 1)).await,
+            store.update(&mut record("s2", 1)).await,
             Err(StoreError::NotFound(_))
         ));
         assert_eq!(*seen.lock().unwrap(), ["create", "get", "get", "update"]);
@@ -203,7 +203,7 @@ mod tests {
 
     #[async_trait]
     impl SessionStore for Reached {
-        async fn create(&self, _: &SessionRecord) -> Result<(), StoreError> {
+        async fn create(&self, _: &mut SessionRecord) -> Result<(), StoreError> {
             self.note("create");
             Ok(())
         }
@@ -223,7 +223,7 @@ mod tests {
             self.note("waiting");
             Ok(Vec::new())
         }
-        async fn update(&self, _: &SessionRecord) -> Result<(), StoreError> {
+        async fn update(&self, _: &mut SessionRecord) -> Result<(), StoreError> {
             self.note("update");
             Ok(())
         }
@@ -239,7 +239,7 @@ mod tests {
         }
         async fn update_with_events(
             &self,
-            _: &SessionRecord,
+            _: &mut SessionRecord,
             _: &[(&str, serde_json::Value)],
             _: i64,
         ) -> Result<Vec<i64>, StoreError> {
@@ -319,18 +319,18 @@ mod tests {
             inner.clone(),
             Arc::new(move |op, _| log.lock().unwrap().push(op)),
         );
-        let rec = record("s1", 1);
-        store.create(&rec).await.unwrap();
+        let mut rec = record("s1", 1);
+        store.create(&mut rec).await.unwrap();
         store.get("s1").await.unwrap();
         store.list().await.unwrap();
         store.running().await.unwrap();
         store.waiting().await.unwrap();
-        store.update(&rec).await.unwrap();
+        store.update(&mut rec).await.unwrap();
         store
             .append_event("s1", "k", &serde_json::Value::Null, 1)
             .await
             .unwrap();
-        store.update_with_events(&rec, &[], 1).await.unwrap();
+        store.update_with_events(&mut rec, &[], 1).await.unwrap();
         store.events_after("s1", 0).await.unwrap();
         store.beat("i", 1, None).await.unwrap();
         store.peer("i").await.unwrap();
