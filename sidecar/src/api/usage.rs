@@ -90,7 +90,7 @@ pub async fn report(
     s.caller(&headers, None, Door::OwnerOnly).await?;
     let to = match &q.to {
         Some(t) => instant("to", t)?,
-        None => crate::session::service::now_ms(),
+        None => crate::session::clock::now_ms(),
     };
     let from = match &q.from {
         Some(f) => instant("from", f)?,

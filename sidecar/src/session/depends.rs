@@ -457,7 +457,7 @@ impl Walk<'_, '_> {
             let id = if sel.id_sensitive {
                 format!(
                     "opt_{}",
-                    &hex::encode(crate::session::service::random_key())[..16]
+                    &hex::encode(crate::session::clock::random_key())[..16]
                 )
             } else {
                 real.clone()

@@ -2,6 +2,7 @@
 
 pub mod ask;
 pub mod clients;
+pub mod clock;
 pub mod depends;
 pub mod error;
 mod fanout;

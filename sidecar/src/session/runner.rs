@@ -765,7 +765,7 @@ pub async fn orchestrated(
             .spec
             .max_steps
             .unwrap_or(ctx.max_steps.max(MIN_LOOKUPS)),
-        now: crate::session::service::now_ms(),
+        now: crate::session::clock::now_ms(),
         confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
     };
     let mut fresh = false;

@@ -56,6 +56,7 @@ mod continuation;
 mod feed;
 mod lifecycle;
 mod liveness;
+mod recorder;
 mod runs;
 mod secrets;
 mod sink;
@@ -118,15 +119,7 @@ impl Default for ServiceConfig {
     }
 }
 
-/// A key of this process's own (one server, no replica to agree with).
-pub fn random_key() -> [u8; 32] {
-    let mut key = [0u8; 32];
-    if getrandom::fill(&mut key).is_err() {
-        // Without randomness the tokens would be guessable: refuse to run.
-        panic!("no randomness for the continuation key");
-    }
-    key
-}
+pub use super::clock::random_key;
 
 /// How far a run goes (`run` on create, messages, resume, continuations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -273,7 +266,7 @@ pub struct Service {
     budget_status: tokio::sync::Notify,
 }
 
-pub use super::store::now_ms;
+pub use super::clock::now_ms;
 
 impl Service {
     pub fn new(

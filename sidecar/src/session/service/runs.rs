@@ -1,6 +1,7 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
+use super::recorder::{encoded, stored_events, RunWrite};
 use super::sink::{self, SessionSink};
 use super::*;
 
@@ -420,136 +421,6 @@ impl Service {
         }
         record
     }
-
-    /// Read-modify-write of a session by the run this process has on it,
-    /// under the session's lock, with `events` appended in the same store
-    /// operation (see [`Service::publish`] for their subscribers). Nothing
-    /// is written once the run is no longer ours (another server found it
-    /// lost and closed it); a write that lost a race with a change
-    /// elsewhere (parameters) is redone on the fresh record.
-    pub(super) async fn write_run(
-        &self,
-        id: &str,
-        change: impl Fn(&mut SessionRecord),
-        events: &[SessionEvent],
-    ) -> RunWrite {
-        let events = &encoded(events);
-        let live = self.live(id);
-        let mut written = live.lock.lock().await;
-        // A record as last written is an extra attempt, not one of the three.
-        let cached = usize::from(written.is_some());
-        for _ in 0..3 + cached {
-            let mut rec = match written.take() {
-                Some(rec) => *rec,
-                None => match self.record(id).await {
-                    Ok(rec) => rec,
-                    Err(e) => return RunWrite::Failed(e.to_string()),
-                },
-            };
-            if rec.status != SessionStatus::Running
-                || rec.runner.as_deref() != Some(self.instance.as_str())
-            {
-                return RunWrite::Taken;
-            }
-            if rec.cancel_requested {
-                // Another server asked to cancel this run.
-                self.cancel_here(id);
-            }
-            change(&mut rec);
-            rec.version += 1;
-            let at = now_ms();
-            rec.updated_at = at;
-            match self.store.update_with_events(&mut rec, events, at).await {
-                Ok(seqs) => {
-                    let stored = stored_events(seqs, events, at);
-                    if rec.status == SessionStatus::Running {
-                        *written = Some(Box::new(rec));
-                        return RunWrite::Written(stored, None);
-                    }
-                    return RunWrite::Written(stored, Some(Box::new(rec)));
-                }
-                Err(StoreError::Conflict(_)) => continue,
-                Err(e) => return RunWrite::Failed(e.to_string()),
-            }
-        }
-        RunWrite::Failed(format!(
-            "session {id} kept changing concurrently; gave up after 3 attempts"
-        ))
-    }
-
-    pub(super) async fn append_turn(
-        &self,
-        id: &str,
-        msg: &ChatMessage,
-        events: &[SessionEvent],
-    ) -> RunWrite {
-        let written = self
-            .write_run(id, |rec| rec.turns.push(msg.clone()), events)
-            .await;
-        if let RunWrite::Failed(e) = &written {
-            tracing::error!(session = id, "cannot store a turn: {e}");
-        }
-        written
-    }
-
-    pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
-        let at = now_ms();
-        let (kind, data) = (event.kind(), event.data());
-        match self.store.append_event(id, kind, &data, at).await {
-            Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),
-            Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
-        }
-    }
-
-    /// Each of `events` stored on its own, then handed to subscribers.
-    pub(super) async fn emit_all(&self, id: &str, events: Events) {
-        for event in events {
-            self.emit(id, event).await;
-        }
-    }
-
-    /// Hand stored events to the session's live subscribers, in order.
-    pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
-        self.fan_out(
-            id,
-            events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e))),
-        );
-    }
-
-    /// Hand `events` (stored ones, or streamed text, which is never stored)
-    /// to the session's live subscribers, in order, each timed.
-    pub(super) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
-        let Some(live) = self.peek(id) else {
-            return; // nobody in memory, so nobody listening
-        };
-        for event in events {
-            let start = std::time::Instant::now();
-            live.events.send(event);
-            self.metrics.event_fanout(start.elapsed());
-        }
-    }
-}
-
-/// `events` as stored with `seqs` at `at`.
-fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<EventRecord> {
-    seqs.into_iter()
-        .zip(events)
-        .map(|(seq, (kind, data))| EventRecord {
-            seq,
-            kind: kind.to_string(),
-            data: data.clone(),
-            at,
-        })
-        .collect()
-}
-
-/// An event as the store keeps it: its kind and its data as JSON. Stored
-/// events are read back in this form (never as [`SessionEvent`]), so a row
-/// written by an older or newer server still reads and streams as it was.
-type Encoded = (&'static str, serde_json::Value);
-
-fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
-    events.iter().map(|e| (e.kind(), e.data())).collect()
 }
 
 /// The conversation a run goes on from, and where its taint counts from
@@ -572,17 +443,6 @@ pub(super) struct Driven {
     run: pending::WaitingRun,
     /// What this part of the run used.
     usage: crate::session::usage::Totals,
-}
-
-/// What became of a run's write to its session.
-pub(super) enum RunWrite {
-    /// Stored, with the events that went with it, and the record as
-    /// stored when the write ended the run (a running one stays cached
-    /// under the session's lock).
-    Written(Vec<EventRecord>, Option<Box<SessionRecord>>),
-    /// The run is no longer this process's: another server closed it.
-    Taken,
-    Failed(String),
 }
 
 /// Answer every tool call that has no result yet with `why`, so the history

@@ -13,7 +13,7 @@
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::runs::RunWrite;
+use super::recorder::RunWrite;
 use super::*;
 use crate::session::fanout::LiveEvent;
 

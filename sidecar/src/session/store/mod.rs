@@ -21,14 +21,7 @@ use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten
 use crate::spec::budget::Meter;
 pub use location::Location;
 
-/// Milliseconds since the Unix epoch, the stores' and sessions' one clock
-/// (0 for a clock before 1970, saturating far in the future).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub use crate::session::clock::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
