@@ -46,6 +46,7 @@ pub struct Budget {
 
 /// What happens at a used-up budget.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum OnExceed {
     /// Nothing more starts: a message is answered 429, a run stops, a tool
@@ -84,7 +85,8 @@ impl Pricing {
 }
 
 /// What a budget counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Meter {
     Tokens,

@@ -18,8 +18,7 @@ pub struct AgentView {
     /// Where its definition comes from: `file` (the server's files),
     /// `crd` (an `Agent` resource, given by the operator) or `store` (kept
     /// over the API).
-    #[schema(value_type = String, example = "file")]
-    pub source: &'static str,
+    pub source: crate::session::service::stored::AgentSource,
     /// What the agent says it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
@@ -53,15 +52,11 @@ pub struct AgentView {
 #[derive(Serialize, ToSchema)]
 pub struct BudgetView {
     pub name: String,
-    /// `tokens`, `tool_calls` or `cost`.
-    #[schema(value_type = String, example = "tokens")]
-    pub meter: &'static str,
+    pub meter: crate::spec::budget::Meter,
     pub limit: f64,
     /// The window: a duration (`24h`), `session` or `run`.
     pub per: String,
-    /// `refuse` or `confirm`.
-    #[schema(value_type = String, example = "refuse")]
-    pub on_exceed: &'static str,
+    pub on_exceed: crate::spec::budget::OnExceed,
 }
 
 /// `GET /v1/agents`.
@@ -112,7 +107,7 @@ pub fn agent_view(
 ) -> AgentView {
     AgentView {
         slug: a.name.clone(),
-        source: source.as_str(),
+        source,
         announce: a.spec.announce.clone(),
         parameters: a
             .params
@@ -152,12 +147,9 @@ pub fn agent_view(
             .budget_limits()
             .into_iter()
             .map(|l| BudgetView {
-                meter: l.meter.as_str(),
+                meter: l.meter,
                 limit: l.limit,
-                on_exceed: match l.on_exceed {
-                    crate::spec::budget::OnExceed::Refuse => "refuse",
-                    crate::spec::budget::OnExceed::Confirm => "confirm",
-                },
+                on_exceed: l.on_exceed,
                 per: l.per_text,
                 name: l.name,
             })

@@ -8,7 +8,6 @@
 use async_trait::async_trait;
 
 use super::usage::{Gauge, Scope, Standing};
-use super::wire::BudgetMeter;
 use crate::spec::budget::{Limit, Meter, OnExceed, Per};
 use crate::spec::ModelSpec;
 
@@ -37,7 +36,7 @@ impl Exceeded {
         };
         Exceeded {
             budget: limit.name.clone(),
-            meter: limit.meter.into(),
+            meter: limit.meter,
             limit: limit.limit,
             used: standing.used,
             per: limit.per_text.clone(),
@@ -48,8 +47,8 @@ impl Exceeded {
     /// `budget daily-tokens is used up: 200412 of 200000 tokens per 24h`.
     pub fn detail(&self) -> String {
         let amount = |x: f64| match self.meter {
-            BudgetMeter::Cost => format!("{x:.4}"),
-            BudgetMeter::Tokens | BudgetMeter::ToolCalls => format!("{x:.0}"),
+            Meter::Cost => format!("{x:.4}"),
+            Meter::Tokens | Meter::ToolCalls => format!("{x:.0}"),
         };
         let mut text = format!(
             "budget {} is used up: {} of {} {} per {}",

@@ -17,6 +17,7 @@ use utoipa::{PartialSchema, ToSchema};
 use crate::metrics::{RunOutcome, ToolCaller};
 use crate::session::model::SessionStatus;
 use crate::session::usage::Totals;
+use crate::spec::budget::Meter;
 use crate::tools::Disposition;
 
 /// Defines [`SessionEvent`] from its variants, each with its SSE `event`
@@ -260,7 +261,7 @@ pub struct BudgetEvent {
     pub state: BudgetState,
     pub used: f64,
     pub limit: f64,
-    pub meter: BudgetMeter,
+    pub meter: Meter,
     /// The window: a duration (`24h`), `session` or `run`.
     pub per: String,
 }
@@ -270,36 +271,6 @@ pub struct BudgetEvent {
 pub enum BudgetState {
     NearlyUsed,
     UsedUp,
-}
-
-/// What a budget counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum BudgetMeter {
-    Tokens,
-    ToolCalls,
-    Cost,
-}
-
-impl From<crate::spec::budget::Meter> for BudgetMeter {
-    fn from(m: crate::spec::budget::Meter) -> Self {
-        use crate::spec::budget::Meter;
-        match m {
-            Meter::Tokens => BudgetMeter::Tokens,
-            Meter::ToolCalls => BudgetMeter::ToolCalls,
-            Meter::Cost => BudgetMeter::Cost,
-        }
-    }
-}
-
-impl BudgetMeter {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BudgetMeter::Tokens => "tokens",
-            BudgetMeter::ToolCalls => "tool_calls",
-            BudgetMeter::Cost => "cost",
-        }
-    }
 }
 
 /// `delta`: a piece of the model's text as it streams in. Not stored, so
@@ -405,7 +376,7 @@ pub struct TaintSource {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Exceeded {
     pub budget: String,
-    pub meter: BudgetMeter,
+    pub meter: Meter,
     pub limit: f64,
     pub used: f64,
     /// The window as written (`24h`, `session`, `run`).
@@ -492,7 +463,7 @@ mod tests {
                     state: BudgetState::NearlyUsed,
                     used: 81.0,
                     limit: 100.0,
-                    meter: BudgetMeter::ToolCalls,
+                    meter: Meter::ToolCalls,
                     per: "24h".into(),
                 }),
                 "budget",

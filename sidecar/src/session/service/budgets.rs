@@ -335,7 +335,7 @@ impl Service {
             state,
             used,
             limit: limit.limit,
-            meter: limit.meter.into(),
+            meter: limit.meter,
             per: limit.per_text.clone(),
         };
         self.emit(id, SessionEvent::Budget(event)).await;

@@ -49,7 +49,8 @@ impl StoredAgents {
 }
 
 /// Where an agent comes from, as `GET /v1/agents` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum AgentSource {
     /// An agent file given to the server.
     File,
