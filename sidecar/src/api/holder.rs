@@ -144,7 +144,11 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
             // A session token names its session in a header.
             let named = super::mcp::token_session_header(&parts.headers);
             let who = s
-                .identify_with(&parts.headers, named.as_deref(), TokenCheck::Read(rec.as_ref()))
+                .identify_with(
+                    &parts.headers,
+                    named.as_deref(),
+                    TokenCheck::Read(rec.as_ref()),
+                )
                 .await;
             parts.extensions.insert(Identified {
                 session: named,
@@ -158,7 +162,11 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         }
         About::Session { .. } => {
             let who = s
-                .identify_with(&parts.headers, Some(&session), TokenCheck::Read(rec.as_ref()))
+                .identify_with(
+                    &parts.headers,
+                    Some(&session),
+                    TokenCheck::Read(rec.as_ref()),
+                )
                 .await;
             parts.extensions.insert(Identified {
                 session: Some(session.clone()),

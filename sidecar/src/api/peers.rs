@@ -586,6 +586,77 @@ mod tests {
         assert!(check(&auth, URI, &h, b"", 1000, at).is_err());
     }
 
+    /// The headers that change an `/mcp` call are signed with it: one
+    /// changed, added or removed is refused; a forward without any is
+    /// signed over exactly the text it always was, so replicas of the
+    /// version before still take it.
+    #[test]
+    fn an_mcp_forwards_headers_are_signed_and_others_unchanged() {
+        let at = Instant::now();
+        let plain = Signed {
+            method: "POST",
+            path: URI,
+            body: b"{}",
+            caller: "owner",
+            time: 1000,
+            nonce: NONCE,
+            headers: Vec::new(),
+        }
+        .signature(&KEY);
+        let text = format!(
+            "bindery peer request\nPOST\n{URI}\n{}\nowner\n1000\n{NONCE}",
+            hex::encode(Sha256::digest(b"{}"))
+        );
+        assert_eq!(plain, hmac(&KEY, text.as_bytes()), "the format before");
+
+        let mut sent = HeaderMap::new();
+        sent.insert("agents-param-tenant", "acme".parse().unwrap());
+        sent.insert("mcp-method", "tools/call".parse().unwrap());
+        sent.insert(header::ACCEPT, "application/json".parse().unwrap());
+        let sig = Signed {
+            method: "POST",
+            path: URI,
+            body: b"{}",
+            caller: "owner",
+            time: 1000,
+            nonce: NONCE,
+            headers: signed_headers(&sent),
+        }
+        .signature(&KEY);
+        assert_ne!(sig, plain);
+        let with = |extra: &[(&str, &str)], drop: Option<&str>| {
+            let mut h = sent.clone();
+            if let Some(d) = drop {
+                h.remove(d);
+            }
+            for (k, v) in extra {
+                h.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            h.insert(PEER_HEADER, hex::encode(sig).parse().unwrap());
+            h.insert(CALLER_HEADER, "owner".parse().unwrap());
+            h.insert(TIME_HEADER, "1000".parse().unwrap());
+            h.insert(NONCE_HEADER, NONCE.parse().unwrap());
+            h
+        };
+        for (extra, drop) in [
+            (&[("agents-param-tenant", "globex")][..], None),
+            (&[("agents-param-billing-token", "x")][..], None),
+            (&[("bindery-session-id", "s2")][..], None),
+            (&[][..], Some("agents-param-tenant")),
+        ] {
+            let auth = PeerAuth::new(KEY);
+            let e = check(&auth, URI, &with(extra, drop), b"{}", 1000, at).unwrap_err();
+            assert!(e.message.contains("does not match"), "{extra:?} {drop:?}");
+        }
+        // `Accept` is passed, not signed; the signed ones as they were pass.
+        let auth = PeerAuth::new(KEY);
+        let h = with(&[(header::ACCEPT.as_str(), "*/*")], None);
+        assert_eq!(check(&auth, URI, &h, b"{}", 1000, at).unwrap(), "owner");
+    }
+
     #[test]
     fn nonces_are_forgotten_once_their_time_is_past() {
         let nonces = Nonces::default();

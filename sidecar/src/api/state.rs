@@ -38,7 +38,8 @@ impl AppState {
     /// Who `headers` say the caller is, on a route about `session`,
     /// checking a session token in the store.
     pub(crate) async fn identify(&self, headers: &HeaderMap, session: Option<&str>) -> Identity {
-        self.identify_with(headers, session, TokenCheck::Store).await
+        self.identify_with(headers, session, TokenCheck::Store)
+            .await
     }
 
     /// The same, a session token checked as `check` says.

@@ -39,16 +39,6 @@ async fn held_on(holder: &Api) -> (String, String) {
     )
 }
 
-/// The requests `api` served on `route` (its `/metrics`), by status.
-async fn served(api: &Api, route: &str) -> f64 {
-    let m = api.call("GET", "/metrics", None, None).await;
-    m.text
-        .lines()
-        .filter(|l| l.starts_with("bindery_http_requests_total{") && l.contains(&format!("route=\"{route}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// One JSON-RPC `tools/call` over `POST /mcp` with `token` and `headers`.
 async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Value) -> Value {
     let mut req = api
@@ -61,7 +51,10 @@ async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Valu
         req = req.header(*k, *v);
     }
     let resp = req
-        .body(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}).to_string())
+        .body(
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+                .to_string(),
+        )
         .send()
         .await
         .unwrap();
@@ -83,7 +76,12 @@ async fn a_view_asked_of_another_replica_shows_the_holders_secret_names() {
 
     let r = api_a.call("GET", &path, Some(OWNER), None).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["secret_params"], json!(["billing_token"]), "{}", r.text);
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
     assert_eq!(r.json["params"], json!({"tenant": "acme"}), "{}", r.text);
     assert!(!r.text.contains(CANARY), "{}", r.text);
     let r = api_a.call("GET", &path, Some(&token), None).await;
@@ -115,10 +113,20 @@ async fn a_view_asked_of_another_replica_shows_the_holders_secret_names() {
     let (other, other_token) = held_on(&api_b).await;
     let before = served(&api_b, "/v1/sessions/{id}").await;
     let r = api_a.call("GET", &path, Some(&other_token), None).await;
-    assert_eq!(error_of(&r), refusal(401, "unauthorized", &[]), "{}", r.text);
+    assert_eq!(
+        error_of(&r),
+        refusal(401, "unauthorized", &[]),
+        "{}",
+        r.text
+    );
     assert_eq!(served(&api_b, "/v1/sessions/{id}").await, before);
     let r = api_a
-        .call("GET", &format!("/v1/sessions/{other}"), Some(&other_token), None)
+        .call(
+            "GET",
+            &format!("/v1/sessions/{other}"),
+            Some(&other_token),
+            None,
+        )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     for s in [&a, &b] {
@@ -149,8 +157,18 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     assert_eq!(v["id"], 7, "{v}");
     let result = &v["result"];
     assert_eq!(result["isError"], false, "{v}");
-    assert!(result["content"][0]["text"].as_str().unwrap().starts_with("answer: "), "{v}");
-    assert_eq!(result["_meta"]["bindery.dev/session_id"], id.as_str(), "{v}");
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("answer: "),
+        "{v}"
+    );
+    assert_eq!(
+        result["_meta"]["bindery.dev/session_id"],
+        id.as_str(),
+        "{v}"
+    );
 
     let v = mcp_call(
         &api_a,
@@ -161,7 +179,11 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     .await;
     assert!(v["error"].is_null(), "{v}");
     assert_eq!(v["result"]["isError"], false, "{v}");
-    assert_eq!(served(&api_b, "/mcp").await - before, 2.0, "B ran both calls");
+    assert_eq!(
+        served(&api_b, "/mcp").await - before,
+        2.0,
+        "B ran both calls"
+    );
     let turns = api_b
         .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
         .await
@@ -176,7 +198,10 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     let v = mcp_call(
         &api_a,
         OWNER,
-        &[("Agents-Param-tenant", "acme"), ("Agents-Param-billing_token", CANARY)],
+        &[
+            ("Agents-Param-tenant", "acme"),
+            ("Agents-Param-billing_token", CANARY),
+        ],
         json!({"name": "ask_invoices", "arguments": {"prompt": "overdue?"}}),
     )
     .await;
@@ -196,10 +221,17 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     assert_eq!(v["id"], 7, "{v}");
     assert_eq!(v["error"]["data"]["error"], "peer_tls_required", "{v}");
     assert_eq!(v["error"]["data"]["status"], 409, "{v}");
-    assert_eq!(v["error"]["data"]["params"], json!(["billing_token"]), "{v}");
+    assert_eq!(
+        v["error"]["data"]["params"],
+        json!(["billing_token"]),
+        "{v}"
+    );
     for s in [&a, &b] {
         let logs = s.logs();
-        assert!(!logs.contains(CANARY) && !logs.contains("rotated-9d2c"), "{logs}");
+        assert!(
+            !logs.contains(CANARY) && !logs.contains("rotated-9d2c"),
+            "{logs}"
+        );
     }
     for req in w.mock.requests() {
         assert!(!req.to_string().contains(CANARY));
@@ -253,11 +285,24 @@ async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
 
     let (r, spent) = cost(&api, api.call("GET", &path, Some(OWNER), None)).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["secret_params"], json!(["billing_token"]), "{}", r.text);
-    assert_eq!(spent, ops(&[("get", 1.0), ("session_totals", 1.0)]), "owner's view");
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        spent,
+        ops(&[("get", 1.0), ("session_totals", 1.0)]),
+        "owner's view"
+    );
     let (r, spent) = cost(&api, api.call("GET", &path, Some(&token), None)).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(spent, ops(&[("get", 2.0), ("session_totals", 1.0)]), "token's view");
+    assert_eq!(
+        spent,
+        ops(&[("get", 2.0), ("session_totals", 1.0)]),
+        "token's view"
+    );
     let (r, spent) = cost(&api, api.call("GET", &path, None, None)).await;
     assert_eq!(r.status, 401, "{}", r.text);
     assert_eq!(spent, ops(&[]), "no token");
@@ -309,7 +354,11 @@ async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
     })
     .await;
     assert_eq!(v.json["error"]["code"], -32602, "{}", v.text);
-    assert_eq!(spent, ops(&[("get", 1.0)]), "an /mcp call naming the session");
+    assert_eq!(
+        spent,
+        ops(&[("get", 1.0)]),
+        "an /mcp call naming the session"
+    );
     let (r, spent) = cost(
         &api,
         api.call("DELETE", &format!("{path}/token"), Some(OWNER), None),
@@ -333,6 +382,72 @@ async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
         "cancel, PUT params, an unknown continuation, revoke"
     );
     let all = store_operations(&api).await;
-    assert!(!all.contains_key("peer"), "another server was looked for: {all:?}");
+    assert!(
+        !all.contains_key("peer"),
+        "another server was looked for: {all:?}"
+    );
     assert!(!sidecar.logs().contains("forward"), "{}", sidecar.logs());
+}
+
+/// A run on B, held by the model: A's subscriber gets B's events as they
+/// come (the forwarded stream is passed through, not buffered: the run's
+/// start shows while it is still running), and a cancel sent to A ends
+/// B's run at once, as B's own cancel would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_and_a_cancel_through_another_replica_reach_the_runner() {
+    use bindery_tests::mock_llm::{last_message, Gate, MockReply};
+    let gate = Gate::new();
+    let held = gate.clone();
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(move |req| match last_message(req)["content"].as_str() {
+        Some("hold") => MockReply::text("released").held(&held),
+        _ => MockReply::text("fresh"),
+    })
+    .await;
+    w.store = pg.url(DB);
+    let (_b, api_b) = w.start(&[], &[]);
+    let (_a, api_a) = w.start(&[], &[]);
+    let (id, token) = held_on(&api_b).await;
+    let (status, stream) = api_a
+        .events(&format!("/v1/sessions/{id}/events"), Some(&token), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "hold"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    until("the model gets the request", PATIENCE, || {
+        w.mock.request_count() > 0
+    })
+    .await;
+    let started = stream.until("run_started", PATIENCE).await;
+    assert_eq!(
+        started.last().map(|e| e.event.as_str()),
+        Some("run_started"),
+        "{started:?}"
+    );
+
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(r.json["status_detail"], "cancelled", "{}", r.text);
+    let ended = stream.until("run_finished", PATIENCE).await;
+    let end = ended.last().filter(|e| e.event == "run_finished");
+    let data: Value = serde_json::from_str(&end.expect("run_finished").data).unwrap();
+    assert_eq!(data["status"], "cancelled", "{data}");
+    gate.open();
 }

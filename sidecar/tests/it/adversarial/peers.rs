@@ -787,7 +787,10 @@ async fn as_a_replica(
     let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
         .await
         .unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// A request that is a forward already is served where it lands, never
@@ -808,7 +811,11 @@ async fn a_forward_is_never_forwarded_again() {
     let view = format!("/v1/sessions/{id}");
     let (status, v) = as_a_replica(&api_a, "GET", &view, &[], "").await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(v["secret_params"], json!([]), "A answered with its own: {v}");
+    assert_eq!(
+        v["secret_params"],
+        json!([]),
+        "A answered with its own: {v}"
+    );
     let (status, v) = as_a_replica(
         &api_a,
         "POST",
@@ -840,7 +847,12 @@ async fn a_forward_is_never_forwarded_again() {
     assert_eq!(w.mock.request_count(), 0, "nothing ran");
 
     let r = api_a.call("GET", &view, Some(OWNER), None).await;
-    assert_eq!(r.json["secret_params"], json!(["billing_token"]), "{}", r.text);
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
     let captured = captured_until(&sniffer, |c| !c.is_empty()).await;
     assert_eq!(captured.len(), 1, "{captured:?}");
     assert!(captured[0].line.starts_with("GET "), "{captured:?}");
@@ -879,19 +891,27 @@ async fn an_mcp_forward_cannot_be_replayed_or_its_headers_changed() {
     let ran = w.mock.request_count();
     let captured = captured_until(&sniffer, |c| !c.is_empty()).await;
     let forward = &captured[0];
-    assert_eq!(forward.header("agents-param-tenant"), Some("beta"), "{forward:?}");
+    assert_eq!(
+        forward.header("agents-param-tenant"),
+        Some("beta"),
+        "{forward:?}"
+    );
     assert!(!contains(&forward.raw, OWNER), "the owner token went along");
 
     let again = replay_answer(b, &forward.raw).await;
-    assert!(again.starts_with("HTTP/1.1 401"), "replayed as it went: {again}");
-    assert!(again.contains("accepted once already"), "{again}");
-    let text = String::from_utf8_lossy(&forward.raw).replace(
-        "agents-param-tenant: beta",
-        "agents-param-tenant: zeta",
+    assert!(
+        again.starts_with("HTTP/1.1 401"),
+        "replayed as it went: {again}"
     );
+    assert!(again.contains("accepted once already"), "{again}");
+    let text = String::from_utf8_lossy(&forward.raw)
+        .replace("agents-param-tenant: beta", "agents-param-tenant: zeta");
     assert_ne!(text.as_bytes(), &forward.raw[..]);
     let changed = replay_answer(b, text.as_bytes()).await;
-    assert!(changed.starts_with("HTTP/1.1 401"), "a header changed: {changed}");
+    assert!(
+        changed.starts_with("HTTP/1.1 401"),
+        "a header changed: {changed}"
+    );
     assert!(changed.contains("does not match"), "{changed}");
     for (path, body) in [
         (format!("/v1/sessions/{id}"), None),
@@ -900,7 +920,11 @@ async fn an_mcp_forward_cannot_be_replayed_or_its_headers_changed() {
         let mut req = api_b
             .http
             .request(
-                if body.is_some() { reqwest::Method::POST } else { reqwest::Method::GET },
+                if body.is_some() {
+                    reqwest::Method::POST
+                } else {
+                    reqwest::Method::GET
+                },
                 format!("{}{path}", api_b.base),
             )
             .header("accept", "application/json");
