@@ -9,7 +9,7 @@
 //! is no other key the token derives), over the method, the path and query,
 //! the SHA-256 of the body, the caller, the time it was sent and a random
 //! nonce, and the headers that change what an `/mcp` call does
-//! ([`signed_headers`]: they go with its forward, and a forward without
+//! (`signed_headers`: they go with its forward, and a forward without
 //! them is signed over exactly what it was before). The receiver ([`admit`], in front of every route) refuses a
 //! signature that does not match, a time more than [`WINDOW`] away from its
 //! own clock, and a nonce it has seen already; it remembers nonces for
