@@ -143,12 +143,14 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         About::Mcp => {
             // A session token names its session in a header.
             let named = super::mcp::token_session_header(&parts.headers);
+            // The record read is that of the session the call names: a
+            // token of another one is checked in the store, as `Who` would.
+            let check = match named.as_deref() == Some(session.as_str()) {
+                true => TokenCheck::Read(rec.as_ref()),
+                false => TokenCheck::Store,
+            };
             let who = s
-                .identify_with(
-                    &parts.headers,
-                    named.as_deref(),
-                    TokenCheck::Read(rec.as_ref()),
-                )
+                .identify_with(&parts.headers, named.as_deref(), check)
                 .await;
             parts.extensions.insert(Identified {
                 session: named,
