@@ -21,7 +21,9 @@
 //!   of it itself (read from memory);
 //! - only for a caller this replica recognised (the owner, the approver, a
 //!   session token of that session; an answer link stands for the
-//!   approver): anyone else is refused here, as before;
+//!   approver): anyone else is refused here, as before. An `/mcp` body is
+//!   read (to find the session a call names) only for the owner token or
+//!   a session token with its session named;
 //! - only to a live replica that advertises an address (a heartbeat within
 //!   the lease), read with the session's record: the one read the check
 //!   costs, which a session token's check would make anyway (the handler
@@ -108,6 +110,11 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     let mut read: Option<Bytes> = None;
     let (session, mcp) = match about {
         About::Mcp => {
+            // `/mcp` reads no body before it knows its caller: only the
+            // owner's or a session token's call can be forwarded.
+            if !may_name_a_session(&s, &parts) {
+                return next.run(rebuilt(parts, read, body)).await;
+            }
             let bytes = match read_body(&parts, body.take()).await {
                 Ok(b) => b,
                 Err(refused) => return refused,
@@ -230,6 +237,19 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
             tracing::warn!(session = %session, peer = %to, "cannot forward a request to the server holding the session: {why}");
             next.run(rebuilt(parts, Some(bytes), None)).await
         }
+    }
+}
+
+/// Whether an `/mcp` POST's credentials are the owner token or a session
+/// token with its session named (checked for good later), the only callers
+/// whose calls name a session.
+fn may_name_a_session(s: &AppState, parts: &Parts) -> bool {
+    match super::auth::bearer(&parts.headers) {
+        Some(token) if s.owner.matches(token) => true,
+        Some(token) => {
+            token.starts_with("st_") && super::mcp::token_session_header(&parts.headers).is_some()
+        }
+        None => false,
     }
 }
 
