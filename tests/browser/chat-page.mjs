@@ -9,7 +9,10 @@
 // calls answered from their cards (approve, reject with a reason, a
 // deferred result), and the same cards seen through a shared link.
 // `booking`: the booking example's API-owned inputs: a missing field typed
-// in, an option chosen, the prepared booking confirmed.
+// in, an option chosen, the prepared booking confirmed. `replica`: the page
+// served by a replica that does not hold the session (its secret value is
+// in another replica's memory; LINK is the session's shared link on this
+// one): the owner opens it from the list and chats, then the link does.
 //
 // Prints one line per step and a screenshot path per state; exits non-zero,
 // naming the step, on the first thing that is not as expected.
@@ -373,8 +376,56 @@ async function budgetScenario() {
   await shot(page, "budget-refused");
 }
 
+/// Sends `prompt` on `page` and waits for the `nth` tool call to be done,
+/// the answer shown and the session idle; what streamed meanwhile.
+async function chatTurn(page, prompt, nth) {
+  await page.evaluate(() => {
+    window.__streamed = [];
+    new MutationObserver(() => {
+      const s = document.querySelector("#transcript .streaming");
+      if (s) window.__streamed.push(s.lastChild.textContent);
+    }).observe(document.getElementById("transcript"), { childList: true, subtree: true, characterData: true });
+  });
+  await page.getByLabel("Message").fill(prompt);
+  await page.getByLabel("Message").press("Enter");
+  const tool = page.locator("#transcript .turn.tool").nth(nth);
+  await tool.locator(".tool-state", { hasText: "done" }).waitFor();
+  await page.locator("#transcript .turn.assistant:not(.streaming)").filter({ hasText: "INV-1002" }).nth(nth).waitFor();
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+  return page.evaluate(() => window.__streamed);
+}
+
+async function replicaScenario() {
+  const link = process.env.LINK;
+  check(link, "LINK is not set");
+  const id = new URL(link).hash.match(/session=([^&]+)/)[1];
+
+  step = "owner: open the session the other replica holds, from the list";
+  const { context, page } = await ownerPage();
+  await page.getByRole("button", { name: "Refresh" }).click();
+  await page.locator(`#session-list li button[data-session="${id}"]`).click();
+  await page.locator("#chat-title").filter({ hasText: "Session" }).waitFor();
+
+  step = "owner: a message, answered by the holder and streamed from it";
+  const streamed = await chatTurn(page, "Which invoices are overdue?", 0);
+  check(streamed.some((t) => t.length > 0), "no streamed text was shown before the answer");
+  await secretNeverRendered(page);
+  await shot(page, "replica-owner");
+  check((await context.cookies()).length === 0, "the owner's browser got cookies");
+
+  step = "the shared link, on this replica";
+  const other = await newPage();
+  await other.page.goto(link);
+  await other.page.getByText("Opened with a session token: this session only.").waitFor();
+  await other.page.locator("#transcript .turn.tool").first().waitFor();
+  await chatTurn(other.page, "And the open ones?", 1);
+  await secretNeverRendered(other.page);
+  await shot(other.page, "replica-link");
+}
+
 try {
   if (scenario === "pending") await pendingScenario();
+  else if (scenario === "replica") await replicaScenario();
   else if (scenario === "budget") await budgetScenario();
   else if (scenario === "booking") await bookingScenario();
   else await chatScenario();

@@ -14,9 +14,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::auth::Door;
+use super::auth::{door, Authed};
 use super::openapi::{AnswerRefused, BadRequest, NotFound, Unauthorized};
-use super::peers::Incoming;
 use super::server::{body, ApiResult, ContinuationBody, WaitQuery};
 use super::state::AppState;
 use crate::session::service::RunWait;
@@ -35,8 +34,7 @@ use crate::session::validate::Caller;
         (status = 401, response = Unauthorized),
     ),
 )]
-pub async fn list(State(s): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> ApiResult {
-    s.caller(&headers, None, Door::Approvals).await?;
+pub async fn list(State(s): State<Arc<AppState>>, _: Authed<door::Approvals>) -> ApiResult {
     let approvals = s.service.approvals().await?;
     Ok(Json(ApprovalList { approvals }).into_response())
 }
@@ -90,20 +88,12 @@ pub async fn answer_link(
     State(s): State<Arc<AppState>>,
     Path(token): Path<String>,
     Query(q): Query<WaitQuery>,
-    req: Incoming,
+    b: axum::body::Bytes,
 ) -> ApiResult {
-    let b: ContinuationBody = body(&req.body)?;
+    let b: ContinuationBody = body(&b)?;
     let mut answer = b.into_answer()?;
     answer.by = Some(crate::session::wire::Decider::Webhook);
-    let (id, run) = match s.service.answer(&Caller::Approver, &token, answer).await {
-        Ok(answered) => answered,
-        Err(e) => {
-            let Some(id) = crate::session::pending::token_session(&token) else {
-                return Err(e);
-            };
-            return s.or_forward(e, id, &Caller::Approver, &req).await;
-        }
-    };
+    let (id, run) = s.service.answer(&Caller::Approver, &token, answer).await?;
     let r = answered(&s, &id, &q, run).await?;
     Ok((StatusCode::OK, r).into_response())
 }

@@ -1,17 +1,38 @@
-//! Who is calling: the owner (bearer of the owner token) or the holder of a
-//! session token, which opens exactly four doors of its own session.
+//! Who is calling, and whether they may come through a route's door.
+//!
+//! A handler says who may call it in its signature: it takes an
+//! [`Authed<D>`], an axum extractor whose door `D` is one of the marker
+//! types of [`door`]. The extractor finds the session the route is about
+//! in its path (`{id}`, or the session a `{token}` continuation token
+//! names), learns who the credentials are ([`Identity`]: the owner, the
+//! approver, a session token of that session, or a caller a replica's
+//! signed forward vouches for) and lets them in by the door's [`Rule`],
+//! or refuses with the API's 401 or 403. `/mcp` has its own extractor
+//! (`api/mcp`'s `Who`), built on the same [`Identity`].
+//!
+//! Learning who a session token belongs to reads the session: on a shared
+//! store the forwarding layer (`api/holder.rs`) has read it already, and
+//! leaves what it found ([`Identified`]) for the extractor, which then
+//! reads nothing.
 
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, RawPathParams};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
+use super::state::AppState;
 use crate::params::secret::constant_time_eq;
 use crate::session::error::{ErrorKind, ServiceError};
+use crate::session::model::SessionRecord;
 use crate::session::service::Service;
 use crate::session::validate::Caller;
 
-/// What a route lets a session-token holder do.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Door {
+/// What a door lets a session-token holder and the approver do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
     /// Owner only.
     OwnerOnly,
     /// Read the session, post a message, read its events, cancel a run.
@@ -20,6 +41,37 @@ pub enum Door {
     /// session token of the session the route names (which may read
     /// pending items but never answers one).
     Approvals,
+}
+
+/// A door: a marker type that names the [`Rule`] of the handlers that
+/// take an [`Authed`] of it.
+pub trait Door: Send + Sync + 'static {
+    const RULE: Rule;
+}
+
+/// The doors, one marker type each.
+pub mod door {
+    use super::{Door, Rule};
+
+    /// The owner token only (`security(("ownerToken" = []))`).
+    pub struct Owner;
+    /// The owner, or a session token of the session in the path
+    /// (`security(("ownerToken" = []), ("sessionToken" = []))`).
+    pub struct OwnerOrSessionToken;
+    /// The owner or the approver (`security(("ownerToken" = []),
+    /// ("approverToken" = []))`); a session token of the session the
+    /// route names is let in to be refused what it may not do.
+    pub struct Approvals;
+
+    impl Door for Owner {
+        const RULE: Rule = Rule::OwnerOnly;
+    }
+    impl Door for OwnerOrSessionToken {
+        const RULE: Rule = Rule::SessionToken;
+    }
+    impl Door for Approvals {
+        const RULE: Rule = Rule::Approvals;
+    }
 }
 
 pub struct OwnerToken {
@@ -73,6 +125,10 @@ pub fn unauthorized(msg: &str) -> ServiceError {
     ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
 }
 
+fn not_valid_here() -> ServiceError {
+    unauthorized("the token is not valid here")
+}
+
 fn approver_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
@@ -89,55 +145,209 @@ fn session_token_only() -> ServiceError {
     )
 }
 
+/// Who a request's credentials are on a route about one session (or
+/// none), before any door: what a replica may forward on their behalf.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Identity {
+    /// The owner token, or a forward vouching for the owner.
+    Owner,
+    /// The approver token, or a forward vouching for the approver.
+    Approver,
+    /// A live session token of the session the route is about, or a
+    /// forward vouching for one on that session's route.
+    Session(String),
+    /// No `Authorization: Bearer`.
+    Anonymous,
+    /// Credentials that are nothing here (a token of another session, an
+    /// unknown one, a forward whose caller is not one), and what to say.
+    Refused(ServiceError),
+}
+
+impl Identity {
+    /// The caller a replica forwards this request for, if any.
+    pub fn caller(&self) -> Option<Caller> {
+        match self {
+            Identity::Owner => Some(Caller::Owner),
+            Identity::Approver => Some(Caller::Approver),
+            Identity::Session(id) => Some(Caller::SessionToken(id.clone())),
+            Identity::Anonymous | Identity::Refused(_) => None,
+        }
+    }
+}
+
+impl Rule {
+    /// `who` let in through this door, or refused as the API refuses.
+    pub fn admit(self, who: Identity) -> Result<Caller, ServiceError> {
+        match who {
+            Identity::Owner => Ok(Caller::Owner),
+            Identity::Approver if self == Rule::Approvals => Ok(Caller::Approver),
+            Identity::Approver => Err(approver_only()),
+            Identity::Session(_) if self == Rule::OwnerOnly => Err(session_token_only()),
+            Identity::Session(id) => Ok(Caller::SessionToken(id)),
+            Identity::Anonymous => Err(unauthorized("send `Authorization: Bearer <token>`")),
+            Identity::Refused(e) => Err(e),
+        }
+    }
+}
+
+/// Where a session token is checked: the store, or a record read already
+/// (`None`: there is no such session).
+#[derive(Clone, Copy)]
+pub enum TokenCheck<'a> {
+    Store,
+    Read(Option<&'a SessionRecord>),
+}
+
 /// The tokens the server takes besides session tokens.
 pub struct Tokens<'a> {
     pub owner: &'a OwnerToken,
     pub approver: Option<&'a OwnerToken>,
 }
 
-/// The caller of a request on `session` (when the route names one) through `door`.
-pub async fn caller(
+/// Who `headers` say the caller is, on a route about `session` (when it
+/// names one).
+pub async fn identify(
     headers: &HeaderMap,
     tokens: Tokens<'_>,
     service: &Service,
     session: Option<&str>,
-    door: Door,
-) -> Result<Caller, ServiceError> {
-    let owner = tokens.owner;
+    check: TokenCheck<'_>,
+) -> Identity {
     // Forwarded by a replica, which checked the client's own credentials
     // (its signature was checked in front of the route).
     if let Some(vouched) = super::peers::vouched(headers) {
-        return match vouched? {
-            Caller::Owner => Ok(Caller::Owner),
-            Caller::SessionToken(id) if session != Some(id.as_str()) => {
-                Err(unauthorized("the token is not valid here"))
-            }
-            Caller::SessionToken(_) if door == Door::OwnerOnly => Err(session_token_only()),
-            Caller::Approver if door != Door::Approvals => Err(approver_only()),
-            who => Ok(who),
+        return match vouched {
+            Err(e) => Identity::Refused(e),
+            Ok(Caller::Owner) => Identity::Owner,
+            Ok(Caller::Approver) => Identity::Approver,
+            Ok(Caller::SessionToken(id)) if session == Some(id.as_str()) => Identity::Session(id),
+            Ok(Caller::SessionToken(_)) => Identity::Refused(not_valid_here()),
         };
     }
     let Some(token) = bearer(headers) else {
-        return Err(unauthorized("send `Authorization: Bearer <token>`"));
+        return Identity::Anonymous;
     };
-    if owner.matches(token) {
-        return Ok(Caller::Owner);
+    if tokens.owner.matches(token) {
+        return Identity::Owner;
     }
     if tokens.approver.is_some_and(|a| a.matches(token)) {
-        return match door {
-            Door::Approvals => Ok(Caller::Approver),
-            _ => Err(approver_only()),
-        };
+        return Identity::Approver;
     }
     // A session token is honoured only on its own session's routes; anywhere
     // else it is as good as no token, so it cannot be used to probe.
     if let (Some(id), true) = (session, token.starts_with("st_")) {
-        if service.token_matches(id, token).await {
-            return match door {
-                Door::SessionToken | Door::Approvals => Ok(Caller::SessionToken(id.to_string())),
-                Door::OwnerOnly => Err(session_token_only()),
-            };
+        let live = match check {
+            TokenCheck::Store => service.token_matches(id, token).await,
+            TokenCheck::Read(rec) => rec.is_some_and(|r| r.id == id && service.token_in(r, token)),
+        };
+        if live {
+            return Identity::Session(id.to_string());
         }
     }
-    Err(unauthorized("the token is not valid here"))
+    Identity::Refused(not_valid_here())
+}
+
+/// Who the forwarding layer found a request's caller to be, on its
+/// session, when it read the session for it: the extractor takes it
+/// instead of reading the session again.
+#[derive(Clone, Debug)]
+pub struct Identified {
+    pub session: Option<String>,
+    pub identity: Identity,
+}
+
+/// The session a route is about, from its path: `{id}`, or the session a
+/// `{token}` continuation token names.
+pub fn path_session(params: &RawPathParams) -> Option<String> {
+    for (name, value) in params {
+        match name {
+            "id" => return Some(value.to_string()),
+            "token" => return crate::session::pending::token_session(value).map(str::to_owned),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A caller let in through door `D`, on the session the path names.
+pub struct Authed<D: Door> {
+    pub caller: Caller,
+    door: PhantomData<fn() -> D>,
+}
+
+impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
+    type Rejection = ServiceError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let session = match RawPathParams::from_request_parts(parts, state).await {
+            Ok(params) => path_session(&params),
+            Err(_) => None,
+        };
+        let identity = match parts.extensions.get::<Identified>() {
+            Some(found) if found.session == session => found.identity.clone(),
+            _ => state.identify(&parts.headers, session.as_deref()).await,
+        };
+        Ok(Authed {
+            caller: D::RULE.admit(identity)?,
+            door: PhantomData,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(r: Result<Caller, ServiceError>) -> (u16, &'static str, String) {
+        let e = r.unwrap_err();
+        (super::super::status::of(e.kind).as_u16(), e.code, e.message)
+    }
+
+    /// Each door lets in whom it says, and refuses the others as the API
+    /// always has (the bodies of `server_api`'s tests).
+    #[test]
+    fn each_door_admits_whom_it_says() {
+        let s = || Identity::Session("s1".into());
+        for rule in [Rule::OwnerOnly, Rule::SessionToken, Rule::Approvals] {
+            assert_eq!(rule.admit(Identity::Owner).unwrap(), Caller::Owner);
+            let (status, code, msg) = refused(rule.admit(Identity::Anonymous));
+            assert_eq!((status, code), (401, "unauthorized"));
+            assert!(msg.contains("Authorization: Bearer"), "{msg}");
+            let (status, _, msg) = refused(rule.admit(Identity::Refused(not_valid_here())));
+            assert_eq!(status, 401);
+            assert_eq!(msg, "the token is not valid here");
+        }
+        assert_eq!(
+            Rule::SessionToken.admit(s()).unwrap(),
+            Caller::SessionToken("s1".into())
+        );
+        assert_eq!(
+            Rule::Approvals.admit(s()).unwrap(),
+            Caller::SessionToken("s1".into())
+        );
+        assert_eq!((refused(Rule::OwnerOnly.admit(s())).0), 403);
+        assert_eq!(
+            Rule::Approvals.admit(Identity::Approver).unwrap(),
+            Caller::Approver
+        );
+        for rule in [Rule::OwnerOnly, Rule::SessionToken] {
+            let (status, code, msg) = refused(rule.admit(Identity::Approver));
+            assert_eq!((status, code), (403, "forbidden"));
+            assert!(msg.contains("approver token"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn identity_names_the_caller_a_forward_carries() {
+        assert_eq!(Identity::Owner.caller(), Some(Caller::Owner));
+        assert_eq!(
+            Identity::Session("s".into()).caller(),
+            Some(Caller::SessionToken("s".into()))
+        );
+        assert_eq!(Identity::Anonymous.caller(), None);
+        assert_eq!(Identity::Refused(not_valid_here()).caller(), None);
+    }
 }

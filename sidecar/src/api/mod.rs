@@ -5,6 +5,7 @@ pub mod approvals;
 pub mod auth;
 pub mod chat;
 pub mod event_stream;
+pub mod holder;
 pub mod mcp;
 pub mod openapi;
 pub mod peer_tls;

@@ -8,7 +8,9 @@
 //! derived from the owner token every replica shares (its own label, so it
 //! is no other key the token derives), over the method, the path and query,
 //! the SHA-256 of the body, the caller, the time it was sent and a random
-//! nonce. The receiver ([`admit`], in front of every route) refuses a
+//! nonce, and the headers that change what an `/mcp` call does
+//! (`signed_headers`: they go with its forward, and a forward without
+//! them is signed over exactly what it was before). The receiver ([`admit`], in front of every route) refuses a
 //! signature that does not match, a time more than [`WINDOW`] away from its
 //! own clock, and a nonce it has seen already; it remembers nonces for
 //! twice the window, which is as long as their time could be accepted, and
@@ -31,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -75,6 +77,28 @@ const PASSED: [HeaderName; 3] = [
     HeaderName::from_static("last-event-id"),
 ];
 
+/// The headers besides [`PASSED`] a forward carries, and is signed over:
+/// those that change what an `/mcp` call does (its protocol version,
+/// method and tool, the session a session token names, and parameter
+/// values), each name with its values in the order they came, by name.
+/// A request without any is signed as before these were.
+fn signed_headers(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
+    let mut out: Vec<(&str, &[u8])> = headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            matches!(
+                name,
+                "bindery-session-id" | "mcp-protocol-version" | "mcp-method" | "mcp-name"
+            ) || name.starts_with("agents-param-")
+        })
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    // Stable: a name's values keep their order.
+    out.sort_by_key(|(name, _)| *name);
+    out
+}
+
 fn caller_name(who: &Caller) -> String {
     match who {
         Caller::Owner => "owner".into(),
@@ -91,16 +115,26 @@ struct Signed<'a> {
     caller: &'a str,
     time: u64,
     nonce: &'a str,
+    /// [`signed_headers`].
+    headers: Vec<(&'a str, &'a [u8])>,
 }
 
 impl Signed<'_> {
     fn signature(&self, key: &[u8; 32]) -> [u8; 32] {
         let digest = hex::encode(Sha256::digest(self.body));
-        let text = format!(
+        let mut text = format!(
             "bindery peer request\n{}\n{}\n{digest}\n{}\n{}\n{}",
             self.method, self.path, self.caller, self.time, self.nonce
-        );
-        hmac(key, text.as_bytes())
+        )
+        .into_bytes();
+        // A header value holds no line break, a name no colon.
+        for (name, value) in &self.headers {
+            text.push(b'\n');
+            text.extend_from_slice(name.as_bytes());
+            text.push(b':');
+            text.extend_from_slice(value);
+        }
+        hmac(key, &text)
     }
 }
 
@@ -213,6 +247,7 @@ fn verify(
         caller,
         time,
         nonce,
+        headers: signed_headers(headers),
     }
     .signature(&auth.key);
     let matches = hex::decode(presented).is_ok_and(|p| constant_time_eq(&p, &expected));
@@ -290,32 +325,12 @@ pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
     })
 }
 
-/// A client's request as a peer would get it, if it has to be forwarded
-/// (an extractor: a route that may forward takes it instead of the body).
+/// A client's request as a peer gets it (see `api/holder.rs`).
 pub struct Incoming {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
     pub body: Bytes,
-}
-
-impl<S: Send + Sync> FromRequest<S> for Incoming {
-    type Rejection = Response;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let method = req.method().clone();
-        let uri = req.uri().clone();
-        let headers = req.headers().clone();
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        Ok(Incoming {
-            method,
-            uri,
-            headers,
-            body,
-        })
-    }
 }
 
 /// Send a client's request to the peer at `to` (`http://HOST:PORT`) on
@@ -343,6 +358,7 @@ pub async fn forward(
         caller: &name,
         time,
         nonce: &nonce,
+        headers: signed_headers(&incoming.headers),
     }
     .signature(key);
     let mut req = client
@@ -355,6 +371,9 @@ pub async fn forward(
         if let Some(v) = incoming.headers.get(h) {
             req = req.header(h, v);
         }
+    }
+    for (name, value) in signed_headers(&incoming.headers) {
+        req = req.header(name, value);
     }
     let answer = req
         .body(incoming.body.clone())
@@ -398,21 +417,28 @@ pub fn tls_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, String> 
         .map_err(|e| format!("the peer TLS client: {e}"))
 }
 
-/// The names of the secret values `body` (a message, resume, continuation
-/// or `PUT …/params` body) gives for an agent whose parameters `secret`
-/// tells apart: what a forward of it would carry.
-pub fn secret_values_in(body: &[u8], secret: impl Fn(&str) -> bool) -> Vec<String> {
+/// The names of the secret values `body` (a message, resume, fork,
+/// continuation or `PUT …/params` body) gives in its `fields` (`params`,
+/// a fork's `pin`) for an agent whose parameters `secret` tells apart:
+/// what a forward of it would carry.
+pub fn secret_values_in(
+    body: &[u8],
+    fields: &[&str],
+    secret: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let Ok(serde_json::Value::Object(body)) = serde_json::from_slice(body) else {
         return Vec::new();
     };
-    let Some(serde_json::Value::Object(params)) = body.get("params") else {
-        return Vec::new();
-    };
-    params
+    let mut names: Vec<String> = fields
         .iter()
+        .filter_map(|f| body.get(*f).and_then(serde_json::Value::as_object))
+        .flat_map(|values| values.iter())
         .filter(|(name, value)| !value.is_null() && secret(name))
         .map(|(name, _)| name.clone())
-        .collect()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// The answer to a request that would carry secret values `names` to a
@@ -447,6 +473,7 @@ mod tests {
             caller,
             time,
             nonce,
+            headers: Vec::new(),
         }
         .signature(key);
         let mut h = HeaderMap::new();
@@ -557,6 +584,77 @@ mod tests {
         }
         let h = signed(&KEY, "owner", b"", 1000, "short");
         assert!(check(&auth, URI, &h, b"", 1000, at).is_err());
+    }
+
+    /// The headers that change an `/mcp` call are signed with it: one
+    /// changed, added or removed is refused; a forward without any is
+    /// signed over exactly the text it always was, so replicas of the
+    /// version before still take it.
+    #[test]
+    fn an_mcp_forwards_headers_are_signed_and_others_unchanged() {
+        let at = Instant::now();
+        let plain = Signed {
+            method: "POST",
+            path: URI,
+            body: b"{}",
+            caller: "owner",
+            time: 1000,
+            nonce: NONCE,
+            headers: Vec::new(),
+        }
+        .signature(&KEY);
+        let text = format!(
+            "bindery peer request\nPOST\n{URI}\n{}\nowner\n1000\n{NONCE}",
+            hex::encode(Sha256::digest(b"{}"))
+        );
+        assert_eq!(plain, hmac(&KEY, text.as_bytes()), "the format before");
+
+        let mut sent = HeaderMap::new();
+        sent.insert("agents-param-tenant", "acme".parse().unwrap());
+        sent.insert("mcp-method", "tools/call".parse().unwrap());
+        sent.insert(header::ACCEPT, "application/json".parse().unwrap());
+        let sig = Signed {
+            method: "POST",
+            path: URI,
+            body: b"{}",
+            caller: "owner",
+            time: 1000,
+            nonce: NONCE,
+            headers: signed_headers(&sent),
+        }
+        .signature(&KEY);
+        assert_ne!(sig, plain);
+        let with = |extra: &[(&str, &str)], drop: Option<&str>| {
+            let mut h = sent.clone();
+            if let Some(d) = drop {
+                h.remove(d);
+            }
+            for (k, v) in extra {
+                h.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            h.insert(PEER_HEADER, hex::encode(sig).parse().unwrap());
+            h.insert(CALLER_HEADER, "owner".parse().unwrap());
+            h.insert(TIME_HEADER, "1000".parse().unwrap());
+            h.insert(NONCE_HEADER, NONCE.parse().unwrap());
+            h
+        };
+        for (extra, drop) in [
+            (&[("agents-param-tenant", "globex")][..], None),
+            (&[("agents-param-billing-token", "x")][..], None),
+            (&[("bindery-session-id", "s2")][..], None),
+            (&[][..], Some("agents-param-tenant")),
+        ] {
+            let auth = PeerAuth::new(KEY);
+            let e = check(&auth, URI, &with(extra, drop), b"{}", 1000, at).unwrap_err();
+            assert!(e.message.contains("does not match"), "{extra:?} {drop:?}");
+        }
+        // `Accept` is passed, not signed; the signed ones as they were pass.
+        let auth = PeerAuth::new(KEY);
+        let h = with(&[(header::ACCEPT.as_str(), "*/*")], None);
+        assert_eq!(check(&auth, URI, &h, b"{}", 1000, at).unwrap(), "owner");
     }
 
     #[test]

@@ -22,13 +22,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::Door;
+use super::auth::{door, Authed, Rule};
 use super::openapi::{
     AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest, Health,
     NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
     SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
-use super::peers::Incoming;
 use super::state::AppState;
 use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
@@ -94,6 +93,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
+        // Inside `admit`: it sees a peer's forward only once its signature
+        // was checked, and never forwards one again.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            super::holder::to_holder,
+        ))
         .layer(middleware::from_fn_with_state(
             state.peer_auth.clone(),
             super::peers::admit,
@@ -317,8 +322,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (status = 200, description = "Every agent.", body = AgentList),
     (status = 401, response = Unauthorized),
 ))]
-async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
+async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> ApiResult {
     let agents: Vec<_> = s
         .service
         .all_agents()
@@ -340,10 +344,9 @@ async fn list_agents(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiR
 )]
 async fn get_agent(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(slug): Path<String>,
+    _: Authed<door::Owner>,
 ) -> ApiResult {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
     let (agent, source) = s.service.get_agent(&slug).await?;
     Ok(Json(agent_view(&agent, source)).into_response())
 }
@@ -452,11 +455,10 @@ impl CreateBody {
 )]
 async fn create_session(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Query(q): Query<WaitQuery>,
+    Authed { caller: who, .. }: Authed<door::Owner>,
     b: Bytes,
 ) -> ApiResult {
-    let who = s.caller(&headers, None, Door::OwnerOnly).await?;
     q.check()?;
     let b: CreateBody = body(&b)?;
     let fork = b.fork.clone();
@@ -530,8 +532,7 @@ async fn view(
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "listSessions", security(("ownerToken" = [])),
     responses((status = 200, description = "The sessions.", body = SessionList), (status = 401, response = Unauthorized)),
 )]
-async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
+async fn list_sessions(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> ApiResult {
     let sessions: Vec<_> = s
         .service
         .store()
@@ -551,10 +552,9 @@ async fn list_sessions(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Ap
 )]
 async fn get_session(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 
@@ -599,26 +599,20 @@ async fn post_message(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    req: Incoming,
+    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
+    b: Bytes,
 ) -> ApiResult {
-    let who = s
-        .caller(&req.headers, Some(&id), Door::SessionToken)
-        .await?;
     q.check()?;
-    let b: MessagePost = body(&req.body)?;
+    let b: MessagePost = body(&b)?;
     let prompt = b
         .prompt
         .or(b.message.map(|m| m.text))
         .ok_or_else(|| ServiceError::bad_request("`prompt` is required"))?;
     let mode = start_mode(b.run);
-    let run = match s
+    let run = s
         .service
         .post_message(&who, &id, prompt, &b.params, mode)
-        .await
-    {
-        Ok(run) => run,
-        Err(e) => return s.or_forward(e, &id, &who, &req).await,
-    };
+        .await?;
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -669,16 +663,13 @@ async fn resume(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    req: Incoming,
+    Authed { caller: who, .. }: Authed<door::Owner>,
+    b: Bytes,
 ) -> ApiResult {
-    let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
-    let b: ParamsBody = body(&req.body)?;
+    let b: ParamsBody = body(&b)?;
     let mode = start_mode(b.run);
-    let run = match s.service.resume(&who, &id, &b.params, mode).await {
-        Ok(run) => run,
-        Err(e) => return s.or_forward(e, &id, &who, &req).await,
-    };
+    let run = s.service.resume(&who, &id, &b.params, mode).await?;
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -695,10 +686,9 @@ async fn resume(
 )]
 async fn cancel(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::SessionToken).await?;
     s.service.cancel(&id).await?;
     Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
@@ -725,12 +715,11 @@ async fn cancel(
 )]
 async fn fork(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
+    Authed { caller: who, .. }: Authed<door::Owner>,
     b: Bytes,
 ) -> ApiResult {
-    let who = s.caller(&headers, Some(&id), Door::OwnerOnly).await?;
     q.check()?;
     let b: CreateBody = body(&b)?;
     create(&s, &who, &q, b, Some(id)).await
@@ -758,13 +747,11 @@ async fn fork(
 async fn put_params(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
-    req: Incoming,
+    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
+    bytes: Bytes,
 ) -> ApiResult {
-    let who = s
-        .caller(&req.headers, Some(&id), Door::SessionToken)
-        .await?;
-    let b: ParamsBody = body(&req.body)?;
-    let stray = beside_params(&req.body);
+    let b: ParamsBody = body(&bytes)?;
+    let stray = beside_params(&bytes);
     if let Caller::SessionToken(_) = who {
         return Err(ServiceError {
             extra: None,
@@ -773,10 +760,6 @@ async fn put_params(
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
         });
-    }
-    // Where the session's other secret values are, so that they stay together.
-    if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
-        return Ok(r);
     }
     if !stray.is_empty() {
         // An unknown session is a 404 whatever the body.
@@ -815,15 +798,9 @@ fn beside_params(bytes: &Bytes) -> Vec<String> {
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
-    req: Incoming,
+    _: Authed<door::Owner>,
 ) -> ApiResult {
-    let who = s.caller(&req.headers, Some(&id), Door::OwnerOnly).await?;
     s.service.revoke_tokens(&id).await?;
-    // A token's event stream is served by the server holding the session
-    // (events are forwarded there): that server ends it too.
-    if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
-        return Ok(r);
-    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -948,24 +925,15 @@ async fn continuation(
     State(s): State<Arc<AppState>>,
     Path(token): Path<String>,
     Query(q): Query<WaitQuery>,
-    req: Incoming,
-) -> ApiResult {
     // The token names its session: a session token of that session is
     // known here, so that the service refuses it as it does on every path
     // that answers a pending call (any other token is none).
-    let session = crate::session::pending::token_session(&token).map(str::to_owned);
-    let who = s
-        .caller(&req.headers, session.as_deref(), Door::Approvals)
-        .await?;
-    let b: ContinuationBody = body(&req.body)?;
+    Authed { caller: who, .. }: Authed<door::Approvals>,
+    b: Bytes,
+) -> ApiResult {
+    let b: ContinuationBody = body(&b)?;
     let answer = b.into_answer()?;
-    let (id, run) = match s.service.answer(&who, &token, answer).await {
-        Ok(answered) => answered,
-        Err(e) => {
-            let Some(id) = session else { return Err(e) };
-            return s.or_forward(e, &id, &who, &req).await;
-        }
-    };
+    let (id, run) = s.service.answer(&who, &token, answer).await?;
     if who == Caller::Approver {
         return super::approvals::answered(&s, &id, &q, run).await;
     }
@@ -1009,21 +977,10 @@ async fn events(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
-    req: Incoming,
+    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
+    headers: HeaderMap,
 ) -> ApiResult {
-    let who = s
-        .caller(&req.headers, Some(&id), Door::SessionToken)
-        .await?;
-    // `delta` events exist only where the run is: a run on another server,
-    // or the next one (that server holds the session's secret values),
-    // streams from there.
-    if !s.service.is_running(&id) {
-        if let Some(r) = s.forward_to_holder(&id, &who, &req).await? {
-            return Ok(r);
-        }
-    }
-    let after = req
-        .headers
+    let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<i64>().ok())
@@ -1033,9 +990,9 @@ async fn events(
     let (stored, feed) = s.service.events(&id, after, by_token).await?;
     if by_token {
         // Subscribed: a revocation from now on ends this stream. One that
-        // came between the check above and the subscription shows here.
-        s.caller(&req.headers, Some(&id), Door::SessionToken)
-            .await?;
+        // came between the check above and the subscription shows here
+        // (the store is read again).
+        Rule::SessionToken.admit(s.identify(&headers, Some(&id)).await)?;
     }
     Ok(super::event_stream::response(
         s.service.clone(),

@@ -1,21 +1,18 @@
-//! What every handler shares: the session service, the owner token, the
-//! metrics, readiness, and the client that forwards a request to the
-//! server holding a session. Its own module, so that the router
-//! (`server`), `/mcp` and the chat page each depend on it and not on one
-//! another.
+//! What every handler shares: the session service, the tokens, the
+//! metrics, readiness, and the clients that forward a request to the
+//! server holding a session (`holder.rs`). Its own module, so that the
+//! router (`server`), `/mcp`, the chat page and the forwarding layer each
+//! depend on it and not on one another.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
-use axum::response::Response;
 
-use super::auth::{caller, Door, OwnerToken};
-use super::peers::{forward, is_forwarded, secret_values_in, tls_required, Incoming, PeerAuth};
+use super::auth::{identify, Identity, OwnerToken, TokenCheck};
+use super::peers::PeerAuth;
 use crate::metrics::Metrics;
-use crate::session::error::ServiceError;
 use crate::session::service::Service;
-use crate::session::validate::Caller;
 
 pub struct AppState {
     pub service: Arc<Service>,
@@ -38,87 +35,24 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Who sends this request on `session` through `door`.
-    pub(crate) async fn caller(
+    /// Who `headers` say the caller is, on a route about `session`,
+    /// checking a session token in the store.
+    pub(crate) async fn identify(&self, headers: &HeaderMap, session: Option<&str>) -> Identity {
+        self.identify_with(headers, session, TokenCheck::Store)
+            .await
+    }
+
+    /// The same, a session token checked as `check` says.
+    pub(crate) async fn identify_with(
         &self,
         headers: &HeaderMap,
         session: Option<&str>,
-        door: Door,
-    ) -> Result<Caller, ServiceError> {
+        check: TokenCheck<'_>,
+    ) -> Identity {
         let tokens = super::auth::Tokens {
             owner: &self.owner,
             approver: self.approver.as_ref(),
         };
-        caller(headers, tokens, &self.service, session, door).await
-    }
-
-    /// `req` on session `id` sent on to the server holding what it needs
-    /// in memory (see [`Service::held_elsewhere`]); `None`: serve it here
-    /// (it came from a peer already, no other live server holds it, or
-    /// that server cannot be reached). Refused: it would carry a secret
-    /// value over plain HTTP.
-    pub(super) async fn forward_to_holder(
-        &self,
-        id: &str,
-        who: &Caller,
-        req: &Incoming,
-    ) -> Result<Option<Response>, ServiceError> {
-        if is_forwarded(&req.headers) {
-            return Ok(None);
-        }
-        let Some(to) = self.service.held_elsewhere(id).await else {
-            return Ok(None);
-        };
-        let client = if to.starts_with("https://") {
-            let Some(client) = &self.peers_tls else {
-                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: it takes forwards over TLS, and this server has no --peer-tls-dir");
-                return Ok(None);
-            };
-            client
-        } else {
-            let secrets = self.secret_values_in(id, req).await;
-            if !secrets.is_empty() {
-                return Err(tls_required(secrets));
-            }
-            &self.peers
-        };
-        let key = self.owner.peer_key();
-        match forward(client, &key, &to, who, req).await {
-            Ok(r) => Ok(Some(r)),
-            Err(why) => {
-                tracing::warn!(session = id, peer = %to, "cannot forward a request to the server holding the session: {why}");
-                Ok(None)
-            }
-        }
-    }
-
-    /// The secret values `req` gives for session `id`'s agent (all the
-    /// values it gives when the session cannot be read: none may go in
-    /// clear by mistake).
-    async fn secret_values_in(&self, id: &str, req: &Incoming) -> Vec<String> {
-        let agent = match self.service.record(id).await {
-            Ok(rec) => self.service.find_agent(&rec.agent).map(|(a, _)| a),
-            Err(_) => None,
-        };
-        secret_values_in(&req.body, |name| {
-            agent
-                .as_ref()
-                .is_none_or(|a| a.params.decl(name).is_none_or(|d| d.secret))
-        })
-    }
-
-    /// A request refused here for want of secret values another live
-    /// server holds is answered by that server; anything else stands.
-    pub(super) async fn or_forward(
-        &self,
-        e: ServiceError,
-        id: &str,
-        who: &Caller,
-        req: &Incoming,
-    ) -> Result<Response, ServiceError> {
-        if e.code != "params_required" {
-            return Err(e);
-        }
-        self.forward_to_holder(id, who, req).await?.ok_or(e)
+        identify(headers, tokens, &self.service, session, check).await
     }
 }

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::auth::Door;
+use super::auth::{door, Authed};
 use super::openapi::{
     AgentExists, BadRequest, InvalidAgent, NotFound, StoredAgentsDisabled, Unauthorized,
 };
@@ -51,11 +51,10 @@ pub struct PutAgentReply {
 )]
 pub async fn put(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(slug): Path<String>,
+    _: Authed<door::Owner>,
     body: axum::body::Bytes,
 ) -> Result<Response, ServiceError> {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ServiceError::bad_request("the body is not UTF-8 text"))?;
     let (created, agent, warnings) = s.service.put_agent(&slug, text).await?;
@@ -86,10 +85,9 @@ pub async fn put(
 )]
 pub async fn delete(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     Path(slug): Path<String>,
+    _: Authed<door::Owner>,
 ) -> Result<Response, ServiceError> {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
     s.service.delete_agent(&slug).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -12,7 +12,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::Door;
+use super::auth::{door, Authed};
 use super::openapi::{BadRequest, Unauthorized};
 use super::server::ApiResult;
 use super::state::AppState;
@@ -86,8 +86,8 @@ pub async fn report(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
     Query(q): Query<UsageQuery>,
+    _: Authed<door::Owner>,
 ) -> ApiResult {
-    s.caller(&headers, None, Door::OwnerOnly).await?;
     let to = match &q.to {
         Some(t) => instant("to", t)?,
         None => crate::session::clock::now_ms(),

@@ -25,7 +25,8 @@ use crate::spec::Dependency;
 use crate::tools::{CallContext, Disposition, ToolError};
 
 /// Where an orchestration stands, kept with its pending item (server-side:
-/// clients see [`LookupState::shown`], never a real option id).
+/// clients see [`PendingCall::shown`](crate::session::pending::PendingCall::shown), never a
+/// real option id).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LookupState {
     /// The parent's arguments as the model and the client gave them (never

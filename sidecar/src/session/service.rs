@@ -67,6 +67,7 @@ use crate::params::secret::constant_time_eq;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 pub use runs::close_pending;
+pub use secrets::Elsewhere;
 use tokens::new_token;
 pub use tokens::token_digest;
 

@@ -80,6 +80,11 @@ async fn the_page_is_embedded_with_a_strict_policy_and_no_cookies() {
 /// under `target/tmp/chat-page/<scenario>/`; fails the test with its output
 /// and the sidecar's log unless every step passed.
 async fn browser(sidecar: &Sidecar, scenario: &str) {
+    browser_with(sidecar, scenario, &[]).await;
+}
+
+/// [`browser`], with the script's environment given `env`.
+async fn browser_with(sidecar: &Sidecar, scenario: &str, env: &[(&str, &str)]) {
     let node_modules = crate::common::repo().join("tests/browser/node_modules/playwright-core");
     assert!(
         node_modules.is_dir(),
@@ -97,6 +102,10 @@ async fn browser(sidecar: &Sidecar, scenario: &str) {
     let _ = std::fs::remove_dir_all(&shots);
     let url = sidecar.url.clone();
     let scenario = scenario.to_string();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let out = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .arg(browser_script())
@@ -104,6 +113,7 @@ async fn browser(sidecar: &Sidecar, scenario: &str) {
             .arg(&shots)
             .arg(&scenario)
             .env("CHROMIUM", chromium)
+            .envs(env)
             .output()
             .expect("node runs")
     })
@@ -261,4 +271,43 @@ async fn a_person_lets_a_run_go_past_a_budget_in_a_real_browser() {
     // The first run's two turns; the second run ended before the model.
     assert_eq!(w.mock.requests().len(), 2);
     secret_kept(&w, &sidecar);
+}
+
+/// Two replicas on one PostgreSQL database; the session was made on B,
+/// which holds its secret value. The page served by A is served by B for
+/// everything about that session: the owner opens it from A's list and
+/// chats (the answer streams), and its shared link on A does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_on_a_replica_without_the_secret_is_served_by_the_holder() {
+    const DB: &str = "chat_replicas";
+    let pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(tool_then_answer).await;
+    w.store = pg.url(DB);
+    let (b, api_b) = w.start(&[], &[]);
+    let (a, _api_a) = w.start(&[], &[]);
+    let r = crate::common::create(
+        &api_b,
+        json!({"agent": "invoices", "session_token": true,
+               "params": {"tenant": "acme-corp", "billing_token": CANARY}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap();
+    let token = r.json["session_token"].as_str().unwrap();
+    let link = format!("{}/#session={id}&token={token}", a.url);
+
+    browser_with(&a, "replica", &[("LINK", &link)]).await;
+    // Two runs, each a tool call then an answer, both on B.
+    assert_eq!(w.mock.request_count(), 4);
+    let on_b = crate::common::served(&api_b, "/v1/sessions/{id}/messages").await;
+    assert_eq!(on_b, 2.0, "B ran both messages");
+    assert!(crate::common::served(&api_b, "/v1/sessions/{id}").await >= 2.0);
+    for (_, body) in w.mock.raw_requests() {
+        assert!(!body.contains(CANARY), "the model saw the secret: {body}");
+    }
+    for s in [&a, &b] {
+        assert!(!s.logs().contains(CANARY), "the secret is in a log");
+    }
+    assert!(!pg.dump(DB).contains(CANARY), "the secret is in the store");
 }

@@ -26,6 +26,7 @@ mod openapi;
 mod otlp;
 mod postgrest;
 mod proptest_parsers;
+mod replicas;
 mod repo_paths;
 mod scenario_s2;
 mod scrub;

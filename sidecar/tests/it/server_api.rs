@@ -1075,3 +1075,95 @@ async fn the_api_says_how_to_give_a_missing_value_and_refuses_a_misshapen_put() 
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// The document's `security` of each route is what the route lets in:
+/// each of the owner token, a session token (on its own session, named in
+/// `Bindery-Session-Id` too), the approver token and the MCP client token
+/// is refused (401, or 403 `forbidden`/`forbidden_params`) exactly where
+/// the route's security does not list its scheme.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_route_lets_in_the_tokens_its_security_lists() {
+    let w = World::new(|_| MockReply::text("done")).await;
+    let tokens = w.dir.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    std::fs::write(tokens.join("approver"), "approver-token-for-tests\n").unwrap();
+    std::fs::write(tokens.join("mcp"), "mcp-client-token-for-tests\n").unwrap();
+    let (approver, mcp) = (tokens.join("approver"), tokens.join("mcp"));
+    let (_sidecar, api) = w.start(
+        &[
+            "--approver-token-file",
+            approver.to_str().unwrap(),
+            "--mcp-client-token-file",
+            mcp.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let doc = api.call("GET", "/openapi.json", None, None).await;
+    let mut checked = 0;
+    for (path, item) in doc.json["paths"].as_object().unwrap() {
+        for (op, operation) in item.as_object().unwrap() {
+            let schemes: Vec<&str> = operation["security"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.as_object().unwrap().keys().map(String::as_str))
+                .collect();
+            if schemes.is_empty() {
+                continue;
+            }
+            // A session of its own (a route may revoke its token), with a
+            // session token.
+            let r = create(
+                &api,
+                json!({"agent": "invoices", "params": valid_params(), "session_token": true}),
+            )
+            .await;
+            let id = id_of(&r);
+            let session_token = r.json["session_token"].as_str().unwrap().to_string();
+            let url = path
+                .replace("{id}", &id)
+                .replace("{slug}", "invoices")
+                .replace("{token}", &format!("ct_{id}_{}", "0".repeat(64)));
+            for (scheme, token) in [
+                ("ownerToken", OWNER),
+                ("sessionToken", session_token.as_str()),
+                ("approverToken", "approver-token-for-tests"),
+                ("mcpClientToken", "mcp-client-token-for-tests"),
+            ] {
+                let method =
+                    reqwest::Method::from_bytes(op.to_ascii_uppercase().as_bytes()).unwrap();
+                let resp = api
+                    .http
+                    .request(method, format!("{}{url}", api.base))
+                    .bearer_auth(token)
+                    .header("bindery-session-id", &id)
+                    .header("accept", "application/json")
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                // An event stream stays open: its answer is its status.
+                let stream = resp
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+                let body: Value = match stream {
+                    true => Value::Null,
+                    false => resp.json().await.unwrap_or(Value::Null),
+                };
+                let refused = status == 401
+                    || (status == 403
+                        && ["forbidden", "forbidden_params"]
+                            .contains(&body["error"].as_str().unwrap_or("")));
+                assert_eq!(
+                    refused,
+                    !schemes.contains(&scheme),
+                    "{op} {path} with the {scheme}: {status} {body}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 18 * 4, "every route with a security requirement");
+}

@@ -421,15 +421,17 @@ async fn a_run_on_a_live_server_is_left_alone_by_another() {
     assert!(instances(&pg).is_empty());
 }
 
-/// A cancel sent to a server that does not run the session reaches the
-/// one that does through the store: the run ends cancelled, once, and the
+/// A cancel sent to a server that does not run the session, and cannot
+/// forward it to the one that does (that one advertises no address),
+/// reaches it through the store: the run ends cancelled, once, and the
 /// session takes the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_cancelled_through_another_server() {
     let gate = Gate::new();
     let (pg, w) = on_postgres(held_by(&gate)).await;
 
-    let (_a, api_a) = w.start(&QUICK, &[]);
+    let unreachable = [&QUICK[..], &["--advertise-url", "none"]].concat();
+    let (_a, api_a) = w.start(&unreachable, &[]);
     let id = held_run(&w, &api_a).await;
     let (_b, api_b) = w.start(&QUICK, &[]);
 

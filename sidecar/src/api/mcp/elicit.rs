@@ -118,6 +118,13 @@ fn form(item: &PendingItem) -> Value {
     json!({"mode": "form", "message": message, "requestedSchema": schema})
 }
 
+/// The session a retry's `requestState` says it answers, if it reads.
+pub fn state_session(params: &Value) -> Option<String> {
+    let state = params.get("requestState")?.as_str()?;
+    let state: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(state).ok()?).ok()?;
+    state["session"].as_str().map(str::to_string)
+}
+
 /// The answers a retry carries: one reply per item of its `requestState`.
 pub fn replies(params: &Value) -> Result<Option<Vec<Reply>>, String> {
     let (Some(responses), Some(state)) = (params.get("inputResponses"), params.get("requestState"))

@@ -7,8 +7,9 @@
 //! Methods: `initialize`, `ping`, `tools/list` (one `ask_<slug>` tool per
 //! agent) and `tools/call` (one run, see [`crate::session::ask`]); from
 //! protocol 2026-07-28 on, `server/discover` instead of the handshake (see
-//! [`stateless`]). Authentication is the session API's: the owner token
-//! only, checked before the body is read.
+//! [`stateless`]). Authentication is the session API's (the owner token,
+//! the MCP client token, a session token with its session named), checked
+//! before the body is read: [`Who`] is the handler's extractor.
 
 pub mod elicit;
 pub mod exposed;
@@ -21,14 +22,15 @@ pub mod tools;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use self::jsonrpc::{classify, response, Incoming, RpcError};
-use super::auth::Door;
+use super::auth::{Identified, Identity};
 use super::state::AppState;
 use crate::session::error::ServiceError;
 use crate::session::validate::Caller;
@@ -114,11 +116,12 @@ fn refused(status: StatusCode, e: RpcError) -> Response {
             description = "`Accept` does not allow `application/json`."),
     ),
 )]
-pub async fn post(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let who = match who(&s, &headers).await {
-        Ok(who) => who,
-        Err(e) => return refused(StatusCode::UNAUTHORIZED, e.into()),
-    };
+pub async fn post(
+    State(s): State<Arc<AppState>>,
+    who: Who,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let who = &who;
     if !accepts_json(&headers) {
         return refused(
@@ -284,10 +287,37 @@ pub enum Who {
 /// The header a session token's holder names its session with.
 const SESSION_HEADER: &str = "bindery-session-id";
 
-/// Who calls, from the request's headers alone (the body is not read
-/// before this).
-async fn who(s: &AppState, headers: &HeaderMap) -> Result<Who, ServiceError> {
-    if s.caller(headers, None, Door::OwnerOnly).await.is_ok() {
+/// The session a `Bindery-Session-Id` header names.
+pub fn token_session_header(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|id| id.trim().to_string())
+}
+
+/// `/mcp`'s door: who calls, from the request's headers alone (the body
+/// is not read before this); refused with a JSON-RPC error and 401.
+impl FromRequestParts<Arc<AppState>> for Who {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        s: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        who(s, parts)
+            .await
+            .map_err(|e| refused(StatusCode::UNAUTHORIZED, e.into()))
+    }
+}
+
+async fn who(s: &AppState, parts: &Parts) -> Result<Who, ServiceError> {
+    let headers = &parts.headers;
+    let named = token_session_header(headers);
+    let identity = match parts.extensions.get::<Identified>() {
+        Some(found) if found.session == named => found.identity.clone(),
+        _ => s.identify(headers, named.as_deref()).await,
+    };
+    if identity == Identity::Owner {
         return Ok(Who::Owner);
     }
     let bearer = super::auth::bearer(headers);
@@ -296,17 +326,81 @@ async fn who(s: &AppState, headers: &HeaderMap) -> Result<Who, ServiceError> {
             return Ok(Who::Client);
         }
     }
-    if let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
-        let id = id.trim();
-        if let Ok(Caller::SessionToken(id)) = s.caller(headers, Some(id), Door::SessionToken).await
-        {
-            let agent = s.service.record(&id).await?.agent;
-            return Ok(Who::Session { id, agent });
-        }
+    if let Identity::Session(id) = identity {
+        let agent = s.service.record(&id).await?.agent;
+        return Ok(Who::Session { id, agent });
     }
     Err(super::auth::unauthorized(
         "send `Authorization: Bearer <token>`: the owner token, the MCP client token, or a session token with its session in a Bindery-Session-Id header",
     ))
+}
+
+/// The one session a POST's message is about, when it names one: a
+/// `tools/call` whose `_meta` names it ("bindery.dev/session_id"), or
+/// answers its pending items (the session of every
+/// "bindery.dev/continuations" token, or of an elicitation retry's
+/// `requestState`); failing those, the session a session token's
+/// `Bindery-Session-Id` header names. A batch names none: its calls may
+/// name several.
+pub fn session_named(headers: &HeaderMap, message: &Value) -> Option<String> {
+    if message["method"] != "tools/call" {
+        return None;
+    }
+    let params = &message["params"];
+    if let Some(id) = params.pointer(META_SESSION).and_then(Value::as_str) {
+        return Some(id.to_string());
+    }
+    let answered: Option<Vec<&str>> = match params.pointer(META_CONTINUATIONS) {
+        Some(Value::Array(replies)) => replies
+            .iter()
+            .map(|r| {
+                r["token"]
+                    .as_str()
+                    .and_then(crate::session::pending::token_session)
+            })
+            .collect(),
+        _ => None,
+    };
+    if let Some(sessions) = answered {
+        return match sessions.split_first() {
+            Some((first, rest)) if rest.iter().all(|s| s == first) => Some(first.to_string()),
+            _ => None,
+        };
+    }
+    if let Some(id) = elicit::state_session(params) {
+        return Some(id);
+    }
+    token_session_header(headers)
+}
+
+/// The names of the parameter values a POST's `tools/call` gives
+/// (`Agents-Param-*` headers, `_meta` "agents-exe/params"): what a
+/// forward of it would carry. Every header's name when they do not read.
+pub fn values_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
+    let from_headers = || {
+        headers
+            .keys()
+            .filter_map(|h| params::param_name(h.as_str()))
+            .collect::<Vec<_>>()
+    };
+    let Ok(given) = params::from_headers(headers) else {
+        return from_headers();
+    };
+    match params::merge(given, message["params"].get("_meta")) {
+        Ok(values) => values
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, _)| k)
+            .collect(),
+        Err(_) => from_headers(),
+    }
+}
+
+/// A POST's message refused before it was served (a forward it cannot
+/// make): the JSON-RPC error a `tools/call` gets for `e`.
+pub fn refusal(message: &Value, e: ServiceError) -> Response {
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    Json(response(id, Err(for_mcp(e)))).into_response()
 }
 
 async fn handle(

@@ -166,25 +166,71 @@ impl Service {
         });
     }
 
-    /// Where a request on session `id` that needs what lives only in a
-    /// server's memory goes instead of here: the address of the live
-    /// server running its run, or else of the one holding its secret
-    /// values, when that is another server. `None`: serve it here (a
-    /// store of one server's own, nobody else, or a server not beating
-    /// within the lease, whose memory is as good as gone).
-    pub async fn held_elsewhere(&self, id: &str) -> Option<String> {
+    /// Where a request on the session `rec` is (as read) that needs what
+    /// lives only in a server's memory goes instead of here: the live
+    /// server running its run, or else the one holding its secret values,
+    /// when that is another server. `None`: serve it here (a store of one
+    /// server's own, nobody else, or a server not beating within the
+    /// lease, whose memory is as good as gone). Reads the store only for
+    /// the other server's heartbeat, at most once a heartbeat.
+    pub async fn held_elsewhere(&self, rec: &SessionRecord) -> Option<Elsewhere> {
         if !self.store.shared() {
             return None;
         }
-        let rec = self.store.get(id).await.ok()??;
         let other = if rec.status == SessionStatus::Running {
-            rec.runner
+            rec.runner.as_ref()
         } else {
-            rec.holder
+            rec.holder.as_ref()
         };
-        let other = other.filter(|o| *o != self.instance)?;
-        let peer = self.peer(&other).await?;
-        peer.address
+        let other = other.filter(|o| **o != self.instance)?;
+        let peer = self.peer(other).await?;
+        Some(Elsewhere {
+            instance: other.clone(),
+            address: peer.address?,
+        })
+    }
+
+    /// Once server `instance` is no longer beating within the lease
+    /// (looked at once a heartbeat): a request sent to it that is not
+    /// answered by then will not be.
+    pub async fn lapsed(&self, instance: &str) {
+        loop {
+            tokio::time::sleep(self.cfg.lease.heartbeat).await;
+            if self.peer(instance).await.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Whether this server has what a request on session `id` could need
+    /// of memory: it runs the session's run, or holds secret values of it
+    /// (read without the store).
+    pub fn holds_here(&self, id: &str) -> bool {
+        self.peek(id).is_some_and(|live| {
+            live.run.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+                || !live
+                    .secrets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty()
+        })
+    }
+
+    /// End the event streams opened with a session token of session `id`
+    /// that this server serves (its tokens were revoked through another
+    /// server, which ended its own).
+    pub fn end_token_streams(&self, id: &str) {
+        if let Some(live) = self.peek(id) {
+            let ended = live.events.end_token_streams();
+            if ended > 0 {
+                tracing::info!(
+                    session = id,
+                    streams = ended,
+                    "session tokens revoked on another server: the event streams served here were ended"
+                );
+            }
+        }
+        self.evict_if_idle(id);
     }
 
     /// Server `instance`'s last heartbeat, if it is within the lease. A
@@ -219,4 +265,13 @@ impl Service {
         );
         Some(peer)
     }
+}
+
+/// Another server that holds what a session needs of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Elsewhere {
+    /// Its instance id, as its heartbeats name it.
+    pub instance: String,
+    /// Where it takes forwards (`--advertise-url`).
+    pub address: String,
 }

@@ -35,15 +35,20 @@ impl Service {
 
     /// Whether `token` is a live session token of session `id`.
     pub async fn token_matches(&self, id: &str, token: &str) -> bool {
-        let digest = token_digest(token);
         match self.store.get(id).await {
-            Ok(Some(rec)) => rec
-                .security
-                .token_digests
-                .iter()
-                .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes())),
+            Ok(Some(rec)) => self.token_in(&rec, token),
             _ => false,
         }
+    }
+
+    /// Whether `token` is a live session token of the session `rec` is
+    /// (as read: a caller that read the record already asks this).
+    pub fn token_in(&self, rec: &SessionRecord, token: &str) -> bool {
+        let digest = token_digest(token);
+        rec.security
+            .token_digests
+            .iter()
+            .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes()))
     }
 }
 

@@ -751,3 +751,206 @@ async fn revoking_through_one_replica_ends_the_streams_the_other_serves() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(!stream.raw.contains("second"), "{}", stream.raw);
 }
+
+/// A request signed as a replica signs its forwards (the test plays one:
+/// it knows the owner token, from which the peer key derives), sent to
+/// `to`; the answer's status and body.
+async fn as_a_replica(
+    to: &Api,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Value) {
+    use bindery_sidecar::api::auth::OwnerToken;
+    use bindery_sidecar::api::peers::{client, forward, Incoming};
+    use bindery_sidecar::session::validate::Caller;
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("content-type", "application/json".parse().unwrap());
+    for (k, v) in headers {
+        h.insert(
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    let incoming = Incoming {
+        method: method.parse().unwrap(),
+        uri: path.parse().unwrap(),
+        headers: h,
+        body: body.to_string().into(),
+    };
+    let key = OwnerToken::new(OWNER).peer_key();
+    let answer = forward(&client(), &key, &to.base, &Caller::Owner, &incoming)
+        .await
+        .expect("the replica answers");
+    let status = answer.status().as_u16();
+    let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// A request that is a forward already is served where it lands, never
+/// forwarded again: A, which does not hold the session, answers a
+/// replica's forward of a view, a message and an `/mcp` call itself (with
+/// what A holds: no secret value), and the sniffer in front of B, the
+/// holder, sees nothing. The same view from a client is sent on to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_is_never_forwarded_again() {
+    let (_pg, w) = on_postgres().await;
+    let sniffer = Sniffer::start().await;
+    let through = format!("http://{}", sniffer.addr);
+    let (_b, api_b) = w.start(&["--advertise-url", &through], &[]);
+    sniffer.aim(&api_b.base);
+    let (_a, api_a) = w.start(&[], &[]);
+    let id = session_on(&api_b).await;
+
+    let view = format!("/v1/sessions/{id}");
+    let (status, v) = as_a_replica(&api_a, "GET", &view, &[], "").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["secret_params"],
+        json!([]),
+        "A answered with its own: {v}"
+    );
+    let (status, v) = as_a_replica(
+        &api_a,
+        "POST",
+        &format!("{view}/messages?wait=true"),
+        &[],
+        &json!({"prompt": "hi"}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"], "params_required", "{v}");
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "ask_invoices", "arguments": {"prompt": "hi"},
+        "_meta": {"bindery.dev/session_id": id}}});
+    let (status, v) = as_a_replica(
+        &api_a,
+        "POST",
+        "/mcp",
+        &[("accept", "application/json")],
+        &call.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["error"]["data"]["error"], "params_required", "{v}");
+    assert!(
+        sniffer.sent.lock().unwrap().is_empty(),
+        "A forwarded a forward: {:?}",
+        sniffer.requests()
+    );
+    assert_eq!(w.mock.request_count(), 0, "nothing ran");
+
+    let r = api_a.call("GET", &view, Some(OWNER), None).await;
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
+    let captured = captured_until(&sniffer, |c| !c.is_empty()).await;
+    assert_eq!(captured.len(), 1, "{captured:?}");
+    assert!(captured[0].line.starts_with("GET "), "{captured:?}");
+}
+
+/// The forward of an `/mcp` call carries the headers that change what it
+/// does, and its signature covers them: captured, it is refused replayed
+/// or with a parameter header changed, and a forged peer header on the
+/// view or `/mcp` opens nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_forward_cannot_be_replayed_or_its_headers_changed() {
+    let (_pg, w) = on_postgres().await;
+    let sniffer = Sniffer::start().await;
+    let through = format!("http://{}", sniffer.addr);
+    let (_b, api_b) = w.start(&["--advertise-url", &through], &[]);
+    sniffer.aim(&api_b.base);
+    let (_a, api_a) = w.start(&[], &[]);
+    let b = addr_of(&api_b.base);
+    let id = session_on(&api_b).await;
+
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "ask_invoices", "arguments": {"prompt": "hi"},
+        "_meta": {"bindery.dev/session_id": id}}});
+    let resp = api_a
+        .http
+        .post(format!("{}/mcp", api_a.base))
+        .bearer_auth(OWNER)
+        .header("accept", "application/json")
+        .header("Agents-Param-tenant", "beta")
+        .json(&call)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["result"].is_object(), "B answered it: {v}");
+    let ran = w.mock.request_count();
+    let captured = captured_until(&sniffer, |c| !c.is_empty()).await;
+    let forward = &captured[0];
+    assert_eq!(
+        forward.header("agents-param-tenant"),
+        Some("beta"),
+        "{forward:?}"
+    );
+    assert!(!contains(&forward.raw, OWNER), "the owner token went along");
+
+    let again = replay_answer(b, &forward.raw).await;
+    assert!(
+        again.starts_with("HTTP/1.1 401"),
+        "replayed as it went: {again}"
+    );
+    assert!(again.contains("accepted once already"), "{again}");
+    let text = String::from_utf8_lossy(&forward.raw)
+        .replace("agents-param-tenant: beta", "agents-param-tenant: zeta");
+    assert_ne!(text.as_bytes(), &forward.raw[..]);
+    let changed = replay_answer(b, text.as_bytes()).await;
+    assert!(
+        changed.starts_with("HTTP/1.1 401"),
+        "a header changed: {changed}"
+    );
+    assert!(changed.contains("does not match"), "{changed}");
+    for (path, body) in [
+        (format!("/v1/sessions/{id}"), None),
+        ("/mcp".to_string(), Some(call.clone())),
+    ] {
+        let mut req = api_b
+            .http
+            .request(
+                if body.is_some() {
+                    reqwest::Method::POST
+                } else {
+                    reqwest::Method::GET
+                },
+                format!("{}{path}", api_b.base),
+            )
+            .header("accept", "application/json");
+        for (k, v) in forward.peer_headers() {
+            req = req.header(k, v);
+        }
+        if let Some(b) = &body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{path}");
+    }
+    assert_eq!(w.mock.request_count(), ran, "nothing ran for a replay");
+}
+
+/// Send `raw` to the server at `to` on a connection of its own; the whole
+/// answer as text (the server closes once it answered: `connection: close`
+/// is asked for).
+async fn replay_answer(to: SocketAddr, raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw).replacen("\r\n", "\r\nconnection: close\r\n", 1);
+    let mut conn = TcpStream::connect(to).await.unwrap();
+    conn.write_all(text.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(PATIENCE, conn.read_to_end(&mut got))
+        .await
+        .expect("the server answers a replay")
+        .unwrap();
+    String::from_utf8_lossy(&got).to_string()
+}

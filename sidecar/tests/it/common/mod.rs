@@ -435,3 +435,17 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
         .and_then(|l| l[series.len()..].trim().parse().ok())
 }
+
+/// How many requests `api` answered on `route` (its `/metrics`, every
+/// status together).
+pub async fn served(api: &Api, route: &str) -> f64 {
+    let m = api.call("GET", "/metrics", None, None).await;
+    m.text
+        .lines()
+        .filter(|l| {
+            l.starts_with("bindery_http_requests_total{")
+                && l.contains(&format!("route=\"{route}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -1,0 +1,453 @@
+//! Requests about a session reach the replica that holds it: two real
+//! servers on one PostgreSQL database, B holding a session's secret value
+//! (it was created there), a client reaching A. The view, an `/mcp` call
+//! that names the session and the chat page's requests are answered by B;
+//! on the embedded SQLite store nothing is forwarded and a request costs
+//! the store what it always did.
+
+use std::collections::BTreeMap;
+
+use crate::common::*;
+use bindery_tests::postgres::Postgres;
+use bindery_tests::sidecar::{Api, Reply};
+use serde_json::{json, Value};
+
+const DB: &str = "tenant_replicas";
+
+/// A PostgreSQL server with `DB` and a world whose servers keep their
+/// sessions there; the model calls the invoices tool, then answers.
+async fn on_postgres() -> (Postgres, World) {
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(tool_then_answer).await;
+    w.store = pg.url(DB);
+    (pg, w)
+}
+
+/// A session created on `holder` with a session token, its secret value
+/// held there: its id and token.
+async fn held_on(holder: &Api) -> (String, String) {
+    let r = create(
+        holder,
+        json!({"agent": "invoices", "params": valid_params(), "session_token": true}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    (
+        r.json["session_id"].as_str().unwrap().to_string(),
+        r.json["session_token"].as_str().unwrap().to_string(),
+    )
+}
+
+/// One JSON-RPC `tools/call` over `POST /mcp` with `token` and `headers`.
+async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Value) -> Value {
+    let mut req = api
+        .http
+        .post(format!("{}/mcp", api.base))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req
+        .body(
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.json().await.unwrap()
+}
+
+/// A view asked of the replica that does not hold the session's secret
+/// values shows the names the holder holds, never a value; to a session
+/// token, no names, as the holder shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_asked_of_another_replica_shows_the_holders_secret_names() {
+    let (_pg, w) = on_postgres().await;
+    let (b, api_b) = w.start(&[], &[]);
+    let (a, api_a) = w.start(&[], &[]);
+    let (id, token) = held_on(&api_b).await;
+    let path = format!("/v1/sessions/{id}");
+    let before = served(&api_b, "/v1/sessions/{id}").await;
+
+    let r = api_a.call("GET", &path, Some(OWNER), None).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.json["params"], json!({"tenant": "acme"}), "{}", r.text);
+    assert!(!r.text.contains(CANARY), "{}", r.text);
+    let r = api_a.call("GET", &path, Some(&token), None).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["secret_params"], json!([]), "{}", r.text);
+    assert_eq!(r.json["params"], json!({}), "{}", r.text);
+    assert_eq!(
+        served(&api_b, "/v1/sessions/{id}").await - before,
+        2.0,
+        "B answered both"
+    );
+
+    // A value rotated through A is held by B, and shown by both.
+    let r = api_a
+        .call(
+            "PUT",
+            &format!("{path}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"billing_token": null}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["secret_params"], json!([]), "{}", r.text);
+    for api in [&api_a, &api_b] {
+        let r = api.call("GET", &path, Some(OWNER), None).await;
+        assert_eq!(r.json["secret_params"], json!([]), "{}", r.text);
+    }
+    // A token of another session is refused at A, not sent on.
+    let (other, other_token) = held_on(&api_b).await;
+    let before = served(&api_b, "/v1/sessions/{id}").await;
+    let r = api_a.call("GET", &path, Some(&other_token), None).await;
+    assert_eq!(
+        error_of(&r),
+        refusal(401, "unauthorized", &[]),
+        "{}",
+        r.text
+    );
+    assert_eq!(served(&api_b, "/v1/sessions/{id}").await, before);
+    let r = api_a
+        .call(
+            "GET",
+            &format!("/v1/sessions/{other}"),
+            Some(&other_token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for s in [&a, &b] {
+        assert!(!s.logs().contains(CANARY), "{}", s.logs());
+    }
+}
+
+/// An `/mcp` call that names a session (the owner's `_meta`, a session
+/// token's `Bindery-Session-Id`), sent to the replica without its secret
+/// value, is run by the holder; one that names none runs where it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
+    let (_pg, w) = on_postgres().await;
+    let (b, api_b) = w.start(&[], &[]);
+    let (a, api_a) = w.start(&[], &[]);
+    let (id, token) = held_on(&api_b).await;
+    let before = served(&api_b, "/mcp").await;
+
+    let v = mcp_call(
+        &api_a,
+        OWNER,
+        &[],
+        json!({"name": "ask_invoices", "arguments": {"prompt": "overdue?"},
+               "_meta": {"bindery.dev/session_id": id}}),
+    )
+    .await;
+    assert!(v["error"].is_null(), "{v}");
+    assert_eq!(v["id"], 7, "{v}");
+    let result = &v["result"];
+    assert_eq!(result["isError"], false, "{v}");
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("answer: "),
+        "{v}"
+    );
+    assert_eq!(
+        result["_meta"]["bindery.dev/session_id"],
+        id.as_str(),
+        "{v}"
+    );
+
+    let v = mcp_call(
+        &api_a,
+        &token,
+        &[("Bindery-Session-Id", &id)],
+        json!({"name": "ask_invoices", "arguments": {"prompt": "and now?"}}),
+    )
+    .await;
+    assert!(v["error"].is_null(), "{v}");
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(
+        served(&api_b, "/mcp").await - before,
+        2.0,
+        "B ran both calls"
+    );
+    let turns = api_b
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await
+        .json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(turns, 8, "two runs of four turns in the session");
+
+    // A new session's call names none: it runs at A, with the values it gives.
+    let before = served(&api_b, "/mcp").await;
+    let v = mcp_call(
+        &api_a,
+        OWNER,
+        &[
+            ("Agents-Param-tenant", "acme"),
+            ("Agents-Param-billing_token", CANARY),
+        ],
+        json!({"name": "ask_invoices", "arguments": {"prompt": "overdue?"}}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(served(&api_b, "/mcp").await, before);
+
+    // Its secret value given again through A, which has no peer TLS: not
+    // sent in clear, refused as the session API refuses it.
+    let v = mcp_call(
+        &api_a,
+        OWNER,
+        &[("Agents-Param-billing_token", "rotated-9d2c")],
+        json!({"name": "ask_invoices", "arguments": {"prompt": "hi"},
+               "_meta": {"bindery.dev/session_id": id}}),
+    )
+    .await;
+    assert_eq!(v["id"], 7, "{v}");
+    assert_eq!(v["error"]["data"]["error"], "peer_tls_required", "{v}");
+    assert_eq!(v["error"]["data"]["status"], 409, "{v}");
+    assert_eq!(
+        v["error"]["data"]["params"],
+        json!(["billing_token"]),
+        "{v}"
+    );
+    for s in [&a, &b] {
+        let logs = s.logs();
+        assert!(
+            !logs.contains(CANARY) && !logs.contains("rotated-9d2c"),
+            "{logs}"
+        );
+    }
+    for req in w.mock.requests() {
+        assert!(!req.to_string().contains(CANARY));
+    }
+}
+
+/// Every store operation a server counted, by name (`/metrics`).
+async fn store_operations(api: &Api) -> BTreeMap<String, f64> {
+    let m = api.call("GET", "/metrics", None, None).await;
+    m.text
+        .lines()
+        .filter_map(|l| l.strip_prefix("bindery_store_operations_total{op=\""))
+        .filter_map(|l| {
+            let (op, rest) = l.split_once('"')?;
+            Some((op.to_string(), rest.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What `request` cost the store, operation by operation.
+async fn cost<F: std::future::Future<Output = Reply>>(
+    api: &Api,
+    request: F,
+) -> (Reply, BTreeMap<String, f64>) {
+    let before = store_operations(api).await;
+    let r = request.await;
+    let after = store_operations(api).await;
+    let spent = after
+        .into_iter()
+        .map(|(op, n)| (op.clone(), n - before.get(&op).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n != 0.0)
+        .collect();
+    (r, spent)
+}
+
+fn ops(list: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    list.iter().map(|(op, n)| (op.to_string(), *n)).collect()
+}
+
+/// On the embedded SQLite store nothing is held elsewhere: the requests
+/// the forwarding layer looks at cost the store exactly what they cost
+/// without it (one read of the session where the route reads it, one more
+/// where a session token is checked), and no other server is looked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
+    let w = World::new(tool_then_answer).await;
+    // No heartbeat or sweep during the test.
+    let (sidecar, api) = w.start(&["--runner-heartbeat", "1h", "--runner-lease", "2h"], &[]);
+    let (id, token) = held_on(&api).await;
+    let path = format!("/v1/sessions/{id}");
+
+    let (r, spent) = cost(&api, api.call("GET", &path, Some(OWNER), None)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["secret_params"],
+        json!(["billing_token"]),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        spent,
+        ops(&[("get", 1.0), ("session_totals", 1.0)]),
+        "owner's view"
+    );
+    let (r, spent) = cost(&api, api.call("GET", &path, Some(&token), None)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        spent,
+        ops(&[("get", 2.0), ("session_totals", 1.0)]),
+        "token's view"
+    );
+    let (r, spent) = cost(&api, api.call("GET", &path, None, None)).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    assert_eq!(spent, ops(&[]), "no token");
+    let (r, spent) = cost(
+        &api,
+        api.call("POST", &format!("{path}/cancel"), Some(OWNER), None),
+    )
+    .await;
+    assert_eq!(error_of(&r).1, "not_running", "{}", r.text);
+    let cancel = spent;
+    let (r, spent) = cost(
+        &api,
+        api.call(
+            "PUT",
+            &format!("{path}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"tenant": "globex"}})),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let put = spent;
+    let (r, spent) = cost(
+        &api,
+        api.call(
+            "POST",
+            &format!("/v1/continuations/ct_{id}_{}", "0".repeat(64)),
+            Some(OWNER),
+            Some(&json!({"approve": true})),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    let answer = spent;
+    let (v, spent) = cost(&api, async {
+        let v = mcp_call(
+            &api,
+            OWNER,
+            &[],
+            json!({"name": "ask_invoices", "arguments": {},
+                   "_meta": {"bindery.dev/session_id": id}}),
+        )
+        .await;
+        Reply {
+            status: 200,
+            text: v.to_string(),
+            json: v,
+        }
+    })
+    .await;
+    assert_eq!(v.json["error"]["code"], -32602, "{}", v.text);
+    assert_eq!(
+        spent,
+        ops(&[("get", 1.0)]),
+        "an /mcp call naming the session"
+    );
+    let (r, spent) = cost(
+        &api,
+        api.call("DELETE", &format!("{path}/token"), Some(OWNER), None),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let revoke = spent;
+    assert_eq!(
+        [cancel, put, answer, revoke],
+        [
+            ops(&[("get", 3.0)]),
+            ops(&[
+                ("append_event", 1.0),
+                ("get", 2.0),
+                ("session_totals", 1.0),
+                ("update", 1.0)
+            ]),
+            ops(&[("get", 2.0)]),
+            ops(&[("get", 2.0), ("update", 1.0)]),
+        ],
+        "cancel, PUT params, an unknown continuation, revoke"
+    );
+    let all = store_operations(&api).await;
+    assert!(
+        !all.contains_key("peer"),
+        "another server was looked for: {all:?}"
+    );
+    assert!(!sidecar.logs().contains("forward"), "{}", sidecar.logs());
+}
+
+/// A run on B, held by the model: A's subscriber gets B's events as they
+/// come (the forwarded stream is passed through, not buffered: the run's
+/// start shows while it is still running), and a cancel sent to A ends
+/// B's run at once, as B's own cancel would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_and_a_cancel_through_another_replica_reach_the_runner() {
+    use bindery_tests::mock_llm::{last_message, Gate, MockReply};
+    let gate = Gate::new();
+    let held = gate.clone();
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::new(move |req| match last_message(req)["content"].as_str() {
+        Some("hold") => MockReply::text("released").held(&held),
+        _ => MockReply::text("fresh"),
+    })
+    .await;
+    w.store = pg.url(DB);
+    let (_b, api_b) = w.start(&[], &[]);
+    let (_a, api_a) = w.start(&[], &[]);
+    let (id, token) = held_on(&api_b).await;
+    let (status, stream) = api_a
+        .events(&format!("/v1/sessions/{id}/events"), Some(&token), None)
+        .await;
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "hold"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    until("the model gets the request", PATIENCE, || {
+        w.mock.request_count() > 0
+    })
+    .await;
+    let started = stream.until("run_started", PATIENCE).await;
+    assert_eq!(
+        started.last().map(|e| e.event.as_str()),
+        Some("run_started"),
+        "{started:?}"
+    );
+
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(r.json["status_detail"], "cancelled", "{}", r.text);
+    let ended = stream.until("run_finished", PATIENCE).await;
+    let end = ended.last().filter(|e| e.event == "run_finished");
+    let data: Value = serde_json::from_str(&end.expect("run_finished").data).unwrap();
+    assert_eq!(data["status"], "cancelled", "{data}");
+    gate.open();
+}
