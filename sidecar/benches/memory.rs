@@ -48,9 +48,10 @@
 //! its own) with its two headers, and the subscriber's queue
 //! (`session/fanout.rs`). `cli/http.rs` says what `axum::serve` and
 //! hyper's in-flight slot added per connection. After eviction, what stays
-//! is glibc's fragments and the code paged in by the burst; the chunks
-//! each thread caches are renewed so that they do not pin the freed pages
-//! (`cli/trim.rs`).
+//! is the code paged in by the burst and jemalloc's fragments: each
+//! worker flushes the objects its thread caches so that they do not pin
+//! the freed pages, and hyper's 8 KiB buffers share slabs so that
+//! jemalloc's records of them stay few (`cli/memory.rs`).
 
 #[path = "../tests/it/common/mod.rs"]
 mod common;

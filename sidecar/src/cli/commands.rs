@@ -20,7 +20,6 @@ pub fn main() -> ExitCode {
 }
 
 fn run_main(command: Command) -> ExitCode {
-    super::trim::configure();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Serve {
         worker_threads: Some(n),
@@ -31,7 +30,7 @@ fn run_main(command: Command) -> ExitCode {
     }
     let rt = match builder
         .enable_all()
-        .on_thread_park(super::trim::on_worker_park)
+        .on_thread_park(super::memory::on_worker_park)
         .build()
     {
         Ok(rt) => rt,

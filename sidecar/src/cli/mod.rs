@@ -9,11 +9,12 @@ mod check_tools;
 mod commands;
 mod http;
 mod load;
+mod memory;
 mod replay;
 mod serve;
 mod session_client;
 mod telemetry;
-mod trim;
 
 pub use args::Cli;
 pub use commands::main;
+pub use memory::MALLOC_CONF;

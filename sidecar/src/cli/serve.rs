@@ -358,7 +358,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                 let now = service.live_count();
                 if now < live {
                     service.release_memory().await;
-                    super::trim::release_freed_memory();
+                    super::memory::release_freed_memory();
                 }
                 live = now;
             }
