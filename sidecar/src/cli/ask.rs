@@ -5,7 +5,6 @@ use serde_json::Value;
 
 use crate::session::pending::{PendingCall, Resolution};
 use crate::session::runner;
-use crate::session::wire::PendingItem;
 use crate::tools::Disposition;
 
 /// Ask on the terminal about each waiting call: y/n for a confirmation
@@ -20,43 +19,26 @@ pub(super) fn ask_terminal(
 ) -> Result<Vec<PendingCall>, String> {
     let mut out = Vec::new();
     for b in calls {
-        let args = runner::call_arguments(&b.call);
-        let asked = b.lookup.as_ref().map(|l| l.asked()).unwrap_or_default();
-        // The item as the session API would show it, for the same prompts.
-        let item = serde_json::to_value(PendingItem {
-            tool_call_id: b.call.id.clone(),
-            continuation_token: None,
-            tool: b.call.name.clone(),
-            via: Vec::new(),
-            disposition: b.disposition,
-            call: args.clone(),
-            missing: asked.missing,
-            lookup: asked.lookup,
-            options: asked.options,
-            facts: asked.facts,
-            note: asked.note,
-            tainted_by: b.tainted_by.clone(),
-            expires_at: None,
-            budget: b.budget.clone(),
-        })
-        .expect("a pending item is plain JSON");
-        let resolution = ask_item(&item, yes, choose)?;
-        out.push(PendingCall {
+        let mut call = PendingCall {
             tool_call_id: b.call.id.clone(),
             tool: b.call.name.clone(),
             disposition: b.disposition,
-            call: args,
+            call: runner::call_arguments(&b.call),
             bound_params: b.bound_params.clone(),
             digest: String::new(),
             nonce: String::new(),
             token_digest: String::new(),
             expires_at: None,
-            resolution: Some(resolution),
+            resolution: None,
             frames: b.frames.clone(),
             lookup: b.lookup.clone(),
             tainted_by: b.tainted_by.clone(),
             budget: b.budget.clone(),
-        });
+        };
+        // The item as the session API would show it, for the same prompts.
+        let item = serde_json::to_value(call.shown()).expect("a pending item is plain JSON");
+        call.resolution = Some(ask_item(&item, yes, choose)?);
+        out.push(call);
     }
     Ok(out)
 }
