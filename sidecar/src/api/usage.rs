@@ -90,7 +90,7 @@ pub async fn report(
 ) -> ApiResult {
     let to = match &q.to {
         Some(t) => instant("to", t)?,
-        None => crate::session::clock::now_ms(),
+        None => s.service.now_ms(),
     };
     let from = match &q.from {
         Some(f) => instant("from", f)?,

@@ -18,7 +18,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's instant: in-process tests move the TTL with `tokio::time::advance`.
+use tokio::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -243,5 +246,16 @@ mod tests {
         // A tool given nothing of the session is keyed without it.
         let shared = tool("tenant");
         assert_eq!(key(&shared, &a), key(&shared, &b));
+    }
+
+    /// A result is answered until its TTL has passed, and not after.
+    #[tokio::test(start_paused = true)]
+    async fn a_result_is_kept_for_its_ttl() {
+        let cache = ToolCache::new(Duration::from_secs(600), 10);
+        cache.put([1; 32], "kept".into());
+        tokio::time::advance(Duration::from_secs(599)).await;
+        assert_eq!(cache.get(&[1; 32]).as_deref(), Some("kept"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(cache.get(&[1; 32]), None);
     }
 }

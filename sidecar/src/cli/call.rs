@@ -111,6 +111,7 @@ async fn orchestrated(
         lookups: Some(&lookups),
         // The agent's maxSteps, or the least one call's lookups may take.
         max_steps: 0,
+        clock: &crate::session::clock::WallClock,
     };
     let call = ToolCall {
         id: ctx.turn_id.clone(),

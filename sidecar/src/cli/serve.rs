@@ -113,6 +113,7 @@ pub async fn run(
         taint_from: 0,
         // `run` keeps no store, so nothing is counted.
         ledger: None,
+        clock: &crate::session::clock::WallClock,
     };
     let mut history = vec![ChatMessage::user(prompt)];
     let cancel = CancellationToken::new();
@@ -288,6 +289,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                     crate::session::service::stored::AgentSource::File
                 }
             },
+            clock: Arc::new(crate::session::clock::WallClock),
         },
     );
     let webhooks = tree.agents.values().any(|a| {

@@ -8,24 +8,26 @@
 //! When every session over the limit is busy, none is evicted: the count
 //! stays above the limit until they are done.
 
-use std::time::Instant;
-
-/// One live session, as the choice sees it.
+/// One live session, as the choice sees it: `T` is whatever orders the
+/// times of use (an instant of the service's clock; numbers in tests).
 #[derive(Clone, Copy, Debug)]
-pub struct Entry<K> {
+pub struct Entry<K, T> {
     pub key: K,
     /// When its secrets were last set or used, or a run ended.
-    pub used: Instant,
+    pub used: T,
     pub busy: bool,
 }
 
 /// The keys of the `excess` least recently used entries that are not busy,
 /// oldest first (fewer when not enough are idle).
-pub fn victims<K>(entries: impl IntoIterator<Item = Entry<K>>, excess: usize) -> Vec<K> {
+pub fn victims<K, T: Ord + Copy>(
+    entries: impl IntoIterator<Item = Entry<K, T>>,
+    excess: usize,
+) -> Vec<K> {
     if excess == 0 {
         return Vec::new();
     }
-    let mut idle: Vec<(Instant, K)> = entries
+    let mut idle: Vec<(T, K)> = entries
         .into_iter()
         .filter(|e| !e.busy)
         .map(|e| (e.used, e.key))
@@ -42,16 +44,10 @@ pub fn victims<K>(entries: impl IntoIterator<Item = Entry<K>>, excess: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    fn entries(spec: &[(&'static str, u64, bool)]) -> Vec<Entry<&'static str>> {
-        let t0 = Instant::now();
+    fn entries(spec: &[(&'static str, u64, bool)]) -> Vec<Entry<&'static str, u64>> {
         spec.iter()
-            .map(|&(key, at, busy)| Entry {
-                key,
-                used: t0 + Duration::from_secs(at),
-                busy,
-            })
+            .map(|&(key, used, busy)| Entry { key, used, busy })
             .collect()
     }
 

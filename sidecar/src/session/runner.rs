@@ -127,6 +127,8 @@ pub struct RunContext<'a> {
     /// The run's budgets (none: nothing is counted, as in `run` on the
     /// command line).
     pub ledger: Option<&'a dyn Ledger>,
+    /// What time it is (lookups' `ttl_ms` count by it).
+    pub clock: &'a dyn crate::session::clock::Clock,
 }
 
 /// Run the loop over `history` (which ends with the request that started
@@ -716,6 +718,7 @@ pub struct CallEnv<'a> {
     /// Lookup results kept between calls (none: kept for this call only).
     pub lookups: Option<&'a LookupCache>,
     pub max_steps: u32,
+    pub clock: &'a dyn crate::session::clock::Clock,
 }
 
 impl<'a> RunContext<'a> {
@@ -727,6 +730,7 @@ impl<'a> RunContext<'a> {
             call: &self.call,
             lookups: self.lookups,
             max_steps: self.max_steps,
+            clock: self.clock,
         }
     }
 }
@@ -765,7 +769,7 @@ pub async fn orchestrated(
             .spec
             .max_steps
             .unwrap_or(ctx.max_steps.max(MIN_LOOKUPS)),
-        now: crate::session::clock::now_ms(),
+        now: ctx.clock.now_ms(),
         confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
     };
     let mut fresh = false;
@@ -1031,6 +1035,7 @@ async fn call_helper(
         taint_from: 0,
         // What a helper uses counts against the session's budgets.
         ledger: ctx.ledger,
+        clock: ctx.clock,
     };
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
@@ -1175,6 +1180,7 @@ mod tests {
         let metrics = Metrics::default();
         let ctx = RunContext {
             ledger: None,
+            clock: &crate::session::clock::WallClock,
             agent,
             tools: &tools,
             helpers: None,

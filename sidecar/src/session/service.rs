@@ -100,6 +100,8 @@ pub struct ServiceConfig {
     pub public_url: Option<String>,
     /// How approval notices are retried.
     pub notice_retries: crate::session::notify::Retries,
+    /// What time it is (the wall clock; tokio's in tests that pause it).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for ServiceConfig {
@@ -116,11 +118,13 @@ impl Default for ServiceConfig {
             agents_source: stored::AgentSource::File,
             public_url: None,
             notice_retries: Default::default(),
+            clock: Arc::new(WallClock),
         }
     }
 }
 
 pub use super::clock::random_key;
+use super::clock::{Clock, WallClock};
 
 /// How far a run goes (`run` on create, messages, resume, continuations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,7 +163,7 @@ struct Live {
     /// the logs while held.
     secrets: Mutex<crate::params::live::LiveValues>,
     /// When the secrets were last set or used, or a run ended.
-    used: Mutex<std::time::Instant>,
+    used: Mutex<tokio::time::Instant>,
     run: Mutex<Option<RunHandle>>,
     /// Its event subscribers; on a shared store, also told when another
     /// server appends an event (see [`Service::relay_notices`]).
@@ -168,7 +172,7 @@ struct Live {
 
 impl Live {
     fn touch(&self) {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
     }
 }
 
@@ -254,7 +258,7 @@ pub struct Service {
     store_ok: AtomicBool,
     /// Other servers' heartbeats as last read, with when they were read
     /// (see [`Service::held_elsewhere`]).
-    peers: Mutex<HashMap<String, (Peer, std::time::Instant)>>,
+    peers: Mutex<HashMap<String, (Peer, tokio::time::Instant)>>,
     /// This service, for the background writes of sync paths.
     me: std::sync::Weak<Service>,
     /// Agents kept by the API, when the server allows it (`--stored-agents`).
@@ -266,8 +270,6 @@ pub struct Service {
     /// Wakes the writer of the tenant's budget status before its next tick.
     budget_status: tokio::sync::Notify,
 }
-
-pub use super::clock::now_ms;
 
 impl Service {
     pub fn new(
@@ -327,6 +329,11 @@ impl Service {
         &self.store
     }
 
+    /// What time it is, by the service's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.cfg.clock.now_ms()
+    }
+
     /// This server's instance id.
     pub fn instance(&self) -> &str {
         &self.instance
@@ -340,7 +347,7 @@ impl Service {
         let live = Arc::new(Live {
             lock: tokio::sync::Mutex::new(None),
             secrets: Mutex::new(Default::default()),
-            used: Mutex::new(std::time::Instant::now()),
+            used: Mutex::new(tokio::time::Instant::now()),
             run: Mutex::new(None),
             events: Fanout::default(),
         });

@@ -185,7 +185,7 @@ impl Ledger for RunBudget {
         model: &ModelSpec,
         estimate: &(dyn Fn() -> u64 + Send + Sync),
     ) -> Gate {
-        let now = now_ms();
+        let now = self.service.now_ms();
         let gauges = self.gauges(&MODEL, now);
         if gauges.is_empty() {
             // Nothing to claim against: the request's row is written once,
@@ -219,7 +219,7 @@ impl Ledger for RunBudget {
                     .remove(&id)
             })
             .unwrap_or_default();
-        let mut row = self.row(now_ms(), &model.name, None);
+        let mut row = self.row(self.service.now_ms(), &model.name, None);
         if let Some(s) = used {
             row.prompt_tokens = s.prompt;
             row.completion_tokens = s.completion;
@@ -251,7 +251,7 @@ impl Ledger for RunBudget {
     }
 
     async fn before_tool(&self, tool: &str) -> Gate {
-        let now = now_ms();
+        let now = self.service.now_ms();
         let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
         let gauges = self.gauges(&[Meter::ToolCalls], now);
@@ -295,7 +295,7 @@ impl Service {
         if limits.is_empty() {
             return Ok(());
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let who = Who {
             agent: &agent.name,
             session: &rec.id,
@@ -371,7 +371,7 @@ impl Service {
 
     /// Each budget of each agent this server serves, as measured now.
     pub async fn budget_statuses(&self) -> Result<Vec<BudgetStatus>, ServiceError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let mut out = Vec::new();
         for agent in self.tree.agents.values() {

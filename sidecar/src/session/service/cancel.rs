@@ -51,7 +51,7 @@ impl Service {
                 }
                 rec.cancel_requested = true;
                 rec.version += 1;
-                rec.updated_at = now_ms();
+                rec.updated_at = self.now_ms();
                 match self.store.update(&mut rec).await {
                     Ok(()) => return Ok(rec.runner),
                     Err(StoreError::Conflict(_)) => continue,

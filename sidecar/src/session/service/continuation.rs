@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::{
-    close_pending, constant_time_eq, now_ms, random_key, Live, Opening, RunMode, RunWait, Service,
+    close_pending, constant_time_eq, random_key, Live, Opening, RunMode, RunWait, Service,
     CANCELLED,
 };
 use crate::metrics::RunOutcome;
@@ -75,7 +75,7 @@ impl Service {
         calls: &[runner::Blocked],
         ttl: Option<Duration>,
     ) -> Vec<PendingCall> {
-        let now = now_ms();
+        let now = self.now_ms();
         calls
             .iter()
             .map(|b| {
@@ -199,7 +199,7 @@ impl Service {
         for item in items {
             let item = serde_json::to_value(&item).expect("a pending item is plain JSON");
             let (id, body) =
-                crate::session::notify::notice(&rec.id, &rec.agent, &item, &base, now_ms());
+                crate::session::notify::notice(&rec.id, &rec.agent, &item, &base, self.now_ms());
             let client = self.notices.clone();
             let metrics = self.metrics.clone();
             let retries = self.cfg.notice_retries;
@@ -260,7 +260,7 @@ impl Service {
                 rec.pending.detail()
             ));
             rec.version += 1;
-            rec.updated_at = now_ms();
+            rec.updated_at = self.now_ms();
             self.store
                 .update(&mut rec)
                 .await
@@ -315,7 +315,7 @@ impl Service {
             rec.status = SessionStatus::Idle;
             rec.status_detail = Some("cancelled".into());
             rec.version += 1;
-            rec.updated_at = now_ms();
+            rec.updated_at = self.now_ms();
             self.store.update(&mut rec).await?;
             Ok::<_, ServiceError>(Some(closed))
         }
@@ -408,7 +408,7 @@ impl Service {
         if item.resolution.is_some() {
             return Err(used());
         }
-        if item.expires_at.is_some_and(|t| t <= now_ms()) {
+        if item.expires_at.is_some_and(|t| t <= self.now_ms()) {
             drop(guard);
             self.expire_session(id).await?;
             let why = if item.lookup.is_some() {
@@ -516,7 +516,7 @@ impl Service {
             rec.pending.detail()
         });
         rec.version += 1;
-        rec.updated_at = now_ms();
+        rec.updated_at = self.now_ms();
         self.store.update(&mut rec).await?;
         let by = answer.by.unwrap_or(match caller {
             Caller::Approver => Decider::Approver,
@@ -579,14 +579,14 @@ impl Service {
         if rec.status != SessionStatus::WaitingExternal {
             return Ok(false);
         }
-        let expired = rec.pending.expire(now_ms());
+        let expired = rec.pending.expire(self.now_ms());
         if expired.is_empty() {
             return Ok(false);
         }
         let all = rec.pending.all_resolved();
         rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
-        rec.updated_at = now_ms();
+        rec.updated_at = self.now_ms();
         match self.store.update(&mut rec).await {
             Ok(()) => {}
             // Another server closed them first.
@@ -622,7 +622,7 @@ impl Service {
         if !self.tree.agents.values().any(|a| a.confirm_ttl().is_some()) {
             return Ok(0);
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let mut n = 0;
         for rec in self.store.waiting().await? {
             let due = rec

@@ -92,7 +92,7 @@ impl Service {
         } else {
             None
         };
-        let now = now_ms();
+        let now = self.now_ms();
         let holder = self.holder_of(None, &accepted.session);
         let mut rec = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -315,7 +315,7 @@ impl Service {
             rec.params = StoredParams::from_values(&accepted.session);
             rec.holder = self.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;
-            rec.updated_at = now_ms();
+            rec.updated_at = self.now_ms();
             self.store.update(&mut rec).await?;
             self.keep_secrets(id, &accepted.session);
             let names = accepted.changed.clone();

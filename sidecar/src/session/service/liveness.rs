@@ -8,7 +8,7 @@ impl Service {
     pub async fn beat(&self) -> Result<(), ServiceError> {
         Ok(self
             .store
-            .beat(&self.instance, now_ms(), self.cfg.advertise.as_deref())
+            .beat(&self.instance, self.now_ms(), self.cfg.advertise.as_deref())
             .await?)
     }
 
@@ -35,7 +35,7 @@ impl Service {
         // it starts runs, so any runner in the list has its beat read here.
         let running = self.store.running().await?;
         let heartbeats = self.store.heartbeats().await?;
-        let now = now_ms();
+        let now = self.now_ms();
         let liveness = self.liveness(&heartbeats, now);
         let mut closed = 0;
         for rec in running {
@@ -102,7 +102,7 @@ impl Service {
                 return Ok(rec);
             }
             let heartbeats = self.store.heartbeats().await?;
-            let liveness = self.liveness(&heartbeats, now_ms());
+            let liveness = self.liveness(&heartbeats, self.now_ms());
             if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
                 break;
             }
@@ -143,7 +143,7 @@ impl Service {
         rec.status = SessionStatus::Failed;
         rec.status_detail = Some(detail.into());
         rec.version += 1;
-        rec.updated_at = now_ms();
+        rec.updated_at = self.now_ms();
         match self.store.update(&mut rec).await {
             Ok(()) => {}
             Err(StoreError::Conflict(_)) => {

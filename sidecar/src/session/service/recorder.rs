@@ -42,7 +42,7 @@ impl Service {
             }
             change(&mut rec);
             rec.version += 1;
-            let at = now_ms();
+            let at = self.now_ms();
             rec.updated_at = at;
             match self.store.update_with_events(&mut rec, events, at).await {
                 Ok(seqs) => {
@@ -78,7 +78,7 @@ impl Service {
     }
 
     pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
-        let at = now_ms();
+        let at = self.now_ms();
         let (kind, data) = (event.kind(), event.data());
         match self.store.append_event(id, kind, &data, at).await {
             Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),

@@ -240,7 +240,7 @@ impl Service {
     /// would, but for a server that stopped since, whose requests then fall
     /// back to being served here, as for one that cannot be reached.
     async fn peer(&self, instance: &str) -> Option<Peer> {
-        let alive = |p: &Peer| !lease::lapsed(self.cfg.lease.lease, p.at, now_ms());
+        let alive = |p: &Peer| !lease::lapsed(self.cfg.lease.lease, p.at, self.now_ms());
         let cached = self
             .peers
             .lock()
@@ -261,7 +261,7 @@ impl Service {
         }
         peers.insert(
             instance.to_string(),
-            (peer.clone(), std::time::Instant::now()),
+            (peer.clone(), tokio::time::Instant::now()),
         );
         Some(peer)
     }

@@ -276,7 +276,7 @@ impl Service {
         let document = as_json(body)?;
         // Checked as sent, so that messages point into the text as given.
         let (agent, client, notes) = self.build_stored(slug, body).await?;
-        let at = now_ms();
+        let at = self.now_ms();
         let created = self.store.put_agent(slug, &document, at).await?;
         stored.map().insert(
             slug.to_string(),

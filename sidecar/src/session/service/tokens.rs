@@ -16,7 +16,7 @@ impl Service {
             let mut rec = self.record(id).await?;
             rec.security.token_digests.clear();
             rec.version += 1;
-            rec.updated_at = now_ms();
+            rec.updated_at = self.now_ms();
             self.store.update(&mut rec).await?;
             let ended = live.events.end_token_streams();
             if ended > 0 {
