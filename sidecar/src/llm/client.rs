@@ -22,6 +22,16 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// The longest computed backoff between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// A model that answers in this process, without HTTP: the seam the
+/// in-process service tests script their model turns through (see
+/// [`ChatClient::in_process`]).
+pub trait LocalModel: Send + Sync {
+    fn complete<'a>(
+        &'a self,
+        req: &'a ChatRequest,
+    ) -> futures::future::BoxFuture<'a, Result<ChatResponse, LlmError>>;
+}
+
 /// A client for one [`ModelEndpoint`]. Cheap to clone: clones share one
 /// connection pool.
 #[derive(Clone)]
@@ -36,6 +46,8 @@ struct Inner {
     url: String,
     /// `Bearer <key>`, marked sensitive.
     auth: Option<HeaderValue>,
+    /// Answers instead of the endpoint, in this process.
+    local: Option<Arc<dyn LocalModel>>,
 }
 
 impl fmt::Debug for ChatClient {
@@ -100,8 +112,34 @@ impl ChatClient {
                 endpoint,
                 url,
                 auth,
+                local: None,
             }),
         })
+    }
+
+    /// A client for `endpoint` whose requests `model` answers in this
+    /// process: no HTTP and no retries, but the endpoint's timeout, and a
+    /// streamed reply comes as its whole text in one delta.
+    pub fn in_process(
+        endpoint: ModelEndpoint,
+        model: Arc<dyn LocalModel>,
+    ) -> Result<Self, LlmError> {
+        let mut client = ChatClient::new(endpoint)?;
+        if let Some(inner) = Arc::get_mut(&mut client.inner) {
+            inner.local = Some(model);
+        }
+        Ok(client)
+    }
+
+    /// What the in-process model says, within the endpoint's timeout.
+    async fn ask_local(
+        &self,
+        model: &dyn LocalModel,
+        req: &ChatRequest,
+    ) -> Result<ChatResponse, LlmError> {
+        tokio::time::timeout(self.inner.endpoint.timeout, model.complete(req))
+            .await
+            .unwrap_or(Err(LlmError::Timeout))
     }
 
     /// The endpoint this client talks to.
@@ -111,6 +149,9 @@ impl ChatClient {
 
     /// Sends `req` with `stream: false` and returns the whole reply.
     pub async fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        if let Some(model) = &self.inner.local {
+            return self.ask_local(&**model, req).await;
+        }
         let body = &self.body(req, false)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
@@ -152,6 +193,11 @@ impl ChatClient {
         req: &ChatRequest,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<ChatResponse, LlmError> {
+        if let Some(model) = &self.inner.local {
+            let response = self.ask_local(&**model, req).await?;
+            deltas_of(&response, on_delta);
+            return Ok(response);
+        }
         let body = &self.body(req, true)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;

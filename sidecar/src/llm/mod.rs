@@ -21,7 +21,7 @@ mod parse;
 mod sse;
 mod types;
 
-pub use client::ChatClient;
+pub use client::{ChatClient, LocalModel};
 pub use error::LlmError;
 pub use types::{
     ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, ToolCall, ToolDefinition,
