@@ -25,6 +25,11 @@ pub struct Pending {
     /// one is a conflict, not an unknown token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used: Vec<String>,
+    /// Of those, the digests of calls that expired unanswered: a late
+    /// answer is told so (`continuation_expired`), not that someone
+    /// answered first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expired: Vec<String>,
     /// The calls were a client's (an MCP `tools/call`), not the model's:
     /// once they are answered the run ends with no model turn.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -238,6 +243,7 @@ impl Pending {
             if i.resolution.is_none() && i.expires_at.is_some_and(|t| t <= now) {
                 i.resolution = Some(Resolution::Expired);
                 expired.push(i.id());
+                self.expired.push(i.token_digest.clone());
             }
         }
         self.retire_tokens();
@@ -548,10 +554,12 @@ mod tests {
             run: None,
             items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
             used: vec![],
+            expired: vec![],
             client_call: false,
         };
         assert_eq!(p.expire(15), vec!["a".to_string()]);
         assert_eq!(p.used, vec!["d-a".to_string()]);
+        assert_eq!(p.expired, p.used, "it expired, nobody answered it");
         assert!(!p.all_resolved());
         assert_eq!(
             p.detail(),

@@ -61,6 +61,8 @@ mod runs;
 mod secrets;
 mod sink;
 pub mod stored;
+#[cfg(test)]
+mod tests;
 mod tokens;
 
 use crate::params::secret::constant_time_eq;

@@ -317,7 +317,7 @@ async fn an_unanswered_confirmation_expires_as_not_approved() {
     );
     assert_eq!(c.runs(), 0);
     let late = answer(&api, &token, json!({"approve": true})).await;
-    assert_eq!(error_of(&late).0, 409, "{}", late.text);
+    assert_eq!(error_of(&late), refusal(409, "continuation_expired", &[]));
     assert_eq!(c.runs(), 0);
 }
 

@@ -393,24 +393,34 @@ impl Service {
             .find(|i| constant_time_eq(i.token_digest.as_bytes(), digest.as_bytes()))
             .cloned()
         else {
-            if rec
-                .pending
-                .used
-                .iter()
-                .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes()))
-            {
+            let among = |digests: &[String]| {
+                digests
+                    .iter()
+                    .any(|d| constant_time_eq(d.as_bytes(), digest.as_bytes()))
+            };
+            if among(&rec.pending.expired) {
+                return Err(ServiceError::new(
+                    ErrorKind::Conflict,
+                    "continuation_expired",
+                    "this call was not answered in time (the agent's confirmTtl, or the lookups it rested on went stale) and was closed without running",
+                ));
+            }
+            if among(&rec.pending.used) {
                 return Err(used());
             }
             return Err(ServiceError::not_found(
                 "no pending call has this continuation token",
             ));
         };
-        if item.resolution.is_some() {
+        let expired = matches!(item.resolution, Some(Resolution::Expired));
+        if item.resolution.is_some() && !expired {
             return Err(used());
         }
-        if item.expires_at.is_some_and(|t| t <= self.now_ms()) {
+        if expired || item.expires_at.is_some_and(|t| t <= self.now_ms()) {
             drop(guard);
-            self.expire_session(id).await?;
+            if !expired {
+                self.expire_session(id).await?;
+            }
             let why = if item.lookup.is_some() {
                 format!(
                     "the {} for {} rested on lookups that went stale (their ttl_ms passed); they run again and the session asks anew: answer the new pending item",

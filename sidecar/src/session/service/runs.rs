@@ -127,7 +127,7 @@ impl Service {
             rec.runner = Some(self.instance.clone());
             rec.cancel_requested = false;
             rec.version += 1;
-            rec.updated_at = now_ms();
+            rec.updated_at = self.now_ms();
             Ok::<_, ServiceError>((rec, resolved, agent, mode, events, run))
         }
         .await;
@@ -276,6 +276,7 @@ impl Service {
             },
             taint_from,
             ledger: Some(&budget),
+            clock: &*self.cfg.clock,
         };
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
@@ -327,6 +328,7 @@ impl Service {
             run: (!pending.is_empty()).then_some(run),
             items: pending,
             used: Vec::new(),
+            expired: Vec::new(),
         };
         let (status, detail, outcome) = match &end {
             RunEnd::Blocked(_) => (

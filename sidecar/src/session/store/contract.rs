@@ -167,7 +167,8 @@ pub fn full_record() -> SessionRecord {
                     tool: "bash_fetch-ticket".into(),
                 }],
             }],
-            used: vec!["34".repeat(32)],
+            used: vec!["34".repeat(32), "56".repeat(32)],
+            expired: vec!["56".repeat(32)],
             // A client's call that waits: its run ends once it is answered.
             client_call: true,
         },

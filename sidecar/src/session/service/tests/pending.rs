@@ -1,0 +1,117 @@
+//! Calls that wait for a person: a confirmation holds its call until it is
+//! answered, and `confirmTtl` closes it unanswered.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::harness::{agent, answer, no_params, Client, Reply, World};
+use crate::session::model::SessionStatus;
+use crate::session::service::{Answer, ServiceConfig};
+use crate::session::validate::Caller;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// `io_system` needs a confirmation, which lapses after ten minutes.
+fn careful() -> String {
+    agent(
+        "careful",
+        "  confirm: [{tool: io_system}]\n  confirmTtl: 10m\n",
+    )
+}
+
+fn approve() -> Answer {
+    Answer {
+        approve: Some(true),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
+    let world = World::new(&[careful()]).await;
+    world
+        .model
+        .then(Reply::Calls(vec![(
+            "io_system",
+            json!({"capability": "date"}),
+        )]))
+        .then(Reply::Text("done"));
+    let server = world.server(ServiceConfig::default()).await;
+    let client = Client(&server);
+    let id = client.open("careful", no_params()).await;
+
+    let rec = client.say(&id, "the date, please").await;
+    assert_eq!(rec.status, SessionStatus::WaitingExternal);
+    let items = server.pending_view(&rec);
+    assert_eq!(items.len(), 1);
+    let token = items[0].continuation_token.clone().unwrap();
+    assert!(
+        !client.kinds(&id).await.contains(&"tool_result".to_string()),
+        "nothing ran before the answer"
+    );
+
+    tokio::time::advance(9 * MINUTE).await;
+    assert_eq!(server.expire_due().await.unwrap(), 0);
+    let (session, run) = server
+        .answer(&Caller::Owner, &token, approve())
+        .await
+        .unwrap();
+    assert_eq!(session, id);
+    run.expect("every call is answered: the run resumes")
+        .finished()
+        .await;
+
+    let rec = server.record(&id).await.unwrap();
+    assert_eq!(rec.status, SessionStatus::Idle);
+    assert_eq!(answer(&rec), Some("done"));
+    let kinds = client.kinds(&id).await;
+    let result = kinds.iter().position(|k| k == "tool_result").unwrap();
+    assert!(
+        kinds[..result].contains(&"resolved".to_string()),
+        "{kinds:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refused() {
+    let world = World::new(&[careful()]).await;
+    world
+        .model
+        .then(Reply::Calls(vec![(
+            "io_system",
+            json!({"capability": "date"}),
+        )]))
+        .then(Reply::Text("it expired"));
+    let server = world.server(ServiceConfig::default()).await;
+    let client = Client(&server);
+    let id = client.open("careful", no_params()).await;
+    let rec = client.say(&id, "the date, please").await;
+    let token = server.pending_view(&rec)[0]
+        .continuation_token
+        .clone()
+        .unwrap();
+
+    tokio::time::advance(10 * MINUTE + Duration::from_secs(1)).await;
+    assert_eq!(server.expire_due().await.unwrap(), 1);
+    let rec = super::harness::settled(&server, &id).await;
+
+    assert_eq!(rec.status, SessionStatus::Idle);
+    assert_eq!(answer(&rec), Some("it expired"));
+    let seen = world.model.seen();
+    let told = format!("{:?}", seen[1].messages.last().unwrap());
+    assert!(told.contains("did not run"), "the model is told: {told}");
+    let events = client.events(&id).await;
+    let resolved = events.iter().find(|e| e.kind == "resolved").unwrap();
+    assert_eq!(resolved.data["outcome"], "expired", "{}", resolved.data);
+    assert!(!events
+        .iter()
+        .any(|e| e.kind == "tool_result" && e.data["ok"] == true));
+    let late = server
+        .answer(&Caller::Owner, &token, approve())
+        .await
+        .err()
+        .expect("a late answer is refused");
+    assert_eq!(late.code, "continuation_expired", "{}", late.message);
+    assert_eq!(server.expire_due().await.unwrap(), 0);
+}

@@ -1,0 +1,106 @@
+//! How long a session's secret values stay in memory: `--live-session-ttl`
+//! (idle time) and `--max-live-sessions` (least recently used first).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::harness::{agent, answer, Client, Reply, World};
+use crate::session::service::{RunMode, ServiceConfig};
+use crate::session::validate::Caller;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// An agent with a secret a client gives per session.
+fn vault() -> String {
+    agent(
+        "vault",
+        "  parameters: [{name: token, secret: true, scope: session}]\n",
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_before() {
+    let world = World::new(&[vault()]).await;
+    let server = world
+        .server(ServiceConfig {
+            live_session_ttl: Some(30 * MINUTE),
+            ..Default::default()
+        })
+        .await;
+    let client = Client(&server);
+    let id = client.open("vault", json!({"token": "s3cret"})).await;
+    assert_eq!(server.secret_names(&id), ["token"]);
+
+    tokio::time::advance(29 * MINUTE).await;
+    assert_eq!(server.expire_secrets(), 0);
+    assert_eq!(server.secret_names(&id), ["token"]);
+
+    tokio::time::advance(2 * MINUTE).await;
+    assert_eq!(server.expire_secrets(), 1);
+    assert!(server.secret_names(&id).is_empty());
+    assert_eq!(server.live_count(), 0, "nothing of it is left in memory");
+    let refused = server
+        .post_message(
+            &Caller::Owner,
+            &id,
+            "still there?".into(),
+            &BTreeMap::new(),
+            RunMode::UntilBlocked,
+        )
+        .await
+        .err()
+        .expect("a message without the secret is refused");
+    assert_eq!(refused.code, "params_required", "{}", refused.message);
+    assert_eq!(refused.params, ["token"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_renews_the_ttl() {
+    let world = World::new(&[vault()]).await;
+    world.model.then(Reply::Text("hello"));
+    let server = world
+        .server(ServiceConfig {
+            live_session_ttl: Some(30 * MINUTE),
+            ..Default::default()
+        })
+        .await;
+    let client = Client(&server);
+    let id = client.open("vault", json!({"token": "s3cret"})).await;
+
+    tokio::time::advance(20 * MINUTE).await;
+    assert_eq!(answer(&client.say(&id, "hi").await), Some("hello"));
+    tokio::time::advance(20 * MINUTE).await;
+    assert_eq!(server.expire_secrets(), 0, "40 minutes old, 20 idle");
+    tokio::time::advance(11 * MINUTE).await;
+    assert_eq!(server.expire_secrets(), 1);
+}
+
+/// Past `max_live_sessions` the session used least recently forgets its
+/// secrets first; one that was just used is kept.
+#[tokio::test(start_paused = true)]
+async fn past_the_limit_the_least_recently_used_session_forgets_first() {
+    let world = World::new(&[vault()]).await;
+    world.model.then(Reply::Text("ok"));
+    let server = world
+        .server(ServiceConfig {
+            max_live_sessions: Some(2),
+            ..Default::default()
+        })
+        .await;
+    let client = Client(&server);
+    let a = client.open("vault", json!({"token": "a"})).await;
+    tokio::time::advance(MINUTE).await;
+    let b = client.open("vault", json!({"token": "b"})).await;
+    tokio::time::advance(MINUTE).await;
+    client.say(&a, "still here").await;
+    tokio::time::advance(MINUTE).await;
+
+    let c = client.open("vault", json!({"token": "c"})).await;
+
+    assert_eq!(server.secret_names(&a), ["token"], "used a minute ago");
+    assert!(server.secret_names(&b).is_empty(), "used two minutes ago");
+    assert_eq!(server.secret_names(&c), ["token"]);
+    assert_eq!(server.live_count(), 2);
+}
