@@ -137,7 +137,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
             }
         }
     };
-    if s.service.holds_here(&session) {
+    if s.service.secrets().holds_here(&session) {
         return next.run(rebuilt(parts, read, body)).await;
     }
     let rec = match s.service.store().get(&session).await {
@@ -187,7 +187,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     let (Some(caller), Some(rec)) = (who.caller(), rec) else {
         return next.run(rebuilt(parts, read, body)).await;
     };
-    let Some(to) = s.service.held_elsewhere(&rec).await else {
+    let Some(to) = s.service.secrets().held_elsewhere(&rec).await else {
         return next.run(rebuilt(parts, read, body)).await;
     };
     let bytes = match read {
@@ -224,7 +224,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     let key = s.owner.peer_key();
     let answer = tokio::select! {
         answer = forward(client, &key, &to, &caller, &incoming) => answer,
-        () = s.service.lapsed(&instance) => Err("it stopped beating before it answered (its lease passed)".into()),
+        () = s.service.secrets().lapsed(&instance) => Err("it stopped beating before it answered (its lease passed)".into()),
     };
     match answer {
         Ok(answer) => {

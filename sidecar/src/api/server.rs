@@ -513,7 +513,7 @@ async fn view(
     };
     let pending = s.service.pending_view(&rec);
     let usage = s.service.session_usage(&rec).await;
-    let mut v = session_view(rec, s.service.secret_names(id), token);
+    let mut v = session_view(rec, s.service.secrets().names(id), token);
     v.pending = pending;
     v.usage = usage;
     if let Caller::SessionToken(_) = who {

@@ -354,7 +354,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             let mut live = service.live_count();
             loop {
                 tick.tick().await;
-                service.expire_secrets();
+                service.secrets().expire();
                 // Fewer sessions than at the last sweep: give back what
                 // they (and their streams) held.
                 let now = service.live_count();

@@ -148,7 +148,7 @@ impl Service {
         }
         guard.armed = false;
         if forget {
-            self.forget_secrets(id);
+            self.secrets().forget(id);
         }
         self.answer_of(id).await
     }
@@ -252,7 +252,7 @@ impl Drop for CancelOnDrop {
             tracing::info!(session = %id, "the client went away; cancelling its run");
             let _ = service.cancel(&id).await;
             if forget {
-                service.forget_secrets(&id);
+                service.secrets().forget(&id);
             }
         });
     }

@@ -20,14 +20,12 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{ErrorKind, ServiceError};
-use super::fanout::Fanout;
 pub use super::fanout::LiveEvent;
-use super::lease::{self, LeaseConfig, Liveness};
-use super::lru;
+use super::lease::{LeaseConfig, Liveness};
 use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};
-use super::store::{Notice, Peer, SessionStore, StoreError};
+use super::store::{Notice, SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use super::wire::{
     BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
@@ -55,6 +53,7 @@ mod cancel;
 mod continuation;
 mod feed;
 mod lifecycle;
+mod live;
 mod liveness;
 mod recorder;
 mod runs;
@@ -68,8 +67,9 @@ mod tokens;
 use crate::params::secret::constant_time_eq;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
+use live::{Live, LiveSessions, Written};
 pub use runs::close_pending;
-pub use secrets::Elsewhere;
+pub use secrets::{Elsewhere, Secrets};
 use tokens::new_token;
 pub use tokens::token_digest;
 
@@ -153,36 +153,8 @@ pub enum Opening {
     Call(crate::llm::ToolCall),
 }
 
-/// What exists of a session in memory only.
-struct Live {
-    /// Serializes read-modify-write of the stored record. While this
-    /// server's run goes on it holds the record as the run last wrote it,
-    /// so the run's next write need not read it back: the update is
-    /// version-checked, so a write made since (elsewhere or here) fails it
-    /// and the record is read again.
-    lock: tokio::sync::Mutex<Written>,
-    /// Session-scope secret values: never written anywhere, kept out of
-    /// the logs while held.
-    secrets: Mutex<crate::params::live::LiveValues>,
-    /// When the secrets were last set or used, or a run ended.
-    used: Mutex<tokio::time::Instant>,
-    run: Mutex<Option<RunHandle>>,
-    /// Its event subscribers; on a shared store, also told when another
-    /// server appends an event (see [`Service::relay_notices`]).
-    events: Fanout,
-}
-
-impl Live {
-    fn touch(&self) {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
-    }
-}
-
-/// See [`Live::lock`].
-type Written = Option<Box<SessionRecord>>;
-
 #[derive(Clone)]
-struct RunHandle {
+pub(super) struct RunHandle {
     cancel: CancellationToken,
     done: watch::Receiver<Option<Ended>>,
 }
@@ -253,14 +225,13 @@ pub struct Service {
     /// Results of tools' dependency lookups (each with its own `ttl_ms`).
     lookups: crate::session::depends::LookupCache,
     cfg: ServiceConfig,
-    live: Mutex<HashMap<String, Arc<Live>>>,
+    live: Arc<LiveSessions>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
     /// Whether the last heartbeat reached the store (readiness follows it).
     store_ok: AtomicBool,
-    /// Other servers' heartbeats as last read, with when they were read
-    /// (see [`Service::held_elsewhere`]).
-    peers: Mutex<HashMap<String, (Peer, tokio::time::Instant)>>,
+    /// Secret values in memory, and which server holds them.
+    secrets: Secrets,
     /// This service, for the background writes of sync paths.
     me: std::sync::Weak<Service>,
     /// Agents kept by the API, when the server allows it (`--stored-agents`).
@@ -281,10 +252,20 @@ impl Service {
         metrics: Arc<Metrics>,
         cfg: ServiceConfig,
     ) -> Arc<Service> {
-        if let Some(limit) = cfg.max_live_sessions {
-            metrics.set_sessions_live_limit(limit as u64);
-        }
+        let live = Arc::new(LiveSessions::new(metrics.clone(), cfg.max_live_sessions));
+        let instance = uuid::Uuid::new_v4().to_string();
+        let secrets = Secrets::new(
+            live.clone(),
+            store.clone(),
+            Arc::from(instance.as_str()),
+            cfg.lease,
+            cfg.live_session_ttl,
+            cfg.clock.clone(),
+        );
         Arc::new_cyclic(|me| Service {
+            live,
+            secrets,
+            instance,
             me: me.clone(),
             tree,
             clients,
@@ -293,10 +274,7 @@ impl Service {
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
             lookups: Default::default(),
             cfg,
-            live: Mutex::new(HashMap::new()),
-            instance: uuid::Uuid::new_v4().to_string(),
             store_ok: AtomicBool::new(true),
-            peers: Mutex::new(HashMap::new()),
             stored: std::sync::OnceLock::new(),
             notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
                 .build()
@@ -323,6 +301,11 @@ impl Service {
         self.store_ok.load(Ordering::Relaxed)
     }
 
+    /// Secret values in memory, and which server holds them.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
     pub fn tree(&self) -> &AgentTree {
         &self.tree
     }
@@ -341,92 +324,22 @@ impl Service {
         &self.instance
     }
 
-    fn live(&self, id: &str) -> Arc<Live> {
-        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(live) = map.get(id) {
-            return live.clone();
-        }
-        let live = Arc::new(Live {
-            lock: tokio::sync::Mutex::new(None),
-            secrets: Mutex::new(Default::default()),
-            used: Mutex::new(tokio::time::Instant::now()),
-            run: Mutex::new(None),
-            events: Fanout::default(),
-        });
-        map.insert(id.to_string(), live.clone());
-        self.metrics.set_sessions_live(map.len() as u64);
-        live
-    }
-
-    /// Past `max_live_sessions`, drop the least recently used idle entries.
-    /// Their secret values go with them, as on a restart. Called when a
-    /// session takes secret values: a request that is refused or only
-    /// reads never pushes a session out.
-    fn evict_past_limit(&self) {
-        let Some(limit) = self.cfg.max_live_sessions else {
-            return;
-        };
-        // With the map locked, an entry only the map holds cannot be
-        // taken meanwhile.
-        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        let excess = map.len().saturating_sub(limit);
-        if excess == 0 {
-            return;
-        }
-        let entries = map.iter().map(|(id, l)| lru::Entry {
-            key: id.clone(),
-            used: *l.used.lock().unwrap_or_else(|p| p.into_inner()),
-            // Held elsewhere: a request, a run or a stream is at work on it.
-            busy: Arc::strong_count(l) > 1
-                || l.run.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-                || !l.events.is_empty(),
-        });
-        for id in lru::victims(entries, excess) {
-            map.remove(&id);
-            self.release_holder(&id);
-            self.metrics.session_evicted();
-            tracing::info!(session = %id, limit, "past --max-live-sessions: the least recently used session's secret values were forgotten");
-        }
-        self.metrics.set_sessions_live(map.len() as u64);
+    /// Give back what sessions that went held and left behind: the live
+    /// map's room for them and the store's cache. Called after a sweep
+    /// that forgot many.
+    pub async fn release_memory(&self) {
+        self.live.shrink();
+        self.store.release_memory().await;
     }
 
     /// How many sessions are live (in memory) now.
     pub fn live_count(&self) -> usize {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.live.count()
     }
 
-    /// Every live entry, as of now.
-    fn all_live(&self) -> Vec<Arc<Live>> {
-        let map = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().cloned().collect()
-    }
-
-    /// The live entry if there is one (reads never create one).
-    fn peek(&self, id: &str) -> Option<Arc<Live>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
-    }
-
-    /// Drop a session's live entry when it holds nothing worth keeping: no
-    /// run, no secret, no event subscriber, and nobody else holds it.
+    /// Drop a session's live entry when it holds nothing worth keeping.
     pub(crate) fn evict_if_idle(&self, id: &str) {
-        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        let idle = map.get(id).is_some_and(|l| {
-            Arc::strong_count(l) == 1
-                && l.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
-                && l.secrets
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_empty()
-                && l.events.is_empty()
-        });
-        if idle {
-            map.remove(id);
-        }
-        self.metrics.set_sessions_live(map.len() as u64);
+        self.live.evict_if_idle(id)
     }
 
     pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
@@ -437,7 +350,6 @@ impl Service {
     }
 
     pub fn is_running(&self, id: &str) -> bool {
-        self.peek(id)
-            .is_some_and(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+        self.live.is_running(id)
     }
 }

@@ -6,6 +6,7 @@ impl Service {
     pub async fn cancel(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
         let handle = self
+            .live
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         let Some(handle) = handle else {
@@ -32,7 +33,7 @@ impl Service {
                 "no run is in progress on this session",
             )
         };
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let requested = async {
             let _guard = live.lock.lock().await;
             for _ in 0..3 {
@@ -66,7 +67,7 @@ impl Service {
         }
         .await;
         drop(live);
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         let runner = requested?;
         tracing::info!(session = id, runner = ?runner, "cancel requested of the server running the run");
         // Until that run has ended (or another has replaced it).
@@ -92,6 +93,7 @@ impl Service {
     /// through the store by another server).
     pub(super) fn cancel_here(&self, id: &str) {
         let handle = self
+            .live
             .peek(id)
             .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
         if let Some(handle) = handle {

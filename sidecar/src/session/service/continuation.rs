@@ -248,7 +248,7 @@ impl Service {
             );
             events.warn("ApprovalNoticeFailed", "Notify", &note).await;
         }
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let written = async {
             let _guard = live.lock.lock().await;
             let mut rec = self.record(id).await?;
@@ -268,7 +268,7 @@ impl Service {
         }
         .await;
         drop(live);
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         if let Err(e) = written {
             tracing::warn!(
                 session = id,
@@ -302,7 +302,7 @@ impl Service {
     /// Cancel a run that waits for pending calls: each is closed the way a
     /// cancel closes a call in progress. `false` when the session does not wait.
     pub(super) async fn cancel_waiting(&self, id: &str) -> Result<bool, ServiceError> {
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let r = async {
             let _guard = live.lock.lock().await;
             let mut rec = self.record(id).await?;
@@ -321,7 +321,7 @@ impl Service {
         }
         .await;
         drop(live);
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         let Some(closed) = r? else {
             return Ok(false);
         };
@@ -361,10 +361,10 @@ impl Service {
         if self.store.get(&id).await?.is_none() {
             return Err(unknown());
         }
-        let live = self.live(&id);
+        let live = self.live.entry(&id);
         let r = self.answer_locked(caller, &live, &id, token, answer).await;
         drop(live);
-        self.evict_if_idle(&id);
+        self.live.evict_if_idle(&id);
         r.map(|run| (id, run))
     }
 
@@ -566,7 +566,7 @@ impl Service {
         // never gone.
         let held = agent
             .params
-            .snapshot(&self.session_values(rec), &Values::new());
+            .snapshot(&self.secrets.session_values(rec), &Values::new());
         item.bound_params
             .iter()
             .filter(|p| {
@@ -583,7 +583,7 @@ impl Service {
     /// Close the calls of session `id` whose confirmation time ran out, and
     /// resume its run when nothing else waits. Whether any was closed.
     async fn expire_session(self: &Arc<Self>, id: &str) -> Result<bool, ServiceError> {
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let guard = live.lock.lock().await;
         let mut rec = self.record(id).await?;
         if rec.status != SessionStatus::WaitingExternal {
@@ -643,7 +643,7 @@ impl Service {
             if due && self.expire_session(&rec.id).await? {
                 n += 1;
             }
-            self.evict_if_idle(&rec.id);
+            self.live.evict_if_idle(&rec.id);
         }
         Ok(n)
     }

@@ -20,7 +20,7 @@ impl Service {
         by_token: bool,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         self.record(id).await?;
-        let rx = self.live(id).events.subscribe(by_token);
+        let rx = self.live.entry(id).events.subscribe(by_token);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {
             id: id.to_string(),
@@ -42,7 +42,7 @@ impl Service {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            for live in self.all_live() {
+            for live in self.live.all().into_iter().map(|(_, l)| l) {
                 live.events.ping();
             }
         }
@@ -62,12 +62,12 @@ impl Service {
             };
             match notice {
                 Ok(Notice::Appended { session, .. }) => {
-                    if let Some(live) = self.peek(&session) {
+                    if let Some(live) = self.live.peek(&session) {
                         live.events.stored_elsewhere();
                     }
                 }
                 Ok(Notice::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    for live in self.all_live() {
+                    for live in self.live.all().into_iter().map(|(_, l)| l) {
                         live.events.stored_elsewhere();
                     }
                 }

@@ -93,7 +93,7 @@ impl Service {
             None
         };
         let now = self.now_ms();
-        let holder = self.holder_of(None, &accepted.session);
+        let holder = self.secrets.holder_of(None, &accepted.session);
         let mut rec = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
             agent: agent_name,
@@ -121,7 +121,7 @@ impl Service {
             holder,
         };
         self.store.create(&mut rec).await?;
-        self.keep_secrets(&rec.id, &accepted.session);
+        self.secrets.keep(&rec.id, &accepted.session);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match (req.call, req.prompt) {
             (Some(call), _) => Some(
@@ -139,7 +139,7 @@ impl Service {
             ),
             (None, None) => None,
         };
-        self.evict_if_idle(&rec.id);
+        self.live.evict_if_idle(&rec.id);
         Ok(Created {
             id: rec.id,
             token,
@@ -199,7 +199,7 @@ impl Service {
             }
         }
         .await;
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         r
     }
 
@@ -213,7 +213,7 @@ impl Service {
         let r = self
             .run_request(caller, id, Op::Resume, Opening::Resume, params, mode)
             .await;
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         r
     }
 
@@ -231,7 +231,7 @@ impl Service {
     ) -> Result<RunWait, ServiceError> {
         // The live entry made for an id that names no session goes again
         // with the caller's `evict_if_idle`.
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let guard = live.lock.lock().await;
         let rec = self.record(id).await?;
         if rec.status == SessionStatus::WaitingExternal
@@ -262,14 +262,14 @@ impl Service {
         let r = async {
             // An id that names no session leaves no live entry behind:
             // `evict_if_idle` below drops it.
-            let live = self.live(id);
+            let live = self.live.entry(id);
             let _guard = live.lock.lock().await;
             let rec = self.record(id).await?;
             self.apply_params_locked(caller, id, Op::PutParams, params, rec)
                 .await
         }
         .await;
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         r.map(drop)
     }
 
@@ -295,7 +295,7 @@ impl Service {
             rec = self.close_if_lost(rec).await?;
         }
         let agent = self.agent(&rec.agent)?.clone();
-        let current = self.session_values(&rec);
+        let current = self.secrets.session_values(&rec);
         let accepted = validate(
             &agent.params,
             op,
@@ -313,11 +313,11 @@ impl Service {
         });
         if session_changed {
             rec.params = StoredParams::from_values(&accepted.session);
-            rec.holder = self.holder_of(rec.holder.take(), &accepted.session);
+            rec.holder = self.secrets.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;
             rec.updated_at = self.now_ms();
             self.store.update(&mut rec).await?;
-            self.keep_secrets(id, &accepted.session);
+            self.secrets.keep(id, &accepted.session);
             let names = accepted.changed.clone();
             self.emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))
                 .await;

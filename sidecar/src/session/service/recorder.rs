@@ -19,7 +19,7 @@ impl Service {
         events: &[SessionEvent],
     ) -> RunWrite {
         let events = &encoded(events);
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let mut written = live.lock.lock().await;
         // A record as last written is an extra attempt, not one of the three.
         let cached = usize::from(written.is_some());
@@ -104,7 +104,7 @@ impl Service {
     /// Hand `events` (stored ones, or streamed text, which is never stored)
     /// to the session's live subscribers, in order, each timed.
     pub(super) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
-        let Some(live) = self.peek(id) else {
+        let Some(live) = self.live.peek(id) else {
             return; // nobody in memory, so nobody listening
         };
         for event in events {

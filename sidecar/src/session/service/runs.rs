@@ -13,7 +13,7 @@ impl Service {
         message: Values,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let guard = live.lock.lock().await;
         self.start_run_locked(guard, None, id, opening, message, mode)
             .await
@@ -31,7 +31,7 @@ impl Service {
         message: Values,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
-        let live = self.live(id);
+        let live = self.live.entry(id);
         let (cancel, done_tx, done_rx) = {
             let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
             if run.is_some() {
@@ -138,7 +138,7 @@ impl Service {
                 return Err(e);
             }
         };
-        let session = self.session_values(&rec);
+        let session = self.secrets.session_values(&rec);
         let values = agent.params.snapshot(&session, &message);
         drop(message);
         // The run asks the model while its start is stored; its sink holds
@@ -175,7 +175,7 @@ impl Service {
                 _ => Vec::new(),
             };
             let record = this.finish(&id, driven, pending, mode).await;
-            if let Some(live) = this.peek(&id) {
+            if let Some(live) = this.live.peek(&id) {
                 // A run that was taken away may leave its last write here.
                 live.lock.lock().await.take();
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;

@@ -1,79 +1,108 @@
 //! Secret session values: held in this process's memory only, for as long
 //! as the session is live, and which server holds them (so a request
-//! elsewhere can be sent here).
+//! elsewhere can be sent there).
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-impl Service {
+use super::live::{lock, LiveSessions};
+use crate::params::{ParamValue, Values};
+use crate::session::clock::Clock;
+use crate::session::lease::{self, LeaseConfig};
+use crate::session::model::{SessionRecord, SessionStatus};
+use crate::session::store::{Peer, SessionStore, StoreError};
+
+/// The secret values of this server's live sessions, and which servers
+/// hold the values of sessions elsewhere.
+pub struct Secrets {
+    live: Arc<LiveSessions>,
+    store: Arc<dyn SessionStore>,
+    /// This server's instance id, as records name a holder.
+    instance: Arc<str>,
+    lease: LeaseConfig,
+    /// `--live-session-ttl`.
+    ttl: Option<Duration>,
+    clock: Arc<dyn Clock>,
+    /// Other servers' heartbeats as last read, with when they were read
+    /// (see [`Secrets::held_elsewhere`]).
+    peers: Mutex<HashMap<String, (Peer, tokio::time::Instant)>>,
+}
+
+impl Secrets {
+    pub(super) fn new(
+        live: Arc<LiveSessions>,
+        store: Arc<dyn SessionStore>,
+        instance: Arc<str>,
+        lease: LeaseConfig,
+        ttl: Option<Duration>,
+        clock: Arc<dyn Clock>,
+    ) -> Secrets {
+        Secrets {
+            live,
+            store,
+            instance,
+            lease,
+            ttl,
+            clock,
+            peers: Mutex::default(),
+        }
+    }
+
     /// The session-scope values a session holds now: stored ones and the
     /// secrets in memory.
-    pub(super) fn session_values(&self, rec: &SessionRecord) -> Values {
+    pub fn session_values(&self, rec: &SessionRecord) -> Values {
         let mut values: Values = rec
             .params
             .as_map()
             .iter()
             .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
             .collect();
-        if let Some(live) = self.peek(&rec.id) {
+        if let Some(live) = self.live.peek(&rec.id) {
             live.touch();
-            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+            let secrets = lock(&live.secrets);
             values.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         values
     }
 
     /// Names of the secret values a session holds (never the values).
-    pub fn secret_names(&self, id: &str) -> Vec<String> {
-        self.peek(id).map_or_else(Vec::new, |live| {
-            let secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
-            secrets.keys().cloned().collect()
-        })
+    pub fn names(&self, id: &str) -> Vec<String> {
+        names(&self.live, id)
     }
 
-    pub(super) fn keep_secrets(&self, id: &str, session: &Values) {
+    /// Keep the secret ones of `session`'s values for session `id`, in
+    /// place of those it held.
+    pub fn keep(&self, id: &str, session: &Values) {
         let kept: Values = session
             .iter()
             .filter(|(_, v)| v.is_secret())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let live = match self.peek(id) {
+        let live = match self.live.peek(id) {
             Some(live) => live,
             None if kept.is_empty() => return,
-            None => self.live(id),
+            None => self.live.entry(id),
         };
-        live.secrets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(kept);
+        lock(&live.secrets).set(kept);
         live.touch();
-        self.evict_past_limit();
+        for id in self.live.evict_past_limit() {
+            self.release_holder(&id);
+        }
     }
 
-    /// Forget the secret values of every session idle for longer than
-    /// `live_session_ttl` (no run, nothing set or used since): a later
-    /// message answers `params_required`, as after a restart. Returns how
-    /// many sessions lost theirs.
-    pub fn expire_secrets(&self) -> usize {
-        let Some(ttl) = self.cfg.live_session_ttl else {
+    /// Forget the secret values of every session idle for longer than the
+    /// live TTL (no run, nothing set or used since): a later message
+    /// answers `params_required`, as after a restart. Returns how many
+    /// sessions lost theirs.
+    pub fn expire(&self) -> usize {
+        let Some(ttl) = self.ttl else {
             return 0;
         };
-        let entries: Vec<(String, Arc<Live>)> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
         let mut expired = 0;
-        for (id, live) in entries {
-            let idle = live.run.lock().unwrap_or_else(|p| p.into_inner()).is_none()
-                && live
-                    .used
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .elapsed()
-                    >= ttl;
-            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, live) in self.live.all() {
+            let idle = !live.running() && lock(&live.used).elapsed() >= ttl;
+            let mut secrets = lock(&live.secrets);
             if idle && !secrets.is_empty() {
                 secrets.clear();
                 self.release_holder(&id);
@@ -82,46 +111,35 @@ impl Service {
             }
             drop(secrets);
             drop(live);
-            self.evict_if_idle(&id);
+            self.live.evict_if_idle(&id);
         }
         expired
     }
 
-    /// Give back what sessions that went held and left behind: the live
-    /// map's room for them (a map never shrinks by itself) and the store's
-    /// cache. Called after a sweep that forgot many.
-    pub async fn release_memory(&self) {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .shrink_to_fit();
-        self.store.release_memory().await;
-    }
-
     /// Drop a session's secret values from memory (a one-shot run's, once
     /// it has ended); a later run needs them supplied again.
-    pub fn forget_secrets(&self, id: &str) {
-        if let Some(live) = self.peek(id) {
-            let mut secrets = live.secrets.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn forget(&self, id: &str) {
+        if let Some(live) = self.live.peek(id) {
+            let mut secrets = lock(&live.secrets);
             if !secrets.is_empty() {
                 secrets.clear();
                 self.release_holder(id);
             }
         }
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
     }
 
     /// Who holds a session's secret values once it has `session`: this
     /// server when some are secret; nobody when none are and it was this
     /// server; else whoever did (a server that never had them cannot say
     /// they are gone). Only a shared store records it.
-    pub(super) fn holder_of(&self, current: Option<String>, session: &Values) -> Option<String> {
+    pub fn holder_of(&self, current: Option<String>, session: &Values) -> Option<String> {
         if !self.store.shared() {
             return None;
         }
         if session.values().any(ParamValue::is_secret) {
-            Some(self.instance.clone())
-        } else if current.as_deref() == Some(self.instance.as_str()) {
+            Some(self.instance.to_string())
+        } else if current.as_deref() == Some(&*self.instance) {
             None
         } else {
             current
@@ -132,29 +150,28 @@ impl Service {
     /// naming it as their holder, in the background (a stale holder only
     /// costs a forwarded request, which that server answers with 409
     /// `params_required`, as this one would).
-    pub(super) fn release_holder(&self, id: &str) {
+    fn release_holder(&self, id: &str) {
         if !self.store.shared() {
             return;
         }
-        let (Some(this), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current())
-        else {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let (store, live, instance) =
+            (self.store.clone(), self.live.clone(), self.instance.clone());
         let id = id.to_string();
         rt.spawn(async move {
             for _ in 0..3 {
-                let Ok(Some(mut rec)) = this.store.get(&id).await else {
+                let Ok(Some(mut rec)) = store.get(&id).await else {
                     return;
                 };
                 // Given again meanwhile, or held elsewhere now.
-                if rec.holder.as_deref() != Some(this.instance.as_str())
-                    || !this.secret_names(&id).is_empty()
-                {
+                if rec.holder.as_deref() != Some(&*instance) || !names(&live, &id).is_empty() {
                     return;
                 }
                 rec.holder = None;
                 rec.version += 1;
-                match this.store.update(&mut rec).await {
+                match store.update(&mut rec).await {
                     Err(StoreError::Conflict(_)) => continue,
                     Err(e) => {
                         tracing::warn!(session = %id, "cannot clear the holder of its secret values: {e}");
@@ -182,7 +199,7 @@ impl Service {
         } else {
             rec.holder.as_ref()
         };
-        let other = other.filter(|o| **o != self.instance)?;
+        let other = other.filter(|o| ***o != *self.instance)?;
         let peer = self.peer(other).await?;
         Some(Elsewhere {
             instance: other.clone(),
@@ -195,7 +212,7 @@ impl Service {
     /// answered by then will not be.
     pub async fn lapsed(&self, instance: &str) {
         loop {
-            tokio::time::sleep(self.cfg.lease.heartbeat).await;
+            tokio::time::sleep(self.lease.heartbeat).await;
             if self.peer(instance).await.is_none() {
                 return;
             }
@@ -206,31 +223,9 @@ impl Service {
     /// of memory: it runs the session's run, or holds secret values of it
     /// (read without the store).
     pub fn holds_here(&self, id: &str) -> bool {
-        self.peek(id).is_some_and(|live| {
-            live.run.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-                || !live
-                    .secrets
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_empty()
-        })
-    }
-
-    /// End the event streams opened with a session token of session `id`
-    /// that this server serves (its tokens were revoked through another
-    /// server, which ended its own).
-    pub fn end_token_streams(&self, id: &str) {
-        if let Some(live) = self.peek(id) {
-            let ended = live.events.end_token_streams();
-            if ended > 0 {
-                tracing::info!(
-                    session = id,
-                    streams = ended,
-                    "session tokens revoked on another server: the event streams served here were ended"
-                );
-            }
-        }
-        self.evict_if_idle(id);
+        self.live
+            .peek(id)
+            .is_some_and(|live| live.running() || live.holds_secrets())
     }
 
     /// Server `instance`'s last heartbeat, if it is within the lease. A
@@ -240,19 +235,16 @@ impl Service {
     /// would, but for a server that stopped since, whose requests then fall
     /// back to being served here, as for one that cannot be reached.
     async fn peer(&self, instance: &str) -> Option<Peer> {
-        let alive = |p: &Peer| !lease::lapsed(self.cfg.lease.lease, p.at, self.now_ms());
-        let cached = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let alive = |p: &Peer| !lease::lapsed(self.lease.lease, p.at, self.clock.now_ms());
+        let cached = lock(&self.peers)
             .get(instance)
-            .filter(|(p, read)| read.elapsed() < self.cfg.lease.heartbeat && alive(p))
+            .filter(|(p, read)| read.elapsed() < self.lease.heartbeat && alive(p))
             .map(|(p, _)| p.clone());
         if let Some(peer) = cached {
             return Some(peer);
         }
         let peer = self.store.peer(instance).await.ok()??;
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers = lock(&self.peers);
         // Servers come and go (a new instance id each start): keep only
         // those still beating.
         peers.retain(|_, (p, _)| alive(p));
@@ -265,6 +257,12 @@ impl Service {
         );
         Some(peer)
     }
+}
+
+fn names(live: &LiveSessions, id: &str) -> Vec<String> {
+    live.peek(id).map_or_else(Vec::new, |live| {
+        lock(&live.secrets).keys().cloned().collect()
+    })
 }
 
 /// Another server that holds what a session needs of memory.

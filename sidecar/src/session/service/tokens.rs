@@ -11,7 +11,7 @@ impl Service {
     pub async fn revoke_tokens(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
         let r = async {
-            let live = self.live(id);
+            let live = self.live.entry(id);
             let _guard = live.lock.lock().await;
             let mut rec = self.record(id).await?;
             rec.security.token_digests.clear();
@@ -29,8 +29,25 @@ impl Service {
             Ok(())
         }
         .await;
-        self.evict_if_idle(id);
+        self.live.evict_if_idle(id);
         r
+    }
+
+    /// End the event streams opened with a session token of session `id`
+    /// that this server serves (its tokens were revoked through another
+    /// server, which ended its own).
+    pub fn end_token_streams(&self, id: &str) {
+        if let Some(live) = self.live.peek(id) {
+            let ended = live.events.end_token_streams();
+            if ended > 0 {
+                tracing::info!(
+                    session = id,
+                    streams = ended,
+                    "session tokens revoked on another server: the event streams served here were ended"
+                );
+            }
+        }
+        self.live.evict_if_idle(id);
     }
 
     /// Whether `token` is a live session token of session `id`.

@@ -31,15 +31,15 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
         .await;
     let client = Client(&server);
     let id = client.open("vault", json!({"token": "s3cret"})).await;
-    assert_eq!(server.secret_names(&id), ["token"]);
+    assert_eq!(server.secrets().names(&id), ["token"]);
 
     tokio::time::advance(29 * MINUTE).await;
-    assert_eq!(server.expire_secrets(), 0);
-    assert_eq!(server.secret_names(&id), ["token"]);
+    assert_eq!(server.secrets().expire(), 0);
+    assert_eq!(server.secrets().names(&id), ["token"]);
 
     tokio::time::advance(2 * MINUTE).await;
-    assert_eq!(server.expire_secrets(), 1);
-    assert!(server.secret_names(&id).is_empty());
+    assert_eq!(server.secrets().expire(), 1);
+    assert!(server.secrets().names(&id).is_empty());
     assert_eq!(server.live_count(), 0, "nothing of it is left in memory");
     let refused = server
         .post_message(
@@ -72,9 +72,9 @@ async fn a_message_renews_the_ttl() {
     tokio::time::advance(20 * MINUTE).await;
     assert_eq!(answer(&client.say(&id, "hi").await), Some("hello"));
     tokio::time::advance(20 * MINUTE).await;
-    assert_eq!(server.expire_secrets(), 0, "40 minutes old, 20 idle");
+    assert_eq!(server.secrets().expire(), 0, "40 minutes old, 20 idle");
     tokio::time::advance(11 * MINUTE).await;
-    assert_eq!(server.expire_secrets(), 1);
+    assert_eq!(server.secrets().expire(), 1);
 }
 
 /// Past `max_live_sessions` the session used least recently forgets its
@@ -99,8 +99,11 @@ async fn past_the_limit_the_least_recently_used_session_forgets_first() {
 
     let c = client.open("vault", json!({"token": "c"})).await;
 
-    assert_eq!(server.secret_names(&a), ["token"], "used a minute ago");
-    assert!(server.secret_names(&b).is_empty(), "used two minutes ago");
-    assert_eq!(server.secret_names(&c), ["token"]);
+    assert_eq!(server.secrets().names(&a), ["token"], "used a minute ago");
+    assert!(
+        server.secrets().names(&b).is_empty(),
+        "used two minutes ago"
+    );
+    assert_eq!(server.secrets().names(&c), ["token"]);
     assert_eq!(server.live_count(), 2);
 }
