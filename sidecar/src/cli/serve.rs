@@ -320,6 +320,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     // server vouches for (all of them on a store of our own: the last
     // process's); from then on, beat and sweep in the background.
     service
+        .heartbeat()
         .beat()
         .await
         .map_err(|e| format!("error: recording this server's heartbeat: {e}"))?;

@@ -68,6 +68,7 @@ use crate::params::secret::constant_time_eq;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 use live::{Live, LiveSessions, Written};
+pub use liveness::Heartbeat;
 pub use runs::close_pending;
 pub use secrets::{Elsewhere, Secrets};
 use tokens::new_token;
@@ -228,8 +229,8 @@ pub struct Service {
     live: Arc<LiveSessions>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
-    /// Whether the last heartbeat reached the store (readiness follows it).
-    store_ok: AtomicBool,
+    /// This server's heartbeat, and its judgement of runs by others'.
+    heartbeat: Heartbeat,
     /// Secret values in memory, and which server holds them.
     secrets: Secrets,
     /// This service, for the background writes of sync paths.
@@ -262,9 +263,17 @@ impl Service {
             cfg.live_session_ttl,
             cfg.clock.clone(),
         );
+        let heartbeat = Heartbeat::new(
+            store.clone(),
+            Arc::from(instance.as_str()),
+            cfg.lease,
+            cfg.advertise.clone(),
+            cfg.clock.clone(),
+        );
         Arc::new_cyclic(|me| Service {
             live,
             secrets,
+            heartbeat,
             instance,
             me: me.clone(),
             tree,
@@ -274,7 +283,6 @@ impl Service {
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
             lookups: Default::default(),
             cfg,
-            store_ok: AtomicBool::new(true),
             stored: std::sync::OnceLock::new(),
             notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
                 .build()
@@ -298,7 +306,12 @@ impl Service {
     /// cannot reach its store is not ready (`/readyz`), so a load balancer
     /// sends sessions elsewhere until it can.
     pub fn store_ok(&self) -> bool {
-        self.store_ok.load(Ordering::Relaxed)
+        self.heartbeat.ok()
+    }
+
+    /// This server's heartbeat in the store.
+    pub fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
     }
 
     /// Secret values in memory, and which server holds them.

@@ -2,41 +2,131 @@
 //! whose server stopped beating closed as failed.
 
 use super::*;
+use crate::session::clock::Clock;
 
-impl Service {
-    /// Record this server's heartbeat: it vouches for its runs for a lease.
-    pub async fn beat(&self) -> Result<(), ServiceError> {
-        Ok(self
-            .store
-            .beat(&self.instance, self.now_ms(), self.cfg.advertise.as_deref())
-            .await?)
-    }
+/// This server's heartbeat in the store, and its judgement of runs by the
+/// servers' heartbeats.
+pub struct Heartbeat {
+    store: Arc<dyn SessionStore>,
+    /// This server's instance id, as runs record who runs them.
+    instance: Arc<str>,
+    lease: LeaseConfig,
+    /// Where the other servers reach this one, recorded with each beat.
+    advertise: Option<String>,
+    clock: Arc<dyn Clock>,
+    /// Whether the last beat reached the store (readiness follows it).
+    ok: AtomicBool,
+}
 
-    /// What this server knows of runs' liveness at `now`, given the
-    /// servers' `heartbeats`.
-    pub(super) fn liveness<'a>(
-        &'a self,
-        heartbeats: &'a HashMap<String, i64>,
-        now: i64,
-    ) -> Liveness<'a> {
+/// What a server knows of runs' liveness at one moment (see
+/// [`Liveness`]).
+pub(super) struct Judgement {
+    me: Arc<str>,
+    exclusive: bool,
+    now: i64,
+    lease: Duration,
+    heartbeats: HashMap<String, i64>,
+}
+
+impl Judgement {
+    /// Whether `rec`'s run is lost; `running_here`: this process has it.
+    pub fn is_lost(&self, rec: &SessionRecord, running_here: bool) -> bool {
         Liveness {
-            me: &self.instance,
-            exclusive: !self.store.shared(),
-            now,
-            lease: self.cfg.lease.lease,
-            heartbeats,
+            me: &self.me,
+            exclusive: self.exclusive,
+            now: self.now,
+            lease: self.lease,
+            heartbeats: &self.heartbeats,
+        }
+        .is_lost(rec, running_here)
+    }
+}
+
+impl Heartbeat {
+    pub(super) fn new(
+        store: Arc<dyn SessionStore>,
+        instance: Arc<str>,
+        lease: LeaseConfig,
+        advertise: Option<String>,
+        clock: Arc<dyn Clock>,
+    ) -> Heartbeat {
+        Heartbeat {
+            store,
+            instance,
+            lease,
+            advertise,
+            clock,
+            ok: AtomicBool::new(true),
         }
     }
 
+    /// Record this server's heartbeat: it vouches for its runs for a lease.
+    pub async fn beat(&self) -> Result<(), ServiceError> {
+        let at = self.clock.now_ms();
+        Ok(self
+            .store
+            .beat(&self.instance, at, self.advertise.as_deref())
+            .await?)
+    }
+
+    /// Whether the store took this server's last heartbeat: a server that
+    /// cannot reach its store is not ready (`/readyz`), so a load balancer
+    /// sends sessions elsewhere until it can.
+    pub fn ok(&self) -> bool {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Beat, and say so in the log when the store stops or starts taking
+    /// the beats again.
+    async fn beat_and_tell(&self) {
+        let beat = self.beat().await;
+        let was_ok = self.ok.swap(beat.is_ok(), Ordering::Relaxed);
+        match beat {
+            Err(e) => tracing::warn!(
+                lease = %humantime::format_duration(self.lease.lease),
+                "cannot record this server's heartbeat ({e}); not ready until it can, and once the lease passes, other servers take its runs for lost"
+            ),
+            Ok(()) if !was_ok => tracing::info!("the session store answers again; ready"),
+            Ok(()) => {}
+        }
+    }
+
+    /// The servers' heartbeats as the store has them now.
+    pub(super) async fn judge(&self) -> Result<Judgement, ServiceError> {
+        let heartbeats = self.store.heartbeats().await?;
+        Ok(Judgement {
+            me: self.instance.clone(),
+            exclusive: !self.store.shared(),
+            now: self.clock.now_ms(),
+            lease: self.lease.lease,
+            heartbeats,
+        })
+    }
+
+    /// Drop heartbeats older than a lease at `now`: a stale one says no
+    /// more than a missing one.
+    async fn prune(&self, now: i64) -> Result<(), ServiceError> {
+        let lease = i64::try_from(self.lease.lease.as_millis()).unwrap_or(i64::MAX);
+        self.store.prune_runners(now.saturating_sub(lease)).await?;
+        Ok(())
+    }
+
+    /// Forget this server, so that others take its runs for lost at once.
+    async fn forget(&self) {
+        if let Err(e) = self.store.forget_runner(&self.instance).await {
+            tracing::warn!("cannot remove this server's heartbeat: {e}");
+        }
+    }
+}
+
+impl Service {
     /// Close every lost run (see [`Liveness`]); how many. At startup on a
     /// store of our own that is every run in progress: the last process's.
     pub async fn sweep(&self) -> Result<usize, ServiceError> {
         // Running sessions first, heartbeats second: a server beats before
         // it starts runs, so any runner in the list has its beat read here.
         let running = self.store.running().await?;
-        let heartbeats = self.store.heartbeats().await?;
-        let now = self.now_ms();
-        let liveness = self.liveness(&heartbeats, now);
+        let liveness = self.heartbeat.judge().await?;
         let mut closed = 0;
         for rec in running {
             if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
@@ -48,9 +138,7 @@ impl Service {
                 closed += 1;
             }
         }
-        // A stale heartbeat says no more than a missing one.
-        let lease = i64::try_from(self.cfg.lease.lease.as_millis()).unwrap_or(i64::MAX);
-        self.store.prune_runners(now.saturating_sub(lease)).await?;
+        self.heartbeat.prune(liveness.now).await?;
         Ok(closed)
     }
 
@@ -66,16 +154,7 @@ impl Service {
                 _ = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let beat = self.beat().await;
-            let was_ok = self.store_ok.swap(beat.is_ok(), Ordering::Relaxed);
-            match beat {
-                Err(e) => tracing::warn!(
-                    lease = %humantime::format_duration(self.cfg.lease.lease),
-                    "cannot record this server's heartbeat ({e}); not ready until it can, and once the lease passes, other servers take its runs for lost"
-                ),
-                Ok(()) if !was_ok => tracing::info!("the session store answers again; ready"),
-                Ok(()) => {}
-            }
+            self.heartbeat.beat_and_tell().await;
             match self.sweep().await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
@@ -85,9 +164,7 @@ impl Service {
                 tracing::warn!("cannot close expired pending calls: {e}");
             }
         }
-        if let Err(e) = self.store.forget_runner(&self.instance).await {
-            tracing::warn!("cannot remove this server's heartbeat: {e}");
-        }
+        self.heartbeat.forget().await;
     }
 
     /// A session recorded as running that this process does not run: the
@@ -101,8 +178,7 @@ impl Service {
             if rec.status != SessionStatus::Running {
                 return Ok(rec);
             }
-            let heartbeats = self.store.heartbeats().await?;
-            let liveness = self.liveness(&heartbeats, self.now_ms());
+            let liveness = self.heartbeat.judge().await?;
             if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
                 break;
             }

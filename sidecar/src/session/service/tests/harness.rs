@@ -191,7 +191,7 @@ impl World {
                 ..cfg
             },
         );
-        service.beat().await.unwrap();
+        service.heartbeat().beat().await.unwrap();
         service
     }
 }
