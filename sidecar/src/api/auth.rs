@@ -237,8 +237,10 @@ pub async fn identify(
     // else it is as good as no token, so it cannot be used to probe.
     if let (Some(id), true) = (session, token.starts_with("st_")) {
         let live = match check {
-            TokenCheck::Store => service.token_matches(id, token).await,
-            TokenCheck::Read(rec) => rec.is_some_and(|r| r.id == id && service.token_in(r, token)),
+            TokenCheck::Store => service.tokens().matches(id, token).await,
+            TokenCheck::Read(rec) => {
+                rec.is_some_and(|r| r.id == id && crate::session::service::token_in(r, token))
+            }
         };
         if live {
             return Identity::Session(id.to_string());

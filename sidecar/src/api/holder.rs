@@ -229,7 +229,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     match answer {
         Ok(answer) => {
             if revokes && answer.status() == StatusCode::NO_CONTENT {
-                s.service.end_token_streams(&session);
+                s.service.tokens().end_streams(&session);
             }
             answer
         }

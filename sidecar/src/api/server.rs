@@ -800,7 +800,7 @@ async fn revoke_token(
     Path(id): Path<String>,
     _: Authed<door::Owner>,
 ) -> ApiResult {
-    s.service.revoke_tokens(&id).await?;
+    s.service.tokens().revoke(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

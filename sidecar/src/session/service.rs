@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -72,7 +71,7 @@ pub use liveness::Heartbeat;
 pub use runs::close_pending;
 pub use secrets::{Elsewhere, Secrets};
 use tokens::new_token;
-pub use tokens::token_digest;
+pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {
     pub max_steps: u32,
@@ -231,6 +230,7 @@ pub struct Service {
     instance: String,
     /// This server's heartbeat, and its judgement of runs by others'.
     heartbeat: Heartbeat,
+    tokens: Tokens,
     /// Secret values in memory, and which server holds them.
     secrets: Secrets,
     /// This service, for the background writes of sync paths.
@@ -270,10 +270,12 @@ impl Service {
             cfg.advertise.clone(),
             cfg.clock.clone(),
         );
+        let tokens = Tokens::new(store.clone(), live.clone(), cfg.clock.clone());
         Arc::new_cyclic(|me| Service {
             live,
             secrets,
             heartbeat,
+            tokens,
             instance,
             me: me.clone(),
             tree,
@@ -307,6 +309,11 @@ impl Service {
     /// sends sessions elsewhere until it can.
     pub fn store_ok(&self) -> bool {
         self.heartbeat.ok()
+    }
+
+    /// The session tokens.
+    pub fn tokens(&self) -> &Tokens {
+        &self.tokens
     }
 
     /// This server's heartbeat in the store.
