@@ -282,7 +282,7 @@ fn secret_values(
     body: &[u8],
     mcp: Option<&serde_json::Value>,
 ) -> Vec<String> {
-    let agent = s.service.find_agent(&rec.agent).map(|(a, _)| a);
+    let agent = s.service.agents().find(&rec.agent).map(|(a, _)| a);
     let secret = |name: &str| {
         agent
             .as_ref()

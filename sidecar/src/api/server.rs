@@ -325,7 +325,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> ApiResult {
     let agents: Vec<_> = s
         .service
-        .all_agents()
+        .agents()
+        .all()
         .await
         .into_iter()
         .map(|(a, source)| agent_view(&a, source))
@@ -347,7 +348,7 @@ async fn get_agent(
     Path(slug): Path<String>,
     _: Authed<door::Owner>,
 ) -> ApiResult {
-    let (agent, source) = s.service.get_agent(&slug).await?;
+    let (agent, source) = s.service.agents().get(&slug).await?;
     Ok(Json(agent_view(&agent, source)).into_response())
 }
 

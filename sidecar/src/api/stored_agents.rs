@@ -57,7 +57,7 @@ pub async fn put(
 ) -> Result<Response, ServiceError> {
     let text = std::str::from_utf8(&body)
         .map_err(|_| ServiceError::bad_request("the body is not UTF-8 text"))?;
-    let (created, agent, warnings) = s.service.put_agent(&slug, text).await?;
+    let (created, agent, warnings) = s.service.agents().put(&slug, text).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -88,6 +88,6 @@ pub async fn delete(
     Path(slug): Path<String>,
     _: Authed<door::Owner>,
 ) -> Result<Response, ServiceError> {
-    s.service.delete_agent(&slug).await?;
+    s.service.agents().delete(&slug).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -308,11 +308,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     tokio::spawn(service.clone().write_budget_status());
     if a.stored_agents {
-        service.enable_stored(crate::session::service::stored::StoredAgents::new(
-            opts.limits,
-            client_options(a.model),
-        ));
-        if let Err(e) = service.load_stored().await {
+        service
+            .agents()
+            .enable_stored(crate::session::service::stored::StoredAgents::new(
+                opts.limits,
+                client_options(a.model),
+            ));
+        if let Err(e) = service.agents().load_stored().await {
             tracing::warn!("stored agents not loaded: {}", e.message);
         }
     }

@@ -70,6 +70,7 @@ use live::{Live, LiveSessions, Written};
 pub use liveness::Heartbeat;
 pub use runs::close_pending;
 pub use secrets::{Elsewhere, Secrets};
+pub use stored::Agents;
 use tokens::new_token;
 pub use tokens::{token_digest, token_in, Tokens};
 
@@ -217,8 +218,8 @@ impl RunWait {
 }
 
 pub struct Service {
-    tree: Arc<AgentTree>,
-    clients: BTreeMap<String, ChatClient>,
+    /// The agents it runs, and their model clients.
+    agents: Agents,
     store: Arc<dyn SessionStore>,
     metrics: Arc<Metrics>,
     cache: Option<ToolCache>,
@@ -235,8 +236,6 @@ pub struct Service {
     secrets: Secrets,
     /// This service, for the background writes of sync paths.
     me: std::sync::Weak<Service>,
-    /// Agents kept by the API, when the server allows it (`--stored-agents`).
-    stored: std::sync::OnceLock<stored::StoredAgents>,
     /// Sends approval notices (the outbound policy's client).
     notices: reqwest::Client,
     /// Warning Events on the tenant, where the operator allows them.
@@ -271,6 +270,13 @@ impl Service {
             cfg.clock.clone(),
         );
         let tokens = Tokens::new(store.clone(), live.clone(), cfg.clock.clone());
+        let agents = Agents::new(
+            tree,
+            clients,
+            cfg.agents_source,
+            store.clone(),
+            cfg.clock.clone(),
+        );
         Arc::new_cyclic(|me| Service {
             live,
             secrets,
@@ -278,14 +284,12 @@ impl Service {
             tokens,
             instance,
             me: me.clone(),
-            tree,
-            clients,
+            agents,
             store,
             metrics,
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
             lookups: Default::default(),
             cfg,
-            stored: std::sync::OnceLock::new(),
             notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
                 .build()
                 .unwrap_or_default(),
@@ -299,9 +303,9 @@ impl Service {
         let _ = self.kube_events.set(events);
     }
 
-    /// Keep agents sent over the API (`serve --stored-agents`).
-    pub fn enable_stored(&self, stored: stored::StoredAgents) {
-        let _ = self.stored.set(stored);
+    /// The agents this server runs.
+    pub fn agents(&self) -> &Agents {
+        &self.agents
     }
 
     /// Whether the store took this server's last heartbeat: a server that
@@ -327,7 +331,7 @@ impl Service {
     }
 
     pub fn tree(&self) -> &AgentTree {
-        &self.tree
+        self.agents.tree()
     }
 
     pub fn store(&self) -> &Arc<dyn SessionStore> {

@@ -374,7 +374,7 @@ impl Service {
         let now = self.now_ms();
         let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let mut out = Vec::new();
-        for agent in self.tree.agents.values() {
+        for agent in self.agents.tree().agents.values() {
             for limit in agent.budget_limits() {
                 let used = match limit.per {
                     crate::spec::budget::Per::Rolling(window) => {
@@ -419,7 +419,13 @@ impl Service {
         let Some(events) = self.kube_events.get() else {
             return;
         };
-        if self.tree.agents.values().all(|a| a.spec.budgets.is_empty()) {
+        if self
+            .agents
+            .tree()
+            .agents
+            .values()
+            .all(|a| a.spec.budgets.is_empty())
+        {
             return;
         }
         loop {
@@ -444,6 +450,7 @@ impl Service {
             Ok(totals) => Some(SessionUsage {
                 totals,
                 currency: self
+                    .agents
                     .agent(&rec.agent)
                     .ok()
                     .and_then(|a| a.spec.model.pricing.as_ref().map(|p| p.currency.clone())),
@@ -459,7 +466,8 @@ impl Service {
     /// `None` for none.
     pub fn pricing_currency(&self) -> Option<String> {
         let mut all: Vec<&str> = self
-            .tree
+            .agents
+            .tree()
             .agents
             .values()
             .filter_map(|a| a.spec.model.pricing.as_ref())

@@ -169,7 +169,7 @@ impl Service {
     /// that waits for a person's approval, in the background; one that
     /// fails for good says so in the session's `status_detail`.
     pub(super) fn announce(&self, rec: &SessionRecord) {
-        let Ok(agent) = self.agent(&rec.agent) else {
+        let Ok(agent) = self.agents.agent(&rec.agent) else {
             return;
         };
         let Some(hook) = agent
@@ -439,12 +439,12 @@ impl Service {
                 why,
             ));
         }
-        let agent = self.agent(&rec.agent)?.clone();
+        let agent = self.agents.agent(&rec.agent)?.clone();
         // The agent whose tool it is: the session's, or a helper's.
         let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
             let slug = f.tool.strip_prefix("prompt_agent_")?;
             let h = a.helpers.iter().find(|h| h.slug == slug)?;
-            self.tree.agent(&h.agent).cloned()
+            self.agents.tree().agent(&h.agent).cloned()
         });
         let bound_now = owner
             .as_ref()
@@ -629,7 +629,13 @@ impl Service {
     /// Close every call whose confirmation time ran out (each heartbeat).
     pub async fn expire_due(self: &Arc<Self>) -> Result<usize, ServiceError> {
         // Reading the waiting sessions is for agents that set a confirmTtl only.
-        if !self.tree.agents.values().any(|a| a.confirm_ttl().is_some()) {
+        if !self
+            .agents
+            .tree()
+            .agents
+            .values()
+            .any(|a| a.confirm_ttl().is_some())
+        {
             return Ok(0);
         }
         let now = self.now_ms();

@@ -77,10 +77,10 @@ impl Service {
                 (agent, Values::new(), Vec::new(), op, Vec::new())
             }
         };
-        if let Err(e) = self.refresh_stored(&agent_name).await {
+        if let Err(e) = self.agents.refresh_stored(&agent_name).await {
             tracing::warn!(agent = %agent_name, "stored agent not read again: {}", e.message);
         }
-        let agent = self.agent(&agent_name)?.clone();
+        let agent = self.agents.agent(&agent_name)?.clone();
         let WithPins {
             supplied,
             kept,
@@ -294,7 +294,7 @@ impl Service {
         if op != Op::PutParams && rec.status == SessionStatus::Running {
             rec = self.close_if_lost(rec).await?;
         }
-        let agent = self.agent(&rec.agent)?.clone();
+        let agent = self.agents.agent(&rec.agent)?.clone();
         let current = self.secrets.session_values(&rec);
         let accepted = validate(
             &agent.params,

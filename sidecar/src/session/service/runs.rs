@@ -87,7 +87,7 @@ impl Service {
             } else {
                 Vec::new()
             };
-            let agent = self.agent(&rec.agent)?.clone();
+            let agent = self.agents.agent(&rec.agent)?.clone();
             self.refuse_if_spent(&agent, &rec, &run).await?;
             let mut events = Events::new();
             match &opening {
@@ -228,7 +228,7 @@ impl Service {
             run,
         } = driving;
         let sink = SessionSink::new(self, id, cancel, gate);
-        let client = self.client_for(&agent.name);
+        let client = self.agents.client_for(&agent.name);
         let Some(client) = client.as_ref() else {
             let why = format!("no model client for agent `{}`", agent.name);
             return sink.close().await.map(|(answer, taken)| Driven {
@@ -246,8 +246,8 @@ impl Service {
             agent,
             tools: &tools,
             helpers: Some(HelperEnv {
-                tree: &self.tree,
-                clients: &self.clients,
+                tree: self.agents.tree(),
+                clients: self.agents.clients(),
                 stack: vec![agent.name.clone()],
                 inherited: Vec::new(),
                 max_depth: MAX_HELPER_DEPTH,

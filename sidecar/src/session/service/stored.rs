@@ -1,5 +1,6 @@
-//! Agents kept in the session store by the API (`PUT /v1/agents/:slug`),
-//! next to the agents the server's files define.
+//! The agents this server runs ([`Agents`]): those its files define and,
+//! with `serve --stored-agents`, those kept in the session store by the
+//! API (`PUT /v1/agents/:slug`).
 //!
 //! Only with `serve --stored-agents`. A stored definition is checked
 //! exactly as a file is, and more: whoever holds the owner token chooses
@@ -14,11 +15,29 @@
 //! is created for it (so that another server's put or delete on a shared
 //! store is seen there).
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::llm::ChatClient;
 use crate::session::clients::{build_clients, ClientOptions};
-use crate::session::store::StoredAgent;
+use crate::session::clock::Clock;
+use crate::session::error::{ErrorKind, ServiceError};
+use crate::session::store::{SessionStore, StoredAgent};
 use crate::tools::bash::Limits;
-use crate::tree::LoadOptions;
+use crate::tree::{AgentTree, LoadOptions, LoadedAgent};
+
+/// The agents this server runs, each with its model client.
+pub struct Agents {
+    /// The files' agents, loaded at start.
+    tree: Arc<AgentTree>,
+    clients: BTreeMap<String, ChatClient>,
+    /// Where the files' agents come from, as `GET /v1/agents` shows it.
+    source: AgentSource,
+    /// The store's agents, when the server keeps them.
+    stored: OnceLock<StoredAgents>,
+    store: Arc<dyn SessionStore>,
+    clock: Arc<dyn Clock>,
+}
 
 /// What building a stored agent needs (the server's model options).
 pub struct StoredAgents {
@@ -94,18 +113,50 @@ fn disabled() -> ServiceError {
     )
 }
 
-impl Service {
+impl Agents {
+    pub(super) fn new(
+        tree: Arc<AgentTree>,
+        clients: BTreeMap<String, ChatClient>,
+        source: AgentSource,
+        store: Arc<dyn SessionStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Agents {
+        Agents {
+            tree,
+            clients,
+            source,
+            stored: OnceLock::new(),
+            store,
+            clock,
+        }
+    }
+
+    /// The files' agents.
+    pub fn tree(&self) -> &Arc<AgentTree> {
+        &self.tree
+    }
+
+    /// The files' agents' model clients, by agent.
+    pub fn clients(&self) -> &BTreeMap<String, ChatClient> {
+        &self.clients
+    }
+
+    /// Keep agents sent over the API (`serve --stored-agents`).
+    pub fn enable_stored(&self, stored: StoredAgents) {
+        let _ = self.stored.set(stored);
+    }
+
     /// Agent `name`, from the files or the store's agents as loaded here.
-    pub(super) fn agent(&self, name: &str) -> Result<Arc<LoadedAgent>, ServiceError> {
-        self.find_agent(name)
+    pub fn agent(&self, name: &str) -> Result<Arc<LoadedAgent>, ServiceError> {
+        self.find(name)
             .map(|(a, _)| a)
             .ok_or_else(|| ServiceError::not_found(format!("no agent named `{name}`")))
     }
 
     /// Agent `name` and where it comes from, as known here now.
-    pub fn find_agent(&self, name: &str) -> Option<(Arc<LoadedAgent>, AgentSource)> {
+    pub fn find(&self, name: &str) -> Option<(Arc<LoadedAgent>, AgentSource)> {
         if let Some(a) = self.tree.agent(name) {
-            return Some((a.clone(), self.cfg.agents_source));
+            return Some((a.clone(), self.source));
         }
         let stored = self.stored.get()?;
         let map = stored.map();
@@ -113,7 +164,7 @@ impl Service {
     }
 
     /// The model client of agent `name`.
-    pub(super) fn client_for(&self, name: &str) -> Option<ChatClient> {
+    pub fn client_for(&self, name: &str) -> Option<ChatClient> {
         if let Some(c) = self.clients.get(name) {
             return Some(c.clone());
         }
@@ -123,12 +174,12 @@ impl Service {
     }
 
     /// Every agent (the files' then the store's), with its source.
-    pub async fn all_agents(&self) -> Vec<(Arc<LoadedAgent>, AgentSource)> {
+    pub async fn all(&self) -> Vec<(Arc<LoadedAgent>, AgentSource)> {
         let mut out: Vec<_> = self
             .tree
             .agents
             .values()
-            .map(|a| (a.clone(), self.cfg.agents_source))
+            .map(|a| (a.clone(), self.source))
             .collect();
         if self.stored.get().is_some() {
             if let Err(e) = self.load_stored().await {
@@ -171,7 +222,7 @@ impl Service {
 
     /// Stored agent `name` as the store has it now (a no-op for a file
     /// agent's name, or when agents are not stored).
-    pub(super) async fn refresh_stored(&self, name: &str) -> Result<(), ServiceError> {
+    pub async fn refresh_stored(&self, name: &str) -> Result<(), ServiceError> {
         let Some(stored) = self.stored.get() else {
             return Ok(());
         };
@@ -260,7 +311,7 @@ impl Service {
     /// `PUT /v1/agents/:slug`: keep `body` (Bindery's form or agents-exe's,
     /// JSON or YAML) as agent `slug`. Whether it is new, the agent, and
     /// its load warnings.
-    pub async fn put_agent(
+    pub async fn put(
         &self,
         slug: &str,
         body: &str,
@@ -276,7 +327,7 @@ impl Service {
         let document = as_json(body)?;
         // Checked as sent, so that messages point into the text as given.
         let (agent, client, notes) = self.build_stored(slug, body).await?;
-        let at = self.now_ms();
+        let at = self.clock.now_ms();
         let created = self.store.put_agent(slug, &document, at).await?;
         stored.map().insert(
             slug.to_string(),
@@ -291,7 +342,7 @@ impl Service {
 
     /// `DELETE /v1/agents/:slug`. Sessions of the agent stay readable;
     /// they can no longer run.
-    pub async fn delete_agent(&self, slug: &str) -> Result<(), ServiceError> {
+    pub async fn delete(&self, slug: &str) -> Result<(), ServiceError> {
         let stored = self.stored.get().ok_or_else(disabled)?;
         if self.tree.agent(slug).is_some() {
             return Err(ServiceError::new(
@@ -311,14 +362,11 @@ impl Service {
     }
 
     /// Agent `slug` for `GET /v1/agents/:slug`, a stored one read again.
-    pub async fn get_agent(
-        &self,
-        slug: &str,
-    ) -> Result<(Arc<LoadedAgent>, AgentSource), ServiceError> {
+    pub async fn get(&self, slug: &str) -> Result<(Arc<LoadedAgent>, AgentSource), ServiceError> {
         if let Err(e) = self.refresh_stored(slug).await {
             tracing::warn!(agent = %slug, "stored agent left out: {}", e.message);
         }
-        self.find_agent(slug)
+        self.find(slug)
             .ok_or_else(|| ServiceError::not_found(format!("no agent named `{slug}`")))
     }
 }
