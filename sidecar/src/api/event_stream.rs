@@ -66,7 +66,7 @@ impl http_body::Body for EventBody {
             }
             return Poll::Ready(Some(Ok(Frame::data(out.into()))));
         }
-        let frame = match ready!(this.feed.poll_next(&this.service, cx)) {
+        let frame = match ready!(this.feed.poll_next(this.service.recorder(), cx)) {
             None => return Poll::Ready(None),
             Some(FeedItem::KeepAlive) => Bytes::from_static(b":\n\n"),
             Some(FeedItem::Events(events)) => {

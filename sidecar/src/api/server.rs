@@ -988,7 +988,7 @@ async fn events(
         .or(q.after)
         .unwrap_or(0);
     let by_token = matches!(who, Caller::SessionToken(_));
-    let (stored, feed) = s.service.events(&id, after, by_token).await?;
+    let (stored, feed) = s.service.recorder().events(&id, after, by_token).await?;
     if by_token {
         // Subscribed: a revocation from now on ends this stream. One that
         // came between the check above and the subscription shows here

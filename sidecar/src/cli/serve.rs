@@ -342,9 +342,15 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     let stop_beating = CancellationToken::new();
     let beating = tokio::spawn(service.clone().keep_alive(stop_beating.clone()));
-    tokio::spawn(service.clone().relay_notices(stop_beating.clone()));
     tokio::spawn(
         service
+            .recorder()
+            .clone()
+            .relay_notices(stop_beating.clone()),
+    );
+    tokio::spawn(
+        service
+            .recorder()
             .clone()
             .ping_streams(a.events_keep_alive, stop_beating.clone()),
     );

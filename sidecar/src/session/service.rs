@@ -15,16 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{ErrorKind, ServiceError};
 pub use super::fanout::LiveEvent;
 use super::lease::{LeaseConfig, Liveness};
-use super::model::{EventRecord, SessionRecord, SessionStatus, StoredParams};
+use super::model::{SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};
-use super::store::{Notice, SessionStore, StoreError};
+use super::store::{SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
 use super::wire::{
     BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
@@ -68,6 +68,7 @@ pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 use live::{Live, LiveSessions, Written};
 pub use liveness::Heartbeat;
+pub use recorder::Recorder;
 pub use runs::close_pending;
 pub use secrets::{Elsewhere, Secrets};
 pub use stored::Agents;
@@ -229,6 +230,8 @@ pub struct Service {
     live: Arc<LiveSessions>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
+    /// Runs' writes, and the events subscribers hear of.
+    recorder: Arc<Recorder>,
     /// This server's heartbeat, and its judgement of runs by others'.
     heartbeat: Heartbeat,
     tokens: Tokens,
@@ -277,7 +280,15 @@ impl Service {
             store.clone(),
             cfg.clock.clone(),
         );
+        let recorder = Arc::new(Recorder::new(
+            store.clone(),
+            live.clone(),
+            metrics.clone(),
+            Arc::from(instance.as_str()),
+            cfg.clock.clone(),
+        ));
         Arc::new_cyclic(|me| Service {
+            recorder,
             live,
             secrets,
             heartbeat,
@@ -313,6 +324,11 @@ impl Service {
     /// sends sessions elsewhere until it can.
     pub fn store_ok(&self) -> bool {
         self.heartbeat.ok()
+    }
+
+    /// Runs' writes, and the feed of events subscribers read.
+    pub fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
     }
 
     /// The session tokens.

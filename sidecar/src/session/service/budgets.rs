@@ -338,7 +338,7 @@ impl Service {
             meter: limit.meter,
             per: limit.per_text.clone(),
         };
-        self.emit(id, SessionEvent::Budget(event)).await;
+        self.recorder.emit(id, SessionEvent::Budget(event)).await;
         if let Some(events) = self.kube_events.get() {
             let note = format!(
                 "budget {} of agent {agent} has used {} of {} {} per {} (session {id})",

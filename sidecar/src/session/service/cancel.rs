@@ -88,19 +88,4 @@ impl Service {
     pub(super) fn poll_interval(&self) -> Duration {
         self.cfg.lease.heartbeat.min(Duration::from_millis(250))
     }
-
-    /// Cancel this process's run of `id`, if it has one (a cancel requested
-    /// through the store by another server).
-    pub(super) fn cancel_here(&self, id: &str) {
-        let handle = self
-            .live
-            .peek(id)
-            .and_then(|l| l.run.lock().unwrap_or_else(|p| p.into_inner()).clone());
-        if let Some(handle) = handle {
-            if !handle.cancel.is_cancelled() {
-                tracing::info!(session = id, "cancelling the run as another server asked");
-                handle.cancel.cancel();
-            }
-        }
-    }
 }

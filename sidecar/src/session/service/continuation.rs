@@ -327,7 +327,7 @@ impl Service {
         };
         for call in closed {
             let closed = Resolved::closed(call, Outcome::Cancelled);
-            self.emit(id, SessionEvent::Resolved(closed)).await;
+            self.recorder.emit(id, SessionEvent::Resolved(closed)).await;
         }
         self.metrics.run_finished(RunOutcome::Cancelled);
         let finished = RunFinished {
@@ -336,7 +336,9 @@ impl Service {
             session_status: SessionStatus::Idle,
             usage: Some(crate::session::usage::Totals::default()),
         };
-        self.emit(id, SessionEvent::RunFinished(finished)).await;
+        self.recorder
+            .emit(id, SessionEvent::RunFinished(finished))
+            .await;
         tracing::info!(session = id, "a waiting run was cancelled");
         Ok(true)
     }
@@ -539,7 +541,9 @@ impl Service {
             by: Some(by),
             cleared_taint: answer.clear_taint,
         };
-        self.emit(id, SessionEvent::Resolved(resolved)).await;
+        self.recorder
+            .emit(id, SessionEvent::Resolved(resolved))
+            .await;
         let (outcome, by) = (resolution.outcome().as_str(), by.as_str());
         tracing::info!(session = id, tool = %item.tool, outcome, by, "pending call answered");
         if !resume {
@@ -605,7 +609,7 @@ impl Service {
         }
         for call in &expired {
             let closed = Resolved::closed(call.clone(), Outcome::Expired);
-            self.emit(id, SessionEvent::Resolved(closed)).await;
+            self.recorder.emit(id, SessionEvent::Resolved(closed)).await;
         }
         tracing::info!(
             session = id,

@@ -5,10 +5,19 @@ use std::task::{ready, Context, Poll};
 
 use futures::future::BoxFuture;
 
-use super::*;
-use crate::session::fanout::{Receiver, Signal};
+use std::sync::Arc;
+use std::time::Duration;
 
-impl Service {
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::Recorder;
+use crate::session::error::ServiceError;
+use crate::session::fanout::{LiveEvent, Receiver, Signal};
+use crate::session::model::EventRecord;
+use crate::session::store::{Notice, StoreError};
+
+impl Recorder {
     /// Subscribe first, then read what is stored: nothing falls in between.
     /// The stored events after `after`, and the feed of those to come.
     /// `by_token`: the subscriber came with a session token, and its feed
@@ -19,7 +28,9 @@ impl Service {
         after: i64,
         by_token: bool,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
-        self.record(id).await?;
+        if self.store.get(id).await?.is_none() {
+            return Err(ServiceError::not_found(format!("no session {id}")));
+        }
         let rx = self.live.entry(id).events.subscribe(by_token);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {
@@ -111,7 +122,11 @@ impl Feed {
     /// subscriber has fallen too far behind (it reconnects with
     /// `Last-Event-ID`), the session left memory, or the session token it
     /// came with was revoked.
-    pub fn poll_next(&mut self, service: &Service, cx: &mut Context<'_>) -> Poll<Option<FeedItem>> {
+    pub fn poll_next(
+        &mut self,
+        recorder: &Recorder,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<FeedItem>> {
         loop {
             if let Some(reading) = &mut self.reading {
                 let read = ready!(reading.events.as_mut().poll(cx));
@@ -152,10 +167,10 @@ impl Feed {
                     Step::Fetch => Some(e),
                 },
                 // While the run is here, the live events have it all.
-                Some(Signal::StoredElsewhere) if service.is_running(&self.id) => continue,
+                Some(Signal::StoredElsewhere) if recorder.live.is_running(&self.id) => continue,
                 Some(Signal::StoredElsewhere) => None,
             };
-            let (store, id, after) = (service.store.clone(), self.id.clone(), self.last);
+            let (store, id, after) = (recorder.store.clone(), self.id.clone(), self.last);
             self.reading = Some(Reading {
                 events: Box::pin(async move { store.events_after(&id, after).await }),
                 gap,

@@ -319,7 +319,8 @@ impl Service {
             self.store.update(&mut rec).await?;
             self.secrets.keep(id, &accepted.session);
             let names = accepted.changed.clone();
-            self.emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))
+            self.recorder
+                .emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))
                 .await;
         }
         Ok((accepted.message, rec))

@@ -104,6 +104,18 @@ impl LiveSessions {
         lock(&self.map).len()
     }
 
+    /// Cancel this process's run of `id`, if it has one (a cancel
+    /// requested through the store by another server).
+    pub fn cancel_here(&self, id: &str) {
+        let handle = self.peek(id).and_then(|l| lock(&l.run).clone());
+        if let Some(handle) = handle {
+            if !handle.cancel.is_cancelled() {
+                tracing::info!(session = id, "cancelling the run as another server asked");
+                handle.cancel.cancel();
+            }
+        }
+    }
+
     pub fn is_running(&self, id: &str) -> bool {
         self.peek(id).is_some_and(|l| l.running())
     }

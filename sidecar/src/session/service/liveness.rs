@@ -130,7 +130,7 @@ impl Service {
         let mut closed = 0;
         for rec in running {
             if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
-                self.cancel_here(&rec.id);
+                self.live.cancel_here(&rec.id);
             }
             if liveness.is_lost(&rec, self.is_running(&rec.id))
                 && self.close_interrupted(rec).await?
@@ -234,7 +234,8 @@ impl Service {
             session_status: SessionStatus::Failed,
             usage: None,
         };
-        self.emit(&rec.id, SessionEvent::RunFinished(finished))
+        self.recorder
+            .emit(&rec.id, SessionEvent::RunFinished(finished))
             .await;
         tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
         Ok(true)

@@ -1,14 +1,51 @@
 //! The recorder: a session's writes by the run this process has on it,
 //! its events stored and handed to the session's live subscribers, in
-//! order. The run's sink (`sink.rs`), the run's start and end (`runs.rs`)
-//! and answers, cancels and expiries write through it.
+//! order, and the feed of them that subscribers read (`feed.rs`). The
+//! run's sink (`sink.rs`), the run's start and end (`runs.rs`) and
+//! answers, cancels and expiries write through it.
 
-use super::*;
+use std::sync::Arc;
 
-impl Service {
+use super::live::LiveSessions;
+use crate::llm::ChatMessage;
+use crate::metrics::Metrics;
+use crate::session::clock::Clock;
+use crate::session::fanout::LiveEvent;
+use crate::session::model::{EventRecord, SessionRecord, SessionStatus};
+use crate::session::runner::Events;
+use crate::session::store::{SessionStore, StoreError};
+use crate::session::wire::SessionEvent;
+
+/// What sessions' runs write, and who hears of it.
+pub struct Recorder {
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) live: Arc<LiveSessions>,
+    pub(super) metrics: Arc<Metrics>,
+    /// This server's instance id: a run is written only while it is ours.
+    instance: Arc<str>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Recorder {
+    pub(super) fn new(
+        store: Arc<dyn SessionStore>,
+        live: Arc<LiveSessions>,
+        metrics: Arc<Metrics>,
+        instance: Arc<str>,
+        clock: Arc<dyn Clock>,
+    ) -> Recorder {
+        Recorder {
+            store,
+            live,
+            metrics,
+            instance,
+            clock,
+        }
+    }
+
     /// Read-modify-write of a session by the run this process has on it,
     /// under the session's lock, with `events` appended in the same store
-    /// operation (see [`Service::publish`] for their subscribers). Nothing
+    /// operation (see [`Recorder::publish`] for their subscribers). Nothing
     /// is written once the run is no longer ours (another server found it
     /// lost and closed it); a write that lost a race with a change
     /// elsewhere (parameters) is redone on the fresh record.
@@ -26,23 +63,24 @@ impl Service {
         for _ in 0..3 + cached {
             let mut rec = match written.take() {
                 Some(rec) => *rec,
-                None => match self.record(id).await {
-                    Ok(rec) => rec,
+                None => match self.store.get(id).await {
+                    Ok(Some(rec)) => rec,
+                    Ok(None) => return RunWrite::Failed(format!("no session {id}")),
                     Err(e) => return RunWrite::Failed(e.to_string()),
                 },
             };
             if rec.status != SessionStatus::Running
-                || rec.runner.as_deref() != Some(self.instance.as_str())
+                || rec.runner.as_deref() != Some(&*self.instance)
             {
                 return RunWrite::Taken;
             }
             if rec.cancel_requested {
                 // Another server asked to cancel this run.
-                self.cancel_here(id);
+                self.live.cancel_here(id);
             }
             change(&mut rec);
             rec.version += 1;
-            let at = self.now_ms();
+            let at = self.clock.now_ms();
             rec.updated_at = at;
             match self.store.update_with_events(&mut rec, events, at).await {
                 Ok(seqs) => {
@@ -78,7 +116,7 @@ impl Service {
     }
 
     pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
-        let at = self.now_ms();
+        let at = self.clock.now_ms();
         let (kind, data) = (event.kind(), event.data());
         match self.store.append_event(id, kind, &data, at).await {
             Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),

@@ -194,8 +194,8 @@ impl Service {
                 *guard = Some(Box::new(rec));
                 drop(guard);
                 self.metrics.run_started();
-                self.publish(id, stored_events(seqs, &event, at));
-                starter.stored(self, id);
+                self.recorder.publish(id, stored_events(seqs, &event, at));
+                starter.stored(&self.recorder, id);
                 Ok(RunWait(done_rx))
             }
             Err(e) => {
@@ -227,7 +227,7 @@ impl Service {
             taint_from,
             run,
         } = driving;
-        let sink = SessionSink::new(self, id, cancel, gate);
+        let sink = SessionSink::new(&self.recorder, id, cancel, gate);
         let client = self.agents.client_for(&agent.name);
         let Some(client) = client.as_ref() else {
             let why = format!("no model client for agent `{}`", agent.name);
@@ -379,21 +379,22 @@ impl Service {
         let written = if taken {
             RunWrite::Taken
         } else {
-            self.write_run(
-                id,
-                |rec| {
-                    rec.turns.extend(answer.clone());
-                    rec.status = status;
-                    rec.status_detail = detail.clone();
-                    rec.runner = None;
-                    rec.cancel_requested = false;
-                    rec.pending.items = waiting.items.clone();
-                    rec.pending.client_call = waiting.client_call;
-                    rec.pending.run = waiting.run.clone();
-                },
-                &events,
-            )
-            .await
+            self.recorder
+                .write_run(
+                    id,
+                    |rec| {
+                        rec.turns.extend(answer.clone());
+                        rec.status = status;
+                        rec.status_detail = detail.clone();
+                        rec.runner = None;
+                        rec.cancel_requested = false;
+                        rec.pending.items = waiting.items.clone();
+                        rec.pending.client_call = waiting.client_call;
+                        rec.pending.run = waiting.run.clone();
+                    },
+                    &events,
+                )
+                .await
         };
         self.metrics.run_store_wait(waited.elapsed());
         let (stored, record) = match written {
@@ -414,9 +415,9 @@ impl Service {
         self.metrics.run_finished(outcome);
         tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
         match stored {
-            Some(stored) => self.publish(id, stored),
+            Some(stored) => self.recorder.publish(id, stored),
             // The end could not be stored; its events may still be.
-            None => self.emit_all(id, events).await,
+            None => self.recorder.emit_all(id, events).await,
         }
         if let Some(rec) = record.as_deref().filter(|r| !r.pending.is_empty()) {
             self.announce(rec);

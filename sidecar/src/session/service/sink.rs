@@ -18,7 +18,7 @@ use super::*;
 use crate::session::fanout::LiveEvent;
 
 pub(super) struct SessionSink<'a> {
-    service: &'a Arc<Service>,
+    recorder: &'a Arc<Recorder>,
     id: &'a str,
     cancel: &'a CancellationToken,
     shared: Arc<Shared>,
@@ -42,9 +42,9 @@ struct Shared {
 impl Shared {
     /// The write in flight is done and its events sent: the text held
     /// behind it goes out.
-    fn release(&self, service: &Service, id: &str) {
+    fn release(&self, recorder: &Recorder, id: &str) {
         let mut held = lock(&self.held);
-        service.fan_out(id, held.deltas.drain(..).map(LiveEvent::Delta));
+        recorder.fan_out(id, held.deltas.drain(..).map(LiveEvent::Delta));
         held.writing = false;
     }
 }
@@ -84,8 +84,8 @@ pub(super) fn start_gate() -> (Starter, StartGate) {
 impl Starter {
     /// The start is stored and its event sent: the run's turns and
     /// streamed text may follow.
-    pub(super) fn stored(self, service: &Service, id: &str) {
-        self.shared.release(service, id);
+    pub(super) fn stored(self, recorder: &Recorder, id: &str) {
+        self.shared.release(recorder, id);
         let _ = self.stored.send(true);
     }
 }
@@ -100,13 +100,13 @@ struct Held {
 
 impl<'a> SessionSink<'a> {
     pub(super) fn new(
-        service: &'a Arc<Service>,
+        recorder: &'a Arc<Recorder>,
         id: &'a str,
         cancel: &'a CancellationToken,
         gate: StartGate,
     ) -> Self {
         SessionSink {
-            service,
+            recorder,
             id,
             cancel,
             shared: gate.shared,
@@ -136,14 +136,14 @@ impl RunSink for SessionSink<'_> {
             return;
         }
         lock(&self.shared.held).writing = true;
-        let service = Arc::clone(self.service);
+        let recorder = Arc::clone(self.recorder);
         let id = self.id.to_string();
         let cancel = self.cancel.clone();
         let shared = Arc::clone(&self.shared);
         let msg = msg.clone();
         let write = tokio::spawn(async move {
-            match service.append_turn(&id, &msg, &events).await {
-                RunWrite::Written(stored, _) => service.publish(&id, stored),
+            match recorder.append_turn(&id, &msg, &events).await {
+                RunWrite::Written(stored, _) => recorder.publish(&id, stored),
                 RunWrite::Taken => {
                     tracing::warn!(
                         session = id,
@@ -153,9 +153,9 @@ impl RunSink for SessionSink<'_> {
                     cancel.cancel();
                 }
                 // The turn could not be stored; its events may still be.
-                RunWrite::Failed(_) => service.emit_all(&id, events).await,
+                RunWrite::Failed(_) => recorder.emit_all(&id, events).await,
             }
-            shared.release(&service, &id);
+            shared.release(&recorder, &id);
         });
         *lock(&self.behind) = Some(Behind::Write(write));
     }
@@ -185,7 +185,7 @@ impl RunSink for SessionSink<'_> {
                 }
             }
         }
-        self.service.metrics.run_store_wait(waited.elapsed());
+        self.recorder.metrics.run_store_wait(waited.elapsed());
     }
 
     fn delta(&self, text: &str) {
@@ -194,7 +194,7 @@ impl RunSink for SessionSink<'_> {
         if held.writing {
             held.deltas.push(text.into());
         } else {
-            self.service
+            self.recorder
                 .fan_out(self.id, [LiveEvent::Delta(text.into())]);
         }
     }
@@ -241,8 +241,8 @@ mod tests {
     /// A sink of a run whose start is stored.
     fn started<'a>(service: &'a Arc<Service>, cancel: &'a CancellationToken) -> SessionSink<'a> {
         let (starter, gate) = start_gate();
-        starter.stored(service, "s");
-        SessionSink::new(service, "s", cancel, gate)
+        starter.stored(&service.recorder, "s");
+        SessionSink::new(&service.recorder, "s", cancel, gate)
     }
 
     fn event(signal: Option<Signal>) -> String {
@@ -329,16 +329,16 @@ mod tests {
 
         let cancel = CancellationToken::new();
         let (starter, gate) = start_gate();
-        let sink = SessionSink::new(&service, "s", &cancel, gate);
+        let sink = SessionSink::new(&service.recorder, "s", &cancel, gate);
         sink.delta("early");
         assert!(events.recv().now_or_never().is_none());
-        starter.stored(&service, "s");
+        starter.stored(&service.recorder, "s");
         assert_eq!(event(events.recv().await), "delta early");
 
         let before = service.store.get("s").await.unwrap().unwrap();
         let cancel = CancellationToken::new();
         let (starter, gate) = start_gate();
-        let sink = SessionSink::new(&service, "s", &cancel, gate);
+        let sink = SessionSink::new(&service.recorder, "s", &cancel, gate);
         sink.delta("never");
         drop(starter);
         sink.turn(&ChatMessage::tool_result("c1", "done"), Events::new())
