@@ -331,6 +331,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         "this server's instance id, as its runs record it"
     );
     let recovered = service
+        .heartbeat()
         .sweep()
         .await
         .map_err(|e| format!("error: recovering sessions: {e}"))?;

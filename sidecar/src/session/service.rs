@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{ErrorKind, ServiceError};
 pub use super::fanout::LiveEvent;
-use super::lease::{LeaseConfig, Liveness};
+use super::lease::LeaseConfig;
 use super::model::{SessionRecord, SessionStatus, StoredParams};
 use super::pending::{self, PendingCall};
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};
@@ -265,13 +265,6 @@ impl Service {
             cfg.live_session_ttl,
             cfg.clock.clone(),
         );
-        let heartbeat = Heartbeat::new(
-            store.clone(),
-            Arc::from(instance.as_str()),
-            cfg.lease,
-            cfg.advertise.clone(),
-            cfg.clock.clone(),
-        );
         let tokens = Tokens::new(store.clone(), live.clone(), cfg.clock.clone());
         let agents = Agents::new(
             tree,
@@ -287,6 +280,14 @@ impl Service {
             Arc::from(instance.as_str()),
             cfg.clock.clone(),
         ));
+        let heartbeat = Heartbeat::new(
+            store.clone(),
+            Arc::from(instance.as_str()),
+            cfg.lease,
+            cfg.advertise.clone(),
+            cfg.clock.clone(),
+            recorder.clone(),
+        );
         Arc::new_cyclic(|me| Service {
             recorder,
             live,
@@ -380,6 +381,31 @@ impl Service {
     /// Drop a session's live entry when it holds nothing worth keeping.
     pub(crate) fn evict_if_idle(&self, id: &str) {
         self.live.evict_if_idle(id)
+    }
+
+    /// Beat and sweep every heartbeat interval until `stop`; then forget
+    /// this server, so that others take its runs for lost at once.
+    pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick completes at once, and serve has just beaten.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            self.heartbeat.beat_and_tell().await;
+            match self.heartbeat.sweep().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
+                Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+            if let Err(e) = self.expire_due().await {
+                tracing::warn!("cannot close expired pending calls: {e}");
+            }
+        }
+        self.heartbeat.forget().await;
     }
 
     pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {

@@ -37,7 +37,7 @@ impl Service {
         let requested = async {
             let _guard = live.lock.lock().await;
             for _ in 0..3 {
-                match self.close_if_lost(self.record(id).await?).await {
+                match self.heartbeat.close_if_lost(self.record(id).await?).await {
                     // Not running (any more), or lost and closed just now.
                     Ok(_) => return Err(not_running()),
                     Err(e) if e.code == "run_in_progress" => {}

@@ -292,7 +292,7 @@ impl Service {
             ));
         }
         if op != Op::PutParams && rec.status == SessionStatus::Running {
-            rec = self.close_if_lost(rec).await?;
+            rec = self.heartbeat.close_if_lost(rec).await?;
         }
         let agent = self.agents.agent(&rec.agent)?.clone();
         let current = self.secrets.session_values(&rec);

@@ -1,8 +1,20 @@
 //! Heartbeats and the sweep: this server's beat in the store, and runs
 //! whose server stopped beating closed as failed.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::live::LiveSessions;
+use super::{close_pending, Recorder};
+use crate::metrics::RunOutcome;
 use crate::session::clock::Clock;
+use crate::session::error::{ErrorKind, ServiceError};
+use crate::session::lease::{LeaseConfig, Liveness};
+use crate::session::model::{SessionRecord, SessionStatus};
+use crate::session::store::{SessionStore, StoreError};
+use crate::session::wire::{RunFinished, SessionEvent};
 
 /// This server's heartbeat in the store, and its judgement of runs by the
 /// servers' heartbeats.
@@ -16,6 +28,10 @@ pub struct Heartbeat {
     clock: Arc<dyn Clock>,
     /// Whether the last beat reached the store (readiness follows it).
     ok: AtomicBool,
+    /// This server's runs, which are never lost while it has them.
+    live: Arc<LiveSessions>,
+    /// Where a lost run's end is written.
+    recorder: Arc<Recorder>,
 }
 
 /// What a server knows of runs' liveness at one moment (see
@@ -49,6 +65,7 @@ impl Heartbeat {
         lease: LeaseConfig,
         advertise: Option<String>,
         clock: Arc<dyn Clock>,
+        recorder: Arc<Recorder>,
     ) -> Heartbeat {
         Heartbeat {
             store,
@@ -57,6 +74,8 @@ impl Heartbeat {
             advertise,
             clock,
             ok: AtomicBool::new(true),
+            live: recorder.live.clone(),
+            recorder,
         }
     }
 
@@ -78,7 +97,7 @@ impl Heartbeat {
 
     /// Beat, and say so in the log when the store stops or starts taking
     /// the beats again.
-    async fn beat_and_tell(&self) {
+    pub(super) async fn beat_and_tell(&self) {
         let beat = self.beat().await;
         let was_ok = self.ok.swap(beat.is_ok(), Ordering::Relaxed);
         match beat {
@@ -92,7 +111,7 @@ impl Heartbeat {
     }
 
     /// The servers' heartbeats as the store has them now.
-    pub(super) async fn judge(&self) -> Result<Judgement, ServiceError> {
+    async fn judge(&self) -> Result<Judgement, ServiceError> {
         let heartbeats = self.store.heartbeats().await?;
         Ok(Judgement {
             me: self.instance.clone(),
@@ -112,59 +131,32 @@ impl Heartbeat {
     }
 
     /// Forget this server, so that others take its runs for lost at once.
-    async fn forget(&self) {
+    pub(super) async fn forget(&self) {
         if let Err(e) = self.store.forget_runner(&self.instance).await {
             tracing::warn!("cannot remove this server's heartbeat: {e}");
         }
     }
-}
 
-impl Service {
     /// Close every lost run (see [`Liveness`]); how many. At startup on a
     /// store of our own that is every run in progress: the last process's.
     pub async fn sweep(&self) -> Result<usize, ServiceError> {
         // Running sessions first, heartbeats second: a server beats before
         // it starts runs, so any runner in the list has its beat read here.
         let running = self.store.running().await?;
-        let liveness = self.heartbeat.judge().await?;
+        let liveness = self.judge().await?;
         let mut closed = 0;
         for rec in running {
-            if rec.cancel_requested && rec.runner.as_deref() == Some(self.instance.as_str()) {
+            if rec.cancel_requested && rec.runner.as_deref() == Some(&*self.instance) {
                 self.live.cancel_here(&rec.id);
             }
-            if liveness.is_lost(&rec, self.is_running(&rec.id))
+            if liveness.is_lost(&rec, self.live.is_running(&rec.id))
                 && self.close_interrupted(rec).await?
             {
                 closed += 1;
             }
         }
-        self.heartbeat.prune(liveness.now).await?;
+        self.prune(liveness.now).await?;
         Ok(closed)
-    }
-
-    /// Beat and sweep every heartbeat interval until `stop`; then forget
-    /// this server, so that others take its runs for lost at once.
-    pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick completes at once, and serve has just beaten.
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            self.heartbeat.beat_and_tell().await;
-            match self.sweep().await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
-                Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
-            }
-            if let Err(e) = self.expire_due().await {
-                tracing::warn!("cannot close expired pending calls: {e}");
-            }
-        }
-        self.heartbeat.forget().await;
     }
 
     /// A session recorded as running that this process does not run: the
@@ -178,14 +170,18 @@ impl Service {
             if rec.status != SessionStatus::Running {
                 return Ok(rec);
             }
-            let liveness = self.heartbeat.judge().await?;
-            if !liveness.is_lost(&rec, self.is_running(&rec.id)) {
+            let liveness = self.judge().await?;
+            if !liveness.is_lost(&rec, self.live.is_running(&rec.id)) {
                 break;
             }
             // Closed here, or by another server first: read what it says now.
             let id = rec.id.clone();
             self.close_interrupted(rec).await?;
-            rec = self.record(&id).await?;
+            rec = self
+                .store
+                .get(&id)
+                .await?
+                .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))?;
         }
         Err(ServiceError::new(
             ErrorKind::Conflict,
@@ -219,7 +215,7 @@ impl Service {
         rec.status = SessionStatus::Failed;
         rec.status_detail = Some(detail.into());
         rec.version += 1;
-        rec.updated_at = self.now_ms();
+        rec.updated_at = self.clock.now_ms();
         match self.store.update(&mut rec).await {
             Ok(()) => {}
             Err(StoreError::Conflict(_)) => {

@@ -57,7 +57,7 @@ impl Service {
             if rec.status == SessionStatus::Running {
                 // Another server may have started one since the request's
                 // values were checked.
-                rec = self.close_if_lost(rec).await?;
+                rec = self.heartbeat.close_if_lost(rec).await?;
             }
             // A client's calls that waited end their run once answered.
             let mode = if std::mem::take(&mut rec.pending.client_call) {

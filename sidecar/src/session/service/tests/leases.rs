@@ -46,7 +46,7 @@ async fn a_run_is_taken_for_lost_only_once_its_servers_lease_has_passed() {
     let lease_ms = i64::try_from(LEASE.as_millis()).unwrap();
     let to = beat + lease_ms - 1000 - a.now_ms();
     tokio::time::advance(Duration::from_millis(u64::try_from(to).unwrap())).await;
-    assert_eq!(b.sweep().await.unwrap(), 0);
+    assert_eq!(b.heartbeat().sweep().await.unwrap(), 0);
     let busy = b
         .post_message(
             &Caller::Owner,
@@ -63,14 +63,14 @@ async fn a_run_is_taken_for_lost_only_once_its_servers_lease_has_passed() {
     // a stopped beating (no keep_alive runs here): once the lease has
     // passed, b closes the run as failed.
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(b.sweep().await.unwrap(), 1);
+    assert_eq!(b.heartbeat().sweep().await.unwrap(), 1);
     let rec = b.record(&id).await.unwrap();
     assert_eq!(rec.status, SessionStatus::Failed);
     assert_eq!(
         rec.status_detail.as_deref(),
         Some("interrupted: the server running it stopped")
     );
-    assert_eq!(b.sweep().await.unwrap(), 0, "closed once");
+    assert_eq!(b.heartbeat().sweep().await.unwrap(), 0, "closed once");
 }
 
 #[tokio::test(start_paused = true)]
@@ -93,13 +93,13 @@ async fn a_server_that_keeps_beating_keeps_its_run_and_one_that_stops_gives_it_u
             beats.get(a.instance()).filter(|&&at| at >= due).map(drop)
         })
         .await;
-        assert_eq!(b.sweep().await.unwrap(), 0);
+        assert_eq!(b.heartbeat().sweep().await.unwrap(), 0);
     }
     assert_eq!(b.record(&id).await.unwrap().status, SessionStatus::Running);
 
     // A server that stops forgets its heartbeat: its runs are lost at once.
     stop.cancel();
     beating.await.unwrap();
-    assert_eq!(b.sweep().await.unwrap(), 1);
+    assert_eq!(b.heartbeat().sweep().await.unwrap(), 1);
     assert_eq!(b.record(&id).await.unwrap().status, SessionStatus::Failed);
 }
