@@ -1,13 +1,14 @@
 //! Calls that wait for a person: a confirmation holds its call until it is
 //! answered, and `confirmTtl` closes it unanswered.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::harness::{agent, answer, no_params, Client, Reply, World};
 use crate::session::model::SessionStatus;
-use crate::session::service::{Answer, ServiceConfig};
+use crate::session::service::{Answer, Service, ServiceConfig};
 use crate::session::validate::Caller;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -27,8 +28,10 @@ fn approve() -> Answer {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
+/// A session of `careful` whose run waits for a person to confirm its
+/// call of the date, the model to say `then` once the call is settled: the
+/// world, the server, the session and the call's continuation token.
+async fn waiting(then: &'static str) -> (World, Arc<Service>, String, String) {
     let world = World::new(&[careful()]).await;
     world
         .model
@@ -36,16 +39,22 @@ async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
             "io_system",
             json!({"capability": "date"}),
         )]))
-        .then(Reply::Text("done"));
+        .then(Reply::Text(then));
     let server = world.server(ServiceConfig::default()).await;
     let client = Client(&server);
     let id = client.open("careful", no_params()).await;
-
     let rec = client.say(&id, "the date, please").await;
     assert_eq!(rec.status, SessionStatus::WaitingExternal);
     let items = server.pending_view(&rec);
     assert_eq!(items.len(), 1);
     let token = items[0].continuation_token.clone().unwrap();
+    (world, server, id, token)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
+    let (_world, server, id, token) = waiting("done").await;
+    let client = Client(&server);
     assert!(
         !client.kinds(&id).await.contains(&"tool_result".to_string()),
         "nothing ran before the answer"
@@ -75,22 +84,8 @@ async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refused() {
-    let world = World::new(&[careful()]).await;
-    world
-        .model
-        .then(Reply::Calls(vec![(
-            "io_system",
-            json!({"capability": "date"}),
-        )]))
-        .then(Reply::Text("it expired"));
-    let server = world.server(ServiceConfig::default()).await;
+    let (world, server, id, token) = waiting("it expired").await;
     let client = Client(&server);
-    let id = client.open("careful", no_params()).await;
-    let rec = client.say(&id, "the date, please").await;
-    let token = server.pending_view(&rec)[0]
-        .continuation_token
-        .clone()
-        .unwrap();
 
     tokio::time::advance(10 * MINUTE + Duration::from_secs(1)).await;
     assert_eq!(server.expire_due().await.unwrap(), 1);

@@ -2,12 +2,13 @@
 //! (idle time) and `--max-live-sessions` (least recently used first).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::harness::{agent, answer, Client, Reply, World};
-use crate::session::service::{RunMode, ServiceConfig};
+use crate::session::service::{RunMode, Service, ServiceConfig};
 use crate::session::validate::Caller;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -20,15 +21,25 @@ fn vault() -> String {
     )
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_before() {
+/// A world of [`vault`] whose model answers `replies`, and a server of it
+/// that forgets idle sessions' secrets after half an hour.
+async fn half_hour_vault(replies: &[&'static str]) -> (World, Arc<Service>) {
     let world = World::new(&[vault()]).await;
+    for reply in replies {
+        world.model.then(Reply::Text(reply));
+    }
     let server = world
         .server(ServiceConfig {
             live_session_ttl: Some(30 * MINUTE),
             ..Default::default()
         })
         .await;
+    (world, server)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_before() {
+    let (_world, server) = half_hour_vault(&[]).await;
     let client = Client(&server);
     let id = client.open("vault", json!({"token": "s3cret"})).await;
     assert_eq!(server.secrets().names(&id), ["token"]);
@@ -58,14 +69,7 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
 
 #[tokio::test(start_paused = true)]
 async fn a_message_renews_the_ttl() {
-    let world = World::new(&[vault()]).await;
-    world.model.then(Reply::Text("hello"));
-    let server = world
-        .server(ServiceConfig {
-            live_session_ttl: Some(30 * MINUTE),
-            ..Default::default()
-        })
-        .await;
+    let (_world, server) = half_hour_vault(&["hello"]).await;
     let client = Client(&server);
     let id = client.open("vault", json!({"token": "s3cret"})).await;
 
