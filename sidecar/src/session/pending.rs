@@ -250,7 +250,8 @@ impl Pending {
         expired
     }
 
-    /// The summary of what the session waits for (`status_detail`).
+    /// The summary of what the session waits for (`status_detail`); with
+    /// every call answered, that is a resume.
     pub fn detail(&self) -> String {
         let what: Vec<String> = self
             .open()
@@ -274,6 +275,9 @@ impl Pending {
                 }
             })
             .collect();
+        if what.is_empty() {
+            return "waiting for a resume: every pending call is answered".to_string();
+        }
         format!("waiting for {}", what.join(", "))
     }
 }

@@ -673,6 +673,21 @@ fn the_detail_lists_the_open_items_in_order_and_leaves_out_answered_ones() {
     );
 }
 
+#[test]
+fn the_detail_of_a_set_with_nothing_open_says_it_waits_for_a_resume() {
+    // The last open call expired: the sweep writes the detail before the
+    // run resumes, and a message to the session quotes it.
+    let mut p = pending(vec![
+        answered("a", Resolution::Approved),
+        call("b", Some(10)),
+    ]);
+    assert_eq!(ids(&p.expire(10)), ["b"]);
+    assert_eq!(
+        p.detail(),
+        "waiting for a resume: every pending call is answered"
+    );
+}
+
 // ---- digests -----------------------------------------------------------
 
 #[test]
