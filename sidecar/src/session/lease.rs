@@ -184,12 +184,15 @@ mod tests {
         assert!(shared(130_001, &hb).is_lost(&rec, false));
     }
 
-    #[test]
-    fn a_lease_must_outlast_the_heartbeat() {
-        let cfg = |hb, lease| LeaseConfig {
+    fn cfg(hb: u64, lease: u64) -> LeaseConfig {
+        LeaseConfig {
             heartbeat: Duration::from_millis(hb),
             lease: Duration::from_millis(lease),
-        };
+        }
+    }
+
+    #[test]
+    fn a_lease_must_outlast_the_heartbeat() {
         assert!(LeaseConfig::default().check().is_ok());
         assert!(cfg(200, 1000).check().is_ok());
         let err = cfg(10_000, 10_000).check().unwrap_err();
@@ -198,5 +201,53 @@ mod tests {
             "{err}"
         );
         assert!(cfg(0, 1000).check().is_err());
+    }
+
+    #[test]
+    fn a_heartbeat_lapses_only_past_the_lease_and_never_overflows() {
+        assert!(!lapsed(LEASE, 0, 30_000), "exactly the lease");
+        assert!(lapsed(LEASE, 0, 30_001));
+        assert!(!lapsed(LEASE, 50_000, 0), "a clock behind the beat");
+        assert!(lapsed(LEASE, i64::MIN, i64::MAX));
+        assert!(
+            !lapsed(Duration::MAX, 0, i64::MAX),
+            "a lease too long for i64"
+        );
+        assert!(lapsed(Duration::ZERO, 0, 1));
+    }
+
+    #[test]
+    fn a_waiting_session_has_no_run_to_lose() {
+        let mut rec = running(None, 0);
+        rec.status = SessionStatus::WaitingExternal;
+        let hb = beats(&[]);
+        let l = Liveness {
+            exclusive: true,
+            ..shared(i64::MAX, &hb)
+        };
+        assert!(!l.is_lost(&rec, false));
+    }
+
+    #[test]
+    fn a_beating_server_vouches_for_its_run_however_old_the_record() {
+        let hb = beats(&[("other", 1_000_000)]);
+        let rec = running(Some("other"), 0);
+        assert!(!shared(1_000_000, &hb).is_lost(&rec, false));
+        // Another server's beat says nothing of this one's run.
+        let hb = beats(&[("third", 1_000_000), ("other", 0)]);
+        assert!(shared(1_000_000, &hb).is_lost(&rec, false));
+    }
+
+    #[test]
+    fn a_lease_check_says_which_flag_is_wrong() {
+        assert_eq!(
+            cfg(0, 1000).check(),
+            Err("--runner-heartbeat must be longer than 0s".to_string())
+        );
+        assert_eq!(
+            cfg(10_000, 5_000).check(),
+            Err("--runner-lease (5s) must be longer than --runner-heartbeat (10s), a few heartbeats long (the default is 30s for 10s)".to_string())
+        );
+        assert_eq!(cfg(10_000, 10_001).check(), Ok(()));
     }
 }

@@ -243,4 +243,63 @@ mod tests {
         assert_eq!(crossing(70.0, 100.0, 100.0), Some(Crossing::UsedUp));
         assert_eq!(crossing(100.0, 120.0, 100.0), None);
     }
+
+    #[test]
+    fn reaching_a_line_exactly_crosses_it_and_the_limit_wins_over_the_warning() {
+        assert_eq!(crossing(79.0, 80.0, 100.0), Some(Crossing::Nearly));
+        assert_eq!(crossing(80.0, 90.0, 100.0), None, "past it already");
+        assert_eq!(crossing(99.0, 100.0, 100.0), Some(Crossing::UsedUp));
+        assert_eq!(crossing(0.0, 150.0, 100.0), Some(Crossing::UsedUp));
+        assert_eq!(crossing(10.0, 10.0, 100.0), None, "no use, no crossing");
+    }
+
+    #[test]
+    fn a_rolling_budget_frees_up_in_whole_seconds_and_never_in_none() {
+        let hour = limit("{name: h, tokens: 10, per: 1h}");
+        let at = |oldest: Option<i64>, now: i64| {
+            Exceeded::of(&hour, &Standing { used: 10.0, oldest }, now).retry_after
+        };
+        assert_eq!(at(Some(0), 3_600_000 - 1_000), Some(1));
+        assert_eq!(at(Some(0), 3_600_000 - 1_001), Some(2));
+        assert_eq!(
+            at(Some(0), 3_600_000),
+            Some(1),
+            "due now: at least a second"
+        );
+        assert_eq!(at(Some(0), 3_600_000 + 5_000), Some(1));
+        assert_eq!(at(None, 0), None, "nothing counted, nothing leaves");
+        let run = limit("{name: r, tokens: 10, per: run}");
+        let e = Exceeded::of(
+            &run,
+            &Standing {
+                used: 10.0,
+                oldest: Some(0),
+            },
+            1,
+        );
+        assert_eq!(e.retry_after, None);
+    }
+
+    #[test]
+    fn a_used_up_budget_states_its_amounts_as_its_meter_counts_them() {
+        let standing = |used| Standing { used, oldest: None };
+        let spend = limit("{name: spend, cost: 1.5, per: session}");
+        assert_eq!(
+            Exceeded::of(&spend, &standing(1.61234), 0).detail(),
+            "budget spend is used up: 1.6123 of 1.5000 cost per session"
+        );
+        let calls = limit("{name: calls, toolCalls: 3, per: run}");
+        assert_eq!(
+            Exceeded::of(&calls, &standing(3.0), 0).detail(),
+            "budget calls is used up: 3 of 3 tool calls per run"
+        );
+    }
+
+    #[test]
+    fn work_no_limit_counts_asks_the_store_nothing() {
+        let tokens = vec![limit("{name: day, tokens: 10, per: 24h}")];
+        assert!(gauges(&tokens, &[Meter::ToolCalls], &[], &WHO, 0).is_empty());
+        assert!(gauges(&tokens, &[], &[], &WHO, 0).is_empty());
+        assert!(gauges(&[], &[Meter::Tokens], &[], &WHO, 0).is_empty());
+    }
 }

@@ -67,4 +67,29 @@ mod tests {
         let all_busy = entries(&[("x", 1, true), ("y", 2, true)]);
         assert!(victims(all_busy, 1).is_empty());
     }
+
+    #[test]
+    fn nothing_live_has_no_victim() {
+        assert!(victims(entries(&[]), 3).is_empty());
+    }
+
+    #[test]
+    fn an_excess_as_large_as_the_idle_ones_takes_them_all_oldest_first() {
+        let e = entries(&[("c", 30, false), ("a", 10, false), ("b", 20, false)]);
+        assert_eq!(victims(e.clone(), 3), vec!["a", "b", "c"]);
+        assert_eq!(victims(e, 10), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn the_oldest_come_first_whatever_order_they_are_given_in() {
+        let keys: Vec<&'static str> =
+            vec!["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"];
+        // Used at 90, 80, …, 0, with every third one busy.
+        let spec: Vec<(&'static str, u64, bool)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, 90 - 10 * i as u64, i % 3 == 0))
+            .collect();
+        assert_eq!(victims(entries(&spec), 4), vec!["k8", "k7", "k5", "k4"]);
+    }
 }

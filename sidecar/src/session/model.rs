@@ -138,3 +138,82 @@ pub struct EventRecord {
     pub data: serde_json::Value,
     pub at: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::params::{ParamValue, SecretString};
+
+    const ALL: [SessionStatus; 4] = [
+        SessionStatus::Idle,
+        SessionStatus::Running,
+        SessionStatus::Failed,
+        SessionStatus::WaitingExternal,
+    ];
+
+    #[test]
+    fn each_status_reads_back_from_its_name_as_stored_and_shown() {
+        let names: Vec<&str> = ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["idle", "running", "failed", "waiting_external"]);
+        for s in ALL {
+            assert_eq!(SessionStatus::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+            assert_eq!(
+                serde_json::from_value::<SessionStatus>(json!(s.as_str())).unwrap(),
+                s
+            );
+        }
+    }
+
+    #[test]
+    fn a_status_is_read_from_its_exact_name_only() {
+        for text in ["", "Idle", " idle", "idle ", "waiting-external", "waiting"] {
+            assert_eq!(SessionStatus::parse(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn stored_params_keep_the_plain_values_and_drop_every_secret() {
+        let values: Values = [
+            ("tenant".to_string(), ParamValue::Plain(json!("acme"))),
+            ("limits".to_string(), ParamValue::Plain(json!({"max": 3}))),
+            (
+                "token".to_string(),
+                ParamValue::Secret(SecretString::new("sk-canary-7f3a")),
+            ),
+        ]
+        .into();
+        let stored = StoredParams::from_values(&values);
+        assert_eq!(
+            serde_json::to_value(&stored).unwrap(),
+            json!({"limits": {"max": 3}, "tenant": "acme"})
+        );
+        assert!(!format!("{stored:?}").contains("7f3a"));
+        let only_secret: Values = [(
+            "token".to_string(),
+            ParamValue::Secret(SecretString::new("sk-canary-7f3a")),
+        )]
+        .into();
+        assert!(StoredParams::from_values(&only_secret).is_empty());
+    }
+
+    #[test]
+    fn security_stored_before_owners_pins_and_the_taint_guard_reads_without_them() {
+        let old: Security =
+            serde_json::from_value(json!({"sealed": true, "token_digests": ["ab"]})).unwrap();
+        assert_eq!(
+            old,
+            Security {
+                sealed: true,
+                token_digests: vec!["ab".into()],
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(Security::default()).unwrap(),
+            json!({"sealed": false, "token_digests": []})
+        );
+    }
+}

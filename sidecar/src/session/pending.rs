@@ -250,7 +250,8 @@ impl Pending {
         expired
     }
 
-    /// The summary of what the session waits for (`status_detail`).
+    /// The summary of what the session waits for (`status_detail`); with
+    /// every call answered, that is a resume.
     pub fn detail(&self) -> String {
         let what: Vec<String> = self
             .open()
@@ -274,6 +275,9 @@ impl Pending {
                 }
             })
             .collect();
+        if what.is_empty() {
+            return "waiting for a resume: every pending call is answered".to_string();
+        }
         format!("waiting for {}", what.join(", "))
     }
 }
@@ -422,148 +426,4 @@ pub fn hmac(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_digest_ignores_key_order_and_names_only_parameters() {
-        let a = call_digest("bash_rm", &json!({"a": 1, "b": [2]}), &["token".into()]);
-        let b = call_digest("bash_rm", &json!({"b": [2], "a": 1}), &["token".into()]);
-        assert_eq!(a, b);
-        assert_ne!(
-            a,
-            call_digest("bash_rm", &json!({"a": 2, "b": [2]}), &["token".into()])
-        );
-        assert_ne!(a, call_digest("bash_rm", &json!({"a": 1, "b": [2]}), &[]));
-    }
-
-    #[test]
-    fn a_token_names_its_session_and_depends_on_key_call_and_nonce() {
-        let key = [7u8; 32];
-        let t = token_for(&key, "s-1", "call_1", "n1");
-        assert_eq!(token_session(&t), Some("s-1"));
-        assert_eq!(t, token_for(&key, "s-1", "call_1", "n1"));
-        assert_ne!(t, token_for(&[8u8; 32], "s-1", "call_1", "n1"));
-        assert_ne!(t, token_for(&key, "s-1", "call_1", "n2"));
-        assert_eq!(token_session("ct_nope"), None);
-    }
-
-    #[test]
-    fn an_answer_must_fit_the_disposition() {
-        let mut item = call("a", None);
-        let r = |result, approve, reason| Reply {
-            result,
-            approve,
-            reason,
-            ..Default::default()
-        };
-        let ok = resolution_for(&item, r(None, Some(false), Some("no")));
-        assert_eq!(
-            ok,
-            Ok(Resolution::Rejected {
-                reason: Some("no".into())
-            })
-        );
-        let x = json!("x");
-        assert!(resolution_for(&item, r(Some(&x), None, None)).is_err());
-        assert!(resolution_for(&item, r(None, None, None)).is_err());
-        item.disposition = Disposition::Deferred;
-        let lyon = json!({"city": "Lyon"});
-        let ok = resolution_for(&item, r(Some(&lyon), None, None));
-        assert_eq!(
-            ok,
-            Ok(Resolution::Result {
-                output: r#"{"city":"Lyon"}"#.into()
-            })
-        );
-        assert!(resolution_for(&item, r(Some(&x), Some(true), None)).is_err());
-    }
-
-    #[test]
-    fn a_choice_must_name_an_offered_option_and_a_chat_message_may_number_it() {
-        use crate::session::depends::{Ask, Choice, LookupState};
-        let mut item = call("s", None);
-        item.disposition = Disposition::NeedsSelection;
-        let option = |id: &str, label: &str| Choice {
-            id: id.into(),
-            label: label.into(),
-            facts: Default::default(),
-            real: format!("real-{id}"),
-        };
-        let state = LookupState {
-            ask: Ask::Selection {
-                key: "k".into(),
-                lookup: "availability".into(),
-                options: vec![option("opt_1", "10:00"), option("opt_2", "11:00")],
-                note: None,
-            },
-            ..Default::default()
-        };
-        item.lookup = Some(state.clone());
-        let choose = |c: &'static str| Reply {
-            choice: Some(c),
-            ..Default::default()
-        };
-        assert_eq!(
-            resolution_for(&item, choose("opt_2")),
-            Ok(Resolution::Chosen {
-                option: "opt_2".into()
-            })
-        );
-        assert!(resolution_for(&item, choose("real-opt_2")).is_err());
-        assert!(resolution_for(
-            &item,
-            Reply {
-                approve: Some(true),
-                ..Default::default()
-            }
-        )
-        .is_err());
-        assert_eq!(state.option_named(" 2 "), Some("opt_2".into()));
-        assert_eq!(state.option_named("10:00"), Some("opt_1".into()));
-        assert_eq!(state.option_named("3"), None);
-        assert_eq!(state.option_named("10"), None);
-        // The real ids never show.
-        assert!(!format!("{:?}", state.asked()).contains("real-"));
-    }
-
-    fn call(id: &str, expires_at: Option<i64>) -> PendingCall {
-        PendingCall {
-            budget: None,
-            tool_call_id: id.into(),
-            tool: "t".into(),
-            disposition: Disposition::Confirm,
-            call: json!({}),
-            bound_params: vec![],
-            digest: String::new(),
-            nonce: String::new(),
-            token_digest: format!("d-{id}"),
-            expires_at,
-            resolution: None,
-            frames: vec![],
-            lookup: None,
-            tainted_by: vec![],
-        }
-    }
-
-    #[test]
-    fn expiry_closes_only_open_items_past_their_time() {
-        let item = call;
-        let mut p = Pending {
-            run: None,
-            items: vec![item("a", Some(10)), item("b", Some(20)), item("c", None)],
-            used: vec![],
-            expired: vec![],
-            client_call: false,
-        };
-        assert_eq!(p.expire(15), vec!["a".to_string()]);
-        assert_eq!(p.used, vec!["d-a".to_string()]);
-        assert_eq!(p.expired, p.used, "it expired, nobody answered it");
-        assert!(!p.all_resolved());
-        assert_eq!(
-            p.detail(),
-            "waiting for a person's approval of t, a person's approval of t"
-        );
-    }
-}
+mod tests;
