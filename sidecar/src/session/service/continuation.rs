@@ -522,11 +522,7 @@ impl Service {
             rec.security.taint_cleared_at = Some(rec.turns.len());
             tracing::info!(session = id, "the taint guard was cleared: earlier untrusted results no longer hold egress calls");
         }
-        rec.status_detail = Some(if rec.pending.all_resolved() {
-            "every pending call is answered; resume to go on".to_string()
-        } else {
-            rec.pending.detail()
-        });
+        rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
         rec.updated_at = self.now_ms();
         self.store.update(&mut rec).await?;
