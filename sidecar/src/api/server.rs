@@ -513,7 +513,7 @@ async fn view(
         None => s.service.record(id).await?,
     };
     let pending = s.service.pending_view(&rec);
-    let usage = s.service.session_usage(&rec).await;
+    let usage = s.service.budgets().session_usage(&rec).await;
     let mut v = session_view(rec, s.service.secrets().names(id), token);
     v.pending = pending;
     v.usage = usage;

@@ -99,7 +99,7 @@ pub async fn report(
     // `from` after `to`: an empty range, which holds nothing.
     let group = q.group_by.unwrap_or(Group::Agent);
     let rows = s.service.store().report(from, to, group).await?;
-    let currency = s.service.pricing_currency();
+    let currency = s.service.budgets().pricing_currency();
     let csv = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

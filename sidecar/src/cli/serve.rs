@@ -306,7 +306,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         Ok(None) => {}
         Err(e) => tracing::warn!("no Kubernetes Events: {e}"),
     }
-    tokio::spawn(service.clone().write_budget_status());
+    tokio::spawn(service.budgets().clone().write_status());
     if a.stored_agents {
         service
             .agents()

@@ -64,6 +64,7 @@ mod tests;
 mod tokens;
 
 use crate::params::secret::constant_time_eq;
+pub use budgets::Budgets;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 use live::{Live, LiveSessions, Written};
@@ -220,7 +221,7 @@ impl RunWait {
 
 pub struct Service {
     /// The agents it runs, and their model clients.
-    agents: Agents,
+    agents: Arc<Agents>,
     store: Arc<dyn SessionStore>,
     metrics: Arc<Metrics>,
     cache: Option<ToolCache>,
@@ -242,9 +243,9 @@ pub struct Service {
     /// Sends approval notices (the outbound policy's client).
     notices: reqwest::Client,
     /// Warning Events on the tenant, where the operator allows them.
-    kube_events: std::sync::OnceLock<crate::session::kube_events::KubeEvents>,
-    /// Wakes the writer of the tenant's budget status before its next tick.
-    budget_status: tokio::sync::Notify,
+    kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
+    /// The agents' budgets.
+    budgets: Arc<Budgets>,
 }
 
 impl Service {
@@ -266,13 +267,13 @@ impl Service {
             cfg.clock.clone(),
         );
         let tokens = Tokens::new(store.clone(), live.clone(), cfg.clock.clone());
-        let agents = Agents::new(
+        let agents = Arc::new(Agents::new(
             tree,
             clients,
             cfg.agents_source,
             store.clone(),
             cfg.clock.clone(),
-        );
+        ));
         let recorder = Arc::new(Recorder::new(
             store.clone(),
             live.clone(),
@@ -288,6 +289,15 @@ impl Service {
             cfg.clock.clone(),
             recorder.clone(),
         );
+        let kube_events = Arc::new(std::sync::OnceLock::new());
+        let budgets = Arc::new(Budgets::new(
+            store.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            agents.clone(),
+            cfg.clock.clone(),
+            kube_events.clone(),
+        ));
         Arc::new_cyclic(|me| Service {
             recorder,
             live,
@@ -305,8 +315,8 @@ impl Service {
             notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
                 .build()
                 .unwrap_or_default(),
-            kube_events: std::sync::OnceLock::new(),
-            budget_status: tokio::sync::Notify::new(),
+            kube_events,
+            budgets,
         })
     }
 
@@ -330,6 +340,11 @@ impl Service {
     /// Runs' writes, and the feed of events subscribers read.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
+    }
+
+    /// The agents' budgets.
+    pub fn budgets(&self) -> &Arc<Budgets> {
+        &self.budgets
     }
 
     /// The session tokens.

@@ -9,9 +9,47 @@ use crate::session::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use
 use crate::spec::budget::{Limit, Meter, OnExceed};
 use crate::spec::ModelSpec;
 
+/// The budgets of the agents this server runs: what runs claim against
+/// them, what is told when one nears or reaches its limit, and the
+/// tenant's budget status.
+pub struct Budgets {
+    store: Arc<dyn SessionStore>,
+    /// Where a crossing is said on the session's stream.
+    recorder: Arc<Recorder>,
+    metrics: Arc<Metrics>,
+    agents: Arc<Agents>,
+    clock: Arc<dyn Clock>,
+    /// Warning Events and the budget status on the tenant, where the
+    /// operator allows them.
+    kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
+    /// Wakes the writer of the tenant's budget status before its next tick.
+    status: tokio::sync::Notify,
+}
+
+impl Budgets {
+    pub(super) fn new(
+        store: Arc<dyn SessionStore>,
+        recorder: Arc<Recorder>,
+        metrics: Arc<Metrics>,
+        agents: Arc<Agents>,
+        clock: Arc<dyn Clock>,
+        kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
+    ) -> Budgets {
+        Budgets {
+            store,
+            recorder,
+            metrics,
+            agents,
+            clock,
+            kube_events,
+            status: tokio::sync::Notify::new(),
+        }
+    }
+}
+
 /// One run's budgets.
 pub(super) struct RunBudget {
-    service: Arc<Service>,
+    budgets: Arc<Budgets>,
     agent: String,
     session: String,
     run: String,
@@ -37,13 +75,13 @@ const MODEL: [Meter; 2] = [Meter::Tokens, Meter::Cost];
 
 impl RunBudget {
     pub(super) fn new(
-        service: &Arc<Service>,
+        budgets: &Arc<Budgets>,
         agent: &LoadedAgent,
         session: &str,
         run: &pending::WaitingRun,
     ) -> RunBudget {
         RunBudget {
-            service: service.clone(),
+            budgets: budgets.clone(),
             agent: agent.name.clone(),
             session: session.to_string(),
             run: run.id.clone(),
@@ -60,11 +98,11 @@ impl RunBudget {
     /// have the tenant's budget status follow.
     pub(super) async fn flush(&self) {
         let earlier = self.take_unwritten();
-        if let Err(e) = self.service.store.record(&earlier).await {
+        if let Err(e) = self.budgets.store.record(&earlier).await {
             tracing::error!(session = %self.session, "cannot record the run's usage: {e}");
         }
         if !self.limits.is_empty() && self.spent() != Totals::default() {
-            self.service.budget_status_due();
+            self.budgets.status_due();
         }
     }
 
@@ -133,7 +171,7 @@ impl RunBudget {
             .map(|(i, g)| (g.clone(), self.limits[*i].limit))
             .collect();
         let earlier = self.take_unwritten();
-        match self.service.store.claim(&limits, &earlier, row).await {
+        match self.budgets.store.claim(&limits, &earlier, row).await {
             Ok(Claimed::Granted { id, used }) => {
                 let before = gauges.iter().map(|(i, _)| *i).zip(used).collect();
                 (Gate::Go(Some(id)), before)
@@ -166,12 +204,12 @@ impl RunBudget {
         for (i, used) in before {
             let limit = &self.limits[*i];
             let after = used + row.amount(limit.meter);
-            self.service
+            self.budgets
                 .metrics
                 .budget_remaining(&self.agent, &limit.name, limit.limit - after);
             if let Some(c) = ledger::crossing(*used, after, limit.limit) {
-                self.service
-                    .budget_crossed(&self.session, &self.agent, limit, after, c)
+                self.budgets
+                    .tell_crossing(&self.session, &self.agent, limit, after, c)
                     .await;
             }
         }
@@ -185,7 +223,7 @@ impl Ledger for RunBudget {
         model: &ModelSpec,
         estimate: &(dyn Fn() -> u64 + Send + Sync),
     ) -> Gate {
-        let now = self.service.now_ms();
+        let now = self.budgets.clock.now_ms();
         let gauges = self.gauges(&MODEL, now);
         if gauges.is_empty() {
             // Nothing to claim against: the request's row is written once,
@@ -219,7 +257,7 @@ impl Ledger for RunBudget {
                     .remove(&id)
             })
             .unwrap_or_default();
-        let mut row = self.row(self.service.now_ms(), &model.name, None);
+        let mut row = self.row(self.budgets.clock.now_ms(), &model.name, None);
         if let Some(s) = used {
             row.prompt_tokens = s.prompt;
             row.completion_tokens = s.completion;
@@ -229,7 +267,7 @@ impl Ledger for RunBudget {
                 .as_ref()
                 .map_or(0.0, |p| p.cost(s.prompt, s.completion));
             let currency = model.pricing.as_ref().map_or("", |p| p.currency.as_str());
-            self.service.metrics.model_usage(
+            self.budgets.metrics.model_usage(
                 &self.agent,
                 &model.name,
                 s.prompt,
@@ -251,7 +289,7 @@ impl Ledger for RunBudget {
     }
 
     async fn before_tool(&self, tool: &str) -> Gate {
-        let now = self.service.now_ms();
+        let now = self.budgets.clock.now_ms();
         let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
         let gauges = self.gauges(&[Meter::ToolCalls], now);
@@ -281,7 +319,7 @@ impl Ledger for RunBudget {
     }
 }
 
-impl Service {
+impl Budgets {
     /// A 429 for a message or resume of session `rec` when one of its
     /// agent's `refuse` budgets of tokens or cost is used up (a tool-call
     /// budget refuses each call instead).
@@ -295,7 +333,7 @@ impl Service {
         if limits.is_empty() {
             return Ok(());
         }
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let who = Who {
             agent: &agent.name,
             session: &rec.id,
@@ -325,7 +363,7 @@ impl Service {
 
     /// A budget of `agent` went past 80% or its limit in session `id`:
     /// said on the session's stream and as a Warning Event on the tenant.
-    async fn budget_crossed(&self, id: &str, agent: &str, limit: &Limit, used: f64, c: Crossing) {
+    async fn tell_crossing(&self, id: &str, agent: &str, limit: &Limit, used: f64, c: Crossing) {
         let (state, reason) = match c {
             Crossing::Nearly => (BudgetState::NearlyUsed, "BudgetNearlyUsed"),
             Crossing::UsedUp => (BudgetState::UsedUp, "BudgetUsedUp"),
@@ -350,7 +388,7 @@ impl Service {
             );
             events.warn(reason, "Budget", &note).await;
         }
-        self.budget_status_due();
+        self.status_due();
     }
 }
 
@@ -362,16 +400,16 @@ const STATUS_EVERY: Duration = Duration::from_secs(30);
 /// of every one.
 const STATUS_GAP: Duration = Duration::from_secs(5);
 
-impl Service {
+impl Budgets {
     /// Write the tenant's budget status soon (a budget crossed a line, or
     /// a run that counts against budgets used something).
-    pub(super) fn budget_status_due(&self) {
-        self.budget_status.notify_one();
+    pub(super) fn status_due(&self) {
+        self.status.notify_one();
     }
 
     /// Each budget of each agent this server serves, as measured now.
-    pub async fn budget_statuses(&self) -> Result<Vec<BudgetStatus>, ServiceError> {
-        let now = self.now_ms();
+    pub async fn statuses(&self) -> Result<Vec<BudgetStatus>, ServiceError> {
+        let now = self.clock.now_ms();
         let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let mut out = Vec::new();
         for agent in self.agents.tree().agents.values() {
@@ -415,7 +453,7 @@ impl Service {
     /// that counts against one ends (at most every 5 seconds).
     /// Only where the operator gave the pod what it takes (see
     /// `kube_events`) and an agent has budgets.
-    pub async fn write_budget_status(self: Arc<Self>) {
+    pub async fn write_status(self: Arc<Self>) {
         let Some(events) = self.kube_events.get() else {
             return;
         };
@@ -429,12 +467,12 @@ impl Service {
             return;
         }
         loop {
-            match self.budget_statuses().await {
+            match self.statuses().await {
                 Ok(rows) => events.budget_status(&rows).await,
                 Err(e) => tracing::warn!("cannot measure the budgets for the tenant's status: {e}"),
             }
             let written = tokio::time::Instant::now();
-            let _ = tokio::time::timeout(STATUS_EVERY, self.budget_status.notified()).await;
+            let _ = tokio::time::timeout(STATUS_EVERY, self.status.notified()).await;
             tokio::time::sleep_until(written + STATUS_GAP).await;
         }
     }
@@ -442,7 +480,7 @@ impl Service {
 
 use crate::spec::budget::BudgetStatus;
 
-impl Service {
+impl Budgets {
     /// What session `rec` used, as its view shows it (`None`: the store
     /// could not say; the view is shown without it).
     pub async fn session_usage(&self, rec: &SessionRecord) -> Option<SessionUsage> {

@@ -88,7 +88,7 @@ impl Service {
                 Vec::new()
             };
             let agent = self.agents.agent(&rec.agent)?.clone();
-            self.refuse_if_spent(&agent, &rec, &run).await?;
+            self.budgets.refuse_if_spent(&agent, &rec, &run).await?;
             let mut events = Events::new();
             match &opening {
                 Opening::Resume => events.push(SessionEvent::RunStarted(RunStarted {
@@ -239,7 +239,7 @@ impl Service {
                 usage: Default::default(),
             });
         };
-        let budget = budgets::RunBudget::new(self, agent, id, &run);
+        let budget = budgets::RunBudget::new(&self.budgets, agent, id, &run);
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
