@@ -35,7 +35,7 @@ use crate::session::validate::Caller;
     ),
 )]
 pub async fn list(State(s): State<Arc<AppState>>, _: Authed<door::Approvals>) -> ApiResult {
-    let approvals = s.service.approvals().await?;
+    let approvals = s.service.approvals().list().await?;
     Ok(Json(ApprovalList { approvals }).into_response())
 }
 
@@ -55,7 +55,7 @@ pub async fn answered(s: &AppState, id: &str, q: &WaitQuery, run: Option<RunWait
         None => s.service.record(id).await?,
     };
     let answered = ApprovalAnswered {
-        pending: s.service.pending_view(&rec),
+        pending: s.service.approvals().pending_view(&rec),
         session_id: rec.id,
         status: rec.status,
     };

@@ -512,7 +512,7 @@ async fn view(
         Some(rec) => Arc::unwrap_or_clone(rec),
         None => s.service.record(id).await?,
     };
-    let pending = s.service.pending_view(&rec);
+    let pending = s.service.approvals().pending_view(&rec);
     let usage = s.service.budgets().session_usage(&rec).await;
     let mut v = session_view(rec, s.service.secrets().names(id), token);
     v.pending = pending;

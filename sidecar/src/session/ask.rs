@@ -197,7 +197,7 @@ impl Service {
                     rec.pending.detail()
                 ),
                 is_error: false,
-                pending: self.pending_view(&rec),
+                pending: self.approvals().pending_view(&rec),
             });
         }
         let (text, is_error) = match (rec.status, rec.status_detail) {

@@ -47,6 +47,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 pub const MAX_HELPER_DEPTH: usize = 5;
 use crate::tree::{AgentTree, LoadedAgent};
 
+mod approvals;
 mod budgets;
 mod cancel;
 mod continuation;
@@ -64,6 +65,7 @@ mod tests;
 mod tokens;
 
 use crate::params::secret::constant_time_eq;
+pub use approvals::Approvals;
 pub use budgets::Budgets;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
@@ -238,10 +240,8 @@ pub struct Service {
     tokens: Tokens,
     /// Secret values in memory, and which server holds them.
     secrets: Secrets,
-    /// This service, for the background writes of sync paths.
-    me: std::sync::Weak<Service>,
-    /// Sends approval notices (the outbound policy's client).
-    notices: reqwest::Client,
+    /// Pending calls' tokens, views and notices.
+    approvals: Arc<Approvals>,
     /// Warning Events on the tenant, where the operator allows them.
     kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
     /// The agents' budgets.
@@ -298,23 +298,31 @@ impl Service {
             cfg.clock.clone(),
             kube_events.clone(),
         ));
-        Arc::new_cyclic(|me| Service {
+        let approvals = Arc::new(Approvals::new(
+            cfg.continuation_key,
+            store.clone(),
+            live.clone(),
+            agents.clone(),
+            metrics.clone(),
+            cfg.clock.clone(),
+            cfg.public_url.clone(),
+            cfg.notice_retries,
+            kube_events.clone(),
+        ));
+        Arc::new(Service {
             recorder,
             live,
             secrets,
             heartbeat,
             tokens,
             instance,
-            me: me.clone(),
             agents,
             store,
             metrics,
             cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
             lookups: Default::default(),
             cfg,
-            notices: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
-                .build()
-                .unwrap_or_default(),
+            approvals,
             kube_events,
             budgets,
         })
@@ -340,6 +348,11 @@ impl Service {
     /// Runs' writes, and the feed of events subscribers read.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
+    }
+
+    /// Pending calls' tokens, views and notices.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
     }
 
     /// The agents' budgets.

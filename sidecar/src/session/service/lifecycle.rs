@@ -173,7 +173,7 @@ impl Service {
             // A message that names an option of the one open selection
             // answers it (a session that waits refused it as a message, and
             // changed nothing).
-            let Some(token) = self.chat_choice(id, &prompt).await? else {
+            let Some(token) = self.approvals.chat_choice(id, &prompt).await? else {
                 return Err(e);
             };
             let answer = Answer {

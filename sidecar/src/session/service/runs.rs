@@ -171,7 +171,10 @@ impl Service {
                 return;
             };
             let pending = match &driven.end {
-                RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
+                RunEnd::Blocked(calls) => {
+                    this.approvals
+                        .pending_items(&id, calls, agent.confirm_ttl())
+                }
                 _ => Vec::new(),
             };
             let record = this.finish(&id, driven, pending, mode).await;
@@ -420,7 +423,7 @@ impl Service {
             None => self.recorder.emit_all(id, events).await,
         }
         if let Some(rec) = record.as_deref().filter(|r| !r.pending.is_empty()) {
-            self.announce(rec);
+            self.approvals.announce(rec);
         }
         record
     }

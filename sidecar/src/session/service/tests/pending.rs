@@ -45,7 +45,7 @@ async fn waiting(then: &'static str) -> (World, Arc<Service>, String, String) {
     let id = client.open("careful", no_params()).await;
     let rec = client.say(&id, "the date, please").await;
     assert_eq!(rec.status, SessionStatus::WaitingExternal);
-    let items = server.pending_view(&rec);
+    let items = server.approvals().pending_view(&rec);
     assert_eq!(items.len(), 1);
     let token = items[0].continuation_token.clone().unwrap();
     (world, server, id, token)
