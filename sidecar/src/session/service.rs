@@ -73,6 +73,7 @@ use live::{Live, LiveSessions, Written};
 pub use liveness::Heartbeat;
 pub use recorder::Recorder;
 pub use runs::close_pending;
+pub use runs::Runs;
 pub use secrets::{Elsewhere, Secrets};
 pub use stored::Agents;
 use tokens::new_token;
@@ -221,31 +222,34 @@ impl RunWait {
     }
 }
 
+/// The session service: its collaborators, each with fields of its own
+/// (see ARCHITECTURE.md, "The session service"), and the flows that use
+/// several of them.
 pub struct Service {
-    /// The agents it runs, and their model clients.
-    agents: Arc<Agents>,
+    cfg: ServiceConfig,
     store: Arc<dyn SessionStore>,
     metrics: Arc<Metrics>,
-    cache: Option<ToolCache>,
-    /// Results of tools' dependency lookups (each with its own `ttl_ms`).
-    lookups: crate::session::depends::LookupCache,
-    cfg: ServiceConfig,
-    live: Arc<LiveSessions>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
+    /// What exists of sessions in memory only.
+    live: Arc<LiveSessions>,
+    /// The agents it runs, and their model clients.
+    agents: Arc<Agents>,
     /// Runs' writes, and the events subscribers hear of.
     recorder: Arc<Recorder>,
+    /// Starts and drives runs, and records their ends.
+    runs: Arc<Runs>,
     /// This server's heartbeat, and its judgement of runs by others'.
-    heartbeat: Heartbeat,
-    tokens: Tokens,
+    heartbeat: Arc<Heartbeat>,
     /// Secret values in memory, and which server holds them.
-    secrets: Secrets,
+    secrets: Arc<Secrets>,
+    tokens: Tokens,
     /// Pending calls' tokens, views and notices.
     approvals: Arc<Approvals>,
-    /// Warning Events on the tenant, where the operator allows them.
-    kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
     /// The agents' budgets.
     budgets: Arc<Budgets>,
+    /// Warning Events on the tenant, where the operator allows them.
+    kube_events: Arc<std::sync::OnceLock<crate::session::kube_events::KubeEvents>>,
 }
 
 impl Service {
@@ -256,46 +260,47 @@ impl Service {
         metrics: Arc<Metrics>,
         cfg: ServiceConfig,
     ) -> Arc<Service> {
-        let live = Arc::new(LiveSessions::new(metrics.clone(), cfg.max_live_sessions));
         let instance = uuid::Uuid::new_v4().to_string();
-        let secrets = Secrets::new(
-            live.clone(),
-            store.clone(),
-            Arc::from(instance.as_str()),
-            cfg.lease,
-            cfg.live_session_ttl,
-            cfg.clock.clone(),
-        );
-        let tokens = Tokens::new(store.clone(), live.clone(), cfg.clock.clone());
+        let me: Arc<str> = Arc::from(instance.as_str());
+        let clock = &cfg.clock;
+        let live = Arc::new(LiveSessions::new(metrics.clone(), cfg.max_live_sessions));
+        let kube_events = Arc::new(std::sync::OnceLock::new());
         let agents = Arc::new(Agents::new(
             tree,
             clients,
             cfg.agents_source,
             store.clone(),
-            cfg.clock.clone(),
+            clock.clone(),
         ));
         let recorder = Arc::new(Recorder::new(
             store.clone(),
             live.clone(),
             metrics.clone(),
-            Arc::from(instance.as_str()),
-            cfg.clock.clone(),
+            me.clone(),
+            clock.clone(),
         ));
-        let heartbeat = Heartbeat::new(
+        let heartbeat = Arc::new(Heartbeat::new(
             store.clone(),
-            Arc::from(instance.as_str()),
+            me.clone(),
             cfg.lease,
             cfg.advertise.clone(),
-            cfg.clock.clone(),
+            clock.clone(),
             recorder.clone(),
-        );
-        let kube_events = Arc::new(std::sync::OnceLock::new());
+        ));
+        let secrets = Arc::new(Secrets::new(
+            live.clone(),
+            store.clone(),
+            me.clone(),
+            cfg.lease,
+            cfg.live_session_ttl,
+            clock.clone(),
+        ));
         let budgets = Arc::new(Budgets::new(
             store.clone(),
             recorder.clone(),
             metrics.clone(),
             agents.clone(),
-            cfg.clock.clone(),
+            clock.clone(),
             kube_events.clone(),
         ));
         let approvals = Arc::new(Approvals::new(
@@ -304,27 +309,42 @@ impl Service {
             live.clone(),
             agents.clone(),
             metrics.clone(),
-            cfg.clock.clone(),
+            clock.clone(),
             cfg.public_url.clone(),
             cfg.notice_retries,
             kube_events.clone(),
         ));
+        let runs = Arc::new(Runs::new(
+            runs::Parts {
+                store: store.clone(),
+                live: live.clone(),
+                recorder: recorder.clone(),
+                heartbeat: heartbeat.clone(),
+                agents: agents.clone(),
+                secrets: secrets.clone(),
+                budgets: budgets.clone(),
+                approvals: approvals.clone(),
+                metrics: metrics.clone(),
+            },
+            &cfg,
+            me,
+        ));
+        let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
         Arc::new(Service {
-            recorder,
-            live,
-            secrets,
-            heartbeat,
-            tokens,
-            instance,
-            agents,
+            cfg,
             store,
             metrics,
-            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
-            lookups: Default::default(),
-            cfg,
+            instance,
+            live,
+            agents,
+            recorder,
+            runs,
+            heartbeat,
+            secrets,
+            tokens,
             approvals,
-            kube_events,
             budgets,
+            kube_events,
         })
     }
 

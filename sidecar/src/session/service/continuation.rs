@@ -305,7 +305,8 @@ impl Service {
         if !resume {
             return Ok(None);
         }
-        self.start_run_locked(guard, Some(rec), id, Opening::Resume, message, answer.mode)
+        self.runs
+            .start_run_locked(guard, Some(rec), id, Opening::Resume, message, answer.mode)
             .await
             .map(Some)
     }
@@ -373,15 +374,16 @@ impl Service {
             "pending calls expired (confirmTtl)"
         );
         if all {
-            self.start_run_locked(
-                guard,
-                Some(rec),
-                id,
-                Opening::Resume,
-                Values::new(),
-                RunMode::UntilBlocked,
-            )
-            .await?;
+            self.runs
+                .start_run_locked(
+                    guard,
+                    Some(rec),
+                    id,
+                    Opening::Resume,
+                    Values::new(),
+                    RunMode::UntilBlocked,
+                )
+                .await?;
         }
         Ok(true)
     }

@@ -125,16 +125,18 @@ impl Service {
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
         let run = match (req.call, req.prompt) {
             (Some(call), _) => Some(
-                self.start_run(
-                    &rec.id,
-                    Opening::Call(call),
-                    accepted.message,
-                    RunMode::Call,
-                )
-                .await?,
+                self.runs
+                    .start_run(
+                        &rec.id,
+                        Opening::Call(call),
+                        accepted.message,
+                        RunMode::Call,
+                    )
+                    .await?,
             ),
             (None, Some(prompt)) => Some(
-                self.start_run(&rec.id, Opening::Prompt(prompt), accepted.message, req.mode)
+                self.runs
+                    .start_run(&rec.id, Opening::Prompt(prompt), accepted.message, req.mode)
                     .await?,
             ),
             (None, None) => None,
@@ -249,7 +251,8 @@ impl Service {
         let (message, rec) = self
             .apply_params_locked(caller, id, op, params, rec)
             .await?;
-        self.start_run_locked(guard, Some(rec), id, opening, message, mode)
+        self.runs
+            .start_run_locked(guard, Some(rec), id, opening, message, mode)
             .await
     }
 

@@ -1,11 +1,82 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
+use super::live::LiveSessions;
 use super::recorder::{encoded, stored_events, RunWrite};
 use super::sink::{self, SessionSink};
 use super::*;
+use crate::session::depends::LookupCache;
 
-impl Service {
+/// The run driver: starts a session's run, drives the model loop with the
+/// session as its sink, and records how the run ended.
+pub struct Runs {
+    store: Arc<dyn SessionStore>,
+    live: Arc<LiveSessions>,
+    recorder: Arc<Recorder>,
+    heartbeat: Arc<Heartbeat>,
+    agents: Arc<Agents>,
+    secrets: Arc<Secrets>,
+    budgets: Arc<Budgets>,
+    approvals: Arc<Approvals>,
+    metrics: Arc<Metrics>,
+    /// Successful tool results, when the server keeps them.
+    cache: Option<ToolCache>,
+    /// Results of tools' dependency lookups (each with its own `ttl_ms`).
+    lookups: LookupCache,
+    /// This server's instance id, as a run's record names its runner.
+    instance: Arc<str>,
+    clock: Arc<dyn Clock>,
+    /// `--max-steps`, for an agent that sets none.
+    max_steps: u32,
+    /// Ask for streamed replies and forward text as `delta` events.
+    stream: bool,
+}
+
+/// What the run driver works with (see [`Runs`]).
+pub(super) struct Parts {
+    pub store: Arc<dyn SessionStore>,
+    pub live: Arc<LiveSessions>,
+    pub recorder: Arc<Recorder>,
+    pub heartbeat: Arc<Heartbeat>,
+    pub agents: Arc<Agents>,
+    pub secrets: Arc<Secrets>,
+    pub budgets: Arc<Budgets>,
+    pub approvals: Arc<Approvals>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Runs {
+    pub(super) fn new(parts: Parts, cfg: &ServiceConfig, instance: Arc<str>) -> Runs {
+        let Parts {
+            store,
+            live,
+            recorder,
+            heartbeat,
+            agents,
+            secrets,
+            budgets,
+            approvals,
+            metrics,
+        } = parts;
+        Runs {
+            store,
+            live,
+            recorder,
+            heartbeat,
+            agents,
+            secrets,
+            budgets,
+            approvals,
+            metrics,
+            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            lookups: LookupCache::default(),
+            instance,
+            clock: cfg.clock.clone(),
+            max_steps: cfg.max_steps,
+            stream: cfg.stream,
+        }
+    }
+
     pub(super) async fn start_run(
         self: &Arc<Self>,
         id: &str,
@@ -52,7 +123,10 @@ impl Service {
         let prepared = async {
             let mut rec = match rec {
                 Some(rec) => rec,
-                None => self.record(id).await?,
+                None => match self.store.get(id).await? {
+                    Some(rec) => rec,
+                    None => return Err(ServiceError::not_found(format!("no session {id}"))),
+                },
             };
             if rec.status == SessionStatus::Running {
                 // Another server may have started one since the request's
@@ -124,10 +198,10 @@ impl Service {
             }
             rec.status = SessionStatus::Running;
             rec.status_detail = None;
-            rec.runner = Some(self.instance.clone());
+            rec.runner = Some(self.instance.to_string());
             rec.cancel_requested = false;
             rec.version += 1;
-            rec.updated_at = self.now_ms();
+            rec.updated_at = self.clock.now_ms();
             Ok::<_, ServiceError>((rec, resolved, agent, mode, events, run))
         }
         .await;
@@ -187,7 +261,7 @@ impl Service {
             let _ = done_tx.send(Some(Ended {
                 record: record.map(Arc::from),
             }));
-            this.evict_if_idle(&id);
+            this.live.evict_if_idle(&id);
         });
         // Stored with the record that says it runs: one transaction.
         let at = rec.updated_at;
@@ -270,16 +344,16 @@ impl Service {
             metrics: &self.metrics,
             max_steps: match mode {
                 RunMode::Step | RunMode::Call => 1,
-                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.cfg.max_steps),
+                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.max_steps),
             },
-            stream: self.cfg.stream,
+            stream: self.stream,
             origin: match mode {
                 RunMode::Call => ToolCaller::Mcp,
                 _ => ToolCaller::Model,
             },
             taint_from,
             ledger: Some(&budget),
-            clock: &*self.cfg.clock,
+            clock: &*self.clock,
         };
         let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
             Some(end) => end,
