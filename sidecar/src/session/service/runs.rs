@@ -263,7 +263,11 @@ impl Runs {
             }));
             this.live.evict_if_idle(&id);
         });
-        // Stored with the record that says it runs: one transaction.
+        // Stored with the record that says it runs: one transaction. The
+        // run goes first, to send its model request: a store may write on
+        // this thread (SQLite does), and the run, just spawned, would
+        // otherwise wait here for it.
+        tokio::task::yield_now().await;
         let at = rec.updated_at;
         let event = encoded(&event);
         match self.store.update_with_events(&mut rec, &event, at).await {

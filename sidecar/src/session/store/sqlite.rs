@@ -1,12 +1,25 @@
 //! The embedded session store: one SQLite file, one connection.
 //!
-//! SQLite calls block, so every operation runs on tokio's blocking pool with
-//! the connection behind a `std::sync::Mutex`. Operations queue for the
-//! connection before they take a blocking thread: under a burst of
-//! requests, a thread per waiting operation (a hundred, each with its own
-//! stack and malloc arena) would only have waited on the lock. One connection is plenty for
-//! one sidecar and keeps writes trivially serialised; WAL mode lets another
-//! process (a backup, `sqlite3` for debugging) read meanwhile.
+//! The connection is behind a `std::sync::Mutex`, and operations queue for
+//! it (asynchronously) before they touch it. A short operation, one
+//! session's write with its new turns and events, an event, usage, runs
+//! on the caller's thread: it takes less time (a tenth of a millisecond
+//! or two) than the hops to tokio's blocking pool and back did. It never
+//! waits there for another process's lock: SQLite fails it at once, and it
+//! is run again on the blocking pool, where it may wait. Operations whose
+//! time grows with what is stored (a session's whole history, lists,
+//! budgets' sums, reports) run on the blocking pool. Queueing before the
+//! pool matters: under a burst of requests, a thread per waiting operation
+//! (a hundred, each with its own stack and malloc arena) would only have
+//! waited on the lock. One connection is plenty for one sidecar and keeps
+//! writes trivially serialised; WAL mode lets another process (a backup,
+//! `sqlite3` for debugging) read meanwhile.
+//!
+//! The write-ahead log is copied back into the database file (a
+//! checkpoint, which syncs both to disk) by a connection and a thread of
+//! their own once it holds [`CHECKPOINT_PAGES`] pages, rather than by
+//! whichever commit passes that mark, as SQLite would: no operation waits
+//! for it.
 //!
 //! Errors name the operation and the file, never row contents: a stored
 //! conversation may hold anything the user typed.
@@ -110,14 +123,20 @@ const MIGRATIONS: &[&str] = &[
     UPDATE sessions SET turn_count = json_array_length(turns), turns = '[]';",
 ];
 
-/// How long a statement waits for another process's lock before failing.
+/// How long a statement on the blocking pool waits for another process's
+/// lock before failing (a short operation on the caller's thread does not
+/// wait: it goes to the pool).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The write-ahead log's size, in pages, past which it is checkpointed
+/// (SQLite's own default for its automatic checkpoints).
+const CHECKPOINT_PAGES: std::ffi::c_int = 1000;
 
 /// Sessions in a SQLite file.
 pub struct SqliteStore {
     path: Arc<Path>,
     conn: Arc<Mutex<Connection>>,
-    /// One operation at a time goes to the blocking pool.
+    /// One operation at a time takes the connection.
     turn: tokio::sync::Semaphore,
 }
 
@@ -141,10 +160,7 @@ impl SqliteStore {
                 "no database path in session store location {location:?}"
             )));
         }
-        let op = Op {
-            what: "open the session store",
-            path: &path,
-        };
+        let op = Op::new("open the session store", &path);
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| op.fail(format_args!("cannot create its directory: {e}")))?;
@@ -154,6 +170,9 @@ impl SqliteStore {
         let mut conn = Connection::open(&path).map_err(|e| op.db(e))?;
         configure(&conn, &op)?;
         migrate(&mut conn, &path)?;
+        checkpoint_aside(&mut conn, &path, &op)?;
+        // Short operations fail at once on another process's lock (see `run_short`).
+        conn.busy_timeout(Duration::ZERO).map_err(|e| op.db(e))?;
         Ok(SqliteStore {
             path: path.into(),
             conn: Arc::new(Mutex::new(conn)),
@@ -169,13 +188,7 @@ impl SqliteStore {
     /// A record's columns and new turns, with their JSON written out before
     /// taking the lock.
     fn encode(&self, rec: &SessionRecord) -> Result<(Columns, NewTurns), StoreError> {
-        Columns::encode(rec).map_err(|why| {
-            Op {
-                what: "write a session",
-                path: &self.path,
-            }
-            .fail(why)
-        })
+        Columns::encode(rec).map_err(|why| Op::new("write a session", &self.path).fail(why))
     }
 
     /// The sessions `SELECT … FROM sessions {tail}` finds, `status` bound
@@ -208,34 +221,103 @@ impl SqliteStore {
         .await
     }
 
-    /// Run `f` with the connection on the blocking pool.
+    /// Run `f` with the connection on the blocking pool, where it may wait
+    /// for another process's lock.
     async fn run<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, &Op<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        // Never closed, so `acquire` cannot fail; held until the task ends.
+        let _turn = self.turn.acquire().await;
+        self.on_pool(what, f).await
+    }
+
+    /// Run `f`, a short operation, with the connection on this thread;
+    /// should another process hold the lock it needs, again on the
+    /// blocking pool, to wait for it there. `f` must leave nothing done
+    /// when it fails (a transaction, or one statement).
+    async fn run_short<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Connection, &Op<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let _turn = self.turn.acquire().await;
+        {
+            let op = Op::new(what, &self.path);
+            let out = lock(&self.conn, &op).and_then(|mut conn| f(&mut conn, &op));
+            if !op.busy.get() {
+                return out;
+            }
+        }
+        self.on_pool(what, f).await
+    }
+
+    /// [`run`](Self::run) once the caller's turn came.
+    async fn on_pool<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection, &Op<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         let conn = Arc::clone(&self.conn);
         let path = Arc::clone(&self.path);
-        // Never closed, so `acquire` cannot fail; held until the task ends.
-        let _turn = self.turn.acquire().await;
         let task = tokio::task::spawn_blocking(move || {
-            let op = Op { what, path: &path };
-            // A panic while holding the lock may have left a transaction
-            // half done; refuse rather than guess.
-            let mut conn = conn.lock().map_err(|_| {
-                op.fail("the connection is unusable after a panic in an earlier operation")
-            })?;
-            f(&mut conn, &op)
+            let op = Op::new(what, &path);
+            let mut conn = lock(&conn, &op)?;
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| op.db(e))?;
+            let out = f(&mut conn, &op);
+            // Back to failing at once, for the next short operation.
+            let reset = conn.busy_timeout(Duration::ZERO).map_err(|e| op.db(e));
+            out.and_then(|v| reset.map(|()| v))
         });
         match task.await {
             Ok(result) => result,
-            Err(_) => Err(Op {
-                what,
-                path: &self.path,
+            Err(_) => {
+                Err(Op::new(what, &self.path).fail("the worker task panicked or was cancelled"))
             }
-            .fail("the worker task panicked or was cancelled")),
         }
     }
+}
+
+/// The connection, unless a panic while it was held may have left a
+/// transaction half done: then refuse rather than guess.
+fn lock<'a>(
+    conn: &'a Mutex<Connection>,
+    op: &Op<'_>,
+) -> Result<std::sync::MutexGuard<'a, Connection>, StoreError> {
+    conn.lock()
+        .map_err(|_| op.fail("the connection is unusable after a panic in an earlier operation"))
+}
+
+/// Have a connection of its own, on a thread of its own, checkpoint the
+/// write-ahead log whenever a commit of `conn`'s leaves it
+/// [`CHECKPOINT_PAGES`] long or longer, instead of that commit. PASSIVE:
+/// it waits for no reader or writer, and copies what it can; the next
+/// commit past the mark asks again. The thread ends with `conn`.
+fn checkpoint_aside(conn: &mut Connection, path: &Path, op: &Op<'_>) -> Result<(), StoreError> {
+    let other = Connection::open(path).map_err(|e| op.db(e))?;
+    let (due, wake) = std::sync::mpsc::sync_channel::<()>(1);
+    let file = path.display().to_string();
+    std::thread::Builder::new()
+        .name("sqlite-checkpoint".into())
+        .spawn(move || {
+            while wake.recv().is_ok() {
+                let done = other.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                if let Err(e) = done {
+                    tracing::warn!(store = %file, "cannot checkpoint the session store: {e}");
+                }
+            }
+        })
+        .map_err(|e| op.fail(format_args!("cannot start its checkpoint thread: {e}")))?;
+    // Replaces SQLite's automatic checkpoints (`wal_autocheckpoint`).
+    conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages| {
+        if pages >= CHECKPOINT_PAGES {
+            // One already asked for is enough.
+            let _ = due.try_send(());
+        }
+        Ok(())
+    }))
+    .map_err(|e| op.db(e))
 }
 
 /// The sums a [`Totals`] reads, in its order.
@@ -365,10 +447,7 @@ fn configure(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
 /// The version is re-read inside each (IMMEDIATE) transaction, so two
 /// processes opening the same new file do not both apply a step.
 fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let op = Op {
-        what: "migrate the session store",
-        path,
-    };
+    let op = Op::new("migrate the session store", path);
     let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
     loop {
         let tx = conn
@@ -415,9 +494,19 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
 struct Op<'a> {
     what: &'static str,
     path: &'a Path,
+    /// A statement failed because another connection held a lock.
+    busy: std::cell::Cell<bool>,
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
+    fn new(what: &'static str, path: &'a Path) -> Op<'a> {
+        Op {
+            what,
+            path,
+            busy: Default::default(),
+        }
+    }
+
     fn fail(&self, why: impl fmt::Display) -> StoreError {
         StoreError::Backend(format!(
             "could not {} ({}): {why}",
@@ -428,6 +517,10 @@ impl Op<'_> {
 
     /// SQLite's messages name tables and columns, never bound values.
     fn db(&self, e: rusqlite::Error) -> StoreError {
+        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+        if matches!(e.sqlite_error_code(), Some(DatabaseBusy | DatabaseLocked)) {
+            self.busy.set(true);
+        }
         self.fail(e)
     }
 }
@@ -483,11 +576,11 @@ fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
 /// transaction, so "no row changed" and "does it exist" agree.
 fn update_row(
     conn: &Connection,
-    (enc, new): (Columns, NewTurns),
+    (enc, new): &(Columns, NewTurns),
     stored: i64,
     op: &Op<'_>,
 ) -> Result<(), StoreError> {
-    let mut values = row_params(&enc).to_vec();
+    let mut values = row_params(enc).to_vec();
     values.push(&stored);
     let changed = conn
         .prepare_cached(
@@ -502,13 +595,14 @@ fn update_row(
         .map_err(|e| op.db(e))?;
     if changed == 0 {
         let exists = session_exists(conn, &enc.id).map_err(|e| op.db(e))?;
+        let id = enc.id.clone();
         return Err(if exists {
-            StoreError::Conflict(enc.id)
+            StoreError::Conflict(id)
         } else {
-            StoreError::NotFound(enc.id)
+            StoreError::NotFound(id)
         });
     }
-    insert_turns(conn, &enc.id, &new).map_err(|e| op.db(e))
+    insert_turns(conn, &enc.id, new).map_err(|e| op.db(e))
 }
 
 /// Append `events` (kind, JSON text) to `session` with the next seqs; the
@@ -644,13 +738,13 @@ impl SessionStore for SqliteStore {
             .map(|(kind, data)| (kind.to_string(), data.to_string()))
             .collect();
         let seqs = self
-            .run("update a session", move |conn, op| {
+            .run_short("update a session", move |conn, op| {
                 // IMMEDIATE, as for `append_event`: the seqs are read and used
                 // under the write lock.
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(|e| op.db(e))?;
-                update_row(&tx, enc, stored, op)?;
+                update_row(&tx, &enc, stored, op)?;
                 let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
                 tx.commit().map_err(|e| op.db(e))?;
                 Ok(seqs)
@@ -668,18 +762,17 @@ impl SessionStore for SqliteStore {
         at: i64,
     ) -> Result<i64, StoreError> {
         let session = session.to_owned();
-        let kind = kind.to_owned();
-        let data = data.to_string();
-        self.run("append an event", move |conn, op| {
+        let event = [(kind.to_owned(), data.to_string())];
+        self.run_short("append an event", move |conn, op| {
             // IMMEDIATE takes the write lock before reading MAX(seq), so a
             // second writer (another process) cannot pick the same seq.
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(|e| op.db(e))?;
             if !session_exists(&tx, &session).map_err(|e| op.db(e))? {
-                return Err(StoreError::NotFound(session));
+                return Err(StoreError::NotFound(session.clone()));
             }
-            let seqs = insert_events(&tx, &session, &[(kind, data)], at).map_err(|e| op.db(e))?;
+            let seqs = insert_events(&tx, &session, &event, at).map_err(|e| op.db(e))?;
             tx.commit().map_err(|e| op.db(e))?;
             Ok(seqs[0])
         })
@@ -864,7 +957,7 @@ impl SessionStore for SqliteStore {
             return Ok(());
         }
         let earlier = earlier.clone();
-        self.run("record usage", move |conn, op| {
+        self.run_short("record usage", move |conn, op| {
             let tx = conn.transaction().map_err(|e| op.db(e))?;
             write_unwritten(&tx, &earlier).map_err(|e| op.db(e))?;
             tx.commit().map_err(|e| op.db(e))
@@ -931,9 +1024,9 @@ impl SessionStore for SqliteStore {
 
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
         let session = session.to_owned();
-        self.run("read a session's usage", move |conn, op| {
+        self.run_short("read a session's usage", move |conn, op| {
             conn.prepare_cached(&format!("SELECT {TOTALS} FROM usage WHERE session = ?1"))
-                .and_then(|mut s| s.query_row([session], |r| totals_at(r, 0)))
+                .and_then(|mut s| s.query_row([&session], |r| totals_at(r, 0)))
                 .map_err(|e| op.db(e))
         })
         .await
@@ -1115,6 +1208,53 @@ mod tests {
         back.version += 1;
         store.update(&mut back).await.unwrap();
         assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
+    }
+
+    /// A short operation runs on the caller's thread, where it never waits
+    /// for another process's lock: finding it taken, it waits on the
+    /// blocking pool, and succeeds once the lock is let go.
+    #[tokio::test]
+    async fn a_short_write_waits_for_another_processs_lock_off_the_callers_thread() {
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        store.create(&mut record("s1", 1)).await.unwrap();
+        let blocker = Connection::open(store.path()).unwrap();
+        blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let data = json!({});
+        let append = store.append_event("s1", "run_started", &data, 5);
+        tokio::pin!(append);
+        // The first poll tries here, finds the lock taken and hands the
+        // operation to the pool, instead of failing or blocking this thread.
+        assert!((&mut append).now_or_never().is_none());
+        blocker.execute_batch("COMMIT").unwrap();
+        assert_eq!(append.await.unwrap(), 1);
+        // The next one runs here again.
+        let again = store.append_event("s1", "run_finished", &data, 6);
+        assert_eq!(again.now_or_never().map(Result::unwrap), Some(2));
+    }
+
+    /// Once the write-ahead log is long, its pages are copied into the
+    /// database file, by the checkpoint thread rather than a commit.
+    #[tokio::test]
+    async fn a_long_log_is_checkpointed_aside() {
+        use bindery_tests::eventually::{eventually, PATIENCE};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        store.create(&mut record("s1", 1)).await.unwrap();
+        let size = || std::fs::metadata(store.path()).unwrap().len();
+        let before = size();
+        // About a page an event: the log passes the mark.
+        let page = json!("x".repeat(4000));
+        let n = i64::from(CHECKPOINT_PAGES);
+        for at in 0..n {
+            store.append_event("s1", "k", &page, at).await.unwrap();
+        }
+        let written = u64::try_from(n / 2 * 4000).unwrap();
+        eventually("the database file holds the events", PATIENCE, async || {
+            (size() > before + written).then_some(())
+        })
+        .await;
     }
 
     #[tokio::test]
