@@ -41,9 +41,11 @@
 //!
 //! Where a round trip's time goes (in each mode) comes from the server's own
 //! `/metrics`, read before and after the measured round trips: the session
-//! store as the round trip waited for it (its reads, and of its writes the
-//! time the run stood still for them, `bindery_run_store_wait_seconds_total`:
-//! a run's start and its tools' results are stored while the model works),
+//! store as the round trip waited for it (its reads: the session before the
+//! run, `get`, and its usage for the answer, `session_totals`; the usage a
+//! run writes before its end, `record`; and of its other writes the time
+//! the run stood still for them, `bindery_run_store_wait_seconds_total`: a
+//! run's start and its tools' results are stored while the model works),
 //! the time of each store operation whether waited for or not
 //! (`bindery_store_operation_seconds_total`), the LLM client's requests
 //! beyond the model's own time
@@ -408,13 +410,14 @@ impl Spent {
 
     fn print(&self, direct: &Stats, mode: &str) {
         let model = self.model.as_secs_f64();
-        // On the round trip's path: the reads (before the run starts) and
-        // what the run waited for; the other writes are made while the
-        // model works.
+        // On the round trip's path: the reads (the session before the run
+        // starts, its usage for the answer's view), the usage a run writes
+        // before its end (`record`), and what the run waited for; the other
+        // writes are made while the model works.
         let reads: f64 = self
             .store
             .iter()
-            .filter(|(op, _, _)| op == "get")
+            .filter(|(op, _, _)| ["get", "session_totals", "record"].contains(&op.as_str()))
             .map(|(_, _, s)| s)
             .sum();
         let store = reads + self.run_store_wait;
