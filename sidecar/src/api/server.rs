@@ -690,7 +690,7 @@ async fn cancel(
     Path(id): Path<String>,
     Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
 ) -> ApiResult {
-    s.service.cancel(&id).await?;
+    s.service.runs().cancel(&id).await?;
     Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 

@@ -250,7 +250,7 @@ impl Drop for CancelOnDrop {
         let forget = self.forget;
         rt.spawn(async move {
             tracing::info!(session = %id, "the client went away; cancelling its run");
-            let _ = service.cancel(&id).await;
+            let _ = service.runs().cancel(&id).await;
             if forget {
                 service.secrets().forget(&id);
             }

@@ -228,7 +228,6 @@ impl RunWait {
 pub struct Service {
     cfg: ServiceConfig,
     store: Arc<dyn SessionStore>,
-    metrics: Arc<Metrics>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
     /// What exists of sessions in memory only.
@@ -333,7 +332,6 @@ impl Service {
         Arc::new(Service {
             cfg,
             store,
-            metrics,
             instance,
             live,
             agents,
@@ -368,6 +366,11 @@ impl Service {
     /// Runs' writes, and the feed of events subscribers read.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
+    }
+
+    /// The run driver: starts, drives and cancels runs.
+    pub fn runs(&self) -> &Arc<Runs> {
+        &self.runs
     }
 
     /// Pending calls' tokens, views and notices.

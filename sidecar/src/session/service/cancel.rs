@@ -1,8 +1,13 @@
-//! Cancelling a run, here or, on a shared store, on the server that runs it.
+//! Cancelling a run, here or, on a shared store, on the server that runs
+//! it, or a run that waits for pending calls. The run driver's ([`Runs`]).
 
 use super::*;
+use crate::session::pending::Resolution;
+use crate::session::wire::{Outcome, Resolved};
 
-impl Service {
+impl Runs {
+    /// Cancel session `id`'s run, and wait (a while) for it to record its
+    /// end.
     pub async fn cancel(&self, id: &str) -> Result<(), ServiceError> {
         self.record(id).await?;
         let handle = self
@@ -52,7 +57,7 @@ impl Service {
                 }
                 rec.cancel_requested = true;
                 rec.version += 1;
-                rec.updated_at = self.now_ms();
+                rec.updated_at = self.clock.now_ms();
                 match self.store.update(&mut rec).await {
                     Ok(()) => return Ok(rec.runner),
                     Err(StoreError::Conflict(_)) => continue,
@@ -86,6 +91,50 @@ impl Service {
     /// another server to cancel. A quarter second, or the heartbeat if that
     /// is shorter.
     pub(super) fn poll_interval(&self) -> Duration {
-        self.cfg.lease.heartbeat.min(Duration::from_millis(250))
+        self.heartbeat_every.min(Duration::from_millis(250))
+    }
+
+    /// Cancel a run that waits for pending calls: each is closed the way a
+    /// cancel closes a call in progress. `false` when the session does not wait.
+    pub(super) async fn cancel_waiting(&self, id: &str) -> Result<bool, ServiceError> {
+        let live = self.live.entry(id);
+        let r = async {
+            let _guard = live.lock.lock().await;
+            let mut rec = self.record(id).await?;
+            if rec.status != SessionStatus::WaitingExternal {
+                return Ok::<_, ServiceError>(None);
+            }
+            let closed = rec.pending.close_all(&Resolution::Cancelled);
+            rec.pending.items.clear();
+            rec.turns = close_pending(std::mem::take(&mut rec.turns), CANCELLED);
+            rec.status = SessionStatus::Idle;
+            rec.status_detail = Some("cancelled".into());
+            rec.version += 1;
+            rec.updated_at = self.clock.now_ms();
+            self.store.update(&mut rec).await?;
+            Ok::<_, ServiceError>(Some(closed))
+        }
+        .await;
+        drop(live);
+        self.live.evict_if_idle(id);
+        let Some(closed) = r? else {
+            return Ok(false);
+        };
+        for call in closed {
+            let closed = Resolved::closed(call, Outcome::Cancelled);
+            self.recorder.emit(id, SessionEvent::Resolved(closed)).await;
+        }
+        self.metrics.run_finished(RunOutcome::Cancelled);
+        let finished = RunFinished {
+            status: RunOutcome::Cancelled,
+            detail: Some("cancelled".into()),
+            session_status: SessionStatus::Idle,
+            usage: Some(crate::session::usage::Totals::default()),
+        };
+        self.recorder
+            .emit(id, SessionEvent::RunFinished(finished))
+            .await;
+        tracing::info!(session = id, "a waiting run was cancelled");
+        Ok(true)
     }
 }

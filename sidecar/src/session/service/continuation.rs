@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{close_pending, constant_time_eq, Live, Opening, RunMode, RunWait, Service, CANCELLED};
-use crate::metrics::RunOutcome;
+use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Service};
 use crate::params::Values;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::model::SessionRecord;
@@ -15,7 +14,7 @@ use crate::session::model::SessionStatus;
 use crate::session::pending::{self, PendingCall, Resolution};
 use crate::session::store::StoreError;
 use crate::session::validate::{Caller, Op};
-use crate::session::wire::{Decider, Outcome, Resolved, RunFinished, SessionEvent};
+use crate::session::wire::{Decider, Outcome, Resolved, SessionEvent};
 
 /// An answer to a pending call (`POST /v1/continuations/:token`).
 #[derive(Debug, Default)]
@@ -59,50 +58,6 @@ fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
 }
 
 impl Service {
-    /// Cancel a run that waits for pending calls: each is closed the way a
-    /// cancel closes a call in progress. `false` when the session does not wait.
-    pub(super) async fn cancel_waiting(&self, id: &str) -> Result<bool, ServiceError> {
-        let live = self.live.entry(id);
-        let r = async {
-            let _guard = live.lock.lock().await;
-            let mut rec = self.record(id).await?;
-            if rec.status != SessionStatus::WaitingExternal {
-                return Ok::<_, ServiceError>(None);
-            }
-            let closed = rec.pending.close_all(&Resolution::Cancelled);
-            rec.pending.items.clear();
-            rec.turns = close_pending(std::mem::take(&mut rec.turns), CANCELLED);
-            rec.status = SessionStatus::Idle;
-            rec.status_detail = Some("cancelled".into());
-            rec.version += 1;
-            rec.updated_at = self.now_ms();
-            self.store.update(&mut rec).await?;
-            Ok::<_, ServiceError>(Some(closed))
-        }
-        .await;
-        drop(live);
-        self.live.evict_if_idle(id);
-        let Some(closed) = r? else {
-            return Ok(false);
-        };
-        for call in closed {
-            let closed = Resolved::closed(call, Outcome::Cancelled);
-            self.recorder.emit(id, SessionEvent::Resolved(closed)).await;
-        }
-        self.metrics.run_finished(RunOutcome::Cancelled);
-        let finished = RunFinished {
-            status: RunOutcome::Cancelled,
-            detail: Some("cancelled".into()),
-            session_status: SessionStatus::Idle,
-            usage: Some(crate::session::usage::Totals::default()),
-        };
-        self.recorder
-            .emit(id, SessionEvent::RunFinished(finished))
-            .await;
-        tracing::info!(session = id, "a waiting run was cancelled");
-        Ok(true)
-    }
-
     /// Answer a pending call (`POST /v1/continuations/:token`): the call's
     /// session comes from the token. When every call is answered the run
     /// resumes (unless `resume: false`); the `RunWait` is that run's.

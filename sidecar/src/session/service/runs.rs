@@ -10,26 +10,29 @@ use crate::session::depends::LookupCache;
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.
 pub struct Runs {
-    store: Arc<dyn SessionStore>,
-    live: Arc<LiveSessions>,
-    recorder: Arc<Recorder>,
-    heartbeat: Arc<Heartbeat>,
-    agents: Arc<Agents>,
-    secrets: Arc<Secrets>,
-    budgets: Arc<Budgets>,
-    approvals: Arc<Approvals>,
-    metrics: Arc<Metrics>,
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) live: Arc<LiveSessions>,
+    pub(super) recorder: Arc<Recorder>,
+    pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) agents: Arc<Agents>,
+    pub(super) secrets: Arc<Secrets>,
+    pub(super) budgets: Arc<Budgets>,
+    pub(super) approvals: Arc<Approvals>,
+    pub(super) metrics: Arc<Metrics>,
     /// Successful tool results, when the server keeps them.
-    cache: Option<ToolCache>,
+    pub(super) cache: Option<ToolCache>,
     /// Results of tools' dependency lookups (each with its own `ttl_ms`).
-    lookups: LookupCache,
+    pub(super) lookups: LookupCache,
     /// This server's instance id, as a run's record names its runner.
-    instance: Arc<str>,
-    clock: Arc<dyn Clock>,
+    pub(super) instance: Arc<str>,
+    pub(super) clock: Arc<dyn Clock>,
     /// `--max-steps`, for an agent that sets none.
-    max_steps: u32,
+    pub(super) max_steps: u32,
     /// Ask for streamed replies and forward text as `delta` events.
-    stream: bool,
+    pub(super) stream: bool,
+    /// How often servers beat: a cancel asked of another server is
+    /// looked for at least this often.
+    pub(super) heartbeat_every: Duration,
 }
 
 /// What the run driver works with (see [`Runs`]).
@@ -74,7 +77,16 @@ impl Runs {
             clock: cfg.clock.clone(),
             max_steps: cfg.max_steps,
             stream: cfg.stream,
+            heartbeat_every: cfg.lease.heartbeat,
         }
+    }
+
+    /// Session `id` as stored.
+    pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+        self.store
+            .get(id)
+            .await?
+            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
     }
 
     pub(super) async fn start_run(
@@ -123,10 +135,7 @@ impl Runs {
         let prepared = async {
             let mut rec = match rec {
                 Some(rec) => rec,
-                None => match self.store.get(id).await? {
-                    Some(rec) => rec,
-                    None => return Err(ServiceError::not_found(format!("no session {id}"))),
-                },
+                None => self.record(id).await?,
             };
             if rec.status == SessionStatus::Running {
                 // Another server may have started one since the request's

@@ -123,7 +123,7 @@ async fn a_cancel_ends_a_run_that_waits_on_the_model_and_the_session_goes_on() {
     asked(&world.model, 1).await;
     let start = tokio::time::Instant::now();
 
-    server.cancel(&id).await.unwrap();
+    server.runs().cancel(&id).await.unwrap();
     run.finished().await;
 
     assert!(start.elapsed() < MODEL_TIMEOUT, "{:?}", start.elapsed());
