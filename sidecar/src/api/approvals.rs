@@ -93,7 +93,11 @@ pub async fn answer_link(
     let b: ContinuationBody = body(&b)?;
     let mut answer = b.into_answer()?;
     answer.by = Some(crate::session::wire::Decider::Webhook);
-    let (id, run) = s.service.answer(&Caller::Approver, &token, answer).await?;
+    let (id, run) = s
+        .service
+        .sessions()
+        .answer(&Caller::Approver, &token, answer)
+        .await?;
     let r = answered(&s, &id, &q, run).await?;
     Ok((StatusCode::OK, r).into_response())
 }

@@ -477,6 +477,7 @@ async fn create(
     let (prompt, mode) = b.prompt()?;
     let created = s
         .service
+        .sessions()
         .create(
             who,
             CreateSession {
@@ -612,6 +613,7 @@ async fn post_message(
     let mode = start_mode(b.run);
     let run = s
         .service
+        .sessions()
         .post_message(&who, &id, prompt, &b.params, mode)
         .await?;
     ran(&s, &id, &who, &q, run).await
@@ -670,7 +672,11 @@ async fn resume(
     q.check()?;
     let b: ParamsBody = body(&b)?;
     let mode = start_mode(b.run);
-    let run = s.service.resume(&who, &id, &b.params, mode).await?;
+    let run = s
+        .service
+        .sessions()
+        .resume(&who, &id, &b.params, mode)
+        .await?;
     ran(&s, &id, &who, &q, run).await
 }
 
@@ -776,7 +782,10 @@ async fn put_params(
             params: stray,
         });
     }
-    s.service.put_params(&who, &id, &b.params).await?;
+    s.service
+        .sessions()
+        .put_params(&who, &id, &b.params)
+        .await?;
     Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
 }
 
@@ -934,7 +943,7 @@ async fn continuation(
 ) -> ApiResult {
     let b: ContinuationBody = body(&b)?;
     let answer = b.into_answer()?;
-    let (id, run) = s.service.answer(&who, &token, answer).await?;
+    let (id, run) = s.service.sessions().answer(&who, &token, answer).await?;
     if who == Caller::Approver {
         return super::approvals::answered(&s, &id, &q, run).await;
     }

@@ -69,6 +69,7 @@ pub use approvals::Approvals;
 pub use budgets::Budgets;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
+pub use lifecycle::Sessions;
 use live::{Live, LiveSessions, Written};
 pub use liveness::Heartbeat;
 pub use recorder::Recorder;
@@ -245,6 +246,8 @@ pub struct Service {
     tokens: Tokens,
     /// Pending calls' tokens, views and notices.
     approvals: Arc<Approvals>,
+    /// The session API's flows.
+    sessions: Arc<Sessions>,
     /// The agents' budgets.
     budgets: Arc<Budgets>,
     /// Warning Events on the tenant, where the operator allows them.
@@ -329,7 +332,19 @@ impl Service {
             me,
         ));
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
+        let sessions = Arc::new(Sessions {
+            store: store.clone(),
+            live: live.clone(),
+            agents: agents.clone(),
+            secrets: secrets.clone(),
+            runs: runs.clone(),
+            approvals: approvals.clone(),
+            recorder: recorder.clone(),
+            heartbeat: heartbeat.clone(),
+            clock: clock.clone(),
+        });
         Arc::new(Service {
+            sessions,
             cfg,
             store,
             instance,
@@ -366,6 +381,12 @@ impl Service {
     /// Runs' writes, and the feed of events subscribers read.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
+    }
+
+    /// The session API's flows: create, message, resume, parameters and
+    /// answers to pending calls.
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
     }
 
     /// The run driver: starts, drives and cancels runs.
@@ -452,7 +473,7 @@ impl Service {
                 Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
                 Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
             }
-            if let Err(e) = self.expire_due().await {
+            if let Err(e) = self.sessions.expire_due().await {
                 tracing::warn!("cannot close expired pending calls: {e}");
             }
         }

@@ -518,7 +518,7 @@ async fn call(
         )));
     }
     let answer = match answers {
-        Some(replies) => s.service.ask_continue(&Caller::Owner, replies, values).await,
+        Some(replies) => crate::session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await,
         None => {
             let arguments = match params.get("arguments") {
                 None | Some(Value::Null) => json!({}),
@@ -535,9 +535,15 @@ async fn call(
                 arguments: arguments.to_string(),
             };
             tracing::info!(tool = %call.name, agent = %found.agent.name, caller = "mcp", "MCP client calls an exposed tool");
-            s.service
-                .call_tool(&Caller::Owner, &found.agent.name, call, values, session.as_deref())
-                .await
+            crate::session::ask::call_tool(
+                &s.service,
+                &Caller::Owner,
+                &found.agent.name,
+                call,
+                values,
+                session.as_deref(),
+            )
+            .await
         }
     }
     .map_err(for_mcp)?;
@@ -584,14 +590,19 @@ async fn ask(
                     "a session token may read pending calls, not answer them; the session's owner answers them",
                 )));
             }
-            s.service
-                .ask_in(&Caller::SessionToken(id.clone()), id, prompt()?, values)
-                .await
+            crate::session::ask::ask_in(
+                &s.service,
+                &Caller::SessionToken(id.clone()),
+                id,
+                prompt()?,
+                values,
+            )
+            .await
         }
         Who::Owner => match (params.pointer(META_CONTINUATIONS), session) {
             (Some(replies), _) => {
                 let replies = continuation_replies(replies).map_err(invalid)?;
-                s.service.ask_continue(&Caller::Owner, replies, values).await
+                crate::session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await
             }
             (None, Some(id)) => {
                 let rec = s.service.record(&id).await.map_err(for_mcp)?;
@@ -601,12 +612,10 @@ async fn ask(
                         rec.agent, rec.agent
                     )));
                 }
-                s.service.ask_in(&Caller::Owner, &id, prompt()?, values).await
+                crate::session::ask::ask_in(&s.service, &Caller::Owner, &id, prompt()?, values).await
             }
             (None, None) => {
-                s.service
-                    .ask(&Caller::Owner, agent, prompt()?, values)
-                    .await
+                crate::session::ask::ask(&s.service, &Caller::Owner, agent, prompt()?, values).await
             }
         },
     }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Service};
+use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Sessions};
 use crate::params::Values;
 use crate::session::error::{ErrorKind, ServiceError};
 use crate::session::model::SessionRecord;
@@ -57,7 +57,7 @@ fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
     }
 }
 
-impl Service {
+impl Sessions {
     /// Answer a pending call (`POST /v1/continuations/:token`): the call's
     /// session comes from the token. When every call is answered the run
     /// resumes (unless `resume: false`); the `RunWait` is that run's.
@@ -133,7 +133,7 @@ impl Service {
         if item.resolution.is_some() && !expired {
             return Err(used());
         }
-        if expired || item.expires_at.is_some_and(|t| t <= self.now_ms()) {
+        if expired || item.expires_at.is_some_and(|t| t <= self.clock.now_ms()) {
             drop(guard);
             if !expired {
                 self.expire_session(id).await?;
@@ -239,7 +239,7 @@ impl Service {
         }
         rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
-        rec.updated_at = self.now_ms();
+        rec.updated_at = self.clock.now_ms();
         self.store.update(&mut rec).await?;
         let by = answer.by.unwrap_or(match caller {
             Caller::Approver => Decider::Approver,
@@ -305,14 +305,14 @@ impl Service {
         if rec.status != SessionStatus::WaitingExternal {
             return Ok(false);
         }
-        let expired = rec.pending.expire(self.now_ms());
+        let expired = rec.pending.expire(self.clock.now_ms());
         if expired.is_empty() {
             return Ok(false);
         }
         let all = rec.pending.all_resolved();
         rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
-        rec.updated_at = self.now_ms();
+        rec.updated_at = self.clock.now_ms();
         match self.store.update(&mut rec).await {
             Ok(()) => {}
             // Another server closed them first.
@@ -355,7 +355,7 @@ impl Service {
         {
             return Ok(0);
         }
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let mut n = 0;
         for rec in self.store.waiting().await? {
             let due = rec

@@ -1,9 +1,32 @@
 //! A session's life through the API: created (or forked), sent messages,
-//! resumed, given new parameter values.
+//! resumed, given new parameter values ([`Sessions`]; its answers to
+//! pending calls are in `continuation.rs`).
 
 use super::*;
 
-impl Service {
+/// The session API's flows: what a request asks of a session, carried out
+/// with the collaborators it takes.
+pub struct Sessions {
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) live: Arc<LiveSessions>,
+    pub(super) agents: Arc<Agents>,
+    pub(super) secrets: Arc<Secrets>,
+    pub(super) runs: Arc<Runs>,
+    pub(super) approvals: Arc<Approvals>,
+    pub(super) recorder: Arc<Recorder>,
+    pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) clock: Arc<dyn Clock>,
+}
+
+impl Sessions {
+    /// Session `id` as stored.
+    pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+        self.store
+            .get(id)
+            .await?
+            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+    }
+
     pub async fn create(
         self: &Arc<Self>,
         caller: &Caller,
@@ -92,7 +115,7 @@ impl Service {
         } else {
             None
         };
-        let now = self.now_ms();
+        let now = self.clock.now_ms();
         let holder = self.secrets.holder_of(None, &accepted.session);
         let mut rec = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -287,7 +310,7 @@ impl Service {
         params: &BTreeMap<String, serde_json::Value>,
         mut rec: SessionRecord,
     ) -> Result<(Values, SessionRecord), ServiceError> {
-        if op != Op::PutParams && self.is_running(id) {
+        if op != Op::PutParams && self.live.is_running(id) {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
                 "run_in_progress",
@@ -318,7 +341,7 @@ impl Service {
             rec.params = StoredParams::from_values(&accepted.session);
             rec.holder = self.secrets.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;
-            rec.updated_at = self.now_ms();
+            rec.updated_at = self.clock.now_ms();
             self.store.update(&mut rec).await?;
             self.secrets.keep(id, &accepted.session);
             let names = accepted.changed.clone();

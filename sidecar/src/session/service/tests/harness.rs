@@ -204,6 +204,7 @@ impl Client<'_> {
     pub async fn open(&self, agent: &str, params: Value) -> String {
         let created = self
             .0
+            .sessions()
             .create(
                 &Caller::Owner,
                 CreateSession {
@@ -220,6 +221,7 @@ impl Client<'_> {
     /// Send `prompt` and wait for its run to end (or to wait on a call).
     pub async fn say(&self, id: &str, prompt: &str) -> SessionRecord {
         self.0
+            .sessions()
             .post_message(
                 &Caller::Owner,
                 id,

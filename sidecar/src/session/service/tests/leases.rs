@@ -20,6 +20,7 @@ async fn hanging_run(world: &World, server: &Arc<Service>) -> (String, RunWait) 
     world.model.then(Reply::Hang);
     let id = Client(server).open("clerk", no_params()).await;
     let run = server
+        .sessions()
         .post_message(
             &Caller::Owner,
             &id,
@@ -48,6 +49,7 @@ async fn a_run_is_taken_for_lost_only_once_its_servers_lease_has_passed() {
     tokio::time::advance(Duration::from_millis(u64::try_from(to).unwrap())).await;
     assert_eq!(b.heartbeat().sweep().await.unwrap(), 0);
     let busy = b
+        .sessions()
         .post_message(
             &Caller::Owner,
             &id,

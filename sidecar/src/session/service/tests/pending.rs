@@ -61,8 +61,9 @@ async fn a_confirmation_answered_in_time_runs_the_call_and_the_run_goes_on() {
     );
 
     tokio::time::advance(9 * MINUTE).await;
-    assert_eq!(server.expire_due().await.unwrap(), 0);
+    assert_eq!(server.sessions().expire_due().await.unwrap(), 0);
     let (session, run) = server
+        .sessions()
         .answer(&Caller::Owner, &token, approve())
         .await
         .unwrap();
@@ -88,7 +89,7 @@ async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refu
     let client = Client(&server);
 
     tokio::time::advance(10 * MINUTE + Duration::from_secs(1)).await;
-    assert_eq!(server.expire_due().await.unwrap(), 1);
+    assert_eq!(server.sessions().expire_due().await.unwrap(), 1);
     let rec = super::harness::settled(&server, &id).await;
 
     assert_eq!(rec.status, SessionStatus::Idle);
@@ -103,10 +104,11 @@ async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refu
         .iter()
         .any(|e| e.kind == "tool_result" && e.data["ok"] == true));
     let late = server
+        .sessions()
         .answer(&Caller::Owner, &token, approve())
         .await
         .err()
         .expect("a late answer is refused");
     assert_eq!(late.code, "continuation_expired", "{}", late.message);
-    assert_eq!(server.expire_due().await.unwrap(), 0);
+    assert_eq!(server.sessions().expire_due().await.unwrap(), 0);
 }

@@ -111,6 +111,7 @@ async fn a_cancel_ends_a_run_that_waits_on_the_model_and_the_session_goes_on() {
     let client = Client(&server);
     let id = client.open("clerk", no_params()).await;
     let run = server
+        .sessions()
         .post_message(
             &Caller::Owner,
             &id,

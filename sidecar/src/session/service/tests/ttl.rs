@@ -53,6 +53,7 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
     assert!(server.secrets().names(&id).is_empty());
     assert_eq!(server.live_count(), 0, "nothing of it is left in memory");
     let refused = server
+        .sessions()
         .post_message(
             &Caller::Owner,
             &id,
