@@ -46,7 +46,7 @@ pub struct Answer {
 /// Whether `caller` may answer a session's pending items: its owner only.
 /// Every path that answers one (the continuation route, `/mcp`, a chat
 /// message that picks an option, and so the chat page, which uses them)
-/// comes through [`Service::answer`], which asks this before anything
+/// comes through [`Sessions::answer`], which asks this before anything
 /// else; a session token reads the items but never answers them.
 fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
     match caller {
