@@ -46,16 +46,31 @@ pub async fn ask(
     prompt: String,
     params: BTreeMap<String, serde_json::Value>,
 ) -> Result<Answer, ServiceError> {
+    let session = CreateSession {
+        prompt: Some(prompt),
+        ..CreateSession::default()
+    };
+    in_new_session(service, caller, agent, params, session).await
+}
+
+/// `session` (its prompt or call) in a new session of `agent`, owned by
+/// `mcp`, with the request's `params`; its run's answer.
+async fn in_new_session(
+    service: &Arc<Service>,
+    caller: &Caller,
+    agent: &str,
+    params: BTreeMap<String, serde_json::Value>,
+    session: CreateSession,
+) -> Result<Answer, ServiceError> {
     let created = service
         .sessions()
         .create(
             caller,
             CreateSession {
                 agent: Some(agent.to_string()),
-                prompt: Some(prompt),
                 params,
                 owner: Some("mcp".to_string()),
-                ..CreateSession::default()
+                ..session
             },
         )
         .await?;
@@ -115,20 +130,11 @@ pub async fn call_tool(
         service.evict_if_idle(id);
         return wait_and_answer(service, id, Some(run?), false).await;
     }
-    let created = service
-        .sessions()
-        .create(
-            caller,
-            CreateSession {
-                agent: Some(agent.to_string()),
-                call: Some(call),
-                params,
-                owner: Some("mcp".to_string()),
-                ..CreateSession::default()
-            },
-        )
-        .await?;
-    wait_and_answer(service, &created.id, created.run, true).await
+    let session = CreateSession {
+        call: Some(call),
+        ..CreateSession::default()
+    };
+    in_new_session(service, caller, agent, params, session).await
 }
 
 /// Wait for the run on session `id` to end (cancelled if the future is
