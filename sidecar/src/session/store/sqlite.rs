@@ -17,7 +17,7 @@
 //!
 //! The write-ahead log is copied back into the database file (a
 //! checkpoint, which syncs both to disk) by a connection and a thread of
-//! their own once it holds [`CHECKPOINT_PAGES`] pages, rather than by
+//! their own once it holds 1000 pages (`CHECKPOINT_PAGES`), rather than by
 //! whichever commit passes that mark, as SQLite would: no operation waits
 //! for it.
 //!
