@@ -729,6 +729,17 @@ impl SessionStore for SqliteStore {
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
+        self.update_with_usage(rec, events, at, &Unwritten::default())
+            .await
+    }
+
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
         let enc = self.encode(rec)?;
         let stored = rec.stored_turns as i64;
         let count = rec.turns.len();
@@ -737,6 +748,7 @@ impl SessionStore for SqliteStore {
             .iter()
             .map(|(kind, data)| (kind.to_string(), data.to_string()))
             .collect();
+        let usage = (!usage.is_empty()).then(|| usage.clone());
         let seqs = self
             .run_short("update a session", move |conn, op| {
                 // IMMEDIATE, as for `append_event`: the seqs are read and used
@@ -746,6 +758,9 @@ impl SessionStore for SqliteStore {
                     .map_err(|e| op.db(e))?;
                 update_row(&tx, &enc, stored, op)?;
                 let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
+                if let Some(usage) = &usage {
+                    write_unwritten(&tx, usage).map_err(|e| op.db(e))?;
+                }
                 tx.commit().map_err(|e| op.db(e))?;
                 Ok(seqs)
             })
