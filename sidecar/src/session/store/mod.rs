@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub mod contract;
+mod histories;
 pub mod location;
 pub mod postgres;
 mod postgres_tls;
