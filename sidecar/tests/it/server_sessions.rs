@@ -544,3 +544,43 @@ async fn a_value_changed_during_a_run_survives_the_runs_writes() {
         done.text
     );
 }
+
+/// A run's start reads only what changed since the end of the last run
+/// here: a value changed between two runs (PUT params) reaches the next
+/// one, which goes on from the whole conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_changed_between_runs_reaches_the_next_one() {
+    let w = World::new(tool_then_answer).await;
+    let (_sidecar, api) = w.start(&[], &[]);
+    let params = json!({"tenant": "acme-corp", "billing_token": CANARY});
+    let id = new_session(&api, json!({"agent": "invoices", "params": params})).await;
+    let first = message_waited(&api, &id, "which invoices are overdue?").await;
+    assert!(tool_output(&first).contains("INV-1002"), "{}", first.text);
+    let r = api
+        .call(
+            "PUT",
+            &format!("/v1/sessions/{id}/params"),
+            Some(OWNER),
+            Some(&json!({"params": {"tenant": "globex"}})),
+        )
+        .await;
+    assert!(
+        r.status == 200 || r.status == 204,
+        "{} {}",
+        r.status,
+        r.text
+    );
+    let second = message_waited(&api, &id, "and now?").await;
+    assert_eq!(second.json["status"], "idle", "{}", second.text);
+    assert_eq!(second.json["params"]["tenant"], "globex", "{}", second.text);
+    assert!(tool_output(&second).contains("INV-2002"), "{}", second.text);
+    let turns = second.json["session"]["turns"].as_array().expect("turns");
+    assert_eq!(turns.len(), 8, "{}", second.text);
+    assert_eq!(turns[0]["content"], "which invoices are overdue?");
+    // As stored: a read of the session says the same.
+    let stored = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(stored.json["session"], second.json["session"]);
+    assert_eq!(stored.json["version"], second.json["version"]);
+}

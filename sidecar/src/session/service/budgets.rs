@@ -66,8 +66,37 @@ pub(super) struct RunBudget {
     spent: Mutex<Totals>,
     /// Use not written yet (rows no budget claimed, and what claimed
     /// model requests came to): with the next claim, in its transaction,
-    /// or once the run's part ends ([`RunBudget::flush`]).
+    /// or with the run's part's end ([`RunBudget::leftover`]).
     unwritten: Mutex<Unwritten>,
+}
+
+/// What a run's part used that no claim wrote: stored with the run's end,
+/// in the same transaction ([`SessionStore::update_with_usage`]), or on its
+/// own when the end is not stored here ([`Budgets::record_leftover`]).
+#[derive(Default)]
+pub(super) struct Leftover {
+    pub(super) usage: Unwritten,
+    /// The tenant's budget status is to follow once it is written.
+    pub(super) status_due: bool,
+}
+
+impl Budgets {
+    /// Write `left` on its own.
+    pub(super) async fn record_leftover(&self, session: &str, left: &Leftover) {
+        if !left.usage.is_empty() {
+            if let Err(e) = self.store.record(&left.usage).await {
+                tracing::error!(session, "cannot record the run's usage: {e}");
+            }
+        }
+        self.leftover_written(left);
+    }
+
+    /// `left` is written: the tenant's budget status follows.
+    pub(super) fn leftover_written(&self, left: &Leftover) {
+        if left.status_due {
+            self.status_due();
+        }
+    }
 }
 
 /// The meters a model request counts.
@@ -94,15 +123,12 @@ impl RunBudget {
         }
     }
 
-    /// Write the use no claim has written yet (the run's part ends), and
-    /// have the tenant's budget status follow.
-    pub(super) async fn flush(&self) {
-        let earlier = self.take_unwritten();
-        if let Err(e) = self.budgets.store.record(&earlier).await {
-            tracing::error!(session = %self.session, "cannot record the run's usage: {e}");
-        }
-        if !self.limits.is_empty() && self.spent() != Totals::default() {
-            self.budgets.status_due();
+    /// The run's part ends: the use no claim has written yet, for its end
+    /// to write ([`Leftover`]).
+    pub(super) fn leftover(&self) -> Leftover {
+        Leftover {
+            usage: self.take_unwritten(),
+            status_due: !self.limits.is_empty() && self.spent() != Totals::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::session::fanout::LiveEvent;
 use crate::session::model::{EventRecord, SessionRecord, SessionStatus};
 use crate::session::runner::Events;
 use crate::session::store::{SessionStore, StoreError};
+use crate::session::usage::Unwritten;
 use crate::session::wire::SessionEvent;
 
 /// What sessions' runs write, and who hears of it.
@@ -44,16 +45,18 @@ impl Recorder {
     }
 
     /// Read-modify-write of a session by the run this process has on it,
-    /// under the session's lock, with `events` appended in the same store
-    /// operation (see [`Recorder::publish`] for their subscribers). Nothing
-    /// is written once the run is no longer ours (another server found it
-    /// lost and closed it); a write that lost a race with a change
-    /// elsewhere (parameters) is redone on the fresh record.
+    /// under the session's lock, with `events` appended and `usage` written
+    /// in the same store operation (see [`Recorder::publish`] for their
+    /// subscribers). Nothing is written once the run is no longer ours
+    /// (another server found it lost and closed it); a write that lost a
+    /// race with a change elsewhere (parameters) is redone on the fresh
+    /// record.
     pub(super) async fn write_run(
         &self,
         id: &str,
         change: impl Fn(&mut SessionRecord),
         events: &[SessionEvent],
+        usage: &Unwritten,
     ) -> RunWrite {
         let events = &encoded(events);
         let live = self.live.entry(id);
@@ -82,7 +85,14 @@ impl Recorder {
             rec.version += 1;
             let at = self.clock.now_ms();
             rec.updated_at = at;
-            match self.store.update_with_events(&mut rec, events, at).await {
+            let write = if usage.is_empty() {
+                self.store.update_with_events(&mut rec, events, at).await
+            } else {
+                self.store
+                    .update_with_usage(&mut rec, events, at, usage)
+                    .await
+            };
+            match write {
                 Ok(seqs) => {
                     let stored = stored_events(seqs, events, at);
                     if rec.status == SessionStatus::Running {
@@ -107,7 +117,12 @@ impl Recorder {
         events: &[SessionEvent],
     ) -> RunWrite {
         let written = self
-            .write_run(id, |rec| rec.turns.push(msg.clone()), events)
+            .write_run(
+                id,
+                |rec| rec.turns.push(msg.clone()),
+                events,
+                &Unwritten::default(),
+            )
             .await;
         if let RunWrite::Failed(e) = &written {
             tracing::error!(session = id, "cannot store a turn: {e}");

@@ -327,6 +327,7 @@ impl Runs {
                 taken,
                 run,
                 usage: Default::default(),
+                leftover: Default::default(),
             });
         };
         let budget = budgets::RunBudget::new(&self.budgets, agent, id, &run);
@@ -381,8 +382,11 @@ impl Runs {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
-        budget.flush().await;
-        let (answer, taken) = sink.close().await?;
+        let leftover = budget.leftover();
+        let Some((answer, taken)) = sink.close().await else {
+            self.budgets.record_leftover(id, &leftover).await;
+            return None;
+        };
         let run = pending::WaitingRun {
             budgets_approved: budget.approved(),
             ..run
@@ -393,6 +397,7 @@ impl Runs {
             taken,
             run,
             usage: budget.spent(),
+            leftover,
         })
     }
 
@@ -412,6 +417,7 @@ impl Runs {
             taken,
             run,
             usage,
+            leftover,
         } = driven;
         let waiting = pending::Pending {
             client_call: mode == RunMode::Call && !pending.is_empty(),
@@ -483,10 +489,16 @@ impl Runs {
                         rec.pending.run = waiting.run.clone();
                     },
                     &events,
+                    &leftover.usage,
                 )
                 .await
         };
         self.metrics.run_store_wait(waited.elapsed());
+        match written {
+            // Stored with the end.
+            RunWrite::Written(..) => self.budgets.leftover_written(&leftover),
+            _ => self.budgets.record_leftover(id, &leftover).await,
+        }
         let (stored, record) = match written {
             RunWrite::Written(stored, record) => (Some(stored), record),
             RunWrite::Taken => {
@@ -536,6 +548,8 @@ pub(super) struct Driven {
     run: pending::WaitingRun,
     /// What this part of the run used.
     usage: crate::session::usage::Totals,
+    /// What of it is not written yet: with the end.
+    leftover: budgets::Leftover,
 }
 
 /// Answer every tool call that has no result yet with `why`, so the history

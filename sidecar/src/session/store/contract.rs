@@ -44,6 +44,7 @@ macro_rules! store_contract {
             case!(list_is_newest_first_then_by_id);
             case!(events_are_numbered_per_session_and_read_in_order);
             case!(an_update_and_its_events_are_stored_together);
+            case!(an_update_and_its_usage_are_stored_together);
             case!(concurrent_appends_get_distinct_seqs);
             case!(the_runner_of_a_run_is_stored_and_cleared);
             case!(waiting_sessions_are_listed_apart);
@@ -382,6 +383,47 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
         store.update_with_events(&mut ghost, &events, 80).await,
         Err(StoreError::NotFound(_))
     ));
+}
+
+pub async fn an_update_and_its_usage_are_stored_together(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&mut rec).await.unwrap();
+    rec.version = 2;
+    rec.turns.push(ChatMessage::assistant("done"));
+    let events = [("run_finished", json!({"n": 1}))];
+    let used = rows(usage_row(10, "a", "s1", "r1", 7));
+    let seqs = store
+        .update_with_usage(&mut rec, &events, 50, &used)
+        .await
+        .unwrap();
+    assert_eq!(seqs, [1]);
+    assert_eq!(rec.stored_turns, 1);
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+    assert_eq!(store.session_totals("s1").await.unwrap().total_tokens, 7);
+
+    // A stale write stores neither the record, nor its events, nor its usage.
+    let mut stale = rec.clone();
+    stale.status = SessionStatus::Failed;
+    match store
+        .update_with_usage(&mut stale, &events, 60, &used)
+        .await
+    {
+        Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+    assert!(store.events_after("s1", 1).await.unwrap().is_empty());
+    assert_eq!(store.session_totals("s1").await.unwrap().total_tokens, 7);
+
+    // Without usage it is an update with events.
+    rec.version = 3;
+    let seqs = store
+        .update_with_usage(&mut rec, &events, 70, &Unwritten::default())
+        .await
+        .unwrap();
+    assert_eq!(seqs, [2]);
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+    assert_eq!(store.session_totals("s1").await.unwrap().total_tokens, 7);
 }
 
 pub async fn concurrent_appends_get_distinct_seqs(store: Arc<dyn SessionStore>) {

@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub mod contract;
+mod histories;
 pub mod location;
 pub mod postgres;
 mod postgres_tls;
@@ -105,6 +106,28 @@ pub trait SessionStore: Send + Sync {
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError>;
+    /// [`update_with_events`](Self::update_with_events), and `usage` (use
+    /// already made, as [`record`](Self::record) writes it) in the same
+    /// transaction: a run's end and what the run used are stored together,
+    /// or neither is. A store that cannot do both in one writes `usage`
+    /// once the update is stored (a failure to then is logged, not
+    /// returned: the update stands).
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
+        let seqs = self.update_with_events(rec, events, at).await?;
+        if usage.is_empty() {
+            return Ok(seqs);
+        }
+        if let Err(e) = self.record(usage).await {
+            tracing::error!(session = %rec.id, "cannot record a run's usage: {e}");
+        }
+        Ok(seqs)
+    }
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;

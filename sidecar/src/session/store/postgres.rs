@@ -714,6 +714,17 @@ impl SessionStore for PostgresStore {
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
+        self.update_with_usage(rec, events, at, &Unwritten::default())
+            .await
+    }
+
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
         let what = "update a session";
         let db = self.db(what);
         let (c, new) = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
@@ -721,11 +732,12 @@ impl SessionStore for PostgresStore {
         let stored = rec.stored_turns as i64;
         let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
         let data: Vec<String> = events.iter().map(|(_, data)| data.to_string()).collect();
-        let client = self.conn(what).await?;
+        let mut client = self.conn(what).await?;
         // One statement: the version check, the write and the events (with
         // their seqs and notices, as `append_event`'s) are atomic, in one
-        // round trip. Only when it changes nothing is a second one needed,
-        // to tell a stale version from a missing session.
+        // round trip (with usage, in a transaction with its rows). Only
+        // when it changes nothing is a second one needed, to tell a stale
+        // version from a missing session.
         let sql = format!(
             "WITH u AS (
                  UPDATE bindery_sessions
@@ -759,28 +771,21 @@ impl SessionStore for PostgresStore {
             &idx,
             &messages,
         ]);
-        let row = client.query_one(&stmt, &values).await.map_err(&db)?;
-        let updated: i64 = row.try_get(0).map_err(&db)?;
-        if updated == 0 {
-            let stmt = self
-                .prepare(
-                    &client,
-                    what,
-                    "SELECT 1 FROM bindery_sessions WHERE id = $1",
-                )
-                .await?;
-            let exists = client
-                .query_opt(&stmt, &[&c.id])
-                .await
-                .map_err(&db)?
-                .is_some();
-            return Err(if exists {
-                StoreError::Conflict(c.id)
-            } else {
-                StoreError::NotFound(c.id)
-            });
-        }
-        let seqs = row.try_get(1).map_err(&db)?;
+        let seqs = if usage.is_empty() {
+            updated(&client, &stmt, &values, &c.id).await
+        } else {
+            let tx = client.transaction().await.map_err(&db)?;
+            // The usage rows once the update is in: a conflict writes none.
+            match updated(&tx, &stmt, &values, &c.id).await {
+                Ok(seqs) => {
+                    write_unwritten(&tx, usage).await.map_err(&db)?;
+                    tx.commit().await.map_err(&db)?;
+                    Ok(seqs)
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let seqs = seqs.map_err(|e| e.into_store(&db))?;
         rec.stored_turns = rec.turns.len();
         Ok(seqs)
     }
@@ -1151,6 +1156,53 @@ async fn measure_one(
 }
 
 /// Insert `u`'s rows and settle its claimed ones.
+/// Why [`updated`] wrote nothing.
+enum NotUpdated {
+    Db(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+impl NotUpdated {
+    fn into_store(self, db: impl Fn(tokio_postgres::Error) -> StoreError) -> StoreError {
+        match self {
+            NotUpdated::Db(e) => db(e),
+            NotUpdated::Store(e) => e,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for NotUpdated {
+    fn from(e: tokio_postgres::Error) -> Self {
+        NotUpdated::Db(e)
+    }
+}
+
+/// Run `update`, a session's write (see `update_with_usage`), on
+/// `client`; the seqs of its events. Only when it changes nothing is a
+/// second statement needed, to tell a stale version from a missing
+/// session.
+async fn updated(
+    client: &impl deadpool_postgres::GenericClient,
+    update: &tokio_postgres::Statement,
+    values: &[&(dyn ToSql + Sync)],
+    id: &str,
+) -> Result<Vec<i64>, NotUpdated> {
+    let row = client.query_one(update, values).await?;
+    let updated: i64 = row.try_get(0)?;
+    if updated == 0 {
+        let exists = client
+            .prepare_cached("SELECT 1 FROM bindery_sessions WHERE id = $1")
+            .await?;
+        let exists = client.query_opt(&exists, &[&id]).await?.is_some();
+        return Err(NotUpdated::Store(if exists {
+            StoreError::Conflict(id.to_owned())
+        } else {
+            StoreError::NotFound(id.to_owned())
+        }));
+    }
+    Ok(row.try_get(1)?)
+}
+
 async fn write_unwritten(
     client: &impl deadpool_postgres::GenericClient,
     u: &Unwritten,

@@ -82,14 +82,26 @@ impl Columns {
     /// The record of this row and its turns from the `turns` table (JSON
     /// text, in order).
     pub fn decode(self, stored: Vec<String>) -> Result<SessionRecord, String> {
+        self.decode_after(Vec::new(), stored)
+    }
+
+    /// [`decode`](Self::decode) given the table's first turns already
+    /// decoded (`known`, as read before: turns are never rewritten) and
+    /// the rest of them as text (`stored`).
+    pub fn decode_after(
+        self,
+        mut turns: Vec<ChatMessage>,
+        stored: Vec<String>,
+    ) -> Result<SessionRecord, String> {
         let id = self.id;
         let status = SessionStatus::parse(&self.status)
             .ok_or_else(|| format!("column status of session {id} holds an unknown status"))?;
-        let stored_turns = stored.len();
-        let mut turns: Vec<ChatMessage> = Vec::with_capacity(stored_turns);
+        let known = turns.len();
+        let stored_turns = known + stored.len();
+        turns.reserve(stored.len());
         for (i, text) in stored.iter().enumerate() {
             let turn = serde_json::from_str(text)
-                .map_err(|e| corrupt(&id, &format!("message (turn {i})"), &e))?;
+                .map_err(|e| corrupt(&id, &format!("message (turn {})", known + i), &e))?;
             turns.push(turn);
         }
         let older: Vec<ChatMessage> =

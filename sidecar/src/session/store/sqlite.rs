@@ -15,9 +15,15 @@
 //! writes trivially serialised; WAL mode lets another process (a backup,
 //! `sqlite3` for debugging) read meanwhile.
 //!
+//! A session's history, once read, is kept decoded (up to 8 MiB of them,
+//! `KEPT_HISTORIES`; see `histories.rs`) and extended by the turns the
+//! store writes: reading the session again reads its row and only the
+//! turns added since (none, when the writes were this store's), a short
+//! operation.
+//!
 //! The write-ahead log is copied back into the database file (a
 //! checkpoint, which syncs both to disk) by a connection and a thread of
-//! their own once it holds `CHECKPOINT_PAGES` pages, rather than by
+//! their own once it holds 1000 pages (`CHECKPOINT_PAGES`), rather than by
 //! whichever commit passes that mark, as SQLite would: no operation waits
 //! for it.
 //!
@@ -33,6 +39,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
+use super::histories::{Histories, Sized};
 use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
@@ -128,6 +135,11 @@ const MIGRATIONS: &[&str] = &[
 /// wait: it goes to the pool).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How much of the histories it read or wrote lately the store keeps
+/// decoded (their JSON size), so that reading a session again reads only
+/// what was added since: a few hundred conversations of tens of turns.
+const KEPT_HISTORIES: usize = 8 << 20;
+
 /// The write-ahead log's size, in pages, past which it is checkpointed
 /// (SQLite's own default for its automatic checkpoints).
 const CHECKPOINT_PAGES: std::ffi::c_int = 1000;
@@ -138,6 +150,7 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     /// One operation at a time takes the connection.
     turn: tokio::sync::Semaphore,
+    histories: Histories,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -177,6 +190,7 @@ impl SqliteStore {
             path: path.into(),
             conn: Arc::new(Mutex::new(conn)),
             turn: tokio::sync::Semaphore::new(1),
+            histories: Histories::new(KEPT_HISTORIES),
         })
     }
 
@@ -213,7 +227,7 @@ impl SqliteStore {
                 .map_err(|e| op.db(e))?;
             rows.into_iter()
                 .map(|raw| {
-                    let turns = read_turns(conn, &raw.id).map_err(|e| op.db(e))?;
+                    let turns = read_turns(conn, &raw.id, 0).map_err(|e| op.db(e))?;
                     raw.decode(turns).map_err(|why| op.fail(why))
                 })
                 .collect()
@@ -547,11 +561,14 @@ fn columns(row: &Row<'_>) -> rusqlite::Result<Columns> {
     })
 }
 
-/// A session's rows of the `turns` table, in order (JSON text).
-fn read_turns(conn: &Connection, session: &str) -> rusqlite::Result<Vec<String>> {
-    conn.prepare_cached("SELECT message FROM turns WHERE session_id = ?1 ORDER BY idx")?
-        .query_map([session], |row| row.get(0))?
-        .collect()
+/// A session's rows of the `turns` table from index `from`, in order
+/// (JSON text).
+fn read_turns(conn: &Connection, session: &str, from: usize) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached(
+        "SELECT message FROM turns WHERE session_id = ?1 AND idx >= ?2 ORDER BY idx",
+    )?
+    .query_map(params![session, from as i64], |row| row.get(0))?
+    .collect()
 }
 
 /// Append `turns` to `session`'s rows of the `turns` table.
@@ -689,21 +706,62 @@ impl SessionStore for SqliteStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        let id = id.to_owned();
-        self.run("read a session", move |conn, op| {
+        let known = self.histories.known(id);
+        let owned = id.to_owned();
+        // The row, and the turns after those kept (all of them if none are).
+        let read = move |conn: &mut Connection, op: &Op<'_>| {
             let raw = conn
                 .prepare_cached(&format!(
                     "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"
                 ))
-                .and_then(|mut select| select.query_row([&id], columns).optional())
+                .and_then(|mut select| select.query_row([&owned], columns).optional())
                 .map_err(|e| op.db(e))?;
             let Some(raw) = raw else {
                 return Ok(None);
             };
-            let turns = read_turns(conn, &raw.id).map_err(|e| op.db(e))?;
-            raw.decode(turns).map(Some).map_err(|why| op.fail(why))
-        })
-        .await
+            // Turns an older server wrote into the row follow the table's:
+            // with those, or fewer turns than are kept (never written so),
+            // all of them are read.
+            let from = known
+                .filter(|&n| raw.turns == "[]" && raw.turn_count >= n as i64)
+                .unwrap_or(0);
+            let turns = match raw.turn_count == from as i64 {
+                true => Vec::new(),
+                false => read_turns(conn, &raw.id, from).map_err(|e| op.db(e))?,
+            };
+            Ok(Some((raw, from, turns)))
+        };
+        // A whole history is read on the pool; the rest of a kept one here.
+        let read = match known {
+            Some(_) => self.run_short("read a session", read).await?,
+            None => self.run("read a session", read).await?,
+        };
+        let Some((raw, from, turns)) = read else {
+            return Ok(None);
+        };
+        let (id, created_at) = (raw.id.clone(), raw.created_at);
+        let bytes = turns.iter().map(String::len).sum();
+        let kept = match from {
+            0 => Some(Vec::new()),
+            n => self.histories.prefix(&id, created_at, n),
+        };
+        let Some(kept) = kept else {
+            // Kept of another session of this id: read it all again.
+            self.histories.forget(&id);
+            return self.get(&id).await;
+        };
+        let rec = raw
+            .decode_after(kept, turns)
+            .map_err(|why| Op::new("read a session", &self.path).fail(why))?;
+        let added = Sized {
+            turns: &rec.turns[from..rec.stored_turns],
+            bytes,
+        };
+        match from {
+            0 => self.histories.keep(&id, created_at, added),
+            n => self.histories.written(&id, created_at, n, added),
+        }
+        Ok(Some(rec))
     }
 
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
@@ -729,14 +787,28 @@ impl SessionStore for SqliteStore {
         events: &[(&str, serde_json::Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
+        self.update_with_usage(rec, events, at, &Unwritten::default())
+            .await
+    }
+
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
         let enc = self.encode(rec)?;
-        let stored = rec.stored_turns as i64;
+        let from = rec.stored_turns;
+        let stored = from as i64;
         let count = rec.turns.len();
+        let bytes = enc.1.iter().map(|(_, text)| text.len()).sum();
         let session = rec.id.clone();
         let events: Vec<(String, String)> = events
             .iter()
             .map(|(kind, data)| (kind.to_string(), data.to_string()))
             .collect();
+        let usage = (!usage.is_empty()).then(|| usage.clone());
         let seqs = self
             .run_short("update a session", move |conn, op| {
                 // IMMEDIATE, as for `append_event`: the seqs are read and used
@@ -746,11 +818,19 @@ impl SessionStore for SqliteStore {
                     .map_err(|e| op.db(e))?;
                 update_row(&tx, &enc, stored, op)?;
                 let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
+                if let Some(usage) = &usage {
+                    write_unwritten(&tx, usage).map_err(|e| op.db(e))?;
+                }
                 tx.commit().map_err(|e| op.db(e))?;
                 Ok(seqs)
             })
             .await?;
         rec.stored_turns = count;
+        let added = Sized {
+            turns: &rec.turns[from.min(count)..],
+            bytes,
+        };
+        self.histories.written(&rec.id, rec.created_at, from, added);
         Ok(seqs)
     }
 
@@ -1064,10 +1144,11 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    /// Empty the connection's page cache (up to 2 MiB of pages that a
-    /// burst of sessions read) and its prepared statements; both come back
-    /// as they are needed.
+    /// Forget the histories kept, and empty the connection's page cache (up
+    /// to 2 MiB of pages that a burst of sessions read) and its prepared
+    /// statements; all come back as they are needed.
     async fn release_memory(&self) {
+        self.histories.clear();
         let released = self
             .run("release the page cache", |conn, op| {
                 conn.flush_prepared_statement_cache();
@@ -1084,6 +1165,7 @@ impl SessionStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::ChatMessage;
     use crate::params::{ParamValue, SecretString, Values};
     use crate::session::model::StoredParams;
     use crate::session::store::contract::{full_record, record, store_contract, Fresh};
@@ -1204,7 +1286,7 @@ mod tests {
             .unwrap();
         assert_eq!(rows, rec.turns.len() as i64);
         assert_eq!(row_turns, "[]");
-        back.turns.push(crate::llm::ChatMessage::user("more"));
+        back.turns.push(ChatMessage::user("more"));
         back.version += 1;
         store.update(&mut back).await.unwrap();
         assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
@@ -1255,6 +1337,40 @@ mod tests {
             (size() > before + written).then_some(())
         })
         .await;
+    }
+
+    /// A read keeps the history it read, and the next read of the session
+    /// reads only what was added since, whoever wrote it: here another
+    /// process on the same file.
+    #[tokio::test]
+    async fn a_read_after_writes_elsewhere_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (here, there) = (open_in(&dir), open_in(&dir));
+        let mut rec = full_record();
+        here.create(&mut rec).await.unwrap();
+        let read = here.get(&rec.id).await.unwrap().unwrap();
+        assert_eq!(read, rec);
+        assert_eq!(here.histories.known(&rec.id), Some(rec.turns.len()));
+
+        let mut elsewhere = there.get(&rec.id).await.unwrap().unwrap();
+        elsewhere.turns.push(ChatMessage::user("and b.txt?"));
+        elsewhere.status = crate::session::model::SessionStatus::Running;
+        elsewhere.version += 1;
+        there.update(&mut elsewhere).await.unwrap();
+        assert_eq!(here.get(&rec.id).await.unwrap(), Some(elsewhere.clone()));
+        assert_eq!(here.histories.known(&rec.id), Some(rec.turns.len() + 1));
+
+        // Written here: kept as written, and read back so.
+        let mut mine = elsewhere.clone();
+        mine.turns.push(ChatMessage::assistant("b.txt says bye"));
+        mine.version += 1;
+        here.update(&mut mine).await.unwrap();
+        assert_eq!(here.histories.known(&rec.id), Some(mine.turns.len()));
+        assert_eq!(here.get(&rec.id).await.unwrap(), Some(mine.clone()));
+        assert_eq!(there.get(&rec.id).await.unwrap(), Some(mine));
+
+        here.release_memory().await;
+        assert_eq!(here.histories.known(&rec.id), None);
     }
 
     #[tokio::test]

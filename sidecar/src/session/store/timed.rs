@@ -86,6 +86,19 @@ impl SessionStore for Timed {
         )
         .await
     }
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.time(
+            "update_with_usage",
+            self.inner.update_with_usage(rec, events, at, usage),
+        )
+        .await
+    }
     async fn events_after(
         &self,
         session: &str,
@@ -246,6 +259,16 @@ mod tests {
             self.note("update_with_events");
             Ok(Vec::new())
         }
+        async fn update_with_usage(
+            &self,
+            _: &mut SessionRecord,
+            _: &[(&str, serde_json::Value)],
+            _: i64,
+            _: &Unwritten,
+        ) -> Result<Vec<i64>, StoreError> {
+            self.note("update_with_usage");
+            Ok(Vec::new())
+        }
         async fn events_after(&self, _: &str, _: i64) -> Result<Vec<EventRecord>, StoreError> {
             self.note("events_after");
             Ok(Vec::new())
@@ -331,6 +354,10 @@ mod tests {
             .await
             .unwrap();
         store.update_with_events(&mut rec, &[], 1).await.unwrap();
+        store
+            .update_with_usage(&mut rec, &[], 1, &Unwritten::default())
+            .await
+            .unwrap();
         store.events_after("s1", 0).await.unwrap();
         store.beat("i", 1, None).await.unwrap();
         store.peer("i").await.unwrap();
@@ -354,6 +381,7 @@ mod tests {
             "update",
             "append_event",
             "update_with_events",
+            "update_with_usage",
             "events_after",
             "beat",
             "peer",
