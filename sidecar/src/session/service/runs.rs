@@ -232,7 +232,9 @@ impl Runs {
         let turns = rec.turns.clone();
         let taint_from = rec.security.taint_cleared_at.unwrap_or(0);
         let stop = cancel.clone();
+        let (running, run_started) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
+            let _ = running.send(());
             let id = run_id;
             let drive = this.drive(
                 &agent,
@@ -275,8 +277,10 @@ impl Runs {
         // Stored with the record that says it runs: one transaction. The
         // run goes first, to send its model request: a store may write on
         // this thread (SQLite does), and the run, just spawned, would
-        // otherwise wait here for it.
-        tokio::task::yield_now().await;
+        // otherwise wait for the write. Once it says it started, it runs on
+        // to its first wait (usually for the model's answer) before this
+        // write does, or beside it on another worker.
+        let _ = run_started.await;
         let at = rec.updated_at;
         let event = encoded(&event);
         match self.store.update_with_events(&mut rec, &event, at).await {
