@@ -333,6 +333,15 @@ impl SessionStore for Shared {
     ) -> Result<Vec<i64>, StoreError> {
         self.0.update_with_events(rec, events, at).await
     }
+    async fn update_with_usage(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, Value)],
+        at: i64,
+        usage: &Unwritten,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.0.update_with_usage(rec, events, at, usage).await
+    }
     async fn events_after(
         &self,
         session: &str,
