@@ -166,6 +166,18 @@ pub(super) struct RunHandle {
     done: watch::Receiver<Option<Ended>>,
 }
 
+/// Session `id` as `store` has it, or a 404 naming it: how every
+/// collaborator reads a session it must find.
+pub(super) async fn stored_session(
+    store: &dyn SessionStore,
+    id: &str,
+) -> Result<SessionRecord, ServiceError> {
+    store
+        .get(id)
+        .await?
+        .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+}
+
 /// A session creation request.
 #[derive(Debug, Default)]
 pub struct CreateSession {
@@ -316,21 +328,24 @@ impl Service {
             cfg.notice_retries,
             kube_events.clone(),
         ));
-        let runs = Arc::new(Runs::new(
-            runs::Parts {
-                store: store.clone(),
-                live: live.clone(),
-                recorder: recorder.clone(),
-                heartbeat: heartbeat.clone(),
-                agents: agents.clone(),
-                secrets: secrets.clone(),
-                budgets: budgets.clone(),
-                approvals: approvals.clone(),
-                metrics: metrics.clone(),
-            },
-            &cfg,
-            me,
-        ));
+        let runs = Arc::new(Runs {
+            store: store.clone(),
+            live: live.clone(),
+            recorder: recorder.clone(),
+            heartbeat: heartbeat.clone(),
+            agents: agents.clone(),
+            secrets: secrets.clone(),
+            budgets: budgets.clone(),
+            approvals: approvals.clone(),
+            metrics: metrics.clone(),
+            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            lookups: Default::default(),
+            instance: me,
+            clock: clock.clone(),
+            max_steps: cfg.max_steps,
+            stream: cfg.stream,
+            heartbeat_every: cfg.lease.heartbeat,
+        });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
         let sessions = Arc::new(Sessions {
             store: store.clone(),
@@ -481,10 +496,7 @@ impl Service {
     }
 
     pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
-        self.store
-            .get(id)
-            .await?
-            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+        stored_session(&*self.store, id).await
     }
 
     pub fn is_running(&self, id: &str) -> bool {

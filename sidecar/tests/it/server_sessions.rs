@@ -503,20 +503,7 @@ async fn a_value_changed_during_a_run_survives_the_runs_writes() {
         w.mock.request_count() >= 2
     })
     .await;
-    let r = api
-        .call(
-            "PUT",
-            &format!("/v1/sessions/{id}/params"),
-            Some(OWNER),
-            Some(&json!({"params": {"tenant": "globex"}})),
-        )
-        .await;
-    assert!(
-        r.status == 200 || r.status == 204,
-        "{} {}",
-        r.status,
-        r.text
-    );
+    move_to_globex(&api, &id).await;
     gate.open();
     let done = eventually_or("the run ends", PATIENCE, || async {
         let r = api
@@ -556,6 +543,24 @@ async fn a_value_changed_between_runs_reaches_the_next_one() {
     let id = new_session(&api, json!({"agent": "invoices", "params": params})).await;
     let first = message_waited(&api, &id, "which invoices are overdue?").await;
     assert!(tool_output(&first).contains("INV-1002"), "{}", first.text);
+    move_to_globex(&api, &id).await;
+    let second = message_waited(&api, &id, "and now?").await;
+    assert_eq!(second.json["status"], "idle", "{}", second.text);
+    assert_eq!(second.json["params"]["tenant"], "globex", "{}", second.text);
+    assert!(tool_output(&second).contains("INV-2002"), "{}", second.text);
+    let turns = second.json["session"]["turns"].as_array().expect("turns");
+    assert_eq!(turns.len(), 8, "{}", second.text);
+    assert_eq!(turns[0]["content"], "which invoices are overdue?");
+    // As stored: a read of the session says the same.
+    let stored = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(stored.json["session"], second.json["session"]);
+    assert_eq!(stored.json["version"], second.json["version"]);
+}
+
+/// `PUT /v1/sessions/{id}/params` with the tenant `globex`, taken.
+async fn move_to_globex(api: &bindery_tests::sidecar::Api, id: &str) {
     let r = api
         .call(
             "PUT",
@@ -570,17 +575,4 @@ async fn a_value_changed_between_runs_reaches_the_next_one() {
         r.status,
         r.text
     );
-    let second = message_waited(&api, &id, "and now?").await;
-    assert_eq!(second.json["status"], "idle", "{}", second.text);
-    assert_eq!(second.json["params"]["tenant"], "globex", "{}", second.text);
-    assert!(tool_output(&second).contains("INV-2002"), "{}", second.text);
-    let turns = second.json["session"]["turns"].as_array().expect("turns");
-    assert_eq!(turns.len(), 8, "{}", second.text);
-    assert_eq!(turns[0]["content"], "which invoices are overdue?");
-    // As stored: a read of the session says the same.
-    let stored = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
-    assert_eq!(stored.json["session"], second.json["session"]);
-    assert_eq!(stored.json["version"], second.json["version"]);
 }

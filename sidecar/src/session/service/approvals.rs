@@ -130,9 +130,7 @@ impl Approvals {
         id: &str,
         text: &str,
     ) -> Result<Option<(String, Option<String>)>, ServiceError> {
-        let Some(rec) = self.store.get(id).await? else {
-            return Err(ServiceError::not_found(format!("no session {id}")));
-        };
+        let rec = super::stored_session(&*self.store, id).await?;
         if rec.status != SessionStatus::WaitingExternal {
             return Ok(None);
         }

@@ -28,9 +28,7 @@ impl Recorder {
         after: i64,
         by_token: bool,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
-        if self.store.get(id).await?.is_none() {
-            return Err(ServiceError::not_found(format!("no session {id}")));
-        }
+        super::stored_session(&*self.store, id).await?;
         let rx = self.live.entry(id).events.subscribe(by_token);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {

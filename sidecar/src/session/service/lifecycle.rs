@@ -21,10 +21,7 @@ pub struct Sessions {
 impl Sessions {
     /// Session `id` as stored.
     pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
-        self.store
-            .get(id)
-            .await?
-            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+        stored_session(&*self.store, id).await
     }
 
     pub async fn create(

@@ -177,11 +177,7 @@ impl Heartbeat {
             // Closed here, or by another server first: read what it says now.
             let id = rec.id.clone();
             self.close_interrupted(rec).await?;
-            rec = self
-                .store
-                .get(&id)
-                .await?
-                .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))?;
+            rec = super::stored_session(&*self.store, &id).await?;
         }
         Err(ServiceError::new(
             ErrorKind::Conflict,

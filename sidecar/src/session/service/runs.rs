@@ -35,58 +35,10 @@ pub struct Runs {
     pub(super) heartbeat_every: Duration,
 }
 
-/// What the run driver works with (see [`Runs`]).
-pub(super) struct Parts {
-    pub store: Arc<dyn SessionStore>,
-    pub live: Arc<LiveSessions>,
-    pub recorder: Arc<Recorder>,
-    pub heartbeat: Arc<Heartbeat>,
-    pub agents: Arc<Agents>,
-    pub secrets: Arc<Secrets>,
-    pub budgets: Arc<Budgets>,
-    pub approvals: Arc<Approvals>,
-    pub metrics: Arc<Metrics>,
-}
-
 impl Runs {
-    pub(super) fn new(parts: Parts, cfg: &ServiceConfig, instance: Arc<str>) -> Runs {
-        let Parts {
-            store,
-            live,
-            recorder,
-            heartbeat,
-            agents,
-            secrets,
-            budgets,
-            approvals,
-            metrics,
-        } = parts;
-        Runs {
-            store,
-            live,
-            recorder,
-            heartbeat,
-            agents,
-            secrets,
-            budgets,
-            approvals,
-            metrics,
-            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
-            lookups: LookupCache::default(),
-            instance,
-            clock: cfg.clock.clone(),
-            max_steps: cfg.max_steps,
-            stream: cfg.stream,
-            heartbeat_every: cfg.lease.heartbeat,
-        }
-    }
-
     /// Session `id` as stored.
     pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
-        self.store
-            .get(id)
-            .await?
-            .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+        stored_session(&*self.store, id).await
     }
 
     pub(super) async fn start_run(

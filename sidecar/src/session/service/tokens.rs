@@ -34,12 +34,11 @@ impl Tokens {
     /// tokens (a stream that subscribes meanwhile checks its token again
     /// after subscribing). The owner's streams stay open.
     pub async fn revoke(&self, id: &str) -> Result<(), ServiceError> {
-        let missing = || ServiceError::not_found(format!("no session {id}"));
-        self.store.get(id).await?.ok_or_else(missing)?;
+        super::stored_session(&*self.store, id).await?;
         let live = self.live.entry(id);
         let r = async {
             let _guard = live.lock.lock().await;
-            let mut rec = self.store.get(id).await?.ok_or_else(missing)?;
+            let mut rec = super::stored_session(&*self.store, id).await?;
             rec.security.token_digests.clear();
             rec.version += 1;
             rec.updated_at = self.clock.now_ms();
