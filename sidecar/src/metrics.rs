@@ -16,6 +16,7 @@
 //! | `bindery_budget_remaining` | gauge | `agent`, `budget`: what was left after this server's last use against it (a rolling budget's window moves on meanwhile) |
 //! | `bindery_approval_notices_total` | counter | `outcome` = `delivered`, `retried` (an attempt that failed and is tried again), `failed` (for good) |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
+//! | `bindery_tool_call_duration_seconds` | histogram | | (calls that ran: from the call's dispatch to its result, bindings and the tool's process or request included; a budget's refusal or a call held for approval is not timed)
 //! | `bindery_sessions_live` | gauge | |
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
 //! | `bindery_sessions_evicted_total` | counter | | (only with `--max-live-sessions`)
@@ -33,6 +34,16 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+/// `seconds`, or 0 for what a clock gone wrong measured, so that it
+/// cannot poison a histogram's sum.
+fn finite(seconds: f64) -> f64 {
+    if seconds.is_finite() && seconds >= 0.0 {
+        seconds
+    } else {
+        0.0
+    }
+}
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -202,6 +213,7 @@ pub struct Metrics {
     model_cost: Family<ModelCost, Counter<f64, std::sync::atomic::AtomicU64>>,
     budget_remaining: Family<BudgetLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     llm_duration: Histogram,
+    tool_duration: Histogram,
     sessions_live: Gauge,
     sessions_live_limit: Gauge,
     sessions_evicted: Counter,
@@ -227,6 +239,7 @@ impl Default for Metrics {
             model_cost: Family::default(),
             budget_remaining: Family::default(),
             llm_duration: Histogram::new(LLM_DURATION_BUCKETS),
+            tool_duration: Histogram::new(LLM_DURATION_BUCKETS),
             sessions_live: Gauge::default(),
             sessions_live_limit: Gauge::default(),
             sessions_evicted: Counter::default(),
@@ -305,6 +318,11 @@ impl Metrics {
             self.llm_duration.clone(),
         );
         r.register(
+            "bindery_tool_call_duration_seconds",
+            "Time taken by tool calls that ran, from dispatch to result",
+            self.tool_duration.clone(),
+        );
+        r.register(
             "bindery_sessions_live",
             "Sessions currently live",
             self.sessions_live.clone(),
@@ -379,6 +397,12 @@ impl Metrics {
             .inc();
     }
 
+    /// A tool call that ran took `seconds`, from its dispatch to its result
+    /// (a duration that is not finite and non-negative counts as 0).
+    pub fn tool_call_duration(&self, seconds: f64) {
+        self.tool_duration.observe(finite(seconds));
+    }
+
     /// An approval notice was delivered, will be tried again, or failed for good.
     pub fn approval_notice(&self, outcome: &'static str) {
         self.approval_notices
@@ -390,12 +414,7 @@ impl Metrics {
     /// ended well or not. A duration that is not a finite, non-negative
     /// number (a clock gone wrong) counts as 0, so it cannot poison the sum.
     pub fn llm_request(&self, seconds: f64, ok: bool) {
-        let seconds = if seconds.is_finite() && seconds >= 0.0 {
-            seconds
-        } else {
-            0.0
-        };
-        self.llm_duration.observe(seconds);
+        self.llm_duration.observe(finite(seconds));
         let outcome = if ok { "ok" } else { "error" };
         self.llm_requests.get_or_create(&Outcome { outcome }).inc();
     }
@@ -657,6 +676,36 @@ mod tests {
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
             .parse()
             .unwrap_or_else(|e| panic!("{series}: {e}\n{text}"))
+    }
+
+    /// Tool calls are timed into their own histogram, with the model's
+    /// buckets; a clock gone wrong counts as 0.
+    #[test]
+    fn tool_calls_are_timed() {
+        let m = Metrics::new();
+        m.tool_call_duration(0.007); // le 0.01
+        m.tool_call_duration(2.0); // le 2.5
+        m.tool_call_duration(f64::NAN); // 0: le 0.005
+        let text = m.render();
+        let bucket = |le: &str| {
+            value(
+                &text,
+                &format!("bindery_tool_call_duration_seconds_bucket{{le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(bucket("0.005"), 1.0);
+        assert_eq!(bucket("0.01"), 2.0);
+        assert_eq!(bucket("2.5"), 3.0);
+        assert_eq!(
+            value(&text, "bindery_tool_call_duration_seconds_count"),
+            3.0
+        );
+        let sum = value(&text, "bindery_tool_call_duration_seconds_sum");
+        assert!((sum - 2.007).abs() < 1e-9, "sum {sum}");
+        assert_eq!(
+            value(&text, "bindery_llm_request_duration_seconds_count"),
+            0.0
+        );
     }
 
     #[test]

@@ -884,8 +884,11 @@ async fn dispatch(
                 Gate::Ask(e) => return Outcome::Blocked(vec![budget_hold(Some(call), e)]),
             }
         }
+        let started = Instant::now();
         let outcome = dispatch_inner(ctx, call, history, cancel).await;
         if let Outcome::Done(result) = &outcome {
+            ctx.metrics
+                .tool_call_duration(started.elapsed().as_secs_f64());
             let counted = match result {
                 Ok(_) => ToolOutcome::Ok,
                 Err(ToolError::Unavailable) => ToolOutcome::Unavailable,

@@ -845,6 +845,14 @@ async fn metrics_after_one_run() {
         Some(2.0),
         "{text}"
     );
+    // The one tool run, timed: a bash script takes more than nothing.
+    assert_eq!(
+        sample(text, "bindery_tool_call_duration_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    let tool_seconds = sample(text, "bindery_tool_call_duration_seconds_sum").unwrap();
+    assert!(tool_seconds > 0.0 && tool_seconds < 60.0, "{text}");
     assert_eq!(sample(text, "bindery_sessions_live"), Some(1.0), "{text}");
     assert!(!text.contains(CANARY));
     assert!(!text.contains("acme"), "a value in the metrics: {text}");
