@@ -127,17 +127,21 @@ fn main() {
         "the tool script's own run: median {} (direct fork+exec)",
         ms(direct.median)
     );
+    // What the server adds to a tool call: the sidecar's, not the tool's.
+    let dispatch = bound.median.as_secs_f64() - direct.median.as_secs_f64();
     for (name, m) in [
         ("round trip:          ", &streamed),
         ("round trip no-stream:", &unstreamed),
     ] {
         let (trip, model) = (Stats::of(m.trips.clone()), Stats::of(m.model.clone()));
-        let dispatch = bound.median.as_secs_f64() - direct.median.as_secs_f64();
-        let floors: Vec<Duration> = (m.model.iter().zip(&m.tool))
-            .map(|(a, b)| (*a + *b).saturating_sub(Duration::from_secs_f64(dispatch.max(0.0))))
-            .collect();
-        let floor = Stats::of(floors);
-        let own = m.own(dispatch);
+        let floors = m.floors(dispatch);
+        let own = m.own(&floors);
+        let floor = Stats::of(
+            floors
+                .iter()
+                .map(|f| Duration::from_secs_f64(f.max(0.0)))
+                .collect(),
+        );
         println!(
             "{name} median {} -> x{:.2} the model's {}, x{:.3} the model's and the tool's {}",
             ms(trip.median),
@@ -207,16 +211,23 @@ struct Measured {
 }
 
 impl Measured {
-    /// Each round trip less its own model replay and the tool script's
-    /// run in it, in seconds (signed: a sample can beat its floor by
-    /// noise). The script's run is the tool call as the server timed it
-    /// less `dispatch`, what the server adds to a call (bound over direct),
-    /// which is the sidecar's. Paired sample by sample, so that a change
-    /// of the machine's state (the four-process bash tool alone moves by
-    /// milliseconds) does not land on the difference.
-    fn own(&self, dispatch: f64) -> Vec<f64> {
-        let mut own: Vec<f64> = (self.trips.iter().zip(&self.model).zip(&self.tool))
-            .map(|((t, m), d)| t.as_secs_f64() - m.as_secs_f64() - d.as_secs_f64() + dispatch)
+    /// Each round trip's floor, in seconds: its own model replay and the
+    /// tool script's run in it. The script's run is the tool call as the
+    /// server timed it less `dispatch`, what the server adds to a call
+    /// (bound over direct), which is the sidecar's.
+    fn floors(&self, dispatch: f64) -> Vec<f64> {
+        (self.model.iter().zip(&self.tool))
+            .map(|(m, t)| m.as_secs_f64() + t.as_secs_f64() - dispatch)
+            .collect()
+    }
+
+    /// Each round trip less its floor, in seconds, sorted (signed: a
+    /// sample can beat its floor by noise). Paired sample by sample, so
+    /// that a change of the machine's state (the four-process bash tool
+    /// alone moves by milliseconds) does not land on the difference.
+    fn own(&self, floors: &[f64]) -> Vec<f64> {
+        let mut own: Vec<f64> = (self.trips.iter().zip(floors))
+            .map(|(t, floor)| t.as_secs_f64() - floor)
             .collect();
         own.sort_by(f64::total_cmp);
         own
@@ -646,19 +657,15 @@ impl Stats {
     fn of(mut samples: Vec<Duration>) -> Stats {
         assert!(!samples.is_empty());
         samples.sort();
-        let rank = |p: f64| {
-            let r = (p * samples.len() as f64).ceil() as usize;
-            samples[r.clamp(1, samples.len()) - 1]
-        };
         Stats {
-            median: rank(0.5),
-            p90: rank(0.9),
+            median: rank(&samples, 0.5),
+            p90: rank(&samples, 0.9),
         }
     }
 }
 
 /// Nearest rank `p` of sorted samples.
-fn rank(sorted: &[f64], p: f64) -> f64 {
+fn rank<T: Copy>(sorted: &[T], p: f64) -> T {
     let r = (p * sorted.len() as f64).ceil() as usize;
     sorted[r.clamp(1, sorted.len()) - 1]
 }

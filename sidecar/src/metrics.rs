@@ -51,9 +51,9 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// The `tool` label of calls to a tool the agent does not have.
 pub const UNKNOWN_TOOL: &str = "<unknown>";
 
-/// The upper bounds (seconds) of the LLM request duration histogram's
-/// buckets; a last `+Inf` bucket follows.
-pub const LLM_DURATION_BUCKETS: [f64; 13] = [
+/// The upper bounds (seconds) of the LLM request and tool call duration
+/// histograms' buckets; a last `+Inf` bucket follows.
+pub const DURATION_BUCKETS: [f64; 13] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
@@ -238,8 +238,8 @@ impl Default for Metrics {
             model_tokens: Family::default(),
             model_cost: Family::default(),
             budget_remaining: Family::default(),
-            llm_duration: Histogram::new(LLM_DURATION_BUCKETS),
-            tool_duration: Histogram::new(LLM_DURATION_BUCKETS),
+            llm_duration: Histogram::new(DURATION_BUCKETS),
+            tool_duration: Histogram::new(DURATION_BUCKETS),
             sessions_live: Gauge::default(),
             sessions_live_limit: Gauge::default(),
             sessions_evicted: Counter::default(),
