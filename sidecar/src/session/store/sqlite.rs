@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::config::DbConfig;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::histories::{Histories, Sized};
@@ -129,6 +130,10 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE sessions ADD COLUMN turn_count INTEGER NOT NULL DEFAULT 0;
     UPDATE sessions SET turn_count = json_array_length(turns), turns = '[]';",
 ];
+
+/// Prepared statements the connection keeps compiled: more than the store
+/// has (each `sessions` listing is one of its own).
+const STATEMENT_CACHE: usize = 48;
 
 /// How long a statement on the blocking pool waits for another process's
 /// lock before failing (a short operation on the caller's thread does not
@@ -454,6 +459,16 @@ fn configure(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
         .map_err(|e| op.db(e))?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(|e| op.db(e))?;
+    // Without it, SQLite marks a statement whose plan might depend on a
+    // bound value (`session_id = ?1`, with STAT4 built in) to be compiled
+    // again at every new binding: a cached statement would be parsed and
+    // planned anew on each use, two thirds of a short write's time. With
+    // no `ANALYZE` statistics the plan would never change anyway.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(|e| op.db(e))?;
+    // Room for every statement the store prepares (rusqlite keeps 16, and
+    // one more than fit would be compiled again at each turn of the LRU).
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(())
 }
 
@@ -582,6 +597,47 @@ fn insert_turns(conn: &Connection, session: &str, turns: &NewTurns) -> rusqlite:
         insert.execute(params![session, idx, message])?;
     }
     Ok(())
+}
+
+/// An IMMEDIATE transaction for the short writes, begun and committed by
+/// cached statements (rusqlite's `Transaction` parses `BEGIN IMMEDIATE`
+/// and `COMMIT` anew each time); rolled back when dropped uncommitted,
+/// as a failed statement or commit leaves it.
+struct Immediate<'c> {
+    conn: &'c Connection,
+    committed: bool,
+}
+
+impl<'c> Immediate<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Immediate<'c>> {
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        Ok(Immediate {
+            conn,
+            committed: false,
+        })
+    }
+
+    fn commit(mut self) -> rusqlite::Result<()> {
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Immediate<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Immediate<'_> {
+    fn drop(&mut self) {
+        if !self.committed && !self.conn.is_autocommit() {
+            // What failed is reported by the statement that failed.
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
 }
 
 fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
@@ -813,9 +869,7 @@ impl SessionStore for SqliteStore {
             .run_short("update a session", move |conn, op| {
                 // IMMEDIATE, as for `append_event`: the seqs are read and used
                 // under the write lock.
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(|e| op.db(e))?;
+                let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
                 update_row(&tx, &enc, stored, op)?;
                 let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
                 if let Some(usage) = &usage {
@@ -846,9 +900,7 @@ impl SessionStore for SqliteStore {
         self.run_short("append an event", move |conn, op| {
             // IMMEDIATE takes the write lock before reading MAX(seq), so a
             // second writer (another process) cannot pick the same seq.
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| op.db(e))?;
+            let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
             if !session_exists(&tx, &session).map_err(|e| op.db(e))? {
                 return Err(StoreError::NotFound(session.clone()));
             }
@@ -1371,6 +1423,54 @@ mod tests {
 
         here.release_memory().await;
         assert_eq!(here.histories.known(&rec.id), None);
+    }
+
+    /// A cached statement is compiled once: binding another session's id
+    /// does not make SQLite parse and plan it again (it did, on every use,
+    /// for the statements whose plan a bound value might change).
+    #[tokio::test]
+    async fn writes_and_reads_reuse_their_compiled_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let mut sessions = [record("a", 1), record("b", 2)];
+        for rec in &mut sessions {
+            store.create(rec).await.unwrap();
+        }
+        let event = [("message", json!({"text": "hi"}))];
+        for round in 0..3 {
+            for rec in &mut sessions {
+                rec.turns.push(ChatMessage::user(format!("turn {round}")));
+                rec.version += 1;
+                store.update_with_events(rec, &event, 10).await.unwrap();
+                store
+                    .append_event(&rec.id, "message", &event[0].1, 11)
+                    .await
+                    .unwrap();
+                assert_eq!(store.get(&rec.id).await.unwrap().as_ref(), Some(&*rec));
+                store.events_after(&rec.id, 0).await.unwrap();
+            }
+        }
+        let conn = store.conn.lock().unwrap();
+        // Taken from the cache, each statement has its counters since it
+        // was compiled.
+        let statements = [
+            format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE session_id = ?1".to_owned(),
+            "INSERT INTO events (session_id, seq, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                .to_owned(),
+            "INSERT INTO turns (session_id, idx, message) VALUES (?1, ?2, ?3)".to_owned(),
+            "SELECT 1 FROM sessions WHERE id = ?1".to_owned(),
+        ];
+        for sql in &statements {
+            let stmt = conn.prepare_cached(sql).unwrap();
+            let runs = stmt.get_status(rusqlite::StatementStatus::Run);
+            assert!(runs > 0, "not cached, or never run: {sql}");
+            assert_eq!(
+                stmt.get_status(rusqlite::StatementStatus::RePrepare),
+                0,
+                "compiled again after {runs} runs: {sql}"
+            );
+        }
     }
 
     #[tokio::test]
