@@ -183,16 +183,23 @@ async fn run_inner(
         // Counted only when a budget claims a request or a model reports
         // no usage: most runs never need it.
         let tools_chars = std::sync::OnceLock::new();
+        // One request for the run, which each step extends by what the
+        // history gained since the last (the model's turn and its calls'
+        // results), instead of copying the whole conversation every step.
+        let mut request = ChatRequest {
+            messages: Vec::with_capacity(history.len() + 4),
+            tools,
+        };
+        if !ctx.agent.spec.system_prompt.is_empty() {
+            let prompt = ctx.agent.spec.system_prompt.clone();
+            request.messages.push(ChatMessage::system(prompt));
+        }
+        let mut sent = 0;
         for step in 0..ctx.max_steps {
-            let mut messages = Vec::with_capacity(history.len() + 1);
-            if !ctx.agent.spec.system_prompt.is_empty() {
-                messages.push(ChatMessage::system(ctx.agent.spec.system_prompt.clone()));
-            }
-            messages.extend(history.iter().cloned());
-            let request = ChatRequest {
-                messages,
-                tools: tools.clone(),
-            };
+            // The history only grows while the run goes on.
+            request.messages.extend(history[sent..].iter().cloned());
+            sent = history.len();
+            let request = &request;
             let model = &ctx.agent.spec.model;
             let estimate = || {
                 let tools = *tools_chars.get_or_init(|| {

@@ -43,6 +43,15 @@ async fn a_message_runs_the_tool_the_model_calls_and_records_each_step_in_order(
         panic!("the second request ends with the tool's result: {result:?}");
     };
     assert!(content.contains("\"capability\":\"date\""), "{content}");
+    // The second request is the first one and what the run added since
+    // (the model's call, its result): the conversation as stored so far.
+    let (first, second) = (&seen[0].messages, &seen[1].messages);
+    assert_eq!(second.len(), first.len() + 2, "{second:?}");
+    assert_eq!(second[..first.len()], first[..]);
+    assert!(
+        second.ends_with(&rec.turns[..rec.turns.len() - 1]),
+        "{second:?}"
+    );
 }
 
 /// A bound argument is not in the schema the model sees, and a value the
