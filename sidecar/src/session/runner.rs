@@ -224,7 +224,7 @@ async fn run_inner(
             };
             let response = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = model_turn(ctx, &request, sink).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+                r = model_turn(ctx, request, sink).instrument(tracing::info_span!("model_turn", step)) => Some(r),
             };
             if let Some(ledger) = ctx.ledger {
                 let spent = match &response {
