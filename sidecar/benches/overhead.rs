@@ -60,6 +60,13 @@
 //! server's timing of its calls), and the rest (HTTP, the run loop), as
 //! averages per round trip.
 //!
+//! After each mode's round trips it times HTTP alone against the same
+//! server, as many times: a `GET /healthz` and a `GET` of the session's
+//! view (the answer's body, the whole conversation), at once and after
+//! the model's delay idle. On a shared virtual machine these show the
+//! floor that the API's own exchange and the answer's size set, before
+//! any of the sidecar's work.
+//!
 //! Medians are the headline; p90 shows the spread. The machine's load
 //! average is printed too: on a shared two-core machine other work moves
 //! the numbers by milliseconds, so compare runs made under similar load.
@@ -163,6 +170,7 @@ fn main() {
             ratio(trip.p90, model.p90),
             ms(model.p90),
         );
+        m.http.print();
     }
     let (plain, with) = (Stats::of(plain), Stats::of(with));
     println!(
@@ -207,7 +215,59 @@ struct Measured {
     /// Each round trip's tool call, as the server timed it (from its
     /// `/metrics`, read after each round trip).
     tool: Vec<Duration>,
+    /// HTTP alone, after the round trips, as many times: `GET /healthz`,
+    /// and `GET` of the session's view (what the last round trip answered
+    /// with), at once and after the model's delay idle, as a round trip's
+    /// answer comes after the model's wait.
+    http: Http,
     spent: Spent,
+}
+
+#[derive(Default)]
+struct Http {
+    health: Vec<Duration>,
+    view: Vec<Duration>,
+    view_after_idle: Vec<Duration>,
+    /// The view's size in bytes, at the end.
+    view_bytes: usize,
+    idle: Duration,
+}
+
+impl Http {
+    /// Time one `GET` with `http`, to the last byte; the body's size.
+    async fn time(http: &reqwest::Client, url: &str) -> (Duration, usize) {
+        let t = Instant::now();
+        let r = http.get(url).bearer_auth(OWNER).send().await;
+        let r = r.expect("the sidecar answers");
+        assert!(r.status().is_success(), "{url}: {}", r.status());
+        let body = r.bytes().await.expect("the whole answer");
+        (t.elapsed(), body.len())
+    }
+
+    async fn sample(&mut self, http: &reqwest::Client, base: &str, id: &str, idle: Duration) {
+        let view = format!("{base}/v1/sessions/{id}");
+        self.health
+            .push(Http::time(http, &format!("{base}/healthz")).await.0);
+        self.view.push(Http::time(http, &view).await.0);
+        tokio::time::sleep(idle).await;
+        let (after_idle, bytes) = Http::time(http, &view).await;
+        self.view_after_idle.push(after_idle);
+        self.view_bytes = bytes;
+        self.idle = idle;
+    }
+
+    fn print(&self) {
+        let median = |d: &[Duration]| ms(Stats::of(d.to_vec()).median);
+        println!(
+            "{:21}    HTTP alone: GET /healthz {}, GET the session's view ({} KiB) {}, {} after {} idle",
+            "",
+            median(&self.health),
+            self.view_bytes / 1024,
+            median(&self.view),
+            median(&self.view_after_idle),
+            ms(self.idle),
+        );
+    }
 }
 
 impl Measured {
@@ -381,6 +441,12 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         tool_seconds = now;
     }
     let after = Scrape::of(&api).await;
+    let mut http_alone = Http::default();
+    // After the breakdown's last scrape: these reads are not the round
+    // trips'.
+    for _ in 0..ROUND_TRIPS {
+        http_alone.sample(&http, &api.base, &id, delay).await;
+    }
     assert_eq!(
         w.mock.request_count(),
         MODEL_TURNS as usize * (WARMUP_ROUND_TRIPS + 2 * ROUND_TRIPS)
@@ -392,6 +458,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         trips,
         model,
         tool,
+        http: http_alone,
         spent,
     }
 }
