@@ -599,7 +599,8 @@ fn insert_turns(conn: &Connection, session: &str, turns: &NewTurns) -> rusqlite:
     Ok(())
 }
 
-/// An IMMEDIATE transaction for the short writes, begun and committed by
+/// An IMMEDIATE transaction for the writes of every run (a session's,
+/// an event's, a budget's claim), begun and committed by
 /// cached statements (rusqlite's `Transaction` parses `BEGIN IMMEDIATE`
 /// and `COMMIT` anew each time); rolled back when dropped uncommitted,
 /// as a failed statement or commit leaves it.
@@ -1064,9 +1065,7 @@ impl SessionStore for SqliteStore {
         self.run("claim a budget", move |conn, op| {
             // IMMEDIATE: the sums are read and the row written under the
             // write lock, so no other claim comes in between.
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(|e| op.db(e))?;
+            let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
             write_unwritten(&tx, &earlier).map_err(|e| op.db(e))?;
             let mut used = Vec::with_capacity(limits.len());
             for (index, (gauge, limit)) in limits.iter().enumerate() {
