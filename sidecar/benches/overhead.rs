@@ -223,17 +223,27 @@ struct Measured {
     spent: Spent,
 }
 
-#[derive(Default)]
 struct Http {
+    /// How long the server is left idle before the second `GET` of the view.
+    idle: Duration,
     health: Vec<Duration>,
     view: Vec<Duration>,
     view_after_idle: Vec<Duration>,
     /// The view's size in bytes, at the end.
     view_bytes: usize,
-    idle: Duration,
 }
 
 impl Http {
+    fn new(idle: Duration) -> Http {
+        Http {
+            idle,
+            health: Vec::new(),
+            view: Vec::new(),
+            view_after_idle: Vec::new(),
+            view_bytes: 0,
+        }
+    }
+
     /// Time one `GET` with `http`, to the last byte; the body's size.
     async fn time(http: &reqwest::Client, url: &str) -> (Duration, usize) {
         let t = Instant::now();
@@ -244,16 +254,15 @@ impl Http {
         (t.elapsed(), body.len())
     }
 
-    async fn sample(&mut self, http: &reqwest::Client, base: &str, id: &str, idle: Duration) {
+    async fn sample(&mut self, http: &reqwest::Client, base: &str, id: &str) {
         let view = format!("{base}/v1/sessions/{id}");
         self.health
             .push(Http::time(http, &format!("{base}/healthz")).await.0);
         self.view.push(Http::time(http, &view).await.0);
-        tokio::time::sleep(idle).await;
+        tokio::time::sleep(self.idle).await;
         let (after_idle, bytes) = Http::time(http, &view).await;
         self.view_after_idle.push(after_idle);
         self.view_bytes = bytes;
-        self.idle = idle;
     }
 
     fn print(&self) {
@@ -441,11 +450,11 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         tool_seconds = now;
     }
     let after = Scrape::of(&api).await;
-    let mut http_alone = Http::default();
+    let mut http_alone = Http::new(delay);
     // After the breakdown's last scrape: these reads are not the round
     // trips'.
     for _ in 0..ROUND_TRIPS {
-        http_alone.sample(&http, &api.base, &id, delay).await;
+        http_alone.sample(&http, &api.base, &id).await;
     }
     assert_eq!(
         w.mock.request_count(),
