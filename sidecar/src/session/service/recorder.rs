@@ -50,7 +50,8 @@ impl Recorder {
     /// subscribers). Nothing is written once the run is no longer ours
     /// (another server found it lost and closed it); a write that lost a
     /// race with a change elsewhere (parameters) is redone on the fresh
-    /// record.
+    /// record. The write that ends the run also ends its hold on the
+    /// session, under the same lock.
     pub(super) async fn write_run(
         &self,
         id: &str,
@@ -99,6 +100,11 @@ impl Recorder {
                         *written = Some(Box::new(rec));
                         return RunWrite::Written(stored, None);
                     }
+                    // The run's end: it lets the session go before its
+                    // lock does, so that a request its end prompts (an
+                    // answer to what it waits for, a next message) finds
+                    // no run in progress.
+                    *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     return RunWrite::Written(stored, Some(Box::new(rec)));
                 }
                 Err(StoreError::Conflict(_)) => continue,

@@ -185,6 +185,7 @@ impl Runs {
         let taint_from = rec.security.taint_cleared_at.unwrap_or(0);
         let stop = cancel.clone();
         let (running, run_started) = tokio::sync::oneshot::channel::<()>();
+        let this_run = done_rx.clone();
         tokio::spawn(async move {
             let _ = running.send(());
             let id = run_id;
@@ -216,9 +217,21 @@ impl Runs {
             };
             let record = this.finish(&id, driven, pending, mode).await;
             if let Some(live) = this.live.peek(&id) {
-                // A run that was taken away may leave its last write here.
-                live.lock.lock().await.take();
-                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                let mut written = live.lock.lock().await;
+                let mut handle = live.run.lock().unwrap_or_else(|p| p.into_inner());
+                // A stored end let the session go (and another run may
+                // hold it now). A run that was taken away, or could not
+                // store its end, lets it go here, with the last write it
+                // may have left.
+                if handle
+                    .as_ref()
+                    .is_some_and(|h| h.done.same_channel(&this_run))
+                {
+                    *handle = None;
+                    written.take();
+                }
+                drop(handle);
+                drop(written);
                 live.touch();
             }
             let _ = done_tx.send(Some(Ended {

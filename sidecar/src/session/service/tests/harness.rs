@@ -138,9 +138,20 @@ impl World {
     /// Its store as replicas share one: runs are vouched for by their
     /// server's heartbeats, as on PostgreSQL.
     pub async fn shared(agent_files: &[String]) -> World {
+        Self::watched(agent_files, true, Arc::new(Unwatched)).await
+    }
+
+    /// A world whose store tells `hook` of its session reads and writes,
+    /// and says it is `shared` or not.
+    pub async fn watched(agent_files: &[String], shared: bool, hook: Arc<dyn Hook>) -> World {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("s.sqlite").to_string_lossy()).unwrap();
-        Self::with_store(dir, agent_files, Arc::new(Shared(store))).await
+        let store = Watched {
+            store,
+            shared,
+            hook,
+        };
+        Self::with_store(dir, agent_files, Arc::new(store)).await
     }
 
     async fn with_store(
@@ -286,35 +297,57 @@ pub fn no_params() -> Value {
     json!({})
 }
 
-/// A SQLite store that says it is shared, so that two servers on it judge
-/// each other's runs by heartbeats and leases as they would on PostgreSQL.
-struct Shared(SqliteStore);
+/// What a test does when its store reads or writes a session: a step of
+/// its own at an exact point between the service's steps (the store is
+/// where the service waits).
+#[async_trait]
+pub trait Hook: Send + Sync {
+    /// Session `id` was read.
+    async fn read(&self, _id: &str) {}
+    /// `rec` was written, with events (its turns, its start or its end).
+    async fn written(&self, _rec: &SessionRecord) {}
+}
+
+struct Unwatched;
+
+impl Hook for Unwatched {}
+
+/// A SQLite store that tells a test's [`Hook`] of its reads and writes,
+/// and that may say it is shared, so that two servers on it judge each
+/// other's runs by heartbeats and leases as they would on PostgreSQL.
+struct Watched {
+    store: SqliteStore,
+    shared: bool,
+    hook: Arc<dyn Hook>,
+}
 
 #[async_trait]
-impl SessionStore for Shared {
+impl SessionStore for Watched {
     fn shared(&self) -> bool {
-        true
+        self.shared
     }
     fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<Notice>> {
         None
     }
     async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
-        self.0.create(rec).await
+        self.store.create(rec).await
     }
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        self.0.get(id).await
+        let read = self.store.get(id).await;
+        self.hook.read(id).await;
+        read
     }
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.0.list().await
+        self.store.list().await
     }
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.0.running().await
+        self.store.running().await
     }
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.0.waiting().await
+        self.store.waiting().await
     }
     async fn update(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
-        self.0.update(rec).await
+        self.store.update(rec).await
     }
     async fn append_event(
         &self,
@@ -323,7 +356,7 @@ impl SessionStore for Shared {
         data: &Value,
         at: i64,
     ) -> Result<i64, StoreError> {
-        self.0.append_event(session, kind, data, at).await
+        self.store.append_event(session, kind, data, at).await
     }
     async fn update_with_events(
         &self,
@@ -331,7 +364,9 @@ impl SessionStore for Shared {
         events: &[(&str, Value)],
         at: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        self.0.update_with_events(rec, events, at).await
+        let seqs = self.store.update_with_events(rec, events, at).await?;
+        self.hook.written(rec).await;
+        Ok(seqs)
     }
     async fn update_with_usage(
         &self,
@@ -340,29 +375,31 @@ impl SessionStore for Shared {
         at: i64,
         usage: &Unwritten,
     ) -> Result<Vec<i64>, StoreError> {
-        self.0.update_with_usage(rec, events, at, usage).await
+        let seqs = self.store.update_with_usage(rec, events, at, usage).await?;
+        self.hook.written(rec).await;
+        Ok(seqs)
     }
     async fn events_after(
         &self,
         session: &str,
         after: i64,
     ) -> Result<Vec<EventRecord>, StoreError> {
-        self.0.events_after(session, after).await
+        self.store.events_after(session, after).await
     }
     async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
-        self.0.beat(instance, at, address).await
+        self.store.beat(instance, at, address).await
     }
     async fn peer(&self, instance: &str) -> Result<Option<Peer>, StoreError> {
-        self.0.peer(instance).await
+        self.store.peer(instance).await
     }
     async fn heartbeats(&self) -> Result<HashMap<String, i64>, StoreError> {
-        self.0.heartbeats().await
+        self.store.heartbeats().await
     }
     async fn forget_runner(&self, instance: &str) -> Result<(), StoreError> {
-        self.0.forget_runner(instance).await
+        self.store.forget_runner(instance).await
     }
     async fn prune_runners(&self, before: i64) -> Result<u64, StoreError> {
-        self.0.prune_runners(before).await
+        self.store.prune_runners(before).await
     }
     async fn claim(
         &self,
@@ -370,13 +407,13 @@ impl SessionStore for Shared {
         earlier: &Unwritten,
         row: &Use,
     ) -> Result<Claimed, StoreError> {
-        self.0.claim(limits, earlier, row).await
+        self.store.claim(limits, earlier, row).await
     }
     async fn record(&self, earlier: &Unwritten) -> Result<(), StoreError> {
-        self.0.record(earlier).await
+        self.store.record(earlier).await
     }
     async fn measure(&self, gauges: &[Gauge]) -> Result<Vec<Standing>, StoreError> {
-        self.0.measure(gauges).await
+        self.store.measure(gauges).await
     }
     async fn peak(
         &self,
@@ -385,12 +422,12 @@ impl SessionStore for Shared {
         by_session: bool,
         since: i64,
     ) -> Result<f64, StoreError> {
-        self.0.peak(agent, meter, by_session, since).await
+        self.store.peak(agent, meter, by_session, since).await
     }
     async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
-        self.0.report(from, to, group).await
+        self.store.report(from, to, group).await
     }
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
-        self.0.session_totals(session).await
+        self.store.session_totals(session).await
     }
 }
