@@ -41,6 +41,7 @@ macro_rules! store_contract {
             case!(update_needs_the_next_version);
             case!(turns_are_appended_and_a_write_from_a_stale_count_is_refused);
             case!(update_of_an_unknown_session_is_not_found);
+            case!(update_of_a_session_made_anew_under_its_id_is_refused);
             case!(list_is_newest_first_then_by_id);
             case!(events_are_numbered_per_session_and_read_in_order);
             case!(an_update_and_its_events_are_stored_together);
@@ -254,6 +255,26 @@ pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
         store.update(&mut stale).await,
         Err(StoreError::Conflict(_))
     ));
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+}
+
+pub async fn update_of_a_session_made_anew_under_its_id_is_refused(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&mut rec).await.unwrap();
+    // What a writer holds of an earlier session of the same id.
+    let mut earlier = rec.clone();
+    earlier.created_at = 0;
+    earlier.version = 2;
+    earlier.status = SessionStatus::Failed;
+    match store.update(&mut earlier).await {
+        Err(StoreError::Conflict(id)) => assert_eq!(id, "s1"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
+
+    rec.version = 2;
+    rec.status = SessionStatus::Running;
+    store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap(), Some(rec));
 }
 

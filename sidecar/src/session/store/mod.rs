@@ -81,10 +81,12 @@ pub trait SessionStore: Send + Sync {
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// The sessions whose status is `waiting_external`, by id.
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError>;
-    /// Replace a session whose stored version is `rec.version - 1` and
-    /// that holds `rec.stored_turns` turns (else a conflict): its row is
-    /// rewritten, its turns after those appended, and `rec.stored_turns`
-    /// then counts them all. The history is never rewritten.
+    /// Replace a session whose stored version is `rec.version - 1`, that
+    /// holds `rec.stored_turns` turns and that was created at
+    /// `rec.created_at` (else a conflict: a session of that id made anew
+    /// is another session): its row is rewritten but for its creation
+    /// time, its turns after those appended, and `rec.stored_turns` then
+    /// counts them all. The history is never rewritten.
     async fn update(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
         let at = rec.updated_at;
         self.update_with_events(rec, &[], at).await.map(drop)

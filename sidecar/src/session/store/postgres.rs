@@ -741,12 +741,12 @@ impl SessionStore for PostgresStore {
         let sql = format!(
             "WITH u AS (
                  UPDATE bindery_sessions
-                 SET agent = $2, status = $3, status_detail = $4, created_at = $5,
+                 SET agent = $2, status = $3, status_detail = $4,
                      updated_at = $6, version = $7, turns = $8, params = $9,
                      security = $10, forked_from = $11, runner = $12,
                      cancel_requested = $13, pending = $14, holder = $15, turn_count = $16,
                      event_seq = event_seq + cardinality($17::TEXT[])
-                 WHERE id = $1 AND version + 1 = $7 AND turn_count = $20
+                 WHERE id = $1 AND created_at = $5 AND version + 1 = $7 AND turn_count = $20
                  RETURNING event_seq
              ), t AS (
                  INSERT INTO bindery_turns (session_id, idx, message)

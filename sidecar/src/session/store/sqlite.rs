@@ -645,8 +645,9 @@ fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
     e.sqlite_extended_error_code() == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
-/// Write `enc` over its row if the stored version is the one before it
-/// and the store holds `stored` turns, then append `new`; in the caller's
+/// Write `enc` over its row if it is the same session (created at the
+/// same time), the stored version is the one before it and the store
+/// holds `stored` turns, then append `new`; in the caller's
 /// transaction, so "no row changed" and "does it exist" agree.
 fn update_row(
     conn: &Connection,
@@ -658,12 +659,15 @@ fn update_row(
     values.push(&stored);
     let changed = conn
         .prepare_cached(
+            // `created_at` is matched, not set: it never changes, and
+            // setting its indexed column would rewrite an index page at
+            // every write.
             "UPDATE sessions
-             SET agent = ?2, status = ?3, status_detail = ?4, created_at = ?5,
+             SET agent = ?2, status = ?3, status_detail = ?4,
                  updated_at = ?6, version = ?7, turns = ?8, params = ?9,
                  security = ?10, forked_from = ?11, runner = ?12,
                  cancel_requested = ?13, pending = ?14, holder = ?15, turn_count = ?16
-             WHERE id = ?1 AND version = ?7 - 1 AND turn_count = ?17",
+             WHERE id = ?1 AND created_at = ?5 AND version = ?7 - 1 AND turn_count = ?17",
         )
         .and_then(|mut update| update.execute(values.as_slice()))
         .map_err(|e| op.db(e))?;
