@@ -24,7 +24,9 @@
 //!   session store, the run loop, the LLM client (and the mock's own JSON
 //!   work) and the tool run. The sidecar's own time is each round trip
 //!   less its model's time (the same two requests sent to the mock right
-//!   after it) and its tool script's (the tool call as the server timed it,
+//!   after it, from a process of their own as the sidecar's are: see
+//!   [`Replayer`]; the same requests from the mock's own process print
+//!   beside it) and its tool script's (the tool call as the server timed it,
 //!   `bindery_tool_call_duration_seconds`, less what the server adds to a
 //!   call, measured below as bound over direct), sample by sample: the
 //!   median and p90 of those differences. Pairing them keeps a change of
@@ -62,8 +64,8 @@
 //!
 //! After each mode's round trips it times HTTP alone against the same
 //! server, as many times: a `GET /healthz` and a `GET` of the session's
-//! view (the answer's body, the whole conversation), at once and after
-//! the model's delay idle. On a shared virtual machine these show the
+//! view (the answer's body, the whole conversation), each at once and
+//! after the model's delay idle. On a shared virtual machine these show the
 //! floor that the API's own exchange and the answer's size set, before
 //! any of the sidecar's work.
 //!
@@ -95,6 +97,9 @@ const WARMUP_TOOL_CALLS: usize = 5;
 const TOOL_CALLS: usize = 50;
 
 const TENANT: &str = "acme-corp";
+/// Set in the child that replays the model's requests: the mock's
+/// completions URL (see [`Replayer`]).
+const REPLAY_TO: &str = "BINDERY_BENCH_REPLAY_TO";
 /// The server's own time of the tool calls it ran, in seconds.
 const TOOL_SECONDS: &str = "bindery_tool_call_duration_seconds_sum";
 const TOOL: &str = "bash_query-invoices";
@@ -108,6 +113,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    if let Ok(url) = std::env::var(REPLAY_TO) {
+        Replayer::serve(&rt, &url);
+        return;
+    }
     let delay = std::env::var("MODEL_DELAY_MS")
         .ok()
         .map(|v| {
@@ -170,6 +179,14 @@ fn main() {
             ratio(trip.p90, model.p90),
             ms(model.p90),
         );
+        let here = Stats::of(m.model_here.clone());
+        println!(
+            "{:21}    the model alone: median {} from a process of its own (the floor's), {} from the mock's own ({})",
+            "",
+            ms(model.median),
+            ms(here.median),
+            ms_diff(model.median, here.median),
+        );
         m.http.print();
     }
     let (plain, with) = (Stats::of(plain), Stats::of(with));
@@ -211,14 +228,19 @@ fn main() {
 /// requests sent straight to the mock right after each.
 struct Measured {
     trips: Vec<Duration>,
+    /// The model's requests of each round trip, sent from a process of
+    /// their own (see [`Replayer`]): the model's time in the floor.
     model: Vec<Duration>,
+    /// The same, sent from this process, which is the mock's: what the
+    /// model's time would read without a crossing into another process.
+    model_here: Vec<Duration>,
     /// Each round trip's tool call, as the server timed it (from its
     /// `/metrics`, read after each round trip).
     tool: Vec<Duration>,
     /// HTTP alone, after the round trips, as many times: `GET /healthz`,
     /// and `GET` of the session's view (what the last round trip answered
-    /// with), at once and after the model's delay idle, as a round trip's
-    /// answer comes after the model's wait.
+    /// with), each at once and after the model's delay idle, as a round
+    /// trip's answer comes after the model's wait.
     http: Http,
     spent: Spent,
 }
@@ -227,6 +249,7 @@ struct Http {
     /// How long the server is left idle before the second `GET` of the view.
     idle: Duration,
     health: Vec<Duration>,
+    health_after_idle: Vec<Duration>,
     view: Vec<Duration>,
     view_after_idle: Vec<Duration>,
     /// The view's size in bytes, at the end.
@@ -238,6 +261,7 @@ impl Http {
         Http {
             idle,
             health: Vec::new(),
+            health_after_idle: Vec::new(),
             view: Vec::new(),
             view_after_idle: Vec::new(),
             view_bytes: 0,
@@ -255,9 +279,14 @@ impl Http {
     }
 
     async fn sample(&mut self, http: &reqwest::Client, base: &str, id: &str) {
-        let view = format!("{base}/v1/sessions/{id}");
-        self.health
-            .push(Http::time(http, &format!("{base}/healthz")).await.0);
+        let (view, health) = (
+            format!("{base}/v1/sessions/{id}"),
+            format!("{base}/healthz"),
+        );
+        self.health.push(Http::time(http, &health).await.0);
+        tokio::time::sleep(self.idle).await;
+        self.health_after_idle
+            .push(Http::time(http, &health).await.0);
         self.view.push(Http::time(http, &view).await.0);
         tokio::time::sleep(self.idle).await;
         let (after_idle, bytes) = Http::time(http, &view).await;
@@ -268,13 +297,14 @@ impl Http {
     fn print(&self) {
         let median = |d: &[Duration]| ms(Stats::of(d.to_vec()).median);
         println!(
-            "{:21}    HTTP alone: GET /healthz {}, GET the session's view ({} KiB) {}, {} after {} idle",
+            "{:21}    HTTP alone: GET /healthz {} ({} after {} idle), GET the session's view ({} KiB) {}, {} after the same idle",
             "",
             median(&self.health),
+            median(&self.health_after_idle),
+            ms(self.idle),
             self.view_bytes / 1024,
             median(&self.view),
             median(&self.view_after_idle),
-            ms(self.idle),
         );
     }
 }
@@ -386,9 +416,11 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     let body = json!({"prompt": "which invoices are overdue?"});
     let http = reqwest::Client::new();
     let completions = format!("{}/chat/completions", w.mock.url());
+    let mut replayer = Replayer::start(&completions);
 
     let mut trips = Vec::with_capacity(ROUND_TRIPS);
     let mut model = Vec::with_capacity(ROUND_TRIPS);
+    let mut model_here = Vec::with_capacity(ROUND_TRIPS);
     let mut tool = Vec::with_capacity(ROUND_TRIPS);
     let mut before = Scrape::default();
     let mut tool_seconds = 0.0;
@@ -426,24 +458,16 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
             .map(|body| serde_json::to_vec(body).expect("a request body"))
             .collect();
         assert_eq!(replay.len(), MODEL_TURNS as usize);
+        // Replayed in warm-up too: each client has its connection by the
+        // first measured round trip, as the sidecar has its own.
+        let elsewhere = replayer.replay(&replay).await;
+        let here = send_all(&http, &completions, &replay).await;
         if i < WARMUP_ROUND_TRIPS {
             continue;
         }
         trips.push(elapsed);
-        let t = Instant::now();
-        for body in &replay {
-            let r = http
-                .post(&completions)
-                .header("content-type", "application/json")
-                .body(body.clone())
-                .send()
-                .await
-                .expect("the mock answers");
-            assert!(r.status().is_success(), "{}", r.status());
-            // To the end of the body, as a client that reuses the connection.
-            r.bytes().await.expect("the whole answer");
-        }
-        model.push(t.elapsed());
+        model.push(elsewhere);
+        model_here.push(here);
         // The tool's run in this round trip, as the server timed it.
         let now = Scrape::of(&api).await.get(TOOL_SECONDS);
         tool.push(Duration::from_secs_f64(now - tool_seconds));
@@ -456,9 +480,10 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     for _ in 0..ROUND_TRIPS {
         http_alone.sample(&http, &api.base, &id).await;
     }
+    // The sidecar's requests, and each replayed twice.
     assert_eq!(
         w.mock.request_count(),
-        MODEL_TURNS as usize * (WARMUP_ROUND_TRIPS + 2 * ROUND_TRIPS)
+        MODEL_TURNS as usize * 3 * (WARMUP_ROUND_TRIPS + ROUND_TRIPS)
     );
     drop(sidecar);
     let mean = |d: &[Duration]| d.iter().sum::<Duration>() / d.len() as u32;
@@ -466,9 +491,93 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     Measured {
         trips,
         model,
+        model_here,
         tool,
         http: http_alone,
         spent,
+    }
+}
+
+/// Send `bodies` to the mock's completions `url` one after the other, each
+/// read to the last byte of its answer: the time they took.
+async fn send_all(http: &reqwest::Client, url: &str, bodies: &[Vec<u8>]) -> Duration {
+    let t = Instant::now();
+    for body in bodies {
+        let r = http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("the mock answers");
+        assert!(r.status().is_success(), "{}", r.status());
+        // To the end of the body, as a client that reuses the connection.
+        r.bytes().await.expect("the whole answer");
+    }
+    t.elapsed()
+}
+
+/// A child process (this bench binary, with [`REPLAY_TO`] set) that sends
+/// a round trip's model requests to the mock, as the sidecar does: from a
+/// process other than the mock's. Every answer then wakes a process that
+/// sat idle through the model's delay, as the sidecar's does; requests
+/// sent from the mock's own process skip that. The parent writes each
+/// round trip's request bodies as a JSON line; the child answers with the
+/// nanoseconds [`send_all`] took.
+struct Replayer {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Replayer {
+    fn start(url: &str) -> Replayer {
+        let exe = std::env::current_exe().expect("the bench's own binary");
+        let mut child = tokio::process::Command::new(exe)
+            .env(REPLAY_TO, url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the replayer starts");
+        let stdin = child.stdin.take().expect("the replayer's stdin");
+        let stdout = child.stdout.take().expect("the replayer's stdout");
+        Replayer {
+            _child: child,
+            stdin,
+            stdout: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        }
+    }
+
+    async fn replay(&mut self, bodies: &[Vec<u8>]) -> Duration {
+        use tokio::io::AsyncWriteExt;
+        let bodies: Vec<&str> = bodies
+            .iter()
+            .map(|b| std::str::from_utf8(b).expect("a JSON body"))
+            .collect();
+        let mut line = serde_json::to_vec(&bodies).expect("one line");
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.expect("to the replayer");
+        self.stdin.flush().await.expect("to the replayer");
+        let answer = self.stdout.next_line().await.expect("from the replayer");
+        let nanos = answer.expect("the replayer answers").parse();
+        Duration::from_nanos(nanos.expect("nanoseconds"))
+    }
+
+    /// The child's side: until its stdin closes (read on this thread,
+    /// outside the times it answers with).
+    fn serve(rt: &tokio::runtime::Runtime, url: &str) {
+        use std::io::{BufRead, Write};
+        let http = reqwest::Client::new();
+        let mut out = std::io::stdout().lock();
+        for line in std::io::stdin().lock().lines() {
+            let line = line.expect("the parent's line");
+            let bodies: Vec<String> = serde_json::from_str(&line).expect("request bodies");
+            let bodies: Vec<Vec<u8>> = bodies.into_iter().map(String::into_bytes).collect();
+            let took = rt.block_on(send_all(&http, url, &bodies));
+            writeln!(out, "{}", took.as_nanos()).expect("to the parent");
+            out.flush().expect("to the parent");
+        }
     }
 }
 
