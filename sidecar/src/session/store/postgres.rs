@@ -136,6 +136,11 @@ const MIGRATIONS: &[&str] = &[
         FROM bindery_sessions s, json_array_elements(s.turns::JSON) WITH ORDINALITY AS t(m, n);
     ALTER TABLE bindery_sessions ADD COLUMN turn_count BIGINT NOT NULL DEFAULT 0;
     UPDATE bindery_sessions SET turn_count = json_array_length(turns::JSON), turns = '[]';",
+    // 10: a session's usage summed from its index alone (every view reads
+    // the sums), and a session budget's window read as a range of it.
+    "DROP INDEX bindery_usage_session;
+    CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
+        INCLUDE (prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -1311,7 +1316,9 @@ mod tests {
                 DB,
                 "SELECT version FROM bindery_schema_migrations ORDER BY version"
             ),
-            "1\n2\n3\n4\n5\n6\n7\n8\n9\n"
+            (1..=MIGRATIONS.len())
+                .map(|v| format!("{v}\n"))
+                .collect::<String>()
         );
         a.create(&mut record("s1", 1)).await.unwrap();
         assert!(b.get("s1").await.unwrap().is_some());

@@ -129,6 +129,14 @@ const MIGRATIONS: &[&str] = &[
         SELECT s.id, t.key, t.value FROM sessions s, json_each(s.turns) t;
     ALTER TABLE sessions ADD COLUMN turn_count INTEGER NOT NULL DEFAULT 0;
     UPDATE sessions SET turn_count = json_array_length(turns), turns = '[]';",
+    // 9: a session's usage summed from its index alone (every view reads
+    // the sums): the index by session holds what they add up, and the
+    // time, for a session budget's window. Without it each of the
+    // session's rows was a lookup in the table, where sessions' rows lie
+    // interleaved.
+    "DROP INDEX usage_session;
+    CREATE INDEX usage_session ON usage
+        (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);",
 ];
 
 /// Prepared statements the connection keeps compiled: more than the store
@@ -1290,6 +1298,33 @@ mod tests {
                 .unwrap(),
             2
         );
+    }
+
+    /// A session's usage sums (every view reads them) and a session
+    /// budget's window read the index by session alone, never the table,
+    /// where sessions' rows lie interleaved.
+    #[tokio::test]
+    async fn a_sessions_usage_is_summed_from_its_index_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = open_in(&dir).path().to_owned();
+        let conn = Connection::open(&path).unwrap();
+        let window = meter_sql(Meter::Tokens);
+        for (sql, args) in [
+            (format!("SELECT {TOTALS} FROM usage WHERE session = ?1"), &["s1"][..]),
+            (
+                format!("SELECT COALESCE(SUM({window}), 0), MIN(at) FROM usage WHERE session = ?1 AND at >= ?2"),
+                &["s1", "0"][..],
+            ),
+        ] {
+            let plan: String = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(plan.contains("COVERING INDEX usage_session"), "{sql}: {plan}");
+        }
     }
 
     #[tokio::test]
