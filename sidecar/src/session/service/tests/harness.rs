@@ -16,8 +16,9 @@ use crate::llm::{
     ToolCall,
 };
 use crate::session::clock::TokioClock;
+use crate::session::error::ServiceError;
 use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::service::{CreateSession, RunMode, Service, ServiceConfig};
+use crate::session::service::{CreateSession, RunMode, RunWait, Service, ServiceConfig};
 use crate::session::store::sqlite::SqliteStore;
 use crate::session::store::{Notice, Peer, SessionStore, StoreError};
 use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
@@ -229,8 +230,8 @@ impl Client<'_> {
         created.id
     }
 
-    /// Send `prompt` and wait for its run to end (or to wait on a call).
-    pub async fn say(&self, id: &str, prompt: &str) -> SessionRecord {
+    /// Send `prompt` as the owner: the run it started, or why it was refused.
+    pub async fn send(&self, id: &str, prompt: &str) -> Result<RunWait, ServiceError> {
         self.0
             .sessions()
             .post_message(
@@ -241,10 +242,24 @@ impl Client<'_> {
                 RunMode::UntilBlocked,
             )
             .await
+    }
+
+    /// Send `prompt` and wait for its run to end (or to wait on a call).
+    pub async fn say(&self, id: &str, prompt: &str) -> SessionRecord {
+        self.send(id, prompt)
+            .await
             .unwrap_or_else(|e| panic!("message: {}", e.message))
             .finished()
             .await;
         self.0.record(id).await.unwrap()
+    }
+
+    /// Send `prompt`, which must be refused: why it was.
+    pub async fn refused(&self, id: &str, prompt: &str) -> ServiceError {
+        self.send(id, prompt)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("the message `{prompt}` was taken"))
     }
 
     /// The kinds of the session's stored events, in order.

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::harness::{agent, answer, no_params, Client, Hook, Reply, World};
 use crate::session::error::ServiceError;
 use crate::session::model::{SessionRecord, SessionStatus};
-use crate::session::service::{Answer, RunMode, RunWait, Service, ServiceConfig};
+use crate::session::service::{Answer, RunWait, Service, ServiceConfig};
 use crate::session::validate::Caller;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -193,18 +193,8 @@ async fn an_answer_sent_the_moment_the_wait_is_stored_resumes_the_run() {
     // the session's run: one at a time.
     super::harness::asked(&world.model, 2).await;
     assert!(server.is_running(&id), "the resumed run is registered");
-    let second = server
-        .sessions()
-        .post_message(
-            &Caller::Owner,
-            &id,
-            "and the time?".into(),
-            &Default::default(),
-            RunMode::UntilBlocked,
-        )
-        .await
-        .err()
-        .expect("a second run is refused while the resumed one goes on");
+    // A second run is refused while the resumed one goes on.
+    let second = client.refused(&id, "and the time?").await;
     assert_eq!(second.code, "run_in_progress", "{}", second.message);
 
     server.runs().cancel(&id).await.unwrap();

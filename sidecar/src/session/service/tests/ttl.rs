@@ -1,15 +1,13 @@
 //! How long a session's secret values stay in memory: `--live-session-ttl`
 //! (idle time) and `--max-live-sessions` (least recently used first).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::harness::{agent, answer, Client, Reply, World};
-use crate::session::service::{RunMode, Service, ServiceConfig};
-use crate::session::validate::Caller;
+use crate::session::service::{Service, ServiceConfig};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -52,18 +50,8 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
     assert_eq!(server.secrets().expire(), 1);
     assert!(server.secrets().names(&id).is_empty());
     assert_eq!(server.live_count(), 0, "nothing of it is left in memory");
-    let refused = server
-        .sessions()
-        .post_message(
-            &Caller::Owner,
-            &id,
-            "still there?".into(),
-            &BTreeMap::new(),
-            RunMode::UntilBlocked,
-        )
-        .await
-        .err()
-        .expect("a message without the secret is refused");
+    // A message without the secret is refused.
+    let refused = client.refused(&id, "still there?").await;
     assert_eq!(refused.code, "params_required", "{}", refused.message);
     assert_eq!(refused.params, ["token"]);
 }
