@@ -103,7 +103,10 @@ impl Recorder {
                     // The run's end: it lets the session go before its
                     // lock does, so that a request its end prompts (an
                     // answer to what it waits for, a next message) finds
-                    // no run in progress.
+                    // no run in progress. The end counts as a use, so
+                    // that its secrets' idle time starts now, not when
+                    // they were last used before a long run.
+                    live.touch();
                     *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     return RunWrite::Written(stored, Some(Box::new(rec)));
                 }
