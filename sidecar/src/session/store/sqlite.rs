@@ -371,18 +371,29 @@ fn totals_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Totals> {
     })
 }
 
+/// What `meter` adds up over the usage rows of `column = ?1` since `?2`,
+/// and the oldest row's time.
+fn window_sql(column: &str, meter: Meter) -> String {
+    format!(
+        "SELECT COALESCE(SUM({}), 0), MIN(at) FROM usage WHERE {column} = ?1 AND at >= ?2",
+        meter_sql(meter)
+    )
+}
+
+/// A session's [`Totals`], the session `?1`.
+fn session_totals_sql() -> String {
+    format!("SELECT {TOTALS} FROM usage WHERE session = ?1")
+}
+
 fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
     let (column, value) = g.scope.column();
-    conn.prepare_cached(&format!(
-        "SELECT COALESCE(SUM({}), 0), MIN(at) FROM usage WHERE {column} = ?1 AND at >= ?2",
-        meter_sql(g.meter)
-    ))?
-    .query_row(params![value, g.since], |r| {
-        Ok(Standing {
-            used: r.get(0)?,
-            oldest: r.get(1)?,
+    conn.prepare_cached(&window_sql(column, g.meter))?
+        .query_row(params![value, g.since], |r| {
+            Ok(Standing {
+                used: r.get(0)?,
+                oldest: r.get(1)?,
+            })
         })
-    })
 }
 
 /// Insert `u`'s rows and settle its claimed ones.
@@ -1168,7 +1179,7 @@ impl SessionStore for SqliteStore {
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
         let session = session.to_owned();
         self.run_short("read a session's usage", move |conn, op| {
-            conn.prepare_cached(&format!("SELECT {TOTALS} FROM usage WHERE session = ?1"))
+            conn.prepare_cached(&session_totals_sql())
                 .and_then(|mut s| s.query_row([&session], |r| totals_at(r, 0)))
                 .map_err(|e| op.db(e))
         })
@@ -1308,13 +1319,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = open_in(&dir).path().to_owned();
         let conn = Connection::open(&path).unwrap();
-        let window = meter_sql(Meter::Tokens);
+        let (session, _) = crate::session::usage::Scope::Session("s1".into()).column();
         for (sql, args) in [
-            (format!("SELECT {TOTALS} FROM usage WHERE session = ?1"), &["s1"][..]),
-            (
-                format!("SELECT COALESCE(SUM({window}), 0), MIN(at) FROM usage WHERE session = ?1 AND at >= ?2"),
-                &["s1", "0"][..],
-            ),
+            (session_totals_sql(), &["s1"][..]),
+            (window_sql(session, Meter::Tokens), &["s1", "0"][..]),
         ] {
             let plan: String = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
@@ -1323,7 +1331,10 @@ mod tests {
                 .unwrap()
                 .map(Result::unwrap)
                 .collect();
-            assert!(plan.contains("COVERING INDEX usage_session"), "{sql}: {plan}");
+            assert!(
+                plan.contains("COVERING INDEX usage_session"),
+                "{sql}: {plan}"
+            );
         }
     }
 
