@@ -4,12 +4,14 @@
 //! that starts paused moves leases, heartbeats and TTLs by advancing time.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use crate::llm::{
     ChatClient, ChatMessage, ChatRequest, ChatResponse, LlmError, LocalModel, ModelEndpoint,
@@ -17,7 +19,7 @@ use crate::llm::{
 };
 use crate::session::clock::TokioClock;
 use crate::session::error::ServiceError;
-use crate::session::model::{EventRecord, SessionRecord};
+use crate::session::model::{EventRecord, SessionRecord, SessionStatus};
 use crate::session::service::{CreateSession, RunMode, RunWait, Service, ServiceConfig};
 use crate::session::store::sqlite::SqliteStore;
 use crate::session::store::{Notice, Peer, SessionStore, StoreError};
@@ -326,6 +328,80 @@ pub trait Hook: Send + Sync {
 struct Unwatched;
 
 impl Hook for Unwatched {}
+
+/// A step a test takes between two of the service's, once: when the store
+/// first writes a session with status `at`, the step starts on a task of
+/// its own with the server and the record as written, and that write
+/// returns only once the step has read a session from the store. A step
+/// that reads the session and then takes its lock (an answer, a token's
+/// revocation) is thus queued for the lock behind the writer, which holds
+/// it.
+pub struct Between<T> {
+    at: SessionStatus,
+    step: Mutex<Option<Step<T>>>,
+    server: OnceLock<Weak<Service>>,
+    /// Told when the store reads a session.
+    read: Notify,
+    taken: Mutex<Option<JoinHandle<T>>>,
+}
+
+type Step<T> = Box<dyn FnOnce(Arc<Service>, SessionRecord) -> BoxFuture<'static, T> + Send>;
+
+impl<T: Send + 'static> Between<T> {
+    pub fn new(
+        at: SessionStatus,
+        step: impl FnOnce(Arc<Service>, SessionRecord) -> BoxFuture<'static, T> + Send + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Between {
+            at,
+            step: Mutex::new(Some(Box::new(step))),
+            server: OnceLock::new(),
+            read: Notify::new(),
+            taken: Mutex::new(None),
+        })
+    }
+
+    /// The server the step is given (the world's server is made after its
+    /// store, and so after this hook).
+    pub fn on(&self, server: &Arc<Service>) {
+        assert!(
+            self.server.set(Arc::downgrade(server)).is_ok(),
+            "one server"
+        );
+    }
+
+    /// What the step came to; it must have been taken.
+    pub async fn outcome(&self) -> T {
+        let taken = self.taken.lock().unwrap().take();
+        let step = taken.unwrap_or_else(|| panic!("no session was written {:?}", self.at));
+        step.await.unwrap()
+    }
+}
+
+#[async_trait]
+impl<T: Send + 'static> Hook for Between<T> {
+    async fn read(&self, _id: &str) {
+        self.read.notify_waiters();
+    }
+
+    async fn written(&self, rec: &SessionRecord) {
+        if rec.status != self.at {
+            return;
+        }
+        let Some(step) = self.step.lock().unwrap().take() else {
+            return;
+        };
+        let server = self
+            .server
+            .get()
+            .and_then(Weak::upgrade)
+            .expect("Between::on");
+        // Created before the step runs: it hears the step's first read.
+        let read = self.read.notified();
+        *self.taken.lock().unwrap() = Some(tokio::spawn(step(server, rec.clone())));
+        read.await;
+    }
+}
 
 /// A SQLite store that tells a test's [`Hook`] of its reads and writes,
 /// and that may say it is shared, so that two servers on it judge each

@@ -1,18 +1,15 @@
 //! Calls that wait for a person: a confirmation holds its call until it is
 //! answered, and `confirmTtl` closes it unanswered.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde_json::json;
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
-use super::harness::{agent, answer, no_params, Client, Hook, Reply, World};
+use super::harness::{agent, answer, no_params, Between, Client, Reply, World};
 use crate::session::error::ServiceError;
-use crate::session::model::{SessionRecord, SessionStatus};
-use crate::session::service::{Answer, RunWait, Service, ServiceConfig};
+use crate::session::model::SessionStatus;
+use crate::session::service::{Answer, Service, ServiceConfig};
 use crate::session::validate::Caller;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -117,56 +114,26 @@ async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refu
     assert_eq!(server.sessions().expire_due().await.unwrap(), 0);
 }
 
-/// Approves the call the moment the run's wait is written, while the run
-/// still holds the session: as a person who follows the run and answers
-/// as soon as the view shows what it waits for.
-#[derive(Default)]
-struct ApproveAtOnce {
-    server: OnceLock<Weak<Service>>,
-    /// Told when the store reads a session.
-    read: Notify,
-    answer: Mutex<Option<Answering>>,
-}
-
-/// The answer sent, at work: the run it resumed, or why it was refused.
-type Answering = JoinHandle<Result<Option<RunWait>, ServiceError>>;
-
-#[async_trait]
-impl Hook for ApproveAtOnce {
-    async fn read(&self, _id: &str) {
-        self.read.notify_waiters();
-    }
-
-    async fn written(&self, rec: &SessionRecord) {
-        if rec.status != SessionStatus::WaitingExternal || self.answer.lock().unwrap().is_some() {
-            return;
-        }
-        let server = self.server.get().and_then(Weak::upgrade).unwrap();
-        let token = server.approvals().pending_view(rec)[0]
-            .continuation_token
-            .clone()
-            .unwrap();
-        let read = self.read.notified();
-        let answer = tokio::spawn(async move {
-            let (_, run) = server
-                .sessions()
-                .answer(&Caller::Owner, &token, approve())
-                .await?;
-            Ok(run)
-        });
-        *self.answer.lock().unwrap() = Some(answer);
-        // Once the answer has read the session it waits for the session's
-        // lock, which the run holds until this write returns.
-        read.await;
-    }
-}
-
 /// The CLI's `--follow` answers a call as soon as the view shows it
 /// waiting, which can be before the run that stored the wait has let the
 /// session go.
 #[tokio::test(start_paused = true)]
 async fn an_answer_sent_the_moment_the_wait_is_stored_resumes_the_run() {
-    let hook = Arc::new(ApproveAtOnce::default());
+    // The call approved the moment the run's wait is written, while the
+    // run still holds the session.
+    let hook = Between::new(SessionStatus::WaitingExternal, |server, rec| {
+        Box::pin(async move {
+            let token = server.approvals().pending_view(&rec)[0]
+                .continuation_token
+                .clone()
+                .unwrap();
+            let (_, run) = server
+                .sessions()
+                .answer(&Caller::Owner, &token, approve())
+                .await?;
+            Ok::<_, ServiceError>(run)
+        })
+    });
     let world = World::watched(&[careful()], false, hook.clone()).await;
     world
         .model
@@ -177,16 +144,14 @@ async fn an_answer_sent_the_moment_the_wait_is_stored_resumes_the_run() {
         // The resumed run stays on: the first run's end must not end it.
         .then(Reply::Hang);
     let server = world.server(ServiceConfig::default()).await;
-    hook.server.set(Arc::downgrade(&server)).unwrap();
+    hook.on(&server);
     let client = Client(&server);
     let id = client.open("careful", no_params()).await;
     client.say(&id, "the date, please").await;
 
-    let answer_sent = hook.answer.lock().unwrap().take();
-    let run = answer_sent
-        .expect("the run's wait was written")
+    let run = hook
+        .outcome()
         .await
-        .unwrap()
         .unwrap_or_else(|e| panic!("the answer was refused: {} ({})", e.code, e.message))
         .expect("every call is answered: the run resumes");
     // The first run has ended (`say` saw it), and the resumed one is still

@@ -2,14 +2,13 @@
 //! (idle time) and `--max-live-sessions` (least recently used first).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::json;
-use tokio::task::JoinHandle;
 
-use super::harness::{agent, answer, Client, Hook, Reply, World};
+use super::harness::{agent, answer, Between, Client, Hook, Reply, World};
 use crate::session::model::{SessionRecord, SessionStatus};
 use crate::session::service::{Service, ServiceConfig};
 
@@ -105,56 +104,43 @@ async fn past_the_limit_the_least_recently_used_session_forgets_first() {
     assert_eq!(server.live_count(), 2);
 }
 
-/// Moves the clock past the TTL while the run's start is stored (a long
-/// run that never uses the secret), and, as the run's end is stored,
-/// queues a request on the session's lock (a token revocation) that
-/// sweeps idle sessions once it is through: the sweep runs after the end's write, before the run's
-/// task has cleaned up after it.
-#[derive(Default)]
-struct SweepAtTheEnd {
-    server: OnceLock<Weak<Service>>,
-    /// The run's start was written (and the clock moved on).
-    started: AtomicBool,
-    /// The request at the end has read the session: it is queued for the
-    /// session's lock.
-    queued: AtomicBool,
-    swept: Mutex<Option<JoinHandle<usize>>>,
+/// A run longer than the TTL that never uses the secret: the clock moves
+/// past the TTL as its start is written. Then `end` steps in as its end
+/// is written.
+struct LongRun {
+    end: Arc<Between<usize>>,
+    moved: AtomicBool,
 }
 
 #[async_trait]
-impl Hook for SweepAtTheEnd {
-    async fn read(&self, _id: &str) {
-        if self.swept.lock().unwrap().is_some() {
-            self.queued.store(true, Ordering::SeqCst);
-        }
+impl Hook for LongRun {
+    async fn read(&self, id: &str) {
+        self.end.read(id).await;
     }
 
     async fn written(&self, rec: &SessionRecord) {
-        if rec.status == SessionStatus::Running && !self.started.swap(true, Ordering::SeqCst) {
+        if rec.status == SessionStatus::Running && !self.moved.swap(true, Ordering::SeqCst) {
             tokio::time::advance(31 * MINUTE).await;
-            return;
         }
-        if rec.status != SessionStatus::Idle || self.swept.lock().unwrap().is_some() {
-            return;
-        }
-        let server = self.server.get().and_then(Weak::upgrade).unwrap();
-        let id = rec.id.clone();
-        let swept = tokio::spawn(async move {
-            // A revocation of its tokens: it reads the session, then
-            // queues for its lock, and uses no secret.
-            server.tokens().revoke(&id).await.unwrap();
-            server.secrets().expire()
-        });
-        *self.swept.lock().unwrap() = Some(swept);
-        while !self.queued.load(Ordering::SeqCst) {
-            tokio::task::yield_now().await;
-        }
+        self.end.written(rec).await;
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_longer_than_the_ttl_keeps_its_secrets_as_it_ends() {
-    let hook = Arc::new(SweepAtTheEnd::default());
+    // As the run's end is written, a token revocation queues for the
+    // session's lock and sweeps idle sessions once through: after the
+    // end's write, before the run's task has cleaned up after it.
+    let end = Between::new(SessionStatus::Idle, |server, rec| {
+        Box::pin(async move {
+            server.tokens().revoke(&rec.id).await.unwrap();
+            server.secrets().expire()
+        })
+    });
+    let hook = Arc::new(LongRun {
+        end: end.clone(),
+        moved: AtomicBool::new(false),
+    });
     let world = World::watched(&[vault()], false, hook.clone()).await;
     world.model.then(Reply::Text("done"));
     let server = world
@@ -163,18 +149,20 @@ async fn a_run_longer_than_the_ttl_keeps_its_secrets_as_it_ends() {
             ..Default::default()
         })
         .await;
-    hook.server.set(Arc::downgrade(&server)).unwrap();
+    end.on(&server);
     let client = Client(&server);
     let id = client.open("vault", json!({"token": "s3cret"})).await;
 
     let rec = client.say(&id, "a long one").await;
     assert_eq!(answer(&rec), Some("done"));
     assert!(
-        hook.started.load(Ordering::SeqCst),
+        hook.moved.load(Ordering::SeqCst),
         "the clock moved during the run"
     );
-    let swept = hook.swept.lock().unwrap().take();
-    let swept = swept.expect("the run's end was written").await.unwrap();
-    assert_eq!(swept, 0, "a session whose run just ended is not idle");
+    assert_eq!(
+        end.outcome().await,
+        0,
+        "a session whose run just ended is not idle"
+    );
     assert_eq!(server.secrets().names(&id), ["token"]);
 }
