@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
+use super::conversation::Conversation;
 use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
 use super::sse::SseParser;
-use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, WireRequest};
+use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta};
 use crate::spec::Redirects;
 
 /// The longest `Retry-After` the client honours; a longer one is cut to this.
@@ -148,11 +149,11 @@ impl ChatClient {
     }
 
     /// Sends `req` with `stream: false` and returns the whole reply.
-    pub async fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+    pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         if let Some(model) = &self.inner.local {
-            return self.ask_local(&**model, req).await;
+            return self.ask_local(&**model, req.request()).await;
         }
-        let body = &self.body(req, false)?;
+        let body = &req.body(&self.inner.endpoint.model, false)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let text = self
@@ -190,15 +191,15 @@ impl ChatClient {
     /// the response headers and then each wait for the next chunk.
     pub async fn complete_streaming(
         &self,
-        req: &ChatRequest,
+        req: &Conversation,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<ChatResponse, LlmError> {
         if let Some(model) = &self.inner.local {
-            let response = self.ask_local(&**model, req).await?;
+            let response = self.ask_local(&**model, req.request()).await?;
             deltas_of(&response, on_delta);
             return Ok(response);
         }
-        let body = &self.body(req, true)?;
+        let body = &req.body(&self.inner.endpoint.model, true)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let response = self
@@ -253,11 +254,6 @@ impl ChatClient {
             "streamed chat completion received"
         );
         Ok(response)
-    }
-
-    fn body(&self, req: &ChatRequest, stream: bool) -> Result<Vec<u8>, LlmError> {
-        serde_json::to_vec(&WireRequest::new(&self.inner.endpoint.model, req, stream))
-            .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))
     }
 
     /// Runs `attempt` until it is done, fails for good, or the retries run
@@ -320,7 +316,7 @@ impl ChatClient {
     /// `Retry`; anything else is an error.
     async fn send(
         &self,
-        body: &[u8],
+        body: &bytes::Bytes,
         stream: bool,
     ) -> Result<Attempt<reqwest::Response>, LlmError> {
         let mut request = self
@@ -336,7 +332,7 @@ impl ChatClient {
                     "application/json"
                 },
             )
-            .body(body.to_vec());
+            .body(body.clone());
         if let Some(auth) = &self.inner.auth {
             request = request.header(AUTHORIZATION, auth.clone());
         }
@@ -491,7 +487,7 @@ mod tests {
     fn futures_are_send() {
         fn assert_send<T: Send>(_: &T) {}
         let client = ChatClient::new(ModelEndpoint::new("http://x/v1", "m")).unwrap();
-        let req = ChatRequest::default();
+        let req = Conversation::new(vec![]);
         assert_send(&client.complete(&req));
         let mut sink = |_: StreamDelta| {};
         assert_send(&client.complete_streaming(&req, &mut sink));

@@ -1,6 +1,7 @@
 //! A client for OpenAI-compatible chat-completions endpoints.
 //!
-//! [`ChatClient`] sends a [`ChatRequest`] (messages and tool definitions) to
+//! [`ChatClient`] sends a [`Conversation`] (messages and tool definitions,
+//! encoded as they are added) to
 //! `POST {base_url}/chat/completions` and returns a [`ChatResponse`]: the
 //! assistant's text, the tool calls it asked for, why it stopped and the
 //! token usage. [`ChatClient::complete_streaming`] does the same with
@@ -15,6 +16,7 @@
 //! ([`egress`]: a redirect elsewhere is not followed).
 
 mod client;
+mod conversation;
 pub mod egress;
 mod error;
 mod parse;
@@ -22,6 +24,7 @@ mod sse;
 mod types;
 
 pub use client::{ChatClient, LocalModel};
+pub use conversation::Conversation;
 pub use error::LlmError;
 pub use types::{
     ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, ToolCall, ToolDefinition,

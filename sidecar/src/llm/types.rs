@@ -335,63 +335,6 @@ pub enum StreamDelta {
     },
 }
 
-/// The request body sent to the endpoint.
-#[derive(Serialize)]
-pub(crate) struct WireRequest<'a> {
-    pub model: &'a str,
-    pub messages: &'a [ChatMessage],
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<WireTool<'a>>,
-    pub stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
-}
-
-impl<'a> WireRequest<'a> {
-    pub fn new(model: &'a str, req: &'a ChatRequest, stream: bool) -> Self {
-        WireRequest {
-            model,
-            messages: &req.messages,
-            tools: req
-                .tools
-                .iter()
-                .map(|t| WireTool {
-                    kind: "function",
-                    function: WireFunctionDef {
-                        name: &t.name,
-                        description: &t.description,
-                        parameters: &t.parameters,
-                    },
-                })
-                .collect(),
-            stream,
-            stream_options: stream.then_some(StreamOptions {
-                include_usage: true,
-            }),
-        }
-    }
-}
-
-#[derive(Serialize)]
-pub(crate) struct WireTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: WireFunctionDef<'a>,
-}
-
-#[derive(Serialize)]
-struct WireFunctionDef<'a> {
-    name: &'a str,
-    description: &'a str,
-    parameters: &'a serde_json::Value,
-}
-
-/// Asks for token usage in the last chunk of a stream.
-#[derive(Serialize)]
-pub(crate) struct StreamOptions {
-    include_usage: bool,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,33 +399,5 @@ mod tests {
             }
         );
         assert!(serde_json::from_value::<ChatMessage>(json!({"role": "wizard"})).is_err());
-    }
-
-    #[test]
-    fn request_body_has_tools_only_when_there_are_some() {
-        let mut req = ChatRequest {
-            messages: vec![ChatMessage::user("hi")],
-            tools: vec![],
-        };
-        let body = serde_json::to_value(WireRequest::new("m", &req, false)).unwrap();
-        assert_eq!(
-            body,
-            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false})
-        );
-        req.tools.push(ToolDefinition {
-            name: "echo".into(),
-            description: "Echo the text".into(),
-            parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
-        });
-        let body = serde_json::to_value(WireRequest::new("m", &req, true)).unwrap();
-        assert_eq!(
-            body["tools"],
-            json!([{"type": "function", "function": {
-                "name": "echo", "description": "Echo the text",
-                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}
-            }}])
-        );
-        assert_eq!(body["stream"], json!(true));
-        assert_eq!(body["stream_options"], json!({"include_usage": true}));
     }
 }

@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use crate::bindings::cache::ToolCache;
 use crate::bindings::{scrubber_for, BoundTool};
-use crate::llm::{ChatClient, ChatMessage, ChatRequest, StreamDelta, ToolCall, ToolDefinition};
+use crate::llm::{ChatClient, ChatMessage, Conversation, StreamDelta, ToolCall, ToolDefinition};
 use crate::metrics::{Metrics, ToolCaller, ToolOutcome};
 use crate::params::scrub::Scrubber;
 use crate::params::{SecretString, Values};
@@ -183,23 +183,22 @@ async fn run_inner(
         // Counted only when a budget claims a request or a model reports
         // no usage: most runs never need it.
         let tools_chars = std::sync::OnceLock::new();
-        // One request for the run, which each step extends by what the
+        // One conversation for the run, which each step extends by what the
         // history gained since the last (the model's turn and its calls'
-        // results), instead of copying the whole conversation every step.
-        let mut request = ChatRequest {
-            messages: Vec::with_capacity(history.len() + 4),
-            tools,
-        };
+        // results): each message is copied and encoded once, not at every
+        // step.
+        let mut conversation = Conversation::new(tools);
         if !ctx.agent.spec.system_prompt.is_empty() {
             let prompt = ctx.agent.spec.system_prompt.clone();
-            request.messages.push(ChatMessage::system(prompt));
+            conversation.push(ChatMessage::system(prompt));
         }
         let mut sent = 0;
         for step in 0..ctx.max_steps {
             // The history only grows while the run goes on.
-            request.messages.extend(history[sent..].iter().cloned());
+            conversation.extend(history[sent..].iter().cloned());
             sent = history.len();
-            let request = &request;
+            let conversation = &conversation;
+            let request = conversation.request();
             let model = &ctx.agent.spec.model;
             let estimate = || {
                 let tools = *tools_chars.get_or_init(|| {
@@ -224,7 +223,7 @@ async fn run_inner(
             };
             let response = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = model_turn(ctx, request, sink).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+                r = model_turn(ctx, conversation, sink).instrument(tracing::info_span!("model_turn", step)) => Some(r),
             };
             if let Some(ledger) = ctx.ledger {
                 let spent = match &response {
@@ -837,7 +836,7 @@ pub async fn orchestrated(
 
 async fn model_turn(
     ctx: &RunContext<'_>,
-    request: &ChatRequest,
+    conversation: &Conversation,
     sink: &dyn RunSink,
 ) -> Result<crate::llm::ChatResponse, crate::llm::LlmError> {
     let started = Instant::now();
@@ -847,9 +846,11 @@ async fn model_turn(
                 sink.delta(&text);
             }
         };
-        ctx.client.complete_streaming(request, &mut forward).await
+        ctx.client
+            .complete_streaming(conversation, &mut forward)
+            .await
     } else {
-        ctx.client.complete(request).await
+        ctx.client.complete(conversation).await
     };
     ctx.metrics
         .llm_request(started.elapsed().as_secs_f64(), result.is_ok());

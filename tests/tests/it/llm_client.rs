@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use bindery_sidecar::llm::{
-    ChatClient, ChatMessage, ChatRequest, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
+    ChatClient, ChatMessage, Conversation, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
 };
 use bindery_sidecar::params::SecretString;
 use bindery_tests::eventually::{eventually_or, PATIENCE};
@@ -27,14 +27,15 @@ fn client(llm: &MockLlm) -> ChatClient {
     ChatClient::new(endpoint(llm.url())).unwrap()
 }
 
-fn ask(text: &str) -> ChatRequest {
-    ChatRequest {
-        messages: vec![
-            ChatMessage::system("You are a test."),
-            ChatMessage::user(text),
-        ],
-        tools: vec![],
-    }
+fn ask(text: &str) -> Conversation {
+    ask_with(text, vec![])
+}
+
+fn ask_with(text: &str, tools: Vec<ToolDefinition>) -> Conversation {
+    let mut conversation = Conversation::new(tools);
+    conversation.push(ChatMessage::system("You are a test."));
+    conversation.push(ChatMessage::user(text));
+    conversation
 }
 
 fn read_file_tool() -> ToolDefinition {
@@ -147,8 +148,7 @@ async fn tool_calls_round_trip() {
     })
     .await;
     let client = client(&llm);
-    let mut req = ask("what do my notes say?");
-    req.tools.push(read_file_tool());
+    let mut req = ask_with("what do my notes say?", vec![read_file_tool()]);
 
     let first = client.complete(&req).await.unwrap();
     assert_eq!(first.content, None);
@@ -162,9 +162,8 @@ async fn tool_calls_round_trip() {
         json!({"path": "notes.txt"})
     );
 
-    req.messages.push(first.to_message());
-    req.messages
-        .push(ChatMessage::tool_result(call.id.clone(), "buy milk"));
+    req.push(first.to_message());
+    req.push(ChatMessage::tool_result(call.id.clone(), "buy milk"));
     let second = client.complete(&req).await.unwrap();
     assert_eq!(second.content.as_deref(), Some("the file says buy milk"));
 
@@ -255,8 +254,7 @@ async fn streaming_tool_call_arguments() {
         ("grep".into(), args_b.clone()),
     ])])
     .await;
-    let mut req = ask("look around");
-    req.tools.push(read_file_tool());
+    let req = ask_with("look around", vec![read_file_tool()]);
     let mut deltas = Vec::new();
     let response = client(&llm)
         .complete_streaming(&req, &mut |d| deltas.push(d))

@@ -1,0 +1,228 @@
+//! A request that grows by whole messages, encoded for the wire as it grows.
+//!
+//! A run sends the conversation so far at every step, and the conversation
+//! only grows. Encoding it anew for each request costs time in proportion to
+//! its length (tens of microseconds at a few dozen turns); a
+//! [`Conversation`] encodes each message once, when it is added, and each
+//! request body is the encoded parts put together.
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::error::LlmError;
+use super::types::{ChatMessage, ChatRequest, ToolDefinition};
+
+/// The messages and tools of a run's requests, with their wire encoding.
+///
+/// Messages can only be added, never changed, so what was encoded stays true.
+pub struct Conversation {
+    request: ChatRequest,
+    /// The encoded messages, comma-separated, without the brackets.
+    messages: Vec<u8>,
+    /// `,"tools":[...]`, or nothing when there are no tools.
+    tools: Vec<u8>,
+    /// Why a part could not be encoded; every body then fails with it.
+    unencodable: Option<String>,
+}
+
+impl Conversation {
+    /// A conversation with no messages yet, offering `tools`.
+    pub fn new(tools: Vec<ToolDefinition>) -> Self {
+        let mut conversation = Conversation {
+            request: ChatRequest::default(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            unencodable: None,
+        };
+        if !tools.is_empty() {
+            let wire: Vec<WireTool<'_>> = tools.iter().map(WireTool::of).collect();
+            conversation.tools.extend_from_slice(br#","tools":"#);
+            if let Err(e) = serde_json::to_writer(&mut conversation.tools, &wire) {
+                conversation.unencodable = Some(format!("a tool definition: {e}"));
+            }
+        }
+        conversation.request.tools = tools;
+        conversation
+    }
+
+    /// Adds `message` at the end.
+    pub fn push(&mut self, message: ChatMessage) {
+        let mark = self.messages.len();
+        if !self.request.messages.is_empty() {
+            self.messages.push(b',');
+        }
+        if let Err(e) = serde_json::to_writer(&mut self.messages, &message) {
+            self.messages.truncate(mark);
+            self.unencodable
+                .get_or_insert_with(|| format!("message {}: {e}", self.request.messages.len()));
+        }
+        self.request.messages.push(message);
+    }
+
+    /// Adds `messages` at the end, in order.
+    pub fn extend(&mut self, messages: impl IntoIterator<Item = ChatMessage>) {
+        for message in messages {
+            self.push(message);
+        }
+    }
+
+    /// The messages and tools, as plain data.
+    pub fn request(&self) -> &ChatRequest {
+        &self.request
+    }
+
+    /// The request body for `model`: `{"model", "messages", "tools" (when
+    /// there are some), "stream", "stream_options" (when streamed)}`.
+    pub(crate) fn body(&self, model: &str, stream: bool) -> Result<Bytes, LlmError> {
+        if let Some(why) = &self.unencodable {
+            return Err(LlmError::Config(format!(
+                "cannot encode the request: {why}"
+            )));
+        }
+        let tail: &[u8] = match stream {
+            true => br#","stream":true,"stream_options":{"include_usage":true}}"#,
+            false => br#","stream":false}"#,
+        };
+        let mut body = Vec::with_capacity(
+            32 + model.len() + self.messages.len() + self.tools.len() + tail.len(),
+        );
+        body.extend_from_slice(br#"{"model":"#);
+        serde_json::to_writer(&mut body, model)
+            .map_err(|e| LlmError::Config(format!("cannot encode the model's name: {e}")))?;
+        body.extend_from_slice(br#","messages":["#);
+        body.extend_from_slice(&self.messages);
+        body.push(b']');
+        body.extend_from_slice(&self.tools);
+        body.extend_from_slice(tail);
+        Ok(Bytes::from(body))
+    }
+}
+
+impl From<ChatRequest> for Conversation {
+    fn from(request: ChatRequest) -> Self {
+        let mut conversation = Conversation::new(request.tools);
+        conversation.extend(request.messages);
+        conversation
+    }
+}
+
+impl std::fmt::Debug for Conversation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.request.fmt(f)
+    }
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionDef<'a>,
+}
+
+impl<'a> WireTool<'a> {
+    fn of(tool: &'a ToolDefinition) -> Self {
+        WireTool {
+            kind: "function",
+            function: WireFunctionDef {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.parameters,
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct WireFunctionDef<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolCall;
+    use serde_json::{json, Value};
+
+    fn parsed(body: &Bytes) -> Value {
+        serde_json::from_slice(body).expect("the body is JSON")
+    }
+
+    fn echo_tool() -> ToolDefinition {
+        ToolDefinition {
+            name: "echo".into(),
+            description: "Echo the text".into(),
+            parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        }
+    }
+
+    #[test]
+    fn the_body_has_tools_only_when_there_are_some() {
+        let mut plain = Conversation::new(vec![]);
+        plain.push(ChatMessage::user("hi"));
+        assert_eq!(
+            parsed(&plain.body("m", false).unwrap()),
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false})
+        );
+
+        let mut tooled = Conversation::new(vec![echo_tool()]);
+        tooled.push(ChatMessage::user("hi"));
+        let body = parsed(&tooled.body("m", true).unwrap());
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {
+                "name": "echo", "description": "Echo the text",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}
+            }}])
+        );
+        assert_eq!(body["stream"], json!(true));
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[test]
+    fn an_empty_conversation_sends_an_empty_list() {
+        let body = parsed(&Conversation::new(vec![]).body("m", false).unwrap());
+        assert_eq!(body["messages"], json!([]));
+    }
+
+    /// Growing a conversation step by step gives, at every step, the body
+    /// that encoding all of it at once gives: the same JSON, byte for byte.
+    #[test]
+    fn growing_encodes_what_encoding_at_once_does() {
+        let turns = [
+            ChatMessage::system("be \"brief\"\n\tand kind ✓"),
+            ChatMessage::user("read a.txt"),
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "echo".into(),
+                    arguments: r#"{"text":"</script>\u0000"}"#.into(),
+                }],
+            },
+            ChatMessage::tool_result("call_1", "line one\nline two"),
+            ChatMessage::assistant("done"),
+        ];
+        let model = "gpt-\"quoted\"";
+        let mut grown = Conversation::new(vec![echo_tool()]);
+        for (i, turn) in turns.iter().enumerate() {
+            grown.push(turn.clone());
+            let once = serde_json::to_vec(&json!({
+                "model": model,
+                "messages": turns[..=i],
+                "tools": [WireTool::of(&echo_tool())],
+                "stream": false,
+            }))
+            .unwrap();
+            let body = grown.body(model, false).unwrap();
+            assert_eq!(
+                parsed(&body),
+                serde_json::from_slice::<Value>(&once).unwrap()
+            );
+            let whole = Conversation::from(grown.request().clone());
+            assert_eq!(whole.body(model, false).unwrap(), body, "step {i}");
+        }
+        assert_eq!(grown.request().messages, turns);
+    }
+}
