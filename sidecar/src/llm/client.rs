@@ -43,8 +43,9 @@ pub struct ChatClient {
 struct Inner {
     http: reqwest::Client,
     endpoint: ModelEndpoint,
-    /// `{base_url}/chat/completions`.
-    url: String,
+    /// `{base_url}/chat/completions`, parsed once: a request clones it
+    /// instead of parsing the text anew.
+    url: reqwest::Url,
     /// `Bearer <key>`, marked sensitive.
     auth: Option<HeaderValue>,
     /// Answers instead of the endpoint, in this process.
@@ -54,7 +55,7 @@ struct Inner {
 impl fmt::Debug for ChatClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatClient")
-            .field("url", &self.inner.url)
+            .field("url", &self.inner.url.as_str())
             .field("model", &self.inner.endpoint.model)
             .field("api_key", &self.inner.endpoint.api_key)
             .finish()
@@ -106,7 +107,9 @@ impl ChatClient {
             .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e))))?;
-        let url = format!("{base}/chat/completions");
+        let url = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+            LlmError::Config(format!("the base URL {base:?} is not an http(s) URL: {e}"))
+        })?;
         Ok(ChatClient {
             inner: Arc::new(Inner {
                 http,
@@ -322,7 +325,7 @@ impl ChatClient {
         let mut request = self
             .inner
             .http
-            .post(&self.inner.url)
+            .post(self.inner.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(
                 ACCEPT,
@@ -456,7 +459,10 @@ mod tests {
     #[test]
     fn new_checks_the_endpoint() {
         let ok = ChatClient::new(ModelEndpoint::new("http://127.0.0.1:1/v1/", "m")).unwrap();
-        assert_eq!(ok.inner.url, "http://127.0.0.1:1/v1/chat/completions");
+        assert_eq!(
+            ok.inner.url.as_str(),
+            "http://127.0.0.1:1/v1/chat/completions"
+        );
         for url in ["", "127.0.0.1:8080", "ftp://x/v1", "not a url"] {
             assert!(matches!(
                 ChatClient::new(ModelEndpoint::new(url, "m")),
