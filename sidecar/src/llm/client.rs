@@ -108,7 +108,9 @@ impl ChatClient {
             .build()
             .map_err(|e| LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e))))?;
         let url = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
-            LlmError::Config(format!("the base URL {base:?} is not an http(s) URL: {e}"))
+            LlmError::Config(format!(
+                "the base URL {base:?} does not take the path /chat/completions: {e}"
+            ))
         })?;
         Ok(ChatClient {
             inner: Arc::new(Inner {

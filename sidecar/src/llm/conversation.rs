@@ -186,8 +186,20 @@ mod tests {
         assert_eq!(body["messages"], json!([]));
     }
 
-    /// Growing a conversation step by step gives, at every step, the body
-    /// that encoding all of it at once gives: the same JSON, byte for byte.
+    /// The whole request encoded at once by serde, fields in the order the
+    /// body writes them: what a grown conversation must equal, byte for byte.
+    #[derive(Serialize)]
+    struct AtOnce<'a> {
+        model: &'a str,
+        messages: &'a [ChatMessage],
+        tools: Vec<WireTool<'a>>,
+        stream: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        stream_options: Option<Value>,
+    }
+
+    /// Growing a conversation step by step gives, at every step and in both
+    /// modes, the body that encoding all of it at once gives, byte for byte.
     #[test]
     fn growing_encodes_what_encoding_at_once_does() {
         let turns = [
@@ -205,23 +217,32 @@ mod tests {
             ChatMessage::assistant("done"),
         ];
         let model = "gpt-\"quoted\"";
-        let mut grown = Conversation::new(vec![echo_tool()]);
+        let tool = echo_tool();
+        let mut grown = Conversation::new(vec![tool.clone()]);
         for (i, turn) in turns.iter().enumerate() {
             grown.push(turn.clone());
-            let once = serde_json::to_vec(&json!({
-                "model": model,
-                "messages": turns[..=i],
-                "tools": [WireTool::of(&echo_tool())],
-                "stream": false,
-            }))
-            .unwrap();
-            let body = grown.body(model, false).unwrap();
-            assert_eq!(
-                parsed(&body),
-                serde_json::from_slice::<Value>(&once).unwrap()
-            );
+            for stream in [false, true] {
+                let once = serde_json::to_vec(&AtOnce {
+                    model,
+                    messages: &turns[..=i],
+                    tools: vec![WireTool::of(&tool)],
+                    stream,
+                    stream_options: stream.then(|| json!({"include_usage": true})),
+                })
+                .unwrap();
+                let body = grown.body(model, stream).unwrap();
+                assert_eq!(
+                    std::str::from_utf8(&body).unwrap(),
+                    std::str::from_utf8(&once).unwrap(),
+                    "step {i}, stream {stream}"
+                );
+            }
             let whole = Conversation::from(grown.request().clone());
-            assert_eq!(whole.body(model, false).unwrap(), body, "step {i}");
+            assert_eq!(
+                whole.body(model, false).unwrap(),
+                grown.body(model, false).unwrap(),
+                "step {i}"
+            );
         }
         assert_eq!(grown.request().messages, turns);
     }
