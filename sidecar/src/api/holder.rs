@@ -24,6 +24,12 @@
 //!   approver): anyone else is refused here, as before. An `/mcp` body is
 //!   read (to find the session a call names) only for the owner token or
 //!   a session token with its session named;
+//! - an `/mcp` batch goes whole to the holder of the one session its calls
+//!   name (a session token's: its own session, the only one it may act
+//!   on); an owner's batch whose calls name several sessions, one of them
+//!   held by another live replica, is refused (400, saying which): one
+//!   POST reaches one replica, and served here those calls would run
+//!   without the values their holder keeps;
 //! - only to a live replica that advertises an address (a heartbeat within
 //!   the lease), read with the session's record: the one read the check
 //!   costs, which a session token's check would make anyway (the handler
@@ -121,12 +127,26 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
             };
             let message: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
             read = Some(bytes);
-            let named = message
+            let mut named = message
                 .as_ref()
-                .and_then(|m| super::mcp::session_named(&parts.headers, m));
-            match named {
-                Some(id) => (id, message),
-                None => return next.run(rebuilt(parts, read, body)).await,
+                .map(|m| super::mcp::sessions_named(&parts.headers, m))
+                .unwrap_or_default();
+            if !is_owner(&s, &parts) {
+                // A session token acts on its own session only: the calls
+                // of a batch that name another are refused wherever it is
+                // served, so they do not keep the rest from its holder.
+                let own = super::mcp::token_session_header(&parts.headers);
+                named.retain(|id| Some(id) == own.as_ref());
+            }
+            match named.as_slice() {
+                [] => return next.run(rebuilt(parts, read, body)).await,
+                [one] => (one.clone(), message),
+                several => {
+                    if let Some(refused) = held_apart(&s, several).await {
+                        return refused;
+                    }
+                    return next.run(rebuilt(parts, read, body)).await;
+                }
             }
         }
         _ => {
@@ -251,6 +271,41 @@ fn may_name_a_session(s: &AppState, parts: &Parts) -> bool {
         }
         None => false,
     }
+}
+
+fn is_owner(s: &AppState, parts: &Parts) -> bool {
+    super::auth::bearer(&parts.headers).is_some_and(|t| s.owner.matches(t))
+}
+
+/// An owner's batch whose calls name several sessions: one POST goes to one
+/// replica, so when another live replica holds one of them, the batch is
+/// refused whole, saying which (served here, those calls would run
+/// without the values their holder keeps). `None`: none is held
+/// elsewhere, and the batch is served here.
+async fn held_apart(s: &AppState, sessions: &[String]) -> Option<Response> {
+    let mut elsewhere = Vec::new();
+    for id in sessions {
+        if s.service.secrets().holds_here(id) {
+            continue;
+        }
+        // A session that cannot be read is the handler's to report.
+        let Ok(Some(rec)) = s.service.store().get(id).await else {
+            continue;
+        };
+        if s.service.secrets().held_elsewhere(&rec).await.is_some() {
+            elsewhere.push(format!("`{id}`"));
+        }
+    }
+    if elsewhere.is_empty() {
+        return None;
+    }
+    Some(super::mcp::batch_refused(format!(
+        "this batch's calls name {} sessions, and {} {} held by another server: \
+         send each session's calls in a POST of their own, which reaches the server that holds it",
+        sessions.len(),
+        elsewhere.join(", "),
+        if elsewhere.len() == 1 { "is" } else { "are" },
+    )))
 }
 
 /// The request again, with the body as read (or as it came).

@@ -238,6 +238,140 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     }
 }
 
+/// A JSON-RPC batch (protocol 2025-03-26, the default) over `POST /mcp`
+/// with `token` and `headers`: the status and the answer.
+async fn mcp_batch(api: &Api, token: &str, headers: &[(&str, &str)], batch: Value) -> (u16, Value) {
+    let mut req = api
+        .http
+        .post(format!("{}/mcp", api.base))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.body(batch.to_string()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+/// A batch's `tools/call` of `ask_invoices`, in `session` if given.
+fn ask_in(id: i64, session: Option<&str>) -> Value {
+    let mut params = json!({"name": "ask_invoices", "arguments": {"prompt": "overdue?"}});
+    if let Some(s) = session {
+        params["_meta"] = json!({"bindery.dev/session_id": s});
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+}
+
+/// The answer with JSON-RPC id `id` in a batch's answers.
+fn answer_to(answers: &Value, id: i64) -> &Value {
+    let all = answers.as_array().unwrap_or_else(|| panic!("{answers}"));
+    all.iter()
+        .find(|a| a["id"] == id)
+        .unwrap_or_else(|| panic!("no answer to {id}: {answers}"))
+}
+
+/// A batch whose calls name one session held by another replica is run
+/// there whole (a session token's: its own session); an owner's batch
+/// naming several, one held elsewhere, is refused with what to do instead
+/// of being run without the holder's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
+    let (_pg, w) = on_postgres().await;
+    let (b, api_b) = w.start(&[], &[]);
+    let (a, api_a) = w.start(&[], &[]);
+    let (id, token) = held_on(&api_b).await;
+    let (other, _) = held_on(&api_b).await;
+    let (here, _) = held_on(&api_a).await;
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let before = served(&api_b, "/mcp").await;
+
+    // A session token's batch: its calls are in its session, held by B.
+    let (status, answers) = mcp_batch(
+        &api_a,
+        &token,
+        &[("Bindery-Session-Id", &id)],
+        json!([ask_in(1, None), list]),
+    )
+    .await;
+    assert_eq!(status, 200, "{answers}");
+    let result = &answer_to(&answers, 1)["result"];
+    assert_eq!(result["isError"], false, "{answers}");
+    assert_eq!(
+        result["_meta"]["bindery.dev/session_id"],
+        id.as_str(),
+        "{answers}"
+    );
+    assert!(
+        answer_to(&answers, 2)["result"]["tools"].is_array(),
+        "{answers}"
+    );
+    // The owner's, two calls in that one session.
+    let (status, answers) = mcp_batch(
+        &api_a,
+        OWNER,
+        &[],
+        json!([ask_in(3, Some(&id)), ask_in(4, Some(&id))]),
+    )
+    .await;
+    assert_eq!(status, 200, "{answers}");
+    for n in [3, 4] {
+        assert_eq!(
+            answer_to(&answers, n)["result"]["isError"],
+            false,
+            "{answers}"
+        );
+    }
+    assert_eq!(
+        served(&api_b, "/mcp").await - before,
+        2.0,
+        "B ran both batches"
+    );
+    let turns = api_b
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await
+        .json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(turns, 12, "three runs of four turns in the session");
+
+    // Calls in sessions held by B and by A, or by B twice: no one replica
+    // can answer for them from one POST, and nothing of them runs.
+    let before = served(&api_b, "/mcp").await;
+    for (batch, named) in [
+        (
+            json!([ask_in(5, Some(&id)), ask_in(6, Some(&here))]),
+            vec![&id],
+        ),
+        (
+            json!([ask_in(7, Some(&id)), ask_in(8, Some(&other))]),
+            vec![&id, &other],
+        ),
+    ] {
+        let (status, answer) = mcp_batch(&api_a, OWNER, &[], batch).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        for id in named {
+            assert!(message.contains(id.as_str()), "{message}");
+        }
+        assert!(message.contains("in a POST of their own"), "{message}");
+    }
+    assert_eq!(served(&api_b, "/mcp").await, before);
+    for s in [&id, &here] {
+        let r = api_a
+            .call("GET", &format!("/v1/sessions/{s}"), Some(OWNER), None)
+            .await;
+        let turns = r.json["session"]["turns"].as_array().unwrap().len();
+        assert_eq!(turns, if *s == id { 12 } else { 0 }, "{s}: nothing ran");
+    }
+    for s in [&a, &b] {
+        assert!(!s.logs().contains(CANARY), "{}", s.logs());
+    }
+}
+
 /// Every store operation a server counted, by name (`/metrics`).
 async fn store_operations(api: &Api) -> BTreeMap<String, f64> {
     let m = api.call("GET", "/metrics", None, None).await;

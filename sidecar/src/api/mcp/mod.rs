@@ -340,8 +340,8 @@ async fn who(s: &AppState, parts: &Parts) -> Result<Who, ServiceError> {
 /// answers its pending items (the session of every
 /// "bindery.dev/continuations" token, or of an elicitation retry's
 /// `requestState`); failing those, the session a session token's
-/// `Bindery-Session-Id` header names. A batch names none: its calls may
-/// name several.
+/// `Bindery-Session-Id` header names. A batch names none itself (see
+/// [`sessions_named`]).
 pub fn session_named(headers: &HeaderMap, message: &Value) -> Option<String> {
     if message["method"] != "tools/call" {
         return None;
@@ -377,6 +377,38 @@ pub fn session_named(headers: &HeaderMap, message: &Value) -> Option<String> {
 /// (`Agents-Param-*` headers, `_meta` "agents-exe/params"): what a
 /// forward of it would carry. Every header's name when they do not read.
 pub fn values_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
+    let mut names = Vec::new();
+    for m in members(message) {
+        for name in values_named_in(headers, m) {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The sessions a POST's message names, each once: one message's (see
+/// [`session_named`]), or each of a batch's members', in order.
+pub fn sessions_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
+    let mut named = Vec::new();
+    for id in members(message).filter_map(|m| session_named(headers, m)) {
+        if !named.contains(&id) {
+            named.push(id);
+        }
+    }
+    named
+}
+
+/// A batch's members, or the one message.
+fn members(message: &Value) -> impl Iterator<Item = &Value> {
+    match message {
+        Value::Array(batch) => batch.iter(),
+        one => std::slice::from_ref(one).iter(),
+    }
+}
+
+fn values_named_in(headers: &HeaderMap, message: &Value) -> Vec<String> {
     let from_headers = || {
         headers
             .keys()
@@ -398,9 +430,31 @@ pub fn values_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
 
 /// A POST's message refused before it was served (a forward it cannot
 /// make): the JSON-RPC error a `tools/call` gets for `e`.
+/// A batch's refusal answers each of its requests (a member with an id).
 pub fn refusal(message: &Value, e: ServiceError) -> Response {
-    let id = message.get("id").cloned().unwrap_or(Value::Null);
-    Json(response(id, Err(for_mcp(e)))).into_response()
+    let e = for_mcp(e);
+    let Value::Array(batch) = message else {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        return Json(response(id, Err(e))).into_response();
+    };
+    let answers: Vec<Value> = batch
+        .iter()
+        .filter_map(|m| m.get("id").filter(|id| !id.is_null()))
+        .map(|id| response(id.clone(), Err(e.clone())))
+        .collect();
+    if answers.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    Json(Value::Array(answers)).into_response()
+}
+
+/// A batch refused whole before it was served, as `post_batch` refuses
+/// one: 400, one JSON-RPC error with no id.
+pub fn batch_refused(why: String) -> Response {
+    refused(
+        StatusCode::BAD_REQUEST,
+        RpcError::new(jsonrpc::INVALID_REQUEST, why),
+    )
 }
 
 async fn handle(
@@ -749,5 +803,72 @@ mod tests {
         assert_eq!(r["protocolVersion"], LATEST);
         assert_eq!(r["capabilities"], json!({"tools": {"listChanged": false}}));
         assert_eq!(r["serverInfo"]["name"], "bindery-sidecar");
+    }
+
+    fn call_in(session: Option<&str>, id: i64) -> Value {
+        let mut params = json!({"name": "ask_invoices", "arguments": {"prompt": "hi"}});
+        if let Some(s) = session {
+            params["_meta"] =
+                json!({"bindery.dev/session_id": s, "agents-exe/params": {"billing_token": "x"}});
+        }
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    }
+
+    /// A batch names each session its calls name, once, and the values
+    /// its calls give; one message names what it always did.
+    #[test]
+    fn a_batch_names_the_sessions_and_values_of_its_calls() {
+        let mut token = HeaderMap::new();
+        token.insert(SESSION_HEADER, HeaderValue::from_static("s-own"));
+        let list = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"});
+        let batch = json!([
+            call_in(Some("s-1"), 1),
+            list,
+            call_in(Some("s-2"), 2),
+            call_in(Some("s-1"), 3),
+            call_in(None, 4)
+        ]);
+        assert_eq!(
+            sessions_named(&HeaderMap::new(), &batch),
+            ["s-1", "s-2"],
+            "a call naming no session names none without the header"
+        );
+        assert_eq!(sessions_named(&token, &batch), ["s-1", "s-2", "s-own"]);
+        assert_eq!(sessions_named(&token, &list), Vec::<String>::new());
+        assert_eq!(
+            sessions_named(&HeaderMap::new(), &call_in(Some("s-1"), 1)),
+            ["s-1"]
+        );
+        assert_eq!(values_named(&HeaderMap::new(), &batch), ["billing_token"]);
+        assert_eq!(
+            values_named(&HeaderMap::new(), &call_in(None, 1)),
+            Vec::<String>::new()
+        );
+    }
+
+    /// A refused batch answers each of its requests, notifications not.
+    #[tokio::test]
+    async fn a_refused_batch_answers_each_request() {
+        let e = crate::api::peers::tls_required(vec!["billing_token".into()]);
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let r = refusal(
+            &json!([call_in(Some("s"), 1), note, call_in(Some("s"), 2)]),
+            e.clone(),
+        );
+        assert_eq!(r.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        let answers: Value = serde_json::from_slice(&body).unwrap();
+        let ids: Vec<&Value> = answers
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| &a["id"])
+            .collect();
+        assert_eq!(ids, [&json!(1), &json!(2)], "{answers}");
+        assert_eq!(
+            answers[1]["error"]["data"]["error"], "peer_tls_required",
+            "{answers}"
+        );
+        assert_eq!(refusal(&json!([note]), e).status(), StatusCode::ACCEPTED);
     }
 }
