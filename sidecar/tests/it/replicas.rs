@@ -39,6 +39,15 @@ async fn held_on(holder: &Api) -> (String, String) {
     )
 }
 
+/// How many turns session `id` has, as `api` shows it to the owner.
+async fn turns_of(api: &Api, id: &str) -> usize {
+    let r = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["session"]["turns"].as_array().unwrap().len()
+}
+
 /// One JSON-RPC `tools/call` over `POST /mcp` with `token` and `headers`.
 async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Value) -> Value {
     let mut req = api
@@ -184,14 +193,11 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
         2.0,
         "B ran both calls"
     );
-    let turns = api_b
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
-        .json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .len();
-    assert_eq!(turns, 8, "two runs of four turns in the session");
+    assert_eq!(
+        turns_of(&api_b, &id).await,
+        8,
+        "two runs of four turns in the session"
+    );
 
     // A new session's call names none: it runs at A, with the values it gives.
     let before = served(&api_b, "/mcp").await;
@@ -328,14 +334,11 @@ async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
         2.0,
         "B ran both batches"
     );
-    let turns = api_b
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
-        .json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .len();
-    assert_eq!(turns, 12, "three runs of four turns in the session");
+    assert_eq!(
+        turns_of(&api_b, &id).await,
+        12,
+        "three runs of four turns in the session"
+    );
 
     // Calls in sessions held by B and by A, or by B twice: no one replica
     // can answer for them from one POST, and nothing of them runs.
@@ -360,13 +363,8 @@ async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
         assert!(message.contains("in a POST of their own"), "{message}");
     }
     assert_eq!(served(&api_b, "/mcp").await, before);
-    for s in [&id, &here] {
-        let r = api_a
-            .call("GET", &format!("/v1/sessions/{s}"), Some(OWNER), None)
-            .await;
-        let turns = r.json["session"]["turns"].as_array().unwrap().len();
-        assert_eq!(turns, if *s == id { 12 } else { 0 }, "{s}: nothing ran");
-    }
+    assert_eq!(turns_of(&api_a, &id).await, 12, "nothing more ran");
+    assert_eq!(turns_of(&api_a, &here).await, 0, "nothing ran");
     for s in [&a, &b] {
         assert!(!s.logs().contains(CANARY), "{}", s.logs());
     }
