@@ -48,8 +48,15 @@ async fn turns_of(api: &Api, id: &str) -> usize {
     r.json["session"]["turns"].as_array().unwrap().len()
 }
 
-/// One JSON-RPC `tools/call` over `POST /mcp` with `token` and `headers`.
-async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Value) -> Value {
+/// `message` (one JSON-RPC message or a batch: protocol 2025-03-26, the
+/// default) over `POST /mcp` with `token` and `headers`: the status and
+/// the answer.
+async fn mcp_post(
+    api: &Api,
+    token: &str,
+    headers: &[(&str, &str)],
+    message: Value,
+) -> (u16, Value) {
     let mut req = api
         .http
         .post(format!("{}/mcp", api.base))
@@ -59,16 +66,17 @@ async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Valu
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = req
-        .body(
-            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    resp.json().await.unwrap()
+    let resp = req.body(message.to_string()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+/// One JSON-RPC `tools/call` over `POST /mcp` with `token` and `headers`.
+async fn mcp_call(api: &Api, token: &str, headers: &[(&str, &str)], params: Value) -> Value {
+    let message = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params});
+    let (status, answer) = mcp_post(api, token, headers, message).await;
+    assert_eq!(status, 200, "{answer}");
+    answer
 }
 
 /// A view asked of the replica that does not hold the session's secret
@@ -244,23 +252,6 @@ async fn an_mcp_call_naming_a_session_is_served_by_the_holder() {
     }
 }
 
-/// A JSON-RPC batch (protocol 2025-03-26, the default) over `POST /mcp`
-/// with `token` and `headers`: the status and the answer.
-async fn mcp_batch(api: &Api, token: &str, headers: &[(&str, &str)], batch: Value) -> (u16, Value) {
-    let mut req = api
-        .http
-        .post(format!("{}/mcp", api.base))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.body(batch.to_string()).send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap())
-}
-
 /// A batch's `tools/call` of `ask_invoices`, in `session` if given.
 fn ask_in(id: i64, session: Option<&str>) -> Value {
     let mut params = json!({"name": "ask_invoices", "arguments": {"prompt": "overdue?"}});
@@ -294,7 +285,7 @@ async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
     let before = served(&api_b, "/mcp").await;
 
     // A session token's batch: its calls are in its session, held by B.
-    let (status, answers) = mcp_batch(
+    let (status, answers) = mcp_post(
         &api_a,
         &token,
         &[("Bindery-Session-Id", &id)],
@@ -314,7 +305,7 @@ async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
         "{answers}"
     );
     // The owner's, two calls in that one session.
-    let (status, answers) = mcp_batch(
+    let (status, answers) = mcp_post(
         &api_a,
         OWNER,
         &[],
@@ -353,7 +344,7 @@ async fn an_mcp_batch_naming_a_held_session_is_served_by_the_holder() {
             vec![&id, &other],
         ),
     ] {
-        let (status, answer) = mcp_batch(&api_a, OWNER, &[], batch).await;
+        let (status, answer) = mcp_post(&api_a, OWNER, &[], batch).await;
         assert_eq!(status, 400, "{answer}");
         assert_eq!(answer["error"]["code"], -32600, "{answer}");
         let message = answer["error"]["message"].as_str().unwrap();
