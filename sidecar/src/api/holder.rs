@@ -118,7 +118,8 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         About::Mcp => {
             // `/mcp` reads no body before it knows its caller: only the
             // owner's or a session token's call can be forwarded.
-            if !may_name_a_session(&s, &parts) {
+            let owner = is_owner(&s, &parts);
+            if !may_name_a_session(owner, &parts) {
                 return next.run(rebuilt(parts, read, body)).await;
             }
             let bytes = match read_body(&parts, body.take()).await {
@@ -131,7 +132,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
                 .as_ref()
                 .map(|m| super::mcp::sessions_named(&parts.headers, m))
                 .unwrap_or_default();
-            if !is_owner(&s, &parts) {
+            if !owner {
                 // A session token acts on its own session only: the calls
                 // of a batch that name another are refused wherever it is
                 // served, so they do not keep the rest from its holder.
@@ -262,17 +263,14 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
 
 /// Whether an `/mcp` POST's credentials are the owner token or a session
 /// token with its session named (checked for good later), the only callers
-/// whose calls name a session.
-fn may_name_a_session(s: &AppState, parts: &Parts) -> bool {
-    match super::auth::bearer(&parts.headers) {
-        Some(token) if s.owner.matches(token) => true,
-        Some(token) => {
-            token.starts_with("st_") && super::mcp::token_session_header(&parts.headers).is_some()
-        }
-        None => false,
-    }
+/// whose calls name a session (`owner`: [`is_owner`]).
+fn may_name_a_session(owner: bool, parts: &Parts) -> bool {
+    owner
+        || (super::auth::bearer(&parts.headers).is_some_and(|t| t.starts_with("st_"))
+            && super::mcp::token_session_header(&parts.headers).is_some())
 }
 
+/// Whether an `/mcp` POST's bearer token is the owner's.
 fn is_owner(s: &AppState, parts: &Parts) -> bool {
     super::auth::bearer(&parts.headers).is_some_and(|t| s.owner.matches(t))
 }

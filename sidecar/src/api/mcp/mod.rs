@@ -377,27 +377,24 @@ pub fn session_named(headers: &HeaderMap, message: &Value) -> Option<String> {
 /// (`Agents-Param-*` headers, `_meta` "agents-exe/params"): what a
 /// forward of it would carry. Every header's name when they do not read.
 pub fn values_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
-    let mut names = Vec::new();
-    for m in members(message) {
-        for name in values_named_in(headers, m) {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-    }
-    names
+    once_each(members(message).flat_map(|m| values_named_in(headers, m)))
 }
 
 /// The sessions a POST's message names, each once: one message's (see
 /// [`session_named`]), or each of a batch's members', in order.
 pub fn sessions_named(headers: &HeaderMap, message: &Value) -> Vec<String> {
-    let mut named = Vec::new();
-    for id in members(message).filter_map(|m| session_named(headers, m)) {
-        if !named.contains(&id) {
-            named.push(id);
+    once_each(members(message).filter_map(|m| session_named(headers, m)))
+}
+
+/// `names` in order, each once (a batch has a few members: no set needed).
+fn once_each(names: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in names {
+        if !out.contains(&name) {
+            out.push(name);
         }
     }
-    named
+    out
 }
 
 /// A batch's members, or the one message.
@@ -429,8 +426,8 @@ fn values_named_in(headers: &HeaderMap, message: &Value) -> Vec<String> {
 }
 
 /// A POST's message refused before it was served (a forward it cannot
-/// make): the JSON-RPC error a `tools/call` gets for `e`.
-/// A batch's refusal answers each of its requests (a member with an id).
+/// make): the JSON-RPC error a `tools/call` gets for `e`. A batch's
+/// refusal answers each of its requests (each member with an id).
 pub fn refusal(message: &Value, e: ServiceError) -> Response {
     let e = for_mcp(e);
     let Value::Array(batch) = message else {
