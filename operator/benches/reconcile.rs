@@ -90,6 +90,7 @@ fn tenant(i: usize) -> AgentTenant {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    println!("{}", bindery_tests::bench::context());
     let n: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())

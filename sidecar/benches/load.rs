@@ -70,17 +70,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!();
+    println!("{}", bindery_tests::bench::context());
     println!(
         "bindery-sidecar under load: {sessions} concurrent sessions, one message each \
-         (2 model turns of {} ms, 1 bash tool run), worker threads per server: {workers}; \
-         load average before: {}",
+         (2 model turns of {} ms, 1 bash tool run), worker threads per server: {workers}",
         delay.as_millis(),
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
     );
     rt.block_on(async {
         let mock = MockLlm::start(move |req| tool_then_answer(req).delayed(delay)).await;

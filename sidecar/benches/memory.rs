@@ -78,7 +78,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    println!();
+    println!("{}", bindery_tests::bench::context());
     println!(
         "bindery-sidecar memory: {sessions} live sessions with a secret, \
          {subscribers} event subscribers, --live-session-ttl {ttl}"

@@ -128,7 +128,7 @@ fn main() {
                 .expect("MODEL_DELAY_MS is a number of milliseconds")
         })
         .map_or(MODEL_DELAY, Duration::from_millis);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("{}", bindery_tests::bench::context());
     let started = Instant::now();
     let streamed = on_worker(&rt, round_trips(true, delay));
     let unstreamed = on_worker(&rt, round_trips(false, delay));
@@ -137,7 +137,6 @@ fn main() {
     let (bound, direct) = (Stats::of(bound), Stats::of(direct));
     let elapsed = started.elapsed();
 
-    println!();
     println!(
         "bindery-sidecar overhead, after warm-up: {ROUND_TRIPS} round trips per mode \
          ({MODEL_TURNS} model turns of {} delay each, one tool run), {TOOL_CALLS} tool calls each way",
@@ -218,14 +217,7 @@ fn main() {
         ratio(bound.p90, direct.p90),
         ms_diff(bound.p90, direct.p90),
     );
-    println!(
-        "measured in {:.1} s; load average before: {}",
-        elapsed.as_secs_f64(),
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("measured in {:.1} s", elapsed.as_secs_f64());
 }
 
 /// One mode's samples: round trips through the server, and the same model

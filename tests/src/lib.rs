@@ -1,5 +1,6 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
+pub mod bench;
 pub mod control_plane;
 pub mod eventually;
 pub mod helm;

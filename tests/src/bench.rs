@@ -1,0 +1,98 @@
+//! The first line of every benchmark's output: when, where and on which
+//! commit it ran. A run recorded with `tee` (docs/bench-runs/) then says
+//! by itself what its numbers were measured on, and the docs need not
+//! copy them into prose.
+
+use std::path::Path;
+use std::process::Command;
+
+/// `measured <time> at <commit> on <cores> × <cpu>, <memory>, load average
+/// <1 5 15 min>`. What cannot be read (no git, no /proc) reads `unknown`.
+pub fn context() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bindery-tests lives in the workspace");
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "measured {} at {} on {cores} × {}, {}, load average {}",
+        jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap_or_default(),
+        commit(root),
+        cpu(&cpuinfo),
+        memory(&meminfo),
+        load(&loadavg),
+    )
+}
+
+/// The checkout's short commit, `+changes` when tracked files differ from it.
+fn commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(rev) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(changes) if !changes.is_empty() => format!("{rev}+changes"),
+            _ => rev,
+        },
+        None => "an unknown commit".into(),
+    }
+}
+
+fn cpu(cpuinfo: &str) -> String {
+    cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or_else(|| "an unknown CPU".into(), |(_, m)| m.trim().to_string())
+}
+
+fn memory(meminfo: &str) -> String {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<f64>().ok())
+        .map_or_else(
+            || "unknown memory".into(),
+            |kib| format!("{:.0} GiB", kib / 1024.0 / 1024.0),
+        )
+}
+
+fn load(loadavg: &str) -> String {
+    let three: Vec<&str> = loadavg.split_whitespace().take(3).collect();
+    if three.len() == 3 {
+        three.join(" ")
+    } else {
+        "unknown".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_is_read_from_procs_text() {
+        let cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n";
+        assert_eq!(cpu(cpuinfo), "AMD EPYC 7B13");
+        assert_eq!(memory("MemTotal:       24605796 kB\n"), "23 GiB");
+        assert_eq!(load("0.12 0.30 0.45 1/234 5678\n"), "0.12 0.30 0.45");
+    }
+
+    #[test]
+    fn what_cannot_be_read_says_so() {
+        assert_eq!(cpu(""), "an unknown CPU");
+        assert_eq!(memory("MemFree: 1 kB\n"), "unknown memory");
+        assert_eq!(load(""), "unknown");
+        assert_eq!(commit(Path::new("/nonexistent")), "an unknown commit");
+    }
+}
