@@ -88,6 +88,7 @@ fn main() {
         let store = format!("sqlite://{}", dir.path().join("store.sqlite").display());
         let sqlite = against(&[&agent], &store, &flags, dir.path(), 1, sessions).await;
         sqlite.print("sqlite", Some(&floor));
+        let mut goals = vec![sqlite.goal("sqlite")];
 
         match std::panic::catch_unwind(Postgres::start) {
             Ok(pg) => {
@@ -102,9 +103,11 @@ fn main() {
                     one.wall.as_secs_f64() / sqlite.wall.as_secs_f64(),
                     two.throughput() / one.throughput(),
                 );
+                goals.extend([one.goal("postgres"), two.goal("postgres x2")]);
             }
             Err(_) => println!("postgres: not measured (no PostgreSQL server: run tests/setup.sh)"),
         }
+        goals.iter().for_each(|g| println!("{g}"));
     });
 }
 
@@ -139,6 +142,15 @@ struct Row {
 impl Row {
     fn throughput(&self) -> f64 {
         (self.sessions - self.lost) as f64 / self.wall.as_secs_f64()
+    }
+
+    /// The goal every server row checks: every session's answer came, right.
+    fn goal(&self, name: &str) -> String {
+        bindery_tests::bench::goal(
+            &format!("{name}, no answer lost or wrong"),
+            self.lost == 0,
+            &format!("{}/{}", self.lost, self.sessions),
+        )
     }
 
     fn print(&self, name: &str, floor: Option<&Row>) {

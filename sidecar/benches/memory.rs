@@ -64,6 +64,14 @@ use common::{invoices_agent, serve, tool_then_answer, OWNER};
 use futures::StreamExt;
 use serde_json::json;
 
+/// The goals: resident memory in all with [`GOAL_COUNT`] live sessions,
+/// and with as many event streams open on them too; after eviction, how
+/// far above idle at most.
+const GOAL_COUNT: usize = 10_000;
+const GOAL_SESSIONS_MIB: f64 = 64.0;
+const GOAL_STREAMS_MIB: f64 = 128.0;
+const GOAL_EVICTED: f64 = 0.10;
+
 /// Requests in flight at once while creating and subscribing.
 const CONCURRENCY: usize = 64;
 
@@ -105,6 +113,7 @@ fn main() {
         let idle = rss_kib(pid);
         println!("{:34} {:8.1} MiB  ({})", "idle", mib(idle), rss_parts(pid));
 
+        let mut goals = Vec::new();
         for _ in 0..cycles {
             let started = Instant::now();
             let ids: Vec<String> = futures::stream::iter(0..sessions)
@@ -187,6 +196,32 @@ fn main() {
                 started.elapsed().as_secs_f64(),
                 rss_parts(pid),
             );
+            let over_idle = (evicted as f64 - idle as f64) / idle as f64;
+            goals = vec![
+                bindery_tests::bench::goal(
+                    &format!("{GOAL_COUNT} live sessions ≤ {GOAL_SESSIONS_MIB} MiB"),
+                    mib(with_sessions) <= GOAL_SESSIONS_MIB,
+                    &format!("{:.1} MiB", mib(with_sessions)),
+                ),
+                bindery_tests::bench::goal(
+                    &format!("{GOAL_COUNT} open event streams ≤ {GOAL_STREAMS_MIB} MiB"),
+                    mib(with_subscribers) <= GOAL_STREAMS_MIB,
+                    &format!("{:.1} MiB", mib(with_subscribers)),
+                ),
+                bindery_tests::bench::goal(
+                    &format!(
+                        "after eviction, within {:.0} % of idle",
+                        GOAL_EVICTED * 100.0
+                    ),
+                    gone && over_idle <= GOAL_EVICTED,
+                    &format!("{:+.1} %", over_idle * 100.0),
+                ),
+            ];
+        }
+        if sessions == GOAL_COUNT && subscribers == GOAL_COUNT {
+            goals.iter().for_each(|g| println!("{g}"));
+        } else {
+            println!("goals: stated for {GOAL_COUNT} sessions and streams, not judged here");
         }
         drop(sidecar);
     });

@@ -93,6 +93,10 @@ use serde_json::{json, Value};
 
 /// How long the mock LLM takes to answer each request.
 const MODEL_DELAY: Duration = Duration::from_millis(20);
+/// The goals, at [`MODEL_DELAY`] turns: a round trip's median over its
+/// model's and tool's time, and the sidecar's own time (median).
+const GOAL_RATIO: f64 = 1.05;
+const GOAL_OWN: Duration = Duration::from_millis(1);
 /// Model turns per round trip: the tool call, then the answer.
 const MODEL_TURNS: u32 = 2;
 const WARMUP_ROUND_TRIPS: usize = 5;
@@ -148,6 +152,7 @@ fn main() {
     );
     // What the server adds to a tool call: the sidecar's, not the tool's.
     let dispatch = bound.median.as_secs_f64() - direct.median.as_secs_f64();
+    let mut goals = Vec::new();
     for (name, m) in [
         ("round trip:          ", &streamed),
         ("round trip no-stream:", &unstreamed),
@@ -191,6 +196,19 @@ fn main() {
             ms_diff(model.median, here.median),
         );
         m.http.print();
+        let mode = name.trim_end_matches([' ', ':']);
+        let over_floor = ratio(trip.median, floor.median);
+        goals.push(bindery_tests::bench::goal(
+            &format!("{mode} ≤ x{GOAL_RATIO:.2} the model's and the tool's time"),
+            over_floor <= GOAL_RATIO,
+            &format!("x{over_floor:.3}"),
+        ));
+        let own = rank(&own, 0.5);
+        goals.push(bindery_tests::bench::goal(
+            &format!("{mode}, the sidecar's own time ≤ {}", ms(GOAL_OWN)),
+            own <= GOAL_OWN.as_secs_f64(),
+            &ms_signed(own),
+        ));
     }
     let (plain, with) = (Stats::of(plain), Stats::of(with));
     println!(
@@ -217,6 +235,15 @@ fn main() {
         ratio(bound.p90, direct.p90),
         ms_diff(bound.p90, direct.p90),
     );
+    if delay == MODEL_DELAY {
+        goals.iter().for_each(|g| println!("{g}"));
+    } else {
+        println!(
+            "goals: stated for {} turns, not judged at {}",
+            ms(MODEL_DELAY),
+            ms(delay)
+        );
+    }
     println!("measured in {:.1} s", elapsed.as_secs_f64());
 }
 

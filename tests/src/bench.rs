@@ -28,6 +28,14 @@ pub fn context() -> String {
     )
 }
 
+/// A goal's verdict line: `goal <what>: met (<measured>)`, or `not met`.
+/// A bench prints one for each goal it checks, so that a recorded run
+/// says whether the goals held without anyone reading its numbers.
+pub fn goal(what: &str, met: bool, measured: &str) -> String {
+    let verdict = if met { "met" } else { "not met" };
+    format!("goal {what}: {verdict} ({measured})")
+}
+
 /// The checkout's short commit, `+changes` when tracked files differ from it.
 fn commit(root: &Path) -> String {
     let git = |args: &[&str]| {
@@ -86,6 +94,18 @@ mod tests {
         assert_eq!(cpu(cpuinfo), "AMD EPYC 7B13");
         assert_eq!(memory("MemTotal:       24605796 kB\n"), "23 GiB");
         assert_eq!(load("0.12 0.30 0.45 1/234 5678\n"), "0.12 0.30 0.45");
+    }
+
+    #[test]
+    fn a_goal_says_whether_it_was_met_and_by_what() {
+        assert_eq!(
+            goal("a round trip ≤ 1.0 ms", false, "2.5 ms"),
+            "goal a round trip ≤ 1.0 ms: not met (2.5 ms)"
+        );
+        assert_eq!(
+            goal("none lost", true, "0/1000"),
+            "goal none lost: met (0/1000)"
+        );
     }
 
     #[test]
