@@ -166,18 +166,20 @@ fn main() {
                 .map(|f| Duration::from_secs_f64(f.max(0.0)))
                 .collect(),
         );
+        // The goals' two measures, printed here and judged below.
+        let over_floor = ratio(trip.median, floor.median);
+        let own_median = rank(&own, 0.5);
         println!(
-            "{name} median {} -> x{:.2} the model's {}, x{:.3} the model's and the tool's {}",
+            "{name} median {} -> x{:.2} the model's {}, x{over_floor:.3} the model's and the tool's {}",
             ms(trip.median),
             ratio(trip.median, model.median),
             ms(model.median),
-            ratio(trip.median, floor.median),
             ms(floor.median),
         );
         println!(
             "{:21}    the sidecar's own: median {}, p90 {} (each round trip less its model's and its tool script's time)",
             "",
-            ms_signed(rank(&own, 0.5)),
+            ms_signed(own_median),
             ms_signed(rank(&own, 0.9)),
         );
         println!(
@@ -197,17 +199,15 @@ fn main() {
         );
         m.http.print();
         let mode = name.trim_end_matches([' ', ':']);
-        let over_floor = ratio(trip.median, floor.median);
         goals.push(bindery_tests::bench::goal(
             &format!("{mode} ≤ x{GOAL_RATIO:.2} the model's and the tool's time"),
             over_floor <= GOAL_RATIO,
             &format!("x{over_floor:.3}"),
         ));
-        let own = rank(&own, 0.5);
         goals.push(bindery_tests::bench::goal(
             &format!("{mode}, the sidecar's own time ≤ {}", ms(GOAL_OWN)),
-            own <= GOAL_OWN.as_secs_f64(),
-            &ms_signed(own),
+            own_median <= GOAL_OWN.as_secs_f64(),
+            &ms_signed(own_median),
         ));
     }
     let (plain, with) = (Stats::of(plain), Stats::of(with));
