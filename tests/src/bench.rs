@@ -6,6 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
+// k8s-openapi's timestamp type, already a dependency here.
+use k8s_openapi::jiff;
+
 /// `measured <time> at <commit> on <cores> × <cpu>, <memory>, load average
 /// <1 5 15 min>`. What cannot be read (no git, no /proc) reads `unknown`.
 pub fn context() -> String {

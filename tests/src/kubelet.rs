@@ -1430,7 +1430,7 @@ fn now() -> String {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    jiff::Timestamp::from_second(d.as_secs() as i64)
+    k8s_openapi::jiff::Timestamp::from_second(d.as_secs() as i64)
         .map(|t| t.to_string())
         .unwrap_or_default()
 }
