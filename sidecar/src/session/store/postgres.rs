@@ -141,6 +141,10 @@ const MIGRATIONS: &[&str] = &[
     "DROP INDEX bindery_usage_session;
     CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
         INCLUDE (prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);",
+    // 11: the sessions waiting for a continuation found as the running
+    // ones are: with a `confirmTtl`, each heartbeat looks for expired calls.
+    "CREATE INDEX bindery_sessions_waiting ON bindery_sessions (id)
+        WHERE status = 'waiting_external';",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -1341,6 +1345,7 @@ mod tests {
              ALTER TABLE bindery_runners DROP COLUMN address;
              ALTER TABLE bindery_sessions DROP COLUMN turn_count;
              DROP TABLE bindery_agents, bindery_usage, bindery_turns;
+             DROP INDEX bindery_sessions_waiting;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
         let store = open(&pg).await;
@@ -1368,6 +1373,7 @@ mod tests {
                 "UPDATE bindery_sessions SET turns = '{history}';
                  ALTER TABLE bindery_sessions DROP COLUMN turn_count;
                  DROP TABLE bindery_turns;
+                 DROP INDEX bindery_sessions_waiting;
                  DELETE FROM bindery_schema_migrations WHERE version >= 9"
             ),
         );

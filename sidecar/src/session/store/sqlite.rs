@@ -137,7 +137,17 @@ const MIGRATIONS: &[&str] = &[
     "DROP INDEX usage_session;
     CREATE INDEX usage_session ON usage
         (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);",
+    // 10: the sessions waiting for a continuation found as the running
+    // ones are: with a `confirmTtl`, each heartbeat looks for expired calls.
+    "CREATE INDEX sessions_waiting ON sessions (id) WHERE status = 'waiting_external';",
 ];
+
+/// The running and the waiting sessions, found through their partial
+/// indexes. The status is written in the SQL, not bound: with the
+/// planner's stability guarantee on ([`configure`]) a plan cannot depend
+/// on a bound value, so `status = ?1` would read the whole table.
+const RUNNING: &str = "WHERE status = 'running' ORDER BY id";
+const WAITING: &str = "WHERE status = 'waiting_external' ORDER BY id";
 
 /// Prepared statements the connection keeps compiled: more than the store
 /// has (each `sessions` listing is one of its own).
@@ -218,24 +228,18 @@ impl SqliteStore {
         Columns::encode(rec).map_err(|why| Op::new("write a session", &self.path).fail(why))
     }
 
-    /// The sessions `SELECT … FROM sessions {tail}` finds, `status` bound
-    /// to `?1` if given.
+    /// The sessions `SELECT … FROM sessions {tail}` finds.
     async fn sessions(
         &self,
         what: &'static str,
         tail: &'static str,
-        status: Option<&'static str>,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         self.run(what, move |conn, op| {
             let mut stmt = conn
                 .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions {tail}"))
                 .map_err(|e| op.db(e))?;
-            let params: &[&dyn rusqlite::ToSql] = match &status {
-                Some(s) => &[s],
-                None => &[],
-            };
             let rows: Vec<Columns> = stmt
-                .query_map(params, columns)
+                .query_map([], columns)
                 .and_then(|rows| rows.collect())
                 .map_err(|e| op.db(e))?;
             rows.into_iter()
@@ -845,20 +849,16 @@ impl SessionStore for SqliteStore {
     }
 
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        self.sessions("list sessions", "ORDER BY created_at DESC, id", None)
+        self.sessions("list sessions", "ORDER BY created_at DESC, id")
             .await
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        let tail = "WHERE status = ?1 ORDER BY id";
-        self.sessions("list running sessions", tail, Some("running"))
-            .await
+        self.sessions("list running sessions", RUNNING).await
     }
 
     async fn waiting(&self) -> Result<Vec<SessionRecord>, StoreError> {
-        let tail = "WHERE status = ?1 ORDER BY id";
-        self.sessions("list waiting sessions", tail, Some("waiting_external"))
-            .await
+        self.sessions("list waiting sessions", WAITING).await
     }
 
     async fn update_with_events(
@@ -1370,6 +1370,7 @@ mod tests {
         conn.execute_batch(
             "ALTER TABLE sessions DROP COLUMN turn_count;
              DROP TABLE turns;
+             DROP INDEX sessions_waiting;
              DELETE FROM schema_migrations WHERE version >= 8",
         )
         .unwrap();
@@ -1518,6 +1519,32 @@ mod tests {
                 stmt.get_status(rusqlite::StatementStatus::RePrepare),
                 0,
                 "compiled again after {runs} runs: {sql}"
+            );
+        }
+    }
+
+    /// The lists the heartbeat reads (running sessions, and with a
+    /// `confirmTtl` the waiting ones) go through their partial indexes. A
+    /// bound `status = ?1` cannot, with the planner's stability guarantee
+    /// on: every heartbeat read every session in the file, and filled the
+    /// page cache again after eviction had emptied it.
+    #[tokio::test]
+    async fn the_heartbeats_lists_read_only_their_partial_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_in(&dir);
+        let conn = store.conn.lock().unwrap();
+        for (tail, index) in [(RUNNING, "sessions_running"), (WAITING, "sessions_waiting")] {
+            let sql = format!("EXPLAIN QUERY PLAN SELECT {SESSION_COLUMNS} FROM sessions {tail}");
+            let mut stmt = conn.prepare(&sql).unwrap();
+            let plan: Vec<String> = stmt
+                .query_map([], |row| row.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert_eq!(
+                plan,
+                [format!("SCAN sessions USING INDEX {index}")],
+                "{tail}"
             );
         }
     }
