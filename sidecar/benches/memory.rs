@@ -27,7 +27,8 @@
 //!    (`GET /v1/sessions/:id/events`) open on them, one per session in turn;
 //! 4. once the streams are closed and the TTL has evicted every session
 //!    (`bindery_sessions_live` back to 0: waited for, not slept), and the
-//!    memory the sweep gives back has stopped falling.
+//!    memory the sweep gives back has stopped falling for longer than the
+//!    server's periodic work takes (`SETTLE`).
 //!
 //! `MEMORY_CYCLES` (default 1) repeats steps 2 to 4: a second "evicted"
 //! row close to the first says that what stays after a burst is reused by
@@ -181,13 +182,14 @@ fn main() {
             let gone = wait_live(&api, 0, Duration::from_secs(600)).await;
             // The sweep that evicted the last ones gives the memory back just
             // after the count falls: read it once it has stopped falling.
-            let evicted = settled_rss(pid).await;
+            let (evicted, lowest) = settled_rss(pid).await;
             println!(
-                "{:34} {:8.1} MiB  {:+.1} MiB over idle ({:+.1} %; {} after {:.1} s; {})",
+                "{:34} {:8.1} MiB  {:+.1} MiB over idle ({:+.1} %, lowest {:.1} MiB; {} after {:.1} s; {})",
                 "evicted",
                 mib(evicted),
                 mib(evicted) - mib(idle),
                 (evicted as f64 - idle as f64) * 100.0 / idle as f64,
+                mib(lowest),
                 if gone {
                     "0 live".to_string()
                 } else {
@@ -246,21 +248,30 @@ async fn warm_up(api: &Api) {
     let _ = live_count(api).await;
 }
 
-/// Resident memory once it has not fallen for two seconds (within 64 KiB),
-/// or after a minute.
-async fn settled_rss(pid: u32) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut low = rss_kib(pid);
+/// How long resident memory must go without a new low (by more than 64
+/// KiB) to count as settled: longer than the server's periodic work, whose
+/// slowest part, the heartbeat (every 10 s by default), reads the store.
+const SETTLE: Duration = Duration::from_secs(12);
+
+/// Resident memory once it has gone [`SETTLE`] without a new low (or after
+/// two minutes): the last reading, and the lowest on the way. The lowest
+/// comes just after a release, before the server's periodic work takes
+/// some memory again; taking it for the settled value once hid 2 MiB
+/// that a heartbeat's read of the whole session table took back.
+async fn settled_rss(pid: u32) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = rss_kib(pid);
+    let mut low = last;
     let mut since = Instant::now();
-    while since.elapsed() < Duration::from_secs(2) && Instant::now() < deadline {
+    while since.elapsed() < SETTLE && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = rss_kib(pid);
-        if now + 64 < low {
+        last = rss_kib(pid);
+        if last + 64 < low {
             since = Instant::now();
         }
-        low = low.min(now);
+        low = low.min(last);
     }
-    low
+    (last, low)
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
