@@ -21,8 +21,8 @@
 //! message runs the example's real bash tool once.
 //!
 //! Each server runs with `--worker-threads` from `LOAD_WORKER_THREADS`
-//! (default 1, as in a pod limited to one CPU; `default`: tokio's one per
-//! core). On this two-core machine the tools' processes, PostgreSQL and
+//! (default 1, as in a pod limited to one CPU; `default`: the server's
+//! own default, one fewer than the CPUs, at least one). On this two-core machine the tools' processes, PostgreSQL and
 //! this process already keep both cores busy, and a second worker thread
 //! per server mostly adds parking and waking.
 //!

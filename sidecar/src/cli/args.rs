@@ -262,9 +262,9 @@ pub enum Command {
               default_value = "15s", value_parser = parse_interval)]
         events_keep_alive: std::time::Duration,
         /// Run the server's async work on this many threads. Default: one
-        /// per CPU the process may use (a container's CPU limit counts).
-        /// A server that shares its cores with its tools' processes, a
-        /// database or other replicas may do better with fewer.
+        /// fewer than the CPUs the process may use (a container's CPU
+        /// limit counts), at least one: the CPU left over runs its tools'
+        /// processes and its store's and allocator's own threads.
         #[arg(long, value_name = "N", env = "BINDERY_WORKER_THREADS",
               value_parser = clap::value_parser!(u16).range(1..))]
         worker_threads: Option<u16>,

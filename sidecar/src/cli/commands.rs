@@ -19,15 +19,28 @@ pub fn main() -> ExitCode {
     code
 }
 
+/// The async worker threads when `--worker-threads` is not given: one
+/// fewer than the CPUs the process may use (`cpus`, a container's CPU limit
+/// counted), and at least one. The CPU left over runs what the server
+/// starts beside its async work: its tools' processes, MCP servers, the
+/// store's checkpoints, the allocator's purges. On two cores one worker
+/// answered a round trip about half a millisecond sooner than two, and
+/// 1000 sessions at once sooner too (docs/benchmarks.md): a second worker
+/// there mostly parks and wakes.
+fn default_workers(cpus: usize) -> usize {
+    cpus.saturating_sub(1).max(1)
+}
+
 fn run_main(command: Command) -> ExitCode {
+    let workers = match &command {
+        Command::Serve {
+            worker_threads: Some(n),
+            ..
+        } => usize::from(*n),
+        _ => default_workers(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve {
-        worker_threads: Some(n),
-        ..
-    } = &command
-    {
-        builder.worker_threads(usize::from(*n));
-    }
+    builder.worker_threads(workers);
     let rt = match builder
         .enable_all()
         .on_thread_park(super::memory::on_worker_park)
@@ -327,4 +340,17 @@ fn plural(n: usize) -> &'static str {
 
 fn to_json(v: &serde_json::Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_workers;
+
+    #[test]
+    fn one_cpu_is_left_to_the_servers_processes_and_one_worker_always_runs() {
+        assert_eq!(default_workers(0), 1);
+        assert_eq!(default_workers(1), 1);
+        assert_eq!(default_workers(2), 1);
+        assert_eq!(default_workers(8), 7);
+    }
 }
