@@ -22,9 +22,10 @@
 //!
 //! Each server runs with `--worker-threads` from `LOAD_WORKER_THREADS`
 //! (default 1, as in a pod limited to one CPU; `default`: the server's
-//! own default, one fewer than the CPUs, at least one). On this two-core machine the tools' processes, PostgreSQL and
-//! this process already keep both cores busy, and a second worker thread
-//! per server mostly adds parking and waking.
+//! own default, one fewer than the CPUs, at least one). On this two-core
+//! machine the tools' processes, PostgreSQL and this process already keep
+//! both cores busy, and a second worker thread per server mostly adds
+//! parking and waking.
 //!
 //! Each row prints the wall time from the first message to the last
 //! answer (and its ratio to the floor's), answers lost or wrong, the p50

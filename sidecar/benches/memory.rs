@@ -256,7 +256,7 @@ const SETTLE: Duration = Duration::from_secs(12);
 /// Resident memory once it has gone [`SETTLE`] without a new low (or after
 /// two minutes): the last reading, and the lowest on the way. The lowest
 /// comes just after a release, before the server's periodic work takes
-/// some memory again; taking it for the settled value once hid 2 MiB
+/// some memory again; taking it for the settled value once hid 1.7 MiB
 /// that a heartbeat's read of the whole session table took back.
 async fn settled_rss(pid: u32) -> (u64, u64) {
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -24,7 +24,7 @@ pub fn main() -> ExitCode {
 /// counted), and at least one. The CPU left over runs what the server
 /// starts beside its async work: its tools' processes, MCP servers, the
 /// store's checkpoints, the allocator's purges. On two cores one worker
-/// answered a round trip about half a millisecond sooner than two, and
+/// answered a round trip 0.2 to 0.5 ms sooner than two, and
 /// 1000 sessions at once sooner too (docs/benchmarks.md): a second worker
 /// there mostly parks and wakes.
 fn default_workers(cpus: usize) -> usize {
