@@ -29,7 +29,10 @@
 //!   beside it) and its tool script's (the tool call as the server timed it,
 //!   `bindery_tool_call_duration_seconds`, less what the server adds to a
 //!   call, measured below as bound over direct), sample by sample: the
-//!   median and p90 of those differences. Pairing them keeps a change of
+//!   median and p90 of those differences, and the median of the first
+//!   and of the last quarter of the round trips: all of them go to one
+//!   session, whose conversation grows by four turns each, so the two
+//!   show what its length costs. Pairing them keeps a change of
 //!   the machine's state (the four-process bash tool alone moves by
 //!   milliseconds between runs) off the difference. It is measured with
 //!   the model's answers streamed (the default) and with `serve --no-stream`,
@@ -181,6 +184,23 @@ fn main() {
             "",
             ms_signed(own_median),
             ms_signed(rank(&own, 0.9)),
+        );
+        // The conversation grows by four turns a round trip: what its
+        // length costs shows as the first quarter's own time against the
+        // last's.
+        let quarter = |q: std::ops::Range<usize>| {
+            let mut part = m.own_unsorted(&floors)[q].to_vec();
+            part.sort_by(f64::total_cmp);
+            ms_signed(rank(&part, 0.5))
+        };
+        let n = m.trips.len();
+        println!(
+            "{:21}    by the conversation's length: median {} in the first {} round trips, {} in the last {}",
+            "",
+            quarter(0..n / 4),
+            n / 4,
+            quarter(n - n / 4..n),
+            n / 4,
         );
         println!(
             "{:21}    p90 {} -> x{:.2} the model's p90 {}",
@@ -348,11 +368,16 @@ impl Measured {
     /// that a change of the machine's state (the four-process bash tool
     /// alone moves by milliseconds) does not land on the difference.
     fn own(&self, floors: &[f64]) -> Vec<f64> {
-        let mut own: Vec<f64> = (self.trips.iter().zip(floors))
-            .map(|(t, floor)| t.as_secs_f64() - floor)
-            .collect();
+        let mut own = self.own_unsorted(floors);
         own.sort_by(f64::total_cmp);
         own
+    }
+
+    /// [`Measured::own`] in the order of the round trips.
+    fn own_unsorted(&self, floors: &[f64]) -> Vec<f64> {
+        (self.trips.iter().zip(floors))
+            .map(|(t, floor)| t.as_secs_f64() - floor)
+            .collect()
     }
 }
 
