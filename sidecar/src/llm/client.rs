@@ -156,7 +156,7 @@ impl ChatClient {
     /// Sends `req` with `stream: false` and returns the whole reply.
     pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         if let Some(model) = &self.inner.local {
-            return self.ask_local(&**model, req.request()).await;
+            return self.ask_local(&**model, &req.request()?).await;
         }
         let body = &req.body(&self.inner.endpoint.model, false)?;
         let timeout = self.inner.endpoint.timeout;
@@ -200,7 +200,7 @@ impl ChatClient {
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<ChatResponse, LlmError> {
         if let Some(model) = &self.inner.local {
-            let response = self.ask_local(&**model, req.request()).await?;
+            let response = self.ask_local(&**model, &req.request()?).await?;
             deltas_of(&response, on_delta);
             return Ok(response);
         }

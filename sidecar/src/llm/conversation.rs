@@ -4,7 +4,9 @@
 //! only grows. Encoding it anew for each request costs time in proportion to
 //! its length (tens of microseconds at a few dozen turns); a
 //! [`Conversation`] encodes each message once, when it is added, and each
-//! request body is the encoded parts put together.
+//! request body is the encoded parts put together. It keeps no copy of the
+//! messages themselves: the run holds them already, and copying a long
+//! history at each run's start cost as much as encoding it.
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -12,15 +14,19 @@ use serde::Serialize;
 use super::error::LlmError;
 use super::types::{ChatMessage, ChatRequest, ToolDefinition};
 
-/// The messages and tools of a run's requests, with their wire encoding.
+/// The messages and tools of a run's requests, in their wire encoding.
 ///
 /// Messages can only be added, never changed, so what was encoded stays true.
 pub struct Conversation {
-    request: ChatRequest,
+    tools: Vec<ToolDefinition>,
     /// The encoded messages, comma-separated, without the brackets.
     messages: Vec<u8>,
+    /// How many messages were added.
+    count: usize,
+    /// Their characters as [`ChatMessage::chars`] counts them.
+    chars: usize,
     /// `,"tools":[...]`, or nothing when there are no tools.
-    tools: Vec<u8>,
+    wire_tools: Vec<u8>,
     /// Why a part could not be encoded; every body then fails with it.
     unencodable: Option<String>,
 }
@@ -29,46 +35,85 @@ impl Conversation {
     /// A conversation with no messages yet, offering `tools`.
     pub fn new(tools: Vec<ToolDefinition>) -> Self {
         let mut conversation = Conversation {
-            request: ChatRequest::default(),
-            messages: Vec::new(),
             tools: Vec::new(),
+            messages: Vec::new(),
+            count: 0,
+            chars: 0,
+            wire_tools: Vec::new(),
             unencodable: None,
         };
         if !tools.is_empty() {
             let wire: Vec<WireTool<'_>> = tools.iter().map(WireTool::of).collect();
-            conversation.tools.extend_from_slice(br#","tools":"#);
-            if let Err(e) = serde_json::to_writer(&mut conversation.tools, &wire) {
+            conversation.wire_tools.extend_from_slice(br#","tools":"#);
+            if let Err(e) = serde_json::to_writer(&mut conversation.wire_tools, &wire) {
                 conversation.unencodable = Some(format!("a tool definition: {e}"));
             }
         }
-        conversation.request.tools = tools;
+        conversation.tools = tools;
         conversation
     }
 
     /// Adds `message` at the end.
-    pub fn push(&mut self, message: ChatMessage) {
+    pub fn push(&mut self, message: &ChatMessage) {
         let mark = self.messages.len();
-        if !self.request.messages.is_empty() {
+        if self.count > 0 {
             self.messages.push(b',');
         }
-        if let Err(e) = serde_json::to_writer(&mut self.messages, &message) {
+        if let Err(e) = serde_json::to_writer(&mut self.messages, message) {
             self.messages.truncate(mark);
             self.unencodable
-                .get_or_insert_with(|| format!("message {}: {e}", self.request.messages.len()));
+                .get_or_insert_with(|| format!("message {}: {e}", self.count));
         }
-        self.request.messages.push(message);
+        self.count += 1;
+        self.chars += message.chars();
     }
 
     /// Adds `messages` at the end, in order.
-    pub fn extend(&mut self, messages: impl IntoIterator<Item = ChatMessage>) {
+    pub fn extend<'a>(&mut self, messages: impl IntoIterator<Item = &'a ChatMessage>) {
         for message in messages {
             self.push(message);
         }
     }
 
-    /// The messages and tools, as plain data.
-    pub fn request(&self) -> &ChatRequest {
-        &self.request
+    /// The tools on offer.
+    pub fn tools(&self) -> &[ToolDefinition] {
+        &self.tools
+    }
+
+    /// How many messages it holds.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether it holds no message yet.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The characters of its messages' texts and calls, for estimating
+    /// their tokens.
+    pub fn message_chars(&self) -> usize {
+        self.chars
+    }
+
+    /// The messages and tools as plain data, decoded from their encoding:
+    /// for a model served in this process, which takes them so.
+    pub fn request(&self) -> Result<ChatRequest, LlmError> {
+        if let Some(why) = &self.unencodable {
+            return Err(LlmError::Config(format!(
+                "cannot encode the request: {why}"
+            )));
+        }
+        let mut list = Vec::with_capacity(self.messages.len() + 2);
+        list.push(b'[');
+        list.extend_from_slice(&self.messages);
+        list.push(b']');
+        let messages = serde_json::from_slice(&list)
+            .map_err(|e| LlmError::Config(format!("cannot decode the request's messages: {e}")))?;
+        Ok(ChatRequest {
+            messages,
+            tools: self.tools.clone(),
+        })
     }
 
     /// The request body for `model`: `{"model", "messages", "tools" (when
@@ -84,7 +129,7 @@ impl Conversation {
             false => br#","stream":false}"#,
         };
         let mut body = Vec::with_capacity(
-            32 + model.len() + self.messages.len() + self.tools.len() + tail.len(),
+            32 + model.len() + self.messages.len() + self.wire_tools.len() + tail.len(),
         );
         body.extend_from_slice(br#"{"model":"#);
         serde_json::to_writer(&mut body, model)
@@ -92,7 +137,7 @@ impl Conversation {
         body.extend_from_slice(br#","messages":["#);
         body.extend_from_slice(&self.messages);
         body.push(b']');
-        body.extend_from_slice(&self.tools);
+        body.extend_from_slice(&self.wire_tools);
         body.extend_from_slice(tail);
         Ok(Bytes::from(body))
     }
@@ -101,14 +146,18 @@ impl Conversation {
 impl From<ChatRequest> for Conversation {
     fn from(request: ChatRequest) -> Self {
         let mut conversation = Conversation::new(request.tools);
-        conversation.extend(request.messages);
+        conversation.extend(&request.messages);
         conversation
     }
 }
 
 impl std::fmt::Debug for Conversation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.request.fmt(f)
+        // Counts only: the messages may hold anything the user typed.
+        f.debug_struct("Conversation")
+            .field("messages", &self.count)
+            .field("tools", &self.tools.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -160,14 +209,14 @@ mod tests {
     #[test]
     fn the_body_has_tools_only_when_there_are_some() {
         let mut plain = Conversation::new(vec![]);
-        plain.push(ChatMessage::user("hi"));
+        plain.push(&ChatMessage::user("hi"));
         assert_eq!(
             parsed(&plain.body("m", false).unwrap()),
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false})
         );
 
         let mut tooled = Conversation::new(vec![echo_tool()]);
-        tooled.push(ChatMessage::user("hi"));
+        tooled.push(&ChatMessage::user("hi"));
         let body = parsed(&tooled.body("m", true).unwrap());
         assert_eq!(
             body["tools"],
@@ -220,7 +269,7 @@ mod tests {
         let tool = echo_tool();
         let mut grown = Conversation::new(vec![tool.clone()]);
         for (i, turn) in turns.iter().enumerate() {
-            grown.push(turn.clone());
+            grown.push(turn);
             for stream in [false, true] {
                 let once = serde_json::to_vec(&AtOnce {
                     model,
@@ -237,13 +286,30 @@ mod tests {
                     "step {i}, stream {stream}"
                 );
             }
-            let whole = Conversation::from(grown.request().clone());
+            let whole = Conversation::from(grown.request().unwrap());
             assert_eq!(
                 whole.body(model, false).unwrap(),
                 grown.body(model, false).unwrap(),
                 "step {i}"
             );
+            assert_eq!(grown.len(), i + 1);
+            assert_eq!(
+                grown.message_chars(),
+                turns[..=i].iter().map(ChatMessage::chars).sum::<usize>()
+            );
         }
-        assert_eq!(grown.request().messages, turns);
+        let decoded = grown.request().unwrap();
+        assert_eq!(decoded.messages, turns);
+        assert_eq!(decoded.tools, vec![tool]);
+    }
+
+    /// A conversation is shown by its counts, never its messages' text.
+    #[test]
+    fn debug_shows_no_text() {
+        let mut c = Conversation::new(vec![echo_tool()]);
+        c.push(&ChatMessage::user("my account number is 12345"));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("12345"), "{shown}");
+        assert!(shown.contains("messages: 1"), "{shown}");
     }
 }

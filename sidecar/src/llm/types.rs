@@ -122,6 +122,25 @@ impl ChatMessage {
             content: content.into(),
         }
     }
+
+    /// About how many characters it puts in a request (its texts and its
+    /// calls' names and arguments), for estimating its tokens.
+    pub fn chars(&self) -> usize {
+        match self {
+            ChatMessage::System { content } | ChatMessage::User { content } => content.len(),
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+            } => {
+                content.as_ref().map_or(0, String::len)
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.arguments.len())
+                        .sum::<usize>()
+            }
+            ChatMessage::Tool { content, .. } => content.len(),
+        }
+    }
 }
 
 fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>

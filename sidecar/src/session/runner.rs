@@ -185,33 +185,31 @@ async fn run_inner(
         let tools_chars = std::sync::OnceLock::new();
         // One conversation for the run, which each step extends by what the
         // history gained since the last (the model's turn and its calls'
-        // results): each message is copied and encoded once, not at every
-        // step.
+        // results): each message is encoded once, not at every step, and
+        // not copied (the history holds it).
         let mut conversation = Conversation::new(tools);
         if !ctx.agent.spec.system_prompt.is_empty() {
             let prompt = ctx.agent.spec.system_prompt.clone();
-            conversation.push(ChatMessage::system(prompt));
+            conversation.push(&ChatMessage::system(prompt));
         }
         let mut sent = 0;
         for step in 0..ctx.max_steps {
             // The history only grows while the run goes on.
-            conversation.extend(history[sent..].iter().cloned());
+            conversation.extend(&history[sent..]);
             sent = history.len();
             let conversation = &conversation;
-            let request = conversation.request();
             let model = &ctx.agent.spec.model;
             let estimate = || {
                 let tools = *tools_chars.get_or_init(|| {
-                    request
-                        .tools
+                    conversation
+                        .tools()
                         .iter()
                         .map(|t| {
                             t.name.len() + t.description.len() + t.parameters.to_string().len()
                         })
                         .sum::<usize>()
                 });
-                let messages = request.messages.iter().map(message_chars).sum::<usize>();
-                crate::session::usage::estimate_tokens(tools + messages)
+                crate::session::usage::estimate_tokens(tools + conversation.message_chars())
             };
             let claim = match ctx.ledger {
                 Some(ledger) => match ledger.before_model(model, &estimate).await {
@@ -235,9 +233,9 @@ async fn run_inner(
                         },
                         None => Spent {
                             prompt: estimate(),
-                            completion: crate::session::usage::estimate_tokens(message_chars(
-                                &r.to_message(),
-                            )),
+                            completion: crate::session::usage::estimate_tokens(
+                                r.to_message().chars(),
+                            ),
                             estimated: true,
                         },
                     }),
@@ -277,25 +275,6 @@ async fn run_inner(
             }
         }
         RunEnd::MaxSteps(ctx.max_steps)
-    }
-}
-
-/// About how many characters a message puts in a request (its texts and
-/// its calls' names and arguments), for estimating its tokens.
-fn message_chars(m: &ChatMessage) -> usize {
-    match m {
-        ChatMessage::System { content } | ChatMessage::User { content } => content.len(),
-        ChatMessage::Assistant {
-            content,
-            tool_calls,
-        } => {
-            content.as_ref().map_or(0, String::len)
-                + tool_calls
-                    .iter()
-                    .map(|c| c.name.len() + c.arguments.len())
-                    .sum::<usize>()
-        }
-        ChatMessage::Tool { content, .. } => content.len(),
     }
 }
 
