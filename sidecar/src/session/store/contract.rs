@@ -412,7 +412,7 @@ pub async fn an_update_and_its_usage_are_stored_together(store: Arc<dyn SessionS
     rec.version = 2;
     rec.turns.push(ChatMessage::assistant("done"));
     let events = [("run_finished", json!({"n": 1}))];
-    let used = rows(usage_row(10, "a", "s1", "r1", 7));
+    let used = unwritten(usage_row(10, "a", "s1", "r1", 7));
     let seqs = store
         .update_with_usage(&mut rec, &events, 50, &used)
         .await
@@ -645,7 +645,7 @@ pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) ->
 }
 
 /// `row`, unwritten.
-fn rows(row: Use) -> Unwritten {
+pub fn unwritten(row: Use) -> Unwritten {
     Unwritten {
         rows: vec![row],
         settled: Vec::new(),
@@ -691,9 +691,9 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     let mut call = usage_row(11, "a", "s1", "r2", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(&rows(call.clone())).await.unwrap();
+    store.record(&unwritten(call.clone())).await.unwrap();
     store
-        .record(&rows(usage_row(12, "b", "s2", "r3", 100)))
+        .record(&unwritten(usage_row(12, "b", "s2", "r3", 100)))
         .await
         .unwrap();
     let cost = Gauge {
@@ -730,7 +730,11 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
     earlier.tool = Some("bash_y".into());
     earlier.tool_calls = 1;
     let refused = store
-        .claim(&limits, &rows(earlier), &usage_row(13, "a", "s1", "r9", 1))
+        .claim(
+            &limits,
+            &unwritten(earlier),
+            &usage_row(13, "a", "s1", "r9", 1),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -763,6 +767,23 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
         store.peak("a", Meter::Tokens, false, 0).await.unwrap(),
         42.0
     );
+    // A session's sums, kept as its rows come and change, are what its
+    // rows add up to.
+    let report = store.report(0, i64::MAX, Group::Session).await.unwrap();
+    for session in ["s1", "s2"] {
+        let row = report.iter().find(|r| r.key.as_deref() == Some(session));
+        assert_eq!(
+            store.session_totals(session).await.unwrap(),
+            row.expect("a report row").totals,
+            "{session}"
+        );
+    }
+    let s1 = store.session_totals("s1").await.unwrap();
+    assert_eq!(
+        (s1.prompt_tokens, s1.completion_tokens, s1.model_requests),
+        (30, 12, 1)
+    );
+    assert_eq!((s1.tool_calls, s1.cost), (2, 0.25));
 }
 
 /// The clock is the caller's: a claim at a later `at` with a later
@@ -771,11 +792,11 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
     const HOUR: i64 = 3_600_000;
     let t0 = 1_000 * HOUR;
     store
-        .record(&rows(usage_row(t0, "a", "s1", "r1", 60)))
+        .record(&unwritten(usage_row(t0, "a", "s1", "r1", 60)))
         .await
         .unwrap();
     store
-        .record(&rows(usage_row(t0 + HOUR, "a", "s1", "r2", 40)))
+        .record(&unwritten(usage_row(t0 + HOUR, "a", "s1", "r2", 40)))
         .await
         .unwrap();
     let window = |now: i64| [(tokens_of(Scope::Agent("a".into()), now - 24 * HOUR), 100.0)];
@@ -825,7 +846,7 @@ pub async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it(store: Arc<dy
 /// passes.
 pub async fn racing_claims_for_the_last_room_pass_once(store: Arc<dyn SessionStore>) {
     store
-        .record(&rows(usage_row(1, "a", "s1", "r1", 99)))
+        .record(&unwritten(usage_row(1, "a", "s1", "r1", 99)))
         .await
         .unwrap();
     let limits = [(tokens_of(Scope::Agent("a".into()), 0), 100.0)];
@@ -855,17 +876,17 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
     let mut estimated = usage_row(10, "a", "s1", "r1", 7);
     estimated.estimated = true;
     estimated.completion_tokens = 3;
-    store.record(&rows(estimated.clone())).await.unwrap();
+    store.record(&unwritten(estimated.clone())).await.unwrap();
     store
-        .record(&rows(usage_row(20, "b", "s2", "r2", 100)))
+        .record(&unwritten(usage_row(20, "b", "s2", "r2", 100)))
         .await
         .unwrap();
     let mut call = usage_row(30, "a", "s1", "r1", 0);
     call.tool = Some("bash_x".into());
     call.tool_calls = 1;
-    store.record(&rows(call.clone())).await.unwrap();
+    store.record(&unwritten(call.clone())).await.unwrap();
     store
-        .record(&rows(usage_row(99, "a", "s3", "r3", 1000)))
+        .record(&unwritten(usage_row(99, "a", "s3", "r3", 1000)))
         .await
         .unwrap();
     let by_agent = store.report(0, 99, Group::Agent).await.unwrap();

@@ -145,6 +145,56 @@ const MIGRATIONS: &[&str] = &[
     // ones are: with a `confirmTtl`, each heartbeat looks for expired calls.
     "CREATE INDEX bindery_sessions_waiting ON bindery_sessions (id)
         WHERE status = 'waiting_external';",
+    // 12: a session's usage sums kept up to date as its rows come and
+    // change, so that a view reads one row rather than adding up one per
+    // model request and tool call of the session's whole life. A trigger
+    // keeps them, whichever statement (or older server) writes a row.
+    "CREATE TABLE bindery_session_usage (
+        session           TEXT PRIMARY KEY,
+        prompt_tokens     BIGINT NOT NULL,
+        completion_tokens BIGINT NOT NULL,
+        estimated_tokens  BIGINT NOT NULL,
+        model_requests    BIGINT NOT NULL,
+        tool_calls        BIGINT NOT NULL,
+        cost              DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO bindery_session_usage
+        SELECT session, SUM(prompt_tokens), SUM(completion_tokens),
+            SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END),
+            COUNT(*) FILTER (WHERE tool IS NULL), SUM(tool_calls), SUM(cost)
+        FROM bindery_usage GROUP BY session;
+    CREATE OR REPLACE FUNCTION bindery_session_usage_follow() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE bindery_session_usage SET
+                prompt_tokens = prompt_tokens - OLD.prompt_tokens,
+                completion_tokens = completion_tokens - OLD.completion_tokens,
+                estimated_tokens = estimated_tokens - CASE WHEN OLD.estimated
+                    THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
+                model_requests = model_requests - CASE WHEN OLD.tool IS NULL THEN 1 ELSE 0 END,
+                tool_calls = tool_calls - OLD.tool_calls,
+                cost = cost - OLD.cost
+            WHERE session = OLD.session;
+        END IF;
+        IF TG_OP IN ('INSERT', 'UPDATE') THEN
+            INSERT INTO bindery_session_usage AS u VALUES (
+                NEW.session, NEW.prompt_tokens, NEW.completion_tokens,
+                CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
+                CASE WHEN NEW.tool IS NULL THEN 1 ELSE 0 END, NEW.tool_calls, NEW.cost)
+            ON CONFLICT (session) DO UPDATE SET
+                prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+                completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens,
+                estimated_tokens = u.estimated_tokens + EXCLUDED.estimated_tokens,
+                model_requests = u.model_requests + EXCLUDED.model_requests,
+                tool_calls = u.tool_calls + EXCLUDED.tool_calls,
+                cost = u.cost + EXCLUDED.cost;
+        END IF;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER bindery_usage_follow AFTER INSERT OR UPDATE OR DELETE ON bindery_usage
+        FOR EACH ROW EXECUTE FUNCTION bindery_session_usage_follow();",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -157,6 +207,11 @@ const TOTALS: &str = "COALESCE(SUM(prompt_tokens), 0)::BIGINT, COALESCE(SUM(comp
      COALESCE(SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END), 0)::BIGINT,
      COUNT(*) FILTER (WHERE tool IS NULL), COALESCE(SUM(tool_calls), 0)::BIGINT,
      COALESCE(SUM(cost), 0)::DOUBLE PRECISION";
+
+/// A session's [`Totals`], the session `$1`, as the trigger keeps them.
+const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
+     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost
+     FROM bindery_session_usage WHERE session = $1";
 
 /// The advisory lock that serialises migrations between processes
 /// starting at once ("bindery" in ASCII).
@@ -1015,10 +1070,11 @@ impl SessionStore for PostgresStore {
         let what = "read a session's usage";
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let sql = format!("SELECT {TOTALS} FROM bindery_usage WHERE session = $1");
-        let stmt = self.prepare(&client, what, &sql).await?;
-        let r = client.query_one(&stmt, &[&session]).await.map_err(&db)?;
-        totals_at(&r, 0).map_err(&db)
+        let stmt = self.prepare(&client, what, SESSION_TOTALS).await?;
+        match client.query_opt(&stmt, &[&session]).await.map_err(&db)? {
+            Some(r) => totals_at(&r, 0).map_err(&db),
+            None => Ok(Totals::default()),
+        }
     }
 
     async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
@@ -1344,7 +1400,7 @@ mod tests {
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
              ALTER TABLE bindery_sessions DROP COLUMN turn_count;
-             DROP TABLE bindery_agents, bindery_usage, bindery_turns;
+             DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage;
              DROP INDEX bindery_sessions_waiting;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
@@ -1353,6 +1409,44 @@ mod tests {
             store.append_event("s1", "k", &json!({}), 1).await.unwrap(),
             3
         );
+    }
+
+    /// A database from before the kept sums (migration 12) gets them from
+    /// its rows on upgrade, an older server's rows among them, and keeps
+    /// them from then on.
+    #[tokio::test]
+    async fn an_older_database_gets_its_sessions_usage_sums_on_upgrade() {
+        use crate::session::store::contract::{unwritten, usage_row};
+        let pg = server();
+        let store = open(&pg).await;
+        for (at, session, tokens) in [(1, "s1", 5), (2, "s1", 7), (3, "s2", 11)] {
+            let row = usage_row(at, "a", session, "r", tokens);
+            SessionStore::record(&store, &unwritten(row)).await.unwrap();
+        }
+        drop(store);
+        pg.sql(
+            DB,
+            "DROP TRIGGER bindery_usage_follow ON bindery_usage;
+             DROP TABLE bindery_session_usage;
+             DELETE FROM bindery_schema_migrations WHERE version >= 12;
+             INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
+                 completion_tokens, estimated, tool_calls, cost)
+             VALUES (4, 'a', 's1', 'r', 'm', 'bash_x', 0, 0, false, 1, 0.5)",
+        );
+        let store = open(&pg).await;
+        let s1 = store.session_totals("s1").await.unwrap();
+        assert_eq!(
+            (s1.prompt_tokens, s1.model_requests, s1.tool_calls, s1.cost),
+            (12, 2, 1, 0.5)
+        );
+        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 11);
+        let row = usage_row(5, "a", "s2", "r", 1);
+        SessionStore::record(&store, &unwritten(row)).await.unwrap();
+        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 12);
+        // A row that goes takes its part of the sums with it.
+        pg.sql(DB, "DELETE FROM bindery_usage WHERE at = 4");
+        let s1 = store.session_totals("s1").await.unwrap();
+        assert_eq!((s1.tool_calls, s1.cost), (0, 0.0));
     }
 
     #[tokio::test]
@@ -1374,6 +1468,8 @@ mod tests {
                  ALTER TABLE bindery_sessions DROP COLUMN turn_count;
                  DROP TABLE bindery_turns;
                  DROP INDEX bindery_sessions_waiting;
+                 DROP TRIGGER bindery_usage_follow ON bindery_usage;
+                 DROP TABLE bindery_session_usage;
                  DELETE FROM bindery_schema_migrations WHERE version >= 9"
             ),
         );

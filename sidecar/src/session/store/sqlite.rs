@@ -140,6 +140,68 @@ const MIGRATIONS: &[&str] = &[
     // 10: the sessions waiting for a continuation found as the running
     // ones are: with a `confirmTtl`, each heartbeat looks for expired calls.
     "CREATE INDEX sessions_waiting ON sessions (id) WHERE status = 'waiting_external';",
+    // 11: a session's usage sums kept up to date as its rows come and
+    // change, so that a view reads one row rather than adding up one per
+    // model request and tool call of the session's whole life. Triggers
+    // keep them, whichever statement (or older server) writes a row.
+    "CREATE TABLE session_usage (
+        session           TEXT PRIMARY KEY,
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        estimated_tokens  INTEGER NOT NULL,
+        model_requests    INTEGER NOT NULL,
+        tool_calls        INTEGER NOT NULL,
+        cost              REAL NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO session_usage
+        SELECT session, SUM(prompt_tokens), SUM(completion_tokens),
+            SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END),
+            SUM(tool IS NULL), SUM(tool_calls), SUM(cost)
+        FROM usage GROUP BY session;
+    CREATE TRIGGER usage_added AFTER INSERT ON usage BEGIN
+        INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);
+        UPDATE session_usage SET
+            prompt_tokens = prompt_tokens + NEW.prompt_tokens,
+            completion_tokens = completion_tokens + NEW.completion_tokens,
+            estimated_tokens = estimated_tokens
+                + CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
+            model_requests = model_requests + (NEW.tool IS NULL),
+            tool_calls = tool_calls + NEW.tool_calls,
+            cost = cost + NEW.cost
+        WHERE session = NEW.session;
+    END;
+    CREATE TRIGGER usage_changed AFTER UPDATE ON usage BEGIN
+        UPDATE session_usage SET
+            prompt_tokens = prompt_tokens - OLD.prompt_tokens,
+            completion_tokens = completion_tokens - OLD.completion_tokens,
+            estimated_tokens = estimated_tokens
+                - CASE WHEN OLD.estimated THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
+            model_requests = model_requests - (OLD.tool IS NULL),
+            tool_calls = tool_calls - OLD.tool_calls,
+            cost = cost - OLD.cost
+        WHERE session = OLD.session;
+        INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);
+        UPDATE session_usage SET
+            prompt_tokens = prompt_tokens + NEW.prompt_tokens,
+            completion_tokens = completion_tokens + NEW.completion_tokens,
+            estimated_tokens = estimated_tokens
+                + CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
+            model_requests = model_requests + (NEW.tool IS NULL),
+            tool_calls = tool_calls + NEW.tool_calls,
+            cost = cost + NEW.cost
+        WHERE session = NEW.session;
+    END;
+    CREATE TRIGGER usage_removed AFTER DELETE ON usage BEGIN
+        UPDATE session_usage SET
+            prompt_tokens = prompt_tokens - OLD.prompt_tokens,
+            completion_tokens = completion_tokens - OLD.completion_tokens,
+            estimated_tokens = estimated_tokens
+                - CASE WHEN OLD.estimated THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
+            model_requests = model_requests - (OLD.tool IS NULL),
+            tool_calls = tool_calls - OLD.tool_calls,
+            cost = cost - OLD.cost
+        WHERE session = OLD.session;
+    END;",
 ];
 
 /// The running and the waiting sessions, found through their partial
@@ -384,10 +446,10 @@ fn window_sql(column: &str, meter: Meter) -> String {
     )
 }
 
-/// A session's [`Totals`], the session `?1`.
-fn session_totals_sql() -> String {
-    format!("SELECT {TOTALS} FROM usage WHERE session = ?1")
-}
+/// A session's [`Totals`], the session `?1`, as the triggers keep them.
+const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
+     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost
+     FROM session_usage WHERE session = ?1";
 
 fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
     let (column, value) = g.scope.column();
@@ -1179,8 +1241,9 @@ impl SessionStore for SqliteStore {
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
         let session = session.to_owned();
         self.run_short("read a session's usage", move |conn, op| {
-            conn.prepare_cached(&session_totals_sql())
-                .and_then(|mut s| s.query_row([&session], |r| totals_at(r, 0)))
+            conn.prepare_cached(SESSION_TOTALS)
+                .and_then(|mut s| s.query_row([&session], |r| totals_at(r, 0)).optional())
+                .map(Option::unwrap_or_default)
                 .map_err(|e| op.db(e))
         })
         .await
@@ -1311,18 +1374,27 @@ mod tests {
         );
     }
 
-    /// A session's usage sums (every view reads them) and a session
-    /// budget's window read the index by session alone, never the table,
-    /// where sessions' rows lie interleaved.
+    /// A session's usage sums (every view reads them) are one row of
+    /// their own, found by its key; a session budget's window reads the
+    /// index by session alone, never the table, where sessions' rows lie
+    /// interleaved.
     #[tokio::test]
-    async fn a_sessions_usage_is_summed_from_its_index_alone() {
+    async fn a_sessions_usage_is_read_from_its_sums_row_and_its_window_from_its_index() {
         let dir = tempfile::tempdir().unwrap();
         let path = open_in(&dir).path().to_owned();
         let conn = Connection::open(&path).unwrap();
         let (session, _) = crate::session::usage::Scope::Session("s1".into()).column();
-        for (sql, args) in [
-            (session_totals_sql(), &["s1"][..]),
-            (window_sql(session, Meter::Tokens), &["s1", "0"][..]),
+        for (sql, args, wanted) in [
+            (
+                SESSION_TOTALS.to_owned(),
+                &["s1"][..],
+                "SEARCH session_usage USING PRIMARY KEY",
+            ),
+            (
+                window_sql(session, Meter::Tokens),
+                &["s1", "0"][..],
+                "COVERING INDEX usage_session",
+            ),
         ] {
             let plan: String = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
@@ -1331,11 +1403,53 @@ mod tests {
                 .unwrap()
                 .map(Result::unwrap)
                 .collect();
-            assert!(
-                plan.contains("COVERING INDEX usage_session"),
-                "{sql}: {plan}"
-            );
+            assert!(plan.contains(wanted), "{sql}: {plan}");
         }
+    }
+
+    /// A store from before the kept sums (migration 11) gets them from
+    /// its rows on upgrade, an older server's rows among them, and keeps
+    /// them from then on.
+    #[tokio::test]
+    async fn an_older_store_gets_its_sessions_usage_sums_on_upgrade() {
+        use crate::session::store::contract::{unwritten, usage_row};
+        let dir = tempfile::tempdir().unwrap();
+        let path = {
+            let store = open_in(&dir);
+            for (at, session, tokens) in [(1, "s1", 5), (2, "s1", 7), (3, "s2", 11)] {
+                let row = usage_row(at, "a", session, "r", tokens);
+                store.record(&unwritten(row)).await.unwrap();
+            }
+            store.path().to_owned()
+        };
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TRIGGER usage_added;
+             DROP TRIGGER usage_changed;
+             DROP TRIGGER usage_removed;
+             DROP TABLE session_usage;
+             DELETE FROM schema_migrations WHERE version >= 11;
+             INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
+                 completion_tokens, estimated, tool_calls, cost)
+             VALUES (4, 'a', 's1', 'r', 'm', 'bash_x', 0, 0, 0, 1, 0.5);",
+        )
+        .unwrap();
+        drop(conn);
+        let store = open_in(&dir);
+        let s1 = store.session_totals("s1").await.unwrap();
+        assert_eq!(
+            (s1.prompt_tokens, s1.model_requests, s1.tool_calls, s1.cost),
+            (12, 2, 1, 0.5)
+        );
+        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 11);
+        let row = usage_row(5, "a", "s2", "r", 1);
+        store.record(&unwritten(row)).await.unwrap();
+        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 12);
+        // A row that goes takes its part of the sums with it.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute("DELETE FROM usage WHERE at = 4", []).unwrap();
+        let s1 = store.session_totals("s1").await.unwrap();
+        assert_eq!((s1.tool_calls, s1.cost), (0, 0.0));
     }
 
     #[tokio::test]
@@ -1371,6 +1485,10 @@ mod tests {
             "ALTER TABLE sessions DROP COLUMN turn_count;
              DROP TABLE turns;
              DROP INDEX sessions_waiting;
+             DROP TRIGGER usage_added;
+             DROP TRIGGER usage_changed;
+             DROP TRIGGER usage_removed;
+             DROP TABLE session_usage;
              DELETE FROM schema_migrations WHERE version >= 8",
         )
         .unwrap();
