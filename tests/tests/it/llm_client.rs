@@ -33,8 +33,8 @@ fn ask(text: &str) -> Conversation {
 
 fn ask_with(text: &str, tools: Vec<ToolDefinition>) -> Conversation {
     let mut conversation = Conversation::new(tools);
-    conversation.push(ChatMessage::system("You are a test."));
-    conversation.push(ChatMessage::user(text));
+    conversation.push(&ChatMessage::system("You are a test."));
+    conversation.push(&ChatMessage::user(text));
     conversation
 }
 
@@ -162,8 +162,8 @@ async fn tool_calls_round_trip() {
         json!({"path": "notes.txt"})
     );
 
-    req.push(first.to_message());
-    req.push(ChatMessage::tool_result(call.id.clone(), "buy milk"));
+    req.push(&first.to_message());
+    req.push(&ChatMessage::tool_result(call.id.clone(), "buy milk"));
     let second = client.complete(&req).await.unwrap();
     assert_eq!(second.content.as_deref(), Some("the file says buy milk"));
 
