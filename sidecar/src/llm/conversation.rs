@@ -29,6 +29,9 @@ pub struct Conversation {
     wire_tools: Vec<u8>,
     /// Why a part could not be encoded; every body then fails with it.
     unencodable: Option<String>,
+    /// Where the session's history begins, in bytes of `messages` and in
+    /// messages: after what the agent puts first (its system prompt).
+    history_from: Option<(usize, usize)>,
 }
 
 impl Conversation {
@@ -41,6 +44,7 @@ impl Conversation {
             chars: 0,
             wire_tools: Vec::new(),
             unencodable: None,
+            history_from: None,
         };
         if !tools.is_empty() {
             let wire: Vec<WireTool<'_>> = tools.iter().map(WireTool::of).collect();
@@ -73,6 +77,24 @@ impl Conversation {
         for message in messages {
             self.push(message);
         }
+    }
+
+    /// Marks the messages added from now on as the session's history (see
+    /// [`Conversation::history`]).
+    pub fn history_starts(&mut self) {
+        self.history_from = Some((self.messages.len(), self.count));
+    }
+
+    /// The messages added since [`Conversation::history_starts`], encoded
+    /// and comma-separated as in a body, and how many they are: `None`
+    /// before it, or when a message could not be encoded.
+    pub fn history(&self) -> Option<(&[u8], usize)> {
+        let (at, from) = self.history_from?;
+        if self.unencodable.is_some() {
+            return None;
+        }
+        let bytes = &self.messages[at..];
+        Some((bytes.strip_prefix(b",").unwrap_or(bytes), self.count - from))
     }
 
     /// The tools on offer.
@@ -301,6 +323,32 @@ mod tests {
         let decoded = grown.request().unwrap();
         assert_eq!(decoded.messages, turns);
         assert_eq!(decoded.tools, vec![tool]);
+    }
+
+    /// The history is the messages after the mark, encoded as in a body,
+    /// with or without a system prompt before it.
+    #[test]
+    fn the_history_is_what_came_after_its_mark() {
+        let turns = [
+            ChatMessage::user("hi"),
+            ChatMessage::assistant("hello \"you\""),
+        ];
+        for prompt in [None, Some(ChatMessage::system("be brief"))] {
+            let mut c = Conversation::new(vec![]);
+            assert!(c.history().is_none());
+            if let Some(p) = &prompt {
+                c.push(p);
+            }
+            c.history_starts();
+            assert_eq!(c.history(), Some((&b""[..], 0)));
+            for (i, turn) in turns.iter().enumerate() {
+                c.push(turn);
+                let (bytes, n) = c.history().unwrap();
+                let whole = format!("[{}]", std::str::from_utf8(bytes).unwrap());
+                let once = serde_json::to_string(&turns[..=i]).unwrap();
+                assert_eq!((whole, n), (once, i + 1), "prompt {prompt:?}");
+            }
+        }
     }
 
     /// A conversation is shown by its counts, never its messages' text.

@@ -192,6 +192,7 @@ async fn run_inner(
             let prompt = ctx.agent.spec.system_prompt.clone();
             conversation.push(&ChatMessage::system(prompt));
         }
+        conversation.history_starts();
         let mut sent = 0;
         for step in 0..ctx.max_steps {
             // The history only grows while the run goes on.
@@ -268,8 +269,17 @@ async fn run_inner(
                 return RunEnd::Completed;
             }
             sink.turn(&message, events).await;
-            if let Some(end) =
-                act(ctx, &response.tool_calls, history, sink, &scrubber, cancel).await
+            let encoded = conversation.history();
+            if let Some(end) = act(
+                ctx,
+                &response.tool_calls,
+                history,
+                encoded,
+                sink,
+                &scrubber,
+                cancel,
+            )
+            .await
             {
                 return end;
             }
@@ -304,6 +314,7 @@ async fn act(
     ctx: &RunContext<'_>,
     calls: &[ToolCall],
     history: &mut Vec<ChatMessage>,
+    encoded: Option<(&[u8], usize)>,
     sink: &dyn RunSink,
     scrubber: &Scrubber,
     cancel: &CancellationToken,
@@ -318,7 +329,9 @@ async fn act(
     let results = tokio::select! {
         biased;
         _ = cancel.cancelled() => None,
-        r = futures::future::join_all(now.iter().map(|c| dispatch(ctx, c, history, cancel))) => Some(r),
+        r = futures::future::join_all(now.iter().map(|c| {
+            dispatch(ctx, c, Seen { history, encoded }, cancel)
+        })) => Some(r),
     };
     let Some(results) = results else {
         for call in calls {
@@ -352,9 +365,12 @@ pub async fn run_calls(
         _ => return RunEnd::Failed("the run was given no tool call to make".into()),
     };
     let scrubber = scrubber_for(ctx.values, ctx.tools);
-    as_run(ctx, act(ctx, &calls, history, sink, &scrubber, cancel))
-        .await
-        .unwrap_or(RunEnd::Completed)
+    as_run(
+        ctx,
+        act(ctx, &calls, history, None, sink, &scrubber, cancel),
+    )
+    .await
+    .unwrap_or(RunEnd::Completed)
 }
 
 /// The call as a pending item, if it waits instead of running: its
@@ -601,7 +617,7 @@ pub async fn answer_resolved(
                     tokio::select! {
                         biased;
                         _ = cancel.cancelled() => None,
-                        r = dispatch(ctx, &call, history, cancel) => Some(r),
+                        r = dispatch(ctx, &call, Seen::of(history), cancel) => Some(r),
                     }
                     .unwrap_or_else(|| {
                         Outcome::Done(Err(ToolError::Failed("the run was cancelled".into())))
@@ -845,7 +861,7 @@ async fn model_turn(
 async fn dispatch(
     ctx: &RunContext<'_>,
     call: &ToolCall,
-    history: &[ChatMessage],
+    seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
@@ -872,7 +888,7 @@ async fn dispatch(
             }
         }
         let started = Instant::now();
-        let outcome = dispatch_inner(ctx, call, history, cancel).await;
+        let outcome = dispatch_inner(ctx, call, seen, cancel).await;
         if let Outcome::Done(result) = &outcome {
             ctx.metrics
                 .tool_call_duration(started.elapsed().as_secs_f64());
@@ -896,10 +912,28 @@ async fn dispatch(
     .await
 }
 
+/// The conversation so far, as a call sees it: the history, and the part
+/// of it that the run's conversation has encoded already (`None`: none).
+#[derive(Clone, Copy)]
+struct Seen<'a> {
+    history: &'a [ChatMessage],
+    /// The first turns of `history`, encoded, and how many they are.
+    encoded: Option<(&'a [u8], usize)>,
+}
+
+impl<'a> Seen<'a> {
+    fn of(history: &'a [ChatMessage]) -> Self {
+        Seen {
+            history,
+            encoded: None,
+        }
+    }
+}
+
 async fn dispatch_inner(
     ctx: &RunContext<'_>,
     call: &ToolCall,
-    history: &[ChatMessage],
+    seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
     if let Some(env) = ctx
@@ -907,7 +941,7 @@ async fn dispatch_inner(
         .as_ref()
         .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
     {
-        return call_helper(ctx, env, call, history, cancel, None).await;
+        return call_helper(ctx, env, call, seen.history, cancel, None).await;
     }
     if let Some(tool) = ctx
         .tools
@@ -920,13 +954,13 @@ async fn dispatch_inner(
         };
         return orchestrated(&ctx.call_env(), call, tool, state).await;
     }
-    Outcome::Done(run_tool(ctx, call, history).await)
+    Outcome::Done(run_tool(ctx, call, seen).await)
 }
 
 async fn run_tool(
     ctx: &RunContext<'_>,
     call: &ToolCall,
-    history: &[ChatMessage],
+    seen: Seen<'_>,
 ) -> Result<String, ToolError> {
     let args: serde_json::Value = call.parse_arguments().map_err(|e| {
         ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
@@ -940,7 +974,13 @@ async fn run_tool(
     let mut call_ctx = ctx.call.clone();
     call_ctx.turn_id = call.id.clone();
     if tool.receives_session() {
-        call_ctx = call_ctx.with_session(history);
+        call_ctx = match seen.encoded {
+            // The run's conversation holds the first turns encoded already.
+            Some((bytes, n)) if n <= seen.history.len() => {
+                call_ctx.with_encoded_session(bytes, &seen.history[n..])
+            }
+            _ => call_ctx.with_session(seen.history),
+        };
     }
     // The key covers the session's context where the tool is given it.
     let key = ctx

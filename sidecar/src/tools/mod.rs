@@ -196,6 +196,36 @@ impl CallContext {
         }
         self
     }
+
+    /// [`CallContext::with_session`] of turns whose first ones are
+    /// `encoded` already (comma-separated, as a run's conversation holds
+    /// them) and the rest `after`: the same JSON, without encoding the
+    /// whole conversation again for each call.
+    pub fn with_encoded_session<T: Serialize>(mut self, encoded: &[u8], after: &[T]) -> Self {
+        let mut json = Vec::with_capacity(encoded.len() + 128);
+        let head = (|| {
+            json.extend_from_slice(br#"{"session_id":"#);
+            serde_json::to_writer(&mut json, &self.session_id)?;
+            json.extend_from_slice(br#","agent":"#);
+            serde_json::to_writer(&mut json, &self.agent_id)?;
+            json.extend_from_slice(br#","turns":["#);
+            json.extend_from_slice(encoded);
+            for (i, turn) in after.iter().enumerate() {
+                if i > 0 || !encoded.is_empty() {
+                    json.push(b',');
+                }
+                serde_json::to_writer(&mut json, turn)?;
+            }
+            json.extend_from_slice(b"]}");
+            Ok::<_, serde_json::Error>(())
+        })();
+        match head.map(|()| String::from_utf8(json)) {
+            Ok(Ok(json)) => self.session_json = Some(json.into()),
+            Ok(Err(e)) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
+            Err(e) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
+        }
+        self
+    }
 }
 
 /// What a tool returns to the model.
@@ -247,4 +277,41 @@ pub trait Tool: Send + Sync {
         false
     }
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ChatMessage;
+
+    /// Built from turns encoded already and the rest, the session's JSON
+    /// is byte for byte what encoding all of it at once gives, wherever
+    /// the encoded part ends.
+    #[test]
+    fn a_session_built_from_encoded_turns_is_the_one_encoded_at_once() {
+        let turns = [
+            ChatMessage::user("which \"invoices\"?\n"),
+            ChatMessage::assistant("none ✓"),
+            ChatMessage::tool_result("call_1", "a\tb"),
+            ChatMessage::user("thanks"),
+        ];
+        let ctx = CallContext {
+            session_id: "s-\"1\"".into(),
+            agent_id: "invoices".into(),
+            ..CallContext::default()
+        };
+        let whole = ctx.clone().with_session(&turns).session_json.unwrap();
+        for k in 0..=turns.len() {
+            let encoded: Vec<String> = turns[..k]
+                .iter()
+                .map(|t| serde_json::to_string(t).unwrap())
+                .collect();
+            let built = ctx
+                .clone()
+                .with_encoded_session(encoded.join(",").as_bytes(), &turns[k..])
+                .session_json
+                .unwrap();
+            assert_eq!(built, whole, "{k} encoded already");
+        }
+    }
 }
