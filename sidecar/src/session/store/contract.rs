@@ -644,6 +644,30 @@ pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) ->
     }
 }
 
+/// The usage rows each store's upgrade test writes before it takes the
+/// store back to before the kept sums: two model requests of s1 (5 and
+/// 7 tokens) and one of s2 (11).
+pub async fn usage_before_an_upgrade(store: &dyn SessionStore) {
+    for (at, session, tokens) in [(1, "s1", 5), (2, "s1", 7), (3, "s2", 11)] {
+        let row = usage_row(at, "a", session, "r", tokens);
+        store.record(&unwritten(row)).await.unwrap();
+    }
+}
+
+/// The sums after the upgrade, with the tool call (cost 0.5) an older
+/// server added to s1 meanwhile, and kept from then on: a new row of s2.
+pub async fn sums_kept_after_an_upgrade(store: &dyn SessionStore) {
+    let s1 = store.session_totals("s1").await.unwrap();
+    assert_eq!(
+        (s1.prompt_tokens, s1.model_requests, s1.tool_calls, s1.cost),
+        (12, 2, 1, 0.5)
+    );
+    assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 11);
+    let row = usage_row(5, "a", "s2", "r", 1);
+    store.record(&unwritten(row)).await.unwrap();
+    assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 12);
+}
+
 /// `row`, unwritten.
 pub fn unwritten(row: Use) -> Unwritten {
     Unwritten {

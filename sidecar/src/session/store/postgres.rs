@@ -1416,13 +1416,12 @@ mod tests {
     /// them from then on.
     #[tokio::test]
     async fn an_older_database_gets_its_sessions_usage_sums_on_upgrade() {
-        use crate::session::store::contract::{unwritten, usage_row};
+        use crate::session::store::contract::{
+            sums_kept_after_an_upgrade, usage_before_an_upgrade,
+        };
         let pg = server();
         let store = open(&pg).await;
-        for (at, session, tokens) in [(1, "s1", 5), (2, "s1", 7), (3, "s2", 11)] {
-            let row = usage_row(at, "a", session, "r", tokens);
-            SessionStore::record(&store, &unwritten(row)).await.unwrap();
-        }
+        usage_before_an_upgrade(&store).await;
         drop(store);
         pg.sql(
             DB,
@@ -1434,15 +1433,7 @@ mod tests {
              VALUES (4, 'a', 's1', 'r', 'm', 'bash_x', 0, 0, false, 1, 0.5)",
         );
         let store = open(&pg).await;
-        let s1 = store.session_totals("s1").await.unwrap();
-        assert_eq!(
-            (s1.prompt_tokens, s1.model_requests, s1.tool_calls, s1.cost),
-            (12, 2, 1, 0.5)
-        );
-        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 11);
-        let row = usage_row(5, "a", "s2", "r", 1);
-        SessionStore::record(&store, &unwritten(row)).await.unwrap();
-        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 12);
+        sums_kept_after_an_upgrade(&store).await;
         // A row that goes takes its part of the sums with it.
         pg.sql(DB, "DELETE FROM bindery_usage WHERE at = 4");
         let s1 = store.session_totals("s1").await.unwrap();

@@ -49,6 +49,54 @@ use crate::session::usage::{
 };
 use crate::spec::budget::Meter;
 
+/// A usage row's part of its session's sums, added (`"+", "NEW"`) or
+/// taken back (`"-", "OLD"`): what migration 11's triggers run.
+macro_rules! session_usage_by {
+    ($sign:literal, $row:literal) => {
+        concat!(
+            "    UPDATE session_usage SET
+        prompt_tokens = prompt_tokens ",
+            $sign,
+            " ",
+            $row,
+            ".prompt_tokens,
+        completion_tokens = completion_tokens ",
+            $sign,
+            " ",
+            $row,
+            ".completion_tokens,
+        estimated_tokens = estimated_tokens ",
+            $sign,
+            " CASE WHEN ",
+            $row,
+            ".estimated
+            THEN ",
+            $row,
+            ".prompt_tokens + ",
+            $row,
+            ".completion_tokens ELSE 0 END,
+        model_requests = model_requests ",
+            $sign,
+            " (",
+            $row,
+            ".tool IS NULL),
+        tool_calls = tool_calls ",
+            $sign,
+            " ",
+            $row,
+            ".tool_calls,
+        cost = cost ",
+            $sign,
+            " ",
+            $row,
+            ".cost
+    WHERE session = ",
+            $row,
+            ".session;\n"
+        )
+    };
+}
+
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited, since databases
 /// out there already ran it.
@@ -144,7 +192,8 @@ const MIGRATIONS: &[&str] = &[
     // change, so that a view reads one row rather than adding up one per
     // model request and tool call of the session's whole life. Triggers
     // keep them, whichever statement (or older server) writes a row.
-    "CREATE TABLE session_usage (
+    concat!(
+        "CREATE TABLE session_usage (
         session           TEXT PRIMARY KEY,
         prompt_tokens     INTEGER NOT NULL,
         completion_tokens INTEGER NOT NULL,
@@ -158,50 +207,19 @@ const MIGRATIONS: &[&str] = &[
             SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END),
             SUM(tool IS NULL), SUM(tool_calls), SUM(cost)
         FROM usage GROUP BY session;
-    CREATE TRIGGER usage_added AFTER INSERT ON usage BEGIN
-        INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);
-        UPDATE session_usage SET
-            prompt_tokens = prompt_tokens + NEW.prompt_tokens,
-            completion_tokens = completion_tokens + NEW.completion_tokens,
-            estimated_tokens = estimated_tokens
-                + CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
-            model_requests = model_requests + (NEW.tool IS NULL),
-            tool_calls = tool_calls + NEW.tool_calls,
-            cost = cost + NEW.cost
-        WHERE session = NEW.session;
-    END;
-    CREATE TRIGGER usage_changed AFTER UPDATE ON usage BEGIN
-        UPDATE session_usage SET
-            prompt_tokens = prompt_tokens - OLD.prompt_tokens,
-            completion_tokens = completion_tokens - OLD.completion_tokens,
-            estimated_tokens = estimated_tokens
-                - CASE WHEN OLD.estimated THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
-            model_requests = model_requests - (OLD.tool IS NULL),
-            tool_calls = tool_calls - OLD.tool_calls,
-            cost = cost - OLD.cost
-        WHERE session = OLD.session;
-        INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);
-        UPDATE session_usage SET
-            prompt_tokens = prompt_tokens + NEW.prompt_tokens,
-            completion_tokens = completion_tokens + NEW.completion_tokens,
-            estimated_tokens = estimated_tokens
-                + CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
-            model_requests = model_requests + (NEW.tool IS NULL),
-            tool_calls = tool_calls + NEW.tool_calls,
-            cost = cost + NEW.cost
-        WHERE session = NEW.session;
-    END;
-    CREATE TRIGGER usage_removed AFTER DELETE ON usage BEGIN
-        UPDATE session_usage SET
-            prompt_tokens = prompt_tokens - OLD.prompt_tokens,
-            completion_tokens = completion_tokens - OLD.completion_tokens,
-            estimated_tokens = estimated_tokens
-                - CASE WHEN OLD.estimated THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
-            model_requests = model_requests - (OLD.tool IS NULL),
-            tool_calls = tool_calls - OLD.tool_calls,
-            cost = cost - OLD.cost
-        WHERE session = OLD.session;
-    END;",
+    CREATE TRIGGER usage_added AFTER INSERT ON usage BEGIN\n",
+        "    INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);\n",
+        session_usage_by!("+", "NEW"),
+        "END;
+    CREATE TRIGGER usage_changed AFTER UPDATE ON usage BEGIN\n",
+        session_usage_by!("-", "OLD"),
+        "    INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0);\n",
+        session_usage_by!("+", "NEW"),
+        "END;
+    CREATE TRIGGER usage_removed AFTER DELETE ON usage BEGIN\n",
+        session_usage_by!("-", "OLD"),
+        "END;"
+    ),
 ];
 
 /// The running and the waiting sessions, found through their partial
@@ -1412,14 +1430,13 @@ mod tests {
     /// them from then on.
     #[tokio::test]
     async fn an_older_store_gets_its_sessions_usage_sums_on_upgrade() {
-        use crate::session::store::contract::{unwritten, usage_row};
+        use crate::session::store::contract::{
+            sums_kept_after_an_upgrade, usage_before_an_upgrade,
+        };
         let dir = tempfile::tempdir().unwrap();
         let path = {
             let store = open_in(&dir);
-            for (at, session, tokens) in [(1, "s1", 5), (2, "s1", 7), (3, "s2", 11)] {
-                let row = usage_row(at, "a", session, "r", tokens);
-                store.record(&unwritten(row)).await.unwrap();
-            }
+            usage_before_an_upgrade(&store).await;
             store.path().to_owned()
         };
         let conn = Connection::open(&path).unwrap();
@@ -1436,15 +1453,7 @@ mod tests {
         .unwrap();
         drop(conn);
         let store = open_in(&dir);
-        let s1 = store.session_totals("s1").await.unwrap();
-        assert_eq!(
-            (s1.prompt_tokens, s1.model_requests, s1.tool_calls, s1.cost),
-            (12, 2, 1, 0.5)
-        );
-        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 11);
-        let row = usage_row(5, "a", "s2", "r", 1);
-        store.record(&unwritten(row)).await.unwrap();
-        assert_eq!(store.session_totals("s2").await.unwrap().total_tokens, 12);
+        sums_kept_after_an_upgrade(&store).await;
         // A row that goes takes its part of the sums with it.
         let conn = Connection::open(&path).unwrap();
         conn.execute("DELETE FROM usage WHERE at = 4", []).unwrap();
