@@ -102,16 +102,6 @@ impl Conversation {
         &self.tools
     }
 
-    /// How many messages it holds.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    /// Whether it holds no message yet.
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
     /// The characters of its messages' texts and calls, for estimating
     /// their tokens.
     pub fn message_chars(&self) -> usize {
@@ -314,7 +304,7 @@ mod tests {
                 grown.body(model, false).unwrap(),
                 "step {i}"
             );
-            assert_eq!(grown.len(), i + 1);
+            assert_eq!(grown.request().unwrap().messages.len(), i + 1);
             assert_eq!(
                 grown.message_chars(),
                 turns[..=i].iter().map(ChatMessage::chars).sum::<usize>()

@@ -174,27 +174,8 @@ impl CallContext {
     }
 
     /// Record the conversation so far for the tools of this call.
-    pub fn with_session<T: Serialize>(mut self, turns: &[T]) -> Self {
-        // Written straight from the turns: no JSON tree of the whole
-        // conversation is built for each call.
-        #[derive(Serialize)]
-        struct Session<'a, T> {
-            session_id: &'a str,
-            agent: &'a str,
-            turns: &'a [T],
-        }
-        let session = Session {
-            session_id: &self.session_id,
-            agent: &self.agent_id,
-            turns,
-        };
-        match serde_json::to_string(&session) {
-            Ok(json) => self.session_json = Some(json.into()),
-            // Turns are plain data; should one not serialize, the tool
-            // runs without the session rather than not at all.
-            Err(e) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
-        }
-        self
+    pub fn with_session<T: Serialize>(self, turns: &[T]) -> Self {
+        self.with_encoded_session(&[], turns)
     }
 
     /// [`CallContext::with_session`] of turns whose first ones are
@@ -202,30 +183,41 @@ impl CallContext {
     /// them) and the rest `after`: the same JSON, without encoding the
     /// whole conversation again for each call.
     pub fn with_encoded_session<T: Serialize>(mut self, encoded: &[u8], after: &[T]) -> Self {
-        let mut json = Vec::with_capacity(encoded.len() + 128);
-        let head = (|| {
-            json.extend_from_slice(br#"{"session_id":"#);
-            serde_json::to_writer(&mut json, &self.session_id)?;
-            json.extend_from_slice(br#","agent":"#);
-            serde_json::to_writer(&mut json, &self.agent_id)?;
-            json.extend_from_slice(br#","turns":["#);
-            json.extend_from_slice(encoded);
-            for (i, turn) in after.iter().enumerate() {
-                if i > 0 || !encoded.is_empty() {
-                    json.push(b',');
-                }
-                serde_json::to_writer(&mut json, turn)?;
-            }
-            json.extend_from_slice(b"]}");
-            Ok::<_, serde_json::Error>(())
-        })();
-        match head.map(|()| String::from_utf8(json)) {
-            Ok(Ok(json)) => self.session_json = Some(json.into()),
-            Ok(Err(e)) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
+        match session_json(&self.session_id, &self.agent_id, encoded, after) {
+            Ok(json) => self.session_json = Some(json.into()),
+            // Turns are plain data; should one not serialize, the tool
+            // runs without the session rather than not at all.
             Err(e) => tracing::warn!("AGENT_SESSION_JSON left out: {e}"),
         }
         self
     }
+}
+
+/// `{"session_id", "agent", "turns"}`, written straight from the turns (no
+/// JSON tree of the whole conversation is built for each call): `encoded`
+/// first, then `after`.
+fn session_json<T: Serialize>(
+    session_id: &str,
+    agent: &str,
+    encoded: &[u8],
+    after: &[T],
+) -> Result<String, String> {
+    let mut json = Vec::with_capacity(encoded.len() + 128);
+    let failed = |e: serde_json::Error| e.to_string();
+    json.extend_from_slice(br#"{"session_id":"#);
+    serde_json::to_writer(&mut json, session_id).map_err(failed)?;
+    json.extend_from_slice(br#","agent":"#);
+    serde_json::to_writer(&mut json, agent).map_err(failed)?;
+    json.extend_from_slice(br#","turns":["#);
+    json.extend_from_slice(encoded);
+    for (i, turn) in after.iter().enumerate() {
+        if i > 0 || !encoded.is_empty() {
+            json.push(b',');
+        }
+        serde_json::to_writer(&mut json, turn).map_err(failed)?;
+    }
+    json.extend_from_slice(b"]}");
+    String::from_utf8(json).map_err(|e| e.to_string())
 }
 
 /// What a tool returns to the model.
@@ -285,8 +277,8 @@ mod tests {
     use crate::llm::ChatMessage;
 
     /// Built from turns encoded already and the rest, the session's JSON
-    /// is byte for byte what encoding all of it at once gives, wherever
-    /// the encoded part ends.
+    /// is byte for byte what serde gives for all of it at once, wherever
+    /// the encoded part ends (none of it, for `with_session`).
     #[test]
     fn a_session_built_from_encoded_turns_is_the_one_encoded_at_once() {
         let turns = [
@@ -300,7 +292,20 @@ mod tests {
             agent_id: "invoices".into(),
             ..CallContext::default()
         };
-        let whole = ctx.clone().with_session(&turns).session_json.unwrap();
+        #[derive(Serialize)]
+        struct Session<'a> {
+            session_id: &'a str,
+            agent: &'a str,
+            turns: &'a [ChatMessage],
+        }
+        let whole = serde_json::to_string(&Session {
+            session_id: &ctx.session_id,
+            agent: &ctx.agent_id,
+            turns: &turns,
+        })
+        .unwrap();
+        let all_at_once = ctx.clone().with_session(&turns).session_json.unwrap();
+        assert_eq!(*all_at_once, *whole);
         for k in 0..=turns.len() {
             let encoded: Vec<String> = turns[..k]
                 .iter()
@@ -311,7 +316,7 @@ mod tests {
                 .with_encoded_session(encoded.join(",").as_bytes(), &turns[k..])
                 .session_json
                 .unwrap();
-            assert_eq!(built, whole, "{k} encoded already");
+            assert_eq!(*built, *whole, "{k} encoded already");
         }
     }
 }
