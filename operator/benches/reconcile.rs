@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bindery_operator::crd::AgentTenant;
 use bindery_operator::names;
+use bindery_tests::bench::Process;
 use bindery_tests::control_plane::{ControlPlane, ADMIN};
 use bindery_tests::helm::Render;
 use futures::{StreamExt, TryStreamExt};
@@ -56,16 +57,6 @@ fn http_get(base: &str, path: &str) -> String {
     text.split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default()
-}
-
-/// The peak resident set size of process `pid`, in MiB (Linux).
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn kubectl(plane: &ControlPlane, args: &[&str]) {
@@ -228,7 +219,10 @@ async fn main() {
         "{reconciles} reconciles in {elapsed:.2} s: {:.1} reconciles/s",
         reconciles / elapsed
     );
-    println!("operator peak RSS: {:.1} MiB", peak_rss_mib(pid));
+    println!(
+        "operator peak RSS: {:.1} MiB",
+        Process::read(pid).peak_rss_kib as f64 / 1024.0
+    );
     let _ = child.kill();
     let _ = child.wait();
 

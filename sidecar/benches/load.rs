@@ -48,6 +48,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bindery_tests::bench::Process;
 use bindery_tests::mock_llm::MockLlm;
 use bindery_tests::postgres::Postgres;
 use bindery_tests::sidecar::{Api, Sidecar};
@@ -136,8 +137,8 @@ struct Row {
     sessions: usize,
     lost: usize,
     latencies: Vec<Duration>,
-    /// Per server process: (peak RSS in KiB, CPU seconds).
-    processes: Vec<(u64, f64)>,
+    /// Per server process, read at the end.
+    processes: Vec<Process>,
 }
 
 impl Row {
@@ -177,14 +178,14 @@ impl Row {
             at(0.99),
             self.throughput(),
         );
-        for (i, (rss_kib, cpu)) in self.processes.iter().enumerate() {
+        for (i, p) in self.processes.iter().enumerate() {
             println!(
                 "{:12}   server {}: peak RSS {:.0} MiB ({:.0} MiB per 1000 sessions), CPU {:.1} s",
                 "",
                 i + 1,
-                *rss_kib as f64 / 1024.0,
-                *rss_kib as f64 / 1024.0 * 1000.0 / self.sessions as f64,
-                cpu
+                p.peak_rss_kib as f64 / 1024.0,
+                p.peak_rss_kib as f64 / 1024.0 * 1000.0 / self.sessions as f64,
+                p.cpu_seconds
             );
         }
     }
@@ -238,7 +239,7 @@ async fn chat(http: &reqwest::Client, url: &str, messages: Vec<Value>) -> Value 
     }
 }
 
-fn row(wall: Duration, results: Vec<(bool, Duration)>, processes: Vec<(u64, f64)>) -> Row {
+fn row(wall: Duration, results: Vec<(bool, Duration)>, processes: Vec<Process>) -> Row {
     Row {
         wall,
         sessions: results.len(),
@@ -299,28 +300,9 @@ async fn against(
     }))
     .await;
     let wall = started.elapsed();
-    let processes = servers.iter().map(|(s, _)| usage(s.pid())).collect();
+    let processes = servers
+        .iter()
+        .map(|(s, _)| Process::read(s.pid()))
+        .collect();
     row(wall, results, processes)
-}
-
-/// (peak RSS in KiB, user + system CPU seconds) of a live process.
-fn usage(pid: u32) -> (u64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and
-    // stime are the 12th and 13th, in clock ticks (100 a second on Linux).
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (rss, (ticks(11) + ticks(12)) / 100.0)
 }

@@ -91,6 +91,7 @@ use bindery_sidecar::params::{ApiKeys, ProcessValues};
 use bindery_sidecar::tools::bash::Limits;
 use bindery_sidecar::tools::CallContext;
 use bindery_sidecar::tree::{self, AgentSources, LoadOptions};
+use bindery_tests::bench::Process;
 use common::{tool_then_answer, World, CANARY, OWNER};
 use serde_json::{json, Value};
 
@@ -472,6 +473,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     let mut tool = Vec::with_capacity(ROUND_TRIPS);
     let mut before = Scrape::default();
     let mut tool_seconds = 0.0;
+    let mut cpu = 0.0;
     let url = format!("{}{path}", api.base);
     for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
         if i == WARMUP_ROUND_TRIPS {
@@ -479,6 +481,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
             tool_seconds = before.get(TOOL_SECONDS);
         }
         let asked = w.mock.request_count();
+        let cpu_before = Process::read(sidecar.pid()).cpu_seconds;
         let t = Instant::now();
         let r = http
             .post(&url)
@@ -490,6 +493,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         let status = r.status();
         let answer = r.bytes().await.expect("the whole answer");
         let elapsed = t.elapsed();
+        let cpu_during = Process::read(sidecar.pid()).cpu_seconds - cpu_before;
         // Not a timing check: a run that failed would measure nothing.
         let text = String::from_utf8_lossy(&answer);
         assert_eq!(status, 200, "{text}\n{}", sidecar.logs());
@@ -514,6 +518,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
             continue;
         }
         trips.push(elapsed);
+        cpu += cpu_during;
         model.push(elsewhere);
         model_here.push(here);
         // The tool's run in this round trip, as the server timed it.
@@ -535,7 +540,8 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     );
     drop(sidecar);
     let mean = |d: &[Duration]| d.iter().sum::<Duration>() / d.len() as u32;
-    let spent = Spent::between(&before, &after, mean(&trips), mean(&model), mean(&tool));
+    let mut spent = Spent::between(&before, &after, mean(&trips), mean(&model), mean(&tool));
+    spent.cpu = cpu / ROUND_TRIPS as f64;
     Measured {
         trips,
         model,
@@ -683,6 +689,10 @@ struct Spent {
     fanout_seconds: f64,
     /// The time the run stood still waiting for its writes.
     run_store_wait: f64,
+    /// The server's CPU time (user and system, all its threads) while a
+    /// round trip was under way, in seconds per round trip: the tool's
+    /// fork is in it, the tool's own run is not (its own process).
+    cpu: f64,
 }
 
 impl Spent {
@@ -721,6 +731,7 @@ impl Spent {
             fanouts: per("bindery_event_fanout_total"),
             fanout_seconds: per("bindery_event_fanout_seconds_total"),
             run_store_wait: per("bindery_run_store_wait_seconds_total"),
+            cpu: 0.0,
         }
     }
 
@@ -790,6 +801,11 @@ impl Spent {
             "as the server timed its calls".into(),
         );
         line("the rest", rest, "HTTP, the run loop".into());
+        line(
+            "the server's CPU",
+            self.cpu,
+            "across the lines above: its time on a CPU (user and system, all threads)".into(),
+        );
     }
 }
 

@@ -39,6 +39,48 @@ pub fn goal(what: &str, met: bool, measured: &str) -> String {
     format!("goal {what}: {verdict} ({measured})")
 }
 
+/// What `/proc` tells of a live process: its peak resident set size and
+/// the CPU time it has used (user and system, all its threads). Zero for
+/// what cannot be read (no /proc, the process gone).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Process {
+    pub peak_rss_kib: u64,
+    pub cpu_seconds: f64,
+}
+
+impl Process {
+    pub fn read(pid: u32) -> Process {
+        let read = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+        Process {
+            peak_rss_kib: read("status").map_or(0, |s| peak_rss_kib(&s)),
+            cpu_seconds: read("stat").map_or(0.0, |s| cpu_seconds(&s)),
+        }
+    }
+}
+
+fn peak_rss_kib(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn cpu_seconds(stat: &str) -> f64 {
+    // Fields after the command name (which may hold spaces and
+    // parentheses): utime and stime are the 12th and 13th, in clock
+    // ticks, 100 a second on every Linux this runs on.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// The checkout's short commit, `+changes` when tracked files differ from it.
 fn commit(root: &Path) -> String {
     let git = |args: &[&str]| {
@@ -109,6 +151,19 @@ mod tests {
             goal("none lost", true, "0/1000"),
             "goal none lost: met (0/1000)"
         );
+    }
+
+    #[test]
+    fn a_process_is_read_from_procs_text() {
+        assert_eq!(
+            peak_rss_kib("Name:\tx\nVmHWM:\t  117004 kB\nVmRSS:\t1 kB\n"),
+            117004
+        );
+        // A command name with a space and a parenthesis, then state, ppid,
+        // …, utime 250 and stime 14 ticks.
+        let stat = "4242 (bindery (x) y) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 14 0 0 20 0 9";
+        assert_eq!(cpu_seconds(stat), 2.64);
+        assert_eq!(Process::read(u32::MAX), Process::default());
     }
 
     #[test]
