@@ -1762,6 +1762,12 @@ fn the_operator_reconciles_tenants_installed_from_the_tenant_chart() {
     let billing = repo_path("examples/k8s/globex-billing-secret.yaml");
     kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
     wait_until("a Warning about globex", &|| warnings() == [1]);
+    // The operator publishes a Warning before it writes the status (a
+    // failed publish is then tried again, not lost): until that write,
+    // `ParametersResolved=True` below would hold on the old status, and
+    // the Secret's return and second deletion could reach the operator as
+    // one change it never sees as a fix.
+    wait_for(&emu, &op, "globex", "condition=ParametersResolved=False");
     kubectl(&emu, &["apply", "-n", ns, "-f", &billing]);
     wait_for(&emu, &op, "globex", "condition=ParametersResolved=True");
     kubectl(&emu, &["delete", "-n", ns, "secret", "globex-billing"]);
