@@ -4,7 +4,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::llm::ChatMessage;
+use crate::llm::{ChatMessage, Turn};
 use crate::params::ParamStatus;
 use crate::session::model::{SessionRecord, SessionStatus};
 use crate::session::wire::PendingItem;
@@ -212,7 +212,8 @@ pub struct SessionView {
 #[derive(Serialize, ToSchema)]
 pub struct Turns {
     /// The conversation, oldest first.
-    pub turns: Vec<ChatMessage>,
+    #[schema(value_type = Vec<ChatMessage>)]
+    pub turns: Vec<Turn>,
 }
 
 #[derive(Serialize, ToSchema)]

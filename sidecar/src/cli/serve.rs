@@ -16,7 +16,7 @@ use super::load::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::server::router;
 use crate::api::state::AppState;
-use crate::llm::ChatMessage;
+use crate::llm::{ChatMessage, Turn};
 use crate::metrics::Metrics;
 use crate::params::SecretString;
 use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
@@ -48,7 +48,7 @@ struct CliSink;
 
 #[async_trait]
 impl RunSink for CliSink {
-    async fn turn(&self, _: &ChatMessage, events: runner::Events) {
+    async fn turn(&self, _: &Turn, events: runner::Events) {
         for event in events {
             if let SessionEvent::ToolCall(call) = event {
                 tracing::info!(tool = %call.name, "tool call");
@@ -115,7 +115,7 @@ pub async fn run(
         ledger: None,
         clock: &crate::session::clock::WallClock,
     };
-    let mut history = vec![ChatMessage::user(prompt)];
+    let mut history = vec![Turn::new(ChatMessage::user(prompt))];
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -135,7 +135,7 @@ pub async fn run(
     match end {
         RunEnd::Blocked(_) => unreachable!("answered above"),
         RunEnd::Stepped | RunEnd::Completed => {
-            let answer = history.iter().rev().find_map(|m| match m {
+            let answer = history.iter().rev().find_map(|m| match m.message() {
                 ChatMessage::Assistant {
                     content: Some(c), ..
                 } => Some(c.clone()),

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::error::LlmError;
 use super::types::{ChatMessage, ChatRequest, ToolDefinition};
+use super::Turn;
 
 /// The messages and tools of a run's requests, in their wire encoding.
 ///
@@ -70,6 +71,23 @@ impl Conversation {
         }
         self.count += 1;
         self.chars += message.chars();
+    }
+
+    /// Adds `turn` at the end: its text as it is, not encoded again.
+    pub fn push_turn(&mut self, turn: &Turn) {
+        if self.count > 0 {
+            self.messages.push(b',');
+        }
+        self.messages.extend_from_slice(turn.json().as_bytes());
+        self.count += 1;
+        self.chars += turn.chars();
+    }
+
+    /// Adds `turns` at the end, in order.
+    pub fn extend_turns<'a>(&mut self, turns: impl IntoIterator<Item = &'a Turn>) {
+        for turn in turns {
+            self.push_turn(turn);
+        }
     }
 
     /// Adds `messages` at the end, in order.
@@ -280,8 +298,12 @@ mod tests {
         let model = "gpt-\"quoted\"";
         let tool = echo_tool();
         let mut grown = Conversation::new(vec![tool.clone()]);
+        // The same messages as turns: their texts spliced, not encoded.
+        let mut spliced = Conversation::new(vec![tool.clone()]);
         for (i, turn) in turns.iter().enumerate() {
             grown.push(turn);
+            spliced.push_turn(&Turn::new(turn.clone()));
+            assert_eq!(spliced.message_chars(), grown.message_chars());
             for stream in [false, true] {
                 let once = serde_json::to_vec(&AtOnce {
                     model,
@@ -296,6 +318,11 @@ mod tests {
                     std::str::from_utf8(&body).unwrap(),
                     std::str::from_utf8(&once).unwrap(),
                     "step {i}, stream {stream}"
+                );
+                assert_eq!(
+                    spliced.body(model, stream).unwrap(),
+                    body,
+                    "step {i}, stream {stream}, spliced"
                 );
             }
             let whole = Conversation::from(grown.request().unwrap());

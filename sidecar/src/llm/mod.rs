@@ -21,11 +21,13 @@ pub mod egress;
 mod error;
 mod parse;
 mod sse;
+mod turn;
 mod types;
 
 pub use client::{ChatClient, LocalModel};
 pub use conversation::Conversation;
 pub use error::LlmError;
+pub use turn::Turn;
 pub use types::{
     ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, ToolCall, ToolDefinition,
     Usage,

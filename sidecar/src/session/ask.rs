@@ -216,7 +216,7 @@ async fn answer_of(service: &Service, id: &str) -> Result<Answer, ServiceError> 
         ),
         // Cancelled, or out of steps: no answer.
         (_, Some(detail)) => (detail, true),
-        (_, None) => match rec.turns.last() {
+        (_, None) => match rec.turns.last().map(|t| t.message()) {
             Some(ChatMessage::Assistant { content, .. }) => {
                 (content.clone().unwrap_or_default(), false)
             }

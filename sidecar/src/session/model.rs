@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::llm::ChatMessage;
+use crate::llm::Turn;
 use crate::params::Values;
 
 /// Where a session stands.
@@ -104,7 +104,7 @@ pub struct SessionRecord {
     pub version: i64,
     /// The conversation as the model made it: bound values never appear.
     /// It only grows: a write appends, it never rewrites a turn.
-    pub turns: Vec<ChatMessage>,
+    pub turns: Vec<Turn>,
     /// How many of `turns` the store holds (the store sets it when it
     /// reads or writes the record): a write stores only the ones after
     /// them, and is refused as a conflict if the store holds another

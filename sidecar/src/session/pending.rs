@@ -101,7 +101,7 @@ pub struct Frame {
     /// The calling model's arguments, as it sent them.
     pub arguments: String,
     /// The helper's conversation (never a bound value, like any history).
-    pub history: Vec<crate::llm::ChatMessage>,
+    pub history: Vec<crate::llm::Turn>,
 }
 
 impl PendingCall {

@@ -14,7 +14,9 @@ use tracing::Instrument;
 
 use crate::bindings::cache::ToolCache;
 use crate::bindings::{scrubber_for, BoundTool};
-use crate::llm::{ChatClient, ChatMessage, Conversation, StreamDelta, ToolCall, ToolDefinition};
+use crate::llm::{
+    ChatClient, ChatMessage, Conversation, StreamDelta, ToolCall, ToolDefinition, Turn,
+};
 use crate::metrics::{Metrics, ToolCaller, ToolOutcome};
 use crate::params::scrub::Scrubber;
 use crate::params::{SecretString, Values};
@@ -85,10 +87,10 @@ pub trait RunSink: Send + Sync {
     /// an id. The sink may still be storing it when this returns:
     /// [`RunSink::stored`] waits for that, and each turn is stored after
     /// the one before.
-    async fn turn(&self, msg: &ChatMessage, events: Events);
+    async fn turn(&self, msg: &Turn, events: Events);
     /// The run's answer, its last turn: a sink may keep it to store with
     /// the run's end.
-    async fn answer(&self, msg: &ChatMessage, events: Events) {
+    async fn answer(&self, msg: &Turn, events: Events) {
         self.turn(msg, events).await
     }
     /// Wait until every turn given so far is stored. The run calls it
@@ -135,7 +137,7 @@ pub struct RunContext<'a> {
 /// the run). New messages go to `history` and to the sink.
 pub async fn run(
     ctx: &RunContext<'_>,
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     cancel: &CancellationToken,
 ) -> RunEnd {
@@ -162,7 +164,7 @@ tokio::task_local! {
 
 async fn run_inner(
     ctx: &RunContext<'_>,
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     cancel: &CancellationToken,
 ) -> RunEnd {
@@ -185,8 +187,8 @@ async fn run_inner(
         let tools_chars = std::sync::OnceLock::new();
         // One conversation for the run, which each step extends by what the
         // history gained since the last (the model's turn and its calls'
-        // results): each message is encoded once, not at every step, and
-        // not copied (the history holds it).
+        // results): each turn's text, made with the turn, is copied in
+        // once, never encoded again.
         let mut conversation = Conversation::new(tools);
         if !ctx.agent.spec.system_prompt.is_empty() {
             let prompt = ctx.agent.spec.system_prompt.clone();
@@ -196,7 +198,7 @@ async fn run_inner(
         let mut sent = 0;
         for step in 0..ctx.max_steps {
             // The history only grows while the run goes on.
-            conversation.extend(&history[sent..]);
+            conversation.extend_turns(&history[sent..]);
             sent = history.len();
             let conversation = &conversation;
             let model = &ctx.agent.spec.model;
@@ -249,7 +251,7 @@ async fn run_inner(
                 Some(Ok(r)) => r,
                 Some(Err(e)) => return RunEnd::Failed(format!("the model request failed: {e}")),
             };
-            let message = response.to_message();
+            let message = Turn::new(response.to_message());
             history.push(message.clone());
             let mut events = Events::new();
             if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
@@ -313,7 +315,7 @@ fn budget_hold(call: Option<&ToolCall>, e: Exceeded) -> Blocked {
 async fn act(
     ctx: &RunContext<'_>,
     calls: &[ToolCall],
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     encoded: Option<(&[u8], usize)>,
     sink: &dyn RunSink,
     scrubber: &Scrubber,
@@ -335,7 +337,10 @@ async fn act(
     };
     let Some(results) = results else {
         for call in calls {
-            let msg = ChatMessage::tool_result(&call.id, "error: the run was cancelled");
+            let msg = Turn::new(ChatMessage::tool_result(
+                &call.id,
+                "error: the run was cancelled",
+            ));
             history.push(msg.clone());
             sink.turn(&msg, Events::new()).await;
         }
@@ -354,11 +359,11 @@ async fn act(
 /// cache, the scrubber) and the run ends once they are answered.
 pub async fn run_calls(
     ctx: &RunContext<'_>,
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    let calls = match history.last() {
+    let calls = match history.last().map(Turn::message) {
         Some(ChatMessage::Assistant { tool_calls, .. }) if !tool_calls.is_empty() => {
             tool_calls.clone()
         }
@@ -376,7 +381,7 @@ pub async fn run_calls(
 /// The call as a pending item, if it waits instead of running: its
 /// toolbox's or the agent's `confirm` (a condition that holds, or cannot be
 /// told), or the taint guard (an egress call after an untrusted result).
-fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[ChatMessage]) -> Option<Blocked> {
+fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
     if tool.is_some_and(|t| !t.depends().is_empty()) {
         // Its inputs are resolved first; a write is confirmed with its facts.
@@ -407,12 +412,12 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[ChatMessage]) -> Op
 
 /// The untrusted results the run's conversation has taken in since a
 /// person last cleared them: the calls that made them.
-pub fn taint(ctx: &RunContext<'_>, history: &[ChatMessage]) -> Vec<TaintSource> {
+pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
     let untrusted = |name: &str| ctx.tools.iter().any(|t| t.name() == name && t.untrusted());
     let mut named = std::collections::HashMap::new();
     let mut out = Vec::new();
     for (i, m) in history.iter().enumerate() {
-        match m {
+        match m.message() {
             ChatMessage::Assistant { tool_calls, .. } => {
                 for c in tool_calls {
                     named.insert(c.id.as_str(), c.name.as_str());
@@ -478,7 +483,7 @@ fn condition_asks(ctx: &RunContext<'_>, call: &ToolCall, tool: Option<&BoundTool
 /// A call's outcome: recorded if it is done, or the calls it waits for
 /// added to `waiting`.
 async fn settle(
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     scrubber: &Scrubber,
     id: &str,
@@ -497,7 +502,7 @@ async fn settle(
 /// (a result run now, an approved call, a client's deferred result, a
 /// refusal's reason, a helper's answer).
 async fn record_result(
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     scrubber: &Scrubber,
     id: &str,
@@ -507,7 +512,7 @@ async fn record_result(
         Ok(text) => (true, scrubber.scrub(&text)),
         Err(e) => (false, scrubber.scrub(&format!("error: {e}"))),
     };
-    let msg = ChatMessage::tool_result(id, output.clone());
+    let msg = Turn::new(ChatMessage::tool_result(id, output.clone()));
     history.push(msg.clone());
     let event = SessionEvent::ToolResult(ToolResult {
         id: id.to_string(),
@@ -525,7 +530,7 @@ async fn record_result(
 pub async fn answer_resolved(
     ctx: &RunContext<'_>,
     resolved: &[PendingCall],
-    history: &mut Vec<ChatMessage>,
+    history: &mut Vec<Turn>,
     sink: &dyn RunSink,
     cancel: &CancellationToken,
 ) -> Option<RunEnd> {
@@ -916,13 +921,13 @@ async fn dispatch(
 /// of it that the run's conversation has encoded already (`None`: none).
 #[derive(Clone, Copy)]
 struct Seen<'a> {
-    history: &'a [ChatMessage],
+    history: &'a [Turn],
     /// The first turns of `history`, encoded, and how many they are.
     encoded: Option<(&'a [u8], usize)>,
 }
 
 impl<'a> Seen<'a> {
-    fn of(history: &'a [ChatMessage]) -> Self {
+    fn of(history: &'a [Turn]) -> Self {
         Seen {
             history,
             encoded: None,
@@ -1010,7 +1015,7 @@ fn place(ctx: &RunContext<'_>) -> Vec<String> {
 /// A suspended helper run to go on with: its history, and the answers to
 /// the calls it waited for.
 struct Resume<'r> {
-    history: Vec<ChatMessage>,
+    history: Vec<Turn>,
     resolved: &'r [PendingCall],
 }
 
@@ -1021,7 +1026,7 @@ async fn call_helper(
     ctx: &RunContext<'_>,
     env: &HelperEnv<'_>,
     call: &ToolCall,
-    history: &[ChatMessage],
+    history: &[Turn],
     cancel: &CancellationToken,
     resume: Option<Resume<'_>>,
 ) -> Outcome {
@@ -1070,7 +1075,7 @@ async fn call_helper(
     tracing::info!(helper = %p.agent.name, depth = p.env.stack.len(), resumed = resume.is_some(), "helper run");
     // A helper's turns stay its own: the caller gets the answer.
     let (mut sub_history, end) = match resume {
-        None => (vec![ChatMessage::user(p.what.clone())], None),
+        None => (vec![Turn::new(ChatMessage::user(p.what.clone()))], None),
         Some(r) => {
             let mut h = r.history;
             let end = Box::pin(answer_resolved(&sub, r.resolved, &mut h, &Discard, cancel)).await;
@@ -1088,7 +1093,7 @@ async fn call_helper(
         RunEnd::Completed => Ok(sub_history
             .iter()
             .rev()
-            .find_map(|m| match m {
+            .find_map(|m| match m.message() {
                 ChatMessage::Assistant {
                     content: Some(c), ..
                 } => Some(c.clone()),
@@ -1130,7 +1135,7 @@ struct Discard;
 
 #[async_trait]
 impl RunSink for Discard {
-    async fn turn(&self, _: &ChatMessage, _: Events) {}
+    async fn turn(&self, _: &Turn, _: Events) {}
     fn delta(&self, _: &str) {}
 }
 
@@ -1147,18 +1152,18 @@ mod tests {
     /// A sink whose every write of a turn with tool calls finds the run
     /// taken, as a store does once another server has closed it.
     struct TakenOnStore {
-        turns: Mutex<Vec<ChatMessage>>,
+        turns: Mutex<Vec<Turn>>,
         cancel: CancellationToken,
     }
 
     #[async_trait]
     impl RunSink for TakenOnStore {
-        async fn turn(&self, msg: &ChatMessage, _: Events) {
+        async fn turn(&self, msg: &Turn, _: Events) {
             self.turns.lock().unwrap().push(msg.clone());
         }
         async fn stored(&self) {
             let asked = self.turns.lock().unwrap().iter().any(|m| {
-                matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+                matches!(m.message(), ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty())
             });
             if asked {
                 self.cancel.cancel();
@@ -1237,7 +1242,7 @@ mod tests {
             turns: Mutex::default(),
             cancel: cancel.clone(),
         };
-        let mut history = vec![ChatMessage::user("mark it")];
+        let mut history = vec![Turn::new(ChatMessage::user("mark it"))];
         let end = run(&ctx, &mut history, &sink, &cancel).await;
 
         assert_eq!(end, RunEnd::Cancelled);
@@ -1249,7 +1254,7 @@ mod tests {
             "the call, then its cancelled result: {turns:?}"
         );
         assert!(
-            matches!(&turns[1], ChatMessage::Tool { content, .. } if content.contains("cancelled")),
+            matches!(turns[1].message(), ChatMessage::Tool { content, .. } if content.contains("cancelled")),
             "{turns:?}"
         );
     }

@@ -31,7 +31,7 @@ use super::wire::{
     ToolCallEvent,
 };
 use crate::bindings::cache::ToolCache;
-use crate::llm::{ChatClient, ChatMessage};
+use crate::llm::{ChatClient, ChatMessage, Turn};
 use crate::metrics::{Metrics, RunOutcome, ToolCaller};
 use crate::params::{ParamValue, Values};
 use crate::session::helpers::HelperEnv;

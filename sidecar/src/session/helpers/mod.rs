@@ -19,7 +19,7 @@ use self::narrowing::{
     CallValue, ScopedBinding,
 };
 use crate::bindings::BoundValue;
-use crate::llm::{ChatClient, ChatMessage, ToolDefinition};
+use crate::llm::{ChatClient, ChatMessage, ToolDefinition, Turn};
 use crate::params::{ParamValue, Values};
 use crate::spec::Scope;
 use crate::tools::ToolError;
@@ -175,11 +175,11 @@ fn parse<T: serde::de::DeserializeOwned>(args: Value) -> Result<T, ToolError> {
 
 /// The named narrowings of this conversation: a fold over its successful
 /// `derive_agent` calls (nothing is stored anywhere else).
-pub fn derived(history: &[ChatMessage]) -> BTreeMap<(String, String), Narrowing> {
+pub fn derived(history: &[Turn]) -> BTreeMap<(String, String), Narrowing> {
     let mut calls = BTreeMap::new();
     let mut table = BTreeMap::new();
     for m in history {
-        match m {
+        match m.message() {
             ChatMessage::Assistant { tool_calls, .. } => {
                 for c in tool_calls.iter().filter(|c| c.name == DERIVE) {
                     calls.insert(c.id.clone(), c.arguments.clone());
@@ -525,7 +525,7 @@ pub fn prepare<'a>(
     env: &HelperEnv<'a>,
     slug: &str,
     args: Value,
-    history: &[ChatMessage],
+    history: &[Turn],
 ) -> Result<Prepared<'a>, ToolError> {
     let a: PromptArgs = parse(args)?;
     let h = helper(caller, slug)?;
@@ -716,6 +716,7 @@ mod tests {
             call("3", DERIVE, args("a", "three")),
             ChatMessage::tool_result("3", json!({"stored": true}).to_string()),
         ];
+        let history: Vec<Turn> = history.into_iter().map(Turn::new).collect();
         let table = derived(&history);
         assert_eq!(table.len(), 1, "the failed call is not in the table");
         let a = &table[&("mid".to_string(), "a".to_string())];

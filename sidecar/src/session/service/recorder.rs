@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::live::LiveSessions;
-use crate::llm::ChatMessage;
+use crate::llm::Turn;
 use crate::metrics::Metrics;
 use crate::session::clock::Clock;
 use crate::session::fanout::LiveEvent;
@@ -122,7 +122,7 @@ impl Recorder {
     pub(super) async fn append_turn(
         &self,
         id: &str,
-        msg: &ChatMessage,
+        msg: &Turn,
         events: &[SessionEvent],
     ) -> RunWrite {
         let written = self

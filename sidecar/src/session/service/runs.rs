@@ -131,7 +131,7 @@ impl Runs {
                     caller: None,
                 })),
                 Opening::Prompt(p) => {
-                    rec.turns.push(ChatMessage::user(p.clone()));
+                    rec.turns.push(Turn::new(ChatMessage::user(p.clone())));
                     events.push(SessionEvent::RunStarted(RunStarted {
                         prompt: Some(p.clone()),
                         caller: None,
@@ -140,10 +140,10 @@ impl Runs {
                 Opening::Call(call) => {
                     // Stored with the run's start: the call is on record
                     // before it may act, as a model's call is.
-                    rec.turns.push(ChatMessage::Assistant {
+                    rec.turns.push(Turn::new(ChatMessage::Assistant {
                         content: None,
                         tool_calls: vec![call.clone()],
-                    });
+                    }));
                     let caller = Some(ToolCaller::Mcp);
                     events.push(SessionEvent::RunStarted(RunStarted {
                         prompt: None,
@@ -500,7 +500,7 @@ impl Runs {
 /// The conversation a run goes on from, and where its taint counts from
 /// (see `RunContext::taint_from`).
 pub(super) struct Driving {
-    history: Vec<ChatMessage>,
+    history: Vec<Turn>,
     taint_from: usize,
     /// The run's id and the budgets a person let it go past.
     run: pending::WaitingRun,
@@ -510,7 +510,7 @@ pub(super) struct Driving {
 pub(super) struct Driven {
     end: RunEnd,
     /// The answer, stored with the end (see [`RunSink::answer`]).
-    answer: Option<(ChatMessage, Events)>,
+    answer: Option<(Turn, Events)>,
     /// Another server closed the run as lost.
     taken: bool,
     /// What the run's next part needs if it waits.
@@ -523,18 +523,18 @@ pub(super) struct Driven {
 
 /// Answer every tool call that has no result yet with `why`, so the history
 /// stays well-formed for the model.
-pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage> {
+pub fn close_pending(mut turns: Vec<Turn>, why: &str) -> Vec<Turn> {
     let Some(pos) = turns.iter().rposition(
-        |m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+        |m| matches!(m.message(), ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
     ) else {
         return turns;
     };
-    let ChatMessage::Assistant { tool_calls, .. } = &turns[pos] else {
+    let ChatMessage::Assistant { tool_calls, .. } = turns[pos].message() else {
         return turns;
     };
     let answered: Vec<String> = turns[pos + 1..]
         .iter()
-        .filter_map(|m| match m {
+        .filter_map(|m| match m.message() {
             ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
             _ => None,
         })
@@ -545,7 +545,7 @@ pub fn close_pending(mut turns: Vec<ChatMessage>, why: &str) -> Vec<ChatMessage>
         .filter(|id| !answered.contains(id))
         .collect();
     for id in missing {
-        turns.push(ChatMessage::tool_result(id, why));
+        turns.push(Turn::new(ChatMessage::tool_result(id, why)));
     }
     turns
 }

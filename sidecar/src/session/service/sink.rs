@@ -25,7 +25,7 @@ pub(super) struct SessionSink<'a> {
     /// The write in flight, if any.
     behind: Mutex<Option<Behind>>,
     /// The answer, for the run's end to store.
-    answer: Mutex<Option<(ChatMessage, Events)>>,
+    answer: Mutex<Option<(Turn, Events)>>,
 }
 
 /// What the sink and its write in flight both see.
@@ -118,7 +118,7 @@ impl<'a> SessionSink<'a> {
     /// Once the run's loop is over: every turn stored, then the answer to
     /// store with the end and whether the run was taken; `None` if the
     /// run's start was never stored.
-    pub(super) async fn close(&self) -> Option<(Option<(ChatMessage, Events)>, bool)> {
+    pub(super) async fn close(&self) -> Option<(Option<(Turn, Events)>, bool)> {
         self.stored().await;
         if self.shared.unstarted.load(Ordering::Relaxed) {
             return None;
@@ -130,7 +130,7 @@ impl<'a> SessionSink<'a> {
 
 #[async_trait]
 impl RunSink for SessionSink<'_> {
-    async fn turn(&self, msg: &ChatMessage, events: Events) {
+    async fn turn(&self, msg: &Turn, events: Events) {
         self.stored().await;
         if self.shared.taken.load(Ordering::Relaxed) {
             return;
@@ -160,7 +160,7 @@ impl RunSink for SessionSink<'_> {
         *lock(&self.behind) = Some(Behind::Write(write));
     }
 
-    async fn answer(&self, msg: &ChatMessage, events: Events) {
+    async fn answer(&self, msg: &Turn, events: Events) {
         self.stored().await;
         *lock(&self.answer) = Some((msg.clone(), events));
     }
@@ -266,7 +266,7 @@ mod tests {
         // Another connection holds the database's write lock.
         let blocker = rusqlite::Connection::open(&path).unwrap();
         blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
-        let result = ChatMessage::tool_result("c1", "done");
+        let result = Turn::new(ChatMessage::tool_result("c1", "done"));
         let data = crate::session::wire::ToolResult {
             id: "c1".into(),
             ok: true,
@@ -305,14 +305,23 @@ mod tests {
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
 
-        sink.turn(&ChatMessage::tool_result("c1", "done"), Events::new())
-            .await;
+        sink.turn(
+            &Turn::new(ChatMessage::tool_result("c1", "done")),
+            Events::new(),
+        )
+        .await;
         sink.stored().await;
         assert!(cancel.is_cancelled(), "the run is stopped");
-        sink.turn(&ChatMessage::tool_result("c2", "late"), Events::new())
-            .await;
-        sink.answer(&ChatMessage::assistant("an answer"), Events::new())
-            .await;
+        sink.turn(
+            &Turn::new(ChatMessage::tool_result("c2", "late")),
+            Events::new(),
+        )
+        .await;
+        sink.answer(
+            &Turn::new(ChatMessage::assistant("an answer")),
+            Events::new(),
+        )
+        .await;
         let (answer, taken) = sink.close().await.expect("it had started");
         assert!(taken);
         assert!(answer.is_some(), "the end decides what becomes of it");
@@ -341,11 +350,17 @@ mod tests {
         let sink = SessionSink::new(&service.recorder, "s", &cancel, gate);
         sink.delta("never");
         drop(starter);
-        sink.turn(&ChatMessage::tool_result("c1", "done"), Events::new())
-            .await;
+        sink.turn(
+            &Turn::new(ChatMessage::tool_result("c1", "done")),
+            Events::new(),
+        )
+        .await;
         assert!(cancel.is_cancelled(), "the run is stopped");
-        sink.answer(&ChatMessage::assistant("an answer"), Events::new())
-            .await;
+        sink.answer(
+            &Turn::new(ChatMessage::assistant("an answer")),
+            Events::new(),
+        )
+        .await;
         assert!(
             sink.close().await.is_none(),
             "its end is not recorded either"

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::{Peer, SessionStore, StoreError};
-use crate::llm::{ChatMessage, ToolCall};
+use crate::llm::{ChatMessage, ToolCall, Turn};
 use crate::params::{ParamValue, Values};
 use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
 use crate::session::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Unwritten, Use};
@@ -110,7 +110,10 @@ pub fn full_record() -> SessionRecord {
             },
             ChatMessage::tool_result("call_1", "hello"),
             ChatMessage::assistant("It says hello."),
-        ],
+        ]
+        .into_iter()
+        .map(Turn::new)
+        .collect(),
         stored_turns: 0,
         params: StoredParams::from_values(&values),
         security: Security {
@@ -147,7 +150,7 @@ pub fn full_record() -> SessionRecord {
                     call_id: "call_0".into(),
                     tool: "prompt_agent_clerk".into(),
                     arguments: r#"{"what":"delete a.txt"}"#.into(),
-                    history: vec![ChatMessage::user("delete a.txt")],
+                    history: vec![Turn::new(ChatMessage::user("delete a.txt"))],
                 }],
                 // Where a dependency's orchestration stands round-trips too.
                 lookup: Some(crate::session::depends::LookupState {
@@ -189,7 +192,7 @@ pub async fn turns_are_appended_and_a_write_from_a_stale_count_is_refused(
     assert_eq!(rec.stored_turns, n);
     let mut read = store.get(&rec.id).await.unwrap().unwrap();
     assert_eq!(read.stored_turns, n);
-    read.turns.push(ChatMessage::user("and b.txt?"));
+    read.turns.push(ChatMessage::user("and b.txt?").into());
     read.version += 1;
     store.update(&mut read).await.unwrap();
     assert_eq!(read.stored_turns, n + 1);
@@ -199,7 +202,10 @@ pub async fn turns_are_appended_and_a_write_from_a_stale_count_is_refused(
     let back = store.get(&rec.id).await.unwrap().unwrap();
     assert_eq!(back, read);
     assert_eq!(back.turns.len(), n + 1);
-    assert_eq!(back.turns.last(), Some(&ChatMessage::user("and b.txt?")));
+    assert_eq!(
+        back.turns.last().map(Turn::message),
+        Some(&ChatMessage::user("and b.txt?"))
+    );
     // The right version, but the writer thinks the store holds fewer turns.
     let mut stale = back.clone();
     stale.stored_turns = n;
@@ -238,7 +244,7 @@ pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
 
     rec.version = 2;
     rec.status = SessionStatus::Running;
-    rec.turns.push(ChatMessage::user("hi"));
+    rec.turns.push(ChatMessage::user("hi").into());
     store.update(&mut rec).await.unwrap();
     assert_eq!(store.get("s1").await.unwrap(), Some(rec.clone()));
 
@@ -351,7 +357,7 @@ pub async fn an_update_and_its_events_are_stored_together(store: Arc<dyn Session
         .unwrap();
 
     rec.version = 2;
-    rec.turns.push(ChatMessage::user("hi"));
+    rec.turns.push(ChatMessage::user("hi").into());
     let events = [("message", json!({"n": 1})), ("tool_call", json!({"n": 2}))];
     let seqs = store
         .update_with_events(&mut rec, &events, 50)
@@ -410,7 +416,7 @@ pub async fn an_update_and_its_usage_are_stored_together(store: Arc<dyn SessionS
     let mut rec = record("s1", 1);
     store.create(&mut rec).await.unwrap();
     rec.version = 2;
-    rec.turns.push(ChatMessage::assistant("done"));
+    rec.turns.push(ChatMessage::assistant("done").into());
     let events = [("run_finished", json!({"n": 1}))];
     let used = unwritten(usage_row(10, "a", "s1", "r1", 7));
     let seqs = store

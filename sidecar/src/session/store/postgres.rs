@@ -1472,7 +1472,8 @@ mod tests {
             format!("{}|{}\n", rec.turns.len(), rec.turns.len() - 1)
         );
         assert_eq!(pg.sql(DB, "SELECT turns FROM bindery_sessions"), "[]\n");
-        back.turns.push(crate::llm::ChatMessage::user("more"));
+        back.turns
+            .push(crate::llm::ChatMessage::user("more").into());
         back.version += 1;
         store.update(&mut back).await.unwrap();
         assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);

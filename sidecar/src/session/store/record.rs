@@ -6,7 +6,7 @@
 //! Messages name the session and the column, never the content: a stored
 //! conversation may hold anything the user typed.
 
-use crate::llm::ChatMessage;
+use crate::llm::Turn;
 use crate::session::model::{SessionRecord, SessionStatus};
 
 /// The `sessions` columns in the order [`Columns`] lists them.
@@ -56,7 +56,7 @@ impl Columns {
         let from = rec.stored_turns.min(rec.turns.len());
         let mut new = Vec::with_capacity(rec.turns.len() - from);
         for (i, turn) in rec.turns.iter().enumerate().skip(from) {
-            new.push((i as i64, json("turns", serde_json::to_string(turn))?));
+            new.push((i as i64, turn.json().to_owned()));
         }
         let cols = Columns {
             id: rec.id.clone(),
@@ -90,7 +90,7 @@ impl Columns {
     /// the rest of them as text (`stored`).
     pub fn decode_after(
         self,
-        mut turns: Vec<ChatMessage>,
+        mut turns: Vec<Turn>,
         stored: Vec<String>,
     ) -> Result<SessionRecord, String> {
         let id = self.id;
@@ -100,11 +100,11 @@ impl Columns {
         let stored_turns = known + stored.len();
         turns.reserve(stored.len());
         for (i, text) in stored.iter().enumerate() {
-            let turn = serde_json::from_str(text)
+            let turn = Turn::from_json(text)
                 .map_err(|e| corrupt(&id, &format!("message (turn {})", known + i), &e))?;
             turns.push(turn);
         }
-        let older: Vec<ChatMessage> =
+        let older: Vec<Turn> =
             serde_json::from_str(&self.turns).map_err(|e| corrupt(&id, "turns", &e))?;
         turns.extend(older);
         let params = serde_json::from_str(&self.params).map_err(|e| corrupt(&id, "params", &e))?;

@@ -40,7 +40,7 @@ use async_trait::async_trait;
 use rusqlite::config::DbConfig;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
-use super::histories::{Histories, Sized};
+use super::histories::Histories;
 use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
@@ -239,8 +239,9 @@ const STATEMENT_CACHE: usize = 48;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How much of the histories it read or wrote lately the store keeps
-/// decoded (their JSON size), so that reading a session again reads only
-/// what was added since: a few hundred conversations of tens of turns.
+/// decoded (each turn's message and its JSON text), so that reading a
+/// session again reads only what was added since: a hundred or two
+/// conversations of tens of turns.
 const KEPT_HISTORIES: usize = 8 << 20;
 
 /// The write-ahead log's size, in pages, past which it is checkpointed
@@ -904,7 +905,6 @@ impl SessionStore for SqliteStore {
             return Ok(None);
         };
         let (id, created_at) = (raw.id.clone(), raw.created_at);
-        let bytes = turns.iter().map(String::len).sum();
         let kept = match from {
             0 => Some(Vec::new()),
             n => self.histories.prefix(&id, created_at, n),
@@ -917,10 +917,7 @@ impl SessionStore for SqliteStore {
         let rec = raw
             .decode_after(kept, turns)
             .map_err(|why| Op::new("read a session", &self.path).fail(why))?;
-        let added = Sized {
-            turns: &rec.turns[from..rec.stored_turns],
-            bytes,
-        };
+        let added = &rec.turns[from..rec.stored_turns];
         match from {
             0 => self.histories.keep(&id, created_at, added),
             n => self.histories.written(&id, created_at, n, added),
@@ -962,7 +959,6 @@ impl SessionStore for SqliteStore {
         let from = rec.stored_turns;
         let stored = from as i64;
         let count = rec.turns.len();
-        let bytes = enc.1.iter().map(|(_, text)| text.len()).sum();
         let session = rec.id.clone();
         let events: Vec<(String, String)> = events
             .iter()
@@ -984,10 +980,7 @@ impl SessionStore for SqliteStore {
             })
             .await?;
         rec.stored_turns = count;
-        let added = Sized {
-            turns: &rec.turns[from.min(count)..],
-            bytes,
-        };
+        let added = &rec.turns[from.min(count)..];
         self.histories.written(&rec.id, rec.created_at, from, added);
         Ok(seqs)
     }
@@ -1515,7 +1508,7 @@ mod tests {
             .unwrap();
         assert_eq!(rows, rec.turns.len() as i64);
         assert_eq!(row_turns, "[]");
-        back.turns.push(ChatMessage::user("more"));
+        back.turns.push(ChatMessage::user("more").into());
         back.version += 1;
         store.update(&mut back).await.unwrap();
         assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);
@@ -1582,7 +1575,7 @@ mod tests {
         assert_eq!(here.histories.known(&rec.id), Some(rec.turns.len()));
 
         let mut elsewhere = there.get(&rec.id).await.unwrap().unwrap();
-        elsewhere.turns.push(ChatMessage::user("and b.txt?"));
+        elsewhere.turns.push(ChatMessage::user("and b.txt?").into());
         elsewhere.status = crate::session::model::SessionStatus::Running;
         elsewhere.version += 1;
         there.update(&mut elsewhere).await.unwrap();
@@ -1591,7 +1584,8 @@ mod tests {
 
         // Written here: kept as written, and read back so.
         let mut mine = elsewhere.clone();
-        mine.turns.push(ChatMessage::assistant("b.txt says bye"));
+        mine.turns
+            .push(ChatMessage::assistant("b.txt says bye").into());
         mine.version += 1;
         here.update(&mut mine).await.unwrap();
         assert_eq!(here.histories.known(&rec.id), Some(mine.turns.len()));
@@ -1616,7 +1610,8 @@ mod tests {
         let event = [("message", json!({"text": "hi"}))];
         for round in 0..3 {
             for rec in &mut sessions {
-                rec.turns.push(ChatMessage::user(format!("turn {round}")));
+                rec.turns
+                    .push(ChatMessage::user(format!("turn {round}")).into());
                 rec.version += 1;
                 store.update_with_events(rec, &event, 10).await.unwrap();
                 store

@@ -286,7 +286,7 @@ pub async fn settled(server: &Arc<Service>, id: &str) -> SessionRecord {
 
 /// The last turn's text, if it is the assistant's.
 pub fn answer(rec: &SessionRecord) -> Option<&str> {
-    match rec.turns.last()? {
+    match rec.turns.last()?.message() {
         ChatMessage::Assistant { content, .. } => content.as_deref(),
         _ => None,
     }
