@@ -185,6 +185,33 @@ impl IntoResponse for ServiceError {
     }
 }
 
+/// A session's view as JSON, in a buffer sized for its turns up front:
+/// axum's `Json` starts at 128 bytes and grows by copying, a dozen copies
+/// of a long conversation's view.
+impl IntoResponse for SessionView {
+    fn into_response(self) -> Response {
+        let turns: usize = self.session.turns.iter().map(|t| t.json().len() + 1).sum();
+        let mut body = Vec::with_capacity(turns + 1024);
+        match serde_json::to_writer(&mut body, &self) {
+            Ok(()) => (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                )],
+                body,
+            )
+                .into_response(),
+            // Not seen: a view is strings, numbers and string-keyed maps.
+            Err(e) => ServiceError::new(
+                ErrorKind::Internal,
+                "internal",
+                format!("cannot encode the session: {e}"),
+            )
+            .into_response(),
+        }
+    }
+}
+
 pub(super) type ApiResult = Result<Response, ServiceError>;
 
 /// `at_turn` as an index: a whole number from 0 (JSON Schema's `integer`
@@ -497,7 +524,7 @@ async fn create(
         .await?;
     let ended = q.wait(created.run).await;
     let view = view(s, &created.id, who, created.token, ended).await?;
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    Ok((StatusCode::CREATED, view).into_response())
 }
 
 /// The session as `who` may see it: as the run that `ended` left it, or
@@ -557,7 +584,7 @@ async fn get_session(
     Path(id): Path<String>,
     Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
 ) -> ApiResult {
-    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
+    Ok(view(&s, &id, &who, None, None).await?.into_response())
 }
 
 #[derive(Deserialize, Default, ToSchema)]
@@ -626,7 +653,7 @@ async fn ran(s: &AppState, id: &str, who: &Caller, q: &WaitQuery, run: RunWait) 
     } else {
         StatusCode::ACCEPTED
     };
-    Ok((status, Json(view(s, id, who, None, ended).await?)).into_response())
+    Ok((status, view(s, id, who, None, ended).await?).into_response())
 }
 
 // The params route parses this too; the document shows its part as
@@ -697,7 +724,7 @@ async fn cancel(
     Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
 ) -> ApiResult {
     s.service.runs().cancel(&id).await?;
-    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
+    Ok(view(&s, &id, &who, None, None).await?.into_response())
 }
 
 /// Start a new session from a copy of this one
@@ -786,7 +813,7 @@ async fn put_params(
         .sessions()
         .put_params(&who, &id, &b.params)
         .await?;
-    Ok(Json(view(&s, &id, &who, None, None).await?).into_response())
+    Ok(view(&s, &id, &who, None, None).await?.into_response())
 }
 
 /// The keys of a PUT params body beside `params`. Values put at the top
@@ -949,7 +976,7 @@ async fn continuation(
     }
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,
-        None => Ok(Json(view(&s, &id, &who, None, None).await?).into_response()),
+        None => Ok(view(&s, &id, &who, None, None).await?.into_response()),
     }
 }
 

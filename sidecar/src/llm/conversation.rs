@@ -84,7 +84,11 @@ impl Conversation {
     }
 
     /// Adds `turns` at the end, in order.
-    pub fn extend_turns<'a>(&mut self, turns: impl IntoIterator<Item = &'a Turn>) {
+    pub fn extend_turns(&mut self, turns: &[Turn]) {
+        // Room for all of them at once: a long history would otherwise
+        // be copied again at every doubling of the buffer.
+        let bytes: usize = turns.iter().map(|t| t.json().len() + 1).sum();
+        self.messages.reserve(bytes);
         for turn in turns {
             self.push_turn(turn);
         }
