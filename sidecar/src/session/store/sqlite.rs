@@ -613,13 +613,31 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
             // Up to date (the empty transaction just ends).
             return tx.commit().map_err(|e| op.db(e));
         };
-        tx.execute_batch(step).map_err(|e| op.db(e))?;
+        // Dropping `tx` on an error rolls the step back whole.
+        tx.execute_batch(step).map_err(|e| {
+            op.fail(format_args!(
+                "bringing it to schema {} (of {known}) failed, and it is left at schema \
+                 {current}: {}",
+                current + 1,
+                sqlite_message(&e)
+            ))
+        })?;
         tx.execute(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
             params![current + 1, super::now_ms()],
         )
         .map_err(|e| op.db(e))?;
         tx.commit().map_err(|e| op.db(e))?;
+    }
+}
+
+/// What SQLite said, without the statements rusqlite quotes after an
+/// error in SQL it was given: a migration step is a page of them, and the
+/// reader needs the message and the step, not the text.
+fn sqlite_message(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqlInputError { msg, .. } => msg.clone(),
+        e => e.to_string(),
     }
 }
 
@@ -1452,6 +1470,42 @@ mod tests {
         conn.execute("DELETE FROM usage WHERE at = 4", []).unwrap();
         let s1 = store.session_totals("s1").await.unwrap();
         assert_eq!((s1.tool_calls, s1.cost), (0, 0.0));
+    }
+
+    /// A step that fails (here on a table of its name made by hand) says
+    /// which step it was, what SQLite found and where the file was left,
+    /// not the step's whole SQL; nothing of the step stays.
+    #[tokio::test]
+    async fn a_failed_migration_names_its_step_not_its_sql() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = open_in(&dir).path().to_owned();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TRIGGER usage_added;
+             DROP TRIGGER usage_changed;
+             DROP TRIGGER usage_removed;
+             DROP TABLE session_usage;
+             DELETE FROM schema_migrations WHERE version >= 11;
+             CREATE TABLE session_usage (note TEXT);",
+        )
+        .unwrap();
+        drop(conn);
+        let err = SqliteStore::open(&path.to_string_lossy())
+            .unwrap_err()
+            .to_string();
+        let known = MIGRATIONS.len();
+        for said in [
+            &format!("to schema 11 (of {known})"),
+            "table session_usage already exists",
+            "left at schema 10",
+            &path.display().to_string(),
+        ] {
+            assert!(err.contains(said), "{said:?} not in: {err}");
+        }
+        for quoted in ["CREATE", "TRIGGER", "SELECT"] {
+            assert!(!err.contains(quoted), "the step's SQL in: {err}");
+        }
+        assert_eq!(schema_versions(&path), (1..=10).collect::<Vec<i64>>());
     }
 
     #[tokio::test]
