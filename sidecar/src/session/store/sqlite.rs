@@ -1436,6 +1436,13 @@ mod tests {
         }
     }
 
+    /// A store's file as schema 10 left it: migration 11 undone.
+    const BACK_TO_SCHEMA_10: &str = "DROP TRIGGER usage_added;
+        DROP TRIGGER usage_changed;
+        DROP TRIGGER usage_removed;
+        DROP TABLE session_usage;
+        DELETE FROM schema_migrations WHERE version >= 11;";
+
     /// A store from before the kept sums (migration 11) gets them from
     /// its rows on upgrade, an older server's rows among them, and keeps
     /// them from then on.
@@ -1451,13 +1458,9 @@ mod tests {
             store.path().to_owned()
         };
         let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(BACK_TO_SCHEMA_10).unwrap();
         conn.execute_batch(
-            "DROP TRIGGER usage_added;
-             DROP TRIGGER usage_changed;
-             DROP TRIGGER usage_removed;
-             DROP TABLE session_usage;
-             DELETE FROM schema_migrations WHERE version >= 11;
-             INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
+            "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
                  completion_tokens, estimated, tool_calls, cost)
              VALUES (4, 'a', 's1', 'r', 'm', 'bash_x', 0, 0, 0, 1, 0.5);",
         )
@@ -1480,15 +1483,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = open_in(&dir).path().to_owned();
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "DROP TRIGGER usage_added;
-             DROP TRIGGER usage_changed;
-             DROP TRIGGER usage_removed;
-             DROP TABLE session_usage;
-             DELETE FROM schema_migrations WHERE version >= 11;
-             CREATE TABLE session_usage (note TEXT);",
-        )
-        .unwrap();
+        conn.execute_batch(BACK_TO_SCHEMA_10).unwrap();
+        conn.execute("CREATE TABLE session_usage (note TEXT)", [])
+            .unwrap();
         drop(conn);
         let err = SqliteStore::open(&path.to_string_lossy())
             .unwrap_err()
