@@ -190,7 +190,7 @@ impl IntoResponse for ServiceError {
 /// of a long conversation's view.
 impl IntoResponse for SessionView {
     fn into_response(self) -> Response {
-        let turns: usize = self.session.turns.iter().map(|t| t.json().len() + 1).sum();
+        let turns = crate::llm::Turn::encoded_len(&self.session.turns);
         let mut body = Vec::with_capacity(turns + 1024);
         match serde_json::to_writer(&mut body, &self) {
             Ok(()) => (

@@ -87,8 +87,7 @@ impl Conversation {
     pub fn extend_turns(&mut self, turns: &[Turn]) {
         // Room for all of them at once: a long history would otherwise
         // be copied again at every doubling of the buffer.
-        let bytes: usize = turns.iter().map(|t| t.json().len() + 1).sum();
-        self.messages.reserve(bytes);
+        self.messages.reserve(Turn::encoded_len(turns));
         for turn in turns {
             self.push_turn(turn);
         }

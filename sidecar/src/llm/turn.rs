@@ -56,6 +56,12 @@ impl Turn {
     pub fn json(&self) -> &str {
         self.0.json.get()
     }
+
+    /// The bytes `turns` take as the items of a JSON array (a separator
+    /// each): what a buffer that will hold them should reserve.
+    pub fn encoded_len(turns: &[Turn]) -> usize {
+        turns.iter().map(|t| t.json().len() + 1).sum()
+    }
 }
 
 impl Deref for Turn {
