@@ -633,7 +633,7 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
 
 /// What SQLite said, without the statements rusqlite quotes after an
 /// error in SQL it was given: a migration step is a page of them, and the
-/// reader needs the message and the step, not the text.
+/// reader needs the message and the operation (or step), not the text.
 fn sqlite_message(e: &rusqlite::Error) -> String {
     match e {
         rusqlite::Error::SqlInputError { msg, .. } => msg.clone(),
@@ -672,7 +672,7 @@ impl<'a> Op<'a> {
         if matches!(e.sqlite_error_code(), Some(DatabaseBusy | DatabaseLocked)) {
             self.busy.set(true);
         }
-        self.fail(e)
+        self.fail(sqlite_message(&e))
     }
 }
 
