@@ -304,6 +304,61 @@ pub fn env_sources(spec: &AgentSpec) -> BTreeSet<String> {
     out
 }
 
+/// The environment variables that carry the server's own credentials:
+/// the tokens it accepts, the model's key, the store's URL (a password in
+/// it), the session client's token, the trace exporter's headers. The one
+/// list: `env-vars` never shows them (`check` refuses them by name), and
+/// `serve` registers their values as live secrets, so a copy of one under
+/// another name is withheld too and no log line carries it.
+pub const SERVER_CREDENTIAL_ENV: [&str; 8] = [
+    "BINDERY_OWNER_TOKEN",
+    "BINDERY_APPROVER_TOKEN",
+    "BINDERY_MCP_CLIENT_TOKEN",
+    "BINDERY_MODEL_API_KEY",
+    "BINDERY_STORE",
+    "BINDERY_TOKEN",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+];
+
+/// Words of a variable's name (between `_`) that say it holds a
+/// credential, whoever set it: a platform's own (`AWS_SECRET_ACCESS_KEY`,
+/// `GITHUB_TOKEN`, `PGPASSWORD`) as much as Bindery's.
+const CREDENTIAL_WORDS: [&str; 14] = [
+    "TOKEN",
+    "TOKENS",
+    "SECRET",
+    "SECRETS",
+    "PASSWORD",
+    "PASSWD",
+    "PGPASSWORD",
+    "KEY",
+    "KEYS",
+    "APIKEY",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "AUTH",
+    "AUTHORIZATION",
+];
+
+/// Names whose value is a connection string that carries a password.
+const CREDENTIAL_NAMES: [&str; 5] = [
+    "DATABASE_URL",
+    "REDIS_URL",
+    "MONGODB_URI",
+    "AMQP_URL",
+    "KUBECONFIG",
+];
+
+/// Whether the variable `name` carries a credential by its name alone.
+pub fn credential_env(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SERVER_CREDENTIAL_ENV.contains(&upper.as_str())
+        || CREDENTIAL_NAMES.contains(&upper.as_str())
+        || upper.ends_with("_DSN")
+        || upper.split('_').any(|w| CREDENTIAL_WORDS.contains(&w))
+}
+
 /// Why `env-vars` may not show the variable `name` (of an agent whose
 /// definition reads `sources`), or `None` when it may.
 pub fn env_var_refusal(name: &str, sources: &BTreeSet<String>) -> Option<String> {
@@ -316,6 +371,11 @@ pub fn env_var_refusal(name: &str, sources: &BTreeSet<String>) -> Option<String>
     if sources.contains(name) {
         return Some(format!(
             "`{name}` is where this agent reads a parameter's or credential's value from; declare a parameter and bind it to a tool argument instead"
+        ));
+    }
+    if credential_env(name) {
+        return Some(format!(
+            "`{name}`: by its name it holds a credential (the server's own, or one the platform set); a tool that needs it gets it as a secret parameter bound to its argument, never through `env-vars`"
         ));
     }
     let valid = !name.is_empty()
@@ -717,6 +777,28 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_vars_never_shows_a_credential_by_name() {
+        let none = BTreeSet::new();
+        for name in SERVER_CREDENTIAL_ENV.iter().copied().chain([
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "DATABASE_URL",
+            "GITHUB_TOKEN",
+            "PGPASSWORD",
+            "SENTRY_DSN",
+            "OPENAI_API_KEY",
+            "my_service_password",
+            "KUBECONFIG",
+        ]) {
+            let why = env_var_refusal(name, &none).unwrap_or_else(|| panic!("{name} shown"));
+            assert!(why.contains(name), "{why}");
+        }
+        for name in ["APP_REGION", "HOME", "LANG", "KEYBOARD_LAYOUT", "MONKEY"] {
+            assert_eq!(env_var_refusal(name, &none), None, "{name}");
+        }
+    }
 
     fn agent(toolbox: &str) -> AgentSpec {
         let text = format!(

@@ -65,6 +65,9 @@ pub async fn run(
     yes: bool,
 ) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
+    let mut own = Credentials::from_env();
+    own.api_keys(&opts.api_keys);
+    let _own = crate::params::live::register(own.0);
     let tree = load_lenient(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
@@ -206,18 +209,26 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     a.lease.check().map_err(|e| format!("error: {e}"))?;
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
+    // The server's own credentials are live secrets while it serves: no
+    // log line, span or `env-vars` answer carries one, whatever its name.
+    let mut own = Credentials::from_env();
+    own.api_keys(&opts.api_keys);
+    own.store(&location);
     // Before the store: a missing owner token is the quicker thing to fix.
-    let owner = owner_token(a.owner_token_file, &location)?;
+    let owner = owner_token(a.owner_token_file, &location, &mut own)?;
     let mcp_client = optional_token(
         a.mcp_client_token_file,
         "--mcp-client-token-file",
         "BINDERY_MCP_CLIENT_TOKEN",
+        &mut own,
     )?;
     let approver = optional_token(
         a.approver_token_file,
         "--approver-token-file",
         "BINDERY_APPROVER_TOKEN",
+        &mut own,
     )?;
+    let _own = crate::params::live::register(own.0);
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
@@ -495,6 +506,7 @@ fn optional_token(
     file: Option<&Path>,
     flag: &str,
     env: &str,
+    own: &mut Credentials,
 ) -> Result<Option<OwnerToken>, String> {
     let token = match file {
         Some(f) => {
@@ -510,12 +522,21 @@ fn optional_token(
             _ => return Ok(None),
         },
     };
+    own.add(flag, &token);
     Ok(Some(OwnerToken::new(&token)))
 }
 
 /// The owner token: from a file, from BINDERY_OWNER_TOKEN, or generated
 /// into `owner-token` beside an SQLite store (mode 0600) for local use.
-fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, String> {
+fn owner_token(
+    file: Option<&Path>,
+    store: &Location,
+    own: &mut Credentials,
+) -> Result<OwnerToken, String> {
+    let owner = |t: &str, own: &mut Credentials| {
+        own.add("owner token", t);
+        OwnerToken::new(t)
+    };
     if let Some(f) = file {
         let t = std::fs::read_to_string(f)
             .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
@@ -525,11 +546,11 @@ fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, Stri
                 f.display()
             ));
         }
-        return Ok(OwnerToken::new(&t));
+        return Ok(owner(&t, own));
     }
     if let Ok(t) = std::env::var("BINDERY_OWNER_TOKEN") {
         if !t.trim().is_empty() {
-            return Ok(OwnerToken::new(&t));
+            return Ok(owner(&t, own));
         }
     }
     let store = match store {
@@ -547,7 +568,7 @@ fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, Stri
     if let Ok(t) = std::fs::read_to_string(&path) {
         if !t.trim().is_empty() {
             tracing::info!(file = %path.display(), "owner token read from file");
-            return Ok(OwnerToken::new(&t));
+            return Ok(owner(&t, own));
         }
     }
     // A first run on a fresh clone has no data directory yet.
@@ -562,7 +583,54 @@ fn owner_token(file: Option<&Path>, store: &Location) -> Result<OwnerToken, Stri
     write_private(&path, &token)
         .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
-    Ok(OwnerToken::new(&token))
+    Ok(owner(&token, own))
+}
+
+/// The server's own credentials, to register as live secrets.
+struct Credentials(Vec<(String, SecretString)>);
+
+impl Credentials {
+    /// Every variable of [`crate::spec::checks::SERVER_CREDENTIAL_ENV`]
+    /// that is set.
+    fn from_env() -> Credentials {
+        let mut own = Credentials(Vec::new());
+        for name in crate::spec::checks::SERVER_CREDENTIAL_ENV {
+            if let Ok(v) = std::env::var(name) {
+                own.add(name, &v);
+            }
+        }
+        own
+    }
+
+    fn add(&mut self, name: &str, text: &str) {
+        for v in [text, text.trim()] {
+            if !v.is_empty() && !self.0.iter().any(|(_, s)| s.expose() == v) {
+                self.0.push((name.to_string(), SecretString::new(v.to_string())));
+            }
+        }
+    }
+
+    /// The model keys of the API-keys file.
+    fn api_keys(&mut self, keys: &crate::params::ApiKeys) {
+        for (id, key) in keys.iter() {
+            self.add(id, key.expose());
+        }
+    }
+
+    /// A PostgreSQL store's password, as its driver reads the URL (from
+    /// the user info or a `password=` parameter), and the URL itself.
+    fn store(&mut self, store: &Location) {
+        if let Location::Postgres(url) = store {
+            self.add("--store", url);
+            if let Some(p) = url
+                .parse::<tokio_postgres::Config>()
+                .ok()
+                .and_then(|c| c.get_password().map(|p| String::from_utf8_lossy(p).into_owned()))
+            {
+                self.add("--store password", &p);
+            }
+        }
+    }
 }
 
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {

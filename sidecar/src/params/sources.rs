@@ -49,6 +49,11 @@ impl ApiKeys {
         })
     }
 
+    /// Every key, by its id.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &SecretString)> {
+        self.keys.iter().map(|(id, k)| (id.as_str(), k))
+    }
+
     pub fn get(&self, id: &str) -> Result<&SecretString, String> {
         match (&self.path, self.keys.get(id)) {
             (_, Some(k)) => Ok(k),

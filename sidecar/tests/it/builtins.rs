@@ -111,6 +111,18 @@ const REFUSED: &[(&str, &[&str])] = &[
         &["`env-vars` may not show `BINDERY_PARAM_TENANT` holds a parameter's value"],
     ),
     (
+        "env-vars-server-credentials.json",
+        &[
+            "`env-vars` may not show `BINDERY_OWNER_TOKEN`: by its name it holds a credential",
+            "`BINDERY_APPROVER_TOKEN`",
+            "`BINDERY_MCP_CLIENT_TOKEN`",
+            "`BINDERY_MODEL_API_KEY`",
+            "`AWS_SECRET_ACCESS_KEY`",
+            "`DATABASE_URL`",
+            "a secret parameter bound to its argument",
+        ],
+    ),
+    (
         "env-vars-pattern.json",
         &["`APP_*` is not a variable name: list exact names"],
     ),
@@ -334,6 +346,85 @@ spec:
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert!(!contains(&store, secret), "{secret} stored");
+    }
+    mock.shutdown().await;
+}
+
+/// The server's own credentials are live secrets: a variable that holds a
+/// copy of the owner token, the approver token or the model's key under a
+/// name `check` lets through is withheld at call time, and none of them
+/// reaches the model, the store or the session's view.
+#[tokio::test]
+async fn env_vars_never_hands_over_the_servers_own_credentials() {
+    const APPROVER: &str = "approver-SEKRIT-51";
+    const MODEL_KEY: &str = "model-key-SEKRIT-52";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("env: {}", last["content"].as_str().unwrap_or("")));
+        }
+        MockReply::tool_call("io_env", json!({"capability": "env-vars"}))
+    })
+    .await;
+    let agent = dir.path().join("env.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: envy}}
+spec:
+  model: {{url: "{}", name: mock-model}}
+  toolboxes:
+    - builtin:
+        name: env
+        capabilities: [env-vars]
+        envVars: [APP_REGION, APP_OWNER_COPY, APP_APPROVER_COPY, APP_MODEL_COPY]
+"#,
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let env = [
+        ("BINDERY_APPROVER_TOKEN", APPROVER),
+        ("BINDERY_MODEL_API_KEY", MODEL_KEY),
+        ("APP_REGION", "eu-west"),
+        ("APP_OWNER_COPY", OWNER),
+        ("APP_APPROVER_COPY", APPROVER),
+        ("APP_MODEL_COPY", MODEL_KEY),
+    ];
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
+    let id = new_session(&api, json!({"agent": "envy"})).await;
+    let reply = message_waited(&api, &id, "what is set?").await;
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let results: Vec<String> = mock
+        .requests()
+        .iter()
+        .flat_map(|r| tool_results(r).into_iter().map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    let out: Value = serde_json::from_str(&results[0]).unwrap();
+    assert_eq!(out["data"]["variables"], json!({"APP_REGION": "eu-west"}), "{out}");
+    assert_eq!(
+        out["data"]["withheld"],
+        json!(["APP_OWNER_COPY", "APP_APPROVER_COPY", "APP_MODEL_COPY"]),
+        "{out}"
+    );
+    let requests = serde_json::to_string(&mock.requests()).unwrap();
+    drop(sidecar);
+    let store = raw_files(dir.path(), "store.sqlite");
+    let logs = raw_files(&dir.path().join("logs"), "");
+    for secret in [OWNER, APPROVER, MODEL_KEY] {
+        assert!(!requests.contains(secret), "the model got {secret}");
+        for text in [&reply.text, &session.text] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(!contains(&store, secret), "{secret} stored");
+        assert!(!contains(&logs, secret), "{secret} logged");
     }
     mock.shutdown().await;
 }
