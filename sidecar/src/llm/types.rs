@@ -328,6 +328,29 @@ impl ChatResponse {
             tool_calls: self.tool_calls.clone(),
         }
     }
+
+    /// The same reply with each tool call's id its own: an id the model
+    /// left empty or gave an earlier call too becomes `call_<n>` (the
+    /// first such name free), so each result answers exactly one call and
+    /// none hides behind another's name (the taint guard reads results
+    /// by their calls).
+    pub fn with_unique_call_ids(mut self) -> Self {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..self.tool_calls.len() {
+            let id = &self.tool_calls[i].id;
+            if !id.is_empty() && seen.insert(id.clone()) {
+                continue;
+            }
+            let taken = |c: &str| self.tool_calls.iter().any(|t| t.id == c) || seen.contains(c);
+            let fresh = (i..)
+                .map(|n| format!("call_{n}"))
+                .find(|c| !taken(c))
+                .expect("an unbounded range has a free name");
+            seen.insert(fresh.clone());
+            self.tool_calls[i].id = fresh;
+        }
+        self
+    }
 }
 
 /// A piece of a streamed reply, forwarded as soon as it arrives.
@@ -356,6 +379,32 @@ pub enum StreamDelta {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_call_of_a_reply_gets_an_id_of_its_own() {
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let reply = ChatResponse {
+            content: None,
+            tool_calls: vec![
+                call("x", "read_ticket"),
+                call("x", "date"),
+                call("", "send"),
+                call("call_1", "other"),
+                call("call_1", "again"),
+            ],
+            finish_reason: None,
+            usage: None,
+        }
+        .with_unique_call_ids();
+        let ids: Vec<&str> = reply.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["x", "call_2", "call_3", "call_1", "call_4"]);
+        let names: Vec<&str> = reply.tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["read_ticket", "date", "send", "other", "again"]);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -5,6 +5,7 @@
 //! limit is hit, or the run is cancelled. The history records what the
 //! model said and what the tools returned, never a bound value.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -248,7 +249,7 @@ async fn run_inner(
             }
             let response = match response {
                 None => return RunEnd::Cancelled,
-                Some(Ok(r)) => r,
+                Some(Ok(r)) => r.with_unique_call_ids(),
                 Some(Err(e)) => return RunEnd::Failed(format!("the model request failed: {e}")),
             };
             let message = Turn::new(response.to_message());
@@ -411,23 +412,30 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Bl
 }
 
 /// The untrusted results the run's conversation has taken in since a
-/// person last cleared them: the calls that made them.
+/// person last cleared them: the calls that made them. A result counts by
+/// every call the conversation made under its id, so a model that gives
+/// two calls one id cannot hide an untrusted one behind the other; a
+/// result whose id no call has counts as untrusted.
 pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
     let untrusted = |name: &str| ctx.tools.iter().any(|t| t.name() == name && t.untrusted());
-    let mut named = std::collections::HashMap::new();
+    let mut named: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut out = Vec::new();
     for (i, m) in history.iter().enumerate() {
         match m.message() {
             ChatMessage::Assistant { tool_calls, .. } => {
                 for c in tool_calls {
-                    named.insert(c.id.as_str(), c.name.as_str());
+                    named.entry(c.id.as_str()).or_default().push(c.name.as_str());
                 }
             }
             ChatMessage::Tool { tool_call_id, .. } if i >= ctx.taint_from => {
-                if let Some(name) = named.get(tool_call_id.as_str()).filter(|n| untrusted(n)) {
+                let tool = match named.get(tool_call_id.as_str()) {
+                    None => Some(crate::metrics::UNKNOWN_TOOL),
+                    Some(names) => names.iter().copied().find(|n| untrusted(n)),
+                };
+                if let Some(tool) = tool {
                     out.push(TaintSource {
                         tool_call_id: tool_call_id.clone(),
-                        tool: name.to_string(),
+                        tool: tool.to_string(),
                     });
                 }
             }

