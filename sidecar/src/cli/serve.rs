@@ -114,6 +114,7 @@ pub async fn run(
         stream: false,
         origin: crate::metrics::ToolCaller::Model,
         taint_from: 0,
+        caller_taint: &[],
         // `run` keeps no store, so nothing is counted.
         ledger: None,
         clock: &crate::session::clock::WallClock,

@@ -127,6 +127,10 @@ pub struct RunContext<'a> {
     /// Untrusted results before this turn of the history were cleared by
     /// a person: they no longer hold egress calls.
     pub taint_from: usize,
+    /// A helper's run: the untrusted results its caller had taken in when
+    /// it asked. The helper starts tainted by them, so a tainted caller
+    /// cannot send through a clean helper.
+    pub caller_taint: &'a [TaintSource],
     /// The run's budgets (none: nothing is counted, as in `run` on the
     /// command line).
     pub ledger: Option<&'a dyn Ledger>,
@@ -412,14 +416,21 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Bl
 }
 
 /// The untrusted results the run's conversation has taken in since a
-/// person last cleared them: the calls that made them. A result counts by
-/// every call the conversation made under its id, so a model that gives
-/// two calls one id cannot hide an untrusted one behind the other; a
-/// result whose id no call has counts as untrusted.
+/// person last cleared them (and, in a helper, its caller's): the calls
+/// that made them. A result counts by every call the conversation made
+/// under its id, so a model that gives two calls one id cannot hide an
+/// untrusted one behind the other; a result whose id no call has counts
+/// as untrusted.
 pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
-    let untrusted = |name: &str| ctx.tools.iter().any(|t| t.name() == name && t.untrusted());
+    let untrusted = |name: &str| {
+        ctx.tools.iter().any(|t| t.name() == name && t.untrusted())
+            || ctx.helpers.as_ref().is_some_and(|env| {
+                name.strip_prefix(helpers::PROMPT_PREFIX)
+                    .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
+            })
+    };
     let mut named: HashMap<&str, Vec<&str>> = HashMap::new();
-    let mut out = Vec::new();
+    let mut out = ctx.caller_taint.to_vec();
     for (i, m) in history.iter().enumerate() {
         match m.message() {
             ChatMessage::Assistant { tool_calls, .. } => {
@@ -1058,6 +1069,7 @@ async fn call_helper(
         Ok(p) => p,
         Err(e) => return Outcome::Done(Err(e)),
     };
+    let caller_taint = taint(ctx, history);
     let sub = RunContext {
         agent: p.agent,
         tools: &p.tools,
@@ -1076,6 +1088,7 @@ async fn call_helper(
         // A helper's calls are its own model's, in its own conversation.
         origin: ToolCaller::Model,
         taint_from: 0,
+        caller_taint: &caller_taint,
         // What a helper uses counts against the session's budgets.
         ledger: ctx.ledger,
         clock: ctx.clock,
@@ -1244,6 +1257,7 @@ mod tests {
             stream: false,
             origin: ToolCaller::Model,
             taint_from: 0,
+            caller_taint: &[],
         };
         let cancel = CancellationToken::new();
         let sink = TakenOnStore {

@@ -27,7 +27,7 @@ use crate::tree::{AgentTree, Helper, LoadedAgent};
 
 pub const DESCRIBE: &str = "describe_agent";
 pub const DERIVE: &str = "derive_agent";
-const PROMPT_PREFIX: &str = "prompt_agent_";
+pub const PROMPT_PREFIX: &str = "prompt_agent_";
 
 /// What helper calls need beyond the run itself.
 #[derive(Clone)]
@@ -106,6 +106,30 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
         }),
     });
     defs
+}
+
+/// Whether the answer of `agent`'s helper `slug` may carry text from
+/// outside: the helper, or any helper below it, has an `untrusted` tool.
+/// Its answer is then untrusted for the caller's taint guard, whatever this
+/// one call of it read: the caller's history keeps the answer, not what
+/// the helper's run took in, so the answer counts by what its run could.
+pub fn reaches_untrusted(tree: &AgentTree, agent: &LoadedAgent, slug: &str) -> bool {
+    let Some(first) = agent.helpers.iter().find(|h| h.slug == slug) else {
+        return false;
+    };
+    let mut todo = vec![first.agent.as_str()];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name) {
+            continue;
+        }
+        let Some(a) = tree.agent(name) else { continue };
+        if a.tools.snapshot().iter().any(|t| t.untrusted()) {
+            return true;
+        }
+        todo.extend(a.helpers.iter().map(|h| h.agent.as_str()));
+    }
+    false
 }
 
 /// Whether `name` is one of `agent`'s helper tools.

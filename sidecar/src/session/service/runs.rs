@@ -335,6 +335,7 @@ impl Runs {
                 _ => ToolCaller::Model,
             },
             taint_from,
+            caller_taint: &[],
             ledger: Some(&budget),
             clock: &*self.clock,
         };
