@@ -388,14 +388,15 @@ pub async fn run_calls(
 /// told), or the taint guard (an egress call after an untrusted result).
 fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
-    if tool.is_some_and(|t| !t.depends().is_empty()) {
-        // Its inputs are resolved first; a write is confirmed with its facts.
-        return None;
-    }
     let tainted_by = match tool {
         Some(t) if t.egress() => taint(ctx, history),
         _ => Vec::new(),
     };
+    if tool.is_some_and(|t| !t.depends().is_empty()) && tainted_by.is_empty() {
+        // Its inputs are resolved first; a write is confirmed with its
+        // facts. A tainted egress call waits before any lookup runs.
+        return None;
+    }
     let disposition = ctx
         .agent
         .disposition(&call.name, tool)

@@ -404,6 +404,36 @@ async fn duplicate_call_ids_do_not_hide_an_untrusted_result() {
     assert_eq!(g.outbox(), ["bob@example.com\thi"]);
 }
 
+/// An egress tool with a lookup (`depends_on`) is held by the guard like
+/// any other, before its lookups run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_tool_with_a_lookup_is_held_after_untrusted_text() {
+    let g = scripted(
+        |req| {
+            let (_, all) = said(req);
+            match last_message(req)["role"].as_str().unwrap_or("") {
+                "user" => MockReply::tool_call("bash_fetch-ticket", json!({"id": "T-1"})),
+                "tool" if all.contains("IMPORTANT SYSTEM NOTE") => MAIL_AWAY(),
+                _ => MockReply::text("done"),
+            }
+        },
+        |t| {
+            t.replace(
+                "          - tool: send-email\n            egress: true",
+                "          - tool: send-email\n            egress: true\n            readOnly: true\n            depends_on:\n              - tool: fetch-ticket\n                when: missing\n                arguments: {id: $.to}\n                map: {$.to: $.to}",
+            )
+        },
+        &[],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let r = g.message(&id, "read ticket T-1").await;
+    let item = waiting(&r).clone();
+    assert_eq!(item["tool"], "bash_send-email", "{}", r.text);
+    assert_eq!(item["tainted_by"][0]["tool"], "bash_fetch-ticket", "{item}");
+    assert!(g.outbox().is_empty(), "mailed before a person said so");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_session_asks_only_where_a_condition_holds() {
     let g = Guard::start().await;
