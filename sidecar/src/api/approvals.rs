@@ -67,7 +67,8 @@ pub async fn answered(s: &AppState, id: &str, q: &WaitQuery, run: Option<RunWait
 /// The token in the path is the item's continuation token: it is the only
 /// credential, good for this one item and one answer. The body is the
 /// continuation route's (`approve` and `reason`, `choice`, `input`), without
-/// `params`. The answer is recorded as the webhook's (`by: webhook`).
+/// `params` and `clear_taint` (a link decides its item, nothing more of
+/// the session). The answer is recorded as the webhook's (`by: webhook`).
 #[utoipa::path(post, path = "/v1/approvals/{token}", tag = "approvals",
     operation_id = "answerApprovalLink", security(),
     params(("token" = String, Path, description = "The `continuation_token` of the notice's item."),
@@ -77,7 +78,8 @@ pub async fn answered(s: &AppState, id: &str, q: &WaitQuery, run: Option<RunWait
         (status = 200, description = "Recorded; the session's status and what it waits for now.",
             body = inline(ApprovalAnswered)),
         (status = 400, description = "Not an answer this item takes.", body = inline(BadRequest)),
-        (status = 403, description = "`params` were given: a link answers, it sets nothing.",
+        (status = 403, description = "`params` or `clear_taint` were given: a link answers \
+            its one item, it sets nothing and clears no guard.",
             body = inline(super::openapi::ForbiddenAnswer)),
         (status = 404, description = "No pending item has this token.", body = inline(NotFound)),
         (status = 409, description = "Answered already, expired, or the call changed.",

@@ -434,6 +434,50 @@ async fn an_egress_tool_with_a_lookup_is_held_after_untrusted_text() {
     assert!(g.outbox().is_empty(), "mailed before a person said so");
 }
 
+/// A notice's answer link decides its one item: it cannot clear the
+/// session's taint guard, with a refusal or an approval; the item stays
+/// pending and the guard holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_link_cannot_clear_the_taint_guard() {
+    let g = Guard::start().await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let r = g.message(&id, "read ticket T-1").await;
+    let item = waiting(&r).clone();
+    let token = item["continuation_token"].as_str().unwrap();
+    for approve in [false, true] {
+        let r = g
+            .api
+            .call(
+                "POST",
+                &format!("/v1/approvals/{token}"),
+                None,
+                Some(&json!({"approve": approve, "clear_taint": true})),
+            )
+            .await;
+        assert_eq!(r.status, 403, "{}", r.text);
+        assert!(r.text.contains("cannot clear the session's taint guard"), "{}", r.text);
+    }
+    let view = g
+        .api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert_eq!(view.json["pending"][0]["tool"], "bash_send-email", "{}", view.text);
+    // The link still answers its item, without clearing anything.
+    let r = g
+        .api
+        .call(
+            "POST",
+            &format!("/v1/approvals/{token}?wait=true"),
+            None,
+            Some(&json!({"approve": false})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = g.message(&id, "mail bob").await;
+    assert_eq!(waiting(&r)["tainted_by"][0]["tool"], "bash_fetch-ticket", "{}", r.text);
+    assert!(g.outbox().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_session_asks_only_where_a_condition_holds() {
     let g = Guard::start().await;

@@ -68,6 +68,15 @@ impl Sessions {
         answer: Answer,
     ) -> Result<(String, Option<RunWait>), ServiceError> {
         may_answer(caller)?;
+        if answer.clear_taint && answer.by == Some(Decider::Webhook) {
+            // A link decides its one item; clearing the guard reaches every
+            // later egress call of the session.
+            return Err(ServiceError::new(
+                ErrorKind::Forbidden,
+                "forbidden",
+                "a notice's answer link decides its one item and cannot clear the session's taint guard; the owner or the approver clears it (POST /v1/continuations/{token} with `clear_taint: true`)",
+            ));
+        }
         let unknown = || ServiceError::not_found("no pending call has this continuation token");
         let id = pending::token_session(token)
             .ok_or_else(unknown)?
