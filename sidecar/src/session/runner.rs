@@ -891,15 +891,16 @@ async fn dispatch(
 ) -> Outcome {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
     async {
+        // A name the agent does not have is the model's free text: budgets
+        // and metrics count it under one name, whatever the call came to,
+        // so no model or client chooses a label or a usage row's tool.
+        let known = ctx.tools.iter().any(|t| t.name() == call.name)
+            || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name));
+        let counted_as = match known {
+            true => call.name.as_str(),
+            false => crate::metrics::UNKNOWN_TOOL,
+        };
         if let Some(ledger) = ctx.ledger {
-            // A name the agent does not have is the model's free text: it is
-            // counted, under one name, as the metrics count it.
-            let known = ctx.tools.iter().any(|t| t.name() == call.name)
-                || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name));
-            let counted_as = match known {
-                true => call.name.as_str(),
-                false => crate::metrics::UNKNOWN_TOOL,
-            };
             match ledger.before_tool(counted_as).await {
                 Gate::Go(_) => {}
                 Gate::Refuse(e) => {
@@ -922,14 +923,8 @@ async fn dispatch(
                 Err(ToolError::Unavailable) => ToolOutcome::Unavailable,
                 Err(_) => ToolOutcome::Error,
             };
-            // A name the agent does not have is the model's free text: one
-            // series for all of them keeps the metric's series bounded.
-            let tool = match counted {
-                ToolOutcome::Unavailable => crate::metrics::UNKNOWN_TOOL,
-                _ => call.name.as_str(),
-            };
             ctx.metrics
-                .tool_call(&ctx.agent.name, tool, counted, ctx.origin);
+                .tool_call(&ctx.agent.name, counted_as, counted, ctx.origin);
         }
         outcome
     }

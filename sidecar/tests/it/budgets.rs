@@ -653,9 +653,13 @@ async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
 #[tokio::test]
 async fn a_made_up_tool_name_counts_but_is_not_kept() {
     const MADE_UP: &str = "bash_exfiltrate-canary-3c1f";
+    // Conversation data as a tool name: not a tool's, so an error, not
+    // "unavailable".
+    const CARD: &str = "card 4111 1111 1111 1111";
     let m = metered(
         |req| match results(req) {
             0 => MockReply::tool_call(MADE_UP, json!({})),
+            1 => MockReply::tool_call(CARD, json!({})),
             _ => MockReply::text("done"),
         },
         "",
@@ -665,7 +669,12 @@ async fn a_made_up_tool_name_counts_but_is_not_kept() {
     let id = new_session(&m.api, json!({"agent": "metered"})).await;
     let r = message(&m.api, &id, "call something").await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
-    assert_eq!(r.json["usage"]["tool_calls"], 1, "{}", r.text);
+    assert_eq!(r.json["usage"]["tool_calls"], 2, "{}", r.text);
+    let metrics = m.api.call("GET", "/metrics", None, None).await;
+    for name in [MADE_UP, CARD, "4111"] {
+        assert!(!metrics.text.contains(name), "{name} labels a series:\n{}", metrics.text);
+    }
+    assert!(metrics.text.contains("tool=\"<unknown>\""), "{}", metrics.text);
     let report = m
         .api
         .call("GET", "/v1/usage?group_by=tool", Some(OWNER), None)
