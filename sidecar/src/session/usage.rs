@@ -216,14 +216,17 @@ pub fn report_csv(group: Group, rows: &[ReportRow], currency: &str) -> String {
 }
 
 /// A field quoted when it must be (RFC 4180), and defused when a
-/// spreadsheet would read it as a formula.
+/// spreadsheet would read it as a formula. A spreadsheet may split on `,`,
+/// `;` (the separator in many locales) or a tab: a field holding any of
+/// them is quoted, so no part of it starts a cell of its own (where
+/// `;=cmd|…` would be a formula).
 fn csv_field(s: &str) -> String {
     let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{s}")
     } else {
         s.to_string()
     };
-    if s.contains([',', '"', '\n', '\r']) {
+    if s.contains([',', ';', '\t', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s
@@ -256,6 +259,10 @@ mod tests {
                 key: None,
                 totals: Totals::default(),
             },
+            ReportRow {
+                key: Some("x;=cmd|' /C calc'!A0\t+1".into()),
+                totals: Totals::default(),
+            },
         ];
         let csv = report_csv(Group::Session, &rows, "USD");
         let lines: Vec<&str> = csv.lines().collect();
@@ -263,6 +270,7 @@ mod tests {
         assert_eq!(lines[1], "\"a,\"\"b\"\"\",3,2,5,0,1,0,0.5,USD");
         assert_eq!(lines[2], "'=HYPERLINK(1),0,0,0,0,0,0,0,USD");
         assert_eq!(lines[3], ",0,0,0,0,0,0,0,USD");
+        assert_eq!(lines[4], "\"x;=cmd|' /C calc'!A0\t+1\",0,0,0,0,0,0,0,USD");
     }
 
     #[test]
