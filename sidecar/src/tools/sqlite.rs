@@ -55,6 +55,7 @@ impl SqliteTool {
             .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(|e| e.to_string())?;
+        bound(&conn).map_err(|e| format!("cannot bound database {}: {e}", path.display()))?;
         conn.authorizer(Some(authorize))
             .map_err(|e| e.to_string())?;
         // Checks the file really is a database.
@@ -101,6 +102,30 @@ impl SqliteTool {
             conn: Arc::new(Mutex::new(conn)),
         })
     }
+}
+
+/// The longest string or blob a statement may make (`randomblob(9e8)`
+/// is refused, not allocated).
+const MAX_VALUE_BYTES: i32 = 1 << 20;
+/// The longest statement.
+const MAX_SQL_BYTES: i32 = 100_000;
+/// The page cache of a toolbox's connection (SQLite counts negative
+/// sizes in KiB).
+const CACHE_KIB: i64 = 4096;
+/// The text a result may carry; rows past it are left out (`truncated`).
+const MAX_RESULT_BYTES: usize = 256 * 1024;
+
+/// What one statement may take of the server's memory: a value's length,
+/// the statement's, the page cache; temporary tables and sorts go to a
+/// file, not memory; no memory-mapped reads.
+fn bound(conn: &Connection) -> rusqlite::Result<()> {
+    use rusqlite::limits::Limit;
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
+    conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
+    conn.pragma_update(None, "temp_store", 1)?;
+    conn.pragma_update(None, "mmap_size", 0)?;
+    Ok(())
 }
 
 /// What no statement may do, whatever the access: reach another file,
@@ -202,16 +227,24 @@ impl SqliteTool {
                 .map_err(|e| e.to_string())?;
             let mut out = Vec::new();
             let mut truncated = false;
+            let mut bytes = 0;
             while let Some(row) = rows.next().map_err(|e| e.to_string())? {
-                if out.len() == self.max_rows {
+                if out.len() == self.max_rows || bytes > MAX_RESULT_BYTES {
                     truncated = true;
                     break;
                 }
-                out.push(Value::Array(
-                    (0..columns.len())
-                        .map(|i| row.get_ref(i).map(cell).unwrap_or(Value::Null))
-                        .collect(),
-                ));
+                let row: Vec<Value> = (0..columns.len())
+                    .map(|i| row.get_ref(i).map(cell).unwrap_or(Value::Null))
+                    .collect();
+                bytes += row
+                    .iter()
+                    .map(|v| v.as_str().map_or(8, str::len))
+                    .sum::<usize>();
+                if bytes > MAX_RESULT_BYTES && !out.is_empty() {
+                    truncated = true;
+                    break;
+                }
+                out.push(Value::Array(row));
             }
             drop(rows);
             let changes = conn.changes();
@@ -343,6 +376,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("stopped"), "{err}");
+    }
+
+    /// A statement cannot make the server allocate without bound: a huge
+    /// value is refused, and a result's text is cut at its limit.
+    #[test]
+    fn a_statement_takes_bounded_memory() {
+        let (_d, t) = tool(false);
+        for sql in [
+            "SELECT randomblob(900000000)",
+            "SELECT length(randomblob(900000000))",
+            "SELECT zeroblob(2000000)",
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 2000) SELECT length(group_concat(hex(randomblob(1000)))) FROM c",
+        ] {
+            let err = t.run(sql, &[]).unwrap_err().to_string();
+            assert!(err.contains("too big"), "{sql}: {err}");
+        }
+        let long = format!("SELECT '{}'", "x".repeat(MAX_SQL_BYTES as usize));
+        let err = t.run(&long, &[]).unwrap_err().to_string();
+        assert!(err.contains("too long"), "{err}");
+        let v = t
+            .run(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 5) SELECT hex(randomblob(100000)) FROM c",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(v["truncated"], true, "{}", v["rowCount"]);
+        assert_eq!(v["rowCount"], 1);
     }
 
     #[test]
