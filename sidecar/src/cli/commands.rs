@@ -76,12 +76,14 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
     };
     // Every record is scrubbed of the live secret values as it is written.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(super::telemetry::Scrubbed {
             inner: std::io::stderr,
             json: matches!(format, LogFormat::Json),
+            ansi,
         })
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(ansi);
     let fmt = match format {
         LogFormat::Json => fmt.json().with_filter(filter()).boxed(),
         LogFormat::Text => fmt.with_filter(filter()).boxed(),

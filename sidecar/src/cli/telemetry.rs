@@ -158,6 +158,27 @@ fn resource() -> Resource {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_text_record_cannot_forge_another_or_move_the_cursor() {
+        let forged = "INFO tool=bash_x arg=a\n2026-01-01 INFO forged\r\u{1b}[2K\u{1b}]0;t\u{7}\u{9b}x\n";
+        let out = escape_controls(forged, false);
+        assert_eq!(
+            out,
+            "INFO tool=bash_x arg=a\\n2026-01-01 INFO forged\\r\\u{1b}[2K\\u{1b}]0;t\\u{7}\\u{9b}x\n"
+        );
+        assert_eq!(out.matches('\n').count(), 1);
+        // Colours the formatter writes stay on a terminal; anything else does not.
+        let coloured = "\u{1b}[32mINFO\u{1b}[0m a=\u{1b}[1A\n";
+        assert_eq!(
+            escape_controls(coloured, true),
+            "\u{1b}[32mINFO\u{1b}[0m a=\\u{1b}[1A\n"
+        );
+        assert!(matches!(
+            escape_controls("plain\ttext\n", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+
     use super::*;
 
     #[test]
@@ -177,6 +198,8 @@ mod tests {
 pub struct Scrubbed<M> {
     pub inner: M,
     pub json: bool,
+    /// The text format colours its records: its own colour codes stay.
+    pub ansi: bool,
 }
 
 impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
@@ -188,6 +211,7 @@ impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::Ma
         ScrubbedWriter {
             inner: self.inner.make_writer(),
             json: self.json,
+            ansi: self.ansi,
         }
     }
 }
@@ -195,19 +219,21 @@ impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::Ma
 pub struct ScrubbedWriter<W> {
     inner: W,
     json: bool,
+    ansi: bool,
 }
 
 impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let live = crate::params::live::scrubber();
-        if live.is_empty() {
+        if self.json && live.is_empty() {
+            // JSON escapes every control character itself.
             return self.inner.write(buf);
         }
         let text = String::from_utf8_lossy(buf);
-        let scrubbed = if self.json {
-            scrub_json_lines(&text, &live)
-        } else {
-            live.scrub(&text)
+        let scrubbed = match (self.json, live.is_empty()) {
+            (true, _) => scrub_json_lines(&text, &live),
+            (false, true) => escape_controls(&text, self.ansi).into_owned(),
+            (false, false) => escape_controls(&live.scrub(&text), self.ansi).into_owned(),
         };
         self.inner.write_all(scrubbed.as_bytes())?;
         Ok(buf.len())
@@ -216,6 +242,44 @@ impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// A text record (one line, ending in `\n`) with every control character
+/// inside it escaped (`\n`, `\r`, `\u{1b}`, ...): a value it quotes (a
+/// tool's model-chosen argument, an MCP server's stderr) cannot end the
+/// line and forge the next record, nor move the terminal's cursor. With
+/// `ansi`, colour codes (`ESC [ digits m`) stay, which the formatter
+/// writes itself and which forge nothing.
+pub fn escape_controls(record: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
+    let body = record.strip_suffix('\n').unwrap_or(record);
+    let plain = |c: char| !c.is_control() || c == '\t';
+    if body.chars().all(plain) {
+        return std::borrow::Cow::Borrowed(record);
+    }
+    let mut out = String::with_capacity(record.len() + 16);
+    let mut rest = body;
+    while let Some(c) = rest.chars().next() {
+        if ansi && c == '\u{1b}' {
+            let sgr = rest[1..].strip_prefix('[').and_then(|r| {
+                let n = r.find(|c: char| !(c.is_ascii_digit() || c == ';'))?;
+                r[n..].starts_with('m').then_some(n + 3)
+            });
+            if let Some(n) = sgr {
+                out.push_str(&rest[..n]);
+                rest = &rest[n..];
+                continue;
+            }
+        }
+        match c {
+            c if plain(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push_str(&c.escape_unicode().to_string()),
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out.push_str(&record[body.len()..]);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Each line of `text` that is a JSON record with its strings (keys too)

@@ -11,7 +11,6 @@ use tokio::process::Command;
 
 use super::protocol::{env_var_name, EmptyResult, Mode};
 use super::BashTool;
-use crate::params::secret::REDACTED as REDACTED_ARG;
 use crate::params::value::ArgText;
 use crate::tools::{CallArgs, CallContext, ToolError, ToolOutput};
 
@@ -144,11 +143,9 @@ fn kill_group(pgid: Option<u32>) {
     }
 }
 
-/// argv, stdin and environment for one call, and the command line as it
-/// may be traced.
+/// argv, stdin and environment for one call.
 struct Invocation {
     argv: Vec<String>,
-    shown: Vec<String>,
     stdin: Option<String>,
     env: Vec<(String, String)>,
 }
@@ -156,7 +153,6 @@ struct Invocation {
 fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError> {
     let mut inv = Invocation {
         argv: vec!["run".to_string()],
-        shown: vec!["run".to_string()],
         stdin: None,
         env: Vec::new(),
     };
@@ -191,24 +187,10 @@ fn invocation(tool: &BashTool, args: &CallArgs) -> Result<Invocation, ToolError>
             );
             return Err(ToolError::Unavailable);
         }
-        let shown = if secret {
-            REDACTED_ARG.to_string()
-        } else {
-            text.clone()
-        };
         match arg.mode {
-            Mode::Positional => {
-                inv.argv.push(text);
-                inv.shown.push(shown);
-            }
-            Mode::Dashdashspace => {
-                inv.argv.extend([format!("--{}", arg.name), text]);
-                inv.shown.extend([format!("--{}", arg.name), shown]);
-            }
-            Mode::Dashdashequal => {
-                inv.argv.push(format!("--{}={text}", arg.name));
-                inv.shown.push(format!("--{}={shown}", arg.name));
-            }
+            Mode::Positional => inv.argv.push(text),
+            Mode::Dashdashspace => inv.argv.extend([format!("--{}", arg.name), text]),
+            Mode::Dashdashequal => inv.argv.push(format!("--{}={text}", arg.name)),
             Mode::Stdin => stdin_lines.push(text),
             Mode::Env => inv.env.push((env_var_name(&arg.name), text)),
         }
@@ -262,8 +244,10 @@ pub(super) async fn run(
     env.extend(inv.env);
     let name = tool.spec.name.as_str();
     let path = tool.path.display().to_string();
-    let cmdline = shell_words(&inv.shown);
-    tracing::info!(tool = name, session = %ctx.session_id, script = %path, command = %cmdline, "bash tool started");
+    // The arguments are the model's (tenant data, or an injection's text):
+    // like every other toolbox's, they are not logged.
+    let argc = inv.argv.len();
+    tracing::info!(tool = name, session = %ctx.session_id, script = %path, argc, "bash tool started");
     let started = Instant::now();
     // Past each limit, read as much as the longest form of a secret: a
     // secret that starts before the limit is scrubbed whole, then cut.
@@ -291,7 +275,7 @@ pub(super) async fn run(
             )));
         }
         Err(ExecError::Timeout(t)) => {
-            tracing::warn!(tool = name, command = %cmdline, elapsed_ms, "bash tool timed out");
+            tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool timed out");
             return Err(ToolError::Failed(format!(
                 "the tool did not finish within {}s and was stopped",
                 t.as_secs()
@@ -299,7 +283,7 @@ pub(super) async fn run(
         }
     };
     let code = exec.status.code();
-    tracing::info!(tool = name, command = %cmdline, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
+    tracing::info!(tool = name, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
     let (mut out, cut) = scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stdout), max_output);
     if exec.truncated || cut {
         out.push_str(&format!("\n[output cut at {max_output} bytes]"));
@@ -320,24 +304,6 @@ pub(super) async fn run(
         }
     }
     Ok(ToolOutput { text: out })
-}
-
-/// A command line for a trace: words with spaces or quotes are quoted.
-fn shell_words(words: &[String]) -> String {
-    words
-        .iter()
-        .map(|w| {
-            if !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@<>".contains(c))
-            {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 #[cfg(test)]

@@ -224,3 +224,39 @@ async fn an_id_sensitive_selection_id_is_in_no_log_line() {
         "the id_sensitive slot token is in the log:\n{logs}"
     );
 }
+
+/// A model-chosen argument of a bash tool cannot forge a log line or
+/// drive the terminal in the default text format: the arguments are not
+/// logged (as no other toolbox logs them), and whatever a record quotes
+/// has its control characters escaped, so each record stays one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_chosen_argument_forges_no_log_line() {
+    const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO bindery: the owner approved";
+    let injected = format!("T-1\n{FORGED}\r\u{1b}[2J\u{1b}]0;owned\u{7}");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let arg = injected.clone();
+    let mock = MockLlm::start(move |req: &Value| match last_message(req)["role"].as_str() {
+        Some("tool") => MockReply::text("done"),
+        _ => MockReply::tool_call("bash_fetch-ticket", json!({"id": arg})),
+    })
+    .await;
+    let agent = dir.path().join("helpdesk.yaml");
+    std::fs::write(&agent, example_agent_text("guard", &mock.url())).unwrap();
+    let (mut sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--log-format", "text"],
+        &[],
+        dir.path(),
+    );
+    let id = new_session(&api, json!({"agent": "helpdesk"})).await;
+    let r = message_waited(&api, &id, "read the ticket").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    sidecar.stop();
+    let logs = sidecar.logs();
+    assert!(logs.contains("bash tool started"), "{logs}");
+    assert!(!logs.contains("the owner approved"), "{logs}");
+    assert!(!logs.contains('\u{1b}') && !logs.contains('\r'), "{logs:?}");
+    mock.shutdown().await;
+}
