@@ -261,6 +261,20 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", env = "BINDERY_EVENTS_KEEP_ALIVE",
               default_value = "15s", value_parser = parse_interval)]
         events_keep_alive: std::time::Duration,
+        /// How long a request's head may take to arrive, from when the
+        /// server starts waiting for it: on a new connection, and on one
+        /// kept alive after a response (so also how long an idle
+        /// connection stays open). A client that sends nothing, or a
+        /// little at a time, is cut off then. A load balancer in front
+        /// should close its idle connections sooner.
+        #[arg(long, value_name = "DURATION", env = "BINDERY_HEADER_TIMEOUT",
+              default_value = "20s", value_parser = parse_interval)]
+        header_timeout: std::time::Duration,
+        /// Connections one IP address may hold open at once (event
+        /// streams included); one more is closed as it is accepted.
+        #[arg(long, value_name = "N", env = "BINDERY_MAX_CONNECTIONS_PER_IP",
+              default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections_per_ip: u32,
         /// Run the server's async work on this many threads. Default: one
         /// fewer than the CPUs the process may use (a container's CPU
         /// limit counts), at least one: the CPU left over runs its tools'

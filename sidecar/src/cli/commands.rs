@@ -179,6 +179,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             live_session_ttl,
             max_live_sessions,
             events_keep_alive,
+            header_timeout,
+            max_connections_per_ip,
             worker_threads: _,
             no_stream,
             runner_heartbeat,
@@ -208,6 +210,10 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 live_session_ttl: live_session_ttl.0,
                 max_live_sessions: max_live_sessions.map(|n| n as usize),
                 events_keep_alive,
+                conn_limits: super::http::ConnLimits {
+                    header_timeout,
+                    per_ip: max_connections_per_ip as usize,
+                },
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,

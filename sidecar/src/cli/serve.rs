@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
@@ -179,6 +178,8 @@ pub struct ServeArgs<'a> {
     pub live_session_ttl: Option<Duration>,
     pub max_live_sessions: Option<usize>,
     pub events_keep_alive: Duration,
+    /// What one client may hold of the server.
+    pub conn_limits: super::http::ConnLimits,
     pub stream: bool,
     pub lease: LeaseConfig,
 }
@@ -412,13 +413,6 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     tracing::info!(%addr, agents = ?tree.agents.keys().collect::<Vec<_>>(), "serving the session API");
     // One line on stdout for whoever started us (tests read the port here).
     println!("listening on http://{addr}");
-    // Small SSE frames and JSON answers go out at once, not after the peer's
-    // delayed ACK (Nagle would hold them up to 40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
     let app = router(state);
     let stop_peers = CancellationToken::new();
     let peers = match (peer_listener, peer_tls) {
@@ -431,12 +425,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                 l,
                 tls.server,
                 app.clone(),
+                a.conn_limits,
                 async move { stop.cancelled().await },
             )))
         }
         _ => None,
     };
-    super::http::serve(listener, app, shutdown()).await;
+    super::http::serve(listener, app, a.conn_limits, shutdown()).await;
     stop_peers.cancel();
     if let Some(p) = peers {
         let _ = p.await;

@@ -3,6 +3,7 @@
 //! secret, a session's data or an authority crosses its line.
 
 mod cache;
+mod clients;
 mod egress;
 mod logs;
 mod mcp_client;

@@ -1,0 +1,72 @@
+//! A client that holds the server with connections that say nothing
+//! (slowloris): each is cut off at the header timeout, one address holds
+//! only so many, and the server goes on answering everyone else.
+
+use std::time::Duration;
+
+use crate::common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A connection that sent half a request's head.
+async fn half_sent(addr: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: bindery\r\nX-Slow: ")
+        .await
+        .unwrap();
+    c
+}
+
+/// Whether the server closes `c` within `within`.
+async fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout(within, c.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // A 408 or similar before the close is fine.
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: \"http://127.0.0.1:9/v1\", name: m}\n",
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--header-timeout", "3s", "--max-connections-per-ip", "20"],
+        &[],
+        dir.path(),
+    );
+    let addr = api.base.trim_start_matches("http://").to_string();
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        slow.push(half_sent(&addr).await);
+    }
+    // One more from the same address is closed as it is accepted.
+    let mut over = half_sent(&addr).await;
+    assert!(closed_within(&mut over, Duration::from_secs(2)).await);
+    // Each half-sent one is cut off at the header timeout...
+    for c in &mut slow {
+        assert!(closed_within(c, Duration::from_secs(30)).await);
+    }
+    // ...and the server answers again.
+    let r = api.call("GET", "/healthz", None, None).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // A connection kept alive after a response that says nothing more is
+    // closed too (the idle timeout).
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: bindery\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(closed_within(&mut idle, Duration::from_secs(30)).await);
+}
