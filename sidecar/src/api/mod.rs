@@ -8,6 +8,7 @@ pub mod event_stream;
 pub mod holder;
 pub mod mcp;
 pub mod openapi;
+pub mod origin;
 pub mod peer_tls;
 pub mod peers;
 pub mod server;

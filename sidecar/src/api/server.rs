@@ -106,6 +106,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            super::origin::guard,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             count_requests,
         ))
         .with_state(state)

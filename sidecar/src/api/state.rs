@@ -32,6 +32,8 @@ pub struct AppState {
     pub peers_tls: Option<reqwest::Client>,
     /// Checks the forwards of other servers.
     pub peer_auth: Arc<PeerAuth>,
+    /// Which `Host` and `Origin` a request may carry (DNS rebinding).
+    pub origins: super::origin::OriginPolicy,
 }
 
 impl AppState {

@@ -275,6 +275,19 @@ pub enum Command {
         #[arg(long, value_name = "N", env = "BINDERY_MAX_CONNECTIONS_PER_IP",
               default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
         max_connections_per_ip: u32,
+        /// The host names requests may be sent to (their `Host`),
+        /// comma-separated. Default: on a loopback address, localhost and
+        /// loopback addresses only (a page of another site that resolves
+        /// its name to this address is refused: DNS rebinding); elsewhere
+        /// any.
+        #[arg(long, value_name = "HOST,...", env = "BINDERY_ALLOWED_HOSTS", value_delimiter = ',')]
+        allowed_hosts: Vec<String>,
+        /// The browser origins (`https://console.example.com`) whose pages
+        /// may call this server besides its own, comma-separated; `*` for
+        /// any. A request with another `Origin` is refused (403), on
+        /// `/mcp` as the MCP transport requires and on every other route.
+        #[arg(long, value_name = "ORIGIN,...", env = "BINDERY_ALLOWED_ORIGINS", value_delimiter = ',')]
+        allowed_origins: Vec<String>,
         /// Run the server's async work on this many threads. Default: one
         /// fewer than the CPUs the process may use (a container's CPU
         /// limit counts), at least one: the CPU left over runs its tools'

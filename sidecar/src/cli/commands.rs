@@ -181,6 +181,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             events_keep_alive,
             header_timeout,
             max_connections_per_ip,
+            allowed_hosts,
+            allowed_origins,
             worker_threads: _,
             no_stream,
             runner_heartbeat,
@@ -214,6 +216,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                     header_timeout,
                     per_ip: max_connections_per_ip as usize,
                 },
+                allowed_hosts: &allowed_hosts,
+                allowed_origins: &allowed_origins,
                 stream: !no_stream,
                 lease: crate::session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,

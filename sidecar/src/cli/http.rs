@@ -187,8 +187,10 @@ pub async fn serve_tls(
                 }
             };
             let tower = TowerToHyperService::new(router);
-            let service =
-                service_fn(move |req| -> BoxFuture<'static, _> { Box::pin(tower.call(req)) });
+            let service = service_fn(move |mut req: hyper::Request<_>| -> BoxFuture<'static, _> {
+                req.extensions_mut().insert(crate::api::origin::PeerPort);
+                Box::pin(tower.call(req))
+            });
             let conn = builder(limits).serve_connection(TokioIo::new(io), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::trace!(error = %e, "peer connection ended with an error");

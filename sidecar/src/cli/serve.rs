@@ -180,6 +180,9 @@ pub struct ServeArgs<'a> {
     pub events_keep_alive: Duration,
     /// What one client may hold of the server.
     pub conn_limits: super::http::ConnLimits,
+    /// `--allowed-hosts` and `--allowed-origins`.
+    pub allowed_hosts: &'a [String],
+    pub allowed_origins: &'a [String],
     pub stream: bool,
     pub lease: LeaseConfig,
 }
@@ -406,6 +409,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             None => None,
         },
         peer_auth,
+        origins: crate::api::origin::OriginPolicy::new(addr, a.allowed_hosts, a.allowed_origins),
     });
     state
         .ready

@@ -20,6 +20,7 @@ mod first_run;
 mod fuzz_api;
 mod live_ttl;
 mod mcp;
+mod mcp_conformance;
 mod mcp_server;
 mod mcp_tools;
 mod openapi;
