@@ -7,8 +7,11 @@
 //! A forward is signed, one request at a time: HMAC-SHA256 under a key
 //! derived from the owner token every replica shares (its own label, so it
 //! is no other key the token derives), over the method, the path and query,
-//! the SHA-256 of the body, the caller, the time it was sent and a random
-//! nonce, and the headers that change what an `/mcp` call does
+//! the SHA-256 of the body, the caller, the time it was sent, a random
+//! nonce and the instance it is sent to (so a forward captured on the way
+//! to one replica is good at no other, the sender included: each replica
+//! remembers the nonces it took), and the headers that change what an
+//! `/mcp` call does
 //! (`signed_headers`: they go with its forward, and a forward without
 //! them is signed over exactly what it was before). The receiver ([`admit`], in front of every route) refuses a
 //! signature that does not match, a time more than [`WINDOW`] away from its
@@ -115,6 +118,8 @@ struct Signed<'a> {
     caller: &'a str,
     time: u64,
     nonce: &'a str,
+    /// The instance id of the replica it is sent to.
+    receiver: &'a str,
     /// [`signed_headers`].
     headers: Vec<(&'a str, &'a [u8])>,
 }
@@ -123,8 +128,8 @@ impl Signed<'_> {
     fn signature(&self, key: &[u8; 32]) -> [u8; 32] {
         let digest = hex::encode(Sha256::digest(self.body));
         let mut text = format!(
-            "bindery peer request\n{}\n{}\n{digest}\n{}\n{}\n{}",
-            self.method, self.path, self.caller, self.time, self.nonce
+            "bindery peer request\n{}\n{}\n{digest}\n{}\n{}\n{}\nto {}",
+            self.method, self.path, self.caller, self.time, self.nonce, self.receiver
         )
         .into_bytes();
         // A header value holds no line break, a name no colon.
@@ -190,14 +195,21 @@ impl Nonces {
 pub struct PeerAuth {
     key: [u8; 32],
     nonces: Nonces,
+    /// This server's instance id: a forward must be signed for it.
+    instance: String,
+    /// With peer TLS, forwards come in on the peer port only.
+    tls_only: bool,
 }
 
 impl PeerAuth {
-    /// `key`: [`super::auth::OwnerToken::peer_key`].
-    pub fn new(key: [u8; 32]) -> Self {
+    /// `key`: [`super::auth::OwnerToken::peer_key`]; `instance`: this
+    /// server's; `tls_only`: it has a peer port (`--peer-tls-dir`).
+    pub fn new(key: [u8; 32], instance: &str, tls_only: bool) -> Self {
         PeerAuth {
             key,
             nonces: Nonces::default(),
+            instance: instance.to_string(),
+            tls_only,
         }
     }
 }
@@ -247,6 +259,7 @@ fn verify(
         caller,
         time,
         nonce,
+        receiver: &auth.instance,
         headers: signed_headers(headers),
     }
     .signature(&auth.key);
@@ -278,6 +291,14 @@ pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) 
         .any(|h| parts.headers.contains_key(*h));
     if !claims {
         return next.run(Request::from_parts(parts, body)).await;
+    }
+    if auth.tls_only && parts.extensions.get::<super::origin::PeerPort>().is_none() {
+        // A forward in clear on the client port is one a sniffer could
+        // have read; replicas with peer TLS never send one.
+        return refused(
+            "this server takes forwards on its peer port only, over mutual TLS with the tenant's certificate",
+        )
+        .into_response();
     }
     let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
         return (
@@ -333,15 +354,16 @@ pub struct Incoming {
     pub body: Bytes,
 }
 
-/// Send a client's request to the peer at `to` (`http://HOST:PORT`) on
-/// behalf of `who`, signed for this one request, and stream its answer back
+/// Send a client's request to the peer `instance` at `to`
+/// (`http://HOST:PORT`) on behalf of `who`, signed for this one request
+/// to that instance, and stream its answer back
 /// as it comes (an event stream stays open). `Err`: the peer could not be
 /// reached, or refused the signature (a replica of another version, or
 /// with another owner token).
 pub async fn forward(
     client: &reqwest::Client,
     key: &[u8; 32],
-    to: &str,
+    (instance, to): (&str, &str),
     who: &Caller,
     incoming: &Incoming,
 ) -> Result<Response, String> {
@@ -358,6 +380,7 @@ pub async fn forward(
         caller: &name,
         time,
         nonce: &nonce,
+        receiver: instance,
         headers: signed_headers(&incoming.headers),
     }
     .signature(key);
@@ -473,6 +496,7 @@ mod tests {
             caller,
             time,
             nonce,
+            receiver: "b",
             headers: Vec::new(),
         }
         .signature(key);
@@ -499,7 +523,7 @@ mod tests {
 
     #[test]
     fn a_forward_is_admitted_once_for_the_request_it_was_signed_for() {
-        let auth = PeerAuth::new(KEY);
+        let auth = PeerAuth::new(KEY, "b", false);
         let at = Instant::now();
         let h = signed(&KEY, "session:s1", b"{}", 1000, NONCE);
         assert_eq!(
@@ -509,6 +533,19 @@ mod tests {
         // The same again: refused, however soon.
         let e = check(&auth, URI, &h, b"{}", 1000, at).unwrap_err();
         assert!(e.message.contains("accepted once already"), "{}", e.message);
+    }
+
+    /// A forward signed for one replica is good at no other: the one that
+    /// sent it (which never saw its nonce) refuses it too.
+    #[test]
+    fn a_forward_is_good_only_at_the_replica_it_was_sent_to() {
+        let at = Instant::now();
+        let h = signed(&KEY, "owner", b"{}", 1000, NONCE);
+        let sender = PeerAuth::new(KEY, "a", false);
+        let e = check(&sender, URI, &h, b"{}", 1000, at).unwrap_err();
+        assert!(e.message.contains("does not match"), "{}", e.message);
+        let receiver = PeerAuth::new(KEY, "b", false);
+        assert_eq!(check(&receiver, URI, &h, b"{}", 1000, at).unwrap(), "owner");
     }
 
     #[test]
@@ -538,7 +575,7 @@ mod tests {
             (URI, &other_key, b"{\"prompt\":\"a\"}"),
         ];
         for (uri, headers, body) in cases {
-            let auth = PeerAuth::new(KEY);
+            let auth = PeerAuth::new(KEY, "b", false);
             let e = check(&auth, uri, headers, body, 1000, at).unwrap_err();
             assert_eq!((e.kind, e.code), (ErrorKind::Unauthorized, "unauthorized"));
             assert!(
@@ -549,7 +586,7 @@ mod tests {
             assert_eq!(auth.nonces.len(), 0, "a forged request's nonce is not kept");
         }
         // On another method.
-        let auth = PeerAuth::new(KEY);
+        let auth = PeerAuth::new(KEY, "b", false);
         let e = verify(
             &auth,
             &Method::PUT,
@@ -564,7 +601,7 @@ mod tests {
 
     #[test]
     fn a_forward_outside_the_window_or_missing_a_part_is_refused() {
-        let auth = PeerAuth::new(KEY);
+        let auth = PeerAuth::new(KEY, "b", false);
         let at = Instant::now();
         let w = WINDOW.as_secs();
         for now in [1000 + w + 1, 1000 - w - 1] {
@@ -600,14 +637,15 @@ mod tests {
             caller: "owner",
             time: 1000,
             nonce: NONCE,
+            receiver: "b",
             headers: Vec::new(),
         }
         .signature(&KEY);
         let text = format!(
-            "bindery peer request\nPOST\n{URI}\n{}\nowner\n1000\n{NONCE}",
+            "bindery peer request\nPOST\n{URI}\n{}\nowner\n1000\n{NONCE}\nto b",
             hex::encode(Sha256::digest(b"{}"))
         );
-        assert_eq!(plain, hmac(&KEY, text.as_bytes()), "the format before");
+        assert_eq!(plain, hmac(&KEY, text.as_bytes()), "the format");
 
         let mut sent = HeaderMap::new();
         sent.insert("agents-param-tenant", "acme".parse().unwrap());
@@ -620,6 +658,7 @@ mod tests {
             caller: "owner",
             time: 1000,
             nonce: NONCE,
+            receiver: "b",
             headers: signed_headers(&sent),
         }
         .signature(&KEY);
@@ -647,12 +686,12 @@ mod tests {
             (&[("bindery-session-id", "s2")][..], None),
             (&[][..], Some("agents-param-tenant")),
         ] {
-            let auth = PeerAuth::new(KEY);
+            let auth = PeerAuth::new(KEY, "b", false);
             let e = check(&auth, URI, &with(extra, drop), b"{}", 1000, at).unwrap_err();
             assert!(e.message.contains("does not match"), "{extra:?} {drop:?}");
         }
         // `Accept` is passed, not signed; the signed ones as they were pass.
-        let auth = PeerAuth::new(KEY);
+        let auth = PeerAuth::new(KEY, "b", false);
         let h = with(&[(header::ACCEPT.as_str(), "*/*")], None);
         assert_eq!(check(&auth, URI, &h, b"{}", 1000, at).unwrap(), "owner");
     }
@@ -726,7 +765,7 @@ mod tests {
         let r = forward(
             &client(),
             &KEY,
-            &format!("http://{at}"),
+            ("b", &format!("http://{at}")),
             &Caller::Owner,
             &incoming,
         )

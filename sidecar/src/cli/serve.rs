@@ -392,7 +392,11 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             }
         });
     }
-    let peer_auth = Arc::new(crate::api::peers::PeerAuth::new(owner.peer_key()));
+    let peer_auth = Arc::new(crate::api::peers::PeerAuth::new(
+        owner.peer_key(),
+        service.instance(),
+        peer_tls.is_some(),
+    ));
     let state = Arc::new(AppState {
         service: service.clone(),
         owner,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::common::*;
 use bindery_tests::mock_llm::MockReply;
 use bindery_tests::postgres::Postgres;
-use bindery_tests::sidecar::Api;
+use bindery_tests::sidecar::{Api, Sidecar};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -278,11 +278,20 @@ async fn a_captured_forward_cannot_be_replayed_or_reused() {
         .expect("the parameters went through the sniffer");
     assert!(message.header("x-bindery-peer").is_some(), "{message:?}");
 
+    let a = addr_of(&api_a.base);
     for c in &captured {
         assert_eq!(
             replay(b, &c.raw).await,
             401,
             "replayed as it went: {}",
+            c.line
+        );
+        // To the replica that sent it, which never saw its nonce: it was
+        // signed for B only.
+        assert_eq!(
+            replay(a, &c.raw).await,
+            401,
+            "replayed to the sender: {}",
             c.line
         );
     }
@@ -626,6 +635,23 @@ async fn with_peer_tls_secrets_cross_between_replicas_encrypted_only() {
         );
     }
 
+    // With peer TLS, the client port takes no forward at all, whatever
+    // it carries.
+    let plain = api_b
+        .http
+        .post(format!("{}/v1/sessions/{id}/messages", api_b.base))
+        .header("x-bindery-peer", "00")
+        .header("x-bindery-peer-caller", "owner")
+        .header("x-bindery-peer-time", "0")
+        .header("x-bindery-peer-nonce", "00112233445566778899aabbccddeeff")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 401);
+    let text = plain.text().await.unwrap();
+    assert!(text.contains("peer port only"), "{text}");
+
     // The peer port: only a client with the tenant's certificate.
     let at = addr_of(&b_peers);
     let url = format!("https://{NAME}:{}/healthz", at.port());
@@ -752,11 +778,27 @@ async fn revoking_through_one_replica_ends_the_streams_the_other_serves() {
     assert!(!stream.raw.contains("second"), "{}", stream.raw);
 }
 
+/// The instance id a server logged when it started.
+fn instance_of(server: &Sidecar) -> String {
+    let logs = server.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("this server's instance id"))
+        .unwrap_or_else(|| panic!("no instance id logged:\n{logs}"));
+    let at = line.find("instance=").expect("instance=") + "instance=".len();
+    line[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
 /// A request signed as a replica signs its forwards (the test plays one:
 /// it knows the owner token, from which the peer key derives), sent to
-/// `to`; the answer's status and body.
+/// `to`, the server `server`; the answer's status and body.
 async fn as_a_replica(
-    to: &Api,
+    (server, to): (&Sidecar, &Api),
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
@@ -780,7 +822,13 @@ async fn as_a_replica(
         body: body.to_string().into(),
     };
     let key = OwnerToken::new(OWNER).peer_key();
-    let answer = forward(&client(), &key, &to.base, &Caller::Owner, &incoming)
+    let answer = forward(
+        &client(),
+        &key,
+        (&instance_of(server), &to.base),
+        &Caller::Owner,
+        &incoming,
+    )
         .await
         .expect("the replica answers");
     let status = answer.status().as_u16();
@@ -805,11 +853,11 @@ async fn a_forward_is_never_forwarded_again() {
     let through = format!("http://{}", sniffer.addr);
     let (_b, api_b) = w.start(&["--advertise-url", &through], &[]);
     sniffer.aim(&api_b.base);
-    let (_a, api_a) = w.start(&[], &[]);
+    let (a, api_a) = w.start(&[], &[]);
     let id = session_on(&api_b).await;
 
     let view = format!("/v1/sessions/{id}");
-    let (status, v) = as_a_replica(&api_a, "GET", &view, &[], "").await;
+    let (status, v) = as_a_replica((&a, &api_a), "GET", &view, &[], "").await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v["secret_params"],
@@ -817,7 +865,7 @@ async fn a_forward_is_never_forwarded_again() {
         "A answered with its own: {v}"
     );
     let (status, v) = as_a_replica(
-        &api_a,
+        (&a, &api_a),
         "POST",
         &format!("{view}/messages?wait=true"),
         &[],
@@ -830,7 +878,7 @@ async fn a_forward_is_never_forwarded_again() {
         "name": "ask_invoices", "arguments": {"prompt": "hi"},
         "_meta": {"bindery.dev/session_id": id}}});
     let (status, v) = as_a_replica(
-        &api_a,
+        (&a, &api_a),
         "POST",
         "/mcp",
         &[("accept", "application/json")],
