@@ -148,6 +148,18 @@ async fn stored_agents_on(store: String) {
         .await;
     assert!(matches!(r.status, 401 | 403), "{} {}", r.status, r.text);
 
+    // A definition nested 40,000 levels deep is refused before any parser
+    // sees it, and a session's request is answered meanwhile.
+    for deep in ["[".repeat(40_000), "- ".repeat(40_000) + "x"] {
+        let (r, view) = tokio::join!(
+            put(&api, "deep", Some(OWNER), &deep),
+            api.call("GET", "/healthz", None, None)
+        );
+        assert_eq!(r.status, 400, "{}", r.text);
+        assert!(r.text.contains("nests deeper than 128 levels"), "{}", r.text);
+        assert_eq!(view.status, 200);
+    }
+
     // Kept, then replaced.
     let r = put(&api, "helpdesk", Some(OWNER), &helpdesk(&model)).await;
     assert_eq!(r.status, 201, "{}", r.text);

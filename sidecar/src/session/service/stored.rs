@@ -89,6 +89,53 @@ impl AgentSource {
     }
 }
 
+/// How deep a definition sent over the API may nest (an agent's file
+/// nests a dozen levels).
+const MAX_DEPTH: usize = 128;
+
+/// Whether `text` (JSON or YAML) may nest deeper than `max` levels, by one
+/// linear scan before any parser sees it: libyaml's scanner takes time
+/// that grows with the square of the depth (40,000 levels held an async
+/// worker for 5 s). It counts open flow brackets outside quotes and
+/// comments, and each line's indentation plus its leading `- `, `? ` and
+/// `: ` markers (YAML's block nesting); a bracket in a block scalar's text
+/// counts too, which can only make it refuse a little early.
+pub fn nests_deeper_than(text: &str, max: usize) -> bool {
+    let mut flow = 0usize;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let mut rest = &line[indent..];
+        let mut markers = 0;
+        while let Some(r) = ["- ", "? ", ": "].iter().find_map(|m| rest.strip_prefix(m)) {
+            markers += 1;
+            rest = r.trim_start_matches(' ');
+        }
+        if flow == 0 && indent / 2 + markers > max {
+            return true;
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        for c in rest.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q && prev != '\\' => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') if prev == ' ' || prev == '\t' => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    if flow > max {
+                        return true;
+                    }
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            prev = c;
+        }
+    }
+    false
+}
+
 /// A definition the API sent, as JSON text: JSON as given, YAML turned
 /// into JSON (one document).
 fn as_json(body: &str) -> Result<String, ServiceError> {
@@ -324,7 +371,17 @@ impl Agents {
                 format!("agent `{slug}` is defined by the server's files; a stored agent takes another slug"),
             ));
         }
-        let document = as_json(body)?;
+        if nests_deeper_than(body, MAX_DEPTH) {
+            return Err(ServiceError::bad_request(format!(
+                "the definition nests deeper than {MAX_DEPTH} levels; an agent's definition needs a dozen"
+            )));
+        }
+        // Parsed on a blocking thread: a large document holds up no
+        // session's work on the async workers.
+        let text = body.to_string();
+        let document = tokio::task::spawn_blocking(move || as_json(&text))
+            .await
+            .map_err(|e| ServiceError::new(ErrorKind::Internal, "internal", e.to_string()))??;
         // Checked as sent, so that messages point into the text as given.
         let (agent, client, notes) = self.build_stored(slug, body).await?;
         let at = self.clock.now_ms();
@@ -368,5 +425,27 @@ impl Agents {
         }
         self.find(slug)
             .ok_or_else(|| ServiceError::not_found(format!("no agent named `{slug}`")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nests_deeper_than;
+
+    #[test]
+    fn deep_nesting_is_found_in_one_pass() {
+        let agent = "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nspec:\n  model: {url: \"http://m\", name: m}\n  toolboxes:\n    - bash:\n        tools:\n          - {tool: a, readOnly: true}\n  systemPrompt: |\n    Say [[[[ what you like ]] # not a comment\n";
+        assert!(!nests_deeper_than(agent, 16));
+        let json = r#"{"a": {"b": [1, {"c": "[[[[[[[[["}]}, "d": '{{{{{{{'}"#;
+        assert!(!nests_deeper_than(json, 4));
+        for deep in [
+            "[".repeat(200),
+            "{a: ".repeat(200),
+            "- ".repeat(200) + "x",
+            (0..200).map(|i| format!("{}a:\n", "  ".repeat(i))).collect::<String>(),
+        ] {
+            assert!(nests_deeper_than(&deep, 128), "{}", &deep[..20]);
+        }
+        assert!(nests_deeper_than(&"[".repeat(100_000), 128));
     }
 }
