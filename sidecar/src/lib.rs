@@ -8,6 +8,7 @@ pub mod cli;
 pub mod llm;
 pub mod metrics;
 pub mod params;
+pub mod reaper;
 pub mod report;
 pub mod session;
 pub mod tools;
@@ -26,7 +27,7 @@ mod layers {
 
     /// Bottom first. `diagnostic` and `report` are shared leaf modules.
     const LAYERS: &[&[&str]] = &[
-        &["spec", "diagnostic"],
+        &["spec", "diagnostic", "reaper"],
         &["params", "metrics", "llm"],
         &["tools"],
         &["bindings"],

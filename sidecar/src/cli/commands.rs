@@ -10,6 +10,8 @@ use crate::report::{agent_report, render_text, tool_view};
 pub fn main() -> ExitCode {
     let cli = Cli::parse_args();
     let telemetry = init_logging(cli.log_format);
+    // What a tool leaves behind comes to this process, which ends it.
+    crate::reaper::become_subreaper();
     let code = run_main(cli.command);
     // Every command ends here (`serve` too, on SIGTERM or ctrl-c): send the
     // spans still buffered before the process goes.

@@ -447,6 +447,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
+    // Nothing a tool started outlives the server's orderly end.
+    crate::reaper::sweep_async().await;
     Ok(ExitCode::SUCCESS)
 }
 

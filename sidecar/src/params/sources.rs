@@ -101,14 +101,18 @@ fn run_command(argv: &[String], base: &Path) -> Result<String, String> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "a command source needs at least a program".to_string())?;
-    let mut child = Command::new(program)
-        .args(args)
-        .current_dir(base)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start command `{program}`: {e}"))?;
+    let (mut child, _kept) = crate::reaper::spawn_kept(|| {
+        let child = Command::new(program)
+            .args(args)
+            .current_dir(base)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let pid = child.id();
+        Ok((child, Some(pid)))
+    })
+    .map_err(|e| format!("cannot start command `{program}`: {e}"))?;
     let started = Instant::now();
     loop {
         match child.try_wait() {

@@ -65,12 +65,18 @@ pub(super) async fn exec(
         }
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let mut child = cmd.spawn().map_err(ExecError::Spawn)?;
+    let (mut child, _kept) = crate::reaper::spawn_kept(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        Ok((child, pid))
+    })
+    .map_err(ExecError::Spawn)?;
     let pgid = child.id();
     let mut child_stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
 
+    let child = &mut child;
     let work = async {
         let feed = async {
             if let (Some(w), Some(text)) = (child_stdin.as_mut(), stdin.as_ref()) {
@@ -87,7 +93,16 @@ pub(super) async fn exec(
         let status = child.wait().await;
         (status, out, err, truncated)
     };
-    match tokio::time::timeout(timeout, work).await {
+    let done = tokio::time::timeout(timeout, work).await;
+    if done.is_err() {
+        kill_group(pgid);
+        // Its end orphans what it started outside its group: the sweep
+        // below finds them once it is gone.
+        let _ = child.kill().await;
+    }
+    // Whatever the call left behind (a `setsid` child, a daemon) ends with it.
+    crate::reaper::sweep_async().await;
+    match done {
         Ok((Ok(status), stdout, stderr, truncated)) => Ok(Exec {
             status,
             stdout,
@@ -95,10 +110,7 @@ pub(super) async fn exec(
             truncated,
         }),
         Ok((Err(e), ..)) => Err(ExecError::Spawn(e)),
-        Err(_) => {
-            kill_group(pgid);
-            Err(ExecError::Timeout(timeout))
-        }
+        Err(_) => Err(ExecError::Timeout(timeout)),
     }
 }
 

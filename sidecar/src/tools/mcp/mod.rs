@@ -329,9 +329,12 @@ impl McpServer {
             cmd.env(k, v.expose());
         }
         let secrets = secrets_of(&env);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start `{}`: {e}", path.display()))?;
+        let (mut child, kept) = crate::reaper::spawn_kept(|| {
+            let child = cmd.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })
+        .map_err(|e| format!("cannot start `{}`: {e}", path.display()))?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -352,6 +355,8 @@ impl McpServer {
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tb.name.clone();
         tokio::spawn(async move {
+            // Kept from the sweep for as long as it runs.
+            let _kept = kept;
             tokio::select! {
                 status = child.wait() => {
                     let how = match status {

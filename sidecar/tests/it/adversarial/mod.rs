@@ -10,3 +10,4 @@ mod mcp_client;
 mod peers;
 mod sessions;
 mod tool_output;
+mod tool_processes;

@@ -534,7 +534,7 @@ fn certificates(dir: &std::path::Path, sub: &str, name: &str) -> std::path::Path
 }
 
 /// The address a server takes peers' forwards on, from its first lines.
-async fn peer_address(s: &bindery_tests::sidecar::Sidecar) -> String {
+async fn peer_address(s: &Sidecar) -> String {
     eventually_or("the peer address in the log", PATIENCE, || async {
         let logs = s.logs();
         logs.lines()

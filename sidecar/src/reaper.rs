@@ -1,0 +1,142 @@
+//! What a tool leaves behind. A tool's process may start others that
+//! outlive it: a daemon that double-forks, a child that calls `setsid` to
+//! leave the process group the server kills on a timeout. The server is
+//! a child subreaper (`PR_SET_CHILD_SUBREAPER`), so every process orphaned
+//! below it becomes its own child instead of init's; when a call ends,
+//! [`sweep`] kills and reaps every child of the server that is not one it
+//! keeps (a call's process in flight, an MCP server, a value's command),
+//! layer after layer until none is left. So nothing a tool started
+//! outlives its call, whatever it did to its group or session.
+//!
+//! A child is spawned and kept under one lock ([`spawn_kept`]), which the
+//! sweep takes too: no sweep can take a child for an orphan between its
+//! start and its keeping.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
+static KEPT: LazyLock<Mutex<HashSet<u32>>> = LazyLock::new(Default::default);
+
+/// Set once this process is the reaper: only then does a sweep kill. A
+/// program that uses this crate and did not ask (a test process with
+/// children of its own) is never swept.
+static REAPING: AtomicBool = AtomicBool::new(false);
+
+fn kept() -> MutexGuard<'static, HashSet<u32>> {
+    KEPT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Make this process the reaper of every process orphaned below it. On
+/// a kernel that refuses it, orphans go to init as before (a warning).
+pub fn become_subreaper() {
+    match nix::sys::prctl::set_child_subreaper(true) {
+        Ok(()) => REAPING.store(true, Ordering::SeqCst),
+        Err(e) => tracing::warn!(error = %e, "cannot become the reaper of the tools' orphans: a process a tool leaves behind may outlive its call"),
+    }
+}
+
+/// A child the sweep leaves alone while this lives.
+#[derive(Debug)]
+pub struct Kept(u32);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        kept().remove(&self.0);
+    }
+}
+
+/// `spawn` (which starts a child and gives its pid) run under the lock
+/// the sweep takes, the child kept from then on.
+pub fn spawn_kept<C>(
+    spawn: impl FnOnce() -> std::io::Result<(C, Option<u32>)>,
+) -> std::io::Result<(C, Option<Kept>)> {
+    let mut set = kept();
+    let (child, pid) = spawn()?;
+    let guard = pid.map(|p| {
+        set.insert(p);
+        Kept(p)
+    });
+    Ok((child, guard))
+}
+
+/// The children of this process now: each thread's `children` file (the
+/// kernel lists a thread's own), or, where the kernel has none, every
+/// process whose parent is this one.
+fn children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let mut listed = false;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                listed = true;
+                out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    if listed {
+        return out;
+    }
+    let Ok(all) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in all.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid …`: the command may hold spaces and parens.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(me) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kill and reap every child of this process that is not kept, until
+/// none is left (killing one may orphan its own children, which come to
+/// this process next). Blocking: run it off the async workers. How many
+/// it killed.
+pub fn sweep() -> usize {
+    let mut killed = 0;
+    if !REAPING.load(Ordering::SeqCst) {
+        return killed;
+    }
+    // Each pass takes at least one layer of a tree; a tree deeper than
+    // this is left to the next sweep.
+    for _ in 0..64 {
+        let orphans: Vec<u32> = {
+            let set = kept();
+            children().into_iter().filter(|p| !set.contains(p)).collect()
+        };
+        if orphans.is_empty() {
+            break;
+        }
+        for pid in orphans {
+            let Ok(raw) = i32::try_from(pid) else { continue };
+            let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
+            // Ours to reap (it may be a zombie already); SIGKILL ends it.
+            if waitpid(Pid::from_raw(raw), None).is_ok() {
+                killed += 1;
+            }
+        }
+    }
+    if killed > 0 {
+        tracing::info!(killed, "processes tools left behind were killed");
+    }
+    killed
+}
+
+/// [`sweep`] on a blocking thread.
+pub async fn sweep_async() -> usize {
+    tokio::task::spawn_blocking(sweep).await.unwrap_or(0)
+}

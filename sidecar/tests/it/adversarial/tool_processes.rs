@@ -1,0 +1,99 @@
+//! A tool that leaves processes behind: a `setsid` child out of the
+//! process group the server kills on a timeout, a daemon that
+//! double-forks. None of them outlives its call, and the server goes on.
+
+use std::os::unix::fs::PermissionsExt;
+
+use crate::common::*;
+use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use serde_json::{json, Value};
+
+const LEAVER: &str = r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  cat <<'JSON'
+{"slug": "leaver", "description": "Leaves processes behind.",
+ "args": [{"name": "mode", "description": "leave or hang", "type": "string",
+           "backing_type": "string", "arity": "single", "mode": "dashdashspace"},
+          {"name": "pids", "description": "where their ids go", "type": "string",
+           "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]}
+JSON
+  exit 0
+fi
+shift
+while [[ $# -gt 0 ]]; do
+  case "$1" in --mode) mode=$2; shift 2;; --pids) pids=$2; shift 2;; *) shift;; esac
+done
+setsid sleep 300 </dev/null >/dev/null 2>&1 &
+echo $! >> "$pids"
+( sleep 300 </dev/null >/dev/null 2>&1 & echo $! >> "$pids" )
+if [[ "$mode" == hang ]]; then sleep 300; fi
+echo left
+"#;
+
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_tool_starts_outlives_its_call() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("leaver");
+    std::fs::write(&script, LEAVER).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pids = dir.path().join("pids");
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        match last["role"].as_str() {
+            Some("tool") => MockReply::text("done"),
+            _ => {
+                let mode = if last["content"].as_str().unwrap_or("").contains("hang") {
+                    "hang"
+                } else {
+                    "leave"
+                };
+                MockReply::tool_call("bash_leaver", json!({"mode": mode}))
+            }
+        }
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: pids, value: {{literal: \"{}\"}}}}\n",
+            mock.url(),
+            tools.display(),
+            pids.display()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--tool-timeout", "2"],
+        &[],
+        dir.path(),
+    );
+    for prompt in ["leave", "hang"] {
+        let _ = std::fs::remove_file(&pids);
+        let id = new_session(&api, json!({"agent": "a"})).await;
+        let r = message_waited(&api, &id, prompt).await;
+        assert_eq!(r.json["status"], "idle", "{}", r.text);
+        let left: Vec<String> = std::fs::read_to_string(&pids)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        for pid in &left {
+            assert!(!alive(pid), "{prompt}: process {pid} outlived its call");
+        }
+    }
+    let r = api.call("GET", "/healthz", None, None).await;
+    assert_eq!(r.status, 200);
+    mock.shutdown().await;
+}
