@@ -112,6 +112,8 @@ async fn orchestrated(
         // The agent's maxSteps, or the least one call's lookups may take.
         max_steps: 0,
         clock: &crate::session::clock::WallClock,
+        // `tool-call` keeps no store, so nothing is counted.
+        ledger: None,
     };
     let call = ToolCall {
         id: ctx.turn_id.clone(),

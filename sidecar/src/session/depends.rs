@@ -191,6 +191,9 @@ pub struct Env<'a> {
     /// The tool needs a person's approval even if it writes nothing (a
     /// `confirm` selector names it).
     pub confirm: bool,
+    /// The run's budgets: each lookup that runs is a tool call of its own
+    /// (none: nothing is counted).
+    pub ledger: Option<&'a dyn crate::session::ledger::Ledger>,
 }
 
 /// Where an orchestration got to.
@@ -204,6 +207,8 @@ pub enum Step {
     Wait(Disposition, LookupState),
     /// A lookup found nothing to choose from (not an error).
     NoOptions { lookup: String },
+    /// A lookup would pass a `confirm` budget: the call waits for a person.
+    OverBudget(crate::session::ledger::Exceeded),
     /// It cannot go on (a malformed response, a step bound).
     Failed(String),
 }
@@ -245,6 +250,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
                 Step::Wait(Disposition::NeedsSelection, state)
             }
             Stop::NoOptions(lookup) => Step::NoOptions { lookup },
+            Stop::OverBudget(e) => Step::OverBudget(e),
             Stop::Failed(why) => Step::Failed(why),
         };
     }
@@ -281,6 +287,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
 }
 
 enum Stop {
+    OverBudget(crate::session::ledger::Exceeded),
     Ask(Ask),
     NoOptions(String),
     Failed(String),
@@ -376,6 +383,20 @@ impl Walk<'_, '_> {
                         "resolving the inputs took more than {} lookups (the agent's maxSteps)",
                         self.env.max_steps
                     )));
+                }
+                if let Some(ledger) = self.env.ledger {
+                    use crate::session::ledger::Gate;
+                    match ledger.before_tool(tool.name()).await {
+                        Gate::Go(_) => {}
+                        Gate::Refuse(e) => {
+                            return Err(Stop::Failed(format!(
+                                "{}, so the lookup `{}` did not run",
+                                e.detail(),
+                                tool.name()
+                            )))
+                        }
+                        Gate::Ask(e) => return Err(Stop::OverBudget(e)),
+                    }
                 }
                 let mut ctx = self.env.call.clone();
                 ctx.turn_id = format!("lookup-{}", tool.name());

@@ -745,11 +745,14 @@ pub struct CallEnv<'a> {
     pub lookups: Option<&'a LookupCache>,
     pub max_steps: u32,
     pub clock: &'a dyn crate::session::clock::Clock,
+    /// The run's budgets, which lookups count against too.
+    pub ledger: Option<&'a dyn Ledger>,
 }
 
 impl<'a> RunContext<'a> {
     fn call_env(&'a self) -> CallEnv<'a> {
         CallEnv {
+            ledger: self.ledger,
             agent: self.agent,
             tools: self.tools,
             values: self.values,
@@ -797,6 +800,7 @@ pub async fn orchestrated(
             .unwrap_or(ctx.max_steps.max(MIN_LOOKUPS)),
         now: ctx.clock.now_ms(),
         confirm: ctx.agent.disposition(&call.name, Some(tool)) == Some(Disposition::Confirm),
+        ledger: ctx.ledger,
     };
     let mut fresh = false;
     loop {
@@ -849,6 +853,7 @@ pub async fn orchestrated(
                 })
                 .to_string()))
             }
+            Step::OverBudget(e) => return Outcome::Blocked(vec![budget_hold(Some(call), e)]),
             Step::Failed(why) => return Outcome::Done(Err(ToolError::Failed(why))),
         }
     }

@@ -691,3 +691,81 @@ async fn a_made_up_tool_name_counts_but_is_not_kept() {
         .collect();
     assert!(tools.contains(&Some("<unknown>".into())), "{tools:?}");
 }
+
+/// A tool's lookups (`depends_on`) are tool calls too: each one that runs
+/// claims its room in a tool-call budget, and one past it does not run.
+#[tokio::test]
+async fn a_lookup_counts_against_a_tool_call_budget() {
+    let mock = MockLlm::start(|req: &Value| match results(req) {
+        0 => MockReply::tool_call("bash_use", json!({})),
+        _ => MockReply::text("done"),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let looked = dir.path().join("looked");
+    executable(
+        &tools.join("lookup"),
+        &format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == "describe" ]]; then
+  echo '{{"slug": "lookup", "description": "Finds n.", "args": []}}'
+  exit 0
+fi
+echo x >> '{looked}'
+echo '{{"n": "7"}}'
+"#,
+            looked = looked.display()
+        ),
+    );
+    executable(
+        &tools.join("use"),
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  echo '{"slug": "use", "description": "Uses n.", "args": [{"name": "n", "description": "n", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]}'
+  exit 0
+fi
+echo "used $3"
+"#,
+    );
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: metered}}
+spec:
+  model: {{url: "{}", name: mock-model}}
+  budgets:
+    - {{name: calls, toolCalls: 1, per: session}}
+  toolboxes:
+    - bash:
+        directory: "{}"
+        tools:
+          - {{tool: lookup, readOnly: true}}
+          - tool: use
+            readOnly: true
+            depends_on:
+              - tool: lookup
+                when: always
+                map: {{$.n: $.n}}
+"#,
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "metered"})).await;
+    let r = message(&api, &id, "use it").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(
+        last_tool_output(&r),
+        "error: budget calls is used up: 1 of 1 tool calls per session, so the lookup `bash_lookup` did not run"
+    );
+    assert!(!looked.exists(), "the lookup ran past the budget");
+    assert_eq!(r.json["usage"]["tool_calls"], 1, "{}", r.text);
+}
