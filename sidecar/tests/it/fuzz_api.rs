@@ -146,11 +146,14 @@ expected-statuses = ["2xx", "401", "403", "404", "409", "422", "429"]
 include-operation-id = "streamEvents"
 request-timeout = 0.5
 
-# What no schema can say, and the document does: only protocol 2025-03-26
-# has batches (the others answer a batch with 400), and a fork's `at_turn`
-# past its source's last turn is a 400.
+# What no schema can say, and the document does: what `/mcp` takes depends
+# on its MCP-Protocol-Version header (only 2025-03-26 has batches; a
+# 2026-07-28 request carries `_meta` that agrees with its headers), a
+# fork's `at_turn` past its source's last turn is a 400, and which answer
+# a continuation takes (`approve`, `choice`, `input`, `result`) depends on
+# the item its token names.
 [[operations]]
-include-operation-id = ["mcp", "forkSession"]
+include-operation-id = ["mcp", "forkSession", "postContinuation"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "422", "429"]
 "#,
     )

@@ -97,6 +97,12 @@ pub fn classify(v: Value) -> Result<Incoming, (Value, RpcError)> {
     let Some(method) = m.get("method") else {
         // A response (`result` or `error` with the id of our request).
         if m.contains_key("result") || m.contains_key("error") {
+            if !id.as_ref().is_some_and(is_valid_id) {
+                return bad("a response carries the `id` of the request it answers");
+            }
+            if !m.get("result").or(m.get("error")).is_some_and(Value::is_object) {
+                return bad("a response's `result` or `error` is an object");
+            }
             return Ok(Incoming::NoReply);
         }
         return bad("neither a request, a notification nor a response");
@@ -104,10 +110,11 @@ pub fn classify(v: Value) -> Result<Incoming, (Value, RpcError)> {
     let Some(method) = method.as_str().map(str::to_string) else {
         return bad("`method` must be a string");
     };
-    let params = m.remove("params").unwrap_or(Value::Null);
-    if !(params.is_null() || params.is_object()) {
-        return bad("`params` must be an object");
+    let params = m.remove("params");
+    if params.as_ref().is_some_and(|p| !p.is_object()) {
+        return bad("`params` must be an object (or left out)");
     }
+    let params = params.unwrap_or(Value::Null);
     match id {
         None => Ok(Incoming::NoReply),
         Some(id) if is_valid_id(&id) => Ok(Incoming::Request { id, method, params }),
@@ -116,8 +123,9 @@ pub fn classify(v: Value) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
+/// A string, or an integer of 64 bits with a sign (as the document says).
 fn is_valid_id(v: &Value) -> bool {
-    v.is_string() || v.is_i64() || v.is_u64()
+    v.is_string() || v.is_i64()
 }
 
 /// The response to request `id`.
@@ -150,6 +158,10 @@ mod tests {
             classify(json!({"jsonrpc": "2.0", "id": "a", "result": {}})),
             Ok(Incoming::NoReply)
         );
+        assert_eq!(
+            classify(json!({"jsonrpc": "2.0", "id": 9, "error": {"code": 1}})),
+            Ok(Incoming::NoReply)
+        );
         for (bad, id) in [
             (json!([1]), Value::Null),
             (json!({"id": 3, "method": "ping"}), json!(3)),
@@ -170,6 +182,14 @@ mod tests {
                 json!(2),
             ),
             (json!({"jsonrpc": "2.0", "id": 4}), json!(4)),
+            (json!({"jsonrpc": "2.0", "error": {}}), Value::Null),
+            (json!({"jsonrpc": "2.0", "id": {}, "error": {}}), Value::Null),
+            (json!({"jsonrpc": "2.0", "id": 5, "result": 3}), json!(5)),
+            (json!({"jsonrpc": "2.0", "id": null, "error": {}}), Value::Null),
+            (
+                json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": null}),
+                json!(6),
+            ),
         ] {
             let (got_id, e) = classify(bad.clone()).unwrap_err();
             assert_eq!(e.code, INVALID_REQUEST, "{bad}");

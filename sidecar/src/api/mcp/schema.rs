@@ -17,10 +17,6 @@ fn one_of_types(types: &[Type]) -> Schema {
         .into()
 }
 
-fn request_id() -> Schema {
-    one_of_types(&[Type::String, Type::Integer])
-}
-
 fn response_id() -> Schema {
     one_of_types(&[Type::String, Type::Integer, Type::Null])
 }
@@ -31,27 +27,71 @@ pub enum JsonRpcVersion {
     V2,
 }
 
-/// A JSON-RPC 2.0 request, notification or response.
+/// A request's id: a string, or an integer JSON-RPC can carry (64 bits).
+fn request_id() -> Schema {
+    let integer = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(i64::MIN as f64))
+        .maximum(Some(i64::MAX as f64));
+    utoipa::openapi::schema::OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::String))
+        .item(integer)
+        .into()
+}
+
+/// A JSON-RPC 2.0 request (with an `id`) or notification (without).
 #[derive(ToSchema)]
-pub struct JsonRpcMessage {
+pub struct JsonRpcRequest {
     #[schema(inline)]
     pub jsonrpc: JsonRpcVersion,
     #[serde(default)]
     #[schema(schema_with = request_id)]
     pub id: Value,
-    #[serde(default)]
     pub method: String,
-    /// The method's parameters (an object); any other value is answered,
-    /// like an unknown method, with a JSON-RPC error in a 200.
+    /// The method's parameters (left out: none).
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub params: Value,
+}
+
+/// A JSON-RPC 2.0 response a client posts to a request of the server's
+/// (an elicitation's answer), with that request's id: taken, and
+/// answered 202.
+#[derive(ToSchema)]
+pub struct JsonRpcResult {
+    #[schema(inline)]
+    pub jsonrpc: JsonRpcVersion,
+    #[schema(schema_with = request_id)]
+    pub id: Value,
+    #[schema(value_type = Object)]
+    pub result: Value,
+}
+
+/// A JSON-RPC 2.0 error response a client posts: taken, and answered 202.
+#[derive(ToSchema)]
+pub struct JsonRpcErrorReply {
+    #[schema(inline)]
+    pub jsonrpc: JsonRpcVersion,
+    #[schema(schema_with = request_id)]
+    pub id: Value,
+    #[schema(value_type = Object)]
+    pub error: Value,
+}
+
+/// A JSON-RPC 2.0 request, notification or response.
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum JsonRpcMessage {
+    Request(#[schema(inline)] JsonRpcRequest),
+    Result(#[schema(inline)] JsonRpcResult),
+    Error(#[schema(inline)] JsonRpcErrorReply),
 }
 
 /// What `/mcp` takes: one JSON-RPC message, or (protocol 2025-03-26) a batch.
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum McpRequest {
-    One(JsonRpcMessage),
+    One(#[schema(inline)] JsonRpcMessage),
     Batch(#[schema(inline)] McpBatch),
 }
 

@@ -16,46 +16,22 @@ const SESSION_OPERATIONS: &[&str] = &[
 ];
 
 /// The answers that name a session: (path, method, status, where its id
-/// is in the body, whether it is a session view with `pending` items).
-const SESSION_ANSWERS: &[(&str, &str, &str, &str, bool)] = &[
-    (
-        "/v1/sessions",
-        "get",
-        "200",
-        "/sessions/0/session_id",
-        false,
-    ),
-    ("/v1/sessions", "post", "201", "/session_id", true),
-    ("/v1/sessions/{id}", "get", "200", "/session_id", true),
-    (
-        "/v1/sessions/{id}/messages",
-        "post",
-        "202",
-        "/session_id",
-        true,
-    ),
-    ("/v1/sessions/{id}/fork", "post", "201", "/session_id", true),
-    (
-        "/v1/sessions/{id}/params",
-        "put",
-        "200",
-        "/session_id",
-        true,
-    ),
-    (
-        "/v1/continuations/{token}",
-        "post",
-        "200",
-        "/session_id",
-        true,
-    ),
+/// is in the body). Only fields every such answer has: a link into a list
+/// (the first session of `GET /v1/sessions`, a view's first pending
+/// item) would break on an empty one, so none is declared.
+const SESSION_ANSWERS: &[(&str, &str, &str, &str)] = &[
+    ("/v1/sessions", "post", "201", "/session_id"),
+    ("/v1/sessions/{id}", "get", "200", "/session_id"),
+    ("/v1/sessions/{id}/messages", "post", "202", "/session_id"),
+    ("/v1/sessions/{id}/fork", "post", "201", "/session_id"),
+    ("/v1/sessions/{id}/params", "put", "200", "/session_id"),
+    ("/v1/continuations/{token}", "post", "200", "/session_id"),
 ];
 
 /// OpenAPI links: how one answer feeds the next request. A session's id
-/// (from its view or the list) opens its routes; a pending item's
-/// continuation token opens the continuation route; an agent's slug its
-/// view and a new session. A client (or a fuzzer's stateful phase) can
-/// follow them.
+/// (from its view) opens its routes; an agent's slug (every server has at
+/// least one agent) its view and a new session. A client (or a fuzzer's
+/// stateful phase) can follow them.
 pub(super) fn add_links(doc: &mut Value) {
     let link = |operation: &str, parameter: &str, from: &str| {
         serde_json::json!({
@@ -71,13 +47,9 @@ pub(super) fn add_links(doc: &mut Value) {
         );
         response["links"][name] = to;
     };
-    for (path, method, status, id, view) in SESSION_ANSWERS {
+    for (path, method, status, id) in SESSION_ANSWERS {
         for operation in SESSION_OPERATIONS {
             add(path, method, status, operation, link(operation, "id", id));
-        }
-        if *view {
-            let to = link("postContinuation", "token", "/pending/0/continuation_token");
-            add(path, method, status, "postContinuation", to);
         }
     }
     let to = link("getAgent", "slug", "/agents/0/slug");
