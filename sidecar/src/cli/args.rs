@@ -270,6 +270,11 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", env = "BINDERY_HEADER_TIMEOUT",
               default_value = "20s", value_parser = parse_interval)]
         header_timeout: std::time::Duration,
+        /// How long a request's body may take to arrive once its head has:
+        /// a client that sends it a little at a time is cut off then (400).
+        #[arg(long, value_name = "DURATION", env = "BINDERY_BODY_TIMEOUT",
+              default_value = "30s", value_parser = parse_interval)]
+        body_timeout: std::time::Duration,
         /// Connections one IP address may hold open at once (event
         /// streams included); one more is closed as it is accepted.
         #[arg(long, value_name = "N", env = "BINDERY_MAX_CONNECTIONS_PER_IP",

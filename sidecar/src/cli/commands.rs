@@ -182,6 +182,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             max_live_sessions,
             events_keep_alive,
             header_timeout,
+            body_timeout,
             max_connections_per_ip,
             allowed_hosts,
             allowed_origins,
@@ -216,6 +217,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 events_keep_alive,
                 conn_limits: super::http::ConnLimits {
                     header_timeout,
+                    body_timeout,
                     per_ip: max_connections_per_ip as usize,
                 },
                 allowed_hosts: &allowed_hosts,

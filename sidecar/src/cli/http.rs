@@ -48,6 +48,9 @@ pub struct ConnLimits {
     /// How long a request's head may take to arrive, from when the server
     /// starts waiting for it; then the connection is closed.
     pub header_timeout: Duration,
+    /// How long a request's body may take to arrive, from its head; then
+    /// reading it fails (the route answers 400) and the connection closes.
+    pub body_timeout: Duration,
     /// Connections one IP address may hold open at once; one more is
     /// closed as it is accepted.
     pub per_ip: usize,
@@ -82,6 +85,70 @@ impl Drop for Held {
             }
         }
     }
+}
+
+/// A request's body that fails once its deadline has passed: a client
+/// that sends a body a little at a time holds a connection and a handler
+/// no longer than the body timeout.
+struct Timed<B> {
+    inner: B,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> http_body::Body for Timed<B>
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(
+                "the request's body did not arrive within the body timeout".into(),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The hyper service of `router`: each request's body timed from its head.
+fn service(
+    router: Router,
+    limits: ConnLimits,
+    mark: impl Fn(&mut axum::http::Extensions) + Clone + Send + 'static,
+) -> impl Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = BoxFuture<'static, Result<axum::response::Response, std::convert::Infallible>>,
+> + Clone {
+    let tower = TowerToHyperService::new(router);
+    service_fn(move |req: hyper::Request<hyper::body::Incoming>| -> BoxFuture<'static, _> {
+        let (mut parts, body) = req.into_parts();
+        mark(&mut parts.extensions);
+        let body = Timed {
+            inner: body,
+            deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
+        };
+        Box::pin(tower.call(hyper::Request::from_parts(parts, axum::body::Body::new(body))))
+    })
 }
 
 fn builder(limits: ConnLimits) -> http1::Builder {
@@ -127,8 +194,7 @@ pub async fn serve(
         if let Err(e) = io.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let tower = TowerToHyperService::new(router.clone());
-        let service = service_fn(move |req| -> BoxFuture<'static, _> { Box::pin(tower.call(req)) });
+        let service = service(router.clone(), limits, |_| {});
         let conn = builder(limits).serve_connection(TokioIo::new(io), service);
         let conn = connections.watch(conn);
         tokio::spawn(async move {
@@ -186,10 +252,8 @@ pub async fn serve_tls(
                     return;
                 }
             };
-            let tower = TowerToHyperService::new(router);
-            let service = service_fn(move |mut req: hyper::Request<_>| -> BoxFuture<'static, _> {
-                req.extensions_mut().insert(crate::api::origin::PeerPort);
-                Box::pin(tower.call(req))
+            let service = service(router, limits, |e| {
+                e.insert(crate::api::origin::PeerPort);
             });
             let conn = builder(limits).serve_connection(TokioIo::new(io), service);
             if let Err(e) = watcher.watch(conn).await {

@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 /// A connection that sent half a request's head.
 async fn half_sent(addr: &str) -> TcpStream {
     let mut c = TcpStream::connect(addr).await.unwrap();
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: bindery\r\nX-Slow: ")
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         .await
         .unwrap();
     c
@@ -43,7 +43,14 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
     let (_sidecar, api) = serve(
         &agent,
         &sqlite_in(dir.path()),
-        &["--header-timeout", "3s", "--max-connections-per-ip", "20"],
+        &[
+            "--header-timeout",
+            "3s",
+            "--body-timeout",
+            "2s",
+            "--max-connections-per-ip",
+            "20",
+        ],
         &[],
         dir.path(),
     );
@@ -62,10 +69,24 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
     // ...and the server answers again.
     let r = api.call("GET", "/healthz", None, None).await;
     assert_eq!(r.status, 200, "{}", r.text);
+    // A body sent a little at a time is cut off at the body timeout: the
+    // route answers 400 and the connection closes.
+    let mut trickle = TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {OWNER}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{"
+    );
+    trickle.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), trickle.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the half-sent body held the connection");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("body"), "{answer}");
+
     // A connection kept alive after a response that says nothing more is
     // closed too (the idle timeout).
     let mut idle = TcpStream::connect(&addr).await.unwrap();
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: bindery\r\n\r\n")
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     assert!(closed_within(&mut idle, Duration::from_secs(30)).await);
