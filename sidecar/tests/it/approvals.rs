@@ -244,27 +244,32 @@ const MAIL_AWAY: fn() -> MockReply = || {
     )
 };
 
-/// A helper that reads a ticket, with the guard's tools (its own bash
-/// toolbox: fetch-ticket untrusted, send-email egress).
-const READER: &str = r#"apiVersion: bindery.dev/v1alpha1
+/// A helper agent `name` with the guard's tools in a bash toolbox of its
+/// own, send-email `egress`; fetch-ticket `untrusted` when `reads` (a
+/// helper that reads tickets), else a tool like any other (a clean one).
+fn guard_helper(name: &str, prompt: &str, reads: bool) -> String {
+    format!(
+        r#"apiVersion: bindery.dev/v1alpha1
 kind: Agent
-metadata: {name: reader}
+metadata: {{name: {name}}}
 spec:
-  model: {url: "MODEL_URL", name: mock-model}
-  systemPrompt: You read tickets.
+  model: {{url: "MODEL_URL", name: mock-model}}
+  systemPrompt: {prompt}
   parameters:
-    - {name: mail_token, secret: true, default: {value: demo-mail-token}}
-    - {name: outbox, default: {value: outbox.tsv}}
+    - {{name: mail_token, secret: true, default: {{value: demo-mail-token}}}}
+    - {{name: outbox, default: {{value: outbox.tsv}}}}
   toolboxes:
     - bash:
         directory: "TOOLS_DIR"
         bindings:
-          - {arg: token, value: {param: mail_token}}
-          - {arg: outbox, value: {param: outbox}}
+          - {{arg: token, value: {{param: mail_token}}}}
+          - {{arg: outbox, value: {{param: outbox}}}}
         tools:
-          - {tool: fetch-ticket, readOnly: true, untrusted: true}
-          - {tool: send-email, egress: true}
-"#;
+          - {{tool: fetch-ticket, readOnly: true, untrusted: {reads}}}
+          - {{tool: send-email, egress: true}}
+"#
+    )
+}
 
 /// Upward: a helper reads the poisoned ticket and repeats it in its
 /// answer; the caller's model obeys. The caller's history holds only the
@@ -294,8 +299,16 @@ async fn a_helpers_answer_is_untrusted_when_it_could_read_untrusted_text() {
                 _ => MockReply::text("done"),
             }
         },
-        |t| t.replace("  toolboxes:\n", "  helpers:\n    - {path: reader.yaml}\n  toolboxes:\n"),
-        &[("reader.yaml", READER.to_string())],
+        |t| {
+            t.replace(
+                "  toolboxes:\n",
+                "  helpers:\n    - {path: reader.yaml}\n  toolboxes:\n",
+            )
+        },
+        &[(
+            "reader.yaml",
+            guard_helper("reader", "You read tickets.", true),
+        )],
     )
     .await;
     let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
@@ -303,30 +316,12 @@ async fn a_helpers_answer_is_untrusted_when_it_could_read_untrusted_text() {
     let item = waiting(&r).clone();
     assert_eq!(item["tool"], "bash_send-email", "{}", r.text);
     assert_eq!(item["call"]["to"], "audit@attacker.example");
-    assert_eq!(item["tainted_by"][0]["tool"], "prompt_agent_reader", "{item}");
+    assert_eq!(
+        item["tainted_by"][0]["tool"], "prompt_agent_reader",
+        "{item}"
+    );
     assert!(g.outbox().is_empty(), "mailed before a person said so");
 }
-
-/// A clean helper that can only send mail.
-const MAILER: &str = r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata: {name: mailer}
-spec:
-  model: {url: "MODEL_URL", name: mock-model}
-  systemPrompt: You send mail.
-  parameters:
-    - {name: mail_token, secret: true, default: {value: demo-mail-token}}
-    - {name: outbox, default: {value: outbox.tsv}}
-  toolboxes:
-    - bash:
-        directory: "TOOLS_DIR"
-        bindings:
-          - {arg: token, value: {param: mail_token}}
-          - {arg: outbox, value: {param: outbox}}
-        tools:
-          - {tool: fetch-ticket, readOnly: true, untrusted: true}
-          - {tool: send-email, egress: true}
-"#;
 
 /// Downward: the caller read the poisoned ticket and asks a clean helper to
 /// send the mail. The helper starts tainted by its caller's untrusted
@@ -353,8 +348,16 @@ async fn a_helper_asked_by_a_tainted_run_starts_tainted() {
                 _ => MockReply::text("done"),
             }
         },
-        |t| t.replace("  toolboxes:\n", "  helpers:\n    - {path: mailer.yaml}\n  toolboxes:\n"),
-        &[("mailer.yaml", MAILER.to_string())],
+        |t| {
+            t.replace(
+                "  toolboxes:\n",
+                "  helpers:\n    - {path: mailer.yaml}\n  toolboxes:\n",
+            )
+        },
+        &[(
+            "mailer.yaml",
+            guard_helper("mailer", "You send mail.", false),
+        )],
     )
     .await;
     let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
@@ -455,13 +458,21 @@ async fn an_answer_link_cannot_clear_the_taint_guard() {
             )
             .await;
         assert_eq!(r.status, 403, "{}", r.text);
-        assert!(r.text.contains("cannot clear the session's taint guard"), "{}", r.text);
+        assert!(
+            r.text.contains("cannot clear the session's taint guard"),
+            "{}",
+            r.text
+        );
     }
     let view = g
         .api
         .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
         .await;
-    assert_eq!(view.json["pending"][0]["tool"], "bash_send-email", "{}", view.text);
+    assert_eq!(
+        view.json["pending"][0]["tool"], "bash_send-email",
+        "{}",
+        view.text
+    );
     // The link still answers its item, without clearing anything.
     let r = g
         .api
@@ -474,7 +485,12 @@ async fn an_answer_link_cannot_clear_the_taint_guard() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let r = g.message(&id, "mail bob").await;
-    assert_eq!(waiting(&r)["tainted_by"][0]["tool"], "bash_fetch-ticket", "{}", r.text);
+    assert_eq!(
+        waiting(&r)["tainted_by"][0]["tool"],
+        "bash_fetch-ticket",
+        "{}",
+        r.text
+    );
     assert!(g.outbox().is_empty());
 }
 

@@ -259,14 +259,22 @@ fn bindings_apply_to_builtin_tools_and_sqlite_is_read_only_unless_declared() {
     assert!(!dir.path().join("other.sqlite").exists());
 }
 
-/// The attack: the model asks for the environment. The variables listed
-/// are shown, but one whose value is the process's secret parameter (read
-/// from `SVC_TOKEN`) or the session's secret is withheld, by name only:
-/// neither value reaches the model, the API's replies or the store.
-#[tokio::test]
-async fn the_model_asking_for_env_vars_never_gets_a_secret() {
-    const PROCESS_SECRET: &str = "svc-SEKRIT-41";
-    const SESSION_SECRET: &str = "sess-SEKRIT-42";
+/// One call of `io_env`'s `env-vars` through the server: agent `envy`
+/// with `parameters` and a builtin toolbox showing `env_vars`, served with
+/// `env`, in a session created with `params`. The tool's answer, and
+/// every place a value could have reached: the model's requests, the
+/// reply, the session's view, the store's files and the server's logs.
+struct EnvCall {
+    out: Value,
+    sinks: Vec<(&'static str, Vec<u8>)>,
+}
+
+async fn env_call(
+    parameters: &str,
+    env_vars: &str,
+    env: &[(&str, &str)],
+    params: Value,
+) -> EnvCall {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockLlm::start(|req: &Value| {
         let last = last_message(req);
@@ -285,32 +293,20 @@ kind: Agent
 metadata: {{name: envy}}
 spec:
   model: {{url: "{}", name: mock-model}}
-  parameters:
-    - {{name: api_token, secret: true, scope: process, default: {{env: SVC_TOKEN}}}}
-    - {{name: billing_key, secret: true, scope: session}}
+  parameters: {parameters}
   toolboxes:
     - builtin:
         name: env
         capabilities: [env-vars, date]
-        envVars: [APP_REGION, APP_MIRROR, APP_SESSION_COPY]
+        envVars: {env_vars}
 "#,
             mock.url()
         ),
     )
     .unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let env = [
-        ("SVC_TOKEN", PROCESS_SECRET),
-        ("APP_REGION", "eu-west"),
-        ("APP_MIRROR", PROCESS_SECRET),
-        ("APP_SESSION_COPY", SESSION_SECRET),
-    ];
-    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
-    let id = new_session(
-        &api,
-        json!({"agent": "envy", "params": {"billing_key": SESSION_SECRET}}),
-    )
-    .await;
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], env, dir.path());
+    let id = new_session(&api, json!({"agent": "envy", "params": params})).await;
     let reply = message_waited(&api, &id, "what is set?").await;
     let session = api
         .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
@@ -327,6 +323,50 @@ spec:
         .collect();
     assert_eq!(results.len(), 1, "{results:?}");
     let out: Value = serde_json::from_str(&results[0]).unwrap();
+    let requests = serde_json::to_string(&mock.requests()).unwrap();
+    drop(sidecar);
+    mock.shutdown().await;
+    EnvCall {
+        out,
+        sinks: vec![
+            ("the model's requests", requests.into_bytes()),
+            ("the reply", reply.text.into_bytes()),
+            ("the session's view", session.text.into_bytes()),
+            ("the store", raw_files(dir.path(), "store.sqlite")),
+            ("the logs", raw_files(&dir.path().join("logs"), "")),
+        ],
+    }
+}
+
+impl EnvCall {
+    fn assert_nowhere(&self, secret: &str) {
+        for (sink, bytes) in &self.sinks {
+            assert!(!contains(bytes, secret), "{secret} reached {sink}");
+        }
+    }
+}
+
+/// The attack: the model asks for the environment. The variables listed
+/// are shown, but one whose value is the process's secret parameter (read
+/// from `SVC_TOKEN`) or the session's secret is withheld, by name only:
+/// neither value reaches the model, the API's replies or the store.
+#[tokio::test]
+async fn the_model_asking_for_env_vars_never_gets_a_secret() {
+    const PROCESS_SECRET: &str = "svc-SEKRIT-41";
+    const SESSION_SECRET: &str = "sess-SEKRIT-42";
+    let call = env_call(
+        "\n    - {name: api_token, secret: true, scope: process, default: {env: SVC_TOKEN}}\n    - {name: billing_key, secret: true, scope: session}",
+        "[APP_REGION, APP_MIRROR, APP_SESSION_COPY]",
+        &[
+            ("SVC_TOKEN", PROCESS_SECRET),
+            ("APP_REGION", "eu-west"),
+            ("APP_MIRROR", PROCESS_SECRET),
+            ("APP_SESSION_COPY", SESSION_SECRET),
+        ],
+        json!({"billing_key": SESSION_SECRET}),
+    )
+    .await;
+    let out = &call.out;
     assert_eq!(
         out["data"]["variables"],
         json!({"APP_REGION": "eu-west"}),
@@ -337,96 +377,47 @@ spec:
         json!(["APP_MIRROR", "APP_SESSION_COPY"]),
         "{out}"
     );
-    let requests = serde_json::to_string(&mock.requests()).unwrap();
-    drop(sidecar);
-    let store = raw_files(dir.path(), "store.sqlite");
     for secret in [PROCESS_SECRET, SESSION_SECRET] {
-        assert!(!requests.contains(secret), "the model got {secret}");
-        for text in [&reply.text, &session.text] {
-            assert!(!text.contains(secret), "{secret} in {text}");
-        }
-        assert!(!contains(&store, secret), "{secret} stored");
+        call.assert_nowhere(secret);
     }
-    mock.shutdown().await;
 }
 
 /// The server's own credentials are live secrets: a variable that holds a
 /// copy of the owner token, the approver token or the model's key under a
 /// name `check` lets through is withheld at call time, and none of them
-/// reaches the model, the store or the session's view.
+/// reaches the model, the store, the session's view or the logs.
 #[tokio::test]
 async fn env_vars_never_hands_over_the_servers_own_credentials() {
     const APPROVER: &str = "approver-SEKRIT-51";
     const MODEL_KEY: &str = "model-key-SEKRIT-52";
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockLlm::start(|req: &Value| {
-        let last = last_message(req);
-        if last["role"] == "tool" {
-            return MockReply::text(format!("env: {}", last["content"].as_str().unwrap_or("")));
-        }
-        MockReply::tool_call("io_env", json!({"capability": "env-vars"}))
-    })
-    .await;
-    let agent = dir.path().join("env.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata: {{name: envy}}
-spec:
-  model: {{url: "{}", name: mock-model}}
-  toolboxes:
-    - builtin:
-        name: env
-        capabilities: [env-vars]
-        envVars: [APP_REGION, APP_OWNER_COPY, APP_APPROVER_COPY, APP_MODEL_COPY]
-"#,
-            mock.url()
-        ),
+    let call = env_call(
+        "[]",
+        "[APP_REGION, APP_OWNER_COPY, APP_APPROVER_COPY, APP_MODEL_COPY]",
+        &[
+            ("BINDERY_APPROVER_TOKEN", APPROVER),
+            ("BINDERY_MODEL_API_KEY", MODEL_KEY),
+            ("APP_REGION", "eu-west"),
+            ("APP_OWNER_COPY", OWNER),
+            ("APP_APPROVER_COPY", APPROVER),
+            ("APP_MODEL_COPY", MODEL_KEY),
+        ],
+        json!({}),
     )
-    .unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let env = [
-        ("BINDERY_APPROVER_TOKEN", APPROVER),
-        ("BINDERY_MODEL_API_KEY", MODEL_KEY),
-        ("APP_REGION", "eu-west"),
-        ("APP_OWNER_COPY", OWNER),
-        ("APP_APPROVER_COPY", APPROVER),
-        ("APP_MODEL_COPY", MODEL_KEY),
-    ];
-    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
-    let id = new_session(&api, json!({"agent": "envy"})).await;
-    let reply = message_waited(&api, &id, "what is set?").await;
-    let session = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
-    let results: Vec<String> = mock
-        .requests()
-        .iter()
-        .flat_map(|r| tool_results(r).into_iter().map(str::to_string).collect::<Vec<_>>())
-        .collect();
-    assert_eq!(results.len(), 1, "{results:?}");
-    let out: Value = serde_json::from_str(&results[0]).unwrap();
-    assert_eq!(out["data"]["variables"], json!({"APP_REGION": "eu-west"}), "{out}");
+    .await;
+    let out = &call.out;
+    assert_eq!(
+        out["data"]["variables"],
+        json!({"APP_REGION": "eu-west"}),
+        "{out}"
+    );
     assert_eq!(
         out["data"]["withheld"],
         json!(["APP_OWNER_COPY", "APP_APPROVER_COPY", "APP_MODEL_COPY"]),
         "{out}"
     );
-    let requests = serde_json::to_string(&mock.requests()).unwrap();
-    drop(sidecar);
-    let store = raw_files(dir.path(), "store.sqlite");
-    let logs = raw_files(&dir.path().join("logs"), "");
     for secret in [OWNER, APPROVER, MODEL_KEY] {
-        assert!(!requests.contains(secret), "the model got {secret}");
-        for text in [&reply.text, &session.text] {
-            assert!(!text.contains(secret), "{secret} in {text}");
-        }
-        assert!(!contains(&store, secret), "{secret} stored");
-        assert!(!contains(&logs, secret), "{secret} logged");
+        call.assert_nowhere(secret);
     }
-    mock.shutdown().await;
 }
 
 /// `read-session` and `get-session-stats` report the calling session and
