@@ -36,7 +36,9 @@ fn kept() -> MutexGuard<'static, HashSet<u32>> {
 pub fn become_subreaper() {
     match nix::sys::prctl::set_child_subreaper(true) {
         Ok(()) => REAPING.store(true, Ordering::SeqCst),
-        Err(e) => tracing::warn!(error = %e, "cannot become the reaper of the tools' orphans: a process a tool leaves behind may outlive its call"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot become the reaper of the tools' orphans: a process a tool leaves behind may outlive its call")
+        }
     }
 }
 
@@ -75,7 +77,10 @@ fn children() -> Vec<u32> {
         for t in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
                 listed = true;
-                out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                out.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok()),
+                );
             }
         }
     }
@@ -116,13 +121,18 @@ pub fn sweep() -> usize {
     for _ in 0..64 {
         let orphans: Vec<u32> = {
             let set = kept();
-            children().into_iter().filter(|p| !set.contains(p)).collect()
+            children()
+                .into_iter()
+                .filter(|p| !set.contains(p))
+                .collect()
         };
         if orphans.is_empty() {
             break;
         }
         for pid in orphans {
-            let Ok(raw) = i32::try_from(pid) else { continue };
+            let Ok(raw) = i32::try_from(pid) else {
+                continue;
+            };
             let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
             // Ours to reap (it may be a zombie already); SIGKILL ends it.
             if waitpid(Pid::from_raw(raw), None).is_ok() {

@@ -184,16 +184,25 @@ mod tests {
             ("127.0.0.1:4100", Some("null")),
             ("127.0.0.1:4100", Some("http://127.0.0.1:4101")),
         ] {
-            assert!(p.check(&headers(host, origin)).is_err(), "{host} {origin:?}");
+            assert!(
+                p.check(&headers(host, origin)).is_err(),
+                "{host} {origin:?}"
+            );
         }
     }
 
     #[test]
     fn elsewhere_any_host_is_answered_and_origins_are_configured() {
         let any = OriginPolicy::new("0.0.0.0:8080".parse().unwrap(), &[], &[]);
-        assert_eq!(any.check(&headers("agents.tenant-a.svc:8080", None)), Ok(()));
+        assert_eq!(
+            any.check(&headers("agents.tenant-a.svc:8080", None)),
+            Ok(())
+        );
         assert!(any
-            .check(&headers("agents.tenant-a.svc:8080", Some("https://evil.example")))
+            .check(&headers(
+                "agents.tenant-a.svc:8080",
+                Some("https://evil.example")
+            ))
             .is_err());
         let p = OriginPolicy::new(
             "0.0.0.0:8080".parse().unwrap(),
@@ -201,11 +210,17 @@ mod tests {
             &["https://console.example.com/".into()],
         );
         assert_eq!(
-            p.check(&headers("agents.example.com", Some("https://console.example.com"))),
+            p.check(&headers(
+                "agents.example.com",
+                Some("https://console.example.com")
+            )),
             Ok(())
         );
         assert!(p.check(&headers("10.0.0.7:8080", None)).is_err());
         let star = OriginPolicy::new("0.0.0.0:8080".parse().unwrap(), &[], &["*".into()]);
-        assert_eq!(star.check(&headers("x", Some("https://anything.example"))), Ok(()));
+        assert_eq!(
+            star.check(&headers("x", Some("https://anything.example"))),
+            Ok(())
+        );
     }
 }

@@ -285,13 +285,23 @@ pub enum Command {
         /// loopback addresses only (a page of another site that resolves
         /// its name to this address is refused: DNS rebinding); elsewhere
         /// any.
-        #[arg(long, value_name = "HOST,...", env = "BINDERY_ALLOWED_HOSTS", value_delimiter = ',')]
+        #[arg(
+            long,
+            value_name = "HOST,...",
+            env = "BINDERY_ALLOWED_HOSTS",
+            value_delimiter = ','
+        )]
         allowed_hosts: Vec<String>,
         /// The browser origins (`https://console.example.com`) whose pages
         /// may call this server besides its own, comma-separated; `*` for
         /// any. A request with another `Origin` is refused (403), on
         /// `/mcp` as the MCP transport requires and on every other route.
-        #[arg(long, value_name = "ORIGIN,...", env = "BINDERY_ALLOWED_ORIGINS", value_delimiter = ',')]
+        #[arg(
+            long,
+            value_name = "ORIGIN,...",
+            env = "BINDERY_ALLOWED_ORIGINS",
+            value_delimiter = ','
+        )]
         allowed_origins: Vec<String>,
         /// Run the server's async work on this many threads. Default: one
         /// fewer than the CPUs the process may use (a container's CPU

@@ -140,15 +140,20 @@ fn service(
     Future = BoxFuture<'static, Result<axum::response::Response, std::convert::Infallible>>,
 > + Clone {
     let tower = TowerToHyperService::new(router);
-    service_fn(move |req: hyper::Request<hyper::body::Incoming>| -> BoxFuture<'static, _> {
-        let (mut parts, body) = req.into_parts();
-        mark(&mut parts.extensions);
-        let body = Timed {
-            inner: body,
-            deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
-        };
-        Box::pin(tower.call(hyper::Request::from_parts(parts, axum::body::Body::new(body))))
-    })
+    service_fn(
+        move |req: hyper::Request<hyper::body::Incoming>| -> BoxFuture<'static, _> {
+            let (mut parts, body) = req.into_parts();
+            mark(&mut parts.extensions);
+            let body = Timed {
+                inner: body,
+                deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
+            };
+            Box::pin(tower.call(hyper::Request::from_parts(
+                parts,
+                axum::body::Body::new(body),
+            )))
+        },
+    )
 }
 
 fn builder(limits: ConnLimits) -> http1::Builder {

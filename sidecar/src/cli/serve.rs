@@ -611,7 +611,8 @@ impl Credentials {
     fn add(&mut self, name: &str, text: &str) {
         for v in [text, text.trim()] {
             if !v.is_empty() && !self.0.iter().any(|(_, s)| s.expose() == v) {
-                self.0.push((name.to_string(), SecretString::new(v.to_string())));
+                self.0
+                    .push((name.to_string(), SecretString::new(v.to_string())));
             }
         }
     }
@@ -628,11 +629,10 @@ impl Credentials {
     fn store(&mut self, store: &Location) {
         if let Location::Postgres(url) = store {
             self.add("--store", url);
-            if let Some(p) = url
-                .parse::<tokio_postgres::Config>()
-                .ok()
-                .and_then(|c| c.get_password().map(|p| String::from_utf8_lossy(p).into_owned()))
-            {
+            if let Some(p) = url.parse::<tokio_postgres::Config>().ok().and_then(|c| {
+                c.get_password()
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+            }) {
                 self.add("--store password", &p);
             }
         }

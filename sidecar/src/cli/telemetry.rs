@@ -160,7 +160,8 @@ fn resource() -> Resource {
 mod tests {
     #[test]
     fn a_text_record_cannot_forge_another_or_move_the_cursor() {
-        let forged = "INFO tool=bash_x arg=a\n2026-01-01 INFO forged\r\u{1b}[2K\u{1b}]0;t\u{7}\u{9b}x\n";
+        let forged =
+            "INFO tool=bash_x arg=a\n2026-01-01 INFO forged\r\u{1b}[2K\u{1b}]0;t\u{7}\u{9b}x\n";
         let out = escape_controls(forged, false);
         assert_eq!(
             out,

@@ -436,7 +436,10 @@ pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
         match m.message() {
             ChatMessage::Assistant { tool_calls, .. } => {
                 for c in tool_calls {
-                    named.entry(c.id.as_str()).or_default().push(c.name.as_str());
+                    named
+                        .entry(c.id.as_str())
+                        .or_default()
+                        .push(c.name.as_str());
                 }
             }
             ChatMessage::Tool { tool_call_id, .. } if i >= ctx.taint_from => {

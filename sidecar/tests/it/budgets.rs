@@ -672,9 +672,17 @@ async fn a_made_up_tool_name_counts_but_is_not_kept() {
     assert_eq!(r.json["usage"]["tool_calls"], 2, "{}", r.text);
     let metrics = m.api.call("GET", "/metrics", None, None).await;
     for name in [MADE_UP, CARD, "4111"] {
-        assert!(!metrics.text.contains(name), "{name} labels a series:\n{}", metrics.text);
+        assert!(
+            !metrics.text.contains(name),
+            "{name} labels a series:\n{}",
+            metrics.text
+        );
     }
-    assert!(metrics.text.contains("tool=\"<unknown>\""), "{}", metrics.text);
+    assert!(
+        metrics.text.contains("tool=\"<unknown>\""),
+        "{}",
+        metrics.text
+    );
     let report = m
         .api
         .call("GET", "/v1/usage?group_by=tool", Some(OWNER), None)

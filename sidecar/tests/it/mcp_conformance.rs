@@ -42,7 +42,8 @@ async fn the_conformance_suite_passes_every_scenario_of_a_tools_server() {
     })
     .await
     .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     for s in SCENARIOS {
         assert!(said.contains(s), "{s} did not run:\n{said}");
@@ -62,29 +63,44 @@ async fn a_page_of_another_site_is_refused_on_every_route() {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}});
     let port = api.base.rsplit(':').next().unwrap().to_string();
-    let send = |path: &'static str, host: String, origin: Option<String>, token: Option<&'static str>| {
-        let mut r = api
-            .http
-            .post(format!("{}{path}", api.base))
-            .header("host", host)
-            .header("accept", "application/json, text/event-stream")
-            .json(&init);
-        if let Some(o) = origin {
-            r = r.header("origin", o);
-        }
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
-        }
-        r.send()
-    };
+    let send =
+        |path: &'static str, host: String, origin: Option<String>, token: Option<&'static str>| {
+            let mut r = api
+                .http
+                .post(format!("{}{path}", api.base))
+                .header("host", host)
+                .header("accept", "application/json, text/event-stream")
+                .json(&init);
+            if let Some(o) = origin {
+                r = r.header("origin", o);
+            }
+            if let Some(t) = token {
+                r = r.bearer_auth(t);
+            }
+            r.send()
+        };
     for token in [Some(OWNER), None] {
         for (path, host, origin) in [
-            ("/mcp", "evil.example.com".to_string(), Some("http://evil.example.com".to_string())),
-            ("/mcp", format!("127.0.0.1:{port}"), Some("http://evil.example.com".to_string())),
+            (
+                "/mcp",
+                "evil.example.com".to_string(),
+                Some("http://evil.example.com".to_string()),
+            ),
+            (
+                "/mcp",
+                format!("127.0.0.1:{port}"),
+                Some("http://evil.example.com".to_string()),
+            ),
             ("/mcp", format!("evil.example.com:{port}"), None),
-            ("/v1/sessions", format!("127.0.0.1:{port}"), Some("https://evil.example.com".to_string())),
+            (
+                "/v1/sessions",
+                format!("127.0.0.1:{port}"),
+                Some("https://evil.example.com".to_string()),
+            ),
         ] {
-            let r = send(path, host.clone(), origin.clone(), token).await.unwrap();
+            let r = send(path, host.clone(), origin.clone(), token)
+                .await
+                .unwrap();
             assert_eq!(r.status(), 403, "{path} {host} {origin:?}");
         }
     }

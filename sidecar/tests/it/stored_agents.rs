@@ -156,7 +156,11 @@ async fn stored_agents_on(store: String) {
             api.call("GET", "/healthz", None, None)
         );
         assert_eq!(r.status, 400, "{}", r.text);
-        assert!(r.text.contains("nests deeper than 128 levels"), "{}", r.text);
+        assert!(
+            r.text.contains("nests deeper than 128 levels"),
+            "{}",
+            r.text
+        );
         assert_eq!(view.status, 200);
     }
 

@@ -100,7 +100,11 @@ pub fn classify(v: Value) -> Result<Incoming, (Value, RpcError)> {
             if !id.as_ref().is_some_and(is_valid_id) {
                 return bad("a response carries the `id` of the request it answers");
             }
-            if !m.get("result").or(m.get("error")).is_some_and(Value::is_object) {
+            if !m
+                .get("result")
+                .or(m.get("error"))
+                .is_some_and(Value::is_object)
+            {
                 return bad("a response's `result` or `error` is an object");
             }
             return Ok(Incoming::NoReply);
@@ -183,9 +187,15 @@ mod tests {
             ),
             (json!({"jsonrpc": "2.0", "id": 4}), json!(4)),
             (json!({"jsonrpc": "2.0", "error": {}}), Value::Null),
-            (json!({"jsonrpc": "2.0", "id": {}, "error": {}}), Value::Null),
+            (
+                json!({"jsonrpc": "2.0", "id": {}, "error": {}}),
+                Value::Null,
+            ),
             (json!({"jsonrpc": "2.0", "id": 5, "result": 3}), json!(5)),
-            (json!({"jsonrpc": "2.0", "id": null, "error": {}}), Value::Null),
+            (
+                json!({"jsonrpc": "2.0", "id": null, "error": {}}),
+                Value::Null,
+            ),
             (
                 json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": null}),
                 json!(6),

@@ -442,7 +442,9 @@ mod tests {
             "[".repeat(200),
             "{a: ".repeat(200),
             "- ".repeat(200) + "x",
-            (0..200).map(|i| format!("{}a:\n", "  ".repeat(i))).collect::<String>(),
+            (0..200)
+                .map(|i| format!("{}a:\n", "  ".repeat(i)))
+                .collect::<String>(),
         ] {
             assert!(nests_deeper_than(&deep, 128), "{}", &deep[..20]);
         }

@@ -77,7 +77,8 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
     );
     trickle.write_all(head.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), trickle.read_to_end(&mut answer)).await;
+    let read =
+        tokio::time::timeout(Duration::from_secs(30), trickle.read_to_end(&mut answer)).await;
     assert!(read.is_ok(), "the half-sent body held the connection");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");

@@ -236,10 +236,12 @@ async fn a_model_chosen_argument_forges_no_log_line() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let arg = injected.clone();
-    let mock = MockLlm::start(move |req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text("done"),
-        _ => MockReply::tool_call("bash_fetch-ticket", json!({"id": arg})),
-    })
+    let mock = MockLlm::start(
+        move |req: &Value| match last_message(req)["role"].as_str() {
+            Some("tool") => MockReply::text("done"),
+            _ => MockReply::tool_call("bash_fetch-ticket", json!({"id": arg})),
+        },
+    )
     .await;
     let agent = dir.path().join("helpdesk.yaml");
     std::fs::write(&agent, example_agent_text("guard", &mock.url())).unwrap();

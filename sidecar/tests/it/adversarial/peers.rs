@@ -829,8 +829,8 @@ async fn as_a_replica(
         &Caller::Owner,
         &incoming,
     )
-        .await
-        .expect("the replica answers");
+    .await
+    .expect("the replica answers");
     let status = answer.status().as_u16();
     let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
         .await
