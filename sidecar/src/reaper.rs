@@ -6,7 +6,9 @@
 //! [`sweep`] kills and reaps every child of the server that is not one it
 //! keeps (a call's process in flight, an MCP server, a value's command),
 //! layer after layer until none is left. So nothing a tool started
-//! outlives its call, whatever it did to its group or session.
+//! outlives its call, whatever it did to its group or session. An orphan
+//! of a call still running elsewhere goes at that sweep too: a process
+//! whose parent left it is the server's, and no call's to keep.
 //!
 //! A child is spawned and kept under one lock ([`spawn_kept`]), which the
 //! sweep takes too: no sweep can take a child for an orphan between its

@@ -465,6 +465,12 @@ pub struct AgentArgs {
     /// Bytes of a tool's output kept.
     #[arg(long, default_value_t = 256 * 1024)]
     pub tool_max_output: usize,
+    /// Memory each process of a bash tool's call may write to (its heap,
+    /// data and private mappings), in MiB; past it, its allocations fail.
+    /// 0: no bound.
+    #[arg(long, value_name = "MIB", env = "BINDERY_TOOL_MEMORY_MIB",
+          default_value_t = crate::tools::bash::DEFAULT_TOOL_MEMORY / (1024 * 1024))]
+    pub tool_memory: u64,
 }
 
 /// How long something idle is kept: a duration, or `None` for as long as

@@ -144,14 +144,15 @@ fn service(
         move |req: hyper::Request<hyper::body::Incoming>| -> BoxFuture<'static, _> {
             let (mut parts, body) = req.into_parts();
             mark(&mut parts.extensions);
-            let body = Timed {
-                inner: body,
-                deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
+            // No timer for a request without a body (a view, a stream).
+            let body = match http_body::Body::is_end_stream(&body) {
+                true => axum::body::Body::new(body),
+                false => axum::body::Body::new(Timed {
+                    inner: body,
+                    deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
+                }),
             };
-            Box::pin(tower.call(hyper::Request::from_parts(
-                parts,
-                axum::body::Body::new(body),
-            )))
+            Box::pin(tower.call(hyper::Request::from_parts(parts, body)))
         },
     )
 }

@@ -98,6 +98,7 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
         limits: Limits {
             call_timeout: Duration::from_secs(agents.tool_timeout),
             max_output: agents.tool_max_output,
+            memory: (agents.tool_memory > 0).then(|| agents.tool_memory * 1024 * 1024),
             ..Limits::default()
         },
         skip_broken_scripts: false,

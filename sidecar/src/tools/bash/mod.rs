@@ -20,6 +20,9 @@ pub use protocol::{env_var_name, Arity, EmptyResult, Mode, ScriptArg, ScriptInfo
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 
+/// [`Limits::memory`] unless `--tool-memory` says otherwise: 512 MiB.
+pub const DEFAULT_TOOL_MEMORY: u64 = 512 * 1024 * 1024;
+
 /// Bounds on what a script may take.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -29,6 +32,9 @@ pub struct Limits {
     pub call_timeout: Duration,
     /// Bytes of stdout kept; the rest is cut and the model told so.
     pub max_output: usize,
+    /// Bytes of memory each process of a call may write to (its data,
+    /// heap and private mappings: `RLIMIT_DATA`); `None`: no bound.
+    pub memory: Option<u64>,
 }
 
 impl Default for Limits {
@@ -37,6 +43,7 @@ impl Default for Limits {
             describe_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(60),
             max_output: 256 * 1024,
+            memory: Some(DEFAULT_TOOL_MEMORY),
         }
     }
 }

@@ -45,10 +45,27 @@ pub(super) async fn exec(
     argv: &[String],
     env: &[(String, String)],
     stdin: Option<String>,
-    timeout: Duration,
+    (timeout, memory): (Duration, Option<u64>),
     read: (usize, usize),
 ) -> Result<Exec, ExecError> {
     let mut cmd = Command::new(path);
+    if let Some(bytes) = memory {
+        // In the child, before it runs the script: each process of the
+        // call (its children inherit it) may write at most `bytes`.
+        #[allow(unsafe_code)]
+        // SAFETY: the closure only calls setrlimit(2), which is
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_DATA,
+                    bytes,
+                    bytes,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    }
     cmd.args(argv)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -270,7 +287,7 @@ pub(super) async fn run(
         &inv.argv,
         &env,
         inv.stdin,
-        tool.limits.call_timeout,
+        (tool.limits.call_timeout, tool.limits.memory),
         (
             max_output.saturating_add(scrubber.lookahead()),
             MAX_STDERR.saturating_add(scrubber.lookahead()),

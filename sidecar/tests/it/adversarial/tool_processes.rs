@@ -99,3 +99,66 @@ async fn nothing_a_tool_starts_outlives_its_call() {
     assert_eq!(r.status, 200);
     mock.shutdown().await;
 }
+
+/// Each process of a tool's call writes to at most `--tool-memory` MiB:
+/// past it its allocations fail (here Python's `MemoryError`), and the
+/// server is left as it was. A process the tool starts has the same bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_process_allocates_within_its_memory_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("hog");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == "describe" ]]; then
+  echo '{"slug": "hog", "description": "Takes memory.", "args": []}'
+  exit 0
+fi
+python3 -c 'b = bytearray(256 * 1024 * 1024); print("took", len(b))' 2>&1 || echo "refused"
+( python3 -c 'b = bytearray(256 * 1024 * 1024); print("child took", len(b))' 2>&1 || echo "child refused" )
+python3 -c 'b = bytearray(8 * 1024 * 1024); print("small", len(b))'
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
+        Some("tool") => MockReply::text(format!(
+            "got: {}",
+            last_message(req)["content"].as_str().unwrap_or("")
+        )),
+        _ => MockReply::tool_call("bash_hog", json!({})),
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--tool-memory", "64"],
+        &[],
+        dir.path(),
+    );
+    let id = new_session(&api, json!({"agent": "a"})).await;
+    let r = message_waited(&api, &id, "hog").await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let out = last_tool_output(&r);
+    assert!(
+        out.contains("MemoryError") && out.contains("refused"),
+        "{out}"
+    );
+    assert!(out.contains("child refused"), "{out}");
+    assert!(!out.contains("took"), "{out}");
+    assert!(out.contains("small 8388608"), "{out}");
+    mock.shutdown().await;
+}
