@@ -64,6 +64,9 @@ pub enum AgentsSource {
     Crd,
 }
 
+// Parsed once at start: `serve`'s flags making the enum a few hundred
+// bytes costs nothing, and boxing them would only add a step to every use.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Load the agents, run every check, and show each agent's parameters
