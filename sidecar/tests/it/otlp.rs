@@ -351,8 +351,9 @@ spec:
     });
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
     let mut bodies: Vec<Vec<u8>> = Vec::new();
-    // Every export until the one with the tool's event.
-    while !bodies.iter().any(|b| contains(b, "--slot_token")) {
+    // Every export until the one with the tool's event (its arguments are
+    // not logged any more; the id must not be in any span either).
+    while !bodies.iter().any(|b| contains(b, "bash tool started")) {
         bodies.extend(receiver.exports().into_iter().map(|e| e.body));
     }
     for b in &bodies {
