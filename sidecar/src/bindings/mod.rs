@@ -451,6 +451,11 @@ pub fn scrubber_for(values: &Values, tools: &[BoundTool]) -> Scrubber {
             s.add(&name, &secret);
         }
     }
+    // A tool that prints one of the server's own credentials (read from
+    // wherever it could) leaves no trace of it either.
+    for (name, secret) in crate::params::live::own() {
+        s.add(&name, &secret);
+    }
     s
 }
 

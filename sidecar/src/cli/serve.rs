@@ -66,10 +66,11 @@ pub async fn run(
     let opts = load_options(agents)?;
     let mut own = Credentials::from_env();
     own.api_keys(&opts.api_keys);
-    let _own = crate::params::live::register(own.0);
+    let _own = crate::params::live::register_own(own.0);
     let tree = load_lenient(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
+    let _keys = crate::params::live::register_own(model_keys(&clients));
     for w in warnings {
         tracing::warn!("{w}");
     }
@@ -189,6 +190,12 @@ pub struct ServeArgs<'a> {
 
 pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let opts = load_options(a.agents)?;
+    // The server's own credentials are live secrets while it serves: no
+    // log line, span, tool result or `env-vars` answer carries one, and no
+    // tool process is given one (its scripts run as the agents load).
+    let mut env = Credentials::from_env();
+    env.api_keys(&opts.api_keys);
+    let _env = crate::params::live::register_own(env.0);
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
@@ -214,10 +221,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     a.lease.check().map_err(|e| format!("error: {e}"))?;
     let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
-    // The server's own credentials are live secrets while it serves: no
-    // log line, span or `env-vars` answer carries one, whatever its name.
-    let mut own = Credentials::from_env();
-    own.api_keys(&opts.api_keys);
+    let mut own = Credentials(model_keys(&clients));
     own.store(&location);
     // Before the store: a missing owner token is the quicker thing to fix.
     let owner = owner_token(a.owner_token_file, &location, &mut own)?;
@@ -233,7 +237,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         "BINDERY_APPROVER_TOKEN",
         &mut own,
     )?;
-    let _own = crate::params::live::register(own.0);
+    let _own = crate::params::live::register_own(own.0);
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
@@ -590,6 +594,17 @@ fn owner_token(
         .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
     Ok(owner(&token, own))
+}
+
+/// The keys the model clients send (an agent file's `apiKey`, read from
+/// wherever it says): the server's own credentials too.
+fn model_keys(
+    clients: &std::collections::BTreeMap<String, crate::llm::ChatClient>,
+) -> Vec<(String, SecretString)> {
+    clients
+        .iter()
+        .filter_map(|(agent, c)| Some((format!("{agent} model key"), c.api_key()?.clone())))
+        .collect()
 }
 
 /// The server's own credentials, to register as live secrets.

@@ -40,6 +40,14 @@ pub struct ChatClient {
     inner: Arc<Inner>,
 }
 
+impl ChatClient {
+    /// The key this client sends, if any: one of the server's own
+    /// credentials.
+    pub fn api_key(&self) -> Option<&crate::params::SecretString> {
+        self.inner.endpoint.api_key.as_ref()
+    }
+}
+
 struct Inner {
     http: reqwest::Client,
     endpoint: ModelEndpoint,

@@ -93,6 +93,25 @@ impl Drop for Registration {
     }
 }
 
+/// The server's own credentials (its tokens, model keys, the store's
+/// password): besides the logs, every tool result and error text a run
+/// makes is scrubbed of them ([`own`]), and no tool process is given one.
+static OWN: RwLock<Vec<(String, SecretString)>> = RwLock::new(Vec::new());
+
+/// Register the server's own credentials: live for as long as the
+/// registration is kept, and among [`own`] for the process's life.
+pub fn register_own(secrets: Vec<(String, SecretString)>) -> Option<Registration> {
+    OWN.write()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(secrets.iter().cloned());
+    register(secrets)
+}
+
+/// The server's own credentials registered so far.
+pub fn own() -> Vec<(String, SecretString)> {
+    OWN.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 /// Keep `secrets` (each with the name it is scrubbed to) out of every log
 /// record until the registration is dropped; `None` when there are none.
 pub fn register(secrets: Vec<(String, SecretString)>) -> Option<Registration> {

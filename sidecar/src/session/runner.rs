@@ -254,7 +254,13 @@ async fn run_inner(
             let response = match response {
                 None => return RunEnd::Cancelled,
                 Some(Ok(r)) => r.with_unique_call_ids(),
-                Some(Err(e)) => return RunEnd::Failed(format!("the model request failed: {e}")),
+                // The endpoint's words may quote what it was sent (a key
+                // in "Incorrect API key provided: …").
+                Some(Err(e)) => {
+                    return RunEnd::Failed(
+                        scrubber.scrub(&format!("the model request failed: {e}")),
+                    )
+                }
             };
             let message = Turn::new(response.to_message());
             history.push(message.clone());

@@ -275,6 +275,17 @@ async fn env_call(
     env: &[(&str, &str)],
     params: Value,
 ) -> EnvCall {
+    env_call_with("", parameters, env_vars, env, params).await
+}
+
+/// [`env_call`] with `model_extra` in the agent's `model` mapping.
+async fn env_call_with(
+    model_extra: &str,
+    parameters: &str,
+    env_vars: &str,
+    env: &[(&str, &str)],
+    params: Value,
+) -> EnvCall {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockLlm::start(|req: &Value| {
         let last = last_message(req);
@@ -292,7 +303,7 @@ async fn env_call(
 kind: Agent
 metadata: {{name: envy}}
 spec:
-  model: {{url: "{}", name: mock-model}}
+  model: {{url: "{}", name: mock-model{model_extra}}}
   parameters: {parameters}
   toolboxes:
     - builtin:
@@ -418,6 +429,32 @@ async fn env_vars_never_hands_over_the_servers_own_credentials() {
     for secret in [OWNER, APPROVER, MODEL_KEY] {
         call.assert_nowhere(secret);
     }
+}
+
+/// The model key an agent file reads (`apiKey: {env: …}`) is the server's
+/// own credential too: a copy under another name is withheld.
+#[tokio::test]
+async fn env_vars_never_hands_over_an_agents_model_key() {
+    const KEY: &str = "sk-modelkey-SEKRIT-53";
+    let call = env_call_with(
+        ", apiKey: {env: LLMCRED}",
+        "[]",
+        "[APP_REGION, COPY_OF_MODEL]",
+        &[
+            ("LLMCRED", KEY),
+            ("APP_REGION", "eu-west"),
+            ("COPY_OF_MODEL", KEY),
+        ],
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        call.out["data"]["withheld"],
+        json!(["COPY_OF_MODEL"]),
+        "{}",
+        call.out
+    );
+    call.assert_nowhere(KEY);
 }
 
 /// `read-session` and `get-session-stats` report the calling session and

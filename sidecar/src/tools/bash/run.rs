@@ -21,6 +21,20 @@ pub(super) const MAX_STDERR: usize = 16 * 1024;
 /// the operator's parameter values (secrets among them) and tokens.
 const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
 
+/// Whether the sidecar's variable `name` (holding `value`) is kept from
+/// a tool's process: the operator's parameter values (`BINDERY_*`), a
+/// name that says it holds a credential (`AWS_SECRET_ACCESS_KEY`, the
+/// trace exporter's headers, …), and any value holding one of the
+/// server's own credentials, whatever its name. A tool that needs one
+/// gets it as a parameter bound to an env-mode argument.
+fn withheld(name: &str, value: &str) -> bool {
+    name.starts_with(WITHHELD_ENV_PREFIX)
+        || crate::spec::checks::credential_env(name)
+        || crate::params::live::own()
+            .iter()
+            .any(|(_, s)| s.expose().len() >= 4 && value.contains(s.expose()))
+}
+
 /// A finished process.
 pub(super) struct Exec {
     pub status: ExitStatus,
@@ -76,8 +90,8 @@ pub(super) async fn exec(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with(WITHHELD_ENV_PREFIX) {
+    for (k, v) in std::env::vars_os() {
+        if withheld(&k.to_string_lossy(), &v.to_string_lossy()) {
             cmd.env_remove(k);
         }
     }

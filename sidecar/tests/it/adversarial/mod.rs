@@ -7,6 +7,7 @@ mod clients;
 mod egress;
 mod logs;
 mod mcp_client;
+mod own_credentials;
 mod peers;
 mod sessions;
 mod tool_output;
