@@ -39,6 +39,28 @@ pub fn lookup_tool<'a>(tools: &'a [BoundTool], name: &str) -> Option<&'a BoundTo
     })
 }
 
+/// The `untrusted` tools among `tool`'s lookups, their own lookups
+/// included: what they answer flows into its arguments, its facts and so
+/// its result, which is then as untrusted as they are.
+pub fn untrusted_lookups(tools: &[BoundTool], tool: &BoundTool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo: Vec<String> = tool.depends().iter().map(|d| d.tool.clone()).collect();
+    while let Some(name) = todo.pop() {
+        let Some(t) = lookup_tool(tools, &name) else {
+            continue;
+        };
+        if !seen.insert(t.name().to_string()) {
+            continue;
+        }
+        if t.untrusted() {
+            out.push(t.name().to_string());
+        }
+        todo.extend(t.depends().iter().map(|d| d.tool.clone()));
+    }
+    out
+}
+
 /// The checks of every tool's dependencies against the loaded tools.
 pub fn check_loaded(tools: &[BoundTool], here: &str, diags: &mut Vec<Diagnostic>) {
     for t in tools.iter().filter(|t| !t.depends().is_empty()) {

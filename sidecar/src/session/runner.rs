@@ -395,7 +395,20 @@ pub async fn run_calls(
 fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
     let tainted_by = match tool {
-        Some(t) if t.egress() => taint(ctx, history),
+        Some(t) if t.egress() => {
+            let mut by = taint(ctx, history);
+            // Its own lookups would bring outside text into its arguments
+            // (a destination, a body): it waits before they run.
+            by.extend(
+                crate::bindings::depends::untrusted_lookups(ctx.tools, t)
+                    .into_iter()
+                    .map(|tool| TaintSource {
+                        tool_call_id: call.id.clone(),
+                        tool,
+                    }),
+            );
+            by
+        }
         _ => Vec::new(),
     };
     if tool.is_some_and(|t| !t.depends().is_empty()) && tainted_by.is_empty() {
@@ -430,11 +443,14 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Bl
 /// as untrusted.
 pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
     let untrusted = |name: &str| {
-        ctx.tools.iter().any(|t| t.name() == name && t.untrusted())
-            || ctx.helpers.as_ref().is_some_and(|env| {
-                name.strip_prefix(helpers::PROMPT_PREFIX)
-                    .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
-            })
+        ctx.tools.iter().any(|t| {
+            t.name() == name
+                && (t.untrusted()
+                    || !crate::bindings::depends::untrusted_lookups(ctx.tools, t).is_empty())
+        }) || ctx.helpers.as_ref().is_some_and(|env| {
+            name.strip_prefix(helpers::PROMPT_PREFIX)
+                .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
+        })
     };
     let mut named: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut out = ctx.caller_taint.to_vec();

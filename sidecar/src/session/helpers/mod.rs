@@ -124,7 +124,10 @@ pub fn reaches_untrusted(tree: &AgentTree, agent: &LoadedAgent, slug: &str) -> b
             continue;
         }
         let Some(a) = tree.agent(name) else { continue };
-        if a.tools.snapshot().iter().any(|t| t.untrusted()) {
+        let tools = a.tools.snapshot();
+        if tools.iter().any(|t| {
+            t.untrusted() || !crate::bindings::depends::untrusted_lookups(&tools, t).is_empty()
+        }) {
             return true;
         }
         todo.extend(a.helpers.iter().map(|h| h.agent.as_str()));
