@@ -105,8 +105,11 @@ impl SqliteTool {
 }
 
 /// The longest string or blob a statement may make (`randomblob(9e8)`
-/// is refused, not allocated).
-const MAX_VALUE_BYTES: i32 = 1 << 20;
+/// is refused, not allocated): no more than a whole result may carry.
+const MAX_VALUE_BYTES: i32 = 256 * 1024;
+/// The most columns a result may have: with [`MAX_VALUE_BYTES`], what one
+/// row can hold in memory (32 MiB).
+const MAX_COLUMNS: i32 = 128;
 /// The longest statement.
 const MAX_SQL_BYTES: i32 = 100_000;
 /// The page cache of a toolbox's connection (SQLite counts negative
@@ -122,6 +125,7 @@ fn bound(conn: &Connection) -> rusqlite::Result<()> {
     use rusqlite::limits::Limit;
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_COLUMN, MAX_COLUMNS)?;
     conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
     conn.pragma_update(None, "temp_store", 1)?;
     conn.pragma_update(None, "mmap_size", 0)?;
@@ -233,18 +237,22 @@ impl SqliteTool {
                     truncated = true;
                     break;
                 }
-                let row: Vec<Value> = (0..columns.len())
-                    .map(|i| row.get_ref(i).map(cell).unwrap_or(Value::Null))
-                    .collect();
-                bytes += row
-                    .iter()
-                    .map(|v| v.as_str().map_or(8, str::len))
-                    .sum::<usize>();
-                if bytes > MAX_RESULT_BYTES && !out.is_empty() {
+                // Cell by cell: a row past the limit is left out whole
+                // (the first one too), before it is copied any further.
+                let mut cells = Vec::with_capacity(columns.len());
+                for i in 0..columns.len() {
+                    let v = row.get_ref(i).map(cell).unwrap_or(Value::Null);
+                    bytes += v.as_str().map_or(8, str::len);
+                    if bytes > MAX_RESULT_BYTES {
+                        break;
+                    }
+                    cells.push(v);
+                }
+                if bytes > MAX_RESULT_BYTES {
                     truncated = true;
                     break;
                 }
-                out.push(Value::Array(row));
+                out.push(Value::Array(cells));
             }
             drop(rows);
             let changes = conn.changes();
@@ -403,6 +411,22 @@ mod tests {
             .unwrap();
         assert_eq!(v["truncated"], true, "{}", v["rowCount"]);
         assert_eq!(v["rowCount"], 1);
+        // One row of many columns each near the value limit: left out
+        // whole, not kept because it is the first.
+        let wide = format!(
+            "WITH t(x) AS (SELECT printf('%.*c', 200000, 'x')) SELECT {} FROM t",
+            vec!["x"; 100].join(",")
+        );
+        let v = t.run(&wide, &[]).unwrap();
+        assert_eq!(
+            (v["truncated"].clone(), v["rowCount"].clone()),
+            (json!(true), json!(0))
+        );
+        let err = t
+            .run(&format!("SELECT {}", vec!["1"; 200].join(",")), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("too many columns"), "{err}");
     }
 
     #[test]
