@@ -68,14 +68,13 @@ pub fn spawn_kept<C>(
     Ok((child, guard))
 }
 
-/// The children of this process now: each thread's `children` file (the
-/// kernel lists a thread's own), or, where the kernel has none, every
-/// process whose parent is this one.
-fn children() -> Vec<u32> {
-    let me = std::process::id();
+/// The children of process `pid` now: each of its threads' `children`
+/// file (the kernel lists a thread's own), or, where the kernel has none,
+/// every process whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut listed = false;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
                 listed = true;
@@ -93,37 +92,79 @@ fn children() -> Vec<u32> {
         return out;
     };
     for e in all.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // `pid (comm) state ppid …`: the command may hold spaces and parens.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(me) {
-            out.push(pid);
+        if parent_and_state(child).is_some_and(|(ppid, _)| ppid == pid) {
+            out.push(child);
         }
     }
     out
 }
 
-/// Kill and reap every child of this process that is not kept, until
-/// none is left (killing one may orphan its own children, which come to
-/// this process next). Blocking: run it off the async workers. How many
-/// it killed.
+/// A process's parent and state letter (`R`, `S`, `T`, `Z`, …).
+fn parent_and_state(pid: u32) -> Option<(u32, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command may hold spaces and parens.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((ppid, state))
+}
+
+fn signal(pid: u32, sig: Signal) {
+    if let Ok(raw) = i32::try_from(pid) {
+        let _ = kill(Pid::from_raw(raw), sig);
+    }
+}
+
+/// Stop `pid` and wait (briefly) until it has: a stopped process forks
+/// no more, so its list of children is then final.
+fn freeze(pid: u32) {
+    signal(pid, Signal::SIGSTOP);
+    for _ in 0..200 {
+        match parent_and_state(pid) {
+            Some((_, 'T' | 't' | 'Z' | 'X')) | None => return,
+            _ => std::thread::sleep(std::time::Duration::from_micros(250)),
+        }
+    }
+}
+
+/// Every process below `roots`, the roots included, each stopped before
+/// its children are read: a tree that forks as it is walked cannot grow
+/// past the walk.
+fn frozen_tree(roots: Vec<u32>) -> Vec<u32> {
+    let mut seen = HashSet::new();
+    let mut tree = Vec::new();
+    let mut todo = roots;
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        freeze(pid);
+        tree.push(pid);
+        todo.extend(children_of(pid));
+    }
+    tree
+}
+
+/// Kill and reap every child of this process that is not kept, and every
+/// process below each: the trees are stopped whole first, then killed, so
+/// none can outgrow the sweep; what they leave dying comes to this process
+/// and is reaped by the next pass, until none is left. Blocking: run it
+/// off the async workers. How many it killed.
 pub fn sweep() -> usize {
     let mut killed = 0;
     if !REAPING.load(Ordering::SeqCst) {
         return killed;
     }
-    // Each pass takes at least one layer of a tree; a tree deeper than
-    // this is left to the next sweep.
-    for _ in 0..64 {
+    let me = std::process::id();
+    // Each pass kills whole trees; later passes only reap their dead.
+    for _ in 0..1000 {
         let orphans: Vec<u32> = {
             let set = kept();
-            children()
+            children_of(me)
                 .into_iter()
                 .filter(|p| !set.contains(p))
                 .collect()
@@ -131,14 +172,15 @@ pub fn sweep() -> usize {
         if orphans.is_empty() {
             break;
         }
+        let tree = frozen_tree(orphans.clone());
+        for pid in &tree {
+            signal(*pid, Signal::SIGKILL);
+        }
+        killed += tree.len();
         for pid in orphans {
-            let Ok(raw) = i32::try_from(pid) else {
-                continue;
-            };
-            let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
-            // Ours to reap (it may be a zombie already); SIGKILL ends it.
-            if waitpid(Pid::from_raw(raw), None).is_ok() {
-                killed += 1;
+            if let Ok(raw) = i32::try_from(pid) {
+                // Ours to reap (it may be a zombie already); SIGKILL ends it.
+                let _ = waitpid(Pid::from_raw(raw), None);
             }
         }
     }

@@ -162,3 +162,68 @@ python3 -c 'b = bytearray(8 * 1024 * 1024); print("small", len(b))'
     assert!(out.contains("small 8388608"), "{out}");
     mock.shutdown().await;
 }
+
+/// A tree deeper than a sweep could take layer by layer (a chain of 80
+/// processes a tool leaves behind, out of its group): stopped whole, then
+/// killed; none is alive once the call has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_tree_a_tool_leaves_goes_whole() {
+    const DEPTH: usize = 80;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let pids = dir.path().join("pids");
+    let script = tools.join("chain");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/usr/bin/env bash
+if [[ "${{1:-}}" == describe ]]; then echo '{{"slug": "chain", "description": "Leaves a chain.", "args": []}}'; exit 0; fi
+chain() {{ echo $BASHPID >> '{pids}'; if [ "$1" -gt 0 ]; then chain $(( $1 - 1 )) & wait; else sleep 300; fi; }}
+( setsid bash -c "$(declare -f chain); chain {DEPTH}" </dev/null >/dev/null 2>&1 & )
+for _ in $(seq 1 400); do
+  [ "$(wc -l < '{pids}' 2>/dev/null || echo 0)" -gt {DEPTH} ] && break
+  sleep 0.05
+done
+echo started
+"#,
+            pids = pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
+        Some("tool") => MockReply::text("done"),
+        _ => MockReply::tool_call("bash_chain", json!({})),
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+    let id = new_session(&api, json!({"agent": "a"})).await;
+    let r = message_waited(&api, &id, "chain").await;
+    assert_eq!(last_tool_output(&r).trim(), "started", "{}", r.text);
+    let left: Vec<String> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(left.len() > DEPTH, "{}", left.len());
+    let alive: Vec<&String> = left.iter().filter(|p| alive(p)).collect();
+    assert!(
+        alive.is_empty(),
+        "{} of {} outlived the call",
+        alive.len(),
+        left.len()
+    );
+    mock.shutdown().await;
+}
