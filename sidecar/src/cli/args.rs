@@ -278,6 +278,11 @@ pub enum Command {
         #[arg(long, value_name = "DURATION", env = "BINDERY_BODY_TIMEOUT",
               default_value = "30s", value_parser = parse_interval)]
         body_timeout: std::time::Duration,
+        /// How long a write to a client may wait for it to read: a client
+        /// that never reads its answers (or an event stream) is cut off.
+        #[arg(long, value_name = "DURATION", env = "BINDERY_WRITE_TIMEOUT",
+              default_value = "30s", value_parser = parse_interval)]
+        write_timeout: std::time::Duration,
         /// Connections one IP address may hold open at once (event
         /// streams included); one more is closed as it is accepted.
         #[arg(long, value_name = "N", env = "BINDERY_MAX_CONNECTIONS_PER_IP",

@@ -183,6 +183,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             events_keep_alive,
             header_timeout,
             body_timeout,
+            write_timeout,
             max_connections_per_ip,
             allowed_hosts,
             allowed_origins,
@@ -218,6 +219,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 conn_limits: super::http::ConnLimits {
                     header_timeout,
                     body_timeout,
+                    write_timeout,
                     per_ip: max_connections_per_ip as usize,
                 },
                 allowed_hosts: &allowed_hosts,

@@ -51,6 +51,9 @@ pub struct ConnLimits {
     /// How long a request's body may take to arrive, from its head; then
     /// reading it fails (the route answers 400) and the connection closes.
     pub body_timeout: Duration,
+    /// How long a write to a client may wait for it to read; then the
+    /// connection is closed (a client that never reads its answers).
+    pub write_timeout: Duration,
     /// Connections one IP address may hold open at once; one more is
     /// closed as it is accepted.
     pub per_ip: usize,
@@ -60,12 +63,122 @@ pub struct ConnLimits {
 #[derive(Clone, Default)]
 struct PerIp(Arc<Mutex<HashMap<IpAddr, usize>>>);
 
+/// The most connections open at once: three quarters of the descriptors
+/// the process may open, so that the store, tools and peers always have
+/// some (a client over it is closed as it is accepted).
+fn connection_cap() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    usize::try_from(soft.saturating_mul(3) / 4)
+        .unwrap_or(usize::MAX)
+        .max(64)
+}
+
+/// A connection's IO whose writes fail once one has waited
+/// [`ConnLimits::write_timeout`] for the client to read: hyper then
+/// closes the connection, and what it held goes.
+struct WriteDeadline<T> {
+    inner: T,
+    timeout: Duration,
+    waiting: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(inner: T, timeout: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            timeout,
+            waiting: None,
+        }
+    }
+
+    /// `polled`, and once it has been pending past the timeout, an error.
+    fn bounded<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<R>>,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        use std::task::Poll;
+        if polled.is_ready() {
+            self.waiting = None;
+            return polled;
+        }
+        let timeout = self.timeout;
+        let waiting = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match waiting.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing within the write timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.bounded(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.bounded(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.bounded(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// One open connection of an address; dropped when it closes.
 struct Held(PerIp, IpAddr);
 
 impl PerIp {
-    fn take(&self, ip: IpAddr, limit: usize) -> Option<Held> {
+    /// One more connection of `ip`, if it holds fewer than `limit` and all
+    /// together fewer than `cap`.
+    fn take(&self, ip: IpAddr, limit: usize, cap: usize) -> Option<Held> {
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Addresses are few next to connections: the sum is cheap enough.
+        if open.values().sum::<usize>() >= cap {
+            return None;
+        }
         let n = open.entry(ip).or_default();
         if *n >= limit {
             return None;
@@ -174,6 +287,7 @@ pub async fn serve(
 ) {
     let connections = GracefulShutdown::new();
     let per_ip = PerIp::default();
+    let cap = connection_cap();
     let mut signal = std::pin::pin!(signal);
     loop {
         let (io, addr) = tokio::select! {
@@ -191,8 +305,8 @@ pub async fn serve(
             },
             () = &mut signal => break,
         };
-        let Some(held) = per_ip.take(addr.ip(), limits.per_ip) else {
-            tracing::warn!(peer = %addr.ip(), limit = limits.per_ip, "a connection refused: its address holds as many as it may");
+        let Some(held) = per_ip.take(addr.ip(), limits.per_ip, cap) else {
+            tracing::warn!(peer = %addr.ip(), per_ip = limits.per_ip, cap, "a connection refused: its address, or the server, holds as many as it may");
             continue;
         };
         // Small SSE frames and JSON answers go out at once, not after the
@@ -201,6 +315,7 @@ pub async fn serve(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
         let service = service(router.clone(), limits, |_| {});
+        let io = WriteDeadline::new(io, limits.write_timeout);
         let conn = builder(limits).serve_connection(TokioIo::new(io), service);
         let conn = connections.watch(conn);
         tokio::spawn(async move {
@@ -261,6 +376,7 @@ pub async fn serve_tls(
             let service = service(router, limits, |e| {
                 e.insert(crate::api::origin::PeerPort);
             });
+            let io = WriteDeadline::new(io, limits.write_timeout);
             let conn = builder(limits).serve_connection(TokioIo::new(io), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::trace!(error = %e, "peer connection ended with an error");

@@ -92,3 +92,50 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
         .unwrap();
     assert!(closed_within(&mut idle, Duration::from_secs(30)).await);
 }
+
+/// A client that asks and never reads (pipelined requests for a large
+/// answer, a small receive window) holds its connection only until a
+/// write has waited the write timeout; then the address's one slot is
+/// free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: \"http://127.0.0.1:9/v1\", name: m}\n",
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--write-timeout", "2s", "--max-connections-per-ip", "1"],
+        &[],
+        dir.path(),
+    );
+    let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut hog = socket.connect(addr).await.unwrap();
+    let ask = "GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(50);
+    hog.write_all(ask.as_bytes()).await.unwrap();
+    // The one slot frees once the server gives up on the hog.
+    let answered = bindery_tests::eventually::eventually(
+        "another connection is served",
+        Duration::from_secs(30),
+        async || {
+            let mut c = TcpStream::connect(addr).await.ok()?;
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut answer = Vec::new();
+            c.read_to_end(&mut answer).await.ok()?;
+            let answer = String::from_utf8_lossy(&answer).to_string();
+            answer.starts_with("HTTP/1.1 200").then_some(answer)
+        },
+    )
+    .await;
+    assert!(answered.contains("200"), "{answered}");
+    drop(hog);
+}
