@@ -1108,3 +1108,48 @@ spec:
     assert!(!outbox.exists(), "sent before a person said so");
     mock.shutdown().await;
 }
+
+/// Clearing the guard clears what the person was shown, no more: a
+/// ticket read in the same turn as the mail they approve (after its facts
+/// were taken) still holds the next mail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clearing_the_taint_clears_only_what_the_person_saw() {
+    let g = scripted(
+        |req| {
+            let (_, all) = said(req);
+            let results = req["messages"]
+                .as_array()
+                .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+                .unwrap_or(0);
+            match (last_message(req)["role"].as_str(), results) {
+                (Some("user"), 0) => {
+                    MockReply::tool_call("bash_fetch-ticket", json!({"id": "T-1"}))
+                }
+                (Some("tool"), 1) => MockReply::ToolCalls(vec![
+                    (
+                        "bash_send-email".into(),
+                        json!({"to": "bob@example.com", "body": "hi"}),
+                    ),
+                    ("bash_fetch-ticket".into(), json!({"id": "T-2"})),
+                ]),
+                (Some("tool"), _) if !all.contains("attacker.example\",") => MAIL_AWAY(),
+                _ => MockReply::text("done"),
+            }
+        },
+        |t| t,
+        &[],
+    )
+    .await;
+    let id = new_session(&g.api, json!({"agent": "helpdesk"})).await;
+    let r = g.message(&id, "read the tickets").await;
+    let item = waiting(&r).clone();
+    assert_eq!(item["call"]["to"], "bob@example.com", "{}", r.text);
+    assert_eq!(item["tainted_by"].as_array().unwrap().len(), 1, "{item}");
+    let r = g
+        .answer(&item, json!({"approve": true, "clear_taint": true}))
+        .await;
+    let next = waiting(&r).clone();
+    assert_eq!(next["call"]["to"], "audit@attacker.example", "{}", r.text);
+    assert_eq!(next["tainted_by"][0]["tool"], "bash_fetch-ticket", "{next}");
+    assert_eq!(g.outbox(), ["bob@example.com\thi"]);
+}

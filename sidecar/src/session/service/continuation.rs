@@ -243,7 +243,20 @@ impl Sessions {
         slot.resolution = Some(resolution.clone());
         rec.pending.retire_tokens();
         if answer.clear_taint {
-            rec.security.taint_cleared_at = Some(rec.turns.len());
+            // What the person was shown: the untrusted results before the
+            // turn that made this call. A result of that turn's other calls
+            // (or later) came after, and still holds egress calls.
+            let call = item
+                .frames
+                .first()
+                .map_or(item.tool_call_id.as_str(), |f| f.call_id.as_str());
+            let made_at = rec.turns.iter().position(|t| match t.message() {
+                crate::llm::ChatMessage::Assistant { tool_calls, .. } => {
+                    tool_calls.iter().any(|c| c.id == call)
+                }
+                _ => false,
+            });
+            rec.security.taint_cleared_at = Some(made_at.unwrap_or(rec.turns.len()));
             tracing::info!(session = id, "the taint guard was cleared: earlier untrusted results no longer hold egress calls");
         }
         rec.status_detail = Some(rec.pending.detail());
