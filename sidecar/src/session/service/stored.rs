@@ -95,14 +95,18 @@ const MAX_DEPTH: usize = 128;
 
 /// Whether `text` (JSON or YAML) may nest deeper than `max` levels, by one
 /// linear scan before any parser sees it: libyaml's scanner takes time
-/// that grows with the square of the depth (40,000 levels held an async
-/// worker for 5 s). It counts open flow brackets outside quotes and
-/// comments, and each line's indentation plus its leading `- `, `? ` and
-/// `: ` markers (YAML's block nesting); a bracket in a block scalar's text
-/// counts too, which can only make it refuse a little early.
+/// that grows with the square of the depth (40,000 levels held a worker
+/// for 5 s). Block nesting: a line's indentation and its leading `- `,
+/// `? ` and `: ` markers. Flow nesting: every `[` and `{` counts, quoted or
+/// not (what YAML takes for a quote is not a scan's to tell), and more
+/// than `32 × max` of them is refused; a definition has a few dozen, and
+/// at that bound the parser's time stays small.
 pub fn nests_deeper_than(text: &str, max: usize) -> bool {
-    let mut flow = 0usize;
-    for line in text.lines() {
+    let openers = text.bytes().filter(|b| matches!(b, b'[' | b'{')).count();
+    if openers > max.saturating_mul(32) {
+        return true;
+    }
+    text.lines().any(|line| {
         let indent = line.len() - line.trim_start_matches(' ').len();
         let mut rest = &line[indent..];
         let mut markers = 0;
@@ -110,30 +114,8 @@ pub fn nests_deeper_than(text: &str, max: usize) -> bool {
             markers += 1;
             rest = r.trim_start_matches(' ');
         }
-        if flow == 0 && indent / 2 + markers > max {
-            return true;
-        }
-        let mut quote: Option<char> = None;
-        let mut prev = ' ';
-        for c in rest.chars() {
-            match (quote, c) {
-                (Some(q), c) if c == q && prev != '\\' => quote = None,
-                (Some(_), _) => {}
-                (None, '"' | '\'') => quote = Some(c),
-                (None, '#') if prev == ' ' || prev == '\t' => break,
-                (None, '[' | '{') => {
-                    flow += 1;
-                    if flow > max {
-                        return true;
-                    }
-                }
-                (None, ']' | '}') => flow = flow.saturating_sub(1),
-                _ => {}
-            }
-            prev = c;
-        }
-    }
-    false
+        indent / 2 + markers > max
+    })
 }
 
 /// A definition the API sent, as JSON text: JSON as given, YAML turned
@@ -437,10 +419,18 @@ mod tests {
         let agent = "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nspec:\n  model: {url: \"http://m\", name: m}\n  toolboxes:\n    - bash:\n        tools:\n          - {tool: a, readOnly: true}\n  systemPrompt: |\n    Say [[[[ what you like ]] # not a comment\n";
         assert!(!nests_deeper_than(agent, 16));
         let json = r#"{"a": {"b": [1, {"c": "[[[[[[[[["}]}, "d": '{{{{{{{'}"#;
-        assert!(!nests_deeper_than(json, 4));
+        assert!(!nests_deeper_than(json, 1));
+        // Quotes YAML does not take for quotes hide nothing.
+        for tricked in [
+            format!("c: [a'b, {}{}]", "[".repeat(5000), "]".repeat(5000)),
+            format!("c: ['a\\', {}", "[".repeat(5000)),
+            format!("a: x[\n{}", "[".repeat(5000)),
+        ] {
+            assert!(nests_deeper_than(&tricked, 128), "{}", &tricked[..12]);
+        }
         for deep in [
-            "[".repeat(200),
-            "{a: ".repeat(200),
+            "[".repeat(5000),
+            "{a: ".repeat(5000),
             "- ".repeat(200) + "x",
             (0..200)
                 .map(|i| format!("{}a:\n", "  ".repeat(i)))
