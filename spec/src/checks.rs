@@ -321,24 +321,32 @@ pub const SERVER_CREDENTIAL_ENV: [&str; 8] = [
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
 ];
 
-/// Words of a variable's name (between `_`) that say it holds a
-/// credential, whoever set it: a platform's own (`AWS_SECRET_ACCESS_KEY`,
-/// `GITHUB_TOKEN`, `PGPASSWORD`) as much as Bindery's.
-const CREDENTIAL_WORDS: [&str; 14] = [
+/// Parts of a variable's name that say it holds a credential, whoever set
+/// it: a platform's own (`AWS_SECRET_ACCESS_KEY`, `GITHUB_TOKEN`,
+/// `PGPASSWORD`, `clientsecret`) as much as Bindery's. Found anywhere in
+/// the name, written together or apart.
+const CREDENTIAL_PARTS: [&str; 8] = [
     "TOKEN",
-    "TOKENS",
     "SECRET",
-    "SECRETS",
-    "PASSWORD",
-    "PASSWD",
-    "PGPASSWORD",
+    "PASSW",
+    "APIKEY",
+    "ACCESSKEY",
+    "PRIVATEKEY",
+    "CREDENTIAL",
+    "WEBHOOK",
+];
+
+/// Words (between `_`) that say it too, only as whole words: `PASS` but
+/// not `PASSPORT_OFFICE`'s, `PAT` but not `PATH`.
+const CREDENTIAL_WORDS: [&str; 8] = [
+    "PASS",
+    "PWD",
+    "PAT",
     "KEY",
     "KEYS",
-    "APIKEY",
-    "CREDENTIAL",
-    "CREDENTIALS",
     "AUTH",
     "AUTHORIZATION",
+    "COOKIE",
 ];
 
 /// Names whose value is a connection string that carries a password.
@@ -353,10 +361,26 @@ const CREDENTIAL_NAMES: [&str; 5] = [
 /// Whether the variable `name` carries a credential by its name alone.
 pub fn credential_env(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
+    let joined = upper.replace(['_', '-'], "");
     SERVER_CREDENTIAL_ENV.contains(&upper.as_str())
         || CREDENTIAL_NAMES.contains(&upper.as_str())
         || upper.ends_with("_DSN")
-        || upper.split('_').any(|w| CREDENTIAL_WORDS.contains(&w))
+        || upper.ends_with("_PROXY")
+        || CREDENTIAL_PARTS.iter().any(|p| joined.contains(p))
+        || upper
+            .split('_')
+            .any(|w| CREDENTIAL_WORDS.contains(&w) && !matches!(upper.as_str(), "PWD" | "OLDPWD"))
+}
+
+/// Whether a variable's value carries a credential by its form: a URL
+/// with a password in it (`scheme://user:password@host`).
+pub fn credential_value(value: &str) -> bool {
+    value.split("://").skip(1).any(|rest| {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+    })
 }
 
 /// Why `env-vars` may not show the variable `name` (of an agent whose
@@ -795,9 +819,34 @@ mod tests {
             let why = env_var_refusal(name, &none).unwrap_or_else(|| panic!("{name} shown"));
             assert!(why.contains(name), "{why}");
         }
-        for name in ["APP_REGION", "HOME", "LANG", "KEYBOARD_LAYOUT", "MONKEY"] {
+        for name in [
+            "DB_PASS",
+            "SMTP_PASS",
+            "MYSQL_PWD",
+            "APITOKEN",
+            "ACCESSKEY",
+            "PRIVATEKEY",
+            "clientsecret",
+            "GH_PAT",
+            "SLACK_WEBHOOK_URL",
+            "HTTP_PROXY",
+        ] {
+            assert!(env_var_refusal(name, &none).is_some(), "{name} shown");
+        }
+        for name in [
+            "APP_REGION",
+            "HOME",
+            "LANG",
+            "PATH",
+            "PWD",
+            "OLDPWD",
+            "MONKEY",
+        ] {
             assert_eq!(env_var_refusal(name, &none), None, "{name}");
         }
+        assert!(credential_value("http://u:hunter2@proxy:3128"));
+        assert!(!credential_value("http://proxy:3128/a@b"));
+        assert!(!credential_value("eu-west"));
     }
 
     fn agent(toolbox: &str) -> AgentSpec {

@@ -71,7 +71,11 @@ impl SystemTool {
         let mut withheld = Vec::new();
         for name in &self.env_vars {
             match std::env::var(name) {
-                Ok(v) if live.scrub(&v) != v || ctx.scrubber.scrub(&v) != v => {
+                Ok(v)
+                    if live.scrub(&v) != v
+                        || ctx.scrubber.scrub(&v) != v
+                        || crate::spec::checks::credential_value(&v) =>
+                {
                     withheld.push(name.clone())
                 }
                 Ok(v) => {

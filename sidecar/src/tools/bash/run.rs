@@ -30,6 +30,7 @@ const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
 fn withheld(name: &str, value: &str) -> bool {
     name.starts_with(WITHHELD_ENV_PREFIX)
         || crate::spec::checks::credential_env(name)
+        || crate::spec::checks::credential_value(value)
         || crate::params::live::own()
             .iter()
             .any(|(_, s)| s.expose().len() >= 4 && value.contains(s.expose()))
