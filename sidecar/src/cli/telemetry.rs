@@ -174,6 +174,10 @@ mod tests {
             escape_controls(coloured, true),
             "\u{1b}[32mINFO\u{1b}[0m a=\\u{1b}[1A\n"
         );
+        assert_eq!(
+            escape_controls("a\u{2028}b\u{202e}c\u{2066}d\n", false),
+            "a\\u{2028}b\\u{202e}c\\u{2066}d\n"
+        );
         assert!(matches!(
             escape_controls("plain\ttext\n", false),
             std::borrow::Cow::Borrowed(_)
@@ -253,7 +257,18 @@ impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
 /// writes itself and which forge nothing.
 pub fn escape_controls(record: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
     let body = record.strip_suffix('\n').unwrap_or(record);
-    let plain = |c: char| !c.is_control() || c == '\t';
+    // Controls, and the characters that end a line or reorder what is
+    // shown around them (Unicode's separators and bidi marks).
+    let plain = |c: char| {
+        c == '\t'
+            || !(c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+                )
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c))
+    };
     if body.chars().all(plain) {
         return std::borrow::Cow::Borrowed(record);
     }
