@@ -99,6 +99,7 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
             call_timeout: Duration::from_secs(agents.tool_timeout),
             max_output: agents.tool_max_output,
             memory: (agents.tool_memory > 0).then(|| agents.tool_memory * 1024 * 1024),
+            processes: (agents.tool_processes > 0).then_some(agents.tool_processes),
             ..Limits::default()
         },
         skip_broken_scripts: false,

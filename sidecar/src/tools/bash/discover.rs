@@ -71,7 +71,8 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
         &["describe".to_string()],
         &[],
         None,
-        (limits.describe_timeout, limits.memory),
+        &limits,
+        limits.describe_timeout,
         (1024 * 1024, super::run::MAX_STDERR),
     )
     .await

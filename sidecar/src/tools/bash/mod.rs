@@ -23,6 +23,9 @@ use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpe
 /// [`Limits::memory`] unless `--tool-memory` says otherwise: 512 MiB.
 pub const DEFAULT_TOOL_MEMORY: u64 = 512 * 1024 * 1024;
 
+/// [`Limits::processes`] unless `--tool-processes` says otherwise.
+pub const DEFAULT_TOOL_PROCESSES: u64 = 1024;
+
 /// Bounds on what a script may take.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -35,6 +38,10 @@ pub struct Limits {
     /// Bytes of memory each process of a call may write to (its data,
     /// heap and private mappings: `RLIMIT_DATA`); `None`: no bound.
     pub memory: Option<u64>,
+    /// How many processes the server's user may have when a tool's
+    /// process forks (`RLIMIT_NPROC`: the user's, tools and server
+    /// together; the kernel does not apply it to root); `None`: no bound.
+    pub processes: Option<u64>,
 }
 
 impl Default for Limits {
@@ -44,6 +51,7 @@ impl Default for Limits {
             call_timeout: Duration::from_secs(60),
             max_output: 256 * 1024,
             memory: Some(DEFAULT_TOOL_MEMORY),
+            processes: Some(DEFAULT_TOOL_PROCESSES),
         }
     }
 }

@@ -60,24 +60,29 @@ pub(super) async fn exec(
     argv: &[String],
     env: &[(String, String)],
     stdin: Option<String>,
-    (timeout, memory): (Duration, Option<u64>),
+    limits: &super::Limits,
+    timeout: Duration,
     read: (usize, usize),
 ) -> Result<Exec, ExecError> {
     let mut cmd = Command::new(path);
-    if let Some(bytes) = memory {
+    let (memory, processes) = (limits.memory, limits.processes);
+    if memory.is_some() || processes.is_some() {
         // In the child, before it runs the script: each process of the
-        // call (its children inherit it) may write at most `bytes`.
+        // call (its children inherit both) may write at most `memory`,
+        // and fork only while the user has fewer than `processes`.
         #[allow(unsafe_code)]
         // SAFETY: the closure only calls setrlimit(2), which is
         // async-signal-safe, and allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_DATA,
-                    bytes,
-                    bytes,
-                )
-                .map_err(std::io::Error::from)
+                use nix::sys::resource::{setrlimit, Resource};
+                if let Some(bytes) = memory {
+                    setrlimit(Resource::RLIMIT_DATA, bytes, bytes).map_err(std::io::Error::from)?;
+                }
+                if let Some(n) = processes {
+                    setrlimit(Resource::RLIMIT_NPROC, n, n).map_err(std::io::Error::from)?;
+                }
+                Ok(())
             });
         }
     }
@@ -302,7 +307,8 @@ pub(super) async fn run(
         &inv.argv,
         &env,
         inv.stdin,
-        (tool.limits.call_timeout, tool.limits.memory),
+        &tool.limits,
+        tool.limits.call_timeout,
         (
             max_output.saturating_add(scrubber.lookahead()),
             MAX_STDERR.saturating_add(scrubber.lookahead()),

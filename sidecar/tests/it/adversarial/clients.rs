@@ -121,7 +121,7 @@ async fn a_client_that_never_reads_is_cut_off() {
     let ask = "GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(50);
     hog.write_all(ask.as_bytes()).await.unwrap();
     // The one slot frees once the server gives up on the hog.
-    let answered = bindery_tests::eventually::eventually(
+    let answered = eventually(
         "another connection is served",
         Duration::from_secs(30),
         async || {

@@ -227,3 +227,87 @@ echo started
     );
     mock.shutdown().await;
 }
+
+/// A fork bomb (bounded here at 200): under a server that runs as an
+/// ordinary user, as in its pod, the tool's forks fail once the user has
+/// `--tool-processes` (the tool sees bash's "Resource temporarily
+/// unavailable"), and what it started goes with the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_forks_stop_at_the_process_bound() {
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |p: &std::path::Path| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap()
+    };
+    open(dir.path());
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    open(&logs);
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    open(&tools);
+    let script = tools.join("bomb");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == describe ]]; then echo '{"slug": "bomb", "description": "Forks.", "args": []}'; exit 0; fi
+started=0
+for _ in $(seq 1 200); do
+  if sleep 300 </dev/null >/dev/null 2>&1 & then started=$((started + 1)); fi
+done
+echo "started=$started"
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
+        Some("tool") => MockReply::text("done"),
+        _ => MockReply::tool_call("bash_bomb", json!({})),
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--tool-processes", "64"])
+        .arg("--agent-file")
+        .arg(&agent)
+        .args(["--store", &sqlite_in(dir.path())])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("BINDERY_OWNER_TOKEN", OWNER)
+        .uid(NOBODY)
+        .gid(NOBODY);
+    let sidecar = bindery_tests::sidecar::Sidecar::spawn(cmd, &logs, OWNER);
+    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let id = new_session(&api, json!({"agent": "a"})).await;
+    let r = message_waited(&api, &id, "bomb").await;
+    let out = last_tool_output(&r);
+    assert!(
+        out.contains("fork: Resource temporarily unavailable"),
+        "{out}"
+    );
+    assert!(!out.contains("started=200"), "{out}");
+    // Nothing it started outlived the call.
+    let left = std::process::Command::new("pgrep")
+        .args(["-u", "nobody", "-x", "sleep"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    drop(sidecar);
+    mock.shutdown().await;
+}
