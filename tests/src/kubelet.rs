@@ -20,7 +20,10 @@
 //! process (`unshare --mount`); its environment comes from literal values
 //! (`$(VAR)` of an earlier variable), `secretKeyRef`, `configMapKeyRef` and
 //! `fieldRef`. Each Pod gets a loopback address of its own (127.x.y.z, at
-//! random): an argument `0.0.0.0` becomes that address. Readiness probes
+//! random): an argument `0.0.0.0` becomes that address, and the container
+//! is told to answer to any host name (`BINDERY_ALLOWED_HOSTS=*`), as on a
+//! Pod's own address (a server on a loopback address otherwise answers to
+//! loopback names only). Readiness probes
 //! (`httpGet`) are polled. A container that exits runs again, unless the
 //! Pod's `restartPolicy` says otherwise (`Never`; `OnFailure` after a
 //! success): then the Pod ends `Succeeded` or `Failed`, as `helm test`
@@ -566,6 +569,7 @@ async fn launch(
             state.shared.api_port.clone(),
         ),
     ];
+    env.push(("BINDERY_ALLOWED_HOSTS".into(), "*".into()));
     for e in c.env.iter().flatten() {
         if let Some(value) = env_value(state, pod, me, e).await? {
             let value = if e.value.is_some() {

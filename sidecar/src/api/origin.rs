@@ -36,7 +36,9 @@ impl OriginPolicy {
     /// name), else any host; the `origins` given (`--allowed-origins`,
     /// `*` for any) besides the server's own.
     pub fn new(listen: SocketAddr, hosts: &[String], origins: &[String]) -> OriginPolicy {
-        let hosts = if !hosts.is_empty() {
+        let hosts = if hosts.iter().any(|h| h.trim() == "*") {
+            None
+        } else if !hosts.is_empty() {
             Some(hosts.iter().map(|h| host_name(h)).collect())
         } else if listen.ip().is_loopback() {
             Some(vec!["localhost".into()])
@@ -218,6 +220,8 @@ mod tests {
         );
         assert!(p.check(&headers("10.0.0.7:8080", None)).is_err());
         let star = OriginPolicy::new("0.0.0.0:8080".parse().unwrap(), &[], &["*".into()]);
+        let any = OriginPolicy::new("127.0.0.1:8080".parse().unwrap(), &["*".into()], &[]);
+        assert_eq!(any.check(&headers("acme.shop.svc", None)), Ok(()));
         assert_eq!(
             star.check(&headers("x", Some("https://anything.example"))),
             Ok(())

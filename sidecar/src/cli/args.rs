@@ -292,7 +292,7 @@ pub enum Command {
         /// comma-separated. Default: on a loopback address, localhost and
         /// loopback addresses only (a page of another site that resolves
         /// its name to this address is refused: DNS rebinding); elsewhere
-        /// any.
+        /// any. `*`: any.
         #[arg(
             long,
             value_name = "HOST,...",
