@@ -12,6 +12,12 @@ pub fn main() -> ExitCode {
     let telemetry = init_logging(cli.log_format);
     // What a tool leaves behind comes to this process, which ends it.
     crate::reaper::become_subreaper();
+    // Its tools run as its user: without this, one could read the server's
+    // environment and memory (/proc/<server>/environ, its credentials among
+    // them). Not dumpable, those files are root's.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(error = %e, "cannot keep the server's environment from its tools");
+    }
     let code = run_main(cli.command);
     // Every command ends here (`serve` too, on SIGTERM or ctrl-c): send the
     // spans still buffered before the process goes.
