@@ -443,14 +443,16 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Bl
 /// as untrusted.
 pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
     let untrusted = |name: &str| {
-        ctx.tools.iter().any(|t| {
-            t.name() == name
-                && (t.untrusted()
-                    || !crate::bindings::depends::untrusted_lookups(ctx.tools, t).is_empty())
-        }) || ctx.helpers.as_ref().is_some_and(|env| {
-            name.strip_prefix(helpers::PROMPT_PREFIX)
-                .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
-        })
+        ctx.agent.tools.untrusted(name)
+            || ctx.tools.iter().any(|t| {
+                t.name() == name
+                    && (t.untrusted()
+                        || !crate::bindings::depends::untrusted_lookups(ctx.tools, t).is_empty())
+            })
+            || ctx.helpers.as_ref().is_some_and(|env| {
+                name.strip_prefix(helpers::PROMPT_PREFIX)
+                    .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
+            })
     };
     let mut named: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut out = ctx.caller_taint.to_vec();

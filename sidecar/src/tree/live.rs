@@ -13,13 +13,43 @@ use crate::bindings::{apply::apply_bindings_with, glob_matches, BindingLayer, Bo
 use crate::diagnostic::{Diagnostic, Level};
 use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
 
-/// The tools of one agent, as of now.
+/// The tools of one agent, as of now; and the names that ever gave an
+/// untrusted result in this process, which a change of the list does not
+/// make trusted (a server that drops its untrusted tool after a call
+/// would otherwise clear the taint of what it answered).
 #[derive(Clone, Default)]
-pub struct LiveTools(Arc<RwLock<Arc<Vec<BoundTool>>>>);
+pub struct LiveTools(
+    Arc<RwLock<Arc<Vec<BoundTool>>>>,
+    Arc<RwLock<std::collections::BTreeSet<String>>>,
+);
+
+/// The names among `tools` whose results are untrusted: their own, or by
+/// their lookups.
+fn untrusted_names(tools: &[BoundTool]) -> impl Iterator<Item = String> + '_ {
+    tools
+        .iter()
+        .filter(|t| {
+            t.untrusted() || !crate::bindings::depends::untrusted_lookups(tools, t).is_empty()
+        })
+        .map(|t| t.name().to_string())
+}
 
 impl LiveTools {
     pub fn new(tools: Vec<BoundTool>) -> Self {
-        LiveTools(Arc::new(RwLock::new(Arc::new(tools))))
+        let untrusted = untrusted_names(&tools).collect();
+        LiveTools(
+            Arc::new(RwLock::new(Arc::new(tools))),
+            Arc::new(RwLock::new(untrusted)),
+        )
+    }
+
+    /// Whether a result of the tool called `name` is untrusted: by the
+    /// tools now, or by any list this agent had before.
+    pub fn untrusted(&self, name: &str) -> bool {
+        self.1
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
     }
 
     /// The list as it is now; later changes do not touch it.
@@ -42,6 +72,10 @@ impl LiveTools {
 
     // Only MCP servers change a list.
     pub(crate) fn set(&self, tools: Vec<BoundTool>) {
+        self.1
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(untrusted_names(&tools));
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
     }
 }
