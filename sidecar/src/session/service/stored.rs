@@ -118,6 +118,50 @@ pub fn nests_deeper_than(text: &str, max: usize) -> bool {
     })
 }
 
+/// Whether YAML `text` has an anchor or an alias (`&name`, `*name` where
+/// a node starts): each alias is expanded into a copy of what it names, so
+/// a few kB of them make billions of values ("billion laughs") while no
+/// bracket or indentation shows it. Where a plain scalar would start with
+/// `*`, YAML reads an alias too, so nothing else is refused.
+pub fn has_yaml_alias(text: &str) -> bool {
+    // The indentation of the line that opened a block scalar (`|`, `>`):
+    // lines indented deeper are its text, not nodes.
+    let mut scalar_at: Option<usize> = None;
+    text.lines().any(|line| {
+        let indent = line.len() - line.trim_start().len();
+        if let Some(at) = scalar_at {
+            if line.trim().is_empty() || indent > at {
+                return false;
+            }
+            scalar_at = None;
+        }
+        let end = line.trim_end();
+        if ["|", ">", "|-", ">-", "|+", ">+"]
+            .iter()
+            .any(|m| end.ends_with(m))
+        {
+            scalar_at = Some(indent);
+        }
+        let chars: Vec<char> = line.chars().collect();
+        (0..chars.len()).any(|i| {
+            let c = chars[i];
+            let starts_node = chars[..i]
+                .iter()
+                .rev()
+                .find(|p| !p.is_whitespace())
+                .is_none_or(|p| matches!(p, '-' | ':' | '[' | '{' | ',' | '?'));
+            let spaced =
+                i == 0 || chars[i - 1].is_whitespace() || matches!(chars[i - 1], '[' | '{' | ',');
+            matches!(c, '&' | '*')
+                && starts_node
+                && spaced
+                && chars
+                    .get(i + 1)
+                    .is_some_and(|n| !n.is_whitespace() && !matches!(n, ',' | ']' | '}'))
+        })
+    })
+}
+
 /// A definition the API sent, as JSON text: JSON as given, YAML turned
 /// into JSON (one document).
 fn as_json(body: &str) -> Result<String, ServiceError> {
@@ -353,6 +397,11 @@ impl Agents {
                 format!("agent `{slug}` is defined by the server's files; a stored agent takes another slug"),
             ));
         }
+        if !body.trim_start().starts_with('{') && has_yaml_alias(body) {
+            return Err(ServiceError::bad_request(
+                "the definition has a YAML anchor or alias (`&name`, `*name`), which a definition sent over the API may not: each alias copies what it names, so a small text can grow without bound; write the value out (a glob like `*` is quoted: `tool: \"*\"`)",
+            ));
+        }
         if nests_deeper_than(body, MAX_DEPTH) {
             return Err(ServiceError::bad_request(format!(
                 "the definition nests deeper than {MAX_DEPTH} levels; an agent's definition needs a dozen"
@@ -413,6 +462,22 @@ impl Agents {
 #[cfg(test)]
 mod tests {
     use super::nests_deeper_than;
+
+    #[test]
+    fn anchors_and_aliases_are_found() {
+        use super::has_yaml_alias;
+        let laughs = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n";
+        assert!(has_yaml_alias(laughs));
+        assert!(has_yaml_alias("a: &a\n  - x\nb:\n  - *a\n"));
+        for fine in [
+            "systemPrompt: Tom & Jerry, R&D, 2*3 and a * b\n",
+            "bindings:\n  - {tool: \"bash_query-*\", arg: token}\n  - tool: bash_*\n",
+            "confirm: [{tool: \"*\"}]\n",
+            "prompt: |\n  use bold *text* here\n  *all* of it, &more\nnext: x\n",
+        ] {
+            assert!(!has_yaml_alias(fine), "{fine}");
+        }
+    }
 
     #[test]
     fn deep_nesting_is_found_in_one_pass() {
