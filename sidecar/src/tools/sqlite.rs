@@ -115,6 +115,11 @@ const MAX_SQL_BYTES: i32 = 100_000;
 /// The page cache of a toolbox's connection (SQLite counts negative
 /// sizes in KiB).
 const CACHE_KIB: i64 = 4096;
+/// The temporary tables one statement may make (a materialized CTE, a
+/// sort, an automatic index): each has a page cache of its own, so their
+/// number bounds its memory.
+const MAX_TEMP_TABLES: usize = 16;
+
 /// The text a result may carry; rows past it are left out (`truncated`).
 const MAX_RESULT_BYTES: usize = 256 * 1024;
 
@@ -130,6 +135,27 @@ fn bound(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "temp_store", 1)?;
     conn.pragma_update(None, "mmap_size", 0)?;
     Ok(())
+}
+
+/// How many temporary tables `sql`'s program opens, read from its
+/// `EXPLAIN` (nothing is run).
+fn temp_tables(conn: &Connection, sql: &str) -> Result<usize, String> {
+    let mut explain = conn
+        .prepare(&format!("EXPLAIN {sql}"))
+        .map_err(|e| e.to_string())?;
+    // Unbound placeholders read as NULL: only the program is wanted.
+    let mut rows = explain.raw_query();
+    let mut n = 0;
+    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+        let op: String = row.get(1).map_err(|e| e.to_string())?;
+        if matches!(
+            op.as_str(),
+            "OpenEphemeral" | "OpenAutoindex" | "SorterOpen"
+        ) {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// What no statement may do, whatever the access: reach another file,
@@ -215,6 +241,12 @@ impl SqliteTool {
                 }
                 e => e.to_string(),
             })?;
+            let temp_tables = temp_tables(&conn, sql)?;
+            if temp_tables > MAX_TEMP_TABLES {
+                return Err(format!(
+                    "the statement would make {temp_tables} temporary tables (materialized CTEs, sorts, indexes), more than the {MAX_TEMP_TABLES} one statement may; simplify it"
+                ));
+            }
             if !self.read_write && !stmt.readonly() {
                 return Err("this database is read-only here: only statements that read (SELECT, WITH … SELECT) are allowed".to_string());
             }
@@ -427,6 +459,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("too many columns"), "{err}");
+        // Many materialized CTEs, each a temporary table with a cache.
+        let ctes: Vec<String> = (0..40)
+            .map(|i| format!("a{i} AS MATERIALIZED (SELECT zeroblob(1000) AS b)"))
+            .collect();
+        let sums: Vec<String> = (0..40)
+            .map(|i| format!("(SELECT count(b) FROM a{i})"))
+            .collect();
+        let sql = format!("WITH {} SELECT {}", ctes.join(","), sums.join("+"));
+        let err = t.run(&sql, &[]).unwrap_err().to_string();
+        assert!(err.contains("temporary tables"), "{err}");
+        let v = t
+            .run(
+                "WITH a AS MATERIALIZED (SELECT a FROM t) SELECT count(*) FROM a",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(v["rows"], json!([[3]]));
     }
 
     #[test]
