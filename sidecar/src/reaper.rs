@@ -190,6 +190,38 @@ pub fn sweep() -> usize {
     killed
 }
 
+/// The memory the process tree under `root` holds now, the root included:
+/// each process's private resident pages and the shared memory it maps
+/// (`RssAnon` + `RssShmem`), which a process limit (RLIMIT_DATA) does not
+/// see whole.
+pub fn tree_memory(root: u32) -> u64 {
+    let mut seen = HashSet::new();
+    let mut todo = vec![root];
+    let mut kib = 0u64;
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) || seen.len() > 10_000 {
+            continue;
+        }
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            for line in status.lines() {
+                if let Some(v) = line
+                    .strip_prefix("RssAnon:")
+                    .or_else(|| line.strip_prefix("RssShmem:"))
+                {
+                    kib += v
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .unwrap_or(0);
+                }
+            }
+        }
+        todo.extend(children_of(pid));
+    }
+    kib * 1024
+}
+
 /// [`sweep`] on a blocking thread.
 pub async fn sweep_async() -> usize {
     tokio::task::spawn_blocking(sweep).await.unwrap_or(0)

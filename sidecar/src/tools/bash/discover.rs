@@ -78,6 +78,10 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
     .await
     .map_err(|e| match e {
         ExecError::Spawn(e) => format!("script {shown}: cannot run `describe`: {e}"),
+        ExecError::Memory(m) => format!(
+            "script {shown}: `describe` held more than {} MiB and was stopped",
+            m / (1024 * 1024)
+        ),
         ExecError::Timeout(t) => format!(
             "script {shown}: `describe` did not finish within {}s",
             t.as_secs()

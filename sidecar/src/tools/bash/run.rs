@@ -48,7 +48,12 @@ pub(super) struct Exec {
 pub(super) enum ExecError {
     Spawn(std::io::Error),
     Timeout(Duration),
+    /// The call's processes held more than this many bytes together.
+    Memory(u64),
 }
+
+/// How often a running call's memory is read.
+const MEMORY_WATCH: Duration = Duration::from_millis(200);
 
 /// Start `path` with `argv` and `env` (added to the sidecar's environment,
 /// less its `BINDERY_*` variables), feed it `stdin`, and collect its output
@@ -130,7 +135,26 @@ pub(super) async fn exec(
         let status = child.wait().await;
         (status, out, err, truncated)
     };
-    let done = tokio::time::timeout(timeout, work).await;
+    // The call's processes together (shared memory included, which
+    // RLIMIT_DATA does not count) may hold at most `memory`.
+    let watch = async {
+        let (Some(limit), Some(pid)) = (memory, pgid) else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(MEMORY_WATCH).await;
+            let held = tokio::task::spawn_blocking(move || crate::reaper::tree_memory(pid))
+                .await
+                .unwrap_or(0);
+            if held > limit {
+                return limit;
+            }
+        }
+    };
+    let done = tokio::select! {
+        done = tokio::time::timeout(timeout, work) => done.map_err(|_| ExecError::Timeout(timeout)),
+        limit = watch => Err(ExecError::Memory(limit)),
+    };
     if done.is_err() {
         kill_group(pgid);
         // Its end orphans what it started outside its group: the sweep
@@ -147,7 +171,7 @@ pub(super) async fn exec(
             truncated,
         }),
         Ok((Err(e), ..)) => Err(ExecError::Spawn(e)),
-        Err(_) => Err(ExecError::Timeout(timeout)),
+        Err(e) => Err(e),
     }
 }
 
@@ -322,6 +346,13 @@ pub(super) async fn run(
             tracing::warn!(tool = name, script = %path, "cannot start the script: {e}");
             return Err(ToolError::Failed(format!(
                 "the tool could not be started: {e}"
+            )));
+        }
+        Err(ExecError::Memory(limit)) => {
+            tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool stopped: over its memory");
+            return Err(ToolError::Failed(format!(
+                "the tool's processes held more than {} MiB together and were stopped",
+                limit / (1024 * 1024)
             )));
         }
         Err(ExecError::Timeout(t)) => {

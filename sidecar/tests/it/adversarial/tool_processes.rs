@@ -386,3 +386,61 @@ echo done
     drop(sidecar);
     mock.shutdown().await;
 }
+
+/// Shared memory, which RLIMIT_DATA does not count (a `MAP_SHARED`
+/// anonymous mapping): the call's processes together are watched, and a
+/// call over `--tool-memory` is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_its_memory_in_shared_pages_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("shm");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == describe ]]; then echo '{"slug": "shm", "description": "Maps.", "args": []}'; exit 0; fi
+python3 -c '
+import mmap, time
+m = mmap.mmap(-1, 256 << 20)
+for i in range(0, 256 << 20, 4096): m[i] = 1
+time.sleep(30)
+print("kept")
+'
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
+        Some("tool") => MockReply::text("done"),
+        _ => MockReply::tool_call("bash_shm", json!({})),
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let (_sidecar, api) = serve(
+        &agent,
+        &sqlite_in(dir.path()),
+        &["--tool-memory", "64", "--tool-timeout", "60"],
+        &[],
+        dir.path(),
+    );
+    let id = new_session(&api, json!({"agent": "a"})).await;
+    let r = message_waited(&api, &id, "map").await;
+    let out = last_tool_output(&r);
+    assert!(
+        out.contains("held more than 64 MiB together and were stopped"),
+        "{out}"
+    );
+    assert!(!out.contains("kept"), "{out}");
+    mock.shutdown().await;
+}
