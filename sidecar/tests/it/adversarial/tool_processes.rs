@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use bindery_tests::sidecar::{Api, Sidecar};
 use serde_json::{json, Value};
 
 const LEAVER: &str = r#"#!/usr/bin/env bash
@@ -100,59 +101,114 @@ async fn nothing_a_tool_starts_outlives_its_call() {
     mock.shutdown().await;
 }
 
+/// One bash tool without arguments, `bash_<slug>`, whose script runs
+/// `body`, and a model that calls it once and then answers.
+struct OneTool {
+    dir: tempfile::TempDir,
+    mock: MockLlm,
+    agent: std::path::PathBuf,
+}
+
+impl OneTool {
+    async fn new(slug: &str, body: &str) -> OneTool {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = dir.path().join("tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+        let script = tools.join(slug);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then echo '{{\"slug\": \"{slug}\", \"description\": \"{slug}\", \"args\": []}}'; exit 0; fi\n{body}"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let call = format!("bash_{slug}");
+        let mock = MockLlm::start(
+            move |req: &Value| match last_message(req)["role"].as_str() {
+                Some("tool") => MockReply::text("done"),
+                _ => MockReply::tool_call(call.clone(), json!({})),
+            },
+        )
+        .await;
+        let agent = dir.path().join("a.yaml");
+        std::fs::write(
+            &agent,
+            format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+                mock.url(),
+                tools.display()
+            ),
+        )
+        .unwrap();
+        OneTool { dir, mock, agent }
+    }
+
+    fn serve(&self, extra: &[&str]) -> (Sidecar, Api) {
+        serve(
+            &self.agent,
+            &sqlite_in(self.dir.path()),
+            extra,
+            &[],
+            self.dir.path(),
+        )
+    }
+
+    /// The server run as `nobody`, as it runs in its pod as a user (some
+    /// bounds are the kernel's, which it does not apply to root).
+    fn serve_as_nobody(&self, extra: &[&str]) -> (Sidecar, Api) {
+        use std::os::unix::process::CommandExt;
+        const NOBODY: u32 = 65534;
+        for d in [
+            self.dir.path().to_path_buf(),
+            self.dir.path().join("logs"),
+            self.dir.path().join("tools"),
+        ] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let mut cmd = std::process::Command::new(bin());
+        cmd.arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--agent-file")
+            .arg(&self.agent)
+            .args(["--store", &sqlite_in(self.dir.path())])
+            .current_dir(self.dir.path())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("BINDERY_OWNER_TOKEN", OWNER)
+            .uid(NOBODY)
+            .gid(NOBODY);
+        let sidecar = Sidecar::spawn(cmd, &self.dir.path().join("logs"), OWNER);
+        let api = Api::new(&sidecar.url);
+        (sidecar, api)
+    }
+
+    /// One message, answered: the tool's output.
+    async fn call(&self, api: &Api) -> String {
+        let id = new_session(api, json!({"agent": "a"})).await;
+        let r = message_waited(api, &id, "go").await;
+        assert_eq!(r.json["status"], "idle", "{}", r.text);
+        last_tool_output(&r)
+    }
+}
+
 /// Each process of a tool's call writes to at most `--tool-memory` MiB:
 /// past it its allocations fail (here Python's `MemoryError`), and the
 /// server is left as it was. A process the tool starts has the same bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tools_process_allocates_within_its_memory_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let tools = dir.path().join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    let script = tools.join("hog");
-    std::fs::write(
-        &script,
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "hog", "description": "Takes memory.", "args": []}'
-  exit 0
-fi
-python3 -c 'b = bytearray(256 * 1024 * 1024); print("took", len(b))' 2>&1 || echo "refused"
+    let w = OneTool::new(
+        "hog",
+        r#"python3 -c 'b = bytearray(256 * 1024 * 1024); print("took", len(b))' 2>&1 || echo "refused"
 ( python3 -c 'b = bytearray(256 * 1024 * 1024); print("child took", len(b))' 2>&1 || echo "child refused" )
 python3 -c 'b = bytearray(8 * 1024 * 1024); print("small", len(b))'
 "#,
     )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text(format!(
-            "got: {}",
-            last_message(req)["content"].as_str().unwrap_or("")
-        )),
-        _ => MockReply::tool_call("bash_hog", json!({})),
-    })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
-    let (_sidecar, api) = serve(
-        &agent,
-        &sqlite_in(dir.path()),
-        &["--tool-memory", "64"],
-        &[],
-        dir.path(),
-    );
-    let id = new_session(&api, json!({"agent": "a"})).await;
-    let r = message_waited(&api, &id, "hog").await;
-    assert_eq!(r.json["status"], "idle", "{}", r.text);
-    let out = last_tool_output(&r);
+    let (_sidecar, api) = w.serve(&["--tool-memory", "64"]);
+    let out = w.call(&api).await;
     assert!(
         out.contains("MemoryError") && out.contains("refused"),
         "{out}"
@@ -160,7 +216,32 @@ python3 -c 'b = bytearray(8 * 1024 * 1024); print("small", len(b))'
     assert!(out.contains("child refused"), "{out}");
     assert!(!out.contains("took"), "{out}");
     assert!(out.contains("small 8388608"), "{out}");
-    mock.shutdown().await;
+}
+
+/// Shared memory, which RLIMIT_DATA does not count (a `MAP_SHARED`
+/// anonymous mapping): the call's processes together are watched, and a
+/// call over `--tool-memory` is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_its_memory_in_shared_pages_is_stopped() {
+    let w = OneTool::new(
+        "shm",
+        r#"python3 -c '
+import mmap, time
+m = mmap.mmap(-1, 256 << 20)
+for i in range(0, 256 << 20, 4096): m[i] = 1
+time.sleep(30)
+print("kept")
+'
+"#,
+    )
+    .await;
+    let (_sidecar, api) = w.serve(&["--tool-memory", "64", "--tool-timeout", "60"]);
+    let out = w.call(&api).await;
+    assert!(
+        out.contains("held more than 64 MiB together and were stopped"),
+        "{out}"
+    );
+    assert!(!out.contains("kept"), "{out}");
 }
 
 /// A tree deeper than a sweep could take layer by layer (a chain of 80
@@ -169,18 +250,12 @@ python3 -c 'b = bytearray(8 * 1024 * 1024); print("small", len(b))'
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deep_tree_a_tool_leaves_goes_whole() {
     const DEPTH: usize = 80;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let tools = dir.path().join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    let pids = dir.path().join("pids");
-    let script = tools.join("chain");
-    std::fs::write(
-        &script,
-        format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == describe ]]; then echo '{{"slug": "chain", "description": "Leaves a chain.", "args": []}}'; exit 0; fi
-chain() {{ echo $BASHPID >> '{pids}'; if [ "$1" -gt 0 ]; then chain $(( $1 - 1 )) & wait; else sleep 300; fi; }}
+    let pids_dir = tempfile::tempdir().unwrap();
+    let pids = pids_dir.path().join("pids");
+    let w = OneTool::new(
+        "chain",
+        &format!(
+            r#"chain() {{ echo $BASHPID >> '{pids}'; if [ "$1" -gt 0 ]; then chain $(( $1 - 1 )) & wait; else sleep 300; fi; }}
 ( setsid bash -c "$(declare -f chain); chain {DEPTH}" </dev/null >/dev/null 2>&1 & )
 for _ in $(seq 1 400); do
   [ "$(wc -l < '{pids}' 2>/dev/null || echo 0)" -gt {DEPTH} ] && break
@@ -191,27 +266,9 @@ echo started
             pids = pids.display()
         ),
     )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text("done"),
-        _ => MockReply::tool_call("bash_chain", json!({})),
-    })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
-    let id = new_session(&api, json!({"agent": "a"})).await;
-    let r = message_waited(&api, &id, "chain").await;
-    assert_eq!(last_tool_output(&r).trim(), "started", "{}", r.text);
+    let (_sidecar, api) = w.serve(&[]);
+    assert_eq!(w.call(&api).await.trim(), "started");
     let left: Vec<String> = std::fs::read_to_string(&pids)
         .unwrap()
         .lines()
@@ -225,7 +282,6 @@ echo started
         alive.len(),
         left.len()
     );
-    mock.shutdown().await;
 }
 
 /// A fork bomb (bounded here at 200): under a server that runs as an
@@ -234,62 +290,17 @@ echo started
 /// unavailable"), and what it started goes with the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tools_forks_stop_at_the_process_bound() {
-    use std::os::unix::process::CommandExt;
-    const NOBODY: u32 = 65534;
-    let dir = tempfile::tempdir().unwrap();
-    let open = |p: &std::path::Path| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap()
-    };
-    open(dir.path());
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    open(&logs);
-    let tools = dir.path().join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    open(&tools);
-    let script = tools.join("bomb");
-    std::fs::write(
-        &script,
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == describe ]]; then echo '{"slug": "bomb", "description": "Forks.", "args": []}'; exit 0; fi
-started=0
+    let w = OneTool::new(
+        "bomb",
+        r#"started=0
 for _ in $(seq 1 200); do
   if sleep 300 </dev/null >/dev/null 2>&1 & then started=$((started + 1)); fi
 done
 echo "started=$started"
 "#,
     )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text("done"),
-        _ => MockReply::tool_call("bash_bomb", json!({})),
-    })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = std::process::Command::new(bin());
-    cmd.arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--tool-processes", "64"])
-        .arg("--agent-file")
-        .arg(&agent)
-        .args(["--store", &sqlite_in(dir.path())])
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("BINDERY_OWNER_TOKEN", OWNER)
-        .uid(NOBODY)
-        .gid(NOBODY);
-    let sidecar = bindery_tests::sidecar::Sidecar::spawn(cmd, &logs, OWNER);
-    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
+    let (sidecar, api) = w.serve_as_nobody(&["--tool-processes", "64"]);
     let id = new_session(&api, json!({"agent": "a"})).await;
     let r = message_waited(&api, &id, "bomb").await;
     let out = last_tool_output(&r);
@@ -309,7 +320,6 @@ echo "started=$started"
         String::from_utf8_lossy(&left.stdout)
     );
     drop(sidecar);
-    mock.shutdown().await;
 }
 
 /// The server (as an ordinary user, as in its pod) is not dumpable: a
@@ -317,62 +327,16 @@ echo "started=$started"
 /// from /proc, where the owner token is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_cannot_read_the_servers_environment() {
-    use std::os::unix::process::CommandExt;
-    const NOBODY: u32 = 65534;
-    let dir = tempfile::tempdir().unwrap();
-    let open = |p: &std::path::Path| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap()
-    };
-    open(dir.path());
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    open(&logs);
-    let tools = dir.path().join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    let script = tools.join("peek");
-    std::fs::write(
-        &script,
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == describe ]]; then echo '{"slug": "peek", "description": "Peeks.", "args": []}'; exit 0; fi
-tr '\0' '\n' < /proc/$PPID/environ 2>&1 | rev
+    let w = OneTool::new(
+        "peek",
+        r#"tr '\0' '\n' < /proc/$PPID/environ 2>&1 | rev
 head -c 100 /proc/$PPID/mem 2>&1 | rev
 echo done
 "#,
     )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text("done"),
-        _ => MockReply::tool_call("bash_peek", json!({})),
-    })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = std::process::Command::new(bin());
-    cmd.arg("serve")
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--agent-file")
-        .arg(&agent)
-        .args(["--store", &sqlite_in(dir.path())])
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("BINDERY_OWNER_TOKEN", OWNER)
-        .uid(NOBODY)
-        .gid(NOBODY);
-    let sidecar = bindery_tests::sidecar::Sidecar::spawn(cmd, &logs, OWNER);
-    let api = bindery_tests::sidecar::Api::new(&sidecar.url);
-    let id = new_session(&api, json!({"agent": "a"})).await;
-    let r = message_waited(&api, &id, "peek").await;
-    let out = last_tool_output(&r);
+    let (_sidecar, api) = w.serve_as_nobody(&[]);
+    let out = w.call(&api).await;
     assert!(out.contains("done"), "{out}");
     let reversed: String = OWNER.chars().rev().collect();
     assert!(
@@ -383,64 +347,5 @@ echo done
         !out.contains("HTAP="),
         "the tool read the server's environment:\n{out}"
     );
-    drop(sidecar);
-    mock.shutdown().await;
-}
-
-/// Shared memory, which RLIMIT_DATA does not count (a `MAP_SHARED`
-/// anonymous mapping): the call's processes together are watched, and a
-/// call over `--tool-memory` is stopped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_over_its_memory_in_shared_pages_is_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let tools = dir.path().join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    let script = tools.join("shm");
-    std::fs::write(
-        &script,
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == describe ]]; then echo '{"slug": "shm", "description": "Maps.", "args": []}'; exit 0; fi
-python3 -c '
-import mmap, time
-m = mmap.mmap(-1, 256 << 20)
-for i in range(0, 256 << 20, 4096): m[i] = 1
-time.sleep(30)
-print("kept")
-'
-"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mock = MockLlm::start(|req: &Value| match last_message(req)["role"].as_str() {
-        Some("tool") => MockReply::text("done"),
-        _ => MockReply::tool_call("bash_shm", json!({})),
-    })
-    .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
-    let (_sidecar, api) = serve(
-        &agent,
-        &sqlite_in(dir.path()),
-        &["--tool-memory", "64", "--tool-timeout", "60"],
-        &[],
-        dir.path(),
-    );
-    let id = new_session(&api, json!({"agent": "a"})).await;
-    let r = message_waited(&api, &id, "map").await;
-    let out = last_tool_output(&r);
-    assert!(
-        out.contains("held more than 64 MiB together and were stopped"),
-        "{out}"
-    );
-    assert!(!out.contains("kept"), "{out}");
-    mock.shutdown().await;
+    w.mock.shutdown().await;
 }
