@@ -30,8 +30,14 @@ async fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
+/// A server of an agent without tools, started with `flags`.
+fn served(
+    flags: &[&str],
+) -> (
+    tempfile::TempDir,
+    bindery_tests::sidecar::Sidecar,
+    bindery_tests::sidecar::Api,
+) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let agent = dir.path().join("a.yaml");
@@ -40,20 +46,20 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
         "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: \"http://127.0.0.1:9/v1\", name: m}\n",
     )
     .unwrap();
-    let (_sidecar, api) = serve(
-        &agent,
-        &sqlite_in(dir.path()),
-        &[
-            "--header-timeout",
-            "3s",
-            "--body-timeout",
-            "2s",
-            "--max-connections-per-ip",
-            "20",
-        ],
-        &[],
-        dir.path(),
-    );
+    let (sidecar, api) = serve(&agent, &sqlite_in(dir.path()), flags, &[], dir.path());
+    (dir, sidecar, api)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
+    let (_dir, _sidecar, api) = served(&[
+        "--header-timeout",
+        "3s",
+        "--body-timeout",
+        "2s",
+        "--max-connections-per-ip",
+        "20",
+    ]);
     let addr = api.base.trim_start_matches("http://").to_string();
     let mut slow = Vec::new();
     for _ in 0..20 {
@@ -99,21 +105,7 @@ async fn half_sent_requests_are_cut_off_and_bounded_per_address() {
 /// free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_cut_off() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: \"http://127.0.0.1:9/v1\", name: m}\n",
-    )
-    .unwrap();
-    let (_sidecar, api) = serve(
-        &agent,
-        &sqlite_in(dir.path()),
-        &["--write-timeout", "2s", "--max-connections-per-ip", "1"],
-        &[],
-        dir.path(),
-    );
+    let (_dir, _sidecar, api) = served(&["--write-timeout", "2s", "--max-connections-per-ip", "1"]);
     let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
