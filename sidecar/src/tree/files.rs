@@ -32,6 +32,28 @@ pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
     parse_text(&text).map_err(|e| format!("{shown}: {e}"))
 }
 
+/// Why an agents-exe field Bindery does not read (at `path`) may not be
+/// dropped: it restricts which calls exist, authenticates them, or
+/// changes what they send.
+fn guards_a_call(path: &str) -> Option<String> {
+    let http = [
+        "openApiToolboxes[",
+        "postgrestToolboxes[",
+        "postgRESTToolboxes[",
+    ];
+    if !http.iter().any(|t| path.contains(t)) {
+        return None;
+    }
+    let field = path.rsplit('.').next().unwrap_or(path);
+    let why = match field.to_ascii_lowercase().as_str() {
+        "filter" => "restricts which operations become tools, and Bindery does not apply it yet: loading the toolbox without it would expose every operation (a DELETE among them); remove the toolbox, or the filter if every operation may be called",
+        "token" => "authenticates every request, and Bindery does not send it from here yet: give it as a `Secrets` entry instead (`{\"source\": {\"tag\": \"Given\", \"contents\": …}, \"serializer\": {\"tag\": \"Header\", \"contents\": [\"Authorization\", \"Bearer {{secret}}\"]}}`)",
+        "headers" => "is sent with every request, and Bindery does not send it from here yet: give each header as a `Secrets` entry with a `Header` serializer",
+        _ => return None,
+    };
+    Some(format!("{path}: agents-exe's `{field}` {why}"))
+}
+
 pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') {
@@ -48,6 +70,12 @@ pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
             let AgentFile::OpenAIAgentDescription(desc) = file;
             let converted = desc.convert()?;
             ignored.extend(converted.ignored);
+            // A field that restricts, authenticates or changes a call is
+            // honoured or refused, never warned away.
+            let refused: Vec<String> = ignored.iter().filter_map(|p| guards_a_call(p)).collect();
+            if !refused.is_empty() {
+                return Err(refused.join("\n"));
+            }
             return Ok(vec![ParsedAgent {
                 name: converted.name,
                 spec: converted.spec,

@@ -158,3 +158,30 @@ fn serve_logs_each_ignored_field_at_start_up() {
     );
     assert!(logs.contains(&line), "{line}\nnot in:\n{logs}");
 }
+
+/// A field that restricts, authenticates or changes a call is never warned
+/// away: an OpenAPI toolbox's `Filter` (read-only: GET), `Token` and
+/// `Headers`, which Bindery does not apply yet, refuse the file, naming
+/// each field and what to do; nothing is loaded that would expose
+/// `deletePet` or call the API unauthenticated.
+#[test]
+fn a_field_that_guards_a_call_refuses_the_file_rather_than_being_dropped() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents-exe/guarded");
+    let out = Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(dir.join("openapi-filter.json"))
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    for part in [
+        "contents.openApiToolboxes[0].contents.Filter: agents-exe's `Filter` restricts which operations become tools",
+        "contents.openApiToolboxes[0].contents.Token: agents-exe's `Token` authenticates every request",
+        "contents.openApiToolboxes[0].contents.Headers: agents-exe's `Headers` is sent with every request",
+    ] {
+        assert!(said.contains(part), "`{part}` not in:\n{said}");
+    }
+    assert!(!said.contains("deletePet"), "{said}");
+    assert!(!said.contains("pet-token-CANARY-1"), "{said}");
+}
