@@ -27,11 +27,12 @@ const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
 /// trace exporter's headers, …), and any value holding one of the
 /// server's own credentials, whatever its name. A tool that needs one
 /// gets it as a parameter bound to an env-mode argument.
-fn withheld(name: &str, value: &str) -> bool {
+/// `own`: [`crate::params::live::own`], read once for the whole environment.
+fn withheld(name: &str, value: &str, own: &[(String, crate::params::SecretString)]) -> bool {
     name.starts_with(WITHHELD_ENV_PREFIX)
         || crate::spec::checks::credential_env(name)
         || crate::spec::checks::credential_value(value)
-        || crate::params::live::own()
+        || own
             .iter()
             .any(|(_, s)| s.expose().len() >= 4 && value.contains(s.expose()))
 }
@@ -101,8 +102,9 @@ pub(super) async fn exec(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    let own = crate::params::live::own();
     for (k, v) in std::env::vars_os() {
-        if withheld(&k.to_string_lossy(), &v.to_string_lossy()) {
+        if withheld(&k.to_string_lossy(), &v.to_string_lossy(), &own) {
             cmd.env_remove(k);
         }
     }
