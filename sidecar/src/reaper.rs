@@ -156,7 +156,7 @@ fn frozen_tree(roots: Vec<u32>) -> Vec<u32> {
 /// off the async workers. How many it killed.
 pub fn sweep() -> usize {
     let mut killed = 0;
-    if !REAPING.load(Ordering::SeqCst) {
+    if !REAPING.load(Ordering::SeqCst) || !has_children() {
         return killed;
     }
     let me = std::process::id();
@@ -222,7 +222,22 @@ pub fn tree_memory(root: u32) -> u64 {
     kib * 1024
 }
 
-/// [`sweep`] on a blocking thread.
+/// [`sweep`] on a blocking thread: only when there is something to sweep.
 pub async fn sweep_async() -> usize {
+    if !REAPING.load(Ordering::SeqCst) || !has_children() {
+        return 0;
+    }
     tokio::task::spawn_blocking(sweep).await.unwrap_or(0)
+}
+
+/// Whether this process has any child at all, one system call. Every
+/// process a tool left is this process's child or below one (an orphan
+/// comes here when its parent ends, before that parent can be reaped),
+/// so with none there is nothing to sweep: the common case, a server
+/// with no call in flight and no MCP server, skips the walk, which on a
+/// kernel without `/proc/*/task/*/children` reads every process's `stat`.
+fn has_children() -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    let any = WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT | WaitPidFlag::WEXITED;
+    !matches!(waitid(Id::All, any), Err(nix::errno::Errno::ECHILD))
 }
