@@ -9,6 +9,7 @@
 mod discover;
 mod protocol;
 mod run;
+mod spawn;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,13 +1,13 @@
 //! Running a script: argv, stdin and environment from the arguments, with a
 //! timeout, an output limit and a command line that is safe to trace.
 
+use std::ffi::{OsStr, OsString};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
 use super::protocol::{env_var_name, EmptyResult, Mode};
 use super::BashTool;
@@ -70,52 +70,32 @@ pub(super) async fn exec(
     timeout: Duration,
     read: (usize, usize),
 ) -> Result<Exec, ExecError> {
-    let mut cmd = Command::new(path);
-    let (memory, processes) = (limits.memory, limits.processes);
-    if memory.is_some() || processes.is_some() {
-        // In the child, before it runs the script: each process of the
-        // call (its children inherit both) may write at most `memory`,
-        // and fork only while the user has fewer than `processes`.
-        #[allow(unsafe_code)]
-        // SAFETY: the closure only calls setrlimit(2), which is
-        // async-signal-safe, and allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                use nix::sys::resource::{setrlimit, Resource};
-                if let Some(bytes) = memory {
-                    setrlimit(Resource::RLIMIT_DATA, bytes, bytes).map_err(std::io::Error::from)?;
-                }
-                if let Some(n) = processes {
-                    setrlimit(Resource::RLIMIT_NPROC, n, n).map_err(std::io::Error::from)?;
-                }
-                Ok(())
-            });
-        }
-    }
-    cmd.args(argv)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
     let own = crate::params::live::own();
-    for (k, v) in std::env::vars_os() {
-        if withheld(&k.to_string_lossy(), &v.to_string_lossy(), &own) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let (mut child, _kept) = crate::reaper::spawn_kept(|| {
-        let child = cmd.spawn()?;
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, v)| !withheld(&k.to_string_lossy(), &v.to_string_lossy(), &own))
+        .filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k))
+        .collect();
+    vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    // Each process of the call (its children inherit both) may write at
+    // most `memory`, and fork only while the user has fewer than
+    // `processes`: set in the child before it runs the script.
+    let spec = super::spawn::Spawn {
+        path,
+        args: argv,
+        env: vars,
+        stdin: stdin.is_some(),
+        memory: limits.memory,
+        processes: limits.processes,
+    };
+    let memory = limits.memory;
+    let (mut child, kept) = crate::reaper::spawn_kept(|| {
+        let child = super::spawn::spawn(&spec)?;
         let pid = child.id();
-        Ok((child, pid))
+        Ok((child, Some(pid)))
     })
     .map_err(ExecError::Spawn)?;
-    let pgid = child.id();
+    child.keep(kept);
+    let pgid = Some(child.id());
     let mut child_stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
@@ -161,7 +141,8 @@ pub(super) async fn exec(
         kill_group(pgid);
         // Its end orphans what it started outside its group: the sweep
         // below finds them once it is gone.
-        let _ = child.kill().await;
+        child.kill();
+        let _ = child.wait().await;
     }
     // Whatever the call left behind (a `setsid` child, a daemon) ends with it.
     crate::reaper::sweep_async().await;
