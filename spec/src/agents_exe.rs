@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{
-    AgentSpec, BashToolbox, Binding, BindingValue, HelperRef, McpToolbox, ModelSpec, OpenApiSecret,
-    OpenApiToolbox, ParameterDecl, Scope, SecretHeader, Toolbox, ValueSource, WhenUnbound,
+    AgentSpec, BashToolbox, Binding, BindingValue, EndpointFilter, HelperRef, McpToolbox,
+    ModelSpec, OpenApiSecret, OpenApiToolbox, ParameterDecl, Scope, SecretHeader, Toolbox,
+    ValueSource, WhenUnbound,
 };
 
 /// The top level of an agents-exe agent file.
@@ -69,23 +70,120 @@ pub enum PostgrestToolboxDescription {
     PostgRESTServer(PostgrestServer),
 }
 
+/// agents-exe's keys (`SpecUrl`, `BaseUrl`, …); the lower-case spelling
+/// Bindery read before is kept as an alias.
 #[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase")]
 pub struct PostgrestServer {
+    #[serde(rename = "SpecUrl", alias = "specUrl")]
     pub spec_url: String,
+    #[serde(rename = "BaseUrl", alias = "baseUrl")]
     pub base_url: String,
     /// Part of the tools' names; default: the base URL's host and port.
     #[serde(default)]
     pub name: Option<String>,
-    /// A JWT sent as `Authorization: Bearer …` (also when fetching the spec).
-    #[serde(default)]
+    /// Sent as `Authorization: Bearer …` with every request, the
+    /// document's fetch included.
+    #[serde(rename = "Token", alias = "token", default)]
     pub token: Option<String>,
-    #[serde(default)]
+    /// Sent with every call.
+    #[serde(rename = "Headers", alias = "headers", default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(rename = "AllowedMethods", alias = "allowedMethods", default)]
     pub allowed_methods: Option<Vec<String>>,
-    #[serde(default, alias = "Secrets")]
+    #[serde(rename = "Filter", alias = "filter", default)]
+    pub filter: Option<ExePredicate>,
+    #[serde(rename = "Secrets", alias = "secrets", default)]
     pub secrets: Vec<ExeSecret>,
-    #[serde(default, alias = "Bindings")]
+    #[serde(rename = "Bindings", alias = "bindings", default)]
     pub bindings: Vec<ExeBinding>,
+}
+
+/// agents-exe's `EndpointPredicate`: `{"tag": "MethodEquals", "contents":
+/// "GET"}`, `And`/`Or` of exactly two.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "tag", content = "contents")]
+pub enum ExePredicate {
+    And(Box<ExePredicate>, Box<ExePredicate>),
+    Or(Box<ExePredicate>, Box<ExePredicate>),
+    Not(Box<ExePredicate>),
+    PathPrefix(String),
+    PathSuffix(String),
+    PathEqual(String),
+    PathContains(String),
+    MethodEquals(String),
+    OperationIdEquals(String),
+    TableNameEquals(String),
+    AlwaysTrue,
+    AlwaysFalse,
+}
+
+impl From<ExePredicate> for EndpointFilter {
+    fn from(p: ExePredicate) -> Self {
+        use EndpointFilter as F;
+        match p {
+            ExePredicate::And(a, b) => F::And(vec![(*a).into(), (*b).into()]),
+            ExePredicate::Or(a, b) => F::Or(vec![(*a).into(), (*b).into()]),
+            ExePredicate::Not(a) => F::Not(Box::new((*a).into())),
+            ExePredicate::PathPrefix(s) => F::PathPrefix(s),
+            ExePredicate::PathSuffix(s) => F::PathSuffix(s),
+            ExePredicate::PathEqual(s) => F::PathEqual(s),
+            ExePredicate::PathContains(s) => F::PathContains(s),
+            ExePredicate::MethodEquals(s) => F::MethodEquals(s),
+            ExePredicate::OperationIdEquals(s) => F::OperationIdEquals(s),
+            ExePredicate::TableNameEquals(s) => F::TableNameEquals(s),
+            ExePredicate::AlwaysTrue => F::AlwaysTrue,
+            ExePredicate::AlwaysFalse => F::AlwaysFalse,
+        }
+    }
+}
+
+/// agents-exe's `Token`: `Authorization: Bearer <token>` on every
+/// request, the document's fetch (over http) included.
+fn token_secret(token: String, fetched: bool) -> OpenApiSecret {
+    OpenApiSecret {
+        source: super::SecretSource::Value(serde_json::Value::String(token)),
+        header: Some(SecretHeader {
+            name: "Authorization".into(),
+            template: Some("Bearer {{secret}}".into()),
+        }),
+        query: None,
+        fetch_spec: fetched,
+    }
+}
+
+/// agents-exe's static `Headers` (sent with calls, not the document's
+/// fetch), split: a header that carries a credential by its name becomes
+/// a secret (never shown or logged), the rest plain headers. One that a
+/// secret also sets gives way to it, as in agents-exe.
+fn split_headers(
+    headers: BTreeMap<String, String>,
+    secrets: &mut Vec<OpenApiSecret>,
+) -> BTreeMap<String, String> {
+    let mut plain = BTreeMap::new();
+    for (name, value) in headers {
+        let overridden = secrets.iter().any(|s| {
+            s.header
+                .as_ref()
+                .is_some_and(|h| h.name.eq_ignore_ascii_case(&name))
+        });
+        if overridden {
+            continue;
+        }
+        if crate::checks::credential_header(&name) {
+            secrets.push(OpenApiSecret {
+                source: super::SecretSource::Value(serde_json::Value::String(value)),
+                header: Some(SecretHeader {
+                    name,
+                    template: None,
+                }),
+                query: None,
+                fetch_spec: false,
+            });
+        } else {
+            plain.insert(name, value);
+        }
+    }
+    plain
 }
 
 impl From<PostgrestServer> for super::PostgrestToolbox {
@@ -106,37 +204,34 @@ impl From<PostgrestServer> for super::PostgrestToolbox {
             n.truncate(32);
             n
         });
-        let token = p.token.clone();
-        let allowed = p.allowed_methods.clone();
         let o: OpenApiToolbox = OpenApiServer {
             spec_url: p.spec_url,
             base_url: p.base_url,
+            headers: p.headers,
+            token: p.token,
+            filter: p.filter,
             secrets: p.secrets,
             bindings: p.bindings,
         }
         .into();
-        let mut secrets = o.secrets;
-        if let Some(t) = token {
-            secrets.push(OpenApiSecret {
-                source: super::SecretSource::Value(serde_json::Value::String(t)),
-                header: Some(SecretHeader {
-                    name: "Authorization".into(),
-                    template: Some("Bearer {{secret}}".into()),
-                }),
-                query: None,
-                fetch_spec: o.spec.starts_with("http://") || o.spec.starts_with("https://"),
-            });
-        }
         super::PostgrestToolbox {
             confirm: None,
             name,
             base_url: o.base_url,
             spec: Some(o.spec),
-            allowed_methods: allowed.unwrap_or_else(|| vec!["GET".to_string()]),
+            // agents-exe's default is GET, HEAD and OPTIONS: of those,
+            // PostgREST's document describes GET.
+            allowed_methods: p
+                .allowed_methods
+                .filter(|m| !m.is_empty())
+                .map(|m| m.into_iter().map(|m| m.to_ascii_uppercase()).collect())
+                .unwrap_or_else(|| vec!["GET".to_string()]),
+            filter: o.filter,
+            headers: o.headers,
             timeout_seconds: None,
             max_response_bytes: None,
             redirects: Default::default(),
-            secrets,
+            secrets: o.secrets,
             bindings: o.bindings,
         }
     }
@@ -374,6 +469,15 @@ pub struct OpenApiServer {
     pub spec_url: String,
     #[serde(rename = "BaseUrl")]
     pub base_url: String,
+    /// Sent with every call (not the document's fetch).
+    #[serde(rename = "Headers", default)]
+    pub headers: BTreeMap<String, String>,
+    /// Sent as `Authorization: Bearer …` with every request.
+    #[serde(rename = "Token", default)]
+    pub token: Option<String>,
+    /// Which operations become tools.
+    #[serde(rename = "Filter", default)]
+    pub filter: Option<ExePredicate>,
     #[serde(rename = "Secrets", default)]
     pub secrets: Vec<ExeSecret>,
     #[serde(rename = "Bindings", default)]
@@ -420,7 +524,7 @@ pub enum ExeSerializer {
 impl From<OpenApiServer> for OpenApiToolbox {
     fn from(o: OpenApiServer) -> Self {
         let fetched = o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://");
-        OpenApiToolbox {
+        let mut t = OpenApiToolbox {
             spec: o
                 .spec_url
                 .strip_prefix("file://")
@@ -464,7 +568,14 @@ impl From<OpenApiServer> for OpenApiToolbox {
                 })
                 .collect(),
             bindings: o.bindings.into_iter().map(Binding::from).collect(),
+            filter: o.filter.map(EndpointFilter::from),
+            headers: BTreeMap::new(),
+        };
+        if let Some(token) = o.token {
+            t.secrets.insert(0, token_secret(token, fetched));
         }
+        t.headers = split_headers(o.headers, &mut t.secrets);
+        t
     }
 }
 
@@ -809,6 +920,63 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn postgrest_reads_agents_exe_keys_filter_token_and_headers() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                "postgrestToolboxes": [{"tag": "PostgRESTServer", "contents": {
+                    "SpecUrl": "http://db:3000/", "BaseUrl": "http://db:3000",
+                    "AllowedMethods": ["get", "patch"], "Token": "jwt",
+                    "Headers": {"Accept-Profile": "api", "X-Api-Key": "k", "Authorization": "old"},
+                    "Filter": {"tag": "Or", "contents": [
+                        {"tag": "TableNameEquals", "contents": "pets"},
+                        {"tag": "AlwaysFalse"}]}}}]}
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let [Toolbox::Postgrest(p)] = c.spec.toolboxes.as_slice() else {
+            panic!("{:?}", c.spec.toolboxes)
+        };
+        assert_eq!(p.allowed_methods, ["GET", "PATCH"]);
+        assert_eq!(
+            p.filter,
+            Some(EndpointFilter::Or(vec![
+                EndpointFilter::TableNameEquals("pets".into()),
+                EndpointFilter::AlwaysFalse
+            ]))
+        );
+        // The plain header stays plain; the credential is a secret; the
+        // static Authorization gives way to the token's.
+        assert_eq!(
+            p.headers,
+            BTreeMap::from([("Accept-Profile".to_string(), "api".to_string())])
+        );
+        let secrets: Vec<(&str, Option<&str>, bool)> = p
+            .secrets
+            .iter()
+            .map(|s| {
+                let h = s.header.as_ref().unwrap();
+                (h.name.as_str(), h.template.as_deref(), s.fetch_spec)
+            })
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("Authorization", Some("Bearer {{secret}}"), true),
+                ("X-Api-Key", None, false)
+            ]
+        );
+        let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
+        assert!(diags.is_empty(), "{diags:?}");
+        // And of two exactly, as agents-exe reads it.
+        let three = serde_json::from_value::<ExePredicate>(serde_json::json!(
+            {"tag": "And", "contents": [{"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}]}
+        ));
+        assert!(three.is_err());
     }
 
     #[test]

@@ -372,6 +372,12 @@ pub fn credential_env(name: &str) -> bool {
             .any(|w| CREDENTIAL_WORDS.contains(&w) && !matches!(upper.as_str(), "PWD" | "OLDPWD"))
 }
 
+/// Whether a request header carries a credential by its name
+/// (`Authorization`, `Cookie`, `X-Api-Key`, …).
+pub fn credential_header(name: &str) -> bool {
+    credential_env(&name.replace('-', "_"))
+}
+
 /// Whether a variable's value carries a credential by its form: a URL
 /// with a password in it (`scheme://user:password@host`).
 pub fn credential_value(value: &str) -> bool {
@@ -608,6 +614,32 @@ fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut 
         )));
     }
     let fetched = o.spec.starts_with("http://") || o.spec.starts_with("https://");
+    for (name, value) in &o.headers {
+        let here = format!("{place}, header `{name}`");
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            diags.push(Diagnostic::error(format!(
+                "{here}: not a valid header name (letters, digits and `-`)"
+            )));
+        } else if credential_header(name) {
+            diags.push(Diagnostic::error(format!(
+                "{here}: by its name it carries a credential, which `headers` would show to anyone who reads the agent; give it as a secret instead (`secrets: [{{source: …, header: {{name: {name}}}}}]`), never shown or logged"
+            )));
+        }
+        if value.chars().any(|c| c.is_control()) {
+            diags.push(Diagnostic::error(format!(
+                "{here}: the value holds a control character (a line break?), which no header may"
+            )));
+        }
+        if credential_value(value) {
+            diags.push(Diagnostic::error(format!(
+                "{here}: the value is a URL with a password in it; give the header as a secret instead"
+            )));
+        }
+    }
     for (i, s) in o.secrets.iter().enumerate() {
         let here = format!("{place}, secret {} ({})", i + 1, s.source.describe());
         match (&s.header, &s.query) {
@@ -801,6 +833,39 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_http_toolboxs_plain_headers_hold_no_credential() {
+        let doc = |headers: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m}}\n  toolboxes:\n  - openapi:\n      spec: api.json\n      baseUrl: http://api\n      filter: {{methodEquals: GET}}\n      headers: {headers}\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| d.message)
+                .collect()
+        };
+        assert_eq!(
+            doc("{X-Tenant: acme, Accept: application/json}"),
+            Vec::<String>::new()
+        );
+        for name in [
+            "Authorization",
+            "X-Api-Key",
+            "Cookie",
+            "X-Auth-Token",
+            "Proxy-Authorization",
+        ] {
+            let said = doc(&format!("{{{name}: v}}"));
+            assert!(
+                said.len() == 1 && said[0].contains("give it as a secret instead"),
+                "{name}: {said:?}"
+            );
+        }
+        assert!(doc("{\"bad name\": v}")[0].contains("not a valid header name"));
+        assert!(doc("{X-Next: \"a\\nb\"}")[0].contains("control character"));
+    }
 
     #[test]
     fn env_vars_never_shows_a_credential_by_name() {

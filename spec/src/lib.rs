@@ -18,6 +18,7 @@ pub mod crd;
 pub mod depends;
 pub mod diagnostic;
 pub mod document;
+pub mod filter;
 pub mod jsonpath;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use depends::{Dependency, ToolDecl};
 pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
+pub use filter::EndpointFilter;
 
 /// A parameter name: `[a-z][a-z0-9_]*`.
 pub fn valid_param_name(name: &str) -> bool {
@@ -399,6 +401,14 @@ pub struct PostgrestToolbox {
     /// `GET` (the default), `POST`, `PATCH`, `DELETE`.
     #[serde(default = "read_only", skip_serializing_if = "is_read_only")]
     pub allowed_methods: Vec<String>,
+    /// Which of those operations become tools (default: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "filter::filter_schema")]
+    pub filter: Option<EndpointFilter>,
+    /// Headers sent with every call (not when the document is fetched);
+    /// no credential: those go in `secrets`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,6 +453,8 @@ impl PostgrestToolbox {
             max_response_bytes: self.max_response_bytes,
             redirects: self.redirects,
             secrets: self.secrets.clone(),
+            filter: self.filter.clone(),
+            headers: self.headers.clone(),
             confirm: self.confirm.clone(),
             tools: Vec::new(),
             bindings: self.bindings.clone(),
@@ -563,6 +575,16 @@ pub struct OpenApiToolbox {
     /// Credentials added to every request, never visible to the model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<OpenApiSecret>,
+    /// Which operations become tools (default: all of them). One it
+    /// refuses is no tool at all: the model cannot call it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "filter::filter_schema")]
+    pub filter: Option<EndpointFilter>,
+    /// Headers sent with every call (not when the document is fetched);
+    /// no credential: those go in `secrets`, which a header of the same
+    /// name gives way to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
     /// Which tools wait for a person's approval before they run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "toolbox_confirm_schema")]

@@ -33,8 +33,10 @@ pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
 }
 
 /// Why an agents-exe field Bindery does not read (at `path`) may not be
-/// dropped: it restricts which calls exist, authenticates them, or
-/// changes what they send.
+/// dropped: it would restrict which calls exist, authenticate them, or
+/// change what they send. Bindery reads each under agents-exe's spelling
+/// (`Filter`, `Token`, …); one written otherwise is ignored by agents-exe
+/// too, and the author surely meant it.
 fn guards_a_call(path: &str) -> Option<String> {
     let http = [
         "openApiToolboxes[",
@@ -45,13 +47,17 @@ fn guards_a_call(path: &str) -> Option<String> {
         return None;
     }
     let field = path.rsplit('.').next().unwrap_or(path);
-    let why = match field.to_ascii_lowercase().as_str() {
-        "filter" => "restricts which operations become tools, and Bindery does not apply it yet: loading the toolbox without it would expose every operation (a DELETE among them); remove the toolbox, or the filter if every operation may be called",
-        "token" => "authenticates every request, and Bindery does not send it from here yet: give it as a `Secrets` entry instead (`{\"source\": {\"tag\": \"Given\", \"contents\": …}, \"serializer\": {\"tag\": \"Header\", \"contents\": [\"Authorization\", \"Bearer {{secret}}\"]}}`)",
-        "headers" => "is sent with every request, and Bindery does not send it from here yet: give each header as a `Secrets` entry with a `Header` serializer",
+    let (spelled, why) = match field.to_ascii_lowercase().as_str() {
+        "filter" => ("Filter", "which operations become tools: without it every operation (a DELETE among them) would be one"),
+        "token" => ("Token", "the bearer token of every request: without it the API would be called unauthenticated"),
+        "headers" => ("Headers", "the headers of every call"),
+        "secrets" => ("Secrets", "the credentials of every request"),
+        "allowedmethods" => ("AllowedMethods", "which methods become tools"),
         _ => return None,
     };
-    Some(format!("{path}: agents-exe's `{field}` {why}"))
+    Some(format!(
+        "{path}: this field is not read as written (agents-exe, and Bindery, read `{spelled}`, which sets {why}); write `{spelled}`"
+    ))
 }
 
 pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {

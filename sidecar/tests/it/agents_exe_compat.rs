@@ -159,13 +159,13 @@ fn serve_logs_each_ignored_field_at_start_up() {
     assert!(logs.contains(&line), "{line}\nnot in:\n{logs}");
 }
 
-/// A field that restricts, authenticates or changes a call is never warned
-/// away: an OpenAPI toolbox's `Filter` (read-only: GET), `Token` and
-/// `Headers`, which Bindery does not apply yet, refuse the file, naming
-/// each field and what to do; nothing is loaded that would expose
-/// `deletePet` or call the API unauthenticated.
+/// A field written in another spelling than agents-exe's (`filter`,
+/// `token`, `headers`, `secrets` in an `OpenAPIServer`) is ignored by
+/// agents-exe, so Bindery would ignore it too: the file is refused,
+/// naming each field and the spelling that is read, rather than loading
+/// a toolbox that exposes `deletePet` or calls the API unauthenticated.
 #[test]
-fn a_field_that_guards_a_call_refuses_the_file_rather_than_being_dropped() {
+fn a_guarding_field_in_another_spelling_refuses_the_file() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents-exe/guarded");
     let out = Command::new(bin())
         .args(["check", "--agent-file"])
@@ -175,12 +175,13 @@ fn a_field_that_guards_a_call_refuses_the_file_rather_than_being_dropped() {
     let said =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{said}");
-    for part in [
-        "contents.openApiToolboxes[0].contents.Filter: agents-exe's `Filter` restricts which operations become tools",
-        "contents.openApiToolboxes[0].contents.Token: agents-exe's `Token` authenticates every request",
-        "contents.openApiToolboxes[0].contents.Headers: agents-exe's `Headers` is sent with every request",
+    for (field, spelled) in [
+        ("filter", "Filter"),
+        ("token", "Token"),
+        ("headers", "Headers"),
     ] {
-        assert!(said.contains(part), "`{part}` not in:\n{said}");
+        let part = format!("contents.openApiToolboxes[0].contents.{field}: this field is not read as written (agents-exe, and Bindery, read `{spelled}`");
+        assert!(said.contains(&part), "`{part}` not in:\n{said}");
     }
     assert!(!said.contains("deletePet"), "{said}");
     assert!(!said.contains("pet-token-CANARY-1"), "{said}");

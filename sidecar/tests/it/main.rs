@@ -10,6 +10,7 @@ mod common;
 mod adversarial;
 mod agents_exe_cli;
 mod agents_exe_compat;
+mod agents_exe_http;
 mod api_promises;
 mod approvals;
 mod budgets;

@@ -33,6 +33,22 @@ pub struct Operation {
     pub has_body: bool,
     /// Fixed request headers (PostgREST's `Prefer`).
     pub headers: Vec<(String, String)>,
+    /// The document's `operationId`, as written.
+    pub operation_id: Option<String>,
+    /// PostgREST's table; `None` for an OpenAPI operation.
+    pub table: Option<String>,
+}
+
+impl Operation {
+    /// What a toolbox's `filter` looks at.
+    pub fn endpoint(&self) -> crate::spec::filter::Endpoint<'_> {
+        crate::spec::filter::Endpoint {
+            method: &self.method,
+            path: &self.path,
+            operation_id: self.operation_id.as_deref(),
+            table: self.table.as_deref(),
+        }
+    }
 }
 
 const METHODS: [&str; 8] = [
@@ -251,6 +267,11 @@ fn operation(
         locations,
         has_body,
         headers: Vec::new(),
+        operation_id: op
+            .get("operationId")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        table: None,
     })
 }
 

@@ -72,6 +72,8 @@ struct Shared {
     client: reqwest::Client,
     max_response: usize,
     secrets: Vec<Secret>,
+    /// The toolbox's `headers`, less those a secret sets.
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// One operation of an API.
@@ -155,7 +157,7 @@ fn json_of(v: &ParamValue) -> serde_json::Value {
 pub struct Request {
     pub method: reqwest::Method,
     pub url: Url,
-    /// Headers carrying secrets (marked sensitive).
+    /// The toolbox's plain headers, then those carrying secrets (marked sensitive).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub body: Option<serde_json::Value>,
 }
@@ -211,7 +213,7 @@ impl OpenApiTool {
                 },
             }
         }
-        let mut headers = Vec::new();
+        let mut headers = self.shared.headers.clone();
         for (k, v) in &self.op.headers {
             if let (Ok(k), Ok(v)) = (
                 HeaderName::from_bytes(k.as_bytes()),
@@ -478,7 +480,18 @@ pub async fn load_with(
     }
 
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
-    let (ops, warnings) = to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    let (mut ops, mut warnings) =
+        to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    if let Some(filter) = &tb.filter {
+        let before = ops.len();
+        ops.retain(|op| filter.matches(&op.endpoint()));
+        if before > 0 && ops.is_empty() {
+            warnings.push(format!(
+                "`filter` leaves none of the document's {before} operations: the toolbox has no tool"
+            ));
+        }
+    }
+    let headers = static_headers(tb)?;
     let shared = Arc::new(Shared {
         label: label.to_string(),
         base_url: tb.base_url.clone(),
@@ -488,6 +501,7 @@ pub async fn load_with(
             .map(|b| b as usize)
             .unwrap_or(DEFAULT_MAX_RESPONSE),
         secrets: secrets.clone(),
+        headers,
     });
     let hidden: Vec<(String, String)> = tb
         .secrets
@@ -525,6 +539,28 @@ pub async fn load_with(
         credentials: hidden,
         warnings,
     })
+}
+
+/// The toolbox's plain `headers`, checked; one a secret also sets gives
+/// way to the secret.
+fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let mut out = Vec::new();
+    for (name, value) in &tb.headers {
+        let set_by_secret = tb.secrets.iter().any(|s| {
+            s.header
+                .as_ref()
+                .is_some_and(|h| h.name.eq_ignore_ascii_case(name))
+        });
+        if set_by_secret {
+            continue;
+        }
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header `{name}`: not a valid header name"))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("header `{name}`: its value cannot be sent in a header"))?;
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, String> {

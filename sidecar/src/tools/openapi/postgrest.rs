@@ -258,6 +258,8 @@ fn operation(
         } else {
             vec![("Prefer".to_string(), "return=representation".to_string())]
         },
+        operation_id: None,
+        table: Some(table.to_string()),
     })
 }
 

@@ -84,6 +84,10 @@ fn tool(secrets: Vec<Secret>) -> OpenApiTool {
             client: reqwest::Client::new(),
             max_response: 100,
             secrets,
+            headers: vec![(
+                HeaderName::from_static("x-tenant"),
+                HeaderValue::from_static("acme"),
+            )],
         }),
     }
 }
@@ -128,10 +132,13 @@ fn a_call_builds_path_query_body_and_secret_header() {
         "http://api.test/projects/p%2F1/tasks?notify=true&tags=a&tags=b&api_key=k%261"
     );
     assert_eq!(req.body, Some(json!({"title": "write tests"})));
-    assert_eq!(req.headers.len(), 1);
-    assert_eq!(req.headers[0].0, "authorization");
-    assert_eq!(req.headers[0].1.to_str().unwrap(), "Bearer s3cr3t");
-    assert!(req.headers[0].1.is_sensitive());
+    // The toolbox's plain header, then the secret one.
+    assert_eq!(req.headers.len(), 2);
+    assert_eq!(req.headers[0].0, "x-tenant");
+    assert_eq!(req.headers[0].1.to_str().unwrap(), "acme");
+    assert_eq!(req.headers[1].0, "authorization");
+    assert_eq!(req.headers[1].1.to_str().unwrap(), "Bearer s3cr3t");
+    assert!(req.headers[1].1.is_sensitive());
     // The request's Debug output (what a careless log line would print)
     // keeps the header value out.
     assert!(!format!("{req:?}").contains("s3cr3t"));
@@ -175,6 +182,7 @@ fn an_unbound_optional_secret_is_left_out() {
             ("title", ParamValue::Plain(json!("t"))),
         ]))
         .unwrap();
-    assert!(req.headers.is_empty());
+    let names: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["x-tenant"]);
     assert_eq!(req.url.as_str(), "http://api.test/projects/7/tasks");
 }
