@@ -13,6 +13,10 @@ use crate::tree::LoadedAgent;
 pub struct AgentReport {
     pub name: String,
     pub file: String,
+    /// What its relative paths are resolved against: the agent file's
+    /// directory, or for an agents-exe file the working directory.
+    #[serde(rename = "pathsFrom")]
+    pub paths_from: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub announce: Option<String>,
     pub parameters: Vec<ParamStatus>,
@@ -77,6 +81,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
     AgentReport {
         name: agent.name.clone(),
         file: agent.file.display().to_string(),
+        paths_from: paths_from(agent),
         announce: agent.spec.announce.clone(),
         parameters: agent.params.statuses(),
         tools: agent
@@ -118,6 +123,16 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
     }
 }
 
+fn paths_from(agent: &LoadedAgent) -> String {
+    let base = agent.base.display().to_string();
+    let native = agent.file.parent().is_some_and(|p| p == agent.base);
+    match (native, base.as_str()) {
+        (true, "") => ".".to_string(),
+        (true, _) => base,
+        (false, _) => format!("{base} (the working directory, as agents-exe resolves them)"),
+    }
+}
+
 fn visible_args(t: &BoundTool, values: &Values) -> Vec<String> {
     let hidden = t.hidden_args(values);
     let filled = t.filled_args();
@@ -152,6 +167,7 @@ pub fn tool_view(agent: &LoadedAgent, t: &BoundTool, values: &Values) -> ToolVie
 /// `check`'s human-readable report of one agent.
 pub fn render_text(r: &AgentReport) -> String {
     let mut out = format!("agent {} ({})\n", r.name, r.file);
+    out.push_str(&format!("  relative paths from: {}\n", r.paths_from));
     if r.parameters.is_empty() {
         out.push_str("  parameters: none\n");
     } else {

@@ -266,16 +266,19 @@ pub fn env_var_names(filter: Option<&str>) -> Vec<String> {
 
 /// agents-exe's `SqliteToolbox` description: the current form (`versioning`)
 /// and the older one (`path` and `access`).
+/// agents-exe spells the keys `Name`, `Description`, `Versioning`; the
+/// lower-case ones Bindery read before are aliases.
 #[derive(Deserialize, Debug)]
 pub struct SqliteToolboxDescription {
+    #[serde(rename = "Name", alias = "name")]
     pub name: String,
-    #[serde(default)]
+    #[serde(rename = "Description", alias = "description", default)]
     pub description: Option<String>,
-    #[serde(default)]
+    #[serde(rename = "Versioning", alias = "versioning", default)]
     pub versioning: Option<SqliteVersioning>,
-    #[serde(default)]
+    #[serde(rename = "Path", alias = "path", default)]
     pub path: Option<String>,
-    #[serde(default)]
+    #[serde(rename = "Access", alias = "access", default)]
     pub access: Option<String>,
 }
 
@@ -363,7 +366,7 @@ fn builtin_toolbox(
             }
             (None, None, _) => {
                 return Err(format!(
-                    "{here}: give `versioning` ({{\"tag\": \"SqliteReadOnly\", \"path\": …}}) or `path`"
+                    "{here}: give `Versioning` ({{\"tag\": \"SqliteReadOnly\", \"path\": …}})"
                 ))
             }
         };
@@ -372,6 +375,8 @@ fn builtin_toolbox(
             description: d.description,
             path,
             read_write,
+            // agents-exe opens the file with SQLite's defaults, which create it.
+            create: true,
             max_rows: None,
             timeout_seconds: None,
             bindings: Vec::new(),
@@ -709,6 +714,23 @@ impl Description {
                 }),
             })
             .collect();
+        // agents-exe runs the scripts of `toolDirectory` as a bash
+        // directory of their own (from the working directory, as every
+        // bash path); its helper agent files are the loader's.
+        if let Some(dir) = &self.tool_directory {
+            toolboxes.insert(
+                0,
+                Toolbox::Bash(BashToolbox {
+                    directory: Some(dir.clone()),
+                    basename_filter: None,
+                    script: None,
+                    confirm: None,
+                    bindings: Vec::new(),
+                    tools: Vec::new(),
+                    cache: None,
+                }),
+            );
+        }
         toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
             OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
         }));

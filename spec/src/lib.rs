@@ -496,11 +496,15 @@ pub struct SqliteToolbox {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The database file; relative to the agent file. It must exist.
+    /// The database file; relative to the agent file. It must exist,
+    /// unless `create`.
     pub path: String,
     /// Allow statements that change the database (default: read-only).
     #[serde(default, skip_serializing_if = "is_false")]
     pub read_write: bool,
+    /// Create an empty database where there is none (agents-exe does).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub create: bool,
     /// At most this many rows in a result (default 200); more are cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rows: Option<u32>,

@@ -41,10 +41,16 @@ impl SqliteTool {
     /// fails when the file cannot be opened as a database.
     pub fn open(tb: &SqliteToolbox, path: PathBuf) -> Result<SqliteTool, String> {
         if !path.is_file() {
-            return Err(format!(
-                "database file {} does not exist; create it, or fix `path` (relative to the agent file)",
-                path.display()
-            ));
+            if !tb.create {
+                return Err(format!(
+                    "database file {} does not exist; create it, or fix `path` (relative to the agent file)",
+                    path.display()
+                ));
+            }
+            // An empty database, as SQLite's own default open makes.
+            Connection::open(&path)
+                .and_then(|c| c.execute_batch("VACUUM"))
+                .map_err(|e| format!("cannot create database {}: {e}", path.display()))?;
         }
         let flags = if tb.read_write {
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -372,6 +378,7 @@ mod tests {
             description: None,
             path: "db.sqlite".into(),
             read_write,
+            create: false,
             max_rows: Some(2),
             timeout_seconds: Some(1),
             bindings: Vec::new(),

@@ -57,6 +57,8 @@ pub struct Helper {
 pub struct LoadedAgent {
     pub name: String,
     pub file: PathBuf,
+    /// What its relative paths were resolved against.
+    pub base: PathBuf,
     pub spec: AgentSpec,
     pub params: AgentParams,
     /// A run takes a snapshot; MCP servers may change the list.
@@ -163,6 +165,10 @@ impl std::error::Error for LoadError {}
 struct Pending {
     name: String,
     file: PathBuf,
+    /// What the toolboxes' relative paths (and the parameters' files)
+    /// are resolved against: the agent file's directory, or for an
+    /// agents-exe file the working directory, as agents-exe does.
+    base: PathBuf,
     spec: AgentSpec,
     helpers: Vec<Helper>,
 }
@@ -277,6 +283,7 @@ pub async fn load_document(
     let pending = Pending {
         name: agent.name,
         file: PathBuf::from(label),
+        base: PathBuf::from("."),
         spec: agent.spec,
         helpers: Vec::new(),
     };
@@ -363,12 +370,13 @@ impl Reader {
                     self.by_path.push((agent.name.clone(), i, base.join(p)));
                 }
             }
-            if let Some(dir) = &agent.tool_directory {
-                let dir = base.join(dir);
+            // Its helper agent files, from the agent file's directory as
+            // agents-exe looks for them (its scripts, from the working
+            // directory, are a bash toolbox); none there is no error.
+            if let Some(dir) = agent.tool_directory.as_ref().map(|d| base.join(d)) {
                 let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
-                    .map_err(|e| {
-                        format!("{}: toolDirectory {}: {e}", path.display(), dir.display())
-                    })?
+                    .into_iter()
+                    .flatten()
                     .flatten()
                     .map(|e| e.path())
                     .filter(|p| p.extension().is_some_and(|e| e == "json"))
@@ -386,11 +394,18 @@ impl Reader {
                 }
             }
             names.push(agent.name.clone());
+            let tool_base = if agent.agents_exe {
+                std::env::current_dir()
+                    .map_err(|e| format!("cannot read the working directory: {e}"))?
+            } else {
+                base.to_path_buf()
+            };
             self.pending.insert(
                 agent.name.clone(),
                 Pending {
                     name: agent.name,
                     file: path.to_path_buf(),
+                    base: tool_base,
                     spec: agent.spec,
                     helpers,
                 },
@@ -434,7 +449,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let mut diags = Vec::new();
     let file = p.file.display().to_string();
     let here = format!("{file}: agent `{}`", p.name);
-    let base = p.file.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let base = p.base.clone();
 
     diags.extend(crate::spec::checks::check_definition(
         &p.name, &p.spec, &here,
@@ -526,6 +541,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let agent = LoadedAgent {
         name: p.name.clone(),
         file: p.file.clone(),
+        base: p.base.clone(),
         spec: p.spec.clone(),
         params,
         tools,

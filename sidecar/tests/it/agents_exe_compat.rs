@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::common::{bin, repo, serve, sqlite_in};
+use crate::common::{bin, repo, sqlite_in};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agents-exe")
@@ -92,8 +92,9 @@ fn agents_exe_files_load_with_a_warning_naming_each_field_bindery_does_not_read(
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("EVERYTHING_TOKEN", "t")
-            // The MCP server's script is given relative to the corpus.
-            .current_dir(corpus())
+            // Run from the repository's root, as agents-exe runs its own
+            // files: their paths are relative to the working directory.
+            .current_dir(repo())
             .args(["check", "--agent-file"])
             .arg(file)
             .output()
@@ -150,7 +151,17 @@ fn serve_logs_each_ignored_field_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     let file = corpus().join("typo.json");
     std::fs::create_dir(dir.path().join("logs")).unwrap();
-    let (sidecar, _api) = serve(&file, &sqlite_in(dir.path()), &[], &[], dir.path());
+    // From the repository's root, which the file's paths are relative to.
+    let mut cmd = Command::new(bin());
+    cmd.current_dir(repo())
+        .args(["serve", "--listen", "127.0.0.1:0", "--agent-file"])
+        .arg(&file)
+        .args(["--store", &sqlite_in(dir.path())])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("BINDERY_OWNER_TOKEN", crate::common::OWNER);
+    let sidecar =
+        bindery_tests::sidecar::Sidecar::spawn(cmd, &dir.path().join("logs"), crate::common::OWNER);
     let logs = sidecar.logs();
     let line = format!(
         "{}: ignored field contents.bashToolboxes[0].contents.unusedBindngs",
@@ -185,4 +196,120 @@ fn a_guarding_field_in_another_spelling_refuses_the_file() {
     }
     assert!(!said.contains("deletePet"), "{said}");
     assert!(!said.contains("pet-token-CANARY-1"), "{said}");
+}
+
+/// A copy of the layout of agents-exe's own repository: `agents/*.json`
+/// and `dev-agents/agent.json` whose tool paths (`tools/dev`, a
+/// `toolDirectory`, SQLite files under `data/`) are relative to the
+/// repository's root, where agents-exe runs them from.
+fn repo_layout() -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy(&e.path(), &target);
+            } else {
+                // Keeps the scripts' executable bits.
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&corpus().join("repo-layout"), dir.path());
+    dir
+}
+
+fn in_dir(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin())
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(args)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
+}
+
+/// Run from the root, as agents-exe runs them, the files load with every
+/// tool: the directory's scripts through its `BasenameFilter`, the single
+/// tool, the `toolDirectory`'s scripts, `SqliteToolbox` and
+/// `SystemToolbox` in agents-exe's spelling (the databases created, as
+/// agents-exe's SQLite open does), the helper by its path from the agent
+/// file; `check` says which base the paths were taken from.
+#[test]
+fn agents_exe_files_load_from_the_repository_root_with_all_their_tools() {
+    let root = repo_layout();
+    let (ok, said) = in_dir(
+        root.path(),
+        &[
+            "check",
+            "--agent-file",
+            "agents/desk.json",
+            "--agent-file",
+            "dev-agents/agent.json",
+        ],
+    );
+    assert!(ok, "{said}");
+    let base = std::fs::canonicalize(root.path()).unwrap();
+    assert!(
+        said.contains(&format!(
+            "relative paths from: {} (the working directory, as agents-exe resolves them)",
+            base.display()
+        )),
+        "{said}"
+    );
+    let agent = |name: &str| -> String {
+        let start = said.find(&format!("agent {name} (")).unwrap();
+        let rest = &said[start + 1..];
+        let end = rest.find("\nagent ").unwrap_or(rest.len());
+        rest[..end].to_string()
+    };
+    let desk = agent("desk");
+    for tool in [
+        "bash_read-file(path)",
+        "bash_word-count(text)",
+        "sqlite_kb(",
+        "io_sys(",
+    ] {
+        assert!(desk.contains(tool), "{tool} not in:\n{desk}");
+    }
+    assert!(desk.contains("faq"), "{desk}");
+    // The filter keeps `.sh` scripts only; the text file is no tool.
+    assert!(!desk.contains("git-status"), "{desk}");
+    let dev = agent("dev");
+    for tool in ["bash_read-file(path)", "bash_git-status()"] {
+        assert!(dev.contains(tool), "{tool} not in:\n{dev}");
+    }
+    assert!(root.path().join("data/kb.sqlite").is_file());
+    assert!(root.path().join("data/faq.sqlite").is_file());
+
+    // A call runs from the same root: the path the model gives is the
+    // repository's.
+    let (ok, said) = in_dir(
+        root.path(),
+        &[
+            "tool-call",
+            "--agent-file",
+            "agents/desk.json",
+            "--tool",
+            "bash_read-file",
+            "--args",
+            r#"{"path": "tools/dev/notes.txt"}"#,
+        ],
+    );
+    assert!(ok, "{said}");
+    assert!(said.contains("Deploys go out on Tuesdays."), "{said}");
+
+    // From elsewhere the same file does not find its tools, and says where
+    // it looked.
+    let (ok, said) = in_dir(
+        &root.path().join("agents"),
+        &["check", "--agent-file", "desk.json"],
+    );
+    assert!(!ok, "{said}");
+    assert!(said.contains("cannot read tool directory"), "{said}");
+    assert!(said.contains("agents/tools/dev"), "{said}");
 }

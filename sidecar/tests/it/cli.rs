@@ -438,13 +438,21 @@ fn required_arguments_timeouts_output_limits_and_failures() {
 /// load to the same agent and behave the same.
 #[test]
 fn agents_exe_files_behave_like_native_ones() {
-    let describe = |file: &str| run(bin().args(["describe", "--agent-file", file])).stdout;
+    // agents-exe's paths are relative to the working directory: the
+    // repository's root, as for agents-exe's own files.
+    let describe = |file: &str| {
+        run(bin()
+            .current_dir(repo())
+            .args(["describe", "--agent-file", file]))
+        .stdout
+    };
     let native = describe(&invoices());
     assert!(native.contains("bash_query-invoices"));
     assert_eq!(native, describe(&invoices_exe()));
 
     let report = |file: &str| {
         let out = run(bin()
+            .current_dir(repo())
             .args(["check", "--output", "json", "--agent-file", file])
             .env("BINDERY_PARAM_TENANT", "acme-corp"));
         assert_eq!(out.code, 0, "{}", out.stderr);
@@ -470,7 +478,7 @@ fn agents_exe_files_behave_like_native_ones() {
     assert_eq!(report(&invoices()), report(&invoices_exe()));
 
     let call = |file: &str| {
-        run(bin().args([
+        run(bin().current_dir(repo()).args([
             "tool-call",
             "--agent-file",
             file,

@@ -33,6 +33,8 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().copied())
+        // agents-exe files' paths are relative to the working directory.
+        .current_dir(repo())
         .output()
         .expect("bindery-sidecar runs");
     (
