@@ -8,6 +8,7 @@ use super::telemetry::Telemetry;
 use crate::report::{agent_report, render_text, tool_view};
 
 pub fn main() -> ExitCode {
+    end_quietly_when_stdout_closes();
     let cli = Cli::parse_args();
     let telemetry = init_logging(cli.log_format);
     // What a tool leaves behind comes to this process, which ends it.
@@ -25,6 +26,26 @@ pub fn main() -> ExitCode {
         t.shutdown();
     }
     code
+}
+
+/// `check | head`: once the reader of stdout has gone, a print fails
+/// (SIGPIPE is ignored, as tools' pipes need) and `println!` panics. End
+/// as a Unix tool killed by SIGPIPE does instead (status 141), with no
+/// panic message; every other panic goes on as before.
+fn end_quietly_when_stdout_closes() {
+    let before = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        before(info)
+    }));
 }
 
 /// The async worker threads when `--worker-threads` is not given: one
