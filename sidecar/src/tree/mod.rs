@@ -340,7 +340,12 @@ impl Reader {
         }
         self.seen.insert(canonical.clone(), Vec::new());
         let parsed = files::parse_file(path)?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        // A bare file name (`agent.json`) has the empty path for parent,
+        // which no program can be started in: it is the working directory.
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         let mut names = Vec::new();
         for agent in parsed {
             self.ignored.extend(agent.ignored.iter().map(|f| {
