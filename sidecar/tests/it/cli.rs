@@ -1009,3 +1009,40 @@ fn a_zero_keep_alive_interval_is_refused() {
 fn zero_worker_threads_are_refused() {
     serve_refuses("--worker-threads", "0", "'--worker-threads <N>'");
 }
+
+/// `check | head`: the reader goes away after a line; the command ends
+/// as a Unix tool does on SIGPIPE (status 141), without a panic.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    let mut child = bin()
+        .args(["check", "--agent-file", &invoices()])
+        .env("BINDERY_PARAM_TENANT", "acme-corp")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader leaves before anything is printed.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// An agent file given by its bare name, from its own directory: a
+/// `command` value source runs there (the empty parent path was no
+/// directory a program could start in).
+#[test]
+fn a_command_value_runs_for_an_agent_file_given_by_its_bare_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: bare}\nspec:\n  model: {url: http://127.0.0.1:9/v1, name: m}\n  parameters:\n  - {name: region, default: {command: [printf, eu-west]}}\n",
+    )
+    .unwrap();
+    let out = run(bin()
+        .current_dir(dir.path())
+        .args(["check", "--agent-file", "agent.yaml"]));
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("region"), "{}", out.stdout);
+}
