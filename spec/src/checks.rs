@@ -213,6 +213,13 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         )));
     }
     super::budget::check(&spec.budgets, spec.model.pricing.as_ref(), here, &mut diags);
+    if super::flavor::Flavor::parse(&spec.model.flavor).is_none() {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model flavor `{}` is not one Bindery speaks (it changes what each request sends); write one of {}",
+            spec.model.flavor,
+            super::flavor::FLAVORS
+        )));
+    }
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(

@@ -19,6 +19,7 @@ pub mod depends;
 pub mod diagnostic;
 pub mod document;
 pub mod filter;
+pub mod flavor;
 pub mod jsonpath;
 
 use std::collections::BTreeMap;
@@ -235,8 +236,11 @@ pub fn parse_ttl(s: &str) -> Option<u64> {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
-    /// API dialect. Any string is accepted; every flavor is spoken as
-    /// OpenAI chat completions today.
+    /// API dialect, all of them OpenAI's chat completions: `openai` (the
+    /// default), `kimi`, `mistral` (adds `tool_choice: auto` and
+    /// `parallel_tool_calls: true` to every request) or `claude` (adds
+    /// extended thinking), as agents-exe's flavours of those names do;
+    /// agents-exe's spellings (`MistralV1`, …) are read too.
     #[serde(default = "default_flavor")]
     pub flavor: String,
     /// Base URL; requests go to `{url}/chat/completions`.

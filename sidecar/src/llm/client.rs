@@ -166,7 +166,11 @@ impl ChatClient {
         if let Some(model) = &self.inner.local {
             return self.ask_local(&**model, &req.request()?).await;
         }
-        let body = &req.body(&self.inner.endpoint.model, false)?;
+        let body = &req.body(
+            &self.inner.endpoint.model,
+            self.inner.endpoint.flavor,
+            false,
+        )?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let text = self
@@ -212,7 +216,7 @@ impl ChatClient {
             deltas_of(&response, on_delta);
             return Ok(response);
         }
-        let body = &req.body(&self.inner.endpoint.model, true)?;
+        let body = &req.body(&self.inner.endpoint.model, self.inner.endpoint.flavor, true)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let response = self

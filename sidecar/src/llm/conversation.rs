@@ -150,8 +150,14 @@ impl Conversation {
     }
 
     /// The request body for `model`: `{"model", "messages", "tools" (when
-    /// there are some), "stream", "stream_options" (when streamed)}`.
-    pub(crate) fn body(&self, model: &str, stream: bool) -> Result<Bytes, LlmError> {
+    /// there are some), what `flavor` adds, "stream", "stream_options"
+    /// (when streamed)}`.
+    pub(crate) fn body(
+        &self,
+        model: &str,
+        flavor: crate::spec::flavor::Flavor,
+        stream: bool,
+    ) -> Result<Bytes, LlmError> {
         if let Some(why) = &self.unencodable {
             return Err(LlmError::Config(format!(
                 "cannot encode the request: {why}"
@@ -162,7 +168,7 @@ impl Conversation {
             false => br#","stream":false}"#,
         };
         let mut body = Vec::with_capacity(
-            32 + model.len() + self.messages.len() + self.wire_tools.len() + tail.len(),
+            96 + model.len() + self.messages.len() + self.wire_tools.len() + tail.len(),
         );
         body.extend_from_slice(br#"{"model":"#);
         serde_json::to_writer(&mut body, model)
@@ -171,6 +177,7 @@ impl Conversation {
         body.extend_from_slice(&self.messages);
         body.push(b']');
         body.extend_from_slice(&self.wire_tools);
+        body.extend_from_slice(flavor.request_fields().as_bytes());
         body.extend_from_slice(tail);
         Ok(Bytes::from(body))
     }
@@ -244,13 +251,13 @@ mod tests {
         let mut plain = Conversation::new(vec![]);
         plain.push(&ChatMessage::user("hi"));
         assert_eq!(
-            parsed(&plain.body("m", false).unwrap()),
+            parsed(&plain.body("m", Default::default(), false).unwrap()),
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false})
         );
 
         let mut tooled = Conversation::new(vec![echo_tool()]);
         tooled.push(&ChatMessage::user("hi"));
-        let body = parsed(&tooled.body("m", true).unwrap());
+        let body = parsed(&tooled.body("m", Default::default(), true).unwrap());
         assert_eq!(
             body["tools"],
             json!([{"type": "function", "function": {
@@ -264,7 +271,11 @@ mod tests {
 
     #[test]
     fn an_empty_conversation_sends_an_empty_list() {
-        let body = parsed(&Conversation::new(vec![]).body("m", false).unwrap());
+        let body = parsed(
+            &Conversation::new(vec![])
+                .body("m", Default::default(), false)
+                .unwrap(),
+        );
         assert_eq!(body["messages"], json!([]));
     }
 
@@ -316,22 +327,22 @@ mod tests {
                     stream_options: stream.then(|| json!({"include_usage": true})),
                 })
                 .unwrap();
-                let body = grown.body(model, stream).unwrap();
+                let body = grown.body(model, Default::default(), stream).unwrap();
                 assert_eq!(
                     std::str::from_utf8(&body).unwrap(),
                     std::str::from_utf8(&once).unwrap(),
                     "step {i}, stream {stream}"
                 );
                 assert_eq!(
-                    spliced.body(model, stream).unwrap(),
+                    spliced.body(model, Default::default(), stream).unwrap(),
                     body,
                     "step {i}, stream {stream}, spliced"
                 );
             }
             let whole = Conversation::from(grown.request().unwrap());
             assert_eq!(
-                whole.body(model, false).unwrap(),
-                grown.body(model, false).unwrap(),
+                whole.body(model, Default::default(), false).unwrap(),
+                grown.body(model, Default::default(), false).unwrap(),
                 "step {i}"
             );
             assert_eq!(grown.request().unwrap().messages.len(), i + 1);

@@ -24,6 +24,8 @@ pub struct ModelEndpoint {
     pub max_retries: u32,
     /// The wait before the first retry; it doubles on each further retry.
     pub initial_backoff: Duration,
+    /// What the agent's `flavor` adds to every request.
+    pub flavor: crate::spec::flavor::Flavor,
 }
 
 impl ModelEndpoint {
@@ -43,6 +45,7 @@ impl ModelEndpoint {
             timeout: Self::DEFAULT_TIMEOUT,
             max_retries: Self::DEFAULT_MAX_RETRIES,
             initial_backoff: Self::DEFAULT_INITIAL_BACKOFF,
+            flavor: Default::default(),
         }
     }
 

@@ -1,7 +1,6 @@
 //! One model client per agent, with its API key read once at start.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use crate::llm::{ChatClient, ModelEndpoint};
@@ -51,9 +50,10 @@ pub fn build_clients(
         };
         endpoint.timeout = opts.timeout;
         endpoint.max_retries = opts.max_retries;
+        // Refused at load (spec::checks) when unknown.
+        endpoint.flavor = crate::spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
         if let Some(src) = m.api_key.as_ref().filter(|_| opts.model.is_none()) {
-            let base = agent.file.parent().unwrap_or(Path::new("."));
-            match read_source(src, base, keys) {
+            match read_source(src, &agent.base, keys) {
                 Ok(serde_json::Value::String(k)) => {
                     endpoint = endpoint.with_api_key(SecretString::new(k))
                 }

@@ -202,3 +202,57 @@ fn describe_tool_checks_a_script_like_agents_exe_and_other_commands_are_named() 
         "{err}"
     );
 }
+
+/// agents-exe's flavours on the wire: `MistralV1` asks for automatic,
+/// parallel tool calls, `ClaudeV1` for extended thinking, `KimiV1` and
+/// `OpenAIv1` for nothing more; a flavour Bindery does not know refuses
+/// the file instead of being spoken as another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_agents_exe_flavour_sends_what_agents_exe_sends() {
+    let mock = MockLlm::start(|_| MockReply::text("hello")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.json");
+    let write = |flavor: &str| {
+        let doc = json!({"tag": "OpenAIAgentDescription", "contents": {
+            "slug": "talker", "apiKeyId": "none", "flavor": flavor,
+            "modelUrl": mock.url(), "modelName": "m", "announce": "talks",
+            "systemPrompt": ["You talk."]}});
+        std::fs::write(&file, doc.to_string()).unwrap();
+    };
+    let added = |flavor: &str| -> Value {
+        write(flavor);
+        let before = mock.requests().len();
+        let (ok, out, err) = run(
+            dir.path(),
+            &["run", "--agent-file", "agent.json", "--prompt", "hi"],
+        );
+        assert!(ok, "{flavor}: {out}{err}");
+        let req = mock.requests()[before].clone();
+        let mut extra = serde_json::Map::new();
+        for k in ["tool_choice", "parallel_tool_calls", "thinking"] {
+            if let Some(v) = req.get(k) {
+                extra.insert(k.to_string(), v.clone());
+            }
+        }
+        Value::Object(extra)
+    };
+    assert_eq!(
+        added("MistralV1"),
+        json!({"tool_choice": "auto", "parallel_tool_calls": true})
+    );
+    assert_eq!(
+        added("ClaudeV1"),
+        json!({"thinking": {"type": "enabled", "budget_tokens": 10000}})
+    );
+    assert_eq!(added("KimiV1"), json!({}));
+    assert_eq!(added("OpenAIv1"), json!({}));
+
+    write("Bogus");
+    let (ok, out, err) = run(dir.path(), &["check", "--agent-file", "agent.json"]);
+    assert!(!ok, "{out}{err}");
+    assert!(
+        (out.clone() + &err).contains("model flavor `Bogus` is not one Bindery speaks"),
+        "{out}{err}"
+    );
+    mock.shutdown().await;
+}
