@@ -784,6 +784,8 @@ impl Description {
                 })
                 .collect(),
             max_steps: None,
+            // Its tools keep the names agents-exe gives them.
+            naming: super::Naming::AgentsExe,
         };
         Ok(Converted {
             name: self.slug,

@@ -101,6 +101,14 @@ pub struct AgentSpec {
     /// Upper bound on model turns in one run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
+    /// How its tools are named: `bindery` (the default), or `agentsExe`:
+    /// as agents-exe names them (`sqlite_<name>_query` taking `sql`,
+    /// `system_<name>_system_info`, `openapi_openapi_<operationId>`,
+    /// `postgrest_postgrest_<method>_<table>`), so that prompts and
+    /// recorded sessions written for agents-exe keep matching. agents-exe's
+    /// own files load with it.
+    #[serde(default, skip_serializing_if = "Naming::is_default")]
+    pub naming: Naming,
     /// Tools whose calls wait for a person's approval, by model-visible
     /// name (`bash_delete-*`), on top of each toolbox's own `confirm`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -257,6 +265,22 @@ pub struct ModelSpec {
 
 fn default_flavor() -> String {
     "openai".to_string()
+}
+
+/// How an agent's tools are named (see [`AgentSpec::naming`]).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Naming {
+    #[default]
+    #[serde(rename = "bindery")]
+    Bindery,
+    #[serde(rename = "agentsExe")]
+    AgentsExe,
+}
+
+impl Naming {
+    pub fn is_default(&self) -> bool {
+        *self == Naming::default()
+    }
 }
 
 /// Any JSON value; in a CRD schema, a field Kubernetes keeps as it is.

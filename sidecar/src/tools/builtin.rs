@@ -34,9 +34,17 @@ pub struct SystemTool {
 impl SystemTool {
     /// The toolbox's tool; `sources` are the variables the agent reads
     /// values from ([`crate::spec::checks::env_sources`]), never shown.
-    pub fn new(tb: &BuiltinToolbox, sources: &BTreeSet<String>) -> SystemTool {
+    pub fn new(
+        tb: &BuiltinToolbox,
+        sources: &BTreeSet<String>,
+        naming: crate::spec::Naming,
+    ) -> SystemTool {
         let spec = ToolSpec {
-            name: format!("io_{}", tb.name),
+            name: match naming {
+                crate::spec::Naming::Bindery => format!("io_{}", tb.name),
+                // agents-exe's name for its system toolbox's one tool.
+                crate::spec::Naming::AgentsExe => format!("system_{}_system_info", tb.name),
+            },
             local_name: tb.name.clone(),
             description: tb.description.clone().unwrap_or_else(|| {
                 format!("Reports about the system: {}.", tb.capabilities.join(", "))

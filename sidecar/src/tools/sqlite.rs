@@ -29,6 +29,8 @@ pub const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
 
 pub struct SqliteTool {
     spec: ToolSpec,
+    /// The statement's argument: `query`, or agents-exe's `sql`.
+    sql_arg: &'static str,
     read_write: bool,
     max_rows: usize,
     timeout: Duration,
@@ -39,7 +41,11 @@ pub struct SqliteTool {
 impl SqliteTool {
     /// The toolbox's tool over the file at `path` (resolved by the caller);
     /// fails when the file cannot be opened as a database.
-    pub fn open(tb: &SqliteToolbox, path: PathBuf) -> Result<SqliteTool, String> {
+    pub fn open(
+        tb: &SqliteToolbox,
+        path: PathBuf,
+        naming: crate::spec::Naming,
+    ) -> Result<SqliteTool, String> {
         if !path.is_file() {
             if !tb.create {
                 return Err(format!(
@@ -72,7 +78,7 @@ impl SqliteTool {
         } else {
             "read-only"
         };
-        let spec = ToolSpec {
+        let mut spec = ToolSpec {
             name: format!("sqlite_{}", tb.name),
             local_name: tb.name.clone(),
             description: format!(
@@ -100,8 +106,20 @@ impl SqliteTool {
             ],
             writes: tb.read_write,
         };
+        let mut sql_arg = "query";
+        if naming == crate::spec::Naming::AgentsExe {
+            // agents-exe's tool: `sqlite_<name>_query`, the statement as `sql`.
+            spec.name = format!("sqlite_{}_query", tb.name);
+            spec.args.truncate(1);
+            spec.args[0].name = "sql".into();
+            sql_arg = "sql";
+            spec.description = spec
+                .description
+                .replace(" `params` fill its `?` placeholders.", "");
+        }
         Ok(SqliteTool {
             spec,
+            sql_arg,
             read_write: tb.read_write,
             max_rows: tb.max_rows.unwrap_or(DEFAULT_MAX_ROWS) as usize,
             timeout: Duration::from_secs(tb.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS)),
@@ -320,12 +338,13 @@ impl Tool for SqliteTool {
     }
 
     async fn call(&self, args: CallArgs, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
-        let sql = match args.get("query").and_then(|v| v.plain()) {
+        let sql = match args.get(self.sql_arg).and_then(|v| v.plain()) {
             Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
             _ => {
-                return Err(ToolError::InvalidArguments(
-                    "`query` must be one SQL statement (a string)".into(),
-                ))
+                return Err(ToolError::InvalidArguments(format!(
+                    "`{}` must be one SQL statement (a string)",
+                    self.sql_arg
+                )))
             }
         };
         let params = match args.get("params").and_then(|v| v.plain()) {
@@ -343,6 +362,7 @@ impl Tool for SqliteTool {
         };
         let this = SqliteTool {
             spec: self.spec.clone(),
+            sql_arg: self.sql_arg,
             read_write: self.read_write,
             max_rows: self.max_rows,
             timeout: self.timeout,
@@ -383,7 +403,7 @@ mod tests {
             timeout_seconds: Some(1),
             bindings: Vec::new(),
         };
-        let t = SqliteTool::open(&tb, path).unwrap();
+        let t = SqliteTool::open(&tb, path, Default::default()).unwrap();
         (dir, t)
     }
 

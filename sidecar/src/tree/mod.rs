@@ -610,7 +610,7 @@ async fn load_toolbox(
         Toolbox::Builtin(bt) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
             let sources = crate::spec::checks::env_sources(&p.spec);
-            let tool = crate::tools::builtin::SystemTool::new(bt, &sources);
+            let tool = crate::tools::builtin::SystemTool::new(bt, &sources, p.spec.naming);
             let bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
             let added = Added {
                 what: "the toolbox `name`",
@@ -624,7 +624,7 @@ async fn load_toolbox(
         }
         Toolbox::Sqlite(q) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            match crate::tools::sqlite::SqliteTool::open(q, base.join(&q.path)) {
+            match crate::tools::sqlite::SqliteTool::open(q, base.join(&q.path), p.spec.naming) {
                 Ok(tool) => {
                     let added = Added {
                         what: "the toolbox `name`",
@@ -995,10 +995,23 @@ async fn load_openapi(
     // Values known at load (process values and defaults) may fetch the spec.
     let values = params.snapshot(&Values::new(), &Values::new());
     let keys = &opts.api_keys;
+    let agents_exe = p.spec.naming == crate::spec::Naming::AgentsExe;
     let loaded = match postgrest {
         Some(pg) => {
+            // agents-exe names every PostgREST toolbox `postgrest`.
+            let toolbox = if agents_exe { "postgrest" } else { &pg.name };
             let read = |doc: &serde_json::Value| {
-                openapi::postgrest::operations(doc, &pg.name, &pg.allowed_methods)
+                openapi::postgrest::operations(doc, toolbox, &pg.allowed_methods)
+            };
+            openapi::load_with(o, label, base, &values, keys, read).await
+        }
+        None if agents_exe => {
+            let read = |doc: &serde_json::Value| {
+                let (mut ops, warnings) = openapi::operations(doc)?;
+                for op in &mut ops {
+                    op.spec.name = openapi::document::agents_exe_name(op);
+                }
+                Ok((ops, warnings))
             };
             openapi::load_with(o, label, base, &values, keys, read).await
         }

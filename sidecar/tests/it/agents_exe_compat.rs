@@ -271,8 +271,8 @@ fn agents_exe_files_load_from_the_repository_root_with_all_their_tools() {
     for tool in [
         "bash_read-file(path)",
         "bash_word-count(text)",
-        "sqlite_kb(",
-        "io_sys(",
+        "sqlite_kb_query(sql)",
+        "system_sys_system_info(capability)",
     ] {
         assert!(desk.contains(tool), "{tool} not in:\n{desk}");
     }

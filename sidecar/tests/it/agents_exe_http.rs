@@ -172,13 +172,13 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
     }
     assert!(!said.contains("CANARY"), "{said}");
 
-    let got = tool_call(&file, "getPet", json!({"id": "7"})).await;
+    let got = tool_call(&file, "openapi_openapi_getPet", json!({"id": "7"})).await;
     assert!(got.status.success(), "{}", text(&got));
     assert!(text(&got).contains("Rex"), "{}", text(&got));
     assert!(!text(&got).contains("CANARY"), "{}", text(&got));
 
     // A filtered-out operation is no tool: nothing is sent.
-    let refused = tool_call(&file, "deletePet", json!({"id": "7"})).await;
+    let refused = tool_call(&file, "openapi_openapi_deletePet", json!({"id": "7"})).await;
     assert!(!refused.status.success(), "{}", text(&refused));
 
     let seen = seen.lock().unwrap().clone();

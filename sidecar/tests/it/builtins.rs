@@ -152,11 +152,11 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
     );
     assert!(ok, "{out}");
     for tool in [
-        "io_system",
-        "io_env",
-        "io_session",
-        "sqlite_notes",
-        "sqlite_scratch",
+        "system_system_system_info",
+        "system_env_system_info",
+        "system_session_system_info",
+        "sqlite_notes_query",
+        "sqlite_scratch_query",
     ] {
         assert!(out.contains(tool), "{tool} not in:\n{out}");
     }
@@ -188,7 +188,7 @@ fn bindings_apply_to_builtin_tools_and_sqlite_is_read_only_unless_declared() {
             "--agent-file",
             "system-and-sqlite.json",
             "--tool",
-            "io_env",
+            "system_env_system_info",
         ],
         &[],
     );
@@ -210,7 +210,7 @@ fn bindings_apply_to_builtin_tools_and_sqlite_is_read_only_unless_declared() {
             "--agent-file",
             "system-and-sqlite.json",
             "--tool",
-            "io_env",
+            "system_env_system_info",
             "--args",
             "{}",
         ],
@@ -240,20 +240,20 @@ fn bindings_apply_to_builtin_tools_and_sqlite_is_read_only_unless_declared() {
         )
     };
     let (ok, out) = call(
-        "sqlite_notes",
-        json!({"query": "SELECT body FROM notes WHERE id = ?", "params": [2]}),
+        "sqlite_notes_query",
+        json!({"sql": "SELECT body FROM notes WHERE id = 2"}),
     );
     assert!(ok && out.contains("rotate the keys"), "{out}");
-    let (_, out) = call("sqlite_notes", json!({"query": "DELETE FROM notes"}));
+    let (_, out) = call("sqlite_notes_query", json!({"sql": "DELETE FROM notes"}));
     assert!(out.contains("read-only"), "{out}");
     let (ok, out) = call(
-        "sqlite_scratch",
-        json!({"query": "INSERT INTO notes(body) VALUES ('x')"}),
+        "sqlite_scratch_query",
+        json!({"sql": "INSERT INTO notes(body) VALUES ('x')"}),
     );
     assert!(ok && out.contains("\"changes\":1"), "{out}");
     let (_, out) = call(
-        "sqlite_scratch",
-        json!({"query": "ATTACH DATABASE 'other.sqlite' AS o"}),
+        "sqlite_scratch_query",
+        json!({"sql": "ATTACH DATABASE 'other.sqlite' AS o"}),
     );
     assert!(out.contains("not allowed"), "{out}");
     assert!(!dir.path().join("other.sqlite").exists());

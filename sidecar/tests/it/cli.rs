@@ -969,7 +969,8 @@ spec:
         .arg("--tools=list"));
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(
-        out.stdout.contains("- **io_system**: System context"),
+        out.stdout
+            .contains("- **system_system_system_info**: System context"),
         "{}",
         out.stdout
     );

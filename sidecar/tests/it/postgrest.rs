@@ -270,7 +270,7 @@ async fn agents_exe_postgrest_toolboxes_load() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(
         out.stdout
-            .contains("- **postgrest_shop_get_invoices**: Reads rows of table `invoices`."),
+            .contains("- **postgrest_postgrest_get_invoices**: Reads rows of table `invoices`."),
         "{}",
         out.stdout
     );
@@ -287,7 +287,7 @@ async fn agents_exe_postgrest_toolboxes_load() {
             "--set",
             "tenant=globex",
             "--tool",
-            "postgrest_shop_get_invoices",
+            "postgrest_postgrest_get_invoices",
             "--args",
             r#"{"select": "number"}"#,
         ]

@@ -77,6 +77,50 @@ pub fn sanitize_name(raw: &str) -> String {
     out.chars().take(64).collect()
 }
 
+/// agents-exe's cleaning of a name for a model: each character that is
+/// not a letter, a digit, `_` or `-` becomes `_`; a name that does not
+/// start with a letter gets a `t` before it (`tool` when empty); runs of
+/// `_` collapse and none is left at either end. Never cut.
+pub fn agents_exe_clean(raw: &str) -> String {
+    let mapped: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let prefixed = match mapped.chars().next() {
+        None => "tool".to_string(),
+        Some(c) if c.is_alphabetic() => mapped,
+        Some(_) => format!("t{mapped}"),
+    };
+    prefixed
+        .split('_')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// The name agents-exe gives an OpenAPI operation's tool:
+/// `openapi_openapi_<operationId>` (its toolbox name is always `openapi`),
+/// or without an operationId `openapi_openapi_openapi_<method>_<path>`.
+pub fn agents_exe_name(op: &Operation) -> String {
+    let local = match &op.operation_id {
+        Some(id) => agents_exe_clean(id),
+        None => {
+            let path = op.path.replace(['/', '{', '}'], "_").replacen("__", "_", 1);
+            agents_exe_clean(&format!(
+                "openapi_{}_{path}",
+                op.method.to_ascii_lowercase()
+            ))
+        }
+    };
+    format!("openapi_openapi_{local}")
+}
+
 /// The document's operations, plus a warning for each one skipped.
 pub fn operations(doc: &Value) -> Result<(Vec<Operation>, Vec<String>), String> {
     let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
@@ -350,6 +394,40 @@ fn inline(doc: &Value, schema: &Value, depth: usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_as_agents_exe_gives_them() {
+        assert_eq!(agents_exe_clean("getPet"), "getPet");
+        assert_eq!(agents_exe_clean("pets.list v2"), "pets_list_v2");
+        // The `t` comes before the runs of `_` collapse, as in agents-exe.
+        assert_eq!(agents_exe_clean("__a__b__"), "t_a_b");
+        assert_eq!(agents_exe_clean("2fa-check"), "t2fa-check");
+        assert_eq!(agents_exe_clean(""), "tool");
+        let op = |id: Option<&str>, method: &str, path: &str| Operation {
+            spec: ToolSpec {
+                name: String::new(),
+                local_name: String::new(),
+                description: String::new(),
+                args: Vec::new(),
+                writes: false,
+            },
+            method: method.into(),
+            path: path.into(),
+            locations: Vec::new(),
+            has_body: false,
+            headers: Vec::new(),
+            operation_id: id.map(str::to_string),
+            table: None,
+        };
+        assert_eq!(
+            agents_exe_name(&op(Some("getPet"), "GET", "/pets/{id}")),
+            "openapi_openapi_getPet"
+        );
+        assert_eq!(
+            agents_exe_name(&op(None, "GET", "/pets/{id}")),
+            "openapi_openapi_openapi_get_pets_id"
+        );
+    }
 
     fn doc() -> Value {
         json!({
