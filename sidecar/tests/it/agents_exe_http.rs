@@ -56,7 +56,13 @@ fn pets_doc() -> Value {
             },
             "/admin/pets/{id}": {
                 "get": {"operationId": "auditPet", "parameters": id, "responses": {"200": {"description": "audit"}}}
-            }
+            },
+            // Paths a URL parser would read otherwise than the filter:
+            // into the host, or resolved to /admin.
+            "@127.0.0.2:9/stolen": {"get": {"operationId": "atHost", "responses": {"200": {"description": "x"}}}},
+            "/pets/../admin/users": {"get": {"operationId": "dotDot", "responses": {"200": {"description": "x"}}}},
+            "/pets/%2e%2e/admin/users": {"get": {"operationId": "escapedDots", "responses": {"200": {"description": "x"}}}},
+            "/pets\\..\\admin": {"get": {"operationId": "backslashes", "responses": {"200": {"description": "x"}}}}
         }
     })
 }
@@ -167,10 +173,36 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
     for kept in ["listPets", "getPet"] {
         assert!(said.contains(kept), "{kept} not in:\n{said}");
     }
-    for gone in ["createPet", "deletePet", "auditPet"] {
+    for gone in [
+        "createPet",
+        "deletePet",
+        "auditPet",
+        "atHost",
+        "dotDot",
+        "escapedDots",
+        "backslashes",
+    ] {
         assert!(!said.contains(gone), "{gone} offered:\n{said}");
     }
     assert!(!said.contains("CANARY"), "{said}");
+    let checked = run(vec![
+        "check".into(),
+        "--agent-file".into(),
+        file.display().to_string(),
+    ])
+    .await;
+    for path in [
+        "@127.0.0.2:9/stolen",
+        "/pets/../admin/users",
+        "/pets/%2e%2e/admin/users",
+    ] {
+        let line = format!("GET {path:?}: skipped, no tool: its path cannot be called as written");
+        assert!(
+            text(&checked).contains(&line),
+            "{line} not in:\n{}",
+            text(&checked)
+        );
+    }
 
     let got = tool_call(&file, "openapi_openapi_getPet", json!({"id": "7"})).await;
     assert!(got.status.success(), "{}", text(&got));

@@ -77,6 +77,32 @@ pub fn sanitize_name(raw: &str) -> String {
     out.chars().take(64).collect()
 }
 
+/// Why a path template from a document cannot be called as written, if
+/// so. A request goes to `baseUrl` + the path, and a URL parser reads the
+/// two together: a path that does not start with `/` would be read into
+/// the host (`@other.host/x`), and a `.`/`..` segment, a `%`-escape or a
+/// `\` would be resolved or decoded into another path than the one a
+/// `filter` saw. Such an operation is no tool.
+pub fn unsafe_path(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("it does not start with `/`, so it would change the host the request goes to");
+    }
+    if path.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Some("it holds a space or a control character");
+    }
+    if path.contains(['\\', '%', '?', '#']) {
+        return Some(
+            "it holds `\\`, `%`, `?` or `#`, which a URL parser reads otherwise than a filter",
+        );
+    }
+    if path.split('/').any(|s| s == "." || s == "..") {
+        return Some(
+            "it holds a `.` or `..` segment, which would move the request to another path",
+        );
+    }
+    None
+}
+
 /// agents-exe's cleaning of a name for a model: each character that is
 /// not a letter, a digit, `_` or `-` becomes `_`; a name that does not
 /// start with a letter gets a `t` before it (`tool` when empty); runs of

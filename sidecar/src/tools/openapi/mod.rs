@@ -127,6 +127,16 @@ pub fn build_url(
     }
     let full = format!("{}{}", base.trim_end_matches('/'), filled);
     let mut url = Url::parse(&full).map_err(|e| format!("bad URL: {e}"))?;
+    // The request goes where the toolbox says and to the very path a
+    // filter judged: the parser may not have moved it (a path read into
+    // the host, dot segments resolved, escapes decoded).
+    let root = Url::parse(base).map_err(|e| format!("bad base URL: {e}"))?;
+    let expected = format!("{}{}", root.path().trim_end_matches('/'), filled);
+    if url.origin() != root.origin() || url.path() != expected {
+        return Err(format!(
+            "the path `{path}` does not stay below the toolbox's base URL"
+        ));
+    }
     if !query.is_empty() {
         let mut pairs = url.query_pairs_mut();
         for (k, v) in query {
@@ -482,6 +492,16 @@ pub async fn load_with(
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
     let (mut ops, mut warnings) =
         to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    ops.retain(|op| match document::unsafe_path(&op.path) {
+        None => true,
+        Some(why) => {
+            warnings.push(format!(
+                "{} {:?}: skipped, no tool: its path cannot be called as written: {why}",
+                op.method, op.path
+            ));
+            false
+        }
+    });
     if let Some(filter) = &tb.filter {
         let before = ops.len();
         ops.retain(|op| filter.matches(&op.endpoint()));

@@ -145,6 +145,34 @@ fn a_call_builds_path_query_body_and_secret_header() {
 }
 
 #[test]
+fn a_request_stays_below_the_base_url() {
+    for (base, path) in [
+        ("http://api.test", "@evil.test/x"),
+        ("http://api.test", "/a/../../b"),
+        ("http://api.test/v1", "/../admin"),
+        ("http://api.test", "/a/%2e%2e/b"),
+        ("http://api.test", "\\..\\b"),
+    ] {
+        let err = build_url(base, path, &[], &[]).unwrap_err();
+        assert!(err.contains("does not stay below"), "{base} {path}: {err}");
+    }
+    let url = build_url(
+        "http://api.test/v1/",
+        "/pets/{id}",
+        &[("id", "a/../b")],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(url.as_str(), "http://api.test/v1/pets/a%2F..%2Fb");
+    for path in [
+        "@h/x", "x", "/a/../b", "/a/./b", "/a/%2e", "/a\\b", "/a?b", "/a b",
+    ] {
+        assert!(document::unsafe_path(path).is_some(), "{path}");
+    }
+    assert_eq!(document::unsafe_path("/pets/{id}/tags:add"), None);
+}
+
+#[test]
 fn missing_and_unknown_arguments_are_the_models_to_fix() {
     let t = tool(Vec::new());
     let err = t
