@@ -67,7 +67,12 @@ pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
             serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
         if value.get("tag").is_some() {
             let mut ignored = Vec::new();
-            let de = &mut serde_json::Deserializer::from_str(text);
+            // A tagged object read with its `contents` before its `tag`
+            // is buffered whole by serde, and the fields it skips inside
+            // go unseen: a misspelt `filter` would load without a word.
+            // Read with every `tag` first, each skipped field is seen.
+            let text = tag_first(&value);
+            let de = &mut serde_json::Deserializer::from_str(&text);
             let file: AgentFile =
                 serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {
                     ignored.push(ignored_path(&p))
@@ -111,6 +116,44 @@ pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
         return Err("holds no agent".to_string());
     }
     Ok(agents)
+}
+
+/// `v` as JSON text with each object's `tag` key written first.
+fn tag_first(v: &serde_json::Value) -> String {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                out.push('{');
+                let keys = m
+                    .keys()
+                    .filter(|k| *k == "tag")
+                    .chain(m.keys().filter(|k| *k != "tag"));
+                for (i, k) in keys.enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&m[k], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
 }
 
 fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {

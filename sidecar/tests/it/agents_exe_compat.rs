@@ -196,6 +196,23 @@ fn a_guarding_field_in_another_spelling_refuses_the_file() {
     }
     assert!(!said.contains("deletePet"), "{said}");
     assert!(!said.contains("pet-token-CANARY-1"), "{said}");
+
+    // The same with every `contents` written before its `tag` (which
+    // serde reads otherwise): still refused.
+    let out = Command::new(bin())
+        .args(["check", "--agent-file"])
+        .arg(dir.join("contents-first.json"))
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(
+            "contents.openApiToolboxes[0].contents.filter: this field is not read as written"
+        ),
+        "{said}"
+    );
 }
 
 /// A copy of the layout of agents-exe's own repository: `agents/*.json`
