@@ -954,7 +954,7 @@ mod tests {
                 "postgrestToolboxes": [{"tag": "PostgRESTServer", "contents": {
                     "SpecUrl": "http://db:3000/", "BaseUrl": "http://db:3000",
                     "AllowedMethods": ["get", "patch"], "Token": "jwt",
-                    "Headers": {"Accept-Profile": "api", "X-Api-Key": "k", "Authorization": "old"},
+                    "Headers": {"Accept-Profile": "api", "X-Api-Key": "k", "Authorization": "old", "X-Jwt": "j"},
                     "Filter": {"tag": "Or", "contents": [
                         {"tag": "TableNameEquals", "contents": "pets"},
                         {"tag": "AlwaysFalse"}]}}}]}
@@ -991,7 +991,8 @@ mod tests {
             secrets,
             [
                 ("Authorization", Some("Bearer {{secret}}"), true),
-                ("X-Api-Key", None, false)
+                ("X-Api-Key", None, false),
+                ("X-Jwt", None, false)
             ]
         );
         let diags = crate::checks::check_definition(&c.name, &c.spec, "here");

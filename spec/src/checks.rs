@@ -382,8 +382,22 @@ pub fn credential_env(name: &str) -> bool {
 /// Whether a request header carries a credential by its name
 /// (`Authorization`, `Cookie`, `X-Api-Key`, …).
 pub fn credential_header(name: &str) -> bool {
+    let joined = name.to_ascii_uppercase().replace(['-', '_'], "");
     credential_env(&name.replace('-', "_"))
+        || HEADER_CREDENTIAL_PARTS.iter().any(|p| joined.contains(p))
 }
+
+/// Parts of a header's name that say it carries a credential, beyond a
+/// variable's: `X-Authentication`, `X-Jwt`, `Session`, `X-Signature`, …
+const HEADER_CREDENTIAL_PARTS: [&str; 7] = [
+    "AUTH",
+    "JWT",
+    "SESSION",
+    "SIGNATURE",
+    "BEARER",
+    "CSRF",
+    "XSRF",
+];
 
 /// Whether a variable's value carries a credential by its form: a URL
 /// with a password in it (`scheme://user:password@host`).
@@ -863,6 +877,12 @@ mod tests {
             "Cookie",
             "X-Auth-Token",
             "Proxy-Authorization",
+            "X-Authentication",
+            "X-Jwt",
+            "Session",
+            "X-Session-Id",
+            "X-Hub-Signature",
+            "X-CSRF-Token",
         ] {
             let said = doc(&format!("{{{name}: v}}"));
             assert!(
