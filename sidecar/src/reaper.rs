@@ -222,6 +222,24 @@ pub fn tree_memory(root: u32) -> u64 {
     kib * 1024
 }
 
+/// The memory ([`tree_memory`]) of every orphan below this process: the
+/// trees calls left (a `setsid` child whose parent ended comes here), no
+/// longer below the call that started them. 0 when this process is not
+/// the reaper. Blocking.
+pub fn orphan_memory() -> u64 {
+    if !REAPING.load(Ordering::SeqCst) || !has_children() {
+        return 0;
+    }
+    let orphans: Vec<u32> = {
+        let set = kept();
+        children_of(std::process::id())
+            .into_iter()
+            .filter(|p| !set.contains(p))
+            .collect()
+    };
+    orphans.into_iter().map(tree_memory).sum()
+}
+
 /// [`sweep`] on a blocking thread: only when there is something to sweep.
 pub async fn sweep_async() -> usize {
     if !REAPING.load(Ordering::SeqCst) || !has_children() {

@@ -118,16 +118,20 @@ pub(super) async fn exec(
         (status, out, err, truncated)
     };
     // The call's processes together (shared memory included, which
-    // RLIMIT_DATA does not count) may hold at most `memory`.
+    // RLIMIT_DATA does not count) may hold at most `memory`: those below
+    // it, and the orphans calls left (which escaped it with `setsid` and
+    // now belong to the server, not knowing which call's they are).
     let watch = async {
         let (Some(limit), Some(pid)) = (memory, pgid) else {
             return std::future::pending().await;
         };
         loop {
             tokio::time::sleep(MEMORY_WATCH).await;
-            let held = tokio::task::spawn_blocking(move || crate::reaper::tree_memory(pid))
-                .await
-                .unwrap_or(0);
+            let held = tokio::task::spawn_blocking(move || {
+                crate::reaper::tree_memory(pid) + crate::reaper::orphan_memory()
+            })
+            .await
+            .unwrap_or(0);
             if held > limit {
                 return limit;
             }

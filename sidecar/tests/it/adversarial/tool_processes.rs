@@ -244,6 +244,33 @@ print("kept")
     assert!(!out.contains("kept"), "{out}");
 }
 
+/// The same memory held by a process the call left with `setsid` (an
+/// orphan, no longer below the call, now the server's child): counted
+/// too, and the call stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_held_by_a_process_the_call_left_counts_too() {
+    let w = OneTool::new(
+        "orphan-shm",
+        r#"( setsid python3 -c '
+import mmap, time
+m = mmap.mmap(-1, 256 << 20)
+for i in range(0, 256 << 20, 4096): m[i] = 1
+time.sleep(30)
+' </dev/null >/dev/null 2>&1 & )
+sleep 20
+echo kept
+"#,
+    )
+    .await;
+    let (_sidecar, api) = w.serve(&["--tool-memory", "64", "--tool-timeout", "60"]);
+    let out = w.call(&api).await;
+    assert!(
+        out.contains("held more than 64 MiB together and were stopped"),
+        "{out}"
+    );
+    assert!(!out.contains("kept"), "{out}");
+}
+
 /// A tree deeper than a sweep could take layer by layer (a chain of 80
 /// processes a tool leaves behind, out of its group): stopped whole, then
 /// killed; none is alive once the call has ended.
