@@ -108,6 +108,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(plan);
             }
         }
+        // Only 0, 1 and 2 go on: a descriptor the server inherited from
+        // whatever started it, without close-on-exec, stays the server's.
+        // (Before Linux 5.9 there is no close_range; those close at exec
+        // only if they were opened so.)
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
         for &(resource, value) in &plan.limits[..plan.n_limits] {
             let limit = libc::rlimit {
                 rlim_cur: value,

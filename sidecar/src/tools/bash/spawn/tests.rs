@@ -59,6 +59,22 @@ async fn the_child_gets_exactly_the_environment_given() {
 }
 
 #[tokio::test]
+async fn only_stdin_stdout_and_stderr_go_to_the_child() {
+    // A descriptor without close-on-exec, as one the server inherited.
+    let file = std::fs::File::open("/dev/null").unwrap();
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(file);
+    // SAFETY: clearing FD_CLOEXEC on the descriptor just opened.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let (_, out, _) = output(sh("ls /proc/self/fd", false, None, None)).await;
+    // SAFETY: closing what was opened above.
+    unsafe { libc::close(fd) };
+    // `ls` itself holds one more: the directory it reads.
+    let fds: Vec<&str> = out.split_whitespace().collect();
+    assert!(!fds.contains(&fd.to_string().as_str()), "{fds:?}");
+    assert!(fds.len() <= 4, "{fds:?}");
+}
+
+#[tokio::test]
 async fn without_a_pipe_stdin_is_empty() {
     let (status, out, _) = output(sh("cat; echo end", false, None, None)).await;
     assert!(status.success());
