@@ -137,6 +137,21 @@ impl From<ExePredicate> for EndpointFilter {
     }
 }
 
+/// `scheme://host:port` of an http(s) URL, lower-cased, the default port
+/// written out.
+fn origin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?.to_ascii_lowercase();
+    let with_port = match (host_port.rsplit_once(':'), scheme.as_str()) {
+        (Some((_, port)), _) if !port.is_empty() && !host_port.ends_with(']') => host_port,
+        (_, "https") => format!("{host_port}:443"),
+        _ => format!("{host_port}:80"),
+    };
+    Some(format!("{scheme}://{with_port}"))
+}
+
 /// agents-exe's `Token`: `Authorization: Bearer <token>` on every
 /// request, the document's fetch (over http) included.
 fn token_secret(token: String, fetched: bool) -> OpenApiSecret {
@@ -528,7 +543,12 @@ pub enum ExeSerializer {
 
 impl From<OpenApiServer> for OpenApiToolbox {
     fn from(o: OpenApiServer) -> Self {
-        let fetched = o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://");
+        // agents-exe sends its credentials with the document's fetch
+        // wherever the document is; Bindery only when it is on the
+        // API's own origin, so that a public document elsewhere never
+        // receives the API's token.
+        let fetched = (o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://"))
+            && origin(&o.spec_url) == origin(&o.base_url);
         let mut t = OpenApiToolbox {
             spec: o
                 .spec_url
@@ -997,6 +1017,29 @@ mod tests {
         );
         let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
         assert!(diags.is_empty(), "{diags:?}");
+        // A document on another origin than the API's gets no credential.
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                "openApiToolboxes": [{"tag": "OpenAPIServer", "contents": {
+                    "SpecUrl": "https://specs.example.org/pets.json", "BaseUrl": "https://api.example.com",
+                    "Token": "t"}}, {"tag": "OpenAPIServer", "contents": {
+                    "SpecUrl": "https://API.example.com:443/openapi.json", "BaseUrl": "https://api.example.com/v1",
+                    "Token": "t"}}]}
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let c = d.convert().unwrap();
+        let fetch: Vec<bool> = c
+            .spec
+            .toolboxes
+            .iter()
+            .map(|t| match t {
+                Toolbox::Openapi(o) => o.secrets[0].fetch_spec,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(fetch, [false, true]);
         // And of two exactly, as agents-exe reads it.
         let three = serde_json::from_value::<ExePredicate>(serde_json::json!(
             {"tag": "And", "contents": [{"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}]}
