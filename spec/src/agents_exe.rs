@@ -163,6 +163,8 @@ fn token_secret(token: String, fetched: bool) -> OpenApiSecret {
         }),
         query: None,
         fetch_spec: fetched,
+        decode: None,
+        keep_whitespace: false,
     }
 }
 
@@ -193,6 +195,8 @@ fn split_headers(
                 }),
                 query: None,
                 fetch_spec: false,
+                decode: None,
+                keep_whitespace: false,
             });
         } else {
             plain.insert(name, value);
@@ -529,7 +533,10 @@ pub enum ExeSecretSource {
 #[derive(Deserialize, Debug)]
 #[serde(tag = "tag", content = "contents")]
 pub enum ExeDecoder {
-    Clear(serde_json::Value),
+    /// As read; `true`: trailing white space removed.
+    Clear(bool),
+    Base64,
+    Hexadecimal,
 }
 
 /// Where the secret goes in a request.
@@ -582,6 +589,12 @@ impl From<OpenApiServer> for OpenApiToolbox {
                         }
                         ExeSerializer::QueryString(q) => (None, Some(q)),
                     };
+                    let (decode, keep_whitespace) = match s.decoder {
+                        None | Some(ExeDecoder::Clear(true)) => (None, false),
+                        Some(ExeDecoder::Clear(false)) => (None, true),
+                        Some(ExeDecoder::Base64) => (Some(super::SecretDecode::Base64), false),
+                        Some(ExeDecoder::Hexadecimal) => (Some(super::SecretDecode::Hex), false),
+                    };
                     OpenApiSecret {
                         source,
                         header,
@@ -589,6 +602,8 @@ impl From<OpenApiServer> for OpenApiToolbox {
                         // agents-exe sends its load-time secrets with the
                         // spec request; parameter secrets exist only per request.
                         fetch_spec: fetched && !from_param,
+                        decode,
+                        keep_whitespace,
                     }
                 })
                 .collect(),
@@ -871,7 +886,7 @@ mod tests {
                              "decoder": {"tag": "Clear", "contents": true},
                              "serializer": {"tag": "Header", "contents": ["Authorization", "Bearer {{secret}}"]}},
                             {"source": {"tag": "EnvVar", "contents": "API_KEY"},
-                             "decoder": {"tag": "Clear", "contents": true},
+                             "decoder": {"tag": "Hexadecimal"},
                              "serializer": {"tag": "QueryString", "contents": "key"}}
                         ],
                         "Bindings": [
@@ -900,6 +915,8 @@ mod tests {
                     }),
                     query: None,
                     fetch_spec: false,
+                    decode: None,
+                    keep_whitespace: false,
                 },
                 OpenApiSecret {
                     source: Src::Env("API_KEY".into()),
@@ -907,6 +924,8 @@ mod tests {
                     query: Some("key".into()),
                     // The spec is a file: nothing to fetch.
                     fetch_spec: false,
+                    decode: Some(crate::SecretDecode::Hex),
+                    keep_whitespace: false,
                 },
             ]
         );

@@ -691,6 +691,11 @@ fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut 
         let SecretSource::Param(p) = &s.source else {
             continue;
         };
+        if s.decode.is_some() || s.keep_whitespace {
+            diags.push(Diagnostic::error(format!(
+                "{here}: `decode` and `keepWhitespace` apply to a value read when the agent loads, not to parameter `{p}`, which a client gives as it is"
+            )));
+        }
         match spec.parameters.iter().find(|d| &d.name == p) {
             None => diags.push(Diagnostic::error(format!(
                 "{here}: parameter `{p}` is not declared by this agent"

@@ -666,6 +666,23 @@ pub struct OpenApiSecret {
     /// secret cannot come from a session- or message-scope parameter.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fetch_spec: bool,
+    /// How the value read is turned into the secret: `base64` or `hex`
+    /// (its bytes must then be UTF-8 text). Absent: as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<SecretDecode>,
+    /// Keep the value's trailing white space (a file's last newline);
+    /// by default it is removed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep_whitespace: bool,
+}
+
+/// How a secret's value is decoded (agents-exe's `Base64`, `Hexadecimal`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretDecode {
+    #[serde(rename = "base64")]
+    Base64,
+    #[serde(rename = "hex")]
+    Hex,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -69,10 +69,22 @@ impl ApiKeys {
 }
 
 /// Read a source. `base` is the directory relative file paths start from.
+/// A file's or a command's trailing white space is removed.
 pub fn read_source(
     source: &ValueSource,
     base: &Path,
     api_keys: &ApiKeys,
+) -> Result<serde_json::Value, String> {
+    read_source_as(source, base, api_keys, true)
+}
+
+/// [`read_source`], a file's or a command's trailing white space kept
+/// unless `trim`.
+pub fn read_source_as(
+    source: &ValueSource,
+    base: &Path,
+    api_keys: &ApiKeys,
+    trim: bool,
 ) -> Result<serde_json::Value, String> {
     let text = match source {
         ValueSource::Value(v) => return Ok(v.clone()),
@@ -89,15 +101,19 @@ pub fn read_source(
             let path = base.join(p);
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read file {}: {e}", path.display()))?;
-            text.trim_end().to_string()
+            if trim {
+                text.trim_end().to_string()
+            } else {
+                text
+            }
         }
-        ValueSource::Command(argv) => run_command(argv, base)?,
+        ValueSource::Command(argv) => run_command(argv, base, trim)?,
         ValueSource::ApiKey(id) => api_keys.get(id)?.expose().to_string(),
     };
     Ok(serde_json::Value::String(text))
 }
 
-fn run_command(argv: &[String], base: &Path) -> Result<String, String> {
+fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, String> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "a command source needs at least a program".to_string())?;
@@ -141,7 +157,7 @@ fn run_command(argv: &[String], base: &Path) -> Result<String, String> {
         ));
     }
     String::from_utf8(out.stdout)
-        .map(|s| s.trim_end().to_string())
+        .map(|s| if trim { s.trim_end().to_string() } else { s })
         .map_err(|_| format!("command `{program}` printed something that is not UTF-8"))
 }
 
@@ -158,6 +174,11 @@ mod tests {
         std::fs::write(&keys_path, r#"{"keys":[{"id":"openai","value":"sk-1"}]}"#).unwrap();
         let keys = ApiKeys::load(&keys_path).unwrap();
         let read = |s: ValueSource| read_source(&s, dir.path(), &keys);
+        // agents-exe's `Clear false`: the file's last newline kept.
+        assert_eq!(
+            read_source_as(&ValueSource::File("tok".into()), dir.path(), &keys, false).unwrap(),
+            json!("file-value\n")
+        );
 
         assert_eq!(read(ValueSource::Value(json!(3))).unwrap(), json!(3));
         assert_eq!(

@@ -469,11 +469,26 @@ pub async fn load_with(
                 SecretValue::Arg(secret_arg(i))
             }
             (_, Some(src)) => {
-                let v = crate::params::sources::read_source(&src, base, api_keys)
-                    .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?;
+                let v = crate::params::sources::read_source_as(
+                    &src,
+                    base,
+                    api_keys,
+                    !s.keep_whitespace,
+                )
+                .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?;
                 let text = match v {
                     serde_json::Value::String(s) => s,
                     other => other.to_string(),
+                };
+                let text = if s.keep_whitespace {
+                    text
+                } else {
+                    text.trim_end().to_string()
+                };
+                let text = match s.decode {
+                    None => text,
+                    Some(how) => decode_secret(&text, how)
+                        .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?,
                 };
                 let v = SecretValue::Loaded(SecretString::new(text));
                 if s.fetch_spec {
@@ -581,6 +596,21 @@ fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>,
         out.push((name, value));
     }
     Ok(out)
+}
+
+/// A secret's value decoded as its `decode` says; the bytes must be
+/// UTF-8 text. Messages never quote the value.
+pub fn decode_secret(text: &str, how: crate::spec::SecretDecode) -> Result<String, String> {
+    use base64::Engine as _;
+    let bytes = match how {
+        crate::spec::SecretDecode::Base64 => base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| "its value is not base64 (`decode: base64`)".to_string())?,
+        crate::spec::SecretDecode::Hex => hex::decode(text.trim()).map_err(|_| {
+            "its value is not hexadecimal digits in pairs (`decode: hex`)".to_string()
+        })?,
+    };
+    String::from_utf8(bytes).map_err(|_| "its decoded bytes are not UTF-8 text".to_string())
 }
 
 fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, String> {

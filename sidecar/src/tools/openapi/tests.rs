@@ -214,3 +214,18 @@ fn an_unbound_optional_secret_is_left_out() {
     assert_eq!(names, ["x-tenant"]);
     assert_eq!(req.url.as_str(), "http://api.test/projects/7/tasks");
 }
+
+#[test]
+fn secrets_decode_as_agents_exe_decoders_do() {
+    use crate::spec::SecretDecode::{Base64, Hex};
+    assert_eq!(decode_secret("c2Vjci10", Base64).unwrap(), "secr-t");
+    assert_eq!(decode_secret("c2Vjci10\n", Base64).unwrap(), "secr-t");
+    assert_eq!(decode_secret("736563722d74", Hex).unwrap(), "secr-t");
+    let err = decode_secret("not base64!", Base64).unwrap_err();
+    assert!(
+        err.contains("not base64") && !err.contains("not base64!"),
+        "{err}"
+    );
+    assert!(decode_secret("abc", Hex).unwrap_err().contains("in pairs"));
+    assert!(decode_secret("ff", Hex).unwrap_err().contains("not UTF-8"));
+}
