@@ -29,7 +29,64 @@ pub struct ParsedAgent {
 pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    parse_text(&text).map_err(|e| format!("{shown}: {e}"))
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    parse_text_in(&text, Some(dir)).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// agents-exe's `OpenAPIServerOnDisk` / `PostgRESTServerOnDisk`: the
+/// toolbox's contents in a file of their own (`"contents": "pets.json"`,
+/// relative to the agent file's directory, as agents-exe reads it), put
+/// in place as `OpenAPIServer` / `PostgRESTServer`. Without a directory
+/// (an agent sent over the API) such a file is not read: refused.
+fn inline_on_disk(doc: &mut serde_json::Value, dir: Option<&Path>) -> Result<(), String> {
+    for (list, on_disk, inline) in [
+        ("openApiToolboxes", "OpenAPIServerOnDisk", "OpenAPIServer"),
+        (
+            "postgrestToolboxes",
+            "PostgRESTServerOnDisk",
+            "PostgRESTServer",
+        ),
+    ] {
+        let Some(entries) = doc
+            .get_mut("contents")
+            .and_then(|c| c.get_mut(list))
+            .and_then(|l| l.as_array_mut())
+        else {
+            continue;
+        };
+        for (i, entry) in entries.iter_mut().enumerate() {
+            if entry.get("tag").and_then(|t| t.as_str()) != Some(on_disk) {
+                continue;
+            }
+            let here = format!("contents.{list}[{i}] (`{on_disk}`)");
+            let Some(file) = entry.get("contents").and_then(|c| c.as_str()) else {
+                return Err(format!(
+                    "{here}: `contents` must be the path of the toolbox's file"
+                ));
+            };
+            let Some(dir) = dir else {
+                return Err(format!(
+                    "{here}: reads a file of the server; give the toolbox inline (`{inline}`)"
+                ));
+            };
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{here}: cannot read {}: {e}", path.display()))?;
+            let contents: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{here}: {} is not valid JSON: {e}", path.display()))?;
+            if !contents.is_object() {
+                return Err(format!(
+                    "{here}: {} must hold the toolbox's object ({{\"SpecUrl\": …}})",
+                    path.display()
+                ));
+            }
+            *entry = serde_json::json!({"tag": inline, "contents": contents});
+        }
+    }
+    Ok(())
 }
 
 /// Why an agents-exe field Bindery does not read (at `path`) may not be
@@ -60,12 +117,19 @@ fn guards_a_call(path: &str) -> Option<String> {
     ))
 }
 
+/// Every agent in one text, read without a directory: an agents-exe
+/// toolbox kept in a file of its own is refused.
 pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
+    parse_text_in(text, None)
+}
+
+fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, String> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') {
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
         if value.get("tag").is_some() {
+            inline_on_disk(&mut value, dir)?;
             let mut ignored = Vec::new();
             // A tagged object read with its `contents` before its `tag`
             // is buffered whole by serde, and the fields it skips inside
@@ -186,5 +250,20 @@ fn at_path(path: String, err: &dyn std::fmt::Display) -> String {
         err.to_string()
     } else {
         format!("at `{path}`: {err}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent sent as text (a stored agent) has no directory: a toolbox
+    /// kept in a file is not read from the server's.
+    #[test]
+    fn an_on_disk_toolbox_without_a_directory_is_refused() {
+        let text = r#"{"tag": "OpenAIAgentDescription", "contents": {"slug": "a", "modelUrl": "u",
+            "modelName": "m", "openApiToolboxes": [{"tag": "OpenAPIServerOnDisk", "contents": "/etc/x.json"}]}}"#;
+        let err = parse_text(text).unwrap_err();
+        assert!(err.contains("reads a file of the server"), "{err}");
     }
 }

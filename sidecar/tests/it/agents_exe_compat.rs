@@ -330,3 +330,21 @@ fn agents_exe_files_load_from_the_repository_root_with_all_their_tools() {
     assert!(said.contains("cannot read tool directory"), "{said}");
     assert!(said.contains("agents/tools/dev"), "{said}");
 }
+
+/// `OpenAPIServerOnDisk`: the toolbox in a file of its own, found from
+/// the agent file's directory as agents-exe finds it, its `Filter` kept;
+/// the document it names, from the working directory.
+#[test]
+fn an_on_disk_toolbox_loads_from_beside_its_agent_file() {
+    let (ok, said) = in_dir(
+        &repo(),
+        &[
+            "check",
+            "--agent-file",
+            "sidecar/tests/fixtures/agents-exe/on-disk/agent.json",
+        ],
+    );
+    assert!(ok, "{said}");
+    assert!(said.contains("openapi_openapi_getPet(id)"), "{said}");
+    assert!(!said.contains("deletePet"), "{said}");
+}
