@@ -61,6 +61,9 @@ pub struct Description {
     /// other kinds are refused, saying why.
     #[serde(default)]
     pub builtin_toolboxes: Vec<serde_json::Value>,
+    /// agents-exe's skills: not loaded, so refused rather than dropped.
+    #[serde(default)]
+    pub skill_sources: Vec<serde_json::Value>,
 }
 
 /// A `postgrestToolboxes` entry.
@@ -269,6 +272,9 @@ pub struct SystemToolboxDescription {
     /// as exact names separated by commas or spaces (see [`env_var_names`]).
     #[serde(default, rename = "envVarFilter", alias = "EnvVarFilter")]
     pub env_var_filter: Option<String>,
+    /// Whether `read-session` shows the tools' outputs (default: yes).
+    #[serde(default, rename = "SessionIntrospectionIncludeToolOutputs")]
+    pub include_tool_outputs: Option<bool>,
 }
 
 /// `envVarFilter` as the list of names `env-vars` shows: exact names,
@@ -404,6 +410,7 @@ fn builtin_toolbox(
     let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), &mut note)
         .map_err(|e| format!("{here}: {e}"))?;
     Ok(Toolbox::Builtin(super::BuiltinToolbox {
+        session_tool_outputs: d.include_tool_outputs.unwrap_or(true),
         name: d.name,
         description: d.description,
         capabilities: d.capabilities,
@@ -721,6 +728,9 @@ impl Description {
     /// The same agent in Bindery's own types. Fails on toolbox kinds this
     /// build cannot run yet, naming them, rather than dropping them.
     pub fn convert(self) -> Result<Converted, String> {
+        if !self.skill_sources.is_empty() {
+            return Err("contents.skillSources: Bindery does not load agents-exe's skills yet, so the tools they add (`skill_describe_<skill>`, `skill_<skill>_<script>`) would be missing while the prompt may name them; remove `skillSources`, or give each skill's scripts as a bash toolbox".to_string());
+        }
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
         let mut toolboxes: Vec<Toolbox> = self
             .bash_toolboxes
@@ -1064,6 +1074,19 @@ mod tests {
             {"tag": "And", "contents": [{"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}]}
         ));
         assert!(three.is_err());
+    }
+
+    #[test]
+    fn skills_are_refused_rather_than_dropped() {
+        let file: AgentFile = serde_json::from_value(serde_json::json!({
+            "tag": "OpenAIAgentDescription",
+            "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                "skillSources": [{"tag": "SkillDirectory", "contents": "skills"}]}
+        }))
+        .unwrap();
+        let AgentFile::OpenAIAgentDescription(d) = file;
+        let err = d.convert().err().unwrap();
+        assert!(err.starts_with("contents.skillSources: Bindery does not load"), "{err}");
     }
 
     #[test]

@@ -508,6 +508,10 @@ pub struct BuiltinToolbox {
     /// name (never one that holds a parameter's or credential's value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_vars: Vec<String>,
+    /// With `read-session`: whether the tools' outputs in the session are
+    /// shown (default: yes); `false` shows each as elided.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub session_tool_outputs: bool,
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
@@ -687,6 +691,10 @@ pub enum SecretDecode {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Where a toolbox secret's value comes from: `{param: NAME}`, a parameter

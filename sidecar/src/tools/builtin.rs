@@ -29,6 +29,8 @@ pub struct SystemTool {
     capabilities: Vec<String>,
     /// What `env-vars` may show: the listed names, less any refused.
     env_vars: Vec<String>,
+    /// `read-session` shows the tools' outputs.
+    tool_outputs: bool,
 }
 
 impl SystemTool {
@@ -60,6 +62,7 @@ impl SystemTool {
         };
         SystemTool {
             spec,
+            tool_outputs: tb.session_tool_outputs,
             capabilities: tb.capabilities.clone(),
             env_vars: tb
                 .env_vars
@@ -174,15 +177,24 @@ fn rfc3339(unix: u64) -> String {
 
 /// `read-session` (the calling session's turns) or `get-session-stats`
 /// (how many turns of each role, and which tools were called how often).
-fn session_report(capability: &str, ctx: &CallContext) -> Result<Value, String> {
+fn session_report(
+    capability: &str,
+    ctx: &CallContext,
+    tool_outputs: bool,
+) -> Result<Value, String> {
     let json = ctx
         .session_json
         .as_deref()
         .ok_or("there is no session here: this capability reports the session that calls it")?;
     let session: Value =
         serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))?;
-    let turns = session["turns"].as_array().cloned().unwrap_or_default();
+    let mut turns = session["turns"].as_array().cloned().unwrap_or_default();
     if capability == "read-session" {
+        if !tool_outputs {
+            for t in turns.iter_mut().filter(|t| t["role"] == "tool") {
+                t["content"] = json!("(a tool's output, not shown here)");
+            }
+        }
         return Ok(json!({"session_id": session["session_id"], "turns": turns}));
     }
     let mut roles = serde_json::Map::new();
@@ -237,7 +249,7 @@ impl Tool for SystemTool {
         let data = match capability.as_str() {
             "env-vars" => self.env_report(ctx),
             "read-session" | "get-session-stats" => {
-                session_report(&capability, ctx).map_err(ToolError::Failed)?
+                session_report(&capability, ctx, self.tool_outputs).map_err(ToolError::Failed)?
             }
             _ => report(&capability).map_err(ToolError::Failed)?,
         };
@@ -270,5 +282,29 @@ mod tests {
             assert!(v.is_object(), "{c}: {v}");
         }
         assert!(report("env-vars").is_err());
+    }
+
+    /// agents-exe's `SessionIntrospectionIncludeToolOutputs: false`: the
+    /// tools' outputs in the session read are elided, the rest kept.
+    #[test]
+    fn read_session_can_leave_the_tools_outputs_out() {
+        let session = json!({"session_id": "s1", "turns": [
+            {"role": "user", "content": "hi"},
+            {"role": "tool", "tool_call_id": "c1", "content": "CANARY-output"},
+            {"role": "assistant", "content": "done"}]});
+        let ctx = CallContext {
+            session_id: "s1".into(),
+            conversation_id: "c".into(),
+            turn_id: "t".into(),
+            agent_id: "a".into(),
+            session_json: Some(session.to_string().into()),
+            scrubber: Default::default(),
+        };
+        let shown = session_report("read-session", &ctx, true).unwrap();
+        assert!(shown.to_string().contains("CANARY-output"));
+        let elided = session_report("read-session", &ctx, false).unwrap();
+        assert!(!elided.to_string().contains("CANARY-output"), "{elided}");
+        assert_eq!(elided["turns"][1]["tool_call_id"], "c1");
+        assert_eq!(elided["turns"][2]["content"], "done");
     }
 }
