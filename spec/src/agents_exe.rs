@@ -1086,7 +1086,10 @@ mod tests {
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
         let err = d.convert().err().unwrap();
-        assert!(err.starts_with("contents.skillSources: Bindery does not load"), "{err}");
+        assert!(
+            err.starts_with("contents.skillSources: Bindery does not load"),
+            "{err}"
+        );
     }
 
     #[test]
