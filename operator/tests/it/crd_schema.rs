@@ -1068,8 +1068,12 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 20] = [
+const FREE_FORM: [(&str, &str); 22] = [
     ("Agent", "spec.bindings[].value.literal"),
+    // A filter nests (`and`, `or`, `not`): a recursive type has no
+    // structural schema; check and the operator read it.
+    ("Agent", "spec.toolboxes[].openapi.filter"),
+    ("Agent", "spec.toolboxes[].postgrest.filter"),
     ("Agent", "spec.toolboxes[].bash.confirm"),
     ("Agent", "spec.toolboxes[].deferred.tools[].parameters"),
     ("Agent", "spec.toolboxes[].mcp.confirm"),
