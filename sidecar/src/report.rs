@@ -51,6 +51,9 @@ pub struct ToolReport {
 
 #[derive(Serialize)]
 pub struct HelperReport {
+    /// Its tool's name (`prompt_agent_<slug>`, or agents-exe's
+    /// `io_prompt_agent_<slug>`).
+    pub tool: String,
     pub slug: String,
     pub agent: String,
     pub narrowable: bool,
@@ -115,6 +118,11 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
             .helpers
             .iter()
             .map(|h| HelperReport {
+                tool: format!(
+                    "{}{}",
+                    crate::session::helpers::prompt_prefix(agent),
+                    h.slug
+                ),
                 slug: h.slug.clone(),
                 agent: h.agent.clone(),
                 narrowable: h.narrowable,
@@ -234,8 +242,8 @@ pub fn render_text(r: &AgentReport) -> String {
     }
     for h in &r.helpers {
         out.push_str(&format!(
-            "  helper: prompt_agent_{} -> agent {}{}\n",
-            h.slug,
+            "  helper: {} -> agent {}{}\n",
+            h.tool,
             h.agent,
             if h.narrowable {
                 ""

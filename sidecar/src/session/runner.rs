@@ -450,7 +450,7 @@ pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
                         || !crate::bindings::depends::untrusted_lookups(ctx.tools, t).is_empty())
             })
             || ctx.helpers.as_ref().is_some_and(|env| {
-                name.strip_prefix(helpers::PROMPT_PREFIX)
+                helpers::helper_slug(ctx.agent, name)
                     .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
             })
     };
@@ -1092,7 +1092,7 @@ async fn call_helper(
     if name == helpers::DERIVE {
         return Outcome::Done(helpers::derive(ctx.agent, env, args));
     }
-    let slug = name.trim_start_matches("prompt_agent_");
+    let slug = helpers::helper_slug(ctx.agent, name).unwrap_or(name);
     let p = match helpers::prepare(ctx.agent, ctx.values, env, slug, args, history) {
         Ok(p) => p,
         Err(e) => return Outcome::Done(Err(e)),

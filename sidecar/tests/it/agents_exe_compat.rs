@@ -348,3 +348,65 @@ fn an_on_disk_toolbox_loads_from_beside_its_agent_file() {
     assert!(said.contains("openapi_openapi_getPet(id)"), "{said}");
     assert!(!said.contains("deletePet"), "{said}");
 }
+
+/// A helper of an agents-exe file is the tool agents-exe names
+/// `io_prompt_agent_<slug>`, taking `what`: the model calls it by that
+/// name, the helper runs, and its answer is the tool's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_is_agents_exes_io_prompt_agent_tool() {
+    use bindery_tests::mock_llm::{tool_names, tool_results, MockLlm, MockReply};
+    let mock = MockLlm::start(|req| {
+        let system = req["messages"][0]["content"].as_str().unwrap_or("");
+        if system.starts_with("You answer questions from the FAQ.") {
+            return MockReply::text("the FAQ says: Tuesdays");
+        }
+        match tool_results(req).first() {
+            None => MockReply::tool_call(
+                "io_prompt_agent_faq",
+                serde_json::json!({"what": "when do deploys go out?"}),
+            ),
+            Some(r) => MockReply::text(format!("desk relays: {r}")),
+        }
+    })
+    .await;
+    let root = repo_layout();
+    let url = mock.url();
+    let dir = root.path().to_path_buf();
+    let (ok, said) = tokio::task::spawn_blocking(move || {
+        let out = Command::new(bin())
+            .current_dir(&dir)
+            .env("BINDERY_MODEL_URL", url)
+            .args([
+                "run",
+                "--agent-file",
+                "agents/desk.json",
+                "--prompt",
+                "deploys?",
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("desk relays: the FAQ says: Tuesdays"),
+        "{said}"
+    );
+    let first = &mock.requests()[0];
+    let names = tool_names(first);
+    assert!(
+        names.contains(&"io_prompt_agent_faq".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"prompt_agent_faq".to_string()),
+        "{names:?}"
+    );
+    mock.shutdown().await;
+}

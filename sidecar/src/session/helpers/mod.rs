@@ -28,6 +28,21 @@ use crate::tree::{AgentTree, Helper, LoadedAgent};
 pub const DESCRIBE: &str = "describe_agent";
 pub const DERIVE: &str = "derive_agent";
 pub const PROMPT_PREFIX: &str = "prompt_agent_";
+/// agents-exe's name for the same tool: `io_prompt_agent_<slug>`.
+pub const AGENTS_EXE_PROMPT_PREFIX: &str = "io_prompt_agent_";
+
+/// The prefix of `agent`'s helper tools, by its `naming`.
+pub fn prompt_prefix(agent: &LoadedAgent) -> &'static str {
+    match agent.spec.naming {
+        crate::spec::Naming::Bindery => PROMPT_PREFIX,
+        crate::spec::Naming::AgentsExe => AGENTS_EXE_PROMPT_PREFIX,
+    }
+}
+
+/// The helper slug a tool name of `agent`'s asks for, if it is one.
+pub fn helper_slug<'a>(agent: &LoadedAgent, name: &'a str) -> Option<&'a str> {
+    name.strip_prefix(prompt_prefix(agent))
+}
 
 /// What helper calls need beyond the run itself.
 #[derive(Clone)]
@@ -79,7 +94,7 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
                 props["as"] = json!({"type": "string", "description": "Use a narrowing named earlier with derive_agent."});
             }
             ToolDefinition {
-                name: format!("{PROMPT_PREFIX}{}", h.slug),
+                name: format!("{}{}", prompt_prefix(agent), h.slug),
                 description: format!("Ask the helper `{}`: {announce}. Returns its answer.", h.slug),
                 parameters: json!({"type": "object", "properties": props, "required": ["what"]}),
             }
@@ -140,9 +155,7 @@ pub fn is_helper_tool(agent: &LoadedAgent, name: &str) -> bool {
     !agent.helpers.is_empty()
         && (name == DESCRIBE
             || name == DERIVE
-            || name
-                .strip_prefix(PROMPT_PREFIX)
-                .is_some_and(|s| agent.helpers.iter().any(|h| h.slug == s)))
+            || helper_slug(agent, name).is_some_and(|s| agent.helpers.iter().any(|h| h.slug == s)))
 }
 
 fn invalid(msg: impl Into<String>) -> ToolError {
