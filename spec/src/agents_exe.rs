@@ -141,8 +141,16 @@ impl From<ExePredicate> for EndpointFilter {
 }
 
 /// `scheme://host:port` of an http(s) URL, lower-cased, the default port
-/// written out.
+/// written out; `None` for one that URL parsers may read differently (a
+/// `\`, userinfo, white space or a control character), which then never
+/// counts as the API's origin.
 fn origin(url: &str) -> Option<String> {
+    if url
+        .chars()
+        .any(|c| c == '\\' || c == '@' || c.is_whitespace() || c.is_control())
+    {
+        return None;
+    }
     let (scheme, rest) = url.split_once("://")?;
     let scheme = scheme.to_ascii_lowercase();
     let authority = rest.split(['/', '?', '#']).next()?;
@@ -1069,6 +1077,26 @@ mod tests {
             })
             .collect();
         assert_eq!(fetch, [false, true]);
+        // A parser differential: one reads the host as 127.0.0.1, another
+        // (the HTTP client) as 127.0.0.2. No credential either way.
+        for spec in [
+            "http://127.0.0.2:18101\\@127.0.0.1:18101/doc.json",
+            "http://u@127.0.0.1:18101/doc.json",
+        ] {
+            let file: AgentFile = serde_json::from_value(serde_json::json!({
+                "tag": "OpenAIAgentDescription",
+                "contents": {"slug": "a", "modelUrl": "u", "modelName": "m",
+                    "openApiToolboxes": [{"tag": "OpenAPIServer", "contents": {
+                        "SpecUrl": spec, "BaseUrl": "http://127.0.0.1:18101", "Token": "t"}}]}
+            }))
+            .unwrap();
+            let AgentFile::OpenAIAgentDescription(d) = file;
+            let c = d.convert().unwrap();
+            let Toolbox::Openapi(o) = &c.spec.toolboxes[0] else {
+                unreachable!()
+            };
+            assert!(!o.secrets[0].fetch_spec, "{spec}");
+        }
         // And of two exactly, as agents-exe reads it.
         let three = serde_json::from_value::<ExePredicate>(serde_json::json!(
             {"tag": "And", "contents": [{"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}, {"tag": "AlwaysTrue"}]}
