@@ -85,6 +85,11 @@ async fn start_pets() -> (SocketAddr, Seen) {
                 },
             ),
         )
+        // As a server that cleans `..%2F` out of a path answers.
+        .route(
+            "/pets/redirect-me",
+            get(|| async { axum::response::Redirect::permanent("/admin/pets/1") }),
+        )
         .route(
             "/{*rest}",
             axum::routing::any(
@@ -209,11 +214,30 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
     assert!(text(&got).contains("Rex"), "{}", text(&got));
     assert!(!text(&got).contains("CANARY"), "{}", text(&got));
 
+    // An allowed call the API redirects under /admin: not followed (the
+    // filter judged /pets/…, not where the redirect goes).
+    let moved = tool_call(
+        &file,
+        "openapi_openapi_getPet",
+        json!({"id": "redirect-me"}),
+    )
+    .await;
+    assert!(!moved.status.success(), "{}", text(&moved));
+    assert!(
+        text(&moved).contains("308") || text(&moved).contains("redirect"),
+        "{}",
+        text(&moved)
+    );
+
     // A filtered-out operation is no tool: nothing is sent.
     let refused = tool_call(&file, "openapi_openapi_deletePet", json!({"id": "7"})).await;
     assert!(!refused.status.success(), "{}", text(&refused));
 
     let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|r| r[1].starts_with("/admin")),
+        "a request reached /admin: {seen:?}"
+    );
     let bearer = format!("Bearer {TOKEN}");
     assert!(
         seen.iter().all(|[m, ..]| m == "GET"),

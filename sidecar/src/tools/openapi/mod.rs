@@ -527,6 +527,17 @@ pub async fn load_with(
         }
     }
     let headers = static_headers(tb)?;
+    // A filter judges the request's path; a redirect, even on the same
+    // origin, would take the call to a path it never judged (a server
+    // that cleans `/pets/..%2Fadmin` answers 301 to /admin). With a
+    // filter, calls follow no redirect.
+    let client = match &tb.filter {
+        None => client,
+        Some(_) => egress::client(crate::spec::Redirects::Never)
+            .timeout(timeout)
+            .build()
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))?,
+    };
     let shared = Arc::new(Shared {
         label: label.to_string(),
         base_url: tb.base_url.clone(),
