@@ -117,7 +117,7 @@ pub fn own() -> Vec<(String, SecretString)> {
 pub fn register(secrets: Vec<(String, SecretString)>) -> Option<Registration> {
     let prepared: Vec<Prepared> = secrets
         .iter()
-        .filter_map(|(name, secret)| Prepared::new(name, secret))
+        .flat_map(|(name, secret)| Prepared::all(name, secret))
         .collect();
     if prepared.is_empty() {
         return None;

@@ -86,6 +86,18 @@ impl std::fmt::Debug for Prepared {
 }
 
 impl Prepared {
+    /// `secret`, and the same without the white space at its ends when it
+    /// has some: a header value's ends are dropped by every HTTP server,
+    /// so an API echoes it back without them.
+    pub fn all(name: &str, secret: &SecretString) -> Vec<Prepared> {
+        let trimmed = secret.expose().trim();
+        let mut out: Vec<Prepared> = Prepared::new(name, secret).into_iter().collect();
+        if trimmed.len() != secret.expose().len() {
+            out.extend(Prepared::new(name, &SecretString::new(trimmed)));
+        }
+        out
+    }
+
     /// `secret`, to be replaced by `<secret:NAME>`; `None` when it is too
     /// short to be looked for.
     pub fn new(name: &str, secret: &SecretString) -> Option<Prepared> {
@@ -181,7 +193,7 @@ impl Scrubber {
     /// Look for `secret` too, replacing it by `<secret:NAME>`. A value
     /// already looked for keeps its first name.
     pub fn add(&mut self, name: &str, secret: &SecretString) {
-        if let Some(p) = Prepared::new(name, secret) {
+        for p in Prepared::all(name, secret) {
             self.add_prepared(&p);
         }
     }
@@ -648,6 +660,17 @@ mod tests {
         let mut s = Scrubber::default();
         s.add("token", &SecretString::new(CANARY));
         s
+    }
+
+    /// A secret with white space at its ends (agents-exe's `Clear false`,
+    /// a decoded value), echoed by an API that dropped those ends from
+    /// its header: still scrubbed.
+    #[test]
+    fn a_secret_without_its_surrounding_white_space_is_scrubbed() {
+        let mut s = Scrubber::default();
+        s.add("tok", &SecretString::new("  pad-CANARY-9 \n"));
+        assert_eq!(s.scrub("echo: pad-CANARY-9."), "echo: <secret:tok>.");
+        assert_eq!(s.scrub("x  pad-CANARY-9 \ny"), "x<secret:tok>y");
     }
 
     #[test]
