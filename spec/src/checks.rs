@@ -382,14 +382,20 @@ pub fn credential_env(name: &str) -> bool {
 /// Whether a request header carries a credential by its name
 /// (`Authorization`, `Cookie`, `X-Api-Key`, …).
 pub fn credential_header(name: &str) -> bool {
-    let joined = name.to_ascii_uppercase().replace(['-', '_'], "");
+    let upper = name.to_ascii_uppercase();
+    let joined = upper.replace(['-', '_'], "");
     credential_env(&name.replace('-', "_"))
         || HEADER_CREDENTIAL_PARTS.iter().any(|p| joined.contains(p))
+        || upper
+            .split(['-', '_'])
+            .any(|w| HEADER_CREDENTIAL_WORDS.contains(&w))
 }
 
 /// Parts of a header's name that say it carries a credential, beyond a
-/// variable's: `X-Authentication`, `X-Jwt`, `Session`, `X-Signature`, …
-const HEADER_CREDENTIAL_PARTS: [&str; 7] = [
+/// variable's: `X-Authentication`, `X-Jwt`, `Session`, `X-AppKey`,
+/// `X-Passcode`, …. A header is not a variable: a false alarm here only
+/// asks for it to be given as a secret.
+const HEADER_CREDENTIAL_PARTS: [&str; 10] = [
     "AUTH",
     "JWT",
     "SESSION",
@@ -397,7 +403,13 @@ const HEADER_CREDENTIAL_PARTS: [&str; 7] = [
     "BEARER",
     "CSRF",
     "XSRF",
+    "KEY",
+    "PASS",
+    "HMAC",
 ];
+
+/// Short words that say it only as a whole word (`X-Sid`, not `X-Side`).
+const HEADER_CREDENTIAL_WORDS: [&str; 5] = ["SID", "OTP", "PIN", "SIG", "MAC"];
 
 /// Whether a variable's value carries a credential by its form: a URL
 /// with a password in it (`scheme://user:password@host`).
@@ -888,6 +900,15 @@ mod tests {
             "X-Session-Id",
             "X-Hub-Signature",
             "X-CSRF-Token",
+            "X-AppKey",
+            "X-MasterKey",
+            "X-Subscriptionkey",
+            "X-Passcode",
+            "X-Sid",
+            "X-Otp",
+            "X-Hmac",
+            "X-Pin",
+            "X-Api-Sig",
         ] {
             let said = doc(&format!("{{{name}: v}}"));
             assert!(
