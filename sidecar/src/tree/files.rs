@@ -104,14 +104,24 @@ fn guards_a_call(path: &str) -> Option<String> {
         return None;
     }
     let field = path.rsplit('.').next().unwrap_or(path);
-    let (spelled, why) = match field.to_ascii_lowercase().as_str() {
-        "filter" => ("Filter", "which operations become tools: without it every operation (a DELETE among them) would be one"),
-        "token" => ("Token", "the bearer token of every request: without it the API would be called unauthenticated"),
-        "headers" => ("Headers", "the headers of every call"),
-        "secrets" => ("Secrets", "the credentials of every request"),
-        "allowedmethods" => ("AllowedMethods", "which methods become tools"),
-        _ => return None,
-    };
+    let guards = [
+        ("Filter", "which operations become tools: without it every operation (a DELETE among them) would be one"),
+        ("Token", "the bearer token of every request: without it the API would be called unauthenticated"),
+        ("Headers", "the headers of every call"),
+        ("Secrets", "the credentials of every request"),
+        ("AllowedMethods", "which methods become tools"),
+    ];
+    // Any spelling close to a guarding field's (its case, a stray `s` or
+    // space, a typo): the author meant that field.
+    let written: String = field
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let (spelled, why) = guards.into_iter().find(|(g, _)| {
+        let g = g.to_ascii_lowercase();
+        written == g || edit_distance(&written, &g) <= if g.len() > 5 { 2 } else { 1 }
+    })?;
     Some(format!(
         "{path}: this field is not read as written (agents-exe, and Bindery, read `{spelled}`, which sets {why}); write `{spelled}`"
     ))
@@ -119,6 +129,22 @@ fn guards_a_call(path: &str) -> Option<String> {
 
 /// Every agent in one text, read without a directory: an agents-exe
 /// toolbox kept in a file of its own is refused.
+/// Levenshtein distance between two short ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
     parse_text_in(text, None)
 }
@@ -256,6 +282,27 @@ fn at_path(path: String, err: &dyn std::fmt::Display) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guarding_field_is_known_in_any_near_spelling() {
+        for field in [
+            "filter",
+            "Filters",
+            "Filter ",
+            "FILTER",
+            "Fliter",
+            "tokens",
+            "header",
+            "allowed_methods",
+        ] {
+            let path = format!("contents.openApiToolboxes[0].contents.{field}");
+            assert!(guards_a_call(&path).is_some(), "{field}");
+        }
+        for field in ["Activation", "unusedTimeout", "Name", "tag"] {
+            let path = format!("contents.openApiToolboxes[0].contents.{field}");
+            assert!(guards_a_call(&path).is_none(), "{field}");
+        }
+    }
 
     /// An agent sent as text (a stored agent) has no directory: a toolbox
     /// kept in a file is not read from the server's.

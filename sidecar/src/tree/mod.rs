@@ -256,7 +256,7 @@ pub async fn load_document(
         .iter()
         .map(|f| {
             Diagnostic::warning(format!(
-                "{label}: ignored field {f} (agents-exe reads it, Bindery has no use for it; remove it to silence this warning)"
+                "{label}: ignored field {f} (Bindery does not read it: it guards nothing Bindery offers, or agents-exe does not know it either; remove it to silence this warning)"
             ))
         })
         .collect();
@@ -350,7 +350,7 @@ impl Reader {
         for agent in parsed {
             self.ignored.extend(agent.ignored.iter().map(|f| {
                 Diagnostic::warning(format!(
-                    "{}: ignored field {f} (agents-exe reads it, Bindery has no use for it; remove it to silence this warning)",
+                    "{}: ignored field {f} (Bindery does not read it: it guards nothing Bindery offers, or agents-exe does not know it either; remove it to silence this warning)",
                     path.display()
                 ))
             }));
