@@ -222,11 +222,13 @@ pub fn tree_memory(root: u32) -> u64 {
     kib * 1024
 }
 
-/// The memory ([`tree_memory`]) of every orphan below this process: the
-/// trees calls left (a `setsid` child whose parent ended comes here), no
-/// longer below the call that started them. 0 when this process is not
-/// the reaper. Blocking.
-pub fn orphan_memory() -> u64 {
+/// Kill orphan trees, the largest first, until those left hold at most
+/// `limit` bytes together. An orphan (a tree a call left with `setsid`,
+/// now this process's child) is no longer below the call that started
+/// it, and which call that was cannot be told: so it is held to the
+/// bound on its own, and no call is stopped for another's orphan.
+/// Blocking; how many processes it killed.
+pub fn trim_orphans(limit: u64) -> usize {
     if !REAPING.load(Ordering::SeqCst) || !has_children() {
         return 0;
     }
@@ -237,7 +239,32 @@ pub fn orphan_memory() -> u64 {
             .filter(|p| !set.contains(p))
             .collect()
     };
-    orphans.into_iter().map(tree_memory).sum()
+    let mut held: Vec<(u64, u32)> = orphans.into_iter().map(|p| (tree_memory(p), p)).collect();
+    let mut total: u64 = held.iter().map(|(m, _)| m).sum();
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    let mut killed = 0;
+    for (memory, root) in held {
+        if total <= limit {
+            break;
+        }
+        let tree = frozen_tree(vec![root]);
+        for pid in &tree {
+            signal(*pid, Signal::SIGKILL);
+        }
+        killed += tree.len();
+        if let Ok(raw) = i32::try_from(root) {
+            let _ = waitpid(Pid::from_raw(raw), None);
+        }
+        total = total.saturating_sub(memory);
+    }
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            limit,
+            "processes tools left behind held more memory than a call may: killed"
+        );
+    }
+    killed
 }
 
 /// [`sweep`] on a blocking thread: only when there is something to sweep.

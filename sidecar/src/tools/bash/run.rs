@@ -118,9 +118,10 @@ pub(super) async fn exec(
         (status, out, err, truncated)
     };
     // The call's processes together (shared memory included, which
-    // RLIMIT_DATA does not count) may hold at most `memory`: those below
-    // it, and the orphans calls left (which escaped it with `setsid` and
-    // now belong to the server, not knowing which call's they are).
+    // RLIMIT_DATA does not count) may hold at most `memory`; so may the
+    // orphans calls left (escaped with `setsid`, now the server's, and
+    // no call's that can be told): those are killed, largest first, and
+    // no call is stopped for another's.
     let watch = async {
         let (Some(limit), Some(pid)) = (memory, pgid) else {
             return std::future::pending().await;
@@ -128,7 +129,8 @@ pub(super) async fn exec(
         loop {
             tokio::time::sleep(MEMORY_WATCH).await;
             let held = tokio::task::spawn_blocking(move || {
-                crate::reaper::tree_memory(pid) + crate::reaper::orphan_memory()
+                crate::reaper::trim_orphans(limit);
+                crate::reaper::tree_memory(pid)
             })
             .await
             .unwrap_or(0);
