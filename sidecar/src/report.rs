@@ -118,11 +118,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
             .helpers
             .iter()
             .map(|h| HelperReport {
-                tool: format!(
-                    "{}{}",
-                    crate::session::helpers::prompt_prefix(agent),
-                    h.slug
-                ),
+                tool: format!("{}{}", agent.spec.naming.helper_prefix(), h.slug),
                 slug: h.slug.clone(),
                 agent: h.agent.clone(),
                 narrowable: h.narrowable,

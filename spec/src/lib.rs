@@ -281,6 +281,15 @@ impl Naming {
     pub fn is_default(&self) -> bool {
         *self == Naming::default()
     }
+
+    /// The prefix of a helper's tool: `prompt_agent_`, or agents-exe's
+    /// `io_prompt_agent_`.
+    pub fn helper_prefix(self) -> &'static str {
+        match self {
+            Naming::Bindery => "prompt_agent_",
+            Naming::AgentsExe => "io_prompt_agent_",
+        }
+    }
 }
 
 /// Any JSON value; in a CRD schema, a field Kubernetes keeps as it is.

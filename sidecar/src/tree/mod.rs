@@ -517,10 +517,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         )));
     }
     let mut names: Vec<String> = tools.iter().map(|t| t.name().to_string()).collect();
-    let prefix = match p.spec.naming {
-        crate::spec::Naming::Bindery => crate::session::helpers::PROMPT_PREFIX,
-        crate::spec::Naming::AgentsExe => crate::session::helpers::AGENTS_EXE_PROMPT_PREFIX,
-    };
+    let prefix = p.spec.naming.helper_prefix();
     names.extend(p.helpers.iter().map(|h| format!("{prefix}{}", h.slug)));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     crate::bindings::confirm::check_selectors(

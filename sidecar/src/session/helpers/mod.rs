@@ -28,15 +28,10 @@ use crate::tree::{AgentTree, Helper, LoadedAgent};
 pub const DESCRIBE: &str = "describe_agent";
 pub const DERIVE: &str = "derive_agent";
 pub const PROMPT_PREFIX: &str = "prompt_agent_";
-/// agents-exe's name for the same tool: `io_prompt_agent_<slug>`.
-pub const AGENTS_EXE_PROMPT_PREFIX: &str = "io_prompt_agent_";
 
 /// The prefix of `agent`'s helper tools, by its `naming`.
 pub fn prompt_prefix(agent: &LoadedAgent) -> &'static str {
-    match agent.spec.naming {
-        crate::spec::Naming::Bindery => PROMPT_PREFIX,
-        crate::spec::Naming::AgentsExe => AGENTS_EXE_PROMPT_PREFIX,
-    }
+    agent.spec.naming.helper_prefix()
 }
 
 /// The helper slug a tool name of `agent`'s asks for, if it is one.
