@@ -103,16 +103,23 @@ pub enum Command {
         #[arg(long)]
         check_only: bool,
     },
-    /// Run one tool through its bindings, as if the model had called it.
+    /// Run one tool through its bindings, as if the model had called it:
+    /// `tool-call --tool NAME --args JSON`, or agents-exe's `tool-call
+    /// NAME` with the arguments' JSON on stdin.
     ToolCall {
         #[command(flatten)]
         agents: AgentArgs,
         /// The tool's model-visible name.
+        #[arg(long = "tool", value_name = "NAME", conflicts_with = "name")]
+        tool: Option<String>,
+        /// The tool's name, as agents-exe takes it; its arguments are then
+        /// read from stdin unless --args gives them.
+        #[arg(value_name = "TOOLNAME", required_unless_present = "tool")]
+        name: Option<String>,
+        /// The arguments the model would send, as a JSON object (default
+        /// `{}`, or stdin with a positional TOOLNAME).
         #[arg(long)]
-        tool: String,
-        /// The arguments the model would send, as a JSON object.
-        #[arg(long, default_value = "{}")]
-        args: String,
+        args: Option<String>,
         /// A tool with `depends_on`: approve its confirmation without asking.
         #[arg(long)]
         yes: bool,
@@ -153,9 +160,10 @@ pub enum Command {
         agents: AgentArgs,
         #[command(flatten)]
         model: ModelArgs,
-        /// What to ask.
-        #[arg(long)]
-        prompt: String,
+        /// What to ask; several are joined by line breaks, as agents-exe
+        /// does (`-p`). Without one, the prompt is read from stdin.
+        #[arg(long, short = 'p')]
+        prompt: Vec<String>,
         /// Approve every call that needs confirmation without asking.
         #[arg(long)]
         yes: bool,

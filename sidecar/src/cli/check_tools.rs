@@ -10,6 +10,8 @@ use crate::tree::{AgentTree, LoadedAgent};
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolsMode {
+    /// No tools (agents-exe's default).
+    None,
     /// Names and descriptions, as a Markdown list.
     List,
     /// agents-exe's own representation: name, description, paramProperties.
@@ -39,6 +41,7 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
 pub fn render(mode: ToolsMode, tools: &[ToolDefinition]) -> String {
     let mut out = String::from("\n");
     match mode {
+        ToolsMode::None => return String::new(),
         ToolsMode::List => {
             out.push_str("**Tools:**\n");
             for t in tools {

@@ -190,7 +190,24 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             model,
             prompt,
             yes,
-        } => super::serve::run(&agents, &model, prompt, yes).await,
+        } => {
+            // agents-exe joins its prompt directives line by line, and
+            // reads stdin when there is none.
+            let prompt = if prompt.is_empty() {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .map_err(|e| format!("error: cannot read the prompt from stdin: {e}"))?;
+                text
+            } else {
+                prompt.join("\n")
+            };
+            if prompt.trim().is_empty() {
+                return Err(
+                    "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
+                );
+            }
+            super::serve::run(&agents, &model, prompt, yes).await
+        }
         Command::Serve {
             agents,
             model,
@@ -296,10 +313,28 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::ToolCall {
             agents,
             tool,
+            name,
             args,
             yes,
             choose,
         } => {
+            // agents-exe's `tool-call NAME`: the arguments on stdin.
+            let from_stdin = name.is_some() && args.is_none();
+            let tool = tool.or(name).unwrap_or_default();
+            let args = match args {
+                Some(a) => a,
+                None if from_stdin => {
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                        .map_err(|e| format!("error: cannot read the arguments from stdin: {e}"))?;
+                    if text.trim().is_empty() {
+                        "{}".to_string()
+                    } else {
+                        text
+                    }
+                }
+                None => "{}".to_string(),
+            };
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
@@ -318,6 +353,7 @@ async fn check(
     output: Output,
     tools_mode: Option<ToolsMode>,
 ) -> Result<ExitCode, String> {
+    let tools_mode = tools_mode.filter(|m| *m != ToolsMode::None);
     let result = load_tree(agents, false).await;
     match (result, output) {
         (Ok(tree), Output::Text) => {

@@ -256,3 +256,111 @@ async fn each_agents_exe_flavour_sends_what_agents_exe_sends() {
     );
     mock.shutdown().await;
 }
+
+/// agents-exe's habits on the command line: `run -p A -p B` (joined line
+/// by line) and `run` with the prompt on stdin; `tool-call NAME` with the
+/// arguments' JSON on stdin; `check --tools none`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_exe_command_line_habits() {
+    use std::io::Write;
+    let mock = MockLlm::start(|req| {
+        MockReply::text(format!(
+            "heard: {}",
+            last_message(req)["content"].as_str().unwrap_or("")
+        ))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.json");
+    let doc = json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "talker", "apiKeyId": "none", "flavor": "OpenAIv1",
+        "modelUrl": mock.url(), "modelName": "m", "announce": "talks",
+        "systemPrompt": ["You talk."]}});
+    std::fs::write(&file, doc.to_string()).unwrap();
+
+    let (ok, out, err) = run(
+        dir.path(),
+        &[
+            "run",
+            "--agent-file",
+            "agent.json",
+            "-p",
+            "first line",
+            "-p",
+            "second line",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("heard: first line\nsecond line"), "{out}");
+
+    let with_stdin = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(bin())
+            .current_dir(dir.path())
+            .env_remove("BINDERY_MODEL_URL")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr),
+        )
+    };
+    let (ok, said) = with_stdin(&["run", "--agent-file", "agent.json"], "from stdin\n");
+    assert!(ok, "{said}");
+    assert!(said.contains("heard: from stdin"), "{said}");
+
+    // tool-call NAME, the arguments on stdin, as agents-exe's.
+    let invoices = repo().join("examples/invoices/agent.yaml");
+    let invoices = invoices.to_str().unwrap();
+    let (ok, said) = with_stdin(
+        &[
+            "tool-call",
+            "bash_query-invoices",
+            "--agent-file",
+            invoices,
+            "--set",
+            "tenant=globex",
+        ],
+        r#"{"status": "overdue"}"#,
+    );
+    assert!(ok, "{said}");
+    let (ok2, said2) = with_stdin(
+        &[
+            "tool-call",
+            "--tool",
+            "bash_query-invoices",
+            "--args",
+            r#"{"status": "overdue"}"#,
+            "--agent-file",
+            invoices,
+            "--set",
+            "tenant=globex",
+        ],
+        "",
+    );
+    assert!(ok2, "{said2}");
+    // The same answer (stderr holds the log lines, which differ in time).
+    assert!(
+        said.starts_with("2026-10-20\tINV-2002\t7400.00 EUR\toverdue\n"),
+        "{said}"
+    );
+    assert_eq!(said.lines().next(), said2.lines().next());
+
+    let (ok, out, err) = run(
+        dir.path(),
+        &["check", "--agent-file", "agent.json", "--tools", "none"],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains("**Tools:**"), "{out}");
+    mock.shutdown().await;
+}
