@@ -444,11 +444,11 @@ pub struct ModelArgs {
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     /// An agent file (Bindery YAML/JSON or agents-exe JSON). Repeatable.
-    #[arg(
-        long = "agent-file",
-        value_name = "FILE",
-        required_unless_present = "agents_dir"
-    )]
+    /// Without one (nor --agents-dir), as agents-exe: the files an
+    /// `agents-exe.cfg.json` lists (found from the working directory up:
+    /// `agentsFiles`, and the `.json` files of `agentsDirectories`), else
+    /// `~/.config/agents-exe/default/*.json`.
+    #[arg(long = "agent-file", value_name = "FILE")]
     pub agent_files: Vec<PathBuf>,
     /// A directory of agent files.
     #[arg(long, value_name = "DIR", conflicts_with = "agent_files")]
@@ -472,7 +472,8 @@ pub struct AgentArgs {
     /// A JSON/YAML object of values: {"name": value} or {"name": {"value": …, "pinned": true}}.
     #[arg(long = "params-file", value_name = "FILE")]
     pub params_files: Vec<PathBuf>,
-    /// agents-exe's API-keys file: {"keys": [{"id": …, "value": …}]}.
+    /// agents-exe's API-keys file: {"keys": [{"id": …, "value": …}]}
+    /// (default: `~/.config/agents-exe/secret-keys` when it exists).
     #[arg(long, value_name = "FILE", env = "BINDERY_API_KEYS_FILE")]
     pub api_keys: Option<PathBuf>,
     /// Seconds one bash tool call may take.

@@ -66,9 +66,84 @@ pub(super) async fn load_tree(
     opts.skip_broken_scripts = skip_broken_scripts;
     let sources = match &agents.agents_dir {
         Some(dir) => AgentSources::Dir(dir.clone()),
+        None if agents.agent_files.is_empty() => {
+            let cwd = std::env::current_dir()
+                .map_err(|e| Failure::Other(format!("cannot read the working directory: {e}")))?;
+            let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+            let (from, files) =
+                agents_exe_defaults(&cwd, home.as_deref()).map_err(Failure::Other)?;
+            tracing::info!(from = %from.display(), files = files.len(), "agent files as agents-exe finds them");
+            AgentSources::Files(files)
+        }
         None => AgentSources::Files(agents.agent_files.clone()),
     };
     tree::load(&sources, &opts).await.map_err(Failure::Load)
+}
+
+/// The agent files agents-exe uses when none is named: those an
+/// `agents-exe.cfg.json` lists (the nearest from `cwd` up; its
+/// `agentsFiles`, then the `.json` files of each of its
+/// `agentsDirectories`, paths as written, from `cwd`), else the `.json`
+/// files of `~/.config/agents-exe/default`. Which place they came from,
+/// and the files.
+pub fn agents_exe_defaults(
+    cwd: &std::path::Path,
+    home: Option<&std::path::Path>,
+) -> Result<(std::path::PathBuf, Vec<std::path::PathBuf>), String> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    struct Config {
+        #[serde(default)]
+        agents_files: Vec<String>,
+        #[serde(default)]
+        agents_directories: Vec<String>,
+    }
+    let json_files = |dir: &std::path::Path| -> Result<Vec<std::path::PathBuf>, String> {
+        let mut found: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        found.sort();
+        Ok(found)
+    };
+    let none = || {
+        "no agent file: give --agent-file FILE (or --agents-dir DIR), or run where an agents-exe.cfg.json (here or in a parent directory) lists them".to_string()
+    };
+    if let Some(cfg) = cwd
+        .ancestors()
+        .map(|d| d.join("agents-exe.cfg.json"))
+        .find(|p| p.is_file())
+    {
+        let text = std::fs::read_to_string(&cfg)
+            .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
+        let c: Config = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not agents-exe's configuration: {e}", cfg.display()))?;
+        let mut files: Vec<_> = c.agents_files.iter().map(|f| cwd.join(f)).collect();
+        for d in &c.agents_directories {
+            let dir = cwd.join(d);
+            // A listed directory that is not there holds no agent.
+            if dir.is_dir() {
+                files.extend(json_files(&dir)?);
+            }
+        }
+        if files.is_empty() {
+            return Err(format!("{} lists no agent file; {}", cfg.display(), none()));
+        }
+        return Ok((cfg, files));
+    }
+    let default = home.map(|h| h.join(".config/agents-exe/default"));
+    match default.filter(|d| d.is_dir()) {
+        Some(dir) => {
+            let files = json_files(&dir)?;
+            if files.is_empty() {
+                return Err(none());
+            }
+            Ok((dir, files))
+        }
+        None => Err(none()),
+    }
 }
 
 /// The process values, from flags, files and the environment.
@@ -90,7 +165,14 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
     process.add_env(std::env::vars())?;
     let api_keys = match &agents.api_keys {
         Some(p) => ApiKeys::load(p)?,
-        None => ApiKeys::default(),
+        // agents-exe's own keys file, where it keeps it.
+        None => match std::env::var_os("HOME")
+            .map(|h| std::path::PathBuf::from(h).join(".config/agents-exe/secret-keys"))
+            .filter(|p| p.is_file())
+        {
+            Some(p) => ApiKeys::load(&p)?,
+            None => ApiKeys::default(),
+        },
     };
     Ok(LoadOptions {
         process,

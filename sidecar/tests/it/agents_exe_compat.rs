@@ -410,3 +410,63 @@ async fn a_helper_is_agents_exes_io_prompt_agent_tool() {
     );
     mock.shutdown().await;
 }
+
+/// With no agent file named, as agents-exe: the files the nearest
+/// `agents-exe.cfg.json` lists (`agentsFiles`, the `.json` files of
+/// `agentsDirectories`; one not there holds none), and the model key from
+/// `~/.config/agents-exe/secret-keys` by the agent's `apiKeyId`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_agent_file_the_configuration_names_them_and_the_keys_file_is_read() {
+    use bindery_tests::mock_llm::{MockLlm, MockReply};
+    let root = repo_layout();
+    let (ok, said) = in_dir(root.path(), &["check"]);
+    assert!(ok, "{said}");
+    for agent in ["agent desk (", "agent faq (", "agent dev ("] {
+        assert!(said.contains(agent), "{agent} not in:\n{said}");
+    }
+    // From a directory the listed paths are not relative to: said so.
+    let (ok, said) = in_dir(&root.path().join("tools"), &["check"]);
+    assert!(!ok, "{said}");
+    assert!(said.contains("cannot read"), "{said}");
+
+    let mock = MockLlm::start(|_| MockReply::text("ok")).await;
+    let home = tempfile::tempdir().unwrap();
+    let keys = home.path().join(".config/agents-exe");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::write(
+        keys.join("secret-keys"),
+        r#"{"keys": [{"id": "main-key", "value": "sk-CANARY-main-77"}]}"#,
+    )
+    .unwrap();
+    let doc = serde_json::json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "keyed", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+        "modelUrl": mock.url(), "modelName": "m", "announce": "k", "systemPrompt": ["x"]}});
+    std::fs::write(root.path().join("keyed.json"), doc.to_string()).unwrap();
+    let (dir, home_dir) = (root.path().to_path_buf(), home.path().to_path_buf());
+    let (ok, said) = tokio::task::spawn_blocking(move || {
+        let out = Command::new(bin())
+            .current_dir(&dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home_dir)
+            .args(["run", "--agent-file", "keyed.json", "-p", "hi"])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{said}");
+    assert!(!said.contains("sk-CANARY-main-77"), "{said}");
+    let (headers, _) = &mock.raw_requests()[0];
+    let auth = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        .map(|(_, v)| v.as_str());
+    assert_eq!(auth, Some("Bearer sk-CANARY-main-77"));
+    mock.shutdown().await;
+}
