@@ -109,6 +109,9 @@ pub enum Command {
     ToolCall {
         #[command(flatten)]
         agents: AgentArgs,
+        /// For a helper's tool (`prompt_agent_<slug>`): its model.
+        #[command(flatten)]
+        model: ModelArgs,
         /// The tool's model-visible name.
         #[arg(long = "tool", value_name = "NAME", conflicts_with = "name")]
         tool: Option<String>,

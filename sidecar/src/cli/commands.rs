@@ -312,6 +312,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         }
         Command::ToolCall {
             agents,
+            model,
             tool,
             name,
             args,
@@ -339,6 +340,25 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let agent = tree.pick(agents.agent.as_deref())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
+            // A helper's tool: one run of the helper agent on `what`, as
+            // the model's call would run it (without a caller's narrowing).
+            let helper = crate::session::helpers::helper_slug(agent, &tool)
+                .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug));
+            if let Some(h) = helper {
+                let what = match model_args.as_object() {
+                    Some(o) if o.keys().all(|k| k == "what") => o
+                        .get("what")
+                        .and_then(|w| w.as_str())
+                        .map(str::to_string),
+                    _ => None,
+                }
+                .ok_or_else(|| {
+                    format!("error: tool {tool} takes {{\"what\": TEXT}} here (a caller's `bindings`, `with` and `as` narrow a helper inside a model's run, not from the command line)")
+                })?;
+                let mut helper_args = agents.clone();
+                helper_args.agent = Some(h.agent.clone());
+                return super::serve::run(&helper_args, &model, what, yes).await;
+            }
             let asking = super::call::Asking {
                 yes,
                 choose: choose.as_deref(),

@@ -408,6 +408,35 @@ async fn a_helper_is_agents_exes_io_prompt_agent_tool() {
         !names.contains(&"prompt_agent_faq".to_string()),
         "{names:?}"
     );
+
+    // `tool-call` of the helper's tool runs the helper on `what`.
+    let url = mock.url();
+    let dir = root.path().to_path_buf();
+    let (ok, said) = tokio::task::spawn_blocking(move || {
+        let out = Command::new(bin())
+            .current_dir(&dir)
+            .env("BINDERY_MODEL_URL", url)
+            .args([
+                "tool-call",
+                "--agent-file",
+                "agents/desk.json",
+                "--tool",
+                "io_prompt_agent_faq",
+                "--args",
+                r#"{"what": "when?"}"#,
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{said}");
+    assert!(said.contains("the FAQ says: Tuesdays"), "{said}");
     mock.shutdown().await;
 }
 
