@@ -569,8 +569,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
         // wherever the document is; Bindery only when it is on the
         // API's own origin, so that a public document elsewhere never
         // receives the API's token.
-        let fetched = (o.spec_url.starts_with("http://") || o.spec_url.starts_with("https://"))
-            && origin(&o.spec_url) == origin(&o.base_url);
+        let fetched = super::http_url(&o.spec_url) && origin(&o.spec_url) == origin(&o.base_url);
         let mut t = OpenApiToolbox {
             spec: o
                 .spec_url

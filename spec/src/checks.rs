@@ -572,7 +572,7 @@ pub fn check_mcp(spec: &AgentSpec, m: &McpToolbox, place: &str, diags: &mut Vec<
             }
         }
         (true, Some(url)) => {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
+            if !super::http_url(url) {
                 diags.push(Diagnostic::error(format!(
                     "{place}: `url` must be an http:// or https:// URL, got `{url}`"
                 )));
@@ -640,13 +640,13 @@ fn check_shared_values(
 }
 
 fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
-    if !(o.base_url.starts_with("http://") || o.base_url.starts_with("https://")) {
+    if !super::http_url(&o.base_url) {
         diags.push(Diagnostic::error(format!(
             "{place}: `baseUrl` must be an http:// or https:// URL, got `{}`",
             o.base_url
         )));
     }
-    let fetched = o.spec.starts_with("http://") || o.spec.starts_with("https://");
+    let fetched = super::http_url(&o.spec);
     for (name, value) in &o.headers {
         let here = format!("{place}, header `{name}`");
         let token = !name.is_empty()
@@ -774,7 +774,7 @@ fn check_bindings(
 pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
     use super::ValueSource;
     let mut out = Vec::new();
-    let is_url = |s: &str| s.starts_with("http://") || s.starts_with("https://");
+    let is_url = super::http_url;
     for d in &spec.parameters {
         match &d.default {
             Some(ValueSource::Value(_)) if d.secret => out.push(format!(
@@ -871,6 +871,16 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_http_url_is_one_whatever_its_schemes_case() {
+        for url in ["http://a", "HTTPS://a/b", "Http://a"] {
+            assert!(crate::http_url(url), "{url}");
+        }
+        for not in ["file://x", "httpx://a", "http:/a", "ht", "./http://a", "é"] {
+            assert!(!crate::http_url(not), "{not}");
+        }
+    }
 
     #[test]
     fn an_http_toolboxs_plain_headers_hold_no_credential() {

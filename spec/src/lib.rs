@@ -38,6 +38,13 @@ pub fn valid_param_name(name: &str) -> bool {
         && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
 }
 
+/// Whether `s` is an `http://` or `https://` URL, its scheme in any case
+/// (`HTTP://…` too, which URL parsers accept: it is never a file's path).
+pub fn http_url(s: &str) -> bool {
+    let lower = |n: usize| s.get(..n).map(str::to_ascii_lowercase);
+    lower(7).as_deref() == Some("http://") || lower(8).as_deref() == Some("https://")
+}
+
 /// "a string", "an object": for messages that must not quote a value.
 pub fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {

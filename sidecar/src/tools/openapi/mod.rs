@@ -644,7 +644,7 @@ async fn read_document(
     client: &reqwest::Client,
     secrets: &[Secret],
 ) -> Result<serde_json::Value, String> {
-    let text = if spec.starts_with("http://") || spec.starts_with("https://") {
+    let text = if crate::spec::http_url(spec) {
         let mut query = Vec::new();
         let mut builder_headers = Vec::new();
         for s in secrets {
