@@ -156,38 +156,51 @@ fn frozen_tree(roots: Vec<u32>) -> Vec<u32> {
 /// off the async workers. How many it killed.
 pub fn sweep() -> usize {
     let mut killed = 0;
-    if !REAPING.load(Ordering::SeqCst) || !has_children() {
+    if !anything_to_reap() {
         return killed;
     }
-    let me = std::process::id();
     // Each pass kills whole trees; later passes only reap their dead.
     for _ in 0..1000 {
-        let orphans: Vec<u32> = {
-            let set = kept();
-            children_of(me)
-                .into_iter()
-                .filter(|p| !set.contains(p))
-                .collect()
-        };
+        let orphans = orphans();
         if orphans.is_empty() {
             break;
         }
-        let tree = frozen_tree(orphans.clone());
-        for pid in &tree {
-            signal(*pid, Signal::SIGKILL);
-        }
-        killed += tree.len();
-        for pid in orphans {
-            if let Ok(raw) = i32::try_from(pid) {
-                // Ours to reap (it may be a zombie already); SIGKILL ends it.
-                let _ = waitpid(Pid::from_raw(raw), None);
-            }
-        }
+        killed += kill_trees(orphans);
     }
     if killed > 0 {
         tracing::info!(killed, "processes tools left behind were killed");
     }
     killed
+}
+
+/// This process's children that are not kept: what calls left behind.
+fn orphans() -> Vec<u32> {
+    let set = kept();
+    children_of(std::process::id())
+        .into_iter()
+        .filter(|p| !set.contains(p))
+        .collect()
+}
+
+/// Stop the trees under `roots` whole, kill every process in them, and
+/// reap the roots (children of this process, maybe zombies already).
+/// How many processes it killed.
+fn kill_trees(roots: Vec<u32>) -> usize {
+    let tree = frozen_tree(roots.clone());
+    for pid in &tree {
+        signal(*pid, Signal::SIGKILL);
+    }
+    for pid in roots {
+        if let Ok(raw) = i32::try_from(pid) {
+            let _ = waitpid(Pid::from_raw(raw), None);
+        }
+    }
+    tree.len()
+}
+
+/// Whether this process reaps, and has a child at all.
+fn anything_to_reap() -> bool {
+    REAPING.load(Ordering::SeqCst) && has_children()
 }
 
 /// The memory the process tree under `root` holds now, the root included:
@@ -229,17 +242,10 @@ pub fn tree_memory(root: u32) -> u64 {
 /// bound on its own, and no call is stopped for another's orphan.
 /// Blocking; how many processes it killed.
 pub fn trim_orphans(limit: u64) -> usize {
-    if !REAPING.load(Ordering::SeqCst) || !has_children() {
+    if !anything_to_reap() {
         return 0;
     }
-    let orphans: Vec<u32> = {
-        let set = kept();
-        children_of(std::process::id())
-            .into_iter()
-            .filter(|p| !set.contains(p))
-            .collect()
-    };
-    let mut held: Vec<(u64, u32)> = orphans.into_iter().map(|p| (tree_memory(p), p)).collect();
+    let mut held: Vec<(u64, u32)> = orphans().into_iter().map(|p| (tree_memory(p), p)).collect();
     let mut total: u64 = held.iter().map(|(m, _)| m).sum();
     held.sort_unstable_by(|a, b| b.cmp(a));
     let mut killed = 0;
@@ -247,14 +253,7 @@ pub fn trim_orphans(limit: u64) -> usize {
         if total <= limit {
             break;
         }
-        let tree = frozen_tree(vec![root]);
-        for pid in &tree {
-            signal(*pid, Signal::SIGKILL);
-        }
-        killed += tree.len();
-        if let Ok(raw) = i32::try_from(root) {
-            let _ = waitpid(Pid::from_raw(raw), None);
-        }
+        killed += kill_trees(vec![root]);
         total = total.saturating_sub(memory);
     }
     if killed > 0 {
@@ -269,7 +268,7 @@ pub fn trim_orphans(limit: u64) -> usize {
 
 /// [`sweep`] on a blocking thread: only when there is something to sweep.
 pub async fn sweep_async() -> usize {
-    if !REAPING.load(Ordering::SeqCst) || !has_children() {
+    if !anything_to_reap() {
         return 0;
     }
     tokio::task::spawn_blocking(sweep).await.unwrap_or(0)
