@@ -29,11 +29,16 @@ pub struct ParsedAgent {
 pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    let dir = path
-        .parent()
+    parse_text_in(&text, Some(dir_of(path))).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// The directory a file is in. A bare file name (`agent.json`) has the
+/// empty path for parent, which no program can be started in and no
+/// path joined to: it is the working directory.
+pub fn dir_of(path: &Path) -> &Path {
+    path.parent()
         .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    parse_text_in(&text, Some(dir)).map_err(|e| format!("{shown}: {e}"))
+        .unwrap_or(Path::new("."))
 }
 
 /// agents-exe's `OpenAPIServerOnDisk` / `PostgRESTServerOnDisk`: the

@@ -340,12 +340,7 @@ impl Reader {
         }
         self.seen.insert(canonical.clone(), Vec::new());
         let parsed = files::parse_file(path)?;
-        // A bare file name (`agent.json`) has the empty path for parent,
-        // which no program can be started in: it is the working directory.
-        let base = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let base = files::dir_of(path);
         let mut names = Vec::new();
         for agent in parsed {
             self.ignored.extend(agent.ignored.iter().map(|f| {
