@@ -194,10 +194,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             // agents-exe joins its prompt directives line by line, and
             // reads stdin when there is none.
             let prompt = if prompt.is_empty() {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                    .map_err(|e| format!("error: cannot read the prompt from stdin: {e}"))?;
-                text
+                read_stdin("the prompt")?
             } else {
                 prompt.join("\n")
             };
@@ -325,9 +322,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let args = match args {
                 Some(a) => a,
                 None if from_stdin => {
-                    let mut text = String::new();
-                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                        .map_err(|e| format!("error: cannot read the arguments from stdin: {e}"))?;
+                    let text = read_stdin("the arguments")?;
                     if text.trim().is_empty() {
                         "{}".to_string()
                     } else {
@@ -366,6 +361,14 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
     }
+}
+
+/// All of stdin, for agents-exe's commands that take `what` there.
+fn read_stdin(what: &str) -> Result<String, String> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .map_err(|e| format!("error: cannot read {what} from stdin: {e}"))?;
+    Ok(text)
 }
 
 async fn check(
