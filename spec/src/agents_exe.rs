@@ -189,12 +189,7 @@ fn split_headers(
 ) -> BTreeMap<String, String> {
     let mut plain = BTreeMap::new();
     for (name, value) in headers {
-        let overridden = secrets.iter().any(|s| {
-            s.header
-                .as_ref()
-                .is_some_and(|h| h.name.eq_ignore_ascii_case(&name))
-        });
-        if overridden {
+        if super::secret_sets_header(secrets, &name) {
             continue;
         }
         if crate::checks::credential_header(&name) {

@@ -696,6 +696,16 @@ pub struct OpenApiSecret {
     pub keep_whitespace: bool,
 }
 
+/// Whether one of `secrets` is sent as header `name` (any case): a plain
+/// header of that name gives way to it.
+pub fn secret_sets_header(secrets: &[OpenApiSecret], name: &str) -> bool {
+    secrets.iter().any(|s| {
+        s.header
+            .as_ref()
+            .is_some_and(|h| h.name.eq_ignore_ascii_case(name))
+    })
+}
+
 /// How a secret's value is decoded (agents-exe's `Base64`, `Hexadecimal`).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SecretDecode {

@@ -592,12 +592,7 @@ pub async fn load_with(
 fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
     let mut out = Vec::new();
     for (name, value) in &tb.headers {
-        let set_by_secret = tb.secrets.iter().any(|s| {
-            s.header
-                .as_ref()
-                .is_some_and(|h| h.name.eq_ignore_ascii_case(name))
-        });
-        if set_by_secret {
+        if crate::spec::secret_sets_header(&tb.secrets, name) {
             continue;
         }
         let name = HeaderName::from_bytes(name.as_bytes())
