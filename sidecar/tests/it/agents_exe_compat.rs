@@ -238,16 +238,28 @@ fn repo_layout() -> tempfile::TempDir {
 }
 
 fn in_dir(dir: &Path, args: &[&str]) -> (bool, String) {
+    in_dir_with(dir, &[], args)
+}
+
+/// [`in_dir`] with these variables besides `PATH`.
+fn in_dir_with(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
     let out = Command::new(bin())
         .current_dir(dir)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .unwrap();
     let said =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), said)
+}
+
+/// [`in_dir_with`] from an async test, while a mock model answers on the
+/// runtime's other workers.
+fn in_dir_async(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    tokio::task::block_in_place(|| in_dir_with(dir, env, args))
 }
 
 /// Run from the root, as agents-exe runs them, the files load with every
@@ -371,28 +383,18 @@ async fn a_helper_is_agents_exes_io_prompt_agent_tool() {
     .await;
     let root = repo_layout();
     let url = mock.url();
-    let dir = root.path().to_path_buf();
-    let (ok, said) = tokio::task::spawn_blocking(move || {
-        let out = Command::new(bin())
-            .current_dir(&dir)
-            .env("BINDERY_MODEL_URL", url)
-            .args([
-                "run",
-                "--agent-file",
-                "agents/desk.json",
-                "--prompt",
-                "deploys?",
-            ])
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    })
-    .await
-    .unwrap();
+    let model = [("BINDERY_MODEL_URL", url.as_str())];
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &model,
+        &[
+            "run",
+            "--agent-file",
+            "agents/desk.json",
+            "--prompt",
+            "deploys?",
+        ],
+    );
     assert!(ok, "{said}");
     assert!(
         said.contains("desk relays: the FAQ says: Tuesdays"),
@@ -410,31 +412,19 @@ async fn a_helper_is_agents_exes_io_prompt_agent_tool() {
     );
 
     // `tool-call` of the helper's tool runs the helper on `what`.
-    let url = mock.url();
-    let dir = root.path().to_path_buf();
-    let (ok, said) = tokio::task::spawn_blocking(move || {
-        let out = Command::new(bin())
-            .current_dir(&dir)
-            .env("BINDERY_MODEL_URL", url)
-            .args([
-                "tool-call",
-                "--agent-file",
-                "agents/desk.json",
-                "--tool",
-                "io_prompt_agent_faq",
-                "--args",
-                r#"{"what": "when?"}"#,
-            ])
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &model,
+        &[
+            "tool-call",
+            "--agent-file",
+            "agents/desk.json",
+            "--tool",
+            "io_prompt_agent_faq",
+            "--args",
+            r#"{"what": "when?"}"#,
+        ],
+    );
     assert!(ok, "{said}");
     assert!(said.contains("the FAQ says: Tuesdays"), "{said}");
     mock.shutdown().await;
@@ -471,24 +461,12 @@ async fn with_no_agent_file_the_configuration_names_them_and_the_keys_file_is_re
         "slug": "keyed", "apiKeyId": "main-key", "flavor": "OpenAIv1",
         "modelUrl": mock.url(), "modelName": "m", "announce": "k", "systemPrompt": ["x"]}});
     std::fs::write(root.path().join("keyed.json"), doc.to_string()).unwrap();
-    let (dir, home_dir) = (root.path().to_path_buf(), home.path().to_path_buf());
-    let (ok, said) = tokio::task::spawn_blocking(move || {
-        let out = Command::new(bin())
-            .current_dir(&dir)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", &home_dir)
-            .args(["run", "--agent-file", "keyed.json", "-p", "hi"])
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    })
-    .await
-    .unwrap();
+    let home_dir = home.path().display().to_string();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &[("HOME", &home_dir)],
+        &["run", "--agent-file", "keyed.json", "-p", "hi"],
+    );
     assert!(ok, "{said}");
     assert!(!said.contains("sk-CANARY-main-77"), "{said}");
     let (headers, _) = &mock.raw_requests()[0];
