@@ -163,20 +163,33 @@ fn origin(url: &str) -> Option<String> {
     Some(format!("{scheme}://{with_port}"))
 }
 
-/// agents-exe's `Token`: `Authorization: Bearer <token>` on every
-/// request, the document's fetch (over http) included.
-fn token_secret(token: String, fetched: bool) -> OpenApiSecret {
+/// A value written in the file, sent as header `name` (through
+/// `template`), with the document's fetch too when `fetch_spec`.
+fn given_header(
+    value: String,
+    name: String,
+    template: Option<String>,
+    fetch_spec: bool,
+) -> OpenApiSecret {
     OpenApiSecret {
-        source: super::SecretSource::Value(serde_json::Value::String(token)),
-        header: Some(SecretHeader {
-            name: "Authorization".into(),
-            template: Some("Bearer {{secret}}".into()),
-        }),
+        source: super::SecretSource::Value(serde_json::Value::String(value)),
+        header: Some(SecretHeader { name, template }),
         query: None,
-        fetch_spec: fetched,
+        fetch_spec,
         decode: None,
         keep_whitespace: false,
     }
+}
+
+/// agents-exe's `Token`: `Authorization: Bearer <token>` on every
+/// request, the document's fetch (over http) included.
+fn token_secret(token: String, fetched: bool) -> OpenApiSecret {
+    given_header(
+        token,
+        "Authorization".into(),
+        Some("Bearer {{secret}}".into()),
+        fetched,
+    )
 }
 
 /// agents-exe's static `Headers` (sent with calls, not the document's
@@ -193,17 +206,7 @@ fn split_headers(
             continue;
         }
         if crate::checks::credential_header(&name) {
-            secrets.push(OpenApiSecret {
-                source: super::SecretSource::Value(serde_json::Value::String(value)),
-                header: Some(SecretHeader {
-                    name,
-                    template: None,
-                }),
-                query: None,
-                fetch_spec: false,
-                decode: None,
-                keep_whitespace: false,
-            });
+            secrets.push(given_header(value, name, None, false));
         } else {
             plain.insert(name, value);
         }
