@@ -973,6 +973,26 @@ fn check_names(
     }
 }
 
+/// The argument names a toolbox's or the agent's bindings name, and those
+/// a `depends_on` lookup fills (the first step of each `map` destination).
+fn filled_args(
+    toolbox: &[crate::spec::Binding],
+    decls: &[crate::spec::ToolDecl],
+    agent: &AgentSpec,
+) -> BTreeSet<String> {
+    let lookups = decls.iter().chain(&agent.tools).flat_map(|d| &d.depends_on);
+    let destinations = lookups.flat_map(|d| d.map.keys()).filter_map(|dest| {
+        let rest = dest.strip_prefix("$.")?;
+        Some(rest.split(['.', '[']).next().unwrap_or(rest).to_string())
+    });
+    toolbox
+        .iter()
+        .chain(&agent.bindings)
+        .map(|b| b.arg.clone())
+        .chain(destinations)
+        .collect()
+}
+
 /// An OpenAPI toolbox's tools, or `None` with the problem reported.
 /// `(place, label)`: the toolbox in the load's messages, and in its tools'
 /// errors (without the agent file's path).
@@ -992,22 +1012,35 @@ async fn load_openapi(
     let values = params.snapshot(&Values::new(), &Values::new());
     let keys = &opts.api_keys;
     let agents_exe = p.spec.naming == crate::spec::Naming::AgentsExe;
+    // Arguments a binding or a lookup fills keep Bindery's names and places.
+    let kept = filled_args(&o.bindings, &o.tools, &p.spec);
+    let kept = |arg: &str| kept.contains(arg);
     let loaded = match postgrest {
         Some(pg) => {
             // agents-exe names every PostgREST toolbox `postgrest`.
             let toolbox = if agents_exe { "postgrest" } else { &pg.name };
             let read = |doc: &serde_json::Value| {
-                openapi::postgrest::operations(doc, toolbox, &pg.allowed_methods)
+                let (ops, warnings) =
+                    openapi::postgrest::operations(doc, toolbox, &pg.allowed_methods)?;
+                let ops = match agents_exe {
+                    true => ops
+                        .into_iter()
+                        .map(|op| openapi::agents_exe_args::regroup(op, kept))
+                        .collect(),
+                    false => ops,
+                };
+                Ok((ops, warnings))
             };
             openapi::load_with(o, label, base, &values, keys, read).await
         }
         None if agents_exe => {
             let read = |doc: &serde_json::Value| {
-                let (mut ops, warnings) = openapi::operations(doc)?;
-                for op in &mut ops {
-                    op.spec.name = openapi::document::agents_exe_name(op);
-                }
-                Ok((ops, warnings))
+                let (ops, warnings) = openapi::operations(doc)?;
+                let ops = ops.into_iter().map(|mut op| {
+                    op.spec.name = openapi::document::agents_exe_name(&op);
+                    openapi::agents_exe_args::regroup(op, kept)
+                });
+                Ok((ops.collect(), warnings))
             };
             openapi::load_with(o, label, base, &values, keys, read).await
         }

@@ -357,7 +357,7 @@ fn an_on_disk_toolbox_loads_from_beside_its_agent_file() {
         ],
     );
     assert!(ok, "{said}");
-    assert!(said.contains("openapi_openapi_getPet(id)"), "{said}");
+    assert!(said.contains("openapi_openapi_getPet(p_id)"), "{said}");
     assert!(!said.contains("deletePet"), "{said}");
 }
 

@@ -209,7 +209,7 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
         );
     }
 
-    let got = tool_call(&file, "openapi_openapi_getPet", json!({"id": "7"})).await;
+    let got = tool_call(&file, "openapi_openapi_getPet", json!({"p_id": "7"})).await;
     assert!(got.status.success(), "{}", text(&got));
     assert!(text(&got).contains("Rex"), "{}", text(&got));
     assert!(!text(&got).contains("CANARY"), "{}", text(&got));
@@ -219,7 +219,7 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
     let moved = tool_call(
         &file,
         "openapi_openapi_getPet",
-        json!({"id": "redirect-me"}),
+        json!({"p_id": "redirect-me"}),
     )
     .await;
     assert!(!moved.status.success(), "{}", text(&moved));
@@ -230,7 +230,7 @@ async fn filter_token_and_headers_shape_what_an_openapi_toolbox_can_send() {
     );
 
     // A filtered-out operation is no tool: nothing is sent.
-    let refused = tool_call(&file, "openapi_openapi_deletePet", json!({"id": "7"})).await;
+    let refused = tool_call(&file, "openapi_openapi_deletePet", json!({"p_id": "7"})).await;
     assert!(!refused.status.success(), "{}", text(&refused));
 
     let seen = seen.lock().unwrap().clone();

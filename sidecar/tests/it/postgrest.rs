@@ -289,7 +289,32 @@ async fn agents_exe_postgrest_toolboxes_load() {
             "--tool",
             "postgrest_postgrest_get_invoices",
             "--args",
-            r#"{"select": "number"}"#,
+            r#"{"subset": {"columns": "number"}, "filters": {"tenant_id": "acme"}}"#,
+        ]
+        .map(String::from)
+        .to_vec(),
+        vec![],
+    )
+    .await;
+    // The bound column is in no group: the model cannot filter another
+    // tenant's rows in.
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("takes no key `tenant_id`"),
+        "{}",
+        out.stderr
+    );
+    let out = run(
+        [
+            "tool-call",
+            "--agent-file",
+            &agent,
+            "--set",
+            "tenant=globex",
+            "--tool",
+            "postgrest_postgrest_get_invoices",
+            "--args",
+            r#"{"subset": {"columns": "number"}, "filters": {"number": "like.INV*"}}"#,
         ]
         .map(String::from)
         .to_vec(),

@@ -9,14 +9,28 @@ use crate::tools::{ArgSpec, ToolSpec, Transport};
 /// Where an argument goes in the request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
-    Path,
-    Query,
+    /// `{name}` in the path template; the argument may be named otherwise
+    /// (agents-exe's `p_<name>`).
+    Path(String),
+    /// A query parameter of this name.
+    Query(String),
     Body,
     /// A PostgREST column filter: `?col=op.value`, a bare value meaning `eq.`.
     Filter,
     /// A body field under another name than the argument's (PostgREST's
     /// `set_<col>` on PATCH, whose filters already use `<col>`).
     BodyField(String),
+    /// The whole JSON body, as one object argument (agents-exe's `b` and
+    /// PostgREST `body`).
+    WholeBody,
+    /// agents-exe's PostgREST `filters`: an object of column filters, one
+    /// `?col=op.value` each; only these columns.
+    Filters(Vec<String>),
+    /// agents-exe's PostgREST `subset`: those of `limit`, `offset` and
+    /// `columns` (sent as `select`) the document offers.
+    Subset(Vec<String>),
+    /// agents-exe's PostgREST `ranking`: `order`.
+    Ranking,
 }
 
 /// One operation, ready to become a tool.
@@ -40,6 +54,15 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// Some argument of its own (not the whole body) sets this body field.
+    pub fn sets_body_field(&self, field: &str) -> bool {
+        self.locations.iter().any(|(name, l)| match l {
+            Location::Body => name == field,
+            Location::BodyField(f) => f == field,
+            _ => false,
+        })
+    }
+
     /// What a toolbox's `filter` looks at.
     pub fn endpoint(&self) -> crate::spec::filter::Endpoint<'_> {
         crate::spec::filter::Endpoint {
@@ -231,8 +254,8 @@ fn operation(
         let place = p.get("in").and_then(Value::as_str).unwrap_or("");
         let required = p.get("required").and_then(Value::as_bool).unwrap_or(false);
         let location = match place {
-            "path" => Location::Path,
-            "query" => Location::Query,
+            "path" => Location::Path(pname.to_string()),
+            "query" => Location::Query(pname.to_string()),
             "header" | "cookie" if !required => continue,
             other => {
                 return Err(format!(
@@ -251,7 +274,7 @@ fn operation(
             ArgSpec {
                 name: pname.to_string(),
                 description: pdesc.to_string(),
-                required: required || location == Location::Path,
+                required: required || matches!(location, Location::Path(_)),
                 schema: with_description(inline(doc, &schema, 0), pdesc),
                 transport: Transport::Json,
             },
@@ -543,9 +566,10 @@ mod tests {
             json!({"type": "string", "enum": ["open", "done"], "description": "open or done"})
         );
         assert_eq!(o.spec.arg("project_id").unwrap().schema["type"], "integer");
-        assert!(o
-            .locations
-            .contains(&("project_id".to_string(), Location::Path)));
+        assert!(o.locations.contains(&(
+            "project_id".to_string(),
+            Location::Path("project_id".into())
+        )));
         assert!(!o.has_body);
     }
 

@@ -11,6 +11,7 @@
 //! [`ParamValue::Secret`] down to the header. Neither is ever logged: a
 //! request is logged as its method, path template, status and duration.
 
+pub mod agents_exe_args;
 pub mod document;
 pub mod postgrest;
 
@@ -155,6 +156,38 @@ fn text_of(v: &ParamValue) -> String {
     }
 }
 
+/// The `(key, text)` pairs of an object argument grouping query values
+/// (agents-exe's PostgREST `filters`, `subset`, `ranking`): a key the
+/// group does not take is refused, a null is left out, a string, number
+/// or boolean is sent as its text.
+fn grouped(
+    arg: &str,
+    v: &ParamValue,
+    takes: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, String)>, ToolError> {
+    let bad = |what: String| ToolError::InvalidArguments(format!("`{arg}`: {what}"));
+    let object = match v.plain() {
+        Some(serde_json::Value::Null) => return Ok(Vec::new()),
+        Some(serde_json::Value::Object(o)) => o,
+        _ => return Err(bad("must be a JSON object".into())),
+    };
+    let mut out = Vec::new();
+    for (key, value) in object {
+        if !takes(key) {
+            return Err(bad(format!("takes no key `{key}`")));
+        }
+        let text = match value {
+            serde_json::Value::Null => continue,
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            _ => return Err(bad(format!("`{key}` must be a string"))),
+        };
+        out.push((key.clone(), text));
+    }
+    Ok(out)
+}
+
 fn json_of(v: &ParamValue) -> serde_json::Value {
     match v {
         ParamValue::Plain(j) => j.clone(),
@@ -201,15 +234,15 @@ impl OpenApiTool {
                 continue;
             };
             match location {
-                Location::Path => path_values.push((name, text_of(v))),
-                Location::Query => match v.plain() {
+                Location::Path(wire) => path_values.push((wire, text_of(v))),
+                Location::Query(wire) => match v.plain() {
                     Some(serde_json::Value::Null) => {}
                     Some(serde_json::Value::Array(items)) => {
                         for item in items {
-                            query.push((name.clone(), text_of(&ParamValue::Plain(item.clone()))));
+                            query.push((wire.clone(), text_of(&ParamValue::Plain(item.clone()))));
                         }
                     }
-                    _ => query.push((name.clone(), text_of(v))),
+                    _ => query.push((wire.clone(), text_of(v))),
                 },
                 Location::Body => {
                     body.insert(name.clone(), json_of(v));
@@ -221,6 +254,40 @@ impl OpenApiTool {
                     Some(serde_json::Value::Null) => {}
                     _ => query.push((name.clone(), postgrest::filter_value(&text_of(v)))),
                 },
+                Location::WholeBody => match json_of(v) {
+                    serde_json::Value::Object(o) => {
+                        // A field another argument sets (a bound column) is
+                        // not the body argument's to give.
+                        if let Some(k) = o.keys().find(|k| self.op.sets_body_field(k)) {
+                            return Err(ToolError::InvalidArguments(format!(
+                                "`{name}` may not set `{k}`"
+                            )));
+                        }
+                        body.extend(o)
+                    }
+                    serde_json::Value::Null => {}
+                    _ => {
+                        return Err(ToolError::InvalidArguments(format!(
+                            "`{name}` must be a JSON object (the request body)"
+                        )))
+                    }
+                },
+                Location::Filters(columns) => {
+                    for (col, text) in grouped(name, v, |k| columns.iter().any(|c| c == k))? {
+                        query.push((col, postgrest::filter_value(&text)));
+                    }
+                }
+                Location::Subset(keys) => {
+                    for (key, text) in grouped(name, v, |k| keys.iter().any(|x| x == k))? {
+                        let wire = if key == "columns" {
+                            "select".into()
+                        } else {
+                            key
+                        };
+                        query.push((wire, text));
+                    }
+                }
+                Location::Ranking => query.extend(grouped(name, v, |k| k == "order")?),
             }
         }
         let mut headers = self.shared.headers.clone();

@@ -182,7 +182,10 @@ fn operation(
             let mut schema = schema;
             schema["description"] = json!(hint);
             let _ = p;
-            push(arg(name, hint.to_string(), false, schema), Location::Query);
+            push(
+                arg(name, hint.to_string(), false, schema),
+                Location::Query(name.to_string()),
+            );
         }
     }
     let body_schema = params
@@ -365,5 +368,88 @@ mod tests {
         assert_eq!(filter_value("in.(1,2)"), "in.(1,2)");
         assert_eq!(filter_value("acme.corp"), "eq.acme.corp");
         assert_eq!(filter_value("not.is.null"), "not.is.null");
+    }
+
+    #[test]
+    fn agents_exe_groups_filters_subset_ranking_and_body() {
+        use crate::params::ParamValue;
+        use crate::tools::openapi::agents_exe_args::regroup;
+        let allowed: Vec<String> = ["GET", "POST", "PATCH"].map(String::from).to_vec();
+        let (ops, _) = operations(&doc(), "postgrest", &allowed).unwrap();
+        let mut ops = ops.into_iter().map(|o| regroup(o, |a| a == "tenant_id"));
+        let (get, post, patch) = (
+            ops.next().unwrap(),
+            ops.next().unwrap(),
+            ops.next().unwrap(),
+        );
+        let names =
+            |o: &Operation| -> Vec<String> { o.spec.args.iter().map(|a| a.name.clone()).collect() };
+        // The bound column stays as it is; the rest is agents-exe's.
+        assert_eq!(names(&get), ["tenant_id", "filters", "subset", "ranking"]);
+        assert_eq!(names(&post), ["tenant_id", "body"]);
+        assert_eq!(names(&patch), ["tenant_id", "filters", "body"]);
+        assert_eq!(
+            get.spec.arg("subset").unwrap().schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["columns", "limit"]
+        );
+        let call = |op: &Operation, pairs: Value| {
+            let t = crate::tools::openapi::tests::tool_of(op.clone(), vec![]);
+            let args = pairs
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), ParamValue::Plain(v.clone())))
+                .collect();
+            t.request(&args)
+        };
+        let req = call(
+            &get,
+            json!({"tenant_id": "acme", "filters": {"id": "gt.5"},
+                   "subset": {"columns": "id,amount", "limit": "10"},
+                   "ranking": {"order": "id.desc"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            req.url.as_str(),
+            "http://api.test/invoices?tenant_id=eq.acme&id=gt.5&select=id%2Camount&limit=10&order=id.desc"
+        );
+        // No group takes the bound column, nor a key the document lacks.
+        for bad in [
+            json!({"tenant_id": "acme", "filters": {"tenant_id": "globex"}}),
+            json!({"tenant_id": "acme", "subset": {"offset": "1"}}),
+            json!({"tenant_id": "acme", "ranking": {"order": "id", "x": 1}}),
+            json!({"tenant_id": "acme", "filters": {"id": ["1"]}}),
+        ] {
+            assert!(call(&get, bad.clone()).is_err(), "{bad}");
+        }
+        let req = call(
+            &post,
+            json!({"tenant_id": "acme", "body": {"id": 9, "amount": 1.5}}),
+        )
+        .unwrap();
+        assert_eq!(
+            req.body,
+            Some(json!({"tenant_id": "acme", "id": 9, "amount": 1.5}))
+        );
+        assert!(call(
+            &post,
+            json!({"tenant_id": "acme", "body": {"tenant_id": "globex"}})
+        )
+        .is_err());
+        let req = call(
+            &patch,
+            json!({"tenant_id": "acme", "filters": {"id": "7"}, "body": {"amount": 2}}),
+        )
+        .unwrap();
+        assert_eq!(req.method, reqwest::Method::PATCH);
+        assert_eq!(
+            req.url.as_str(),
+            "http://api.test/invoices?tenant_id=eq.acme&id=eq.7"
+        );
+        assert_eq!(req.body, Some(json!({"amount": 2})));
     }
 }

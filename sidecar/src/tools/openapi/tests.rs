@@ -66,7 +66,12 @@ fn tool(secrets: Vec<Secret>) -> OpenApiTool {
         }
     });
     let (mut ops, _) = operations(&doc).unwrap();
-    let op = ops.remove(0);
+    tool_of(ops.remove(0), secrets)
+}
+
+/// A tool for `op` on `http://api.test`, with the toolbox header
+/// `x-tenant: acme` and a hidden argument for secret 1.
+pub(crate) fn tool_of(op: Operation, secrets: Vec<Secret>) -> OpenApiTool {
     let mut spec = op.spec.clone();
     spec.args.push(ArgSpec {
         name: secret_arg(0),
@@ -228,4 +233,77 @@ fn secrets_decode_as_agents_exe_decoders_do() {
     );
     assert!(decode_secret("abc", Hex).unwrap_err().contains("in pairs"));
     assert!(decode_secret("ff", Hex).unwrap_err().contains("not UTF-8"));
+}
+
+#[test]
+fn agents_exe_arguments_reach_the_same_places() {
+    let native = tool(vec![]);
+    let op = agents_exe_args::regroup(native.op.clone(), |_| false);
+    let names: Vec<(&str, bool)> = op
+        .spec
+        .args
+        .iter()
+        .map(|a| (a.name.as_str(), a.required))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("p_project_id", true),
+            ("p_notify", false),
+            ("p_tags", false),
+            ("b", true)
+        ]
+    );
+    assert_eq!(
+        op.spec.arg("b").unwrap().schema["properties"],
+        json!({"title": {"type": "string"}, "points": {"type": "integer"}})
+    );
+    let t = tool_of(op, vec![]);
+    let req = t
+        .request(&args(&[
+            ("p_project_id", ParamValue::Plain(json!("p/1"))),
+            ("p_tags", ParamValue::Plain(json!(["a", "b"]))),
+            ("b", ParamValue::Plain(json!({"title": "t", "points": 3}))),
+        ]))
+        .unwrap();
+    assert_eq!(
+        req.url.as_str(),
+        "http://api.test/projects/p%2F1/tasks?tags=a&tags=b"
+    );
+    assert_eq!(req.body, Some(json!({"title": "t", "points": 3})));
+    // Bindery's names are not agents-exe's arguments.
+    let err = t
+        .request(&args(&[("project_id", ParamValue::Plain(json!("p")))]))
+        .unwrap_err();
+    assert!(err.to_string().contains("project_id"), "{err}");
+    let err = t
+        .request(&args(&[
+            ("p_project_id", ParamValue::Plain(json!("p"))),
+            ("b", ParamValue::Plain(json!("title"))),
+        ]))
+        .unwrap_err();
+    assert!(err.to_string().contains("JSON object"), "{err}");
+}
+
+#[test]
+fn a_kept_argument_stays_and_the_body_cannot_set_it() {
+    let native = tool(vec![]);
+    let op = agents_exe_args::regroup(native.op.clone(), |a| a == "title" || a == "project_id");
+    let names: Vec<&str> = op.spec.args.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["project_id", "p_notify", "p_tags", "title", "b"]);
+    assert!(!op.spec.arg("b").unwrap().required);
+    let t = tool_of(op, vec![]);
+    let sent = |b: serde_json::Value| {
+        t.request(&args(&[
+            ("project_id", ParamValue::Plain(json!("p"))),
+            ("title", ParamValue::Plain(json!("bound"))),
+            ("b", ParamValue::Plain(b)),
+        ]))
+    };
+    assert_eq!(
+        sent(json!({"points": 1})).unwrap().body,
+        Some(json!({"title": "bound", "points": 1}))
+    );
+    let err = sent(json!({"title": "mine"})).unwrap_err();
+    assert!(err.to_string().contains("may not set `title`"), "{err}");
 }

@@ -1,0 +1,147 @@
+//! An operation's arguments as agents-exe gives them to the model, so an
+//! agents-exe agent's prompts and recorded calls keep matching
+//! (`naming: agentsExe`):
+//!
+//! - OpenAPI: each path and query parameter is `p_<name>`, the JSON body
+//!   is one object argument `b`;
+//! - PostgREST: the column filters are one object `filters`
+//!   (`{"col": "op.value"}`), `limit`/`offset`/`select` are `subset`
+//!   (`{"limit", "offset", "columns"}`), `order` is `ranking`
+//!   (`{"order"}`), and the body of an insert or update is `body`.
+//!
+//! Pure: the operation Bindery read, regrouped. Each group still says
+//! which keys it takes, so the model can send no query parameter the
+//! document does not offer.
+//!
+//! An argument the agent binds (or a `depends_on` lookup fills) keeps
+//! Bindery's name and place: the model never sees it, so agents-exe's
+//! spelling does not matter for it, and its binding (`tenant_id`) keeps
+//! pinning what it pins. No group takes its key: the model cannot send it
+//! inside `filters` or `body` instead.
+
+use serde_json::{json, Map, Value};
+
+use super::document::{Location, Operation};
+use crate::tools::{ArgSpec, Transport};
+
+/// `op` with agents-exe's arguments; `kept(arg)` keeps an argument as it is.
+pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
+    let old: Vec<(ArgSpec, Location)> = std::mem::take(&mut op.spec.args)
+        .into_iter()
+        .zip(
+            std::mem::take(&mut op.locations)
+                .into_iter()
+                .map(|(_, l)| l),
+        )
+        .collect();
+    let mut args = Vec::new();
+    let mut body = Group::default();
+    let mut filters = Group::default();
+    let mut subset = Group::default();
+    let mut ranking = Group::default();
+    for (arg, location) in old {
+        if kept(&arg.name) {
+            args.push((arg, location));
+            continue;
+        }
+        match location {
+            Location::Path(_) | Location::Query(_) if op.table.is_none() => {
+                let name = format!("p_{}", arg.name);
+                args.push((ArgSpec { name, ..arg }, location));
+            }
+            Location::Query(wire) => match wire.as_str() {
+                "order" => ranking.add("order", &arg, string(&arg)),
+                "select" => subset.add("columns", &arg, string(&arg)),
+                _ => subset.add(&wire, &arg, string(&arg)),
+            },
+            Location::Filter => filters.add(&arg.name, &arg, string(&arg)),
+            Location::Body => body.add(&arg.name, &arg, arg.schema.clone()),
+            Location::BodyField(ref col) => body.add(col, &arg, arg.schema.clone()),
+            other => args.push((arg, other)),
+        }
+    }
+    let postgrest = op.table.is_some();
+    if !filters.is_empty() {
+        let columns = filters.keys();
+        args.push(filters.into_arg(
+            "filters",
+            "Row filters on columns, each a PostgREST operator and value (eq.5, gt.5, in.(1,2), like.*x*, is.null); a bare value means eq.",
+            Location::Filters(columns),
+        ));
+    }
+    if !subset.is_empty() {
+        let keys = subset.keys();
+        args.push(subset.into_arg(
+            "subset",
+            "Pagination and column selection",
+            Location::Subset(keys),
+        ));
+    }
+    if !ranking.is_empty() {
+        args.push(ranking.into_arg("ranking", "Result ordering", Location::Ranking));
+    }
+    if op.has_body {
+        let name = if postgrest { "body" } else { "b" };
+        let required = !postgrest && !body.required.is_empty();
+        let mut arg = body.into_arg(name, "Request body", Location::WholeBody);
+        arg.0.required = required;
+        args.push(arg);
+    }
+    let (specs, locations): (Vec<ArgSpec>, Vec<Location>) = args.into_iter().unzip();
+    op.locations = specs
+        .iter()
+        .map(|a| a.name.clone())
+        .zip(locations)
+        .collect();
+    op.spec.args = specs;
+    op
+}
+
+/// agents-exe offers a PostgREST query value as a string.
+fn string(arg: &ArgSpec) -> Value {
+    json!({"type": "string", "description": arg.description})
+}
+
+/// The properties one object argument gathers.
+#[derive(Default)]
+struct Group {
+    properties: Map<String, Value>,
+    required: Vec<String>,
+}
+
+impl Group {
+    fn add(&mut self, key: &str, arg: &ArgSpec, schema: Value) {
+        if arg.required {
+            self.required.push(key.to_string());
+        }
+        self.properties.insert(key.to_string(), schema);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.properties.is_empty()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.properties.keys().cloned().collect()
+    }
+
+    fn into_arg(self, name: &str, description: &str, location: Location) -> (ArgSpec, Location) {
+        let mut schema = json!({
+            "type": "object",
+            "description": description,
+            "properties": self.properties,
+            "additionalProperties": false,
+        });
+        if !self.required.is_empty() {
+            schema["required"] = json!(self.required);
+        }
+        let arg = ArgSpec {
+            name: name.to_string(),
+            description: description.to_string(),
+            required: false,
+            schema,
+            transport: Transport::Json,
+        };
+        (arg, location)
+    }
+}
