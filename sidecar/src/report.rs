@@ -47,6 +47,9 @@ pub struct ToolReport {
     pub untrusted: bool,
     /// It can send data out: after an untrusted result, its calls ask.
     pub egress: bool,
+    /// Hidden until the model activates this group (`meta_activate_tool`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -112,6 +115,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
                     .collect(),
                 untrusted: t.untrusted(),
                 egress: t.egress(),
+                toolgroup: t.toolgroup().map(str::to_string),
             })
             .collect(),
         helpers: agent
@@ -198,6 +202,11 @@ pub fn render_text(r: &AgentReport) -> String {
         out.push_str("  tools:\n");
         for t in &r.tools {
             out.push_str(&format!("    {}({})\n", t.name, t.arguments.join(", ")));
+            if let Some(g) = &t.toolgroup {
+                out.push_str(&format!(
+                    "      on demand: hidden until the model activates toolgroup '{g}'\n"
+                ));
+            }
             match t.waits {
                 Some(Disposition::Confirm) => {
                     out.push_str("      needs confirmation: a person approves each call\n")
@@ -235,6 +244,9 @@ pub fn render_text(r: &AgentReport) -> String {
                 out.push_str(&format!("      bound: {} := {}{mode}\n", b.arg, b.to));
             }
         }
+    }
+    if r.tools.iter().any(|t| t.toolgroup.is_some()) {
+        out.push_str("  added by Bindery: meta_activate_tool, meta_deactivate_tool, meta_discover_tools (the on-demand groups)\n");
     }
     for h in &r.helpers {
         out.push_str(&format!(

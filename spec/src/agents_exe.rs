@@ -66,6 +66,30 @@ pub struct Description {
     pub skill_sources: Vec<serde_json::Value>,
 }
 
+/// agents-exe's `Activation`: `"always"` (or absent, or null) is `None`;
+/// `{"tag": "on-demand", "toolgroup": NAME}` is the group's name. Nothing
+/// else: agents-exe itself refuses any other form.
+fn activation<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use serde::de::Error;
+    use serde_json::Value;
+    let v = Value::deserialize(d)?;
+    match &v {
+        Value::Null => Ok(None),
+        Value::String(s) if s == "always" => Ok(None),
+        Value::Object(o) if o.get("tag").and_then(Value::as_str) == Some("on-demand") => {
+            match o.get("toolgroup").and_then(Value::as_str) {
+                Some(g) if !g.trim().is_empty() => Ok(Some(g.to_string())),
+                _ => Err(D::Error::custom(
+                    "an on-demand `Activation` needs `toolgroup`: the group's name, which the model activates",
+                )),
+            }
+        }
+        _ => Err(D::Error::custom(format!(
+            "`Activation` is \"always\" or {{\"tag\": \"on-demand\", \"toolgroup\": NAME}}, not {v}"
+        ))),
+    }
+}
+
 /// A `postgrestToolboxes` entry.
 #[derive(Deserialize, Debug)]
 #[serde(tag = "tag", content = "contents")]
@@ -99,6 +123,9 @@ pub struct PostgrestServer {
     pub secrets: Vec<ExeSecret>,
     #[serde(rename = "Bindings", alias = "bindings", default)]
     pub bindings: Vec<ExeBinding>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 /// agents-exe's `EndpointPredicate`: `{"tag": "MethodEquals", "contents":
@@ -240,9 +267,11 @@ impl From<PostgrestServer> for super::PostgrestToolbox {
             filter: p.filter,
             secrets: p.secrets,
             bindings: p.bindings,
+            toolgroup: p.toolgroup,
         }
         .into();
         super::PostgrestToolbox {
+            toolgroup: o.toolgroup,
             confirm: None,
             name,
             base_url: o.base_url,
@@ -281,6 +310,9 @@ pub struct SystemToolboxDescription {
     /// Whether `read-session` shows the tools' outputs (default: yes).
     #[serde(default, rename = "SessionIntrospectionIncludeToolOutputs")]
     pub include_tool_outputs: Option<bool>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 /// `envVarFilter` as the list of names `env-vars` shows: exact names,
@@ -311,6 +343,9 @@ pub struct SqliteToolboxDescription {
     pub path: Option<String>,
     #[serde(rename = "Access", alias = "access", default)]
     pub access: Option<String>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -411,6 +446,7 @@ fn builtin_toolbox(
             max_rows: None,
             timeout_seconds: None,
             bindings: Vec::new(),
+            toolgroup: d.toolgroup,
         }));
     }
     let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), &mut note)
@@ -422,6 +458,7 @@ fn builtin_toolbox(
         capabilities: d.capabilities,
         env_vars: env_var_names(d.env_var_filter.as_deref()),
         bindings: Vec::new(),
+        toolgroup: d.toolgroup,
     }))
 }
 
@@ -474,6 +511,9 @@ pub struct McpSimpleBinary {
     /// The server's environment: literals and process-scope parameters.
     #[serde(default)]
     pub env: BTreeMap<String, ExeBindingValue>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 impl From<McpSimpleBinary> for McpToolbox {
@@ -488,6 +528,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             confirm: None,
             bindings: Vec::new(),
             tools: Vec::new(),
+            toolgroup: m.toolgroup,
         }
     }
 }
@@ -519,6 +560,9 @@ pub struct OpenApiServer {
     pub secrets: Vec<ExeSecret>,
     #[serde(rename = "Bindings", default)]
     pub bindings: Vec<ExeBinding>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 /// One of an OpenAPI server's secrets.
@@ -622,6 +666,7 @@ impl From<OpenApiServer> for OpenApiToolbox {
             bindings: o.bindings.into_iter().map(Binding::from).collect(),
             filter: o.filter.map(EndpointFilter::from),
             headers: BTreeMap::new(),
+            toolgroup: o.toolgroup,
         };
         if let Some(token) = o.token {
             t.secrets.insert(0, token_secret(token, fetched));
@@ -649,6 +694,9 @@ pub struct DirectoryDescription {
     pub basename_filter: Option<String>,
     #[serde(rename = "Bindings", default)]
     pub bindings: Vec<ExeBinding>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -657,6 +705,9 @@ pub struct SingleToolDescription {
     pub path: String,
     #[serde(rename = "Bindings", default)]
     pub bindings: Vec<ExeBinding>,
+    /// agents-exe's `Activation`: an on-demand group's name.
+    #[serde(rename = "Activation", default, deserialize_with = "activation")]
+    pub toolgroup: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -752,6 +803,7 @@ impl Description {
                     bindings: bindings(d.bindings),
                     tools: Vec::new(),
                     cache: None,
+                    toolgroup: d.toolgroup,
                 }),
                 BashToolboxDescription::SingleTool(s) => Toolbox::Bash(BashToolbox {
                     directory: None,
@@ -761,6 +813,7 @@ impl Description {
                     bindings: bindings(s.bindings),
                     tools: Vec::new(),
                     cache: None,
+                    toolgroup: s.toolgroup,
                 }),
             })
             .collect();
@@ -778,6 +831,7 @@ impl Description {
                     bindings: Vec::new(),
                     tools: Vec::new(),
                     cache: None,
+                    toolgroup: None,
                 }),
             );
         }

@@ -13,6 +13,18 @@ use super::{
 };
 use crate::diagnostic::Diagnostic;
 
+/// Why a toolgroup's name cannot be one, if so: the model writes it back
+/// in `meta_activate_tool`, so it is a short plain word.
+pub fn bad_toolgroup(name: &str) -> Option<String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok) {
+        return Some(format!(
+            "`{name}` is not a group name: 1 to 64 letters, digits, `_`, `-`, `.` or `:`"
+        ));
+    }
+    None
+}
+
 /// `toolbox 2 (bash directory ./tools)`: how messages name a toolbox.
 pub fn toolbox_label(index: usize, tb: &Toolbox) -> String {
     let b = match tb {
@@ -107,6 +119,9 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
     }
     for (i, tb) in spec.toolboxes.iter().enumerate() {
         let place = format!("{here}, {}", toolbox_label(i, tb));
+        if let Some(why) = tb.toolgroup().and_then(bad_toolgroup) {
+            diags.push(Diagnostic::error(format!("{place}, toolgroup: {why}")));
+        }
         let b = match tb {
             Toolbox::Bash(b) => b,
             Toolbox::Openapi(o) => {

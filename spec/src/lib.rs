@@ -400,6 +400,21 @@ pub enum Toolbox {
     Sqlite(SqliteToolbox),
 }
 
+impl Toolbox {
+    /// The on-demand group its tools belong to, if any.
+    pub fn toolgroup(&self) -> Option<&str> {
+        match self {
+            Toolbox::Bash(t) => t.toolgroup.as_deref(),
+            Toolbox::Openapi(t) => t.toolgroup.as_deref(),
+            Toolbox::Postgrest(t) => t.toolgroup.as_deref(),
+            Toolbox::Mcp(t) => t.toolgroup.as_deref(),
+            Toolbox::Builtin(t) => t.toolgroup.as_deref(),
+            Toolbox::Sqlite(t) => t.toolgroup.as_deref(),
+            Toolbox::Deferred(_) => None,
+        }
+    }
+}
+
 /// Tools given by their schema only: the model calls them, the client runs
 /// them. A call stops the run with the call pending until the client posts
 /// its result to the call's continuation.
@@ -473,6 +488,10 @@ pub struct PostgrestToolbox {
     /// Bindings matched against `<method>_<table>` (`get_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 fn read_only() -> Vec<String> {
@@ -502,6 +521,7 @@ impl PostgrestToolbox {
             confirm: self.confirm.clone(),
             tools: Vec::new(),
             bindings: self.bindings.clone(),
+            toolgroup: self.toolgroup.clone(),
         }
     }
 }
@@ -531,6 +551,10 @@ pub struct BuiltinToolbox {
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 /// An SQLite database file the model queries with SQL, one statement a
@@ -562,6 +586,10 @@ pub struct SqliteToolbox {
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 /// An MCP server whose tools the agent gets as `mcp_<name>_<tool>`: a
@@ -602,6 +630,10 @@ pub struct McpToolbox {
     /// the lookups a tool depends on (`depends_on`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDecl>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 /// An HTTP API described by an OpenAPI 3.x document: one tool per operation.
@@ -648,6 +680,10 @@ pub struct OpenApiToolbox {
     /// the lookups a tool depends on (`depends_on`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDecl>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 /// Which redirects an HTTP toolbox's requests follow. Credentials go only
@@ -821,6 +857,10 @@ pub struct BashToolbox {
     /// result is reused only for a call handed the very same context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<ToolboxCache>,
+    /// On demand: the toolbox's tools are hidden from the model until it
+    /// activates this group (`meta_activate_tool`); absent: always shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolgroup: Option<String>,
 }
 
 /// Whose calls a toolbox's cached results may answer.

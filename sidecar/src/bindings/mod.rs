@@ -74,6 +74,8 @@ pub struct BoundTool {
     untrusted: bool,
     /// It can send data out of the tenant (`egress: true`).
     egress: bool,
+    /// Hidden from the model until this on-demand group is activated.
+    toolgroup: Option<Arc<str>>,
 }
 
 /// A bound argument as the operator sees it in `describe` (never a value of
@@ -125,7 +127,21 @@ impl BoundTool {
             confirm_when: Arc::from(Vec::new()),
             untrusted: false,
             egress: false,
+            toolgroup: None,
         }
+    }
+
+    /// The same tool, in on-demand group `group` (none: always shown).
+    pub fn in_group(self, group: Option<&str>) -> Self {
+        BoundTool {
+            toolgroup: group.map(Arc::from),
+            ..self
+        }
+    }
+
+    /// The on-demand group it belongs to, if any.
+    pub fn toolgroup(&self) -> Option<&str> {
+        self.toolgroup.as_deref()
     }
 
     /// The same tool, whose calls also ask when `condition` holds.

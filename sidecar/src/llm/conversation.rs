@@ -47,15 +47,25 @@ impl Conversation {
             unencodable: None,
             history_from: None,
         };
+        conversation.set_tools(tools);
+        conversation
+    }
+
+    /// Offers `tools` from the next request on, in place of those before
+    /// (on-demand tools come and go between steps; the messages stay).
+    pub fn set_tools(&mut self, tools: Vec<ToolDefinition>) {
+        if tools == self.tools {
+            return;
+        }
+        self.wire_tools.clear();
         if !tools.is_empty() {
             let wire: Vec<WireTool<'_>> = tools.iter().map(WireTool::of).collect();
-            conversation.wire_tools.extend_from_slice(br#","tools":"#);
-            if let Err(e) = serde_json::to_writer(&mut conversation.wire_tools, &wire) {
-                conversation.unencodable = Some(format!("a tool definition: {e}"));
+            self.wire_tools.extend_from_slice(br#","tools":"#);
+            if let Err(e) = serde_json::to_writer(&mut self.wire_tools, &wire) {
+                self.unencodable = Some(format!("a tool definition: {e}"));
             }
         }
-        conversation.tools = tools;
-        conversation
+        self.tools = tools;
     }
 
     /// Adds `message` at the end.

@@ -17,6 +17,7 @@ pub mod pending;
 pub mod runner;
 pub mod service;
 pub mod store;
+pub mod toolgroups;
 pub mod usage;
 pub mod validate;
 pub mod wire;

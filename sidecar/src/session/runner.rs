@@ -5,7 +5,7 @@
 //! limit is hit, or the run is cancelled. The history records what the
 //! model said and what the tools returned, never a bound value.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -25,6 +25,7 @@ use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
 use crate::session::ledger::{Exceeded, Gate, Ledger, Spent};
 use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
+use crate::session::toolgroups::Groups;
 use crate::session::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
 use crate::tools::{CallContext, Disposition, ToolError};
 use crate::tree::LoadedAgent;
@@ -174,22 +175,28 @@ async fn run_inner(
     cancel: &CancellationToken,
 ) -> RunEnd {
     {
-        let mut tools: Vec<ToolDefinition> = ctx
-            .tools
-            .iter()
-            .map(|t| ToolDefinition {
-                name: t.name().to_string(),
-                description: t.spec().description.clone(),
-                parameters: t.model_schema(ctx.values),
-            })
-            .collect();
-        if let Some(env) = &ctx.helpers {
-            tools.extend(helpers::definitions(ctx.agent, env.tree));
-        }
+        let groups = Groups::of(ctx.tools);
+        // The tools on offer with `active` groups: the meta tools first
+        // (while some tool is on demand), then those shown, then helpers.
+        let offered = |active: &BTreeSet<String>| {
+            let mut tools = groups.definitions(active);
+            tools.extend(
+                ctx.tools
+                    .iter()
+                    .filter(|t| Groups::shows(t, active))
+                    .map(|t| ToolDefinition {
+                        name: t.name().to_string(),
+                        description: t.spec().description.clone(),
+                        parameters: t.model_schema(ctx.values),
+                    }),
+            );
+            if let Some(env) = &ctx.helpers {
+                tools.extend(helpers::definitions(ctx.agent, env.tree));
+            }
+            tools
+        };
+        let tools = offered(&groups.active(history));
         let scrubber = scrubber_for(ctx.values, ctx.tools);
-        // Counted only when a budget claims a request or a model reports
-        // no usage: most runs never need it.
-        let tools_chars = std::sync::OnceLock::new();
         // One conversation for the run, which each step extends by what the
         // history gained since the last (the model's turn and its calls'
         // results): each turn's text, made with the turn, is copied in
@@ -202,10 +209,16 @@ async fn run_inner(
         conversation.history_starts();
         let mut sent = 0;
         for step in 0..ctx.max_steps {
+            if !groups.is_empty() && step > 0 {
+                conversation.set_tools(offered(&groups.active(history)));
+            }
             // The history only grows while the run goes on.
             conversation.extend_turns(&history[sent..]);
             sent = history.len();
             let conversation = &conversation;
+            // Counted only when a budget claims a request or a model reports
+            // no usage: most runs never need it.
+            let tools_chars = std::sync::OnceLock::new();
             let model = &ctx.agent.spec.model;
             let estimate = || {
                 let tools = *tools_chars.get_or_init(|| {
@@ -927,7 +940,8 @@ async fn dispatch(
         // and metrics count it under one name, whatever the call came to,
         // so no model or client chooses a label or a usage row's tool.
         let known = ctx.tools.iter().any(|t| t.name() == call.name)
-            || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name));
+            || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name))
+            || Groups::of(ctx.tools).is_meta(&call.name);
         let counted_as = match known {
             true => call.name.as_str(),
             false => crate::metrics::UNKNOWN_TOOL,
@@ -988,6 +1002,17 @@ async fn dispatch_inner(
     seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
+    let groups = Groups::of(ctx.tools);
+    if groups.is_meta(&call.name) {
+        return Outcome::Done(Ok(groups.answer(&call.name, &call.arguments)));
+    }
+    if !groups.is_empty() {
+        let active = groups.active(seen.history);
+        let hidden = ctx.tools.iter().find(|t| t.name() == call.name);
+        if let Some(why) = hidden.and_then(|t| Groups::hidden(t, &active)) {
+            return Outcome::Done(Err(ToolError::InvalidArguments(why)));
+        }
+    }
     if let Some(env) = ctx
         .helpers
         .as_ref()

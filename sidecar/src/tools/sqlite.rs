@@ -402,6 +402,7 @@ mod tests {
             max_rows: Some(2),
             timeout_seconds: Some(1),
             bindings: Vec::new(),
+            toolgroup: None,
         };
         let t = SqliteTool::open(&tb, path, Default::default()).unwrap();
         (dir, t)

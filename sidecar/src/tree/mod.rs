@@ -488,6 +488,9 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
             i, tb, p, &base, &params, opts, &here, &mut mcp, &mut tools, &mut diags,
         )
         .await;
+        for t in &mut tools[before..] {
+            *t = t.clone().in_group(tb.toolgroup());
+        }
         parts.push(tools[before..].to_vec());
     }
     crate::bindings::apply::apply_bindings_with(
@@ -779,6 +782,7 @@ type Watched = (
     (
         Option<crate::spec::ToolboxConfirm>,
         Vec<crate::spec::ToolDecl>,
+        Option<String>,
     ),
 );
 
@@ -864,7 +868,7 @@ impl McpLoader {
             server,
             place.to_string(),
             m.bindings.clone(),
-            (m.confirm.clone(), m.tools.clone()),
+            (m.confirm.clone(), m.tools.clone(), m.toolgroup.clone()),
         ));
     }
 
@@ -893,7 +897,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings, (confirm, decls)) in &servers {
+                for (i, server, place, bindings, (confirm, decls, group)) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -918,7 +922,10 @@ impl McpLoader {
                             for d in diags {
                                 tracing::warn!("{}", d.message);
                             }
-                            asm.parts[*i] = bound;
+                            asm.parts[*i] = bound
+                                .into_iter()
+                                .map(|t| t.in_group(group.as_deref()))
+                                .collect();
                         }
                         Err(e) => {
                             tracing::warn!("{place}: the tools changed but cannot be listed: {e}")

@@ -477,3 +477,91 @@ async fn with_no_agent_file_the_configuration_names_them_and_the_keys_file_is_re
     assert_eq!(auth, Some("Bearer sk-CANARY-main-77"));
     mock.shutdown().await;
 }
+
+/// `Activation: on-demand`: the toolbox's tools stay hidden (and cannot
+/// be called) until the model activates their group with agents-exe's
+/// `meta_activate_tool`; `meta_deactivate_tool` hides them again. The
+/// state is the conversation's own: each request offers what it says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_tools_appear_when_the_model_activates_their_group() {
+    use bindery_tests::mock_llm::{tool_names, tool_results, MockLlm, MockReply};
+    use serde_json::json;
+    let root = repo_layout();
+    let agent = json!({"tag": "OpenAIAgentDescription", "contents": {
+    "slug": "lazy", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+    "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m", "announce": "lazy",
+    "systemPrompt": ["You read files when you must."],
+    "bashToolboxes": [
+        {"tag": "FileSystemDirectory", "contents": {"Path": "tools/dev", "BasenameFilter": ".sh",
+          "Activation": {"tag": "on-demand", "toolgroup": "files"}}},
+        {"tag": "SingleTool", "contents": {"Path": "tools/extra/word-count", "Activation": "always"}}
+    ]}});
+    std::fs::write(root.path().join("agents/lazy.json"), agent.to_string()).unwrap();
+    let read = json!({"path": "tools/dev/notes.txt"});
+    let mock = MockLlm::start_sequence(vec![
+        MockReply::tool_call("bash_read-file", read.clone()),
+        MockReply::tool_call("meta_discover_tools", json!({})),
+        MockReply::tool_call("meta_activate_tool", json!({"toolgroup": "files"})),
+        MockReply::tool_call("bash_read-file", read),
+        MockReply::tool_call("meta_deactivate_tool", json!({"toolgroup": "files"})),
+        MockReply::text("Tuesdays"),
+    ])
+    .await;
+    let url = mock.url();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &[("BINDERY_MODEL_URL", url.as_str())],
+        &["run", "--agent-file", "agents/lazy.json", "-p", "when?"],
+    );
+    assert!(ok, "{said}");
+    assert!(said.contains("Tuesdays"), "{said}");
+    let requests = mock.requests();
+    let offered: Vec<Vec<String>> = requests.iter().map(tool_names).collect();
+    let hidden = [
+        "meta_activate_tool",
+        "meta_discover_tools",
+        "bash_word-count",
+    ];
+    let shown = [
+        "meta_deactivate_tool",
+        "meta_discover_tools",
+        "bash_read-file",
+        "bash_word-count",
+    ];
+    assert_eq!(offered[0], hidden);
+    assert_eq!(offered[3], shown);
+    assert_eq!(offered[5], hidden, "deactivated again");
+    let results = tool_results(&requests[5]);
+    assert!(
+        results[0].contains("toolgroup 'files', which is not active"),
+        "{results:?}"
+    );
+    assert_eq!(results[1], r#"{"toolgroups":["files"]}"#);
+    assert_eq!(results[2], "Toolgroup 'files' activated");
+    assert!(
+        results[3].contains("Deploys go out on Tuesdays."),
+        "{results:?}"
+    );
+    assert_eq!(results[4], "Toolgroup 'files' deactivated");
+
+    let (ok, said) = in_dir(root.path(), &["check", "--agent-file", "agents/lazy.json"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("on demand: hidden until the model activates toolgroup 'files'"),
+        "{said}"
+    );
+    assert!(
+        said.contains("added by Bindery: meta_activate_tool"),
+        "{said}"
+    );
+
+    // Anything but agents-exe's two forms is refused, naming the field.
+    let bad = agent
+        .to_string()
+        .replace(r#""Activation":"always""#, r#""Activation":"sticky""#);
+    std::fs::write(root.path().join("agents/lazy.json"), bad).unwrap();
+    let (ok, said) = in_dir(root.path(), &["check", "--agent-file", "agents/lazy.json"]);
+    assert!(!ok, "{said}");
+    assert!(said.contains("`Activation` is \"always\""), "{said}");
+    mock.shutdown().await;
+}
