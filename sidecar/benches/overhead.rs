@@ -837,6 +837,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         session_id: "bench".into(),
         conversation_id: "bench".into(),
         turn_id: "bench".into(),
+        step_id: "bench".into(),
         agent_id: agent.name.clone(),
         session_json: None,
         scrubber: Default::default(),

@@ -360,10 +360,13 @@ pub enum SqliteVersioning {
     SqliteNoVersioning {
         path: String,
     },
-    /// Copies of the database kept per conversation: not offered.
+    /// A copy of the database per write, shared as `shared` says.
     SqliteVersioned {
+        shared: super::SqliteSharing,
         #[serde(rename = "basePath")]
         base_path: String,
+        #[serde(rename = "storageRoot", default)]
+        storage_root: Option<String>,
     },
 }
 
@@ -413,14 +416,31 @@ fn builtin_toolbox(
         let d: SqliteToolboxDescription =
             serde_ignored::deserialize(v["contents"].clone(), &mut note)
                 .map_err(|e| format!("{here}: {e}"))?;
+        let mut versioned = None;
         let (path, read_write) = match (d.versioning, d.path, d.access.as_deref()) {
             (Some(SqliteVersioning::SqliteReadOnly { path }), _, _) => (path, false),
             (Some(SqliteVersioning::SqliteReadWrite { path }), _, _)
             | (Some(SqliteVersioning::SqliteNoVersioning { path }), _, _) => (path, true),
-            (Some(SqliteVersioning::SqliteVersioned { .. }), _, _) | (None, Some(_), Some("snapshot")) => {
+            (
+                Some(SqliteVersioning::SqliteVersioned {
+                    shared,
+                    base_path,
+                    storage_root,
+                }),
+                _,
+                _,
+            ) => {
+                versioned = Some(super::SqliteVersions {
+                    shared,
+                    storage_root,
+                    max_copies: None,
+                });
+                (base_path, true)
+            }
+            (None, Some(_), Some("snapshot")) => {
                 return refuse(
-                    "Bindery does not keep a copy of the database per conversation (`SqliteVersioned`, access `snapshot`)",
-                    "use `SqliteReadOnly`, or `SqliteReadWrite` on a database the agent may change",
+                    "the old `access: snapshot` form is gone from agents-exe",
+                    "write `Versioning: {\"tag\": \"SqliteVersioned\", \"shared\": \"conversation\", \"basePath\": …}`",
                 )
             }
             (None, Some(path), None | Some("read-only")) => (path, false),
@@ -446,6 +466,7 @@ fn builtin_toolbox(
             max_rows: None,
             timeout_seconds: None,
             bindings: Vec::new(),
+            versioned,
             toolgroup: d.toolgroup,
         }));
     }

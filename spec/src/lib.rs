@@ -586,10 +586,45 @@ pub struct SqliteToolbox {
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// Each write goes to a new copy of the database, never to `path`
+    /// itself (agents-exe's `SqliteVersioned`); a second tool,
+    /// `<tool>_promote`, makes a copy the new `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versioned: Option<SqliteVersions>,
     /// On demand: the toolbox's tools are hidden from the model until it
     /// activates this group (`meta_activate_tool`); absent: always shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolgroup: Option<String>,
+}
+
+/// Copies of a database kept per write, and who sees which.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SqliteVersions {
+    /// Whose latest copy a statement reads: `global` (every session's),
+    /// `conversation` (the session's), `turn` (the model turn's) or
+    /// `tool-call` (none: each call starts from `path`).
+    pub shared: SqliteSharing,
+    /// Where the copies go (relative like `path`); default agents-exe's:
+    /// `$XDG_DATA_HOME/agents/sqlite-versions`, else
+    /// `~/.local/share/agents/sqlite-versions`, else
+    /// `/tmp/agents-sqlite-versions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_root: Option<String>,
+    /// The most copies one session may make (default 100): each is the
+    /// whole database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_copies: Option<u32>,
+}
+
+/// [`SqliteVersions::shared`].
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SqliteSharing {
+    Global,
+    Conversation,
+    Turn,
+    ToolCall,
 }
 
 /// An MCP server whose tools the agent gets as `mcp_<name>_<tool>`: a

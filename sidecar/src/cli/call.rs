@@ -40,6 +40,7 @@ pub(super) async fn through_bindings(
     let ctx = CallContext {
         session_id: session_id.unwrap_or(&id).to_string(),
         conversation_id: id.clone(),
+        step_id: id.clone(),
         turn_id: id,
         agent_id: agent.name.clone(),
         session_json: None,

@@ -219,6 +219,7 @@ pub async fn replay(
     let ctx = CallContext {
         session_id: doc["session_id"].as_str().unwrap_or(&id).to_string(),
         conversation_id: id.clone(),
+        step_id: id.clone(),
         turn_id: id,
         agent_id: doc["agent"].as_str().unwrap_or_default().to_string(),
         session_json: None,

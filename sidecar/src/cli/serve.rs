@@ -103,6 +103,7 @@ pub async fn run(
             session_id: id.clone(),
             conversation_id: id,
             turn_id: String::new(),
+            step_id: String::new(),
             agent_id: agent.name.clone(),
             session_json: None,
             scrubber: Default::default(),

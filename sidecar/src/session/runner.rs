@@ -825,6 +825,7 @@ pub async fn orchestrated(
     };
     let mut call_ctx = ctx.call.clone();
     call_ctx.turn_id = call.id.clone();
+    call_ctx.step_id = call.id.clone();
     let scrubber = scrubber_for(ctx.values, ctx.tools);
     let env = depends::Env {
         tools: ctx.tools,
@@ -1050,6 +1051,7 @@ async fn run_tool(
     };
     let mut call_ctx = ctx.call.clone();
     call_ctx.turn_id = call.id.clone();
+    call_ctx.step_id = step_of(seen.history, &call.id);
     if tool.receives_session() {
         call_ctx = match seen.encoded {
             // The run's conversation holds the first turns encoded already.
@@ -1074,6 +1076,23 @@ async fn run_tool(
         cache.put(key, out.text.clone());
     }
     Ok(out.text)
+}
+
+/// The model turn a call belongs to, named by that turn's first call's id
+/// (the call's own id when no turn of the history holds it).
+fn step_of(history: &[Turn], call_id: &str) -> String {
+    history
+        .iter()
+        .rev()
+        .find_map(|t| match t.message() {
+            ChatMessage::Assistant { tool_calls, .. }
+                if tool_calls.iter().any(|c| c.id == call_id) =>
+            {
+                tool_calls.first().map(|c| c.id.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| call_id.to_string())
 }
 
 /// The agent's place in the tree: its call stack, top-level agent first.
@@ -1299,6 +1318,7 @@ mod tests {
                 session_id: "s".into(),
                 conversation_id: "s".into(),
                 turn_id: String::new(),
+                step_id: String::new(),
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),

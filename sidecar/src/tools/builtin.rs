@@ -296,6 +296,7 @@ mod tests {
             session_id: "s1".into(),
             conversation_id: "c".into(),
             turn_id: "t".into(),
+            step_id: "t".into(),
             agent_id: "a".into(),
             session_json: Some(session.to_string().into()),
             scrubber: Default::default(),

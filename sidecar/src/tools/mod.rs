@@ -12,6 +12,7 @@ pub mod deferred;
 pub mod mcp;
 pub mod openapi;
 pub mod sqlite;
+pub mod sqlite_versions;
 
 use std::collections::BTreeMap;
 
@@ -151,6 +152,9 @@ pub struct CallContext {
     pub session_id: String,
     pub conversation_id: String,
     pub turn_id: String,
+    /// The model turn the call belongs to (the id of that turn's first
+    /// call): calls the model made together share it.
+    pub step_id: String,
     pub agent_id: String,
     /// The session as the model made it (`{"session_id", "agent",
     /// "turns"}`), for bash tools' `AGENT_SESSION_JSON`; absent outside a

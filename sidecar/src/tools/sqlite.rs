@@ -9,7 +9,7 @@
 //! the statement runs; at most `maxRows` rows back; interrupted past
 //! `timeoutSeconds`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 
+use super::sqlite_versions::{Handle, Versions};
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 use crate::spec::SqliteToolbox;
 
@@ -34,8 +35,28 @@ pub struct SqliteTool {
     read_write: bool,
     max_rows: usize,
     timeout: Duration,
-    /// One connection, one statement at a time.
+    /// One connection, one statement at a time (the named file's; a
+    /// versioned toolbox opens the copy each call reads).
     conn: Arc<Mutex<Connection>>,
+    /// Versioned: the copies, and whether this is the `promote` tool.
+    versions: Option<(Arc<Versions>, bool)>,
+}
+
+/// The file at `path` as a statement may use it (see the module's docs).
+fn open_conn(path: &Path, read_write: bool) -> Result<Connection, String> {
+    let flags = if read_write {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+    } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    bound(&conn).map_err(|e| format!("cannot bound database {}: {e}", path.display()))?;
+    conn.authorizer(Some(authorize))
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
 }
 
 impl SqliteTool {
@@ -58,18 +79,8 @@ impl SqliteTool {
                 .and_then(|c| c.execute_batch("VACUUM"))
                 .map_err(|e| format!("cannot create database {}: {e}", path.display()))?;
         }
-        let flags = if tb.read_write {
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let mut conn = Connection::open_with_flags(&path, flags)
-            .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
-        bound(&conn).map_err(|e| format!("cannot bound database {}: {e}", path.display()))?;
-        conn.authorizer(Some(authorize))
-            .map_err(|e| e.to_string())?;
+        // A versioned toolbox never writes the named file.
+        let conn = open_conn(&path, tb.read_write && tb.versioned.is_none())?;
         // Checks the file really is a database.
         conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
             .map_err(|e| format!("{} is not a usable SQLite database: {e}", path.display()))?;
@@ -124,7 +135,67 @@ impl SqliteTool {
             max_rows: tb.max_rows.unwrap_or(DEFAULT_MAX_ROWS) as usize,
             timeout: Duration::from_secs(tb.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS)),
             conn: Arc::new(Mutex::new(conn)),
+            versions: None,
         })
+    }
+
+    /// The toolbox's tools: [`SqliteTool::open`]'s, and for a versioned
+    /// toolbox its `_promote` beside it, both over copies kept in `root`.
+    pub fn open_all(
+        tb: &SqliteToolbox,
+        path: PathBuf,
+        root: PathBuf,
+        naming: crate::spec::Naming,
+    ) -> Result<Vec<SqliteTool>, String> {
+        let mut query = SqliteTool::open(tb, path.clone(), naming)?;
+        let Some(v) = &tb.versioned else {
+            return Ok(vec![query]);
+        };
+        let versions = Arc::new(Versions::new(path, root, &tb.name, v.shared, v.max_copies));
+        let restore = ArgSpec {
+            name: "restore_from".into(),
+            description:
+                "a `versionHandle` an earlier write of this session answered: start from that copy"
+                    .into(),
+            required: false,
+            schema: json!({"type": "object", "description": "a `versionHandle` an earlier write of this session answered: start from that copy",
+                "properties": {"session_id": {"type": "string"}, "turn_id": {"type": "string"},
+                               "tool_call_index": {"type": "integer"}, "toolbox_name": {"type": "string"},
+                               "timestamp": {"type": "string"}},
+                "required": ["session_id", "turn_id", "tool_call_index", "toolbox_name"]}),
+            transport: Transport::Json,
+        };
+        query.spec.args.push(restore.clone());
+        query.spec.writes = true;
+        query.spec.description.push_str(
+            " A statement that writes runs on a new copy of the database and answers its `versionHandle`.",
+        );
+        let base = query
+            .spec
+            .name
+            .strip_suffix("_query")
+            .unwrap_or(&query.spec.name)
+            .to_string();
+        let promote = SqliteTool {
+            spec: ToolSpec {
+                name: format!("{base}_promote"),
+                local_name: format!("{}_promote", tb.name),
+                description: format!(
+                    "Makes a copy of the `{}` database (the latest one, or `restore_from`) the database every new copy starts from.",
+                    tb.name
+                ),
+                args: vec![restore],
+                writes: true,
+            },
+            sql_arg: query.sql_arg,
+            read_write: true,
+            max_rows: query.max_rows,
+            timeout: query.timeout,
+            conn: query.conn.clone(),
+            versions: Some((versions.clone(), true)),
+        };
+        query.versions = Some((versions, false));
+        Ok(vec![query, promote])
     }
 }
 
@@ -255,6 +326,80 @@ impl SqliteTool {
             )));
         }
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        self.execute(&mut conn, self.read_write, sql, params)
+    }
+
+    /// A versioned toolbox's statement: a read on the copy the call
+    /// reads, a write on a new copy of it.
+    fn run_versioned(
+        &self,
+        versions: &Versions,
+        ctx: &CallContext,
+        restore: Option<&Handle>,
+        sql: &str,
+        params: &[rusqlite::types::Value],
+    ) -> Result<Value, ToolError> {
+        let keyword = first_keyword(sql);
+        if matches!(keyword.as_str(), "VACUUM" | "ATTACH" | "DETACH" | "PRAGMA") {
+            return Err(ToolError::Failed(format!(
+                "`{keyword}` statements are not allowed here"
+            )));
+        }
+        let source = versions
+            .source(ctx, restore)
+            .map_err(ToolError::InvalidArguments)?;
+        let mut read = open_conn(&source, false).map_err(ToolError::Failed)?;
+        let reads = read
+            .prepare(sql)
+            .map(|s| s.readonly())
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        if reads || !self.read_write {
+            return self.execute(&mut read, false, sql, params);
+        }
+        drop(read);
+        let (copy, handle) = versions.copy(ctx, &source).map_err(ToolError::Failed)?;
+        let mut conn = open_conn(&copy, true).map_err(ToolError::Failed)?;
+        let mut out = self.execute(&mut conn, true, sql, params)?;
+        drop(conn);
+        versions.advance(ctx, copy);
+        out["versionHandle"] = json!(handle);
+        Ok(out)
+    }
+
+    /// `promote`: the copy the call reads becomes the named file.
+    fn promote(
+        versions: &Versions,
+        ctx: &CallContext,
+        restore: Option<&Handle>,
+    ) -> Result<Value, ToolError> {
+        let source = versions
+            .source(ctx, restore)
+            .map_err(ToolError::InvalidArguments)?;
+        let base = versions.base();
+        if source == base {
+            return Err(ToolError::Failed(
+                "there is no copy to promote: no write of this scope yet, and no `restore_from`"
+                    .into(),
+            ));
+        }
+        // A whole file in place at once: a reader sees the old or the new.
+        let next = base.with_extension("promoting");
+        std::fs::copy(&source, &next)
+            .and_then(|_| std::fs::rename(&next, base))
+            .map_err(|e| ToolError::Failed(format!("cannot promote the copy: {e}")))?;
+        Ok(
+            json!({"promoted_from": restore.map_or_else(|| json!("latest"), |h| json!(h)),
+                  "promoted_to": base.file_name().map(|n| n.to_string_lossy().into_owned())}),
+        )
+    }
+
+    fn execute(
+        &self,
+        conn: &mut Connection,
+        read_write: bool,
+        sql: &str,
+        params: &[rusqlite::types::Value],
+    ) -> Result<Value, ToolError> {
         let deadline = Instant::now() + self.timeout;
         conn.progress_handler(10_000, Some(move || Instant::now() > deadline))
             .map_err(|e| ToolError::Failed(e.to_string()))?;
@@ -265,13 +410,13 @@ impl SqliteTool {
                 }
                 e => e.to_string(),
             })?;
-            let temp_tables = temp_tables(&conn, sql)?;
+            let temp_tables = temp_tables(conn, sql)?;
             if temp_tables > MAX_TEMP_TABLES {
                 return Err(format!(
                     "the statement would make {temp_tables} temporary tables (materialized CTEs, sorts, indexes), more than the {MAX_TEMP_TABLES} one statement may; simplify it"
                 ));
             }
-            if !self.read_write && !stmt.readonly() {
+            if !read_write && !stmt.readonly() {
                 return Err("this database is read-only here: only statements that read (SELECT, WITH … SELECT) are allowed".to_string());
             }
             if stmt.parameter_count() != params.len() {
@@ -337,7 +482,26 @@ impl Tool for SqliteTool {
         &self.spec
     }
 
-    async fn call(&self, args: CallArgs, _ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
+        let restore = match args.get("restore_from").and_then(|v| v.plain()) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(serde_json::from_value::<Handle>(v.clone()).map_err(|e| {
+                ToolError::InvalidArguments(format!(
+                    "`restore_from` must be a `versionHandle` as a write answered it: {e}"
+                ))
+            })?),
+        };
+        if let Some((versions, true)) = &self.versions {
+            let (versions, ctx) = (versions.clone(), ctx.clone());
+            let out = tokio::task::spawn_blocking(move || {
+                SqliteTool::promote(&versions, &ctx, restore.as_ref())
+            })
+            .await
+            .map_err(|e| ToolError::Failed(format!("the promote task failed: {e}")))??;
+            return Ok(ToolOutput {
+                text: out.to_string(),
+            });
+        }
         let sql = match args.get(self.sql_arg).and_then(|v| v.plain()) {
             Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
             _ => {
@@ -367,11 +531,18 @@ impl Tool for SqliteTool {
             max_rows: self.max_rows,
             timeout: self.timeout,
             conn: self.conn.clone(),
+            versions: self.versions.clone(),
         };
         let started = Instant::now();
-        let data = tokio::task::spawn_blocking(move || this.run(&sql, &params))
-            .await
-            .map_err(|e| ToolError::Failed(format!("the query task failed: {e}")))??;
+        let ctx = ctx.clone();
+        let data = tokio::task::spawn_blocking(move || match &this.versions {
+            Some((versions, _)) => {
+                this.run_versioned(versions, &ctx, restore.as_ref(), &sql, &params)
+            }
+            None => this.run(&sql, &params),
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("the query task failed: {e}")))??;
         let mut out = data;
         out["executionTime"] = json!(started.elapsed().as_secs_f64());
         Ok(ToolOutput {
@@ -402,6 +573,7 @@ mod tests {
             max_rows: Some(2),
             timeout_seconds: Some(1),
             bindings: Vec::new(),
+            versioned: None,
             toolgroup: None,
         };
         let t = SqliteTool::open(&tb, path, Default::default()).unwrap();

@@ -623,8 +623,13 @@ async fn load_toolbox(
         }
         Toolbox::Sqlite(q) => {
             let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            match crate::tools::sqlite::SqliteTool::open(q, base.join(&q.path), p.spec.naming) {
-                Ok(tool) => {
+            let root = match q.versioned.as_ref().and_then(|v| v.storage_root.as_ref()) {
+                Some(r) => base.join(r),
+                None => crate::tools::sqlite_versions::default_root(|k| std::env::var(k).ok()),
+            };
+            let path = base.join(&q.path);
+            match crate::tools::sqlite::SqliteTool::open_all(q, path, root, p.spec.naming) {
+                Ok(found) => {
                     let added = Added {
                         what: "the toolbox `name`",
                         bindings: &q.bindings,
@@ -632,12 +637,11 @@ async fn load_toolbox(
                         confirm: None,
                         place: &place,
                     };
-                    added.add(
-                        vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)],
-                        p,
-                        tools,
-                        diags,
-                    );
+                    let bound = found
+                        .into_iter()
+                        .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+                        .collect();
+                    added.add(bound, p, tools, diags);
                 }
                 Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
             }

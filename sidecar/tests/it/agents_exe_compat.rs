@@ -565,3 +565,101 @@ async fn on_demand_tools_appear_when_the_model_activates_their_group() {
     assert!(said.contains("`Activation` is \"always\""), "{said}");
     mock.shutdown().await;
 }
+
+/// `SqliteVersioned`: a write runs on a new copy of the database (the
+/// named file untouched) and answers its `versionHandle`; the session's
+/// next statement reads that copy (`shared: conversation`);
+/// `sqlite_<Name>_promote` makes it the named file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_versioned_sqlite_toolbox_writes_copies_and_promotes_one() {
+    use bindery_tests::mock_llm::{tool_names, tool_results, MockLlm, MockReply};
+    use serde_json::json;
+    let root = repo_layout();
+    let agent = json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "notes", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+        "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m", "announce": "notes",
+        "systemPrompt": ["You keep notes."],
+        "builtinToolboxes": [{"tag": "SqliteToolbox", "contents": {
+            "Name": "notes", "Description": "the notes",
+            "Versioning": {"tag": "SqliteVersioned", "shared": "conversation",
+                           "basePath": "data/notes.sqlite", "storageRoot": "data/versions"}}}]}});
+    std::fs::write(root.path().join("agents/notes.json"), agent.to_string()).unwrap();
+    let mock = MockLlm::start_sequence(vec![
+        MockReply::tool_call(
+            "sqlite_notes_query",
+            json!({"sql": "CREATE TABLE note(body TEXT)"}),
+        ),
+        MockReply::tool_call(
+            "sqlite_notes_query",
+            json!({"sql": "INSERT INTO note VALUES ('ship it')"}),
+        ),
+        MockReply::tool_call(
+            "sqlite_notes_query",
+            json!({"sql": "SELECT body FROM note"}),
+        ),
+        MockReply::tool_call("sqlite_notes_promote", json!({})),
+        MockReply::text("noted"),
+    ])
+    .await;
+    let url = mock.url();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &[("BINDERY_MODEL_URL", url.as_str())],
+        &[
+            "run",
+            "--agent-file",
+            "agents/notes.json",
+            "-p",
+            "note: ship it",
+        ],
+    );
+    assert!(ok, "{said}");
+    let requests = mock.requests();
+    assert_eq!(
+        tool_names(&requests[0]),
+        ["sqlite_notes_query", "sqlite_notes_promote"]
+    );
+    let results = tool_results(&requests[4]);
+    let created: Value = serde_json::from_str(results[0]).unwrap();
+    let handle = &created["versionHandle"];
+    assert_eq!(handle["toolbox_name"], "notes", "{created}");
+    assert_eq!(handle["tool_call_index"], 0, "{created}");
+    assert!(results[2].contains("ship it"), "{results:?}");
+    assert!(results[3].contains("promoted_to"), "{results:?}");
+    // Each write made a copy under the storage root.
+    let session = handle["session_id"].as_str().unwrap();
+    let copies = root.path().join("data/versions").join(session);
+    assert!(copies.is_dir(), "{}", copies.display());
+
+    // The promoted file holds the note; a new process reads it.
+    let (ok, said) = in_dir(
+        root.path(),
+        &[
+            "tool-call",
+            "--agent-file",
+            "agents/notes.json",
+            "--tool",
+            "sqlite_notes_query",
+            "--args",
+            r#"{"sql": "SELECT count(*) AS n FROM note"}"#,
+        ],
+    );
+    assert!(ok, "{said}");
+    assert!(said.contains("[[1]]"), "{said}");
+    // A handle is the model's text: another session's copy is not its to read.
+    let (ok, said) = in_dir(
+        root.path(),
+        &[
+            "tool-call",
+            "--agent-file",
+            "agents/notes.json",
+            "--tool",
+            "sqlite_notes_query",
+            "--args",
+            &json!({"sql": "SELECT * FROM note", "restore_from": handle}).to_string(),
+        ],
+    );
+    assert!(!ok, "{said}");
+    assert!(said.contains("another session"), "{said}");
+    mock.shutdown().await;
+}

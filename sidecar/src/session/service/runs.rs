@@ -318,6 +318,7 @@ impl Runs {
                 session_id: id.to_string(),
                 conversation_id: id.to_string(),
                 turn_id: String::new(),
+                step_id: String::new(),
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),

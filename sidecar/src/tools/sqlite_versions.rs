@@ -1,0 +1,273 @@
+//! Versioned SQLite (agents-exe's `SqliteVersioned`): a statement that
+//! writes runs on a fresh copy of the database, never on the file the
+//! author named, and answers with a handle to that copy. Which copy the
+//! next statement reads is the toolbox's `shared`:
+//!
+//! - `global`: the latest copy any session made;
+//! - `conversation`: the latest the session made;
+//! - `turn`: the latest made in the same model turn;
+//! - `tool-call`: none (each call starts from the named file).
+//!
+//! A call may name a copy instead (`restore_from`, the handle a write
+//! answered), but only one its own session made: a handle is the model's
+//! text, and another session's data is not its to read. `promote` makes a
+//! copy the named file itself. Copies live under the storage root as
+//! agents-exe lays them out (`<session>/<turn>/snap-<n>/<name>.sqlite`);
+//! each is the whole database, so a session may make `max_copies`.
+//!
+//! The heads are kept in memory, as agents-exe keeps them: after a
+//! restart a statement reads the named file until the next write.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::SqliteSharing;
+use crate::tools::CallContext;
+
+/// A session may make this many copies when the toolbox does not say.
+pub const DEFAULT_MAX_COPIES: usize = 100;
+
+/// agents-exe's `SqliteVersionHandle`: where a write's copy is.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Handle {
+    pub session_id: String,
+    pub turn_id: String,
+    pub tool_call_index: usize,
+    pub toolbox_name: String,
+    #[serde(default)]
+    pub timestamp: String,
+}
+
+pub struct Versions {
+    base: PathBuf,
+    root: PathBuf,
+    name: String,
+    shared: SqliteSharing,
+    max_copies: usize,
+    /// The latest copy per sharing scope.
+    heads: Mutex<HashMap<String, PathBuf>>,
+    /// Copies made, per session.
+    made: Mutex<HashMap<String, usize>>,
+    /// The next copy's number (agents-exe's `tool_call_index`).
+    counter: AtomicUsize,
+}
+
+/// A session or turn id as a directory name: agents-exe's (`-` as `_`)
+/// for ids of letters, digits and `-`; any other id hex-encoded, so that
+/// no two ids share a directory and none climbs out of it.
+pub fn dir_name(id: &str) -> String {
+    if !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        id.replace('-', "_")
+    } else {
+        let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("x{hex}")
+    }
+}
+
+/// agents-exe's default storage root.
+pub fn default_root(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(xdg) = env("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&xdg).join("agents/sqlite-versions");
+    }
+    if let Some(home) = env("HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&home).join(".local/share/agents/sqlite-versions");
+    }
+    PathBuf::from("/tmp/agents-sqlite-versions")
+}
+
+impl Versions {
+    pub fn new(
+        base: PathBuf,
+        root: PathBuf,
+        name: &str,
+        shared: SqliteSharing,
+        max_copies: Option<u32>,
+    ) -> Versions {
+        Versions {
+            base,
+            root,
+            name: name.to_string(),
+            shared,
+            max_copies: max_copies.map_or(DEFAULT_MAX_COPIES, |n| n as usize),
+            heads: Mutex::default(),
+            made: Mutex::default(),
+            counter: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    fn head_key(&self, ctx: &CallContext) -> Option<String> {
+        match self.shared {
+            SqliteSharing::Global => Some(String::new()),
+            SqliteSharing::Conversation => Some(format!("c/{}", ctx.session_id)),
+            SqliteSharing::Turn => Some(format!("t/{}/{}", ctx.session_id, ctx.step_id)),
+            SqliteSharing::ToolCall => None,
+        }
+    }
+
+    /// The file a call reads: the copy `restore` names (its own session's
+    /// only), else the scope's latest copy, else the named file.
+    pub fn source(&self, ctx: &CallContext, restore: Option<&Handle>) -> Result<PathBuf, String> {
+        if let Some(h) = restore {
+            return self.restored(ctx, h);
+        }
+        let heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(self
+            .head_key(ctx)
+            .and_then(|k| heads.get(&k).cloned())
+            .unwrap_or_else(|| self.base.clone()))
+    }
+
+    fn restored(&self, ctx: &CallContext, h: &Handle) -> Result<PathBuf, String> {
+        if h.toolbox_name != self.name {
+            return Err(format!(
+                "`restore_from` names toolbox `{}`, not `{}`",
+                h.toolbox_name, self.name
+            ));
+        }
+        if h.session_id != dir_name(&ctx.session_id) {
+            return Err(
+                "`restore_from` names a copy another session made; only this session's copies can be restored"
+                    .to_string(),
+            );
+        }
+        let path = self.copy_path(&ctx.session_id, &h.turn_id, h.tool_call_index);
+        // The turn id is the model's text: it must name a directory of
+        // this session's, not climb out of it.
+        let fits = !h.turn_id.is_empty()
+            && h.turn_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !fits || !path.is_file() {
+            return Err(format!(
+                "`restore_from`: no copy {} of turn `{}` in this session",
+                h.tool_call_index, h.turn_id
+            ));
+        }
+        Ok(path)
+    }
+
+    fn copy_path(&self, session: &str, turn_dir: &str, index: usize) -> PathBuf {
+        self.root
+            .join(dir_name(session))
+            .join(turn_dir)
+            .join(format!("snap-{index}"))
+            .join(format!("{}.sqlite", self.name))
+    }
+
+    /// A new copy of `source` for a write of this call, or why not (the
+    /// session made its `max_copies`).
+    pub fn copy(&self, ctx: &CallContext, source: &Path) -> Result<(PathBuf, Handle), String> {
+        {
+            let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+            let n = made.entry(ctx.session_id.clone()).or_default();
+            if *n >= self.max_copies {
+                return Err(format!(
+                    "this session has made {} copies of the database, as many as it may; promote one, or start a new session",
+                    self.max_copies
+                ));
+            }
+            *n += 1;
+        }
+        let index = self.counter.fetch_add(1, Ordering::Relaxed);
+        let turn = dir_name(&ctx.step_id);
+        let path = self.copy_path(&ctx.session_id, &turn, index);
+        let dir = path.parent().unwrap_or(&self.root);
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        copy_database(source, &path)?;
+        let handle = Handle {
+            session_id: dir_name(&ctx.session_id),
+            turn_id: turn,
+            tool_call_index: index,
+            toolbox_name: self.name.clone(),
+            timestamp: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        };
+        Ok((path, handle))
+    }
+
+    /// After a write on `copy`, the scope reads it from now on.
+    pub fn advance(&self, ctx: &CallContext, copy: PathBuf) {
+        if let Some(k) = self.head_key(ctx) {
+            let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+            heads.insert(k, copy);
+        }
+    }
+}
+
+/// The database and its WAL files, as agents-exe copies them.
+fn copy_database(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    for suffix in ["-wal", "-shm"] {
+        let side = PathBuf::from(format!("{}{suffix}", from.display()));
+        if side.is_file() {
+            let dest = PathBuf::from(format!("{}{suffix}", to.display()));
+            std::fs::copy(&side, &dest)
+                .map_err(|e| format!("cannot copy {}: {e}", side.display()))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(session: &str, step: &str) -> CallContext {
+        CallContext {
+            session_id: session.into(),
+            step_id: step.into(),
+            ..CallContext::default()
+        }
+    }
+
+    #[test]
+    fn directory_names_are_agents_exes_and_never_shared_or_climbing() {
+        assert_eq!(dir_name("1b4e28ba-2fa1"), "1b4e28ba_2fa1");
+        assert_eq!(dir_name("a_b"), "x615f62");
+        assert_eq!(dir_name("../x"), "x2e2e2f78");
+        assert_ne!(dir_name("a-b"), dir_name("a_b"));
+        assert_eq!(dir_name(""), "x");
+    }
+
+    #[test]
+    fn heads_follow_the_sharing_and_restores_stay_in_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base.sqlite");
+        std::fs::write(&base, b"base").unwrap();
+        let v = Versions::new(
+            base.clone(),
+            dir.path().join("root"),
+            "kb",
+            SqliteSharing::Conversation,
+            Some(2),
+        );
+        let (a, b) = (ctx("s-1", "t-1"), ctx("s-2", "t-1"));
+        assert_eq!(v.source(&a, None).unwrap(), base);
+        let (copy, handle) = v.copy(&a, &base).unwrap();
+        assert!(copy.starts_with(dir.path().join("root/s_1/t_1/snap-0")));
+        assert_eq!(std::fs::read(&copy).unwrap(), b"base");
+        v.advance(&a, copy.clone());
+        assert_eq!(v.source(&a, None).unwrap(), copy);
+        assert_eq!(v.source(&b, None).unwrap(), base, "another session's head");
+        assert_eq!(v.source(&a, Some(&handle)).unwrap(), copy);
+        let theirs = v.source(&b, Some(&handle)).unwrap_err();
+        assert!(theirs.contains("another session"), "{theirs}");
+        let climbing = Handle {
+            turn_id: "../../s_2".into(),
+            ..handle.clone()
+        };
+        assert!(v.source(&a, Some(&climbing)).is_err());
+        v.copy(&a, &base).unwrap();
+        let full = v.copy(&a, &base).unwrap_err();
+        assert!(full.contains("2 copies"), "{full}");
+        assert!(v.copy(&b, &base).is_ok(), "counted per session");
+    }
+}
