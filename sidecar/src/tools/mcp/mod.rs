@@ -507,9 +507,7 @@ impl Tool for McpTool {
         );
         // The server's own credentials are scrubbed with the run's (see
         // `secrets`).
-        outcome
-            .map(|text| ToolOutput { text })
-            .map_err(ToolError::Failed)
+        outcome.map(ToolOutput::Text).map_err(ToolError::Failed)
     }
 }
 
