@@ -73,6 +73,11 @@ impl std::fmt::Debug for Media {
     }
 }
 
+/// The bytes of media one message may carry (a tool's result, the files
+/// of `run -m`): its turn holds them base64, and every later request of
+/// the session sends them again. 4 MiB.
+pub const MAX_MEDIA_BYTES: usize = 4 * 1024 * 1024;
+
 /// How many characters a media part counts for when a request's tokens
 /// are estimated: about what a provider charges for one image (its
 /// base64 text would count a hundred times that).

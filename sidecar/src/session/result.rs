@@ -14,9 +14,8 @@ use crate::llm::{Content, ContentPart, Media};
 use crate::params::scrub::Scrubber;
 use crate::tools::{OutputPart, ToolError, ToolOutput};
 
-/// The bytes of media one result may keep (its turn holds them base64,
-/// and every later request of the session sends them): 4 MiB.
-pub const MAX_RESULT_MEDIA: usize = 4 * 1024 * 1024;
+/// The bytes of media one result may keep.
+pub const MAX_RESULT_MEDIA: usize = crate::llm::content::MAX_MEDIA_BYTES;
 
 /// A result as its turn holds it and its event shows it.
 #[derive(Debug, PartialEq)]
