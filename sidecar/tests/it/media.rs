@@ -75,20 +75,7 @@ fn run_in(dir: &Path, mock: &MockLlm, args: &[&str]) -> (bool, String) {
     let url = mock.url();
     let mut all = vec!["run", "--agent-file", "agent.json", "--model-url", &url];
     all.extend_from_slice(args);
-    tokio::task::block_in_place(|| {
-        let out = Command::new(bin())
-            .current_dir(dir)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .args(&all)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    })
+    in_dir(dir, &[], &all)
 }
 
 /// The messages of the request after the tool ran, and the call's id.
@@ -315,4 +302,92 @@ async fn a_media_result_shows_in_the_session_and_survives_the_store() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["session"]["turns"][2], expected, "{}", r.text);
     mock.shutdown().await;
+}
+
+/// A medium is no way around the scrubber: an image whose bytes carry a
+/// secret value (here in a PNG text chunk, and as base64) is withheld
+/// whole, and the model is told so; the same image without it goes
+/// through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_holding_a_secret_is_withheld_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("stamp");
+    executable(
+        &script,
+        r#"#!/usr/bin/env bash
+if [[ "${1:-}" == describe ]]; then
+  echo '{"slug": "stamp", "description": "Stamps the chart.", "args": [
+    {"name": "key", "description": "", "type": "string", "arity": "single", "mode": "env"},
+    {"name": "how", "description": "", "type": "string", "arity": "single", "mode": "positional"}],
+    "output-media-type": "image/png"}'
+  exit 0
+fi
+printf '\x89PNG\r\n\x1a\n'
+case "$2" in
+  text) printf 'tEXtComment\0%s' "$KEY" ;;
+  base64) printf '%s' "$KEY" | base64 ;;
+esac
+"#,
+    );
+    let mock = MockLlm::start(|req: &Value| {
+        let messages = req["messages"].as_array().unwrap();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return MockReply::text("seen");
+        }
+        MockReply::tool_call("bash_stamp", json!({"how": prompt_of(req)}))
+    })
+    .await;
+    let agent = dir.path().join("stamper.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: stamper}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  systemPrompt: You stamp.\n  parameters:\n    - {{name: key, secret: true, default: {{env: STAMP_KEY}}}}\n  toolboxes:\n    - bash:\n        script: \"{}\"\n        bindings:\n          - {{arg: key, value: {{param: key}}}}\n",
+            mock.url(),
+            script.display()
+        ),
+    )
+    .unwrap();
+    let agent = agent.display().to_string();
+    let env = [("STAMP_KEY", CANARY)];
+    for (how, withheld) in [("text", true), ("base64", true), ("plain", false)] {
+        let before = mock.requests().len();
+        let (ok, said) = in_dir(dir.path(), &env, &["run", "--agent-file", &agent, "-p", how]);
+        assert!(ok, "{said}");
+        let requests = mock.requests_after(before);
+        let body = serde_json::to_string(&requests).unwrap();
+        assert!(!body.contains(CANARY), "{how}: {body}");
+        let tool = requests[1]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .cloned()
+            .unwrap();
+        let content = tool["content"].as_str().unwrap();
+        assert_eq!(
+            content.ends_with("withheld, it holds a secret value]"),
+            withheld,
+            "{how}: {content}"
+        );
+        assert_eq!(body.contains("data:image/png;base64,"), !withheld, "{how}");
+    }
+    mock.shutdown().await;
+}
+
+fn in_dir(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    tokio::task::block_in_place(|| {
+        let out = Command::new(bin())
+            .current_dir(dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    })
 }
