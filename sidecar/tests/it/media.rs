@@ -351,7 +351,11 @@ esac
     let env = [("STAMP_KEY", CANARY)];
     for (how, withheld) in [("text", true), ("base64", true), ("plain", false)] {
         let before = mock.requests().len();
-        let (ok, said) = in_dir(dir.path(), &env, &["run", "--agent-file", &agent, "-p", how]);
+        let (ok, said) = in_dir(
+            dir.path(),
+            &env,
+            &["run", "--agent-file", &agent, "-p", how],
+        );
         assert!(ok, "{said}");
         let requests = mock.requests_after(before);
         let body = serde_json::to_string(&requests).unwrap();
