@@ -849,7 +849,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
             .await
             .expect("the bound call succeeds");
         let elapsed = t.elapsed();
-        assert_eq!(out.text, EXPECTED);
+        assert_eq!(out.as_text().as_deref(), Some(EXPECTED));
         elapsed
     };
 

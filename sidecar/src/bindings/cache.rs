@@ -139,9 +139,7 @@ mod tests {
             self.1
         }
         async fn call(&self, _: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
-            Ok(ToolOutput {
-                text: String::new(),
-            })
+            Ok(ToolOutput::text(""))
         }
     }
 

@@ -24,7 +24,7 @@ impl Tool for Recorder {
     }
     async fn call(&self, args: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
         self.calls.lock().unwrap().push(args);
-        Ok(ToolOutput { text: "ok".into() })
+        Ok(ToolOutput::text("ok"))
     }
 }
 
@@ -166,7 +166,7 @@ async fn bound_value_wins_over_what_the_model_sends() {
         )
         .await
         .unwrap();
-    assert_eq!(out.text, "ok");
+    assert_eq!(out, ToolOutput::text("ok"));
     let calls = t.calls.lock().unwrap();
     assert_eq!(calls[0]["tenant_id"], ParamValue::Plain(json!("acme")));
     assert!(calls[0]["token"].is_secret());

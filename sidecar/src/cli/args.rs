@@ -167,6 +167,10 @@ pub enum Command {
         /// does (`-p`). Without one, the prompt is read from stdin.
         #[arg(long, short = 'p')]
         prompt: Vec<String>,
+        /// A file sent with the prompt, `[MIME;]PATH` (repeatable): an
+        /// image, or a PDF. The type comes from the extension unless given.
+        #[arg(long, short = 'm', value_name = "[MIME;]PATH")]
+        media: Vec<String>,
         /// Approve every call that needs confirmation without asking.
         #[arg(long)]
         yes: bool,

@@ -56,7 +56,7 @@ pub(super) async fn through_bindings(
             .call(model_args, &values, &ctx)
             .instrument(span)
             .await
-            .map(|out| out.text)
+            .map(|out| out.shown())
     } else {
         orchestrated(agent, &bound, model_args, &values, &ctx, asking)
             .instrument(span)
@@ -127,7 +127,7 @@ async fn orchestrated(
     };
     loop {
         let waiting = match runner::orchestrated(&env, &call, bound, state).await {
-            Outcome::Done(result) => return Ok(result),
+            Outcome::Done(result) => return Ok(result.map(|o| o.shown())),
             Outcome::Blocked(waiting) => waiting,
         };
         let answered = super::ask::ask_terminal(&waiting, asking.yes, asking.choose)?;

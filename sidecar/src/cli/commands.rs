@@ -189,6 +189,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             agents,
             model,
             prompt,
+            media,
             yes,
         } => {
             // agents-exe joins its prompt directives line by line, and
@@ -203,7 +204,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                     "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
                 );
             }
-            super::serve::run(&agents, &model, prompt, yes).await
+            let query = super::media::query(prompt, &media)?;
+            super::serve::run(&agents, &model, query, yes).await
         }
         Command::Serve {
             agents,

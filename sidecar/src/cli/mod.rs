@@ -9,6 +9,7 @@ mod check_tools;
 mod commands;
 mod http;
 mod load;
+mod media;
 mod memory;
 mod replay;
 mod serve;

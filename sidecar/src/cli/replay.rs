@@ -230,12 +230,12 @@ pub async fn replay(
     }
     match script.call(args, &ctx).await {
         Ok(out) if raw => {
-            println!("{}", out.text);
+            println!("{}", out.shown());
             Ok(ExitCode::SUCCESS)
         }
         Ok(out) => {
             println!("=== Tool Output ===");
-            println!("{}", out.text.trim_end_matches('\n'));
+            println!("{}", out.shown().trim_end_matches('\n'));
             println!("===================");
             Ok(ExitCode::SUCCESS)
         }

@@ -60,7 +60,7 @@ impl RunSink for CliSink {
 pub async fn run(
     agents: &AgentArgs,
     model: &ModelArgs,
-    prompt: String,
+    prompt: impl Into<crate::llm::Content>,
     yes: bool,
 ) -> Result<ExitCode, String> {
     let opts = load_options(agents)?;
@@ -120,7 +120,9 @@ pub async fn run(
         ledger: None,
         clock: &crate::session::clock::WallClock,
     };
-    let mut history = vec![Turn::new(ChatMessage::user(prompt))];
+    let mut history = vec![Turn::new(ChatMessage::User {
+        content: prompt.into(),
+    })];
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     tokio::spawn(async move {

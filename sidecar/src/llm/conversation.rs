@@ -7,10 +7,19 @@
 //! request body is the encoded parts put together. It keeps no copy of the
 //! messages themselves: the run holds them already, and copying a long
 //! history at each run's start cost as much as encoding it.
+//!
+//! A tool's result with media (a turn in agents-exe's form: parts in a
+//! `tool` message) is sent the way Chat Completions takes it: the tool
+//! message gets its text and a note, and the media go in one `user`
+//! message after the last of the results in a row (OpenAI, and vLLM
+//! serving Kimi, refuse an image in a tool message; a user message may
+//! not come between the results of one turn's calls). See
+//! [`tool_media`].
 
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::content::{Content, ContentPart};
 use super::error::LlmError;
 use super::types::{ChatMessage, ChatRequest, ToolDefinition};
 use super::Turn;
@@ -33,6 +42,13 @@ pub struct Conversation {
     /// Where the session's history begins, in bytes of `messages` and in
     /// messages: after what the agent puts first (its system prompt).
     history_from: Option<(usize, usize)>,
+    /// Media of the tool results just added, for the user message that
+    /// follows them (written when a message other than a result is
+    /// added, or at the end of a body).
+    pending: Vec<ContentPart>,
+    /// A result with media was sent in another form than its turn's:
+    /// the history's encoding is no longer the turns'.
+    rewritten: bool,
 }
 
 impl Conversation {
@@ -46,6 +62,8 @@ impl Conversation {
             wire_tools: Vec::new(),
             unencodable: None,
             history_from: None,
+            pending: Vec::new(),
+            rewritten: false,
         };
         conversation.set_tools(tools);
         conversation
@@ -70,27 +88,84 @@ impl Conversation {
 
     /// Adds `message` at the end.
     pub fn push(&mut self, message: &ChatMessage) {
-        let mark = self.messages.len();
-        if self.count > 0 {
-            self.messages.push(b',');
-        }
-        if let Err(e) = serde_json::to_writer(&mut self.messages, message) {
-            self.messages.truncate(mark);
-            self.unencodable
-                .get_or_insert_with(|| format!("message {}: {e}", self.count));
-        }
-        self.count += 1;
-        self.chars += message.chars();
+        self.add(message, None);
     }
 
     /// Adds `turn` at the end: its text as it is, not encoded again.
     pub fn push_turn(&mut self, turn: &Turn) {
+        self.add(turn.message(), Some(turn.json()));
+    }
+
+    /// Adds `message`, whose encoding is `json` when it is known: a tool's
+    /// result with media in its wire form (see [`tool_media`]), anything
+    /// else as it is, after the media of the results before it.
+    fn add(&mut self, message: &ChatMessage, json: Option<&str>) {
+        if !matches!(message, ChatMessage::Tool { .. }) {
+            self.flush_media();
+        }
+        match message {
+            ChatMessage::Tool {
+                tool_call_id,
+                content,
+            } if content.has_media() => {
+                let (text, media) = tool_media(tool_call_id, content);
+                self.rewritten = true;
+                self.pending.extend(media);
+                self.write(&ChatMessage::tool_result(tool_call_id, text), None);
+            }
+            _ => self.write(message, json),
+        }
+        // Counted now, media and all, wherever they are sent.
+        self.chars += message.chars();
+    }
+
+    /// The user message carrying the pending media, if any.
+    fn media_message(&self) -> Option<ChatMessage> {
+        (!self.pending.is_empty()).then(|| ChatMessage::User {
+            content: Content::Parts(self.pending.clone()),
+        })
+    }
+
+    fn flush_media(&mut self) {
+        if let Some(message) = self.media_message() {
+            self.pending.clear();
+            self.write(&message, None);
+        }
+    }
+
+    fn write(&mut self, message: &ChatMessage, json: Option<&str>) {
+        let mark = self.messages.len();
         if self.count > 0 {
             self.messages.push(b',');
         }
-        self.messages.extend_from_slice(turn.json().as_bytes());
+        match json {
+            Some(json) => self.messages.extend_from_slice(json.as_bytes()),
+            None => {
+                if let Err(e) = serde_json::to_writer(&mut self.messages, message) {
+                    self.messages.truncate(mark);
+                    self.unencodable
+                        .get_or_insert_with(|| format!("message {}: {e}", self.count));
+                }
+            }
+        }
         self.count += 1;
-        self.chars += turn.chars();
+    }
+
+    /// The messages as a body holds them: those added, then the pending
+    /// media's user message.
+    fn wire_messages(&self) -> Result<Vec<u8>, LlmError> {
+        let mut list = Vec::with_capacity(self.messages.len() + 2);
+        list.push(b'[');
+        list.extend_from_slice(&self.messages);
+        if let Some(media) = self.media_message() {
+            if self.count > 0 {
+                list.push(b',');
+            }
+            serde_json::to_writer(&mut list, &media)
+                .map_err(|e| LlmError::Config(format!("cannot encode a tool's media: {e}")))?;
+        }
+        list.push(b']');
+        Ok(list)
     }
 
     /// Adds `turns` at the end, in order.
@@ -118,10 +193,11 @@ impl Conversation {
 
     /// The messages added since [`Conversation::history_starts`], encoded
     /// and comma-separated as in a body, and how many they are: `None`
-    /// before it, or when a message could not be encoded.
+    /// before it, when a message could not be encoded, or when a result
+    /// with media was sent in another form than its turn's.
     pub fn history(&self) -> Option<(&[u8], usize)> {
         let (at, from) = self.history_from?;
-        if self.unencodable.is_some() {
+        if self.unencodable.is_some() || self.rewritten {
             return None;
         }
         let bytes = &self.messages[at..];
@@ -147,10 +223,7 @@ impl Conversation {
                 "cannot encode the request: {why}"
             )));
         }
-        let mut list = Vec::with_capacity(self.messages.len() + 2);
-        list.push(b'[');
-        list.extend_from_slice(&self.messages);
-        list.push(b']');
+        let list = self.wire_messages()?;
         let messages = serde_json::from_slice(&list)
             .map_err(|e| LlmError::Config(format!("cannot decode the request's messages: {e}")))?;
         Ok(ChatRequest {
@@ -183,9 +256,8 @@ impl Conversation {
         body.extend_from_slice(br#"{"model":"#);
         serde_json::to_writer(&mut body, model)
             .map_err(|e| LlmError::Config(format!("cannot encode the model's name: {e}")))?;
-        body.extend_from_slice(br#","messages":["#);
-        body.extend_from_slice(&self.messages);
-        body.push(b']');
+        body.extend_from_slice(br#","messages":"#);
+        body.extend_from_slice(&self.wire_messages()?);
         body.extend_from_slice(&self.wire_tools);
         body.extend_from_slice(flavor.request_fields().as_bytes());
         body.extend_from_slice(tail);
@@ -209,6 +281,33 @@ impl std::fmt::Debug for Conversation {
             .field("tools", &self.tools.len())
             .finish_non_exhaustive()
     }
+}
+
+/// A tool's result with media, as Chat Completions takes it: the text
+/// for its `tool` message (its text parts, and a note for each medium),
+/// and the parts for the `user` message after the results (a line that
+/// says whose output they are, then the media).
+pub fn tool_media(tool_call_id: &str, content: &Content) -> (String, Vec<ContentPart>) {
+    let Content::Parts(parts) = content else {
+        return (content.text().into_owned(), Vec::new());
+    };
+    let mut text: Vec<String> = Vec::new();
+    let mut media = vec![ContentPart::text(format!(
+        "[output of tool call {tool_call_id}, not a message from the user]"
+    ))];
+    for part in parts {
+        match part {
+            ContentPart::Text { text: t } => text.push(t.clone()),
+            medium => {
+                text.push(format!(
+                    "[{} attached in the next user message]",
+                    medium.mime().unwrap_or("media")
+                ));
+                media.push(medium.clone());
+            }
+        }
+    }
+    (text.join("\n"), media)
 }
 
 #[derive(Serialize)]
@@ -390,6 +489,68 @@ mod tests {
                 assert_eq!((whole, n), (once, i + 1), "prompt {prompt:?}");
             }
         }
+    }
+
+    /// A tool's result with an image is sent as Chat Completions takes
+    /// it: the tool message text only, the image in one user message
+    /// after the last result in a row (at the end of the body, or before
+    /// the next message); its turn and the history keep agents-exe's form.
+    #[test]
+    fn a_results_media_follow_the_results_in_a_user_message() {
+        use crate::llm::content::{Content, ContentPart, ImageUrl};
+        let image = ContentPart::ImageUrl {
+            image_url: ImageUrl {
+                url: "data:image/png;base64,iVBORw==".into(),
+            },
+        };
+        let calls = ChatMessage::Assistant {
+            content: None,
+            tool_calls: ["c1", "c2"]
+                .map(|id| ToolCall {
+                    id: id.into(),
+                    name: "bash_chart".into(),
+                    arguments: "{}".into(),
+                })
+                .to_vec(),
+        };
+        let with_image = ChatMessage::Tool {
+            tool_call_id: "c1".into(),
+            content: Content::Parts(vec![ContentPart::text("a chart"), image.clone()]),
+        };
+        // Its turn is agents-exe's form.
+        assert_eq!(
+            serde_json::to_value(&with_image).unwrap(),
+            json!({"role": "tool", "tool_call_id": "c1", "content": [
+                {"type": "text", "text": "a chart"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}]})
+        );
+        let mut c = Conversation::new(vec![]);
+        c.history_starts();
+        c.push(&ChatMessage::user("draw"));
+        c.push(&calls);
+        c.push_turn(&Turn::new(with_image));
+        c.push(&ChatMessage::tool_result("c2", "plain"));
+        let sent = json!([
+            {"role": "user", "content": "draw"},
+            serde_json::to_value(&calls).unwrap(),
+            {"role": "tool", "tool_call_id": "c1",
+             "content": "a chart\n[image/png attached in the next user message]"},
+            {"role": "tool", "tool_call_id": "c2", "content": "plain"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "[output of tool call c1, not a message from the user]"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}]},
+        ]);
+        let body = parsed(&c.body("m", Default::default(), false).unwrap());
+        assert_eq!(body["messages"], sent);
+        // The history's encoding is no longer the turns': not offered.
+        assert!(c.history().is_none());
+        assert_eq!(c.request().unwrap().messages.len(), 5);
+        // The next message comes after the media, which are not sent twice.
+        c.push(&ChatMessage::assistant("done"));
+        let body = parsed(&c.body("m", Default::default(), false).unwrap());
+        let mut more = sent.as_array().unwrap().clone();
+        more.push(json!({"role": "assistant", "content": "done"}));
+        assert_eq!(body["messages"], json!(more));
     }
 
     /// A conversation is shown by its counts, never its messages' text.

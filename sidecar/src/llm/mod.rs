@@ -16,6 +16,7 @@
 //! ([`egress`]: a redirect elsewhere is not followed).
 
 mod client;
+pub mod content;
 mod conversation;
 pub mod egress;
 mod error;
@@ -25,6 +26,7 @@ mod turn;
 mod types;
 
 pub use client::{ChatClient, LocalModel};
+pub use content::{Content, ContentPart, Media};
 pub use conversation::Conversation;
 pub use error::LlmError;
 pub use turn::Turn;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::content::Content;
 use crate::params::SecretString;
 
 /// Where a model is served and how patiently to talk to it.
@@ -66,10 +67,11 @@ pub enum ChatMessage {
         /// The instructions.
         content: String,
     },
-    /// What the user (or the agent's caller) says.
+    /// What the user (or the agent's caller) says: text, or text and
+    /// media parts (`run -m`).
     User {
-        /// The text.
-        content: String,
+        /// The text, or the parts.
+        content: Content,
     },
     /// What the model said earlier: text, tool calls, or both. On the wire
     /// `content` is `null` when absent and `tool_calls` is left out when
@@ -90,8 +92,10 @@ pub enum ChatMessage {
     Tool {
         /// The [`ToolCall::id`] this answers.
         tool_call_id: String,
-        /// The tool's output, as text.
-        content: String,
+        /// The tool's output: text, or parts when it returned media
+        /// (agents-exe's form; a request sends the media in a user
+        /// message after the results, see [`super::Conversation`]).
+        content: Content,
     },
 }
 
@@ -106,7 +110,7 @@ impl ChatMessage {
     /// A user message.
     pub fn user(content: impl Into<String>) -> Self {
         ChatMessage::User {
-            content: content.into(),
+            content: Content::Text(content.into()),
         }
     }
 
@@ -122,7 +126,7 @@ impl ChatMessage {
     pub fn tool_result(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage::Tool {
             tool_call_id: tool_call_id.into(),
-            content: content.into(),
+            content: Content::Text(content.into()),
         }
     }
 
@@ -130,7 +134,8 @@ impl ChatMessage {
     /// calls' names and arguments), for estimating its tokens.
     pub fn chars(&self) -> usize {
         match self {
-            ChatMessage::System { content } | ChatMessage::User { content } => content.len(),
+            ChatMessage::System { content } => content.len(),
+            ChatMessage::User { content } => content.chars(),
             ChatMessage::Assistant {
                 content,
                 tool_calls,
@@ -141,7 +146,7 @@ impl ChatMessage {
                         .map(|c| c.name.len() + c.arguments.len())
                         .sum::<usize>()
             }
-            ChatMessage::Tool { content, .. } => content.len(),
+            ChatMessage::Tool { content, .. } => content.chars(),
         }
     }
 }

@@ -284,6 +284,19 @@ impl Scrubber {
         self.scrub_until(text, text.len()).0
     }
 
+    /// Whether `bytes` (a tool's binary output: an image, a file) hold a
+    /// secret in any form [`Scrubber::scrub`] recognises. Bytes are not
+    /// scrubbed (a marker written into an image breaks it): what holds a
+    /// secret is withheld whole. Its text is read with invalid UTF-8
+    /// replaced, which leaves every form (valid UTF-8 itself) as it is.
+    pub fn finds_in(&self, bytes: &[u8]) -> bool {
+        if self.secrets.is_empty() {
+            return false;
+        }
+        let text = String::from_utf8_lossy(bytes);
+        self.scrub(&text) != text
+    }
+
     /// `text` scrubbed, then cut at `limit` bytes of `text` (a character
     /// the limit falls inside is left out); whether anything was cut.
     ///

@@ -222,8 +222,11 @@ async fn answer_of(service: &Service, id: &str) -> Result<Answer, ServiceError> 
             }
             // A client's call (`call_tool`): its result, scrubbed when
             // it was recorded; a failure is recorded as `error: …`.
+            // Media stay in the session; the answer is its text.
             Some(ChatMessage::Tool { content, .. }) => {
-                (content.clone(), content.starts_with("error: "))
+                let text = content.text().into_owned();
+                let failed = text.starts_with("error: ");
+                (text, failed)
             }
             _ => ("the run ended without an answer".into(), true),
         },

@@ -406,7 +406,7 @@ impl Walk<'_, '_> {
                     .map_err(|e| {
                         Stop::Failed(format!("the lookup `{}` failed: {e}", tool.name()))
                     })?;
-                let text = self.env.scrubber.scrub(&out.text);
+                let text = self.env.scrubber.scrub(&out.shown());
                 let v: Value = serde_json::from_str(text.trim()).map_err(|_| {
                     Stop::Failed(format!(
                         "the lookup `{}` did not answer with JSON",

@@ -14,6 +14,7 @@ mod lru;
 pub mod model;
 pub mod notify;
 pub mod pending;
+pub mod result;
 pub mod runner;
 pub mod service;
 pub mod store;

@@ -27,7 +27,7 @@ use crate::session::ledger::{Exceeded, Gate, Ledger, Spent};
 use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
 use crate::session::toolgroups::Groups;
 use crate::session::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
-use crate::tools::{CallContext, Disposition, ToolError};
+use crate::tools::{CallContext, Disposition, ToolError, ToolOutput};
 use crate::tree::LoadedAgent;
 
 /// How a run ended.
@@ -71,7 +71,7 @@ pub struct Blocked {
 
 /// What one call came to: its result, or calls (inside a helper) that wait.
 pub enum Outcome {
-    Done(Result<String, ToolError>),
+    Done(Result<ToolOutput, ToolError>),
     Blocked(Vec<Blocked>),
 }
 
@@ -566,18 +566,18 @@ async fn record_result(
     sink: &dyn RunSink,
     scrubber: &Scrubber,
     id: &str,
-    result: Result<String, ToolError>,
+    result: Result<ToolOutput, ToolError>,
 ) {
-    let (ok, output) = match result {
-        Ok(text) => (true, scrubber.scrub(&text)),
-        Err(e) => (false, scrubber.scrub(&format!("error: {e}"))),
-    };
-    let msg = Turn::new(ChatMessage::tool_result(id, output.clone()));
+    let r = crate::session::result::recorded(id, result, scrubber);
+    let msg = Turn::new(ChatMessage::Tool {
+        tool_call_id: id.to_string(),
+        content: r.content,
+    });
     history.push(msg.clone());
     let event = SessionEvent::ToolResult(ToolResult {
         id: id.to_string(),
-        ok,
-        output,
+        ok: r.ok,
+        output: r.shown,
     });
     sink.turn(&msg, vec![event]).await;
 }
@@ -669,7 +669,9 @@ pub async fn answer_resolved(
             }
         } else {
             match item.resolution.as_ref() {
-                Some(Resolution::Result { output }) => Outcome::Done(Ok(output.clone())),
+                Some(Resolution::Result { output }) => {
+                    Outcome::Done(Ok(ToolOutput::Text(output.clone())))
+                }
                 Some(Resolution::Approved) => {
                     let call = ToolCall {
                         id: item.tool_call_id.clone(),
@@ -862,7 +864,7 @@ pub async fn orchestrated(
                         h.lock().unwrap_or_else(|p| p.into_inner()).push(r);
                     }
                 });
-                let r = tool.call(args, ctx.values, &call_ctx).await.map(|o| o.text);
+                let r = tool.call(args, ctx.values, &call_ctx).await;
                 if let Err(e) = &r {
                     if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {
                         tracing::info!(tool = %call.name, "the API refused the prepared call as stale; its lookups run again");
@@ -887,12 +889,11 @@ pub async fn orchestrated(
                 }])
             }
             Step::NoOptions { lookup } => {
-                return Outcome::Done(Ok(json!({
+                return Outcome::Done(Ok(ToolOutput::Json(json!({
                     "outcome": "no_options",
                     "lookup": lookup,
                     "message": format!("`{lookup}` returned no options, so there is nothing to choose and `{}` did not run; tell the user", call.name),
-                })
-                .to_string()))
+                }))))
             }
             Step::OverBudget(e) => return Outcome::Blocked(vec![budget_hold(Some(call), e)]),
             Step::Failed(why) => return Outcome::Done(Err(ToolError::Failed(why))),
@@ -1039,7 +1040,7 @@ async fn run_tool(
     ctx: &RunContext<'_>,
     call: &ToolCall,
     seen: Seen<'_>,
-) -> Result<String, ToolError> {
+) -> Result<ToolOutput, ToolError> {
     let args: serde_json::Value = call.parse_arguments().map_err(|e| {
         ToolError::InvalidArguments(format!("the arguments are not valid JSON: {e}"))
     })?;
@@ -1068,14 +1069,15 @@ async fn run_tool(
     if let (Some(cache), Some(key)) = (ctx.cache, key.as_ref()) {
         if let Some(hit) = cache.get(key) {
             tracing::debug!("tool cache hit");
-            return Ok(hit);
+            return Ok(ToolOutput::Text(hit));
         }
     }
     let out = tool.call(args, ctx.values, &call_ctx).await?;
-    if let (Some(cache), Some(key)) = (ctx.cache, key) {
-        cache.put(key, out.text.clone());
+    // Text only: a cache of media would hold megabytes an entry.
+    if let (Some(cache), Some(key), Some(text)) = (ctx.cache, key, out.as_text()) {
+        cache.put(key, text);
     }
-    Ok(out.text)
+    Ok(out)
 }
 
 /// The model turn a call belongs to, named by that turn's first call's id
@@ -1131,10 +1133,10 @@ async fn call_helper(
     };
     let name = call.name.as_str();
     if name == helpers::DESCRIBE {
-        return Outcome::Done(helpers::describe(ctx.agent, env, args));
+        return Outcome::Done(helpers::describe(ctx.agent, env, args).map(ToolOutput::Text));
     }
     if name == helpers::DERIVE {
-        return Outcome::Done(helpers::derive(ctx.agent, env, args));
+        return Outcome::Done(helpers::derive(ctx.agent, env, args).map(ToolOutput::Text));
     }
     let slug = helpers::helper_slug(ctx.agent, name).unwrap_or(name);
     let p = match helpers::prepare(ctx.agent, ctx.values, env, slug, args, history) {
@@ -1218,7 +1220,7 @@ async fn call_helper(
     };
     Outcome::Done(
         answer
-            .map(|text| scrubber.scrub(&text))
+            .map(|text| ToolOutput::Text(scrubber.scrub(&text)))
             .map_err(|e| e.scrubbed(&scrubber)),
     )
 }
@@ -1349,7 +1351,7 @@ mod tests {
             "the call, then its cancelled result: {turns:?}"
         );
         assert!(
-            matches!(turns[1].message(), ChatMessage::Tool { content, .. } if content.contains("cancelled")),
+            matches!(turns[1].message(), ChatMessage::Tool { content, .. } if content.text().contains("cancelled")),
             "{turns:?}"
         );
     }

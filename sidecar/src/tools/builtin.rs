@@ -255,9 +255,7 @@ impl Tool for SystemTool {
         };
         let out = json!({"capability": capability, "data": data,
                          "executionTime": started.elapsed().as_secs_f64()});
-        Ok(ToolOutput {
-            text: out.to_string(),
-        })
+        Ok(ToolOutput::Json(out))
     }
 }
 

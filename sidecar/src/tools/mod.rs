@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::llm::Media;
 use crate::params::scrub::Scrubber;
 use crate::params::{ParamValue, SecretString};
 
@@ -226,8 +227,93 @@ fn session_json<T: Serialize>(
 
 /// What a tool returns to the model.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ToolOutput {
-    pub text: String,
+pub enum ToolOutput {
+    /// Text (most tools).
+    Text(String),
+    /// Structured data (a SQLite query's rows): the model gets its JSON
+    /// text, as agents-exe sends a `JsonResponse`.
+    Json(serde_json::Value),
+    /// Bytes of a media type: a bash tool's stdout when its `describe`
+    /// declares `output-media-type`, or stdout that is not UTF-8
+    /// (`application/octet-stream`).
+    Media(Media),
+    /// Text and media, in order (an MCP tool's text and image content).
+    Mixed(Vec<OutputPart>),
+}
+
+/// One part of a [`ToolOutput::Mixed`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputPart {
+    Text(String),
+    Media(Media),
+}
+
+/// The media type a script's stdout is taken as when it is not UTF-8 and
+/// its `describe` declares none (agents-exe's rule).
+pub const OCTET_STREAM: &str = "application/octet-stream";
+
+impl ToolOutput {
+    /// A text result.
+    pub fn text(text: impl Into<String>) -> Self {
+        ToolOutput::Text(text.into())
+    }
+
+    /// What a program printed: media of the `declared` type when there is
+    /// one; else its text when it is UTF-8; else
+    /// `application/octet-stream` media (never text with replacement
+    /// characters in it).
+    pub fn from_stdout(stdout: Vec<u8>, declared: Option<&str>) -> Self {
+        match declared {
+            Some(mime) => ToolOutput::Media(Media {
+                mime: mime.to_string(),
+                bytes: stdout,
+            }),
+            None => match String::from_utf8(stdout) {
+                Ok(text) => ToolOutput::Text(text),
+                Err(e) => ToolOutput::Media(Media {
+                    mime: OCTET_STREAM.to_string(),
+                    bytes: e.into_bytes(),
+                }),
+            },
+        }
+    }
+
+    /// Its text when it has nothing but text (text, or JSON's text).
+    pub fn as_text(&self) -> Option<String> {
+        match self {
+            ToolOutput::Text(t) => Some(t.clone()),
+            ToolOutput::Json(v) => Some(v.to_string()),
+            ToolOutput::Media(_) | ToolOutput::Mixed(_) => None,
+        }
+    }
+
+    /// Its text, each medium as `[<mime>, <n> bytes]`: what a terminal
+    /// shows (`tool-call`) and a lookup reads.
+    pub fn shown(&self) -> String {
+        match self {
+            ToolOutput::Text(t) => t.clone(),
+            ToolOutput::Json(v) => v.to_string(),
+            ToolOutput::Media(m) => format!("[{}]", m.describe()),
+            ToolOutput::Mixed(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    OutputPart::Text(t) => t.clone(),
+                    OutputPart::Media(m) => format!("[{}]", m.describe()),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// Its parts, in order: text (JSON as its text) and media.
+    pub fn into_parts(self) -> Vec<OutputPart> {
+        match self {
+            ToolOutput::Text(t) => vec![OutputPart::Text(t)],
+            ToolOutput::Json(v) => vec![OutputPart::Text(v.to_string())],
+            ToolOutput::Media(m) => vec![OutputPart::Media(m)],
+            ToolOutput::Mixed(parts) => parts,
+        }
+    }
 }
 
 /// Why a call failed. The `Display` text is what the model is told.

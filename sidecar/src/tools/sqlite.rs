@@ -545,9 +545,7 @@ impl Tool for SqliteTool {
         .map_err(|e| ToolError::Failed(format!("the query task failed: {e}")))??;
         let mut out = data;
         out["executionTime"] = json!(started.elapsed().as_secs_f64());
-        Ok(ToolOutput {
-            text: out.to_string(),
-        })
+        Ok(ToolOutput::Json(out))
     }
 }
 

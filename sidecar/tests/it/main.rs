@@ -24,6 +24,7 @@ mod mcp;
 mod mcp_conformance;
 mod mcp_server;
 mod mcp_tools;
+mod media;
 mod openapi;
 mod otlp;
 mod postgrest;

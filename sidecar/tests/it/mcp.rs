@@ -548,3 +548,55 @@ spec:
         "{err}"
     );
 }
+
+/// An MCP tool's image content (server-everything's `get-tiny-image`)
+/// reaches the model as an image: the tool message has the text and a
+/// note, and the image follows in a user message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tools_image_reaches_the_model_as_an_image() {
+    let mock = MockLlm::start(|req: &Value| {
+        let messages = req["messages"].as_array().unwrap();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return MockReply::text("seen");
+        }
+        MockReply::tool_call("mcp_everything_get-tiny-image", json!({}))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_file(dir.path(), &mock.url());
+    let agent = agent.display().to_string();
+    let (code, out, err) = tokio::task::block_in_place(|| {
+        run(
+            &[
+                "run",
+                "--agent-file",
+                &agent,
+                "--set",
+                "tenant=acme",
+                "-p",
+                "show me",
+            ],
+            &[("EVERYTHING_TOKEN", "tok-12345")],
+        )
+    });
+    assert_eq!(code, 0, "{out}{err}");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let tool = &messages[messages.len() - 2];
+    assert_eq!(tool["role"], "tool", "{messages:#?}");
+    let text = tool["content"].as_str().unwrap();
+    assert!(
+        text.ends_with("[image/png attached in the next user message]"),
+        "{text}"
+    );
+    let media = &messages[messages.len() - 1];
+    assert_eq!(media["role"], "user");
+    assert_eq!(media["content"][1]["type"], "image_url", "{media:#}");
+    let url = media["content"][1]["image_url"]["url"].as_str().unwrap();
+    assert!(
+        url.starts_with("data:image/png;base64,iVBORw0KGgo"),
+        "{url}"
+    );
+    mock.shutdown().await;
+}

@@ -252,8 +252,6 @@ impl Tool for Nop {
         &self.0
     }
     async fn call(&self, _: CallArgs, _: &CallContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput {
-            text: String::new(),
-        })
+        Ok(ToolOutput::text(""))
     }
 }

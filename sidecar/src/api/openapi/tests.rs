@@ -376,3 +376,40 @@ fn events_route_documents_every_kind() {
         assert!(kinds.contains(&kind.to_owned()), "{kind}");
     }
 }
+
+/// A turn's content is described as text or parts, an image or a file
+/// part as its `data:` URL: what a session view shows of a tool's media
+/// and of `run -m`'s files.
+#[test]
+fn a_turns_content_is_text_or_media_parts() {
+    let doc = doc();
+    let schemas = &doc["components"]["schemas"];
+    let message = &schemas["ChatMessage"];
+    let text = message.to_string();
+    assert!(text.contains("#/components/schemas/Content"), "{message:#}");
+    let content = &schemas["Content"];
+    let kinds = content["oneOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{content:#}"));
+    assert_eq!(kinds.len(), 2, "{content:#}");
+    assert_eq!(kinds[0]["type"], "string", "{content:#}");
+    let part = &schemas["ContentPart"];
+    let parts = part["oneOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{part:#}"));
+    let types: Vec<&Value> = parts
+        .iter()
+        .map(|p| &p["properties"]["type"]["enum"][0])
+        .collect();
+    assert_eq!(types, ["text", "image_url", "file"], "{part:#}");
+    assert_eq!(
+        schemas["ImageUrl"]["required"],
+        serde_json::json!(["url"]),
+        "{:#}",
+        schemas["ImageUrl"]
+    );
+    assert_eq!(
+        schemas["FileData"]["required"],
+        serde_json::json!(["filename", "file_data"])
+    );
+}

@@ -45,12 +45,8 @@ impl Tool for Fake {
             .unwrap()
             .push(format!("{} {}", self.spec.name, json!(args)));
         match &self.answer {
-            Answer::Json(v) => Ok(ToolOutput {
-                text: v.to_string(),
-            }),
-            Answer::Text(t) => Ok(ToolOutput {
-                text: (*t).to_string(),
-            }),
+            Answer::Json(v) => Ok(ToolOutput::Json(v.clone())),
+            Answer::Text(t) => Ok(ToolOutput::text(*t)),
             Answer::Fail(e) => Err(ToolError::Failed((*e).to_string())),
         }
     }

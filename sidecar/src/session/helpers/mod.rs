@@ -224,7 +224,7 @@ pub fn derived(history: &[Turn]) -> BTreeMap<(String, String), Narrowing> {
                 tool_call_id,
                 content,
             } => {
-                let stored = serde_json::from_str::<Value>(content)
+                let stored = serde_json::from_str::<Value>(&content.text())
                     .is_ok_and(|v| v["stored"] == json!(true));
                 if let (true, Some(args)) = (stored, calls.get(tool_call_id)) {
                     if let Ok(d) = serde_json::from_str::<DeriveArgs>(args) {

@@ -52,6 +52,13 @@ pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, String> {
     if info.slug.is_empty() {
         return Err("`describe` gave an empty slug".to_string());
     }
+    if let Some(mime) = &info.output_media_type {
+        if !crate::llm::content::is_media_type(mime) {
+            return Err(format!(
+                "`describe` gave \"output-media-type\": {mime:?}, which is not a media type (type/subtype, e.g. \"image/png\")"
+            ));
+        }
+    }
     Ok(info)
 }
 
@@ -96,4 +103,20 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
     }
     let info = parse_description(&out.stdout).map_err(|e| format!("script {shown}: {e}"))?;
     Ok(BashTool::new(path.to_path_buf(), info, limits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_media_type_must_be_one() {
+        let info = parse_description(br#"{"slug":"c","output-media-type":"image/png"}"#).unwrap();
+        assert_eq!(info.output_media_type.as_deref(), Some("image/png"));
+        let e = parse_description(br#"{"slug":"c","output-media-type":"png"}"#).unwrap_err();
+        assert!(
+            e.contains(r#""output-media-type": "png", which is not a media type"#),
+            "{e}"
+        );
+    }
 }

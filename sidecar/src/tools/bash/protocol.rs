@@ -15,6 +15,14 @@ pub struct ScriptInfo {
         skip_serializing_if = "Option::is_none"
     )]
     pub empty_result: Option<EmptyResult>,
+    /// The media type of what `run` prints (`image/png`): its stdout
+    /// reaches the model as that medium, not as text.
+    #[serde(
+        rename = "output-media-type",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub output_media_type: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Debug, Clone, PartialEq)]
@@ -117,6 +125,11 @@ mod tests {
             Some(EmptyResult::AddMessage("nothing".into()))
         );
         assert_eq!(env_var_name("repo-token"), "REPO_TOKEN");
+        let chart: ScriptInfo =
+            serde_json::from_str(r#"{"slug":"chart","args":[],"output-media-type":"image/png"}"#)
+                .unwrap();
+        assert_eq!(chart.output_media_type.as_deref(), Some("image/png"));
+        assert_eq!(info.output_media_type, None);
         let bad: Result<ScriptInfo, _> = serde_json::from_str(
             r#"{"slug":"t","args":[{"name":"x","type":"string","arity":"single","mode":"shout"}]}"#,
         );

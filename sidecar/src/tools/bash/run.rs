@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::protocol::{env_var_name, EmptyResult, Mode};
+use super::protocol::{env_var_name, EmptyResult, Mode, ScriptInfo};
 use super::BashTool;
 use crate::params::value::ArgText;
 use crate::tools::{CallArgs, CallContext, ToolError, ToolOutput};
@@ -354,10 +354,25 @@ pub(super) async fn run(
     };
     let code = exec.status.code();
     tracing::info!(tool = name, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
-    let (mut out, cut) = scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stdout), max_output);
+    let output = match stdout_kind(&exec.stdout, exec.truncated, &tool.info) {
+        Stdout::Text => None,
+        Stdout::Media(mime) if exec.truncated || exec.stdout.len() > max_output => {
+            // A cut image is no image: nothing of it is kept.
+            return Err(ToolError::Failed(format!(
+                "the tool printed more than {max_output} bytes of {mime} (the limit of a result, --tool-max-output); nothing of it was kept"
+            )));
+        }
+        Stdout::Media(mime) => Some(mime),
+    };
+    let (mut out, cut) = match output {
+        // Media are checked for secrets where every result is (the run's
+        // record of it), not scrubbed: see docs/security.md.
+        Some(_) => (String::new(), false),
+        None => scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stdout), max_output),
+    };
     if exec.truncated || cut {
         out.push_str(&format!("\n[output cut at {max_output} bytes]"));
-        return Ok(ToolOutput { text: out });
+        return Ok(ToolOutput::Text(out));
     }
     if !exec.status.success() {
         let (stderr, _) = scrubber.scrub_cut(&String::from_utf8_lossy(&exec.stderr), MAX_STDERR);
@@ -368,12 +383,40 @@ pub(super) async fn run(
         };
         return Err(ToolError::Failed(format!("{how}: {}", stderr.trim())));
     }
+    if let Some(mime) = output {
+        if !exec.stdout.is_empty() {
+            return Ok(ToolOutput::from_stdout(exec.stdout, Some(mime)));
+        }
+    }
     if out.is_empty() {
         if let Some(EmptyResult::AddMessage(m)) = &tool.info.empty_result {
             out = m.clone();
         }
     }
-    Ok(ToolOutput { text: out })
+    Ok(ToolOutput::Text(out))
+}
+
+/// How a script's stdout is taken.
+#[derive(Debug, PartialEq)]
+enum Stdout<'a> {
+    Text,
+    /// Media of this type.
+    Media(&'a str),
+}
+
+/// Media of the type `describe` declares; else text when it is UTF-8 (or
+/// was cut inside a character, which is text too); else
+/// `application/octet-stream`, as agents-exe takes it.
+fn stdout_kind<'a>(stdout: &[u8], truncated: bool, info: &'a ScriptInfo) -> Stdout<'a> {
+    if let Some(mime) = info.output_media_type.as_deref() {
+        return Stdout::Media(mime);
+    }
+    match std::str::from_utf8(stdout) {
+        Ok(_) => Stdout::Text,
+        // Valid up to a character the read limit cut.
+        Err(e) if truncated && e.error_len().is_none() => Stdout::Text,
+        Err(_) => Stdout::Media(crate::tools::OCTET_STREAM),
+    }
 }
 
 #[cfg(test)]
@@ -404,9 +447,31 @@ mod tests {
                     arg("var", Mode::Env),
                 ],
                 empty_result: None,
+                output_media_type: None,
             },
             Limits::default(),
         )
+    }
+
+    #[test]
+    fn stdout_is_declared_media_text_or_octet_stream() {
+        let mut info = tool().info;
+        assert_eq!(stdout_kind(b"plain \xc3\xa9", false, &info), Stdout::Text);
+        assert_eq!(
+            stdout_kind(b"\x89PNG\xff", false, &info),
+            Stdout::Media("application/octet-stream")
+        );
+        // Cut by the read limit inside a character: still text.
+        assert_eq!(stdout_kind(b"caf\xc3", true, &info), Stdout::Text);
+        assert_eq!(
+            stdout_kind(b"caf\xc3", false, &info),
+            Stdout::Media("application/octet-stream")
+        );
+        info.output_media_type = Some("image/png".into());
+        assert_eq!(
+            stdout_kind(b"text too", false, &info),
+            Stdout::Media("image/png")
+        );
     }
 
     fn secret() -> ParamValue {

@@ -112,6 +112,49 @@ fn inline_refs(root: &Value, value: &Value, depth: usize) -> Value {
 /// as text: text parts joined by newlines, other kinds named in brackets,
 /// the structured content when there is no other; cut at `max` bytes.
 /// `Err` when the server flagged the result as an error.
+/// A `tools/call` result as the model gets it: its text (see
+/// [`result_text`]), then its images, each as media when its `data` is
+/// base64 of at most `max` bytes (together) and its `mimeType` a media
+/// type; an image that is not stays named in the text only.
+pub fn result_output(
+    result: &Value,
+    max: usize,
+    scrubber: &Scrubber,
+) -> Result<crate::tools::ToolOutput, String> {
+    use crate::tools::{OutputPart, ToolOutput};
+    use base64::Engine as _;
+    let text = result_text(result, max, scrubber)?;
+    let mut media = Vec::new();
+    let mut room = max;
+    for c in result
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c.get("type").and_then(Value::as_str) == Some("image"))
+    {
+        let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or("");
+        let data = c.get("data").and_then(Value::as_str).unwrap_or("");
+        // Base64 is 4 characters for 3 bytes: a longer text is too big.
+        if !crate::llm::content::is_media_type(mime) || data.len() / 4 * 3 > room {
+            continue;
+        }
+        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data) else {
+            continue;
+        };
+        room -= bytes.len().min(room);
+        media.push(OutputPart::Media(crate::llm::Media {
+            mime: mime.to_string(),
+            bytes,
+        }));
+    }
+    if media.is_empty() {
+        return Ok(ToolOutput::Text(text));
+    }
+    media.insert(0, OutputPart::Text(text));
+    Ok(ToolOutput::Mixed(media))
+}
+
 pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<String, String> {
     let mut parts: Vec<String> = Vec::new();
     for c in result
@@ -164,6 +207,39 @@ pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<St
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// An MCP tool's image reaches the model as an image, after the
+    /// text; one that is not base64, has no media type or is past the
+    /// limit stays named in the text only.
+    #[test]
+    fn an_image_in_a_result_is_media() {
+        use crate::tools::{OutputPart, ToolOutput};
+        let r = json!({"content": [
+            {"type": "text", "text": "the chart"},
+            {"type": "image", "mimeType": "image/png", "data": "iVBORw=="},
+            {"type": "image", "mimeType": "image/png", "data": "not base64!"},
+            {"type": "image", "mimeType": "png", "data": "iVBORw=="}]});
+        let out = result_output(&r, 1000, &Scrubber::default()).unwrap();
+        assert_eq!(
+            out,
+            ToolOutput::Mixed(vec![
+                OutputPart::Text(
+                    "the chart\n[image image/png]\n[image image/png]\n[image png]".into()
+                ),
+                OutputPart::Media(crate::llm::Media {
+                    mime: "image/png".into(),
+                    bytes: vec![0x89, b'P', b'N', b'G'],
+                }),
+            ])
+        );
+        let small = result_output(&r, 2, &Scrubber::default()).unwrap();
+        assert!(matches!(small, ToolOutput::Text(_)), "{small:?}");
+        let text = json!({"content": [{"type": "text", "text": "hi"}]});
+        assert_eq!(
+            result_output(&text, 10, &Scrubber::default()).unwrap(),
+            ToolOutput::text("hi")
+        );
+    }
 
     #[test]
     fn a_listed_tool_becomes_a_spec() {

@@ -494,7 +494,7 @@ impl Tool for McpTool {
             }
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();
-                listing::result_text(&json, server.limits.max_output, &ctx.scrubber)
+                listing::result_output(&json, server.limits.max_output, &ctx.scrubber)
             }
         };
         tracing::info!(
@@ -507,9 +507,7 @@ impl Tool for McpTool {
         );
         // The server's own credentials are scrubbed with the run's (see
         // `secrets`).
-        outcome
-            .map(|text| ToolOutput { text })
-            .map_err(ToolError::Failed)
+        outcome.map_err(ToolError::Failed)
     }
 }
 

@@ -457,7 +457,7 @@ impl Tool for OpenApiTool {
             if truncated || cut {
                 text.push_str(&format!("\n[response cut at {max_response} bytes]"));
             }
-            Ok(ToolOutput { text })
+            Ok(ToolOutput::Text(text))
         } else {
             let chars = raw
                 .char_indices()

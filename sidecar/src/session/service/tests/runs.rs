@@ -42,6 +42,7 @@ async fn a_message_runs_the_tool_the_model_calls_and_records_each_step_in_order(
     let crate::llm::ChatMessage::Tool { content, .. } = result else {
         panic!("the second request ends with the tool's result: {result:?}");
     };
+    let content = content.text();
     assert!(content.contains("\"capability\":\"date\""), "{content}");
     // The second request is the first one and what the run added since
     // (the model's call, its result): the conversation as stored so far.
