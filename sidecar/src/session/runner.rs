@@ -1006,7 +1006,9 @@ async fn dispatch_inner(
 ) -> Outcome {
     let groups = Groups::of(ctx.tools);
     if groups.is_meta(&call.name) {
-        return Outcome::Done(Ok(groups.answer(&call.name, &call.arguments)));
+        return Outcome::Done(Ok(ToolOutput::text(
+            groups.answer(&call.name, &call.arguments),
+        )));
     }
     if !groups.is_empty() {
         let active = groups.active(seen.history);

@@ -498,9 +498,7 @@ impl Tool for SqliteTool {
             })
             .await
             .map_err(|e| ToolError::Failed(format!("the promote task failed: {e}")))??;
-            return Ok(ToolOutput {
-                text: out.to_string(),
-            });
+            return Ok(ToolOutput::Json(out));
         }
         let sql = match args.get(self.sql_arg).and_then(|v| v.plain()) {
             Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
