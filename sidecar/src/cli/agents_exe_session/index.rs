@@ -331,6 +331,14 @@ pub fn update(cfg: &IndexConfig) -> Result<Indexed, String> {
         let session = match super::read_agents_exe(&f.path) {
             Ok(s) => s,
             Err(e) => {
+                // Remembered at this mtime, with nothing to search: not
+                // stale until it is written again.
+                forget(&tx, &f.id)?;
+                tx.execute(
+                    "INSERT INTO session_index (session_id, file_path, mtime) VALUES (?1, ?2, ?3)",
+                    (&f.id, f.path.to_string_lossy(), f.mtime),
+                )
+                .map_err(sql)?;
                 out.skipped.push(e);
                 continue;
             }
@@ -340,15 +348,21 @@ pub fn update(cfg: &IndexConfig) -> Result<Indexed, String> {
     }
     let current: std::collections::HashSet<&str> = files.iter().map(|f| f.id.as_str()).collect();
     for id in known.keys().filter(|id| !current.contains(id.as_str())) {
-        for table in ["tool_index", "search_content", "session_index"] {
-            tx.execute(&format!("DELETE FROM {table} WHERE session_id = ?1"), [id])
-                .map_err(sql)?;
-        }
+        forget(&tx, id)?;
         out.removed += 1;
     }
     tx.commit().map_err(sql)?;
     set_meta(&conn, "last_incremental_update")?;
     Ok(out)
+}
+
+/// Every row about a session.
+fn forget(conn: &Connection, id: &str) -> Result<(), String> {
+    for table in ["tool_index", "search_content", "session_index"] {
+        conn.execute(&format!("DELETE FROM {table} WHERE session_id = ?1"), [id])
+            .map_err(sql)?;
+    }
+    Ok(())
 }
 
 fn index_one(
@@ -357,11 +371,10 @@ fn index_one(
     s: &Session,
     tool_outputs: bool,
 ) -> Result<(), String> {
+    forget(conn, &f.id)?;
     conn.execute(
         "INSERT INTO session_index (session_id, file_path, mtime, agent_slug, turn_count)
-         VALUES (?1, ?2, ?3, NULL, ?4)
-         ON CONFLICT(session_id) DO UPDATE SET file_path = excluded.file_path,
-            mtime = excluded.mtime, turn_count = excluded.turn_count",
+         VALUES (?1, ?2, ?3, NULL, ?4)",
         (
             &f.id,
             f.path.to_string_lossy(),
@@ -370,15 +383,11 @@ fn index_one(
         ),
     )
     .map_err(sql)?;
-    conn.execute("DELETE FROM search_content WHERE session_id = ?1", [&f.id])
-        .map_err(sql)?;
     conn.execute(
         "INSERT INTO search_content (session_id, content) VALUES (?1, ?2)",
         (&f.id, searchable_text(s, tool_outputs)),
     )
     .map_err(sql)?;
-    conn.execute("DELETE FROM tool_index WHERE session_id = ?1", [&f.id])
-        .map_err(sql)?;
     for (tool, n) in tool_counts(s) {
         conn.execute(
             "INSERT INTO tool_index (session_id, tool_name, call_count) VALUES (?1, ?2, ?3)",
