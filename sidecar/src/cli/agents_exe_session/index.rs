@@ -129,7 +129,7 @@ pub fn session_files(dirs: &[PathBuf]) -> Vec<SessionFile> {
             }
         }
     }
-    found.sort_by(|a, b| b.mtime.cmp(&a.mtime));
+    found.sort_by_key(|f| std::cmp::Reverse(f.mtime));
     found
 }
 

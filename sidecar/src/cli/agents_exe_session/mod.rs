@@ -15,6 +15,7 @@ pub mod index;
 pub mod model;
 pub mod print;
 pub mod run;
+pub mod signals;
 
 use std::io::Read;
 use std::path::Path;

@@ -389,7 +389,7 @@ fn thousands(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -427,6 +427,8 @@ fn statistics(s: &Session) -> String {
         out.push_str("\n\n### 🎫 Token Usage\n\n");
         out.push_str(&tokens);
     }
+    out.push_str("\n\n### 📡 Signal Metrics\n\n");
+    out.push_str(&super::signals::render(&super::signals::Signals::of(s)));
     out
 }
 
