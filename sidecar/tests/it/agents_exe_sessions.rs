@@ -294,6 +294,56 @@ fn replay_tool_call_takes_agents_exes_index_and_flags() {
     );
 }
 
+/// Replayed through an agent's bindings, agents-exe's numbering holds:
+/// the bound value is merged over the recorded arguments.
+#[test]
+fn replay_through_the_bindings_takes_agents_exes_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let probe = repo()
+        .join("sidecar/tests/fixtures/tools/probe")
+        .display()
+        .to_string();
+    std::fs::write(
+        d.join("prober.json"),
+        json!({"tag": "OpenAIAgentDescription", "contents": {
+            "slug": "prober", "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m",
+            "announce": "probes", "systemPrompt": ["probe"], "apiKeyId": "k", "flavor": "OpenAIv1",
+            "parameters": [{"name": "tenant"}],
+            "bashToolboxes": [{"tag": "SingleTool", "contents": {"Path": probe,
+                "Bindings": [{"arg": "repo", "value": {"tag": "Param", "contents": "tenant"}}]}}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let out = sx(
+        d,
+        &[
+            "replay-tool-call",
+            "--agent-file",
+            "prober.json",
+            "--set",
+            "tenant=acme",
+            "-s",
+            &multi(),
+            "-i",
+            "1",
+        ],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.starts_with("argv: [--repo] [acme] [second]\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("token-sha256: {}\n", sha256("tok-2"))),
+        "{}",
+        out.stdout
+    );
+}
+
 /// `session-print`: agents-exe's Markdown report.
 #[test]
 fn session_print_prints_agents_exes_report() {
@@ -374,6 +424,17 @@ fn session_print_prints_agents_exes_report() {
             .contains("**Tools called:** bash_probe, bash_probe\n"),
         "{}",
         out.stdout
+    );
+
+    let bindery = d.join("bindery.json");
+    std::fs::write(&bindery, r#"{"session_id": "s", "session": {"turns": []}}"#).unwrap();
+    let out = sx(d, &["session-print", "bindery.json"], None);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("bindery.json is Bindery's (what GET /v1/sessions/ID answers)"),
+        "{}",
+        out.stderr
     );
 
     let out = sx(

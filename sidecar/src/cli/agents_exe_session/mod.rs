@@ -94,6 +94,12 @@ pub fn read_file(path: &Path) -> Result<Value, String> {
 /// A file agents-exe's way: the session in it, typed.
 pub fn read_agents_exe(path: &Path) -> Result<model::Session, String> {
     let doc = read_file(path)?;
+    if doc.pointer("/session/turns").is_some() {
+        return Err(format!(
+            "error: session file {} is Bindery's (what GET /v1/sessions/ID answers); this command reads agents-exe's session files",
+            path.display()
+        ));
+    }
     model::Session::parse(&doc).map_err(|e| {
         format!(
             "error: session file {} is not an agents-exe session: {e}",
