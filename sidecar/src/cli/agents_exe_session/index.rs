@@ -1,5 +1,6 @@
 //! `session-index` and `session-search`: agents-exe's full-text index of
-//! its session files, an SQLite database (FTS5, trigram tokenizer: any
+//! its session files, an SQLite database (FTS5, which rusqlite's
+//! `bundled` SQLite is compiled with; trigram tokenizer: any
 //! substring of three characters or more matches) with agents-exe's
 //! tables (`session_index`, `search_content`, `tool_index`,
 //! `index_metadata`), by default `.agents-search.db` in the working
