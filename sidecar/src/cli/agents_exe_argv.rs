@@ -16,7 +16,8 @@
 //! | `--agent-file F describe [--self-describe-slug S] [--self-describe-description D]` | `as-tool --agent-file F describe …` |
 //! | `--agent-file F run --prompt P [--NAME V…]` | `as-tool --agent-file F run --prompt P …` |
 //! | `--agent-file F check` | `check --agent-file F` |
-//! | `--agent-file F list-tool-calls …` (also `replay-tool-call`, `session-print`, `session-edit`, `session-index`, `session-search`) | `list-tool-calls …` (these read session files: the agent options are not theirs) |
+//! | `--agent-file F list-tool-calls …` (also `replay-tool-call -t SCRIPT`, `session-print`, `session-edit`, `session-index`, `session-search`) | `list-tool-calls …` (these read session files: the agent options are not theirs) |
+//! | `--agent-file F replay-tool-call …` (no script) | `replay-tool-call --agent-file F …` (through the agent's bindings) |
 //!
 //! `bindery-sidecar describe --agent-file F` (options after the command)
 //! stays Bindery's `describe`, the tools' schemas. `describe-tool PATH` is
@@ -87,6 +88,17 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
         }
         Some("check") => {
             out.push("check".into());
+            out.extend(agent);
+            out.extend(after);
+        }
+        // Without a script, Bindery's replay goes through the agent's
+        // bindings: the agent options are then its.
+        Some("replay-tool-call")
+            if !text[i + 1..].iter().any(|a| {
+                ["-t", "--tool", "--raw-tool"].contains(&a.split('=').next().unwrap_or(""))
+            }) =>
+        {
+            out.push("replay-tool-call".into());
             out.extend(agent);
             out.extend(after);
         }
@@ -194,6 +206,27 @@ mod tests {
             ])
             .unwrap(),
             ["replay-tool-call", "-s", "s.json", "-i", "0", "-t", "t"]
+        );
+        assert_eq!(
+            rw(&[
+                "--agent-file",
+                "c.json",
+                "replay-tool-call",
+                "-s",
+                "s.json",
+                "-i",
+                "0"
+            ])
+            .unwrap(),
+            [
+                "replay-tool-call",
+                "--agent-file",
+                "c.json",
+                "-s",
+                "s.json",
+                "-i",
+                "0"
+            ]
         );
         assert!(rw(&["--agent-file", "c.json", "tui"])
             .unwrap_err()
