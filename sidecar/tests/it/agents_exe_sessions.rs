@@ -173,6 +173,19 @@ fn list_tool_calls_lists_each_call_once_in_agents_exes_numbering() {
         "{}",
         out.stderr
     );
+    // What is read is bounded: a file past 64 MiB is refused, named.
+    std::fs::File::create(d.join("huge.json"))
+        .unwrap()
+        .set_len(65 * 1024 * 1024)
+        .unwrap();
+    let out = sx(d, &["list-tool-calls", "huge.json"], None);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains("session file huge.json is larger than 64 MiB"),
+        "{}",
+        out.stderr
+    );
     std::fs::write(
         d.join("bad.json"),
         r#"{"turns":[{"tag":"LlmTurn","contents":{"llmResponse":{"responseText":7}}}]}"#,
