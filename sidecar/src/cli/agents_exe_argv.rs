@@ -16,6 +16,8 @@
 //! | `--agent-file F describe [--self-describe-slug S] [--self-describe-description D]` | `as-tool --agent-file F describe …` |
 //! | `--agent-file F run --prompt P [--NAME V…]` | `as-tool --agent-file F run --prompt P …` |
 //! | `--agent-file F check` | `check --agent-file F` |
+//! | `--agent-file F list-tool-calls …` (also `replay-tool-call -t SCRIPT`, `session-print`, `session-edit`, `session-index`, `session-search`) | `list-tool-calls …` (these read session files: the agent options are not theirs) |
+//! | `--agent-file F replay-tool-call …` (no script) | `replay-tool-call --agent-file F …` (through the agent's bindings) |
 //!
 //! `bindery-sidecar describe --agent-file F` (options after the command)
 //! stays Bindery's `describe`, the tools' schemas. `describe-tool PATH` is
@@ -89,13 +91,27 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             out.extend(agent);
             out.extend(after);
         }
-        Some("describe-tool") => {
-            out.push("describe-tool".into());
+        // Without a script, Bindery's replay goes through the agent's
+        // bindings: the agent options are then its.
+        Some("replay-tool-call")
+            if !text[i + 1..].iter().any(|a| {
+                ["-t", "--tool", "--raw-tool"].contains(&a.split('=').next().unwrap_or(""))
+            }) =>
+        {
+            out.push("replay-tool-call".into());
+            out.extend(agent);
+            out.extend(after);
+        }
+        Some(
+            c @ ("describe-tool" | "list-tool-calls" | "replay-tool-call" | "session-print"
+            | "session-edit" | "session-index" | "session-search"),
+        ) => {
+            out.push(c.into());
             out.extend(after);
         }
         Some(other) => {
             return Err(format!(
-                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run --prompt TEXT`, `check` and `describe-tool PATH` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
+                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run --prompt TEXT`, `check`, `describe-tool PATH`, `list-tool-calls`, `replay-tool-call`, `session-print`, `session-edit`, `session-index` and `session-search` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
             ))
         }
         None => {
@@ -162,6 +178,56 @@ mod tests {
         );
         let bindery = ["describe", "--agent-file", "c.json", "--tool", "io_x"];
         assert_eq!(rw(&bindery).unwrap(), bindery);
+        // Commands over session files: the agent options are not theirs.
+        assert_eq!(
+            rw(&[
+                "--agent-file",
+                "c.json",
+                "-a",
+                "x",
+                "list-tool-calls",
+                "s.json",
+                "-f",
+                "json"
+            ])
+            .unwrap(),
+            ["list-tool-calls", "s.json", "-f", "json"]
+        );
+        assert_eq!(
+            rw(&[
+                "--agent-file=c.json",
+                "replay-tool-call",
+                "-s",
+                "s.json",
+                "-i",
+                "0",
+                "-t",
+                "t"
+            ])
+            .unwrap(),
+            ["replay-tool-call", "-s", "s.json", "-i", "0", "-t", "t"]
+        );
+        assert_eq!(
+            rw(&[
+                "--agent-file",
+                "c.json",
+                "replay-tool-call",
+                "-s",
+                "s.json",
+                "-i",
+                "0"
+            ])
+            .unwrap(),
+            [
+                "replay-tool-call",
+                "--agent-file",
+                "c.json",
+                "-s",
+                "s.json",
+                "-i",
+                "0"
+            ]
+        );
         assert!(rw(&["--agent-file", "c.json", "tui"])
             .unwrap_err()
             .contains("`tui` is an agents-exe command"));

@@ -139,15 +139,17 @@ pub enum Command {
     ReplayToolCall {
         #[command(flatten)]
         agents: AgentArgs,
-        /// The session file.
-        #[arg(long, value_name = "FILE")]
+        /// The session file (Bindery's, or agents-exe's).
+        #[arg(long, short = 's', value_name = "FILE")]
         session: PathBuf,
-        /// Which call (0 is the session's first).
-        #[arg(long = "tool-call", value_name = "INDEX")]
+        /// Which call: in Bindery's session, its place in the session
+        /// (from 0); in agents-exe's, its index as `list-tool-calls`
+        /// shows it (the first call at that place in its turn).
+        #[arg(long = "tool-call", short = 'i', value_name = "INDEX")]
         tool_call: usize,
         /// Raw: run the recorded arguments as they are against this bash
         /// script, no bindings (agents-exe's `--tool`).
-        #[arg(long = "raw-tool", visible_alias = "tool", value_name = "PATH",
+        #[arg(long = "raw-tool", visible_alias = "tool", short = 't', value_name = "PATH",
               conflicts_with_all = ["agent_files", "agents_dir"])]
         tool: Option<PathBuf>,
         /// Check the call's arguments against the tool without running it.
@@ -346,6 +348,139 @@ pub enum Command {
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
     },
+    /// List the tool calls of a session file, agents-exe's or Bindery's
+    /// (agents-exe's command): each call once, with its turn (from 1) and
+    /// its index (agents-exe's: its place in its turn, turns newest
+    /// first; Bindery's: its place in the session), which
+    /// `replay-tool-call --tool-call` takes.
+    ListToolCalls {
+        /// The session file.
+        #[arg(value_name = "SESSIONFILE")]
+        session: PathBuf,
+        /// `human`, `json` or `brief`.
+        #[arg(long, short = 'f', value_enum, value_name = "FORMAT",
+              default_value_t = super::agents_exe_session::calls::ListFormat::Human)]
+        format: super::agents_exe_session::calls::ListFormat,
+    },
+    /// Print an agents-exe session file as Markdown (agents-exe's command).
+    SessionPrint {
+        /// The session file.
+        #[arg(value_name = "SESSIONFILE")]
+        session: PathBuf,
+        /// How to show tool call results: hidden, shown or elided (ten
+        /// lines each side).
+        #[arg(long, value_name = "MODE", default_value = "hidden",
+              value_parser = super::agents_exe_session::print::Visibility::parse)]
+        show_tool_call_results: super::agents_exe_session::print::Visibility,
+        /// How to show tool call arguments: hidden, shown or elided.
+        #[arg(long, value_name = "MODE", default_value = "hidden",
+              value_parser = super::agents_exe_session::print::Visibility::parse)]
+        show_tool_call_arguments: super::agents_exe_session::print::Visibility,
+        /// Only the last N steps.
+        #[arg(long, value_name = "N")]
+        n_turns: Option<usize>,
+        /// Show the system prompt at every user step (default: the first shown).
+        #[arg(long)]
+        repeat_system_prompt: bool,
+        /// Show the tools at every user step (default: the first shown).
+        #[arg(long)]
+        repeat_tools: bool,
+        /// Newest step first.
+        #[arg(long)]
+        antichronological: bool,
+        /// No ASCII-art stamp in the header.
+        #[arg(long)]
+        no_funny_stamp: bool,
+        /// Instead of the report, what `run --session-SIZE FILE` puts in a
+        /// prompt (xs, s, m, l, xl): agents-exe's compact rendering, the
+        /// other options aside.
+        #[arg(long, value_enum, value_name = "SIZE")]
+        as_prompt: Option<super::agents_exe_session::print::Verbosity>,
+    },
+    /// Edit an agents-exe session: JSON on stdin, the result on stdout
+    /// (agents-exe's command). Operations, applied in order: --take,
+    /// --take-tail, --drop, --drop-tail (each followed by an optional
+    /// -n/--count N, default 1; turns are stored newest first, so --take
+    /// keeps the newest), --censor-tool-calls, --censor-thinking.
+    SessionEdit {
+        /// The operations, in order.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "OPERATION"
+        )]
+        operations: Vec<String>,
+    },
+    /// Manage the full-text index of agents-exe's session files
+    /// (agents-exe's command; SQLite FTS5). Default: --status.
+    SessionIndex {
+        /// Build the index from scratch.
+        #[arg(long, conflicts_with_all = ["update", "status", "clean"])]
+        build: bool,
+        /// Index the sessions new or changed since, forget those gone.
+        #[arg(long, conflicts_with_all = ["status", "clean"])]
+        update: bool,
+        /// Say whether the index is up to date.
+        #[arg(long, conflicts_with = "clean")]
+        status: bool,
+        /// Remove the index.
+        #[arg(long)]
+        clean: bool,
+        #[command(flatten)]
+        index: SessionIndexArgs,
+    },
+    /// Search agents-exe's session files (agents-exe's command): the
+    /// sessions holding every word of QUERY (substrings, any case), best
+    /// first. A missing index is built first.
+    SessionSearch {
+        /// The words to find.
+        #[arg(value_name = "QUERY")]
+        query: String,
+        #[command(flatten)]
+        index: SessionIndexArgs,
+        /// Only sessions last written on or after this day (YYYY-MM-DD, UTC).
+        #[arg(long, value_name = "DATE")]
+        after: Option<String>,
+        /// Only sessions last written before this day (YYYY-MM-DD, UTC).
+        #[arg(long, value_name = "DATE")]
+        before: Option<String>,
+        /// Only sessions that called this tool (its model-visible name);
+        /// repeatable: any of them.
+        #[arg(long, value_name = "TOOL")]
+        tool: Vec<String>,
+        /// Only sessions of this agent (agents-exe's files do not record
+        /// it: none of theirs matches).
+        #[arg(long, value_name = "AGENT")]
+        agent: Option<String>,
+        /// Output as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Show about N lines of context around the matches.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        preview: usize,
+        /// At most N results.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Bring a stale index up to date before searching.
+        #[arg(long)]
+        auto: bool,
+    },
+}
+
+/// Where the session index is and what it reads.
+#[derive(Args, Debug, Clone)]
+pub struct SessionIndexArgs {
+    /// The index database.
+    #[arg(long, value_name = "PATH", default_value = super::agents_exe_session::index::DEFAULT_DB)]
+    pub db_path: PathBuf,
+    /// Also index the tool calls and their results.
+    #[arg(long)]
+    pub include_tool_outputs: bool,
+    /// Where the session files (`conv.<uuid>.json`) are; repeatable.
+    /// Default: agents-exe's (its agents-exe.cfg.json `sessions`, else
+    /// ~/.config/agents-exe/sessions).
+    #[arg(long = "sessions-dir", value_name = "DIR")]
+    pub sessions_dirs: Vec<PathBuf>,
 }
 
 /// How approval notices reach people.

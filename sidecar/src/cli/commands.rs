@@ -362,6 +362,89 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             };
             super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
+        command => session_files(command),
+    }
+}
+
+/// The commands over session files (agents-exe's).
+fn session_files(command: Command) -> Result<ExitCode, String> {
+    use super::agents_exe_session::{print::PrintOptions, run};
+    match command {
+        Command::ListToolCalls { session, format } => run::list_tool_calls(&session, format),
+        Command::SessionPrint {
+            session,
+            show_tool_call_results,
+            show_tool_call_arguments,
+            n_turns,
+            repeat_system_prompt,
+            repeat_tools,
+            antichronological,
+            no_funny_stamp,
+            as_prompt,
+        } => run::session_print(
+            as_prompt,
+            &session,
+            &PrintOptions {
+                results: show_tool_call_results,
+                arguments: show_tool_call_arguments,
+                n_turns,
+                repeat_system_prompt,
+                repeat_tools,
+                antichronological,
+                no_funny_stamp,
+            },
+        ),
+        Command::SessionEdit { operations } => run::session_edit(&operations),
+        Command::SessionIndex {
+            build,
+            update,
+            status: _,
+            clean,
+            index,
+        } => {
+            let op = match (build, update, clean) {
+                (true, ..) => run::IndexOp::Build,
+                (_, true, _) => run::IndexOp::Update,
+                (.., true) => run::IndexOp::Clean,
+                _ => run::IndexOp::Status,
+            };
+            run::session_index(
+                op,
+                index.db_path,
+                &index.sessions_dirs,
+                index.include_tool_outputs,
+            )
+        }
+        Command::SessionSearch {
+            query,
+            index,
+            after,
+            before,
+            tool,
+            agent,
+            json,
+            preview,
+            limit,
+            auto,
+        } => run::session_search(run::Search {
+            db: index.db_path,
+            sessions_dirs: index.sessions_dirs,
+            tool_outputs: index.include_tool_outputs,
+            json,
+            auto,
+            after,
+            before,
+            options: super::agents_exe_session::index::SearchOptions {
+                query,
+                tools: tool,
+                agent,
+                preview_lines: preview,
+                limit,
+                ..Default::default()
+            },
+        }),
+        // `run` hands over only the commands above.
+        _ => Err("error: not a command over session files".into()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `bindery-sidecar` command line.
 
 mod agents_exe_argv;
+mod agents_exe_session;
 mod args;
 mod as_tool;
 mod ask;

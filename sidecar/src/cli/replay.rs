@@ -2,9 +2,9 @@
 //! through the agent's bindings as a live call goes (`--agent-file`), or
 //! raw against a bash script, as agents-exe's command of that name does
 //! (`--raw-tool`, alias `--tool`). The session
-//! file is what `GET /v1/sessions/:id` answers (or agents-exe's session
-//! file: JSON lines, the last one the session); calls are numbered from 0
-//! across the whole session, in order.
+//! file is what `GET /v1/sessions/:id` answers, its calls numbered from 0
+//! across the whole session, in order; or agents-exe's session file, its
+//! calls numbered as agents-exe numbers them (`agents_exe_session::calls`).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -72,33 +72,32 @@ fn collect_calls(v: &Value, out: &mut Vec<(String, Value)>) {
     }
 }
 
-/// A session file: one JSON document, or JSON lines whose last is the session.
+/// A session file: one JSON document, or JSON lines whose last is the
+/// session (at most 64 MiB read).
 pub fn read_session(path: &Path) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("error: cannot read session file {}: {e}", path.display()))?;
-    if let Ok(v) = serde_json::from_str(&text) {
-        return Ok(v);
-    }
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .ok_or_else(|| {
-            format!(
-                "error: no session in {} (the file is empty)",
-                path.display()
-            )
-        })?;
-    serde_json::from_str(last).map_err(|e| {
-        format!(
-            "error: {} is neither a session (as GET /v1/sessions/ID answers) nor JSON lines ending with one: {e}",
-            path.display()
-        )
-    })
+    super::agents_exe_session::read_file(path)
 }
 
 /// Call `index` of `session`, or a message naming the calls there are.
+/// In agents-exe's session file, agents-exe's numbering: the first call
+/// whose place in its turn is `index` (see `list-tool-calls`).
 fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCall, String> {
+    use super::agents_exe_session::{calls, shape, Shape};
+    if shape(doc) == Shape::AgentsExe {
+        let what = format!("session file {}", session.display());
+        let (_, found) = calls::of_doc(doc, &what)?;
+        let call = calls::pick(&found, index, &what)?;
+        return Ok(RecordedCall {
+            index,
+            turn: call.turn,
+            name: call.name.clone(),
+            arguments: match &call.arguments {
+                // OpenAI's form: the arguments' JSON in a string.
+                Value::String(s) => serde_json::from_str(s).unwrap_or(call.arguments.clone()),
+                other => other.clone(),
+            },
+        });
+    }
     let calls = recorded_calls(doc);
     calls.get(index).cloned().ok_or_else(|| {
         let available = if calls.is_empty() {
@@ -111,6 +110,11 @@ fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCa
             session.display()
         )
     })
+}
+
+/// The session's id: Bindery's `session_id`, agents-exe's `sessionId`.
+fn session_id(doc: &Value) -> Option<&str> {
+    doc["session_id"].as_str().or(doc["sessionId"].as_str())
 }
 
 /// Replay through the bindings: the recorded arguments are the model's,
@@ -161,7 +165,7 @@ pub async fn through_bindings(
         println!("Arguments: {}", call.arguments);
         return Ok(ExitCode::SUCCESS);
     }
-    let session_id = doc["session_id"].as_str();
+    let session_id = session_id(&doc);
     let asking = super::call::Asking::default();
     super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking).await
 }
@@ -217,7 +221,7 @@ pub async fn replay(
         .collect();
     let id = format!("replay-{}", std::process::id());
     let ctx = CallContext {
-        session_id: doc["session_id"].as_str().unwrap_or(&id).to_string(),
+        session_id: session_id(&doc).unwrap_or(&id).to_string(),
         conversation_id: id.clone(),
         step_id: id.clone(),
         turn_id: id,
