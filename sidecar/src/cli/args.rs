@@ -163,10 +163,9 @@ pub enum Command {
         agents: AgentArgs,
         #[command(flatten)]
         model: ModelArgs,
-        /// What to ask; several are joined by line breaks, as agents-exe
-        /// does (`-p`). Without one, the prompt is read from stdin.
-        #[arg(long, short = 'p')]
-        prompt: Vec<String>,
+        /// What to ask: agents-exe's prompt directives.
+        #[command(flatten)]
+        script: super::prompt_script::PromptArgs,
         /// Approve every call that needs confirmation without asking.
         #[arg(long)]
         yes: bool,
@@ -341,6 +340,29 @@ pub enum Command {
         #[arg(long, hide = true, value_name = "DURATION", default_value = "30s",
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
+    },
+    /// Print the prompt `run` would send, composed of the same directives
+    /// (agents-exe's `echo-prompt`; no agent file needed).
+    EchoPrompt {
+        #[command(flatten)]
+        script: super::prompt_script::PromptArgs,
+    },
+    /// Check a tool call's arguments (JSON on stdin) against a bash tool
+    /// script's `describe` (agents-exe's `check-tool-call`): exit 0 when
+    /// they fit, 1 with each problem when not.
+    CheckToolCall {
+        /// The script.
+        #[arg(long, short = 't', value_name = "TOOLPATH")]
+        tool: PathBuf,
+    },
+    /// Serve the agents as MCP tools on stdin/stdout (agents-exe's
+    /// `mcp-server`): each agent file given is the tool `ask_<slug>_NNN`,
+    /// which runs it once on `{"prompt": …}`. Logs go to stderr.
+    McpServer {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
     },
 }
 

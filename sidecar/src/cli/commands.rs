@@ -188,23 +188,23 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Run {
             agents,
             model,
-            prompt,
+            script,
             yes,
         } => {
-            // agents-exe joins its prompt directives line by line, and
-            // reads stdin when there is none.
-            let prompt = if prompt.is_empty() {
-                read_stdin("the prompt")?
-            } else {
-                prompt.join("\n")
-            };
+            let prompt = compose_prompt(&script.0)?;
             if prompt.trim().is_empty() {
                 return Err(
                     "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
                 );
             }
-            super::serve::run(&agents, &model, prompt, yes).await
+            super::one_shot::run(&agents, &model, prompt, yes).await
         }
+        Command::EchoPrompt { script } => {
+            print!("{}", compose_prompt(&script.0)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
+        Command::McpServer { agents, model } => super::mcp_stdio::main(&agents, &model).await,
         Command::Serve {
             agents,
             model,
@@ -352,7 +352,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
-                return super::serve::run(&helper_args, &model, what, yes).await;
+                return super::one_shot::run(&helper_args, &model, what, yes).await;
             }
             let asking = super::call::Asking {
                 yes,
@@ -363,12 +363,17 @@ async fn run(command: Command) -> Result<ExitCode, String> {
     }
 }
 
-/// All of stdin, for agents-exe's commands that take `what` there.
-fn read_stdin(what: &str) -> Result<String, String> {
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-        .map_err(|e| format!("error: cannot read {what} from stdin: {e}"))?;
-    Ok(text)
+/// All of stdin (bounded), for agents-exe's commands that take `what` there.
+pub(super) fn read_stdin(what: &str) -> Result<String, String> {
+    super::prompt_script::read_capped(std::io::stdin().lock(), "stdin")
+        .map_err(|e| format!("error: {what}: {e}"))
+}
+
+/// The prompt agents-exe's directives make; reading files, running a
+/// command and reading stdin block, so off the async workers.
+fn compose_prompt(script: &super::prompt_script::PromptScript) -> Result<String, String> {
+    tokio::task::block_in_place(|| super::prompt_script::compose_here(script))
+        .map_err(|e| format!("error: {e}"))
 }
 
 async fn check(
