@@ -331,6 +331,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 }
                 None => "{}".to_string(),
             };
+            if from_stdin {
+                return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
+            }
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
@@ -361,6 +364,62 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
     }
+}
+
+/// agents-exe's `tool-call NAME`: the result printed as agents-exe's JSON
+/// line (see [`super::tool_call_result`]).
+async fn agents_exe_tool_call(
+    agents: &AgentArgs,
+    model: &super::args::ModelArgs,
+    tool: &str,
+    args: &str,
+    yes: bool,
+    choose: Option<String>,
+) -> Result<ExitCode, String> {
+    use super::tool_call_result::{result, result_data, Called};
+    let model_args: serde_json::Value = serde_json::from_str(args)
+        .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
+    let loaded = super::one_shot::Loaded::load(agents, model).await?;
+    let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
+    let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
+    let helper = crate::session::helpers::helper_slug(&agent, tool)
+        .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
+        .and_then(|h| loaded.tree.agent(&h.agent).cloned());
+    let called = if let Some(helper) = helper {
+        // A helper's tool takes {"what": TEXT}, as the model calls it.
+        match model_args.get("what").and_then(|w| w.as_str()) {
+            Some(what) => Called::Helper(
+                loaded
+                    .ask(
+                        &helper,
+                        what.to_string(),
+                        super::one_shot::Waiting::Terminal { yes },
+                        &super::one_shot::cancelled_on_ctrl_c(),
+                    )
+                    .await,
+            ),
+            None => Called::Helper(Err(format!("{tool} takes {{\"what\": TEXT}}"))),
+        }
+    } else if let Some(bound) = agent.tool(tool) {
+        let asking = super::call::Asking {
+            yes,
+            choose: choose.as_deref(),
+        };
+        Called::Tool(
+            super::call::outcome(&agent, &bound, model_args, None, asking)
+                .await?
+                .map_err(|e| e.to_string()),
+        )
+    } else {
+        // The JSON says so; the agent's tool names go to stderr.
+        if let Err(e) = super::call::find_tool(&agent, tool) {
+            eprintln!("{e}");
+        }
+        Called::NotFound
+    };
+    let line = result(result_data(tool, called), clock.elapsed(), started);
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// All of stdin (bounded), for agents-exe's commands that take `what` there.

@@ -18,6 +18,7 @@ mod replay;
 mod serve;
 mod session_client;
 mod telemetry;
+mod tool_call_result;
 
 pub use args::Cli;
 pub use commands::main;
