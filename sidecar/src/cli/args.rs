@@ -574,6 +574,14 @@ mod tests {
     }
 
     #[test]
+    fn every_command_line_is_well_formed() {
+        // Duplicate flags (say, a directive's -s against another -s) and
+        // the like, in every subcommand.
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
     fn secret_values_of_an_idle_session_last_an_hour_unless_told_otherwise() {
         assert_eq!(
             live_session_ttl(&[]),

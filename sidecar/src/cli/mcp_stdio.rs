@@ -11,8 +11,8 @@
 //! (`notifications/initialized`, and `notifications/cancelled`, which
 //! stops the run it names) answer nothing; another method is -32601, a
 //! line that is not JSON -32700. A JSON-RPC batch is taken in 2025-03-26,
-//! the one version that has them. Calls run side by side: a `ping` is
-//! answered while a run goes on.
+//! the one version that has them. Calls run side by side (up to
+//! [`MAX_RUNS`] at once): a `ping` is answered while a run goes on.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -33,6 +33,8 @@ const AGENTS_EXE_VERSION: &str = "2024-11-05";
 const BATCH_VERSION: &str = "2025-03-26";
 /// The longest line read: a longer one is refused (-32700) and skipped.
 pub const MAX_LINE: usize = 4 * 1024 * 1024;
+/// Lines with runs answered at once; past them, stdin waits for one to end.
+const MAX_RUNS: usize = 16;
 
 /// One `ask_<slug>_NNN` tool.
 #[derive(Debug, Clone, PartialEq)]
@@ -329,11 +331,12 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
     let mut protocol = Protocol::new(tools);
     // stdin and stdout are read and written by threads of their own: a
     // blocking read must not hold an async worker.
-    let (out, outbox) = std::sync::mpsc::channel::<Value>();
+    // Bounded: a client that does not read its answers stops being read.
+    let (out, mut outbox) = mpsc::channel::<Value>(64);
     let writer = std::thread::spawn(move || {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
-        for message in outbox {
+        while let Some(message) = outbox.blocking_recv() {
             if writeln!(stdout, "{message}").is_err() || stdout.flush().is_err() {
                 break;
             }
@@ -353,6 +356,7 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
     let shutdown = super::one_shot::cancelled_on_ctrl_c();
     let running = Running::default();
     let mut tasks = tokio::task::JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_RUNS));
     loop {
         let line = tokio::select! {
             line = lines.recv() => line.unwrap_or(Ok(None)),
@@ -366,7 +370,7 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
                     jsonrpc::PARSE_ERROR,
                     format!("a line longer than {MAX_LINE} bytes"),
                 );
-                let _ = out.send(response(Value::Null, Err(e)));
+                let _ = out.send(response(Value::Null, Err(e))).await;
                 continue;
             }
             Ok(None) => break,
@@ -380,6 +384,7 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
             Line::One(Some(action)) => (vec![action], false),
             Line::Batch(actions) => (actions, true),
         };
+        let answers_now = !actions.iter().any(|a| matches!(a, Action::Run { .. }));
         let mut answers = Vec::new();
         for action in actions {
             match action {
@@ -396,8 +401,10 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
                 }
             }
         }
+        // Finished tasks' results are not wanted: only that they end.
+        while tasks.try_join_next().is_some() {}
         let (loaded, running, out) = (loaded.clone(), running.clone(), out.clone());
-        tasks.spawn(async move {
+        let work = async move {
             let answered: Vec<Value> =
                 futures::future::join_all(answers.into_iter().map(|a| a.give(&loaded, &running)))
                     .await
@@ -408,13 +415,27 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
                 return;
             }
             if batch {
-                let _ = out.send(Value::Array(answered));
+                let _ = out.send(Value::Array(answered)).await;
             } else {
                 for a in answered {
-                    let _ = out.send(a);
+                    let _ = out.send(a).await;
                 }
             }
-        });
+        };
+        if answers_now {
+            // Nothing runs: answered here, so a client that does not read
+            // its answers stops being read (the channel is bounded).
+            work.await;
+        } else {
+            // Past MAX_RUNS runs at once, stdin waits for one to end.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            tasks.spawn(async move {
+                work.await;
+                drop(slot);
+            });
+        }
     }
     // stdin is closed: the runs going on still answer, then the server ends.
     while tasks.join_next().await.is_some() {}

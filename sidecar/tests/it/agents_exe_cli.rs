@@ -624,7 +624,6 @@ fn check_tool_call_validates_a_payload_against_a_script() {
 /// one run of that agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_server_serves_each_agent_file_as_an_ask_tool_on_stdio() {
-    use std::io::{BufRead, Write};
     let mock = MockLlm::start(|req| {
         MockReply::text(format!(
             "heard: {}",
@@ -635,54 +634,29 @@ async fn mcp_server_serves_each_agent_file_as_an_ask_tool_on_stdio() {
     let tmp = tempfile::tempdir().unwrap();
     let first = talker(tmp.path(), "talker", "talks back", &mock.url());
     let second = talker(tmp.path(), "echoer", "echoes", &mock.url());
-    let mut child = Command::new(bin())
-        .current_dir(tmp.path())
-        .env_remove("BINDERY_MODEL_URL")
-        .args([
+    let mut server = StdioServer::start(
+        tmp.path(),
+        &[
             "--agent-file",
             first.to_str().unwrap(),
             "--agent-file",
             second.to_str().unwrap(),
             "mcp-server",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            if lines_tx.send(line.unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut send = move |line: &str| {
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-    };
-    let next = || -> Value {
-        let line = lines.recv_timeout(PATIENCE).expect("an answer on stdout");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
-    };
-
-    send(
+        ],
+    );
+    server.send(
         r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#,
     );
-    let init = next();
+    let init = server.next();
     assert_eq!(init["id"], 0);
     assert_eq!(init["result"]["protocolVersion"], "2024-11-05");
     assert!(
         init["result"]["capabilities"]["tools"].is_object(),
         "{init}"
     );
-    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-    send(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
-    let listed = next();
+    server.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    server.send(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    let listed = server.next();
     let tools: Vec<(String, String)> = listed["result"]["tools"]
         .as_array()
         .unwrap()
@@ -701,10 +675,10 @@ async fn mcp_server_serves_each_agent_file_as_an_ask_tool_on_stdio() {
             ("ask_echoer_001".to_string(), "echoes".to_string())
         ]
     );
-    send(
+    server.send(
         r#"{"jsonrpc":"2.0","id":"call-1","method":"tools/call","params":{"name":"ask_echoer_001","arguments":{"prompt":"is anyone there?"}}}"#,
     );
-    let called = next();
+    let called = server.next();
     assert_eq!(called["id"], "call-1");
     assert_eq!(called["result"]["isError"], false, "{called}");
     assert_eq!(
@@ -715,34 +689,92 @@ async fn mcp_server_serves_each_agent_file_as_an_ask_tool_on_stdio() {
     let sent = mock.requests().last().cloned().unwrap();
     assert_eq!(sent["messages"][1]["content"], "is anyone there?");
 
-    send(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
-    assert_eq!(next(), json!({"jsonrpc": "2.0", "id": 2, "result": {}}));
-    send(r#"{"jsonrpc":"2.0","id":3,"method":"resources/list"}"#);
-    assert_eq!(next()["error"]["code"], -32601);
-    send(
+    server.send(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
+    assert_eq!(
+        server.next(),
+        json!({"jsonrpc": "2.0", "id": 2, "result": {}})
+    );
+    server.send(r#"{"jsonrpc":"2.0","id":3,"method":"resources/list"}"#);
+    assert_eq!(server.next()["error"]["code"], -32601);
+    server.send(
         r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"ask_nobody_009","arguments":{"prompt":"x"}}}"#,
     );
-    assert_eq!(next()["error"]["code"], -32602);
-    send("{\"jsonrpc\": \"2.0\", \"id\": 5, \"meth");
-    let garbage = next();
+    assert_eq!(server.next()["error"]["code"], -32602);
+    server.send("{\"jsonrpc\": \"2.0\", \"id\": 5, \"meth");
+    let garbage = server.next();
     assert_eq!(
         (garbage["error"]["code"].clone(), garbage["id"].clone()),
         (json!(-32700), Value::Null)
     );
-    send(r#"[{"jsonrpc":"2.0","id":6,"method":"ping"}]"#);
-    assert_eq!(next()["error"]["code"], -32600, "no batches in 2024-11-05");
+    server.send(r#"[{"jsonrpc":"2.0","id":6,"method":"ping"}]"#);
+    assert_eq!(
+        server.next()["error"]["code"],
+        -32600,
+        "no batches in 2024-11-05"
+    );
     // Still serving after all that.
-    send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
-    assert_eq!(next()["id"], 7);
+    server.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    assert_eq!(server.next()["id"], 7);
 
     // stdin closed: the server ends, having written nothing but JSON.
-    drop(send);
-    let status = child.wait().unwrap();
-    assert!(status.success());
-    assert!(lines.recv_timeout(PATIENCE).is_err());
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let err = server.finish();
     assert!(err.contains("MCP server on stdio"), "{err}");
+    mock.shutdown().await;
+}
+
+/// Runs go side by side with the rest: a `ping` and a quick call are
+/// answered while a slow run waits on its model; a run the client cancels
+/// (`notifications/cancelled`) answers nothing, and the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_server_answers_while_a_run_goes_on_and_a_cancelled_run_answers_nothing() {
+    use bindery_tests::mock_llm::Gate;
+    let gate = Gate::new();
+    let held = gate.clone();
+    let mock = MockLlm::start(move |req| {
+        let said = last_message(req)["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let reply = MockReply::text(format!("heard: {said}"));
+        if said == "slow" {
+            reply.held(&held)
+        } else {
+            reply
+        }
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = talker(tmp.path(), "talker", "talks back", &mock.url());
+    let mut server = StdioServer::start(
+        tmp.path(),
+        &["mcp-server", "--agent-file", agent.to_str().unwrap()],
+    );
+    server.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#);
+    assert_eq!(server.next()["result"]["protocolVersion"], "2025-06-18");
+    let call = |id: &str, prompt: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":"{id}","method":"tools/call","params":{{"name":"ask_talker_000","arguments":{{"prompt":"{prompt}"}}}}}}"#
+        )
+    };
+    server.send(&call("slow-1", "slow"));
+    server.send(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    assert_eq!(server.next()["id"], 1);
+    server.send(&call("quick", "quick"));
+    let quick = server.next();
+    assert_eq!(quick["id"], "quick", "{quick}");
+    assert_eq!(quick["result"]["content"][0]["text"], "heard: quick");
+
+    server.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow-1","reason":"changed my mind"}}"#);
+    server.send(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
+    assert_eq!(server.next()["id"], 2);
+    // The model may answer now: the run is gone, and its request too.
+    gate.open();
+    server.send(&call("slow-2", "slow"));
+    let slow = server.next();
+    assert_eq!(slow["id"], "slow-2", "{slow}");
+    assert_eq!(slow["result"]["content"][0]["text"], "heard: slow");
+    let err = server.finish();
+    assert!(err.contains("run cancelled by the client"), "{err}");
     mock.shutdown().await;
 }
 
@@ -803,4 +835,80 @@ async fn an_agent_file_served_by_mcp_server_is_an_mcp_tool_of_another() {
         "{out}"
     );
     mock.shutdown().await;
+}
+
+/// `bindery-sidecar mcp-server …` with piped stdio: JSON lines in and out.
+struct StdioServer {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    // Read as it comes, so a full pipe never stops the server.
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl StdioServer {
+    fn start(dir: &Path, args: &[&str]) -> StdioServer {
+        use std::io::BufRead;
+        let mut child = Command::new(bin())
+            .current_dir(dir)
+            .env_remove("BINDERY_MODEL_URL")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                if tx.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut err);
+            err
+        });
+        StdioServer {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next message on stdout: every line must be JSON.
+    fn next(&self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(PATIENCE)
+            .expect("an answer on stdout");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// Close stdin: the server must end, successfully, with nothing more
+    /// on stdout. Its stderr.
+    fn finish(mut self) -> String {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}");
+        let mut more = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(PATIENCE) {
+            more.push(line);
+        }
+        assert!(more.is_empty(), "{more:?}");
+        self.stderr.join().unwrap()
+    }
 }
