@@ -379,14 +379,16 @@ async fn agents_exe_tool_call(
     use super::tool_call_result::{result, result_data, Called};
     let model_args: serde_json::Value = serde_json::from_str(args)
         .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
-    let loaded = super::one_shot::Loaded::load(agents, model).await?;
-    let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
+    let tree = load(agents).await?;
+    let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
     let helper = crate::session::helpers::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
-        .and_then(|h| loaded.tree.agent(&h.agent).cloned());
+        .and_then(|h| tree.agent(&h.agent).cloned());
     let called = if let Some(helper) = helper {
-        // A helper's tool takes {"what": TEXT}, as the model calls it.
+        // A helper's tool takes {"what": TEXT}, as the model calls it; its
+        // model clients only then (reading a key may run a command).
+        let loaded = super::one_shot::Loaded::with(tree, agents, model)?;
         match model_args.get("what").and_then(|w| w.as_str()) {
             Some(what) => Called::Helper(
                 loaded

@@ -41,12 +41,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// The agents `agents` names, a broken tool script left out (as
+    /// agents-exe does when it runs agents).
     pub async fn load(agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
+        let tree = load_lenient(agents).await?;
+        Loaded::with(tree, agents, model)
+    }
+
+    /// `tree`, loaded from `agents`, with its model clients.
+    pub fn with(tree: AgentTree, agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
         let opts = load_options(agents)?;
         let mut own = Credentials::from_env();
         own.api_keys(&opts.api_keys);
         let own = crate::params::live::register_own(own.0);
-        let tree = load_lenient(agents).await?;
         let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
         let keys = crate::params::live::register_own(model_keys(&clients));
         for w in warnings {

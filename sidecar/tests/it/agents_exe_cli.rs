@@ -778,6 +778,49 @@ async fn mcp_server_answers_while_a_run_goes_on_and_a_cancelled_run_answers_noth
     mock.shutdown().await;
 }
 
+/// `tool-call NAME` on a helper agent's tool: one run of the helper,
+/// printed as agents-exe prints an `io` tool's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_on_a_helper_prints_agents_exe_blob_result() {
+    let mock = MockLlm::start(|req| {
+        MockReply::text(format!(
+            "heard: {}",
+            last_message(req)["content"].as_str().unwrap_or("")
+        ))
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    talker(tmp.path(), "child", "knows", &mock.url());
+    let parent = tmp.path().join("parent.json");
+    let doc = json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "parent", "apiKeyId": "none", "flavor": "OpenAIv1",
+        "modelUrl": mock.url(), "modelName": "m", "announce": "asks",
+        "systemPrompt": ["You ask."],
+        "extraAgents": [{"slug": "child", "path": "child.json"}]}});
+    std::fs::write(&parent, doc.to_string()).unwrap();
+    let parent = parent.to_str().unwrap();
+    let (code, out, err) = run_fed(
+        tmp.path(),
+        &[
+            "--agent-file",
+            parent,
+            "tool-call",
+            "io_prompt_agent_child",
+            "-l",
+            "trace.log",
+        ],
+        r#"{"what": "who are you?"}"#,
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    let line: Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert_eq!(
+        line["resultData"],
+        json!({"type": "blob", "data": "heard: who are you?"})
+    );
+    assert!(!tmp.path().join("trace.log").exists());
+    mock.shutdown().await;
+}
+
 /// agents-exe's way of making one agent a tool of another over MCP: the
 /// parent's `mcpServers` starts `mcp-server` with the child's file. The
 /// MCP client here is the parent's (the SDK Bindery's MCP toolbox uses),
