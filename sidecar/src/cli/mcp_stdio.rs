@@ -603,6 +603,43 @@ mod tests {
     }
 
     #[test]
+    fn no_line_panics_and_each_request_line_is_answered() {
+        let valid = [
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}"#,
+            r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"ask_talker_000","arguments":{"prompt":"hi"}}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}]"#,
+        ];
+        let mut p = protocol();
+        // Every truncation and one-byte change of real messages, and
+        // values of the wrong type where each field goes.
+        for v in valid {
+            for cut in 0..v.len() {
+                let _ = p.on_line(&v.as_bytes()[..cut]);
+                let mut bytes = v.as_bytes().to_vec();
+                bytes[cut] = bytes[cut].wrapping_add(1);
+                let _ = p.on_line(&bytes);
+            }
+        }
+        for wrong in ["null", "1e999", "[]", "{}", "\"s\"", "[[[]]]", "-1"] {
+            for field in ["id", "method", "params", "jsonrpc"] {
+                let line = format!(
+                    r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"ask_talker_000","arguments":{{"prompt":"x"}}}},"{field}":{wrong}}}"#
+                );
+                let _ = p.on_line(line.as_bytes());
+            }
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":{wrong},"arguments":{wrong}}}}}"#
+            );
+            assert!(matches!(
+                p.on_line(line.as_bytes()),
+                Line::One(Some(Action::Reply(_)))
+            ));
+        }
+        let deep = "[".repeat(100_000);
+        let _ = p.on_line(deep.as_bytes());
+    }
+
+    #[test]
     fn lines_are_bounded_and_a_long_one_is_skipped() {
         let text = format!("short\r\n{}\nafter\nlast", "x".repeat(50));
         let mut from = std::io::BufReader::with_capacity(8, text.as_bytes());

@@ -17,7 +17,10 @@ use serde::Deserialize;
 /// The most bytes one piece (a file, a command's output, stdin) may bring.
 pub const MAX_PIECE: u64 = 8 * 1024 * 1024;
 
-/// One piece of a prompt, in agents-exe's meaning.
+/// One piece of a prompt, in agents-exe's meaning. agents-exe's
+/// `--session-xs|s|m|l|xl FILE` (a past session, rendered at a verbosity)
+/// are one variant more: a flag in [`PromptScript::take`] and [`FLAGS`],
+/// and its text read through [`Sources`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Directive {
     /// `-p/--prompt TEXT`: the text.
