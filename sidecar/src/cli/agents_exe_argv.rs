@@ -14,14 +14,23 @@
 //! | agents-exe | Bindery |
 //! |---|---|
 //! | `--agent-file F describe [--self-describe-slug S] [--self-describe-description D]` | `as-tool --agent-file F describe …` |
-//! | `--agent-file F run --prompt P [--NAME V…]` | `as-tool --agent-file F run --prompt P …` |
+//! | `--agent-file F run -p P [-f FILE --shell CMD -s T -S T --alias A] [--NAME V…]` | `as-tool --agent-file F run …` |
 //! | `--agent-file F check` | `check --agent-file F` |
 //! | `--agent-file F list-tool-calls …` (also `replay-tool-call -t SCRIPT`, `session-print`, `session-edit`, `session-index`, `session-search`) | `list-tool-calls …` (these read session files: the agent options are not theirs) |
 //! | `--agent-file F replay-tool-call …` (no script) | `replay-tool-call --agent-file F …` (through the agent's bindings) |
+//! | `--agent-file F mcp-server` | `mcp-server --agent-file F` |
+//! | `--agent-file F tool-call NAME [-l LOG]` | `tool-call --agent-file F NAME` |
+//! | `--agent-file F echo-prompt …`, `check-tool-call …`, `describe-tool …` | the same, the agent options dropped (none is needed) |
+//!
+//! agents-exe's `run` is both its prompt run and the `run` of the bash
+//! tool protocol its `describe` offers (`--prompt` is one of its
+//! directives), so it goes to `as-tool run`, which takes the directives
+//! and, for a Bindery agent, its parameters as `--NAME VALUE`.
 //!
 //! `bindery-sidecar describe --agent-file F` (options after the command)
-//! stays Bindery's `describe`, the tools' schemas. `describe-tool PATH` is
-//! an ordinary command of both.
+//! stays Bindery's `describe`, the tools' schemas. `describe-tool PATH`,
+//! `check-tool-call`, `echo-prompt` and `mcp-server` are ordinary commands
+//! of both.
 
 use std::ffi::OsString;
 
@@ -86,8 +95,8 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             out.push(command.unwrap_or_default().into());
             out.extend(after);
         }
-        Some("check") => {
-            out.push("check".into());
+        Some(cmd @ ("check" | "mcp-server")) => {
+            out.push(cmd.into());
             out.extend(agent);
             out.extend(after);
         }
@@ -102,21 +111,37 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             out.extend(agent);
             out.extend(after);
         }
+        Some("tool-call") => {
+            out.push("tool-call".into());
+            out.extend(agent);
+            // agents-exe's own trace file: Bindery logs to stderr.
+            let mut rest = after;
+            while let Some(a) = rest.next() {
+                match a.to_str() {
+                    Some("-l" | "--log-file") => {
+                        rest.next();
+                    }
+                    Some(s) if s.starts_with("--log-file=") => {}
+                    _ => out.push(a),
+                }
+            }
+        }
         Some(
-            c @ ("describe-tool" | "list-tool-calls" | "replay-tool-call" | "session-print"
-            | "session-edit" | "session-index" | "session-search"),
+            c @ ("describe-tool" | "check-tool-call" | "echo-prompt" | "list-tool-calls"
+            | "replay-tool-call" | "session-print" | "session-edit" | "session-index"
+            | "session-search"),
         ) => {
             out.push(c.into());
             out.extend(after);
         }
         Some(other) => {
             return Err(format!(
-                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run --prompt TEXT`, `check`, `describe-tool PATH`, `list-tool-calls`, `replay-tool-call`, `session-print`, `session-edit`, `session-index` and `session-search` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
+                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run`, `echo-prompt`, `check`, `check-tool-call`, `describe-tool PATH`, `tool-call NAME`, `mcp-server`, `list-tool-calls`, `replay-tool-call`, `session-print`, `session-edit`, `session-index` and `session-search` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
             ))
         }
         None => {
             return Err(
-                "error: give a command after the agent options: `describe`, `run --prompt TEXT` or `check`"
+                "error: give a command after the agent options: `describe`, `run -p TEXT`, `check`, `tool-call NAME` or `mcp-server`"
                     .into(),
             )
         }
@@ -175,6 +200,44 @@ mod tests {
         assert_eq!(
             rw(&["--agent-file", "c.json", "check"]).unwrap(),
             ["check", "--agent-file", "c.json"]
+        );
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "mcp-server"]).unwrap(),
+            ["mcp-server", "--agent-file", "c.json"]
+        );
+        assert_eq!(
+            rw(&[
+                "--agent-file",
+                "c.json",
+                "tool-call",
+                "bash_x",
+                "-l",
+                "log",
+                "--log-file=l2"
+            ])
+            .unwrap(),
+            ["tool-call", "--agent-file", "c.json", "bash_x"]
+        );
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "echo-prompt", "-p", "hi"]).unwrap(),
+            ["echo-prompt", "-p", "hi"]
+        );
+        assert_eq!(
+            rw(&["--api-keys", "k", "check-tool-call", "-t", "x.sh"]).unwrap(),
+            ["check-tool-call", "-t", "x.sh"]
+        );
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "run", "-p", "a", "-f", "b.txt"]).unwrap(),
+            [
+                "as-tool",
+                "--agent-file",
+                "c.json",
+                "run",
+                "-p",
+                "a",
+                "-f",
+                "b.txt"
+            ]
         );
         let bindery = ["describe", "--agent-file", "c.json", "--tool", "io_x"];
         assert_eq!(rw(&bindery).unwrap(), bindery);

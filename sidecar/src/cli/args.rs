@@ -165,10 +165,9 @@ pub enum Command {
         agents: AgentArgs,
         #[command(flatten)]
         model: ModelArgs,
-        /// What to ask; several are joined by line breaks, as agents-exe
-        /// does (`-p`). Without one, the prompt is read from stdin.
-        #[arg(long, short = 'p')]
-        prompt: Vec<String>,
+        /// What to ask: agents-exe's prompt directives.
+        #[command(flatten)]
+        script: super::prompt_script::PromptArgs,
         /// A file sent with the prompt, `[MIME;]PATH` (repeatable): an
         /// image, or a PDF. The type comes from the extension unless given.
         #[arg(long, short = 'm', value_name = "[MIME;]PATH")]
@@ -465,6 +464,29 @@ pub enum Command {
         #[arg(long)]
         auto: bool,
     },
+    /// Print the prompt `run` would send, composed of the same directives
+    /// (agents-exe's `echo-prompt`; no agent file needed).
+    EchoPrompt {
+        #[command(flatten)]
+        script: super::prompt_script::PromptArgs,
+    },
+    /// Check a tool call's arguments (JSON on stdin) against a bash tool
+    /// script's `describe` (agents-exe's `check-tool-call`): exit 0 when
+    /// they fit, 1 with each problem when not.
+    CheckToolCall {
+        /// The script.
+        #[arg(long, short = 't', value_name = "TOOLPATH")]
+        tool: PathBuf,
+    },
+    /// Serve the agents as MCP tools on stdin/stdout (agents-exe's
+    /// `mcp-server`): each agent file given is the tool `ask_<slug>_NNN`,
+    /// which runs it once on `{"prompt": …}`. Logs go to stderr.
+    McpServer {
+        #[command(flatten)]
+        agents: AgentArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
 }
 
 /// Where the session index is and what it reads.
@@ -688,6 +710,14 @@ mod tests {
             } => Ok(live_session_ttl),
             other => panic!("not serve: {other:?}"),
         }
+    }
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        // Duplicate flags (say, a directive's -s against another -s) and
+        // the like, in every subcommand.
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]

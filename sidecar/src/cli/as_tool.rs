@@ -14,6 +14,7 @@
 
 use serde_json::{json, Value};
 
+use super::prompt_script::PromptScript;
 use crate::params::ParamStatus;
 use crate::spec::Scope;
 
@@ -83,47 +84,50 @@ pub fn parse_describe(argv: &[String]) -> Result<(Option<String>, Option<String>
     Ok((slug, description))
 }
 
-/// `run`'s arguments: the prompt and `NAME=VALUE` for each parameter
-/// given, a secret one read from its environment variable (`env` mode).
+/// `run`'s arguments: the prompt, of agents-exe's directives (`--prompt`
+/// being one: see [`super::prompt_script`]), and `NAME=VALUE` for each
+/// parameter given, a secret one read from its environment variable
+/// (`env` mode). A parameter's name wins over a directive's: a caller
+/// fills the arguments `describe` offered, and a value meant for a
+/// parameter called `file` or `shell` must never be read as a path or run.
 pub fn parse_run(
     argv: &[String],
     params: &[ParamStatus],
     env: impl Fn(&str) -> Option<String>,
-) -> Result<(String, Vec<(String, String)>), String> {
-    let mut prompt = None;
+) -> Result<(PromptScript, Vec<(String, String)>), String> {
+    let mut script = PromptScript::default();
     let mut values = Vec::new();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
-        let (name, inline) = match flag.strip_prefix("--") {
-            Some(f) => match f.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (f, None),
-            },
-            None => {
-                return Err(format!(
-                    "unexpected argument `{flag}`: `run` takes --prompt TEXT and --NAME VALUE"
-                ))
-            }
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (flag.as_str(), None),
         };
-        let value = match inline {
-            Some(v) => v,
+        if !name.starts_with('-') {
+            return Err(format!(
+                "unexpected argument `{flag}`: `run` takes --prompt TEXT (and agents-exe's other prompt directives) and --NAME VALUE"
+            ));
+        }
+        let mut value = || match &inline {
+            Some(v) => Ok(v.clone()),
             None => it
                 .next()
                 .cloned()
-                .ok_or_else(|| format!("--{name} needs a value"))?,
+                .ok_or_else(|| format!("{name} needs a value")),
         };
-        if name == "prompt" {
-            prompt = Some(value);
-        } else if params.iter().any(|p| p.name == name && !p.secret) {
-            values.push((name.to_string(), value));
-        } else {
+        let param = name
+            .strip_prefix("--")
+            .filter(|n| *n != "prompt" && params.iter().any(|p| p.name == *n && !p.secret));
+        if let Some(param) = param {
+            values.push((param.to_string(), value()?));
+        } else if !script.take(name, value()?)? {
             let known: Vec<&str> = params
                 .iter()
                 .filter(|p| !p.secret)
                 .map(|p| p.name.as_str())
                 .collect();
             return Err(format!(
-                "unknown argument --{name} (this agent takes --prompt{})",
+                "unknown argument {name} (this agent takes --prompt{} and agents-exe's directives -p, -f, --shell, -s, -S, --alias)",
                 known.iter().map(|k| format!(", --{k}")).collect::<String>()
             ));
         }
@@ -133,8 +137,7 @@ pub fn parse_run(
             values.push((p.name.clone(), v));
         }
     }
-    let prompt = prompt.ok_or("`run` needs --prompt TEXT")?;
-    Ok((prompt, values))
+    Ok((script, values))
 }
 
 /// `as-tool … describe` or `as-tool … run --prompt TEXT [--NAME VALUE…]`.
@@ -158,17 +161,23 @@ pub async fn main(
             Ok(std::process::ExitCode::SUCCESS)
         }
         Some((cmd, rest)) if cmd == "run" => {
-            let (prompt, values) =
+            let (script, values) =
                 parse_run(rest, &params, |k| std::env::var(k).ok()).map_err(|e| format!("error: {e}"))?;
+            // No directive: the prompt is stdin, as agents-exe's `run`.
+            let prompt = tokio::task::block_in_place(|| super::prompt_script::compose_here(&script))
+                .map_err(|e| format!("error: {e}"))?;
+            if prompt.trim().is_empty() {
+                return Err("error: `run` needs --prompt TEXT (or a prompt on stdin)".into());
+            }
             // Client-supplied values, as the operator's --set would give them.
             agents.agent = Some(agent.name.clone());
             agents
                 .set
                 .extend(values.into_iter().map(|(k, v)| format!("{k}={v}")));
             // A call that waits is refused: a tool's stdin answers nothing.
-            super::serve::run(&agents, &model, prompt, false).await
+            super::one_shot::run(&agents, &model, prompt, false).await
         }
-        _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol)".into()),
+        _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol; agents-exe's prompt directives too)".into()),
     }
 }
 
@@ -224,8 +233,11 @@ mod tests {
             .map(String::from)
             .to_vec();
         let env = |k: &str| (k == "BILLING_TOKEN").then(|| "tok".to_string());
-        let (prompt, values) = parse_run(&argv, &params(), env).unwrap();
-        assert_eq!(prompt, "hi");
+        let (script, values) = parse_run(&argv, &params(), env).unwrap();
+        assert_eq!(
+            script.directives,
+            [crate::cli::prompt_script::Directive::Text("hi".into())]
+        );
         assert_eq!(
             values,
             [
@@ -240,5 +252,37 @@ mod tests {
         assert!(parse_run(&argv, &params(), |_| None)
             .unwrap_err()
             .contains("unknown argument --billing_token"));
+    }
+
+    #[test]
+    fn run_takes_agents_exe_directives_but_a_parameter_wins_by_name() {
+        use crate::cli::prompt_script::Directive;
+        let argv: Vec<String> = ["-p", "a", "--sep4=-", "--alias", "summarize", "-f", "x.txt"]
+            .map(String::from)
+            .to_vec();
+        let (script, values) = parse_run(&argv, &params(), |_| None).unwrap();
+        assert_eq!(script.alias.as_deref(), Some("summarize"));
+        assert_eq!(
+            script.directives,
+            [
+                Directive::Text("a".into()),
+                Directive::Separator {
+                    times: 4,
+                    text: "-".into()
+                },
+                Directive::File("x.txt".into())
+            ]
+        );
+        assert!(values.is_empty());
+        // An agent whose parameter is called `shell`: its value is a value.
+        let with_shell = open_params(vec![status("shell", Scope::Session, false, false)]);
+        let argv: Vec<String> = ["--prompt", "hi", "--shell", "rm -rf /"]
+            .map(String::from)
+            .to_vec();
+        let (script, values) = parse_run(&argv, &with_shell, |_| None).unwrap();
+        assert_eq!(script.directives, [Directive::Text("hi".into())]);
+        assert_eq!(values, [("shell".to_string(), "rm -rf /".to_string())]);
+        let e = parse_run(&["--thinking".into(), "x".into()], &params(), |_| None).unwrap_err();
+        assert!(e.contains("unknown argument --thinking"), "{e}");
     }
 }

@@ -19,28 +19,46 @@ pub(super) fn ask_terminal(
 ) -> Result<Vec<PendingCall>, String> {
     let mut out = Vec::new();
     for b in calls {
-        let mut call = PendingCall {
-            tool_call_id: b.call.id.clone(),
-            tool: b.call.name.clone(),
-            disposition: b.disposition,
-            call: runner::call_arguments(&b.call),
-            bound_params: b.bound_params.clone(),
-            digest: String::new(),
-            nonce: String::new(),
-            token_digest: String::new(),
-            expires_at: None,
-            resolution: None,
-            frames: b.frames.clone(),
-            lookup: b.lookup.clone(),
-            tainted_by: b.tainted_by.clone(),
-            budget: b.budget.clone(),
-        };
+        let mut call = pending(b);
         // The item as the session API would show it, for the same prompts.
         let item = serde_json::to_value(call.shown()).expect("a pending item is plain JSON");
         call.resolution = Some(ask_item(&item, yes, choose)?);
         out.push(call);
     }
     Ok(out)
+}
+
+/// Each waiting call refused, with `why`: where nobody can be asked.
+pub(super) fn refuse_all(calls: &[runner::Blocked], why: &str) -> Vec<PendingCall> {
+    calls
+        .iter()
+        .map(|b| PendingCall {
+            resolution: Some(Resolution::Rejected {
+                reason: Some(why.to_string()),
+            }),
+            ..pending(b)
+        })
+        .collect()
+}
+
+/// A waiting call as a pending item, not answered yet.
+fn pending(b: &runner::Blocked) -> PendingCall {
+    PendingCall {
+        tool_call_id: b.call.id.clone(),
+        tool: b.call.name.clone(),
+        disposition: b.disposition,
+        call: runner::call_arguments(&b.call),
+        bound_params: b.bound_params.clone(),
+        digest: String::new(),
+        nonce: String::new(),
+        token_digest: String::new(),
+        expires_at: None,
+        resolution: None,
+        frames: b.frames.clone(),
+        lookup: b.lookup.clone(),
+        tainted_by: b.tainted_by.clone(),
+        budget: b.budget.clone(),
+    }
 }
 
 /// The option `said` names among `options` (as a pending item shows them):

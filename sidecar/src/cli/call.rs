@@ -36,6 +36,29 @@ pub(super) async fn through_bindings(
     asking: Asking<'_>,
 ) -> Result<ExitCode, String> {
     let bound = find_tool(agent, tool)?;
+    match outcome(agent, &bound, model_args, session_id, asking).await? {
+        Ok(text) => {
+            print!("{text}");
+            if !text.ends_with('\n') && !text.is_empty() {
+                println!();
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(format!("error: tool {tool}: {e}")),
+    }
+}
+
+/// What calling `bound` as [`through_bindings`] does came to: its output
+/// or its error, scrubbed of every secret (`Err` outside: nothing ran to
+/// an end, as when a person's answer is missing).
+pub(super) async fn outcome(
+    agent: &LoadedAgent,
+    bound: &BoundTool,
+    model_args: serde_json::Value,
+    session_id: Option<&str>,
+    asking: Asking<'_>,
+) -> Result<Result<String, ToolError>, String> {
+    let tool = bound.name();
     let id = format!("cli-{}", std::process::id());
     let ctx = CallContext {
         session_id: session_id.unwrap_or(&id).to_string(),
@@ -50,7 +73,7 @@ pub(super) async fn through_bindings(
     // `tool-call` looks like one step of a session.
     let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
     let values = agent.process_values();
-    let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(&bound));
+    let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(bound));
     let result = if bound.depends().is_empty() {
         bound
             .call(model_args, &values, &ctx)
@@ -58,22 +81,13 @@ pub(super) async fn through_bindings(
             .await
             .map(|out| out.shown())
     } else {
-        orchestrated(agent, &bound, model_args, &values, &ctx, asking)
+        orchestrated(agent, bound, model_args, &values, &ctx, asking)
             .instrument(span)
             .await?
-    }
-    .map(|text| scrubber.scrub(&text))
-    .map_err(|e| e.scrubbed(&scrubber));
-    match result {
-        Ok(text) => {
-            print!("{text}");
-            if !text.ends_with('\n') && !text.is_empty() {
-                println!();
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => Err(format!("error: tool {tool}: {e}")),
-    }
+    };
+    Ok(result
+        .map(|text| scrubber.scrub(&text))
+        .map_err(|e| e.scrubbed(&scrubber)))
 }
 
 pub(super) fn find_tool(agent: &LoadedAgent, name: &str) -> Result<BoundTool, String> {

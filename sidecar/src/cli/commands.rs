@@ -188,25 +188,25 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::Run {
             agents,
             model,
-            prompt,
+            script,
             media,
             yes,
         } => {
-            // agents-exe joins its prompt directives line by line, and
-            // reads stdin when there is none.
-            let prompt = if prompt.is_empty() {
-                read_stdin("the prompt")?
-            } else {
-                prompt.join("\n")
-            };
+            let prompt = compose_prompt(&script.0)?;
             if prompt.trim().is_empty() {
                 return Err(
                     "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
                 );
             }
             let query = super::media::query(prompt, &media)?;
-            super::serve::run(&agents, &model, query, yes).await
+            super::one_shot::run(&agents, &model, query, yes).await
         }
+        Command::EchoPrompt { script } => {
+            print!("{}", compose_prompt(&script.0)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
+        Command::McpServer { agents, model } => super::mcp_stdio::main(&agents, &model).await,
         Command::Serve {
             agents,
             model,
@@ -333,6 +333,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 }
                 None => "{}".to_string(),
             };
+            if from_stdin {
+                return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
+            }
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
@@ -354,7 +357,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
-                return super::serve::run(&helper_args, &model, what, yes).await;
+                return super::one_shot::run(&helper_args, &model, what, yes).await;
             }
             let asking = super::call::Asking {
                 yes,
@@ -448,12 +451,75 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
     }
 }
 
-/// All of stdin, for agents-exe's commands that take `what` there.
-fn read_stdin(what: &str) -> Result<String, String> {
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-        .map_err(|e| format!("error: cannot read {what} from stdin: {e}"))?;
-    Ok(text)
+/// agents-exe's `tool-call NAME`: the result printed as agents-exe's JSON
+/// line (see [`super::tool_call_result`]).
+async fn agents_exe_tool_call(
+    agents: &AgentArgs,
+    model: &super::args::ModelArgs,
+    tool: &str,
+    args: &str,
+    yes: bool,
+    choose: Option<String>,
+) -> Result<ExitCode, String> {
+    use super::tool_call_result::{result, result_data, Called};
+    let model_args: serde_json::Value = serde_json::from_str(args)
+        .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
+    let tree = load(agents).await?;
+    let agent = tree.pick(agents.agent.as_deref())?.clone();
+    let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
+    let helper = crate::session::helpers::helper_slug(&agent, tool)
+        .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
+        .and_then(|h| tree.agent(&h.agent).cloned());
+    let called = if let Some(helper) = helper {
+        // A helper's tool takes {"what": TEXT}, as the model calls it; its
+        // model clients only then (reading a key may run a command).
+        let loaded = super::one_shot::Loaded::with(tree, agents, model)?;
+        match model_args.get("what").and_then(|w| w.as_str()) {
+            Some(what) => Called::Helper(
+                loaded
+                    .ask(
+                        &helper,
+                        what.to_string(),
+                        super::one_shot::Waiting::Terminal { yes },
+                        &super::one_shot::cancelled_on_ctrl_c(),
+                    )
+                    .await,
+            ),
+            None => Called::Helper(Err(format!("{tool} takes {{\"what\": TEXT}}"))),
+        }
+    } else if let Some(bound) = agent.tool(tool) {
+        let asking = super::call::Asking {
+            yes,
+            choose: choose.as_deref(),
+        };
+        Called::Tool(
+            super::call::outcome(&agent, &bound, model_args, None, asking)
+                .await?
+                .map_err(|e| e.to_string()),
+        )
+    } else {
+        // The JSON says so; the agent's tool names go to stderr.
+        if let Err(e) = super::call::find_tool(&agent, tool) {
+            eprintln!("{e}");
+        }
+        Called::NotFound
+    };
+    let line = result(result_data(tool, called), clock.elapsed(), started);
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// All of stdin (bounded), for agents-exe's commands that take `what` there.
+pub(super) fn read_stdin(what: &str) -> Result<String, String> {
+    super::prompt_script::read_capped(std::io::stdin().lock(), "stdin")
+        .map_err(|e| format!("error: {what}: {e}"))
+}
+
+/// The prompt agents-exe's directives make; reading files, running a
+/// command and reading stdin block, so off the async workers.
+fn compose_prompt(script: &super::prompt_script::PromptScript) -> Result<String, String> {
+    tokio::task::block_in_place(|| super::prompt_script::compose_here(script))
+        .map_err(|e| format!("error: {e}"))
 }
 
 async fn check(

@@ -111,11 +111,7 @@ pub fn agents_exe_defaults(
     let none = || {
         "no agent file: give --agent-file FILE (or --agents-dir DIR), or run where an agents-exe.cfg.json (here or in a parent directory) lists them".to_string()
     };
-    if let Some(cfg) = cwd
-        .ancestors()
-        .map(|d| d.join("agents-exe.cfg.json"))
-        .find(|p| p.is_file())
-    {
+    if let Some(cfg) = nearest_agents_exe_cfg(cwd) {
         let text = std::fs::read_to_string(&cfg)
             .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
         let c: Config = serde_json::from_str(&text)
@@ -144,6 +140,14 @@ pub fn agents_exe_defaults(
         }
         None => Err(none()),
     }
+}
+
+/// The nearest `agents-exe.cfg.json`, from `cwd` up, as agents-exe looks
+/// for it.
+pub fn nearest_agents_exe_cfg(cwd: &std::path::Path) -> Option<std::path::PathBuf> {
+    cwd.ancestors()
+        .map(|d| d.join("agents-exe.cfg.json"))
+        .find(|p| p.is_file())
 }
 
 /// The process values, from flags, files and the environment.

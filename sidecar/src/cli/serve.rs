@@ -10,23 +10,21 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::ask::ask_terminal;
 use super::load::{load_lenient, load_options};
 use crate::api::auth::OwnerToken;
 use crate::api::server::router;
 use crate::api::state::AppState;
-use crate::llm::{ChatMessage, Turn};
+use crate::llm::Turn;
 use crate::metrics::Metrics;
 use crate::params::SecretString;
 use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
 use crate::session::lease::LeaseConfig;
-use crate::session::runner::{self, RunContext, RunEnd, RunSink};
+use crate::session::runner::{self, RunSink};
 use crate::session::service::{Service, ServiceConfig};
 use crate::session::store::{self, Location};
 use crate::session::wire::SessionEvent;
-use crate::tools::CallContext;
 
-fn client_options(m: &ModelArgs) -> ClientOptions {
+pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
         timeout: Duration::from_secs(m.llm_timeout),
         max_retries: m.llm_retries,
@@ -43,7 +41,7 @@ fn client_options(m: &ModelArgs) -> ClientOptions {
 }
 
 /// Prints streamed text to stderr as it comes; the answer goes to stdout.
-struct CliSink;
+pub(super) struct CliSink;
 
 #[async_trait]
 impl RunSink for CliSink {
@@ -55,108 +53,6 @@ impl RunSink for CliSink {
         }
     }
     fn delta(&self, _: &str) {}
-}
-
-pub async fn run(
-    agents: &AgentArgs,
-    model: &ModelArgs,
-    prompt: impl Into<crate::llm::Content>,
-    yes: bool,
-) -> Result<ExitCode, String> {
-    let opts = load_options(agents)?;
-    let mut own = Credentials::from_env();
-    own.api_keys(&opts.api_keys);
-    let _own = crate::params::live::register_own(own.0);
-    let tree = load_lenient(agents).await?;
-    let agent = tree.pick(agents.agent.as_deref())?.clone();
-    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
-    let _keys = crate::params::live::register_own(model_keys(&clients));
-    for w in warnings {
-        tracing::warn!("{w}");
-    }
-    let values = agent.process_values();
-    let missing = agent.params.missing_required(&values);
-    if !missing.is_empty() {
-        return Err(format!(
-            "error: agent `{}` needs a value for {}: give it with --set NAME=VALUE (or BINDERY_PARAM_<NAME>)",
-            agent.name,
-            missing.join(", ")
-        ));
-    }
-    let metrics = Metrics::default();
-    let lookups = crate::session::depends::LookupCache::default();
-    let id = uuid::Uuid::new_v4().to_string();
-    let tools = agent.tools.snapshot();
-    let ctx = RunContext {
-        agent: &agent,
-        tools: &tools,
-        helpers: Some(crate::session::helpers::HelperEnv {
-            tree: &tree,
-            clients: &clients,
-            stack: vec![agent.name.clone()],
-            inherited: Vec::new(),
-            max_depth: crate::session::service::MAX_HELPER_DEPTH,
-        }),
-        client: &clients[&agent.name],
-        values: &values,
-        call: CallContext {
-            session_id: id.clone(),
-            conversation_id: id,
-            turn_id: String::new(),
-            step_id: String::new(),
-            agent_id: agent.name.clone(),
-            session_json: None,
-            scrubber: Default::default(),
-        },
-        cache: None,
-        lookups: Some(&lookups),
-        metrics: &metrics,
-        max_steps: agent.spec.max_steps.unwrap_or(model.max_steps),
-        stream: false,
-        origin: crate::metrics::ToolCaller::Model,
-        taint_from: 0,
-        caller_taint: &[],
-        // `run` keeps no store, so nothing is counted.
-        ledger: None,
-        clock: &crate::session::clock::WallClock,
-    };
-    let mut history = vec![Turn::new(ChatMessage::User {
-        content: prompt.into(),
-    })];
-    let cancel = CancellationToken::new();
-    let ctrl_c = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            ctrl_c.cancel();
-        }
-    });
-    let mut end = runner::run(&ctx, &mut history, &CliSink, &cancel).await;
-    while let RunEnd::Blocked(calls) = &end {
-        let resolved = ask_terminal(calls, yes, None)?;
-        end = match runner::answer_resolved(&ctx, &resolved, &mut history, &CliSink, &cancel).await
-        {
-            Some(end) => end,
-            None => runner::run(&ctx, &mut history, &CliSink, &cancel).await,
-        };
-    }
-    match end {
-        RunEnd::Blocked(_) => unreachable!("answered above"),
-        RunEnd::Stepped | RunEnd::Completed => {
-            let answer = history.iter().rev().find_map(|m| match m.message() {
-                ChatMessage::Assistant {
-                    content: Some(c), ..
-                } => Some(c.clone()),
-                _ => None,
-            });
-            println!("{}", answer.unwrap_or_default().trim_end());
-            Ok(ExitCode::SUCCESS)
-        }
-        RunEnd::MaxSteps(n) => Err(format!(
-            "error: no answer after {n} model turns (raise --max-steps)"
-        )),
-        RunEnd::Cancelled => Err("error: cancelled".to_string()),
-        RunEnd::Failed(why) | RunEnd::OverBudget(why) => Err(format!("error: {why}")),
-    }
 }
 
 pub struct ServeArgs<'a> {
@@ -601,7 +497,7 @@ fn owner_token(
 
 /// The keys the model clients send (an agent file's `apiKey`, read from
 /// wherever it says): the server's own credentials too.
-fn model_keys(
+pub(super) fn model_keys(
     clients: &std::collections::BTreeMap<String, crate::llm::ChatClient>,
 ) -> Vec<(String, SecretString)> {
     clients
@@ -611,12 +507,12 @@ fn model_keys(
 }
 
 /// The server's own credentials, to register as live secrets.
-struct Credentials(Vec<(String, SecretString)>);
+pub(super) struct Credentials(pub(super) Vec<(String, SecretString)>);
 
 impl Credentials {
     /// Every variable of [`crate::spec::checks::SERVER_CREDENTIAL_ENV`]
     /// that is set.
-    fn from_env() -> Credentials {
+    pub(super) fn from_env() -> Credentials {
         let mut own = Credentials(Vec::new());
         for name in crate::spec::checks::SERVER_CREDENTIAL_ENV {
             if let Ok(v) = std::env::var(name) {
@@ -636,7 +532,7 @@ impl Credentials {
     }
 
     /// The model keys of the API-keys file.
-    fn api_keys(&mut self, keys: &crate::params::ApiKeys) {
+    pub(super) fn api_keys(&mut self, keys: &crate::params::ApiKeys) {
         for (id, key) in keys.iter() {
             self.add(id, key.expose());
         }

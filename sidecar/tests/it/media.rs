@@ -57,6 +57,8 @@ fn prompt_of(req: &Value) -> String {
         .as_str()
         .or_else(|| content[0]["text"].as_str())
         .unwrap_or_default()
+        // Each prompt directive ends with a line break, as agents-exe's.
+        .trim_end()
         .to_string()
 }
 
@@ -115,7 +117,7 @@ async fn a_bash_tools_image_reaches_the_model_as_an_image() {
         messages[0],
         json!({"role": "system", "content": "You draw charts."})
     );
-    assert_eq!(messages[1], json!({"role": "user", "content": "chart"}));
+    assert_eq!(messages[1], json!({"role": "user", "content": "chart\n"}));
     assert_eq!(messages.len(), 5);
     mock.shutdown().await;
 }
@@ -208,7 +210,7 @@ async fn run_m_sends_the_files_with_the_prompt() {
     assert_eq!(
         requests[0]["messages"][1],
         json!({"role": "user", "content": [
-            {"type": "text", "text": "look"},
+            {"type": "text", "text": "look\n"},
             {"type": "image_url", "image_url": {"url": data_url("image/png", &png)}},
             {"type": "file", "file": {"filename": "report.pdf",
                                       "file_data": data_url("application/pdf", b"%PDF-1.4 tiny")}},

@@ -474,16 +474,28 @@ async fn handle(
     }
 }
 
+/// The versions `initialize` agrees to, oldest first (later ones have no
+/// handshake).
+pub fn handshake_versions() -> impl Iterator<Item = &'static str> {
+    PROTOCOL_VERSIONS.iter().copied().filter(|v| *v <= LATEST)
+}
+
+/// The version `initialize` answers with, among `served` (oldest first):
+/// the client's when it is served, else the newest; the client decides
+/// whether it can live with that.
+pub fn negotiate(asked: &str, served: &[&'static str]) -> &'static str {
+    served
+        .iter()
+        .find(|v| **v == asked)
+        .or(served.last())
+        .copied()
+        .unwrap_or(LATEST)
+}
+
 fn initialize(params: &Value) -> Value {
     let asked = params["protocolVersion"].as_str().unwrap_or("");
-    // The client's version when we speak it, else our latest: the client
-    // decides whether it can live with that.
-    let version = PROTOCOL_VERSIONS
-        .iter()
-        .filter(|v| **v <= LATEST)
-        .find(|v| **v == asked)
-        .copied()
-        .unwrap_or(LATEST);
+    let served: Vec<&'static str> = handshake_versions().collect();
+    let version = negotiate(asked, &served);
     json!({
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": false}},

@@ -1,0 +1,197 @@
+//! One run of an agent to completion on the command line, with no store:
+//! `run`, `run` in the bash tool protocol (`as-tool`), a helper's
+//! `tool-call`, and each `tools/call` of `mcp-server`, which loads its
+//! agents once and runs them many times.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::args::{AgentArgs, ModelArgs};
+use super::ask::{ask_terminal, refuse_all};
+use super::load::{load_lenient, load_options};
+use super::serve::{client_options, model_keys, CliSink, Credentials};
+use crate::llm::{ChatClient, ChatMessage, Turn};
+use crate::metrics::Metrics;
+use crate::params::live::Registration;
+use crate::session::clients::build_clients;
+use crate::session::runner::{self, RunContext, RunEnd};
+use crate::tools::CallContext;
+use crate::tree::{AgentTree, LoadedAgent};
+
+/// Who answers the calls a run waits for (a confirmation, a choice).
+#[derive(Clone, Copy, Debug)]
+pub enum Waiting {
+    /// The person at the terminal (`yes`: every confirmation approved).
+    Terminal { yes: bool },
+    /// Nobody: each is refused, and the model told why.
+    Refuse(&'static str),
+}
+
+/// Agents loaded with their model clients, ready to run.
+pub struct Loaded {
+    pub tree: AgentTree,
+    clients: BTreeMap<String, ChatClient>,
+    max_steps: u32,
+    // The process's and the model clients' credentials are live secrets
+    // for as long as runs may go: no log line or tool result carries one.
+    _secrets: (Option<Registration>, Option<Registration>),
+}
+
+impl Loaded {
+    /// The agents `agents` names, a broken tool script left out (as
+    /// agents-exe does when it runs agents).
+    pub async fn load(agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
+        let tree = load_lenient(agents).await?;
+        Loaded::with(tree, agents, model)
+    }
+
+    /// `tree`, loaded from `agents`, with its model clients.
+    pub fn with(tree: AgentTree, agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
+        let opts = load_options(agents)?;
+        let mut own = Credentials::from_env();
+        own.api_keys(&opts.api_keys);
+        let own = crate::params::live::register_own(own.0);
+        let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
+        let keys = crate::params::live::register_own(model_keys(&clients));
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(Loaded {
+            tree,
+            clients,
+            max_steps: model.max_steps,
+            _secrets: (own, keys),
+        })
+    }
+
+    /// Run `agent` once on `prompt`: its last answer.
+    pub async fn ask(
+        &self,
+        agent: &Arc<LoadedAgent>,
+        prompt: impl Into<crate::llm::Content>,
+        waiting: Waiting,
+        cancel: &CancellationToken,
+    ) -> Result<String, String> {
+        let values = agent.process_values();
+        let missing = agent.params.missing_required(&values);
+        if !missing.is_empty() {
+            return Err(format!(
+                "agent `{}` needs a value for {}: give it with --set NAME=VALUE (or BINDERY_PARAM_<NAME>)",
+                agent.name,
+                missing.join(", ")
+            ));
+        }
+        let client = self
+            .clients
+            .get(&agent.name)
+            .ok_or_else(|| format!("agent `{}` has no model client", agent.name))?;
+        let metrics = Metrics::default();
+        let lookups = crate::session::depends::LookupCache::default();
+        let id = uuid::Uuid::new_v4().to_string();
+        let tools = agent.tools.snapshot();
+        let ctx = RunContext {
+            agent,
+            tools: &tools,
+            helpers: Some(crate::session::helpers::HelperEnv {
+                tree: &self.tree,
+                clients: &self.clients,
+                stack: vec![agent.name.clone()],
+                inherited: Vec::new(),
+                max_depth: crate::session::service::MAX_HELPER_DEPTH,
+            }),
+            client,
+            values: &values,
+            call: CallContext {
+                session_id: id.clone(),
+                conversation_id: id,
+                turn_id: String::new(),
+                step_id: String::new(),
+                agent_id: agent.name.clone(),
+                session_json: None,
+                scrubber: Default::default(),
+            },
+            cache: None,
+            lookups: Some(&lookups),
+            metrics: &metrics,
+            max_steps: agent.spec.max_steps.unwrap_or(self.max_steps),
+            stream: false,
+            origin: crate::metrics::ToolCaller::Model,
+            taint_from: 0,
+            caller_taint: &[],
+            // No store, so nothing is counted.
+            ledger: None,
+            clock: &crate::session::clock::WallClock,
+        };
+        let mut history = vec![Turn::new(ChatMessage::User {
+            content: prompt.into(),
+        })];
+        let mut end = runner::run(&ctx, &mut history, &CliSink, cancel).await;
+        while let RunEnd::Blocked(calls) = &end {
+            let resolved = match waiting {
+                Waiting::Terminal { yes } => ask_terminal(calls, yes, None)?,
+                Waiting::Refuse(why) => refuse_all(calls, why),
+            };
+            end = match runner::answer_resolved(&ctx, &resolved, &mut history, &CliSink, cancel)
+                .await
+            {
+                Some(end) => end,
+                None => runner::run(&ctx, &mut history, &CliSink, cancel).await,
+            };
+        }
+        match end {
+            RunEnd::Blocked(_) => unreachable!("answered above"),
+            RunEnd::Stepped | RunEnd::Completed => {
+                let answer = history.iter().rev().find_map(|m| match m.message() {
+                    ChatMessage::Assistant {
+                        content: Some(c), ..
+                    } => Some(c.clone()),
+                    _ => None,
+                });
+                Ok(answer.unwrap_or_default().trim_end().to_string())
+            }
+            RunEnd::MaxSteps(n) => Err(format!(
+                "no answer after {n} model turns (raise --max-steps)"
+            )),
+            RunEnd::Cancelled => Err("cancelled".to_string()),
+            RunEnd::Failed(why) | RunEnd::OverBudget(why) => Err(why),
+        }
+    }
+}
+
+/// A token cancelled on ctrl-c.
+pub fn cancelled_on_ctrl_c() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    cancel
+}
+
+/// `run`: the agent `agents` picks, once on `prompt`, the person at the
+/// terminal answering what it waits for; the answer goes to stdout.
+pub async fn run(
+    agents: &AgentArgs,
+    model: &ModelArgs,
+    prompt: impl Into<crate::llm::Content>,
+    yes: bool,
+) -> Result<ExitCode, String> {
+    let loaded = Loaded::load(agents, model).await?;
+    let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
+    let answer = loaded
+        .ask(
+            &agent,
+            prompt,
+            Waiting::Terminal { yes },
+            &cancelled_on_ctrl_c(),
+        )
+        .await
+        .map_err(|e| format!("error: {e}"))?;
+    println!("{answer}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,691 @@
+//! agents-exe's prompt directives (`run`, `echo-prompt`, and `run` in the
+//! bash tool protocol): the prompt is composed of pieces taken in
+//! command-line order, each followed by a line break. `--alias NAME`
+//! comes first wherever it is written; no directive at all means the
+//! prompt is stdin, as it is.
+//!
+//! The composition is pure: what it reads (files, a shell command's
+//! output, stdin) comes through [`Sources`], so it is tested without I/O;
+//! [`Local`] is the process's own, every read bounded.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The most bytes one piece (a file, a command's output, stdin) may bring.
+pub const MAX_PIECE: u64 = 8 * 1024 * 1024;
+
+/// One piece of a prompt, in agents-exe's meaning. agents-exe's
+/// `--session-xs|s|m|l|xl FILE` (a past session, rendered at a verbosity)
+/// are one variant more: a flag in [`PromptScript::take`] and [`FLAGS`],
+/// and its text read through [`Sources`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Directive {
+    /// `-p/--prompt TEXT`: the text.
+    Text(String),
+    /// `-f/--file FILE`: the file's text.
+    File(PathBuf),
+    /// `--shell CMD`: what `sh -c CMD` prints on stdout.
+    Shell(String),
+    /// `-s/--sep4 TEXT` (4 times), `-S/--sep40 TEXT` (40 times).
+    Separator { times: usize, text: String },
+}
+
+/// A prompt as the command line gives it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptScript {
+    /// `--alias NAME`: placed first, whatever its place on the line.
+    pub alias: Option<String>,
+    /// The other directives, in command-line order.
+    pub directives: Vec<Directive>,
+}
+
+impl PromptScript {
+    /// Take `value` for the directive flag `flag` (`-p`, `--file`, …).
+    /// `Ok(false)`: `flag` is not a directive. A second `--alias` is an
+    /// error, as in agents-exe.
+    pub fn take(&mut self, flag: &str, value: String) -> Result<bool, String> {
+        let directive = match flag {
+            "-p" | "--prompt" => Directive::Text(value),
+            "-f" | "--file" => Directive::File(PathBuf::from(value)),
+            "--shell" => Directive::Shell(value),
+            "-s" | "--sep4" => Directive::Separator {
+                times: 4,
+                text: value,
+            },
+            "-S" | "--sep40" => Directive::Separator {
+                times: 40,
+                text: value,
+            },
+            "--alias" => {
+                if let Some(first) = &self.alias {
+                    return Err(format!(
+                        "--alias is given twice (`{first}`, then `{value}`): one alias per prompt"
+                    ));
+                }
+                self.alias = Some(value);
+                return Ok(true);
+            }
+            _ => return Ok(false),
+        };
+        self.directives.push(directive);
+        Ok(true)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.alias.is_none() && self.directives.is_empty()
+    }
+}
+
+/// Where an alias's `{{content}}` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputMode {
+    Stdin,
+    /// agents-exe reads its `--session-file` here, and stdin without one.
+    File,
+}
+
+impl<'de> Deserialize<'de> for InputMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.to_ascii_lowercase().as_str() {
+            "stdin" => Ok(InputMode::Stdin),
+            "file" => Ok(InputMode::File),
+            _ => Err(serde::de::Error::custom(format!(
+                "unknown inputMode `{s}` (\"stdin\" or \"file\")"
+            ))),
+        }
+    }
+}
+
+/// A prompt alias: `promptAliases` in `agents-exe.cfg.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Alias {
+    pub description: String,
+    /// `{{content}}`, `{{filename}}` and `{{language}}` are replaced.
+    pub template: String,
+    pub input_mode: InputMode,
+}
+
+/// The aliases `--alias` may name: agents-exe's four, and the
+/// configuration's, which win by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aliases(BTreeMap<String, Alias>);
+
+impl Aliases {
+    /// agents-exe's built-in aliases. Their templates are what the model
+    /// receives, so they are agents-exe's words.
+    pub fn builtin() -> Aliases {
+        let alias = |description: &str, template: &str, input_mode| Alias {
+            description: description.into(),
+            template: template.into(),
+            input_mode,
+        };
+        let fenced = |ask: &str| format!("{ask}\n\n```{{{{language}}}}\n{{{{content}}}}\n```");
+        Aliases(BTreeMap::from([
+            (
+                "translate".into(),
+                alias(
+                    "Translate to English",
+                    "Please translate the following text to English:\n\n{{content}}",
+                    InputMode::Stdin,
+                ),
+            ),
+            (
+                "summarize".into(),
+                alias(
+                    "Summarize text",
+                    "Please provide a concise summary of the following:\n\n{{content}}",
+                    InputMode::Stdin,
+                ),
+            ),
+            (
+                "code-review".into(),
+                alias(
+                    "Review code for issues",
+                    &fenced("Please review the following code for potential bugs, security issues, and style improvements:"),
+                    InputMode::File,
+                ),
+            ),
+            (
+                "explain".into(),
+                alias(
+                    "Explain code in plain English",
+                    &fenced("Please explain what the following code does in plain English:"),
+                    InputMode::File,
+                ),
+            ),
+        ]))
+    }
+
+    /// The built-ins with `configured` over them.
+    pub fn with(configured: BTreeMap<String, Alias>) -> Aliases {
+        let mut all = Aliases::builtin();
+        all.0.extend(configured);
+        all
+    }
+
+    /// `promptAliases` of an `agents-exe.cfg.json` (`text`, read from
+    /// `shown`) over the built-ins; none there is none.
+    pub fn from_config(text: &str, shown: &Path) -> Result<Aliases, String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Config {
+            #[serde(default)]
+            prompt_aliases: Option<BTreeMap<String, Alias>>,
+        }
+        let c: Config = serde_json::from_str(text)
+            .map_err(|e| format!("{}: promptAliases: {e}", shown.display()))?;
+        Ok(Aliases::with(c.prompt_aliases.unwrap_or_default()))
+    }
+
+    fn get(&self, name: &str) -> Result<&Alias, String> {
+        self.0.get(name).ok_or_else(|| {
+            let listed: String = self
+                .0
+                .iter()
+                .map(|(n, a)| format!("\n  - {n}: {}", a.description))
+                .collect();
+            format!("unknown alias '{name}'\n\nAvailable aliases:{listed}")
+        })
+    }
+}
+
+/// What a prompt's directives read.
+pub trait Sources {
+    fn file(&mut self, path: &Path) -> Result<String, String>;
+    /// `sh -c command`'s stdout; a command that fails is an error.
+    fn shell(&mut self, command: &str) -> Result<String, String>;
+    fn stdin(&mut self) -> Result<String, String>;
+}
+
+/// The prompt `script` makes. Without any directive it is stdin, as is;
+/// otherwise each piece (the alias's first) followed by a line break.
+pub fn compose(
+    script: &PromptScript,
+    aliases: &Aliases,
+    io: &mut dyn Sources,
+) -> Result<String, String> {
+    if script.is_empty() {
+        return io.stdin();
+    }
+    let mut out = String::new();
+    if let Some(name) = &script.alias {
+        let alias = aliases.get(name)?;
+        // Either mode reads stdin: the file mode's file is agents-exe's
+        // --session-file, which this command does not take.
+        let content = io.stdin()?;
+        out.push_str(&fill(&alias.template, &content, None));
+        out.push('\n');
+    }
+    for d in &script.directives {
+        match d {
+            Directive::Text(t) => out.push_str(t),
+            Directive::File(p) => out.push_str(&io.file(p)?),
+            Directive::Shell(c) => out.push_str(&io.shell(c)?),
+            Directive::Separator { times, text } => out.push_str(&text.repeat(*times)),
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// An alias's template with its variables replaced: the content, and the
+/// name and language of the file it came from (empty without one).
+pub fn fill(template: &str, content: &str, file: Option<&Path>) -> String {
+    let filename = file
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let language = file.map(language_of).unwrap_or("");
+    template
+        .replace("{{content}}", content)
+        .replace("{{filename}}", &filename)
+        .replace("{{language}}", language)
+}
+
+/// The code fence's language for a file, by its extension.
+fn language_of(file: &Path) -> &'static str {
+    let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("");
+    match ext {
+        "hs" => "haskell",
+        "py" => "python",
+        "js" => "javascript",
+        "ts" => "typescript",
+        "java" => "java",
+        "c" | "h" => "c",
+        "cpp" | "cc" | "hpp" => "cpp",
+        "rs" => "rust",
+        "go" => "go",
+        "rb" => "ruby",
+        "php" => "php",
+        "sh" | "bash" => "bash",
+        "zsh" => "zsh",
+        "pl" => "perl",
+        "r" => "r",
+        "swift" => "swift",
+        "kt" => "kotlin",
+        "scala" => "scala",
+        "clj" => "clojure",
+        "ex" | "exs" => "elixir",
+        "erl" => "erlang",
+        "ml" => "ocaml",
+        "fs" => "fsharp",
+        "cs" => "csharp",
+        "lua" => "lua",
+        "vim" => "vim",
+        "md" => "markdown",
+        "json" => "json",
+        "yaml" | "yml" => "yaml",
+        "xml" => "xml",
+        "html" => "html",
+        "css" => "css",
+        "scss" => "scss",
+        "sass" => "sass",
+        "sql" => "sql",
+        _ => "",
+    }
+}
+
+/// The aliases where the process runs: the nearest `agents-exe.cfg.json`'s
+/// (from `cwd` up) over the built-ins.
+pub fn aliases_from(cwd: &Path) -> Result<Aliases, String> {
+    match super::load::nearest_agents_exe_cfg(cwd) {
+        None => Ok(Aliases::builtin()),
+        Some(cfg) => {
+            let text = read_capped(
+                std::fs::File::open(&cfg).map_err(|e| format!("{}: {e}", cfg.display()))?,
+                &cfg.display().to_string(),
+            )?;
+            Aliases::from_config(&text, &cfg)
+        }
+    }
+}
+
+/// All of `from` as text, refused past [`MAX_PIECE`] bytes.
+pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    from.take(MAX_PIECE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {what}: {e}"))?;
+    if bytes.len() as u64 > MAX_PIECE {
+        return Err(format!(
+            "{what} is longer than {} MiB: give less",
+            MAX_PIECE / (1024 * 1024)
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8 text"))
+}
+
+/// The process's files, shell and stdin; stdin is read once (an alias and
+/// an empty script both read it).
+#[derive(Default)]
+pub struct Local {
+    stdin: Option<String>,
+}
+
+impl Sources for Local {
+    fn file(&mut self, path: &Path) -> Result<String, String> {
+        let what = format!("--file {}", path.display());
+        let f = std::fs::File::open(path).map_err(|e| format!("{what}: {e}"))?;
+        read_capped(f, &what)
+    }
+
+    fn shell(&mut self, command: &str) -> Result<String, String> {
+        use std::process::{Command, Stdio};
+        let what = format!("--shell `{command}`");
+        // Its stdin is empty and its stderr the user's, as in agents-exe.
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("{what}: cannot start sh: {e}"))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| format!("{what}: no stdout"))
+            .and_then(|o| read_capped(o, &format!("the output of {what}")));
+        if out.is_err() {
+            // Too long or not text: the rest is not wanted.
+            let _ = child.kill();
+        }
+        let status = child.wait().map_err(|e| format!("{what}: {e}"))?;
+        let out = out?;
+        if !status.success() {
+            return Err(format!("{what} failed ({status})"));
+        }
+        Ok(out)
+    }
+
+    fn stdin(&mut self) -> Result<String, String> {
+        if let Some(s) = &self.stdin {
+            return Ok(s.clone());
+        }
+        let s = read_capped(std::io::stdin().lock(), "stdin")?;
+        self.stdin = Some(s.clone());
+        Ok(s)
+    }
+}
+
+/// The prompt of `script` as the process gives it, with the aliases of
+/// the working directory's `agents-exe.cfg.json` (read only when an
+/// alias is named).
+pub fn compose_here(script: &PromptScript) -> Result<String, String> {
+    let aliases = match &script.alias {
+        None => Aliases::builtin(),
+        Some(_) => {
+            let cwd = std::env::current_dir()
+                .map_err(|e| format!("cannot read the working directory: {e}"))?;
+            aliases_from(&cwd)?
+        }
+    };
+    compose(script, &aliases, &mut Local::default())
+}
+
+/// The directives as clap options, for `run` and `echo-prompt`: clap
+/// keeps each option's values apart, so their order across options is
+/// rebuilt from their indices on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptArgs(pub PromptScript);
+
+/// (clap id, flag as [`PromptScript::take`] knows it) for each directive.
+const FLAGS: [(&str, &str); 6] = [
+    ("prompt", "--prompt"),
+    ("file", "--file"),
+    ("shell", "--shell"),
+    ("sep4", "--sep4"),
+    ("sep40", "--sep40"),
+    ("alias", "--alias"),
+];
+
+impl clap::FromArgMatches for PromptArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut given: Vec<(usize, &str, String)> = Vec::new();
+        for (id, flag) in FLAGS {
+            let (Some(at), Some(values)) = (m.indices_of(id), m.get_many::<String>(id)) else {
+                continue;
+            };
+            given.extend(at.zip(values).map(|(i, v)| (i, flag, v.clone())));
+        }
+        given.sort_by_key(|(i, _, _)| *i);
+        let mut script = PromptScript::default();
+        for (_, flag, value) in given {
+            script
+                .take(flag, value)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, e))?;
+        }
+        Ok(PromptArgs(script))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for PromptArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction};
+        let many = |id: &'static str, name: &'static str, help: &'static str| {
+            Arg::new(id)
+                .long(id)
+                .value_name(name)
+                .action(ArgAction::Append)
+                .allow_hyphen_values(true)
+                .help(help)
+        };
+        cmd.arg(
+            many(
+                "prompt",
+                "TEXT",
+                "A paragraph of the prompt. Directives (-p, -f, --shell, -s, -S) are taken in \
+                 command-line order, each followed by a line break; without any, the prompt \
+                 is stdin.",
+            )
+            .short('p'),
+        )
+        .arg(many("file", "FILE", "The text of FILE.").short('f'))
+        .arg(many(
+            "shell",
+            "CMD",
+            "What `sh -c CMD` prints on stdout (a failing command is an error).",
+        ))
+        .arg(many("sep4", "TEXT", "TEXT 4 times: a short separator.").short('s'))
+        .arg(many("sep40", "TEXT", "TEXT 40 times: a long separator.").short('S'))
+        .arg(
+            Arg::new("alias")
+                .long("alias")
+                .value_name("NAME")
+                .action(ArgAction::Set)
+                .help(
+                    "A prompt alias, placed first: translate, summarize (their content \
+                     is stdin), code-review, explain, or one of agents-exe.cfg.json's \
+                     promptAliases.",
+                ),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sources from memory; what was read, in order.
+    #[derive(Default)]
+    struct Fake {
+        files: BTreeMap<PathBuf, String>,
+        stdin: String,
+        read: Vec<String>,
+    }
+
+    impl Sources for Fake {
+        fn file(&mut self, path: &Path) -> Result<String, String> {
+            self.read.push(format!("file {}", path.display()));
+            self.files
+                .get(path)
+                .cloned()
+                .ok_or_else(|| format!("--file {}: not found", path.display()))
+        }
+        fn shell(&mut self, command: &str) -> Result<String, String> {
+            self.read.push(format!("shell {command}"));
+            match command {
+                "false" => Err("--shell `false` failed (exit status: 1)".into()),
+                c => Ok(format!("<{c}>\n")),
+            }
+        }
+        fn stdin(&mut self) -> Result<String, String> {
+            self.read.push("stdin".into());
+            Ok(self.stdin.clone())
+        }
+    }
+
+    fn script(flags: &[(&str, &str)]) -> PromptScript {
+        let mut s = PromptScript::default();
+        for (f, v) in flags {
+            assert!(s.take(f, v.to_string()).unwrap(), "{f}");
+        }
+        s
+    }
+
+    #[test]
+    fn directives_are_taken_in_order_each_ending_a_line() {
+        let mut io = Fake {
+            files: BTreeMap::from([(PathBuf::from("notes.txt"), "a note".to_string())]),
+            ..Fake::default()
+        };
+        let s = script(&[
+            ("-S", "="),
+            ("--file", "notes.txt"),
+            ("-p", "ask"),
+            ("-s", "-"),
+            ("--shell", "date"),
+        ]);
+        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        assert_eq!(
+            got,
+            format!("{}\na note\nask\n----\n<date>\n\n", "=".repeat(40))
+        );
+        assert_eq!(io.read, ["file notes.txt", "shell date"]);
+    }
+
+    #[test]
+    fn no_directive_is_stdin_as_it_is() {
+        let mut io = Fake {
+            stdin: "as typed".into(),
+            ..Fake::default()
+        };
+        let got = compose(&PromptScript::default(), &Aliases::builtin(), &mut io).unwrap();
+        assert_eq!(got, "as typed");
+    }
+
+    #[test]
+    fn an_alias_comes_first_with_stdin_as_its_content() {
+        let mut io = Fake {
+            stdin: "bonjour".into(),
+            ..Fake::default()
+        };
+        let s = script(&[("-p", "after"), ("--alias", "translate")]);
+        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        assert_eq!(
+            got,
+            "Please translate the following text to English:\n\nbonjour\nafter\n"
+        );
+        // A file-mode alias without a file: stdin, no language.
+        let s = script(&[("--alias", "explain")]);
+        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        assert!(
+            got.ends_with("plain English:\n\n```\nbonjour\n```\n"),
+            "{got}"
+        );
+    }
+
+    #[test]
+    fn a_second_alias_and_an_unknown_one_are_refused_naming_the_others() {
+        let mut s = script(&[("--alias", "summarize")]);
+        let e = s.take("--alias", "explain".into()).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        let s = script(&[("--alias", "poem")]);
+        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        assert!(e.starts_with("unknown alias 'poem'"), "{e}");
+        assert!(e.contains("  - code-review: Review code for issues"), "{e}");
+        assert!(!PromptScript::default()
+            .take("--thinking", "x".into())
+            .unwrap());
+    }
+
+    #[test]
+    fn configured_aliases_join_and_override_the_builtin_ones() {
+        let cfg = r#"{"agentsFiles": [], "promptAliases": {
+            "haiku": {"description": "a haiku", "template": "Haiku on {{content}}", "inputMode": "STDIN"},
+            "translate": {"description": "to French", "template": "En français : {{content}}", "inputMode": "stdin"}}}"#;
+        let aliases = Aliases::from_config(cfg, Path::new("agents-exe.cfg.json")).unwrap();
+        let mut io = Fake {
+            stdin: "rain".into(),
+            ..Fake::default()
+        };
+        let got = compose(&script(&[("--alias", "haiku")]), &aliases, &mut io).unwrap();
+        assert_eq!(got, "Haiku on rain\n");
+        let got = compose(&script(&[("--alias", "translate")]), &aliases, &mut io).unwrap();
+        assert_eq!(got, "En français : rain\n");
+        assert!(aliases.get("summarize").is_ok());
+        let bad = r#"{"promptAliases": {"x": {"description": "d", "template": "t", "inputMode": "pipe"}}}"#;
+        let e = Aliases::from_config(bad, Path::new("agents-exe.cfg.json")).unwrap_err();
+        assert!(
+            e.contains("agents-exe.cfg.json") && e.contains("pipe"),
+            "{e}"
+        );
+        let none = Aliases::from_config("{}", Path::new("c.json")).unwrap();
+        assert_eq!(none, Aliases::builtin());
+    }
+
+    #[test]
+    fn a_template_knows_the_file_name_and_language() {
+        let got = fill(
+            "{{filename}} ({{language}}): {{content}}",
+            "fn main() {}",
+            Some(Path::new("src/main.rs")),
+        );
+        assert_eq!(got, "main.rs (rust): fn main() {}");
+        assert_eq!(
+            fill("[{{language}}]", "", Some(Path::new("x.unknown"))),
+            "[]"
+        );
+    }
+
+    #[test]
+    fn a_failing_piece_fails_the_prompt() {
+        let s = script(&[("-p", "a"), ("--shell", "false")]);
+        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        assert!(e.contains("--shell `false` failed"), "{e}");
+        let s = script(&[("-f", "missing.txt")]);
+        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        assert!(e.contains("missing.txt"), "{e}");
+    }
+
+    #[test]
+    fn clap_options_keep_their_order_across_flags() {
+        use clap::{Args, FromArgMatches};
+        let cmd = PromptArgs::augment_args(clap::Command::new("t"));
+        let m = cmd
+            .try_get_matches_from([
+                "t",
+                "-p",
+                "one",
+                "-f",
+                "a.txt",
+                "-s",
+                "-",
+                "--alias",
+                "summarize",
+                "-p",
+                "two",
+                "--shell",
+                "ls",
+                "-S",
+                "=",
+            ])
+            .unwrap();
+        let PromptArgs(s) = PromptArgs::from_arg_matches(&m).unwrap();
+        assert_eq!(s.alias.as_deref(), Some("summarize"));
+        assert_eq!(
+            s.directives,
+            [
+                Directive::Text("one".into()),
+                Directive::File("a.txt".into()),
+                Directive::Separator {
+                    times: 4,
+                    text: "-".into()
+                },
+                Directive::Text("two".into()),
+                Directive::Shell("ls".into()),
+                Directive::Separator {
+                    times: 40,
+                    text: "=".into()
+                },
+            ]
+        );
+        let cmd = PromptArgs::augment_args(clap::Command::new("t"));
+        assert!(cmd
+            .try_get_matches_from(["t", "--alias", "a", "--alias", "b"])
+            .is_err());
+    }
+
+    #[test]
+    fn a_read_past_the_cap_is_refused() {
+        let long = std::io::repeat(b'x').take(MAX_PIECE + 1);
+        let e = read_capped(long, "stdin").unwrap_err();
+        assert!(e.contains("stdin is longer than"), "{e}");
+        let e = read_capped(&[0xff, 0xfe][..], "--file x").unwrap_err();
+        assert!(e.contains("not UTF-8"), "{e}");
+    }
+}
