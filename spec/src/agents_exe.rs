@@ -43,7 +43,9 @@ pub struct Description {
     #[serde(default)]
     pub parameters: Vec<Parameter>,
     #[serde(default)]
-    pub bash_toolboxes: Vec<BashToolboxDescription>,
+    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// reported without hiding the others.
+    pub bash_toolboxes: Vec<serde_json::Value>,
     #[serde(default)]
     pub bindings: Vec<ExeBinding>,
     #[serde(default)]
@@ -52,11 +54,17 @@ pub struct Description {
     #[serde(default)]
     pub tool_directory: Option<String>,
     #[serde(default)]
-    pub mcp_servers: Vec<McpServerDescription>,
+    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// reported without hiding the others.
+    pub mcp_servers: Vec<serde_json::Value>,
     #[serde(default)]
-    pub open_api_toolboxes: Vec<OpenApiToolboxDescription>,
+    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// reported without hiding the others.
+    pub open_api_toolboxes: Vec<serde_json::Value>,
     #[serde(default)]
-    pub postgrest_toolboxes: Vec<PostgrestToolboxDescription>,
+    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// reported without hiding the others.
+    pub postgrest_toolboxes: Vec<serde_json::Value>,
     /// Tagged builtin toolboxes: `SystemToolbox` and `SqliteToolbox` load,
     /// other kinds are refused, saying why.
     #[serde(default)]
@@ -771,6 +779,10 @@ pub struct ExtraAgent {
 
 /// What converting a file needs to tell its caller beyond the spec.
 pub struct Converted {
+    /// What is wrong with the file, each said (an entry that does not
+    /// read, a kind Bindery refuses); the rest is converted all the same,
+    /// so every problem shows at once.
+    pub errors: Vec<String>,
     pub name: String,
     pub spec: AgentSpec,
     /// `toolDirectory`, resolved by the loader (it lists files).
@@ -801,16 +813,113 @@ pub fn ignored_path(p: &serde_ignored::Path<'_>) -> String {
     }
 }
 
+/// `v` as JSON text with each object's `tag` key written first: serde
+/// buffers a tagged object read `contents` first, and the fields it then
+/// skips go unseen by the ignored-field pass.
+pub fn tag_first(v: &serde_json::Value) -> String {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                out.push('{');
+                let keys = m
+                    .keys()
+                    .filter(|k| *k == "tag")
+                    .chain(m.keys().filter(|k| *k != "tag"));
+                for (i, k) in keys.enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&m[k], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
+}
+
+/// The entries of list `key` that read as `T`; each that does not is an
+/// error naming its path, and the fields each skips go to `ignored`.
+fn entries<T: serde::de::DeserializeOwned>(
+    key: &str,
+    list: Vec<serde_json::Value>,
+    ignored: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for (i, v) in list.into_iter().enumerate() {
+        let text = tag_first(&v);
+        let mut here = Vec::new();
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let read: Result<T, _> =
+            serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {
+                here.push(ignored_path(&p))
+            }));
+        match read {
+            Ok(t) => {
+                out.push(t);
+                ignored.extend(here.into_iter().map(|p| format!("contents.{key}[{i}].{p}")));
+            }
+            Err(e) => {
+                let path = e.path().to_string();
+                let at = if path == "." {
+                    String::new()
+                } else {
+                    format!(".{path}")
+                };
+                errors.push(format!("at `contents.{key}[{i}]{at}`: {}", e.inner()));
+            }
+        }
+    }
+    out
+}
+
 impl Description {
     /// The same agent in Bindery's own types. Fails on toolbox kinds this
     /// build cannot run yet, naming them, rather than dropping them.
     pub fn convert(self) -> Result<Converted, String> {
+        let mut errors = Vec::new();
+        let mut ignored = Vec::new();
         if !self.skill_sources.is_empty() {
-            return Err("contents.skillSources: Bindery does not load agents-exe's skills yet, so the tools they add (`skill_describe_<skill>`, `skill_<skill>_<script>`) would be missing while the prompt may name them; remove `skillSources`, or give each skill's scripts as a bash toolbox".to_string());
+            errors.push("contents.skillSources: Bindery does not load agents-exe's skills yet, so the tools they add (`skill_describe_<skill>`, `skill_<skill>_<script>`) would be missing while the prompt may name them; remove `skillSources`, or give each skill's scripts as a bash toolbox".to_string());
         }
+        let bash: Vec<BashToolboxDescription> = entries(
+            "bashToolboxes",
+            self.bash_toolboxes,
+            &mut ignored,
+            &mut errors,
+        );
+        let openapi: Vec<OpenApiToolboxDescription> = entries(
+            "openApiToolboxes",
+            self.open_api_toolboxes,
+            &mut ignored,
+            &mut errors,
+        );
+        let postgrest: Vec<PostgrestToolboxDescription> = entries(
+            "postgrestToolboxes",
+            self.postgrest_toolboxes,
+            &mut ignored,
+            &mut errors,
+        );
+        let mcp: Vec<McpServerDescription> =
+            entries("mcpServers", self.mcp_servers, &mut ignored, &mut errors);
         let bindings = |v: Vec<ExeBinding>| v.into_iter().map(Binding::from).collect::<Vec<_>>();
-        let mut toolboxes: Vec<Toolbox> = self
-            .bash_toolboxes
+        let mut toolboxes: Vec<Toolbox> = bash
             .into_iter()
             .map(|t| match t {
                 BashToolboxDescription::FileSystemDirectory(d) => Toolbox::Bash(BashToolbox {
@@ -856,19 +965,21 @@ impl Description {
                 }),
             );
         }
-        toolboxes.extend(self.open_api_toolboxes.into_iter().map(|t| match t {
+        toolboxes.extend(openapi.into_iter().map(|t| match t {
             OpenApiToolboxDescription::OpenAPIServer(o) => Toolbox::Openapi(o.into()),
         }));
-        toolboxes.extend(self.postgrest_toolboxes.into_iter().map(|t| match t {
+        toolboxes.extend(postgrest.into_iter().map(|t| match t {
             PostgrestToolboxDescription::PostgRESTServer(p) => Toolbox::Postgrest(p.into()),
         }));
-        toolboxes.extend(self.mcp_servers.into_iter().map(|m| match m {
+        toolboxes.extend(mcp.into_iter().map(|m| match m {
             McpServerDescription::McpSimpleBinary(m) => Toolbox::Mcp(m.into()),
         }));
-        let mut ignored = Vec::new();
         for (i, b) in self.builtin_toolboxes.into_iter().enumerate() {
             let mut here = Vec::new();
-            toolboxes.push(builtin_toolbox(i, b, &mut here)?);
+            match builtin_toolbox(i, b, &mut here) {
+                Ok(t) => toolboxes.push(t),
+                Err(e) => errors.push(e),
+            }
             ignored.extend(
                 here.into_iter()
                     .map(|p| format!("contents.builtinToolboxes[{i}].{p}")),
@@ -913,6 +1024,7 @@ impl Description {
             naming: super::Naming::AgentsExe,
         };
         Ok(Converted {
+            errors,
             name: self.slug,
             spec,
             tool_directory: self.tool_directory,
@@ -1066,7 +1178,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let err = d.convert().err().unwrap();
+        let err = d.convert().unwrap().errors.join("\n");
         assert!(
             err.starts_with(
                 "builtinToolboxes[0] (`LuaToolbox`): Bindery does not run model-written Lua"
@@ -1185,7 +1297,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let err = d.convert().err().unwrap();
+        let err = d.convert().unwrap().errors.join("\n");
         assert!(
             err.starts_with("contents.skillSources: Bindery does not load"),
             "{err}"

@@ -23,6 +23,10 @@ pub struct ParsedAgent {
     /// in the file (`contents.mcpServers[0].contents.fooBar`). Always empty
     /// for Bindery's own format, which refuses unknown fields.
     pub ignored: Vec<String>,
+    /// What is wrong with an agents-exe file that did not stop its
+    /// reading (a bad entry, a refused kind or field): the rest is loaded
+    /// and checked all the same, so every problem shows at once.
+    pub errors: Vec<String>,
 }
 
 /// Every agent in one file (a YAML file may hold several documents).
@@ -132,8 +136,6 @@ fn guards_a_call(path: &str) -> Option<String> {
     ))
 }
 
-/// Every agent in one text, read without a directory: an agents-exe
-/// toolbox kept in a file of its own is refused.
 /// Levenshtein distance between two short ASCII names.
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
@@ -150,6 +152,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Every agent in one text, read without a directory: an agents-exe
+/// toolbox kept in a file of its own is refused.
 pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
     parse_text_in(text, None)
 }
@@ -166,7 +170,7 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
             // is buffered whole by serde, and the fields it skips inside
             // go unseen: a misspelt `filter` would load without a word.
             // Read with every `tag` first, each skipped field is seen.
-            let text = tag_first(&value);
+            let text = crate::spec::agents_exe::tag_first(&value);
             let de = &mut serde_json::Deserializer::from_str(&text);
             let file: AgentFile =
                 serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {
@@ -178,16 +182,15 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
             ignored.extend(converted.ignored);
             // A field that restricts, authenticates or changes a call is
             // honoured or refused, never warned away.
-            let refused: Vec<String> = ignored.iter().filter_map(|p| guards_a_call(p)).collect();
-            if !refused.is_empty() {
-                return Err(refused.join("\n"));
-            }
+            let mut errors = converted.errors;
+            errors.extend(ignored.iter().filter_map(|p| guards_a_call(p)));
             return Ok(vec![ParsedAgent {
                 name: converted.name,
                 spec: converted.spec,
                 tool_directory: converted.tool_directory,
                 agents_exe: true,
                 ignored,
+                errors,
             }]);
         }
         let doc: AgentDocument = from_json(text)?;
@@ -213,44 +216,6 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
     Ok(agents)
 }
 
-/// `v` as JSON text with each object's `tag` key written first.
-fn tag_first(v: &serde_json::Value) -> String {
-    fn write(v: &serde_json::Value, out: &mut String) {
-        match v {
-            serde_json::Value::Object(m) => {
-                out.push('{');
-                let keys = m
-                    .keys()
-                    .filter(|k| *k == "tag")
-                    .chain(m.keys().filter(|k| *k != "tag"));
-                for (i, k) in keys.enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
-                    out.push(':');
-                    write(&m[k], out);
-                }
-                out.push('}');
-            }
-            serde_json::Value::Array(a) => {
-                out.push('[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(x, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut out = String::new();
-    write(v, &mut out);
-    out
-}
-
 fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
     if doc.api_version != API_VERSION || doc.kind != KIND {
         return Err(format!(
@@ -264,6 +229,7 @@ fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
         tool_directory: None,
         agents_exe: false,
         ignored: Vec::new(),
+        errors: Vec::new(),
     })
 }
 

@@ -195,7 +195,8 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
         }
     }
     reader.resolve_helpers(&mut diags);
-    let unread = !diags.is_empty();
+    let unread = !diags.is_empty() || !reader.errors.is_empty();
+    diags.append(&mut reader.errors);
     diags.append(&mut reader.ignored);
 
     let mut agents = BTreeMap::new();
@@ -244,6 +245,15 @@ pub async fn load_document(
         )));
     }
     let agent = parsed.remove(0);
+    if !agent.errors.is_empty() {
+        return Err(LoadError {
+            diagnostics: agent
+                .errors
+                .iter()
+                .map(|e| Diagnostic::error(format!("{label}: {e}")))
+                .collect(),
+        });
+    }
     if agent.name != slug {
         return Err(fail(format!(
             "{label}: the definition names agent `{}`; its name must be the slug in the path, `{slug}`",
@@ -329,6 +339,8 @@ struct Reader {
     by_path: Vec<(String, usize, PathBuf)>,
     /// One per field of an agents-exe file that Bindery does not read.
     ignored: Vec<Diagnostic>,
+    /// What is wrong with a file that did not stop its reading.
+    errors: Vec<Diagnostic>,
 }
 
 impl Reader {
@@ -343,6 +355,12 @@ impl Reader {
         let base = files::dir_of(path);
         let mut names = Vec::new();
         for agent in parsed {
+            self.errors.extend(
+                agent
+                    .errors
+                    .iter()
+                    .map(|e| Diagnostic::error(format!("{}: {e}", path.display()))),
+            );
             self.ignored.extend(agent.ignored.iter().map(|f| {
                 Diagnostic::warning(format!(
                     "{}: ignored field {f} (Bindery does not read it: it guards nothing Bindery offers, or agents-exe does not know it either; remove it to silence this warning)",

@@ -663,3 +663,38 @@ async fn a_versioned_sqlite_toolbox_writes_copies_and_promotes_one() {
     assert!(said.contains("another session"), "{said}");
     mock.shutdown().await;
 }
+
+/// `check` says every problem of a file at once: an entry that does not
+/// read, a refused kind, a guarding field misspelt, a missing tool
+/// directory and a bad toolgroup, each with its place, and the entries
+/// that read are loaded all the same.
+#[test]
+fn check_shows_every_class_of_error_at_once() {
+    use serde_json::json;
+    let root = repo_layout();
+    let agent = json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "many", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+        "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m", "announce": "many",
+        "systemPrompt": ["x"],
+        "bashToolboxes": [
+            {"tag": "FileSystemDirectory", "contents": {"Pth": "tools/dev"}},
+            {"tag": "FileSystemDirectory", "contents": {"Path": "tools/nowhere"}},
+            {"tag": "SingleTool", "contents": {"Path": "tools/extra/word-count",
+                "Activation": {"tag": "on-demand", "toolgroup": "no spaces"}}}
+        ],
+        "openApiToolboxes": [{"tag": "OpenAPIServer", "contents": {
+            "SpecUrl": "file://nowhere.json", "BaseUrl": "http://127.0.0.1:9", "Filtre": {"tag": "AlwaysTrue"}}}],
+        "builtinToolboxes": [{"tag": "LuaToolbox", "contents": {}}]}});
+    std::fs::write(root.path().join("agents/many.json"), agent.to_string()).unwrap();
+    let (ok, said) = in_dir(root.path(), &["check", "--agent-file", "agents/many.json"]);
+    assert!(!ok, "{said}");
+    for problem in [
+        "at `contents.bashToolboxes[0].contents`: missing field `Path`",
+        "builtinToolboxes[0] (`LuaToolbox`)",
+        "contents.openApiToolboxes[0].contents.Filtre: this field is not read as written",
+        "cannot read tool directory",
+        "toolgroup: `no spaces` is not a group name",
+    ] {
+        assert!(said.contains(problem), "{problem} not in:\n{said}");
+    }
+}
