@@ -43,7 +43,7 @@ pub struct Description {
     #[serde(default)]
     pub parameters: Vec<Parameter>,
     #[serde(default)]
-    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// Each entry read on its own (`entries`): one bad entry is
     /// reported without hiding the others.
     pub bash_toolboxes: Vec<serde_json::Value>,
     #[serde(default)]
@@ -54,15 +54,15 @@ pub struct Description {
     #[serde(default)]
     pub tool_directory: Option<String>,
     #[serde(default)]
-    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// Each entry read on its own (`entries`): one bad entry is
     /// reported without hiding the others.
     pub mcp_servers: Vec<serde_json::Value>,
     #[serde(default)]
-    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// Each entry read on its own (`entries`): one bad entry is
     /// reported without hiding the others.
     pub open_api_toolboxes: Vec<serde_json::Value>,
     #[serde(default)]
-    /// Each entry read on its own ([`entries`]): one bad entry is
+    /// Each entry read on its own (`entries`): one bad entry is
     /// reported without hiding the others.
     pub postgrest_toolboxes: Vec<serde_json::Value>,
     /// Tagged builtin toolboxes: `SystemToolbox` and `SqliteToolbox` load,
