@@ -11,6 +11,7 @@
 
 pub mod calls;
 pub mod edit;
+pub mod history;
 pub mod index;
 pub mod model;
 pub mod print;
