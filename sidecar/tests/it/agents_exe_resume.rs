@@ -354,3 +354,64 @@ async fn run_session_file_writes_agents_exes_session_and_resumes_from_it() {
     assert_eq!(mock.request_count(), 3);
     mock.shutdown().await;
 }
+
+/// A session agents-exe wrote is resumed: the model is sent its
+/// conversation (each call answered), and the file keeps its turns as
+/// they were stored, the run's on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_session_file_resumes_a_session_agents_exe_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    prober(d);
+    let original = std::fs::read_to_string(sessions().join("multi.session.json")).unwrap();
+    std::fs::write(d.join("multi.json"), &original).unwrap();
+    let mock = MockLlm::start_sequence(vec![MockReply::text("resumed")]).await;
+    let url = mock.url();
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        sx(
+            d,
+            &[("BINDERY_MODEL_URL", url.as_str()), ("TENANT", TENANT)],
+            &[
+                "run",
+                "--agent-file",
+                "prober.json",
+                "--session-file",
+                "multi.json",
+                "-p",
+                "anything else?",
+            ],
+        )
+    });
+    assert!(ok, "{out}{err}");
+    assert_eq!(out, "resumed\n");
+    let old: Value = serde_json::from_str(&original).unwrap();
+    let old_turns = old["turns"].as_array().unwrap();
+    let sent = &mock.requests()[0];
+    let roles = roles(sent);
+    assert_eq!(roles.first(), Some(&"system"));
+    assert_eq!(roles.last(), Some(&"user"));
+    // Each LlmTurn an assistant message, each call one result.
+    let llm_turns = old_turns.iter().filter(|t| t["tag"] == "LlmTurn").count();
+    let calls: usize = old_turns
+        .iter()
+        .filter_map(|t| t["contents"]["llmToolCalls"].as_array())
+        .map(Vec::len)
+        .sum();
+    assert_eq!(
+        roles.iter().filter(|r| **r == "assistant").count(),
+        llm_turns
+    );
+    assert_eq!(roles.iter().filter(|r| **r == "tool").count(), calls);
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("multi.json")).unwrap()).unwrap();
+    let turns = doc["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), old_turns.len() + 2);
+    assert_eq!(&turns[2..], old_turns.as_slice());
+    assert_eq!(doc["sessionId"], old["sessionId"]);
+    assert_eq!(turns[1]["contents"]["userQuery"], "anything else?\n");
+    assert_eq!(
+        turns[0]["contents"]["llmResponse"]["responseText"],
+        "resumed"
+    );
+    mock.shutdown().await;
+}
