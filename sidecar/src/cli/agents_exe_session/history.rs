@@ -615,6 +615,16 @@ mod tests {
         );
         assert_eq!(r.messages[2], ChatMessage::tool_result("x", UNANSWERED));
         answered(&r.messages);
+        // A step in progress (agents-exe's async mode): its completed
+        // results are sent, its pending calls answered as never answered.
+        let text = include_str!("../../../tests/fixtures/agents-exe/sessions/partial.session.json");
+        let s = Session::parse(&super::super::parse_text(text, "f").unwrap()).unwrap();
+        let r = history_of(&s);
+        answered(&r.messages);
+        assert!(r.carried < r.messages.len(), "{:?}", r.messages);
+        assert!(r.messages[r.carried..].iter().all(
+            |m| matches!(m, ChatMessage::Tool { content, .. } if content.text() == UNANSWERED)
+        ));
     }
 
     /// Each call has exactly one result, right after its assistant message.
