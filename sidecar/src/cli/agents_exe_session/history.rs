@@ -205,7 +205,7 @@ fn turns_of(messages: &[ChatMessage], offer: &Offer<'_>) -> Vec<Value> {
                     None => text.into_owned(),
                 });
                 if let Content::Parts(parts) = content {
-                    u.media.extend(parts.iter().filter_map(media_json));
+                    u.media.extend(parts.iter().filter_map(attachment));
                 }
             }
             ChatMessage::Tool {
@@ -303,14 +303,17 @@ fn response_json(content: &Content) -> Value {
             .iter()
             .filter_map(|p| match p {
                 ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
-                media => media_json(media),
+                media => attachment(media).map(|mut m| {
+                    m["type"] = json!("media");
+                    m
+                }),
             })
             .collect::<Vec<_>>()}),
     }
 }
 
 /// A media part as agents-exe's `MediaAttachment`: its `data:` URL split.
-fn media_json(part: &ContentPart) -> Option<Value> {
+fn attachment(part: &ContentPart) -> Option<Value> {
     let (url, filename) = match part {
         ContentPart::Text { .. } => return None,
         ContentPart::ImageUrl { image_url } => (&image_url.url, None),
@@ -318,7 +321,7 @@ fn media_json(part: &ContentPart) -> Option<Value> {
     };
     let (head, data) = url.strip_prefix("data:")?.split_once(',')?;
     let mime = head.split(';').next()?;
-    let mut m = json!({"type": "media", "mimeType": mime, "base64Data": data});
+    let mut m = json!({"mimeType": mime, "base64Data": data});
     if let Some(f) = filename {
         m["filename"] = json!(f);
     }
@@ -569,7 +572,7 @@ mod tests {
         let doc = offer_doc(None, &new);
         assert_eq!(
             doc["turns"][2]["contents"]["userQuery"],
-            json!({"text": "look", "media": [{"type": "media", "mimeType": "application/pdf",
+            json!({"text": "look", "media": [{"mimeType": "application/pdf",
                 "base64Data": "BBBB", "filename": "a.pdf"}]})
         );
         assert_eq!(

@@ -164,6 +164,12 @@ mod tests {
                 }
                 let _ = index::searchable_text(&s, true);
                 let _ = index::tool_counts(&s);
+                let resumed = history::history_of(&s);
+                let offer = history::Offer {
+                    prompt: "p",
+                    tools: &[],
+                };
+                let _ = history::session_doc(Some(doc), &resumed.messages, &offer, "s", "t");
             }
             let mut d = doc.clone();
             use edit::Op::*;
