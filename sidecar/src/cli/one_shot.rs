@@ -142,17 +142,15 @@ impl Loaded {
         let query = ChatMessage::User {
             content: prompt.into(),
         };
-        let resumed = file.map(|f| &f.resumed);
-        let mut history: Vec<Turn> = resumed
-            .map(|r| r.messages.iter().cloned().map(Turn::new).collect())
+        let mut history: Vec<Turn> = file
+            .map(|f| f.resumed.messages.iter().cloned().map(Turn::new).collect())
             .unwrap_or_default();
         let start = history.len();
-        history.push(Turn::new(query.clone()));
-        let file_sink = file.zip(resumed).map(|(f, r)| {
-            let mut new = r.messages[r.carried.min(r.messages.len())..].to_vec();
-            new.push(query);
-            let tools = runner::tools_on_offer(&ctx, &history);
-            FileSink::new(f, agent.spec.system_prompt.clone(), tools, new)
+        history.push(Turn::new(query));
+        let file_sink = file.map(|f| {
+            // Its query, and the answers to calls the file left open.
+            let own = f.resumed.messages.len().saturating_sub(f.resumed.carried) + 1;
+            FileSink::new(f, &ctx, &history, own)
         });
         let sink: &dyn runner::RunSink = match &file_sink {
             Some(s) => s,

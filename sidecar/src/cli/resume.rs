@@ -9,11 +9,11 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::agents_exe_session::history::{self, Offer, Resumed};
+use super::agents_exe_session::history::{self, Added, Resumed};
 use super::agents_exe_session::{self as aes, model::Session, Shape};
 use super::serve::CliSink;
-use crate::llm::{ChatMessage, ToolDefinition, Turn};
-use crate::session::runner::{Events, RunSink};
+use crate::llm::Turn;
+use crate::session::runner::{self, Events, RunContext, RunSink};
 
 /// A `--session-file` and the session it held.
 pub struct SessionFile {
@@ -73,9 +73,10 @@ impl SessionFile {
     }
 
     /// The file rewritten: its session with `new` (the run's messages) on top.
-    fn write(&self, new: &[ChatMessage], offer: &Offer<'_>) -> Result<(), String> {
+    fn write(&self, new: &[Added], prompt: &str) -> Result<(), String> {
         let turn_id = uuid::Uuid::new_v4().to_string();
-        let doc = history::session_doc(self.prior.as_ref(), new, offer, &self.session_id, &turn_id);
+        let doc =
+            history::session_doc(self.prior.as_ref(), new, prompt, &self.session_id, &turn_id);
         replace(&self.path, &(doc.to_string() + "\n")).map_err(|e| {
             format!(
                 "error: cannot write --session-file {}: {e}",
@@ -125,28 +126,46 @@ fn replace(path: &Path, text: &str) -> std::io::Result<()> {
 
 /// The command line's sink, which also rewrites the session file after
 /// each message the run adds.
-pub struct FileSink<'a> {
+pub struct FileSink<'a, 'c> {
     file: &'a SessionFile,
-    prompt: String,
-    tools: Vec<ToolDefinition>,
-    /// The run's messages, oldest first (not the file's).
-    new: Mutex<Vec<ChatMessage>>,
+    ctx: &'a RunContext<'c>,
+    written: Mutex<Written>,
     failed: Mutex<Option<String>>,
 }
 
-impl<'a> FileSink<'a> {
-    /// `start`: the run's messages before its first step (its query).
+/// What the run has so far.
+struct Written {
+    /// The whole history (which tools it has activated).
+    history: Vec<Turn>,
+    /// The run's own messages (not the file's), oldest first.
+    new: Vec<Added>,
+}
+
+impl<'a, 'c> FileSink<'a, 'c> {
+    /// `history`: the run's before its first step; the last `own` of it
+    /// are the run's to write (its query, and answers to calls the file
+    /// left open).
     pub fn new(
         file: &'a SessionFile,
-        prompt: String,
-        tools: Vec<ToolDefinition>,
-        start: Vec<ChatMessage>,
+        ctx: &'a RunContext<'c>,
+        history: &[Turn],
+        own: usize,
     ) -> Self {
+        let tools = std::sync::Arc::new(runner::tools_on_offer(ctx, history));
+        let new = history[history.len().saturating_sub(own)..]
+            .iter()
+            .map(|t| Added {
+                message: t.message().clone(),
+                tools: tools.clone(),
+            })
+            .collect();
         FileSink {
             file,
-            prompt,
-            tools,
-            new: Mutex::new(start),
+            ctx,
+            written: Mutex::new(Written {
+                history: history.to_vec(),
+                new,
+            }),
             failed: Mutex::new(None),
         }
     }
@@ -158,20 +177,21 @@ impl<'a> FileSink<'a> {
 }
 
 #[async_trait]
-impl RunSink for FileSink<'_> {
+impl RunSink for FileSink<'_, '_> {
     async fn turn(&self, msg: &Turn, events: Events) {
         CliSink.turn(msg, events).await;
         let written = tokio::task::block_in_place(|| {
-            let mut new = self
-                .new
+            let mut w = self
+                .written
                 .lock()
                 .map_err(|_| "a write failed before".to_string())?;
-            new.push(msg.message().clone());
-            let offer = Offer {
-                prompt: &self.prompt,
-                tools: &self.tools,
-            };
-            self.file.write(&new, &offer)
+            w.history.push(msg.clone());
+            let tools = runner::tools_on_offer(self.ctx, &w.history);
+            w.new.push(Added {
+                message: msg.message().clone(),
+                tools: std::sync::Arc::new(tools),
+            });
+            self.file.write(&w.new, &self.ctx.agent.spec.system_prompt)
         });
         if let Err(e) = written {
             tracing::warn!("{e}");

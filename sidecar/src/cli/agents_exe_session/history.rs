@@ -8,6 +8,8 @@
 //! of the file's own, which are kept as they were stored; the document
 //! is shaped as agents-exe's `ToJSON` writes it (`Session/Types.hs`).
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use super::model::{self, Part, Session, ToolResponse, TurnKind, UserTurn};
@@ -134,21 +136,22 @@ fn response_text(r: &ToolResponse) -> String {
     }
 }
 
-/// What each UserTurn of a run records besides its query and results.
-pub struct Offer<'a> {
-    /// The system prompt.
-    pub prompt: &'a str,
-    /// The tools offered, as the model sees them.
-    pub tools: &'a [ToolDefinition],
+/// A message a run added, with the tools on offer once it was (those the
+/// next request offers: what the UserTurn it is part of records).
+#[derive(Debug, Clone)]
+pub struct Added {
+    pub message: ChatMessage,
+    pub tools: Arc<Vec<ToolDefinition>>,
 }
 
 /// The session document: `prior`'s (the file's, as stored) with the turns
-/// of `new` (the run's messages, oldest first) on top, `turnId` the
-/// newest step's. A new session takes `session_id`.
+/// of `new` (the run's messages, oldest first) on top, each UserTurn with
+/// the system prompt `prompt`; `turnId` the newest step's. A new session
+/// takes `session_id`.
 pub fn session_doc(
     prior: Option<&Value>,
-    new: &[ChatMessage],
-    offer: &Offer<'_>,
+    new: &[Added],
+    prompt: &str,
     session_id: &str,
     turn_id: &str,
 ) -> Value {
@@ -160,7 +163,7 @@ pub fn session_doc(
         Some(Value::Array(t)) => t,
         _ => Vec::new(),
     };
-    let mut turns = turns_of(new, offer);
+    let mut turns = turns_of(new, prompt);
     turns.reverse();
     turns.extend(old);
     doc.insert("turns".into(), Value::Array(turns));
@@ -179,23 +182,29 @@ struct PendingUser {
     text: Option<String>,
     media: Vec<Value>,
     responses: Vec<Value>,
+    tools: Arc<Vec<ToolDefinition>>,
 }
 
 /// The turns of `messages`, oldest first: a UserTurn before each LlmTurn
 /// (and one at the end for results not yet sent to the model).
-fn turns_of(messages: &[ChatMessage], offer: &Offer<'_>) -> Vec<Value> {
-    let tools: Vec<Value> = offer.tools.iter().map(user_tool).collect();
+fn turns_of(messages: &[Added], prompt: &str) -> Vec<Value> {
     let mut turns = Vec::new();
     let mut pending: Option<PendingUser> = None;
     // The call objects of the last LlmTurn, which its results pair with.
     let mut calls: Vec<Value> = Vec::new();
     let flush = |pending: &mut Option<PendingUser>, turns: &mut Vec<Value>| {
         if let Some(u) = pending.take() {
-            turns.push(user_turn(offer.prompt, &tools, u));
+            turns.push(user_turn(prompt, u));
         }
     };
-    for m in messages {
-        match m {
+    for Added { message, tools } in messages {
+        if !matches!(
+            message,
+            ChatMessage::Assistant { .. } | ChatMessage::System { .. }
+        ) {
+            pending.get_or_insert_with(Default::default).tools = tools.clone();
+        }
+        match message {
             ChatMessage::System { .. } => {}
             ChatMessage::User { content } => {
                 let u = pending.get_or_insert_with(Default::default);
@@ -249,7 +258,8 @@ fn turns_of(messages: &[ChatMessage], offer: &Offer<'_>) -> Vec<Value> {
     turns
 }
 
-fn user_turn(prompt: &str, tools: &[Value], u: PendingUser) -> Value {
+fn user_turn(prompt: &str, u: PendingUser) -> Value {
+    let tools: Vec<Value> = u.tools.iter().map(user_tool).collect();
     let query = match (u.text, u.media.is_empty()) {
         (None, _) => Value::Null,
         // agents-exe writes a query without media as its bare text.
@@ -434,12 +444,43 @@ mod tests {
     }
 
     fn offer_doc(prior: Option<&Value>, new: &[ChatMessage]) -> Value {
-        let tools = tools();
-        let offer = Offer {
-            prompt: "You probe.",
-            tools: &tools,
+        let tools = Arc::new(tools());
+        let added: Vec<Added> = new
+            .iter()
+            .map(|m| Added {
+                message: m.clone(),
+                tools: tools.clone(),
+            })
+            .collect();
+        session_doc(prior, &added, "You probe.", "s-1", "t-1")
+    }
+
+    #[test]
+    fn each_user_turn_records_the_tools_offered_after_it() {
+        let none = Arc::new(Vec::new());
+        let added = |message: ChatMessage, tools: &Arc<Vec<ToolDefinition>>| Added {
+            message,
+            tools: tools.clone(),
         };
-        session_doc(prior, new, &offer, "s-1", "t-1")
+        let all = Arc::new(tools());
+        let new = [
+            added(ChatMessage::user("go"), &none),
+            added(
+                ChatMessage::Assistant {
+                    content: None,
+                    tool_calls: vec![call("a", "meta_activate_tool", "{}")],
+                },
+                &none,
+            ),
+            added(ChatMessage::tool_result("a", "activated"), &all),
+            added(ChatMessage::assistant("done"), &all),
+        ];
+        let doc = session_doc(None, &new, "p", "s", "t");
+        assert_eq!(doc["turns"][3]["contents"]["userTools"], json!([]));
+        assert_eq!(
+            doc["turns"][1]["contents"]["userTools"][0]["contents"]["name"],
+            "bash_probe"
+        );
     }
 
     #[test]

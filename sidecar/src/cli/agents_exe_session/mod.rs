@@ -165,11 +165,15 @@ mod tests {
                 let _ = index::searchable_text(&s, true);
                 let _ = index::tool_counts(&s);
                 let resumed = history::history_of(&s);
-                let offer = history::Offer {
-                    prompt: "p",
-                    tools: &[],
-                };
-                let _ = history::session_doc(Some(doc), &resumed.messages, &offer, "s", "t");
+                let added: Vec<history::Added> = resumed
+                    .messages
+                    .into_iter()
+                    .map(|message| history::Added {
+                        message,
+                        tools: Default::default(),
+                    })
+                    .collect();
+                let _ = history::session_doc(Some(doc), &added, "p", "s", "t");
             }
             let mut d = doc.clone();
             use edit::Op::*;
