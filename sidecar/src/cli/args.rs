@@ -172,6 +172,12 @@ pub enum Command {
         /// image, or a PDF. The type comes from the extension unless given.
         #[arg(long, short = 'm', value_name = "[MIME;]PATH")]
         media: Vec<String>,
+        /// agents-exe's session file: the run goes on from the session in
+        /// FILE (when it exists), which is rewritten, in agents-exe's
+        /// format, after every step. A file-mode alias (code-review,
+        /// explain) reads its content here.
+        #[arg(long, value_name = "FILE")]
+        session_file: Option<PathBuf>,
         /// Approve every call that needs confirmation without asking.
         #[arg(long)]
         yes: bool,
@@ -469,6 +475,10 @@ pub enum Command {
     EchoPrompt {
         #[command(flatten)]
         script: super::prompt_script::PromptArgs,
+        /// Where a file-mode alias (code-review, explain) reads its
+        /// content (stdin without it), as in agents-exe.
+        #[arg(long, value_name = "FILE")]
+        session_file: Option<PathBuf>,
     },
     /// Check a tool call's arguments (JSON on stdin) against a bash tool
     /// script's `describe` (agents-exe's `check-tool-call`): exit 0 when

@@ -164,7 +164,7 @@ pub async fn main(
             let (script, values) =
                 parse_run(rest, &params, |k| std::env::var(k).ok()).map_err(|e| format!("error: {e}"))?;
             // No directive: the prompt is stdin, as agents-exe's `run`.
-            let prompt = tokio::task::block_in_place(|| super::prompt_script::compose_here(&script))
+            let prompt = tokio::task::block_in_place(|| super::prompt_script::compose_here(&script, None))
                 .map_err(|e| format!("error: {e}"))?;
             if prompt.trim().is_empty() {
                 return Err("error: `run` needs --prompt TEXT (or a prompt on stdin)".into());
@@ -175,7 +175,7 @@ pub async fn main(
                 .set
                 .extend(values.into_iter().map(|(k, v)| format!("{k}={v}")));
             // A call that waits is refused: a tool's stdin answers nothing.
-            super::one_shot::run(&agents, &model, prompt, false).await
+            super::one_shot::run(&agents, &model, prompt, false, None).await
         }
         _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol; agents-exe's prompt directives too)".into()),
     }

@@ -1,3 +1,4 @@
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -190,19 +191,23 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             model,
             script,
             media,
+            session_file,
             yes,
         } => {
-            let prompt = compose_prompt(&script.0)?;
+            let prompt = compose_prompt(&script.0, session_file.as_deref())?;
             if prompt.trim().is_empty() {
                 return Err(
                     "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
                 );
             }
             let query = super::media::query(prompt, &media)?;
-            super::one_shot::run(&agents, &model, query, yes).await
+            super::one_shot::run(&agents, &model, query, yes, session_file.as_deref()).await
         }
-        Command::EchoPrompt { script } => {
-            print!("{}", compose_prompt(&script.0)?);
+        Command::EchoPrompt {
+            script,
+            session_file,
+        } => {
+            print!("{}", compose_prompt(&script.0, session_file.as_deref())?);
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
@@ -357,7 +362,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
-                return super::one_shot::run(&helper_args, &model, what, yes).await;
+                return super::one_shot::run(&helper_args, &model, what, yes, None).await;
             }
             let asking = super::call::Asking {
                 yes,
@@ -517,8 +522,11 @@ pub(super) fn read_stdin(what: &str) -> Result<String, String> {
 
 /// The prompt agents-exe's directives make; reading files, running a
 /// command and reading stdin block, so off the async workers.
-fn compose_prompt(script: &super::prompt_script::PromptScript) -> Result<String, String> {
-    tokio::task::block_in_place(|| super::prompt_script::compose_here(script))
+fn compose_prompt(
+    script: &super::prompt_script::PromptScript,
+    alias_file: Option<&Path>,
+) -> Result<String, String> {
+    tokio::task::block_in_place(|| super::prompt_script::compose_here(script, alias_file))
         .map_err(|e| format!("error: {e}"))
 }
 

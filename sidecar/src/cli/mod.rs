@@ -17,6 +17,7 @@ mod memory;
 mod one_shot;
 mod prompt_script;
 mod replay;
+mod resume;
 mod serve;
 mod session_client;
 mod telemetry;

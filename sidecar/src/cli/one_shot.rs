@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::{AgentArgs, ModelArgs};
 use super::ask::{ask_terminal, refuse_all};
 use super::load::{load_lenient, load_options};
+use super::resume::{FileSink, SessionFile};
 use super::serve::{client_options, model_keys, CliSink, Credentials};
 use crate::llm::{ChatClient, ChatMessage, Turn};
 use crate::metrics::Metrics;
@@ -75,6 +76,19 @@ impl Loaded {
         waiting: Waiting,
         cancel: &CancellationToken,
     ) -> Result<String, String> {
+        self.ask_in(None, agent, prompt, waiting, cancel).await
+    }
+
+    /// [`Loaded::ask`], going on from the session in `file` (when given),
+    /// which is rewritten after each step.
+    pub async fn ask_in(
+        &self,
+        file: Option<&SessionFile>,
+        agent: &Arc<LoadedAgent>,
+        prompt: impl Into<crate::llm::Content>,
+        waiting: Waiting,
+        cancel: &CancellationToken,
+    ) -> Result<String, String> {
         let values = agent.process_values();
         let missing = agent.params.missing_required(&values);
         if !missing.is_empty() {
@@ -125,31 +139,49 @@ impl Loaded {
             ledger: None,
             clock: &crate::session::clock::WallClock,
         };
-        let mut history = vec![Turn::new(ChatMessage::User {
+        let query = ChatMessage::User {
             content: prompt.into(),
-        })];
-        let mut end = runner::run(&ctx, &mut history, &CliSink, cancel).await;
+        };
+        let mut history: Vec<Turn> = file
+            .map(|f| f.resumed.messages.iter().cloned().map(Turn::new).collect())
+            .unwrap_or_default();
+        let start = history.len();
+        history.push(Turn::new(query));
+        let file_sink = file.map(|f| {
+            // Its query, and the answers to calls the file left open.
+            let own = f.resumed.messages.len().saturating_sub(f.resumed.carried) + 1;
+            FileSink::new(f, &ctx, &history, own)
+        });
+        let sink: &dyn runner::RunSink = match &file_sink {
+            Some(s) => s,
+            None => &CliSink,
+        };
+        let mut end = runner::run(&ctx, &mut history, sink, cancel).await;
         while let RunEnd::Blocked(calls) = &end {
             let resolved = match waiting {
                 Waiting::Terminal { yes } => ask_terminal(calls, yes, None)?,
                 Waiting::Refuse(why) => refuse_all(calls, why),
             };
-            end = match runner::answer_resolved(&ctx, &resolved, &mut history, &CliSink, cancel)
-                .await
-            {
+            end = match runner::answer_resolved(&ctx, &resolved, &mut history, sink, cancel).await {
                 Some(end) => end,
-                None => runner::run(&ctx, &mut history, &CliSink, cancel).await,
+                None => runner::run(&ctx, &mut history, sink, cancel).await,
             };
+        }
+        if let Some(e) = file_sink.and_then(|s| s.error()) {
+            return Err(e.trim_start_matches("error: ").to_string());
         }
         match end {
             RunEnd::Blocked(_) => unreachable!("answered above"),
             RunEnd::Stepped | RunEnd::Completed => {
-                let answer = history.iter().rev().find_map(|m| match m.message() {
-                    ChatMessage::Assistant {
-                        content: Some(c), ..
-                    } => Some(c.clone()),
-                    _ => None,
-                });
+                let answer = history[start..]
+                    .iter()
+                    .rev()
+                    .find_map(|m| match m.message() {
+                        ChatMessage::Assistant {
+                            content: Some(c), ..
+                        } => Some(c.clone()),
+                        _ => None,
+                    });
                 Ok(answer.unwrap_or_default().trim_end().to_string())
             }
             RunEnd::MaxSteps(n) => Err(format!(
@@ -174,17 +206,24 @@ pub fn cancelled_on_ctrl_c() -> CancellationToken {
 }
 
 /// `run`: the agent `agents` picks, once on `prompt`, the person at the
-/// terminal answering what it waits for; the answer goes to stdout.
+/// terminal answering what it waits for; the answer goes to stdout. With
+/// `session_file`, the run goes on from the session there, rewritten
+/// after each step.
 pub async fn run(
     agents: &AgentArgs,
     model: &ModelArgs,
     prompt: impl Into<crate::llm::Content>,
     yes: bool,
+    session_file: Option<&std::path::Path>,
 ) -> Result<ExitCode, String> {
+    let file = session_file
+        .map(|p| tokio::task::block_in_place(|| SessionFile::open(p)))
+        .transpose()?;
     let loaded = Loaded::load(agents, model).await?;
     let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
     let answer = loaded
-        .ask(
+        .ask_in(
+            file.as_ref(),
             &agent,
             prompt,
             Waiting::Terminal { yes },

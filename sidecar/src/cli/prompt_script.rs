@@ -14,13 +14,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::agents_exe_session::print::Verbosity;
+
 /// The most bytes one piece (a file, a command's output, stdin) may bring.
 pub const MAX_PIECE: u64 = 8 * 1024 * 1024;
 
-/// One piece of a prompt, in agents-exe's meaning. agents-exe's
-/// `--session-xs|s|m|l|xl FILE` (a past session, rendered at a verbosity)
-/// are one variant more: a flag in [`PromptScript::take`] and [`FLAGS`],
-/// and its text read through [`Sources`].
+/// One piece of a prompt, in agents-exe's meaning. A new kind of piece is
+/// a variant, a flag in [`PromptScript::take`] and [`FLAGS`], and what it
+/// reads a method of [`Sources`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Directive {
     /// `-p/--prompt TEXT`: the text.
@@ -31,7 +32,19 @@ pub enum Directive {
     Shell(String),
     /// `-s/--sep4 TEXT` (4 times), `-S/--sep40 TEXT` (40 times).
     Separator { times: usize, text: String },
+    /// `--session-xs|s|m|l|xl FILE`: an agents-exe session file, rendered
+    /// for a prompt at that verbosity.
+    Session(Verbosity, PathBuf),
 }
+
+/// The `--session-*` flags and the verbosity each renders at.
+const SESSION_FLAGS: [(&str, Verbosity); 5] = [
+    ("--session-xs", Verbosity::Xs),
+    ("--session-s", Verbosity::S),
+    ("--session-m", Verbosity::M),
+    ("--session-l", Verbosity::L),
+    ("--session-xl", Verbosity::Xl),
+];
 
 /// A prompt as the command line gives it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,6 +60,11 @@ impl PromptScript {
     /// `Ok(false)`: `flag` is not a directive. A second `--alias` is an
     /// error, as in agents-exe.
     pub fn take(&mut self, flag: &str, value: String) -> Result<bool, String> {
+        if let Some((_, size)) = SESSION_FLAGS.iter().find(|(f, _)| *f == flag) {
+            self.directives
+                .push(Directive::Session(*size, PathBuf::from(value)));
+            return Ok(true);
+        }
         let directive = match flag {
             "-p" | "--prompt" => Directive::Text(value),
             "-f" | "--file" => Directive::File(PathBuf::from(value)),
@@ -196,17 +214,25 @@ impl Aliases {
 
 /// What a prompt's directives read.
 pub trait Sources {
-    fn file(&mut self, path: &Path) -> Result<String, String>;
+    /// The text of `path`, given with `flag` (errors name both).
+    fn file(&mut self, flag: &str, path: &Path) -> Result<String, String>;
+    /// The agents-exe session in `path` rendered at `size`; one that
+    /// cannot be read is agents-exe's inline note of why (and a warning),
+    /// not an error: agents-exe's prompt goes out without it.
+    fn session(&mut self, size: Verbosity, path: &Path) -> String;
     /// `sh -c command`'s stdout; a command that fails is an error.
     fn shell(&mut self, command: &str) -> Result<String, String>;
     fn stdin(&mut self) -> Result<String, String>;
 }
 
 /// The prompt `script` makes. Without any directive it is stdin, as is;
-/// otherwise each piece (the alias's first) followed by a line break.
+/// otherwise each piece (the alias's first) followed by a line break. A
+/// file-mode alias (`code-review`, `explain`) takes its content from
+/// `alias_file` (agents-exe's `--session-file`), stdin without one.
 pub fn compose(
     script: &PromptScript,
     aliases: &Aliases,
+    alias_file: Option<&Path>,
     io: &mut dyn Sources,
 ) -> Result<String, String> {
     if script.is_empty() {
@@ -215,16 +241,18 @@ pub fn compose(
     let mut out = String::new();
     if let Some(name) = &script.alias {
         let alias = aliases.get(name)?;
-        // Either mode reads stdin: the file mode's file is agents-exe's
-        // --session-file, which this command does not take.
-        let content = io.stdin()?;
-        out.push_str(&fill(&alias.template, &content, None));
+        let (content, file) = match (alias.input_mode, alias_file) {
+            (InputMode::File, Some(f)) => (io.file("--session-file", f)?, Some(f)),
+            _ => (io.stdin()?, None),
+        };
+        out.push_str(&fill(&alias.template, &content, file));
         out.push('\n');
     }
     for d in &script.directives {
         match d {
             Directive::Text(t) => out.push_str(t),
-            Directive::File(p) => out.push_str(&io.file(p)?),
+            Directive::File(p) => out.push_str(&io.file("--file", p)?),
+            Directive::Session(size, p) => out.push_str(&io.session(*size, p)),
             Directive::Shell(c) => out.push_str(&io.shell(c)?),
             Directive::Separator { times, text } => out.push_str(&text.repeat(*times)),
         }
@@ -328,10 +356,25 @@ pub struct Local {
 }
 
 impl Sources for Local {
-    fn file(&mut self, path: &Path) -> Result<String, String> {
-        let what = format!("--file {}", path.display());
+    fn file(&mut self, flag: &str, path: &Path) -> Result<String, String> {
+        let what = format!("{flag} {}", path.display());
         let f = std::fs::File::open(path).map_err(|e| format!("{what}: {e}"))?;
         read_capped(f, &what)
+    }
+
+    fn session(&mut self, size: Verbosity, path: &Path) -> String {
+        use super::agents_exe_session as aes;
+        match aes::read_agents_exe(path) {
+            Ok(s) => aes::print::render_for_prompt(size, &s),
+            Err(e) => {
+                let e = e.trim_start_matches("error: ");
+                eprintln!(
+                    "Warning: could not load session file {}: {e}",
+                    path.display()
+                );
+                format!("_(Error loading session: {e} )_\n")
+            }
+        }
     }
 
     fn shell(&mut self, command: &str) -> Result<String, String> {
@@ -375,8 +418,8 @@ impl Sources for Local {
 
 /// The prompt of `script` as the process gives it, with the aliases of
 /// the working directory's `agents-exe.cfg.json` (read only when an
-/// alias is named).
-pub fn compose_here(script: &PromptScript) -> Result<String, String> {
+/// alias is named); `alias_file` is `--session-file`.
+pub fn compose_here(script: &PromptScript, alias_file: Option<&Path>) -> Result<String, String> {
     let aliases = match &script.alias {
         None => Aliases::builtin(),
         Some(_) => {
@@ -385,7 +428,7 @@ pub fn compose_here(script: &PromptScript) -> Result<String, String> {
             aliases_from(&cwd)?
         }
     };
-    compose(script, &aliases, &mut Local::default())
+    compose(script, &aliases, alias_file, &mut Local::default())
 }
 
 /// The directives as clap options, for `run` and `echo-prompt`: clap
@@ -395,12 +438,17 @@ pub fn compose_here(script: &PromptScript) -> Result<String, String> {
 pub struct PromptArgs(pub PromptScript);
 
 /// (clap id, flag as [`PromptScript::take`] knows it) for each directive.
-const FLAGS: [(&str, &str); 6] = [
+const FLAGS: [(&str, &str); 11] = [
     ("prompt", "--prompt"),
     ("file", "--file"),
     ("shell", "--shell"),
     ("sep4", "--sep4"),
     ("sep40", "--sep40"),
+    ("session-xs", "--session-xs"),
+    ("session-s", "--session-s"),
+    ("session-m", "--session-m"),
+    ("session-l", "--session-l"),
+    ("session-xl", "--session-xl"),
     ("alias", "--alias"),
 ];
 
@@ -444,7 +492,7 @@ impl clap::Args for PromptArgs {
             many(
                 "prompt",
                 "TEXT",
-                "A paragraph of the prompt. Directives (-p, -f, --shell, -s, -S) are taken in \
+                "A paragraph of the prompt. Directives (-p, -f, --shell, -s, -S, --session-*) are taken in \
                  command-line order, each followed by a line break; without any, the prompt \
                  is stdin.",
             )
@@ -458,6 +506,27 @@ impl clap::Args for PromptArgs {
         ))
         .arg(many("sep4", "TEXT", "TEXT 4 times: a short separator.").short('s'))
         .arg(many("sep40", "TEXT", "TEXT 40 times: a long separator.").short('S'))
+        .arg(many(
+            "session-xs",
+            "FILE",
+            "An agents-exe session file, rendered for the prompt: queries and answers.",
+        ))
+        .arg(many(
+            "session-s",
+            "FILE",
+            "As --session-xs, with thinking and the names of the tools called.",
+        ))
+        .arg(many(
+            "session-m",
+            "FILE",
+            "As --session-s, with counts of steps and calls.",
+        ))
+        .arg(many(
+            "session-l",
+            "FILE",
+            "As --session-m, with each call as recorded.",
+        ))
+        .arg(many("session-xl", "FILE", "As --session-l."))
         .arg(
             Arg::new("alias")
                 .long("alias")
@@ -489,12 +558,17 @@ mod tests {
     }
 
     impl Sources for Fake {
-        fn file(&mut self, path: &Path) -> Result<String, String> {
+        fn file(&mut self, flag: &str, path: &Path) -> Result<String, String> {
             self.read.push(format!("file {}", path.display()));
             self.files
                 .get(path)
                 .cloned()
-                .ok_or_else(|| format!("--file {}: not found", path.display()))
+                .ok_or_else(|| format!("{flag} {}: not found", path.display()))
+        }
+        fn session(&mut self, size: Verbosity, path: &Path) -> String {
+            self.read
+                .push(format!("session {size:?} {}", path.display()));
+            format!("<{size:?} {}>", path.display())
         }
         fn shell(&mut self, command: &str) -> Result<String, String> {
             self.read.push(format!("shell {command}"));
@@ -530,7 +604,7 @@ mod tests {
             ("-s", "-"),
             ("--shell", "date"),
         ]);
-        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        let got = compose(&s, &Aliases::builtin(), None, &mut io).unwrap();
         assert_eq!(
             got,
             format!("{}\na note\nask\n----\n<date>\n\n", "=".repeat(40))
@@ -544,7 +618,7 @@ mod tests {
             stdin: "as typed".into(),
             ..Fake::default()
         };
-        let got = compose(&PromptScript::default(), &Aliases::builtin(), &mut io).unwrap();
+        let got = compose(&PromptScript::default(), &Aliases::builtin(), None, &mut io).unwrap();
         assert_eq!(got, "as typed");
     }
 
@@ -555,18 +629,52 @@ mod tests {
             ..Fake::default()
         };
         let s = script(&[("-p", "after"), ("--alias", "translate")]);
-        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        let got = compose(&s, &Aliases::builtin(), None, &mut io).unwrap();
         assert_eq!(
             got,
             "Please translate the following text to English:\n\nbonjour\nafter\n"
         );
         // A file-mode alias without a file: stdin, no language.
         let s = script(&[("--alias", "explain")]);
-        let got = compose(&s, &Aliases::builtin(), &mut io).unwrap();
+        let got = compose(&s, &Aliases::builtin(), None, &mut io).unwrap();
         assert!(
             got.ends_with("plain English:\n\n```\nbonjour\n```\n"),
             "{got}"
         );
+    }
+
+    #[test]
+    fn session_pieces_keep_their_place_and_a_file_alias_reads_the_session_file() {
+        let mut io = Fake {
+            files: BTreeMap::from([(PathBuf::from("lib.rs"), "fn f() {}".to_string())]),
+            stdin: "unused".into(),
+            ..Fake::default()
+        };
+        let s = script(&[
+            ("--session-m", "a.json"),
+            ("-s", "-"),
+            ("--session-xs", "b.json"),
+            ("--alias", "explain"),
+            ("--session-xl", "c.json"),
+        ]);
+        let got = compose(&s, &Aliases::builtin(), Some(Path::new("lib.rs")), &mut io).unwrap();
+        assert!(
+            got.ends_with("```rust\nfn f() {}\n```\n<M a.json>\n----\n<Xs b.json>\n<Xl c.json>\n"),
+            "{got}"
+        );
+        assert_eq!(
+            io.read,
+            [
+                "file lib.rs",
+                "session M a.json",
+                "session Xs b.json",
+                "session Xl c.json"
+            ]
+        );
+        // A stdin-mode alias ignores the file.
+        let s = script(&[("--alias", "summarize")]);
+        let got = compose(&s, &Aliases::builtin(), Some(Path::new("lib.rs")), &mut io).unwrap();
+        assert!(got.ends_with(":\n\nunused\n"), "{got}");
     }
 
     #[test]
@@ -575,7 +683,7 @@ mod tests {
         let e = s.take("--alias", "explain".into()).unwrap_err();
         assert!(e.contains("twice"), "{e}");
         let s = script(&[("--alias", "poem")]);
-        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
         assert!(e.starts_with("unknown alias 'poem'"), "{e}");
         assert!(e.contains("  - code-review: Review code for issues"), "{e}");
         assert!(!PromptScript::default()
@@ -593,9 +701,15 @@ mod tests {
             stdin: "rain".into(),
             ..Fake::default()
         };
-        let got = compose(&script(&[("--alias", "haiku")]), &aliases, &mut io).unwrap();
+        let got = compose(&script(&[("--alias", "haiku")]), &aliases, None, &mut io).unwrap();
         assert_eq!(got, "Haiku on rain\n");
-        let got = compose(&script(&[("--alias", "translate")]), &aliases, &mut io).unwrap();
+        let got = compose(
+            &script(&[("--alias", "translate")]),
+            &aliases,
+            None,
+            &mut io,
+        )
+        .unwrap();
         assert_eq!(got, "En français : rain\n");
         assert!(aliases.get("summarize").is_ok());
         let bad = r#"{"promptAliases": {"x": {"description": "d", "template": "t", "inputMode": "pipe"}}}"#;
@@ -625,10 +739,10 @@ mod tests {
     #[test]
     fn a_failing_piece_fails_the_prompt() {
         let s = script(&[("-p", "a"), ("--shell", "false")]);
-        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
         assert!(e.contains("--shell `false` failed"), "{e}");
         let s = script(&[("-f", "missing.txt")]);
-        let e = compose(&s, &Aliases::builtin(), &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
         assert!(e.contains("missing.txt"), "{e}");
     }
 
@@ -653,6 +767,8 @@ mod tests {
                 "ls",
                 "-S",
                 "=",
+                "--session-s",
+                "x.json",
             ])
             .unwrap();
         let PromptArgs(s) = PromptArgs::from_arg_matches(&m).unwrap();
@@ -672,6 +788,7 @@ mod tests {
                     times: 40,
                     text: "=".into()
                 },
+                Directive::Session(Verbosity::S, "x.json".into()),
             ]
         );
         let cmd = PromptArgs::augment_args(clap::Command::new("t"));

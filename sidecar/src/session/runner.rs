@@ -176,25 +176,7 @@ async fn run_inner(
 ) -> RunEnd {
     {
         let groups = Groups::of(ctx.tools);
-        // The tools on offer with `active` groups: the meta tools first
-        // (while some tool is on demand), then those shown, then helpers.
-        let offered = |active: &BTreeSet<String>| {
-            let mut tools = groups.definitions(active);
-            tools.extend(
-                ctx.tools
-                    .iter()
-                    .filter(|t| Groups::shows(t, active))
-                    .map(|t| ToolDefinition {
-                        name: t.name().to_string(),
-                        description: t.spec().description.clone(),
-                        parameters: t.model_schema(ctx.values),
-                    }),
-            );
-            if let Some(env) = &ctx.helpers {
-                tools.extend(helpers::definitions(ctx.agent, env.tree));
-            }
-            tools
-        };
+        let offered = |active: &BTreeSet<String>| offered(ctx, &groups, active);
         let tools = offered(&groups.active(history));
         let scrubber = scrubber_for(ctx.values, ctx.tools);
         // One conversation for the run, which each step extends by what the
@@ -312,6 +294,37 @@ async fn run_inner(
         }
         RunEnd::MaxSteps(ctx.max_steps)
     }
+}
+
+/// The tools on offer with `active` groups: the meta tools first (while
+/// some tool is on demand), then those shown, then helpers.
+fn offered(
+    ctx: &RunContext<'_>,
+    groups: &Groups,
+    active: &BTreeSet<String>,
+) -> Vec<ToolDefinition> {
+    let mut tools = groups.definitions(active);
+    tools.extend(
+        ctx.tools
+            .iter()
+            .filter(|t| Groups::shows(t, active))
+            .map(|t| ToolDefinition {
+                name: t.name().to_string(),
+                description: t.spec().description.clone(),
+                parameters: t.model_schema(ctx.values),
+            }),
+    );
+    if let Some(env) = &ctx.helpers {
+        tools.extend(helpers::definitions(ctx.agent, env.tree));
+    }
+    tools
+}
+
+/// The tools a request of this run offers after `history` (its on-demand
+/// groups as the history left them).
+pub fn tools_on_offer(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<ToolDefinition> {
+    let groups = Groups::of(ctx.tools);
+    offered(ctx, &groups, &groups.active(history))
 }
 
 /// A run held at a used-up `confirm` budget: before `call`, or before a

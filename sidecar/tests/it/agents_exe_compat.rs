@@ -698,3 +698,61 @@ fn check_shows_every_class_of_error_at_once() {
         assert!(said.contains(problem), "{problem} not in:\n{said}");
     }
 }
+
+/// `run --session-file`: each UserTurn records the tools the next request
+/// offers, so a toolgroup the model activates shows from that step on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_file_records_the_tools_each_step_offers() {
+    use bindery_tests::mock_llm::{MockLlm, MockReply};
+    use serde_json::json;
+    let root = repo_layout();
+    let agent = json!({"tag": "OpenAIAgentDescription", "contents": {
+    "slug": "lazy", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+    "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m", "announce": "lazy",
+    "systemPrompt": ["You read files when you must."],
+    "bashToolboxes": [
+        {"tag": "FileSystemDirectory", "contents": {"Path": "tools/dev", "BasenameFilter": ".sh",
+          "Activation": {"tag": "on-demand", "toolgroup": "files"}}}
+    ]}});
+    std::fs::write(root.path().join("agents/lazy.json"), agent.to_string()).unwrap();
+    let mock = MockLlm::start_sequence(vec![
+        MockReply::tool_call("meta_activate_tool", json!({"toolgroup": "files"})),
+        MockReply::text("ready"),
+    ])
+    .await;
+    let url = mock.url();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &[("BINDERY_MODEL_URL", url.as_str())],
+        &[
+            "run",
+            "--agent-file",
+            "agents/lazy.json",
+            "--session-file",
+            "lazy.session.json",
+            "-p",
+            "get ready",
+        ],
+    );
+    assert!(ok, "{said}");
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.path().join("lazy.session.json")).unwrap(),
+    )
+    .unwrap();
+    let names = |turn: usize| -> Vec<String> {
+        doc["turns"][turn]["contents"]["userTools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["contents"]["llmName"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Oldest first: the query's turn, then the activation's result.
+    assert!(
+        names(3).contains(&"meta_activate_tool".to_string()),
+        "{doc}"
+    );
+    assert!(!names(3).contains(&"bash_read-file".to_string()), "{doc}");
+    assert!(names(1).contains(&"bash_read-file".to_string()), "{doc}");
+    mock.shutdown().await;
+}

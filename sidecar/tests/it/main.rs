@@ -11,6 +11,7 @@ mod adversarial;
 mod agents_exe_cli;
 mod agents_exe_compat;
 mod agents_exe_http;
+mod agents_exe_resume;
 mod agents_exe_sessions;
 mod api_promises;
 mod approvals;

@@ -11,6 +11,7 @@
 
 pub mod calls;
 pub mod edit;
+pub mod history;
 pub mod index;
 pub mod model;
 pub mod print;
@@ -163,6 +164,16 @@ mod tests {
                 }
                 let _ = index::searchable_text(&s, true);
                 let _ = index::tool_counts(&s);
+                let resumed = history::history_of(&s);
+                let added: Vec<history::Added> = resumed
+                    .messages
+                    .into_iter()
+                    .map(|message| history::Added {
+                        message,
+                        tools: Default::default(),
+                    })
+                    .collect();
+                let _ = history::session_doc(Some(doc), &added, "p", "s", "t");
             }
             let mut d = doc.clone();
             use edit::Op::*;
