@@ -1326,6 +1326,7 @@ mod tests {
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),
+                lineage: None,
             },
             cache: None,
             lookups: None,

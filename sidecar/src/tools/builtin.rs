@@ -8,7 +8,9 @@
 //! `read-session` and `get-session-stats` report the calling session only:
 //! the tool is handed that run's own conversation (as a bash tool's
 //! `AGENT_SESSION_JSON`: what the model already saw, never a bound value),
-//! and nothing else of the store.
+//! and nothing else of the store. `list-sessions` and `search-sessions`
+//! reach the calling session's fork lineage and nothing else, through the
+//! [`super::lineage::SessionLineage`] the run hands over.
 //!
 //! The sidecar's environment holds parameter values and tokens: `env-vars`
 //! reads only the variables its declaration lists (`spec::checks` refuses a
@@ -21,16 +23,26 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use super::lineage::{Found, Kin, Listing, Relation};
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::spec::BuiltinToolbox;
+use crate::spec::{BuiltinToolbox, SessionScope};
+
+/// How many sessions a `list-sessions` or `search-sessions` answer holds
+/// when the toolbox does not say (agents-exe's default).
+const SESSION_RESULTS_DEFAULT: u32 = 50;
 
 pub struct SystemTool {
     spec: ToolSpec,
     capabilities: Vec<String>,
     /// What `env-vars` may show: the listed names, less any refused.
     env_vars: Vec<String>,
-    /// `read-session` shows the tools' outputs.
+    /// `read-session` shows the tools' outputs (and `search-sessions`
+    /// looks in them).
     tool_outputs: bool,
+    /// Which part of the lineage `list-sessions` and `search-sessions` reach.
+    scope: SessionScope,
+    /// The most sessions one of their answers holds.
+    max_results: usize,
 }
 
 impl SystemTool {
@@ -51,18 +63,36 @@ impl SystemTool {
             description: tb.description.clone().unwrap_or_else(|| {
                 format!("Reports about the system: {}.", tb.capabilities.join(", "))
             }),
-            args: vec![ArgSpec {
+            args: std::iter::once(ArgSpec {
                 name: "capability".into(),
                 description: "what to report".into(),
                 required: true,
                 schema: json!({"type": "string", "enum": tb.capabilities, "description": "what to report"}),
                 transport: Transport::Json,
-            }],
+            })
+            .chain(tb.capabilities.iter().any(|c| c == "search-sessions").then(|| {
+                // agents-exe's argument, offered only with the capability.
+                let description = "For search-sessions: the words to look for (a session matches when its conversation holds any of them, in any case)";
+                ArgSpec {
+                    name: "query".into(),
+                    description: description.into(),
+                    required: false,
+                    schema: json!({"type": "string", "description": description}),
+                    transport: Transport::Json,
+                }
+            }))
+            .collect(),
             writes: false,
         };
         SystemTool {
             spec,
             tool_outputs: tb.session_tool_outputs,
+            scope: tb.session_scope,
+            max_results: tb
+                .session_max_results
+                .unwrap_or(SESSION_RESULTS_DEFAULT)
+                .clamp(1, crate::spec::checks::SESSION_RESULTS_MAX)
+                as usize,
             capabilities: tb.capabilities.clone(),
             env_vars: tb
                 .env_vars
@@ -99,6 +129,95 @@ impl SystemTool {
         }
         json!({"variables": vars, "withheld": withheld})
     }
+
+    /// `list-sessions` or `search-sessions` over the calling session's
+    /// lineage; outside a session's run there is none to reach.
+    async fn lineage_report(
+        &self,
+        capability: &str,
+        args: &CallArgs,
+        ctx: &CallContext,
+    ) -> Result<Value, ToolError> {
+        let scope = self.scope.as_str();
+        // `list-sessions` takes no query, whatever the model sends.
+        let query = match args.get("query").and_then(|v| v.plain()) {
+            _ if capability == "list-sessions" => None,
+            Some(Value::String(q)) if !q.trim().is_empty() => Some(q.clone()),
+            _ => {
+                return Err(ToolError::InvalidArguments(
+                    "search-sessions needs `query`: the words to look for, as a string".into(),
+                ))
+            }
+        };
+        let Some(lineage) = &ctx.lineage else {
+            let note =
+                "there is no session store here (a command-line run): no session to list or search";
+            return Ok(match query {
+                None => json!({"sessions": [], "totalAccessible": 0, "scope": scope, "note": note}),
+                Some(q) => {
+                    json!({"query": q, "results": [], "totalMatches": 0, "scope": scope, "note": note})
+                }
+            });
+        };
+        match query {
+            None => lineage
+                .list(self.scope, self.max_results)
+                .await
+                .map(|l| listing_json(&l, scope)),
+            Some(q) => lineage
+                .search(self.scope, &q, self.max_results, self.tool_outputs)
+                .await
+                .map(|f| found_json(&q, &f, scope)),
+        }
+        .map_err(ToolError::Failed)
+    }
+}
+
+/// One session of the lineage as `list-sessions` shows it (agents-exe's
+/// keys; `isParent`/`isChild` say ancestor/descendant).
+fn kin_json(k: &Kin, r: Relation) -> Value {
+    let secs = |ms: i64| rfc3339(u64::try_from(ms / 1000).unwrap_or(0));
+    json!({
+        "sessionId": k.id,
+        "conversationId": k.id,
+        "agent": k.agent,
+        "forkedFrom": k.forked_from,
+        "createdAt": secs(k.created_at),
+        "modificationTime": secs(k.updated_at),
+        "turnCount": k.turns,
+        "isParent": r == Relation::Ancestor,
+        "isChild": r == Relation::Descendant,
+        "isCurrent": r == Relation::Current,
+        "status": k.status,
+    })
+}
+
+fn listing_json(l: &Listing, scope: &str) -> Value {
+    let sessions: Vec<Value> = l.sessions.iter().map(|(k, r)| kin_json(k, *r)).collect();
+    json!({"sessions": sessions, "totalAccessible": l.total, "scope": scope})
+}
+
+fn found_json(query: &str, f: &Found, scope: &str) -> Value {
+    let results: Vec<Value> = f
+        .hits
+        .iter()
+        .map(|h| {
+            json!({
+                "sessionId": h.session.id,
+                "conversationId": h.session.id,
+                "turnCount": h.session.turns,
+                "isParent": h.relation == Relation::Ancestor,
+                "isChild": h.relation == Relation::Descendant,
+                "isCurrent": h.relation == Relation::Current,
+                "turn": h.found.turn,
+                "role": h.found.role,
+                "preview": h.found.excerpt,
+                "matchType": "content",
+            })
+        })
+        .collect();
+    json!({"query": query, "results": results, "totalMatches": f.total,
+           "complete": f.complete, "scope": scope})
 }
 
 /// What one capability reports (Linux facts from `/proc`).
@@ -224,9 +343,15 @@ impl Tool for SystemTool {
     /// With a session capability, the tool is handed the calling session
     /// (and a cached result answers only that same session).
     fn receives_session(&self) -> bool {
-        self.capabilities
-            .iter()
-            .any(|c| c == "read-session" || c == "get-session-stats")
+        self.capabilities.iter().any(|c| {
+            [
+                "read-session",
+                "get-session-stats",
+                "list-sessions",
+                "search-sessions",
+            ]
+            .contains(&c.as_str())
+        })
     }
 
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
@@ -251,6 +376,9 @@ impl Tool for SystemTool {
             "read-session" | "get-session-stats" => {
                 session_report(&capability, ctx, self.tool_outputs).map_err(ToolError::Failed)?
             }
+            "list-sessions" | "search-sessions" => {
+                self.lineage_report(&capability, &args, ctx).await?
+            }
             _ => report(&capability).map_err(ToolError::Failed)?,
         };
         let out = json!({"capability": capability, "data": data,
@@ -274,7 +402,16 @@ mod tests {
     fn every_capability_reports() {
         for c in crate::spec::checks::BUILTIN_CAPABILITIES
             .iter()
-            .filter(|c| !["env-vars", "read-session", "get-session-stats"].contains(*c))
+            .filter(|c| {
+                ![
+                    "env-vars",
+                    "read-session",
+                    "get-session-stats",
+                    "list-sessions",
+                    "search-sessions",
+                ]
+                .contains(*c)
+            })
         {
             let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
             assert!(v.is_object(), "{c}: {v}");
@@ -298,6 +435,7 @@ mod tests {
             agent_id: "a".into(),
             session_json: Some(session.to_string().into()),
             scrubber: Default::default(),
+            lineage: None,
         };
         let shown = session_report("read-session", &ctx, true).unwrap();
         assert!(shown.to_string().contains("CANARY-output"));
