@@ -419,6 +419,142 @@ mod tests {
         assert!(report("env-vars").is_err());
     }
 
+    /// A lineage that answers what it was asked, to see what the tool asks.
+    #[derive(Debug, Default)]
+    struct Asked(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl crate::tools::lineage::SessionLineage for Asked {
+        async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("list {} {limit}", scope.as_str()));
+            let kin = Kin {
+                id: "s0".into(),
+                forked_from: None,
+                agent: "a".into(),
+                status: "idle".into(),
+                created_at: 1_796_037_333_000,
+                updated_at: 1_796_037_333_000,
+                turns: 3,
+            };
+            Ok(Listing {
+                sessions: vec![(kin, Relation::Ancestor)],
+                total: 7,
+            })
+        }
+        async fn search(
+            &self,
+            scope: SessionScope,
+            query: &str,
+            limit: usize,
+            tool_outputs: bool,
+        ) -> Result<Found, String> {
+            self.0.lock().unwrap().push(format!(
+                "search {} {query} {limit} {tool_outputs}",
+                scope.as_str()
+            ));
+            Ok(Found {
+                hits: Vec::new(),
+                total: 0,
+                complete: true,
+            })
+        }
+    }
+
+    fn call_args(v: Value) -> CallArgs {
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
+            .collect()
+    }
+
+    /// The toolbox's scope and cap reach the lineage; `query` is offered
+    /// with `search-sessions` only, needed by it and ignored by
+    /// `list-sessions`; without a lineage (the CLI) there is nothing.
+    #[tokio::test]
+    async fn the_lineage_capabilities_ask_within_the_toolboxs_scope_and_cap() {
+        let tb: BuiltinToolbox = serde_json::from_value(json!({
+            "name": "s", "capabilities": ["list-sessions", "search-sessions"],
+            "sessionScope": "children-only", "sessionMaxResults": 5000,
+            "sessionToolOutputs": false}))
+        .unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("query").is_some());
+        assert!(tool.receives_session());
+        let asked = std::sync::Arc::new(Asked::default());
+        let ctx = CallContext {
+            lineage: Some(asked.clone()),
+            ..CallContext::default()
+        };
+        let list = tool
+            .call(
+                call_args(json!({"capability": "list-sessions", "query": "x"})),
+                &ctx,
+            )
+            .await
+            .unwrap();
+        let ToolOutput::Json(list) = list else {
+            panic!("{list:?}")
+        };
+        let s = &list["data"]["sessions"][0];
+        assert_eq!(
+            (
+                &s["sessionId"],
+                &s["isParent"],
+                &s["isChild"],
+                &s["turnCount"]
+            ),
+            (&json!("s0"), &json!(true), &json!(false), &json!(3))
+        );
+        assert_eq!(s["modificationTime"], "2026-11-30T11:15:33Z");
+        assert_eq!(list["data"]["totalAccessible"], 7);
+        assert_eq!(list["data"]["scope"], "children-only");
+        let none = tool
+            .call(call_args(json!({"capability": "search-sessions"})), &ctx)
+            .await;
+        assert!(
+            matches!(&none, Err(ToolError::InvalidArguments(m)) if m.contains("`query`")),
+            "{none:?}"
+        );
+        tool.call(
+            call_args(json!({"capability": "search-sessions", "query": "late fee"})),
+            &ctx,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            *asked.0.lock().unwrap(),
+            [
+                "list children-only 1000",
+                "search children-only late fee 1000 false"
+            ]
+        );
+        let ToolOutput::Json(cli) = tool
+            .call(
+                call_args(json!({"capability": "list-sessions"})),
+                &CallContext::default(),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(cli["data"]["sessions"], json!([]));
+        assert!(cli["data"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("no session store"));
+        let tb: BuiltinToolbox =
+            serde_json::from_value(json!({"name": "s", "capabilities": ["list-sessions"]}))
+                .unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("query").is_none());
+        assert_eq!(tool.max_results, 50);
+    }
+
     /// agents-exe's `SessionIntrospectionIncludeToolOutputs: false`: the
     /// tools' outputs in the session read are elided, the rest kept.
     #[test]
