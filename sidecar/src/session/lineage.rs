@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::store::SessionStore;
 use crate::spec::SessionScope;
 use crate::tools::lineage::{
-    in_scope, search_session, terms, Found, Hit, Kin, Listing, Relation, SessionLineage,
+    in_scope, search_session, terms, Found, Hit, Kin, Listing, Read, Relation, SessionLineage,
     LINEAGE_MAX, SEARCH_BYTES,
 };
 
@@ -97,5 +97,22 @@ impl SessionLineage for StoreLineage {
             }
         }
         Ok(found)
+    }
+
+    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, String> {
+        let Some((session, relation)) = self
+            .scoped(scope)
+            .await?
+            .into_iter()
+            .find(|(k, _)| k.id == id)
+        else {
+            return Ok(None);
+        };
+        let rec = self.store.get(id).await.map_err(unreadable)?;
+        Ok(rec.map(|rec| Read {
+            session,
+            relation,
+            turns: rec.turns,
+        }))
     }
 }

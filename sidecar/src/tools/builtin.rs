@@ -5,12 +5,12 @@
 //! gets bindings through the same combinator: bind `capability` to a
 //! literal and the model sees a tool without arguments.
 //!
-//! `read-session` and `get-session-stats` report the calling session only:
-//! the tool is handed that run's own conversation (as a bash tool's
-//! `AGENT_SESSION_JSON`: what the model already saw, never a bound value),
-//! and nothing else of the store. `list-sessions` and `search-sessions`
-//! reach the calling session's fork lineage and nothing else, through the
-//! [`super::lineage::SessionLineage`] the run hands over.
+//! `read-session` and `get-session-stats` report the calling session: the
+//! tool is handed that run's own conversation (as a bash tool's
+//! `AGENT_SESSION_JSON`: what the model already saw, never a bound value).
+//! `list-sessions`, `search-sessions` and `read-session` given a
+//! `session_id` reach the calling session's fork lineage and nothing else,
+//! through the [`super::lineage::SessionLineage`] the run hands over.
 //!
 //! The sidecar's environment holds parameter values and tokens: `env-vars`
 //! reads only the variables its declaration lists (`spec::checks` refuses a
@@ -53,6 +53,10 @@ impl SystemTool {
         sources: &BTreeSet<String>,
         naming: crate::spec::Naming,
     ) -> SystemTool {
+        let has = |c: &str| tb.capabilities.iter().any(|x| x == c);
+        // `read-session` reads another session of the lineage only where
+        // the toolbox also gives the ids to read.
+        let reads_lineage = has("read-session") && (has("list-sessions") || has("search-sessions"));
         let spec = ToolSpec {
             name: match naming {
                 crate::spec::Naming::Bindery => format!("io_{}", tb.name),
@@ -70,6 +74,17 @@ impl SystemTool {
                 schema: json!({"type": "string", "enum": tb.capabilities, "description": "what to report"}),
                 transport: Transport::Json,
             })
+            .chain(reads_lineage.then(|| {
+                // agents-exe's argument: which session to read.
+                let description = "For read-session: the id of a session list-sessions or search-sessions gave (default: this session)";
+                ArgSpec {
+                    name: "session_id".into(),
+                    description: description.into(),
+                    required: false,
+                    schema: json!({"type": "string", "description": description}),
+                    transport: Transport::Json,
+                }
+            }))
             .chain(tb.capabilities.iter().any(|c| c == "search-sessions").then(|| {
                 // agents-exe's argument, offered only with the capability.
                 let description = "For search-sessions: the words to look for (a session matches when its conversation holds any of them, in any case)";
@@ -128,6 +143,47 @@ impl SystemTool {
             }
         }
         json!({"variables": vars, "withheld": withheld})
+    }
+
+    /// The session of the lineage `read-session` is asked for, when it is
+    /// not the calling one (and the toolbox offers `session_id`).
+    fn other_session(
+        &self,
+        capability: &str,
+        args: &CallArgs,
+        ctx: &CallContext,
+    ) -> Option<String> {
+        if capability != "read-session" || self.spec.arg("session_id").is_none() {
+            return None;
+        }
+        match args.get("session_id").and_then(|v| v.plain()) {
+            Some(Value::String(id)) if !id.is_empty() && *id != ctx.session_id => Some(id.clone()),
+            _ => None,
+        }
+    }
+
+    /// Session `id` of the calling session's lineage within the scope, as
+    /// [`own_session`] gives the calling one; refused alike whether it is
+    /// elsewhere or nowhere.
+    async fn lineage_session(&self, id: &str, ctx: &CallContext) -> Result<Value, ToolError> {
+        let not_here = || {
+            ToolError::InvalidArguments(format!(
+                "session `{id}` is not one this session may read (its fork lineage, scope {}): take an id `list-sessions` or `search-sessions` gave",
+                self.scope.as_str()
+            ))
+        };
+        let lineage = ctx.lineage.as_ref().ok_or_else(not_here)?;
+        let read = lineage
+            .read(self.scope, id)
+            .await
+            .map_err(ToolError::Failed)?
+            .ok_or_else(not_here)?;
+        let relation = match read.relation {
+            Relation::Ancestor => "parent",
+            Relation::Descendant => "child",
+            Relation::Current => "current",
+        };
+        Ok(json!({"session_id": read.session.id, "turns": read.turns, "relation": relation}))
     }
 
     /// `list-sessions` or `search-sessions` over the calling session's
@@ -294,19 +350,19 @@ fn rfc3339(unix: u64) -> String {
     )
 }
 
-/// `read-session` (the calling session's turns) or `get-session-stats`
-/// (how many turns of each role, and which tools were called how often).
-fn session_report(
-    capability: &str,
-    ctx: &CallContext,
-    tool_outputs: bool,
-) -> Result<Value, String> {
+/// The calling session, `{"session_id", "turns"}`, as the run hands it.
+fn own_session(ctx: &CallContext) -> Result<Value, String> {
     let json = ctx
         .session_json
         .as_deref()
         .ok_or("there is no session here: this capability reports the session that calls it")?;
-    let session: Value =
-        serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))?;
+    serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))
+}
+
+/// `read-session` (a session's turns) or `get-session-stats` (how many
+/// turns of each role, and which tools were called how often) of
+/// `session`, `{"session_id", "turns"}`.
+fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Result<Value, String> {
     let mut turns = session["turns"].as_array().cloned().unwrap_or_default();
     if capability == "read-session" {
         if !tool_outputs {
@@ -314,7 +370,11 @@ fn session_report(
                 t["content"] = json!("(a tool's output, not shown here)");
             }
         }
-        return Ok(json!({"session_id": session["session_id"], "turns": turns}));
+        let mut out = json!({"session_id": session["session_id"], "turns": turns});
+        if let Some(r) = session.get("relation") {
+            out["relation"] = r.clone();
+        }
+        return Ok(out);
     }
     let mut roles = serde_json::Map::new();
     let mut tools = serde_json::Map::new();
@@ -374,7 +434,12 @@ impl Tool for SystemTool {
         let data = match capability.as_str() {
             "env-vars" => self.env_report(ctx),
             "read-session" | "get-session-stats" => {
-                session_report(&capability, ctx, self.tool_outputs).map_err(ToolError::Failed)?
+                let session = match self.other_session(&capability, &args, ctx) {
+                    Some(id) => self.lineage_session(&id, ctx).await?,
+                    None => own_session(ctx).map_err(ToolError::Failed)?,
+                };
+                session_report(&capability, session, self.tool_outputs)
+                    .map_err(ToolError::Failed)?
             }
             "list-sessions" | "search-sessions" => {
                 self.lineage_report(&capability, &args, ctx).await?
@@ -461,6 +526,17 @@ mod tests {
                 complete: true,
             })
         }
+        async fn read(
+            &self,
+            scope: SessionScope,
+            id: &str,
+        ) -> Result<Option<crate::tools::lineage::Read>, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("read {} {id}", scope.as_str()));
+            Ok(None)
+        }
     }
 
     fn call_args(v: Value) -> CallArgs {
@@ -477,7 +553,7 @@ mod tests {
     #[tokio::test]
     async fn the_lineage_capabilities_ask_within_the_toolboxs_scope_and_cap() {
         let tb: BuiltinToolbox = serde_json::from_value(json!({
-            "name": "s", "capabilities": ["list-sessions", "search-sessions"],
+            "name": "s", "capabilities": ["list-sessions", "search-sessions", "read-session"],
             "sessionScope": "children-only", "sessionMaxResults": 5000,
             "sessionToolOutputs": false}))
         .unwrap();
@@ -525,11 +601,22 @@ mod tests {
         )
         .await
         .unwrap();
+        let elsewhere = tool
+            .call(
+                call_args(json!({"capability": "read-session", "session_id": "elsewhere"})),
+                &ctx,
+            )
+            .await;
+        assert!(
+            matches!(&elsewhere, Err(ToolError::InvalidArguments(m)) if m.contains("not one this session may read")),
+            "{elsewhere:?}"
+        );
         assert_eq!(
             *asked.0.lock().unwrap(),
             [
                 "list children-only 1000",
-                "search children-only late fee 1000 false"
+                "search children-only late fee 1000 false",
+                "read children-only elsewhere"
             ]
         );
         let ToolOutput::Json(cli) = tool
@@ -552,7 +639,13 @@ mod tests {
                 .unwrap();
         let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
         assert!(tool.spec().arg("query").is_none());
+        assert!(tool.spec().arg("session_id").is_none());
         assert_eq!(tool.max_results, 50);
+        // `read-session` alone reads the calling session only.
+        let tb: BuiltinToolbox =
+            serde_json::from_value(json!({"name": "s", "capabilities": ["read-session"]})).unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("session_id").is_none());
     }
 
     /// agents-exe's `SessionIntrospectionIncludeToolOutputs: false`: the
@@ -573,9 +666,9 @@ mod tests {
             scrubber: Default::default(),
             lineage: None,
         };
-        let shown = session_report("read-session", &ctx, true).unwrap();
+        let shown = session_report("read-session", own_session(&ctx).unwrap(), true).unwrap();
         assert!(shown.to_string().contains("CANARY-output"));
-        let elided = session_report("read-session", &ctx, false).unwrap();
+        let elided = session_report("read-session", own_session(&ctx).unwrap(), false).unwrap();
         assert!(!elided.to_string().contains("CANARY-output"), "{elided}");
         assert_eq!(elided["turns"][1]["tool_call_id"], "c1");
         assert_eq!(elided["turns"][2]["content"], "done");

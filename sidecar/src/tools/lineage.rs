@@ -268,6 +268,18 @@ pub trait SessionLineage: Send + Sync + fmt::Debug {
         limit: usize,
         tool_outputs: bool,
     ) -> Result<Found, String>;
+    /// Session `id` with its turns, if it is of the lineage within
+    /// `scope`; `None` otherwise, whether or not a session `id` exists
+    /// elsewhere (the answer does not tell).
+    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, String>;
+}
+
+/// A session of the lineage, read whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Read {
+    pub session: Kin,
+    pub relation: Relation,
+    pub turns: Vec<Turn>,
 }
 
 #[cfg(test)]

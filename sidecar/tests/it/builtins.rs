@@ -150,7 +150,7 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
     let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", "sessions.json"], &[]);
     assert!(ok, "{out}");
     for w in [
-        "system_history_system_info(capability, query?)",
+        "system_history_system_info(capability, session_id?, query?)",
         "session scope `all` (agents-exe's `SessionIntrospectionScope`) reaches the calling session's fork lineage only",
     ] {
         assert!(out.contains(w), "`{w}` not in:\n{out}");
@@ -594,6 +594,12 @@ async fn list_and_search_sessions_reach_the_callers_lineage_and_no_other_session
         if prompt == "list" {
             return MockReply::tool_call("io_history", json!({"capability": "list-sessions"}));
         }
+        if let Some(id) = prompt.strip_prefix("read ") {
+            return MockReply::tool_call(
+                "io_history",
+                json!({"capability": "read-session", "session_id": id}),
+            );
+        }
         if let Some(q) = prompt.strip_prefix("search ") {
             return MockReply::tool_call(
                 "io_history",
@@ -615,7 +621,7 @@ spec:
   toolboxes:
     - builtin:
         name: history
-        capabilities: [list-sessions, search-sessions]
+        capabilities: [list-sessions, search-sessions, read-session]
         sessionMaxResults: 10
 "#,
             mock.url()
@@ -707,16 +713,43 @@ spec:
     );
     assert_eq!(found["totalMatches"], 1, "{found}");
 
+    // The root reads its fork whole; the stranger's session it may not
+    // read, refused as a session that is nowhere would be.
+    let read = seen(&message_waited(&api, &root, &format!("read {fork}")).await);
+    assert_eq!(
+        (&read["session_id"], &read["relation"]),
+        (&json!(fork), &json!("child")),
+        "{read}"
+    );
+    assert!(read.to_string().contains("FORK-NEEDLE-5"), "{read}");
+    let refused = message_waited(&api, &root, &format!("read {stranger}")).await;
+    let nowhere = message_waited(&api, &root, "read no-such-session").await;
+    let last = |r: &bindery_tests::sidecar::Reply| {
+        r.json["session"]["turns"]
+            .as_array()
+            .and_then(|t| t.last())
+            .and_then(|t| t["content"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        last(&refused).contains("is not one this session may read"),
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        last(&refused).replace(&stranger, "ID"),
+        last(&nowhere).replace("no-such-session", "ID"),
+        "a stranger's session is refused as one that does not exist"
+    );
+
     let requests = mock.requests();
     let later = serde_json::to_string(&requests[stranger_requests..]).unwrap();
     assert!(
         !later.contains(CANARY),
         "the canary reached another session's model"
     );
-    assert!(
-        !later.contains(&stranger),
-        "the stranger's id reached another session's model"
-    );
+
     // Outside a session (the CLI) there is no store: nothing to list.
     let out = Command::new(bin())
         .args(["tool-call", "--agent-file"])
