@@ -841,6 +841,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         agent_id: agent.name.clone(),
         session_json: None,
         scrubber: Default::default(),
+        lineage: None,
     };
     let bound_call = || async {
         let t = Instant::now();

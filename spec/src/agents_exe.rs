@@ -318,6 +318,13 @@ pub struct SystemToolboxDescription {
     /// Whether `read-session` shows the tools' outputs (default: yes).
     #[serde(default, rename = "SessionIntrospectionIncludeToolOutputs")]
     pub include_tool_outputs: Option<bool>,
+    /// Which sessions `list-sessions` and `search-sessions` reach, read
+    /// within the calling session's fork lineage (default `subtree`).
+    #[serde(default, rename = "SessionIntrospectionScope")]
+    pub scope: Option<super::SessionScope>,
+    /// The most sessions one answer holds (default 50).
+    #[serde(default, rename = "SessionIntrospectionMaxResults")]
+    pub max_results: Option<u32>,
     /// agents-exe's `Activation`: an on-demand group's name.
     #[serde(rename = "Activation", default, deserialize_with = "activation")]
     pub toolgroup: Option<String>,
@@ -482,6 +489,8 @@ fn builtin_toolbox(
         .map_err(|e| format!("{here}: {e}"))?;
     Ok(Toolbox::Builtin(super::BuiltinToolbox {
         session_tool_outputs: d.include_tool_outputs.unwrap_or(true),
+        session_scope: d.scope.unwrap_or_default(),
+        session_max_results: d.max_results,
         name: d.name,
         description: d.description,
         capabilities: d.capabilities,

@@ -276,8 +276,9 @@ fn check_conditions(
 
 /// The capabilities a builtin toolbox may offer (`env-vars` only with
 /// its list of names, see [`env_var_refusal`]; `read-session` and
-/// `get-session-stats` report the calling session only).
-pub const BUILTIN_CAPABILITIES: [&str; 10] = [
+/// `get-session-stats` report the calling session only; `list-sessions`
+/// and `search-sessions` reach its fork lineage only).
+pub const BUILTIN_CAPABILITIES: [&str; 12] = [
     "date",
     "hostname",
     "operating-system",
@@ -288,7 +289,13 @@ pub const BUILTIN_CAPABILITIES: [&str; 10] = [
     "env-vars",
     "read-session",
     "get-session-stats",
+    "list-sessions",
+    "search-sessions",
 ];
+
+/// The most sessions one `list-sessions` or `search-sessions` answer
+/// holds, whatever `sessionMaxResults` says.
+pub const SESSION_RESULTS_MAX: u32 = 1000;
 
 /// The prefixes of the variables that set and pin process parameters
 /// (`params::process` reads them).
@@ -482,9 +489,6 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
         }
         let why = match c.as_str() {
             "attach-file" => "it would hand the model files of the server's own file system, which every tenant shares; to give the model a file's content, use a bash tool that reads that one file".to_string(),
-            "list-sessions" | "search-sessions" => {
-                "it would reach sessions other than the caller's, other tenants' among them; sessions are listed through the session API (GET /v1/sessions, owner only), and `read-session` / `get-session-stats` report the calling session".to_string()
-            }
             _ => "no such capability".to_string(),
         };
         diags.push(Diagnostic::error(format!(
@@ -492,6 +496,7 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
             BUILTIN_CAPABILITIES.join(", ")
         )));
     }
+    check_session_reach(b, place, diags);
     let env = b.capabilities.iter().any(|c| c == "env-vars");
     if env && b.env_vars.is_empty() {
         diags.push(Diagnostic::error(format!(
@@ -510,6 +515,29 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
                 "{place}: `env-vars` may not show {why}"
             )));
         }
+    }
+}
+
+/// `sessionScope` and `sessionMaxResults`: the lineage is as far as
+/// `list-sessions` and `search-sessions` ever reach.
+fn check_session_reach(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    let reaches = b
+        .capabilities
+        .iter()
+        .any(|c| c == "list-sessions" || c == "search-sessions");
+    if reaches && b.session_scope == super::SessionScope::All {
+        diags.push(Diagnostic::warning(format!(
+            "{place}: session scope `all` (agents-exe's `SessionIntrospectionScope`) reaches the calling session's fork lineage only (the sessions it was forked from and those forked from it), as `subtree`: Bindery never lists or searches another session of the server, whoever holds it; write `subtree` to silence this warning"
+        )));
+    }
+    match b.session_max_results {
+        Some(0) => diags.push(Diagnostic::error(format!(
+            "{place}: `sessionMaxResults` (agents-exe's `SessionIntrospectionMaxResults`) is at least 1"
+        ))),
+        Some(n) if n > SESSION_RESULTS_MAX => diags.push(Diagnostic::warning(format!(
+            "{place}: `sessionMaxResults` is {n}; an answer holds at most {SESSION_RESULTS_MAX} sessions"
+        ))),
+        _ => {}
     }
 }
 

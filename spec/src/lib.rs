@@ -537,8 +537,9 @@ pub struct BuiltinToolbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// `date`, `hostname`, `operating-system`, `working-directory`,
-    /// `running-user`, `uptime`, `process-info`, `env-vars`, and the
-    /// calling session's `read-session` and `get-session-stats`.
+    /// `running-user`, `uptime`, `process-info`, `env-vars`, the calling
+    /// session's `read-session` and `get-session-stats`, and
+    /// `list-sessions` and `search-sessions` over its fork lineage.
     pub capabilities: Vec<String>,
     /// With `env-vars`: the only environment variables it shows, by exact
     /// name (never one that holds a parameter's or credential's value).
@@ -548,6 +549,15 @@ pub struct BuiltinToolbox {
     /// shown (default: yes); `false` shows each as elided.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub session_tool_outputs: bool,
+    /// With `list-sessions` and `search-sessions`: which sessions of the
+    /// calling session's fork lineage they reach (default `subtree`).
+    /// Never more than that lineage: `all` is the lineage too.
+    #[serde(default, skip_serializing_if = "SessionScope::is_subtree")]
+    pub session_scope: SessionScope,
+    /// With `list-sessions` and `search-sessions`: the most sessions one
+    /// answer holds (default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_max_results: Option<u32>,
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
@@ -555,6 +565,41 @@ pub struct BuiltinToolbox {
     /// activates this group (`meta_activate_tool`); absent: always shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolgroup: Option<String>,
+}
+
+/// Which sessions of the calling session's fork lineage (itself, the
+/// sessions it was forked from and those forked from it, transitively)
+/// `list-sessions` and `search-sessions` reach: agents-exe's
+/// `SessionIntrospectionScope`, read within that lineage.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionScope {
+    /// The sessions it was forked from, transitively.
+    ParentsOnly,
+    /// The sessions forked from it, transitively.
+    ChildrenOnly,
+    /// Its ancestors, itself and its descendants: the whole lineage.
+    #[default]
+    Subtree,
+    /// agents-exe's every session of the store; here the whole lineage,
+    /// as `subtree` (`check` warns).
+    All,
+}
+
+impl SessionScope {
+    fn is_subtree(&self) -> bool {
+        *self == SessionScope::Subtree
+    }
+
+    /// Its name in agent files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionScope::ParentsOnly => "parents-only",
+            SessionScope::ChildrenOnly => "children-only",
+            SessionScope::Subtree => "subtree",
+            SessionScope::All => "all",
+        }
+    }
 }
 
 /// An SQLite database file the model queries with SQL, one statement a

@@ -68,6 +68,7 @@ pub(super) async fn outcome(
         agent_id: agent.name.clone(),
         session_json: None,
         scrubber: Default::default(),
+        lineage: None,
     };
     // The same span as a call in a run, so that a trace of a
     // `tool-call` looks like one step of a session.

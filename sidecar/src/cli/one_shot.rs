@@ -126,6 +126,7 @@ impl Loaded {
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),
+                lineage: None,
             },
             cache: None,
             lookups: Some(&lookups),

@@ -228,6 +228,7 @@ pub async fn replay(
         agent_id: doc["agent"].as_str().unwrap_or_default().to_string(),
         session_json: None,
         scrubber: Default::default(),
+        lineage: None,
     };
     if !raw {
         println!("\nExecuting tool...\n");

@@ -10,6 +10,7 @@ pub mod helpers;
 pub mod kube_events;
 pub mod lease;
 pub mod ledger;
+pub mod lineage;
 mod lru;
 pub mod model;
 pub mod notify;

@@ -1339,6 +1339,7 @@ mod tests {
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),
+                lineage: None,
             },
             cache: None,
             lookups: None,

@@ -5,10 +5,12 @@
 //! gets bindings through the same combinator: bind `capability` to a
 //! literal and the model sees a tool without arguments.
 //!
-//! `read-session` and `get-session-stats` report the calling session only:
-//! the tool is handed that run's own conversation (as a bash tool's
-//! `AGENT_SESSION_JSON`: what the model already saw, never a bound value),
-//! and nothing else of the store.
+//! `read-session` and `get-session-stats` report the calling session: the
+//! tool is handed that run's own conversation (as a bash tool's
+//! `AGENT_SESSION_JSON`: what the model already saw, never a bound value).
+//! `list-sessions`, `search-sessions` and `read-session` given a
+//! `session_id` reach the calling session's fork lineage and nothing else,
+//! through the [`super::lineage::SessionLineage`] the run hands over.
 //!
 //! The sidecar's environment holds parameter values and tokens: `env-vars`
 //! reads only the variables its declaration lists (`spec::checks` refuses a
@@ -21,16 +23,26 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use super::lineage::{Found, Kin, Listing, Relation};
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::spec::BuiltinToolbox;
+use crate::spec::{BuiltinToolbox, SessionScope};
+
+/// How many sessions a `list-sessions` or `search-sessions` answer holds
+/// when the toolbox does not say (agents-exe's default).
+const SESSION_RESULTS_DEFAULT: u32 = 50;
 
 pub struct SystemTool {
     spec: ToolSpec,
     capabilities: Vec<String>,
     /// What `env-vars` may show: the listed names, less any refused.
     env_vars: Vec<String>,
-    /// `read-session` shows the tools' outputs.
+    /// `read-session` shows the tools' outputs (and `search-sessions`
+    /// looks in them).
     tool_outputs: bool,
+    /// Which part of the lineage `list-sessions` and `search-sessions` reach.
+    scope: SessionScope,
+    /// The most sessions one of their answers holds.
+    max_results: usize,
 }
 
 impl SystemTool {
@@ -41,6 +53,10 @@ impl SystemTool {
         sources: &BTreeSet<String>,
         naming: crate::spec::Naming,
     ) -> SystemTool {
+        let has = |c: &str| tb.capabilities.iter().any(|x| x == c);
+        // `read-session` reads another session of the lineage only where
+        // the toolbox also gives the ids to read.
+        let reads_lineage = has("read-session") && (has("list-sessions") || has("search-sessions"));
         let spec = ToolSpec {
             name: match naming {
                 crate::spec::Naming::Bindery => format!("io_{}", tb.name),
@@ -51,18 +67,47 @@ impl SystemTool {
             description: tb.description.clone().unwrap_or_else(|| {
                 format!("Reports about the system: {}.", tb.capabilities.join(", "))
             }),
-            args: vec![ArgSpec {
+            args: std::iter::once(ArgSpec {
                 name: "capability".into(),
                 description: "what to report".into(),
                 required: true,
                 schema: json!({"type": "string", "enum": tb.capabilities, "description": "what to report"}),
                 transport: Transport::Json,
-            }],
+            })
+            .chain(reads_lineage.then(|| {
+                // agents-exe's argument: which session to read.
+                let description = "For read-session: the id of a session list-sessions or search-sessions gave (default: this session)";
+                ArgSpec {
+                    name: "session_id".into(),
+                    description: description.into(),
+                    required: false,
+                    schema: json!({"type": "string", "description": description}),
+                    transport: Transport::Json,
+                }
+            }))
+            .chain(tb.capabilities.iter().any(|c| c == "search-sessions").then(|| {
+                // agents-exe's argument, offered only with the capability.
+                let description = "For search-sessions: the words to look for (a session matches when its conversation holds any of them, in any case)";
+                ArgSpec {
+                    name: "query".into(),
+                    description: description.into(),
+                    required: false,
+                    schema: json!({"type": "string", "description": description}),
+                    transport: Transport::Json,
+                }
+            }))
+            .collect(),
             writes: false,
         };
         SystemTool {
             spec,
             tool_outputs: tb.session_tool_outputs,
+            scope: tb.session_scope,
+            max_results: tb
+                .session_max_results
+                .unwrap_or(SESSION_RESULTS_DEFAULT)
+                .clamp(1, crate::spec::checks::SESSION_RESULTS_MAX)
+                as usize,
             capabilities: tb.capabilities.clone(),
             env_vars: tb
                 .env_vars
@@ -99,6 +144,136 @@ impl SystemTool {
         }
         json!({"variables": vars, "withheld": withheld})
     }
+
+    /// The session of the lineage `read-session` is asked for, when it is
+    /// not the calling one (and the toolbox offers `session_id`).
+    fn other_session(
+        &self,
+        capability: &str,
+        args: &CallArgs,
+        ctx: &CallContext,
+    ) -> Option<String> {
+        if capability != "read-session" || self.spec.arg("session_id").is_none() {
+            return None;
+        }
+        match args.get("session_id").and_then(|v| v.plain()) {
+            Some(Value::String(id)) if !id.is_empty() && *id != ctx.session_id => Some(id.clone()),
+            _ => None,
+        }
+    }
+
+    /// Session `id` of the calling session's lineage within the scope, as
+    /// [`own_session`] gives the calling one; refused alike whether it is
+    /// elsewhere or nowhere.
+    async fn lineage_session(&self, id: &str, ctx: &CallContext) -> Result<Value, ToolError> {
+        let not_here = || {
+            ToolError::InvalidArguments(format!(
+                "session `{id}` is not one this session may read (its fork lineage, scope {}): take an id `list-sessions` or `search-sessions` gave",
+                self.scope.as_str()
+            ))
+        };
+        let lineage = ctx.lineage.as_ref().ok_or_else(not_here)?;
+        let read = lineage
+            .read(self.scope, id)
+            .await
+            .map_err(ToolError::Failed)?
+            .ok_or_else(not_here)?;
+        let relation = match read.relation {
+            Relation::Ancestor => "parent",
+            Relation::Descendant => "child",
+            Relation::Current => "current",
+        };
+        Ok(json!({"session_id": read.session.id, "turns": read.turns, "relation": relation}))
+    }
+
+    /// `list-sessions` or `search-sessions` over the calling session's
+    /// lineage; outside a session's run there is none to reach.
+    async fn lineage_report(
+        &self,
+        capability: &str,
+        args: &CallArgs,
+        ctx: &CallContext,
+    ) -> Result<Value, ToolError> {
+        let scope = self.scope.as_str();
+        // `list-sessions` takes no query, whatever the model sends.
+        let query = match args.get("query").and_then(|v| v.plain()) {
+            _ if capability == "list-sessions" => None,
+            Some(Value::String(q)) if !q.trim().is_empty() => Some(q.clone()),
+            _ => {
+                return Err(ToolError::InvalidArguments(
+                    "search-sessions needs `query`: the words to look for, as a string".into(),
+                ))
+            }
+        };
+        let Some(lineage) = &ctx.lineage else {
+            let note =
+                "there is no session store here (a command-line run): no session to list or search";
+            return Ok(match query {
+                None => json!({"sessions": [], "totalAccessible": 0, "scope": scope, "note": note}),
+                Some(q) => {
+                    json!({"query": q, "results": [], "totalMatches": 0, "scope": scope, "note": note})
+                }
+            });
+        };
+        match query {
+            None => lineage
+                .list(self.scope, self.max_results)
+                .await
+                .map(|l| listing_json(&l, scope)),
+            Some(q) => lineage
+                .search(self.scope, &q, self.max_results, self.tool_outputs)
+                .await
+                .map(|f| found_json(&q, &f, scope)),
+        }
+        .map_err(ToolError::Failed)
+    }
+}
+
+/// One session of the lineage as `list-sessions` shows it (agents-exe's
+/// keys; `isParent`/`isChild` say ancestor/descendant).
+fn kin_json(k: &Kin, r: Relation) -> Value {
+    let secs = |ms: i64| rfc3339(u64::try_from(ms / 1000).unwrap_or(0));
+    json!({
+        "sessionId": k.id,
+        "conversationId": k.id,
+        "agent": k.agent,
+        "forkedFrom": k.forked_from,
+        "createdAt": secs(k.created_at),
+        "modificationTime": secs(k.updated_at),
+        "turnCount": k.turns,
+        "isParent": r == Relation::Ancestor,
+        "isChild": r == Relation::Descendant,
+        "isCurrent": r == Relation::Current,
+        "status": k.status,
+    })
+}
+
+fn listing_json(l: &Listing, scope: &str) -> Value {
+    let sessions: Vec<Value> = l.sessions.iter().map(|(k, r)| kin_json(k, *r)).collect();
+    json!({"sessions": sessions, "totalAccessible": l.total, "scope": scope})
+}
+
+fn found_json(query: &str, f: &Found, scope: &str) -> Value {
+    let results: Vec<Value> = f
+        .hits
+        .iter()
+        .map(|h| {
+            json!({
+                "sessionId": h.session.id,
+                "conversationId": h.session.id,
+                "turnCount": h.session.turns,
+                "isParent": h.relation == Relation::Ancestor,
+                "isChild": h.relation == Relation::Descendant,
+                "isCurrent": h.relation == Relation::Current,
+                "turn": h.found.turn,
+                "role": h.found.role,
+                "preview": h.found.excerpt,
+                "matchType": "content",
+            })
+        })
+        .collect();
+    json!({"query": query, "results": results, "totalMatches": f.total,
+           "complete": f.complete, "scope": scope})
 }
 
 /// What one capability reports (Linux facts from `/proc`).
@@ -175,19 +350,19 @@ fn rfc3339(unix: u64) -> String {
     )
 }
 
-/// `read-session` (the calling session's turns) or `get-session-stats`
-/// (how many turns of each role, and which tools were called how often).
-fn session_report(
-    capability: &str,
-    ctx: &CallContext,
-    tool_outputs: bool,
-) -> Result<Value, String> {
+/// The calling session, `{"session_id", "turns"}`, as the run hands it.
+fn own_session(ctx: &CallContext) -> Result<Value, String> {
     let json = ctx
         .session_json
         .as_deref()
         .ok_or("there is no session here: this capability reports the session that calls it")?;
-    let session: Value =
-        serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))?;
+    serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))
+}
+
+/// `read-session` (a session's turns) or `get-session-stats` (how many
+/// turns of each role, and which tools were called how often) of
+/// `session`, `{"session_id", "turns"}`.
+fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Result<Value, String> {
     let mut turns = session["turns"].as_array().cloned().unwrap_or_default();
     if capability == "read-session" {
         if !tool_outputs {
@@ -195,7 +370,11 @@ fn session_report(
                 t["content"] = json!("(a tool's output, not shown here)");
             }
         }
-        return Ok(json!({"session_id": session["session_id"], "turns": turns}));
+        let mut out = json!({"session_id": session["session_id"], "turns": turns});
+        if let Some(r) = session.get("relation") {
+            out["relation"] = r.clone();
+        }
+        return Ok(out);
     }
     let mut roles = serde_json::Map::new();
     let mut tools = serde_json::Map::new();
@@ -224,9 +403,15 @@ impl Tool for SystemTool {
     /// With a session capability, the tool is handed the calling session
     /// (and a cached result answers only that same session).
     fn receives_session(&self) -> bool {
-        self.capabilities
-            .iter()
-            .any(|c| c == "read-session" || c == "get-session-stats")
+        self.capabilities.iter().any(|c| {
+            [
+                "read-session",
+                "get-session-stats",
+                "list-sessions",
+                "search-sessions",
+            ]
+            .contains(&c.as_str())
+        })
     }
 
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
@@ -249,7 +434,15 @@ impl Tool for SystemTool {
         let data = match capability.as_str() {
             "env-vars" => self.env_report(ctx),
             "read-session" | "get-session-stats" => {
-                session_report(&capability, ctx, self.tool_outputs).map_err(ToolError::Failed)?
+                let session = match self.other_session(&capability, &args, ctx) {
+                    Some(id) => self.lineage_session(&id, ctx).await?,
+                    None => own_session(ctx).map_err(ToolError::Failed)?,
+                };
+                session_report(&capability, session, self.tool_outputs)
+                    .map_err(ToolError::Failed)?
+            }
+            "list-sessions" | "search-sessions" => {
+                self.lineage_report(&capability, &args, ctx).await?
             }
             _ => report(&capability).map_err(ToolError::Failed)?,
         };
@@ -274,12 +467,185 @@ mod tests {
     fn every_capability_reports() {
         for c in crate::spec::checks::BUILTIN_CAPABILITIES
             .iter()
-            .filter(|c| !["env-vars", "read-session", "get-session-stats"].contains(*c))
+            .filter(|c| {
+                ![
+                    "env-vars",
+                    "read-session",
+                    "get-session-stats",
+                    "list-sessions",
+                    "search-sessions",
+                ]
+                .contains(*c)
+            })
         {
             let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
             assert!(v.is_object(), "{c}: {v}");
         }
         assert!(report("env-vars").is_err());
+    }
+
+    /// A lineage that answers what it was asked, to see what the tool asks.
+    #[derive(Debug, Default)]
+    struct Asked(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl crate::tools::lineage::SessionLineage for Asked {
+        async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("list {} {limit}", scope.as_str()));
+            let kin = Kin {
+                id: "s0".into(),
+                forked_from: None,
+                agent: "a".into(),
+                status: "idle".into(),
+                created_at: 1_796_037_333_000,
+                updated_at: 1_796_037_333_000,
+                turns: 3,
+            };
+            Ok(Listing {
+                sessions: vec![(kin, Relation::Ancestor)],
+                total: 7,
+            })
+        }
+        async fn search(
+            &self,
+            scope: SessionScope,
+            query: &str,
+            limit: usize,
+            tool_outputs: bool,
+        ) -> Result<Found, String> {
+            self.0.lock().unwrap().push(format!(
+                "search {} {query} {limit} {tool_outputs}",
+                scope.as_str()
+            ));
+            Ok(Found {
+                hits: Vec::new(),
+                total: 0,
+                complete: true,
+            })
+        }
+        async fn read(
+            &self,
+            scope: SessionScope,
+            id: &str,
+        ) -> Result<Option<crate::tools::lineage::Read>, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("read {} {id}", scope.as_str()));
+            Ok(None)
+        }
+    }
+
+    fn call_args(v: Value) -> CallArgs {
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
+            .collect()
+    }
+
+    /// The toolbox's scope and cap reach the lineage; `query` is offered
+    /// with `search-sessions` only, needed by it and ignored by
+    /// `list-sessions`; without a lineage (the CLI) there is nothing.
+    #[tokio::test]
+    async fn the_lineage_capabilities_ask_within_the_toolboxs_scope_and_cap() {
+        let tb: BuiltinToolbox = serde_json::from_value(json!({
+            "name": "s", "capabilities": ["list-sessions", "search-sessions", "read-session"],
+            "sessionScope": "children-only", "sessionMaxResults": 5000,
+            "sessionToolOutputs": false}))
+        .unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("query").is_some());
+        assert!(tool.receives_session());
+        let asked = std::sync::Arc::new(Asked::default());
+        let ctx = CallContext {
+            lineage: Some(asked.clone()),
+            ..CallContext::default()
+        };
+        let list = tool
+            .call(
+                call_args(json!({"capability": "list-sessions", "query": "x"})),
+                &ctx,
+            )
+            .await
+            .unwrap();
+        let ToolOutput::Json(list) = list else {
+            panic!("{list:?}")
+        };
+        let s = &list["data"]["sessions"][0];
+        assert_eq!(
+            (
+                &s["sessionId"],
+                &s["isParent"],
+                &s["isChild"],
+                &s["turnCount"]
+            ),
+            (&json!("s0"), &json!(true), &json!(false), &json!(3))
+        );
+        assert_eq!(s["modificationTime"], "2026-11-30T11:15:33Z");
+        assert_eq!(list["data"]["totalAccessible"], 7);
+        assert_eq!(list["data"]["scope"], "children-only");
+        let none = tool
+            .call(call_args(json!({"capability": "search-sessions"})), &ctx)
+            .await;
+        assert!(
+            matches!(&none, Err(ToolError::InvalidArguments(m)) if m.contains("`query`")),
+            "{none:?}"
+        );
+        tool.call(
+            call_args(json!({"capability": "search-sessions", "query": "late fee"})),
+            &ctx,
+        )
+        .await
+        .unwrap();
+        let elsewhere = tool
+            .call(
+                call_args(json!({"capability": "read-session", "session_id": "elsewhere"})),
+                &ctx,
+            )
+            .await;
+        assert!(
+            matches!(&elsewhere, Err(ToolError::InvalidArguments(m)) if m.contains("not one this session may read")),
+            "{elsewhere:?}"
+        );
+        assert_eq!(
+            *asked.0.lock().unwrap(),
+            [
+                "list children-only 1000",
+                "search children-only late fee 1000 false",
+                "read children-only elsewhere"
+            ]
+        );
+        let ToolOutput::Json(cli) = tool
+            .call(
+                call_args(json!({"capability": "list-sessions"})),
+                &CallContext::default(),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(cli["data"]["sessions"], json!([]));
+        assert!(cli["data"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("no session store"));
+        let tb: BuiltinToolbox =
+            serde_json::from_value(json!({"name": "s", "capabilities": ["list-sessions"]}))
+                .unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("query").is_none());
+        assert!(tool.spec().arg("session_id").is_none());
+        assert_eq!(tool.max_results, 50);
+        // `read-session` alone reads the calling session only.
+        let tb: BuiltinToolbox =
+            serde_json::from_value(json!({"name": "s", "capabilities": ["read-session"]})).unwrap();
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        assert!(tool.spec().arg("session_id").is_none());
     }
 
     /// agents-exe's `SessionIntrospectionIncludeToolOutputs: false`: the
@@ -298,10 +664,11 @@ mod tests {
             agent_id: "a".into(),
             session_json: Some(session.to_string().into()),
             scrubber: Default::default(),
+            lineage: None,
         };
-        let shown = session_report("read-session", &ctx, true).unwrap();
+        let shown = session_report("read-session", own_session(&ctx).unwrap(), true).unwrap();
         assert!(shown.to_string().contains("CANARY-output"));
-        let elided = session_report("read-session", &ctx, false).unwrap();
+        let elided = session_report("read-session", own_session(&ctx).unwrap(), false).unwrap();
         assert!(!elided.to_string().contains("CANARY-output"), "{elided}");
         assert_eq!(elided["turns"][1]["tool_call_id"], "c1");
         assert_eq!(elided["turns"][2]["content"], "done");

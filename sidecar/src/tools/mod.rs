@@ -9,6 +9,7 @@
 pub mod bash;
 pub mod builtin;
 pub mod deferred;
+pub mod lineage;
 pub mod mcp;
 pub mod openapi;
 pub mod sqlite;
@@ -165,6 +166,9 @@ pub struct CallContext {
     /// ([`Scrubber::scrub_cut`]): every secret the call can reach. The
     /// bindings fill it in when it is empty.
     pub scrubber: std::sync::Arc<Scrubber>,
+    /// The calling session's fork lineage, for `list-sessions` and
+    /// `search-sessions`; absent outside a session's run (the CLI).
+    pub lineage: Option<std::sync::Arc<dyn lineage::SessionLineage>>,
 }
 
 impl CallContext {

@@ -85,14 +85,6 @@ const REFUSED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "sqlite-versioned.json",
-        &[
-            "builtinToolboxes[0] (`SqliteToolbox`)",
-            "`SqliteVersioned`",
-            "use `SqliteReadOnly`",
-        ],
-    ),
-    (
         "env-vars-unlisted.json",
         &[
             "toolbox 1 (builtin env): capability `env-vars` needs the list of variables",
@@ -127,13 +119,6 @@ const REFUSED: &[(&str, &[&str])] = &[
         &["`APP_*` is not a variable name: list exact names"],
     ),
     (
-        "sessions.json",
-        &[
-            "capability `list-sessions`: it would reach sessions other than the caller's",
-            "capability `search-sessions`",
-        ],
-    ),
-    (
         "attach-file.json",
         &[
             "capability `attach-file`: it would hand the model files of the server's own file system",
@@ -160,6 +145,25 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
     ] {
         assert!(out.contains(tool), "{tool} not in:\n{out}");
     }
+    // agents-exe's session retrospective (its `retro.json` form): every
+    // session capability loads, `all` narrowed to the lineage and said so.
+    let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", "sessions.json"], &[]);
+    assert!(ok, "{out}");
+    for w in [
+        "system_history_system_info(capability, session_id?, query?)",
+        "session scope `all` (agents-exe's `SessionIntrospectionScope`) reaches the calling session's fork lineage only",
+    ] {
+        assert!(out.contains(w), "`{w}` not in:\n{out}");
+    }
+    assert!(!out.contains("ignored field"), "{out}");
+    // agents-exe's versioned SQLite (each write on a copy) loads too.
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "sqlite-versioned.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("sqlite_memory_query"), "{out}");
     let mut seen = 0;
     for (file, words) in REFUSED {
         let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", file], &[]);
@@ -169,9 +173,9 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
         }
         seen += 1;
     }
-    // Every refused file of the corpus is in the table.
+    // Every refused file of the corpus is in the table; three load.
     let files = std::fs::read_dir(corpus()).unwrap().count();
-    assert_eq!(seen + 1, files);
+    assert_eq!(seen + 3, files);
 }
 
 /// A binding on a builtin tool works as on any other: `io_env` has its
@@ -547,5 +551,219 @@ spec:
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("there is no session here"), "{text}");
+    mock.shutdown().await;
+}
+
+/// The tool's output the model was shown last in `r`'s session (the mock
+/// answers a tool's result with `seen: <output>`).
+fn seen(r: &bindery_tests::sidecar::Reply) -> Value {
+    let last = r.json["session"]["turns"]
+        .as_array()
+        .and_then(|t| t.last())
+        .and_then(|t| t["content"].as_str())
+        .unwrap_or("");
+    let out: Value = serde_json::from_str(last.trim_start_matches("seen: "))
+        .unwrap_or_else(|e| panic!("{e}: {last}"));
+    out["data"].clone()
+}
+
+/// The ids a `list-sessions` answer names.
+fn listed(data: &Value) -> Vec<String> {
+    data["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sessionId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `list-sessions` and `search-sessions` reach the calling session's
+/// forks, and the session it was forked from, and never another session
+/// of the same server: a stranger's session holds a canary, and no model
+/// request but the stranger's own ever carries it.
+#[tokio::test]
+async fn list_and_search_sessions_reach_the_callers_lineage_and_no_other_session() {
+    const CANARY: &str = "STRANGER-CANARY-77";
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("seen: {}", last["content"].as_str().unwrap_or("")));
+        }
+        let prompt = last["content"].as_str().unwrap_or("");
+        if prompt == "list" {
+            return MockReply::tool_call("io_history", json!({"capability": "list-sessions"}));
+        }
+        if let Some(id) = prompt.strip_prefix("read ") {
+            return MockReply::tool_call(
+                "io_history",
+                json!({"capability": "read-session", "session_id": id}),
+            );
+        }
+        if let Some(q) = prompt.strip_prefix("search ") {
+            return MockReply::tool_call(
+                "io_history",
+                json!({"capability": "search-sessions", "query": q}),
+            );
+        }
+        MockReply::text("noted")
+    })
+    .await;
+    let agent = dir.path().join("retro.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata: {{name: retro}}
+spec:
+  model: {{url: "{}", name: mock-model}}
+  toolboxes:
+    - builtin:
+        name: history
+        capabilities: [list-sessions, search-sessions, read-session]
+        sessionMaxResults: 10
+"#,
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+
+    // Someone else's session on the same server.
+    let stranger = new_session(&api, json!({"agent": "retro"})).await;
+    message_waited(&api, &stranger, &format!("zebra-word {CANARY} is my note")).await;
+    let stranger_requests = mock.requests().len();
+
+    let root = new_session(&api, json!({"agent": "retro"})).await;
+    message_waited(&api, &root, "hello from the root").await;
+    let fork = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{root}/fork"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(fork.status, 201, "{}", fork.text);
+    let fork = fork.json["session_id"].as_str().unwrap().to_string();
+    message_waited(&api, &fork, "the fork talks about FORK-NEEDLE-5").await;
+    let grandchild = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{fork}/fork"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(grandchild.status, 201, "{}", grandchild.text);
+    let grandchild = grandchild.json["session_id"].as_str().unwrap().to_string();
+
+    // The root lists itself and its forks, transitively, newest first.
+    let listing = seen(&message_waited(&api, &root, "list").await);
+    assert_eq!(
+        listed(&listing),
+        [grandchild.clone(), fork.clone(), root.clone()],
+        "{listing}"
+    );
+    assert_eq!(listing["totalAccessible"], 3, "{listing}");
+    assert_eq!(listing["scope"], "subtree");
+    let of_fork = &listing["sessions"][1];
+    assert_eq!(
+        (
+            &of_fork["isChild"],
+            &of_fork["forkedFrom"],
+            &of_fork["agent"]
+        ),
+        (&json!(true), &json!(root), &json!("retro")),
+        "{listing}"
+    );
+    // The fork sees the root as its parent, and its own child.
+    let listing = seen(&message_waited(&api, &fork, "list").await);
+    assert_eq!(
+        listed(&listing),
+        [grandchild.clone(), fork.clone(), root.clone()],
+        "{listing}"
+    );
+    assert_eq!(listing["sessions"][2]["isParent"], true, "{listing}");
+
+    // A search from the root finds what was said in the fork.
+    let found = seen(&message_waited(&api, &root, "search fork-needle-5").await);
+    let hits = found["results"].as_array().unwrap();
+    assert!(
+        hits.iter().any(|h| h["sessionId"] == json!(fork)
+            && h["preview"].as_str().unwrap().contains("FORK-NEEDLE-5")),
+        "{found}"
+    );
+    assert_eq!(found["complete"], true);
+    // …and nothing of the stranger's, whose words it never reaches (the
+    // root's own prompt holds the word: the search finds that one only).
+    let found = seen(&message_waited(&api, &root, "search zebra-word").await);
+    let hits: Vec<&Value> = found["results"].as_array().unwrap().iter().collect();
+    assert_eq!(hits.len(), 1, "{found}");
+    assert_eq!(
+        (
+            &hits[0]["sessionId"],
+            &hits[0]["isCurrent"],
+            &hits[0]["role"]
+        ),
+        (&json!(root), &json!(true), &json!("user")),
+        "{found}"
+    );
+    assert_eq!(found["totalMatches"], 1, "{found}");
+
+    // The root reads its fork whole; the stranger's session it may not
+    // read, refused as a session that is nowhere would be.
+    let read = seen(&message_waited(&api, &root, &format!("read {fork}")).await);
+    assert_eq!(
+        (&read["session_id"], &read["relation"]),
+        (&json!(fork), &json!("child")),
+        "{read}"
+    );
+    assert!(read.to_string().contains("FORK-NEEDLE-5"), "{read}");
+    let refused = message_waited(&api, &root, &format!("read {stranger}")).await;
+    let nowhere = message_waited(&api, &root, "read no-such-session").await;
+    let last = |r: &bindery_tests::sidecar::Reply| {
+        r.json["session"]["turns"]
+            .as_array()
+            .and_then(|t| t.last())
+            .and_then(|t| t["content"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        last(&refused).contains("is not one this session may read"),
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        last(&refused).replace(&stranger, "ID"),
+        last(&nowhere).replace("no-such-session", "ID"),
+        "a stranger's session is refused as one that does not exist"
+    );
+
+    let requests = mock.requests();
+    let later = serde_json::to_string(&requests[stranger_requests..]).unwrap();
+    assert!(
+        !later.contains(CANARY),
+        "the canary reached another session's model"
+    );
+
+    // Outside a session (the CLI) there is no store: nothing to list.
+    let out = Command::new(bin())
+        .args(["tool-call", "--agent-file"])
+        .arg(&agent)
+        .args([
+            "--tool",
+            "io_history",
+            "--args",
+            r#"{"capability": "list-sessions"}"#,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("no session store here"), "{text}");
     mock.shutdown().await;
 }

@@ -6,6 +6,7 @@ use super::recorder::{encoded, stored_events, RunWrite};
 use super::sink::{self, SessionSink};
 use super::*;
 use crate::session::depends::LookupCache;
+use crate::session::lineage::StoreLineage;
 
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.
@@ -322,6 +323,7 @@ impl Runs {
                 agent_id: agent.name.clone(),
                 session_json: None,
                 scrubber: Default::default(),
+                lineage: Some(Arc::new(StoreLineage::new(self.store.clone(), id))),
             },
             cache: self.cache.as_ref(),
             lookups: Some(&self.lookups),

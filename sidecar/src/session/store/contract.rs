@@ -43,6 +43,7 @@ macro_rules! store_contract {
             case!(update_of_an_unknown_session_is_not_found);
             case!(update_of_a_session_made_anew_under_its_id_is_refused);
             case!(list_is_newest_first_then_by_id);
+            case!(a_lineage_is_the_session_its_ancestors_and_descendants_only);
             case!(events_are_numbered_per_session_and_read_in_order);
             case!(an_update_and_its_events_are_stored_together);
             case!(an_update_and_its_usage_are_stored_together);
@@ -306,6 +307,62 @@ pub async fn list_is_newest_first_then_by_id(store: Arc<dyn SessionStore>) {
         .collect();
     // Ids in byte order (upper case first), whatever a database's collation.
     assert_eq!(ids, ["c", "d", "B", "a", "b"]);
+}
+
+/// root ── a ── me ── c1 ── g1, with another fork of `root` (`sib`) and of
+/// `a` (`aunt`), and a stranger: `me`'s lineage is root, a, me, c1, g1,
+/// newest first, its turns counted, and no other.
+pub async fn a_lineage_is_the_session_its_ancestors_and_descendants_only(
+    store: Arc<dyn SessionStore>,
+) {
+    let family = [
+        ("root", None, 1),
+        ("a", Some("root"), 2),
+        ("sib", Some("root"), 3),
+        ("aunt", Some("a"), 4),
+        ("me", Some("a"), 5),
+        ("c1", Some("me"), 6),
+        ("stranger", None, 7),
+        ("g1", Some("c1"), 8),
+    ];
+    for (id, from, at) in family {
+        let mut rec = record(id, at);
+        rec.forked_from = from.map(str::to_owned);
+        if id == "me" {
+            rec.turns = vec![
+                Turn::new(ChatMessage::user("hello")),
+                Turn::new(ChatMessage::assistant("hi")),
+            ];
+        }
+        store.create(&mut rec).await.unwrap();
+    }
+    let kin = store.lineage("me", 100).await.unwrap();
+    let ids: Vec<&str> = kin.iter().map(|k| k.id.as_str()).collect();
+    assert_eq!(ids, ["g1", "c1", "me", "a", "root"]);
+    let me = &kin[2];
+    assert_eq!(
+        (
+            me.forked_from.as_deref(),
+            me.turns,
+            me.agent.as_str(),
+            me.status.as_str()
+        ),
+        (Some("a"), 2, "helper", "idle")
+    );
+    assert_eq!((me.created_at, me.updated_at), (5, 5));
+    // At most `max`, the newest.
+    let ids: Vec<String> = store
+        .lineage("me", 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| k.id)
+        .collect();
+    assert_eq!(ids, ["g1", "c1"]);
+    // A session alone is its own lineage; no session, none.
+    let alone = store.lineage("stranger", 100).await.unwrap();
+    assert_eq!(alone.len(), 1);
+    assert!(store.lineage("nobody", 100).await.unwrap().is_empty());
 }
 
 pub async fn events_are_numbered_per_session_and_read_in_order(store: Arc<dyn SessionStore>) {

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use super::model::{EventRecord, SessionRecord};
 use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use crate::spec::budget::Meter;
+use crate::tools::lineage::Kin;
 pub use location::Location;
 
 pub use crate::session::clock::now_ms;
@@ -77,6 +78,11 @@ pub trait SessionStore: Send + Sync {
     async fn get(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// Every session, newest first (then by id, in byte order).
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError>;
+    /// Session `id`'s fork lineage, its rows without their turns: itself,
+    /// the sessions it was forked from and those forked from it,
+    /// transitively (not another fork of one of its ancestors), newest
+    /// first (then by id), at most `max`. Nothing if there is no `id`.
+    async fn lineage(&self, id: &str, max: usize) -> Result<Vec<Kin>, StoreError>;
     /// The sessions whose status is `running`, by id.
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError>;
     /// The sessions whose status is `waiting_external`, by id.

@@ -39,13 +39,14 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
-use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
+use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 use crate::session::usage::{
     meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
 };
 use crate::spec::budget::Meter;
+use crate::tools::lineage::Kin;
 
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited. Tables carry a
@@ -754,6 +755,29 @@ impl SessionStore for PostgresStore {
             "ORDER BY created_at DESC, id COLLATE \"C\"",
         )
         .await
+    }
+
+    async fn lineage(&self, id: &str, max: usize) -> Result<Vec<Kin>, StoreError> {
+        let what = "read a session's lineage";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let sql = lineage_query("bindery_sessions", "$1", "$2", "id COLLATE \"C\"");
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows = client.query(&stmt, &[&id, &max]).await.map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(Kin {
+                    id: r.try_get(0).map_err(&db)?,
+                    forked_from: r.try_get(1).map_err(&db)?,
+                    agent: r.try_get(2).map_err(&db)?,
+                    status: r.try_get(3).map_err(&db)?,
+                    created_at: r.try_get(4).map_err(&db)?,
+                    updated_at: r.try_get(5).map_err(&db)?,
+                    turns: usize::try_from(r.try_get::<_, i64>(6).map_err(&db)?).unwrap_or(0),
+                })
+            })
+            .collect()
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {

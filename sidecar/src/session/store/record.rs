@@ -14,6 +14,33 @@ pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at,
      version, turns, params, security, forked_from, runner, cancel_requested, pending, holder, \
      turn_count";
 
+/// The columns of a session's row that [`crate::tools::lineage::Kin`]
+/// holds, in its order.
+pub const KIN_COLUMNS: &str = "id, forked_from, agent, status, created_at, updated_at, turn_count";
+
+/// The statement that reads the [`KIN_COLUMNS`] of session `id`'s fork
+/// lineage from the table `sessions`: itself, the sessions it was forked
+/// from and those forked from it, transitively (never another fork of an
+/// ancestor), newest first, at most `max`. `id` and `max` are the
+/// backend's placeholders, `id_order` how it orders ids byte-wise.
+/// `UNION` drops a row seen before, so even a loop of ids ends.
+pub fn lineage_query(sessions: &str, id: &str, max: &str, id_order: &str) -> String {
+    format!(
+        "WITH RECURSIVE
+            up(id, forked_from) AS (
+                SELECT id, forked_from FROM {sessions} WHERE id = {id}
+                UNION
+                SELECT s.id, s.forked_from FROM {sessions} s JOIN up ON s.id = up.forked_from),
+            down(id) AS (
+                SELECT id FROM {sessions} WHERE id = {id}
+                UNION
+                SELECT s.id FROM {sessions} s JOIN down ON s.forked_from = down.id)
+        SELECT {KIN_COLUMNS} FROM {sessions}
+        WHERE id IN (SELECT id FROM up UNION SELECT id FROM down)
+        ORDER BY created_at DESC, {id_order} LIMIT {max}"
+    )
+}
+
 /// One `sessions` row: the record's structured fields as JSON text.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Columns {

@@ -41,13 +41,14 @@ use rusqlite::config::DbConfig;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::histories::Histories;
-use super::record::{decode_event_data, Columns, NewTurns, SESSION_COLUMNS};
+use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 use crate::session::usage::{
     meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
 };
 use crate::spec::budget::Meter;
+use crate::tools::lineage::Kin;
 
 /// A usage row's part of its session's sums, added (`"+", "NEW"`) or
 /// taken back (`"-", "OLD"`): what migration 11's triggers run.
@@ -946,6 +947,30 @@ impl SessionStore for SqliteStore {
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.sessions("list sessions", "ORDER BY created_at DESC, id")
             .await
+    }
+
+    async fn lineage(&self, id: &str, max: usize) -> Result<Vec<Kin>, StoreError> {
+        let id = id.to_owned();
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        self.run("read a session's lineage", move |conn, op| {
+            conn.prepare_cached(&lineage_query("sessions", "?1", "?2", "id"))
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![id, max], |row| {
+                        Ok(Kin {
+                            id: row.get(0)?,
+                            forked_from: row.get(1)?,
+                            agent: row.get(2)?,
+                            status: row.get(3)?,
+                            created_at: row.get(4)?,
+                            updated_at: row.get(5)?,
+                            turns: usize::try_from(row.get::<_, i64>(6)?).unwrap_or(0),
+                        })
+                    })?
+                    .collect()
+                })
+                .map_err(|e| op.db(e))
+        })
+        .await
     }
 
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {

@@ -12,6 +12,7 @@ use super::{Notice, Peer, SessionStore, StoreError};
 use crate::session::model::{EventRecord, SessionRecord};
 use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use crate::spec::budget::Meter;
+use crate::tools::lineage::Kin;
 
 /// Told each operation's name (`get`, `update`, `append_event`, …) and how
 /// long it took, failed ones included.
@@ -51,6 +52,9 @@ impl SessionStore for Timed {
     }
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.time("list", self.inner.list()).await
+    }
+    async fn lineage(&self, id: &str, max: usize) -> Result<Vec<Kin>, StoreError> {
+        self.time("lineage", self.inner.lineage(id, max)).await
     }
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.time("running", self.inner.running()).await
@@ -228,6 +232,10 @@ mod tests {
             self.note("list");
             Ok(Vec::new())
         }
+        async fn lineage(&self, _: &str, _: usize) -> Result<Vec<Kin>, StoreError> {
+            self.note("lineage");
+            Ok(Vec::new())
+        }
         async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
             self.note("running");
             Ok(Vec::new())
@@ -346,6 +354,7 @@ mod tests {
         store.create(&mut rec).await.unwrap();
         store.get("s1").await.unwrap();
         store.list().await.unwrap();
+        store.lineage("s1", 1).await.unwrap();
         store.running().await.unwrap();
         store.waiting().await.unwrap();
         store.update(&mut rec).await.unwrap();
@@ -376,6 +385,7 @@ mod tests {
             "create",
             "get",
             "list",
+            "lineage",
             "running",
             "waiting",
             "update",

@@ -431,6 +431,13 @@ impl SessionStore for Watched {
     async fn list(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.store.list().await
     }
+    async fn lineage(
+        &self,
+        id: &str,
+        max: usize,
+    ) -> Result<Vec<crate::tools::lineage::Kin>, StoreError> {
+        self.store.lineage(id, max).await
+    }
     async fn running(&self) -> Result<Vec<SessionRecord>, StoreError> {
         self.store.running().await
     }
