@@ -596,7 +596,7 @@ pub struct OpenApiServer {
     pub filter: Option<ExePredicate>,
     #[serde(rename = "Secrets", default)]
     pub secrets: Vec<ExeSecret>,
-    #[serde(rename = "Bindings", default)]
+    #[serde(rename = "Bindings", alias = "bindings", default)]
     pub bindings: Vec<ExeBinding>,
     /// agents-exe's `Activation`: an on-demand group's name.
     #[serde(rename = "Activation", default, deserialize_with = "activation")]
@@ -730,7 +730,7 @@ pub struct DirectoryDescription {
     pub root: Option<String>,
     #[serde(rename = "BasenameFilter", default)]
     pub basename_filter: Option<String>,
-    #[serde(rename = "Bindings", default)]
+    #[serde(rename = "Bindings", alias = "bindings", default)]
     pub bindings: Vec<ExeBinding>,
     /// agents-exe's `Activation`: an on-demand group's name.
     #[serde(rename = "Activation", default, deserialize_with = "activation")]
@@ -741,7 +741,7 @@ pub struct DirectoryDescription {
 pub struct SingleToolDescription {
     #[serde(rename = "Path")]
     pub path: String,
-    #[serde(rename = "Bindings", default)]
+    #[serde(rename = "Bindings", alias = "bindings", default)]
     pub bindings: Vec<ExeBinding>,
     /// agents-exe's `Activation`: an on-demand group's name.
     #[serde(rename = "Activation", default, deserialize_with = "activation")]

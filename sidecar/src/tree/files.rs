@@ -109,17 +109,25 @@ fn guards_a_call(path: &str) -> Option<String> {
         "postgrestToolboxes[",
         "postgRESTToolboxes[",
     ];
-    if !http.iter().any(|t| path.contains(t)) {
-        return None;
-    }
     let field = path.rsplit('.').next().unwrap_or(path);
-    let guards = [
-        ("Filter", "which operations become tools: without it every operation (a DELETE among them) would be one"),
-        ("Token", "the bearer token of every request: without it the API would be called unauthenticated"),
-        ("Headers", "the headers of every call"),
-        ("Secrets", "the credentials of every request"),
-        ("AllowedMethods", "which methods become tools"),
+    // Anywhere: a binding pins what the model may not choose (a tenant,
+    // a token); a helper's `with` pins its parameters.
+    let mut guards = vec![
+        ("Bindings", "which arguments are pinned to a parameter or a literal: without it the model would choose them"),
+        ("parameters", "the parameters bindings pin arguments to"),
     ];
+    if path.contains("extraAgents[") {
+        guards.push(("with", "the helper's parameters its caller pins"));
+    }
+    if http.iter().any(|t| path.contains(t)) {
+        guards.extend([
+            ("Filter", "which operations become tools: without it every operation (a DELETE among them) would be one"),
+            ("Token", "the bearer token of every request: without it the API would be called unauthenticated"),
+            ("Headers", "the headers of every call"),
+            ("Secrets", "the credentials of every request"),
+            ("AllowedMethods", "which methods become tools"),
+        ]);
+    }
     // Any spelling close to a guarding field's (its case, a stray `s` or
     // space, a typo): the author meant that field.
     let written: String = field
@@ -273,6 +281,18 @@ mod tests {
             let path = format!("contents.openApiToolboxes[0].contents.{field}");
             assert!(guards_a_call(&path).is_none(), "{field}");
         }
+        // A binding pins what the model may not choose, in any entry.
+        for path in [
+            "contents.bashToolboxes[0].contents.BINDINGS",
+            "contents.bashToolboxes[1].contents.binding",
+            "contents.Bindngs",
+            "contents.Parameters",
+            "contents.extraAgents[0].With",
+            "contents.mcpServers[0].contents.bindings",
+        ] {
+            assert!(guards_a_call(path).is_some(), "{path}");
+        }
+        assert!(guards_a_call("contents.bashToolboxes[0].contents.Root2").is_none());
     }
 
     /// An agent sent as text (a stored agent) has no directory: a toolbox

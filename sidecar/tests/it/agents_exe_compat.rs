@@ -756,3 +756,45 @@ async fn a_session_file_records_the_tools_each_step_offers() {
     assert!(names(1).contains(&"bash_read-file".to_string()), "{doc}");
     mock.shutdown().await;
 }
+
+/// A binding in an agents-exe file pins its argument however its key is
+/// cased where Bindery reads it (`Bindings`, `bindings`); a spelling it
+/// does not read refuses the file rather than hand the argument to the
+/// model.
+#[test]
+fn a_binding_in_any_spelling_pins_or_refuses() {
+    use serde_json::json;
+    let root = repo_layout();
+    let agent = |key: &str| {
+        json!({"tag": "OpenAIAgentDescription", "contents": {
+            "slug": "pinned", "apiKeyId": "main-key", "flavor": "OpenAIv1",
+            "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m", "announce": "pinned",
+            "systemPrompt": ["x"],
+            "bashToolboxes": [{"tag": "FileSystemDirectory", "contents": {
+                "Path": "tools/dev", "BasenameFilter": ".sh",
+                key: [{"arg": "path", "value": {"tag": "Literal", "contents": "tools/dev/notes.txt"}}]}}]}})
+        .to_string()
+    };
+    for key in ["Bindings", "bindings"] {
+        std::fs::write(root.path().join("agents/pinned.json"), agent(key)).unwrap();
+        let (ok, said) = in_dir(
+            root.path(),
+            &["check", "--agent-file", "agents/pinned.json"],
+        );
+        assert!(ok, "{key}: {said}");
+        assert!(said.contains("bash_read-file()"), "{key}: {said}");
+        assert!(said.contains("bound: path := literal"), "{key}: {said}");
+    }
+    for key in ["BINDINGS", "Bindngs", "binding"] {
+        std::fs::write(root.path().join("agents/pinned.json"), agent(key)).unwrap();
+        let (ok, said) = in_dir(
+            root.path(),
+            &["check", "--agent-file", "agents/pinned.json"],
+        );
+        assert!(!ok, "{key}: {said}");
+        assert!(
+            said.contains("this field is not read as written"),
+            "{key}: {said}"
+        );
+    }
+}
