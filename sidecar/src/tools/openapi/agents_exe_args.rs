@@ -39,6 +39,21 @@ pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
     let mut filters = Group::default();
     let mut subset = Group::default();
     let mut ranking = Group::default();
+    // What a kept argument sets, by its name, its column and its wire
+    // name: no group may set it another way.
+    let mut reserved: Vec<String> = Vec::new();
+    for (arg, location) in &old {
+        if kept(&arg.name) {
+            reserved.push(arg.name.to_lowercase());
+            match location {
+                Location::Path(w) | Location::Query(w) | Location::BodyField(w) => {
+                    reserved.push(w.to_lowercase())
+                }
+                _ => {}
+            }
+        }
+    }
+    let is_reserved = |key: &str| reserved.contains(&key.to_lowercase());
     for (arg, location) in old {
         if kept(&arg.name) {
             args.push((arg, location));
@@ -55,8 +70,13 @@ pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
                 _ => subset.add(&wire, &arg, string(&arg)),
             },
             Location::Filter => filters.add(&arg.name, &arg, string(&arg)),
-            Location::Body => body.add(&arg.name, &arg, arg.schema.clone()),
-            Location::BodyField(ref col) => body.add(col, &arg, arg.schema.clone()),
+            Location::Body if !is_reserved(&arg.name) => {
+                body.add(&arg.name, &arg, arg.schema.clone())
+            }
+            Location::BodyField(ref col) if !is_reserved(col) => {
+                body.add(col, &arg, arg.schema.clone())
+            }
+            Location::Body | Location::BodyField(_) => {}
             other => args.push((arg, other)),
         }
     }
@@ -83,7 +103,8 @@ pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
     if op.has_body {
         let name = if postgrest { "body" } else { "b" };
         let required = !postgrest && !body.required.is_empty();
-        let mut arg = body.into_arg(name, "Request body", Location::WholeBody);
+        let keys = (!body.is_empty()).then(|| body.keys());
+        let mut arg = body.into_arg(name, "Request body", Location::WholeBody { keys, reserved });
         arg.0.required = required;
         args.push(arg);
     }

@@ -21,8 +21,13 @@ pub enum Location {
     /// `set_<col>` on PATCH, whose filters already use `<col>`).
     BodyField(String),
     /// The whole JSON body, as one object argument (agents-exe's `b` and
-    /// PostgREST `body`).
-    WholeBody,
+    /// PostgREST `body`): only the keys the document offers (`None`: it
+    /// lists none), never one `reserved` (set by a bound argument), in any
+    /// case.
+    WholeBody {
+        keys: Option<Vec<String>>,
+        reserved: Vec<String>,
+    },
     /// agents-exe's PostgREST `filters`: an object of column filters, one
     /// `?col=op.value` each; only these columns.
     Filters(Vec<String>),

@@ -254,14 +254,23 @@ impl OpenApiTool {
                     Some(serde_json::Value::Null) => {}
                     _ => query.push((name.clone(), postgrest::filter_value(&text_of(v)))),
                 },
-                Location::WholeBody => match json_of(v) {
+                Location::WholeBody { keys, reserved } => match json_of(v) {
                     serde_json::Value::Object(o) => {
-                        // A field another argument sets (a bound column) is
-                        // not the body argument's to give.
-                        if let Some(k) = o.keys().find(|k| self.op.sets_body_field(k)) {
-                            return Err(ToolError::InvalidArguments(format!(
-                                "`{name}` may not set `{k}`"
-                            )));
+                        for k in o.keys() {
+                            // A field another argument sets (a bound column)
+                            // is not the body argument's to give, in any case.
+                            let lower = k.to_lowercase();
+                            if self.op.sets_body_field(k) || reserved.contains(&lower) {
+                                return Err(ToolError::InvalidArguments(format!(
+                                    "`{name}` may not set `{k}`"
+                                )));
+                            }
+                            if keys.as_ref().is_some_and(|keys| !keys.contains(k)) {
+                                return Err(ToolError::InvalidArguments(format!(
+                                    "`{name}` takes no key `{k}` (it takes {})",
+                                    keys.as_deref().unwrap_or_default().join(", ")
+                                )));
+                            }
                         }
                         body.extend(o)
                     }

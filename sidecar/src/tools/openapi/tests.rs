@@ -306,4 +306,10 @@ fn a_kept_argument_stays_and_the_body_cannot_set_it() {
     );
     let err = sent(json!({"title": "mine"})).unwrap_err();
     assert!(err.to_string().contains("may not set `title`"), "{err}");
+    // Nor the bound path parameter's name, in any case, nor a key the
+    // document does not offer.
+    for key in ["project_id", "Project_Id", "TITLE", "zzz"] {
+        let err = sent(json!({ key: 1 })).unwrap_err();
+        assert!(err.to_string().contains(key), "{err}");
+    }
 }
