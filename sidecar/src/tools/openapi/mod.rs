@@ -340,6 +340,15 @@ impl OpenApiTool {
                 SecretPlace::Query(q) => query.push((q.clone(), value)),
             }
         }
+        if self.op.table.is_some() {
+            if let Some(why) = query
+                .iter()
+                .filter(|(k, _)| k == "select")
+                .find_map(|(_, v)| postgrest::embeds(v))
+            {
+                return Err(ToolError::InvalidArguments(why));
+            }
+        }
         let refs: Vec<(&str, &str)> = path_values.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let url = build_url(&self.shared.base_url, &self.op.path, &refs, &query)
             .map_err(ToolError::InvalidArguments)?;

@@ -57,6 +57,17 @@ pub fn filter_value(text: &str) -> String {
     }
 }
 
+/// Why a `select` value cannot be sent, if so: PostgREST embeds another
+/// table's rows for `other(*)` (or `k:other!inner(*)`), rows no filter of
+/// this tool bounds; a tool reads its own table's columns only.
+pub fn embeds(select: &str) -> Option<String> {
+    select.contains(['(', ')', '!']).then(|| {
+        format!(
+            "`select` may name this table's columns only (`id,name`, `*`, `alias:col`), not embed another table: `{select}`"
+        )
+    })
+}
+
 /// Follow a local `$ref` (`#/parameters/…`, `#/definitions/…`).
 fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
     match v.get("$ref").and_then(Value::as_str) {
@@ -417,8 +428,11 @@ mod tests {
             req.url.as_str(),
             "http://api.test/invoices?tenant_id=eq.acme&id=gt.5&select=id%2Camount&limit=10&order=id.desc"
         );
-        // No group takes the bound column, nor a key the document lacks.
+        // No group takes the bound column, nor a key the document lacks,
+        // nor a select that embeds another table.
         for bad in [
+            json!({"tenant_id": "acme", "subset": {"columns": "id,k:api_keys!inner(*)"}}),
+            json!({"tenant_id": "acme", "subset": {"columns": "*,clients(*)"}}),
             json!({"tenant_id": "acme", "filters": {"tenant_id": "globex"}}),
             json!({"tenant_id": "acme", "subset": {"offset": "1"}}),
             json!({"tenant_id": "acme", "ranking": {"order": "id", "x": 1}}),
@@ -426,6 +440,10 @@ mod tests {
         ] {
             assert!(call(&get, bad.clone()).is_err(), "{bad}");
         }
+        // Bindery's own `select` argument embeds nothing either.
+        let (native, _) = operations(&doc(), "postgrest", &allowed).unwrap();
+        assert!(call(&native[0], json!({"select": "*,other(*)"})).is_err());
+        assert!(call(&native[0], json!({"select": "id,n:amount"})).is_ok());
         let req = call(
             &post,
             json!({"tenant_id": "acme", "body": {"id": 9, "amount": 1.5}}),
