@@ -89,13 +89,27 @@ impl Prepared {
     /// `secret`, and the same without the white space at its ends when it
     /// has some: a header value's ends are dropped by every HTTP server,
     /// so an API echoes it back without them.
+    ///
+    /// An ASCII value is also looked for in UTF-16, little- and big-endian
+    /// (each character beside a NUL): a tool that prints it so (Windows
+    /// tools, `iconv -t UTF-16`) would carry it past every other form.
     pub fn all(name: &str, secret: &SecretString) -> Vec<Prepared> {
-        let trimmed = secret.expose().trim();
-        let mut out: Vec<Prepared> = Prepared::new(name, secret).into_iter().collect();
-        if trimmed.len() != secret.expose().len() {
-            out.extend(Prepared::new(name, &SecretString::new(trimmed)));
+        let value = secret.expose();
+        let trimmed = value.trim();
+        let mut texts = vec![value.to_string()];
+        if trimmed.len() != value.len() {
+            texts.push(trimmed.to_string());
         }
-        out
+        if value.is_ascii() {
+            for t in texts.clone() {
+                texts.push(t.chars().flat_map(|c| [c, '\0']).collect());
+                texts.push(t.chars().flat_map(|c| ['\0', c]).collect());
+            }
+        }
+        texts
+            .into_iter()
+            .filter_map(|t| Prepared::new(name, &SecretString::new(t)))
+            .collect()
     }
 
     /// `secret`, to be replaced by `<secret:NAME>`; `None` when it is too
@@ -684,6 +698,21 @@ mod tests {
         s.add("tok", &SecretString::new("  pad-CANARY-9 \n"));
         assert_eq!(s.scrub("echo: pad-CANARY-9."), "echo: <secret:tok>.");
         assert_eq!(s.scrub("x  pad-CANARY-9 \ny"), "x<secret:tok>y");
+    }
+
+    /// A tool printing the value in UTF-16 (either byte order), or the
+    /// base64 of that, gives it away no more than printing it plainly.
+    #[test]
+    fn a_secret_in_utf16_is_scrubbed_and_found_in_bytes() {
+        let mut s = Scrubber::default();
+        s.add("tok", &SecretString::new("CANARY-u16-77"));
+        let le: String = "CANARY-u16-77".chars().flat_map(|c| [c, '\0']).collect();
+        let be: String = "CANARY-u16-77".chars().flat_map(|c| ['\0', c]).collect();
+        assert_eq!(s.scrub(&format!("a{le}b")), "a<secret:tok>b");
+        assert_eq!(s.scrub(&format!("a{be}b")), "a<secret:tok>b");
+        assert!(s.finds_in(le.as_bytes()));
+        assert!(s.finds_in(b64(be.as_bytes(), STD, true).as_bytes()));
+        assert!(!s.finds_in("CANARY-u16".as_bytes()));
     }
 
     #[test]
