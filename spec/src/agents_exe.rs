@@ -449,6 +449,7 @@ fn builtin_toolbox(
                     shared,
                     storage_root,
                     max_copies: None,
+                    max_bytes: None,
                 });
                 (base_path, true)
             }

@@ -660,6 +660,11 @@ pub struct SqliteVersions {
     /// whole database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_copies: Option<u32>,
+    /// The most bytes one session's copies may take together (default
+    /// 1 GiB): a copy is refused past it, and a write cannot grow one
+    /// beyond it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 /// [`SqliteVersions::shared`].

@@ -43,7 +43,7 @@ pub struct SqliteTool {
 }
 
 /// The file at `path` as a statement may use it (see the module's docs).
-fn open_conn(path: &Path, read_write: bool) -> Result<Connection, String> {
+fn open_conn(path: &Path, read_write: bool, max_bytes: Option<u64>) -> Result<Connection, String> {
     let flags = if read_write {
         OpenFlags::SQLITE_OPEN_READ_WRITE
     } else {
@@ -54,6 +54,15 @@ fn open_conn(path: &Path, read_write: bool) -> Result<Connection, String> {
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| e.to_string())?;
     bound(&conn).map_err(|e| format!("cannot bound database {}: {e}", path.display()))?;
+    if let Some(max) = max_bytes {
+        // Set before the authorizer, which denies every pragma.
+        let page: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        let pages = i64::try_from(max).unwrap_or(i64::MAX) / page.max(1);
+        conn.pragma_update(None, "max_page_count", pages.max(1))
+            .map_err(|e| e.to_string())?;
+    }
     conn.authorizer(Some(authorize))
         .map_err(|e| e.to_string())?;
     Ok(conn)
@@ -80,7 +89,7 @@ impl SqliteTool {
                 .map_err(|e| format!("cannot create database {}: {e}", path.display()))?;
         }
         // A versioned toolbox never writes the named file.
-        let conn = open_conn(&path, tb.read_write && tb.versioned.is_none())?;
+        let conn = open_conn(&path, tb.read_write && tb.versioned.is_none(), None)?;
         // Checks the file really is a database.
         conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
             .map_err(|e| format!("{} is not a usable SQLite database: {e}", path.display()))?;
@@ -151,7 +160,14 @@ impl SqliteTool {
         let Some(v) = &tb.versioned else {
             return Ok(vec![query]);
         };
-        let versions = Arc::new(Versions::new(path, root, &tb.name, v.shared, v.max_copies));
+        let versions = Arc::new(Versions::new(
+            path,
+            root,
+            &tb.name,
+            v.shared,
+            v.max_copies,
+            v.max_bytes,
+        ));
         let restore = ArgSpec {
             name: "restore_from".into(),
             description:
@@ -348,7 +364,7 @@ impl SqliteTool {
         let source = versions
             .source(ctx, restore)
             .map_err(ToolError::InvalidArguments)?;
-        let mut read = open_conn(&source, false).map_err(ToolError::Failed)?;
+        let mut read = open_conn(&source, false, None).map_err(ToolError::Failed)?;
         let reads = read
             .prepare(sql)
             .map(|s| s.readonly())
@@ -357,10 +373,13 @@ impl SqliteTool {
             return self.execute(&mut read, false, sql, params);
         }
         drop(read);
-        let (copy, handle) = versions.copy(ctx, &source).map_err(ToolError::Failed)?;
-        let mut conn = open_conn(&copy, true).map_err(ToolError::Failed)?;
-        let mut out = self.execute(&mut conn, true, sql, params)?;
-        drop(conn);
+        let (copy, handle, room) = versions.copy(ctx, &source).map_err(ToolError::Failed)?;
+        let written = open_conn(&copy, true, Some(room))
+            .map_err(ToolError::Failed)
+            .and_then(|mut conn| self.execute(&mut conn, true, sql, params));
+        let size = std::fs::metadata(&copy).map_or(0, |m| m.len());
+        versions.settle(ctx, room, size);
+        let mut out = written?;
         versions.advance(ctx, copy);
         out["versionHandle"] = json!(handle);
         Ok(out)

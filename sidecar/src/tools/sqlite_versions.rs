@@ -13,7 +13,9 @@
 //! text, and another session's data is not its to read. `promote` makes a
 //! copy the named file itself. Copies live under the storage root as
 //! agents-exe lays them out (`<session>/<turn>/snap-<n>/<name>.sqlite`);
-//! each is the whole database, so a session may make `max_copies`.
+//! each is the whole database, so a session may make `max_copies`, of at
+//! most `max_bytes` together: a copy that would pass it is not made, and a
+//! write cannot grow one past what is left (SQLite's `max_page_count`).
 //!
 //! The heads are kept in memory, as agents-exe keeps them: after a
 //! restart a statement reads the named file until the next write.
@@ -30,6 +32,8 @@ use crate::tools::CallContext;
 
 /// A session may make this many copies when the toolbox does not say.
 pub const DEFAULT_MAX_COPIES: usize = 100;
+/// A session's copies may take this many bytes together by default.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
 /// agents-exe's `SqliteVersionHandle`: where a write's copy is.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -48,23 +52,25 @@ pub struct Versions {
     name: String,
     shared: SqliteSharing,
     max_copies: usize,
+    max_bytes: u64,
     /// The latest copy per sharing scope.
     heads: Mutex<HashMap<String, PathBuf>>,
-    /// Copies made, per session.
-    made: Mutex<HashMap<String, usize>>,
+    /// Copies made and the bytes they take, per session.
+    made: Mutex<HashMap<String, (usize, u64)>>,
     /// The next copy's number (agents-exe's `tool_call_index`).
     counter: AtomicUsize,
 }
 
 /// A session or turn id as a directory name: agents-exe's (`-` as `_`)
-/// for ids of letters, digits and `-`; any other id hex-encoded, so that
-/// no two ids share a directory and none climbs out of it.
+/// for ids of letters, digits and `-`; any other id hex-encoded behind a
+/// `~`, which no id of the first kind gives, so that no two ids share a
+/// directory and none climbs out of it.
 pub fn dir_name(id: &str) -> String {
     if !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
         id.replace('-', "_")
     } else {
         let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("x{hex}")
+        format!("~{hex}")
     }
 }
 
@@ -86,6 +92,7 @@ impl Versions {
         name: &str,
         shared: SqliteSharing,
         max_copies: Option<u32>,
+        max_bytes: Option<u64>,
     ) -> Versions {
         Versions {
             base,
@@ -93,6 +100,7 @@ impl Versions {
             name: name.to_string(),
             shared,
             max_copies: max_copies.map_or(DEFAULT_MAX_COPIES, |n| n as usize),
+            max_bytes: max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
             heads: Mutex::default(),
             made: Mutex::default(),
             counter: AtomicUsize::new(0),
@@ -162,20 +170,34 @@ impl Versions {
             .join(format!("{}.sqlite", self.name))
     }
 
-    /// A new copy of `source` for a write of this call, or why not (the
-    /// session made its `max_copies`).
-    pub fn copy(&self, ctx: &CallContext, source: &Path) -> Result<(PathBuf, Handle), String> {
-        {
+    /// A new copy of `source` for a write of this call, and how many bytes
+    /// it may grow to; or why not (the session made its `max_copies`, or
+    /// its copies take `max_bytes`).
+    pub fn copy(&self, ctx: &CallContext, source: &Path) -> Result<(PathBuf, Handle, u64), String> {
+        let size = std::fs::metadata(source)
+            .map_err(|e| format!("cannot read {}: {e}", source.display()))?
+            .len();
+        let room = {
             let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-            let n = made.entry(ctx.session_id.clone()).or_default();
+            let (n, bytes) = made.entry(ctx.session_id.clone()).or_default();
             if *n >= self.max_copies {
                 return Err(format!(
                     "this session has made {} copies of the database, as many as it may; promote one, or start a new session",
                     self.max_copies
                 ));
             }
+            let left = self.max_bytes.saturating_sub(*bytes);
+            if size > left {
+                return Err(format!(
+                    "this session's copies of the database take {} bytes, and another of {size} would pass the {} they may; promote one, or start a new session",
+                    *bytes, self.max_bytes
+                ));
+            }
             *n += 1;
-        }
+            // Counted at its largest; what the write leaves is counted after.
+            *bytes += left;
+            left
+        };
         let index = self.counter.fetch_add(1, Ordering::Relaxed);
         let turn = dir_name(&ctx.step_id);
         let path = self.copy_path(&ctx.session_id, &turn, index);
@@ -189,7 +211,16 @@ impl Versions {
             toolbox_name: self.name.clone(),
             timestamp: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
         };
-        Ok((path, handle))
+        Ok((path, handle, room))
+    }
+
+    /// After a write of this session: its copy takes `size` bytes of the
+    /// `room` [`Versions::copy`] set aside.
+    pub fn settle(&self, ctx: &CallContext, room: u64, size: u64) {
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, bytes)) = made.get_mut(&ctx.session_id) {
+            *bytes = bytes.saturating_sub(room.saturating_sub(size));
+        }
     }
 
     /// After a write on `copy`, the scope reads it from now on.
@@ -231,10 +262,12 @@ mod tests {
     #[test]
     fn directory_names_are_agents_exes_and_never_shared_or_climbing() {
         assert_eq!(dir_name("1b4e28ba-2fa1"), "1b4e28ba_2fa1");
-        assert_eq!(dir_name("a_b"), "x615f62");
-        assert_eq!(dir_name("../x"), "x2e2e2f78");
+        assert_eq!(dir_name("a_b"), "~615f62");
+        assert_eq!(dir_name("../x"), "~2e2e2f78");
         assert_ne!(dir_name("a-b"), dir_name("a_b"));
-        assert_eq!(dir_name(""), "x");
+        // An id that looks like another's hex form is still its own.
+        assert_ne!(dir_name("x63305f30"), dir_name("c0_0"));
+        assert_eq!(dir_name(""), "~");
     }
 
     #[test]
@@ -248,10 +281,13 @@ mod tests {
             "kb",
             SqliteSharing::Conversation,
             Some(2),
+            Some(100),
         );
         let (a, b) = (ctx("s-1", "t-1"), ctx("s-2", "t-1"));
         assert_eq!(v.source(&a, None).unwrap(), base);
-        let (copy, handle) = v.copy(&a, &base).unwrap();
+        let (copy, handle, room) = v.copy(&a, &base).unwrap();
+        assert_eq!(room, 100);
+        v.settle(&a, room, 4);
         assert!(copy.starts_with(dir.path().join("root/s_1/t_1/snap-0")));
         assert_eq!(std::fs::read(&copy).unwrap(), b"base");
         v.advance(&a, copy.clone());
@@ -265,9 +301,15 @@ mod tests {
             ..handle.clone()
         };
         assert!(v.source(&a, Some(&climbing)).is_err());
-        v.copy(&a, &base).unwrap();
+        let (_, _, room) = v.copy(&a, &base).unwrap();
+        v.settle(&a, room, 4);
         let full = v.copy(&a, &base).unwrap_err();
         assert!(full.contains("2 copies"), "{full}");
-        assert!(v.copy(&b, &base).is_ok(), "counted per session");
+        // Bytes are counted too: a session whose copies take its budget
+        // makes no more.
+        let (_, _, room) = v.copy(&b, &base).unwrap();
+        v.settle(&b, room, 98);
+        let big = v.copy(&b, &base).unwrap_err();
+        assert!(big.contains("bytes"), "{big}");
     }
 }

@@ -798,3 +798,51 @@ fn a_binding_in_any_spelling_pins_or_refuses() {
         );
     }
 }
+
+/// A versioned database's copies are bounded in bytes as in number: a
+/// write cannot grow a copy past what the session has left (`maxBytes`).
+#[test]
+fn a_versioned_copy_cannot_grow_past_the_sessions_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: notes}\nspec:\n  model: {url: http://127.0.0.1:9/v1, name: m}\n  toolboxes:\n    - sqlite: {name: notes, path: notes.sqlite, readWrite: true, create: true,\n              versioned: {shared: conversation, storageRoot: copies, maxBytes: 200000}}\n",
+    )
+    .unwrap();
+    let call = |sql: &str| {
+        in_dir(
+            dir.path(),
+            &[
+                "tool-call",
+                "--agent-file",
+                "agent.yaml",
+                "--tool",
+                "sqlite_notes",
+                "--args",
+                &serde_json::json!({ "query": sql }).to_string(),
+            ],
+        )
+    };
+    let (ok, said) = call(
+        "CREATE TABLE big AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) SELECT i, randomblob(5000) AS b FROM n",
+    );
+    assert!(!ok, "{said}");
+    assert!(said.contains("full"), "{said}");
+    let mut largest = 0;
+    for e in walk(&dir.path().join("copies")) {
+        largest = largest.max(std::fs::metadata(e).unwrap().len());
+    }
+    assert!(largest <= 200_000, "a copy grew to {largest} bytes");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
