@@ -420,6 +420,13 @@ pub async fn run_calls(
 /// told), or the taint guard (an egress call after an untrusted result).
 fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Blocked> {
     let tool = ctx.tools.iter().find(|t| t.name() == call.name);
+    // A call of a tool its group hides runs nowhere: no person is asked
+    // about it, and dispatching it says what to activate.
+    let groups = Groups::of(ctx.tools);
+    let model = ctx.origin == ToolCaller::Model;
+    if model && tool.is_some_and(|t| Groups::hidden(t, &groups.active(history)).is_some()) {
+        return None;
+    }
     let tainted_by = match tool {
         Some(t) if t.egress() => {
             let mut by = taint(ctx, history);
@@ -1017,7 +1024,12 @@ async fn dispatch_inner(
     seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
-    let groups = Groups::of(ctx.tools);
+    // Groups hide tools from the model; an MCP client sees every tool
+    // `/mcp` exposes, and calls it as listed.
+    let groups = match ctx.origin {
+        ToolCaller::Model => Groups::of(ctx.tools),
+        ToolCaller::Mcp => Groups::default(),
+    };
     if groups.is_meta(&call.name) {
         return Outcome::Done(Ok(ToolOutput::text(
             groups.answer(&call.name, &call.arguments),

@@ -846,3 +846,32 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A hidden tool that needs a person's approval asks nobody: the call is
+/// answered with the group to activate, and nothing waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hidden_tool_asks_no_approval() {
+    use bindery_tests::mock_llm::{tool_results, MockLlm, MockReply};
+    let root = repo_layout();
+    std::fs::write(
+        root.path().join("gated.yaml"),
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: gated}\nspec:\n  model: {url: http://127.0.0.1:9/v1, name: m}\n  confirm: [{tool: bash_word-count}]\n  toolboxes:\n    - bash: {script: tools/extra/word-count, toolgroup: text}\n",
+    )
+    .unwrap();
+    let mock = MockLlm::start_sequence(vec![
+        MockReply::tool_call("bash_word-count", serde_json::json!({"text": "a b"})),
+        MockReply::text("fine"),
+    ])
+    .await;
+    let url = mock.url();
+    let (ok, said) = in_dir_async(
+        root.path(),
+        &[("BINDERY_MODEL_URL", url.as_str())],
+        &["run", "--agent-file", "gated.yaml", "-p", "count"],
+    );
+    assert!(ok, "{said}");
+    let requests = mock.requests();
+    let results = tool_results(&requests[1]);
+    assert!(results[0].contains("which is not active"), "{results:?}");
+    mock.shutdown().await;
+}
