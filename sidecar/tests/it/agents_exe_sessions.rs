@@ -814,3 +814,51 @@ fn session_index_and_search_find_agents_exes_sessions() {
         out.stdout
     );
 }
+
+/// `--db-path` naming something that is not a search index — a text
+/// file, another program's database, a directory, a symbolic link — is
+/// refused by every verb that would write or remove it, untouched.
+#[test]
+fn session_index_refuses_a_file_that_is_not_an_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("sessions")).unwrap();
+    let text = d.join("notes.txt");
+    std::fs::write(&text, "my notes\n").unwrap();
+    let other = d.join("app.db");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (name TEXT); INSERT INTO accounts VALUES ('kept');")
+        .unwrap();
+    let other_bytes = std::fs::read(&other).unwrap();
+    let a_dir = d.join("a-dir");
+    std::fs::create_dir(&a_dir).unwrap();
+    let link = d.join("link.db");
+    std::os::unix::fs::symlink(d.join("elsewhere.db"), &link).unwrap();
+    let verbs: [&[&str]; 5] = [
+        &["session-index", "--build"],
+        &["session-index", "--update"],
+        &["session-index", "--clean"],
+        &["session-index", "--status"],
+        &["session-search", "anything"],
+    ];
+    for db in [&text, &other, &a_dir, &link] {
+        let db = db.display().to_string();
+        for verb in verbs {
+            let mut args = verb.to_vec();
+            args.extend(["--db-path", &db, "--sessions-dir", "sessions"]);
+            let out = sx(d, &args, None);
+            assert_ne!(out.code, 0, "{args:?}: {}", out.stdout);
+            assert!(
+                out.stderr.contains(&db) && out.stderr.contains("not a session search index"),
+                "{args:?}: {}",
+                out.stderr
+            );
+            assert!(!out.stdout.contains("Index removed."), "{}", out.stdout);
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "my notes\n");
+    assert_eq!(std::fs::read(&other).unwrap(), other_bytes);
+    assert!(a_dir.is_dir());
+    assert!(!d.join("elsewhere.db").exists());
+}
