@@ -467,6 +467,87 @@ async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     assert_eq!(r.json["status"], "idle", "{}", r.text);
 }
 
+/// `bindery-sidecar run --prompt …` on a terminal, `typed` typed at it:
+/// stdout, stderr, and whether it succeeded.
+fn run_cli_on_a_terminal(c: &Clerk, prompt: &str, typed: &str) -> (String, String, bool) {
+    let agent = c.agent.display().to_string();
+    let args = [
+        "run",
+        "--agent-file",
+        &agent,
+        "--set",
+        "tenant=acme",
+        "--prompt",
+        prompt,
+    ];
+    let out = clerk_on_a_terminal(&args, typed);
+    (out.stdout, out.stderr, out.code == 0)
+}
+
+/// The binary on a terminal, the clerk's secret in its environment.
+fn clerk_on_a_terminal(args: &[&str], typed: &str) -> OnATerminal {
+    tokio::task::block_in_place(|| {
+        on_a_terminal(
+            args,
+            &[("BINDERY_PARAM_BILLING_TOKEN", CANARY)],
+            false,
+            typed,
+        )
+    })
+}
+
+/// The binary given `args`, `stdin` piped in, the clerk's secret in its
+/// environment: stdout, stderr, and whether it succeeded.
+async fn piped(args: &[&str], stdin: &str) -> (String, String, bool) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(bin())
+        .args(args)
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+/// `as-tool run` is another runtime's bash tool: its stdin is that
+/// runtime's data, so a `y` piped in approves nothing and the call that
+/// needs a person is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_tool_run_takes_no_approval_from_piped_stdin() {
+    let c = clerk("").await;
+    let agent = c.agent.display().to_string();
+    let (stdout, stderr, _) = piped(
+        &[
+            "as-tool",
+            "--agent-file",
+            &agent,
+            "run",
+            "--prompt",
+            "delete invoice 7",
+            "--tenant",
+            "acme",
+        ],
+        "y\n",
+    )
+    .await;
+    assert!(
+        stderr.contains("stdin is not a terminal: refused"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("deleted INV-7"), "{stdout}");
+    assert_eq!(c.runs(), 0);
+}
+
 /// `bindery-sidecar run --prompt …` with `stdin` on its terminal; stdout,
 /// stderr, and whether it succeeded.
 async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (String, String, bool) {
@@ -499,7 +580,7 @@ async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_asks_on_the_terminal() {
     let c = clerk("").await;
-    let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "n\n").await;
+    let (stdout, stderr, ok) = run_cli_on_a_terminal(&c, "delete invoice 7", "n\n");
     assert!(ok, "{stderr}");
     assert!(
         stderr.contains(r#"bash_delete-invoice wants to run with {"id":"INV-7"}. Approve? [y/N]"#),
@@ -508,7 +589,17 @@ async fn run_asks_on_the_terminal() {
     assert!(stdout.contains("did not approve"), "{stdout}");
     assert_eq!(c.runs(), 0);
 
+    // A `y` piped in is data, not a person: refused.
     let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "y\n").await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("stdin is not a terminal: refused"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("deleted INV-7"), "{stdout}");
+    assert_eq!(c.runs(), 0);
+
+    let (stdout, stderr, ok) = run_cli_on_a_terminal(&c, "delete invoice 7", "y\n");
     assert!(ok, "{stderr}");
     assert!(stdout.contains("deleted INV-7"), "{stdout}");
     assert!(stdout.contains(&sha256(CANARY)), "{stdout}");
