@@ -158,6 +158,11 @@ pub enum Command {
         /// Print only the tool's output.
         #[arg(long)]
         raw: bool,
+        /// Through the bindings: approve a call that needs a person's
+        /// approval without asking (without it, such a call is asked on
+        /// the terminal, and refused when stdin is not one).
+        #[arg(long, conflicts_with = "tool")]
+        yes: bool,
     },
     /// One run to completion on the command line; the answer goes to stdout.
     Run {

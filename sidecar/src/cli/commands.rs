@@ -178,12 +178,14 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             tool,
             validate_only,
             raw,
+            yes,
         } => match tool {
             Some(script) => {
                 super::replay::replay(&session, tool_call, &script, validate_only, raw).await
             }
             None => {
-                super::replay::through_bindings(&agents, &session, tool_call, validate_only).await
+                super::replay::through_bindings(&agents, &session, tool_call, validate_only, yes)
+                    .await
             }
         },
         Command::Run {
@@ -367,6 +369,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let asking = super::call::Asking {
                 yes,
                 choose: choose.as_deref(),
+                replayed: false,
             };
             super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
@@ -496,6 +499,7 @@ async fn agents_exe_tool_call(
         let asking = super::call::Asking {
             yes,
             choose: choose.as_deref(),
+            replayed: false,
         };
         Called::Tool(
             super::call::outcome(&agent, &bound, model_args, None, asking)

@@ -125,6 +125,7 @@ pub async fn through_bindings(
     session: &Path,
     index: usize,
     validate_only: bool,
+    yes: bool,
 ) -> Result<ExitCode, String> {
     let doc = read_session(session)?;
     let call = recorded_call(&doc, session, index)?;
@@ -166,7 +167,13 @@ pub async fn through_bindings(
         return Ok(ExitCode::SUCCESS);
     }
     let session_id = session_id(&doc);
-    let asking = super::call::Asking::default();
+    // The recorded arguments are not the person's: a call that needs
+    // approval is asked (refused off a terminal) unless --yes says so.
+    let asking = super::call::Asking {
+        yes,
+        choose: None,
+        replayed: true,
+    };
     super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking).await
 }
 

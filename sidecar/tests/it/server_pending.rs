@@ -548,6 +548,82 @@ async fn as_tool_run_takes_no_approval_from_piped_stdin() {
     assert_eq!(c.runs(), 0);
 }
 
+/// `replay-tool-call --agent-file` runs a recorded call, whose arguments
+/// anyone may have written, only with a person's approval when the agent
+/// says it needs one: asked on a terminal, refused with stdin piped (a
+/// `y` there too), given by `--yes`; as agents-exe's argv form too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_call_that_needs_approval_is_asked() {
+    let c = clerk("").await;
+    let agent = c.agent.display().to_string();
+    let session = c.dir.path().join("recorded.json");
+    std::fs::write(
+        &session,
+        serde_json::to_string(&json!({"session": {"turns": [
+            {"role": "user", "content": "tidy up"},
+            {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "bash_delete-invoice", "arguments": "{\"id\":\"INV-9\"}"}}]}
+        ]}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let session = session.display().to_string();
+    let replay = [
+        "replay-tool-call",
+        "-s",
+        &session,
+        "-i",
+        "0",
+        "--agent-file",
+        &agent,
+        "--set",
+        "tenant=acme",
+    ];
+    for stdin in ["", "y\n"] {
+        let (stdout, stderr, ok) = piped(&replay, stdin).await;
+        assert!(!ok, "{stdout}");
+        assert!(
+            stderr.contains("stdin is not a terminal: refused"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("needs a person's approval"), "{stderr}");
+    }
+    let argv_form = [
+        "--agent-file",
+        &agent,
+        "replay-tool-call",
+        "-s",
+        &session,
+        "-i",
+        "0",
+        "--set",
+        "tenant=acme",
+    ];
+    let (_, stderr, ok) = piped(&argv_form, "y\n").await;
+    assert!(
+        !ok && stderr.contains("stdin is not a terminal"),
+        "{stderr}"
+    );
+    assert_eq!(c.runs(), 0);
+
+    let out = clerk_on_a_terminal(&replay, "n\n");
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("Approve? [y/N]"), "{}", out.stderr);
+    assert_eq!(c.runs(), 0);
+    let out = clerk_on_a_terminal(&replay, "y\n");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("deleted INV-9"), "{}", out.stdout);
+    assert_eq!(c.runs(), 1);
+
+    let mut yes = replay.to_vec();
+    yes.push("--yes");
+    let (stdout, stderr, ok) = piped(&yes, "").await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("deleted INV-9"), "{stdout}");
+    assert!(stderr.contains("approved (--yes)"), "{stderr}");
+    assert_eq!(c.runs(), 2);
+}
+
 /// `bindery-sidecar run --prompt …` with `stdin` on its terminal; stdout,
 /// stderr, and whether it succeeded.
 async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (String, String, bool) {
