@@ -85,7 +85,8 @@ fn run_main(command: Command) -> ExitCode {
     match rt.block_on(run(command)) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("{}", message.trim_end());
+            // An error may quote a file's or a model's text.
+            eprintln!("{}", super::terminal_text::for_terminal(message.trim_end()));
             ExitCode::FAILURE
         }
     }
@@ -509,7 +510,7 @@ async fn agents_exe_tool_call(
     } else {
         // The JSON says so; the agent's tool names go to stderr.
         if let Err(e) = super::call::find_tool(&agent, tool) {
-            eprintln!("{e}");
+            eprintln!("{}", super::terminal_text::for_terminal(&e));
         }
         Called::NotFound
     };

@@ -155,14 +155,14 @@ pub async fn through_bindings(
         if !missing.is_empty() {
             println!(
                 "✗ Tool call {index} ({}) misses required argument{} {} (neither recorded nor bound)",
-                call.name,
+                super::terminal_text::for_terminal(&call.name),
                 if missing.len() == 1 { "" } else { "s" },
                 missing.join(", ")
             );
             return Ok(ExitCode::FAILURE);
         }
         println!("✓ Tool call validation passed");
-        println!("Tool: {}", call.name);
+        println!("Tool: {}", super::terminal_text::for_terminal(&call.name));
         println!("Arguments: {}", call.arguments);
         return Ok(ExitCode::SUCCESS);
     }
@@ -205,7 +205,7 @@ pub async fn replay(
     if !missing.is_empty() {
         println!(
             "✗ Tool call {index} ({}) does not fit {} ({}): missing required argument{} {}",
-            call.name,
+            super::terminal_text::for_terminal(&call.name),
             tool.display(),
             script.spec().local_name,
             if missing.len() == 1 { "" } else { "s" },

@@ -862,3 +862,94 @@ fn session_index_refuses_a_file_that_is_not_an_index() {
     assert!(a_dir.is_dir());
     assert!(!d.join("elsewhere.db").exists());
 }
+
+/// What a session file's author wrote reaches the terminal escaped: no
+/// ESC/OSC/CSI sequence, C1 control, BEL or bidi override in the human
+/// output of `session-print`, `list-tool-calls`, `session-search`,
+/// `check-tool-call` and `tool-call NAME`'s message (JSON output is
+/// escaped JSON already).
+#[test]
+fn a_session_files_author_cannot_drive_the_terminal() {
+    let raw = ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\u{2066}', '\r'];
+    let clean = |what: &str, text: &str| {
+        for c in raw {
+            assert!(!text.contains(c), "{what}: {c:?} in {text:?}");
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The fixture, its answer, a tool's name and its arguments laced with
+    // a title change, a screen wipe, a C1 CSI and a bidi override (JSON
+    // escapes: the file stays valid JSON).
+    let evil = r"\u001b]0;owned\u0007\u001b[2J\u009b1A\u202e\u2066\r";
+    let text = std::fs::read_to_string(multi())
+        .unwrap()
+        .replace("Done: both", &format!("Done:{evil} both"))
+        .replace("bash_ls", &format!("bash_ls{evil}"))
+        .replace(r#"\"repo\""#, &format!(r#"\"repo{evil}\""#));
+    let sessions = d.join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let file = sessions.join("conv.5e1d0a4e-8c8b-4f6e-9d8c-2b7f0c1d9e01.json");
+    std::fs::write(&file, &text).unwrap();
+    let f = file.display().to_string();
+
+    let out = sx(d, &["session-print", &f], None);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    clean("session-print", &out.stdout);
+    assert!(
+        out.stdout.contains(r"Done:\u{1b}]0;owned\u{7}"),
+        "{}",
+        out.stdout
+    );
+    for format in ["human", "brief"] {
+        let out = sx(d, &["list-tool-calls", &f, "-f", format], None);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        clean(format, &out.stdout);
+        assert!(out.stdout.contains(r"bash_ls\u{1b}"), "{}", out.stdout);
+    }
+    let out = sx(
+        d,
+        &[
+            "session-search",
+            "both",
+            "--preview",
+            "2",
+            "--sessions-dir",
+            "sessions",
+            "--db-path",
+            "i.db",
+        ],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("Preview:"), "{}", out.stdout);
+    clean("session-search", &out.stdout);
+
+    // check-tool-call names the unknown properties it was sent.
+    let probe = repo().join("sidecar/tests/fixtures/tools/probe");
+    let out = sx(
+        d,
+        &["check-tool-call", "-t", probe.to_str().unwrap()],
+        Some("{\"repo\": \"r\", \"x\\u001b]0;owned\\u0007\\u202e\": 1}"),
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stdout.contains("Unknown property"), "{}", out.stdout);
+    clean("check-tool-call", &out.stdout);
+
+    // tool-call NAME: the name it does not know, echoed on stderr.
+    let invoices = repo().join("examples/invoices/agent.yaml");
+    let out = sx(
+        d,
+        &[
+            "tool-call",
+            "nope\u{1b}]0;owned\u{7}\u{202e}",
+            "--agent-file",
+            invoices.to_str().unwrap(),
+            "--set",
+            "tenant=globex",
+        ],
+        Some("{}"),
+    );
+    assert!(out.stderr.contains("has no tool"), "{}", out.stderr);
+    clean("tool-call stderr", &out.stderr);
+}
