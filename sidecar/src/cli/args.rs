@@ -468,9 +468,9 @@ pub enum Command {
         /// Show about N lines of context around the matches.
         #[arg(long, value_name = "N", default_value_t = 0)]
         preview: usize,
-        /// At most N results.
-        #[arg(long, value_name = "N")]
-        limit: Option<usize>,
+        /// At most N results (at least 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
         /// Bring a stale index up to date before searching.
         #[arg(long)]
         auto: bool,

@@ -451,7 +451,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 tools: tool,
                 agent,
                 preview_lines: preview,
-                limit,
+                limit: limit.map(|n| n as usize),
                 ..Default::default()
             },
         }),

@@ -772,6 +772,12 @@ fn session_index_and_search_find_agents_exes_sessions() {
         out.stdout
     );
 
+    // A limit that lists nothing is a mistake.
+    let out = run(&["session-search", "repository", "--limit", "0"]);
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    assert!(out.stderr.contains("--limit"), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+
     // A session gone is forgotten on update; clean removes the index.
     std::fs::remove_file(&file).unwrap();
     let out = run(&["session-index", "--update"]);
