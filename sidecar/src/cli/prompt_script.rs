@@ -269,10 +269,33 @@ pub fn fill(template: &str, content: &str, file: Option<&Path>) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let language = file.map(language_of).unwrap_or("");
-    template
-        .replace("{{content}}", content)
-        .replace("{{filename}}", &filename)
-        .replace("{{language}}", language)
+    // One pass over the template: what goes in (a file's content, which may
+    // hold `{{filename}}` itself) is never expanded again.
+    let mut out = String::with_capacity(template.len() + content.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{{") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let variable = [
+            ("{{content}}", content),
+            ("{{filename}}", filename.as_str()),
+            ("{{language}}", language),
+        ]
+        .into_iter()
+        .find(|(name, _)| rest.starts_with(name));
+        match variable {
+            Some((name, value)) => {
+                out.push_str(value);
+                rest = &rest[name.len()..];
+            }
+            None => {
+                out.push('{');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The code fence's language for a file, by its extension.
@@ -620,6 +643,20 @@ mod tests {
         };
         let got = compose(&PromptScript::default(), &Aliases::builtin(), None, &mut io).unwrap();
         assert_eq!(got, "as typed");
+    }
+
+    #[test]
+    fn a_template_is_filled_in_one_pass() {
+        let file = Path::new("src/a.py");
+        assert_eq!(
+            fill(
+                "{{filename}} ({{language}}): {{content}} {{x}} {{",
+                "say {{filename}} {{language}}",
+                Some(file)
+            ),
+            "a.py (python): say {{filename}} {{language}} {{x}} {{"
+        );
+        assert_eq!(fill("{{{content}}}", "c", None), "{c}");
     }
 
     #[test]

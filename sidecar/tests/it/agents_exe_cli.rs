@@ -515,6 +515,16 @@ async fn prompt_directives_compose_in_command_line_order() {
         out,
         "Please provide a concise summary of the following:\n\na b c\n"
     );
+    // What goes in is not expanded again.
+    let (_, out, _) = run_fed(
+        tmp.path(),
+        &["echo-prompt", "--alias", "summarize"],
+        "keep {{content}} {{filename}} {{language}}",
+    );
+    assert_eq!(
+        out,
+        "Please provide a concise summary of the following:\n\nkeep {{content}} {{filename}} {{language}}\n"
+    );
     // No directive: stdin as it is.
     let (_, out, _) = run_fed(tmp.path(), &["echo-prompt"], "as typed");
     assert_eq!(out, "as typed");
