@@ -965,3 +965,27 @@ impl StdioServer {
         self.stderr.join().unwrap()
     }
 }
+
+/// An agent with an open parameter called `prompt` is refused as a tool,
+/// saying why, rather than offering `prompt` twice and failing each run.
+#[test]
+fn as_tool_refuses_a_parameter_called_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("asker.yaml"),
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata:\n  name: asker\nspec:\n  model: {url: http://127.0.0.1:9/v1, name: m}\n  parameters:\n    - {name: prompt, scope: session}\n",
+    )
+    .unwrap();
+    for args in [
+        &["as-tool", "--agent-file", "asker.yaml", "describe"][..],
+        &["--agent-file", "asker.yaml", "describe"],
+        &["--agent-file", "asker.yaml", "run", "--prompt", "hi"],
+    ] {
+        let (ok, out, err) = run(dir.path(), args);
+        assert!(!ok, "{args:?}: {out}");
+        assert!(
+            err.contains("agent `asker` has a parameter called `prompt`"),
+            "{args:?}: {err}"
+        );
+    }
+}
