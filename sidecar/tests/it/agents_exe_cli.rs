@@ -769,6 +769,11 @@ async fn mcp_server_answers_while_a_run_goes_on_and_a_cancelled_run_answers_noth
     server.send(&call("slow-1", "slow"));
     server.send(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
     assert_eq!(server.next()["id"], 1);
+    // An id already in flight is refused (JSON-RPC's ids are unique).
+    server.send(&call("slow-1", "quick"));
+    let dup = server.next();
+    assert_eq!(dup["id"], "slow-1", "{dup}");
+    assert_eq!(dup["error"]["code"], -32600, "{dup}");
     server.send(&call("quick", "quick"));
     let quick = server.next();
     assert_eq!(quick["id"], "quick", "{quick}");
