@@ -158,6 +158,11 @@ pub enum Command {
         /// Print only the tool's output.
         #[arg(long)]
         raw: bool,
+        /// Through the bindings: approve a call that needs a person's
+        /// approval without asking (without it, such a call is asked on
+        /// the terminal, and refused when stdin is not one).
+        #[arg(long, conflicts_with = "tool")]
+        yes: bool,
     },
     /// One run to completion on the command line; the answer goes to stdout.
     Run {
@@ -463,9 +468,9 @@ pub enum Command {
         /// Show about N lines of context around the matches.
         #[arg(long, value_name = "N", default_value_t = 0)]
         preview: usize,
-        /// At most N results.
-        #[arg(long, value_name = "N")]
-        limit: Option<usize>,
+        /// At most N results (at least 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
         /// Bring a stale index up to date before searching.
         #[arg(long)]
         auto: bool,

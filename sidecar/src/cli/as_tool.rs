@@ -26,6 +26,18 @@ pub fn open_params(statuses: Vec<ParamStatus>) -> Vec<ParamStatus> {
         .collect()
 }
 
+/// An agent whose open parameter is called `prompt` cannot be a tool:
+/// the protocol's own `prompt` argument would be offered twice and no
+/// call could tell them apart.
+pub fn check_names(agent: &str, params: &[ParamStatus]) -> Result<(), String> {
+    match params.iter().find(|p| p.name == "prompt") {
+        Some(_) => Err(format!(
+            "error: agent `{agent}` has a parameter called `prompt`, which as-tool cannot offer: `prompt` is the tool's own argument (the text the agent is asked); rename the parameter (or pin it) to serve this agent as a tool"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The protocol's description of the agent as a tool.
 pub fn describe(slug: &str, announce: Option<&str>, params: &[ParamStatus]) -> Value {
     let mut args = vec![json!({
@@ -149,6 +161,7 @@ pub async fn main(
     let tree = super::load::load_lenient(&agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?;
     let params = open_params(agent.params.statuses());
+    check_names(&agent.name, &params)?;
     match protocol.split_first() {
         Some((cmd, rest)) if cmd == "describe" => {
             let (slug, description) = parse_describe(rest).map_err(|e| format!("error: {e}"))?;

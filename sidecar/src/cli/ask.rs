@@ -11,7 +11,8 @@ use crate::tools::Disposition;
 /// (`yes`: approved without asking), a choice among a lookup's options
 /// (`choose`: the option's id, number or label, without asking), the
 /// result for a deferred call. Only the model's arguments are shown: a
-/// bound value never is.
+/// bound value never is. An approval or a choice is taken only from a
+/// terminal: with stdin piped it is refused.
 pub(super) fn ask_terminal(
     calls: &[runner::Blocked],
     yes: bool,
@@ -96,6 +97,17 @@ pub(super) fn ask_item(
     };
     let tool = item["tool"].as_str().unwrap_or("the tool");
     let args = &item["call"];
+    // A decision (an approval, a choice) is a person's: piped stdin is
+    // data (a calling tool's, a script's), never taken as one.
+    let nobody = |what: &str| {
+        eprintln!("{tool} {args} needs {what}, and stdin is not a terminal: refused (--yes approves, --choose chooses)");
+        Resolution::Rejected {
+            reason: Some(format!(
+                "{what} was needed and nobody was at a terminal to give it"
+            )),
+        }
+    };
+    let person = std::io::IsTerminal::is_terminal(&std::io::stdin());
     let disposition = match item["disposition"].as_str() {
         Some("deferred") => Disposition::Deferred,
         Some("confirm") => Disposition::Confirm,
@@ -135,6 +147,9 @@ pub(super) fn ask_item(
                 eprintln!("{what}: the run goes on (--yes)");
                 return Ok(Resolution::Approved);
             }
+            if !person {
+                return Ok(nobody("a person's leave to go past a budget"));
+            }
             eprint!("{what}. Let this run go on to its end? [y/N] ");
             let _ = std::io::stderr().flush();
             match line()?.as_deref().map(str::trim) {
@@ -145,6 +160,9 @@ pub(super) fn ask_item(
         Disposition::NeedsConfirmation | Disposition::Confirm if yes => {
             eprintln!("{tool} {args}: approved (--yes)");
             Resolution::Approved
+        }
+        Disposition::NeedsConfirmation | Disposition::Confirm if !person => {
+            nobody("a person's approval")
         }
         Disposition::NeedsConfirmation | Disposition::Confirm => {
             let facts = match item.get("facts") {
@@ -173,6 +191,7 @@ pub(super) fn ask_item(
                 }
             }
         }
+        Disposition::NeedsSelection if !person => nobody("a person's choice"),
         Disposition::NeedsSelection => {
             eprintln!("{tool} needs a choice:");
             for (n, o) in item["options"].as_array().into_iter().flatten().enumerate() {

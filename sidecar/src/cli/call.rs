@@ -21,6 +21,12 @@ pub(super) struct Asking<'a> {
     pub yes: bool,
     /// The option to take at a choice (its id, number or label).
     pub choose: Option<&'a str>,
+    /// The arguments are not the person's own (a replayed call, read from
+    /// a file anyone may have written): a call the agent says waits for a
+    /// person (`confirm`, a `when` condition, an `egress` tool, whose
+    /// session's taint a file cannot be trusted to tell) is asked as a
+    /// run's would be, never run unasked.
+    pub replayed: bool,
 }
 
 /// Call `tool` of `agent` with the model's `model_args`: bound values
@@ -75,6 +81,11 @@ pub(super) async fn outcome(
     let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
     let values = agent.process_values();
     let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(bound));
+    if asking.replayed && !approved_replay(agent, &values, bound, &model_args, &ctx, asking)? {
+        return Ok(Err(ToolError::Failed(format!(
+            "{tool} needs a person's approval and did not get it"
+        ))));
+    }
     let result = if bound.depends().is_empty() {
         bound
             .call(model_args, &values, &ctx)
@@ -89,6 +100,41 @@ pub(super) async fn outcome(
     Ok(result
         .map(|text| scrubber.scrub(&text))
         .map_err(|e| e.scrubbed(&scrubber)))
+}
+
+/// Whether a replayed call may run: asked on the terminal ([`super::ask::ask_item`],
+/// `--yes` approving) when it needs a person. A tool with `depends_on`
+/// whose agent says `confirm` is asked after its lookups instead, as in a
+/// run.
+fn approved_replay(
+    agent: &LoadedAgent,
+    values: &Values,
+    bound: &BoundTool,
+    model_args: &serde_json::Value,
+    ctx: &CallContext,
+    asking: Asking<'_>,
+) -> Result<bool, String> {
+    let call = ToolCall {
+        id: ctx.turn_id.clone(),
+        name: bound.name().to_string(),
+        arguments: model_args.to_string(),
+    };
+    let asked_later =
+        !bound.depends().is_empty() && agent.disposition(bound.name(), Some(bound)).is_some();
+    let needs = runner::needs_approval(agent, values, &call, Some(bound))
+        .or_else(|| bound.egress().then_some(crate::tools::Disposition::Confirm));
+    let Some(disposition) = needs.filter(|_| !asked_later) else {
+        return Ok(true);
+    };
+    let item = serde_json::json!({
+        "tool": bound.name(),
+        "disposition": disposition.as_str(),
+        "call": model_args,
+    });
+    Ok(matches!(
+        super::ask::ask_item(&item, asking.yes, None)?,
+        crate::session::pending::Resolution::Approved
+    ))
 }
 
 pub(super) fn find_tool(agent: &LoadedAgent, name: &str) -> Result<BoundTool, String> {

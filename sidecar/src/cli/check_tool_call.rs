@@ -92,7 +92,11 @@ pub async fn main(tool: &Path) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     let name = format!("{} ({})", tool.display(), script.info().slug);
-    println!("{}", report(&name, &found));
+    // The report quotes the payload's names: made safe for a terminal.
+    println!(
+        "{}",
+        super::terminal_text::for_terminal(&report(&name, &found))
+    );
     Ok(ExitCode::FAILURE)
 }
 

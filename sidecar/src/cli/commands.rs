@@ -85,7 +85,8 @@ fn run_main(command: Command) -> ExitCode {
     match rt.block_on(run(command)) {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("{}", message.trim_end());
+            // An error may quote a file's or a model's text.
+            eprintln!("{}", super::terminal_text::for_terminal(message.trim_end()));
             ExitCode::FAILURE
         }
     }
@@ -178,12 +179,14 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             tool,
             validate_only,
             raw,
+            yes,
         } => match tool {
             Some(script) => {
                 super::replay::replay(&session, tool_call, &script, validate_only, raw).await
             }
             None => {
-                super::replay::through_bindings(&agents, &session, tool_call, validate_only).await
+                super::replay::through_bindings(&agents, &session, tool_call, validate_only, yes)
+                    .await
             }
         },
         Command::Run {
@@ -367,6 +370,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let asking = super::call::Asking {
                 yes,
                 choose: choose.as_deref(),
+                replayed: false,
             };
             super::call::through_bindings(agent, &tool, model_args, None, asking).await
         }
@@ -447,7 +451,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 tools: tool,
                 agent,
                 preview_lines: preview,
-                limit,
+                limit: limit.map(|n| n as usize),
                 ..Default::default()
             },
         }),
@@ -496,6 +500,7 @@ async fn agents_exe_tool_call(
         let asking = super::call::Asking {
             yes,
             choose: choose.as_deref(),
+            replayed: false,
         };
         Called::Tool(
             super::call::outcome(&agent, &bound, model_args, None, asking)
@@ -505,7 +510,7 @@ async fn agents_exe_tool_call(
     } else {
         // The JSON says so; the agent's tool names go to stderr.
         if let Err(e) = super::call::find_tool(&agent, tool) {
-            eprintln!("{e}");
+            eprintln!("{}", super::terminal_text::for_terminal(&e));
         }
         Called::NotFound
     };

@@ -281,13 +281,16 @@ pub fn next_line(
 struct Running(Arc<Mutex<HashMap<String, CancellationToken>>>);
 
 impl Running {
-    fn start(&self, id: &Value, parent: &CancellationToken) -> CancellationToken {
-        let token = parent.child_token();
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), token.clone());
-        token
+    /// The run's token; none when a run with that id is in flight
+    /// (JSON-RPC's ids are unique among the requests pending).
+    fn start(&self, id: &Value, parent: &CancellationToken) -> Option<CancellationToken> {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match runs.entry(id.to_string()) {
+            std::collections::hash_map::Entry::Occupied(_) => None,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                Some(slot.insert(parent.child_token()).clone())
+            }
+        }
     }
     fn end(&self, id: &Value) {
         self.0
@@ -390,15 +393,21 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
             match action {
                 Action::Cancel(id) => running.cancel(&id),
                 Action::Reply(v) => answers.push(Answer::Ready(v)),
-                Action::Run { id, tool, prompt } => {
-                    let token = running.start(&id, &shutdown);
-                    answers.push(Answer::Run {
+                Action::Run { id, tool, prompt } => match running.start(&id, &shutdown) {
+                    Some(token) => answers.push(Answer::Run {
                         id,
                         agent: chosen[tool].clone(),
                         prompt,
                         token,
-                    })
-                }
+                    }),
+                    None => {
+                        let e = RpcError::new(
+                            jsonrpc::INVALID_REQUEST,
+                            format!("a request with id {id} is still being answered: each request in flight needs an id of its own"),
+                        );
+                        answers.push(Answer::Ready(response(id, Err(e))));
+                    }
+                },
             }
         }
         // Finished tasks' results are not wanted: only that they end.

@@ -21,6 +21,7 @@ mod resume;
 mod serve;
 mod session_client;
 mod telemetry;
+mod terminal_text;
 mod tool_call_result;
 
 pub use args::Cli;

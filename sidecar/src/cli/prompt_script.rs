@@ -269,10 +269,33 @@ pub fn fill(template: &str, content: &str, file: Option<&Path>) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let language = file.map(language_of).unwrap_or("");
-    template
-        .replace("{{content}}", content)
-        .replace("{{filename}}", &filename)
-        .replace("{{language}}", language)
+    // One pass over the template: what goes in (a file's content, which may
+    // hold `{{filename}}` itself) is never expanded again.
+    let mut out = String::with_capacity(template.len() + content.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{{") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let variable = [
+            ("{{content}}", content),
+            ("{{filename}}", filename.as_str()),
+            ("{{language}}", language),
+        ]
+        .into_iter()
+        .find(|(name, _)| rest.starts_with(name));
+        match variable {
+            Some((name, value)) => {
+                out.push_str(value);
+                rest = &rest[name.len()..];
+            }
+            None => {
+                out.push('{');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The code fence's language for a file, by its extension.
@@ -348,6 +371,67 @@ pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8 text"))
 }
 
+/// How long a `--shell` command may take, its children included.
+pub const SHELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `command` run by `sh -c`, its stdout the text. It runs in a process
+/// group of its own; past `timeout` the whole group is killed (what it
+/// started too) and the directive fails, so a prompt is never waited on
+/// for ever.
+pub fn run_shell(command: &str, timeout: std::time::Duration) -> Result<String, String> {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let what = format!("--shell `{command}`");
+    // Its stdin is empty and its stderr the user's, as in agents-exe.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("{what}: cannot start sh: {e}"))?;
+    let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let kill = move || {
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    };
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = matches!(
+            finished.recv_timeout(timeout),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        );
+        if late {
+            kill();
+        }
+        late
+    });
+    let out = child
+        .stdout
+        .take()
+        .ok_or_else(|| format!("{what}: no stdout"))
+        .and_then(|o| read_capped(o, &format!("the output of {what}")));
+    if out.is_err() {
+        // Too long or not text: the rest is not wanted.
+        kill();
+    }
+    let status = child.wait().map_err(|e| format!("{what}: {e}"));
+    let _ = done.send(());
+    if watchdog.join().unwrap_or(false) {
+        return Err(format!(
+            "{what} took longer than {} s and was stopped, with what it started: make it quicker, or run it first and give its output with --file",
+            timeout.as_secs()
+        ));
+    }
+    let status = status?;
+    let out = out?;
+    if !status.success() {
+        return Err(format!("{what} failed ({status})"));
+    }
+    Ok(out)
+}
+
 /// The process's files, shell and stdin; stdin is read once (an alias and
 /// an empty script both read it).
 #[derive(Default)]
@@ -378,32 +462,7 @@ impl Sources for Local {
     }
 
     fn shell(&mut self, command: &str) -> Result<String, String> {
-        use std::process::{Command, Stdio};
-        let what = format!("--shell `{command}`");
-        // Its stdin is empty and its stderr the user's, as in agents-exe.
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(command)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("{what}: cannot start sh: {e}"))?;
-        let out = child
-            .stdout
-            .take()
-            .ok_or_else(|| format!("{what}: no stdout"))
-            .and_then(|o| read_capped(o, &format!("the output of {what}")));
-        if out.is_err() {
-            // Too long or not text: the rest is not wanted.
-            let _ = child.kill();
-        }
-        let status = child.wait().map_err(|e| format!("{what}: {e}"))?;
-        let out = out?;
-        if !status.success() {
-            return Err(format!("{what} failed ({status})"));
-        }
-        Ok(out)
+        run_shell(command, SHELL_TIMEOUT)
     }
 
     fn stdin(&mut self) -> Result<String, String> {
@@ -620,6 +679,55 @@ mod tests {
         };
         let got = compose(&PromptScript::default(), &Aliases::builtin(), None, &mut io).unwrap();
         assert_eq!(got, "as typed");
+    }
+
+    #[test]
+    fn a_shell_directive_past_its_time_is_stopped_with_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = dir.path().join("pid");
+        let started = std::time::Instant::now();
+        let e = run_shell(
+            &format!("sleep 30 & echo $! > '{}'; wait", pid.display()),
+            std::time::Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert!(e.contains("took longer than 0 s and was stopped"), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pid)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The background sleep is gone too (a zombie at most, until init reaps it).
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !gone() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(gone(), "the background sleep outlived the directive");
+        assert_eq!(run_shell("echo hi", SHELL_TIMEOUT).unwrap(), "hi\n");
+    }
+
+    #[test]
+    fn a_template_is_filled_in_one_pass() {
+        let file = Path::new("src/a.py");
+        assert_eq!(
+            fill(
+                "{{filename}} ({{language}}): {{content}} {{x}} {{",
+                "say {{filename}} {{language}}",
+                Some(file)
+            ),
+            "a.py (python): say {{filename}} {{language}} {{x}} {{"
+        );
+        assert_eq!(fill("{{{content}}}", "c", None), "{c}");
     }
 
     #[test]

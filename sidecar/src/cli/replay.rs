@@ -125,6 +125,7 @@ pub async fn through_bindings(
     session: &Path,
     index: usize,
     validate_only: bool,
+    yes: bool,
 ) -> Result<ExitCode, String> {
     let doc = read_session(session)?;
     let call = recorded_call(&doc, session, index)?;
@@ -154,19 +155,25 @@ pub async fn through_bindings(
         if !missing.is_empty() {
             println!(
                 "✗ Tool call {index} ({}) misses required argument{} {} (neither recorded nor bound)",
-                call.name,
+                super::terminal_text::for_terminal(&call.name),
                 if missing.len() == 1 { "" } else { "s" },
                 missing.join(", ")
             );
             return Ok(ExitCode::FAILURE);
         }
         println!("✓ Tool call validation passed");
-        println!("Tool: {}", call.name);
+        println!("Tool: {}", super::terminal_text::for_terminal(&call.name));
         println!("Arguments: {}", call.arguments);
         return Ok(ExitCode::SUCCESS);
     }
     let session_id = session_id(&doc);
-    let asking = super::call::Asking::default();
+    // The recorded arguments are not the person's: a call that needs
+    // approval is asked (refused off a terminal) unless --yes says so.
+    let asking = super::call::Asking {
+        yes,
+        choose: None,
+        replayed: true,
+    };
     super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking).await
 }
 
@@ -198,7 +205,7 @@ pub async fn replay(
     if !missing.is_empty() {
         println!(
             "✗ Tool call {index} ({}) does not fit {} ({}): missing required argument{} {}",
-            call.name,
+            super::terminal_text::for_terminal(&call.name),
             tool.display(),
             script.spec().local_name,
             if missing.len() == 1 { "" } else { "s" },

@@ -256,19 +256,8 @@ impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
 /// `ansi`, colour codes (`ESC [ digits m`) stay, which the formatter
 /// writes itself and which forge nothing.
 pub fn escape_controls(record: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
+    use super::terminal_text::{push_escaped, shown_as_is as plain};
     let body = record.strip_suffix('\n').unwrap_or(record);
-    // Controls, and the characters that end a line or reorder what is
-    // shown around them (Unicode's separators and bidi marks).
-    let plain = |c: char| {
-        c == '\t'
-            || !(c.is_control()
-                || matches!(
-                    c,
-                    '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
-                )
-                || ('\u{202a}'..='\u{202e}').contains(&c)
-                || ('\u{2066}'..='\u{2069}').contains(&c))
-    };
     if body.chars().all(plain) {
         return std::borrow::Cow::Borrowed(record);
     }
@@ -286,11 +275,10 @@ pub fn escape_controls(record: &str, ansi: bool) -> std::borrow::Cow<'_, str> {
                 continue;
             }
         }
-        match c {
-            c if plain(c) => out.push(c),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c => out.push_str(&c.escape_unicode().to_string()),
+        if plain(c) {
+            out.push(c);
+        } else {
+            push_escaped(&mut out, c);
         }
         rest = &rest[c.len_utf8()..];
     }

@@ -449,10 +449,7 @@ fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Bl
         // facts. A tainted egress call waits before any lookup runs.
         return None;
     }
-    let disposition = ctx
-        .agent
-        .disposition(&call.name, tool)
-        .or_else(|| condition_asks(ctx, call, tool).then_some(Disposition::Confirm))
+    let disposition = needs_approval(ctx.agent, ctx.values, call, tool)
         .or_else(|| (!tainted_by.is_empty()).then_some(Disposition::Confirm))?;
     if !tainted_by.is_empty() {
         tracing::info!(tool = %call.name, untrusted = tainted_by.len(), "an egress call after untrusted results waits for a person");
@@ -519,13 +516,32 @@ pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
 
 /// Whether a `confirm` condition on this call holds (or cannot be told,
 /// which asks too).
-fn condition_asks(ctx: &RunContext<'_>, call: &ToolCall, tool: Option<&BoundTool>) -> bool {
+/// Why `call` waits for a person by the agent's and its toolbox's say
+/// (`confirm`, a `when` condition that holds or cannot be told), whatever
+/// the conversation before it.
+pub fn needs_approval(
+    agent: &LoadedAgent,
+    values: &Values,
+    call: &ToolCall,
+    tool: Option<&BoundTool>,
+) -> Option<Disposition> {
+    agent
+        .disposition(&call.name, tool)
+        .or_else(|| condition_asks(agent, values, call, tool).then_some(Disposition::Confirm))
+}
+
+fn condition_asks(
+    agent: &LoadedAgent,
+    values: &Values,
+    call: &ToolCall,
+    tool: Option<&BoundTool>,
+) -> bool {
     let toolbox = tool.map(BoundTool::confirm_when).unwrap_or_default();
     let sources: Vec<&str> = toolbox
         .iter()
         .map(String::as_str)
         .chain(crate::bindings::confirm::conditions(
-            &ctx.agent.spec.confirm,
+            &agent.spec.confirm,
             &call.name,
         ))
         .collect();
@@ -538,7 +554,7 @@ fn condition_asks(ctx: &RunContext<'_>, call: &ToolCall, tool: Option<&BoundTool
     };
     // The arguments as the tool would get them, a secret as `<secret>`.
     let args: serde_json::Map<String, serde_json::Value> =
-        match tool.map(|t| t.merge(model_args.clone(), ctx.values)) {
+        match tool.map(|t| t.merge(model_args.clone(), values)) {
             Some(Ok(merged)) => merged
                 .args
                 .iter()
@@ -546,8 +562,7 @@ fn condition_asks(ctx: &RunContext<'_>, call: &ToolCall, tool: Option<&BoundTool
                 .collect(),
             _ => model_args,
         };
-    let params: serde_json::Map<String, serde_json::Value> = ctx
-        .values
+    let params: serde_json::Map<String, serde_json::Value> = values
         .iter()
         .filter_map(|(k, v)| Some((k.clone(), v.plain()?.clone())))
         .collect();

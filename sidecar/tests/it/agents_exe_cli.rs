@@ -515,6 +515,16 @@ async fn prompt_directives_compose_in_command_line_order() {
         out,
         "Please provide a concise summary of the following:\n\na b c\n"
     );
+    // What goes in is not expanded again.
+    let (_, out, _) = run_fed(
+        tmp.path(),
+        &["echo-prompt", "--alias", "summarize"],
+        "keep {{content}} {{filename}} {{language}}",
+    );
+    assert_eq!(
+        out,
+        "Please provide a concise summary of the following:\n\nkeep {{content}} {{filename}} {{language}}\n"
+    );
     // No directive: stdin as it is.
     let (_, out, _) = run_fed(tmp.path(), &["echo-prompt"], "as typed");
     assert_eq!(out, "as typed");
@@ -759,6 +769,11 @@ async fn mcp_server_answers_while_a_run_goes_on_and_a_cancelled_run_answers_noth
     server.send(&call("slow-1", "slow"));
     server.send(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
     assert_eq!(server.next()["id"], 1);
+    // An id already in flight is refused (JSON-RPC's ids are unique).
+    server.send(&call("slow-1", "quick"));
+    let dup = server.next();
+    assert_eq!(dup["id"], "slow-1", "{dup}");
+    assert_eq!(dup["error"]["code"], -32600, "{dup}");
     server.send(&call("quick", "quick"));
     let quick = server.next();
     assert_eq!(quick["id"], "quick", "{quick}");
@@ -953,5 +968,29 @@ impl StdioServer {
         }
         assert!(more.is_empty(), "{more:?}");
         self.stderr.join().unwrap()
+    }
+}
+
+/// An agent with an open parameter called `prompt` is refused as a tool,
+/// saying why, rather than offering `prompt` twice and failing each run.
+#[test]
+fn as_tool_refuses_a_parameter_called_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("asker.yaml"),
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata:\n  name: asker\nspec:\n  model: {url: http://127.0.0.1:9/v1, name: m}\n  parameters:\n    - {name: prompt, scope: session}\n",
+    )
+    .unwrap();
+    for args in [
+        &["as-tool", "--agent-file", "asker.yaml", "describe"][..],
+        &["--agent-file", "asker.yaml", "describe"],
+        &["--agent-file", "asker.yaml", "run", "--prompt", "hi"],
+    ] {
+        let (ok, out, err) = run(dir.path(), args);
+        assert!(!ok, "{args:?}: {out}");
+        assert!(
+            err.contains("agent `asker` has a parameter called `prompt`"),
+            "{args:?}: {err}"
+        );
     }
 }

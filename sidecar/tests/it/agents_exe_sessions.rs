@@ -772,6 +772,12 @@ fn session_index_and_search_find_agents_exes_sessions() {
         out.stdout
     );
 
+    // A limit that lists nothing is a mistake.
+    let out = run(&["session-search", "repository", "--limit", "0"]);
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    assert!(out.stderr.contains("--limit"), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+
     // A session gone is forgotten on update; clean removes the index.
     std::fs::remove_file(&file).unwrap();
     let out = run(&["session-index", "--update"]);
@@ -813,4 +819,143 @@ fn session_index_and_search_find_agents_exes_sessions() {
         "{}",
         out.stdout
     );
+}
+
+/// `--db-path` naming something that is not a search index — a text
+/// file, another program's database, a directory, a symbolic link — is
+/// refused by every verb that would write or remove it, untouched.
+#[test]
+fn session_index_refuses_a_file_that_is_not_an_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("sessions")).unwrap();
+    let text = d.join("notes.txt");
+    std::fs::write(&text, "my notes\n").unwrap();
+    let other = d.join("app.db");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (name TEXT); INSERT INTO accounts VALUES ('kept');")
+        .unwrap();
+    let other_bytes = std::fs::read(&other).unwrap();
+    let a_dir = d.join("a-dir");
+    std::fs::create_dir(&a_dir).unwrap();
+    let link = d.join("link.db");
+    std::os::unix::fs::symlink(d.join("elsewhere.db"), &link).unwrap();
+    let verbs: [&[&str]; 5] = [
+        &["session-index", "--build"],
+        &["session-index", "--update"],
+        &["session-index", "--clean"],
+        &["session-index", "--status"],
+        &["session-search", "anything"],
+    ];
+    for db in [&text, &other, &a_dir, &link] {
+        let db = db.display().to_string();
+        for verb in verbs {
+            let mut args = verb.to_vec();
+            args.extend(["--db-path", &db, "--sessions-dir", "sessions"]);
+            let out = sx(d, &args, None);
+            assert_ne!(out.code, 0, "{args:?}: {}", out.stdout);
+            assert!(
+                out.stderr.contains(&db) && out.stderr.contains("not a session search index"),
+                "{args:?}: {}",
+                out.stderr
+            );
+            assert!(!out.stdout.contains("Index removed."), "{}", out.stdout);
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "my notes\n");
+    assert_eq!(std::fs::read(&other).unwrap(), other_bytes);
+    assert!(a_dir.is_dir());
+    assert!(!d.join("elsewhere.db").exists());
+}
+
+/// What a session file's author wrote reaches the terminal escaped: no
+/// ESC/OSC/CSI sequence, C1 control, BEL or bidi override in the human
+/// output of `session-print`, `list-tool-calls`, `session-search`,
+/// `check-tool-call` and `tool-call NAME`'s message (JSON output is
+/// escaped JSON already).
+#[test]
+fn a_session_files_author_cannot_drive_the_terminal() {
+    let raw = ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}', '\u{2066}', '\r'];
+    let clean = |what: &str, text: &str| {
+        for c in raw {
+            assert!(!text.contains(c), "{what}: {c:?} in {text:?}");
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The fixture, its answer, a tool's name and its arguments laced with
+    // a title change, a screen wipe, a C1 CSI and a bidi override (JSON
+    // escapes: the file stays valid JSON).
+    let evil = r"\u001b]0;owned\u0007\u001b[2J\u009b1A\u202e\u2066\r";
+    let text = std::fs::read_to_string(multi())
+        .unwrap()
+        .replace("Done: both", &format!("Done:{evil} both"))
+        .replace("bash_ls", &format!("bash_ls{evil}"))
+        .replace(r#"\"repo\""#, &format!(r#"\"repo{evil}\""#));
+    let sessions = d.join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let file = sessions.join("conv.5e1d0a4e-8c8b-4f6e-9d8c-2b7f0c1d9e01.json");
+    std::fs::write(&file, &text).unwrap();
+    let f = file.display().to_string();
+
+    let out = sx(d, &["session-print", &f], None);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    clean("session-print", &out.stdout);
+    assert!(
+        out.stdout.contains(r"Done:\u{1b}]0;owned\u{7}"),
+        "{}",
+        out.stdout
+    );
+    for format in ["human", "brief"] {
+        let out = sx(d, &["list-tool-calls", &f, "-f", format], None);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        clean(format, &out.stdout);
+        assert!(out.stdout.contains(r"bash_ls\u{1b}"), "{}", out.stdout);
+    }
+    let out = sx(
+        d,
+        &[
+            "session-search",
+            "both",
+            "--preview",
+            "2",
+            "--sessions-dir",
+            "sessions",
+            "--db-path",
+            "i.db",
+        ],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("Preview:"), "{}", out.stdout);
+    clean("session-search", &out.stdout);
+
+    // check-tool-call names the unknown properties it was sent.
+    let probe = repo().join("sidecar/tests/fixtures/tools/probe");
+    let out = sx(
+        d,
+        &["check-tool-call", "-t", probe.to_str().unwrap()],
+        Some("{\"repo\": \"r\", \"x\\u001b]0;owned\\u0007\\u202e\": 1}"),
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stdout.contains("Unknown property"), "{}", out.stdout);
+    clean("check-tool-call", &out.stdout);
+
+    // tool-call NAME: the name it does not know, echoed on stderr.
+    let invoices = repo().join("examples/invoices/agent.yaml");
+    let out = sx(
+        d,
+        &[
+            "tool-call",
+            "nope\u{1b}]0;owned\u{7}\u{202e}",
+            "--agent-file",
+            invoices.to_str().unwrap(),
+            "--set",
+            "tenant=globex",
+        ],
+        Some("{}"),
+    );
+    assert!(out.stderr.contains("has no tool"), "{}", out.stderr);
+    clean("tool-call stderr", &out.stderr);
 }

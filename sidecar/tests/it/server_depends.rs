@@ -472,29 +472,24 @@ fn the_example_checks_and_hides_the_slot_token_from_the_model() {
 /// prepared booking with its facts; a canary key shows nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
-    use tokio::io::AsyncWriteExt;
     let b = booking(two_slots(), |t| t).await;
     let prompt = format!("book {}", json!({"date": DAY, "service": "Haircut"}));
-    let mut child = tokio::process::Command::new(bin())
-        .args(["run", "--agent-file"])
-        .arg(&b.agent)
-        .args(["--set", &format!("booking_store={}", b.store.display())])
-        .args(["--prompt", &prompt])
-        .env("BINDERY_PARAM_API_KEY", CANARY)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(b"2\ny\n").await.unwrap();
-    drop(input);
-    let out = child.wait_with_output().await.unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stderr}");
+    let agent = b.agent.display().to_string();
+    let store = format!("booking_store={}", b.store.display());
+    let args = [
+        "run",
+        "--agent-file",
+        &agent,
+        "--set",
+        &store,
+        "--prompt",
+        &prompt,
+    ];
+    let out = tokio::task::block_in_place(|| {
+        on_a_terminal(&args, &[("BINDERY_PARAM_API_KEY", CANARY)], false, "2\ny\n")
+    });
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
+    assert_eq!(out.code, 0, "{stderr}");
     assert!(stderr.contains("  1. 10:00\n  2. 11:00\n"), "{stderr}");
     assert!(
         stderr.contains(r#"({"time":"11:00"}). Approve? [y/N]"#),
@@ -515,32 +510,26 @@ async fn run_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
 /// the choice and the confirmation asked on the terminal; no model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_call_asks_for_the_choice_and_the_confirmation_on_the_terminal() {
-    use tokio::io::AsyncWriteExt;
     let b = booking(two_slots(), |t| t).await;
-    let mut child = tokio::process::Command::new(bin())
-        .args(["tool-call", "--agent-file"])
-        .arg(&b.agent)
-        .args(["--set", &format!("booking_store={}", b.store.display())])
-        .args(["--tool", "bash_book"])
-        .args([
-            "--args",
-            &json!({"date": DAY, "service": "Haircut"}).to_string(),
-        ])
-        .env("BINDERY_PARAM_API_KEY", CANARY)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(b"2\ny\n").await.unwrap();
-    drop(input);
-    let out = child.wait_with_output().await.unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stderr}");
+    let agent = b.agent.display().to_string();
+    let store = format!("booking_store={}", b.store.display());
+    let call = json!({"date": DAY, "service": "Haircut"}).to_string();
+    let args = [
+        "tool-call",
+        "--agent-file",
+        &agent,
+        "--set",
+        &store,
+        "--tool",
+        "bash_book",
+        "--args",
+        &call,
+    ];
+    let out = tokio::task::block_in_place(|| {
+        on_a_terminal(&args, &[("BINDERY_PARAM_API_KEY", CANARY)], false, "2\ny\n")
+    });
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
+    assert_eq!(out.code, 0, "{stderr}");
     assert!(stderr.contains("  1. 10:00\n  2. 11:00\n"), "{stderr}");
     assert!(
         stderr.contains(r#"({"time":"11:00"}). Approve? [y/N]"#),

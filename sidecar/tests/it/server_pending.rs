@@ -467,6 +467,163 @@ async fn run_step_takes_one_turn_and_a_waiting_session_takes_no_message() {
     assert_eq!(r.json["status"], "idle", "{}", r.text);
 }
 
+/// `bindery-sidecar run --prompt …` on a terminal, `typed` typed at it:
+/// stdout, stderr, and whether it succeeded.
+fn run_cli_on_a_terminal(c: &Clerk, prompt: &str, typed: &str) -> (String, String, bool) {
+    let agent = c.agent.display().to_string();
+    let args = [
+        "run",
+        "--agent-file",
+        &agent,
+        "--set",
+        "tenant=acme",
+        "--prompt",
+        prompt,
+    ];
+    let out = clerk_on_a_terminal(&args, typed);
+    (out.stdout, out.stderr, out.code == 0)
+}
+
+/// The binary on a terminal, the clerk's secret in its environment.
+fn clerk_on_a_terminal(args: &[&str], typed: &str) -> OnATerminal {
+    tokio::task::block_in_place(|| {
+        on_a_terminal(
+            args,
+            &[("BINDERY_PARAM_BILLING_TOKEN", CANARY)],
+            false,
+            typed,
+        )
+    })
+}
+
+/// The binary given `args`, `stdin` piped in, the clerk's secret in its
+/// environment: stdout, stderr, and whether it succeeded.
+async fn piped(args: &[&str], stdin: &str) -> (String, String, bool) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(bin())
+        .args(args)
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+/// `as-tool run` is another runtime's bash tool: its stdin is that
+/// runtime's data, so a `y` piped in approves nothing and the call that
+/// needs a person is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_tool_run_takes_no_approval_from_piped_stdin() {
+    let c = clerk("").await;
+    let agent = c.agent.display().to_string();
+    let (stdout, stderr, _) = piped(
+        &[
+            "as-tool",
+            "--agent-file",
+            &agent,
+            "run",
+            "--prompt",
+            "delete invoice 7",
+            "--tenant",
+            "acme",
+        ],
+        "y\n",
+    )
+    .await;
+    assert!(
+        stderr.contains("stdin is not a terminal: refused"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("deleted INV-7"), "{stdout}");
+    assert_eq!(c.runs(), 0);
+}
+
+/// `replay-tool-call --agent-file` runs a recorded call, whose arguments
+/// anyone may have written, only with a person's approval when the agent
+/// says it needs one: asked on a terminal, refused with stdin piped (a
+/// `y` there too), given by `--yes`; as agents-exe's argv form too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_call_that_needs_approval_is_asked() {
+    let c = clerk("").await;
+    let agent = c.agent.display().to_string();
+    let session = c.dir.path().join("recorded.json");
+    std::fs::write(
+        &session,
+        serde_json::to_string(&json!({"session": {"turns": [
+            {"role": "user", "content": "tidy up"},
+            {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "bash_delete-invoice", "arguments": "{\"id\":\"INV-9\"}"}}]}
+        ]}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let session = session.display().to_string();
+    let replay = [
+        "replay-tool-call",
+        "-s",
+        &session,
+        "-i",
+        "0",
+        "--agent-file",
+        &agent,
+        "--set",
+        "tenant=acme",
+    ];
+    for stdin in ["", "y\n"] {
+        let (stdout, stderr, ok) = piped(&replay, stdin).await;
+        assert!(!ok, "{stdout}");
+        assert!(
+            stderr.contains("stdin is not a terminal: refused"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("needs a person's approval"), "{stderr}");
+    }
+    let argv_form = [
+        "--agent-file",
+        &agent,
+        "replay-tool-call",
+        "-s",
+        &session,
+        "-i",
+        "0",
+        "--set",
+        "tenant=acme",
+    ];
+    let (_, stderr, ok) = piped(&argv_form, "y\n").await;
+    assert!(
+        !ok && stderr.contains("stdin is not a terminal"),
+        "{stderr}"
+    );
+    assert_eq!(c.runs(), 0);
+
+    let out = clerk_on_a_terminal(&replay, "n\n");
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("Approve? [y/N]"), "{}", out.stderr);
+    assert_eq!(c.runs(), 0);
+    let out = clerk_on_a_terminal(&replay, "y\n");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("deleted INV-9"), "{}", out.stdout);
+    assert_eq!(c.runs(), 1);
+
+    let mut yes = replay.to_vec();
+    yes.push("--yes");
+    let (stdout, stderr, ok) = piped(&yes, "").await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("deleted INV-9"), "{stdout}");
+    assert!(stderr.contains("approved (--yes)"), "{stderr}");
+    assert_eq!(c.runs(), 2);
+}
+
 /// `bindery-sidecar run --prompt …` with `stdin` on its terminal; stdout,
 /// stderr, and whether it succeeded.
 async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (String, String, bool) {
@@ -499,7 +656,7 @@ async fn run_cli(c: &Clerk, prompt: &str, extra: &[&str], stdin: &str) -> (Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_asks_on_the_terminal() {
     let c = clerk("").await;
-    let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "n\n").await;
+    let (stdout, stderr, ok) = run_cli_on_a_terminal(&c, "delete invoice 7", "n\n");
     assert!(ok, "{stderr}");
     assert!(
         stderr.contains(r#"bash_delete-invoice wants to run with {"id":"INV-7"}. Approve? [y/N]"#),
@@ -508,7 +665,17 @@ async fn run_asks_on_the_terminal() {
     assert!(stdout.contains("did not approve"), "{stdout}");
     assert_eq!(c.runs(), 0);
 
+    // A `y` piped in is data, not a person: refused.
     let (stdout, stderr, ok) = run_cli(&c, "delete invoice 7", &[], "y\n").await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("stdin is not a terminal: refused"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("deleted INV-7"), "{stdout}");
+    assert_eq!(c.runs(), 0);
+
+    let (stdout, stderr, ok) = run_cli_on_a_terminal(&c, "delete invoice 7", "y\n");
     assert!(ok, "{stderr}");
     assert!(stdout.contains("deleted INV-7"), "{stdout}");
     assert!(stdout.contains(&sha256(CANARY)), "{stdout}");

@@ -23,6 +23,21 @@ async fn session_with_stdin(
     stdin: &str,
 ) -> Out {
     use std::io::Write;
+    if !stdin.is_empty() {
+        // What is typed is a person's answer: on a terminal, as only a
+        // terminal's are taken.
+        let token_file = token_file.display().to_string();
+        let all: Vec<&str> = ["session", "--server", url, "--token-file", &token_file]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let t = tokio::task::block_in_place(|| on_a_terminal(&all, &[], true, stdin));
+        return Out {
+            code: t.code,
+            stdout: t.stdout,
+            stderr: t.stderr,
+        };
+    }
     let mut cmd = std::process::Command::new(bin());
     cmd.args(["session", "--server", url, "--token-file"])
         .arg(token_file)

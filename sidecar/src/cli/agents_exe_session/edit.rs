@@ -3,7 +3,8 @@
 //! first, so `--take N` keeps the N newest turns and `--take-tail N` the N
 //! oldest (agents-exe's `take`/`takeLast` on the stored list). The
 //! session is edited as JSON: every field an operation does not change
-//! (unknown ones included) is written back as it came.
+//! (unknown ones included) is kept with its value (re-serialised: keys
+//! sorted, numbers past 64 bits as doubles; docs/agents.md says exactly).
 
 use serde_json::Value;
 

@@ -269,16 +269,103 @@ fn sql(e: rusqlite::Error) -> String {
     format!("error: search index: {e}")
 }
 
-fn open(db: &Path) -> Result<Connection, String> {
-    if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+/// Bindery's mark on its index (`PRAGMA application_id`, "BdIx"), so a
+/// write or a clean never touches a file that is not one.
+const APPLICATION_ID: i32 = 0x4264_4978;
+
+/// What `--db-path` names, as far as writing an index goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Existing {
+    Absent,
+    Index,
+}
+
+/// The tables of agents-exe's index (FTS5 adds `search_content_*`): a
+/// file with these and nothing else is an index agents-exe built.
+fn is_index_table(name: &str) -> bool {
+    matches!(
+        name,
+        "session_index" | "tool_index" | "index_metadata" | "search_content"
+    ) || name.starts_with("search_content_")
+}
+
+fn refuse(db: &Path, why: &str) -> String {
+    format!(
+        "error: --db-path {}: {why}; it is not a session search index, so nothing was changed (name a new file, or the index's own file, with --db-path)",
+        db.display()
+    )
+}
+
+/// Whether `db` is absent or an index (Bindery's, or agents-exe's); any
+/// other file — a symbolic link, a directory, text, another program's
+/// database — is refused untouched.
+fn existing(db: &Path) -> Result<Existing, String> {
+    let meta = match std::fs::symlink_metadata(db) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Absent),
+        Err(e) => return Err(format!("error: cannot read {}: {e}", db.display())),
+        Ok(m) => m,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(refuse(
+            db,
+            "is a symbolic link (an index is not written through one)",
+        ));
     }
-    let conn = Connection::open(db)
+    if meta.is_dir() {
+        return Err(refuse(db, "is a directory"));
+    }
+    if !meta.is_file() {
+        return Err(refuse(db, "is not a regular file"));
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+        | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let not_sqlite = |_| refuse(db, "is not an SQLite database");
+    let conn = Connection::open_with_flags(db, flags).map_err(not_sqlite)?;
+    let id: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(not_sqlite)?;
+    if id == APPLICATION_ID {
+        return Ok(Existing::Index);
+    }
+    let mut st = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .map_err(not_sqlite)?;
+    let tables: Vec<String> = st
+        .query_map([], |r| r.get(0))
+        .and_then(|rows| rows.collect())
+        .map_err(not_sqlite)?;
+    let agents_exes = id == 0
+        && tables.iter().any(|t| t == "session_index")
+        && tables.iter().all(|t| is_index_table(t));
+    if agents_exes {
+        Ok(Existing::Index)
+    } else {
+        Err(refuse(db, "is another SQLite database"))
+    }
+}
+
+/// The index, created if absent; refused if `db` is anything else.
+fn open(db: &Path) -> Result<Connection, String> {
+    let was = existing(db)?;
+    if was == Existing::Absent {
+        if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+        }
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+        | rusqlite::OpenFlags::SQLITE_OPEN_CREATE
+        | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(db, flags)
         .map_err(|e| format!("error: cannot open the search index {}: {e}", db.display()))?;
-    conn.execute_batch(SCHEMA).map_err(|e| {
+    conn.execute_batch(&format!(
+        "PRAGMA application_id = {APPLICATION_ID};{SCHEMA}"
+    ))
+    .map_err(|e| {
         format!(
-            "error: {} is not a session search index (or cannot be written): {e}; remove it with `session-index --clean`",
+            "error: cannot write the search index {}: {e}; remove it with `session-index --clean`",
             db.display()
         )
     })?;
@@ -417,7 +504,7 @@ pub enum Status {
 }
 
 pub fn status(cfg: &IndexConfig) -> Result<Status, String> {
-    if !cfg.db.is_file() {
+    if existing(&cfg.db)? == Existing::Absent {
         return Ok(Status::Missing);
     }
     let conn = open(&cfg.db)?;
@@ -437,11 +524,15 @@ pub fn status(cfg: &IndexConfig) -> Result<Status, String> {
     })
 }
 
-/// The index file removed (and SQLite's journal files beside it).
+/// The index file removed (and SQLite's journal files beside it); a file
+/// that is not an index is refused, and an absent one is nothing to do.
 pub fn clean(cfg: &IndexConfig) -> Result<(), String> {
+    if existing(&cfg.db)? == Existing::Absent {
+        return Ok(());
+    }
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let p = PathBuf::from(format!("{}{suffix}", cfg.db.display()));
-        if p.is_file() {
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
             std::fs::remove_file(&p)
                 .map_err(|e| format!("error: cannot remove {}: {e}", p.display()))?;
         }
@@ -773,6 +864,56 @@ mod tests {
         assert_eq!(session_dirs(&sub, h).unwrap(), [sub.join("x")]);
         std::fs::write(&cfg, r#"{"sessions": {"readLocation": "x"}}"#).unwrap();
         assert!(session_dirs(&sub, h).unwrap_err().contains("writeLocation"));
+    }
+
+    #[test]
+    fn only_an_index_is_written_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = |db: PathBuf| IndexConfig {
+            db,
+            dirs: vec![],
+            tool_outputs: false,
+        };
+        let text = dir.path().join("notes.txt");
+        std::fs::write(&text, "precious").unwrap();
+        let other = dir.path().join("other.db");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE session_index (x); CREATE TABLE mine (y);")
+            .unwrap();
+        let other_bytes = std::fs::read(&other).unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(dir.path().join("new.db"), &link).unwrap();
+        for db in [&text, &other, &link, &dir.path().to_path_buf()] {
+            let c = cfg(db.clone());
+            for r in [
+                build(&c).map(drop),
+                update(&c).map(drop),
+                clean(&c),
+                status(&c).map(drop),
+            ] {
+                let e = r.unwrap_err();
+                assert!(
+                    e.contains(&db.display().to_string()) && e.contains("nothing was changed"),
+                    "{e}"
+                );
+            }
+        }
+        assert_eq!(std::fs::read_to_string(&text).unwrap(), "precious");
+        assert_eq!(std::fs::read(&other).unwrap(), other_bytes);
+        assert!(!dir.path().join("new.db").exists());
+        // Its own index, and one agents-exe built (no mark), are indexes.
+        let ours = cfg(dir.path().join("i.db"));
+        build(&ours).unwrap();
+        assert_eq!(existing(&ours.db).unwrap(), Existing::Index);
+        let theirs = dir.path().join("theirs.db");
+        Connection::open(&theirs)
+            .unwrap()
+            .execute_batch(SCHEMA)
+            .unwrap();
+        assert_eq!(existing(&theirs).unwrap(), Existing::Index);
+        clean(&ours).unwrap();
+        assert!(!ours.db.exists());
     }
 
     #[test]

@@ -10,6 +10,12 @@ use super::edit;
 use super::index::{self, IndexConfig, SearchOptions, Status};
 use super::print::{self, PrintOptions};
 
+/// Human output, which quotes a session file's text: made safe for a
+/// terminal (JSON output is escaped JSON already).
+fn shown(text: &str) -> Result<ExitCode, String> {
+    out(&crate::cli::terminal_text::for_terminal(text))
+}
+
 fn out(text: &str) -> Result<ExitCode, String> {
     let mut stdout = std::io::stdout().lock();
     stdout
@@ -23,7 +29,11 @@ pub fn list_tool_calls(path: &Path, format: ListFormat) -> Result<ExitCode, Stri
     let what = format!("session file {}", path.display());
     let doc = super::read_file(path)?;
     let (_, found) = calls::of_doc(&doc, &what)?;
-    out(&calls::render(&found, format, &path.display().to_string()))
+    let text = calls::render(&found, format, &path.display().to_string());
+    match format {
+        ListFormat::Json => out(&text),
+        ListFormat::Human | ListFormat::Brief => shown(&text),
+    }
 }
 
 pub fn session_print(
@@ -33,8 +43,8 @@ pub fn session_print(
 ) -> Result<ExitCode, String> {
     let session = super::read_agents_exe(path)?;
     match as_prompt {
-        Some(size) => out(&print::render_for_prompt(size, &session)),
-        None => out(&print::render(&session, opts)),
+        Some(size) => shown(&print::render_for_prompt(size, &session)),
+        None => shown(&print::render(&session, opts)),
     }
 }
 
@@ -97,12 +107,12 @@ pub fn session_index(
         IndexOp::Build => {
             out("Building search index...\n")?;
             let done = index::build(&cfg)?;
-            out(&format!("{}Index built successfully.\n", report(&done)))
+            shown(&format!("{}Index built successfully.\n", report(&done)))
         }
         IndexOp::Update => {
             out("Updating search index...\n")?;
             let done = index::update(&cfg)?;
-            out(&format!("{}Index updated successfully.\n", report(&done)))
+            shown(&format!("{}Index updated successfully.\n", report(&done)))
         }
         IndexOp::Status => out(&match index::status(&cfg)? {
             Status::Current => "Index status: Current (up to date)\n".to_string(),
@@ -170,6 +180,6 @@ pub fn session_search(mut s: Search) -> Result<ExitCode, String> {
     if s.json {
         out(&(print::pretty(&index::to_json(&found)) + "\n"))
     } else {
-        out(&index::to_text(&found))
+        shown(&index::to_text(&found))
     }
 }

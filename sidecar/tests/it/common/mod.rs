@@ -449,3 +449,59 @@ pub async fn served(api: &Api, route: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// What the binary printed, run on a terminal.
+pub struct OnATerminal {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// The binary given `args` with a terminal as its stdin (util-linux
+/// `script`'s pseudo-terminal), `typed` typed at it, `env` added to the
+/// environment (after clearing it but for PATH, with `clear_env`); its
+/// stdout and stderr are kept apart (in files), as a person's terminal
+/// would show them. A person's answers (an approval, a choice) are
+/// taken only from a terminal, never from piped stdin.
+pub fn on_a_terminal(
+    args: &[&str],
+    env: &[(&str, &str)],
+    clear_env: bool,
+    typed: &str,
+) -> OnATerminal {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let line = format!(
+        "{} {} >{} 2>{}",
+        quote(bin()),
+        args.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
+        quote(&out.display().to_string()),
+        quote(&err.display().to_string()),
+    );
+    let mut cmd = std::process::Command::new("script");
+    if clear_env {
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+    }
+    let mut child = cmd
+        .args(["-qec", &line, "/dev/null"])
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let _ = input.write_all(typed.as_bytes());
+    drop(input);
+    let status = child.wait().unwrap();
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    OnATerminal {
+        code: status.code().unwrap_or(-1),
+        stdout: read(&out),
+        stderr: read(&err),
+    }
+}
