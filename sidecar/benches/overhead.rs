@@ -833,16 +833,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
     let agent = tree.pick(None).expect("one agent");
     let tool = agent.tool(TOOL).expect("the query-invoices tool");
     let values = agent.process_values();
-    let ctx = CallContext {
-        session_id: "bench".into(),
-        conversation_id: "bench".into(),
-        turn_id: "bench".into(),
-        step_id: "bench".into(),
-        agent_id: agent.name.clone(),
-        session_json: None,
-        scrubber: Default::default(),
-        lineage: None,
-    };
+    let ctx = CallContext::one_off("bench", "bench", &agent.name);
     let bound_call = || async {
         let t = Instant::now();
         let out = tool

@@ -66,16 +66,7 @@ pub(super) async fn outcome(
 ) -> Result<Result<String, ToolError>, String> {
     let tool = bound.name();
     let id = format!("cli-{}", std::process::id());
-    let ctx = CallContext {
-        session_id: session_id.unwrap_or(&id).to_string(),
-        conversation_id: id.clone(),
-        step_id: id.clone(),
-        turn_id: id,
-        agent_id: agent.name.clone(),
-        session_json: None,
-        scrubber: Default::default(),
-        lineage: None,
-    };
+    let ctx = CallContext::one_off(session_id.unwrap_or(&id), &id, &agent.name);
     // The same span as a call in a run, so that a trace of a
     // `tool-call` looks like one step of a session.
     let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);

@@ -227,16 +227,8 @@ pub async fn replay(
         .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
         .collect();
     let id = format!("replay-{}", std::process::id());
-    let ctx = CallContext {
-        session_id: session_id(&doc).unwrap_or(&id).to_string(),
-        conversation_id: id.clone(),
-        step_id: id.clone(),
-        turn_id: id,
-        agent_id: doc["agent"].as_str().unwrap_or_default().to_string(),
-        session_json: None,
-        scrubber: Default::default(),
-        lineage: None,
-    };
+    let agent = doc["agent"].as_str().unwrap_or_default();
+    let ctx = CallContext::one_off(session_id(&doc).unwrap_or(&id), &id, agent);
     if !raw {
         println!("\nExecuting tool...\n");
     }

@@ -657,14 +657,8 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "CANARY-output"},
             {"role": "assistant", "content": "done"}]});
         let ctx = CallContext {
-            session_id: "s1".into(),
-            conversation_id: "c".into(),
-            turn_id: "t".into(),
-            step_id: "t".into(),
-            agent_id: "a".into(),
             session_json: Some(session.to_string().into()),
-            scrubber: Default::default(),
-            lineage: None,
+            ..CallContext::one_off("s1", "t", "a")
         };
         let shown = session_report("read-session", own_session(&ctx).unwrap(), true).unwrap();
         assert!(shown.to_string().contains("CANARY-output"));

@@ -172,6 +172,27 @@ pub struct CallContext {
 }
 
 impl CallContext {
+    /// A call in session `id` (its conversation too) by agent `agent`,
+    /// with nothing else known yet.
+    pub fn of_session(id: &str, agent: &str) -> CallContext {
+        CallContext {
+            session_id: id.to_string(),
+            conversation_id: id.to_string(),
+            agent_id: agent.to_string(),
+            ..CallContext::default()
+        }
+    }
+
+    /// A call outside any run (the command line's `tool-call`, a replay):
+    /// `id` names the call, its turn and its conversation.
+    pub fn one_off(session: &str, id: &str, agent: &str) -> CallContext {
+        CallContext {
+            turn_id: id.to_string(),
+            step_id: id.to_string(),
+            conversation_id: id.to_string(),
+            ..CallContext::of_session(session, agent)
+        }
+    }
     /// The context with nothing of the session: what a tool shared across
     /// sessions is given. Its output is scrubbed all the same.
     pub fn without_session(&self) -> CallContext {

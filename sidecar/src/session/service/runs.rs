@@ -316,14 +316,8 @@ impl Runs {
             client,
             values: &values,
             call: CallContext {
-                session_id: id.to_string(),
-                conversation_id: id.to_string(),
-                turn_id: String::new(),
-                step_id: String::new(),
-                agent_id: agent.name.clone(),
-                session_json: None,
-                scrubber: Default::default(),
                 lineage: Some(Arc::new(StoreLineage::new(self.store.clone(), id))),
+                ..CallContext::of_session(id, &agent.name)
             },
             cache: self.cache.as_ref(),
             lookups: Some(&self.lookups),
