@@ -277,8 +277,9 @@ fn check_conditions(
 /// The capabilities a builtin toolbox may offer (`env-vars` only with
 /// its list of names, see [`env_var_refusal`]; `read-session` and
 /// `get-session-stats` report the calling session only; `list-sessions`
-/// and `search-sessions` reach its fork lineage only).
-pub const BUILTIN_CAPABILITIES: [&str; 12] = [
+/// and `search-sessions` reach its fork lineage only; `attach-file` reads
+/// only what `fileSandbox` allows).
+pub const BUILTIN_CAPABILITIES: [&str; 13] = [
     "date",
     "hostname",
     "operating-system",
@@ -291,6 +292,7 @@ pub const BUILTIN_CAPABILITIES: [&str; 12] = [
     "get-session-stats",
     "list-sessions",
     "search-sessions",
+    "attach-file",
 ];
 
 /// The most sessions one `list-sessions` or `search-sessions` answer
@@ -471,6 +473,25 @@ pub fn env_var_refusal(name: &str, sources: &BTreeSet<String>) -> Option<String>
     })
 }
 
+/// `attach-file` reads only what `fileSandbox` allows: without one (or
+/// with one that denies everything) it loads, as in agents-exe, but no file
+/// can be attached.
+fn check_sandbox(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    let attaches = b.capabilities.iter().any(|c| c == "attach-file");
+    match &b.file_sandbox {
+        Some(_) if !attaches => diags.push(Diagnostic::warning(format!(
+            "{place}: `fileSandbox` is given but capability `attach-file` is not listed; it has no effect"
+        ))),
+        None if attaches => diags.push(Diagnostic::warning(format!(
+            "{place}: capability `attach-file` without `fileSandbox` (agents-exe's `FileSandbox`) denies every file; give one, e.g. {{\"predicate\": {{\"directoryRecursive\": \"./shared\"}}}}"
+        ))),
+        Some(s) if attaches && s.predicate.denies_all() => diags.push(Diagnostic::warning(format!(
+            "{place}: `fileSandbox` denies every file: `attach-file` can attach none"
+        ))),
+        _ => {}
+    }
+}
+
 fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
     if !valid_mcp_name(&b.name) {
         diags.push(Diagnostic::error(format!(
@@ -487,16 +508,13 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
         if BUILTIN_CAPABILITIES.contains(&c.as_str()) {
             continue;
         }
-        let why = match c.as_str() {
-            "attach-file" => "it would hand the model files of the server's own file system, which every tenant shares; to give the model a file's content, use a bash tool that reads that one file".to_string(),
-            _ => "no such capability".to_string(),
-        };
         diags.push(Diagnostic::error(format!(
-            "{place}: capability `{c}`: {why}; the capabilities are {}",
+            "{place}: capability `{c}`: no such capability; the capabilities are {}",
             BUILTIN_CAPABILITIES.join(", ")
         )));
     }
     check_session_reach(b, place, diags);
+    check_sandbox(b, place, diags);
     let env = b.capabilities.iter().any(|c| c == "env-vars");
     if env && b.env_vars.is_empty() {
         diags.push(Diagnostic::error(format!(

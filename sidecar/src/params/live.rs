@@ -12,7 +12,8 @@
 //! scrubber of every live value again, and a record only takes a reference
 //! to the current one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
@@ -105,6 +106,29 @@ pub fn register_own(secrets: Vec<(String, SecretString)>) -> Option<Registration
         .unwrap_or_else(|p| p.into_inner())
         .extend(secrets.iter().cloned());
     register(secrets)
+}
+
+/// The files credentials were read from (`--api-keys`, a value's
+/// `{file}`), canonical: `attach-file` never reads one, whatever its
+/// sandbox allows. Only ever grows, and only by files the server reads.
+static CREDENTIAL_FILES: RwLock<BTreeSet<PathBuf>> = RwLock::new(BTreeSet::new());
+
+/// Note that a credential was read from `path`.
+pub fn credential_file(path: &Path) {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        CREDENTIAL_FILES
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p);
+    }
+}
+
+/// Whether `canonical` is a file a credential was read from.
+pub fn is_credential_file(canonical: &Path) -> bool {
+    CREDENTIAL_FILES
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(canonical)
 }
 
 /// The server's own credentials registered so far.
