@@ -118,13 +118,6 @@ const REFUSED: &[(&str, &[&str])] = &[
         "env-vars-pattern.json",
         &["`APP_*` is not a variable name: list exact names"],
     ),
-    (
-        "attach-file.json",
-        &[
-            "capability `attach-file`: it would hand the model files of the server's own file system",
-            "use a bash tool that reads that one file",
-        ],
-    ),
 ];
 
 #[test]
@@ -164,6 +157,32 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
     );
     assert!(ok, "{out}");
     assert!(out.contains("sqlite_memory_query"), "{out}");
+    // `attach-file` with agents-exe's `FileSandbox` loads; without one it
+    // loads too (agents-exe's deny-all default), and `check` says so.
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "attach-file-sandbox.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("system_files_system_info(capability, filepath?)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("ignored field") && !out.contains("warning"),
+        "{out}"
+    );
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "attach-file.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("capability `attach-file` without `fileSandbox` (agents-exe's `FileSandbox`) denies every file"),
+        "{out}"
+    );
     let mut seen = 0;
     for (file, words) in REFUSED {
         let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", file], &[]);
@@ -173,9 +192,9 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
         }
         seen += 1;
     }
-    // Every refused file of the corpus is in the table; three load.
+    // Every refused file of the corpus is in the table; five load.
     let files = std::fs::read_dir(corpus()).unwrap().count();
-    assert_eq!(seen + 3, files);
+    assert_eq!(seen + 5, files);
 }
 
 /// A binding on a builtin tool works as on any other: `io_env` has its
@@ -766,4 +785,55 @@ spec:
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("no session store here"), "{text}");
     mock.shutdown().await;
+}
+
+/// `attach-file` through the binary, on agents-exe's file whose
+/// `FileSandbox` allows `./shared`: a picture there comes back as media;
+/// one outside, a symlink inside leading outside, `..` out of it and a
+/// dot-file are refused; the file without a sandbox attaches nothing.
+#[test]
+fn attach_file_reads_only_what_the_sandbox_allows_where_the_file_really_is() {
+    let dir = corpus_copy();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("shared/pics")).unwrap();
+    std::fs::create_dir(d.join("private")).unwrap();
+    std::fs::write(d.join("shared/pics/cat.png"), b"\x89PNG\r\n\x1a\ncat").unwrap();
+    std::fs::write(d.join("shared/.hidden.png"), b"\x89PNG").unwrap();
+    std::fs::write(d.join("private/dog.png"), b"\x89PNG\r\n\x1a\ndog").unwrap();
+    std::os::unix::fs::symlink(d.join("private/dog.png"), d.join("shared/dog.png")).unwrap();
+    let call = |file: &str, path: &str| {
+        sidecar(
+            d,
+            &[
+                "tool-call",
+                "--agent-file",
+                file,
+                "--tool",
+                "system_files_system_info",
+                "--args",
+                &json!({"capability": "attach-file", "filepath": path}).to_string(),
+            ],
+            &[],
+        )
+    };
+    let (ok, out) = call("attach-file-sandbox.json", "shared/pics/cat.png");
+    assert!(ok, "{out}");
+    assert!(out.contains("[image/png, 11 bytes]"), "{out}");
+    for path in [
+        "private/dog.png",
+        "shared/dog.png",
+        "shared/pics/../../private/dog.png",
+        "shared/.hidden.png",
+    ] {
+        let (ok, out) = call("attach-file-sandbox.json", path);
+        assert!(!ok, "{path}: {out}");
+        assert!(
+            out.contains("is not allowed by this toolbox's file sandbox"),
+            "{path}: {out}"
+        );
+    }
+    let (ok, out) = call("attach-file-sandbox.json", "shared/pics");
+    assert!(!ok && out.contains("is not a regular file"), "{out}");
+    let (ok, out) = call("attach-file.json", "shared/pics/cat.png");
+    assert!(!ok && out.contains("has no file sandbox"), "{out}");
 }
