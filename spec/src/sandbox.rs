@@ -13,10 +13,21 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileSandbox {
     /// The rule a file's canonical path must pass.
+    #[schemars(schema_with = "predicate_schema")]
     pub predicate: PathPredicate,
     /// The largest file, in bytes (never more than the media limit, 4 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_file_size: Option<u64>,
+}
+
+/// The schema the `Agent` resource shows for `predicate`: a recursive type
+/// has no structural schema, so the API server keeps it as written and
+/// `check` (and the operator) read it.
+fn predicate_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Which files may be read, judged on the canonical path: `{fileExactly: …}`, `{directoryExactly: …}`, `{directoryRecursive: …}`, `{directoryShallow: …}`, `{childOf: …}`, `{filePattern: \"*.png\"}`, `{fileExtension: [png, pdf]}`, `{fileSizeLessThan: n}`, `alwaysAllow`, `alwaysDeny`, combined with `{and: [a, b]}`, `{or: [a, b]}`, `{not: …}`, `{any: [...]}`, `{all: [...]}`. Relative paths are taken from the working directory.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
 }
 
 /// A rule on a file's canonical path. Relative paths in it are taken from
