@@ -922,6 +922,11 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
                         "{place}: capability `env-vars` would show the server's environment to an agent an API client defined; remove it"
                     ));
                 }
+                if b.capabilities.iter().any(|c| c == "attach-file") {
+                    out.push(format!(
+                        "{place}: capability `attach-file` would read the server's files for an agent an API client defined; remove it (and `fileSandbox`)"
+                    ));
+                }
             }
             Toolbox::Deferred(_) => {}
         }
