@@ -938,6 +938,41 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// `attach-file` loads with or without a sandbox; `check` warns when
+    /// no file can be attached, or the sandbox has no capability to serve.
+    #[test]
+    fn attach_file_is_warned_when_it_can_attach_nothing() {
+        let said = |toolbox: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m}}\n  toolboxes:\n  - builtin: {toolbox}\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| format!("{:?}: {}", d.level, d.message))
+                .collect()
+        };
+        let ok = said("{name: f, capabilities: [attach-file], fileSandbox: {predicate: {directoryRecursive: ./shared}, maxFileSize: 10}}");
+        assert_eq!(ok, Vec::<String>::new());
+        for (toolbox, words) in [
+            ("{name: f, capabilities: [attach-file]}", "without `fileSandbox`"),
+            (
+                "{name: f, capabilities: [attach-file], fileSandbox: {predicate: {any: [alwaysDeny]}}}",
+                "denies every file",
+            ),
+            (
+                "{name: f, capabilities: [date], fileSandbox: {predicate: alwaysAllow}}",
+                "capability `attach-file` is not listed",
+            ),
+        ] {
+            let said = said(toolbox);
+            assert!(
+                said.len() == 1 && said[0].starts_with("Warning") && said[0].contains(words),
+                "{toolbox}: {said:?}"
+            );
+        }
+    }
+
     #[test]
     fn an_http_url_is_one_whatever_its_schemes_case() {
         for url in ["http://a", "HTTPS://a/b", "Http://a"] {
