@@ -108,24 +108,33 @@ pub fn register_own(secrets: Vec<(String, SecretString)>) -> Option<Registration
     register(secrets)
 }
 
-/// The files credentials were read from (`--api-keys`, a value's
-/// `{file}`), canonical: `attach-file` never reads one, whatever its
-/// sandbox allows. Only ever grows, and only by files the server reads.
-static CREDENTIAL_FILES: RwLock<BTreeSet<PathBuf>> = RwLock::new(BTreeSet::new());
+/// The server's private files, canonical: those it read credentials from
+/// (`--api-keys`, a value's `{file}`, its token files) and its SQLite
+/// store. `attach-file` never reads one, whatever its sandbox allows.
+/// Only ever grows, and only by files the server itself names.
+static PRIVATE_FILES: RwLock<BTreeSet<PathBuf>> = RwLock::new(BTreeSet::new());
 
-/// Note that a credential was read from `path`.
-pub fn credential_file(path: &Path) {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        CREDENTIAL_FILES
+/// Note `path` as one of the server's private files (one not there yet is
+/// named by its canonical directory).
+pub fn private_file(path: &Path) {
+    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+    });
+    if let Some(p) = canonical {
+        PRIVATE_FILES
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(p);
     }
 }
 
-/// Whether `canonical` is a file a credential was read from.
-pub fn is_credential_file(canonical: &Path) -> bool {
-    CREDENTIAL_FILES
+/// Whether `canonical` is one of the server's private files.
+pub fn is_private_file(canonical: &Path) -> bool {
+    PRIVATE_FILES
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .contains(canonical)

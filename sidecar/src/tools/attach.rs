@@ -2,8 +2,8 @@
 //! system toolbox capability). The path is taken from the working
 //! directory, then canonicalized: the sandbox judges where the file really
 //! is, so neither `..` nor a symlink leads out of it. Whatever the sandbox
-//! says, `/proc` and `/sys` and the files the server read credentials from
-//! are never read. The result is bounded by the media limit and, like every
+//! says, `/proc` and `/sys` and the server's private files (those it read
+//! credentials from, its SQLite store) are never read. The result is bounded by the media limit and, like every
 //! medium, withheld whole when it holds a live secret.
 
 use std::io::Read;
@@ -59,7 +59,7 @@ pub fn attach(sandbox: Option<&FileSandbox>, filepath: &str, cwd: &Path) -> Resu
         std::fs::canonicalize(&given).map_err(|e| format!("cannot attach `{filepath}`: {e}"))?;
     let denied = || format!("`{filepath}` is not allowed by this toolbox's file sandbox");
     if NEVER.iter().any(|n| canonical.starts_with(n))
-        || crate::params::live::is_credential_file(&canonical)
+        || crate::params::live::is_private_file(&canonical)
     {
         return Err(denied());
     }
@@ -187,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn proc_and_credential_files_are_never_read() {
+    fn proc_and_private_files_are_never_read() {
         let all = sandbox(json!({"predicate": "alwaysAllow"}));
         let e = attach(Some(&all), "/proc/self/environ", Path::new("/")).unwrap_err();
         assert!(e.contains("not allowed"), "{e}");
@@ -195,7 +195,7 @@ mod tests {
         let key = d.path().join("pics/key.txt");
         std::fs::write(&key, "sk-CANARY").unwrap();
         assert!(attach(Some(&all), "pics/key.txt", d.path()).is_ok());
-        crate::params::live::credential_file(&key);
+        crate::params::live::private_file(&key);
         let e = attach(Some(&all), "pics/../pics/key.txt", d.path()).unwrap_err();
         assert!(e.contains("not allowed"), "{e}");
     }

@@ -837,3 +837,82 @@ fn attach_file_reads_only_what_the_sandbox_allows_where_the_file_really_is() {
     let (ok, out) = call("attach-file.json", "shared/pics/cat.png");
     assert!(!ok && out.contains("has no file sandbox"), "{out}");
 }
+
+/// A server's private files are never attached, whatever the sandbox
+/// allows (here everything): its `--api-keys` file, its approver token
+/// file, its SQLite store, and `/proc`; a file beside them is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_file_never_reads_the_servers_credentials_or_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("tool: {}", last["content"].as_str().unwrap_or("")));
+        }
+        let path = last["content"].as_str().unwrap_or("").trim().to_string();
+        MockReply::tool_call(
+            "io_files",
+            json!({"capability": "attach-file", "filepath": path}),
+        )
+    })
+    .await;
+    let agent = d.join("viewer.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: viewer}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - builtin:\n        name: files\n        capabilities: [attach-file]\n        fileSandbox: {{predicate: alwaysAllow}}\n",
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("keys.json"),
+        r#"{"keys": [{"id": "unused", "value": "key-SEKRIT-61"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(d.join("approver.txt"), "approver-SEKRIT-62").unwrap();
+    std::fs::write(d.join("public.png"), b"\x89PNG\r\n\x1a\n").unwrap();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    let keys = d.join("keys.json").display().to_string();
+    let approver = d.join("approver.txt").display().to_string();
+    let (sidecar, api) = serve(
+        &agent,
+        &sqlite_in(d),
+        &["--api-keys", &keys, "--approver-token-file", &approver],
+        &[],
+        d,
+    );
+    let id = new_session(&api, json!({"agent": "viewer"})).await;
+    let mut said = Vec::new();
+    for path in [
+        keys.clone(),
+        approver.clone(),
+        d.join("store.sqlite").display().to_string(),
+        "/proc/self/environ".to_string(),
+        d.join("public.png").display().to_string(),
+    ] {
+        let reply = message_waited(&api, &id, &path).await;
+        said.push((path, reply.text));
+    }
+    let requests = serde_json::to_string(&mock.requests()).unwrap();
+    drop(sidecar);
+    mock.shutdown().await;
+    let (public, private) = said.split_last().unwrap();
+    for (path, text) in private {
+        assert!(
+            text.contains(&format!(
+                "`{path}` is not allowed by this toolbox's file sandbox"
+            )),
+            "{path}: {text}"
+        );
+    }
+    assert!(
+        public.1.contains("data:image/png;base64,iVBORw0KGgo="),
+        "{}",
+        public.1
+    );
+    for secret in ["key-SEKRIT-61", "approver-SEKRIT-62"] {
+        assert!(!requests.contains(secret), "{secret}");
+    }
+}
