@@ -328,6 +328,9 @@ pub struct SystemToolboxDescription {
     /// agents-exe's `Activation`: an on-demand group's name.
     #[serde(rename = "Activation", default, deserialize_with = "activation")]
     pub toolgroup: Option<String>,
+    /// Which files `attach-file` may read (default: none).
+    #[serde(rename = "FileSandbox", default)]
+    pub file_sandbox: Option<crate::sandbox::AgentsExeSandbox>,
 }
 
 /// `envVarFilter` as the list of names `env-vars` shows: exact names,
@@ -496,6 +499,7 @@ fn builtin_toolbox(
         description: d.description,
         capabilities: d.capabilities,
         env_vars: env_var_names(d.env_var_filter.as_deref()),
+        file_sandbox: d.file_sandbox.map(Into::into),
         bindings: Vec::new(),
         toolgroup: d.toolgroup,
     }))

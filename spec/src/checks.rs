@@ -277,8 +277,9 @@ fn check_conditions(
 /// The capabilities a builtin toolbox may offer (`env-vars` only with
 /// its list of names, see [`env_var_refusal`]; `read-session` and
 /// `get-session-stats` report the calling session only; `list-sessions`
-/// and `search-sessions` reach its fork lineage only).
-pub const BUILTIN_CAPABILITIES: [&str; 12] = [
+/// and `search-sessions` reach its fork lineage only; `attach-file` reads
+/// only what `fileSandbox` allows).
+pub const BUILTIN_CAPABILITIES: [&str; 13] = [
     "date",
     "hostname",
     "operating-system",
@@ -291,6 +292,7 @@ pub const BUILTIN_CAPABILITIES: [&str; 12] = [
     "get-session-stats",
     "list-sessions",
     "search-sessions",
+    "attach-file",
 ];
 
 /// The most sessions one `list-sessions` or `search-sessions` answer
@@ -471,6 +473,25 @@ pub fn env_var_refusal(name: &str, sources: &BTreeSet<String>) -> Option<String>
     })
 }
 
+/// `attach-file` reads only what `fileSandbox` allows: without one (or
+/// with one that denies everything) it loads, as in agents-exe, but no file
+/// can be attached.
+fn check_sandbox(b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
+    let attaches = b.capabilities.iter().any(|c| c == "attach-file");
+    match &b.file_sandbox {
+        Some(_) if !attaches => diags.push(Diagnostic::warning(format!(
+            "{place}: `fileSandbox` is given but capability `attach-file` is not listed; it has no effect"
+        ))),
+        None if attaches => diags.push(Diagnostic::warning(format!(
+            "{place}: capability `attach-file` without `fileSandbox` (agents-exe's `FileSandbox`) denies every file; give one, e.g. {{\"predicate\": {{\"directoryRecursive\": \"./shared\"}}}}"
+        ))),
+        Some(s) if attaches && s.predicate.denies_all() => diags.push(Diagnostic::warning(format!(
+            "{place}: `fileSandbox` denies every file: `attach-file` can attach none"
+        ))),
+        _ => {}
+    }
+}
+
 fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut Vec<Diagnostic>) {
     if !valid_mcp_name(&b.name) {
         diags.push(Diagnostic::error(format!(
@@ -487,16 +508,13 @@ fn check_builtin(spec: &AgentSpec, b: &BuiltinToolbox, place: &str, diags: &mut 
         if BUILTIN_CAPABILITIES.contains(&c.as_str()) {
             continue;
         }
-        let why = match c.as_str() {
-            "attach-file" => "it would hand the model files of the server's own file system, which every tenant shares; to give the model a file's content, use a bash tool that reads that one file".to_string(),
-            _ => "no such capability".to_string(),
-        };
         diags.push(Diagnostic::error(format!(
-            "{place}: capability `{c}`: {why}; the capabilities are {}",
+            "{place}: capability `{c}`: no such capability; the capabilities are {}",
             BUILTIN_CAPABILITIES.join(", ")
         )));
     }
     check_session_reach(b, place, diags);
+    check_sandbox(b, place, diags);
     let env = b.capabilities.iter().any(|c| c == "env-vars");
     if env && b.env_vars.is_empty() {
         diags.push(Diagnostic::error(format!(
@@ -904,6 +922,11 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
                         "{place}: capability `env-vars` would show the server's environment to an agent an API client defined; remove it"
                     ));
                 }
+                if b.capabilities.iter().any(|c| c == "attach-file") {
+                    out.push(format!(
+                        "{place}: capability `attach-file` would read the server's files for an agent an API client defined; remove it (and `fileSandbox`)"
+                    ));
+                }
             }
             Toolbox::Deferred(_) => {}
         }
@@ -914,6 +937,41 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `attach-file` loads with or without a sandbox; `check` warns when
+    /// no file can be attached, or the sandbox has no capability to serve.
+    #[test]
+    fn attach_file_is_warned_when_it_can_attach_nothing() {
+        let said = |toolbox: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m}}\n  toolboxes:\n  - builtin: {toolbox}\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| format!("{:?}: {}", d.level, d.message))
+                .collect()
+        };
+        let ok = said("{name: f, capabilities: [attach-file], fileSandbox: {predicate: {directoryRecursive: ./shared}, maxFileSize: 10}}");
+        assert_eq!(ok, Vec::<String>::new());
+        for (toolbox, words) in [
+            ("{name: f, capabilities: [attach-file]}", "without `fileSandbox`"),
+            (
+                "{name: f, capabilities: [attach-file], fileSandbox: {predicate: {any: [alwaysDeny]}}}",
+                "denies every file",
+            ),
+            (
+                "{name: f, capabilities: [date], fileSandbox: {predicate: alwaysAllow}}",
+                "capability `attach-file` is not listed",
+            ),
+        ] {
+            let said = said(toolbox);
+            assert!(
+                said.len() == 1 && said[0].starts_with("Warning") && said[0].contains(words),
+                "{toolbox}: {said:?}"
+            );
+        }
+    }
 
     #[test]
     fn an_http_url_is_one_whatever_its_schemes_case() {

@@ -21,6 +21,7 @@ pub mod document;
 pub mod filter;
 pub mod flavor;
 pub mod jsonpath;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 
@@ -538,8 +539,9 @@ pub struct BuiltinToolbox {
     pub description: Option<String>,
     /// `date`, `hostname`, `operating-system`, `working-directory`,
     /// `running-user`, `uptime`, `process-info`, `env-vars`, the calling
-    /// session's `read-session` and `get-session-stats`, and
-    /// `list-sessions` and `search-sessions` over its fork lineage.
+    /// session's `read-session` and `get-session-stats`,
+    /// `list-sessions` and `search-sessions` over its fork lineage, and
+    /// `attach-file` (a file `fileSandbox` allows, as media).
     pub capabilities: Vec<String>,
     /// With `env-vars`: the only environment variables it shows, by exact
     /// name (never one that holds a parameter's or credential's value).
@@ -558,6 +560,10 @@ pub struct BuiltinToolbox {
     /// answer holds (default 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_max_results: Option<u32>,
+    /// With `attach-file`: which files it may read (judged on the canonical
+    /// path); absent: none, as in agents-exe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_sandbox: Option<sandbox::FileSandbox>,
     /// Bindings matched against `<name>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,

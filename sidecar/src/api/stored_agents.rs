@@ -34,7 +34,7 @@ pub struct PutAgentReply {
 /// content type) or an agents-exe JSON agent file. Its name must be the
 /// slug. It is checked exactly as a file is, and may use only toolboxes
 /// that run no code on the server (OpenAPI and PostgREST by URL, MCP by
-/// URL, deferred, builtins other than `env-vars`). Only on a server
+/// URL, deferred, builtins other than `env-vars` and `attach-file`). Only on a server
 /// started with `--stored-agents`.
 #[utoipa::path(put, path = "/v1/agents/{slug}", tag = "agents", operation_id = "putAgent", security(("ownerToken" = [])),
     params(("slug" = String, Path, description = "The agent's slug.")),

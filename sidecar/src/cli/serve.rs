@@ -140,6 +140,14 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
+    if let Location::Sqlite(path) = &location {
+        // Every session of the server is in it: no `attach-file` reads it.
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut name = path.clone().into_os_string();
+            name.push(suffix);
+            crate::params::live::private_file(Path::new(&name));
+        }
+    }
     let peer_tls = match a.peer_tls {
         Some((dir, name)) => {
             Some(crate::api::peer_tls::load(dir, name).map_err(|e| format!("error: {e}"))?)
@@ -419,6 +427,7 @@ fn optional_token(
 ) -> Result<Option<OwnerToken>, String> {
     let token = match file {
         Some(f) => {
+            crate::params::live::private_file(f);
             let t = std::fs::read_to_string(f)
                 .map_err(|e| format!("error: {flag} {}: {e}", f.display()))?;
             if t.trim().is_empty() {
@@ -447,6 +456,7 @@ fn owner_token(
         OwnerToken::new(t)
     };
     if let Some(f) = file {
+        crate::params::live::private_file(f);
         let t = std::fs::read_to_string(f)
             .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
         if t.trim().is_empty() {
@@ -474,6 +484,7 @@ fn owner_token(
         }
     };
     let path: PathBuf = store.parent().unwrap_or(Path::new(".")).join("owner-token");
+    crate::params::live::private_file(&path);
     if let Ok(t) = std::fs::read_to_string(&path) {
         if !t.trim().is_empty() {
             tracing::info!(file = %path.display(), "owner token read from file");
@@ -491,6 +502,7 @@ fn owner_token(
     let token = hex::encode(bytes);
     write_private(&path, &token)
         .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
+    crate::params::live::private_file(&path);
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
     Ok(owner(&token, own))
 }

@@ -12,7 +12,8 @@
 //! scrubber of every live value again, and a record only takes a reference
 //! to the current one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
@@ -105,6 +106,38 @@ pub fn register_own(secrets: Vec<(String, SecretString)>) -> Option<Registration
         .unwrap_or_else(|p| p.into_inner())
         .extend(secrets.iter().cloned());
     register(secrets)
+}
+
+/// The server's private files, canonical: those it read credentials from
+/// (`--api-keys`, a value's `{file}`, its token files) and its SQLite
+/// store. `attach-file` never reads one, whatever its sandbox allows.
+/// Only ever grows, and only by files the server itself names.
+static PRIVATE_FILES: RwLock<BTreeSet<PathBuf>> = RwLock::new(BTreeSet::new());
+
+/// Note `path` as one of the server's private files (one not there yet is
+/// named by its canonical directory).
+pub fn private_file(path: &Path) {
+    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+    });
+    if let Some(p) = canonical {
+        PRIVATE_FILES
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p);
+    }
+}
+
+/// Whether `canonical` is one of the server's private files.
+pub fn is_private_file(canonical: &Path) -> bool {
+    PRIVATE_FILES
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(canonical)
 }
 
 /// The server's own credentials registered so far.

@@ -33,6 +33,7 @@ impl ApiKeys {
             value: String,
         }
         let shown = path.display();
+        crate::params::live::private_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the API-keys file {shown}: {e}"))?;
         // serde_json's errors give a position, not the text around it.
@@ -99,6 +100,7 @@ pub fn read_source_as(
         },
         ValueSource::File(p) => {
             let path = base.join(p);
+            crate::params::live::private_file(&path);
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read file {}: {e}", path.display()))?;
             if trim {

@@ -43,6 +43,8 @@ pub struct SystemTool {
     scope: SessionScope,
     /// The most sessions one of their answers holds.
     max_results: usize,
+    /// What `attach-file` may read (none when absent).
+    sandbox: Option<crate::spec::sandbox::FileSandbox>,
 }
 
 impl SystemTool {
@@ -85,6 +87,17 @@ impl SystemTool {
                     transport: Transport::Json,
                 }
             }))
+            .chain(has("attach-file").then(|| {
+                // agents-exe's argument name.
+                let description = "For attach-file: the path of the file to attach (from the working directory)";
+                ArgSpec {
+                    name: "filepath".into(),
+                    description: description.into(),
+                    required: false,
+                    schema: json!({"type": "string", "description": description}),
+                    transport: Transport::Json,
+                }
+            }))
             .chain(tb.capabilities.iter().any(|c| c == "search-sessions").then(|| {
                 // agents-exe's argument, offered only with the capability.
                 let description = "For search-sessions: the words to look for (a session matches when its conversation holds any of them, in any case)";
@@ -109,6 +122,7 @@ impl SystemTool {
                 .clamp(1, crate::spec::checks::SESSION_RESULTS_MAX)
                 as usize,
             capabilities: tb.capabilities.clone(),
+            sandbox: tb.file_sandbox.clone(),
             env_vars: tb
                 .env_vars
                 .iter()
@@ -430,6 +444,25 @@ impl Tool for SystemTool {
                 self.capabilities.join(", ")
             )));
         }
+        if capability == "attach-file" {
+            let Some(Value::String(path)) = args.get("filepath").and_then(|v| v.plain()) else {
+                return Err(ToolError::InvalidArguments(
+                    "attach-file needs `filepath`: the path of the file, as a string".into(),
+                ));
+            };
+            let cwd = std::env::current_dir().map_err(|e| {
+                ToolError::Failed(format!("cannot read the working directory: {e}"))
+            })?;
+            // Reading is blocking file I/O, bounded by the media limit.
+            let (sandbox, path) = (self.sandbox.clone(), path.clone());
+            let media = tokio::task::spawn_blocking(move || {
+                super::attach::attach(sandbox.as_ref(), &path, &cwd)
+            })
+            .await
+            .map_err(|e| ToolError::Failed(format!("attach-file stopped: {e}")))?
+            .map_err(ToolError::Failed)?;
+            return Ok(ToolOutput::Media(media));
+        }
         let started = Instant::now();
         let data = match capability.as_str() {
             "env-vars" => self.env_report(ctx),
@@ -474,6 +507,7 @@ mod tests {
                     "get-session-stats",
                     "list-sessions",
                     "search-sessions",
+                    "attach-file",
                 ]
                 .contains(*c)
             })

@@ -6,6 +6,7 @@
 //! never through the registration. Bindings wrap any `Tool` (see
 //! [`crate::bindings`]).
 
+pub mod attach;
 pub mod bash;
 pub mod builtin;
 pub mod deferred;

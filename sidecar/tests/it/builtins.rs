@@ -118,13 +118,6 @@ const REFUSED: &[(&str, &[&str])] = &[
         "env-vars-pattern.json",
         &["`APP_*` is not a variable name: list exact names"],
     ),
-    (
-        "attach-file.json",
-        &[
-            "capability `attach-file`: it would hand the model files of the server's own file system",
-            "use a bash tool that reads that one file",
-        ],
-    ),
 ];
 
 #[test]
@@ -164,6 +157,32 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
     );
     assert!(ok, "{out}");
     assert!(out.contains("sqlite_memory_query"), "{out}");
+    // `attach-file` with agents-exe's `FileSandbox` loads; without one it
+    // loads too (agents-exe's deny-all default), and `check` says so.
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "attach-file-sandbox.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("system_files_system_info(capability, filepath?)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("ignored field") && !out.contains("warning"),
+        "{out}"
+    );
+    let (ok, out) = sidecar(
+        dir.path(),
+        &["check", "--agent-file", "attach-file.json"],
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("capability `attach-file` without `fileSandbox` (agents-exe's `FileSandbox`) denies every file"),
+        "{out}"
+    );
     let mut seen = 0;
     for (file, words) in REFUSED {
         let (ok, out) = sidecar(dir.path(), &["check", "--agent-file", file], &[]);
@@ -173,9 +192,9 @@ fn each_builtin_kind_loads_or_is_refused_saying_why_and_what_instead() {
         }
         seen += 1;
     }
-    // Every refused file of the corpus is in the table; three load.
+    // Every refused file of the corpus is in the table; five load.
     let files = std::fs::read_dir(corpus()).unwrap().count();
-    assert_eq!(seen + 3, files);
+    assert_eq!(seen + 5, files);
 }
 
 /// A binding on a builtin tool works as on any other: `io_env` has its
@@ -766,4 +785,134 @@ spec:
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("no session store here"), "{text}");
     mock.shutdown().await;
+}
+
+/// `attach-file` through the binary, on agents-exe's file whose
+/// `FileSandbox` allows `./shared`: a picture there comes back as media;
+/// one outside, a symlink inside leading outside, `..` out of it and a
+/// dot-file are refused; the file without a sandbox attaches nothing.
+#[test]
+fn attach_file_reads_only_what_the_sandbox_allows_where_the_file_really_is() {
+    let dir = corpus_copy();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("shared/pics")).unwrap();
+    std::fs::create_dir(d.join("private")).unwrap();
+    std::fs::write(d.join("shared/pics/cat.png"), b"\x89PNG\r\n\x1a\ncat").unwrap();
+    std::fs::write(d.join("shared/.hidden.png"), b"\x89PNG").unwrap();
+    std::fs::write(d.join("private/dog.png"), b"\x89PNG\r\n\x1a\ndog").unwrap();
+    std::os::unix::fs::symlink(d.join("private/dog.png"), d.join("shared/dog.png")).unwrap();
+    let call = |file: &str, path: &str| {
+        sidecar(
+            d,
+            &[
+                "tool-call",
+                "--agent-file",
+                file,
+                "--tool",
+                "system_files_system_info",
+                "--args",
+                &json!({"capability": "attach-file", "filepath": path}).to_string(),
+            ],
+            &[],
+        )
+    };
+    let (ok, out) = call("attach-file-sandbox.json", "shared/pics/cat.png");
+    assert!(ok, "{out}");
+    assert!(out.contains("[image/png, 11 bytes]"), "{out}");
+    for path in [
+        "private/dog.png",
+        "shared/dog.png",
+        "shared/pics/../../private/dog.png",
+        "shared/.hidden.png",
+    ] {
+        let (ok, out) = call("attach-file-sandbox.json", path);
+        assert!(!ok, "{path}: {out}");
+        assert!(
+            out.contains("is not allowed by this toolbox's file sandbox"),
+            "{path}: {out}"
+        );
+    }
+    let (ok, out) = call("attach-file-sandbox.json", "shared/pics");
+    assert!(!ok && out.contains("is not a regular file"), "{out}");
+    let (ok, out) = call("attach-file.json", "shared/pics/cat.png");
+    assert!(!ok && out.contains("has no file sandbox"), "{out}");
+}
+
+/// A server's private files are never attached, whatever the sandbox
+/// allows (here everything): its `--api-keys` file, its approver token
+/// file, its SQLite store, and `/proc`; a file beside them is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_file_never_reads_the_servers_credentials_or_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mock = MockLlm::start(|req: &Value| {
+        let last = last_message(req);
+        if last["role"] == "tool" {
+            return MockReply::text(format!("tool: {}", last["content"].as_str().unwrap_or("")));
+        }
+        let path = last["content"].as_str().unwrap_or("").trim().to_string();
+        MockReply::tool_call(
+            "io_files",
+            json!({"capability": "attach-file", "filepath": path}),
+        )
+    })
+    .await;
+    let agent = d.join("viewer.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: viewer}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - builtin:\n        name: files\n        capabilities: [attach-file]\n        fileSandbox: {{predicate: alwaysAllow}}\n",
+            mock.url()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("keys.json"),
+        r#"{"keys": [{"id": "unused", "value": "key-SEKRIT-61"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(d.join("approver.txt"), "approver-SEKRIT-62").unwrap();
+    std::fs::write(d.join("public.png"), b"\x89PNG\r\n\x1a\n").unwrap();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    let keys = d.join("keys.json").display().to_string();
+    let approver = d.join("approver.txt").display().to_string();
+    let (sidecar, api) = serve(
+        &agent,
+        &sqlite_in(d),
+        &["--api-keys", &keys, "--approver-token-file", &approver],
+        &[],
+        d,
+    );
+    let id = new_session(&api, json!({"agent": "viewer"})).await;
+    let mut said = Vec::new();
+    for path in [
+        keys.clone(),
+        approver.clone(),
+        d.join("store.sqlite").display().to_string(),
+        "/proc/self/environ".to_string(),
+        d.join("public.png").display().to_string(),
+    ] {
+        let reply = message_waited(&api, &id, &path).await;
+        said.push((path, reply.text));
+    }
+    let requests = serde_json::to_string(&mock.requests()).unwrap();
+    drop(sidecar);
+    mock.shutdown().await;
+    let (public, private) = said.split_last().unwrap();
+    for (path, text) in private {
+        assert!(
+            text.contains(&format!(
+                "`{path}` is not allowed by this toolbox's file sandbox"
+            )),
+            "{path}: {text}"
+        );
+    }
+    assert!(
+        public.1.contains("data:image/png;base64,iVBORw0KGgo="),
+        "{}",
+        public.1
+    );
+    for secret in ["key-SEKRIT-61", "approver-SEKRIT-62"] {
+        assert!(!requests.contains(secret), "{secret}");
+    }
 }

@@ -397,3 +397,69 @@ fn in_dir(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
         )
     })
 }
+
+/// `attach-file` (a builtin toolbox's `fileSandbox`, here in Bindery's
+/// own form): the model asks for a picture of the shared directory and
+/// gets it as an image; a text file there holding a secret value is
+/// withheld whole, the value reaching no request; a file outside is
+/// refused, the model told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_file_reaches_the_model_and_one_holding_a_secret_is_withheld() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("shared")).unwrap();
+    std::fs::write(d.join("shared/chart.png"), chart_png()).unwrap();
+    std::fs::write(d.join("shared/notes.md"), format!("key: {CANARY}\n")).unwrap();
+    std::fs::write(d.join("outside.png"), chart_png()).unwrap();
+    let mock = MockLlm::start(|req: &Value| {
+        let messages = req["messages"].as_array().unwrap();
+        if messages.iter().any(|m| m["role"] == "tool") {
+            return MockReply::text("seen");
+        }
+        MockReply::tool_call(
+            "io_files",
+            json!({"capability": "attach-file", "filepath": prompt_of(req)}),
+        )
+    })
+    .await;
+    std::fs::write(
+        d.join("viewer.yaml"),
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: viewer}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  systemPrompt: You look.\n  parameters:\n    - {{name: key, secret: true, default: {{env: STAMP_KEY}}}}\n  toolboxes:\n    - builtin:\n        name: files\n        capabilities: [attach-file]\n        fileSandbox:\n          predicate: {{directoryRecursive: shared}}\n          maxFileSize: 100000\n",
+            mock.url()
+        ),
+    )
+    .unwrap();
+    let env = [("STAMP_KEY", CANARY)];
+    let mut tool_said = Vec::new();
+    for path in ["shared/chart.png", "shared/notes.md", "outside.png"] {
+        let before = mock.requests().len();
+        let (ok, said) = in_dir(d, &env, &["run", "--agent-file", "viewer.yaml", "-p", path]);
+        assert!(ok, "{path}: {said}");
+        let requests = mock.requests_after(before);
+        let body = serde_json::to_string(&requests).unwrap();
+        assert!(!body.contains(CANARY), "{path}: {body}");
+        let messages = requests[1]["messages"].as_array().unwrap().clone();
+        let tool = messages.iter().find(|m| m["role"] == "tool").unwrap();
+        tool_said.push(tool["content"].as_str().unwrap().to_string());
+        if path == "shared/chart.png" {
+            let image = json!({"type": "image_url", "image_url": {"url": data_url("image/png", &chart_png())}});
+            assert_eq!(messages.last().unwrap()["content"][1], image, "{body}");
+        }
+    }
+    assert_eq!(
+        tool_said[0],
+        "[image/png attached in the next user message]"
+    );
+    assert!(
+        tool_said[1].ends_with("withheld, it holds a secret value]"),
+        "{}",
+        tool_said[1]
+    );
+    assert!(
+        tool_said[2].contains("`outside.png` is not allowed by this toolbox's file sandbox"),
+        "{}",
+        tool_said[2]
+    );
+    mock.shutdown().await;
+}

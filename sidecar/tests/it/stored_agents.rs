@@ -106,6 +106,10 @@ fn refused(model: &str) -> Vec<(String, &'static str)> {
             "capability `env-vars` would show the server's environment",
         ),
         (
+            doc("  toolboxes:\n    - builtin: {name: f, capabilities: [attach-file], fileSandbox: {predicate: alwaysAllow}}\n"),
+            "capability `attach-file` would read the server's files",
+        ),
+        (
             doc("  parameters:\n    - {name: token, secret: true, scope: session, default: {env: BINDERY_OWNER_TOKEN}}\n"),
             "its default is read from the server (env BINDERY_OWNER_TOKEN)",
         ),
