@@ -329,15 +329,24 @@ fn existing(db: &Path) -> Result<Existing, String> {
         return Ok(Existing::Index);
     }
     let mut st = conn
-        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .prepare("SELECT name, coalesce(sql, '') FROM sqlite_master WHERE type = 'table'")
         .map_err(not_sqlite)?;
-    let tables: Vec<String> = st
-        .query_map([], |r| r.get(0))
+    let tables: Vec<(String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
         .and_then(|rows| rows.collect())
         .map_err(not_sqlite)?;
+    // agents-exe's index whole: each of its tables, its full-text table
+    // an FTS5 one, and nothing else; one table of the same name is not it.
+    let has = |name: &str| tables.iter().any(|(t, _)| t == name);
+    let fts = tables
+        .iter()
+        .any(|(t, sql)| t == "search_content" && sql.to_ascii_lowercase().contains("using fts5"));
     let agents_exes = id == 0
-        && tables.iter().any(|t| t == "session_index")
-        && tables.iter().all(|t| is_index_table(t));
+        && ["session_index", "tool_index", "index_metadata"]
+            .iter()
+            .all(|t| has(t))
+        && fts
+        && tables.iter().all(|(t, _)| is_index_table(t));
     if agents_exes {
         Ok(Existing::Index)
     } else {
@@ -882,9 +891,16 @@ mod tests {
             .execute_batch("CREATE TABLE session_index (x); CREATE TABLE mine (y);")
             .unwrap();
         let other_bytes = std::fs::read(&other).unwrap();
+        // A table named like the index's alone is not the index.
+        let alone = dir.path().join("alone.db");
+        Connection::open(&alone)
+            .unwrap()
+            .execute_batch("CREATE TABLE session_index (a, b); INSERT INTO session_index VALUES ('precious', 1);")
+            .unwrap();
+        let alone_bytes = std::fs::read(&alone).unwrap();
         let link = dir.path().join("link.db");
         std::os::unix::fs::symlink(dir.path().join("new.db"), &link).unwrap();
-        for db in [&text, &other, &link, &dir.path().to_path_buf()] {
+        for db in [&text, &other, &alone, &link, &dir.path().to_path_buf()] {
             let c = cfg(db.clone());
             for r in [
                 build(&c).map(drop),
@@ -901,6 +917,7 @@ mod tests {
         }
         assert_eq!(std::fs::read_to_string(&text).unwrap(), "precious");
         assert_eq!(std::fs::read(&other).unwrap(), other_bytes);
+        assert_eq!(std::fs::read(&alone).unwrap(), alone_bytes);
         assert!(!dir.path().join("new.db").exists());
         // Its own index, and one agents-exe built (no mark), are indexes.
         let ours = cfg(dir.path().join("i.db"));
