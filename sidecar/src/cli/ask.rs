@@ -95,8 +95,11 @@ pub(super) fn ask_item(
             Err(e) => Err(format!("error: reading the terminal: {e}")),
         }
     };
-    let tool = item["tool"].as_str().unwrap_or("the tool");
-    let args = &item["call"];
+    // What the person reads is the model's (or a file's) text: it may not
+    // drive the terminal nor reorder what is shown (bidi marks).
+    let shown = |text: &str| super::terminal_text::for_terminal(text).into_owned();
+    let tool = &shown(item["tool"].as_str().unwrap_or("the tool"));
+    let args = &shown(&item["call"].to_string());
     // A decision (an approval, a choice) is a person's: piped stdin is
     // data (a calling tool's, a script's), never taken as one.
     let nobody = |what: &str| {
@@ -128,11 +131,11 @@ pub(super) fn ask_item(
             .into_iter()
             .flatten()
             .map(|o| {
-                format!(
+                shown(&format!(
                     "{} ({})",
                     o["id"].as_str().unwrap_or_default(),
                     o["label"].as_str().unwrap_or_default()
-                )
+                ))
             })
             .collect()
     };
@@ -166,7 +169,7 @@ pub(super) fn ask_item(
         }
         Disposition::NeedsConfirmation | Disposition::Confirm => {
             let facts = match item.get("facts") {
-                Some(f) if !f.is_null() => format!(" ({f})"),
+                Some(f) if !f.is_null() => format!(" ({})", shown(&f.to_string())),
                 _ => String::new(),
             };
             eprint!("{tool} wants to run with {args}{facts}. Approve? [y/N] ");
@@ -195,7 +198,11 @@ pub(super) fn ask_item(
         Disposition::NeedsSelection => {
             eprintln!("{tool} needs a choice:");
             for (n, o) in item["options"].as_array().into_iter().flatten().enumerate() {
-                eprintln!("  {}. {}", n + 1, o["label"].as_str().unwrap_or_default());
+                eprintln!(
+                    "  {}. {}",
+                    n + 1,
+                    shown(o["label"].as_str().unwrap_or_default())
+                );
             }
             eprint!("your choice (number or label): ");
             let _ = std::io::stderr().flush();

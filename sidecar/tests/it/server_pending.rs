@@ -605,6 +605,24 @@ async fn a_replayed_call_that_needs_approval_is_asked() {
         "{stderr}"
     );
     assert_eq!(c.runs(), 0);
+    // The call a person is shown cannot be reordered by bidi marks in it.
+    let spoofed = c.dir.path().join("spoofed.json");
+    std::fs::write(
+        &spoofed,
+        serde_json::to_string(&json!({"session": {"turns": [
+            {"role": "user", "content": "tidy up"},
+            {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "bash_delete-invoice", "arguments": "{\"id\":\"INV-9\u{202e}7-VNI\"}"}}]}
+        ]}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let spoofed = spoofed.display().to_string();
+    let mut shown = replay.to_vec();
+    shown[2] = &spoofed;
+    let (_, stderr, _) = piped(&shown, "").await;
+    assert!(!stderr.contains('\u{202e}'), "{stderr:?}");
+    assert!(stderr.contains("\\u{202e}"), "{stderr}");
 
     let out = clerk_on_a_terminal(&replay, "n\n");
     assert_ne!(out.code, 0, "{}", out.stdout);
