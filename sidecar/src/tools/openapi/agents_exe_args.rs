@@ -44,16 +44,16 @@ pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
     let mut reserved: Vec<String> = Vec::new();
     for (arg, location) in &old {
         if kept(&arg.name) {
-            reserved.push(arg.name.to_lowercase());
+            reserved.push(folded(&arg.name));
             match location {
                 Location::Path(w) | Location::Query(w) | Location::BodyField(w) => {
-                    reserved.push(w.to_lowercase())
+                    reserved.push(folded(w))
                 }
                 _ => {}
             }
         }
     }
-    let is_reserved = |key: &str| reserved.contains(&key.to_lowercase());
+    let is_reserved = |key: &str| reserved.contains(&folded(key));
     for (arg, location) in old {
         if kept(&arg.name) {
             args.push((arg, location));
@@ -118,6 +118,23 @@ pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {
     op
 }
 
+/// A key as a lenient server may read it: case folded the way Unicode
+/// lets it (`ı`, `İ`, the Kelvin sign, `ſ`), then letters and digits only
+/// (`tenant-id`, `tenantId`, `tenant_id `, a soft hyphen: all `tenantid`).
+/// A body key that folds to a bound argument's name is not the body's.
+pub fn folded(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            'ı' | 'İ' => 'i',
+            '\u{212a}' => 'k',
+            'ſ' => 's',
+            c => c,
+        })
+        .flat_map(char::to_lowercase)
+        .filter(char::is_ascii_alphanumeric)
+        .collect()
+}
+
 /// agents-exe offers a PostgREST query value as a string.
 fn string(arg: &ArgSpec) -> Value {
     json!({"type": "string", "description": arg.description})
@@ -147,11 +164,14 @@ impl Group {
     }
 
     fn into_arg(self, name: &str, description: &str, location: Location) -> (ArgSpec, Location) {
+        // A body the document lists no property of takes any key (but a
+        // bound one): the schema says so rather than promise none.
+        let free = matches!(location, Location::WholeBody { keys: None, .. });
         let mut schema = json!({
             "type": "object",
             "description": description,
             "properties": self.properties,
-            "additionalProperties": false,
+            "additionalProperties": free,
         });
         if !self.required.is_empty() {
             schema["required"] = json!(self.required);

@@ -259,8 +259,8 @@ impl OpenApiTool {
                         for k in o.keys() {
                             // A field another argument sets (a bound column)
                             // is not the body argument's to give, in any case.
-                            let lower = k.to_lowercase();
-                            if self.op.sets_body_field(k) || reserved.contains(&lower) {
+                            let folded = agents_exe_args::folded(k);
+                            if self.op.sets_body_field(k) || reserved.contains(&folded) {
                                 return Err(ToolError::InvalidArguments(format!(
                                     "`{name}` may not set `{k}`"
                                 )));

@@ -312,4 +312,46 @@ fn a_kept_argument_stays_and_the_body_cannot_set_it() {
         let err = sent(json!({ key: 1 })).unwrap_err();
         assert!(err.to_string().contains(key), "{err}");
     }
+    assert_eq!(agents_exe_args::folded("TENANT_\u{130}D"), "tenantid");
+    assert_eq!(agents_exe_args::folded("tenant-\u{131}d "), "tenantid");
+    assert_eq!(agents_exe_args::folded("tenant\u{ad}Id"), "tenantid");
+}
+
+/// A body the document lists nothing of takes any key but a bound one, in
+/// any spelling a lenient server would read as it.
+#[test]
+fn a_free_form_body_takes_no_bound_name_in_any_spelling() {
+    let doc = json!({
+        "openapi": "3.1.0",
+        "paths": {"/inv": {"post": {
+            "operationId": "mkInv",
+            "parameters": [{"name": "tenant_id", "in": "query", "schema": {"type": "string"}}],
+            "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}}
+        }}}
+    });
+    let (mut ops, _) = operations(&doc).unwrap();
+    let op = agents_exe_args::regroup(ops.remove(0), |a| a == "tenant_id");
+    assert_eq!(
+        op.spec.arg("b").unwrap().schema["additionalProperties"],
+        true
+    );
+    let t = tool_of(op, vec![]);
+    let sent = |b: serde_json::Value| {
+        t.request(&args(&[
+            ("tenant_id", ParamValue::Plain(json!("acme"))),
+            ("b", ParamValue::Plain(b)),
+        ]))
+    };
+    assert!(sent(json!({"note": "n", "zz": 1})).is_ok());
+    for key in [
+        "tenant_id",
+        "tenant-id",
+        "tenantId",
+        "tenant_id ",
+        "tenant\u{ad}id",
+        "tenant_\u{131}d",
+        "TENANT_\u{130}D",
+    ] {
+        assert!(sent(json!({ key: "evil" })).is_err(), "{key:?}");
+    }
 }
