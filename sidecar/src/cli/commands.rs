@@ -210,7 +210,14 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             script,
             session_file,
         } => {
-            print!("{}", compose_prompt(&script.0, session_file.as_deref())?);
+            let prompt = compose_prompt(&script.0, session_file.as_deref())?;
+            // On a terminal, a session file's or a file's controls are
+            // shown, not obeyed; piped, the prompt goes out exactly.
+            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                print!("{}", super::terminal_text::for_terminal(&prompt));
+            } else {
+                print!("{prompt}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
@@ -544,15 +551,18 @@ async fn check(
     let result = load_tree(agents, false).await;
     match (result, output) {
         (Ok(tree), Output::Text) => {
+            // Announcements, names and warnings come from the files: no
+            // file drives the terminal.
+            let shown = super::terminal_text::for_terminal;
             for name in tree.agents.keys() {
-                print!("{}", render_text(&agent_report(&tree.agents[name])));
+                print!("{}", shown(&render_text(&agent_report(&tree.agents[name]))));
                 if let Some(mode) = tools_mode {
                     let defs = check_tools::definitions(&tree.agents[name], &tree);
                     print!("{}", check_tools::render(mode, &defs));
                 }
             }
             for w in &tree.warnings {
-                println!("{w}");
+                println!("{}", shown(&w.to_string()));
             }
             let tools: usize = tree.agents.values().map(|a| a.tools.len()).sum();
             println!(

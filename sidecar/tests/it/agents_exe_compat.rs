@@ -875,3 +875,22 @@ async fn a_hidden_tool_asks_no_approval() {
     assert!(results[0].contains("which is not active"), "{results:?}");
     mock.shutdown().await;
 }
+
+/// `check` shows what a file says (a field's name, an announcement) with
+/// its controls and bidi marks escaped: no file drives the terminal.
+#[test]
+fn check_output_drives_no_terminal() {
+    let root = repo_layout();
+    let agent = serde_json::json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "loud", "modelUrl": "http://127.0.0.1:9/v1", "modelName": "m",
+        "announce": "hi\u{1b}]0;owned\u{7}\u{202e}", "systemPrompt": ["x"],
+        "odd\u{1b}[2Jfield": 1}});
+    std::fs::write(root.path().join("agents/loud.json"), agent.to_string()).unwrap();
+    let (ok, said) = in_dir(root.path(), &["check", "--agent-file", "agents/loud.json"]);
+    assert!(ok, "{said}");
+    assert!(
+        !said.contains('\u{1b}') && !said.contains('\u{202e}'),
+        "{said:?}"
+    );
+    assert!(said.contains("\\u{1b}"), "{said}");
+}
