@@ -1068,12 +1068,14 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 22] = [
+const FREE_FORM: [(&str, &str); 23] = [
     ("Agent", "spec.bindings[].value.literal"),
     // A filter nests (`and`, `or`, `not`): a recursive type has no
     // structural schema; check and the operator read it.
     ("Agent", "spec.toolboxes[].openapi.filter"),
     ("Agent", "spec.toolboxes[].postgrest.filter"),
+    // A file sandbox's predicate nests the same way (`and`, `any`, `not`).
+    ("Agent", "spec.toolboxes[].builtin.fileSandbox.predicate"),
     ("Agent", "spec.toolboxes[].bash.confirm"),
     ("Agent", "spec.toolboxes[].deferred.tools[].parameters"),
     ("Agent", "spec.toolboxes[].mcp.confirm"),
