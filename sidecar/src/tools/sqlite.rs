@@ -28,6 +28,7 @@ pub const DEFAULT_MAX_ROWS: u32 = 200;
 /// Seconds a statement may run when the declaration does not say.
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
 
+#[derive(Clone)]
 pub struct SqliteTool {
     spec: ToolSpec,
     /// The statement's argument: `query`, or agents-exe's `sql`.
@@ -333,14 +334,21 @@ fn cell(v: ValueRef<'_>) -> Value {
     }
 }
 
+/// A statement kind no call may run, whatever the database: it would
+/// reach another file or change how the connection behaves.
+fn refuse_keyword(sql: &str) -> Result<(), ToolError> {
+    let keyword = first_keyword(sql);
+    if matches!(keyword.as_str(), "VACUUM" | "ATTACH" | "DETACH" | "PRAGMA") {
+        return Err(ToolError::Failed(format!(
+            "`{keyword}` statements are not allowed here"
+        )));
+    }
+    Ok(())
+}
+
 impl SqliteTool {
     fn run(&self, sql: &str, params: &[rusqlite::types::Value]) -> Result<Value, ToolError> {
-        let keyword = first_keyword(sql);
-        if matches!(keyword.as_str(), "VACUUM" | "ATTACH" | "DETACH" | "PRAGMA") {
-            return Err(ToolError::Failed(format!(
-                "`{keyword}` statements are not allowed here"
-            )));
-        }
+        refuse_keyword(sql)?;
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         self.execute(&mut conn, self.read_write, sql, params)
     }
@@ -355,12 +363,7 @@ impl SqliteTool {
         sql: &str,
         params: &[rusqlite::types::Value],
     ) -> Result<Value, ToolError> {
-        let keyword = first_keyword(sql);
-        if matches!(keyword.as_str(), "VACUUM" | "ATTACH" | "DETACH" | "PRAGMA") {
-            return Err(ToolError::Failed(format!(
-                "`{keyword}` statements are not allowed here"
-            )));
-        }
+        refuse_keyword(sql)?;
         let source = versions
             .source(ctx, restore)
             .map_err(ToolError::InvalidArguments)?;
@@ -541,15 +544,7 @@ impl Tool for SqliteTool {
                 ))
             }
         };
-        let this = SqliteTool {
-            spec: self.spec.clone(),
-            sql_arg: self.sql_arg,
-            read_write: self.read_write,
-            max_rows: self.max_rows,
-            timeout: self.timeout,
-            conn: self.conn.clone(),
-            versions: self.versions.clone(),
-        };
+        let this = self.clone();
         let started = Instant::now();
         let ctx = ctx.clone();
         let data = tokio::task::spawn_blocking(move || match &this.versions {
