@@ -59,15 +59,6 @@ pub struct Operation {
 }
 
 impl Operation {
-    /// Some argument of its own (not the whole body) sets this body field.
-    pub fn sets_body_field(&self, field: &str) -> bool {
-        self.locations.iter().any(|(name, l)| match l {
-            Location::Body => name == field,
-            Location::BodyField(f) => f == field,
-            _ => false,
-        })
-    }
-
     /// What a toolbox's `filter` looks at.
     pub fn endpoint(&self) -> crate::spec::filter::Endpoint<'_> {
         crate::spec::filter::Endpoint {

@@ -257,10 +257,10 @@ impl OpenApiTool {
                 Location::WholeBody { keys, reserved } => match json_of(v) {
                     serde_json::Value::Object(o) => {
                         for k in o.keys() {
-                            // A field another argument sets (a bound column)
-                            // is not the body argument's to give, in any case.
-                            let folded = agents_exe_args::folded(k);
-                            if self.op.sets_body_field(k) || reserved.contains(&folded) {
+                            // A field a kept argument sets (a bound column;
+                            // `reserved` holds every one of them) is not the
+                            // body argument's to give, in any spelling.
+                            if reserved.contains(&agents_exe_args::folded(k)) {
                                 return Err(ToolError::InvalidArguments(format!(
                                     "`{name}` may not set `{k}`"
                                 )));
