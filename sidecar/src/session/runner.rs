@@ -25,7 +25,7 @@ use crate::session::depends::{self, LookupCache, LookupState, Step};
 use crate::session::helpers::{self, HelperEnv};
 use crate::session::ledger::{Exceeded, Gate, Ledger, Spent};
 use crate::session::pending::{Frame, PendingCall, Resolution, TaintSource};
-use crate::session::toolgroups::Groups;
+use crate::session::toolgroups::{self, Groups};
 use crate::session::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
 use crate::tools::{CallContext, Disposition, ToolError, ToolOutput};
 use crate::tree::LoadedAgent;
@@ -419,14 +419,12 @@ pub async fn run_calls(
 /// toolbox's or the agent's `confirm` (a condition that holds, or cannot be
 /// told), or the taint guard (an egress call after an untrusted result).
 fn blocked(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<Blocked> {
-    let tool = ctx.tools.iter().find(|t| t.name() == call.name);
     // A call of a tool its group hides runs nowhere: no person is asked
     // about it, and dispatching it says what to activate.
-    let groups = Groups::of(ctx.tools);
-    let model = ctx.origin == ToolCaller::Model;
-    if model && tool.is_some_and(|t| Groups::hidden(t, &groups.active(history)).is_some()) {
+    if hidden(ctx, call, history).is_some() {
         return None;
     }
+    let tool = ctx.tools.iter().find(|t| t.name() == call.name);
     let tainted_by = match tool {
         Some(t) if t.egress() => {
             let mut by = taint(ctx, history);
@@ -978,7 +976,7 @@ async fn dispatch(
         // so no model or client chooses a label or a usage row's tool.
         let known = ctx.tools.iter().any(|t| t.name() == call.name)
             || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name))
-            || Groups::of(ctx.tools).is_meta(&call.name);
+            || (toolgroups::is_meta_name(&call.name) && Groups::of(ctx.tools).is_meta(&call.name));
         let counted_as = match known {
             true => call.name.as_str(),
             false => crate::metrics::UNKNOWN_TOOL,
@@ -1039,23 +1037,17 @@ async fn dispatch_inner(
     seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
-    // Groups hide tools from the model; an MCP client sees every tool
-    // `/mcp` exposes, and calls it as listed.
-    let groups = match ctx.origin {
-        ToolCaller::Model => Groups::of(ctx.tools),
-        ToolCaller::Mcp => Groups::default(),
-    };
-    if groups.is_meta(&call.name) {
-        return Outcome::Done(Ok(ToolOutput::text(
-            groups.answer(&call.name, &call.arguments),
-        )));
-    }
-    if !groups.is_empty() {
-        let active = groups.active(seen.history);
-        let hidden = ctx.tools.iter().find(|t| t.name() == call.name);
-        if let Some(why) = hidden.and_then(|t| Groups::hidden(t, &active)) {
-            return Outcome::Done(Err(ToolError::InvalidArguments(why)));
+    let model = ctx.origin == ToolCaller::Model;
+    if model && toolgroups::is_meta_name(&call.name) {
+        let groups = Groups::of(ctx.tools);
+        if groups.is_meta(&call.name) {
+            return Outcome::Done(Ok(ToolOutput::text(
+                groups.answer(&call.name, &call.arguments),
+            )));
         }
+    }
+    if let Some(why) = hidden(ctx, call, seen.history) {
+        return Outcome::Done(Err(ToolError::InvalidArguments(why)));
     }
     if let Some(env) = ctx
         .helpers
@@ -1120,6 +1112,21 @@ async fn run_tool(
         cache.put(key, text);
     }
     Ok(out)
+}
+
+/// Why `call` may not run now: its tool's group is not active after
+/// `history`. Groups hide tools from the model only: an MCP client sees
+/// every tool `/mcp` exposes and calls it as listed. A tool in no group
+/// costs nothing here (the history is read only for one in a group).
+fn hidden(ctx: &RunContext<'_>, call: &ToolCall, history: &[Turn]) -> Option<String> {
+    if ctx.origin != ToolCaller::Model {
+        return None;
+    }
+    let tool = ctx
+        .tools
+        .iter()
+        .find(|t| t.name() == call.name && t.toolgroup().is_some())?;
+    Groups::hidden(tool, &Groups::of(ctx.tools).active(history))
 }
 
 /// The model turn a call belongs to, named by that turn's first call's id

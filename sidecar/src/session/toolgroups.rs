@@ -27,6 +27,12 @@ pub const ACTIVATE: &str = "meta_activate_tool";
 pub const DEACTIVATE: &str = "meta_deactivate_tool";
 pub const DISCOVER: &str = "meta_discover_tools";
 
+/// `name` is one of the meta tools' names (offered only while some tool
+/// is in a group: see [`Groups::is_meta`]).
+pub fn is_meta_name(name: &str) -> bool {
+    [ACTIVATE, DEACTIVATE, DISCOVER].contains(&name)
+}
+
 /// The groups of an agent's tools.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Groups(BTreeSet<String>);
@@ -49,7 +55,7 @@ impl Groups {
 
     /// `name` is one of the meta tools, while there are groups.
     pub fn is_meta(&self, name: &str) -> bool {
-        !self.is_empty() && [ACTIVATE, DEACTIVATE, DISCOVER].contains(&name)
+        is_meta_name(name) && !self.is_empty()
     }
 
     /// The groups the conversation has activated and not deactivated since.
