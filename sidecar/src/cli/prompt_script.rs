@@ -356,19 +356,35 @@ pub fn aliases_from(cwd: &Path) -> Result<Aliases, String> {
     }
 }
 
+/// What reading text of at most some bytes came to.
+pub enum Capped {
+    Text(String),
+    /// More than the limit: nothing past it was read.
+    TooLong,
+    NotUtf8,
+}
+
+/// All of `from` as text, if it holds at most `max` bytes (one past them
+/// is read, to know).
+pub fn read_text(from: impl Read, max: u64) -> std::io::Result<Capped> {
+    let mut bytes = Vec::new();
+    from.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Capped::TooLong);
+    }
+    Ok(String::from_utf8(bytes).map_or(Capped::NotUtf8, Capped::Text))
+}
+
 /// All of `from` as text, refused past [`MAX_PIECE`] bytes.
 pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
-    let mut bytes = Vec::new();
-    from.take(MAX_PIECE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {what}: {e}"))?;
-    if bytes.len() as u64 > MAX_PIECE {
-        return Err(format!(
+    match read_text(from, MAX_PIECE).map_err(|e| format!("cannot read {what}: {e}"))? {
+        Capped::Text(text) => Ok(text),
+        Capped::TooLong => Err(format!(
             "{what} is longer than {} MiB: give less",
             MAX_PIECE / (1024 * 1024)
-        ));
+        )),
+        Capped::NotUtf8 => Err(format!("{what} is not UTF-8 text")),
     }
-    String::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8 text"))
 }
 
 /// How long a `--shell` command may take, its children included.

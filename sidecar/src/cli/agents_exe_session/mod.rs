@@ -54,17 +54,17 @@ pub fn shape(doc: &Value) -> Shape {
 
 /// Up to [`MAX_SESSION_BYTES`] of `from`; more is an error naming `what`.
 pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
-    let mut bytes = Vec::new();
-    from.take(MAX_SESSION_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("error: cannot read {what}: {e}"))?;
-    if bytes.len() as u64 > MAX_SESSION_BYTES {
-        return Err(format!(
+    use super::prompt_script::{read_text, Capped};
+    match read_text(from, MAX_SESSION_BYTES)
+        .map_err(|e| format!("error: cannot read {what}: {e}"))?
+    {
+        Capped::Text(text) => Ok(text),
+        Capped::TooLong => Err(format!(
             "error: {what} is larger than {} MiB, the most a session is read at; is it a session file?",
             MAX_SESSION_BYTES / (1024 * 1024)
-        ));
+        )),
+        Capped::NotUtf8 => Err(format!("error: {what} is not UTF-8 text")),
     }
-    String::from_utf8(bytes).map_err(|_| format!("error: {what} is not UTF-8 text"))
 }
 
 /// The session in `text`: one JSON document, or JSON lines whose last
