@@ -14,6 +14,8 @@
 //! sweep takes too: no sweep can take a child for an orphan between its
 //! start and its keeping.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
