@@ -1,6 +1,8 @@
 //! Parameters: declarations, values, where each value comes from, and the
 //! order in which they win.
 
+#![forbid(unsafe_code)]
+
 pub mod agent;
 pub mod live;
 pub mod process;
@@ -18,4 +20,4 @@ pub use sources::ApiKeys;
 pub use value::{ParamValue, Supplied, Values};
 
 /// What a parameter name may be: the definition's rule, in `spec`.
-pub use crate::spec::valid_param_name as valid_name;
+pub use bindery_spec::valid_param_name as valid_name;

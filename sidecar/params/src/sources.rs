@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::SecretString;
-use crate::spec::ValueSource;
+use bindery_spec::ValueSource;
 
 /// How long a `command` source may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,7 +33,7 @@ impl ApiKeys {
             value: String,
         }
         let shown = path.display();
-        crate::params::live::private_file(path);
+        crate::live::private_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the API-keys file {shown}: {e}"))?;
         // serde_json's errors give a position, not the text around it.
@@ -100,7 +100,7 @@ pub fn read_source_as(
         },
         ValueSource::File(p) => {
             let path = base.join(p);
-            crate::params::live::private_file(&path);
+            crate::live::private_file(&path);
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read file {}: {e}", path.display()))?;
             if trim {
@@ -119,7 +119,7 @@ fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, Strin
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| "a command source needs at least a program".to_string())?;
-    let (mut child, _kept) = crate::reaper::spawn_kept(|| {
+    let (mut child, _kept) = bindery_reaper::spawn_kept(|| {
         let child = Command::new(program)
             .args(args)
             .current_dir(base)

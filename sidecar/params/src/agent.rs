@@ -10,7 +10,7 @@ use super::process::ProcessValues;
 use super::resolve::{resolve, Layers, ProcessBinding, Source};
 use super::sources::{read_source, ApiKeys};
 use super::value::{ParamValue, Values};
-use crate::spec::{ParameterDecl, Scope};
+use bindery_spec::{ParameterDecl, Scope};
 
 #[derive(Clone, Debug, Default)]
 pub struct AgentParams {

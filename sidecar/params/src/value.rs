@@ -101,7 +101,7 @@ impl fmt::Debug for Supplied {
     }
 }
 
-pub use crate::spec::json_kind;
+pub use bindery_spec::json_kind;
 
 #[cfg(test)]
 mod tests {

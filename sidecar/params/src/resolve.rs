@@ -8,7 +8,7 @@
 use std::fmt;
 
 use super::value::ParamValue;
-use crate::spec::{ParameterDecl, Scope};
+use bindery_spec::{ParameterDecl, Scope};
 
 /// Where an operator-supplied (process) value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

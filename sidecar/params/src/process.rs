@@ -9,9 +9,9 @@ use super::resolve::Origin;
 use super::value::Supplied;
 
 /// Environment variable prefix that sets a parameter.
-pub const ENV_SET_PREFIX: &str = crate::spec::checks::PARAM_ENV_PREFIXES[0];
+pub const ENV_SET_PREFIX: &str = bindery_spec::checks::PARAM_ENV_PREFIXES[0];
 /// Environment variable prefix that pins a parameter.
-pub const ENV_PIN_PREFIX: &str = crate::spec::checks::PARAM_ENV_PREFIXES[1];
+pub const ENV_PIN_PREFIX: &str = bindery_spec::checks::PARAM_ENV_PREFIXES[1];
 
 /// One operator-supplied value.
 #[derive(Clone, Debug, PartialEq)]
