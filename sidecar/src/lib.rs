@@ -6,7 +6,6 @@ pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod llm;
-pub mod metrics;
 pub mod report;
 pub mod session;
 pub mod tools;
@@ -17,6 +16,7 @@ pub mod tree;
 pub use bindery_spec as spec;
 pub use bindery_reaper as reaper;
 pub use bindery_params as params;
+pub use bindery_metrics as metrics;
 pub use bindery_spec::diagnostic;
 
 /// The layer rule of ARCHITECTURE.md, checked: a module may name

@@ -27,6 +27,8 @@
 //! | `bindery_event_fanout_seconds_total` | counter | | (the time that took)
 //! | `bindery_run_store_wait_seconds_total` | counter | | (the time runs stood still waiting for the session store; its writes made while the model works are not counted)
 
+#![forbid(unsafe_code)]
+
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
