@@ -5,7 +5,6 @@ pub mod api;
 pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod llm;
 pub mod report;
 pub mod session;
 pub mod tools;
@@ -16,6 +15,7 @@ pub mod tree;
 pub use bindery_spec as spec;
 pub use bindery_reaper as reaper;
 pub use bindery_params as params;
+pub use bindery_llm as llm;
 pub use bindery_metrics as metrics;
 pub use bindery_spec::diagnostic;
 

@@ -11,9 +11,11 @@
 //! Rate limits (429), server errors (5xx) and failed connections are retried
 //! with exponential backoff (honouring `Retry-After`); everything else is
 //! reported at once as an [`LlmError`]. The API key is held as a
-//! [`SecretString`](crate::params::SecretString) and only ever leaves the
+//! [`SecretString`](bindery_params::SecretString) and only ever leaves the
 //! process in the `Authorization` header, to the endpoint's own origin
 //! ([`egress`]: a redirect elsewhere is not followed).
+
+#![forbid(unsafe_code)]
 
 mod client;
 pub mod content;

@@ -115,7 +115,7 @@ impl<'de> Deserialize<'de> for Turn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::ToolCall;
+    use crate::ToolCall;
 
     fn turns() -> Vec<ChatMessage> {
         vec![

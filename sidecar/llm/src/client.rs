@@ -16,7 +16,7 @@ use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
 use super::sse::SseParser;
 use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta};
-use crate::spec::Redirects;
+use bindery_spec::Redirects;
 
 /// The longest `Retry-After` the client honours; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -43,7 +43,7 @@ pub struct ChatClient {
 impl ChatClient {
     /// The key this client sends, if any: one of the server's own
     /// credentials.
-    pub fn api_key(&self) -> Option<&crate::params::SecretString> {
+    pub fn api_key(&self) -> Option<&bindery_params::SecretString> {
         self.inner.endpoint.api_key.as_ref()
     }
 }
@@ -456,7 +456,7 @@ fn jitter_fraction() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::SecretString;
+    use bindery_params::SecretString;
 
     #[test]
     fn backoff_doubles_with_a_little_jitter() {

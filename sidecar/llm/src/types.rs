@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::content::Content;
-use crate::params::SecretString;
+use bindery_params::SecretString;
 
 /// Where a model is served and how patiently to talk to it.
 #[derive(Debug, Clone)]
@@ -26,7 +26,7 @@ pub struct ModelEndpoint {
     /// The wait before the first retry; it doubles on each further retry.
     pub initial_backoff: Duration,
     /// What the agent's `flavor` adds to every request.
-    pub flavor: crate::spec::flavor::Flavor,
+    pub flavor: bindery_spec::flavor::Flavor,
 }
 
 impl ModelEndpoint {

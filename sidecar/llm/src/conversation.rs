@@ -238,7 +238,7 @@ impl Conversation {
     pub(crate) fn body(
         &self,
         model: &str,
-        flavor: crate::spec::flavor::Flavor,
+        flavor: bindery_spec::flavor::Flavor,
         stream: bool,
     ) -> Result<Bytes, LlmError> {
         if let Some(why) = &self.unencodable {
@@ -340,7 +340,7 @@ struct WireFunctionDef<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::ToolCall;
+    use crate::ToolCall;
     use serde_json::{json, Value};
 
     fn parsed(body: &Bytes) -> Value {
@@ -497,7 +497,7 @@ mod tests {
     /// the next message); its turn and the history keep agents-exe's form.
     #[test]
     fn a_results_media_follow_the_results_in_a_user_message() {
-        use crate::llm::content::{Content, ContentPart, ImageUrl};
+        use crate::content::{Content, ContentPart, ImageUrl};
         let image = ContentPart::ImageUrl {
             image_url: ImageUrl {
                 url: "data:image/png;base64,iVBORw==".into(),

@@ -332,7 +332,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::sse::SseParser;
+    use crate::sse::SseParser;
     use serde_json::json;
 
     #[test]

@@ -21,7 +21,7 @@ use std::fmt;
 use reqwest::redirect::{Attempt, Policy};
 use reqwest::{StatusCode, Url};
 
-use crate::spec::Redirects;
+use bindery_spec::Redirects;
 
 /// The most redirects one request follows.
 pub const MAX_HOPS: usize = 5;
