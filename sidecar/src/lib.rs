@@ -7,7 +7,6 @@ pub mod bindings;
 pub mod cli;
 pub mod report;
 pub mod session;
-pub mod tools;
 pub mod tree;
 
 // The agent definition and its diagnostics live in the `bindery-spec` crate,
@@ -15,6 +14,7 @@ pub mod tree;
 pub use bindery_spec as spec;
 pub use bindery_reaper as reaper;
 pub use bindery_params as params;
+pub use bindery_tools as tools;
 pub use bindery_llm as llm;
 pub use bindery_metrics as metrics;
 pub use bindery_spec::diagnostic;

@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::llm::Media;
-use crate::params::scrub::Scrubber;
-use crate::params::{ParamValue, SecretString};
+use bindery_llm::Media;
+use bindery_params::scrub::Scrubber;
+use bindery_params::{ParamValue, SecretString};
 
 /// How an argument travels to the tool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -390,7 +390,7 @@ pub trait Tool: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::ChatMessage;
+    use bindery_llm::ChatMessage;
 
     /// Built from turns encoded already and the rest, the session's JSON
     /// is byte for byte what serde gives for all of it at once, wherever

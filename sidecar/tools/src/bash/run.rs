@@ -11,8 +11,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::protocol::{env_var_name, EmptyResult, Mode, ScriptInfo};
 use super::BashTool;
-use crate::params::value::ArgText;
-use crate::tools::{CallArgs, CallContext, ToolError, ToolOutput};
+use bindery_params::value::ArgText;
+use crate::{CallArgs, CallContext, ToolError, ToolOutput};
 
 /// Bytes of stderr kept for an error message.
 pub(super) const MAX_STDERR: usize = 16 * 1024;
@@ -27,11 +27,11 @@ const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
 /// trace exporter's headers, …), and any value holding one of the
 /// server's own credentials, whatever its name. A tool that needs one
 /// gets it as a parameter bound to an env-mode argument.
-/// `own`: [`crate::params::live::own`], read once for the whole environment.
-fn withheld(name: &str, value: &str, own: &[(String, crate::params::SecretString)]) -> bool {
+/// `own`: [`bindery_params::live::own`], read once for the whole environment.
+fn withheld(name: &str, value: &str, own: &[(String, bindery_params::SecretString)]) -> bool {
     name.starts_with(WITHHELD_ENV_PREFIX)
-        || crate::spec::checks::credential_env(name)
-        || crate::spec::checks::credential_value(value)
+        || bindery_spec::checks::credential_env(name)
+        || bindery_spec::checks::credential_value(value)
         || own
             .iter()
             .any(|(_, s)| s.expose().len() >= 4 && value.contains(s.expose()))
@@ -70,7 +70,7 @@ pub(super) async fn exec(
     timeout: Duration,
     read: (usize, usize),
 ) -> Result<Exec, ExecError> {
-    let own = crate::params::live::own();
+    let own = bindery_params::live::own();
     let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, v)| !withheld(&k.to_string_lossy(), &v.to_string_lossy(), &own))
         .filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k))
@@ -88,7 +88,7 @@ pub(super) async fn exec(
         processes: limits.processes,
     };
     let memory = limits.memory;
-    let (mut child, kept) = crate::reaper::spawn_kept(|| {
+    let (mut child, kept) = bindery_reaper::spawn_kept(|| {
         let child = super::spawn::spawn(&spec)?;
         let pid = child.id();
         Ok((child, Some(pid)))
@@ -129,8 +129,8 @@ pub(super) async fn exec(
         loop {
             tokio::time::sleep(MEMORY_WATCH).await;
             let held = tokio::task::spawn_blocking(move || {
-                crate::reaper::trim_orphans(limit);
-                crate::reaper::tree_memory(pid)
+                bindery_reaper::trim_orphans(limit);
+                bindery_reaper::tree_memory(pid)
             })
             .await
             .unwrap_or(0);
@@ -151,7 +151,7 @@ pub(super) async fn exec(
         let _ = child.wait().await;
     }
     // Whatever the call left behind (a `setsid` child, a daemon) ends with it.
-    crate::reaper::sweep_async().await;
+    bindery_reaper::sweep_async().await;
     match done {
         Ok((Ok(status), stdout, stderr, truncated)) => Ok(Exec {
             status,
@@ -415,15 +415,15 @@ fn stdout_kind<'a>(stdout: &[u8], truncated: bool, info: &'a ScriptInfo) -> Stdo
         Ok(_) => Stdout::Text,
         // Valid up to a character the read limit cut.
         Err(e) if truncated && e.error_len().is_none() => Stdout::Text,
-        Err(_) => Stdout::Media(crate::tools::OCTET_STREAM),
+        Err(_) => Stdout::Media(crate::OCTET_STREAM),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::{ParamValue, SecretString};
-    use crate::tools::bash::{Arity, Limits, ScriptArg, ScriptInfo};
+    use bindery_params::{ParamValue, SecretString};
+    use crate::bash::{Arity, Limits, ScriptArg, ScriptInfo};
 
     fn tool() -> BashTool {
         let arg = |name: &str, mode| ScriptArg {

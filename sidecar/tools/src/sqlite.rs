@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 
 use super::sqlite_versions::{Handle, Versions};
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::spec::SqliteToolbox;
+use bindery_spec::SqliteToolbox;
 
 /// Rows a result holds at most when the declaration does not say.
 pub const DEFAULT_MAX_ROWS: u32 = 200;
@@ -75,7 +75,7 @@ impl SqliteTool {
     pub fn open(
         tb: &SqliteToolbox,
         path: PathBuf,
-        naming: crate::spec::Naming,
+        naming: bindery_spec::Naming,
     ) -> Result<SqliteTool, String> {
         if !path.is_file() {
             if !tb.create {
@@ -128,7 +128,7 @@ impl SqliteTool {
             writes: tb.read_write,
         };
         let mut sql_arg = "query";
-        if naming == crate::spec::Naming::AgentsExe {
+        if naming == bindery_spec::Naming::AgentsExe {
             // agents-exe's tool: `sqlite_<name>_query`, the statement as `sql`.
             spec.name = format!("sqlite_{}_query", tb.name);
             spec.args.truncate(1);
@@ -155,7 +155,7 @@ impl SqliteTool {
         tb: &SqliteToolbox,
         path: PathBuf,
         root: PathBuf,
-        naming: crate::spec::Naming,
+        naming: bindery_spec::Naming,
     ) -> Result<Vec<SqliteTool>, String> {
         let mut query = SqliteTool::open(tb, path.clone(), naming)?;
         let Some(v) = &tb.versioned else {
@@ -318,7 +318,7 @@ fn to_sql(v: &Value) -> Result<rusqlite::types::Value, String> {
         other => {
             return Err(format!(
                 "`params` holds {}; give strings, numbers, booleans or null",
-                crate::spec::json_kind(other)
+                bindery_spec::json_kind(other)
             ))
         }
     })

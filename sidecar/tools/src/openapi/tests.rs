@@ -222,7 +222,7 @@ fn an_unbound_optional_secret_is_left_out() {
 
 #[test]
 fn secrets_decode_as_agents_exe_decoders_do() {
-    use crate::spec::SecretDecode::{Base64, Hex};
+    use bindery_spec::SecretDecode::{Base64, Hex};
     assert_eq!(decode_secret("c2Vjci10", Base64).unwrap(), "secr-t");
     assert_eq!(decode_secret("c2Vjci10\n", Base64).unwrap(), "secr-t");
     assert_eq!(decode_secret("736563722d74", Hex).unwrap(), "secr-t");

@@ -26,10 +26,10 @@ use reqwest::Url;
 pub use document::{operations, sanitize_name, Location, Operation};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::llm::egress;
-use crate::params::value::ArgText;
-use crate::params::{ApiKeys, ParamValue, SecretString, Values};
-use crate::spec::{OpenApiSecret, OpenApiToolbox, SecretSource};
+use bindery_llm::egress;
+use bindery_params::value::ArgText;
+use bindery_params::{ApiKeys, ParamValue, SecretString, Values};
+use bindery_spec::{OpenApiSecret, OpenApiToolbox, SecretSource};
 
 /// Default request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -554,7 +554,7 @@ pub async fn load_with(
                 SecretValue::Arg(secret_arg(i))
             }
             (_, Some(src)) => {
-                let v = crate::params::sources::read_source_as(
+                let v = bindery_params::sources::read_source_as(
                     &src,
                     base,
                     api_keys,
@@ -618,7 +618,7 @@ pub async fn load_with(
     // filter, calls follow no redirect.
     let client = match &tb.filter {
         None => client,
-        Some(_) => egress::client(crate::spec::Redirects::Never)
+        Some(_) => egress::client(bindery_spec::Redirects::Never)
             .timeout(timeout)
             .build()
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?,
@@ -677,7 +677,7 @@ pub async fn load_with(
 fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
     let mut out = Vec::new();
     for (name, value) in &tb.headers {
-        if crate::spec::secret_sets_header(&tb.secrets, name) {
+        if bindery_spec::secret_sets_header(&tb.secrets, name) {
             continue;
         }
         let name = HeaderName::from_bytes(name.as_bytes())
@@ -691,13 +691,13 @@ fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>,
 
 /// A secret's value decoded as its `decode` says; the bytes must be
 /// UTF-8 text. Messages never quote the value.
-pub fn decode_secret(text: &str, how: crate::spec::SecretDecode) -> Result<String, String> {
+pub fn decode_secret(text: &str, how: bindery_spec::SecretDecode) -> Result<String, String> {
     use base64::Engine as _;
     let bytes = match how {
-        crate::spec::SecretDecode::Base64 => base64::engine::general_purpose::STANDARD
+        bindery_spec::SecretDecode::Base64 => base64::engine::general_purpose::STANDARD
             .decode(text.trim())
             .map_err(|_| "its value is not base64 (`decode: base64`)".to_string())?,
-        crate::spec::SecretDecode::Hex => hex::decode(text.trim()).map_err(|_| {
+        bindery_spec::SecretDecode::Hex => hex::decode(text.trim()).map_err(|_| {
             "its value is not hexadecimal digits in pairs (`decode: hex`)".to_string()
         })?,
     };
@@ -724,7 +724,7 @@ async fn read_document(
     client: &reqwest::Client,
     secrets: &[Secret],
 ) -> Result<serde_json::Value, String> {
-    let text = if crate::spec::http_url(spec) {
+    let text = if bindery_spec::http_url(spec) {
         let mut query = Vec::new();
         let mut builder_headers = Vec::new();
         for s in secrets {

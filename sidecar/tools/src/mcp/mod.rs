@@ -8,7 +8,7 @@
 //! sidecar's own variables hold the operator's values and tokens. The
 //! secrets it was given are scrubbed (`<secret:NAME>`) from its stderr,
 //! which goes to the sidecar's log, and, like every tool's, from its tools'
-//! results (see [`crate::params::scrub`]).
+//! results (see [`bindery_params::scrub`]).
 //!
 //! The client is rmcp, the official Rust SDK. The sidecar spawns the
 //! program itself and hands rmcp the pipes, so that it owns the child's
@@ -34,10 +34,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::bash::Limits;
 use super::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
-use crate::llm::egress;
-use crate::params::scrub::Scrubber;
-use crate::params::{ParamValue, SecretString, Values};
-use crate::spec::{BindingValue, McpToolbox};
+use bindery_llm::egress;
+use bindery_params::scrub::Scrubber;
+use bindery_params::{ParamValue, SecretString, Values};
+use bindery_spec::{BindingValue, McpToolbox};
 
 /// How long a server may take to start and answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -79,19 +79,19 @@ pub fn shared_values(
             BindingValue::Literal(l) => {
                 return Err(format!(
                     "`{key}`: the literal is {}; give a string, number or boolean",
-                    crate::params::value::json_kind(l)
+                    bindery_params::value::json_kind(l)
                 ))
             }
             BindingValue::Param(p) => match values.get(p) {
                 None => continue,
                 Some(ParamValue::Secret(s)) => SharedValue::Secret(s.clone()),
                 Some(pv) => match pv.to_text() {
-                    Some(crate::params::value::ArgText::Plain(s)) => SharedValue::Plain(s),
+                    Some(bindery_params::value::ArgText::Plain(s)) => SharedValue::Plain(s),
                     _ => {
                         return Err(format!(
                         "`{key}`: parameter `{p}` holds {}; give it a string, number or boolean",
                         pv.plain()
-                            .map_or("a secret", crate::params::value::json_kind)
+                            .map_or("a secret", bindery_params::value::json_kind)
                     ))
                     }
                 },
@@ -329,7 +329,7 @@ impl McpServer {
             cmd.env(k, v.expose());
         }
         let secrets = secrets_of(&env);
-        let (mut child, kept) = crate::reaper::spawn_kept(|| {
+        let (mut child, kept) = bindery_reaper::spawn_kept(|| {
             let child = cmd.spawn()?;
             let pid = child.id();
             Ok((child, pid))

@@ -22,7 +22,7 @@
 use serde_json::{json, Map, Value};
 
 use super::document::{Location, Operation};
-use crate::tools::{ArgSpec, Transport};
+use crate::{ArgSpec, Transport};
 
 /// `op` with agents-exe's arguments; `kept(arg)` keeps an argument as it is.
 pub fn regroup(mut op: Operation, kept: impl Fn(&str) -> bool) -> Operation {

@@ -17,7 +17,7 @@
 use serde_json::{json, Map, Value};
 
 use super::document::{sanitize_name, Location, Operation};
-use crate::tools::{ArgSpec, ToolSpec, Transport};
+use crate::{ArgSpec, ToolSpec, Transport};
 
 /// PostgREST's filter operators: a value starting with one of these and a
 /// dot is sent as is.
@@ -383,8 +383,8 @@ mod tests {
 
     #[test]
     fn agents_exe_groups_filters_subset_ranking_and_body() {
-        use crate::params::ParamValue;
-        use crate::tools::openapi::agents_exe_args::regroup;
+        use bindery_params::ParamValue;
+        use crate::openapi::agents_exe_args::regroup;
         let allowed: Vec<String> = ["GET", "POST", "PATCH"].map(String::from).to_vec();
         let (ops, _) = operations(&doc(), "postgrest", &allowed).unwrap();
         let mut ops = ops.into_iter().map(|o| regroup(o, |a| a == "tenant_id"));
@@ -408,7 +408,7 @@ mod tests {
             ["columns", "limit"]
         );
         let call = |op: &Operation, pairs: Value| {
-            let t = crate::tools::openapi::tests::tool_of(op.clone(), vec![]);
+            let t = crate::openapi::tests::tool_of(op.clone(), vec![]);
             let args = pairs
                 .as_object()
                 .unwrap()

@@ -9,9 +9,9 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::llm::content::MAX_MEDIA_BYTES;
-use crate::llm::Media;
-use crate::spec::sandbox::{lexical, FileSandbox};
+use bindery_llm::content::MAX_MEDIA_BYTES;
+use bindery_llm::Media;
+use bindery_spec::sandbox::{lexical, FileSandbox};
 
 /// agents-exe's `detectMediaType`: the media type of a file by its
 /// extension (any case); `None` for one it does not attach.
@@ -59,7 +59,7 @@ pub fn attach(sandbox: Option<&FileSandbox>, filepath: &str, cwd: &Path) -> Resu
         std::fs::canonicalize(&given).map_err(|e| format!("cannot attach `{filepath}`: {e}"))?;
     let denied = || format!("`{filepath}` is not allowed by this toolbox's file sandbox");
     if NEVER.iter().any(|n| canonical.starts_with(n))
-        || crate::params::live::is_private_file(&canonical)
+        || bindery_params::live::is_private_file(&canonical)
     {
         return Err(denied());
     }
@@ -195,7 +195,7 @@ mod tests {
         let key = d.path().join("pics/key.txt");
         std::fs::write(&key, "sk-CANARY").unwrap();
         assert!(attach(Some(&all), "pics/key.txt", d.path()).is_ok());
-        crate::params::live::private_file(&key);
+        bindery_params::live::private_file(&key);
         let e = attach(Some(&all), "pics/../pics/key.txt", d.path()).unwrap_err();
         assert!(e.contains("not allowed"), "{e}");
     }

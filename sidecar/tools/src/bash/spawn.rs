@@ -50,7 +50,7 @@ pub(super) struct Spawn<'a> {
 pub(super) struct Child {
     pid: libc::pid_t,
     reaped: bool,
-    kept: Option<crate::reaper::Kept>,
+    kept: Option<bindery_reaper::Kept>,
     pub stdin: Option<pipe::Sender>,
     pub stdout: Option<pipe::Receiver>,
     pub stderr: Option<pipe::Receiver>,
@@ -290,7 +290,7 @@ impl Child {
     }
 
     /// Keep the sweep off this child until it is reaped.
-    pub fn keep(&mut self, kept: Option<crate::reaper::Kept>) {
+    pub fn keep(&mut self, kept: Option<bindery_reaper::Kept>) {
         self.kept = kept;
     }
 

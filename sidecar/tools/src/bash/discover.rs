@@ -53,7 +53,7 @@ pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, String> {
         return Err("`describe` gave an empty slug".to_string());
     }
     if let Some(mime) = &info.output_media_type {
-        if !crate::llm::content::is_media_type(mime) {
+        if !bindery_llm::content::is_media_type(mime) {
             return Err(format!(
                 "`describe` gave \"output-media-type\": {mime:?}, which is not a media type (type/subtype, e.g. \"image/png\")"
             ));

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::spec::DeferredTool as Decl;
+use bindery_spec::DeferredTool as Decl;
 
 pub struct DeferredTool {
     spec: ToolSpec,

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::tools::{ArgSpec, ToolSpec, Transport};
+use crate::{ArgSpec, ToolSpec, Transport};
 
 /// Where an argument goes in the request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,8 +60,8 @@ pub struct Operation {
 
 impl Operation {
     /// What a toolbox's `filter` looks at.
-    pub fn endpoint(&self) -> crate::spec::filter::Endpoint<'_> {
-        crate::spec::filter::Endpoint {
+    pub fn endpoint(&self) -> bindery_spec::filter::Endpoint<'_> {
+        bindery_spec::filter::Endpoint {
             method: &self.method,
             path: &self.path,
             operation_id: self.operation_id.as_deref(),

@@ -15,8 +15,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::llm::{ChatMessage, Turn};
-use crate::spec::SessionScope;
+use bindery_llm::{ChatMessage, Turn};
+use bindery_spec::SessionScope;
 
 /// The most sessions a lineage is read with (its newest first): a
 /// lineage past it is answered in part.

@@ -4,9 +4,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::params::scrub::Scrubber;
-use crate::tools::openapi::sanitize_name;
-use crate::tools::{ArgSpec, ToolSpec, Transport};
+use bindery_params::scrub::Scrubber;
+use crate::openapi::sanitize_name;
+use crate::{ArgSpec, ToolSpec, Transport};
 
 /// How deep local `$ref`s are inlined into argument schemas; past it, `{}`.
 const MAX_REF_DEPTH: usize = 8;
@@ -120,8 +120,8 @@ pub fn result_output(
     result: &Value,
     max: usize,
     scrubber: &Scrubber,
-) -> Result<crate::tools::ToolOutput, String> {
-    use crate::tools::{OutputPart, ToolOutput};
+) -> Result<crate::ToolOutput, String> {
+    use crate::{OutputPart, ToolOutput};
     use base64::Engine as _;
     let text = result_text(result, max, scrubber)?;
     let mut media = Vec::new();
@@ -136,14 +136,14 @@ pub fn result_output(
         let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or("");
         let data = c.get("data").and_then(Value::as_str).unwrap_or("");
         // Base64 is 4 characters for 3 bytes: a longer text is too big.
-        if !crate::llm::content::is_media_type(mime) || data.len() / 4 * 3 > room {
+        if !bindery_llm::content::is_media_type(mime) || data.len() / 4 * 3 > room {
             continue;
         }
         let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data) else {
             continue;
         };
         room -= bytes.len().min(room);
-        media.push(OutputPart::Media(crate::llm::Media {
+        media.push(OutputPart::Media(bindery_llm::Media {
             mime: mime.to_string(),
             bytes,
         }));
@@ -213,7 +213,7 @@ mod tests {
     /// limit stays named in the text only.
     #[test]
     fn an_image_in_a_result_is_media() {
-        use crate::tools::{OutputPart, ToolOutput};
+        use crate::{OutputPart, ToolOutput};
         let r = json!({"content": [
             {"type": "text", "text": "the chart"},
             {"type": "image", "mimeType": "image/png", "data": "iVBORw=="},
@@ -226,7 +226,7 @@ mod tests {
                 OutputPart::Text(
                     "the chart\n[image image/png]\n[image image/png]\n[image png]".into()
                 ),
-                OutputPart::Media(crate::llm::Media {
+                OutputPart::Media(bindery_llm::Media {
                     mime: "image/png".into(),
                     bytes: vec![0x89, b'P', b'N', b'G'],
                 }),
@@ -328,7 +328,7 @@ mod tests {
     #[test]
     fn a_result_cut_inside_a_secret_keeps_none_of_it() {
         let mut s = Scrubber::default();
-        s.add("token", &crate::params::SecretString::new("s3cr3t-token"));
+        s.add("token", &bindery_params::SecretString::new("s3cr3t-token"));
         for at in 1.."s3cr3t-token".len() {
             let text = format!("{}s3cr3t-token and more", "x".repeat(10 - at.min(10)));
             let r = json!({"content": [{"type": "text", "text": text}]});

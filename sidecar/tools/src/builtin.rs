@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use super::lineage::{Found, Kin, Listing, Relation};
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
-use crate::spec::{BuiltinToolbox, SessionScope};
+use bindery_spec::{BuiltinToolbox, SessionScope};
 
 /// How many sessions a `list-sessions` or `search-sessions` answer holds
 /// when the toolbox does not say (agents-exe's default).
@@ -44,16 +44,16 @@ pub struct SystemTool {
     /// The most sessions one of their answers holds.
     max_results: usize,
     /// What `attach-file` may read (none when absent).
-    sandbox: Option<crate::spec::sandbox::FileSandbox>,
+    sandbox: Option<bindery_spec::sandbox::FileSandbox>,
 }
 
 impl SystemTool {
     /// The toolbox's tool; `sources` are the variables the agent reads
-    /// values from ([`crate::spec::checks::env_sources`]), never shown.
+    /// values from ([`bindery_spec::checks::env_sources`]), never shown.
     pub fn new(
         tb: &BuiltinToolbox,
         sources: &BTreeSet<String>,
-        naming: crate::spec::Naming,
+        naming: bindery_spec::Naming,
     ) -> SystemTool {
         let has = |c: &str| tb.capabilities.iter().any(|x| x == c);
         // `read-session` reads another session of the lineage only where
@@ -61,9 +61,9 @@ impl SystemTool {
         let reads_lineage = has("read-session") && (has("list-sessions") || has("search-sessions"));
         let spec = ToolSpec {
             name: match naming {
-                crate::spec::Naming::Bindery => format!("io_{}", tb.name),
+                bindery_spec::Naming::Bindery => format!("io_{}", tb.name),
                 // agents-exe's name for its system toolbox's one tool.
-                crate::spec::Naming::AgentsExe => format!("system_{}_system_info", tb.name),
+                bindery_spec::Naming::AgentsExe => format!("system_{}_system_info", tb.name),
             },
             local_name: tb.name.clone(),
             description: tb.description.clone().unwrap_or_else(|| {
@@ -119,14 +119,14 @@ impl SystemTool {
             max_results: tb
                 .session_max_results
                 .unwrap_or(SESSION_RESULTS_DEFAULT)
-                .clamp(1, crate::spec::checks::SESSION_RESULTS_MAX)
+                .clamp(1, bindery_spec::checks::SESSION_RESULTS_MAX)
                 as usize,
             capabilities: tb.capabilities.clone(),
             sandbox: tb.file_sandbox.clone(),
             env_vars: tb
                 .env_vars
                 .iter()
-                .filter(|n| crate::spec::checks::env_var_refusal(n, sources).is_none())
+                .filter(|n| bindery_spec::checks::env_var_refusal(n, sources).is_none())
                 .cloned()
                 .collect(),
         }
@@ -136,7 +136,7 @@ impl SystemTool {
     /// whose value holds a secret this process or this call knows is
     /// named under `withheld`, its value not read out.
     fn env_report(&self, ctx: &CallContext) -> Value {
-        let live = crate::params::live::scrubber();
+        let live = bindery_params::live::scrubber();
         let mut vars = serde_json::Map::new();
         let mut withheld = Vec::new();
         for name in &self.env_vars {
@@ -144,7 +144,7 @@ impl SystemTool {
                 Ok(v)
                     if live.scrub(&v) != v
                         || ctx.scrubber.scrub(&v) != v
-                        || crate::spec::checks::credential_value(&v) =>
+                        || bindery_spec::checks::credential_value(&v) =>
                 {
                     withheld.push(name.clone())
                 }
@@ -498,7 +498,7 @@ mod tests {
 
     #[test]
     fn every_capability_reports() {
-        for c in crate::spec::checks::BUILTIN_CAPABILITIES
+        for c in bindery_spec::checks::BUILTIN_CAPABILITIES
             .iter()
             .filter(|c| {
                 ![
@@ -523,7 +523,7 @@ mod tests {
     struct Asked(std::sync::Mutex<Vec<String>>);
 
     #[async_trait]
-    impl crate::tools::lineage::SessionLineage for Asked {
+    impl crate::lineage::SessionLineage for Asked {
         async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String> {
             self.0
                 .lock()
@@ -564,7 +564,7 @@ mod tests {
             &self,
             scope: SessionScope,
             id: &str,
-        ) -> Result<Option<crate::tools::lineage::Read>, String> {
+        ) -> Result<Option<crate::lineage::Read>, String> {
             self.0
                 .lock()
                 .unwrap()
@@ -577,7 +577,7 @@ mod tests {
         v.as_object()
             .unwrap()
             .iter()
-            .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
+            .map(|(k, v)| (k.clone(), bindery_params::ParamValue::Plain(v.clone())))
             .collect()
     }
 
@@ -591,7 +591,7 @@ mod tests {
             "sessionScope": "children-only", "sessionMaxResults": 5000,
             "sessionToolOutputs": false}))
         .unwrap();
-        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), bindery_spec::Naming::Bindery);
         assert!(tool.spec().arg("query").is_some());
         assert!(tool.receives_session());
         let asked = std::sync::Arc::new(Asked::default());
@@ -671,14 +671,14 @@ mod tests {
         let tb: BuiltinToolbox =
             serde_json::from_value(json!({"name": "s", "capabilities": ["list-sessions"]}))
                 .unwrap();
-        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), bindery_spec::Naming::Bindery);
         assert!(tool.spec().arg("query").is_none());
         assert!(tool.spec().arg("session_id").is_none());
         assert_eq!(tool.max_results, 50);
         // `read-session` alone reads the calling session only.
         let tb: BuiltinToolbox =
             serde_json::from_value(json!({"name": "s", "capabilities": ["read-session"]})).unwrap();
-        let tool = SystemTool::new(&tb, &BTreeSet::new(), crate::spec::Naming::Bindery);
+        let tool = SystemTool::new(&tb, &BTreeSet::new(), bindery_spec::Naming::Bindery);
         assert!(tool.spec().arg("session_id").is_none());
     }
 
