@@ -2,7 +2,6 @@
 //! the LLM loop and the session API.
 
 pub mod api;
-pub mod bindings;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod report;
@@ -14,6 +13,7 @@ pub mod tree;
 pub use bindery_spec as spec;
 pub use bindery_reaper as reaper;
 pub use bindery_params as params;
+pub use bindery_bindings as bindings;
 pub use bindery_tools as tools;
 pub use bindery_llm as llm;
 pub use bindery_metrics as metrics;

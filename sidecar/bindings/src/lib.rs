@@ -6,6 +6,8 @@
 //! registration is never changed: values come from the run's snapshot at
 //! each call, so one registration serves every session.
 
+#![forbid(unsafe_code)]
+
 pub mod apply;
 pub mod cache;
 pub mod confirm;
@@ -17,10 +19,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::params::scrub::Scrubber;
-use crate::params::{ParamValue, SecretString, Values};
-use crate::spec::{BindingValue, WhenUnbound};
-use crate::tools::{
+use bindery_params::scrub::Scrubber;
+use bindery_params::{ParamValue, SecretString, Values};
+use bindery_spec::{BindingValue, WhenUnbound};
+use bindery_tools::{
     CallArgs, CallContext, Disposition, Tool, ToolError, ToolOutput, ToolSpec, Transport,
 };
 
@@ -67,7 +69,7 @@ pub struct BoundTool {
     /// Declared read-only (`readOnly: true`) although its kind may write.
     read_only: bool,
     /// The lookups that fill its API-owned arguments, in order.
-    depends: Arc<[crate::spec::Dependency]>,
+    depends: Arc<[bindery_spec::Dependency]>,
     /// Its toolbox's `confirm` conditions (CEL): a call asks when one holds.
     confirm_when: Arc<[String]>,
     /// Its output may carry instructions from outside (`untrusted: true`).
@@ -213,7 +215,7 @@ impl BoundTool {
 
     /// The same tool with a declaration applied: read-only, untrusted,
     /// egress (each only ever added) and more dependencies.
-    pub fn with_decl(&self, d: &crate::spec::ToolDecl) -> Self {
+    pub fn with_decl(&self, d: &bindery_spec::ToolDecl) -> Self {
         let mut all = self.depends.to_vec();
         all.extend(d.depends_on.iter().cloned());
         BoundTool {
@@ -237,7 +239,7 @@ impl BoundTool {
         self.inner.receives_session()
     }
 
-    pub fn depends(&self) -> &[crate::spec::Dependency] {
+    pub fn depends(&self) -> &[bindery_spec::Dependency] {
         &self.depends
     }
 
@@ -414,7 +416,7 @@ impl BoundTool {
                 param: param.to_string(),
                 kind: v
                     .plain()
-                    .map_or("a secret", crate::params::value::json_kind),
+                    .map_or("a secret", bindery_params::value::json_kind),
             });
         }
         Ok(())
@@ -434,7 +436,7 @@ impl BoundTool {
             other => {
                 return Err(ToolError::InvalidArguments(format!(
                     "arguments must be a JSON object, got {}",
-                    crate::params::value::json_kind(&other)
+                    bindery_params::value::json_kind(&other)
                 )))
             }
         };
@@ -469,7 +471,7 @@ pub fn scrubber_for(values: &Values, tools: &[BoundTool]) -> Scrubber {
     }
     // A tool that prints one of the server's own credentials (read from
     // wherever it could) leaves no trace of it either.
-    for (name, secret) in crate::params::live::own() {
+    for (name, secret) in bindery_params::live::own() {
         s.add(&name, &secret);
     }
     s

@@ -3,8 +3,8 @@
 //! toolbox, binding) and the tool and argument it concerns.
 
 use super::{AppliedBinding, BoundTool};
-pub use crate::diagnostic::{Diagnostic, Level};
-use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
+pub use bindery_spec::diagnostic::{Diagnostic, Level};
+use bindery_spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
 
 /// Which tool name a binding's glob is matched against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +162,7 @@ pub fn apply_bindings_with(
                 diags.push(Diagnostic::error(format!(
                     "{at}: the literal bound to argument \"{}\" is {}; {carries}",
                     b.arg,
-                    crate::params::value::json_kind(l)
+                    bindery_params::value::json_kind(l)
                 )));
                 continue;
             }

@@ -26,8 +26,8 @@ use tokio::time::Instant;
 use sha2::{Digest, Sha256};
 
 use super::BoundTool;
-use crate::params::Values;
-use crate::tools::CallContext;
+use bindery_params::Values;
+use bindery_tools::CallContext;
 
 pub type CacheKey = [u8; 32];
 
@@ -122,11 +122,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::bindings::AppliedBinding;
-    use crate::bindings::BoundValue;
-    use crate::params::{ParamValue, SecretString};
-    use crate::spec::WhenUnbound;
-    use crate::tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
+    use crate::AppliedBinding;
+    use crate::BoundValue;
+    use bindery_params::{ParamValue, SecretString};
+    use bindery_spec::WhenUnbound;
+    use bindery_tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 
     struct Nop(ToolSpec, bool);
 

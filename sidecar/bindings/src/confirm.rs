@@ -3,9 +3,9 @@
 //! on model-visible names).
 
 use super::{glob_matches, BoundTool};
-use crate::diagnostic::{Diagnostic, Level};
-use crate::spec::{ConfirmKeyword, ConfirmSelector, ToolboxConfirm};
-use crate::tools::Disposition;
+use bindery_spec::diagnostic::{Diagnostic, Level};
+use bindery_spec::{ConfirmKeyword, ConfirmSelector, ToolboxConfirm};
+use bindery_tools::Disposition;
 
 /// Mark the tools of one toolbox that its `confirm` selects.
 pub fn apply_toolbox_confirm(tools: &mut [BoundTool], confirm: Option<&ToolboxConfirm>) {

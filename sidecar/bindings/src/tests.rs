@@ -6,11 +6,11 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::*;
-use crate::bindings::apply::{apply_bindings, BindingLayer, Level};
-use crate::params::SecretString;
-use crate::spec::{Binding, ParameterDecl, Scope};
-use crate::tools::bash::Mode;
-use crate::tools::{ArgSpec, ToolSpec};
+use crate::apply::{apply_bindings, BindingLayer, Level};
+use bindery_params::SecretString;
+use bindery_spec::{Binding, ParameterDecl, Scope};
+use bindery_tools::bash::Mode;
+use bindery_tools::{ArgSpec, ToolSpec};
 
 struct Recorder {
     spec: ToolSpec,
@@ -383,7 +383,7 @@ fn an_agent_level_binding_aimed_at_mcp_tools_that_matches_nothing_is_a_warning()
 
 #[test]
 fn declarations_hide_filled_arguments_and_read_only_tools_are_not_writes() {
-    let decls: Vec<crate::spec::ToolDecl> = serde_yaml::from_str(
+    let decls: Vec<bindery_spec::ToolDecl> = serde_yaml::from_str(
         "[{tool: 'slot*', readOnly: true},
           {tool: book, depends_on: [{tool: slots, map: {$.slot_token: $.token}}]}]",
     )

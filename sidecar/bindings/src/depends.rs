@@ -4,8 +4,8 @@
 //! write, a destination the tool does not declare.
 
 use super::{glob_matches, BoundTool};
-use crate::diagnostic::Diagnostic;
-use crate::spec::ToolDecl;
+use bindery_spec::diagnostic::Diagnostic;
+use bindery_spec::ToolDecl;
 
 /// Apply a toolbox's `tools` declarations (globs on the names inside it).
 pub fn apply_toolbox_decls(tools: &mut [BoundTool], decls: &[ToolDecl]) {
