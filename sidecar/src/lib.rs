@@ -4,15 +4,15 @@
 pub mod api;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod report;
 pub mod session;
-pub mod tree;
 
 // The agent definition and its diagnostics live in the `bindery-spec` crate,
 // which the operator shares; these keep their paths in this crate.
 pub use bindery_spec as spec;
 pub use bindery_reaper as reaper;
 pub use bindery_params as params;
+pub use bindery_tree as tree;
+pub use bindery_tree::report;
 pub use bindery_bindings as bindings;
 pub use bindery_tools as tools;
 pub use bindery_llm as llm;

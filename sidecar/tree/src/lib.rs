@@ -5,19 +5,22 @@
 //! with every problem found, each naming the file, agent, toolbox, tool,
 //! argument or parameter to fix.
 
+#![forbid(unsafe_code)]
+
 pub mod files;
 pub mod live;
+pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::bindings::confirm::apply_toolbox_confirm;
-use crate::bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
-use crate::params::{AgentParams, ApiKeys, ProcessValues, Values};
-use crate::spec::{AgentSpec, BindingValue, Scope, Toolbox};
-use crate::tools::bash::{self, Limits};
-use crate::tools::{Disposition, Tool};
+use bindery_bindings::confirm::apply_toolbox_confirm;
+use bindery_bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
+use bindery_params::{AgentParams, ApiKeys, ProcessValues, Values};
+use bindery_spec::{AgentSpec, BindingValue, Scope, Toolbox};
+use bindery_tools::bash::{self, Limits};
+use bindery_tools::{Disposition, Tool};
 
 pub use live::LiveTools;
 
@@ -77,7 +80,7 @@ impl LoadedAgent {
     /// running: its toolbox's say, else the agent-level `confirm`.
     pub fn disposition(&self, name: &str, tool: Option<&BoundTool>) -> Option<Disposition> {
         tool.and_then(BoundTool::disposition).or_else(|| {
-            crate::bindings::confirm::selects(&self.spec.confirm, name)
+            bindery_bindings::confirm::selects(&self.spec.confirm, name)
                 .then_some(Disposition::Confirm)
         })
     }
@@ -87,17 +90,17 @@ impl LoadedAgent {
         self.spec
             .confirm_ttl
             .as_deref()
-            .and_then(crate::spec::parse_ttl)
+            .and_then(bindery_spec::parse_ttl)
             .map(std::time::Duration::from_secs)
     }
 
     /// The agent's budgets as the server measures them (`check` refuses
     /// any that does not read).
-    pub fn budget_limits(&self) -> Vec<crate::spec::budget::Limit> {
+    pub fn budget_limits(&self) -> Vec<bindery_spec::budget::Limit> {
         self.spec
             .budgets
             .iter()
-            .filter_map(crate::spec::budget::Budget::limit)
+            .filter_map(bindery_spec::budget::Budget::limit)
             .collect()
     }
 
@@ -283,7 +286,7 @@ pub async fn load_document(
     );
     if diags.iter().any(|d| d.level == Level::Error) {
         // Nothing it names is loaded: no program runs, no file is read.
-        diags.extend(crate::spec::checks::check_definition(
+        diags.extend(bindery_spec::checks::check_definition(
             slug,
             &agent.spec,
             &here,
@@ -469,7 +472,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let here = format!("{file}: agent `{}`", p.name);
     let base = p.base.clone();
 
-    diags.extend(crate::spec::checks::check_definition(
+    diags.extend(bindery_spec::checks::check_definition(
         &p.name, &p.spec, &here,
     ));
     let (params, errors) =
@@ -511,17 +514,17 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         }
         parts.push(tools[before..].to_vec());
     }
-    crate::bindings::apply::apply_bindings_with(
+    bindery_bindings::apply::apply_bindings_with(
         &mut tools,
         &p.spec.bindings,
         BindingLayer::Agent,
         &p.spec.parameters,
         &format!("{here}, agent-level bindings"),
-        crate::bindings::apply::agent_typo_level,
+        bindery_bindings::apply::agent_typo_level,
         &mut diags,
     );
-    crate::bindings::depends::apply_agent_decls(&mut tools, &p.spec.tools);
-    crate::bindings::depends::check_loaded(&tools, &here, &mut diags);
+    bindery_bindings::depends::apply_agent_decls(&mut tools, &p.spec.tools);
+    bindery_bindings::depends::check_loaded(&tools, &here, &mut diags);
     for t in tools
         .iter()
         .filter(|t| t.disposition() == Some(Disposition::Deferred) && !t.bindings().is_empty())
@@ -536,7 +539,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     let prefix = p.spec.naming.helper_prefix();
     names.extend(p.helpers.iter().map(|h| format!("{prefix}{}", h.slug)));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    crate::bindings::confirm::check_selectors(
+    bindery_bindings::confirm::check_selectors(
         &p.spec.confirm,
         &names,
         &format!("{here}, agent-level confirm"),
@@ -603,10 +606,10 @@ async fn load_toolbox(
     let b = match tb {
         Toolbox::Bash(b) => b,
         Toolbox::Deferred(d) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
             let mut bound = Vec::new();
             for decl in &d.tools {
-                match crate::tools::deferred::DeferredTool::new(decl) {
+                match bindery_tools::deferred::DeferredTool::new(decl) {
                     Ok(t) => bound.push(
                         BoundTool::new(Arc::new(t) as Arc<dyn Tool>)
                             .with_disposition(Disposition::Deferred),
@@ -619,15 +622,15 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Mcp(m) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
             mcp.load(i, m, base, p, params, opts, &place, tools, diags)
                 .await;
             return;
         }
         Toolbox::Builtin(bt) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
-            let sources = crate::spec::checks::env_sources(&p.spec);
-            let tool = crate::tools::builtin::SystemTool::new(bt, &sources, p.spec.naming);
+            let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
+            let sources = bindery_spec::checks::env_sources(&p.spec);
+            let tool = bindery_tools::builtin::SystemTool::new(bt, &sources, p.spec.naming);
             let bound = vec![BoundTool::new(Arc::new(tool) as Arc<dyn Tool>)];
             let added = Added {
                 what: "the toolbox `name`",
@@ -640,13 +643,13 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Sqlite(q) => {
-            let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+            let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
             let root = match q.versioned.as_ref().and_then(|v| v.storage_root.as_ref()) {
                 Some(r) => base.join(r),
-                None => crate::tools::sqlite_versions::default_root(|k| std::env::var(k).ok()),
+                None => bindery_tools::sqlite_versions::default_root(|k| std::env::var(k).ok()),
             };
             let path = base.join(&q.path);
-            match crate::tools::sqlite::SqliteTool::open_all(q, path, root, p.spec.naming) {
+            match bindery_tools::sqlite::SqliteTool::open_all(q, path, root, p.spec.naming) {
                 Ok(found) => {
                     let added = Added {
                         what: "the toolbox `name`",
@@ -666,7 +669,7 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Postgrest(pg) => {
-            let label = crate::spec::checks::toolbox_label(i, tb);
+            let label = bindery_spec::checks::toolbox_label(i, tb);
             let place = format!("{here}, {label}");
             let o = pg.as_openapi();
             let names = (place.as_str(), label.as_str());
@@ -685,7 +688,7 @@ async fn load_toolbox(
             return;
         }
         Toolbox::Openapi(o) => {
-            let label = crate::spec::checks::toolbox_label(i, tb);
+            let label = bindery_spec::checks::toolbox_label(i, tb);
             let place = format!("{here}, {label}");
             let names = (place.as_str(), label.as_str());
             if let Some(bound) = load_openapi(o, None, base, p, params, opts, names, diags).await {
@@ -714,7 +717,7 @@ async fn load_toolbox(
         // A malformed toolbox is reported by `spec::checks`.
         _ => return,
     };
-    let place = format!("{here}, {}", crate::spec::checks::toolbox_label(i, tb));
+    let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
     let (found, errors) = match loaded {
         Ok(x) => x,
         Err(e) => {
@@ -726,7 +729,7 @@ async fn load_toolbox(
     let bound: Vec<BoundTool> = found
         .into_iter()
         .map(|t| {
-            let shared = b.cache == Some(crate::spec::ToolboxCache::Shared);
+            let shared = b.cache == Some(bindery_spec::ToolboxCache::Shared);
             BoundTool::new(Arc::new(t.shared(shared)) as Arc<dyn Tool>)
         })
         .collect();
@@ -746,9 +749,9 @@ async fn load_toolbox(
 /// and `confirm` applied.
 struct Added<'a> {
     what: &'a str,
-    bindings: &'a [crate::spec::Binding],
-    decls: &'a [crate::spec::ToolDecl],
-    confirm: Option<&'a crate::spec::ToolboxConfirm>,
+    bindings: &'a [bindery_spec::Binding],
+    decls: &'a [bindery_spec::ToolDecl],
+    confirm: Option<&'a bindery_spec::ToolboxConfirm>,
     place: &'a str,
 }
 
@@ -769,7 +772,7 @@ impl Added<'_> {
             self.place,
             diags,
         );
-        crate::bindings::depends::apply_toolbox_decls(&mut bound, self.decls);
+        bindery_bindings::depends::apply_toolbox_decls(&mut bound, self.decls);
         apply_toolbox_confirm(&mut bound, self.confirm);
         check_toolbox_confirm(&bound, self.confirm, self.place, Level::Error, diags);
         tools.extend(bound);
@@ -779,14 +782,14 @@ impl Added<'_> {
 /// The typo guard of a toolbox's `confirm` selectors, on its own tools.
 fn check_toolbox_confirm(
     tools: &[BoundTool],
-    confirm: Option<&crate::spec::ToolboxConfirm>,
+    confirm: Option<&bindery_spec::ToolboxConfirm>,
     place: &str,
     level: Level,
     diags: &mut Vec<Diagnostic>,
 ) {
     let names: Vec<&str> = tools.iter().map(|t| t.spec().local_name.as_str()).collect();
-    crate::bindings::confirm::check_selectors(
-        crate::bindings::confirm::toolbox_selectors(confirm),
+    bindery_bindings::confirm::check_selectors(
+        bindery_bindings::confirm::toolbox_selectors(confirm),
         &names,
         place,
         |_| level,
@@ -798,12 +801,12 @@ fn check_toolbox_confirm(
 /// toolbox's index, place in messages, bindings and `confirm`.
 type Watched = (
     usize,
-    Arc<crate::tools::mcp::McpServer>,
+    Arc<bindery_tools::mcp::McpServer>,
     String,
-    Vec<crate::spec::Binding>,
+    Vec<bindery_spec::Binding>,
     (
-        Option<crate::spec::ToolboxConfirm>,
-        Vec<crate::spec::ToolDecl>,
+        Option<bindery_spec::ToolboxConfirm>,
+        Vec<bindery_spec::ToolDecl>,
         Option<String>,
     ),
 );
@@ -826,7 +829,7 @@ impl McpLoader {
     async fn load(
         &mut self,
         i: usize,
-        m: &crate::spec::McpToolbox,
+        m: &bindery_spec::McpToolbox,
         base: &Path,
         p: &Pending,
         params: &AgentParams,
@@ -835,11 +838,11 @@ impl McpLoader {
         tools: &mut Vec<BoundTool>,
         diags: &mut Vec<Diagnostic>,
     ) {
-        use crate::tools::mcp::McpServer;
+        use bindery_tools::mcp::McpServer;
         // A server whose configuration is wrong is not started (the
         // problem is reported by `spec::checks`).
         let mut own = Vec::new();
-        crate::spec::checks::check_mcp(&p.spec, m, place, &mut own);
+        bindery_spec::checks::check_mcp(&p.spec, m, place, &mut own);
         if own.iter().any(|d| d.level == Level::Error) {
             return;
         }
@@ -872,7 +875,7 @@ impl McpLoader {
             .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
             .collect();
         check_names(&bound, tools, place, "the server's `name`", diags);
-        crate::bindings::apply::apply_bindings_with(
+        bindery_bindings::apply::apply_bindings_with(
             &mut bound,
             &m.bindings,
             BindingLayer::Toolbox,
@@ -881,7 +884,7 @@ impl McpLoader {
             |_| Level::Warning,
             diags,
         );
-        crate::bindings::depends::apply_toolbox_decls(&mut bound, &m.tools);
+        bindery_bindings::depends::apply_toolbox_decls(&mut bound, &m.tools);
         apply_toolbox_confirm(&mut bound, m.confirm.as_ref());
         check_toolbox_confirm(&bound, m.confirm.as_ref(), place, Level::Warning, diags);
         tools.extend(bound);
@@ -939,7 +942,7 @@ impl McpLoader {
                                 &asm.params,
                                 place,
                             );
-                            crate::bindings::depends::apply_toolbox_decls(&mut bound, decls);
+                            bindery_bindings::depends::apply_toolbox_decls(&mut bound, decls);
                             apply_toolbox_confirm(&mut bound, confirm.as_ref());
                             for d in diags {
                                 tracing::warn!("{}", d.message);
@@ -970,7 +973,7 @@ impl McpLoader {
     }
 }
 
-use crate::spec::checks::valid_tool_name;
+use bindery_spec::checks::valid_tool_name;
 
 /// Each new tool has a valid name that no earlier tool took; `what` says
 /// where the name comes from.
@@ -1005,8 +1008,8 @@ fn check_names(
 /// The argument names a toolbox's or the agent's bindings name, and those
 /// a `depends_on` lookup fills (the first step of each `map` destination).
 fn filled_args(
-    toolbox: &[crate::spec::Binding],
-    decls: &[crate::spec::ToolDecl],
+    toolbox: &[bindery_spec::Binding],
+    decls: &[bindery_spec::ToolDecl],
     agent: &AgentSpec,
 ) -> BTreeSet<String> {
     let lookups = decls.iter().chain(&agent.tools).flat_map(|d| &d.depends_on);
@@ -1027,8 +1030,8 @@ fn filled_args(
 /// errors (without the agent file's path).
 #[allow(clippy::too_many_arguments)]
 async fn load_openapi(
-    o: &crate::spec::OpenApiToolbox,
-    postgrest: Option<&crate::spec::PostgrestToolbox>,
+    o: &bindery_spec::OpenApiToolbox,
+    postgrest: Option<&bindery_spec::PostgrestToolbox>,
     base: &Path,
     p: &Pending,
     params: &AgentParams,
@@ -1036,11 +1039,11 @@ async fn load_openapi(
     (place, label): (&str, &str),
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Vec<BoundTool>> {
-    use crate::tools::openapi;
+    use bindery_tools::openapi;
     // Values known at load (process values and defaults) may fetch the spec.
     let values = params.snapshot(&Values::new(), &Values::new());
     let keys = &opts.api_keys;
-    let agents_exe = p.spec.naming == crate::spec::Naming::AgentsExe;
+    let agents_exe = p.spec.naming == bindery_spec::Naming::AgentsExe;
     // Arguments a binding or a lookup fills keep Bindery's names and places.
     let kept = filled_args(&o.bindings, &o.tools, &p.spec);
     let kept = |arg: &str| kept.contains(arg);
@@ -1086,7 +1089,7 @@ async fn load_openapi(
             // Each credential argument is bound to its parameter: the
             // model never sees it, and a required parameter without a
             // value fails the call rather than sending no credential.
-            let credentials: Vec<crate::bindings::AppliedBinding> = loaded
+            let credentials: Vec<bindery_bindings::AppliedBinding> = loaded
                 .credentials
                 .into_iter()
                 .map(|(arg, param)| {
@@ -1095,13 +1098,13 @@ async fn load_openapi(
                         .parameters
                         .iter()
                         .any(|d| d.name == param && d.required);
-                    crate::bindings::AppliedBinding {
+                    bindery_bindings::AppliedBinding {
                         arg,
-                        value: crate::bindings::BoundValue::Param(param),
+                        value: bindery_bindings::BoundValue::Param(param),
                         when_unbound: if required {
-                            crate::spec::WhenUnbound::Fail
+                            bindery_spec::WhenUnbound::Fail
                         } else {
-                            crate::spec::WhenUnbound::Omit
+                            bindery_spec::WhenUnbound::Omit
                         },
                     }
                 })

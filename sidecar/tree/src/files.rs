@@ -7,8 +7,8 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use crate::spec::agents_exe::{ignored_path, AgentFile};
-use crate::spec::{AgentDocument, AgentSpec, API_VERSION, KIND};
+use bindery_spec::agents_exe::{ignored_path, AgentFile};
+use bindery_spec::{AgentDocument, AgentSpec, API_VERSION, KIND};
 
 /// One agent read from a file.
 #[derive(Debug)]
@@ -178,7 +178,7 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
             // is buffered whole by serde, and the fields it skips inside
             // go unseen: a misspelt `filter` would load without a word.
             // Read with every `tag` first, each skipped field is seen.
-            let text = crate::spec::agents_exe::tag_first(&value);
+            let text = bindery_spec::agents_exe::tag_first(&value);
             let de = &mut serde_json::Deserializer::from_str(&text);
             let file: AgentFile =
                 serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {

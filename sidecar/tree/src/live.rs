@@ -9,9 +9,9 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::bindings::{apply::apply_bindings_with, glob_matches, BindingLayer, BoundTool};
-use crate::diagnostic::{Diagnostic, Level};
-use crate::spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
+use bindery_bindings::{apply::apply_bindings_with, glob_matches, BindingLayer, BoundTool};
+use bindery_spec::diagnostic::{Diagnostic, Level};
+use bindery_spec::{Binding, BindingValue, ParameterDecl, WhenUnbound};
 
 /// The tools of one agent, as of now; and the names that ever gave an
 /// untrusted result in this process, which a change of the list does not
@@ -29,7 +29,7 @@ fn untrusted_names(tools: &[BoundTool]) -> impl Iterator<Item = String> + '_ {
     tools
         .iter()
         .filter(|t| {
-            t.untrusted() || !crate::bindings::depends::untrusted_lookups(tools, t).is_empty()
+            t.untrusted() || !bindery_bindings::depends::untrusted_lookups(tools, t).is_empty()
         })
         .map(|t| t.name().to_string())
 }
@@ -140,7 +140,7 @@ pub struct Assembly {
     pub parts: Vec<Vec<BoundTool>>,
     pub agent_bindings: Vec<Binding>,
     /// The agent-level `tools` declarations (`readOnly`, `depends_on`).
-    pub agent_decls: Vec<crate::spec::ToolDecl>,
+    pub agent_decls: Vec<bindery_spec::ToolDecl>,
     pub params: Vec<ParameterDecl>,
     /// `agent.yaml: agent `invoices``.
     pub here: String,
@@ -171,7 +171,7 @@ impl Assembly {
             &format!("{}, agent-level bindings", self.here),
         );
         diags.extend(more);
-        crate::bindings::depends::apply_agent_decls(&mut all, &self.agent_decls);
+        bindery_bindings::depends::apply_agent_decls(&mut all, &self.agent_decls);
         (all, diags)
     }
 }
@@ -179,7 +179,7 @@ impl Assembly {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::{
+    use bindery_tools::{
         ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport,
     };
 

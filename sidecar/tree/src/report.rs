@@ -4,10 +4,10 @@
 
 use serde::Serialize;
 
-use crate::bindings::{BoundArg, BoundTool};
-use crate::params::{ParamStatus, Values};
-use crate::tools::Disposition;
-use crate::tree::LoadedAgent;
+use bindery_bindings::{BoundArg, BoundTool};
+use bindery_params::{ParamStatus, Values};
+use bindery_tools::Disposition;
+use crate::LoadedAgent;
 
 #[derive(Serialize)]
 pub struct AgentReport {
@@ -109,7 +109,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
                     .iter()
                     .cloned()
                     .chain(
-                        crate::bindings::confirm::conditions(&agent.spec.confirm, t.name())
+                        bindery_bindings::confirm::conditions(&agent.spec.confirm, t.name())
                             .map(str::to_string),
                     )
                     .collect(),
