@@ -8,16 +8,16 @@ pub mod session;
 
 // The agent definition and its diagnostics live in the `bindery-spec` crate,
 // which the operator shares; these keep their paths in this crate.
-pub use bindery_spec as spec;
-pub use bindery_reaper as reaper;
-pub use bindery_params as params;
-pub use bindery_tree as tree;
-pub use bindery_tree::report;
 pub use bindery_bindings as bindings;
-pub use bindery_tools as tools;
 pub use bindery_llm as llm;
 pub use bindery_metrics as metrics;
+pub use bindery_params as params;
+pub use bindery_reaper as reaper;
+pub use bindery_spec as spec;
 pub use bindery_spec::diagnostic;
+pub use bindery_tools as tools;
+pub use bindery_tree as tree;
+pub use bindery_tree::report;
 
 /// The layer rule of ARCHITECTURE.md, checked: a module may name
 /// (`crate::…`) only modules of its own layer or below.

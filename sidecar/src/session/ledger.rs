@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 
-use super::usage::{Gauge, Scope, Standing};
+use super::usage::{Gauge, Scope};
 use crate::spec::budget::{Limit, Meter, OnExceed, Per};
 use crate::spec::ModelSpec;
 
@@ -23,55 +23,6 @@ pub enum Gate {
 }
 
 pub use crate::session::wire::Exceeded;
-
-impl Exceeded {
-    /// Limit `limit` as `standing` found it at `now`.
-    pub fn of(limit: &Limit, standing: &Standing, now: i64) -> Exceeded {
-        let retry_after = match limit.per {
-            Per::Rolling(window) => standing.oldest.map(|oldest| {
-                let ms = (oldest + window - now).max(1);
-                u64::try_from(ms).unwrap_or(0).div_ceil(1000)
-            }),
-            Per::Session | Per::Run => None,
-        };
-        Exceeded {
-            budget: limit.name.clone(),
-            meter: limit.meter,
-            limit: limit.limit,
-            used: standing.used,
-            per: limit.per_text.clone(),
-            retry_after,
-        }
-    }
-
-    /// `budget daily-tokens is used up: 200412 of 200000 tokens per 24h`.
-    pub fn detail(&self) -> String {
-        let amount = |x: f64| match self.meter {
-            Meter::Cost => format!("{x:.4}"),
-            Meter::Tokens | Meter::ToolCalls => format!("{x:.0}"),
-        };
-        let mut text = format!(
-            "budget {} is used up: {} of {} {} per {}",
-            self.budget,
-            amount(self.used),
-            amount(self.limit),
-            self.meter.as_str().replace('_', " "),
-            self.per
-        );
-        if let Some(s) = self.retry_after {
-            text.push_str(&format!("; it frees up in {s} s"));
-        }
-        text
-    }
-
-    /// The fields a 429 adds to `error` and `message`.
-    pub fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(m)) => m,
-            _ => serde_json::Map::new(),
-        }
-    }
-}
 
 /// A run's budgets.
 #[async_trait]
@@ -165,6 +116,7 @@ pub fn crossing(before: f64, after: f64, limit: f64) -> Option<Crossing> {
 mod tests {
     use super::*;
     use crate::spec::budget::Budget;
+    use crate::session::usage::Standing;
 
     fn limit(yaml: &str) -> Limit {
         serde_yaml::from_str::<Budget>(yaml)

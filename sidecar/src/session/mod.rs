@@ -2,7 +2,6 @@
 
 pub mod ask;
 pub mod clients;
-pub mod clock;
 pub mod depends;
 pub mod error;
 mod fanout;
@@ -12,14 +11,14 @@ pub mod lease;
 pub mod ledger;
 pub mod lineage;
 mod lru;
-pub mod model;
 pub mod notify;
-pub mod pending;
 pub mod result;
 pub mod runner;
 pub mod service;
-pub mod store;
 pub mod toolgroups;
-pub mod usage;
 pub mod validate;
-pub mod wire;
+
+// A session's records and their stores are the layer below (bindery-store);
+// under their old names here, so the session's code reads as before.
+pub use bindery_store as store;
+pub use bindery_store::{clock, model, pending, usage, wire};

@@ -27,8 +27,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use bindery_spec::SqliteSharing;
 use crate::CallContext;
+use bindery_spec::SqliteSharing;
 
 /// A session may make this many copies when the toolbox does not say.
 pub const DEFAULT_MAX_COPIES: usize = 100;

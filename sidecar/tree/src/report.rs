@@ -4,10 +4,10 @@
 
 use serde::Serialize;
 
+use crate::LoadedAgent;
 use bindery_bindings::{BoundArg, BoundTool};
 use bindery_params::{ParamStatus, Values};
 use bindery_tools::Disposition;
-use crate::LoadedAgent;
 
 #[derive(Serialize)]
 pub struct AgentReport {

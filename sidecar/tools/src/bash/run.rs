@@ -11,8 +11,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::protocol::{env_var_name, EmptyResult, Mode, ScriptInfo};
 use super::BashTool;
-use bindery_params::value::ArgText;
 use crate::{CallArgs, CallContext, ToolError, ToolOutput};
+use bindery_params::value::ArgText;
 
 /// Bytes of stderr kept for an error message.
 pub(super) const MAX_STDERR: usize = 16 * 1024;
@@ -422,8 +422,8 @@ fn stdout_kind<'a>(stdout: &[u8], truncated: bool, info: &'a ScriptInfo) -> Stdo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bindery_params::{ParamValue, SecretString};
     use crate::bash::{Arity, Limits, ScriptArg, ScriptInfo};
+    use bindery_params::{ParamValue, SecretString};
 
     fn tool() -> BashTool {
         let arg = |name: &str, mode| ScriptArg {

@@ -4,9 +4,9 @@
 
 use serde_json::{Map, Value};
 
-use bindery_params::scrub::Scrubber;
 use crate::openapi::sanitize_name;
 use crate::{ArgSpec, ToolSpec, Transport};
+use bindery_params::scrub::Scrubber;
 
 /// How deep local `$ref`s are inlined into argument schemas; past it, `{}`.
 const MAX_REF_DEPTH: usize = 8;

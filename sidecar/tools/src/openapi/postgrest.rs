@@ -383,8 +383,8 @@ mod tests {
 
     #[test]
     fn agents_exe_groups_filters_subset_ranking_and_body() {
-        use bindery_params::ParamValue;
         use crate::openapi::agents_exe_args::regroup;
+        use bindery_params::ParamValue;
         let allowed: Vec<String> = ["GET", "POST", "PATCH"].map(String::from).to_vec();
         let (ops, _) = operations(&doc(), "postgrest", &allowed).unwrap();
         let mut ops = ops.into_iter().map(|o| regroup(o, |a| a == "tenant_id"));

@@ -3,11 +3,11 @@
 //! of those rows. Pure: the stores answer with SQL, in one transaction
 //! where a budget must not be passed twice (see [`SessionStore::claim`]).
 //!
-//! [`SessionStore::claim`]: super::store::SessionStore::claim
+//! [`SessionStore::claim`]: crate::SessionStore::claim
 
 use serde::Serialize;
 
-use crate::spec::budget::Meter;
+use bindery_spec::budget::Meter;
 
 /// One model request or tool call of a run.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +46,7 @@ impl Use {
 /// claimed rows (by id) came to. Written with the next claim, in its
 /// transaction, or on their own ([`SessionStore::record`]).
 ///
-/// [`SessionStore::record`]: super::store::SessionStore::record
+/// [`SessionStore::record`]: crate::SessionStore::record
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Unwritten {
     pub rows: Vec<Use>,
@@ -106,7 +106,7 @@ pub struct Standing {
     pub oldest: Option<i64>,
 }
 
-/// What [`SessionStore::claim`](super::store::SessionStore::claim) did.
+/// What [`SessionStore::claim`](crate::SessionStore::claim) did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Claimed {
     /// Every limit had room: the use is recorded (as claimed, until

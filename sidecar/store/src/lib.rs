@@ -1,15 +1,28 @@
-//! Where sessions are kept: the embedded SQLite store by default, or a
-//! PostgreSQL database that several replicas share (`--store postgres://…`).
+//! A session's records and where they are kept: the record itself
+//! (`model`), its pending work (`pending`, `lookup`), its events as clients
+//! see them (`wire`), what it used (`usage`), and the stores: the embedded
+//! SQLite store by default, or a PostgreSQL database that several replicas
+//! share (`--store postgres://…`).
 
-#[cfg(test)]
+#![forbid(unsafe_code)]
+
+pub mod clock;
+// The promises every backend keeps, as tests; the layers above build their
+// records with its helpers (the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
 pub mod contract;
 mod histories;
 pub mod location;
+pub mod lookup;
+pub mod model;
+pub mod pending;
 pub mod postgres;
 mod postgres_tls;
 mod record;
 pub mod sqlite;
 pub mod timed;
+pub mod usage;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,13 +30,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::model::{EventRecord, SessionRecord};
-use super::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
-use crate::spec::budget::Meter;
-use crate::tools::lineage::Kin;
+use crate::model::{EventRecord, SessionRecord};
+use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use bindery_spec::budget::Meter;
+use bindery_tools::lineage::Kin;
 pub use location::Location;
 
-pub use crate::session::clock::now_ms;
+pub use crate::clock::now_ms;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

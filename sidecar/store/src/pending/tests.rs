@@ -5,9 +5,9 @@
 use serde_json::{json, Value};
 
 use super::*;
-use crate::session::depends::tests::offering;
-use crate::session::wire::Exceeded;
-use crate::spec::budget::Meter;
+use crate::lookup::tests::offering;
+use crate::wire::Exceeded;
+use bindery_spec::budget::Meter;
 
 // ---- builders ----------------------------------------------------------
 

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use crate::llm::Turn;
+use bindery_llm::Turn;
 
 /// What a kept session costs beyond its turns' text, about.
 const PER_SESSION: usize = 256;
@@ -182,7 +182,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::ChatMessage;
+    use bindery_llm::ChatMessage;
 
     fn turns(n: usize) -> Vec<Turn> {
         (0..n)

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{Notice, Peer, SessionStore, StoreError};
-use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
-use crate::spec::budget::Meter;
-use crate::tools::lineage::Kin;
+use crate::model::{EventRecord, SessionRecord};
+use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use bindery_spec::budget::Meter;
+use bindery_tools::lineage::Kin;
 
 /// Told each operation's name (`get`, `update`, `append_event`, …) and how
 /// long it took, failed ones included.
@@ -187,8 +187,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::session::store::contract::record;
-    use crate::session::store::sqlite::SqliteStore;
+    use crate::contract::record;
+    use crate::sqlite::SqliteStore;
 
     #[tokio::test]
     async fn each_operation_is_observed_by_name_and_answered_as_the_inner_stores() {
@@ -374,7 +374,7 @@ mod tests {
         store.forget_runner("i").await.unwrap();
         store.prune_runners(0).await.unwrap();
         store.release_memory().await;
-        let row = crate::session::store::contract::usage_row(1, "a", "s1", "r1", 1);
+        let row = crate::contract::usage_row(1, "a", "s1", "r1", 1);
         store.claim(&[], &Unwritten::default(), &row).await.unwrap();
         store.record(&Unwritten::default()).await.unwrap();
         store.measure(&[]).await.unwrap();

@@ -6,15 +6,15 @@
 //! Messages name the session and the column, never the content: a stored
 //! conversation may hold anything the user typed.
 
-use crate::llm::Turn;
-use crate::session::model::{SessionRecord, SessionStatus};
+use crate::model::{SessionRecord, SessionStatus};
+use bindery_llm::Turn;
 
 /// The `sessions` columns in the order [`Columns`] lists them.
 pub const SESSION_COLUMNS: &str = "id, agent, status, status_detail, created_at, updated_at, \
      version, turns, params, security, forked_from, runner, cancel_requested, pending, holder, \
      turn_count";
 
-/// The columns of a session's row that [`crate::tools::lineage::Kin`]
+/// The columns of a session's row that [`bindery_tools::lineage::Kin`]
 /// holds, in its order.
 pub const KIN_COLUMNS: &str = "id, forked_from, agent, status, created_at, updated_at, turn_count";
 
@@ -179,7 +179,7 @@ fn corrupt(session: &str, column: &str, e: &serde_json::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::store::contract::full_record;
+    use crate::contract::full_record;
 
     /// A row and its turns as a store would read them back.
     fn stored(rec: &SessionRecord) -> (Columns, Vec<String>) {

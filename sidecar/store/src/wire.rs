@@ -14,11 +14,11 @@ use serde_json::Value;
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::metrics::{RunOutcome, ToolCaller};
-use crate::session::model::SessionStatus;
-use crate::session::usage::Totals;
-use crate::spec::budget::Meter;
-use crate::tools::Disposition;
+use crate::model::SessionStatus;
+use crate::usage::Totals;
+use bindery_metrics::{RunOutcome, ToolCaller};
+use bindery_spec::budget::{Limit, Meter, Per};
+use bindery_tools::Disposition;
 
 /// Defines [`SessionEvent`] from its variants, each with its SSE `event`
 /// name, so the kind, the data and the schema list come from one table.
@@ -385,6 +385,55 @@ pub struct Exceeded {
     /// earliest anything frees up); absent for `session` and `run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+}
+
+impl Exceeded {
+    /// Limit `limit` as `standing` found it at `now`.
+    pub fn of(limit: &Limit, standing: &crate::usage::Standing, now: i64) -> Exceeded {
+        let retry_after = match limit.per {
+            Per::Rolling(window) => standing.oldest.map(|oldest| {
+                let ms = (oldest + window - now).max(1);
+                u64::try_from(ms).unwrap_or(0).div_ceil(1000)
+            }),
+            Per::Session | Per::Run => None,
+        };
+        Exceeded {
+            budget: limit.name.clone(),
+            meter: limit.meter,
+            limit: limit.limit,
+            used: standing.used,
+            per: limit.per_text.clone(),
+            retry_after,
+        }
+    }
+
+    /// `budget daily-tokens is used up: 200412 of 200000 tokens per 24h`.
+    pub fn detail(&self) -> String {
+        let amount = |x: f64| match self.meter {
+            Meter::Cost => format!("{x:.4}"),
+            Meter::Tokens | Meter::ToolCalls => format!("{x:.0}"),
+        };
+        let mut text = format!(
+            "budget {} is used up: {} of {} {} per {}",
+            self.budget,
+            amount(self.used),
+            amount(self.limit),
+            self.meter.as_str().replace('_', " "),
+            self.per
+        );
+        if let Some(s) = self.retry_after {
+            text.push_str(&format!("; it frees up in {s} s"));
+        }
+        text
+    }
+
+    /// The fields a 429 adds to `error` and `message`.
+    pub fn fields(&self) -> serde_json::Map<String, Value> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
 }
 
 /// How far a run goes, as a request's `run` says it.

@@ -41,12 +41,10 @@ use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
-use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{
-    meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
-};
-use crate::spec::budget::Meter;
-use crate::tools::lineage::Kin;
+use crate::model::{EventRecord, SessionRecord};
+use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use bindery_spec::budget::Meter;
+use bindery_tools::lineage::Kin;
 
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited. Tables carry a
@@ -1360,11 +1358,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::params::{ParamValue, SecretString, Values};
-    use crate::session::model::StoredParams;
-    use crate::session::store::contract::{
-        assert_distinct_seqs, full_record, record, store_contract, Fresh,
-    };
+    use crate::contract::{assert_distinct_seqs, full_record, record, store_contract, Fresh};
+    use crate::model::StoredParams;
+    use bindery_params::{ParamValue, SecretString, Values};
 
     const DB: &str = "sessions";
 
@@ -1440,9 +1436,7 @@ mod tests {
     /// them from then on.
     #[tokio::test]
     async fn an_older_database_gets_its_sessions_usage_sums_on_upgrade() {
-        use crate::session::store::contract::{
-            sums_kept_after_an_upgrade, usage_before_an_upgrade,
-        };
+        use crate::contract::{sums_kept_after_an_upgrade, usage_before_an_upgrade};
         let pg = server();
         let store = open(&pg).await;
         usage_before_an_upgrade(&store).await;
@@ -1497,7 +1491,7 @@ mod tests {
         );
         assert_eq!(pg.sql(DB, "SELECT turns FROM bindery_sessions"), "[]\n");
         back.turns
-            .push(crate::llm::ChatMessage::user("more").into());
+            .push(bindery_llm::ChatMessage::user("more").into());
         back.version += 1;
         store.update(&mut back).await.unwrap();
         assert_eq!(store.get(&rec.id).await.unwrap().unwrap(), back);

@@ -14,8 +14,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::session::wire::{Outcome, PendingItem};
-use crate::tools::Disposition;
+use crate::wire::{Outcome, PendingItem};
+use bindery_tools::Disposition;
 
 /// What a session waits for, and the tokens already answered.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -79,17 +79,17 @@ pub struct PendingCall {
     /// For an input, a selection or a confirmation of a tool with
     /// dependencies: where its orchestration stands (server-side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lookup: Option<crate::session::depends::LookupState>,
+    pub lookup: Option<crate::lookup::LookupState>,
     /// An egress call held by the taint guard: the untrusted calls whose
     /// results the session took in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tainted_by: Vec<TaintSource>,
     /// A used-up `confirm` budget the run waits at (disposition `budget`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::session::wire::Exceeded>,
+    pub budget: Option<crate::wire::Exceeded>,
 }
 
-pub use crate::session::wire::TaintSource;
+pub use crate::wire::TaintSource;
 
 /// A helper run suspended at a pending call: the `prompt_agent_*` call
 /// that started it (in its caller's history) and its own history so far.
@@ -101,7 +101,7 @@ pub struct Frame {
     /// The calling model's arguments, as it sent them.
     pub arguments: String,
     /// The helper's conversation (never a bound value, like any history).
-    pub history: Vec<crate::llm::Turn>,
+    pub history: Vec<bindery_llm::Turn>,
 }
 
 impl PendingCall {
@@ -333,7 +333,7 @@ pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, St
         Disposition::NeedsSelection if only(false, false, true, false) => {
             let id = r.choice.unwrap_or_default();
             let known = match item.lookup.as_ref().map(|l| &l.ask) {
-                Some(crate::session::depends::Ask::Selection { options, .. }) => {
+                Some(crate::lookup::Ask::Selection { options, .. }) => {
                     options.iter().any(|o| o.id == id)
                 }
                 _ => false,
@@ -373,7 +373,7 @@ pub fn call_digest(tool: &str, call: &serde_json::Value, bound_params: &[String]
 }
 
 /// JSON with object keys sorted, whatever order they came in.
-pub(crate) fn canonical(v: &serde_json::Value) -> serde_json::Value {
+pub fn canonical(v: &serde_json::Value) -> serde_json::Value {
     match v {
         serde_json::Value::Object(m) => {
             let sorted: std::collections::BTreeMap<_, _> =

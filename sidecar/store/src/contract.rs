@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::{Peer, SessionStore, StoreError};
-use crate::llm::{ChatMessage, ToolCall, Turn};
-use crate::params::{ParamValue, Values};
-use crate::session::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
-use crate::session::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Unwritten, Use};
-use crate::spec::budget::Meter;
+use crate::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
+use crate::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Unwritten, Use};
+use bindery_llm::{ChatMessage, ToolCall, Turn};
+use bindery_params::{ParamValue, Values};
+use bindery_spec::budget::Meter;
 
 /// A fresh store and whatever must live as long as it (a directory, a
 /// database server).
@@ -22,10 +22,11 @@ pub struct Fresh {
 
 /// One test per promise below, each on its own fresh store from
 /// `$fresh().await` (a function of the calling module).
+#[cfg(test)]
 macro_rules! store_contract {
     ($fresh:ident) => {
         mod contract {
-            use crate::session::store::contract as c;
+            use crate::contract as c;
             macro_rules! case {
                 ($name:ident) => {
                     #[tokio::test]
@@ -62,6 +63,7 @@ macro_rules! store_contract {
         }
     };
 }
+#[cfg(test)]
 pub(crate) use store_contract;
 
 pub fn record(id: &str, created_at: i64) -> SessionRecord {
@@ -128,47 +130,47 @@ pub fn full_record() -> SessionRecord {
         runner: Some("runner-1".to_owned()),
         cancel_requested: true,
         holder: Some("runner-2".to_owned()),
-        pending: crate::session::pending::Pending {
-            run: Some(crate::session::pending::WaitingRun {
+        pending: crate::pending::Pending {
+            run: Some(crate::pending::WaitingRun {
                 id: "r1".into(),
                 budgets_approved: vec!["b".into()],
             }),
-            items: vec![crate::session::pending::PendingCall {
+            items: vec![crate::pending::PendingCall {
                 budget: None,
                 tool_call_id: "call_2".into(),
                 tool: "bash_delete".into(),
-                disposition: crate::tools::Disposition::Confirm,
+                disposition: bindery_tools::Disposition::Confirm,
                 call: json!({"path": "a.txt"}),
                 bound_params: vec!["token".into()],
                 digest: "ef".repeat(32),
                 nonce: "01".repeat(16),
                 token_digest: "12".repeat(32),
                 expires_at: Some(1_700_000_060_000),
-                resolution: Some(crate::session::pending::Resolution::Rejected {
+                resolution: Some(crate::pending::Resolution::Rejected {
                     reason: Some("not today".into()),
                 }),
-                frames: vec![crate::session::pending::Frame {
+                frames: vec![crate::pending::Frame {
                     call_id: "call_0".into(),
                     tool: "prompt_agent_clerk".into(),
                     arguments: r#"{"what":"delete a.txt"}"#.into(),
                     history: vec![Turn::new(ChatMessage::user("delete a.txt"))],
                 }],
                 // Where a dependency's orchestration stands round-trips too.
-                lookup: Some(crate::session::depends::LookupState {
+                lookup: Some(crate::lookup::LookupState {
                     args: json!({"date": "2026-10-01"}),
                     choices: [("bash_book/1:availability".to_string(), "slot-a".to_string())]
                         .into(),
                     context: "ab".repeat(32),
                     approved: None,
                     refreshed: true,
-                    ask: crate::session::depends::Ask::Confirmation {
+                    ask: crate::lookup::Ask::Confirmation {
                         prepared: "cd".repeat(32),
                         facts: json!({"time": "10:00"}).as_object().cloned().unwrap(),
                         note: None,
                     },
                     expires_at: Some(1_700_000_030_000),
                 }),
-                tainted_by: vec![crate::session::pending::TaintSource {
+                tainted_by: vec![crate::pending::TaintSource {
                     tool_call_id: "call_1".into(),
                     tool: "bash_fetch-ticket".into(),
                 }],
@@ -665,7 +667,7 @@ pub async fn the_holder_of_a_sessions_secrets_is_stored_and_cleared(store: Arc<d
 }
 
 pub async fn agents_are_put_replaced_listed_and_deleted(store: Arc<dyn SessionStore>) {
-    use crate::session::store::StoredAgent;
+    use crate::StoredAgent;
     assert!(store.put_agent("b", r#"{"v":1}"#, 10).await.unwrap());
     assert!(store.put_agent("a", r#"{"v":2}"#, 11).await.unwrap());
     assert!(!store.put_agent("b", r#"{"v":3}"#, 12).await.unwrap());

@@ -43,12 +43,10 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use super::histories::Histories;
 use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
-use crate::session::model::{EventRecord, SessionRecord};
-use crate::session::usage::{
-    meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use,
-};
-use crate::spec::budget::Meter;
-use crate::tools::lineage::Kin;
+use crate::model::{EventRecord, SessionRecord};
+use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use bindery_spec::budget::Meter;
+use bindery_tools::lineage::Kin;
 
 /// A usage row's part of its session's sums, added (`"+", "NEW"`) or
 /// taken back (`"-", "OLD"`): what migration 11's triggers run.
@@ -1356,10 +1354,10 @@ impl SessionStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::ChatMessage;
-    use crate::params::{ParamValue, SecretString, Values};
-    use crate::session::model::StoredParams;
-    use crate::session::store::contract::{full_record, record, store_contract, Fresh};
+    use crate::contract::{full_record, record, store_contract, Fresh};
+    use crate::model::StoredParams;
+    use bindery_llm::ChatMessage;
+    use bindery_params::{ParamValue, SecretString, Values};
     use serde_json::json;
 
     async fn fresh() -> Fresh {
@@ -1437,7 +1435,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = open_in(&dir).path().to_owned();
         let conn = Connection::open(&path).unwrap();
-        let (session, _) = crate::session::usage::Scope::Session("s1".into()).column();
+        let (session, _) = crate::usage::Scope::Session("s1".into()).column();
         for (sql, args, wanted) in [
             (
                 SESSION_TOTALS.to_owned(),
@@ -1473,9 +1471,7 @@ mod tests {
     /// them from then on.
     #[tokio::test]
     async fn an_older_store_gets_its_sessions_usage_sums_on_upgrade() {
-        use crate::session::store::contract::{
-            sums_kept_after_an_upgrade, usage_before_an_upgrade,
-        };
+        use crate::contract::{sums_kept_after_an_upgrade, usage_before_an_upgrade};
         let dir = tempfile::tempdir().unwrap();
         let path = {
             let store = open_in(&dir);
@@ -1652,7 +1648,7 @@ mod tests {
 
         let mut elsewhere = there.get(&rec.id).await.unwrap().unwrap();
         elsewhere.turns.push(ChatMessage::user("and b.txt?").into());
-        elsewhere.status = crate::session::model::SessionStatus::Running;
+        elsewhere.status = crate::model::SessionStatus::Running;
         elsewhere.version += 1;
         there.update(&mut elsewhere).await.unwrap();
         assert_eq!(here.get(&rec.id).await.unwrap(), Some(elsewhere.clone()));

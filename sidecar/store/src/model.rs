@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::llm::Turn;
-use crate::params::Values;
+use bindery_llm::Turn;
+use bindery_params::Values;
 
 /// Where a session stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -121,7 +121,7 @@ pub struct SessionRecord {
     /// run's end is written).
     pub cancel_requested: bool,
     /// The calls the session waits for (never a bound value, never a token).
-    pub pending: super::pending::Pending,
+    pub pending: crate::pending::Pending,
     /// On a shared store: the server instance whose memory holds the
     /// session's secret values (they are never stored), so that another
     /// server forwards the requests that need them there.
@@ -144,7 +144,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::params::{ParamValue, SecretString};
+    use bindery_params::{ParamValue, SecretString};
 
     const ALL: [SessionStatus; 4] = [
         SessionStatus::Idle,
