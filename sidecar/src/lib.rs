@@ -4,7 +4,6 @@
 pub mod api;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod session;
 
 // The agent definition and its diagnostics live in the `bindery-spec` crate,
 // which the operator shares; these keep their paths in this crate.
@@ -13,6 +12,7 @@ pub use bindery_llm as llm;
 pub use bindery_metrics as metrics;
 pub use bindery_params as params;
 pub use bindery_reaper as reaper;
+pub use bindery_session as session;
 pub use bindery_spec as spec;
 pub use bindery_spec::diagnostic;
 pub use bindery_tools as tools;

@@ -278,7 +278,7 @@ pub struct Authed<D: Door> {
 }
 
 impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
-    type Rejection = ServiceError;
+    type Rejection = super::status::ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,

@@ -231,7 +231,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
             let e = tls_required(secrets);
             return match &mcp {
                 Some(message) => super::mcp::refusal(message, e),
-                None => e.into_response(),
+                None => super::status::ApiError(e).into_response(),
             };
         }
         &s.peers

@@ -42,6 +42,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use super::status::ApiError;
 use crate::llm::egress;
 use crate::params::secret::constant_time_eq;
 use crate::session::error::{ErrorKind, ServiceError};
@@ -295,9 +296,9 @@ pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) 
     if auth.tls_only && parts.extensions.get::<super::origin::PeerPort>().is_none() {
         // A forward in clear on the client port is one a sniffer could
         // have read; replicas with peer TLS never send one.
-        return refused(
+        return ApiError(refused(
             "this server takes forwards on its peer port only, over mutual TLS with the tenant's certificate",
-        )
+        ))
         .into_response();
     }
     let Ok(body) = axum::body::to_bytes(body, BODY_LIMIT).await else {
@@ -318,8 +319,8 @@ pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) 
     );
     let caller = match caller.map(|c| HeaderValue::from_str(&c)) {
         Ok(Ok(c)) => c,
-        Ok(Err(_)) => return refused("the caller is not a header value").into_response(),
-        Err(e) => return e.into_response(),
+        Ok(Err(_)) => return ApiError(refused("the caller is not a header value")).into_response(),
+        Err(e) => return ApiError(e).into_response(),
     };
     for h in [PEER_HEADER, CALLER_HEADER, TIME_HEADER, NONCE_HEADER] {
         parts.headers.remove(h);

@@ -29,6 +29,7 @@ use super::openapi::{
     SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
 use super::state::AppState;
+use super::status::ApiError;
 use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
 };
@@ -92,7 +93,9 @@ pub fn document() -> serde_json::Value {
 pub fn router(state: Arc<AppState>) -> Router {
     let (router, _) = routes().split_for_parts();
     router
-        .fallback(|| async { ServiceError::not_found("no such route (see /openapi.json)") })
+        .fallback(|| async {
+            ApiError(ServiceError::not_found("no such route (see /openapi.json)"))
+        })
         // Inside `admit`: it sees a peer's forward only once its signature
         // was checked, and never forwards one again.
         .layer(middleware::from_fn_with_state(
@@ -172,23 +175,6 @@ async fn json_errors(response: Response) -> Response {
     out
 }
 
-impl IntoResponse for ServiceError {
-    fn into_response(self) -> Response {
-        let status = super::status::of(self.kind);
-        let mut body = json!({"error": self.code, "message": self.message});
-        if !self.params.is_empty()
-            || self.code.ends_with("params")
-            || self.code == "params_required"
-        {
-            body["params"] = json!(self.params);
-        }
-        for (k, v) in self.extra.into_iter().flat_map(|m| *m) {
-            body[k] = v;
-        }
-        (status, Json(body)).into_response()
-    }
-}
-
 /// A session's view as JSON, in a buffer sized for its turns up front:
 /// axum's `Json` starts at 128 bytes and grows by copying, a dozen copies
 /// of a long conversation's view.
@@ -206,17 +192,17 @@ impl IntoResponse for SessionView {
             )
                 .into_response(),
             // Not seen: a view is strings, numbers and string-keyed maps.
-            Err(e) => ServiceError::new(
+            Err(e) => ApiError(ServiceError::new(
                 ErrorKind::Internal,
                 "internal",
                 format!("cannot encode the session: {e}"),
-            )
+            ))
             .into_response(),
         }
     }
 }
 
-pub(super) type ApiResult = Result<Response, ServiceError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
 /// `at_turn` as an index: a whole number from 0 (JSON Schema's `integer`
 /// takes `3.0`, so this does too).
@@ -797,7 +783,8 @@ async fn put_params(
             code: "forbidden_params",
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
-        });
+        }
+        .into());
     }
     if !stray.is_empty() {
         // An unknown session is a 404 whatever the body.
@@ -811,7 +798,8 @@ async fn put_params(
                 stray.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
             ),
             params: stray,
-        });
+        }
+        .into());
     }
     s.service
         .sessions()

@@ -2,8 +2,11 @@
 //! two meet (REST answers with it; `/mcp` puts it in an error's `data`).
 
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
 
-use crate::session::error::ErrorKind;
+use crate::session::error::{ErrorKind, ServiceError};
 
 pub fn of(kind: ErrorKind) -> StatusCode {
     match kind {
@@ -15,6 +18,33 @@ pub fn of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Exhausted => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A session-layer error as a REST answer: its status, and a body naming
+/// the error's code, its message, the parameters it concerns and whatever
+/// else it carries (a budget's numbers).
+#[derive(Debug)]
+pub struct ApiError(pub ServiceError);
+
+impl<E: Into<ServiceError>> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError(e.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let status = of(e.kind);
+        let mut body = json!({"error": e.code, "message": e.message});
+        if !e.params.is_empty() || e.code.ends_with("params") || e.code == "params_required" {
+            body["params"] = json!(e.params);
+        }
+        for (k, v) in e.extra.into_iter().flat_map(|m| *m) {
+            body[k] = v;
+        }
+        (status, Json(body)).into_response()
     }
 }
 

@@ -54,7 +54,7 @@ pub async fn put(
     Path(slug): Path<String>,
     _: Authed<door::Owner>,
     body: axum::body::Bytes,
-) -> Result<Response, ServiceError> {
+) -> Result<Response, super::status::ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|_| ServiceError::bad_request("the body is not UTF-8 text"))?;
     let (created, agent, warnings) = s.service.agents().put(&slug, text).await?;
@@ -87,7 +87,7 @@ pub async fn delete(
     State(s): State<Arc<AppState>>,
     Path(slug): Path<String>,
     _: Authed<door::Owner>,
-) -> Result<Response, ServiceError> {
+) -> Result<Response, super::status::ApiError> {
     s.service.agents().delete(&slug).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -1,0 +1,81 @@
+//! One model client per agent, with its API key read once at start.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bindery_llm::{ChatClient, ModelEndpoint};
+use bindery_params::sources::read_source;
+use bindery_params::{ApiKeys, SecretString};
+use bindery_tree::AgentTree;
+
+pub struct ClientOptions {
+    pub timeout: Duration,
+    pub max_retries: u32,
+    /// Every agent's model requests go here instead (`--model-url`).
+    pub model: Option<ModelOverride>,
+}
+
+/// One OpenAI-compatible server for every agent, in place of each agent
+/// file's `spec.model`: a local server, or the mock model of a first run.
+pub struct ModelOverride {
+    pub url: String,
+    /// The model name sent; `None` keeps each agent's `spec.model.name`.
+    pub name: Option<String>,
+    /// The key for this server. An agent file's `apiKey` is never sent in
+    /// its place: it belongs to the agent file's server.
+    pub api_key: Option<SecretString>,
+}
+
+/// Clients by agent name, and warnings (an API key that could not be read:
+/// requests then go without one, which suits local and mock models).
+pub fn build_clients(
+    tree: &AgentTree,
+    keys: &ApiKeys,
+    opts: &ClientOptions,
+) -> Result<(BTreeMap<String, ChatClient>, Vec<String>), String> {
+    let mut clients = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for agent in tree.agents.values() {
+        let m = &agent.spec.model;
+        let mut endpoint = match &opts.model {
+            Some(o) => {
+                let name = o.name.clone().unwrap_or_else(|| m.name.clone());
+                let endpoint = ModelEndpoint::new(o.url.clone(), name);
+                match &o.api_key {
+                    Some(k) => endpoint.with_api_key(k.clone()),
+                    None => endpoint,
+                }
+            }
+            None => ModelEndpoint::new(m.url.clone(), m.name.clone()),
+        };
+        endpoint.timeout = opts.timeout;
+        endpoint.max_retries = opts.max_retries;
+        // Refused at load (spec::checks) when unknown.
+        endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
+        if let Some(src) = m.api_key.as_ref().filter(|_| opts.model.is_none()) {
+            match read_source(src, &agent.base, keys) {
+                Ok(serde_json::Value::String(k)) => {
+                    endpoint = endpoint.with_api_key(SecretString::new(k))
+                }
+                Ok(_) => warnings.push(format!(
+                    "agent `{}`: the model's apiKey must be a string; requests go without a key",
+                    agent.name
+                )),
+                Err(e) => warnings.push(format!(
+                    "agent `{}`: no API key for the model ({e}); requests go without a key",
+                    agent.name
+                )),
+            }
+        }
+        let client = ChatClient::new(endpoint).map_err(|e| match &opts.model {
+            Some(_) => format!("--model-url: {e}"),
+            None => format!(
+                "{}: agent `{}`, model: {e}",
+                agent.file.display(),
+                agent.name
+            ),
+        })?;
+        clients.insert(agent.name.clone(), client);
+    }
+    Ok((clients, warnings))
+}

@@ -1,0 +1,26 @@
+//! Sessions: the conversation, its parameters, its runs and its storage.
+
+#![forbid(unsafe_code)]
+
+pub mod ask;
+pub mod clients;
+pub mod depends;
+pub mod error;
+mod fanout;
+pub mod helpers;
+pub mod kube_events;
+pub mod lease;
+pub mod ledger;
+pub mod lineage;
+mod lru;
+pub mod notify;
+pub mod result;
+pub mod runner;
+pub mod service;
+pub mod toolgroups;
+pub mod validate;
+
+// A session's records and their stores are the layer below (bindery-store);
+// under their old names here, so the session's code reads as before.
+pub use bindery_store as store;
+pub use bindery_store::{clock, model, pending, usage, wire};

@@ -1,0 +1,505 @@
+//! The session service: creates sessions, validates parameters, starts and
+//! cancels runs, forks, keeps secret values in memory only, and streams
+//! events. The HTTP layer is a thin skin over it.
+//!
+//! This file holds the service itself and its map of live sessions; each
+//! job is a module of its own: `lifecycle` (create, message, resume,
+//! parameters), `runs` (driving a run and recording it), `cancel`,
+//! `secrets` (in memory only, and which server holds them), `tokens`,
+//! `feed` (events for subscribers), `liveness` (heartbeats and the
+//! sweep) and `continuation` (answers to pending calls).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::error::{ErrorKind, ServiceError};
+pub use super::fanout::LiveEvent;
+use super::lease::LeaseConfig;
+use super::model::{SessionRecord, SessionStatus, StoredParams};
+use super::pending::{self, PendingCall};
+use super::runner::{self, Events, RunContext, RunEnd, RunSink};
+use super::store::{SessionStore, StoreError};
+use super::validate::{validate, Caller, Op};
+use super::wire::{
+    BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
+    ToolCallEvent,
+};
+use crate::helpers::HelperEnv;
+use bindery_bindings::cache::ToolCache;
+use bindery_llm::{ChatClient, ChatMessage, Turn};
+use bindery_metrics::{Metrics, RunOutcome, ToolCaller};
+use bindery_params::{ParamValue, Values};
+use bindery_tools::CallContext;
+
+/// How a cancelled run's unanswered calls are answered (a fork's too).
+const CANCELLED: &str = "error: the run was cancelled";
+
+/// How long a cancel waits for the run to record its end.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// How deep helpers may nest below the agent a session talks to.
+pub const MAX_HELPER_DEPTH: usize = 5;
+use bindery_tree::{AgentTree, LoadedAgent};
+
+mod approvals;
+mod budgets;
+mod cancel;
+mod continuation;
+mod feed;
+mod lifecycle;
+mod live;
+mod liveness;
+mod recorder;
+mod runs;
+mod secrets;
+mod sink;
+pub mod stored;
+#[cfg(test)]
+mod tests;
+mod tokens;
+
+pub use approvals::Approvals;
+use bindery_params::secret::constant_time_eq;
+pub use budgets::Budgets;
+pub use continuation::Answer;
+pub use feed::{Feed, FeedItem};
+pub use lifecycle::Sessions;
+use live::{Live, LiveSessions, Written};
+pub use liveness::Heartbeat;
+pub use recorder::Recorder;
+pub use runs::close_pending;
+pub use runs::Runs;
+pub use secrets::{Elsewhere, Secrets};
+pub use stored::Agents;
+use tokens::new_token;
+pub use tokens::{token_digest, token_in, Tokens};
+
+pub struct ServiceConfig {
+    pub max_steps: u32,
+    /// Ask the model for streamed replies and forward text as `delta` events.
+    pub stream: bool,
+    /// Cache successful tool results this long (`None`: no cache).
+    pub tool_cache_ttl: Option<Duration>,
+    /// How often this server beats, and how long a beat vouches for its runs.
+    pub lease: LeaseConfig,
+    /// Derives continuation tokens (see [`pending::token_for`]): replicas
+    /// that share it show the same tokens. Never stored.
+    pub continuation_key: [u8; 32],
+    /// Forget a session's secret values once it has been idle this long
+    /// (`None`: keep them until the server stops).
+    pub live_session_ttl: Option<Duration>,
+    /// At most this many live sessions: past it, the least recently used
+    /// idle one forgets its secrets (the `session::lru` policy). `None`: no limit.
+    pub max_live_sessions: Option<usize>,
+    /// Where the other servers on a shared store reach this one
+    /// (`--advertise-url`), recorded with its heartbeat. `None`: they
+    /// cannot forward requests here.
+    pub advertise: Option<String>,
+    /// Where the agents loaded at start come from, as `GET /v1/agents`
+    /// shows it: files, or `Agent` resources the operator wrote as files.
+    pub agents_source: stored::AgentSource,
+    /// Where people reach this server (`--public-url`): the base of the
+    /// answer URLs in approval notices.
+    pub public_url: Option<String>,
+    /// How approval notices are retried.
+    pub notice_retries: crate::notify::Retries,
+    /// What time it is (the wall clock; tokio's in tests that pause it).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_steps: 20,
+            stream: true,
+            tool_cache_ttl: None,
+            lease: LeaseConfig::default(),
+            continuation_key: random_key(),
+            live_session_ttl: None,
+            max_live_sessions: None,
+            advertise: None,
+            agents_source: stored::AgentSource::File,
+            public_url: None,
+            notice_retries: Default::default(),
+            clock: Arc::new(WallClock),
+        }
+    }
+}
+
+pub use super::clock::random_key;
+use super::clock::{Clock, WallClock};
+
+/// How far a run goes (`run` on create, messages, resume, continuations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunMode {
+    /// Until the model answers or a call waits.
+    #[default]
+    UntilBlocked,
+    /// One model turn and its tool calls.
+    Step,
+    /// No model turn: the calls a client made (an MCP `tools/call` of an
+    /// exposed tool, the session's last turn), and the run ends once they
+    /// are answered. Never chosen by a request's `run`.
+    Call,
+}
+
+/// What a run starts from.
+#[derive(Debug)]
+pub enum Opening {
+    /// The session as it stands (a resume, an answered continuation).
+    Resume,
+    /// A user's message.
+    Prompt(String),
+    /// A call a client made of one of the agent's tools (`RunMode::Call`).
+    Call(bindery_llm::ToolCall),
+}
+
+#[derive(Clone)]
+pub(super) struct RunHandle {
+    cancel: CancellationToken,
+    done: watch::Receiver<Option<Ended>>,
+}
+
+/// Session `id` as `store` has it, or a 404 naming it: how every
+/// collaborator reads a session it must find.
+pub(super) async fn stored_session(
+    store: &dyn SessionStore,
+    id: &str,
+) -> Result<SessionRecord, ServiceError> {
+    store
+        .get(id)
+        .await?
+        .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
+}
+
+/// A session creation request.
+#[derive(Debug, Default)]
+pub struct CreateSession {
+    pub agent: Option<String>,
+    pub prompt: Option<String>,
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Values pinned for the session: `null` (in a fork) drops a pin the
+    /// source had, and its value.
+    pub pin: BTreeMap<String, serde_json::Value>,
+    pub seal: bool,
+    pub session_token: bool,
+    pub fork: Option<String>,
+    pub mode: RunMode,
+    /// Who asks, as the session view's `owner` shows it (default `owner`).
+    pub owner: Option<String>,
+    /// With `fork`: copy only the turns before this index.
+    pub at_turn: Option<usize>,
+    /// A client's call of one of the agent's tools, run at once instead of
+    /// a prompt (`RunMode::Call`; `prompt` is then ignored).
+    pub call: Option<bindery_llm::ToolCall>,
+}
+
+/// A session that was just created or forked.
+pub struct Created {
+    pub id: String,
+    /// The session token, returned once.
+    pub token: Option<String>,
+    pub run: Option<RunWait>,
+}
+
+/// Waits for a run to end.
+pub struct RunWait(watch::Receiver<Option<Ended>>);
+
+/// A run that ended.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// The session as this server stored the run's end, so a caller who
+    /// waited needs no second read (`None`: it could not store it, or
+    /// another server had closed the run).
+    pub record: Option<Arc<SessionRecord>>,
+}
+
+impl RunWait {
+    /// The run's end, if it came within `timeout`.
+    pub async fn wait(mut self, timeout: Duration) -> Option<Ended> {
+        match tokio::time::timeout(timeout, self.0.wait_for(Option::is_some)).await {
+            Ok(Ok(ended)) => ended.clone(),
+            _ => None,
+        }
+    }
+
+    /// Until the run ends, however long that takes.
+    pub async fn finished(mut self) {
+        let _ = self.0.wait_for(Option::is_some).await;
+    }
+}
+
+/// The session service: its collaborators, each with fields of its own
+/// (see ARCHITECTURE.md, "The session service"), and the flows that use
+/// several of them.
+pub struct Service {
+    cfg: ServiceConfig,
+    store: Arc<dyn SessionStore>,
+    /// This process, as runs record who runs them (random, per start).
+    instance: String,
+    /// What exists of sessions in memory only.
+    live: Arc<LiveSessions>,
+    /// The agents it runs, and their model clients.
+    agents: Arc<Agents>,
+    /// Runs' writes, and the events subscribers hear of.
+    recorder: Arc<Recorder>,
+    /// Starts and drives runs, and records their ends.
+    runs: Arc<Runs>,
+    /// This server's heartbeat, and its judgement of runs by others'.
+    heartbeat: Arc<Heartbeat>,
+    /// Secret values in memory, and which server holds them.
+    secrets: Arc<Secrets>,
+    tokens: Tokens,
+    /// Pending calls' tokens, views and notices.
+    approvals: Arc<Approvals>,
+    /// The session API's flows.
+    sessions: Arc<Sessions>,
+    /// The agents' budgets.
+    budgets: Arc<Budgets>,
+    /// Warning Events on the tenant, where the operator allows them.
+    kube_events: Arc<std::sync::OnceLock<crate::kube_events::KubeEvents>>,
+}
+
+impl Service {
+    pub fn new(
+        tree: Arc<AgentTree>,
+        clients: BTreeMap<String, ChatClient>,
+        store: Arc<dyn SessionStore>,
+        metrics: Arc<Metrics>,
+        cfg: ServiceConfig,
+    ) -> Arc<Service> {
+        let instance = uuid::Uuid::new_v4().to_string();
+        let me: Arc<str> = Arc::from(instance.as_str());
+        let clock = &cfg.clock;
+        let live = Arc::new(LiveSessions::new(metrics.clone(), cfg.max_live_sessions));
+        let kube_events = Arc::new(std::sync::OnceLock::new());
+        let agents = Arc::new(Agents::new(
+            tree,
+            clients,
+            cfg.agents_source,
+            store.clone(),
+            clock.clone(),
+        ));
+        let recorder = Arc::new(Recorder::new(
+            store.clone(),
+            live.clone(),
+            metrics.clone(),
+            me.clone(),
+            clock.clone(),
+        ));
+        let heartbeat = Arc::new(Heartbeat::new(
+            store.clone(),
+            me.clone(),
+            cfg.lease,
+            cfg.advertise.clone(),
+            clock.clone(),
+            recorder.clone(),
+        ));
+        let secrets = Arc::new(Secrets::new(
+            live.clone(),
+            store.clone(),
+            me.clone(),
+            cfg.lease,
+            cfg.live_session_ttl,
+            clock.clone(),
+        ));
+        let budgets = Arc::new(Budgets::new(
+            store.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            agents.clone(),
+            clock.clone(),
+            kube_events.clone(),
+        ));
+        let approvals = Arc::new(Approvals::new(
+            cfg.continuation_key,
+            store.clone(),
+            live.clone(),
+            agents.clone(),
+            metrics.clone(),
+            clock.clone(),
+            cfg.public_url.clone(),
+            cfg.notice_retries,
+            kube_events.clone(),
+        ));
+        let runs = Arc::new(Runs {
+            store: store.clone(),
+            live: live.clone(),
+            recorder: recorder.clone(),
+            heartbeat: heartbeat.clone(),
+            agents: agents.clone(),
+            secrets: secrets.clone(),
+            budgets: budgets.clone(),
+            approvals: approvals.clone(),
+            metrics: metrics.clone(),
+            cache: cfg.tool_cache_ttl.map(|ttl| ToolCache::new(ttl, 10_000)),
+            lookups: Default::default(),
+            instance: me,
+            clock: clock.clone(),
+            max_steps: cfg.max_steps,
+            stream: cfg.stream,
+            heartbeat_every: cfg.lease.heartbeat,
+        });
+        let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
+        let sessions = Arc::new(Sessions {
+            store: store.clone(),
+            live: live.clone(),
+            agents: agents.clone(),
+            secrets: secrets.clone(),
+            runs: runs.clone(),
+            approvals: approvals.clone(),
+            recorder: recorder.clone(),
+            heartbeat: heartbeat.clone(),
+            clock: clock.clone(),
+        });
+        Arc::new(Service {
+            sessions,
+            cfg,
+            store,
+            instance,
+            live,
+            agents,
+            recorder,
+            runs,
+            heartbeat,
+            secrets,
+            tokens,
+            approvals,
+            budgets,
+            kube_events,
+        })
+    }
+
+    /// Record Warning Events on the pod's AgentTenant.
+    pub fn enable_kube_events(&self, events: crate::kube_events::KubeEvents) {
+        let _ = self.kube_events.set(events);
+    }
+
+    /// The agents this server runs.
+    pub fn agents(&self) -> &Agents {
+        &self.agents
+    }
+
+    /// Whether the store took this server's last heartbeat: a server that
+    /// cannot reach its store is not ready (`/readyz`), so a load balancer
+    /// sends sessions elsewhere until it can.
+    pub fn store_ok(&self) -> bool {
+        self.heartbeat.ok()
+    }
+
+    /// Runs' writes, and the feed of events subscribers read.
+    pub fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
+    }
+
+    /// The session API's flows: create, message, resume, parameters and
+    /// answers to pending calls.
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// The run driver: starts, drives and cancels runs.
+    pub fn runs(&self) -> &Arc<Runs> {
+        &self.runs
+    }
+
+    /// Pending calls' tokens, views and notices.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
+    }
+
+    /// The agents' budgets.
+    pub fn budgets(&self) -> &Arc<Budgets> {
+        &self.budgets
+    }
+
+    /// The session tokens.
+    pub fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+
+    /// This server's heartbeat in the store.
+    pub fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
+    }
+
+    /// Secret values in memory, and which server holds them.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    pub fn tree(&self) -> &AgentTree {
+        self.agents.tree()
+    }
+
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    /// What time it is, by the service's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.cfg.clock.now_ms()
+    }
+
+    /// This server's instance id.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Give back what sessions that went held and left behind: the live
+    /// map's room for them and the store's cache. Called after a sweep
+    /// that forgot many.
+    pub async fn release_memory(&self) {
+        self.live.shrink();
+        self.store.release_memory().await;
+    }
+
+    /// How many sessions are live (in memory) now.
+    pub fn live_count(&self) -> usize {
+        self.live.count()
+    }
+
+    /// Drop a session's live entry when it holds nothing worth keeping.
+    pub(crate) fn evict_if_idle(&self, id: &str) {
+        self.live.evict_if_idle(id)
+    }
+
+    /// Beat and sweep every heartbeat interval until `stop`; then forget
+    /// this server, so that others take its runs for lost at once.
+    pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.lease.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick completes at once, and serve has just beaten.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            self.heartbeat.beat_and_tell().await;
+            match self.heartbeat.sweep().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(n, "runs of a server that stopped were marked failed"),
+                Err(e) => tracing::warn!("cannot look for lost runs: {e}"),
+            }
+            if let Err(e) = self.sessions.expire_due().await {
+                tracing::warn!("cannot close expired pending calls: {e}");
+            }
+        }
+        self.heartbeat.forget().await;
+    }
+
+    pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+        stored_session(&*self.store, id).await
+    }
+
+    pub fn is_running(&self, id: &str) -> bool {
+        self.live.is_running(id)
+    }
+}

@@ -1,0 +1,211 @@
+//! The recorder: a session's writes by the run this process has on it,
+//! its events stored and handed to the session's live subscribers, in
+//! order, and the feed of them that subscribers read (`feed.rs`). The
+//! run's sink (`sink.rs`), the run's start and end (`runs.rs`) and
+//! answers, cancels and expiries write through it.
+
+use std::sync::Arc;
+
+use super::live::LiveSessions;
+use crate::clock::Clock;
+use crate::fanout::LiveEvent;
+use crate::model::{EventRecord, SessionRecord, SessionStatus};
+use crate::runner::Events;
+use crate::store::{SessionStore, StoreError};
+use crate::usage::Unwritten;
+use crate::wire::SessionEvent;
+use bindery_llm::Turn;
+use bindery_metrics::Metrics;
+
+/// What sessions' runs write, and who hears of it.
+pub struct Recorder {
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) live: Arc<LiveSessions>,
+    pub(super) metrics: Arc<Metrics>,
+    /// This server's instance id: a run is written only while it is ours.
+    instance: Arc<str>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Recorder {
+    pub(super) fn new(
+        store: Arc<dyn SessionStore>,
+        live: Arc<LiveSessions>,
+        metrics: Arc<Metrics>,
+        instance: Arc<str>,
+        clock: Arc<dyn Clock>,
+    ) -> Recorder {
+        Recorder {
+            store,
+            live,
+            metrics,
+            instance,
+            clock,
+        }
+    }
+
+    /// Read-modify-write of a session by the run this process has on it,
+    /// under the session's lock, with `events` appended and `usage` written
+    /// in the same store operation (see [`Recorder::publish`] for their
+    /// subscribers). Nothing is written once the run is no longer ours
+    /// (another server found it lost and closed it); a write that lost a
+    /// race with a change elsewhere (parameters) is redone on the fresh
+    /// record. The write that ends the run also ends its hold on the
+    /// session, under the same lock.
+    pub(super) async fn write_run(
+        &self,
+        id: &str,
+        change: impl Fn(&mut SessionRecord),
+        events: &[SessionEvent],
+        usage: &Unwritten,
+    ) -> RunWrite {
+        let events = &encoded(events);
+        let live = self.live.entry(id);
+        let mut written = live.lock.lock().await;
+        // A record as last written is an extra attempt, not one of the three.
+        let cached = usize::from(written.is_some());
+        for _ in 0..3 + cached {
+            let mut rec = match written.take() {
+                Some(rec) => *rec,
+                None => match self.store.get(id).await {
+                    Ok(Some(rec)) => rec,
+                    Ok(None) => return RunWrite::Failed(format!("no session {id}")),
+                    Err(e) => return RunWrite::Failed(e.to_string()),
+                },
+            };
+            if rec.status != SessionStatus::Running
+                || rec.runner.as_deref() != Some(&*self.instance)
+            {
+                return RunWrite::Taken;
+            }
+            if rec.cancel_requested {
+                // Another server asked to cancel this run.
+                self.live.cancel_here(id);
+            }
+            change(&mut rec);
+            rec.version += 1;
+            let at = self.clock.now_ms();
+            rec.updated_at = at;
+            let write = if usage.is_empty() {
+                self.store.update_with_events(&mut rec, events, at).await
+            } else {
+                self.store
+                    .update_with_usage(&mut rec, events, at, usage)
+                    .await
+            };
+            match write {
+                Ok(seqs) => {
+                    let stored = stored_events(seqs, events, at);
+                    if rec.status == SessionStatus::Running {
+                        *written = Some(Box::new(rec));
+                        return RunWrite::Written(stored, None);
+                    }
+                    // The run's end: it lets the session go before its
+                    // lock does, so that a request its end prompts (an
+                    // answer to what it waits for, a next message) finds
+                    // no run in progress. The end counts as a use, so
+                    // that its secrets' idle time starts now, not when
+                    // they were last used before a long run.
+                    live.touch();
+                    *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    return RunWrite::Written(stored, Some(Box::new(rec)));
+                }
+                Err(StoreError::Conflict(_)) => continue,
+                Err(e) => return RunWrite::Failed(e.to_string()),
+            }
+        }
+        RunWrite::Failed(format!(
+            "session {id} kept changing concurrently; gave up after 3 attempts"
+        ))
+    }
+
+    pub(super) async fn append_turn(
+        &self,
+        id: &str,
+        msg: &Turn,
+        events: &[SessionEvent],
+    ) -> RunWrite {
+        let written = self
+            .write_run(
+                id,
+                |rec| rec.turns.push(msg.clone()),
+                events,
+                &Unwritten::default(),
+            )
+            .await;
+        if let RunWrite::Failed(e) = &written {
+            tracing::error!(session = id, "cannot store a turn: {e}");
+        }
+        written
+    }
+
+    pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
+        let at = self.clock.now_ms();
+        let (kind, data) = (event.kind(), event.data());
+        match self.store.append_event(id, kind, &data, at).await {
+            Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),
+            Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
+        }
+    }
+
+    /// Each of `events` stored on its own, then handed to subscribers.
+    pub(super) async fn emit_all(&self, id: &str, events: Events) {
+        for event in events {
+            self.emit(id, event).await;
+        }
+    }
+
+    /// Hand stored events to the session's live subscribers, in order.
+    pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
+        self.fan_out(
+            id,
+            events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e))),
+        );
+    }
+
+    /// Hand `events` (stored ones, or streamed text, which is never stored)
+    /// to the session's live subscribers, in order, each timed.
+    pub(super) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
+        let Some(live) = self.live.peek(id) else {
+            return; // nobody in memory, so nobody listening
+        };
+        for event in events {
+            let start = std::time::Instant::now();
+            live.events.send(event);
+            self.metrics.event_fanout(start.elapsed());
+        }
+    }
+}
+
+/// `events` as stored with `seqs` at `at`.
+pub(super) fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<EventRecord> {
+    seqs.into_iter()
+        .zip(events)
+        .map(|(seq, (kind, data))| EventRecord {
+            seq,
+            kind: kind.to_string(),
+            data: data.clone(),
+            at,
+        })
+        .collect()
+}
+
+/// An event as the store keeps it: its kind and its data as JSON. Stored
+/// events are read back in this form (never as [`SessionEvent`]), so a row
+/// written by an older or newer server still reads and streams as it was.
+type Encoded = (&'static str, serde_json::Value);
+
+pub(super) fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
+    events.iter().map(|e| (e.kind(), e.data())).collect()
+}
+
+/// What became of a run's write to its session.
+pub(super) enum RunWrite {
+    /// Stored, with the events that went with it, and the record as
+    /// stored when the write ended the run (a running one stays cached
+    /// under the session's lock).
+    Written(Vec<EventRecord>, Option<Box<SessionRecord>>),
+    /// The run is no longer this process's: another server closed it.
+    Taken,
+    Failed(String),
+}

@@ -1,0 +1,549 @@
+//! Driving a run: registering it, running the model loop with this session
+//! as its sink, recording each turn and event and its end.
+
+use super::live::LiveSessions;
+use super::recorder::{encoded, stored_events, RunWrite};
+use super::sink::{self, SessionSink};
+use super::*;
+use crate::depends::LookupCache;
+use crate::lineage::StoreLineage;
+
+/// The run driver: starts a session's run, drives the model loop with the
+/// session as its sink, and records how the run ended.
+pub struct Runs {
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) live: Arc<LiveSessions>,
+    pub(super) recorder: Arc<Recorder>,
+    pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) agents: Arc<Agents>,
+    pub(super) secrets: Arc<Secrets>,
+    pub(super) budgets: Arc<Budgets>,
+    pub(super) approvals: Arc<Approvals>,
+    pub(super) metrics: Arc<Metrics>,
+    /// Successful tool results, when the server keeps them.
+    pub(super) cache: Option<ToolCache>,
+    /// Results of tools' dependency lookups (each with its own `ttl_ms`).
+    pub(super) lookups: LookupCache,
+    /// This server's instance id, as a run's record names its runner.
+    pub(super) instance: Arc<str>,
+    pub(super) clock: Arc<dyn Clock>,
+    /// `--max-steps`, for an agent that sets none.
+    pub(super) max_steps: u32,
+    /// Ask for streamed replies and forward text as `delta` events.
+    pub(super) stream: bool,
+    /// How often servers beat: a cancel asked of another server is
+    /// looked for at least this often.
+    pub(super) heartbeat_every: Duration,
+}
+
+impl Runs {
+    /// Session `id` as stored.
+    pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+        stored_session(&*self.store, id).await
+    }
+
+    pub(super) async fn start_run(
+        self: &Arc<Self>,
+        id: &str,
+        opening: Opening,
+        message: Values,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live.entry(id);
+        let guard = live.lock.lock().await;
+        self.start_run_locked(guard, None, id, opening, message, mode)
+            .await
+    }
+
+    /// Start a run; `guard` is the session's lock, released once the run
+    /// is recorded as started; `rec`, the record as the caller read or
+    /// wrote it under that lock, if it has it.
+    pub(super) async fn start_run_locked(
+        self: &Arc<Self>,
+        mut guard: tokio::sync::MutexGuard<'_, Written>,
+        rec: Option<SessionRecord>,
+        id: &str,
+        opening: Opening,
+        message: Values,
+        mode: RunMode,
+    ) -> Result<RunWait, ServiceError> {
+        let live = self.live.entry(id);
+        let (cancel, done_tx, done_rx) = {
+            let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());
+            if run.is_some() {
+                return Err(ServiceError::new(
+                    ErrorKind::Conflict,
+                    "run_in_progress",
+                    "a run is in progress on this session; wait for it or cancel it",
+                ));
+            }
+            let (tx, rx) = watch::channel(None);
+            let cancel = CancellationToken::new();
+            *run = Some(RunHandle {
+                cancel: cancel.clone(),
+                done: rx.clone(),
+            });
+            (cancel, tx, rx)
+        };
+        let prepared = async {
+            let mut rec = match rec {
+                Some(rec) => rec,
+                None => self.record(id).await?,
+            };
+            if rec.status == SessionStatus::Running {
+                // Another server may have started one since the request's
+                // values were checked.
+                rec = self.heartbeat.close_if_lost(rec).await?;
+            }
+            // A client's calls that waited end their run once answered.
+            let mode = if std::mem::take(&mut rec.pending.client_call) {
+                RunMode::Call
+            } else {
+                mode
+            };
+            // A waiting run goes on as itself; any other start is a new run.
+            let run = match rec.pending.run.take() {
+                Some(run) if rec.status == SessionStatus::WaitingExternal => run,
+                _ => pending::WaitingRun {
+                    id: hex::encode(&random_key()[..12]),
+                    budgets_approved: Vec::new(),
+                },
+            };
+            // The answered calls a waiting run resumes with.
+            let resolved = if rec.status == SessionStatus::WaitingExternal {
+                if !rec.pending.all_resolved() {
+                    return Err(ServiceError::new(
+                        ErrorKind::Conflict,
+                        "waiting_external",
+                        format!("the session is {}", rec.pending.detail()),
+                    ));
+                }
+                rec.pending.retire_tokens();
+                std::mem::take(&mut rec.pending.items)
+            } else {
+                Vec::new()
+            };
+            let agent = self.agents.agent(&rec.agent)?.clone();
+            self.budgets.refuse_if_spent(&agent, &rec, &run).await?;
+            let mut events = Events::new();
+            match &opening {
+                Opening::Resume => events.push(SessionEvent::RunStarted(RunStarted {
+                    prompt: None,
+                    caller: None,
+                })),
+                Opening::Prompt(p) => {
+                    rec.turns.push(Turn::new(ChatMessage::user(p.clone())));
+                    events.push(SessionEvent::RunStarted(RunStarted {
+                        prompt: Some(p.clone()),
+                        caller: None,
+                    }));
+                }
+                Opening::Call(call) => {
+                    // Stored with the run's start: the call is on record
+                    // before it may act, as a model's call is.
+                    rec.turns.push(Turn::new(ChatMessage::Assistant {
+                        content: None,
+                        tool_calls: vec![call.clone()],
+                    }));
+                    let caller = Some(ToolCaller::Mcp);
+                    events.push(SessionEvent::RunStarted(RunStarted {
+                        prompt: None,
+                        caller,
+                    }));
+                    events.push(SessionEvent::ToolCall(ToolCallEvent {
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        caller,
+                    }));
+                }
+            }
+            rec.status = SessionStatus::Running;
+            rec.status_detail = None;
+            rec.runner = Some(self.instance.to_string());
+            rec.cancel_requested = false;
+            rec.version += 1;
+            rec.updated_at = self.clock.now_ms();
+            Ok::<_, ServiceError>((rec, resolved, agent, mode, events, run))
+        }
+        .await;
+        let (mut rec, resolved, agent, mode, event, run) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                return Err(e);
+            }
+        };
+        let session = self.secrets.session_values(&rec);
+        let values = agent.params.snapshot(&session, &message);
+        drop(message);
+        // The run asks the model while its start is stored; its sink holds
+        // back everything else until the start is on record.
+        let (starter, gate) = sink::start_gate();
+        let this = self.clone();
+        let run_id = id.to_string();
+        let turns = rec.turns.clone();
+        let taint_from = rec.security.taint_cleared_at.unwrap_or(0);
+        let stop = cancel.clone();
+        let (running, run_started) = tokio::sync::oneshot::channel::<()>();
+        let this_run = done_rx.clone();
+        tokio::spawn(async move {
+            let _ = running.send(());
+            let id = run_id;
+            let drive = this.drive(
+                &agent,
+                &id,
+                Driving {
+                    history: turns,
+                    taint_from,
+                    run,
+                },
+                values,
+                &resolved,
+                mode,
+                &cancel,
+                gate,
+            );
+            let Some(driven) = drive.await else {
+                // Its start was not stored: as far as anyone knows, this
+                // run never was.
+                return;
+            };
+            let pending = match &driven.end {
+                RunEnd::Blocked(calls) => {
+                    this.approvals
+                        .pending_items(&id, calls, agent.confirm_ttl())
+                }
+                _ => Vec::new(),
+            };
+            let record = this.finish(&id, driven, pending, mode).await;
+            if let Some(live) = this.live.peek(&id) {
+                let mut written = live.lock.lock().await;
+                let mut handle = live.run.lock().unwrap_or_else(|p| p.into_inner());
+                // A stored end let the session go (and another run may
+                // hold it now). A run that was taken away, or could not
+                // store its end, lets it go here, with the last write it
+                // may have left.
+                if handle
+                    .as_ref()
+                    .is_some_and(|h| h.done.same_channel(&this_run))
+                {
+                    *handle = None;
+                    written.take();
+                }
+                drop(handle);
+                drop(written);
+                live.touch();
+            }
+            let _ = done_tx.send(Some(Ended {
+                record: record.map(Arc::from),
+            }));
+            this.live.evict_if_idle(&id);
+        });
+        // Stored with the record that says it runs: one transaction. The
+        // run goes first, to send its model request: a store may write on
+        // this thread (SQLite does), and the run, just spawned, would
+        // otherwise wait for the write. Once it says it started, it runs on
+        // to its first wait (usually for the model's answer) before this
+        // write does, or beside it on another worker.
+        let _ = run_started.await;
+        let at = rec.updated_at;
+        let event = encoded(&event);
+        match self.store.update_with_events(&mut rec, &event, at).await {
+            Ok(seqs) => {
+                *guard = Some(Box::new(rec));
+                drop(guard);
+                self.metrics.run_started();
+                self.recorder.publish(id, stored_events(seqs, &event, at));
+                starter.stored(&self.recorder, id);
+                Ok(RunWait(done_rx))
+            }
+            Err(e) => {
+                // The run stops before it stores or runs anything.
+                stop.cancel();
+                drop(starter);
+                *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The run's loop, once `gate` says its start is stored (`None` if it
+    /// was not: the run then stops and leaves nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drive(
+        self: &Arc<Self>,
+        agent: &LoadedAgent,
+        id: &str,
+        driving: Driving,
+        values: Values,
+        resolved: &[PendingCall],
+        mode: RunMode,
+        cancel: &CancellationToken,
+        gate: sink::StartGate,
+    ) -> Option<Driven> {
+        let Driving {
+            mut history,
+            taint_from,
+            run,
+        } = driving;
+        let sink = SessionSink::new(&self.recorder, id, cancel, gate);
+        let client = self.agents.client_for(&agent.name);
+        let Some(client) = client.as_ref() else {
+            let why = format!("no model client for agent `{}`", agent.name);
+            return sink.close().await.map(|(answer, taken)| Driven {
+                end: RunEnd::Failed(why),
+                answer,
+                taken,
+                run,
+                usage: Default::default(),
+                leftover: Default::default(),
+            });
+        };
+        let budget = budgets::RunBudget::new(&self.budgets, agent, id, &run);
+        // The tools as of the run's start; an MCP server's change applies to the next run.
+        let tools = agent.tools.snapshot();
+        let ctx = RunContext {
+            agent,
+            tools: &tools,
+            helpers: Some(HelperEnv {
+                tree: self.agents.tree(),
+                clients: self.agents.clients(),
+                stack: vec![agent.name.clone()],
+                inherited: Vec::new(),
+                max_depth: MAX_HELPER_DEPTH,
+            }),
+            client,
+            values: &values,
+            call: CallContext {
+                lineage: Some(Arc::new(StoreLineage::new(self.store.clone(), id))),
+                ..CallContext::of_session(id, &agent.name)
+            },
+            cache: self.cache.as_ref(),
+            lookups: Some(&self.lookups),
+            metrics: &self.metrics,
+            max_steps: match mode {
+                RunMode::Step | RunMode::Call => 1,
+                RunMode::UntilBlocked => agent.spec.max_steps.unwrap_or(self.max_steps),
+            },
+            stream: self.stream,
+            origin: match mode {
+                RunMode::Call => ToolCaller::Mcp,
+                _ => ToolCaller::Model,
+            },
+            taint_from,
+            caller_taint: &[],
+            ledger: Some(&budget),
+            clock: &*self.clock,
+        };
+        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
+            Some(end) => end,
+            // A client's calls, answered now: nothing more to do.
+            None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
+            None if mode == RunMode::Call => {
+                runner::run_calls(&ctx, &mut history, &sink, cancel).await
+            }
+            None => runner::run(&ctx, &mut history, &sink, cancel).await,
+        };
+        let end = match (mode, end) {
+            (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
+            (_, end) => end,
+        };
+        let leftover = budget.leftover();
+        let Some((answer, taken)) = sink.close().await else {
+            self.budgets.record_leftover(id, &leftover).await;
+            return None;
+        };
+        let run = pending::WaitingRun {
+            budgets_approved: budget.approved(),
+            ..run
+        };
+        Some(Driven {
+            end,
+            answer,
+            taken,
+            run,
+            usage: budget.spent(),
+            leftover,
+        })
+    }
+
+    /// Record how a run ended, with its answer, unless it was taken away
+    /// (`taken`, or found so now): then the server that closed it has said
+    /// how it ended. The session as stored, if it was.
+    pub(super) async fn finish(
+        &self,
+        id: &str,
+        driven: Driven,
+        pending: Vec<PendingCall>,
+        mode: RunMode,
+    ) -> Option<Box<SessionRecord>> {
+        let Driven {
+            end,
+            answer,
+            taken,
+            run,
+            usage,
+            leftover,
+        } = driven;
+        let waiting = pending::Pending {
+            client_call: mode == RunMode::Call && !pending.is_empty(),
+            run: (!pending.is_empty()).then_some(run),
+            items: pending,
+            used: Vec::new(),
+            expired: Vec::new(),
+        };
+        let (status, detail, outcome) = match &end {
+            RunEnd::Blocked(_) => (
+                SessionStatus::WaitingExternal,
+                Some(waiting.detail()),
+                RunOutcome::Blocked,
+            ),
+            RunEnd::Stepped => (
+                SessionStatus::Idle,
+                Some("one step done (run: step); resume to go on".to_string()),
+                RunOutcome::Completed,
+            ),
+            RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
+            RunEnd::Cancelled => (
+                SessionStatus::Idle,
+                Some("cancelled".to_string()),
+                RunOutcome::Cancelled,
+            ),
+            RunEnd::MaxSteps(n) => (
+                SessionStatus::Idle,
+                Some(format!("stopped after {n} model turns without an answer")),
+                RunOutcome::MaxSteps,
+            ),
+            RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
+            RunEnd::OverBudget(why) => (
+                SessionStatus::Failed,
+                Some(format!("budget_exceeded: {why}")),
+                RunOutcome::Failed,
+            ),
+        };
+        // Stored with the record's end, in the same write.
+        let (answer, mut events) = match answer {
+            Some((msg, events)) => (Some(msg), events),
+            None => (None, Events::new()),
+        };
+        if !waiting.is_empty() {
+            // Without tokens: events are stored, tokens never are.
+            let pending = waiting.items.iter().map(PendingCall::shown).collect();
+            events.push(SessionEvent::Pending(PendingEvent { pending }));
+        }
+        events.push(SessionEvent::RunFinished(RunFinished {
+            status: outcome,
+            detail: detail.clone(),
+            session_status: status,
+            usage: Some(usage),
+        }));
+        let waited = std::time::Instant::now();
+        let written = if taken {
+            RunWrite::Taken
+        } else {
+            self.recorder
+                .write_run(
+                    id,
+                    |rec| {
+                        rec.turns.extend(answer.clone());
+                        rec.status = status;
+                        rec.status_detail = detail.clone();
+                        rec.runner = None;
+                        rec.cancel_requested = false;
+                        rec.pending.items = waiting.items.clone();
+                        rec.pending.client_call = waiting.client_call;
+                        rec.pending.run = waiting.run.clone();
+                    },
+                    &events,
+                    &leftover.usage,
+                )
+                .await
+        };
+        self.metrics.run_store_wait(waited.elapsed());
+        match written {
+            // Stored with the end.
+            RunWrite::Written(..) => self.budgets.leftover_written(&leftover),
+            _ => self.budgets.record_leftover(id, &leftover).await,
+        }
+        let (stored, record) = match written {
+            RunWrite::Written(stored, record) => (Some(stored), record),
+            RunWrite::Taken => {
+                self.metrics.run_finished(RunOutcome::Failed);
+                tracing::warn!(
+                    session = id,
+                    "run stopped: another server closed it as lost (this server's heartbeat had lapsed)"
+                );
+                return None;
+            }
+            RunWrite::Failed(e) => {
+                tracing::error!(session = id, "cannot record the end of a run: {e}");
+                (None, None)
+            }
+        };
+        self.metrics.run_finished(outcome);
+        tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
+        match stored {
+            Some(stored) => self.recorder.publish(id, stored),
+            // The end could not be stored; its events may still be.
+            None => self.recorder.emit_all(id, events).await,
+        }
+        if let Some(rec) = record.as_deref().filter(|r| !r.pending.is_empty()) {
+            self.approvals.announce(rec);
+        }
+        record
+    }
+}
+
+/// The conversation a run goes on from, and where its taint counts from
+/// (see `RunContext::taint_from`).
+pub(super) struct Driving {
+    history: Vec<Turn>,
+    taint_from: usize,
+    /// The run's id and the budgets a person let it go past.
+    run: pending::WaitingRun,
+}
+
+/// What a run's loop leaves for its end to record.
+pub(super) struct Driven {
+    end: RunEnd,
+    /// The answer, stored with the end (see [`RunSink::answer`]).
+    answer: Option<(Turn, Events)>,
+    /// Another server closed the run as lost.
+    taken: bool,
+    /// What the run's next part needs if it waits.
+    run: pending::WaitingRun,
+    /// What this part of the run used.
+    usage: crate::usage::Totals,
+    /// What of it is not written yet: with the end.
+    leftover: budgets::Leftover,
+}
+
+/// Answer every tool call that has no result yet with `why`, so the history
+/// stays well-formed for the model.
+pub fn close_pending(mut turns: Vec<Turn>, why: &str) -> Vec<Turn> {
+    let Some(pos) = turns.iter().rposition(
+        |m| matches!(m.message(), ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
+    ) else {
+        return turns;
+    };
+    let ChatMessage::Assistant { tool_calls, .. } = turns[pos].message() else {
+        return turns;
+    };
+    let answered: Vec<String> = turns[pos + 1..]
+        .iter()
+        .filter_map(|m| match m.message() {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let missing: Vec<String> = tool_calls
+        .iter()
+        .map(|c| c.id.clone())
+        .filter(|id| !answered.contains(id))
+        .collect();
+    for id in missing {
+        turns.push(Turn::new(ChatMessage::tool_result(id, why)));
+    }
+    turns
+}
