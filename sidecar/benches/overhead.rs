@@ -43,7 +43,7 @@
 //!   trip by round trip so that the machine's load falls on both alike.
 //!   That row's ratio is with over without (x1.00: budgets cost nothing).
 //! - **Tool-call dispatch.** `bash_query-invoices` run through the bindings
-//!   (the agent loaded with [`bindery_sidecar::tree::load`], then
+//!   (the agent loaded with [`bindery_tree::load`], then
 //!   `BoundTool::call`, as `bindery-sidecar tool-call` does) against a direct
 //!   `std::process::Command` fork+exec of the same script with the same
 //!   arguments and `TOKEN`, interleaved. The ratio is bound over direct:
@@ -87,11 +87,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bindery_sidecar::params::{ApiKeys, ProcessValues};
-use bindery_sidecar::tools::bash::Limits;
-use bindery_sidecar::tools::CallContext;
-use bindery_sidecar::tree::{self, AgentSources, LoadOptions};
+use bindery_params::{ApiKeys, ProcessValues};
 use bindery_tests::bench::Process;
+use bindery_tools::bash::Limits;
+use bindery_tools::CallContext;
+use bindery_tree::{self as tree, AgentSources, LoadOptions};
 use common::{tool_then_answer, World, CANARY, OWNER};
 use serde_json::{json, Value};
 

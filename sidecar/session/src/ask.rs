@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::error::ServiceError;
-use super::model::SessionStatus;
 use super::service::{CreateSession, RunMode, RunWait, Service};
 use super::validate::Caller;
 use bindery_llm::{ChatMessage, ToolCall};
+use bindery_store::model::SessionStatus;
 
 /// How a one-shot run ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,7 +26,7 @@ pub struct Answer {
     pub text: String,
     pub is_error: bool,
     /// The calls the run waits for (with their tokens), if it blocked.
-    pub pending: Vec<crate::wire::PendingItem>,
+    pub pending: Vec<bindery_store::wire::PendingItem>,
 }
 
 /// One answer of [`ask_continue`]: a pending item's token and the

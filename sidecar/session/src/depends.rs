@@ -14,16 +14,16 @@ use std::sync::Mutex;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::pending::canonical;
 use bindery_bindings::depends::lookup_tool;
 use bindery_bindings::BoundTool;
 use bindery_params::Values;
+use bindery_store::pending::canonical;
 
 use bindery_spec::jsonpath::{get, Path};
 use bindery_spec::Dependency;
 use bindery_tools::{CallContext, Disposition, ToolError};
 
-pub use bindery_store::lookup::{Ask, Choice, LookupState};
+use bindery_store::lookup::{Ask, Choice, LookupState};
 
 /// Cached lookup results, with when each goes stale.
 #[derive(Default)]
@@ -358,7 +358,10 @@ impl Walk<'_, '_> {
                 .filter_map(|(k, p)| get(p, item).map(|v| (k.clone(), v)))
                 .collect();
             let id = if sel.id_sensitive {
-                format!("opt_{}", &hex::encode(crate::clock::random_key())[..16])
+                format!(
+                    "opt_{}",
+                    &hex::encode(bindery_store::clock::random_key())[..16]
+                )
             } else {
                 real.clone()
             };

@@ -3,8 +3,8 @@
 //! API edge turns the kind into an HTTP status (and `/mcp` into a JSON-RPC
 //! error); nothing here knows HTTP.
 
-use super::store::StoreError;
 use super::validate::ParamsError;
+use bindery_store::StoreError;
 
 /// What kind of failure an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::model::EventRecord;
+use bindery_store::model::EventRecord;
 
 /// How far a subscriber may fall behind before it is dropped.
 pub const BUFFER: usize = 1024;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::model::{SessionRecord, SessionStatus};
+use bindery_store::model::{SessionRecord, SessionStatus};
 
 /// How often a server beats, and how long a beat vouches for its runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl Liveness<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::contract::record;
+    use bindery_store::contract::record;
 
     const LEASE: Duration = Duration::from_secs(30);
 

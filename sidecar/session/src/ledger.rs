@@ -7,9 +7,9 @@
 
 use async_trait::async_trait;
 
-use super::usage::{Gauge, Scope};
 use bindery_spec::budget::{Limit, Meter, OnExceed, Per};
 use bindery_spec::ModelSpec;
+use bindery_store::usage::{Gauge, Scope};
 
 /// Whether work may start.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +22,7 @@ pub enum Gate {
     Ask(Exceeded),
 }
 
-pub use crate::wire::Exceeded;
+pub use bindery_store::wire::Exceeded;
 
 /// A run's budgets.
 #[async_trait]
@@ -115,8 +115,8 @@ pub fn crossing(before: f64, after: f64, limit: f64) -> Option<Crossing> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::Standing;
     use bindery_spec::budget::Budget;
+    use bindery_store::usage::Standing;
 
     fn limit(yaml: &str) -> Limit {
         serde_yaml::from_str::<Budget>(yaml)

@@ -19,8 +19,3 @@ pub mod runner;
 pub mod service;
 pub mod toolgroups;
 pub mod validate;
-
-// A session's records and their stores are the layer below (bindery-store);
-// under their old names here, so the session's code reads as before.
-pub use bindery_store as store;
-pub use bindery_store::{clock, model, pending, usage, wire};

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::store::SessionStore;
 use bindery_spec::SessionScope;
+use bindery_store::SessionStore;
 use bindery_tools::lineage::{
     in_scope, search_session, terms, Found, Hit, Kin, Listing, Read, Relation, SessionLineage,
     LINEAGE_MAX, SEARCH_BYTES,
@@ -39,7 +39,7 @@ impl StoreLineage {
 
 /// What the model is told when the store fails (the log has why: a
 /// store's message may name files and hosts).
-fn unreadable(e: super::store::StoreError) -> String {
+fn unreadable(e: bindery_store::StoreError) -> String {
     tracing::warn!("a session capability could not read the store: {e}");
     "the session store could not be read; try again later".to_owned()
 }

@@ -61,7 +61,7 @@ pub fn notice(
     let id = format!(
         "{session}/{}/{}",
         item["tool_call_id"].as_str().unwrap_or_default(),
-        &crate::pending::token_digest(token)[..16]
+        &bindery_store::pending::token_digest(token)[..16]
     );
     let mut facts = serde_json::Map::new();
     for key in [

@@ -13,12 +13,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::depends::{self, LookupCache, LookupState, Step};
+use crate::depends::{self, LookupCache, Step};
 use crate::helpers::{self, HelperEnv};
 use crate::ledger::{Exceeded, Gate, Ledger, Spent};
-use crate::pending::{Frame, PendingCall, Resolution, TaintSource};
 use crate::toolgroups::{self, Groups};
-use crate::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
 use bindery_bindings::cache::ToolCache;
 use bindery_bindings::{scrubber_for, BoundTool};
 use bindery_llm::{
@@ -27,6 +25,9 @@ use bindery_llm::{
 use bindery_metrics::{Metrics, ToolCaller, ToolOutcome};
 use bindery_params::scrub::Scrubber;
 use bindery_params::{SecretString, Values};
+use bindery_store::lookup::LookupState;
+use bindery_store::pending::{Frame, PendingCall, Resolution, TaintSource};
+use bindery_store::wire::{AssistantText, SessionEvent, ToolCallEvent, ToolResult};
 use bindery_tools::{CallContext, Disposition, ToolError, ToolOutput};
 use bindery_tree::LoadedAgent;
 
@@ -136,7 +137,7 @@ pub struct RunContext<'a> {
     /// command line).
     pub ledger: Option<&'a dyn Ledger>,
     /// What time it is (lookups' `ttl_ms` count by it).
-    pub clock: &'a dyn crate::clock::Clock,
+    pub clock: &'a dyn bindery_store::clock::Clock,
 }
 
 /// Run the loop over `history` (which ends with the request that started
@@ -212,7 +213,7 @@ async fn run_inner(
                         })
                         .sum::<usize>()
                 });
-                crate::usage::estimate_tokens(tools + conversation.message_chars())
+                bindery_store::usage::estimate_tokens(tools + conversation.message_chars())
             };
             let claim = match ctx.ledger {
                 Some(ledger) => match ledger.before_model(model, &estimate).await {
@@ -236,7 +237,9 @@ async fn run_inner(
                         },
                         None => Spent {
                             prompt: estimate(),
-                            completion: crate::usage::estimate_tokens(r.to_message().chars()),
+                            completion: bindery_store::usage::estimate_tokens(
+                                r.to_message().chars(),
+                            ),
                             estimated: true,
                         },
                     }),
@@ -778,7 +781,7 @@ const MIN_LOOKUPS: u32 = 16;
 
 /// The orchestration state an answer leads to, or why the call does not run.
 pub fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
-    use depends::Ask;
+    use bindery_store::lookup::Ask;
     match (r, &state.ask) {
         (Resolution::Chosen { option }, Ask::Selection { key, options, .. }) => {
             let real = options.iter().find(|o| &o.id == option)?.real.clone();
@@ -817,7 +820,7 @@ pub struct CallEnv<'a> {
     /// Lookup results kept between calls (none: kept for this call only).
     pub lookups: Option<&'a LookupCache>,
     pub max_steps: u32,
-    pub clock: &'a dyn crate::clock::Clock,
+    pub clock: &'a dyn bindery_store::clock::Clock,
     /// The run's budgets, which lookups count against too.
     pub ledger: Option<&'a dyn Ledger>,
 }
@@ -1357,7 +1360,7 @@ mod tests {
         let metrics = Metrics::default();
         let ctx = RunContext {
             ledger: None,
-            clock: &crate::clock::WallClock,
+            clock: &bindery_store::clock::WallClock,
             agent,
             tools: &tools,
             helpers: None,

@@ -21,20 +21,20 @@ use tokio_util::sync::CancellationToken;
 use super::error::{ErrorKind, ServiceError};
 pub use super::fanout::LiveEvent;
 use super::lease::LeaseConfig;
-use super::model::{SessionRecord, SessionStatus, StoredParams};
-use super::pending::{self, PendingCall};
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};
-use super::store::{SessionStore, StoreError};
 use super::validate::{validate, Caller, Op};
-use super::wire::{
-    BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
-    ToolCallEvent,
-};
 use crate::helpers::HelperEnv;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::{ChatClient, ChatMessage, Turn};
 use bindery_metrics::{Metrics, RunOutcome, ToolCaller};
 use bindery_params::{ParamValue, Values};
+use bindery_store::model::{SessionRecord, SessionStatus, StoredParams};
+use bindery_store::pending::{self, PendingCall};
+use bindery_store::wire::{
+    BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
+    ToolCallEvent,
+};
+use bindery_store::{SessionStore, StoreError};
 use bindery_tools::CallContext;
 
 /// How a cancelled run's unanswered calls are answered (a fork's too).
@@ -132,8 +132,8 @@ impl Default for ServiceConfig {
     }
 }
 
-pub use super::clock::random_key;
-use super::clock::{Clock, WallClock};
+pub use bindery_store::clock::random_key;
+use bindery_store::clock::{Clock, WallClock};
 
 /// How far a run goes (`run` on create, messages, resume, continuations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

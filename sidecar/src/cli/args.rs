@@ -665,14 +665,14 @@ pub struct AgentArgs {
     /// data and private mappings), in MiB; past it, its allocations fail.
     /// 0: no bound.
     #[arg(long, value_name = "MIB", env = "BINDERY_TOOL_MEMORY_MIB",
-          default_value_t = crate::tools::bash::DEFAULT_TOOL_MEMORY / (1024 * 1024))]
+          default_value_t = bindery_tools::bash::DEFAULT_TOOL_MEMORY / (1024 * 1024))]
     pub tool_memory: u64,
     /// How many processes the server's user may have when a bash tool's
     /// process forks (the tools and the server together: RLIMIT_NPROC,
     /// which the kernel does not apply to root); past it a fork fails.
     /// 0: no bound.
     #[arg(long, value_name = "N", env = "BINDERY_TOOL_PROCESSES",
-          default_value_t = crate::tools::bash::DEFAULT_TOOL_PROCESSES)]
+          default_value_t = bindery_tools::bash::DEFAULT_TOOL_PROCESSES)]
     pub tool_processes: u64,
 }
 

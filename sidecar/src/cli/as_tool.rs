@@ -15,8 +15,8 @@
 use serde_json::{json, Value};
 
 use super::prompt_script::PromptScript;
-use crate::params::ParamStatus;
-use crate::spec::Scope;
+use bindery_params::ParamStatus;
+use bindery_spec::Scope;
 
 /// The parameters `run` takes besides `prompt`.
 pub fn open_params(statuses: Vec<ParamStatus>) -> Vec<ParamStatus> {
@@ -145,7 +145,7 @@ pub fn parse_run(
         }
     }
     for p in params.iter().filter(|p| p.secret) {
-        if let Some(v) = env(&crate::tools::bash::env_var_name(&p.name)) {
+        if let Some(v) = env(&bindery_tools::bash::env_var_name(&p.name)) {
             values.push((p.name.clone(), v));
         }
     }

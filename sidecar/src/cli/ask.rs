@@ -3,9 +3,9 @@
 
 use serde_json::Value;
 
-use crate::session::pending::{PendingCall, Resolution};
-use crate::session::runner;
-use crate::tools::Disposition;
+use bindery_session::runner;
+use bindery_store::pending::{PendingCall, Resolution};
+use bindery_tools::Disposition;
 
 /// Ask on the terminal about each waiting call: y/n for a confirmation
 /// (`yes`: approved without asking), a choice among a lookup's options
@@ -141,7 +141,7 @@ pub(super) fn ask_item(
     };
     Ok(match disposition {
         Disposition::Budget => {
-            let budget: Option<crate::session::ledger::Exceeded> =
+            let budget: Option<bindery_session::ledger::Exceeded> =
                 serde_json::from_value(item["budget"].clone()).ok();
             let what = budget
                 .map(|b| b.detail())

@@ -6,13 +6,14 @@ use std::process::ExitCode;
 
 use tracing::Instrument;
 
-use crate::bindings::BoundTool;
-use crate::llm::ToolCall;
-use crate::params::Values;
-use crate::session::depends::{LookupCache, LookupState};
-use crate::session::runner::{self, CallEnv, Outcome};
-use crate::tools::{CallContext, ToolError};
-use crate::tree::LoadedAgent;
+use bindery_bindings::BoundTool;
+use bindery_llm::ToolCall;
+use bindery_params::Values;
+use bindery_session::depends::LookupCache;
+use bindery_session::runner::{self, CallEnv, Outcome};
+use bindery_store::lookup::LookupState;
+use bindery_tools::{CallContext, ToolError};
+use bindery_tree::LoadedAgent;
 
 /// How a call with dependencies gets what a person must say.
 #[derive(Clone, Copy, Default)]
@@ -71,7 +72,7 @@ pub(super) async fn outcome(
     // `tool-call` looks like one step of a session.
     let span = tracing::info_span!("tool_call", tool = %tool, call_id = %ctx.turn_id);
     let values = agent.process_values();
-    let scrubber = crate::bindings::scrubber_for(&values, std::slice::from_ref(bound));
+    let scrubber = bindery_bindings::scrubber_for(&values, std::slice::from_ref(bound));
     if asking.replayed && !approved_replay(agent, &values, bound, &model_args, &ctx, asking)? {
         return Ok(Err(ToolError::Failed(format!(
             "{tool} needs a person's approval and did not get it"
@@ -112,8 +113,11 @@ fn approved_replay(
     };
     let asked_later =
         !bound.depends().is_empty() && agent.disposition(bound.name(), Some(bound)).is_some();
-    let needs = runner::needs_approval(agent, values, &call, Some(bound))
-        .or_else(|| bound.egress().then_some(crate::tools::Disposition::Confirm));
+    let needs = runner::needs_approval(agent, values, &call, Some(bound)).or_else(|| {
+        bound
+            .egress()
+            .then_some(bindery_tools::Disposition::Confirm)
+    });
     let Some(disposition) = needs.filter(|_| !asked_later) else {
         return Ok(true);
     };
@@ -124,7 +128,7 @@ fn approved_replay(
     });
     Ok(matches!(
         super::ask::ask_item(&item, asking.yes, None)?,
-        crate::session::pending::Resolution::Approved
+        bindery_store::pending::Resolution::Approved
     ))
 }
 
@@ -164,7 +168,7 @@ async fn orchestrated(
         lookups: Some(&lookups),
         // The agent's maxSteps, or the least one call's lookups may take.
         max_steps: 0,
-        clock: &crate::session::clock::WallClock,
+        clock: &bindery_store::clock::WallClock,
         // `tool-call` keeps no store, so nothing is counted.
         ledger: None,
     };

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
-use crate::tools::bash::{load_script, Arity, Limits, ScriptArg};
+use bindery_tools::bash::{load_script, Arity, Limits, ScriptArg};
 
 /// One problem: where (an argument's name; empty for the whole payload)
 /// and what.
@@ -103,7 +103,7 @@ pub async fn main(tool: &Path) -> Result<ExitCode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::bash::Mode;
+    use bindery_tools::bash::Mode;
     use serde_json::json;
 
     fn arg(name: &str, arity: Arity) -> ScriptArg {

@@ -5,8 +5,8 @@
 use clap::ValueEnum;
 use serde_json::{json, Value};
 
-use crate::llm::ToolDefinition;
-use crate::tree::{AgentTree, LoadedAgent};
+use bindery_llm::ToolDefinition;
+use bindery_tree::{AgentTree, LoadedAgent};
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolsMode {
@@ -33,7 +33,7 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
             description: t.spec().description.clone(),
             parameters: t.model_schema(&values),
         })
-        .chain(crate::session::helpers::definitions(agent, tree))
+        .chain(bindery_session::helpers::definitions(agent, tree))
         .collect()
 }
 

@@ -6,14 +6,14 @@ use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
 use super::check_tools::{self, ToolsMode};
 use super::load::{load, load_tree};
 use super::telemetry::Telemetry;
-use crate::report::{agent_report, render_text, tool_view};
+use bindery_tree::report::{agent_report, render_text, tool_view};
 
 pub fn main() -> ExitCode {
     end_quietly_when_stdout_closes();
     let cli = Cli::parse_args();
     let telemetry = init_logging(cli.log_format);
     // What a tool leaves behind comes to this process, which ends it.
-    crate::reaper::become_subreaper();
+    bindery_reaper::become_subreaper();
     // Its tools run as its user: without this, one could read the server's
     // environment and memory (/proc/<server>/environ, its credentials among
     // them). Not dumpable, those files are root's.
@@ -148,7 +148,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             check_only,
         } => {
             let tool =
-                crate::tools::bash::load_script(&path, crate::tools::bash::Limits::default())
+                bindery_tools::bash::load_script(&path, bindery_tools::bash::Limits::default())
                     .await
                     .map_err(|e| format!("error: {e}"))?;
             let info = tool.info();
@@ -283,7 +283,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 allowed_hosts: &allowed_hosts,
                 allowed_origins: &allowed_origins,
                 stream: !no_stream,
-                lease: crate::session::lease::LeaseConfig {
+                lease: bindery_session::lease::LeaseConfig {
                     heartbeat: runner_heartbeat,
                     lease: runner_lease,
                 },
@@ -294,8 +294,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
-            let helper_tools = crate::session::helpers::definitions(agent, &tree);
-            let helper_view = |d: &crate::llm::ToolDefinition| {
+            let helper_tools = bindery_session::helpers::definitions(agent, &tree);
+            let helper_view = |d: &bindery_llm::ToolDefinition| {
                 serde_json::json!({"type": "function", "function": {
                     "name": d.name, "description": d.description, "parameters": d.parameters}, "bound": []})
             };
@@ -357,7 +357,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
             // A helper's tool: one run of the helper agent on `what`, as
             // the model's call would run it (without a caller's narrowing).
-            let helper = crate::session::helpers::helper_slug(agent, &tool)
+            let helper = bindery_session::helpers::helper_slug(agent, &tool)
                 .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug));
             if let Some(h) = helper {
                 let what = match model_args.as_object() {
@@ -483,7 +483,7 @@ async fn agents_exe_tool_call(
     let tree = load(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
-    let helper = crate::session::helpers::helper_slug(&agent, tool)
+    let helper = bindery_session::helpers::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
         .and_then(|h| tree.agent(&h.agent).cloned());
     let called = if let Some(helper) = helper {
@@ -597,7 +597,7 @@ async fn check(
         (Err(e), Output::Json) => {
             let diagnostics = match e.downcast() {
                 Ok(load) => load.diagnostics,
-                Err(message) => vec![crate::bindings::Diagnostic::error(message)],
+                Err(message) => vec![bindery_bindings::Diagnostic::error(message)],
             };
             println!(
                 "{}",

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use super::args::AgentArgs;
-use crate::bindings::Level;
-use crate::params::{ApiKeys, ProcessValues};
-use crate::tools::bash::Limits;
-use crate::tree::{self, AgentSources, AgentTree, LoadOptions};
+use bindery_bindings::Level;
+use bindery_params::{ApiKeys, ProcessValues};
+use bindery_tools::bash::Limits;
+use bindery_tree::{self as tree, AgentSources, AgentTree, LoadOptions};
 
 /// A load failure: either every diagnostic, or one message.
 pub(super) enum Failure {

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
 use super::one_shot::{Loaded, Waiting};
-use crate::api::mcp::jsonrpc::{self, classify, response, Incoming, RpcError};
-use crate::tree::LoadedAgent;
+use bindery_api::mcp::jsonrpc::{self, classify, response, Incoming, RpcError};
+use bindery_tree::LoadedAgent;
 
 /// agents-exe's protocol version.
 const AGENTS_EXE_VERSION: &str = "2024-11-05";
@@ -113,7 +113,7 @@ impl Protocol {
     /// The versions agreed to: agents-exe's, and those `/mcp` agrees to.
     fn served() -> Vec<&'static str> {
         std::iter::once(AGENTS_EXE_VERSION)
-            .chain(crate::api::mcp::handshake_versions())
+            .chain(bindery_api::mcp::handshake_versions())
             .collect()
     }
 
@@ -172,7 +172,7 @@ impl Protocol {
             )),
             "initialize" => {
                 let asked = params["protocolVersion"].as_str().unwrap_or("");
-                let version = crate::api::mcp::negotiate(asked, &Self::served());
+                let version = bindery_api::mcp::negotiate(asked, &Self::served());
                 self.version = Some(version);
                 Ok(json!({
                     "protocolVersion": version,
@@ -559,7 +559,7 @@ mod tests {
         let newest = *Protocol::served().last().unwrap();
         assert_eq!(init("1999-01-01").0, newest);
         // The stateless version has no handshake.
-        assert_eq!(init(crate::api::mcp::stateless::VERSION).0, newest);
+        assert_eq!(init(bindery_api::mcp::stateless::VERSION).0, newest);
     }
 
     #[test]

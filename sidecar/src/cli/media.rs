@@ -5,8 +5,8 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::llm::content::{is_media_type, MAX_MEDIA_BYTES};
-use crate::llm::{Content, ContentPart, Media};
+use bindery_llm::content::{is_media_type, MAX_MEDIA_BYTES};
+use bindery_llm::{Content, ContentPart, Media};
 
 /// `[MIME;]PATH` read: the type given before the first `;` (none when
 /// nothing is), and the path.

@@ -14,13 +14,13 @@ use super::ask::{ask_terminal, refuse_all};
 use super::load::{load_lenient, load_options};
 use super::resume::{FileSink, SessionFile};
 use super::serve::{client_options, model_keys, CliSink, Credentials};
-use crate::llm::{ChatClient, ChatMessage, Turn};
-use crate::metrics::Metrics;
-use crate::params::live::Registration;
-use crate::session::clients::build_clients;
-use crate::session::runner::{self, RunContext, RunEnd};
-use crate::tools::CallContext;
-use crate::tree::{AgentTree, LoadedAgent};
+use bindery_llm::{ChatClient, ChatMessage, Turn};
+use bindery_metrics::Metrics;
+use bindery_params::live::Registration;
+use bindery_session::clients::build_clients;
+use bindery_session::runner::{self, RunContext, RunEnd};
+use bindery_tools::CallContext;
+use bindery_tree::{AgentTree, LoadedAgent};
 
 /// Who answers the calls a run waits for (a confirmation, a choice).
 #[derive(Clone, Copy, Debug)]
@@ -54,9 +54,9 @@ impl Loaded {
         let opts = load_options(agents)?;
         let mut own = Credentials::from_env();
         own.api_keys(&opts.api_keys);
-        let own = crate::params::live::register_own(own.0);
+        let own = bindery_params::live::register_own(own.0);
         let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
-        let keys = crate::params::live::register_own(model_keys(&clients));
+        let keys = bindery_params::live::register_own(model_keys(&clients));
         for w in warnings {
             tracing::warn!("{w}");
         }
@@ -72,7 +72,7 @@ impl Loaded {
     pub async fn ask(
         &self,
         agent: &Arc<LoadedAgent>,
-        prompt: impl Into<crate::llm::Content>,
+        prompt: impl Into<bindery_llm::Content>,
         waiting: Waiting,
         cancel: &CancellationToken,
     ) -> Result<String, String> {
@@ -85,7 +85,7 @@ impl Loaded {
         &self,
         file: Option<&SessionFile>,
         agent: &Arc<LoadedAgent>,
-        prompt: impl Into<crate::llm::Content>,
+        prompt: impl Into<bindery_llm::Content>,
         waiting: Waiting,
         cancel: &CancellationToken,
     ) -> Result<String, String> {
@@ -103,18 +103,18 @@ impl Loaded {
             .get(&agent.name)
             .ok_or_else(|| format!("agent `{}` has no model client", agent.name))?;
         let metrics = Metrics::default();
-        let lookups = crate::session::depends::LookupCache::default();
+        let lookups = bindery_session::depends::LookupCache::default();
         let id = uuid::Uuid::new_v4().to_string();
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
             agent,
             tools: &tools,
-            helpers: Some(crate::session::helpers::HelperEnv {
+            helpers: Some(bindery_session::helpers::HelperEnv {
                 tree: &self.tree,
                 clients: &self.clients,
                 stack: vec![agent.name.clone()],
                 inherited: Vec::new(),
-                max_depth: crate::session::service::MAX_HELPER_DEPTH,
+                max_depth: bindery_session::service::MAX_HELPER_DEPTH,
             }),
             client,
             values: &values,
@@ -124,12 +124,12 @@ impl Loaded {
             metrics: &metrics,
             max_steps: agent.spec.max_steps.unwrap_or(self.max_steps),
             stream: false,
-            origin: crate::metrics::ToolCaller::Model,
+            origin: bindery_metrics::ToolCaller::Model,
             taint_from: 0,
             caller_taint: &[],
             // No store, so nothing is counted.
             ledger: None,
-            clock: &crate::session::clock::WallClock,
+            clock: &bindery_store::clock::WallClock,
         };
         let query = ChatMessage::User {
             content: prompt.into(),
@@ -204,7 +204,7 @@ pub fn cancelled_on_ctrl_c() -> CancellationToken {
 pub async fn run(
     agents: &AgentArgs,
     model: &ModelArgs,
-    prompt: impl Into<crate::llm::Content>,
+    prompt: impl Into<bindery_llm::Content>,
     yes: bool,
     session_file: Option<&std::path::Path>,
 ) -> Result<ExitCode, String> {

@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use super::args::AgentArgs;
 use super::load::load;
-use crate::tools::bash::{load_script, Limits};
-use crate::tools::{CallArgs, CallContext, Tool};
+use bindery_tools::bash::{load_script, Limits};
+use bindery_tools::{CallArgs, CallContext, Tool};
 
 /// One call the model made.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,7 +224,7 @@ pub async fn replay(
     }
     let args: CallArgs = map
         .iter()
-        .map(|(k, v)| (k.clone(), crate::params::ParamValue::Plain(v.clone())))
+        .map(|(k, v)| (k.clone(), bindery_params::ParamValue::Plain(v.clone())))
         .collect();
     let id = format!("replay-{}", std::process::id());
     let agent = doc["agent"].as_str().unwrap_or_default();

@@ -12,8 +12,8 @@ use serde_json::Value;
 use super::agents_exe_session::history::{self, Added, Resumed};
 use super::agents_exe_session::{self as aes, model::Session, Shape};
 use super::serve::CliSink;
-use crate::llm::Turn;
-use crate::session::runner::{self, Events, RunContext, RunSink};
+use bindery_llm::Turn;
+use bindery_session::runner::{self, Events, RunContext, RunSink};
 
 /// A `--session-file` and the session it held.
 pub struct SessionFile {

@@ -11,18 +11,18 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
 use super::load::{load_lenient, load_options};
-use crate::api::auth::OwnerToken;
-use crate::api::server::router;
-use crate::api::state::AppState;
-use crate::llm::Turn;
-use crate::metrics::Metrics;
-use crate::params::SecretString;
-use crate::session::clients::{build_clients, ClientOptions, ModelOverride};
-use crate::session::lease::LeaseConfig;
-use crate::session::runner::{self, RunSink};
-use crate::session::service::{Service, ServiceConfig};
-use crate::session::store::{self, Location};
-use crate::session::wire::SessionEvent;
+use bindery_api::auth::OwnerToken;
+use bindery_api::server::router;
+use bindery_api::state::AppState;
+use bindery_llm::Turn;
+use bindery_metrics::Metrics;
+use bindery_params::SecretString;
+use bindery_session::clients::{build_clients, ClientOptions, ModelOverride};
+use bindery_session::lease::LeaseConfig;
+use bindery_session::runner::{self, RunSink};
+use bindery_session::service::{Service, ServiceConfig};
+use bindery_store::wire::SessionEvent;
+use bindery_store::{self as store, Location};
 
 pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
@@ -94,7 +94,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     // tool process is given one (its scripts run as the agents load).
     let mut env = Credentials::from_env();
     env.api_keys(&opts.api_keys);
-    let _env = crate::params::live::register_own(env.0);
+    let _env = bindery_params::live::register_own(env.0);
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
@@ -106,12 +106,12 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             let mut secrets: Vec<_> = values
                 .iter()
                 .filter_map(|(k, v)| match v {
-                    crate::params::ParamValue::Secret(s) => Some((k.clone(), s.clone())),
-                    crate::params::ParamValue::Plain(_) => None,
+                    bindery_params::ParamValue::Secret(s) => Some((k.clone(), s.clone())),
+                    bindery_params::ParamValue::Plain(_) => None,
                 })
                 .collect();
             secrets.extend(agent.tools.snapshot().iter().flat_map(|t| t.secrets()));
-            crate::params::live::register(secrets)
+            bindery_params::live::register(secrets)
         })
         .collect();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
@@ -136,7 +136,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         "BINDERY_APPROVER_TOKEN",
         &mut own,
     )?;
-    let _own = crate::params::live::register_own(own.0);
+    let _own = bindery_params::live::register_own(own.0);
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
@@ -145,12 +145,12 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut name = path.clone().into_os_string();
             name.push(suffix);
-            crate::params::live::private_file(Path::new(&name));
+            bindery_params::live::private_file(Path::new(&name));
         }
     }
     let peer_tls = match a.peer_tls {
         Some((dir, name)) => {
-            Some(crate::api::peer_tls::load(dir, name).map_err(|e| format!("error: {e}"))?)
+            Some(bindery_api::peer_tls::load(dir, name).map_err(|e| format!("error: {e}"))?)
         }
         None => None,
     };
@@ -205,18 +205,20 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
                 .public_url
                 .map(str::to_string)
                 .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}"))),
-            notice_retries: crate::session::notify::Retries {
+            notice_retries: bindery_session::notify::Retries {
                 attempts: a.approval_notice_attempts,
                 ..Default::default()
             },
             advertise,
             agents_source: match a.agents_source {
-                super::args::AgentsSource::Crd => crate::session::service::stored::AgentSource::Crd,
+                super::args::AgentsSource::Crd => {
+                    bindery_session::service::stored::AgentSource::Crd
+                }
                 super::args::AgentsSource::File => {
-                    crate::session::service::stored::AgentSource::File
+                    bindery_session::service::stored::AgentSource::File
                 }
             },
-            clock: Arc::new(crate::session::clock::WallClock),
+            clock: Arc::new(bindery_store::clock::WallClock),
         },
     );
     let webhooks = tree.agents.values().any(|a| {
@@ -228,7 +230,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     if webhooks && a.public_url.is_none() && addr.ip().is_unspecified() {
         tracing::warn!("an agent has an approval webhook, but its notices' answer links are relative (/v1/approvals/…): give --public-url, the address receivers reach this server at");
     }
-    match crate::session::kube_events::KubeEvents::from_env() {
+    match bindery_session::kube_events::KubeEvents::from_env() {
         Ok(Some(events)) => service.enable_kube_events(events),
         Ok(None) => {}
         Err(e) => tracing::warn!("no Kubernetes Events: {e}"),
@@ -237,7 +239,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     if a.stored_agents {
         service
             .agents()
-            .enable_stored(crate::session::service::stored::StoredAgents::new(
+            .enable_stored(bindery_session::service::stored::StoredAgents::new(
                 opts.limits,
                 client_options(a.model),
             ));
@@ -303,7 +305,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             }
         });
     }
-    let peer_auth = Arc::new(crate::api::peers::PeerAuth::new(
+    let peer_auth = Arc::new(bindery_api::peers::PeerAuth::new(
         owner.peer_key(),
         service.instance(),
         peer_tls.is_some(),
@@ -315,16 +317,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         approver,
         metrics,
         ready: AtomicBool::new(false),
-        peers: crate::api::peers::client(),
+        peers: bindery_api::peers::client(),
         peers_tls: match &peer_tls {
             Some(t) => Some(
-                crate::api::peers::tls_client(t.client.clone())
+                bindery_api::peers::tls_client(t.client.clone())
                     .map_err(|e| format!("error: {e}"))?,
             ),
             None => None,
         },
         peer_auth,
-        origins: crate::api::origin::OriginPolicy::new(addr, a.allowed_hosts, a.allowed_origins),
+        origins: bindery_api::origin::OriginPolicy::new(addr, a.allowed_hosts, a.allowed_origins),
     });
     state
         .ready
@@ -359,7 +361,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     stop_beating.cancel();
     let _ = beating.await;
     // Nothing a tool started outlives the server's orderly end.
-    crate::reaper::sweep_async().await;
+    bindery_reaper::sweep_async().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -427,7 +429,7 @@ fn optional_token(
 ) -> Result<Option<OwnerToken>, String> {
     let token = match file {
         Some(f) => {
-            crate::params::live::private_file(f);
+            bindery_params::live::private_file(f);
             let t = std::fs::read_to_string(f)
                 .map_err(|e| format!("error: {flag} {}: {e}", f.display()))?;
             if t.trim().is_empty() {
@@ -456,7 +458,7 @@ fn owner_token(
         OwnerToken::new(t)
     };
     if let Some(f) = file {
-        crate::params::live::private_file(f);
+        bindery_params::live::private_file(f);
         let t = std::fs::read_to_string(f)
             .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
         if t.trim().is_empty() {
@@ -484,7 +486,7 @@ fn owner_token(
         }
     };
     let path: PathBuf = store.parent().unwrap_or(Path::new(".")).join("owner-token");
-    crate::params::live::private_file(&path);
+    bindery_params::live::private_file(&path);
     if let Ok(t) = std::fs::read_to_string(&path) {
         if !t.trim().is_empty() {
             tracing::info!(file = %path.display(), "owner token read from file");
@@ -502,7 +504,7 @@ fn owner_token(
     let token = hex::encode(bytes);
     write_private(&path, &token)
         .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
-    crate::params::live::private_file(&path);
+    bindery_params::live::private_file(&path);
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
     Ok(owner(&token, own))
 }
@@ -510,7 +512,7 @@ fn owner_token(
 /// The keys the model clients send (an agent file's `apiKey`, read from
 /// wherever it says): the server's own credentials too.
 pub(super) fn model_keys(
-    clients: &std::collections::BTreeMap<String, crate::llm::ChatClient>,
+    clients: &std::collections::BTreeMap<String, bindery_llm::ChatClient>,
 ) -> Vec<(String, SecretString)> {
     clients
         .iter()
@@ -522,11 +524,11 @@ pub(super) fn model_keys(
 pub(super) struct Credentials(pub(super) Vec<(String, SecretString)>);
 
 impl Credentials {
-    /// Every variable of [`crate::spec::checks::SERVER_CREDENTIAL_ENV`]
+    /// Every variable of [`bindery_spec::checks::SERVER_CREDENTIAL_ENV`]
     /// that is set.
     pub(super) fn from_env() -> Credentials {
         let mut own = Credentials(Vec::new());
-        for name in crate::spec::checks::SERVER_CREDENTIAL_ENV {
+        for name in bindery_spec::checks::SERVER_CREDENTIAL_ENV {
             if let Ok(v) = std::env::var(name) {
                 own.add(name, &v);
             }
@@ -544,7 +546,7 @@ impl Credentials {
     }
 
     /// The model keys of the API-keys file.
-    pub(super) fn api_keys(&mut self, keys: &crate::params::ApiKeys) {
+    pub(super) fn api_keys(&mut self, keys: &bindery_params::ApiKeys) {
         for (id, key) in keys.iter() {
             self.add(id, key.expose());
         }

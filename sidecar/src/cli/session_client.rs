@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::session::pending::Resolution;
+use bindery_store::pending::Resolution;
 
 /// Where the server is and who asks.
 #[derive(Args, Debug, Clone)]
@@ -590,7 +590,7 @@ impl Client {
     /// Why a request did not get an answer; a redirect the egress policy
     /// refused says so.
     fn unreachable(&self, e: &reqwest::Error) -> String {
-        match crate::llm::egress::refused(e) {
+        match bindery_llm::egress::refused(e) {
             Some(refused) => format!("the server at {}: {refused}", self.base),
             None => format!("cannot reach the server at {}: {e}", self.base),
         }
@@ -757,7 +757,7 @@ impl Client {
     /// for the server to say why.
     async fn pending_item(&self, target: &str) -> Result<(String, Value), String> {
         if target.starts_with("ct_") {
-            let view = match crate::session::pending::token_session(target) {
+            let view = match bindery_store::pending::token_session(target) {
                 Some(id) => self.view(id).await.ok(),
                 None => None,
             };
@@ -866,7 +866,7 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
     let err = |e: String| format!("error: {e}");
     let client = Client {
         // The token and the values go to that server's origin only.
-        http: crate::llm::egress::client(crate::spec::Redirects::SameOrigin)
+        http: bindery_llm::egress::client(bindery_spec::Redirects::SameOrigin)
             .build()
             .map_err(|e| err(format!("cannot set up HTTP: {e}")))?,
         base: args.server.clone(),
@@ -1174,7 +1174,7 @@ async fn answer_call(
         follow: a.follow,
         yes: a.yes,
     };
-    let shown = match crate::session::pending::token_session(&token) {
+    let shown = match bindery_store::pending::token_session(&token) {
         Some(id) if a.follow => turns(&client.view(id).await?).len(),
         _ => 0,
     };

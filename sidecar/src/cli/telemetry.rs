@@ -16,7 +16,7 @@
 //! of the traces too. As a last line of defence, every log record
 //! ([`Scrubbed`]) and every exported span's name, attributes, events and
 //! status (as the span ends) are scrubbed of the secret values live in the
-//! process ([`crate::params::live`]), whatever module wrote them. Spans go out in batches from a thread of their own; a
+//! process ([`bindery_params::live`]), whatever module wrote them. Spans go out in batches from a thread of their own; a
 //! collector that is down costs failed exports and warnings, never a crash.
 //! [`Telemetry::shutdown`] sends what is left before the process exits.
 
@@ -30,7 +30,7 @@ use opentelemetry_sdk::Resource;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use crate::params::live::Live;
+use bindery_params::live::Live;
 
 /// The base URL of an OTLP/HTTP receiver; turns exporting on.
 pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -229,7 +229,7 @@ pub struct ScrubbedWriter<W> {
 
 impl<W: std::io::Write> std::io::Write for ScrubbedWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let live = crate::params::live::scrubber();
+        let live = bindery_params::live::scrubber();
         if self.json && live.is_empty() {
             // JSON escapes every control character itself.
             return self.inner.write(buf);
@@ -333,7 +333,7 @@ impl<P: opentelemetry_sdk::trace::SpanProcessor> opentelemetry_sdk::trace::SpanP
     }
 
     fn on_end(&self, mut span: opentelemetry_sdk::trace::SpanData) {
-        let live = crate::params::live::scrubber();
+        let live = bindery_params::live::scrubber();
         if !live.is_empty() {
             scrub_span(&mut span, &live);
         }

@@ -613,7 +613,7 @@ impl Receiver {
                         .duration_since(std::time::UNIX_EPOCH)
                         .unwrap()
                         .as_secs();
-                    let genuine = bindery_sidecar::session::notify::verify(
+                    let genuine = bindery_session::notify::verify(
                         KEY.as_bytes(),
                         &signature,
                         &body,

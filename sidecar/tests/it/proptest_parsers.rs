@@ -7,15 +7,15 @@
 
 use std::sync::Arc;
 
-use bindery_sidecar::bindings::{AppliedBinding, BoundTool, BoundValue};
-use bindery_sidecar::params::{ParamValue, SecretString, Values};
-use bindery_sidecar::spec::WhenUnbound;
-use bindery_sidecar::tools::bash::{parse_description, Mode};
-use bindery_sidecar::tools::openapi::document::operations;
-use bindery_sidecar::tools::{
+use bindery_bindings::{AppliedBinding, BoundTool, BoundValue};
+use bindery_params::{ParamValue, SecretString, Values};
+use bindery_spec::WhenUnbound;
+use bindery_tools::bash::{parse_description, Mode};
+use bindery_tools::openapi::document::operations;
+use bindery_tools::{
     ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport,
 };
-use bindery_sidecar::tree::files::parse_text;
+use bindery_tree::files::parse_text;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

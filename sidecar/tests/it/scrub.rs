@@ -359,8 +359,8 @@ async fn a_helpers_own_secrets_are_scrubbed() {
 ///   limit is replaced whole, none of its leading bytes kept); and `cut`
 ///   is false exactly when `o` is all of `scrub(T)`.
 mod properties {
-    use bindery_sidecar::params::scrub::{Scrubber, MIN_LEN};
-    use bindery_sidecar::params::SecretString;
+    use bindery_params::scrub::{Scrubber, MIN_LEN};
+    use bindery_params::SecretString;
     use proptest::prelude::*;
 
     const MARKER: &str = "<secret:t>";

@@ -4,7 +4,7 @@
 //! [`CallArgs`]. Registrations are loaded once and shared by every session;
 //! per-call values reach them through the arguments and the [`CallContext`],
 //! never through the registration. Bindings wrap any `Tool` (see
-//! [`crate::bindings`]).
+//! the bindery-bindings crate).
 
 pub mod attach;
 pub mod bash;

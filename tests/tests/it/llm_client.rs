@@ -2,10 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use bindery_sidecar::llm::{
+use bindery_llm::{
     ChatClient, ChatMessage, Conversation, LlmError, ModelEndpoint, StreamDelta, ToolDefinition,
 };
-use bindery_sidecar::params::SecretString;
+use bindery_params::SecretString;
 use bindery_tests::eventually::{eventually_or, PATIENCE};
 use bindery_tests::mock_llm::{last_message, tool_names, tool_schema, Gate, MockLlm, MockReply};
 use serde_json::json;

@@ -7,16 +7,16 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::live::LiveSessions;
 use super::Agents;
-use crate::clock::{random_key, Clock};
 use crate::error::ServiceError;
 use crate::kube_events::KubeEvents;
-use crate::model::{SessionRecord, SessionStatus};
 use crate::notify::Retries;
-use crate::pending::{self, PendingCall};
 use crate::runner;
-use crate::store::SessionStore;
-use crate::wire::{Approval, PendingItem};
 use bindery_metrics::Metrics;
+use bindery_store::clock::{random_key, Clock};
+use bindery_store::model::{SessionRecord, SessionStatus};
+use bindery_store::pending::{self, PendingCall};
+use bindery_store::wire::{Approval, PendingItem};
+use bindery_store::SessionStore;
 use bindery_tools::Disposition;
 
 /// The pending calls' tokens, views and notices.

@@ -5,9 +5,9 @@
 
 use super::*;
 use crate::ledger::{self, Crossing, Exceeded, Gate, Ledger, Spent, Who};
-use crate::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use};
 use bindery_spec::budget::{Limit, Meter, OnExceed};
 use bindery_spec::ModelSpec;
+use bindery_store::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use};
 
 /// The budgets of the agents this server runs: what runs claim against
 /// them, what is told when one nears or reaches its limit, and the
@@ -444,7 +444,7 @@ impl Budgets {
                     bindery_spec::budget::Per::Rolling(window) => {
                         let gauge = Gauge {
                             meter: limit.meter,
-                            scope: crate::usage::Scope::Agent(agent.name.clone()),
+                            scope: bindery_store::usage::Scope::Agent(agent.name.clone()),
                             since: now - window,
                         };
                         self.store.measure(&[gauge]).await?[0].used

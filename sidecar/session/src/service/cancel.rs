@@ -2,8 +2,8 @@
 //! it, or a run that waits for pending calls. The run driver's ([`Runs`]).
 
 use super::*;
-use crate::pending::Resolution;
-use crate::wire::{Outcome, Resolved};
+use bindery_store::pending::Resolution;
+use bindery_store::wire::{Outcome, Resolved};
 
 impl Runs {
     /// Cancel session `id`'s run, and wait (a while) for it to record its
@@ -129,7 +129,7 @@ impl Runs {
             status: RunOutcome::Cancelled,
             detail: Some("cancelled".into()),
             session_status: SessionStatus::Idle,
-            usage: Some(crate::usage::Totals::default()),
+            usage: Some(bindery_store::usage::Totals::default()),
         };
         self.recorder
             .emit(id, SessionEvent::RunFinished(finished))

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Sessions};
 use crate::error::{ErrorKind, ServiceError};
-use crate::model::SessionRecord;
-use crate::model::SessionStatus;
-use crate::pending::{self, PendingCall, Resolution};
-use crate::store::StoreError;
 use crate::validate::{Caller, Op};
-use crate::wire::{Decider, Outcome, Resolved, SessionEvent};
 use bindery_params::Values;
+use bindery_store::model::SessionRecord;
+use bindery_store::model::SessionStatus;
+use bindery_store::pending::{self, PendingCall, Resolution};
+use bindery_store::wire::{Decider, Outcome, Resolved, SessionEvent};
+use bindery_store::StoreError;
 
 /// An answer to a pending call (`POST /v1/continuations/:token`).
 #[derive(Debug, Default)]

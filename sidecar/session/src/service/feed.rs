@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::Recorder;
 use crate::error::ServiceError;
 use crate::fanout::{LiveEvent, Receiver, Signal};
-use crate::model::EventRecord;
-use crate::store::{Notice, StoreError};
+use bindery_store::model::EventRecord;
+use bindery_store::{Notice, StoreError};
 
 impl Recorder {
     /// Subscribe first, then read what is stored: nothing falls in between.

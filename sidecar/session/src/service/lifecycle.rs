@@ -125,7 +125,7 @@ impl Sessions {
             turns,
             stored_turns: 0,
             params: StoredParams::from_values(&accepted.session),
-            security: crate::model::Security {
+            security: bindery_store::model::Security {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
                 owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use super::RunHandle;
 use crate::fanout::Fanout;
 use crate::lru;
-use crate::model::SessionRecord;
 use bindery_metrics::Metrics;
+use bindery_store::model::SessionRecord;
 
 /// A session in memory.
 pub(super) struct Live {

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use super::live::LiveSessions;
 use super::{close_pending, Recorder};
-use crate::clock::Clock;
 use crate::error::{ErrorKind, ServiceError};
 use crate::lease::{LeaseConfig, Liveness};
-use crate::model::{SessionRecord, SessionStatus};
-use crate::store::{SessionStore, StoreError};
-use crate::wire::{RunFinished, SessionEvent};
 use bindery_metrics::RunOutcome;
+use bindery_store::clock::Clock;
+use bindery_store::model::{SessionRecord, SessionStatus};
+use bindery_store::wire::{RunFinished, SessionEvent};
+use bindery_store::{SessionStore, StoreError};
 
 /// This server's heartbeat in the store, and its judgement of runs by the
 /// servers' heartbeats.

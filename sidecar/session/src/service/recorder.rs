@@ -7,15 +7,15 @@
 use std::sync::Arc;
 
 use super::live::LiveSessions;
-use crate::clock::Clock;
 use crate::fanout::LiveEvent;
-use crate::model::{EventRecord, SessionRecord, SessionStatus};
 use crate::runner::Events;
-use crate::store::{SessionStore, StoreError};
-use crate::usage::Unwritten;
-use crate::wire::SessionEvent;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
+use bindery_store::clock::Clock;
+use bindery_store::model::{EventRecord, SessionRecord, SessionStatus};
+use bindery_store::usage::Unwritten;
+use bindery_store::wire::SessionEvent;
+use bindery_store::{SessionStore, StoreError};
 
 /// What sessions' runs write, and who hears of it.
 pub struct Recorder {

@@ -514,7 +514,7 @@ pub(super) struct Driven {
     /// What the run's next part needs if it waits.
     run: pending::WaitingRun,
     /// What this part of the run used.
-    usage: crate::usage::Totals,
+    usage: bindery_store::usage::Totals,
     /// What of it is not written yet: with the end.
     leftover: budgets::Leftover,
 }

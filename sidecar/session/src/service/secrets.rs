@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::live::{lock, LiveSessions};
-use crate::clock::Clock;
 use crate::lease::{self, LeaseConfig};
-use crate::model::{SessionRecord, SessionStatus};
-use crate::store::{Peer, SessionStore, StoreError};
 use bindery_params::{ParamValue, Values};
+use bindery_store::clock::Clock;
+use bindery_store::model::{SessionRecord, SessionStatus};
+use bindery_store::{Peer, SessionStore, StoreError};
 
 /// The secret values of this server's live sessions, and which servers
 /// hold the values of sessions elsewhere.

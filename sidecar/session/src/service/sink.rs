@@ -210,8 +210,8 @@ mod tests {
 
     use super::*;
     use crate::fanout::Signal;
-    use crate::store::contract::record;
-    use crate::store::sqlite::SqliteStore;
+    use bindery_store::contract::record;
+    use bindery_store::sqlite::SqliteStore;
 
     /// A service on a SQLite file (in the directory returned, which holds
     /// it) with session `s` running here, and the file's path.
@@ -267,7 +267,7 @@ mod tests {
         let blocker = rusqlite::Connection::open(&path).unwrap();
         blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
         let result = Turn::new(ChatMessage::tool_result("c1", "done"));
-        let data = crate::wire::ToolResult {
+        let data = bindery_store::wire::ToolResult {
             id: "c1".into(),
             ok: true,
             output: "done".into(),

@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::clients::{build_clients, ClientOptions};
-use crate::clock::Clock;
 use crate::error::{ErrorKind, ServiceError};
-use crate::store::{SessionStore, StoredAgent};
 use bindery_llm::ChatClient;
+use bindery_store::clock::Clock;
+use bindery_store::{SessionStore, StoredAgent};
 use bindery_tools::bash::Limits;
 use bindery_tree::{AgentTree, LoadOptions, LoadedAgent};
 

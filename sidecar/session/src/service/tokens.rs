@@ -6,11 +6,11 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::live::LiveSessions;
-use crate::clock::Clock;
 use crate::error::{ErrorKind, ServiceError};
-use crate::model::SessionRecord;
-use crate::store::SessionStore;
 use bindery_params::secret::constant_time_eq;
+use bindery_store::clock::Clock;
+use bindery_store::model::SessionRecord;
+use bindery_store::SessionStore;
 
 /// The session tokens of the sessions in the store, and the event streams
 /// this server serves with them.
@@ -116,7 +116,7 @@ pub(super) fn new_token() -> Result<String, ServiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::contract::record;
+    use bindery_store::contract::record;
 
     #[test]
     fn a_token_matches_only_its_own_digest() {

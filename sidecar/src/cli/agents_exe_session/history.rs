@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use super::model::{self, Part, Session, ToolResponse, TurnKind, UserTurn};
-use crate::llm::{ChatMessage, Content, ContentPart, ToolCall, ToolDefinition};
+use bindery_llm::{ChatMessage, Content, ContentPart, ToolCall, ToolDefinition};
 
 /// What a call the file never answered is answered with, so the
 /// conversation stays one a model takes (each call has its result).
@@ -406,7 +406,7 @@ fn param_type(s: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::content::{FileData, ImageUrl};
+    use bindery_llm::content::{FileData, ImageUrl};
 
     fn call(id: &str, name: &str, args: &str) -> ToolCall {
         ToolCall {

@@ -804,9 +804,9 @@ async fn as_a_replica(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Value) {
-    use bindery_sidecar::api::auth::OwnerToken;
-    use bindery_sidecar::api::peers::{client, forward, Incoming};
-    use bindery_sidecar::session::validate::Caller;
+    use bindery_api::auth::OwnerToken;
+    use bindery_api::peers::{client, forward, Incoming};
+    use bindery_session::validate::Caller;
     let mut h = reqwest::header::HeaderMap::new();
     h.insert("content-type", "application/json".parse().unwrap());
     for (k, v) in headers {

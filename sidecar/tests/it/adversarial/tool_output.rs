@@ -21,7 +21,7 @@ const CANARY: &str = "Zq9!adv-SEKRIT&<\u{e9}>/+?= \"q\" \\ \u{1F600} end";
 
 /// The longest run of a secret's leading bytes that may show: one less
 /// than the scrubber's shortest value.
-const PREFIX: usize = bindery_sidecar::params::scrub::MIN_LEN;
+const PREFIX: usize = bindery_params::scrub::MIN_LEN;
 
 /// The hostile tool `forms`: prints its token (bound from the session's
 /// secret, in its environment) in every promised form, one `name: form`

@@ -13,19 +13,19 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::clock::TokioClock;
 use crate::error::ServiceError;
-use crate::model::{EventRecord, SessionRecord, SessionStatus};
 use crate::service::{CreateSession, RunMode, RunWait, Service, ServiceConfig};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{Notice, Peer, SessionStore, StoreError};
-use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use crate::validate::Caller;
 use bindery_llm::{
     ChatClient, ChatMessage, ChatRequest, ChatResponse, LlmError, LocalModel, ModelEndpoint,
     ToolCall,
 };
 use bindery_spec::budget::Meter;
+use bindery_store::clock::TokioClock;
+use bindery_store::model::{EventRecord, SessionRecord, SessionStatus};
+use bindery_store::sqlite::SqliteStore;
+use bindery_store::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use bindery_store::{Notice, Peer, SessionStore, StoreError};
 use bindery_tree::{AgentSources, AgentTree, LoadOptions};
 
 /// What the scripted model says next.

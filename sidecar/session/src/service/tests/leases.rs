@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{agent, asked, no_params, Client, Reply, World};
-use crate::model::SessionStatus;
 use crate::service::{RunMode, RunWait, Service, ServiceConfig};
 use crate::validate::Caller;
+use bindery_store::model::SessionStatus;
 
 /// The default lease: a beat every 10 s vouches for 30 s.
 const LEASE: Duration = Duration::from_secs(30);

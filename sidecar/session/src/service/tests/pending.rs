@@ -8,9 +8,9 @@ use serde_json::json;
 
 use super::harness::{agent, answer, no_params, Between, Client, Reply, World};
 use crate::error::ServiceError;
-use crate::model::SessionStatus;
 use crate::service::{Answer, Service, ServiceConfig};
 use crate::validate::Caller;
+use bindery_store::model::SessionStatus;
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -4,9 +4,9 @@
 use serde_json::json;
 
 use super::harness::{agent, answer, asked, no_params, shown, Client, Reply, World, MODEL_TIMEOUT};
-use crate::model::SessionStatus;
 use crate::service::ServiceConfig;
 use crate::validate::Caller;
+use bindery_store::model::SessionStatus;
 
 #[tokio::test(start_paused = true)]
 async fn a_message_runs_the_tool_the_model_calls_and_records_each_step_in_order() {

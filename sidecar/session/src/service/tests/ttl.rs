@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::harness::{agent, answer, Between, Client, Hook, Reply, World};
-use crate::model::{SessionRecord, SessionStatus};
 use crate::service::{Service, ServiceConfig};
+use bindery_store::model::{SessionRecord, SessionStatus};
 
 const MINUTE: Duration = Duration::from_secs(60);
 

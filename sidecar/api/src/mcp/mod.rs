@@ -5,7 +5,7 @@
 //! stream (`GET /mcp` is 405).
 //!
 //! Methods: `initialize`, `ping`, `tools/list` (one `ask_<slug>` tool per
-//! agent) and `tools/call` (one run, see [`crate::session::ask`]); from
+//! agent) and `tools/call` (one run, see [`bindery_session::ask`]); from
 //! protocol 2026-07-28 on, `server/discover` instead of the handshake (see
 //! [`stateless`]). Authentication is the session API's (the owner token,
 //! the MCP client token, a session token with its session named), checked
@@ -32,8 +32,8 @@ use serde_json::{json, Value};
 use self::jsonrpc::{classify, response, Incoming, RpcError};
 use super::auth::{Identified, Identity};
 use super::state::AppState;
-use crate::session::error::ServiceError;
-use crate::session::validate::Caller;
+use bindery_session::error::ServiceError;
+use bindery_session::validate::Caller;
 use schema::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
 
 /// The protocol versions served, oldest first. All use Streamable HTTP;
@@ -356,7 +356,7 @@ pub fn session_named(headers: &HeaderMap, message: &Value) -> Option<String> {
             .map(|r| {
                 r["token"]
                     .as_str()
-                    .and_then(crate::session::pending::token_session)
+                    .and_then(bindery_store::pending::token_session)
             })
             .collect(),
         _ => None,
@@ -581,7 +581,7 @@ async fn call(
         )));
     }
     let answer = match answers {
-        Some(replies) => crate::session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await,
+        Some(replies) => bindery_session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await,
         None => {
             let arguments = match params.get("arguments") {
                 None | Some(Value::Null) => json!({}),
@@ -592,13 +592,13 @@ async fn call(
                     )))
                 }
             };
-            let call = crate::llm::ToolCall {
+            let call = bindery_llm::ToolCall {
                 id: format!("mcp-{}", uuid::Uuid::new_v4().simple()),
                 name: found.tool.name().to_string(),
                 arguments: arguments.to_string(),
             };
             tracing::info!(tool = %call.name, agent = %found.agent.name, caller = "mcp", "MCP client calls an exposed tool");
-            crate::session::ask::call_tool(
+            bindery_session::ask::call_tool(
                 &s.service,
                 &Caller::Owner,
                 &found.agent.name,
@@ -653,7 +653,7 @@ async fn ask(
                     "a session token may read pending calls, not answer them; the session's owner answers them",
                 )));
             }
-            crate::session::ask::ask_in(
+            bindery_session::ask::ask_in(
                 &s.service,
                 &Caller::SessionToken(id.clone()),
                 id,
@@ -665,7 +665,7 @@ async fn ask(
         Who::Owner => match (params.pointer(META_CONTINUATIONS), session) {
             (Some(replies), _) => {
                 let replies = continuation_replies(replies).map_err(invalid)?;
-                crate::session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await
+                bindery_session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await
             }
             (None, Some(id)) => {
                 let rec = s.service.record(&id).await.map_err(for_mcp)?;
@@ -675,10 +675,10 @@ async fn ask(
                         rec.agent, rec.agent
                     )));
                 }
-                crate::session::ask::ask_in(&s.service, &Caller::Owner, &id, prompt()?, values).await
+                bindery_session::ask::ask_in(&s.service, &Caller::Owner, &id, prompt()?, values).await
             }
             (None, None) => {
-                crate::session::ask::ask(&s.service, &Caller::Owner, agent, prompt()?, values).await
+                bindery_session::ask::ask(&s.service, &Caller::Owner, agent, prompt()?, values).await
             }
         },
     }
@@ -690,7 +690,7 @@ async fn ask(
 /// waits in its `_meta` (their continuation tokens to the owner only). An
 /// exposed tool's call that waits did not run: its result is an error
 /// whose structured content holds the items as the session API shows them.
-fn result(who: &Who, answer: crate::session::ask::Answer, tool: bool) -> Value {
+fn result(who: &Who, answer: bindery_session::ask::Answer, tool: bool) -> Value {
     let mut meta = json!({"bindery.dev/session_id": answer.session_id});
     if answer.pending.is_empty() {
         return json!({
@@ -733,7 +733,7 @@ fn result(who: &Who, answer: crate::session::ask::Answer, tool: bool) -> Value {
 }
 
 /// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?, choice?, input?}]`.
-fn continuation_replies(v: &Value) -> Result<Vec<crate::session::ask::Reply>, String> {
+fn continuation_replies(v: &Value) -> Result<Vec<bindery_session::ask::Reply>, String> {
     let bad = || {
         "_meta \"bindery.dev/continuations\" is a list of {\"token\", \"approve\"} or {\"token\", \"result\"}, one per pending item".to_string()
     };
@@ -748,7 +748,7 @@ fn continuation_replies(v: &Value) -> Result<Vec<crate::session::ask::Reply>, St
             };
             Ok((
                 token,
-                crate::session::service::Answer {
+                bindery_session::service::Answer {
                     result: r.get("result").cloned(),
                     approve,
                     choice: r["choice"].as_str().map(str::to_string),
@@ -858,7 +858,7 @@ mod tests {
     /// A refused batch answers each of its requests, notifications not.
     #[tokio::test]
     async fn a_refused_batch_answers_each_request() {
-        let e = crate::api::peers::tls_required(vec!["billing_token".into()]);
+        let e = crate::peers::tls_required(vec!["billing_token".into()]);
         let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let r = refusal(
             &json!([call_in(Some("s"), 1), note, call_in(Some("s"), 2)]),

@@ -24,11 +24,11 @@ use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use super::state::AppState;
-use crate::params::secret::constant_time_eq;
-use crate::session::error::{ErrorKind, ServiceError};
-use crate::session::model::SessionRecord;
-use crate::session::service::Service;
-use crate::session::validate::Caller;
+use bindery_params::secret::constant_time_eq;
+use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::service::Service;
+use bindery_session::validate::Caller;
+use bindery_store::model::SessionRecord;
 
 /// What a door lets a session-token holder and the approver do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +239,7 @@ pub async fn identify(
         let live = match check {
             TokenCheck::Store => service.tokens().matches(id, token).await,
             TokenCheck::Read(rec) => {
-                rec.is_some_and(|r| r.id == id && crate::session::service::token_in(r, token))
+                rec.is_some_and(|r| r.id == id && bindery_session::service::token_in(r, token))
             }
         };
         if live {
@@ -264,7 +264,7 @@ pub fn path_session(params: &RawPathParams) -> Option<String> {
     for (name, value) in params {
         match name {
             "id" => return Some(value.to_string()),
-            "token" => return crate::session::pending::token_session(value).map(str::to_owned),
+            "token" => return bindery_store::pending::token_session(value).map(str::to_owned),
             _ => {}
         }
     }

@@ -9,9 +9,9 @@
 
 use serde_json::{json, Value};
 
-use crate::bindings::BoundTool;
-use crate::tools::Disposition;
-use crate::tree::{AgentTree, LoadedAgent};
+use bindery_bindings::BoundTool;
+use bindery_tools::Disposition;
+use bindery_tree::{AgentTree, LoadedAgent};
 
 /// Between the agent and the tool in a prefixed name.
 const SEPARATOR: &str = "__";

@@ -43,7 +43,7 @@ const METHODS: [&str; 8] = [
 ];
 
 fn doc() -> Value {
-    document(crate::api::server::routes().into_openapi(), "1.2.3")
+    document(crate::server::routes().into_openapi(), "1.2.3")
 }
 
 /// Every operation as `(METHOD, path, operation)`.

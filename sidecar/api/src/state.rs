@@ -11,8 +11,8 @@ use axum::http::HeaderMap;
 
 use super::auth::{identify, Identity, OwnerToken, TokenCheck};
 use super::peers::PeerAuth;
-use crate::metrics::Metrics;
-use crate::session::service::Service;
+use bindery_metrics::Metrics;
+use bindery_session::service::Service;
 
 pub struct AppState {
     pub service: Arc<Service>,

@@ -4,8 +4,8 @@
 
 use serde_json::{json, Value};
 
-use crate::spec::Scope;
-use crate::tree::{AgentTree, LoadedAgent};
+use bindery_spec::Scope;
+use bindery_tree::{AgentTree, LoadedAgent};
 
 const PREFIX: &str = "ask_";
 

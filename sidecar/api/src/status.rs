@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{ErrorKind, ServiceError};
 
 pub fn of(kind: ErrorKind) -> StatusCode {
     match kind {

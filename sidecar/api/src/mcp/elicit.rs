@@ -16,10 +16,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
-use crate::session::ask::Reply;
-use crate::session::service::Answer;
-use crate::session::wire::PendingItem;
-use crate::tools::Disposition;
+use bindery_session::ask::Reply;
+use bindery_session::service::Answer;
+use bindery_store::wire::PendingItem;
+use bindery_tools::Disposition;
 
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 

@@ -17,8 +17,8 @@ use super::openapi::{BadRequest, Unauthorized};
 use super::server::ApiResult;
 use super::state::AppState;
 use super::views::rfc3339;
-use crate::session::error::ServiceError;
-use crate::session::usage::{report_csv, Group, ReportRow};
+use bindery_session::error::ServiceError;
+use bindery_store::usage::{report_csv, Group, ReportRow};
 
 /// How far back a report goes when `from` is not given: 30 days.
 const DEFAULT_SPAN_MS: i64 = 30 * 86_400_000;

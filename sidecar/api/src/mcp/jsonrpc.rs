@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{ErrorKind, ServiceError};
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
@@ -62,7 +62,7 @@ impl From<ServiceError> for RpcError {
             ErrorKind::Internal => INTERNAL_ERROR,
             _ => INVALID_PARAMS,
         };
-        let status = crate::api::status::of(e.kind).as_u16();
+        let status = crate::status::of(e.kind).as_u16();
         let mut data = json!({"error": e.code, "status": status});
         if !e.params.is_empty() || e.code.ends_with("params") {
             data["params"] = json!(e.params);

@@ -58,7 +58,7 @@ use axum::response::{IntoResponse, Response};
 use super::auth::{path_session, Identified, Identity, TokenCheck};
 use super::peers::{forward, is_forwarded, secret_values_in, tls_required, Incoming};
 use super::state::AppState;
-use crate::session::model::SessionRecord;
+use bindery_store::model::SessionRecord;
 
 /// What a route is about, as far as forwarding goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! The HTTP API: routes, authentication, views, metrics, the OpenAPI
 //! document, MCP over HTTP and the chat page.
 
+#![forbid(unsafe_code)]
+
 pub mod approvals;
 pub mod auth;
 pub mod chat;

@@ -24,9 +24,9 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use http_body::Frame;
 
-use crate::session::model::EventRecord;
-use crate::session::service::{Feed, FeedItem, LiveEvent, Service};
-use crate::session::wire::Delta;
+use bindery_session::service::{Feed, FeedItem, LiveEvent, Service};
+use bindery_store::model::EventRecord;
+use bindery_store::wire::Delta;
 
 /// The response: `stored` first, then what `feed` gives.
 pub fn response(service: Arc<Service>, stored: Vec<EventRecord>, feed: Feed) -> Response {

@@ -33,10 +33,10 @@ use super::status::ApiError;
 use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
 };
-use crate::session::error::{ErrorKind, ServiceError};
-use crate::session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
-use crate::session::validate::Caller;
-use crate::session::wire::{RunRequest, StartRun};
+use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
+use bindery_session::validate::Caller;
+use bindery_store::wire::{RunRequest, StartRun};
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
 const DEFAULT_WAIT: u64 = 60;
@@ -180,7 +180,7 @@ async fn json_errors(response: Response) -> Response {
 /// of a long conversation's view.
 impl IntoResponse for SessionView {
     fn into_response(self) -> Response {
-        let turns = crate::llm::Turn::encoded_len(&self.session.turns);
+        let turns = bindery_llm::Turn::encoded_len(&self.session.turns);
         let mut body = Vec::with_capacity(turns + 1024);
         match serde_json::to_writer(&mut body, &self) {
             Ok(()) => (
@@ -327,7 +327,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
+            bindery_metrics::CONTENT_TYPE,
         )],
         state.metrics.render(),
     )

@@ -18,8 +18,8 @@ use super::auth::{door, Authed};
 use super::openapi::{AnswerRefused, BadRequest, NotFound, Unauthorized};
 use super::server::{body, ApiResult, ContinuationBody, WaitQuery};
 use super::state::AppState;
-use crate::session::service::RunWait;
-use crate::session::validate::Caller;
+use bindery_session::service::RunWait;
+use bindery_session::validate::Caller;
 
 /// Every call that waits for a person
 ///
@@ -43,7 +43,7 @@ pub async fn list(State(s): State<Arc<AppState>>, _: Authed<door::Approvals>) ->
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ApprovalList {
     /// Oldest session first.
-    approvals: Vec<crate::session::wire::Approval>,
+    approvals: Vec<bindery_store::wire::Approval>,
 }
 
 /// What an approver (or an answer link) is told after answering: the
@@ -94,7 +94,7 @@ pub async fn answer_link(
 ) -> ApiResult {
     let b: ContinuationBody = body(&b)?;
     let mut answer = b.into_answer()?;
-    answer.by = Some(crate::session::wire::Decider::Webhook);
+    answer.by = Some(bindery_store::wire::Decider::Webhook);
     let (id, run) = s
         .service
         .sessions()
@@ -108,7 +108,7 @@ pub async fn answer_link(
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ApprovalAnswered {
     session_id: String,
-    status: crate::session::model::SessionStatus,
+    status: bindery_store::model::SessionStatus,
     /// What the session waits for now.
-    pending: Vec<crate::session::wire::PendingItem>,
+    pending: Vec<bindery_store::wire::PendingItem>,
 }

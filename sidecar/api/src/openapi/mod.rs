@@ -28,7 +28,7 @@ use utoipa::openapi::tag::TagBuilder;
 use utoipa::openapi::{ComponentsBuilder, InfoBuilder, LicenseBuilder, OpenApi as Document, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::session::wire::{Delta, SessionEvent};
+use bindery_store::wire::{Delta, SessionEvent};
 pub use errors::*;
 
 /// The `delta` event: streamed text, never stored, so not a

@@ -17,7 +17,7 @@ use super::openapi::{
 };
 use super::state::AppState;
 use super::views::{agent_view, AgentView};
-use crate::session::error::ServiceError;
+use bindery_session::error::ServiceError;
 
 /// `PUT /v1/agents/:slug`'s answer.
 #[derive(Serialize, ToSchema)]
@@ -64,7 +64,7 @@ pub async fn put(
         StatusCode::OK
     };
     let reply = PutAgentReply {
-        agent: agent_view(&agent, crate::session::service::stored::AgentSource::Store),
+        agent: agent_view(&agent, bindery_session::service::stored::AgentSource::Store),
         warnings,
     };
     Ok((status, Json(reply)).into_response())

@@ -4,12 +4,12 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::llm::{ChatMessage, Turn};
-use crate::params::ParamStatus;
-use crate::session::model::{SessionRecord, SessionStatus};
-use crate::session::wire::PendingItem;
-use crate::tools::Disposition;
-use crate::tree::LoadedAgent;
+use bindery_llm::{ChatMessage, Turn};
+use bindery_params::ParamStatus;
+use bindery_store::model::{SessionRecord, SessionStatus};
+use bindery_store::wire::PendingItem;
+use bindery_tools::Disposition;
+use bindery_tree::LoadedAgent;
 
 /// An agent as callers see it: what it takes, never any value.
 #[derive(Serialize, ToSchema)]
@@ -18,7 +18,7 @@ pub struct AgentView {
     /// Where its definition comes from: `file` (the server's files),
     /// `crd` (an `Agent` resource, given by the operator) or `store` (kept
     /// over the API).
-    pub source: crate::session::service::stored::AgentSource,
+    pub source: bindery_session::service::stored::AgentSource,
     /// What the agent says it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
@@ -52,11 +52,11 @@ pub struct AgentView {
 #[derive(Serialize, ToSchema)]
 pub struct BudgetView {
     pub name: String,
-    pub meter: crate::spec::budget::Meter,
+    pub meter: bindery_spec::budget::Meter,
     pub limit: f64,
     /// The window: a duration (`24h`), `session` or `run`.
     pub per: String,
-    pub on_exceed: crate::spec::budget::OnExceed,
+    pub on_exceed: bindery_spec::budget::OnExceed,
 }
 
 /// `GET /v1/agents`.
@@ -78,7 +78,7 @@ pub struct ParameterView {
     #[schema(value_type = String)]
     pub description: Option<String>,
     /// Who sets it: the server (process), a session, or each message.
-    pub scope: crate::spec::Scope,
+    pub scope: bindery_spec::Scope,
     pub secret: bool,
     pub required: bool,
     /// A value is bound at process level.
@@ -103,7 +103,7 @@ impl From<ParamStatus> for ParameterView {
 
 pub fn agent_view(
     a: &LoadedAgent,
-    source: crate::session::service::stored::AgentSource,
+    source: bindery_session::service::stored::AgentSource,
 ) -> AgentView {
     AgentView {
         slug: a.name.clone(),
@@ -201,7 +201,7 @@ pub struct SessionView {
     /// continuation. A session-token holder sees them without tokens.
     pub pending: Vec<PendingItem>,
     /// What the session's runs used (null when the store could not say).
-    pub usage: Option<crate::session::usage::SessionUsage>,
+    pub usage: Option<bindery_store::usage::SessionUsage>,
     /// A new session token (`st_…`), only in the response that created it
     /// (session creation or fork with `session_token: true`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use crate::session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{ErrorKind, ServiceError};
 
 const PREFIX: &str = "agents-param-";
 /// Where `tools/call` carries values in its `_meta`.

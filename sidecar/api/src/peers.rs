@@ -43,12 +43,12 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::status::ApiError;
-use crate::llm::egress;
-use crate::params::secret::constant_time_eq;
-use crate::session::error::{ErrorKind, ServiceError};
-use crate::session::pending::hmac;
-use crate::session::validate::Caller;
-use crate::spec::Redirects;
+use bindery_llm::egress;
+use bindery_params::secret::constant_time_eq;
+use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::validate::Caller;
+use bindery_spec::Redirects;
+use bindery_store::pending::hmac;
 
 /// The signature of a forward: from a server of the same tenant, never a
 /// client.
