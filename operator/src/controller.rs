@@ -45,6 +45,10 @@ pub(crate) enum Error {
     NoNamespace(String),
     #[error("generating the replicas' peer certificate: {0}")]
     PeerCertificate(String),
+    /// The OS gave no random bytes for an owner token: retried with the
+    /// other failures, counted as `randomness`.
+    #[error("no randomness from the OS for the owner token ({0}); retried, nothing was created")]
+    Randomness(getrandom::Error),
 }
 
 impl Error {
@@ -68,6 +72,7 @@ impl Error {
             Error::Kube(_) => "client",
             Error::NoNamespace(_) => "no_namespace",
             Error::PeerCertificate(_) => "peer_certificate",
+            Error::Randomness(_) => "randomness",
         }
     }
 }
@@ -480,14 +485,12 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut bytes = [0u8; 32];
-        // Without randomness there is no token to mint; retry later.
-        if !d.generate_owner_token || minted || getrandom::fill(&mut bytes).is_err() {
+        if !d.generate_owner_token || minted {
             break d;
         }
+        let token = owner_token().map_err(Error::Randomness)?;
         let owner = crate::desired::owner_reference(tenant);
-        let secret =
-            crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
+        let secret = crate::desired::render::generated_owner_token(&inputs, &owner, &token);
         // Created once, never overwritten: the token is its holder's.
         match Api::<Secret>::namespaced(c.clone(), &ns)
             .create(&PostParams::default(), &secret)
@@ -595,6 +598,16 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     } else {
         60
     })))
+}
+
+/// A new owner token: 32 bytes from the OS, hex. The operator's one
+/// source of randomness (the peer certificate's key pair is rcgen's, from
+/// aws-lc-rs). A failure is the reconcile's error: logged, counted and
+/// retried; no Secret is created without a token.
+fn owner_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(hex::encode(bytes))
 }
 
 /// The body of the operator's server-side apply of a tenant's status:
@@ -790,6 +803,21 @@ where
 mod tests {
     use super::*;
     use crate::crd::BudgetStatus;
+
+    #[test]
+    fn an_owner_token_is_32_random_bytes_in_hex_and_a_failure_names_itself() {
+        let (a, b) = (owner_token().unwrap(), owner_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
+        let e = Error::Randomness(getrandom::Error::UNSUPPORTED);
+        assert_eq!(e.kind(), "randomness");
+        assert!(
+            e.to_string()
+                .starts_with("no randomness from the OS for the owner token"),
+            "{e}"
+        );
+    }
 
     /// A status the tenant's agent server has written its budget rows to,
     /// on top of the operator's.
