@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::crd::{Agent, AgentSpec, AgentTenant, AgentTenantStatus};
 use crate::desired::{desired, referenced, Inputs, OperatorConfig, RefObject, Rollout};
+use crate::key_names;
 use crate::metrics::Metrics;
 use crate::names;
 use crate::own_writes::{self, OwnWrites};
@@ -44,6 +45,10 @@ pub(crate) enum Error {
     NoNamespace(String),
     #[error("generating the replicas' peer certificate: {0}")]
     PeerCertificate(String),
+    /// The OS gave no random bytes for an owner token: retried with the
+    /// other failures, counted as `randomness`.
+    #[error("no randomness from the OS for the owner token ({0}); retried, nothing was created")]
+    Randomness(getrandom::Error),
 }
 
 impl Error {
@@ -67,6 +72,7 @@ impl Error {
             Error::Kube(_) => "client",
             Error::NoNamespace(_) => "no_namespace",
             Error::PeerCertificate(_) => "peer_certificate",
+            Error::Randomness(_) => "randomness",
         }
     }
 }
@@ -166,12 +172,17 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let by_config_map = store.clone();
 
     // Secrets and ConfigMaps by metadata only: their values never enter
-    // the operator's caches.
+    // the operator's caches. A Secret's annotations can hold its values
+    // (client-side `kubectl apply`): dropped as each event arrives.
     let secrets = watcher(
         scoped::<PartialObjectMeta<Secret>>(&client, &namespace),
         cfg.clone(),
     )
-    .touched_objects();
+    .touched_objects()
+    .map_ok(|mut s| {
+        s.metadata = key_names::without_values(s.metadata);
+        s
+    });
     let config_maps = watcher(
         scoped::<PartialObjectMeta<ConfigMap>>(&client, &namespace),
         cfg.clone(),
@@ -428,13 +439,8 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     if crate::desired::postgres_url(tenant).is_some() {
         secret_names.insert(names::peer_tls_secret(&name));
     }
-    let mut secrets = key_names::<Secret>(c, &ns, &secret_names, secret_keys).await?;
-    let config_maps = key_names::<ConfigMap>(c, &ns, &config_map_names, |m| {
-        let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
-        keys.extend(m.binary_data.into_iter().flatten().map(|(k, _)| k));
-        (keys, m.metadata.resource_version.unwrap_or_default())
-    })
-    .await?;
+    let mut secrets = secrets_key_names(c, &ns, &secret_names).await?;
+    let config_maps = config_maps_key_names(c, &ns, &config_map_names).await?;
     let rollout = Api::<Deployment>::namespaced(c.clone(), &ns)
         .get_opt(&names::workload(&name))
         .await?
@@ -472,28 +478,19 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
                 Ok(created) => {
                     own.wrote(key_of(&created), &created.metadata, None);
                     tracing::info!(tenant = %name, "peer certificate generated");
-                    let (keys, resource_version) = secret_keys(created);
-                    secrets.insert(
-                        names::peer_tls_secret(&name),
-                        RefObject {
-                            keys,
-                            resource_version,
-                        },
-                    );
+                    secrets.insert(names::peer_tls_secret(&name), created_keys(created));
                     continue;
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut bytes = [0u8; 32];
-        // Without randomness there is no token to mint; retry later.
-        if !d.generate_owner_token || minted || getrandom::fill(&mut bytes).is_err() {
+        if !d.generate_owner_token || minted {
             break d;
         }
+        let token = owner_token().map_err(Error::Randomness)?;
         let owner = crate::desired::owner_reference(tenant);
-        let secret =
-            crate::desired::render::generated_owner_token(&inputs, &owner, &hex::encode(bytes));
+        let secret = crate::desired::render::generated_owner_token(&inputs, &owner, &token);
         // Created once, never overwritten: the token is its holder's.
         match Api::<Secret>::namespaced(c.clone(), &ns)
             .create(&PostParams::default(), &secret)
@@ -504,12 +501,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
                 tracing::info!(tenant = %name, "owner token generated");
                 // Once more with the token there: the pods start with it,
                 // not again when the next reconcile sees it.
-                let (keys, resource_version) = secret_keys(created);
-                let token = RefObject {
-                    keys,
-                    resource_version,
-                };
-                secrets.insert(names::owner_token_secret(&name), token);
+                secrets.insert(names::owner_token_secret(&name), created_keys(created));
                 minted = true;
             }
             Err(kube::Error::Api(e)) if e.code == 409 => break d,
@@ -608,6 +600,16 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     })))
 }
 
+/// A new owner token: 32 bytes from the OS, hex. The operator's one
+/// source of randomness (the peer certificate's key pair is rcgen's, from
+/// aws-lc-rs). A failure is the reconcile's error: logged, counted and
+/// retried; no Secret is created without a token.
+fn owner_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(hex::encode(bytes))
+}
+
 /// The body of the operator's server-side apply of a tenant's status:
 /// every field it computes, never those the tenant's agent server writes
 /// ([`AgentTenantStatus::SERVER_FIELDS`]). Under a forced apply, a field
@@ -657,33 +659,61 @@ impl<K> Namespaced for K where
 {
 }
 
-/// A Secret's key names and resourceVersion; its values are dropped here.
-fn secret_keys(s: Secret) -> (BTreeSet<String>, String) {
+/// The key names and resourceVersion of a Secret the operator just
+/// created: the keys it gave it (the values, its own, are dropped here).
+fn created_keys(s: Secret) -> RefObject {
     let mut keys: BTreeSet<String> = s.data.into_iter().flatten().map(|(k, _)| k).collect();
     keys.extend(s.string_data.into_iter().flatten().map(|(k, _)| k));
-    (keys, s.metadata.resource_version.unwrap_or_default())
+    RefObject {
+        keys: Some(keys),
+        resource_version: s.metadata.resource_version.unwrap_or_default(),
+    }
 }
 
-/// Key names and resourceVersion of each named object that exists.
-async fn key_names<K>(
+/// Key names and resourceVersion of each named Secret that exists, read
+/// by metadata only (a GET answered as `PartialObjectMetadata`): the
+/// operator never receives a Secret's `data`. The names come from the
+/// metadata's record of its writers ([`key_names::secret_key_names`]).
+async fn secrets_key_names(
     c: &Client,
     ns: &str,
     names: &BTreeSet<String>,
-    reduce: impl Fn(K) -> (BTreeSet<String>, String),
-) -> Result<BTreeMap<String, RefObject>, kube::Error>
-where
-    K: Namespaced,
-{
-    let api = Api::<K>::namespaced(c.clone(), ns);
+) -> Result<BTreeMap<String, RefObject>, kube::Error> {
+    let api = Api::<Secret>::namespaced(c.clone(), ns);
     let mut out = BTreeMap::new();
     for n in names {
-        if let Some(obj) = api.get_opt(n).await? {
-            let (keys, resource_version) = reduce(obj);
+        if let Some(s) = api.get_metadata_opt(n).await? {
+            let keys = key_names::secret_key_names(&s.metadata);
+            let meta = key_names::without_values(s.metadata);
             out.insert(
                 n.clone(),
                 RefObject {
                     keys,
-                    resource_version,
+                    resource_version: meta.resource_version.unwrap_or_default(),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Key names and resourceVersion of each named ConfigMap that exists.
+async fn config_maps_key_names(
+    c: &Client,
+    ns: &str,
+    names: &BTreeSet<String>,
+) -> Result<BTreeMap<String, RefObject>, kube::Error> {
+    let api = Api::<ConfigMap>::namespaced(c.clone(), ns);
+    let mut out = BTreeMap::new();
+    for n in names {
+        if let Some(m) = api.get_opt(n).await? {
+            let mut keys: BTreeSet<String> = m.data.into_iter().flatten().map(|(k, _)| k).collect();
+            keys.extend(m.binary_data.into_iter().flatten().map(|(k, _)| k));
+            out.insert(
+                n.clone(),
+                RefObject {
+                    keys: Some(keys),
+                    resource_version: m.metadata.resource_version.unwrap_or_default(),
                 },
             );
         }
@@ -773,6 +803,21 @@ where
 mod tests {
     use super::*;
     use crate::crd::BudgetStatus;
+
+    #[test]
+    fn an_owner_token_is_32_random_bytes_in_hex_and_a_failure_names_itself() {
+        let (a, b) = (owner_token().unwrap(), owner_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
+        let e = Error::Randomness(getrandom::Error::UNSUPPORTED);
+        assert_eq!(e.kind(), "randomness");
+        assert!(
+            e.to_string()
+                .starts_with("no randomness from the OS for the owner token"),
+            "{e}"
+        );
+    }
 
     /// A status the tenant's agent server has written its budget rows to,
     /// on top of the operator's.

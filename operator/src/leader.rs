@@ -1,5 +1,28 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease: with more than one
 //! replica, only the holder of the lease reconciles (and so writes).
+//!
+//! Hand-written, because no maintained crate does what this module must:
+//! stop leading, on the operator's own monotonic clock, once the lease has
+//! run its `duration` since the start of the last renewal that succeeded,
+//! whether the renewals since then failed or hung (an API server that
+//! restarts, or never answers: [`hold`] returns, `main` exits and its
+//! container restarts to campaign again; client-go's `leaderelection`
+//! likewise stops leading past its renew deadline). The crates, checked
+//! against kube 5 in December 2026:
+//! - `kube-lease-manager` 0.13 (kube 5) keeps reporting leadership while its
+//!   renewals fail: its holder check reads the last lease it saw, not its
+//!   expiry; a failed renewal is logged and retried with backoff without
+//!   sending `false`; and a request that hangs is not bounded by the
+//!   lease. A replica cut off from the API server would go on writing
+//!   after another took over. Its expiry is also wall-clock time.
+//! - `kube-leader-election` 0.44 is built on kube 4, `kubert` 0.25 on kube
+//!   1.1 and `kube-coordinate` 2.0-rc on kube 2: each would bring a second
+//!   kube whose `Client` is not ours.
+//! - kube-runtime 5 has no leader election (kube-rs/kube#485 is open).
+//!
+//! What is left is small: one compare-and-swap on the Lease
+//! (`try_acquire`, a `replace` with the resourceVersion read) and the two
+//! loops around it.
 
 use std::time::Duration;
 

@@ -6,6 +6,7 @@ pub mod controller;
 pub mod crd;
 pub mod desired;
 pub mod events;
+pub mod key_names;
 pub mod leader;
 pub mod metrics;
 pub mod names;

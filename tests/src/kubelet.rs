@@ -1426,8 +1426,11 @@ fn free_address(ports: &[i32]) -> String {
     last
 }
 
+/// `s` as one word of a POSIX shell's command line (shlex's quoting).
 fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+    shlex::try_quote(s)
+        .expect("a path with a NUL byte")
+        .into_owned()
 }
 
 fn now() -> String {

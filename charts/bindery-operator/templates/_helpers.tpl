@@ -113,9 +113,11 @@ list against what the operator asked of a real API server, its audit log):
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Secrets: watched by metadata, read for their key names (never their
-# values), and the generated owner-token Secret created once. No update,
-# patch or delete: the operator never changes a Secret.
+# Secrets: got and watched by metadata only (PartialObjectMetadata: their
+# key names from managedFields, never their values), and the generated
+# owner-token and peer-certificate Secrets created once. RBAC has no verb
+# for metadata alone: a metadata get, list or watch needs get, list and
+# watch. No update, patch or delete: the operator never changes a Secret.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create"]

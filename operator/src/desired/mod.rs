@@ -24,8 +24,18 @@ pub use render::{EventsAccess, Objects};
 /// never its values.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RefObject {
-    pub keys: BTreeSet<String>,
+    /// `None` when they are not known: a Secret whose metadata does not
+    /// name its keys for certain ([`crate::key_names`]); no key of it is
+    /// checked then.
+    pub keys: Option<BTreeSet<String>>,
     pub resource_version: String,
+}
+
+impl RefObject {
+    /// Known to have no key `key`.
+    pub(crate) fn lacks(&self, key: &str) -> bool {
+        self.keys.as_ref().is_some_and(|k| !k.contains(key))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -213,7 +223,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     let owner = inputs.owner_token_ref();
     let generated = tenant.spec.owner_token_secret_ref.is_none();
     match inputs.secrets.get(&owner.name) {
-        Some(o) if !o.keys.contains(&owner.key) => resolution.problems.push(format!(
+        Some(o) if o.lacks(&owner.key) => resolution.problems.push(format!(
             "the owner token: Secret `{}` has no key `{}`",
             owner.name, owner.key
         )),
@@ -239,7 +249,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     ] {
         let Some(r) = r else { continue };
         match inputs.secrets.get(&r.name) {
-            Some(o) if !o.keys.contains(&r.key) => resolution.problems.push(format!(
+            Some(o) if o.lacks(&r.key) => resolution.problems.push(format!(
                 "{what}: Secret `{}` (spec.{field}) has no key `{}`",
                 r.name, r.key
             )),
@@ -264,7 +274,7 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
         if let Some(o) = inputs.secrets.get(&peer_tls) {
             let missing: Vec<&str> = names::PEER_TLS_KEYS
                 .into_iter()
-                .filter(|k| !o.keys.contains(*k))
+                .filter(|k| o.lacks(k))
                 .collect();
             if !missing.is_empty() {
                 resolution.problems.push(format!(

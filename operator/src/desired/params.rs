@@ -63,7 +63,10 @@ pub(crate) fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution
     }
     for agent in tree {
         for decl in &agent.spec.parameters {
-            let row = row(agent, decl, given.get(decl.name.as_str()));
+            let mut row = row(agent, decl, given.get(decl.name.as_str()));
+            if let Some((Ok(Supply::Secret(r)), _)) = given.get(decl.name.as_str()) {
+                row.message = row.message.or_else(|| unchecked(r, inputs.secrets));
+            }
             if let Some(msg) = row.message.as_ref().filter(|_| !row.bound && problem(&row)) {
                 out.problems.push(format!(
                     "parameter `{}` of Agent `{}`: {msg}",
@@ -96,14 +99,30 @@ pub(crate) fn check_key(
 ) -> Result<(), String> {
     match objs.get(&r.name) {
         None => Err(format!("{kind} `{}` does not exist", r.name)),
-        Some(o) if !o.keys.contains(&r.key) => Err(format!(
+        Some(o) if o.lacks(&r.key) => Err(format!(
             "{kind} `{}` has no key `{}` (keys: {})",
             r.name,
             r.key,
-            o.keys.iter().cloned().collect::<Vec<_>>().join(", ")
+            o.keys
+                .iter()
+                .flatten()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
         Some(_) => Ok(()),
     }
+}
+
+/// What a row says of a Secret key that could not be checked: the Secret
+/// exists, but its metadata does not name its keys for certain.
+pub(crate) fn unchecked(r: &KeyRef, secrets: &BTreeMap<String, RefObject>) -> Option<String> {
+    secrets.get(&r.name).filter(|o| o.keys.is_none()).map(|_| {
+        format!(
+            "key `{}` not checked: Secret `{}` was written by a server-side apply of `stringData` (or its managedFields were cleared), so its key names are not on record; a missing key shows on the pod (CreateContainerConfigError). Write it with `data`, or `kubectl create secret`, to have it checked",
+            r.key, r.name
+        )
+    })
 }
 
 fn supply(p: &TenantParameter, secret: bool, inputs: &Inputs<'_>) -> Result<Supply, String> {

@@ -316,6 +316,32 @@ fn secrets_travel_as_secret_key_refs_only() {
     );
 }
 
+/// A Secret whose metadata does not name its keys for certain (applied
+/// server-side as `stringData`): the tenant deploys, its key unchecked,
+/// and the parameter's row says so and what to do.
+#[test]
+fn a_secret_whose_key_names_are_unknown_deploys_and_its_row_says_so() {
+    let mut w = World::example();
+    let mut billing = obj(&[], "7");
+    billing.keys = None;
+    w.secrets.insert("acme-billing".into(), billing);
+    let d = w.run();
+    assert!(d.objects.is_some(), "deployed");
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    let r = row(&d, "invoices", "billing_token");
+    assert!(r.bound);
+    assert_eq!(r.source, "secret acme-billing/token");
+    let m = r.message.as_deref().unwrap_or_default();
+    assert!(
+        m.starts_with("key `token` not checked: Secret `acme-billing`")
+            && m.contains("CreateContainerConfigError"),
+        "{m}"
+    );
+    // The other rows say nothing of it.
+    assert_eq!(row(&d, "invoices", "tenant").message, None);
+}
+
 #[test]
 fn ready_when_pods_are_and_transition_times_stay() {
     let mut w = World::example();

@@ -977,6 +977,35 @@ fn paths_containing(v: &Value, needle: &str, at: &str, out: &mut Vec<String>) {
     }
 }
 
+/// A Secret applied server-side as `stringData` does not name its keys for
+/// certain in its metadata, the operator's only view of it: the tenant
+/// deploys, and `kubectl describe` says the key was not checked and why.
+#[tokio::test]
+async fn a_secret_whose_key_names_are_not_on_record_deploys_unchecked() {
+    let cluster = Cluster::start("unchecked").await;
+    for file in EXAMPLES.iter().filter(|f| !f.contains("secret")) {
+        cluster.kubectl(&["apply", "-f", &repo(file)]);
+    }
+    cluster.kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo("examples/k8s/billing-secret.yaml"),
+    ]);
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    let t = cluster.wait_tenant("acme", "resolved", resolved).await;
+    assert_eq!(
+        row(&t, "billing_token"),
+        Some(("secret acme-billing/token".to_string(), true))
+    );
+    let describe = cluster.kubectl(&["describe", "agenttenant", "acme"]);
+    assert!(
+        describe.contains("key `token` not checked: Secret `acme-billing`"),
+        "{describe}"
+    );
+    let _: Deployment = cluster.api().get("acme").await.expect("deployed");
+}
+
 #[tokio::test]
 async fn a_secret_value_never_leaves_its_secret() {
     let cluster = Cluster::start("canary").await;

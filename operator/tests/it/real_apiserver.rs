@@ -698,6 +698,158 @@ async fn the_operator_chart_rbac_lets_its_account_list_and_watch_and_the_audit_s
     .await;
 }
 
+/// What `bindery_operator::key_names` relies on: a metadata-only read of a
+/// Secret names its keys (in `managedFields`), however it was written, and
+/// names them again once they change; a cleared record names none.
+#[tokio::test]
+async fn a_secrets_metadata_names_its_keys_however_it_was_written() {
+    let ns = "secret-key-names";
+    let admin = namespace(ns).await;
+    let secrets = Api::<Secret>::namespaced(admin.clone(), ns);
+    let dir = tempfile::tempdir().unwrap();
+    let kubectl = |args: &[&str]| {
+        let mut all = vec!["-n", ns];
+        all.extend_from_slice(args);
+        plane().kubectl_ok(ADMIN, &all)
+    };
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let create = async |body: Value| {
+        secrets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap();
+    };
+    // The names from the metadata against the names of the whole Secret.
+    let names = async |name: &str| {
+        let meta = secrets.get_metadata(name).await.unwrap().metadata;
+        eprintln!(
+            "DUMP {name}: {}",
+            serde_json::to_string(&meta.managed_fields).unwrap()
+        );
+        let whole = secrets.get(name).await.unwrap();
+        let keys: Vec<String> = whole.data.unwrap_or_default().into_keys().collect();
+        (
+            bindery_operator::key_names::secret_key_names(&meta).map(|k| k.into_iter().collect()),
+            keys,
+        )
+    };
+    let expect = async |name: &str, want: &[&str]| {
+        let (from_meta, keys) = names(name).await;
+        assert_eq!(keys, want, "{name}: the Secret's own keys");
+        assert_eq!(from_meta, Some(keys), "{name}: the keys its metadata names");
+    };
+
+    create(json!({"metadata": {"name": "data"}, "data": {"a": "eA==", "b": "eA=="}})).await;
+    expect("data", &["a", "b"]).await;
+    create(json!({"metadata": {"name": "string-data"}, "stringData": {"token": "t"}})).await;
+    expect("string-data", &["token"]).await;
+    create(json!({"metadata": {"name": "both"}, "data": {"x": "eA=="}, "stringData": {"y": "y"}}))
+        .await;
+    expect("both", &["x", "y"]).await;
+    kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "literal",
+        "--from-literal=k1=v",
+        "--from-literal=k2=v",
+    ]);
+    expect("literal", &["k1", "k2"]).await;
+    let applied = |keys: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: applied\nstringData:\n{keys}")
+    };
+    kubectl(&[
+        "apply",
+        "-f",
+        &file("applied.yaml", &applied("  s: v\n  t: v\n")),
+    ]);
+    expect("applied", &["s", "t"]).await;
+    // Client-side apply again without `s`: kubectl's three-way patch names
+    // `stringData.s`, which the Secret never stores, so `s` stays.
+    kubectl(&[
+        "apply",
+        "-f",
+        &file("applied2.yaml", &applied("  t: v\n  u: v\n")),
+    ]);
+    expect("applied", &["s", "t", "u"]).await;
+    // Server-side apply records the fields as applied: `stringData`, which
+    // the Secret never stores and which stays on record once another
+    // writer removes the key, so such a record names no key for certain.
+    let ssa = |name: &str, field: &str, keys: &str| {
+        let text =
+            format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n{field}:\n{keys}");
+        kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &file(&format!("{name}.yaml"), &text),
+        ]);
+    };
+    ssa("ssa-string-data", "stringData", "  p: v\n");
+    let (from_meta, keys) = names("ssa-string-data").await;
+    assert_eq!(keys, ["p"]);
+    assert_eq!(
+        from_meta, None,
+        "a key applied as stringData is not known for certain"
+    );
+    ssa("ssa", "data", "  p: eA==\n");
+    expect("ssa", &["p"]).await;
+
+    // Another writer adds a key, a third removes one, the applier applies
+    // another, a replace swaps them.
+    secrets
+        .patch(
+            "ssa",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"q": "eA=="}})),
+        )
+        .await
+        .unwrap();
+    expect("ssa", &["p", "q"]).await;
+    secrets
+        .patch(
+            "ssa",
+            &PatchParams::default(),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([{"op": "remove", "path": "/data/p"}])).unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    expect("ssa", &["q"]).await;
+    ssa("ssa", "data", "  r: eA==\n");
+    expect("ssa", &["q", "r"]).await;
+    let mut whole = secrets.get("data").await.unwrap();
+    let data = whole.data.as_mut().unwrap();
+    data.remove("a");
+    data.insert("c".into(), k8s_openapi::ByteString(b"x".to_vec()));
+    secrets
+        .replace("data", &PostParams::default(), &whole)
+        .await
+        .unwrap();
+    expect("data", &["b", "c"]).await;
+
+    // A writer that clears the record: the names are unknown, not none.
+    secrets
+        .patch(
+            "both",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"managedFields": [{}]}})),
+        )
+        .await
+        .unwrap();
+    let (from_meta, keys) = names("both").await;
+    assert_eq!(keys, ["x", "y"]);
+    assert_eq!(from_meta, None, "a cleared record names no key");
+}
+
 #[tokio::test]
 async fn the_controller_manager_rolls_out_a_deployment_and_collects_its_garbage() {
     let ns = "real-controllers";

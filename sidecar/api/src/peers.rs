@@ -370,9 +370,8 @@ pub async fn forward(
 ) -> Result<Response, String> {
     let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
     let name = caller_name(who);
-    let mut nonce = [0u8; 16];
-    getrandom::fill(&mut nonce).map_err(|e| format!("no randomness for a nonce: {e}"))?;
-    let nonce = hex::encode(nonce);
+    let nonce =
+        bindery_params::random::hex::<16>("a forward's nonce").map_err(|e| e.to_string())?;
     let time = unix_now();
     let signature = Signed {
         method: incoming.method.as_str(),

@@ -10,7 +10,6 @@ use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::auth::{door, Authed};
 use super::openapi::{BadRequest, Unauthorized};
@@ -38,9 +37,9 @@ pub struct UsageQuery {
     group_by: Option<Group>,
 }
 
-/// `GET /v1/usage`'s JSON answer.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+/// `GET /v1/usage`'s JSON answer: the type the handler answers with, so
+/// the document and the answer cannot drift apart.
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct UsageReport {
     #[schema(format = DateTime)]
     from: String,
@@ -108,12 +107,12 @@ pub async fn report(
         let body = report_csv(group, &rows, currency.as_deref().unwrap_or(""));
         return Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], body).into_response());
     }
-    Ok(Json(json!({
-        "from": rfc3339(from),
-        "to": rfc3339(to),
-        "group_by": group,
-        "currency": currency,
-        "rows": rows,
-    }))
+    Ok(Json(UsageReport {
+        from: rfc3339(from),
+        to: rfc3339(to),
+        group_by: group,
+        currency,
+        rows,
+    })
     .into_response())
 }

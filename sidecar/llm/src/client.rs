@@ -252,13 +252,16 @@ impl ChatClient {
                 .map_err(|_| LlmError::Timeout)?;
             let Some(chunk) = next else {
                 if let Some(event) = parser.finish() {
-                    state.handle_event(&event, on_delta)?;
+                    state.handle_event(&event.data, on_delta)?;
                 }
                 break;
             };
             let chunk = chunk.map_err(|e| self.read_error(e))?;
-            for event in parser.feed(&chunk)? {
-                state.handle_event(&event, on_delta)?;
+            let events = parser
+                .feed(&chunk)
+                .map_err(|e| LlmError::Malformed(e.to_string()))?;
+            for event in events {
+                state.handle_event(&event.data, on_delta)?;
                 if state.is_done() {
                     break;
                 }

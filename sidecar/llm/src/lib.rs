@@ -23,7 +23,7 @@ mod conversation;
 pub mod egress;
 mod error;
 mod parse;
-mod sse;
+pub mod sse;
 mod turn;
 mod types;
 

@@ -434,13 +434,13 @@ mod tests {
         for piece in stream.as_bytes().chunks(size) {
             for event in parser.feed(piece).unwrap() {
                 if result.is_ok() && !state.is_done() {
-                    result = state.handle_event(&event, &mut push);
+                    result = state.handle_event(&event.data, &mut push);
                 }
             }
         }
         if let Some(event) = parser.finish() {
             if result.is_ok() && !state.is_done() {
-                result = state.handle_event(&event, &mut push);
+                result = state.handle_event(&event.data, &mut push);
             }
         }
         let response = result.and_then(|()| state.finish());

@@ -1,21 +1,40 @@
-//! An incremental parser for `text/event-stream` bodies.
+//! The one incremental parser for `text/event-stream` bodies: a model's
+//! streamed answer, and the session API's events as the CLI and the tests
+//! read them.
 //!
 //! Bytes go in as they come off the wire, cut anywhere (inside a line, inside
-//! a UTF-8 character, between a `\r` and its `\n`); the `data` of each
-//! complete event comes out. Only the `data` field matters for chat
-//! completions: `event`, `id`, `retry` and comment lines are skipped.
-
-use super::error::LlmError;
+//! a UTF-8 character, between a `\r` and its `\n`); each complete event
+//! comes out with its `event` name, its `id` and its `data`. An event is one
+//! with a `data` field (as the standard dispatches); `retry` and comment
+//! lines are skipped.
 
 /// The longest line, or event, the parser buffers before it gives up on the stream.
 const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
+/// One server-sent event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SseEvent {
+    /// Its `id` field, if it had one.
+    pub id: Option<String>,
+    /// Its `event` field (empty: the default, `message`).
+    pub event: String,
+    /// Its `data` lines, joined by `\n`.
+    pub data: String,
+}
+
+/// A stream that cannot be read as events.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SseError {
+    #[error("an event in the stream is longer than {MAX_LINE_BYTES} bytes")]
+    TooLong,
+}
+
 #[derive(Debug, Default)]
-pub(crate) struct SseParser {
+pub struct SseParser {
     /// The current, unfinished line.
     line: Vec<u8>,
-    /// The `data` of the current, unfinished event.
-    data: String,
+    /// The current, unfinished event.
+    current: SseEvent,
     /// Whether the current event has a `data` field (possibly empty).
     has_data: bool,
     /// The last byte seen was a `\r`: a `\n` right after it ends no line.
@@ -23,9 +42,9 @@ pub(crate) struct SseParser {
 }
 
 impl SseParser {
-    /// Takes the next bytes of the stream and returns the `data` of every
-    /// event they complete, in order.
-    pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<String>, LlmError> {
+    /// Takes the next bytes of the stream and returns every event they
+    /// complete, in order.
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         let mut events = Vec::new();
         let mut rest = chunk;
         while !rest.is_empty() {
@@ -48,10 +67,8 @@ impl SseParser {
                     rest = &[];
                 }
             }
-            if self.line.len() > MAX_LINE_BYTES || self.data.len() > MAX_LINE_BYTES {
-                return Err(LlmError::Malformed(format!(
-                    "an event in the stream is longer than {MAX_LINE_BYTES} bytes"
-                )));
+            if self.line.len() > MAX_LINE_BYTES || self.current.data.len() > MAX_LINE_BYTES {
+                return Err(SseError::TooLong);
             }
         }
         Ok(events)
@@ -59,7 +76,7 @@ impl SseParser {
 
     /// The stream ended: returns the last event if it was not terminated by
     /// a blank line.
-    pub fn finish(&mut self) -> Option<String> {
+    pub fn finish(&mut self) -> Option<SseEvent> {
         let mut events = Vec::new();
         if !self.line.is_empty() {
             self.end_line(&mut events);
@@ -68,12 +85,12 @@ impl SseParser {
         events.pop()
     }
 
-    fn end_line(&mut self, events: &mut Vec<String>) {
+    fn end_line(&mut self, events: &mut Vec<SseEvent>) {
         let line = std::mem::take(&mut self.line);
         if line.is_empty() {
-            if self.has_data {
-                events.push(std::mem::take(&mut self.data));
-                self.has_data = false;
+            let event = std::mem::take(&mut self.current);
+            if std::mem::take(&mut self.has_data) {
+                events.push(event);
             }
             return;
         }
@@ -86,12 +103,17 @@ impl SseParser {
             Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
             None => (line, ""),
         };
-        if field == "data" {
-            if self.has_data {
-                self.data.push('\n');
+        match field {
+            "data" => {
+                if self.has_data {
+                    self.current.data.push('\n');
+                }
+                self.current.data.push_str(value);
+                self.has_data = true;
             }
-            self.data.push_str(value);
-            self.has_data = true;
+            "event" => self.current.event = value.to_owned(),
+            "id" => self.current.id = Some(value.to_owned()),
+            _ => {}
         }
     }
 }
@@ -102,6 +124,13 @@ mod tests {
 
     /// Feeds `input` cut into pieces of the given sizes (cycled).
     fn parse_in_pieces(input: &[u8], sizes: &[usize]) -> Vec<String> {
+        events_in_pieces(input, sizes)
+            .into_iter()
+            .map(|e| e.data)
+            .collect()
+    }
+
+    fn events_in_pieces(input: &[u8], sizes: &[usize]) -> Vec<SseEvent> {
         let mut parser = SseParser::default();
         let mut events = Vec::new();
         let mut rest = input;
@@ -155,7 +184,46 @@ mod tests {
             let mut events = parser.feed(&bytes[..cut]).unwrap();
             events.extend(parser.feed(&bytes[cut..]).unwrap());
             events.extend(parser.finish());
-            assert_eq!(events, expected(), "cut at {cut}");
+            let data: Vec<String> = events.into_iter().map(|e| e.data).collect();
+            assert_eq!(data, expected(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn an_event_keeps_its_name_and_id_and_only_an_event_with_data_is_one() {
+        let stream = "id: 1\nevent: run_started\ndata: {\"a\":1}\n\n\
+            : keep-alive\n\nevent: nothing\n\nevent: delta\ndata: hi\n\n";
+        let want = [
+            SseEvent {
+                id: Some("1".into()),
+                event: "run_started".into(),
+                data: "{\"a\":1}".into(),
+            },
+            SseEvent {
+                id: None,
+                event: "delta".into(),
+                data: "hi".into(),
+            },
+        ];
+        for sizes in [&[usize::MAX][..], &[1], &[5, 3]] {
+            assert_eq!(
+                events_in_pieces(stream.as_bytes(), sizes),
+                want,
+                "{sizes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_character_cut_between_chunks_comes_out_whole() {
+        // "é" is two bytes, "✓" three: every cut inside them.
+        let stream = "event: message\ndata: é✓\n\n".as_bytes();
+        for cut in 0..stream.len() {
+            let mut parser = SseParser::default();
+            let mut events = parser.feed(&stream[..cut]).unwrap();
+            events.extend(parser.feed(&stream[cut..]).unwrap());
+            assert_eq!(events.len(), 1, "cut at {cut}");
+            assert_eq!(events[0].data, "é✓", "cut at {cut}");
         }
     }
 

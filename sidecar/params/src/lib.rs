@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod live;
 pub mod process;
+pub mod random;
 pub mod resolve;
 pub mod scrub;
 pub mod secret;

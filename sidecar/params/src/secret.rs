@@ -14,9 +14,12 @@ pub const REDACTED: &str = "<secret>";
 
 /// Whether `a` and `b` are equal, in a time that depends on their lengths
 /// only: a credential compared byte by byte until the first difference
-/// would tell a guesser how much of it was right.
+/// would tell a guesser how much of it was right. The comparison is
+/// `subtle`'s (dalek's, written against the optimiser turning it back
+/// into an early exit), not a hand-written fold.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -59,6 +62,15 @@ impl serde::Serialize for SecretString {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn equal_bytes_compare_equal_and_any_difference_or_length_does_not() {
+        assert!(constant_time_eq(b"token-1", b"token-1"));
+        assert!(constant_time_eq(b"", b""));
+        assert!(!constant_time_eq(b"token-1", b"token-2"));
+        assert!(!constant_time_eq(b"token", b"token-1"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
 
     #[test]
     fn never_prints_its_value() {

@@ -498,10 +498,8 @@ fn owner_token(
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
     }
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| format!("error: no randomness for an owner token: {e}"))?;
-    let token = hex::encode(bytes);
+    let token =
+        bindery_params::random::hex::<32>("an owner token").map_err(|e| format!("error: {e}"))?;
     write_private(&path, &token)
         .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
     bindery_params::live::private_file(&path);

@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use bindery_llm::sse::SseParser;
 use bindery_store::pending::Resolution;
 
 /// Where the server is and who asks.
@@ -240,53 +241,6 @@ pub enum SessionCommand {
     List,
     /// Show one session (the server's JSON view).
     Show { session_id: String },
-}
-
-/// One server-sent event.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SseEvent {
-    pub id: Option<String>,
-    pub event: String,
-    pub data: String,
-}
-
-/// Server-sent events from text lines: fields until a blank line.
-#[derive(Default)]
-pub struct SseLines {
-    buf: String,
-    current: SseEvent,
-}
-
-impl SseLines {
-    pub fn feed(&mut self, text: &str) -> Vec<SseEvent> {
-        self.buf.push_str(text);
-        let mut out = Vec::new();
-        while let Some(end) = self.buf.find('\n') {
-            let line = self.buf[..end].trim_end_matches('\r').to_string();
-            self.buf.drain(..=end);
-            if line.is_empty() {
-                let ev = std::mem::take(&mut self.current);
-                if !ev.event.is_empty() || !ev.data.is_empty() {
-                    out.push(ev);
-                }
-                continue;
-            }
-            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "id" => self.current.id = Some(value.to_string()),
-                "event" => self.current.event = value.to_string(),
-                "data" => {
-                    if !self.current.data.is_empty() {
-                        self.current.data.push('\n');
-                    }
-                    self.current.data.push_str(value);
-                }
-                _ => {}
-            }
-        }
-        out
-    }
 }
 
 /// The answer of the session's last run: its last assistant text.
@@ -655,11 +609,14 @@ impl Client {
         after: Option<u64>,
         until: Option<&str>,
     ) -> Result<(), String> {
-        let mut parser = SseLines::default();
+        let mut parser = SseParser::default();
         let mut body = self.events(id, after).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
-            for ev in parser.feed(&String::from_utf8_lossy(&chunk)) {
+            let events = parser
+                .feed(&chunk)
+                .map_err(|e| format!("the event stream broke: {e}"))?;
+            for ev in events {
                 println!(
                     "{}\t{}\t{}",
                     ev.id.as_deref().unwrap_or("-"),
@@ -690,12 +647,13 @@ impl Client {
             return Ok(view);
         }
         let id = view["session_id"].as_str().unwrap_or_default().to_string();
-        let mut parser = SseLines::default();
+        let mut parser = SseParser::default();
         let mut body = self.events(&id, None).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
             let moved = parser
-                .feed(&String::from_utf8_lossy(&chunk))
+                .feed(&chunk)
+                .map_err(|e| format!("the event stream broke: {e}"))?
                 .iter()
                 .any(|e| {
                     matches!(
@@ -1193,28 +1151,6 @@ async fn answer_call(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_are_read_across_chunks() {
-        let mut p = SseLines::default();
-        assert!(p.feed("id: 1\nevent: run_st").is_empty());
-        let evs = p.feed("arted\ndata: {\"a\":1}\n\n: keep-alive\n\nevent: delta\ndata: hi\n\n");
-        assert_eq!(
-            evs,
-            [
-                SseEvent {
-                    id: Some("1".into()),
-                    event: "run_started".into(),
-                    data: "{\"a\":1}".into()
-                },
-                SseEvent {
-                    id: None,
-                    event: "delta".into(),
-                    data: "hi".into()
-                },
-            ]
-        );
-    }
 
     #[test]
     fn the_answer_is_the_last_assistant_text() {

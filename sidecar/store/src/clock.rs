@@ -73,12 +73,11 @@ pub fn now_ms() -> i64 {
 /// A key of this process's own (one server, no replica to agree with), or
 /// an id no one can guess: 256 bits from the OS.
 pub fn random_key() -> [u8; 32] {
-    let mut key = [0u8; 32];
-    if getrandom::fill(&mut key).is_err() {
+    match bindery_params::random::bytes("the continuation key") {
+        Ok(key) => key,
         // Without randomness the tokens would be guessable: refuse to run.
-        panic!("no randomness for the continuation key");
+        Err(e) => panic!("{e}"),
     }
-    key
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub fn time(s: &str) -> Time {
 /// A referenced Secret or ConfigMap with these keys.
 pub fn obj(keys: &[&str], rv: &str) -> RefObject {
     RefObject {
-        keys: keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>(),
+        keys: Some(keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>()),
         resource_version: rv.into(),
     }
 }

@@ -101,16 +101,15 @@ pub fn token_digest(token: &str) -> String {
 }
 
 pub(super) fn new_token() -> Result<String, ServiceError> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| {
-        tracing::error!("no randomness for a session token: {e}");
+    let token = bindery_params::random::hex::<32>("a session token").map_err(|e| {
+        tracing::error!("{e}");
         ServiceError::new(
             ErrorKind::Internal,
             "internal",
             "cannot mint a session token",
         )
     })?;
-    Ok(format!("st_{}", hex::encode(bytes)))
+    Ok(format!("st_{token}"))
 }
 
 #[cfg(test)]

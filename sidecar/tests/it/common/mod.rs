@@ -472,11 +472,15 @@ pub fn on_a_terminal(
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let quote = |s: &str| {
+        shlex::try_quote(s)
+            .expect("no NUL in a test's argument")
+            .into_owned()
+    };
     let line = format!(
-        "{} {} >{} 2>{}",
-        quote(bin()),
-        args.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
+        "{} >{} 2>{}",
+        shlex::try_join(std::iter::once(bin()).chain(args.iter().copied()))
+            .expect("no NUL in a test's argument"),
         quote(&out.display().to_string()),
         quote(&err.display().to_string()),
     );
