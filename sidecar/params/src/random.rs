@@ -5,17 +5,17 @@
 
 /// The operating system gave no random bytes.
 #[derive(Debug, thiserror::Error)]
-#[error("the operating system gave no randomness for {what}: {source}")]
+#[error("the operating system gave no randomness for {what}: {reason}")]
 pub struct NoRandomness {
     /// What the bytes were for ("a session token").
     pub what: &'static str,
-    source: getrandom::Error,
+    reason: getrandom::Error,
 }
 
 /// `N` random bytes for `what` (named in the error).
 pub fn bytes<const N: usize>(what: &'static str) -> Result<[u8; N], NoRandomness> {
     let mut out = [0u8; N];
-    getrandom::fill(&mut out).map_err(|source| NoRandomness { what, source })?;
+    getrandom::fill(&mut out).map_err(|reason| NoRandomness { what, reason })?;
     Ok(out)
 }
 
