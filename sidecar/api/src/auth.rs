@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::state::AppState;
 use bindery_params::secret::constant_time_eq;
-use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::service::Service;
 use bindery_session::validate::Caller;
 use bindery_store::model::SessionRecord;
@@ -122,7 +122,7 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 pub fn unauthorized(msg: &str) -> ServiceError {
-    ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
+    ServiceError::new(ErrorKind::Unauthorized, Code::Unauthorized, msg)
 }
 
 fn not_valid_here() -> ServiceError {
@@ -132,7 +132,7 @@ fn not_valid_here() -> ServiceError {
 fn approver_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
-        "forbidden",
+        Code::Forbidden,
         "an approver token lists pending approvals (GET /v1/approvals) and answers them (POST /v1/continuations/:token); nothing else",
     )
 }
@@ -140,7 +140,7 @@ fn approver_only() -> ServiceError {
 fn session_token_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
-        "forbidden",
+        Code::Forbidden,
         "a session token can read the session and its events, post messages and cancel a run; nothing else",
     )
 }
@@ -305,7 +305,11 @@ mod tests {
 
     fn refused(r: Result<Caller, ServiceError>) -> (u16, &'static str, String) {
         let e = r.unwrap_err();
-        (super::super::status::of(e.kind).as_u16(), e.code, e.message)
+        (
+            super::super::status::of(e.kind).as_u16(),
+            e.code.as_str(),
+            e.message,
+        )
     }
 
     /// Each door lets in whom it says, and refuses the others as the API

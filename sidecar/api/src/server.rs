@@ -33,7 +33,7 @@ use super::status::ApiError;
 use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
 };
-use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
 use bindery_session::validate::Caller;
 use bindery_store::wire::{RunRequest, StartRun};
@@ -194,7 +194,7 @@ impl IntoResponse for SessionView {
             // Not seen: a view is strings, numbers and string-keyed maps.
             Err(e) => ApiError(ServiceError::new(
                 ErrorKind::Internal,
-                "internal",
+                Code::Internal,
                 format!("cannot encode the session: {e}"),
             ))
             .into_response(),
@@ -780,7 +780,7 @@ async fn put_params(
         return Err(ServiceError {
             extra: None,
             kind: ErrorKind::Forbidden,
-            code: "forbidden_params",
+            code: Code::ForbiddenParams,
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
         }
@@ -792,7 +792,7 @@ async fn put_params(
         return Err(ServiceError {
             extra: None,
             kind: ErrorKind::Invalid,
-            code: "invalid_params",
+            code: Code::InvalidParams,
             message: format!(
                 "the body holds {} beside `params`; this route takes {{\"params\": {{\"NAME\": value, …}}}} (null removes a value), nothing else",
                 stray.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::error::{ErrorKind, ServiceError};
+use super::error::{Code, ErrorKind, ServiceError};
 pub use super::fanout::LiveEvent;
 use super::lease::LeaseConfig;
 use super::runner::{self, Events, RunContext, RunEnd, RunSink};

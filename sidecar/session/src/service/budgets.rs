@@ -379,7 +379,7 @@ impl Budgets {
             if standing.used >= limit.limit {
                 let e = Exceeded::of(limit, &standing, now);
                 let mut err =
-                    ServiceError::new(ErrorKind::Exhausted, "budget_exceeded", e.detail());
+                    ServiceError::new(ErrorKind::Exhausted, Code::BudgetExceeded, e.detail());
                 err.extra = Some(Box::new(e.fields()));
                 return Err(err);
             }

@@ -34,7 +34,7 @@ impl Runs {
         let not_running = || {
             ServiceError::new(
                 ErrorKind::Conflict,
-                "not_running",
+                Code::NotRunning,
                 "no run is in progress on this session",
             )
         };
@@ -45,7 +45,7 @@ impl Runs {
                 match self.heartbeat.close_if_lost(self.record(id).await?).await {
                     // Not running (any more), or lost and closed just now.
                     Ok(_) => return Err(not_running()),
-                    Err(e) if e.code == "run_in_progress" => {}
+                    Err(e) if e.code == Code::RunInProgress => {}
                     Err(e) => return Err(e),
                 }
                 let mut rec = self.record(id).await?;
@@ -66,7 +66,7 @@ impl Runs {
             }
             Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "conflict",
+                Code::Conflict,
                 format!("session {id} kept changing concurrently; try the cancel again"),
             ))
         }

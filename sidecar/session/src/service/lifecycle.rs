@@ -189,7 +189,7 @@ impl Sessions {
                 )
                 .await
             {
-                Err(e) if e.code == "waiting_external" => e,
+                Err(e) if e.code == Code::WaitingExternal => e,
                 r => return r,
             };
             // A message that names an option of the one open selection
@@ -261,7 +261,7 @@ impl Sessions {
         {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "waiting_external",
+                Code::WaitingExternal,
                 format!(
                     "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
                     rec.pending.detail()
@@ -310,7 +310,7 @@ impl Sessions {
         if op != Op::PutParams && self.live.is_running(id) {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "run_in_progress",
+                Code::RunInProgress,
                 "a run is in progress on this session; wait for it or cancel it",
             ));
         }

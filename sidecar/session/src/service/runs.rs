@@ -73,7 +73,7 @@ impl Runs {
             if run.is_some() {
                 return Err(ServiceError::new(
                     ErrorKind::Conflict,
-                    "run_in_progress",
+                    Code::RunInProgress,
                     "a run is in progress on this session; wait for it or cancel it",
                 ));
             }
@@ -114,7 +114,7 @@ impl Runs {
                 if !rec.pending.all_resolved() {
                     return Err(ServiceError::new(
                         ErrorKind::Conflict,
-                        "waiting_external",
+                        Code::WaitingExternal,
                         format!("the session is {}", rec.pending.detail()),
                     ));
                 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::live::LiveSessions;
-use crate::error::{ErrorKind, ServiceError};
+use crate::error::{Code, ErrorKind, ServiceError};
 use bindery_params::secret::constant_time_eq;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
@@ -106,7 +106,7 @@ pub(super) fn new_token() -> Result<String, ServiceError> {
         tracing::error!("no randomness for a session token: {e}");
         ServiceError::new(
             ErrorKind::Internal,
-            "internal",
+            Code::Internal,
             "cannot mint a session token",
         )
     })?;
