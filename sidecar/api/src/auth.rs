@@ -21,10 +21,9 @@ use std::sync::Arc;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use sha2::{Digest, Sha256};
 
 use super::state::AppState;
-use bindery_params::secret::constant_time_eq;
+pub use crate::owner_token::OwnerToken;
 use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::service::Service;
 use bindery_session::validate::Caller;
@@ -71,44 +70,6 @@ pub mod door {
     }
     impl Door for Approvals {
         const RULE: Rule = Rule::Approvals;
-    }
-}
-
-pub struct OwnerToken {
-    digest: [u8; 32],
-}
-
-impl OwnerToken {
-    pub fn new(token: &str) -> Self {
-        OwnerToken {
-            digest: Sha256::digest(token.trim().as_bytes()).into(),
-        }
-    }
-
-    /// The key continuation tokens derive from: servers that share the
-    /// owner token (replicas) show the same tokens.
-    pub fn continuation_key(&self) -> [u8; 32] {
-        Sha256::new()
-            .chain_update(b"bindery continuation tokens\0")
-            .chain_update(self.digest)
-            .finalize()
-            .into()
-    }
-
-    /// The key the servers sharing the owner token (replicas) sign the
-    /// requests they forward to each other with (`api/peers.rs`).
-    pub fn peer_key(&self) -> [u8; 32] {
-        Sha256::new()
-            .chain_update(b"bindery peer request signatures\0")
-            .chain_update(self.digest)
-            .finalize()
-            .into()
-    }
-
-    /// Whether `presented` is this token (in constant time).
-    pub(crate) fn matches(&self, presented: &str) -> bool {
-        let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        constant_time_eq(&d, &self.digest)
     }
 }
 
@@ -296,6 +257,31 @@ impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
             caller: D::RULE.admit(identity)?,
             door: PhantomData,
         })
+    }
+}
+
+/// Who calls, as the handlers and the forwarding layer ask it of the
+/// state they share.
+impl AppState {
+    /// Who `headers` say the caller is, on a route about `session`,
+    /// checking a session token in the store.
+    pub(crate) async fn identify(&self, headers: &HeaderMap, session: Option<&str>) -> Identity {
+        self.identify_with(headers, session, TokenCheck::Store)
+            .await
+    }
+
+    /// The same, a session token checked as `check` says.
+    pub(crate) async fn identify_with(
+        &self,
+        headers: &HeaderMap,
+        session: Option<&str>,
+        check: TokenCheck<'_>,
+    ) -> Identity {
+        let tokens = Tokens {
+            owner: &self.owner,
+            approver: self.approver.as_ref(),
+        };
+        identify(headers, tokens, &self.service, session, check).await
     }
 }
 

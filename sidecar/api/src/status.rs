@@ -27,6 +27,9 @@ pub fn of(kind: ErrorKind) -> StatusCode {
 #[derive(Debug)]
 pub struct ApiError(pub ServiceError);
 
+/// What a handler answers: its response, or the error's.
+pub type ApiResult = Result<Response, ApiError>;
+
 impl<E: Into<ServiceError>> From<E> for ApiError {
     fn from(e: E) -> Self {
         ApiError(e.into())
