@@ -13,9 +13,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::depends::{self, LookupCache, Step};
-use crate::helpers::{self, HelperEnv};
 use crate::ledger::{Exceeded, Gate, Ledger, Spent};
+use crate::lookups::{self, LookupCache, Step};
+use crate::subagents::{self, HelperEnv};
 use crate::toolgroups::{self, Groups};
 use bindery_bindings::cache::ToolCache;
 use bindery_bindings::{scrubber_for, BoundTool};
@@ -316,7 +316,7 @@ fn offered(
             }),
     );
     if let Some(env) = &ctx.helpers {
-        tools.extend(helpers::definitions(ctx.agent, env.tree));
+        tools.extend(subagents::definitions(ctx.agent, env.tree));
     }
     tools
 }
@@ -479,8 +479,8 @@ pub fn taint(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<TaintSource> {
                         || !bindery_bindings::depends::untrusted_lookups(ctx.tools, t).is_empty())
             })
             || ctx.helpers.as_ref().is_some_and(|env| {
-                helpers::helper_slug(ctx.agent, name)
-                    .is_some_and(|slug| helpers::reaches_untrusted(env.tree, ctx.agent, slug))
+                subagents::helper_slug(ctx.agent, name)
+                    .is_some_and(|slug| subagents::reaches_untrusted(env.tree, ctx.agent, slug))
             })
     };
     let mut named: HashMap<&str, Vec<&str>> = HashMap::new();
@@ -863,7 +863,7 @@ pub async fn orchestrated(
     call_ctx.turn_id = call.id.clone();
     call_ctx.step_id = call.id.clone();
     let scrubber = scrubber_for(ctx.values, ctx.tools);
-    let env = depends::Env {
+    let env = lookups::Env {
         tools: ctx.tools,
         values: ctx.values,
         call: &call_ctx,
@@ -881,7 +881,7 @@ pub async fn orchestrated(
     };
     let mut fresh = false;
     loop {
-        match depends::resolve(&env, tool, state.clone(), fresh).await {
+        match lookups::resolve(&env, tool, state.clone(), fresh).await {
             Step::Ready(args, sensitive) => {
                 // Like a secret, an id_sensitive option's real id is kept
                 // out of every log line while the call runs.
@@ -900,7 +900,7 @@ pub async fn orchestrated(
                 });
                 let r = tool.call(args, ctx.values, &call_ctx).await;
                 if let Err(e) = &r {
-                    if !fresh && (tool.writes() || env.confirm) && depends::is_stale(e) {
+                    if !fresh && (tool.writes() || env.confirm) && lookups::is_stale(e) {
                         tracing::info!(tool = %call.name, "the API refused the prepared call as stale; its lookups run again");
                         state.choices.clear();
                         state.approved = None;
@@ -976,7 +976,7 @@ async fn dispatch(
         // and metrics count it under one name, whatever the call came to,
         // so no model or client chooses a label or a usage row's tool.
         let known = ctx.tools.iter().any(|t| t.name() == call.name)
-            || (ctx.helpers.is_some() && helpers::is_helper_tool(ctx.agent, &call.name))
+            || (ctx.helpers.is_some() && subagents::is_helper_tool(ctx.agent, &call.name))
             || (toolgroups::is_meta_name(&call.name) && Groups::of(ctx.tools).is_meta(&call.name));
         let counted_as = match known {
             true => call.name.as_str(),
@@ -1053,7 +1053,7 @@ async fn dispatch_inner(
     if let Some(env) = ctx
         .helpers
         .as_ref()
-        .filter(|_| helpers::is_helper_tool(ctx.agent, &call.name))
+        .filter(|_| subagents::is_helper_tool(ctx.agent, &call.name))
     {
         return call_helper(ctx, env, call, seen.history, cancel, None).await;
     }
@@ -1182,14 +1182,14 @@ async fn call_helper(
         }
     };
     let name = call.name.as_str();
-    if name == helpers::DESCRIBE {
-        return Outcome::Done(helpers::describe(ctx.agent, env, args).map(ToolOutput::Text));
+    if name == subagents::DESCRIBE {
+        return Outcome::Done(subagents::describe(ctx.agent, env, args).map(ToolOutput::Text));
     }
-    if name == helpers::DERIVE {
-        return Outcome::Done(helpers::derive(ctx.agent, env, args).map(ToolOutput::Text));
+    if name == subagents::DERIVE {
+        return Outcome::Done(subagents::derive(ctx.agent, env, args).map(ToolOutput::Text));
     }
-    let slug = helpers::helper_slug(ctx.agent, name).unwrap_or(name);
-    let p = match helpers::prepare(ctx.agent, ctx.values, env, slug, args, history) {
+    let slug = subagents::helper_slug(ctx.agent, name).unwrap_or(name);
+    let p = match subagents::prepare(ctx.agent, ctx.values, env, slug, args, history) {
         Ok(p) => p,
         Err(e) => return Outcome::Done(Err(e)),
     };

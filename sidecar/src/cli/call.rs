@@ -9,7 +9,7 @@ use tracing::Instrument;
 use bindery_bindings::BoundTool;
 use bindery_llm::ToolCall;
 use bindery_params::Values;
-use bindery_session::depends::LookupCache;
+use bindery_session::lookups::LookupCache;
 use bindery_session::runner::{self, CallEnv, Outcome};
 use bindery_store::lookup::LookupState;
 use bindery_tools::{CallContext, ToolError};

@@ -103,13 +103,13 @@ impl Loaded {
             .get(&agent.name)
             .ok_or_else(|| format!("agent `{}` has no model client", agent.name))?;
         let metrics = Metrics::default();
-        let lookups = bindery_session::depends::LookupCache::default();
+        let lookups = bindery_session::lookups::LookupCache::default();
         let id = uuid::Uuid::new_v4().to_string();
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
             agent,
             tools: &tools,
-            helpers: Some(bindery_session::helpers::HelperEnv {
+            helpers: Some(bindery_session::subagents::HelperEnv {
                 tree: &self.tree,
                 clients: &self.clients,
                 stack: vec![agent.name.clone()],

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use bindery_session::error::{Code, ErrorKind, ServiceError};
+use bindery_session::error::{ErrorKind, ServiceError};
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
@@ -143,6 +143,7 @@ pub fn response(id: Value, outcome: Result<Value, RpcError>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bindery_session::error::Code;
 
     #[test]
     fn requests_notifications_and_responses() {

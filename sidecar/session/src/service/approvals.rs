@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use super::Agents;
 use crate::error::ServiceError;
 use crate::kube_events::KubeEvents;

@@ -435,8 +435,10 @@ impl Budgets {
 
     /// Each budget of each agent this server serves, as measured now.
     pub async fn statuses(&self) -> Result<Vec<BudgetStatus>, ServiceError> {
+        // One reading: the windows measured and the time shown are the same.
         let now = self.clock.now_ms();
-        let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(now.max(0) as u64);
+        let at = humantime::format_rfc3339_seconds(at).to_string();
         let mut out = Vec::new();
         for agent in self.agents.tree().agents.values() {
             for limit in agent.budget_limits() {

@@ -168,7 +168,7 @@ impl Sessions {
         let agent = self.agents.agent(&rec.agent)?.clone();
         // The agent whose tool it is: the session's, or a helper's.
         let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
-            let slug = crate::helpers::helper_slug(&a, &f.tool)?;
+            let slug = crate::subagents::helper_slug(&a, &f.tool)?;
             let h = a.helpers.iter().find(|h| h.slug == slug)?;
             self.agents.tree().agent(&h.agent).cloned()
         });

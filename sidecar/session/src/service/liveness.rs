@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use super::{close_pending, Recorder};
 use crate::error::{Code, ErrorKind, ServiceError};
 use crate::lease::{LeaseConfig, Liveness};

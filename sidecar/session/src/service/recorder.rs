@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use crate::fanout::LiveEvent;
 use crate::runner::Events;
 use bindery_llm::Turn;

@@ -1,12 +1,12 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use super::recorder::{encoded, stored_events, RunWrite};
 use super::sink::{self, SessionSink};
 use super::*;
-use crate::depends::LookupCache;
 use crate::lineage::StoreLineage;
+use crate::lookups::LookupCache;
 
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use crate::error::{Code, ErrorKind, ServiceError};
 use bindery_params::secret::constant_time_eq;
 use bindery_store::clock::Clock;
