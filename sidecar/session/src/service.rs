@@ -14,15 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{Code, ErrorKind, ServiceError};
 pub use super::fanout::LiveEvent;
 use super::lease::LeaseConfig;
-use super::runner::{self, Events, RunContext, RunEnd, RunSink};
 use super::validate::{validate, Caller, Op};
+use crate::run::{Events, RunContext, RunEnd};
 use crate::subagents::HelperEnv;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::{ChatClient, ChatMessage, Turn};
@@ -58,6 +57,7 @@ mod liveness;
 mod recorder;
 mod runs;
 mod secrets;
+mod session_host;
 mod sink;
 pub mod stored;
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! The server's [`Ledger`]: each run's budgets, asked of the session store
+//! The server's side of a run's budgets ([`crate::run::Host`]'s gates): each run's budgets, asked of the session store
 //! so that every replica counts against the same use, and what is told
 //! when one nears or reaches its limit (the session's stream, a Warning
 //! Event on the tenant, the metrics).
 
 use super::*;
-use crate::ledger::{self, Crossing, Exceeded, Gate, Ledger, Spent, Who};
+use crate::run::budget::{self, Crossing, Exceeded, Gate, Spent, Who};
 use bindery_spec::budget::{Limit, Meter, OnExceed};
 use bindery_spec::ModelSpec;
 use bindery_store::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use};
@@ -186,7 +186,7 @@ impl RunBudget {
 
     /// What the limits that count `meters` ask of the store at `at`.
     fn gauges(&self, meters: &[Meter], at: i64) -> Vec<(usize, Gauge)> {
-        ledger::gauges(&self.limits, meters, &self.approved(), &self.who(), at)
+        budget::gauges(&self.limits, meters, &self.approved(), &self.who(), at)
     }
 
     /// Claim `row` against `gauges` (never empty). A store that fails
@@ -233,7 +233,7 @@ impl RunBudget {
             self.budgets
                 .metrics
                 .budget_remaining(&self.agent, &limit.name, limit.limit - after);
-            if let Some(c) = ledger::crossing(*used, after, limit.limit) {
+            if let Some(c) = budget::crossing(*used, after, limit.limit) {
                 self.budgets
                     .tell_crossing(&self.session, &self.agent, limit, after, c)
                     .await;
@@ -242,9 +242,9 @@ impl RunBudget {
     }
 }
 
-#[async_trait]
-impl Ledger for RunBudget {
-    async fn before_model(
+/// The run's gates, as its [`SessionHost`](super::session_host::SessionHost) asks them.
+impl RunBudget {
+    pub(super) async fn before_model(
         &self,
         model: &ModelSpec,
         estimate: &(dyn Fn() -> u64 + Send + Sync),
@@ -274,7 +274,12 @@ impl Ledger for RunBudget {
         gate
     }
 
-    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
+    pub(super) async fn after_model(
+        &self,
+        claim: Option<i64>,
+        model: &ModelSpec,
+        used: Option<Spent>,
+    ) {
         let before = claim
             .and_then(|id| {
                 self.before
@@ -314,7 +319,7 @@ impl Ledger for RunBudget {
         }
     }
 
-    async fn before_tool(&self, tool: &str) -> Gate {
+    pub(super) async fn before_tool(&self, tool: &str) -> Gate {
         let now = self.budgets.clock.now_ms();
         let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
@@ -337,7 +342,7 @@ impl Ledger for RunBudget {
         gate
     }
 
-    fn approve(&self, name: &str) {
+    pub(super) fn approve(&self, name: &str) {
         let mut approved = self.approved.lock().unwrap_or_else(|p| p.into_inner());
         if !approved.iter().any(|a| a == name) {
             approved.push(name.to_string());
@@ -365,7 +370,7 @@ impl Budgets {
             session: &rec.id,
             run: &run.id,
         };
-        let gauges: Vec<_> = ledger::gauges(&limits, &MODEL, &[], &who, now)
+        let gauges: Vec<_> = budget::gauges(&limits, &MODEL, &[], &who, now)
             .into_iter()
             .filter(|(i, _)| limits[*i].on_exceed == OnExceed::Refuse)
             .collect();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::live_sessions::LiveSessions;
 use crate::fanout::LiveEvent;
-use crate::runner::Events;
+use crate::run::Events;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_store::clock::Clock;

@@ -3,6 +3,7 @@
 
 use super::live_sessions::LiveSessions;
 use super::recorder::{encoded, stored_events, RunWrite};
+use super::session_host::SessionHost;
 use super::sink::{self, SessionSink};
 use super::*;
 use crate::lineage::StoreLineage;
@@ -300,7 +301,10 @@ impl Runs {
                 leftover: Default::default(),
             });
         };
-        let budget = budgets::RunBudget::new(&self.budgets, agent, id, &run);
+        let host = SessionHost {
+            sink,
+            budget: budgets::RunBudget::new(&self.budgets, agent, id, &run),
+        };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
@@ -333,29 +337,29 @@ impl Runs {
             },
             taint_from,
             caller_taint: &[],
-            ledger: Some(&budget),
             clock: &*self.clock,
         };
-        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
-            Some(end) => end,
-            // A client's calls, answered now: nothing more to do.
-            None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
-            None if mode == RunMode::Call => {
-                runner::run_calls(&ctx, &mut history, &sink, cancel).await
-            }
-            None => runner::run(&ctx, &mut history, &sink, cancel).await,
-        };
+        let end =
+            match crate::run::answer_resolved(&ctx, resolved, &mut history, &host, cancel).await {
+                Some(end) => end,
+                // A client's calls, answered now: nothing more to do.
+                None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
+                None if mode == RunMode::Call => {
+                    crate::run::run_calls(&ctx, &mut history, &host, cancel).await
+                }
+                None => crate::run::run(&ctx, &mut history, &host, cancel).await,
+            };
         let end = match (mode, end) {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
-        let leftover = budget.leftover();
-        let Some((answer, taken)) = sink.close().await else {
+        let leftover = host.budget.leftover();
+        let Some((answer, taken)) = host.sink.close().await else {
             self.budgets.record_leftover(id, &leftover).await;
             return None;
         };
         let run = pending::WaitingRun {
-            budgets_approved: budget.approved(),
+            budgets_approved: host.budget.approved(),
             ..run
         };
         Some(Driven {
@@ -363,7 +367,7 @@ impl Runs {
             answer,
             taken,
             run,
-            usage: budget.spent(),
+            usage: host.budget.spent(),
             leftover,
         })
     }
@@ -507,7 +511,7 @@ pub(super) struct Driving {
 /// What a run's loop leaves for its end to record.
 pub(super) struct Driven {
     end: RunEnd,
-    /// The answer, stored with the end (see [`RunSink::answer`]).
+    /// The answer, stored with the end (see [`Host::answer`](crate::run::Host::answer)).
     answer: Option<(Turn, Events)>,
     /// Another server closed the run as lost.
     taken: bool,

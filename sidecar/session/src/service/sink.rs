@@ -4,7 +4,7 @@
 //! The run's start and each turn are written in the background while the
 //! run goes on to its next step, so the store's time is spent while the
 //! model thinks rather than on top of it. They are still stored one after
-//! another, in order, and the run waits for them ([`RunSink::stored`])
+//! another, in order, and the run waits for them ([`Host::stored`](crate::run::Host::stored))
 //! before a tool or helper runs: a call never acts before the turn that
 //! asked for it is on record, nor at all when that write found the run
 //! taken (or its start could not be stored). The answer is kept and
@@ -128,9 +128,8 @@ impl<'a> SessionSink<'a> {
     }
 }
 
-#[async_trait]
-impl RunSink for SessionSink<'_> {
-    async fn turn(&self, msg: &Turn, events: Events) {
+impl SessionSink<'_> {
+    pub(super) async fn turn(&self, msg: &Turn, events: Events) {
         self.stored().await;
         if self.shared.taken.load(Ordering::Relaxed) {
             return;
@@ -160,12 +159,12 @@ impl RunSink for SessionSink<'_> {
         *lock(&self.behind) = Some(Behind::Write(write));
     }
 
-    async fn answer(&self, msg: &Turn, events: Events) {
+    pub(super) async fn answer(&self, msg: &Turn, events: Events) {
         self.stored().await;
         *lock(&self.answer) = Some((msg.clone(), events));
     }
 
-    async fn stored(&self) {
+    pub(super) async fn stored(&self) {
         let behind = lock(&self.behind).take();
         let waited = std::time::Instant::now();
         match behind {
@@ -188,7 +187,7 @@ impl RunSink for SessionSink<'_> {
         self.recorder.metrics.run_store_wait(waited.elapsed());
     }
 
-    fn delta(&self, text: &str) {
+    pub(super) fn delta(&self, text: &str) {
         // Under the lock, so a write that ends now sends its held text first.
         let mut held = lock(&self.shared.held);
         if held.writing {
