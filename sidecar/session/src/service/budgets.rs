@@ -3,11 +3,28 @@
 //! when one nears or reaches its limit (the session's stream, a Warning
 //! Event on the tenant, the metrics).
 
-use super::*;
+use super::Agents;
+use super::Recorder;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
 use crate::run::budget::{self, Crossing, Exceeded, Gate, Spent, Who};
+use bindery_metrics::Metrics;
 use bindery_spec::budget::{Limit, Meter, OnExceed};
 use bindery_spec::ModelSpec;
+use bindery_store::clock::Clock;
+use bindery_store::model::SessionRecord;
+use bindery_store::pending;
 use bindery_store::usage::{Claimed, Gauge, SessionUsage, Totals, Unwritten, Use};
+use bindery_store::wire::BudgetEvent;
+use bindery_store::wire::BudgetState;
+use bindery_store::wire::SessionEvent;
+use bindery_store::SessionStore;
+use bindery_tree::LoadedAgent;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
 
 /// The budgets of the agents this server runs: what runs claim against
 /// them, what is told when one nears or reaches its limit, and the

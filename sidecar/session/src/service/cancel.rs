@@ -1,9 +1,22 @@
 //! Cancelling a run, here or, on a shared store, on the server that runs
 //! it, or a run that waits for pending calls. The run driver's ([`Runs`]).
 
-use super::*;
+use super::close_pending;
+use super::RunWait;
+use super::Runs;
+use super::CANCELLED;
+use super::CANCEL_WAIT;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
+use bindery_metrics::RunOutcome;
+use bindery_store::model::SessionStatus;
 use bindery_store::pending::Resolution;
+use bindery_store::wire::RunFinished;
+use bindery_store::wire::SessionEvent;
 use bindery_store::wire::{Outcome, Resolved};
+use bindery_store::StoreError;
+use std::time::Duration;
 
 impl Runs {
     /// Cancel session `id`'s run, and wait (a while) for it to record its

@@ -1,13 +1,59 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
+use super::budgets;
 use super::live_sessions::LiveSessions;
+use super::live_sessions::Written;
 use super::recorder::{encoded, stored_events, RunWrite};
 use super::session_host::SessionHost;
-use super::sink::{self, SessionSink};
-use super::*;
+use super::session_sink::{self, SessionSink};
+use super::stored_session;
+use super::Agents;
+use super::Approvals;
+use super::Budgets;
+use super::Ended;
+use super::Heartbeat;
+use super::Opening;
+use super::Recorder;
+use super::RunHandle;
+use super::RunMode;
+use super::RunWait;
+use super::Secrets;
+use super::MAX_HELPER_DEPTH;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
 use crate::lineage::StoreLineage;
 use crate::lookups::LookupCache;
+use crate::run::Events;
+use crate::run::RunContext;
+use crate::run::RunEnd;
+use crate::subagents::HelperEnv;
+use bindery_bindings::cache::ToolCache;
+use bindery_llm::ChatMessage;
+use bindery_llm::Turn;
+use bindery_metrics::Metrics;
+use bindery_metrics::RunOutcome;
+use bindery_metrics::ToolCaller;
+use bindery_params::Values;
+use bindery_store::clock::random_key;
+use bindery_store::clock::Clock;
+use bindery_store::model::SessionRecord;
+use bindery_store::model::SessionStatus;
+use bindery_store::pending;
+use bindery_store::pending::PendingCall;
+use bindery_store::wire::PendingEvent;
+use bindery_store::wire::RunFinished;
+use bindery_store::wire::RunStarted;
+use bindery_store::wire::SessionEvent;
+use bindery_store::wire::ToolCallEvent;
+use bindery_store::SessionStore;
+use bindery_tools::CallContext;
+use bindery_tree::LoadedAgent;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.
@@ -180,7 +226,7 @@ impl Runs {
         drop(message);
         // The run asks the model while its start is stored; its sink holds
         // back everything else until the start is on record.
-        let (starter, gate) = sink::start_gate();
+        let (starter, gate) = session_sink::start_gate();
         let this = self.clone();
         let run_id = id.to_string();
         let turns = rec.turns.clone();
@@ -281,7 +327,7 @@ impl Runs {
         resolved: &[PendingCall],
         mode: RunMode,
         cancel: &CancellationToken,
-        gate: sink::StartGate,
+        gate: session_sink::StartGate,
     ) -> Option<Driven> {
         let Driving {
             mut history,

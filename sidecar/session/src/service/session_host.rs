@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::budgets::RunBudget;
-use super::sink::SessionSink;
+use super::session_sink::SessionSink;
 use crate::run::budget::{Gate, Spent};
 use crate::run::{Events, Host};
 use bindery_llm::Turn;

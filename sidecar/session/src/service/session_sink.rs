@@ -14,8 +14,15 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::recorder::RunWrite;
-use super::*;
+use super::Recorder;
 use crate::fanout::LiveEvent;
+use crate::run::Events;
+use bindery_llm::Turn;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 pub(super) struct SessionSink<'a> {
     recorder: &'a Arc<Recorder>,
@@ -208,9 +215,17 @@ mod tests {
     use futures::FutureExt;
 
     use super::*;
+    use std::collections::BTreeMap;
+
     use crate::fanout::Signal;
+    use crate::service::{Service, ServiceConfig};
+    use bindery_llm::ChatMessage;
     use bindery_store::contract::record;
+    use bindery_store::model::SessionStatus;
     use bindery_store::sqlite::SqliteStore;
+    use bindery_store::wire::SessionEvent;
+    use bindery_store::SessionStore;
+    use bindery_tree::AgentTree;
 
     /// A service on a SQLite file (in the directory returned, which holds
     /// it) with session `s` running here, and the file's path.
