@@ -44,6 +44,7 @@ mod lifecycle;
 mod live_sessions;
 mod liveness;
 mod recorder;
+mod run_budget;
 mod runs;
 mod secrets;
 mod session_host;

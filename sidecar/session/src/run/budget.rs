@@ -9,6 +9,9 @@
 use bindery_spec::budget::{Limit, Meter, OnExceed, Per};
 use bindery_store::usage::{Gauge, Scope};
 
+/// The meters a model request counts.
+pub const MODEL: [Meter; 2] = [Meter::Tokens, Meter::Cost];
+
 /// Whether work may start.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Gate {

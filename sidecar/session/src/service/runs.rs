@@ -1,10 +1,10 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
-use super::budgets;
 use super::live_sessions::LiveSessions;
 use super::live_sessions::Written;
 use super::recorder::{encoded, stored_events, RunWrite};
+use super::run_budget;
 use super::session_host::SessionHost;
 use super::session_sink::{self, SessionSink};
 use super::stored_session;
@@ -349,7 +349,7 @@ impl Runs {
         };
         let host = SessionHost {
             sink,
-            budget: budgets::RunBudget::new(&self.budgets, agent, id, &run),
+            budget: run_budget::RunBudget::new(&self.budgets, agent, id, &run),
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
@@ -566,7 +566,7 @@ pub(super) struct Driven {
     /// What this part of the run used.
     usage: bindery_store::usage::Totals,
     /// What of it is not written yet: with the end.
-    leftover: budgets::Leftover,
+    leftover: run_budget::Leftover,
 }
 
 /// Answer every tool call that has no result yet with `why`, so the history

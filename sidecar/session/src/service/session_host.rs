@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::budgets::RunBudget;
+use super::run_budget::RunBudget;
 use super::session_sink::SessionSink;
 use crate::run::budget::{Gate, Spent};
 use crate::run::{Events, Host};
