@@ -16,8 +16,9 @@ use axum::Json;
 
 use super::auth::{door, Authed};
 use super::openapi::{AnswerRefused, BadRequest, NotFound, Unauthorized};
-use super::server::{body, ApiResult, ContinuationBody, WaitQuery};
+use super::request::{body, ContinuationBody, WaitQuery};
 use super::state::AppState;
+use super::status::ApiResult;
 use bindery_session::service::RunWait;
 use bindery_session::validate::Caller;
 

@@ -21,11 +21,10 @@ use std::sync::Arc;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use sha2::{Digest, Sha256};
 
 use super::state::AppState;
-use bindery_params::secret::constant_time_eq;
-use bindery_session::error::{ErrorKind, ServiceError};
+pub use crate::owner_token::OwnerToken;
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::service::Service;
 use bindery_session::validate::Caller;
 use bindery_store::model::SessionRecord;
@@ -74,44 +73,6 @@ pub mod door {
     }
 }
 
-pub struct OwnerToken {
-    digest: [u8; 32],
-}
-
-impl OwnerToken {
-    pub fn new(token: &str) -> Self {
-        OwnerToken {
-            digest: Sha256::digest(token.trim().as_bytes()).into(),
-        }
-    }
-
-    /// The key continuation tokens derive from: servers that share the
-    /// owner token (replicas) show the same tokens.
-    pub fn continuation_key(&self) -> [u8; 32] {
-        Sha256::new()
-            .chain_update(b"bindery continuation tokens\0")
-            .chain_update(self.digest)
-            .finalize()
-            .into()
-    }
-
-    /// The key the servers sharing the owner token (replicas) sign the
-    /// requests they forward to each other with (`api/peers.rs`).
-    pub fn peer_key(&self) -> [u8; 32] {
-        Sha256::new()
-            .chain_update(b"bindery peer request signatures\0")
-            .chain_update(self.digest)
-            .finalize()
-            .into()
-    }
-
-    /// Whether `presented` is this token (in constant time).
-    pub(crate) fn matches(&self, presented: &str) -> bool {
-        let d: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        constant_time_eq(&d, &self.digest)
-    }
-}
-
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers
         .get(axum::http::header::AUTHORIZATION)?
@@ -122,7 +83,7 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 pub fn unauthorized(msg: &str) -> ServiceError {
-    ServiceError::new(ErrorKind::Unauthorized, "unauthorized", msg)
+    ServiceError::new(ErrorKind::Unauthorized, Code::Unauthorized, msg)
 }
 
 fn not_valid_here() -> ServiceError {
@@ -132,7 +93,7 @@ fn not_valid_here() -> ServiceError {
 fn approver_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
-        "forbidden",
+        Code::Forbidden,
         "an approver token lists pending approvals (GET /v1/approvals) and answers them (POST /v1/continuations/:token); nothing else",
     )
 }
@@ -140,7 +101,7 @@ fn approver_only() -> ServiceError {
 fn session_token_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
-        "forbidden",
+        Code::Forbidden,
         "a session token can read the session and its events, post messages and cancel a run; nothing else",
     )
 }
@@ -299,13 +260,42 @@ impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
     }
 }
 
+/// Who calls, as the handlers and the forwarding layer ask it of the
+/// state they share.
+impl AppState {
+    /// Who `headers` say the caller is, on a route about `session`,
+    /// checking a session token in the store.
+    pub(crate) async fn identify(&self, headers: &HeaderMap, session: Option<&str>) -> Identity {
+        self.identify_with(headers, session, TokenCheck::Store)
+            .await
+    }
+
+    /// The same, a session token checked as `check` says.
+    pub(crate) async fn identify_with(
+        &self,
+        headers: &HeaderMap,
+        session: Option<&str>,
+        check: TokenCheck<'_>,
+    ) -> Identity {
+        let tokens = Tokens {
+            owner: &self.owner,
+            approver: self.approver.as_ref(),
+        };
+        identify(headers, tokens, &self.service, session, check).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn refused(r: Result<Caller, ServiceError>) -> (u16, &'static str, String) {
         let e = r.unwrap_err();
-        (super::super::status::of(e.kind).as_u16(), e.code, e.message)
+        (
+            super::super::status::of(e.kind).as_u16(),
+            e.code.as_str(),
+            e.message,
+        )
     }
 
     /// Each door lets in whom it says, and refuses the others as the API

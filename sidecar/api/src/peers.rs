@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 use super::status::ApiError;
 use bindery_llm::egress;
 use bindery_params::secret::constant_time_eq;
-use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::validate::Caller;
 use bindery_spec::Redirects;
 use bindery_store::pending::hmac;
@@ -218,7 +218,7 @@ impl PeerAuth {
 fn refused(why: &str) -> ServiceError {
     ServiceError::new(
         ErrorKind::Unauthorized,
-        "unauthorized",
+        Code::Unauthorized,
         format!("`{PEER_HEADER}` is for the servers of one tenant forwarding to each other, each request signed once ({why}); a client sends `Authorization: Bearer <token>` only"),
     )
 }
@@ -470,7 +470,7 @@ pub fn tls_required(names: Vec<String>) -> ServiceError {
     ServiceError {
         extra: None,
         kind: ErrorKind::Conflict,
-        code: "peer_tls_required",
+        code: Code::PeerTlsRequired,
         message: format!(
             "another replica holds this session's secret values, and this request would carry the secret value of {} to it over plain HTTP, which is not done: give every replica the tenant's peer certificate with `serve --peer-tls-dir DIR` (ca.crt, tls.crt, tls.key), `--peer-tls-name NAME` and `--peer-listen ADDR`, so that replicas forward to each other over mutual TLS (the operator does this for an AgentTenant)",
             names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
@@ -577,7 +577,10 @@ mod tests {
         for (uri, headers, body) in cases {
             let auth = PeerAuth::new(KEY, "b", false);
             let e = check(&auth, uri, headers, body, 1000, at).unwrap_err();
-            assert_eq!((e.kind, e.code), (ErrorKind::Unauthorized, "unauthorized"));
+            assert_eq!(
+                (e.kind, e.code),
+                (ErrorKind::Unauthorized, Code::Unauthorized)
+            );
             assert!(
                 e.message.contains("does not match"),
                 "{uri} {headers:?}: {}",

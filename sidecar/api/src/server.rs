@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
@@ -28,19 +27,16 @@ use super::openapi::{
     NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
     SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
 };
+use super::request::{body, run_mode, start_mode, ContinuationBody, WaitQuery};
 use super::state::AppState;
-use super::status::ApiError;
+use super::status::{ApiError, ApiResult};
 use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
 };
-use bindery_session::error::{ErrorKind, ServiceError};
-use bindery_session::service::{Answer, CreateSession, Ended, RunMode, RunWait};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
+use bindery_session::service::{CreateSession, Ended, RunMode, RunWait};
 use bindery_session::validate::Caller;
 use bindery_store::wire::{RunRequest, StartRun};
-
-/// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.
-const DEFAULT_WAIT: u64 = 60;
-const MAX_WAIT: u64 = 600;
 
 /// Every route of the API, each registered once: its handler's
 /// `#[utoipa::path]` gives the router its path and method, and the
@@ -194,15 +190,13 @@ impl IntoResponse for SessionView {
             // Not seen: a view is strings, numbers and string-keyed maps.
             Err(e) => ApiError(ServiceError::new(
                 ErrorKind::Internal,
-                "internal",
+                Code::Internal,
                 format!("cannot encode the session: {e}"),
             ))
             .into_response(),
         }
     }
 }
-
-pub(super) type ApiResult = Result<Response, ApiError>;
 
 /// `at_turn` as an index: a whole number from 0 (JSON Schema's `integer`
 /// takes `3.0`, so this does too).
@@ -218,60 +212,6 @@ fn turn_index(n: Option<serde_json::Number>) -> Result<Option<usize>, ServiceErr
         None => Err(ServiceError::bad_request(format!(
             "`at_turn` is a turn index, a whole number from 0; got {n}"
         ))),
-    }
-}
-
-/// A JSON body, whatever `Content-Type` says (agents-server clients, and
-/// plain `curl -d`, often send none). An empty body is the default value.
-pub(super) fn body<T: serde::de::DeserializeOwned + Default>(
-    bytes: &Bytes,
-) -> Result<T, ServiceError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(bytes).map_err(|e| {
-        ServiceError::bad_request(format!(
-            "the request body is not what this route takes: {e}"
-        ))
-    })
-}
-
-#[derive(Deserialize, Default, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct WaitQuery {
-    /// Wait for the run this request starts to finish before answering.
-    #[serde(default)]
-    #[param(value_type = bool, default = false)]
-    wait: Option<bool>,
-    /// With `wait=true`: how many seconds to wait at most (default 60, at
-    /// most 600; more is a 400). A run still going then is answered with 202.
-    #[serde(default)]
-    #[param(value_type = u64, minimum = 0, maximum = 600, default = 60)]
-    timeout: Option<u64>,
-}
-
-impl WaitQuery {
-    /// A `timeout` past the documented bound is refused, not cut short.
-    fn check(&self) -> Result<(), ServiceError> {
-        match self.timeout {
-            Some(t) if t > MAX_WAIT => Err(ServiceError::bad_request(format!(
-                "`timeout` is at most {MAX_WAIT} seconds; got {t}"
-            ))),
-            _ => Ok(()),
-        }
-    }
-
-    /// The run's end, when asked to wait and it came in time.
-    pub(super) async fn wait(&self, run: Option<RunWait>) -> Option<Ended> {
-        match (self.wait.unwrap_or(false), run) {
-            (true, Some(r)) => {
-                r.wait(Duration::from_secs(
-                    self.timeout.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT),
-                ))
-                .await
-            }
-            _ => None,
-        }
     }
 }
 
@@ -413,23 +353,6 @@ pub struct CreateBody {
     /// pending call.
     #[serde(default)]
     run: RunRequest,
-}
-
-/// A request's `run`: `None` for `none` (no run at all).
-fn run_mode(run: RunRequest) -> Option<RunMode> {
-    match run {
-        RunRequest::UntilBlocked => Some(RunMode::UntilBlocked),
-        RunRequest::Step => Some(RunMode::Step),
-        RunRequest::None => None,
-    }
-}
-
-/// The run a message or a resume starts.
-fn start_mode(run: StartRun) -> RunMode {
-    match run {
-        StartRun::UntilBlocked => RunMode::UntilBlocked,
-        StartRun::Step => RunMode::Step,
-    }
 }
 
 #[derive(Deserialize, Default)]
@@ -780,7 +703,7 @@ async fn put_params(
         return Err(ServiceError {
             extra: None,
             kind: ErrorKind::Forbidden,
-            code: "forbidden_params",
+            code: Code::ForbiddenParams,
             message: "a session token cannot set parameters".into(),
             params: b.params.keys().cloned().collect(),
         }
@@ -792,7 +715,7 @@ async fn put_params(
         return Err(ServiceError {
             extra: None,
             kind: ErrorKind::Invalid,
-            code: "invalid_params",
+            code: Code::InvalidParams,
             message: format!(
                 "the body holds {} beside `params`; this route takes {{\"params\": {{\"NAME\": value, …}}}} (null removes a value), nothing else",
                 stray.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
@@ -831,71 +754,6 @@ async fn revoke_token(
 ) -> ApiResult {
     s.service.tokens().revoke(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// `POST /v1/continuations/:token` body: `result` for a deferred call,
-/// `approve` (and `reason`) for a confirmation, `choice` for a selection,
-/// `input` for missing user-owned fields.
-#[derive(Deserialize, Default, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = ContinuationRequest)]
-pub struct ContinuationBody {
-    /// The session the caller means; a token of another session is unknown.
-    #[schema(value_type = String, required = false)]
-    pub(super) session_id: Option<String>,
-    /// The deferred tool's result: any JSON value.
-    #[schema(value_type = Value, required = false)]
-    result: Option<serde_json::Value>,
-    /// A confirmation's decision.
-    #[schema(value_type = bool, required = false)]
-    approve: Option<bool>,
-    /// Why the call is refused; the model reads it.
-    #[schema(value_type = String, required = false)]
-    reason: Option<String>,
-    /// A selection's answer: the `id` of an offered option.
-    #[schema(value_type = String, required = false)]
-    choice: Option<String>,
-    /// A `needs_input` item's answer: the missing fields.
-    #[schema(value_type = Object, required = false)]
-    input: Option<serde_json::Map<String, serde_json::Value>>,
-    /// `false`: record the answer only; a later resume goes on.
-    #[schema(value_type = bool, required = false)]
-    resume: Option<bool>,
-    /// `true`: the untrusted results the session took in so far no longer
-    /// hold its egress calls (the taint guard); a new one holds them again.
-    #[serde(default)]
-    clear_taint: bool,
-    #[serde(default)]
-    #[schema(value_type = ParamValues)]
-    params: BTreeMap<String, serde_json::Value>,
-    #[serde(default)]
-    run: RunRequest,
-}
-
-impl ContinuationBody {
-    /// The answer the body gives.
-    pub(super) fn into_answer(self) -> Result<Answer, ServiceError> {
-        let b = self;
-        let mode = run_mode(b.run);
-        Ok(Answer {
-            session_id: b.session_id,
-            result: b.result,
-            approve: b.approve,
-            reason: b.reason,
-            choice: b.choice,
-            input: b.input,
-            // `run: none` records the answer and starts nothing, like `resume: false`.
-            resume: if mode.is_none() {
-                Some(false)
-            } else {
-                b.resume
-            },
-            params: b.params,
-            clear_taint: b.clear_taint,
-            by: None,
-            mode: mode.unwrap_or_default(),
-        })
-    }
 }
 
 /// Answer a pending tool call: a deferred call's result, or a decision

@@ -7,9 +7,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
-
-use super::auth::{identify, Identity, OwnerToken, TokenCheck};
+use super::owner_token::OwnerToken;
 use super::peers::PeerAuth;
 use bindery_metrics::Metrics;
 use bindery_session::service::Service;
@@ -34,27 +32,4 @@ pub struct AppState {
     pub peer_auth: Arc<PeerAuth>,
     /// Which `Host` and `Origin` a request may carry (DNS rebinding).
     pub origins: super::origin::OriginPolicy,
-}
-
-impl AppState {
-    /// Who `headers` say the caller is, on a route about `session`,
-    /// checking a session token in the store.
-    pub(crate) async fn identify(&self, headers: &HeaderMap, session: Option<&str>) -> Identity {
-        self.identify_with(headers, session, TokenCheck::Store)
-            .await
-    }
-
-    /// The same, a session token checked as `check` says.
-    pub(crate) async fn identify_with(
-        &self,
-        headers: &HeaderMap,
-        session: Option<&str>,
-        check: TokenCheck<'_>,
-    ) -> Identity {
-        let tokens = super::auth::Tokens {
-            owner: &self.owner,
-            approver: self.approver.as_ref(),
-        };
-        identify(headers, tokens, &self.service, session, check).await
-    }
 }

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 
 pub fn of(kind: ErrorKind) -> StatusCode {
     match kind {
@@ -27,6 +27,9 @@ pub fn of(kind: ErrorKind) -> StatusCode {
 #[derive(Debug)]
 pub struct ApiError(pub ServiceError);
 
+/// What a handler answers: its response, or the error's.
+pub type ApiResult = Result<Response, ApiError>;
+
 impl<E: Into<ServiceError>> From<E> for ApiError {
     fn from(e: E) -> Self {
         ApiError(e.into())
@@ -38,7 +41,7 @@ impl IntoResponse for ApiError {
         let e = self.0;
         let status = of(e.kind);
         let mut body = json!({"error": e.code, "message": e.message});
-        if !e.params.is_empty() || e.code.ends_with("params") || e.code == "params_required" {
+        if !e.params.is_empty() || e.code.refuses_values() || e.code == Code::ParamsRequired {
             body["params"] = json!(e.params);
         }
         for (k, v) in e.extra.into_iter().flat_map(|m| *m) {

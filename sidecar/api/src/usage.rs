@@ -13,8 +13,8 @@ use serde::Deserialize;
 
 use super::auth::{door, Authed};
 use super::openapi::{BadRequest, Unauthorized};
-use super::server::ApiResult;
 use super::state::AppState;
+use super::status::ApiResult;
 use super::views::rfc3339;
 use bindery_session::error::ServiceError;
 use bindery_store::usage::{report_csv, Group, ReportRow};

@@ -3,7 +3,6 @@
 //! API edge turns the kind into an HTTP status (and `/mcp` into a JSON-RPC
 //! error); nothing here knows HTTP.
 
-use super::validate::ParamsError;
 use bindery_store::StoreError;
 
 /// What kind of failure an error is.
@@ -28,10 +27,94 @@ pub enum ErrorKind {
     Internal,
 }
 
+/// What went wrong, as a client tells it apart: each code's wire name is
+/// the `error` of an API error body (docs/session-api.md lists them), and
+/// never changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Conflict,
+    Internal,
+    /// Parameters the agent does not declare.
+    UnknownParams,
+    /// Parameters this caller may not set.
+    ForbiddenParams,
+    /// Values that do not fit what the agent declares.
+    InvalidParams,
+    /// Required parameters left without a value.
+    ParamsRequired,
+    RunInProgress,
+    NotRunning,
+    /// The session waits for answers to pending calls.
+    WaitingExternal,
+    ContinuationUsed,
+    ContinuationExpired,
+    CallChanged,
+    BudgetExceeded,
+    /// A forward would carry a secret value over plain HTTP.
+    PeerTlsRequired,
+    StoredAgentsDisabled,
+    InvalidAgent,
+    AgentExists,
+}
+
+impl Code {
+    /// The code as the API's error bodies spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::BadRequest => "bad_request",
+            Code::Unauthorized => "unauthorized",
+            Code::Forbidden => "forbidden",
+            Code::NotFound => "not_found",
+            Code::Conflict => "conflict",
+            Code::Internal => "internal",
+            Code::UnknownParams => "unknown_params",
+            Code::ForbiddenParams => "forbidden_params",
+            Code::InvalidParams => "invalid_params",
+            Code::ParamsRequired => "params_required",
+            Code::RunInProgress => "run_in_progress",
+            Code::NotRunning => "not_running",
+            Code::WaitingExternal => "waiting_external",
+            Code::ContinuationUsed => "continuation_used",
+            Code::ContinuationExpired => "continuation_expired",
+            Code::CallChanged => "call_changed",
+            Code::BudgetExceeded => "budget_exceeded",
+            Code::PeerTlsRequired => "peer_tls_required",
+            Code::StoredAgentsDisabled => "stored_agents_disabled",
+            Code::InvalidAgent => "invalid_agent",
+            Code::AgentExists => "agent_exists",
+        }
+    }
+
+    /// A code about given values (`unknown_params`, `forbidden_params`,
+    /// `invalid_params`): its body always names them.
+    pub const fn refuses_values(self) -> bool {
+        matches!(
+            self,
+            Code::UnknownParams | Code::ForbiddenParams | Code::InvalidParams
+        )
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceError {
     pub kind: ErrorKind,
-    pub code: &'static str,
+    pub code: Code,
     pub message: String,
     pub params: Vec<String>,
     /// Fields the error's body carries besides `error` and `message` (a
@@ -40,7 +123,7 @@ pub struct ServiceError {
 }
 
 impl ServiceError {
-    pub fn new(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, code: Code, message: impl Into<String>) -> Self {
         ServiceError {
             kind,
             code,
@@ -51,27 +134,15 @@ impl ServiceError {
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {
-        ServiceError::new(ErrorKind::NotFound, "not_found", what)
+        ServiceError::new(ErrorKind::NotFound, Code::NotFound, what)
     }
 
     pub fn bad_request(what: impl Into<String>) -> Self {
-        ServiceError::new(ErrorKind::BadRequest, "bad_request", what)
+        ServiceError::new(ErrorKind::BadRequest, Code::BadRequest, what)
     }
 
     pub fn forbidden(what: impl Into<String>) -> Self {
-        ServiceError::new(ErrorKind::Forbidden, "forbidden", what)
-    }
-}
-
-impl From<ParamsError> for ServiceError {
-    fn from(e: ParamsError) -> Self {
-        ServiceError {
-            kind: e.kind(),
-            code: e.code(),
-            message: e.message(),
-            params: e.names().to_vec(),
-            extra: None,
-        }
+        ServiceError::new(ErrorKind::Forbidden, Code::Forbidden, what)
     }
 }
 
@@ -80,13 +151,13 @@ impl From<StoreError> for ServiceError {
         match e {
             StoreError::NotFound(id) => ServiceError::not_found(format!("no session {id}")),
             StoreError::Conflict(_) => {
-                ServiceError::new(ErrorKind::Conflict, "conflict", e.to_string())
+                ServiceError::new(ErrorKind::Conflict, Code::Conflict, e.to_string())
             }
             other => {
                 tracing::error!("{other}");
                 ServiceError::new(
                     ErrorKind::Internal,
-                    "internal",
+                    Code::Internal,
                     "the session store failed; see the server log",
                 )
             }

@@ -4,18 +4,17 @@
 
 pub mod ask;
 pub mod clients;
-pub mod depends;
 pub mod error;
 mod fanout;
-pub mod helpers;
 pub mod kube_events;
 pub mod lease;
-pub mod ledger;
 pub mod lineage;
+pub mod lookups;
 mod lru;
 pub mod notify;
 pub mod result;
-pub mod runner;
+pub mod run;
 pub mod service;
+pub mod subagents;
 pub mod toolgroups;
 pub mod validate;

@@ -9,33 +9,21 @@
 //! `feed` (events for subscribers), `liveness` (heartbeats and the
 //! sweep) and `continuation` (answers to pending calls).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::error::{ErrorKind, ServiceError};
+use super::error::ServiceError;
 pub use super::fanout::LiveEvent;
 use super::lease::LeaseConfig;
-use super::runner::{self, Events, RunContext, RunEnd, RunSink};
-use super::validate::{validate, Caller, Op};
-use crate::helpers::HelperEnv;
 use bindery_bindings::cache::ToolCache;
-use bindery_llm::{ChatClient, ChatMessage, Turn};
-use bindery_metrics::{Metrics, RunOutcome, ToolCaller};
-use bindery_params::{ParamValue, Values};
-use bindery_store::model::{SessionRecord, SessionStatus, StoredParams};
-use bindery_store::pending::{self, PendingCall};
-use bindery_store::wire::{
-    BudgetEvent, BudgetState, ParamsChanged, PendingEvent, RunFinished, RunStarted, SessionEvent,
-    ToolCallEvent,
-};
-use bindery_store::{SessionStore, StoreError};
-use bindery_tools::CallContext;
+use bindery_llm::ChatClient;
+use bindery_metrics::Metrics;
+use bindery_store::model::SessionRecord;
+use bindery_store::SessionStore;
 
 /// How a cancelled run's unanswered calls are answered (a fork's too).
 const CANCELLED: &str = "error: the run was cancelled";
@@ -45,7 +33,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// How deep helpers may nest below the agent a session talks to.
 pub const MAX_HELPER_DEPTH: usize = 5;
-use bindery_tree::{AgentTree, LoadedAgent};
+use bindery_tree::AgentTree;
 
 mod approvals;
 mod budgets;
@@ -53,12 +41,14 @@ mod cancel;
 mod continuation;
 mod feed;
 mod lifecycle;
-mod live;
+mod live_sessions;
 mod liveness;
 mod recorder;
+mod run_budget;
 mod runs;
 mod secrets;
-mod sink;
+mod session_host;
+mod session_sink;
 pub mod stored;
 #[cfg(test)]
 mod tests;
@@ -70,14 +60,13 @@ pub use budgets::Budgets;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 pub use lifecycle::Sessions;
-use live::{Live, LiveSessions, Written};
+use live_sessions::{Live, LiveSessions};
 pub use liveness::Heartbeat;
 pub use recorder::Recorder;
 pub use runs::close_pending;
 pub use runs::Runs;
 pub use secrets::{Elsewhere, Secrets};
 pub use stored::Agents;
-use tokens::new_token;
 pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {

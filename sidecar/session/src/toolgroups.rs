@@ -1,6 +1,6 @@
 //! On-demand tools (agents-exe's progressive disclosure): a toolbox with a
 //! `toolgroup` keeps its tools from the model until the model activates the
-//! group. Three tools of the runner's own manage it, offered only while
+//! group. Three tools of the run's own manage it, offered only while
 //! some tool is in a group, with agents-exe's names and answers so its
 //! prompts and recorded sessions keep working:
 //!
@@ -14,7 +14,7 @@
 //! replayed session sees what its own history says. (agents-exe lets the
 //! oldest call win across turns; the latest is what the model last asked.)
 //!
-//! Pure: the tool list and the answers; the runner offers and dispatches.
+//! Pure: the tool list and the answers; the run (`run/`) offers and dispatches.
 
 use std::collections::BTreeSet;
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bindery_params::{AgentParams, ParamValue, Values};
 use bindery_spec::Scope;
 
-use super::error::ErrorKind;
+use crate::error::{Code, ErrorKind, ServiceError};
 
 /// Who is asking.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,12 +72,12 @@ impl ParamsError {
         }
     }
 
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> Code {
         match self {
-            ParamsError::Unknown(_) => "unknown_params",
-            ParamsError::Forbidden(..) => "forbidden_params",
-            ParamsError::Invalid(..) => "invalid_params",
-            ParamsError::Required { .. } => "params_required",
+            ParamsError::Unknown(_) => Code::UnknownParams,
+            ParamsError::Forbidden(..) => Code::ForbiddenParams,
+            ParamsError::Invalid(..) => Code::InvalidParams,
+            ParamsError::Required { .. } => Code::ParamsRequired,
         }
     }
 
@@ -294,6 +294,19 @@ pub fn validate(
         }
     }
     Ok(out)
+}
+
+/// A refusal of values as the service answers it.
+impl From<ParamsError> for ServiceError {
+    fn from(e: ParamsError) -> Self {
+        ServiceError {
+            kind: e.kind(),
+            code: e.code(),
+            message: e.message(),
+            params: e.names().to_vec(),
+            extra: None,
+        }
+    }
 }
 
 #[cfg(test)]

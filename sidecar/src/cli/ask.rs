@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use bindery_session::runner;
+use bindery_session::run;
 use bindery_store::pending::{PendingCall, Resolution};
 use bindery_tools::Disposition;
 
@@ -14,7 +14,7 @@ use bindery_tools::Disposition;
 /// bound value never is. An approval or a choice is taken only from a
 /// terminal: with stdin piped it is refused.
 pub(super) fn ask_terminal(
-    calls: &[runner::Blocked],
+    calls: &[run::Blocked],
     yes: bool,
     choose: Option<&str>,
 ) -> Result<Vec<PendingCall>, String> {
@@ -30,7 +30,7 @@ pub(super) fn ask_terminal(
 }
 
 /// Each waiting call refused, with `why`: where nobody can be asked.
-pub(super) fn refuse_all(calls: &[runner::Blocked], why: &str) -> Vec<PendingCall> {
+pub(super) fn refuse_all(calls: &[run::Blocked], why: &str) -> Vec<PendingCall> {
     calls
         .iter()
         .map(|b| PendingCall {
@@ -43,12 +43,12 @@ pub(super) fn refuse_all(calls: &[runner::Blocked], why: &str) -> Vec<PendingCal
 }
 
 /// A waiting call as a pending item, not answered yet.
-fn pending(b: &runner::Blocked) -> PendingCall {
+fn pending(b: &run::Blocked) -> PendingCall {
     PendingCall {
         tool_call_id: b.call.id.clone(),
         tool: b.call.name.clone(),
         disposition: b.disposition,
-        call: runner::call_arguments(&b.call),
+        call: run::call_arguments(&b.call),
         bound_params: b.bound_params.clone(),
         digest: String::new(),
         nonce: String::new(),
@@ -141,7 +141,7 @@ pub(super) fn ask_item(
     };
     Ok(match disposition {
         Disposition::Budget => {
-            let budget: Option<bindery_session::ledger::Exceeded> =
+            let budget: Option<run::budget::Exceeded> =
                 serde_json::from_value(item["budget"].clone()).ok();
             let what = budget
                 .map(|b| b.detail())

@@ -9,8 +9,8 @@ use tracing::Instrument;
 use bindery_bindings::BoundTool;
 use bindery_llm::ToolCall;
 use bindery_params::Values;
-use bindery_session::depends::LookupCache;
-use bindery_session::runner::{self, CallEnv, Outcome};
+use bindery_session::lookups::LookupCache;
+use bindery_session::run::{self, CallEnv, Outcome};
 use bindery_store::lookup::LookupState;
 use bindery_tools::{CallContext, ToolError};
 use bindery_tree::LoadedAgent;
@@ -113,7 +113,7 @@ fn approved_replay(
     };
     let asked_later =
         !bound.depends().is_empty() && agent.disposition(bound.name(), Some(bound)).is_some();
-    let needs = runner::needs_approval(agent, values, &call, Some(bound)).or_else(|| {
+    let needs = run::needs_approval(agent, values, &call, Some(bound)).or_else(|| {
         bound
             .egress()
             .then_some(bindery_tools::Disposition::Confirm)
@@ -170,7 +170,7 @@ async fn orchestrated(
         max_steps: 0,
         clock: &bindery_store::clock::WallClock,
         // `tool-call` keeps no store, so nothing is counted.
-        ledger: None,
+        host: None,
     };
     let call = ToolCall {
         id: ctx.turn_id.clone(),
@@ -182,7 +182,7 @@ async fn orchestrated(
         ..Default::default()
     };
     loop {
-        let waiting = match runner::orchestrated(&env, &call, bound, state).await {
+        let waiting = match run::orchestrated(&env, &call, bound, state).await {
             Outcome::Done(result) => return Ok(result.map(|o| o.shown())),
             Outcome::Blocked(waiting) => waiting,
         };
@@ -196,7 +196,7 @@ async fn orchestrated(
         let Some(resolution) = item.resolution.as_ref() else {
             return Err(format!("error: tool {}: no answer", call.name));
         };
-        state = match runner::go_on(lookup, resolution) {
+        state = match run::go_on(lookup, resolution) {
             Some(Ok(next)) => next,
             Some(Err(why)) => return Ok(Err(ToolError::Failed(why))),
             None => {

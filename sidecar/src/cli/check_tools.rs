@@ -33,7 +33,7 @@ pub fn definitions(agent: &LoadedAgent, tree: &AgentTree) -> Vec<ToolDefinition>
             description: t.spec().description.clone(),
             parameters: t.model_schema(&values),
         })
-        .chain(bindery_session::helpers::definitions(agent, tree))
+        .chain(bindery_session::subagents::definitions(agent, tree))
         .collect()
 }
 

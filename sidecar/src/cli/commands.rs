@@ -294,7 +294,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
-            let helper_tools = bindery_session::helpers::definitions(agent, &tree);
+            let helper_tools = bindery_session::subagents::definitions(agent, &tree);
             let helper_view = |d: &bindery_llm::ToolDefinition| {
                 serde_json::json!({"type": "function", "function": {
                     "name": d.name, "description": d.description, "parameters": d.parameters}, "bound": []})
@@ -357,7 +357,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
             // A helper's tool: one run of the helper agent on `what`, as
             // the model's call would run it (without a caller's narrowing).
-            let helper = bindery_session::helpers::helper_slug(agent, &tool)
+            let helper = bindery_session::subagents::helper_slug(agent, &tool)
                 .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug));
             if let Some(h) = helper {
                 let what = match model_args.as_object() {
@@ -483,7 +483,7 @@ async fn agents_exe_tool_call(
     let tree = load(agents).await?;
     let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
-    let helper = bindery_session::helpers::helper_slug(&agent, tool)
+    let helper = bindery_session::subagents::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
         .and_then(|h| tree.agent(&h.agent).cloned());
     let called = if let Some(helper) = helper {

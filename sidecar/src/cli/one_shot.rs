@@ -18,7 +18,7 @@ use bindery_llm::{ChatClient, ChatMessage, Turn};
 use bindery_metrics::Metrics;
 use bindery_params::live::Registration;
 use bindery_session::clients::build_clients;
-use bindery_session::runner::{self, RunContext, RunEnd};
+use bindery_session::run::{self, RunContext, RunEnd};
 use bindery_tools::CallContext;
 use bindery_tree::{AgentTree, LoadedAgent};
 
@@ -103,13 +103,13 @@ impl Loaded {
             .get(&agent.name)
             .ok_or_else(|| format!("agent `{}` has no model client", agent.name))?;
         let metrics = Metrics::default();
-        let lookups = bindery_session::depends::LookupCache::default();
+        let lookups = bindery_session::lookups::LookupCache::default();
         let id = uuid::Uuid::new_v4().to_string();
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
             agent,
             tools: &tools,
-            helpers: Some(bindery_session::helpers::HelperEnv {
+            helpers: Some(bindery_session::subagents::HelperEnv {
                 tree: &self.tree,
                 clients: &self.clients,
                 stack: vec![agent.name.clone()],
@@ -127,8 +127,6 @@ impl Loaded {
             origin: bindery_metrics::ToolCaller::Model,
             taint_from: 0,
             caller_taint: &[],
-            // No store, so nothing is counted.
-            ledger: None,
             clock: &bindery_store::clock::WallClock,
         };
         let query = ChatMessage::User {
@@ -144,19 +142,19 @@ impl Loaded {
             let own = f.resumed.messages.len().saturating_sub(f.resumed.carried) + 1;
             FileSink::new(f, &ctx, &history, own)
         });
-        let sink: &dyn runner::RunSink = match &file_sink {
+        let sink: &dyn run::Host = match &file_sink {
             Some(s) => s,
             None => &CliSink,
         };
-        let mut end = runner::run(&ctx, &mut history, sink, cancel).await;
+        let mut end = run::run(&ctx, &mut history, sink, cancel).await;
         while let RunEnd::Blocked(calls) = &end {
             let resolved = match waiting {
                 Waiting::Terminal { yes } => ask_terminal(calls, yes, None)?,
                 Waiting::Refuse(why) => refuse_all(calls, why),
             };
-            end = match runner::answer_resolved(&ctx, &resolved, &mut history, sink, cancel).await {
+            end = match run::answer_resolved(&ctx, &resolved, &mut history, sink, cancel).await {
                 Some(end) => end,
-                None => runner::run(&ctx, &mut history, sink, cancel).await,
+                None => run::run(&ctx, &mut history, sink, cancel).await,
             };
         }
         if let Some(e) = file_sink.and_then(|s| s.error()) {

@@ -13,7 +13,7 @@ use super::agents_exe_session::history::{self, Added, Resumed};
 use super::agents_exe_session::{self as aes, model::Session, Shape};
 use super::serve::CliSink;
 use bindery_llm::Turn;
-use bindery_session::runner::{self, Events, RunContext, RunSink};
+use bindery_session::run::{self, Events, Host, RunContext};
 
 /// A `--session-file` and the session it held.
 pub struct SessionFile {
@@ -151,7 +151,7 @@ impl<'a, 'c> FileSink<'a, 'c> {
         history: &[Turn],
         own: usize,
     ) -> Self {
-        let tools = std::sync::Arc::new(runner::tools_on_offer(ctx, history));
+        let tools = std::sync::Arc::new(run::tools_on_offer(ctx, history));
         let new = history[history.len().saturating_sub(own)..]
             .iter()
             .map(|t| Added {
@@ -177,7 +177,7 @@ impl<'a, 'c> FileSink<'a, 'c> {
 }
 
 #[async_trait]
-impl RunSink for FileSink<'_, '_> {
+impl Host for FileSink<'_, '_> {
     async fn turn(&self, msg: &Turn, events: Events) {
         CliSink.turn(msg, events).await;
         let written = tokio::task::block_in_place(|| {
@@ -186,7 +186,7 @@ impl RunSink for FileSink<'_, '_> {
                 .lock()
                 .map_err(|_| "a write failed before".to_string())?;
             w.history.push(msg.clone());
-            let tools = runner::tools_on_offer(self.ctx, &w.history);
+            let tools = run::tools_on_offer(self.ctx, &w.history);
             w.new.push(Added {
                 message: msg.message().clone(),
                 tools: std::sync::Arc::new(tools),

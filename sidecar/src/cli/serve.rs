@@ -19,7 +19,7 @@ use bindery_metrics::Metrics;
 use bindery_params::SecretString;
 use bindery_session::clients::{build_clients, ClientOptions, ModelOverride};
 use bindery_session::lease::LeaseConfig;
-use bindery_session::runner::{self, RunSink};
+use bindery_session::run::{self, Host};
 use bindery_session::service::{Service, ServiceConfig};
 use bindery_store::wire::SessionEvent;
 use bindery_store::{self as store, Location};
@@ -44,8 +44,8 @@ pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
 pub(super) struct CliSink;
 
 #[async_trait]
-impl RunSink for CliSink {
-    async fn turn(&self, _: &Turn, events: runner::Events) {
+impl Host for CliSink {
+    async fn turn(&self, _: &Turn, events: run::Events) {
         for event in events {
             if let SessionEvent::ToolCall(call) = event {
                 tracing::info!(tool = %call.name, "tool call");

@@ -64,7 +64,7 @@ impl From<ServiceError> for RpcError {
         };
         let status = crate::status::of(e.kind).as_u16();
         let mut data = json!({"error": e.code, "status": status});
-        if !e.params.is_empty() || e.code.ends_with("params") {
+        if !e.params.is_empty() || e.code.refuses_values() {
             data["params"] = json!(e.params);
         }
         // A used-up budget's name, limit and use, as the 429 carries them.
@@ -143,6 +143,7 @@ pub fn response(id: Value, outcome: Result<Value, RpcError>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bindery_session::error::Code;
 
     #[test]
     fn requests_notifications_and_responses() {
@@ -212,7 +213,7 @@ mod tests {
         let e = RpcError::from(ServiceError {
             extra: None,
             kind: ErrorKind::Invalid,
-            code: "unknown_params",
+            code: Code::UnknownParams,
             message: "no".into(),
             params: vec!["tennant".into()],
         });
@@ -223,7 +224,7 @@ mod tests {
         );
         let e = RpcError::from(ServiceError::new(
             ErrorKind::Unauthorized,
-            "unauthorized",
+            Code::Unauthorized,
             "no token",
         ));
         assert_eq!(e.code, UNAUTHORIZED);
@@ -231,7 +232,11 @@ mod tests {
             e.data,
             Some(json!({"error": "unauthorized", "status": 401}))
         );
-        let e = RpcError::from(ServiceError::new(ErrorKind::Internal, "internal", "store"));
+        let e = RpcError::from(ServiceError::new(
+            ErrorKind::Internal,
+            Code::Internal,
+            "store",
+        ));
         assert_eq!(e.code, INTERNAL_ERROR);
         assert_eq!(
             response(json!(9), Err(e))["error"]["data"]["error"],

@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use self::jsonrpc::{classify, response, Incoming, RpcError};
 use super::auth::{Identified, Identity};
 use super::state::AppState;
-use bindery_session::error::ServiceError;
+use bindery_session::error::{Code, ServiceError};
 use bindery_session::validate::Caller;
 use schema::{JsonRpcResponse, McpProtocolVersion, McpRequest, McpResponse};
 
@@ -764,7 +764,7 @@ fn continuation_replies(v: &Value) -> Result<Vec<bindery_session::ask::Reply>, S
 /// A session API error as MCP clients should read it: the same code, with
 /// advice in MCP's terms where the REST advice would not fit.
 fn for_mcp(mut e: ServiceError) -> RpcError {
-    if e.code == "params_required" {
+    if e.code == Code::ParamsRequired {
         e.message = format!(
             "required parameters have no value: {}; send them as Agents-Param-<name> headers or in _meta \"agents-exe/params\"",
             e.params.join(", ")

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use bindery_session::error::{ErrorKind, ServiceError};
+use bindery_session::error::{Code, ErrorKind, ServiceError};
 
 const PREFIX: &str = "agents-param-";
 /// Where `tools/call` carries values in its `_meta`.
@@ -29,7 +29,7 @@ fn invalid(name: &str, why: &str) -> ServiceError {
     ServiceError {
         extra: None,
         kind: ErrorKind::Invalid,
-        code: "invalid_params",
+        code: Code::InvalidParams,
         message: format!("{name}: {why}"),
         params: vec![name.to_string()],
     }
@@ -140,7 +140,7 @@ mod tests {
             from
         );
         let e = merge(from, Some(&json!({"agents-exe/params": ["tenant"]}))).unwrap_err();
-        assert_eq!((e.kind, e.code), (ErrorKind::BadRequest, "bad_request"));
+        assert_eq!((e.kind, e.code), (ErrorKind::BadRequest, Code::BadRequest));
     }
 
     #[test]
@@ -150,7 +150,7 @@ mod tests {
             ("Agents-Param-Billing-Token", b"two-secret"),
         ]);
         let e = from_headers(&twice).unwrap_err();
-        assert_eq!((e.kind, e.code), (ErrorKind::Invalid, "invalid_params"));
+        assert_eq!((e.kind, e.code), (ErrorKind::Invalid, Code::InvalidParams));
         assert_eq!(e.params, ["billing_token"]);
         assert!(!e.message.contains("secret"), "{}", e.message);
         let utf8 = headers(&[("Agents-Param-tenant", "café".as_bytes())]);
@@ -159,7 +159,7 @@ mod tests {
         let e = from_headers(&binary).unwrap_err();
         assert_eq!(
             (e.code, e.params.clone()),
-            ("invalid_params", vec!["tenant".to_string()])
+            (Code::InvalidParams, vec!["tenant".to_string()])
         );
     }
 }

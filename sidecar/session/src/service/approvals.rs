@@ -5,12 +5,12 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use super::Agents;
 use crate::error::ServiceError;
 use crate::kube_events::KubeEvents;
 use crate::notify::Retries;
-use crate::runner;
+use crate::run;
 use bindery_metrics::Metrics;
 use bindery_store::clock::{random_key, Clock};
 use bindery_store::model::{SessionRecord, SessionStatus};
@@ -71,14 +71,14 @@ impl Approvals {
     pub(super) fn pending_items(
         &self,
         id: &str,
-        calls: &[runner::Blocked],
+        calls: &[run::Blocked],
         ttl: Option<Duration>,
     ) -> Vec<PendingCall> {
         let now = self.clock.now_ms();
         calls
             .iter()
             .map(|b| {
-                let call = runner::call_arguments(&b.call);
+                let call = run::call_arguments(&b.call);
                 let mut item = PendingCall {
                     tool_call_id: b.call.id.clone(),
                     tool: b.call.name.clone(),

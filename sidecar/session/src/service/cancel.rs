@@ -1,9 +1,22 @@
 //! Cancelling a run, here or, on a shared store, on the server that runs
 //! it, or a run that waits for pending calls. The run driver's ([`Runs`]).
 
-use super::*;
+use super::close_pending;
+use super::RunWait;
+use super::Runs;
+use super::CANCELLED;
+use super::CANCEL_WAIT;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
+use bindery_metrics::RunOutcome;
+use bindery_store::model::SessionStatus;
 use bindery_store::pending::Resolution;
+use bindery_store::wire::RunFinished;
+use bindery_store::wire::SessionEvent;
 use bindery_store::wire::{Outcome, Resolved};
+use bindery_store::StoreError;
+use std::time::Duration;
 
 impl Runs {
     /// Cancel session `id`'s run, and wait (a while) for it to record its
@@ -34,7 +47,7 @@ impl Runs {
         let not_running = || {
             ServiceError::new(
                 ErrorKind::Conflict,
-                "not_running",
+                Code::NotRunning,
                 "no run is in progress on this session",
             )
         };
@@ -45,7 +58,7 @@ impl Runs {
                 match self.heartbeat.close_if_lost(self.record(id).await?).await {
                     // Not running (any more), or lost and closed just now.
                     Ok(_) => return Err(not_running()),
-                    Err(e) if e.code == "run_in_progress" => {}
+                    Err(e) if e.code == Code::RunInProgress => {}
                     Err(e) => return Err(e),
                 }
                 let mut rec = self.record(id).await?;
@@ -66,7 +79,7 @@ impl Runs {
             }
             Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "conflict",
+                Code::Conflict,
                 format!("session {id} kept changing concurrently; try the cancel again"),
             ))
         }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Sessions};
-use crate::error::{ErrorKind, ServiceError};
+use crate::error::{Code, ErrorKind, ServiceError};
 use crate::validate::{Caller, Op};
 use bindery_params::Values;
 use bindery_store::model::SessionRecord;
@@ -73,7 +73,7 @@ impl Sessions {
             // later egress call of the session.
             return Err(ServiceError::new(
                 ErrorKind::Forbidden,
-                "forbidden",
+                Code::Forbidden,
                 "a notice's answer link decides its one item and cannot clear the session's taint guard; the owner or the approver clears it (POST /v1/continuations/{token} with `clear_taint: true`)",
             ));
         }
@@ -108,7 +108,7 @@ impl Sessions {
         let used = || {
             ServiceError::new(
                 ErrorKind::Conflict,
-                "continuation_used",
+                Code::ContinuationUsed,
                 "this continuation was answered already (a token is good for one answer)",
             )
         };
@@ -127,7 +127,7 @@ impl Sessions {
             if among(&rec.pending.expired) {
                 return Err(ServiceError::new(
                     ErrorKind::Conflict,
-                    "continuation_expired",
+                    Code::ContinuationExpired,
                     "this call was not answered in time (the agent's confirmTtl, or the lookups it rested on went stale) and was closed without running",
                 ));
             }
@@ -161,14 +161,14 @@ impl Sessions {
             };
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "continuation_expired",
+                Code::ContinuationExpired,
                 why,
             ));
         }
         let agent = self.agents.agent(&rec.agent)?.clone();
         // The agent whose tool it is: the session's, or a helper's.
         let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
-            let slug = crate::helpers::helper_slug(&a, &f.tool)?;
+            let slug = crate::subagents::helper_slug(&a, &f.tool)?;
             let h = a.helpers.iter().find(|h| h.slug == slug)?;
             self.agents.tree().agent(&h.agent).cloned()
         });
@@ -182,7 +182,7 @@ impl Sessions {
         {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "call_changed",
+                Code::CallChanged,
                 format!(
                     "the call of {} is not the one this continuation was issued for (the tool's bound parameters changed since); cancel the run and ask again",
                     item.tool
@@ -222,7 +222,7 @@ impl Sessions {
                 return Err(ServiceError {
                     extra: None,
                     kind: ErrorKind::Conflict,
-                    code: "params_required",
+                    code: Code::ParamsRequired,
                     message: format!(
                         "the call of {} needs secret parameter(s) {} that this server no longer holds; give them again with PUT /v1/sessions/{id}/params",
                         item.tool,

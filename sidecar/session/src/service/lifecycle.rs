@@ -2,7 +2,41 @@
 //! resumed, given new parameter values ([`Sessions`]; its answers to
 //! pending calls are in `continuation.rs`).
 
-use super::*;
+use super::close_pending;
+use super::live_sessions::LiveSessions;
+use super::stored_session;
+use super::token_digest;
+use super::tokens::new_token;
+use super::Agents;
+use super::Answer;
+use super::Approvals;
+use super::CreateSession;
+use super::Created;
+use super::Heartbeat;
+use super::Opening;
+use super::Recorder;
+use super::RunMode;
+use super::RunWait;
+use super::Runs;
+use super::Secrets;
+use super::CANCELLED;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
+use crate::validate::validate;
+use crate::validate::Caller;
+use crate::validate::Op;
+use bindery_params::ParamValue;
+use bindery_params::Values;
+use bindery_store::clock::Clock;
+use bindery_store::model::SessionRecord;
+use bindery_store::model::SessionStatus;
+use bindery_store::model::StoredParams;
+use bindery_store::wire::ParamsChanged;
+use bindery_store::wire::SessionEvent;
+use bindery_store::SessionStore;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The session API's flows: what a request asks of a session, carried out
 /// with the collaborators it takes.
@@ -189,7 +223,7 @@ impl Sessions {
                 )
                 .await
             {
-                Err(e) if e.code == "waiting_external" => e,
+                Err(e) if e.code == Code::WaitingExternal => e,
                 r => return r,
             };
             // A message that names an option of the one open selection
@@ -261,7 +295,7 @@ impl Sessions {
         {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "waiting_external",
+                Code::WaitingExternal,
                 format!(
                     "the session is {}; answer each call through its continuation (POST /v1/continuations/:token) or cancel the run",
                     rec.pending.detail()
@@ -310,7 +344,7 @@ impl Sessions {
         if op != Op::PutParams && self.live.is_running(id) {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "run_in_progress",
+                Code::RunInProgress,
                 "a run is in progress on this session; wait for it or cancel it",
             ));
         }

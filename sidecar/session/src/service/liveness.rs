@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use super::{close_pending, Recorder};
-use crate::error::{ErrorKind, ServiceError};
+use crate::error::{Code, ErrorKind, ServiceError};
 use crate::lease::{LeaseConfig, Liveness};
 use bindery_metrics::RunOutcome;
 use bindery_store::clock::Clock;
@@ -181,7 +181,7 @@ impl Heartbeat {
         }
         Err(ServiceError::new(
             ErrorKind::Conflict,
-            "run_in_progress",
+            Code::RunInProgress,
             "a run is in progress on this session on another server; wait for it to end",
         ))
     }

@@ -1,14 +1,14 @@
 //! The recorder: a session's writes by the run this process has on it,
 //! its events stored and handed to the session's live subscribers, in
 //! order, and the feed of them that subscribers read (`feed.rs`). The
-//! run's sink (`sink.rs`), the run's start and end (`runs.rs`) and
+//! run's sink (`session_sink.rs`), the run's start and end (`runs.rs`) and
 //! answers, cancels and expiries write through it.
 
 use std::sync::Arc;
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
 use crate::fanout::LiveEvent;
-use crate::runner::Events;
+use crate::run::Events;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_store::clock::Clock;

@@ -1,12 +1,59 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
-use super::live::LiveSessions;
+use super::live_sessions::LiveSessions;
+use super::live_sessions::Written;
 use super::recorder::{encoded, stored_events, RunWrite};
-use super::sink::{self, SessionSink};
-use super::*;
-use crate::depends::LookupCache;
+use super::run_budget;
+use super::session_host::SessionHost;
+use super::session_sink::{self, SessionSink};
+use super::stored_session;
+use super::Agents;
+use super::Approvals;
+use super::Budgets;
+use super::Ended;
+use super::Heartbeat;
+use super::Opening;
+use super::Recorder;
+use super::RunHandle;
+use super::RunMode;
+use super::RunWait;
+use super::Secrets;
+use super::MAX_HELPER_DEPTH;
+use crate::error::Code;
+use crate::error::ErrorKind;
+use crate::error::ServiceError;
 use crate::lineage::StoreLineage;
+use crate::lookups::LookupCache;
+use crate::run::Events;
+use crate::run::RunContext;
+use crate::run::RunEnd;
+use crate::subagents::HelperEnv;
+use bindery_bindings::cache::ToolCache;
+use bindery_llm::ChatMessage;
+use bindery_llm::Turn;
+use bindery_metrics::Metrics;
+use bindery_metrics::RunOutcome;
+use bindery_metrics::ToolCaller;
+use bindery_params::Values;
+use bindery_store::clock::random_key;
+use bindery_store::clock::Clock;
+use bindery_store::model::SessionRecord;
+use bindery_store::model::SessionStatus;
+use bindery_store::pending;
+use bindery_store::pending::PendingCall;
+use bindery_store::wire::PendingEvent;
+use bindery_store::wire::RunFinished;
+use bindery_store::wire::RunStarted;
+use bindery_store::wire::SessionEvent;
+use bindery_store::wire::ToolCallEvent;
+use bindery_store::SessionStore;
+use bindery_tools::CallContext;
+use bindery_tree::LoadedAgent;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.
@@ -73,7 +120,7 @@ impl Runs {
             if run.is_some() {
                 return Err(ServiceError::new(
                     ErrorKind::Conflict,
-                    "run_in_progress",
+                    Code::RunInProgress,
                     "a run is in progress on this session; wait for it or cancel it",
                 ));
             }
@@ -114,7 +161,7 @@ impl Runs {
                 if !rec.pending.all_resolved() {
                     return Err(ServiceError::new(
                         ErrorKind::Conflict,
-                        "waiting_external",
+                        Code::WaitingExternal,
                         format!("the session is {}", rec.pending.detail()),
                     ));
                 }
@@ -179,7 +226,7 @@ impl Runs {
         drop(message);
         // The run asks the model while its start is stored; its sink holds
         // back everything else until the start is on record.
-        let (starter, gate) = sink::start_gate();
+        let (starter, gate) = session_sink::start_gate();
         let this = self.clone();
         let run_id = id.to_string();
         let turns = rec.turns.clone();
@@ -280,7 +327,7 @@ impl Runs {
         resolved: &[PendingCall],
         mode: RunMode,
         cancel: &CancellationToken,
-        gate: sink::StartGate,
+        gate: session_sink::StartGate,
     ) -> Option<Driven> {
         let Driving {
             mut history,
@@ -300,7 +347,10 @@ impl Runs {
                 leftover: Default::default(),
             });
         };
-        let budget = budgets::RunBudget::new(&self.budgets, agent, id, &run);
+        let host = SessionHost {
+            sink,
+            budget: run_budget::RunBudget::new(&self.budgets, agent, id, &run),
+        };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
         let ctx = RunContext {
@@ -333,29 +383,29 @@ impl Runs {
             },
             taint_from,
             caller_taint: &[],
-            ledger: Some(&budget),
             clock: &*self.clock,
         };
-        let end = match runner::answer_resolved(&ctx, resolved, &mut history, &sink, cancel).await {
-            Some(end) => end,
-            // A client's calls, answered now: nothing more to do.
-            None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
-            None if mode == RunMode::Call => {
-                runner::run_calls(&ctx, &mut history, &sink, cancel).await
-            }
-            None => runner::run(&ctx, &mut history, &sink, cancel).await,
-        };
+        let end =
+            match crate::run::answer_resolved(&ctx, resolved, &mut history, &host, cancel).await {
+                Some(end) => end,
+                // A client's calls, answered now: nothing more to do.
+                None if mode == RunMode::Call && !resolved.is_empty() => RunEnd::Completed,
+                None if mode == RunMode::Call => {
+                    crate::run::run_calls(&ctx, &mut history, &host, cancel).await
+                }
+                None => crate::run::run(&ctx, &mut history, &host, cancel).await,
+            };
         let end = match (mode, end) {
             (RunMode::Step, RunEnd::MaxSteps(_)) => RunEnd::Stepped,
             (_, end) => end,
         };
-        let leftover = budget.leftover();
-        let Some((answer, taken)) = sink.close().await else {
+        let leftover = host.budget.leftover();
+        let Some((answer, taken)) = host.sink.close().await else {
             self.budgets.record_leftover(id, &leftover).await;
             return None;
         };
         let run = pending::WaitingRun {
-            budgets_approved: budget.approved(),
+            budgets_approved: host.budget.approved(),
             ..run
         };
         Some(Driven {
@@ -363,7 +413,7 @@ impl Runs {
             answer,
             taken,
             run,
-            usage: budget.spent(),
+            usage: host.budget.spent(),
             leftover,
         })
     }
@@ -507,7 +557,7 @@ pub(super) struct Driving {
 /// What a run's loop leaves for its end to record.
 pub(super) struct Driven {
     end: RunEnd,
-    /// The answer, stored with the end (see [`RunSink::answer`]).
+    /// The answer, stored with the end (see [`Host::answer`](crate::run::Host::answer)).
     answer: Option<(Turn, Events)>,
     /// Another server closed the run as lost.
     taken: bool,
@@ -516,7 +566,7 @@ pub(super) struct Driven {
     /// What this part of the run used.
     usage: bindery_store::usage::Totals,
     /// What of it is not written yet: with the end.
-    leftover: budgets::Leftover,
+    leftover: run_budget::Leftover,
 }
 
 /// Answer every tool call that has no result yet with `why`, so the history

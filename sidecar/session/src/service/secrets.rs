@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::live::{lock, LiveSessions};
+use super::live_sessions::{lock, LiveSessions};
 use crate::lease::{self, LeaseConfig};
 use bindery_params::{ParamValue, Values};
 use bindery_store::clock::Clock;

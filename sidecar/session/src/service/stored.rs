@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::clients::{build_clients, ClientOptions};
-use crate::error::{ErrorKind, ServiceError};
+use crate::error::{Code, ErrorKind, ServiceError};
 use bindery_llm::ChatClient;
 use bindery_store::clock::Clock;
 use bindery_store::{SessionStore, StoredAgent};
@@ -181,7 +181,7 @@ fn as_json(body: &str) -> Result<String, ServiceError> {
 fn disabled() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
-        "stored_agents_disabled",
+        Code::StoredAgentsDisabled,
         "this server keeps no agents sent over the API; start it with --stored-agents to allow it (see docs/agents.md, Stored agents)",
     )
 }
@@ -362,7 +362,7 @@ impl Agents {
             let lines: Vec<String> = e.diagnostics.iter().map(|d| d.to_string()).collect();
             ServiceError::new(
                 ErrorKind::Invalid,
-                "invalid_agent",
+                Code::InvalidAgent,
                 format!("the agent did not load:\n{}", lines.join("\n")),
             )
         })?;
@@ -372,10 +372,10 @@ impl Agents {
             warnings: Vec::new(),
         };
         let (mut clients, warnings) = build_clients(&tree, &Default::default(), &stored.client)
-            .map_err(|e| ServiceError::new(ErrorKind::Invalid, "invalid_agent", e))?;
-        let client = clients
-            .remove(slug)
-            .ok_or_else(|| ServiceError::new(ErrorKind::Internal, "internal", "no model client"))?;
+            .map_err(|e| ServiceError::new(ErrorKind::Invalid, Code::InvalidAgent, e))?;
+        let client = clients.remove(slug).ok_or_else(|| {
+            ServiceError::new(ErrorKind::Internal, Code::Internal, "no model client")
+        })?;
         let mut notes: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
         notes.extend(warnings);
         Ok((agent, client, notes))
@@ -393,7 +393,7 @@ impl Agents {
         if self.tree.agent(slug).is_some() {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "agent_exists",
+                Code::AgentExists,
                 format!("agent `{slug}` is defined by the server's files; a stored agent takes another slug"),
             ));
         }
@@ -412,7 +412,7 @@ impl Agents {
         let text = body.to_string();
         let document = tokio::task::spawn_blocking(move || as_json(&text))
             .await
-            .map_err(|e| ServiceError::new(ErrorKind::Internal, "internal", e.to_string()))??;
+            .map_err(|e| ServiceError::new(ErrorKind::Internal, Code::Internal, e.to_string()))??;
         // Checked as sent, so that messages point into the text as given.
         let (agent, client, notes) = self.build_stored(slug, body).await?;
         let at = self.clock.now_ms();
@@ -435,7 +435,7 @@ impl Agents {
         if self.tree.agent(slug).is_some() {
             return Err(ServiceError::new(
                 ErrorKind::Conflict,
-                "agent_exists",
+                Code::AgentExists,
                 format!("agent `{slug}` is defined by the server's files, not stored; remove it from them"),
             ));
         }

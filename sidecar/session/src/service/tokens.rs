@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::live::LiveSessions;
-use crate::error::{ErrorKind, ServiceError};
+use super::live_sessions::LiveSessions;
+use crate::error::{Code, ErrorKind, ServiceError};
 use bindery_params::secret::constant_time_eq;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
@@ -105,7 +105,7 @@ pub(super) fn new_token() -> Result<String, ServiceError> {
         tracing::error!("{e}");
         ServiceError::new(
             ErrorKind::Internal,
-            "internal",
+            Code::Internal,
             "cannot mint a session token",
         )
     })?;

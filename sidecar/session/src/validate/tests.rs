@@ -72,7 +72,7 @@ fn owner(op: Op, current: &Values, v: serde_json::Value) -> Result<Accepted, Par
 
 fn err(r: Result<Accepted, ParamsError>) -> (ErrorKind, &'static str, Vec<String>) {
     let e = r.unwrap_err();
-    (e.kind(), e.code(), e.names().to_vec())
+    (e.kind(), e.code().as_str(), e.names().to_vec())
 }
 
 fn names(n: &[&str]) -> Vec<String> {
@@ -386,7 +386,7 @@ fn a_required_value_missing_is_invalid_on_creation_and_a_conflict_on_a_session()
             },
             "{op:?}"
         );
-        assert_eq!((e.kind(), e.code()), (kind, "params_required"), "{op:?}");
+        assert_eq!((e.kind(), e.code()), (kind, Code::ParamsRequired), "{op:?}");
     }
 }
 
@@ -595,7 +595,7 @@ fn a_session_pin_is_refused_to_everyone_unless_a_lost_secret_comes_back() {
     for op in [Op::Message, Op::Resume, Op::PutParams] {
         for v in [json!({"tenant": "other"}), json!({"tenant": null})] {
             let e = pinned(op, &Caller::Owner, &held, v).unwrap_err();
-            assert_eq!(e.code(), "forbidden_params");
+            assert_eq!(e.code(), Code::ForbiddenParams);
             assert_eq!(e.names(), names(&["tenant"]));
             assert!(
                 e.message().contains("pinned for this session"),
@@ -618,7 +618,7 @@ fn a_session_pin_is_refused_to_everyone_unless_a_lost_secret_comes_back() {
         pinned(Op::PutParams, &st, &lost, json!({"token": "t"}))
             .unwrap_err()
             .code(),
-        "forbidden_params"
+        Code::ForbiddenParams
     );
     // Names that are not pinned go through.
     assert!(pinned(Op::Message, &Caller::Owner, &held, json!({"otp": "1"})).is_ok());

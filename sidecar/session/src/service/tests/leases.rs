@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::harness::{agent, asked, no_params, Client, Reply, World};
+use crate::error::Code;
 use crate::service::{RunMode, RunWait, Service, ServiceConfig};
 use crate::validate::Caller;
 use bindery_store::model::SessionStatus;
@@ -50,7 +51,7 @@ async fn a_run_is_taken_for_lost_only_once_its_servers_lease_has_passed() {
     assert_eq!(b.heartbeat().sweep().await.unwrap(), 0);
     // The run goes on elsewhere.
     let busy = Client(&b).refused(&id, "me too").await;
-    assert_eq!(busy.code, "run_in_progress", "{}", busy.message);
+    assert_eq!(busy.code, Code::RunInProgress, "{}", busy.message);
 
     // a stopped beating (no keep_alive runs here): once the lease has
     // passed, b closes the run as failed.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::harness::{agent, answer, no_params, Between, Client, Reply, World};
-use crate::error::ServiceError;
+use crate::error::{Code, ServiceError};
 use crate::service::{Answer, Service, ServiceConfig};
 use crate::validate::Caller;
 use bindery_store::model::SessionStatus;
@@ -110,7 +110,7 @@ async fn an_unanswered_confirmation_expires_at_its_ttl_and_a_late_answer_is_refu
         .await
         .err()
         .expect("a late answer is refused");
-    assert_eq!(late.code, "continuation_expired", "{}", late.message);
+    assert_eq!(late.code, Code::ContinuationExpired, "{}", late.message);
     assert_eq!(server.sessions().expire_due().await.unwrap(), 0);
 }
 
@@ -160,7 +160,7 @@ async fn an_answer_sent_the_moment_the_wait_is_stored_resumes_the_run() {
     assert!(server.is_running(&id), "the resumed run is registered");
     // A second run is refused while the resumed one goes on.
     let second = client.refused(&id, "and the time?").await;
-    assert_eq!(second.code, "run_in_progress", "{}", second.message);
+    assert_eq!(second.code, Code::RunInProgress, "{}", second.message);
 
     server.runs().cancel(&id).await.unwrap();
     run.finished().await;

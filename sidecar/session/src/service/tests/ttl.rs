@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde_json::json;
 
 use super::harness::{agent, answer, Between, Client, Hook, Reply, World};
+use crate::error::Code;
 use crate::service::{Service, ServiceConfig};
 use bindery_store::model::{SessionRecord, SessionStatus};
 
@@ -55,7 +56,7 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
     assert_eq!(server.live_count(), 0, "nothing of it is left in memory");
     // A message without the secret is refused.
     let refused = client.refused(&id, "still there?").await;
-    assert_eq!(refused.code, "params_required", "{}", refused.message);
+    assert_eq!(refused.code, Code::ParamsRequired, "{}", refused.message);
     assert_eq!(refused.params, ["token"]);
 }
 

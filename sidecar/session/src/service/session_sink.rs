@@ -4,7 +4,7 @@
 //! The run's start and each turn are written in the background while the
 //! run goes on to its next step, so the store's time is spent while the
 //! model thinks rather than on top of it. They are still stored one after
-//! another, in order, and the run waits for them ([`RunSink::stored`])
+//! another, in order, and the run waits for them ([`Host::stored`](crate::run::Host::stored))
 //! before a tool or helper runs: a call never acts before the turn that
 //! asked for it is on record, nor at all when that write found the run
 //! taken (or its start could not be stored). The answer is kept and
@@ -14,8 +14,15 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::recorder::RunWrite;
-use super::*;
+use super::Recorder;
 use crate::fanout::LiveEvent;
+use crate::run::Events;
+use bindery_llm::Turn;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 pub(super) struct SessionSink<'a> {
     recorder: &'a Arc<Recorder>,
@@ -128,9 +135,8 @@ impl<'a> SessionSink<'a> {
     }
 }
 
-#[async_trait]
-impl RunSink for SessionSink<'_> {
-    async fn turn(&self, msg: &Turn, events: Events) {
+impl SessionSink<'_> {
+    pub(super) async fn turn(&self, msg: &Turn, events: Events) {
         self.stored().await;
         if self.shared.taken.load(Ordering::Relaxed) {
             return;
@@ -160,12 +166,12 @@ impl RunSink for SessionSink<'_> {
         *lock(&self.behind) = Some(Behind::Write(write));
     }
 
-    async fn answer(&self, msg: &Turn, events: Events) {
+    pub(super) async fn answer(&self, msg: &Turn, events: Events) {
         self.stored().await;
         *lock(&self.answer) = Some((msg.clone(), events));
     }
 
-    async fn stored(&self) {
+    pub(super) async fn stored(&self) {
         let behind = lock(&self.behind).take();
         let waited = std::time::Instant::now();
         match behind {
@@ -188,7 +194,7 @@ impl RunSink for SessionSink<'_> {
         self.recorder.metrics.run_store_wait(waited.elapsed());
     }
 
-    fn delta(&self, text: &str) {
+    pub(super) fn delta(&self, text: &str) {
         // Under the lock, so a write that ends now sends its held text first.
         let mut held = lock(&self.shared.held);
         if held.writing {
@@ -209,9 +215,17 @@ mod tests {
     use futures::FutureExt;
 
     use super::*;
+    use std::collections::BTreeMap;
+
     use crate::fanout::Signal;
+    use crate::service::{Service, ServiceConfig};
+    use bindery_llm::ChatMessage;
     use bindery_store::contract::record;
+    use bindery_store::model::SessionStatus;
     use bindery_store::sqlite::SqliteStore;
+    use bindery_store::wire::SessionEvent;
+    use bindery_store::SessionStore;
+    use bindery_tree::AgentTree;
 
     /// A service on a SQLite file (in the directory returned, which holds
     /// it) with session `s` running here, and the file's path.

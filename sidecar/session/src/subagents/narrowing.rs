@@ -410,7 +410,7 @@ pub(super) mod tests {
     }
 
     /// An argument of type `ty` that travels by `transport`.
-    pub(in crate::helpers) fn arg(name: &str, ty: &str, transport: Transport) -> ArgSpec {
+    pub(in crate::subagents) fn arg(name: &str, ty: &str, transport: Transport) -> ArgSpec {
         ArgSpec {
             name: name.into(),
             description: String::new(),
@@ -421,7 +421,7 @@ pub(super) mod tests {
     }
 
     /// A tool that only describes itself.
-    pub(in crate::helpers) fn tool(name: &str, args: Vec<ArgSpec>) -> BoundTool {
+    pub(in crate::subagents) fn tool(name: &str, args: Vec<ArgSpec>) -> BoundTool {
         use bindery_tools::{CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
         struct T(ToolSpec);
         #[async_trait::async_trait]

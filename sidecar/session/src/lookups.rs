@@ -72,9 +72,9 @@ pub struct Env<'a> {
     /// The tool needs a person's approval even if it writes nothing (a
     /// `confirm` selector names it).
     pub confirm: bool,
-    /// The run's budgets: each lookup that runs is a tool call of its own
-    /// (none: nothing is counted).
-    pub ledger: Option<&'a dyn crate::ledger::Ledger>,
+    /// The run's session, whose budgets count each lookup that runs as a
+    /// tool call of its own (none: nothing is counted).
+    pub host: Option<&'a dyn crate::run::Host>,
 }
 
 /// Where an orchestration got to.
@@ -89,7 +89,7 @@ pub enum Step {
     /// A lookup found nothing to choose from (not an error).
     NoOptions { lookup: String },
     /// A lookup would pass a `confirm` budget: the call waits for a person.
-    OverBudget(crate::ledger::Exceeded),
+    OverBudget(crate::run::budget::Exceeded),
     /// It cannot go on (a malformed response, a step bound).
     Failed(String),
 }
@@ -168,7 +168,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
 }
 
 enum Stop {
-    OverBudget(crate::ledger::Exceeded),
+    OverBudget(crate::run::budget::Exceeded),
     Ask(Ask),
     NoOptions(String),
     Failed(String),
@@ -265,9 +265,9 @@ impl Walk<'_, '_> {
                         self.env.max_steps
                     )));
                 }
-                if let Some(ledger) = self.env.ledger {
-                    use crate::ledger::Gate;
-                    match ledger.before_tool(tool.name()).await {
+                if let Some(host) = self.env.host {
+                    use crate::run::budget::Gate;
+                    match host.before_tool(tool.name()).await {
                         Gate::Go(_) => {}
                         Gate::Refuse(e) => {
                             return Err(Stop::Failed(format!(

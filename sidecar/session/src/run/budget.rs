@@ -1,15 +1,16 @@
 //! Budgets while a run goes on: before each model request and each tool
-//! call the run asks its [`Ledger`] whether it may start, and after a model
-//! request it says what was used. The questions a budget asks of the store
-//! ([`gauges`]), and what a used-up one tells the client ([`Exceeded`]),
-//! are plain functions here; the server's ledger (`service/budgets.rs`)
-//! asks the store.
-
-use async_trait::async_trait;
+//! call the run asks its session ([`Host`](super::Host)) whether it may
+//! start, and after a model request it says what was used. The questions
+//! a budget asks of the store ([`gauges`]), where a use crosses a line
+//! ([`crossing`]) and what a used-up one tells the client ([`Exceeded`])
+//! are plain functions here, tested without I/O; the server's side
+//! (`service/budgets.rs`) asks the store.
 
 use bindery_spec::budget::{Limit, Meter, OnExceed, Per};
-use bindery_spec::ModelSpec;
 use bindery_store::usage::{Gauge, Scope};
+
+/// The meters a model request counts.
+pub const MODEL: [Meter; 2] = [Meter::Tokens, Meter::Cost];
 
 /// Whether work may start.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,26 +24,6 @@ pub enum Gate {
 }
 
 pub use bindery_store::wire::Exceeded;
-
-/// A run's budgets.
-#[async_trait]
-pub trait Ledger: Send + Sync {
-    /// Before a request to `model`; `estimate` tells about how many tokens
-    /// its prompt is (asked only when a budget claims the request).
-    async fn before_model(
-        &self,
-        model: &ModelSpec,
-        estimate: &(dyn Fn() -> u64 + Send + Sync),
-    ) -> Gate;
-    /// What the request `claim` was for used (`None`: it failed, so it
-    /// used nothing anyone bills).
-    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>);
-    /// Before a call of `tool`.
-    async fn before_tool(&self, tool: &str) -> Gate;
-    /// A person let the run go past budget `name`: it is not asked again
-    /// in this run.
-    fn approve(&self, name: &str);
-}
 
 /// A model request's tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -183,7 +183,7 @@ impl World {
             max_steps: self.max_steps,
             now: self.now,
             confirm: self.confirm,
-            ledger: None,
+            host: None,
         };
         resolve(&env, self.target(), state, fresh).await
     }

@@ -1,0 +1,82 @@
+//! The run's one port to its session: where it records what happens (each
+//! turn, the answer, streamed text) and what it may spend (a budget's gate
+//! before each model request and tool call, the use after). The server's
+//! side is `service/session_host.rs`; the command line's records to the
+//! terminal and a file and counts nothing.
+
+use async_trait::async_trait;
+
+use super::budget::{Gate, Spent};
+use super::Events;
+use bindery_llm::Turn;
+use bindery_spec::ModelSpec;
+
+/// The session a run runs in, as the run sees it.
+#[async_trait]
+pub trait Host: Send + Sync {
+    /// A message to append to the history and the events it made for the
+    /// session's stream (kind, data), persisted together, each event with
+    /// an id. The host may still be storing it when this returns:
+    /// [`Host::stored`] waits for that, and each turn is stored after the
+    /// one before.
+    async fn turn(&self, msg: &Turn, events: Events);
+    /// The run's answer, its last turn: a host may keep it to store with
+    /// the run's end.
+    async fn answer(&self, msg: &Turn, events: Events) {
+        self.turn(msg, events).await
+    }
+    /// Wait until every turn given so far is stored. The run calls it
+    /// before anything that acts outside the run (a tool, a helper), so
+    /// a call runs only once the turn that asked for it is on record (and
+    /// not at all if that write found the run taken: it cancels the run).
+    async fn stored(&self) {}
+    /// Streamed text as it arrives (live only).
+    fn delta(&self, text: &str);
+    /// Before a request to `model`; `estimate` tells about how many tokens
+    /// its prompt is (asked only when a budget claims the request). A host
+    /// that counts nothing lets everything go.
+    async fn before_model(
+        &self,
+        _model: &ModelSpec,
+        _estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate {
+        Gate::Go(None)
+    }
+    /// What the request `claim` was for used (`None`: it failed, so it
+    /// used nothing anyone bills).
+    async fn after_model(&self, _claim: Option<i64>, _model: &ModelSpec, _used: Option<Spent>) {}
+    /// Before a call of `tool` (a lookup's too).
+    async fn before_tool(&self, _tool: &str) -> Gate {
+        Gate::Go(None)
+    }
+    /// A person let the run go past budget `name`: it is not asked again
+    /// in this run.
+    fn approve(&self, _name: &str) {}
+}
+
+/// A helper's own run: its turns stay its own (the caller gets its answer,
+/// and traces the rest), while what it uses counts against the session's
+/// budgets.
+pub(super) struct Subrun<'a>(pub(super) &'a dyn Host);
+
+#[async_trait]
+impl Host for Subrun<'_> {
+    async fn turn(&self, _: &Turn, _: Events) {}
+    fn delta(&self, _: &str) {}
+    async fn before_model(
+        &self,
+        model: &ModelSpec,
+        estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate {
+        self.0.before_model(model, estimate).await
+    }
+    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
+        self.0.after_model(claim, model, used).await
+    }
+    async fn before_tool(&self, tool: &str) -> Gate {
+        self.0.before_tool(tool).await
+    }
+    fn approve(&self, name: &str) {
+        self.0.approve(name)
+    }
+}

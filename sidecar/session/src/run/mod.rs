@@ -1,0 +1,125 @@
+//! One run: from a client's request until control returns to the client,
+//! in one place. A run talks to its session through one port, [`Host`]:
+//! it records its turns there and asks it what it may spend.
+//!
+//! - `step.rs`: the model loop (a budget's gate, the model turn, its calls);
+//! - `dispatch.rs`: a turn's tool calls, which wait and which run, and how;
+//! - `resume.rs`: a held run going on with its calls' answers;
+//! - `budget.rs`: the pure budget decisions (gates, gauges, crossings);
+//! - `host.rs`: the port, and a helper's own run's view of it.
+//!
+//! The history records what the model said and what the tools returned,
+//! never a bound value.
+
+pub mod budget;
+mod dispatch;
+mod host;
+mod resume;
+mod step;
+
+use crate::lookups::LookupCache;
+use crate::subagents::HelperEnv;
+use bindery_bindings::cache::ToolCache;
+use bindery_bindings::BoundTool;
+use bindery_llm::ChatClient;
+use bindery_llm::ToolCall;
+use bindery_metrics::Metrics;
+use bindery_metrics::ToolCaller;
+use bindery_params::Values;
+use bindery_store::lookup::LookupState;
+use bindery_store::pending::Frame;
+use bindery_store::pending::TaintSource;
+use bindery_store::wire::SessionEvent;
+use bindery_tools::CallContext;
+use bindery_tools::Disposition;
+use bindery_tools::ToolError;
+use bindery_tools::ToolOutput;
+use bindery_tree::LoadedAgent;
+use budget::Exceeded;
+pub use dispatch::{needs_approval, orchestrated, run_calls, taint, CallEnv};
+pub use host::Host;
+pub use resume::{answer_resolved, go_on};
+pub use step::{run, tools_on_offer};
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEnd {
+    /// The model answered.
+    Completed,
+    /// The step limit was reached before the model answered.
+    MaxSteps(u32),
+    Cancelled,
+    /// The model could not be reached or answered nonsense.
+    Failed(String),
+    /// `run: step` took its one model turn (and ran its calls).
+    Stepped,
+    /// Tool calls wait (a person's approval, a client's result); the calls
+    /// that did not wait have run and their results are in the history.
+    Blocked(Vec<Blocked>),
+    /// A `refuse` budget is used up, or a person did not let the run go
+    /// past a `confirm` one: why.
+    OverBudget(String),
+}
+
+/// A call the run stopped before.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub call: ToolCall,
+    pub disposition: Disposition,
+    /// Names of the parameters bound into the call (never a value).
+    pub bound_params: Vec<String>,
+    /// The helper runs it was made in, outermost first.
+    pub frames: Vec<Frame>,
+    /// A tool with dependencies: where its orchestration stands.
+    pub lookup: Option<LookupState>,
+    /// An egress call in a session that took in untrusted results: those
+    /// results' calls.
+    pub tainted_by: Vec<TaintSource>,
+    /// A used-up `confirm` budget (disposition `budget`); before a model
+    /// request `call` is a stand-in with no tool.
+    pub budget: Option<Exceeded>,
+}
+
+/// What one call came to: its result, or calls (inside a helper) that wait.
+pub enum Outcome {
+    Done(Result<ToolOutput, ToolError>),
+    Blocked(Vec<Blocked>),
+}
+
+/// The model's arguments of `call` as JSON (the raw text when they are not).
+pub fn call_arguments(call: &ToolCall) -> serde_json::Value {
+    call.parse_arguments()
+        .unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone()))
+}
+
+/// Events for the session's stream.
+pub type Events = Vec<SessionEvent>;
+
+pub struct RunContext<'a> {
+    pub agent: &'a LoadedAgent,
+    /// The agent's tools for this run: its own, or a per-call narrowed copy
+    /// when it runs as a helper.
+    pub tools: &'a [BoundTool],
+    /// Present when the agent may call helpers.
+    pub helpers: Option<HelperEnv<'a>>,
+    pub client: &'a ChatClient,
+    pub values: &'a Values,
+    pub call: CallContext,
+    pub cache: Option<&'a ToolCache>,
+    /// Lookup results of tools' dependencies (none: not kept between calls).
+    pub lookups: Option<&'a LookupCache>,
+    pub metrics: &'a Metrics,
+    pub max_steps: u32,
+    pub stream: bool,
+    /// Who makes the run's tool calls (metrics, traces, events).
+    pub origin: ToolCaller,
+    /// Untrusted results before this turn of the history were cleared by
+    /// a person: they no longer hold egress calls.
+    pub taint_from: usize,
+    /// A helper's run: the untrusted results its caller had taken in when
+    /// it asked. The helper starts tainted by them, so a tainted caller
+    /// cannot send through a clean helper.
+    pub caller_taint: &'a [TaintSource],
+    /// What time it is (lookups' `ttl_ms` count by it).
+    pub clock: &'a dyn bindery_store::clock::Clock,
+}

@@ -1,0 +1,383 @@
+//! A run's steps: each model turn, asked through the session's port
+//! ([`Host`]: a budget's gate before it, its use after), then its calls
+//! handed to [`dispatch`](super::dispatch), until the model answers, the
+//! step limit is hit, or the run is cancelled or held.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::budget::Exceeded;
+use super::budget::Gate;
+use super::budget::Spent;
+use super::host::Host;
+use super::Blocked;
+use super::Events;
+use super::RunContext;
+use super::RunEnd;
+use crate::subagents;
+use crate::toolgroups::Groups;
+use bindery_bindings::scrubber_for;
+use bindery_llm::ChatMessage;
+use bindery_llm::Conversation;
+use bindery_llm::StreamDelta;
+use bindery_llm::ToolCall;
+use bindery_llm::ToolDefinition;
+use bindery_llm::Turn;
+use bindery_store::wire::AssistantText;
+use bindery_store::wire::SessionEvent;
+use bindery_store::wire::ToolCallEvent;
+use bindery_tools::Disposition;
+
+use super::dispatch::act;
+
+/// Run the loop over `history` (which ends with the request that started
+/// the run). New messages go to `history` and to the sink.
+pub async fn run(
+    ctx: &RunContext<'_>,
+    history: &mut Vec<Turn>,
+    host: &dyn Host,
+    cancel: &CancellationToken,
+) -> RunEnd {
+    as_run(ctx, run_inner(ctx, history, host, cancel)).await
+}
+
+/// `work` as a run of `ctx`: in its `run` span, with the run's secret
+/// values (message-scope ones too) kept out of the logs while it goes on,
+/// and so the id_sensitive ids its calls chose: until its spans have
+/// ended, as they are scrubbed then.
+pub(super) async fn as_run<T>(
+    ctx: &RunContext<'_>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str());
+    let _live = bindery_params::live::register_values(ctx.values);
+    HIDDEN
+        .scope(std::sync::Mutex::new(Vec::new()), work.instrument(span))
+        .await
+}
+
+tokio::task_local! {
+    /// Where a run keeps the registrations of the id_sensitive ids its
+    /// calls chose (see [`run`]).
+    pub(super) static HIDDEN: std::sync::Mutex<Vec<bindery_params::live::Registration>>;
+}
+
+pub(super) async fn run_inner(
+    ctx: &RunContext<'_>,
+    history: &mut Vec<Turn>,
+    host: &dyn Host,
+    cancel: &CancellationToken,
+) -> RunEnd {
+    {
+        let groups = Groups::of(ctx.tools);
+        let offered = |active: &BTreeSet<String>| offered(ctx, &groups, active);
+        let tools = offered(&groups.active(history));
+        let scrubber = scrubber_for(ctx.values, ctx.tools);
+        // One conversation for the run, which each step extends by what the
+        // history gained since the last (the model's turn and its calls'
+        // results): each turn's text, made with the turn, is copied in
+        // once, never encoded again.
+        let mut conversation = Conversation::new(tools);
+        if !ctx.agent.spec.system_prompt.is_empty() {
+            let prompt = ctx.agent.spec.system_prompt.clone();
+            conversation.push(&ChatMessage::system(prompt));
+        }
+        conversation.history_starts();
+        let mut sent = 0;
+        for step in 0..ctx.max_steps {
+            if !groups.is_empty() && step > 0 {
+                conversation.set_tools(offered(&groups.active(history)));
+            }
+            // The history only grows while the run goes on.
+            conversation.extend_turns(&history[sent..]);
+            sent = history.len();
+            let conversation = &conversation;
+            // Counted only when a budget claims a request or a model reports
+            // no usage: most runs never need it.
+            let tools_chars = std::sync::OnceLock::new();
+            let model = &ctx.agent.spec.model;
+            let estimate = || {
+                let tools = *tools_chars.get_or_init(|| {
+                    conversation
+                        .tools()
+                        .iter()
+                        .map(|t| {
+                            t.name.len() + t.description.len() + t.parameters.to_string().len()
+                        })
+                        .sum::<usize>()
+                });
+                bindery_store::usage::estimate_tokens(tools + conversation.message_chars())
+            };
+            let claim = match host.before_model(model, &estimate).await {
+                Gate::Go(claim) => claim,
+                Gate::Refuse(e) => return RunEnd::OverBudget(e.detail()),
+                Gate::Ask(e) => return RunEnd::Blocked(vec![budget_hold(None, e)]),
+            };
+            let response = tokio::select! {
+                _ = cancel.cancelled() => None,
+                r = model_turn(ctx, conversation, host).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+            };
+            let spent = match &response {
+                Some(Ok(r)) => Some(match &r.usage {
+                    Some(u) => Spent {
+                        prompt: u.prompt_tokens,
+                        completion: u.completion_tokens,
+                        estimated: false,
+                    },
+                    None => Spent {
+                        prompt: estimate(),
+                        completion: bindery_store::usage::estimate_tokens(r.to_message().chars()),
+                        estimated: true,
+                    },
+                }),
+                _ => None,
+            };
+            host.after_model(claim, model, spent).await;
+            let response = match response {
+                None => return RunEnd::Cancelled,
+                Some(Ok(r)) => r.with_unique_call_ids(),
+                // The endpoint's words may quote what it was sent (a key
+                // in "Incorrect API key provided: …").
+                Some(Err(e)) => {
+                    return RunEnd::Failed(
+                        scrubber.scrub(&format!("the model request failed: {e}")),
+                    )
+                }
+            };
+            let message = Turn::new(response.to_message());
+            history.push(message.clone());
+            let mut events = Events::new();
+            if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+                events.push(SessionEvent::Message(AssistantText::new(text)));
+            }
+            for call in &response.tool_calls {
+                // The call as the model made it: bound values are merged later.
+                events.push(SessionEvent::ToolCall(ToolCallEvent {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    caller: None,
+                }));
+            }
+            if response.tool_calls.is_empty() {
+                host.answer(&message, events).await;
+                return RunEnd::Completed;
+            }
+            host.turn(&message, events).await;
+            let encoded = conversation.history();
+            if let Some(end) = act(
+                ctx,
+                &response.tool_calls,
+                history,
+                encoded,
+                host,
+                &scrubber,
+                cancel,
+            )
+            .await
+            {
+                return end;
+            }
+        }
+        RunEnd::MaxSteps(ctx.max_steps)
+    }
+}
+
+/// The tools on offer with `active` groups: the meta tools first (while
+/// some tool is on demand), then those shown, then helpers.
+pub(super) fn offered(
+    ctx: &RunContext<'_>,
+    groups: &Groups,
+    active: &BTreeSet<String>,
+) -> Vec<ToolDefinition> {
+    let mut tools = groups.definitions(active);
+    tools.extend(
+        ctx.tools
+            .iter()
+            .filter(|t| Groups::shows(t, active))
+            .map(|t| ToolDefinition {
+                name: t.name().to_string(),
+                description: t.spec().description.clone(),
+                parameters: t.model_schema(ctx.values),
+            }),
+    );
+    if let Some(env) = &ctx.helpers {
+        tools.extend(subagents::definitions(ctx.agent, env.tree));
+    }
+    tools
+}
+
+/// The tools a request of this run offers after `history` (its on-demand
+/// groups as the history left them).
+pub fn tools_on_offer(ctx: &RunContext<'_>, history: &[Turn]) -> Vec<ToolDefinition> {
+    let groups = Groups::of(ctx.tools);
+    offered(ctx, &groups, &groups.active(history))
+}
+
+/// A run held at a used-up `confirm` budget: before `call`, or before a
+/// model request (a stand-in call with no tool).
+pub(super) fn budget_hold(call: Option<&ToolCall>, e: Exceeded) -> Blocked {
+    Blocked {
+        call: call.cloned().unwrap_or_else(|| ToolCall {
+            id: format!("budget-{}", e.budget),
+            name: String::new(),
+            arguments: "{}".into(),
+        }),
+        disposition: Disposition::Budget,
+        bound_params: Vec::new(),
+        frames: Vec::new(),
+        lookup: None,
+        tainted_by: Vec::new(),
+        budget: Some(e),
+    }
+}
+
+pub(super) async fn model_turn(
+    ctx: &RunContext<'_>,
+    conversation: &Conversation,
+    host: &dyn Host,
+) -> Result<bindery_llm::ChatResponse, bindery_llm::LlmError> {
+    let started = Instant::now();
+    let result = if ctx.stream {
+        let mut forward = |d: StreamDelta| {
+            if let StreamDelta::Content(text) = d {
+                host.delta(&text);
+            }
+        };
+        ctx.client
+            .complete_streaming(conversation, &mut forward)
+            .await
+    } else {
+        ctx.client.complete(conversation).await
+    };
+    ctx.metrics
+        .llm_request(started.elapsed().as_secs_f64(), result.is_ok());
+    if let Err(e) = &result {
+        tracing::warn!("model request failed: {e}");
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bindery_tests::mock_llm::{MockLlm, MockReply};
+
+    use super::*;
+    use crate::run::{Events, Host, RunContext, RunEnd};
+    use async_trait::async_trait;
+    use bindery_llm::{ChatClient, ModelEndpoint};
+    use bindery_llm::{ChatMessage, Turn};
+    use bindery_metrics::{Metrics, ToolCaller};
+    use bindery_tools::CallContext;
+    use bindery_tree::{AgentSources, LoadOptions};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    /// A sink whose every write of a turn with tool calls finds the run
+    /// taken, as a store does once another server has closed it.
+    struct TakenOnStore {
+        turns: Mutex<Vec<Turn>>,
+        cancel: CancellationToken,
+    }
+
+    #[async_trait]
+    impl Host for TakenOnStore {
+        async fn turn(&self, msg: &Turn, _: Events) {
+            self.turns.lock().unwrap().push(msg.clone());
+        }
+        async fn stored(&self) {
+            let asked = self.turns.lock().unwrap().iter().any(|m| {
+                matches!(m.message(), ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty())
+            });
+            if asked {
+                self.cancel.cancel();
+            }
+        }
+        fn delta(&self, _: &str) {}
+    }
+
+    /// The turn is handed over and its write has not yet said whether the
+    /// run is still this server's: the call waits for it, and never runs
+    /// when the run turns out taken.
+    #[tokio::test]
+    async fn a_call_waits_for_the_turn_that_asked_for_it_to_be_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("marked");
+        let tools = dir.path().join("tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        let script = tools.join("mark");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"mark\", \"description\": \"Leaves a mark.\", \"args\": []}}'\n  exit 0\nfi\ntouch '{}'\necho marked\n",
+                mark.display()
+            ),
+        )
+        .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mock = MockLlm::start(|_| MockReply::tool_call("bash_mark", json!({}))).await;
+        let file = dir.path().join("agent.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: marker}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+                mock.url(),
+                tools.display()
+            ),
+        )
+        .unwrap();
+        let tree = bindery_tree::load(&AgentSources::Files(vec![file]), &LoadOptions::default())
+            .await
+            .unwrap();
+        let agent = tree.pick(None).unwrap();
+        let tools = agent.tools.snapshot();
+        let client = ChatClient::new(ModelEndpoint::new(mock.url(), "m")).unwrap();
+        let values = agent.process_values();
+        let metrics = Metrics::default();
+        let ctx = RunContext {
+            clock: &bindery_store::clock::WallClock,
+            agent,
+            tools: &tools,
+            helpers: None,
+            client: &client,
+            values: &values,
+            call: CallContext::of_session("s", &agent.name),
+            cache: None,
+            lookups: None,
+            metrics: &metrics,
+            max_steps: 3,
+            stream: false,
+            origin: ToolCaller::Model,
+            taint_from: 0,
+            caller_taint: &[],
+        };
+        let cancel = CancellationToken::new();
+        let sink = TakenOnStore {
+            turns: Mutex::default(),
+            cancel: cancel.clone(),
+        };
+        let mut history = vec![Turn::new(ChatMessage::user("mark it"))];
+        let end = run(&ctx, &mut history, &sink, &cancel).await;
+
+        assert_eq!(end, RunEnd::Cancelled);
+        assert!(!mark.exists(), "the tool ran before its call was stored");
+        let turns = sink.turns.lock().unwrap();
+        assert_eq!(
+            turns.len(),
+            2,
+            "the call, then its cancelled result: {turns:?}"
+        );
+        assert!(
+            matches!(turns[1].message(), ChatMessage::Tool { content, .. } if content.text().contains("cancelled")),
+            "{turns:?}"
+        );
+    }
+}

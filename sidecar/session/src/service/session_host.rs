@@ -1,0 +1,50 @@
+//! The server's side of a run's one port ([`Host`]): its turns go to the
+//! store and the session's subscribers ([`SessionSink`]), and its budgets
+//! are claimed in the store ([`RunBudget`]).
+
+use async_trait::async_trait;
+
+use super::run_budget::RunBudget;
+use super::session_sink::SessionSink;
+use crate::run::budget::{Gate, Spent};
+use crate::run::{Events, Host};
+use bindery_llm::Turn;
+use bindery_spec::ModelSpec;
+
+/// A run of a session this server drives, as the run sees it.
+pub(super) struct SessionHost<'a> {
+    pub(super) sink: SessionSink<'a>,
+    pub(super) budget: RunBudget,
+}
+
+#[async_trait]
+impl Host for SessionHost<'_> {
+    async fn turn(&self, msg: &Turn, events: Events) {
+        self.sink.turn(msg, events).await
+    }
+    async fn answer(&self, msg: &Turn, events: Events) {
+        self.sink.answer(msg, events).await
+    }
+    async fn stored(&self) {
+        self.sink.stored().await
+    }
+    fn delta(&self, text: &str) {
+        self.sink.delta(text)
+    }
+    async fn before_model(
+        &self,
+        model: &ModelSpec,
+        estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate {
+        self.budget.before_model(model, estimate).await
+    }
+    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
+        self.budget.after_model(claim, model, used).await
+    }
+    async fn before_tool(&self, tool: &str) -> Gate {
+        self.budget.before_tool(tool).await
+    }
+    fn approve(&self, name: &str) {
+        self.budget.approve(name)
+    }
+}
