@@ -1,0 +1,333 @@
+//! A server in this process: agents loaded from real files, the session
+//! service on a SQLite store in a temporary directory, the mock model's
+//! script answered in process (no socket), and `router(state)` driven by
+//! `tower::ServiceExt::oneshot`. What the spawned binary showed of the
+//! API's logic, without the process, the port or the model's HTTP.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request};
+use axum::Router;
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use bindery_api::auth::OwnerToken;
+use bindery_api::state::AppState;
+use bindery_llm::{ChatClient, ChatRequest, ChatResponse, LlmError, LocalModel, ToolCall};
+use bindery_metrics::Metrics;
+use bindery_session::clients::{build_clients, ClientOptions};
+use bindery_session::service::{Service, ServiceConfig};
+use bindery_store::clock::{Clock, TokioClock};
+use bindery_store::sqlite::SqliteStore;
+use bindery_tests::mock_llm::{MockLlm, MockReply};
+pub use bindery_tests::sidecar::Reply;
+use bindery_tree::{AgentSources, LoadOptions};
+
+pub const OWNER: &str = "owner-token-for-tests";
+/// A secret value that must show nowhere it should not.
+pub const CANARY: &str = "canary-7f3a9c";
+
+/// The model URL agent files name: no one listens there, the client
+/// answers in process.
+pub const MODEL_URL: &str = "http://model.invalid/v1";
+
+/// The mock model's script, answered in process: the request it is given
+/// is the JSON body the client would have posted, and its reply is read
+/// back as the client reads one.
+struct InProcess(Arc<MockLlm>);
+
+impl LocalModel for InProcess {
+    fn complete<'a>(
+        &'a self,
+        req: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let (status, body) = self.0.respond(&wire(req)).await;
+            if status != 200 {
+                return Err(LlmError::Http { status, body });
+            }
+            completion(&body)
+        })
+    }
+}
+
+/// `req` as the body of `POST /chat/completions`, unstreamed.
+fn wire(req: &ChatRequest) -> Value {
+    let mut body = json!({"model": "mock-model", "messages": req.messages, "stream": false});
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters}})
+            })
+            .collect();
+    }
+    body
+}
+
+/// A chat completion's JSON body as the reply it is.
+fn completion(body: &str) -> Result<ChatResponse, LlmError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| LlmError::Malformed(e.to_string()))?;
+    let choice = &v["choices"][0];
+    let message = &choice["message"];
+    let tool_calls: Vec<ToolCall> = match &message["tool_calls"] {
+        Value::Null => Vec::new(),
+        calls => {
+            serde_json::from_value(calls.clone()).map_err(|e| LlmError::Malformed(e.to_string()))?
+        }
+    };
+    Ok(ChatResponse {
+        content: message["content"].as_str().map(str::to_string),
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        usage: serde_json::from_value(v["usage"].clone()).ok(),
+    })
+}
+
+/// The router of one server, and the model it asks.
+pub struct Server {
+    pub api: Api,
+    pub mock: Arc<MockLlm>,
+    /// The service's clock: tokio's, so that a paused test moves it.
+    pub clock: TokioClock,
+}
+
+impl Server {
+    /// A server of the agent files `agents`, its store in `dir`, its model
+    /// answering by `script`, configured as `serve` is by default.
+    pub async fn start(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+    ) -> Server {
+        Self::with_config(agents, dir, script, |_| {}).await
+    }
+
+    /// The same, `cfg` changing the service's configuration first.
+    pub async fn with_config(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        cfg: impl FnOnce(&mut ServiceConfig),
+    ) -> Server {
+        let tree = bindery_tree::load(
+            &AgentSources::Files(agents.to_vec()),
+            &LoadOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mock = Arc::new(MockLlm::detached(script));
+        let model: Arc<dyn LocalModel> = Arc::new(InProcess(mock.clone()));
+        let options = ClientOptions {
+            timeout: Duration::from_secs(120),
+            max_retries: 0,
+            model: None,
+        };
+        let (clients, _) = build_clients(&tree, &Default::default(), &options).unwrap();
+        // Each agent's endpoint as its file says, answered in process.
+        let clients: BTreeMap<String, ChatClient> = clients
+            .into_iter()
+            .map(|(agent, c)| {
+                let local = ChatClient::in_process(c.endpoint().clone(), model.clone()).unwrap();
+                (agent, local)
+            })
+            .collect();
+        let store = SqliteStore::open(&dir.join("store.sqlite").to_string_lossy()).unwrap();
+        let owner = OwnerToken::new(OWNER);
+        let metrics = Arc::new(Metrics::default());
+        let clock = TokioClock::new();
+        let mut config = ServiceConfig {
+            clock: Arc::new(clock),
+            continuation_key: owner.continuation_key(),
+            // The server's default (`--live-session-ttl 1h`).
+            live_session_ttl: Some(Duration::from_secs(3600)),
+            ..ServiceConfig::default()
+        };
+        cfg(&mut config);
+        let service = Service::new(
+            Arc::new(tree),
+            clients,
+            Arc::new(store),
+            metrics.clone(),
+            config,
+        );
+        // As `serve` starts it: beat and sweep once, then on every
+        // heartbeat (which also closes expired pending calls) until the
+        // test's runtime ends.
+        service.heartbeat().beat().await.unwrap();
+        service.heartbeat().sweep().await.unwrap();
+        tokio::spawn(service.clone().keep_alive(CancellationToken::new()));
+        let listen = "127.0.0.1:8080".parse().unwrap();
+        let state = Arc::new(AppState {
+            service: service.clone(),
+            peer_auth: Arc::new(bindery_api::peers::PeerAuth::new(
+                owner.peer_key(),
+                service.instance(),
+                false,
+            )),
+            owner,
+            mcp_client: None,
+            approver: None,
+            metrics,
+            ready: AtomicBool::new(true),
+            peers: bindery_api::peers::client(),
+            peers_tls: None,
+            origins: bindery_api::origin::OriginPolicy::new(listen, &[], &[]),
+        });
+        Server {
+            api: Api(bindery_api::server::router(state)),
+            mock,
+            clock,
+        }
+    }
+
+    /// The service's time of day, in milliseconds since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+}
+
+/// The session API of a server in process.
+#[derive(Clone)]
+pub struct Api(Router);
+
+impl Api {
+    /// `method path` with `token` and the JSON `body`: the reply.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Reply {
+        self.call_with(method, path, token, &[], body).await.reply
+    }
+
+    /// The same with the extra `headers`; the reply and its content type.
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Answer {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "localhost");
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let body = match body {
+            Some(b) => {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+                Body::from(b.to_string())
+            }
+            None => Body::empty(),
+        };
+        let response = self
+            .0
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Answer {
+            content_type,
+            reply: Reply { status, json, text },
+        }
+    }
+}
+
+/// A reply and its `Content-Type`.
+pub struct Answer {
+    pub content_type: String,
+    pub reply: Reply,
+}
+
+/// Write `text` to `path` as an executable (a bash tool of a test).
+pub fn executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A session created as the owner from `body`; its id (the creation must
+/// succeed).
+pub async fn new_session(api: &Api, body: Value) -> String {
+    let created = create(api, body).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    created.json["session_id"].as_str().unwrap().to_string()
+}
+
+/// `POST /v1/sessions` as the owner.
+pub async fn create(api: &Api, body: Value) -> Reply {
+    api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
+        .await
+}
+
+/// The output of a session view's last tool result (empty without one).
+pub fn last_tool_output(r: &Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no turns: {}", r.text))
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "tool")
+        .map(|t| t["content"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// An error reply as `(status, error code, params)`, after checking that
+/// it has the API's error shape.
+pub fn error_of(r: &Reply) -> (u16, String, Vec<String>) {
+    assert!(
+        r.json["error"].is_string(),
+        "not an error body: {} {}",
+        r.status,
+        r.text
+    );
+    assert!(r.json["message"].is_string(), "no message: {}", r.text);
+    let params = r.json["params"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    (
+        r.status,
+        r.json["error"].as_str().unwrap().to_string(),
+        params,
+    )
+}
+
+/// `(status, code, params)` as [`error_of`] returns them.
+pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<String>) {
+    (
+        status,
+        code.to_string(),
+        params.iter().map(|s| s.to_string()).collect(),
+    )
+}
