@@ -22,6 +22,7 @@ use bindery_api::auth::OwnerToken;
 use bindery_api::state::AppState;
 use bindery_llm::{ChatClient, ChatRequest, ChatResponse, LlmError, LocalModel, ToolCall};
 use bindery_metrics::Metrics;
+use bindery_params::ProcessValues;
 use bindery_session::clients::{build_clients, ClientOptions};
 use bindery_session::service::{Service, ServiceConfig};
 use bindery_store::clock::{Clock, TokioClock};
@@ -109,22 +110,20 @@ impl Server {
         dir: &Path,
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
     ) -> Server {
-        Self::with_config(agents, dir, script, |_| {}).await
+        Self::with_options(agents, dir, script, LoadOptions::default()).await
     }
 
-    /// The same, `cfg` changing the service's configuration first.
-    pub async fn with_config(
+    /// The same, the agents loaded with `load` (process-scope values as
+    /// `--set` and `BINDERY_PARAM_*` give them).
+    pub async fn with_options(
         agents: &[PathBuf],
         dir: &Path,
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
-        cfg: impl FnOnce(&mut ServiceConfig),
+        load: LoadOptions,
     ) -> Server {
-        let tree = bindery_tree::load(
-            &AgentSources::Files(agents.to_vec()),
-            &LoadOptions::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mock = Arc::new(MockLlm::detached(script));
         let model: Arc<dyn LocalModel> = Arc::new(InProcess(mock.clone()));
         let options = ClientOptions {
@@ -145,14 +144,13 @@ impl Server {
         let owner = OwnerToken::new(OWNER);
         let metrics = Arc::new(Metrics::default());
         let clock = TokioClock::new();
-        let mut config = ServiceConfig {
+        let config = ServiceConfig {
             clock: Arc::new(clock),
             continuation_key: owner.continuation_key(),
             // The server's default (`--live-session-ttl 1h`).
             live_session_ttl: Some(Duration::from_secs(3600)),
             ..ServiceConfig::default()
         };
-        cfg(&mut config);
         let service = Service::new(
             Arc::new(tree),
             clients,
@@ -330,4 +328,61 @@ pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<St
         code.to_string(),
         params.iter().map(|s| s.to_string()).collect(),
     )
+}
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The text of `examples/<example>/agent.yaml` with its model at
+/// [`MODEL_URL`] (no API key) and its bash tools where they are.
+pub fn example_agent_text(example: &str) -> String {
+    let dir = repo().join("examples").join(example);
+    std::fs::read_to_string(dir.join("agent.yaml"))
+        .unwrap()
+        .replace(
+            "url: https://api.openai.com/v1",
+            &format!("url: \"{MODEL_URL}\""),
+        )
+        .replace(
+            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
+            "name: mock-model\n",
+        )
+        .replace(
+            "directory: tools",
+            &format!("directory: \"{}\"", dir.join("tools").display()),
+        )
+}
+
+/// `prompt` posted to session `id` as the owner, the run waited for; the
+/// answer (which must be 200).
+pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
+    let reply = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({ "prompt": prompt })),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply
+}
+
+/// Load options with the process-scope values `serve` would take from
+/// `--set NAME=VALUE` (each of `set`) and from the environment (`env`,
+/// `BINDERY_PARAM_*`).
+pub fn process_values(set: &[&str], env: &[(&str, &str)]) -> LoadOptions {
+    let mut process = ProcessValues::new();
+    for arg in set {
+        process.add_flag("--set", arg).unwrap();
+    }
+    process
+        .add_env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .unwrap();
+    LoadOptions {
+        process,
+        ..LoadOptions::default()
+    }
 }

@@ -10,5 +10,7 @@
 
 mod harness;
 
+mod approvals;
 mod budgets;
+mod depends;
 mod pending;
