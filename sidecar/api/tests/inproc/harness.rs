@@ -121,6 +121,18 @@ impl Server {
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
         load: LoadOptions,
     ) -> Server {
+        Self::configured(agents, dir, script, load, |_| {}).await
+    }
+
+    /// The same, `cfg` changing the service's configuration (what
+    /// `serve`'s flags set) before it starts.
+    pub async fn configured(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        load: LoadOptions,
+        cfg: impl FnOnce(&mut ServiceConfig),
+    ) -> Server {
         let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -144,13 +156,14 @@ impl Server {
         let owner = OwnerToken::new(OWNER);
         let metrics = Arc::new(Metrics::default());
         let clock = TokioClock::new();
-        let config = ServiceConfig {
+        let mut config = ServiceConfig {
             clock: Arc::new(clock),
             continuation_key: owner.continuation_key(),
             // The server's default (`--live-session-ttl 1h`).
             live_session_ttl: Some(Duration::from_secs(3600)),
             ..ServiceConfig::default()
         };
+        cfg(&mut config);
         let service = Service::new(
             Arc::new(tree),
             clients,
@@ -219,6 +232,43 @@ impl Api {
         headers: &[(&str, &str)],
         body: Option<&Value>,
     ) -> Answer {
+        let mut headers = headers.to_vec();
+        let body = match body {
+            Some(b) => {
+                headers.push(("content-type", "application/json"));
+                Body::from(b.to_string())
+            }
+            None => Body::empty(),
+        };
+        self.send(method, path, token, &headers, body).await
+    }
+
+    /// `body` as it is, with the `Content-Type` given (none when `None`).
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+        content_type: Option<&str>,
+    ) -> Reply {
+        let headers: Vec<_> = content_type
+            .map(|ct| ("content-type", ct))
+            .into_iter()
+            .collect();
+        self.send(method, path, token, &headers, Body::from(body.to_string()))
+            .await
+            .reply
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> Answer {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
@@ -229,13 +279,6 @@ impl Api {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let body = match body {
-            Some(b) => {
-                req = req.header(header::CONTENT_TYPE, "application/json");
-                Body::from(b.to_string())
-            }
-            None => Body::empty(),
-        };
         let response = self
             .0
             .clone()

@@ -14,3 +14,5 @@ mod approvals;
 mod budgets;
 mod depends;
 mod pending;
+mod promises;
+mod tool_cache;
