@@ -27,7 +27,7 @@ use bindery_session::clients::{build_clients, ClientOptions};
 use bindery_session::service::{Service, ServiceConfig};
 use bindery_store::clock::{Clock, TokioClock};
 use bindery_store::sqlite::SqliteStore;
-use bindery_tests::mock_llm::{MockLlm, MockReply};
+use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 pub use bindery_tests::sidecar::Reply;
 use bindery_tree::{AgentSources, LoadOptions};
 
@@ -427,5 +427,50 @@ pub fn process_values(set: &[&str], env: &[(&str, &str)]) -> LoadOptions {
     LoadOptions {
         process,
         ..LoadOptions::default()
+    }
+}
+
+/// An invoices agent like the example's, its bash tool with `tenant` and
+/// the secret `billing_token` bound (both session-scope).
+pub fn invoices_agent(dir: &Path) -> PathBuf {
+    let tools = repo().join("examples/invoices/tools");
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: invoices
+spec:
+  model: {{url: "{MODEL_URL}", name: mock-model}}
+  systemPrompt: You are an invoices assistant.
+  parameters:
+    - {{name: tenant, scope: session, description: the tenant}}
+    - {{name: billing_token, secret: true, scope: session}}
+  toolboxes:
+    - bash:
+        directory: "{tools}"
+        bindings:
+          - {{arg: tenant_id, value: {{param: tenant}}}}
+          - {{arg: token, value: {{param: billing_token}}}}
+"#,
+        tools = tools.display()
+    );
+    let path = dir.join("invoices.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Call `bash_query-invoices` once per user message, then answer with
+/// what the tool returned.
+pub fn tool_then_answer(req: &Value) -> MockReply {
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => MockReply::text(format!(
+            "answer: {}",
+            last["content"].as_str().unwrap_or("")
+        )),
+        _ => MockReply::tool_call(
+            "bash_query-invoices",
+            json!({"status": "overdue", "tenant_id": "globex"}),
+        ),
     }
 }

@@ -15,4 +15,5 @@ mod budgets;
 mod depends;
 mod pending;
 mod promises;
+mod sessions;
 mod tool_cache;
