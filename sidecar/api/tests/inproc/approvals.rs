@@ -104,7 +104,10 @@ async fn scripted(
     );
     std::fs::write(&agent, text).unwrap();
     let outbox = format!("outbox={}", dir.path().join("outbox.tsv").display());
-    let load = process_values(&[&outbox], &[("BINDERY_PARAM_MAIL_TOKEN", CANARY)]);
+    let load = process_values(
+        &[("--set", &outbox)],
+        &[("BINDERY_PARAM_MAIL_TOKEN", CANARY)],
+    );
     let api = Server::with_options(&[agent], dir.path(), script, load)
         .await
         .api;

@@ -72,7 +72,7 @@ impl Booking {
     /// as `serve --set` and `BINDERY_PARAM_API_KEY` give them.
     async fn start(&self) -> Server {
         let store = format!("booking_store={}", self.store.display());
-        let load = process_values(&[&store], &[("BINDERY_PARAM_API_KEY", CANARY)]);
+        let load = process_values(&[("--set", &store)], &[("BINDERY_PARAM_API_KEY", CANARY)]);
         Server::with_options(
             std::slice::from_ref(&self.agent),
             self.dir.path(),

@@ -414,12 +414,12 @@ pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
 }
 
 /// Load options with the process-scope values `serve` would take from
-/// `--set NAME=VALUE` (each of `set`) and from the environment (`env`,
-/// `BINDERY_PARAM_*`).
-pub fn process_values(set: &[&str], env: &[(&str, &str)]) -> LoadOptions {
+/// its flags (`("--set", "NAME=VALUE")`, `("--pin", …)`) and from the
+/// environment (`env`, `BINDERY_PARAM_*`).
+pub fn process_values(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> LoadOptions {
     let mut process = ProcessValues::new();
-    for arg in set {
-        process.add_flag("--set", arg).unwrap();
+    for (flag, arg) in flags {
+        process.add_flag(flag, arg).unwrap();
     }
     process
         .add_env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
@@ -431,8 +431,22 @@ pub fn process_values(set: &[&str], env: &[(&str, &str)]) -> LoadOptions {
 }
 
 /// An invoices agent like the example's, its bash tool with `tenant` and
-/// the secret `billing_token` bound (both session-scope).
+/// the secret `billing_token` bound (both session-scope), plus a
+/// message-scope secret `otp` and a process-scope `region`.
 pub fn invoices_agent(dir: &Path) -> PathBuf {
+    invoices_agent_file(
+        dir,
+        "    - {name: tenant, scope: session, description: the tenant}
+    - {name: billing_token, secret: true, scope: session}
+    - {name: otp, secret: true, scope: message, required: false}
+    - {name: region, scope: process, required: false, default: {value: eu}}
+",
+    )
+}
+
+/// The invoices agent with `parameters` (YAML list items, indented four
+/// spaces), which must declare `tenant` and `billing_token`.
+pub fn invoices_agent_file(dir: &Path, parameters: &str) -> PathBuf {
     let tools = repo().join("examples/invoices/tools");
     let text = format!(
         r#"apiVersion: bindery.dev/v1alpha1
@@ -440,12 +454,11 @@ kind: Agent
 metadata:
   name: invoices
 spec:
+  announce: answers questions about one tenant's invoices
   model: {{url: "{MODEL_URL}", name: mock-model}}
   systemPrompt: You are an invoices assistant.
   parameters:
-    - {{name: tenant, scope: session, description: the tenant}}
-    - {{name: billing_token, secret: true, scope: session}}
-  toolboxes:
+{parameters}  toolboxes:
     - bash:
         directory: "{tools}"
         bindings:
