@@ -407,7 +407,7 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
 /// The window is measured by the server's clock against the times the
 /// store holds: a use written an hour ago less a moment fills the window
 /// until that moment passes (on the paused clock, moved on by the test).
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
     let m = metered(
         |_| MockReply::text("ok").with_usage(1, 1),
@@ -416,6 +416,9 @@ async fn a_rolling_window_frees_up_as_its_oldest_use_leaves_it() {
     )
     .await;
     let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    // Paused once the agents are loaded: their tools' `describe` runs are
+    // processes, whose timeouts a paused clock would run out at once.
+    tokio::time::pause();
     let now = m.now_ms();
     let db = rusqlite::Connection::open(m.dir.path().join("store.sqlite")).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();
