@@ -172,6 +172,16 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(script: Script) -> Arc<Shared> {
+        Arc::new(Shared {
+            script,
+            requests: Mutex::new(Vec::new()),
+            call_ids: AtomicUsize::new(0),
+            reply_ids: AtomicUsize::new(0),
+            whole_events: AtomicBool::new(false),
+        })
+    }
+
     fn requests(&self) -> MutexGuard<'_, Vec<Recorded>> {
         // A script that panicked poisons nothing we care about.
         self.requests
@@ -208,13 +218,7 @@ impl MockLlm {
         listener: tokio::net::TcpListener,
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
     ) -> MockLlm {
-        let shared = Arc::new(Shared {
-            script: Box::new(script),
-            requests: Mutex::new(Vec::new()),
-            call_ids: AtomicUsize::new(0),
-            reply_ids: AtomicUsize::new(0),
-            whole_events: AtomicBool::new(false),
-        });
+        let shared = Shared::new(Box::new(script));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .fallback(|| async {
@@ -250,6 +254,32 @@ impl MockLlm {
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// A mock that serves nothing: its replies are asked for in this
+    /// process with [`MockLlm::respond`] (an in-process model client of a
+    /// test), recorded and answered exactly as over HTTP. Its
+    /// [`MockLlm::url`] names no listener.
+    pub fn detached(script: impl Fn(&Value) -> MockReply + Send + Sync + 'static) -> MockLlm {
+        MockLlm {
+            addr: SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)),
+            shared: Shared::new(Box::new(script)),
+            stop: None,
+            task: None,
+        }
+    }
+
+    /// What the mock answers to the request `body` (as a client would
+    /// POST it to `/chat/completions`): its status and its body.
+    pub async fn respond(&self, body: &Value) -> (u16, String) {
+        let body = Bytes::from(body.to_string());
+        let response = chat_completions(State(self.shared.clone()), HeaderMap::new(), body).await;
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        (status, body)
     }
 
     /// Starts a mock that answers the nth request with the nth reply, and

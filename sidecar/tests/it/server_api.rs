@@ -1,6 +1,8 @@
 //! The session API's contract, through the real server over TCP: the
 //! parameter validation table, sealed sessions and session tokens, run
-//! lifecycle errors, the OpenAPI document, metrics and agent views.
+//! lifecycle errors, the OpenAPI document, metrics and the event stream's
+//! wire. Agent views and the missing-value hints are tested in process
+//! (`sidecar/api/tests/inproc/promises.rs`).
 
 use std::time::Duration;
 
@@ -858,58 +860,6 @@ async fn metrics_after_one_run() {
     assert!(!text.contains("acme"), "a value in the metrics: {text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_views_show_flags_never_values() {
-    let w = World::new(tool_then_answer).await;
-    let (_sidecar, api) = w.start(
-        &["--pin", "tenant=acme-corp", "--set", "region=region-7c1e"],
-        &[],
-    );
-    let list = api.call("GET", "/v1/agents", Some(OWNER), None).await;
-    assert_eq!(list.status, 200, "{}", list.text);
-    let one = api
-        .call("GET", "/v1/agents/invoices", Some(OWNER), None)
-        .await;
-    assert_eq!(one.status, 200, "{}", one.text);
-    assert_eq!(list.json["agents"][0], one.json);
-    assert_eq!(list.json["agents"].as_array().unwrap().len(), 1);
-    for r in [&list, &one] {
-        assert!(!r.text.contains("acme-corp"), "{}", r.text);
-        assert!(!r.text.contains("region-7c1e"), "{}", r.text);
-    }
-    assert_eq!(one.json["slug"], "invoices");
-    let params = one.json["parameters"].as_array().unwrap();
-    let flags = |name: &str| -> (bool, bool) {
-        let p = params
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {params:?}"));
-        assert!(
-            p.get("value").is_none() && p.get("default").is_none(),
-            "{p}"
-        );
-        (
-            p["bound"].as_bool().unwrap(),
-            p["pinned"].as_bool().unwrap(),
-        )
-    };
-    assert_eq!(flags("tenant"), (true, true));
-    assert_eq!(flags("billing_token"), (false, false));
-    assert_eq!(flags("otp"), (false, false));
-    assert_eq!(flags("region"), (true, false));
-    assert_eq!(params.len(), 4, "{params:?}");
-    let tools = one.json["tools"].as_array().unwrap();
-    assert!(tools.contains(&json!("bash_query-invoices")), "{tools:?}");
-
-    let r = api
-        .call("GET", "/v1/agents/nobody", Some(OWNER), None)
-        .await;
-    assert_eq!(r.status, 404, "{}", r.text);
-    assert_eq!(r.json["error"], "not_found", "{}", r.text);
-    let r = api.call("GET", "/v1/agents", None, None).await;
-    assert_eq!(r.status, 401, "{}", r.text);
-}
-
 /// The event stream's wire format, byte for byte as agents-server clients
 /// read it, and a keep-alive comment on a stream with nothing to say
 /// (`--events-keep-alive`), which stays open.
@@ -983,105 +933,6 @@ async fn an_event_stream_is_server_sent_events_kept_alive_while_idle() {
         Some("run_finished"),
         "{seen:?}"
     );
-}
-
-/// A required message-scope value that is missing: the 409 says to send it
-/// with the message, in `params` (where PUT params refuses it), and doing
-/// so works. A PUT params body without the `params` wrapper is refused
-/// with 422, naming what was expected, and changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_says_how_to_give_a_missing_value_and_refuses_a_misshapen_put() {
-    let dir = tempfile::tempdir().unwrap();
-    let mock = MockLlm::start(tool_then_answer).await;
-    let agent = invoices_agent_file(
-        dir.path(),
-        &mock.url(),
-        "    - {name: tenant, scope: session}
-    - {name: billing_token, secret: true, scope: session}
-    - {name: otp, secret: true, scope: message}
-",
-        "",
-    );
-    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-    let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
-    let r = create(&api, json!({"agent": "invoices", "params": valid_params()})).await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    let id = id_of(&r);
-    let messages = format!("/v1/sessions/{id}/messages?wait=true");
-    let r = api
-        .call(
-            "POST",
-            &messages,
-            Some(OWNER),
-            Some(&json!({"prompt": "hi"})),
-        )
-        .await;
-    assert_eq!(
-        error_of(&r),
-        refusal(409, "params_required", &["otp"]),
-        "{}",
-        r.text
-    );
-    let hint = r.json["message"].as_str().unwrap_or_default();
-    assert!(
-        hint.contains("send otp with the message, in its `params`"),
-        "{}",
-        r.text
-    );
-    assert!(!hint.contains("supply them with PUT"), "{}", r.text);
-    // The hint, followed, works.
-    let r = api
-        .call(
-            "POST",
-            &messages,
-            Some(OWNER),
-            Some(&json!({"prompt": "hi", "params": {"otp": "123456"}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-
-    let params = format!("/v1/sessions/{id}/params");
-    let r = api
-        .call(
-            "PUT",
-            &params,
-            Some(OWNER),
-            Some(&json!({"tenant": "globex"})),
-        )
-        .await;
-    assert_eq!(
-        error_of(&r),
-        refusal(422, "invalid_params", &["tenant"]),
-        "{}",
-        r.text
-    );
-    assert!(
-        r.json["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains(r#"{"params": {"NAME": value, …}}"#),
-        "{}",
-        r.text
-    );
-    let r = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
-    assert_eq!(r.json["params"]["tenant"], "acme", "{}", r.text);
-    // The wrapped form still works, and an empty body changes nothing.
-    let r = api
-        .call(
-            "PUT",
-            &params,
-            Some(OWNER),
-            Some(&json!({"params": {"tenant": "globex"}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["params"]["tenant"], "globex", "{}", r.text);
-    let r = api
-        .call("PUT", &params, Some(OWNER), Some(&json!({})))
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
 }
 
 /// The document's `security` of each route is what the route lets in:

@@ -1,0 +1,489 @@
+//! A server in this process: agents loaded from real files, the session
+//! service on a SQLite store in a temporary directory, the mock model's
+//! script answered in process (no socket), and `router(state)` driven by
+//! `tower::ServiceExt::oneshot`. What the spawned binary showed of the
+//! API's logic, without the process, the port or the model's HTTP.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request};
+use axum::Router;
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use bindery_api::auth::OwnerToken;
+use bindery_api::state::AppState;
+use bindery_llm::{ChatClient, ChatRequest, ChatResponse, LlmError, LocalModel, ToolCall};
+use bindery_metrics::Metrics;
+use bindery_params::ProcessValues;
+use bindery_session::clients::{build_clients, ClientOptions};
+use bindery_session::service::{Service, ServiceConfig};
+use bindery_store::clock::{Clock, TokioClock};
+use bindery_store::sqlite::SqliteStore;
+use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+pub use bindery_tests::sidecar::Reply;
+use bindery_tree::{AgentSources, LoadOptions};
+
+pub const OWNER: &str = "owner-token-for-tests";
+/// A secret value that must show nowhere it should not.
+pub const CANARY: &str = "canary-7f3a9c";
+
+/// The model URL agent files name: no one listens there, the client
+/// answers in process.
+pub const MODEL_URL: &str = "http://model.invalid/v1";
+
+/// The mock model's script, answered in process: the request it is given
+/// is the JSON body the client would have posted, and its reply is read
+/// back as the client reads one.
+struct InProcess(Arc<MockLlm>);
+
+impl LocalModel for InProcess {
+    fn complete<'a>(
+        &'a self,
+        req: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let (status, body) = self.0.respond(&wire(req)).await;
+            if status != 200 {
+                return Err(LlmError::Http { status, body });
+            }
+            completion(&body)
+        })
+    }
+}
+
+/// `req` as the body of `POST /chat/completions`, unstreamed.
+fn wire(req: &ChatRequest) -> Value {
+    let mut body = json!({"model": "mock-model", "messages": req.messages, "stream": false});
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters}})
+            })
+            .collect();
+    }
+    body
+}
+
+/// A chat completion's JSON body as the reply it is.
+fn completion(body: &str) -> Result<ChatResponse, LlmError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| LlmError::Malformed(e.to_string()))?;
+    let choice = &v["choices"][0];
+    let message = &choice["message"];
+    let tool_calls: Vec<ToolCall> = match &message["tool_calls"] {
+        Value::Null => Vec::new(),
+        calls => {
+            serde_json::from_value(calls.clone()).map_err(|e| LlmError::Malformed(e.to_string()))?
+        }
+    };
+    Ok(ChatResponse {
+        content: message["content"].as_str().map(str::to_string),
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        usage: serde_json::from_value(v["usage"].clone()).ok(),
+    })
+}
+
+/// The router of one server, and the model it asks.
+pub struct Server {
+    pub api: Api,
+    pub mock: Arc<MockLlm>,
+    /// The service's clock: tokio's, so that a paused test moves it.
+    pub clock: TokioClock,
+}
+
+impl Server {
+    /// A server of the agent files `agents`, its store in `dir`, its model
+    /// answering by `script`, configured as `serve` is by default.
+    pub async fn start(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+    ) -> Server {
+        Self::with_options(agents, dir, script, LoadOptions::default()).await
+    }
+
+    /// The same, the agents loaded with `load` (process-scope values as
+    /// `--set` and `BINDERY_PARAM_*` give them).
+    pub async fn with_options(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        load: LoadOptions,
+    ) -> Server {
+        Self::configured(agents, dir, script, load, |_| {}).await
+    }
+
+    /// The same, `cfg` changing the service's configuration (what
+    /// `serve`'s flags set) before it starts.
+    pub async fn configured(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        load: LoadOptions,
+        cfg: impl FnOnce(&mut ServiceConfig),
+    ) -> Server {
+        let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mock = Arc::new(MockLlm::detached(script));
+        let model: Arc<dyn LocalModel> = Arc::new(InProcess(mock.clone()));
+        let options = ClientOptions {
+            timeout: Duration::from_secs(120),
+            max_retries: 0,
+            model: None,
+        };
+        let (clients, _) = build_clients(&tree, &Default::default(), &options).unwrap();
+        // Each agent's endpoint as its file says, answered in process.
+        let clients: BTreeMap<String, ChatClient> = clients
+            .into_iter()
+            .map(|(agent, c)| {
+                let local = ChatClient::in_process(c.endpoint().clone(), model.clone()).unwrap();
+                (agent, local)
+            })
+            .collect();
+        let store = SqliteStore::open(&dir.join("store.sqlite").to_string_lossy()).unwrap();
+        let owner = OwnerToken::new(OWNER);
+        let metrics = Arc::new(Metrics::default());
+        let clock = TokioClock::new();
+        let mut config = ServiceConfig {
+            clock: Arc::new(clock),
+            continuation_key: owner.continuation_key(),
+            // The server's default (`--live-session-ttl 1h`).
+            live_session_ttl: Some(Duration::from_secs(3600)),
+            ..ServiceConfig::default()
+        };
+        cfg(&mut config);
+        let service = Service::new(
+            Arc::new(tree),
+            clients,
+            Arc::new(store),
+            metrics.clone(),
+            config,
+        );
+        // As `serve` starts it: beat and sweep once, then on every
+        // heartbeat (which also closes expired pending calls) until the
+        // test's runtime ends.
+        service.heartbeat().beat().await.unwrap();
+        service.heartbeat().sweep().await.unwrap();
+        tokio::spawn(service.clone().keep_alive(CancellationToken::new()));
+        let listen = "127.0.0.1:8080".parse().unwrap();
+        let state = Arc::new(AppState {
+            service: service.clone(),
+            peer_auth: Arc::new(bindery_api::peers::PeerAuth::new(
+                owner.peer_key(),
+                service.instance(),
+                false,
+            )),
+            owner,
+            mcp_client: None,
+            approver: None,
+            metrics,
+            ready: AtomicBool::new(true),
+            peers: bindery_api::peers::client(),
+            peers_tls: None,
+            origins: bindery_api::origin::OriginPolicy::new(listen, &[], &[]),
+        });
+        Server {
+            api: Api(bindery_api::server::router(state)),
+            mock,
+            clock,
+        }
+    }
+
+    /// The service's time of day, in milliseconds since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+}
+
+/// The session API of a server in process.
+#[derive(Clone)]
+pub struct Api(Router);
+
+impl Api {
+    /// `method path` with `token` and the JSON `body`: the reply.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Reply {
+        self.call_with(method, path, token, &[], body).await.reply
+    }
+
+    /// The same with the extra `headers`; the reply and its content type.
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Answer {
+        let mut headers = headers.to_vec();
+        let body = match body {
+            Some(b) => {
+                headers.push(("content-type", "application/json"));
+                Body::from(b.to_string())
+            }
+            None => Body::empty(),
+        };
+        self.send(method, path, token, &headers, body).await
+    }
+
+    /// `body` as it is, with the `Content-Type` given (none when `None`).
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+        content_type: Option<&str>,
+    ) -> Reply {
+        let headers: Vec<_> = content_type
+            .map(|ct| ("content-type", ct))
+            .into_iter()
+            .collect();
+        self.send(method, path, token, &headers, Body::from(body.to_string()))
+            .await
+            .reply
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> Answer {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "localhost");
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let response = self
+            .0
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Answer {
+            content_type,
+            reply: Reply { status, json, text },
+        }
+    }
+}
+
+/// A reply and its `Content-Type`.
+pub struct Answer {
+    pub content_type: String,
+    pub reply: Reply,
+}
+
+/// Write `text` to `path` as an executable (a bash tool of a test).
+pub fn executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A session created as the owner from `body`; its id (the creation must
+/// succeed).
+pub async fn new_session(api: &Api, body: Value) -> String {
+    let created = create(api, body).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    created.json["session_id"].as_str().unwrap().to_string()
+}
+
+/// `POST /v1/sessions` as the owner.
+pub async fn create(api: &Api, body: Value) -> Reply {
+    api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
+        .await
+}
+
+/// The output of a session view's last tool result (empty without one).
+pub fn last_tool_output(r: &Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no turns: {}", r.text))
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "tool")
+        .map(|t| t["content"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// An error reply as `(status, error code, params)`, after checking that
+/// it has the API's error shape.
+pub fn error_of(r: &Reply) -> (u16, String, Vec<String>) {
+    assert!(
+        r.json["error"].is_string(),
+        "not an error body: {} {}",
+        r.status,
+        r.text
+    );
+    assert!(r.json["message"].is_string(), "no message: {}", r.text);
+    let params = r.json["params"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    (
+        r.status,
+        r.json["error"].as_str().unwrap().to_string(),
+        params,
+    )
+}
+
+/// `(status, code, params)` as [`error_of`] returns them.
+pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<String>) {
+    (
+        status,
+        code.to_string(),
+        params.iter().map(|s| s.to_string()).collect(),
+    )
+}
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The text of `examples/<example>/agent.yaml` with its model at
+/// [`MODEL_URL`] (no API key) and its bash tools where they are.
+pub fn example_agent_text(example: &str) -> String {
+    let dir = repo().join("examples").join(example);
+    std::fs::read_to_string(dir.join("agent.yaml"))
+        .unwrap()
+        .replace(
+            "url: https://api.openai.com/v1",
+            &format!("url: \"{MODEL_URL}\""),
+        )
+        .replace(
+            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
+            "name: mock-model\n",
+        )
+        .replace(
+            "directory: tools",
+            &format!("directory: \"{}\"", dir.join("tools").display()),
+        )
+}
+
+/// `prompt` posted to session `id` as the owner, the run waited for; the
+/// answer (which must be 200).
+pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
+    let reply = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({ "prompt": prompt })),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply
+}
+
+/// Load options with the process-scope values `serve` would take from
+/// its flags (`("--set", "NAME=VALUE")`, `("--pin", …)`) and from the
+/// environment (`env`, `BINDERY_PARAM_*`).
+pub fn process_values(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> LoadOptions {
+    let mut process = ProcessValues::new();
+    for (flag, arg) in flags {
+        process.add_flag(flag, arg).unwrap();
+    }
+    process
+        .add_env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .unwrap();
+    LoadOptions {
+        process,
+        ..LoadOptions::default()
+    }
+}
+
+/// An invoices agent like the example's, its bash tool with `tenant` and
+/// the secret `billing_token` bound (both session-scope), plus a
+/// message-scope secret `otp` and a process-scope `region`.
+pub fn invoices_agent(dir: &Path) -> PathBuf {
+    invoices_agent_file(
+        dir,
+        "    - {name: tenant, scope: session, description: the tenant}
+    - {name: billing_token, secret: true, scope: session}
+    - {name: otp, secret: true, scope: message, required: false}
+    - {name: region, scope: process, required: false, default: {value: eu}}
+",
+    )
+}
+
+/// The invoices agent with `parameters` (YAML list items, indented four
+/// spaces), which must declare `tenant` and `billing_token`.
+pub fn invoices_agent_file(dir: &Path, parameters: &str) -> PathBuf {
+    let tools = repo().join("examples/invoices/tools");
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: invoices
+spec:
+  announce: answers questions about one tenant's invoices
+  model: {{url: "{MODEL_URL}", name: mock-model}}
+  systemPrompt: You are an invoices assistant.
+  parameters:
+{parameters}  toolboxes:
+    - bash:
+        directory: "{tools}"
+        bindings:
+          - {{arg: tenant_id, value: {{param: tenant}}}}
+          - {{arg: token, value: {{param: billing_token}}}}
+"#,
+        tools = tools.display()
+    );
+    let path = dir.join("invoices.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Call `bash_query-invoices` once per user message, then answer with
+/// what the tool returned.
+pub fn tool_then_answer(req: &Value) -> MockReply {
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => MockReply::text(format!(
+            "answer: {}",
+            last["content"].as_str().unwrap_or("")
+        )),
+        _ => MockReply::tool_call(
+            "bash_query-invoices",
+            json!({"status": "overdue", "tenant_id": "globex"}),
+        ),
+    }
+}

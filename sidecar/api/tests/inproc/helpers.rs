@@ -1,0 +1,276 @@
+//! Helpers and narrowing in process: a three-level chain root → middle →
+//! leaf, each agent's model scripted, told apart by its system prompt.
+//! What only the binary shows (no secret in its logs while narrowings
+//! travel and are refused) stays in the sidecar's
+//! `tests/it/server_helpers.rs`.
+
+use std::path::Path;
+
+use crate::harness::*;
+use bindery_tests::mock_llm::{last_message, MockReply};
+use serde_json::{json, Value};
+
+/// A server of the chain (`serve --no-stream`), and the directory that
+/// holds its files and store.
+async fn start() -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = chain(dir.path());
+    let server = Server::configured(&[root], dir.path(), chain_script, Default::default(), |c| {
+        c.stream = false;
+    })
+    .await;
+    (dir, server)
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn lit(s: &str) -> Value {
+    json!({"tag": "Literal", "contents": s})
+}
+
+/// Each agent's model, told apart by its system prompt.
+fn chain_script(req: &Value) -> MockReply {
+    let messages = req["messages"].as_array().unwrap();
+    let system = text(&messages[0]["content"]);
+    let last = last_message(req);
+    let user = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .map(|m| text(&m["content"]))
+        .unwrap_or("");
+    let tools_seen = messages.iter().filter(|m| m["role"] == "tool").count();
+    match (system, text(&last["role"])) {
+        ("You are ROOT.", "user") => {
+            if user.contains("derive") {
+                MockReply::tool_call(
+                    "derive_agent",
+                    json!({"from": "middle", "slug": "r1",
+                    "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "repo", "value": lit("r-derived")}]}),
+                )
+            } else if user.contains("use r1") {
+                MockReply::tool_call("prompt_agent_middle", json!({"what": "go", "as": "r1"}))
+            } else if user.contains("use unknown") {
+                MockReply::tool_call("prompt_agent_middle", json!({"what": "go", "as": "nope"}))
+            } else if user.contains("sealed") {
+                MockReply::tool_call(
+                    "prompt_agent_sealed",
+                    json!({"what": "x", "bindings": [{"arg": "scope", "value": lit("y")}]}),
+                )
+            } else if user.contains("secret argv") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "note",
+                        "value": {"tag": "Param", "contents": "gh_token"}}]}),
+                )
+            } else if user.contains("nothing below") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "**", "arg": "colour", "value": lit("red")}]}),
+                )
+            } else if user.contains("wrong type below") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "leaf", "arg": "level", "value": lit("ten")}]}),
+                )
+            } else if user.contains("scalars below") {
+                // A number and a boolean for two string arguments.
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "go", "bindings": [
+                        {"agent": "leaf", "tool": "bash_probe", "arg": "repo",
+                         "value": {"tag": "Literal", "contents": 42}},
+                        {"agent": "leaf", "arg": "note", "value": {"tag": "Literal", "contents": true}}]}),
+                )
+            } else if user.contains("with process") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "with": {"region": lit("us")}}),
+                )
+            } else if user.contains("bad path") {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "x", "bindings": [{"agent": "nowhere", "arg": "repo", "value": lit("y")}]}),
+                )
+            } else {
+                MockReply::tool_call(
+                    "prompt_agent_middle",
+                    json!({"what": "go",
+                    "bindings": [{"agent": "leaf", "tool": "bash_probe", "arg": "repo", "value": lit("r-root")}]}),
+                )
+            }
+        }
+        ("You are ROOT.", _) => MockReply::text(format!("root got: {}", text(&last["content"]))),
+        ("You are MIDDLE.", _) if tools_seen == 0 => {
+            MockReply::tool_call("describe_agent", json!({"slug": "leaf"}))
+        }
+        ("You are MIDDLE.", _) if tools_seen == 1 => MockReply::tool_call(
+            "prompt_agent_leaf",
+            json!({"what": "probe",
+            // repo was bound by root for this call: middle cannot rebind it.
+            "bindings": [{"arg": "repo", "value": lit("r-mid")}, {"arg": "note", "value": lit("n-mid")}]}),
+        ),
+        ("You are MIDDLE.", _) => {
+            let described = messages
+                .iter()
+                .find(|m| m["role"] == "tool")
+                .map(|m| text(&m["content"]))
+                .unwrap_or("");
+            MockReply::text(format!(
+                "middle described: {described} | leaf: {}",
+                text(&last["content"])
+            ))
+        }
+        ("You are LEAF.", "user") => {
+            MockReply::tool_call("bash_probe", json!({"repo": "model-guess"}))
+        }
+        ("You are LEAF.", _) => MockReply::text(format!("leaf: {}", text(&last["content"]))),
+        _ => MockReply::text("?"),
+    }
+}
+
+/// The chain's files, their model in process, their tools the fixtures'.
+fn chain(dir: &Path) -> std::path::PathBuf {
+    let fixtures = repo().join("sidecar/tests/fixtures");
+    for name in ["root", "middle", "leaf", "sealed"] {
+        let text = std::fs::read_to_string(fixtures.join(format!("chain/{name}.yaml")))
+            .unwrap()
+            .replace("http://127.0.0.1:9/v1", MODEL_URL)
+            .replace(
+                "../tools/",
+                &format!("{}/", fixtures.join("tools").display()),
+            );
+        std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
+    }
+    dir.join("root.yaml")
+}
+
+fn answer(r: &Reply) -> String {
+    r.json["session"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|t| t["role"] == "assistant" && t["content"].is_string())
+        .map(|t| text(&t["content"]).to_string())
+        .unwrap_or_default()
+}
+
+/// A new idle session on `root`.
+async fn root_session(api: &Api) -> String {
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "root"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    r.json["session_id"].as_str().unwrap().to_string()
+}
+
+async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": prompt, "params": {"gh_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r
+}
+
+/// Errors the calling model can fix come back before the helper runs.
+#[tokio::test]
+async fn refusals_reach_the_calling_model() {
+    let (_dir, w) = start().await;
+    let api = &w.api;
+    let id = root_session(api).await;
+    let before = w.mock.request_count();
+    let out = answer(&message(api, &id, "sealed").await);
+    assert!(
+        out.contains("helper `sealed` is not narrowable: call it with `what` only"),
+        "{out}"
+    );
+    let out = answer(&message(api, &id, "bad path").await);
+    assert!(
+        out.contains("`agent: nowhere`: `middle` has no helper `nowhere` (its helpers: leaf)"),
+        "{out}"
+    );
+    // Only root's model was asked: no helper ran.
+    assert_eq!(w.mock.request_count() - before, 4);
+}
+
+/// Narrowing takes a number or a boolean for a string argument, as a
+/// binding in a file does, and the tool gets its JSON text (`42`, `true`).
+#[tokio::test]
+async fn narrowing_takes_numbers_and_booleans_for_string_arguments() {
+    let (_dir, w) = start().await;
+    let api = &w.api;
+    let id = root_session(api).await;
+    let out = answer(&message(api, &id, "scalars below").await);
+    assert!(out.contains("argv: [--repo] [42] [true]"), "{out}");
+}
+
+/// derive_agent names a narrowing; a later message uses it with `as`; an
+/// unknown name is refused; a fork keeps the name (it lives in the history).
+#[tokio::test]
+async fn derived_narrowings_live_in_the_history() {
+    let (_dir, w) = start().await;
+    let api = &w.api;
+    let id = root_session(api).await;
+    let out = answer(&message(api, &id, "derive").await);
+    assert!(out.contains(r#""stored":true"#), "{out}");
+    let out = answer(&message(api, &id, "use r1").await);
+    assert!(out.contains("argv: [--repo] [r-derived] [n-mid]"), "{out}");
+    let out = answer(&message(api, &id, "use unknown").await);
+    assert!(
+        out.contains("no narrowing `nope` of `middle`: call derive_agent first"),
+        "{out}"
+    );
+
+    let fork = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/fork"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(fork.status, 201, "{}", fork.text);
+    let fid = fork.json["session_id"].as_str().unwrap().to_string();
+    let out = answer(&message(api, &fid, "use r1").await);
+    assert!(
+        out.contains("argv: [--repo] [r-derived] [n-mid]"),
+        "the fork keeps the narrowing: {out}"
+    );
+    // Resume re-runs from the history; the message-scope token comes with it.
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume?wait=true"),
+            Some(OWNER),
+            Some(&json!({"params": {"gh_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["status"], "idle");
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/resume"),
+            Some(OWNER),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["params"].clone()),
+        (409, json!(["gh_token"])),
+        "a run needs its message-scope value"
+    );
+}
