@@ -228,7 +228,7 @@ impl Walk<'_, '_> {
                         )));
                     };
                     if let Ok(p) = Path::parse(dest) {
-                        p.write(args, v).map_err(Stop::Failed)?;
+                        p.write(args, v).map_err(|e| Stop::Failed(e.to_string()))?;
                     }
                 }
             }
