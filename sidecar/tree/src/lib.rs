@@ -586,7 +586,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
 
 /// A script that failed to describe itself: an error, or with
 /// `skip_broken_scripts` a warning saying the tool is left out.
-fn broken_script(place: &str, e: String, opts: &LoadOptions) -> Diagnostic {
+fn broken_script(place: &str, e: bash::ScriptError, opts: &LoadOptions) -> Diagnostic {
     if opts.skip_broken_scripts {
         Diagnostic::warning(format!(
             "{place}: {e}; its tool is left out (`check` fails on this)"
