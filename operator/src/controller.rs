@@ -43,7 +43,7 @@ pub(crate) enum Error {
     #[error("AgentTenant {0} has no namespace")]
     NoNamespace(String),
     #[error("generating the replicas' peer certificate: {0}")]
-    PeerCertificate(String),
+    PeerCertificate(rcgen::Error),
 }
 
 impl Error {
