@@ -44,7 +44,7 @@ pub(crate) enum Error {
     #[error("AgentTenant {0} has no namespace")]
     NoNamespace(String),
     #[error("generating the replicas' peer certificate: {0}")]
-    PeerCertificate(String),
+    PeerCertificate(rcgen::Error),
     /// The OS gave no random bytes for an owner token: retried with the
     /// other failures, counted as `randomness`.
     #[error("no randomness from the OS for the owner token ({0}); retried, nothing was created")]

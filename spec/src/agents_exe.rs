@@ -904,9 +904,9 @@ fn entries<T: serde::de::DeserializeOwned>(
 }
 
 impl Description {
-    /// The same agent in Bindery's own types. Fails on toolbox kinds this
-    /// build cannot run yet, naming them, rather than dropping them.
-    pub fn convert(self) -> Result<Converted, String> {
+    /// The same agent in Bindery's own types. Toolbox kinds this build
+    /// cannot run are named in `errors` rather than dropped.
+    pub fn convert(self) -> Converted {
         let mut errors = Vec::new();
         let mut ignored = Vec::new();
         if !self.skill_sources.is_empty() {
@@ -1037,13 +1037,13 @@ impl Description {
             // Its tools keep the names agents-exe gives them.
             naming: super::Naming::AgentsExe,
         };
-        Ok(Converted {
+        Converted {
             errors,
             name: self.slug,
             spec,
             tool_directory: self.tool_directory,
             ignored,
-        })
+        }
     }
 }
 
@@ -1114,7 +1114,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let c = d.convert().unwrap();
+        let c = d.convert();
         let [Toolbox::Openapi(o)] = c.spec.toolboxes.as_slice() else {
             panic!("{:?}", c.spec.toolboxes)
         };
@@ -1169,7 +1169,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let c = d.convert().unwrap();
+        let c = d.convert();
         let [Toolbox::Postgrest(p), Toolbox::Builtin(b)] = c.spec.toolboxes.as_slice() else {
             panic!("{:?}", c.spec.toolboxes)
         };
@@ -1192,7 +1192,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let err = d.convert().unwrap().errors.join("\n");
+        let err = d.convert().errors.join("\n");
         assert!(
             err.starts_with(
                 "builtinToolboxes[0] (`LuaToolbox`): Bindery does not run model-written Lua"
@@ -1216,7 +1216,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let c = d.convert().unwrap();
+        let c = d.convert();
         let [Toolbox::Postgrest(p)] = c.spec.toolboxes.as_slice() else {
             panic!("{:?}", c.spec.toolboxes)
         };
@@ -1264,7 +1264,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let c = d.convert().unwrap();
+        let c = d.convert();
         let fetch: Vec<bool> = c
             .spec
             .toolboxes
@@ -1289,7 +1289,7 @@ mod tests {
             }))
             .unwrap();
             let AgentFile::OpenAIAgentDescription(d) = file;
-            let c = d.convert().unwrap();
+            let c = d.convert();
             let Toolbox::Openapi(o) = &c.spec.toolboxes[0] else {
                 unreachable!()
             };
@@ -1311,7 +1311,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let err = d.convert().unwrap().errors.join("\n");
+        let err = d.convert().errors.join("\n");
         assert!(
             err.starts_with("contents.skillSources: Bindery does not load"),
             "{err}"
@@ -1344,7 +1344,7 @@ mod tests {
         }))
         .unwrap();
         let AgentFile::OpenAIAgentDescription(d) = file;
-        let c = d.convert().unwrap();
+        let c = d.convert();
         let [Toolbox::Mcp(m), Toolbox::Mcp(plain)] = c.spec.toolboxes.as_slice() else {
             panic!("{:?}", c.spec.toolboxes)
         };

@@ -15,22 +15,40 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value;
 
+/// Why a condition could not decide a call (then the call asks).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConditionError {
+    /// It is not CEL; the text is positioned: `at line 1, column 12: …`.
+    #[error("{0}")]
+    Compile(String),
+    /// The call's `args` or the run's `params` are not values CEL reads.
+    #[error("`{name}` cannot be read: {why}")]
+    Unreadable { name: &'static str, why: String },
+    /// It gave something else than true or false (the type it gave).
+    #[error("the condition gave {0}, not true or false")]
+    NotBoolean(String),
+    /// It failed on this call (a missing field, a type mismatch).
+    #[error("{0}")]
+    Evaluation(String),
+}
+
 /// A condition's compile error, positioned: `at line 1, column 12: …`.
-pub fn compile_error(source: &str) -> Option<String> {
+pub fn compile_error(source: &str) -> Option<ConditionError> {
     program(source).err()
 }
 
 /// How many compiled conditions are kept at most.
 const MAX_CACHED: usize = 1024;
 
-fn program(source: &str) -> Result<Arc<cel::Program>, String> {
+fn program(source: &str) -> Result<Arc<cel::Program>, ConditionError> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<cel::Program>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(source) {
         return Ok(p.clone());
     }
     let compiled = cel::Program::compile(source).map_err(|e| {
-        e.errors
+        let positioned = e
+            .errors
             .iter()
             .map(|err| {
                 // The parser counts lines from 1 and columns from 0.
@@ -38,7 +56,8 @@ fn program(source: &str) -> Result<Arc<cel::Program>, String> {
                 format!("at line {line}, column {}: {}", column + 1, err.msg)
             })
             .collect::<Vec<_>>()
-            .join("; ")
+            .join("; ");
+        ConditionError::Compile(positioned)
     })?;
     let compiled = Arc::new(compiled);
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -53,20 +72,20 @@ fn program(source: &str) -> Result<Arc<cel::Program>, String> {
 
 /// Whether the condition `source` holds for a call with `args` under
 /// `params`; `Err` says why it could not be told (then the call asks).
-pub fn holds(source: &str, args: &Value, params: &Value) -> Result<bool, String> {
+pub fn holds(source: &str, args: &Value, params: &Value) -> Result<bool, ConditionError> {
     let program = program(source)?;
     let mut context = cel::Context::default();
     for (name, value) in [("args", args), ("params", params)] {
-        let value = cel::to_value(value).map_err(|e| format!("`{name}` cannot be read: {e}"))?;
+        let value = cel::to_value(value).map_err(|e| ConditionError::Unreadable {
+            name,
+            why: e.to_string(),
+        })?;
         context.add_variable_from_value(name, value);
     }
     match program.execute(&context) {
         Ok(cel::Value::Bool(b)) => Ok(b),
-        Ok(other) => Err(format!(
-            "the condition gave {:?}, not true or false",
-            other.type_of()
-        )),
-        Err(e) => Err(e.to_string()),
+        Ok(other) => Err(ConditionError::NotBoolean(format!("{:?}", other.type_of()))),
+        Err(e) => Err(ConditionError::Evaluation(e.to_string())),
     }
 }
 
@@ -110,15 +129,27 @@ mod tests {
     fn what_cannot_be_told_is_an_error_not_a_no() {
         // A field the call does not have, a type that does not compare, a
         // result that is not a boolean: each is an Err, which asks.
-        assert!(holds("args.amount > 100", &json!({}), &json!({})).is_err());
-        assert!(holds("args.amount > 100", &json!({"amount": "many"}), &json!({})).is_err());
-        assert!(holds("args.amount", &json!({"amount": 3}), &json!({})).is_err());
+        let no_amount = holds("args.amount > 100", &json!({}), &json!({}));
+        assert!(
+            matches!(no_amount, Err(ConditionError::Evaluation(_))),
+            "{no_amount:?}"
+        );
+        let many = holds("args.amount > 100", &json!({"amount": "many"}), &json!({}));
+        assert!(
+            matches!(many, Err(ConditionError::Evaluation(_))),
+            "{many:?}"
+        );
+        assert_eq!(
+            holds("args.amount", &json!({"amount": 3}), &json!({})),
+            Err(ConditionError::NotBoolean("UInt".into()))
+        );
     }
 
     #[test]
     fn a_compile_error_names_its_position() {
         let e = compile_error("args.amount > > 100").expect("an error");
-        assert!(e.starts_with("at line 1, column "), "{e}");
+        assert!(matches!(e, ConditionError::Compile(_)), "{e:?}");
+        assert!(e.to_string().starts_with("at line 1, column "), "{e}");
         assert!(compile_error("args.amount > 100 && has(args.currency)").is_none());
     }
 }

@@ -33,18 +33,30 @@ pub struct Metadata {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// Why a document could not be written as YAML or read from it; the text
+/// is the parser's, which names the line or field.
+#[derive(Debug, thiserror::Error)]
+pub enum YamlError {
+    /// Not YAML (or a value YAML cannot hold).
+    #[error("{0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// YAML, but not the shape expected (a field missing, a wrong type).
+    #[error("{0}")]
+    Shape(#[from] serde_json::Error),
+}
+
 /// YAML text as Kubernetes and JSON mean it: enums are one-key maps
 /// (`{env: X}`), not YAML tags, which is what serde_yaml would write for
 /// them on its own. Every YAML the project writes goes through here.
-pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, String> {
-    let json = serde_json::to_value(value).map_err(|e| e.to_string())?;
-    serde_yaml::to_string(&json).map_err(|e| e.to_string())
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, YamlError> {
+    let json = serde_json::to_value(value)?;
+    Ok(serde_yaml::to_string(&json)?)
 }
 
 /// The reverse of [`to_yaml`]: YAML read as a JSON value first.
-pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
-    let json: serde_json::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
-    serde_json::from_value(json).map_err(|e| e.to_string())
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, YamlError> {
+    let json: serde_json::Value = serde_yaml::from_str(text)?;
+    Ok(serde_json::from_value(json)?)
 }
 
 #[cfg(test)]
@@ -60,5 +72,14 @@ mod tests {
             from_yaml::<ValueSource>(&text).unwrap(),
             ValueSource::Env("X".into())
         );
+    }
+
+    #[test]
+    fn text_that_is_not_yaml_and_yaml_of_another_shape_are_told_apart() {
+        let broken = from_yaml::<ValueSource>("{env: [");
+        assert!(matches!(broken, Err(YamlError::Yaml(_))), "{broken:?}");
+        let other = from_yaml::<ValueSource>("{nope: X}");
+        assert!(matches!(other, Err(YamlError::Shape(_))), "{other:?}");
+        assert!(other.unwrap_err().to_string().contains("nope"));
     }
 }

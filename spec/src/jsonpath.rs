@@ -12,16 +12,29 @@ enum Step {
     Every,
 }
 
+/// Why a path in a `depends_on` cannot be used; the text says how to write
+/// it instead.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PathError {
+    #[error("a path starts with `$` (`$.date`, `$.slots[0].id`)")]
+    NoRoot,
+    #[error("a `.` is followed by a member name")]
+    NoMemberName,
+    #[error("`[{0}]` is neither an index nor `[*]`")]
+    BadBracket(String),
+    #[error("unexpected `{0}`; use `.name`, `[0]` or `[*]`")]
+    Unexpected(char),
+    #[error("a destination is made of member names only (`$.slot_token`)")]
+    NotAMemberPath,
+}
+
 /// A parsed path.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Path(Vec<Step>);
 
 impl Path {
-    pub fn parse(text: &str) -> Result<Path, String> {
-        let rest = text
-            .trim()
-            .strip_prefix('$')
-            .ok_or("a path starts with `$` (`$.date`, `$.slots[0].id`)")?;
+    pub fn parse(text: &str) -> Result<Path, PathError> {
+        let rest = text.trim().strip_prefix('$').ok_or(PathError::NoRoot)?;
         let mut steps = Vec::new();
         let mut chars = rest.chars().peekable();
         while let Some(c) = chars.next() {
@@ -36,7 +49,7 @@ impl Path {
                         chars.next();
                     }
                     if key.is_empty() || key == "*" {
-                        return Err("a `.` is followed by a member name".into());
+                        return Err(PathError::NoMemberName);
                     }
                     steps.push(Step::Key(key));
                 }
@@ -46,11 +59,11 @@ impl Path {
                         "*" => Step::Every,
                         n => Step::Index(
                             n.parse()
-                                .map_err(|_| format!("`[{n}]` is neither an index nor `[*]`"))?,
+                                .map_err(|_| PathError::BadBracket(n.to_string()))?,
                         ),
                     });
                 }
-                other => return Err(format!("unexpected `{other}`; use `.name`, `[0]` or `[*]`")),
+                other => return Err(PathError::Unexpected(other)),
             }
         }
         Ok(Path(steps))
@@ -73,11 +86,11 @@ impl Path {
 
     /// Write `value` at the path in `v`, creating objects on the way
     /// (member steps only).
-    pub fn write(&self, v: &mut Value, value: Value) -> Result<(), String> {
+    pub fn write(&self, v: &mut Value, value: Value) -> Result<(), PathError> {
         let mut at = v;
         for (i, s) in self.0.iter().enumerate() {
             let Step::Key(k) = s else {
-                return Err("a destination is made of member names only (`$.slot_token`)".into());
+                return Err(PathError::NotAMemberPath);
             };
             if !at.is_object() {
                 *at = Value::Object(Default::default());
@@ -125,9 +138,19 @@ mod tests {
         assert_eq!(get("$.items[*].id", &v), Some(json!(["x", "y"])));
         assert_eq!(get("$", &v), Some(v.clone()));
         assert_eq!(get("$.nope", &v), None);
-        assert!(Path::parse("a.b").is_err());
-        assert!(Path::parse("$..a").is_err());
-        assert!(Path::parse("$.a[?(@.x)]").is_err());
+        assert_eq!(Path::parse("a.b"), Err(PathError::NoRoot));
+        assert_eq!(Path::parse("$..a"), Err(PathError::NoMemberName));
+        assert_eq!(
+            Path::parse("$.a[?(@.x)]"),
+            Err(PathError::BadBracket("?(@.x)".into()))
+        );
+        assert_eq!(Path::parse("$a"), Err(PathError::Unexpected('a')));
+        assert_eq!(
+            Path::parse("$.a[0]")
+                .unwrap()
+                .write(&mut json!({}), json!(1)),
+            Err(PathError::NotAMemberPath)
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use depends::{Dependency, ToolDecl};
-pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, API_VERSION, KIND};
+pub use document::{from_yaml, to_yaml, AgentDocument, Metadata, YamlError, API_VERSION, KIND};
 pub use filter::EndpointFilter;
 
 /// A parameter name: `[a-z][a-z0-9_]*`.

@@ -99,9 +99,8 @@ impl Inputs<'_> {
 pub fn generated_peer_tls(
     inputs: &Inputs<'_>,
     now: jiff::Timestamp,
-) -> Result<k8s_openapi::api::core::v1::Secret, String> {
+) -> Result<k8s_openapi::api::core::v1::Secret, rcgen::Error> {
     render::generated_peer_tls(inputs, &owner_reference(inputs.tenant), now)
-        .map_err(|e| e.to_string())
 }
 
 /// A Kubernetes Event for a human.

@@ -53,7 +53,7 @@ pub(crate) fn resolve(tree: &[TreeAgent<'_>], inputs: &Inputs<'_>) -> Resolution
         }
     }
     // What each tenant parameter gives, checked once per name.
-    let mut given: BTreeMap<&str, (Result<Supply, String>, bool)> = BTreeMap::new();
+    let mut given: BTreeMap<&str, (Result<Supply, SupplyError>, bool)> = BTreeMap::new();
     for p in params {
         let secret = tree
             .iter()
@@ -90,26 +90,59 @@ fn problem(row: &ParameterRow) -> bool {
     row.source != "per-session"
 }
 
+/// Why a tenant parameter supplies no value, in the words of the Tenant's
+/// `spec.parameters` (and what to write instead).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SupplyError {
+    #[error("a secret parameter cannot take a plain `value` (it would land in a ConfigMap): put it in a Secret and use `valueFrom.secretKeyRef`")]
+    SecretAsValue,
+    #[error("`valueFrom` takes exactly one of secretKeyRef or configMapKeyRef")]
+    ValueFromNotOne,
+    #[error("give exactly one of `value` or `valueFrom`")]
+    NotOne,
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
+
+/// A Secret or ConfigMap key a Tenant refers to that is not there.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum KeyError {
+    #[error("{kind} `{name}` does not exist")]
+    NoObject { kind: &'static str, name: String },
+    /// `keys`: those it has, for the user to pick from.
+    #[error("{kind} `{name}` has no key `{key}` (keys: {keys})")]
+    NoKey {
+        kind: &'static str,
+        name: String,
+        key: String,
+        keys: String,
+    },
+}
+
 /// Whether the Secret or ConfigMap key `r` exists; if not, which of the
 /// object or the key is missing (and the keys there are).
 pub(crate) fn check_key(
-    kind: &str,
+    kind: &'static str,
     r: &KeyRef,
     objs: &BTreeMap<String, RefObject>,
-) -> Result<(), String> {
+) -> Result<(), KeyError> {
     match objs.get(&r.name) {
-        None => Err(format!("{kind} `{}` does not exist", r.name)),
-        Some(o) if o.lacks(&r.key) => Err(format!(
-            "{kind} `{}` has no key `{}` (keys: {})",
-            r.name,
-            r.key,
-            o.keys
+        None => Err(KeyError::NoObject {
+            kind,
+            name: r.name.clone(),
+        }),
+        Some(o) if o.lacks(&r.key) => Err(KeyError::NoKey {
+            kind,
+            name: r.name.clone(),
+            key: r.key.clone(),
+            keys: o
+                .keys
                 .iter()
                 .flatten()
                 .cloned()
                 .collect::<Vec<_>>()
-                .join(", ")
-        )),
+                .join(", "),
+        }),
         Some(_) => Ok(()),
     }
 }
@@ -125,27 +158,29 @@ pub(crate) fn unchecked(r: &KeyRef, secrets: &BTreeMap<String, RefObject>) -> Op
     })
 }
 
-fn supply(p: &TenantParameter, secret: bool, inputs: &Inputs<'_>) -> Result<Supply, String> {
+fn supply(p: &TenantParameter, secret: bool, inputs: &Inputs<'_>) -> Result<Supply, SupplyError> {
     let check = check_key;
     match (&p.value, &p.value_from) {
-        (Some(_), _) if secret => Err(
-            "a secret parameter cannot take a plain `value` (it would land in a ConfigMap): put it in a Secret and use `valueFrom.secretKeyRef`"
-                .to_string(),
-        ),
+        (Some(_), _) if secret => Err(SupplyError::SecretAsValue),
         (Some(v), None) => Ok(Supply::Value(v.clone())),
-        (None, Some(vf)) => match (&vf.secret_key_ref, &vf.config_map_key_ref) {
-            (Some(r), None) => check("Secret", r, inputs.secrets).map(|_| Supply::Secret(r.clone())),
-            (None, Some(r)) => check("ConfigMap", r, inputs.config_maps).map(|_| Supply::ConfigMap(r.clone())),
-            _ => Err("`valueFrom` takes exactly one of secretKeyRef or configMapKeyRef".to_string()),
-        },
-        _ => Err("give exactly one of `value` or `valueFrom`".to_string()),
+        (None, Some(vf)) => {
+            match (&vf.secret_key_ref, &vf.config_map_key_ref) {
+                (Some(r), None) => {
+                    Ok(check("Secret", r, inputs.secrets).map(|_| Supply::Secret(r.clone()))?)
+                }
+                (None, Some(r)) => Ok(check("ConfigMap", r, inputs.config_maps)
+                    .map(|_| Supply::ConfigMap(r.clone()))?),
+                _ => Err(SupplyError::ValueFromNotOne),
+            }
+        }
+        _ => Err(SupplyError::NotOne),
     }
 }
 
 fn row(
     agent: &TreeAgent<'_>,
     d: &ParameterDecl,
-    given: Option<&(Result<Supply, String>, bool)>,
+    given: Option<&(Result<Supply, SupplyError>, bool)>,
 ) -> ParameterRow {
     let mut row = ParameterRow {
         name: d.name.clone(),
@@ -175,7 +210,7 @@ fn row(
         Some((Err(e), pinned)) => {
             row.pinned = *pinned;
             row.source = "invalid".into();
-            row.message = Some(e.clone());
+            row.message = Some(e.to_string());
         }
         None if agent.filled_by_caller.contains(&d.name) => {
             row.source = "with".into();

@@ -77,9 +77,12 @@ impl AgentParams {
             }
             if let Some(src) = &decl.default {
                 let how = src.describe();
-                match read_source(src, base_dir, api_keys)
-                    .and_then(|v| ParamValue::for_parameter(decl.secret, v))
-                {
+                let value = read_source(src, base_dir, api_keys)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| {
+                        ParamValue::for_parameter(decl.secret, v).map_err(|e| e.to_string())
+                    });
+                match value {
                     Ok(v) => {
                         out.defaults.insert(decl.name.clone(), (v, how));
                     }

@@ -13,6 +13,43 @@ pub const ENV_SET_PREFIX: &str = bindery_spec::checks::PARAM_ENV_PREFIXES[0];
 /// Environment variable prefix that pins a parameter.
 pub const ENV_PIN_PREFIX: &str = bindery_spec::checks::PARAM_ENV_PREFIXES[1];
 
+/// Why an operator-supplied value was refused: the flag, variable or file
+/// and the parameter's name, never the value.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessValueError {
+    #[error("parameter `{name}` is given twice ({first} and {second}): give it once")]
+    Twice {
+        name: String,
+        first: Origin,
+        second: Origin,
+    },
+    /// `given` is the argument up to any `=`.
+    #[error("{flag} takes NAME=VALUE, got `{given}`")]
+    NotNameValue { flag: &'static str, given: String },
+    #[error("{flag} {name}=…: the value is not valid JSON ({source})")]
+    NotJson {
+        flag: &'static str,
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error("cannot read --params-file {path}: {source}")]
+    FileUnreadable {
+        path: String,
+        source: std::io::Error,
+    },
+    // serde_yaml quotes neither keys nor values in its messages beyond a
+    // location, so this cannot leak a value.
+    #[error("--params-file {path} is not a JSON/YAML object: {source}")]
+    FileNotYaml {
+        path: String,
+        source: serde_yaml::Error,
+    },
+    #[error("--params-file {0} must hold an object of parameter names to values")]
+    FileNotObject(String),
+    #[error("--params-file {path}: `{name}.pinned` must be true or false")]
+    PinnedNotBoolean { path: String, name: String },
+}
+
 /// One operator-supplied value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessValue {
@@ -30,12 +67,13 @@ impl ProcessValues {
         Self::default()
     }
 
-    pub fn insert(&mut self, name: String, value: ProcessValue) -> Result<(), String> {
+    pub fn insert(&mut self, name: String, value: ProcessValue) -> Result<(), ProcessValueError> {
         if let Some(prev) = self.0.get(&name) {
-            return Err(format!(
-                "parameter `{name}` is given twice ({} and {}): give it once",
-                prev.origin, value.origin
-            ));
+            return Err(ProcessValueError::Twice {
+                first: prev.origin.clone(),
+                second: value.origin,
+                name,
+            });
         }
         self.0.insert(name, value);
         Ok(())
@@ -50,14 +88,20 @@ impl ProcessValues {
     }
 
     /// `--set NAME=VALUE` (string) or `--set-json NAME=JSON`; the same for `--pin`.
-    pub fn add_flag(&mut self, flag: &'static str, arg: &str) -> Result<(), String> {
+    pub fn add_flag(&mut self, flag: &'static str, arg: &str) -> Result<(), ProcessValueError> {
         let (name, raw) = arg
             .split_once('=')
-            .ok_or_else(|| format!("{flag} takes NAME=VALUE, got `{}`", name_only(arg)))?;
+            .ok_or_else(|| ProcessValueError::NotNameValue {
+                flag,
+                given: name_only(arg).to_string(),
+            })?;
         let json = flag.ends_with("-json");
         let value = if json {
-            serde_json::from_str(raw)
-                .map_err(|e| format!("{flag} {name}=…: the value is not valid JSON ({e})"))?
+            serde_json::from_str(raw).map_err(|source| ProcessValueError::NotJson {
+                flag,
+                name: name.to_string(),
+                source,
+            })?
         } else {
             serde_json::Value::String(raw.to_string())
         };
@@ -76,7 +120,7 @@ impl ProcessValues {
     pub fn add_env(
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProcessValueError> {
         for (var, raw) in vars {
             let (pinned, rest) = if let Some(rest) = var.strip_prefix(ENV_PIN_PREFIX) {
                 (true, rest)
@@ -100,19 +144,20 @@ impl ProcessValues {
     /// A JSON or YAML object: `{"name": value}` or `{"name": {"value": …,
     /// "pinned": true}}` (an object whose only keys are `value` and
     /// `pinned` is read as the second form).
-    pub fn add_params_file(&mut self, path: &Path) -> Result<(), String> {
+    pub fn add_params_file(&mut self, path: &Path) -> Result<(), ProcessValueError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --params-file {shown}: {e}"))?;
-        let doc: serde_json::Value = serde_yaml::from_str(&text).map_err(|e| {
-            // serde_yaml quotes neither keys nor values in its messages
-            // beyond a location, so this cannot leak a value.
-            format!("--params-file {shown} is not a JSON/YAML object: {e}")
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ProcessValueError::FileUnreadable {
+                path: shown.clone(),
+                source,
+            })?;
+        let doc: serde_json::Value =
+            serde_yaml::from_str(&text).map_err(|source| ProcessValueError::FileNotYaml {
+                path: shown.clone(),
+                source,
+            })?;
         let serde_json::Value::Object(map) = doc else {
-            return Err(format!(
-                "--params-file {shown} must hold an object of parameter names to values"
-            ));
+            return Err(ProcessValueError::FileNotObject(shown));
         };
         for (name, entry) in map {
             let (value, pinned) = match entry {
@@ -124,9 +169,7 @@ impl ProcessValues {
                         None => false,
                         Some(serde_json::Value::Bool(b)) => *b,
                         Some(_) => {
-                            return Err(format!(
-                                "--params-file {shown}: `{name}.pinned` must be true or false"
-                            ))
+                            return Err(ProcessValueError::PinnedNotBoolean { path: shown, name })
                         }
                     };
                     (o["value"].clone(), pinned)
@@ -178,14 +221,21 @@ mod tests {
         assert_eq!(region.origin, Origin::Env("BINDERY_PIN_REGION".into()));
 
         let err = pv.add_flag("--pin", "tenant=x").unwrap_err();
+        assert!(matches!(err, ProcessValueError::Twice { .. }), "{err:?}");
+        let err = err.to_string();
         assert!(
             err.contains("`tenant` is given twice (--set and --pin)"),
             "{err}"
         );
         let err = pv.add_flag("--set", "novalue").unwrap_err();
-        assert!(err.contains("NAME=VALUE"), "{err}");
+        assert!(
+            matches!(err, ProcessValueError::NotNameValue { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("NAME=VALUE"), "{err}");
         let err = pv.add_flag("--set-json", "x={bad").unwrap_err();
-        assert!(err.contains("not valid JSON"), "{err}");
+        assert!(matches!(err, ProcessValueError::NotJson { .. }), "{err:?}");
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
 
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("p.json");

@@ -14,6 +14,58 @@ use bindery_spec::ValueSource;
 /// How long a `command` source may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a source gave no value; it names the source (the variable, the file,
+/// the command, the key's id), never what it held.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot read the API-keys file {}: {source}", .path.display())]
+    ApiKeysUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    // serde_json's errors give a position, not the text around it.
+    #[error("the API-keys file {} is not {{\"keys\": [{{\"id\", \"value\"}}]}}: {source}", .path.display())]
+    ApiKeysShape {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("API key `{0}` is wanted but no API-keys file was given (use --api-keys FILE)")]
+    NoApiKeysFile(String),
+    #[error("the API-keys file {} has no key with id `{id}`", .path.display())]
+    NoSuchApiKey { path: PathBuf, id: String },
+    #[error("environment variable {0} is not set")]
+    EnvUnset(String),
+    #[error("environment variable {0} is not valid UTF-8")]
+    EnvNotUtf8(String),
+    #[error("cannot read file {}: {source}", .path.display())]
+    FileUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("a command source needs at least a program")]
+    NoProgram,
+    #[error("cannot start command `{program}`: {source}")]
+    CommandUnstarted {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("command `{program}` did not finish within {}s", COMMAND_TIMEOUT.as_secs())]
+    CommandTimedOut { program: String },
+    #[error("command `{program}`: {source}")]
+    CommandLost {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("command `{program}` failed ({status}): {stderr}")]
+    CommandFailed {
+        program: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("command `{0}` printed something that is not UTF-8")]
+    CommandNotUtf8(String),
+}
+
 /// agents-exe's API-keys file: `{"keys": [{"id": "openai", "value": "sk-…"}]}`.
 #[derive(Default)]
 pub struct ApiKeys {
@@ -22,7 +74,7 @@ pub struct ApiKeys {
 }
 
 impl ApiKeys {
-    pub fn load(path: &Path) -> Result<ApiKeys, String> {
+    pub fn load(path: &Path) -> Result<ApiKeys, SourceError> {
         #[derive(serde::Deserialize)]
         struct File {
             keys: Vec<Entry>,
@@ -32,14 +84,17 @@ impl ApiKeys {
             id: String,
             value: String,
         }
-        let shown = path.display();
         crate::live::private_file(path);
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the API-keys file {shown}: {e}"))?;
-        // serde_json's errors give a position, not the text around it.
-        let file: File = serde_json::from_str(&text).map_err(|e| {
-            format!("the API-keys file {shown} is not {{\"keys\": [{{\"id\", \"value\"}}]}}: {e}")
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SourceError::ApiKeysUnreadable {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let file: File =
+            serde_json::from_str(&text).map_err(|source| SourceError::ApiKeysShape {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Ok(ApiKeys {
             path: Some(path.to_path_buf()),
             keys: file
@@ -55,16 +110,14 @@ impl ApiKeys {
         self.keys.iter().map(|(id, k)| (id.as_str(), k))
     }
 
-    pub fn get(&self, id: &str) -> Result<&SecretString, String> {
+    pub fn get(&self, id: &str) -> Result<&SecretString, SourceError> {
         match (&self.path, self.keys.get(id)) {
             (_, Some(k)) => Ok(k),
-            (None, None) => Err(format!(
-                "API key `{id}` is wanted but no API-keys file was given (use --api-keys FILE)"
-            )),
-            (Some(p), None) => Err(format!(
-                "the API-keys file {} has no key with id `{id}`",
-                p.display()
-            )),
+            (None, None) => Err(SourceError::NoApiKeysFile(id.to_string())),
+            (Some(p), None) => Err(SourceError::NoSuchApiKey {
+                path: p.clone(),
+                id: id.to_string(),
+            }),
         }
     }
 }
@@ -75,7 +128,7 @@ pub fn read_source(
     source: &ValueSource,
     base: &Path,
     api_keys: &ApiKeys,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, SourceError> {
     read_source_as(source, base, api_keys, true)
 }
 
@@ -86,23 +139,21 @@ pub fn read_source_as(
     base: &Path,
     api_keys: &ApiKeys,
     trim: bool,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, SourceError> {
     let text = match source {
         ValueSource::Value(v) => return Ok(v.clone()),
         ValueSource::Env(var) => match std::env::var(var) {
             Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => {
-                return Err(format!("environment variable {var} is not set"))
-            }
+            Err(std::env::VarError::NotPresent) => return Err(SourceError::EnvUnset(var.clone())),
             Err(std::env::VarError::NotUnicode(_)) => {
-                return Err(format!("environment variable {var} is not valid UTF-8"))
+                return Err(SourceError::EnvNotUtf8(var.clone()))
             }
         },
         ValueSource::File(p) => {
             let path = base.join(p);
             crate::live::private_file(&path);
             let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read file {}: {e}", path.display()))?;
+                .map_err(|source| SourceError::FileUnreadable { path, source })?;
             if trim {
                 text.trim_end().to_string()
             } else {
@@ -115,10 +166,8 @@ pub fn read_source_as(
     Ok(serde_json::Value::String(text))
 }
 
-fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, String> {
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| "a command source needs at least a program".to_string())?;
+fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, SourceError> {
+    let (program, args) = argv.split_first().ok_or(SourceError::NoProgram)?;
     let (mut child, _kept) = bindery_reaper::spawn_kept(|| {
         let child = Command::new(program)
             .args(args)
@@ -130,7 +179,10 @@ fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, Strin
         let pid = child.id();
         Ok((child, Some(pid)))
     })
-    .map_err(|e| format!("cannot start command `{program}`: {e}"))?;
+    .map_err(|source| SourceError::CommandUnstarted {
+        program: program.clone(),
+        source,
+    })?;
     let started = Instant::now();
     loop {
         match child.try_wait() {
@@ -138,29 +190,36 @@ fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, Strin
             Ok(None) if started.elapsed() > COMMAND_TIMEOUT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "command `{program}` did not finish within {}s",
-                    COMMAND_TIMEOUT.as_secs()
-                ));
+                return Err(SourceError::CommandTimedOut {
+                    program: program.clone(),
+                });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(format!("command `{program}`: {e}")),
+            Err(source) => {
+                return Err(SourceError::CommandLost {
+                    program: program.clone(),
+                    source,
+                })
+            }
         }
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| format!("command `{program}`: {e}"))?;
+        .map_err(|source| SourceError::CommandLost {
+            program: program.clone(),
+            source,
+        })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "command `{program}` failed ({}): {}",
-            out.status,
-            stderr.trim()
-        ));
+        return Err(SourceError::CommandFailed {
+            program: program.clone(),
+            status: out.status,
+            stderr: stderr.trim().to_string(),
+        });
     }
     String::from_utf8(out.stdout)
         .map(|s| if trim { s.trim_end().to_string() } else { s })
-        .map_err(|_| format!("command `{program}` printed something that is not UTF-8"))
+        .map_err(|_| SourceError::CommandNotUtf8(program.clone()))
 }
 
 #[cfg(test)]
@@ -196,15 +255,26 @@ mod tests {
             json!("sk-1")
         );
         let err = read(ValueSource::Env("BINDERY_SURELY_UNSET_VAR".into())).unwrap_err();
+        assert!(matches!(err, SourceError::EnvUnset(_)), "{err:?}");
         assert_eq!(
-            err,
+            err.to_string(),
             "environment variable BINDERY_SURELY_UNSET_VAR is not set"
         );
         let err = read(ValueSource::ApiKey("nope".into())).unwrap_err();
-        assert!(err.contains("has no key with id `nope`"), "{err}");
+        assert!(matches!(err, SourceError::NoSuchApiKey { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("has no key with id `nope`"),
+            "{err}"
+        );
         let err = read(ValueSource::Command(vec!["false".into()])).unwrap_err();
-        assert!(err.contains("command `false` failed"), "{err}");
+        assert!(matches!(err, SourceError::CommandFailed { .. }), "{err:?}");
+        assert!(err.to_string().contains("command `false` failed"), "{err}");
+        let err = read(ValueSource::Command(vec![])).unwrap_err();
+        assert!(matches!(err, SourceError::NoProgram), "{err:?}");
         let err = read(ValueSource::File("missing".into())).unwrap_err();
-        assert!(err.contains("cannot read file"), "{err}");
+        assert!(matches!(err, SourceError::FileUnreadable { .. }), "{err:?}");
+        assert!(err.to_string().contains("cannot read file"), "{err}");
+        let none = ApiKeys::default().get("openai").unwrap_err();
+        assert!(matches!(none, SourceError::NoApiKeysFile(_)), "{none:?}");
     }
 }

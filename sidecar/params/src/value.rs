@@ -8,6 +8,12 @@ use serde::Serialize;
 
 use super::SecretString;
 
+/// A secret parameter was given something else than a string: the kind
+/// given (`an object`), never the value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("a secret parameter takes a string, got {0}")]
+pub struct SecretNotString(pub &'static str);
+
 /// A resolved parameter value. Values are JSON; a secret one is a string
 /// held as a [`SecretString`] and prints as `<secret>` wherever it goes.
 #[derive(Clone, PartialEq)]
@@ -19,16 +25,16 @@ pub enum ParamValue {
 impl ParamValue {
     /// Classify a supplied value for a parameter: a secret parameter takes a
     /// string only. The error never contains the value.
-    pub fn for_parameter(secret: bool, value: serde_json::Value) -> Result<ParamValue, String> {
+    pub fn for_parameter(
+        secret: bool,
+        value: serde_json::Value,
+    ) -> Result<ParamValue, SecretNotString> {
         if !secret {
             return Ok(ParamValue::Plain(value));
         }
         match value {
             serde_json::Value::String(s) => Ok(ParamValue::Secret(SecretString::new(s))),
-            other => Err(format!(
-                "a secret parameter takes a string, got {}",
-                json_kind(&other)
-            )),
+            other => Err(SecretNotString(json_kind(&other))),
         }
     }
 
@@ -115,6 +121,8 @@ mod tests {
         assert_eq!(format!("{v:?}"), "<secret>");
         assert_eq!(serde_json::to_value(&v).unwrap(), json!("<secret>"));
         let err = ParamValue::for_parameter(true, json!({"k": "canary"})).unwrap_err();
+        assert_eq!(err, SecretNotString("an object"));
+        let err = err.to_string();
         assert!(err.contains("takes a string, got an object"), "{err}");
         assert!(!err.contains("canary"));
         assert_eq!(

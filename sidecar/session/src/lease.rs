@@ -27,19 +27,34 @@ impl Default for LeaseConfig {
     }
 }
 
+/// Why `--runner-heartbeat` and `--runner-lease` cannot keep runs alive.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LeaseConfigError {
+    #[error("--runner-heartbeat must be longer than 0s")]
+    NoHeartbeat,
+    #[error(
+        "--runner-lease ({}) must be longer than --runner-heartbeat ({}), a few heartbeats long (the default is 30s for 10s)",
+        humantime::format_duration(*.lease),
+        humantime::format_duration(*.heartbeat)
+    )]
+    LeaseTooShort {
+        lease: Duration,
+        heartbeat: Duration,
+    },
+}
+
 impl LeaseConfig {
     /// A lease no longer than the heartbeat would expire between two beats
     /// of a healthy server.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), LeaseConfigError> {
         if self.heartbeat.is_zero() {
-            return Err("--runner-heartbeat must be longer than 0s".into());
+            return Err(LeaseConfigError::NoHeartbeat);
         }
         if self.lease <= self.heartbeat {
-            return Err(format!(
-                "--runner-lease ({}) must be longer than --runner-heartbeat ({}), a few heartbeats long (the default is 30s for 10s)",
-                humantime::format_duration(self.lease),
-                humantime::format_duration(self.heartbeat)
-            ));
+            return Err(LeaseConfigError::LeaseTooShort {
+                lease: self.lease,
+                heartbeat: self.heartbeat,
+            });
         }
         Ok(())
     }
@@ -195,7 +210,7 @@ mod tests {
     fn a_lease_must_outlast_the_heartbeat() {
         assert!(LeaseConfig::default().check().is_ok());
         assert!(cfg(200, 1000).check().is_ok());
-        let err = cfg(10_000, 10_000).check().unwrap_err();
+        let err = cfg(10_000, 10_000).check().unwrap_err().to_string();
         assert!(
             err.contains("--runner-lease (10s) must be longer than --runner-heartbeat (10s)"),
             "{err}"
@@ -240,13 +255,14 @@ mod tests {
 
     #[test]
     fn a_lease_check_says_which_flag_is_wrong() {
+        assert_eq!(cfg(0, 1000).check(), Err(LeaseConfigError::NoHeartbeat));
         assert_eq!(
-            cfg(0, 1000).check(),
-            Err("--runner-heartbeat must be longer than 0s".to_string())
+            cfg(0, 1000).check().unwrap_err().to_string(),
+            "--runner-heartbeat must be longer than 0s"
         );
         assert_eq!(
-            cfg(10_000, 5_000).check(),
-            Err("--runner-lease (5s) must be longer than --runner-heartbeat (10s), a few heartbeats long (the default is 30s for 10s)".to_string())
+            cfg(10_000, 5_000).check().unwrap_err().to_string(),
+            "--runner-lease (5s) must be longer than --runner-heartbeat (10s), a few heartbeats long (the default is 30s for 10s)"
         );
         assert_eq!(cfg(10_000, 10_001).check(), Ok(()));
     }

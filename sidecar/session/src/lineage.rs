@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use bindery_spec::SessionScope;
 use bindery_store::SessionStore;
 use bindery_tools::lineage::{
-    in_scope, search_session, terms, Found, Hit, Kin, Listing, Read, Relation, SessionLineage,
-    LINEAGE_MAX, SEARCH_BYTES,
+    in_scope, search_session, terms, Found, Hit, Kin, LineageUnreadable, Listing, Read, Relation,
+    SessionLineage, LINEAGE_MAX, SEARCH_BYTES,
 };
 
 pub struct StoreLineage {
@@ -27,7 +27,7 @@ impl StoreLineage {
         }
     }
 
-    async fn scoped(&self, scope: SessionScope) -> Result<Vec<(Kin, Relation)>, String> {
+    async fn scoped(&self, scope: SessionScope) -> Result<Vec<(Kin, Relation)>, LineageUnreadable> {
         let kin = self
             .store
             .lineage(&self.session, LINEAGE_MAX)
@@ -39,9 +39,9 @@ impl StoreLineage {
 
 /// What the model is told when the store fails (the log has why: a
 /// store's message may name files and hosts).
-fn unreadable(e: bindery_store::StoreError) -> String {
+fn unreadable(e: bindery_store::StoreError) -> LineageUnreadable {
     tracing::warn!("a session capability could not read the store: {e}");
-    "the session store could not be read; try again later".to_owned()
+    LineageUnreadable
 }
 
 impl std::fmt::Debug for StoreLineage {
@@ -54,7 +54,7 @@ impl std::fmt::Debug for StoreLineage {
 
 #[async_trait]
 impl SessionLineage for StoreLineage {
-    async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String> {
+    async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, LineageUnreadable> {
         let mut sessions = self.scoped(scope).await?;
         let total = sessions.len();
         sessions.truncate(limit);
@@ -67,7 +67,7 @@ impl SessionLineage for StoreLineage {
         query: &str,
         limit: usize,
         tool_outputs: bool,
-    ) -> Result<Found, String> {
+    ) -> Result<Found, LineageUnreadable> {
         let terms = terms(query);
         let mut found = Found {
             hits: Vec::new(),
@@ -99,7 +99,7 @@ impl SessionLineage for StoreLineage {
         Ok(found)
     }
 
-    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, String> {
+    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, LineageUnreadable> {
         let Some((session, relation)) = self
             .scoped(scope)
             .await?

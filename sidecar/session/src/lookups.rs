@@ -228,7 +228,7 @@ impl Walk<'_, '_> {
                         )));
                     };
                     if let Ok(p) = Path::parse(dest) {
-                        p.write(args, v).map_err(Stop::Failed)?;
+                        p.write(args, v).map_err(|e| Stop::Failed(e.to_string()))?;
                     }
                 }
             }
@@ -465,15 +465,16 @@ fn fits(schema: &Value, v: &Value) -> bool {
 }
 
 /// Whether a failed call is the API saying the prepared input went stale:
-/// an HTTP 409 or 410 (an OpenAPI tool's error, or a bash tool whose error
+/// an HTTP 409 or 410 (an OpenAPI tool's status, or a bash tool whose error
 /// output starts with `HTTP 409` or `HTTP 410`).
 pub fn is_stale(e: &ToolError) -> bool {
-    match e {
-        ToolError::Failed(m) => ["HTTP 409", "HTTP 410"]
-            .iter()
-            .any(|s| m.starts_with(s) || m.contains(&format!(": {s}"))),
-        _ => false,
-    }
+    matches!(
+        e,
+        ToolError::Http {
+            status: 409 | 410,
+            ..
+        }
+    )
 }
 
 #[cfg(test)]

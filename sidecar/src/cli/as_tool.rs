@@ -159,7 +159,9 @@ pub async fn main(
     protocol: Vec<String>,
 ) -> Result<std::process::ExitCode, String> {
     let tree = super::load::load_lenient(&agents).await?;
-    let agent = tree.pick(agents.agent.as_deref())?;
+    let agent = tree
+        .pick(agents.agent.as_deref())
+        .map_err(|e| e.to_string())?;
     let params = open_params(agent.params.statuses());
     check_names(&agent.name, &params)?;
     match protocol.split_first() {

@@ -292,7 +292,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         }
         Command::Describe { agents, tool } => {
             let tree = load(&agents).await?;
-            let agent = tree.pick(agents.agent.as_deref())?;
+            let agent = tree
+                .pick(agents.agent.as_deref())
+                .map_err(|e| e.to_string())?;
             let values = agent.process_values();
             let helper_tools = bindery_session::subagents::definitions(agent, &tree);
             let helper_view = |d: &bindery_llm::ToolDefinition| {
@@ -352,7 +354,9 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
             }
             let tree = load(&agents).await?;
-            let agent = tree.pick(agents.agent.as_deref())?;
+            let agent = tree
+                .pick(agents.agent.as_deref())
+                .map_err(|e| e.to_string())?;
             let model_args: serde_json::Value = serde_json::from_str(&args)
                 .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
             // A helper's tool: one run of the helper agent on `what`, as
@@ -481,7 +485,10 @@ async fn agents_exe_tool_call(
     let model_args: serde_json::Value = serde_json::from_str(args)
         .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
     let tree = load(agents).await?;
-    let agent = tree.pick(agents.agent.as_deref())?.clone();
+    let agent = tree
+        .pick(agents.agent.as_deref())
+        .map_err(|e| e.to_string())?
+        .clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
     let helper = bindery_session::subagents::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))

@@ -160,21 +160,23 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
         ("--pin-json", &agents.pin_json),
     ] {
         for arg in list {
-            process.add_flag(flag, arg)?;
+            process.add_flag(flag, arg).map_err(|e| e.to_string())?;
         }
     }
     for f in &agents.params_files {
-        process.add_params_file(f)?;
+        process.add_params_file(f).map_err(|e| e.to_string())?;
     }
-    process.add_env(std::env::vars())?;
+    process
+        .add_env(std::env::vars())
+        .map_err(|e| e.to_string())?;
     let api_keys = match &agents.api_keys {
-        Some(p) => ApiKeys::load(p)?,
+        Some(p) => ApiKeys::load(p).map_err(|e| e.to_string())?,
         // agents-exe's own keys file, where it keeps it.
         None => match std::env::var_os("HOME")
             .map(|h| std::path::PathBuf::from(h).join(".config/agents-exe/secret-keys"))
             .filter(|p| p.is_file())
         {
-            Some(p) => ApiKeys::load(&p)?,
+            Some(p) => ApiKeys::load(&p).map_err(|e| e.to_string())?,
             None => ApiKeys::default(),
         },
     };

@@ -314,7 +314,11 @@ pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, Str
     let loaded = Arc::new(Loaded::load(agents, model).await?);
     // agents-exe's --agent SLUG keeps that file alone.
     let chosen: Vec<Arc<LoadedAgent>> = match agents.agent.as_deref() {
-        Some(name) => vec![loaded.tree.pick(Some(name))?.clone()],
+        Some(name) => vec![loaded
+            .tree
+            .pick(Some(name))
+            .map_err(|e| e.to_string())?
+            .clone()],
         None => loaded
             .tree
             .roots

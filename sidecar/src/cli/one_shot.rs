@@ -210,7 +210,11 @@ pub async fn run(
         .map(|p| tokio::task::block_in_place(|| SessionFile::open(p)))
         .transpose()?;
     let loaded = Loaded::load(agents, model).await?;
-    let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
+    let agent = loaded
+        .tree
+        .pick(agents.agent.as_deref())
+        .map_err(|e| e.to_string())?
+        .clone();
     let answer = loaded
         .ask_in(
             file.as_ref(),

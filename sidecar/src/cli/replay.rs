@@ -130,7 +130,9 @@ pub async fn through_bindings(
     let doc = read_session(session)?;
     let call = recorded_call(&doc, session, index)?;
     let tree = load(agents).await?;
-    let agent = tree.pick(agents.agent.as_deref())?;
+    let agent = tree
+        .pick(agents.agent.as_deref())
+        .map_err(|e| e.to_string())?;
     if validate_only {
         let bound = super::call::find_tool(agent, &call.name)?;
         let Value::Object(map) = call.arguments.clone() else {

@@ -26,9 +26,19 @@ impl std::fmt::Debug for Location {
     }
 }
 
+/// Why `--store` names no store Bindery keeps sessions in; the location is
+/// shown without its password.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LocationError {
+    #[error("--store {0:?} names no SQLite file: give sqlite://PATH or postgres://…")]
+    NoSqliteFile(String),
+    #[error("--store {shown}: unknown scheme `{scheme}`; Bindery keeps sessions in sqlite://PATH (the default, {DEFAULT_SQLITE}) or postgres://USER:PASSWORD@HOST:PORT/DB")]
+    UnknownScheme { shown: String, scheme: String },
+}
+
 impl Location {
     /// `None` (no `--store`) is the SQLite default.
-    pub fn parse(given: Option<&str>) -> Result<Location, String> {
+    pub fn parse(given: Option<&str>) -> Result<Location, LocationError> {
         let Some(given) = given.map(str::trim) else {
             return Ok(Location::Sqlite(DEFAULT_SQLITE.into()));
         };
@@ -38,16 +48,14 @@ impl Location {
             Some("sqlite") | None => {
                 let path = given.strip_prefix("sqlite://").unwrap_or(given);
                 if path.is_empty() {
-                    return Err(format!(
-                        "--store {given:?} names no SQLite file: give sqlite://PATH or postgres://…"
-                    ));
+                    return Err(LocationError::NoSqliteFile(given.to_string()));
                 }
                 Ok(Location::Sqlite(path.into()))
             }
-            Some(other) => Err(format!(
-                "--store {}: unknown scheme `{other}`; Bindery keeps sessions in sqlite://PATH (the default, {DEFAULT_SQLITE}) or postgres://USER:PASSWORD@HOST:PORT/DB",
-                redact(given)
-            )),
+            Some(other) => Err(LocationError::UnknownScheme {
+                shown: redact(given),
+                scheme: other.to_string(),
+            }),
         }
     }
 
@@ -148,8 +156,19 @@ mod tests {
             assert!(!loc.shown().contains("pw"));
         }
         let err = Location::parse(Some("mysql://u:pw@h/db")).unwrap_err();
+        assert_eq!(
+            err,
+            LocationError::UnknownScheme {
+                shown: "mysql://u:<redacted>@h/db".into(),
+                scheme: "mysql".into()
+            }
+        );
+        let err = err.to_string();
         assert!(err.contains("unknown scheme `mysql`"), "{err}");
         assert!(!err.contains("pw@"), "{err}");
-        assert!(Location::parse(Some("sqlite://")).is_err());
+        assert_eq!(
+            Location::parse(Some("sqlite://")),
+            Err(LocationError::NoSqliteFile("sqlite://".into()))
+        );
     }
 }

@@ -70,15 +70,42 @@ pub struct Columns {
     pub turn_count: i64,
 }
 
+/// Why a session's row cannot be written or read. A stored column that
+/// does not decode is reported by its position only: serde's message may
+/// quote the offending value.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot encode column {column} of session {session}: {source}")]
+    Encode {
+        session: String,
+        column: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("column status of session {0} holds an unknown status")]
+    UnknownStatus(String),
+    #[error("column {column} of session {session} is not valid ({class:?} error at line {line}, column {at})")]
+    Corrupt {
+        session: String,
+        column: String,
+        class: serde_json::error::Category,
+        line: usize,
+        at: usize,
+    },
+}
+
 /// The turns a write adds to the `turns` table: `(index, JSON text)`.
 pub type NewTurns = Vec<(i64, String)>;
 
 impl Columns {
     /// The row of `rec`, and the turns the store does not hold yet (those
     /// after `rec.stored_turns`).
-    pub fn encode(rec: &SessionRecord) -> Result<(Columns, NewTurns), String> {
-        let json = |column: &str, r: serde_json::Result<String>| {
-            r.map_err(|e| format!("cannot encode column {column} of session {}: {e}", rec.id))
+    pub fn encode(rec: &SessionRecord) -> Result<(Columns, NewTurns), RecordError> {
+        let json = |column: &'static str, r: serde_json::Result<String>| {
+            r.map_err(|source| RecordError::Encode {
+                session: rec.id.clone(),
+                column,
+                source,
+            })
         };
         let from = rec.stored_turns.min(rec.turns.len());
         let mut new = Vec::with_capacity(rec.turns.len() - from);
@@ -108,7 +135,7 @@ impl Columns {
 
     /// The record of this row and its turns from the `turns` table (JSON
     /// text, in order).
-    pub fn decode(self, stored: Vec<String>) -> Result<SessionRecord, String> {
+    pub fn decode(self, stored: Vec<String>) -> Result<SessionRecord, RecordError> {
         self.decode_after(Vec::new(), stored)
     }
 
@@ -119,10 +146,10 @@ impl Columns {
         self,
         mut turns: Vec<Turn>,
         stored: Vec<String>,
-    ) -> Result<SessionRecord, String> {
+    ) -> Result<SessionRecord, RecordError> {
         let id = self.id;
         let status = SessionStatus::parse(&self.status)
-            .ok_or_else(|| format!("column status of session {id} holds an unknown status"))?;
+            .ok_or_else(|| RecordError::UnknownStatus(id.clone()))?;
         let known = turns.len();
         let stored_turns = known + stored.len();
         turns.reserve(stored.len());
@@ -161,19 +188,23 @@ impl Columns {
 }
 
 /// An event's stored `data` column, decoded.
-pub fn decode_event_data(session: &str, seq: i64, data: &str) -> Result<serde_json::Value, String> {
+pub fn decode_event_data(
+    session: &str,
+    seq: i64,
+    data: &str,
+) -> Result<serde_json::Value, RecordError> {
     serde_json::from_str(data).map_err(|e| corrupt(session, &format!("data (event {seq})"), &e))
 }
 
-/// A stored JSON column that does not decode. serde's message may quote the
-/// offending value, so only its position is reported.
-fn corrupt(session: &str, column: &str, e: &serde_json::Error) -> String {
-    format!(
-        "column {column} of session {session} is not valid ({:?} error at line {}, column {})",
-        e.classify(),
-        e.line(),
-        e.column()
-    )
+/// A stored JSON column that does not decode, by its position.
+fn corrupt(session: &str, column: &str, e: &serde_json::Error) -> RecordError {
+    RecordError::Corrupt {
+        session: session.to_string(),
+        column: column.to_string(),
+        class: e.classify(),
+        line: e.line(),
+        at: e.column(),
+    }
 }
 
 #[cfg(test)]
@@ -229,10 +260,17 @@ mod tests {
         let (mut cols, turns) = stored(&full_record());
         cols.security = "{\"sealed\": \"wizard-4d1e\"}".into();
         let msg = cols.clone().decode(turns.clone()).unwrap_err();
+        assert!(
+            matches!(&msg, RecordError::Corrupt { column, .. } if column == "security"),
+            "{msg:?}"
+        );
+        let msg = msg.to_string();
         assert!(msg.contains("column security of session s-full"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
         cols.status = "wizard-4d1e".into();
         let msg = cols.clone().decode(turns).unwrap_err();
+        assert!(matches!(msg, RecordError::UnknownStatus(_)), "{msg:?}");
+        let msg = msg.to_string();
         assert!(msg.contains("column status"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
         cols.status = "idle".into();
@@ -240,9 +278,13 @@ mod tests {
         let msg = cols
             .decode(vec!["{\"role\": \"wizard-4d1e\"}".into()])
             .unwrap_err();
+        assert!(matches!(msg, RecordError::Corrupt { .. }), "{msg:?}");
+        let msg = msg.to_string();
         assert!(msg.contains("message (turn 0) of session s-full"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
-        let msg = decode_event_data("s1", 3, "{\"x\": wizard-4d1e").unwrap_err();
+        let msg = decode_event_data("s1", 3, "{\"x\": wizard-4d1e")
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("column data (event 3) of session s1"), "{msg}");
         assert!(!msg.contains("wizard-4d1e"), "{msg}");
     }

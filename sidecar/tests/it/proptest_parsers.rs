@@ -130,7 +130,7 @@ proptest! {
             })).collect::<Vec<_>>(),
         });
         let info = parse_description(described.to_string().as_bytes())
-            .map_err(TestCaseError::fail)?;
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(info.slug, slug);
         prop_assert_eq!(info.args.len(), args.len());
     }

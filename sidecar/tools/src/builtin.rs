@@ -187,11 +187,7 @@ impl SystemTool {
             ))
         };
         let lineage = ctx.lineage.as_ref().ok_or_else(not_here)?;
-        let read = lineage
-            .read(self.scope, id)
-            .await
-            .map_err(ToolError::Failed)?
-            .ok_or_else(not_here)?;
+        let read = lineage.read(self.scope, id).await?.ok_or_else(not_here)?;
         let relation = match read.relation {
             Relation::Ancestor => "parent",
             Relation::Descendant => "child",
@@ -239,7 +235,7 @@ impl SystemTool {
                 .await
                 .map(|f| found_json(&q, &f, scope)),
         }
-        .map_err(ToolError::Failed)
+        .map_err(ToolError::from)
     }
 }
 
@@ -524,7 +520,11 @@ mod tests {
 
     #[async_trait]
     impl crate::lineage::SessionLineage for Asked {
-        async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String> {
+        async fn list(
+            &self,
+            scope: SessionScope,
+            limit: usize,
+        ) -> Result<Listing, crate::lineage::LineageUnreadable> {
             self.0
                 .lock()
                 .unwrap()
@@ -549,7 +549,7 @@ mod tests {
             query: &str,
             limit: usize,
             tool_outputs: bool,
-        ) -> Result<Found, String> {
+        ) -> Result<Found, crate::lineage::LineageUnreadable> {
             self.0.lock().unwrap().push(format!(
                 "search {} {query} {limit} {tool_outputs}",
                 scope.as_str()
@@ -564,7 +564,7 @@ mod tests {
             &self,
             scope: SessionScope,
             id: &str,
-        ) -> Result<Option<crate::lineage::Read>, String> {
+        ) -> Result<Option<crate::lineage::Read>, crate::lineage::LineageUnreadable> {
             self.0
                 .lock()
                 .unwrap()

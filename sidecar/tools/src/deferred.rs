@@ -7,23 +7,23 @@ use async_trait::async_trait;
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 use bindery_spec::DeferredTool as Decl;
 
+/// A deferred tool's `parameters` that give no arguments; names the tool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tool `{0}`: `parameters.properties` must be an object")]
+pub struct PropertiesNotAnObject(pub String);
+
 pub struct DeferredTool {
     spec: ToolSpec,
 }
 
 impl DeferredTool {
     /// The tool as declared; `Err` says what is wrong with its schema.
-    pub fn new(decl: &Decl) -> Result<Self, String> {
+    pub fn new(decl: &Decl) -> Result<Self, PropertiesNotAnObject> {
         let schema = &decl.parameters;
         let properties = match schema.get("properties") {
             None => serde_json::Map::new(),
             Some(serde_json::Value::Object(p)) => p.clone(),
-            Some(_) => {
-                return Err(format!(
-                    "tool `{}`: `parameters.properties` must be an object",
-                    decl.name
-                ))
-            }
+            Some(_) => return Err(PropertiesNotAnObject(decl.name.clone())),
         };
         let required: Vec<&str> = schema
             .get("required")
@@ -67,5 +67,40 @@ impl Tool for DeferredTool {
         Err(ToolError::Failed(
             "this tool is run by the client, not by the agent's server".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn decl(parameters: serde_json::Value) -> Decl {
+        Decl {
+            name: "get_location".into(),
+            description: String::new(),
+            parameters,
+        }
+    }
+
+    #[test]
+    fn properties_give_the_arguments_and_anything_else_is_refused() {
+        let t = DeferredTool::new(&decl(json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"]
+        })))
+        .unwrap();
+        assert_eq!(t.spec().args.len(), 1);
+        assert!(t.spec().args[0].required);
+        assert!(DeferredTool::new(&decl(json!({"type": "object"}))).is_ok());
+        let err = DeferredTool::new(&decl(json!({"properties": ["city"]})))
+            .err()
+            .unwrap();
+        assert_eq!(err, PropertiesNotAnObject("get_location".into()));
+        assert_eq!(
+            err.to_string(),
+            "tool `get_location`: `parameters.properties` must be an object"
+        );
     }
 }

@@ -351,6 +351,13 @@ pub enum ToolError {
     /// The tool ran and failed.
     #[error("{0}")]
     Failed(String),
+    /// An HTTP API answered with a failure `status` (an OpenAPI or PostgREST
+    /// tool's call, an MCP server over HTTP, or a bash tool whose error
+    /// output starts `HTTP <status>`); `message` is what the model is told,
+    /// the status among it. Matched by status, never by the text: a 409 or
+    /// 410 says the prepared input went stale.
+    #[error("{message}")]
+    Http { status: u16, message: String },
     /// The tool cannot run for a reason the model must not learn (an
     /// unbound parameter, a bound value of the wrong shape); the operator's
     /// log says which.
@@ -365,6 +372,10 @@ impl ToolError {
         match self {
             ToolError::InvalidArguments(m) => ToolError::InvalidArguments(scrubber.scrub(&m)),
             ToolError::Failed(m) => ToolError::Failed(scrubber.scrub(&m)),
+            ToolError::Http { status, message } => ToolError::Http {
+                status,
+                message: scrubber.scrub(&message),
+            },
             ToolError::Unavailable => ToolError::Unavailable,
         }
     }

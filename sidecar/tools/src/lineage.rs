@@ -251,13 +251,26 @@ pub struct Found {
     pub complete: bool,
 }
 
+/// The lineage could not be read (its store failed). The text is what the
+/// model is told; the log says why (a store's message may name files and
+/// hosts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the session store could not be read; try again later")]
+pub struct LineageUnreadable;
+
+impl From<LineageUnreadable> for crate::ToolError {
+    fn from(e: LineageUnreadable) -> Self {
+        crate::ToolError::Failed(e.to_string())
+    }
+}
+
 /// The lineage of one session (the run's): what `list-sessions` and
 /// `search-sessions` read. It knows which session it speaks for, so a
 /// tool cannot ask it about another.
 #[async_trait]
 pub trait SessionLineage: Send + Sync + fmt::Debug {
     /// The sessions of the lineage within `scope`, newest first.
-    async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, String>;
+    async fn list(&self, scope: SessionScope, limit: usize) -> Result<Listing, LineageUnreadable>;
     /// The sessions of the lineage within `scope` whose turns hold a word
     /// of `query` (case-insensitive), newest first; tools' outputs are
     /// searched when `tool_outputs`.
@@ -267,11 +280,11 @@ pub trait SessionLineage: Send + Sync + fmt::Debug {
         query: &str,
         limit: usize,
         tool_outputs: bool,
-    ) -> Result<Found, String>;
+    ) -> Result<Found, LineageUnreadable>;
     /// Session `id` with its turns, if it is of the lineage within
     /// `scope`; `None` otherwise, whether or not a session `id` exists
     /// elsewhere (the answer does not tell).
-    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, String>;
+    async fn read(&self, scope: SessionScope, id: &str) -> Result<Option<Read>, LineageUnreadable>;
 }
 
 /// A session of the lineage, read whole.

@@ -186,7 +186,7 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
                 }))
                 .map_err(|e| at_path(e.path().to_string(), e.inner()))?;
             let AgentFile::OpenAIAgentDescription(desc) = file;
-            let converted = desc.convert()?;
+            let converted = desc.convert();
             ignored.extend(converted.ignored);
             // A field that restricts, authenticates or changes a call is
             // honoured or refused, never warned away.

@@ -123,18 +123,26 @@ impl AgentTree {
     }
 
     /// The agent called `name`, or the only top-level agent when no name is given.
-    pub fn pick(&self, name: Option<&str>) -> Result<&Arc<LoadedAgent>, String> {
+    pub fn pick(&self, name: Option<&str>) -> Result<&Arc<LoadedAgent>, PickError> {
+        let roots = || self.roots.join(", ");
         match name {
-            Some(n) => self
-                .agent(n)
-                .ok_or_else(|| format!("no agent named `{n}` (agents: {})", self.roots.join(", "))),
+            Some(n) => self.agent(n).ok_or_else(|| PickError::NoSuchAgent {
+                name: n.to_string(),
+                roots: roots(),
+            }),
             None if self.roots.len() == 1 => Ok(&self.agents[&self.roots[0]]),
-            None => Err(format!(
-                "several agents are loaded ({}); say which with --agent NAME",
-                self.roots.join(", ")
-            )),
+            None => Err(PickError::WhichAgent(roots())),
         }
     }
+}
+
+/// Why no one agent was picked; the text lists the top-level agents.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PickError {
+    #[error("no agent named `{name}` (agents: {roots})")]
+    NoSuchAgent { name: String, roots: String },
+    #[error("several agents are loaded ({0}); say which with --agent NAME")]
+    WhichAgent(String),
 }
 
 /// Every problem found while loading.
@@ -578,7 +586,7 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
 
 /// A script that failed to describe itself: an error, or with
 /// `skip_broken_scripts` a warning saying the tool is left out.
-fn broken_script(place: &str, e: String, opts: &LoadOptions) -> Diagnostic {
+fn broken_script(place: &str, e: bash::ScriptError, opts: &LoadOptions) -> Diagnostic {
     if opts.skip_broken_scripts {
         Diagnostic::warning(format!(
             "{place}: {e}; its tool is left out (`check` fails on this)"

@@ -440,25 +440,21 @@ fn a_bound_argument_is_never_asked_for_unless_exposed_while_unbound() {
 
 #[test]
 fn an_http_409_or_410_from_the_api_means_the_prepared_input_went_stale() {
-    let table = [
-        ("HTTP 409 Conflict", true),
-        ("HTTP 410", true),
-        ("POST /bookings: HTTP 409 slot taken", true),
-        ("bash_book: HTTP 410 gone", true),
-        ("HTTP 404 Not Found", false),
-        ("HTTP 500", false),
-        ("conflict 409", false),
-        ("HTTP409", false),
-        ("", false),
-    ];
-    for (message, stale) in table {
-        assert_eq!(
-            is_stale(&ToolError::Failed(message.into())),
-            stale,
-            "{message}"
-        );
+    let http = |status: u16| ToolError::Http {
+        status,
+        message: format!("HTTP {status}"),
+    };
+    for (status, stale) in [(409, true), (410, true), (404, false), (500, false)] {
+        assert_eq!(is_stale(&http(status)), stale, "{status}");
     }
-    // Only the call's own failure says so.
+    // Only the status says so, never a text that merely names one.
+    for message in [
+        "HTTP 409 Conflict",
+        "POST /bookings: HTTP 409 slot taken",
+        "HTTP 410",
+    ] {
+        assert!(!is_stale(&ToolError::Failed(message.into())), "{message}");
+    }
     assert!(!is_stale(&ToolError::InvalidArguments("HTTP 409".into())));
     assert!(!is_stale(&ToolError::Unavailable));
 }

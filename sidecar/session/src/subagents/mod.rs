@@ -153,8 +153,8 @@ pub fn is_helper_tool(agent: &LoadedAgent, name: &str) -> bool {
             || helper_slug(agent, name).is_some_and(|s| agent.helpers.iter().any(|h| h.slug == s)))
 }
 
-fn invalid(msg: impl Into<String>) -> ToolError {
-    ToolError::InvalidArguments(msg.into())
+fn invalid(msg: impl std::fmt::Display) -> ToolError {
+    ToolError::InvalidArguments(msg.to_string())
 }
 
 fn helper<'a>(agent: &'a LoadedAgent, slug: &str) -> Result<&'a Helper, ToolError> {

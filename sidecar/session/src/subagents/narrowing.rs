@@ -30,17 +30,56 @@ pub enum Address {
     Everywhere,
 }
 
+/// Why a narrowing the calling model wrote cannot apply; the text is what
+/// the model is told, to fix its call.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NarrowingError {
+    #[error("`agent: {0}` is not an address: use a helper slug, `a/b`, or `**`")]
+    NotAnAddress(String),
+    /// `what` names the binding (`binding of `limit``).
+    #[error("{what}: your parameter `{param}` has no value")]
+    NoValue { what: String, param: String },
+    /// `tools`: the names there are.
+    #[error("no tool matches `{glob}` (tools: {tools})")]
+    NoToolMatches { glob: String, tools: String },
+    /// `open`: each matching tool's open arguments.
+    #[error("no tool matching `{glob}` has an open argument `{arg}` (open: {open})")]
+    NoOpenArgument {
+        glob: String,
+        arg: String,
+        open: String,
+    },
+    #[error("`{arg}` of `{tool}` {why}")]
+    DoesNotFit {
+        arg: String,
+        tool: String,
+        why: Misfit,
+    },
+}
+
+/// Why a value may not fill an argument; the text follows the argument's
+/// name (`` `token` of `bash_probe` is passed on the command line… ``).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Misfit {
+    /// A secret for a bash argument in this mode.
+    #[error("is passed on the command line ({0}), where other processes can read it; a secret may fill only an `env` or `stdin` argument")]
+    OnCommandLine(&'static str),
+    #[error("takes a string, a number or a boolean")]
+    NotText,
+    /// `want`: `an integer`; `got`: the value's kind.
+    #[error("takes {want}, got {got}")]
+    WrongType { want: String, got: &'static str },
+}
+
 impl Address {
-    pub fn parse(s: Option<&str>) -> Result<Address, String> {
+    pub fn parse(s: Option<&str>) -> Result<Address, NarrowingError> {
         match s.map(str::trim) {
             None | Some("") => Ok(Address::Here),
             Some("**") => Ok(Address::Everywhere),
             Some(p) => {
                 let parts: Vec<String> = p.split('/').map(str::to_string).collect();
                 if parts.iter().any(|s| s.is_empty() || s == "**") {
-                    return Err(format!(
-                        "`agent: {p}` is not an address: use a helper slug, `a/b`, or `**`"
-                    ));
+                    return Err(NarrowingError::NotAnAddress(p.to_string()));
                 }
                 Ok(Address::Path(parts))
             }
@@ -106,13 +145,20 @@ impl CallValue {
 
 /// A value in the caller's scope: a literal is never secret; a parameter
 /// keeps its secrecy.
-pub fn resolve_value(v: &BindingValue, caller: &Values, what: &str) -> Result<ParamValue, String> {
+pub fn resolve_value(
+    v: &BindingValue,
+    caller: &Values,
+    what: &str,
+) -> Result<ParamValue, NarrowingError> {
     match v {
         BindingValue::Literal(l) => Ok(ParamValue::Plain(l.clone())),
         BindingValue::Param(p) => caller
             .get(p)
             .cloned()
-            .ok_or_else(|| format!("{what}: your parameter `{p}` has no value")),
+            .ok_or_else(|| NarrowingError::NoValue {
+                what: what.to_string(),
+                param: p.clone(),
+            }),
     }
 }
 
@@ -120,7 +166,7 @@ pub fn resolve_value(v: &BindingValue, caller: &Values, what: &str) -> Result<Pa
 pub fn resolve_bindings(
     bindings: &[CallBinding],
     caller: &Values,
-) -> Result<Vec<ScopedBinding>, String> {
+) -> Result<Vec<ScopedBinding>, NarrowingError> {
     bindings
         .iter()
         .map(|b| {
@@ -152,7 +198,7 @@ pub fn narrow(
     tools: &[BoundTool],
     inherited: &[ScopedBinding],
     own: &[ScopedBinding],
-) -> Result<Narrowed, String> {
+) -> Result<Narrowed, NarrowingError> {
     let mut out: Vec<BoundTool> = tools.to_vec();
     let mut dropped = Vec::new();
     for (b, strict) in inherited
@@ -203,7 +249,7 @@ pub fn narrow(
 /// Check a calling model's binding against the tools it is aimed at: a
 /// tool matches, one of them has the argument, and the value fits each
 /// argument it would fill. Returns how many arguments it would fill.
-pub fn check_binding(tools: &[BoundTool], b: &ScopedBinding) -> Result<usize, String> {
+pub fn check_binding(tools: &[BoundTool], b: &ScopedBinding) -> Result<usize, NarrowingError> {
     let glob = b.tool.as_deref().unwrap_or("*");
     let matched: Vec<&BoundTool> = tools
         .iter()
@@ -211,10 +257,10 @@ pub fn check_binding(tools: &[BoundTool], b: &ScopedBinding) -> Result<usize, St
         .collect();
     if matched.is_empty() {
         let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
-        return Err(format!(
-            "no tool matches `{glob}` (tools: {})",
-            list(&names)
-        ));
+        return Err(NarrowingError::NoToolMatches {
+            glob: glob.to_string(),
+            tools: list(&names),
+        });
     }
     let with_arg: Vec<(&BoundTool, &ArgSpec)> = matched
         .iter()
@@ -222,30 +268,31 @@ pub fn check_binding(tools: &[BoundTool], b: &ScopedBinding) -> Result<usize, St
         .collect();
     if with_arg.is_empty() {
         let open: Vec<String> = matched.iter().map(|t| open_args(t)).collect();
-        return Err(format!(
-            "no tool matching `{glob}` has an open argument `{}` (open: {})",
-            b.arg,
-            open.join("; ")
-        ));
+        return Err(NarrowingError::NoOpenArgument {
+            glob: glob.to_string(),
+            arg: b.arg.clone(),
+            open: open.join("; "),
+        });
     }
     for (t, arg) in &with_arg {
-        fits(arg, &b.value).map_err(|why| format!("`{}` of `{}` {why}", b.arg, t.name()))?;
+        fits(arg, &b.value).map_err(|why| NarrowingError::DoesNotFit {
+            arg: b.arg.clone(),
+            tool: t.name().to_string(),
+            why,
+        })?;
     }
     Ok(with_arg.len())
 }
 
 /// Whether `value` may fill `arg`: its JSON type matches the argument's,
 /// a bash argument gets text, and a secret never goes on a command line.
-pub fn fits(arg: &ArgSpec, value: &ParamValue) -> Result<(), String> {
+pub fn fits(arg: &ArgSpec, value: &ParamValue) -> Result<(), Misfit> {
     if let Transport::Bash(mode) = arg.transport {
         if value.is_secret() && !matches!(mode, Mode::Env | Mode::Stdin) {
-            return Err(format!(
-                "is passed on the command line ({}), where other processes can read it; a secret may fill only an `env` or `stdin` argument",
-                mode.as_str()
-            ));
+            return Err(Misfit::OnCommandLine(mode.as_str()));
         }
         if value.to_text().is_none() {
-            return Err("takes a string, a number or a boolean".to_string());
+            return Err(Misfit::NotText);
         }
     }
     let want = arg.schema.get("type").and_then(|t| t.as_str());
@@ -273,7 +320,10 @@ pub fn fits(arg: &ArgSpec, value: &ParamValue) -> Result<(), String> {
         let got = value
             .plain()
             .map_or("a secret string", bindery_params::value::json_kind);
-        Err(format!("takes {}, got {got}", a_type(want.unwrap_or(""))))
+        Err(Misfit::WrongType {
+            want: a_type(want.unwrap_or("")),
+            got,
+        })
     }
 }
 
@@ -405,6 +455,7 @@ pub(super) mod tests {
         assert!(
             resolve_value(&BindingValue::Param("q".into()), &caller, "x")
                 .unwrap_err()
+                .to_string()
                 .contains("`q` has no value")
         );
     }
@@ -476,6 +527,17 @@ pub(super) mod tests {
             .err()
             .unwrap();
         assert!(
+            matches!(
+                &err,
+                NarrowingError::DoesNotFit {
+                    why: Misfit::OnCommandLine("positional"),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = err.to_string();
+        assert!(
             err.contains("`repo` of `bash_probe` is passed on the command line (positional)"),
             "{err}"
         );
@@ -498,24 +560,51 @@ pub(super) mod tests {
         )
         .err()
         .unwrap();
-        assert_eq!(err, "`limit` of `get_item` takes an integer, got a string");
+        assert_eq!(
+            err,
+            NarrowingError::DoesNotFit {
+                arg: "limit".into(),
+                tool: "get_item".into(),
+                why: Misfit::WrongType {
+                    want: "an integer".into(),
+                    got: "a string"
+                }
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "`limit` of `get_item` takes an integer, got a string"
+        );
         let err = narrow(&tools(), &[], &[own("limit", secret())])
             .err()
             .unwrap();
         assert_eq!(
-            err,
+            err.to_string(),
             "`limit` of `get_item` takes an integer, got a secret string"
         );
         let err = narrow(&tools(), &[], &[own("repo", ParamValue::Plain(json!([1])))])
             .err()
             .unwrap();
         assert!(
-            err.contains("takes a string, a number or a boolean"),
+            matches!(
+                &err,
+                NarrowingError::DoesNotFit {
+                    why: Misfit::NotText,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("takes a string, a number or a boolean"),
             "{err}"
         );
         assert!(narrow(&tools(), &[], &[own("limit", ParamValue::Plain(json!(10)))]).is_ok());
         assert_eq!(
-            check_binding(&tools(), &own("nothing", ParamValue::Plain(json!(1)))).unwrap_err(),
+            check_binding(&tools(), &own("nothing", ParamValue::Plain(json!(1))))
+                .unwrap_err()
+                .to_string(),
             "no tool matching `*` has an open argument `nothing` (open: bash_probe: repo, token; get_item: limit)"
         );
     }

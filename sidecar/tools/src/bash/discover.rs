@@ -7,6 +7,57 @@ use super::protocol::ScriptInfo;
 use super::run::{exec, ExecError};
 use super::{BashTool, Limits};
 
+/// Why what a script printed for `describe` is no tool description.
+#[derive(Debug, thiserror::Error)]
+pub enum DescriptionError {
+    #[error("`describe` did not print a valid tool description: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error("`describe` gave an empty slug")]
+    EmptySlug,
+    #[error("`describe` gave \"output-media-type\": {0:?}, which is not a media type (type/subtype, e.g. \"image/png\")")]
+    NotAMediaType(String),
+}
+
+/// Why a script is not a tool; each names the script (as given).
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("script {path}: {source}")]
+    Unreadable {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("script {0} is not an executable file (chmod +x it)")]
+    NotExecutable(String),
+    #[error("script {path}: cannot run `describe`: {source}")]
+    Unstarted {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("script {path}: `describe` held more than {mib} MiB and was stopped")]
+    OverMemory { path: String, mib: u64 },
+    #[error("script {path}: `describe` did not finish within {secs}s")]
+    TimedOut { path: String, secs: u64 },
+    #[error("script {path}: `describe` failed ({status}): {stderr}")]
+    DescribeFailed {
+        path: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("script {path}: {source}")]
+    Description {
+        path: String,
+        source: DescriptionError,
+    },
+}
+
+/// A tool directory that cannot be listed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read tool directory {}: {source}", .path.display())]
+pub struct ToolDirectoryUnreadable {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
 /// Every executable file in `dir` (whose name contains `filter`, when
 /// given), described in parallel. Each script that fails to describe itself
 /// is one error naming the script.
@@ -14,9 +65,11 @@ pub async fn load_directory(
     dir: &Path,
     filter: Option<&str>,
     limits: Limits,
-) -> Result<(Vec<BashTool>, Vec<String>), String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read tool directory {}: {e}", dir.display()))?;
+) -> Result<(Vec<BashTool>, Vec<ScriptError>), ToolDirectoryUnreadable> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ToolDirectoryUnreadable {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let mut paths: Vec<PathBuf> = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -46,32 +99,31 @@ pub async fn load_directory(
 
 /// What a script printed for `describe`, read (pure: the fuzz targets in
 /// tests/it/proptest_parsers.rs drive it).
-pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, String> {
-    let info: ScriptInfo = serde_json::from_slice(stdout)
-        .map_err(|e| format!("`describe` did not print a valid tool description: {e}"))?;
+pub fn parse_description(stdout: &[u8]) -> Result<ScriptInfo, DescriptionError> {
+    let info: ScriptInfo = serde_json::from_slice(stdout)?;
     if info.slug.is_empty() {
-        return Err("`describe` gave an empty slug".to_string());
+        return Err(DescriptionError::EmptySlug);
     }
     if let Some(mime) = &info.output_media_type {
         if !bindery_llm::content::is_media_type(mime) {
-            return Err(format!(
-                "`describe` gave \"output-media-type\": {mime:?}, which is not a media type (type/subtype, e.g. \"image/png\")"
-            ));
+            return Err(DescriptionError::NotAMediaType(mime.clone()));
         }
     }
     Ok(info)
 }
 
 /// Run `path describe` and read its description.
-pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String> {
-    let shown = path.display();
+pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, ScriptError> {
+    let shown = path.display().to_string();
+    let unreadable = |source| ScriptError::Unreadable {
+        path: shown.clone(),
+        source,
+    };
     // Absolute, so a call works whatever the working directory is then.
-    let path = &std::fs::canonicalize(path).map_err(|e| format!("script {shown}: {e}"))?;
-    let meta = std::fs::metadata(path).map_err(|e| format!("script {shown}: {e}"))?;
+    let path = &std::fs::canonicalize(path).map_err(unreadable)?;
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return Err(format!(
-            "script {shown} is not an executable file (chmod +x it)"
-        ));
+        return Err(ScriptError::NotExecutable(shown));
     }
     let out = exec(
         path,
@@ -84,24 +136,30 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, String
     )
     .await
     .map_err(|e| match e {
-        ExecError::Spawn(e) => format!("script {shown}: cannot run `describe`: {e}"),
-        ExecError::Memory(m) => format!(
-            "script {shown}: `describe` held more than {} MiB and was stopped",
-            m / (1024 * 1024)
-        ),
-        ExecError::Timeout(t) => format!(
-            "script {shown}: `describe` did not finish within {}s",
-            t.as_secs()
-        ),
+        ExecError::Spawn(source) => ScriptError::Unstarted {
+            path: shown.clone(),
+            source,
+        },
+        ExecError::Memory(m) => ScriptError::OverMemory {
+            path: shown.clone(),
+            mib: m / (1024 * 1024),
+        },
+        ExecError::Timeout(t) => ScriptError::TimedOut {
+            path: shown.clone(),
+            secs: t.as_secs(),
+        },
     })?;
     if !out.status.success() {
-        return Err(format!(
-            "script {shown}: `describe` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(ScriptError::DescribeFailed {
+            path: shown,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
-    let info = parse_description(&out.stdout).map_err(|e| format!("script {shown}: {e}"))?;
+    let info = parse_description(&out.stdout).map_err(|source| ScriptError::Description {
+        path: shown,
+        source,
+    })?;
     Ok(BashTool::new(path.to_path_buf(), info, limits))
 }
 
@@ -114,6 +172,19 @@ mod tests {
         let info = parse_description(br#"{"slug":"c","output-media-type":"image/png"}"#).unwrap();
         assert_eq!(info.output_media_type.as_deref(), Some("image/png"));
         let e = parse_description(br#"{"slug":"c","output-media-type":"png"}"#).unwrap_err();
+        assert!(
+            matches!(&e, DescriptionError::NotAMediaType(m) if m == "png"),
+            "{e:?}"
+        );
+        assert!(matches!(
+            parse_description(br#"{"slug":""}"#),
+            Err(DescriptionError::EmptySlug)
+        ));
+        assert!(matches!(
+            parse_description(b"not json"),
+            Err(DescriptionError::NotJson(_))
+        ));
+        let e = e.to_string();
         assert!(
             e.contains(r#""output-media-type": "png", which is not a media type"#),
             "{e}"

@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use discover::{load_directory, load_script, parse_description};
+pub use discover::{
+    load_directory, load_script, parse_description, DescriptionError, ScriptError,
+    ToolDirectoryUnreadable,
+};
 pub use protocol::{env_var_name, Arity, EmptyResult, Mode, ScriptArg, ScriptInfo};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};

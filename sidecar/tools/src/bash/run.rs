@@ -381,7 +381,11 @@ pub(super) async fn run(
             (None, Some(s)) => format!("killed by signal {s}"),
             _ => "failed".to_string(),
         };
-        return Err(ToolError::Failed(format!("{how}: {}", stderr.trim())));
+        let message = format!("{how}: {}", stderr.trim());
+        return Err(match stated_status(&stderr) {
+            Some(status) => ToolError::Http { status, message },
+            None => ToolError::Failed(message),
+        });
     }
     if let Some(mime) = output {
         if !exec.stdout.is_empty() {
@@ -407,6 +411,18 @@ enum Stdout<'a> {
 /// Media of the type `describe` declares; else text when it is UTF-8 (or
 /// was cut inside a character, which is text too); else
 /// `application/octet-stream`, as agents-exe takes it.
+/// The HTTP status a failed script states by starting its error output
+/// with `HTTP <status>` (the API it called answered so): docs/agents.md.
+fn stated_status(stderr: &str) -> Option<u16> {
+    let rest = stderr.trim_start().strip_prefix("HTTP ")?;
+    let digits = rest.get(..3)?;
+    let after = rest[3..].chars().next();
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || after.is_some_and(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|s| (100..600).contains(s))
+}
+
 fn stdout_kind<'a>(stdout: &[u8], truncated: bool, info: &'a ScriptInfo) -> Stdout<'a> {
     if let Some(mime) = info.output_media_type.as_deref() {
         return Stdout::Media(mime);
@@ -501,5 +517,23 @@ mod tests {
         let plain: CallArgs =
             [("pos".to_string(), ParamValue::Plain(serde_json::json!("x")))].into();
         assert_eq!(invocation(&t, &plain).ok().unwrap().argv, ["run", "x"]);
+    }
+
+    #[test]
+    fn a_script_states_an_http_status_only_at_the_start_of_its_error_output() {
+        let table = [
+            ("HTTP 409 slot taken", Some(409)),
+            ("  HTTP 410\n", Some(410)),
+            ("HTTP 500", Some(500)),
+            ("booking failed: HTTP 409", None),
+            ("HTTP 4090", None),
+            ("HTTP 40", None),
+            ("HTTP 999 no such status", None),
+            ("HTTP409", None),
+            ("", None),
+        ];
+        for (stderr, status) in table {
+            assert_eq!(stated_status(stderr), status, "{stderr:?}");
+        }
     }
 }

@@ -165,6 +165,25 @@ fn why(e: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
+/// The HTTP status a remote server answered, if that failed a request
+/// (rmcp keeps it as an `HttpStatusError` inside its transport error).
+fn http_status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    use rmcp::transport::streamable_http_client::{HttpStatusError, StreamableHttpError};
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<HttpStatusError>() {
+            return Some(h.status);
+        }
+        if let Some(StreamableHttpError::HttpStatus(h)) =
+            c.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return Some(h.status);
+        }
+        cause = c.source();
+    }
+    None
+}
+
 /// The redirect the egress policy refused, if that failed a request. rmcp
 /// gives neither the HTTP client's error nor an initialize request's
 /// transport error as a cause (`source`), so both are looked into here.
@@ -477,10 +496,10 @@ impl Tool for McpTool {
         )
         .await;
         let outcome = match answer {
-            Err(_) => Err(format!(
+            Err(_) => Err(ToolError::Failed(format!(
                 "MCP server `{}` did not answer within {:?}",
                 server.name, server.limits.call_timeout
-            )),
+            ))),
             Ok(Err(e)) => {
                 // A closed connection to a program: wait for how it ended.
                 let closed = matches!(
@@ -490,11 +509,16 @@ impl Tool for McpTool {
                 if closed && server.stop_on_drop.is_some() {
                     exit_of(&server.exited).await;
                 }
-                Err(server.failure(why(&e)))
+                let message = server.failure(why(&e));
+                Err(match http_status_in(&e) {
+                    Some(status) => ToolError::Http { status, message },
+                    None => ToolError::Failed(message),
+                })
             }
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();
                 listing::result_output(&json, server.limits.max_output, &ctx.scrubber)
+                    .map_err(ToolError::Failed)
             }
         };
         tracing::info!(
@@ -507,7 +531,7 @@ impl Tool for McpTool {
         );
         // The server's own credentials are scrubbed with the run's (see
         // `secrets`).
-        outcome.map_err(ToolError::Failed)
+        outcome
     }
 }
 

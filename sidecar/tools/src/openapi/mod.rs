@@ -483,7 +483,10 @@ impl Tool for OpenApiTool {
                 .map_or(raw.len(), |(i, _)| i);
             let (excerpt, cut) = ctx.scrubber.scrub_cut(&raw, chars.min(max_response));
             let cut = if cut || truncated { " […]" } else { "" };
-            Err(ToolError::Failed(format!("HTTP {status}: {excerpt}{cut}")))
+            Err(ToolError::Http {
+                status: status.as_u16(),
+                message: format!("HTTP {status}: {excerpt}{cut}"),
+            })
         }
     }
 }
