@@ -15,6 +15,14 @@
 //! checks no key of that Secret and says so in the parameter's status; a
 //! key that is missing after all is reported by the kubelet on the pod
 //! (`CreateContainerConfigError`).
+//!
+//! The record is the writers' claim, not the server's: a client may send
+//! `managedFields` of its own on a create or update, and the server keeps
+//! them. So a name that is no Secret key (`[-._a-zA-Z0-9]+`, 253 bytes at
+//! most) makes the whole record unknown rather than reach a status, an
+//! Event or `kubectl describe` (control characters, a line break, a
+//! megabyte); and a key the record names is "present" only as far as its
+//! writers say: the kubelet has the last word.
 
 use std::collections::BTreeSet;
 
@@ -34,12 +42,22 @@ pub fn secret_key_names(meta: &ObjectMeta) -> Option<BTreeSet<String>> {
     }
     let data = fields().filter_map(|f| f.0.get("f:data").and_then(|d| d.as_object()));
     // `.` stands for the map itself; `f:NAME` for its entry NAME.
-    Some(
-        data.flat_map(|d| d.keys())
-            .filter_map(|k| k.strip_prefix("f:"))
-            .map(str::to_owned)
-            .collect(),
-    )
+    let names: BTreeSet<String> = data
+        .flat_map(|d| d.keys())
+        .filter_map(|k| k.strip_prefix("f:"))
+        .map(str::to_owned)
+        .collect();
+    names.iter().all(|n| is_key_name(n)).then_some(names)
+}
+
+/// Whether `name` could be a key of a Secret's `data` (the API server's
+/// rule for a ConfigMap or Secret key).
+fn is_key_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
 }
 
 /// The metadata a reconcile keeps of a Secret: without its annotations,
@@ -103,6 +121,34 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(secret_key_names(&applied), None);
+    }
+
+    #[test]
+    fn a_name_that_is_no_key_makes_the_record_unknown() {
+        let long = format!("f:{}", "k".repeat(254));
+        for forged in [
+            "f:CANARY-\u{1b}[31mRED\u{1b}[0m\nFAKE LINE",
+            "f:a b",
+            "f:",
+            "f:x/y",
+            long.as_str(),
+        ] {
+            let meta = ObjectMeta {
+                managed_fields: Some(vec![
+                    entry(json!({"f:data": {"f:token": {}}})),
+                    entry(json!({"f:data": {forged: {}}})),
+                ]),
+                ..Default::default()
+            };
+            assert_eq!(secret_key_names(&meta), None, "{forged:?}");
+        }
+        // The longest real key is one.
+        let longest = format!("f:{}", "k".repeat(253));
+        let meta = ObjectMeta {
+            managed_fields: Some(vec![entry(json!({"f:data": {longest: {}}}))]),
+            ..Default::default()
+        };
+        assert_eq!(secret_key_names(&meta).map(|k| k.len()), Some(1));
     }
 
     #[test]

@@ -119,6 +119,24 @@ pub enum KeyError {
     },
 }
 
+/// The most key names a status row lists (a ConfigMap may hold thousands).
+const LISTED_KEYS: usize = 20;
+
+/// `keys` for a status row: the first [`LISTED_KEYS`], then how many more.
+fn listed(keys: &BTreeSet<String>) -> String {
+    let total = keys.len();
+    let mut out = keys
+        .iter()
+        .take(LISTED_KEYS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if total > LISTED_KEYS {
+        out.push_str(&format!(", and {} more", total - LISTED_KEYS));
+    }
+    out
+}
+
 /// Whether the Secret or ConfigMap key `r` exists; if not, which of the
 /// object or the key is missing (and the keys there are).
 pub(crate) fn check_key(
@@ -135,13 +153,7 @@ pub(crate) fn check_key(
             kind,
             name: r.name.clone(),
             key: r.key.clone(),
-            keys: o
-                .keys
-                .iter()
-                .flatten()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
+            keys: o.keys.as_ref().map(listed).unwrap_or_default(),
         }),
         Some(_) => Ok(()),
     }
@@ -242,4 +254,19 @@ fn row(
         },
     }
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_lists_twenty_keys_then_how_many_more() {
+        let few: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        assert_eq!(listed(&few), "a, b");
+        let many: BTreeSet<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+        let text = listed(&many);
+        assert!(text.starts_with("k00, k01,"), "{text}");
+        assert!(text.ends_with("k19, and 5 more"), "{text}");
+    }
 }
