@@ -14,6 +14,8 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use bindery_llm::sse::SseParser;
+
+use super::terminal_text::for_terminal;
 use bindery_store::pending::Resolution;
 
 /// Where the server is and who asks.
@@ -447,18 +449,16 @@ fn show_progress(view: &Value, from: usize) -> usize {
         match t["role"].as_str() {
             Some("assistant") => {
                 for c in t["tool_calls"].as_array().into_iter().flatten() {
-                    eprintln!(
+                    let name = c.pointer("/function/name").and_then(Value::as_str);
+                    let args = c.pointer("/function/arguments").and_then(Value::as_str);
+                    say_err(&format!(
                         "-> {} {}",
-                        c.pointer("/function/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("?"),
-                        c.pointer("/function/arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                    );
+                        name.unwrap_or("?"),
+                        args.unwrap_or("")
+                    ));
                 }
             }
-            Some("tool") => eprintln!("<- {}", t["content"].as_str().unwrap_or("")),
+            Some("tool") => say_err(&format!("<- {}", t["content"].as_str().unwrap_or(""))),
             _ => {}
         }
     }
@@ -617,12 +617,12 @@ impl Client {
                 .feed(&chunk)
                 .map_err(|e| format!("the event stream broke: {e}"))?;
             for ev in events {
-                println!(
+                say(&format!(
                     "{}\t{}\t{}",
                     ev.id.as_deref().unwrap_or("-"),
                     ev.event,
                     ev.data
-                );
+                ));
                 if until == Some(ev.event.as_str()) {
                     return Ok(());
                 }
@@ -751,6 +751,19 @@ impl Client {
     }
 }
 
+/// A line for a person on stdout: what the server, the model or a tool
+/// wrote is shown with its control characters and bidi marks escaped
+/// (`terminal_text`), so none of them moves the cursor, retitles the
+/// window or reorders the line; a trailing line end is not doubled.
+fn say(text: &str) {
+    println!("{}", for_terminal(text.strip_suffix('\n').unwrap_or(text)));
+}
+
+/// [`say`], on stderr (progress while a run goes on).
+fn say_err(text: &str) {
+    eprintln!("{}", for_terminal(text.strip_suffix('\n').unwrap_or(text)));
+}
+
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -761,26 +774,31 @@ fn print_outcome(v: &Value, args: &ServerArgs, waited: bool, with_id: bool) {
         return print_json(v);
     }
     if with_id {
-        println!("session-id: {}", v["session_id"].as_str().unwrap_or("?"));
+        say(&format!(
+            "session-id: {}",
+            v["session_id"].as_str().unwrap_or("?")
+        ));
     }
     if let Some(t) = v["session_token"].as_str() {
-        println!("session-token: {t}");
+        say(&format!("session-token: {t}"));
     }
     if waited {
         match v["status"].as_str() {
-            Some("failed") => println!(
+            Some("failed") => say(&format!(
                 "status: failed ({})",
                 v["status_detail"].as_str().unwrap_or("no detail")
-            ),
-            Some("waiting_external") => print!("status: waiting_external\n{}", render_pending(v)),
+            )),
+            Some("waiting_external") => {
+                say(&format!("status: waiting_external\n{}", render_pending(v)))
+            }
             _ => {
                 if let Some(a) = last_answer(v) {
-                    println!("{a}");
+                    say(a);
                 }
             }
         }
     } else {
-        println!("status: {}", v["status"].as_str().unwrap_or("?"));
+        say(&format!("status: {}", v["status"].as_str().unwrap_or("?")));
     }
 }
 
@@ -886,9 +904,12 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
             let token = v["session_token"].clone();
             if then.follow && !args.json {
                 // The id first: the run may wait for a long while.
-                println!("session-id: {}", v["session_id"].as_str().unwrap_or("?"));
+                say(&format!(
+                    "session-id: {}",
+                    v["session_id"].as_str().unwrap_or("?")
+                ));
                 if let Some(t) = token.as_str() {
-                    println!("session-token: {t}");
+                    say(&format!("session-token: {t}"));
                 }
             }
             let (mut v, waited) = then.finish(client, v, shown).await?;
@@ -995,14 +1016,14 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
                     None,
                 )
                 .await?;
-            println!("revoked: every session token of {session_id}");
+            say(&format!("revoked: every session token of {session_id}"));
         }
         SessionCommand::Pending { session_id } => {
             let v = client.view(&session_id).await?;
             if args.json {
                 print_json(&v["pending"]);
             } else {
-                print!("{}", render_pending(&v));
+                say(&render_pending(&v));
             }
         }
         SessionCommand::Approve {
@@ -1080,7 +1101,7 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
             if args.json {
                 print_json(&v);
             } else {
-                print!("{}", render_list(&v));
+                say(&render_list(&v));
             }
         }
         SessionCommand::Show { session_id } => {
@@ -1097,10 +1118,10 @@ fn print_values(v: &Value, args: &ServerArgs) {
         return print_json(v);
     }
     for (k, x) in v["params"].as_object().into_iter().flatten() {
-        println!("{k}={x}");
+        say(&format!("{k}={x}"));
     }
     for k in v["secret_params"].as_array().into_iter().flatten() {
-        println!("{}=<secret>", k.as_str().unwrap_or_default());
+        say(&format!("{}=<secret>", k.as_str().unwrap_or_default()));
     }
     let pinned: Vec<&str> = v["pinned"]
         .as_array()
@@ -1109,7 +1130,7 @@ fn print_values(v: &Value, args: &ServerArgs) {
         .filter_map(Value::as_str)
         .collect();
     if !pinned.is_empty() {
-        println!("pinned: {}", pinned.join(", "));
+        say(&format!("pinned: {}", pinned.join(", ")));
     }
 }
 

@@ -2,6 +2,7 @@
 //! session, send a message, follow its events, fork it, list and show.
 
 use crate::common::*;
+use bindery_tests::mock_llm::{last_message, MockReply};
 use serde_json::json;
 
 struct Out {
@@ -789,4 +790,83 @@ async fn a_person_follows_a_run_and_answers_what_it_waits_for() {
         out.stderr
     );
     assert_eq!(b.bookings().len(), 3);
+}
+
+/// What a model may say to drive a terminal: an OSC that retitles the
+/// window, a screen clear, a bell, and a bidi override that reorders what
+/// follows.
+const DRIVES_A_TERMINAL: &str = "Answer: \u{1b}]0;PWNED\u{7}\u{1b}[2J\u{202e}evil";
+
+fn drives_the_terminal(text: &str) -> bool {
+    text.contains(['\u{1b}', '\u{7}', '\u{202e}'])
+}
+
+/// The model's answer, its tool calls' arguments (`--follow`'s progress) and
+/// the events reach a person's terminal with their control characters and
+/// bidi marks escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_client_cannot_be_driven_by_what_the_model_says() {
+    let w = World::new(|req| {
+        if last_message(req)["role"] == "tool" {
+            MockReply::text(DRIVES_A_TERMINAL)
+        } else {
+            MockReply::tool_call(
+                "bash_query-invoices",
+                json!({"status": "overdue\u{202e}\u{1b}[2J"}),
+            )
+        }
+    })
+    .await;
+    let (sidecar, _api) = w.start(&[], &[]);
+    let token = w.dir.path().join("token");
+    std::fs::write(&token, format!("{OWNER}\n")).unwrap();
+    let values = w.dir.path().join("values.json");
+    std::fs::write(&values, json!({"billing_token": CANARY}).to_string()).unwrap();
+    let values = values.display().to_string();
+    let start = |how: &'static str| {
+        [
+            "start",
+            "--agent",
+            "invoices",
+            "--param",
+            "tenant=acme-corp",
+            "--params-file",
+            &values,
+            "--prompt",
+            "which are overdue?",
+            how,
+        ]
+        .map(str::to_owned)
+    };
+    for how in ["--wait", "--follow"] {
+        let args = start(how);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = session(&sidecar.url, &token, &args).await;
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        assert!(!drives_the_terminal(&out.stdout), "{how}: {:?}", out.stdout);
+        assert!(!drives_the_terminal(&out.stderr), "{how}: {:?}", out.stderr);
+        // Shown, escaped: a person still reads what the model said.
+        assert!(out.stdout.contains("Answer: "), "{how}: {}", out.stdout);
+        assert!(out.stdout.contains("evil"), "{how}: {}", out.stdout);
+        if how == "--follow" {
+            assert!(
+                out.stderr.contains("-> bash_query-invoices"),
+                "{}",
+                out.stderr
+            );
+        }
+        let id = started_id(&out);
+        let out = session(
+            &sidecar.url,
+            &token,
+            &["events", &id, "--until", "run_finished"],
+        )
+        .await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(
+            !drives_the_terminal(&out.stdout),
+            "events: {:?}",
+            out.stdout
+        );
+    }
 }
