@@ -40,7 +40,7 @@ tests/mcp/install-mcp-servers.sh
 # sidecar/tests/it/mcp_conformance.rs.
 tests/mcp-conformance/install.sh
 
-# The chat page's browser test (sidecar/tests/it/chat_page.rs): playwright-core
+# The chat page's browser test (sidecar/tests/it/chat_page/browser.rs): playwright-core
 # from npm, driving Debian's chromium (below).
 tests/npm-ci.sh tests/browser
 

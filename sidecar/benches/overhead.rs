@@ -42,6 +42,11 @@
 //!   against the same server without them, the two taking turns round
 //!   trip by round trip so that the machine's load falls on both alike.
 //!   That row's ratio is with over without (x1.00: budgets cost nothing).
+//!   Beside the wall times, the sidecar's own CPU time per round trip (all
+//!   its threads, read from its process's CPU clock before and after each
+//!   round trip; the tool's process is not in it): less at the mercy of
+//!   the machine's load than a difference of wall times, so a change that
+//!   costs the sidecar work shows there.
 //! - **Tool-call dispatch.** `bash_query-invoices` run through the bindings
 //!   (the agent loaded with [`bindery_tree::load`], then
 //!   `BoundTool::call`, as `bindery-sidecar tool-call` does) against a direct
@@ -88,7 +93,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bindery_params::{ApiKeys, ProcessValues};
-use bindery_tests::bench::Process;
+use bindery_tests::bench::cpu_time;
 use bindery_tools::bash::Limits;
 use bindery_tools::CallContext;
 use bindery_tree::{self as tree, AgentSources, LoadOptions};
@@ -97,10 +102,10 @@ use serde_json::{json, Value};
 
 /// How long the mock LLM takes to answer each request.
 const MODEL_DELAY: Duration = Duration::from_millis(20);
-/// The goals, at [`MODEL_DELAY`] turns: a round trip's median over its
-/// model's and tool's time, and the sidecar's own time (median).
+/// The goal, at [`MODEL_DELAY`] turns: a round trip's median over its
+/// model's and tool's time. (The sidecar's own time once had an absolute
+/// goal, 1.0 ms: see docs/benchmarks.md for why it was retired.)
 const GOAL_RATIO: f64 = 1.05;
-const GOAL_OWN: Duration = Duration::from_millis(1);
 /// Model turns per round trip: the tool call, then the answer.
 const MODEL_TURNS: u32 = 2;
 const WARMUP_ROUND_TRIPS: usize = 5;
@@ -112,6 +117,9 @@ const TENANT: &str = "acme-corp";
 /// Set in the child that replays the model's requests: the mock's
 /// completions URL (see [`Replayer`]).
 const REPLAY_TO: &str = "BINDERY_BENCH_REPLAY_TO";
+/// When set, the servers' `BINDERY_LOG` (their log filter): to measure
+/// what logging costs, e.g. with the round trip's own lines filtered out.
+const SERVER_LOG: &str = "BENCH_SERVER_LOG";
 /// The server's own time of the tool calls it ran, in seconds.
 const TOOL_SECONDS: &str = "bindery_tool_call_duration_seconds_sum";
 const TOOL: &str = "bash_query-invoices";
@@ -137,6 +145,9 @@ fn main() {
         })
         .map_or(MODEL_DELAY, Duration::from_millis);
     println!("{}", bindery_tests::bench::context());
+    if let Some(filter) = server_log() {
+        println!("the servers' log filter: BINDERY_LOG={filter}");
+    }
     let started = Instant::now();
     let streamed = on_worker(&rt, round_trips(true, delay));
     let unstreamed = on_worker(&rt, round_trips(false, delay));
@@ -186,6 +197,14 @@ fn main() {
             ms_signed(own_median),
             ms_signed(rank(&own, 0.9)),
         );
+        let cpu = Stats::of(m.cpu.clone());
+        println!(
+            "{:21}    the sidecar's CPU: median {:.2} ms, mean {:.2} ms, p90 {:.2} ms a round trip (all its threads; not the tool's process)",
+            "",
+            cpu.median.as_secs_f64() * 1e3,
+            mean(&m.cpu).as_secs_f64() * 1e3,
+            cpu.p90.as_secs_f64() * 1e3,
+        );
         // The conversation grows by four turns a round trip: what its
         // length costs shows as the first quarter's own time against the
         // last's.
@@ -224,11 +243,6 @@ fn main() {
             &format!("{mode} ≤ x{GOAL_RATIO:.2} the model's and the tool's time"),
             over_floor <= GOAL_RATIO,
             &format!("x{over_floor:.3}"),
-        ));
-        goals.push(bindery_tests::bench::goal(
-            &format!("{mode}, the sidecar's own time ≤ {}", ms(GOAL_OWN)),
-            own_median <= GOAL_OWN.as_secs_f64(),
-            &ms_signed(own_median),
         ));
     }
     let (plain, with) = (Stats::of(plain), Stats::of(with));
@@ -281,6 +295,8 @@ struct Measured {
     /// Each round trip's tool call, as the server timed it (from its
     /// `/metrics`, read after each round trip).
     tool: Vec<Duration>,
+    /// The server's CPU time in each round trip (all its threads).
+    cpu: Vec<Duration>,
     /// HTTP alone, after the round trips, as many times: `GET /healthz`,
     /// and `GET` of the session's view (what the last round trip answered
     /// with), each at once and after the model's delay idle, as a round
@@ -413,7 +429,7 @@ async fn budget_round_trips(delay: Duration) -> (Vec<Duration>, Vec<Duration>) {
         .await;
         w.mock.stream_whole_events(true);
         let pin = format!("tenant={TENANT}");
-        let (sidecar, api) = w.start(&["--pin", pin.as_str()], &[]);
+        let (sidecar, api) = w.start(&["--pin", pin.as_str()], &server_env());
         let id = common::new_session(
             &api,
             json!({"agent": "invoices", "params": {"billing_token": CANARY}}),
@@ -455,7 +471,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     if !stream {
         flags.push("--no-stream");
     }
-    let (sidecar, api) = w.start(&flags, &[]);
+    let (sidecar, api) = w.start(&flags, &server_env());
     let id = common::new_session(
         &api,
         json!({"agent": "invoices", "params": {"billing_token": CANARY}}),
@@ -471,9 +487,10 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
     let mut model = Vec::with_capacity(ROUND_TRIPS);
     let mut model_here = Vec::with_capacity(ROUND_TRIPS);
     let mut tool = Vec::with_capacity(ROUND_TRIPS);
+    let mut cpu = Vec::with_capacity(ROUND_TRIPS);
     let mut before = Scrape::default();
     let mut tool_seconds = 0.0;
-    let mut cpu = 0.0;
+    let server_cpu = || cpu_time(sidecar.pid()).expect("the server's CPU clock");
     let url = format!("{}{path}", api.base);
     for i in 0..WARMUP_ROUND_TRIPS + ROUND_TRIPS {
         if i == WARMUP_ROUND_TRIPS {
@@ -481,7 +498,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
             tool_seconds = before.get(TOOL_SECONDS);
         }
         let asked = w.mock.request_count();
-        let cpu_before = Process::read(sidecar.pid()).cpu_seconds;
+        let cpu_before = server_cpu();
         let t = Instant::now();
         let r = http
             .post(&url)
@@ -493,7 +510,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         let status = r.status();
         let answer = r.bytes().await.expect("the whole answer");
         let elapsed = t.elapsed();
-        let cpu_during = Process::read(sidecar.pid()).cpu_seconds - cpu_before;
+        let cpu_during = server_cpu() - cpu_before;
         // Not a timing check: a run that failed would measure nothing.
         let text = String::from_utf8_lossy(&answer);
         assert_eq!(status, 200, "{text}\n{}", sidecar.logs());
@@ -518,7 +535,7 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
             continue;
         }
         trips.push(elapsed);
-        cpu += cpu_during;
+        cpu.push(cpu_during);
         model.push(elsewhere);
         model_here.push(here);
         // The tool's run in this round trip, as the server timed it.
@@ -539,17 +556,33 @@ async fn round_trips(stream: bool, delay: Duration) -> Measured {
         MODEL_TURNS as usize * 3 * (WARMUP_ROUND_TRIPS + ROUND_TRIPS)
     );
     drop(sidecar);
-    let mean = |d: &[Duration]| d.iter().sum::<Duration>() / d.len() as u32;
     let mut spent = Spent::between(&before, &after, mean(&trips), mean(&model), mean(&tool));
-    spent.cpu = cpu / ROUND_TRIPS as f64;
+    spent.cpu = mean(&cpu).as_secs_f64();
     Measured {
         trips,
         model,
         model_here,
         tool,
+        cpu,
         http: http_alone,
         spent,
     }
+}
+
+fn mean(d: &[Duration]) -> Duration {
+    d.iter().sum::<Duration>() / d.len() as u32
+}
+
+/// [`SERVER_LOG`], if set.
+fn server_log() -> Option<String> {
+    std::env::var(SERVER_LOG).ok().filter(|v| !v.is_empty())
+}
+
+/// The servers' environment: the log filter of [`SERVER_LOG`], if set.
+fn server_env() -> Vec<(&'static str, &'static str)> {
+    static LOG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(server_log).as_deref();
+    log.map(|f| ("BINDERY_LOG", f)).into_iter().collect()
 }
 
 /// Send `bodies` to the mock's completions `url` one after the other, each

@@ -1,5 +1,5 @@
 // Drives the sidecar's chat page in Debian's headless chromium, as a person
-// would, for sidecar/tests/it/chat_page.rs (which starts the sidecar and the
+// would, for sidecar/tests/it/chat_page/browser.rs (which starts the sidecar and the
 // mock model and checks what they saw):
 //
 //   node chat-page.mjs BASE_URL OWNER_TOKEN SECRET_CANARY SCREENSHOT_DIR [SCENARIO]

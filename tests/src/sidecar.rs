@@ -190,55 +190,72 @@ impl Api {
 #[derive(Debug, Clone)]
 pub struct SseEvent {
     pub id: Option<String>,
+    /// Its type: `message` unless it named one.
     pub event: String,
     pub data: String,
+}
+
+impl From<bindery_sse::Event> for SseEvent {
+    fn from(e: bindery_sse::Event) -> SseEvent {
+        SseEvent {
+            event: e.kind().to_owned(),
+            id: e.id,
+            data: e.data,
+        }
+    }
 }
 
 /// An open `text/event-stream`, read incrementally.
 pub struct EventStream {
     resp: reqwest::Response,
-    buf: String,
-    /// Every byte received, for secrecy checks.
+    parser: bindery_sse::Parser,
+    /// Events parsed, not yet returned.
+    ready: std::collections::VecDeque<SseEvent>,
+    /// Every byte received, for secrecy checks (a character cut between
+    /// two reads is added once whole).
     pub raw: String,
+    /// The start of a character the last read cut, held for the next.
+    cut: Vec<u8>,
 }
 
 impl EventStream {
+    fn new(resp: reqwest::Response) -> EventStream {
+        EventStream {
+            resp,
+            parser: bindery_sse::Parser::default(),
+            ready: Default::default(),
+            raw: String::new(),
+            cut: Vec::new(),
+        }
+    }
+
     /// The next event, or `None` when the stream ends.
     pub async fn next(&mut self) -> Option<SseEvent> {
         loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut ev = SseEvent {
-                    id: None,
-                    event: "message".into(),
-                    data: String::new(),
-                };
-                let mut any = false;
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        ev.id = Some(v.trim().to_string());
-                        any = true;
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        ev.event = v.trim().to_string();
-                        any = true;
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        if !ev.data.is_empty() {
-                            ev.data.push('\n');
-                        }
-                        ev.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                        any = true;
-                    }
-                }
-                if any {
-                    return Some(ev);
-                }
-                continue; // a keep-alive comment
+            if let Some(ev) = self.ready.pop_front() {
+                return Some(ev);
             }
-            let chunk = self.resp.chunk().await.ok()??;
-            let text = String::from_utf8_lossy(&chunk);
-            self.raw.push_str(&text);
-            self.buf.push_str(&text);
+            let Some(chunk) = self.resp.chunk().await.ok().flatten() else {
+                return self.parser.finish().map(SseEvent::from);
+            };
+            self.push_raw(&chunk);
+            let events = self.parser.feed(&chunk).unwrap_or_else(|e| panic!("{e}"));
+            self.ready.extend(events.into_iter().map(SseEvent::from));
         }
+    }
+
+    /// Appends `chunk` to [`EventStream::raw`], holding back a character
+    /// cut at its end until the rest of it comes.
+    fn push_raw(&mut self, chunk: &[u8]) {
+        self.cut.extend_from_slice(chunk);
+        let whole = match std::str::from_utf8(&self.cut) {
+            // Cut inside its last character: keep that for the next read.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            _ => self.cut.len(),
+        };
+        let rest = self.cut.split_off(whole);
+        self.raw.push_str(&String::from_utf8_lossy(&self.cut));
+        self.cut = rest;
     }
 
     /// Events up to and including the first of `kind`, within `timeout`.
@@ -283,13 +300,60 @@ impl Api {
         if status != 200 {
             return (status, None);
         }
-        (
-            status,
-            Some(EventStream {
-                resp,
-                buf: String::new(),
-                raw: String::new(),
-            }),
-        )
+        (status, Some(EventStream::new(resp)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::Api;
+
+    /// An event stream whose HTTP chunks end inside a character (`é`, two
+    /// bytes, and `✓`, three): the event's text comes out whole, and so
+    /// does the stream's raw text.
+    #[tokio::test]
+    async fn a_character_cut_between_reads_comes_out_whole() {
+        const BODY: &str = "id: 1\nevent: delta\ndata: {\"content\":\"héllo ✓\"}\n\n";
+        let bytes = BODY.as_bytes();
+        let inside = |c: &str| BODY.find(c).unwrap() + 1;
+        let (e, check) = (inside("é"), inside("✓"));
+        let pieces = [&bytes[..e], &bytes[e..check], &bytes[check..]];
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut buf = [0; 1024];
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            // One HTTP chunk per piece: the client reads them apart.
+            let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                transfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+            for piece in pieces {
+                out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                out.extend_from_slice(piece);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+            conn.write_all(&out).await.unwrap();
+            conn
+        });
+
+        let (status, stream) = Api::new(&base).events("/events", None, None).await;
+        assert_eq!(status, 200);
+        let mut stream = stream.unwrap();
+        let ev = stream.next().await.expect("one event");
+        assert_eq!(ev.data, "{\"content\":\"héllo ✓\"}");
+        assert_eq!((ev.id.as_deref(), ev.event.as_str()), (Some("1"), "delta"));
+        assert!(stream.next().await.is_none(), "one event only");
+        assert_eq!(stream.raw, BODY);
+        drop(server.await.unwrap());
     }
 }

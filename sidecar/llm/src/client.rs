@@ -14,9 +14,9 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AF
 use super::conversation::Conversation;
 use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
-use super::sse::SseParser;
 use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta};
 use bindery_spec::Redirects;
+use bindery_sse::Parser as SseParser;
 
 /// The longest `Retry-After` the client honours; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);

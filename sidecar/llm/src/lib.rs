@@ -23,7 +23,6 @@ mod conversation;
 pub mod egress;
 mod error;
 mod parse;
-pub mod sse;
 mod turn;
 mod types;
 

@@ -332,7 +332,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
+    use bindery_sse::Parser as SseParser;
     use serde_json::json;
 
     #[test]

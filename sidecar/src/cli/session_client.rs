@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use bindery_llm::sse::SseParser;
+use bindery_sse::Parser as SseParser;
 
 use super::terminal_text::for_terminal;
 use bindery_store::pending::Resolution;
@@ -620,10 +620,10 @@ impl Client {
                 say(&format!(
                     "{}\t{}\t{}",
                     ev.id.as_deref().unwrap_or("-"),
-                    ev.event,
+                    ev.kind(),
                     ev.data
                 ));
-                if until == Some(ev.event.as_str()) {
+                if until == Some(ev.kind()) {
                     return Ok(());
                 }
             }
@@ -657,7 +657,7 @@ impl Client {
                 .iter()
                 .any(|e| {
                     matches!(
-                        e.event.as_str(),
+                        e.kind(),
                         "message" | "tool_call" | "tool_result" | "pending" | "run_finished"
                     )
                 });

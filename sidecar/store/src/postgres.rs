@@ -1350,7 +1350,54 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// How a store URL is read: pure, so it runs without a database.
 #[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    #[test]
+    fn sslmode_is_read_as_libpq_reads_it() {
+        let mode = |url: &str| parse_url(url).map(|(c, t)| (c.get_ssl_mode(), t.0.is_some()));
+        let base = "postgres://u:pw-3e1@db:5432/s";
+        assert_eq!(
+            mode(base).unwrap(),
+            (SslMode::Prefer, true),
+            "libpq's default"
+        );
+        for (q, want) in [
+            ("sslmode=disable", (SslMode::Disable, false)),
+            ("sslmode=allow", (SslMode::Disable, false)),
+            ("sslmode=prefer", (SslMode::Prefer, true)),
+            (
+                "sslmode=require&application_name=x",
+                (SslMode::Require, true),
+            ),
+            ("sslmode=verify-full", (SslMode::Require, true)),
+        ] {
+            assert_eq!(mode(&format!("{base}?{q}")).unwrap(), want, "{q}");
+        }
+        for (q, why) in [
+            ("sslmode=verify-ca", "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"),
+            ("sslmode=on", "unknown sslmode=on: use disable, prefer, require or verify-full"),
+            ("sslmode=require&sslrootcert=/ca.pem", "sslrootcert is for sslmode=verify-full"),
+            ("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "sslrootcert /nonexistent/ca.pem"),
+            ("sslmod=x", "sslmod"),
+        ] {
+            let err = parse_url(&format!("{base}?{q}")).unwrap_err().to_string();
+            assert!(err.contains(why), "{q}: {err}");
+            assert!(err.contains("postgres://u:<redacted>@db:5432/s"), "{q}: {err}");
+            assert!(!err.contains("pw-3e1"), "{q}: {err}");
+        }
+        assert_eq!(
+            target(&parse_url("postgres://u:pw@db:5433/s").unwrap().0),
+            "postgres://u@db:5433/s"
+        );
+    }
+}
+
+/// The store against a real PostgreSQL server (the `postgres-tests`
+/// feature: `tests/setup.sh` installs one).
+#[cfg(all(test, feature = "postgres-tests"))]
 mod tests {
     use std::sync::Arc;
 
@@ -1654,45 +1701,6 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains(Postgres::PASSWORD), "{err}");
-    }
-
-    #[test]
-    fn sslmode_is_read_as_libpq_reads_it() {
-        let mode = |url: &str| parse_url(url).map(|(c, t)| (c.get_ssl_mode(), t.0.is_some()));
-        let base = "postgres://u:pw-3e1@db:5432/s";
-        assert_eq!(
-            mode(base).unwrap(),
-            (SslMode::Prefer, true),
-            "libpq's default"
-        );
-        for (q, want) in [
-            ("sslmode=disable", (SslMode::Disable, false)),
-            ("sslmode=allow", (SslMode::Disable, false)),
-            ("sslmode=prefer", (SslMode::Prefer, true)),
-            (
-                "sslmode=require&application_name=x",
-                (SslMode::Require, true),
-            ),
-            ("sslmode=verify-full", (SslMode::Require, true)),
-        ] {
-            assert_eq!(mode(&format!("{base}?{q}")).unwrap(), want, "{q}");
-        }
-        for (q, why) in [
-            ("sslmode=verify-ca", "sslmode=verify-ca is not supported (it checks the chain but not the host name): use sslmode=verify-full"),
-            ("sslmode=on", "unknown sslmode=on: use disable, prefer, require or verify-full"),
-            ("sslmode=require&sslrootcert=/ca.pem", "sslrootcert is for sslmode=verify-full"),
-            ("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "sslrootcert /nonexistent/ca.pem"),
-            ("sslmod=x", "sslmod"),
-        ] {
-            let err = parse_url(&format!("{base}?{q}")).unwrap_err().to_string();
-            assert!(err.contains(why), "{q}: {err}");
-            assert!(err.contains("postgres://u:<redacted>@db:5432/s"), "{q}: {err}");
-            assert!(!err.contains("pw-3e1"), "{q}: {err}");
-        }
-        assert_eq!(
-            target(&parse_url("postgres://u:pw@db:5433/s").unwrap().0),
-            "postgres://u@db:5433/s"
-        );
     }
 
     #[tokio::test]

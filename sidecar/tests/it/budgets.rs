@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use bindery_tests::mock_llm::{last_message, Gate, MockLlm, MockReply};
-use bindery_tests::postgres::Postgres;
+use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Reply, Sidecar};
 use serde_json::{json, Value};
 
@@ -118,6 +117,7 @@ async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
     .await
 }
 
+#[cfg(feature = "postgres-tests")]
 async fn session(api: &Api, id: &str) -> Reply {
     api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
         .await
@@ -147,9 +147,10 @@ async fn a_model_that_reports_no_usage_is_estimated_and_marked_so() {
 /// Two replicas share one database and one budget whose last room is less
 /// than one request: however the two runs race, one request reaches the
 /// model and the other run is refused.
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
-    let gate = Gate::new();
+    let gate = bindery_tests::mock_llm::Gate::new();
     let held = gate.clone();
     let mock =
         MockLlm::start(move |_| MockReply::text("ok").with_usage(400, 100).held(&held)).await;
@@ -161,7 +162,7 @@ async fn two_replicas_on_postgres_share_one_budget_and_only_one_passes() {
         "",
         "  budgets:\n    - {name: daily-tokens, tokens: 5, per: 24h}\n",
     );
-    let pg = Postgres::start();
+    let pg = bindery_tests::postgres::Postgres::start();
     pg.create_database("budgets");
     let store = pg.url("budgets");
     let (_a, api_a) = serve(&agent, &store, &[], &[], dir.path());

@@ -4,6 +4,11 @@
 //! file, which is most of the tests' build time on two cores.
 //!
 //! Run one area with `cargo test -p bindery-sidecar --test it server_api::`.
+//!
+//! The tests that need PostgreSQL or a browser (`tests/setup.sh` installs
+//! them) are compiled with the features `postgres-tests` and
+//! `browser-tests` only: `cargo test -p bindery-sidecar --features
+//! postgres-tests --test it server_postgres::`.
 
 mod common;
 
@@ -28,6 +33,7 @@ mod mcp_tools;
 mod media;
 mod openapi;
 mod otlp;
+#[cfg(feature = "postgres-tests")]
 mod postgrest;
 mod proptest_parsers;
 mod replicas;
@@ -38,9 +44,11 @@ mod server_api;
 mod server_depends;
 mod server_helpers;
 mod server_pending;
+#[cfg(feature = "postgres-tests")]
 mod server_postgres;
 mod server_runs;
 mod server_sessions;
 mod session_cli;
 mod session_pins;
+mod store_refused;
 mod stored_agents;

@@ -573,6 +573,7 @@ async fn check_and_describe_show_the_tools_that_wait() {
 /// answered at the other, which forwards the answer to the server holding
 /// the session's secret value, where the tool runs and the run resumes;
 /// both show the same token, and the token is good once across both.
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_take_the_continuation_at_either() {
     let pg = bindery_tests::postgres::Postgres::start();

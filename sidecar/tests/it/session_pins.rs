@@ -52,6 +52,7 @@ async fn a_pinned_value_is_refused_to_every_later_request_and_survives_a_restart
 /// secret value: until its lease passes the store takes it for alive, and
 /// a request about the session carrying a secret value would be sent to it
 /// (refused here without peer TLS), so the test lets the lease pass.
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pin_survives_a_restart_on_postgres_too() {
     let pg = bindery_tests::postgres::Postgres::start();

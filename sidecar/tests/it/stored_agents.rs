@@ -10,7 +10,6 @@ use std::process::Command;
 
 use crate::common::*;
 use bindery_tests::mock_llm::{last_message, MockReply};
-use bindery_tests::postgres::Postgres;
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
@@ -362,9 +361,10 @@ async fn stored_agents_on_sqlite() {
     stored_agents_on(sqlite_in(dir.path())).await;
 }
 
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_agents_on_postgres() {
-    let pg = Postgres::start();
+    let pg = bindery_tests::postgres::Postgres::start();
     pg.create_database("stored");
     stored_agents_on(pg.url("stored")).await;
     let rows = pg.sql("stored", "SELECT slug FROM bindery_agents ORDER BY slug");

@@ -2936,6 +2936,7 @@ async fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
 /// pod advertises its pod IP, so a session whose secret value one pod holds
 /// is answered whichever pod a request lands on, the value reaching the
 /// tool every time and never leaving the pod's memory.
+#[cfg(feature = "postgres-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_answer_a_session_whichever_pod_a_request_reaches() {
     const CANARY: &str = "billing-session-7a31f0";

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use bindery_operator::crd::AgentTenant;
 use bindery_operator::desired::{desired, Desired, Inputs, OperatorConfig, RefObject, Rollout};
 use bindery_spec::{from_yaml, AgentDocument, AgentSpec};
+#[cfg(feature = "cluster-tests")]
 use bindery_tests::control_plane::{ControlPlane, ADMIN};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -38,6 +39,7 @@ pub fn example_tenant() -> AgentTenant {
 /// The test binary's control plane with the generated CRDs applied
 /// (server-side: the AgentTenant CRD is too big for kubectl's last-applied
 /// annotation) and established.
+#[cfg(feature = "cluster-tests")]
 pub fn plane() -> &'static ControlPlane {
     static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let plane = ControlPlane::shared();

@@ -8,6 +8,7 @@ mod egress;
 mod logs;
 mod mcp_client;
 mod own_credentials;
+#[cfg(feature = "postgres-tests")]
 mod peers;
 mod sessions;
 mod tool_output;
