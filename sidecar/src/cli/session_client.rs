@@ -429,6 +429,38 @@ pub fn refusal(status: u16, path: &str, body: &Value) -> String {
     format!("{code}: {message}{hint}")
 }
 
+/// The largest answer the client reads: a session's view with a long
+/// conversation is a few MiB; a server that sends more is not one to trust.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long a request may take, its answer read: a run waited for
+/// (`?wait=true`, at most `timeout=600` s on the server) a little longer
+/// than the server's own limit, anything else a minute.
+fn answer_within(path: &str) -> std::time::Duration {
+    let secs = if path.contains("wait=true") { 660 } else { 60 };
+    std::time::Duration::from_secs(secs)
+}
+
+/// The answer's body as text, refused past [`MAX_ANSWER_BYTES`] before it
+/// is all held.
+async fn read_answer(mut resp: reqwest::Response) -> Result<String, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "the server's answer is over {} MiB: not an answer of a Bindery server",
+                MAX_ANSWER_BYTES / (1024 * 1024)
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 struct Client {
     http: reqwest::Client,
     base: String,
@@ -561,12 +593,13 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
-        let status = resp.status();
-        let text = resp
-            .text()
+        let resp = req
+            .timeout(answer_within(path))
+            .send()
             .await
-            .map_err(|e| format!("reading the answer: {e}"))?;
+            .map_err(|e| self.unreachable(&e))?;
+        let status = resp.status();
+        let text = read_answer(resp).await?;
         if status == reqwest::StatusCode::NO_CONTENT {
             return Ok(Value::Null);
         }
@@ -595,7 +628,8 @@ impl Client {
         let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
-            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            let text = read_answer(resp).await?;
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
             return Err(refusal(status, &path, &v));
         }
         Ok(resp)
@@ -843,6 +877,7 @@ pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, Str
     let client = Client {
         // The token and the values go to that server's origin only.
         http: bindery_llm::egress::client(bindery_spec::Redirects::SameOrigin)
+            .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .map_err(|e| err(format!("cannot set up HTTP: {e}")))?,
         base: args.server.clone(),

@@ -870,3 +870,36 @@ async fn the_session_client_cannot_be_driven_by_what_the_model_says() {
         );
     }
 }
+
+/// A server that answers more than any view of Bindery's (here 17 MiB) is
+/// refused before its answer is all held, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_answer_is_refused_before_it_is_held() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 4096];
+        let _ = conn.read(&mut head).await;
+        let size = 17 * 1024 * 1024;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {size}\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b'a'; 64 * 1024];
+        for _ in 0..(size / chunk.len()) {
+            // The client hangs up once it has seen enough.
+            if conn.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{OWNER}\n")).unwrap();
+    let out = session(&url, &token, &["list"]).await;
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("over 16 MiB"), "{}", out.stderr);
+    server.abort();
+}
