@@ -77,7 +77,7 @@ pub struct ServiceConfig {
     pub tool_cache_ttl: Option<Duration>,
     /// How often this server beats, and how long a beat vouches for its runs.
     pub lease: LeaseConfig,
-    /// Derives continuation tokens (see [`pending::token_for`]): replicas
+    /// Derives continuation tokens (see [`pending::token_for`](bindery_store::pending::token_for)): replicas
     /// that share it show the same tokens. Never stored.
     pub continuation_key: [u8; 32],
     /// Forget a session's secret values once it has been idle this long

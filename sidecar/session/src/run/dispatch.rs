@@ -363,7 +363,7 @@ impl<'a> RunContext<'a> {
 /// say), then run it. A write the API refuses as stale (409/410) runs its
 /// lookups again and asks again: it never runs on something else unasked.
 /// The call waits ([`Outcome::Blocked`]) for what a person must say; the
-/// answer goes into `state` with [`go_on`] and the call is made again.
+/// answer goes into `state` with [`go_on`](super::resume::go_on) and the call is made again.
 pub async fn orchestrated(
     ctx: &CallEnv<'_>,
     call: &ToolCall,

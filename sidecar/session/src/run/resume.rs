@@ -31,7 +31,7 @@ use super::dispatch::Seen;
 /// Answer the calls a run stopped before, as they were resolved: an
 /// approved call runs now (its first run), the others get what the
 /// resolution says; a helper that waited is resumed with its own calls'
-/// answers and runs on. Then the run goes on with [`run`] (`None`), unless
+/// answers and runs on. Then the run goes on with [`run`](super::step::run) (`None`), unless
 /// it was cancelled or a helper waits again.
 pub async fn answer_resolved(
     ctx: &RunContext<'_>,
