@@ -5,9 +5,10 @@
 //!
 //! Run one area with `cargo test -p bindery-sidecar --test it server_api::`.
 //!
-//! The tests that need PostgreSQL or a browser (`tests/setup.sh` installs
-//! them) are compiled with the features `postgres-tests` and
-//! `browser-tests` only: `cargo test -p bindery-sidecar --features
+//! The tests that need PostgreSQL, a browser, or other implementations
+//! (Node, the Python MCP SDK, schemathesis; `tests/setup.sh` installs them)
+//! are compiled with the features `postgres-tests`, `browser-tests` and
+//! `interop-tests` only: `cargo test -p bindery-sidecar --features
 //! postgres-tests --test it server_postgres::`.
 
 mod common;
@@ -24,11 +25,15 @@ mod builtins;
 mod chat_page;
 mod cli;
 mod first_run;
+#[cfg(feature = "interop-tests")]
 mod fuzz_api;
 mod live_ttl;
+#[cfg(feature = "interop-tests")]
 mod mcp;
+#[cfg(feature = "interop-tests")]
 mod mcp_conformance;
 mod mcp_server;
+#[cfg(feature = "interop-tests")]
 mod mcp_tools;
 mod media;
 mod openapi;

@@ -7,11 +7,13 @@
 use std::time::Duration;
 
 use crate::common::*;
+#[cfg(feature = "interop-tests")]
 use bindery_tests::mcp_client;
 use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
+#[cfg(feature = "interop-tests")]
 fn plan(url: &str, connections: Value) -> Value {
     json!({"url": format!("{url}/mcp"), "connections": connections})
 }
@@ -76,6 +78,7 @@ fn requests_for(w: &World, prompt: &str) -> Vec<Value> {
         .collect()
 }
 
+#[cfg(feature = "interop-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_mcp_client_asks_the_agent_with_header_and_meta_values() {
     let w = World::new(tool_then_answer).await;
@@ -266,6 +269,7 @@ async fn a_real_mcp_client_asks_the_agent_with_header_and_meta_values() {
 
 /// A pinned value is `forbidden_params` over MCP too, and used when no
 /// client gives one.
+#[cfg(feature = "interop-tests")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_value_cannot_be_overridden_over_mcp() {
     let w = World::new(tool_then_answer).await;
