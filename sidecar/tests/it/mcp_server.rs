@@ -7,306 +7,12 @@
 use std::time::Duration;
 
 use crate::common::*;
-#[cfg(feature = "interop-tests")]
-use bindery_tests::mcp_client;
-use bindery_tests::mock_llm::{last_message, tool_schema, MockReply};
+use bindery_tests::mock_llm::MockReply;
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
-#[cfg(feature = "interop-tests")]
-fn plan(url: &str, connections: Value) -> Value {
-    json!({"url": format!("{url}/mcp"), "connections": connections})
-}
-
 fn bearer(token: &str) -> String {
     format!("Bearer {token}")
-}
-
-fn ask(prompt: &str, meta: Value) -> Value {
-    json!({"tool": "ask_invoices", "arguments": {"prompt": prompt}, "meta": meta})
-}
-
-fn params(v: Value) -> Value {
-    json!({"agents-exe/params": v})
-}
-
-/// A call's JSON-RPC error as `(code, REST status, REST code, params)`.
-fn rpc_error(call: &Value) -> (i64, u64, String, Vec<String>) {
-    let e = &call["error"];
-    assert!(e.is_object(), "not an error: {call}");
-    let names = e["data"]["params"]
-        .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default();
-    (
-        e["code"].as_i64().unwrap(),
-        e["data"]["status"].as_u64().unwrap_or(0),
-        e["data"]["error"].as_str().unwrap_or("").to_string(),
-        names,
-    )
-}
-
-fn refused(code: i64, status: u64, rest: &str, names: &[&str]) -> (i64, u64, String, Vec<String>) {
-    (
-        code,
-        status,
-        rest.to_string(),
-        names.iter().map(|s| s.to_string()).collect(),
-    )
-}
-
-/// A call's answer text, after checking it is a successful result.
-fn answer(call: &Value) -> String {
-    let r = &call["result"];
-    assert_eq!(r["isError"], false, "{call}");
-    assert_eq!(r["content"][0]["type"], "text", "{call}");
-    r["content"][0]["text"].as_str().unwrap().to_string()
-}
-
-/// The model requests whose user message is `prompt`.
-fn requests_for(w: &World, prompt: &str) -> Vec<Value> {
-    w.mock
-        .requests()
-        .into_iter()
-        .filter(|r| {
-            r["messages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|m| m["role"] == "user" && m["content"] == prompt)
-        })
-        .collect()
-}
-
-#[cfg(feature = "interop-tests")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_mcp_client_asks_the_agent_with_header_and_meta_values() {
-    let w = World::new(tool_then_answer).await;
-    let (sidecar, api) = w.start(&["--log-format", "json"], &[("BINDERY_LOG", "debug")]);
-    // A session token of some session: it must not open /mcp.
-    let r = create(
-        &api,
-        json!({"agent": "invoices", "params": valid_params(), "session_token": true}),
-    )
-    .await;
-    let session_token = r.json["session_token"].as_str().unwrap().to_string();
-
-    let out = mcp_client::run(&plan(
-        &sidecar.url,
-        json!([
-            {
-                "headers": {
-                    "Authorization": bearer(OWNER),
-                    "Agents-Param-Tenant": "acme-corp",
-                    "Agents-Param-Billing-Token": CANARY,
-                },
-                "calls": [
-                    ask("from headers", json!(null)),
-                    ask("meta wins", params(json!({"tenant": "globex"}))),
-                    ask("typo", params(json!({"tennant": "initech"}))),
-                    ask("process scope", params(json!({"region": "us"}))),
-                    ask("a number for a secret", params(json!({"billing_token": 4242}))),
-                    ask("null removes the header's value", params(json!({"billing_token": null}))),
-                    {"tool": "ask_nobody", "arguments": {"prompt": "x"}},
-                    {"tool": "ask_invoices", "arguments": {}},
-                ],
-            },
-            {
-                "headers": {"Authorization": bearer(OWNER)},
-                "calls": [
-                    ask("nothing given", json!(null)),
-                    ask("all in meta", params(json!({"tenant": "globex", "billing_token": CANARY}))),
-                ],
-            },
-            {"headers": {"Authorization": bearer("not-the-owner-token")}},
-            {"headers": {"Authorization": bearer(&session_token)}},
-            {"headers": {}},
-        ]),
-    ))
-    .await;
-    let conns = out["connections"].as_array().unwrap();
-
-    // initialize and tools/list.
-    let first = &conns[0];
-    let init = &first["initialize"];
-    assert_eq!(init["protocolVersion"], "2025-11-25", "{init}");
-    assert_eq!(
-        init["capabilities"],
-        json!({"tools": {"listChanged": false}})
-    );
-    assert_eq!(init["serverInfo"]["name"], "bindery-sidecar");
-    let tools = first["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 1, "{tools:?}");
-    assert_eq!(tools[0]["name"], "ask_invoices");
-    assert_eq!(
-        tools[0]["inputSchema"]["required"],
-        json!(["prompt"]),
-        "{}",
-        tools[0]
-    );
-    let description = tools[0]["description"].as_str().unwrap();
-    assert!(
-        description.starts_with("answers questions about one tenant's invoices."),
-        "{description}"
-    );
-    assert!(
-        description.contains("tenant (required)")
-            && description.contains("billing_token (secret, required)")
-            && !description.contains("region"),
-        "{description}"
-    );
-
-    // tools/call: header values, then _meta winning over a header.
-    let calls = first["calls"].as_array().unwrap();
-    let text = answer(&calls[0]);
-    assert!(
-        text.contains("INV-1002") && !text.contains("INV-2002"),
-        "{text}"
-    );
-    let text = answer(&calls[1]);
-    assert!(
-        text.contains("INV-2002") && !text.contains("INV-1002"),
-        "{text}"
-    );
-
-    // Every code of the validation table, as a JSON-RPC error carrying
-    // the REST code, status and names.
-    assert_eq!(
-        rpc_error(&calls[2]),
-        refused(-32602, 422, "unknown_params", &["tennant"])
-    );
-    assert_eq!(
-        rpc_error(&calls[3]),
-        refused(-32602, 403, "forbidden_params", &["region"])
-    );
-    assert_eq!(
-        rpc_error(&calls[4]),
-        refused(-32602, 422, "invalid_params", &["billing_token"])
-    );
-    assert_eq!(
-        rpc_error(&calls[5]),
-        refused(-32602, 422, "params_required", &["billing_token"])
-    );
-    let message = calls[5]["error"]["message"].as_str().unwrap();
-    assert!(message.contains("Agents-Param-"), "{message}");
-    // Not a tool, no prompt: invalid params without a REST code.
-    for call in &calls[6..8] {
-        assert_eq!(call["error"]["code"], -32602, "{call}");
-        assert!(call["error"]["data"].is_null(), "{call}");
-    }
-    assert_eq!(calls.len(), 8);
-
-    let second = conns[1]["calls"].as_array().unwrap();
-    assert_eq!(
-        rpc_error(&second[0]),
-        refused(-32602, 422, "params_required", &["tenant", "billing_token"])
-    );
-    assert!(answer(&second[1]).contains("INV-2002"), "{}", second[1]);
-
-    // Without the owner token: refused before anything else, and a session
-    // token is no owner token.
-    for c in &conns[2..5] {
-        assert!(c["initialize"].is_null(), "{c}");
-        assert_eq!(c["error"]["code"], -32001, "{c}");
-        assert_eq!(
-            c["error"]["data"],
-            json!({"error": "unauthorized", "status": 401})
-        );
-    }
-
-    // The model saw each prompt with the bound arguments gone from the
-    // tool's schema, and none of the refused calls reached it.
-    for prompt in ["from headers", "meta wins", "all in meta"] {
-        let reqs = requests_for(&w, prompt);
-        assert_eq!(reqs.len(), 2, "{prompt}: a tool call, then the answer");
-        let schema = tool_schema(&reqs[0], "bash_query-invoices").unwrap();
-        let props = schema["properties"].as_object().unwrap();
-        assert!(
-            !props.contains_key("tenant_id") && !props.contains_key("token"),
-            "{schema}"
-        );
-        assert_eq!(last_message(&reqs[1])["role"], "tool");
-    }
-    assert_eq!(w.mock.request_count(), 6);
-
-    // Each call is a session of the owner's, kept and listed; its secret
-    // is gone from memory once the call is answered.
-    let id = calls[0]["result"]["_meta"]["bindery.dev/session_id"]
-        .as_str()
-        .unwrap();
-    let r = api
-        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["params"], json!({"tenant": "acme-corp"}));
-    assert_eq!(r.json["secret_params"], json!([]));
-    assert_eq!(r.json["status"], "idle");
-    assert_eq!(r.json["session"]["turns"][0]["content"], "from headers");
-    assert_eq!(r.json["owner"], "mcp", "created through /mcp");
-    assert_eq!(r.json["parent_session_id"], json!(null));
-    let r = api.call("GET", "/v1/sessions", Some(OWNER), None).await;
-    assert_eq!(
-        r.json["sessions"].as_array().unwrap().len(),
-        4,
-        "{}",
-        r.text
-    );
-
-    // The secret is in no log line, no model request, no answer.
-    let logs = sidecar.logs();
-    assert!(logs.contains("MCP tools/call"), "debug logs were captured");
-    assert!(!logs.contains(CANARY), "the log holds the secret:\n{logs}");
-    for (headers, body) in w.mock.raw_requests() {
-        assert!(!body.contains(CANARY));
-        assert!(headers.iter().all(|(_, v)| !v.contains(CANARY)));
-    }
-    assert!(!out.to_string().contains(CANARY));
-    assert!(!contains(
-        &raw_files(&w.dir.path().join("store"), "bindery.sqlite"),
-        CANARY
-    ));
-}
-
-/// A pinned value is `forbidden_params` over MCP too, and used when no
-/// client gives one.
-#[cfg(feature = "interop-tests")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pinned_value_cannot_be_overridden_over_mcp() {
-    let w = World::new(tool_then_answer).await;
-    let (sidecar, _api) = w.start(&["--pin", "tenant=acme-corp"], &[]);
-    let out = mcp_client::run(&plan(
-        &sidecar.url,
-        json!([{
-            "headers": {"Authorization": bearer(OWNER), "Agents-Param-Billing-Token": CANARY},
-            "calls": [
-                ask("pinned", json!(null)),
-                ask("in meta", params(json!({"tenant": "globex"}))),
-            ],
-        }, {
-            "headers": {
-                "Authorization": bearer(OWNER),
-                "Agents-Param-Billing-Token": CANARY,
-                "Agents-Param-Tenant": "globex",
-            },
-            "calls": [ask("as a header", json!(null))],
-        }]),
-    ))
-    .await;
-    let first = &out["connections"][0];
-    let description = first["tools"][0]["description"].as_str().unwrap();
-    assert!(!description.contains("tenant ("), "{description}");
-    let calls = first["calls"].as_array().unwrap();
-    assert!(answer(&calls[0]).contains("INV-1002"), "{}", calls[0]);
-    assert_eq!(
-        rpc_error(&calls[1]),
-        refused(-32602, 403, "forbidden_params", &["tenant"])
-    );
-    let header = &out["connections"][1]["calls"][0];
-    assert_eq!(
-        rpc_error(header),
-        refused(-32602, 403, "forbidden_params", &["tenant"])
-    );
-    assert_eq!(w.mock.request_count(), 2, "one run: `pinned`");
 }
 
 async fn post(api: &Api, headers: &[(&str, &str)], body: &str) -> (u16, Value, Option<String>) {
@@ -522,4 +228,307 @@ async fn a_client_of_the_stateless_protocol_discovers_lists_and_calls() {
     assert!(text.contains("INV-1002"), "{text}");
     assert!(!text.contains(CANARY), "{text}");
     client.cancel().await.ok();
+}
+
+/// The official Python SDK's client (tests/mcp/client.py, its virtualenv
+/// from tests/setup.sh): the `interop-tests` feature.
+#[cfg(feature = "interop-tests")]
+mod python_client {
+    use super::*;
+    use bindery_tests::mcp_client;
+    use bindery_tests::mock_llm::{last_message, tool_schema};
+
+    fn plan(url: &str, connections: Value) -> Value {
+        json!({"url": format!("{url}/mcp"), "connections": connections})
+    }
+
+    fn ask(prompt: &str, meta: Value) -> Value {
+        json!({"tool": "ask_invoices", "arguments": {"prompt": prompt}, "meta": meta})
+    }
+
+    fn params(v: Value) -> Value {
+        json!({"agents-exe/params": v})
+    }
+
+    /// A call's JSON-RPC error as `(code, REST status, REST code, params)`.
+    fn rpc_error(call: &Value) -> (i64, u64, String, Vec<String>) {
+        let e = &call["error"];
+        assert!(e.is_object(), "not an error: {call}");
+        let names = e["data"]["params"]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        (
+            e["code"].as_i64().unwrap(),
+            e["data"]["status"].as_u64().unwrap_or(0),
+            e["data"]["error"].as_str().unwrap_or("").to_string(),
+            names,
+        )
+    }
+
+    fn refused(
+        code: i64,
+        status: u64,
+        rest: &str,
+        names: &[&str],
+    ) -> (i64, u64, String, Vec<String>) {
+        (
+            code,
+            status,
+            rest.to_string(),
+            names.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    /// A call's answer text, after checking it is a successful result.
+    fn answer(call: &Value) -> String {
+        let r = &call["result"];
+        assert_eq!(r["isError"], false, "{call}");
+        assert_eq!(r["content"][0]["type"], "text", "{call}");
+        r["content"][0]["text"].as_str().unwrap().to_string()
+    }
+
+    /// The model requests whose user message is `prompt`.
+    fn requests_for(w: &World, prompt: &str) -> Vec<Value> {
+        w.mock
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m["role"] == "user" && m["content"] == prompt)
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_real_mcp_client_asks_the_agent_with_header_and_meta_values() {
+        let w = World::new(tool_then_answer).await;
+        let (sidecar, api) = w.start(&["--log-format", "json"], &[("BINDERY_LOG", "debug")]);
+        // A session token of some session: it must not open /mcp.
+        let r = create(
+            &api,
+            json!({"agent": "invoices", "params": valid_params(), "session_token": true}),
+        )
+        .await;
+        let session_token = r.json["session_token"].as_str().unwrap().to_string();
+
+        let out = mcp_client::run(&plan(
+            &sidecar.url,
+            json!([
+                {
+                    "headers": {
+                        "Authorization": bearer(OWNER),
+                        "Agents-Param-Tenant": "acme-corp",
+                        "Agents-Param-Billing-Token": CANARY,
+                    },
+                    "calls": [
+                        ask("from headers", json!(null)),
+                        ask("meta wins", params(json!({"tenant": "globex"}))),
+                        ask("typo", params(json!({"tennant": "initech"}))),
+                        ask("process scope", params(json!({"region": "us"}))),
+                        ask("a number for a secret", params(json!({"billing_token": 4242}))),
+                        ask("null removes the header's value", params(json!({"billing_token": null}))),
+                        {"tool": "ask_nobody", "arguments": {"prompt": "x"}},
+                        {"tool": "ask_invoices", "arguments": {}},
+                    ],
+                },
+                {
+                    "headers": {"Authorization": bearer(OWNER)},
+                    "calls": [
+                        ask("nothing given", json!(null)),
+                        ask("all in meta", params(json!({"tenant": "globex", "billing_token": CANARY}))),
+                    ],
+                },
+                {"headers": {"Authorization": bearer("not-the-owner-token")}},
+                {"headers": {"Authorization": bearer(&session_token)}},
+                {"headers": {}},
+            ]),
+        ))
+        .await;
+        let conns = out["connections"].as_array().unwrap();
+
+        // initialize and tools/list.
+        let first = &conns[0];
+        let init = &first["initialize"];
+        assert_eq!(init["protocolVersion"], "2025-11-25", "{init}");
+        assert_eq!(
+            init["capabilities"],
+            json!({"tools": {"listChanged": false}})
+        );
+        assert_eq!(init["serverInfo"]["name"], "bindery-sidecar");
+        let tools = first["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 1, "{tools:?}");
+        assert_eq!(tools[0]["name"], "ask_invoices");
+        assert_eq!(
+            tools[0]["inputSchema"]["required"],
+            json!(["prompt"]),
+            "{}",
+            tools[0]
+        );
+        let description = tools[0]["description"].as_str().unwrap();
+        assert!(
+            description.starts_with("answers questions about one tenant's invoices."),
+            "{description}"
+        );
+        assert!(
+            description.contains("tenant (required)")
+                && description.contains("billing_token (secret, required)")
+                && !description.contains("region"),
+            "{description}"
+        );
+
+        // tools/call: header values, then _meta winning over a header.
+        let calls = first["calls"].as_array().unwrap();
+        let text = answer(&calls[0]);
+        assert!(
+            text.contains("INV-1002") && !text.contains("INV-2002"),
+            "{text}"
+        );
+        let text = answer(&calls[1]);
+        assert!(
+            text.contains("INV-2002") && !text.contains("INV-1002"),
+            "{text}"
+        );
+
+        // Every code of the validation table, as a JSON-RPC error carrying
+        // the REST code, status and names.
+        assert_eq!(
+            rpc_error(&calls[2]),
+            refused(-32602, 422, "unknown_params", &["tennant"])
+        );
+        assert_eq!(
+            rpc_error(&calls[3]),
+            refused(-32602, 403, "forbidden_params", &["region"])
+        );
+        assert_eq!(
+            rpc_error(&calls[4]),
+            refused(-32602, 422, "invalid_params", &["billing_token"])
+        );
+        assert_eq!(
+            rpc_error(&calls[5]),
+            refused(-32602, 422, "params_required", &["billing_token"])
+        );
+        let message = calls[5]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("Agents-Param-"), "{message}");
+        // Not a tool, no prompt: invalid params without a REST code.
+        for call in &calls[6..8] {
+            assert_eq!(call["error"]["code"], -32602, "{call}");
+            assert!(call["error"]["data"].is_null(), "{call}");
+        }
+        assert_eq!(calls.len(), 8);
+
+        let second = conns[1]["calls"].as_array().unwrap();
+        assert_eq!(
+            rpc_error(&second[0]),
+            refused(-32602, 422, "params_required", &["tenant", "billing_token"])
+        );
+        assert!(answer(&second[1]).contains("INV-2002"), "{}", second[1]);
+
+        // Without the owner token: refused before anything else, and a session
+        // token is no owner token.
+        for c in &conns[2..5] {
+            assert!(c["initialize"].is_null(), "{c}");
+            assert_eq!(c["error"]["code"], -32001, "{c}");
+            assert_eq!(
+                c["error"]["data"],
+                json!({"error": "unauthorized", "status": 401})
+            );
+        }
+
+        // The model saw each prompt with the bound arguments gone from the
+        // tool's schema, and none of the refused calls reached it.
+        for prompt in ["from headers", "meta wins", "all in meta"] {
+            let reqs = requests_for(&w, prompt);
+            assert_eq!(reqs.len(), 2, "{prompt}: a tool call, then the answer");
+            let schema = tool_schema(&reqs[0], "bash_query-invoices").unwrap();
+            let props = schema["properties"].as_object().unwrap();
+            assert!(
+                !props.contains_key("tenant_id") && !props.contains_key("token"),
+                "{schema}"
+            );
+            assert_eq!(last_message(&reqs[1])["role"], "tool");
+        }
+        assert_eq!(w.mock.request_count(), 6);
+
+        // Each call is a session of the owner's, kept and listed; its secret
+        // is gone from memory once the call is answered.
+        let id = calls[0]["result"]["_meta"]["bindery.dev/session_id"]
+            .as_str()
+            .unwrap();
+        let r = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.json["params"], json!({"tenant": "acme-corp"}));
+        assert_eq!(r.json["secret_params"], json!([]));
+        assert_eq!(r.json["status"], "idle");
+        assert_eq!(r.json["session"]["turns"][0]["content"], "from headers");
+        assert_eq!(r.json["owner"], "mcp", "created through /mcp");
+        assert_eq!(r.json["parent_session_id"], json!(null));
+        let r = api.call("GET", "/v1/sessions", Some(OWNER), None).await;
+        assert_eq!(
+            r.json["sessions"].as_array().unwrap().len(),
+            4,
+            "{}",
+            r.text
+        );
+
+        // The secret is in no log line, no model request, no answer.
+        let logs = sidecar.logs();
+        assert!(logs.contains("MCP tools/call"), "debug logs were captured");
+        assert!(!logs.contains(CANARY), "the log holds the secret:\n{logs}");
+        for (headers, body) in w.mock.raw_requests() {
+            assert!(!body.contains(CANARY));
+            assert!(headers.iter().all(|(_, v)| !v.contains(CANARY)));
+        }
+        assert!(!out.to_string().contains(CANARY));
+        assert!(!contains(
+            &raw_files(&w.dir.path().join("store"), "bindery.sqlite"),
+            CANARY
+        ));
+    }
+
+    /// A pinned value is `forbidden_params` over MCP too, and used when no
+    /// client gives one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pinned_value_cannot_be_overridden_over_mcp() {
+        let w = World::new(tool_then_answer).await;
+        let (sidecar, _api) = w.start(&["--pin", "tenant=acme-corp"], &[]);
+        let out = mcp_client::run(&plan(
+            &sidecar.url,
+            json!([{
+                "headers": {"Authorization": bearer(OWNER), "Agents-Param-Billing-Token": CANARY},
+                "calls": [
+                    ask("pinned", json!(null)),
+                    ask("in meta", params(json!({"tenant": "globex"}))),
+                ],
+            }, {
+                "headers": {
+                    "Authorization": bearer(OWNER),
+                    "Agents-Param-Billing-Token": CANARY,
+                    "Agents-Param-Tenant": "globex",
+                },
+                "calls": [ask("as a header", json!(null))],
+            }]),
+        ))
+        .await;
+        let first = &out["connections"][0];
+        let description = first["tools"][0]["description"].as_str().unwrap();
+        assert!(!description.contains("tenant ("), "{description}");
+        let calls = first["calls"].as_array().unwrap();
+        assert!(answer(&calls[0]).contains("INV-1002"), "{}", calls[0]);
+        assert_eq!(
+            rpc_error(&calls[1]),
+            refused(-32602, 403, "forbidden_params", &["tenant"])
+        );
+        let header = &out["connections"][1]["calls"][0];
+        assert_eq!(
+            rpc_error(header),
+            refused(-32602, 403, "forbidden_params", &["tenant"])
+        );
+        assert_eq!(w.mock.request_count(), 2, "one run: `pinned`");
+    }
 }
