@@ -10,6 +10,7 @@ pub mod mcp_client;
 pub mod mock_llm;
 pub mod postgres;
 pub mod postgrest;
+pub mod scripts;
 pub mod sidecar;
 
 /// The first file named `name` in a directory of `PATH`.
