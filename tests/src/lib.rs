@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod control_plane;
 pub mod eventually;
+pub mod fixtures;
 pub mod helm;
 pub mod kubectl;
 pub mod kubelet;

@@ -3,53 +3,11 @@
 //! PostgreSQL database. Budgets' logic is tested in process
 //! (`sidecar/api/tests/inproc/budgets.rs`).
 
-use std::path::{Path, PathBuf};
-
 use crate::common::*;
+use bindery_tests::fixtures::metered_agent;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Reply, Sidecar};
 use serde_json::{json, Value};
-
-/// An agent `metered` with a bash tool `bash_count` (it counts its runs
-/// in `dir/count`), the model at `model_url`, and `spec` (YAML lines,
-/// indented two spaces) added to its spec.
-fn metered_agent(dir: &Path, model_url: &str, model_extra: &str, spec: &str) -> PathBuf {
-    let tools = dir.join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("count"),
-        &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "count", "description": "Counts.", "args": []}}'
-  exit 0
-fi
-echo x >> '{count}'
-echo counted
-"#,
-            count = dir.join("count").display()
-        ),
-    );
-    let path = dir.join("metered.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: metered
-spec:
-  model: {{url: "{model_url}", name: mock-model{model_extra}}}
-  systemPrompt: You count things.
-  toolboxes:
-    - bash: {{directory: "{tools}"}}
-{spec}"#,
-            tools = tools.display()
-        ),
-    )
-    .unwrap();
-    path
-}
 
 /// A server of the metered agent on its own SQLite store, and its model.
 struct Metered {

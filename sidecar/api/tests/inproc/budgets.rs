@@ -3,53 +3,13 @@
 //! test chooses, and what the client, the model, the store and the
 //! metrics then see. A rolling window moves on the paused clock.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::harness::*;
+use bindery_tests::fixtures::metered_agent;
 use bindery_tests::mock_llm::{last_message, MockReply};
 use serde_json::{json, Value};
-
-/// An agent `metered` with a bash tool `bash_count` (it counts its runs
-/// in `dir/count`), and `spec` (YAML lines, indented two spaces) added to
-/// its spec; `model_extra` is added to its model.
-fn metered_agent(dir: &Path, model_extra: &str, spec: &str) -> PathBuf {
-    let tools = dir.join("tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("count"),
-        &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "count", "description": "Counts.", "args": []}}'
-  exit 0
-fi
-echo x >> '{count}'
-echo counted
-"#,
-            count = dir.join("count").display()
-        ),
-    );
-    let path = dir.join("metered.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: metered
-spec:
-  model: {{url: "{MODEL_URL}", name: mock-model{model_extra}}}
-  systemPrompt: You count things.
-  toolboxes:
-    - bash: {{directory: "{tools}"}}
-{spec}"#,
-            tools = tools.display()
-        ),
-    )
-    .unwrap();
-    path
-}
 
 /// A server of the metered agent on its own SQLite store, and its model.
 struct Metered {
@@ -73,7 +33,7 @@ async fn metered(
     spec: &str,
 ) -> Metered {
     let dir = tempfile::tempdir().unwrap();
-    let agent = metered_agent(dir.path(), model_extra, spec);
+    let agent = metered_agent(dir.path(), MODEL_URL, model_extra, spec);
     let server = Server::start(&[agent], dir.path(), script).await;
     Metered {
         api: server.api.clone(),

@@ -310,12 +310,7 @@ pub struct Answer {
     pub reply: Reply,
 }
 
-/// Write `text` to `path` as an executable (a bash tool of a test).
-pub fn executable(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
+pub use bindery_tests::fixtures::executable;
 
 /// A session created as the owner from `body`; its id (the creation must
 /// succeed).

@@ -95,12 +95,7 @@ pub fn tool_then_answer(req: &Value) -> MockReply {
     }
 }
 
-/// Write `text` to `path` as an executable (a bash tool of a test).
-pub fn executable(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
+pub use bindery_tests::fixtures::executable;
 
 /// A toolbox directory with one bash tool, `bash_slow-lookup`, whose run
 /// sleeps (as the tool's own process, so cancelling the call kills it);
