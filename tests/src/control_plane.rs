@@ -33,13 +33,16 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::helm::{documents, Render};
 pub use crate::kubectl::{Audited, Identity};
 
-/// The kinds that make up who the operator is and what it may do.
+/// The kinds that make up who the operator is and what it may do, and
+/// what the chart's admission policy lets others do about its objects.
 const IDENTITY_KINDS: &[&str] = &[
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
     "Role",
     "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 ];
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

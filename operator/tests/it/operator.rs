@@ -2341,6 +2341,82 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         .await
         .expect("the tenant's account applies its status rows");
     as_server.get_status("acme").await.expect("and reads them");
+
+    // Events: RBAC cannot say which object one regards; the chart's
+    // admission policy does. The server's account reports on its own
+    // tenant, and neither on another's nor as the operator.
+    let events = Api::<NewEvent>::namespaced(as_server.clone().into_client(), &cluster.ns);
+    let warning = |regarding: &str, reporter: &str| -> NewEvent {
+        serde_json::from_value(json!({
+            "metadata": {"generateName": "acme-"},
+            "eventTime": "2026-12-07T12:00:00.000000Z",
+            "reportingController": reporter,
+            "reportingInstance": "acme-pod",
+            "action": "Notify",
+            "reason": "ApprovalNoticeFailed",
+            "type": "Warning",
+            "note": "canary-events-policy",
+            "regarding": {"apiVersion": "bindery.dev/v1alpha1", "kind": "AgentTenant",
+                          "name": regarding, "namespace": cluster.ns},
+        }))
+        .unwrap()
+    };
+    let post = async |event: NewEvent| match events.create(&Default::default(), &event).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => Err(s.message),
+        Err(e) => panic!("creating an Event: {e}"),
+    };
+    // The policy is in force once the API server has loaded it.
+    eventually_or("the events policy to refuse", WAIT, async || {
+        match post(warning("globex", "bindery.dev/sidecar")).await {
+            Err(m) if m.contains("about bindery.dev objects") => Ok(()),
+            other => Err(format!("another tenant's Event: {other:?}")),
+        }
+    })
+    .await;
+    post(warning("acme", "bindery.dev/sidecar"))
+        .await
+        .expect("the server's account reports on its own tenant");
+    let as_operator = post(warning("acme", "bindery-operator")).await;
+    assert!(
+        matches!(&as_operator, Err(m) if m.contains("reports Events as bindery-operator")),
+        "{as_operator:?}"
+    );
+    let elsewhere = post(
+        serde_json::from_value(json!({
+            "metadata": {"generateName": "acme-"},
+            "eventTime": "2026-12-07T12:00:00.000000Z",
+            "reportingController": "bindery.dev/sidecar",
+            "reportingInstance": "acme-pod",
+            "action": "Notify", "reason": "Spoofed", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "name": "globex-0",
+                          "namespace": cluster.ns},
+        }))
+        .unwrap(),
+    )
+    .await;
+    assert!(
+        matches!(&elsewhere, Err(m) if m.contains("must regard the agent server's own")),
+        "{elsewhere:?}"
+    );
+    // A core/v1 Event is the same resource: the administrator cannot put
+    // one on a tenant through the older API either.
+    let core: Event = serde_json::from_value(json!({
+        "metadata": {"generateName": "acme-"},
+        "reason": "Spoofed", "type": "Warning", "message": "canary-events-policy",
+        "involvedObject": {"apiVersion": "bindery.dev/v1alpha1", "kind": "AgentTenant",
+                           "name": "acme", "namespace": cluster.ns},
+        "source": {"component": "bindery-operator"},
+        "reportingComponent": "bindery-operator",
+    }))
+    .unwrap();
+    let core = Api::<Event>::namespaced(cluster.client.clone(), &cluster.ns)
+        .create(&Default::default(), &core)
+        .await;
+    assert!(
+        matches!(&core, Err(kube::Error::Api(s)) if s.message.contains("bindery-operator")),
+        "{core:?}"
+    );
     let refused = as_server
         .patch(
             "acme",
