@@ -19,7 +19,7 @@ use super::openapi::{AnswerRefused, BadRequest, NotFound, Unauthorized};
 use super::request::{body, ContinuationBody, WaitQuery};
 use super::state::AppState;
 use super::status::ApiResult;
-use bindery_session::service::RunWait;
+use bindery_session::state::live_sessions::RunWait;
 use bindery_session::validate::Caller;
 
 /// Every call that waits for a person

@@ -16,7 +16,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::openapi::ParamValues;
 use bindery_session::error::ServiceError;
-use bindery_session::service::{Answer, Ended, RunMode, RunWait};
+use bindery_session::run::RunMode;
+use bindery_session::service::Answer;
+use bindery_session::state::live_sessions::{Ended, RunWait};
 use bindery_store::wire::{RunRequest, StartRun};
 
 /// Default and upper bound of `?timeout=` (seconds) with `?wait=true`.

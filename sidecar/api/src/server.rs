@@ -34,7 +34,9 @@ use super::views::{
     agent_view, session_summary, session_view, AgentList, AgentView, SessionList, SessionView,
 };
 use bindery_session::error::{Code, ErrorKind, ServiceError};
-use bindery_session::service::{CreateSession, Ended, RunMode, RunWait};
+use bindery_session::run::RunMode;
+use bindery_session::service::CreateSession;
+use bindery_session::state::live_sessions::{Ended, RunWait};
 use bindery_session::validate::Caller;
 use bindery_store::wire::{RunRequest, StartRun};
 

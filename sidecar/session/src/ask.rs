@@ -13,8 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::error::ServiceError;
-use super::service::{CreateSession, RunMode, RunWait, Service};
 use super::validate::Caller;
+use crate::run::{Opening, RunMode};
+use crate::service::{CreateSession, Service};
+use crate::state::live_sessions::RunWait;
 use bindery_llm::{ChatMessage, ToolCall};
 use bindery_store::model::SessionStatus;
 
@@ -122,7 +124,7 @@ pub async fn call_tool(
                 caller,
                 id,
                 super::validate::Op::Message,
-                super::service::Opening::Call(call),
+                Opening::Call(call),
                 &params,
                 RunMode::Call,
             )

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ask;
+pub mod budget;
 pub mod clients;
 pub mod error;
 mod fanout;
@@ -15,6 +16,7 @@ pub mod notify;
 pub mod result;
 pub mod run;
 pub mod service;
+pub mod state;
 pub mod subagents;
 pub mod toolgroups;
 pub mod validate;

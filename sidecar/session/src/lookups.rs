@@ -89,7 +89,7 @@ pub enum Step {
     /// A lookup found nothing to choose from (not an error).
     NoOptions { lookup: String },
     /// A lookup would pass a `confirm` budget: the call waits for a person.
-    OverBudget(crate::run::budget::Exceeded),
+    OverBudget(crate::budget::Exceeded),
     /// It cannot go on (a malformed response, a step bound).
     Failed(String),
 }
@@ -168,7 +168,7 @@ pub async fn resolve(env: &Env<'_>, tool: &BoundTool, mut state: LookupState, fr
 }
 
 enum Stop {
-    OverBudget(crate::run::budget::Exceeded),
+    OverBudget(crate::budget::Exceeded),
     Ask(Ask),
     NoOptions(String),
     Failed(String),
@@ -266,7 +266,7 @@ impl Walk<'_, '_> {
                     )));
                 }
                 if let Some(host) = self.env.host {
-                    use crate::run::budget::Gate;
+                    use crate::budget::Gate;
                     match host.before_tool(tool.name()).await {
                         Gate::Go(_) => {}
                         Gate::Refuse(e) => {

@@ -1,72 +1,48 @@
-//! The session service: creates sessions, validates parameters, starts and
-//! cancels runs, forks, keeps secret values in memory only, and streams
-//! events. The HTTP layer is a thin skin over it.
-//!
-//! This file holds the service itself and its map of live sessions; each
-//! job is a module of its own: `lifecycle` (create, message, resume,
-//! parameters), `runs` (driving a run and recording it), `cancel`,
-//! `secrets` (in memory only, and which server holds them), `tokens`,
-//! `feed` (events for subscribers), `liveness` (heartbeats and the
-//! sweep) and `continuation` (answers to pending calls).
+//! The session service: the API's way in. It builds the session's
+//! collaborators (`crate::state`) and the run driver (`crate::run`), and
+//! holds the flows that use several of them: `lifecycle` (create, message,
+//! resume, parameters, fork), `cancel`, `tokens`, `feed` (events for
+//! subscribers) and `continuation` (answers to pending calls). The HTTP
+//! layer is a thin skin over it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::error::ServiceError;
-pub use super::fanout::LiveEvent;
-use super::lease::LeaseConfig;
+use crate::error::ServiceError;
+pub use crate::fanout::LiveEvent;
+use crate::lease::LeaseConfig;
+use crate::run::liveness::Heartbeat;
+use crate::run::{RunMode, Runs};
+use crate::state::approvals::Approvals;
+use crate::state::budgets::Budgets;
+use crate::state::live_sessions::{LiveSessions, RunWait};
+use crate::state::recorder::Recorder;
+use crate::state::secrets::Secrets;
+use crate::state::stored::Agents;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::ChatClient;
 use bindery_metrics::Metrics;
 use bindery_store::model::SessionRecord;
 use bindery_store::SessionStore;
-
-/// How a cancelled run's unanswered calls are answered (a fork's too).
-const CANCELLED: &str = "error: the run was cancelled";
+use bindery_tree::AgentTree;
 
 /// How long a cancel waits for the run to record its end.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
-/// How deep helpers may nest below the agent a session talks to.
-pub const MAX_HELPER_DEPTH: usize = 5;
-use bindery_tree::AgentTree;
-
-mod approvals;
-mod budgets;
 mod cancel;
 mod continuation;
 mod feed;
 mod lifecycle;
-mod live_sessions;
-mod liveness;
-mod recorder;
-mod run_budget;
-mod runs;
-mod secrets;
-mod session_host;
-mod session_sink;
-pub mod stored;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
-pub use approvals::Approvals;
-use bindery_params::secret::constant_time_eq;
-pub use budgets::Budgets;
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
 pub use lifecycle::Sessions;
-use live_sessions::{Live, LiveSessions};
-pub use liveness::Heartbeat;
-pub use recorder::Recorder;
-pub use runs::close_pending;
-pub use runs::Runs;
-pub use secrets::{Elsewhere, Secrets};
-pub use stored::Agents;
 pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {
@@ -92,7 +68,7 @@ pub struct ServiceConfig {
     pub advertise: Option<String>,
     /// Where the agents loaded at start come from, as `GET /v1/agents`
     /// shows it: files, or `Agent` resources the operator wrote as files.
-    pub agents_source: stored::AgentSource,
+    pub agents_source: crate::state::stored::AgentSource,
     /// Where people reach this server (`--public-url`): the base of the
     /// answer URLs in approval notices.
     pub public_url: Option<String>,
@@ -113,7 +89,7 @@ impl Default for ServiceConfig {
             live_session_ttl: None,
             max_live_sessions: None,
             advertise: None,
-            agents_source: stored::AgentSource::File,
+            agents_source: crate::state::stored::AgentSource::File,
             public_url: None,
             notice_retries: Default::default(),
             clock: Arc::new(WallClock),
@@ -123,49 +99,6 @@ impl Default for ServiceConfig {
 
 pub use bindery_store::clock::random_key;
 use bindery_store::clock::{Clock, WallClock};
-
-/// How far a run goes (`run` on create, messages, resume, continuations).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RunMode {
-    /// Until the model answers or a call waits.
-    #[default]
-    UntilBlocked,
-    /// One model turn and its tool calls.
-    Step,
-    /// No model turn: the calls a client made (an MCP `tools/call` of an
-    /// exposed tool, the session's last turn), and the run ends once they
-    /// are answered. Never chosen by a request's `run`.
-    Call,
-}
-
-/// What a run starts from.
-#[derive(Debug)]
-pub enum Opening {
-    /// The session as it stands (a resume, an answered continuation).
-    Resume,
-    /// A user's message.
-    Prompt(String),
-    /// A call a client made of one of the agent's tools (`RunMode::Call`).
-    Call(bindery_llm::ToolCall),
-}
-
-#[derive(Clone)]
-pub(super) struct RunHandle {
-    cancel: CancellationToken,
-    done: watch::Receiver<Option<Ended>>,
-}
-
-/// Session `id` as `store` has it, or a 404 naming it: how every
-/// collaborator reads a session it must find.
-pub(super) async fn stored_session(
-    store: &dyn SessionStore,
-    id: &str,
-) -> Result<SessionRecord, ServiceError> {
-    store
-        .get(id)
-        .await?
-        .ok_or_else(|| ServiceError::not_found(format!("no session {id}")))
-}
 
 /// A session creation request.
 #[derive(Debug, Default)]
@@ -195,33 +128,6 @@ pub struct Created {
     /// The session token, returned once.
     pub token: Option<String>,
     pub run: Option<RunWait>,
-}
-
-/// Waits for a run to end.
-pub struct RunWait(watch::Receiver<Option<Ended>>);
-
-/// A run that ended.
-#[derive(Clone, Debug)]
-pub struct Ended {
-    /// The session as this server stored the run's end, so a caller who
-    /// waited needs no second read (`None`: it could not store it, or
-    /// another server had closed the run).
-    pub record: Option<Arc<SessionRecord>>,
-}
-
-impl RunWait {
-    /// The run's end, if it came within `timeout`.
-    pub async fn wait(mut self, timeout: Duration) -> Option<Ended> {
-        match tokio::time::timeout(timeout, self.0.wait_for(Option::is_some)).await {
-            Ok(Ok(ended)) => ended.clone(),
-            _ => None,
-        }
-    }
-
-    /// Until the run ends, however long that takes.
-    pub async fn finished(mut self) {
-        let _ = self.0.wait_for(Option::is_some).await;
-    }
 }
 
 /// The session service: its collaborators, each with fields of its own
@@ -370,6 +276,12 @@ impl Service {
         let _ = self.kube_events.set(events);
     }
 
+    /// What exists of sessions in memory only (for the run's tests).
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> &Arc<LiveSessions> {
+        &self.live
+    }
+
     /// The agents this server runs.
     pub fn agents(&self) -> &Agents {
         &self.agents
@@ -485,7 +397,7 @@ impl Service {
     }
 
     pub async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
-        stored_session(&*self.store, id).await
+        crate::state::stored_session(&*self.store, id).await
     }
 
     pub fn is_running(&self, id: &str) -> bool {

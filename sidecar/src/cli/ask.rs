@@ -141,7 +141,7 @@ pub(super) fn ask_item(
     };
     Ok(match disposition {
         Disposition::Budget => {
-            let budget: Option<run::budget::Exceeded> =
+            let budget: Option<bindery_session::budget::Exceeded> =
                 serde_json::from_value(item["budget"].clone()).ok();
             let what = budget
                 .map(|b| b.detail())

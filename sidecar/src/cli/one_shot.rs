@@ -114,7 +114,7 @@ impl Loaded {
                 clients: &self.clients,
                 stack: vec![agent.name.clone()],
                 inherited: Vec::new(),
-                max_depth: bindery_session::service::MAX_HELPER_DEPTH,
+                max_depth: bindery_session::subagents::MAX_HELPER_DEPTH,
             }),
             client,
             values: &values,

@@ -211,11 +211,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             },
             advertise,
             agents_source: match a.agents_source {
-                super::args::AgentsSource::Crd => {
-                    bindery_session::service::stored::AgentSource::Crd
-                }
+                super::args::AgentsSource::Crd => bindery_session::state::stored::AgentSource::Crd,
                 super::args::AgentsSource::File => {
-                    bindery_session::service::stored::AgentSource::File
+                    bindery_session::state::stored::AgentSource::File
                 }
             },
             clock: Arc::new(bindery_store::clock::WallClock),
@@ -239,7 +237,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     if a.stored_agents {
         service
             .agents()
-            .enable_stored(bindery_session::service::stored::StoredAgents::new(
+            .enable_stored(bindery_session::state::stored::StoredAgents::new(
                 opts.limits,
                 client_options(a.model),
             ));

@@ -10,7 +10,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::budget::Gate;
 use super::call_arguments;
 use super::host::Host;
 use super::host::Subrun;
@@ -19,6 +18,7 @@ use super::Events;
 use super::Outcome;
 use super::RunContext;
 use super::RunEnd;
+use crate::budget::Gate;
 use crate::lookups;
 use crate::lookups::LookupCache;
 use crate::lookups::Step;

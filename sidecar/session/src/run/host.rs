@@ -6,8 +6,8 @@
 
 use async_trait::async_trait;
 
-use super::budget::{Gate, Spent};
 use super::Events;
+use crate::budget::{Gate, Spent};
 use bindery_llm::Turn;
 use bindery_spec::ModelSpec;
 

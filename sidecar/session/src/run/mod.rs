@@ -2,21 +2,36 @@
 //! in one place. A run talks to its session through one port, [`Host`]:
 //! it records its turns there and asks it what it may spend.
 //!
+//! - `start.rs`: a run's start: the session's lock, its record as running
+//!   and the run's first events in one write, then the loop driven with
+//!   the session as its host;
 //! - `step.rs`: the model loop (a budget's gate, the model turn, its calls);
 //! - `dispatch.rs`: a turn's tool calls, which wait and which run, and how;
 //! - `resume.rs`: a held run going on with its calls' answers;
-//! - `budget.rs`: the pure budget decisions (gates, gauges, crossings);
-//! - `host.rs`: the port, and a helper's own run's view of it.
+//! - `host.rs`: the port, and a helper's own run's view of it;
+//! - `session_host.rs`: the server's side of the port: `session_sink.rs`
+//!   (turns and events recorded in the session, the start's gate) and
+//!   `run_budget.rs` (the budgets' claims in the store, over the pure
+//!   `crate::budget`: gates, gauges, crossings);
+//! - `finish.rs`: a run's end recorded with its answer and pending calls;
+//! - `liveness.rs`: this server's heartbeat, and runs of servers that died
+//!   closed as lost.
 //!
 //! The history records what the model said and what the tools returned,
 //! never a bound value.
 
-pub mod budget;
 mod dispatch;
+mod finish;
 mod host;
+pub mod liveness;
 mod resume;
+mod run_budget;
+mod session_host;
+mod session_sink;
+mod start;
 mod step;
 
+use crate::budget::Exceeded;
 use crate::lookups::LookupCache;
 use crate::subagents::HelperEnv;
 use bindery_bindings::cache::ToolCache;
@@ -35,11 +50,37 @@ use bindery_tools::Disposition;
 use bindery_tools::ToolError;
 use bindery_tools::ToolOutput;
 use bindery_tree::LoadedAgent;
-use budget::Exceeded;
 pub use dispatch::{needs_approval, orchestrated, run_calls, taint, CallEnv};
+pub use finish::{close_pending, CANCELLED};
 pub use host::Host;
 pub use resume::{answer_resolved, go_on};
+pub use start::Runs;
 pub use step::{run, tools_on_offer};
+
+/// How far a run goes (`run` on create, messages, resume, continuations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunMode {
+    /// Until the model answers or a call waits.
+    #[default]
+    UntilBlocked,
+    /// One model turn and its tool calls.
+    Step,
+    /// No model turn: the calls a client made (an MCP `tools/call` of an
+    /// exposed tool, the session's last turn), and the run ends once they
+    /// are answered. Never chosen by a request's `run`.
+    Call,
+}
+
+/// What a run starts from.
+#[derive(Debug)]
+pub enum Opening {
+    /// The session as it stands (a resume, an answered continuation).
+    Resume,
+    /// A user's message.
+    Prompt(String),
+    /// A call a client made of one of the agent's tools (`RunMode::Call`).
+    Call(ToolCall),
+}
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,14 +9,14 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::budget::Exceeded;
-use super::budget::Gate;
-use super::budget::Spent;
 use super::host::Host;
 use super::Blocked;
 use super::Events;
 use super::RunContext;
 use super::RunEnd;
+use crate::budget::Exceeded;
+use crate::budget::Gate;
+use crate::budget::Spent;
 use crate::subagents;
 use crate::toolgroups::Groups;
 use bindery_bindings::scrubber_for;

@@ -1,14 +1,14 @@
 //! Cancelling a run, here or, on a shared store, on the server that runs
 //! it, or a run that waits for pending calls. The run driver's ([`Runs`]).
 
-use super::close_pending;
-use super::RunWait;
-use super::Runs;
-use super::CANCELLED;
 use super::CANCEL_WAIT;
 use crate::error::Code;
 use crate::error::ErrorKind;
 use crate::error::ServiceError;
+use crate::run::close_pending;
+use crate::run::Runs;
+use crate::run::CANCELLED;
+use crate::state::live_sessions::RunWait;
 use bindery_metrics::RunOutcome;
 use bindery_store::model::SessionStatus;
 use bindery_store::pending::Resolution;

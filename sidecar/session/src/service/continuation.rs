@@ -6,9 +6,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{constant_time_eq, Live, Opening, RunMode, RunWait, Sessions};
+use super::Sessions;
 use crate::error::{Code, ErrorKind, ServiceError};
+use crate::run::Opening;
+use crate::run::RunMode;
+use crate::state::live_sessions::Live;
+use crate::state::live_sessions::RunWait;
 use crate::validate::{Caller, Op};
+use bindery_params::secret::constant_time_eq;
 use bindery_params::Values;
 use bindery_store::model::SessionRecord;
 use bindery_store::model::SessionStatus;

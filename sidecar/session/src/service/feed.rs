@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::Recorder;
 use crate::error::ServiceError;
 use crate::fanout::{LiveEvent, Receiver, Signal};
+use crate::state::recorder::Recorder;
 use bindery_store::model::EventRecord;
 use bindery_store::{Notice, StoreError};
 
@@ -28,7 +28,7 @@ impl Recorder {
         after: i64,
         by_token: bool,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
-        super::stored_session(&*self.store, id).await?;
+        crate::state::stored_session(&*self.store, id).await?;
         let rx = self.live.entry(id).events.subscribe(by_token);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {

@@ -2,27 +2,27 @@
 //! resumed, given new parameter values ([`Sessions`]; its answers to
 //! pending calls are in `continuation.rs`).
 
-use super::close_pending;
-use super::live_sessions::LiveSessions;
-use super::stored_session;
 use super::token_digest;
 use super::tokens::new_token;
-use super::Agents;
 use super::Answer;
-use super::Approvals;
 use super::CreateSession;
 use super::Created;
-use super::Heartbeat;
-use super::Opening;
-use super::Recorder;
-use super::RunMode;
-use super::RunWait;
-use super::Runs;
-use super::Secrets;
-use super::CANCELLED;
 use crate::error::Code;
 use crate::error::ErrorKind;
 use crate::error::ServiceError;
+use crate::run::close_pending;
+use crate::run::liveness::Heartbeat;
+use crate::run::Opening;
+use crate::run::RunMode;
+use crate::run::Runs;
+use crate::run::CANCELLED;
+use crate::state::approvals::Approvals;
+use crate::state::live_sessions::LiveSessions;
+use crate::state::live_sessions::RunWait;
+use crate::state::recorder::Recorder;
+use crate::state::secrets::Secrets;
+use crate::state::stored::Agents;
+use crate::state::stored_session;
 use crate::validate::validate;
 use crate::validate::Caller;
 use crate::validate::Op;

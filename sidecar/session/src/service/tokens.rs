@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::live_sessions::LiveSessions;
 use crate::error::{Code, ErrorKind, ServiceError};
+use crate::state::live_sessions::LiveSessions;
 use bindery_params::secret::constant_time_eq;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
@@ -34,11 +34,11 @@ impl Tokens {
     /// tokens (a stream that subscribes meanwhile checks its token again
     /// after subscribing). The owner's streams stay open.
     pub async fn revoke(&self, id: &str) -> Result<(), ServiceError> {
-        super::stored_session(&*self.store, id).await?;
+        crate::state::stored_session(&*self.store, id).await?;
         let live = self.live.entry(id);
         let r = async {
             let _guard = live.lock.lock().await;
-            let mut rec = super::stored_session(&*self.store, id).await?;
+            let mut rec = crate::state::stored_session(&*self.store, id).await?;
             rec.security.token_digests.clear();
             rec.version += 1;
             rec.updated_at = self.clock.now_ms();

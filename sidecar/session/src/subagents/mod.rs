@@ -9,6 +9,9 @@
 
 pub mod narrowing;
 
+/// How deep helpers may nest below the agent a session talks to.
+pub const MAX_HELPER_DEPTH: usize = 5;
+
 use std::collections::BTreeMap;
 
 use serde::Deserialize;

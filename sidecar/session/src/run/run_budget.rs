@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::Budgets;
-use crate::run::budget::{self, Exceeded, Gate, Spent, Who, MODEL};
+use crate::budget::{self, Exceeded, Gate, Spent, Who, MODEL};
+use crate::state::budgets::Budgets;
+use crate::state::budgets::Leftover;
 use bindery_spec::budget::{Limit, Meter, OnExceed};
 use bindery_spec::ModelSpec;
 use bindery_store::pending;
@@ -15,7 +16,7 @@ use bindery_store::usage::{Claimed, Gauge, Totals, Unwritten, Use};
 use bindery_tree::LoadedAgent;
 
 /// One run's budgets.
-pub(super) struct RunBudget {
+pub(crate) struct RunBudget {
     budgets: Arc<Budgets>,
     agent: String,
     session: String,
@@ -37,18 +38,8 @@ pub(super) struct RunBudget {
     unwritten: Mutex<Unwritten>,
 }
 
-/// What a run's part used that no claim wrote: stored with the run's end,
-/// in the same transaction ([`SessionStore::update_with_usage`](bindery_store::SessionStore::update_with_usage)), or on its
-/// own when the end is not stored here ([`Budgets::record_leftover`]).
-#[derive(Default)]
-pub(super) struct Leftover {
-    pub(super) usage: Unwritten,
-    /// The tenant's budget status is to follow once it is written.
-    pub(super) status_due: bool,
-}
-
 impl RunBudget {
-    pub(super) fn new(
+    pub(crate) fn new(
         budgets: &Arc<Budgets>,
         agent: &LoadedAgent,
         session: &str,
@@ -70,7 +61,7 @@ impl RunBudget {
 
     /// The run's part ends: the use no claim has written yet, for its end
     /// to write ([`Leftover`]).
-    pub(super) fn leftover(&self) -> Leftover {
+    pub(crate) fn leftover(&self) -> Leftover {
         Leftover {
             usage: self.take_unwritten(),
             status_due: !self.limits.is_empty() && self.spent() != Totals::default(),
@@ -86,7 +77,7 @@ impl RunBudget {
     }
 
     /// What this part of the run used.
-    pub(super) fn spent(&self) -> Totals {
+    pub(crate) fn spent(&self) -> Totals {
         self.spent.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -98,7 +89,7 @@ impl RunBudget {
     }
 
     /// The budgets a person let the run go past, for its next part.
-    pub(super) fn approved(&self) -> Vec<String> {
+    pub(crate) fn approved(&self) -> Vec<String> {
         self.approved
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -189,7 +180,7 @@ impl RunBudget {
 
 /// The run's gates, as its [`SessionHost`](super::session_host::SessionHost) asks them.
 impl RunBudget {
-    pub(super) async fn before_model(
+    pub(crate) async fn before_model(
         &self,
         model: &ModelSpec,
         estimate: &(dyn Fn() -> u64 + Send + Sync),
@@ -219,7 +210,7 @@ impl RunBudget {
         gate
     }
 
-    pub(super) async fn after_model(
+    pub(crate) async fn after_model(
         &self,
         claim: Option<i64>,
         model: &ModelSpec,
@@ -264,7 +255,7 @@ impl RunBudget {
         }
     }
 
-    pub(super) async fn before_tool(&self, tool: &str) -> Gate {
+    pub(crate) async fn before_tool(&self, tool: &str) -> Gate {
         let now = self.budgets.clock.now_ms();
         let mut row = self.row(now, &self.model, Some(tool));
         row.tool_calls = 1;
@@ -287,7 +278,7 @@ impl RunBudget {
         gate
     }
 
-    pub(super) fn approve(&self, name: &str) {
+    pub(crate) fn approve(&self, name: &str) {
         let mut approved = self.approved.lock().unwrap_or_else(|p| p.into_inner());
         if !approved.iter().any(|a| a == name) {
             approved.push(name.to_string());

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::live_sessions::LiveSessions;
-use super::{close_pending, Recorder};
 use crate::error::{Code, ErrorKind, ServiceError};
 use crate::lease::{LeaseConfig, Liveness};
+use crate::run::close_pending;
+use crate::state::live_sessions::LiveSessions;
+use crate::state::recorder::Recorder;
 use bindery_metrics::RunOutcome;
 use bindery_store::clock::Clock;
 use bindery_store::model::{SessionRecord, SessionStatus};
@@ -36,7 +37,7 @@ pub struct Heartbeat {
 
 /// What a server knows of runs' liveness at one moment (see
 /// [`Liveness`]).
-pub(super) struct Judgement {
+pub(crate) struct Judgement {
     me: Arc<str>,
     exclusive: bool,
     now: i64,
@@ -59,7 +60,7 @@ impl Judgement {
 }
 
 impl Heartbeat {
-    pub(super) fn new(
+    pub(crate) fn new(
         store: Arc<dyn SessionStore>,
         instance: Arc<str>,
         lease: LeaseConfig,
@@ -97,7 +98,7 @@ impl Heartbeat {
 
     /// Beat, and say so in the log when the store stops or starts taking
     /// the beats again.
-    pub(super) async fn beat_and_tell(&self) {
+    pub(crate) async fn beat_and_tell(&self) {
         let beat = self.beat().await;
         let was_ok = self.ok.swap(beat.is_ok(), Ordering::Relaxed);
         match beat {
@@ -131,7 +132,7 @@ impl Heartbeat {
     }
 
     /// Forget this server, so that others take its runs for lost at once.
-    pub(super) async fn forget(&self) {
+    pub(crate) async fn forget(&self) {
         if let Err(e) = self.store.forget_runner(&self.instance).await {
             tracing::warn!("cannot remove this server's heartbeat: {e}");
         }
@@ -162,7 +163,7 @@ impl Heartbeat {
     /// A session recorded as running that this process does not run: the
     /// run goes on elsewhere (409), or it is lost and closed here, and the
     /// fresh record returned. The caller holds the session's lock.
-    pub(super) async fn close_if_lost(
+    pub(crate) async fn close_if_lost(
         &self,
         mut rec: SessionRecord,
     ) -> Result<SessionRecord, ServiceError> {
@@ -177,7 +178,7 @@ impl Heartbeat {
             // Closed here, or by another server first: read what it says now.
             let id = rec.id.clone();
             self.close_interrupted(rec).await?;
-            rec = super::stored_session(&*self.store, &id).await?;
+            rec = crate::state::stored_session(&*self.store, &id).await?;
         }
         Err(ServiceError::new(
             ErrorKind::Conflict,
@@ -190,7 +191,7 @@ impl Heartbeat {
     /// calls are answered, the session fails, `run_finished` is emitted.
     /// Nothing is retried blind. `false` when the session changed since it
     /// was read (another server closed it first, or the run moved on).
-    pub(super) async fn close_interrupted(
+    pub(crate) async fn close_interrupted(
         &self,
         mut rec: SessionRecord,
     ) -> Result<bool, ServiceError> {

@@ -5,14 +5,13 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::live_sessions::LiveSessions;
-use super::Agents;
 use crate::error::ServiceError;
 use crate::kube_events::KubeEvents;
 use crate::notify::Retries;
-use crate::run;
+use crate::state::live_sessions::LiveSessions;
+use crate::state::stored::Agents;
 use bindery_metrics::Metrics;
-use bindery_store::clock::{random_key, Clock};
+use bindery_store::clock::Clock;
 use bindery_store::model::{SessionRecord, SessionStatus};
 use bindery_store::pending::{self, PendingCall};
 use bindery_store::wire::{Approval, PendingItem};
@@ -39,7 +38,7 @@ pub struct Approvals {
 
 impl Approvals {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub(crate) fn new(
         key: [u8; 32],
         store: Arc<dyn SessionStore>,
         live: Arc<LiveSessions>,
@@ -66,66 +65,15 @@ impl Approvals {
         }
     }
 
-    /// The pending items of the calls a run stopped before: each with a
-    /// fresh nonce (its token derives from it) and its digest.
-    pub(super) fn pending_items(
-        &self,
-        id: &str,
-        calls: &[run::Blocked],
-        ttl: Option<Duration>,
-    ) -> Vec<PendingCall> {
-        let now = self.clock.now_ms();
-        calls
-            .iter()
-            .map(|b| {
-                let call = run::call_arguments(&b.call);
-                let mut item = PendingCall {
-                    tool_call_id: b.call.id.clone(),
-                    tool: b.call.name.clone(),
-                    disposition: b.disposition,
-                    digest: pending::call_digest(&b.call.name, &call, &b.bound_params),
-                    call,
-                    bound_params: b.bound_params.clone(),
-                    nonce: hex::encode(random_key()),
-                    token_digest: String::new(),
-                    expires_at: ttl
-                        .filter(|_| {
-                            matches!(
-                                b.disposition,
-                                Disposition::Confirm
-                                    | Disposition::NeedsConfirmation
-                                    | Disposition::Budget
-                            )
-                        })
-                        .map(|t| now + i64::try_from(t.as_millis()).unwrap_or(i64::MAX / 2)),
-                    resolution: None,
-                    frames: b.frames.clone(),
-                    lookup: b.lookup.clone(),
-                    tainted_by: b.tainted_by.clone(),
-                    budget: b.budget.clone(),
-                };
-                if let Some(l) = &b.lookup {
-                    // A choice or confirmation lasts no longer than what it rests on.
-                    item.expires_at = match (item.expires_at, l.expires_at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-                item.token_digest = pending::token_digest(&self.token_of(id, &item));
-                item
-            })
-            .collect()
-    }
-
     /// The token of a pending item of session `id`.
-    pub(super) fn token_of(&self, id: &str, item: &PendingCall) -> String {
+    pub(crate) fn token_of(&self, id: &str, item: &PendingCall) -> String {
         pending::token_for(&self.key, id, &item.id(), &item.nonce)
     }
 
     /// When session `id` waits for one choice only and `text` names one of
     /// its options (a one-based number as shown, or an exact label): the
     /// item's token and the option's id.
-    pub(super) async fn chat_choice(
+    pub(crate) async fn chat_choice(
         &self,
         id: &str,
         text: &str,
@@ -167,7 +115,7 @@ impl Approvals {
     /// Send the agent's approval webhook a notice for each item of `rec`
     /// that waits for a person's approval, in the background; one that
     /// fails for good says so in the session's `status_detail`.
-    pub(super) fn announce(self: &Arc<Self>, rec: &SessionRecord) {
+    pub(crate) fn announce(self: &Arc<Self>, rec: &SessionRecord) {
         let Ok(agent) = self.agents.agent(&rec.agent) else {
             return;
         };

@@ -1,39 +1,40 @@
 //! Driving a run: registering it, running the model loop with this session
 //! as its sink, recording each turn and event and its end.
 
-use super::live_sessions::LiveSessions;
-use super::live_sessions::Written;
-use super::recorder::{encoded, stored_events, RunWrite};
 use super::run_budget;
 use super::session_host::SessionHost;
-use super::session_sink::{self, SessionSink};
-use super::stored_session;
-use super::Agents;
-use super::Approvals;
-use super::Budgets;
-use super::Ended;
-use super::Heartbeat;
-use super::Opening;
-use super::Recorder;
-use super::RunHandle;
-use super::RunMode;
-use super::RunWait;
-use super::Secrets;
-use super::MAX_HELPER_DEPTH;
+use super::session_sink;
+use super::session_sink::SessionSink;
 use crate::error::Code;
 use crate::error::ErrorKind;
 use crate::error::ServiceError;
 use crate::lineage::StoreLineage;
 use crate::lookups::LookupCache;
+use crate::run::liveness::Heartbeat;
 use crate::run::Events;
+use crate::run::Opening;
 use crate::run::RunContext;
 use crate::run::RunEnd;
+use crate::run::RunMode;
+use crate::state::approvals::Approvals;
+use crate::state::budgets::Budgets;
+use crate::state::live_sessions::Ended;
+use crate::state::live_sessions::LiveSessions;
+use crate::state::live_sessions::RunHandle;
+use crate::state::live_sessions::RunWait;
+use crate::state::live_sessions::Written;
+use crate::state::recorder::encoded;
+use crate::state::recorder::stored_events;
+use crate::state::recorder::Recorder;
+use crate::state::secrets::Secrets;
+use crate::state::stored::Agents;
+use crate::state::stored_session;
 use crate::subagents::HelperEnv;
+use crate::subagents::MAX_HELPER_DEPTH;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::ChatMessage;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
-use bindery_metrics::RunOutcome;
 use bindery_metrics::ToolCaller;
 use bindery_params::Values;
 use bindery_store::clock::random_key;
@@ -42,8 +43,6 @@ use bindery_store::model::SessionRecord;
 use bindery_store::model::SessionStatus;
 use bindery_store::pending;
 use bindery_store::pending::PendingCall;
-use bindery_store::wire::PendingEvent;
-use bindery_store::wire::RunFinished;
 use bindery_store::wire::RunStarted;
 use bindery_store::wire::SessionEvent;
 use bindery_store::wire::ToolCallEvent;
@@ -58,38 +57,38 @@ use tokio_util::sync::CancellationToken;
 /// The run driver: starts a session's run, drives the model loop with the
 /// session as its sink, and records how the run ended.
 pub struct Runs {
-    pub(super) store: Arc<dyn SessionStore>,
-    pub(super) live: Arc<LiveSessions>,
-    pub(super) recorder: Arc<Recorder>,
-    pub(super) heartbeat: Arc<Heartbeat>,
-    pub(super) agents: Arc<Agents>,
-    pub(super) secrets: Arc<Secrets>,
-    pub(super) budgets: Arc<Budgets>,
-    pub(super) approvals: Arc<Approvals>,
-    pub(super) metrics: Arc<Metrics>,
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) live: Arc<LiveSessions>,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) heartbeat: Arc<Heartbeat>,
+    pub(crate) agents: Arc<Agents>,
+    pub(crate) secrets: Arc<Secrets>,
+    pub(crate) budgets: Arc<Budgets>,
+    pub(crate) approvals: Arc<Approvals>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Successful tool results, when the server keeps them.
-    pub(super) cache: Option<ToolCache>,
+    pub(crate) cache: Option<ToolCache>,
     /// Results of tools' dependency lookups (each with its own `ttl_ms`).
-    pub(super) lookups: LookupCache,
+    pub(crate) lookups: LookupCache,
     /// This server's instance id, as a run's record names its runner.
-    pub(super) instance: Arc<str>,
-    pub(super) clock: Arc<dyn Clock>,
+    pub(crate) instance: Arc<str>,
+    pub(crate) clock: Arc<dyn Clock>,
     /// `--max-steps`, for an agent that sets none.
-    pub(super) max_steps: u32,
+    pub(crate) max_steps: u32,
     /// Ask for streamed replies and forward text as `delta` events.
-    pub(super) stream: bool,
+    pub(crate) stream: bool,
     /// How often servers beat: a cancel asked of another server is
     /// looked for at least this often.
-    pub(super) heartbeat_every: Duration,
+    pub(crate) heartbeat_every: Duration,
 }
 
 impl Runs {
     /// Session `id` as stored.
-    pub(super) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
+    pub(crate) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
         stored_session(&*self.store, id).await
     }
 
-    pub(super) async fn start_run(
+    pub(crate) async fn start_run(
         self: &Arc<Self>,
         id: &str,
         opening: Opening,
@@ -105,7 +104,7 @@ impl Runs {
     /// Start a run; `guard` is the session's lock, released once the run
     /// is recorded as started; `rec`, the record as the caller read or
     /// wrote it under that lock, if it has it.
-    pub(super) async fn start_run_locked(
+    pub(crate) async fn start_run_locked(
         self: &Arc<Self>,
         mut guard: tokio::sync::MutexGuard<'_, Written>,
         rec: Option<SessionRecord>,
@@ -257,10 +256,7 @@ impl Runs {
                 return;
             };
             let pending = match &driven.end {
-                RunEnd::Blocked(calls) => {
-                    this.approvals
-                        .pending_items(&id, calls, agent.confirm_ttl())
-                }
+                RunEnd::Blocked(calls) => this.pending_items(&id, calls, agent.confirm_ttl()),
                 _ => Vec::new(),
             };
             let record = this.finish(&id, driven, pending, mode).await;
@@ -417,132 +413,6 @@ impl Runs {
             leftover,
         })
     }
-
-    /// Record how a run ended, with its answer, unless it was taken away
-    /// (`taken`, or found so now): then the server that closed it has said
-    /// how it ended. The session as stored, if it was.
-    pub(super) async fn finish(
-        &self,
-        id: &str,
-        driven: Driven,
-        pending: Vec<PendingCall>,
-        mode: RunMode,
-    ) -> Option<Box<SessionRecord>> {
-        let Driven {
-            end,
-            answer,
-            taken,
-            run,
-            usage,
-            leftover,
-        } = driven;
-        let waiting = pending::Pending {
-            client_call: mode == RunMode::Call && !pending.is_empty(),
-            run: (!pending.is_empty()).then_some(run),
-            items: pending,
-            used: Vec::new(),
-            expired: Vec::new(),
-        };
-        let (status, detail, outcome) = match &end {
-            RunEnd::Blocked(_) => (
-                SessionStatus::WaitingExternal,
-                Some(waiting.detail()),
-                RunOutcome::Blocked,
-            ),
-            RunEnd::Stepped => (
-                SessionStatus::Idle,
-                Some("one step done (run: step); resume to go on".to_string()),
-                RunOutcome::Completed,
-            ),
-            RunEnd::Completed => (SessionStatus::Idle, None, RunOutcome::Completed),
-            RunEnd::Cancelled => (
-                SessionStatus::Idle,
-                Some("cancelled".to_string()),
-                RunOutcome::Cancelled,
-            ),
-            RunEnd::MaxSteps(n) => (
-                SessionStatus::Idle,
-                Some(format!("stopped after {n} model turns without an answer")),
-                RunOutcome::MaxSteps,
-            ),
-            RunEnd::Failed(why) => (SessionStatus::Failed, Some(why.clone()), RunOutcome::Failed),
-            RunEnd::OverBudget(why) => (
-                SessionStatus::Failed,
-                Some(format!("budget_exceeded: {why}")),
-                RunOutcome::Failed,
-            ),
-        };
-        // Stored with the record's end, in the same write.
-        let (answer, mut events) = match answer {
-            Some((msg, events)) => (Some(msg), events),
-            None => (None, Events::new()),
-        };
-        if !waiting.is_empty() {
-            // Without tokens: events are stored, tokens never are.
-            let pending = waiting.items.iter().map(PendingCall::shown).collect();
-            events.push(SessionEvent::Pending(PendingEvent { pending }));
-        }
-        events.push(SessionEvent::RunFinished(RunFinished {
-            status: outcome,
-            detail: detail.clone(),
-            session_status: status,
-            usage: Some(usage),
-        }));
-        let waited = std::time::Instant::now();
-        let written = if taken {
-            RunWrite::Taken
-        } else {
-            self.recorder
-                .write_run(
-                    id,
-                    |rec| {
-                        rec.turns.extend(answer.clone());
-                        rec.status = status;
-                        rec.status_detail = detail.clone();
-                        rec.runner = None;
-                        rec.cancel_requested = false;
-                        rec.pending.items = waiting.items.clone();
-                        rec.pending.client_call = waiting.client_call;
-                        rec.pending.run = waiting.run.clone();
-                    },
-                    &events,
-                    &leftover.usage,
-                )
-                .await
-        };
-        self.metrics.run_store_wait(waited.elapsed());
-        match written {
-            // Stored with the end.
-            RunWrite::Written(..) => self.budgets.leftover_written(&leftover),
-            _ => self.budgets.record_leftover(id, &leftover).await,
-        }
-        let (stored, record) = match written {
-            RunWrite::Written(stored, record) => (Some(stored), record),
-            RunWrite::Taken => {
-                self.metrics.run_finished(RunOutcome::Failed);
-                tracing::warn!(
-                    session = id,
-                    "run stopped: another server closed it as lost (this server's heartbeat had lapsed)"
-                );
-                return None;
-            }
-            RunWrite::Failed(e) => {
-                tracing::error!(session = id, "cannot record the end of a run: {e}");
-                (None, None)
-            }
-        };
-        self.metrics.run_finished(outcome);
-        tracing::info!(session = id, status = status.as_str(), detail = ?detail, "run finished");
-        match stored {
-            Some(stored) => self.recorder.publish(id, stored),
-            // The end could not be stored; its events may still be.
-            None => self.recorder.emit_all(id, events).await,
-        }
-        if let Some(rec) = record.as_deref().filter(|r| !r.pending.is_empty()) {
-            self.approvals.announce(rec);
-        }
-        record
-    }
 }
 
 /// The conversation a run goes on from, and where its taint counts from
@@ -556,44 +426,15 @@ pub(super) struct Driving {
 
 /// What a run's loop leaves for its end to record.
 pub(super) struct Driven {
-    end: RunEnd,
+    pub(super) end: RunEnd,
     /// The answer, stored with the end (see [`Host::answer`](crate::run::Host::answer)).
-    answer: Option<(Turn, Events)>,
+    pub(super) answer: Option<(Turn, Events)>,
     /// Another server closed the run as lost.
-    taken: bool,
+    pub(super) taken: bool,
     /// What the run's next part needs if it waits.
-    run: pending::WaitingRun,
+    pub(super) run: pending::WaitingRun,
     /// What this part of the run used.
-    usage: bindery_store::usage::Totals,
+    pub(super) usage: bindery_store::usage::Totals,
     /// What of it is not written yet: with the end.
-    leftover: run_budget::Leftover,
-}
-
-/// Answer every tool call that has no result yet with `why`, so the history
-/// stays well-formed for the model.
-pub fn close_pending(mut turns: Vec<Turn>, why: &str) -> Vec<Turn> {
-    let Some(pos) = turns.iter().rposition(
-        |m| matches!(m.message(), ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty()),
-    ) else {
-        return turns;
-    };
-    let ChatMessage::Assistant { tool_calls, .. } = turns[pos].message() else {
-        return turns;
-    };
-    let answered: Vec<String> = turns[pos + 1..]
-        .iter()
-        .filter_map(|m| match m.message() {
-            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
-            _ => None,
-        })
-        .collect();
-    let missing: Vec<String> = tool_calls
-        .iter()
-        .map(|c| c.id.clone())
-        .filter(|id| !answered.contains(id))
-        .collect();
-    for id in missing {
-        turns.push(Turn::new(ChatMessage::tool_result(id, why)));
-    }
-    turns
+    pub(super) leftover: crate::state::budgets::Leftover,
 }

@@ -3,13 +3,12 @@
 //! when one nears or reaches its limit (the session's stream, a Warning
 //! Event on the tenant, the metrics).
 
-use super::run_budget::Leftover;
-use super::Agents;
-use super::Recorder;
+use crate::budget::{self, Crossing, Exceeded, Who, MODEL};
 use crate::error::Code;
 use crate::error::ErrorKind;
 use crate::error::ServiceError;
-use crate::run::budget::{self, Crossing, Exceeded, Who, MODEL};
+use crate::state::recorder::Recorder;
+use crate::state::stored::Agents;
 use bindery_metrics::Metrics;
 use bindery_spec::budget::{Limit, OnExceed};
 use bindery_store::clock::Clock;
@@ -22,18 +21,20 @@ use bindery_store::wire::SessionEvent;
 use bindery_store::SessionStore;
 use bindery_tree::LoadedAgent;
 use std::sync::Arc;
+
+use bindery_store::usage::Unwritten;
 use std::time::Duration;
 
 /// The budgets of the agents this server runs: what runs claim against
 /// them, what is told when one nears or reaches its limit, and the
 /// tenant's budget status.
 pub struct Budgets {
-    pub(super) store: Arc<dyn SessionStore>,
+    pub(crate) store: Arc<dyn SessionStore>,
     /// Where a crossing is said on the session's stream.
     recorder: Arc<Recorder>,
-    pub(super) metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     agents: Arc<Agents>,
-    pub(super) clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
     /// Warning Events and the budget status on the tenant, where the
     /// operator allows them.
     kube_events: Arc<std::sync::OnceLock<crate::kube_events::KubeEvents>>,
@@ -42,7 +43,7 @@ pub struct Budgets {
 }
 
 impl Budgets {
-    pub(super) fn new(
+    pub(crate) fn new(
         store: Arc<dyn SessionStore>,
         recorder: Arc<Recorder>,
         metrics: Arc<Metrics>,
@@ -64,7 +65,7 @@ impl Budgets {
 
 impl Budgets {
     /// Write `left` on its own.
-    pub(super) async fn record_leftover(&self, session: &str, left: &Leftover) {
+    pub(crate) async fn record_leftover(&self, session: &str, left: &Leftover) {
         if !left.usage.is_empty() {
             if let Err(e) = self.store.record(&left.usage).await {
                 tracing::error!(session, "cannot record the run's usage: {e}");
@@ -74,7 +75,7 @@ impl Budgets {
     }
 
     /// `left` is written: the tenant's budget status follows.
-    pub(super) fn leftover_written(&self, left: &Leftover) {
+    pub(crate) fn leftover_written(&self, left: &Leftover) {
         if left.status_due {
             self.status_due();
         }
@@ -85,7 +86,7 @@ impl Budgets {
     /// A 429 for a message or resume of session `rec` when one of its
     /// agent's `refuse` budgets of tokens or cost is used up (a tool-call
     /// budget refuses each call instead).
-    pub(super) async fn refuse_if_spent(
+    pub(crate) async fn refuse_if_spent(
         &self,
         agent: &LoadedAgent,
         rec: &SessionRecord,
@@ -125,7 +126,7 @@ impl Budgets {
 
     /// A budget of `agent` went past 80% or its limit in session `id`:
     /// said on the session's stream and as a Warning Event on the tenant.
-    pub(super) async fn tell_crossing(
+    pub(crate) async fn tell_crossing(
         &self,
         id: &str,
         agent: &str,
@@ -172,7 +173,7 @@ const STATUS_GAP: Duration = Duration::from_secs(5);
 impl Budgets {
     /// Write the tenant's budget status soon (a budget crossed a line, or
     /// a run that counts against budgets used something).
-    pub(super) fn status_due(&self) {
+    pub(crate) fn status_due(&self) {
         self.status.notify_one();
     }
 
@@ -290,4 +291,14 @@ impl Budgets {
             _ => Some("mixed".to_string()),
         }
     }
+}
+
+/// What a run's part used that no claim wrote: stored with the run's end,
+/// in the same transaction ([`SessionStore::update_with_usage`](bindery_store::SessionStore::update_with_usage)), or on its
+/// own when the end is not stored here ([`Budgets::record_leftover`]).
+#[derive(Default)]
+pub(crate) struct Leftover {
+    pub(crate) usage: Unwritten,
+    /// The tenant's budget status is to follow once it is written.
+    pub(crate) status_due: bool,
 }

@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use super::live_sessions::LiveSessions;
 use crate::fanout::LiveEvent;
-use crate::run::Events;
+use crate::state::live_sessions::LiveSessions;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_store::clock::Clock;
@@ -19,16 +18,16 @@ use bindery_store::{SessionStore, StoreError};
 
 /// What sessions' runs write, and who hears of it.
 pub struct Recorder {
-    pub(super) store: Arc<dyn SessionStore>,
-    pub(super) live: Arc<LiveSessions>,
-    pub(super) metrics: Arc<Metrics>,
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) live: Arc<LiveSessions>,
+    pub(crate) metrics: Arc<Metrics>,
     /// This server's instance id: a run is written only while it is ours.
     instance: Arc<str>,
     clock: Arc<dyn Clock>,
 }
 
 impl Recorder {
-    pub(super) fn new(
+    pub(crate) fn new(
         store: Arc<dyn SessionStore>,
         live: Arc<LiveSessions>,
         metrics: Arc<Metrics>,
@@ -52,7 +51,7 @@ impl Recorder {
     /// race with a change elsewhere (parameters) is redone on the fresh
     /// record. The write that ends the run also ends its hold on the
     /// session, under the same lock.
-    pub(super) async fn write_run(
+    pub(crate) async fn write_run(
         &self,
         id: &str,
         change: impl Fn(&mut SessionRecord),
@@ -119,7 +118,7 @@ impl Recorder {
         ))
     }
 
-    pub(super) async fn append_turn(
+    pub(crate) async fn append_turn(
         &self,
         id: &str,
         msg: &Turn,
@@ -139,7 +138,7 @@ impl Recorder {
         written
     }
 
-    pub(super) async fn emit(&self, id: &str, event: SessionEvent) {
+    pub(crate) async fn emit(&self, id: &str, event: SessionEvent) {
         let at = self.clock.now_ms();
         let (kind, data) = (event.kind(), event.data());
         match self.store.append_event(id, kind, &data, at).await {
@@ -149,14 +148,14 @@ impl Recorder {
     }
 
     /// Each of `events` stored on its own, then handed to subscribers.
-    pub(super) async fn emit_all(&self, id: &str, events: Events) {
+    pub(crate) async fn emit_all(&self, id: &str, events: Vec<SessionEvent>) {
         for event in events {
             self.emit(id, event).await;
         }
     }
 
     /// Hand stored events to the session's live subscribers, in order.
-    pub(super) fn publish(&self, id: &str, events: Vec<EventRecord>) {
+    pub(crate) fn publish(&self, id: &str, events: Vec<EventRecord>) {
         self.fan_out(
             id,
             events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e))),
@@ -165,7 +164,7 @@ impl Recorder {
 
     /// Hand `events` (stored ones, or streamed text, which is never stored)
     /// to the session's live subscribers, in order, each timed.
-    pub(super) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
+    pub(crate) fn fan_out(&self, id: &str, events: impl IntoIterator<Item = LiveEvent>) {
         let Some(live) = self.live.peek(id) else {
             return; // nobody in memory, so nobody listening
         };
@@ -178,7 +177,7 @@ impl Recorder {
 }
 
 /// `events` as stored with `seqs` at `at`.
-pub(super) fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<EventRecord> {
+pub(crate) fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<EventRecord> {
     seqs.into_iter()
         .zip(events)
         .map(|(seq, (kind, data))| EventRecord {
@@ -195,12 +194,12 @@ pub(super) fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<
 /// written by an older or newer server still reads and streams as it was.
 type Encoded = (&'static str, serde_json::Value);
 
-pub(super) fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
+pub(crate) fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
     events.iter().map(|e| (e.kind(), e.data())).collect()
 }
 
 /// What became of a run's write to its session.
-pub(super) enum RunWrite {
+pub(crate) enum RunWrite {
     /// Stored, with the events that went with it, and the record as
     /// stored when the write ended the run (a running one stays cached
     /// under the session's lock).

@@ -5,15 +5,18 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::RunHandle;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
 use crate::fanout::Fanout;
 use crate::lru;
 use bindery_metrics::Metrics;
 use bindery_store::model::SessionRecord;
 
 /// A session in memory.
-pub(super) struct Live {
+pub(crate) struct Live {
     /// Serializes read-modify-write of the stored record. While this
     /// server's run goes on it holds the record as the run last wrote it,
     /// so the run's next write need not read it back: the update is
@@ -33,7 +36,7 @@ pub(super) struct Live {
 }
 
 /// See [`Live::lock`].
-pub(super) type Written = Option<Box<SessionRecord>>;
+pub(crate) type Written = Option<Box<SessionRecord>>;
 
 impl Live {
     pub fn touch(&self) {
@@ -50,7 +53,7 @@ impl Live {
 }
 
 /// The live sessions of this process, by id.
-pub(super) struct LiveSessions {
+pub(crate) struct LiveSessions {
     map: Mutex<HashMap<String, Arc<Live>>>,
     metrics: Arc<Metrics>,
     /// `--max-live-sessions`.
@@ -171,6 +174,39 @@ impl LiveSessions {
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Clone)]
+pub(crate) struct RunHandle {
+    pub(crate) cancel: CancellationToken,
+    pub(crate) done: watch::Receiver<Option<Ended>>,
+}
+
+/// Waits for a run to end.
+pub struct RunWait(pub(crate) watch::Receiver<Option<Ended>>);
+
+/// A run that ended.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// The session as this server stored the run's end, so a caller who
+    /// waited needs no second read (`None`: it could not store it, or
+    /// another server had closed the run).
+    pub record: Option<Arc<SessionRecord>>,
+}
+
+impl RunWait {
+    /// The run's end, if it came within `timeout`.
+    pub async fn wait(mut self, timeout: Duration) -> Option<Ended> {
+        match tokio::time::timeout(timeout, self.0.wait_for(Option::is_some)).await {
+            Ok(Ok(ended)) => ended.clone(),
+            _ => None,
+        }
+    }
+
+    /// Until the run ends, however long that takes.
+    pub async fn finished(mut self) {
+        let _ = self.0.wait_for(Option::is_some).await;
+    }
 }

@@ -187,7 +187,7 @@ fn disabled() -> ServiceError {
 }
 
 impl Agents {
-    pub(super) fn new(
+    pub(crate) fn new(
         tree: Arc<AgentTree>,
         clients: BTreeMap<String, ChatClient>,
         source: AgentSource,

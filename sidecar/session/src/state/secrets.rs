@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::live_sessions::{lock, LiveSessions};
 use crate::lease::{self, LeaseConfig};
+use crate::state::live_sessions::lock;
+use crate::state::live_sessions::LiveSessions;
 use bindery_params::{ParamValue, Values};
 use bindery_store::clock::Clock;
 use bindery_store::model::{SessionRecord, SessionStatus};
@@ -30,7 +31,7 @@ pub struct Secrets {
 }
 
 impl Secrets {
-    pub(super) fn new(
+    pub(crate) fn new(
         live: Arc<LiveSessions>,
         store: Arc<dyn SessionStore>,
         instance: Arc<str>,

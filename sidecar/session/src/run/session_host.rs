@@ -6,15 +6,15 @@ use async_trait::async_trait;
 
 use super::run_budget::RunBudget;
 use super::session_sink::SessionSink;
-use crate::run::budget::{Gate, Spent};
+use crate::budget::{Gate, Spent};
 use crate::run::{Events, Host};
 use bindery_llm::Turn;
 use bindery_spec::ModelSpec;
 
 /// A run of a session this server drives, as the run sees it.
-pub(super) struct SessionHost<'a> {
-    pub(super) sink: SessionSink<'a>,
-    pub(super) budget: RunBudget,
+pub(crate) struct SessionHost<'a> {
+    pub(crate) sink: SessionSink<'a>,
+    pub(crate) budget: RunBudget,
 }
 
 #[async_trait]

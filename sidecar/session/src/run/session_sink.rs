@@ -13,10 +13,10 @@
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::recorder::RunWrite;
-use super::Recorder;
 use crate::fanout::LiveEvent;
 use crate::run::Events;
+use crate::state::recorder::Recorder;
+use crate::state::recorder::RunWrite;
 use bindery_llm::Turn;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-pub(super) struct SessionSink<'a> {
+pub(crate) struct SessionSink<'a> {
     recorder: &'a Arc<Recorder>,
     id: &'a str,
     cancel: &'a CancellationToken,
@@ -64,20 +64,20 @@ enum Behind {
 }
 
 /// Who starts a run says, with this, whether its start was stored.
-pub(super) struct Starter {
+pub(crate) struct Starter {
     stored: oneshot::Sender<bool>,
     shared: Arc<Shared>,
 }
 
 /// The run's side of [`Starter`], for its sink.
-pub(super) struct StartGate {
+pub(crate) struct StartGate {
     stored: oneshot::Receiver<bool>,
     shared: Arc<Shared>,
 }
 
 /// A run whose start is being stored: until [`Starter::stored`], its sink
 /// stores and sends nothing (dropping the starter says it was not).
-pub(super) fn start_gate() -> (Starter, StartGate) {
+pub(crate) fn start_gate() -> (Starter, StartGate) {
     let (tx, rx) = oneshot::channel();
     let shared = Arc::new(Shared::default());
     lock(&shared.held).writing = true;
@@ -91,7 +91,7 @@ pub(super) fn start_gate() -> (Starter, StartGate) {
 impl Starter {
     /// The start is stored and its event sent: the run's turns and
     /// streamed text may follow.
-    pub(super) fn stored(self, recorder: &Recorder, id: &str) {
+    pub(crate) fn stored(self, recorder: &Recorder, id: &str) {
         self.shared.release(recorder, id);
         let _ = self.stored.send(true);
     }
@@ -106,7 +106,7 @@ struct Held {
 }
 
 impl<'a> SessionSink<'a> {
-    pub(super) fn new(
+    pub(crate) fn new(
         recorder: &'a Arc<Recorder>,
         id: &'a str,
         cancel: &'a CancellationToken,
@@ -125,7 +125,7 @@ impl<'a> SessionSink<'a> {
     /// Once the run's loop is over: every turn stored, then the answer to
     /// store with the end and whether the run was taken; `None` if the
     /// run's start was never stored.
-    pub(super) async fn close(&self) -> Option<(Option<(Turn, Events)>, bool)> {
+    pub(crate) async fn close(&self) -> Option<(Option<(Turn, Events)>, bool)> {
         self.stored().await;
         if self.shared.unstarted.load(Ordering::Relaxed) {
             return None;
@@ -136,7 +136,7 @@ impl<'a> SessionSink<'a> {
 }
 
 impl SessionSink<'_> {
-    pub(super) async fn turn(&self, msg: &Turn, events: Events) {
+    pub(crate) async fn turn(&self, msg: &Turn, events: Events) {
         self.stored().await;
         if self.shared.taken.load(Ordering::Relaxed) {
             return;
@@ -166,12 +166,12 @@ impl SessionSink<'_> {
         *lock(&self.behind) = Some(Behind::Write(write));
     }
 
-    pub(super) async fn answer(&self, msg: &Turn, events: Events) {
+    pub(crate) async fn answer(&self, msg: &Turn, events: Events) {
         self.stored().await;
         *lock(&self.answer) = Some((msg.clone(), events));
     }
 
-    pub(super) async fn stored(&self) {
+    pub(crate) async fn stored(&self) {
         let behind = lock(&self.behind).take();
         let waited = std::time::Instant::now();
         match behind {
@@ -194,7 +194,7 @@ impl SessionSink<'_> {
         self.recorder.metrics.run_store_wait(waited.elapsed());
     }
 
-    pub(super) fn delta(&self, text: &str) {
+    pub(crate) fn delta(&self, text: &str) {
         // Under the lock, so a write that ends now sends its held text first.
         let mut held = lock(&self.shared.held);
         if held.writing {
@@ -247,7 +247,7 @@ mod tests {
         );
         let mut rec = record("s", 1);
         rec.status = SessionStatus::Running;
-        rec.runner = Some(service.instance.clone());
+        rec.runner = Some(service.instance().to_string());
         store.create(&mut rec).await.unwrap();
         (dir, path, service)
     }
@@ -255,8 +255,8 @@ mod tests {
     /// A sink of a run whose start is stored.
     fn started<'a>(service: &'a Arc<Service>, cancel: &'a CancellationToken) -> SessionSink<'a> {
         let (starter, gate) = start_gate();
-        starter.stored(&service.recorder, "s");
-        SessionSink::new(&service.recorder, "s", cancel, gate)
+        starter.stored(service.recorder(), "s");
+        SessionSink::new(service.recorder(), "s", cancel, gate)
     }
 
     fn event(signal: Option<Signal>) -> String {
@@ -273,7 +273,7 @@ mod tests {
     #[tokio::test]
     async fn a_turn_is_written_while_the_run_goes_on_and_streams_in_order() {
         let (_dir, path, service) = running_here().await;
-        let mut events = service.live.entry("s").events.subscribe(false);
+        let mut events = service.live().entry("s").events.subscribe(false);
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
 
@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(event(events.recv().await), "tool_result");
         assert_eq!(event(events.recv().await), "delta the next");
         assert_eq!(event(events.recv().await), "delta  answer");
-        let stored = service.store.get("s").await.unwrap().unwrap();
+        let stored = service.store().get("s").await.unwrap().unwrap();
         assert_eq!(stored.turns, [result]);
         assert!(!cancel.is_cancelled());
     }
@@ -311,11 +311,11 @@ mod tests {
     #[tokio::test]
     async fn a_write_that_finds_the_run_taken_stops_it() {
         let (_dir, _, service) = running_here().await;
-        let mut closed = service.store.get("s").await.unwrap().unwrap();
+        let mut closed = service.store().get("s").await.unwrap().unwrap();
         closed.status = SessionStatus::Failed;
         closed.runner = None;
         closed.version += 1;
-        service.store.update(&mut closed).await.unwrap();
+        service.store().update(&mut closed).await.unwrap();
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
 
@@ -339,7 +339,7 @@ mod tests {
         let (answer, taken) = sink.close().await.expect("it had started");
         assert!(taken);
         assert!(answer.is_some(), "the end decides what becomes of it");
-        assert_eq!(service.store.get("s").await.unwrap().unwrap(), closed);
+        assert_eq!(service.store().get("s").await.unwrap().unwrap(), closed);
     }
 
     /// The run asks the model while its start is stored: text it streams
@@ -348,20 +348,20 @@ mod tests {
     #[tokio::test]
     async fn nothing_of_a_run_goes_out_before_its_start_is_stored() {
         let (_dir, _, service) = running_here().await;
-        let mut events = service.live.entry("s").events.subscribe(false);
+        let mut events = service.live().entry("s").events.subscribe(false);
 
         let cancel = CancellationToken::new();
         let (starter, gate) = start_gate();
-        let sink = SessionSink::new(&service.recorder, "s", &cancel, gate);
+        let sink = SessionSink::new(service.recorder(), "s", &cancel, gate);
         sink.delta("early");
         assert!(events.recv().now_or_never().is_none());
-        starter.stored(&service.recorder, "s");
+        starter.stored(service.recorder(), "s");
         assert_eq!(event(events.recv().await), "delta early");
 
-        let before = service.store.get("s").await.unwrap().unwrap();
+        let before = service.store().get("s").await.unwrap().unwrap();
         let cancel = CancellationToken::new();
         let (starter, gate) = start_gate();
-        let sink = SessionSink::new(&service.recorder, "s", &cancel, gate);
+        let sink = SessionSink::new(service.recorder(), "s", &cancel, gate);
         sink.delta("never");
         drop(starter);
         sink.turn(
@@ -379,7 +379,7 @@ mod tests {
             sink.close().await.is_none(),
             "its end is not recorded either"
         );
-        assert_eq!(service.store.get("s").await.unwrap().unwrap(), before);
+        assert_eq!(service.store().get("s").await.unwrap().unwrap(), before);
         assert!(events.recv().now_or_never().is_none(), "nothing was sent");
     }
 }
