@@ -1,5 +1,5 @@
 //! Budgets while a run goes on: before each model request and each tool
-//! call the run asks its session ([`Host`](super::Host)) whether it may
+//! call the run asks its session ([`Host`](crate::run::Host)) whether it may
 //! start, and after a model request it says what was used. The questions
 //! a budget asks of the store ([`gauges`]), where a use crosses a line
 //! ([`crossing`]) and what a used-up one tells the client ([`Exceeded`])
