@@ -135,20 +135,36 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Why the operator stopped.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("no Kubernetes API to talk to (kubeconfig or in-cluster): {0}")]
+    NoApi(kube::Error),
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("lost the leader lease; exiting so that only the leader writes")]
+    LostLease,
+}
+
 async fn run(
     namespaces: Vec<String>,
     config: OperatorConfig,
     metrics_listen: &str,
     lease: Option<LeaseConfig>,
-) -> Result<(), String> {
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("no Kubernetes API to talk to (kubeconfig or in-cluster): {e}"))?;
+) -> Result<(), RunError> {
+    let client = kube::Client::try_default().await.map_err(RunError::NoApi)?;
     let metrics = Arc::new(Metrics::default());
+    let listen = |source| RunError::Listen {
+        address: metrics_listen.to_string(),
+        source,
+    };
     let listener = tokio::net::TcpListener::bind(metrics_listen)
         .await
-        .map_err(|e| format!("cannot listen on {metrics_listen}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(listen)?;
+    let addr = listener.local_addr().map_err(listen)?;
     println!("metrics on http://{addr}");
     let m = metrics.clone();
     let app = axum::Router::new()
@@ -209,7 +225,7 @@ async fn run(
             tokio::select! {
                 _ = controllers => Ok(()),
                 // A leader that lost its lease stops writing at once.
-                _ = leader::hold(&client, l, renewed) => Err("lost the leader lease; exiting so that only the leader writes".into()),
+                _ = leader::hold(&client, l, renewed) => Err(RunError::LostLease),
             }
         }
         None => {

@@ -388,6 +388,26 @@ pub enum SqliteVersioning {
     },
 }
 
+/// Why a `builtinToolboxes` entry is not loaded; `entry` names it as the
+/// file does (`builtinToolboxes[2] (\`LuaToolbox\`)`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuiltinError {
+    /// Bindery does not offer what it asks for: why, and what to do.
+    #[error("{entry}: {why}; {instead}, and remove this entry")]
+    Refused {
+        entry: String,
+        why: &'static str,
+        instead: &'static str,
+    },
+    #[error("{entry}: access `{access}` is not one of read-only, read-write")]
+    Access { entry: String, access: String },
+    #[error("{entry}: give `Versioning` ({{\"tag\": \"SqliteReadOnly\", \"path\": …}})")]
+    NoVersioning { entry: String },
+    /// Its `contents` do not read.
+    #[error("{entry}: {message}")]
+    Contents { entry: String, message: String },
+}
+
 /// One `builtinToolboxes` entry (the `index`th) as a Bindery toolbox, or
 /// why not; the paths (from the entry) of the fields it did not read go to
 /// `ignored`.
@@ -395,11 +415,20 @@ fn builtin_toolbox(
     index: usize,
     v: serde_json::Value,
     ignored: &mut Vec<String>,
-) -> Result<Toolbox, String> {
+) -> Result<Toolbox, BuiltinError> {
     let tag = v["tag"].as_str().unwrap_or("(no tag)").to_string();
     let here = format!("builtinToolboxes[{index}] (`{tag}`)");
-    let refuse =
-        |why: &str, instead: &str| Err(format!("{here}: {why}; {instead}, and remove this entry"));
+    let refuse = |why: &'static str, instead: &'static str| {
+        Err(BuiltinError::Refused {
+            entry: here.clone(),
+            why,
+            instead,
+        })
+    };
+    let contents = |e: serde_json::Error| BuiltinError::Contents {
+        entry: here.clone(),
+        message: e.to_string(),
+    };
     match tag.as_str() {
         "SystemToolbox" | "SqliteToolbox" => {}
         "DeveloperToolbox" => {
@@ -432,8 +461,7 @@ fn builtin_toolbox(
         |p: serde_ignored::Path<'_>| ignored.push(format!("contents.{}", ignored_path(&p)));
     if tag == "SqliteToolbox" {
         let d: SqliteToolboxDescription =
-            serde_ignored::deserialize(v["contents"].clone(), &mut note)
-                .map_err(|e| format!("{here}: {e}"))?;
+            serde_ignored::deserialize(v["contents"].clone(), &mut note).map_err(contents)?;
         let mut versioned = None;
         let (path, read_write) = match (d.versioning, d.path, d.access.as_deref()) {
             (Some(SqliteVersioning::SqliteReadOnly { path }), _, _) => (path, false),
@@ -465,14 +493,13 @@ fn builtin_toolbox(
             (None, Some(path), None | Some("read-only")) => (path, false),
             (None, Some(path), Some("read-write")) => (path, true),
             (None, Some(_), Some(other)) => {
-                return Err(format!(
-                    "{here}: access `{other}` is not one of read-only, read-write"
-                ))
+                return Err(BuiltinError::Access {
+                    entry: here,
+                    access: other.to_string(),
+                })
             }
             (None, None, _) => {
-                return Err(format!(
-                    "{here}: give `Versioning` ({{\"tag\": \"SqliteReadOnly\", \"path\": …}})"
-                ))
+                return Err(BuiltinError::NoVersioning { entry: here })
             }
         };
         return Ok(Toolbox::Sqlite(super::SqliteToolbox {
@@ -489,8 +516,8 @@ fn builtin_toolbox(
             toolgroup: d.toolgroup,
         }));
     }
-    let d: SystemToolboxDescription = serde_ignored::deserialize(v["contents"].clone(), &mut note)
-        .map_err(|e| format!("{here}: {e}"))?;
+    let d: SystemToolboxDescription =
+        serde_ignored::deserialize(v["contents"].clone(), &mut note).map_err(contents)?;
     Ok(Toolbox::Builtin(super::BuiltinToolbox {
         session_tool_outputs: d.include_tool_outputs.unwrap_or(true),
         session_scope: d.scope.unwrap_or_default(),
@@ -992,7 +1019,7 @@ impl Description {
             let mut here = Vec::new();
             match builtin_toolbox(i, b, &mut here) {
                 Ok(t) => toolboxes.push(t),
-                Err(e) => errors.push(e),
+                Err(e) => errors.push(e.to_string()),
             }
             ignored.extend(
                 here.into_iter()

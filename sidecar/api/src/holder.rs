@@ -245,7 +245,7 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     let key = s.owner.peer_key();
     let answer = tokio::select! {
         answer = forward(client, &key, (&instance, &to), &caller, &incoming) => answer,
-        () = s.service.secrets().lapsed(&instance) => Err("it stopped beating before it answered (its lease passed)".into()),
+        () = s.service.secrets().lapsed(&instance) => Err(super::peers::ForwardError::Lapsed),
     };
     match answer {
         Ok(answer) => {

@@ -16,8 +16,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::state::AppState;
-
 /// Which `Host` and `Origin` values a request may carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OriginPolicy {
@@ -57,7 +55,7 @@ impl OriginPolicy {
     }
 
     /// Whether a request with these headers may be served; why not.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), String> {
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), Refused> {
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
@@ -68,10 +66,7 @@ impl OriginPolicy {
             let loopback = allowed.iter().any(|a| a == "localhost")
                 && name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
             if !loopback && !allowed.contains(&name) {
-                return Err(format!(
-                    "this server does not answer to the host `{}`; a server on a loopback address answers to localhost and loopback addresses only, and --allowed-hosts names the others",
-                    shown(host)
-                ));
+                return Err(Refused::Host { host: shown(host) });
             }
         }
         let Some(origin) = headers.get(header::ORIGIN) else {
@@ -81,11 +76,19 @@ impl OriginPolicy {
         if self.any_origin || self.origins.contains(&origin) || same_origin(&origin, host) {
             return Ok(());
         }
-        Err(format!(
-            "requests from the page at `{}` are not allowed here; --allowed-origins names the origins allowed besides this server's own",
-            shown(&origin)
-        ))
+        Err(Refused::Origin {
+            origin: shown(&origin),
+        })
     }
+}
+
+/// Why a request was refused, its `Host` or `Origin` shown escaped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("this server does not answer to the host `{host}`; a server on a loopback address answers to localhost and loopback addresses only, and --allowed-hosts names the others")]
+    Host { host: String },
+    #[error("requests from the page at `{origin}` are not allowed here; --allowed-origins names the origins allowed besides this server's own")]
+    Origin { origin: String },
 }
 
 /// A `Host` value's name: lower case, without its port or IPv6 brackets.
@@ -133,15 +136,16 @@ pub struct PeerPort;
 /// The middleware: a request the policy refuses is answered 403 (a
 /// JSON-RPC error on `/mcp`). A peer's forward is left to `admit`, which
 /// checks its signature: the `Host` it was sent to is the peer's address.
-pub async fn guard(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+pub async fn guard(State(policy): State<Arc<OriginPolicy>>, req: Request, next: Next) -> Response {
     if req.headers().contains_key(super::peers::PEER_HEADER)
         || req.extensions().get::<PeerPort>().is_some()
     {
         return next.run(req).await;
     }
-    match s.origins.check(req.headers()) {
+    match policy.check(req.headers()) {
         Ok(()) => next.run(req).await,
         Err(why) => {
+            let why = why.to_string();
             tracing::info!(path = req.uri().path(), "a request refused: {why}");
             let body = if req.uri().path() == "/mcp" {
                 serde_json::json!({"jsonrpc": "2.0", "id": null,

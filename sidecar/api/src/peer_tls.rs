@@ -9,7 +9,7 @@
 //! are a `kubernetes.io/tls` Secret's, plus the CA: `ca.crt`, `tls.crt`,
 //! `tls.key`, all PEM.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -26,17 +26,37 @@ pub struct PeerTls {
     pub client: ClientConfig,
 }
 
+/// What is wrong with `--peer-tls-dir`'s files or `--peer-tls-name`.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerTlsError {
+    /// A file (`ca.crt`, `tls.crt`, `tls.key`) of the directory, and why.
+    #[error("--peer-tls-dir {}: {problem}", path.display())]
+    File { path: PathBuf, problem: String },
+    #[error("--peer-tls-dir {} holds no PEM certificate", path.display())]
+    NoCertificate { path: PathBuf },
+    /// The certificate and the key do not go together.
+    #[error("--peer-tls-dir {} and tls.key: {problem}", path.display())]
+    Pair { path: PathBuf, problem: String },
+    #[error("--peer-tls-name `{0}` is not a DNS name (the one on the replicas' certificate, such as acme.tenants.svc)")]
+    Name(String),
+    #[error("the TLS library refused this server's protocol versions: {0}")]
+    Protocol(rustls::Error),
+}
+
 /// The files of `dir`, checked: an error names the file and what is wrong.
-pub fn load(dir: &Path, name: &str) -> Result<PeerTls, String> {
+pub fn load(dir: &Path, name: &str) -> Result<PeerTls, PeerTlsError> {
     let file = |f: &str| dir.join(f);
-    let shown = |f: &str| format!("--peer-tls-dir {}", file(f).display());
-    let certs = |f: &str| -> Result<Vec<CertificateDer<'static>>, String> {
+    let bad = |f: &str, problem: &dyn std::fmt::Display| PeerTlsError::File {
+        path: file(f),
+        problem: problem.to_string(),
+    };
+    let certs = |f: &str| -> Result<Vec<CertificateDer<'static>>, PeerTlsError> {
         let certs = CertificateDer::pem_file_iter(file(f))
-            .map_err(|e| format!("{}: {e}", shown(f)))?
+            .map_err(|e| bad(f, &e))?
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{}: {e}", shown(f)))?;
+            .map_err(|e| bad(f, &e))?;
         if certs.is_empty() {
-            return Err(format!("{} holds no PEM certificate", shown(f)));
+            return Err(PeerTlsError::NoCertificate { path: file(f) });
         }
         Ok(certs)
     };
@@ -44,47 +64,48 @@ pub fn load(dir: &Path, name: &str) -> Result<PeerTls, String> {
     let chain = certs("tls.crt")?;
     let key = || {
         PrivateKeyDer::from_pem_file(file("tls.key")).map_err(|e| {
-            format!(
-                "{}: {e} (a PEM private key: PKCS#8, PKCS#1 or SEC1)",
-                shown("tls.key")
+            bad(
+                "tls.key",
+                &format!("{e} (a PEM private key: PKCS#8, PKCS#1 or SEC1)"),
             )
         })
     };
+    let pair = |e: rustls::Error| PeerTlsError::Pair {
+        path: file("tls.crt"),
+        problem: e.to_string(),
+    };
     let mut roots = RootCertStore::empty();
     for c in ca {
-        roots
-            .add(c)
-            .map_err(|e| format!("{}: {e}", shown("ca.crt")))?;
+        roots.add(c).map_err(|e| bad("ca.crt", &e))?;
     }
     let roots = Arc::new(roots);
-    let server_name = ServerName::try_from(name.to_string()).map_err(|_| {
-        format!("--peer-tls-name `{name}` is not a DNS name (the one on the replicas' certificate, such as acme.tenants.svc)")
-    })?;
+    let server_name =
+        ServerName::try_from(name.to_string()).map_err(|_| PeerTlsError::Name(name.to_string()))?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
 
     let clients = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
         .build()
-        .map_err(|e| format!("{}: {e}", shown("ca.crt")))?;
+        .map_err(|e| bad("ca.crt", &e))?;
     let server = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(PeerTlsError::Protocol)?
         .with_client_cert_verifier(clients)
         .with_single_cert(chain.clone(), key()?)
-        .map_err(|e| format!("{} and tls.key: {e}", shown("tls.crt")))?;
+        .map_err(pair)?;
 
     let servers = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .build()
-        .map_err(|e| format!("{}: {e}", shown("ca.crt")))?;
+        .map_err(|e| bad("ca.crt", &e))?;
     let client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(PeerTlsError::Protocol)?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(OneName {
             inner: servers,
             name: server_name,
         }))
         .with_client_auth_cert(chain, key()?)
-        .map_err(|e| format!("{} and tls.key: {e}", shown("tls.crt")))?;
+        .map_err(pair)?;
     Ok(PeerTls {
         server: Arc::new(server),
         client,

@@ -367,11 +367,10 @@ pub async fn forward(
     (instance, to): (&str, &str),
     who: &Caller,
     incoming: &Incoming,
-) -> Result<Response, String> {
+) -> Result<Response, ForwardError> {
     let path = incoming.uri.path_and_query().map_or("/", |p| p.as_str());
     let name = caller_name(who);
-    let nonce =
-        bindery_params::random::hex::<16>("a forward's nonce").map_err(|e| e.to_string())?;
+    let nonce = bindery_params::random::hex::<16>("a forward's nonce")?;
     let time = unix_now();
     let signature = Signed {
         method: incoming.method.as_str(),
@@ -402,9 +401,9 @@ pub async fn forward(
         .body(incoming.body.clone())
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(ForwardError::Unreachable)?;
     if answer.status() == StatusCode::UNAUTHORIZED {
-        return Err("it refused this server's signature (a replica of another version, during a rolling update, or one with another owner token)".into());
+        return Err(ForwardError::SignatureRefused);
     }
     let mut out = Response::builder().status(answer.status());
     for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
@@ -413,7 +412,24 @@ pub async fn forward(
         }
     }
     out.body(Body::from_stream(answer.bytes_stream()))
-        .map_err(|e| e.to_string())
+        .map_err(ForwardError::Answer)
+}
+
+/// Why a request could not be forwarded to the server holding its
+/// session (the request is then served here, without that server's
+/// secret values).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Nonce(#[from] bindery_params::random::NoRandomness),
+    #[error("{0}")]
+    Unreachable(reqwest::Error),
+    #[error("it refused this server's signature (a replica of another version, during a rolling update, or one with another owner token)")]
+    SignatureRefused,
+    #[error("its answer could not be passed on: {0}")]
+    Answer(axum::http::Error),
+    #[error("it stopped beating before it answered (its lease passed)")]
+    Lapsed,
 }
 
 /// The HTTP client a server forwards with: no proxy (peers are on the
@@ -431,13 +447,12 @@ pub fn client() -> reqwest::Client {
 
 /// The same over mutual TLS (`--peer-tls-dir`): `tls` presents this
 /// server's certificate and checks the peer's (see `peer_tls.rs`).
-pub fn tls_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, String> {
+pub fn tls_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, reqwest::Error> {
     egress::client(Redirects::Never)
         .no_proxy()
         .connect_timeout(Duration::from_secs(5))
         .tls_backend_preconfigured(tls)
         .build()
-        .map_err(|e| format!("the peer TLS client: {e}"))
 }
 
 /// The names of the secret values `body` (a message, resume, fork,

@@ -106,7 +106,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.origins.clone(),
             super::origin::guard,
         ))
         .layer(middleware::from_fn_with_state(

@@ -31,5 +31,5 @@ pub struct AppState {
     /// Checks the forwards of other servers.
     pub peer_auth: Arc<PeerAuth>,
     /// Which `Host` and `Origin` a request may carry (DNS rebinding).
-    pub origins: super::origin::OriginPolicy,
+    pub origins: Arc<super::origin::OriginPolicy>,
 }

@@ -26,13 +26,26 @@ pub struct ModelOverride {
     pub api_key: Option<SecretString>,
 }
 
+/// A model client that cannot be made: its URL does not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("--model-url: {0}")]
+    ModelUrl(bindery_llm::LlmError),
+    #[error("{}: agent `{agent}`, model: {source}", file.display())]
+    Agent {
+        file: std::path::PathBuf,
+        agent: String,
+        source: bindery_llm::LlmError,
+    },
+}
+
 /// Clients by agent name, and warnings (an API key that could not be read:
 /// requests then go without one, which suits local and mock models).
 pub fn build_clients(
     tree: &AgentTree,
     keys: &ApiKeys,
     opts: &ClientOptions,
-) -> Result<(BTreeMap<String, ChatClient>, Vec<String>), String> {
+) -> Result<(BTreeMap<String, ChatClient>, Vec<String>), ClientError> {
     let mut clients = BTreeMap::new();
     let mut warnings = Vec::new();
     for agent in tree.agents.values() {
@@ -67,13 +80,13 @@ pub fn build_clients(
                 )),
             }
         }
-        let client = ChatClient::new(endpoint).map_err(|e| match &opts.model {
-            Some(_) => format!("--model-url: {e}"),
-            None => format!(
-                "{}: agent `{}`, model: {e}",
-                agent.file.display(),
-                agent.name
-            ),
+        let client = ChatClient::new(endpoint).map_err(|source| match &opts.model {
+            Some(_) => ClientError::ModelUrl(source),
+            None => ClientError::Agent {
+                file: agent.file.clone(),
+                agent: agent.name.clone(),
+                source,
+            },
         })?;
         clients.insert(agent.name.clone(), client);
     }

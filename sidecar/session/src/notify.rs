@@ -153,6 +153,18 @@ pub fn judge(status: u16) -> Attempt {
     }
 }
 
+/// Why a notice was not delivered (never the URL: it may carry a
+/// receiver's secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotDelivered {
+    /// Refused for good (a 4xx other than 408 and 429).
+    #[error("{0}")]
+    Refused(String),
+    /// Every attempt failed; the last one's reason.
+    #[error("{last} (after {attempts} attempts)")]
+    GaveUp { last: String, attempts: u32 },
+}
+
 /// Deliver `body` to `url`, signed with `key`, as `retries` says: how
 /// many attempts it took, and whether it was delivered (else why not).
 pub async fn deliver(
@@ -162,7 +174,7 @@ pub async fn deliver(
     id: &str,
     body: &Value,
     retries: Retries,
-) -> (u32, Result<(), String>) {
+) -> (u32, Result<(), NotDelivered>) {
     let bytes = body.to_string().into_bytes();
     let attempts = retries.attempts.max(1);
     let mut wait = retries.backoff;
@@ -191,7 +203,7 @@ pub async fn deliver(
         };
         match outcome {
             Attempt::Delivered => return (attempt, Ok(())),
-            Attempt::Refused(why) => return (attempt, Err(why)),
+            Attempt::Refused(why) => return (attempt, Err(NotDelivered::Refused(why))),
             Attempt::Retry(why) => last = why,
         }
         if attempt < attempts {
@@ -204,7 +216,7 @@ pub async fn deliver(
             wait = wait.saturating_mul(2);
         }
     }
-    (attempts, Err(format!("{last} (after {attempts} attempts)")))
+    (attempts, Err(NotDelivered::GaveUp { last, attempts }))
 }
 
 #[cfg(test)]

@@ -197,13 +197,8 @@ async fn orchestrated(
             return Err(format!("error: tool {}: no answer", call.name));
         };
         state = match run::go_on(lookup, resolution) {
-            Some(Ok(next)) => next,
-            Some(Err(why)) => return Ok(Err(ToolError::Failed(why))),
-            None => {
-                return Ok(Err(ToolError::Failed(
-                    "the answer does not fit the call".into(),
-                )))
-            }
+            Ok(next) => next,
+            Err(why) => return Ok(Err(ToolError::Failed(why.to_string()))),
         };
     }
 }

@@ -55,7 +55,8 @@ impl Loaded {
         let mut own = Credentials::from_env();
         own.api_keys(&opts.api_keys);
         let own = bindery_params::live::register_own(own.0);
-        let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))?;
+        let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))
+            .map_err(|e| e.to_string())?;
         let keys = bindery_params::live::register_own(model_keys(&clients));
         for w in warnings {
             tracing::warn!("{w}");

@@ -114,7 +114,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             bindery_params::live::register(secrets)
         })
         .collect();
-    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))?;
+    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))
+        .map_err(|e| e.to_string())?;
     for w in warnings {
         tracing::warn!("{w}");
     }
@@ -319,12 +320,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         peers_tls: match &peer_tls {
             Some(t) => Some(
                 bindery_api::peers::tls_client(t.client.clone())
-                    .map_err(|e| format!("error: {e}"))?,
+                    .map_err(|e| format!("error: the peer TLS client: {e}"))?,
             ),
             None => None,
         },
         peer_auth,
-        origins: bindery_api::origin::OriginPolicy::new(addr, a.allowed_hosts, a.allowed_origins),
+        origins: Arc::new(bindery_api::origin::OriginPolicy::new(
+            addr,
+            a.allowed_hosts,
+            a.allowed_origins,
+        )),
     });
     state
         .ready

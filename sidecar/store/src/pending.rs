@@ -292,9 +292,27 @@ pub struct Reply<'a> {
     pub input: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
+/// Why an answer does not fit what its item waits for (in the client's
+/// words: which field to send).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Misanswer {
+    #[error("the call of {tool} is deferred: send its `result` (and no `approve`)")]
+    Deferred { tool: String },
+    #[error("the run waits at a used-up budget: send `approve: true` to let it go on, or `approve: false` to end it")]
+    Budget,
+    #[error("the call of {tool} waits for approval: send `approve: true` or `approve: false` (and no `result`)")]
+    Approval { tool: String },
+    #[error("`{id}` is not one of the options offered for {tool}; send the `id` of one of them")]
+    NotOffered { id: String, tool: String },
+    #[error("the call of {tool} waits for a choice: send `choice` with an option's `id` (or `approve: false` to decline)")]
+    Choice { tool: String },
+    #[error("the call of {tool} waits for the user's input: send `input` with the missing fields (or `approve: false` to decline)")]
+    Input { tool: String },
+}
+
 /// What an answer resolves `item` to, or why it does not fit the item's
 /// disposition (in the client's words).
-pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, String> {
+pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, Misanswer> {
     let only = |result: bool, approve: bool, choice: bool, input: bool| {
         r.result.is_some() == result
             && r.approve.is_some() == approve
@@ -316,20 +334,16 @@ pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, St
                 None => String::new(),
             },
         }),
-        Disposition::Deferred => Err(format!(
-            "the call of {tool} is deferred: send its `result` (and no `approve`)"
-        )),
+        Disposition::Deferred => Err(Misanswer::Deferred { tool: tool.clone() }),
         Disposition::Confirm | Disposition::NeedsConfirmation | Disposition::Budget
             if only(false, true, false, false) =>
         {
             Ok(approval())
         }
-        Disposition::Budget => Err(
-            "the run waits at a used-up budget: send `approve: true` to let it go on, or `approve: false` to end it".to_string()
-        ),
-        Disposition::Confirm | Disposition::NeedsConfirmation => Err(format!(
-            "the call of {tool} waits for approval: send `approve: true` or `approve: false` (and no `result`)"
-        )),
+        Disposition::Budget => Err(Misanswer::Budget),
+        Disposition::Confirm | Disposition::NeedsConfirmation => {
+            Err(Misanswer::Approval { tool: tool.clone() })
+        }
         Disposition::NeedsSelection if only(false, false, true, false) => {
             let id = r.choice.unwrap_or_default();
             let known = match item.lookup.as_ref().map(|l| &l.ask) {
@@ -339,27 +353,28 @@ pub fn resolution_for(item: &PendingCall, r: Reply<'_>) -> Result<Resolution, St
                 _ => false,
             };
             if !known {
-                return Err(format!(
-                    "`{id}` is not one of the options offered for {tool}; send the `id` of one of them"
-                ));
+                return Err(Misanswer::NotOffered {
+                    id: id.to_string(),
+                    tool: tool.clone(),
+                });
             }
-            Ok(Resolution::Chosen { option: id.to_string() })
+            Ok(Resolution::Chosen {
+                option: id.to_string(),
+            })
         }
-        Disposition::NeedsSelection if only(false, true, false, false) && r.approve == Some(false) => {
+        Disposition::NeedsSelection
+            if only(false, true, false, false) && r.approve == Some(false) =>
+        {
             Ok(approval())
         }
-        Disposition::NeedsSelection => Err(format!(
-            "the call of {tool} waits for a choice: send `choice` with an option's `id` (or `approve: false` to decline)"
-        )),
+        Disposition::NeedsSelection => Err(Misanswer::Choice { tool: tool.clone() }),
         Disposition::NeedsInput if only(false, false, false, true) => Ok(Resolution::Input {
             values: r.input.cloned().unwrap_or_default(),
         }),
         Disposition::NeedsInput if only(false, true, false, false) && r.approve == Some(false) => {
             Ok(approval())
         }
-        Disposition::NeedsInput => Err(format!(
-            "the call of {tool} waits for the user's input: send `input` with the missing fields (or `approve: false` to decline)"
-        )),
+        Disposition::NeedsInput => Err(Misanswer::Input { tool: tool.clone() }),
     }
 }
 

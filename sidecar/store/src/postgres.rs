@@ -307,7 +307,7 @@ pub fn parse_url(url: &str) -> Result<(Config, Tls), StoreError> {
         ));
     }
     let tls = match verify {
-        Some(v) => Tls(Some(client_config(&v).map_err(bad)?)),
+        Some(v) => Tls(Some(client_config(&v).map_err(|e| bad(e.to_string()))?)),
         None => Tls(None),
     };
     Ok((config, tls))

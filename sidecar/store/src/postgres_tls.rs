@@ -44,12 +44,26 @@ pub enum Verify {
     Full { root_file: Option<String> },
 }
 
+/// What is wrong with the roots a connection's server is checked against.
+#[derive(Debug, thiserror::Error)]
+pub enum RootsError {
+    /// `sslrootcert`'s file, and why it does not read.
+    #[error("sslrootcert {file}: {problem}")]
+    File { file: String, problem: String },
+    #[error("sslrootcert {file} holds no certificate")]
+    Empty { file: String },
+    #[error("the system's root certificates: {0}")]
+    System(rustls::Error),
+    #[error("the TLS library refused its protocol versions: {0}")]
+    Protocol(rustls::Error),
+}
+
 /// A client config for `verify`; errors say what is wrong with the roots.
-pub fn client_config(verify: &Verify) -> Result<Arc<ClientConfig>, String> {
+pub fn client_config(verify: &Verify) -> Result<Arc<ClientConfig>, RootsError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(RootsError::Protocol)?;
     let config = match verify {
         Verify::Nothing => builder
             .dangerous()
@@ -58,23 +72,23 @@ pub fn client_config(verify: &Verify) -> Result<Arc<ClientConfig>, String> {
         Verify::Full {
             root_file: Some(file),
         } => {
+            let bad = |problem: &dyn std::fmt::Display| RootsError::File {
+                file: file.clone(),
+                problem: problem.to_string(),
+            };
             let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(Path::new(file))
-                .map_err(|e| format!("sslrootcert {file}: {e}"))?
-            {
-                let cert = cert.map_err(|e| format!("sslrootcert {file}: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("sslrootcert {file}: {e}"))?;
+            for cert in CertificateDer::pem_file_iter(Path::new(file)).map_err(|e| bad(&e))? {
+                let cert = cert.map_err(|e| bad(&e))?;
+                roots.add(cert).map_err(|e| bad(&e))?;
             }
             if roots.is_empty() {
-                return Err(format!("sslrootcert {file} holds no certificate"));
+                return Err(RootsError::Empty { file: file.clone() });
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
         Verify::Full { root_file: None } => {
-            let verifier = rustls_platform_verifier::Verifier::new(provider)
-                .map_err(|e| format!("the system's root certificates: {e}"))?;
+            let verifier =
+                rustls_platform_verifier::Verifier::new(provider).map_err(RootsError::System)?;
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(verifier))

@@ -86,7 +86,7 @@ proptest! {
             .replace("name: prober", &format!("name: {name}"))
             .replace("{name: repo, scope: session}", &format!("{{name: {param}, scope: session}}"))
             .replace("value: {param: repo}", &format!("value: {{param: {param}}}"));
-        let parsed = parse_text(&renamed).map_err(TestCaseError::fail)?;
+        let parsed = parse_text(&renamed).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(parsed.len(), 1);
         prop_assert_eq!(&parsed[0].name, &name);
         prop_assert_eq!(&parsed[0].spec.parameters[0].name, &param);

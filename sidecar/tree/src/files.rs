@@ -2,7 +2,7 @@
 //! agents-exe's JSON files. Errors name the file, the field's path and,
 //! where the parser knows it, the line.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -29,11 +29,82 @@ pub struct ParsedAgent {
     pub errors: Vec<String>,
 }
 
+/// Why a file's agents could not be read. Each names the file's place
+/// (a document, a field's path, a toolbox entry) in the file's own words.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// What is wrong inside the file at `path`.
+    #[error("{}: {error}", path.display())]
+    InFile {
+        path: PathBuf,
+        error: Box<ParseError>,
+    },
+    #[error("not valid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("document {document}: not valid YAML: {source}")]
+    Yaml {
+        document: usize,
+        source: serde_yaml::Error,
+    },
+    /// What is wrong in the `document`th document of a YAML file.
+    #[error("document {document}: {error}")]
+    InDocument {
+        document: usize,
+        error: Box<ParseError>,
+    },
+    /// A field's value does not read (`path` is `.` for the whole file).
+    #[error("{}", at_path(path, message))]
+    Field { path: String, message: String },
+    #[error("holds no agent")]
+    NoAgent,
+    #[error("is `{api_version}` `{kind}`; an agent file holds `apiVersion: {API_VERSION}`, `kind: {KIND}`")]
+    NotAnAgent { api_version: String, kind: String },
+    /// agents-exe's toolbox kept in a file of its own could not be put in place.
+    #[error("contents.{list}[{index}] (`{tag}`): {problem}")]
+    OnDisk {
+        list: &'static str,
+        index: usize,
+        tag: &'static str,
+        problem: OnDiskProblem,
+    },
+}
+
+/// What is wrong with an agents-exe toolbox kept in a file of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum OnDiskProblem {
+    #[error("`contents` must be the path of the toolbox's file")]
+    NotAPath,
+    #[error("reads a file of the server; give the toolbox inline (`{inline}`)")]
+    NoDirectory { inline: &'static str },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not valid JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{} must hold the toolbox's object ({{\"SpecUrl\": …}})", path.display())]
+    NotAnObject { path: PathBuf },
+}
+
 /// Every agent in one file (a YAML file may hold several documents).
-pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, String> {
-    let shown = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    parse_text_in(&text, Some(dir_of(path))).map_err(|e| format!("{shown}: {e}"))
+pub fn parse_file(path: &Path) -> Result<Vec<ParsedAgent>, ParseError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ParseError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_text_in(&text, Some(dir_of(path))).map_err(|e| ParseError::InFile {
+        path: path.to_path_buf(),
+        error: Box::new(e),
+    })
 }
 
 /// The directory a file is in. A bare file name (`agent.json`) has the
@@ -50,7 +121,7 @@ pub fn dir_of(path: &Path) -> &Path {
 /// relative to the agent file's directory, as agents-exe reads it), put
 /// in place as `OpenAPIServer` / `PostgRESTServer`. Without a directory
 /// (an agent sent over the API) such a file is not read: refused.
-fn inline_on_disk(doc: &mut serde_json::Value, dir: Option<&Path>) -> Result<(), String> {
+fn inline_on_disk(doc: &mut serde_json::Value, dir: Option<&Path>) -> Result<(), ParseError> {
     for (list, on_disk, inline) in [
         ("openApiToolboxes", "OpenAPIServerOnDisk", "OpenAPIServer"),
         (
@@ -70,27 +141,29 @@ fn inline_on_disk(doc: &mut serde_json::Value, dir: Option<&Path>) -> Result<(),
             if entry.get("tag").and_then(|t| t.as_str()) != Some(on_disk) {
                 continue;
             }
-            let here = format!("contents.{list}[{i}] (`{on_disk}`)");
+            let refuse = |problem| ParseError::OnDisk {
+                list,
+                index: i,
+                tag: on_disk,
+                problem,
+            };
             let Some(file) = entry.get("contents").and_then(|c| c.as_str()) else {
-                return Err(format!(
-                    "{here}: `contents` must be the path of the toolbox's file"
-                ));
+                return Err(refuse(OnDiskProblem::NotAPath));
             };
             let Some(dir) = dir else {
-                return Err(format!(
-                    "{here}: reads a file of the server; give the toolbox inline (`{inline}`)"
-                ));
+                return Err(refuse(OnDiskProblem::NoDirectory { inline }));
             };
             let path = dir.join(file);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("{here}: cannot read {}: {e}", path.display()))?;
-            let contents: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| format!("{here}: {} is not valid JSON: {e}", path.display()))?;
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(source) => return Err(refuse(OnDiskProblem::Read { path, source })),
+            };
+            let contents: serde_json::Value = match serde_json::from_str(&text) {
+                Ok(contents) => contents,
+                Err(source) => return Err(refuse(OnDiskProblem::Json { path, source })),
+            };
             if !contents.is_object() {
-                return Err(format!(
-                    "{here}: {} must hold the toolbox's object ({{\"SpecUrl\": …}})",
-                    path.display()
-                ));
+                return Err(refuse(OnDiskProblem::NotAnObject { path }));
             }
             *entry = serde_json::json!({"tag": inline, "contents": contents});
         }
@@ -162,15 +235,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// Every agent in one text, read without a directory: an agents-exe
 /// toolbox kept in a file of its own is refused.
-pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, String> {
+pub fn parse_text(text: &str) -> Result<Vec<ParsedAgent>, ParseError> {
     parse_text_in(text, None)
 }
 
-fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, String> {
+fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, ParseError> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') {
-        let mut value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+        let mut value: serde_json::Value = serde_json::from_str(text).map_err(ParseError::Json)?;
         if value.get("tag").is_some() {
             inline_on_disk(&mut value, dir)?;
             let mut ignored = Vec::new();
@@ -184,7 +256,7 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
                 serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut |p| {
                     ignored.push(ignored_path(&p))
                 }))
-                .map_err(|e| at_path(e.path().to_string(), e.inner()))?;
+                .map_err(|e| field_error(e.path().to_string(), e.inner()))?;
             let AgentFile::OpenAIAgentDescription(desc) = file;
             let converted = desc.convert();
             ignored.extend(converted.ignored);
@@ -209,27 +281,31 @@ fn parse_text_in(text: &str, dir: Option<&Path>) -> Result<Vec<ParsedAgent>, Str
     // (and so that enums read as one-key maps, as in JSON).
     let mut agents = Vec::new();
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_json::Value::deserialize(de)
-            .map_err(|e| format!("document {}: not valid YAML: {e}", i + 1))?;
+        let value = serde_json::Value::deserialize(de).map_err(|source| ParseError::Yaml {
+            document: i + 1,
+            source,
+        })?;
         if value.is_null() {
             continue; // an empty document between `---` lines
         }
-        let doc: AgentDocument =
-            from_yaml_value(value).map_err(|e| format!("document {}: {e}", i + 1))?;
+        let doc: AgentDocument = from_yaml_value(value).map_err(|e| ParseError::InDocument {
+            document: i + 1,
+            error: Box::new(e),
+        })?;
         agents.push(native(doc)?);
     }
     if agents.is_empty() {
-        return Err("holds no agent".to_string());
+        return Err(ParseError::NoAgent);
     }
     Ok(agents)
 }
 
-fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
+fn native(doc: AgentDocument) -> Result<ParsedAgent, ParseError> {
     if doc.api_version != API_VERSION || doc.kind != KIND {
-        return Err(format!(
-            "is `{}` `{}`; an agent file holds `apiVersion: {API_VERSION}`, `kind: {KIND}`",
-            doc.api_version, doc.kind
-        ));
+        return Err(ParseError::NotAnAgent {
+            api_version: doc.api_version,
+            kind: doc.kind,
+        });
     }
     Ok(ParsedAgent {
         name: doc.metadata.name,
@@ -241,20 +317,28 @@ fn native(doc: AgentDocument) -> Result<ParsedAgent, String> {
     })
 }
 
-fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| at_path(e.path().to_string(), e.inner()))
+    serde_path_to_error::deserialize(de).map_err(|e| field_error(e.path().to_string(), e.inner()))
 }
 
-fn from_yaml_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| at_path(e.path().to_string(), e.inner()))
+fn from_yaml_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ParseError> {
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| field_error(e.path().to_string(), e.inner()))
 }
 
-fn at_path(path: String, err: &dyn std::fmt::Display) -> String {
+fn field_error(path: String, err: &dyn std::fmt::Display) -> ParseError {
+    ParseError::Field {
+        path,
+        message: err.to_string(),
+    }
+}
+
+fn at_path(path: &str, message: &str) -> String {
     if path == "." || path.is_empty() {
-        err.to_string()
+        message.to_string()
     } else {
-        format!("at `{path}`: {err}")
+        format!("at `{path}`: {message}")
     }
 }
 
@@ -302,6 +386,19 @@ mod tests {
         let text = r#"{"tag": "OpenAIAgentDescription", "contents": {"slug": "a", "modelUrl": "u",
             "modelName": "m", "openApiToolboxes": [{"tag": "OpenAPIServerOnDisk", "contents": "/etc/x.json"}]}}"#;
         let err = parse_text(text).unwrap_err();
-        assert!(err.contains("reads a file of the server"), "{err}");
+        assert!(
+            matches!(
+                &err,
+                ParseError::OnDisk {
+                    problem: OnDiskProblem::NoDirectory { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("reads a file of the server"),
+            "{err}"
+        );
     }
 }

@@ -192,7 +192,7 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
             Ok(f) => f,
             Err(e) => {
                 return Err(LoadError {
-                    diagnostics: vec![Diagnostic::error(e)],
+                    diagnostics: vec![Diagnostic::error(e.to_string())],
                 })
             }
         },
@@ -202,7 +202,7 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     for f in &files {
         match reader.read(f) {
             Ok(names) => roots.extend(names),
-            Err(e) => diags.push(Diagnostic::error(e)),
+            Err(e) => diags.push(Diagnostic::error(e.to_string())),
         }
     }
     reader.resolve_helpers(&mut diags);
@@ -316,9 +316,23 @@ pub async fn load_document(
     Ok((Arc::new(loaded), diags))
 }
 
-fn agent_files_in(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read agents directory {}: {e}", dir.display()))?;
+/// Why `--agents-dir` gave no agent file.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentsDirError {
+    #[error("cannot read agents directory {}: {source}", dir.display())]
+    Read {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("agents directory {} holds no .yaml, .yml or .json file", dir.display())]
+    Empty { dir: PathBuf },
+}
+
+fn agent_files_in(dir: &Path) -> Result<Vec<PathBuf>, AgentsDirError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| AgentsDirError::Read {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     let mut files: Vec<PathBuf> = entries
         .flatten()
         .map(|e| e.path())
@@ -332,12 +346,26 @@ fn agent_files_in(dir: &Path) -> Result<Vec<PathBuf>, String> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(format!(
-            "agents directory {} holds no .yaml, .yml or .json file",
-            dir.display()
-        ));
+        return Err(AgentsDirError::Empty {
+            dir: dir.to_path_buf(),
+        });
     }
     Ok(files)
+}
+
+/// Why an agent file (or one it names) could not be read into the tree.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Parse(#[from] files::ParseError),
+    #[error("{}: agent `{agent}` is already defined in {}; agent names must be unique", path.display(), first.display())]
+    Duplicate {
+        path: PathBuf,
+        agent: String,
+        first: PathBuf,
+    },
+    #[error("cannot read the working directory: {0}")]
+    WorkingDirectory(std::io::Error),
 }
 
 /// Reads files, following helper paths, each file once.
@@ -355,9 +383,11 @@ struct Reader {
 }
 
 impl Reader {
-    fn read(&mut self, path: &Path) -> Result<Vec<String>, String> {
-        let canonical = std::fs::canonicalize(path)
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    fn read(&mut self, path: &Path) -> Result<Vec<String>, ReadError> {
+        let canonical = std::fs::canonicalize(path).map_err(|source| files::ParseError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if let Some(names) = self.seen.get(&canonical) {
             return Ok(names.clone());
         }
@@ -379,12 +409,11 @@ impl Reader {
                 ))
             }));
             if let Some(other) = self.pending.get(&agent.name) {
-                return Err(format!(
-                    "{}: agent `{}` is already defined in {}; agent names must be unique",
-                    path.display(),
-                    agent.name,
-                    other.file.display()
-                ));
+                return Err(ReadError::Duplicate {
+                    path: path.to_path_buf(),
+                    agent: agent.name,
+                    first: other.file.clone(),
+                });
             }
             let mut helpers = Vec::new();
             for (i, h) in agent.spec.helpers.iter().enumerate() {
@@ -424,8 +453,7 @@ impl Reader {
             }
             names.push(agent.name.clone());
             let tool_base = if agent.agents_exe {
-                std::env::current_dir()
-                    .map_err(|e| format!("cannot read the working directory: {e}"))?
+                std::env::current_dir().map_err(ReadError::WorkingDirectory)?
             } else {
                 base.to_path_buf()
             };
@@ -461,7 +489,7 @@ impl Reader {
                     path.display(),
                     names.len()
                 ))),
-                Err(e) => diags.push(Diagnostic::error(e)),
+                Err(e) => diags.push(Diagnostic::error(e.to_string())),
             }
         }
         for p in self.pending.values_mut() {

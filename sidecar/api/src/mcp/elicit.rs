@@ -125,19 +125,27 @@ pub fn state_session(params: &Value) -> Option<String> {
     state["session"].as_str().map(str::to_string)
 }
 
+/// Why a retry's answers do not read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RetryError {
+    #[error("a retry carries both `inputResponses` and the `requestState` it was given")]
+    HalfARetry,
+    #[error("`requestState` is not one this server gave: call the tool again without it")]
+    ForeignState,
+    #[error("`inputResponses` has no answer for `{0}`")]
+    NoAnswer(String),
+}
+
 /// The answers a retry carries: one reply per item of its `requestState`.
-pub fn replies(params: &Value) -> Result<Option<Vec<Reply>>, String> {
+pub fn replies(params: &Value) -> Result<Option<Vec<Reply>>, RetryError> {
     let (Some(responses), Some(state)) = (params.get("inputResponses"), params.get("requestState"))
     else {
         return match (params.get("inputResponses"), params.get("requestState")) {
             (None, None) => Ok(None),
-            _ => Err(
-                "a retry carries both `inputResponses` and the `requestState` it was given".into(),
-            ),
+            _ => Err(RetryError::HalfARetry),
         };
     };
-    let bad_state =
-        || "`requestState` is not one this server gave: call the tool again without it".to_string();
+    let bad_state = || RetryError::ForeignState;
     let state: Value = state
         .as_str()
         .and_then(|s| URL_SAFE_NO_PAD.decode(s).ok())
@@ -149,7 +157,7 @@ pub fn replies(params: &Value) -> Result<Option<Vec<Reply>>, String> {
         let token = item["token"].as_str().ok_or_else(bad_state)?.to_string();
         let response = responses
             .get(key)
-            .ok_or_else(|| format!("`inputResponses` has no answer for `{key}`"))?;
+            .ok_or_else(|| RetryError::NoAnswer(key.clone()))?;
         let answer = answer(item["disposition"].as_str().unwrap_or(""), response);
         out.push((
             token,
@@ -267,9 +275,10 @@ mod tests {
     #[test]
     fn a_state_not_ours_or_half_a_retry_is_refused() {
         let e = replies(&json!({"inputResponses": {}, "requestState": "%%%"})).unwrap_err();
-        assert!(e.contains("requestState"), "{e}");
+        assert_eq!(e, RetryError::ForeignState);
+        assert!(e.to_string().contains("requestState"), "{e}");
         let e = replies(&json!({"inputResponses": {}})).unwrap_err();
-        assert!(e.contains("both"), "{e}");
+        assert_eq!(e, RetryError::HalfARetry);
         assert!(replies(&json!({"name": "x"})).unwrap().is_none());
     }
 

@@ -565,14 +565,17 @@ async fn call(
         )));
     };
     let answers = params.pointer(META_CONTINUATIONS).map(continuation_replies);
-    let answers = match (answers, elicit::replies(params).map_err(invalid)?) {
+    let answers = match (
+        answers,
+        elicit::replies(params).map_err(|e| invalid(e.to_string()))?,
+    ) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 "give either _meta \"bindery.dev/continuations\" or inputResponses, not both"
                     .into(),
             ))
         }
-        (Some(r), None) => Some(r.map_err(invalid)?),
+        (Some(r), None) => Some(r.map_err(|e| invalid(e.to_string()))?),
         (None, r) => r,
     };
     if *who == Who::Client && (answers.is_some() || session.is_some()) {
@@ -664,7 +667,7 @@ async fn ask(
         }
         Who::Owner => match (params.pointer(META_CONTINUATIONS), session) {
             (Some(replies), _) => {
-                let replies = continuation_replies(replies).map_err(invalid)?;
+                let replies = continuation_replies(replies).map_err(|e| invalid(e.to_string()))?;
                 bindery_session::ask::ask_continue(&s.service, &Caller::Owner, replies, values).await
             }
             (None, Some(id)) => {
@@ -732,11 +735,14 @@ fn result(who: &Who, answer: bindery_session::ask::Answer, tool: bool) -> Value 
     })
 }
 
+/// `_meta."bindery.dev/continuations"` is not a list of answers.
+#[derive(Debug, thiserror::Error)]
+#[error("_meta \"bindery.dev/continuations\" is a list of {{\"token\", \"approve\"}} or {{\"token\", \"result\"}}, one per pending item")]
+struct BadContinuations;
+
 /// `_meta."bindery.dev/continuations"`: `[{token, approve?, reason?, result?, choice?, input?}]`.
-fn continuation_replies(v: &Value) -> Result<Vec<bindery_session::ask::Reply>, String> {
-    let bad = || {
-        "_meta \"bindery.dev/continuations\" is a list of {\"token\", \"approve\"} or {\"token\", \"result\"}, one per pending item".to_string()
-    };
+fn continuation_replies(v: &Value) -> Result<Vec<bindery_session::ask::Reply>, BadContinuations> {
+    let bad = || BadContinuations;
     let list = v.as_array().filter(|l| !l.is_empty()).ok_or_else(bad)?;
     list.iter()
         .map(|r| {

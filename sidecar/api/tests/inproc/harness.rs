@@ -192,7 +192,7 @@ impl Server {
             ready: AtomicBool::new(true),
             peers: bindery_api::peers::client(),
             peers_tls: None,
-            origins: bindery_api::origin::OriginPolicy::new(listen, &[], &[]),
+            origins: Arc::new(bindery_api::origin::OriginPolicy::new(listen, &[], &[])),
         });
         Server {
             api: Api(bindery_api::server::router(state)),

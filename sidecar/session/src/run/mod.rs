@@ -53,7 +53,7 @@ use bindery_tree::LoadedAgent;
 pub use dispatch::{needs_approval, orchestrated, run_calls, taint, CallEnv};
 pub use finish::{close_pending, CANCELLED};
 pub use host::Host;
-pub use resume::{answer_resolved, go_on};
+pub use resume::{answer_resolved, go_on, NotRun};
 pub use start::Runs;
 pub use step::{run, tools_on_offer};
 

@@ -94,8 +94,7 @@ pub async fn answer_resolved(
                 tool,
                 item.resolution
                     .as_ref()
-                    .and_then(|r| go_on(state, r))
-                    .unwrap_or_else(|| Err("the answer does not fit the call".into())),
+                    .map_or(Err(NotRun::DoesNotFit), |r| go_on(state, r)),
             ) {
                 (Some(tool), Ok(state)) => tokio::select! {
                     biased;
@@ -109,7 +108,7 @@ pub async fn answer_resolved(
                     "there is no tool named `{}` any more",
                     item.tool
                 )))),
-                (_, Err(why)) => Outcome::Done(Err(ToolError::Failed(why))),
+                (_, Err(why)) => Outcome::Done(Err(ToolError::Failed(why.to_string()))),
             }
         } else {
             match item.resolution.as_ref() {
@@ -186,12 +185,28 @@ pub async fn answer_resolved(
     (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
 }
 
+/// Why a waiting call does not run, as the model is told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotRun {
+    /// A person said no: their reason, or that they refused.
+    #[error("{0}")]
+    Refused(String),
+    /// The answer is not one the call asked for (an option it did not offer).
+    #[error("the answer does not fit the call")]
+    DoesNotFit,
+}
+
 /// The orchestration state an answer leads to, or why the call does not run.
-pub fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupState, String>> {
+pub fn go_on(mut state: LookupState, r: &Resolution) -> Result<LookupState, NotRun> {
     use bindery_store::lookup::Ask;
     match (r, &state.ask) {
         (Resolution::Chosen { option }, Ask::Selection { key, options, .. }) => {
-            let real = options.iter().find(|o| &o.id == option)?.real.clone();
+            let real = options
+                .iter()
+                .find(|o| &o.id == option)
+                .ok_or(NotRun::DoesNotFit)?
+                .real
+                .clone();
             state.choices.insert(key.clone(), real);
         }
         (Resolution::Input { values }, _) => {
@@ -208,10 +223,12 @@ pub fn go_on(mut state: LookupState, r: &Resolution) -> Option<Result<LookupStat
         // What it rested on went stale: resolved again, asked again.
         (Resolution::Expired, _) => {}
         (other, _) => {
-            return Some(Err(other
-                .refusal()
-                .unwrap_or_else(|| "the call did not run".into())))
+            return Err(NotRun::Refused(
+                other
+                    .refusal()
+                    .unwrap_or_else(|| "the call did not run".into()),
+            ))
         }
     }
-    Some(Ok(state))
+    Ok(state)
 }

@@ -204,7 +204,7 @@ impl Sessions {
                 input: answer.input.as_ref(),
             },
         )
-        .map_err(ServiceError::bad_request)?;
+        .map_err(|e| ServiceError::bad_request(e.to_string()))?;
         let last = rec.pending.open().count() == 1;
         let resume = last && answer.resume != Some(false);
         let message = if resume {

@@ -178,7 +178,7 @@ impl Approvals {
                         metrics.approval_notice("failed");
                         tracing::warn!(session = %session, notice = %id, "approval notice not delivered: {why}");
                         if let Some(me) = me.upgrade() {
-                            me.notice_failed(&session, &tool, &why).await;
+                            me.notice_failed(&session, &tool, &why.to_string()).await;
                         }
                     }
                 }

@@ -296,7 +296,7 @@ fn check_below(
     tree: &AgentTree,
     target: &LoadedAgent,
     own: &[ScopedBinding],
-) -> Result<(), String> {
+) -> Result<(), BelowError> {
     for b in own {
         match &b.address {
             Address::Here => {}
@@ -311,11 +311,17 @@ fn check_below(
                         .and_then(|h| tree.agent(&h.agent));
                     match next {
                         Some(a) => at = a,
-                        None => return Err(format!("`agent: {}` is not loaded", path.join("/"))),
+                        None => {
+                            return Err(BelowError::NotLoaded {
+                                path: path.join("/"),
+                            })
+                        }
                     }
                 }
-                check_binding(&at.tools.snapshot(), b)
-                    .map_err(|e| format!("`agent: {}`: {e}", path.join("/")))?;
+                check_binding(&at.tools.snapshot(), b).map_err(|error| BelowError::At {
+                    path: path.join("/"),
+                    error,
+                })?;
             }
             Address::Everywhere => {
                 let glob = b.tool.as_deref().unwrap_or("*");
@@ -329,27 +335,51 @@ fn check_below(
                         else {
                             continue;
                         };
-                        fits(arg, &b.value).map_err(|why| {
-                            format!(
-                                "`agent: **`: `{}` of `{}` (agent `{}`) {why}",
-                                b.arg,
-                                t.name(),
-                                agent.name
-                            )
+                        fits(arg, &b.value).map_err(|why| BelowError::Misfit {
+                            arg: b.arg.clone(),
+                            tool: t.name().to_string(),
+                            agent: agent.name.clone(),
+                            why,
                         })?;
                         filled += 1;
                     }
                 }
                 if filled == 0 {
-                    return Err(format!(
-                        "`agent: **`: no tool matching `{glob}` of `{}` or of its narrowable helpers has an argument `{}`",
-                        target.name, b.arg
-                    ));
+                    return Err(BelowError::NothingFilled {
+                        glob: glob.to_string(),
+                        target: target.name.clone(),
+                        arg: b.arg.clone(),
+                    });
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Why a call's binding aimed below the helper is the calling model's to fix.
+#[derive(Debug, thiserror::Error)]
+enum BelowError {
+    #[error("`agent: {path}` is not loaded")]
+    NotLoaded { path: String },
+    #[error("`agent: {path}`: {error}")]
+    At {
+        path: String,
+        error: narrowing::NarrowingError,
+    },
+    #[error("`agent: **`: `{arg}` of `{tool}` (agent `{agent}`) {why}")]
+    Misfit {
+        arg: String,
+        tool: String,
+        agent: String,
+        why: narrowing::Misfit,
+    },
+    #[error("`agent: **`: no tool matching `{glob}` of `{target}` or of its narrowable helpers has an argument `{arg}`")]
+    NothingFilled {
+        glob: String,
+        target: String,
+        arg: String,
+    },
 }
 
 /// `target` and every helper below it that narrowings reach, each once.

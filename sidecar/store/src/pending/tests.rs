@@ -142,8 +142,13 @@ fn rejected(reason: Option<&str>) -> Resolution {
 }
 
 /// `r` answers an item of `tool` waiting for `d`.
-fn answer(d: Disposition, r: Reply<'_>) -> Result<Resolution, String> {
+fn answer(d: Disposition, r: Reply<'_>) -> Result<Resolution, Misanswer> {
     resolution_for(&waiting("c", "bash_rm", d), r)
+}
+
+/// The answer's refusal as the client reads it.
+fn said(r: Result<Resolution, Misanswer>) -> Result<Resolution, String> {
+    r.map_err(|e| e.to_string())
 }
 
 const HEX64: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -410,7 +415,7 @@ fn an_answer_that_does_not_fit_is_refused_saying_what_fits() {
     ];
     for (d, replies, why) in table {
         for r in replies {
-            assert_eq!(answer(d, *r), Err(why.to_string()), "{d:?} {r:?}");
+            assert_eq!(said(answer(d, *r)), Err(why.to_string()), "{d:?} {r:?}");
         }
     }
 }
@@ -467,7 +472,7 @@ fn a_selection_takes_the_id_of_an_offered_option() {
 fn a_selection_refuses_an_option_not_offered_naming_it() {
     for c in ["opt_3", "real-opt_1", "10:00", "1", ""] {
         assert_eq!(
-            resolution_for(&selection(), choose(c)),
+            said(resolution_for(&selection(), choose(c))),
             Err(format!(
                 "`{c}` is not one of the options offered for book; send the `id` of one of them"
             ))
@@ -478,7 +483,7 @@ fn a_selection_refuses_an_option_not_offered_naming_it() {
     lost.lookup = None;
     assert!(matches!(
         resolution_for(&lost, choose("opt_1")),
-        Err(e) if e.starts_with("`opt_1` is not one of the options")
+        Err(Misanswer::NotOffered { id, .. }) if id == "opt_1"
     ));
 }
 
@@ -489,14 +494,17 @@ fn a_selection_may_be_declined_but_not_approved() {
         resolution_for(&selection(), approve(false)),
         Ok(rejected(None))
     );
-    assert_eq!(resolution_for(&selection(), approve(true)), Err(why.into()));
+    assert_eq!(
+        said(resolution_for(&selection(), approve(true))),
+        Err(why.into())
+    );
     let both = Reply {
         approve: Some(false),
         ..choose("opt_1")
     };
-    assert_eq!(resolution_for(&selection(), both), Err(why.into()));
+    assert_eq!(said(resolution_for(&selection(), both)), Err(why.into()));
     assert_eq!(
-        resolution_for(&selection(), Reply::default()),
+        said(resolution_for(&selection(), Reply::default())),
         Err(why.into())
     );
 }
