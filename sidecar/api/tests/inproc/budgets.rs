@@ -606,3 +606,74 @@ spec:
     assert!(!looked.exists(), "the lookup ran past the budget");
     assert_eq!(r.json["usage"]["tool_calls"], 1, "{}", r.text);
 }
+
+#[tokio::test]
+async fn a_cancelled_model_request_counts_its_prompt_so_cancelling_spends_no_less() {
+    // The model holds every reply: each request is cancelled while out.
+    let gate = bindery_tests::mock_llm::Gate::new();
+    let held = gate.clone();
+    let m = metered(
+        move |_| MockReply::text("late").with_usage(1, 1).held(&held),
+        "",
+        "  budgets:\n    - {name: daily-tokens, tokens: 1000, per: 24h}\n",
+    )
+    .await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    // About 2500 tokens of prompt (four characters a token).
+    let prompt = "x".repeat(10_000);
+    let sent = m
+        .api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({ "prompt": prompt })),
+        )
+        .await;
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    bindery_tests::eventually::eventually(
+        "the request at the model",
+        Duration::from_secs(30),
+        async || (m.mock.requests().len() == 1).then_some(()),
+    )
+    .await;
+    let cancelled = m
+        .api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert!(cancelled.status < 300, "{}", cancelled.text);
+    let usage = session(&m.api, &id).await.json["usage"].clone();
+    assert_eq!(usage["model_requests"], 1, "{usage}");
+    let counted = usage["total_tokens"].as_u64().unwrap();
+    assert!(
+        counted >= 2_400,
+        "the cancelled prompt counted {counted}: {usage}"
+    );
+    assert_eq!(usage["estimated_tokens"], counted, "{usage}");
+
+    // The budget saw it: the next message is refused before the model.
+    let refused = message(&m.api, &id, "again").await;
+    assert_eq!(refused.status, 429, "{}", refused.text);
+    assert_eq!(refused.json["budget"], "daily-tokens", "{}", refused.text);
+    assert_eq!(m.mock.requests().len(), 1, "nothing more reached the model");
+    gate.open();
+}
+
+#[tokio::test]
+async fn a_model_that_refuses_a_request_counts_nothing() {
+    let m = metered(
+        |_| MockReply::status(401, "{\"error\": {\"message\": \"bad key\"}}"),
+        "",
+        "  budgets:\n    - {name: daily-tokens, tokens: 1000, per: 24h}\n",
+    )
+    .await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, &"x".repeat(10_000)).await;
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    assert_eq!(r.json["usage"]["total_tokens"], 0, "{}", r.text);
+}

@@ -133,7 +133,17 @@ pub(super) async fn run_inner(
                         estimated: true,
                     },
                 }),
-                _ => None,
+                // No usage came back, but the prompt may have been read
+                // (and billed): a cancelled request, a stream cut, a
+                // timeout. It counts at its estimate, so cancelling cannot
+                // make model use free; a refusal before any work counts
+                // nothing.
+                Some(Err(e)) if !may_have_been_processed(e) => None,
+                _ => Some(Spent {
+                    prompt: estimate(),
+                    completion: 0,
+                    estimated: true,
+                }),
             };
             host.after_model(claim, model, spent).await;
             let response = match response {
@@ -259,6 +269,19 @@ pub(super) async fn model_turn(
         tracing::warn!("model request failed: {e}");
     }
     result
+}
+
+/// Whether a failed model request may have been read by the model (and
+/// so billed): anything but the endpoint's refusal (a 4xx) or an endpoint
+/// that could not be used at all.
+fn may_have_been_processed(e: &bindery_llm::LlmError) -> bool {
+    use bindery_llm::LlmError;
+    match e {
+        LlmError::Http { status, .. } => !(400..500).contains(status),
+        LlmError::RetriesExhausted { last, .. } => may_have_been_processed(last),
+        LlmError::Transport(_) | LlmError::Timeout | LlmError::Malformed(_) => true,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
