@@ -2399,6 +2399,40 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         matches!(&elsewhere, Err(m) if m.contains("must regard the agent server's own")),
         "{elsewhere:?}"
     );
+    // Found by the attacker's review: a Bindery object is known by its
+    // kind too (describe never reads the apiVersion), a reporter by any
+    // spelling of bindery, and "From" by the deprecated source.
+    let with = |patch: Value| -> NewEvent {
+        let mut e = serde_json::to_value(warning("globex", "bindery.dev/sidecar")).unwrap();
+        json_patch(&mut e, &patch);
+        serde_json::from_value(e).unwrap()
+    };
+    for (what, event) in [
+        (
+            "no apiVersion",
+            with(json!({"regarding": {"apiVersion": null}})),
+        ),
+        (
+            "apiVersion v1",
+            with(json!({"regarding": {"apiVersion": "v1"}})),
+        ),
+        (
+            "own tenant, another name's reporter",
+            with(json!({"regarding": {"name": "acme"}, "reportingController": "Bindery-Operator"})),
+        ),
+        (
+            "own tenant, no reporter of its own",
+            with(json!({"regarding": {"name": "acme"}, "reportingController": "kubelet"})),
+        ),
+        (
+            "own tenant, the operator as source",
+            with(json!({"regarding": {"name": "acme"},
+                        "deprecatedSource": {"component": "bindery-operator"}})),
+        ),
+    ] {
+        let r = post(event).await;
+        assert!(r.is_err(), "{what}: admitted");
+    }
     // A core/v1 Event is the same resource: the administrator cannot put
     // one on a tenant through the older API either.
     let core: Event = serde_json::from_value(json!({
@@ -2455,4 +2489,20 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         "{pod:?}"
     );
     cluster.assert_operator_refused_nothing();
+}
+
+/// `patch` merged into `target` (RFC 7386: `null` removes a field).
+fn json_patch(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    json_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
 }
