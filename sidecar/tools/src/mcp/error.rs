@@ -60,7 +60,7 @@ pub enum StartError {
     #[error("`{program}` did not start as an MCP server: {error}; its stderr is in the log")]
     Handshake {
         program: String,
-        error: rmcp::service::ClientInitializeError,
+        error: Box<rmcp::service::ClientInitializeError>,
     },
 }
 

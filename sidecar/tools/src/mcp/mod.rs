@@ -414,7 +414,10 @@ impl McpServer {
                 let program = program.to_string();
                 return Err(match exit_of(&exited).await {
                     Some(how) => StartError::Exited { program, how },
-                    None => StartError::Handshake { program, error },
+                    None => StartError::Handshake {
+                        program,
+                        error: Box::new(error),
+                    },
                 });
             }
             Err(e) => return Err(e),
