@@ -159,7 +159,7 @@ proptest! {
             }}));
         }
         let doc = json!({"openapi": "3.0.3", "info": {"title": "t", "version": "1"}, "paths": doc_paths});
-        let (ops, _) = operations(&doc).map_err(TestCaseError::fail)?;
+        let (ops, _) = operations(&doc).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(ops.len(), paths.len());
         for op in &ops {
             let query = op.path.matches('{').count() == 0;

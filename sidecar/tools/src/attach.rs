@@ -46,27 +46,54 @@ pub fn media_type(path: &Path) -> Option<&'static str> {
 /// processes (other tenants' environments and memory) and devices.
 const NEVER: [&str; 2] = ["/proc", "/sys"];
 
-/// The file at `filepath` (from `cwd`) as media, or why not (the words the
-/// model is told).
-pub fn attach(sandbox: Option<&FileSandbox>, filepath: &str, cwd: &Path) -> Result<Media, String> {
+/// Why a file is not attached; the `Display` text is what the model is
+/// told. `file` is the path as the model gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("`{file}` is not allowed: this toolbox has no file sandbox, so it attaches no file")]
+    NoSandbox { file: String },
+    /// It does not exist, or cannot be looked at.
+    #[error("cannot attach `{file}`: {error}")]
+    Unreachable { file: String, error: std::io::Error },
+    /// The sandbox does not allow it, or it is a place never read.
+    #[error("`{file}` is not allowed by this toolbox's file sandbox")]
+    NotAllowed { file: String },
+    #[error("`{file}` is not a regular file")]
+    NotAFile { file: String },
+    #[error("`{file}` has {bytes} bytes, more than the {max} this toolbox attaches")]
+    TooBig { file: String, bytes: u64, max: u64 },
+    /// `extension`: `.xyz`, or empty when it has none.
+    #[error("`{file}`: unsupported file type `{extension}` (attach images, audio, video, PDF, JSON, XML, zip, txt, md or csv)")]
+    Unsupported { file: String, extension: String },
+    #[error("cannot read `{file}`: {error}")]
+    Read { file: String, error: std::io::Error },
+}
+
+/// The file at `filepath` (from `cwd`) as media, or why not.
+pub fn attach(
+    sandbox: Option<&FileSandbox>,
+    filepath: &str,
+    cwd: &Path,
+) -> Result<Media, AttachError> {
+    let file = || filepath.to_string();
     let Some(sandbox) = sandbox else {
-        return Err(format!(
-            "`{filepath}` is not allowed: this toolbox has no file sandbox, so it attaches no file"
-        ));
+        return Err(AttachError::NoSandbox { file: file() });
+    };
+    let unreachable = |error| AttachError::Unreachable {
+        file: file(),
+        error,
     };
     let given = cwd.join(filepath);
-    let canonical =
-        std::fs::canonicalize(&given).map_err(|e| format!("cannot attach `{filepath}`: {e}"))?;
-    let denied = || format!("`{filepath}` is not allowed by this toolbox's file sandbox");
+    let canonical = std::fs::canonicalize(&given).map_err(unreachable)?;
+    let denied = || AttachError::NotAllowed { file: file() };
     if NEVER.iter().any(|n| canonical.starts_with(n))
         || bindery_params::live::is_private_file(&canonical)
     {
         return Err(denied());
     }
-    let meta =
-        std::fs::metadata(&canonical).map_err(|e| format!("cannot attach `{filepath}`: {e}"))?;
+    let meta = std::fs::metadata(&canonical).map_err(unreachable)?;
     if !meta.is_file() {
-        return Err(format!("`{filepath}` is not a regular file"));
+        return Err(AttachError::NotAFile { file: file() });
     }
     // The predicate's own paths, from the same directory and canonical
     // where they exist, so a sandbox naming a symlinked directory works.
@@ -88,20 +115,25 @@ pub fn attach(sandbox: Option<&FileSandbox>, filepath: &str, cwd: &Path) -> Resu
         .max_file_size
         .unwrap_or(u64::MAX)
         .min(MAX_MEDIA_BYTES as u64);
-    let too_big =
-        |n: u64| format!("`{filepath}` has {n} bytes, more than the {max} this toolbox attaches");
+    let too_big = |bytes: u64| AttachError::TooBig {
+        file: file(),
+        bytes,
+        max,
+    };
     if meta.len() > max {
         return Err(too_big(meta.len()));
     }
-    let mime = media_type(&canonical).ok_or_else(|| {
-        let ext = canonical
+    let mime = media_type(&canonical).ok_or_else(|| AttachError::Unsupported {
+        file: file(),
+        extension: canonical
             .extension()
             .map(|e| format!(".{}", e.to_string_lossy()))
-            .unwrap_or_default();
-        format!("`{filepath}`: unsupported file type `{ext}` (attach images, audio, video, PDF, JSON, XML, zip, txt, md or csv)")
+            .unwrap_or_default(),
     })?;
-    let bytes =
-        read_at_most(&canonical, max).map_err(|e| format!("cannot read `{filepath}`: {e}"))?;
+    let bytes = read_at_most(&canonical, max).map_err(|error| AttachError::Read {
+        file: file(),
+        error,
+    })?;
     // The file may have grown since it was measured.
     if bytes.len() as u64 > max {
         return Err(too_big(bytes.len() as u64));
@@ -159,10 +191,11 @@ mod tests {
         // `..` back into the directory is fine; out of it is not.
         assert!(attach(Some(&s), "pics/sub/../a.png", d.path()).is_ok());
         let out = attach(Some(&s), "pics/../secret/b.png", d.path()).unwrap_err();
-        assert!(out.contains("not allowed"), "{out}");
+        assert!(matches!(out, AttachError::NotAllowed { .. }), "{out}");
+        assert!(out.to_string().contains("not allowed"), "{out}");
         // A symlink inside leading outside is judged where it leads.
         let link = attach(Some(&s), "pics/link.png", d.path()).unwrap_err();
-        assert!(link.contains("not allowed"), "{link}");
+        assert!(matches!(link, AttachError::NotAllowed { .. }), "{link}");
         // An absolute path is judged alike.
         let abs = d.path().join("secret/b.png").display().to_string();
         assert!(attach(Some(&s), &abs, d.path()).is_err());
@@ -173,31 +206,45 @@ mod tests {
         let d = tree();
         let all = sandbox(json!({"predicate": "alwaysAllow", "maxFileSize": 5}));
         let dir = attach(Some(&all), "pics/sub", d.path()).unwrap_err();
-        assert!(dir.contains("not a regular file"), "{dir}");
+        assert!(dir.to_string().contains("not a regular file"), "{dir}");
         let big = attach(Some(&all), "pics/a.png", d.path()).unwrap_err();
-        assert!(big.contains("more than the 5"), "{big}");
+        assert!(
+            matches!(
+                big,
+                AttachError::TooBig {
+                    bytes: 6,
+                    max: 5,
+                    ..
+                }
+            ),
+            "{big}"
+        );
+        assert!(big.to_string().contains("more than the 5"), "{big}");
         let odd = attach(Some(&all), "pics/notes.xyz", d.path()).unwrap_err();
-        assert!(odd.contains("unsupported file type `.xyz`"), "{odd}");
+        assert!(
+            odd.to_string().contains("unsupported file type `.xyz`"),
+            "{odd}"
+        );
         let gone = attach(Some(&all), "pics/none.png", d.path()).unwrap_err();
-        assert!(gone.contains("cannot attach"), "{gone}");
+        assert!(matches!(gone, AttachError::Unreachable { .. }), "{gone}");
+        assert!(gone.to_string().contains("cannot attach"), "{gone}");
         // No sandbox: nothing (agents-exe's default).
-        assert!(attach(None, "pics/a.png", d.path())
-            .unwrap_err()
-            .contains("no file sandbox"));
+        let none = attach(None, "pics/a.png", d.path()).unwrap_err();
+        assert!(none.to_string().contains("no file sandbox"), "{none}");
     }
 
     #[test]
     fn proc_and_private_files_are_never_read() {
         let all = sandbox(json!({"predicate": "alwaysAllow"}));
         let e = attach(Some(&all), "/proc/self/environ", Path::new("/")).unwrap_err();
-        assert!(e.contains("not allowed"), "{e}");
+        assert!(matches!(e, AttachError::NotAllowed { .. }), "{e}");
         let d = tree();
         let key = d.path().join("pics/key.txt");
         std::fs::write(&key, "sk-CANARY").unwrap();
         assert!(attach(Some(&all), "pics/key.txt", d.path()).is_ok());
         bindery_params::live::private_file(&key);
         let e = attach(Some(&all), "pics/../pics/key.txt", d.path()).unwrap_err();
-        assert!(e.contains("not allowed"), "{e}");
+        assert!(matches!(e, AttachError::NotAllowed { .. }), "{e}");
     }
 
     #[test]

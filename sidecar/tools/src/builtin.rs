@@ -286,8 +286,25 @@ fn found_json(query: &str, f: &Found, scope: &str) -> Value {
            "complete": f.complete, "scope": scope})
 }
 
+/// Why a capability has nothing to report; the model is told.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot read the host name: {0}")]
+    Hostname(std::io::Error),
+    #[error("cannot read the working directory: {0}")]
+    WorkingDirectory(std::io::Error),
+    #[error("cannot read the uptime")]
+    Uptime,
+    #[error("unknown capability `{0}`")]
+    Unknown(String),
+    #[error("there is no session here: this capability reports the session that calls it")]
+    NoSession,
+    #[error("the session did not read: {0}")]
+    Session(serde_json::Error),
+}
+
 /// What one capability reports (Linux facts from `/proc`).
-pub fn report(capability: &str) -> Result<Value, String> {
+pub fn report(capability: &str) -> Result<Value, ReportError> {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
     match capability {
         "date" => {
@@ -301,7 +318,7 @@ pub fn report(capability: &str) -> Result<Value, String> {
         "hostname" => read("/proc/sys/kernel/hostname")
             .or_else(|_| read("/etc/hostname"))
             .map(|h| json!({"hostname": h}))
-            .map_err(|e| format!("cannot read the host name: {e}")),
+            .map_err(ReportError::Hostname),
         "operating-system" => {
             let pretty = read("/etc/os-release").ok().and_then(|t| {
                 t.lines()
@@ -315,7 +332,7 @@ pub fn report(capability: &str) -> Result<Value, String> {
         }
         "working-directory" => std::env::current_dir()
             .map(|d| json!({"path": d.display().to_string()}))
-            .map_err(|e| format!("cannot read the working directory: {e}")),
+            .map_err(ReportError::WorkingDirectory),
         "running-user" => {
             let status = read("/proc/self/status").unwrap_or_default();
             let id = |key: &str| {
@@ -331,10 +348,10 @@ pub fn report(capability: &str) -> Result<Value, String> {
             .ok()
             .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
             .map(|s| json!({"seconds": s}))
-            .ok_or_else(|| "cannot read the uptime".to_string()),
+            .ok_or(ReportError::Uptime),
         "process-info" => Ok(json!({"pid": std::process::id(),
                                     "ppid": nix::unistd::getppid().as_raw()})),
-        other => Err(format!("unknown capability `{other}`")),
+        other => Err(ReportError::Unknown(other.to_string())),
     }
 }
 
@@ -361,18 +378,15 @@ fn rfc3339(unix: u64) -> String {
 }
 
 /// The calling session, `{"session_id", "turns"}`, as the run hands it.
-fn own_session(ctx: &CallContext) -> Result<Value, String> {
-    let json = ctx
-        .session_json
-        .as_deref()
-        .ok_or("there is no session here: this capability reports the session that calls it")?;
-    serde_json::from_str(json).map_err(|e| format!("the session did not read: {e}"))
+fn own_session(ctx: &CallContext) -> Result<Value, ReportError> {
+    let json = ctx.session_json.as_deref().ok_or(ReportError::NoSession)?;
+    serde_json::from_str(json).map_err(ReportError::Session)
 }
 
 /// `read-session` (a session's turns) or `get-session-stats` (how many
 /// turns of each role, and which tools were called how often) of
 /// `session`, `{"session_id", "turns"}`.
-fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Result<Value, String> {
+fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Value {
     let mut turns = session["turns"].as_array().cloned().unwrap_or_default();
     if capability == "read-session" {
         if !tool_outputs {
@@ -384,7 +398,7 @@ fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Resul
         if let Some(r) = session.get("relation") {
             out["relation"] = r.clone();
         }
-        return Ok(out);
+        return out;
     }
     let mut roles = serde_json::Map::new();
     let mut tools = serde_json::Map::new();
@@ -398,10 +412,8 @@ fn session_report(capability: &str, session: Value, tool_outputs: bool) -> Resul
             tools.insert(name, json!(n + 1));
         }
     }
-    Ok(
-        json!({"session_id": session["session_id"], "turns": turns.len(),
-              "byRole": roles, "toolCalls": tools}),
-    )
+    json!({"session_id": session["session_id"], "turns": turns.len(),
+          "byRole": roles, "toolCalls": tools})
 }
 
 #[async_trait]
@@ -456,7 +468,7 @@ impl Tool for SystemTool {
             })
             .await
             .map_err(|e| ToolError::Failed(format!("attach-file stopped: {e}")))?
-            .map_err(ToolError::Failed)?;
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
             return Ok(ToolOutput::Media(media));
         }
         let started = Instant::now();
@@ -465,15 +477,14 @@ impl Tool for SystemTool {
             "read-session" | "get-session-stats" => {
                 let session = match self.other_session(&capability, &args, ctx) {
                     Some(id) => self.lineage_session(&id, ctx).await?,
-                    None => own_session(ctx).map_err(ToolError::Failed)?,
+                    None => own_session(ctx).map_err(|e| ToolError::Failed(e.to_string()))?,
                 };
                 session_report(&capability, session, self.tool_outputs)
-                    .map_err(ToolError::Failed)?
             }
             "list-sessions" | "search-sessions" => {
                 self.lineage_report(&capability, &args, ctx).await?
             }
-            _ => report(&capability).map_err(ToolError::Failed)?,
+            _ => report(&capability).map_err(|e| ToolError::Failed(e.to_string()))?,
         };
         let out = json!({"capability": capability, "data": data,
                          "executionTime": started.elapsed().as_secs_f64()});
@@ -511,7 +522,7 @@ mod tests {
             let v = report(c).unwrap_or_else(|e| panic!("{c}: {e}"));
             assert!(v.is_object(), "{c}: {v}");
         }
-        assert!(report("env-vars").is_err());
+        assert!(matches!(report("env-vars"), Err(ReportError::Unknown(c)) if c == "env-vars"));
     }
 
     /// A lineage that answers what it was asked, to see what the tool asks.
@@ -694,9 +705,9 @@ mod tests {
             session_json: Some(session.to_string().into()),
             ..CallContext::one_off("s1", "t", "a")
         };
-        let shown = session_report("read-session", own_session(&ctx).unwrap(), true).unwrap();
+        let shown = session_report("read-session", own_session(&ctx).unwrap(), true);
         assert!(shown.to_string().contains("CANARY-output"));
-        let elided = session_report("read-session", own_session(&ctx).unwrap(), false).unwrap();
+        let elided = session_report("read-session", own_session(&ctx).unwrap(), false);
         assert!(!elided.to_string().contains("CANARY-output"), "{elided}");
         assert_eq!(elided["turns"][1]["tool_call_id"], "c1");
         assert_eq!(elided["turns"][2]["content"], "done");

@@ -224,6 +224,16 @@ impl CallContext {
     }
 }
 
+/// Why the session's JSON was left out of a call.
+#[derive(Debug, thiserror::Error)]
+enum SessionJsonError {
+    #[error("{0}")]
+    Encode(#[from] serde_json::Error),
+    /// The turns encoded already were not UTF-8.
+    #[error("{0}")]
+    NotUtf8(#[from] std::string::FromUtf8Error),
+}
+
 /// `{"session_id", "agent", "turns"}`, written straight from the turns (no
 /// JSON tree of the whole conversation is built for each call): `encoded`
 /// first, then `after`.
@@ -232,23 +242,22 @@ fn session_json<T: Serialize>(
     agent: &str,
     encoded: &[u8],
     after: &[T],
-) -> Result<String, String> {
+) -> Result<String, SessionJsonError> {
     let mut json = Vec::with_capacity(encoded.len() + 128);
-    let failed = |e: serde_json::Error| e.to_string();
     json.extend_from_slice(br#"{"session_id":"#);
-    serde_json::to_writer(&mut json, session_id).map_err(failed)?;
+    serde_json::to_writer(&mut json, session_id)?;
     json.extend_from_slice(br#","agent":"#);
-    serde_json::to_writer(&mut json, agent).map_err(failed)?;
+    serde_json::to_writer(&mut json, agent)?;
     json.extend_from_slice(br#","turns":["#);
     json.extend_from_slice(encoded);
     for (i, turn) in after.iter().enumerate() {
         if i > 0 || !encoded.is_empty() {
             json.push(b',');
         }
-        serde_json::to_writer(&mut json, turn).map_err(failed)?;
+        serde_json::to_writer(&mut json, turn)?;
     }
     json.extend_from_slice(b"]}");
-    String::from_utf8(json).map_err(|e| e.to_string())
+    Ok(String::from_utf8(json)?)
 }
 
 /// What a tool returns to the model.

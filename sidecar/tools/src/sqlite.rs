@@ -43,29 +43,76 @@ pub struct SqliteTool {
     versions: Option<(Arc<Versions>, bool)>,
 }
 
+/// Why a database file cannot be opened as the toolbox uses it (at load,
+/// or a versioned toolbox's copy at call time).
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("database file {} does not exist; create it, or fix `path` (relative to the agent file)", .path.display())]
+    Missing { path: PathBuf },
+    #[error("cannot create database {}: {error}", .path.display())]
+    Create {
+        path: PathBuf,
+        error: rusqlite::Error,
+    },
+    #[error("cannot open database {}: {error}", .path.display())]
+    Open {
+        path: PathBuf,
+        error: rusqlite::Error,
+    },
+    /// Its limits (value and statement length, page cache) could not be set.
+    #[error("cannot bound database {}: {error}", .path.display())]
+    Bound {
+        path: PathBuf,
+        error: rusqlite::Error,
+    },
+    /// Its busy timeout, size limit or authorizer could not be set.
+    #[error("cannot set up database {}: {error}", .path.display())]
+    Setup {
+        path: PathBuf,
+        error: rusqlite::Error,
+    },
+    #[error("{} is not a usable SQLite database: {error}", .path.display())]
+    NotADatabase {
+        path: PathBuf,
+        error: rusqlite::Error,
+    },
+}
+
 /// The file at `path` as a statement may use it (see the module's docs).
-fn open_conn(path: &Path, read_write: bool, max_bytes: Option<u64>) -> Result<Connection, String> {
+fn open_conn(
+    path: &Path,
+    read_write: bool,
+    max_bytes: Option<u64>,
+) -> Result<Connection, OpenError> {
     let flags = if read_write {
         OpenFlags::SQLITE_OPEN_READ_WRITE
     } else {
         OpenFlags::SQLITE_OPEN_READ_ONLY
     } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = Connection::open_with_flags(path, flags)
-        .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
-    conn.busy_timeout(Duration::from_secs(5))
-        .map_err(|e| e.to_string())?;
-    bound(&conn).map_err(|e| format!("cannot bound database {}: {e}", path.display()))?;
+    let path_buf = || path.to_path_buf();
+    let setup = |error| OpenError::Setup {
+        path: path_buf(),
+        error,
+    };
+    let mut conn = Connection::open_with_flags(path, flags).map_err(|error| OpenError::Open {
+        path: path_buf(),
+        error,
+    })?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(setup)?;
+    bound(&conn).map_err(|error| OpenError::Bound {
+        path: path_buf(),
+        error,
+    })?;
     if let Some(max) = max_bytes {
         // Set before the authorizer, which denies every pragma.
         let page: i64 = conn
             .query_row("PRAGMA page_size", [], |r| r.get(0))
-            .map_err(|e| e.to_string())?;
+            .map_err(setup)?;
         let pages = i64::try_from(max).unwrap_or(i64::MAX) / page.max(1);
         conn.pragma_update(None, "max_page_count", pages.max(1))
-            .map_err(|e| e.to_string())?;
+            .map_err(setup)?;
     }
-    conn.authorizer(Some(authorize))
-        .map_err(|e| e.to_string())?;
+    conn.authorizer(Some(authorize)).map_err(setup)?;
     Ok(conn)
 }
 
@@ -76,24 +123,22 @@ impl SqliteTool {
         tb: &SqliteToolbox,
         path: PathBuf,
         naming: bindery_spec::Naming,
-    ) -> Result<SqliteTool, String> {
+    ) -> Result<SqliteTool, OpenError> {
         if !path.is_file() {
             if !tb.create {
-                return Err(format!(
-                    "database file {} does not exist; create it, or fix `path` (relative to the agent file)",
-                    path.display()
-                ));
+                return Err(OpenError::Missing { path });
             }
             // An empty database, as SQLite's own default open makes.
-            Connection::open(&path)
-                .and_then(|c| c.execute_batch("VACUUM"))
-                .map_err(|e| format!("cannot create database {}: {e}", path.display()))?;
+            if let Err(error) = Connection::open(&path).and_then(|c| c.execute_batch("VACUUM")) {
+                return Err(OpenError::Create { path, error });
+            }
         }
         // A versioned toolbox never writes the named file.
         let conn = open_conn(&path, tb.read_write && tb.versioned.is_none(), None)?;
         // Checks the file really is a database.
-        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
-            .map_err(|e| format!("{} is not a usable SQLite database: {e}", path.display()))?;
+        if let Err(error) = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())) {
+            return Err(OpenError::NotADatabase { path, error });
+        }
         let access = if tb.read_write {
             "read-write"
         } else {
@@ -156,7 +201,7 @@ impl SqliteTool {
         path: PathBuf,
         root: PathBuf,
         naming: bindery_spec::Naming,
-    ) -> Result<Vec<SqliteTool>, String> {
+    ) -> Result<Vec<SqliteTool>, OpenError> {
         let mut query = SqliteTool::open(tb, path.clone(), naming)?;
         let Some(v) = &tb.versioned else {
             return Ok(vec![query]);
@@ -251,15 +296,13 @@ fn bound(conn: &Connection) -> rusqlite::Result<()> {
 
 /// How many temporary tables `sql`'s program opens, read from its
 /// `EXPLAIN` (nothing is run).
-fn temp_tables(conn: &Connection, sql: &str) -> Result<usize, String> {
-    let mut explain = conn
-        .prepare(&format!("EXPLAIN {sql}"))
-        .map_err(|e| e.to_string())?;
+fn temp_tables(conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
+    let mut explain = conn.prepare(&format!("EXPLAIN {sql}"))?;
     // Unbound placeholders read as NULL: only the program is wanted.
     let mut rows = explain.raw_query();
     let mut n = 0;
-    while let Some(row) = rows.next().map_err(|e| e.to_string())? {
-        let op: String = row.get(1).map_err(|e| e.to_string())?;
+    while let Some(row) = rows.next()? {
+        let op: String = row.get(1)?;
         if matches!(
             op.as_str(),
             "OpenEphemeral" | "OpenAutoindex" | "SorterOpen"
@@ -305,7 +348,7 @@ fn first_keyword(sql: &str) -> String {
         .to_ascii_uppercase()
 }
 
-fn to_sql(v: &Value) -> Result<rusqlite::types::Value, String> {
+fn to_sql(v: &Value) -> Result<rusqlite::types::Value, ToolError> {
     use rusqlite::types::Value as V;
     Ok(match v {
         Value::Null => V::Null,
@@ -316,10 +359,10 @@ fn to_sql(v: &Value) -> Result<rusqlite::types::Value, String> {
         },
         Value::String(s) => V::Text(s.clone()),
         other => {
-            return Err(format!(
+            return Err(ToolError::InvalidArguments(format!(
                 "`params` holds {}; give strings, numbers, booleans or null",
                 bindery_spec::json_kind(other)
-            ))
+            )))
         }
     })
 }
@@ -332,6 +375,26 @@ fn cell(v: ValueRef<'_>) -> Value {
         ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
         ValueRef::Blob(b) => json!({"blob_bytes": b.len()}),
     }
+}
+
+/// Why a statement did not run to the end; the model is told.
+#[derive(Debug, thiserror::Error)]
+enum StatementError {
+    #[error("give one statement a call (no `;` between statements)")]
+    Several,
+    #[error("the statement would make {0} temporary tables (materialized CTEs, sorts, indexes), more than the {MAX_TEMP_TABLES} one statement may; simplify it")]
+    TempTables(usize),
+    #[error("this database is read-only here: only statements that read (SELECT, WITH … SELECT) are allowed")]
+    ReadOnly,
+    #[error("the statement has {has} `?` placeholder(s) but `params` gives {given} value(s)")]
+    Placeholders { has: usize, given: usize },
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// A database that does not open at call time fails the call.
+fn failed(e: OpenError) -> ToolError {
+    ToolError::Failed(e.to_string())
 }
 
 /// A statement kind no call may run, whatever the database: it would
@@ -364,10 +427,8 @@ impl SqliteTool {
         params: &[rusqlite::types::Value],
     ) -> Result<Value, ToolError> {
         refuse_keyword(sql)?;
-        let source = versions
-            .source(ctx, restore)
-            .map_err(ToolError::InvalidArguments)?;
-        let mut read = open_conn(&source, false, None).map_err(ToolError::Failed)?;
+        let source = versions.source(ctx, restore)?;
+        let mut read = open_conn(&source, false, None).map_err(failed)?;
         let reads = read
             .prepare(sql)
             .map(|s| s.readonly())
@@ -376,9 +437,9 @@ impl SqliteTool {
             return self.execute(&mut read, false, sql, params);
         }
         drop(read);
-        let (copy, handle, room) = versions.copy(ctx, &source).map_err(ToolError::Failed)?;
+        let (copy, handle, room) = versions.copy(ctx, &source)?;
         let written = open_conn(&copy, true, Some(room))
-            .map_err(ToolError::Failed)
+            .map_err(failed)
             .and_then(|mut conn| self.execute(&mut conn, true, sql, params));
         let size = std::fs::metadata(&copy).map_or(0, |m| m.len());
         versions.settle(ctx, room, size);
@@ -394,9 +455,7 @@ impl SqliteTool {
         ctx: &CallContext,
         restore: Option<&Handle>,
     ) -> Result<Value, ToolError> {
-        let source = versions
-            .source(ctx, restore)
-            .map_err(ToolError::InvalidArguments)?;
+        let source = versions.source(ctx, restore)?;
         let base = versions.base();
         if source == base {
             return Err(ToolError::Failed(
@@ -427,35 +486,28 @@ impl SqliteTool {
             .map_err(|e| ToolError::Failed(e.to_string()))?;
         let result = (|| {
             let mut stmt = conn.prepare(sql).map_err(|e| match e {
-                rusqlite::Error::MultipleStatement => {
-                    "give one statement a call (no `;` between statements)".to_string()
-                }
-                e => e.to_string(),
+                rusqlite::Error::MultipleStatement => StatementError::Several,
+                e => StatementError::Sqlite(e),
             })?;
             let temp_tables = temp_tables(conn, sql)?;
             if temp_tables > MAX_TEMP_TABLES {
-                return Err(format!(
-                    "the statement would make {temp_tables} temporary tables (materialized CTEs, sorts, indexes), more than the {MAX_TEMP_TABLES} one statement may; simplify it"
-                ));
+                return Err(StatementError::TempTables(temp_tables));
             }
             if !read_write && !stmt.readonly() {
-                return Err("this database is read-only here: only statements that read (SELECT, WITH … SELECT) are allowed".to_string());
+                return Err(StatementError::ReadOnly);
             }
             if stmt.parameter_count() != params.len() {
-                return Err(format!(
-                    "the statement has {} `?` placeholder(s) but `params` gives {} value(s)",
-                    stmt.parameter_count(),
-                    params.len()
-                ));
+                return Err(StatementError::Placeholders {
+                    has: stmt.parameter_count(),
+                    given: params.len(),
+                });
             }
             let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
-            let mut rows = stmt
-                .query(rusqlite::params_from_iter(params.iter()))
-                .map_err(|e| e.to_string())?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(params.iter()))?;
             let mut out = Vec::new();
             let mut truncated = false;
             let mut bytes = 0;
-            while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+            while let Some(row) = rows.next()? {
                 if out.len() == self.max_rows || bytes > MAX_RESULT_BYTES {
                     truncated = true;
                     break;
@@ -485,15 +537,17 @@ impl SqliteTool {
             )
         })();
         let _ = conn.progress_handler(0, None::<fn() -> bool>);
-        result.map_err(|e| {
-            if e.contains("interrupted") {
+        result.map_err(|e| match e {
+            // The progress handler stopped it at the deadline.
+            StatementError::Sqlite(e)
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) =>
+            {
                 ToolError::Failed(format!(
                     "the statement ran past {}s and was stopped",
                     self.timeout.as_secs()
                 ))
-            } else {
-                ToolError::Failed(e)
             }
+            e => ToolError::Failed(e.to_string()),
         })
     }
 }
@@ -533,11 +587,7 @@ impl Tool for SqliteTool {
         };
         let params = match args.get("params").and_then(|v| v.plain()) {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(to_sql)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(ToolError::InvalidArguments)?,
+            Some(Value::Array(a)) => a.iter().map(to_sql).collect::<Result<Vec<_>, _>>()?,
             Some(_) => {
                 return Err(ToolError::InvalidArguments(
                     "`params` must be an array of values".into(),
@@ -686,6 +736,63 @@ mod tests {
             )
             .unwrap();
         assert_eq!(v["rows"], json!([[3]]));
+    }
+
+    /// SQLite's interrupt at the deadline is told as the timeout, by its
+    /// code (not its text).
+    #[test]
+    fn a_statement_past_its_time_is_stopped() {
+        let (_d, mut t) = tool(false);
+        t.timeout = Duration::ZERO;
+        let err = t
+            .run(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+                &[],
+            )
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ToolError::Failed("the statement ran past 0s and was stopped".into())
+        );
+    }
+
+    #[test]
+    fn a_missing_or_foreign_file_does_not_open() {
+        let (d, _t) = tool(false);
+        let mut tb = SqliteToolbox {
+            name: "db".into(),
+            description: None,
+            path: "none.sqlite".into(),
+            read_write: false,
+            create: false,
+            max_rows: None,
+            timeout_seconds: None,
+            bindings: Vec::new(),
+            versioned: None,
+            toolgroup: None,
+        };
+        let none = d.path().join("none.sqlite");
+        let Err(err) = SqliteTool::open(&tb, none.clone(), Default::default()) else {
+            panic!("a missing file opened")
+        };
+        assert!(matches!(err, OpenError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        let text = d.path().join("notes.sqlite");
+        std::fs::write(&text, "not a database, just text long enough to be read").unwrap();
+        let Err(err) = SqliteTool::open(&tb, text, Default::default()) else {
+            panic!("a text file opened as a database")
+        };
+        // SQLite finds out at the first page it reads.
+        assert!(
+            matches!(
+                err,
+                OpenError::Open { .. } | OpenError::Bound { .. } | OpenError::NotADatabase { .. }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not a database"), "{err}");
+        tb.create = true;
+        assert!(SqliteTool::open(&tb, none, Default::default()).is_ok());
     }
 
     #[test]

@@ -27,7 +27,54 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::CallContext;
+use crate::{CallContext, ToolError};
+
+/// Why a call has no copy to read or write. The `restore_from` ones are
+/// the model's to fix; the others are the session's limits or the disk.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    #[error("`restore_from` names toolbox `{named}`, not `{this}`")]
+    OtherToolbox { named: String, this: String },
+    #[error("`restore_from` names a copy another session made; only this session's copies can be restored")]
+    OtherSession,
+    #[error("`restore_from`: no copy {index} of turn `{turn}` in this session")]
+    NoCopy { index: usize, turn: String },
+    #[error("this session has made {max} copies of the database, as many as it may; promote one, or start a new session")]
+    MaxCopies { max: usize },
+    #[error("this session's copies of the database take {taken} bytes, and another of {size} would pass the {max} they may; promote one, or start a new session")]
+    MaxBytes { taken: u64, size: u64, max: u64 },
+    #[error("cannot read {}: {error}", .path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot make {}: {error}", .dir.display())]
+    MakeDir { dir: PathBuf, error: std::io::Error },
+    #[error("cannot copy {} to {}: {error}", .from.display(), .to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        error: std::io::Error,
+    },
+    /// A `-wal` or `-shm` file beside the database.
+    #[error("cannot copy {}: {error}", .path.display())]
+    CopySide {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+impl From<VersionError> for ToolError {
+    /// A bad `restore_from` is the model's to fix; the rest failed the call.
+    fn from(e: VersionError) -> ToolError {
+        match e {
+            VersionError::OtherToolbox { .. }
+            | VersionError::OtherSession
+            | VersionError::NoCopy { .. } => ToolError::InvalidArguments(e.to_string()),
+            _ => ToolError::Failed(e.to_string()),
+        }
+    }
+}
 use bindery_spec::SqliteSharing;
 
 /// A session may make this many copies when the toolbox does not say.
@@ -122,7 +169,11 @@ impl Versions {
 
     /// The file a call reads: the copy `restore` names (its own session's
     /// only), else the scope's latest copy, else the named file.
-    pub fn source(&self, ctx: &CallContext, restore: Option<&Handle>) -> Result<PathBuf, String> {
+    pub fn source(
+        &self,
+        ctx: &CallContext,
+        restore: Option<&Handle>,
+    ) -> Result<PathBuf, VersionError> {
         if let Some(h) = restore {
             return self.restored(ctx, h);
         }
@@ -133,18 +184,15 @@ impl Versions {
             .unwrap_or_else(|| self.base.clone()))
     }
 
-    fn restored(&self, ctx: &CallContext, h: &Handle) -> Result<PathBuf, String> {
+    fn restored(&self, ctx: &CallContext, h: &Handle) -> Result<PathBuf, VersionError> {
         if h.toolbox_name != self.name {
-            return Err(format!(
-                "`restore_from` names toolbox `{}`, not `{}`",
-                h.toolbox_name, self.name
-            ));
+            return Err(VersionError::OtherToolbox {
+                named: h.toolbox_name.clone(),
+                this: self.name.clone(),
+            });
         }
         if h.session_id != dir_name(&ctx.session_id) {
-            return Err(
-                "`restore_from` names a copy another session made; only this session's copies can be restored"
-                    .to_string(),
-            );
+            return Err(VersionError::OtherSession);
         }
         let path = self.copy_path(&ctx.session_id, &h.turn_id, h.tool_call_index);
         // The turn id is the model's text: it must name a directory of
@@ -154,10 +202,10 @@ impl Versions {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !fits || !path.is_file() {
-            return Err(format!(
-                "`restore_from`: no copy {} of turn `{}` in this session",
-                h.tool_call_index, h.turn_id
-            ));
+            return Err(VersionError::NoCopy {
+                index: h.tool_call_index,
+                turn: h.turn_id.clone(),
+            });
         }
         Ok(path)
     }
@@ -173,25 +221,32 @@ impl Versions {
     /// A new copy of `source` for a write of this call, and how many bytes
     /// it may grow to; or why not (the session made its `max_copies`, or
     /// its copies take `max_bytes`).
-    pub fn copy(&self, ctx: &CallContext, source: &Path) -> Result<(PathBuf, Handle, u64), String> {
+    pub fn copy(
+        &self,
+        ctx: &CallContext,
+        source: &Path,
+    ) -> Result<(PathBuf, Handle, u64), VersionError> {
         let size = std::fs::metadata(source)
-            .map_err(|e| format!("cannot read {}: {e}", source.display()))?
+            .map_err(|error| VersionError::Read {
+                path: source.to_path_buf(),
+                error,
+            })?
             .len();
         let room = {
             let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
             let (n, bytes) = made.entry(ctx.session_id.clone()).or_default();
             if *n >= self.max_copies {
-                return Err(format!(
-                    "this session has made {} copies of the database, as many as it may; promote one, or start a new session",
-                    self.max_copies
-                ));
+                return Err(VersionError::MaxCopies {
+                    max: self.max_copies,
+                });
             }
             let left = self.max_bytes.saturating_sub(*bytes);
             if size > left {
-                return Err(format!(
-                    "this session's copies of the database take {} bytes, and another of {size} would pass the {} they may; promote one, or start a new session",
-                    *bytes, self.max_bytes
-                ));
+                return Err(VersionError::MaxBytes {
+                    taken: *bytes,
+                    size,
+                    max: self.max_bytes,
+                });
             }
             *n += 1;
             // Counted at its largest; what the write leaves is counted after.
@@ -202,7 +257,10 @@ impl Versions {
         let turn = dir_name(&ctx.step_id);
         let path = self.copy_path(&ctx.session_id, &turn, index);
         let dir = path.parent().unwrap_or(&self.root);
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|error| VersionError::MakeDir {
+            dir: dir.to_path_buf(),
+            error,
+        })?;
         copy_database(source, &path)?;
         let handle = Handle {
             session_id: dir_name(&ctx.session_id),
@@ -233,15 +291,18 @@ impl Versions {
 }
 
 /// The database and its WAL files, as agents-exe copies them.
-fn copy_database(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::copy(from, to)
-        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+fn copy_database(from: &Path, to: &Path) -> Result<(), VersionError> {
+    std::fs::copy(from, to).map_err(|error| VersionError::Copy {
+        from: from.to_path_buf(),
+        to: to.to_path_buf(),
+        error,
+    })?;
     for suffix in ["-wal", "-shm"] {
         let side = PathBuf::from(format!("{}{suffix}", from.display()));
         if side.is_file() {
             let dest = PathBuf::from(format!("{}{suffix}", to.display()));
             std::fs::copy(&side, &dest)
-                .map_err(|e| format!("cannot copy {}: {e}", side.display()))?;
+                .map_err(|error| VersionError::CopySide { path: side, error })?;
         }
     }
     Ok(())
@@ -295,21 +356,29 @@ mod tests {
         assert_eq!(v.source(&b, None).unwrap(), base, "another session's head");
         assert_eq!(v.source(&a, Some(&handle)).unwrap(), copy);
         let theirs = v.source(&b, Some(&handle)).unwrap_err();
-        assert!(theirs.contains("another session"), "{theirs}");
+        assert!(matches!(theirs, VersionError::OtherSession), "{theirs}");
+        assert!(
+            matches!(ToolError::from(theirs), ToolError::InvalidArguments(m) if m.contains("another session"))
+        );
         let climbing = Handle {
             turn_id: "../../s_2".into(),
             ..handle.clone()
         };
-        assert!(v.source(&a, Some(&climbing)).is_err());
+        assert!(matches!(
+            v.source(&a, Some(&climbing)),
+            Err(VersionError::NoCopy { .. })
+        ));
         let (_, _, room) = v.copy(&a, &base).unwrap();
         v.settle(&a, room, 4);
         let full = v.copy(&a, &base).unwrap_err();
-        assert!(full.contains("2 copies"), "{full}");
+        assert!(matches!(full, VersionError::MaxCopies { max: 2 }), "{full}");
+        assert!(full.to_string().contains("2 copies"), "{full}");
         // Bytes are counted too: a session whose copies take its budget
         // makes no more.
         let (_, _, room) = v.copy(&b, &base).unwrap();
         v.settle(&b, room, 98);
         let big = v.copy(&b, &base).unwrap_err();
-        assert!(big.contains("bytes"), "{big}");
+        assert!(matches!(big, VersionError::MaxBytes { .. }), "{big}");
+        assert!(matches!(ToolError::from(big), ToolError::Failed(m) if m.contains("bytes")));
     }
 }

@@ -4,8 +4,9 @@
 
 use serde_json::{Map, Value};
 
+use super::ToolSpecError;
 use crate::openapi::sanitize_name;
-use crate::{ArgSpec, ToolSpec, Transport};
+use crate::{ArgSpec, ToolError, ToolSpec, Transport};
 use bindery_params::scrub::Scrubber;
 
 /// How deep local `$ref`s are inlined into argument schemas; past it, `{}`.
@@ -22,13 +23,15 @@ pub fn tool_name(server: &str, tool: &str) -> String {
 
 /// One listed tool (`{"name", "description", "inputSchema", …}`) as a
 /// [`ToolSpec`]; `Err` says why it is skipped.
-pub fn tool_spec(server: &str, tool: &Value) -> Result<ToolSpec, String> {
+pub fn tool_spec(server: &str, tool: &Value) -> Result<ToolSpec, ToolSpecError> {
     let local = tool
         .get("name")
         .and_then(Value::as_str)
-        .ok_or("a listed tool has no name")?;
+        .ok_or(ToolSpecError::NoName)?;
     if sanitize_name(local).is_empty() {
-        return Err(format!("tool `{local}`: its name has no letter or digit"));
+        return Err(ToolSpecError::NoLetterOrDigit {
+            name: local.to_string(),
+        });
     }
     let description = ["description", "title"]
         .iter()
@@ -108,10 +111,6 @@ fn inline_refs(root: &Value, value: &Value, depth: usize) -> Value {
     }
 }
 
-/// A call's result (`{"content": [...], "structuredContent"?, "isError"?}`)
-/// as text: text parts joined by newlines, other kinds named in brackets,
-/// the structured content when there is no other; cut at `max` bytes.
-/// `Err` when the server flagged the result as an error.
 /// A `tools/call` result as the model gets it: its text (see
 /// [`result_text`]), then its images, each as media when its `data` is
 /// base64 of at most `max` bytes (together) and its `mimeType` a media
@@ -120,7 +119,7 @@ pub fn result_output(
     result: &Value,
     max: usize,
     scrubber: &Scrubber,
-) -> Result<crate::ToolOutput, String> {
+) -> Result<crate::ToolOutput, ToolError> {
     use crate::{OutputPart, ToolOutput};
     use base64::Engine as _;
     let text = result_text(result, max, scrubber)?;
@@ -155,7 +154,12 @@ pub fn result_output(
     Ok(ToolOutput::Mixed(media))
 }
 
-pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<String, String> {
+/// A call's result (`{"content": [...], "structuredContent"?, "isError"?}`)
+/// as text: text parts joined by newlines, other kinds named in brackets,
+/// the structured content when there is no other; cut at `max` bytes.
+/// `Err` ([`ToolError::Failed`], the server's own words) when the server
+/// flagged the result as an error.
+pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<String, ToolError> {
     let mut parts: Vec<String> = Vec::new();
     for c in result
         .get("content")
@@ -193,11 +197,11 @@ pub fn result_text(result: &Value, max: usize, scrubber: &Scrubber) -> Result<St
         text.push_str(&format!("\n[result cut at {max} bytes]"));
     }
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
-        Err(if text.is_empty() {
+        Err(ToolError::Failed(if text.is_empty() {
             "the tool failed without saying why".to_string()
         } else {
             text
-        })
+        }))
     } else {
         Ok(text)
     }
@@ -316,7 +320,7 @@ mod tests {
             json!({"content": [{"type": "text", "text": "no such invoice"}], "isError": true});
         assert_eq!(
             result_text(&failed, 1000, &Scrubber::default()).unwrap_err(),
-            "no such invoice"
+            ToolError::Failed("no such invoice".into())
         );
         let long = json!({"content": [{"type": "text", "text": "é".repeat(10)}]});
         assert_eq!(

@@ -15,7 +15,10 @@
 //! environment and sees its exit status. A server that exits is not
 //! restarted: its tools fail, naming the server and how it ended.
 
+pub mod error;
 pub mod listing;
+
+pub use error::{ServerError, SharedValueError, StartError, ToolSpecError};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -67,7 +70,7 @@ impl SharedValue {
 pub fn shared_values(
     map: &BTreeMap<String, BindingValue>,
     values: &Values,
-) -> Result<Vec<(String, SharedValue)>, String> {
+) -> Result<Vec<(String, SharedValue)>, SharedValueError> {
     let mut out = Vec::new();
     for (key, v) in map {
         let text = match v {
@@ -77,10 +80,10 @@ pub fn shared_values(
             ) => SharedValue::Plain(l.to_string()),
             BindingValue::Literal(serde_json::Value::Null) => SharedValue::Plain(String::new()),
             BindingValue::Literal(l) => {
-                return Err(format!(
-                    "`{key}`: the literal is {}; give a string, number or boolean",
-                    bindery_params::value::json_kind(l)
-                ))
+                return Err(SharedValueError::Literal {
+                    key: key.clone(),
+                    kind: bindery_params::value::json_kind(l),
+                })
             }
             BindingValue::Param(p) => match values.get(p) {
                 None => continue,
@@ -88,11 +91,13 @@ pub fn shared_values(
                 Some(pv) => match pv.to_text() {
                     Some(bindery_params::value::ArgText::Plain(s)) => SharedValue::Plain(s),
                     _ => {
-                        return Err(format!(
-                        "`{key}`: parameter `{p}` holds {}; give it a string, number or boolean",
-                        pv.plain()
-                            .map_or("a secret", bindery_params::value::json_kind)
-                    ))
+                        return Err(SharedValueError::Param {
+                            key: key.clone(),
+                            param: p.clone(),
+                            holds: pv
+                                .plain()
+                                .map_or("a secret", bindery_params::value::json_kind),
+                        })
                     }
                 },
             },
@@ -260,20 +265,19 @@ impl McpServer {
         limits: Limits,
         changed: mpsc::UnboundedSender<usize>,
         index: usize,
-    ) -> Result<Arc<McpServer>, String> {
+    ) -> Result<Arc<McpServer>, StartError> {
         let handler = Handler { changed, index };
         match (&tb.url, tb.command.split_first()) {
             (Some(url), None) => {
-                let headers =
-                    shared_values(&tb.headers, values).map_err(|e| format!("header {e}"))?;
+                let headers = shared_values(&tb.headers, values).map_err(StartError::Header)?;
                 Self::connect(tb, url, headers, handler, limits).await
             }
             (None, Some((program, args))) => {
-                let env = shared_values(&tb.env, values).map_err(|e| format!("env {e}"))?;
+                let env = shared_values(&tb.env, values).map_err(StartError::Env)?;
                 Self::spawn(tb, base, program, args, env, handler, limits).await
             }
             // A malformed toolbox is reported by `spec::checks`.
-            _ => Err("give exactly one of `command` or `url`".to_string()),
+            _ => Err(StartError::CommandOrUrl),
         }
     }
 
@@ -283,13 +287,13 @@ impl McpServer {
         headers: Vec<(String, SharedValue)>,
         handler: Handler,
         limits: Limits,
-    ) -> Result<Arc<McpServer>, String> {
+    ) -> Result<Arc<McpServer>, StartError> {
         let mut map = HashMap::new();
         for (k, v) in &headers {
             let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| format!("header `{k}`: not a valid header name"))?;
+                .map_err(|_| StartError::HeaderName { name: k.clone() })?;
             let mut value = reqwest::header::HeaderValue::from_str(v.expose())
-                .map_err(|_| format!("header `{k}`: its value does not fit in a header"))?;
+                .map_err(|_| StartError::HeaderValue { name: k.clone() })?;
             value.set_sensitive(true);
             map.insert(name, value);
         }
@@ -297,13 +301,18 @@ impl McpServer {
         let client = egress::client(tb.redirects)
             .connect_timeout(START_TIMEOUT)
             .build()
-            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+            .map_err(StartError::Client)?;
         let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
         let transport = StreamableHttpClientTransport::with_client(client, config);
         let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
             .await
-            .map_err(|_| format!("{url} did not answer `initialize` within {START_TIMEOUT:?}"))?
-            .map_err(|e| format!("cannot connect to {url}: {}", why(&e)))?;
+            .map_err(|_| StartError::ConnectTimeout {
+                url: url.to_string(),
+            })?
+            .map_err(|e| StartError::Connect {
+                url: url.to_string(),
+                why: why(&e),
+            })?;
         Ok(Arc::new(McpServer {
             name: tb.name.clone(),
             service,
@@ -324,7 +333,7 @@ impl McpServer {
         env: Vec<(String, SharedValue)>,
         handler: Handler,
         limits: Limits,
-    ) -> Result<Arc<McpServer>, String> {
+    ) -> Result<Arc<McpServer>, StartError> {
         let path = if program.contains('/') {
             base.join(program)
         } else {
@@ -353,11 +362,14 @@ impl McpServer {
             let pid = child.id();
             Ok((child, pid))
         })
-        .map_err(|e| format!("cannot start `{}`: {e}", path.display()))?;
+        .map_err(|error| StartError::Spawn {
+            path: path.clone(),
+            error,
+        })?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err("the program's pipes were not set up".to_string());
+            return Err(StartError::Pipes);
         };
 
         let (server, scrubber) = (tb.name.clone(), scrubber_of(&secrets));
@@ -393,19 +405,20 @@ impl McpServer {
 
         let service = tokio::time::timeout(START_TIMEOUT, handler.serve((stdout, stdin)))
             .await
-            .map_err(|_| {
-                format!("`{program}` did not answer `initialize` within {START_TIMEOUT:?}")
+            .map_err(|_| StartError::StartTimeout {
+                program: program.to_string(),
             });
         let service = match service {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                let why = match exit_of(&exited).await {
-                    Some(how) => format!("it exited ({how})"),
-                    None => e.to_string(),
-                };
-                return Err(format!(
-                    "`{program}` did not start as an MCP server: {why}; its stderr is in the log"
-                ));
+            Ok(Err(error)) => {
+                let program = program.to_string();
+                return Err(match exit_of(&exited).await {
+                    Some(how) => StartError::Exited { program, how },
+                    None => StartError::Handshake {
+                        program,
+                        error: Box::new(error),
+                    },
+                });
             }
             Err(e) => return Err(e),
         };
@@ -426,15 +439,22 @@ impl McpServer {
 
     /// What went wrong talking to the server, in the words the model and the
     /// log get: the exit of its program if it has exited.
-    fn failure(&self, e: impl std::fmt::Display) -> String {
+    fn failure(&self, e: impl std::fmt::Display) -> ServerError {
+        let server = self.name.clone();
         match self.exited.borrow().as_ref() {
-            Some(how) => format!("MCP server `{}` exited ({how})", self.name),
-            None => format!("MCP server `{}`: {e}", self.name),
+            Some(how) => ServerError::Exited {
+                server,
+                how: how.clone(),
+            },
+            None => ServerError::Failed {
+                server,
+                why: e.to_string(),
+            },
         }
     }
 
     /// The server's tools now, plus a warning for each one skipped.
-    pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<String>), String> {
+    pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<String>), ServerError> {
         let listed = tokio::time::timeout(
             self.limits.call_timeout,
             self.service.peer().list_all_tools(),
@@ -509,7 +529,7 @@ impl Tool for McpTool {
                 if closed && server.stop_on_drop.is_some() {
                     exit_of(&server.exited).await;
                 }
-                let message = server.failure(why(&e));
+                let message = server.failure(why(&e)).to_string();
                 Err(match http_status_in(&e) {
                     Some(status) => ToolError::Http { status, message },
                     None => ToolError::Failed(message),
@@ -518,7 +538,6 @@ impl Tool for McpTool {
             Ok(Ok(result)) => {
                 let json = serde_json::to_value(&result).unwrap_or_default();
                 listing::result_output(&json, server.limits.max_output, &ctx.scrubber)
-                    .map_err(ToolError::Failed)
             }
         };
         tracing::info!(
@@ -571,9 +590,15 @@ mod tests {
         );
         let bad: BTreeMap<String, BindingValue> =
             [("X".to_string(), BindingValue::Literal(json!({"a": 1})))].into();
-        assert!(shared_values(&bad, &values)
-            .unwrap_err()
-            .contains("an object"));
+        let err = shared_values(&bad, &values).unwrap_err();
+        assert_eq!(
+            err,
+            SharedValueError::Literal {
+                key: "X".into(),
+                kind: "an object"
+            }
+        );
+        assert!(err.to_string().contains("an object"), "{err}");
     }
 
     #[test]

@@ -166,23 +166,49 @@ pub fn agents_exe_name(op: &Operation) -> String {
     format!("openapi_openapi_{local}")
 }
 
+/// Why a document gives no operations at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DocumentError {
+    /// `openapi:` is missing or not 3.x (`None`: missing).
+    #[error("not an OpenAPI 3.x document (`openapi: {}`); Swagger 2.0 is not supported", .version.as_deref().unwrap_or("missing"))]
+    NotOpenApi3 { version: Option<String> },
+    #[error("the document has no `paths` object")]
+    NoPaths,
+    /// A PostgREST document that cannot be read (see [`super::postgrest`]).
+    #[error(transparent)]
+    Postgrest(#[from] super::postgrest::PostgrestError),
+}
+
+/// Why one operation is skipped (a warning, not a failed load).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperationError {
+    #[error("a parameter has no name")]
+    UnnamedParameter,
+    #[error(
+        "required parameter `{name}` is in `{place}`, which is not supported (path and query only)"
+    )]
+    UnsupportedPlace { name: String, place: String },
+    /// `kinds`: the media types it offers instead (none: no content).
+    #[error("its request body is not JSON ({}); only application/json bodies are supported", if .kinds.is_empty() { "no content".to_string() } else { .kinds.join(", ") })]
+    NotJsonBody { kinds: Vec<String> },
+    #[error("its JSON request body is not an object; only object bodies (whose properties become arguments) are supported")]
+    BodyNotObject,
+    #[error("two of its parameters (path, query or body) are both named `{name}`")]
+    DuplicateName { name: String },
+}
+
 /// The document's operations, plus a warning for each one skipped.
-pub fn operations(doc: &Value) -> Result<(Vec<Operation>, Vec<String>), String> {
+pub fn operations(doc: &Value) -> Result<(Vec<Operation>, Vec<String>), DocumentError> {
     let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
     if !version.starts_with('3') {
-        return Err(format!(
-            "not an OpenAPI 3.x document (`openapi: {}`); Swagger 2.0 is not supported",
-            if version.is_empty() {
-                "missing"
-            } else {
-                version
-            }
-        ));
+        return Err(DocumentError::NotOpenApi3 {
+            version: (!version.is_empty()).then(|| version.to_string()),
+        });
     }
     let paths = doc
         .get("paths")
         .and_then(Value::as_object)
-        .ok_or("the document has no `paths` object")?;
+        .ok_or(DocumentError::NoPaths)?;
     let mut ops = Vec::new();
     let mut warnings = Vec::new();
     for (path, item) in paths {
@@ -211,7 +237,7 @@ fn operation(
     method: &str,
     op: &Value,
     shared: Option<&Vec<Value>>,
-) -> Result<Operation, String> {
+) -> Result<Operation, OperationError> {
     let name = op
         .get("operationId")
         .and_then(Value::as_str)
@@ -246,7 +272,7 @@ fn operation(
         let pname = p
             .get("name")
             .and_then(Value::as_str)
-            .ok_or("a parameter has no name")?;
+            .ok_or(OperationError::UnnamedParameter)?;
         let place = p.get("in").and_then(Value::as_str).unwrap_or("");
         let required = p.get("required").and_then(Value::as_bool).unwrap_or(false);
         let location = match place {
@@ -254,9 +280,10 @@ fn operation(
             "query" => Location::Query(pname.to_string()),
             "header" | "cookie" if !required => continue,
             other => {
-                return Err(format!(
-                    "required parameter `{pname}` is in `{other}`, which is not supported (path and query only)"
-                ))
+                return Err(OperationError::UnsupportedPlace {
+                    name: pname.to_string(),
+                    place: other.to_string(),
+                })
             }
         };
         let pdesc = p.get("description").and_then(Value::as_str).unwrap_or("");
@@ -288,24 +315,17 @@ fn operation(
                 .map(|(_, m)| m.get("schema").cloned().unwrap_or(json!({})))
         });
         let Some(schema) = json_schema else {
-            let kinds: Vec<&str> = content
-                .map(|c| c.keys().map(String::as_str).collect())
+            let kinds = content
+                .map(|c| c.keys().cloned().collect())
                 .unwrap_or_default();
-            return Err(format!(
-                "its request body is not JSON ({}); only application/json bodies are supported",
-                if kinds.is_empty() {
-                    "no content".to_string()
-                } else {
-                    kinds.join(", ")
-                }
-            ));
+            return Err(OperationError::NotJsonBody { kinds });
         };
         has_body = true;
         let schema = inline(doc, &schema, 0);
         let is_object = schema.get("type").and_then(Value::as_str) == Some("object")
             || schema.get("properties").is_some();
         if !is_object {
-            return Err("its JSON request body is not an object; only object bodies (whose properties become arguments) are supported".to_string());
+            return Err(OperationError::BodyNotObject);
         }
         let required: Vec<&str> = schema
             .get("required")
@@ -369,12 +389,9 @@ fn push_arg(
     locations: &mut Vec<(String, Location)>,
     arg: ArgSpec,
     location: Location,
-) -> Result<(), String> {
+) -> Result<(), OperationError> {
     if args.iter().any(|a| a.name == arg.name) {
-        return Err(format!(
-            "two of its parameters (path, query or body) are both named `{}`",
-            arg.name
-        ));
+        return Err(OperationError::DuplicateName { name: arg.name });
     }
     locations.push((arg.name.clone(), location));
     args.push(arg);
@@ -630,6 +647,7 @@ mod tests {
     #[test]
     fn swagger_2_is_refused() {
         let err = operations(&json!({"swagger": "2.0", "paths": {}})).unwrap_err();
-        assert!(err.contains("OpenAPI 3.x"), "{err}");
+        assert_eq!(err, DocumentError::NotOpenApi3 { version: None });
+        assert!(err.to_string().contains("OpenAPI 3.x"), "{err}");
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod agents_exe_args;
 pub mod document;
+pub mod error;
 pub mod postgrest;
 
 use std::path::Path;
@@ -23,7 +24,8 @@ use async_trait::async_trait;
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::Url;
 
-pub use document::{operations, sanitize_name, Location, Operation};
+pub use document::{operations, sanitize_name, DocumentError, Location, Operation};
+pub use error::{DecodeError, LoadError, SecretPlaceError, UrlError};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 use bindery_llm::egress;
@@ -118,25 +120,28 @@ pub fn build_url(
     path: &str,
     path_values: &[(&str, &str)],
     query: &[(String, String)],
-) -> Result<Url, String> {
+) -> Result<Url, UrlError> {
     let mut filled = path.to_string();
     for (name, value) in path_values {
         if value.is_empty() || *value == "." || *value == ".." {
-            return Err(format!("path parameter `{name}` may not be `{value}`"));
+            return Err(UrlError::PathValue {
+                name: name.to_string(),
+                value: value.to_string(),
+            });
         }
         filled = filled.replace(&format!("{{{name}}}"), &encode_segment(value));
     }
     let full = format!("{}{}", base.trim_end_matches('/'), filled);
-    let mut url = Url::parse(&full).map_err(|e| format!("bad URL: {e}"))?;
+    let mut url = Url::parse(&full).map_err(UrlError::Url)?;
     // The request goes where the toolbox says and to the very path a
     // filter judged: the parser may not have moved it (a path read into
     // the host, dot segments resolved, escapes decoded).
-    let root = Url::parse(base).map_err(|e| format!("bad base URL: {e}"))?;
+    let root = Url::parse(base).map_err(UrlError::BaseUrl)?;
     let expected = format!("{}{}", root.path().trim_end_matches('/'), filled);
     if url.origin() != root.origin() || url.path() != expected {
-        return Err(format!(
-            "the path `{path}` does not stay below the toolbox's base URL"
-        ));
+        return Err(UrlError::LeavesBase {
+            path: path.to_string(),
+        });
     }
     if !query.is_empty() {
         let mut pairs = url.query_pairs_mut();
@@ -351,7 +356,7 @@ impl OpenApiTool {
         }
         let refs: Vec<(&str, &str)> = path_values.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let url = build_url(&self.shared.base_url, &self.op.path, &refs, &query)
-            .map_err(ToolError::InvalidArguments)?;
+            .map_err(|e| ToolError::InvalidArguments(e.to_string()))?;
         let method = reqwest::Method::from_bytes(self.op.method.as_bytes())
             .map_err(|_| ToolError::Failed(format!("bad method {}", self.op.method)))?;
         Ok(Request {
@@ -512,7 +517,7 @@ pub async fn load(
     base: &Path,
     values: &Values,
     api_keys: &ApiKeys,
-) -> Result<Loaded, String> {
+) -> Result<Loaded, LoadError> {
     load_with(tb, label, base, values, api_keys, operations).await
 }
 
@@ -523,8 +528,10 @@ pub async fn load_with(
     base: &Path,
     values: &Values,
     api_keys: &ApiKeys,
-    to_operations: impl FnOnce(&serde_json::Value) -> Result<(Vec<Operation>, Vec<String>), String>,
-) -> Result<Loaded, String> {
+    to_operations: impl FnOnce(
+        &serde_json::Value,
+    ) -> Result<(Vec<Operation>, Vec<String>), DocumentError>,
+) -> Result<Loaded, LoadError> {
     let timeout = tb
         .timeout_seconds
         .map(Duration::from_secs)
@@ -532,12 +539,15 @@ pub async fn load_with(
     let client = egress::client(tb.redirects)
         .timeout(timeout)
         .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        .map_err(LoadError::Client)?;
 
     let mut secrets = Vec::new();
     let mut fetch_secrets = Vec::new();
     for (i, s) in tb.secrets.iter().enumerate() {
-        let place = secret_place(s).map_err(|e| format!("secret {}: {e}", i + 1))?;
+        let place = secret_place(s).map_err(|problem| LoadError::SecretPlace {
+            secret: i + 1,
+            problem,
+        })?;
         let value = match (&s.source, s.source.value_source()) {
             (SecretSource::Param(p), _) => {
                 if s.fetch_spec {
@@ -547,10 +557,10 @@ pub async fn load_with(
                             place: place.clone(),
                         }),
                         None => {
-                            return Err(format!(
-                                "secret {}: parameter `{p}` has no value when the agent loads, so the spec cannot be fetched with it; give it a process value or a default",
-                                i + 1
-                            ))
+                            return Err(LoadError::FetchSecretUnset {
+                                secret: i + 1,
+                                param: p.clone(),
+                            })
                         }
                     }
                 }
@@ -563,7 +573,11 @@ pub async fn load_with(
                     api_keys,
                     !s.keep_whitespace,
                 )
-                .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?;
+                .map_err(|error| LoadError::SecretSource {
+                    secret: i + 1,
+                    from: src.describe(),
+                    error,
+                })?;
                 let text = match v {
                     serde_json::Value::String(s) => s,
                     other => other.to_string(),
@@ -575,8 +589,13 @@ pub async fn load_with(
                 };
                 let text = match s.decode {
                     None => text,
-                    Some(how) => decode_secret(&text, how)
-                        .map_err(|e| format!("secret {} ({}): {e}", i + 1, src.describe()))?,
+                    Some(how) => {
+                        decode_secret(&text, how).map_err(|error| LoadError::SecretDecode {
+                            secret: i + 1,
+                            from: src.describe(),
+                            error,
+                        })?
+                    }
                 };
                 let v = SecretValue::Loaded(SecretString::new(text));
                 if s.fetch_spec {
@@ -593,8 +612,10 @@ pub async fn load_with(
     }
 
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
-    let (mut ops, mut warnings) =
-        to_operations(&doc).map_err(|e| format!("spec {}: {e}", tb.spec))?;
+    let (mut ops, mut warnings) = to_operations(&doc).map_err(|error| LoadError::Document {
+        spec: tb.spec.clone(),
+        error,
+    })?;
     ops.retain(|op| match document::unsafe_path(&op.path) {
         None => true,
         Some(why) => {
@@ -624,7 +645,7 @@ pub async fn load_with(
         Some(_) => egress::client(bindery_spec::Redirects::Never)
             .timeout(timeout)
             .build()
-            .map_err(|e| format!("cannot build an HTTP client: {e}"))?,
+            .map_err(LoadError::Client)?,
     };
     let shared = Arc::new(Shared {
         label: label.to_string(),
@@ -677,16 +698,18 @@ pub async fn load_with(
 
 /// The toolbox's plain `headers`, checked; one a secret also sets gives
 /// way to the secret.
-fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>, LoadError> {
     let mut out = Vec::new();
     for (name, value) in &tb.headers {
         if bindery_spec::secret_sets_header(&tb.secrets, name) {
             continue;
         }
         let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("header `{name}`: not a valid header name"))?;
-        let value = HeaderValue::from_str(value)
-            .map_err(|_| format!("header `{name}`: its value cannot be sent in a header"))?;
+            .map_err(|_| LoadError::HeaderName { name: name.clone() })?;
+        // The value is left out of the error: a header may hold a credential.
+        let value = HeaderValue::from_str(value).map_err(|_| LoadError::HeaderValue {
+            name: name.to_string(),
+        })?;
         out.push((name, value));
     }
     Ok(out)
@@ -694,28 +717,28 @@ fn static_headers(tb: &OpenApiToolbox) -> Result<Vec<(HeaderName, HeaderValue)>,
 
 /// A secret's value decoded as its `decode` says; the bytes must be
 /// UTF-8 text. Messages never quote the value.
-pub fn decode_secret(text: &str, how: bindery_spec::SecretDecode) -> Result<String, String> {
+pub fn decode_secret(text: &str, how: bindery_spec::SecretDecode) -> Result<String, DecodeError> {
     use base64::Engine as _;
     let bytes = match how {
         bindery_spec::SecretDecode::Base64 => base64::engine::general_purpose::STANDARD
             .decode(text.trim())
-            .map_err(|_| "its value is not base64 (`decode: base64`)".to_string())?,
-        bindery_spec::SecretDecode::Hex => hex::decode(text.trim()).map_err(|_| {
-            "its value is not hexadecimal digits in pairs (`decode: hex`)".to_string()
-        })?,
+            .map_err(|_| DecodeError::NotBase64)?,
+        bindery_spec::SecretDecode::Hex => {
+            hex::decode(text.trim()).map_err(|_| DecodeError::NotHex)?
+        }
     };
-    String::from_utf8(bytes).map_err(|_| "its decoded bytes are not UTF-8 text".to_string())
+    String::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)
 }
 
-fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, String> {
+fn secret_place(s: &OpenApiSecret) -> Result<SecretPlace, SecretPlaceError> {
     match (&s.header, &s.query) {
         (Some(h), None) => Ok(SecretPlace::Header {
             name: HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| format!("`{}` is not a valid header name", h.name))?,
+                .map_err(|_| SecretPlaceError::HeaderName(h.name.clone()))?,
             template: h.template.clone(),
         }),
         (None, Some(q)) => Ok(SecretPlace::Query(q.clone())),
-        _ => Err("give exactly one of `header` or `query`".to_string()),
+        _ => Err(SecretPlaceError::NotOneOf),
     }
 }
 
@@ -726,7 +749,7 @@ async fn read_document(
     base: &Path,
     client: &reqwest::Client,
     secrets: &[Secret],
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, LoadError> {
     let text = if bindery_spec::http_url(spec) {
         let mut query = Vec::new();
         let mut builder_headers = Vec::new();
@@ -738,14 +761,19 @@ async fn read_document(
                 SecretPlace::Header { name, template } => {
                     let mut hv =
                         HeaderValue::from_str(&header_value(template.as_deref(), v.expose()))
-                            .map_err(|_| format!("a secret does not fit in header {name}"))?;
+                            .map_err(|_| LoadError::SecretHeader {
+                                header: name.to_string(),
+                            })?;
                     hv.set_sensitive(true);
                     builder_headers.push((name.clone(), hv));
                 }
                 SecretPlace::Query(q) => query.push((q.clone(), v.expose().to_string())),
             }
         }
-        let mut url = Url::parse(spec).map_err(|e| format!("spec {spec}: bad URL: {e}"))?;
+        let mut url = Url::parse(spec).map_err(|error| LoadError::SpecUrl {
+            spec: spec.to_string(),
+            error,
+        })?;
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
@@ -754,39 +782,48 @@ async fn read_document(
             req = req.header(k, v);
         }
         // Messages name `spec` as written, never the URL with secrets added.
-        let resp = req.send().await.map_err(|e| match egress::refused(&e) {
-            Some(refused) => format!("cannot fetch spec {spec}: {refused}"),
-            None => format!("cannot fetch spec {spec}: {}", e.without_url()),
-        })?;
+        let fetch = |e: reqwest::Error| match egress::refused(&e) {
+            Some(refused) => LoadError::FetchRefused {
+                spec: spec.to_string(),
+                refused: refused.clone(),
+            },
+            None => LoadError::Fetch {
+                spec: spec.to_string(),
+                error: e.without_url(),
+            },
+        };
+        let resp = req.send().await.map_err(fetch)?;
         let status = resp.status();
         if !status.is_success() {
-            return Err(format!(
-                "cannot fetch spec {spec}: HTTP {status}{}",
-                if secrets.is_empty() {
-                    "; if it needs credentials, add a secret with `fetchSpec: true` (from a value source or a process-scope parameter: the spec is fetched at load, before any session)"
-                } else {
-                    ""
-                }
-            ));
+            return Err(LoadError::FetchStatus {
+                spec: spec.to_string(),
+                status,
+                with_secrets: !secrets.is_empty(),
+            });
         }
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("cannot fetch spec {spec}: {}", e.without_url()))?;
+        let bytes = resp.bytes().await.map_err(|e| LoadError::Fetch {
+            spec: spec.to_string(),
+            error: e.without_url(),
+        })?;
         if bytes.len() > MAX_DOCUMENT {
-            return Err(format!("spec {spec} is larger than {MAX_DOCUMENT} bytes"));
+            return Err(LoadError::TooLarge {
+                spec: spec.to_string(),
+            });
         }
         String::from_utf8_lossy(&bytes).into_owned()
     } else {
         let path = base.join(spec.strip_prefix("file://").unwrap_or(spec));
-        tokio::fs::read_to_string(&path)
-            .await
-            .map_err(|e| format!("cannot read spec {}: {e}", path.display()))?
+        match tokio::fs::read_to_string(&path).await {
+            Ok(text) => text,
+            Err(error) => return Err(LoadError::Read { path, error }),
+        }
     };
     match serde_json::from_str(&text) {
         Ok(v) => Ok(v),
-        Err(json_err) => serde_yaml::from_str(&text).map_err(|yaml_err| {
-            format!("spec {spec} is neither JSON ({json_err}) nor YAML ({yaml_err})")
+        Err(json) => serde_yaml::from_str(&text).map_err(|yaml| LoadError::Syntax {
+            spec: spec.to_string(),
+            json,
+            yaml,
         }),
     }
 }

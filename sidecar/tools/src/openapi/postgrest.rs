@@ -79,6 +79,16 @@ fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
     }
 }
 
+/// Why PostgREST's document gives no tools.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PostgrestError {
+    #[error("it has no `paths`: is it PostgREST's OpenAPI document (GET / on the server)?")]
+    NoPaths,
+    /// A `POST` or `PATCH` of a table whose row schema the document does not give.
+    #[error("{method} {path} has no body schema")]
+    NoBodySchema { method: String, path: String },
+}
+
 /// One tool per table and allowed method (`GET`, `POST`, `PATCH`,
 /// `DELETE`), named `postgrest_<toolbox>_<method>_<table>`; RPC functions
 /// are skipped with a warning.
@@ -86,11 +96,11 @@ pub fn operations(
     doc: &Value,
     toolbox: &str,
     allowed: &[String],
-) -> Result<(Vec<Operation>, Vec<String>), String> {
+) -> Result<(Vec<Operation>, Vec<String>), PostgrestError> {
     let paths = doc
         .get("paths")
         .and_then(Value::as_object)
-        .ok_or("it has no `paths`: is it PostgREST's OpenAPI document (GET / on the server)?")?;
+        .ok_or(PostgrestError::NoPaths)?;
     let mut ops = Vec::new();
     let mut warnings = Vec::new();
     for (path, item) in paths {
@@ -121,7 +131,7 @@ fn operation(
     path: &str,
     method: &str,
     op: &Value,
-) -> Result<Operation, String> {
+) -> Result<Operation, PostgrestError> {
     let params: Vec<&Value> = op
         .get("parameters")
         .and_then(Value::as_array)
@@ -208,7 +218,10 @@ fn operation(
     if matches!(method, "POST" | "PATCH") {
         has_body = true;
         let empty = Map::new();
-        let schema = body_schema.ok_or_else(|| format!("{method} {path} has no body schema"))?;
+        let schema = body_schema.ok_or_else(|| PostgrestError::NoBodySchema {
+            method: method.to_string(),
+            path: path.to_string(),
+        })?;
         let required: Vec<&str> = schema["required"]
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())

@@ -41,7 +41,14 @@ fn urls_join_base_path_and_query() {
 fn dot_segments_cannot_move_the_request() {
     for bad in ["..", ".", ""] {
         let err = build_url("http://api.test", "/p/{id}/x", &[("id", bad)], &[]).unwrap_err();
-        assert!(err.contains("`id`"), "{err}");
+        assert_eq!(
+            err,
+            UrlError::PathValue {
+                name: "id".into(),
+                value: bad.into()
+            }
+        );
+        assert!(err.to_string().contains("`id`"), "{err}");
     }
 }
 
@@ -159,7 +166,14 @@ fn a_request_stays_below_the_base_url() {
         ("http://api.test", "\\..\\b"),
     ] {
         let err = build_url(base, path, &[], &[]).unwrap_err();
-        assert!(err.contains("does not stay below"), "{base} {path}: {err}");
+        assert!(
+            matches!(err, UrlError::LeavesBase { .. }),
+            "{base} {path}: {err}"
+        );
+        assert!(
+            err.to_string().contains("does not stay below"),
+            "{base} {path}: {err}"
+        );
     }
     let url = build_url(
         "http://api.test/v1/",
@@ -227,12 +241,16 @@ fn secrets_decode_as_agents_exe_decoders_do() {
     assert_eq!(decode_secret("c2Vjci10\n", Base64).unwrap(), "secr-t");
     assert_eq!(decode_secret("736563722d74", Hex).unwrap(), "secr-t");
     let err = decode_secret("not base64!", Base64).unwrap_err();
+    assert_eq!(err, DecodeError::NotBase64);
+    let text = err.to_string();
     assert!(
-        err.contains("not base64") && !err.contains("not base64!"),
-        "{err}"
+        text.contains("not base64") && !text.contains("not base64!"),
+        "{text}"
     );
-    assert!(decode_secret("abc", Hex).unwrap_err().contains("in pairs"));
-    assert!(decode_secret("ff", Hex).unwrap_err().contains("not UTF-8"));
+    assert_eq!(decode_secret("abc", Hex).unwrap_err(), DecodeError::NotHex);
+    assert!(DecodeError::NotHex.to_string().contains("in pairs"));
+    assert_eq!(decode_secret("ff", Hex).unwrap_err(), DecodeError::NotUtf8);
+    assert!(DecodeError::NotUtf8.to_string().contains("not UTF-8"));
 }
 
 #[test]
