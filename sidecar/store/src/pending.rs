@@ -227,6 +227,19 @@ impl Pending {
         closed
     }
 
+    /// The waiting run ends without going on (a cancel): its open items
+    /// closed with `r`, and nothing of it left to resume (neither its
+    /// items, nor that they were a client's calls, nor the run itself);
+    /// the used and expired tokens stay known. The ids of the items it
+    /// closed.
+    pub fn end_run(&mut self, r: &Resolution) -> Vec<String> {
+        let closed = self.close_all(r);
+        self.items.clear();
+        self.client_call = false;
+        self.run = None;
+        closed
+    }
+
     /// Record every answered item's token as used.
     pub fn retire_tokens(&mut self) {
         for i in self.items.iter().filter(|i| i.resolution.is_some()) {

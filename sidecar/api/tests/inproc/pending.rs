@@ -370,6 +370,42 @@ async fn cancelling_a_waiting_run_closes_its_calls() {
     assert_eq!(c.runs(), 0);
 }
 
+/// Found by the attacker's review: a client's call (MCP `tools/call` of
+/// an exposed tool) that waits, cancelled, left the session marked as a
+/// client's call, and the next message's run ended at once, failed.
+#[tokio::test]
+async fn a_cancelled_client_call_leaves_the_next_message_a_model_run() {
+    let c = clerk("  mcp:\n    exposeTools: true\n").await;
+    let s = c.start().await;
+    let api = &s.api;
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "bash_delete-invoice", "arguments": {"id": "INV-7"},
+                   "_meta": {"agents-exe/params": {"tenant": "acme"}}}});
+    let r = api.call("POST", "/mcp", Some(OWNER), Some(&call)).await;
+    let waiting = &r.json["result"]["structuredContent"];
+    assert_eq!(waiting["status"], "waiting_external", "{}", r.text);
+    let id = waiting["session_id"].as_str().unwrap().to_string();
+    let r = on_session(api, "POST", &id, "/cancel", None).await;
+    assert_eq!(r.json["status_detail"], "cancelled", "{}", r.text);
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "count them"})),
+        )
+        .await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    let turns = r.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(
+        turns.last().unwrap()["content"],
+        "done: 3 invoices\n",
+        "{}",
+        r.text
+    );
+    assert_eq!(c.runs(), 0);
+}
+
 /// `run: step` takes one model turn and runs its calls, then stops; a
 /// resume goes on. A message to a waiting session is refused until its
 /// calls are answered; a continuation takes `run` like any request that

@@ -117,8 +117,7 @@ impl Runs {
             if rec.status != SessionStatus::WaitingExternal {
                 return Ok::<_, ServiceError>(None);
             }
-            let closed = rec.pending.close_all(&Resolution::Cancelled);
-            rec.pending.items.clear();
+            let closed = rec.pending.end_run(&Resolution::Cancelled);
             rec.turns = close_pending(std::mem::take(&mut rec.turns), CANCELLED);
             rec.status = SessionStatus::Idle;
             rec.status_detail = Some("cancelled".into());

@@ -909,3 +909,22 @@ fn expiry_closes_only_open_items_past_their_time() {
         "waiting for a person's approval of t, a person's approval of t"
     );
 }
+
+#[test]
+fn an_ended_run_leaves_nothing_to_resume_but_its_used_tokens() {
+    let mut p = Pending {
+        items: vec![waiting("c", "bash_rm", Disposition::Confirm)],
+        client_call: true,
+        run: Some(WaitingRun {
+            id: "run-1".into(),
+            budgets_approved: vec!["daily".into()],
+        }),
+        ..Pending::default()
+    };
+    let digest = p.items[0].token_digest.clone();
+    assert_eq!(p.end_run(&Resolution::Cancelled), vec!["c".to_string()]);
+    assert!(p.is_empty());
+    assert!(!p.client_call);
+    assert!(p.run.is_none());
+    assert_eq!(p.used, vec![digest]);
+}
