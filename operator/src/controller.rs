@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::core::PartialObjectMeta;
+use kube::core::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -49,6 +49,14 @@ pub(crate) enum Error {
     /// other failures, counted as `randomness`.
     #[error("no randomness from the OS for the owner token ({0}); retried, nothing was created")]
     Randomness(getrandom::Error),
+    /// An object of one of the tenant's names exists and the tenant does
+    /// not control it: left as it is, never taken over.
+    #[error("a {kind} named {name} exists in namespace {namespace} and is not this AgentTenant's (it controls none of it): rename the AgentTenant, or delete or rename that {kind}; until then the tenant is not deployed")]
+    NotOurs {
+        kind: String,
+        name: String,
+        namespace: String,
+    },
 }
 
 impl Error {
@@ -73,6 +81,7 @@ impl Error {
             Error::NoNamespace(_) => "no_namespace",
             Error::PeerCertificate(_) => "peer_certificate",
             Error::Randomness(_) => "randomness",
+            Error::NotOurs { .. } => "not_ours",
         }
     }
 }
@@ -509,18 +518,33 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         }
     };
     if let Some(o) = &d.objects {
-        let mut sent = apply(c, own, &ns, &o.config_map).await?;
-        sent |= apply(c, own, &ns, &o.service_account).await?;
-        if let Some(claim) = &o.claim {
-            sent |= apply::<PersistentVolumeClaim>(c, own, &ns, claim).await?;
+        let applied = async {
+            let mut sent = apply(c, own, &ns, &o.config_map).await?;
+            sent |= apply(c, own, &ns, &o.service_account).await?;
+            if let Some(claim) = &o.claim {
+                sent |= apply::<PersistentVolumeClaim>(c, own, &ns, claim).await?;
+            }
+            // Before the pods that use it: their first Event is allowed.
+            if let Some(a) = &o.events_access {
+                sent |= apply(c, own, &ns, &a.role).await?;
+                sent |= apply(c, own, &ns, &a.binding).await?;
+            }
+            sent |= apply(c, own, &ns, &o.deployment).await?;
+            sent |= apply(c, own, &ns, &o.service).await?;
+            Ok::<_, Error>(sent)
         }
-        // Before the pods that use it: their first Event is allowed.
-        if let Some(a) = &o.events_access {
-            sent |= apply(c, own, &ns, &a.role).await?;
-            sent |= apply(c, own, &ns, &a.binding).await?;
-        }
-        sent |= apply(c, own, &ns, &o.deployment).await?;
-        sent |= apply(c, own, &ns, &o.service).await?;
+        .await;
+        let sent = match applied {
+            Err(e @ Error::NotOurs { .. }) => {
+                // Told on the tenant (once per problem), and retried: the
+                // object may go, or the tenant be renamed.
+                if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
+                    tracing::warn!(tenant = %name, "cannot publish an event: {w}");
+                }
+                return Err(e);
+            }
+            other => other?,
+        };
         // What the tenant owns and no longer asks for goes, by its label:
         // a claim once its store is PostgreSQL, the Role and RoleBinding
         // once no agent has an approval webhook or a budget (after the
@@ -531,8 +555,8 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         // restarted operator sends everything once, so what an interrupted
         // reconcile left behind goes then.
         if sent {
-            let name_of = |m: &kube::core::ObjectMeta| m.name.clone().unwrap_or_default();
-            let one = |m: &kube::core::ObjectMeta| [name_of(m)];
+            let name_of = |m: &ObjectMeta| m.name.clone().unwrap_or_default();
+            let one = |m: &ObjectMeta| [name_of(m)];
             prune::<ConfigMap>(c, own, &ns, tenant, &one(&o.config_map.metadata)).await?;
             prune::<ServiceAccount>(c, own, &ns, tenant, &one(&o.service_account.metadata)).await?;
             let claims: Vec<String> = o.claim.iter().map(|c| name_of(&c.metadata)).collect();
@@ -778,7 +802,7 @@ where
 /// Server-side apply under the operator's one field manager, unless it
 /// would send what was last applied with nobody's change seen since;
 /// whether it was sent.
-async fn apply<K>(c: &Client, own: &OwnWrites, ns: &str, obj: &K) -> Result<bool, kube::Error>
+async fn apply<K>(c: &Client, own: &OwnWrites, ns: &str, obj: &K) -> Result<bool, Error>
 where
     K: Namespaced + Serialize,
 {
@@ -788,7 +812,20 @@ where
     if own.unchanged(&key, digest) {
         return Ok(false);
     }
-    let applied = Api::<K>::namespaced(c.clone(), ns)
+    let api = Api::<K>::namespaced(c.clone(), ns);
+    // A forced apply takes over whatever has the name: one that exists
+    // and is not the tenant's (a Role, a ServiceAccount of the same name)
+    // is refused instead of overwritten and adopted.
+    if let Some(existing) = api.get_metadata_opt(&name).await? {
+        if !controlled_alike(&existing.metadata, obj.meta()) {
+            return Err(Error::NotOurs {
+                kind: key.0,
+                name,
+                namespace: ns.to_string(),
+            });
+        }
+    }
+    let applied = api
         .patch(
             &name,
             &PatchParams::apply(names::FIELD_MANAGER).force(),
@@ -797,6 +834,19 @@ where
         .await?;
     own.wrote(key, applied.meta(), Some(digest));
     Ok(true)
+}
+
+/// Whether `existing` is controlled by the owner `desired` names (the
+/// tenant, by its uid).
+fn controlled_alike(existing: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    let controller = |m: &ObjectMeta| {
+        m.owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone())
+    };
+    matches!((controller(existing), controller(desired)), (Some(a), Some(b)) if a == b)
 }
 
 #[cfg(test)]

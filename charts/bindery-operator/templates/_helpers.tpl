@@ -94,7 +94,9 @@ list against what the operator asked of a real API server, its audit log):
 # authorized as create too), and deleted once the tenant no longer asks for
 # it (found by the tenant's label; only objects it controls). Deployments
 # are read for the rollout status; ConfigMaps for the key names of those a
-# tenant references.
+# tenant references. Each kind is got (its metadata) before an apply that
+# changes it: an object of the tenant's names that the tenant does not
+# control is left alone, never taken over.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -103,7 +105,7 @@ list against what the operator asked of a real API server, its audit log):
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts", "persistentvolumeclaims"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A tenant whose agents have an approval webhook or a budget: a Role letting
 # its pods' ServiceAccount create Events (and, with a budget, get and patch
 # its own AgentTenant's status; nothing else) and its RoleBinding, owned and
@@ -112,7 +114,7 @@ list against what the operator asked of a real API server, its audit log):
 # below, and agenttenants/status get and patch, above.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Secrets: got and watched by metadata only (PartialObjectMetadata: their
 # key names from managedFields, never their values), and the generated
 # owner-token and peer-certificate Secrets created once. RBAC has no verb

@@ -2506,3 +2506,52 @@ fn json_patch(target: &mut Value, patch: &Value) {
         (t, p) => *t = p.clone(),
     }
 }
+
+/// Found by the attacker's review: the operator's forced apply took over
+/// any object that had one of a tenant's names (a Role, a ServiceAccount),
+/// so a user who may create AgentTenants could overwrite and adopt them.
+/// An object of the tenant's names that the tenant does not control is
+/// left as it is and the tenant told; once it is gone, the tenant deploys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_of_a_tenants_name_that_is_not_its_own_is_never_taken_over() {
+    let cluster = Cluster::start("name-taken").await;
+    cluster.apply(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: acme\n  annotations: {team: web}\n",
+    );
+    cluster.apply_examples();
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster
+        .wait_warning("acme", "NameTaken", "a ServiceAccount named acme exists")
+        .await;
+    let account: ServiceAccount = cluster.api().get("acme").await.unwrap();
+    assert!(
+        account.metadata.owner_references.is_none(),
+        "adopted: {:?}",
+        account.metadata
+    );
+    assert_eq!(
+        account.annotations().get("team").map(String::as_str),
+        Some("web")
+    );
+    assert!(
+        cluster
+            .api::<Deployment>()
+            .get_opt("acme")
+            .await
+            .unwrap()
+            .is_none(),
+        "deployed around the taken name"
+    );
+    // The other account goes: the tenant's own comes, and the tenant runs.
+    cluster.kubectl(&["delete", "serviceaccount", "acme"]);
+    cluster
+        .wait("the tenant's own ServiceAccount", async || {
+            match cluster.api::<ServiceAccount>().get_opt("acme").await {
+                Ok(Some(a)) if a.metadata.owner_references.is_some() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    let _: Deployment = cluster.wait_object("acme").await;
+    cluster.assert_operator_refused_nothing();
+}
