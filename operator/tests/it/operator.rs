@@ -281,6 +281,17 @@ impl Cluster {
         .await
     }
 
+    /// Whether an object `name` of kind `K` exists now.
+    async fn exists<K>(&self, name: &str) -> bool
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        self.api::<K>().get_opt(name).await.unwrap().is_some()
+    }
+
     /// Change the tenant's spec (one more replica) and wait until a
     /// reconcile has seen it. A controller never runs two reconciles of one
     /// object at once, so every reconcile that started before has finished.
@@ -1262,31 +1273,11 @@ spec:
 
     // The status is written after anything is applied: nothing was.
     for name in ["ghost", "stray"] {
-        assert!(cluster
-            .api::<Deployment>()
-            .get_opt(name)
-            .await
-            .unwrap()
-            .is_none());
-        assert!(cluster
-            .api::<Service>()
-            .get_opt(name)
-            .await
-            .unwrap()
-            .is_none());
-        assert!(cluster
-            .api::<ServiceAccount>()
-            .get_opt(name)
-            .await
-            .unwrap()
-            .is_none());
+        assert!(!cluster.exists::<Deployment>(name).await);
+        assert!(!cluster.exists::<Service>(name).await);
+        assert!(!cluster.exists::<ServiceAccount>(name).await);
         let cm = format!("{name}-agents");
-        assert!(cluster
-            .api::<ConfigMap>()
-            .get_opt(&cm)
-            .await
-            .unwrap()
-            .is_none());
+        assert!(!cluster.exists::<ConfigMap>(&cm).await);
     }
 
     // One Warning per problem, however many reconciles there were.
@@ -1932,12 +1923,7 @@ async fn a_token_waits_for_its_secret(c: TokenCase) {
     let secrets = cluster.api::<Secret>();
     assert!(secrets.get_opt(c.secret).await.unwrap().is_none());
     assert!(
-        cluster
-            .api::<Deployment>()
-            .get_opt("acme")
-            .await
-            .unwrap()
-            .is_none(),
+        !cluster.exists::<Deployment>("acme").await,
         "nothing is deployed until it is fixed"
     );
 
@@ -2534,12 +2520,7 @@ async fn an_object_of_a_tenants_name_that_is_not_its_own_is_never_taken_over() {
         Some("web")
     );
     assert!(
-        cluster
-            .api::<Deployment>()
-            .get_opt("acme")
-            .await
-            .unwrap()
-            .is_none(),
+        !cluster.exists::<Deployment>("acme").await,
         "deployed around the taken name"
     );
     // The other account goes: the tenant's own comes, and the tenant runs.

@@ -64,7 +64,7 @@ pub async fn put(
         StatusCode::OK
     };
     let reply = PutAgentReply {
-        agent: agent_view(&agent, bindery_session::state::stored::AgentSource::Store),
+        agent: agent_view(&agent, bindery_session::state::agents::AgentSource::Store),
         warnings,
     };
     Ok((status, Json(reply)).into_response())

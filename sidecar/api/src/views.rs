@@ -18,7 +18,7 @@ pub struct AgentView {
     /// Where its definition comes from: `file` (the server's files),
     /// `crd` (an `Agent` resource, given by the operator) or `store` (kept
     /// over the API).
-    pub source: bindery_session::state::stored::AgentSource,
+    pub source: bindery_session::state::agents::AgentSource,
     /// What the agent says it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = String)]
@@ -103,7 +103,7 @@ impl From<ParamStatus> for ParameterView {
 
 pub fn agent_view(
     a: &LoadedAgent,
-    source: bindery_session::state::stored::AgentSource,
+    source: bindery_session::state::agents::AgentSource,
 ) -> AgentView {
     AgentView {
         slug: a.name.clone(),

@@ -1,6 +1,6 @@
 //! The session service: the API's way in. It builds the session's
 //! collaborators (`crate::state`) and the run driver (`crate::run`), and
-//! holds the flows that use several of them: `lifecycle` (create, message,
+//! holds the flows that use several of them: `sessions` (create, message,
 //! resume, parameters, fork), `cancel`, `tokens`, `feed` (events for
 //! subscribers) and `continuation` (answers to pending calls). The HTTP
 //! layer is a thin skin over it.
@@ -14,14 +14,14 @@ use tokio_util::sync::CancellationToken;
 use crate::error::ServiceError;
 pub use crate::fanout::LiveEvent;
 use crate::lease::LeaseConfig;
-use crate::run::liveness::Heartbeat;
+use crate::run::heartbeat::Heartbeat;
 use crate::run::{RunMode, Runs};
+use crate::state::agents::Agents;
 use crate::state::approvals::Approvals;
 use crate::state::budgets::Budgets;
 use crate::state::live_sessions::{LiveSessions, RunWait};
 use crate::state::recorder::Recorder;
 use crate::state::secrets::Secrets;
-use crate::state::stored::Agents;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::ChatClient;
 use bindery_metrics::Metrics;
@@ -35,14 +35,14 @@ const CANCEL_WAIT: Duration = Duration::from_secs(10);
 mod cancel;
 mod continuation;
 mod feed;
-mod lifecycle;
+mod sessions;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
-pub use lifecycle::Sessions;
+pub use sessions::Sessions;
 pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {
@@ -68,7 +68,7 @@ pub struct ServiceConfig {
     pub advertise: Option<String>,
     /// Where the agents loaded at start come from, as `GET /v1/agents`
     /// shows it: files, or `Agent` resources the operator wrote as files.
-    pub agents_source: crate::state::stored::AgentSource,
+    pub agents_source: crate::state::agents::AgentSource,
     /// Where people reach this server (`--public-url`): the base of the
     /// answer URLs in approval notices.
     pub public_url: Option<String>,
@@ -89,7 +89,7 @@ impl Default for ServiceConfig {
             live_session_ttl: None,
             max_live_sessions: None,
             advertise: None,
-            agents_source: crate::state::stored::AgentSource::File,
+            agents_source: crate::state::agents::AgentSource::File,
             public_url: None,
             notice_retries: Default::default(),
             clock: Arc::new(WallClock),

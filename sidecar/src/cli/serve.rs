@@ -212,9 +212,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
             },
             advertise,
             agents_source: match a.agents_source {
-                super::args::AgentsSource::Crd => bindery_session::state::stored::AgentSource::Crd,
+                super::args::AgentsSource::Crd => bindery_session::state::agents::AgentSource::Crd,
                 super::args::AgentsSource::File => {
-                    bindery_session::state::stored::AgentSource::File
+                    bindery_session::state::agents::AgentSource::File
                 }
             },
             clock: Arc::new(bindery_store::clock::WallClock),
@@ -238,7 +238,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     if a.stored_agents {
         service
             .agents()
-            .enable_stored(bindery_session::state::stored::StoredAgents::new(
+            .enable_stored(bindery_session::state::agents::StoredAgents::new(
                 opts.limits,
                 client_options(a.model),
             ));

@@ -14,7 +14,7 @@
 //!   `run_budget.rs` (the budgets' claims in the store, over the pure
 //!   `crate::budget`: gates, gauges, crossings);
 //! - `finish.rs`: a run's end recorded with its answer and pending calls;
-//! - `liveness.rs`: this server's heartbeat, and runs of servers that died
+//! - `heartbeat.rs`: this server's heartbeat, and runs of servers that died
 //!   closed as lost.
 //!
 //! The history records what the model said and what the tools returned,
@@ -22,8 +22,8 @@
 
 mod dispatch;
 mod finish;
+pub mod heartbeat;
 mod host;
-pub mod liveness;
 mod resume;
 mod run_budget;
 mod session_host;
