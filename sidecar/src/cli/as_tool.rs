@@ -132,7 +132,7 @@ pub fn parse_run(
             .filter(|n| *n != "prompt" && params.iter().any(|p| p.name == *n && !p.secret));
         if let Some(param) = param {
             values.push((param.to_string(), value()?));
-        } else if !script.take(name, value()?)? {
+        } else if !script.take(name, value()?).map_err(|e| e.to_string())? {
             let known: Vec<&str> = params
                 .iter()
                 .filter(|p| !p.secret)

@@ -127,7 +127,7 @@ fn approved_replay(
         "call": model_args,
     });
     Ok(matches!(
-        super::ask::ask_item(&item, asking.yes, None)?,
+        super::ask::ask_item(&item, asking.yes, None).map_err(|e| format!("error: {e}"))?,
         bindery_store::pending::Resolution::Approved
     ))
 }
@@ -186,7 +186,8 @@ async fn orchestrated(
             Outcome::Done(result) => return Ok(result.map(|o| o.shown())),
             Outcome::Blocked(waiting) => waiting,
         };
-        let answered = super::ask::ask_terminal(&waiting, asking.yes, asking.choose)?;
+        let answered = super::ask::ask_terminal(&waiting, asking.yes, asking.choose)
+            .map_err(|e| format!("error: {e}"))?;
         let (Some(item), Some(lookup)) = (
             answered.first(),
             waiting.first().and_then(|b| b.lookup.clone()),

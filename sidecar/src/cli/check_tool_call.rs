@@ -83,7 +83,8 @@ pub async fn main(tool: &Path) -> Result<ExitCode, String> {
     let script = load_script(tool, Limits::default())
         .await
         .map_err(|e| format!("Failed to load tool: {e}"))?;
-    let text = super::commands::read_stdin("the tool call's arguments")?;
+    let text = super::prompt_script::read_stdin("the tool call's arguments")
+        .map_err(|e| format!("error: {e}"))?;
     let payload: Value = serde_json::from_str(&text)
         .map_err(|e| format!("Error: Invalid JSON input from stdin ({e})"))?;
     let found = problems(&script.info().args, &payload);

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
 use super::check_tools::{self, ToolsMode};
-use super::load::{load, load_tree};
+use super::error::CliError;
+use super::load::{load, load_tree, LoadError};
 use super::telemetry::Telemetry;
 use bindery_tree::report::{agent_report, render_text, tool_view};
 
@@ -84,8 +85,9 @@ fn run_main(command: Command) -> ExitCode {
     };
     match rt.block_on(run(command)) {
         Ok(code) => code,
-        Err(message) => {
+        Err(e) => {
             // An error may quote a file's or a model's text.
+            let message = e.to_string();
             eprintln!("{}", super::terminal_text::for_terminal(message.trim_end()));
             ExitCode::FAILURE
         }
@@ -134,14 +136,16 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
     telemetry
 }
 
-async fn run(command: Command) -> Result<ExitCode, String> {
+async fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Check {
             agents,
             output,
             tools,
-        } => check(&agents, output, tools).await,
-        Command::Session { server, command } => super::session_client::main(server, command).await,
+        } => Ok(check(&agents, output, tools).await?),
+        Command::Session { server, command } => {
+            Ok(super::session_client::main(server, command).await?)
+        }
         Command::DescribeTool {
             path,
             format,
@@ -171,7 +175,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             agents,
             model,
             protocol,
-        } => super::as_tool::main(agents, model, protocol).await,
+        } => Ok(super::as_tool::main(agents, model, protocol).await?),
         Command::ReplayToolCall {
             agents,
             session,
@@ -182,12 +186,16 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             yes,
         } => match tool {
             Some(script) => {
-                super::replay::replay(&session, tool_call, &script, validate_only, raw).await
+                Ok(super::replay::replay(&session, tool_call, &script, validate_only, raw).await?)
             }
-            None => {
-                super::replay::through_bindings(&agents, &session, tool_call, validate_only, yes)
-                    .await
-            }
+            None => Ok(super::replay::through_bindings(
+                &agents,
+                &session,
+                tool_call,
+                validate_only,
+                yes,
+            )
+            .await?),
         },
         Command::Run {
             agents,
@@ -199,12 +207,10 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         } => {
             let prompt = compose_prompt(&script.0, session_file.as_deref())?;
             if prompt.trim().is_empty() {
-                return Err(
-                    "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
-                );
+                return Err(CliError::NothingToAsk);
             }
             let query = super::media::query(prompt, &media)?;
-            super::one_shot::run(&agents, &model, query, yes, session_file.as_deref()).await
+            Ok(super::one_shot::run(&agents, &model, query, yes, session_file.as_deref()).await?)
         }
         Command::EchoPrompt {
             script,
@@ -220,8 +226,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
-        Command::McpServer { agents, model } => super::mcp_stdio::main(&agents, &model).await,
+        Command::CheckToolCall { tool } => Ok(super::check_tool_call::main(&tool).await?),
+        Command::McpServer { agents, model } => Ok(super::mcp_stdio::main(&agents, &model).await?),
         Command::Serve {
             agents,
             model,
@@ -249,47 +255,45 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             no_stream,
             runner_heartbeat,
             runner_lease,
-        } => {
-            super::serve::serve(super::serve::ServeArgs {
-                agents: &agents,
-                model: &model,
-                listen: &listen,
-                store: store.as_deref(),
-                store_patience: Duration::from_secs(store_connect_timeout),
-                store_pool_size: usize::from(store_pool_size),
-                advertise_url: advertise_url.as_deref(),
-                peer_tls: peer
-                    .peer_tls_dir
-                    .as_deref()
-                    .zip(peer.peer_tls_name.as_deref()),
-                peer_listen: &peer.peer_listen,
-                owner_token_file: tokens.owner_token_file.as_deref(),
-                mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
-                approver_token_file: tokens.approver_token_file.as_deref(),
-                public_url: approvals.public_url.as_deref(),
-                approval_notice_attempts: approvals.approval_notice_attempts,
-                tool_cache_ttl,
-                stored_agents,
-                agents_source,
-                live_session_ttl: live_session_ttl.0,
-                max_live_sessions: max_live_sessions.map(|n| n as usize),
-                events_keep_alive,
-                conn_limits: super::http::ConnLimits {
-                    header_timeout,
-                    body_timeout,
-                    write_timeout,
-                    per_ip: max_connections_per_ip as usize,
-                },
-                allowed_hosts: &allowed_hosts,
-                allowed_origins: &allowed_origins,
-                stream: !no_stream,
-                lease: bindery_session::lease::LeaseConfig {
-                    heartbeat: runner_heartbeat,
-                    lease: runner_lease,
-                },
-            })
-            .await
-        }
+        } => Ok(super::serve::serve(super::serve::ServeArgs {
+            agents: &agents,
+            model: &model,
+            listen: &listen,
+            store: store.as_deref(),
+            store_patience: Duration::from_secs(store_connect_timeout),
+            store_pool_size: usize::from(store_pool_size),
+            advertise_url: advertise_url.as_deref(),
+            peer_tls: peer
+                .peer_tls_dir
+                .as_deref()
+                .zip(peer.peer_tls_name.as_deref()),
+            peer_listen: &peer.peer_listen,
+            owner_token_file: tokens.owner_token_file.as_deref(),
+            mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
+            approver_token_file: tokens.approver_token_file.as_deref(),
+            public_url: approvals.public_url.as_deref(),
+            approval_notice_attempts: approvals.approval_notice_attempts,
+            tool_cache_ttl,
+            stored_agents,
+            agents_source,
+            live_session_ttl: live_session_ttl.0,
+            max_live_sessions: max_live_sessions.map(|n| n as usize),
+            events_keep_alive,
+            conn_limits: super::http::ConnLimits {
+                header_timeout,
+                body_timeout,
+                write_timeout,
+                per_ip: max_connections_per_ip as usize,
+            },
+            allowed_hosts: &allowed_hosts,
+            allowed_origins: &allowed_origins,
+            stream: !no_stream,
+            lease: bindery_session::lease::LeaseConfig {
+                heartbeat: runner_heartbeat,
+                lease: runner_lease,
+            },
+        })
+        .await?),
         Command::Describe { agents, tool } => {
             let tree = load(&agents).await?;
             let agent = tree
@@ -341,7 +345,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let args = match args {
                 Some(a) => a,
                 None if from_stdin => {
-                    let text = read_stdin("the arguments")?;
+                    let text = super::prompt_script::read_stdin("the arguments")?;
                     if text.trim().is_empty() {
                         "{}".to_string()
                     } else {
@@ -351,7 +355,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 None => "{}".to_string(),
             };
             if from_stdin {
-                return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
+                return Ok(agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await?);
             }
             let tree = load(&agents).await?;
             let agent = tree
@@ -376,24 +380,24 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
-                return super::one_shot::run(&helper_args, &model, what, yes, None).await;
+                return Ok(super::one_shot::run(&helper_args, &model, what, yes, None).await?);
             }
             let asking = super::call::Asking {
                 yes,
                 choose: choose.as_deref(),
                 replayed: false,
             };
-            super::call::through_bindings(agent, &tool, model_args, None, asking).await
+            Ok(super::call::through_bindings(agent, &tool, model_args, None, asking).await?)
         }
         command => session_files(command),
     }
 }
 
 /// The commands over session files (agents-exe's).
-fn session_files(command: Command) -> Result<ExitCode, String> {
+fn session_files(command: Command) -> Result<ExitCode, CliError> {
     use super::agents_exe_session::{print::PrintOptions, run};
     match command {
-        Command::ListToolCalls { session, format } => run::list_tool_calls(&session, format),
+        Command::ListToolCalls { session, format } => Ok(run::list_tool_calls(&session, format)?),
         Command::SessionPrint {
             session,
             show_tool_call_results,
@@ -404,7 +408,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
             antichronological,
             no_funny_stamp,
             as_prompt,
-        } => run::session_print(
+        } => Ok(run::session_print(
             as_prompt,
             &session,
             &PrintOptions {
@@ -416,8 +420,8 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 antichronological,
                 no_funny_stamp,
             },
-        ),
-        Command::SessionEdit { operations } => run::session_edit(&operations),
+        )?),
+        Command::SessionEdit { operations } => Ok(run::session_edit(&operations)?),
         Command::SessionIndex {
             build,
             update,
@@ -431,12 +435,12 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 (.., true) => run::IndexOp::Clean,
                 _ => run::IndexOp::Status,
             };
-            run::session_index(
+            Ok(run::session_index(
                 op,
                 index.db_path,
                 &index.sessions_dirs,
                 index.include_tool_outputs,
-            )
+            )?)
         }
         Command::SessionSearch {
             query,
@@ -449,7 +453,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
             preview,
             limit,
             auto,
-        } => run::session_search(run::Search {
+        } => Ok(run::session_search(run::Search {
             db: index.db_path,
             sessions_dirs: index.sessions_dirs,
             tool_outputs: index.include_tool_outputs,
@@ -465,9 +469,9 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 limit: limit.map(|n| n as usize),
                 ..Default::default()
             },
-        }),
+        })?),
         // `run` hands over only the commands above.
-        _ => Err("error: not a command over session files".into()),
+        _ => Err(CliError::NotSessionFiles),
     }
 }
 
@@ -533,27 +537,20 @@ async fn agents_exe_tool_call(
     Ok(ExitCode::SUCCESS)
 }
 
-/// All of stdin (bounded), for agents-exe's commands that take `what` there.
-pub(super) fn read_stdin(what: &str) -> Result<String, String> {
-    super::prompt_script::read_capped(std::io::stdin().lock(), "stdin")
-        .map_err(|e| format!("error: {what}: {e}"))
-}
-
 /// The prompt agents-exe's directives make; reading files, running a
 /// command and reading stdin block, so off the async workers.
 fn compose_prompt(
     script: &super::prompt_script::PromptScript,
     alias_file: Option<&Path>,
-) -> Result<String, String> {
+) -> Result<String, super::prompt_script::PromptError> {
     tokio::task::block_in_place(|| super::prompt_script::compose_here(script, alias_file))
-        .map_err(|e| format!("error: {e}"))
 }
 
 async fn check(
     agents: &AgentArgs,
     output: Output,
     tools_mode: Option<ToolsMode>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, LoadError> {
     let tools_mode = tools_mode.filter(|m| *m != ToolsMode::None);
     let result = load_tree(agents, false).await;
     match (result, output) {
@@ -600,11 +597,11 @@ async fn check(
             println!("{}", to_json(&doc));
             Ok(ExitCode::SUCCESS)
         }
-        (Err(e), Output::Text) => Err(e.into()),
+        (Err(e), Output::Text) => Err(e),
         (Err(e), Output::Json) => {
-            let diagnostics = match e.downcast() {
-                Ok(load) => load.diagnostics,
-                Err(message) => vec![bindery_bindings::Diagnostic::error(message)],
+            let diagnostics = match e {
+                LoadError::Tree(load) => load.diagnostics,
+                other => vec![bindery_bindings::Diagnostic::error(other.to_string())],
             };
             println!(
                 "{}",

@@ -149,7 +149,9 @@ impl Loaded {
         let mut end = run::run(&ctx, &mut history, sink, cancel).await;
         while let RunEnd::Blocked(calls) = &end {
             let resolved = match waiting {
-                Waiting::Terminal { yes } => ask_terminal(calls, yes, None)?,
+                Waiting::Terminal { yes } => {
+                    ask_terminal(calls, yes, None).map_err(|e| format!("error: {e}"))?
+                }
                 Waiting::Refuse(why) => refuse_all(calls, why),
             };
             end = match run::answer_resolved(&ctx, &resolved, &mut history, sink, cancel).await {

@@ -75,7 +75,7 @@ fn collect_calls(v: &Value, out: &mut Vec<(String, Value)>) {
 /// A session file: one JSON document, or JSON lines whose last is the
 /// session (at most 64 MiB read).
 pub fn read_session(path: &Path) -> Result<Value, String> {
-    super::agents_exe_session::read_file(path)
+    super::agents_exe_session::read_file(path).map_err(|e| format!("error: {e}"))
 }
 
 /// Call `index` of `session`, or a message naming the calls there are.
@@ -85,8 +85,8 @@ fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCa
     use super::agents_exe_session::{calls, shape, Shape};
     if shape(doc) == Shape::AgentsExe {
         let what = format!("session file {}", session.display());
-        let (_, found) = calls::of_doc(doc, &what)?;
-        let call = calls::pick(&found, index, &what)?;
+        let (_, found) = calls::of_doc(doc, &what).map_err(|e| format!("error: {e}"))?;
+        let call = calls::pick(&found, index, &what).map_err(|e| format!("error: {e}"))?;
         return Ok(RecordedCall {
             index,
             turn: call.turn,

@@ -40,14 +40,13 @@ impl SessionFile {
             )
         };
         let (prior, resumed) = if exists {
-            let doc = aes::read_file(path)
-                .map_err(|e| refuse(e.trim_start_matches("error: ").to_string()))?;
+            let doc = aes::read_file(path).map_err(|e| refuse(e.to_string()))?;
             if aes::shape(&doc) == Shape::Bindery {
                 return Err(refuse(
                     "it is not shaped as agents-exe's, with tagged turns".into(),
                 ));
             }
-            let session = Session::parse(&doc).map_err(refuse)?;
+            let session = Session::parse(&doc).map_err(|e| refuse(e.to_string()))?;
             (Some(doc), history::history_of(&session))
         } else {
             (
