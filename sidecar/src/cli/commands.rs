@@ -153,20 +153,19 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
         } => {
             let tool =
                 bindery_tools::bash::load_script(&path, bindery_tools::bash::Limits::default())
-                    .await
-                    .map_err(|e| format!("error: {e}"))?;
+                    .await?;
             let info = tool.info();
             if check_only {
                 println!("{}: valid tool `{}`", path.display(), info.slug);
             } else if format == super::args::ToolFormat::Pretty {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(info).map_err(|e| e.to_string())?
+                    serde_json::to_string_pretty(info).map_err(CliError::Describe)?
                 );
             } else {
                 println!(
                     "{}",
-                    serde_json::to_string(info).map_err(|e| e.to_string())?
+                    serde_json::to_string(info).map_err(CliError::Describe)?
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -296,9 +295,7 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
         .await?),
         Command::Describe { agents, tool } => {
             let tree = load(&agents).await?;
-            let agent = tree
-                .pick(agents.agent.as_deref())
-                .map_err(|e| e.to_string())?;
+            let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
             let helper_tools = bindery_session::subagents::definitions(agent, &tree);
             let helper_view = |d: &bindery_llm::ToolDefinition| {
@@ -314,7 +311,7 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
                             &super::call::find_tool(agent, name)?,
                             &values,
                         ))
-                        .map_err(|e| e.to_string())?]
+                        .map_err(CliError::Describe)?]
                     }
                 },
                 None => agent
@@ -355,29 +352,24 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
                 None => "{}".to_string(),
             };
             if from_stdin {
-                return Ok(agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await?);
+                return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
             }
             let tree = load(&agents).await?;
-            let agent = tree
-                .pick(agents.agent.as_deref())
-                .map_err(|e| e.to_string())?;
-            let model_args: serde_json::Value = serde_json::from_str(&args)
-                .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
+            let agent = tree.pick(agents.agent.as_deref())?;
+            let model_args: serde_json::Value =
+                serde_json::from_str(&args).map_err(CliError::ArgsNotJson)?;
             // A helper's tool: one run of the helper agent on `what`, as
             // the model's call would run it (without a caller's narrowing).
             let helper = bindery_session::subagents::helper_slug(agent, &tool)
                 .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug));
             if let Some(h) = helper {
                 let what = match model_args.as_object() {
-                    Some(o) if o.keys().all(|k| k == "what") => o
-                        .get("what")
-                        .and_then(|w| w.as_str())
-                        .map(str::to_string),
+                    Some(o) if o.keys().all(|k| k == "what") => {
+                        o.get("what").and_then(|w| w.as_str()).map(str::to_string)
+                    }
                     _ => None,
                 }
-                .ok_or_else(|| {
-                    format!("error: tool {tool} takes {{\"what\": TEXT}} here (a caller's `bindings`, `with` and `as` narrow a helper inside a model's run, not from the command line)")
-                })?;
+                .ok_or_else(|| CliError::HelperTakesWhat { tool: tool.clone() })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
                 return Ok(super::one_shot::run(&helper_args, &model, what, yes, None).await?);
@@ -484,15 +476,12 @@ async fn agents_exe_tool_call(
     args: &str,
     yes: bool,
     choose: Option<String>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     use super::tool_call_result::{result, result_data, Called};
-    let model_args: serde_json::Value = serde_json::from_str(args)
-        .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
+    let model_args: serde_json::Value =
+        serde_json::from_str(args).map_err(CliError::StdinNotJson)?;
     let tree = load(agents).await?;
-    let agent = tree
-        .pick(agents.agent.as_deref())
-        .map_err(|e| e.to_string())?
-        .clone();
+    let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
     let helper = bindery_session::subagents::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
@@ -510,7 +499,8 @@ async fn agents_exe_tool_call(
                         super::one_shot::Waiting::Terminal { yes },
                         &super::one_shot::cancelled_on_ctrl_c(),
                     )
-                    .await,
+                    .await
+                    .map_err(|e| e.to_string()),
             ),
             None => Called::Helper(Err(format!("{tool} takes {{\"what\": TEXT}}"))),
         }
@@ -528,7 +518,10 @@ async fn agents_exe_tool_call(
     } else {
         // The JSON says so; the agent's tool names go to stderr.
         if let Err(e) = super::call::find_tool(&agent, tool) {
-            eprintln!("{}", super::terminal_text::for_terminal(&e));
+            eprintln!(
+                "{}",
+                super::terminal_text::for_terminal(&format!("error: {e}"))
+            );
         }
         Called::NotFound
     };

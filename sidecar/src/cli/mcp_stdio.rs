@@ -311,7 +311,11 @@ impl Running {
 }
 
 pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, String> {
-    let loaded = Arc::new(Loaded::load(agents, model).await?);
+    let loaded = Arc::new(
+        Loaded::load(agents, model)
+            .await
+            .map_err(|e| format!("error: {e}"))?,
+    );
     // agents-exe's --agent SLUG keeps that file alone.
     let chosen: Vec<Arc<LoadedAgent>> = match agents.agent.as_deref() {
         Some(name) => vec![loaded
@@ -495,7 +499,10 @@ impl Answer {
                 if let Err(why) = &answer {
                     tracing::warn!(agent = %agent.name, "the run failed: {why}");
                 }
-                Some(response(id, Ok(call_result(answer))))
+                Some(response(
+                    id,
+                    Ok(call_result(answer.map_err(|e| e.to_string()))),
+                ))
             }
         }
     }
