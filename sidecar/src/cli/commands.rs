@@ -499,10 +499,11 @@ async fn agents_exe_tool_call(
                         super::one_shot::Waiting::Terminal { yes },
                         &super::one_shot::cancelled_on_ctrl_c(),
                     )
-                    .await
-                    .map_err(|e| e.to_string()),
+                    .await,
             ),
-            None => Called::Helper(Err(format!("{tool} takes {{\"what\": TEXT}}"))),
+            None => Called::Helper(Err(super::one_shot::RunError::TakesWhat {
+                tool: tool.to_string(),
+            })),
         }
     } else if let Some(bound) = agent.tool(tool) {
         let asking = super::call::Asking {
@@ -510,11 +511,7 @@ async fn agents_exe_tool_call(
             choose: choose.as_deref(),
             replayed: false,
         };
-        Called::Tool(
-            super::call::outcome(&agent, &bound, model_args, None, asking)
-                .await?
-                .map_err(|e| e.to_string()),
-        )
+        Called::Tool(super::call::outcome(&agent, &bound, model_args, None, asking).await?)
     } else {
         // The JSON says so; the agent's tool names go to stderr.
         if let Err(e) = super::call::find_tool(&agent, tool) {

@@ -5,11 +5,13 @@
 use super::agents_exe_session::SessionFileError;
 use super::as_tool::AsToolError;
 use super::call::CallError;
+use super::check_tool_call::CheckCallError;
 use super::load::LoadError;
 use super::media::MediaError;
 use super::one_shot::RunError;
 use super::prompt_script::PromptError;
 use super::replay::ReplayError;
+use super::serve::ServeError;
 use super::session_client::ClientError;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,11 @@ pub(super) enum CliError {
     #[error("error: {0}")]
     Media(#[from] MediaError),
     #[error("error: {0}")]
+    Serve(#[from] ServeError),
+    /// Its texts carry their own `error: ` or agents-exe's words.
+    #[error(transparent)]
+    CheckCall(#[from] CheckCallError),
+    #[error("error: {0}")]
     Pick(#[from] bindery_tree::PickError),
     /// `describe-tool`'s script.
     #[error("error: {0}")]
@@ -51,14 +58,4 @@ pub(super) enum CliError {
     HelperTakesWhat { tool: String },
     #[error("error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin")]
     NothingToAsk,
-    /// A message as it is printed, `error: ` and all, from a module whose
-    /// errors are text.
-    #[error("{0}")]
-    Message(String),
-}
-
-impl From<String> for CliError {
-    fn from(message: String) -> Self {
-        CliError::Message(message)
-    }
 }

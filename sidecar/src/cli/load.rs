@@ -43,13 +43,6 @@ pub enum LoadError {
     NoAgentFile,
 }
 
-/// For the commands whose errors are still text: the message as printed.
-impl From<LoadError> for String {
-    fn from(e: LoadError) -> String {
-        format!("error: {e}")
-    }
-}
-
 pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, LoadError> {
     load_with(agents, false).await
 }

@@ -46,6 +46,10 @@ pub enum RunError {
     MaxSteps { steps: u32 },
     #[error("cancelled")]
     Cancelled,
+    /// A helper's tool called from the command line without its one
+    /// argument.
+    #[error("{tool} takes {{\"what\": TEXT}}")]
+    TakesWhat { tool: String },
     /// The run failed or went over a budget: the session's own words.
     #[error("{0}")]
     Ended(String),

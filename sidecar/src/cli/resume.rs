@@ -25,7 +25,7 @@ pub enum ResumeError {
     },
     /// Anything but agents-exe's session is refused, never overwritten.
     #[error("--session-file {file} holds no agents-exe session ({why}); `run` rewrites this file after each step: give a new path, or a session file agents-exe or `run` wrote")]
-    NoSession { file: String, why: NoSession },
+    NoSession { file: String, why: Box<NoSession> },
     #[error("cannot write --session-file {file}: {source}")]
     Write {
         file: String,
@@ -72,7 +72,10 @@ impl SessionFile {
                 })
             }
         };
-        let refuse = |why: NoSession| ResumeError::NoSession { file: file(), why };
+        let refuse = |why: NoSession| ResumeError::NoSession {
+            file: file(),
+            why: Box::new(why),
+        };
         let (prior, resumed) = if exists {
             let doc = aes::read_file(path).map_err(|e| refuse(e.into()))?;
             if aes::shape(&doc) == Shape::Bindery {
