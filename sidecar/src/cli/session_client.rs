@@ -78,6 +78,9 @@ pub enum ClientError {
     },
     #[error("reading the answer: {0}")]
     Read(#[source] reqwest::Error),
+    /// No whole answer in time (a run waited for: at most 660 s).
+    #[error("the server at {base} gave no answer within {secs} s: try again, or `session follow SESSION_ID` to follow a run that goes on")]
+    Timeout { base: String, secs: u64 },
     #[error("the server's answer is over {} MiB: not an answer of a Bindery server", MAX_ANSWER_BYTES / (1024 * 1024))]
     TooLarge,
     /// The server refused: its code and message, and what to do when the
@@ -90,7 +93,9 @@ pub enum ClientError {
         hint: &'static str,
     },
     #[error("the event stream broke: {0}")]
-    Stream(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Stream(#[source] reqwest::Error),
+    #[error("the event stream broke: {0}")]
+    EventTooLong(#[from] bindery_sse::TooLong),
     #[error("session {session} waits for {tool} and this token may not answer it: only the session's owner answers pending calls")]
     CannotAnswer { session: String, tool: String },
     #[error("forbidden: session {session} waits for {tool}, and only the session's owner answers pending calls (this is not the owner's token)")]
@@ -688,6 +693,13 @@ impl Client {
         }
     }
 
+    fn timed_out(&self, within: std::time::Duration) -> ClientError {
+        ClientError::Timeout {
+            base: self.base.clone(),
+            secs: within.as_secs(),
+        }
+    }
+
     async fn call(
         &self,
         method: reqwest::Method,
@@ -699,13 +711,21 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
+        let within = answer_within(path);
+        // A connection not made in time is `Connect`: the server is not reached.
+        let timed_out = |e: &reqwest::Error| {
+            (e.is_timeout() && !e.is_connect()).then(|| self.timed_out(within))
+        };
         let resp = req
-            .timeout(answer_within(path))
+            .timeout(within)
             .send()
             .await
-            .map_err(|e| self.unreachable(e))?;
+            .map_err(|e| timed_out(&e).unwrap_or_else(|| self.unreachable(e)))?;
         let status = resp.status();
-        let text = read_answer(resp).await?;
+        let text = read_answer(resp).await.map_err(|e| match &e {
+            ClientError::Read(r) => timed_out(r).unwrap_or(e),
+            _ => e,
+        })?;
         if status == reqwest::StatusCode::NO_CONTENT {
             return Ok(Value::Null);
         }
@@ -752,10 +772,8 @@ impl Client {
         let mut parser = SseParser::default();
         let mut body = self.events(id, after).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| ClientError::Stream(e.into()))?;
-            let events = parser
-                .feed(&chunk)
-                .map_err(|e| ClientError::Stream(e.into()))?;
+            let chunk = chunk.map_err(ClientError::Stream)?;
+            let events = parser.feed(&chunk).map_err(ClientError::EventTooLong)?;
             for ev in events {
                 say(&format!(
                     "{}\t{}\t{}",
@@ -790,10 +808,10 @@ impl Client {
         let mut parser = SseParser::default();
         let mut body = self.events(&id, None).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| ClientError::Stream(e.into()))?;
+            let chunk = chunk.map_err(ClientError::Stream)?;
             let moved = parser
                 .feed(&chunk)
-                .map_err(|e| ClientError::Stream(e.into()))?
+                .map_err(ClientError::EventTooLong)?
                 .iter()
                 .any(|e| {
                     matches!(
