@@ -34,6 +34,25 @@ fn cut(text: &str, limit: usize) -> &str {
     &text[..end]
 }
 
+/// Why the pod cannot post Events although the operator meant it to.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{DIR_ENV} is set but {0} is not")]
+    Missing(&'static str),
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Ca {
+        path: PathBuf,
+        source: reqwest::Error,
+    },
+    #[error("the Events client: {0}")]
+    Client(reqwest::Error),
+}
+
 pub struct KubeEvents {
     client: reqwest::Client,
     /// `https://HOST:PORT/apis/events.k8s.io/v1/namespaces/NS/events`.
@@ -50,28 +69,33 @@ pub struct KubeEvents {
 impl KubeEvents {
     /// From the environment, when the operator set it up; `Err` says what
     /// is missing (the server starts without Events then, and says so).
-    pub fn from_env() -> Result<Option<KubeEvents>, String> {
+    pub fn from_env() -> Result<Option<KubeEvents>, SetupError> {
         let Some(dir) = std::env::var_os(DIR_ENV).map(PathBuf::from) else {
             return Ok(None);
         };
-        let var = |name: &str| {
+        let var = |name: &'static str| {
             std::env::var(name)
                 .ok()
                 .filter(|v| !v.trim().is_empty())
-                .ok_or_else(|| format!("{DIR_ENV} is set but {name} is not"))
+                .ok_or(SetupError::Missing(name))
         };
         let host = var("KUBERNETES_SERVICE_HOST")?;
         let port = var("KUBERNETES_SERVICE_PORT")?;
         let tenant = var("BINDERY_TENANT")?;
         let uid = var("BINDERY_TENANT_UID")?;
         let read = |file: &str| {
-            std::fs::read(dir.join(file)).map_err(|e| format!("{}: {e}", dir.join(file).display()))
+            let path = dir.join(file);
+            std::fs::read(&path).map_err(|source| SetupError::Read { path, source })
         };
         let namespace = String::from_utf8_lossy(&read("namespace")?)
             .trim()
             .to_string();
-        let ca = reqwest::Certificate::from_pem_bundle(&read("ca.crt")?)
-            .map_err(|e| format!("{}: {e}", dir.join("ca.crt").display()))?;
+        let ca = reqwest::Certificate::from_pem_bundle(&read("ca.crt")?).map_err(|source| {
+            SetupError::Ca {
+                path: dir.join("ca.crt"),
+                source,
+            }
+        })?;
         // The cluster's CA only: the API server is trusted for nothing else.
         let client = bindery_llm::egress::client(bindery_spec::Redirects::Never)
             .no_proxy()
@@ -79,7 +103,7 @@ impl KubeEvents {
             .timeout(Duration::from_secs(10))
             .tls_certs_only(ca)
             .build()
-            .map_err(|e| format!("the Events client: {e}"))?;
+            .map_err(SetupError::Client)?;
         let host = if host.contains(':') {
             format!("[{host}]")
         } else {

@@ -46,10 +46,21 @@ const GLOBAL: [&str; 8] = [
     "--session-json-file-prefix",
 ];
 
+/// Why an agents-exe invocation cannot be read: it names what to give.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgvError {
+    #[error("{flag} needs a value")]
+    NoValue { flag: String },
+    #[error("`{command}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run`, `echo-prompt`, `check`, `check-tool-call`, `describe-tool PATH`, `tool-call NAME`, `mcp-server`, `list-tool-calls`, `replay-tool-call`, `session-print`, `session-edit`, `session-index` and `session-search` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)")]
+    NotOffered { command: String },
+    #[error("give a command after the agent options: `describe`, `run -p TEXT`, `check`, `tool-call NAME` or `mcp-server`")]
+    NoCommand,
+}
+
 /// `argv` in Bindery's words when it is an agents-exe invocation (see the
 /// module's table); otherwise `argv` unchanged. An agents-exe command
 /// Bindery does not offer is an error naming what to use.
-pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
+pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, ArgvError> {
     let Some((prog, rest)) = argv.split_first() else {
         return Ok(argv);
     };
@@ -69,10 +80,9 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
         }
         let value = match inline {
             Some(v) => v,
-            None => text
-                .get(i + 1)
-                .cloned()
-                .ok_or_else(|| format!("error: {name} needs a value"))?,
+            None => text.get(i + 1).cloned().ok_or_else(|| ArgvError::NoValue {
+                flag: name.to_string(),
+            })?,
         };
         i += if arg.contains('=') { 1 } else { 2 };
         match name {
@@ -135,16 +145,11 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             out.extend(after);
         }
         Some(other) => {
-            return Err(format!(
-                "error: `{other}` is an agents-exe command bindery-sidecar does not offer; it takes agents-exe's `describe`, `run`, `echo-prompt`, `check`, `check-tool-call`, `describe-tool PATH`, `tool-call NAME`, `mcp-server`, `list-tool-calls`, `replay-tool-call`, `session-print`, `session-edit`, `session-index` and `session-search` (for a chat, serve the agent: `bindery-sidecar serve --agent-file F`)"
-            ))
+            return Err(ArgvError::NotOffered {
+                command: other.to_string(),
+            })
         }
-        None => {
-            return Err(
-                "error: give a command after the agent options: `describe`, `run -p TEXT`, `check`, `tool-call NAME` or `mcp-server`"
-                    .into(),
-            )
-        }
+        None => return Err(ArgvError::NoCommand),
     }
     Ok(out)
 }
@@ -153,7 +158,7 @@ pub fn rewrite(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
 mod tests {
     use super::*;
 
-    fn rw(args: &[&str]) -> Result<Vec<String>, String> {
+    fn rw(args: &[&str]) -> Result<Vec<String>, ArgvError> {
         let argv = std::iter::once("bindery-sidecar")
             .chain(args.iter().copied())
             .map(OsString::from)
@@ -291,8 +296,11 @@ mod tests {
                 "0"
             ]
         );
-        assert!(rw(&["--agent-file", "c.json", "tui"])
-            .unwrap_err()
-            .contains("`tui` is an agents-exe command"));
+        assert_eq!(
+            rw(&["--agent-file", "c.json", "tui"]).unwrap_err(),
+            ArgvError::NotOffered {
+                command: "tui".into()
+            }
+        );
     }
 }

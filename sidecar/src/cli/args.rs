@@ -23,7 +23,11 @@ impl Cli {
         use clap::{CommandFactory, FromArgMatches};
         let argv =
             super::agents_exe_argv::rewrite(std::env::args_os().collect()).unwrap_or_else(|e| {
-                eprintln!("{e}");
+                // It quotes the command line.
+                eprintln!(
+                    "{}",
+                    super::terminal_text::for_terminal(&format!("error: {e}"))
+                );
                 std::process::exit(2)
             });
         let matches = Cli::command()
@@ -681,26 +685,36 @@ pub struct AgentArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lifetime(pub Option<std::time::Duration>);
 
+/// Why a duration flag's value is refused (clap names the flag before it).
+#[derive(Debug, thiserror::Error)]
+pub enum DurationArgError {
+    #[error("must be more than zero (`off` keeps the values for good)")]
+    ZeroLifetime,
+    #[error("{0} (a duration such as `30m`, or `off`)")]
+    NotALifetime(#[source] humantime::DurationError),
+    #[error("must be more than zero")]
+    Zero,
+    #[error(transparent)]
+    NotADuration(#[from] humantime::DurationError),
+}
+
 /// `30m`, `90s`, or `off`; zero would forget at once, so it is refused.
-fn parse_lifetime(s: &str) -> Result<Lifetime, String> {
+fn parse_lifetime(s: &str) -> Result<Lifetime, DurationArgError> {
     if s.trim().eq_ignore_ascii_case("off") {
         return Ok(Lifetime(None));
     }
     match humantime::parse_duration(s) {
-        Ok(d) if d.is_zero() => {
-            Err("must be more than zero (`off` keeps the values for good)".to_string())
-        }
+        Ok(d) if d.is_zero() => Err(DurationArgError::ZeroLifetime),
         Ok(d) => Ok(Lifetime(Some(d))),
-        Err(e) => Err(format!("{e} (a duration such as `30m`, or `off`)")),
+        Err(e) => Err(DurationArgError::NotALifetime(e)),
     }
 }
 
 /// A duration that repeats (`15s`, `1m`): more than zero.
-fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(s) {
-        Ok(d) if d.is_zero() => Err("must be more than zero".to_string()),
-        Ok(d) => Ok(d),
-        Err(e) => Err(e.to_string()),
+fn parse_interval(s: &str) -> Result<std::time::Duration, DurationArgError> {
+    match humantime::parse_duration(s)? {
+        d if d.is_zero() => Err(DurationArgError::Zero),
+        d => Ok(d),
     }
 }
 
@@ -712,6 +726,7 @@ mod tests {
 
     use super::{Cli, Command, Lifetime};
 
+    /// `--live-session-ttl` as clap takes it, or clap's message.
     fn live_session_ttl(extra: &[&str]) -> Result<Lifetime, String> {
         let args = ["bindery-sidecar", "serve", "--agent-file", "a.yaml"]
             .iter()

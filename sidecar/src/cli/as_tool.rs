@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-use super::prompt_script::PromptScript;
+use super::prompt_script::{PromptError, PromptScript};
 use bindery_params::ParamStatus;
 use bindery_spec::Scope;
 
@@ -26,14 +26,43 @@ pub fn open_params(statuses: Vec<ParamStatus>) -> Vec<ParamStatus> {
         .collect()
 }
 
+/// Why `as-tool` could not describe or run its agent: the protocol's
+/// arguments given wrong, an agent it cannot offer, or the run's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum AsToolError {
+    #[error("agent `{agent}` has a parameter called `prompt`, which as-tool cannot offer: `prompt` is the tool's own argument (the text the agent is asked); rename the parameter (or pin it) to serve this agent as a tool")]
+    PromptParameter { agent: String },
+    #[error("unexpected argument `{given}`: `describe` takes --self-describe-slug NAME and --self-describe-description TEXT")]
+    DescribeArgument { given: String },
+    #[error("unexpected argument `{given}`: `run` takes --prompt TEXT (and agents-exe's other prompt directives) and --NAME VALUE")]
+    RunArgument { given: String },
+    #[error("{flag} needs a value")]
+    NoValue { flag: String },
+    /// `known`: `, --NAME` for each parameter the agent offers.
+    #[error("unknown argument {flag} (this agent takes --prompt{known} and agents-exe's directives -p, -f, --shell, -s, -S, --alias)")]
+    UnknownArgument { flag: String, known: String },
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error("`run` needs --prompt TEXT (or a prompt on stdin)")]
+    NoPrompt,
+    #[error("as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol; agents-exe's prompt directives too)")]
+    NoCommand,
+    #[error(transparent)]
+    Load(#[from] super::load::LoadError),
+    #[error(transparent)]
+    Pick(#[from] bindery_tree::PickError),
+    #[error(transparent)]
+    Run(#[from] super::one_shot::RunError),
+}
+
 /// An agent whose open parameter is called `prompt` cannot be a tool:
 /// the protocol's own `prompt` argument would be offered twice and no
 /// call could tell them apart.
-pub fn check_names(agent: &str, params: &[ParamStatus]) -> Result<(), String> {
+pub fn check_names(agent: &str, params: &[ParamStatus]) -> Result<(), AsToolError> {
     match params.iter().find(|p| p.name == "prompt") {
-        Some(_) => Err(format!(
-            "error: agent `{agent}` has a parameter called `prompt`, which as-tool cannot offer: `prompt` is the tool's own argument (the text the agent is asked); rename the parameter (or pin it) to serve this agent as a tool"
-        )),
+        Some(_) => Err(AsToolError::PromptParameter {
+            agent: agent.to_string(),
+        }),
         None => Ok(()),
     }
 }
@@ -68,7 +97,7 @@ pub fn describe(slug: &str, announce: Option<&str>, params: &[ParamStatus]) -> V
 
 /// `describe`'s options, agents-exe's: `--self-describe-slug NAME` and
 /// `--self-describe-description TEXT` name the tool differently.
-pub fn parse_describe(argv: &[String]) -> Result<(Option<String>, Option<String>), String> {
+pub fn parse_describe(argv: &[String]) -> Result<(Option<String>, Option<String>), AsToolError> {
     let (mut slug, mut description) = (None, None);
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
@@ -80,17 +109,16 @@ pub fn parse_describe(argv: &[String]) -> Result<(Option<String>, Option<String>
             "--self-describe-slug" => &mut slug,
             "--self-describe-description" => &mut description,
             _ => {
-                return Err(format!(
-                    "unexpected argument `{flag}`: `describe` takes --self-describe-slug NAME and --self-describe-description TEXT"
-                ))
+                return Err(AsToolError::DescribeArgument {
+                    given: flag.clone(),
+                })
             }
         };
         *slot = Some(match inline {
             Some(v) => v,
-            None => it
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))?,
+            None => it.next().cloned().ok_or_else(|| AsToolError::NoValue {
+                flag: name.to_string(),
+            })?,
         });
     }
     Ok((slug, description))
@@ -106,7 +134,7 @@ pub fn parse_run(
     argv: &[String],
     params: &[ParamStatus],
     env: impl Fn(&str) -> Option<String>,
-) -> Result<(PromptScript, Vec<(String, String)>), String> {
+) -> Result<(PromptScript, Vec<(String, String)>), AsToolError> {
     let mut script = PromptScript::default();
     let mut values = Vec::new();
     let mut it = argv.iter();
@@ -116,16 +144,15 @@ pub fn parse_run(
             _ => (flag.as_str(), None),
         };
         if !name.starts_with('-') {
-            return Err(format!(
-                "unexpected argument `{flag}`: `run` takes --prompt TEXT (and agents-exe's other prompt directives) and --NAME VALUE"
-            ));
+            return Err(AsToolError::RunArgument {
+                given: flag.clone(),
+            });
         }
         let mut value = || match &inline {
             Some(v) => Ok(v.clone()),
-            None => it
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value")),
+            None => it.next().cloned().ok_or_else(|| AsToolError::NoValue {
+                flag: name.to_string(),
+            }),
         };
         let param = name
             .strip_prefix("--")
@@ -138,10 +165,10 @@ pub fn parse_run(
                 .filter(|p| !p.secret)
                 .map(|p| p.name.as_str())
                 .collect();
-            return Err(format!(
-                "unknown argument {name} (this agent takes --prompt{} and agents-exe's directives -p, -f, --shell, -s, -S, --alias)",
-                known.iter().map(|k| format!(", --{k}")).collect::<String>()
-            ));
+            return Err(AsToolError::UnknownArgument {
+                flag: name.to_string(),
+                known: known.iter().map(|k| format!(", --{k}")).collect(),
+            });
         }
     }
     for p in params.iter().filter(|p| p.secret) {
@@ -157,16 +184,14 @@ pub async fn main(
     mut agents: super::args::AgentArgs,
     model: super::args::ModelArgs,
     protocol: Vec<String>,
-) -> Result<std::process::ExitCode, String> {
+) -> Result<std::process::ExitCode, AsToolError> {
     let tree = super::load::load_lenient(&agents).await?;
-    let agent = tree
-        .pick(agents.agent.as_deref())
-        .map_err(|e| e.to_string())?;
+    let agent = tree.pick(agents.agent.as_deref())?;
     let params = open_params(agent.params.statuses());
     check_names(&agent.name, &params)?;
     match protocol.split_first() {
         Some((cmd, rest)) if cmd == "describe" => {
-            let (slug, description) = parse_describe(rest).map_err(|e| format!("error: {e}"))?;
+            let (slug, description) = parse_describe(rest)?;
             let d = describe(
                 slug.as_deref().unwrap_or(&agent.name),
                 description.as_deref().or(agent.spec.announce.as_deref()),
@@ -176,13 +201,12 @@ pub async fn main(
             Ok(std::process::ExitCode::SUCCESS)
         }
         Some((cmd, rest)) if cmd == "run" => {
-            let (script, values) =
-                parse_run(rest, &params, |k| std::env::var(k).ok()).map_err(|e| format!("error: {e}"))?;
+            let (script, values) = parse_run(rest, &params, |k| std::env::var(k).ok())?;
             // No directive: the prompt is stdin, as agents-exe's `run`.
-            let prompt = tokio::task::block_in_place(|| super::prompt_script::compose_here(&script, None))
-                .map_err(|e| format!("error: {e}"))?;
+            let prompt =
+                tokio::task::block_in_place(|| super::prompt_script::compose_here(&script, None))?;
             if prompt.trim().is_empty() {
-                return Err("error: `run` needs --prompt TEXT (or a prompt on stdin)".into());
+                return Err(AsToolError::NoPrompt);
             }
             // Client-supplied values, as the operator's --set would give them.
             agents.agent = Some(agent.name.clone());
@@ -190,9 +214,9 @@ pub async fn main(
                 .set
                 .extend(values.into_iter().map(|(k, v)| format!("{k}={v}")));
             // A call that waits is refused: a tool's stdin answers nothing.
-            super::one_shot::run(&agents, &model, prompt, false, None).await
+            Ok(super::one_shot::run(&agents, &model, prompt, false, None).await?)
         }
-        _ => Err("error: as-tool takes `describe` or `run --prompt TEXT [--NAME VALUE…]` (the bash tool protocol; agents-exe's prompt directives too)".into()),
+        _ => Err(AsToolError::NoCommand),
     }
 }
 
@@ -266,6 +290,7 @@ mod tests {
             .to_vec();
         assert!(parse_run(&argv, &params(), |_| None)
             .unwrap_err()
+            .to_string()
             .contains("unknown argument --billing_token"));
     }
 
@@ -297,7 +322,9 @@ mod tests {
         let (script, values) = parse_run(&argv, &with_shell, |_| None).unwrap();
         assert_eq!(script.directives, [Directive::Text("hi".into())]);
         assert_eq!(values, [("shell".to_string(), "rm -rf /".to_string())]);
-        let e = parse_run(&["--thinking".into(), "x".into()], &params(), |_| None).unwrap_err();
+        let e = parse_run(&["--thinking".into(), "x".into()], &params(), |_| None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown argument --thinking"), "{e}");
     }
 }

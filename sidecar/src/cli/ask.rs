@@ -7,6 +7,25 @@ use bindery_session::run;
 use bindery_store::pending::{PendingCall, Resolution};
 use bindery_tools::Disposition;
 
+/// Why a waiting call got no answer here.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AskError {
+    #[error("reading the terminal: {0}")]
+    Terminal(#[source] std::io::Error),
+    #[error("{tool} waits in a way this client does not know ({disposition})")]
+    UnknownDisposition { tool: String, disposition: String },
+    #[error("--choose `{said}` is none of the options of {tool}: {offered}")]
+    NoSuchOption {
+        said: String,
+        tool: String,
+        offered: String,
+    },
+    #[error("no input given for {tool}")]
+    NoInput { tool: String },
+    #[error("no result given for {tool}")]
+    NoResult { tool: String },
+}
+
 /// Ask on the terminal about each waiting call: y/n for a confirmation
 /// (`yes`: approved without asking), a choice among a lookup's options
 /// (`choose`: the option's id, number or label, without asking), the
@@ -17,7 +36,7 @@ pub(super) fn ask_terminal(
     calls: &[run::Blocked],
     yes: bool,
     choose: Option<&str>,
-) -> Result<Vec<PendingCall>, String> {
+) -> Result<Vec<PendingCall>, AskError> {
     let mut out = Vec::new();
     for b in calls {
         let mut call = pending(b);
@@ -84,15 +103,15 @@ pub(super) fn ask_item(
     item: &Value,
     yes: bool,
     choose: Option<&str>,
-) -> Result<Resolution, String> {
+) -> Result<Resolution, AskError> {
     use std::io::{BufRead, Write};
     let stdin = std::io::stdin();
-    let line = || -> Result<Option<String>, String> {
+    let line = || -> Result<Option<String>, AskError> {
         let mut s = String::new();
         match stdin.lock().read_line(&mut s) {
             Ok(0) => Ok(None),
             Ok(_) => Ok(Some(s.trim_end_matches(['\n', '\r']).to_string())),
-            Err(e) => Err(format!("error: reading the terminal: {e}")),
+            Err(e) => Err(AskError::Terminal(e)),
         }
     };
     // What the person reads is the model's (or a file's) text: it may not
@@ -119,10 +138,10 @@ pub(super) fn ask_item(
         Some("needs_confirmation") => Disposition::NeedsConfirmation,
         Some("budget") => Disposition::Budget,
         other => {
-            return Err(format!(
-                "error: {tool} waits in a way this client does not know ({})",
-                other.unwrap_or("none given")
-            ))
+            return Err(AskError::UnknownDisposition {
+                tool: tool.clone(),
+                disposition: other.unwrap_or("none given").to_string(),
+            })
         }
     };
     let offered = || -> Vec<String> {
@@ -187,10 +206,11 @@ pub(super) fn ask_item(
                     Resolution::Chosen { option }
                 }
                 None => {
-                    return Err(format!(
-                        "error: --choose `{said}` is none of the options of {tool}: {}",
-                        offered().join(", ")
-                    ));
+                    return Err(AskError::NoSuchOption {
+                        said: said.to_string(),
+                        tool: tool.clone(),
+                        offered: offered().join(", "),
+                    });
                 }
             }
         }
@@ -222,7 +242,7 @@ pub(super) fn ask_item(
             let _ = std::io::stderr().flush();
             match line()?.and_then(|l| serde_json::from_str(&l).ok()) {
                 Some(values) => Resolution::Input { values },
-                None => return Err(format!("error: no input given for {tool}")),
+                None => return Err(AskError::NoInput { tool: tool.clone() }),
             }
         }
         Disposition::Deferred => {
@@ -230,7 +250,7 @@ pub(super) fn ask_item(
             let _ = std::io::stderr().flush();
             match line()? {
                 Some(output) => Resolution::Result { output },
-                None => return Err(format!("error: no result given for {tool}")),
+                None => return Err(AskError::NoResult { tool: tool.clone() }),
             }
         }
     })

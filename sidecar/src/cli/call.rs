@@ -15,6 +15,30 @@ use bindery_store::lookup::LookupState;
 use bindery_tools::{CallContext, ToolError};
 use bindery_tree::LoadedAgent;
 
+use super::ask::AskError;
+
+/// Why a tool call from the command line did not run to an end: no such
+/// tool, a person's answer missing, or the tool's own failure (scrubbed of
+/// every secret).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    /// `tools`: the agent's tool names, or `none`.
+    #[error("agent `{agent}` has no tool `{tool}` (tools: {tools})")]
+    NoSuchTool {
+        agent: String,
+        tool: String,
+        tools: String,
+    },
+    #[error(transparent)]
+    Ask(#[from] AskError),
+    #[error("tool {tool}: nothing to ask")]
+    NothingToAsk { tool: String },
+    #[error("tool {tool}: no answer")]
+    NoAnswer { tool: String },
+    #[error("tool {tool}: {source}")]
+    Failed { tool: String, source: ToolError },
+}
+
 /// How a call with dependencies gets what a person must say.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Asking<'a> {
@@ -41,7 +65,7 @@ pub(super) async fn through_bindings(
     model_args: serde_json::Value,
     session_id: Option<&str>,
     asking: Asking<'_>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CallError> {
     let bound = find_tool(agent, tool)?;
     match outcome(agent, &bound, model_args, session_id, asking).await? {
         Ok(text) => {
@@ -51,7 +75,10 @@ pub(super) async fn through_bindings(
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => Err(format!("error: tool {tool}: {e}")),
+        Err(source) => Err(CallError::Failed {
+            tool: tool.to_string(),
+            source,
+        }),
     }
 }
 
@@ -64,7 +91,7 @@ pub(super) async fn outcome(
     model_args: serde_json::Value,
     session_id: Option<&str>,
     asking: Asking<'_>,
-) -> Result<Result<String, ToolError>, String> {
+) -> Result<Result<String, ToolError>, CallError> {
     let tool = bound.name();
     let id = format!("cli-{}", std::process::id());
     let ctx = CallContext::one_off(session_id.unwrap_or(&id), &id, &agent.name);
@@ -105,7 +132,7 @@ fn approved_replay(
     model_args: &serde_json::Value,
     ctx: &CallContext,
     asking: Asking<'_>,
-) -> Result<bool, String> {
+) -> Result<bool, CallError> {
     let call = ToolCall {
         id: ctx.turn_id.clone(),
         name: bound.name().to_string(),
@@ -132,18 +159,18 @@ fn approved_replay(
     ))
 }
 
-pub(super) fn find_tool(agent: &LoadedAgent, name: &str) -> Result<BoundTool, String> {
+pub(super) fn find_tool(agent: &LoadedAgent, name: &str) -> Result<BoundTool, CallError> {
     agent.tool(name).ok_or_else(|| {
         let names: Vec<String> = agent.tools.iter().map(|t| t.name().to_string()).collect();
-        format!(
-            "error: agent `{}` has no tool `{name}` (tools: {})",
-            agent.name,
-            if names.is_empty() {
+        CallError::NoSuchTool {
+            agent: agent.name.clone(),
+            tool: name.to_string(),
+            tools: if names.is_empty() {
                 "none".to_string()
             } else {
                 names.join(", ")
-            }
-        )
+            },
+        }
     })
 }
 
@@ -157,7 +184,7 @@ async fn orchestrated(
     values: &Values,
     ctx: &CallContext,
     asking: Asking<'_>,
-) -> Result<Result<String, ToolError>, String> {
+) -> Result<Result<String, ToolError>, CallError> {
     let tools = agent.tools.snapshot();
     let lookups = LookupCache::default();
     let env = CallEnv {
@@ -191,10 +218,10 @@ async fn orchestrated(
             answered.first(),
             waiting.first().and_then(|b| b.lookup.clone()),
         ) else {
-            return Err(format!("error: tool {}: nothing to ask", call.name));
+            return Err(CallError::NothingToAsk { tool: call.name });
         };
         let Some(resolution) = item.resolution.as_ref() else {
-            return Err(format!("error: tool {}: no answer", call.name));
+            return Err(CallError::NoAnswer { tool: call.name });
         };
         state = match run::go_on(lookup, resolution) {
             Ok(next) => next,

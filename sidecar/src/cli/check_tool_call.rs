@@ -79,13 +79,24 @@ pub fn report(tool: &str, problems: &[Problem]) -> String {
     out
 }
 
-pub async fn main(tool: &Path) -> Result<ExitCode, String> {
+/// Why a tool call's payload was not checked. The texts are agents-exe's
+/// (the first two printed without `error: `, as agents-exe prints them).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckCallError {
+    #[error("Failed to load tool: {0}")]
+    Script(#[source] bindery_tools::bash::ScriptError),
+    #[error("Error: Invalid JSON input from stdin ({0})")]
+    NotJson(#[source] serde_json::Error),
+    #[error("error: {0}")]
+    Stdin(#[from] super::prompt_script::PromptError),
+}
+
+pub async fn main(tool: &Path) -> Result<ExitCode, CheckCallError> {
     let script = load_script(tool, Limits::default())
         .await
-        .map_err(|e| format!("Failed to load tool: {e}"))?;
-    let text = super::commands::read_stdin("the tool call's arguments")?;
-    let payload: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("Error: Invalid JSON input from stdin ({e})"))?;
+        .map_err(CheckCallError::Script)?;
+    let text = super::prompt_script::read_stdin("the tool call's arguments")?;
+    let payload: Value = serde_json::from_str(&text).map_err(CheckCallError::NotJson)?;
     let found = problems(&script.info().args, &payload);
     if found.is_empty() {
         println!("✓ Tool call payload is valid");

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::args::{AgentArgs, Cli, Command, LogFormat, Output};
 use super::check_tools::{self, ToolsMode};
-use super::load::{load, load_tree};
+use super::error::CliError;
+use super::load::{load, load_tree, LoadError};
 use super::telemetry::Telemetry;
 use bindery_tree::report::{agent_report, render_text, tool_view};
 
@@ -84,8 +85,9 @@ fn run_main(command: Command) -> ExitCode {
     };
     match rt.block_on(run(command)) {
         Ok(code) => code,
-        Err(message) => {
+        Err(e) => {
             // An error may quote a file's or a model's text.
+            let message = e.to_string();
             eprintln!("{}", super::terminal_text::for_terminal(message.trim_end()));
             ExitCode::FAILURE
         }
@@ -134,14 +136,16 @@ fn init_logging(format: LogFormat) -> Option<Telemetry> {
     telemetry
 }
 
-async fn run(command: Command) -> Result<ExitCode, String> {
+async fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Check {
             agents,
             output,
             tools,
-        } => check(&agents, output, tools).await,
-        Command::Session { server, command } => super::session_client::main(server, command).await,
+        } => Ok(check(&agents, output, tools).await?),
+        Command::Session { server, command } => {
+            Ok(super::session_client::main(server, command).await?)
+        }
         Command::DescribeTool {
             path,
             format,
@@ -149,20 +153,19 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         } => {
             let tool =
                 bindery_tools::bash::load_script(&path, bindery_tools::bash::Limits::default())
-                    .await
-                    .map_err(|e| format!("error: {e}"))?;
+                    .await?;
             let info = tool.info();
             if check_only {
                 println!("{}: valid tool `{}`", path.display(), info.slug);
             } else if format == super::args::ToolFormat::Pretty {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(info).map_err(|e| e.to_string())?
+                    serde_json::to_string_pretty(info).map_err(CliError::Describe)?
                 );
             } else {
                 println!(
                     "{}",
-                    serde_json::to_string(info).map_err(|e| e.to_string())?
+                    serde_json::to_string(info).map_err(CliError::Describe)?
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -171,7 +174,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             agents,
             model,
             protocol,
-        } => super::as_tool::main(agents, model, protocol).await,
+        } => Ok(super::as_tool::main(agents, model, protocol).await?),
         Command::ReplayToolCall {
             agents,
             session,
@@ -182,12 +185,16 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             yes,
         } => match tool {
             Some(script) => {
-                super::replay::replay(&session, tool_call, &script, validate_only, raw).await
+                Ok(super::replay::replay(&session, tool_call, &script, validate_only, raw).await?)
             }
-            None => {
-                super::replay::through_bindings(&agents, &session, tool_call, validate_only, yes)
-                    .await
-            }
+            None => Ok(super::replay::through_bindings(
+                &agents,
+                &session,
+                tool_call,
+                validate_only,
+                yes,
+            )
+            .await?),
         },
         Command::Run {
             agents,
@@ -199,12 +206,10 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         } => {
             let prompt = compose_prompt(&script.0, session_file.as_deref())?;
             if prompt.trim().is_empty() {
-                return Err(
-                    "error: nothing to ask: give --prompt TEXT (-p), or the prompt on stdin".into(),
-                );
+                return Err(CliError::NothingToAsk);
             }
             let query = super::media::query(prompt, &media)?;
-            super::one_shot::run(&agents, &model, query, yes, session_file.as_deref()).await
+            Ok(super::one_shot::run(&agents, &model, query, yes, session_file.as_deref()).await?)
         }
         Command::EchoPrompt {
             script,
@@ -220,8 +225,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::CheckToolCall { tool } => super::check_tool_call::main(&tool).await,
-        Command::McpServer { agents, model } => super::mcp_stdio::main(&agents, &model).await,
+        Command::CheckToolCall { tool } => Ok(super::check_tool_call::main(&tool).await?),
+        Command::McpServer { agents, model } => Ok(super::mcp_stdio::main(&agents, &model).await?),
         Command::Serve {
             agents,
             model,
@@ -249,52 +254,48 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             no_stream,
             runner_heartbeat,
             runner_lease,
-        } => {
-            super::serve::serve(super::serve::ServeArgs {
-                agents: &agents,
-                model: &model,
-                listen: &listen,
-                store: store.as_deref(),
-                store_patience: Duration::from_secs(store_connect_timeout),
-                store_pool_size: usize::from(store_pool_size),
-                advertise_url: advertise_url.as_deref(),
-                peer_tls: peer
-                    .peer_tls_dir
-                    .as_deref()
-                    .zip(peer.peer_tls_name.as_deref()),
-                peer_listen: &peer.peer_listen,
-                owner_token_file: tokens.owner_token_file.as_deref(),
-                mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
-                approver_token_file: tokens.approver_token_file.as_deref(),
-                public_url: approvals.public_url.as_deref(),
-                approval_notice_attempts: approvals.approval_notice_attempts,
-                tool_cache_ttl,
-                stored_agents,
-                agents_source,
-                live_session_ttl: live_session_ttl.0,
-                max_live_sessions: max_live_sessions.map(|n| n as usize),
-                events_keep_alive,
-                conn_limits: super::http::ConnLimits {
-                    header_timeout,
-                    body_timeout,
-                    write_timeout,
-                    per_ip: max_connections_per_ip as usize,
-                },
-                allowed_hosts: &allowed_hosts,
-                allowed_origins: &allowed_origins,
-                stream: !no_stream,
-                lease: bindery_session::lease::LeaseConfig {
-                    heartbeat: runner_heartbeat,
-                    lease: runner_lease,
-                },
-            })
-            .await
-        }
+        } => Ok(super::serve::serve(super::serve::ServeArgs {
+            agents: &agents,
+            model: &model,
+            listen: &listen,
+            store: store.as_deref(),
+            store_patience: Duration::from_secs(store_connect_timeout),
+            store_pool_size: usize::from(store_pool_size),
+            advertise_url: advertise_url.as_deref(),
+            peer_tls: peer
+                .peer_tls_dir
+                .as_deref()
+                .zip(peer.peer_tls_name.as_deref()),
+            peer_listen: &peer.peer_listen,
+            owner_token_file: tokens.owner_token_file.as_deref(),
+            mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
+            approver_token_file: tokens.approver_token_file.as_deref(),
+            public_url: approvals.public_url.as_deref(),
+            approval_notice_attempts: approvals.approval_notice_attempts,
+            tool_cache_ttl,
+            stored_agents,
+            agents_source,
+            live_session_ttl: live_session_ttl.0,
+            max_live_sessions: max_live_sessions.map(|n| n as usize),
+            events_keep_alive,
+            conn_limits: super::http::ConnLimits {
+                header_timeout,
+                body_timeout,
+                write_timeout,
+                per_ip: max_connections_per_ip as usize,
+            },
+            allowed_hosts: &allowed_hosts,
+            allowed_origins: &allowed_origins,
+            stream: !no_stream,
+            lease: bindery_session::lease::LeaseConfig {
+                heartbeat: runner_heartbeat,
+                lease: runner_lease,
+            },
+        })
+        .await?),
         Command::Describe { agents, tool } => {
             let tree = load(&agents).await?;
-            let agent = tree
-                .pick(agents.agent.as_deref())
-                .map_err(|e| e.to_string())?;
+            let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();
             let helper_tools = bindery_session::subagents::definitions(agent, &tree);
             let helper_view = |d: &bindery_llm::ToolDefinition| {
@@ -310,7 +311,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                             &super::call::find_tool(agent, name)?,
                             &values,
                         ))
-                        .map_err(|e| e.to_string())?]
+                        .map_err(CliError::Describe)?]
                     }
                 },
                 None => agent
@@ -341,7 +342,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             let args = match args {
                 Some(a) => a,
                 None if from_stdin => {
-                    let text = read_stdin("the arguments")?;
+                    let text = super::prompt_script::read_stdin("the arguments")?;
                     if text.trim().is_empty() {
                         "{}".to_string()
                     } else {
@@ -354,46 +355,41 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 return agents_exe_tool_call(&agents, &model, &tool, &args, yes, choose).await;
             }
             let tree = load(&agents).await?;
-            let agent = tree
-                .pick(agents.agent.as_deref())
-                .map_err(|e| e.to_string())?;
-            let model_args: serde_json::Value = serde_json::from_str(&args)
-                .map_err(|e| format!("error: --args is not valid JSON: {e}"))?;
+            let agent = tree.pick(agents.agent.as_deref())?;
+            let model_args: serde_json::Value =
+                serde_json::from_str(&args).map_err(CliError::ArgsNotJson)?;
             // A helper's tool: one run of the helper agent on `what`, as
             // the model's call would run it (without a caller's narrowing).
             let helper = bindery_session::subagents::helper_slug(agent, &tool)
                 .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug));
             if let Some(h) = helper {
                 let what = match model_args.as_object() {
-                    Some(o) if o.keys().all(|k| k == "what") => o
-                        .get("what")
-                        .and_then(|w| w.as_str())
-                        .map(str::to_string),
+                    Some(o) if o.keys().all(|k| k == "what") => {
+                        o.get("what").and_then(|w| w.as_str()).map(str::to_string)
+                    }
                     _ => None,
                 }
-                .ok_or_else(|| {
-                    format!("error: tool {tool} takes {{\"what\": TEXT}} here (a caller's `bindings`, `with` and `as` narrow a helper inside a model's run, not from the command line)")
-                })?;
+                .ok_or_else(|| CliError::HelperTakesWhat { tool: tool.clone() })?;
                 let mut helper_args = agents.clone();
                 helper_args.agent = Some(h.agent.clone());
-                return super::one_shot::run(&helper_args, &model, what, yes, None).await;
+                return Ok(super::one_shot::run(&helper_args, &model, what, yes, None).await?);
             }
             let asking = super::call::Asking {
                 yes,
                 choose: choose.as_deref(),
                 replayed: false,
             };
-            super::call::through_bindings(agent, &tool, model_args, None, asking).await
+            Ok(super::call::through_bindings(agent, &tool, model_args, None, asking).await?)
         }
         command => session_files(command),
     }
 }
 
 /// The commands over session files (agents-exe's).
-fn session_files(command: Command) -> Result<ExitCode, String> {
+fn session_files(command: Command) -> Result<ExitCode, CliError> {
     use super::agents_exe_session::{print::PrintOptions, run};
     match command {
-        Command::ListToolCalls { session, format } => run::list_tool_calls(&session, format),
+        Command::ListToolCalls { session, format } => Ok(run::list_tool_calls(&session, format)?),
         Command::SessionPrint {
             session,
             show_tool_call_results,
@@ -404,7 +400,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
             antichronological,
             no_funny_stamp,
             as_prompt,
-        } => run::session_print(
+        } => Ok(run::session_print(
             as_prompt,
             &session,
             &PrintOptions {
@@ -416,8 +412,8 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 antichronological,
                 no_funny_stamp,
             },
-        ),
-        Command::SessionEdit { operations } => run::session_edit(&operations),
+        )?),
+        Command::SessionEdit { operations } => Ok(run::session_edit(&operations)?),
         Command::SessionIndex {
             build,
             update,
@@ -431,12 +427,12 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 (.., true) => run::IndexOp::Clean,
                 _ => run::IndexOp::Status,
             };
-            run::session_index(
+            Ok(run::session_index(
                 op,
                 index.db_path,
                 &index.sessions_dirs,
                 index.include_tool_outputs,
-            )
+            )?)
         }
         Command::SessionSearch {
             query,
@@ -449,7 +445,7 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
             preview,
             limit,
             auto,
-        } => run::session_search(run::Search {
+        } => Ok(run::session_search(run::Search {
             db: index.db_path,
             sessions_dirs: index.sessions_dirs,
             tool_outputs: index.include_tool_outputs,
@@ -465,9 +461,9 @@ fn session_files(command: Command) -> Result<ExitCode, String> {
                 limit: limit.map(|n| n as usize),
                 ..Default::default()
             },
-        }),
+        })?),
         // `run` hands over only the commands above.
-        _ => Err("error: not a command over session files".into()),
+        _ => Err(CliError::NotSessionFiles),
     }
 }
 
@@ -480,15 +476,12 @@ async fn agents_exe_tool_call(
     args: &str,
     yes: bool,
     choose: Option<String>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     use super::tool_call_result::{result, result_data, Called};
-    let model_args: serde_json::Value = serde_json::from_str(args)
-        .map_err(|e| format!("error: Invalid JSON payload from stdin: {e}"))?;
+    let model_args: serde_json::Value =
+        serde_json::from_str(args).map_err(CliError::StdinNotJson)?;
     let tree = load(agents).await?;
-    let agent = tree
-        .pick(agents.agent.as_deref())
-        .map_err(|e| e.to_string())?
-        .clone();
+    let agent = tree.pick(agents.agent.as_deref())?.clone();
     let (started, clock) = (std::time::SystemTime::now(), std::time::Instant::now());
     let helper = bindery_session::subagents::helper_slug(&agent, tool)
         .and_then(|slug| agent.helpers.iter().find(|h| h.slug == slug))
@@ -508,7 +501,9 @@ async fn agents_exe_tool_call(
                     )
                     .await,
             ),
-            None => Called::Helper(Err(format!("{tool} takes {{\"what\": TEXT}}"))),
+            None => Called::Helper(Err(super::one_shot::RunError::TakesWhat {
+                tool: tool.to_string(),
+            })),
         }
     } else if let Some(bound) = agent.tool(tool) {
         let asking = super::call::Asking {
@@ -516,15 +511,14 @@ async fn agents_exe_tool_call(
             choose: choose.as_deref(),
             replayed: false,
         };
-        Called::Tool(
-            super::call::outcome(&agent, &bound, model_args, None, asking)
-                .await?
-                .map_err(|e| e.to_string()),
-        )
+        Called::Tool(super::call::outcome(&agent, &bound, model_args, None, asking).await?)
     } else {
         // The JSON says so; the agent's tool names go to stderr.
         if let Err(e) = super::call::find_tool(&agent, tool) {
-            eprintln!("{}", super::terminal_text::for_terminal(&e));
+            eprintln!(
+                "{}",
+                super::terminal_text::for_terminal(&format!("error: {e}"))
+            );
         }
         Called::NotFound
     };
@@ -533,27 +527,20 @@ async fn agents_exe_tool_call(
     Ok(ExitCode::SUCCESS)
 }
 
-/// All of stdin (bounded), for agents-exe's commands that take `what` there.
-pub(super) fn read_stdin(what: &str) -> Result<String, String> {
-    super::prompt_script::read_capped(std::io::stdin().lock(), "stdin")
-        .map_err(|e| format!("error: {what}: {e}"))
-}
-
 /// The prompt agents-exe's directives make; reading files, running a
 /// command and reading stdin block, so off the async workers.
 fn compose_prompt(
     script: &super::prompt_script::PromptScript,
     alias_file: Option<&Path>,
-) -> Result<String, String> {
+) -> Result<String, super::prompt_script::PromptError> {
     tokio::task::block_in_place(|| super::prompt_script::compose_here(script, alias_file))
-        .map_err(|e| format!("error: {e}"))
 }
 
 async fn check(
     agents: &AgentArgs,
     output: Output,
     tools_mode: Option<ToolsMode>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, LoadError> {
     let tools_mode = tools_mode.filter(|m| *m != ToolsMode::None);
     let result = load_tree(agents, false).await;
     match (result, output) {
@@ -600,11 +587,11 @@ async fn check(
             println!("{}", to_json(&doc));
             Ok(ExitCode::SUCCESS)
         }
-        (Err(e), Output::Text) => Err(e.into()),
+        (Err(e), Output::Text) => Err(e),
         (Err(e), Output::Json) => {
-            let diagnostics = match e.downcast() {
-                Ok(load) => load.diagnostics,
-                Err(message) => vec![bindery_bindings::Diagnostic::error(message)],
+            let diagnostics = match e {
+                LoadError::Tree(load) => load.diagnostics,
+                other => vec![bindery_bindings::Diagnostic::error(other.to_string())],
             };
             println!(
                 "{}",

@@ -10,47 +10,50 @@ use bindery_params::{ApiKeys, ProcessValues};
 use bindery_tools::bash::Limits;
 use bindery_tree::{self as tree, AgentSources, AgentTree, LoadOptions};
 
-/// A load failure: either every diagnostic, or one message.
-pub(super) enum Failure {
-    Load(tree::LoadError),
-    Other(String),
+/// What to do when no agent file is named nor found.
+const GIVE_AGENT_FILES: &str = "give --agent-file FILE (or --agents-dir DIR), or run where an agents-exe.cfg.json (here or in a parent directory) lists them";
+
+/// Why the agent tree could not be loaded: the files' diagnostics, a value
+/// given wrong (its flag or file named, never its value), or no agent
+/// file to load.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Every diagnostic of the agent files (`check --output json` lists them).
+    #[error(transparent)]
+    Tree(#[from] tree::LoadError),
+    #[error(transparent)]
+    Value(#[from] bindery_params::process::ProcessValueError),
+    #[error(transparent)]
+    ApiKeys(#[from] bindery_params::sources::SourceError),
+    #[error("cannot read the working directory: {0}")]
+    WorkingDirectory(#[source] std::io::Error),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: not agents-exe's configuration: {source}")]
+    NotConfig {
+        file: String,
+        source: serde_json::Error,
+    },
+    #[error("{file} lists no agent file; {GIVE_AGENT_FILES}")]
+    NoneListed { file: String },
+    #[error("no agent file: {GIVE_AGENT_FILES}")]
+    NoAgentFile,
 }
 
-impl Failure {
-    pub(super) fn downcast(self) -> Result<tree::LoadError, String> {
-        match self {
-            Failure::Load(e) => Ok(e),
-            Failure::Other(m) => Err(m),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Load(e) => write!(f, "error: {e}"),
-            Failure::Other(m) => write!(f, "error: {m}"),
-        }
-    }
-}
-
-impl From<Failure> for String {
-    fn from(f: Failure) -> String {
-        f.to_string()
-    }
-}
-
-pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, String> {
+pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, LoadError> {
     load_with(agents, false).await
 }
 
 /// [`load`] for the commands that run agents (`serve`, `run`): a broken
 /// tool script is skipped with a warning naming it, as agents-exe does.
-pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, String> {
+pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, LoadError> {
     load_with(agents, true).await
 }
 
-async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, String> {
+async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, LoadError> {
     let tree = load_tree(agents, skip_broken_scripts).await?;
     for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
         tracing::warn!("{}", w.message);
@@ -61,23 +64,21 @@ async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<Agen
 pub(super) async fn load_tree(
     agents: &AgentArgs,
     skip_broken_scripts: bool,
-) -> Result<AgentTree, Failure> {
-    let mut opts = load_options(agents).map_err(Failure::Other)?;
+) -> Result<AgentTree, LoadError> {
+    let mut opts = load_options(agents)?;
     opts.skip_broken_scripts = skip_broken_scripts;
     let sources = match &agents.agents_dir {
         Some(dir) => AgentSources::Dir(dir.clone()),
         None if agents.agent_files.is_empty() => {
-            let cwd = std::env::current_dir()
-                .map_err(|e| Failure::Other(format!("cannot read the working directory: {e}")))?;
+            let cwd = std::env::current_dir().map_err(LoadError::WorkingDirectory)?;
             let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-            let (from, files) =
-                agents_exe_defaults(&cwd, home.as_deref()).map_err(Failure::Other)?;
+            let (from, files) = agents_exe_defaults(&cwd, home.as_deref())?;
             tracing::info!(from = %from.display(), files = files.len(), "agent files as agents-exe finds them");
             AgentSources::Files(files)
         }
         None => AgentSources::Files(agents.agent_files.clone()),
     };
-    tree::load(&sources, &opts).await.map_err(Failure::Load)
+    Ok(tree::load(&sources, &opts).await?)
 }
 
 /// The agent files agents-exe uses when none is named: those an
@@ -89,7 +90,7 @@ pub(super) async fn load_tree(
 pub fn agents_exe_defaults(
     cwd: &std::path::Path,
     home: Option<&std::path::Path>,
-) -> Result<(std::path::PathBuf, Vec<std::path::PathBuf>), String> {
+) -> Result<(std::path::PathBuf, Vec<std::path::PathBuf>), LoadError> {
     #[derive(serde::Deserialize, Default)]
     #[serde(rename_all = "camelCase")]
     struct Config {
@@ -98,9 +99,12 @@ pub fn agents_exe_defaults(
         #[serde(default)]
         agents_directories: Vec<String>,
     }
-    let json_files = |dir: &std::path::Path| -> Result<Vec<std::path::PathBuf>, String> {
+    let json_files = |dir: &std::path::Path| -> Result<Vec<std::path::PathBuf>, LoadError> {
         let mut found: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .map_err(|source| LoadError::Read {
+                path: dir.display().to_string(),
+                source,
+            })?
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "json"))
@@ -108,14 +112,16 @@ pub fn agents_exe_defaults(
         found.sort();
         Ok(found)
     };
-    let none = || {
-        "no agent file: give --agent-file FILE (or --agents-dir DIR), or run where an agents-exe.cfg.json (here or in a parent directory) lists them".to_string()
-    };
     if let Some(cfg) = nearest_agents_exe_cfg(cwd) {
-        let text = std::fs::read_to_string(&cfg)
-            .map_err(|e| format!("cannot read {}: {e}", cfg.display()))?;
-        let c: Config = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: not agents-exe's configuration: {e}", cfg.display()))?;
+        let file = || cfg.display().to_string();
+        let text = std::fs::read_to_string(&cfg).map_err(|source| LoadError::Read {
+            path: file(),
+            source,
+        })?;
+        let c: Config = serde_json::from_str(&text).map_err(|source| LoadError::NotConfig {
+            file: file(),
+            source,
+        })?;
         let mut files: Vec<_> = c.agents_files.iter().map(|f| cwd.join(f)).collect();
         for d in &c.agents_directories {
             let dir = cwd.join(d);
@@ -125,7 +131,7 @@ pub fn agents_exe_defaults(
             }
         }
         if files.is_empty() {
-            return Err(format!("{} lists no agent file; {}", cfg.display(), none()));
+            return Err(LoadError::NoneListed { file: file() });
         }
         return Ok((cfg, files));
     }
@@ -134,11 +140,11 @@ pub fn agents_exe_defaults(
         Some(dir) => {
             let files = json_files(&dir)?;
             if files.is_empty() {
-                return Err(none());
+                return Err(LoadError::NoAgentFile);
             }
             Ok((dir, files))
         }
-        None => Err(none()),
+        None => Err(LoadError::NoAgentFile),
     }
 }
 
@@ -151,7 +157,7 @@ pub fn nearest_agents_exe_cfg(cwd: &std::path::Path) -> Option<std::path::PathBu
 }
 
 /// The process values, from flags, files and the environment.
-pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
+pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, LoadError> {
     let mut process = ProcessValues::new();
     for (flag, list) in [
         ("--set", &agents.set),
@@ -160,23 +166,21 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, String> {
         ("--pin-json", &agents.pin_json),
     ] {
         for arg in list {
-            process.add_flag(flag, arg).map_err(|e| e.to_string())?;
+            process.add_flag(flag, arg)?;
         }
     }
     for f in &agents.params_files {
-        process.add_params_file(f).map_err(|e| e.to_string())?;
+        process.add_params_file(f)?;
     }
-    process
-        .add_env(std::env::vars())
-        .map_err(|e| e.to_string())?;
+    process.add_env(std::env::vars())?;
     let api_keys = match &agents.api_keys {
-        Some(p) => ApiKeys::load(p).map_err(|e| e.to_string())?,
+        Some(p) => ApiKeys::load(p)?,
         // agents-exe's own keys file, where it keeps it.
         None => match std::env::var_os("HOME")
             .map(|h| std::path::PathBuf::from(h).join(".config/agents-exe/secret-keys"))
             .filter(|p| p.is_file())
         {
-            Some(p) => ApiKeys::load(&p).map_err(|e| e.to_string())?,
+            Some(p) => ApiKeys::load(&p)?,
             None => ApiKeys::default(),
         },
     };

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::one_shot::{Loaded, Waiting};
+use super::one_shot::{Loaded, RunError, Waiting};
 use bindery_api::mcp::jsonrpc::{self, classify, response, Incoming, RpcError};
 use bindery_tree::LoadedAgent;
 
@@ -220,7 +220,7 @@ fn error(id: Value, code: i64, message: String) -> Action {
 }
 
 /// A run's answer as a `tools/call` result.
-pub fn call_result(answer: Result<String, String>) -> Value {
+pub fn call_result(answer: Result<String, RunError>) -> Value {
     match answer {
         Ok(text) => json!({"content": [{"type": "text", "text": text}], "isError": false}),
         Err(why) => {
@@ -310,15 +310,11 @@ impl Running {
     }
 }
 
-pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, String> {
+pub async fn main(agents: &AgentArgs, model: &ModelArgs) -> Result<ExitCode, RunError> {
     let loaded = Arc::new(Loaded::load(agents, model).await?);
     // agents-exe's --agent SLUG keeps that file alone.
     let chosen: Vec<Arc<LoadedAgent>> = match agents.agent.as_deref() {
-        Some(name) => vec![loaded
-            .tree
-            .pick(Some(name))
-            .map_err(|e| e.to_string())?
-            .clone()],
+        Some(name) => vec![loaded.tree.pick(Some(name))?.clone()],
         None => loaded
             .tree
             .roots
@@ -677,6 +673,9 @@ mod tests {
             call_result(Ok("4".into())),
             json!({"content": [{"type": "text", "text": "4"}], "isError": false})
         );
-        assert_eq!(call_result(Err("boom".into()))["isError"], true);
+        assert_eq!(
+            call_result(Err(RunError::Ended("boom".into())))["isError"],
+            true
+        );
     }
 }

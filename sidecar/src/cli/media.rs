@@ -8,14 +8,50 @@ use std::path::Path;
 use bindery_llm::content::{is_media_type, MAX_MEDIA_BYTES};
 use bindery_llm::{Content, ContentPart, Media};
 
+/// Why the file a `-m` names is not sent: the argument as given, and what
+/// is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("-m {arg:?}: {problem}")]
+pub(super) struct MediaError {
+    pub arg: String,
+    pub problem: MediaProblem,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MediaProblem {
+    #[error("a media type but no file; write -m MIME;PATH or -m PATH")]
+    NoFile,
+    #[error("{given:?} is not a media type (type/subtype, e.g. image/png)")]
+    NotAType { given: String },
+    #[error("cannot tell the media type of {path} from its extension; give it as -m 'MIME;{path}' (e.g. image/png;{path})")]
+    UnknownExtension { path: String },
+    #[error("{path}: {source}")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the files of -m may hold {MAX_MEDIA_BYTES} bytes together, and {path} takes them past it; send a smaller file")]
+    TooLarge { path: String },
+    #[error(
+        "{mime} is neither an image nor a PDF, which is all a model is sent; give text with -p"
+    )]
+    NotSent { mime: String },
+}
+
 /// `[MIME;]PATH` read: the type given before the first `;` (none when
 /// nothing is), and the path.
-pub(super) fn parse_reference(arg: &str) -> Result<(Option<&str>, &str), String> {
+pub(super) fn parse_reference(arg: &str) -> Result<(Option<&str>, &str), MediaError> {
     match arg.split_once(';') {
         None => Ok((None, arg)),
-        Some((_, "")) => Err(format!(
-            "error: -m {arg:?}: a media type but no file; write -m MIME;PATH or -m PATH"
-        )),
+        Some((_, "")) => Err(MediaError {
+            arg: arg.to_string(),
+            problem: MediaProblem::NoFile,
+        }),
         Some(("", path)) => Ok((None, path)),
         Some((mime, path)) => Ok((Some(mime), path)),
     }
@@ -56,30 +92,44 @@ pub(super) fn type_of_extension(path: &str) -> Option<&'static str> {
 
 /// The part a model is sent the file `arg` names as: read (at most
 /// `room` bytes), typed, and checked to be one a model takes.
-fn part(arg: &str, room: usize) -> Result<(ContentPart, usize), String> {
+fn part(arg: &str, room: usize) -> Result<(ContentPart, usize), MediaError> {
     let (given, path) = parse_reference(arg)?;
+    let wrong = |problem| MediaError {
+        arg: arg.to_string(),
+        problem,
+    };
     let mime = match given {
         Some(m) if is_media_type(m) => m.to_string(),
         Some(m) => {
-            return Err(format!(
-                "error: -m {arg:?}: {m:?} is not a media type (type/subtype, e.g. image/png)"
-            ))
+            return Err(wrong(MediaProblem::NotAType {
+                given: m.to_string(),
+            }))
         }
         None => type_of_extension(path).map(str::to_string).ok_or_else(|| {
-            format!(
-                "error: -m {arg:?}: cannot tell the media type of {path} from its extension; give it as -m 'MIME;{path}' (e.g. image/png;{path})"
-            )
+            wrong(MediaProblem::UnknownExtension {
+                path: path.to_string(),
+            })
         })?,
     };
-    let file = std::fs::File::open(path).map_err(|e| format!("error: -m {arg:?}: {path}: {e}"))?;
+    let file = std::fs::File::open(path).map_err(|source| {
+        wrong(MediaProblem::Open {
+            path: path.to_string(),
+            source,
+        })
+    })?;
     let mut bytes = Vec::new();
     file.take(room as u64 + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("error: -m {arg:?}: reading {path}: {e}"))?;
+        .map_err(|source| {
+            wrong(MediaProblem::Read {
+                path: path.to_string(),
+                source,
+            })
+        })?;
     if bytes.len() > room {
-        return Err(format!(
-            "error: -m {arg:?}: the files of -m may hold {MAX_MEDIA_BYTES} bytes together, and {path} takes them past it; send a smaller file"
-        ));
+        return Err(wrong(MediaProblem::TooLarge {
+            path: path.to_string(),
+        }));
     }
     let len = bytes.len();
     let filename = Path::new(path)
@@ -87,17 +137,16 @@ fn part(arg: &str, room: usize) -> Result<(ContentPart, usize), String> {
         .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned());
     let media = Media { mime, bytes };
     let part = media.part(&filename).ok_or_else(|| {
-        format!(
-            "error: -m {arg:?}: {} is neither an image nor a PDF, which is all a model is sent; give text with -p",
-            media.mime
-        )
+        wrong(MediaProblem::NotSent {
+            mime: media.mime.clone(),
+        })
     })?;
     Ok((part, len))
 }
 
 /// The query's content: the prompt alone, or the prompt then the files
 /// of `media` (`[MIME;]PATH` each), in order.
-pub(super) fn query(prompt: String, media: &[String]) -> Result<Content, String> {
+pub(super) fn query(prompt: String, media: &[String]) -> Result<Content, MediaError> {
     if media.is_empty() {
         return Ok(Content::Text(prompt));
     }
@@ -117,15 +166,16 @@ mod tests {
 
     #[test]
     fn a_reference_is_an_optional_type_then_a_path() {
-        assert_eq!(parse_reference("a.png"), Ok((None, "a.png")));
-        assert_eq!(parse_reference(";a.png"), Ok((None, "a.png")));
+        assert_eq!(parse_reference("a.png").unwrap(), (None, "a.png"));
+        assert_eq!(parse_reference(";a.png").unwrap(), (None, "a.png"));
         assert_eq!(
-            parse_reference("image/png;dir/a;b"),
-            Ok((Some("image/png"), "dir/a;b"))
+            parse_reference("image/png;dir/a;b").unwrap(),
+            (Some("image/png"), "dir/a;b")
         );
-        assert!(parse_reference("image/png;")
-            .unwrap_err()
-            .contains("no file"));
+        assert!(matches!(
+            parse_reference("image/png;").unwrap_err().problem,
+            MediaProblem::NoFile
+        ));
         assert_eq!(type_of_extension("x/Chart.PNG"), Some("image/png"));
         assert_eq!(type_of_extension("doc.pdf"), Some("application/pdf"));
         assert_eq!(type_of_extension("a.jpeg"), Some("image/jpeg"));
@@ -163,7 +213,9 @@ mod tests {
             query("plain".into(), &[]).unwrap(),
             Content::Text("plain".into())
         );
-        let e = query("x".into(), std::slice::from_ref(&odd)).unwrap_err();
+        let e = query("x".into(), std::slice::from_ref(&odd))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("cannot tell the media type") && e.contains("-m 'MIME;"),
             "{e}"
@@ -171,14 +223,18 @@ mod tests {
         let notes = at("notes.txt", b"hi");
         assert!(query("x".into(), &[notes])
             .unwrap_err()
+            .to_string()
             .contains("neither an image nor a PDF"));
-        let e = query("x".into(), &[format!("png;{png}")]).unwrap_err();
+        let e = query("x".into(), &[format!("png;{png}")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a media type"), "{e}");
         let e = query(
             "x".into(),
             &[dir.path().join("gone.png").display().to_string()],
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("gone.png"), "{e}");
     }
 }

@@ -9,6 +9,7 @@ mod call;
 mod check_tool_call;
 mod check_tools;
 mod commands;
+mod error;
 mod http;
 mod load;
 mod mcp_stdio;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{AgentArgs, ModelArgs};
-use super::ask::{ask_terminal, refuse_all};
-use super::load::{load_lenient, load_options};
-use super::resume::{FileSink, SessionFile};
+use super::ask::{ask_terminal, refuse_all, AskError};
+use super::load::{load_lenient, load_options, LoadError};
+use super::resume::{FileSink, ResumeError, SessionFile};
 use super::serve::{client_options, model_keys, CliSink, Credentials};
 use bindery_llm::{ChatClient, ChatMessage, Turn};
 use bindery_metrics::Metrics;
@@ -21,6 +21,39 @@ use bindery_session::clients::build_clients;
 use bindery_session::run::{self, RunContext, RunEnd};
 use bindery_tools::CallContext;
 use bindery_tree::{AgentTree, LoadedAgent};
+
+/// Why a run on the command line gave no answer: its agents, its values,
+/// its `--session-file`, a person's answer, or the run's own end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Pick(#[from] bindery_tree::PickError),
+    /// The model clients could not be made (the message names the agent
+    /// and the key's source, never the key).
+    #[error(transparent)]
+    Clients(bindery_session::clients::ClientError),
+    #[error(transparent)]
+    SessionFile(#[from] ResumeError),
+    #[error("agent `{agent}` needs a value for {missing}: give it with --set NAME=VALUE (or BINDERY_PARAM_<NAME>)")]
+    MissingValues { agent: String, missing: String },
+    #[error("agent `{agent}` has no model client")]
+    NoClient { agent: String },
+    #[error(transparent)]
+    Ask(#[from] AskError),
+    #[error("no answer after {steps} model turns (raise --max-steps)")]
+    MaxSteps { steps: u32 },
+    #[error("cancelled")]
+    Cancelled,
+    /// A helper's tool called from the command line without its one
+    /// argument.
+    #[error("{tool} takes {{\"what\": TEXT}}")]
+    TakesWhat { tool: String },
+    /// The run failed or went over a budget: the session's own words.
+    #[error("{0}")]
+    Ended(String),
+}
 
 /// Who answers the calls a run waits for (a confirmation, a choice).
 #[derive(Clone, Copy, Debug)]
@@ -44,19 +77,23 @@ pub struct Loaded {
 impl Loaded {
     /// The agents `agents` names, a broken tool script left out (as
     /// agents-exe does when it runs agents).
-    pub async fn load(agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
+    pub async fn load(agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, RunError> {
         let tree = load_lenient(agents).await?;
         Loaded::with(tree, agents, model)
     }
 
     /// `tree`, loaded from `agents`, with its model clients.
-    pub fn with(tree: AgentTree, agents: &AgentArgs, model: &ModelArgs) -> Result<Loaded, String> {
+    pub fn with(
+        tree: AgentTree,
+        agents: &AgentArgs,
+        model: &ModelArgs,
+    ) -> Result<Loaded, RunError> {
         let opts = load_options(agents)?;
         let mut own = Credentials::from_env();
         own.api_keys(&opts.api_keys);
         let own = bindery_params::live::register_own(own.0);
         let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))
-            .map_err(|e| e.to_string())?;
+            .map_err(RunError::Clients)?;
         let keys = bindery_params::live::register_own(model_keys(&clients));
         for w in warnings {
             tracing::warn!("{w}");
@@ -76,7 +113,7 @@ impl Loaded {
         prompt: impl Into<bindery_llm::Content>,
         waiting: Waiting,
         cancel: &CancellationToken,
-    ) -> Result<String, String> {
+    ) -> Result<String, RunError> {
         self.ask_in(None, agent, prompt, waiting, cancel).await
     }
 
@@ -89,20 +126,21 @@ impl Loaded {
         prompt: impl Into<bindery_llm::Content>,
         waiting: Waiting,
         cancel: &CancellationToken,
-    ) -> Result<String, String> {
+    ) -> Result<String, RunError> {
         let values = agent.process_values();
         let missing = agent.params.missing_required(&values);
         if !missing.is_empty() {
-            return Err(format!(
-                "agent `{}` needs a value for {}: give it with --set NAME=VALUE (or BINDERY_PARAM_<NAME>)",
-                agent.name,
-                missing.join(", ")
-            ));
+            return Err(RunError::MissingValues {
+                agent: agent.name.clone(),
+                missing: missing.join(", "),
+            });
         }
         let client = self
             .clients
             .get(&agent.name)
-            .ok_or_else(|| format!("agent `{}` has no model client", agent.name))?;
+            .ok_or_else(|| RunError::NoClient {
+                agent: agent.name.clone(),
+            })?;
         let metrics = Metrics::default();
         let lookups = bindery_session::lookups::LookupCache::default();
         let id = uuid::Uuid::new_v4().to_string();
@@ -159,7 +197,7 @@ impl Loaded {
             };
         }
         if let Some(e) = file_sink.and_then(|s| s.error()) {
-            return Err(e.trim_start_matches("error: ").to_string());
+            return Err(e.into());
         }
         match end {
             RunEnd::Blocked(_) => unreachable!("answered above"),
@@ -175,11 +213,9 @@ impl Loaded {
                     });
                 Ok(answer.unwrap_or_default().trim_end().to_string())
             }
-            RunEnd::MaxSteps(n) => Err(format!(
-                "no answer after {n} model turns (raise --max-steps)"
-            )),
-            RunEnd::Cancelled => Err("cancelled".to_string()),
-            RunEnd::Failed(why) | RunEnd::OverBudget(why) => Err(why),
+            RunEnd::MaxSteps(steps) => Err(RunError::MaxSteps { steps }),
+            RunEnd::Cancelled => Err(RunError::Cancelled),
+            RunEnd::Failed(why) | RunEnd::OverBudget(why) => Err(RunError::Ended(why)),
         }
     }
 }
@@ -206,16 +242,12 @@ pub async fn run(
     prompt: impl Into<bindery_llm::Content>,
     yes: bool,
     session_file: Option<&std::path::Path>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, RunError> {
     let file = session_file
         .map(|p| tokio::task::block_in_place(|| SessionFile::open(p)))
         .transpose()?;
     let loaded = Loaded::load(agents, model).await?;
-    let agent = loaded
-        .tree
-        .pick(agents.agent.as_deref())
-        .map_err(|e| e.to_string())?
-        .clone();
+    let agent = loaded.tree.pick(agents.agent.as_deref())?.clone();
     let answer = loaded
         .ask_in(
             file.as_ref(),
@@ -224,8 +256,7 @@ pub async fn run(
             Waiting::Terminal { yes },
             &cancelled_on_ctrl_c(),
         )
-        .await
-        .map_err(|e| format!("error: {e}"))?;
+        .await?;
     println!("{answer}");
     Ok(ExitCode::SUCCESS)
 }

@@ -16,6 +16,65 @@ use serde::Deserialize;
 
 use super::agents_exe_session::print::Verbosity;
 
+/// Why a prompt could not be made: a directive given wrong, or a piece
+/// (a file, a command, stdin, the aliases' configuration) that could not
+/// be read. Each names the flag or file it comes from.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error("--alias is given twice (`{first}`, then `{second}`): one alias per prompt")]
+    AliasTwice { first: String, second: String },
+    #[error("{file}: promptAliases: {source}")]
+    AliasConfig {
+        file: String,
+        source: serde_json::Error,
+    },
+    /// `listed`: each alias a line, with its description.
+    #[error("unknown alias '{name}'\n\nAvailable aliases:{listed}")]
+    UnknownAlias { name: String, listed: String },
+    /// `what` (a flag and its file, or the configuration) cannot be opened.
+    #[error("{what}: {source}")]
+    Open {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("cannot read {what}: {source}")]
+    Read {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{what} is longer than {} MiB: give less", MAX_PIECE / (1024 * 1024))]
+    TooLong { what: String },
+    #[error("{what} is not UTF-8 text")]
+    NotUtf8 { what: String },
+    #[error("--shell `{command}`: cannot start sh: {source}")]
+    ShellStart {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("--shell `{command}`: no stdout")]
+    ShellNoStdout { command: String },
+    #[error("--shell `{command}`: {source}")]
+    ShellWait {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("--shell `{command}` took longer than {secs} s and was stopped, with what it started: make it quicker, or run it first and give its output with --file")]
+    ShellTimeout { command: String, secs: u64 },
+    #[error("--shell `{command}` failed ({status})")]
+    ShellFailed {
+        command: String,
+        status: std::process::ExitStatus,
+    },
+    /// stdin, read for `what` a command takes there.
+    #[error("{what}: {source}")]
+    Stdin {
+        what: &'static str,
+        source: Box<PromptError>,
+    },
+    #[error("cannot read the working directory: {0}")]
+    WorkingDirectory(#[source] std::io::Error),
+}
+
 /// The most bytes one piece (a file, a command's output, stdin) may bring.
 pub const MAX_PIECE: u64 = 8 * 1024 * 1024;
 
@@ -59,7 +118,7 @@ impl PromptScript {
     /// Take `value` for the directive flag `flag` (`-p`, `--file`, …).
     /// `Ok(false)`: `flag` is not a directive. A second `--alias` is an
     /// error, as in agents-exe.
-    pub fn take(&mut self, flag: &str, value: String) -> Result<bool, String> {
+    pub fn take(&mut self, flag: &str, value: String) -> Result<bool, PromptError> {
         if let Some((_, size)) = SESSION_FLAGS.iter().find(|(f, _)| *f == flag) {
             self.directives
                 .push(Directive::Session(*size, PathBuf::from(value)));
@@ -79,9 +138,10 @@ impl PromptScript {
             },
             "--alias" => {
                 if let Some(first) = &self.alias {
-                    return Err(format!(
-                        "--alias is given twice (`{first}`, then `{value}`): one alias per prompt"
-                    ));
+                    return Err(PromptError::AliasTwice {
+                        first: first.clone(),
+                        second: value,
+                    });
                 }
                 self.alias = Some(value);
                 return Ok(true);
@@ -188,26 +248,31 @@ impl Aliases {
 
     /// `promptAliases` of an `agents-exe.cfg.json` (`text`, read from
     /// `shown`) over the built-ins; none there is none.
-    pub fn from_config(text: &str, shown: &Path) -> Result<Aliases, String> {
+    pub fn from_config(text: &str, shown: &Path) -> Result<Aliases, PromptError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Config {
             #[serde(default)]
             prompt_aliases: Option<BTreeMap<String, Alias>>,
         }
-        let c: Config = serde_json::from_str(text)
-            .map_err(|e| format!("{}: promptAliases: {e}", shown.display()))?;
+        let c: Config = serde_json::from_str(text).map_err(|source| PromptError::AliasConfig {
+            file: shown.display().to_string(),
+            source,
+        })?;
         Ok(Aliases::with(c.prompt_aliases.unwrap_or_default()))
     }
 
-    fn get(&self, name: &str) -> Result<&Alias, String> {
+    fn get(&self, name: &str) -> Result<&Alias, PromptError> {
         self.0.get(name).ok_or_else(|| {
             let listed: String = self
                 .0
                 .iter()
                 .map(|(n, a)| format!("\n  - {n}: {}", a.description))
                 .collect();
-            format!("unknown alias '{name}'\n\nAvailable aliases:{listed}")
+            PromptError::UnknownAlias {
+                name: name.to_string(),
+                listed,
+            }
         })
     }
 }
@@ -215,14 +280,14 @@ impl Aliases {
 /// What a prompt's directives read.
 pub trait Sources {
     /// The text of `path`, given with `flag` (errors name both).
-    fn file(&mut self, flag: &str, path: &Path) -> Result<String, String>;
+    fn file(&mut self, flag: &str, path: &Path) -> Result<String, PromptError>;
     /// The agents-exe session in `path` rendered at `size`; one that
     /// cannot be read is agents-exe's inline note of why (and a warning),
     /// not an error: agents-exe's prompt goes out without it.
     fn session(&mut self, size: Verbosity, path: &Path) -> String;
     /// `sh -c command`'s stdout; a command that fails is an error.
-    fn shell(&mut self, command: &str) -> Result<String, String>;
-    fn stdin(&mut self) -> Result<String, String>;
+    fn shell(&mut self, command: &str) -> Result<String, PromptError>;
+    fn stdin(&mut self) -> Result<String, PromptError>;
 }
 
 /// The prompt `script` makes. Without any directive it is stdin, as is;
@@ -234,7 +299,7 @@ pub fn compose(
     aliases: &Aliases,
     alias_file: Option<&Path>,
     io: &mut dyn Sources,
-) -> Result<String, String> {
+) -> Result<String, PromptError> {
     if script.is_empty() {
         return io.stdin();
     }
@@ -343,14 +408,16 @@ fn language_of(file: &Path) -> &'static str {
 
 /// The aliases where the process runs: the nearest `agents-exe.cfg.json`'s
 /// (from `cwd` up) over the built-ins.
-pub fn aliases_from(cwd: &Path) -> Result<Aliases, String> {
+pub fn aliases_from(cwd: &Path) -> Result<Aliases, PromptError> {
     match super::load::nearest_agents_exe_cfg(cwd) {
         None => Ok(Aliases::builtin()),
         Some(cfg) => {
-            let text = read_capped(
-                std::fs::File::open(&cfg).map_err(|e| format!("{}: {e}", cfg.display()))?,
-                &cfg.display().to_string(),
-            )?;
+            let what = cfg.display().to_string();
+            let file = std::fs::File::open(&cfg).map_err(|source| PromptError::Open {
+                what: what.clone(),
+                source,
+            })?;
+            let text = read_capped(file, &what)?;
             Aliases::from_config(&text, &cfg)
         }
     }
@@ -376,15 +443,25 @@ pub fn read_text(from: impl Read, max: u64) -> std::io::Result<Capped> {
 }
 
 /// All of `from` as text, refused past [`MAX_PIECE`] bytes.
-pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
-    match read_text(from, MAX_PIECE).map_err(|e| format!("cannot read {what}: {e}"))? {
+pub fn read_capped(from: impl Read, what: &str) -> Result<String, PromptError> {
+    let what = || what.to_string();
+    match read_text(from, MAX_PIECE).map_err(|source| PromptError::Read {
+        what: what(),
+        source,
+    })? {
         Capped::Text(text) => Ok(text),
-        Capped::TooLong => Err(format!(
-            "{what} is longer than {} MiB: give less",
-            MAX_PIECE / (1024 * 1024)
-        )),
-        Capped::NotUtf8 => Err(format!("{what} is not UTF-8 text")),
+        Capped::TooLong => Err(PromptError::TooLong { what: what() }),
+        Capped::NotUtf8 => Err(PromptError::NotUtf8 { what: what() }),
     }
+}
+
+/// All of stdin (bounded), for a command that takes `what` there
+/// (agents-exe's commands that take their arguments on stdin).
+pub fn read_stdin(what: &'static str) -> Result<String, PromptError> {
+    read_capped(std::io::stdin().lock(), "stdin").map_err(|e| PromptError::Stdin {
+        what,
+        source: Box::new(e),
+    })
 }
 
 /// How long a `--shell` command may take, its children included.
@@ -394,20 +471,24 @@ pub const SHELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60
 /// group of its own; past `timeout` the whole group is killed (what it
 /// started too) and the directive fails, so a prompt is never waited on
 /// for ever.
-pub fn run_shell(command: &str, timeout: std::time::Duration) -> Result<String, String> {
+pub fn run_shell(command: &str, timeout: std::time::Duration) -> Result<String, PromptError> {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let what = format!("--shell `{command}`");
+    let command = || command.to_string();
     // Its stdin is empty and its stderr the user's, as in agents-exe.
     let mut child = Command::new("sh")
         .arg("-c")
-        .arg(command)
+        .arg(command())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("{what}: cannot start sh: {e}"))?;
+        .map_err(|source| PromptError::ShellStart {
+            command: command(),
+            source,
+        })?;
     let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     let kill = move || {
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
@@ -426,24 +507,30 @@ pub fn run_shell(command: &str, timeout: std::time::Duration) -> Result<String, 
     let out = child
         .stdout
         .take()
-        .ok_or_else(|| format!("{what}: no stdout"))
+        .ok_or_else(|| PromptError::ShellNoStdout { command: command() })
         .and_then(|o| read_capped(o, &format!("the output of {what}")));
     if out.is_err() {
         // Too long or not text: the rest is not wanted.
         kill();
     }
-    let status = child.wait().map_err(|e| format!("{what}: {e}"));
+    let status = child.wait().map_err(|source| PromptError::ShellWait {
+        command: command(),
+        source,
+    });
     let _ = done.send(());
     if watchdog.join().unwrap_or(false) {
-        return Err(format!(
-            "{what} took longer than {} s and was stopped, with what it started: make it quicker, or run it first and give its output with --file",
-            timeout.as_secs()
-        ));
+        return Err(PromptError::ShellTimeout {
+            command: command(),
+            secs: timeout.as_secs(),
+        });
     }
     let status = status?;
     let out = out?;
     if !status.success() {
-        return Err(format!("{what} failed ({status})"));
+        return Err(PromptError::ShellFailed {
+            command: command(),
+            status,
+        });
     }
     Ok(out)
 }
@@ -456,9 +543,12 @@ pub struct Local {
 }
 
 impl Sources for Local {
-    fn file(&mut self, flag: &str, path: &Path) -> Result<String, String> {
+    fn file(&mut self, flag: &str, path: &Path) -> Result<String, PromptError> {
         let what = format!("{flag} {}", path.display());
-        let f = std::fs::File::open(path).map_err(|e| format!("{what}: {e}"))?;
+        let f = std::fs::File::open(path).map_err(|source| PromptError::Open {
+            what: what.clone(),
+            source,
+        })?;
         read_capped(f, &what)
     }
 
@@ -467,7 +557,7 @@ impl Sources for Local {
         match aes::read_agents_exe(path) {
             Ok(s) => aes::print::render_for_prompt(size, &s),
             Err(e) => {
-                let e = e.trim_start_matches("error: ");
+                let e = e.to_string();
                 eprintln!(
                     "Warning: could not load session file {}: {e}",
                     path.display()
@@ -477,11 +567,11 @@ impl Sources for Local {
         }
     }
 
-    fn shell(&mut self, command: &str) -> Result<String, String> {
+    fn shell(&mut self, command: &str) -> Result<String, PromptError> {
         run_shell(command, SHELL_TIMEOUT)
     }
 
-    fn stdin(&mut self) -> Result<String, String> {
+    fn stdin(&mut self) -> Result<String, PromptError> {
         if let Some(s) = &self.stdin {
             return Ok(s.clone());
         }
@@ -494,12 +584,14 @@ impl Sources for Local {
 /// The prompt of `script` as the process gives it, with the aliases of
 /// the working directory's `agents-exe.cfg.json` (read only when an
 /// alias is named); `alias_file` is `--session-file`.
-pub fn compose_here(script: &PromptScript, alias_file: Option<&Path>) -> Result<String, String> {
+pub fn compose_here(
+    script: &PromptScript,
+    alias_file: Option<&Path>,
+) -> Result<String, PromptError> {
     let aliases = match &script.alias {
         None => Aliases::builtin(),
         Some(_) => {
-            let cwd = std::env::current_dir()
-                .map_err(|e| format!("cannot read the working directory: {e}"))?;
+            let cwd = std::env::current_dir().map_err(PromptError::WorkingDirectory)?;
             aliases_from(&cwd)?
         }
     };
@@ -633,26 +725,32 @@ mod tests {
     }
 
     impl Sources for Fake {
-        fn file(&mut self, flag: &str, path: &Path) -> Result<String, String> {
+        fn file(&mut self, flag: &str, path: &Path) -> Result<String, PromptError> {
             self.read.push(format!("file {}", path.display()));
             self.files
                 .get(path)
                 .cloned()
-                .ok_or_else(|| format!("{flag} {}: not found", path.display()))
+                .ok_or_else(|| PromptError::Open {
+                    what: format!("{flag} {}", path.display()),
+                    source: std::io::ErrorKind::NotFound.into(),
+                })
         }
         fn session(&mut self, size: Verbosity, path: &Path) -> String {
             self.read
                 .push(format!("session {size:?} {}", path.display()));
             format!("<{size:?} {}>", path.display())
         }
-        fn shell(&mut self, command: &str) -> Result<String, String> {
+        fn shell(&mut self, command: &str) -> Result<String, PromptError> {
             self.read.push(format!("shell {command}"));
             match command {
-                "false" => Err("--shell `false` failed (exit status: 1)".into()),
+                "false" => Err(PromptError::ShellFailed {
+                    command: command.into(),
+                    status: std::os::unix::process::ExitStatusExt::from_raw(256),
+                }),
                 c => Ok(format!("<{c}>\n")),
             }
         }
-        fn stdin(&mut self) -> Result<String, String> {
+        fn stdin(&mut self) -> Result<String, PromptError> {
             self.read.push("stdin".into());
             Ok(self.stdin.clone())
         }
@@ -706,7 +804,8 @@ mod tests {
             &format!("sleep 30 & echo $! > '{}'; wait", pid.display()),
             std::time::Duration::from_millis(300),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
         assert!(e.contains("took longer than 0 s and was stopped"), "{e}");
         let pid: i32 = std::fs::read_to_string(&pid)
@@ -804,10 +903,12 @@ mod tests {
     #[test]
     fn a_second_alias_and_an_unknown_one_are_refused_naming_the_others() {
         let mut s = script(&[("--alias", "summarize")]);
-        let e = s.take("--alias", "explain".into()).unwrap_err();
+        let e = s.take("--alias", "explain".into()).unwrap_err().to_string();
         assert!(e.contains("twice"), "{e}");
         let s = script(&[("--alias", "poem")]);
-        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("unknown alias 'poem'"), "{e}");
         assert!(e.contains("  - code-review: Review code for issues"), "{e}");
         assert!(!PromptScript::default()
@@ -837,7 +938,9 @@ mod tests {
         assert_eq!(got, "En français : rain\n");
         assert!(aliases.get("summarize").is_ok());
         let bad = r#"{"promptAliases": {"x": {"description": "d", "template": "t", "inputMode": "pipe"}}}"#;
-        let e = Aliases::from_config(bad, Path::new("agents-exe.cfg.json")).unwrap_err();
+        let e = Aliases::from_config(bad, Path::new("agents-exe.cfg.json"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("agents-exe.cfg.json") && e.contains("pipe"),
             "{e}"
@@ -863,10 +966,14 @@ mod tests {
     #[test]
     fn a_failing_piece_fails_the_prompt() {
         let s = script(&[("-p", "a"), ("--shell", "false")]);
-        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--shell `false` failed"), "{e}");
         let s = script(&[("-f", "missing.txt")]);
-        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default()).unwrap_err();
+        let e = compose(&s, &Aliases::builtin(), None, &mut Fake::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing.txt"), "{e}");
     }
 
@@ -924,9 +1031,11 @@ mod tests {
     #[test]
     fn a_read_past_the_cap_is_refused() {
         let long = std::io::repeat(b'x').take(MAX_PIECE + 1);
-        let e = read_capped(long, "stdin").unwrap_err();
+        let e = read_capped(long, "stdin").unwrap_err().to_string();
         assert!(e.contains("stdin is longer than"), "{e}");
-        let e = read_capped(&[0xff, 0xfe][..], "--file x").unwrap_err();
+        let e = read_capped(&[0xff, 0xfe][..], "--file x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not UTF-8"), "{e}");
     }
 }

@@ -11,10 +11,45 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
+use super::agents_exe_session::SessionFileError;
 use super::args::AgentArgs;
-use super::load::load;
-use bindery_tools::bash::{load_script, Limits};
-use bindery_tools::{CallArgs, CallContext, Tool};
+use super::call::CallError;
+use super::load::{load, LoadError};
+use bindery_tools::bash::{load_script, Limits, ScriptError};
+use bindery_tools::{CallArgs, CallContext, Tool, ToolError};
+
+/// Why a recorded call was not replayed: the session file, the call it
+/// names, the agent or the script, or the tool's own failure.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReplayError {
+    #[error(transparent)]
+    SessionFile(#[from] SessionFileError),
+    /// `available`: the calls' numbers (`0 to N`), or `none`.
+    #[error("session file {file} has no tool call {index} (available: {available})")]
+    NoToolCall {
+        file: String,
+        index: usize,
+        available: String,
+    },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Pick(#[from] bindery_tree::PickError),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("tool call {index} ({name}) has arguments that are not a JSON object")]
+    NotAnObject { index: usize, name: String },
+    #[error("tool call {index} ({name}) cannot be bound: {source}")]
+    Unbound {
+        index: usize,
+        name: String,
+        source: bindery_bindings::MergeError,
+    },
+    #[error(transparent)]
+    Script(#[from] ScriptError),
+    #[error("tool execution failed: {0}")]
+    Failed(#[source] ToolError),
+}
 
 /// One call the model made.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,14 +109,14 @@ fn collect_calls(v: &Value, out: &mut Vec<(String, Value)>) {
 
 /// A session file: one JSON document, or JSON lines whose last is the
 /// session (at most 64 MiB read).
-pub fn read_session(path: &Path) -> Result<Value, String> {
+pub fn read_session(path: &Path) -> Result<Value, SessionFileError> {
     super::agents_exe_session::read_file(path)
 }
 
 /// Call `index` of `session`, or a message naming the calls there are.
 /// In agents-exe's session file, agents-exe's numbering: the first call
 /// whose place in its turn is `index` (see `list-tool-calls`).
-fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCall, String> {
+fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCall, ReplayError> {
     use super::agents_exe_session::{calls, shape, Shape};
     if shape(doc) == Shape::AgentsExe {
         let what = format!("session file {}", session.display());
@@ -105,10 +140,11 @@ fn recorded_call(doc: &Value, session: &Path, index: usize) -> Result<RecordedCa
         } else {
             format!("0 to {}", calls.len() - 1)
         };
-        format!(
-            "error: session file {} has no tool call {index} (available: {available})",
-            session.display()
-        )
+        ReplayError::NoToolCall {
+            file: session.display().to_string(),
+            index,
+            available,
+        }
     })
 }
 
@@ -126,27 +162,26 @@ pub async fn through_bindings(
     index: usize,
     validate_only: bool,
     yes: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, ReplayError> {
     let doc = read_session(session)?;
     let call = recorded_call(&doc, session, index)?;
     let tree = load(agents).await?;
-    let agent = tree
-        .pick(agents.agent.as_deref())
-        .map_err(|e| e.to_string())?;
+    let agent = tree.pick(agents.agent.as_deref())?;
     if validate_only {
         let bound = super::call::find_tool(agent, &call.name)?;
         let Value::Object(map) = call.arguments.clone() else {
-            return Err(format!(
-                "error: tool call {index} ({}) has arguments that are not a JSON object",
-                call.name
-            ));
+            return Err(ReplayError::NotAnObject {
+                index,
+                name: call.name,
+            });
         };
-        let merged = bound.merge(map, &agent.process_values()).map_err(|e| {
-            format!(
-                "error: tool call {index} ({}) cannot be bound: {e}",
-                call.name
-            )
-        })?;
+        let merged = bound
+            .merge(map, &agent.process_values())
+            .map_err(|source| ReplayError::Unbound {
+                index,
+                name: call.name.clone(),
+                source,
+            })?;
         let missing: Vec<&str> = bound
             .spec()
             .args
@@ -176,7 +211,10 @@ pub async fn through_bindings(
         choose: None,
         replayed: true,
     };
-    super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking).await
+    Ok(
+        super::call::through_bindings(agent, &call.name, call.arguments, session_id, asking)
+            .await?,
+    )
 }
 
 pub async fn replay(
@@ -185,17 +223,15 @@ pub async fn replay(
     tool: &Path,
     validate_only: bool,
     raw: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, ReplayError> {
     let doc = read_session(session)?;
     let call = recorded_call(&doc, session, index)?;
-    let script = load_script(tool, Limits::default())
-        .await
-        .map_err(|e| format!("error: {e}"))?;
+    let script = load_script(tool, Limits::default()).await?;
     let Value::Object(map) = &call.arguments else {
-        return Err(format!(
-            "error: tool call {index} ({}) has arguments that are not a JSON object",
-            call.name
-        ));
+        return Err(ReplayError::NotAnObject {
+            index,
+            name: call.name,
+        });
     };
     let missing: Vec<&str> = script
         .spec()
@@ -245,7 +281,7 @@ pub async fn replay(
             println!("===================");
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => Err(format!("error: tool execution failed: {e}")),
+        Err(e) => Err(ReplayError::Failed(e)),
     }
 }
 

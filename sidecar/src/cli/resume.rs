@@ -15,6 +15,39 @@ use super::serve::CliSink;
 use bindery_llm::Turn;
 use bindery_session::run::{self, Events, Host, RunContext};
 
+/// Why `--session-file` cannot be gone on from, or was not rewritten.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("--session-file {file}: {source}")]
+    Unreadable {
+        file: String,
+        source: std::io::Error,
+    },
+    /// Anything but agents-exe's session is refused, never overwritten.
+    #[error("--session-file {file} holds no agents-exe session ({why}); `run` rewrites this file after each step: give a new path, or a session file agents-exe or `run` wrote")]
+    NoSession { file: String, why: Box<NoSession> },
+    #[error("cannot write --session-file {file}: {source}")]
+    Write {
+        file: String,
+        source: std::io::Error,
+    },
+    /// A write panicked while it held the session: the file was not
+    /// rewritten after it.
+    #[error("a write failed before")]
+    Poisoned,
+}
+
+/// What `--session-file` holds instead of an agents-exe session.
+#[derive(Debug, thiserror::Error)]
+pub enum NoSession {
+    #[error(transparent)]
+    Unread(#[from] aes::SessionFileError),
+    #[error("it is not shaped as agents-exe's, with tagged turns")]
+    Bindery,
+    #[error(transparent)]
+    Shape(#[from] aes::model::ShapeError),
+}
+
 /// A `--session-file` and the session it held.
 pub struct SessionFile {
     path: PathBuf,
@@ -27,27 +60,28 @@ pub struct SessionFile {
 impl SessionFile {
     /// The session in `path` (none when it does not exist or is empty).
     /// A file holding anything else is refused, not overwritten.
-    pub fn open(path: &Path) -> Result<SessionFile, String> {
-        let shown = path.display();
+    pub fn open(path: &Path) -> Result<SessionFile, ResumeError> {
+        let file = || path.display().to_string();
         let exists = match std::fs::metadata(path) {
             Ok(m) => m.len() > 0,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(format!("error: --session-file {shown}: {e}")),
+            Err(source) => {
+                return Err(ResumeError::Unreadable {
+                    file: file(),
+                    source,
+                })
+            }
         };
-        let refuse = |why: String| {
-            format!(
-                "error: --session-file {shown} holds no agents-exe session ({why}); `run` rewrites this file after each step: give a new path, or a session file agents-exe or `run` wrote"
-            )
+        let refuse = |why: NoSession| ResumeError::NoSession {
+            file: file(),
+            why: Box::new(why),
         };
         let (prior, resumed) = if exists {
-            let doc = aes::read_file(path)
-                .map_err(|e| refuse(e.trim_start_matches("error: ").to_string()))?;
+            let doc = aes::read_file(path).map_err(|e| refuse(e.into()))?;
             if aes::shape(&doc) == Shape::Bindery {
-                return Err(refuse(
-                    "it is not shaped as agents-exe's, with tagged turns".into(),
-                ));
+                return Err(refuse(NoSession::Bindery));
             }
-            let session = Session::parse(&doc).map_err(refuse)?;
+            let session = Session::parse(&doc).map_err(|e| refuse(e.into()))?;
             (Some(doc), history::history_of(&session))
         } else {
             (
@@ -73,15 +107,13 @@ impl SessionFile {
     }
 
     /// The file rewritten: its session with `new` (the run's messages) on top.
-    fn write(&self, new: &[Added], prompt: &str) -> Result<(), String> {
+    fn write(&self, new: &[Added], prompt: &str) -> Result<(), ResumeError> {
         let turn_id = uuid::Uuid::new_v4().to_string();
         let doc =
             history::session_doc(self.prior.as_ref(), new, prompt, &self.session_id, &turn_id);
-        replace(&self.path, &(doc.to_string() + "\n")).map_err(|e| {
-            format!(
-                "error: cannot write --session-file {}: {e}",
-                self.path.display()
-            )
+        replace(&self.path, &(doc.to_string() + "\n")).map_err(|source| ResumeError::Write {
+            file: self.path.display().to_string(),
+            source,
         })
     }
 }
@@ -130,7 +162,7 @@ pub struct FileSink<'a, 'c> {
     file: &'a SessionFile,
     ctx: &'a RunContext<'c>,
     written: Mutex<Written>,
-    failed: Mutex<Option<String>>,
+    failed: Mutex<Option<ResumeError>>,
 }
 
 /// What the run has so far.
@@ -170,9 +202,12 @@ impl<'a, 'c> FileSink<'a, 'c> {
         }
     }
 
-    /// The first write that failed.
-    pub fn error(&self) -> Option<String> {
-        self.failed.lock().ok().and_then(|f| f.clone())
+    /// The first write that failed (taken: asked once, at the run's end).
+    pub fn error(&self) -> Option<ResumeError> {
+        match self.failed.lock() {
+            Ok(mut f) => f.take(),
+            Err(_) => Some(ResumeError::Poisoned),
+        }
     }
 }
 
@@ -181,10 +216,7 @@ impl Host for FileSink<'_, '_> {
     async fn turn(&self, msg: &Turn, events: Events) {
         CliSink.turn(msg, events).await;
         let written = tokio::task::block_in_place(|| {
-            let mut w = self
-                .written
-                .lock()
-                .map_err(|_| "a write failed before".to_string())?;
+            let mut w = self.written.lock().map_err(|_| ResumeError::Poisoned)?;
             w.history.push(msg.clone());
             let tools = run::tools_on_offer(self.ctx, &w.history);
             w.new.push(Added {
@@ -194,7 +226,7 @@ impl Host for FileSink<'_, '_> {
             self.file.write(&w.new, &self.ctx.agent.spec.system_prompt)
         });
         if let Err(e) = written {
-            tracing::warn!("{e}");
+            tracing::warn!("error: {e}");
             if let Ok(mut f) = self.failed.lock() {
                 f.get_or_insert(e);
             }
@@ -247,7 +279,7 @@ mod tests {
             r#"{"session_id": "x", "session": {"turns": []}}"#,
         ] {
             std::fs::write(&f, text).unwrap();
-            let e = SessionFile::open(&f).err().unwrap();
+            let e = SessionFile::open(&f).err().unwrap().to_string();
             assert!(e.contains("holds no agents-exe session"), "{e}");
         }
         std::fs::write(&f, "{}\n{\"turns\": [], \"sessionId\": \"abc\"}\n").unwrap();

@@ -87,7 +87,70 @@ pub struct ServeArgs<'a> {
     pub lease: LeaseConfig,
 }
 
-pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
+/// Why the server did not start: its agents, flags and files, its store,
+/// its ports. Each names the flag (or variable) to change; none holds a
+/// token.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Load(#[from] super::load::LoadError),
+    /// The model clients could not be made (named by agent and key
+    /// source, never the key).
+    #[error(transparent)]
+    Clients(bindery_session::clients::ClientError),
+    #[error(transparent)]
+    Lease(#[from] bindery_session::lease::LeaseConfigError),
+    #[error(transparent)]
+    Location(#[from] bindery_store::location::LocationError),
+    #[error("--store {store}: {source}")]
+    Store {
+        store: String,
+        source: bindery_store::StoreError,
+    },
+    /// `--peer-tls-dir`'s files (the message names the file).
+    #[error(transparent)]
+    PeerTls(bindery_api::peer_tls::PeerTlsError),
+    #[error("cannot listen on {at}: {source}")]
+    Listen { at: String, source: std::io::Error },
+    #[error("cannot listen on --peer-listen {at}: {source}")]
+    PeerListen { at: String, source: std::io::Error },
+    #[error("{0}")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("--advertise-url (BINDERY_ADVERTISE_URL) `{url}`: with --peer-tls-dir, peers reach this server over TLS on --peer-listen: give https://HOST:PORT of that port, such as https://10.0.0.7:8443")]
+    AdvertiseNeedsHttps { url: String },
+    #[error("--advertise-url (BINDERY_ADVERTISE_URL) `{url}` is an https:// URL: peers forward over TLS only with --peer-tls-dir (and then to --peer-listen); give http://HOST:PORT, or add --peer-tls-dir")]
+    AdvertiseNeedsPeerTls { url: String },
+    #[error("--advertise-url (BINDERY_ADVERTISE_URL) `{url}` is not an http:// or https:// URL of a host and port, such as http://10.0.0.7:8080")]
+    AdvertiseNotUrl { url: String },
+    #[error("{flag} {file}: {source}")]
+    TokenFile {
+        flag: &'static str,
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{flag} {file} is empty")]
+    EmptyTokenFile { flag: &'static str, file: String },
+    #[error("--store {store} is a Postgres database, which servers may share: give them one owner token with --owner-token-file or BINDERY_OWNER_TOKEN")]
+    SharedStoreNeedsToken { store: String },
+    #[error("cannot create {dir}: {source}")]
+    CreateDir { dir: String, source: std::io::Error },
+    #[error(transparent)]
+    NoRandomness(#[from] bindery_params::random::NoRandomness),
+    #[error("cannot write {file}: {source}")]
+    WriteToken {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("recording this server's heartbeat: {0}")]
+    Heartbeat(bindery_session::error::ServiceError),
+    #[error("recovering sessions: {0}")]
+    Recover(bindery_session::error::ServiceError),
+    /// The client forwarding to peers over TLS could not be made.
+    #[error("the peer TLS client: {0}")]
+    PeerClient(reqwest::Error),
+}
+
+pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     let opts = load_options(a.agents)?;
     // The server's own credentials are live secrets while it serves: no
     // log line, span, tool result or `env-vars` answer carries one, and no
@@ -115,12 +178,12 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         })
         .collect();
     let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))
-        .map_err(|e| e.to_string())?;
+        .map_err(ServeError::Clients)?;
     for w in warnings {
         tracing::warn!("{w}");
     }
-    a.lease.check().map_err(|e| format!("error: {e}"))?;
-    let location = Location::parse(a.store).map_err(|e| format!("error: {e}"))?;
+    a.lease.check()?;
+    let location = Location::parse(a.store)?;
     let mut own = Credentials(model_keys(&clients));
     own.store(&location);
     // Before the store: a missing owner token is the quicker thing to fix.
@@ -140,7 +203,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let _own = bindery_params::live::register_own(own.0);
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
-        .map_err(|e| format!("error: --store {}: {e}", location.shown()))?;
+        .map_err(|source| ServeError::Store {
+            store: location.shown(),
+            source,
+        })?;
     if let Location::Sqlite(path) = &location {
         // Every session of the server is in it: no `attach-file` reads it.
         for suffix in ["", "-wal", "-shm", "-journal"] {
@@ -151,7 +217,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     }
     let peer_tls = match a.peer_tls {
         Some((dir, name)) => {
-            Some(bindery_api::peer_tls::load(dir, name).map_err(|e| format!("error: {e}"))?)
+            Some(bindery_api::peer_tls::load(dir, name).map_err(ServeError::PeerTls)?)
         }
         None => None,
     };
@@ -159,26 +225,26 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     // nothing is accepted until the router serves.
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
-        .map_err(|e| format!("error: cannot listen on {}: {e}", a.listen))?;
-    let addr = listener.local_addr().map_err(|e| format!("error: {e}"))?;
+        .map_err(|source| ServeError::Listen {
+            at: a.listen.to_string(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     // With peer TLS, peers reach us on a port of their own.
-    let peer_listener = match &peer_tls {
-        Some(_) => Some(
-            tokio::net::TcpListener::bind(a.peer_listen)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "error: cannot listen on --peer-listen {}: {e}",
-                        a.peer_listen
-                    )
-                })?,
-        ),
-        None => None,
-    };
+    let peer_listener =
+        match &peer_tls {
+            Some(_) => Some(tokio::net::TcpListener::bind(a.peer_listen).await.map_err(
+                |source| ServeError::PeerListen {
+                    at: a.peer_listen.to_string(),
+                    source,
+                },
+            )?),
+            None => None,
+        };
     let advertise = match &peer_listener {
         Some(l) => advertise_url(
             a.advertise_url,
-            l.local_addr().map_err(|e| format!("error: {e}"))?,
+            l.local_addr().map_err(ServeError::LocalAddr)?,
             true,
         )?,
         None => advertise_url(a.advertise_url, addr, false)?,
@@ -253,7 +319,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         .heartbeat()
         .beat()
         .await
-        .map_err(|e| format!("error: recording this server's heartbeat: {e}"))?;
+        .map_err(ServeError::Heartbeat)?;
     tracing::info!(
         instance = service.instance(),
         "this server's instance id, as its runs record it"
@@ -262,7 +328,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         .heartbeat()
         .sweep()
         .await
-        .map_err(|e| format!("error: recovering sessions: {e}"))?;
+        .map_err(ServeError::Recover)?;
     if recovered > 0 {
         tracing::warn!(
             recovered,
@@ -319,8 +385,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
         peers: bindery_api::peers::client(),
         peers_tls: match &peer_tls {
             Some(t) => Some(
-                bindery_api::peers::tls_client(t.client.clone())
-                    .map_err(|e| format!("error: the peer TLS client: {e}"))?,
+                bindery_api::peers::tls_client(t.client.clone()).map_err(ServeError::PeerClient)?,
             ),
             None => None,
         },
@@ -341,7 +406,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, String> {
     let stop_peers = CancellationToken::new();
     let peers = match (peer_listener, peer_tls) {
         (Some(l), Some(tls)) => {
-            let at = l.local_addr().map_err(|e| format!("error: {e}"))?;
+            let at = l.local_addr().map_err(ServeError::LocalAddr)?;
             tracing::info!(%at, "taking other replicas' forwards over mutual TLS");
             println!("listening for peers on https://{at}");
             let stop = stop_peers.clone();
@@ -376,7 +441,7 @@ fn advertise_url(
     given: Option<&str>,
     bound: std::net::SocketAddr,
     tls: bool,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ServeError> {
     let scheme = if tls { "https" } else { "http" };
     let Some(url) = given.map(str::trim).filter(|u| !u.is_empty()) else {
         return Ok((!bound.ip().is_unspecified()).then(|| format!("{scheme}://{bound}")));
@@ -389,16 +454,16 @@ fn advertise_url(
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"));
     match rest {
-        Some(_) if tls && !url.starts_with("https://") => Err(format!(
-            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}`: with --peer-tls-dir, peers reach this server over TLS on --peer-listen: give https://HOST:PORT of that port, such as https://10.0.0.7:8443"
-        )),
-        Some(_) if !tls && url.starts_with("https://") => Err(format!(
-            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}` is an https:// URL: peers forward over TLS only with --peer-tls-dir (and then to --peer-listen); give http://HOST:PORT, or add --peer-tls-dir"
-        )),
+        Some(_) if tls && !url.starts_with("https://") => Err(ServeError::AdvertiseNeedsHttps {
+            url: url.to_string(),
+        }),
+        Some(_) if !tls && url.starts_with("https://") => Err(ServeError::AdvertiseNeedsPeerTls {
+            url: url.to_string(),
+        }),
         Some(host) if !host.is_empty() && !host.contains('/') => Ok(Some(url.to_string())),
-        _ => Err(format!(
-            "error: --advertise-url (BINDERY_ADVERTISE_URL) `{url}` is not an http:// or https:// URL of a host and port, such as http://10.0.0.7:8080"
-        )),
+        _ => Err(ServeError::AdvertiseNotUrl {
+            url: url.to_string(),
+        }),
     }
 }
 
@@ -426,19 +491,14 @@ async fn shutdown() {
 /// (how the operator gives it, from a Secret).
 fn optional_token(
     file: Option<&Path>,
-    flag: &str,
+    flag: &'static str,
     env: &str,
     own: &mut Credentials,
-) -> Result<Option<OwnerToken>, String> {
+) -> Result<Option<OwnerToken>, ServeError> {
     let token = match file {
         Some(f) => {
             bindery_params::live::private_file(f);
-            let t = std::fs::read_to_string(f)
-                .map_err(|e| format!("error: {flag} {}: {e}", f.display()))?;
-            if t.trim().is_empty() {
-                return Err(format!("error: {flag} {} is empty", f.display()));
-            }
-            t
+            read_token_file(flag, f)?
         }
         None => match std::env::var(env) {
             Ok(t) if !t.trim().is_empty() => t,
@@ -449,27 +509,35 @@ fn optional_token(
     Ok(Some(OwnerToken::new(&token)))
 }
 
+/// The token in file `f`, given with `flag`: one that cannot be read, or
+/// is empty, is refused (naming the file, never what it holds).
+fn read_token_file(flag: &'static str, f: &Path) -> Result<String, ServeError> {
+    let file = || f.display().to_string();
+    let t = std::fs::read_to_string(f).map_err(|source| ServeError::TokenFile {
+        flag,
+        file: file(),
+        source,
+    })?;
+    if t.trim().is_empty() {
+        return Err(ServeError::EmptyTokenFile { flag, file: file() });
+    }
+    Ok(t)
+}
+
 /// The owner token: from a file, from BINDERY_OWNER_TOKEN, or generated
 /// into `owner-token` beside an SQLite store (mode 0600) for local use.
 fn owner_token(
     file: Option<&Path>,
     store: &Location,
     own: &mut Credentials,
-) -> Result<OwnerToken, String> {
+) -> Result<OwnerToken, ServeError> {
     let owner = |t: &str, own: &mut Credentials| {
         own.add("owner token", t);
         OwnerToken::new(t)
     };
     if let Some(f) = file {
         bindery_params::live::private_file(f);
-        let t = std::fs::read_to_string(f)
-            .map_err(|e| format!("error: --owner-token-file {}: {e}", f.display()))?;
-        if t.trim().is_empty() {
-            return Err(format!(
-                "error: --owner-token-file {} is empty",
-                f.display()
-            ));
-        }
+        let t = read_token_file("--owner-token-file", f)?;
         return Ok(owner(&t, own));
     }
     if let Ok(t) = std::env::var("BINDERY_OWNER_TOKEN") {
@@ -482,10 +550,9 @@ fn owner_token(
         // Servers sharing a database serve the same sessions: one token
         // each, generated apart, would lock each other's callers out.
         Location::Postgres(_) => {
-            return Err(format!(
-                "error: --store {} is a Postgres database, which servers may share: give them one owner token with --owner-token-file or BINDERY_OWNER_TOKEN",
-                store.shown()
-            ))
+            return Err(ServeError::SharedStoreNeedsToken {
+                store: store.shown(),
+            })
         }
     };
     let path: PathBuf = store.parent().unwrap_or(Path::new(".")).join("owner-token");
@@ -498,13 +565,16 @@ fn owner_token(
     }
     // A first run on a fresh clone has no data directory yet.
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::CreateDir {
+            dir: dir.display().to_string(),
+            source,
+        })?;
     }
-    let token =
-        bindery_params::random::hex::<32>("an owner token").map_err(|e| format!("error: {e}"))?;
-    write_private(&path, &token)
-        .map_err(|e| format!("error: cannot write {}: {e}", path.display()))?;
+    let token = bindery_params::random::hex::<32>("an owner token")?;
+    write_private(&path, &token).map_err(|source| ServeError::WriteToken {
+        file: path.display().to_string(),
+        source,
+    })?;
     bindery_params::live::private_file(&path);
     tracing::warn!(file = %path.display(), "no owner token given: one was generated into this file");
     Ok(owner(&token, own))
@@ -596,10 +666,16 @@ mod tests {
         );
         let err =
             advertise_url(Some("http://10.0.0.7:8080"), bound("0.0.0.0:8443"), true).unwrap_err();
-        assert!(err.contains("https://"), "{err}");
+        assert!(
+            matches!(err, super::ServeError::AdvertiseNeedsHttps { .. }),
+            "{err}"
+        );
         let err =
             advertise_url(Some("https://10.0.0.7:8443"), bound("0.0.0.0:8080"), false).unwrap_err();
-        assert!(err.contains("--peer-tls-dir"), "{err}");
+        assert!(
+            matches!(err, super::ServeError::AdvertiseNeedsPeerTls { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -622,7 +698,10 @@ mod tests {
         assert_eq!(advertise_url(Some(" "), bound("[::]:8080")).unwrap(), None);
         for bad in ["10.0.0.7:8080", "http://", "http://h:1/v1", "ftp://h:1"] {
             let err = advertise_url(Some(bad), bound("0.0.0.0:8080")).unwrap_err();
-            assert!(err.contains("--advertise-url"), "{err}");
+            assert!(
+                matches!(err, super::ServeError::AdvertiseNotUrl { .. }),
+                "{err}"
+            );
         }
     }
 }

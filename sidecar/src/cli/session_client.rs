@@ -15,8 +15,108 @@ use serde_json::{json, Value};
 
 use bindery_sse::Parser as SseParser;
 
+use super::ask::AskError;
 use super::terminal_text::for_terminal;
 use bindery_store::pending::Resolution;
+
+/// What stopped a `session …` command: a value given wrong, no token, a
+/// server not reached or refusing, or a pending call this client cannot
+/// answer. Printed by `commands` after `error: `; none holds a value given
+/// (a secret may be one) nor the token.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read --params-file {file}: {source}")]
+    ParamsFileUnreadable {
+        file: String,
+        source: std::io::Error,
+    },
+    /// serde_yaml's messages name a place, never a value.
+    #[error("--params-file {file} is not a JSON/YAML object of values: {source}")]
+    ParamsFileNotValues {
+        file: String,
+        source: serde_yaml::Error,
+    },
+    #[error("--params-file {file}: `{name}.pinned` must be true or false")]
+    PinnedNotBool { file: String, name: String },
+    /// `flag` without `=`: only the name before it is shown.
+    #[error("{flag} {name}: expected NAME={}", if *.json { "JSON" } else { "VALUE" })]
+    NotNameValue {
+        flag: &'static str,
+        name: String,
+        json: bool,
+    },
+    /// serde_json's messages name a place, never the text.
+    #[error("{flag} {name}: not JSON: {source}")]
+    NotJson {
+        flag: &'static str,
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error("`session {verb}` cannot pin {names}: a pin is fixed when a session is made; give it to `session start` (or `session start --fork ID --pin …` to change a session's pin)")]
+    PinRefused { verb: &'static str, names: String },
+    #[error("cannot read --token-file {file}: {source}")]
+    TokenFileUnreadable {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "no token: give --token-file FILE or BINDERY_TOKEN (data/owner-token does not exist here)"
+    )]
+    NoToken,
+    #[error("cannot set up HTTP: {0}")]
+    Setup(#[source] reqwest::Error),
+    #[error("cannot reach the server at {base}: {source}")]
+    Connect {
+        base: String,
+        source: reqwest::Error,
+    },
+    /// A redirect the egress policy refused.
+    #[error("the server at {base}: {refused}")]
+    Redirect {
+        base: String,
+        refused: bindery_llm::egress::Refused,
+    },
+    #[error("reading the answer: {0}")]
+    Read(#[source] reqwest::Error),
+    /// No whole answer in time (a run waited for: at most 660 s).
+    #[error("the server at {base} gave no answer within {secs} s: try again, or `session follow SESSION_ID` to follow a run that goes on")]
+    Timeout { base: String, secs: u64 },
+    #[error("the server's answer is over {} MiB: not an answer of a Bindery server", MAX_ANSWER_BYTES / (1024 * 1024))]
+    TooLarge,
+    /// The server refused: its code and message, and what to do when the
+    /// message alone does not say it.
+    #[error("{code}: {message}{hint}")]
+    Status {
+        status: u16,
+        code: String,
+        message: String,
+        hint: &'static str,
+    },
+    #[error("the event stream broke: {0}")]
+    Stream(#[source] reqwest::Error),
+    #[error("the event stream broke: {0}")]
+    EventTooLong(#[from] bindery_sse::TooLong),
+    #[error("session {session} waits for {tool} and this token may not answer it: only the session's owner answers pending calls")]
+    CannotAnswer { session: String, tool: String },
+    #[error("forbidden: session {session} waits for {tool}, and only the session's owner answers pending calls (this is not the owner's token)")]
+    NotOwner { session: String, tool: String },
+    #[error("session {session} waits for no call (status: {status})")]
+    WaitsForNothing { session: String, status: String },
+    #[error("session {session} waits for {count} calls: give the token of the one to answer (`session pending {session}` lists them)")]
+    WaitsForMany { session: String, count: usize },
+    #[error(transparent)]
+    Ask(#[from] AskError),
+    #[error("asking: {0}")]
+    AskStopped(#[source] tokio::task::JoinError),
+    #[error("`session set` needs values: --set NAME=VALUE, --set-json NAME=JSON or --params-file FILE (`session clear ID NAME` removes one)")]
+    SetNeedsValues,
+    #[error("`session input` needs the fields: --field NAME=VALUE or --field-json NAME=JSON (`session pending ID` says which are missing)")]
+    InputNeedsFields,
+    #[error("--output-json: not JSON: {0}")]
+    OutputNotJson(#[source] serde_json::Error),
+    #[error("give the result: --output TEXT or --output-json JSON")]
+    NoResult,
+}
 
 /// Where the server is and who asks.
 #[derive(Args, Debug, Clone)]
@@ -304,21 +404,21 @@ pub struct Values {
 impl Values {
     /// For a verb that does not make a session: pins are refused here,
     /// naming them and where a pin is given.
-    fn unpinned(self, verb: &str) -> Result<BTreeMap<String, Value>, String> {
+    fn unpinned(self, verb: &'static str) -> Result<BTreeMap<String, Value>, ClientError> {
         if self.pin.is_empty() {
             return Ok(self.params);
         }
         let names: Vec<&str> = self.pin.keys().map(String::as_str).collect();
-        Err(format!(
-            "`session {verb}` cannot pin {}: a pin is fixed when a session is made; give it to `session start` (or `session start --fork ID --pin …` to change a session's pin)",
-            names.join(", ")
-        ))
+        Err(ClientError::PinRefused {
+            verb,
+            names: names.join(", "),
+        })
     }
 }
 
 /// The values of `--params-file`s then `--set`, `--set-json`, `--pin`,
 /// `--pin-json`: a later one wins, pinned or not.
-pub fn collect_params(p: &ParamArgs) -> Result<Values, String> {
+pub fn collect_params(p: &ParamArgs) -> Result<Values, ClientError> {
     let mut out = Values::default();
     let mut put = |name: &str, value: Value, pinned: bool| {
         out.params.remove(name);
@@ -331,13 +431,17 @@ pub fn collect_params(p: &ParamArgs) -> Result<Values, String> {
         to.insert(name.to_string(), value);
     };
     for file in &p.params_file {
-        let shown = file.display();
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read --params-file {shown}: {e}"))?;
-        // serde_yaml's messages name a place, never a value.
-        let v: BTreeMap<String, Value> = serde_yaml::from_str(&text).map_err(|e| {
-            format!("--params-file {shown} is not a JSON/YAML object of values: {e}")
-        })?;
+        let shown = || file.display().to_string();
+        let text =
+            std::fs::read_to_string(file).map_err(|source| ClientError::ParamsFileUnreadable {
+                file: shown(),
+                source,
+            })?;
+        let v: BTreeMap<String, Value> =
+            serde_yaml::from_str(&text).map_err(|source| ClientError::ParamsFileNotValues {
+                file: shown(),
+                source,
+            })?;
         for (name, entry) in v {
             match entry {
                 Value::Object(o)
@@ -348,9 +452,10 @@ pub fn collect_params(p: &ParamArgs) -> Result<Values, String> {
                         None => false,
                         Some(Value::Bool(b)) => *b,
                         Some(_) => {
-                            return Err(format!(
-                                "--params-file {shown}: `{name}.pinned` must be true or false"
-                            ))
+                            return Err(ClientError::PinnedNotBool {
+                                file: shown(),
+                                name,
+                            })
                         }
                     };
                     put(&name, o["value"].clone(), pinned);
@@ -375,28 +480,32 @@ pub fn collect_params(p: &ParamArgs) -> Result<Values, String> {
 }
 
 /// `NAME=VALUE` (a string) or `NAME=JSON`; an error never echoes a value.
-fn split_value(flag: &str, s: &str, json: bool) -> Result<(String, Value), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| {
-        let name = s.split('=').next().unwrap_or_default();
-        if json {
-            format!("{flag} {name}: expected NAME=JSON")
-        } else {
-            format!("{flag} {name}: expected NAME=VALUE")
-        }
+fn split_value(flag: &'static str, s: &str, json: bool) -> Result<(String, Value), ClientError> {
+    let (k, v) = s.split_once('=').ok_or_else(|| ClientError::NotNameValue {
+        flag,
+        name: s.split('=').next().unwrap_or_default().to_string(),
+        json,
     })?;
     let v = if json {
-        serde_json::from_str(v).map_err(|e| format!("{flag} {k}: not JSON: {e}"))?
+        serde_json::from_str(v).map_err(|source| ClientError::NotJson {
+            flag,
+            name: k.to_string(),
+            source,
+        })?
     } else {
         Value::String(v.to_string())
     };
     Ok((k.to_string(), v))
 }
 
-fn read_token(args: &ServerArgs) -> Result<String, String> {
+fn read_token(args: &ServerArgs) -> Result<String, ClientError> {
     if let Some(f) = &args.token_file {
         return std::fs::read_to_string(f)
             .map(|t| t.trim().to_string())
-            .map_err(|e| format!("cannot read --token-file {}: {e}", f.display()));
+            .map_err(|source| ClientError::TokenFileUnreadable {
+                file: f.display().to_string(),
+                source,
+            });
     }
     if let Ok(t) = std::env::var("BINDERY_TOKEN") {
         return Ok(t.trim().to_string());
@@ -404,12 +513,12 @@ fn read_token(args: &ServerArgs) -> Result<String, String> {
     let default = Path::new("data/owner-token");
     std::fs::read_to_string(default)
         .map(|t| t.trim().to_string())
-        .map_err(|_| "no token: give --token-file FILE or BINDERY_TOKEN (data/owner-token does not exist here)".to_string())
+        .map_err(|_| ClientError::NoToken)
 }
 
 /// A refusal of the server as `CODE: message`, with what to do when the
 /// message alone does not say it.
-pub fn refusal(status: u16, path: &str, body: &Value) -> String {
+pub fn refusal(status: u16, path: &str, body: &Value) -> ClientError {
     let code = body["error"]
         .as_str()
         .map_or_else(|| format!("http_{status}"), str::to_string);
@@ -426,7 +535,12 @@ pub fn refusal(status: u16, path: &str, body: &Value) -> String {
     } else {
         ""
     };
-    format!("{code}: {message}{hint}")
+    ClientError::Status {
+        status,
+        code,
+        message: message.to_string(),
+        hint,
+    }
 }
 
 /// The largest answer the client reads: a session's view with a long
@@ -443,18 +557,11 @@ fn answer_within(path: &str) -> std::time::Duration {
 
 /// The answer's body as text, refused past [`MAX_ANSWER_BYTES`] before it
 /// is all held.
-async fn read_answer(mut resp: reqwest::Response) -> Result<String, String> {
+async fn read_answer(mut resp: reqwest::Response) -> Result<String, ClientError> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| format!("reading the answer: {e}"))?
-    {
+    while let Some(chunk) = resp.chunk().await.map_err(ClientError::Read)? {
         if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(format!(
-                "the server's answer is over {} MiB: not an answer of a Bindery server",
-                MAX_ANSWER_BYTES / (1024 * 1024)
-            ));
+            return Err(ClientError::TooLarge);
         }
         body.extend_from_slice(&chunk);
     }
@@ -575,10 +682,21 @@ fn answer_body(r: &Resolution) -> Value {
 impl Client {
     /// Why a request did not get an answer; a redirect the egress policy
     /// refused says so.
-    fn unreachable(&self, e: &reqwest::Error) -> String {
-        match bindery_llm::egress::refused(e) {
-            Some(refused) => format!("the server at {}: {refused}", self.base),
-            None => format!("cannot reach the server at {}: {e}", self.base),
+    fn unreachable(&self, e: reqwest::Error) -> ClientError {
+        let base = self.base.clone();
+        match bindery_llm::egress::refused(&e) {
+            Some(refused) => ClientError::Redirect {
+                base,
+                refused: refused.clone(),
+            },
+            None => ClientError::Connect { base, source: e },
+        }
+    }
+
+    fn timed_out(&self, within: std::time::Duration) -> ClientError {
+        ClientError::Timeout {
+            base: self.base.clone(),
+            secs: within.as_secs(),
         }
     }
 
@@ -587,19 +705,27 @@ impl Client {
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.base.trim_end_matches('/'));
         let mut req = self.http.request(method, &url).bearer_auth(&self.token);
         if let Some(b) = body {
             req = req.json(&b);
         }
+        let within = answer_within(path);
+        // A connection not made in time is `Connect`: the server is not reached.
+        let timed_out = |e: &reqwest::Error| {
+            (e.is_timeout() && !e.is_connect()).then(|| self.timed_out(within))
+        };
         let resp = req
-            .timeout(answer_within(path))
+            .timeout(within)
             .send()
             .await
-            .map_err(|e| self.unreachable(&e))?;
+            .map_err(|e| timed_out(&e).unwrap_or_else(|| self.unreachable(e)))?;
         let status = resp.status();
-        let text = read_answer(resp).await?;
+        let text = read_answer(resp).await.map_err(|e| match &e {
+            ClientError::Read(r) => timed_out(r).unwrap_or(e),
+            _ => e,
+        })?;
         if status == reqwest::StatusCode::NO_CONTENT {
             return Ok(Value::Null);
         }
@@ -612,20 +738,20 @@ impl Client {
         }
     }
 
-    async fn view(&self, id: &str) -> Result<Value, String> {
+    async fn view(&self, id: &str) -> Result<Value, ClientError> {
         self.call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
             .await
     }
 
     /// The events of session `id` after `after`.
-    async fn events(&self, id: &str, after: Option<u64>) -> Result<reqwest::Response, String> {
+    async fn events(&self, id: &str, after: Option<u64>) -> Result<reqwest::Response, ClientError> {
         let path = format!("/v1/sessions/{id}/events");
         let url = format!("{}{path}", self.base.trim_end_matches('/'));
         let mut req = self.http.get(&url).bearer_auth(&self.token);
         if let Some(a) = after {
             req = req.header("Last-Event-ID", a.to_string());
         }
-        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let text = read_answer(resp).await?;
@@ -642,14 +768,12 @@ impl Client {
         id: &str,
         after: Option<u64>,
         until: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ClientError> {
         let mut parser = SseParser::default();
         let mut body = self.events(id, after).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
-            let events = parser
-                .feed(&chunk)
-                .map_err(|e| format!("the event stream broke: {e}"))?;
+            let chunk = chunk.map_err(ClientError::Stream)?;
+            let events = parser.feed(&chunk).map_err(ClientError::EventTooLong)?;
             for ev in events {
                 say(&format!(
                     "{}\t{}\t{}",
@@ -673,7 +797,7 @@ impl Client {
         view: Value,
         shown: &mut usize,
         progress: bool,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ClientError> {
         if progress {
             *shown = show_progress(&view, *shown);
         }
@@ -684,10 +808,10 @@ impl Client {
         let mut parser = SseParser::default();
         let mut body = self.events(&id, None).await?.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| format!("the event stream broke: {e}"))?;
+            let chunk = chunk.map_err(ClientError::Stream)?;
             let moved = parser
                 .feed(&chunk)
-                .map_err(|e| format!("the event stream broke: {e}"))?
+                .map_err(ClientError::EventTooLong)?
                 .iter()
                 .any(|e| {
                     matches!(
@@ -711,7 +835,12 @@ impl Client {
 
     /// Follow session `id` from `view` until its run ends, asking about
     /// each call it waits for (`yes`: confirmations approved).
-    async fn follow(&self, mut view: Value, mut shown: usize, yes: bool) -> Result<Value, String> {
+    async fn follow(
+        &self,
+        mut view: Value,
+        mut shown: usize,
+        yes: bool,
+    ) -> Result<Value, ClientError> {
         let id = view["session_id"].as_str().unwrap_or_default().to_string();
         loop {
             view = self.settled(view, &mut shown, true).await?;
@@ -721,17 +850,16 @@ impl Client {
             let items = view["pending"].as_array().cloned().unwrap_or_default();
             for item in items {
                 let Some(token) = item["continuation_token"].as_str().map(str::to_string) else {
-                    return Err(format!(
-                        "session {id} waits for {} and this token may not answer it: only the session's owner answers pending calls",
-                        item["tool"].as_str().unwrap_or("a call")
-                    ));
+                    return Err(ClientError::CannotAnswer {
+                        session: id,
+                        tool: item["tool"].as_str().unwrap_or("a call").to_string(),
+                    });
                 };
                 let asked = item.clone();
                 let r =
                     tokio::task::spawn_blocking(move || super::ask::ask_item(&asked, yes, None))
                         .await
-                        .map_err(|e| format!("asking: {e}"))?
-                        .map_err(|e| e.trim_start_matches("error: ").to_string())?;
+                        .map_err(ClientError::AskStopped)??;
                 self.call(
                     reqwest::Method::POST,
                     &format!("/v1/continuations/{token}"),
@@ -747,7 +875,7 @@ impl Client {
     /// one call) and its token. A token this client cannot see in the
     /// session (used already, or not the owner's to see) is sent as it is,
     /// for the server to say why.
-    async fn pending_item(&self, target: &str) -> Result<(String, Value), String> {
+    async fn pending_item(&self, target: &str) -> Result<(String, Value), ClientError> {
         if target.starts_with("ct_") {
             let view = match bindery_store::pending::token_session(target) {
                 Some(id) => self.view(id).await.ok(),
@@ -766,21 +894,21 @@ impl Client {
         let view = self.view(target).await?;
         let items = view["pending"].as_array().cloned().unwrap_or_default();
         match items.as_slice() {
-            [] => Err(format!(
-                "session {target} waits for no call (status: {})",
-                view["status"].as_str().unwrap_or("?")
-            )),
+            [] => Err(ClientError::WaitsForNothing {
+                session: target.to_string(),
+                status: view["status"].as_str().unwrap_or("?").to_string(),
+            }),
             [item] => match item["continuation_token"].as_str() {
                 Some(t) => Ok((t.to_string(), item.clone())),
-                None => Err(format!(
-                    "forbidden: session {target} waits for {}, and only the session's owner answers pending calls (this is not the owner's token)",
-                    item["tool"].as_str().unwrap_or("a call")
-                )),
+                None => Err(ClientError::NotOwner {
+                    session: target.to_string(),
+                    tool: item["tool"].as_str().unwrap_or("a call").to_string(),
+                }),
             },
-            more => Err(format!(
-                "session {target} waits for {} calls: give the token of the one to answer (`session pending {target}` lists them)",
-                more.len()
-            )),
+            more => Err(ClientError::WaitsForMany {
+                session: target.to_string(),
+                count: more.len(),
+            }),
         }
     }
 }
@@ -860,7 +988,7 @@ impl Then {
         client: &Client,
         v: Value,
         shown: usize,
-    ) -> Result<(Value, bool), String> {
+    ) -> Result<(Value, bool), ClientError> {
         let mut shown = shown;
         if self.follow {
             Ok((client.follow(v, shown, self.yes).await?, true))
@@ -872,25 +1000,28 @@ impl Then {
     }
 }
 
-pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, String> {
-    let err = |e: String| format!("error: {e}");
+pub async fn main(args: ServerArgs, cmd: SessionCommand) -> Result<ExitCode, ClientError> {
     let client = Client {
         // The token and the values go to that server's origin only.
         http: bindery_llm::egress::client(bindery_spec::Redirects::SameOrigin)
             .connect_timeout(std::time::Duration::from_secs(10))
             .build()
-            .map_err(|e| err(format!("cannot set up HTTP: {e}")))?,
+            .map_err(ClientError::Setup)?,
         base: args.server.clone(),
-        token: read_token(&args).map_err(err)?,
+        token: read_token(&args)?,
     };
-    run(&client, &args, cmd).await.map_err(err)
+    run(&client, &args, cmd).await
 }
 
-async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<ExitCode, String> {
+async fn run(
+    client: &Client,
+    args: &ServerArgs,
+    cmd: SessionCommand,
+) -> Result<ExitCode, ClientError> {
     use reqwest::Method;
     let turns_of = |id: &str| {
         let id = id.to_string();
-        async move { Ok::<_, String>(turns(&client.view(&id).await?).len()) }
+        async move { Ok::<_, ClientError>(turns(&client.view(&id).await?).len()) }
     };
     match cmd {
         SessionCommand::Start {
@@ -1020,7 +1151,7 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
         SessionCommand::Set { session_id, params } => {
             let values = collect_params(&params)?.unpinned("set")?;
             if values.is_empty() {
-                return Err("`session set` needs values: --set NAME=VALUE, --set-json NAME=JSON or --params-file FILE (`session clear ID NAME` removes one)".into());
+                return Err(ClientError::SetNeedsValues);
             }
             let v = client
                 .call(
@@ -1070,11 +1201,11 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
             } else {
                 json!({"approve": true})
             };
-            answer_call(client, args, answer, |_| Ok(body)).await?;
+            answer_call(client, args, answer, |_| body).await?;
         }
         SessionCommand::Reject { answer, reason } => {
             answer_call(client, args, answer, |_| {
-                Ok(answer_body(&Resolution::Rejected { reason }))
+                answer_body(&Resolution::Rejected { reason })
             })
             .await?;
         }
@@ -1083,7 +1214,7 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
                 // By number or label when the item is in view; else the id
                 // as given, for the server to judge.
                 let id = super::ask::option_named(&item["options"], &option).unwrap_or(option);
-                Ok(json!({"choice": id}))
+                json!({"choice": id})
             })
             .await?;
         }
@@ -1102,9 +1233,9 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
                 input.insert(k, v);
             }
             if input.is_empty() {
-                return Err("`session input` needs the fields: --field NAME=VALUE or --field-json NAME=JSON (`session pending ID` says which are missing)".into());
+                return Err(ClientError::InputNeedsFields);
             }
-            answer_call(client, args, answer, |_| Ok(json!({"input": input}))).await?;
+            answer_call(client, args, answer, |_| json!({"input": input})).await?;
         }
         SessionCommand::Result {
             answer,
@@ -1113,14 +1244,10 @@ async fn run(client: &Client, args: &ServerArgs, cmd: SessionCommand) -> Result<
         } => {
             let result = match (output, output_json) {
                 (Some(t), _) => Value::String(t),
-                (None, Some(j)) => {
-                    serde_json::from_str(&j).map_err(|e| format!("--output-json: not JSON: {e}"))?
-                }
-                (None, None) => {
-                    return Err("give the result: --output TEXT or --output-json JSON".into())
-                }
+                (None, Some(j)) => serde_json::from_str(&j).map_err(ClientError::OutputNotJson)?,
+                (None, None) => return Err(ClientError::NoResult),
             };
-            answer_call(client, args, answer, |_| Ok(json!({"result": result}))).await?;
+            answer_call(client, args, answer, |_| json!({"result": result})).await?;
         }
         SessionCommand::Events {
             session_id,
@@ -1175,11 +1302,11 @@ async fn answer_call(
     client: &Client,
     args: &ServerArgs,
     a: AnswerArgs,
-    make: impl FnOnce(&Value) -> Result<Value, String>,
-) -> Result<(), String> {
+    make: impl FnOnce(&Value) -> Value,
+) -> Result<(), ClientError> {
     let params = collect_params(&a.params)?.unpinned("answers")?;
     let (token, item) = client.pending_item(&a.target).await?;
-    let mut body = make(&item)?;
+    let mut body = make(&item);
     if !params.is_empty() {
         body["params"] = json!(params);
     }
@@ -1258,7 +1385,7 @@ mod tests {
             ]
             .into()
         );
-        let err = v.unpinned("set").map(drop).unwrap_err();
+        let err = v.unpinned("set").map(drop).unwrap_err().to_string();
         assert!(
             err.starts_with("`session set` cannot pin region, tenant"),
             "{err}"
@@ -1276,7 +1403,7 @@ mod tests {
             pin_json: vec!["tenant=secret-but-not-json".into()],
             ..Default::default()
         };
-        let err = collect_params(&bad).unwrap_err();
+        let err = collect_params(&bad).unwrap_err().to_string();
         assert!(err.starts_with("--pin-json tenant: not JSON"), "{err}");
         assert!(!err.contains("secret-but-not-json"), "{err}");
     }
@@ -1302,14 +1429,14 @@ mod tests {
     fn a_refusal_names_its_code_and_what_to_do() {
         let body = json!({"error": "not_found", "message": "no session x"});
         assert_eq!(
-            refusal(404, "/v1/sessions/x", &body),
+            refusal(404, "/v1/sessions/x", &body).to_string(),
             "not_found: no session x; `session list` shows the sessions"
         );
-        assert!(
-            refusal(404, "/v1/continuations/ct_x", &body).contains("`session pending SESSION_ID`")
-        );
+        assert!(refusal(404, "/v1/continuations/ct_x", &body)
+            .to_string()
+            .contains("`session pending SESSION_ID`"));
         assert_eq!(
-            refusal(502, "/v1/sessions", &json!("bad gateway")),
+            refusal(502, "/v1/sessions", &json!("bad gateway")).to_string(),
             "http_502: bad gateway"
         );
     }

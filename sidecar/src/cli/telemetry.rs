@@ -67,6 +67,15 @@ pub struct Telemetry {
     variable: &'static str,
 }
 
+/// Why traces are not exported: the exporter the variable configures could
+/// not be built (the server goes on without it).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export traces ({variable}): {source}")]
+pub struct ExportError {
+    variable: &'static str,
+    source: opentelemetry_otlp::ExporterBuildError,
+}
+
 fn env_set(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
@@ -75,7 +84,7 @@ impl Telemetry {
     /// An exporter configured from the environment: `Ok(None)` when no
     /// endpoint is set, `Err` (a message for a warning) when it cannot be
     /// built, for instance from an endpoint that is no URL.
-    pub fn from_env() -> Result<Option<Telemetry>, String> {
+    pub fn from_env() -> Result<Option<Telemetry>, ExportError> {
         let variable = if env_set(TRACES_ENDPOINT_VAR).is_some() {
             TRACES_ENDPOINT_VAR
         } else if env_set(ENDPOINT_VAR).is_some() {
@@ -90,7 +99,7 @@ impl Telemetry {
             .with_http()
             .with_protocol(Protocol::HttpBinary)
             .build()
-            .map_err(|e| format!("cannot export traces ({variable}): {e}"))?;
+            .map_err(|source| ExportError { variable, source })?;
         // Each span is scrubbed as it ends, while what it quotes is live.
         let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
         let provider = SdkTracerProvider::builder()

@@ -17,9 +17,9 @@ use serde_json::{json, Value};
 pub enum Called {
     NotFound,
     /// A helper agent's run (agents-exe's `io` tools).
-    Helper(Result<String, String>),
-    /// One of the agent's tools.
-    Tool(Result<String, String>),
+    Helper(Result<String, super::one_shot::RunError>),
+    /// One of the agent's tools (its error scrubbed of every secret).
+    Tool(Result<String, bindery_tools::ToolError>),
 }
 
 /// agents-exe's `toolType` of a tool, by the name agents-exe gives it
@@ -48,18 +48,18 @@ pub fn tool_type(name: &str) -> Option<&'static str> {
 
 /// `resultData` for `name`'s call.
 pub fn result_data(name: &str, called: Called) -> Value {
-    let error = |e: String, t: &str| json!({"type": "error", "error": e, "toolType": t});
+    let error = |e: &dyn std::fmt::Display, t: &str| json!({"type": "error", "error": e.to_string(), "toolType": t});
     match called {
         Called::NotFound => json!({
             "error": format!("PortalToolNotFound {}", Value::from(name)),
             "toolName": name,
         }),
         Called::Helper(Ok(text)) => json!({"type": "blob", "data": text}),
-        Called::Helper(Err(e)) => error(e, "io"),
+        Called::Helper(Err(e)) => error(&e, "io"),
         Called::Tool(result) => match (tool_type(name), result) {
             (None, Ok(text)) => json!({"type": "blob", "data": text}),
-            (None, Err(e)) => error(e, "bash"),
-            (Some(t), Err(e)) => error(e, t),
+            (None, Err(e)) => error(&e, "bash"),
+            (Some(t), Err(e)) => error(&e, t),
             (Some("mcp"), Ok(text)) => json!({
                 "type": "success",
                 "data": {"content": [{"type": "text", "text": text}], "isError": false},
@@ -103,7 +103,10 @@ mod tests {
             json!({"type": "blob", "data": "hi\n"})
         );
         assert_eq!(
-            result_data("bash_read-file", Called::Tool(Err("exit 2".into()))),
+            result_data(
+                "bash_read-file",
+                Called::Tool(Err(bindery_tools::ToolError::Failed("exit 2".into())))
+            ),
             json!({"type": "error", "error": "exit 2", "toolType": "bash"})
         );
         assert_eq!(

@@ -11,7 +11,7 @@
 use serde_json::{json, Value};
 
 use super::model::{call_name, Session};
-use super::Shape;
+use super::{SessionFileError, Shape};
 
 /// One call the model made, as `list-tool-calls` shows it.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,11 +55,13 @@ pub fn of_bindery(doc: &Value) -> Vec<ListedCall> {
 }
 
 /// The calls of a session document of either kind.
-pub fn of_doc(doc: &Value, what: &str) -> Result<(Shape, Vec<ListedCall>), String> {
+pub fn of_doc(doc: &Value, what: &str) -> Result<(Shape, Vec<ListedCall>), SessionFileError> {
     match super::shape(doc) {
         Shape::AgentsExe => {
-            let s = Session::parse(doc)
-                .map_err(|e| format!("error: {what} is not an agents-exe session: {e}"))?;
+            let s = Session::parse(doc).map_err(|source| SessionFileError::NotAgentsExe {
+                what: what.to_string(),
+                source,
+            })?;
             Ok((Shape::AgentsExe, of_agents_exe(&s)))
         }
         Shape::Bindery => Ok((Shape::Bindery, of_bindery(doc))),
@@ -72,13 +74,15 @@ pub fn pick<'a>(
     calls: &'a [ListedCall],
     index: usize,
     what: &str,
-) -> Result<&'a ListedCall, String> {
-    calls.iter().find(|c| c.index == index).ok_or_else(|| {
-        format!(
-            "error: {what} has no tool call with index {index} (available: {})",
-            available(calls)
-        )
-    })
+) -> Result<&'a ListedCall, SessionFileError> {
+    calls
+        .iter()
+        .find(|c| c.index == index)
+        .ok_or_else(|| SessionFileError::NoToolCall {
+            what: what.to_string(),
+            index,
+            available: available(calls),
+        })
 }
 
 /// `turn 1: 0, 1; turn 3: 0`, or `none`.
@@ -201,10 +205,12 @@ mod tests {
         // Index 0 is the newest turn's first call, as agents-exe picks it.
         assert_eq!(pick(&calls, 0, "f").unwrap().arguments, json!("{\"q\":2}"));
         assert_eq!(pick(&calls, 1, "f").unwrap().name, "bash_y");
-        let err = pick(&calls, 2, "session file s.json").unwrap_err();
+        let err = pick(&calls, 2, "session file s.json")
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
-            "error: session file s.json has no tool call with index 2 (available: turn 2: 0; turn 4: 0, 1)"
+            "session file s.json has no tool call with index 2 (available: turn 2: 0; turn 4: 0, 1)"
         );
     }
 

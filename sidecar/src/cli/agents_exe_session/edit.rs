@@ -18,10 +18,23 @@ pub enum Op {
     CensorThinking,
 }
 
+/// What `session-edit`'s operations cannot be: each names the flag given.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EditError {
+    #[error("{flag} needs a number")]
+    NoCount { flag: String },
+    #[error("{flag} {given}: not a whole number")]
+    NotACount { flag: String, given: String },
+    #[error("{flag} {given} counts the turns of the --take, --take-tail, --drop or --drop-tail just before it")]
+    CountsNothing { flag: String, given: String },
+    #[error("session-edit does not know {given:?}; its operations are --take, --take-tail, --drop, --drop-tail (each with -n/--count N, default 1), --censor-tool-calls and --censor-thinking")]
+    Unknown { given: String },
+}
+
 /// The operations in `args`, in order: `--take`, `--take-tail`, `--drop`,
 /// `--drop-tail` (each counting `-n/--count N` after it, default 1),
 /// `--censor-tool-calls`, `--censor-thinking`.
-pub fn parse_ops(args: &[String]) -> Result<Vec<Op>, String> {
+pub fn parse_ops(args: &[String]) -> Result<Vec<Op>, EditError> {
     let mut ops = Vec::new();
     let mut counted = false;
     let mut i = 0;
@@ -43,14 +56,15 @@ pub fn parse_ops(args: &[String]) -> Result<Vec<Op>, String> {
                     Some(v) => v.to_string(),
                     None => {
                         i += 1;
-                        args.get(i - 1)
-                            .cloned()
-                            .ok_or_else(|| format!("error: {name} needs a number"))?
+                        args.get(i - 1).cloned().ok_or_else(|| EditError::NoCount {
+                            flag: name.to_string(),
+                        })?
                     }
                 };
-                let n: i64 = value
-                    .parse()
-                    .map_err(|_| format!("error: {name} {value}: not a whole number"))?;
+                let n: i64 = value.parse().map_err(|_| EditError::NotACount {
+                    flag: name.to_string(),
+                    given: value.clone(),
+                })?;
                 match ops.last_mut() {
                     Some(Op::Take(c) | Op::TakeTail(c) | Op::Drop(c) | Op::DropTail(c))
                         if !counted =>
@@ -59,17 +73,18 @@ pub fn parse_ops(args: &[String]) -> Result<Vec<Op>, String> {
                         counted = true;
                     }
                     _ => {
-                        return Err(format!(
-                            "error: {name} {value} counts the turns of the --take, --take-tail, --drop or --drop-tail just before it"
-                        ))
+                        return Err(EditError::CountsNothing {
+                            flag: name.to_string(),
+                            given: value,
+                        })
                     }
                 }
                 continue;
             }
             other => {
-                return Err(format!(
-                    "error: session-edit does not know {other:?}; its operations are --take, --take-tail, --drop, --drop-tail (each with -n/--count N, default 1), --censor-tool-calls and --censor-thinking"
-                ))
+                return Err(EditError::Unknown {
+                    given: other.to_string(),
+                })
             }
         };
         ops.push(op);
@@ -165,15 +180,19 @@ mod tests {
         );
         assert!(parse_ops(&args("-n 2 --take"))
             .unwrap_err()
+            .to_string()
             .contains("just before it"));
         assert!(parse_ops(&args("--take -n 2 -n 3"))
             .unwrap_err()
+            .to_string()
             .contains("just before it"));
         assert!(parse_ops(&args("--take -n two"))
             .unwrap_err()
+            .to_string()
             .contains("not a whole number"));
         assert!(parse_ops(&args("--head"))
             .unwrap_err()
+            .to_string()
             .contains("does not know \"--head\""));
     }
 

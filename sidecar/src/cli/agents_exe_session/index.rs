@@ -26,15 +26,55 @@ use super::model::{Session, ToolResponse, TurnKind, UserTurn};
 
 pub const DEFAULT_DB: &str = ".agents-search.db";
 
+/// Why the search index or the session directories could not be used:
+/// each names the file (`--db-path`, `agents-exe.cfg.json`) and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("no session directory: HOME is not set and no agents-exe.cfg.json names one (give --sessions-dir DIR)")]
+    NoSessionDir,
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: not agents-exe's configuration: {source}")]
+    NotConfig {
+        file: String,
+        source: serde_json::Error,
+    },
+    #[error("{file}: \"sessions\" needs \"writeLocation\" (a directory), as agents-exe requires")]
+    NoWriteLocation { file: String },
+    /// `--db-path` names a file that is not an index: left untouched.
+    #[error("--db-path {db}: {why}; it is not a session search index, so nothing was changed (name a new file, or the index's own file, with --db-path)")]
+    NotAnIndex { db: String, why: &'static str },
+    #[error("cannot create {dir}: {source}")]
+    CreateDir { dir: String, source: std::io::Error },
+    #[error("cannot open the search index {db}: {source}")]
+    Open { db: String, source: rusqlite::Error },
+    #[error(
+        "cannot write the search index {db}: {source}; remove it with `session-index --clean`"
+    )]
+    Write { db: String, source: rusqlite::Error },
+    #[error("search index: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("cannot remove {path}: {source}")]
+    Remove {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{given:?} is not a date YYYY-MM-DD")]
+    NotADate { given: String },
+}
+
 /// agents-exe's session directories, in priority order: from the nearest
 /// `agents-exe.cfg.json` (from `cwd` up) its `sessions.writeLocation`
 /// then `sessions.readLocations`, else its `agentsLogs.logSessionsJsonPrefix`;
 /// otherwise `~/.config/agents-exe/sessions`. `~` is the home directory;
 /// other relative paths are from `cwd`, as agents-exe takes them.
-pub fn session_dirs(cwd: &Path, home: Option<&Path>) -> Result<Vec<PathBuf>, String> {
+pub fn session_dirs(cwd: &Path, home: Option<&Path>) -> Result<Vec<PathBuf>, IndexError> {
     let default = || {
         home.map(|h| vec![h.join(".config/agents-exe/sessions")])
-            .ok_or_else(|| "error: no session directory: HOME is not set and no agents-exe.cfg.json names one (give --sessions-dir DIR)".to_string())
+            .ok_or(IndexError::NoSessionDir)
     };
     let Some(cfg) = cwd
         .ancestors()
@@ -43,13 +83,14 @@ pub fn session_dirs(cwd: &Path, home: Option<&Path>) -> Result<Vec<PathBuf>, Str
     else {
         return default();
     };
-    let text = std::fs::read_to_string(&cfg)
-        .map_err(|e| format!("error: cannot read {}: {e}", cfg.display()))?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "error: {}: not agents-exe's configuration: {e}",
-            cfg.display()
-        )
+    let file = || cfg.display().to_string();
+    let text = std::fs::read_to_string(&cfg).map_err(|source| IndexError::Read {
+        path: file(),
+        source,
+    })?;
+    let doc: Value = serde_json::from_str(&text).map_err(|source| IndexError::NotConfig {
+        file: file(),
+        source,
     })?;
     let resolve = |p: &str| match (p.strip_prefix('~'), home) {
         (Some(rest), Some(h)) => PathBuf::from(format!("{}{rest}", h.display())),
@@ -59,12 +100,7 @@ pub fn session_dirs(cwd: &Path, home: Option<&Path>) -> Result<Vec<PathBuf>, Str
         let write = sessions
             .get("writeLocation")
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                format!(
-                    "error: {}: \"sessions\" needs \"writeLocation\" (a directory), as agents-exe requires",
-                    cfg.display()
-                )
-            })?;
+            .ok_or_else(|| IndexError::NoWriteLocation { file: file() })?;
         let read: Vec<&str> = sessions
             .get("readLocations")
             .and_then(Value::as_array)
@@ -265,10 +301,6 @@ pub struct IndexConfig {
     pub tool_outputs: bool,
 }
 
-fn sql(e: rusqlite::Error) -> String {
-    format!("error: search index: {e}")
-}
-
 /// Bindery's mark on its index (`PRAGMA application_id`, "BdIx"), so a
 /// write or a clean never touches a file that is not one.
 const APPLICATION_ID: i32 = 0x4264_4978;
@@ -289,20 +321,25 @@ fn is_index_table(name: &str) -> bool {
     ) || name.starts_with("search_content_")
 }
 
-fn refuse(db: &Path, why: &str) -> String {
-    format!(
-        "error: --db-path {}: {why}; it is not a session search index, so nothing was changed (name a new file, or the index's own file, with --db-path)",
-        db.display()
-    )
+fn refuse(db: &Path, why: &'static str) -> IndexError {
+    IndexError::NotAnIndex {
+        db: db.display().to_string(),
+        why,
+    }
 }
 
 /// Whether `db` is absent or an index (Bindery's, or agents-exe's); any
 /// other file — a symbolic link, a directory, text, another program's
 /// database — is refused untouched.
-fn existing(db: &Path) -> Result<Existing, String> {
+fn existing(db: &Path) -> Result<Existing, IndexError> {
     let meta = match std::fs::symlink_metadata(db) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Absent),
-        Err(e) => return Err(format!("error: cannot read {}: {e}", db.display())),
+        Err(source) => {
+            return Err(IndexError::Read {
+                path: db.display().to_string(),
+                source,
+            })
+        }
         Ok(m) => m,
     };
     if meta.file_type().is_symlink() {
@@ -355,33 +392,35 @@ fn existing(db: &Path) -> Result<Existing, String> {
 }
 
 /// The index, created if absent; refused if `db` is anything else.
-fn open(db: &Path) -> Result<Connection, String> {
+fn open(db: &Path) -> Result<Connection, IndexError> {
     let was = existing(db)?;
     if was == Existing::Absent {
         if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("error: cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| IndexError::CreateDir {
+                dir: dir.display().to_string(),
+                source,
+            })?;
         }
     }
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
         | rusqlite::OpenFlags::SQLITE_OPEN_CREATE
         | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW
         | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(db, flags)
-        .map_err(|e| format!("error: cannot open the search index {}: {e}", db.display()))?;
+    let conn = Connection::open_with_flags(db, flags).map_err(|source| IndexError::Open {
+        db: db.display().to_string(),
+        source,
+    })?;
     conn.execute_batch(&format!(
         "PRAGMA application_id = {APPLICATION_ID};{SCHEMA}"
     ))
-    .map_err(|e| {
-        format!(
-            "error: cannot write the search index {}: {e}; remove it with `session-index --clean`",
-            db.display()
-        )
+    .map_err(|source| IndexError::Write {
+        db: db.display().to_string(),
+        source,
     })?;
     Ok(conn)
 }
 
-fn set_meta(conn: &Connection, key: &str) -> Result<(), String> {
+fn set_meta(conn: &Connection, key: &str) -> Result<(), IndexError> {
     let now = std::time::SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -390,7 +429,7 @@ fn set_meta(conn: &Connection, key: &str) -> Result<(), String> {
         (key, now.to_string()),
     )
     .map(drop)
-    .map_err(sql)
+    .map_err(IndexError::Sql)
 }
 
 /// What an indexing did.
@@ -404,7 +443,7 @@ pub struct Indexed {
 }
 
 /// The index rebuilt from nothing.
-pub fn build(cfg: &IndexConfig) -> Result<Indexed, String> {
+pub fn build(cfg: &IndexConfig) -> Result<Indexed, IndexError> {
     clean(cfg)?;
     let out = update(cfg)?;
     let conn = open(&cfg.db)?;
@@ -414,11 +453,11 @@ pub fn build(cfg: &IndexConfig) -> Result<Indexed, String> {
 
 /// Sessions new or written since they were indexed are (re)indexed; those
 /// gone are forgotten.
-pub fn update(cfg: &IndexConfig) -> Result<Indexed, String> {
+pub fn update(cfg: &IndexConfig) -> Result<Indexed, IndexError> {
     let mut conn = open(&cfg.db)?;
     let files = session_files(&cfg.dirs);
     let known = indexed_mtimes(&conn)?;
-    let tx = conn.transaction().map_err(sql)?;
+    let tx = conn.transaction().map_err(IndexError::Sql)?;
     let mut out = Indexed::default();
     for f in &files {
         if known.get(&f.id).is_some_and(|m| *m >= f.mtime) {
@@ -435,8 +474,8 @@ pub fn update(cfg: &IndexConfig) -> Result<Indexed, String> {
                     "INSERT INTO session_index (session_id, file_path, mtime) VALUES (?1, ?2, ?3)",
                     (&f.id, f.path.to_string_lossy(), f.mtime),
                 )
-                .map_err(sql)?;
-                out.skipped.push(e);
+                .map_err(IndexError::Sql)?;
+                out.skipped.push(e.to_string());
                 continue;
             }
         };
@@ -448,16 +487,16 @@ pub fn update(cfg: &IndexConfig) -> Result<Indexed, String> {
         forget(&tx, id)?;
         out.removed += 1;
     }
-    tx.commit().map_err(sql)?;
+    tx.commit().map_err(IndexError::Sql)?;
     set_meta(&conn, "last_incremental_update")?;
     Ok(out)
 }
 
 /// Every row about a session.
-fn forget(conn: &Connection, id: &str) -> Result<(), String> {
+fn forget(conn: &Connection, id: &str) -> Result<(), IndexError> {
     for table in ["tool_index", "search_content", "session_index"] {
         conn.execute(&format!("DELETE FROM {table} WHERE session_id = ?1"), [id])
-            .map_err(sql)?;
+            .map_err(IndexError::Sql)?;
     }
     Ok(())
 }
@@ -467,7 +506,7 @@ fn index_one(
     f: &SessionFile,
     s: &Session,
     tool_outputs: bool,
-) -> Result<(), String> {
+) -> Result<(), IndexError> {
     forget(conn, &f.id)?;
     conn.execute(
         "INSERT INTO session_index (session_id, file_path, mtime, agent_slug, turn_count)
@@ -479,30 +518,30 @@ fn index_one(
             s.turns.len() as i64,
         ),
     )
-    .map_err(sql)?;
+    .map_err(IndexError::Sql)?;
     conn.execute(
         "INSERT INTO search_content (session_id, content) VALUES (?1, ?2)",
         (&f.id, searchable_text(s, tool_outputs)),
     )
-    .map_err(sql)?;
+    .map_err(IndexError::Sql)?;
     for (tool, n) in tool_counts(s) {
         conn.execute(
             "INSERT INTO tool_index (session_id, tool_name, call_count) VALUES (?1, ?2, ?3)",
             (&f.id, tool, n),
         )
-        .map_err(sql)?;
+        .map_err(IndexError::Sql)?;
     }
     Ok(())
 }
 
-fn indexed_mtimes(conn: &Connection) -> Result<std::collections::HashMap<String, i64>, String> {
+fn indexed_mtimes(conn: &Connection) -> Result<std::collections::HashMap<String, i64>, IndexError> {
     let mut st = conn
         .prepare("SELECT session_id, mtime FROM session_index")
-        .map_err(sql)?;
+        .map_err(IndexError::Sql)?;
     let rows = st
         .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-        .map_err(sql)?;
-    rows.collect::<Result<_, _>>().map_err(sql)
+        .map_err(IndexError::Sql)?;
+    rows.collect::<Result<_, _>>().map_err(IndexError::Sql)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -512,7 +551,7 @@ pub enum Status {
     Missing,
 }
 
-pub fn status(cfg: &IndexConfig) -> Result<Status, String> {
+pub fn status(cfg: &IndexConfig) -> Result<Status, IndexError> {
     if existing(&cfg.db)? == Existing::Absent {
         return Ok(Status::Missing);
     }
@@ -535,15 +574,17 @@ pub fn status(cfg: &IndexConfig) -> Result<Status, String> {
 
 /// The index file removed (and SQLite's journal files beside it); a file
 /// that is not an index is refused, and an absent one is nothing to do.
-pub fn clean(cfg: &IndexConfig) -> Result<(), String> {
+pub fn clean(cfg: &IndexConfig) -> Result<(), IndexError> {
     if existing(&cfg.db)? == Existing::Absent {
         return Ok(());
     }
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let p = PathBuf::from(format!("{}{suffix}", cfg.db.display()));
         if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
-            std::fs::remove_file(&p)
-                .map_err(|e| format!("error: cannot remove {}: {e}", p.display()))?;
+            std::fs::remove_file(&p).map_err(|source| IndexError::Remove {
+                path: p.display().to_string(),
+                source,
+            })?;
         }
     }
     Ok(())
@@ -565,9 +606,10 @@ pub struct SearchOptions {
 }
 
 /// A `YYYY-MM-DD` day's start (UTC), in ns since the epoch.
-pub fn day_start(s: &str) -> Result<i64, String> {
-    let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .map_err(|_| format!("{s:?} is not a date YYYY-MM-DD"))?;
+pub fn day_start(s: &str) -> Result<i64, IndexError> {
+    let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| IndexError::NotADate {
+        given: s.to_string(),
+    })?;
     let days = d
         .signed_duration_since(chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default())
         .num_days();
@@ -594,7 +636,7 @@ pub struct Found {
 }
 
 /// The sessions matching `opts`, best first (FTS5's rank).
-pub fn search(cfg: &IndexConfig, opts: &SearchOptions, updated: bool) -> Result<Found, String> {
+pub fn search(cfg: &IndexConfig, opts: &SearchOptions, updated: bool) -> Result<Found, IndexError> {
     let started = Instant::now();
     let conn = open(&cfg.db)?;
     let q = query(&opts.query);
@@ -649,7 +691,7 @@ pub fn search(cfg: &IndexConfig, opts: &SearchOptions, updated: bool) -> Result<
          WHERE {} ORDER BY {rank}, c.session_id",
         clauses.join(" AND ")
     );
-    let mut st = conn.prepare(&text).map_err(sql)?;
+    let mut st = conn.prepare(&text).map_err(IndexError::Sql)?;
     let rows = st
         .query_map(params_from_iter(params.iter()), |r| {
             Ok((
@@ -661,11 +703,11 @@ pub fn search(cfg: &IndexConfig, opts: &SearchOptions, updated: bool) -> Result<
                 r.get::<_, Option<i64>>(5)?,
             ))
         })
-        .map_err(sql)?;
+        .map_err(IndexError::Sql)?;
     let mut hits = Vec::new();
     let mut total = 0;
     for row in rows {
-        let (session_id, content, rank, file, agent, turns) = row.map_err(sql)?;
+        let (session_id, content, rank, file, agent, turns) = row.map_err(IndexError::Sql)?;
         total += 1;
         if opts.limit.is_some_and(|l| hits.len() >= l) {
             continue;
@@ -872,7 +914,10 @@ mod tests {
         std::fs::write(&cfg, r#"{"agentsLogs": {"logSessionsJsonPrefix": "x"}}"#).unwrap();
         assert_eq!(session_dirs(&sub, h).unwrap(), [sub.join("x")]);
         std::fs::write(&cfg, r#"{"sessions": {"readLocation": "x"}}"#).unwrap();
-        assert!(session_dirs(&sub, h).unwrap_err().contains("writeLocation"));
+        assert!(matches!(
+            session_dirs(&sub, h).unwrap_err(),
+            IndexError::NoWriteLocation { .. }
+        ));
     }
 
     #[test]
@@ -908,7 +953,7 @@ mod tests {
                 clean(&c),
                 status(&c).map(drop),
             ] {
-                let e = r.unwrap_err();
+                let e = r.unwrap_err().to_string();
                 assert!(
                     e.contains(&db.display().to_string()) && e.contains("nothing was changed"),
                     "{e}"

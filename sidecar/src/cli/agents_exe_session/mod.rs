@@ -27,6 +27,57 @@ use serde_json::Value;
 /// whole on every step, so a real one stays far below this.
 pub const MAX_SESSION_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Why a session file (or the session on stdin) could not be used, or a
+/// command over them could not finish; each names the file (`what`) as the
+/// user gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionFileError {
+    #[error("cannot read {what}: {source}")]
+    Read {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{what} is larger than {} MiB, the most a session is read at; is it a session file?", MAX_SESSION_BYTES / (1024 * 1024))]
+    TooLarge { what: String },
+    #[error("{what} is not UTF-8 text")]
+    NotUtf8 { what: String },
+    #[error("no session in {what} (it is empty)")]
+    Empty { what: String },
+    #[error("{what} is neither a session (agents-exe's session file, or what GET /v1/sessions/ID answers) nor JSON lines ending with one: {source}")]
+    NotJson {
+        what: String,
+        source: serde_json::Error,
+    },
+    #[error("session file {file} is Bindery's (what GET /v1/sessions/ID answers); this command reads agents-exe's session files")]
+    Bindery { file: String },
+    #[error("{what} is not an agents-exe session: {source}")]
+    NotAgentsExe {
+        what: String,
+        source: model::ShapeError,
+    },
+    #[error("{what} has no tool call with index {index} (available: {available})")]
+    NoToolCall {
+        what: String,
+        index: usize,
+        /// [`calls::available`]: the calls there are, by turn.
+        available: String,
+    },
+    #[error("cannot write the output: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("cannot read the working directory: {0}")]
+    WorkingDirectory(#[source] std::io::Error),
+    /// `--after` or `--before` of `session-search`.
+    #[error("{flag} {source}")]
+    Date {
+        flag: &'static str,
+        source: index::IndexError,
+    },
+    #[error(transparent)]
+    Edit(#[from] edit::EditError),
+    #[error(transparent)]
+    Index(#[from] index::IndexError),
+}
+
 /// Which program wrote a session document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
@@ -53,23 +104,22 @@ pub fn shape(doc: &Value) -> Shape {
 }
 
 /// Up to [`MAX_SESSION_BYTES`] of `from`; more is an error naming `what`.
-pub fn read_capped(from: impl Read, what: &str) -> Result<String, String> {
+pub fn read_capped(from: impl Read, what: &str) -> Result<String, SessionFileError> {
     use super::prompt_script::{read_text, Capped};
-    match read_text(from, MAX_SESSION_BYTES)
-        .map_err(|e| format!("error: cannot read {what}: {e}"))?
-    {
+    let what = || what.to_string();
+    match read_text(from, MAX_SESSION_BYTES).map_err(|source| SessionFileError::Read {
+        what: what(),
+        source,
+    })? {
         Capped::Text(text) => Ok(text),
-        Capped::TooLong => Err(format!(
-            "error: {what} is larger than {} MiB, the most a session is read at; is it a session file?",
-            MAX_SESSION_BYTES / (1024 * 1024)
-        )),
-        Capped::NotUtf8 => Err(format!("error: {what} is not UTF-8 text")),
+        Capped::TooLong => Err(SessionFileError::TooLarge { what: what() }),
+        Capped::NotUtf8 => Err(SessionFileError::NotUtf8 { what: what() }),
     }
 }
 
 /// The session in `text`: one JSON document, or JSON lines whose last
 /// (non-empty) one is the session, as agents-exe reads its files.
-pub fn parse_text(text: &str, what: &str) -> Result<Value, String> {
+pub fn parse_text(text: &str, what: &str) -> Result<Value, SessionFileError> {
     if let Ok(v) = serde_json::from_str(text) {
         return Ok(v);
     }
@@ -77,35 +127,36 @@ pub fn parse_text(text: &str, what: &str) -> Result<Value, String> {
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .ok_or_else(|| format!("error: no session in {what} (it is empty)"))?;
-    serde_json::from_str(last).map_err(|e| {
-        format!(
-            "error: {what} is neither a session (agents-exe's session file, or what GET /v1/sessions/ID answers) nor JSON lines ending with one: {e}"
-        )
+        .ok_or_else(|| SessionFileError::Empty {
+            what: what.to_string(),
+        })?;
+    serde_json::from_str(last).map_err(|source| SessionFileError::NotJson {
+        what: what.to_string(),
+        source,
     })
 }
 
 /// A session file, read (at most [`MAX_SESSION_BYTES`]) and parsed as JSON.
-pub fn read_file(path: &Path) -> Result<Value, String> {
+pub fn read_file(path: &Path) -> Result<Value, SessionFileError> {
     let what = format!("session file {}", path.display());
-    let file = std::fs::File::open(path).map_err(|e| format!("error: cannot read {what}: {e}"))?;
+    let file = std::fs::File::open(path).map_err(|source| SessionFileError::Read {
+        what: what.clone(),
+        source,
+    })?;
     parse_text(&read_capped(file, &what)?, &what)
 }
 
 /// A file agents-exe's way: the session in it, typed.
-pub fn read_agents_exe(path: &Path) -> Result<model::Session, String> {
+pub fn read_agents_exe(path: &Path) -> Result<model::Session, SessionFileError> {
     let doc = read_file(path)?;
     if doc.pointer("/session/turns").is_some() {
-        return Err(format!(
-            "error: session file {} is Bindery's (what GET /v1/sessions/ID answers); this command reads agents-exe's session files",
-            path.display()
-        ));
+        return Err(SessionFileError::Bindery {
+            file: path.display().to_string(),
+        });
     }
-    model::Session::parse(&doc).map_err(|e| {
-        format!(
-            "error: session file {} is not an agents-exe session: {e}",
-            path.display()
-        )
+    model::Session::parse(&doc).map_err(|source| SessionFileError::NotAgentsExe {
+        what: format!("session file {}", path.display()),
+        source,
     })
 }
 
@@ -136,8 +187,13 @@ mod tests {
     fn the_last_line_is_the_session_and_too_much_is_refused() {
         let v = parse_text("{\"turns\": []}\n{\"turns\": [1]}\n\n", "f").unwrap();
         assert_eq!(v, json!({"turns": [1]}));
-        assert!(parse_text("", "f").unwrap_err().contains("empty"));
-        let err = read_capped(std::io::repeat(b' '), "stdin").unwrap_err();
+        assert!(parse_text("", "f")
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
+        let err = read_capped(std::io::repeat(b' '), "stdin")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("larger than 64 MiB"), "{err}");
     }
 

@@ -94,35 +94,63 @@ pub struct TokenUsage {
 
 type Obj = Map<String, Value>;
 
-fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Obj, String> {
+/// Where a document is not an agents-exe session: the place (`turns[2].contents`)
+/// and what is wrong there.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ShapeError {
+    #[error("{at} is not an object")]
+    NotObject { at: String },
+    #[error("{at} is not a string")]
+    NotString { at: String },
+    #[error("{at} is not a list")]
+    NotList { at: String },
+    #[error("it has no \"turns\" list")]
+    NoTurns,
+    #[error("{at} has no \"tag\"")]
+    NoTag { at: String },
+    #[error("{at} has tag {tag:?} (agents-exe's are UserTurn, LlmTurn and PartialUserTurn)")]
+    UnknownTag { at: String, tag: String },
+    #[error("{at} has no \"text\"")]
+    NoText { at: String },
+    #[error("{at} is neither text nor {{\"text\"}}")]
+    NotQuery { at: String },
+    #[error("{at} is not a [call, response] pair")]
+    NotPair { at: String },
+}
+
+fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Obj, ShapeError> {
     v.as_object()
-        .ok_or_else(|| format!("{at} is not an object"))
+        .ok_or_else(|| ShapeError::NotObject { at: at.to_string() })
 }
 
 /// A key holding a string, or absent/null.
-fn opt_str(o: &Obj, key: &str, at: &str) -> Result<Option<String>, String> {
+fn opt_str(o: &Obj, key: &str, at: &str) -> Result<Option<String>, ShapeError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(format!("{at}.{key} is not a string")),
+        Some(_) => Err(ShapeError::NotString {
+            at: format!("{at}.{key}"),
+        }),
     }
 }
 
 /// A key holding a list, or absent (then empty).
-fn list<'a>(o: &'a Obj, key: &str, at: &str) -> Result<&'a [Value], String> {
+fn list<'a>(o: &'a Obj, key: &str, at: &str) -> Result<&'a [Value], ShapeError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(a)) => Ok(a),
-        Some(_) => Err(format!("{at}.{key} is not a list")),
+        Some(_) => Err(ShapeError::NotList {
+            at: format!("{at}.{key}"),
+        }),
     }
 }
 
 impl Session {
     /// The session in `doc`, or where it is not one.
-    pub fn parse(doc: &Value) -> Result<Session, String> {
+    pub fn parse(doc: &Value) -> Result<Session, ShapeError> {
         let o = obj(doc, "the session")?;
         let Some(Value::Array(turns)) = o.get("turns") else {
-            return Err("it has no \"turns\" list".into());
+            return Err(ShapeError::NoTurns);
         };
         let turns = turns
             .iter()
@@ -138,12 +166,12 @@ impl Session {
 }
 
 impl Turn {
-    fn parse(v: &Value, at: &str) -> Result<Turn, String> {
+    fn parse(v: &Value, at: &str) -> Result<Turn, ShapeError> {
         let o = obj(v, at)?;
         let tag = o
             .get("tag")
             .and_then(Value::as_str)
-            .ok_or_else(|| format!("{at} has no \"tag\""))?;
+            .ok_or_else(|| ShapeError::NoTag { at: at.to_string() })?;
         let c_at = format!("{at}.contents");
         let contents = obj(o.get("contents").unwrap_or(&Value::Null), &c_at)?;
         let kind = match tag {
@@ -163,9 +191,10 @@ impl Turn {
                 pending: list(contents, "pendingCalls", &c_at)?.to_vec(),
             },
             other => {
-                return Err(format!(
-                "{at} has tag {other:?} (agents-exe's are UserTurn, LlmTurn and PartialUserTurn)"
-            ))
+                return Err(ShapeError::UnknownTag {
+                    at: at.to_string(),
+                    tag: other.to_string(),
+                })
             }
         };
         let tokens = o
@@ -177,25 +206,32 @@ impl Turn {
 }
 
 impl UserTurn {
-    fn parse(o: &Obj, at: &str, keys: [&str; 4]) -> Result<UserTurn, String> {
+    fn parse(o: &Obj, at: &str, keys: [&str; 4]) -> Result<UserTurn, ShapeError> {
         let [prompt, tools, query, responses] = keys;
         let query = match o.get(query) {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
             Some(Value::Object(q)) => Some(
-                opt_str(q, "text", &format!("{at}.{query}"))?
-                    .ok_or_else(|| format!("{at}.{query} has no \"text\""))?,
+                opt_str(q, "text", &format!("{at}.{query}"))?.ok_or_else(|| {
+                    ShapeError::NoText {
+                        at: format!("{at}.{query}"),
+                    }
+                })?,
             ),
-            Some(_) => return Err(format!("{at}.{query} is neither text nor {{\"text\"}}")),
+            Some(_) => {
+                return Err(ShapeError::NotQuery {
+                    at: format!("{at}.{query}"),
+                })
+            }
         };
         let responses = list(o, responses, at)?
             .iter()
             .enumerate()
             .map(|(i, pair)| match pair.as_array().map(Vec::as_slice) {
                 Some([call, response]) => Ok((call.clone(), ToolResponse::parse(response))),
-                _ => Err(format!(
-                    "{at}.{responses}[{i}] is not a [call, response] pair"
-                )),
+                _ => Err(ShapeError::NotPair {
+                    at: format!("{at}.{responses}[{i}]"),
+                }),
             })
             .collect::<Result<_, _>>()?;
         Ok(UserTurn {
@@ -208,7 +244,7 @@ impl UserTurn {
 }
 
 impl LlmTurn {
-    fn parse(o: &Obj, at: &str) -> Result<LlmTurn, String> {
+    fn parse(o: &Obj, at: &str) -> Result<LlmTurn, ShapeError> {
         let r_at = format!("{at}.llmResponse");
         let response = obj(o.get("llmResponse").unwrap_or(&Value::Null), &r_at)?;
         Ok(LlmTurn {
@@ -421,7 +457,7 @@ mod tests {
                 "userToolResponses[0] is not a [call, response] pair",
             ),
         ] {
-            let err = Session::parse(&doc).unwrap_err();
+            let err = Session::parse(&doc).unwrap_err().to_string();
             assert!(err.contains(says), "{err}");
         }
     }

@@ -21,6 +21,11 @@ pub enum Visibility {
     },
 }
 
+/// A `--show-tool-call-*` value that is none of the three.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?}: one of hidden, shown, elided")]
+pub struct NotAVisibility(pub String);
+
 impl Visibility {
     /// agents-exe's `elided`: ten lines each side.
     pub const ELIDED: Visibility = Visibility::Elided {
@@ -29,12 +34,12 @@ impl Visibility {
     };
 
     /// `hidden`, `shown` or `elided`.
-    pub fn parse(s: &str) -> Result<Visibility, String> {
+    pub fn parse(s: &str) -> Result<Visibility, NotAVisibility> {
         match s {
             "hidden" => Ok(Visibility::Hidden),
             "shown" => Ok(Visibility::Shown),
             "elided" => Ok(Visibility::ELIDED),
-            other => Err(format!("{other:?}: one of hidden, shown, elided")),
+            other => Err(NotAVisibility(other.to_string())),
         }
     }
 }

@@ -9,23 +9,24 @@ use super::calls::{self, ListFormat};
 use super::edit;
 use super::index::{self, IndexConfig, SearchOptions, Status};
 use super::print::{self, PrintOptions};
+use super::SessionFileError;
 
 /// Human output, which quotes a session file's text: made safe for a
 /// terminal (JSON output is escaped JSON already).
-fn shown(text: &str) -> Result<ExitCode, String> {
+fn shown(text: &str) -> Result<ExitCode, SessionFileError> {
     out(&crate::cli::terminal_text::for_terminal(text))
 }
 
-fn out(text: &str) -> Result<ExitCode, String> {
+fn out(text: &str) -> Result<ExitCode, SessionFileError> {
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
-        .map_err(|e| format!("error: cannot write the output: {e}"))?;
+        .map_err(SessionFileError::Write)?;
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn list_tool_calls(path: &Path, format: ListFormat) -> Result<ExitCode, String> {
+pub fn list_tool_calls(path: &Path, format: ListFormat) -> Result<ExitCode, SessionFileError> {
     let what = format!("session file {}", path.display());
     let doc = super::read_file(path)?;
     let (_, found) = calls::of_doc(&doc, &what)?;
@@ -40,7 +41,7 @@ pub fn session_print(
     as_prompt: Option<print::Verbosity>,
     path: &Path,
     opts: &PrintOptions,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, SessionFileError> {
     let session = super::read_agents_exe(path)?;
     match as_prompt {
         Some(size) => shown(&print::render_for_prompt(size, &session)),
@@ -49,25 +50,26 @@ pub fn session_print(
 }
 
 /// The session on stdin, edited, on stdout (pretty, as agents-exe writes it).
-pub fn session_edit(args: &[String]) -> Result<ExitCode, String> {
+pub fn session_edit(args: &[String]) -> Result<ExitCode, SessionFileError> {
     let ops = edit::parse_ops(args)?;
     let text = super::read_capped(std::io::stdin().lock(), "the session on stdin")?;
     let mut doc = super::parse_text(&text, "the session on stdin")?;
-    super::model::Session::parse(&doc)
-        .map_err(|e| format!("error: the session on stdin is not an agents-exe session: {e}"))?;
+    super::model::Session::parse(&doc).map_err(|source| SessionFileError::NotAgentsExe {
+        what: "the session on stdin".into(),
+        source,
+    })?;
     edit::apply(&mut doc, &ops);
     out(&(print::pretty(&doc) + "\n"))
 }
 
 /// Where the sessions are: the directories given, else agents-exe's.
-fn dirs(given: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+fn dirs(given: &[PathBuf]) -> Result<Vec<PathBuf>, SessionFileError> {
     if !given.is_empty() {
         return Ok(given.to_vec());
     }
-    let cwd = std::env::current_dir()
-        .map_err(|e| format!("error: cannot read the working directory: {e}"))?;
+    let cwd = std::env::current_dir().map_err(SessionFileError::WorkingDirectory)?;
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    index::session_dirs(&cwd, home.as_deref())
+    Ok(index::session_dirs(&cwd, home.as_deref())?)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +89,7 @@ fn report(done: &index::Indexed) -> String {
         done.removed
     );
     for s in &done.skipped {
-        text.push_str(&format!("skipped: {}\n", s.trim_start_matches("error: ")));
+        text.push_str(&format!("skipped: {s}\n"));
     }
     text
 }
@@ -97,7 +99,7 @@ pub fn session_index(
     db: PathBuf,
     sessions_dirs: &[PathBuf],
     tool_outputs: bool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, SessionFileError> {
     let cfg = IndexConfig {
         db,
         dirs: dirs(sessions_dirs)?,
@@ -142,12 +144,12 @@ pub struct Search {
 
 /// A missing index is built first; a stale one is brought up to date
 /// with `--auto` (searched as it is otherwise), as agents-exe does.
-pub fn session_search(mut s: Search) -> Result<ExitCode, String> {
-    let day = |flag: &str, d: &Option<String>| {
+pub fn session_search(mut s: Search) -> Result<ExitCode, SessionFileError> {
+    let day = |flag: &'static str, d: &Option<String>| {
         d.as_deref()
             .map(index::day_start)
             .transpose()
-            .map_err(|e| format!("error: {flag} {e}"))
+            .map_err(|source| SessionFileError::Date { flag, source })
     };
     s.options.after = day("--after", &s.after)?;
     s.options.before = day("--before", &s.before)?;
