@@ -13,7 +13,9 @@ use super::agents_exe_session::history::{self, Added, Resumed};
 use super::agents_exe_session::{self as aes, model::Session, Shape};
 use super::serve::CliSink;
 use bindery_llm::Turn;
+use bindery_session::budget::{Gate, Spent};
 use bindery_session::run::{self, Events, Host, RunContext};
+use bindery_spec::ModelSpec;
 
 /// Why `--session-file` cannot be gone on from, or was not rewritten.
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +236,15 @@ impl Host for FileSink<'_, '_> {
     }
 
     fn delta(&self, _: &str) {}
+    // The command line counts no budget: every request and call goes.
+    async fn before_model(&self, _: &ModelSpec, _: &(dyn Fn() -> u64 + Send + Sync)) -> Gate {
+        Gate::Go(None)
+    }
+    async fn after_model(&self, _: Option<i64>, _: &ModelSpec, _: Option<Spent>) {}
+    async fn before_tool(&self, _: &str) -> Gate {
+        Gate::Go(None)
+    }
+    fn approve(&self, _: &str) {}
 }
 
 #[cfg(test)]

@@ -17,10 +17,12 @@ use bindery_api::state::AppState;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_params::SecretString;
+use bindery_session::budget::{Gate, Spent};
 use bindery_session::clients::{build_clients, ClientOptions, ModelOverride};
 use bindery_session::lease::LeaseConfig;
 use bindery_session::run::{self, Host};
 use bindery_session::service::{Service, ServiceConfig};
+use bindery_spec::ModelSpec;
 use bindery_store::wire::SessionEvent;
 use bindery_store::{self as store, Location};
 
@@ -52,7 +54,15 @@ impl Host for CliSink {
             }
         }
     }
-    fn delta(&self, _: &str) {}
+    fn delta(&self, _: &str) {} // The command line counts no budget: every request and call goes.
+    async fn before_model(&self, _: &ModelSpec, _: &(dyn Fn() -> u64 + Send + Sync)) -> Gate {
+        Gate::Go(None)
+    }
+    async fn after_model(&self, _: Option<i64>, _: &ModelSpec, _: Option<Spent>) {}
+    async fn before_tool(&self, _: &str) -> Gate {
+        Gate::Go(None)
+    }
+    fn approve(&self, _: &str) {}
 }
 
 pub struct ServeArgs<'a> {

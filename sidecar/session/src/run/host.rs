@@ -1,8 +1,9 @@
 //! The run's one port to its session: where it records what happens (each
 //! turn, the answer, streamed text) and what it may spend (a budget's gate
 //! before each model request and tool call, the use after). The server's
-//! side is `service/session_host.rs`; the command line's records to the
-//! terminal and a file and counts nothing.
+//! side is `run/session_host.rs`; the command line's records to the
+//! terminal and a file and counts nothing. The budget methods have no
+//! default: a host that counts nothing says so.
 
 use async_trait::async_trait;
 
@@ -37,21 +38,18 @@ pub trait Host: Send + Sync {
     /// that counts nothing lets everything go.
     async fn before_model(
         &self,
-        _model: &ModelSpec,
-        _estimate: &(dyn Fn() -> u64 + Send + Sync),
-    ) -> Gate {
-        Gate::Go(None)
-    }
-    /// What the request `claim` was for used (`None`: it failed, so it
-    /// used nothing anyone bills).
-    async fn after_model(&self, _claim: Option<i64>, _model: &ModelSpec, _used: Option<Spent>) {}
+        model: &ModelSpec,
+        estimate: &(dyn Fn() -> u64 + Send + Sync),
+    ) -> Gate;
+    /// What the request `claim` was for used (`None`: the endpoint refused
+    /// it, so it used nothing anyone bills; a cancelled or cut request
+    /// comes with its prompt's estimate).
+    async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>);
     /// Before a call of `tool` (a lookup's too).
-    async fn before_tool(&self, _tool: &str) -> Gate {
-        Gate::Go(None)
-    }
+    async fn before_tool(&self, tool: &str) -> Gate;
     /// A person let the run go past budget `name`: it is not asked again
     /// in this run.
-    fn approve(&self, _name: &str) {}
+    fn approve(&self, name: &str);
 }
 
 /// A helper's own run: its turns stay its own (the caller gets its answer,

@@ -322,6 +322,19 @@ mod tests {
             }
         }
         fn delta(&self, _: &str) {}
+        async fn before_model(
+            &self,
+            _: &bindery_spec::ModelSpec,
+            _: &(dyn Fn() -> u64 + Send + Sync),
+        ) -> Gate {
+            Gate::Go(None)
+        }
+        async fn after_model(&self, _: Option<i64>, _: &bindery_spec::ModelSpec, _: Option<Spent>) {
+        }
+        async fn before_tool(&self, _: &str) -> Gate {
+            Gate::Go(None)
+        }
+        fn approve(&self, _: &str) {}
     }
 
     /// The turn is handed over and its write has not yet said whether the
