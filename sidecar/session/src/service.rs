@@ -371,6 +371,33 @@ impl Service {
         self.live.evict_if_idle(id)
     }
 
+    /// Forget idle sessions' secret values once `--live-session-ttl`
+    /// passes (a session outlives it by at most a quarter of it), until
+    /// `stop`; `released` is told when fewer sessions are held than at
+    /// the last sweep, once what they held is let go (the binary gives
+    /// the freed memory back to the OS then). Nothing without a TTL.
+    pub async fn forget_idle(self: Arc<Self>, stop: CancellationToken, released: impl Fn() + Send) {
+        let Some(ttl) = self.cfg.live_session_ttl else {
+            return;
+        };
+        let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        let mut tick = tokio::time::interval(every);
+        let mut live = self.live_count();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            self.secrets.expire();
+            let now = self.live_count();
+            if now < live {
+                self.release_memory().await;
+                released();
+            }
+            live = now;
+        }
+    }
+
     /// Beat and sweep every heartbeat interval until `stop`; then forget
     /// this server, so that others take its runs for lost at once.
     pub async fn keep_alive(self: Arc<Self>, stop: CancellationToken) {

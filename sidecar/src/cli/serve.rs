@@ -359,27 +359,11 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             .clone()
             .ping_streams(a.events_keep_alive, stop_beating.clone()),
     );
-    if let Some(ttl) = a.live_session_ttl {
-        // A session outlives its TTL by at most a quarter of it.
-        let every = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
-        let service = service.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            let mut live = service.live_count();
-            loop {
-                tick.tick().await;
-                service.secrets().expire();
-                // Fewer sessions than at the last sweep: give back what
-                // they (and their streams) held.
-                let now = service.live_count();
-                if now < live {
-                    service.release_memory().await;
-                    super::memory::release_freed_memory();
-                }
-                live = now;
-            }
-        });
-    }
+    tokio::spawn(
+        service
+            .clone()
+            .forget_idle(stop_beating.clone(), super::memory::release_freed_memory),
+    );
     let peer_auth = Arc::new(bindery_api::peers::PeerAuth::new(
         owner.peer_key(),
         service.instance(),

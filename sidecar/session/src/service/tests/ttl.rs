@@ -60,6 +60,33 @@ async fn an_idle_sessions_secrets_are_forgotten_once_its_ttl_passes_and_not_befo
     assert_eq!(refused.params, ["token"]);
 }
 
+/// The server's own sweep (what `serve` runs), on the paused clock: an
+/// idle session's secrets go within a quarter of the TTL after it passes,
+/// and the memory they held is let go.
+#[tokio::test(start_paused = true)]
+async fn the_servers_sweep_forgets_an_idle_sessions_secrets_after_its_ttl() {
+    let (_world, server) = half_hour_vault(&[]).await;
+    let released = Arc::new(AtomicBool::new(false));
+    let told = released.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sweep = tokio::spawn(
+        server
+            .clone()
+            .forget_idle(stop.clone(), move || told.store(true, Ordering::SeqCst)),
+    );
+    let client = Client(&server);
+    let id = client.open("vault", json!({"token": "s3cret"})).await;
+    tokio::time::sleep(29 * MINUTE).await;
+    assert_eq!(server.secrets().names(&id), ["token"]);
+    assert!(!released.load(Ordering::SeqCst));
+    tokio::time::sleep(MINUTE + 8 * MINUTE).await;
+    assert!(server.secrets().names(&id).is_empty());
+    assert_eq!(server.live_count(), 0);
+    assert!(released.load(Ordering::SeqCst), "the memory was not let go");
+    stop.cancel();
+    sweep.await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_message_renews_the_ttl() {
     let (_world, server) = half_hour_vault(&["hello"]).await;
