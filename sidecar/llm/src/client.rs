@@ -14,7 +14,7 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AF
 use super::conversation::Conversation;
 use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
-use super::types::{ChatRequest, ChatResponse, ModelEndpoint, StreamDelta};
+use super::types::{ChatRequest, ChatResponse, ModelEndpoint, ReplyLimits, StreamDelta};
 use bindery_spec::Redirects;
 use bindery_sse::Parser as SseParser;
 
@@ -163,6 +163,14 @@ impl ChatClient {
 
     /// Sends `req` with `stream: false` and returns the whole reply.
     pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
+        let limits = self.inner.endpoint.limits;
+        let response = tokio::time::timeout(limits.deadline, self.complete_within(req))
+            .await
+            .unwrap_or(Err(LlmError::Deadline(limits.deadline)))?;
+        within_calls(response, &limits)
+    }
+
+    async fn complete_within(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         if let Some(model) = &self.inner.local {
             return self.ask_local(&**model, &req.request()?).await;
         }
@@ -178,8 +186,7 @@ impl ChatClient {
                 let attempt = async {
                     match this.send(body, false).await? {
                         Attempt::Done(response) => {
-                            let text = response.text().await.map_err(|e| this.read_error(e))?;
-                            Ok(Attempt::Done(text))
+                            Ok(Attempt::Done(this.read_capped(response, timeout).await?))
                         }
                         Attempt::Retry { error, retry_after } => {
                             Ok(Attempt::Retry { error, retry_after })
@@ -200,6 +207,37 @@ impl ChatClient {
         Ok(response)
     }
 
+    /// A whole reply's body, read to at most `--model-max-reply-bytes`
+    /// (refused past it before it is all held), each wait for more within
+    /// `timeout`.
+    async fn read_capped(
+        &self,
+        mut response: reqwest::Response,
+        timeout: Duration,
+    ) -> Result<String, LlmError> {
+        let limit = self.inner.endpoint.limits.max_bytes;
+        if response
+            .content_length()
+            .is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX))
+        {
+            return Err(LlmError::TooLarge { limit });
+        }
+        let mut body = Vec::new();
+        loop {
+            let chunk = tokio::time::timeout(timeout, response.chunk())
+                .await
+                .map_err(|_| LlmError::Timeout)?
+                .map_err(|e| self.read_error(e))?;
+            let Some(chunk) = chunk else { break };
+            if body.len() + chunk.len() > limit {
+                return Err(LlmError::TooLarge { limit });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        String::from_utf8(body)
+            .map_err(|e| LlmError::Malformed(format!("the reply is not UTF-8: {e}")))
+    }
+
     /// Sends `req` with `stream: true`, calls `on_delta` with each piece of
     /// the reply as it arrives, and returns the assembled reply.
     ///
@@ -207,6 +245,21 @@ impl ChatClient {
     /// a failure ends the call. The endpoint's timeout bounds the wait for
     /// the response headers and then each wait for the next chunk.
     pub async fn complete_streaming(
+        &self,
+        req: &Conversation,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<ChatResponse, LlmError> {
+        let limits = self.inner.endpoint.limits;
+        let response = tokio::time::timeout(
+            limits.deadline,
+            self.complete_streaming_within(req, on_delta),
+        )
+        .await
+        .unwrap_or(Err(LlmError::Deadline(limits.deadline)))?;
+        within_calls(response, &limits)
+    }
+
+    async fn complete_streaming_within(
         &self,
         req: &Conversation,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
@@ -234,10 +287,7 @@ impl ChatClient {
             .is_some_and(|v| v.trim_start().starts_with("application/json"));
         if is_json {
             // The endpoint ignored `stream: true` and sent a whole reply.
-            let text = tokio::time::timeout(timeout, response.text())
-                .await
-                .map_err(|_| LlmError::Timeout)?
-                .map_err(|e| self.read_error(e))?;
+            let text = self.read_capped(response, timeout).await?;
             let response = parse_completion(&text)?;
             deltas_of(&response, on_delta);
             return Ok(response);
@@ -246,6 +296,8 @@ impl ChatClient {
         let mut chunks = std::pin::pin!(response.bytes_stream());
         let mut parser = SseParser::default();
         let mut state = StreamState::default();
+        let limit = self.inner.endpoint.limits.max_bytes;
+        let mut read = 0usize;
         while !state.is_done() {
             let next = tokio::time::timeout(timeout, chunks.next())
                 .await
@@ -257,6 +309,10 @@ impl ChatClient {
                 break;
             };
             let chunk = chunk.map_err(|e| self.read_error(e))?;
+            read += chunk.len();
+            if read > limit {
+                return Err(LlmError::TooLarge { limit });
+            }
             let events = parser
                 .feed(&chunk)
                 .map_err(|e| LlmError::Malformed(e.to_string()))?;
@@ -454,6 +510,17 @@ fn backoff(initial: Duration, retry: u32) -> Duration {
 fn jitter_fraction() -> f64 {
     let h = RandomState::new().hash_one(Instant::now());
     (h % 10_000) as f64 / 10_000.0
+}
+
+/// `response`, unless it asks for more tool calls than one reply may.
+fn within_calls(response: ChatResponse, limits: &ReplyLimits) -> Result<ChatResponse, LlmError> {
+    match response.tool_calls.len() {
+        count if count > limits.max_tool_calls => Err(LlmError::TooManyCalls {
+            count,
+            limit: limits.max_tool_calls,
+        }),
+        _ => Ok(response),
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,25 @@ pub enum LlmError {
         "the model endpoint's reply is not a valid chat completion: {0} (check that the base URL points at an OpenAI-compatible API)"
     )]
     Malformed(String),
+    /// The reply passed `--model-max-reply-bytes`: it was cut off there
+    /// and none of it kept.
+    #[error("the model's reply passed {limit} bytes (--model-max-reply-bytes); it was cut off there and none of it kept: ask for a shorter answer, or raise the limit")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The reply asked for more tool calls than `--model-max-tool-calls`.
+    #[error("the model asked for {count} tool calls in one reply, more than {limit} (--model-max-tool-calls); none of them ran")]
+    TooManyCalls {
+        /// How many it asked for.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The whole request (retries and a streamed reply included) took
+    /// longer than `--llm-deadline`.
+    #[error("the model's request went on past {}s (--llm-deadline), retries and streaming included; it was stopped", .0.as_secs())]
+    Deadline(std::time::Duration),
     /// Every attempt failed with a retryable error.
     #[error("gave up after {attempts} attempt(s); the last error: {last}")]
     RetriesExhausted {

@@ -32,6 +32,6 @@ pub use conversation::Conversation;
 pub use error::LlmError;
 pub use turn::Turn;
 pub use types::{
-    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, StreamDelta, ToolCall, ToolDefinition,
-    Usage,
+    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, ReplyLimits, StreamDelta, ToolCall,
+    ToolDefinition, Usage,
 };

@@ -27,6 +27,40 @@ pub struct ModelEndpoint {
     pub initial_backoff: Duration,
     /// What the agent's `flavor` adds to every request.
     pub flavor: bindery_spec::flavor::Flavor,
+    /// How large a reply may be, how many calls it may ask for, and how
+    /// long a whole request may last.
+    pub limits: ReplyLimits,
+}
+
+/// The bounds on what one model request may bring back: a reply past them
+/// is refused (and not kept), whatever the model sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyLimits {
+    /// Bytes of the reply's body, streamed or not (`--model-max-reply-bytes`).
+    pub max_bytes: usize,
+    /// Tool calls one reply may ask for (`--model-max-tool-calls`).
+    pub max_tool_calls: usize,
+    /// The whole request, retries and a streamed reply included
+    /// (`--llm-deadline`): the per-attempt timeout bounds each wait, this
+    /// the sum.
+    pub deadline: Duration,
+}
+
+impl ReplyLimits {
+    /// 8 MiB: far past any chat answer, well within a pod's memory.
+    pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
+    pub const DEFAULT_MAX_TOOL_CALLS: usize = 128;
+    pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+}
+
+impl Default for ReplyLimits {
+    fn default() -> Self {
+        ReplyLimits {
+            max_bytes: Self::DEFAULT_MAX_BYTES,
+            max_tool_calls: Self::DEFAULT_MAX_TOOL_CALLS,
+            deadline: Self::DEFAULT_DEADLINE,
+        }
+    }
 }
 
 impl ModelEndpoint {
@@ -47,6 +81,7 @@ impl ModelEndpoint {
             max_retries: Self::DEFAULT_MAX_RETRIES,
             initial_backoff: Self::DEFAULT_INITIAL_BACKOFF,
             flavor: Default::default(),
+            limits: ReplyLimits::default(),
         }
     }
 

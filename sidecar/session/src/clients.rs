@@ -11,6 +11,8 @@ use bindery_tree::AgentTree;
 pub struct ClientOptions {
     pub timeout: Duration,
     pub max_retries: u32,
+    /// What one reply may bring back and how long a request may last.
+    pub limits: bindery_llm::ReplyLimits,
     /// Every agent's model requests go here instead (`--model-url`).
     pub model: Option<ModelOverride>,
 }
@@ -63,6 +65,7 @@ pub fn build_clients(
         };
         endpoint.timeout = opts.timeout;
         endpoint.max_retries = opts.max_retries;
+        endpoint.limits = opts.limits;
         // Refused at load (spec::checks) when unknown.
         endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
         if let Some(src) = m.api_key.as_ref().filter(|_| opts.model.is_none()) {

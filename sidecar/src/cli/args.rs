@@ -603,6 +603,17 @@ pub struct ModelArgs {
     /// Retries of a model request on 429, 5xx and connection failures.
     #[arg(long, default_value_t = 3)]
     pub llm_retries: u32,
+    /// Seconds a whole model request may last, its retries and a streamed
+    /// reply included (--llm-timeout bounds each wait within it).
+    #[arg(long, default_value_t = 600)]
+    pub llm_deadline: u64,
+    /// Bytes a model's reply may hold, streamed or not: past them it is
+    /// refused and none of it kept.
+    #[arg(long, default_value_t = bindery_llm::ReplyLimits::DEFAULT_MAX_BYTES)]
+    pub model_max_reply_bytes: usize,
+    /// Tool calls one model reply may ask for: past them none runs.
+    #[arg(long, default_value_t = bindery_llm::ReplyLimits::DEFAULT_MAX_TOOL_CALLS)]
+    pub model_max_tool_calls: usize,
     /// Model turns one run may take (an agent's `maxSteps` wins).
     #[arg(long, default_value_t = 20)]
     pub max_steps: u32,

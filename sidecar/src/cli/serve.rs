@@ -30,6 +30,11 @@ pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
         timeout: Duration::from_secs(m.llm_timeout),
         max_retries: m.llm_retries,
+        limits: bindery_llm::ReplyLimits {
+            max_bytes: m.model_max_reply_bytes,
+            max_tool_calls: m.model_max_tool_calls,
+            deadline: Duration::from_secs(m.llm_deadline),
+        },
         // The key only from the environment: an argv is visible to `ps`.
         model: m.model_url.as_ref().map(|url| ModelOverride {
             url: url.clone(),

@@ -21,6 +21,7 @@ fn endpoint(url: String) -> ModelEndpoint {
         max_retries: 2,
         initial_backoff: Duration::from_millis(10),
         flavor: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -570,4 +571,78 @@ async fn mock_serves_only_chat_completions() {
     assert!(matches!(err, LlmError::Http { status: 404, .. }), "{err:?}");
     assert_eq!(llm.request_count(), 0);
     llm.shutdown().await;
+}
+
+/// A client whose replies may hold at most `max_bytes` and `max_calls`.
+fn limited(llm: &MockLlm, max_bytes: usize, max_calls: usize) -> ChatClient {
+    let mut e = endpoint(llm.url());
+    e.limits.max_bytes = max_bytes;
+    e.limits.max_tool_calls = max_calls;
+    ChatClient::new(e).unwrap()
+}
+
+#[tokio::test]
+async fn a_reply_past_the_byte_limit_is_refused_streamed_or_not() {
+    let llm = MockLlm::start(|_| MockReply::text("x".repeat(64 * 1024))).await;
+    let c = limited(&llm, 16 * 1024, 8);
+    let conv = ask("long");
+    for streamed in [false, true] {
+        let r = if streamed {
+            c.complete_streaming(&conv, &mut |_| {}).await
+        } else {
+            c.complete(&conv).await
+        };
+        match r {
+            Err(LlmError::TooLarge { limit }) => assert_eq!(limit, 16 * 1024),
+            other => panic!("streamed {streamed}: {other:?}"),
+        }
+    }
+    // Within the limit, the same reply is whole.
+    let c = limited(&llm, 128 * 1024, 8);
+    let r = c.complete(&conv).await.unwrap();
+    assert_eq!(r.content.as_deref().map(str::len), Some(64 * 1024));
+}
+
+#[tokio::test]
+async fn a_reply_asking_for_too_many_calls_is_refused() {
+    let calls: Vec<(String, serde_json::Value)> =
+        (0..20).map(|i| (format!("t{i}"), json!({}))).collect();
+    let llm = MockLlm::start(move |_| MockReply::ToolCalls(calls.clone())).await;
+    let c = limited(&llm, 1 << 20, 16);
+    let conv = ask("go");
+    for streamed in [false, true] {
+        let r = if streamed {
+            c.complete_streaming(&conv, &mut |_| {}).await
+        } else {
+            c.complete(&conv).await
+        };
+        match r {
+            Err(
+                e @ LlmError::TooManyCalls {
+                    count: 20,
+                    limit: 16,
+                },
+            ) => {
+                assert!(e.to_string().contains("none of them ran"), "{e}")
+            }
+            other => panic!("streamed {streamed}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_request_past_its_deadline_is_stopped_however_it_trickles() {
+    let gate = Gate::new();
+    let held = gate.clone();
+    let llm = MockLlm::start(move |_| MockReply::text("late").held(&held)).await;
+    let mut e = endpoint(llm.url());
+    e.limits.deadline = Duration::from_millis(500);
+    e.timeout = Duration::from_secs(3600);
+    let c = ChatClient::new(e).unwrap();
+    let conv = ask("slow");
+    match c.complete(&conv).await {
+        Err(e @ LlmError::Deadline(_)) => assert!(e.to_string().contains("--llm-deadline"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    gate.open();
 }

@@ -141,6 +141,7 @@ impl Server {
         let options = ClientOptions {
             timeout: Duration::from_secs(120),
             max_retries: 0,
+            limits: Default::default(),
             model: None,
         };
         let (clients, _) = build_clients(&tree, &Default::default(), &options).unwrap();

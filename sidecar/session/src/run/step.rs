@@ -279,8 +279,13 @@ fn may_have_been_processed(e: &bindery_llm::LlmError) -> bool {
     match e {
         LlmError::Http { status, .. } => !(400..500).contains(status),
         LlmError::RetriesExhausted { last, .. } => may_have_been_processed(last),
-        LlmError::Transport(_) | LlmError::Timeout | LlmError::Malformed(_) => true,
-        _ => false,
+        LlmError::Transport(_)
+        | LlmError::Timeout
+        | LlmError::Malformed(_)
+        | LlmError::TooLarge { .. }
+        | LlmError::TooManyCalls { .. }
+        | LlmError::Deadline(_) => true,
+        LlmError::Config(_) => false,
     }
 }
 
