@@ -554,17 +554,12 @@ async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
 fn counting(dir: &std::path::Path) -> String {
     let tools = dir.join("counting");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("count"),
+    bindery_tests::fixtures::bash_tool(
+        &tools,
+        "count",
+        "Counts its runs.",
         &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "count", "description": "Counts its runs.", "args": []}}'
-  exit 0
-fi
-echo run >> '{}'
-echo "counted"
-"#,
+            "echo run >> '{}'\necho \"counted\"\n",
             dir.join("calls").display()
         ),
     );

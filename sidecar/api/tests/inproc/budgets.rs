@@ -3,12 +3,13 @@
 //! test chooses, and what the client, the model, the store and the
 //! metrics then see. A rolling window moves on the paused clock.
 
-use std::path::Path;
 use std::time::Duration;
 
 use crate::harness::*;
-use bindery_tests::fixtures::metered_agent;
-use bindery_tests::mock_llm::{last_message, MockReply};
+use bindery_tests::fixtures::session::{message, session};
+use bindery_tests::fixtures::{bash_tool, counted, metered_agent};
+use bindery_tests::mock_llm::MockReply;
+use bindery_tests::scripts::{count_then_answer, results};
 use serde_json::{json, Value};
 
 /// A server of the metered agent on its own SQLite store, and its model.
@@ -40,56 +41,6 @@ async fn metered(
         server,
         dir,
     }
-}
-
-/// How many times the count tool ran.
-fn counted(dir: &Path) -> usize {
-    std::fs::read_to_string(dir.join("count"))
-        .map(|s| s.lines().count())
-        .unwrap_or(0)
-}
-
-/// How many tool results the request's conversation holds.
-fn results(req: &Value) -> usize {
-    req["messages"]
-        .as_array()
-        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
-        .unwrap_or(0)
-}
-
-/// Call the count tool until the conversation holds `calls` results per
-/// user message, then answer; every reply reports 40 + 20 tokens.
-fn count_then_answer(calls: usize) -> impl Fn(&Value) -> MockReply {
-    move |req| {
-        let users = req["messages"]
-            .as_array()
-            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
-            .unwrap_or(1);
-        if results(req) < calls * users {
-            MockReply::tool_call("bash_count", json!({})).with_usage(40, 20)
-        } else {
-            MockReply::text(format!(
-                "done: {}",
-                last_message(req)["content"].as_str().unwrap_or("")
-            ))
-            .with_usage(40, 20)
-        }
-    }
-}
-
-async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
-    api.call(
-        "POST",
-        &format!("/v1/sessions/{id}/messages?wait=true"),
-        Some(OWNER),
-        Some(&json!({ "prompt": prompt })),
-    )
-    .await
-}
-
-async fn session(api: &Api, id: &str) -> Reply {
-    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
 }
 
 #[tokio::test]
@@ -543,17 +494,12 @@ async fn a_lookup_counts_against_a_tool_call_budget() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let looked = dir.path().join("looked");
-    executable(
-        &tools.join("lookup"),
+    bash_tool(
+        &tools,
+        "lookup",
+        "Finds n.",
         &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "lookup", "description": "Finds n.", "args": []}}'
-  exit 0
-fi
-echo x >> '{looked}'
-echo '{{"n": "7"}}'
-"#,
+            "echo x >> '{looked}'\necho '{{\"n\": \"7\"}}'\n",
             looked = looked.display()
         ),
     );
