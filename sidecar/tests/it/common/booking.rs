@@ -7,6 +7,8 @@ use bindery_tests::mock_llm::MockLlm;
 use bindery_tests::sidecar::{Api, Sidecar};
 use serde_json::Value;
 
+// The benches include this file too and use only some of it.
+#[allow(unused_imports)]
 pub use bindery_tests::fixtures::booking::{ask, script, two_slots, BookingFiles, DAY};
 
 use super::{serve, sqlite_in, CANARY};

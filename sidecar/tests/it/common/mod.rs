@@ -15,9 +15,13 @@ use bindery_tests::mock_llm::{MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
 use serde_json::{json, Value};
 
+// What both kinds of test share (bindery-tests' fixtures); the benches
+// include this file too and use only some of it.
+#[allow(unused_imports)]
 pub use bindery_tests::fixtures::session::{
     create, error_of, last_tool_output, message_waited, new_session, refusal, CANARY, OWNER,
 };
+#[allow(unused_imports)]
 pub use bindery_tests::fixtures::{example_agent_text, executable, invoices_agent_file, repo};
 pub use bindery_tests::scripts::tool_then_answer;
 
