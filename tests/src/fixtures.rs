@@ -29,17 +29,54 @@ pub fn executable(path: &Path, text: &str) {
 /// Write a bash tool `slug` to `dir/slug`: `describe` prints its
 /// description (no arguments), any other run runs `body`.
 pub fn bash_tool(dir: &Path, slug: &str, description: &str, body: &str) {
+    bash_tool_with_args(dir, slug, description, "[]", body);
+}
+
+/// [`bash_tool`] with `args`, the JSON list of its arguments as its
+/// `describe` prints it (no single quote in it).
+pub fn bash_tool_with_args(dir: &Path, slug: &str, description: &str, args: &str, body: &str) {
     executable(
         &dir.join(slug),
         &format!(
             r#"#!/usr/bin/env bash
 if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "{slug}", "description": "{description}", "args": []}}'
+  echo '{{"slug": "{slug}", "description": "{description}", "args": {args}}}'
   exit 0
 fi
 {body}"#
         ),
     );
+}
+
+/// An agent `prober` at `dir/prober.yaml`, its model at `model_url`: the
+/// probe tool (`sidecar/tests/fixtures/tools/probe`) with `repo` bound to
+/// the session parameter `tenant` and `repo-token` to the secret
+/// message-scope `otp`; its output shows the digest of the token it got,
+/// or the call fails.
+pub fn probe_agent(dir: &Path, model_url: &str) -> PathBuf {
+    let probe = repo().join("sidecar/tests/fixtures/tools/probe");
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: prober
+spec:
+  model: {{url: "{model_url}", name: mock-model}}
+  parameters:
+    - {{name: tenant, scope: session}}
+    - {{name: otp, secret: true, scope: message, required: false}}
+  toolboxes:
+    - bash:
+        script: "{probe}"
+        bindings:
+          - {{arg: repo, value: {{param: tenant}}}}
+          - {{arg: repo-token, value: {{param: otp}}}}
+"#,
+        probe = probe.display()
+    );
+    let path = dir.join("prober.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 /// The text of `examples/<example>/agent.yaml` with its model at

@@ -24,15 +24,12 @@ fn no_model(_: &Value) -> MockReply {
 fn leaky(dir: &std::path::Path) -> String {
     let tools = dir.join("leaky");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("leak"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "leak", "description": "Says which token it was given.", "args": [{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]}'
-  exit 0
-fi
-echo "my token is $TOKEN"
-"#,
+    bindery_tests::fixtures::bash_tool_with_args(
+        &tools,
+        "leak",
+        "Says which token it was given.",
+        r#"[{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]"#,
+        "echo \"my token is $TOKEN\"\n",
     );
     format!(
         "    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: token, value: {{param: billing_token}}}}\n",

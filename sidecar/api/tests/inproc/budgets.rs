@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::harness::*;
 use bindery_tests::fixtures::session::{message, session};
-use bindery_tests::fixtures::{bash_tool, counted, metered_agent};
+use bindery_tests::fixtures::{bash_tool, bash_tool_with_args, counted, metered_agent};
 use bindery_tests::mock_llm::MockReply;
 use bindery_tests::scripts::{count_then_answer, results};
 use serde_json::{json, Value};
@@ -503,15 +503,12 @@ async fn a_lookup_counts_against_a_tool_call_budget() {
             looked = looked.display()
         ),
     );
-    executable(
-        &tools.join("use"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "use", "description": "Uses n.", "args": [{"name": "n", "description": "n", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]}'
-  exit 0
-fi
-echo "used $3"
-"#,
+    bash_tool_with_args(
+        &tools,
+        "use",
+        "Uses n.",
+        r#"[{"name": "n", "description": "n", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]"#,
+        "echo \"used $3\"\n",
     );
     let agent = dir.path().join("a.yaml");
     std::fs::write(
