@@ -233,35 +233,6 @@ pub fn serve(
     (sidecar, api)
 }
 
-/// The probe tool (fixtures/tools/probe) with `repo` bound to the session
-/// parameter `tenant` and `repo-token` to the secret message-scope `otp`:
-/// its output shows the digest of the token it got, or the call fails.
-pub fn probe_agent(dir: &Path, model_url: &str) -> PathBuf {
-    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: prober
-spec:
-  model: {{url: "{model_url}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: otp, secret: true, scope: message, required: false}}
-  toolboxes:
-    - bash:
-        script: "{probe}"
-        bindings:
-          - {{arg: repo, value: {{param: tenant}}}}
-          - {{arg: repo-token, value: {{param: otp}}}}
-"#,
-        probe = tools.join("probe").display()
-    );
-    let path = dir.join("prober.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 /// Every byte of every file under `dir` whose name starts with `prefix`.
 pub fn raw_files(dir: &Path, prefix: &str) -> Vec<u8> {
     let mut out = Vec::new();
