@@ -7,6 +7,7 @@
 //! protocol 2026-07-28), and each token reaches only what it may.
 
 use crate::common::*;
+use bindery_tests::fixtures::session::answer;
 use bindery_tests::mcp_client;
 use bindery_tests::mock_llm::MockReply;
 use bindery_tests::sidecar::{Api, Sidecar};
@@ -267,14 +268,7 @@ async fn a_confirm_tool_waits_and_is_answered_by_the_owner() {
 
     // The owner approves through the session API; the call runs, with the
     // pinned tenant, and ends the run without a model turn.
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": true})),
-        )
-        .await;
+    let r = answer(&api, token, json!({"approve": true})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["session_id"], session);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
@@ -412,14 +406,7 @@ async fn a_depends_on_tool_asks_for_its_selection() {
     // The first client's item is answered through the session API.
     let token = item["continuation_token"].as_str().unwrap();
     let choice = item["options"][0]["id"].as_str().unwrap();
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"choice": choice})),
-        )
-        .await;
+    let r = answer(&api, token, json!({"choice": choice})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(
         r.json["pending"][0]["disposition"], "needs_confirmation",

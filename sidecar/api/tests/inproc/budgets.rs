@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::harness::*;
-use bindery_tests::fixtures::session::{message, session};
+use bindery_tests::fixtures::session::{answer, message, session};
 use bindery_tests::fixtures::{bash_tool, bash_tool_with_args, counted, metered_agent};
 use bindery_tests::mock_llm::MockReply;
 use bindery_tests::scripts::{count_then_answer, results};
@@ -164,15 +164,7 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         wrong.text
     );
 
-    let approved = m
-        .api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": true})),
-        )
-        .await;
+    let approved = answer(&m.api, token, json!({"approve": true})).await;
     assert_eq!(approved.status, 200, "{}", approved.text);
     let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "idle", "{}", view.text);
@@ -184,15 +176,7 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
     let r = message(&m.api, &id, "once more").await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let token = r.json["pending"][0]["continuation_token"].as_str().unwrap();
-    let refused = m
-        .api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": false})),
-        )
-        .await;
+    let refused = answer(&m.api, token, json!({"approve": false})).await;
     assert_eq!(refused.status, 200, "{}", refused.text);
     let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "failed", "{}", view.text);
