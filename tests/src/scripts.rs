@@ -114,3 +114,48 @@ pub fn chain_script(req: &Value) -> MockReply {
         _ => MockReply::text("?"),
     }
 }
+
+/// Call `bash_query-invoices` once per user message, then answer with
+/// what the tool returned.
+pub fn tool_then_answer(req: &Value) -> MockReply {
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => MockReply::text(format!(
+            "answer: {}",
+            last["content"].as_str().unwrap_or("")
+        )),
+        _ => MockReply::tool_call(
+            "bash_query-invoices",
+            json!({"status": "overdue", "tenant_id": "globex"}),
+        ),
+    }
+}
+
+/// How many tool results the request's conversation holds.
+pub fn results(req: &Value) -> usize {
+    req["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+        .unwrap_or(0)
+}
+
+/// Call the count tool (`bash_count`, the metered agent's) until the
+/// conversation holds `calls` results per user message, then answer;
+/// every reply reports 40 + 20 tokens.
+pub fn count_then_answer(calls: usize) -> impl Fn(&Value) -> MockReply {
+    move |req| {
+        let users = req["messages"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
+            .unwrap_or(1);
+        if results(req) < calls * users {
+            MockReply::tool_call("bash_count", json!({})).with_usage(40, 20)
+        } else {
+            MockReply::text(format!(
+                "done: {}",
+                last_message(req)["content"].as_str().unwrap_or("")
+            ))
+            .with_usage(40, 20)
+        }
+    }
+}

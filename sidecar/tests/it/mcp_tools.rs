@@ -7,6 +7,7 @@
 //! protocol 2026-07-28), and each token reaches only what it may.
 
 use crate::common::*;
+use bindery_tests::fixtures::session::answer;
 use bindery_tests::mcp_client;
 use bindery_tests::mock_llm::MockReply;
 use bindery_tests::sidecar::{Api, Sidecar};
@@ -24,15 +25,12 @@ fn no_model(_: &Value) -> MockReply {
 fn leaky(dir: &std::path::Path) -> String {
     let tools = dir.join("leaky");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("leak"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "leak", "description": "Says which token it was given.", "args": [{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]}'
-  exit 0
-fi
-echo "my token is $TOKEN"
-"#,
+    bindery_tests::fixtures::bash_tool_with_args(
+        &tools,
+        "leak",
+        "Says which token it was given.",
+        r#"[{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]"#,
+        "echo \"my token is $TOKEN\"\n",
     );
     format!(
         "    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: token, value: {{param: billing_token}}}}\n",
@@ -270,14 +268,7 @@ async fn a_confirm_tool_waits_and_is_answered_by_the_owner() {
 
     // The owner approves through the session API; the call runs, with the
     // pinned tenant, and ends the run without a model turn.
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": true})),
-        )
-        .await;
+    let r = answer(&api, token, json!({"approve": true})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["session_id"], session);
     assert_eq!(r.json["status"], "idle", "{}", r.text);
@@ -415,14 +406,7 @@ async fn a_depends_on_tool_asks_for_its_selection() {
     // The first client's item is answered through the session API.
     let token = item["continuation_token"].as_str().unwrap();
     let choice = item["options"][0]["id"].as_str().unwrap();
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"choice": choice})),
-        )
-        .await;
+    let r = answer(&api, token, json!({"choice": choice})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(
         r.json["pending"][0]["disposition"], "needs_confirmation",
@@ -554,17 +538,12 @@ async fn rmcp_calls_an_exposed_tool_with_the_pinned_tenant() {
 fn counting(dir: &std::path::Path) -> String {
     let tools = dir.join("counting");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("count"),
+    bindery_tests::fixtures::bash_tool(
+        &tools,
+        "count",
+        "Counts its runs.",
         &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "count", "description": "Counts its runs.", "args": []}}'
-  exit 0
-fi
-echo run >> '{}'
-echo "counted"
-"#,
+            "echo run >> '{}'\necho \"counted\"\n",
             dir.join("calls").display()
         ),
     );

@@ -8,65 +8,11 @@
 
 use crate::common::booking::*;
 use crate::common::*;
+use bindery_tests::fixtures::session::{
+    answer_item as answer, id_of, option_labeled, pending, session,
+};
 use bindery_tests::mock_llm::tool_schema;
-use bindery_tests::sidecar::{Api, Reply};
-use serde_json::{json, Value};
-
-/// A session asked `book {args}`, run until it stops.
-async fn ask(api: &Api, args: Value) -> Reply {
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "booking", "prompt": format!("book {args}")})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    r
-}
-
-async fn answer(api: &Api, item: &Value, body: Value) -> Reply {
-    let token = item["continuation_token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no token in {item}"));
-    api.call(
-        "POST",
-        &format!("/v1/continuations/{token}?wait=true"),
-        Some(OWNER),
-        Some(&body),
-    )
-    .await
-}
-
-async fn session(api: &Api, id: &str) -> Reply {
-    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
-}
-
-/// The one open pending item, checked to have `disposition`.
-fn pending<'a>(r: &'a Reply, disposition: &str) -> &'a Value {
-    let items = r.json["pending"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no pending: {}", r.text));
-    assert_eq!(items.len(), 1, "{}", r.text);
-    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
-    assert_eq!(items[0]["disposition"], disposition, "{}", r.text);
-    &items[0]
-}
-
-fn option_labeled<'a>(item: &'a Value, label: &str) -> &'a Value {
-    item["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["label"] == label)
-        .unwrap_or_else(|| panic!("no option {label} in {item}"))
-}
-
-fn id_of(r: &Reply) -> String {
-    r.json["session_id"].as_str().unwrap().to_string()
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_slots_ask_a_person_and_the_booking_waits_for_confirmation() {

@@ -4,9 +4,8 @@
 //! the mock LLM). The rest of narrowing's logic is tested in process
 //! (`sidecar/api/tests/inproc/helpers.rs`).
 
-use std::path::Path;
-
 use crate::common::*;
+use bindery_tests::fixtures::chain::{self, answer, message, root_session};
 use bindery_tests::mock_llm::tool_schema;
 use bindery_tests::scripts::chain_script;
 use bindery_tests::sidecar::{Api, Sidecar};
@@ -16,63 +15,9 @@ fn text(v: &Value) -> &str {
     v.as_str().unwrap_or("")
 }
 
-/// The chain's files, pointed at the mock and at the fixture tools.
-fn chain(dir: &Path, model_url: &str) -> std::path::PathBuf {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    for name in ["root", "middle", "leaf", "sealed"] {
-        let text = std::fs::read_to_string(fixtures.join(format!("chain/{name}.yaml")))
-            .unwrap()
-            .replace("http://127.0.0.1:9/v1", model_url)
-            .replace(
-                "../tools/",
-                &format!("{}/", fixtures.join("tools").display()),
-            );
-        std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
-    }
-    dir.join("root.yaml")
-}
-
 async fn start(w: &World) -> (Sidecar, Api) {
-    let root = chain(w.dir.path(), &w.mock.url());
+    let root = chain::agents(w.dir.path(), &w.mock.url());
     serve(&root, &w.store, &["--no-stream"], &[], w.dir.path())
-}
-
-fn answer(r: &bindery_tests::sidecar::Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "assistant" && t["content"].is_string())
-        .map(|t| text(&t["content"]).to_string())
-        .unwrap_or_default()
-}
-
-/// A new idle session on `root`.
-async fn root_session(api: &Api) -> String {
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "root"})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    r.json["session_id"].as_str().unwrap().to_string()
-}
-
-async fn message(api: &Api, id: &str, prompt: &str) -> bindery_tests::sidecar::Reply {
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": prompt, "params": {"gh_token": CANARY}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r
 }
 
 /// Root binds a leaf tool's argument two levels down in one call; middle

@@ -3,12 +3,13 @@
 //! test chooses, and what the client, the model, the store and the
 //! metrics then see. A rolling window moves on the paused clock.
 
-use std::path::Path;
 use std::time::Duration;
 
 use crate::harness::*;
-use bindery_tests::fixtures::metered_agent;
-use bindery_tests::mock_llm::{last_message, MockReply};
+use bindery_tests::fixtures::session::{answer, message, session};
+use bindery_tests::fixtures::{bash_tool, bash_tool_with_args, counted, metered_agent};
+use bindery_tests::mock_llm::MockReply;
+use bindery_tests::scripts::{count_then_answer, results};
 use serde_json::{json, Value};
 
 /// A server of the metered agent on its own SQLite store, and its model.
@@ -40,56 +41,6 @@ async fn metered(
         server,
         dir,
     }
-}
-
-/// How many times the count tool ran.
-fn counted(dir: &Path) -> usize {
-    std::fs::read_to_string(dir.join("count"))
-        .map(|s| s.lines().count())
-        .unwrap_or(0)
-}
-
-/// How many tool results the request's conversation holds.
-fn results(req: &Value) -> usize {
-    req["messages"]
-        .as_array()
-        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
-        .unwrap_or(0)
-}
-
-/// Call the count tool until the conversation holds `calls` results per
-/// user message, then answer; every reply reports 40 + 20 tokens.
-fn count_then_answer(calls: usize) -> impl Fn(&Value) -> MockReply {
-    move |req| {
-        let users = req["messages"]
-            .as_array()
-            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
-            .unwrap_or(1);
-        if results(req) < calls * users {
-            MockReply::tool_call("bash_count", json!({})).with_usage(40, 20)
-        } else {
-            MockReply::text(format!(
-                "done: {}",
-                last_message(req)["content"].as_str().unwrap_or("")
-            ))
-            .with_usage(40, 20)
-        }
-    }
-}
-
-async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
-    api.call(
-        "POST",
-        &format!("/v1/sessions/{id}/messages?wait=true"),
-        Some(OWNER),
-        Some(&json!({ "prompt": prompt })),
-    )
-    .await
-}
-
-async fn session(api: &Api, id: &str) -> Reply {
-    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
 }
 
 #[tokio::test]
@@ -213,15 +164,7 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
         wrong.text
     );
 
-    let approved = m
-        .api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": true})),
-        )
-        .await;
+    let approved = answer(&m.api, token, json!({"approve": true})).await;
     assert_eq!(approved.status, 200, "{}", approved.text);
     let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "idle", "{}", view.text);
@@ -233,15 +176,7 @@ async fn a_confirm_budget_waits_for_a_person_who_lets_the_run_finish_or_ends_it(
     let r = message(&m.api, &id, "once more").await;
     assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
     let token = r.json["pending"][0]["continuation_token"].as_str().unwrap();
-    let refused = m
-        .api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": false})),
-        )
-        .await;
+    let refused = answer(&m.api, token, json!({"approve": false})).await;
     assert_eq!(refused.status, 200, "{}", refused.text);
     let view = session(&m.api, &id).await;
     assert_eq!(view.json["status"], "failed", "{}", view.text);
@@ -543,29 +478,21 @@ async fn a_lookup_counts_against_a_tool_call_budget() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let looked = dir.path().join("looked");
-    executable(
-        &tools.join("lookup"),
+    bash_tool(
+        &tools,
+        "lookup",
+        "Finds n.",
         &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "lookup", "description": "Finds n.", "args": []}}'
-  exit 0
-fi
-echo x >> '{looked}'
-echo '{{"n": "7"}}'
-"#,
+            "echo x >> '{looked}'\necho '{{\"n\": \"7\"}}'\n",
             looked = looked.display()
         ),
     );
-    executable(
-        &tools.join("use"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "use", "description": "Uses n.", "args": [{"name": "n", "description": "n", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]}'
-  exit 0
-fi
-echo "used $3"
-"#,
+    bash_tool_with_args(
+        &tools,
+        "use",
+        "Uses n.",
+        r#"[{"name": "n", "description": "n", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}]"#,
+        "echo \"used $3\"\n",
     );
     let agent = dir.path().join("a.yaml");
     std::fs::write(

@@ -6,34 +6,26 @@
 //! API key in no event, store file or log), the CLI's prompts and `serve`'s
 //! refusal stay in the sidecar's `tests/it/server_depends.rs`.
 
-use std::path::PathBuf;
-
 use crate::harness::*;
 use bindery_tests::eventually::{eventually, PATIENCE};
+use bindery_tests::fixtures::booking::{self, ask, two_slots, BookingFiles, DAY};
+use bindery_tests::fixtures::session::{
+    answer_item as answer, id_of, message, option_labeled, pending, session,
+};
 use bindery_tests::mock_llm::{last_message, MockReply};
 use serde_json::{json, Value};
 
-/// The model: a user message `book {…}` calls `bash_book` with those
-/// arguments; after a tool result it answers with it.
-fn script(req: &Value) -> MockReply {
-    let last = last_message(req);
-    match last["role"].as_str() {
-        Some("tool") => {
-            MockReply::text(format!("done: {}", last["content"].as_str().unwrap_or("")))
-        }
-        _ => {
-            let text = last["content"].as_str().unwrap_or("");
-            let args: Value =
-                serde_json::from_str(text.trim_start_matches("book ")).unwrap_or(json!({}));
-            MockReply::tool_call("bash_book", args)
-        }
-    }
-}
-
+/// The booking example ([`BookingFiles`]) in a directory of its own.
 struct Booking {
     dir: tempfile::TempDir,
-    agent: PathBuf,
-    store: PathBuf,
+    files: BookingFiles,
+}
+
+impl std::ops::Deref for Booking {
+    type Target = BookingFiles;
+    fn deref(&self) -> &BookingFiles {
+        &self.files
+    }
 }
 
 /// The example agent with its tools where they are, its fake API's data
@@ -41,30 +33,8 @@ struct Booking {
 /// text.
 async fn booking(slots: Value, edit: impl Fn(String) -> String) -> Booking {
     let dir = tempfile::tempdir().unwrap();
-    let example = repo().join("examples/booking");
-    let text =
-        example_agent_text("booking").replace("      default:\n        file: demo-api-key\n", "");
-    let agent = dir.path().join("booking.yaml");
-    std::fs::write(&agent, edit(text)).unwrap();
-    let store = dir.path().join("api");
-    std::fs::create_dir_all(&store).unwrap();
-    std::fs::copy(
-        example.join("data/services.json"),
-        store.join("services.json"),
-    )
-    .unwrap();
-    std::fs::write(store.join("slots.json"), slots.to_string()).unwrap();
-    Booking { dir, agent, store }
-}
-
-const DAY: &str = "2026-10-01";
-
-fn two_slots() -> Value {
-    json!({DAY: [
-        {"slot_token": "slot-a", "label": "10:00", "service": "svc-cut"},
-        {"slot_token": "slot-b", "label": "11:00", "service": "svc-cut"},
-        {"slot_token": "slot-c", "label": "10:00", "service": "svc-colour"}
-    ]})
+    let files = BookingFiles::write(dir.path(), MODEL_URL, slots, edit);
+    Booking { dir, files }
 }
 
 impl Booking {
@@ -76,93 +46,11 @@ impl Booking {
         Server::with_options(
             std::slice::from_ref(&self.agent),
             self.dir.path(),
-            script,
+            booking::script,
             load,
         )
         .await
     }
-
-    fn lines(&self, file: &str) -> Vec<String> {
-        std::fs::read_to_string(self.store.join(file))
-            .map(|s| s.lines().map(str::to_string).collect())
-            .unwrap_or_default()
-    }
-
-    /// What the fake API booked.
-    fn bookings(&self) -> Vec<String> {
-        self.lines("bookings.log")
-    }
-
-    /// How many lookups reached the fake API.
-    fn lookups(&self) -> usize {
-        self.lines("lookups.log").len()
-    }
-
-    fn put(&self, file: &str, v: Value) {
-        std::fs::write(self.store.join(file), v.to_string()).unwrap();
-    }
-}
-
-/// A session asked `book {args}`, run until it stops.
-async fn ask(api: &Api, args: Value) -> Reply {
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions?wait=true",
-            Some(OWNER),
-            Some(&json!({"agent": "booking", "prompt": format!("book {args}")})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    r
-}
-
-async fn answer(api: &Api, item: &Value, body: Value) -> Reply {
-    let token = item["continuation_token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no token in {item}"));
-    api.call(
-        "POST",
-        &format!("/v1/continuations/{token}?wait=true"),
-        Some(OWNER),
-        Some(&body),
-    )
-    .await
-}
-
-async fn message(api: &Api, id: &str, text: &str) -> Reply {
-    api.call(
-        "POST",
-        &format!("/v1/sessions/{id}/messages?wait=true"),
-        Some(OWNER),
-        Some(&json!({"prompt": text})),
-    )
-    .await
-}
-
-async fn session(api: &Api, id: &str) -> Reply {
-    api.call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
-        .await
-}
-
-/// The one open pending item, checked to have `disposition`.
-fn pending<'a>(r: &'a Reply, disposition: &str) -> &'a Value {
-    let items = r.json["pending"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no pending: {}", r.text));
-    assert_eq!(items.len(), 1, "{}", r.text);
-    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
-    assert_eq!(items[0]["disposition"], disposition, "{}", r.text);
-    &items[0]
-}
-
-fn option_labeled<'a>(item: &'a Value, label: &str) -> &'a Value {
-    item["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["label"] == label)
-        .unwrap_or_else(|| panic!("no option {label} in {item}"))
 }
 
 /// Ask `book {args}` of a run that ends without waiting: its tool's output.
@@ -171,10 +59,6 @@ async fn ended(api: &Api, args: Value) -> (Reply, String) {
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     let out = last_tool_output(&r);
     (r, out)
-}
-
-fn id_of(r: &Reply) -> String {
-    r.json["session_id"].as_str().unwrap().to_string()
 }
 
 #[tokio::test]

@@ -27,13 +27,15 @@ use bindery_session::clients::{build_clients, ClientOptions};
 use bindery_session::service::{Service, ServiceConfig};
 use bindery_store::clock::{Clock, TokioClock};
 use bindery_store::sqlite::SqliteStore;
-use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use bindery_tests::fixtures::session::SessionApi;
+use bindery_tests::mock_llm::{MockLlm, MockReply};
 pub use bindery_tests::sidecar::Reply;
 use bindery_tree::{AgentSources, LoadOptions};
 
-pub const OWNER: &str = "owner-token-for-tests";
-/// A secret value that must show nowhere it should not.
-pub const CANARY: &str = "canary-7f3a9c";
+pub use bindery_tests::fixtures::repo;
+pub use bindery_tests::fixtures::session::{
+    create, error_of, last_tool_output, message_waited, new_session, refusal, CANARY, OWNER,
+};
 
 /// The model URL agent files name: no one listens there, the client
 /// answers in process.
@@ -305,6 +307,18 @@ impl Api {
     }
 }
 
+impl SessionApi for Api {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> impl std::future::Future<Output = Reply> + Send {
+        Api::call(self, method, path, token, body)
+    }
+}
+
 /// A reply and its `Content-Type`.
 pub struct Answer {
     pub content_type: String,
@@ -313,100 +327,10 @@ pub struct Answer {
 
 pub use bindery_tests::fixtures::executable;
 
-/// A session created as the owner from `body`; its id (the creation must
-/// succeed).
-pub async fn new_session(api: &Api, body: Value) -> String {
-    let created = create(api, body).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    created.json["session_id"].as_str().unwrap().to_string()
-}
-
-/// `POST /v1/sessions` as the owner.
-pub async fn create(api: &Api, body: Value) -> Reply {
-    api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
-        .await
-}
-
-/// The output of a session view's last tool result (empty without one).
-pub fn last_tool_output(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no turns: {}", r.text))
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "tool")
-        .map(|t| t["content"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
-/// An error reply as `(status, error code, params)`, after checking that
-/// it has the API's error shape.
-pub fn error_of(r: &Reply) -> (u16, String, Vec<String>) {
-    assert!(
-        r.json["error"].is_string(),
-        "not an error body: {} {}",
-        r.status,
-        r.text
-    );
-    assert!(r.json["message"].is_string(), "no message: {}", r.text);
-    let params = r.json["params"]
-        .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default();
-    (
-        r.status,
-        r.json["error"].as_str().unwrap().to_string(),
-        params,
-    )
-}
-
-/// `(status, code, params)` as [`error_of`] returns them.
-pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<String>) {
-    (
-        status,
-        code.to_string(),
-        params.iter().map(|s| s.to_string()).collect(),
-    )
-}
-
-/// The repository's root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// The text of `examples/<example>/agent.yaml` with its model at
 /// [`MODEL_URL`] (no API key) and its bash tools where they are.
 pub fn example_agent_text(example: &str) -> String {
-    let dir = repo().join("examples").join(example);
-    std::fs::read_to_string(dir.join("agent.yaml"))
-        .unwrap()
-        .replace(
-            "url: https://api.openai.com/v1",
-            &format!("url: \"{MODEL_URL}\""),
-        )
-        .replace(
-            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
-            "name: mock-model\n",
-        )
-        .replace(
-            "directory: tools",
-            &format!("directory: \"{}\"", dir.join("tools").display()),
-        )
-}
-
-/// `prompt` posted to session `id` as the owner, the run waited for; the
-/// answer (which must be 200).
-pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
-    let reply = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({ "prompt": prompt })),
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    reply
+    bindery_tests::fixtures::example_agent_text(example, MODEL_URL)
 }
 
 /// Load options with the process-scope values `serve` would take from
@@ -426,60 +350,17 @@ pub fn process_values(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> L
     }
 }
 
-/// An invoices agent like the example's, its bash tool with `tenant` and
-/// the secret `billing_token` bound (both session-scope), plus a
-/// message-scope secret `otp` and a process-scope `region`.
+/// An invoices agent like the example's, its model at [`MODEL_URL`],
+/// with the parameters most tests serve
+/// ([`bindery_tests::fixtures::INVOICES_PARAMETERS`]).
 pub fn invoices_agent(dir: &Path) -> PathBuf {
-    invoices_agent_file(
-        dir,
-        "    - {name: tenant, scope: session, description: the tenant}
-    - {name: billing_token, secret: true, scope: session}
-    - {name: otp, secret: true, scope: message, required: false}
-    - {name: region, scope: process, required: false, default: {value: eu}}
-",
-    )
+    invoices_agent_file(dir, bindery_tests::fixtures::INVOICES_PARAMETERS)
 }
 
 /// The invoices agent with `parameters` (YAML list items, indented four
 /// spaces), which must declare `tenant` and `billing_token`.
 pub fn invoices_agent_file(dir: &Path, parameters: &str) -> PathBuf {
-    let tools = repo().join("examples/invoices/tools");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: invoices
-spec:
-  announce: answers questions about one tenant's invoices
-  model: {{url: "{MODEL_URL}", name: mock-model}}
-  systemPrompt: You are an invoices assistant.
-  parameters:
-{parameters}  toolboxes:
-    - bash:
-        directory: "{tools}"
-        bindings:
-          - {{arg: tenant_id, value: {{param: tenant}}}}
-          - {{arg: token, value: {{param: billing_token}}}}
-"#,
-        tools = tools.display()
-    );
-    let path = dir.join("invoices.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
+    bindery_tests::fixtures::invoices_agent_file(dir, MODEL_URL, parameters, "")
 }
 
-/// Call `bash_query-invoices` once per user message, then answer with
-/// what the tool returned.
-pub fn tool_then_answer(req: &Value) -> MockReply {
-    let last = last_message(req);
-    match last["role"].as_str() {
-        Some("tool") => MockReply::text(format!(
-            "answer: {}",
-            last["content"].as_str().unwrap_or("")
-        )),
-        _ => MockReply::tool_call(
-            "bash_query-invoices",
-            json!({"status": "overdue", "tenant_id": "globex"}),
-        ),
-    }
-}
+pub use bindery_tests::scripts::tool_then_answer;

@@ -4,80 +4,21 @@
 //! travel and are refused) stays in the sidecar's
 //! `tests/it/server_helpers.rs`.
 
-use std::path::Path;
-
 use crate::harness::*;
+use bindery_tests::fixtures::chain::{self, answer, message, root_session};
 use bindery_tests::scripts::chain_script;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A server of the chain (`serve --no-stream`), and the directory that
 /// holds its files and store.
 async fn start() -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
-    let root = chain(dir.path());
+    let root = chain::agents(dir.path(), MODEL_URL);
     let server = Server::configured(&[root], dir.path(), chain_script, Default::default(), |c| {
         c.stream = false;
     })
     .await;
     (dir, server)
-}
-
-fn text(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
-}
-
-/// The chain's files, their model in process, their tools the fixtures'.
-fn chain(dir: &Path) -> std::path::PathBuf {
-    let fixtures = repo().join("sidecar/tests/fixtures");
-    for name in ["root", "middle", "leaf", "sealed"] {
-        let text = std::fs::read_to_string(fixtures.join(format!("chain/{name}.yaml")))
-            .unwrap()
-            .replace("http://127.0.0.1:9/v1", MODEL_URL)
-            .replace(
-                "../tools/",
-                &format!("{}/", fixtures.join("tools").display()),
-            );
-        std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
-    }
-    dir.join("root.yaml")
-}
-
-fn answer(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "assistant" && t["content"].is_string())
-        .map(|t| text(&t["content"]).to_string())
-        .unwrap_or_default()
-}
-
-/// A new idle session on `root`.
-async fn root_session(api: &Api) -> String {
-    let r = api
-        .call(
-            "POST",
-            "/v1/sessions",
-            Some(OWNER),
-            Some(&json!({"agent": "root"})),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    r.json["session_id"].as_str().unwrap().to_string()
-}
-
-async fn message(api: &Api, id: &str, prompt: &str) -> Reply {
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({"prompt": prompt, "params": {"gh_token": CANARY}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r
 }
 
 /// Errors the calling model can fix come back before the helper runs.

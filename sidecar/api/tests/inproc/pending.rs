@@ -10,172 +10,39 @@ use std::time::Duration;
 
 use crate::harness::*;
 use bindery_tests::eventually::eventually;
-use bindery_tests::mock_llm::{last_message, tool_names, tool_results, MockReply};
+use bindery_tests::fixtures::clerk::{self, waiting};
+use bindery_tests::fixtures::session::{answer, create_waited, id_of, on_session, token_of};
+use bindery_tests::mock_llm::tool_results;
 use serde_json::{json, Value};
-
-/// The model: "where…" asks the client for `get_location`, anything else
-/// deletes invoice INV-7; after a tool result it answers with it.
-fn script(req: &Value) -> MockReply {
-    let last = last_message(req);
-    // The boss (helpers test) delegates to the clerk.
-    if tool_names(req).iter().any(|t| t == "prompt_agent_clerk") && last["role"] == "user" {
-        return MockReply::tool_call("prompt_agent_clerk", json!({"what": "delete invoice 7"}));
-    }
-    match last["role"].as_str() {
-        Some("tool") => {
-            MockReply::text(format!("done: {}", last["content"].as_str().unwrap_or("")))
-        }
-        _ if last["content"].as_str().unwrap_or("").contains("where") => {
-            MockReply::tool_call("get_location", json!({"precision": "city"}))
-        }
-        _ if last["content"].as_str().unwrap_or("").contains("count") => {
-            MockReply::tool_call("bash_count-invoices", json!({}))
-        }
-        _ => MockReply::tool_call("bash_delete-invoice", json!({"id": "INV-7"})),
-    }
-}
-
-/// An agent file up to its tools: the model at `url`, a session-scope
-/// `tenant` and an optional secret `billing_token`.
-fn agent_head(name: &str, url: &str) -> String {
-    format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: {name}
-spec:
-  model: {{url: "{url}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: billing_token, secret: true, scope: session, required: false}}"#
-    )
-}
 
 struct Clerk {
     dir: tempfile::TempDir,
     agent: PathBuf,
 }
 
-/// An agent `clerk` whose bash tool `delete-invoice` needs confirmation
-/// (it gets the secret `billing_token`, and counts its runs in a file) and
-/// whose deferred tool `get_location` the client runs. `spec_extra` is
-/// added to the agent's spec (`confirmTtl: 1s`).
+/// An agent `clerk` ([`clerk::agent`]) in a directory of its own.
+/// `spec_extra` is added to the agent's spec (`confirmTtl: 1s`).
 async fn clerk(spec_extra: &str) -> Clerk {
     let dir = tempfile::tempdir().unwrap();
-    let tools = dir.path().join("clerk-tools");
-    std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("delete-invoice"),
-        &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "delete-invoice", "description": "Deletes an invoice.", "args": [
-    {{"name": "id", "description": "the invoice", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"}},
-    {{"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "optional", "mode": "env"}}]}}'
-  exit 0
-fi
-echo run >> "{runs}"
-printf 'deleted %s, token-sha256 %s\n' "$3" "$(printf %s "${{TOKEN:-}}" | sha256sum | cut -d' ' -f1)"
-"#,
-            runs = dir.path().join("delete-runs").display()
-        ),
-    );
-    // A tool that needs nobody: it runs when called.
-    executable(
-        &tools.join("count-invoices"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "count-invoices", "description": "Counts invoices.", "args": []}'
-  exit 0
-fi
-echo 3 invoices
-"#,
-    );
-    let text = format!(
-        r#"{head}
-  toolboxes:
-    - bash:
-        directory: "{tools}"
-        confirm: [{{tool: "delete-*"}}]
-        bindings:
-          - {{arg: token, value: {{param: billing_token}}, whenUnbound: omit}}
-    - deferred:
-        tools:
-          - name: get_location
-            description: Where the user is.
-            parameters: {{type: object, properties: {{precision: {{type: string}}}}}}
-{spec_extra}"#,
-        head = agent_head("clerk", MODEL_URL),
-        tools = tools.display()
-    );
-    let agent = dir.path().join("clerk.yaml");
-    std::fs::write(&agent, text).unwrap();
+    let agent = clerk::agent(dir.path(), MODEL_URL, spec_extra);
     Clerk { dir, agent }
 }
 
 impl Clerk {
     /// A server of the clerk, its store in the clerk's directory.
     async fn start(&self) -> Server {
-        Server::start(std::slice::from_ref(&self.agent), self.dir.path(), script).await
+        Server::start(
+            std::slice::from_ref(&self.agent),
+            self.dir.path(),
+            clerk::script,
+        )
+        .await
     }
 
     /// How often the confirmed tool ran.
     fn runs(&self) -> usize {
-        std::fs::read_to_string(self.dir.path().join("delete-runs"))
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
+        clerk::runs(self.dir.path())
     }
-}
-
-/// `POST /v1/sessions?wait=true` with `body`, as the owner.
-async fn create_waited(api: &Api, body: Value) -> Reply {
-    api.call("POST", "/v1/sessions?wait=true", Some(OWNER), Some(&body))
-        .await
-}
-
-/// A session of `clerk` asked `prompt`, run until it blocks.
-async fn waiting(api: &Api, prompt: &str) -> Reply {
-    let r = create_waited(
-        api,
-        json!({"agent": "clerk", "prompt": prompt,
-                "params": {"tenant": "acme", "billing_token": CANARY}}),
-    )
-    .await;
-    assert_eq!(r.status, 201, "{}", r.text);
-    assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
-    r
-}
-
-/// `METHOD /v1/sessions/{id}{path}` as the owner.
-async fn on_session(api: &Api, method: &str, id: &str, path: &str, body: Option<Value>) -> Reply {
-    api.call(
-        method,
-        &format!("/v1/sessions/{id}{path}"),
-        Some(OWNER),
-        body.as_ref(),
-    )
-    .await
-}
-
-fn id_of(r: &Reply) -> String {
-    r.json["session_id"].as_str().unwrap().to_string()
-}
-
-fn token_of(r: &Reply) -> String {
-    r.json["pending"][0]["continuation_token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no pending token: {}", r.text))
-        .to_string()
-}
-
-async fn answer(api: &Api, token: &str, body: Value) -> Reply {
-    api.call(
-        "POST",
-        &format!("/v1/continuations/{token}?wait=true"),
-        Some(OWNER),
-        Some(&body),
-    )
-    .await
 }
 
 fn sha256(s: &str) -> String {
@@ -522,11 +389,11 @@ async fn a_helpers_pending_call_surfaces_and_resumes_the_helper_then_its_caller(
     - path: ./clerk.yaml
       with: {{tenant: {{param: tenant}}, billing_token: {{param: billing_token}}}}
 "#,
-            head = agent_head("boss", MODEL_URL)
+            head = clerk::agent_head("boss", MODEL_URL)
         ),
     )
     .unwrap();
-    let s = Server::start(&[boss], c.dir.path(), script).await;
+    let s = Server::start(&[boss], c.dir.path(), clerk::script).await;
     let api = &s.api;
     let r = create_waited(
         api,

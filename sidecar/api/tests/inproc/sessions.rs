@@ -4,11 +4,11 @@
 //! the canary searched for in logs stay in the sidecar's
 //! `tests/it/server_sessions.rs`.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::harness::*;
 use bindery_tests::eventually::{eventually, until, PATIENCE};
+use bindery_tests::fixtures::probe_agent;
 use bindery_tests::mock_llm::{last_message, tool_results, Gate, MockReply};
 use serde_json::{json, Value};
 
@@ -44,36 +44,6 @@ fn session_id(r: &Reply) -> String {
 
 fn tool_output(r: &Reply) -> String {
     last_tool_output(r)
-}
-
-/// The probe tool (`sidecar/tests/fixtures/tools/probe`) with `repo`
-/// bound to the session parameter `tenant` and `repo-token` to the secret
-/// message-scope `otp`: its output shows the digest of the token it got,
-/// or the call fails.
-fn probe_agent(dir: &Path) -> PathBuf {
-    let probe = repo().join("sidecar/tests/fixtures/tools/probe");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: prober
-spec:
-  model: {{url: "{MODEL_URL}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: otp, secret: true, scope: message, required: false}}
-  toolboxes:
-    - bash:
-        script: "{probe}"
-        bindings:
-          - {{arg: repo, value: {{param: tenant}}}}
-          - {{arg: repo-token, value: {{param: otp}}}}
-"#,
-        probe = probe.display()
-    );
-    let path = dir.join("prober.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 /// A fork copies the turns, takes fresh values, inherits no secret, no
@@ -164,7 +134,7 @@ async fn a_fork_starts_from_the_history_with_fresh_values() {
 #[tokio::test]
 async fn a_message_scope_value_lasts_one_run() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = probe_agent(dir.path());
+    let agent = probe_agent(dir.path(), MODEL_URL);
     let script = |req: &Value| match last_message(req)["role"].as_str() {
         Some("tool") => MockReply::text("ok"),
         _ => MockReply::tool_call("bash_probe", json!({})),

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::harness::*;
+use bindery_tests::fixtures::bash_tool;
 use bindery_tests::mock_llm::{last_message, MockReply};
 use serde_json::json;
 
@@ -14,17 +15,12 @@ use serde_json::json;
 fn agent(dir: &Path, runs: &Path, name: &str) -> std::path::PathBuf {
     let tools = dir.join(format!("{name}-tools"));
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("whoami"),
+    bash_tool(
+        &tools,
+        "whoami",
+        "Says which agent owns it.",
         &format!(
-            r#"#!/usr/bin/env bash
-if [[ "${{1:-}}" == "describe" ]]; then
-  echo '{{"slug": "whoami", "description": "Says which agent owns it.", "args": []}}'
-  exit 0
-fi
-echo {name} >> '{runs}'
-echo "tool of {name}"
-"#,
+            "echo {name} >> '{runs}'\necho \"tool of {name}\"\n",
             runs = runs.display()
         ),
     );

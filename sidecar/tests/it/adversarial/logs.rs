@@ -12,6 +12,7 @@
 use std::path::Path;
 
 use crate::common::*;
+use bindery_tests::fixtures::session::answer;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use serde_json::{json, Value};
 
@@ -206,14 +207,7 @@ async fn an_id_sensitive_selection_id_is_in_no_log_line() {
     let item = &r.json["pending"][0];
     assert_eq!(item["disposition"], "needs_confirmation", "{}", r.text);
     let token = item["continuation_token"].as_str().unwrap();
-    let r = api
-        .call(
-            "POST",
-            &format!("/v1/continuations/{token}?wait=true"),
-            Some(OWNER),
-            Some(&json!({"approve": true})),
-        )
-        .await;
+    let r = answer(&api, token, json!({"approve": true})).await;
     assert_eq!(r.json["status"], "idle", "{}", r.text);
     assert_eq!(b.bookings(), vec![format!("{DAY} {SLOT}")]);
     sidecar.stop();

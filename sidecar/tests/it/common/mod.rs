@@ -11,22 +11,22 @@ use std::path::{Path, PathBuf};
 // Benches include this file too, and wait on nothing.
 #[allow(unused_imports)]
 pub use bindery_tests::eventually::{eventually, eventually_or, until, PATIENCE};
-use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use bindery_tests::mock_llm::{MockLlm, MockReply};
 use bindery_tests::sidecar::{Api, Launch, Reply, Sidecar};
 use serde_json::{json, Value};
 
-pub const CANARY: &str = "canary-7f3a9c";
-pub const OWNER: &str = "owner-token-for-tests";
+// What both kinds of test share (bindery-tests' fixtures); the benches
+// include this file too and use only some of it.
+#[allow(unused_imports)]
+pub use bindery_tests::fixtures::session::{
+    create, error_of, last_tool_output, message_waited, new_session, refusal, CANARY, OWNER,
+};
+#[allow(unused_imports)]
+pub use bindery_tests::fixtures::{example_agent_text, executable, invoices_agent_file, repo};
+pub use bindery_tests::scripts::tool_then_answer;
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_bindery-sidecar")
-}
-
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
 }
 
 /// An invoices agent like the example's, talking to `model_url`, with both
@@ -38,64 +38,13 @@ pub fn invoices_agent(dir: &Path, model_url: &str) -> PathBuf {
 /// The invoices agent with `extra_toolboxes` (YAML list items, indented
 /// four spaces) after its own toolbox.
 pub fn invoices_agent_with(dir: &Path, model_url: &str, extra_toolboxes: &str) -> PathBuf {
-    let parameters = "    - {name: tenant, scope: session, description: the tenant}
-    - {name: billing_token, secret: true, scope: session}
-    - {name: otp, secret: true, scope: message, required: false}
-    - {name: region, scope: process, required: false, default: {value: eu}}
-";
-    invoices_agent_file(dir, model_url, parameters, extra_toolboxes)
+    invoices_agent_file(
+        dir,
+        model_url,
+        bindery_tests::fixtures::INVOICES_PARAMETERS,
+        extra_toolboxes,
+    )
 }
-
-/// The invoices agent with `parameters` (YAML list items, indented four
-/// spaces), which must declare `tenant` and `billing_token`.
-pub fn invoices_agent_file(
-    dir: &Path,
-    model_url: &str,
-    parameters: &str,
-    extra_toolboxes: &str,
-) -> PathBuf {
-    let tools = repo().join("examples/invoices/tools");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: invoices
-spec:
-  announce: answers questions about one tenant's invoices
-  model: {{url: "{model_url}", name: mock-model}}
-  systemPrompt: You are an invoices assistant.
-  parameters:
-{parameters}  toolboxes:
-    - bash:
-        directory: "{tools}"
-        bindings:
-          - {{arg: tenant_id, value: {{param: tenant}}}}
-          - {{arg: token, value: {{param: billing_token}}}}
-{extra_toolboxes}"#,
-        tools = tools.display()
-    );
-    let path = dir.join("invoices.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// Call `bash_query-invoices` once per user message, then answer with
-/// what the tool returned.
-pub fn tool_then_answer(req: &Value) -> MockReply {
-    let last = last_message(req);
-    match last["role"].as_str() {
-        Some("tool") => MockReply::text(format!(
-            "answer: {}",
-            last["content"].as_str().unwrap_or("")
-        )),
-        _ => MockReply::tool_call(
-            "bash_query-invoices",
-            json!({"status": "overdue", "tenant_id": "globex"}),
-        ),
-    }
-}
-
-pub use bindery_tests::fixtures::executable;
 
 /// A toolbox directory with one bash tool, `bash_slow-lookup`, whose run
 /// sleeps (as the tool's own process, so cancelling the call kills it);
@@ -103,15 +52,11 @@ pub use bindery_tests::fixtures::executable;
 pub fn slow_toolbox(dir: &Path) -> String {
     let tools = dir.join("slow-tools");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("slow-lookup"),
-        r#"#!/usr/bin/env bash
-if [[ "${1:-}" == "describe" ]]; then
-  echo '{"slug": "slow-lookup", "description": "Looks something up, slowly.", "args": []}'
-  exit 0
-fi
-exec sleep 120
-"#,
+    bindery_tests::fixtures::bash_tool(
+        &tools,
+        "slow-lookup",
+        "Looks something up, slowly.",
+        "exec sleep 120\n",
     );
     format!("    - bash: {{directory: \"{}\"}}\n", tools.display())
 }
@@ -143,38 +88,6 @@ pub async fn stateless_mcp_client(
         .expect("discovery against /mcp")
 }
 
-/// The text of `examples/<example>/agent.yaml` with its model at
-/// `model_url` (no API key) and its bash tools where they are.
-pub fn example_agent_text(example: &str, model_url: &str) -> String {
-    let dir = repo().join("examples").join(example);
-    std::fs::read_to_string(dir.join("agent.yaml"))
-        .unwrap()
-        .replace(
-            "url: https://api.openai.com/v1",
-            &format!("url: \"{model_url}\""),
-        )
-        .replace(
-            "name: gpt-4o-mini\n    apiKey:\n      env: OPENAI_API_KEY\n",
-            "name: mock-model\n",
-        )
-        .replace(
-            "directory: tools",
-            &format!("directory: \"{}\"", dir.join("tools").display()),
-        )
-}
-
-/// The output of a session view's last tool result (empty without one).
-pub fn last_tool_output(r: &Reply) -> String {
-    r.json["session"]["turns"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no turns: {}", r.text))
-        .iter()
-        .rev()
-        .find(|t| t["role"] == "tool")
-        .map(|t| t["content"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
-
 /// The data of the first `kind` event session `id` has stored (the owner
 /// follows its stream from the start), within ten seconds; and the
 /// stream's raw text up to it.
@@ -198,35 +111,6 @@ pub async fn first_event(api: &Api, id: &str, kind: &str) -> (Value, String) {
     (data, stream.raw.clone())
 }
 
-/// `POST /v1/sessions` as the owner.
-pub async fn create(api: &Api, body: Value) -> Reply {
-    api.call("POST", "/v1/sessions", Some(OWNER), Some(&body))
-        .await
-}
-
-/// A session created as the owner from `body`; its id (the creation must
-/// succeed).
-pub async fn new_session(api: &Api, body: Value) -> String {
-    let created = create(api, body).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    created.json["session_id"].as_str().unwrap().to_string()
-}
-
-/// `prompt` posted to session `id` as the owner, the run waited for; the
-/// answer (which must be 200).
-pub async fn message_waited(api: &Api, id: &str, prompt: &str) -> Reply {
-    let reply = api
-        .call(
-            "POST",
-            &format!("/v1/sessions/{id}/messages?wait=true"),
-            Some(OWNER),
-            Some(&json!({ "prompt": prompt })),
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    reply
-}
-
 /// An invoices session created with a prompt, its run waited for.
 pub async fn invoices_run(api: &Api) -> Reply {
     let r = api
@@ -244,36 +128,6 @@ pub async fn invoices_run(api: &Api) -> Reply {
 /// A valid creation body for the invoices agent (no prompt).
 pub fn valid_params() -> Value {
     json!({"tenant": "acme", "billing_token": CANARY})
-}
-
-/// An error reply as `(status, error code, params)`, after checking that
-/// it has the API's error shape.
-pub fn error_of(r: &Reply) -> (u16, String, Vec<String>) {
-    assert!(
-        r.json["error"].is_string(),
-        "not an error body: {} {}",
-        r.status,
-        r.text
-    );
-    assert!(r.json["message"].is_string(), "no message: {}", r.text);
-    let params = r.json["params"]
-        .as_array()
-        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default();
-    (
-        r.status,
-        r.json["error"].as_str().unwrap().to_string(),
-        params,
-    )
-}
-
-/// `(status, code, params)` as [`error_of`] returns them.
-pub fn refusal(status: u16, code: &str, params: &[&str]) -> (u16, String, Vec<String>) {
-    (
-        status,
-        code.to_string(),
-        params.iter().map(|s| s.to_string()).collect(),
-    )
 }
 
 /// A request with a raw body and an optional `Content-Type` (none at all
@@ -377,35 +231,6 @@ pub fn serve(
     });
     let api = Api::new(&sidecar.url);
     (sidecar, api)
-}
-
-/// The probe tool (fixtures/tools/probe) with `repo` bound to the session
-/// parameter `tenant` and `repo-token` to the secret message-scope `otp`:
-/// its output shows the digest of the token it got, or the call fails.
-pub fn probe_agent(dir: &Path, model_url: &str) -> PathBuf {
-    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools");
-    let text = format!(
-        r#"apiVersion: bindery.dev/v1alpha1
-kind: Agent
-metadata:
-  name: prober
-spec:
-  model: {{url: "{model_url}", name: mock-model}}
-  parameters:
-    - {{name: tenant, scope: session}}
-    - {{name: otp, secret: true, scope: message, required: false}}
-  toolboxes:
-    - bash:
-        script: "{probe}"
-        bindings:
-          - {{arg: repo, value: {{param: tenant}}}}
-          - {{arg: repo-token, value: {{param: otp}}}}
-"#,
-        probe = tools.join("probe").display()
-    );
-    let path = dir.join("prober.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 /// Every byte of every file under `dir` whose name starts with `prefix`.
