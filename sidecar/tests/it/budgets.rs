@@ -174,3 +174,29 @@ async fn the_stream_tells_when_a_budget_nears_and_reaches_its_limit() {
     let finished: Value = serde_json::from_str(&seen.last().unwrap().data).unwrap();
     assert_eq!(finished["usage"]["total_tokens"], 180, "{finished}");
 }
+
+/// Found by the attacker's review: a streamed answer read and then cut
+/// short (a cancel, a broken stream) counted only its prompt. What was
+/// streamed counts too, at its estimate.
+#[tokio::test]
+async fn a_streamed_answer_cut_short_counts_what_was_written() {
+    let chunk = |text: &str| {
+        format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": {"content": text}}]})
+        )
+    };
+    // 8000 characters of answer, then the stream ends without [DONE].
+    let cut = format!("{}{}", chunk("ok "), chunk(&"word ".repeat(1600)));
+    let m = metered(move |_| MockReply::Raw(cut.clone()), "", "").await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "hello").await;
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    let usage = &r.json["usage"];
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!(
+        completion >= 1900,
+        "the streamed answer counted {completion}: {usage}"
+    );
+    assert_eq!(usage["estimated_tokens"], usage["total_tokens"], "{usage}");
+}

@@ -116,9 +116,10 @@ pub(super) async fn run_inner(
                 Gate::Refuse(e) => return RunEnd::OverBudget(e.detail()),
                 Gate::Ask(e) => return RunEnd::Blocked(vec![budget_hold(None, e)]),
             };
+            let streamed = std::sync::atomic::AtomicUsize::new(0);
             let response = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = model_turn(ctx, conversation, host).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+                r = model_turn(ctx, conversation, host, &streamed).instrument(tracing::info_span!("model_turn", step)) => Some(r),
             };
             let spent = match &response {
                 Some(Ok(r)) => Some(match &r.usage {
@@ -134,14 +135,17 @@ pub(super) async fn run_inner(
                     },
                 }),
                 // No usage came back, but the prompt may have been read
-                // (and billed): a cancelled request, a stream cut, a
-                // timeout. It counts at its estimate, so cancelling cannot
-                // make model use free; a refusal before any work counts
-                // nothing.
+                // and part of an answer written (and billed): a cancelled
+                // request, a stream cut, a timeout. They count at their
+                // estimates (the prompt's, and what was streamed), so
+                // cancelling cannot make model use free; a refusal before
+                // any work counts nothing.
                 Some(Err(e)) if !may_have_been_processed(e) => None,
                 _ => Some(Spent {
                     prompt: estimate(),
-                    completion: 0,
+                    completion: bindery_store::usage::estimate_tokens(
+                        streamed.load(std::sync::atomic::Ordering::Relaxed),
+                    ),
                     estimated: true,
                 }),
             };
@@ -249,10 +253,19 @@ pub(super) async fn model_turn(
     ctx: &RunContext<'_>,
     conversation: &Conversation,
     host: &dyn Host,
+    streamed: &std::sync::atomic::AtomicUsize,
 ) -> Result<bindery_llm::ChatResponse, bindery_llm::LlmError> {
     let started = Instant::now();
     let result = if ctx.stream {
         let mut forward = |d: StreamDelta| {
+            // What the model has written so far: what a reply cut short
+            // (a cancel, a broken stream) counts for.
+            let written = match &d {
+                StreamDelta::Content(text) => text.len(),
+                StreamDelta::ToolCallStarted { name, .. } => name.len(),
+                StreamDelta::ToolCallArguments { fragment, .. } => fragment.len(),
+            };
+            streamed.fetch_add(written, std::sync::atomic::Ordering::Relaxed);
             if let StreamDelta::Content(text) = d {
                 host.delta(&text);
             }
