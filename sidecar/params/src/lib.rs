@@ -10,6 +10,7 @@ pub mod random;
 pub mod resolve;
 pub mod scrub;
 pub mod secret;
+pub mod shape;
 pub mod sources;
 pub mod value;
 

@@ -30,19 +30,19 @@ pub enum ProcessValueError {
     NotJson {
         flag: &'static str,
         name: String,
-        source: serde_json::Error,
+        source: crate::shape::ShapeError,
     },
     #[error("cannot read --params-file {path}: {source}")]
     FileUnreadable {
         path: String,
         source: std::io::Error,
     },
-    // serde_yaml quotes neither keys nor values in its messages beyond a
-    // location, so this cannot leak a value.
+    // Its place and what was expected, never the file's text (serde's
+    // own messages quote values).
     #[error("--params-file {path} is not a JSON/YAML object: {source}")]
     FileNotYaml {
         path: String,
-        source: serde_yaml::Error,
+        source: crate::shape::ShapeError,
     },
     #[error("--params-file {0} must hold an object of parameter names to values")]
     FileNotObject(String),
@@ -97,10 +97,10 @@ impl ProcessValues {
             })?;
         let json = flag.ends_with("-json");
         let value = if json {
-            serde_json::from_str(raw).map_err(|source| ProcessValueError::NotJson {
+            serde_json::from_str(raw).map_err(|e| ProcessValueError::NotJson {
                 flag,
                 name: name.to_string(),
-                source,
+                source: crate::shape::ShapeError::json(&e),
             })?
         } else {
             serde_json::Value::String(raw.to_string())
@@ -152,9 +152,9 @@ impl ProcessValues {
                 source,
             })?;
         let doc: serde_json::Value =
-            serde_yaml::from_str(&text).map_err(|source| ProcessValueError::FileNotYaml {
+            serde_yaml::from_str(&text).map_err(|e| ProcessValueError::FileNotYaml {
                 path: shown.clone(),
-                source,
+                source: crate::shape::ShapeError::yaml(&e),
             })?;
         let serde_json::Value::Object(map) = doc else {
             return Err(ProcessValueError::FileNotObject(shown));

@@ -23,11 +23,12 @@ pub enum SourceError {
         path: PathBuf,
         source: std::io::Error,
     },
-    // serde_json's errors give a position, not the text around it.
+    // Its place and what was expected, never the file's text (serde's
+    // own messages quote values).
     #[error("the API-keys file {} is not {{\"keys\": [{{\"id\", \"value\"}}]}}: {source}", .path.display())]
     ApiKeysShape {
         path: PathBuf,
-        source: serde_json::Error,
+        source: crate::shape::ShapeError,
     },
     #[error("API key `{0}` is wanted but no API-keys file was given (use --api-keys FILE)")]
     NoApiKeysFile(String),
@@ -90,11 +91,10 @@ impl ApiKeys {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let file: File =
-            serde_json::from_str(&text).map_err(|source| SourceError::ApiKeysShape {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let file: File = serde_json::from_str(&text).map_err(|e| SourceError::ApiKeysShape {
+            path: path.to_path_buf(),
+            source: crate::shape::ShapeError::json(&e),
+        })?;
         Ok(ApiKeys {
             path: Some(path.to_path_buf()),
             keys: file

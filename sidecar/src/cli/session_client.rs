@@ -30,11 +30,11 @@ pub enum ClientError {
         file: String,
         source: std::io::Error,
     },
-    /// serde_yaml's messages name a place, never a value.
+    /// Its place and what was expected, never the file's text.
     #[error("--params-file {file} is not a JSON/YAML object of values: {source}")]
     ParamsFileNotValues {
         file: String,
-        source: serde_yaml::Error,
+        source: bindery_params::shape::ShapeError,
     },
     #[error("--params-file {file}: `{name}.pinned` must be true or false")]
     PinnedNotBool { file: String, name: String },
@@ -438,9 +438,9 @@ pub fn collect_params(p: &ParamArgs) -> Result<Values, ClientError> {
                 source,
             })?;
         let v: BTreeMap<String, Value> =
-            serde_yaml::from_str(&text).map_err(|source| ClientError::ParamsFileNotValues {
+            serde_yaml::from_str(&text).map_err(|e| ClientError::ParamsFileNotValues {
                 file: shown(),
-                source,
+                source: bindery_params::shape::ShapeError::yaml(&e),
             })?;
         for (name, entry) in v {
             match entry {

@@ -1047,3 +1047,56 @@ fn a_command_value_runs_for_an_agent_file_given_by_its_bare_name() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("region"), "{}", out.stdout);
 }
+
+/// Found by the attacker's second review: a file that holds secrets, read
+/// in the wrong shape, had serde quote its value in the error. The error
+/// says where and what was expected, never what the file holds.
+#[test]
+fn a_secret_file_of_the_wrong_shape_is_refused_without_its_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.json");
+    std::fs::write(&keys, format!("{{\"keys\": [\"{CANARY}\"]}}")).unwrap();
+    let params = dir.path().join("params.env");
+    std::fs::write(&params, format!("API_KEY={CANARY}\n")).unwrap();
+    for args in [
+        vec![
+            "check",
+            "--agent-file",
+            &invoices(),
+            "--api-keys",
+            keys.to_str().unwrap(),
+        ],
+        vec![
+            "run",
+            "--agent-file",
+            &invoices(),
+            "--params-file",
+            params.to_str().unwrap(),
+            "-p",
+            "hi",
+        ],
+        vec![
+            "session",
+            "start",
+            "--server",
+            "http://127.0.0.1:9",
+            "--params-file",
+            params.to_str().unwrap(),
+            "--agent",
+            "invoices",
+        ],
+    ] {
+        let out = bin()
+            .args(&args)
+            .env("BINDERY_TOKEN", "t")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(!err.contains(CANARY), "{args:?}: {err}");
+        assert!(
+            err.contains("API-keys file") || err.contains("--params-file"),
+            "{args:?}: {err}"
+        );
+    }
+}
