@@ -63,7 +63,7 @@ struct Inner {
 impl fmt::Debug for ChatClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatClient")
-            .field("url", &self.inner.url.as_str())
+            .field("url", &super::egress::shown(&self.inner.url))
             .field("model", &self.inner.endpoint.model)
             .field("api_key", &self.inner.endpoint.api_key)
             .finish()
@@ -343,7 +343,7 @@ impl ChatClient {
         let mut retries = 0u32;
         loop {
             tracing::debug!(
-                url = %self.inner.url,
+                url = %super::egress::shown(&self.inner.url),
                 model = %endpoint.model,
                 stream,
                 attempt = retries + 1,
@@ -373,7 +373,7 @@ impl ChatClient {
                         None => backoff(endpoint.initial_backoff, retries),
                     };
                     tracing::warn!(
-                        url = %self.inner.url,
+                        url = %super::egress::shown(&self.inner.url),
                         model = %endpoint.model,
                         attempt = retries + 1,
                         wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -451,9 +451,16 @@ impl ChatClient {
 
     fn transport_error(&self, what: &str, e: &reqwest::Error) -> LlmError {
         if let Some(refused) = super::egress::refused(e) {
-            return LlmError::Transport(format!("{}: {refused}", self.inner.url));
+            return LlmError::Transport(format!(
+                "{}: {refused}",
+                super::egress::shown(&self.inner.url)
+            ));
         }
-        LlmError::Transport(format!("{what} {}: {}", self.inner.url, error_chain(e)))
+        LlmError::Transport(format!(
+            "{what} {}: {}",
+            super::egress::shown(&self.inner.url),
+            error_chain(e)
+        ))
     }
 
     /// An error while reading a reply body.

@@ -125,6 +125,19 @@ pub fn origin(url: &Url) -> String {
     }
 }
 
+/// `url` as it may be shown (errors, logs): its origin and path, without
+/// a user, a password, a query or a fragment, any of which may carry a
+/// credential.
+pub fn shown(url: &Url) -> String {
+    format!("{}{}", origin(url), url.path())
+}
+
+/// [`shown`] of a URL given as text; text that is no URL is shown as
+/// `<a URL that does not parse>` (it may still hold a credential).
+pub fn shown_text(url: &str) -> String {
+    Url::parse(url).map_or_else(|_| "<a URL that does not parse>".into(), |u| shown(&u))
+}
+
 /// The [`Refused`] somewhere in `e`'s chain of causes, if a redirect is
 /// what failed the request.
 pub fn refused<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a Refused> {

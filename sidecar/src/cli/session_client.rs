@@ -559,7 +559,11 @@ fn answer_within(path: &str) -> std::time::Duration {
 /// is all held.
 async fn read_answer(mut resp: reqwest::Response) -> Result<String, ClientError> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(ClientError::Read)? {
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ClientError::Read(e.without_url()))?
+    {
         if body.len() + chunk.len() > MAX_ANSWER_BYTES {
             return Err(ClientError::TooLarge);
         }
@@ -683,19 +687,23 @@ impl Client {
     /// Why a request did not get an answer; a redirect the egress policy
     /// refused says so.
     fn unreachable(&self, e: reqwest::Error) -> ClientError {
-        let base = self.base.clone();
+        // Shown without a user, password or query: --server may carry them.
+        let base = bindery_llm::egress::shown_text(&self.base);
         match bindery_llm::egress::refused(&e) {
             Some(refused) => ClientError::Redirect {
                 base,
                 refused: refused.clone(),
             },
-            None => ClientError::Connect { base, source: e },
+            None => ClientError::Connect {
+                base,
+                source: e.without_url(),
+            },
         }
     }
 
     fn timed_out(&self, within: std::time::Duration) -> ClientError {
         ClientError::Timeout {
-            base: self.base.clone(),
+            base: bindery_llm::egress::shown_text(&self.base),
             secs: within.as_secs(),
         }
     }

@@ -1100,3 +1100,22 @@ fn a_secret_file_of_the_wrong_shape_is_refused_without_its_values() {
         );
     }
 }
+
+/// The session client's errors show --server without its user, password
+/// or query.
+#[test]
+fn the_session_clients_errors_show_no_credential_of_its_server() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let server = format!("http://someone:{CANARY}@127.0.0.1:{port}/?t={CANARY}");
+    let out = bin()
+        .args(["session", "list", "--server", &server])
+        .env("BINDERY_TOKEN", "t")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains(CANARY), "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+}

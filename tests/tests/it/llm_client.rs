@@ -646,3 +646,25 @@ async fn a_request_past_its_deadline_is_stopped_however_it_trickles() {
     }
     gate.open();
 }
+
+/// Found by the attacker's second review: a model URL's password reached
+/// the run's failure detail (the session, its events, the store, the
+/// logs) through the transport error. Errors show the URL without its
+/// user, password or query.
+#[tokio::test]
+async fn an_unreachable_models_error_shows_no_credential_of_its_url() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut e = endpoint(format!(
+        "http://someone:CANARY-urlpw@127.0.0.1:{port}/v1?key=CANARY-q"
+    ));
+    e.max_retries = 0;
+    let c = ChatClient::new(e).unwrap();
+    let err = c.complete(&ask("hi")).await.unwrap_err().to_string();
+    assert!(!err.contains("CANARY"), "{err}");
+    assert!(
+        err.contains(&format!("http://127.0.0.1:{port}/v1")),
+        "{err}"
+    );
+}

@@ -307,10 +307,10 @@ impl McpServer {
         let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
             .await
             .map_err(|_| StartError::ConnectTimeout {
-                url: url.to_string(),
+                url: egress::shown_text(url),
             })?
             .map_err(|e| StartError::Connect {
-                url: url.to_string(),
+                url: egress::shown_text(url),
                 why: why(&e),
             })?;
         Ok(Arc::new(McpServer {
