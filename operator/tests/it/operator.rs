@@ -2562,22 +2562,22 @@ async fn an_agenttenant_asks_no_more_than_its_author_may_do() {
     }
     // mallory may write AgentTenants, and read the tools ConfigMap and the
     // one Secret her tenant names; nothing else.
-    cluster.apply(&format!(
+    cluster.apply(
         r#"apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
-metadata: {{name: tenant-author}}
+metadata: {name: tenant-author}
 rules:
-  - {{apiGroups: [bindery.dev], resources: [agenttenants], verbs: [get, list, create, patch, update]}}
-  - {{apiGroups: [""], resources: [configmaps], resourceNames: [invoices-tools], verbs: [get]}}
-  - {{apiGroups: [""], resources: [secrets], resourceNames: [acme-billing], verbs: [get]}}
+  - {apiGroups: [bindery.dev], resources: [agenttenants], verbs: [get, list, create, patch, update]}
+  - {apiGroups: [""], resources: [configmaps], resourceNames: [invoices-tools], verbs: [get]}
+  - {apiGroups: [""], resources: [secrets], resourceNames: [acme-billing], verbs: [get]}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
-metadata: {{name: tenant-author}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant-author}}
-subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}}]
-"#
-    ));
+metadata: {name: tenant-author}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant-author}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
+"#,
+    );
     let as_mallory = |manifest: &str| {
         let path = cluster
             .dir
