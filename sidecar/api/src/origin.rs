@@ -128,17 +128,12 @@ fn shown(value: &str) -> String {
         .collect()
 }
 
-/// Marks a request that came in on the peer port (mutual TLS with the
-/// tenant's certificate: no browser's page reaches it).
-#[derive(Clone, Copy, Debug)]
-pub struct PeerPort;
-
 /// The middleware: a request the policy refuses is answered 403 (a
 /// JSON-RPC error on `/mcp`). A peer's forward is left to `admit`, which
 /// checks its signature: the `Host` it was sent to is the peer's address.
 pub async fn guard(State(policy): State<Arc<OriginPolicy>>, req: Request, next: Next) -> Response {
     if req.headers().contains_key(super::peers::PEER_HEADER)
-        || req.extensions().get::<PeerPort>().is_some()
+        || req.extensions().get::<super::peers::PeerPort>().is_some()
     {
         return next.run(req).await;
     }

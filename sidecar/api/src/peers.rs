@@ -293,7 +293,7 @@ pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) 
     if !claims {
         return next.run(Request::from_parts(parts, body)).await;
     }
-    if auth.tls_only && parts.extensions.get::<super::origin::PeerPort>().is_none() {
+    if auth.tls_only && parts.extensions.get::<PeerPort>().is_none() {
         // A forward in clear on the client port is one a sniffer could
         // have read; replicas with peer TLS never send one.
         return ApiError(refused(
@@ -493,6 +493,11 @@ pub fn tls_required(names: Vec<String>) -> ServiceError {
         params: names,
     }
 }
+
+/// Marks a request that came in on the peer port (mutual TLS with the
+/// tenant's certificate: no browser's page reaches it).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerPort;
 
 #[cfg(test)]
 mod tests {

@@ -374,7 +374,7 @@ pub async fn serve_tls(
                 }
             };
             let service = service(router, limits, |e| {
-                e.insert(bindery_api::origin::PeerPort);
+                e.insert(bindery_api::peers::PeerPort);
             });
             let io = WriteDeadline::new(io, limits.write_timeout);
             let conn = builder(limits).serve_connection(TokioIo::new(io), service);
