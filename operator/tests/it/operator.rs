@@ -2578,13 +2578,20 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant-author}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
 "#,
     );
-    let as_mallory = |manifest: &str| {
+    // Refusals are probed with a server-side dry run: admission judges
+    // it, nothing is kept, so a probe the policy (not loaded yet) let
+    // through leaves no tenant behind for the next probe to find unchanged.
+    let as_mallory = |manifest: &str, dry: bool| {
         let path = cluster
             .dir
             .path()
             .join(format!("mallory-{}.yaml", manifest.len()));
         std::fs::write(&path, manifest).unwrap();
-        cluster.try_kubectl(&["--as", "mallory", "apply", "-f", path.to_str().unwrap()])
+        let mut args = vec!["--as", "mallory", "apply", "-f", path.to_str().unwrap()];
+        if dry {
+            args.push("--dry-run=server");
+        }
+        cluster.try_kubectl(&args)
     };
     let tenant = read_repo("examples/k8s/tenant.yaml");
     // The policy is in force once the API server has loaded it.
@@ -2594,7 +2601,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
     );
     cluster
         .wait("the tenants policy to refuse", async || {
-            let out = as_mallory(&evil);
+            let out = as_mallory(&evil, true);
             let err = String::from_utf8_lossy(&out.stderr).to_string();
             if !out.status.success() && err.contains("names a Secret its author may not read") {
                 Ok(())
@@ -2607,7 +2614,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
         "  tools:\n",
         "  podOverrides:\n    containers: [{name: exfil, image: attacker.example/exfil:1}]\n  tools:\n",
     );
-    let out = as_mallory(&pod_level);
+    let out = as_mallory(&pod_level, true);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("only someone who may create pods"), "{err}");
@@ -2615,9 +2622,9 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
         "  tools:\n",
         "  image: attacker.example/sidecar:1\n  tools:\n",
     );
-    assert!(!as_mallory(&image).status.success());
+    assert!(!as_mallory(&image, true).status.success());
     // What she may read and nothing more: admitted, and deployed.
-    let out = as_mallory(&tenant);
+    let out = as_mallory(&tenant, false);
     assert!(
         out.status.success(),
         "{}",
