@@ -164,10 +164,18 @@ impl ChatClient {
     /// Sends `req` with `stream: false` and returns the whole reply.
     pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         let limits = self.inner.endpoint.limits;
-        let response = tokio::time::timeout(limits.deadline, self.complete_within(req))
+        let deadline = self.deadline();
+        let response = tokio::time::timeout(deadline, self.complete_within(req))
             .await
-            .unwrap_or(Err(LlmError::Deadline(limits.deadline)))?;
+            .unwrap_or(Err(LlmError::Deadline(deadline)))?;
         within_calls(response, &limits)
+    }
+
+    /// The whole request's deadline: never shorter than one attempt's
+    /// timeout, so a longer `--llm-timeout` is not cut by the default.
+    fn deadline(&self) -> Duration {
+        let e = &self.inner.endpoint;
+        e.limits.deadline.max(e.timeout)
     }
 
     async fn complete_within(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
@@ -250,12 +258,11 @@ impl ChatClient {
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<ChatResponse, LlmError> {
         let limits = self.inner.endpoint.limits;
-        let response = tokio::time::timeout(
-            limits.deadline,
-            self.complete_streaming_within(req, on_delta),
-        )
-        .await
-        .unwrap_or(Err(LlmError::Deadline(limits.deadline)))?;
+        let deadline = self.deadline();
+        let response =
+            tokio::time::timeout(deadline, self.complete_streaming_within(req, on_delta))
+                .await
+                .unwrap_or(Err(LlmError::Deadline(deadline)))?;
         within_calls(response, &limits)
     }
 

@@ -42,7 +42,7 @@ pub struct ReplyLimits {
     pub max_tool_calls: usize,
     /// The whole request, retries and a streamed reply included
     /// (`--llm-deadline`): the per-attempt timeout bounds each wait, this
-    /// the sum.
+    /// the sum. Never shorter than one attempt's timeout.
     pub deadline: Duration,
 }
 

@@ -632,19 +632,25 @@ async fn a_reply_asking_for_too_many_calls_is_refused() {
 
 #[tokio::test]
 async fn a_request_past_its_deadline_is_stopped_however_it_trickles() {
-    let gate = Gate::new();
-    let held = gate.clone();
-    let llm = MockLlm::start(move |_| MockReply::text("late").held(&held)).await;
+    // Each attempt is answered at once (503), each retry waits longer:
+    // every wait is within the per-attempt timeout, their sum is not.
+    let llm = MockLlm::start(|_| MockReply::status(503, "busy")).await;
     let mut e = endpoint(llm.url());
+    e.timeout = Duration::from_millis(200);
     e.limits.deadline = Duration::from_millis(500);
-    e.timeout = Duration::from_secs(3600);
+    e.max_retries = 100;
+    e.initial_backoff = Duration::from_millis(100);
     let c = ChatClient::new(e).unwrap();
-    let conv = ask("slow");
-    match c.complete(&conv).await {
+    let started = Instant::now();
+    match c.complete(&ask("slow")).await {
         Err(e @ LlmError::Deadline(_)) => assert!(e.to_string().contains("--llm-deadline"), "{e}"),
         other => panic!("{other:?}"),
     }
-    gate.open();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// Found by the attacker's second review: a model URL's password reached
