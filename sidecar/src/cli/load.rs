@@ -32,11 +32,8 @@ pub enum LoadError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{file}: not agents-exe's configuration: {source}")]
-    NotConfig {
-        file: String,
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    Cfg(#[from] CfgError),
     #[error("{file} lists no agent file; {GIVE_AGENT_FILES}")]
     NoneListed { file: String },
     #[error("no agent file: {GIVE_AGENT_FILES}")]
@@ -112,16 +109,8 @@ pub fn agents_exe_defaults(
         found.sort();
         Ok(found)
     };
-    if let Some(cfg) = nearest_agents_exe_cfg(cwd) {
+    if let Some((cfg, c)) = read_agents_exe_cfg::<Config>(cwd)? {
         let file = || cfg.display().to_string();
-        let text = std::fs::read_to_string(&cfg).map_err(|source| LoadError::Read {
-            path: file(),
-            source,
-        })?;
-        let c: Config = serde_json::from_str(&text).map_err(|source| LoadError::NotConfig {
-            file: file(),
-            source,
-        })?;
         let mut files: Vec<_> = c.agents_files.iter().map(|f| cwd.join(f)).collect();
         for d in &c.agents_directories {
             let dir = cwd.join(d);
@@ -154,6 +143,40 @@ pub fn nearest_agents_exe_cfg(cwd: &std::path::Path) -> Option<std::path::PathBu
     cwd.ancestors()
         .map(|d| d.join("agents-exe.cfg.json"))
         .find(|p| p.is_file())
+}
+
+/// Why the nearest `agents-exe.cfg.json` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CfgError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: not agents-exe's configuration: {source}")]
+    NotConfig {
+        file: String,
+        source: serde_json::Error,
+    },
+}
+
+/// The nearest `agents-exe.cfg.json` from `cwd` up, read as `T`, and
+/// where it is; `None` when there is none.
+pub fn read_agents_exe_cfg<T: serde::de::DeserializeOwned>(
+    cwd: &std::path::Path,
+) -> Result<Option<(std::path::PathBuf, T)>, CfgError> {
+    let Some(cfg) = nearest_agents_exe_cfg(cwd) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&cfg).map_err(|source| CfgError::Read {
+        path: cfg.display().to_string(),
+        source,
+    })?;
+    let read = serde_json::from_str(&text).map_err(|source| CfgError::NotConfig {
+        file: cfg.display().to_string(),
+        source,
+    })?;
+    Ok(Some((cfg, read)))
 }
 
 /// The process values, from flags, files and the environment.

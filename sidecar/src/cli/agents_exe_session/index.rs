@@ -37,11 +37,8 @@ pub enum IndexError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{file}: not agents-exe's configuration: {source}")]
-    NotConfig {
-        file: String,
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    Cfg(#[from] super::super::load::CfgError),
     #[error("{file}: \"sessions\" needs \"writeLocation\" (a directory), as agents-exe requires")]
     NoWriteLocation { file: String },
     /// `--db-path` names a file that is not an index: left untouched.
@@ -76,22 +73,10 @@ pub fn session_dirs(cwd: &Path, home: Option<&Path>) -> Result<Vec<PathBuf>, Ind
         home.map(|h| vec![h.join(".config/agents-exe/sessions")])
             .ok_or(IndexError::NoSessionDir)
     };
-    let Some(cfg) = cwd
-        .ancestors()
-        .map(|d| d.join("agents-exe.cfg.json"))
-        .find(|p| p.is_file())
-    else {
+    let Some((cfg, doc)) = super::super::load::read_agents_exe_cfg::<Value>(cwd)? else {
         return default();
     };
     let file = || cfg.display().to_string();
-    let text = std::fs::read_to_string(&cfg).map_err(|source| IndexError::Read {
-        path: file(),
-        source,
-    })?;
-    let doc: Value = serde_json::from_str(&text).map_err(|source| IndexError::NotConfig {
-        file: file(),
-        source,
-    })?;
     let resolve = |p: &str| match (p.strip_prefix('~'), home) {
         (Some(rest), Some(h)) => PathBuf::from(format!("{}{rest}", h.display())),
         _ => cwd.join(p),
