@@ -13,6 +13,7 @@ pub mod cache;
 pub mod confirm;
 pub mod depends;
 pub mod glob;
+pub mod listing;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -250,6 +251,17 @@ impl BoundTool {
 
     pub fn spec(&self) -> &ToolSpec {
         self.inner.spec()
+    }
+
+    /// The same tool, shown to the model by `spec` (see [`listing`]).
+    fn relisted(self, spec: ToolSpec) -> Self {
+        BoundTool {
+            inner: Arc::new(listing::Relisted {
+                spec,
+                inner: self.inner.clone(),
+            }),
+            ..self
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -539,12 +539,27 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     // Each toolbox's tools, for rebuilding the list when an MCP server's change.
     let mut parts: Vec<Vec<BoundTool>> = Vec::new();
     let mut mcp = McpLoader::default();
+    // The values known at load: what a toolbox's listing or a load error
+    // may echo, and must not show.
+    let known = params.snapshot(&Values::new(), &Values::new());
     for (i, tb) in p.spec.toolboxes.iter().enumerate() {
         let before = tools.len();
         load_toolbox(
             i, tb, p, &base, &params, opts, &here, &mut mcp, &mut tools, &mut diags,
         )
         .await;
+        let loaded = tools.split_off(before);
+        let scrubber = bindery_bindings::scrubber_for(&known, &loaded);
+        let scrub = |x: &str| scrubber.scrub(x);
+        let secrets = bindery_bindings::listing::secrets_of(&known, &loaded);
+        let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets);
+        let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
+        for t in loaded {
+            match guard.check(t) {
+                Ok(t) => tools.push(t),
+                Err(e) => diags.push(Diagnostic::error(format!("{place}: {e}"))),
+            }
+        }
         for t in &mut tools[before..] {
             *t = t.clone().in_group(tb.toolgroup());
         }
@@ -588,6 +603,12 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         },
         &mut diags,
     );
+    // A load error may quote what a server sent (a spec's text, a
+    // listing): it is shown as the values' markers.
+    let scrubber = bindery_bindings::scrubber_for(&known, &tools);
+    for d in &mut diags {
+        d.message = scrubber.scrub(&d.message);
+    }
     let tools = LiveTools::new(tools);
     let keep = mcp.watch(
         live::Assembly {
@@ -970,7 +991,8 @@ impl McpLoader {
                             let bound = found
                                 .into_iter()
                                 .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
-                                .collect();
+                                .collect::<Vec<_>>();
+                            let bound = live::guard_listings(bound, place);
                             let (mut bound, diags) = live::rebind(
                                 bound,
                                 bindings,

@@ -133,6 +133,28 @@ pub fn rebind(
     (tools, diags)
 }
 
+/// A changed listing's tools whose listing may be shown: secrets as
+/// markers, a tool whose name holds one left out (a warning). What can
+/// leak here is what the server holds and every value live in the process.
+pub fn guard_listings(tools: Vec<BoundTool>, place: &str) -> Vec<BoundTool> {
+    let none = bindery_params::Values::new();
+    let own = bindery_bindings::scrubber_for(&none, &tools);
+    let live = bindery_params::live::scrubber();
+    let scrub = |x: &str| live.scrub(&own.scrub(x));
+    let secrets = bindery_bindings::listing::secrets_of(&none, &tools);
+    let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets);
+    tools
+        .into_iter()
+        .filter_map(|t| match guard.check(t) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("{place}: {e}");
+                None
+            }
+        })
+        .collect()
+}
+
 /// The tools of each toolbox of an agent (after the toolbox's own
 /// bindings, before the agent-level ones) and what rebuilding the list needs.
 pub struct Assembly {
@@ -277,5 +299,23 @@ mod tests {
         assert_eq!(tools[1].bindings().len(), 1);
         assert_eq!(diags.len(), 1, "{diags:?}");
         assert!(diags[0].message.contains("defined twice"));
+    }
+
+    #[test]
+    fn a_changed_listing_shows_no_live_value_and_drops_a_tool_named_after_one() {
+        let canary = "CANARY-live-listing-91c3";
+        let _live = bindery_params::live::register(vec![(
+            "api_token".into(),
+            bindery_params::SecretString::new(canary),
+        )]);
+        let echo = tool("echo", &[("q", true)]);
+        let described = BoundTool::new(Arc::new(Fake(ToolSpec {
+            description: format!("auth {canary}"),
+            ..echo.spec().clone()
+        })));
+        let named = tool(&format!("t_{canary}"), &[]);
+        let kept = guard_listings(vec![described, named], "toolbox 1 (mcp s)");
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].spec().description, "auth <secret:api_token>");
     }
 }

@@ -5,6 +5,7 @@
 mod cache;
 mod clients;
 mod egress;
+mod listings;
 mod logs;
 mod mcp_client;
 mod own_credentials;

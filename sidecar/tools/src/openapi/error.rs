@@ -10,6 +10,7 @@ use reqwest::{StatusCode, Url};
 use super::document::DocumentError;
 use super::MAX_DOCUMENT;
 use bindery_llm::egress::Refused;
+use bindery_params::scrub::Scrubber;
 use bindery_params::sources::SourceError;
 
 /// What [`Url::parse`] fails with.
@@ -74,11 +75,42 @@ pub enum LoadError {
     #[error("spec {spec} is neither JSON ({json}) nor YAML ({yaml})")]
     Syntax {
         spec: String,
-        json: serde_json::Error,
-        yaml: serde_yaml::Error,
+        json: Quoting<serde_json::Error>,
+        yaml: Quoting<serde_yaml::Error>,
     },
     #[error("spec {spec}: {error}")]
-    Document { spec: String, error: DocumentError },
+    Document {
+        spec: String,
+        error: Quoting<DocumentError>,
+    },
+}
+
+/// An error that quotes what a spec's server sent, which may echo the
+/// credentials the spec was fetched with: shown (`Display` and `Debug`)
+/// with every secret of the toolbox as its marker. `error` is the error
+/// itself, to match on.
+pub struct Quoting<E> {
+    pub error: E,
+    shown: String,
+}
+
+impl<E: std::fmt::Display> Quoting<E> {
+    pub fn new(error: E, scrubber: &Scrubber) -> Self {
+        let shown = scrubber.scrub(&error.to_string());
+        Quoting { error, shown }
+    }
+}
+
+impl<E> std::fmt::Display for Quoting<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl<E> std::fmt::Debug for Quoting<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Quoting").field(&self.shown).finish()
+    }
 }
 
 /// Why a secret of `secrets` has no place in a request.

@@ -25,10 +25,11 @@ use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::Url;
 
 pub use document::{operations, sanitize_name, DocumentError, Location, Operation};
-pub use error::{DecodeError, LoadError, SecretPlaceError, UrlError};
+pub use error::{DecodeError, LoadError, Quoting, SecretPlaceError, UrlError};
 
 use super::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec, Transport};
 use bindery_llm::egress;
+use bindery_params::scrub::Scrubber;
 use bindery_params::value::ArgText;
 use bindery_params::{ApiKeys, ParamValue, SecretString, Values};
 use bindery_spec::{OpenApiSecret, OpenApiToolbox, SecretSource};
@@ -50,6 +51,16 @@ pub enum SecretPlace {
         template: Option<String>,
     },
     Query(String),
+}
+
+impl SecretPlace {
+    /// What its value is shown as: the header's or query parameter's name.
+    fn name(&self) -> &str {
+        match self {
+            SecretPlace::Header { name, .. } => name.as_str(),
+            SecretPlace::Query(q) => q,
+        }
+    }
 }
 
 /// Where a secret's value is at call time.
@@ -380,12 +391,9 @@ impl Tool for OpenApiTool {
         self.shared
             .secrets
             .iter()
-            .filter_map(|s| match (&s.value, &s.place) {
-                (SecretValue::Loaded(v), SecretPlace::Header { name, .. }) => {
-                    Some((name.as_str().to_string(), v.clone()))
-                }
-                (SecretValue::Loaded(v), SecretPlace::Query(q)) => Some((q.clone(), v.clone())),
-                (SecretValue::Arg(_), _) => None,
+            .filter_map(|s| match &s.value {
+                SecretValue::Loaded(v) => Some((s.place.name().to_string(), v.clone())),
+                SecretValue::Arg(_) => None,
             })
             .collect()
     }
@@ -611,10 +619,17 @@ pub async fn load_with(
         secrets.push(Secret { value, place });
     }
 
-    let doc = read_document(&tb.spec, base, &client, &fetch_secrets).await?;
+    // What the spec's server sends may echo any credential it was sent.
+    let mut quoting = Scrubber::default();
+    for s in &secrets {
+        if let SecretValue::Loaded(v) = &s.value {
+            quoting.add(s.place.name(), v);
+        }
+    }
+    let doc = read_document(&tb.spec, base, &client, &fetch_secrets, &quoting).await?;
     let (mut ops, mut warnings) = to_operations(&doc).map_err(|error| LoadError::Document {
         spec: tb.spec.clone(),
-        error,
+        error: Quoting::new(error, &quoting),
     })?;
     ops.retain(|op| match document::unsafe_path(&op.path) {
         None => true,
@@ -749,6 +764,7 @@ async fn read_document(
     base: &Path,
     client: &reqwest::Client,
     secrets: &[Secret],
+    quoting: &Scrubber,
 ) -> Result<serde_json::Value, LoadError> {
     let text = if bindery_spec::http_url(spec) {
         let mut query = Vec::new();
@@ -822,8 +838,8 @@ async fn read_document(
         Ok(v) => Ok(v),
         Err(json) => serde_yaml::from_str(&text).map_err(|yaml| LoadError::Syntax {
             spec: spec.to_string(),
-            json,
-            yaml,
+            json: Quoting::new(json, quoting),
+            yaml: Quoting::new(yaml, quoting),
         }),
     }
 }

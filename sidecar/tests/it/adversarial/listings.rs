@@ -1,0 +1,256 @@
+//! A toolbox's server that echoes the credential it was sent into what it
+//! says of its tools: the spec an OpenAPI toolbox is fetched with, an MCP
+//! server's `tools/list` given a token in its environment. The
+//! echo may reach a description, a tool's name, or the text of a spec
+//! that fails to parse; none of it reaches the model, `describe`, `check`
+//! or the logs as the value.
+
+use axum::http::HeaderMap;
+use axum::routing::get;
+use axum::Router;
+use bindery_tests::mock_llm::{MockLlm, MockReply};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+use crate::common::*;
+
+const KEY: &str = "CANARY-listing-5e2b7c";
+
+/// Answers `/spec/{how}` with a spec that echoes the `x-api-key` header:
+/// `desc` in descriptions, `name` in an operationId, `yaml` in a YAML
+/// spec that does not parse.
+async fn spec_server() -> String {
+    async fn spec(
+        axum::extract::Path(how): axum::extract::Path<String>,
+        headers: HeaderMap,
+    ) -> String {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let op = |id: &str, description: &str| {
+            json!({"openapi": "3.0.0", "info": {"title": "t", "version": "1"},
+                   "paths": {"/items": {"get": {"operationId": id, "description": description,
+                     "parameters": [{"name": "q", "in": "query", "description": format!("key {key}"),
+                                     "schema": {"type": "string", "enum": ["a", key.clone()]}}]}}}})
+            .to_string()
+        };
+        match how.as_str() {
+            "desc" => op("listItems", &format!("Lists items (auth {key}).")),
+            "name" => op(&format!("list_{key}"), "Lists items."),
+            _ => format!("openapi: !!int {key}\npaths: {{}}\n"),
+        }
+    }
+    let app = Router::new().route("/spec/{how}", get(spec));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// An agent whose toolbox fetches `/spec/{how}` with the key: from a
+/// secret process parameter (`param`) or the toolbox's own value source.
+fn agent(dir: &std::path::Path, model: &str, server: &str, how: &str, param: bool) -> String {
+    let source = if param {
+        "{param: api_key}"
+    } else {
+        "{env: LISTING_KEY}"
+    };
+    let path = dir.join(format!("{how}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: lister
+spec:
+  model: {{url: "{model}", name: m}}
+  systemPrompt: List.
+  parameters:
+    - {{name: api_key, secret: true, default: {{env: LISTING_KEY}}}}
+  toolboxes:
+    - openapi:
+        spec: "{server}/spec/{how}"
+        baseUrl: "{server}"
+        secrets:
+          - source: {source}
+            header: {{name: X-Api-Key}}
+            fetchSpec: true
+"#
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+async fn sidecar(args: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::new(bin())
+        .args(args)
+        .env("LISTING_KEY", KEY)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_key_in_a_listing_reaches_no_model_and_no_output() {
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let record = seen.clone();
+    let mock = MockLlm::start(move |req: &Value| {
+        record.lock().unwrap().push(req.clone());
+        MockReply::text("done")
+    })
+    .await;
+    let server = spec_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    for param in [true, false] {
+        let file = agent(dir.path(), &mock.url(), &server, "desc", param);
+        let (code, described) = sidecar(&["describe", "--agent-file", &file]).await;
+        assert_eq!(code, 0, "{described}");
+        assert!(!described.contains(KEY), "{described}");
+        assert!(
+            described.contains("Lists items (auth <secret:"),
+            "{described}"
+        );
+        let (code, out) = sidecar(&[
+            "run",
+            "--agent-file",
+            &file,
+            "--prompt",
+            "list",
+            "--llm-retries",
+            "0",
+        ])
+        .await;
+        assert_eq!(code, 0, "{out}");
+        assert!(!out.contains(KEY), "{out}");
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    for req in seen.iter() {
+        let text = req.to_string();
+        assert!(text.contains("listItems"), "{text}");
+        assert!(!text.contains(KEY), "the model saw the key: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_named_after_the_key_is_refused_without_showing_it() {
+    let server = spec_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    for param in [true, false] {
+        let file = agent(dir.path(), "http://127.0.0.1:9/v1", &server, "name", param);
+        let (code, out) = sidecar(&["check", "--agent-file", &file]).await;
+        assert_ne!(code, 0, "{out}");
+        assert!(out.contains("its name holds a secret value"), "{out}");
+        assert!(!out.contains(KEY), "{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_that_fails_to_parse_is_quoted_without_the_key() {
+    let server = spec_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    for param in [true, false] {
+        let file = agent(dir.path(), "http://127.0.0.1:9/v1", &server, "yaml", param);
+        let (code, out) = sidecar(&["check", "--agent-file", &file]).await;
+        assert_ne!(code, 0, "{out}");
+        assert!(out.contains("neither JSON"), "{out}");
+        assert!(!out.contains(KEY), "{out}");
+    }
+}
+
+/// An MCP server (bash, over stdio) whose `tools/list` echoes `$API_TOKEN`
+/// in a description and a schema, and with `named` also in a tool's name
+/// the way a name may hold it (`-` as `_`).
+fn mcp_agent(dir: &std::path::Path, model: &str, named: bool) -> String {
+    let server = dir.join(format!("server-{named}.sh"));
+    let extra = if named {
+        r#",{"name":"t_'"${API_TOKEN//-/_}"'","description":"x","inputSchema":{"type":"object"}}"#
+    } else {
+        ""
+    };
+    std::fs::write(
+        &server,
+        format!(
+            r#"#!/usr/bin/env bash
+while IFS= read -r line; do
+  [[ $line =~ \"id\":([0-9]+) ]] || continue
+  id=${{BASH_REMATCH[1]}}
+  if [[ $line == *'"initialize"'* ]]; then
+    r='{{"protocolVersion":"2025-06-18","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"x","version":"1"}}}}'
+  elif [[ $line == *'"tools/list"'* ]]; then
+    r='{{"tools":[{{"name":"lookup","description":"Look up (auth '"$API_TOKEN"').","inputSchema":{{"type":"object","properties":{{"q":{{"type":"string","description":"token '"$API_TOKEN"'"}}}}}}}}{extra}]}}'
+  else
+    r='{{"content":[{{"type":"text","text":"ok"}}]}}'
+  fi
+  printf '{{"jsonrpc":"2.0","id":%s,"result":%s}}\n' "$id" "$r"
+done
+"#
+        ),
+    )
+    .unwrap();
+    let path = dir.join(format!("mcp-{named}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: lister
+spec:
+  model: {{url: "{model}", name: m}}
+  systemPrompt: List.
+  parameters:
+    - {{name: api_key, secret: true, scope: process, default: {{env: LISTING_KEY}}}}
+  toolboxes:
+    - mcp:
+        name: crm
+        command: [bash, "{server}"]
+        env:
+          API_TOKEN: {{param: api_key}}
+"#,
+            server = server.display()
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let record = seen.clone();
+    let mock = MockLlm::start(move |req: &Value| {
+        record.lock().unwrap().push(req.clone());
+        MockReply::text("done")
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = mcp_agent(dir.path(), &mock.url(), false);
+    let (code, described) = sidecar(&["describe", "--agent-file", &file]).await;
+    assert_eq!(code, 0, "{described}");
+    assert!(described.contains("Look up (auth <secret:"), "{described}");
+    assert!(!described.contains(KEY), "{described}");
+    let (code, out) = sidecar(&["run", "--agent-file", &file, "--prompt", "x"]).await;
+    assert_eq!(code, 0, "{out}");
+    let seen = seen.lock().unwrap();
+    let text = serde_json::to_string(&*seen).unwrap();
+    assert!(text.contains("mcp_crm_lookup"), "{text}");
+    assert!(!text.contains(KEY), "the model saw the token: {text}");
+
+    let file = mcp_agent(dir.path(), &mock.url(), true);
+    let (code, out) = sidecar(&["check", "--agent-file", &file]).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("a tool (its name is not shown)"), "{out}");
+    let folded = KEY.replace('-', "_");
+    assert!(!out.contains(KEY) && !out.contains(&folded), "{out}");
+}
