@@ -242,8 +242,7 @@ async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
     assert!(!described.contains(KEY), "{described}");
     let (code, out) = sidecar(&["run", "--agent-file", &file, "--prompt", "x"]).await;
     assert_eq!(code, 0, "{out}");
-    let seen = seen.lock().unwrap();
-    let text = serde_json::to_string(&*seen).unwrap();
+    let text = serde_json::to_string(&*seen.lock().unwrap()).unwrap();
     assert!(text.contains("mcp_crm_lookup"), "{text}");
     assert!(!text.contains(KEY), "the model saw the token: {text}");
 
