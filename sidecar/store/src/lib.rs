@@ -11,6 +11,7 @@ pub mod clock;
 // records with its helpers (the `test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
 pub mod contract;
+pub mod health;
 mod histories;
 pub mod location;
 pub mod lookup;
@@ -48,6 +49,15 @@ pub enum StoreError {
     NotFound(String),
     #[error("the session store failed: {0}")]
     Backend(String),
+    /// The store cannot be reached or written now (a database that does
+    /// not answer, a lock held past its wait, a full disk): the same
+    /// request may succeed later.
+    #[error("the session store is unavailable: {0}")]
+    Unavailable(String),
+    /// What the store holds cannot be trusted (a damaged file): no retry
+    /// mends it.
+    #[error("the session store is damaged: {0}")]
+    Corrupt(String),
 }
 
 /// What a shared store tells every server about events other servers

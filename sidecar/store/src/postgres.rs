@@ -342,6 +342,22 @@ fn target(config: &Config) -> String {
 
 /// A server error by severity, message and SQLSTATE; a client, network or
 /// TLS error with its causes (those name no row and no password).
+/// Whether a database error says the database is not there to answer,
+/// for now: the connection is closed or its I/O failed, or its SQLSTATE is a connection exception (08), a lack
+/// of resources (53: a full disk, too many connections) or an operator's
+/// intervention (57P01-57P03: shutting down, starting up).
+fn is_outage(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => {
+            e.is_closed() || std::error::Error::source(e).is_some_and(|c| c.is::<std::io::Error>())
+        }
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
+        }
+    }
+}
+
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!(
@@ -540,10 +556,13 @@ impl PostgresStore {
     /// A connection from the pool (a new one if none is idle and the pool
     /// is not full; a lost one is dropped, not handed out).
     async fn conn(&self, what: &'static str) -> Result<Object, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| self.fail(what, pool_error(&e)))
+        self.pool.get().await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "could not {what} ({}): {}",
+                self.target,
+                pool_error(&e)
+            ))
+        })
     }
 
     /// `sql` prepared on `client`, once per connection (deadpool caches
@@ -554,10 +573,7 @@ impl PostgresStore {
         what: &str,
         sql: &str,
     ) -> Result<tokio_postgres::Statement, StoreError> {
-        client
-            .prepare_cached(sql)
-            .await
-            .map_err(|e| self.fail(what, describe(&e)))
+        client.prepare_cached(sql).await.map_err(self.db(what))
     }
 
     /// A row read with [`WITH_TURNS`], as a record.
@@ -574,9 +590,18 @@ impl PostgresStore {
         StoreError::Backend(format!("could not {what} ({}): {why}", self.target))
     }
 
+    /// A database error as the store's: an outage (see [`is_outage`]) or
+    /// a failure.
     fn db(&self, what: &str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         let what = what.to_owned();
-        move |e| self.fail(&what, describe(&e))
+        move |e| match is_outage(&e) {
+            true => StoreError::Unavailable(format!(
+                "could not {what} ({}): {}",
+                self.target,
+                describe(&e)
+            )),
+            false => self.fail(&what, describe(&e)),
+        }
     }
 
     /// The sessions `tail` (a `WHERE`/`ORDER BY` clause) selects.

@@ -254,6 +254,12 @@ pub struct SqliteStore {
     /// One operation at a time takes the connection.
     turn: tokio::sync::Semaphore,
     histories: Histories,
+    /// This store's hold on the file (see [`hold`]), released with it.
+    _lock: Option<std::fs::File>,
+    /// The last operation that waited for another process's lock gave up:
+    /// until one succeeds, operations try once and do not wait, so that
+    /// requests queued behind each other answer at once, not a wait each.
+    locked_out: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -270,6 +276,12 @@ impl SqliteStore {
     ///
     /// This blocks on file I/O: call it at startup or from a blocking task.
     pub fn open(location: &str) -> Result<SqliteStore, StoreError> {
+        Self::open_with(location, true)
+    }
+
+    /// `open`, taking the file for this store alone or not: a test plays
+    /// another process on the same file with a second store.
+    fn open_with(location: &str, alone: bool) -> Result<SqliteStore, StoreError> {
         let path = PathBuf::from(location.strip_prefix("sqlite://").unwrap_or(location));
         if path.as_os_str().is_empty() {
             return Err(StoreError::Backend(format!(
@@ -281,10 +293,12 @@ impl SqliteStore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| op.fail(format_args!("cannot create its directory: {e}")))?;
         }
+        let lock = if alone { Some(hold(&path, &op)?) } else { None };
         create_private_file(&path).map_err(|e| op.fail(format_args!("cannot create it: {e}")))?;
 
         let mut conn = Connection::open(&path).map_err(|e| op.db(e))?;
         configure(&conn, &op)?;
+        check_integrity(&conn, &op)?;
         migrate(&mut conn, &path)?;
         checkpoint_aside(&mut conn, &path, &op)?;
         // Short operations fail at once on another process's lock (see `run_short`).
@@ -294,6 +308,8 @@ impl SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             turn: tokio::sync::Semaphore::new(1),
             histories: Histories::new(KEPT_HISTORIES),
+            _lock: lock,
+            locked_out: Default::default(),
         })
     }
 
@@ -358,6 +374,10 @@ impl SqliteStore {
             let op = Op::new(what, &self.path);
             let out = lock(&self.conn, &op).and_then(|mut conn| f(&mut conn, &op));
             if !op.busy.get() {
+                if out.is_ok() {
+                    self.locked_out
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                }
                 return out;
             }
         }
@@ -372,11 +392,18 @@ impl SqliteStore {
     {
         let conn = Arc::clone(&self.conn);
         let path = Arc::clone(&self.path);
+        let locked_out = Arc::clone(&self.locked_out);
         let task = tokio::task::spawn_blocking(move || {
+            use std::sync::atomic::Ordering::Relaxed;
             let op = Op::new(what, &path);
             let mut conn = lock(&conn, &op)?;
-            conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| op.db(e))?;
+            let wait = match locked_out.load(Relaxed) {
+                true => Duration::ZERO,
+                false => BUSY_TIMEOUT,
+            };
+            conn.busy_timeout(wait).map_err(|e| op.db(e))?;
             let out = f(&mut conn, &op);
+            locked_out.store(op.busy.get() && out.is_err(), Relaxed);
             // Back to failing at once, for the next short operation.
             let reset = conn.busy_timeout(Duration::ZERO).map_err(|e| op.db(e));
             out.and_then(|v| reset.map(|()| v))
@@ -531,6 +558,99 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Take the file for this store alone, or fail naming who has it. Two
+/// servers on one file (a volume mounted by two pods during a rollout)
+/// would each take the other's runs for its own last process's, lost, and
+/// close them while they run. The hold is an exclusive `flock` on
+/// `PATH.lock`, which the kernel releases when the process ends, however
+/// it ends; the file says who holds it, for the refusal.
+fn hold(path: &Path, op: &Op<'_>) -> Result<std::fs::File, StoreError> {
+    use std::io::{Read, Seek, Write};
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| op.fail(format_args!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let holder = if holder.is_empty() {
+                "another process".to_string()
+            } else {
+                holder.chars().take(200).collect()
+            };
+            return Err(op.fail(format_args!(
+                "it is in use by {holder} (it holds {}); one SQLite file serves one server: \
+                 stop that one first, give each server a file of its own, or share a \
+                 PostgreSQL store (--store postgres://…)",
+                lock_path.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(op.fail(format_args!("cannot lock {}: {e}", lock_path.display())))
+        }
+    }
+    let me = format!(
+        "Bindery server pid {} on {}, since {}",
+        std::process::id(),
+        host_name(),
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+    );
+    let wrote = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(me.as_bytes()));
+    if let Err(e) = wrote {
+        tracing::warn!("cannot say who holds {}: {e}", lock_path.display());
+    }
+    Ok(file)
+}
+
+/// This machine's name: a pod's own (`HOSTNAME`), else the kernel's.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "this machine".into())
+}
+
+/// The file's pages and indexes agree (`PRAGMA quick_check`): a server
+/// that would serve a damaged file answers listings with errors and loses
+/// runs' answers, so it does not start on one. It reads the whole file
+/// once, a second or so per gigabyte.
+fn check_integrity(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
+    let found: Vec<String> = match conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+    {
+        Ok(found) => found,
+        Err(e) => {
+            let why = sqlite_message(&e);
+            match op.db(e) {
+                StoreError::Corrupt(_) => vec![why],
+                other => return Err(other),
+            }
+        }
+    };
+    if found.len() == 1 && found[0] == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt(op.text(format_args!(
+        "the integrity check failed ({}); restore the file from a backup, or move it aside to start with no sessions",
+        found.join("; ")
+    ))))
+}
+
 /// Create the file readable by its owner only, if it does not exist yet:
 /// it holds conversations. SQLite gives its `-wal` and `-shm` files the
 /// same permissions.
@@ -658,20 +778,30 @@ impl<'a> Op<'a> {
     }
 
     fn fail(&self, why: impl fmt::Display) -> StoreError {
-        StoreError::Backend(format!(
-            "could not {} ({}): {why}",
-            self.what,
-            self.path.display()
-        ))
+        StoreError::Backend(self.text(why))
     }
 
-    /// SQLite's messages name tables and columns, never bound values.
+    fn text(&self, why: impl fmt::Display) -> String {
+        format!("could not {} ({}): {why}", self.what, self.path.display())
+    }
+
+    /// SQLite's messages name tables and columns, never bound values. A
+    /// lock held past its wait, a full disk or a failed read or write is
+    /// an outage; a damaged file is corruption.
     fn db(&self, e: rusqlite::Error) -> StoreError {
-        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
-        if matches!(e.sqlite_error_code(), Some(DatabaseBusy | DatabaseLocked)) {
+        use rusqlite::ErrorCode::*;
+        let code = e.sqlite_error_code();
+        if matches!(code, Some(DatabaseBusy | DatabaseLocked)) {
             self.busy.set(true);
         }
-        self.fail(sqlite_message(&e))
+        let text = self.text(sqlite_message(&e));
+        match code {
+            Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | CannotOpen) => {
+                StoreError::Unavailable(text)
+            }
+            Some(DatabaseCorrupt | NotADatabase) => StoreError::Corrupt(text),
+            _ => StoreError::Backend(text),
+        }
     }
 }
 
@@ -1639,7 +1769,9 @@ mod tests {
     #[tokio::test]
     async fn a_read_after_writes_elsewhere_sees_them() {
         let dir = tempfile::tempdir().unwrap();
-        let (here, there) = (open_in(&dir), open_in(&dir));
+        let here = open_in(&dir);
+        let there = dir.path().join("s.db");
+        let there = SqliteStore::open_with(&there.to_string_lossy(), false).unwrap();
         let mut rec = full_record();
         here.create(&mut rec).await.unwrap();
         let read = here.get(&rec.id).await.unwrap().unwrap();
@@ -1846,5 +1978,55 @@ mod tests {
         let contains = |needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
         assert!(contains(PLAIN), "the scan sees plain values");
         assert!(!contains(CANARY), "a secret value reached the database");
+    }
+
+    /// One file, one server: a second store on it is refused, naming the
+    /// holder, until the first is gone.
+    #[tokio::test]
+    async fn a_second_store_on_a_file_in_use_is_refused_naming_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = open_in(&dir);
+        let err = SqliteStore::open(&first.path().to_string_lossy())
+            .unwrap_err()
+            .to_string();
+        let me = format!("Bindery server pid {} on ", std::process::id());
+        assert!(err.contains(&me), "{err}");
+        assert!(err.contains("one SQLite file serves one server"), "{err}");
+        drop(first);
+        let again = open_in(&dir);
+        again.create(&mut record("s1", 1)).await.unwrap();
+    }
+
+    /// Pages damaged in the middle of a file that opens (its header and
+    /// schema intact) are found at open, not at the first listing.
+    #[tokio::test]
+    async fn a_file_with_damaged_pages_is_refused_at_open() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = {
+            let store = open_in(&dir);
+            for i in 0..300 {
+                let mut rec = full_record();
+                rec.id = format!("s{i}");
+                store.create(&mut rec).await.unwrap();
+            }
+            let conn = store.conn.lock().unwrap();
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .unwrap();
+            store.path().to_owned()
+        };
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len > 64 * 4096, "{len}");
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for page in [len / 4096 / 2, len / 4096 / 2 + 3] {
+            file.seek(SeekFrom::Start(page * 4096)).unwrap();
+            file.write_all(&[0xA5; 4096]).unwrap();
+        }
+        drop(file);
+        let err = SqliteStore::open(&path.to_string_lossy()).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("the integrity check failed"), "{text}");
+        assert!(text.contains("restore the file from a backup"), "{text}");
     }
 }
