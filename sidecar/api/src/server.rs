@@ -38,6 +38,7 @@ use bindery_session::run::RunMode;
 use bindery_session::service::CreateSession;
 use bindery_session::state::live_sessions::{Ended, RunWait};
 use bindery_session::validate::Caller;
+use bindery_store::health::StoreState;
 use bindery_store::wire::{RunRequest, StartRun};
 
 /// Every route of the API, each registered once: its handler's
@@ -250,13 +251,18 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     };
     if !state.ready.load(Ordering::Relaxed) {
         not_ready("starting", "the server is starting")
-    } else if !state.service.store_ok() {
-        not_ready(
-            "store_unavailable",
-            "the session store did not take this server's last heartbeat; see the server's log",
-        )
     } else {
-        Json(json!({"status": "ready"})).into_response()
+        match state.service.store_state() {
+            StoreState::Answering => Json(json!({"status": "ready"})).into_response(),
+            StoreState::Unavailable => not_ready(
+                "store_unavailable",
+                "the session store does not answer; see the server's log",
+            ),
+            StoreState::Corrupt => not_ready(
+                "store_corrupt",
+                "the session store is damaged: repair or restore it, then restart the server; see the server's log",
+            ),
+        }
     }
 }
 

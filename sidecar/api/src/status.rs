@@ -18,8 +18,13 @@ pub fn of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Exhausted => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
+
+/// What a 503 tells a client to wait before it tries again: about a
+/// heartbeat, when readiness next looks at the store.
+pub const RETRY_AFTER_SECS: u64 = 5;
 
 /// A session-layer error as a REST answer: its status, and a body naming
 /// the error's code, its message, the parameters it concerns and whatever
@@ -47,7 +52,14 @@ impl IntoResponse for ApiError {
         for (k, v) in e.extra.into_iter().flat_map(|m| *m) {
             body[k] = v;
         }
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if e.kind == ErrorKind::Unavailable {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECS),
+            );
+        }
+        response
     }
 }
 
@@ -64,5 +76,17 @@ mod tests {
         assert_eq!(of(ErrorKind::Unauthorized).as_u16(), 401);
         assert_eq!(of(ErrorKind::NotFound).as_u16(), 404);
         assert_eq!(of(ErrorKind::Exhausted).as_u16(), 429);
+        assert_eq!(of(ErrorKind::Unavailable).as_u16(), 503);
+    }
+
+    #[test]
+    fn an_unavailable_store_answers_503_with_retry_after() {
+        let e = ServiceError::from(bindery_store::StoreError::Unavailable("down".into()));
+        let r = ApiError(e).into_response();
+        assert_eq!(r.status().as_u16(), 503);
+        assert_eq!(
+            r.headers()["retry-after"],
+            RETRY_AFTER_SECS.to_string().as_str()
+        );
     }
 }

@@ -25,6 +25,9 @@ pub enum ErrorKind {
     Exhausted,
     /// The server's own failure; the log says more.
     Internal,
+    /// Something the server needs is out for now (its store): the same
+    /// request may succeed later.
+    Unavailable,
 }
 
 /// What went wrong, as a client tells it apart: each code's wire name is
@@ -59,6 +62,8 @@ pub enum Code {
     StoredAgentsDisabled,
     InvalidAgent,
     AgentExists,
+    /// The session store does not answer for now: retry later.
+    StoreUnavailable,
 }
 
 impl Code {
@@ -86,6 +91,7 @@ impl Code {
             Code::StoredAgentsDisabled => "stored_agents_disabled",
             Code::InvalidAgent => "invalid_agent",
             Code::AgentExists => "agent_exists",
+            Code::StoreUnavailable => "store_unavailable",
         }
     }
 
@@ -152,6 +158,22 @@ impl From<StoreError> for ServiceError {
             StoreError::NotFound(id) => ServiceError::not_found(format!("no session {id}")),
             StoreError::Conflict(_) => {
                 ServiceError::new(ErrorKind::Conflict, Code::Conflict, e.to_string())
+            }
+            StoreError::Unavailable(_) => {
+                tracing::warn!("{e}");
+                ServiceError::new(
+                    ErrorKind::Unavailable,
+                    Code::StoreUnavailable,
+                    "the session store does not answer for now; retry later (the server's log says why)",
+                )
+            }
+            StoreError::Corrupt(_) => {
+                tracing::error!("{e}; repair or restore the store, then restart the server");
+                ServiceError::new(
+                    ErrorKind::Internal,
+                    Code::Internal,
+                    "the session store is damaged; see the server log",
+                )
             }
             other => {
                 tracing::error!("{other}");

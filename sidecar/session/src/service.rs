@@ -25,7 +25,9 @@ use crate::state::secrets::Secrets;
 use bindery_bindings::cache::ToolCache;
 use bindery_llm::ChatClient;
 use bindery_metrics::Metrics;
+use bindery_store::health::{Health, StoreState};
 use bindery_store::model::SessionRecord;
+use bindery_store::timed::Timed;
 use bindery_store::SessionStore;
 use bindery_tree::AgentTree;
 
@@ -159,6 +161,8 @@ pub struct Service {
     budgets: Arc<Budgets>,
     /// Warning Events on the tenant, where the operator allows them.
     kube_events: Arc<std::sync::OnceLock<crate::kube_events::KubeEvents>>,
+    /// What the store's operations found of it.
+    store_health: Arc<Health>,
 }
 
 impl Service {
@@ -169,6 +173,19 @@ impl Service {
         metrics: Arc<Metrics>,
         cfg: ServiceConfig,
     ) -> Arc<Service> {
+        // Every operation is timed for the metrics, and its outcome read
+        // for readiness (see `store_state`).
+        let store_health = Arc::new(Health::default());
+        let store: Arc<dyn SessionStore> = {
+            let (metrics, health) = (metrics.clone(), store_health.clone());
+            Arc::new(Timed::new(
+                store,
+                Arc::new(move |op, took, error| {
+                    metrics.store_operation(op, took);
+                    health.saw(error);
+                }),
+            ))
+        };
         let instance = uuid::Uuid::new_v4().to_string();
         let me: Arc<str> = Arc::from(instance.as_str());
         let clock = &cfg.clock;
@@ -268,6 +285,7 @@ impl Service {
             approvals,
             budgets,
             kube_events,
+            store_health,
         })
     }
 
@@ -287,11 +305,15 @@ impl Service {
         &self.agents
     }
 
-    /// Whether the store took this server's last heartbeat: a server that
-    /// cannot reach its store is not ready (`/readyz`), so a load balancer
-    /// sends sessions elsewhere until it can.
-    pub fn store_ok(&self) -> bool {
-        self.heartbeat.ok()
+    /// The store as this server finds it: a server that cannot reach its
+    /// store (its last operation found it out, or it did not take the last
+    /// heartbeat) or found it damaged is not ready (`/readyz`), so a load
+    /// balancer sends sessions elsewhere until it can.
+    pub fn store_state(&self) -> StoreState {
+        match self.store_health.state() {
+            StoreState::Answering if !self.heartbeat.ok() => StoreState::Unavailable,
+            state => state,
+        }
     }
 
     /// Runs' writes, and the feed of events subscribers read.

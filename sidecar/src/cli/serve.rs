@@ -265,11 +265,6 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         None => advertise_url(a.advertise_url, addr, false)?,
     };
     let metrics = Arc::new(Metrics::default());
-    let observed = metrics.clone();
-    let store: Arc<dyn store::SessionStore> = Arc::new(store::timed::Timed::new(
-        store,
-        Arc::new(move |op, took| observed.store_operation(op, took)),
-    ));
     let service = Service::new(
         tree.clone(),
         clients,

@@ -14,9 +14,26 @@ use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten
 use bindery_spec::budget::Meter;
 use bindery_tools::lineage::Kin;
 
-/// Told each operation's name (`get`, `update`, `append_event`, …) and how
-/// long it took, failed ones included.
-pub type Observer = Arc<dyn Fn(&'static str, Duration) + Send + Sync>;
+/// Told each operation's name (`get`, `update`, `append_event`, …), how
+/// long it took, failed ones included, and its error if it failed.
+pub type Observer = Arc<dyn Fn(&'static str, Duration, Option<&StoreError>) + Send + Sync>;
+
+/// An operation's outcome, as the observer is told it.
+trait Outcome {
+    fn error(&self) -> Option<&StoreError>;
+}
+
+impl<T> Outcome for Result<T, StoreError> {
+    fn error(&self) -> Option<&StoreError> {
+        self.as_ref().err()
+    }
+}
+
+impl Outcome for () {
+    fn error(&self) -> Option<&StoreError> {
+        None
+    }
+}
 
 pub struct Timed {
     inner: Arc<dyn SessionStore>,
@@ -28,10 +45,14 @@ impl Timed {
         Timed { inner, observe }
     }
 
-    async fn time<T>(&self, op: &'static str, f: impl std::future::Future<Output = T>) -> T {
+    async fn time<T: Outcome>(
+        &self,
+        op: &'static str,
+        f: impl std::future::Future<Output = T>,
+    ) -> T {
         let start = Instant::now();
         let out = f.await;
-        (self.observe)(op, start.elapsed());
+        (self.observe)(op, start.elapsed(), out.error());
         out
     }
 }
@@ -197,7 +218,10 @@ mod tests {
         let inner = Arc::new(SqliteStore::open(&path.to_string_lossy()).unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
-        let store = Timed::new(inner, Arc::new(move |op, _| log.lock().unwrap().push(op)));
+        let store = Timed::new(
+            inner,
+            Arc::new(move |op, _, _| log.lock().unwrap().push(op)),
+        );
         store.create(&mut record("s1", 1)).await.unwrap();
         assert_eq!(store.get("s1").await.unwrap().unwrap().id, "s1");
         assert!(store.get("s2").await.unwrap().is_none());
@@ -348,7 +372,7 @@ mod tests {
         let log = seen.clone();
         let store = Timed::new(
             inner.clone(),
-            Arc::new(move |op, _| log.lock().unwrap().push(op)),
+            Arc::new(move |op, _, _| log.lock().unwrap().push(op)),
         );
         let mut rec = record("s1", 1);
         store.create(&mut rec).await.unwrap();

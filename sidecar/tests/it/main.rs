@@ -55,5 +55,6 @@ mod server_runs;
 mod server_sessions;
 mod session_cli;
 mod session_pins;
+mod store_faults;
 mod store_refused;
 mod stored_agents;
