@@ -195,7 +195,14 @@ impl Heartbeat {
         &self,
         mut rec: SessionRecord,
     ) -> Result<bool, ServiceError> {
-        let (detail, call) = if self.store.shared() {
+        let (detail, call) = if rec.runner.as_deref() == Some(&*self.instance) {
+            // This very process ran it, and the run ended without its end
+            // on record: the store refused the run's last writes.
+            (
+                "failed: the session store did not take this run's last writes (see the server's log); what the run did after its last recorded step is not on record",
+                "error: the session store failed before this call's result was recorded; the call may have run",
+            )
+        } else if self.store.shared() {
             (
                 "interrupted: the server running it stopped",
                 "error: the server running this call stopped; it was not retried",
