@@ -24,8 +24,9 @@ use utoipa_axum::routes;
 use super::auth::{door, Authed, Rule};
 use super::openapi::{
     AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest, Health,
-    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, RunBlocked,
-    SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST, INVALID_PARAMS,
+    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, ResumeBlocked,
+    RunBlocked, SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST,
+    INVALID_PARAMS,
 };
 use super::request::{body, run_mode, start_mode, ContinuationBody, WaitQuery};
 use super::state::AppState;
@@ -238,7 +239,7 @@ async fn openapi() -> Json<serde_json::Value> {
 /// Readiness: the server can take requests
 #[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(), responses(
     (status = 200, description = "Ready.", body = Ready),
-    (status = 503, description = "Not ready: starting, or the session store does not answer.",
+    (status = 503, description = "Not ready: starting, the session store does not answer, or it is damaged.",
         body = inline(NotReady)),
 ))]
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -605,8 +606,9 @@ pub struct ParamsBody {
         (status = 400, description = BAD_REQUEST, body = inline(BadRequest)),
         (status = 401, response = Unauthorized),
         (status = 404, description = "No such session.", body = inline(NotFound)),
-        (status = 409, body = inline(RunBlocked), description = "A run is in progress, a \
-            pending call is not answered yet, or required parameters are still unbound."),
+        (status = 409, body = inline(ResumeBlocked), description = "A run is in progress, a \
+            pending call is not answered yet, required parameters are still unbound, or the \
+            last run answered and there is nothing to resume."),
         (status = 422, description = INVALID_PARAMS, body = inline(SessionParams)),
     ),
 )]

@@ -64,6 +64,8 @@ pub enum Code {
     AgentExists,
     /// The session store does not answer for now: retry later.
     StoreUnavailable,
+    /// A resume of a session whose last run answered.
+    NothingToResume,
 }
 
 impl Code {
@@ -92,6 +94,7 @@ impl Code {
             Code::InvalidAgent => "invalid_agent",
             Code::AgentExists => "agent_exists",
             Code::StoreUnavailable => "store_unavailable",
+            Code::NothingToResume => "nothing_to_resume",
         }
     }
 

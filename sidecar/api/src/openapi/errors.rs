@@ -97,6 +97,14 @@ error_codes! {
     SessionParams = ["unknown_params", "invalid_params"];
     /// A run cannot start now.
     RunBlocked = ["run_in_progress", "waiting_external", "params_required", "peer_tls_required"];
+    /// A resume cannot start now, or has nothing to go on from.
+    ResumeBlocked = [
+        "run_in_progress",
+        "waiting_external",
+        "params_required",
+        "peer_tls_required",
+        "nothing_to_resume",
+    ];
     /// Nothing to cancel.
     NotRunning = ["not_running"];
     /// An answer to a pending call that cannot be taken.
@@ -109,7 +117,7 @@ error_codes! {
         "peer_tls_required",
     ];
     /// Not ready.
-    NotReady = ["starting", "store_unavailable"];
+    NotReady = ["starting", "store_unavailable", "store_corrupt"];
     /// Agents are not kept over the API on this server.
     StoredAgentsDisabled = ["stored_agents_disabled"];
     /// A file agent has this slug.

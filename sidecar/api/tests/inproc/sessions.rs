@@ -335,3 +335,69 @@ async fn move_to_globex(api: &Api, id: &str) {
         r.text
     );
 }
+
+/// A resume goes on only from a run stopped short. After a run that
+/// answered it is a 409 `nothing_to_resume` that asks the model nothing:
+/// a client retrying a resume whose answer it missed gets no second run.
+/// After a run that failed it runs once, and its retry is the 409.
+#[tokio::test]
+async fn a_resume_runs_once_and_only_after_a_run_stopped_short() {
+    // The first request fails (the model's 500), every later one answers.
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let w = invoices(move |_req: &Value| {
+        if !failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return MockReply::status(500, "overloaded");
+        }
+        MockReply::text("the answer")
+    })
+    .await;
+    let api = &w.api;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "prompt": "overdue?", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["status"], "failed", "{}", r.text);
+    let id = session_id(&r);
+    let resume = format!("/v1/sessions/{id}/resume?wait=true");
+    let r = api
+        .call("POST", &resume, Some(OWNER), Some(&json!({})))
+        .await;
+    assert_eq!(
+        (r.status, r.json["status"].as_str()),
+        (200, Some("idle")),
+        "{}",
+        r.text
+    );
+    let asked = w.server.mock.request_count();
+    for _ in 0..2 {
+        let r = api
+            .call("POST", &resume, Some(OWNER), Some(&json!({})))
+            .await;
+        assert_eq!(
+            (r.status, r.json["error"].as_str()),
+            (409, Some("nothing_to_resume")),
+            "{}",
+            r.text
+        );
+    }
+    assert_eq!(
+        w.server.mock.request_count(),
+        asked,
+        "the model was asked again"
+    );
+    // A message goes on as ever.
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "and now?"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}

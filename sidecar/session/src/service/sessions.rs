@@ -362,6 +362,11 @@ impl Sessions {
             &current,
             params,
         )?;
+        // After the values' own refusals (they say more of the request),
+        // before any is stored: a refused resume changes nothing.
+        if op == Op::Resume {
+            nothing_to_resume(&rec)?;
+        }
         let session_changed = accepted.changed.iter().any(|n| {
             agent
                 .params
@@ -455,4 +460,20 @@ fn session_pins(
         kept: keep,
         pinned,
     })
+}
+
+/// A resume goes on from where a run stopped short: one that failed, was
+/// cancelled, stopped at its step or turn limit, or waited for calls now
+/// answered. A session whose last run answered (or that never ran) has
+/// nothing to resume: refused, so that a client retrying a resume whose
+/// answer it missed does not run the model (and its tools) again.
+fn nothing_to_resume(rec: &SessionRecord) -> Result<(), ServiceError> {
+    if rec.status == SessionStatus::Idle && rec.status_detail.is_none() {
+        return Err(ServiceError::new(
+            ErrorKind::Conflict,
+            Code::NothingToResume,
+            "the session's last run answered (or it never ran): there is nothing to resume; send a message to go on",
+        ));
+    }
+    Ok(())
 }
