@@ -27,6 +27,49 @@ pub struct Postgres {
     /// The TCP port on 127.0.0.1.
     pub port: u16,
     run_as: Option<(Uid, Gid)>,
+    tls: bool,
+}
+
+/// `postgres` on the data of `dir`, on 127.0.0.1:`port`, its log appended
+/// to `dir/postgres.log`.
+fn spawn(bin: &Path, dir: &Path, port: u16, tls: bool, run_as: Option<(Uid, Gid)>) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("postgres.log"))
+        .unwrap();
+    let mut cmd = command(&bin.join("postgres"), run_as);
+    cmd.arg("-D")
+        .arg(dir.join("data"))
+        .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", dir.display()))
+        .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+        .args(if tls {
+            vec![
+                "-c".to_string(),
+                "ssl=on".into(),
+                "-c".into(),
+                format!("ssl_cert_file={}", dir.join("server.crt").display()),
+                "-c".into(),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+            ]
+        } else {
+            vec![]
+        })
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // If the test process dies without dropping us, the server goes too
+    // (immediate shutdown). SAFETY: the closure only calls prctl, which is
+    // async-signal-safe, between fork and exec.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGQUIT).map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn().expect("postgres starts")
 }
 
 /// Where the server binaries and their client tools are: beside the
@@ -128,45 +171,14 @@ impl Postgres {
                 .and_then(|l| l.local_addr())
                 .expect("a free port")
                 .port();
-            let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
-            let mut cmd = command(&bin.join("postgres"), run_as);
-            cmd.arg("-D")
-                .arg(&data)
-                .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
-                .arg("-c")
-                .arg(format!("unix_socket_directories={}", dir.path().display()))
-                .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
-                .args(if tls {
-                    vec![
-                        "-c".to_string(),
-                        "ssl=on".into(),
-                        "-c".into(),
-                        format!("ssl_cert_file={}", dir.path().join("server.crt").display()),
-                        "-c".into(),
-                        format!("ssl_key_file={}", dir.path().join("server.key").display()),
-                    ]
-                } else {
-                    vec![]
-                })
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log);
-            // If the test process dies without dropping us, the server
-            // goes too (immediate shutdown). SAFETY: the closure only
-            // calls prctl, which is async-signal-safe, between fork and exec.
-            #[allow(unsafe_code)]
-            unsafe {
-                cmd.pre_exec(|| {
-                    nix::sys::prctl::set_pdeathsig(Signal::SIGQUIT).map_err(std::io::Error::from)
-                });
-            }
-            let child = cmd.spawn().expect("postgres starts");
+            let child = spawn(&bin, dir.path(), port, tls, run_as);
             let mut pg = Postgres {
                 child,
                 dir,
                 bin: bin.clone(),
                 port,
                 run_as,
+                tls,
             };
             if pg.wait_ready() {
                 return pg;
@@ -198,6 +210,23 @@ impl Postgres {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("postgres was not ready after 60s; its log:\n{}", self.log());
+    }
+
+    /// An outage: the server stops at once (every connection cut), its
+    /// data kept for [`Postgres::recover`].
+    pub fn outage(&mut self) {
+        self.stop();
+    }
+
+    /// The server again, on the same data and port, once it accepts
+    /// connections.
+    pub fn recover(&mut self) {
+        self.child = spawn(&self.bin, self.dir.path(), self.port, self.tls, self.run_as);
+        assert!(
+            self.wait_ready(),
+            "postgres did not come back; its log:\n{}",
+            self.log()
+        );
     }
 
     /// Stop the server, keeping the directory (for another try).

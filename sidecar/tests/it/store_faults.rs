@@ -213,3 +213,61 @@ async fn a_run_whose_end_the_store_refused_says_so_once_it_answers() {
     );
     assert!(!detail.contains("restart"), "{detail}");
 }
+
+/// PostgreSQL down under load (`postgres-tests`): every request answers
+/// 503 with `Retry-After` or succeeds, none 500; `/readyz` turns 503 with
+/// the first failure; once the database is back, the server is ready
+/// again without a restart and what was stored before is all there.
+#[cfg(feature = "postgres-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_under_load_is_503s_and_recovers_without_a_restart() {
+    let mut pg = bindery_tests::postgres::Postgres::start();
+    pg.create_database("outage");
+    let mut w = World::new(tool_then_answer).await;
+    w.store = pg.url("outage");
+    let (_server, api) = w.start(&["--runner-heartbeat", "1s"], &[]);
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let r = invoices_run(&api).await;
+        before.push(r.json["session_id"].as_str().unwrap().to_string());
+    }
+    let http = reqwest::Client::new();
+    let base = api.base.clone();
+
+    pg.outage();
+    let answers = futures::future::join_all((0..20).map(|i| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let req = match i % 2 {
+                0 => http
+                    .post(format!("{base}/v1/sessions"))
+                    .json(&json!({"agent": "invoices", "params": valid_params()})),
+                _ => http.get(format!("{base}/v1/sessions")),
+            };
+            req.bearer_auth(OWNER).send().await.unwrap()
+        }
+    }))
+    .await;
+    for r in answers {
+        assert_eq!(r.status().as_u16(), 503);
+        assert_eq!(r.headers()["retry-after"], "5");
+    }
+    let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+
+    pg.recover();
+    eventually("/readyz 200 again", Duration::from_secs(60), async || {
+        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
+        (r.status().as_u16() == 200).then_some(())
+    })
+    .await;
+    invoices_run(&api).await;
+    let listed = api.call("GET", "/v1/sessions", Some(OWNER), None).await;
+    for id in &before {
+        assert!(
+            listed.text.contains(id.as_str()),
+            "{id} lost: {}",
+            listed.text
+        );
+    }
+}
