@@ -195,3 +195,29 @@ impl std::fmt::Display for ServiceError {
         write!(f, "{}: {}", self.code, self.message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An outage is retryable and says so; damage and other failures are
+    /// the server's, and their text (which names files) stays in the log.
+    #[test]
+    fn each_kind_of_store_failure_is_its_own_answer() {
+        let of = |e: StoreError| {
+            let s = ServiceError::from(e);
+            (s.kind, s.code, s.message)
+        };
+        let (kind, code, message) = of(StoreError::Unavailable("/data/s.db: locked".into()));
+        assert_eq!(
+            (kind, code),
+            (ErrorKind::Unavailable, Code::StoreUnavailable)
+        );
+        assert!(message.contains("retry later") && !message.contains("/data"));
+        let (kind, code, message) = of(StoreError::Corrupt("/data/s.db: page 7".into()));
+        assert_eq!((kind, code), (ErrorKind::Internal, Code::Internal));
+        assert!(message.contains("damaged") && !message.contains("/data"));
+        let (kind, code, _) = of(StoreError::Backend("boom".into()));
+        assert_eq!((kind, code), (ErrorKind::Internal, Code::Internal));
+    }
+}
