@@ -3,13 +3,19 @@
 //! changes afterwards reaches its tenants within [`CONVERGE`], and
 //! `/readyz` says so while the operator's watches cannot see.
 //!
-//! On a control plane of their own ([`fault_plane`]): stopping the shared
-//! one's API server would fail the tests running beside them. They take
-//! turns ([`ONE_AT_A_TIME`]), each stopping and starting that server once.
+//! And under a network cut between the operator and the API server (a
+//! [`Relay`] the test cuts and mends), during which an object it owns is
+//! deleted: it comes back.
+//!
+//! The restarts are on a control plane of their own ([`fault_plane`]):
+//! stopping the shared one's API server would fail the tests running
+//! beside them. They take turns ([`ONE_AT_A_TIME`]), each stopping and
+//! starting that server once.
 
 use super::*;
 use crate::common::fault_plane;
 use bindery_tests::control_plane::Signal;
+use bindery_tests::relay::Relay;
 
 /// What docs/operator.md promises: a change after the API server is back
 /// reaches its tenant within this.
@@ -163,4 +169,64 @@ async fn readiness_says_when_the_watches_cannot_see() {
         sample(&text, "bindery_operator_watches").is_some_and(|n| n >= 12.0),
         "{text}"
     );
+}
+
+/// The operator talks to the API server through a relay; while the relay
+/// is cut (the operator blind, `/readyz` 503) the tenant's Deployment is
+/// deleted. That deletion shows in no list the operator makes afterwards,
+/// and the operator's record of its own last apply must not stand for it:
+/// once the relay is mended, the Deployment comes back.
+#[tokio::test]
+async fn a_deployment_deleted_while_the_operator_is_cut_off_comes_back() {
+    let cluster = Cluster::start("cut-off").await;
+    cluster.apply_examples();
+    let server: std::net::SocketAddr = cluster
+        .plane
+        .url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the API server's address");
+    let relay = Relay::start(server);
+    let kubeconfig = cluster.dir.path().join("kubeconfig-through-relay.yaml");
+    let through = std::fs::read_to_string(&cluster.operator.kubeconfig)
+        .unwrap()
+        .replace(&cluster.plane.url, &format!("https://{}", relay.addr));
+    std::fs::write(&kubeconfig, through).unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let operator = Operator::start(&cluster, "main", &[], &[("KUBECONFIG", &kubeconfig)]);
+    cluster.wait_tenant("acme", "resolved", resolved).await;
+    let before: Deployment = cluster.wait_object("acme").await;
+    cluster
+        .wait_within("/readyz 200", CONVERGE, async || match readyz(&operator) {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+
+    relay.cut();
+    cluster
+        .wait_within(
+            "/readyz 503 while cut off",
+            CONVERGE,
+            async || match readyz(&operator) {
+                (503, body) if body.contains("watch of Deployment (owned)") => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
+    cluster.kubectl(&["delete", "deployment", "acme", "--wait=true"]);
+
+    relay.mend();
+    let deployments = cluster.api::<Deployment>();
+    cluster
+        .wait_within(
+            "Deployment acme created again",
+            CONVERGE,
+            async || match deployments.get_opt("acme").await {
+                Ok(Some(d)) if d.metadata.uid != before.metadata.uid => Ok(()),
+                Ok(Some(_)) => Err("the deleted one is still there".into()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
 }
