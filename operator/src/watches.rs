@@ -170,26 +170,30 @@ where
     }
     futures::stream::unfold(
         (start, Now::Pausing(Duration::ZERO), Backoff::default()),
-        |(start, now, mut backoff)| async move {
-            let mut stream = match now {
-                Now::Watching(s) => s,
-                Now::Pausing(pause) => {
-                    tokio::time::sleep(pause).await;
-                    Box::pin(start())
-                }
-            };
-            let event = match stream.next().await {
-                Some(Ok(e)) => {
-                    if matches!(e, watcher::Event::InitDone) {
-                        backoff.reset();
+        |(start, mut now, mut backoff)| async move {
+            loop {
+                let mut stream = match now {
+                    Now::Watching(s) => s,
+                    Now::Pausing(pause) => {
+                        tokio::time::sleep(pause).await;
+                        Box::pin(start())
                     }
-                    return Some((Ok(e), (start, Now::Watching(stream), backoff)));
+                };
+                match stream.next().await {
+                    Some(Ok(e)) => {
+                        if matches!(e, watcher::Event::InitDone) {
+                            backoff.reset();
+                        }
+                        return Some((Ok(e), (start, Now::Watching(stream), backoff)));
+                    }
+                    Some(Err(e)) => {
+                        return Some((Err(e), (start, Now::Pausing(backoff.pause()), backoff)))
+                    }
+                    // A watcher does not end; one that did has missed
+                    // nothing, and is started again.
+                    None => now = Now::Pausing(backoff.pause()),
                 }
-                Some(Err(e)) => Err(e),
-                // A watcher does not end; if one did, it is started again.
-                None => Err(watcher::Error::NoResourceVersion),
-            };
-            Some((event, (start, Now::Pausing(backoff.pause()), backoff)))
+            }
         },
     )
 }
@@ -296,7 +300,8 @@ mod tests {
     }
 
     /// A watch that fails is started again with a new list (its stream
-    /// begins with `Init`), its error passed on once.
+    /// begins with `Init`), its error passed on once; one that ends is
+    /// started again too, with no error to tell.
     #[tokio::test(start_paused = true)]
     async fn a_failed_watch_starts_again_from_a_new_list() {
         let starts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -311,10 +316,15 @@ mod tests {
             if n == 0 {
                 events.push(Err(watcher::Error::NoResourceVersion));
             }
-            futures::stream::iter(events).chain(futures::stream::pending())
+            let rest = if n == 1 {
+                futures::stream::empty().boxed() // it ends
+            } else {
+                futures::stream::pending().boxed()
+            };
+            futures::stream::iter(events).chain(rest)
         });
         let seen: Vec<String> = stream
-            .take(7)
+            .take(10)
             .map(|e| match e {
                 Ok(watcher::Event::Init) => "init".to_string(),
                 Ok(watcher::Event::InitApply(n)) => format!("apply {n}"),
@@ -326,9 +336,12 @@ mod tests {
             .await;
         assert_eq!(
             seen,
-            ["init", "apply 0", "done", "error", "init", "apply 1", "done"]
+            [
+                "init", "apply 0", "done", "error", "init", "apply 1", "done", "init", "apply 2",
+                "done"
+            ]
         );
-        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     /// Errors stop at `observed`; the list after one asks for a resync and
