@@ -16,6 +16,7 @@ use super::*;
 use crate::common::fault_plane;
 use bindery_tests::control_plane::Signal;
 use bindery_tests::relay::Relay;
+use std::time::Instant;
 
 /// What docs/operator.md promises: a change after the API server is back
 /// reaches its tenant within this.
@@ -48,6 +49,7 @@ async fn after_an_api_server_restart_an_agent_change_reaches_its_tenant() {
     restart_api_server(&cluster, Signal::SIGKILL);
 
     let region = "    - name: region\n      required: false\n      default:\n        value: eu\n";
+    let since = Instant::now();
     cluster.apply(&agent_with_parameter(region));
     let tenants = cluster.tenants();
     cluster
@@ -60,6 +62,10 @@ async fn after_an_api_server_restart_an_agent_change_reaches_its_tenant() {
             },
         )
         .await;
+    println!(
+        "the Agent change reached the tenant in {:?}",
+        since.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -69,6 +75,7 @@ async fn after_an_api_server_restart_a_deleted_deployment_comes_back() {
     let before: Deployment = cluster.api().get("acme").await.unwrap();
     restart_api_server(&cluster, Signal::SIGKILL);
 
+    let since = Instant::now();
     cluster.kubectl(&["delete", "deployment", "acme", "--wait=true"]);
     let deployments = cluster.api::<Deployment>();
     cluster
@@ -82,6 +89,7 @@ async fn after_an_api_server_restart_a_deleted_deployment_comes_back() {
             },
         )
         .await;
+    println!("the Deployment was back in {:?}", since.elapsed());
 }
 
 #[tokio::test]
@@ -94,6 +102,7 @@ async fn after_an_api_server_restart_a_secret_change_reaches_its_tenant() {
 
     // A rotated value: the pods roll (the config hash names the Secret's
     // resourceVersion).
+    let since = Instant::now();
     cluster.apply(&billing_secret("token", "rotated"));
     cluster
         .wait_within("the config hash to change", CONVERGE, async || {
@@ -105,6 +114,10 @@ async fn after_an_api_server_restart_a_secret_change_reaches_its_tenant() {
             }
         })
         .await;
+    println!(
+        "the Secret change reached the pods in {:?}",
+        since.elapsed()
+    );
 }
 
 /// `/readyz` of `operator`, as `(code, body)`.
@@ -128,6 +141,7 @@ async fn readiness_says_when_the_watches_cannot_see() {
         .await;
 
     let down = cluster.plane.stop_api_server(Signal::SIGKILL);
+    let since = Instant::now();
     let watch = "watch of Deployment (owned) in namespace restart-ready failing for";
     let body = cluster
         .wait_within(
@@ -139,7 +153,10 @@ async fn readiness_says_when_the_watches_cannot_see() {
             },
         )
         .await;
-    println!("/readyz with the API server down:\n{body}");
+    println!(
+        "/readyz 503 {:?} after the API server stopped:\n{body}",
+        since.elapsed()
+    );
     // Liveness is the process's: no restart cures an absent API server.
     assert_eq!(http_get(&operator.metrics, "/healthz").0, 200);
     let (_, text) = http_get(&operator.metrics, "/metrics");
@@ -151,6 +168,7 @@ async fn readiness_says_when_the_watches_cannot_see() {
     );
 
     down.start();
+    let since = Instant::now();
     cluster
         .wait_within("/readyz 200 again", CONVERGE, async || {
             match readyz(&operator) {
@@ -159,6 +177,10 @@ async fn readiness_says_when_the_watches_cannot_see() {
             }
         })
         .await;
+    println!(
+        "/readyz 200 {:?} after the API server was back",
+        since.elapsed()
+    );
     let (_, text) = http_get(&operator.metrics, "/metrics");
     assert_eq!(
         sample(&text, "bindery_operator_watches_blind"),
@@ -217,6 +239,7 @@ async fn a_deployment_deleted_while_the_operator_is_cut_off_comes_back() {
     cluster.kubectl(&["delete", "deployment", "acme", "--wait=true"]);
 
     relay.mend();
+    let since = Instant::now();
     let deployments = cluster.api::<Deployment>();
     cluster
         .wait_within(
@@ -229,4 +252,8 @@ async fn a_deployment_deleted_while_the_operator_is_cut_off_comes_back() {
             },
         )
         .await;
+    println!(
+        "the Deployment was back {:?} after the network",
+        since.elapsed()
+    );
 }
