@@ -157,11 +157,27 @@ async fn readiness_says_when_the_watches_cannot_see() {
         "/readyz 503 {:?} after the API server stopped:\n{body}",
         since.elapsed()
     );
+    // Down long enough for the watches' pauses to reach their longest
+    // (the fifth failure follows 0.25 + 0.5 + 1 + 2 s of them, the next
+    // comes 4 s later): as long as the outages fault injection made.
+    let errors = "bindery_operator_watch_errors_total{kind=\"Deployment\"}";
+    let text = cluster
+        .wait_within(
+            "six failures of the Deployment watch",
+            CONVERGE,
+            async || {
+                let (_, text) = http_get(&operator.metrics, "/metrics");
+                match sample(&text, errors) {
+                    Some(n) if n >= 6.0 => Ok(text),
+                    _ => Err(text),
+                }
+            },
+        )
+        .await;
+    println!("down {:?}", since.elapsed());
     // Liveness is the process's: no restart cures an absent API server.
     assert_eq!(http_get(&operator.metrics, "/healthz").0, 200);
-    let (_, text) = http_get(&operator.metrics, "/metrics");
-    let errors = "bindery_operator_watch_errors_total{kind=\"Deployment\"}";
-    assert!(sample(&text, errors).is_some_and(|n| n >= 1.0), "{text}");
+    assert_eq!(readyz(&operator).0, 503);
     assert!(
         sample(&text, "bindery_operator_watches_blind").is_some_and(|n| n >= 1.0),
         "{text}"
