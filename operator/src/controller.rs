@@ -1,7 +1,9 @@
 //! The thin async layer: gather the inputs of [`desired`], apply what it
 //! returns, write the status, publish the events. Watches make a tenant
 //! reconcile when it, what it owns, its Agents or the Secrets and
-//! ConfigMaps it references change.
+//! ConfigMaps it references change. Each watch is kept seeing
+//! ([`crate::watches`]): started again from a fresh list after any error,
+//! and every tenant reconciled once it sees again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,12 +31,15 @@ use crate::key_names;
 use crate::metrics::Metrics;
 use crate::names;
 use crate::own_writes::{self, OwnWrites};
+use crate::watches::{self, Health, OnFailure};
 
 pub struct Context {
     pub client: Client,
     pub config: OperatorConfig,
     pub metrics: Arc<Metrics>,
     pub events: crate::events::Publisher,
+    /// Whether the watches see: what `/readyz` answers.
+    pub watches: Arc<Health>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,14 +124,17 @@ where
 
 /// Someone else's changes to the objects of kind `K` (what tenants own).
 fn owned_changes<K>(
-    client: &Client,
-    namespace: &Option<String>,
+    watching: &Watching,
     scope: &Arc<Scope>,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Namespaced + Send + Sync + 'static,
 {
-    let changes = watcher(scoped::<K>(client, namespace), watcher::Config::default());
+    let changes = watching.observe(
+        watching.relist::<K>(),
+        &format!("{} (owned)", K::kind(&())),
+        watching.forgetting::<K>(scope),
+    );
     // A deletion's last state can carry the very generation we applied:
     // forget the write, or the next reconcile would take the object for
     // up to date and never create it again.
@@ -140,6 +148,77 @@ where
     foreign(changes.touched_objects(), scope)
 }
 
+/// The watches of one scope (a namespace, or all of them): where they
+/// watch, their health, the resync their recoveries ask for.
+struct Watching {
+    client: Client,
+    namespace: Option<String>,
+    health: Arc<Health>,
+    resync: futures::channel::mpsc::UnboundedSender<()>,
+}
+
+impl Watching {
+    /// A watch of `K` in the scope, started again from a fresh list
+    /// after any error.
+    fn relist<K>(
+        &self,
+    ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        let api = scoped::<K>(&self.client, &self.namespace);
+        watches::relisting(move || watcher(api.clone(), watcher::Config::default()))
+    }
+
+    /// `stream`'s events without its errors, which tell the health of
+    /// the watch named `what` and forget with `forget`
+    /// ([`watches::observed`]).
+    fn observe<K>(
+        &self,
+        stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+        what: &str,
+        forget: Box<dyn Fn() + Send + Sync>,
+    ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + Send + 'static,
+    {
+        let name = match &self.namespace {
+            Some(ns) => format!("{what} in namespace {ns}"),
+            None => format!("{what} in all namespaces"),
+        };
+        let id = self.health.register(&K::kind(&()), name.clone());
+        watches::observed(
+            stream,
+            self.health.clone(),
+            id,
+            name,
+            OnFailure {
+                forget,
+                resync: self.resync.clone(),
+            },
+        )
+    }
+
+    /// Forgetting what the own-writes cache holds of kind `K`.
+    fn forgetting<K: Resource<DynamicType = ()>>(
+        &self,
+        scope: &Arc<Scope>,
+    ) -> Box<dyn Fn() + Send + Sync> {
+        let (scope, kind) = (scope.clone(), K::kind(&()).into_owned());
+        Box::new(move || scope.own.forget_kind(&kind))
+    }
+}
+
+/// Forgetting nothing: a watch of a kind the operator does not record.
+fn nothing() -> Box<dyn Fn() + Send + Sync> {
+    Box::new(|| {})
+}
+
 fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> own_writes::Key {
     (
         K::kind(&()).into_owned(),
@@ -151,20 +230,33 @@ fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> own_writes::Key {
 /// Run the controller on `namespace` (all namespaces when `None`) until
 /// SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let client = ctx.client.clone();
-    let cfg = watcher::Config::default();
+    let (resync, resyncs) = futures::channel::mpsc::unbounded();
+    let watching = Watching {
+        client: ctx.client.clone(),
+        namespace: namespace.clone(),
+        health: ctx.watches.clone(),
+        resync,
+    };
     let (agents, agents_writer) = reflector::store();
-    let agent_changes = watcher(scoped::<Agent>(&client, &namespace), cfg.clone())
-        .reflect(agents_writer)
-        .touched_objects();
     let scope = Arc::new(Scope {
         ctx,
         agents,
         own: OwnWrites::default(),
     });
+    let agent_changes = watching
+        .observe(
+            watching.relist::<Agent>().reflect(agents_writer),
+            "Agent (for tenants)",
+            nothing(),
+        )
+        .touched_objects();
     let (store, tenants_writer) = reflector::store();
-    let tenant_changes = watcher(scoped::<AgentTenant>(&client, &namespace), cfg.clone())
-        .reflect(tenants_writer)
+    let tenant_changes = watching
+        .observe(
+            watching.relist::<AgentTenant>().reflect(tenants_writer),
+            "AgentTenant",
+            watching.forgetting::<AgentTenant>(&scope),
+        )
         .applied_objects()
         .predicate_filter(tenant_view, Default::default());
     // A bounded number of reconciles at once: with a thousand tenants
@@ -183,31 +275,33 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     // Secrets and ConfigMaps by metadata only: their values never enter
     // the operator's caches. A Secret's annotations can hold its values
     // (client-side `kubectl apply`): dropped as each event arrives.
-    let secrets = watcher(
-        scoped::<PartialObjectMeta<Secret>>(&client, &namespace),
-        cfg.clone(),
-    )
-    .touched_objects()
-    .map_ok(|mut s| {
-        s.metadata = key_names::without_values(s.metadata);
-        s
-    });
-    let config_maps = watcher(
-        scoped::<PartialObjectMeta<ConfigMap>>(&client, &namespace),
-        cfg.clone(),
-    )
-    .touched_objects();
+    let secrets = watching
+        .observe(
+            watching.relist::<PartialObjectMeta<Secret>>(),
+            "Secret",
+            watching.forgetting::<Secret>(&scope),
+        )
+        .touched_objects()
+        .map_ok(|mut s| {
+            s.metadata = key_names::without_values(s.metadata);
+            s
+        });
+    let config_maps = watching
+        .observe(
+            watching.relist::<PartialObjectMeta<ConfigMap>>(),
+            "ConfigMap (referenced)",
+            watching.forgetting::<ConfigMap>(&scope),
+        )
+        .touched_objects();
 
     controller
-        .owns_stream(owned_changes::<Deployment>(&client, &namespace, &scope))
-        .owns_stream(owned_changes::<ConfigMap>(&client, &namespace, &scope))
-        .owns_stream(owned_changes::<Service>(&client, &namespace, &scope))
-        .owns_stream(owned_changes::<ServiceAccount>(&client, &namespace, &scope))
-        .owns_stream(owned_changes::<PersistentVolumeClaim>(
-            &client, &namespace, &scope,
-        ))
-        .owns_stream(owned_changes::<Role>(&client, &namespace, &scope))
-        .owns_stream(owned_changes::<RoleBinding>(&client, &namespace, &scope))
+        .owns_stream(owned_changes::<Deployment>(&watching, &scope))
+        .owns_stream(owned_changes::<ConfigMap>(&watching, &scope))
+        .owns_stream(owned_changes::<Service>(&watching, &scope))
+        .owns_stream(owned_changes::<ServiceAccount>(&watching, &scope))
+        .owns_stream(owned_changes::<PersistentVolumeClaim>(&watching, &scope))
+        .owns_stream(owned_changes::<Role>(&watching, &scope))
+        .owns_stream(owned_changes::<RoleBinding>(&watching, &scope))
         // An Agent change concerns every tenant of its namespace: the
         // tenant's agent, or one of its helpers, may be it.
         .watches_stream(agent_changes, move |agent: Agent| {
@@ -225,6 +319,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .watches_stream(config_maps, move |c| {
             referring(&by_config_map, &c.namespace(), &c.name_any(), false)
         })
+        // A watch that sees again may have missed anything (a deletion
+        // shows in no list): every tenant is reconciled, and the
+        // own-writes cache no longer vouches for the watch's kind.
+        .reconcile_all_on(resyncs)
         .shutdown_on_signal()
         .run(reconcile, error_policy, scope.clone())
         .for_each(|r| async move {
@@ -246,15 +344,36 @@ struct AgentScope {
 /// Keep every Agent's `Valid` condition current (a change to one Agent can
 /// make another valid or not: its helpers).
 pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
-    let agents = scoped::<Agent>(&ctx.client, &namespace);
-    let controller = Controller::new(agents.clone(), watcher::Config::default());
-    let store = controller.store();
+    let (resync, resyncs) = futures::channel::mpsc::unbounded();
+    let watching = Watching {
+        client: ctx.client.clone(),
+        namespace,
+        health: ctx.watches.clone(),
+        resync,
+    };
+    let (store, writer) = reflector::store();
+    let agents = watching
+        .observe(
+            watching.relist::<Agent>().reflect(writer),
+            "Agent (their status)",
+            nothing(),
+        )
+        .applied_objects();
+    let controller = Controller::for_stream(agents, store.clone());
     let scope = Arc::new(AgentScope {
         ctx,
         agents: store.clone(),
     });
+    let others = watching
+        .observe(
+            watching.relist::<Agent>(),
+            "Agent (their helpers)",
+            nothing(),
+        )
+        .touched_objects();
     controller
-        .watches(agents, watcher::Config::default(), move |changed: Agent| {
+        .reconcile_all_on(resyncs)
+        .watches_stream(others, move |changed: Agent| {
             let ns = changed.namespace();
             store
                 .state()

@@ -11,3 +11,4 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 mod own_writes;
+pub mod watches;

@@ -7,6 +7,7 @@ use bindery_operator::controller::{self, Context};
 use bindery_operator::desired::OperatorConfig;
 use bindery_operator::leader::{self, LeaseConfig};
 use bindery_operator::metrics::Metrics;
+use bindery_operator::watches::Health;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Bindery's operator: reconciles `Agent`s and `AgentTenant`s into
@@ -157,6 +158,7 @@ async fn run(
 ) -> Result<(), RunError> {
     let client = kube::Client::try_default().await.map_err(RunError::NoApi)?;
     let metrics = Arc::new(Metrics::default());
+    let watches = Arc::new(Health::new(metrics.clone()));
     let listen = |source| RunError::Listen {
         address: metrics_listen.to_string(),
         source,
@@ -167,9 +169,30 @@ async fn run(
     let addr = listener.local_addr().map_err(listen)?;
     println!("metrics on http://{addr}");
     let m = metrics.clone();
+    let health = watches.clone();
+    // Liveness is the process answering, whatever the watches: they start
+    // again on their own after every error, so a watch that stays failing
+    // means an API server that does not answer (or refuses), which no
+    // restart of the operator cures; restarting every replica during a
+    // control-plane outage would only add their lists to its return.
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route("/readyz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let blind = health.blind();
+                async move {
+                    if blind.is_empty() {
+                        (axum::http::StatusCode::OK, "ok".to_string())
+                    } else {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not seeing:\n{}\n", blind.join("\n")),
+                        )
+                    }
+                }
+            }),
+        )
         .route(
             "/metrics",
             axum::routing::get(move || {
@@ -203,6 +226,7 @@ async fn run(
         config,
         metrics,
         events: bindery_operator::events::Publisher::new(client.clone()),
+        watches,
     });
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]

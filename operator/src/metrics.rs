@@ -1,11 +1,14 @@
 //! The operator's Prometheus metrics: reconciles by outcome, their
-//! duration by outcome, failed ones by what failed, and the Warnings it
-//! published, in a `prometheus-client` registry served as OpenMetrics text.
+//! duration by outcome, failed ones by what failed, the Warnings it
+//! published, and its watches (how many, how many do not see, their
+//! errors by kind), in a `prometheus-client` registry served as
+//! OpenMetrics text.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -24,6 +27,11 @@ struct Failure {
     error: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -31,6 +39,9 @@ pub struct Metrics {
     duration: Family<Outcome, Histogram>,
     failures: Family<Failure, Counter>,
     warnings: Counter,
+    watch_errors: Family<Kind, Counter>,
+    watches: Gauge,
+    watches_blind: Gauge,
 }
 
 impl Default for Metrics {
@@ -43,6 +54,8 @@ impl Default for Metrics {
             Family::<Outcome, Histogram>::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
         let failures = Family::<Failure, Counter>::default();
         let warnings = Counter::default();
+        let watch_errors = Family::<Kind, Counter>::default();
+        let (watches, watches_blind) = (Gauge::default(), Gauge::default());
         let mut registry = Registry::default();
         registry.register(
             "bindery_operator_reconciles",
@@ -64,12 +77,30 @@ impl Default for Metrics {
             "Warning events published for a human to act on",
             warnings.clone(),
         );
+        registry.register(
+            "bindery_operator_watch_errors",
+            "Errors of the operator's watches, by kind; each starts its watch again with a fresh list",
+            watch_errors.clone(),
+        );
+        registry.register(
+            "bindery_operator_watches",
+            "The operator's watches (on the leader: its kinds per watched namespace)",
+            watches.clone(),
+        );
+        registry.register(
+            "bindery_operator_watches_blind",
+            "Watches that have not completed a list since they started or last failed; /readyz answers 503 while this is not 0",
+            watches_blind.clone(),
+        );
         Metrics {
             registry,
             reconciles,
             duration,
             failures,
             warnings,
+            watch_errors,
+            watches,
+            watches_blind,
         }
     }
 }
@@ -96,6 +127,21 @@ impl Metrics {
 
     pub(crate) fn warning_published(&self) {
         self.warnings.inc();
+    }
+
+    /// A watch of `kind` failed.
+    pub(crate) fn watch_failed(&self, kind: &str) {
+        self.watch_errors
+            .get_or_create(&Kind {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many watches there are and how many of them do not see.
+    pub(crate) fn watches(&self, total: usize, blind: i64) {
+        self.watches.set(total.try_into().unwrap_or(i64::MAX));
+        self.watches_blind.set(blind);
     }
 
     pub fn render(&self) -> String {

@@ -7,7 +7,10 @@
 //! generation of a kind that has one (a controller writing the status)
 //! reconciles the tenant but leaves what we applied standing. Anything
 //! unknown (another writer, a restart, a lost record) counts as a change:
-//! the worst case is a write too many, never one too few.
+//! the worst case is a write too many, never one too few. So the record
+//! of a kind lasts only while its watch sees: a watch that fails (and
+//! again when it has listed anew) forgets its kind whole, for it could
+//! not tell of anyone else's change or deletion meanwhile.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -91,6 +94,16 @@ impl OwnWrites {
         self.written.lock().unwrap().remove(key);
     }
 
+    /// Forget every object of `kind`: its watch failed, and whatever it
+    /// did not tell meanwhile (a deletion, a change) must not be taken for
+    /// our last write still standing.
+    pub(crate) fn forget_kind(&self, kind: &str) {
+        self.written
+            .lock()
+            .unwrap()
+            .retain(|(k, _, _), _| k != kind);
+    }
+
     /// Whether applying `digest` to `key` would send what we last applied
     /// there, with no change by anyone else seen since.
     pub(crate) fn unchanged(&self, key: &Key, digest: u64) -> bool {
@@ -155,6 +168,20 @@ mod tests {
         assert!(!own.unchanged(&key("b"), 1));
         own.wrote(key("a"), &ObjectMeta::default(), Some(1));
         assert!(!own.unchanged(&key("a"), 1), "no answer, no record");
+    }
+
+    #[test]
+    fn a_kind_whose_watch_failed_is_forgotten_whole() {
+        let own = OwnWrites::default();
+        own.wrote(key("a"), &meta("7", Some(1)), Some(1));
+        own.wrote(key("b"), &meta("8", Some(1)), Some(2));
+        let service = ("Service".to_string(), "shop".to_string(), "a".to_string());
+        own.wrote(service.clone(), &meta("9", None), Some(3));
+        own.forget_kind("Deployment");
+        assert!(!own.unchanged(&key("a"), 1));
+        assert!(!own.unchanged(&key("b"), 2));
+        assert!(!own.is_ours(&key("a"), &meta("7", Some(1))));
+        assert!(own.unchanged(&service, 3), "another kind stays");
     }
 
     #[test]

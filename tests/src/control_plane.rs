@@ -44,7 +44,9 @@ const IDENTITY_KINDS: &[&str] = &[
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 ];
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::kill;
+/// The signal [`ControlPlane::stop_api_server`] stops it with.
+pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::Value;
 
@@ -136,9 +138,9 @@ pub struct ControlPlane {
     dir: PathBuf,
     /// (user name, kubeconfig), the administrator first.
     users: Vec<(String, PathBuf)>,
-    /// Tells the keeper thread (which owns the processes and the
-    /// directory) to stop them.
-    stop: Mutex<Option<mpsc::Sender<()>>>,
+    /// Orders for the keeper thread (which owns the processes and the
+    /// directory); dropped, it stops them.
+    orders: Mutex<Option<mpsc::Sender<Order>>>,
     keeper: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -160,6 +162,27 @@ impl ControlPlane {
             // takes no arguments and stops our own child processes.
             #[allow(unsafe_code)]
             let registered = unsafe { libc::atexit(stop_shared) };
+            assert_eq!(registered, 0, "atexit refused the control plane's stop");
+            plane
+        })
+    }
+
+    /// A second instance of this test binary, like [`Self::shared`], for
+    /// the tests that stop and start its API server
+    /// ([`Self::stop_api_server`]): the shared instance's tests would fail
+    /// meanwhile. Those tests take turns among themselves.
+    pub fn faults() -> &'static ControlPlane {
+        static FAULTS: OnceLock<ControlPlane> = OnceLock::new();
+        extern "C" fn stop_faults() {
+            if let Some(plane) = FAULTS.get() {
+                plane.shut_down();
+            }
+        }
+        FAULTS.get_or_init(|| {
+            let plane = ControlPlane::start(&[(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)]);
+            // SAFETY: as in `shared`.
+            #[allow(unsafe_code)]
+            let registered = unsafe { libc::atexit(stop_faults) };
             assert_eq!(registered, 0, "atexit refused the control plane's stop");
             plane
         })
@@ -192,7 +215,7 @@ impl ControlPlane {
         // control plane: a child's parent-death signal follows the thread
         // that spawned it, and a test's thread ends with the test.
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (orders_tx, orders_rx) = mpsc::channel::<Order>();
         let keeper_dir = dir.clone();
         let keeper = std::thread::Builder::new()
             .name("control-plane".into())
@@ -203,7 +226,17 @@ impl ControlPlane {
                     Ok(mut processes) => {
                         let _ = ready_tx.send(Ok(processes.url.clone()));
                         // Until told to stop, or the ControlPlane is gone.
-                        let _ = stop_rx.recv();
+                        while let Ok(order) = orders_rx.recv() {
+                            match order {
+                                Order::StopApiServer(signal, done) => {
+                                    processes.stop_one("kube-apiserver", signal);
+                                    let _ = done.send(());
+                                }
+                                Order::StartApiServer(done) => {
+                                    let _ = done.send(processes.restart_api_server(&keeper_dir));
+                                }
+                            }
+                        }
                         processes.stop();
                     }
                     Err(panic) => {
@@ -234,9 +267,34 @@ impl ControlPlane {
             url,
             dir,
             users,
-            stop: Mutex::new(Some(stop_tx)),
+            orders: Mutex::new(Some(orders_tx)),
             keeper: Mutex::new(Some(keeper)),
         }
+    }
+
+    /// Stop the API server with `signal` (SIGKILL for a crash, SIGTERM for
+    /// an orderly stop, as at an upgrade) and wait until it has exited;
+    /// etcd and the controller manager keep running. Until the answer's
+    /// [`ApiServerDown::start`] (or its drop) the server is down.
+    pub fn stop_api_server(&self, signal: Signal) -> ApiServerDown<'_> {
+        let (tx, rx) = mpsc::channel();
+        self.order(Order::StopApiServer(signal, tx));
+        rx.recv()
+            .expect("the control plane's keeper answers a stop of the API server");
+        ApiServerDown {
+            plane: self,
+            started: false,
+        }
+    }
+
+    fn order(&self, order: Order) {
+        self.orders
+            .lock()
+            .expect("the control plane's orders")
+            .as_ref()
+            .expect("the control plane is running")
+            .send(order)
+            .expect("the control plane's keeper takes orders");
     }
 
     /// The user name of the ServiceAccount `ns/name`.
@@ -409,7 +467,7 @@ impl ControlPlane {
 
     /// Stop the processes and remove the directory (once).
     fn shut_down(&self) {
-        drop(self.stop.lock().map(|mut s| s.take()));
+        drop(self.orders.lock().map(|mut s| s.take()));
         if let Some(keeper) = self.keeper.lock().ok().and_then(|mut k| k.take()) {
             let _ = keeper.join();
         }
@@ -419,6 +477,51 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+/// What the keeper thread is told to do with the processes it owns.
+enum Order {
+    /// Stop the API server with the signal; answer once it has exited.
+    StopApiServer(Signal, mpsc::Sender<()>),
+    /// Start it again with the same flags (its port, its etcd); answer
+    /// once it is ready, or why it is not.
+    StartApiServer(mpsc::Sender<Result<(), String>>),
+}
+
+/// A stopped API server ([`ControlPlane::stop_api_server`]), started
+/// again by [`Self::start`] or, at the latest, on drop: a failed test
+/// leaves the shared control plane serving.
+pub struct ApiServerDown<'a> {
+    plane: &'a ControlPlane,
+    started: bool,
+}
+
+impl ApiServerDown<'_> {
+    /// Start the API server again on the same port and etcd, and wait
+    /// until it answers `/readyz`.
+    pub fn start(mut self) {
+        self.started = true;
+        if let Err(why) = self.start_again() {
+            panic!("the API server did not start again: {why}");
+        }
+    }
+
+    fn start_again(&self) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        self.plane.order(Order::StartApiServer(tx));
+        rx.recv()
+            .map_err(|_| "the control plane's keeper ended without a word".to_string())?
+    }
+}
+
+impl Drop for ApiServerDown<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            if let Err(why) = self.start_again() {
+                eprintln!("the API server did not start again: {why}");
+            }
+        }
     }
 }
 
@@ -530,6 +633,10 @@ struct Processes {
     /// (name, process), in the order they started.
     children: Vec<(&'static str, Child)>,
     url: String,
+    /// How the API server was started, to start it again the same way.
+    api_server: (PathBuf, Vec<String>),
+    /// The administrator's token, to ask the API server whether it is ready.
+    admin_token: String,
 }
 
 /// How one try at starting ended, when it did not.
@@ -565,9 +672,34 @@ impl Processes {
         let path = |name: &str| dir.join(name).display().to_string();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let api_server_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--tls-cert-file={}", path("server.crt")),
+            format!("--tls-private-key-file={}", path("server.key")),
+            format!("--cert-dir={}", path("apiserver-certs")),
+            "--authorization-mode=RBAC".into(),
+            // As OpenShift does: an ownerReference that blocks its
+            // owner's deletion needs leave to update the owner's
+            // finalizers (the operator chart grants it).
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
+            format!("--token-auth-file={}", path("tokens.csv")),
+            format!("--service-account-key-file={}", path("sa.pub")),
+            format!("--service-account-signing-key-file={}", path("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!("--audit-policy-file={}", path("audit-policy.yaml")),
+            format!("--audit-log-path={}", path("audit.log")),
+            "--audit-log-mode=blocking".into(),
+            "--profiling=false".into(),
+        ];
         let mut processes = Processes {
             children: Vec::new(),
             url: url.clone(),
+            api_server: (bin.join("kube-apiserver"), api_server_args.clone()),
+            admin_token: tokens[0].token.clone(),
         };
         processes.spawn(
             dir,
@@ -589,29 +721,7 @@ impl Processes {
             dir,
             &bin.join("kube-apiserver"),
             "kube-apiserver",
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={api_port}"),
-                format!("--tls-cert-file={}", path("server.crt")),
-                format!("--tls-private-key-file={}", path("server.key")),
-                format!("--cert-dir={}", path("apiserver-certs")),
-                "--authorization-mode=RBAC".into(),
-                // As OpenShift does: an ownerReference that blocks its
-                // owner's deletion needs leave to update the owner's
-                // finalizers (the operator chart grants it).
-                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
-                format!("--token-auth-file={}", path("tokens.csv")),
-                format!("--service-account-key-file={}", path("sa.pub")),
-                format!("--service-account-signing-key-file={}", path("sa.key")),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                format!("--audit-policy-file={}", path("audit-policy.yaml")),
-                format!("--audit-log-path={}", path("audit.log")),
-                "--audit-log-mode=blocking".into(),
-                "--profiling=false".into(),
-            ],
+            &api_server_args,
         );
         processes.spawn(
             dir,
@@ -627,25 +737,7 @@ impl Processes {
             ],
         );
 
-        let admin_token = &tokens[0].token;
-        let ca_pem = std::fs::read(&ca).expect("the CA");
-        let http = reqwest::Client::builder()
-            .tls_certs_only([reqwest::Certificate::from_pem(&ca_pem).expect("the CA is PEM")])
-            .build()
-            .expect("an HTTP client");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        let get = |path: String| {
-            let request = http.get(format!("{url}{path}")).bearer_auth(admin_token);
-            runtime.block_on(async move {
-                match request.send().await {
-                    Ok(r) => r.status().is_success(),
-                    Err(_) => false,
-                }
-            })
-        };
+        let get = processes.getter(dir);
         let mut waiting: Vec<String> = std::iter::once("/readyz".to_string())
             .chain(
                 CONTROLLER_ACCOUNTS
@@ -660,6 +752,9 @@ impl Processes {
                     std::fs::read_to_string(dir.join(format!("{failed}.log"))).unwrap_or_default();
                 processes.stop();
                 if log.contains("address already in use") {
+                    for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+                        let _ = std::fs::remove_file(dir.join(format!("{name}.log")));
+                    }
                     return Err(Failed::PortTaken);
                 }
                 panic!("{failed} exited; its log:\n{}", tail(&log, 8000));
@@ -681,8 +776,79 @@ impl Processes {
         Ok(processes)
     }
 
+    /// A GET of a path on the API server as the administrator: whether
+    /// it answered with success.
+    fn getter(&self, dir: &Path) -> impl Fn(String) -> bool {
+        let ca_pem = std::fs::read(dir.join("ca.crt")).expect("the CA");
+        let http = reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&ca_pem).expect("the CA is PEM")])
+            .build()
+            .expect("an HTTP client");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (url, token) = (self.url.clone(), self.admin_token.clone());
+        move |path: String| {
+            let request = http.get(format!("{url}{path}")).bearer_auth(&token);
+            runtime.block_on(async move {
+                match request.send().await {
+                    Ok(r) => r.status().is_success(),
+                    Err(_) => false,
+                }
+            })
+        }
+    }
+
+    /// Stop the process `name` with `signal` and wait until it has exited.
+    fn stop_one(&mut self, name: &str, signal: Signal) {
+        if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| *n == name) {
+            let _ = kill(Pid::from_raw(child.id() as i32), signal);
+            let _ = child.wait();
+        }
+    }
+
+    /// Start the API server again, as it was started, on the same port
+    /// and etcd (its log goes on in the same file); wait until it is ready.
+    fn restart_api_server(&mut self, dir: &Path) -> Result<(), String> {
+        const NAME: &str = "kube-apiserver";
+        if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| *n == NAME) {
+            if matches!(child.try_wait(), Ok(None)) {
+                return Err("the API server is running".into());
+            }
+        }
+        self.children.retain(|(n, _)| *n != NAME);
+        let (program, args) = self.api_server.clone();
+        self.spawn(dir, &program, NAME, &args);
+        let get = self.getter(dir);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !get("/readyz".into()) {
+            if self.exited() == Some(NAME) {
+                return Err(format!(
+                    "it exited; its log:\n{}",
+                    tail(
+                        &std::fs::read_to_string(dir.join("kube-apiserver.log"))
+                            .unwrap_or_default(),
+                        8000
+                    )
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("not ready after {START_TIMEOUT:?}"));
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(())
+    }
+
     fn spawn(&mut self, dir: &Path, program: &Path, name: &'static str, args: &[String]) {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("a log file");
+        // Appended to: a process started again goes on in the same log
+        // (a try that failed on a taken port removed its logs).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.log")))
+            .expect("a log file");
         let mut cmd = Command::new(program);
         cmd.args(args)
             .current_dir(dir)

@@ -11,6 +11,7 @@ pub mod mcp_client;
 pub mod mock_llm;
 pub mod postgres;
 pub mod postgrest;
+pub mod relay;
 pub mod scripts;
 pub mod sidecar;
 

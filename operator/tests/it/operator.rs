@@ -22,6 +22,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::common::plane;
+
+mod faults;
 use bindery_operator::crd::{Agent, AgentTenant};
 use bindery_tests::control_plane::{ControlPlane, Identity, ADMIN};
 use bindery_tests::eventually::eventually_or;
@@ -89,8 +91,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start(ns: &str) -> Cluster {
+        Cluster::start_on(plane(), ns).await
+    }
+
+    /// [`Self::start`] on another control plane than the shared one.
+    async fn start_on(plane: &'static ControlPlane, ns: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let plane = plane();
         let client = plane.client(ADMIN).await;
         plane.kubectl_ok(ADMIN, &["create", "namespace", ns]);
         // The chart installed in this namespace and watching it, its Lease
@@ -187,8 +193,18 @@ impl Cluster {
 
     /// Poll `probe` until it gives `Ok`, at most [`WAIT`]; otherwise panic
     /// with what it last saw (its `Err`) and the logs.
-    async fn wait<T>(&self, what: &str, mut probe: impl AsyncFnMut() -> Result<T, String>) -> T {
-        eventually_or(what, WAIT, async || {
+    async fn wait<T>(&self, what: &str, probe: impl AsyncFnMut() -> Result<T, String>) -> T {
+        self.wait_within(what, WAIT, probe).await
+    }
+
+    /// [`Self::wait`] with another bound than [`WAIT`].
+    async fn wait_within<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        mut probe: impl AsyncFnMut() -> Result<T, String>,
+    ) -> T {
+        eventually_or(what, within, async || {
             probe()
                 .await
                 .map_err(|seen| format!("{seen}\n{}", self.logs()))
@@ -1438,8 +1454,18 @@ async fn metrics_and_health_are_served() {
     let operator = Operator::start(&cluster, "main", &[], &[]);
     let (code, body) = http_get(&operator.metrics, "/healthz");
     assert_eq!((code, body.trim()), (200, "ok"));
-    let (code, body) = http_get(&operator.metrics, "/readyz");
-    assert_eq!((code, body.trim()), (200, "ok"));
+    // Ready once every watch has listed (503 naming them until then).
+    cluster
+        .wait("/readyz 200", async || {
+            match http_get(&operator.metrics, "/readyz") {
+                (200, body) if body.trim() == "ok" => Ok(()),
+                (503, body) if body.starts_with("not seeing:\nwatch of ") => {
+                    Err(format!("503 {body}"))
+                }
+                other => panic!("/readyz answered {other:?}"),
+            }
+        })
+        .await;
 
     cluster.apply_examples();
     cluster.wait_tenant("acme", "resolved", resolved).await;

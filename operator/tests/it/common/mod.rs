@@ -43,24 +43,37 @@ pub fn example_tenant() -> AgentTenant {
 pub fn plane() -> &'static ControlPlane {
     static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let plane = ControlPlane::shared();
-    READY.get_or_init(|| {
-        let crds = repo().join("crds").display().to_string();
-        let out = plane.kubectl_ok(ADMIN, &["apply", "--server-side", "-f", &crds]);
-        for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
-            assert!(out.contains(&format!("{crd} serverside-applied")), "{out}");
-        }
-        plane.kubectl_ok(
-            ADMIN,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/agents.bindery.dev",
-                "crd/agenttenants.bindery.dev",
-            ],
-        );
-    });
+    READY.get_or_init(|| with_crds(plane));
     plane
+}
+
+/// The control plane whose API server the fault tests stop and start
+/// ([`ControlPlane::faults`]), with the CRDs as in [`plane`].
+#[cfg(feature = "cluster-tests")]
+pub fn fault_plane() -> &'static ControlPlane {
+    static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let plane = ControlPlane::faults();
+    READY.get_or_init(|| with_crds(plane));
+    plane
+}
+
+#[cfg(feature = "cluster-tests")]
+fn with_crds(plane: &ControlPlane) {
+    let crds = repo().join("crds").display().to_string();
+    let out = plane.kubectl_ok(ADMIN, &["apply", "--server-side", "-f", &crds]);
+    for crd in ["agents.bindery.dev", "agenttenants.bindery.dev"] {
+        assert!(out.contains(&format!("{crd} serverside-applied")), "{out}");
+    }
+    plane.kubectl_ok(
+        ADMIN,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/agents.bindery.dev",
+            "crd/agenttenants.bindery.dev",
+        ],
+    );
 }
 
 pub fn time(s: &str) -> Time {
