@@ -88,6 +88,8 @@ pub struct ServeArgs<'a> {
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
+    /// `--max-tool-processes` and `--max-tool-processes-per-run`.
+    pub tool_processes: bindery_tools::slots::ProcessSlots,
     pub stored_agents: bool,
     pub agents_source: super::args::AgentsSource,
     pub live_session_ttl: Option<Duration>,
@@ -279,6 +281,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             max_steps: a.model.max_steps,
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
+            tool_processes: a.tool_processes.clone(),
             lease: a.lease,
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,

@@ -13,3 +13,4 @@ mod peers;
 mod sessions;
 mod tool_output;
 mod tool_processes;
+mod tool_slots;
