@@ -330,6 +330,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             tracing::warn!("stored agents not loaded: {}", e.message);
         }
     }
+    // What the tools of a server that died left running ends before
+    // their calls are closed as interrupted.
+    let _ = tokio::task::spawn_blocking(bindery_reaper::end_what_dead_servers_left).await;
     // Beat before the first run can start, then close the runs no live
     // server vouches for (all of them on a store of our own: the last
     // process's); from then on, beat and sweep in the background.
@@ -423,6 +426,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         _ => None,
     };
     super::http::serve(listener, app, a.conn_limits, shutdown()).await;
+    // Nothing a tool started outlives the server's orderly end: the calls
+    // still running are killed with all they started, and none starts.
+    let _ = tokio::task::spawn_blocking(bindery_reaper::end_all).await;
     stop_peers.cancel();
     if let Some(p) = peers {
         let _ = p.await;
@@ -430,8 +436,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
-    // Nothing a tool started outlives the server's orderly end.
-    bindery_reaper::sweep_async().await;
+
     Ok(ExitCode::SUCCESS)
 }
 

@@ -76,6 +76,10 @@ pub(super) async fn exec(
         .filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k))
         .collect();
     vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    // What the call starts carries the server's mark: a server that died
+    // leaves it running, and the next one ends it.
+    let (mark, server) = bindery_reaper::mark();
+    vars.push((mark.into(), server.into()));
     // Each process of the call (its children inherit both) may write at
     // most `memory`, and fork only while the user has fewer than
     // `processes`: set in the child before it runs the script.
