@@ -231,3 +231,80 @@ async fn no_tool_process_outlives_a_server_killed_with_sigkill() {
     );
     b.mock.shutdown().await;
 }
+
+/// An MCP stdio server's children (one in its group, one in a session of
+/// its own, one double-forked) go with the server's SIGTERM; after a
+/// SIGKILL, by the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_children_go_with_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let pids = out.path().join("pids");
+    let server = repo().join("sidecar/tests/fixtures/mcp/changing-server.py");
+    let start = format!(
+        r#"echo $$ >> '{p}'
+sleep 1000 </dev/null >/dev/null 2>&1 & echo $! >> '{p}'
+setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! >> '{p}'
+( sleep 1000 </dev/null >/dev/null 2>&1 & echo $! >> '{p}' )
+exec python3 '{s}'"#,
+        p = pids.display(),
+        s = server.display()
+    );
+    let mock = MockLlm::start(|_: &Value| MockReply::text("done")).await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - mcp:\n        name: changing\n        command: [bash, -c, {}]\n",
+            mock.url(),
+            serde_json::to_string(&start).unwrap()
+        ),
+    )
+    .unwrap();
+    let read = || -> Vec<String> {
+        std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let gone = |what: &str, left: &[String]| {
+        eventually_or_blocking(what, PATIENCE, || {
+            let alive: Vec<&String> = left.iter().filter(|p| alive(p)).collect();
+            if alive.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{alive:?}"))
+            }
+        })
+    };
+    for how in ["TERM", "KILL"] {
+        let _ = std::fs::remove_file(&pids);
+        let (mut sidecar, _api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+        until("the MCP server started its children", PATIENCE, || {
+            read().len() == 4
+        })
+        .await;
+        let left = read();
+        tokio::task::block_in_place(|| {
+            if how == "TERM" {
+                sidecar.stop();
+                gone(
+                    "every process of the MCP server goes with the server",
+                    &left,
+                );
+            } else {
+                sidecar.kill();
+                // What the server left, at the next start.
+                let _ = std::fs::remove_file(&pids);
+                let (_again, _api) = serve(&agent, &sqlite_in(dir.path()), &[], &[], dir.path());
+                gone(
+                    "every process of the MCP server goes by the next start",
+                    &left,
+                );
+            }
+        });
+    }
+    mock.shutdown().await;
+}
