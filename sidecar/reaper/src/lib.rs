@@ -186,6 +186,12 @@ pub fn sweep() -> usize {
     killed
 }
 
+/// Whether the server is ending ([`end_all`] has begun): a call's
+/// process killed now was killed by it.
+pub fn ending() -> bool {
+    CLOSED.load(Ordering::SeqCst)
+}
+
 /// At the server's end: nothing starts any more, and every child (a
 /// call's process in flight, an MCP server, a value's command) is killed
 /// with all below it, whatever it did to its group or session, pass after

@@ -195,10 +195,25 @@ async fn every_kind_of_child_goes_with_its_call_and_with_the_server() {
     assert_eq!(last_tool_output(&r).trim(), "left");
     b.all_gone("every child goes with its call");
     // A call still running at the server's SIGTERM.
-    b.start(&api, "hang").await;
+    let id = b.start(&api, "hang").await;
     let status = tokio::task::block_in_place(|| sidecar.stop());
     assert!(status.is_some());
     b.all_gone("every process of a running call goes with the server");
+    // Its answer says what may have happened, however it was closed.
+    let (_again, api) = b.serve();
+    let r = eventually_or("the call is answered", PATIENCE, async || {
+        let r = session(&api, &id).await;
+        match r.json["status"].as_str() {
+            Some("running") | None => Err(r.text),
+            _ => Ok(r),
+        }
+    })
+    .await;
+    assert!(
+        last_tool_output(&r).contains("its side effect may have happened"),
+        "{}",
+        r.text
+    );
     b.mock.shutdown().await;
 }
 

@@ -359,6 +359,13 @@ pub(super) async fn run(
         }
     };
     let code = exec.status.code();
+    if code.is_none() && bindery_reaper::ending() {
+        // Killed by the server's end, not by anything of its own.
+        tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool stopped: the server is stopping");
+        return Err(ToolError::Failed(
+            "the server stopped during this call, which was killed; its side effect may have happened: check before calling it again".into(),
+        ));
+    }
     tracing::info!(tool = name, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
     let output = match stdout_kind(&exec.stdout, exec.truncated, &tool.info) {
         Stdout::Text => None,
