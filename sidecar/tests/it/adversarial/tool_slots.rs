@@ -1,7 +1,8 @@
 //! A model that asks for a thousand calls in one turn does not decide how
 //! many tool processes run at once: a run holds at most
 //! `--max-tool-processes-per-run`, the server `--max-tool-processes`, the
-//! rest wait their turn; and another session's call is not starved.
+//! rest wait their turn; and another session's call is not starved. A
+//! reply of more calls than a reply may ask for runs none, streamed or not.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -175,5 +176,53 @@ async fn a_thousand_calls_never_run_more_processes_than_the_bounds() {
         "one run's bound"
     );
     assert!(read_n(&c.join(format!("run-{other}.max"))) <= PER_RUN);
+    mock.shutdown().await;
+}
+
+/// Streamed or not, a reply asking for more calls than
+/// `--model-max-tool-calls` (128 by default) runs none of them: the run
+/// fails saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_of_too_many_calls_runs_none_streamed_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = tools.join("count");
+    std::fs::write(&script, counter(count.path())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mock = MockLlm::start(|_: &Value| {
+        MockReply::ToolCalls(
+            (0..200)
+                .map(|_| ("bash_count".to_string(), json!({ "gated": "no" })))
+                .collect(),
+        )
+    })
+    .await;
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            mock.url(),
+            tools.display()
+        ),
+    )
+    .unwrap();
+    for extra in [&["--no-stream"][..], &[]] {
+        let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), extra, &[], dir.path());
+        let id = new_session(&api, json!({"agent": "a"})).await;
+        let r = message_waited(&api, &id, "go").await;
+        assert_eq!(r.json["status"], "failed", "{extra:?}: {}", r.text);
+        assert!(
+            r.json["status_detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("200 tool calls")),
+            "{extra:?}: {}",
+            r.text
+        );
+        assert!(!count.path().join("done").exists(), "{extra:?}: a call ran");
+    }
     mock.shutdown().await;
 }
