@@ -306,6 +306,9 @@ pub(super) async fn run(
 ) -> Result<ToolOutput, ToolError> {
     let inv = invocation(tool, &args)?;
     drop(args);
+    // Its run's and the server's bound on processes at once: it may wait,
+    // holding nothing of the process it will start.
+    let _slot = ctx.processes.take().await;
     let mut env = context_env(ctx);
     env.extend(inv.env);
     let name = tool.spec.name.as_str();
@@ -313,8 +316,6 @@ pub(super) async fn run(
     // The arguments are the model's (tenant data, or an injection's text):
     // like every other toolbox's, they are not logged.
     let argc = inv.argv.len();
-    // Its run's and the server's bound on processes at once: it may wait.
-    let _slot = ctx.processes.take().await;
     tracing::info!(tool = name, session = %ctx.session_id, script = %path, argc, "bash tool started");
     let started = Instant::now();
     // Past each limit, read as much as the longest form of a secret: a
