@@ -48,6 +48,8 @@ pub(super) struct Exec {
 
 pub(super) enum ExecError {
     Spawn(std::io::Error),
+    /// Not started: the server is ending.
+    Ending,
     Timeout(Duration),
     /// The call's processes held more than this many bytes together.
     Memory(u64),
@@ -97,7 +99,10 @@ pub(super) async fn exec(
         let pid = child.id();
         Ok((child, Some(pid)))
     })
-    .map_err(ExecError::Spawn)?;
+    .map_err(|e| match bindery_reaper::ending() {
+        true => ExecError::Ending,
+        false => ExecError::Spawn(e),
+    })?;
     child.keep(kept);
     let pgid = Some(child.id());
     let mut child_stdin = child.stdin.take();
@@ -336,8 +341,26 @@ pub(super) async fn run(
     )
     .await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
+    // Killed (and maybe reaped) by the server's end, not by anything of
+    // its own: whatever it did is not known.
+    let killed = match &result {
+        Ok(e) => e.status.code().is_none(),
+        Err(ExecError::Ending) => false,
+        Err(_) => true,
+    };
+    if killed && bindery_reaper::ending() {
+        tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool stopped: the server is stopping");
+        return Err(ToolError::Failed(
+            "the server stopped during this call, which was killed; its side effect may have happened: check before calling it again".into(),
+        ));
+    }
     let exec = match result {
         Ok(e) => e,
+        Err(ExecError::Ending) => {
+            return Err(ToolError::Failed(
+                "the server is stopping: this call did not run".into(),
+            ));
+        }
         Err(ExecError::Spawn(e)) => {
             tracing::warn!(tool = name, script = %path, "cannot start the script: {e}");
             return Err(ToolError::Failed(format!(
@@ -360,13 +383,6 @@ pub(super) async fn run(
         }
     };
     let code = exec.status.code();
-    if code.is_none() && bindery_reaper::ending() {
-        // Killed by the server's end, not by anything of its own.
-        tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool stopped: the server is stopping");
-        return Err(ToolError::Failed(
-            "the server stopped during this call, which was killed; its side effect may have happened: check before calling it again".into(),
-        ));
-    }
     tracing::info!(tool = name, exit = ?code, signal = ?exec.status.signal(), elapsed_ms, truncated = exec.truncated, "bash tool stopped");
     let output = match stdout_kind(&exec.stdout, exec.truncated, &tool.info) {
         Stdout::Text => None,
