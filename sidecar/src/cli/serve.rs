@@ -281,7 +281,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             max_steps: a.model.max_steps,
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
-            tool_processes: a.tool_processes.clone(),
+            tool_processes: a
+                .tool_processes
+                .clone()
+                .reported_to(metrics.tool_processes()),
             lease: a.lease,
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,

@@ -22,6 +22,8 @@ pub const DEFAULT_PER_RUN: usize = 8;
 /// run has its own ([`ProcessSlots::for_run`]). Default: no bound.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessSlots {
+    /// Where how many wait and run is reported (`None`: nowhere).
+    gauges: Option<bindery_metrics::ToolProcessGauges>,
     server: Option<Arc<Semaphore>>,
     /// How many each run may hold (`None`: no bound of its own).
     per_run: Option<usize>,
@@ -33,6 +35,7 @@ pub struct ProcessSlots {
 pub struct Slot {
     _run: Option<OwnedSemaphorePermit>,
     _server: Option<OwnedSemaphorePermit>,
+    _counted: Option<bindery_metrics::GaugeHeld>,
 }
 
 impl ProcessSlots {
@@ -40,9 +43,18 @@ impl ProcessSlots {
     /// `per_run` of one run (`None`: no bound).
     pub fn new(per_server: Option<usize>, per_run: Option<usize>) -> ProcessSlots {
         ProcessSlots {
+            gauges: None,
             server: per_server.map(|n| Arc::new(Semaphore::new(n.max(1)))),
             per_run,
             run: None,
+        }
+    }
+
+    /// These slots, reporting how many calls wait and run to `gauges`.
+    pub fn reported_to(self, gauges: bindery_metrics::ToolProcessGauges) -> ProcessSlots {
+        ProcessSlots {
+            gauges: Some(gauges),
+            ..self
         }
     }
 
@@ -61,11 +73,15 @@ impl ProcessSlots {
             // A semaphore that is never closed: acquiring fails never.
             s.as_ref()?.clone().acquire_owned().await.ok()
         }
+        // Counted as waiting until it has both (or is dropped waiting).
+        let waiting = self.gauges.as_ref().map(|g| g.waiting());
         let run = one(&self.run).await;
         let server = one(&self.server).await;
+        drop(waiting);
         Slot {
             _run: run,
             _server: server,
+            _counted: self.gauges.as_ref().map(|g| g.running()),
         }
     }
 }

@@ -145,6 +145,15 @@ async fn a_thousand_calls_never_run_more_processes_than_the_bounds() {
         read_n(&now) == PER_SERVER
     })
     .await;
+    // What /metrics says meanwhile: the slots held, the rest waiting.
+    let m = api.call("GET", "/metrics", None, None).await.text;
+    assert_eq!(
+        sample(&m, "bindery_tool_processes_running"),
+        Some(PER_SERVER as f64),
+        "{m}"
+    );
+    let waiting = sample(&m, "bindery_tool_processes_waiting").unwrap_or(0.0);
+    assert!(waiting > 0.0 && waiting <= (MANY + OTHER) as f64, "{m}");
     std::fs::write(c.join("open"), "").unwrap();
     let done = c.join("done");
     let lines = || {
@@ -170,6 +179,17 @@ async fn a_thousand_calls_never_run_more_processes_than_the_bounds() {
         .await;
     }
     assert_eq!(read_n(&c.join("now.max")), PER_SERVER, "the server's bound");
+    let m = api.call("GET", "/metrics", None, None).await.text;
+    assert_eq!(
+        sample(&m, "bindery_tool_processes_running"),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "bindery_tool_processes_waiting"),
+        Some(0.0),
+        "{m}"
+    );
     assert_eq!(
         read_n(&c.join(format!("run-{many}.max"))),
         PER_RUN,
