@@ -439,7 +439,6 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
-
     Ok(ExitCode::SUCCESS)
 }
 

@@ -9,7 +9,10 @@
 //! 100 MB). This starts the child as posix_spawn does, with
 //! `clone(CLONE_VM | CLONE_VFORK)`: the child borrows the parent's memory
 //! on a stack of its own and runs only system calls until it executes the
-//! script, while the calling thread waits; the limits are set in between.
+//! script, while the thread that cloned it waits; the limits are set in
+//! between, and its death with the server's (`PR_SET_PDEATHSIG`). Every
+//! child is cloned from one thread that lives as long as the server
+//! ([`spawner`]), which the death signal follows.
 //!
 //! The child's end is awaited on `SIGCHLD` (tokio's signal driver, which
 //! `tokio::process` shares), then reaped with `waitpid`.
