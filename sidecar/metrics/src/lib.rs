@@ -17,6 +17,8 @@
 //! | `bindery_approval_notices_total` | counter | `outcome` = `delivered`, `retried` (an attempt that failed and is tried again), `failed` (for good) |
 //! | `bindery_llm_request_duration_seconds` | histogram | |
 //! | `bindery_tool_call_duration_seconds` | histogram | | (calls that ran: from the call's dispatch to its result, bindings and the tool's process or request included; a budget's refusal or a call held for approval is not timed)
+//! | `bindery_tool_processes_running` | gauge | | (bash tools' calls with a process now)
+//! | `bindery_tool_processes_waiting` | gauge | | (calls waiting for a slot: `--max-tool-processes`, `--max-tool-processes-per-run`)
 //! | `bindery_sessions_live` | gauge | |
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
 //! | `bindery_sessions_evicted_total` | counter | | (only with `--max-live-sessions`)
@@ -44,6 +46,43 @@ fn finite(seconds: f64) -> f64 {
         seconds
     } else {
         0.0
+    }
+}
+
+/// How many tool calls have a process now, and how many wait for a slot
+/// (clones share them).
+#[derive(Clone, Debug, Default)]
+pub struct ToolProcessGauges {
+    running: Gauge,
+    waiting: Gauge,
+}
+
+impl ToolProcessGauges {
+    /// A call begins to wait for a slot; it waits no more when the guard goes.
+    pub fn waiting(&self) -> GaugeHeld {
+        GaugeHeld::on(&self.waiting)
+    }
+
+    /// A call's process runs; it runs no more when the guard goes.
+    pub fn running(&self) -> GaugeHeld {
+        GaugeHeld::on(&self.running)
+    }
+}
+
+/// One counted in a gauge while it lives.
+#[derive(Debug)]
+pub struct GaugeHeld(Gauge);
+
+impl GaugeHeld {
+    fn on(g: &Gauge) -> GaugeHeld {
+        g.inc();
+        GaugeHeld(g.clone())
+    }
+}
+
+impl Drop for GaugeHeld {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -219,6 +258,7 @@ pub struct Metrics {
     sessions_live: Gauge,
     sessions_live_limit: Gauge,
     sessions_evicted: Counter,
+    tool_processes: ToolProcessGauges,
     http_requests: Family<HttpRequest, Counter>,
     store_ops: Family<StoreOp, Counter>,
     store_seconds: Family<StoreOp, Seconds>,
@@ -245,6 +285,7 @@ impl Default for Metrics {
             sessions_live: Gauge::default(),
             sessions_live_limit: Gauge::default(),
             sessions_evicted: Counter::default(),
+            tool_processes: ToolProcessGauges::default(),
             http_requests: Family::default(),
             store_ops: Family::default(),
             store_seconds: Family::default(),
@@ -359,6 +400,16 @@ impl Metrics {
             "The time runs stood still waiting for the session store",
             self.run_store_wait.clone(),
         );
+        r.register(
+            "bindery_tool_processes_running",
+            "Bash tools' calls with a process running now",
+            self.tool_processes.running.clone(),
+        );
+        r.register(
+            "bindery_tool_processes_waiting",
+            "Bash tools' calls waiting for a slot (--max-tool-processes, --max-tool-processes-per-run)",
+            self.tool_processes.waiting.clone(),
+        );
         let l = &mut self.limit_registry;
         l.register(
             "bindery_sessions_live_limit",
@@ -371,6 +422,11 @@ impl Metrics {
             self.sessions_evicted.clone(),
         );
         self
+    }
+
+    /// What the bound on tool processes reports to.
+    pub fn tool_processes(&self) -> ToolProcessGauges {
+        self.tool_processes.clone()
     }
 
     /// A run of the agent loop started.
@@ -653,6 +709,33 @@ mod tests {
             "# TYPE bindery_llm_request_duration_seconds histogram"
         ));
         assert!(has_line(&text, "# TYPE bindery_sessions_live gauge"));
+    }
+
+    #[test]
+    fn tool_processes_count_while_held() {
+        let m = Metrics::new();
+        let g = m.tool_processes();
+        let (a, b) = (g.waiting(), g.running());
+        let c = g.clone().running();
+        let text = m.render();
+        assert!(
+            has_line(&text, "bindery_tool_processes_waiting 1"),
+            "{text}"
+        );
+        assert!(
+            has_line(&text, "bindery_tool_processes_running 2"),
+            "{text}"
+        );
+        drop((a, b, c));
+        let text = m.render();
+        assert!(
+            has_line(&text, "bindery_tool_processes_waiting 0"),
+            "{text}"
+        );
+        assert!(
+            has_line(&text, "bindery_tool_processes_running 0"),
+            "{text}"
+        );
     }
 
     #[test]

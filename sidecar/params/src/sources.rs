@@ -169,8 +169,12 @@ pub fn read_source_as(
 fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, SourceError> {
     let (program, args) = argv.split_first().ok_or(SourceError::NoProgram)?;
     let (mut child, _kept) = bindery_reaper::spawn_kept(|| {
+        // Marked as a tool's process is: what it leaves running when the
+        // server dies is ended by the next start.
+        let (mark, server) = bindery_reaper::mark();
         let child = Command::new(program)
             .args(args)
+            .env(mark, server)
             .current_dir(base)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

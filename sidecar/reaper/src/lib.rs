@@ -16,6 +16,9 @@
 
 #![forbid(unsafe_code)]
 
+mod marks;
+pub use marks::{end_what_dead_servers_left, mark, MARK};
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
@@ -25,6 +28,9 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 static KEPT: LazyLock<Mutex<HashSet<u32>>> = LazyLock::new(Default::default);
+
+/// Set once the server ends: nothing more is started ([`spawn_kept`]).
+static CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// Set once this process is the reaper: only then does a sweep kill. A
 /// program that uses this crate and did not ask (a test process with
@@ -62,6 +68,11 @@ pub fn spawn_kept<C>(
     spawn: impl FnOnce() -> std::io::Result<(C, Option<u32>)>,
 ) -> std::io::Result<(C, Option<Kept>)> {
     let mut set = kept();
+    if CLOSED.load(Ordering::SeqCst) {
+        return Err(std::io::Error::other(
+            "the server is stopping: no tool process starts",
+        ));
+    }
     let (child, pid) = spawn()?;
     let guard = pid.map(|p| {
         set.insert(p);
@@ -171,6 +182,39 @@ pub fn sweep() -> usize {
     }
     if killed > 0 {
         tracing::info!(killed, "processes tools left behind were killed");
+    }
+    killed
+}
+
+/// Whether the server is ending ([`end_all`] has begun): a call's
+/// process killed now was killed by it.
+pub fn ending() -> bool {
+    CLOSED.load(Ordering::SeqCst)
+}
+
+/// At the server's end: nothing starts any more, and every child (a
+/// call's process in flight, an MCP server, a value's command) is killed
+/// with all below it, whatever it did to its group or session, pass after
+/// pass until none is left. Blocking. How many it killed.
+pub fn end_all() -> usize {
+    {
+        // Under the spawn lock: a spawn under way is kept, then killed here.
+        let _set = kept();
+        CLOSED.store(true, Ordering::SeqCst);
+    }
+    let mut killed = 0;
+    for _ in 0..1000 {
+        let children = children_of(std::process::id());
+        if children.is_empty() {
+            break;
+        }
+        killed += kill_trees(children);
+    }
+    if killed > 0 {
+        tracing::info!(
+            killed,
+            "the tools' processes were killed as the server ends"
+        );
     }
     killed
 }

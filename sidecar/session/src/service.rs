@@ -78,6 +78,10 @@ pub struct ServiceConfig {
     pub notice_retries: crate::notify::Retries,
     /// What time it is (the wall clock; tokio's in tests that pause it).
     pub clock: Arc<dyn Clock>,
+    /// How many tool processes run at once, on this server and in one run
+    /// (`--max-tool-processes`, `--max-tool-processes-per-run`). Default:
+    /// no bound.
+    pub tool_processes: bindery_tools::slots::ProcessSlots,
 }
 
 impl Default for ServiceConfig {
@@ -95,6 +99,7 @@ impl Default for ServiceConfig {
             public_url: None,
             notice_retries: Default::default(),
             clock: Arc::new(WallClock),
+            tool_processes: Default::default(),
         }
     }
 }
@@ -256,6 +261,7 @@ impl Service {
             clock: clock.clone(),
             max_steps: cfg.max_steps,
             stream: cfg.stream,
+            tool_processes: cfg.tool_processes.clone(),
             heartbeat_every: cfg.lease.heartbeat,
         });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());

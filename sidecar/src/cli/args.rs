@@ -265,6 +265,19 @@ pub enum Command {
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
         tool_cache_ttl: u64,
+        /// At most this many tool processes (bash tools' calls, each with
+        /// all it starts) run at once on this server; the rest wait their
+        /// turn. 0: no bound.
+        #[arg(long, value_name = "N", env = "BINDERY_MAX_TOOL_PROCESSES",
+              default_value_t = bindery_tools::slots::DEFAULT_PER_SERVER)]
+        max_tool_processes: usize,
+        /// At most this many of one run's tool processes run at once (the
+        /// calls a model asks for together, its helpers' too); the rest
+        /// wait their turn. Below --max-tool-processes, so that one run
+        /// leaves room for the others. 0: no bound.
+        #[arg(long, value_name = "N", env = "BINDERY_MAX_TOOL_PROCESSES_PER_RUN",
+              default_value_t = bindery_tools::slots::DEFAULT_PER_RUN)]
+        max_tool_processes_per_run: usize,
         /// Keep agents the owner sends over the API (PUT /v1/agents/SLUG)
         /// in the store. They may use only toolboxes that run no code on
         /// this server (see docs/agents.md, Stored agents).

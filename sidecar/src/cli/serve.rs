@@ -88,6 +88,8 @@ pub struct ServeArgs<'a> {
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
+    /// `--max-tool-processes` and `--max-tool-processes-per-run`.
+    pub tool_processes: bindery_tools::slots::ProcessSlots,
     pub stored_agents: bool,
     pub agents_source: super::args::AgentsSource,
     pub live_session_ttl: Option<Duration>,
@@ -274,6 +276,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             max_steps: a.model.max_steps,
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
+            tool_processes: a
+                .tool_processes
+                .clone()
+                .reported_to(metrics.tool_processes()),
             lease: a.lease,
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
@@ -322,6 +328,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             tracing::warn!("stored agents not loaded: {}", e.message);
         }
     }
+    // What the tools of a server that died left running ends before
+    // their calls are closed as interrupted.
+    let _ = tokio::task::spawn_blocking(bindery_reaper::end_what_dead_servers_left).await;
     // Beat before the first run can start, then close the runs no live
     // server vouches for (all of them on a store of our own: the last
     // process's); from then on, beat and sweep in the background.
@@ -415,6 +424,9 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         _ => None,
     };
     super::http::serve(listener, app, a.conn_limits, shutdown()).await;
+    // Nothing a tool started outlives the server's orderly end: the calls
+    // still running are killed with all they started, and none starts.
+    let _ = tokio::task::spawn_blocking(bindery_reaper::end_all).await;
     stop_peers.cancel();
     if let Some(p) = peers {
         let _ = p.await;
@@ -422,8 +434,6 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     // Gone from the heartbeats: other servers take our runs at once.
     stop_beating.cancel();
     let _ = beating.await;
-    // Nothing a tool started outlives the server's orderly end.
-    bindery_reaper::sweep_async().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -13,6 +13,7 @@ pub mod deferred;
 pub mod lineage;
 pub mod mcp;
 pub mod openapi;
+pub mod slots;
 pub mod sqlite;
 pub mod sqlite_versions;
 
@@ -170,6 +171,9 @@ pub struct CallContext {
     /// The calling session's fork lineage, for `list-sessions` and
     /// `search-sessions`; absent outside a session's run (the CLI).
     pub lineage: Option<std::sync::Arc<dyn lineage::SessionLineage>>,
+    /// How many tool processes may run at once, of the call's run and of
+    /// the server: a bash tool's call waits for its slots.
+    pub processes: slots::ProcessSlots,
 }
 
 impl CallContext {
@@ -200,6 +204,7 @@ impl CallContext {
         CallContext {
             agent_id: self.agent_id.clone(),
             scrubber: self.scrubber.clone(),
+            processes: self.processes.clone(),
             ..CallContext::default()
         }
     }

@@ -73,12 +73,16 @@ pub(super) async fn act(
         .partition(|(_, b)| b.is_some());
     let now: Vec<&ToolCall> = now.into_iter().map(|(c, _)| c).collect();
     host.stored().await;
+    // The session's JSON, the same for every call of the turn: made once
+    // and shared, not held once a call by a thousand calls waiting.
+    let json = SharedJson::new();
     // Biased: a run cancelled by then (or found taken) starts no call.
     let results = tokio::select! {
         biased;
         _ = cancel.cancelled() => None,
         r = futures::future::join_all(now.iter().map(|c| {
-            dispatch(ctx, host, c, Seen { history, encoded }, cancel)
+            let seen = Seen { history, encoded, json: Some(&json) };
+            dispatch(ctx, host, c, seen, cancel)
         })) => Some(r),
     };
     let Some(results) = results else {
@@ -513,13 +517,42 @@ pub(super) struct Seen<'a> {
     pub(super) history: &'a [Turn],
     /// The first turns of `history`, encoded, and how many they are.
     pub(super) encoded: Option<(&'a [u8], usize)>,
+    /// Where the calls of one turn share the session's JSON (`None`: a
+    /// call of its own makes it).
+    pub(super) json: Option<&'a SharedJson>,
 }
+
+/// The session's JSON (`AGENT_SESSION_JSON`) as the calls of one turn see
+/// it, made by the first that needs it.
+pub(super) type SharedJson = std::sync::OnceLock<Option<std::sync::Arc<str>>>;
 
 impl<'a> Seen<'a> {
     pub(super) fn of(history: &'a [Turn]) -> Self {
         Seen {
             history,
             encoded: None,
+            json: None,
+        }
+    }
+
+    /// `call_ctx` given the session as seen here.
+    fn session_for(&self, call_ctx: CallContext) -> CallContext {
+        let make = |c: CallContext| match self.encoded {
+            // The run's conversation holds the first turns encoded already.
+            Some((bytes, n)) if n <= self.history.len() => {
+                c.with_encoded_session(bytes, &self.history[n..])
+            }
+            _ => c.with_session(self.history),
+        };
+        match self.json {
+            None => make(call_ctx),
+            Some(shared) => {
+                let json = shared.get_or_init(|| make(call_ctx.clone()).session_json);
+                CallContext {
+                    session_json: json.clone(),
+                    ..call_ctx
+                }
+            }
         }
     }
 }
@@ -582,13 +615,7 @@ pub(super) async fn run_tool(
     call_ctx.turn_id = call.id.clone();
     call_ctx.step_id = step_of(seen.history, &call.id);
     if tool.receives_session() {
-        call_ctx = match seen.encoded {
-            // The run's conversation holds the first turns encoded already.
-            Some((bytes, n)) if n <= seen.history.len() => {
-                call_ctx.with_encoded_session(bytes, &seen.history[n..])
-            }
-            _ => call_ctx.with_session(seen.history),
-        };
+        call_ctx = seen.session_for(call_ctx);
     }
     // The key covers the session's context where the tool is given it.
     let key = ctx
@@ -767,4 +794,33 @@ pub(super) async fn call_helper(
             .map(|text| ToolOutput::Text(scrubber.scrub(&text)))
             .map_err(|e| e.scrubbed(&scrubber)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calls of one turn share one copy of the session's JSON: a
+    /// thousand calls waiting for a process slot hold it once.
+    #[test]
+    fn the_calls_of_a_turn_share_the_sessions_json() {
+        let history = vec![Turn::new(ChatMessage::user("hello"))];
+        let shared = SharedJson::new();
+        let seen = Seen {
+            history: &history,
+            encoded: None,
+            json: Some(&shared),
+        };
+        let call = CallContext::of_session("s", "a");
+        let (one, two) = (
+            seen.session_for(call.clone()),
+            seen.session_for(call.clone()),
+        );
+        let (one, two) = (one.session_json.unwrap(), two.session_json.unwrap());
+        assert!(std::sync::Arc::ptr_eq(&one, &two));
+        assert!(one.contains("hello"), "{one}");
+        // A call of its own makes the same JSON.
+        let alone = Seen::of(&history).session_for(call).session_json.unwrap();
+        assert_eq!(&*alone, &*one);
+    }
 }

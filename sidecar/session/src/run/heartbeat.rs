@@ -205,12 +205,12 @@ impl Heartbeat {
         } else if self.store.shared() {
             (
                 "interrupted: the server running it stopped",
-                "error: the server running this call stopped; it was not retried",
+                "error: the server running this call stopped during it; it was not retried, and its side effect may have happened: check before calling it again",
             )
         } else {
             (
                 "interrupted by a restart of the server",
-                "error: the server restarted during this call; it was not retried",
+                "error: the server restarted during this call; it was not retried, and its side effect may have happened: check before calling it again",
             )
         };
         let runner = rec.runner.take();

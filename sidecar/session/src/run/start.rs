@@ -77,6 +77,9 @@ pub struct Runs {
     pub(crate) max_steps: u32,
     /// Ask for streamed replies and forward text as `delta` events.
     pub(crate) stream: bool,
+    /// The server's bound on tool processes at once; each run takes its own
+    /// share of it.
+    pub(crate) tool_processes: bindery_tools::slots::ProcessSlots,
     /// How often servers beat: a cancel asked of another server is
     /// looked for at least this often.
     pub(crate) heartbeat_every: Duration,
@@ -363,6 +366,7 @@ impl Runs {
             values: &values,
             call: CallContext {
                 lineage: Some(Arc::new(StoreLineage::new(self.store.clone(), id))),
+                processes: self.tool_processes.for_run(),
                 ..CallContext::of_session(id, &agent.name)
             },
             cache: self.cache.as_ref(),

@@ -12,5 +12,7 @@ mod own_credentials;
 #[cfg(feature = "postgres-tests")]
 mod peers;
 mod sessions;
+mod tool_children;
 mod tool_output;
 mod tool_processes;
+mod tool_slots;

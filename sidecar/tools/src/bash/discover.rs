@@ -140,6 +140,10 @@ pub async fn load_script(path: &Path, limits: Limits) -> Result<BashTool, Script
             path: shown.clone(),
             source,
         },
+        ExecError::Ending => ScriptError::Unstarted {
+            path: shown.clone(),
+            source: std::io::Error::other("the server is stopping"),
+        },
         ExecError::Memory(m) => ScriptError::OverMemory {
             path: shown.clone(),
             mib: m / (1024 * 1024),

@@ -48,6 +48,8 @@ pub(super) struct Exec {
 
 pub(super) enum ExecError {
     Spawn(std::io::Error),
+    /// Not started: the server is ending.
+    Ending,
     Timeout(Duration),
     /// The call's processes held more than this many bytes together.
     Memory(u64),
@@ -76,6 +78,10 @@ pub(super) async fn exec(
         .filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k))
         .collect();
     vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
+    // What the call starts carries the server's mark: a server that died
+    // leaves it running, and the next one ends it.
+    let (mark, server) = bindery_reaper::mark();
+    vars.push((mark.into(), server.into()));
     // Each process of the call (its children inherit both) may write at
     // most `memory`, and fork only while the user has fewer than
     // `processes`: set in the child before it runs the script.
@@ -93,7 +99,10 @@ pub(super) async fn exec(
         let pid = child.id();
         Ok((child, Some(pid)))
     })
-    .map_err(ExecError::Spawn)?;
+    .map_err(|e| match bindery_reaper::ending() {
+        true => ExecError::Ending,
+        false => ExecError::Spawn(e),
+    })?;
     child.keep(kept);
     let pgid = Some(child.id());
     let mut child_stdin = child.stdin.take();
@@ -302,6 +311,9 @@ pub(super) async fn run(
 ) -> Result<ToolOutput, ToolError> {
     let inv = invocation(tool, &args)?;
     drop(args);
+    // Its run's and the server's bound on processes at once: it may wait,
+    // holding nothing of the process it will start.
+    let _slot = ctx.processes.take().await;
     let mut env = context_env(ctx);
     env.extend(inv.env);
     let name = tool.spec.name.as_str();
@@ -329,8 +341,26 @@ pub(super) async fn run(
     )
     .await;
     let elapsed_ms = started.elapsed().as_millis() as u64;
+    // Killed (and maybe reaped) by the server's end, not by anything of
+    // its own: whatever it did is not known.
+    let killed = match &result {
+        Ok(e) => e.status.code().is_none(),
+        Err(ExecError::Ending) => false,
+        Err(_) => true,
+    };
+    if killed && bindery_reaper::ending() {
+        tracing::warn!(tool = name, script = %path, elapsed_ms, "bash tool stopped: the server is stopping");
+        return Err(ToolError::Failed(
+            "the server stopped during this call, which was killed; its side effect may have happened: check before calling it again".into(),
+        ));
+    }
     let exec = match result {
         Ok(e) => e,
+        Err(ExecError::Ending) => {
+            return Err(ToolError::Failed(
+                "the server is stopping: this call did not run".into(),
+            ));
+        }
         Err(ExecError::Spawn(e)) => {
             tracing::warn!(tool = name, script = %path, "cannot start the script: {e}");
             return Err(ToolError::Failed(format!(

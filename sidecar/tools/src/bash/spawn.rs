@@ -9,7 +9,10 @@
 //! 100 MB). This starts the child as posix_spawn does, with
 //! `clone(CLONE_VM | CLONE_VFORK)`: the child borrows the parent's memory
 //! on a stack of its own and runs only system calls until it executes the
-//! script, while the calling thread waits; the limits are set in between.
+//! script, while the thread that cloned it waits; the limits are set in
+//! between, and its death with the server's (`PR_SET_PDEATHSIG`). Every
+//! child is cloned from one thread that lives as long as the server
+//! ([`spawner`]), which the death signal follows.
 //!
 //! The child's end is awaited on `SIGCHLD` (tokio's signal driver, which
 //! `tokio::process` shares), then reaped with `waitpid`.
@@ -68,6 +71,9 @@ struct ChildPlan {
     stdio: [RawFd; 3],
     limits: [(libc::__rlimit_resource_t, libc::rlim_t); 2],
     n_limits: usize,
+    /// The server's pid: a child whose parent is another by the time it
+    /// asks to die with it has lost it already, and ends.
+    server: libc::pid_t,
     errno: libc::c_int,
 }
 
@@ -100,6 +106,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             plan.errno = *libc::__errno_location();
             libc::_exit(127)
         };
+        // Killed when the server dies, even by SIGKILL: a call the server
+        // can no longer record does nothing more. The parent is the
+        // spawner thread, which lives as long as the server.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+            fail(plan);
+        }
+        if libc::getppid() != plan.server {
+            libc::_exit(127);
+        }
         if libc::setpgid(0, 0) != 0 {
             fail(plan);
         }
@@ -230,39 +245,10 @@ pub(super) fn spawn(spec: &Spawn<'_>) -> io::Result<Child> {
         ],
         limits,
         n_limits,
+        server: std::process::id() as libc::pid_t,
         errno: 0,
     };
-    // The child's own stack; the parent waits (CLONE_VFORK) until the
-    // child no longer needs it.
-    let mut stack = vec![0u8; 64 * 1024];
-    // SAFETY: the top of `stack`, aligned down to 16 as the ABI wants.
-    let top = unsafe { stack.as_mut_ptr().add(stack.len()) };
-    let top = (top as usize & !15) as *mut libc::c_void;
-
-    // SAFETY: every signal is blocked around clone so that no handler of
-    // the server's runs in the child while it shares the server's memory
-    // (the child resets them and unblocks before it executes). `plan`,
-    // the strings it points into and `stack` outlive the child's use of
-    // them: CLONE_VFORK returns only once the child executed or exited.
-    let pid = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            &mut plan as *mut ChildPlan as *mut libc::c_void,
-        );
-        let clone_error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if pid < 0 {
-            return Err(clone_error);
-        }
-        pid
-    };
-    drop(stack);
+    let pid = spawner::clone_child(&mut plan)?;
     // SAFETY: the child wrote it (or not) before the clone above returned.
     let errno = unsafe { std::ptr::read_volatile(&plan.errno) };
     if errno != 0 {
@@ -347,6 +333,88 @@ impl Drop for Child {
                 drop(kept);
             }
         }
+    }
+}
+
+/// The one thread every child is cloned from. A child's death signal
+/// (`PR_SET_PDEATHSIG`) fires when the thread that started it ends, not
+/// the process: a tokio thread may end while the server runs (a blocking
+/// pool's idle one, a worker given up by `block_in_place`), this one
+/// never does.
+mod spawner {
+    use super::{child_main, io, libc, ChildPlan};
+    use std::sync::mpsc;
+    use std::sync::{LazyLock, Mutex};
+
+    /// A plan's address and the answer's way back; the plan lives until
+    /// the answer came (its caller waits for it).
+    struct Job(usize, mpsc::SyncSender<io::Result<libc::pid_t>>);
+
+    static JOBS: LazyLock<Mutex<Option<mpsc::Sender<Job>>>> = LazyLock::new(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("bindery-spawner".into())
+            .spawn(move || {
+                // No handler of the server's runs here, so none in a
+                // child while it shares this memory; the child empties
+                // its mask before it executes.
+                // SAFETY: blocking signals on this thread only.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+                }
+                for Job(plan, answer) in rx {
+                    let _ = answer.send(clone_here(plan as *mut ChildPlan));
+                }
+            });
+        Mutex::new(started.ok().map(|_| tx))
+    });
+
+    /// Start the child `plan` describes, from the spawner thread; its pid.
+    pub(super) fn clone_child(plan: &mut ChildPlan) -> io::Result<libc::pid_t> {
+        let (answer, answered) = mpsc::sync_channel(1);
+        let sent = JOBS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|tx| tx.send(Job(plan as *mut ChildPlan as usize, answer)));
+        match sent {
+            Some(Ok(())) => answered
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("the spawner thread ended"))),
+            _ => Err(io::Error::other(
+                "no spawner thread: cannot start processes",
+            )),
+        }
+    }
+
+    fn clone_here(plan: *mut ChildPlan) -> io::Result<libc::pid_t> {
+        // The child's own stack; this thread waits (CLONE_VFORK) until
+        // the child no longer needs it.
+        let mut stack = vec![0u8; 64 * 1024];
+        // SAFETY: the top of `stack`, aligned down to 16 as the ABI wants.
+        let top = unsafe { stack.as_mut_ptr().add(stack.len()) };
+        let top = (top as usize & !15) as *mut libc::c_void;
+        // SAFETY: every signal is blocked on this thread, so no handler of
+        // the server's runs in the child while it shares the server's
+        // memory. `plan` (which the caller keeps, waiting for this
+        // answer), the strings it points into and `stack` outlive the
+        // child's use of them: CLONE_VFORK returns only once the child
+        // executed or exited.
+        let pid = unsafe {
+            libc::clone(
+                child_main,
+                top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                plan as *mut libc::c_void,
+            )
+        };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        drop(stack);
+        Ok(pid)
     }
 }
 

@@ -356,6 +356,11 @@ impl McpServer {
         for (k, v) in &env {
             cmd.env(k, v.expose());
         }
+        // Marked as a bash tool's process is: what the server leaves
+        // running when it dies (this server gets EOF on its stdin; what it
+        // started does not) is ended by the next start.
+        let (mark, server) = bindery_reaper::mark();
+        cmd.env(mark, server);
         let secrets = secrets_of(&env);
         let (mut child, kept) = bindery_reaper::spawn_kept(|| {
             let child = cmd.spawn()?;

@@ -166,3 +166,24 @@ async fn many_children_at_once_each_get_their_own_output() {
     });
     futures::future::join_all(runs).await;
 }
+
+/// A child dies with the server (`PR_SET_PDEATHSIG`), not with the thread
+/// that asked for it: started from a thread that then ends (as a blocking
+/// pool's idle thread does), it runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_outlives_the_thread_that_started_it() {
+    let rt = tokio::runtime::Handle::current();
+    let mut child = std::thread::spawn(move || {
+        let _in = rt.enter();
+        sh("read line; echo \"got $line\"", true, None, None)
+    })
+    .join()
+    .unwrap();
+    // That thread is gone; the child still reads and answers.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"more\n").await.unwrap();
+    drop(stdin);
+    let (status, out, _) = output(child).await;
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(out, "got more\n");
+}
