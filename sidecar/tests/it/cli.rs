@@ -368,7 +368,7 @@ fn env_mode_keeps_the_token_out_of_argv() {
     );
     assert!(
         out.stdout.contains("bindery-vars: 0"),
-        "the sidecar's BINDERY_* variables are withheld: {}",
+        "the sidecar's BINDERY_* variables are withheld (the mark BINDERY_TOOL_SERVER aside): {}",
         out.stdout
     );
     assert!(out.stdout.contains("agent: prober"), "{}", out.stdout);
