@@ -7,7 +7,6 @@
 //! as interrupted; and a side effect the tool had not reached never
 //! happens.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -81,8 +80,7 @@ impl Brood {
         let tools = dir.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
         let script = tools.join("brood");
-        std::fs::write(&script, brood(out.path())).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        executable(&script, &brood(out.path()));
         let mock = MockLlm::start(|req: &Value| {
             let last = last_message(req);
             if last["role"] == "tool" {
@@ -92,16 +90,7 @@ impl Brood {
             MockReply::tool_call("bash_brood", json!({ "mode": mode }))
         })
         .await;
-        let agent = dir.path().join("a.yaml");
-        std::fs::write(
-            &agent,
-            format!(
-                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-                mock.url(),
-                tools.display()
-            ),
-        )
-        .unwrap();
+        let agent = bash_agent(dir.path(), &mock.url(), &tools);
         Brood {
             dir,
             out,

@@ -45,8 +45,7 @@ async fn nothing_a_tool_starts_outlives_its_call() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let script = tools.join("leaver");
-    std::fs::write(&script, LEAVER).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    executable(&script, LEAVER);
     let pids = dir.path().join("pids");
     let mock = MockLlm::start(|req: &Value| {
         let last = last_message(req);
@@ -132,16 +131,7 @@ impl OneTool {
             },
         )
         .await;
-        let agent = dir.path().join("a.yaml");
-        std::fs::write(
-            &agent,
-            format!(
-                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-                mock.url(),
-                tools.display()
-            ),
-        )
-        .unwrap();
+        let agent = bash_agent(dir.path(), &mock.url(), &tools);
         OneTool { dir, mock, agent }
     }
 

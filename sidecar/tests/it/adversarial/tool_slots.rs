@@ -4,7 +4,6 @@
 //! rest wait their turn; and another session's call is not starved. A
 //! reply of more calls than a reply may ask for runs none, streamed or not.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::common::*;
@@ -78,8 +77,7 @@ async fn a_thousand_calls_never_run_more_processes_than_the_bounds() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let script = tools.join("count");
-    std::fs::write(&script, counter(count.path())).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    executable(&script, &counter(count.path()));
     // `many N`: N gated calls in one reply; `one`: one free call.
     let mock = MockLlm::start(|req: &Value| {
         let last = last_message(req);
@@ -98,16 +96,7 @@ async fn a_thousand_calls_never_run_more_processes_than_the_bounds() {
         )
     })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
+    let agent = bash_agent(dir.path(), &mock.url(), &tools);
     let (_sidecar, api) = serve(
         &agent,
         &sqlite_in(dir.path()),
@@ -210,8 +199,7 @@ async fn a_reply_of_too_many_calls_runs_none_streamed_or_not() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let script = tools.join("count");
-    std::fs::write(&script, counter(count.path())).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    executable(&script, &counter(count.path()));
     let mock = MockLlm::start(|_: &Value| {
         MockReply::ToolCalls(
             (0..200)
@@ -220,16 +208,7 @@ async fn a_reply_of_too_many_calls_runs_none_streamed_or_not() {
         )
     })
     .await;
-    let agent = dir.path().join("a.yaml");
-    std::fs::write(
-        &agent,
-        format!(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
-            mock.url(),
-            tools.display()
-        ),
-    )
-    .unwrap();
+    let agent = bash_agent(dir.path(), &mock.url(), &tools);
     for extra in [&["--no-stream"][..], &[]] {
         let (_sidecar, api) = serve(&agent, &sqlite_in(dir.path()), extra, &[], dir.path());
         let id = new_session(&api, json!({"agent": "a"})).await;

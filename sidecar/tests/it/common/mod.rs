@@ -198,6 +198,21 @@ impl World {
     }
 }
 
+/// An agent `a` of one bash toolbox, the executables in `tools`, its
+/// model at `model_url`: `dir/a.yaml`.
+pub fn bash_agent(dir: &Path, model_url: &str, tools: &Path) -> PathBuf {
+    let agent = dir.join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{model_url}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            tools.display()
+        ),
+    )
+    .unwrap();
+    agent
+}
+
 /// The SQLite store `store.sqlite` in `dir`, as `--store` takes it.
 pub fn sqlite_in(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("store.sqlite").display())
