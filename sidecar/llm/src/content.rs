@@ -73,6 +73,19 @@ impl std::fmt::Debug for Media {
     }
 }
 
+/// The media types a model is sent: images as `image_url` (the four
+/// every provider takes), a PDF as `file`.
+pub const SENT_TYPES: [&str; 5] = [
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "application/pdf",
+];
+
+/// Bytes of no type a model is sent.
+pub const OCTET_STREAM: &str = "application/octet-stream";
+
 /// The bytes of media one message may carry (a tool's result, the files
 /// of `run -m`): its turn holds them base64, and every later request of
 /// the session sends them again. 4 MiB.
@@ -88,6 +101,9 @@ impl Media {
     /// `file` (named `filename`), as agents-exe sends them; `None` for
     /// any other type, which no chat model takes.
     pub fn part(&self, filename: &str) -> Option<ContentPart> {
+        if !SENT_TYPES.contains(&self.mime.as_str()) {
+            return None;
+        }
         if self.mime.starts_with("image/") {
             Some(ContentPart::ImageUrl {
                 image_url: ImageUrl {
@@ -113,6 +129,24 @@ impl Media {
             self.mime,
             base64::engine::general_purpose::STANDARD.encode(&self.bytes)
         )
+    }
+
+    /// The same bytes, typed as one of [`SENT_TYPES`] or else
+    /// `application/octet-stream`. What a tool says its bytes are is its
+    /// own text: as it goes to the model, the history and the store only
+    /// as a type of the list, it carries nothing else (a secret's value
+    /// spelled as `image/<value>`).
+    pub fn typed(self) -> Media {
+        let named = self.mime.split(';').next().unwrap_or("").trim();
+        let mime = SENT_TYPES
+            .iter()
+            .find(|t| t.eq_ignore_ascii_case(named))
+            .copied()
+            .unwrap_or(OCTET_STREAM);
+        Media {
+            mime: mime.to_string(),
+            bytes: self.bytes,
+        }
     }
 
     /// What a text that stands for it says: its type and size.
@@ -311,5 +345,36 @@ mod tests {
             Content::Parts(p) => p.iter().filter_map(ContentPart::mime).collect(),
             Content::Text(_) => Vec::new(),
         }
+    }
+
+    /// A type is one of the list or octet-stream: a tool's claimed type
+    /// carries none of its own text.
+    #[test]
+    fn a_media_type_is_one_a_model_is_sent_or_octet_stream() {
+        let typed = |mime: &str| {
+            Media {
+                mime: mime.into(),
+                bytes: vec![1],
+            }
+            .typed()
+            .mime
+        };
+        assert_eq!(typed("image/png"), "image/png");
+        assert_eq!(typed("IMAGE/JPEG; q=1"), "image/jpeg");
+        assert_eq!(typed("application/pdf"), "application/pdf");
+        for other in [
+            "image/CANARY-xyz123",
+            "image/svg+xml",
+            "text/plain",
+            "",
+            "image/png/x",
+        ] {
+            assert_eq!(typed(other), OCTET_STREAM, "{other}");
+        }
+        let odd = Media {
+            mime: "image/bmp".into(),
+            bytes: vec![1],
+        };
+        assert!(odd.part("f.bmp").is_none(), "an untyped image is not sent");
     }
 }

@@ -6,9 +6,11 @@
 //! it): a medium whose bytes hold a secret in any form the scrubber knows
 //! is withheld whole, and the turn says so. A result keeps at most
 //! [`MAX_RESULT_MEDIA`] bytes of media, whatever the tool's own limit; past
-//! it a medium is refused and the turn says so. A medium no chat model
-//! takes (neither an image nor a PDF: `application/octet-stream`, what a
-//! script prints that is not UTF-8) is described, not sent.
+//! it a medium is refused and the turn says so. A medium's type is one a
+//! model is sent ([`bindery_llm::content::SENT_TYPES`]) or becomes
+//! `application/octet-stream` (the type is the tool's own text: so it
+//! carries nothing else); such a medium (what a script prints that is
+//! not UTF-8, too) is described, not sent.
 
 use bindery_llm::{Content, ContentPart, Media};
 use bindery_params::scrub::Scrubber;
@@ -83,6 +85,7 @@ pub fn recorded(id: &str, result: Result<ToolOutput, ToolError>, scrubber: &Scru
 /// before it), else a text part that says why not; and what the event
 /// says of it. `kept`: the media bytes the result keeps so far.
 fn medium(id: &str, m: Media, scrubber: &Scrubber, kept: &mut usize) -> (Vec<ContentPart>, String) {
+    let m = m.typed();
     let what = m.describe();
     let refused = |why: String| {
         let text = format!("[{what}: {why}]");
@@ -226,5 +229,25 @@ mod tests {
             r.content,
             Content::Text("[application/octet-stream, 3 bytes: not text, and not a type a model is sent (an image or a PDF); not sent]".into())
         );
+    }
+
+    /// A medium whose claimed type holds a secret keeps none of it: its
+    /// type is octet-stream, and it is described, not sent.
+    #[test]
+    fn a_media_type_is_never_a_tools_own_text() {
+        let mut s = Scrubber::default();
+        s.add("token", &SecretString::new("canary-7f3a9c"));
+        for m in [
+            media("image/canary-7f3a9c", &[1, 2, 3]),
+            media("image/canary7f3a9c", &[1]),
+        ] {
+            let r = recorded("c1", Ok(ToolOutput::Mixed(vec![OutputPart::Media(m)])), &s);
+            let all = format!("{:?} {}", r.content, r.shown);
+            assert!(!all.contains("7f3a9c"), "{all}");
+            assert!(!r.content.has_media(), "{all}");
+            assert!(r.shown.contains("application/octet-stream"), "{}", r.shown);
+        }
+        let r = recorded("c1", Ok(ToolOutput::Media(png())), &s);
+        assert!(r.content.has_media(), "a PNG is still sent: {}", r.shown);
     }
 }

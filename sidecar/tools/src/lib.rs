@@ -290,7 +290,7 @@ pub enum OutputPart {
 
 /// The media type a script's stdout is taken as when it is not UTF-8 and
 /// its `describe` declares none (agents-exe's rule).
-pub const OCTET_STREAM: &str = "application/octet-stream";
+pub const OCTET_STREAM: &str = bindery_llm::content::OCTET_STREAM;
 
 impl ToolOutput {
     /// A text result.
