@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use bindery_params::scrub::{fold, folded};
 use bindery_params::{ParamValue, SecretString, Values};
 use bindery_tools::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 
@@ -52,19 +53,8 @@ impl std::fmt::Display for Shown {
 pub struct Guard<'a> {
     scrub: &'a dyn Fn(&str) -> String,
     folded: Vec<SecretString>,
-}
-
-/// Shorter folded values would match names by chance.
-const MIN_FOLDED: usize = 8;
-
-/// Letters and digits only, lower case: a server that makes a tool name
-/// of a credential has to drop or change what a name may not hold
-/// (`sk-live-1` becomes `sk_live_1`), which the scrubber would not know.
-fn fold(text: &str) -> String {
-    text.chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
+    /// Also every live value, folded.
+    live: bool,
 }
 
 impl<'a> Guard<'a> {
@@ -72,13 +62,18 @@ impl<'a> Guard<'a> {
         scrub: &'a dyn Fn(&str) -> String,
         secrets: impl IntoIterator<Item = &'s SecretString>,
     ) -> Self {
-        let folded = secrets
-            .into_iter()
-            .map(|s| fold(s.expose()))
-            .filter(|f| f.len() >= MIN_FOLDED)
-            .map(SecretString::new)
-            .collect();
-        Guard { scrub, folded }
+        let folded = secrets.into_iter().filter_map(folded).collect();
+        Guard {
+            scrub,
+            folded,
+            live: false,
+        }
+    }
+
+    /// The same guard, which also finds every live value folded in a name
+    /// (a changed listing, which may hold any session's value).
+    pub fn with_live(self) -> Self {
+        Guard { live: true, ..self }
     }
 
     /// How a name that holds a value, as it is or folded, is shown;
@@ -91,11 +86,10 @@ impl<'a> Guard<'a> {
                 name: scrubbed,
             });
         }
-        let name = fold(name);
-        self.folded
-            .iter()
-            .any(|f| name.contains(f.expose()))
-            .then_some(Shown::Hidden { what })
+        let folded_name = fold(name);
+        let holds = self.folded.iter().any(|f| folded_name.contains(f.expose()))
+            || (self.live && bindery_params::live::name_holds_folded(name));
+        holds.then_some(Shown::Hidden { what })
     }
 
     /// `tool` as its listing may be shown: unchanged when no value is

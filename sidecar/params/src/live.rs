@@ -38,6 +38,9 @@ struct Registry {
 #[derive(Default)]
 struct State {
     entries: BTreeMap<u64, Vec<Prepared>>,
+    /// Each entry's values folded (see [`super::scrub::fold`]), long
+    /// enough to be told in a name.
+    folded: BTreeMap<u64, Vec<SecretString>>,
     /// Entries registered since `base` was built.
     recent: Vec<u64>,
     /// Values of `base` unregistered since it was built.
@@ -82,6 +85,7 @@ pub struct Registration(u64);
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.folded.remove(&self.0);
         let Some(gone) = state.entries.remove(&self.0) else {
             return;
         };
@@ -155,9 +159,14 @@ pub fn register(secrets: Vec<(String, SecretString)>) -> Option<Registration> {
     if prepared.is_empty() {
         return None;
     }
+    let folded = secrets
+        .iter()
+        .filter_map(|(_, secret)| super::scrub::folded(secret))
+        .collect();
     let key = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
     let mut state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
     state.entries.insert(key, prepared);
+    state.folded.insert(key, folded);
     state.recent.push(key);
     publish(&mut state);
     Some(Registration(key))
@@ -174,6 +183,20 @@ pub fn register_values(values: &Values) -> Option<Registration> {
             })
             .collect(),
     )
+}
+
+/// Whether `name` holds a live value folded (see
+/// [`super::scrub::fold`]): what a name made of a value would hold, where
+/// the scrubber, which knows a value's encodings and not its spellings,
+/// finds nothing.
+pub fn name_holds_folded(name: &str) -> bool {
+    let name = super::scrub::fold(name);
+    let state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
+    state
+        .folded
+        .values()
+        .flatten()
+        .any(|f| name.contains(f.expose()))
 }
 
 /// What scrubs every live value now.

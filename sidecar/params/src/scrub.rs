@@ -170,6 +170,25 @@ pub struct Scrubber {
     lookahead: usize,
 }
 
+/// Letters and digits only, lower case: a name made of a value has to
+/// drop or change what a name may not hold (`sk-live-1` becomes
+/// `sk_live_1`), which the scrubber would not know.
+pub fn fold(text: &str) -> String {
+    text.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// Shorter folded values would match names by chance.
+pub const MIN_FOLDED: usize = 8;
+
+/// `secret` folded, if long enough to be told in a name.
+pub fn folded(secret: &SecretString) -> Option<SecretString> {
+    let f = fold(secret.expose());
+    (f.len() >= MIN_FOLDED).then(|| SecretString::new(f))
+}
+
 impl Default for Scrubber {
     fn default() -> Self {
         Scrubber {

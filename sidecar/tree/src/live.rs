@@ -142,7 +142,7 @@ pub fn guard_listings(tools: Vec<BoundTool>, place: &str) -> Vec<BoundTool> {
     let live = bindery_params::live::scrubber();
     let scrub = |x: &str| live.scrub(&own.scrub(x));
     let secrets = bindery_bindings::listing::secrets_of(&none, &tools);
-    let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets);
+    let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets).with_live();
     tools
         .into_iter()
         .filter_map(|t| match guard.check(t) {
@@ -314,7 +314,13 @@ mod tests {
             ..echo.spec().clone()
         })));
         let named = tool(&format!("t_{canary}"), &[]);
-        let kept = guard_listings(vec![described, named], "toolbox 1 (mcp s)");
+        // A session's value as a name would hold it: not its exact text.
+        let folded = tool(&canary.replace('-', "_").to_lowercase(), &[]);
+        let folded_arg = tool("x", &[(&canary.replace('-', ""), true)]);
+        let kept = guard_listings(
+            vec![described, named, folded, folded_arg],
+            "toolbox 1 (mcp s)",
+        );
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].spec().description, "auth <secret:api_token>");
     }
