@@ -39,6 +39,11 @@ async fn spec_server() -> String {
         match how.as_str() {
             "desc" => op("listItems", &format!("Lists items (auth {key}).")),
             "name" => op(&format!("list_{key}"), "Lists items."),
+            // Its only operation is skipped, quoting the key in the warning.
+            "place" => json!({"openapi": "3.0.0", "info": {"title": "t", "version": "1"},
+                "paths": {"/items": {"get": {"operationId": "listItems",
+                  "parameters": [{"name": "p", "in": key, "required": true}]}}}})
+            .to_string(),
             _ => format!("openapi: !!int {key}\npaths: {{}}\n"),
         }
     }
@@ -142,20 +147,22 @@ async fn an_echoed_key_in_a_listing_reaches_no_model_and_no_output() {
     }
 }
 
-/// A tool named after the key is left out, and a spec that fails to
-/// parse is quoted, neither showing the key.
+/// A tool named after the key is left out, a spec that fails to parse is
+/// quoted, and one whose only operation is skipped warns, none showing
+/// the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_listing_is_told_without_the_key() {
     let server = spec_server().await;
     let dir = tempfile::tempdir().unwrap();
-    for (how, said) in [
-        ("name", "its name holds a secret value"),
-        ("yaml", "neither JSON"),
+    for (how, said, fails) in [
+        ("name", "its name holds a secret value", true),
+        ("yaml", "neither JSON", true),
+        ("place", "which is not supported", false),
     ] {
         for param in [true, false] {
             let file = agent(dir.path(), "http://127.0.0.1:9/v1", &server, how, param);
             let (code, out) = sidecar(&["check", "--agent-file", &file]).await;
-            assert_ne!(code, 0, "{out}");
+            assert_eq!(code != 0, fails, "{out}");
             assert!(out.contains(said), "{out}");
             assert!(!out.contains(KEY), "{out}");
         }

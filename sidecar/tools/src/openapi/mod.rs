@@ -707,7 +707,10 @@ pub async fn load_with(
     Ok(Loaded {
         tools,
         credentials: hidden,
-        warnings,
+        // A warning quotes the document (a parameter's place, a media
+        // type), which may echo a credential; with no tool left, nothing
+        // downstream knows the toolbox's credentials to scrub them.
+        warnings: warnings.iter().map(|w| quoting.scrub(w)).collect(),
     })
 }
 
