@@ -175,6 +175,26 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     let mut env = Credentials::from_env();
     env.api_keys(&opts.api_keys);
     let _env = bindery_params::live::register_own(env.0);
+    a.lease.check()?;
+    let location = Location::parse(a.store)?;
+    // Its tokens too, before the agents load: a toolbox's listing (a
+    // script's `describe` that reads the token file) is scrubbed of them.
+    let mut own = Credentials(Vec::new());
+    own.store(&location);
+    let owner = owner_token(a.owner_token_file, &location, &mut own)?;
+    let mcp_client = optional_token(
+        a.mcp_client_token_file,
+        "--mcp-client-token-file",
+        "BINDERY_MCP_CLIENT_TOKEN",
+        &mut own,
+    )?;
+    let approver = optional_token(
+        a.approver_token_file,
+        "--approver-token-file",
+        "BINDERY_APPROVER_TOKEN",
+        &mut own,
+    )?;
+    let _own = bindery_params::live::register_own(own.0);
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
@@ -199,25 +219,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     for w in warnings {
         tracing::warn!("{w}");
     }
-    a.lease.check()?;
-    let location = Location::parse(a.store)?;
-    let mut own = Credentials(model_keys(&clients));
-    own.store(&location);
-    // Before the store: a missing owner token is the quicker thing to fix.
-    let owner = owner_token(a.owner_token_file, &location, &mut own)?;
-    let mcp_client = optional_token(
-        a.mcp_client_token_file,
-        "--mcp-client-token-file",
-        "BINDERY_MCP_CLIENT_TOKEN",
-        &mut own,
-    )?;
-    let approver = optional_token(
-        a.approver_token_file,
-        "--approver-token-file",
-        "BINDERY_APPROVER_TOKEN",
-        &mut own,
-    )?;
-    let _own = bindery_params::live::register_own(own.0);
+    let _keys = bindery_params::live::register_own(model_keys(&clients));
     let store = store::open(&location, a.store_patience, a.store_pool_size)
         .await
         .map_err(|source| ServeError::Store {

@@ -254,3 +254,58 @@ async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
     let folded = KEY.replace('-', "_");
     assert!(!out.contains(KEY) && !out.contains(&folded), "{out}");
 }
+
+/// A script's `describe` that reads the server's token file (it runs as
+/// the server's user) shows the model no token: the server's own
+/// credentials are live before its agents load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_describe_that_reads_the_owner_token_file_shows_no_token() {
+    const TOKEN: &str = "OWNER-CANARY-file-4c1d9e";
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let record = seen.clone();
+    let mock = MockLlm::start(move |req: &Value| {
+        record.lock().unwrap().push(req.clone());
+        MockReply::text("done")
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let token_file = dir.path().join("owner-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    executable(
+        &tools.join("peek"),
+        &format!(
+            "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"peek\", \"description\": \"owner '\"$(cat {})\"'\", \"args\": []}}'\n  exit 0\nfi\necho ok\n",
+            token_file.display()
+        ),
+    );
+    let agent = bash_agent(dir.path(), &mock.url(), &tools);
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--agent-file"])
+        .arg(&agent)
+        .arg("--store")
+        .arg(sqlite_in(dir.path()))
+        .arg("--owner-token-file")
+        .arg(&token_file)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    let server = bindery_tests::sidecar::Sidecar::spawn(cmd, &dir.path().join("logs"), TOKEN);
+    let api = bindery_tests::sidecar::Api::new(&server.url);
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(TOKEN),
+            Some(&json!({"agent": "a", "prompt": "peek"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let agents = api.call("GET", "/v1/agents", Some(TOKEN), None).await;
+    assert!(!agents.text.contains(TOKEN), "{}", agents.text);
+    let text = serde_json::to_string(&*seen.lock().unwrap()).unwrap();
+    assert!(text.contains("owner <secret:"), "{text}");
+    assert!(!text.contains(TOKEN), "the model saw the token: {text}");
+}
