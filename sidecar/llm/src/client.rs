@@ -171,11 +171,10 @@ impl ChatClient {
         within_calls(response, &limits)
     }
 
-    /// The whole request's deadline: never shorter than one attempt's
-    /// timeout, so a longer `--llm-timeout` is not cut by the default.
+    /// The whole request's deadline (the command line makes it at least
+    /// one attempt's timeout unless it was given).
     fn deadline(&self) -> Duration {
-        let e = &self.inner.endpoint;
-        e.limits.deadline.max(e.timeout)
+        self.inner.endpoint.limits.deadline
     }
 
     async fn complete_within(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {

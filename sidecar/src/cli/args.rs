@@ -617,9 +617,10 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 3)]
     pub llm_retries: u32,
     /// Seconds a whole model request may last, its retries and a streamed
-    /// reply included (--llm-timeout bounds each wait within it).
-    #[arg(long, default_value_t = 600)]
-    pub llm_deadline: u64,
+    /// reply included (--llm-timeout bounds each wait within it); by
+    /// default 600, or --llm-timeout when that is longer.
+    #[arg(long)]
+    pub llm_deadline: Option<u64>,
     /// Bytes a model's reply may hold, streamed or not: past them it is
     /// refused and none of it kept.
     #[arg(long, default_value_t = bindery_llm::ReplyLimits::DEFAULT_MAX_BYTES)]

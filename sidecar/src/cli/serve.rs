@@ -26,6 +26,17 @@ use bindery_spec::ModelSpec;
 use bindery_store::wire::SessionEvent;
 use bindery_store::{self as store, Location};
 
+/// A whole model request's deadline: as given, else the default, or one
+/// attempt's timeout when that is longer (a long `--llm-timeout` alone is
+/// not cut by the default). One given shorter than the timeout cuts the
+/// attempt: it is what was asked for.
+fn deadline(given: Option<u64>, timeout: u64) -> Duration {
+    match given {
+        Some(secs) => Duration::from_secs(secs),
+        None => bindery_llm::ReplyLimits::DEFAULT_DEADLINE.max(Duration::from_secs(timeout)),
+    }
+}
+
 pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
     ClientOptions {
         timeout: Duration::from_secs(m.llm_timeout),
@@ -33,7 +44,7 @@ pub(super) fn client_options(m: &ModelArgs) -> ClientOptions {
         limits: bindery_llm::ReplyLimits {
             max_bytes: m.model_max_reply_bytes,
             max_tool_calls: m.model_max_tool_calls,
-            deadline: Duration::from_secs(m.llm_deadline),
+            deadline: deadline(m.llm_deadline, m.llm_timeout),
         },
         // The key only from the environment: an argv is visible to `ps`.
         model: m.model_url.as_ref().map(|url| ModelOverride {
@@ -657,7 +668,17 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::advertise_url;
+    use super::{advertise_url, deadline};
+    use std::time::Duration;
+
+    /// Given, the deadline is what was asked for, even below the timeout;
+    /// by default it is never shorter than one attempt's timeout.
+    #[test]
+    fn the_deadline_is_as_given_else_at_least_the_timeout() {
+        assert_eq!(deadline(Some(8), 120), Duration::from_secs(8));
+        assert_eq!(deadline(None, 120), Duration::from_secs(600));
+        assert_eq!(deadline(None, 900), Duration::from_secs(900));
+    }
 
     #[test]
     fn with_peer_tls_the_advertised_address_is_the_peer_port_over_https() {
