@@ -191,6 +191,8 @@ impl World {
             .map(|name| {
                 let mut endpoint = ModelEndpoint::new("http://model.invalid/v1", "scripted");
                 endpoint.timeout = MODEL_TIMEOUT;
+                // As the command line makes it: never below one attempt's.
+                endpoint.limits.deadline = MODEL_TIMEOUT;
                 let client = ChatClient::in_process(endpoint, self.model.clone()).unwrap();
                 (name.clone(), client)
             })
