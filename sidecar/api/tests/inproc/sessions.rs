@@ -401,3 +401,81 @@ async fn a_resume_runs_once_and_only_after_a_run_stopped_short() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// A cancel keeps the result of a call of the turn that already ended:
+/// its side effect happened, and the model is told what it said, not that
+/// it was cancelled; the call still running is answered as cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_keeps_the_results_of_the_calls_that_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let gate = dir.path().join("gate");
+    bindery_tests::fixtures::bash_tool(&tools, "fast", "Done at once.", "echo fast did it\n");
+    bindery_tests::fixtures::bash_tool(
+        &tools,
+        "slow",
+        "Waits for its gate.",
+        &format!("while [ ! -e {} ]; do sleep 0.05; done\n", gate.display()),
+    );
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"{MODEL_URL}\", name: m}}\n  toolboxes:\n    - bash: {{directory: \"{}\"}}\n",
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&[agent], dir.path(), |req: &Value| {
+        if tool_results(req).is_empty() {
+            MockReply::ToolCalls(vec![
+                ("bash_fast".into(), json!({})),
+                ("bash_slow".into(), json!({})),
+            ])
+        } else {
+            MockReply::text("done")
+        }
+    })
+    .await;
+    let api = &server.api;
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "a", "prompt": "go"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = session_id(&r);
+    // The fast call has ended (its count is in /metrics) while the slow
+    // one waits.
+    eventually("the fast call ends", PATIENCE, async || {
+        let m = api.call("GET", "/metrics", None, None).await;
+        m.text
+            .lines()
+            .any(|l| l.starts_with("bindery_tool_calls_total{tool=\"bash_fast\",outcome=\"ok\""))
+            .then_some(())
+    })
+    .await;
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/cancel"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    std::fs::write(&gate, "").unwrap();
+    let turns = eventually("the run ends", PATIENCE, async || {
+        let r = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        (r.json["status"] != "running").then(|| r.json["session"]["turns"].to_string())
+    })
+    .await;
+    assert!(turns.contains("fast did it"), "{turns}");
+    assert_eq!(turns.matches("the run was cancelled").count(), 1, "{turns}");
+}

@@ -18,6 +18,7 @@ use super::Events;
 use super::Outcome;
 use super::RunContext;
 use super::RunEnd;
+use super::CANCELLED;
 use crate::budget::Gate;
 use crate::lookups;
 use crate::lookups::LookupCache;
@@ -76,29 +77,60 @@ pub(super) async fn act(
     // The session's JSON, the same for every call of the turn: made once
     // and shared, not held once a call by a thousand calls waiting.
     let json = SharedJson::new();
-    // Biased: a run cancelled by then (or found taken) starts no call.
-    let results = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => None,
-        r = futures::future::join_all(now.iter().map(|c| {
-            let seen = Seen { history, encoded, json: Some(&json) };
-            dispatch(ctx, host, c, seen, cancel)
-        })) => Some(r),
+    // Each call's outcome as it ends. Biased: a run cancelled by then (or
+    // found taken) starts no call, and once cancelled no call goes on.
+    let mut running: futures::stream::FuturesUnordered<_> = now
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let seen = Seen {
+                history,
+                encoded,
+                json: Some(&json),
+            };
+            async move { (i, dispatch(ctx, host, c, seen, cancel).await) }
+        })
+        .collect();
+    let mut ended: Vec<Option<Outcome>> = now.iter().map(|_| None).collect();
+    let cancelled = loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break true,
+            next = futures::StreamExt::next(&mut running) => match next {
+                Some((i, outcome)) => ended[i] = Some(outcome),
+                None => break false,
+            },
+        }
     };
-    let Some(results) = results else {
+    drop(running);
+    let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
+    if cancelled {
+        // A call that ended before the cancel keeps its result (its side
+        // effect happened, and the model is told so); the others (one
+        // left waiting on a person included) say they were cancelled.
         for call in calls {
-            let msg = Turn::new(ChatMessage::tool_result(
-                &call.id,
-                "error: the run was cancelled",
-            ));
-            history.push(msg.clone());
-            host.turn(&msg, Events::new()).await;
+            let done =
+                now.iter()
+                    .position(|c| c.id == call.id)
+                    .and_then(|i| match ended[i].take() {
+                        Some(Outcome::Done(result)) => Some(result),
+                        _ => None,
+                    });
+            match done {
+                Some(result) => record_result(history, host, scrubber, &call.id, result).await,
+                None => {
+                    let msg = Turn::new(ChatMessage::tool_result(&call.id, CANCELLED));
+                    history.push(msg.clone());
+                    host.turn(&msg, Events::new()).await;
+                }
+            }
         }
         return Some(RunEnd::Cancelled);
-    };
-    let mut waiting: Vec<Blocked> = waiting.into_iter().filter_map(|(_, b)| b).collect();
-    for (call, outcome) in now.iter().zip(results) {
-        settle(history, host, scrubber, &call.id, outcome, &mut waiting).await;
+    }
+    for (call, outcome) in now.iter().zip(ended) {
+        if let Some(outcome) = outcome {
+            settle(history, host, scrubber, &call.id, outcome, &mut waiting).await;
+        }
     }
     (!waiting.is_empty()).then_some(RunEnd::Blocked(waiting))
 }
