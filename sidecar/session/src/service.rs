@@ -187,7 +187,7 @@ impl Service {
                 store,
                 Arc::new(move |op, took, error| {
                     metrics.store_operation(op, took);
-                    health.saw(error);
+                    health.saw(op, error);
                 }),
             ))
         };

@@ -250,12 +250,10 @@ const CHECKPOINT_PAGES: std::ffi::c_int = 1000;
 /// Sessions in a SQLite file.
 pub struct SqliteStore {
     path: Arc<Path>,
-    conn: Arc<Mutex<Connection>>,
+    conn: Arc<Mutex<Held>>,
     /// One operation at a time takes the connection.
     turn: tokio::sync::Semaphore,
     histories: Histories,
-    /// This store's hold on the file (see [`hold`]), released with it.
-    _lock: Option<std::fs::File>,
     /// The last operation that waited for another process's lock gave up:
     /// until one succeeds, operations try once and do not wait, so that
     /// requests queued behind each other answer at once, not a wait each.
@@ -289,18 +287,31 @@ impl SqliteStore {
             )));
         }
         let op = Op::new("open the session store", &path);
+        if path.to_string_lossy().starts_with("file:") {
+            // SQLite would read it as a URI and open another file than
+            // the one held (see `hold`).
+            return Err(op.fail(
+                "a file: URI is not a path here: give the database file's path \
+                 (sqlite://PATH or PATH)",
+            ));
+        }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| op.fail(format_args!("cannot create its directory: {e}")))?;
         }
-        let lock = if alone { Some(hold(&path, &op)?) } else { None };
-        create_private_file(&path).map_err(|e| op.fail(format_args!("cannot create it: {e}")))?;
+        let file = create_private_file(&path)
+            .map_err(|e| op.fail(format_args!("cannot create it: {e}")))?;
+        warn_of_other_names(&file, &path);
+        let hold = match alone {
+            true => Some(Arc::new(hold(file, &path, &op)?)),
+            false => None,
+        };
 
-        let mut conn = Connection::open(&path).map_err(|e| op.db(e))?;
+        let mut conn = Held::open(&path, hold.clone(), &op)?;
         configure(&conn, &op)?;
         check_integrity(&conn, &op)?;
         migrate(&mut conn, &path)?;
-        checkpoint_aside(&mut conn, &path, &op)?;
+        conn.aside = Some(checkpoint_aside(&mut conn, &path, hold, &op)?);
         // Short operations fail at once on another process's lock (see `run_short`).
         conn.busy_timeout(Duration::ZERO).map_err(|e| op.db(e))?;
         Ok(SqliteStore {
@@ -308,7 +319,6 @@ impl SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             turn: tokio::sync::Semaphore::new(1),
             histories: Histories::new(KEPT_HISTORIES),
-            _lock: lock,
             locked_out: Default::default(),
         })
     }
@@ -420,9 +430,9 @@ impl SqliteStore {
 /// The connection, unless a panic while it was held may have left a
 /// transaction half done: then refuse rather than guess.
 fn lock<'a>(
-    conn: &'a Mutex<Connection>,
+    conn: &'a Mutex<Held>,
     op: &Op<'_>,
-) -> Result<std::sync::MutexGuard<'a, Connection>, StoreError> {
+) -> Result<std::sync::MutexGuard<'a, Held>, StoreError> {
     conn.lock()
         .map_err(|_| op.fail("the connection is unusable after a panic in an earlier operation"))
 }
@@ -431,12 +441,18 @@ fn lock<'a>(
 /// write-ahead log whenever a commit of `conn`'s leaves it
 /// [`CHECKPOINT_PAGES`] long or longer, instead of that commit. PASSIVE:
 /// it waits for no reader or writer, and copies what it can; the next
-/// commit past the mark asks again. The thread ends with `conn`.
-fn checkpoint_aside(conn: &mut Connection, path: &Path, op: &Op<'_>) -> Result<(), StoreError> {
-    let other = Connection::open(path).map_err(|e| op.db(e))?;
+/// commit past the mark asks again. The thread ends with `conn`, and
+/// its connection keeps the hold on the file until it is closed.
+fn checkpoint_aside(
+    conn: &mut Connection,
+    path: &Path,
+    hold: Option<Arc<std::fs::File>>,
+    op: &Op<'_>,
+) -> Result<Aside, StoreError> {
+    let other = Held::open(path, hold, op)?;
     let (due, wake) = std::sync::mpsc::sync_channel::<()>(1);
     let file = path.display().to_string();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
         .spawn(move || {
             while wake.recv().is_ok() {
@@ -455,7 +471,8 @@ fn checkpoint_aside(conn: &mut Connection, path: &Path, op: &Op<'_>) -> Result<(
         }
         Ok(())
     }))
-    .map_err(|e| op.db(e))
+    .map_err(|e| op.db(e))?;
+    Ok(Aside(Some(thread)))
 }
 
 /// The sums a [`Totals`] reads, in its order.
@@ -558,44 +575,32 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Take the file for this store alone, or fail naming who has it. Two
-/// servers on one file (a volume mounted by two pods during a rollout)
-/// would each take the other's runs for its own last process's, lost, and
-/// close them while they run. The hold is an exclusive `flock` on
-/// `PATH.lock`, which the kernel releases when the process ends, however
-/// it ends; the file says who holds it, for the refusal.
-fn hold(path: &Path, op: &Op<'_>) -> Result<std::fs::File, StoreError> {
-    use std::io::{Read, Seek, Write};
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let lock_path = PathBuf::from(name);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .map_err(|e| op.fail(format_args!("cannot open {}: {e}", lock_path.display())))?;
+/// Take the database file for this store alone, or fail naming who has
+/// it. Two servers on one file (a volume mounted by two pods during a
+/// rollout) would each take the other's runs for its own last process's,
+/// lost, and close them while they run. The hold is an exclusive `flock`
+/// on the file itself, not on a name: every name of it (a hard or
+/// symbolic link, another mount of its directory) finds it taken, and no
+/// file deleted lets it go; the kernel does when the process ends, however
+/// it ends. (SQLite locks with `fcntl`, which `flock` does not touch.)
+/// `PATH.lock` says who holds it, for the refusal; where that note is not
+/// found (beside another name of the file), the kernel's list of locks
+/// names the holder's pid.
+fn hold(file: std::fs::File, path: &Path, op: &Op<'_>) -> Result<std::fs::File, StoreError> {
+    use std::io::Write;
+    let note = holder_note(path);
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
-            let holder = if holder.is_empty() {
-                "another process".to_string()
-            } else {
-                holder.chars().take(200).collect()
-            };
             return Err(op.fail(format_args!(
-                "it is in use by {holder} (it holds {}); one SQLite file serves one server: \
+                "it is in use by {}; one SQLite file serves one server: \
                  stop that one first, give each server a file of its own, or share a \
                  PostgreSQL store (--store postgres://…)",
-                lock_path.display()
+                holder(&file, &note)
             )));
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(op.fail(format_args!("cannot lock {}: {e}", lock_path.display())))
+            return Err(op.fail(format_args!("cannot lock it: {e}")))
         }
     }
     let me = format!(
@@ -604,14 +609,88 @@ fn hold(path: &Path, op: &Op<'_>) -> Result<std::fs::File, StoreError> {
         host_name(),
         humantime::format_rfc3339_seconds(std::time::SystemTime::now())
     );
-    let wrote = file
-        .set_len(0)
-        .and_then(|()| file.rewind())
-        .and_then(|()| file.write_all(me.as_bytes()));
+    let wrote = std::fs::File::create(&note).and_then(|mut f| f.write_all(me.as_bytes()));
     if let Err(e) = wrote {
-        tracing::warn!("cannot say who holds {}: {e}", lock_path.display());
+        tracing::warn!("cannot say who holds the store in {}: {e}", note.display());
     }
     Ok(file)
+}
+
+/// A file with more than one name (hard links) is served, but said: SQLite
+/// keeps its write-ahead log beside the name it opens, so commits not yet
+/// copied into the file when a server stops abruptly are seen only by a
+/// server opening the same name again.
+fn warn_of_other_names(file: &std::fs::File, path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let Some(names) = file.metadata().ok().map(|m| m.nlink()).filter(|&n| n > 1) {
+            tracing::warn!(
+                store = %path.display(),
+                "the session store's file has {names} names (hard links): always open it by \
+                 this one, or remove the others, since its write-ahead log lies beside the name"
+            );
+        }
+    }
+}
+
+/// `PATH.lock`, where the server holding the file says who it is: a note
+/// only, the hold is on the file (see [`hold`]).
+fn holder_note(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Who holds `file`, for a refusal: the note beside this name of it if
+/// the kernel's list agrees (or has no word), else the kernel's pid.
+fn holder(file: &std::fs::File, note: &Path) -> String {
+    let text = std::fs::read_to_string(note)
+        .ok()
+        .map(|t| t.trim().chars().take(200).collect::<String>())
+        .filter(|t| !t.is_empty());
+    match (flock_holder(file), text) {
+        (Some(pid), Some(text)) if text.contains(&format!("pid {pid} ")) => text,
+        (Some(pid), _) => format!("pid {pid} on this machine (it holds the file's lock)"),
+        (None, Some(text)) => text,
+        (None, None) => "another process".into(),
+    }
+}
+
+/// The pid holding an exclusive `flock` on `file`, from the kernel's list
+/// of locks; `None` where it is not listed or not visible from here (in
+/// another pid namespace, or on another machine).
+#[cfg(target_os = "linux")]
+fn flock_holder(file: &std::fs::File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().ok()?;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    flock_holder_in(&locks, meta.dev(), meta.ino())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn flock_holder(_: &std::fs::File) -> Option<u32> {
+    None
+}
+
+/// [`flock_holder`] in `/proc/locks`' text, whose lines read
+/// `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF`: the device's major
+/// and minor numbers in hex, then the inode (a waiter's line has `->`
+/// after the number, and a pid not visible from here is 0).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn flock_holder_in(locks: &str, dev: u64, inode: u64) -> Option<u32> {
+    // glibc's `major` and `minor` of a `dev_t`.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let file = format!("{major:02x}:{minor:02x}:{inode}");
+    locks.lines().find_map(
+        |line| match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [_, "FLOCK", _, "WRITE", pid, at, ..] if *at == file => {
+                pid.parse().ok().filter(|&pid| pid != 0)
+            }
+            _ => None,
+        },
+    )
 }
 
 /// This machine's name: a pod's own (`HOSTNAME`), else the kernel's.
@@ -651,18 +730,70 @@ fn check_integrity(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
     ))))
 }
 
-/// Create the file readable by its owner only, if it does not exist yet:
-/// it holds conversations. SQLite gives its `-wal` and `-shm` files the
-/// same permissions.
-fn create_private_file(path: &Path) -> std::io::Result<()> {
+/// Open the file, creating it readable by its owner only if it does not
+/// exist yet: it holds conversations. SQLite gives its `-wal` and `-shm`
+/// files the same permissions.
+fn create_private_file(path: &Path) -> std::io::Result<std::fs::File> {
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(false);
+    options.read(true).write(true).create(true).truncate(false);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    options.open(path).map(drop)
+    options.open(path)
+}
+
+/// A connection to the database file, and this store's hold on the file,
+/// let go after it (fields drop in order): closing any descriptor of the
+/// file drops every `fcntl` lock SQLite holds on it in this process, so
+/// the hold's descriptor stays open until the last connection is closed.
+/// A store's connection also waits for its checkpoint thread to close its
+/// own, so that dropping the store lets go of the file at once.
+struct Held {
+    conn: Connection,
+    aside: Option<Aside>,
+    _hold: Option<Arc<std::fs::File>>,
+}
+
+/// The checkpoint thread, joined when dropped: it ends once the
+/// connection that wakes it is closed (see [`checkpoint_aside`]).
+struct Aside(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for Aside {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Held {
+    fn open(
+        path: &Path,
+        hold: Option<Arc<std::fs::File>>,
+        op: &Op<'_>,
+    ) -> Result<Held, StoreError> {
+        let conn = Connection::open(path).map_err(|e| op.db(e))?;
+        Ok(Held {
+            conn,
+            aside: None,
+            _hold: hold,
+        })
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
 }
 
 fn configure(conn: &Connection, op: &Op<'_>) -> Result<(), StoreError> {
@@ -1995,6 +2126,66 @@ mod tests {
         drop(first);
         let again = open_in(&dir);
         again.create(&mut record("s1", 1)).await.unwrap();
+    }
+
+    /// The hold is on the file, not on a name: a second store through a
+    /// hard link or a symbolic link to it, or after its `.lock` note was
+    /// deleted, is refused naming the holder's pid (from the kernel's list
+    /// of locks where no note is beside that name).
+    #[tokio::test]
+    async fn a_second_store_on_another_name_of_a_file_in_use_is_refused_naming_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = open_in(&dir);
+        let hard = dir.path().join("hard.db");
+        std::fs::hard_link(first.path(), &hard).unwrap();
+        let soft = dir.path().join("soft.db");
+        std::os::unix::fs::symlink(first.path(), &soft).unwrap();
+        let me = format!("pid {} ", std::process::id());
+        for other in [&hard, &soft] {
+            let err = SqliteStore::open(&other.to_string_lossy())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&me), "{}: {err}", other.display());
+            assert!(err.contains("one SQLite file serves one server"), "{err}");
+        }
+        std::fs::remove_file(holder_note(first.path())).unwrap();
+        let err = SqliteStore::open(&first.path().to_string_lossy())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&me), "{err}");
+        drop(first);
+        let again = SqliteStore::open(&hard.to_string_lossy()).unwrap();
+        again.create(&mut record("s1", 1)).await.unwrap();
+    }
+
+    /// A `file:` URI is refused: SQLite would open the file it names, not
+    /// the one held.
+    #[test]
+    fn a_file_uri_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = format!("sqlite://file:{}", dir.path().join("s.db").display());
+        let err = SqliteStore::open(&uri).unwrap_err().to_string();
+        assert!(err.contains("a file: URI is not a path"), "{err}");
+        assert!(!Path::new("file:").exists(), "a directory made for the URI");
+    }
+
+    #[test]
+    fn the_holder_of_a_flock_is_read_from_the_kernels_list() {
+        let locks = "1: POSIX  ADVISORY  WRITE 77 fd:01:1234 1073741824 1073741824
+2: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF
+2: -> FLOCK  ADVISORY  WRITE 99 fd:01:1234 0 EOF
+3: FLOCK  ADVISORY  WRITE 5151 103:02:1234 0 EOF
+3: FLOCK  ADVISORY  WRITE 6161 08:1234:1234 0 EOF
+4: FLOCK  ADVISORY  WRITE 0 00:2a:7 0 EOF
+";
+        assert_eq!(flock_holder_in(locks, 0xfd01, 1234), Some(4242));
+        // Majors and minors past 255 (glibc's `makedev(0x103, 2)` and
+        // `makedev(8, 0x1234)`).
+        assert_eq!(flock_holder_in(locks, 0x10302, 1234), Some(5151));
+        assert_eq!(flock_holder_in(locks, 0x120_0834, 1234), Some(6161));
+        assert_eq!(flock_holder_in(locks, 0xfd01, 1235), None);
+        // Not visible from this pid namespace.
+        assert_eq!(flock_holder_in(locks, 0x2a, 7), None);
     }
 
     /// Pages damaged in the middle of a file that opens (its header and

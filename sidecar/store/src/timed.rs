@@ -18,6 +18,30 @@ use bindery_tools::lineage::Kin;
 /// long it took, failed ones included, and its error if it failed.
 pub type Observer = Arc<dyn Fn(&'static str, Duration, Option<&StoreError>) + Send + Sync>;
 
+/// The operations that write, by the names the observer is told: only
+/// one of them answered shows that a store found out can take writes
+/// again (reads go on through another process's write lock, under
+/// SQLite's write-ahead log).
+pub const WRITES: &[&str] = &[
+    "create",
+    "update",
+    "append_event",
+    "update_with_events",
+    "update_with_usage",
+    "beat",
+    "put_agent",
+    "delete_agent",
+    "claim",
+    "record",
+    "forget_runner",
+    "prune_runners",
+];
+
+/// Whether the operation named `op` writes (see [`WRITES`]).
+pub fn writes(op: &str) -> bool {
+    WRITES.contains(&op)
+}
+
 /// An operation's outcome, as the observer is told it.
 trait Outcome {
     fn error(&self) -> Option<&StoreError>;
@@ -432,5 +456,33 @@ mod tests {
         ];
         assert_eq!(*inner.0.lock().unwrap(), all);
         assert_eq!(*seen.lock().unwrap(), all);
+        // What writes is named as the observer is told it.
+        for op in WRITES {
+            assert!(
+                all.contains(op) || ["put_agent", "delete_agent"].contains(op),
+                "{op}"
+            );
+        }
+        let reads: Vec<_> = all.iter().filter(|op| !writes(op)).collect();
+        assert_eq!(
+            reads,
+            [
+                "get",
+                "list",
+                "lineage",
+                "running",
+                "waiting",
+                "events_after",
+                "peer",
+                "heartbeats",
+                "release_memory",
+                "measure",
+                "peak",
+                "report",
+                "session_totals"
+            ]
+            .iter()
+            .collect::<Vec<_>>()
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! A store the server cannot trust is not served, through the binary: a
-//! second server on one SQLite file refuses to start and names the first;
+//! second server on one SQLite file, by any name of it, refuses to start
+//! and names the first;
 //! a file with damaged pages is refused at start; a store that does not
 //! answer (its write lock held by another process past the server's wait)
 //! makes requests answer 503 with `Retry-After` and `/readyz` 503 at once,
-//! never 500, and both recover with the store.
+//! never 500, until writes go through again (a read going through does
+//! not make it ready), and both recover with the store.
 
 use std::io::{Seek, SeekFrom, Write};
 use std::process::{Command, Stdio};
@@ -20,20 +22,42 @@ fn store_path(w: &World) -> std::path::PathBuf {
 
 /// `serve` on the world's store, which must fail: what it printed.
 fn serve_fails(w: &World) -> String {
-    let out = Command::new(bin())
+    serve_fails_on(w, &w.store)
+}
+
+/// `serve` on `store`, which must fail: what it printed. One that starts
+/// instead is stopped, and the test fails.
+fn serve_fails_on(w: &World, store: &str) -> String {
+    let log = w.dir.path().join("refused.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--agent-file"])
         .arg(&w.agent)
-        .args(["--store", &w.store])
+        .args(["--store", store])
         .env("BINDERY_OWNER_TOKEN", OWNER)
         .stdin(Stdio::null())
-        .output()
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
         .expect("bindery-sidecar runs");
-    assert!(!out.status.success(), "serve should have failed");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let printed = std::fs::read_to_string(&log).unwrap();
+    match status {
+        Some(status) => assert!(!status.success(), "serve should have failed: {printed}"),
+        None => panic!("serve on {store} started, and should have been refused: {printed}"),
+    }
+    printed
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,6 +70,31 @@ async fn a_second_server_on_one_sqlite_file_refuses_to_start_naming_the_first() 
         "{err}"
     );
     assert!(err.contains("one SQLite file serves one server"), "{err}");
+    // The same file by another name: a hard link (SQLite would give it a
+    // write-ahead log of its own) or a symbolic link. No note of the
+    // holder lies beside those names: the kernel's list of locks names it.
+    let path = store_path(&w);
+    let hard = w.dir.path().join("hard.db");
+    std::fs::hard_link(&path, &hard).unwrap();
+    let soft = w.dir.path().join("soft.db");
+    std::os::unix::fs::symlink(&path, &soft).unwrap();
+    for other in [&hard, &soft] {
+        let err = serve_fails_on(&w, &format!("sqlite://{}", other.display()));
+        assert!(
+            err.contains(&format!("in use by pid {} on this machine", first.pid())),
+            "{}: {err}",
+            other.display()
+        );
+    }
+    // Nor does deleting the note free the file.
+    let mut note = path.clone().into_os_string();
+    note.push(".lock");
+    std::fs::remove_file(&note).unwrap();
+    let err = serve_fails(&w);
+    assert!(
+        err.contains(&format!("in use by pid {} ", first.pid())),
+        "{err}"
+    );
     // The first goes on serving, its runs untouched.
     invoices_run(&api).await;
 }
@@ -116,6 +165,23 @@ async fn a_store_that_does_not_answer_is_a_503_with_retry_after_and_not_ready_at
         assert_eq!(body["error"], "store_unavailable", "{body}");
     }
     // Not ready from the failure on, not a heartbeat later.
+    assert_eq!(ready(http.clone(), api.base.clone()).await, 503);
+    // A read goes through the write lock; writes still do not: not ready.
+    let listed = http
+        .get(format!("{}/v1/sessions", api.base))
+        .bearer_auth(OWNER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status().as_u16(), 200);
+    assert_eq!(ready(http.clone(), api.base.clone()).await, 503);
+    assert_eq!(
+        create(http.clone(), api.base.clone())
+            .await
+            .status()
+            .as_u16(),
+        503
+    );
     assert_eq!(ready(http.clone(), api.base.clone()).await, 503);
 
     blocker.execute_batch("ROLLBACK").unwrap();
