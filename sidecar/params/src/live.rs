@@ -118,9 +118,20 @@ pub fn register_own(secrets: Vec<(String, SecretString)>) -> Option<Registration
 /// Only ever grows, and only by files the server itself names.
 static PRIVATE_FILES: RwLock<BTreeSet<PathBuf>> = RwLock::new(BTreeSet::new());
 
+/// The same files by identity (device, inode), where they exist when
+/// named: another name of one (a hard link) is the same file.
+static PRIVATE_IDS: RwLock<BTreeSet<(u64, u64)>> = RwLock::new(BTreeSet::new());
+
 /// Note `path` as one of the server's private files (one not there yet is
 /// named by its canonical directory).
 pub fn private_file(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::MetadataExt;
+        PRIVATE_IDS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((meta.dev(), meta.ino()));
+    }
     let canonical = std::fs::canonicalize(path).ok().or_else(|| {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -134,6 +145,16 @@ pub fn private_file(path: &Path) {
             .unwrap_or_else(|p| p.into_inner())
             .insert(p);
     }
+}
+
+/// Whether the file of `meta` is one of the server's private files,
+/// under whatever name.
+pub fn is_private_id(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    PRIVATE_IDS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&(meta.dev(), meta.ino()))
 }
 
 /// Whether `canonical` is one of the server's private files.

@@ -7,7 +7,7 @@
 //! medium, withheld whole when it holds a live secret.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bindery_llm::content::MAX_MEDIA_BYTES;
 use bindery_llm::Media;
@@ -95,6 +95,10 @@ pub fn attach(
     if !meta.is_file() {
         return Err(AttachError::NotAFile { file: file() });
     }
+    // Another name of a private file (a hard link) is the same file.
+    if bindery_params::live::is_private_id(&meta) {
+        return Err(denied());
+    }
     // The predicate's own paths, from the same directory and canonical
     // where they exist, so a sandbox naming a symlinked directory works.
     let at = |p: &str| -> String {
@@ -130,7 +134,18 @@ pub fn attach(
             .map(|e| format!(".{}", e.to_string_lossy()))
             .unwrap_or_default(),
     })?;
-    let bytes = read_at_most(&canonical, max).map_err(|error| AttachError::Read {
+    let opened = std::fs::File::open(&canonical).map_err(|error| AttachError::Read {
+        file: file(),
+        error,
+    })?;
+    // The name may have been given to a private file since it was judged.
+    if opened
+        .metadata()
+        .is_ok_and(|m| bindery_params::live::is_private_id(&m))
+    {
+        return Err(denied());
+    }
+    let bytes = read_at_most(opened, max).map_err(|error| AttachError::Read {
         file: file(),
         error,
     })?;
@@ -145,11 +160,9 @@ pub fn attach(
 }
 
 /// Up to `max + 1` bytes of the file (one more tells it grew past `max`).
-fn read_at_most(path: &PathBuf, max: u64) -> std::io::Result<Vec<u8>> {
+fn read_at_most(file: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 
@@ -244,6 +257,10 @@ mod tests {
         assert!(attach(Some(&all), "pics/key.txt", d.path()).is_ok());
         bindery_params::live::private_file(&key);
         let e = attach(Some(&all), "pics/../pics/key.txt", d.path()).unwrap_err();
+        assert!(matches!(e, AttachError::NotAllowed { .. }), "{e}");
+        // Another name of it (a hard link) is the same file.
+        std::fs::hard_link(&key, d.path().join("pics/other.txt")).unwrap();
+        let e = attach(Some(&all), "pics/other.txt", d.path()).unwrap_err();
         assert!(matches!(e, AttachError::NotAllowed { .. }), "{e}");
     }
 
