@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use bindery_params::scrub::{fold, folded};
+use bindery_params::scrub::{folded, holds_folded};
 use bindery_params::{ParamValue, SecretString, Values};
 use bindery_tools::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 
@@ -28,6 +28,10 @@ pub enum ListingRefused {
         "tool `{tool}`, {shown}: its name holds a secret value; the tool is left out (its server must not put a credential in an argument's name)"
     )]
     Argument { tool: String, shown: Shown },
+    #[error(
+        "tool `{tool}`: its description or schema spells a secret value in another form (its letters and digits, with other case or separators); the tool is left out"
+    )]
+    Text { tool: String },
 }
 
 /// A name that holds a secret, as an error may show it.
@@ -49,7 +53,7 @@ impl std::fmt::Display for Shown {
 }
 
 /// What a listing is checked against: a scrubber of every value it must
-/// not show, and those values folded (see [`fold`]) for names.
+/// not show, and those values folded (see [`bindery_params::scrub::fold`]) for names.
 pub struct Guard<'a> {
     scrub: &'a dyn Fn(&str) -> String,
     folded: Vec<SecretString>,
@@ -86,10 +90,12 @@ impl<'a> Guard<'a> {
                 name: scrubbed,
             });
         }
-        let folded_name = fold(name);
-        let holds = self.folded.iter().any(|f| folded_name.contains(f.expose()))
-            || (self.live && bindery_params::live::name_holds_folded(name));
-        holds.then_some(Shown::Hidden { what })
+        self.holds_folded(name).then_some(Shown::Hidden { what })
+    }
+
+    /// Whether `text` holds a value folded (see [`bindery_params::scrub::fold`]).
+    fn holds_folded(&self, text: &str) -> bool {
+        holds_folded(text, &self.folded) || (self.live && bindery_params::live::holds_folded(text))
     }
 
     /// `tool` as its listing may be shown: unchanged when no value is
@@ -128,6 +134,14 @@ impl<'a> Guard<'a> {
                 .collect(),
             writes: spec.writes,
         };
+        // A value in another spelling (`SESS_CANARY`, `s-e-s-s…`, a nested
+        // property named after it) cannot be replaced by a marker: the
+        // tool is left out.
+        if self.spells_a_value(&listed) {
+            return Err(ListingRefused::Text {
+                tool: spec.name.clone(),
+            });
+        }
         if &listed == spec {
             return Ok(tool);
         }
@@ -149,6 +163,30 @@ pub fn secrets_of(values: &Values, tools: &[BoundTool]) -> Vec<SecretString> {
     out.extend(tools.iter().flat_map(|t| t.secrets()).map(|(_, s)| s));
     out.extend(bindery_params::live::own().into_iter().map(|(_, s)| s));
     out
+}
+
+impl Guard<'_> {
+    /// Whether any text of `spec` (its descriptions, its schemas' strings
+    /// and keys) holds a value folded.
+    fn spells_a_value(&self, spec: &ToolSpec) -> bool {
+        fn strings<'v>(v: &'v serde_json::Value, out: &mut Vec<&'v str>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s),
+                serde_json::Value::Array(items) => items.iter().for_each(|i| strings(i, out)),
+                serde_json::Value::Object(map) => map.iter().for_each(|(k, v)| {
+                    out.push(k);
+                    strings(v, out);
+                }),
+                _ => {}
+            }
+        }
+        let mut texts = vec![spec.description.as_str(), spec.local_name.as_str()];
+        for a in &spec.args {
+            texts.push(&a.description);
+            strings(&a.schema, &mut texts);
+        }
+        texts.iter().any(|t| self.holds_folded(t))
+    }
 }
 
 /// Every string of `v` scrubbed, keys included (a schema's property names
@@ -302,5 +340,37 @@ mod tests {
         let ctx = CallContext::default();
         let got = out.inner.call(CallArgs::default(), &ctx).await.unwrap();
         assert_eq!(got, ToolOutput::text("called"));
+    }
+
+    /// A value spelled otherwise in a text, a nested property's name or a
+    /// fullwidth name cannot be a marker: the tool is left out.
+    #[test]
+    fn a_value_spelled_otherwise_anywhere_leaves_the_tool_out() {
+        let spaced = CANARY.chars().map(|c| format!("{c}-")).collect::<String>();
+        let fullwidth: String = CANARY
+            .chars()
+            .map(|c| match c {
+                'A'..='Z' | 'a'..='z' | '0'..='9' => char::from_u32(c as u32 + 0xFEE0).unwrap(),
+                c => c,
+            })
+            .collect();
+        let nested =
+            json!({"type": "object", "properties": {CANARY.replace('-', "_"): {"type": "string"}}});
+        for t in [
+            tool("a", &format!("Look up {spaced}"), "q", json!({})),
+            tool("b", "x", "q", nested),
+            tool(
+                "c",
+                "x",
+                "q",
+                json!({"enum": [CANARY.to_lowercase().replace('-', "")]}),
+            ),
+        ] {
+            let e = run(t).err().unwrap();
+            assert!(matches!(e, ListingRefused::Text { .. }), "{e}");
+            assert!(!e.to_string().contains("4f1b9e"), "{e}");
+        }
+        let e = run(tool("d", "x", &fullwidth, json!({}))).err().unwrap();
+        assert!(matches!(e, ListingRefused::Argument { .. }), "{e}");
     }
 }

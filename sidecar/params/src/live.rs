@@ -206,18 +206,16 @@ pub fn register_values(values: &Values) -> Option<Registration> {
     )
 }
 
-/// Whether `name` holds a live value folded (see
+/// Whether `name` (or any text) holds a live value folded (see
 /// [`super::scrub::fold`]): what a name made of a value would hold, where
 /// the scrubber, which knows a value's encodings and not its spellings,
 /// finds nothing.
-pub fn name_holds_folded(name: &str) -> bool {
-    let name = super::scrub::fold(name);
+pub fn holds_folded(name: &str) -> bool {
     let state = REGISTRY.state.lock().unwrap_or_else(|p| p.into_inner());
     state
         .folded
         .values()
-        .flatten()
-        .any(|f| name.contains(f.expose()))
+        .any(|f| super::scrub::holds_folded(name, f))
 }
 
 /// What scrubs every live value now.

@@ -175,9 +175,28 @@ pub struct Scrubber {
 /// `sk_live_1`), which the scrubber would not know.
 pub fn fold(text: &str) -> String {
     text.chars()
+        .map(halfwidth)
         .filter(char::is_ascii_alphanumeric)
         .map(|c| c.to_ascii_lowercase())
         .collect()
+}
+
+/// A fullwidth letter or digit (`Ｓ`, `２`) as its ASCII one: the same
+/// character to a reader, and to a model.
+fn halfwidth(c: char) -> char {
+    match c {
+        '\u{FF10}'..='\u{FF19}' | '\u{FF21}'..='\u{FF3A}' | '\u{FF41}'..='\u{FF5A}' => {
+            char::from_u32(c as u32 - 0xFEE0).unwrap_or(c)
+        }
+        c => c,
+    }
+}
+
+/// Whether `text` holds one of `folded` (values folded, see [`folded`])
+/// when it is folded too.
+pub fn holds_folded(text: &str, folded: &[SecretString]) -> bool {
+    let text = fold(text);
+    folded.iter().any(|f| text.contains(f.expose()))
 }
 
 /// Shorter folded values would match names by chance.

@@ -39,11 +39,18 @@ async fn spec_server() -> String {
         match how.as_str() {
             "desc" => op("listItems", &format!("Lists items (auth {key}).")),
             "name" => op(&format!("list_{key}"), "Lists items."),
-            // Its only operation is skipped, quoting the key in the warning.
-            "place" => json!({"openapi": "3.0.0", "info": {"title": "t", "version": "1"},
-                "paths": {"/items": {"get": {"operationId": "listItems",
-                  "parameters": [{"name": "p", "in": key, "required": true}]}}}})
-            .to_string(),
+            // Its only operation is skipped, quoting the key (as it is, or
+            // spelled otherwise) in the warning.
+            "place" | "spelled" => {
+                let place = match how.as_str() {
+                    "place" => key.clone(),
+                    _ => format!("weird{}", key.to_lowercase().replace('-', "")),
+                };
+                json!({"openapi": "3.0.0", "info": {"title": "t", "version": "1"},
+                    "paths": {"/items": {"get": {"operationId": "listItems",
+                      "parameters": [{"name": "p", "in": place, "required": true}]}}}})
+                .to_string()
+            }
             _ => format!("openapi: !!int {key}\npaths: {{}}\n"),
         }
     }
@@ -158,6 +165,11 @@ async fn a_refused_listing_is_told_without_the_key() {
         ("name", "its name holds a secret value", true),
         ("yaml", "neither JSON", true),
         ("place", "which is not supported", false),
+        (
+            "spelled",
+            "its warning spells one of the toolbox's credentials",
+            false,
+        ),
     ] {
         for param in [true, false] {
             let file = agent(dir.path(), "http://127.0.0.1:9/v1", &server, how, param);
@@ -165,6 +177,8 @@ async fn a_refused_listing_is_told_without_the_key() {
             assert_eq!(code != 0, fails, "{out}");
             assert!(out.contains(said), "{out}");
             assert!(!out.contains(KEY), "{out}");
+            let spelled = KEY.to_lowercase().replace('-', "");
+            assert!(!out.contains(&spelled), "{out}");
         }
     }
 }

@@ -621,9 +621,11 @@ pub async fn load_with(
 
     // What the spec's server sends may echo any credential it was sent.
     let mut quoting = Scrubber::default();
-    for s in &secrets {
+    let mut folded = Vec::new();
+    for s in secrets.iter().chain(&fetch_secrets) {
         if let SecretValue::Loaded(v) = &s.value {
             quoting.add(s.place.name(), v);
+            folded.extend(bindery_params::scrub::folded(v));
         }
     }
     let doc = read_document(&tb.spec, base, &client, &fetch_secrets, &quoting).await?;
@@ -710,8 +712,21 @@ pub async fn load_with(
         // A warning quotes the document (a parameter's place, a media
         // type), which may echo a credential; with no tool left, nothing
         // downstream knows the toolbox's credentials to scrub them.
-        warnings: warnings.iter().map(|w| quoting.scrub(w)).collect(),
+        warnings: warnings
+            .iter()
+            .map(|w| quoted(w, &quoting, &folded))
+            .collect(),
     })
+}
+
+/// A warning as it may be shown: its credentials as markers, or, when it
+/// spells one otherwise (its letters and digits), not at all.
+fn quoted(warning: &str, quoting: &Scrubber, folded: &[SecretString]) -> String {
+    let scrubbed = quoting.scrub(warning);
+    if bindery_params::scrub::holds_folded(&scrubbed, folded) {
+        return "an operation is skipped; its warning spells one of the toolbox's credentials and is not shown".into();
+    }
+    scrubbed
 }
 
 /// The toolbox's plain `headers`, checked; one a secret also sets gives
