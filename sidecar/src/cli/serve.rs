@@ -247,7 +247,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     }
     let peer_tls = match a.peer_tls {
         Some((dir, name)) => {
-            Some(bindery_api::peer_tls::load(dir, name).map_err(ServeError::PeerTls)?)
+            let tls = bindery_api::peer_tls::load(dir, name).map_err(ServeError::PeerTls)?;
+            // Its private key is a credential: no `attach-file` reads it.
+            bindery_params::live::private_file(&dir.join("tls.key"));
+            Some(tls)
         }
         None => None,
     };

@@ -609,8 +609,21 @@ fn hold(file: std::fs::File, path: &Path, op: &Op<'_>) -> Result<std::fs::File, 
         host_name(),
         humantime::format_rfc3339_seconds(std::time::SystemTime::now())
     );
-    let wrote = std::fs::File::create(&note).and_then(|mut f| f.write_all(me.as_bytes()));
+    // Written aside and renamed over the note: a note that is a symlink
+    // (anyone who can write to the directory can make one) is replaced,
+    // never followed to write wherever it points.
+    let mut aside = note.clone().into_os_string();
+    aside.push(format!(".{}", std::process::id()));
+    let aside = PathBuf::from(aside);
+    let _ = std::fs::remove_file(&aside);
+    let wrote = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&aside)
+        .and_then(|mut f| f.write_all(me.as_bytes()))
+        .and_then(|()| std::fs::rename(&aside, &note));
     if let Err(e) = wrote {
+        let _ = std::fs::remove_file(&aside);
         tracing::warn!("cannot say who holds the store in {}: {e}", note.display());
     }
     Ok(file)
@@ -2219,5 +2232,19 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("the integrity check failed"), "{text}");
         assert!(text.contains("restore the file from a backup"), "{text}");
+    }
+
+    /// The note of who holds the file is never written through a symlink.
+    #[tokio::test]
+    async fn the_holders_note_does_not_follow_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("s.db.lock")).unwrap();
+        let store = open_in(&dir);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        let note = std::fs::read_to_string(dir.path().join("s.db.lock")).unwrap();
+        assert!(note.starts_with("Bindery server pid"), "{note}");
+        drop(store);
     }
 }
