@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use bindery_bindings::confirm::apply_toolbox_confirm;
 use bindery_bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
-use bindery_params::{AgentParams, ApiKeys, ProcessValues, Values};
+use bindery_params::{AgentParams, ApiKeys, ProcessValues, SecretString, Values};
 use bindery_spec::{AgentSpec, BindingValue, Scope, Toolbox};
 use bindery_tools::bash::{self, Limits};
 use bindery_tools::{Disposition, Tool};
@@ -211,8 +211,10 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     diags.append(&mut reader.ignored);
 
     let mut agents = BTreeMap::new();
+    let keys = model_keys(reader.pending.values(), opts);
     let loaded =
-        futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts))).await;
+        futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts, &keys)))
+            .await;
     for (agent, mut d) in loaded {
         diags.append(&mut d);
         agents.insert(agent.name.clone(), Arc::new(agent));
@@ -308,7 +310,8 @@ pub async fn load_document(
         spec: agent.spec,
         helpers: Vec::new(),
     };
-    let (loaded, mut d) = load_agent(&pending, opts).await;
+    let keys = model_keys([&pending], opts);
+    let (loaded, mut d) = load_agent(&pending, opts, &keys).await;
     diags.append(&mut d);
     if diags.iter().any(|d| d.level == Level::Error) {
         return Err(LoadError { diagnostics: diags });
@@ -502,7 +505,33 @@ impl Reader {
     }
 }
 
-async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagnostic>) {
+/// Every agent's model key that its file names (`apiKey`), each named by
+/// its agent: what no listing of any agent may show, though the keys are
+/// known to the server's scrubbers only once its clients are built.
+fn model_keys<'p>(
+    pending: impl IntoIterator<Item = &'p Pending>,
+    opts: &LoadOptions,
+) -> Vec<(String, SecretString)> {
+    pending
+        .into_iter()
+        .filter_map(|p| {
+            let src = p.spec.model.api_key.as_ref()?;
+            match bindery_params::sources::read_source(src, &p.base, &opts.api_keys) {
+                Ok(serde_json::Value::String(k)) if !k.is_empty() => {
+                    Some((format!("{} model key", p.name), SecretString::new(k)))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Load agent `p`; `keys`: the model keys no listing may show.
+async fn load_agent(
+    p: &Pending,
+    opts: &LoadOptions,
+    keys: &[(String, SecretString)],
+) -> (LoadedAgent, Vec<Diagnostic>) {
     let mut diags = Vec::new();
     let file = p.file.display().to_string();
     let here = format!("{file}: agent `{}`", p.name);
@@ -549,9 +578,13 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
         )
         .await;
         let loaded = tools.split_off(before);
-        let scrubber = bindery_bindings::scrubber_for(&known, &loaded);
+        let mut scrubber = bindery_bindings::scrubber_for(&known, &loaded);
+        let mut secrets = bindery_bindings::listing::secrets_of(&known, &loaded);
+        for (name, key) in keys {
+            scrubber.add(name, key);
+            secrets.push(key.clone());
+        }
         let scrub = |x: &str| scrubber.scrub(x);
-        let secrets = bindery_bindings::listing::secrets_of(&known, &loaded);
         let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets);
         let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
         for t in loaded {
@@ -605,7 +638,10 @@ async fn load_agent(p: &Pending, opts: &LoadOptions) -> (LoadedAgent, Vec<Diagno
     );
     // A load error may quote what a server sent (a spec's text, a
     // listing): it is shown as the values' markers.
-    let scrubber = bindery_bindings::scrubber_for(&known, &tools);
+    let mut scrubber = bindery_bindings::scrubber_for(&known, &tools);
+    for (name, key) in keys {
+        scrubber.add(name, key);
+    }
     for d in &mut diags {
         d.message = scrubber.scrub(&d.message);
     }
