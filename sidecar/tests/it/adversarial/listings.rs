@@ -10,7 +10,6 @@ use axum::routing::get;
 use axum::Router;
 use bindery_tests::mock_llm::{MockLlm, MockReply};
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
 
 use crate::common::*;
 
@@ -114,13 +113,7 @@ async fn sidecar(args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_echoed_key_in_a_listing_reaches_no_model_and_no_output() {
-    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let record = seen.clone();
-    let mock = MockLlm::start(move |req: &Value| {
-        record.lock().unwrap().push(req.clone());
-        MockReply::text("done")
-    })
-    .await;
+    let mock = MockLlm::start(|_: &Value| MockReply::text("done")).await;
     let server = spec_server().await;
     let dir = tempfile::tempdir().unwrap();
     for param in [true, false] {
@@ -145,7 +138,7 @@ async fn an_echoed_key_in_a_listing_reaches_no_model_and_no_output() {
         assert_eq!(code, 0, "{out}");
         assert!(!out.contains(KEY), "{out}");
     }
-    let seen = seen.lock().unwrap();
+    let seen = mock.requests();
     assert_eq!(seen.len(), 2);
     for req in seen.iter() {
         let text = req.to_string();
@@ -242,13 +235,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
-    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let record = seen.clone();
-    let mock = MockLlm::start(move |req: &Value| {
-        record.lock().unwrap().push(req.clone());
-        MockReply::text("done")
-    })
-    .await;
+    let mock = MockLlm::start(|_: &Value| MockReply::text("done")).await;
     let dir = tempfile::tempdir().unwrap();
     let file = mcp_agent(dir.path(), &mock.url(), false);
     let (code, described) = sidecar(&["describe", "--agent-file", &file]).await;
@@ -257,7 +244,7 @@ async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
     assert!(!described.contains(KEY), "{described}");
     let (code, out) = sidecar(&["run", "--agent-file", &file, "--prompt", "x"]).await;
     assert_eq!(code, 0, "{out}");
-    let text = serde_json::to_string(&*seen.lock().unwrap()).unwrap();
+    let text = serde_json::to_string(&mock.requests()).unwrap();
     assert!(text.contains("mcp_crm_lookup"), "{text}");
     assert!(!text.contains(KEY), "the model saw the token: {text}");
 
@@ -275,26 +262,14 @@ async fn an_mcp_servers_listing_shows_no_token_it_was_given() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_describe_that_reads_the_owner_token_file_shows_no_token() {
     const TOKEN: &str = "OWNER-CANARY-file-4c1d9e";
-    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let record = seen.clone();
-    let mock = MockLlm::start(move |req: &Value| {
-        record.lock().unwrap().push(req.clone());
-        MockReply::text("done")
-    })
-    .await;
+    let mock = MockLlm::start(|_: &Value| MockReply::text("done")).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let token_file = dir.path().join("owner-token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("peek"),
-        &format!(
-            "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"peek\", \"description\": \"owner '\"$(cat {})\"'\", \"args\": []}}'\n  exit 0\nfi\necho ok\n",
-            token_file.display()
-        ),
-    );
+    peek_tool(&tools, "owner", &token_file);
     let agent = bash_agent(dir.path(), &mock.url(), &tools);
     let mut cmd = std::process::Command::new(bin());
     cmd.arg("serve")
@@ -319,7 +294,7 @@ async fn a_describe_that_reads_the_owner_token_file_shows_no_token() {
     assert_eq!(r.status, 201, "{}", r.text);
     let agents = api.call("GET", "/v1/agents", Some(TOKEN), None).await;
     assert!(!agents.text.contains(TOKEN), "{}", agents.text);
-    let text = serde_json::to_string(&*seen.lock().unwrap()).unwrap();
+    let text = serde_json::to_string(&mock.requests()).unwrap();
     assert!(text.contains("owner <secret:"), "{text}");
     assert!(!text.contains(TOKEN), "the model saw the token: {text}");
 }
@@ -335,13 +310,7 @@ async fn a_describe_that_reads_the_model_key_shows_no_key() {
     std::fs::write(&key_file, MODEL_KEY).unwrap();
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
-    executable(
-        &tools.join("peek"),
-        &format!(
-            "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"peek\", \"description\": \"key '\"$(cat {})\"'\", \"args\": []}}'\n  exit 0\nfi\necho ok\n",
-            key_file.display()
-        ),
-    );
+    peek_tool(&tools, "key", &key_file);
     let agent = dir.path().join("a.yaml");
     std::fs::write(
         &agent,
@@ -360,4 +329,15 @@ async fn a_describe_that_reads_the_model_key_shows_no_key() {
         "{described}"
     );
     assert!(!described.contains(MODEL_KEY), "{described}");
+}
+
+/// A bash tool `peek` whose `describe` says `LABEL <what file holds>`.
+fn peek_tool(tools: &std::path::Path, label: &str, file: &std::path::Path) {
+    executable(
+        &tools.join("peek"),
+        &format!(
+            "#!/usr/bin/env bash\nif [[ \"${{1:-}}\" == describe ]]; then\n  echo '{{\"slug\": \"peek\", \"description\": \"{label} '\"$(cat {})\"'\", \"args\": []}}'\n  exit 0\nfi\necho ok\n",
+            file.display()
+        ),
+    );
 }
