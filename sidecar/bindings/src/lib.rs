@@ -475,18 +475,25 @@ impl BoundTool {
 /// What scrubs the output of `tools` called with `values`: every secret
 /// value, bound or held by a tool.
 pub fn scrubber_for(values: &Values, tools: &[BoundTool]) -> Scrubber {
-    let mut s = Scrubber::from_values(values);
-    for t in tools {
-        for (name, secret) in t.secrets() {
-            s.add(&name, &secret);
-        }
-    }
+    Scrubber::of(&secrets_for(values, tools))
+}
+
+/// Every secret value of `values` (named by parameter), those `tools`
+/// hold, and the server's own credentials: what their output and what
+/// they say of themselves must not show.
+pub fn secrets_for(values: &Values, tools: &[BoundTool]) -> Vec<(String, SecretString)> {
+    let mut out: Vec<(String, SecretString)> = values
+        .iter()
+        .filter_map(|(name, v)| match v {
+            ParamValue::Secret(s) => Some((name.clone(), s.clone())),
+            ParamValue::Plain(_) => None,
+        })
+        .collect();
+    out.extend(tools.iter().flat_map(BoundTool::secrets));
     // A tool that prints one of the server's own credentials (read from
     // wherever it could) leaves no trace of it either.
-    for (name, secret) in bindery_params::live::own() {
-        s.add(&name, &secret);
-    }
-    s
+    out.extend(bindery_params::live::own());
+    out
 }
 
 fn exposed(b: &AppliedBinding, values: &Values) -> bool {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use bindery_params::scrub::{folded, holds_folded};
-use bindery_params::{ParamValue, SecretString, Values};
+use bindery_params::SecretString;
 use bindery_tools::{ArgSpec, CallArgs, CallContext, Tool, ToolError, ToolOutput, ToolSpec};
 
 use crate::BoundTool;
@@ -147,22 +147,6 @@ impl<'a> Guard<'a> {
         }
         Ok(tool.relisted(listed))
     }
-}
-
-/// The secret values a listing of `tools` loaded with `values` must not
-/// hold: the values', the tools' own and the server's own credentials
-/// (what [`crate::scrubber_for`] scrubs).
-pub fn secrets_of(values: &Values, tools: &[BoundTool]) -> Vec<SecretString> {
-    let mut out: Vec<SecretString> = values
-        .values()
-        .filter_map(|v| match v {
-            ParamValue::Secret(s) => Some(s.clone()),
-            ParamValue::Plain(_) => None,
-        })
-        .collect();
-    out.extend(tools.iter().flat_map(|t| t.secrets()).map(|(_, s)| s));
-    out.extend(bindery_params::live::own().into_iter().map(|(_, s)| s));
-    out
 }
 
 impl Guard<'_> {

@@ -232,6 +232,16 @@ impl std::fmt::Debug for Scrubber {
 impl Scrubber {
     /// A scrubber for the secret values among `values`, each named by its
     /// parameter.
+    /// A scrubber of each `(name, secret)`; the first name of a value
+    /// stays its marker.
+    pub fn of<'a>(secrets: impl IntoIterator<Item = &'a (String, SecretString)>) -> Scrubber {
+        let mut s = Scrubber::default();
+        for (name, secret) in secrets {
+            s.add(name, secret);
+        }
+        s
+    }
+
     pub fn from_values(values: &Values) -> Scrubber {
         let mut s = Scrubber::default();
         for (name, v) in values {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use bindery_bindings::confirm::apply_toolbox_confirm;
 use bindery_bindings::{apply_bindings, BindingLayer, BoundTool, Diagnostic, Level};
+use bindery_params::scrub::Scrubber;
 use bindery_params::{AgentParams, ApiKeys, ProcessValues, SecretString, Values};
 use bindery_spec::{AgentSpec, BindingValue, Scope, Toolbox};
 use bindery_tools::bash::{self, Limits};
@@ -578,14 +579,11 @@ async fn load_agent(
         )
         .await;
         let loaded = tools.split_off(before);
-        let mut scrubber = bindery_bindings::scrubber_for(&known, &loaded);
-        let mut secrets = bindery_bindings::listing::secrets_of(&known, &loaded);
-        for (name, key) in keys {
-            scrubber.add(name, key);
-            secrets.push(key.clone());
-        }
+        let mut secrets = bindery_bindings::secrets_for(&known, &loaded);
+        secrets.extend_from_slice(keys);
+        let scrubber = Scrubber::of(&secrets);
         let scrub = |x: &str| scrubber.scrub(x);
-        let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets);
+        let guard = bindery_bindings::listing::Guard::new(&scrub, secrets.iter().map(|(_, s)| s));
         let place = format!("{here}, {}", bindery_spec::checks::toolbox_label(i, tb));
         for t in loaded {
             match guard.check(t) {
@@ -638,10 +636,9 @@ async fn load_agent(
     );
     // A load error may quote what a server sent (a spec's text, a
     // listing): it is shown as the values' markers.
-    let mut scrubber = bindery_bindings::scrubber_for(&known, &tools);
-    for (name, key) in keys {
-        scrubber.add(name, key);
-    }
+    let mut secrets = bindery_bindings::secrets_for(&known, &tools);
+    secrets.extend_from_slice(keys);
+    let scrubber = Scrubber::of(&secrets);
     for d in &mut diags {
         d.message = scrubber.scrub(&d.message);
     }

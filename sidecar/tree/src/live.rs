@@ -137,12 +137,12 @@ pub fn rebind(
 /// markers, a tool whose name holds one left out (a warning). What can
 /// leak here is what the server holds and every value live in the process.
 pub fn guard_listings(tools: Vec<BoundTool>, place: &str) -> Vec<BoundTool> {
-    let none = bindery_params::Values::new();
-    let own = bindery_bindings::scrubber_for(&none, &tools);
+    let secrets = bindery_bindings::secrets_for(&bindery_params::Values::new(), &tools);
+    let own = bindery_params::scrub::Scrubber::of(&secrets);
     let live = bindery_params::live::scrubber();
     let scrub = |x: &str| live.scrub(&own.scrub(x));
-    let secrets = bindery_bindings::listing::secrets_of(&none, &tools);
-    let guard = bindery_bindings::listing::Guard::new(&scrub, &secrets).with_live();
+    let guard =
+        bindery_bindings::listing::Guard::new(&scrub, secrets.iter().map(|(_, s)| s)).with_live();
     tools
         .into_iter()
         .filter_map(|t| match guard.check(t) {
