@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bindery_llm::{ChatClient, ModelEndpoint};
-use bindery_params::sources::read_source;
-use bindery_params::{ApiKeys, SecretString};
-use bindery_tree::AgentTree;
+use bindery_params::SecretString;
+use bindery_tree::{AgentTree, ModelKey};
 
 pub struct ClientOptions {
     pub timeout: Duration,
@@ -45,7 +44,6 @@ pub enum ClientError {
 /// requests then go without one, which suits local and mock models).
 pub fn build_clients(
     tree: &AgentTree,
-    keys: &ApiKeys,
     opts: &ClientOptions,
 ) -> Result<(BTreeMap<String, ChatClient>, Vec<String>), ClientError> {
     let mut clients = BTreeMap::new();
@@ -68,16 +66,15 @@ pub fn build_clients(
         endpoint.limits = opts.limits;
         // Refused at load (spec::checks) when unknown.
         endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
-        if let Some(src) = m.api_key.as_ref().filter(|_| opts.model.is_none()) {
-            match read_source(src, &agent.base, keys) {
-                Ok(serde_json::Value::String(k)) => {
-                    endpoint = endpoint.with_api_key(SecretString::new(k))
-                }
-                Ok(_) => warnings.push(format!(
+        if opts.model.is_none() {
+            match &agent.model_key {
+                ModelKey::Absent => {}
+                ModelKey::Key(k) => endpoint = endpoint.with_api_key(k.clone()),
+                ModelKey::NotText => warnings.push(format!(
                     "agent `{}`: the model's apiKey must be a string; requests go without a key",
                     agent.name
                 )),
-                Err(e) => warnings.push(format!(
+                ModelKey::Unreadable(e) => warnings.push(format!(
                     "agent `{}`: no API key for the model ({e}); requests go without a key",
                     agent.name
                 )),

@@ -92,8 +92,8 @@ impl Loaded {
         let mut own = Credentials::from_env();
         own.api_keys(&opts.api_keys);
         let own = bindery_params::live::register_own(own.0);
-        let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(model))
-            .map_err(RunError::Clients)?;
+        let (clients, warnings) =
+            build_clients(&tree, &client_options(model)).map_err(RunError::Clients)?;
         let keys = bindery_params::live::register_own(model_keys(&clients));
         for w in warnings {
             tracing::warn!("{w}");

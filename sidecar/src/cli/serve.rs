@@ -225,8 +225,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             bindery_params::live::register(secrets)
         })
         .collect();
-    let (clients, warnings) = build_clients(&tree, &opts.api_keys, &client_options(a.model))
-        .map_err(ServeError::Clients)?;
+    let (clients, warnings) =
+        build_clients(&tree, &client_options(a.model)).map_err(ServeError::Clients)?;
     for w in warnings {
         tracing::warn!("{w}");
     }

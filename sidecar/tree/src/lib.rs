@@ -68,8 +68,47 @@ pub struct LoadedAgent {
     /// A run takes a snapshot; MCP servers may change the list.
     pub tools: LiveTools,
     pub helpers: Vec<Helper>,
+    /// The key its file names for its model, read as it loaded.
+    pub model_key: ModelKey,
     /// What must live as long as the agent (its MCP servers).
     _keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+/// The key an agent file names for its model (`apiKey`), read once, as the
+/// agents load: the clients send it, and no listing may show it.
+#[derive(Debug)]
+pub enum ModelKey {
+    /// The file names none.
+    Absent,
+    Key(SecretString),
+    /// Its source gave something other than a string.
+    NotText,
+    Unreadable(bindery_params::sources::SourceError),
+}
+
+impl ModelKey {
+    fn read(p: &Pending, opts: &LoadOptions) -> ModelKey {
+        let Some(src) = p.spec.model.api_key.as_ref() else {
+            return ModelKey::Absent;
+        };
+        match bindery_params::sources::read_source(src, &p.base, &opts.api_keys) {
+            Ok(serde_json::Value::String(k)) => ModelKey::Key(SecretString::new(k)),
+            Ok(_) => ModelKey::NotText,
+            Err(e) => ModelKey::Unreadable(e),
+        }
+    }
+
+    /// The key as agent `agent`'s, named as a scrubber shows it.
+    fn named(&self, agent: &str) -> Option<(String, SecretString)> {
+        Some((format!("{agent} model key"), self.key()?.clone()))
+    }
+
+    pub fn key(&self) -> Option<&SecretString> {
+        match self {
+            ModelKey::Key(k) => Some(k),
+            _ => None,
+        }
+    }
 }
 
 impl LoadedAgent {
@@ -212,12 +251,14 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     diags.append(&mut reader.ignored);
 
     let mut agents = BTreeMap::new();
-    let keys = model_keys(reader.pending.values(), opts);
+    let mut keys = model_keys(reader.pending.values(), opts);
+    let named = named_keys(&keys);
     let loaded =
-        futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts, &keys)))
+        futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts, &named)))
             .await;
-    for (agent, mut d) in loaded {
+    for (mut agent, mut d) in loaded {
         diags.append(&mut d);
+        agent.model_key = keys.remove(&agent.name).unwrap_or(ModelKey::Absent);
         agents.insert(agent.name.clone(), Arc::new(agent));
     }
     check_helpers(&agents, &mut diags);
@@ -311,8 +352,10 @@ pub async fn load_document(
         spec: agent.spec,
         helpers: Vec::new(),
     };
-    let keys = model_keys([&pending], opts);
-    let (loaded, mut d) = load_agent(&pending, opts, &keys).await;
+    let key = ModelKey::read(&pending, opts);
+    let named: Vec<_> = key.named(&pending.name).into_iter().collect();
+    let (mut loaded, mut d) = load_agent(&pending, opts, &named).await;
+    loaded.model_key = key;
     diags.append(&mut d);
     if diags.iter().any(|d| d.level == Level::Error) {
         return Err(LoadError { diagnostics: diags });
@@ -506,24 +549,23 @@ impl Reader {
     }
 }
 
-/// Every agent's model key that its file names (`apiKey`), each named by
-/// its agent: what no listing of any agent may show, though the keys are
-/// known to the server's scrubbers only once its clients are built.
+/// Every agent's model key (see [`ModelKey`]), by agent: what no listing
+/// of any agent may show, though the server's scrubbers know the keys only
+/// once its clients are built.
 fn model_keys<'p>(
     pending: impl IntoIterator<Item = &'p Pending>,
     opts: &LoadOptions,
-) -> Vec<(String, SecretString)> {
+) -> BTreeMap<String, ModelKey> {
     pending
         .into_iter()
-        .filter_map(|p| {
-            let src = p.spec.model.api_key.as_ref()?;
-            match bindery_params::sources::read_source(src, &p.base, &opts.api_keys) {
-                Ok(serde_json::Value::String(k)) if !k.is_empty() => {
-                    Some((format!("{} model key", p.name), SecretString::new(k)))
-                }
-                _ => None,
-            }
-        })
+        .map(|p| (p.name.clone(), ModelKey::read(p, opts)))
+        .collect()
+}
+
+/// The keys of `keys`, each named as a scrubber shows it.
+fn named_keys(keys: &BTreeMap<String, ModelKey>) -> Vec<(String, SecretString)> {
+    keys.iter()
+        .filter_map(|(agent, k)| k.named(agent))
         .collect()
 }
 
@@ -661,6 +703,7 @@ async fn load_agent(
         params,
         tools,
         helpers: p.helpers.clone(),
+        model_key: ModelKey::Absent,
         _keep: keep,
     };
     (agent, diags)

@@ -146,7 +146,7 @@ impl Server {
             limits: Default::default(),
             model: None,
         };
-        let (clients, _) = build_clients(&tree, &Default::default(), &options).unwrap();
+        let (clients, _) = build_clients(&tree, &options).unwrap();
         // Each agent's endpoint as its file says, answered in process.
         let clients: BTreeMap<String, ChatClient> = clients
             .into_iter()

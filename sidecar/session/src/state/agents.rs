@@ -371,10 +371,9 @@ impl Agents {
             roots: vec![slug.to_string()],
             warnings: Vec::new(),
         };
-        let (mut clients, warnings) = build_clients(&tree, &Default::default(), &stored.client)
-            .map_err(|e| {
-                ServiceError::new(ErrorKind::Invalid, Code::InvalidAgent, e.to_string())
-            })?;
+        let (mut clients, warnings) = build_clients(&tree, &stored.client).map_err(|e| {
+            ServiceError::new(ErrorKind::Invalid, Code::InvalidAgent, e.to_string())
+        })?;
         let client = clients.remove(slug).ok_or_else(|| {
             ServiceError::new(ErrorKind::Internal, Code::Internal, "no model client")
         })?;
