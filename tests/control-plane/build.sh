@@ -14,26 +14,18 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
-go="$(command -v go || true)"
-[[ -n "$go" ]] || { [[ -x /usr/local/go/bin/go ]] && go=/usr/local/go/bin/go; }
-if [[ -z "$go" ]]; then
-    echo "control-plane/build.sh: Go 1.24 or newer is needed to build kube-apiserver and etcd" >&2
-    echo "(https://go.dev/dl/); put \`go\` on PATH and run tests/setup.sh again" >&2
-    exit 1
-fi
+who=control-plane/build.sh
+# shellcheck source=go-build.sh
+source "$here/go-build.sh"
 
 # The versions are the ones the two go.mod files require: one place to bump.
-required() { # module, go.mod: the version it requires (a `require` line or block)
-    awk -v m="$1" '$1 == "require" && $2 == m { print $3 } $1 == m && $2 ~ /^v/ { print $2 }' "$2"
-}
 k8s_version="$(required k8s.io/kubernetes "$here/kubernetes/go.mod")"
 etcd_version="$(required go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
-if [[ ! "$k8s_version" =~ ^v1\.([0-9]+)\.[0-9]+$ || -z "$etcd_version" ]]; then
-    echo "control-plane/build.sh: kubernetes/go.mod must require k8s.io/kubernetes v1.Y.Z" \
+if [[ ! "$k8s_version" =~ ^v1\.[0-9]+\.[0-9]+$ || -z "$etcd_version" ]]; then
+    echo "$who: kubernetes/go.mod must require k8s.io/kubernetes v1.Y.Z" \
         "and etcd/go.mod go.etcd.io/etcd/server/v3" >&2
     exit 1
 fi
-k8s_minor="${BASH_REMATCH[1]}"
 
 cache="${BINDERY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/bindery}"
 dest="$cache/control-plane/$k8s_version"
@@ -44,36 +36,16 @@ if [[ -x "$dest/kube-apiserver" && -x "$dest/kube-controller-manager" && -x "$de
     exit 0
 fi
 
-# Static binaries (as Kubernetes releases its servers), the go.sum files as
-# committed, Go's own toolchain (no download of another one), two jobs: the
-# machine's two cores are shared.
-export CGO_ENABLED=0 GOFLAGS=-mod=readonly GOTOOLCHAIN=local
-build=(build -trimpath -p 2)
-
-# What `kubectl version` and the operator's discovery read: the same variables
-# Kubernetes' hack/lib/version.sh sets, in component-base and client-go.
-ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-done
+ldflags="$(k8s_ldflags "$k8s_version")"
 
 mkdir -p "$dest"
-echo "control-plane/build.sh: building Kubernetes $k8s_version and etcd $etcd_version" \
+echo "$who: building Kubernetes $k8s_version and etcd $etcd_version" \
     "with $("$go" env GOVERSION) into $dest (a first build takes a while; see tests/control-plane/README.md)"
 rm -f "$stamp"
 
-step() { # name, module dir, go build args...
-    local name="$1" dir="$2" start=$SECONDS
-    shift 2
-    echo "control-plane/build.sh: $name..."
-    (cd "$here/$dir" && "$go" "${build[@]}" -o "$dest/$name.new" "$@")
-    mv -f "$dest/$name.new" "$dest/$name"
-    echo "control-plane/build.sh: $name built in $((SECONDS - start)) s"
-}
-step etcd etcd -ldflags "-s -w" .
-step kube-apiserver kubernetes -ldflags "-s -w $ldflags" k8s.io/kubernetes/cmd/kube-apiserver
-step kube-controller-manager kubernetes -ldflags "-s -w $ldflags" k8s.io/kubernetes/cmd/kube-controller-manager
+go_step etcd "$here/etcd" "$dest" -ldflags "-s -w" .
+go_step kube-apiserver "$here/kubernetes" "$dest" -ldflags "-s -w $ldflags" k8s.io/kubernetes/cmd/kube-apiserver
+go_step kube-controller-manager "$here/kubernetes" "$dest" -ldflags "-s -w $ldflags" k8s.io/kubernetes/cmd/kube-controller-manager
 
 "$dest/kube-apiserver" --version
 echo "$want" >"$stamp"
