@@ -20,16 +20,16 @@
 //! when the process exits; [`ControlPlane::start`] one for a test, stopped
 //! and removed on drop.
 
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::children::{tail, Children};
 use crate::helm::{documents, Render};
 pub use crate::kubectl::{Audited, Identity};
 
@@ -44,10 +44,8 @@ const IDENTITY_KINDS: &[&str] = &[
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 ];
-use nix::sys::signal::kill;
 /// The signal [`ControlPlane::stop_api_server`] stops it with.
 pub use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use serde_json::Value;
 
 /// The administrator's user name (group `system:masters`).
@@ -66,6 +64,16 @@ const CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
 /// ConfigMap a Pod's ServiceAccount volume holds.
 const CONTROLLERS: &str = "garbagecollector,namespace,deployment,replicaset,serviceaccount,\
      pvc-protection,root-ca-cert-publisher";
+/// What a node's control plane runs besides ([`ControlPlane::for_node`]):
+/// the Services' endpoints (kube-proxy and cluster DNS read them), the
+/// Node's taints (`not-ready` comes off once it is Ready), the aggregated
+/// roles (`admin`, `edit`, `view`), Jobs and StatefulSets.
+const NODE_CONTROLLERS: &str =
+    "endpoint,endpointslice,nodelifecycle,clusterrole-aggregation,job,statefulset";
+/// The Services' cluster IPs; the first is the `kubernetes` Service's.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The `kubernetes` Service's cluster IP, where pods reach the API server.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// The ServiceAccounts whose existence says those controllers run (each
 /// runs with its own account's credentials, created as it starts).
 const CONTROLLER_ACCOUNTS: [(&str, &str); 7] = [
@@ -191,6 +199,25 @@ impl ControlPlane {
     /// A control plane of its own, with a token for each ServiceAccount
     /// `(namespace, name)` besides the administrator's.
     pub fn start(service_accounts: &[(&str, &str)]) -> ControlPlane {
+        ControlPlane::start_at(service_accounts, &[], At::Loopback)
+    }
+
+    /// A control plane for a node ([`crate::node`]): serving on `address`
+    /// (the node's, in the caller's network namespace, where its processes
+    /// run too) with a certificate that also names the `kubernetes`
+    /// Service, as pods reach it; Node authorization for the kubelet; the
+    /// controllers a cluster with pods needs ([`NODE_CONTROLLERS`]). The
+    /// `users` `(name, groups)` get a token each: the node's kubelet and
+    /// servers.
+    pub fn for_node(address: Ipv4Addr, users: &[(&str, &str)]) -> ControlPlane {
+        ControlPlane::start_at(&[], users, At::Node(address))
+    }
+
+    fn start_at(
+        service_accounts: &[(&str, &str)],
+        others: &[(&str, &str)],
+        at: At,
+    ) -> ControlPlane {
         let bin = bin_dir().to_path_buf();
         let tmp = tempfile::Builder::new()
             .prefix("bindery-control-plane-")
@@ -204,8 +231,9 @@ impl ControlPlane {
                 format!("system:serviceaccounts,system:serviceaccounts:{ns}"),
             )
         }));
+        users.extend(others.iter().map(|(u, g)| (u.to_string(), g.to_string())));
         users.push((CONTROLLER_MANAGER.to_string(), String::new()));
-        let tokens = write_files(&dir, &users);
+        let tokens = write_files(&dir, &users, &at);
         let users_kubeconfigs: Vec<(String, PathBuf)> = tokens
             .iter()
             .map(|t| (t.user.clone(), t.kubeconfig.clone()))
@@ -221,7 +249,7 @@ impl ControlPlane {
             .name("control-plane".into())
             .spawn(move || {
                 let started =
-                    std::panic::catch_unwind(|| Processes::start(&bin, &keeper_dir, &tokens));
+                    std::panic::catch_unwind(|| Processes::start(&bin, &keeper_dir, &tokens, &at));
                 match started {
                     Ok(mut processes) => {
                         let _ = ready_tx.send(Ok(processes.url.clone()));
@@ -229,7 +257,7 @@ impl ControlPlane {
                         while let Ok(order) = orders_rx.recv() {
                             match order {
                                 Order::StopApiServer(signal, done) => {
-                                    processes.stop_one("kube-apiserver", signal);
+                                    processes.children.stop_one("kube-apiserver", signal);
                                     let _ = done.send(());
                                 }
                                 Order::StartApiServer(done) => {
@@ -237,7 +265,7 @@ impl ControlPlane {
                                 }
                             }
                         }
-                        processes.stop();
+                        processes.children.stop();
                     }
                     Err(panic) => {
                         let why = panic
@@ -315,6 +343,11 @@ impl ControlPlane {
                     self.users.iter().map(|(u, _)| u).collect::<Vec<_>>()
                 )
             })
+    }
+
+    /// The run's CA certificate (it signed the API server's certificate).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
     }
 
     /// A kube-rs client authenticating as `user` (see [`Self::kubeconfig`]).
@@ -466,7 +499,7 @@ impl ControlPlane {
     }
 
     /// Stop the processes and remove the directory (once).
-    fn shut_down(&self) {
+    pub fn shut_down(&self) {
         drop(self.orders.lock().map(|mut s| s.take()));
         if let Some(keeper) = self.keeper.lock().ok().and_then(|mut k| k.take()) {
             let _ = keeper.join();
@@ -477,6 +510,23 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+/// Where a control plane serves.
+enum At {
+    /// On 127.0.0.1, for the tests that run no node.
+    Loopback,
+    /// On a node's address ([`ControlPlane::for_node`]).
+    Node(Ipv4Addr),
+}
+
+impl At {
+    fn address(&self) -> Ipv4Addr {
+        match self {
+            At::Loopback => Ipv4Addr::LOCALHOST,
+            At::Node(address) => *address,
+        }
     }
 }
 
@@ -536,8 +586,29 @@ struct Token {
 /// The token file, the CA and serving certificate, the ServiceAccount
 /// signing key pair and the audit policy, in `dir`; the tokens of `users`
 /// (user name, groups), in their order.
-fn write_files(dir: &Path, users: &[(String, String)]) -> Vec<Token> {
+fn write_files(dir: &Path, users: &[(String, String)], at: &At) -> Vec<Token> {
     crate::postgres::make_certificates(dir, None);
+    if let At::Node(address) = at {
+        // The serving certificate again, naming the node's address and the
+        // `kubernetes` Service (how pods reach it); the API server's
+        // client certificate for the kubelet.
+        sign(
+            dir,
+            "server",
+            "/CN=kube-apiserver",
+            &format!(
+                "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{address},IP:{KUBERNETES_SERVICE_IP},\
+                 DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,\
+                 DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n"
+            ),
+        );
+        sign(
+            dir,
+            "kubelet-client",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "extendedKeyUsage=clientAuth\n",
+        );
+    }
     openssl(
         dir,
         &[
@@ -577,6 +648,59 @@ fn write_files(dir: &Path, users: &[(String, String)]) -> Vec<Token> {
         .collect();
     std::fs::write(dir.join("tokens.csv"), csv).unwrap();
     tokens
+}
+
+/// `NAME.key` and `NAME.crt`, signed by the run's CA (`ca.key`) with the
+/// extensions `ext`.
+fn sign(dir: &Path, name: &str, subject: &str, ext: &str) {
+    let ext_file = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext_file),
+        format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n{ext}"),
+    )
+    .unwrap();
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            subject,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext_file,
+        ],
+    );
 }
 
 /// 32 hex digits from the system's random source.
@@ -630,8 +754,7 @@ current-context: bindery-test
 
 /// The three processes, children of the keeper thread.
 struct Processes {
-    /// (name, process), in the order they started.
-    children: Vec<(&'static str, Child)>,
+    children: Children,
     url: String,
     /// How the API server was started, to start it again the same way.
     api_server: (PathBuf, Vec<String>),
@@ -648,9 +771,9 @@ enum Failed {
 impl Processes {
     /// Start etcd, the API server and the controller manager, and wait
     /// until all three serve. Panics with the log of the one that failed.
-    fn start(bin: &Path, dir: &Path, tokens: &[Token]) -> Processes {
+    fn start(bin: &Path, dir: &Path, tokens: &[Token], at: &At) -> Processes {
         for _ in 0..5 {
-            match Processes::try_start(bin, dir, tokens) {
+            match Processes::try_start(bin, dir, tokens, at) {
                 Ok(processes) => return processes,
                 Err(Failed::PortTaken) => continue,
             }
@@ -658,9 +781,10 @@ impl Processes {
         panic!("found no free ports in five tries");
     }
 
-    fn try_start(bin: &Path, dir: &Path, tokens: &[Token]) -> Result<Processes, Failed> {
+    fn try_start(bin: &Path, dir: &Path, tokens: &[Token], at: &At) -> Result<Processes, Failed> {
         let [etcd_port, peer_port, api_port] = free_ports();
-        let url = format!("https://127.0.0.1:{api_port}");
+        let address = at.address();
+        let url = format!("https://{address}:{api_port}");
         let ca = dir.join("ca.crt");
         let controller_manager = tokens
             .iter()
@@ -672,39 +796,60 @@ impl Processes {
         let path = |name: &str| dir.join(name).display().to_string();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let api_server_args = vec![
+        let mut api_server_args = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
             format!("--secure-port={api_port}"),
             format!("--tls-cert-file={}", path("server.crt")),
             format!("--tls-private-key-file={}", path("server.key")),
             format!("--cert-dir={}", path("apiserver-certs")),
-            "--authorization-mode=RBAC".into(),
-            // As OpenShift does: an ownerReference that blocks its
-            // owner's deletion needs leave to update the owner's
-            // finalizers (the operator chart grants it).
-            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
             format!("--token-auth-file={}", path("tokens.csv")),
             format!("--service-account-key-file={}", path("sa.pub")),
             format!("--service-account-signing-key-file={}", path("sa.key")),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             format!("--audit-policy-file={}", path("audit-policy.yaml")),
             format!("--audit-log-path={}", path("audit.log")),
             "--audit-log-mode=blocking".into(),
             "--profiling=false".into(),
         ];
+        match at {
+            // As OpenShift does: an ownerReference that blocks its owner's
+            // deletion needs leave to update the owner's finalizers (the
+            // operator chart grants it).
+            At::Loopback => api_server_args.extend([
+                "--authorization-mode=RBAC".into(),
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
+            ]),
+            // A kubelet's credentials reach only its own Node and Pods'
+            // objects, as in a cluster; the API server reaches the kubelet
+            // (logs, exec) with a client certificate of the run's CA.
+            At::Node(_) => api_server_args.extend([
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,NodeRestriction"
+                    .into(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    path("kubelet-client.crt")
+                ),
+                format!("--kubelet-client-key={}", path("kubelet-client.key")),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]),
+        }
+        let controllers = match at {
+            At::Loopback => CONTROLLERS.to_string(),
+            At::Node(_) => format!("{CONTROLLERS},{NODE_CONTROLLERS}"),
+        };
         let mut processes = Processes {
-            children: Vec::new(),
+            children: Children::new(dir, SETUP_HINT),
             url: url.clone(),
             api_server: (bin.join("kube-apiserver"), api_server_args.clone()),
             admin_token: tokens[0].token.clone(),
         };
-        processes.spawn(
-            dir,
-            &bin.join("etcd"),
+        processes.children.spawn(
             "etcd",
+            &bin.join("etcd"),
             &[
                 "--name=bindery".into(),
                 format!("--data-dir={}", path("etcd")),
@@ -717,19 +862,17 @@ impl Processes {
                 "--log-level=warn".into(),
             ],
         );
-        processes.spawn(
-            dir,
-            &bin.join("kube-apiserver"),
+        processes.children.spawn(
             "kube-apiserver",
+            &bin.join("kube-apiserver"),
             &api_server_args,
         );
-        processes.spawn(
-            dir,
-            &bin.join("kube-controller-manager"),
+        processes.children.spawn(
             "kube-controller-manager",
+            &bin.join("kube-controller-manager"),
             &[
                 format!("--kubeconfig={}", controller_manager.kubeconfig.display()),
-                format!("--controllers={CONTROLLERS}"),
+                format!("--controllers={controllers}"),
                 format!("--root-ca-file={}", path("ca.crt")),
                 "--use-service-account-credentials=true".into(),
                 "--secure-port=0".into(),
@@ -747,10 +890,9 @@ impl Processes {
             .collect();
         let deadline = Instant::now() + START_TIMEOUT;
         while !waiting.is_empty() {
-            if let Some(failed) = processes.exited() {
-                let log =
-                    std::fs::read_to_string(dir.join(format!("{failed}.log"))).unwrap_or_default();
-                processes.stop();
+            if let Some(failed) = processes.children.exited() {
+                let log = processes.children.log(&failed);
+                processes.children.stop();
                 if log.contains("address already in use") {
                     for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
                         let _ = std::fs::remove_file(dir.join(format!("{name}.log")));
@@ -760,8 +902,8 @@ impl Processes {
                 panic!("{failed} exited; its log:\n{}", tail(&log, 8000));
             }
             if Instant::now() > deadline {
-                let logs = processes.logs(dir);
-                processes.stop();
+                let logs = processes.children.logs(4000);
+                processes.children.stop();
                 panic!(
                     "not ready after {START_TIMEOUT:?} (still waiting for {waiting:?}); the logs:\n{logs}"
                 );
@@ -800,37 +942,23 @@ impl Processes {
         }
     }
 
-    /// Stop the process `name` with `signal` and wait until it has exited.
-    fn stop_one(&mut self, name: &str, signal: Signal) {
-        if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| *n == name) {
-            let _ = kill(Pid::from_raw(child.id() as i32), signal);
-            let _ = child.wait();
-        }
-    }
-
     /// Start the API server again, as it was started, on the same port
     /// and etcd (its log goes on in the same file); wait until it is ready.
     fn restart_api_server(&mut self, dir: &Path) -> Result<(), String> {
         const NAME: &str = "kube-apiserver";
-        if let Some((_, child)) = self.children.iter_mut().find(|(n, _)| *n == NAME) {
-            if matches!(child.try_wait(), Ok(None)) {
-                return Err("the API server is running".into());
-            }
+        if self.children.running(NAME) {
+            return Err("the API server is running".into());
         }
-        self.children.retain(|(n, _)| *n != NAME);
+        self.children.stop_one(NAME, Signal::SIGKILL);
         let (program, args) = self.api_server.clone();
-        self.spawn(dir, &program, NAME, &args);
+        self.children.spawn(NAME, &program, &args);
         let get = self.getter(dir);
         let deadline = Instant::now() + START_TIMEOUT;
         while !get("/readyz".into()) {
-            if self.exited() == Some(NAME) {
+            if self.children.exited().as_deref() == Some(NAME) {
                 return Err(format!(
                     "it exited; its log:\n{}",
-                    tail(
-                        &std::fs::read_to_string(dir.join("kube-apiserver.log"))
-                            .unwrap_or_default(),
-                        8000
-                    )
+                    tail(&self.children.log(NAME), 8000)
                 ));
             }
             if Instant::now() > deadline {
@@ -839,68 +967,6 @@ impl Processes {
             std::thread::sleep(POLL);
         }
         Ok(())
-    }
-
-    fn spawn(&mut self, dir: &Path, program: &Path, name: &'static str, args: &[String]) {
-        // Appended to: a process started again goes on in the same log
-        // (a try that failed on a taken port removed its logs).
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("{name}.log")))
-            .expect("a log file");
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("the log file"))
-            .stderr(log);
-        // If the test process dies without stopping us, the servers go too.
-        // SAFETY: between fork and exec the closure only calls prctl, which
-        // is async-signal-safe.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
-            });
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} does not run: {e}: {SETUP_HINT}", program.display()));
-        self.children.push((name, child));
-    }
-
-    /// The first process that has exited, if one has.
-    fn exited(&mut self) -> Option<&'static str> {
-        self.children
-            .iter_mut()
-            .find_map(|(name, c)| (!matches!(c.try_wait(), Ok(None))).then_some(*name))
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        self.children
-            .iter()
-            .map(|(name, _)| {
-                let log =
-                    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
-                format!("--- {name}:\n{}\n", tail(&log, 4000))
-            })
-            .collect()
-    }
-
-    /// SIGTERM, the last started first; SIGKILL after ten seconds.
-    fn stop(&mut self) {
-        while let Some((_, mut child)) = self.children.pop() {
-            if let Ok(None) = child.try_wait() {
-                let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
     }
 }
 
@@ -911,13 +977,4 @@ fn free_ports() -> [u16; 3] {
         .collect();
     let port = |i: usize| listeners[i].local_addr().unwrap().port();
     [port(0), port(1), port(2)]
-}
-
-/// The last `n` bytes of `text` (on a char boundary).
-fn tail(text: &str, n: usize) -> &str {
-    let mut start = text.len().saturating_sub(n);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
 }
