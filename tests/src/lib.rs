@@ -1,6 +1,7 @@
 //! Shared helpers for Bindery's cross-binary tests.
 
 pub mod bench;
+pub mod children;
 pub mod control_plane;
 pub mod eventually;
 pub mod fixtures;
@@ -9,6 +10,8 @@ pub mod kubectl;
 pub mod kubelet;
 pub mod mcp_client;
 pub mod mock_llm;
+pub mod netns;
+pub mod node;
 pub mod postgres;
 pub mod postgrest;
 pub mod relay;

@@ -1,0 +1,491 @@
+//! The platform team's path on a real node, with the project's images
+//! pulled under the charts' default names: `helm install` of the operator
+//! chart with its defaults (the operator runs in a pod, as its
+//! ServiceAccount), the example Agent and tools, `helm install` of the
+//! tenant chart for two tenants in a namespace that enforces Pod Security
+//! `restricted`; a client pod reaches each tenant by its Service name and
+//! gets its answer from the mock model (itself a pod); `helm test`;
+//! `kubectl describe` shows each parameter's row and no secret; the
+//! NetworkPolicy refuses a pod it does not admit; a changed Secret and a
+//! `helm upgrade` roll the pods; `helm uninstall` takes what the tenant
+//! owned.
+
+use std::collections::BTreeSet;
+
+use bindery_tests::helm::repo_path;
+use bindery_tests::node::Node;
+use serde_json::Value;
+
+use crate::kube::{curl_pod, Kube, TIMEOUT};
+
+/// The mock model's image: the workspace's `mock-model` on the distroless
+/// base, imported into the node.
+pub const MODEL_IMAGE: &str = "bindery.test/mock-model:e2e";
+const NS: &str = "shop";
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// The mock model as a Deployment and Service `mock-model` in `models`:
+/// it calls the invoices tool for another tenant than the caller's (the
+/// pin decides), then answers with the tool's output.
+pub fn start_model(kube: &Kube<'_>) {
+    kube.node
+        .import_program(MODEL_IMAGE, env!("CARGO_BIN_EXE_mock-model").as_ref());
+    kube.restricted_namespace("models");
+    kube.apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: mock-model, namespace: models}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: mock-model}}}}
+  template:
+    metadata: {{labels: {{app: mock-model}}}}
+    spec:
+      automountServiceAccountToken: false
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        seccompProfile: {{type: RuntimeDefault}}
+      containers:
+      - name: model
+        image: {MODEL_IMAGE}
+        imagePullPolicy: Never
+        args: [--listen, "0.0.0.0:9090", --tool, bash_query-invoices, --args, '{{"status":"overdue","tenant_id":"globex"}}']
+        ports: [{{name: http, containerPort: 9090}}]
+        readinessProbe: {{tcpSocket: {{port: http}}, periodSeconds: 1}}
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {{drop: [ALL]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: mock-model, namespace: models}}
+spec:
+  selector: {{app: mock-model}}
+  ports: [{{name: http, port: 9090, targetPort: http}}]
+"#
+    ));
+    kube.ok(&[
+        "rollout",
+        "status",
+        "-n",
+        "models",
+        "deployment/mock-model",
+        "--timeout",
+        TIMEOUT,
+    ]);
+}
+
+/// The example Agent (its model: the mock's Service) and its tools, the
+/// tool also printing the SHA-256 of the billing token it was given.
+pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
+    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
+        .unwrap()
+        .replace(
+            "https://api.openai.com/v1",
+            "http://mock-model.models.svc.cluster.local:9090/v1",
+        )
+        .replace(
+            "name: invoices\n",
+            &format!("name: invoices\n  namespace: {ns}\n"),
+        );
+    kube.apply(&agent);
+    let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
+    let anchor = "    invoices | awk";
+    assert!(
+        tools.contains(anchor),
+        "examples/k8s/tools-configmap.yaml changed"
+    );
+    kube.apply(
+        &tools
+            .replacen(
+                anchor,
+                "    printf 'token-sha256: %s\\n' \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\"\n    invoices | awk",
+                1,
+            )
+            .replace(
+                "name: invoices-tools\n",
+                &format!("name: invoices-tools\n  namespace: {ns}\n"),
+            ),
+    );
+}
+
+/// The billing Secret of a tenant.
+pub fn billing_secret(ns: &str, name: &str, value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData: {{token: {value}}}\n"
+    )
+}
+
+/// Values of the tenant chart for `tenant` (billing tenant `billing`),
+/// its clients: pods labelled `bindery.test/client: <tenant>`.
+pub fn tenant_values(kube: &Kube<'_>, tenant: &str, billing: &str) -> String {
+    let file = kube.node.dir().join(format!("{tenant}-values.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            r#"agentRef: invoices
+parameters:
+  - name: tenant
+    value: {billing}
+    pinned: true
+  - name: billing_token
+    valueFrom:
+      secretKeyRef: {{name: {tenant}-billing, key: token}}
+tools: invoices-tools
+networkPolicy:
+  clients:
+    - podSelector: {{matchLabels: {{bindery.test/client: {tenant}}}}}
+"#
+        ),
+    )
+    .unwrap();
+    file.display().to_string()
+}
+
+/// A session of `tenant`'s through its Service, from a client pod the
+/// NetworkPolicy admits: the phase and what curl printed.
+pub fn ask(kube: &Kube<'_>, tenant: &str, pod: &str) -> (String, String) {
+    let url = format!("http://{tenant}.{NS}.svc.cluster.local/v1/sessions?wait=true");
+    kube.run_pod(
+        NS,
+        pod,
+        &curl_pod(
+            NS,
+            pod,
+            &[("bindery.test/client", tenant)],
+            Some((&format!("{tenant}-owner-token"), "token")),
+            &[
+                "--silent",
+                "--show-error",
+                "--max-time",
+                "120",
+                "--retry",
+                "5",
+                "--retry-all-errors",
+                "--header",
+                "Authorization: Bearer $(TOKEN)",
+                "--header",
+                "Content-Type: application/json",
+                "--data",
+                r#"{"agent": "invoices", "prompt": "which invoices are overdue?"}"#,
+                "--write-out",
+                "\nstatus=%{http_code}\n",
+                &url,
+            ],
+        ),
+    )
+}
+
+/// Whether a pod with `labels` connects to `url` within a few seconds:
+/// curl's exit code is neither 7 (refused) nor 28 (timed out, the packets
+/// dropped); a TLS or HTTP error after connecting counts as connected.
+pub fn connects(
+    kube: &Kube<'_>,
+    ns: &str,
+    pod: &str,
+    labels: &[(&str, &str)],
+    url: &str,
+) -> (bool, String) {
+    let (_, log) = kube.run_pod(
+        ns,
+        pod,
+        &curl_pod(
+            ns,
+            pod,
+            labels,
+            None,
+            &[
+                "--silent",
+                "--insecure",
+                "--connect-timeout",
+                "5",
+                "--max-time",
+                "10",
+                "--output",
+                "/dev/null",
+                "--write-out",
+                "exit=%{exitcode} status=%{http_code}\n",
+                url,
+            ],
+        ),
+    );
+    let code = log
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("exit="))
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("curl said no exit code: {log}"));
+    (!matches!(code, 7 | 28), log)
+}
+
+fn deployment_settled(kube: &Kube<'_>, name: &str, replicas: u64) -> Result<Value, String> {
+    let d = kube.json(&["get", "-n", NS, "deployment", name]);
+    let s = &d["status"];
+    if s["observedGeneration"] == d["metadata"]["generation"]
+        && s["updatedReplicas"] == replicas
+        && s["readyReplicas"] == replicas
+        && s["replicas"] == replicas
+    {
+        Ok(d)
+    } else {
+        Err(format!("{s:#}"))
+    }
+}
+
+fn pod_names(kube: &Kube<'_>, tenant: &str) -> BTreeSet<String> {
+    kube.ok(&[
+        "get",
+        "-n",
+        NS,
+        "pods",
+        "-l",
+        &format!("bindery.dev/tenant={tenant}"),
+        "-o",
+        "name",
+    ])
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+#[test]
+fn the_platform_teams_path_on_a_real_node() {
+    const ACME: &str = "acme-billing-canary-7d31f0";
+    const GLOBEX: &str = "globex-billing-canary-2c9e44";
+    const ROTATED: &str = "acme-billing-rotated-e08b5a";
+    let node = Node::shared();
+    let kube = Kube { node };
+
+    // 1. The operator chart with its defaults: the operator's pod, from
+    // the chart's default image, Ready.
+    let out = kube.helm(&[
+        "install",
+        "bindery",
+        &repo_path("charts/bindery-operator"),
+        "--namespace",
+        "bindery-system",
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        TIMEOUT,
+    ]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let operator = kube.json(&["get", "-n", "bindery-system", "pods"]);
+    let image = operator["items"][0]["spec"]["containers"][0]["image"].clone();
+    assert_eq!(
+        image, "ghcr.io/bindery-dev/bindery-operator:0.1.0",
+        "{operator:#}"
+    );
+
+    // 2. The model, the example Agent and tools, each tenant's Secret.
+    start_model(&kube);
+    kube.restricted_namespace(NS);
+    apply_invoices_agent(&kube, NS);
+    kube.apply(&billing_secret(NS, "acme-billing", ACME));
+    kube.apply(&billing_secret(NS, "globex-billing", GLOBEX));
+
+    // 3. Two tenants from the tenant chart: Ready under the chart's
+    // securityContext in the restricted namespace.
+    for (tenant, billing) in [("acme", "acme-corp"), ("globex", "globex")] {
+        let values = tenant_values(&kube, tenant, billing);
+        let out = kube.helm(&[
+            "install",
+            tenant,
+            &repo_path("charts/bindery-tenant"),
+            "--namespace",
+            NS,
+            "--values",
+            &values,
+            "--wait",
+            "--timeout",
+            TIMEOUT,
+        ]);
+        assert!(out.contains("STATUS: deployed"), "{out}");
+        kube.ok(&[
+            "wait",
+            "-n",
+            NS,
+            &format!("agenttenant/{tenant}"),
+            "--for=condition=Ready",
+            "--timeout",
+            TIMEOUT,
+        ]);
+        let d = kube.until(&format!("{tenant}'s pods ready"), || {
+            deployment_settled(&kube, tenant, 1)
+        });
+        let image = &d["spec"]["template"]["spec"]["containers"][0]["image"];
+        assert_eq!(image, "ghcr.io/bindery-dev/bindery-sidecar:0.1.0", "{d:#}");
+    }
+
+    // 4. A client pod of each tenant's gets its tenant's answer, by the
+    // Service's name, with its Secret's value reaching the tool only.
+    for (tenant, invoice, other, canary) in [
+        ("acme", "INV-1002", "INV-2002", ACME),
+        ("globex", "INV-2002", "INV-1002", GLOBEX),
+    ] {
+        let (phase, log) = ask(&kube, tenant, &format!("{tenant}-client"));
+        assert_eq!(phase, "Succeeded", "{log}");
+        assert!(log.contains("status=201"), "{log}");
+        assert!(log.contains(invoice), "{tenant}'s overdue invoice: {log}");
+        assert!(!log.contains(other), "another tenant's invoice: {log}");
+        assert!(
+            log.contains(&sha256_hex(canary)),
+            "the Secret's value did not reach the tool: {log}"
+        );
+    }
+
+    // 5. `helm test`: the chart's own pod reaches the tenant by name.
+    let tested = kube.helm(&["test", "acme", "-n", NS, "--timeout", TIMEOUT]);
+    assert!(tested.contains("Phase:          Succeeded"), "{tested}");
+    kube.ok(&["delete", "-n", NS, "pod", "acme-test-readyz"]);
+
+    // 6. describe: a row per parameter, no secret value.
+    let acme = kube.json(&["get", "-n", NS, "agenttenant", "acme"]);
+    let described = kube.ok(&["describe", "-n", NS, "agenttenant", "acme"]);
+    let summary = acme["status"]["summary"].as_array().expect("a summary");
+    assert_eq!(summary.len(), 2, "{acme:#}");
+    for line in summary {
+        assert!(
+            described.contains(line.as_str().unwrap()),
+            "{line} not in:\n{described}"
+        );
+    }
+    assert!(!described.contains(ACME), "{described}");
+
+    // 7. The NetworkPolicy is enforced: a pod it does not admit, or
+    // another tenant's client, gets no answer on the API port, by the
+    // Service or the pod's own address; acme's client does.
+    let acme_pod_ip = kube.json(&["get", "-n", NS, "pods", "-l", "bindery.dev/tenant=acme"])
+        ["items"][0]["status"]["podIP"]
+        .as_str()
+        .expect("acme's pod has an address")
+        .to_string();
+    let by_pod = format!("http://{acme_pod_ip}:8080/readyz");
+    for url in ["http://acme.shop.svc.cluster.local/readyz", by_pod.as_str()] {
+        let admitted = [("bindery.test/client", "acme")];
+        let (ok, log) = connects(&kube, NS, "admitted", &admitted, url);
+        assert!(ok, "the admitted client, to {url}: {log}");
+        let (ok, log) = connects(&kube, NS, "stranger", &[], url);
+        assert!(!ok, "a pod the policy does not admit, to {url}: {log}");
+        let globex = [("bindery.test/client", "globex")];
+        let (ok, log) = connects(&kube, NS, "globex-to-acme", &globex, url);
+        assert!(!ok, "another tenant's client, to {url}: {log}");
+    }
+
+    // 8. A changed Secret rolls acme's pods; the new value reaches the tool.
+    let before = pod_names(&kube, "acme");
+    kube.apply(&billing_secret(NS, "acme-billing", ROTATED));
+    kube.until("acme's pods to roll", || {
+        let d = deployment_settled(&kube, "acme", 1)?;
+        let now = pod_names(&kube, "acme");
+        if now.is_disjoint(&before) && now.len() == 1 {
+            Ok(d)
+        } else {
+            Err(format!("pods {now:?}, before {before:?}"))
+        }
+    });
+    let (phase, log) = ask(&kube, "acme", "acme-client-rotated");
+    assert_eq!(phase, "Succeeded", "{log}");
+    assert!(log.contains(&sha256_hex(ROTATED)), "{log}");
+
+    // 9. `helm upgrade` with a changed value rolls them too.
+    let before = pod_names(&kube, "acme");
+    let values = tenant_values(&kube, "acme", "acme-corp");
+    kube.helm(&[
+        "upgrade",
+        "acme",
+        &repo_path("charts/bindery-tenant"),
+        "--namespace",
+        NS,
+        "--values",
+        &values,
+        "--set",
+        "liveSessionTtl=45m",
+        "--wait",
+        "--timeout",
+        TIMEOUT,
+    ]);
+    kube.until("acme's pods to roll to the upgrade", || {
+        let d = deployment_settled(&kube, "acme", 1)?;
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        let now = pod_names(&kube, "acme");
+        if args.contains("\"45m\"") && now.is_disjoint(&before) {
+            Ok(())
+        } else {
+            Err(format!("args {args}, pods {now:?}"))
+        }
+    });
+    let (phase, log) = ask(&kube, "acme", "acme-client-upgraded");
+    assert_eq!(phase, "Succeeded", "{log}");
+    assert!(log.contains("status=201"), "{log}");
+
+    // No secret value anywhere but in its Secret: objects, the pods' logs.
+    let mut everywhere = String::new();
+    for kind in [
+        "agenttenants",
+        "agents",
+        "deployments",
+        "pods",
+        "configmaps",
+        "events",
+    ] {
+        everywhere.push_str(&kube.ok(&["get", "-A", kind, "-o", "json"]));
+    }
+    for (ns, selector) in [
+        ("bindery-system", "app.kubernetes.io/name=bindery-operator"),
+        (NS, "bindery.dev/tenant"),
+        ("models", "app=mock-model"),
+    ] {
+        everywhere.push_str(&kube.ok(&[
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            selector,
+            "--tail=-1",
+            "--all-containers",
+        ]));
+    }
+    for value in [ACME, GLOBEX, ROTATED] {
+        assert!(!everywhere.contains(value), "{value} left its Secret");
+    }
+
+    // 10. `helm uninstall` of acme takes what it owned; globex stays.
+    kube.helm(&[
+        "uninstall",
+        "acme",
+        "-n",
+        NS,
+        "--wait",
+        "--timeout",
+        TIMEOUT,
+    ]);
+    kube.until("everything acme owned to be gone", || {
+        let left: Vec<String> = [
+            ("agenttenant", "acme"),
+            ("deployment", "acme"),
+            ("service", "acme"),
+            ("serviceaccount", "acme"),
+            ("secret", "acme-owner-token"),
+            ("networkpolicy", "acme"),
+        ]
+        .iter()
+        .filter(|(kind, name)| kube.succeeds(&["get", "-n", NS, kind, name]))
+        .map(|(kind, name)| format!("{kind}/{name}"))
+        .chain(pod_names(&kube, "acme"))
+        .collect();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("left: {left:?}"))
+        }
+    });
+    let (phase, log) = ask(&kube, "globex", "globex-client-after");
+    assert_eq!(phase, "Succeeded", "{log}");
+    assert!(log.contains("INV-2002"), "{log}");
+}
