@@ -314,7 +314,9 @@ context="$cache/build-context"
 rm -rf "$context"
 mkdir -p "$context/out"
 for bin in "${release_bins[@]}"; do
-    cp "$target/release/$bin" "$context/out/$bin"
+    # A hard link where it can (cargo replaces, never rewrites, its output).
+    ln -f "$target/release/$bin" "$context/out/$bin" 2>/dev/null \
+        || cp -f "$target/release/$bin" "$context/out/$bin"
 done
 # The repository root is the build context, as the Dockerfiles' headers
 # say; the stage named `build` is the directory of binaries.
