@@ -41,7 +41,7 @@ die() { say "$*"; exit 1; }
 
 go="$(command -v go || true)"
 [[ -n "$go" || ! -x /usr/local/go/bin/go ]] || go=/usr/local/go/bin/go
-for tool in cargo buildah mmdebstrap docker-registry gcc curl "${go:-go}"; do
+for tool in cargo buildah mmdebstrap docker-registry gcc curl flock "${go:-go}"; do
     command -v "$tool" >/dev/null || die "$tool is missing: as root, apt-get install" \
         "buildah mmdebstrap docker-registry gcc libc6-dev curl (Go: https://go.dev/dl/)"
 done
@@ -137,23 +137,28 @@ timed() { # step name, command...: runs it with its output in logs/<name>.log
 
 # --- 1. The release binaries ---------------------------------------------
 
-release_bins=(bindery-operator bindery-sidecar)
-build_binaries() {
-    CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked \
-        -p bindery-sidecar -p bindery-operator --bin bindery-sidecar --bin bindery-operator
-}
-timed binaries build_binaries
+# One run at a time: a second waits, then finds everything up to date.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 
-# Everything that goes into the images, hashed: a second run with the same
-# inputs stops here.
+# cargo's own output shows: a first release build is long (fat LTO).
+release_bins=(bindery-operator bindery-sidecar)
+start="$(now_us)"
+CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked \
+    -p bindery-sidecar -p bindery-operator --bin bindery-sidecar --bin bindery-operator
+say "binaries: $(elapsed "$start")"
+
+# Everything that goes into the images, hashed (contents, not paths): a
+# second run with the same inputs stops here.
 inputs() {
     echo "$version $k8s_version ${images[*]}"
     b2sum "${release_bins[@]/#/$target/release/}" operator/Dockerfile sidecar/Dockerfile \
-        "$pause_c" "$here/build.sh" "$here"/*/*
+        "$pause_c" "$here/build.sh" "$here"/*/* | cut -d' ' -f1
 }
 stamp="$cache/.built-from"
 want="$(inputs | b2sum)"
-if [[ -f "$stamp" && "$(<"$stamp")" == "$want" && -f "$cache/registry.list" ]] \
+if [[ -f "$stamp" && "$(<"$stamp")" == "$want" && -f "$cache/registry.list" && -d "$registry_dir/docker" ]] \
     && buildah inspect --type image --format '{{.FromImageID}}' "$distroless" >/dev/null 2>&1; then
     say "up to date ($cache/registry.list): $(elapsed "$run_start")"
     exit 0
