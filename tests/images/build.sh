@@ -297,6 +297,8 @@ import_base() {
         return 0
     fi
     ctr="$(buildah from --pull=never scratch)"
+    # (The step runs in a subshell of its own: this trap is the step's.)
+    trap "buildah rm $ctr >/dev/null 2>&1 || true" EXIT
     buildah add --quiet "$ctr" "$bases/$key.tar" /
     buildah config "$@" "$ctr"
     buildah commit --quiet --rm --iidfile "$bases/$key.iid" "$ctr" "$name"
@@ -314,7 +316,8 @@ timed base-distroless-import import_base distroless "$distroless" --env "$path_e
 # --- 3. Bindery's images, from their Dockerfiles unchanged ----------------
 
 # Layers are cached: a new binary rebuilds only what follows its COPY.
-bud=(buildah bud --isolation chroot --pull=never --layers)
+# --force-rm: a failed build leaves no container behind either.
+bud=(buildah bud --isolation chroot --pull=never --layers --force-rm)
 context="$cache/build-context"
 rm -rf "$context"
 mkdir -p "$context/out"
