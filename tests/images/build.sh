@@ -180,7 +180,9 @@ sources=(
 )
 # Like Debian's slim images: Essential + apt, merged /usr, no
 # recommends, no documentation or translations; apt inside points at the
-# same mirrors, so a Dockerfile's `RUN apt-get install` works.
+# same mirrors, so a Dockerfile's `RUN apt-get install` works. (The hooks'
+# $1, the root, is mmdebstrap's to expand.)
+# shellcheck disable=SC2016
 slim_args=(
     --variant=minbase --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
     --aptopt='APT::Install-Recommends "false"'
@@ -222,8 +224,8 @@ finish_distroless() { # rootfs
             | xargs -r -d '\n' rm -f
     done
     rm -rf "${r:?}"/{var/cache/apt,var/lib/apt,var/lib/dpkg,etc/apt,etc/dpkg,etc/debconf.conf} \
-        "$r"/etc/{fstab,hostname,resolv.conf} "$r"/dev/* "$r"/usr/share/{man,lintian,pixmaps,perl5,debconf} \
-        "$r"/usr/sbin/update-ca-certificates
+        "${r:?}"/etc/{fstab,hostname,resolv.conf} "${r:?}"/dev/* \
+        "${r:?}"/usr/share/{man,lintian,pixmaps,perl5,debconf} "${r:?}"/usr/sbin/update-ca-certificates
     find "$r/usr/share/doc" -type f ! -name copyright -delete
     find "$r" -depth -type d -empty ! -path "$r/dev" -delete
     cat >"$r/etc/passwd" <<'PASSWD'
@@ -297,7 +299,9 @@ import_base() {
         return 0
     fi
     ctr="$(buildah from --pull=never scratch)"
-    # (The step runs in a subshell of its own: this trap is the step's.)
+    # (The step runs in a subshell of its own: this trap is the step's; the
+    # id is expanded now, the local is gone by then.)
+    # shellcheck disable=SC2064
     trap "buildah rm $ctr >/dev/null 2>&1 || true" EXIT
     buildah add --quiet "$ctr" "$bases/$key.tar" /
     buildah config "$@" "$ctr"
