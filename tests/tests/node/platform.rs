@@ -182,9 +182,11 @@ pub fn ask(kube: &Kube<'_>, tenant: &str, pod: &str) -> (String, String) {
     )
 }
 
-/// Whether a pod with `labels` connects to `url` within a few seconds:
-/// curl's exit code is neither 7 (refused) nor 28 (timed out, the packets
-/// dropped); a TLS or HTTP error after connecting counts as connected.
+/// Whether a pod with `labels` connects to `url`, trying for 20 s (a
+/// policy enforcer admits a new pod's address once it has seen the pod):
+/// curl's last exit code is neither 7 (refused) nor 28 (timed out, the
+/// packets dropped); a TLS or HTTP error after connecting counts as
+/// connected.
 pub fn connects(
     kube: &Kube<'_>,
     ns: &str,
@@ -204,9 +206,16 @@ pub fn connects(
                 "--silent",
                 "--insecure",
                 "--connect-timeout",
-                "5",
+                "3",
                 "--max-time",
-                "10",
+                "5",
+                "--retry",
+                "20",
+                "--retry-delay",
+                "1",
+                "--retry-max-time",
+                "20",
+                "--retry-connrefused",
                 "--output",
                 "/dev/null",
                 "--write-out",
