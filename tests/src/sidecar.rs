@@ -120,6 +120,20 @@ impl Sidecar {
         assert!(status.success(), "kill -{signal} {pid} failed");
     }
 
+    /// Its exit status once it has exited, waiting at most `within`.
+    pub fn exited_within(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// SIGTERM and wait for a graceful exit.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let pid = self.child.id().to_string();

@@ -33,6 +33,8 @@ use bindery_tree::AgentTree;
 
 /// How long a cancel waits for the run to record its end.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
+/// How often a stopping server looks whether its runs have ended.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 mod cancel;
 mod continuation;
@@ -423,6 +425,26 @@ impl Service {
                 released();
             }
             live = now;
+        }
+    }
+
+    /// How many runs this process has under way.
+    pub fn live_runs(&self) -> usize {
+        self.live.runs()
+    }
+
+    /// Wait until this process has no run under way, at most `within`;
+    /// how many are still under way then. A server that stops (a pod
+    /// being replaced) lets its runs end before it stops their tools: it
+    /// keeps beating meanwhile, so no other server takes them for lost.
+    pub async fn drain(&self, within: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let runs = self.live.runs();
+            if runs == 0 || tokio::time::Instant::now() >= deadline {
+                return runs;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
         }
     }
 

@@ -374,6 +374,13 @@ pub enum Command {
         #[arg(long, hide = true, value_name = "DURATION", default_value = "30s",
               value_parser = humantime::parse_duration)]
         runner_lease: std::time::Duration,
+        /// On SIGTERM or Ctrl-C, how long the runs under way may take to
+        /// end before their tools are stopped and the server exits (no
+        /// new request is taken meanwhile; peers still reach it). Keep it
+        /// under the pod's termination grace period (30s unless set).
+        #[arg(long, value_name = "DURATION", default_value = "25s",
+              env = "BINDERY_DRAIN_TIMEOUT", value_parser = humantime::parse_duration)]
+        drain_timeout: std::time::Duration,
     },
     /// List the tool calls of a session file, agents-exe's or Bindery's
     /// (agents-exe's command): each call once, with its turn (from 1) and

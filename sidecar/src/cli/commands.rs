@@ -256,6 +256,7 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
             no_stream,
             runner_heartbeat,
             runner_lease,
+            drain_timeout,
         } => Ok(super::serve::serve(super::serve::ServeArgs {
             agents: &agents,
             model: &model,
@@ -297,6 +298,7 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
                 heartbeat: runner_heartbeat,
                 lease: runner_lease,
             },
+            drain_timeout,
         })
         .await?),
         Command::Describe { agents, tool } => {

@@ -113,6 +113,8 @@ pub struct ServeArgs<'a> {
     pub allowed_origins: &'a [String],
     pub stream: bool,
     pub lease: LeaseConfig,
+    /// `--drain-timeout`.
+    pub drain_timeout: Duration,
 }
 
 /// Why the server did not start: its agents, flags and files, its store,
@@ -440,6 +442,17 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         _ => None,
     };
     super::http::serve(listener, app, a.conn_limits, shutdown()).await;
+    // The runs under way end here (a pod being replaced loses none of
+    // its work), still vouched for by the heartbeat and reachable by
+    // peers; past the drain timeout they are cut off as before.
+    let runs = service.live_runs();
+    if runs > 0 {
+        tracing::info!(runs, timeout = ?a.drain_timeout, "letting the runs under way end");
+        let left = service.drain(a.drain_timeout).await;
+        if left > 0 {
+            tracing::warn!(left, "runs still under way at the drain timeout are cut off");
+        }
+    }
     // Nothing a tool started outlives the server's orderly end: the calls
     // still running are killed with all they started, and none starts.
     let _ = tokio::task::spawn_blocking(bindery_reaper::end_all).await;

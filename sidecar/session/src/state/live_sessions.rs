@@ -107,6 +107,11 @@ impl LiveSessions {
         lock(&self.map).len()
     }
 
+    /// How many runs this process has under way.
+    pub fn runs(&self) -> usize {
+        lock(&self.map).values().filter(|l| l.running()).count()
+    }
+
     /// Cancel this process's run of `id`, if it has one (a cancel
     /// requested through the store by another server).
     pub fn cancel_here(&self, id: &str) {

@@ -99,11 +99,16 @@ impl Brood {
         }
     }
 
+    /// The server, its runs cut off one second after a SIGTERM.
     fn serve(&self) -> (Sidecar, Api) {
+        self.serve_draining("1s")
+    }
+
+    fn serve_draining(&self, drain: &str) -> (Sidecar, Api) {
         serve(
             &self.agent,
             &sqlite_in(self.dir.path()),
-            &["--tool-timeout", "300"],
+            &["--tool-timeout", "300", "--drain-timeout", drain],
             &[],
             self.dir.path(),
         )
@@ -203,6 +208,42 @@ async fn every_kind_of_child_goes_with_its_call_and_with_the_server() {
         "{}",
         r.text
     );
+    b.mock.shutdown().await;
+}
+
+/// A run under way at SIGTERM ends before the server does (a pod being
+/// replaced loses none of its work): its tool finishes and its answer is
+/// stored, while the server takes no new connection; then it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_under_way_at_sigterm_ends_before_the_server_exits() {
+    let b = Brood::new().await;
+    let (mut sidecar, api) = b.serve_draining("60s");
+    let id = b.start(&api, "effect").await;
+    sidecar.signal("TERM");
+    // The listener goes at once; the run goes on.
+    let addr = api.base.trim_start_matches("http://").to_string();
+    until("the server to stop taking connections", PATIENCE, || {
+        std::net::TcpStream::connect(&addr).is_err()
+    })
+    .await;
+    assert!(
+        sidecar.exited_within(std::time::Duration::from_millis(500)).is_none(),
+        "the server exited with a run under way"
+    );
+    std::fs::write(b.file("gate"), "").unwrap();
+    let status = tokio::task::block_in_place(|| sidecar.exited_within(PATIENCE));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the server's exit once its run ended: {status:?}\n{}",
+        sidecar.logs()
+    );
+    assert!(b.file("effect").exists(), "the tool did not finish");
+    // Its answer is stored: another server reads the run as ended.
+    let (_again, api) = b.serve();
+    let r = session(&api, &id).await;
+    assert_eq!(r.json["status"], "idle", "{}", r.text);
+    assert_eq!(last_tool_output(&r).trim(), "left", "{}", r.text);
+    b.all_gone("every child goes with its call");
     b.mock.shutdown().await;
 }
 
