@@ -59,6 +59,11 @@ impl NetNs {
         }
     }
 
+    /// The open file that holds the namespace.
+    pub fn handle(&self) -> &File {
+        &self.handle
+    }
+
     /// `f` on a thread in the namespace; its value.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         std::thread::scope(|s| {

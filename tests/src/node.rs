@@ -217,6 +217,21 @@ impl Node {
             // Service's translation is undone on the way back.
             run_ok("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
             run_ok("sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"]);
+            // The Services' addresses are routed (to the node's loopback,
+            // until kube-proxy's rules translate them), as a node's default
+            // route would: the node itself reaches a Service.
+            run_ok(
+                "ip",
+                &[
+                    "route",
+                    "add",
+                    SERVICE_CIDR,
+                    "dev",
+                    "lo",
+                    "src",
+                    &NODE_IP.to_string(),
+                ],
+            );
         });
         let plane = ns.run(|| ControlPlane::for_node(NODE_IP, &USERS));
         ns.run(|| apply(&plane, &dir, "node-rbac.yaml", RBAC));
@@ -278,6 +293,12 @@ impl Node {
     /// runtime, so its clients reach the node's addresses.
     pub fn enter(&self) {
         self.ns.enter();
+    }
+
+    /// The open handle on the node's network namespace (for a process
+    /// to enter it: `nsenter --net=/proc/PID/fd/FD`).
+    pub fn namespace_handle(&self) -> &std::fs::File {
+        self.ns.handle()
     }
 
     /// kubectl as the administrator (from the node's namespace).
@@ -522,6 +543,7 @@ impl Setup {
             "cni/ipam",
             "cni/cache",
             "kubelet/pki",
+            "pod-logs",
             "registry",
         ] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -531,7 +553,11 @@ impl Setup {
         // containerd's CRI as a kubelet expects it on this machine: runc
         // with the cgroupfs driver (no systemd here); the sandbox image
         // the kubelet's version expects; no lowering of oom_score_adj
-        // (root may not here); images through the node's registry.
+        // (root may not here); images through the node's registry; the
+        // pods' network namespaces under the node's directory (not
+        // /run/netns, which every node of the machine would share), as
+        // the kubelet's pod logs are (not /var/log/pods, whose entries a
+        // kubelet removes when it does not know their pods).
         write(
             "containerd/config.toml",
             format!(
@@ -550,6 +576,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "registry.k8s.io/pause:3.10"
   restrict_oom_score_adj = true
   disable_apparmor = true
+  netns_mounts_under_state_dir = true
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -634,6 +661,7 @@ healthzBindAddress: 127.0.0.1
 clusterDNS: [{NODE_IP}]
 clusterDomain: cluster.local
 resolvConf: {resolv}
+podLogsDir: {logs}
 authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: false}}
@@ -646,6 +674,7 @@ serializeImagePulls: false
 "#,
                 socket = setup.containerd_socket.display(),
                 resolv = path("kubelet/resolv.conf"),
+                logs = path("pod-logs"),
                 ca = setup.ca.display(),
             ),
         );
