@@ -14,4 +14,6 @@
 
 mod kube;
 mod platform;
+mod replicas;
+mod shared;
 mod smoke;

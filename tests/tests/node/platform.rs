@@ -14,9 +14,11 @@ use std::collections::BTreeSet;
 
 use bindery_tests::helm::repo_path;
 use bindery_tests::node::Node;
-use serde_json::Value;
+use bindery_tests::sidecar::{Api, Reply};
+use serde_json::{json, Value};
 
 use crate::kube::{curl_pod, Kube, TIMEOUT};
+use crate::shared::operator_and_model;
 
 /// The mock model's image: the workspace's `mock-model` on the distroless
 /// base, imported into the node.
@@ -81,8 +83,9 @@ spec:
     ]);
 }
 
-/// The example Agent (its model: the mock's Service) and its tools, the
-/// tool also printing the SHA-256 of the billing token it was given.
+/// The example Agent (its model: the mock's Service; its tools exposed
+/// on `/mcp`) and its tools, the tool also printing the SHA-256 of the
+/// billing token it was given.
 pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
     let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
         .unwrap()
@@ -94,7 +97,9 @@ pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
             "name: invoices\n",
             &format!("name: invoices\n  namespace: {ns}\n"),
         );
-    kube.apply(&agent);
+    let spec = "\nspec:\n";
+    assert!(agent.contains(spec), "examples/k8s/agent.yaml changed");
+    kube.apply(&agent.replacen(spec, "\nspec:\n  mcp:\n    exposeTools: true\n", 1));
     let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
     let anchor = "    invoices | awk";
     assert!(
@@ -115,8 +120,9 @@ pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
     );
 }
 
-/// The billing Secret of a tenant.
-pub fn billing_secret(ns: &str, name: &str, value: &str) -> String {
+/// A Secret `name` holding `value` under `token` (a tenant's billing
+/// token, its MCP clients' token).
+pub fn token_secret(ns: &str, name: &str, value: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData: {{token: {value}}}\n"
     )
@@ -138,6 +144,7 @@ parameters:
     valueFrom:
       secretKeyRef: {{name: {tenant}-billing, key: token}}
 tools: invoices-tools
+mcpClientTokenSecretRef: {{name: {tenant}-mcp, key: token}}
 networkPolicy:
   clients:
     - podSelector: {{matchLabels: {{bindery.test/client: {tenant}}}}}
@@ -232,6 +239,55 @@ pub fn connects(
     (!matches!(code, 7 | 28), log)
 }
 
+/// The cluster IP and port of `tenant`'s Service.
+fn cluster_ip(kube: &Kube<'_>, tenant: &str) -> String {
+    let svc = kube.json(&["get", "-n", NS, "service", tenant]);
+    format!(
+        "{}:{}",
+        svc["spec"]["clusterIP"].as_str().expect("a cluster IP"),
+        svc["spec"]["ports"][0]["port"]
+    )
+}
+
+/// One JSON-RPC request on a tenant's `/mcp` (the stateless POST of
+/// protocol 2025-03-26) with `token` as the bearer.
+async fn mcp(base: &str, token: &str, method: &str, params: Value) -> Reply {
+    Api::new(base)
+        .call(
+            "POST",
+            "/mcp",
+            Some(token),
+            Some(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})),
+        )
+        .await
+}
+
+/// What a tenant whose agents have no approval webhook must not have: a
+/// Role or RoleBinding of its own, a ServiceAccount token in its pods.
+fn assert_no_api_access(kube: &Kube<'_>, tenant: &str) {
+    let selector = format!("bindery.dev/tenant={tenant}");
+    let rbac = kube.ok(&[
+        "get",
+        "-n",
+        NS,
+        "roles,rolebindings",
+        "-l",
+        &selector,
+        "-o",
+        "name",
+    ]);
+    assert_eq!(rbac.trim(), "", "{tenant} has RBAC of its own");
+    let pods = kube.json(&["get", "-n", NS, "pods", "-l", &selector]);
+    for pod in pods["items"].as_array().unwrap() {
+        let spec = &pod["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false, "{spec:#}");
+        let text = spec.to_string();
+        for what in ["serviceAccountToken", "projected", "BINDERY_EVENTS_DIR"] {
+            assert!(!text.contains(what), "{what} in {tenant}'s pods: {spec:#}");
+        }
+    }
+}
+
 fn deployment_settled(kube: &Kube<'_>, name: &str, replicas: u64) -> Result<Value, String> {
     let d = kube.json(&["get", "-n", NS, "deployment", name]);
     let s = &d["status"];
@@ -267,23 +323,21 @@ fn the_platform_teams_path_on_a_real_node() {
     const ACME: &str = "acme-billing-canary-7d31f0";
     const GLOBEX: &str = "globex-billing-canary-2c9e44";
     const ROTATED: &str = "acme-billing-rotated-e08b5a";
+    const MCP_ACME: &str = "acme-mcp-client-canary-e47b10";
+    const MCP_GLOBEX: &str = "globex-mcp-client-canary-91ad3c";
     let node = Node::shared();
     let kube = Kube { node };
+    // The test's own requests (MCP) come from the node, as a platform
+    // team's tooling on it would: the policy admits the node.
+    node.enter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
 
     // 1. The operator chart with its defaults: the operator's pod, from
-    // the chart's default image, Ready.
-    let out = kube.helm(&[
-        "install",
-        "bindery",
-        &repo_path("charts/bindery-operator"),
-        "--namespace",
-        "bindery-system",
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        TIMEOUT,
-    ]);
-    assert!(out.contains("STATUS: deployed"), "{out}");
+    // the chart's default image, Ready; the mock model's pod.
+    operator_and_model(&kube);
     let operator = kube.json(&["get", "-n", "bindery-system", "pods"]);
     let image = operator["items"][0]["spec"]["containers"][0]["image"].clone();
     assert_eq!(
@@ -291,12 +345,13 @@ fn the_platform_teams_path_on_a_real_node() {
         "{operator:#}"
     );
 
-    // 2. The model, the example Agent and tools, each tenant's Secret.
-    start_model(&kube);
+    // 2. The example Agent and tools, each tenant's Secret.
     kube.restricted_namespace(NS);
     apply_invoices_agent(&kube, NS);
-    kube.apply(&billing_secret(NS, "acme-billing", ACME));
-    kube.apply(&billing_secret(NS, "globex-billing", GLOBEX));
+    kube.apply(&token_secret(NS, "acme-billing", ACME));
+    kube.apply(&token_secret(NS, "globex-billing", GLOBEX));
+    kube.apply(&token_secret(NS, "acme-mcp", MCP_ACME));
+    kube.apply(&token_secret(NS, "globex-mcp", MCP_GLOBEX));
 
     // 3. Two tenants from the tenant chart: Ready under the chart's
     // securityContext in the restricted namespace.
@@ -348,6 +403,65 @@ fn the_platform_teams_path_on_a_real_node() {
         );
     }
 
+    // An MCP client with acme's token sees the agent's own tool as the
+    // model does (the bound arguments are not there) and calls it: the
+    // pinned tenant wins over the one it asks for; the agent itself is
+    // not its to ask; globex's token opens nothing of acme's.
+    let acme = format!("http://{}", cluster_ip(&kube, "acme"));
+    runtime.block_on(async {
+        let listed = mcp(&acme, MCP_ACME, "tools/list", json!({})).await;
+        assert_eq!(listed.status, 200, "{}", listed.text);
+        let tools = listed.json["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            ["bash_query-invoices"],
+            "{}\n{}\n{}",
+            listed.text,
+            kube.ok(&["get", "-n", NS, "agent", "invoices", "-o", "yaml"]),
+            kube.ok(&["get", "-n", NS, "configmap", "acme-agents", "-o", "yaml"])
+        );
+        let properties = &tools[0]["inputSchema"]["properties"];
+        assert!(properties.get("status").is_some(), "{}", listed.text);
+        for bound in ["tenant_id", "token"] {
+            assert!(
+                properties.get(bound).is_none(),
+                "{bound} listed: {}",
+                listed.text
+            );
+        }
+        let called = mcp(
+            &acme,
+            MCP_ACME,
+            "tools/call",
+            json!({"name": "bash_query-invoices",
+                   "arguments": {"status": "overdue", "tenant_id": "globex"}}),
+        )
+        .await;
+        let answer = called.json["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(called.json["result"]["isError"], false, "{}", called.text);
+        assert!(answer.contains("INV-1002"), "{}", called.text);
+        assert!(!answer.contains("INV-2002"), "{}", called.text);
+        assert!(answer.contains(&sha256_hex(ACME)), "{}", called.text);
+        let asked = mcp(
+            &acme,
+            MCP_ACME,
+            "tools/call",
+            json!({"name": "ask_invoices", "arguments": {"prompt": "which invoices are overdue?"}}),
+        )
+        .await;
+        assert!(asked.json["result"].is_null(), "{}", asked.text);
+        let wrong = mcp(&acme, MCP_GLOBEX, "tools/list", json!({})).await;
+        assert_eq!(wrong.status, 401, "{}", wrong.text);
+    });
+    // No agent has an approval webhook: no RBAC, no token in the pods.
+    assert_no_api_access(&kube, "acme");
+
     // 5. `helm test`: the chart's own pod reaches the tenant by name.
     let tested = kube.helm(&["test", "acme", "-n", NS, "--timeout", TIMEOUT]);
     assert!(tested.contains("Phase:          Succeeded"), "{tested}");
@@ -388,7 +502,7 @@ fn the_platform_teams_path_on_a_real_node() {
 
     // 8. A changed Secret rolls acme's pods; the new value reaches the tool.
     let before = pod_names(&kube, "acme");
-    kube.apply(&billing_secret(NS, "acme-billing", ROTATED));
+    kube.apply(&token_secret(NS, "acme-billing", ROTATED));
     kube.until("acme's pods to roll", || {
         let d = deployment_settled(&kube, "acme", 1)?;
         let now = pod_names(&kube, "acme");
@@ -460,7 +574,8 @@ fn the_platform_teams_path_on_a_real_node() {
             "--all-containers",
         ]));
     }
-    for value in [ACME, GLOBEX, ROTATED] {
+    everywhere.push_str(&kube.helm(&["get", "all", "acme", "-n", NS]));
+    for value in [ACME, GLOBEX, ROTATED, MCP_ACME, MCP_GLOBEX] {
         assert!(!everywhere.contains(value), "{value} left its Secret");
     }
 

@@ -1,0 +1,32 @@
+//! What the node's tests share, made once per test binary: the operator
+//! chart installed with its defaults (the operator watches every
+//! namespace) and the mock model's pod.
+
+use std::sync::OnceLock;
+
+use bindery_tests::helm::repo_path;
+
+use crate::kube::{Kube, TIMEOUT};
+use crate::platform::start_model;
+
+/// The operator chart installed (`helm install` with its defaults, in a
+/// namespace that enforces Pod Security `restricted`; the operator's pod
+/// Ready) and the mock model serving.
+pub fn operator_and_model(kube: &Kube<'_>) {
+    static READY: OnceLock<()> = OnceLock::new();
+    READY.get_or_init(|| {
+        kube.restricted_namespace("bindery-system");
+        let out = kube.helm(&[
+            "install",
+            "bindery",
+            &repo_path("charts/bindery-operator"),
+            "--namespace",
+            "bindery-system",
+            "--wait",
+            "--timeout",
+            TIMEOUT,
+        ]);
+        assert!(out.contains("STATUS: deployed"), "{out}");
+        start_model(kube);
+    });
+}
