@@ -121,13 +121,13 @@ impl Sidecar {
     }
 
     /// Its exit status once it has exited, waiting at most `within`.
-    pub fn exited_within(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+    pub fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + within;
         loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => return Some(status),
                 Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
+                    std::thread::sleep(Duration::from_millis(20))
                 }
                 _ => return None,
             }

@@ -450,7 +450,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         tracing::info!(runs, timeout = ?a.drain_timeout, "letting the runs under way end");
         let left = service.drain(a.drain_timeout).await;
         if left > 0 {
-            tracing::warn!(left, "runs still under way at the drain timeout are cut off");
+            tracing::warn!(
+                left,
+                "runs still under way at the drain timeout are cut off"
+            );
         }
     }
     // Nothing a tool started outlives the server's orderly end: the calls

@@ -1,8 +1,11 @@
 //! Two replicas of a tenant on PostgreSQL (itself a pod) on a real node: a
-//! session created through one pod is answered through the other, and
-//! deleting the pod that runs a session loses nothing: the run ends there
-//! (the pod drains its runs before it exits) and the session goes on
-//! through the other.
+//! session created through one pod, whose secret value that pod holds in
+//! memory, is answered through the other (which forwards to the holder
+//! over mutual TLS on the peer port, through the tenant's NetworkPolicy),
+//! the value never stored nor logged; deleting the pod that runs a session
+//! loses nothing: the run ends there (the pod lets its runs end before it
+//! exits) and the session goes on through the other once its value is
+//! given again (it lived in the deleted pod's memory only).
 
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
 use crate::kube::{Kube, TIMEOUT};
-use crate::platform::{apply_invoices_agent, token_secret};
+use crate::platform::apply_invoices_agent;
 use crate::shared::operator_and_model;
 
 const NS: &str = "ledger";
@@ -106,6 +109,7 @@ fn last_answer(session: &Value) -> String {
 #[test]
 fn two_replicas_on_postgres_share_sessions_and_a_deleted_pod_loses_nothing() {
     const CANARY: &str = "ledger-billing-canary-4b8e21";
+    const RUNNING: &str = "ledger-billing-running-77c0d3";
     let node = Node::shared();
     let kube = Kube { node };
     operator_and_model(&kube);
@@ -125,6 +129,23 @@ fn two_replicas_on_postgres_share_sessions_and_a_deleted_pod_loses_nothing() {
     // The example agent, its tool slowed down; the tenant: two replicas
     // on the database.
     apply_invoices_agent(&kube, NS);
+    let agent = kube.json(&["get", "-n", NS, "agent", "invoices"]);
+    let rows = agent["spec"]["parameters"].as_array().unwrap();
+    let token_row = rows
+        .iter()
+        .position(|p| p["name"] == "billing_token")
+        .unwrap();
+    kube.ok(&[
+        "patch",
+        "-n",
+        NS,
+        "agent",
+        "invoices",
+        "--type=json",
+        "-p",
+        &json!([{"op": "add", "path": format!("/spec/parameters/{token_row}/scope"), "value": "session"}])
+            .to_string(),
+    ]);
     let tools = kube.json(&["get", "-n", NS, "configmap", "invoices-tools"]);
     let script = tools["data"]["query-invoices"].as_str().unwrap();
     let anchor = "[[ \"${1:-}\" == \"run\" ]]";
@@ -140,7 +161,6 @@ fn two_replicas_on_postgres_share_sessions_and_a_deleted_pod_loses_nothing() {
         "-p",
         &json!({"data": {"query-invoices": slowed}}).to_string(),
     ]);
-    kube.apply(&token_secret(NS, "acme-billing", CANARY));
     kube.apply(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: acme-db, namespace: {NS}}}\nstringData:\n  url: postgres://postgres:{password}@postgres.{NS}.svc.cluster.local:5432/acme?sslmode=disable\n"
     ));
@@ -156,9 +176,6 @@ parameters:
   - name: tenant
     value: acme-corp
     pinned: true
-  - name: billing_token
-    valueFrom:
-      secretKeyRef: {name: acme-billing, key: token}
 tools: invoices-tools
 "#,
     )
@@ -200,18 +217,31 @@ tools: invoices-tools
         .unwrap();
     let api = |ip: &str| Api::new(&format!("http://{ip}:8080"));
     let (a, b) = (both[0].clone(), both[1].clone());
-    runtime.block_on(async {
-        // Created through one, answered through the other.
+    let digest = |v: &str| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(v.as_bytes()))
+    };
+    let running_id = runtime.block_on(async {
+        // Created through `a` with its value, which `a` holds in memory...
         let r = api(&a.1)
             .call(
                 "POST",
                 "/v1/sessions?wait=true",
                 Some(&owner),
-                Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+                Some(
+                    &json!({"agent": "invoices", "prompt": "which invoices are overdue?",
+                             "params": {"billing_token": CANARY}}),
+                ),
             )
             .await;
         assert_eq!(r.status, 201, "through {}: {}", a.0, r.text);
+        assert!(
+            last_answer(&r.json["session"]).contains(&digest(CANARY)),
+            "{}",
+            r.text
+        );
         let id = r.json["session_id"].as_str().unwrap().to_string();
+        // ... answered through `b`, which forwards to `a` on the peer port.
         let r = api(&b.1)
             .call(
                 "POST",
@@ -221,9 +251,11 @@ tools: invoices-tools
             )
             .await;
         assert_eq!(r.status, 200, "through {}: {}", b.0, r.text);
+        let answer = last_answer(&r.json["session"]);
+        assert!(answer.contains("INV-1002"), "{}", r.text);
         assert!(
-            last_answer(&r.json["session"]).contains("INV-1002"),
-            "{}",
+            answer.contains(&digest(CANARY)),
+            "the held value, through b: {}",
             r.text
         );
 
@@ -233,7 +265,10 @@ tools: invoices-tools
                 "POST",
                 "/v1/sessions",
                 Some(&owner),
-                Some(&json!({"agent": "invoices", "prompt": "which invoices are overdue?"})),
+                Some(
+                    &json!({"agent": "invoices", "prompt": "which invoices are overdue?",
+                             "params": {"billing_token": RUNNING}}),
+                ),
             )
             .await;
         assert_eq!(r.status, 201, "{}", r.text);
@@ -287,25 +322,42 @@ tools: invoices-tools
         assert_eq!(done["status"], "idle", "{done:#}\n{}'s log:\n{a_log}", a.0);
         let answer = last_answer(&done["session"]);
         assert!(
-            answer.contains("INV-1002"),
+            answer.contains(&digest(RUNNING)),
             "{done:#}\n{}'s log:\n{a_log}",
             a.0
         );
-        // The session goes on, through the other pod.
+        assert!(
+            !a_log.contains(RUNNING) && !a_log.contains(CANARY),
+            "a value in a's log"
+        );
+        // The session goes on through `b`: its value lived in `a`'s memory
+        // only, so it is asked for, given again, and used.
+        let say = |prompt: &str| json!({ "prompt": prompt });
+        let path = format!("/v1/sessions/{running}/messages?wait=true");
+        let r = api(&b.1)
+            .call("POST", &path, Some(&owner), Some(&say("once more?")))
+            .await;
+        assert_eq!(r.status, 409, "{}", r.text);
+        assert_eq!(r.json["error"], "params_required", "{}", r.text);
         let r = api(&b.1)
             .call(
-                "POST",
-                &format!("/v1/sessions/{running}/messages?wait=true"),
+                "PUT",
+                &format!("/v1/sessions/{running}/params"),
                 Some(&owner),
-                Some(&json!({"prompt": "once more?"})),
+                Some(&json!({"params": {"billing_token": RUNNING}})),
             )
+            .await;
+        assert!(r.status < 300, "{}", r.text);
+        let r = api(&b.1)
+            .call("POST", &path, Some(&owner), Some(&say("once more?")))
             .await;
         assert_eq!(r.status, 200, "{}", r.text);
         assert!(
-            last_answer(&r.json["session"]).contains("INV-1002"),
+            last_answer(&r.json["session"]).contains(&digest(RUNNING)),
             "{}",
             r.text
         );
+        running
     });
 
     // The Deployment replaces the pod; the value stayed out of every log.
@@ -325,7 +377,21 @@ tools: invoices-tools
         "bindery.dev/tenant=acme",
         "--tail=-1",
     ]);
-    assert!(!logs.contains(CANARY), "the billing token in a log");
+    let dump = kube.ok(&[
+        "exec",
+        "-n",
+        NS,
+        "deployment/postgres",
+        "--",
+        "pg_dump",
+        "--username=postgres",
+        "acme",
+    ]);
+    assert!(dump.contains(&running_id), "the dump holds the sessions");
+    for value in [CANARY, RUNNING] {
+        assert!(!logs.contains(value), "a session's value in a log");
+        assert!(!dump.contains(value), "a session's value in the store");
+    }
     kube.helm(&[
         "uninstall",
         "acme",

@@ -227,7 +227,9 @@ async fn a_run_under_way_at_sigterm_ends_before_the_server_exits() {
     })
     .await;
     assert!(
-        sidecar.exited_within(std::time::Duration::from_millis(500)).is_none(),
+        sidecar
+            .exited_within(std::time::Duration::from_millis(500))
+            .is_none(),
         "the server exited with a run under way"
     );
     std::fs::write(b.file("gate"), "").unwrap();
