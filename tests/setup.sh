@@ -87,16 +87,15 @@ if ! { command -v initdb || compgen -G '/usr/lib/postgresql/*/bin/initdb'; } >/d
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-15 openssl >/dev/null
 fi
 
-# The test kubelet (tests/src/kubelet.rs): curl is the program of the tenant
-# chart's `helm test` pod; unshare and mount (util-linux) give each container
-# its volumes. `script` (bsdutils) gives the CLI's approval tests a terminal.
-if ! command -v curl >/dev/null || ! command -v unshare >/dev/null || ! command -v script >/dev/null; then
+# `script` (bsdutils) gives the CLI's approval tests a terminal; curl is what
+# the MCP tests' servers and install scripts fetch with.
+if ! command -v curl >/dev/null || ! command -v script >/dev/null; then
     if [ "$(id -u)" -ne 0 ]; then
-        echo "tests/setup.sh: curl, unshare or script is missing; as root: apt-get install curl util-linux mount bsdutils" >&2
+        echo "tests/setup.sh: curl or script is missing; as root: apt-get install curl bsdutils" >&2
         exit 1
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl util-linux mount bsdutils >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl bsdutils >/dev/null
 fi
 
 # The chat page's browser: Debian's chromium, headless, and a font for its

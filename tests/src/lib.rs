@@ -7,7 +7,6 @@ pub mod eventually;
 pub mod fixtures;
 pub mod helm;
 pub mod kubectl;
-pub mod kubelet;
 pub mod mcp_client;
 pub mod mock_llm;
 pub mod netns;

@@ -15,5 +15,6 @@
 mod kube;
 mod platform;
 mod replicas;
+mod reports;
 mod shared;
 mod smoke;

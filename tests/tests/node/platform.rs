@@ -83,23 +83,38 @@ spec:
     ]);
 }
 
+/// The mock model's pod, by its Service's name.
+pub const MODEL_URL: &str = "http://mock-model.models.svc.cluster.local:9090/v1";
+
 /// The example Agent (its model: the mock's Service; its tools exposed
 /// on `/mcp`) and its tools, the tool also printing the SHA-256 of the
 /// billing token it was given.
 pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
+    apply_agent(kube, ns, MODEL_URL, |agent| {
+        let spec = "\nspec:\n";
+        assert!(agent.contains(spec), "examples/k8s/agent.yaml changed");
+        agent.replacen(spec, "\nspec:\n  mcp:\n    exposeTools: true\n", 1)
+    });
+}
+
+/// The example Agent in `ns`, its model at `model_url`, then `edit`ed;
+/// and its tools, the tool also printing the SHA-256 of the billing token
+/// it was given (so a test sees which value reached it without the value
+/// itself travelling anywhere).
+pub fn apply_agent(
+    kube: &Kube<'_>,
+    ns: &str,
+    model_url: &str,
+    edit: impl FnOnce(String) -> String,
+) {
     let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
         .unwrap()
-        .replace(
-            "https://api.openai.com/v1",
-            "http://mock-model.models.svc.cluster.local:9090/v1",
-        )
+        .replace("https://api.openai.com/v1", model_url)
         .replace(
             "name: invoices\n",
             &format!("name: invoices\n  namespace: {ns}\n"),
         );
-    let spec = "\nspec:\n";
-    assert!(agent.contains(spec), "examples/k8s/agent.yaml changed");
-    kube.apply(&agent.replacen(spec, "\nspec:\n  mcp:\n    exposeTools: true\n", 1));
+    kube.apply(&edit(agent));
     let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
     let anchor = "    invoices | awk";
     assert!(
