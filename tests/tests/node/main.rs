@@ -12,6 +12,5 @@
 //! the node's addresses; one node serves the whole binary.
 #![cfg(feature = "node-tests")]
 
-mod kube;
 mod platform;
 mod smoke;

@@ -14,138 +14,17 @@ use std::collections::BTreeSet;
 
 use bindery_tests::helm::repo_path;
 use bindery_tests::node::Node;
+use bindery_tests::node_fixtures::{
+    apply_invoices_agent, billing_secret, start_model, tenant_values,
+};
+use bindery_tests::node_kube::{curl_pod, Kube, TIMEOUT};
 use serde_json::Value;
 
-use crate::kube::{curl_pod, Kube, TIMEOUT};
-
-/// The mock model's image: the workspace's `mock-model` on the distroless
-/// base, imported into the node.
-pub const MODEL_IMAGE: &str = "bindery.test/mock-model:e2e";
 const NS: &str = "shop";
 
 fn sha256_hex(text: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-/// The mock model as a Deployment and Service `mock-model` in `models`:
-/// it calls the invoices tool for another tenant than the caller's (the
-/// pin decides), then answers with the tool's output.
-pub fn start_model(kube: &Kube<'_>) {
-    kube.node
-        .import_program(MODEL_IMAGE, env!("CARGO_BIN_EXE_mock-model").as_ref());
-    kube.restricted_namespace("models");
-    kube.apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: mock-model, namespace: models}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: mock-model}}}}
-  template:
-    metadata: {{labels: {{app: mock-model}}}}
-    spec:
-      automountServiceAccountToken: false
-      securityContext:
-        runAsNonRoot: true
-        runAsUser: 65532
-        seccompProfile: {{type: RuntimeDefault}}
-      containers:
-      - name: model
-        image: {MODEL_IMAGE}
-        imagePullPolicy: Never
-        args: [--listen, "0.0.0.0:9090", --tool, bash_query-invoices, --args, '{{"status":"overdue","tenant_id":"globex"}}']
-        ports: [{{name: http, containerPort: 9090}}]
-        readinessProbe: {{tcpSocket: {{port: http}}, periodSeconds: 1}}
-        securityContext:
-          allowPrivilegeEscalation: false
-          readOnlyRootFilesystem: true
-          capabilities: {{drop: [ALL]}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: mock-model, namespace: models}}
-spec:
-  selector: {{app: mock-model}}
-  ports: [{{name: http, port: 9090, targetPort: http}}]
-"#
-    ));
-    kube.ok(&[
-        "rollout",
-        "status",
-        "-n",
-        "models",
-        "deployment/mock-model",
-        "--timeout",
-        TIMEOUT,
-    ]);
-}
-
-/// The example Agent (its model: the mock's Service) and its tools, the
-/// tool also printing the SHA-256 of the billing token it was given.
-pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
-    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
-        .unwrap()
-        .replace(
-            "https://api.openai.com/v1",
-            "http://mock-model.models.svc.cluster.local:9090/v1",
-        )
-        .replace(
-            "name: invoices\n",
-            &format!("name: invoices\n  namespace: {ns}\n"),
-        );
-    kube.apply(&agent);
-    let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
-    let anchor = "    invoices | awk";
-    assert!(
-        tools.contains(anchor),
-        "examples/k8s/tools-configmap.yaml changed"
-    );
-    kube.apply(
-        &tools
-            .replacen(
-                anchor,
-                "    printf 'token-sha256: %s\\n' \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\"\n    invoices | awk",
-                1,
-            )
-            .replace(
-                "name: invoices-tools\n",
-                &format!("name: invoices-tools\n  namespace: {ns}\n"),
-            ),
-    );
-}
-
-/// The billing Secret of a tenant.
-pub fn billing_secret(ns: &str, name: &str, value: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData: {{token: {value}}}\n"
-    )
-}
-
-/// Values of the tenant chart for `tenant` (billing tenant `billing`),
-/// its clients: pods labelled `bindery.test/client: <tenant>`.
-pub fn tenant_values(kube: &Kube<'_>, tenant: &str, billing: &str) -> String {
-    let file = kube.node.dir().join(format!("{tenant}-values.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            r#"agentRef: invoices
-parameters:
-  - name: tenant
-    value: {billing}
-    pinned: true
-  - name: billing_token
-    valueFrom:
-      secretKeyRef: {{name: {tenant}-billing, key: token}}
-tools: invoices-tools
-networkPolicy:
-  clients:
-    - podSelector: {{matchLabels: {{bindery.test/client: {tenant}}}}}
-"#
-        ),
-    )
-    .unwrap();
-    file.display().to_string()
 }
 
 /// A session of `tenant`'s through its Service, from a client pod the
@@ -292,7 +171,7 @@ fn the_platform_teams_path_on_a_real_node() {
     );
 
     // 2. The model, the example Agent and tools, each tenant's Secret.
-    start_model(&kube);
+    start_model(&kube, env!("CARGO_BIN_EXE_mock-model").as_ref());
     kube.restricted_namespace(NS);
     apply_invoices_agent(&kube, NS);
     kube.apply(&billing_secret(NS, "acme-billing", ACME));
