@@ -1,0 +1,637 @@
+//! How long a tenant takes from `helm install` to its first answered
+//! session on a real node, against the floor: the same sidecar image run as
+//! a bare Deployment with no operator, on the same node in the same run.
+//!
+//!     cargo bench -p bindery-tests --features node-tests --bench tenant_startup [-- --rounds N]
+//!
+//! It starts a node of its own ([`bindery_tests::node`]: needs root and
+//! what `tests/setup.sh` builds, the images included), installs the
+//! operator chart with its defaults, the mock model as a pod, the example
+//! Agent and its tools (none of that timed), then times N rounds of each
+//! (default 5), taking turns (floor, tenant, floor, tenant, ...) after one
+//! warm-up round of each that is not counted: the first pull of the
+//! sidecar's image onto the node is not what it measures.
+//!
+//! - **floor**: from the start of `kubectl apply` of a ConfigMap (the
+//!   agent file and the params file, as the operator renders them), the
+//!   owner token's Secret, a Deployment of the sidecar image with the pod
+//!   the operator renders (its arguments, volumes, probes and
+//!   securityContext) and a Service;
+//! - **tenant**: from the start of `helm install` of the tenant chart
+//!   (without `--wait`): the AgentTenant and its NetworkPolicy, then the
+//!   operator's reconcile (the owner token, the ConfigMap, ServiceAccount,
+//!   Deployment and Service);
+//!
+//! each until a session through the tenant's Service answers 201 with the
+//! model's answer. The client is this process, in the node's network
+//! namespace (the node's own address, which the NetworkPolicy enforcer
+//! admits, as it admits a node's kubelet), asking the Service's cluster IP
+//! every 150 ms; between its asks it notes when it first saw the
+//! Deployment, the pod, the pod scheduled, its container running and the
+//! pod Ready, so that a round says where its time went. Each round has a
+//! name of its own and is removed after it (not timed).
+//!
+//! A benchmark: it prints the rounds, the medians and the ratio with its
+//! goal's verdict, and asserts nothing about them.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use bindery_tests::bench;
+use bindery_tests::control_plane::{ADMIN, SERVICE_CIDR};
+use bindery_tests::helm::{both, repo_path};
+use bindery_tests::node::{Node, NODE_IP};
+use bindery_tests::node_fixtures::{
+    apply_invoices_agent, billing_secret, invoices_agent, start_model, tenant_values,
+};
+use bindery_tests::node_kube::{Kube, TIMEOUT};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::ListParams;
+use kube::Api;
+use serde_json::json;
+
+/// The namespace of the rounds (Pod Security `restricted`).
+const NS: &str = "bench";
+/// The billing tenant every round's parameter pins.
+const BILLING: &str = "acme-corp";
+/// What the model's answer holds for [`BILLING`]'s overdue invoices.
+const ANSWER: &str = "INV-1002";
+/// How often the client asks.
+const POLL: Duration = Duration::from_millis(150);
+/// How long a round may take before the bench gives up on it.
+const GIVE_UP: Duration = Duration::from_secs(240);
+/// The goal: the tenant's median at most this many times the floor's.
+const GOAL: f64 = 1.3;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Floor,
+    Tenant,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Floor => "floor",
+            Kind::Tenant => "tenant",
+        }
+    }
+}
+
+/// When the client first saw each step of a round, from its start.
+#[derive(Default)]
+struct Round {
+    /// `kubectl apply` or `helm install` returned.
+    command: Option<Duration>,
+    deployment: Option<Duration>,
+    pod: Option<Duration>,
+    scheduled: Option<Duration>,
+    started: Option<Duration>,
+    ready: Option<Duration>,
+    /// The first session answered 201 with the model's answer.
+    answered: Duration,
+    /// How long that session took (its model turns and tool run).
+    session: Duration,
+}
+
+fn main() {
+    let rounds = rounds_arg();
+    println!("{}", bench::context());
+    println!(
+        "tenant startup on a real node: from the start of `helm install` of a tenant \
+         (the operator installed and the Agent applied before) to its first session \
+         answered, against the floor, the same sidecar image as a bare Deployment with no \
+         operator, from the start of its `kubectl apply`; {rounds} rounds each, taking \
+         turns, after a warm-up round of each that is not counted (the first pull of the \
+         image onto the node is not measured)"
+    );
+    println!(
+        "the client: this process in the node's network namespace, POST /v1/sessions?wait=true \
+         to the Service's cluster IP every {} ms (a session: 2 model turns, 1 bash tool run); \
+         each step's time is when the client first saw it",
+        POLL.as_millis()
+    );
+
+    println!(
+        "floor includes: kubectl apply of a ConfigMap (the agent file, the params file), the \
+         owner token's Secret, a Deployment (the pod the operator renders: arguments, volumes, \
+         probes every 10 s, securityContext) and a Service; the ReplicaSet, scheduling, the \
+         pod's start, its readiness, the Service's endpoints in kube-proxy's rules, one session"
+    );
+    println!(
+        "tenant includes: helm install of the tenant chart (an AgentTenant, a NetworkPolicy) \
+         without --wait; the operator's reconcile (the owner token, ConfigMap, ServiceAccount, \
+         Deployment, Service); then all the floor's steps after its apply, and kube-router \
+         enforcing the NetworkPolicy"
+    );
+    println!(
+        "columns: seconds from the round's start until the client first saw: the command \
+         return, the Deployment, the pod, the pod scheduled, its container running, the pod \
+         Ready, the session answered; session: that session's own time"
+    );
+
+    let node = Node::start();
+    // Before any runtime: its threads are in the namespace too.
+    node.enter();
+    // The node's own processes reach Services as a node's do through its
+    // default route, which this namespace has none of: kube-proxy's
+    // OUTPUT rules translate the address, then the packet goes to the pod.
+    bindery_tests::netns::run_ok(
+        "ip",
+        &[
+            "route",
+            "replace",
+            SERVICE_CIDR,
+            "dev",
+            "lo",
+            "src",
+            &NODE_IP.to_string(),
+        ],
+    );
+    let kube = Kube { node: &node };
+    set_up(&kube);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let client = rt.block_on(node.plane.client(ADMIN));
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client");
+
+    println!(
+        "{:<8} {:<7} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
+        "round",
+        "kind",
+        "answered",
+        "command",
+        "deployment",
+        "pod",
+        "scheduled",
+        "started",
+        "ready",
+        "session"
+    );
+    let mut counted: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..=rounds {
+        for kind in [Kind::Floor, Kind::Tenant] {
+            let name = format!("{}-{i}", kind.label());
+            let round = run_round(&kube, &rt, &client, &http, kind, &name);
+            let label = if i == 0 {
+                "warm-up".into()
+            } else {
+                i.to_string()
+            };
+            println!("{}", row(&label, kind, &round));
+            remove(&kube, kind, &name);
+            if i > 0 {
+                counted[usize::from(kind == Kind::Tenant)].push(round);
+            }
+        }
+    }
+
+    // Each column's median on its own: where the tenant's time goes.
+    let [floor, tenant] = counted.map(|rounds| median_round(&rounds));
+    println!("{}", row("median", Kind::Floor, &floor));
+    println!("{}", row("median", Kind::Tenant, &tenant));
+    let (floor, tenant) = (floor.answered, tenant.answered);
+    let ratio = tenant.as_secs_f64() / floor.as_secs_f64();
+    println!(
+        "median: floor {:.2} s, tenant {:.2} s; tenant over floor x{ratio:.2} ({:+.2} s)",
+        floor.as_secs_f64(),
+        tenant.as_secs_f64(),
+        tenant.as_secs_f64() - floor.as_secs_f64(),
+    );
+    println!(
+        "{}",
+        bench::goal(
+            &format!("a tenant's startup ≤ x{GOAL} the floor's (medians)"),
+            ratio <= GOAL,
+            &format!("x{ratio:.2}"),
+        )
+    );
+}
+
+/// `--rounds N`, at least 1 (cargo bench passes `--bench` too, which is
+/// ignored).
+fn rounds_arg() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--rounds")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or_else(|| panic!("--rounds takes a number of rounds, 1 or more"))
+        })
+        .unwrap_or(5)
+}
+
+/// What both kinds of round stand on, not timed: the operator chart with
+/// its defaults, the mock model, the Agent and its tools.
+fn set_up(kube: &Kube<'_>) {
+    kube.helm(&[
+        "install",
+        "bindery",
+        &repo_path("charts/bindery-operator"),
+        "--namespace",
+        "bindery-system",
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        TIMEOUT,
+    ]);
+    start_model(kube, env!("CARGO_BIN_EXE_mock-model").as_ref());
+    kube.restricted_namespace(NS);
+    apply_invoices_agent(kube, NS);
+}
+
+/// One round: its billing Secret (not timed), then its command on a thread
+/// of its own while the client watches and asks.
+fn run_round(
+    kube: &Kube<'_>,
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    http: &reqwest::Client,
+    kind: Kind,
+    name: &str,
+) -> Round {
+    kube.apply(&billing_secret(
+        NS,
+        &format!("{name}-billing"),
+        &random_hex(16),
+    ));
+    let (args, program): (Vec<String>, _) = match kind {
+        Kind::Floor => {
+            let file = kube.node.dir().join(format!("{name}.yaml"));
+            std::fs::write(&file, floor_manifest(name)).expect("the floor's manifest");
+            (
+                vec!["apply".into(), "-f".into(), file.display().to_string()],
+                "kubectl",
+            )
+        }
+        Kind::Tenant => (
+            vec![
+                "install".into(),
+                name.into(),
+                repo_path("charts/bindery-tenant"),
+                "--namespace".into(),
+                NS.into(),
+                "--values".into(),
+                tenant_values(kube, name, BILLING),
+            ],
+            "helm",
+        ),
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    let (round, out) = std::thread::scope(|s| {
+        let command = s.spawn(|| match kind {
+            Kind::Floor => kube.node.kubectl(&args),
+            Kind::Tenant => kube.node.helm(&args),
+        });
+        let round = rt.block_on(watch(client, http, name, start, || command.is_finished()));
+        (round, command.join().expect("the round's command"))
+    });
+    assert!(
+        out.status.success(),
+        "{program} for {name}: {}\n{}",
+        both(&out),
+        kube.node.logs()
+    );
+    round
+}
+
+/// Until the round's first session is answered: between asks, when the
+/// Deployment, the pod and its steps were first seen.
+async fn watch(
+    client: &kube::Client,
+    http: &reqwest::Client,
+    name: &str,
+    start: Instant,
+    command_done: impl Fn() -> bool,
+) -> Round {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
+    let owner_token = format!("{name}-owner-token");
+    let mut round = Round::default();
+    let mut token: Option<String> = None;
+    let mut address: Option<String> = None;
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if round.command.is_none() && command_done() {
+            round.command = Some(start.elapsed());
+        }
+        if round.deployment.is_none() && matches!(deployments.get_opt(name).await, Ok(Some(_))) {
+            round.deployment = Some(start.elapsed());
+        }
+        if round.ready.is_none() {
+            if let Some(pod) = pods
+                .list(&selector)
+                .await
+                .ok()
+                .and_then(|l| l.items.into_iter().next())
+            {
+                note_pod(&mut round, &pod, start.elapsed());
+            }
+        }
+        if token.is_none() {
+            token = secrets
+                .get_opt(&owner_token)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.data?.remove("token"))
+                .map(|t| String::from_utf8_lossy(&t.0).into_owned());
+        }
+        if address.is_none() {
+            address = services
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.spec?.cluster_ip)
+                .filter(|ip| ip != "None");
+        }
+        let last = match (&token, &address) {
+            (Some(token), Some(ip)) => match ask(http, ip, token).await {
+                Ok(session) => {
+                    round.answered = start.elapsed();
+                    round.session = session;
+                    return round;
+                }
+                Err(why) => why,
+            },
+            _ => format!(
+                "owner token {}, Service address {:?}",
+                if token.is_some() { "read" } else { "not there" },
+                address
+            ),
+        };
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "{name}: no session answered after {GIVE_UP:?}; last: {last}"
+        );
+    }
+}
+
+/// The pod's steps first seen now: it exists, it is scheduled, its
+/// container runs, it is Ready.
+fn note_pod(round: &mut Round, pod: &Pod, now: Duration) {
+    round.pod.get_or_insert(now);
+    let spec_node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+    if spec_node.is_some() {
+        round.scheduled.get_or_insert(now);
+    }
+    let status = pod.status.as_ref();
+    let running = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+        });
+    if running {
+        round.started.get_or_insert(now);
+    }
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if ready {
+        round.ready.get_or_insert(now);
+    }
+}
+
+/// One session through the Service: how long it took, once it answers
+/// 201 with the model's answer; else what it said.
+async fn ask(http: &reqwest::Client, ip: &str, token: &str) -> Result<Duration, String> {
+    let asked = Instant::now();
+    let res = http
+        .post(format!("http://{ip}/v1/sessions?wait=true"))
+        .bearer_auth(token)
+        .header("Content-Type", "application/json")
+        .body(r#"{"agent": "invoices", "prompt": "which invoices are overdue?"}"#)
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = res.status();
+    let body = res.text().await.map_err(|e| format!("{e:?}"))?;
+    if status == reqwest::StatusCode::CREATED && body.contains(ANSWER) {
+        Ok(asked.elapsed())
+    } else {
+        Err(format!(
+            "{status}: {}",
+            body.chars().take(400).collect::<String>()
+        ))
+    }
+}
+
+/// The floor: what the operator would make for a tenant of the invoices
+/// Agent with the tenant pinned, written by hand (the agent file and the
+/// params file, the owner token, the pod the operator renders:
+/// operator/src/desired/render/, operator/tests/golden/acme.yaml), with no
+/// ServiceAccount of its own, no NetworkPolicy and no owner.
+fn floor_manifest(name: &str) -> String {
+    let agent = invoices_agent();
+    let tools = "directory: tools\n";
+    assert!(agent.contains(tools), "examples/k8s/agent.yaml changed");
+    let agent = agent.replace(tools, "directory: /etc/bindery/tools\n");
+    let labels = json!({"app.kubernetes.io/instance": name});
+    let meta = |n: String| json!({"name": n, "namespace": NS, "labels": labels});
+    let config_map = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(format!("{name}-agents")),
+        "data": {
+            "invoices.yaml": agent,
+            "params.json": json!({"tenant": {"pinned": true, "value": BILLING}}).to_string(),
+        },
+    });
+    let owner_token = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta(format!("{name}-owner-token")),
+        "stringData": {"token": random_hex(32)},
+    });
+    let probe =
+        |path: &str| json!({"httpGet": {"path": path, "port": "http"}, "periodSeconds": 10});
+    let mount = |n: &str, path: &str, read_only: bool| json!({"name": n, "mountPath": path, "readOnly": read_only});
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(name.to_string()),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "fsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [{
+                        "name": "sidecar",
+                        "image": "ghcr.io/bindery-dev/bindery-sidecar:0.1.0",
+                        "args": [
+                            "serve",
+                            "--agents-dir", "/etc/bindery/agents",
+                            "--params-file", "/etc/bindery/params/params.json",
+                            "--listen", "0.0.0.0:8080",
+                            "--store", "sqlite:///var/lib/bindery/bindery.sqlite",
+                            "--owner-token-file", "/etc/bindery/owner/token",
+                            "--log-format", "json",
+                        ],
+                        "env": [{
+                            "name": "BINDERY_PARAM_BILLING_TOKEN",
+                            "valueFrom": {"secretKeyRef": {
+                                "name": format!("{name}-billing"), "key": "token", "optional": false,
+                            }},
+                        }],
+                        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                        "readinessProbe": probe("/readyz"),
+                        "livenessProbe": probe("/healthz"),
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "volumeMounts": [
+                            mount("agents", "/etc/bindery/agents", true),
+                            mount("params", "/etc/bindery/params", true),
+                            mount("owner-token", "/etc/bindery/owner", true),
+                            mount("store", "/var/lib/bindery", false),
+                            mount("tmp", "/tmp", false),
+                            mount("tools", "/etc/bindery/tools", true),
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "agents", "configMap": {
+                            "name": format!("{name}-agents"),
+                            "items": [{"key": "invoices.yaml", "path": "invoices.yaml"}],
+                        }},
+                        {"name": "params", "configMap": {
+                            "name": format!("{name}-agents"),
+                            "items": [{"key": "params.json", "path": "params.json"}],
+                        }},
+                        {"name": "owner-token", "secret": {
+                            "secretName": format!("{name}-owner-token"),
+                            "items": [{"key": "token", "path": "token"}],
+                            "defaultMode": 0o440,
+                        }},
+                        {"name": "store", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "tools", "configMap": {"name": "invoices-tools", "defaultMode": 0o555}},
+                    ],
+                },
+            },
+        },
+    });
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(name.to_string()),
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}],
+        },
+    });
+    [config_map, owner_token, deployment, service]
+        .iter()
+        .map(|d| serde_yaml::to_string(d).expect("YAML of JSON"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Remove a round (not timed) and wait until its pods are gone.
+fn remove(kube: &Kube<'_>, kind: Kind, name: &str) {
+    match kind {
+        Kind::Floor => {
+            let file = kube.node.dir().join(format!("{name}.yaml"));
+            kube.ok(&["delete", "--wait", "-f", &file.display().to_string()]);
+        }
+        Kind::Tenant => {
+            kube.helm(&["uninstall", name, "-n", NS, "--wait", "--timeout", TIMEOUT]);
+        }
+    }
+    kube.ok(&["delete", "-n", NS, "secret", &format!("{name}-billing")]);
+    let selector = format!("app.kubernetes.io/instance={name}");
+    kube.until(&format!("{name}'s pods to be gone"), || {
+        let left = kube.ok(&["get", "pods", "-n", NS, "-l", &selector, "-o", "name"]);
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+}
+
+/// A round's line: each step in seconds from the round's start, `-` for a
+/// step not seen before the answer.
+fn row(label: &str, kind: Kind, r: &Round) -> String {
+    let s = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64()));
+    format!(
+        "{label:<8} {:<7} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
+        kind.label(),
+        format!("{:.2} s", r.answered.as_secs_f64()),
+        s(r.command),
+        s(r.deployment),
+        s(r.pod),
+        s(r.scheduled),
+        s(r.started),
+        s(r.ready),
+        s(Some(r.session)),
+    )
+}
+
+/// The median of each column over `rounds` (of the rounds that saw the
+/// step).
+fn median_round(rounds: &[Round]) -> Round {
+    let of =
+        |step: fn(&Round) -> Option<Duration>| median(rounds.iter().filter_map(step).collect());
+    Round {
+        command: of(|r| r.command),
+        deployment: of(|r| r.deployment),
+        pod: of(|r| r.pod),
+        scheduled: of(|r| r.scheduled),
+        started: of(|r| r.started),
+        ready: of(|r| r.ready),
+        answered: of(|r| Some(r.answered)).expect("at least one round"),
+        session: of(|r| Some(r.session)).expect("at least one round"),
+    }
+}
+
+fn median(mut times: Vec<Duration>) -> Option<Duration> {
+    times.sort();
+    let n = times.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(times[n / 2]),
+        _ => Some((times[n / 2 - 1] + times[n / 2]) / 2),
+    }
+}
+
+/// `n` random bytes in hex (a token of the bench's own).
+fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("/dev/urandom");
+    hex::encode(bytes)
+}
