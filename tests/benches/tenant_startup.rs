@@ -29,7 +29,11 @@
 //! every 150 ms; between its asks it notes when it first saw the
 //! Deployment, the pod, the pod scheduled, its container running and the
 //! pod Ready, so that a round says where its time went. Each round has a
-//! name of its own and is removed after it (not timed).
+//! name of its own and is removed after it (not timed). After the rounds
+//! it prints the last round of each kind request by request, from the API
+//! server's audit log (who wrote what when: helm, the operator, the
+//! controllers, the scheduler, the kubelet), and the median of each
+//! column.
 //!
 //! A benchmark: it prints the rounds, the medians and the ratio with its
 //! goal's verdict, and asserts nothing about them.
@@ -47,6 +51,7 @@ use bindery_tests::node_fixtures::{
 use bindery_tests::node_kube::{Kube, TIMEOUT};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::jiff;
 use kube::api::ListParams;
 use kube::Api;
 use serde_json::json;
@@ -82,6 +87,8 @@ impl Kind {
 /// When the client first saw each step of a round, from its start.
 #[derive(Default)]
 struct Round {
+    /// The round's start by the wall clock (the audit log's).
+    wall_start: jiff::Timestamp,
     /// `kubectl apply` or `helm install` returned.
     command: Option<Duration>,
     deployment: Option<Duration>,
@@ -195,6 +202,12 @@ fn main() {
         }
     }
 
+    // The last round of each kind, request by request.
+    for (kind, rounds) in [Kind::Floor, Kind::Tenant].iter().zip(&counted) {
+        let last = rounds.last().expect("at least one round");
+        let name = format!("{}-{rounds}", kind.label(), rounds = rounds.len());
+        println!("{}", timeline(&node, &name, last));
+    }
     // Each column's median on its own: where the tenant's time goes.
     let [floor, tenant] = counted.map(|rounds| median_round(&rounds));
     println!("{}", row("median", Kind::Floor, &floor));
@@ -289,6 +302,7 @@ fn run_round(
         ),
     };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let wall_start = jiff::Timestamp::now();
     let start = Instant::now();
     let (round, out) = std::thread::scope(|s| {
         let command = s.spawn(|| match kind {
@@ -298,6 +312,10 @@ fn run_round(
         let round = rt.block_on(watch(client, http, name, start, || command.is_finished()));
         (round, command.join().expect("the round's command"))
     });
+    let round = Round {
+        wall_start,
+        ..round
+    };
     assert!(
         out.status.success(),
         "{program} for {name}: {}\n{}",
@@ -606,6 +624,7 @@ fn median_round(rounds: &[Round]) -> Round {
     let of =
         |step: fn(&Round) -> Option<Duration>| median(rounds.iter().filter_map(step).collect());
     Round {
+        wall_start: rounds[0].wall_start,
         command: of(|r| r.command),
         deployment: of(|r| r.deployment),
         pod: of(|r| r.pod),
@@ -634,4 +653,59 @@ fn random_hex(n: usize) -> String {
         .and_then(|mut f| f.read_exact(&mut bytes))
         .expect("/dev/urandom");
     hex::encode(bytes)
+}
+
+/// What the API server was asked during round `name` (from its audit
+/// log), in order: each request in the round's namespace but Events,
+/// watches and this process's own asks, from the round's start to its
+/// answer, with when it was answered, how long it took and who asked. The
+/// steps between the client's columns, and who waited for whom.
+fn timeline(node: &Node, name: &str, round: &Round) -> String {
+    let end = round.wall_start
+        + jiff::SignedDuration::try_from(round.answered).expect("a round's length");
+    let at = |v: &serde_json::Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let mut lines = vec![format!(
+        "{name}, request by request (the API server's audit, the bench's own asks left out: \
+         answered at, took, who, what):"
+    )];
+    for e in node.plane.audit() {
+        let object = &e["objectRef"];
+        let resource = object["resource"].as_str().unwrap_or_default();
+        let verb = e["verb"].as_str().unwrap_or_default();
+        let user = e["user"]["username"].as_str().unwrap_or_default();
+        // This process's own asks: the administrator's, not kubectl's or
+        // helm's (kube-rs sends no user agent).
+        let agent = e["userAgent"].as_str().unwrap_or_default();
+        let ours = user == ADMIN && !(agent.starts_with("kubectl") || agent.starts_with("Helm"));
+        if object["namespace"] != NS
+            || matches!(resource, "events" | "leases")
+            || verb == "watch"
+            || ours
+        {
+            continue;
+        }
+        let (Some(received), Some(answered)) =
+            (at(&e["requestReceivedTimestamp"]), at(&e["stageTimestamp"]))
+        else {
+            continue;
+        };
+        if answered < round.wall_start || answered > end {
+            continue;
+        }
+        let since = answered.duration_since(round.wall_start).as_secs_f64();
+        let took = answered.duration_since(received).as_secs_f64() * 1000.0;
+        let who = user
+            .trim_start_matches("system:serviceaccount:")
+            .trim_start_matches("system:");
+        let what = match object["subresource"].as_str() {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_string(),
+        };
+        let code = &e["responseStatus"]["code"];
+        lines.push(format!(
+            "  {since:6.3} s {took:5.0} ms  {who:<40} {verb} {what} {} -> {code}",
+            object["name"].as_str().unwrap_or("(new)"),
+        ));
+    }
+    lines.join("\n")
 }
