@@ -8,7 +8,7 @@
 //! what `tests/setup.sh` builds, the images included), installs the
 //! operator chart with its defaults, the mock model as a pod, the example
 //! Agent and its tools (none of that timed), then times N rounds of each
-//! (default 5), taking turns (floor, tenant, floor, tenant, ...) after one
+//! (default 5), taking turns (floor, floor-np, tenant, floor, ...) after one
 //! warm-up round of each that is not counted: the first pull of the
 //! sidecar's image onto the node is not what it measures.
 //!
@@ -17,6 +17,9 @@
 //!   owner token's Secret, a Deployment of the sidecar image with the pod
 //!   the operator renders (its arguments, volumes, probes and
 //!   securityContext) and a Service;
+//! - **floor-np**: the floor with the NetworkPolicy the tenant chart makes,
+//!   for its pods: what enforcing the policy (kube-router) adds, apart
+//!   from the operator;
 //! - **tenant**: from the start of `helm install` of the tenant chart
 //!   (without `--wait`): the AgentTenant and its NetworkPolicy, then the
 //!   operator's reconcile (the owner token, the ConfigMap, ServiceAccount,
@@ -73,14 +76,22 @@ const GOAL: f64 = 1.3;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
+    /// The same image as a bare Deployment, no operator.
     Floor,
+    /// The floor with the NetworkPolicy the tenant chart makes: what the
+    /// policy's enforcement adds, apart from the operator.
+    FloorPolicy,
     Tenant,
 }
+
+/// The kinds of round, in the order each round of them runs.
+const KINDS: [Kind; 3] = [Kind::Floor, Kind::FloorPolicy, Kind::Tenant];
 
 impl Kind {
     fn label(self) -> &'static str {
         match self {
             Kind::Floor => "floor",
+            Kind::FloorPolicy => "floor-np",
             Kind::Tenant => "tenant",
         }
     }
@@ -128,6 +139,10 @@ fn main() {
          owner token's Secret, a Deployment (the pod the operator renders: arguments, volumes, \
          probes every 10 s, securityContext) and a Service; the ReplicaSet, scheduling, the \
          pod's start, its readiness, the Service's endpoints in kube-proxy's rules, one session"
+    );
+    println!(
+        "floor-np includes: the floor's, and the tenant chart's NetworkPolicy for its pods \
+         (kube-router enforcing it)"
     );
     println!(
         "tenant includes: helm install of the tenant chart (an AgentTenant, a NetworkPolicy) \
@@ -187,9 +202,9 @@ fn main() {
         "ready",
         "session"
     );
-    let mut counted: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    let mut counted: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for i in 0..=rounds {
-        for kind in [Kind::Floor, Kind::Tenant] {
+        for (k, kind) in KINDS.into_iter().enumerate() {
             let name = format!("{}-{i}", kind.label());
             let round = run_round(&kube, &rt, &client, &http, kind, &name);
             let label = if i == 0 {
@@ -200,28 +215,31 @@ fn main() {
             println!("{}", row(&label, kind, &round));
             remove(&kube, kind, &name);
             if i > 0 {
-                counted[usize::from(kind == Kind::Tenant)].push(round);
+                counted[k].push(round);
             }
         }
     }
 
     // The last round of each kind, request by request.
-    for (kind, rounds) in [Kind::Floor, Kind::Tenant].iter().zip(&counted) {
+    for (kind, rounds) in KINDS.iter().zip(&counted) {
         let last = rounds.last().expect("at least one round");
         let name = format!("{}-{rounds}", kind.label(), rounds = rounds.len());
         println!("{}", timeline(&node, &name, last));
     }
     // Each column's median on its own: where the tenant's time goes.
-    let [floor, tenant] = counted.map(|rounds| median_round(&rounds));
-    println!("{}", row("median", Kind::Floor, &floor));
-    println!("{}", row("median", Kind::Tenant, &tenant));
-    let (floor, tenant) = (floor.answered, tenant.answered);
-    let ratio = tenant.as_secs_f64() / floor.as_secs_f64();
+    let medians = counted.map(|rounds| median_round(&rounds));
+    for (kind, m) in KINDS.iter().zip(&medians) {
+        println!("{}", row("median", *kind, m));
+    }
+    let [floor, policy, tenant] = medians.map(|m| m.answered.as_secs_f64());
+    let ratio = tenant / floor;
     println!(
-        "median: floor {:.2} s, tenant {:.2} s; tenant over floor x{ratio:.2} ({:+.2} s)",
-        floor.as_secs_f64(),
-        tenant.as_secs_f64(),
-        tenant.as_secs_f64() - floor.as_secs_f64(),
+        "median: floor {floor:.2} s, floor with the NetworkPolicy {policy:.2} s, tenant \
+         {tenant:.2} s; tenant over floor x{ratio:.2} ({:+.2} s): the NetworkPolicy's \
+         enforcement {:+.2} s, helm and the operator {:+.2} s",
+        tenant - floor,
+        policy - floor,
+        tenant - policy,
     );
     println!(
         "{}",
@@ -283,9 +301,10 @@ fn run_round(
         &random_hex(16),
     ));
     let (args, program): (Vec<String>, _) = match kind {
-        Kind::Floor => {
+        Kind::Floor | Kind::FloorPolicy => {
             let file = kube.node.dir().join(format!("{name}.yaml"));
-            std::fs::write(&file, floor_manifest(name)).expect("the floor's manifest");
+            std::fs::write(&file, floor_manifest(name, kind == Kind::FloorPolicy))
+                .expect("the floor's manifest");
             (
                 vec!["apply".into(), "-f".into(), file.display().to_string()],
                 "kubectl",
@@ -309,7 +328,7 @@ fn run_round(
     let start = Instant::now();
     let (round, out) = std::thread::scope(|s| {
         let command = s.spawn(|| match kind {
-            Kind::Floor => kube.node.kubectl(&args),
+            Kind::Floor | Kind::FloorPolicy => kube.node.kubectl(&args),
             Kind::Tenant => kube.node.helm(&args),
         });
         let round = rt.block_on(watch(client, http, name, start, || command.is_finished()));
@@ -483,8 +502,9 @@ async fn ask(
 /// Agent with the tenant pinned, written by hand (the agent file and the
 /// params file, the owner token, the pod the operator renders:
 /// operator/src/desired/render/, operator/tests/golden/acme.yaml), with no
-/// ServiceAccount of its own, no NetworkPolicy and no owner.
-fn floor_manifest(name: &str) -> String {
+/// ServiceAccount of its own and no owner; with `policy`, the NetworkPolicy
+/// the tenant chart makes (its rules, for the floor's pods), else none.
+fn floor_manifest(name: &str, policy: bool) -> String {
     let agent = invoices_agent();
     let tools = "directory: tools\n";
     assert!(agent.contains(tools), "examples/k8s/agent.yaml changed");
@@ -596,7 +616,30 @@ fn floor_manifest(name: &str) -> String {
             "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}],
         },
     });
+    // charts/bindery-tenant/templates/networkpolicy.yaml, with the
+    // clients of the bench's tenant values (node_fixtures::tenant_values).
+    let network_policy = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(name.to_string()),
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": labels}}],
+                 "ports": [{"protocol": "TCP", "port": 8443}]},
+                {"from": [
+                    {"podSelector": {"matchLabels": {"bindery.dev/test-of": name}}},
+                    {"podSelector": {"matchLabels": {"bindery.test/client": name}}},
+                 ],
+                 "ports": [{"protocol": "TCP", "port": 8080}]},
+            ],
+        },
+    });
     [config_map, owner_token, deployment, service]
+        .into_iter()
+        .chain(policy.then_some(network_policy))
+        .collect::<Vec<_>>()
         .iter()
         .map(|d| serde_yaml::to_string(d).expect("YAML of JSON"))
         .collect::<Vec<_>>()
@@ -606,7 +649,7 @@ fn floor_manifest(name: &str) -> String {
 /// Remove a round (not timed) and wait until its pods are gone.
 fn remove(kube: &Kube<'_>, kind: Kind, name: &str) {
     match kind {
-        Kind::Floor => {
+        Kind::Floor | Kind::FloorPolicy => {
             let file = kube.node.dir().join(format!("{name}.yaml"));
             kube.ok(&["delete", "--wait", "-f", &file.display().to_string()]);
         }
