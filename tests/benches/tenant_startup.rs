@@ -10,7 +10,9 @@
 //! Agent and its tools (none of that timed), then times N rounds of each
 //! (default 5), taking turns (floor, floor-np, tenant, floor, ...) after one
 //! warm-up round of each that is not counted: the first pull of the
-//! sidecar's image onto the node is not what it measures.
+//! sidecar's image onto the node is not what it measures. Each round
+//! starts after a pause of 0 to 1 s at random, out of step with the
+//! node's servers' ticks of a second ([`random_phase`]).
 //!
 //! - **floor**: from the start of `kubectl apply` of a ConfigMap (the
 //!   agent file and the params file, as the operator renders them), the
@@ -123,8 +125,9 @@ fn main() {
          (the operator installed and the Agent applied before) to its first session \
          answered, against the floor, the same sidecar image as a bare Deployment with no \
          operator, from the start of its `kubectl apply`; {rounds} rounds each, taking \
-         turns, after a warm-up round of each that is not counted (the first pull of the \
-         image onto the node is not measured)"
+         turns, each after a pause of 0 to 1 s at random (out of step with the node's ticks \
+         of a second), after a warm-up round of each that is not counted (the first pull of \
+         the image onto the node is not measured)"
     );
     println!(
         "the client: this process in the node's network namespace, POST /v1/sessions?wait=true \
@@ -190,7 +193,7 @@ fn main() {
         .expect("an HTTP client");
 
     println!(
-        "{:<8} {:<7} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
+        "{:<8} {:<8} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
         "round",
         "kind",
         "answered",
@@ -324,6 +327,7 @@ fn run_round(
         ),
     };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    std::thread::sleep(random_phase());
     let wall_start = jiff::Timestamp::now();
     let start = Instant::now();
     let (round, out) = std::thread::scope(|s| {
@@ -674,7 +678,7 @@ fn remove(kube: &Kube<'_>, kind: Kind, name: &str) {
 fn row(label: &str, kind: Kind, r: &Round) -> String {
     let s = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64()));
     format!(
-        "{label:<8} {:<7} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
+        "{label:<8} {:<8} {:>9} {:>9} {:>11} {:>6} {:>10} {:>8} {:>6} {:>8}",
         kind.label(),
         format!("{:.2} s", r.answered.as_secs_f64()),
         s(r.command),
@@ -717,11 +721,27 @@ fn median(mut times: Vec<Duration>) -> Option<Duration> {
 
 /// `n` random bytes in hex (a token of the bench's own).
 fn random_hex(n: usize) -> String {
+    hex::encode(random_bytes(n))
+}
+
+/// A pause of 0 to 1 s, at random. The node's servers work in ticks of
+/// a second (the kubelet looks at its containers every second, kube-proxy
+/// writes its rules at most once a second), and a round that starts when
+/// the last one's removal is seen starts in step with them: every round
+/// of a kind would then catch or miss the same tick, and a difference of
+/// 0.2 s could read as 0 or 1 s. Started at random, each round's wait for
+/// a tick is what it is on average.
+fn random_phase() -> Duration {
+    let b = random_bytes(2);
+    Duration::from_millis(u64::from(u16::from_le_bytes([b[0], b[1]])) % 1000)
+}
+
+fn random_bytes(n: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; n];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
         .expect("/dev/urandom");
-    hex::encode(bytes)
+    bytes
 }
 
 /// What the API server was asked during round `name` (from its audit
