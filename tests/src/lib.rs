@@ -11,6 +11,8 @@ pub mod mcp_client;
 pub mod mock_llm;
 pub mod netns;
 pub mod node;
+pub mod node_fixtures;
+pub mod node_kube;
 pub mod postgres;
 pub mod postgrest;
 pub mod relay;

@@ -12,7 +12,6 @@
 //! the node's addresses; one node serves the whole binary.
 #![cfg(feature = "node-tests")]
 
-mod kube;
 mod platform;
 mod replicas;
 mod reports;

@@ -17,157 +17,16 @@ use bindery_tests::node::Node;
 use bindery_tests::sidecar::{Api, Reply};
 use serde_json::{json, Value};
 
-use crate::kube::{curl_pod, Kube, TIMEOUT};
+use bindery_tests::node_fixtures::{apply_invoices_agent, tenant_values, token_secret};
+use bindery_tests::node_kube::{curl_pod, Kube, TIMEOUT};
+
 use crate::shared::operator_and_model;
 
-/// The mock model's image: the workspace's `mock-model` on the distroless
-/// base, imported into the node.
-pub const MODEL_IMAGE: &str = "bindery.test/mock-model:e2e";
 const NS: &str = "shop";
 
 fn sha256_hex(text: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
-/// The mock model as a Deployment and Service `mock-model` in `models`:
-/// it calls the invoices tool for another tenant than the caller's (the
-/// pin decides), then answers with the tool's output.
-pub fn start_model(kube: &Kube<'_>) {
-    kube.node
-        .import_program(MODEL_IMAGE, env!("CARGO_BIN_EXE_mock-model").as_ref());
-    kube.restricted_namespace("models");
-    kube.apply(&format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: mock-model, namespace: models}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: mock-model}}}}
-  template:
-    metadata: {{labels: {{app: mock-model}}}}
-    spec:
-      automountServiceAccountToken: false
-      securityContext:
-        runAsNonRoot: true
-        runAsUser: 65532
-        seccompProfile: {{type: RuntimeDefault}}
-      containers:
-      - name: model
-        image: {MODEL_IMAGE}
-        imagePullPolicy: Never
-        args: [--listen, "0.0.0.0:9090", --tool, bash_query-invoices, --args, '{{"status":"overdue","tenant_id":"globex"}}']
-        ports: [{{name: http, containerPort: 9090}}]
-        readinessProbe: {{tcpSocket: {{port: http}}, periodSeconds: 1}}
-        securityContext:
-          allowPrivilegeEscalation: false
-          readOnlyRootFilesystem: true
-          capabilities: {{drop: [ALL]}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: mock-model, namespace: models}}
-spec:
-  selector: {{app: mock-model}}
-  ports: [{{name: http, port: 9090, targetPort: http}}]
-"#
-    ));
-    kube.ok(&[
-        "rollout",
-        "status",
-        "-n",
-        "models",
-        "deployment/mock-model",
-        "--timeout",
-        TIMEOUT,
-    ]);
-}
-
-/// The mock model's pod, by its Service's name.
-pub const MODEL_URL: &str = "http://mock-model.models.svc.cluster.local:9090/v1";
-
-/// The example Agent (its model: the mock's Service; its tools exposed
-/// on `/mcp`) and its tools, the tool also printing the SHA-256 of the
-/// billing token it was given.
-pub fn apply_invoices_agent(kube: &Kube<'_>, ns: &str) {
-    apply_agent(kube, ns, MODEL_URL, |agent| {
-        let spec = "\nspec:\n";
-        assert!(agent.contains(spec), "examples/k8s/agent.yaml changed");
-        agent.replacen(spec, "\nspec:\n  mcp:\n    exposeTools: true\n", 1)
-    });
-}
-
-/// The example Agent in `ns`, its model at `model_url`, then `edit`ed;
-/// and its tools, the tool also printing the SHA-256 of the billing token
-/// it was given (so a test sees which value reached it without the value
-/// itself travelling anywhere).
-pub fn apply_agent(
-    kube: &Kube<'_>,
-    ns: &str,
-    model_url: &str,
-    edit: impl FnOnce(String) -> String,
-) {
-    let agent = std::fs::read_to_string(repo_path("examples/k8s/agent.yaml"))
-        .unwrap()
-        .replace("https://api.openai.com/v1", model_url)
-        .replace(
-            "name: invoices\n",
-            &format!("name: invoices\n  namespace: {ns}\n"),
-        );
-    kube.apply(&edit(agent));
-    let tools = std::fs::read_to_string(repo_path("examples/k8s/tools-configmap.yaml")).unwrap();
-    let anchor = "    invoices | awk";
-    assert!(
-        tools.contains(anchor),
-        "examples/k8s/tools-configmap.yaml changed"
-    );
-    kube.apply(
-        &tools
-            .replacen(
-                anchor,
-                "    printf 'token-sha256: %s\\n' \"$(printf %s \"$TOKEN\" | sha256sum | cut -d' ' -f1)\"\n    invoices | awk",
-                1,
-            )
-            .replace(
-                "name: invoices-tools\n",
-                &format!("name: invoices-tools\n  namespace: {ns}\n"),
-            ),
-    );
-}
-
-/// A Secret `name` holding `value` under `token` (a tenant's billing
-/// token, its MCP clients' token).
-pub fn token_secret(ns: &str, name: &str, value: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData: {{token: {value}}}\n"
-    )
-}
-
-/// Values of the tenant chart for `tenant` (billing tenant `billing`),
-/// its clients: pods labelled `bindery.test/client: <tenant>`.
-pub fn tenant_values(kube: &Kube<'_>, tenant: &str, billing: &str) -> String {
-    let file = kube.node.dir().join(format!("{tenant}-values.yaml"));
-    std::fs::write(
-        &file,
-        format!(
-            r#"agentRef: invoices
-parameters:
-  - name: tenant
-    value: {billing}
-    pinned: true
-  - name: billing_token
-    valueFrom:
-      secretKeyRef: {{name: {tenant}-billing, key: token}}
-tools: invoices-tools
-mcpClientTokenSecretRef: {{name: {tenant}-mcp, key: token}}
-networkPolicy:
-  clients:
-    - podSelector: {{matchLabels: {{bindery.test/client: {tenant}}}}}
-"#
-        ),
-    )
-    .unwrap();
-    file.display().to_string()
 }
 
 /// A session of `tenant`'s through its Service, from a client pod the
@@ -372,6 +231,7 @@ fn the_platform_teams_path_on_a_real_node() {
     // securityContext in the restricted namespace.
     for (tenant, billing) in [("acme", "acme-corp"), ("globex", "globex")] {
         let values = tenant_values(&kube, tenant, billing);
+        let mcp_token = format!("mcpClientTokenSecretRef.name={tenant}-mcp");
         let out = kube.helm(&[
             "install",
             tenant,
@@ -380,6 +240,10 @@ fn the_platform_teams_path_on_a_real_node() {
             NS,
             "--values",
             &values,
+            "--set",
+            &mcp_token,
+            "--set",
+            "mcpClientTokenSecretRef.key=token",
             "--wait",
             "--timeout",
             TIMEOUT,
@@ -542,6 +406,8 @@ fn the_platform_teams_path_on_a_real_node() {
         NS,
         "--values",
         &values,
+        "--set",
+        "mcpClientTokenSecretRef.name=acme-mcp,mcpClientTokenSecretRef.key=token",
         "--set",
         "liveSessionTtl=45m",
         "--wait",

@@ -13,9 +13,9 @@ use bindery_tests::node::Node;
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
-use crate::kube::{Kube, TIMEOUT};
-use crate::platform::apply_invoices_agent;
 use crate::shared::operator_and_model;
+use bindery_tests::node_fixtures::apply_invoices_agent;
+use bindery_tests::node_kube::{Kube, TIMEOUT};
 
 const NS: &str = "ledger";
 /// How long the tool of this test's agent takes: a run is under way that

@@ -17,9 +17,9 @@ use bindery_tests::node::{Node, NODE_IP};
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
-use crate::kube::{Kube, TIMEOUT};
-use crate::platform::{apply_agent, token_secret};
 use crate::shared::operator_and_model;
+use bindery_tests::node_fixtures::{apply_agent, token_secret};
+use bindery_tests::node_kube::{Kube, TIMEOUT};
 
 /// The model of these tests, on the node's address: it asks for another
 /// tenant's overdue invoices (the pin decides), then answers with the

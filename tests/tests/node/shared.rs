@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 use bindery_tests::helm::repo_path;
 
-use crate::kube::{Kube, TIMEOUT};
-use crate::platform::start_model;
+use bindery_tests::node_fixtures::start_model;
+use bindery_tests::node_kube::{Kube, TIMEOUT};
 
 /// The operator chart installed (`helm install` with its defaults, in a
 /// namespace that enforces Pod Security `restricted`; the operator's pod
@@ -27,6 +27,6 @@ pub fn operator_and_model(kube: &Kube<'_>) {
             TIMEOUT,
         ]);
         assert!(out.contains("STATUS: deployed"), "{out}");
-        start_model(kube);
+        start_model(kube, env!("CARGO_BIN_EXE_mock-model").as_ref());
     });
 }

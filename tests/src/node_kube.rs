@@ -1,11 +1,12 @@
-//! The tests' hands on the node: kubectl and helm as the administrator,
-//! manifests applied from text, pods run to their end and read.
+//! The hands of the node's tests and benches on the node ([`crate::node`]):
+//! kubectl and helm as the administrator, manifests applied from text,
+//! pods run to their end and read.
 
 use std::time::Duration;
 
-use bindery_tests::eventually::eventually_or_blocking;
-use bindery_tests::helm::both;
-use bindery_tests::node::Node;
+use crate::eventually::eventually_or_blocking;
+use crate::helm::both;
+use crate::node::Node;
 use serde_json::Value;
 
 /// How long a pod, a rollout or a reconcile may take on the node (image
