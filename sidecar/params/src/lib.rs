@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod inherited;
 pub mod live;
 pub mod process;
 pub mod random;

@@ -253,6 +253,10 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
     let mut agents = BTreeMap::new();
     let mut keys = model_keys(reader.pending.values(), opts);
     let named = named_keys(&keys);
+    // The keys are the server's own from here: a parameter's value
+    // command, run as the agents load, is not given one in its
+    // environment (under whatever variable holds it).
+    let _keys = bindery_params::live::register_own(named.clone());
     let loaded =
         futures::future::join_all(reader.pending.values().map(|p| load_agent(p, opts, &named)))
             .await;

@@ -132,3 +132,46 @@ async fn a_model_error_that_quotes_the_key_keeps_none_of_it() {
     assert!(!contains(&all, MODEL_KEY), "the key reached a sink");
     mock.shutdown().await;
 }
+
+/// Found by the attack review on the real node: a parameter's value
+/// command (an Agent's `default: {command: …}`) was started with the
+/// server's whole environment, the tenant's values (`BINDERY_PARAM_*`),
+/// the MCP client token and the model key among them. It gets what a
+/// bash tool's call gets: none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameters_value_command_is_given_none_of_the_servers_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let seen = dir.path().join("command-env");
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: \"http://127.0.0.1:9/v1\", name: m, apiKey: {{env: LLMCRED}}}}\n  parameters:\n    - {{name: billing_token, secret: true}}\n    - name: probe\n      required: false\n      default: {{command: [bash, -c, 'env > \"{}\"; echo probed']}}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("LLMCRED", MODEL_KEY),
+        ("BINDERY_PARAM_BILLING_TOKEN", "billing-canary-3a7f21"),
+        ("BINDERY_MCP_CLIENT_TOKEN", "mcp-client-canary-66e0b4"),
+        ("AWS_SECRET_ACCESS_KEY", AWS),
+        ("INNOCENT", MODEL_KEY),
+    ];
+    let (_sidecar, _api) = serve(&agent, &sqlite_in(dir.path()), &[], &env, dir.path());
+    until("the value command ran", PATIENCE, || seen.exists()).await;
+    let got = std::fs::read_to_string(&seen).unwrap();
+    assert!(got.contains("PATH="), "{got}");
+    for value in [
+        MODEL_KEY,
+        "billing-canary-3a7f21",
+        "mcp-client-canary-66e0b4",
+        AWS,
+    ] {
+        assert!(
+            !got.contains(value),
+            "{value} in the command's environment:\n{got}"
+        );
+    }
+}

@@ -17,26 +17,6 @@ use bindery_params::value::ArgText;
 /// Bytes of stderr kept for an error message.
 pub(super) const MAX_STDERR: usize = 16 * 1024;
 
-/// Environment variables a tool never inherits from the sidecar: they hold
-/// the operator's parameter values (secrets among them) and tokens.
-const WITHHELD_ENV_PREFIX: &str = "BINDERY_";
-
-/// Whether the sidecar's variable `name` (holding `value`) is kept from
-/// a tool's process: the operator's parameter values (`BINDERY_*`), a
-/// name that says it holds a credential (`AWS_SECRET_ACCESS_KEY`, the
-/// trace exporter's headers, …), and any value holding one of the
-/// server's own credentials, whatever its name. A tool that needs one
-/// gets it as a parameter bound to an env-mode argument.
-/// `own`: [`bindery_params::live::own`], read once for the whole environment.
-fn withheld(name: &str, value: &str, own: &[(String, bindery_params::SecretString)]) -> bool {
-    name.starts_with(WITHHELD_ENV_PREFIX)
-        || bindery_spec::checks::credential_env(name)
-        || bindery_spec::checks::credential_value(value)
-        || own
-            .iter()
-            .any(|(_, s)| s.expose().len() >= 4 && value.contains(s.expose()))
-}
-
 /// A finished process.
 pub(super) struct Exec {
     pub status: ExitStatus,
@@ -72,9 +52,8 @@ pub(super) async fn exec(
     timeout: Duration,
     read: (usize, usize),
 ) -> Result<Exec, ExecError> {
-    let own = bindery_params::live::own();
-    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, v)| !withheld(&k.to_string_lossy(), &v.to_string_lossy(), &own))
+    let mut vars: Vec<(OsString, OsString)> = bindery_params::inherited::environment()
+        .into_iter()
         .filter(|(k, _)| !env.iter().any(|(name, _)| OsStr::new(name) == k))
         .collect();
     vars.extend(env.iter().map(|(k, v)| (k.into(), v.into())));
