@@ -66,6 +66,8 @@ pub enum Code {
     StoreUnavailable,
     /// A resume of a session whose last run answered.
     NothingToResume,
+    /// The server is stopping and starts no new run: retry (elsewhere).
+    ServerStopping,
 }
 
 impl Code {
@@ -95,6 +97,7 @@ impl Code {
             Code::AgentExists => "agent_exists",
             Code::StoreUnavailable => "store_unavailable",
             Code::NothingToResume => "nothing_to_resume",
+            Code::ServerStopping => "server_stopping",
         }
     }
 

@@ -265,6 +265,7 @@ impl Service {
             stream: cfg.stream,
             tool_processes: cfg.tool_processes.clone(),
             heartbeat_every: cfg.lease.heartbeat,
+            stopping: Default::default(),
         });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
         let sessions = Arc::new(Sessions {
@@ -433,11 +434,16 @@ impl Service {
         self.live.runs()
     }
 
-    /// Wait until this process has no run under way, at most `within`;
-    /// how many are still under way then. A server that stops (a pod
+    /// Stop starting runs, and wait until this process has none under
+    /// way, at most `within`; how many are still under way then. A server that stops (a pod
     /// being replaced) lets its runs end before it stops their tools: it
     /// keeps beating meanwhile, so no other server takes them for lost.
     pub async fn drain(&self, within: Duration) -> usize {
+        // A request a peer forwards (it holds a session's values) starts
+        // nothing it would have to cut off.
+        self.runs
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let runs = self.live.runs();

@@ -83,6 +83,9 @@ pub struct Runs {
     /// How often servers beat: a cancel asked of another server is
     /// looked for at least this often.
     pub(crate) heartbeat_every: Duration,
+    /// Set once the server stops ([`crate::service::Service::drain`]): the
+    /// runs under way end, and none starts.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Runs {
@@ -116,6 +119,13 @@ impl Runs {
         message: Values,
         mode: RunMode,
     ) -> Result<RunWait, ServiceError> {
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ServiceError::new(
+                ErrorKind::Unavailable,
+                Code::ServerStopping,
+                "this server is stopping and starts no new run: send the request again (another replica takes it, or this one once it is back)",
+            ));
+        }
         let live = self.live.entry(id);
         let (cancel, done_tx, done_rx) = {
             let mut run = live.run.lock().unwrap_or_else(|p| p.into_inner());

@@ -96,3 +96,36 @@ async fn a_server_that_keeps_beating_keeps_its_run_and_one_that_stops_gives_it_u
     assert_eq!(b.heartbeat().sweep().await.unwrap(), 1);
     assert_eq!(b.record(&id).await.unwrap().status, SessionStatus::Failed);
 }
+
+/// Found by the attack review on the real node: a server being deleted
+/// still started runs that a peer forwarded to it (a session whose values
+/// it holds), then cut them off at its drain timeout. Once it drains, its
+/// run under way goes on to its end and no new run starts: a message is
+/// refused as `server_stopping` (503), and nothing of it is recorded.
+#[tokio::test(start_paused = true)]
+async fn a_draining_server_lets_its_run_end_and_starts_no_new_one() {
+    let world = World::shared(&[agent("clerk", "")]).await;
+    let a = world.server(ServiceConfig::default()).await;
+    let (id, run) = hanging_run(&world, &a).await;
+    let other = Client(&a).open("clerk", no_params()).await;
+
+    let draining = {
+        let a = a.clone();
+        tokio::spawn(async move { a.drain(Duration::from_secs(25)).await })
+    };
+    tokio::task::yield_now().await;
+    let refused = Client(&a).refused(&other, "hello?").await;
+    assert_eq!(refused.code, Code::ServerStopping, "{}", refused.message);
+    assert_eq!(
+        a.record(&other).await.unwrap().status,
+        SessionStatus::Idle,
+        "the refused message started nothing"
+    );
+    // The run under way goes on (a cancel is not a new run); once it
+    // ends, so does the drain.
+    assert_eq!(a.live_runs(), 1);
+    a.runs().cancel(&id).await.unwrap();
+    let _ = run.wait(Duration::from_secs(5)).await;
+    assert_eq!(draining.await.unwrap(), 0, "no run left at the end");
+    assert_ne!(a.record(&id).await.unwrap().status, SessionStatus::Running);
+}
