@@ -111,7 +111,7 @@ impl Children {
     }
 
     /// Stop them all, the last started first: SIGTERM, then SIGKILL after
-    /// [`STOP_GRACE`].
+    /// `STOP_GRACE` (10 s).
     pub fn stop(&mut self) {
         while let Some((_, mut child)) = self.list.pop() {
             if let Ok(None) = child.try_wait() {

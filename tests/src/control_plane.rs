@@ -206,7 +206,7 @@ impl ControlPlane {
     /// (the node's, in the caller's network namespace, where its processes
     /// run too) with a certificate that also names the `kubernetes`
     /// Service, as pods reach it; Node authorization for the kubelet; the
-    /// controllers a cluster with pods needs ([`NODE_CONTROLLERS`]). The
+    /// controllers a cluster with pods needs (endpoints, endpoint slices, node lifecycle, …). The
     /// `users` `(name, groups)` get a token each: the node's kubelet and
     /// servers.
     pub fn for_node(address: Ipv4Addr, users: &[(&str, &str)]) -> ControlPlane {
