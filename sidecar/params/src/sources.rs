@@ -172,8 +172,12 @@ fn run_command(argv: &[String], base: &Path, trim: bool) -> Result<String, Sourc
         // Marked as a tool's process is: what it leaves running when the
         // server dies is ended by the next start.
         let (mark, server) = bindery_reaper::mark();
+        // The server's environment less its secrets, as a bash tool's call
+        // gets it: an Agent's command is not given the tenant's values.
         let child = Command::new(program)
             .args(args)
+            .env_clear()
+            .envs(crate::inherited::environment())
             .env(mark, server)
             .current_dir(base)
             .stdin(Stdio::null())
