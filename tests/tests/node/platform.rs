@@ -14,11 +14,10 @@ use std::collections::BTreeSet;
 
 use bindery_tests::helm::repo_path;
 use bindery_tests::node::Node;
-use bindery_tests::sidecar::{Api, Reply};
-use serde_json::{json, Value};
-
 use bindery_tests::node_fixtures::{apply_invoices_agent, tenant_values, token_secret};
 use bindery_tests::node_kube::{curl_pod, Kube, TIMEOUT};
+use bindery_tests::sidecar::{Api, Reply};
+use serde_json::{json, Value};
 
 use crate::shared::operator_and_model;
 

@@ -10,12 +10,13 @@
 use std::time::Duration;
 
 use bindery_tests::node::Node;
+use bindery_tests::node_fixtures::apply_invoices_agent;
+use bindery_tests::node_kube::{Kube, TIMEOUT};
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
+use crate::platform::connects;
 use crate::shared::operator_and_model;
-use bindery_tests::node_fixtures::apply_invoices_agent;
-use bindery_tests::node_kube::{Kube, TIMEOUT};
 
 const NS: &str = "ledger";
 /// How long the tool of this test's agent takes: a run is under way that
@@ -177,6 +178,9 @@ parameters:
     value: acme-corp
     pinned: true
 tools: invoices-tools
+networkPolicy:
+  clients:
+    - podSelector: {matchLabels: {bindery.test/client: acme}}
 "#,
     )
     .unwrap();
@@ -206,6 +210,18 @@ tools: invoices-tools
                 .unwrap();
         String::from_utf8(s.data.unwrap()["token"].0.clone()).unwrap()
     };
+
+    // The peer port admits the tenant's own replicas only (they forward
+    // to each other below): another pod of the namespace, even one the
+    // session API admits, is refused there.
+    let peer = format!("https://{}:8443/", both[1].1);
+    for (pod, labels) in [
+        ("stranger-peer", &[][..]),
+        ("client-peer", &[("bindery.test/client", "acme")][..]),
+    ] {
+        let (ok, log) = connects(&kube, NS, pod, labels, &peer);
+        assert!(!ok, "{pod} reached the peer port: {log}");
+    }
 
     // The test's own client, from the node (its requests reach each pod's
     // own address: the NetworkPolicy admits the node, as its probes).

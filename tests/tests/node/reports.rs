@@ -14,12 +14,12 @@ use std::collections::BTreeSet;
 use bindery_tests::control_plane::ControlPlane;
 use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
 use bindery_tests::node::{Node, NODE_IP};
+use bindery_tests::node_fixtures::{apply_agent, token_secret};
+use bindery_tests::node_kube::{Kube, TIMEOUT};
 use bindery_tests::sidecar::Api;
 use serde_json::{json, Value};
 
 use crate::shared::operator_and_model;
-use bindery_tests::node_fixtures::{apply_agent, token_secret};
-use bindery_tests::node_kube::{Kube, TIMEOUT};
 
 /// The model of these tests, on the node's address: it asks for another
 /// tenant's overdue invoices (the pin decides), then answers with the

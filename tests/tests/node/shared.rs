@@ -5,7 +5,6 @@
 use std::sync::OnceLock;
 
 use bindery_tests::helm::repo_path;
-
 use bindery_tests::node_fixtures::start_model;
 use bindery_tests::node_kube::{Kube, TIMEOUT};
 
