@@ -213,6 +213,9 @@ pub struct NameRef {
     pub name: String,
 }
 
+// Every field is a decision about the tenant's pods: the operator chart's
+// tenants policy (`variables.podLevel`) names each one and asks for pod
+// create to set it, so a field added here is added there too.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {

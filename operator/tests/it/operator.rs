@@ -2649,6 +2649,34 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]
         "  image: attacker.example/sidecar:1\n  tools:\n",
     );
     assert!(!as_mallory(&image, true).status.success());
+    // Found by the attacker's review (F7 of attack67): every pod override
+    // is a decision about the pod: its confinement, its node.
+    for (what, overrides) in [
+        (
+            "an AppArmor annotation",
+            "annotations: {container.apparmor.security.beta.kubernetes.io/sidecar: unconfined}",
+        ),
+        (
+            "a tolerate-all toleration",
+            "tolerations: [{operator: Exists}]",
+        ),
+        (
+            "a node selector",
+            "nodeSelector: {kubernetes.io/hostname: control-plane}",
+        ),
+    ] {
+        let manifest = tenant.replace(
+            "  tools:\n",
+            &format!("  podOverrides: {{{overrides}}}\n  tools:\n"),
+        );
+        let out = as_mallory(&manifest, true);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: admitted");
+        assert!(
+            err.contains("only someone who may create pods"),
+            "{what}: {err}"
+        );
+    }
     // What she may read and nothing more: admitted, and deployed.
     let out = as_mallory(&tenant, false);
     assert!(
