@@ -62,6 +62,16 @@ pub(crate) enum Error {
         name: String,
         namespace: String,
     },
+    /// A Secret the operator makes for the tenant and mounts in its pods
+    /// (its owner token, its peer certificate) exists and the tenant does
+    /// not control it: someone else's, never mounted.
+    #[error("a Secret named {name} exists in namespace {namespace} and is not this AgentTenant's: the operator makes {what} itself and mounts only its own, never one someone else made; delete or rename that Secret{hint}; until then the tenant is not deployed")]
+    SecretNotOurs {
+        name: String,
+        namespace: String,
+        what: &'static str,
+        hint: &'static str,
+    },
 }
 
 impl Error {
@@ -86,7 +96,7 @@ impl Error {
             Error::NoNamespace(_) => "no_namespace",
             Error::PeerCertificate(_) => "peer_certificate",
             Error::Randomness(_) => "randomness",
-            Error::NotOurs { .. } => "not_ours",
+            Error::NotOurs { .. } | Error::SecretNotOurs { .. } => "not_ours",
         }
     }
 }
@@ -567,7 +577,13 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     if crate::desired::postgres_url(tenant).is_some() {
         secret_names.insert(names::peer_tls_secret(&name));
     }
-    let mut secrets = secrets_key_names(c, &ns, &secret_names).await?;
+    let (mut secrets, controllers) = secrets_key_names(c, &ns, &secret_names).await?;
+    // The Secrets the operator makes for the tenant go into its pods only
+    // if they are its own: one of that name someone else made (a user who
+    // may create AgentTenants but not read that Secret) is never mounted.
+    if let Some(e) = generated_not_ours(tenant, &ns, &controllers) {
+        return Err(name_taken(ctx, tenant, e).await);
+    }
     let config_maps = config_maps_key_names(c, &ns, &config_map_names).await?;
     let rollout = Api::<Deployment>::namespaced(c.clone(), &ns)
         .get_opt(&names::workload(&name))
@@ -654,14 +670,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         }
         .await;
         let sent = match applied {
-            Err(e @ Error::NotOurs { .. }) => {
-                // Told on the tenant (once per problem), and retried: the
-                // object may go, or the tenant be renamed.
-                if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
-                    tracing::warn!(tenant = %name, "cannot publish an event: {w}");
-                }
-                return Err(e);
-            }
+            Err(e @ Error::NotOurs { .. }) => return Err(name_taken(ctx, tenant, e).await),
             other => other?,
         };
         // What the tenant owns and no longer asks for goes, by its label:
@@ -743,6 +752,52 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     })))
 }
 
+/// Told on the tenant (once per problem), and retried: the object may go,
+/// or the tenant be renamed.
+async fn name_taken(ctx: &Context, tenant: &AgentTenant, e: Error) -> Error {
+    if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
+        tracing::warn!(tenant = %tenant.name_any(), "cannot publish an event: {w}");
+    }
+    e
+}
+
+/// The first Secret the operator makes for `tenant` (its owner token
+/// unless the tenant names one, its peer certificate on Postgres) that
+/// exists and is not controlled by the tenant (`controllers`: the
+/// controlling owner's uid of each Secret read).
+fn generated_not_ours(
+    tenant: &AgentTenant,
+    ns: &str,
+    controllers: &BTreeMap<String, Option<String>>,
+) -> Option<Error> {
+    let name = tenant.name_any();
+    let mut generated = Vec::new();
+    if tenant.spec.owner_token_secret_ref.is_none() {
+        generated.push((
+            names::owner_token_secret(&name),
+            "the tenant's owner token",
+            ", or, if this tenant is to use it, name it in spec.ownerTokenSecretRef (its author must be allowed to read it)",
+        ));
+    }
+    if crate::desired::postgres_url(tenant).is_some() {
+        generated.push((
+            names::peer_tls_secret(&name),
+            "the replicas' peer certificate",
+            "",
+        ));
+    }
+    let uid = tenant.metadata.uid.as_deref();
+    generated.into_iter().find_map(|(secret, what, hint)| {
+        let controller = controllers.get(&secret)?;
+        (controller.as_deref() != uid || uid.is_none()).then(|| Error::SecretNotOurs {
+            name: secret,
+            namespace: ns.to_string(),
+            what,
+            hint,
+        })
+    })
+}
+
 /// A new owner token: 32 bytes from the OS, hex. The operator's one
 /// source of randomness (the peer certificate's key pair is rcgen's, from
 /// aws-lc-rs). A failure is the reconcile's error: logged, counted and
@@ -817,17 +872,26 @@ fn created_keys(s: Secret) -> RefObject {
 /// by metadata only (a GET answered as `PartialObjectMetadata`): the
 /// operator never receives a Secret's `data`. The names come from the
 /// metadata's record of its writers ([`key_names::secret_key_names`]).
+/// Beside them, the uid of each one's controlling owner, if any.
 async fn secrets_key_names(
     c: &Client,
     ns: &str,
     names: &BTreeSet<String>,
-) -> Result<BTreeMap<String, RefObject>, kube::Error> {
+) -> Result<
+    (
+        BTreeMap<String, RefObject>,
+        BTreeMap<String, Option<String>>,
+    ),
+    kube::Error,
+> {
     let api = Api::<Secret>::namespaced(c.clone(), ns);
     let mut out = BTreeMap::new();
+    let mut controllers = BTreeMap::new();
     for n in names {
         if let Some(s) = api.get_metadata_opt(n).await? {
             let keys = key_names::secret_key_names(&s.metadata);
             let meta = key_names::without_values(s.metadata);
+            controllers.insert(n.clone(), controller_uid(&meta).map(str::to_string));
             out.insert(
                 n.clone(),
                 RefObject {
@@ -837,7 +901,7 @@ async fn secrets_key_names(
             );
         }
     }
-    Ok(out)
+    Ok((out, controllers))
 }
 
 /// Key names and resourceVersion of each named ConfigMap that exists.
@@ -958,14 +1022,16 @@ where
 /// Whether `existing` is controlled by the owner `desired` names (the
 /// tenant, by its uid).
 fn controlled_alike(existing: &ObjectMeta, desired: &ObjectMeta) -> bool {
-    let controller = |m: &ObjectMeta| {
-        m.owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.uid.clone())
-    };
-    matches!((controller(existing), controller(desired)), (Some(a), Some(b)) if a == b)
+    matches!((controller_uid(existing), controller_uid(desired)), (Some(a), Some(b)) if a == b)
+}
+
+/// The uid of the object's controlling owner, if it has one.
+fn controller_uid(m: &ObjectMeta) -> Option<&str> {
+    m.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
 }
 
 #[cfg(test)]

@@ -266,8 +266,9 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             ));
         }
     }
-    // Made by the operator when absent; one made otherwise must hold the
-    // three files.
+    // Made by the operator when absent (one of that name the tenant does
+    // not control stops the reconcile before this: NameTaken); its own
+    // must hold the three files.
     let peer_tls = names::peer_tls_secret(inputs.tenant_name());
     if postgres_url(tenant).is_some() {
         if let Some(o) = inputs.secrets.get(&peer_tls) {

@@ -2574,6 +2574,79 @@ async fn an_object_of_a_tenants_name_that_is_not_its_own_is_never_taken_over() {
     cluster.assert_operator_refused_nothing();
 }
 
+/// Found by the attacker's review (F2 of attack67): the operator mounted
+/// whatever Secret had the name of a tenant's generated owner token (or
+/// peer certificate), someone else's too, so a user who may create
+/// AgentTenants but not read that Secret had its pods hold it. Only the
+/// tenant's own is mounted; another is left as it is and the tenant told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_secrets_name_taken_by_another_is_never_mounted() {
+    let cluster = Cluster::start("secret-taken").await;
+    // Someone else's Secrets, of the names the operator would make for
+    // acme (its owner token) and ledger (its peer certificate).
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: acme-owner-token\nstringData:\n  token: victims-token\n",
+    );
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: ledger-peer-tls\nstringData:\n  ca.crt: x\n  tls.crt: x\n  tls.key: victims-key\n",
+    );
+    cluster.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: ledger-db\nstringData:\n  url: postgres://bindery:pw@db:5432/ledger\n",
+    );
+    cluster.apply_examples();
+    let tenant = read_repo("examples/k8s/tenant.yaml");
+    cluster.apply(&tenant.replace("name: acme\n", "name: ledger\n").replacen(
+        "  tools:\n",
+        "  store:\n    postgres:\n      urlSecretRef: {name: ledger-db, key: url}\n  tools:\n",
+        1,
+    ));
+    let _operator = Operator::start(&cluster, "main", &[], &[]);
+    cluster
+        .wait_warning(
+            "acme",
+            "NameTaken",
+            "a Secret named acme-owner-token exists",
+        )
+        .await;
+    cluster
+        .wait_warning(
+            "ledger",
+            "NameTaken",
+            "a Secret named ledger-peer-tls exists",
+        )
+        .await;
+    let w = cluster.warnings("acme").await;
+    assert!(
+        w.iter()
+            .any(|(_, m)| m.contains("spec.ownerTokenSecretRef")),
+        "{w:?}"
+    );
+    for name in ["acme", "ledger"] {
+        assert!(
+            !cluster.exists::<Deployment>(name).await,
+            "{name}: deployed with someone else's Secret"
+        );
+    }
+    for name in ["acme-owner-token", "ledger-peer-tls"] {
+        let s: Secret = cluster.api().get(name).await.unwrap();
+        assert!(s.metadata.owner_references.is_none(), "adopted: {name}");
+    }
+    // The other Secrets go: the tenants' own come, and they deploy.
+    cluster.kubectl(&["delete", "secret", "acme-owner-token", "ledger-peer-tls"]);
+    for (tenant, secret) in [("acme", "acme-owner-token"), ("ledger", "ledger-peer-tls")] {
+        cluster
+            .wait("the tenant's own Secret", async || {
+                match cluster.api::<Secret>().get_opt(secret).await {
+                    Ok(Some(s)) if s.metadata.owner_references.is_some() => Ok(()),
+                    other => Err(format!("{:?}", other.map(|s| s.map(|s| s.metadata)))),
+                }
+            })
+            .await;
+        let _: Deployment = cluster.wait_object(tenant).await;
+    }
+    cluster.assert_operator_refused_nothing();
+}
+
 /// Found by the attacker's second review: a user allowed to create
 /// AgentTenants and nothing else had the operator run any image and mount
 /// any Secret of the namespace. The chart's admission policy asks the API
