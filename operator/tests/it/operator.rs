@@ -2411,6 +2411,59 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         matches!(&elsewhere, Err(m) if m.contains("must regard the agent server's own")),
         "{elsewhere:?}"
     );
+    // Found by the attacker's review (F5 of attack67): the account posted
+    // forged Warnings about another tenant's Pod and Deployment under
+    // Kubernetes' own names, and about another tenant through `related`.
+    // It posts only about its own AgentTenant.
+    let acme_uid = t.metadata.uid.clone().unwrap();
+    let own = |patch: Value| -> NewEvent {
+        let mut e = serde_json::to_value(warning("acme", "bindery.dev/sidecar")).unwrap();
+        json_patch(&mut e, &json!({"regarding": {"uid": acme_uid}}));
+        json_patch(&mut e, &patch);
+        serde_json::from_value(e).unwrap()
+    };
+    post(own(
+        json!({"related": {"apiVersion": "bindery.dev/v1alpha1",
+        "kind": "AgentTenant", "name": "acme", "namespace": cluster.ns}}),
+    ))
+    .await
+    .expect("its own tenant, related to itself");
+    for (what, event) in [
+        (
+            "another tenant's Pod, as the kubelet",
+            own(
+                json!({"reportingController": "kubelet", "reason": "OOMKilling",
+                "regarding": {"apiVersion": "v1", "kind": "Pod", "name": "globex-6b9f-x2x5q",
+                              "uid": null}}),
+            ),
+        ),
+        (
+            "another tenant's Deployment, as the deployment controller",
+            own(json!({"reportingController": "deployment-controller",
+                "regarding": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "globex",
+                              "uid": null}})),
+        ),
+        (
+            "its own tenant, related to another",
+            own(json!({"related": {"apiVersion": "bindery.dev/v1alpha1",
+                "kind": "AgentTenant", "name": "globex", "namespace": cluster.ns}})),
+        ),
+        (
+            "its own tenant, related to a Pod",
+            own(json!({"related": {"apiVersion": "v1", "kind": "Pod", "name": "globex-0"}})),
+        ),
+        (
+            "its own name with another uid",
+            own(json!({"regarding": {"uid": "0b7c3b0e-1111-4a4a-9f9f-000000000001"}})),
+        ),
+    ] {
+        // The first once the API server has loaded the policy.
+        eventually_or(what, WAIT, async || match post(event.clone()).await {
+            Err(m) if m.contains("only about its own AgentTenant") => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+    }
     // Found by the attacker's review: a Bindery object is known by its
     // kind too (describe never reads the apiVersion), a reporter by any
     // spelling of bindery, and "From" by the deprecated source.
