@@ -282,6 +282,7 @@ pub struct AgentTenantStatus {
     /// `daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 1%`.
     /// Written with `budgets`, by the agent server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(max = 1024), regex(pattern = bindery_spec::budget::NO_CONTROL_CHARACTERS)))]
     pub budget_summary: Vec<String>,
 }
 

@@ -2353,6 +2353,45 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         .await
         .expect("the tenant's account applies its status rows");
     as_server.get_status("acme").await.expect("and reads them");
+    // Found by the attacker's review (F6 of attack67): the pods' code is
+    // not trusted, and kubectl describe prints these strings raw: the API
+    // server refuses a control character in them (a line break that
+    // splits a row, an OSC-8 link, a cursor move). As JSON (a merge
+    // patch): an apply's YAML refuses some of them before the schema does.
+    let mut escaped = serde_json::to_value(&row).unwrap();
+    escaped["per"] = json!("24h\u{1b}[2J");
+    for (what, status) in [
+        (
+            "a line break in budgetSummary",
+            json!({"budgets": [row], "budgetSummary": ["line1\nline2"]}),
+        ),
+        (
+            "an OSC-8 link in budgetSummary",
+            json!({"budgets": [row],
+                   "budgetSummary": ["\u{1b}]8;;http://evil\u{7}click\u{1b}]8;;\u{7}"]}),
+        ),
+        (
+            "a C1 control in budgetSummary",
+            json!({"budgets": [row], "budgetSummary": ["\u{9b}2J"]}),
+        ),
+        (
+            "an escape in a budget row",
+            json!({"budgets": [escaped], "budgetSummary": [summary]}),
+        ),
+    ] {
+        let r = as_server
+            .patch_status(
+                "acme",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await;
+        assert!(
+            matches!(&r, Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("should match")),
+            "{what}: {:?}",
+            r.map(|t| t.status)
+        );
+    }
 
     // Events: RBAC cannot say which object one regards; the chart's
     // admission policy does. The server's account reports on its own
