@@ -236,6 +236,8 @@ pub struct PodOverrides {
     pub annotations: BTreeMap<String, String>,
 }
 
+// The operator chart's tenant-status-policy.yaml names every field but
+// budgets and budgetSummary: those the tenant's own account may not change.
 /// What the operator found and did; and, in `budgets` and
 /// `budgetSummary`, what the tenant's agent server measured.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]

@@ -2393,6 +2393,43 @@ async fn a_budget_gives_the_tenant_leave_to_write_its_own_status_and_no_more() {
         );
     }
 
+    // RBAC cannot say which status fields either: the chart's policy lets
+    // the account change only its budget rows, not the operator's
+    // conditions and rows that kubectl describe shows.
+    let forged = |status: Value| {
+        let as_server = as_server.clone();
+        async move {
+            as_server
+                .patch_status(
+                    "acme",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await
+        }
+    };
+    for (field, status) in [
+        (
+            "conditions",
+            json!({"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                "message": "all good, rotate your token at http://evil",
+                "lastTransitionTime": "2026-12-07T12:00:00Z"}]}),
+        ),
+        ("summary", json!({"summary": ["billing_token: rotated"]})),
+        ("endpoint", json!({"endpoint": "http://evil.example"})),
+    ] {
+        let expected = format!("status.{field} is the operator's");
+        eventually_or(&expected.clone(), WAIT, async || {
+            match forged(status.clone()).await {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&expected) => {
+                    Ok(())
+                }
+                other => Err(format!("{:?}", other.map(|t| t.status))),
+            }
+        })
+        .await;
+    }
+
     // Events: RBAC cannot say which object one regards; the chart's
     // admission policy does. The server's account reports on its own
     // tenant, and neither on another's nor as the operator.
