@@ -578,12 +578,6 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         secret_names.insert(names::peer_tls_secret(&name));
     }
     let (mut secrets, controllers) = secrets_key_names(c, &ns, &secret_names).await?;
-    // The Secrets the operator makes for the tenant go into its pods only
-    // if they are its own: one of that name someone else made (a user who
-    // may create AgentTenants but not read that Secret) is never mounted.
-    if let Some(e) = generated_not_ours(tenant, &ns, &controllers) {
-        return Err(name_taken(ctx, tenant, e).await);
-    }
     let config_maps = config_maps_key_names(c, &ns, &config_map_names).await?;
     let rollout = Api::<Deployment>::namespaced(c.clone(), &ns)
         .get_opt(&names::workload(&name))
@@ -652,6 +646,12 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             Err(e) => return Err(e.into()),
         }
     };
+    // The Secrets the operator makes for the tenant go into its pods only
+    // if they are its own: one of that name someone else made (a user who
+    // may create AgentTenants but not read that Secret) is never mounted.
+    if let Some(e) = generated_not_ours(tenant, &ns, &controllers) {
+        return Err(name_taken(ctx, own, tenant, &d.status, &now, e).await);
+    }
     if let Some(o) = &d.objects {
         let applied = async {
             let mut sent = apply(c, own, &ns, &o.config_map).await?;
@@ -670,7 +670,9 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         }
         .await;
         let sent = match applied {
-            Err(e @ Error::NotOurs { .. }) => return Err(name_taken(ctx, tenant, e).await),
+            Err(e @ Error::NotOurs { .. }) => {
+                return Err(name_taken(ctx, own, tenant, &d.status, &now, e).await)
+            }
             other => other?,
         };
         // What the tenant owns and no longer asks for goes, by its label:
@@ -727,23 +729,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    // Compared, and applied, without what the tenant's agent server writes
-    // (its budgets' use): the operator neither takes those fields nor
-    // clears them, and their changes call for no write of its own.
-    let current = tenant
-        .status
-        .as_ref()
-        .map(AgentTenantStatus::operators_part);
-    if current.as_ref() != Some(&d.status) {
-        let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::apply(names::FIELD_MANAGER).force(),
-                &Patch::Apply(status_apply(&d.status)),
-            )
-            .await?;
-        own.wrote(key_of(&written), &written.metadata, None);
-    }
+    write_status(c, own, tenant, &d.status).await?;
     tracing::info!(tenant = %name, namespace = %ns, ready, deployed = d.objects.is_some(), "reconciled");
     Ok(Action::requeue(Duration::from_secs(if ready {
         600
@@ -752,9 +738,51 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     })))
 }
 
-/// Told on the tenant (once per problem), and retried: the object may go,
-/// or the tenant be renamed.
-async fn name_taken(ctx: &Context, tenant: &AgentTenant, e: Error) -> Error {
+/// The operator's part of the tenant's status applied, unless it is
+/// already so.
+async fn write_status(
+    c: &Client,
+    own: &OwnWrites,
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+) -> Result<(), Error> {
+    // Compared, and applied, without what the tenant's agent server writes
+    // (its budgets' use): the operator neither takes those fields nor
+    // clears them, and their changes call for no write of its own.
+    let current = tenant
+        .status
+        .as_ref()
+        .map(AgentTenantStatus::operators_part);
+    if current.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let ns = tenant.namespace().unwrap_or_default();
+    let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
+        .patch_status(
+            &tenant.name_any(),
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(status_apply(status)),
+        )
+        .await?;
+    own.wrote(key_of(&written), &written.metadata, None);
+    Ok(())
+}
+
+/// Told on the tenant, in its status (Ready False, NameTaken) and by a
+/// Warning (once per problem), and retried: the object may go, or the
+/// tenant be renamed.
+async fn name_taken(
+    ctx: &Context,
+    own: &OwnWrites,
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+    now: &Time,
+    e: Error,
+) -> Error {
+    let status = crate::desired::name_taken(tenant, status, &e.to_string(), now);
+    if let Err(w) = write_status(&ctx.client, own, tenant, &status).await {
+        tracing::warn!(tenant = %tenant.name_any(), "cannot write the status: {w}");
+    }
     if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
         tracing::warn!(tenant = %tenant.name_any(), "cannot publish an event: {w}");
     }

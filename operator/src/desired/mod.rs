@@ -580,6 +580,37 @@ impl Cond {
     }
 }
 
+/// `status` for a tenant left undeployed because an object of one of its
+/// names is not its own (`message`: which, and what to do): `Ready` and
+/// `Available` False with reason `NameTaken`, so `kubectl describe` says
+/// why; the rest as computed.
+pub fn name_taken(
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+    message: &str,
+    now: &Time,
+) -> AgentTenantStatus {
+    let previous = tenant
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let mut out = status.clone();
+    for c in &mut out.conditions {
+        let type_ = match c.type_.as_str() {
+            "Ready" => "Ready",
+            "Available" => "Available",
+            _ => continue,
+        };
+        *c = cond(type_, false, "NameTaken", message.to_string()).finish(
+            tenant.metadata.generation,
+            now,
+            previous,
+        );
+    }
+    out
+}
+
 /// The reference every owned object carries: the tenant as its controller,
 /// blocking the tenant's foreground deletion until the object is gone.
 pub(crate) fn owner_reference(tenant: &AgentTenant) -> OwnerReference {

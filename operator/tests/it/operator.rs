@@ -2675,6 +2675,12 @@ async fn an_object_of_a_tenants_name_that_is_not_its_own_is_never_taken_over() {
     cluster
         .wait_warning("acme", "NameTaken", "a ServiceAccount named acme exists")
         .await;
+    cluster
+        .wait_tenant("acme", "Ready=False: NameTaken", |t| {
+            reason(t, "Ready") == "NameTaken"
+                && message(t, "Ready").contains("a ServiceAccount named acme")
+        })
+        .await;
     let account: ServiceAccount = cluster.api().get("acme").await.unwrap();
     assert!(
         account.metadata.owner_references.is_none(),
@@ -2750,6 +2756,16 @@ async fn a_generated_secrets_name_taken_by_another_is_never_mounted() {
             .any(|(_, m)| m.contains("spec.ownerTokenSecretRef")),
         "{w:?}"
     );
+    // And its status says so, for kubectl describe.
+    for (tenant, secret) in [("acme", "acme-owner-token"), ("ledger", "ledger-peer-tls")] {
+        cluster
+            .wait_tenant(tenant, "Ready=False: NameTaken", |t| {
+                reason(t, "Ready") == "NameTaken"
+                    && reason(t, "Available") == "NameTaken"
+                    && message(t, "Ready").contains(&format!("a Secret named {secret}"))
+            })
+            .await;
+    }
     for name in ["acme", "ledger"] {
         assert!(
             !cluster.exists::<Deployment>(name).await,
