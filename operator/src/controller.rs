@@ -62,6 +62,16 @@ pub(crate) enum Error {
         name: String,
         namespace: String,
     },
+    /// A Secret the operator makes for the tenant and mounts in its pods
+    /// (its owner token, its peer certificate) exists and the tenant does
+    /// not control it: someone else's, never mounted.
+    #[error("a Secret named {name} exists in namespace {namespace} and is not this AgentTenant's: the operator makes {what} itself and mounts only its own, never one someone else made; delete or rename that Secret{hint}; until then the tenant is not deployed")]
+    SecretNotOurs {
+        name: String,
+        namespace: String,
+        what: &'static str,
+        hint: &'static str,
+    },
 }
 
 impl Error {
@@ -86,7 +96,7 @@ impl Error {
             Error::NoNamespace(_) => "no_namespace",
             Error::PeerCertificate(_) => "peer_certificate",
             Error::Randomness(_) => "randomness",
-            Error::NotOurs { .. } => "not_ours",
+            Error::NotOurs { .. } | Error::SecretNotOurs { .. } => "not_ours",
         }
     }
 }
@@ -571,7 +581,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
     if crate::desired::postgres_url(tenant).is_some() {
         secret_names.insert(names::peer_tls_secret(&name));
     }
-    let mut secrets = secrets_key_names(c, &ns, &secret_names).await?;
+    let (mut secrets, controllers) = secrets_key_names(c, &ns, &secret_names).await?;
     let config_maps = config_maps_key_names(c, &ns, &config_map_names).await?;
     let rollout = Api::<Deployment>::namespaced(c.clone(), &ns)
         .get_opt(&names::workload(&name))
@@ -640,6 +650,12 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
             Err(e) => return Err(e.into()),
         }
     };
+    // The Secrets the operator makes for the tenant go into its pods only
+    // if they are its own: one of that name someone else made (a user who
+    // may create AgentTenants but not read that Secret) is never mounted.
+    if let Some(e) = generated_not_ours(tenant, &ns, &controllers) {
+        return Err(name_taken(ctx, own, tenant, &d.status, &now, e).await);
+    }
     if let Some(o) = &d.objects {
         let applied = async {
             let mut sent = apply(c, own, &ns, &o.config_map).await?;
@@ -659,12 +675,7 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .await;
         let sent = match applied {
             Err(e @ Error::NotOurs { .. }) => {
-                // Told on the tenant (once per problem), and retried: the
-                // object may go, or the tenant be renamed.
-                if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
-                    tracing::warn!(tenant = %name, "cannot publish an event: {w}");
-                }
-                return Err(e);
+                return Err(name_taken(ctx, own, tenant, &d.status, &now, e).await)
             }
             other => other?,
         };
@@ -722,6 +733,23 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
+    write_status(c, own, tenant, &d.status).await?;
+    tracing::info!(tenant = %name, namespace = %ns, ready, deployed = d.objects.is_some(), "reconciled");
+    Ok(Action::requeue(Duration::from_secs(if ready {
+        600
+    } else {
+        60
+    })))
+}
+
+/// The operator's part of the tenant's status applied, unless it is
+/// already so.
+async fn write_status(
+    c: &Client,
+    own: &OwnWrites,
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+) -> Result<(), Error> {
     // Compared, and applied, without what the tenant's agent server writes
     // (its budgets' use): the operator neither takes those fields nor
     // clears them, and their changes call for no write of its own.
@@ -729,22 +757,77 @@ async fn reconcile_inner(cached: &AgentTenant, scope: &Scope) -> Result<Action, 
         .status
         .as_ref()
         .map(AgentTenantStatus::operators_part);
-    if current.as_ref() != Some(&d.status) {
-        let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::apply(names::FIELD_MANAGER).force(),
-                &Patch::Apply(status_apply(&d.status)),
-            )
-            .await?;
-        own.wrote(key_of(&written), &written.metadata, None);
+    if current.as_ref() == Some(status) {
+        return Ok(());
     }
-    tracing::info!(tenant = %name, namespace = %ns, ready, deployed = d.objects.is_some(), "reconciled");
-    Ok(Action::requeue(Duration::from_secs(if ready {
-        600
-    } else {
-        60
-    })))
+    let ns = tenant.namespace().unwrap_or_default();
+    let written = Api::<AgentTenant>::namespaced(c.clone(), &ns)
+        .patch_status(
+            &tenant.name_any(),
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(status_apply(status)),
+        )
+        .await?;
+    own.wrote(key_of(&written), &written.metadata, None);
+    Ok(())
+}
+
+/// Told on the tenant, in its status (Ready False, NameTaken) and by a
+/// Warning (once per problem), and retried: the object may go, or the
+/// tenant be renamed.
+async fn name_taken(
+    ctx: &Context,
+    own: &OwnWrites,
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+    now: &Time,
+    e: Error,
+) -> Error {
+    let status = crate::desired::name_taken(tenant, status, &e.to_string(), now);
+    if let Err(w) = write_status(&ctx.client, own, tenant, &status).await {
+        tracing::warn!(tenant = %tenant.name_any(), "cannot write the status: {w}");
+    }
+    if let Err(w) = ctx.events.warn(tenant, "NameTaken", &e.to_string()).await {
+        tracing::warn!(tenant = %tenant.name_any(), "cannot publish an event: {w}");
+    }
+    e
+}
+
+/// The first Secret the operator makes for `tenant` (its owner token
+/// unless the tenant names one, its peer certificate on Postgres) that
+/// exists and is not controlled by the tenant (`controllers`: the
+/// controlling owner's uid of each Secret read).
+fn generated_not_ours(
+    tenant: &AgentTenant,
+    ns: &str,
+    controllers: &BTreeMap<String, Option<String>>,
+) -> Option<Error> {
+    let name = tenant.name_any();
+    let mut generated = Vec::new();
+    if tenant.spec.owner_token_secret_ref.is_none() {
+        generated.push((
+            names::owner_token_secret(&name),
+            "the tenant's owner token",
+            ", or, if this tenant is to use it, name it in spec.ownerTokenSecretRef (its author must be allowed to read it)",
+        ));
+    }
+    if crate::desired::postgres_url(tenant).is_some() {
+        generated.push((
+            names::peer_tls_secret(&name),
+            "the replicas' peer certificate",
+            "",
+        ));
+    }
+    let uid = tenant.metadata.uid.as_deref();
+    generated.into_iter().find_map(|(secret, what, hint)| {
+        let controller = controllers.get(&secret)?;
+        (controller.as_deref() != uid || uid.is_none()).then(|| Error::SecretNotOurs {
+            name: secret,
+            namespace: ns.to_string(),
+            what,
+            hint,
+        })
+    })
 }
 
 /// A new owner token: 32 bytes from the OS, hex. The operator's one
@@ -821,17 +904,26 @@ fn created_keys(s: Secret) -> RefObject {
 /// by metadata only (a GET answered as `PartialObjectMetadata`): the
 /// operator never receives a Secret's `data`. The names come from the
 /// metadata's record of its writers ([`key_names::secret_key_names`]).
+/// Beside them, the uid of each one's controlling owner, if any.
 async fn secrets_key_names(
     c: &Client,
     ns: &str,
     names: &BTreeSet<String>,
-) -> Result<BTreeMap<String, RefObject>, kube::Error> {
+) -> Result<
+    (
+        BTreeMap<String, RefObject>,
+        BTreeMap<String, Option<String>>,
+    ),
+    kube::Error,
+> {
     let api = Api::<Secret>::namespaced(c.clone(), ns);
     let mut out = BTreeMap::new();
+    let mut controllers = BTreeMap::new();
     for n in names {
         if let Some(s) = api.get_metadata_opt(n).await? {
             let keys = key_names::secret_key_names(&s.metadata);
             let meta = key_names::without_values(s.metadata);
+            controllers.insert(n.clone(), controller_uid(&meta).map(str::to_string));
             out.insert(
                 n.clone(),
                 RefObject {
@@ -841,7 +933,7 @@ async fn secrets_key_names(
             );
         }
     }
-    Ok(out)
+    Ok((out, controllers))
 }
 
 /// Key names and resourceVersion of each named ConfigMap that exists.
@@ -962,14 +1054,16 @@ where
 /// Whether `existing` is controlled by the owner `desired` names (the
 /// tenant, by its uid).
 fn controlled_alike(existing: &ObjectMeta, desired: &ObjectMeta) -> bool {
-    let controller = |m: &ObjectMeta| {
-        m.owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.uid.clone())
-    };
-    matches!((controller(existing), controller(desired)), (Some(a), Some(b)) if a == b)
+    matches!((controller_uid(existing), controller_uid(desired)), (Some(a), Some(b)) if a == b)
+}
+
+/// The uid of the object's controlling owner, if it has one.
+fn controller_uid(m: &ObjectMeta) -> Option<&str> {
+    m.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
 }
 
 #[cfg(test)]

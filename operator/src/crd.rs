@@ -213,6 +213,9 @@ pub struct NameRef {
     pub name: String,
 }
 
+// Every field is a decision about the tenant's pods: the operator chart's
+// tenants policy (`variables.podLevel`) names each one and asks for pod
+// create to set it, so a field added here is added there too.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {
@@ -233,6 +236,8 @@ pub struct PodOverrides {
     pub annotations: BTreeMap<String, String>,
 }
 
+// The operator chart's tenant-status-policy.yaml names every field but
+// budgets and budgetSummary: those the tenant's own account may not change.
 /// What the operator found and did; and, in `budgets` and
 /// `budgetSummary`, what the tenant's agent server measured.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
@@ -279,6 +284,7 @@ pub struct AgentTenantStatus {
     /// `daily-tokens (agent invoices): 1200 of 200000 tokens per 24h, 1%`.
     /// Written with `budgets`, by the agent server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(max = 1024), regex(pattern = bindery_spec::budget::NO_CONTROL_CHARACTERS)))]
     pub budget_summary: Vec<String>,
 }
 

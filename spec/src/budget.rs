@@ -162,25 +162,37 @@ impl Budget {
     }
 }
 
+/// A status string that `kubectl describe` prints as it is: no control
+/// character (Unicode's Cc: C0, DEL, C1), so none ends a line or drives the
+/// terminal (an OSC-8 link, a cursor move). The API server refuses one
+/// whoever writes it: the tenant's pods write the budget rows with a token
+/// of their own, and their code is not trusted.
+pub const NO_CONTROL_CHARACTERS: &str = r"^[^\x00-\x1f\x7f-\x9f]*$";
+
 /// One budget's use in its current window, as `AgentTenant.status.budgets`
 /// shows it (the server that enforces it writes it).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetStatus {
+    #[schemars(length(max = 253), regex(pattern = NO_CONTROL_CHARACTERS))]
     pub name: String,
     /// The agent whose runs it caps.
+    #[schemars(length(max = 253), regex(pattern = NO_CONTROL_CHARACTERS))]
     pub agent: String,
     /// `tokens`, `tool_calls` or `cost`.
+    #[schemars(length(max = 64), regex(pattern = NO_CONTROL_CHARACTERS))]
     pub meter: String,
     pub used: f64,
     pub limit: f64,
     /// The window, as written (`24h`, `session`, `run`). A `session` or
     /// `run` budget shows the most any one session or run has used.
+    #[schemars(length(max = 64), regex(pattern = NO_CONTROL_CHARACTERS))]
     pub per: String,
     pub on_exceed: OnExceed,
     /// `used` has reached `limit`: nothing more starts against it.
     pub exhausted: bool,
     /// When it was measured (RFC 3339).
+    #[schemars(length(max = 64), regex(pattern = NO_CONTROL_CHARACTERS))]
     pub measured_at: String,
 }
 

@@ -266,8 +266,9 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             ));
         }
     }
-    // Made by the operator when absent; one made otherwise must hold the
-    // three files.
+    // Made by the operator when absent (one of that name the tenant does
+    // not control stops the reconcile before this: NameTaken); its own
+    // must hold the three files.
     let peer_tls = names::peer_tls_secret(inputs.tenant_name());
     if postgres_url(tenant).is_some() {
         if let Some(o) = inputs.secrets.get(&peer_tls) {
@@ -577,6 +578,37 @@ impl Cond {
             last_transition_time: last,
         }
     }
+}
+
+/// `status` for a tenant left undeployed because an object of one of its
+/// names is not its own (`message`: which, and what to do): `Ready` and
+/// `Available` False with reason `NameTaken`, so `kubectl describe` says
+/// why; the rest as computed.
+pub fn name_taken(
+    tenant: &AgentTenant,
+    status: &AgentTenantStatus,
+    message: &str,
+    now: &Time,
+) -> AgentTenantStatus {
+    let previous = tenant
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let mut out = status.clone();
+    for c in &mut out.conditions {
+        let type_ = match c.type_.as_str() {
+            "Ready" => "Ready",
+            "Available" => "Available",
+            _ => continue,
+        };
+        *c = cond(type_, false, "NameTaken", message.to_string()).finish(
+            tenant.metadata.generation,
+            now,
+            previous,
+        );
+    }
+    out
 }
 
 /// The reference every owned object carries: the tenant as its controller,
