@@ -76,6 +76,29 @@ impl Kube<'_> {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Every object of each of `kinds` in every namespace, as JSON text
+    /// (where a test looks for a value that must not be there).
+    pub fn all_of(&self, kinds: &[&str]) -> String {
+        kinds
+            .iter()
+            .map(|kind| self.ok(&["get", "-A", kind, "-o", "json"]))
+            .collect()
+    }
+
+    /// `helm uninstall RELEASE -n NS --wait`: what the release owned is
+    /// gone when it returns.
+    pub fn uninstall(&self, release: &str, ns: &str) {
+        self.helm(&[
+            "uninstall",
+            release,
+            "-n",
+            ns,
+            "--wait",
+            "--timeout",
+            TIMEOUT,
+        ]);
+    }
+
     /// Wait until `check` answers, at most [`WITHIN`]; on timeout, panic
     /// with what it last saw and the node's logs.
     pub fn until<T>(&self, what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {

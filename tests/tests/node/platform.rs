@@ -428,17 +428,14 @@ fn the_platform_teams_path_on_a_real_node() {
     assert!(log.contains("status=201"), "{log}");
 
     // No secret value anywhere but in its Secret: objects, the pods' logs.
-    let mut everywhere = String::new();
-    for kind in [
+    let mut everywhere = kube.all_of(&[
         "agenttenants",
         "agents",
         "deployments",
         "pods",
         "configmaps",
         "events",
-    ] {
-        everywhere.push_str(&kube.ok(&["get", "-A", kind, "-o", "json"]));
-    }
+    ]);
     for (ns, selector) in [
         ("bindery-system", "app.kubernetes.io/name=bindery-operator"),
         (NS, "bindery.dev/tenant"),
@@ -460,15 +457,7 @@ fn the_platform_teams_path_on_a_real_node() {
     }
 
     // 10. `helm uninstall` of acme takes what it owned; globex stays.
-    kube.helm(&[
-        "uninstall",
-        "acme",
-        "-n",
-        NS,
-        "--wait",
-        "--timeout",
-        TIMEOUT,
-    ]);
+    kube.uninstall("acme", NS);
     kube.until("everything acme owned to be gone", || {
         let left: Vec<String> = [
             ("agenttenant", "acme"),

@@ -408,13 +408,5 @@ networkPolicy:
         assert!(!logs.contains(value), "a session's value in a log");
         assert!(!dump.contains(value), "a session's value in the store");
     }
-    kube.helm(&[
-        "uninstall",
-        "acme",
-        "-n",
-        NS,
-        "--wait",
-        "--timeout",
-        TIMEOUT,
-    ]);
+    kube.uninstall("acme", NS);
 }

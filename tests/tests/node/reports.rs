@@ -430,8 +430,7 @@ fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
     );
 
     // The key is in no Event, object or log: only in its Secret.
-    let mut everywhere = String::new();
-    for kind in [
+    let mut everywhere = kube.all_of(&[
         "agenttenants",
         "agents",
         "deployments",
@@ -443,9 +442,7 @@ fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
         "rolebindings",
         "events",
         "events.events.k8s.io",
-    ] {
-        everywhere.push_str(&kube.ok(&["get", "-A", kind, "-o", "json"]));
-    }
+    ]);
     everywhere.push_str(&described);
     everywhere.push_str(&pod_logs(&kube, NS));
     everywhere.push_str(&s.text);
@@ -463,15 +460,7 @@ fn an_approval_notice_that_fails_for_good_is_a_warning_on_the_tenant() {
         "acme's pods to roll without the token, and its RBAC to go",
         || no_api_access(&kube, NS),
     );
-    kube.helm(&[
-        "uninstall",
-        "acme",
-        "-n",
-        NS,
-        "--wait",
-        "--timeout",
-        TIMEOUT,
-    ]);
+    kube.uninstall("acme", NS);
     runtime.block_on(llm.shutdown());
 }
 
@@ -612,14 +601,6 @@ fn a_tenants_budget_overrides_its_agents_and_its_pods_enforce_and_report_it() {
         .collect();
     assert_eq!(managers, ["bindery-sidecar"], "{acme:#}");
     assert!(!described.contains(CANARY));
-    kube.helm(&[
-        "uninstall",
-        "acme",
-        "-n",
-        NS,
-        "--wait",
-        "--timeout",
-        TIMEOUT,
-    ]);
+    kube.uninstall("acme", NS);
     runtime.block_on(llm.shutdown());
 }
