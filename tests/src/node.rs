@@ -369,7 +369,7 @@ impl Node {
             let _ = buildah(&["rm", container]);
             panic!("the image {name} of {}: {why}", program.display());
         }
-        let ctr = run_ok(
+        run_ok(
             "ctr",
             &[
                 "--address",
@@ -382,7 +382,6 @@ impl Node {
                 path_str(&archive),
             ],
         );
-        let _ = ctr;
         let _ = std::fs::remove_file(&archive);
     }
 
