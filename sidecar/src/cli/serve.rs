@@ -445,16 +445,17 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
     // The runs under way end here (a pod being replaced loses none of
     // its work), still vouched for by the heartbeat and reachable by
     // peers; past the drain timeout they are cut off as before.
+    // No run starts from here on, whether or not one is under way.
     let runs = service.live_runs();
     if runs > 0 {
         tracing::info!(runs, timeout = ?a.drain_timeout, "letting the runs under way end");
-        let left = service.drain(a.drain_timeout).await;
-        if left > 0 {
-            tracing::warn!(
-                left,
-                "runs still under way at the drain timeout are cut off"
-            );
-        }
+    }
+    let left = service.drain(a.drain_timeout).await;
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "runs still under way at the drain timeout are cut off"
+        );
     }
     // Nothing a tool started outlives the server's orderly end: the calls
     // still running are killed with all they started, and none starts.
