@@ -592,7 +592,7 @@ fn write_files(dir: &Path, users: &[(String, String)], at: &At) -> Vec<Token> {
         // The serving certificate again, naming the node's address and the
         // `kubernetes` Service (how pods reach it); the API server's
         // client certificate for the kubelet.
-        sign(
+        crate::postgres::sign_with_ca(
             dir,
             "server",
             "/CN=kube-apiserver",
@@ -602,7 +602,7 @@ fn write_files(dir: &Path, users: &[(String, String)], at: &At) -> Vec<Token> {
                  DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n"
             ),
         );
-        sign(
+        crate::postgres::sign_with_ca(
             dir,
             "kubelet-client",
             "/O=system:masters/CN=kube-apiserver-kubelet-client",
@@ -648,59 +648,6 @@ fn write_files(dir: &Path, users: &[(String, String)], at: &At) -> Vec<Token> {
         .collect();
     std::fs::write(dir.join("tokens.csv"), csv).unwrap();
     tokens
-}
-
-/// `NAME.key` and `NAME.crt`, signed by the run's CA (`ca.key`) with the
-/// extensions `ext`.
-fn sign(dir: &Path, name: &str, subject: &str, ext: &str) {
-    let ext_file = format!("{name}.ext");
-    std::fs::write(
-        dir.join(&ext_file),
-        format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n{ext}"),
-    )
-    .unwrap();
-    let (key, csr, crt) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            subject,
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext_file,
-        ],
-    );
 }
 
 /// 32 hex digits from the system's random source.

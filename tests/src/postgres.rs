@@ -312,75 +312,32 @@ impl Drop for Postgres {
 /// A CA and a server certificate it signed for `localhost` and
 /// 127.0.0.1, with openssl; the key readable by the server's user only.
 pub(crate) fn make_certificates(dir: &Path, run_as: Option<(Uid, Gid)>) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("openssl: {e}: run tests/setup.sh"));
-        check("openssl", &out);
-    };
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
+    openssl_in(
+        dir,
         &[
-            &["req", "-x509"][..],
-            &key,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-subj",
-                "/CN=bindery-test-ca",
-                "-days",
-                "2",
-            ],
-        ]
-        .concat(),
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=bindery-test-ca",
+            "-days",
+            "2",
+        ],
     );
-    openssl(
-        &[
-            &["req"][..],
-            &key,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        ]
-        .concat(),
+    sign_with_ca(
+        dir,
+        "server",
+        "/CN=localhost",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
     );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
     let server_key = dir.join("server.key");
     std::fs::set_permissions(
         &server_key,
@@ -392,6 +349,70 @@ pub(crate) fn make_certificates(dir: &Path, run_as: Option<(Uid, Gid)>) {
             std::os::unix::fs::chown(dir.join(f), Some(uid.as_raw()), Some(gid.as_raw())).unwrap();
         }
     }
+}
+
+/// `NAME.key` and `NAME.crt` in `dir`, a P-256 key and its certificate for
+/// `subject` signed by the CA there (`ca.key`, `ca.crt`) for two days,
+/// with the extensions `ext` (after `basicConstraints` and `keyUsage`).
+pub(crate) fn sign_with_ca(dir: &Path, name: &str, subject: &str, ext: &str) {
+    let ext_file = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext_file),
+        format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n{ext}"),
+    )
+    .unwrap();
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    openssl_in(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            subject,
+        ],
+    );
+    openssl_in(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext_file,
+        ],
+    );
+}
+
+/// `openssl ARGS` in `dir`, which must succeed.
+fn openssl_in(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl: {e}: run tests/setup.sh"));
+    check("openssl", &out);
 }
 
 fn command(program: &Path, run_as: Option<(Uid, Gid)>) -> Command {
