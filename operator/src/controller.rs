@@ -31,6 +31,7 @@ use crate::key_names;
 use crate::metrics::Metrics;
 use crate::names;
 use crate::own_writes::{self, OwnWrites};
+use crate::retries::Retries;
 use crate::watches::{self, Health, OnFailure};
 
 pub struct Context {
@@ -118,6 +119,7 @@ struct Scope {
     ctx: Arc<Context>,
     agents: Store<Agent>,
     own: OwnWrites,
+    retries: Retries,
 }
 
 /// The watch events of `stream` that are not our own writes coming back:
@@ -256,6 +258,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         ctx,
         agents,
         own: OwnWrites::default(),
+        retries: Retries::default(),
     });
     let agent_changes = watching
         .observe(
@@ -353,6 +356,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
 struct AgentScope {
     ctx: Arc<Context>,
     agents: Store<Agent>,
+    retries: Retries,
 }
 
 /// Keep every Agent's `Valid` condition current (a change to one Agent can
@@ -377,6 +381,7 @@ pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
     let scope = Arc::new(AgentScope {
         ctx,
         agents: store.clone(),
+        retries: Retries::default(),
     });
     let others = watching
         .observe(
@@ -406,9 +411,19 @@ pub async fn run_agents(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
-fn agent_error_policy(agent: Arc<Agent>, err: &Error, _: Arc<AgentScope>) -> Action {
-    tracing::warn!(agent = %agent.name_any(), error = err.kind(), "agent status failed: {err}");
-    Action::requeue(Duration::from_secs(30))
+fn agent_error_policy(agent: Arc<Agent>, err: &Error, scope: Arc<AgentScope>) -> Action {
+    let retry = scope.retries.failed(&retry_key(&*agent));
+    tracing::warn!(agent = %agent.name_any(), error = err.kind(), ?retry, "agent status failed: {err}");
+    Action::requeue(retry)
+}
+
+/// An object's key among the failing ones: `namespace/name`.
+fn retry_key(object: &impl ResourceExt) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
 }
 
 /// The Agents of `ns` in `store`, by name.
@@ -422,6 +437,14 @@ fn agents_of(store: &Store<Agent>, ns: &str) -> BTreeMap<String, AgentSpec> {
 }
 
 async fn reconcile_agent(agent: Arc<Agent>, scope: Arc<AgentScope>) -> Result<Action, Error> {
+    let result = agent_status(&agent, &scope).await;
+    if result.is_ok() {
+        scope.retries.succeeded(&retry_key(&*agent));
+    }
+    result
+}
+
+async fn agent_status(agent: &Agent, scope: &AgentScope) -> Result<Action, Error> {
     let ctx = &scope.ctx;
     let name = agent.name_any();
     let ns = agent
@@ -455,7 +478,7 @@ async fn reconcile_agent(agent: Arc<Agent>, scope: Arc<AgentScope>) -> Result<Ac
         if !previous.iter().any(|c| c.message == found.message) {
             if let Err(e) = ctx
                 .events
-                .warn_agent(&agent, "InvalidAgent", &found.message)
+                .warn_agent(agent, "InvalidAgent", &found.message)
                 .await
             {
                 tracing::warn!(agent = %name, "cannot publish an event: {e}");
@@ -518,9 +541,10 @@ fn referring(
         .collect()
 }
 
-fn error_policy(tenant: Arc<AgentTenant>, err: &Error, _: Arc<Scope>) -> Action {
-    tracing::warn!(tenant = %tenant.name_any(), error = err.kind(), "reconcile failed: {err}");
-    Action::requeue(Duration::from_secs(30))
+fn error_policy(tenant: Arc<AgentTenant>, err: &Error, scope: Arc<Scope>) -> Action {
+    let retry = scope.retries.failed(&retry_key(&*tenant));
+    tracing::warn!(tenant = %tenant.name_any(), error = err.kind(), ?retry, "reconcile failed: {err}");
+    Action::requeue(retry)
 }
 
 async fn reconcile(tenant: Arc<AgentTenant>, scope: Arc<Scope>) -> Result<Action, Error> {
@@ -528,6 +552,9 @@ async fn reconcile(tenant: Arc<AgentTenant>, scope: Arc<Scope>) -> Result<Action
     // out) is what the duration of failures is there to show.
     let started = Instant::now();
     let result = reconcile_inner(&tenant, &scope).await;
+    if result.is_ok() {
+        scope.retries.succeeded(&retry_key(&*tenant));
+    }
     scope.ctx.metrics.reconciled(
         started.elapsed().as_secs_f64(),
         result.as_ref().err().map(Error::kind),

@@ -11,4 +11,5 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 mod own_writes;
+pub mod retries;
 pub mod watches;

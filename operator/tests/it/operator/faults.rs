@@ -22,6 +22,14 @@ use std::time::Instant;
 /// reaches its tenant within this.
 const CONVERGE: Duration = Duration::from_secs(30);
 
+/// A restarted kube-apiserver refuses an owner reference that blocks its
+/// owner's deletion to a kind it does not map yet ("cannot find
+/// RESTMapping"), and its admission re-reads its kinds every 30 s: an
+/// object the operator creates (owned by its tenant) may wait that long
+/// after the restart, then for the operator's next retry (at most 16 s
+/// apart then, and a quarter more for its spread).
+const CREATE_AFTER_RESTART: Duration = Duration::from_secs(60);
+
 /// One test at a time stops the API server of [`fault_plane`].
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -81,7 +89,7 @@ async fn after_an_api_server_restart_a_deleted_deployment_comes_back() {
     cluster
         .wait_within(
             "Deployment acme created again",
-            CONVERGE,
+            CREATE_AFTER_RESTART,
             async || match deployments.get_opt("acme").await {
                 Ok(Some(d)) if d.metadata.uid != before.metadata.uid => Ok(()),
                 Ok(Some(_)) => Err("the deleted one is still there".into()),
@@ -260,7 +268,7 @@ async fn a_deployment_deleted_while_the_operator_is_cut_off_comes_back() {
     cluster
         .wait_within(
             "Deployment acme created again",
-            CONVERGE,
+            CREATE_AFTER_RESTART,
             async || match deployments.get_opt("acme").await {
                 Ok(Some(d)) if d.metadata.uid != before.metadata.uid => Ok(()),
                 Ok(Some(_)) => Err("the deleted one is still there".into()),
