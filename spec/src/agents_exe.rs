@@ -1034,6 +1034,9 @@ impl Description {
                 name: self.model_name,
                 api_key: self.api_key_id.map(ValueSource::ApiKey),
                 pricing: None,
+                provider: Default::default(),
+                max_tokens: None,
+                thinking: None,
             },
             system_prompt: self.system_prompt.join("\n"),
             parameters: self

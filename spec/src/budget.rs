@@ -66,6 +66,17 @@ pub struct Pricing {
     pub input_per_million: f64,
     #[schemars(range(min = 0.0))]
     pub output_per_million: f64,
+    /// Per million prompt tokens read from the provider's prompt cache
+    /// (Anthropic's cache reads, OpenAI's cached input); the input price
+    /// when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub cache_read_per_million: Option<f64>,
+    /// Per million prompt tokens written to the provider's prompt cache
+    /// (Anthropic's cache writes); the input price when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub cache_write_per_million: Option<f64>,
     /// A label for reports (`USD`); Bindery converts nothing.
     #[serde(default = "default_currency")]
     #[schemars(length(max = 8))]
@@ -79,7 +90,32 @@ fn default_currency() -> String {
 impl Pricing {
     /// What `prompt` and `completion` tokens cost.
     pub fn cost(&self, prompt: u64, completion: u64) -> f64 {
-        (prompt as f64 * self.input_per_million + completion as f64 * self.output_per_million)
+        self.cost_cached(prompt, completion, 0, 0)
+    }
+
+    /// What a request costs whose `prompt` tokens include `cache_read`
+    /// read from the prompt cache and `cache_write` written to it, each at
+    /// its own price.
+    pub fn cost_cached(
+        &self,
+        prompt: u64,
+        completion: u64,
+        cache_read: u64,
+        cache_write: u64,
+    ) -> f64 {
+        let cached = cache_read.saturating_add(cache_write).min(prompt);
+        let read = cache_read.min(cached) as f64;
+        let write = (cached as f64) - read;
+        ((prompt - cached) as f64 * self.input_per_million
+            + read
+                * self
+                    .cache_read_per_million
+                    .unwrap_or(self.input_per_million)
+            + write
+                * self
+                    .cache_write_per_million
+                    .unwrap_or(self.input_per_million)
+            + completion as f64 * self.output_per_million)
             / 1_000_000.0
     }
 }
@@ -360,6 +396,8 @@ mod tests {
         let pricing = Pricing {
             input_per_million: 0.15,
             output_per_million: 0.6,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
             currency: "USD".into(),
         };
         check(
@@ -372,10 +410,38 @@ mod tests {
     }
 
     #[test]
+    fn cached_prompt_tokens_cost_their_own_prices() {
+        let p = Pricing {
+            input_per_million: 3.0,
+            output_per_million: 15.0,
+            cache_read_per_million: Some(0.3),
+            cache_write_per_million: Some(3.75),
+            currency: "USD".into(),
+        };
+        // 1M prompt tokens of which 600k read and 100k written, 1M out.
+        let c = p.cost_cached(1_000_000, 1_000_000, 600_000, 100_000);
+        assert!(
+            (c - (0.3 * 3.0 + 0.6 * 0.3 + 0.1 * 3.75 + 15.0)).abs() < 1e-9,
+            "{c}"
+        );
+        // Unpriced caches cost the input price; counts past the prompt's are cut to it.
+        let plain = Pricing {
+            cache_read_per_million: None,
+            cache_write_per_million: None,
+            ..p.clone()
+        };
+        assert!((plain.cost_cached(1000, 0, 600, 100) - plain.cost(1000, 0)).abs() < 1e-12);
+        assert!(p.cost_cached(10, 0, 50, 50).is_finite());
+        assert!((p.cost_cached(10, 0, 50, 50) - 10.0 * 0.3 / 1e6).abs() < 1e-12);
+    }
+
+    #[test]
     fn cost_is_priced_per_million() {
         let p = Pricing {
             input_per_million: 0.15,
             output_per_million: 0.6,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
             currency: "USD".into(),
         };
         assert!((p.cost(1_000_000, 1_000_000) - 0.75).abs() < 1e-12);

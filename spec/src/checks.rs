@@ -235,6 +235,7 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             super::flavor::FLAVORS
         )));
     }
+    model_checks(&spec.model, here, &mut diags);
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(
@@ -934,6 +935,50 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
     out
 }
 
+/// What a model's provider takes: thinking only where the API has it,
+/// within the reply's tokens and above the API's least budget; a flavour
+/// is a dialect of chat completions only.
+fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic>) {
+    use super::provider::{Provider, MIN_THINKING_BUDGET};
+    let provider = model.provider;
+    if provider != Provider::OpenAi
+        && super::flavor::Flavor::parse(&model.flavor).unwrap_or_default() != Default::default()
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model flavor `{}` is a dialect of OpenAI's chat completions, and provider `{}` is not them; remove `flavor`",
+            model.flavor,
+            provider.name()
+        )));
+    }
+    let Some(thinking) = &model.thinking else {
+        return;
+    };
+    if provider != Provider::Anthropic {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model thinking is Anthropic's extended thinking, and provider `{}` does not take it; set `provider: anthropic` or remove `thinking`",
+            provider.name()
+        )));
+        return;
+    }
+    if thinking.budget_tokens < MIN_THINKING_BUDGET {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model thinking.budgetTokens {} is below Anthropic's least, {MIN_THINKING_BUDGET}",
+            thinking.budget_tokens
+        )));
+    }
+    let max = model
+        .max_tokens
+        .or(provider.default_max_tokens())
+        .unwrap_or(u32::MAX);
+    if thinking.budget_tokens >= max {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model thinking.budgetTokens {} must be less than maxTokens ({max}{}): the thinking is part of the reply",
+            thinking.budget_tokens,
+            if model.max_tokens.is_none() { ", the default" } else { "" }
+        )));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -971,6 +1016,58 @@ mod tests {
                 "{toolbox}: {said:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_models_provider_takes_only_what_its_api_has() {
+        let said = |model: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m, {model}}}\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| d.message)
+                .collect()
+        };
+        assert_eq!(
+            said("provider: anthropic, thinking: {budgetTokens: 2048}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            said("provider: anthropic, maxTokens: 100"),
+            Vec::<String>::new()
+        );
+        for (model, words) in [
+            (
+                "thinking: {budgetTokens: 2048}",
+                "provider `openai` does not take it",
+            ),
+            (
+                "provider: anthropic, thinking: {budgetTokens: 512}",
+                "below Anthropic's least, 1024",
+            ),
+            (
+                "provider: anthropic, thinking: {budgetTokens: 8192}",
+                "less than maxTokens (8192, the default)",
+            ),
+            (
+                "provider: anthropic, maxTokens: 2000, thinking: {budgetTokens: 2000}",
+                "less than maxTokens (2000)",
+            ),
+            ("provider: anthropic, flavor: MistralV1", "remove `flavor`"),
+        ] {
+            let said = said(model);
+            assert!(
+                said.len() == 1 && said[0].contains(words),
+                "{model}: {said:?}"
+            );
+        }
+        let unknown = crate::from_yaml::<crate::AgentDocument>(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: http://m, name: m, provider: gemini}\n",
+        );
+        let err = format!("{:?}", unknown.err());
+        assert!(err.contains("gemini") && err.contains("anthropic"), "{err}");
     }
 
     #[test]

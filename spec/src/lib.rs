@@ -21,6 +21,7 @@ pub mod document;
 pub mod filter;
 pub mod flavor;
 pub mod jsonpath;
+pub mod provider;
 pub mod sandbox;
 
 use std::collections::BTreeMap;
@@ -248,10 +249,14 @@ pub fn parse_ttl(s: &str) -> Option<u64> {
     n.checked_mul(mult).filter(|s| *s > 0)
 }
 
-/// The model an agent talks to, over an OpenAI-compatible API.
+/// The model an agent talks to, and in which API.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
+    /// The API spoken: `openai` (chat completions, the default) or
+    /// `anthropic` (the Messages API). See docs/providers.md.
+    #[serde(default, skip_serializing_if = "provider::Provider::is_default")]
+    pub provider: provider::Provider,
     /// API dialect, all of them OpenAI's chat completions: `openai` (the
     /// default), `kimi`, `mistral` (adds `tool_choice: auto` and
     /// `parallel_tool_calls: true` to every request) or `claude` (adds
@@ -259,7 +264,8 @@ pub struct ModelSpec {
     /// agents-exe's spellings (`MistralV1`, …) are read too.
     #[serde(default = "default_flavor")]
     pub flavor: String,
-    /// Base URL; requests go to `{url}/chat/completions`.
+    /// Base URL; requests go to `{url}/chat/completions` (`openai`) or
+    /// `{url}/messages` (`anthropic`).
     pub url: String,
     /// The model name sent in each request.
     pub name: String,
@@ -269,6 +275,17 @@ pub struct ModelSpec {
     /// What the model costs, for usage reports and `cost` budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<budget::Pricing>,
+    /// The longest reply, in tokens (`max_tokens`, or OpenAI's
+    /// `max_completion_tokens`). Anthropic requires one: 8192 when not
+    /// given; elsewhere none is sent unless given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u32>,
+    /// Extended thinking (`anthropic` only): its budget, less than
+    /// `maxTokens`. Its blocks go back to the model with each next
+    /// request, as the API requires, and are never shown as the reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<provider::Thinking>,
 }
 
 fn default_flavor() -> String {

@@ -450,6 +450,8 @@ fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String
     let any_price = Pricing {
         input_per_million: 0.0,
         output_per_million: 0.0,
+        cache_read_per_million: None,
+        cache_write_per_million: None,
         currency: String::new(),
     };
     let mut diags = Vec::new();
