@@ -8,9 +8,11 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bindery_spec::provider::Provider;
 use futures::StreamExt;
-use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
+use super::anthropic;
 use super::conversation::Conversation;
 use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
@@ -51,11 +53,13 @@ impl ChatClient {
 struct Inner {
     http: reqwest::Client,
     endpoint: ModelEndpoint,
-    /// `{base_url}/chat/completions`, parsed once: a request clones it
-    /// instead of parsing the text anew.
+    /// `{base_url}/chat/completions` (or the provider's path), parsed
+    /// once: a request clones it instead of parsing the text anew.
     url: reqwest::Url,
-    /// `Bearer <key>`, marked sensitive.
-    auth: Option<HeaderValue>,
+    /// The headers every request carries: the key (`Authorization:
+    /// Bearer`, or the provider's own header), marked sensitive, and the
+    /// provider's version.
+    headers: Vec<(HeaderName, HeaderValue)>,
     /// Answers instead of the endpoint, in this process.
     local: Option<Arc<dyn LocalModel>>,
 }
@@ -95,29 +99,42 @@ impl ChatClient {
         if endpoint.timeout.is_zero() {
             return Err(LlmError::Config("the timeout is zero".to_owned()));
         }
-        let auth = match endpoint.api_key.as_ref().filter(|k| !k.is_empty()) {
-            None => None,
-            Some(key) => {
-                let mut value =
-                    HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
-                        LlmError::Config(
-                            "the API key has characters that cannot go in an HTTP header"
-                                .to_owned(),
-                        )
-                    })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-        };
+        let mut headers = Vec::new();
+        if let Some(key) = endpoint.api_key.as_ref().filter(|k| !k.is_empty()) {
+            let (name, text) = match endpoint.provider {
+                Provider::OpenAi => (AUTHORIZATION, format!("Bearer {}", key.expose())),
+                Provider::Anthropic => (
+                    HeaderName::from_static("x-api-key"),
+                    key.expose().to_owned(),
+                ),
+            };
+            let mut value = HeaderValue::try_from(text).map_err(|_| {
+                LlmError::Config(
+                    "the API key has characters that cannot go in an HTTP header".to_owned(),
+                )
+            })?;
+            value.set_sensitive(true);
+            headers.push((name, value));
+        }
+        if endpoint.provider == Provider::Anthropic {
+            headers.push((
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static(anthropic::VERSION),
+            ));
+        }
         // The key goes only to the endpoint's own origin (see `egress`).
         let http = super::egress::client(Redirects::SameOrigin)
             .connect_timeout(endpoint.timeout)
             .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e))))?;
-        let url = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
+        let path = match endpoint.provider {
+            Provider::OpenAi => "/chat/completions",
+            Provider::Anthropic => "/messages",
+        };
+        let url = reqwest::Url::parse(&format!("{base}{path}")).map_err(|e| {
             LlmError::Config(format!(
-                "the base URL {base:?} does not take the path /chat/completions: {e}"
+                "the base URL {base:?} does not take the path {path}: {e}"
             ))
         })?;
         Ok(ChatClient {
@@ -125,7 +142,7 @@ impl ChatClient {
                 http,
                 endpoint,
                 url,
-                auth,
+                headers,
                 local: None,
             }),
         })
@@ -181,11 +198,7 @@ impl ChatClient {
         if let Some(model) = &self.inner.local {
             return self.ask_local(&**model, &req.request()?).await;
         }
-        let body = &req.body(
-            &self.inner.endpoint.model,
-            self.inner.endpoint.flavor,
-            false,
-        )?;
+        let body = &self.body(req, false)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let text = self
@@ -205,7 +218,7 @@ impl ChatClient {
                     .unwrap_or(Err(LlmError::Timeout))
             })
             .await?;
-        let response = parse_completion(&text)?;
+        let response = self.parse(&text)?;
         tracing::debug!(
             finish_reason = response.finish_reason.as_deref(),
             tool_calls = response.tool_calls.len(),
@@ -275,7 +288,7 @@ impl ChatClient {
             deltas_of(&response, on_delta);
             return Ok(response);
         }
-        let body = &req.body(&self.inner.endpoint.model, self.inner.endpoint.flavor, true)?;
+        let body = &self.body(req, true)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
         let response = self
@@ -294,14 +307,14 @@ impl ChatClient {
         if is_json {
             // The endpoint ignored `stream: true` and sent a whole reply.
             let text = self.read_capped(response, timeout).await?;
-            let response = parse_completion(&text)?;
+            let response = self.parse(&text)?;
             deltas_of(&response, on_delta);
             return Ok(response);
         }
 
         let mut chunks = std::pin::pin!(response.bytes_stream());
         let mut parser = SseParser::default();
-        let mut state = StreamState::default();
+        let mut state = Streamed::of(self.inner.endpoint.provider);
         let limit = self.inner.endpoint.limits.max_bytes;
         let mut read = 0usize;
         while !state.is_done() {
@@ -415,8 +428,8 @@ impl ChatClient {
                 },
             )
             .body(body.clone());
-        if let Some(auth) = &self.inner.auth {
-            request = request.header(AUTHORIZATION, auth.clone());
+        for (name, value) in &self.inner.headers {
+            request = request.header(name, value.clone());
         }
         let response = match request.send().await {
             Ok(response) => response,
@@ -475,6 +488,71 @@ impl ChatClient {
             LlmError::Timeout
         } else {
             self.transport_error("the reply broke off from", &e)
+        }
+    }
+}
+
+impl ChatClient {
+    /// The request body in the endpoint's provider's shape.
+    fn body(&self, req: &Conversation, stream: bool) -> Result<bytes::Bytes, LlmError> {
+        let endpoint = &self.inner.endpoint;
+        match endpoint.provider {
+            Provider::OpenAi => {
+                let extra = endpoint
+                    .max_tokens
+                    .map(|n| format!(r#","max_completion_tokens":{n}"#))
+                    .unwrap_or_default();
+                req.body_with(&endpoint.model, endpoint.flavor, &extra, stream)
+            }
+            Provider::Anthropic => anthropic::body(req.messages(), req.tools(), endpoint, stream),
+        }
+    }
+
+    /// A whole reply in the endpoint's provider's shape.
+    fn parse(&self, text: &str) -> Result<ChatResponse, LlmError> {
+        match self.inner.endpoint.provider {
+            Provider::OpenAi => parse_completion(text),
+            Provider::Anthropic => anthropic::parse(text),
+        }
+    }
+}
+
+/// A streamed reply being read, in its provider's events.
+enum Streamed {
+    OpenAi(StreamState),
+    Anthropic(anthropic::Stream),
+}
+
+impl Streamed {
+    fn of(provider: Provider) -> Self {
+        match provider {
+            Provider::OpenAi => Streamed::OpenAi(StreamState::default()),
+            Provider::Anthropic => Streamed::Anthropic(anthropic::Stream::default()),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        match self {
+            Streamed::OpenAi(s) => s.is_done(),
+            Streamed::Anthropic(s) => s.is_done(),
+        }
+    }
+
+    fn handle_event(
+        &mut self,
+        data: &str,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<(), LlmError> {
+        match self {
+            Streamed::OpenAi(s) => s.handle_event(data, on_delta),
+            Streamed::Anthropic(s) => s.handle_event(data, on_delta),
+        }
+    }
+
+    fn finish(self) -> Result<ChatResponse, LlmError> {
+        match self {
+            Streamed::OpenAi(s) => s.finish(),
+            Streamed::Anthropic(s) => s.finish(),
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct Conversation {
     /// A result with media was sent in another form than its turn's:
     /// the history's encoding is no longer the turns'.
     rewritten: bool,
+    /// The messages as added (a turn's copy is a reference count): what
+    /// a provider other than chat completions encodes its body from.
+    turns: Vec<Turn>,
 }
 
 impl Conversation {
@@ -64,6 +67,7 @@ impl Conversation {
             history_from: None,
             pending: Vec::new(),
             rewritten: false,
+            turns: Vec::new(),
         };
         conversation.set_tools(tools);
         conversation
@@ -88,12 +92,20 @@ impl Conversation {
 
     /// Adds `message` at the end.
     pub fn push(&mut self, message: &ChatMessage) {
-        self.add(message, None);
+        let turn = Turn::new(message.clone());
+        self.add(turn.message(), Some(turn.json()));
+        self.turns.push(turn);
     }
 
     /// Adds `turn` at the end: its text as it is, not encoded again.
     pub fn push_turn(&mut self, turn: &Turn) {
         self.add(turn.message(), Some(turn.json()));
+        self.turns.push(turn.clone());
+    }
+
+    /// The messages as they were added, oldest first.
+    pub fn messages(&self) -> impl Iterator<Item = &ChatMessage> {
+        self.turns.iter().map(Turn::message)
     }
 
     /// Adds `message`, whose encoding is `json` when it is known: a tool's
@@ -104,6 +116,21 @@ impl Conversation {
             self.flush_media();
         }
         match message {
+            // Another provider's reasoning is not chat completions': the
+            // turn goes without it.
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+                reasoning: Some(_),
+            } => {
+                self.rewritten = true;
+                let plain = ChatMessage::Assistant {
+                    content: content.clone(),
+                    tool_calls: tool_calls.clone(),
+                    reasoning: None,
+                };
+                self.write(&plain, None);
+            }
             ChatMessage::Tool {
                 tool_call_id,
                 content,
@@ -235,10 +262,23 @@ impl Conversation {
     /// The request body for `model`: `{"model", "messages", "tools" (when
     /// there are some), what `flavor` adds, "stream", "stream_options"
     /// (when streamed)}`.
+    #[cfg(test)]
     pub(crate) fn body(
         &self,
         model: &str,
         flavor: bindery_spec::flavor::Flavor,
+        stream: bool,
+    ) -> Result<Bytes, LlmError> {
+        self.body_with(model, flavor, "", stream)
+    }
+
+    /// [`Conversation::body`] with `extra` (`,"key":value` members, or
+    /// nothing) after what the flavour adds.
+    pub(crate) fn body_with(
+        &self,
+        model: &str,
+        flavor: bindery_spec::flavor::Flavor,
+        extra: &str,
         stream: bool,
     ) -> Result<Bytes, LlmError> {
         if let Some(why) = &self.unencodable {
@@ -260,6 +300,7 @@ impl Conversation {
         body.extend_from_slice(&self.wire_messages()?);
         body.extend_from_slice(&self.wire_tools);
         body.extend_from_slice(flavor.request_fields().as_bytes());
+        body.extend_from_slice(extra.as_bytes());
         body.extend_from_slice(tail);
         Ok(Bytes::from(body))
     }
@@ -308,6 +349,14 @@ pub fn tool_media(tool_call_id: &str, content: &Content) -> (String, Vec<Content
         }
     }
     (text.join("\n"), media)
+}
+
+/// The tools as a chat-completions request lists them.
+pub(crate) fn wire_tools(tools: &[ToolDefinition]) -> Vec<serde_json::Value> {
+    tools
+        .iter()
+        .filter_map(|t| serde_json::to_value(WireTool::of(t)).ok())
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -414,6 +463,7 @@ mod tests {
                     name: "echo".into(),
                     arguments: r#"{"text":"</script>\u0000"}"#.into(),
                 }],
+                reasoning: None,
             },
             ChatMessage::tool_result("call_1", "line one\nline two"),
             ChatMessage::assistant("done"),
@@ -512,6 +562,7 @@ mod tests {
                     arguments: "{}".into(),
                 })
                 .to_vec(),
+            reasoning: None,
         };
         let with_image = ChatMessage::Tool {
             tool_call_id: "c1".into(),

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod anthropic;
 mod client;
 pub mod content;
 mod conversation;
@@ -27,11 +28,22 @@ mod turn;
 mod types;
 
 pub use client::{ChatClient, LocalModel};
+
+/// `tools` exactly as `provider`'s requests carry them (`describe --tools`).
+pub fn tools_as_sent(
+    provider: bindery_spec::provider::Provider,
+    tools: &[ToolDefinition],
+) -> Result<Vec<serde_json::Value>, LlmError> {
+    match provider {
+        bindery_spec::provider::Provider::OpenAi => Ok(conversation::wire_tools(tools)),
+        bindery_spec::provider::Provider::Anthropic => anthropic::tools(tools),
+    }
+}
 pub use content::{Content, ContentPart, Media};
 pub use conversation::Conversation;
 pub use error::LlmError;
 pub use turn::Turn;
 pub use types::{
-    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, ReplyLimits, StreamDelta, ToolCall,
-    ToolDefinition, Usage,
+    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, Reasoning, ReplyLimits, StreamDelta,
+    ToolCall, ToolDefinition, Usage,
 };

@@ -59,6 +59,7 @@ pub(crate) fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
             .and_then(Value::as_str)
             .map(str::to_owned),
         usage: parse_usage(value.get("usage")),
+        reasoning: None,
     })
 }
 
@@ -110,9 +111,16 @@ fn synthetic_id(index: usize) -> String {
 }
 
 fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
-    usage
-        .filter(|u| u.is_object())
-        .and_then(|u| serde_json::from_value(u.clone()).ok())
+    let usage = usage.filter(|u| u.is_object())?;
+    let mut parsed: Usage = serde_json::from_value(usage.clone()).ok()?;
+    // OpenAI's automatic prompt caching: part of `prompt_tokens`.
+    parsed.cache_read_tokens = usage
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(parsed.prompt_tokens);
+    parsed.cache_write_tokens = 0;
+    Some(parsed)
 }
 
 /// The deltas a non-streamed reply amounts to, for a streaming caller whose
@@ -325,6 +333,7 @@ impl StreamState {
             tool_calls,
             finish_reason: self.finish_reason,
             usage: self.usage,
+            reasoning: None,
         })
     }
 }
@@ -353,7 +362,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 5,
                 completion_tokens: 1,
-                total_tokens: 6
+                total_tokens: 6,
+                ..Default::default()
             })
         );
     }

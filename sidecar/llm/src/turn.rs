@@ -128,6 +128,7 @@ mod tests {
                     name: "echo".into(),
                     arguments: r#"{"text":"\u0000"}"#.into(),
                 }],
+                reasoning: None,
             },
             ChatMessage::tool_result("call_1", "line one\nline two"),
             ChatMessage::assistant("done"),

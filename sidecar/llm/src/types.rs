@@ -27,6 +27,13 @@ pub struct ModelEndpoint {
     pub initial_backoff: Duration,
     /// What the agent's `flavor` adds to every request.
     pub flavor: bindery_spec::flavor::Flavor,
+    /// The API spoken.
+    pub provider: bindery_spec::provider::Provider,
+    /// The longest reply in tokens, when the agent names one (Anthropic's
+    /// default otherwise).
+    pub max_tokens: Option<u32>,
+    /// Extended thinking's budget in tokens (Anthropic).
+    pub thinking_budget: Option<u32>,
     /// How large a reply may be, how many calls it may ask for, and how
     /// long a whole request may last.
     pub limits: ReplyLimits,
@@ -81,6 +88,9 @@ impl ModelEndpoint {
             max_retries: Self::DEFAULT_MAX_RETRIES,
             initial_backoff: Self::DEFAULT_INITIAL_BACKOFF,
             flavor: Default::default(),
+            provider: Default::default(),
+            max_tokens: None,
+            thinking_budget: None,
             limits: ReplyLimits::default(),
         }
     }
@@ -122,6 +132,11 @@ pub enum ChatMessage {
             deserialize_with = "null_as_empty"
         )]
         tool_calls: Vec<ToolCall>,
+        /// What the model reasoned before this reply, as its provider
+        /// requires it sent back (never sent to another provider, never
+        /// part of the reply's text).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<Reasoning>,
     },
     /// The result of one tool call, answering the call with that id.
     Tool {
@@ -154,6 +169,7 @@ impl ChatMessage {
         ChatMessage::Assistant {
             content: Some(content.into()),
             tool_calls: Vec::new(),
+            reasoning: None,
         }
     }
 
@@ -174,6 +190,7 @@ impl ChatMessage {
             ChatMessage::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 content.as_ref().map_or(0, String::len)
                     + tool_calls
@@ -336,6 +353,18 @@ pub struct ChatRequest {
     pub tools: Vec<ToolDefinition>,
 }
 
+/// A reply's reasoning, as its provider gave it and requires it back:
+/// Anthropic's `thinking` and `redacted_thinking` blocks with their
+/// signatures, byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Reasoning {
+    /// Whose: `anthropic`. Another provider's reasoning is not sent.
+    pub provider: String,
+    /// The blocks, in the provider's own shape.
+    #[schema(value_type = Vec<Object>)]
+    pub blocks: Vec<serde_json::Value>,
+}
+
 /// Token counts the endpoint reported.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -348,6 +377,16 @@ pub struct Usage {
     /// Their sum, as the endpoint counted it.
     #[serde(default)]
     pub total_tokens: u64,
+    /// Of `prompt_tokens`, those read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Of `prompt_tokens`, those written to the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The model's reply.
@@ -361,6 +400,8 @@ pub struct ChatResponse {
     pub finish_reason: Option<String>,
     /// Token counts, if the endpoint reported them.
     pub usage: Option<Usage>,
+    /// What the model reasoned, to send back with the next request.
+    pub reasoning: Option<Reasoning>,
 }
 
 impl ChatResponse {
@@ -369,6 +410,7 @@ impl ChatResponse {
         ChatMessage::Assistant {
             content: self.content.clone(),
             tool_calls: self.tool_calls.clone(),
+            reasoning: self.reasoning.clone(),
         }
     }
 
@@ -440,6 +482,7 @@ mod tests {
             ],
             finish_reason: None,
             usage: None,
+            reasoning: None,
         }
         .with_unique_call_ids();
         let ids: Vec<&str> = reply.tool_calls.iter().map(|c| c.id.as_str()).collect();
@@ -464,6 +507,7 @@ mod tests {
                     name: "read_file".into(),
                     arguments: r#"{"path":"a.txt"}"#.into(),
                 }],
+                reasoning: None,
             },
             ChatMessage::tool_result("call_1", "contents"),
         ];
@@ -506,7 +550,8 @@ mod tests {
                     id: "c".into(),
                     name: "f".into(),
                     arguments: r#"{"a":1}"#.into()
-                }]
+                }],
+                reasoning: None,
             }
         );
         assert!(serde_json::from_value::<ChatMessage>(json!({"role": "wizard"})).is_err());

@@ -28,8 +28,12 @@ pub use bindery_store::wire::Exceeded;
 /// A model request's tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spent {
+    /// All of the prompt's tokens, the cached ones included.
     pub prompt: u64,
     pub completion: u64,
+    /// Of `prompt`, those read from and written to the provider's cache.
+    pub cache_read: u64,
+    pub cache_write: u64,
     /// The model reported no usage.
     pub estimated: bool,
 }

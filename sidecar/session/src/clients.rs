@@ -66,7 +66,12 @@ pub fn build_clients(
         endpoint.limits = opts.limits;
         // Refused at load (spec::checks) when unknown.
         endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
+        endpoint.max_tokens = m.max_tokens;
         if opts.model.is_none() {
+            // `--model-url` is an OpenAI-compatible server; the agent's
+            // own model is spoken to in its provider's API.
+            endpoint.provider = m.provider;
+            endpoint.thinking_budget = m.thinking.as_ref().map(|t| t.budget_tokens);
             match &agent.model_key {
                 ModelKey::Absent => {}
                 ModelKey::Key(k) => endpoint = endpoint.with_api_key(k.clone()),

@@ -211,6 +211,7 @@ mod tests {
                     arguments: args.to_string(),
                 })
                 .collect(),
+            reasoning: None,
         })
     }
 

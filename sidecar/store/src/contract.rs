@@ -110,6 +110,7 @@ pub fn full_record() -> SessionRecord {
                     name: "read_file".into(),
                     arguments: r#"{"path":"a.txt"}"#.into(),
                 }],
+                reasoning: None,
             },
             ChatMessage::tool_result("call_1", "hello"),
             ChatMessage::assistant("It says hello."),

@@ -20,8 +20,8 @@ fn endpoint(url: String) -> ModelEndpoint {
         timeout: Duration::from_secs(10),
         max_retries: 2,
         initial_backoff: Duration::from_millis(10),
-        flavor: Default::default(),
         limits: Default::default(),
+        ..ModelEndpoint::new("", "")
     }
 }
 

@@ -229,10 +229,9 @@ impl RunBudget {
             row.prompt_tokens = s.prompt;
             row.completion_tokens = s.completion;
             row.estimated = s.estimated;
-            row.cost = model
-                .pricing
-                .as_ref()
-                .map_or(0.0, |p| p.cost(s.prompt, s.completion));
+            row.cost = model.pricing.as_ref().map_or(0.0, |p| {
+                p.cost_cached(s.prompt, s.completion, s.cache_read, s.cache_write)
+            });
             let currency = model.pricing.as_ref().map_or("", |p| p.currency.as_str());
             self.budgets.metrics.model_usage(
                 &self.agent,

@@ -203,6 +203,7 @@ impl Runs {
                     rec.turns.push(Turn::new(ChatMessage::Assistant {
                         content: None,
                         tool_calls: vec![call.clone()],
+                        reasoning: None,
                     }));
                     let caller = Some(ToolCaller::Mcp);
                     events.push(SessionEvent::RunStarted(RunStarted {

@@ -126,9 +126,13 @@ pub(super) async fn run_inner(
                     Some(u) => Spent {
                         prompt: u.prompt_tokens,
                         completion: u.completion_tokens,
+                        cache_read: u.cache_read_tokens,
+                        cache_write: u.cache_write_tokens,
                         estimated: false,
                     },
                     None => Spent {
+                        cache_read: 0,
+                        cache_write: 0,
                         prompt: estimate(),
                         completion: bindery_store::usage::estimate_tokens(r.to_message().chars()),
                         estimated: true,
@@ -142,6 +146,8 @@ pub(super) async fn run_inner(
                 // any work counts nothing.
                 Some(Err(e)) if !may_have_been_processed(e) => None,
                 _ => Some(Spent {
+                    cache_read: 0,
+                    cache_write: 0,
                     prompt: estimate(),
                     completion: bindery_store::usage::estimate_tokens(
                         streamed.load(std::sync::atomic::Ordering::Relaxed),

@@ -721,6 +721,7 @@ mod tests {
                 name: name.into(),
                 arguments: args.to_string(),
             }],
+            reasoning: None,
         }
     }
 

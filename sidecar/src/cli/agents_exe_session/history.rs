@@ -50,6 +50,7 @@ pub fn history_of(s: &Session) -> Resumed {
                 out.push(ChatMessage::Assistant {
                     content,
                     tool_calls: calls,
+                    reasoning: None,
                 });
             }
         }
@@ -243,6 +244,7 @@ fn turns_of(messages: &[Added], prompt: &str) -> Vec<Value> {
             ChatMessage::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 flush(&mut pending, &mut turns);
                 calls = tool_calls
@@ -437,6 +439,7 @@ mod tests {
             ChatMessage::Assistant {
                 content: None,
                 tool_calls: vec![call("c1", "bash_probe", r#"{"repo":"r"}"#)],
+                reasoning: None,
             },
             ChatMessage::tool_result("c1", "argv: [--repo] [r]"),
             ChatMessage::assistant("probed"),
@@ -469,6 +472,7 @@ mod tests {
                 ChatMessage::Assistant {
                     content: None,
                     tool_calls: vec![call("a", "meta_activate_tool", "{}")],
+                    reasoning: None,
                 },
                 &none,
             ),
@@ -604,6 +608,7 @@ mod tests {
             ChatMessage::Assistant {
                 content: None,
                 tool_calls: vec![call("c", "bash_shot", "{}")],
+                reasoning: None,
             },
             ChatMessage::Tool {
                 tool_call_id: "c".into(),
@@ -654,7 +659,8 @@ mod tests {
             r.messages[1],
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![call("x", "bash_ls", r#"{"dir":"/"}"#)]
+                tool_calls: vec![call("x", "bash_ls", r#"{"dir":"/"}"#)],
+                reasoning: None,
             }
         );
         assert_eq!(r.messages[2], ChatMessage::tool_result("x", UNANSWERED));

@@ -76,6 +76,7 @@ impl LocalModel for Scripted {
                     tool_calls: Vec::new(),
                     finish_reason: Some("stop".into()),
                     usage: None,
+                    reasoning: None,
                 }),
                 Some(Reply::Calls(calls)) => Ok(ChatResponse {
                     content: None,
@@ -93,6 +94,7 @@ impl LocalModel for Scripted {
                         .collect(),
                     finish_reason: Some("tool_calls".into()),
                     usage: None,
+                    reasoning: None,
                 }),
             }
         })
