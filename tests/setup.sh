@@ -25,6 +25,15 @@ fi
 tests/schemathesis/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
     -r tests/schemathesis/requirements.txt
 
+# The model providers' mocks (tests/providers/mock.py): each provider's
+# official SDK, whose types check every request Bindery sends and make
+# every answer, pinned, in a virtualenv of its own.
+if [[ ! -x tests/providers/.venv/bin/python ]]; then
+    python3 -m venv tests/providers/.venv
+fi
+tests/providers/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -r tests/providers/requirements.txt
+
 # The real Kubernetes control plane (etcd, kube-apiserver,
 # kube-controller-manager) for tests/src/control_plane.rs, built from its Go
 # modules once per version (see tests/control-plane/README.md).

@@ -15,6 +15,7 @@ pub mod node_fixtures;
 pub mod node_kube;
 pub mod postgres;
 pub mod postgrest;
+pub mod provider_mock;
 pub mod relay;
 pub mod scripts;
 pub mod sidecar;

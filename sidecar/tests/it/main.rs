@@ -41,6 +41,8 @@ mod otlp;
 #[cfg(feature = "postgres-tests")]
 mod postgrest;
 mod proptest_parsers;
+#[cfg(feature = "interop-tests")]
+mod providers;
 mod replicas;
 mod repo_paths;
 mod scenario_s2;

@@ -1,0 +1,192 @@
+//! Providers spoken natively, against their own SDK's types: the server
+//! (the real binary, over TCP) serves an agent whose `spec.model.provider`
+//! is `anthropic`, and its model is `tests/providers/mock.py`, which
+//! checks each request with the `anthropic` SDK's request types and
+//! Anthropic's documented rules (ids, results after their calls, thinking
+//! sent back with its signature) and answers with the SDK's response
+//! models, whole or streamed in Anthropic's event order.
+
+use bindery_tests::fixtures::{invoices_agent_file, INVOICES_PARAMETERS};
+use bindery_tests::provider_mock::ProviderMock;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const KEY: &str = "sk-ant-canary-5e1f";
+const TOOL: &str = "bash_query-invoices";
+
+/// The invoices agent on `mock`, in Anthropic's API, thinking within
+/// 2048 of 4096 tokens, priced with Anthropic's cache prices.
+fn anthropic_agent(dir: &std::path::Path, mock: &ProviderMock) -> std::path::PathBuf {
+    let path = invoices_agent_file(dir, &mock.url(), INVOICES_PARAMETERS, "");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        &format!("  model: {{url: \"{}\", name: mock-model}}\n", mock.url()),
+        &format!(
+            "  model:
+    provider: anthropic
+    url: \"{}\"
+    name: claude-test
+    apiKey: {{env: ANTHROPIC_API_KEY}}
+    maxTokens: 4096
+    thinking: {{budgetTokens: 2048}}
+    pricing: {{inputPerMillion: 3, outputPerMillion: 15, cacheReadPerMillion: 0.3, cacheWritePerMillion: 3.75}}
+",
+            mock.url()
+        ),
+    );
+    assert!(text.contains("provider: anthropic"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A call of the invoices tool for overdue ones, thinking first, then the
+/// answer reading the cache the first request wrote.
+fn two_turns() -> Value {
+    json!([
+        {"status": 429, "retry_after": "1"},
+        {"thinking": "The user wants overdue invoices; I should query them.",
+         "text": "Let me look.",
+         "calls": [{"id": "toolu_01", "name": TOOL, "input": {"status": "overdue"}},
+                   {"id": "toolu_02", "name": TOOL, "input": {"status": "open"}}],
+         "usage": {"input": 20, "output": 10, "cache_write": 1000}},
+        {"text": "INV-1002 is overdue.",
+         "usage": {"input": 30, "output": 8, "cache_read": 1000}}
+    ])
+}
+
+async fn converse(stream: bool) {
+    let mock = ProviderMock::start("anthropic", KEY, &two_turns());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = anthropic_agent(dir.path(), &mock);
+    let store = sqlite_in(dir.path());
+    std::fs::create_dir(dir.path().join("logs")).unwrap();
+    let extra: &[&str] = if stream { &[] } else { &["--no-stream"] };
+    let (sidecar, api) = serve(
+        &agent,
+        &store,
+        extra,
+        &[("ANTHROPIC_API_KEY", KEY)],
+        dir.path(),
+    );
+    let created = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "params": {"tenant": "acme-corp", "billing_token": CANARY}})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json["session_id"].as_str().unwrap().to_string();
+    let (_, events) = api
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    let mut events = events.unwrap();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            Some(OWNER),
+            Some(&json!({"prompt": "which invoices are overdue?"})),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text);
+    let seen = events
+        .until("run_finished", std::time::Duration::from_secs(60))
+        .await;
+
+    // Three requests (the 429 honoured with its retry-after), each one
+    // the SDK's types and Anthropic's rules take, with the key in
+    // x-api-key only.
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    for r in &requests {
+        assert_eq!(r["key_ok"], true);
+        assert_eq!(r["stream"], stream);
+        let body = r["body"].to_string();
+        assert!(
+            !body.contains(CANARY) && !body.contains("acme-corp"),
+            "{body}"
+        );
+        // The bound arguments are not in the schema the model sees.
+        let tool = r["body"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == TOOL)
+            .unwrap();
+        assert!(
+            tool["input_schema"]["properties"]
+                .get("tenant_id")
+                .is_none(),
+            "{tool}"
+        );
+        assert!(
+            tool["input_schema"]["properties"].get("token").is_none(),
+            "{tool}"
+        );
+        assert_eq!(
+            r["body"]["thinking"],
+            json!({"type": "enabled", "budget_tokens": 2048})
+        );
+        assert_eq!(r["body"]["system"][0]["cache_control"]["type"], "ephemeral");
+    }
+    // The second turn: the thinking block first, as it came (the mock
+    // checks its signature), the two calls, then one user turn with both
+    // results.
+    let messages = requests[2]["body"]["messages"].as_array().unwrap();
+    let turn = messages[1]["content"].as_array().unwrap();
+    assert_eq!(turn[0]["type"], "thinking");
+    assert_eq!(
+        turn[0]["thinking"],
+        "The user wants overdue invoices; I should query them."
+    );
+    let kinds: Vec<&str> = turn.iter().map(|b| b["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"]);
+    let results = messages[2]["content"].as_array().unwrap();
+    assert_eq!(results[0]["tool_use_id"], "toolu_01");
+    assert!(
+        results[0]["content"].as_str().unwrap().contains("INV-1002"),
+        "{results:?}"
+    );
+    assert_eq!(results[1]["tool_use_id"], "toolu_02");
+
+    // What the user sees: the answer, never the thinking.
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+    assert!(!session.text.contains("I should query"), "{}", session.text);
+    let raw_events: String = seen.iter().map(|e| e.data.clone()).collect();
+    assert!(!raw_events.contains("I should query"), "{raw_events}");
+    if stream {
+        assert!(seen.iter().any(|e| e.event == "delta"), "{seen:?}");
+    }
+
+    // Usage and cost count the cache: 20+1000 and 30+1000 prompt tokens,
+    // the writes at 3.75, the reads at 0.3 per million.
+    let usage = api.call("GET", "/v1/usage", Some(OWNER), None).await;
+    let row = &usage.json["rows"][0];
+    assert_eq!(row["prompt_tokens"], 2050, "{}", usage.text);
+    assert_eq!(row["completion_tokens"], 18, "{}", usage.text);
+    let cost = row["cost"].as_f64().unwrap();
+    let expected = (50.0 * 3.0 + 1000.0 * 3.75 + 1000.0 * 0.3 + 18.0 * 15.0) / 1e6;
+    assert!((cost - expected).abs() < 1e-9, "{cost} != {expected}");
+
+    let logs = sidecar.logs();
+    assert!(!logs.contains(KEY) && !logs.contains(CANARY), "{logs}");
+    assert!(!std::fs::read(dir.path().join("store.sqlite"))
+        .map(|b| contains(&b, KEY))
+        .unwrap_or(false));
+}
+
+#[tokio::test]
+async fn a_streamed_conversation_with_two_calls_and_thinking_is_what_the_sdk_takes() {
+    converse(true).await;
+}
+
+#[tokio::test]
+async fn a_whole_reply_conversation_with_two_calls_and_thinking_is_what_the_sdk_takes() {
+    converse(false).await;
+}
