@@ -93,6 +93,10 @@ pub enum Command {
         /// Only this tool (its model-visible name, e.g. bash_query-invoices).
         #[arg(long)]
         tool: Option<String>,
+        /// Print the tools exactly as this provider's requests carry them
+        /// (`openai`, `anthropic`), without what is bound.
+        #[arg(long, value_name = "PROVIDER", value_parser = parse_provider)]
+        tools: Option<bindery_spec::provider::Provider>,
     },
     /// Run a bash tool script's `describe` and print its description,
     /// checked (agents-exe's `describe-tool`; no agent file needed).
@@ -748,6 +752,16 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, DurationArgError> {
         d if d.is_zero() => Err(DurationArgError::Zero),
         d => Ok(d),
     }
+}
+
+/// A `provider` as an agent file writes it.
+fn parse_provider(s: &str) -> Result<bindery_spec::provider::Provider, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|_| {
+        format!(
+            "`{s}` is not a provider Bindery speaks: {}",
+            bindery_spec::provider::PROVIDERS
+        )
+    })
 }
 
 #[cfg(test)]

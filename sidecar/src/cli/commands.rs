@@ -301,7 +301,51 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
             drain_timeout,
         })
         .await?),
-        Command::Describe { agents, tool } => {
+        Command::Describe {
+            agents,
+            tool,
+            tools: Some(provider),
+        } => {
+            let tree = load(&agents).await?;
+            let agent = tree.pick(agents.agent.as_deref())?;
+            let values = agent.process_values();
+            let definitions: Vec<bindery_llm::ToolDefinition> = agent
+                .tools
+                .iter()
+                .map(|t| {
+                    let view = tool_view(agent, &t, &values);
+                    bindery_llm::ToolDefinition {
+                        name: view.function.name,
+                        description: view.function.description,
+                        parameters: view.function.parameters,
+                    }
+                })
+                .chain(bindery_session::subagents::definitions(agent, &tree))
+                .filter(|d| tool.as_ref().is_none_or(|name| &d.name == name))
+                .collect();
+            if let Some(name) = tool.as_ref().filter(|_| definitions.is_empty()) {
+                super::call::find_tool(agent, name)?;
+            }
+            let sent = bindery_llm::tools_as_sent(provider, &definitions).map_err(|source| {
+                CliError::ToolsAsSent {
+                    agent: agent.name.clone(),
+                    provider: provider.name(),
+                    source,
+                }
+            })?;
+            println!(
+                "{}",
+                to_json(
+                    &serde_json::json!({"agent": agent.name, "provider": provider.name(), "tools": sent})
+                )
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Describe {
+            agents,
+            tool,
+            tools: None,
+        } => {
             let tree = load(&agents).await?;
             let agent = tree.pick(agents.agent.as_deref())?;
             let values = agent.process_values();

@@ -47,6 +47,13 @@ pub(super) enum CliError {
     /// `describe-tool`'s script.
     #[error("error: {0}")]
     Script(#[from] bindery_tools::bash::ScriptError),
+    /// `describe --tools PROVIDER`: a tool that provider does not take.
+    #[error("error: agent `{agent}`, as {provider} receives its tools: {source}")]
+    ToolsAsSent {
+        agent: String,
+        provider: &'static str,
+        source: bindery_llm::LlmError,
+    },
     #[error("error: the tool's description is not JSON: {0}")]
     Describe(#[source] serde_json::Error),
     #[error("error: --args is not valid JSON: {0}")]

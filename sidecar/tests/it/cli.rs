@@ -274,6 +274,54 @@ fn describe_prints_exactly_what_the_model_receives() {
         .contains("agent `invoices` has no tool `nope` (tools: bash_query-invoices)"));
 }
 
+/// `describe --tools PROVIDER`: the tools as that provider's requests
+/// carry them, bound arguments gone from each; `check` names the model.
+#[test]
+fn describe_prints_the_tools_as_each_provider_receives_them() {
+    let sent = |provider: &str| -> serde_json::Value {
+        let out = run(bin().args(["describe", "--agent-file", &invoices(), "--tools", provider]));
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    };
+    let anthropic = sent("anthropic");
+    assert_eq!(anthropic["provider"], "anthropic");
+    let tool = &anthropic["tools"][0];
+    assert_eq!(tool["name"], "bash_query-invoices");
+    let props: Vec<&String> = tool["input_schema"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(props, ["since", "status"]);
+    assert_eq!(tool["cache_control"]["type"], "ephemeral");
+    assert!(tool.get("bound").is_none() && tool.get("function").is_none());
+    let openai = sent("openai");
+    assert_eq!(
+        openai["tools"][0]["function"]["name"],
+        "bash_query-invoices"
+    );
+    assert!(openai["tools"][0].get("bound").is_none());
+
+    let out = run(bin().args(["describe", "--agent-file", &invoices(), "--tools", "gemini"]));
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr
+            .contains("`gemini` is not a provider Bindery speaks: openai, anthropic"),
+        "{}",
+        out.stderr
+    );
+
+    let out = run(bin()
+        .args(["check", "--agent-file", &invoices()])
+        .env("BINDERY_PARAM_BILLING_TOKEN", CANARY));
+    assert!(
+        out.stdout
+            .contains("  model: gpt-4o-mini (openai, https://api.openai.com/v1)\n"),
+        "{}",
+        out.stdout
+    );
+}
+
 #[test]
 fn tool_call_runs_through_the_bindings() {
     let out = run(bin().args([

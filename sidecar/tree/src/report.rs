@@ -19,9 +19,36 @@ pub struct AgentReport {
     pub paths_from: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub announce: Option<String>,
+    pub model: ModelReport,
     pub parameters: Vec<ParamStatus>,
     pub tools: Vec<ToolReport>,
     pub helpers: Vec<HelperReport>,
+}
+
+/// The agent's model: which API, which model, where (the URL without
+/// credentials or query), the reply's bounds and its prices.
+#[derive(Serialize)]
+pub struct ModelReport {
+    pub provider: &'static str,
+    pub name: String,
+    pub url: String,
+    #[serde(rename = "maxTokens", skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(rename = "thinkingBudget", skip_serializing_if = "Option::is_none")]
+    pub thinking_budget: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<bindery_spec::budget::Pricing>,
+}
+
+fn model_report(m: &bindery_spec::ModelSpec) -> ModelReport {
+    ModelReport {
+        provider: m.provider.name(),
+        name: m.name.clone(),
+        url: bindery_llm::egress::shown_text(&m.url),
+        max_tokens: m.max_tokens.or(m.provider.default_max_tokens()),
+        thinking_budget: m.thinking.as_ref().map(|t| t.budget_tokens),
+        pricing: m.pricing.clone(),
+    }
 }
 
 #[derive(Serialize)]
@@ -89,6 +116,7 @@ pub fn agent_report(agent: &LoadedAgent) -> AgentReport {
         file: agent.file.display().to_string(),
         paths_from: paths_from(agent),
         announce: agent.spec.announce.clone(),
+        model: model_report(&agent.spec.model),
         parameters: agent.params.statuses(),
         tools: agent
             .tools
@@ -176,6 +204,28 @@ pub fn tool_view(agent: &LoadedAgent, t: &BoundTool, values: &Values) -> ToolVie
 pub fn render_text(r: &AgentReport) -> String {
     let mut out = format!("agent {} ({})\n", r.name, r.file);
     out.push_str(&format!("  relative paths from: {}\n", r.paths_from));
+    let m = &r.model;
+    out.push_str(&format!(
+        "  model: {} ({}, {})\n",
+        m.name, m.provider, m.url
+    ));
+    if let Some(n) = m.max_tokens {
+        out.push_str(&format!("    max tokens: {n}\n"));
+    }
+    if let Some(n) = m.thinking_budget {
+        out.push_str(&format!("    thinking: up to {n} tokens\n"));
+    }
+    if let Some(p) = &m.pricing {
+        let per = |price: Option<f64>| price.unwrap_or(p.input_per_million);
+        out.push_str(&format!(
+            "    prices per million tokens ({}): input {}, output {}, cache read {}, cache write {}\n",
+            p.currency,
+            p.input_per_million,
+            p.output_per_million,
+            per(p.cache_read_per_million),
+            per(p.cache_write_per_million)
+        ));
+    }
     if r.parameters.is_empty() {
         out.push_str("  parameters: none\n");
     } else {
