@@ -9,13 +9,14 @@ tool results answering the calls before them, thinking sent back with its
 signature); every answer is built from the SDK's response models, whole or
 as the event stream the provider documents.
 
-    mock.py --provider anthropic --key KEY --script SCRIPT.json --log LOG.jsonl
+    mock.py --provider anthropic|openai --key KEY --script SCRIPT.json --log LOG.jsonl
 
 SCRIPT.json is the list of answers, one per request, in order:
-  {"status": 429, "retry_after": "1"}         an error (Anthropic's shape)
+  {"status": 429, "retry_after": "1"}         an error (the provider's shape)
   {"thinking": "...", "text": "...",          a reply: each part optional;
-   "calls": [{"id", "name", "input"}],        calls are tool_use blocks
-   "usage": {"input", "output", "cache_read", "cache_write"}}
+   "calls": [{"id", "name", "input"}],        calls are tool_use blocks or
+   "usage": {"input", "output",               tool_calls; thinking is
+             "cache_read", "cache_write"}}    Anthropic's only
 Each request is appended to LOG.jsonl as {"path", "stream", "key_ok",
 "version", "body", "violations"}; a request with violations is answered 400
 (and the test reading the log fails on it). The port is printed as
@@ -37,7 +38,12 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 import anthropic
 import anthropic.types as T
+import openai
+import openai.types as O
+import openai.types.chat as OC
 from anthropic.types import message_create_params
+from openai.types.chat import completion_create_params
+from openai.types.chat import chat_completion, chat_completion_chunk
 
 
 def strict_sdk_types(prefix):
@@ -69,10 +75,16 @@ def drain(x):
 
 
 strict_sdk_types("anthropic.types")
+strict_sdk_types("openai.types")
 REQUEST = {
     False: TypeAdapter(message_create_params.MessageCreateParamsNonStreaming),
     True: TypeAdapter(message_create_params.MessageCreateParamsStreaming),
 }
+OPENAI_REQUEST = {
+    False: TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming),
+    True: TypeAdapter(completion_create_params.CompletionCreateParamsStreaming),
+}
+OPENAI_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 SIGNING_KEY = b"mock-provider"
@@ -147,6 +159,110 @@ def documented_rules(body):
     if cache_points > 4:
         out.append(f"{cache_points} cache_control breakpoints, more than 4")
     return out
+
+
+def openai_rules(body):
+    """What OpenAI's docs and API require beyond the types."""
+    out = []
+    for tool in body.get("tools", []):
+        name = tool.get("function", {}).get("name", "")
+        if not OPENAI_TOOL_NAME.match(name):
+            out.append(f"tool name {name!r} does not match {OPENAI_TOOL_NAME.pattern}")
+    messages = body.get("messages", [])
+    for i, m in enumerate(messages):
+        calls = [c.get("id", "") for c in m.get("tool_calls") or []] if m.get("role") == "assistant" else []
+        for c in m.get("tool_calls") or []:
+            if len(c.get("id", "")) > 40:
+                out.append(f"message {i}: tool call id {c.get('id')!r} is longer than 40")
+            try:
+                json.loads(c.get("function", {}).get("arguments", ""))
+            except ValueError:
+                out.append(f"message {i}: a tool call's arguments are not JSON text")
+        if calls:
+            answered = []
+            for following in messages[i + 1:]:
+                if following.get("role") != "tool":
+                    break
+                answered.append(following.get("tool_call_id"))
+            if sorted(answered) != sorted(calls):
+                out.append(f"messages after {i}: tool messages {answered} must answer the tool_calls {calls} first")
+        if m.get("role") == "tool":
+            j = i - 1
+            while j >= 0 and messages[j].get("role") == "tool":
+                j -= 1
+            previous = [c.get("id") for c in (messages[j].get("tool_calls") or [])] if j >= 0 else []
+            if m.get("tool_call_id") not in previous:
+                out.append(f"message {i}: a tool message for {m.get('tool_call_id')!r}, no call of message {j}")
+    if body.get("stream") and not (body.get("stream_options") or {}).get("include_usage"):
+        out.append("a streamed request without stream_options.include_usage gets no usage")
+    return out
+
+
+def openai_usage(spec):
+    u = spec.get("usage", {})
+    prompt = u.get("input", 10) + u.get("cache_read", 0)
+    return O.CompletionUsage(
+        prompt_tokens=prompt,
+        completion_tokens=u.get("output", 5),
+        total_tokens=prompt + u.get("output", 5),
+        prompt_tokens_details=O.completion_usage.PromptTokensDetails(cached_tokens=u.get("cache_read", 0)),
+    )
+
+
+def openai_calls(spec):
+    return [
+        OC.ChatCompletionMessageFunctionToolCall(
+            id=c["id"], type="function",
+            function={"name": c["name"], "arguments": json.dumps(c.get("input", {}))},
+        )
+        for c in spec.get("calls", [])
+    ]
+
+
+def completion_of(spec, model):
+    message = OC.ChatCompletionMessage(
+        role="assistant", content=spec.get("text"), tool_calls=openai_calls(spec) or None, refusal=None,
+    )
+    choice = chat_completion.Choice(
+        index=0, message=message, logprobs=None,
+        finish_reason="tool_calls" if spec.get("calls") else "stop",
+    )
+    return OC.ChatCompletion(
+        id="chatcmpl-mock", object="chat.completion", created=0, model=model,
+        choices=[choice], usage=openai_usage(spec),
+    )
+
+
+def chunks_of(spec, model):
+    """A streamed completion as OpenAI sends it: the role, the text in
+    pieces, each call's id and name then its arguments in pieces, the
+    finish, the usage alone, then [DONE]."""
+    def chunk(delta=None, finish=None, usage=None, choices=True):
+        ch = []
+        if choices:
+            ch = [chat_completion_chunk.Choice(
+                index=0, delta=delta or chat_completion_chunk.ChoiceDelta(), finish_reason=finish, logprobs=None)]
+        return OC.ChatCompletionChunk(
+            id="chatcmpl-mock", object="chat.completion.chunk", created=0, model=model,
+            choices=ch, usage=usage,
+        )
+    D = chat_completion_chunk.ChoiceDelta
+    yield chunk(D(role="assistant", content=""))
+    text = spec.get("text") or ""
+    if text:
+        half = len(text) // 2
+        for piece in (text[:half], text[half:]):
+            yield chunk(D(content=piece))
+    for i, c in enumerate(spec.get("calls", [])):
+        F = chat_completion_chunk.ChoiceDeltaToolCallFunction
+        TC = chat_completion_chunk.ChoiceDeltaToolCall
+        yield chunk(D(tool_calls=[TC(index=i, id=c["id"], type="function", function=F(name=c["name"], arguments=""))]))
+        args = json.dumps(c.get("input", {}))
+        half = len(args) // 2
+        for piece in (args[:half], args[half:]):
+            yield chunk(D(tool_calls=[TC(index=i, function=F(arguments=piece))]))
+    yield chunk(D(), finish="tool_calls" if spec.get("calls") else "stop")
+    yield chunk(choices=False, usage=openai_usage(spec))
 
 
 def usage_of(spec):
@@ -240,7 +356,10 @@ class Ping:
 PING = Ping()
 
 
-def error_body(kind, message):
+def error_body(kind, message, provider="anthropic"):
+    if provider == "openai":
+        error = O.shared.ErrorObject(message=message, type=kind, param=None, code=None)
+        return json.dumps({"error": error.model_dump(mode="json")})
     objects = {
         "rate_limit_error": T.RateLimitError,
         "invalid_request_error": T.InvalidRequestError,
@@ -253,6 +372,7 @@ def error_body(kind, message):
 
 class Mock:
     def __init__(self, args):
+        self.provider = args.provider
         self.key = args.key
         self.script = json.load(open(args.script))
         self.log = open(args.log, "a")
@@ -285,19 +405,10 @@ def handler(mock):
             except ValueError as e:
                 body, violations = None, [f"the body is not JSON: {e}"]
             stream = bool(body and body.get("stream"))
-            if not self.path.endswith("/v1/messages"):
-                violations.append(f"POST {self.path}, not /v1/messages")
-            if self.headers.get("anthropic-version") != "2023-06-01":
-                violations.append(f"anthropic-version {self.headers.get('anthropic-version')!r}")
-            if self.headers.get("authorization") is not None:
-                violations.append("an Authorization header: Anthropic's key goes in x-api-key")
-            key_ok = self.headers.get("x-api-key") == mock.key
-            if body is not None:
-                try:
-                    drain(REQUEST[stream].validate_python(body))
-                except Exception as e:
-                    violations.append(f"the SDK's request type refuses it: {e}")
-                violations.extend(documented_rules(body))
+            if mock.provider == "anthropic":
+                key_ok = self.anthropic_request(body, stream, violations)
+            else:
+                key_ok = self.openai_request(body, stream, violations)
             with mock.lock:
                 record = {"path": self.path, "stream": stream, "key_ok": key_ok,
                           "version": self.headers.get("anthropic-version"), "body": body,
@@ -310,14 +421,16 @@ def handler(mock):
                     step = mock.script[mock.next] if mock.next < len(mock.script) else {"text": "(script ended)"}
                     mock.next += 1
             if violations:
-                return self.send(400, error_body("invalid_request_error", "; ".join(violations)))
+                return self.send(400, error_body("invalid_request_error", "; ".join(violations), mock.provider))
             if not key_ok:
-                return self.send(401, error_body("authentication_error", "invalid x-api-key"))
+                return self.send(401, error_body("authentication_error", "invalid key", mock.provider))
             if "status" in step:
                 kind = {429: "rate_limit_error", 529: "overloaded_error"}.get(step["status"], "invalid_request_error")
                 headers = [("retry-after", step["retry_after"])] if "retry_after" in step else []
-                return self.send(step["status"], error_body(kind, "scripted"), headers)
+                return self.send(step["status"], error_body(kind, "scripted", mock.provider), headers)
             model = body["model"]
+            if mock.provider == "openai":
+                return self.openai_reply(step, model, stream)
             if not stream:
                 return self.send(200, message_of(step, model).model_dump_json())
             self.send_response(200)
@@ -329,12 +442,54 @@ def handler(mock):
                 self.wfile.flush()
             self.close_connection = True
 
+        def anthropic_request(self, body, stream, violations):
+            if not self.path.endswith("/v1/messages"):
+                violations.append(f"POST {self.path}, not /v1/messages")
+            if self.headers.get("anthropic-version") != "2023-06-01":
+                violations.append(f"anthropic-version {self.headers.get('anthropic-version')!r}")
+            if self.headers.get("authorization") is not None:
+                violations.append("an Authorization header: Anthropic's key goes in x-api-key")
+            if body is not None:
+                try:
+                    drain(REQUEST[stream].validate_python(body))
+                except Exception as e:
+                    violations.append(f"the SDK's request type refuses it: {e}")
+                violations.extend(documented_rules(body))
+            return self.headers.get("x-api-key") == mock.key
+
+        def openai_request(self, body, stream, violations):
+            if not self.path.endswith("/v1/chat/completions"):
+                violations.append(f"POST {self.path}, not /v1/chat/completions")
+            if self.headers.get("x-api-key") is not None:
+                violations.append("an x-api-key header: OpenAI's key goes in Authorization")
+            if body is not None:
+                try:
+                    drain(OPENAI_REQUEST[stream].validate_python(body))
+                except Exception as e:
+                    violations.append(f"the SDK's request type refuses it: {e}")
+                violations.extend(openai_rules(body))
+            return self.headers.get("authorization") == f"Bearer {mock.key}"
+
+        def openai_reply(self, step, model, stream):
+            if not stream:
+                return self.send(200, completion_of(step, model).model_dump_json())
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            for chunk in chunks_of(step, model):
+                self.wfile.write(f"data: {chunk.model_dump_json()}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
     return Handler
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--provider", choices=["anthropic"], required=True)
+    p.add_argument("--provider", choices=["anthropic", "openai"], required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--script", required=True)
     p.add_argument("--log", required=True)

@@ -11,6 +11,7 @@ use bindery_tests::provider_mock::ProviderMock;
 use serde_json::{json, Value};
 
 use crate::common::*;
+use bindery_tests::sidecar::{Api, Sidecar};
 
 const KEY: &str = "sk-ant-canary-5e1f";
 const TOOL: &str = "bash_query-invoices";
@@ -54,20 +55,19 @@ fn two_turns() -> Value {
     ])
 }
 
-async fn converse(stream: bool) {
-    let mock = ProviderMock::start("anthropic", KEY, &two_turns());
-    let dir = tempfile::tempdir().unwrap();
-    let agent = anthropic_agent(dir.path(), &mock);
-    let store = sqlite_in(dir.path());
-    std::fs::create_dir(dir.path().join("logs")).unwrap();
+/// A session of the invoices agent in `dir` asked which invoices are
+/// overdue, its run followed to its end: the server, its API, the
+/// session's id and the run's events.
+async fn ask_overdue(
+    agent: &std::path::Path,
+    dir: &std::path::Path,
+    stream: bool,
+    key_env: (&str, &str),
+) -> (Sidecar, Api, String, Vec<bindery_tests::sidecar::SseEvent>) {
+    let store = sqlite_in(dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
     let extra: &[&str] = if stream { &[] } else { &["--no-stream"] };
-    let (sidecar, api) = serve(
-        &agent,
-        &store,
-        extra,
-        &[("ANTHROPIC_API_KEY", KEY)],
-        dir.path(),
-    );
+    let (sidecar, api) = serve(agent, &store, extra, &[key_env], dir);
     let created = api
         .call(
             "POST",
@@ -94,6 +94,15 @@ async fn converse(stream: bool) {
     let seen = events
         .until("run_finished", std::time::Duration::from_secs(60))
         .await;
+    (sidecar, api, id, seen)
+}
+
+async fn converse(stream: bool) {
+    let mock = ProviderMock::start("anthropic", KEY, &two_turns());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = anthropic_agent(dir.path(), &mock);
+    let (sidecar, api, id, seen) =
+        ask_overdue(&agent, dir.path(), stream, ("ANTHROPIC_API_KEY", KEY)).await;
 
     // Three requests (the 429 honoured with its retry-after), each one
     // the SDK's types and Anthropic's rules take, with the key in
@@ -189,4 +198,86 @@ async fn a_streamed_conversation_with_two_calls_and_thinking_is_what_the_sdk_tak
 #[tokio::test]
 async fn a_whole_reply_conversation_with_two_calls_and_thinking_is_what_the_sdk_takes() {
     converse(false).await;
+}
+
+/// The invoices agent on `mock`, in chat completions (the default
+/// provider), with a reply bound and the cache's read price.
+fn openai_agent(dir: &std::path::Path, mock: &ProviderMock) -> std::path::PathBuf {
+    let path = invoices_agent_file(dir, &mock.url(), INVOICES_PARAMETERS, "");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        &format!("  model: {{url: \"{}\", name: mock-model}}\n", mock.url()),
+        &format!(
+            "  model:
+    url: \"{}\"
+    name: gpt-test
+    apiKey: {{env: OPENAI_API_KEY}}
+    maxTokens: 4096
+    pricing: {{inputPerMillion: 2, outputPerMillion: 8, cacheReadPerMillion: 0.5}}
+",
+            mock.url()
+        ),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn converse_openai(stream: bool) {
+    let script = json!([
+        {"status": 429, "retry_after": "1"},
+        {"text": "Let me look.",
+         "calls": [{"id": "call_01", "name": TOOL, "input": {"status": "overdue"}},
+                   {"id": "call_02", "name": TOOL, "input": {"status": "open"}}],
+         "usage": {"input": 20, "output": 10}},
+        {"text": "INV-1002 is overdue.",
+         "usage": {"input": 30, "output": 8, "cache_read": 1000}}
+    ]);
+    let mock = ProviderMock::start("openai", KEY, &script);
+    let dir = tempfile::tempdir().unwrap();
+    let agent = openai_agent(dir.path(), &mock);
+    let (sidecar, api, id, _) =
+        ask_overdue(&agent, dir.path(), stream, ("OPENAI_API_KEY", KEY)).await;
+
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    for r in &requests {
+        assert_eq!(r["key_ok"], true);
+        assert_eq!(r["stream"], stream);
+        assert_eq!(r["body"]["max_completion_tokens"], 4096);
+        let body = r["body"].to_string();
+        assert!(
+            !body.contains(CANARY) && !body.contains("acme-corp"),
+            "{body}"
+        );
+    }
+    let messages = requests[2]["body"]["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "tool"]);
+
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+
+    // OpenAI's prompt_tokens hold the cached ones: 20 and 1030.
+    let usage = api.call("GET", "/v1/usage", Some(OWNER), None).await;
+    let row = &usage.json["rows"][0];
+    assert_eq!(row["prompt_tokens"], 1050, "{}", usage.text);
+    let cost = row["cost"].as_f64().unwrap();
+    let expected = (50.0 * 2.0 + 1000.0 * 0.5 + 18.0 * 8.0) / 1e6;
+    assert!((cost - expected).abs() < 1e-9, "{cost} != {expected}");
+    assert!(!sidecar.logs().contains(KEY));
+}
+
+#[tokio::test]
+async fn chat_completions_streamed_are_what_the_openai_sdk_takes() {
+    converse_openai(true).await;
+}
+
+#[tokio::test]
+async fn chat_completions_whole_are_what_the_openai_sdk_takes() {
+    converse_openai(false).await;
 }
