@@ -575,6 +575,11 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// How many times, [`OWN_HOLD_PAUSE`] apart, a file this process holds
+/// is tried again before it is refused (see [`hold`]).
+const OWN_HOLD_TRIES: u32 = 20;
+const OWN_HOLD_PAUSE: Duration = Duration::from_millis(50);
+
 /// Take the database file for this store alone, or fail naming who has
 /// it. Two servers on one file (a volume mounted by two pods during a
 /// rollout) would each take the other's runs for its own last process's,
@@ -589,7 +594,22 @@ fn count(n: u64) -> i64 {
 fn hold(file: std::fs::File, path: &Path, op: &Op<'_>) -> Result<std::fs::File, StoreError> {
     use std::io::Write;
     let note = holder_note(path);
-    match file.try_lock() {
+    // A hold of this very process is a store being let go, or a copy of
+    // its descriptor in a child between its fork and its exec (another
+    // thread spawning a process): either goes within moments.
+    let mut tries = 0;
+    let taken = loop {
+        match file.try_lock() {
+            Err(std::fs::TryLockError::WouldBlock)
+                if tries < OWN_HOLD_TRIES && flock_holder(&file) == Some(std::process::id()) =>
+            {
+                tries += 1;
+                std::thread::sleep(OWN_HOLD_PAUSE);
+            }
+            other => break other,
+        }
+    };
+    match taken {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             return Err(op.fail(format_args!(
@@ -2139,6 +2159,33 @@ mod tests {
         drop(first);
         let again = open_in(&dir);
         again.create(&mut record("s1", 1)).await.unwrap();
+    }
+
+    /// A hold that lingers a moment after its store is let go (a copy of
+    /// the descriptor in a child another thread is spawning) is waited
+    /// out, not taken for another server's.
+    #[tokio::test]
+    async fn a_hold_of_this_process_that_lingers_a_moment_is_waited_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = open_in(&dir);
+        let copy = first
+            .conn
+            .lock()
+            .unwrap()
+            ._hold
+            .as_ref()
+            .unwrap()
+            .try_clone()
+            .unwrap();
+        drop(first);
+        let lingering = std::thread::spawn(move || {
+            // The child's copy, closed at its exec a moment later.
+            std::thread::sleep(Duration::from_millis(200));
+            drop(copy);
+        });
+        let again = open_in(&dir);
+        again.create(&mut record("s1", 1)).await.unwrap();
+        lingering.join().unwrap();
     }
 
     /// The hold is on the file, not on a name: a second store through a
