@@ -113,9 +113,11 @@ fn synthetic_id(index: usize) -> String {
 fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
     let usage = usage.filter(|u| u.is_object())?;
     let mut parsed: Usage = serde_json::from_value(usage.clone()).ok()?;
-    // OpenAI's automatic prompt caching: part of `prompt_tokens`.
+    // Automatic prompt caching, part of `prompt_tokens`: OpenAI's in
+    // `prompt_tokens_details`, Moonshot's (Kimi) at the top.
     parsed.cache_read_tokens = usage
         .pointer("/prompt_tokens_details/cached_tokens")
+        .or_else(|| usage.get("cached_tokens"))
         .and_then(Value::as_u64)
         .unwrap_or(0)
         .min(parsed.prompt_tokens);
@@ -366,6 +368,30 @@ mod tests {
                 ..Default::default()
             })
         );
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_where_openai_and_kimi_put_them() {
+        let usage = |u: Value| {
+            let body = json!({"choices": [{"message": {"content": "x"}}], "usage": u});
+            parse_completion(&body.to_string()).unwrap().usage.unwrap()
+        };
+        let openai = usage(
+            json!({"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101,
+                                  "prompt_tokens_details": {"cached_tokens": 64}}),
+        );
+        assert_eq!((openai.prompt_tokens, openai.cache_read_tokens), (100, 64));
+        let kimi = usage(
+            json!({"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101,
+                                "cached_tokens": 80}),
+        );
+        assert_eq!(kimi.cache_read_tokens, 80);
+        // Never more than the prompt.
+        assert_eq!(
+            usage(json!({"prompt_tokens": 10, "cached_tokens": 80})).cache_read_tokens,
+            10
+        );
+        assert_eq!(usage(json!({"prompt_tokens": 10})).cache_read_tokens, 0);
     }
 
     #[test]
