@@ -1037,6 +1037,7 @@ impl Description {
                 provider: Default::default(),
                 max_tokens: None,
                 thinking: None,
+                fallbacks: Vec::new(),
             },
             system_prompt: self.system_prompt.join("\n"),
             parameters: self

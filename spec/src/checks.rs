@@ -236,6 +236,23 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         )));
     }
     model_checks(&spec.model, here, &mut diags);
+    for (i, f) in spec.model.fallbacks.iter().enumerate() {
+        model_checks(
+            &f.as_model(),
+            &format!("{here}, model fallback {}", i + 1),
+            &mut diags,
+        );
+        if f.pricing.is_none()
+            && spec.model.pricing.is_some()
+            && spec.budgets.iter().any(|b| b.cost.is_some())
+        {
+            diags.push(Diagnostic::error(format!(
+                "{here}, model fallback {} (`{}`): a cost budget counts what every model costs; price it too (`pricing`)",
+                i + 1,
+                f.name
+            )));
+        }
+    }
     for (i, h) in spec.helpers.iter().enumerate() {
         if h.agent.is_some() == h.path.is_some() {
             diags.push(Diagnostic::error(format!(
@@ -1068,6 +1085,34 @@ mod tests {
         );
         let err = format!("{:?}", unknown.err());
         assert!(err.contains("gemini") && err.contains("anthropic"), "{err}");
+    }
+
+    #[test]
+    fn a_fallback_is_checked_as_a_model_and_priced_under_a_cost_budget() {
+        let said = |fallback: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m, pricing: {{inputPerMillion: 1, outputPerMillion: 1}}, fallbacks: [{fallback}]}}\n  budgets: [{{name: c, cost: 1, per: 24h}}]\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| d.message)
+                .collect()
+        };
+        assert_eq!(
+            said("{url: http://f, name: f, pricing: {inputPerMillion: 1, outputPerMillion: 1}}"),
+            Vec::<String>::new()
+        );
+        let unpriced = said("{url: http://f, name: f}");
+        assert!(
+            unpriced.len() == 1 && unpriced[0].contains("model fallback 1 (`f`)"),
+            "{unpriced:?}"
+        );
+        let thinking = said("{url: http://f, name: f, pricing: {inputPerMillion: 1, outputPerMillion: 1}, thinking: {budgetTokens: 2048}}");
+        assert!(
+            thinking.len() == 1 && thinking[0].starts_with("here, model fallback 1:"),
+            "{thinking:?}"
+        );
     }
 
     #[test]

@@ -286,6 +286,73 @@ pub struct ModelSpec {
     /// request, as the API requires, and are never shown as the reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<provider::Thinking>,
+    /// Other models, any provider, tried in order when this one (after its
+    /// retries) answers 429, 529 or another 5xx, cannot be reached, or
+    /// does not answer in time. See docs/providers.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub fallbacks: Vec<FallbackModel>,
+}
+
+/// A model tried when the one before it fails: a model's fields without
+/// fallbacks of its own (a CRD's schema cannot be recursive).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FallbackModel {
+    /// As the model's `provider`.
+    #[serde(default, skip_serializing_if = "provider::Provider::is_default")]
+    pub provider: provider::Provider,
+    /// As the model's `flavor`.
+    #[serde(default = "default_flavor")]
+    pub flavor: String,
+    /// As the model's `url`.
+    pub url: String,
+    /// As the model's `name`.
+    pub name: String,
+    /// As the model's `apiKey`: its own key, for its own URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<ValueSource>,
+    /// As the model's `pricing`: what a request it answers costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<budget::Pricing>,
+    /// As the model's `maxTokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u32>,
+    /// As the model's `thinking`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<provider::Thinking>,
+}
+
+impl FallbackModel {
+    /// This fallback as a model of its own (no fallbacks).
+    pub fn as_model(&self) -> ModelSpec {
+        ModelSpec {
+            provider: self.provider,
+            flavor: self.flavor.clone(),
+            url: self.url.clone(),
+            name: self.name.clone(),
+            api_key: self.api_key.clone(),
+            pricing: self.pricing.clone(),
+            max_tokens: self.max_tokens,
+            thinking: self.thinking.clone(),
+            fallbacks: Vec::new(),
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The models in the order they are tried: this one (without its
+    /// fallbacks), then each fallback.
+    pub fn chain(&self) -> Vec<ModelSpec> {
+        let first = ModelSpec {
+            fallbacks: Vec::new(),
+            ..self.clone()
+        };
+        std::iter::once(first)
+            .chain(self.fallbacks.iter().map(FallbackModel::as_model))
+            .collect()
+    }
 }
 
 fn default_flavor() -> String {

@@ -33,11 +33,14 @@ pub(crate) const PROVIDER: &str = "anthropic";
 
 /// The request body for `req`.
 pub(crate) fn body<'a>(
-    history: impl IntoIterator<Item = &'a ChatMessage>,
+    history: impl IntoIterator<Item = &'a ChatMessage> + Clone,
     offered: &[ToolDefinition],
     endpoint: &ModelEndpoint,
     stream: bool,
 ) -> Result<Bytes, LlmError> {
+    let thinking = endpoint
+        .thinking_budget
+        .filter(|_| !continues_a_turn_without_thinking(history.clone()));
     let (system, messages) = messages(history)?;
     let max_tokens = endpoint
         .max_tokens
@@ -53,7 +56,7 @@ pub(crate) fn body<'a>(
     if !offered.is_empty() {
         body.insert("tools".into(), Value::Array(tools(offered)?));
     }
-    if let Some(budget) = endpoint.thinking_budget {
+    if let Some(budget) = thinking {
         body.insert(
             "thinking".into(),
             json!({"type": "enabled", "budget_tokens": budget}),
@@ -63,6 +66,25 @@ pub(crate) fn body<'a>(
     serde_json::to_vec(&Value::Object(body))
         .map(Bytes::from)
         .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))
+}
+
+/// Whether the request goes on with an assistant turn of tool calls made
+/// without Anthropic's thinking (by a fallback of another provider):
+/// with thinking on, Anthropic requires such a turn to begin with its
+/// thinking block, which it never had, so this request asks for none.
+fn continues_a_turn_without_thinking<'a>(
+    history: impl IntoIterator<Item = &'a ChatMessage>,
+) -> bool {
+    let last = history
+        .into_iter()
+        .filter(|m| matches!(m, ChatMessage::Assistant { .. }))
+        .last();
+    matches!(
+        last,
+        Some(ChatMessage::Assistant { tool_calls, reasoning, .. })
+            if !tool_calls.is_empty()
+                && reasoning.as_ref().is_none_or(|r| r.provider != PROVIDER)
+    )
 }
 
 /// The cache breakpoint put on the last block of a stable prefix.
@@ -371,6 +393,7 @@ impl Reply {
                 provider: PROVIDER.to_owned(),
                 blocks: self.reasoning,
             }),
+            ..ChatResponse::default()
         }
     }
 }

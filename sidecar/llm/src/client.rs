@@ -16,7 +16,7 @@ use super::anthropic;
 use super::conversation::Conversation;
 use super::error::{excerpt, LlmError};
 use super::parse::{deltas_of, parse_completion, StreamState};
-use super::types::{ChatRequest, ChatResponse, ModelEndpoint, ReplyLimits, StreamDelta};
+use super::types::{ChatRequest, ChatResponse, FellBack, ModelEndpoint, ReplyLimits, StreamDelta};
 use bindery_spec::Redirects;
 use bindery_sse::Parser as SseParser;
 
@@ -48,6 +48,42 @@ impl ChatClient {
     pub fn api_key(&self) -> Option<&bindery_params::SecretString> {
         self.inner.endpoint.api_key.as_ref()
     }
+
+    /// The keys of this client and its fallbacks, in order (`None` where a
+    /// model has none).
+    pub fn api_keys(&self) -> impl Iterator<Item = Option<&bindery_params::SecretString>> {
+        std::iter::once(self.api_key()).chain(self.inner.fallbacks.iter().map(ChatClient::api_key))
+    }
+
+    /// This client, with `fallbacks` tried in order when it fails in a way
+    /// another model may not (429, 5xx, unreachable, too slow).
+    pub fn with_fallbacks(self, fallbacks: Vec<ChatClient>) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            http: shared.http.clone(),
+            endpoint: shared.endpoint.clone(),
+            url: shared.url.clone(),
+            headers: shared.headers.clone(),
+            local: shared.local.clone(),
+            fallbacks: shared.fallbacks.clone(),
+        });
+        ChatClient {
+            inner: Arc::new(Inner { fallbacks, ..inner }),
+        }
+    }
+}
+
+/// Whether `e` is a failure the next model of a chain may not have: the
+/// endpoint overloaded or rate limited (429, 529, any 5xx) after its
+/// retries, unreachable, or too slow. A refusal of the request itself
+/// (4xx), a reply that does not read or is too large are the request's,
+/// and would be the next model's too.
+pub fn falls_back(e: &LlmError) -> bool {
+    match e {
+        LlmError::RetriesExhausted { last, .. } => falls_back(last),
+        LlmError::Http { status, .. } => *status == 429 || *status >= 500,
+        LlmError::Transport(_) | LlmError::Timeout | LlmError::Deadline(_) => true,
+        _ => false,
+    }
 }
 
 struct Inner {
@@ -62,6 +98,9 @@ struct Inner {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// Answers instead of the endpoint, in this process.
     local: Option<Arc<dyn LocalModel>>,
+    /// The models tried, in order, when this one fails in a way another
+    /// may not ([`falls_back`]).
+    fallbacks: Vec<ChatClient>,
 }
 
 impl fmt::Debug for ChatClient {
@@ -144,6 +183,7 @@ impl ChatClient {
                 url,
                 headers,
                 local: None,
+                fallbacks: Vec::new(),
             }),
         })
     }
@@ -178,8 +218,44 @@ impl ChatClient {
         &self.inner.endpoint
     }
 
-    /// Sends `req` with `stream: false` and returns the whole reply.
+    /// Sends `req` with `stream: false` and returns the whole reply: this
+    /// model's, or the first fallback's that answers.
     pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
+        let mut fell_back = Vec::new();
+        let mut result = self.complete_alone(req).await;
+        for (i, next) in self.inner.fallbacks.iter().enumerate() {
+            match &result {
+                Err(e) if falls_back(e) => {
+                    fell_back.push(self.passed_over(i, e));
+                    result = next.complete_alone(req).await.map(|mut r| {
+                        r.served_by = i + 1;
+                        r
+                    });
+                }
+                _ => break,
+            }
+        }
+        result.map(|mut r| {
+            r.fell_back = fell_back;
+            r
+        })
+    }
+
+    /// The model of the chain at `at` (0: this one) passed over for `e`.
+    fn passed_over(&self, at: usize, e: &LlmError) -> FellBack {
+        let model = match at {
+            0 => &self.inner.endpoint.model,
+            n => &self.inner.fallbacks[n - 1].inner.endpoint.model,
+        };
+        tracing::warn!(model = %model, error = %error_summary(e), "the model failed; trying its next fallback");
+        FellBack {
+            model: model.clone(),
+            error: error_summary(e),
+        }
+    }
+
+    /// [`complete`](Self::complete) of this model alone.
+    async fn complete_alone(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         let limits = self.inner.endpoint.limits;
         let deadline = self.deadline();
         let response = tokio::time::timeout(deadline, self.complete_within(req))
@@ -265,6 +341,44 @@ impl ChatClient {
     /// a failure ends the call. The endpoint's timeout bounds the wait for
     /// the response headers and then each wait for the next chunk.
     pub async fn complete_streaming(
+        &self,
+        req: &Conversation,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<ChatResponse, LlmError> {
+        // A fallback takes over only while nothing of a reply was
+        // forwarded: a reply is never two models' halves.
+        let forwarded = std::sync::atomic::AtomicBool::new(false);
+        let mut forward = |d: StreamDelta| {
+            forwarded.store(true, std::sync::atomic::Ordering::Relaxed);
+            on_delta(d)
+        };
+        let mut fell_back = Vec::new();
+        let mut result = self.complete_streaming_alone(req, &mut forward).await;
+        for (i, next) in self.inner.fallbacks.iter().enumerate() {
+            match &result {
+                Err(e)
+                    if falls_back(e) && !forwarded.load(std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    fell_back.push(self.passed_over(i, e));
+                    result = next
+                        .complete_streaming_alone(req, &mut forward)
+                        .await
+                        .map(|mut r| {
+                            r.served_by = i + 1;
+                            r
+                        });
+                }
+                _ => break,
+            }
+        }
+        result.map(|mut r| {
+            r.fell_back = fell_back;
+            r
+        })
+    }
+
+    /// [`complete_streaming`](Self::complete_streaming) of this model alone.
+    async fn complete_streaming_alone(
         &self,
         req: &Conversation,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
@@ -583,6 +697,12 @@ fn error_chain(e: &reqwest::Error) -> String {
 fn error_summary(error: &LlmError) -> String {
     match error {
         LlmError::Http { status, .. } => format!("HTTP {status}"),
+        LlmError::RetriesExhausted { attempts, last } => {
+            format!("{} after {attempts} attempts", error_summary(last))
+        }
+        LlmError::Transport(_) => "unreachable".to_owned(),
+        LlmError::Timeout => "no answer in time".to_owned(),
+        LlmError::Deadline(_) => "past its deadline".to_owned(),
         other => other.to_string(),
     }
 }
@@ -629,6 +749,51 @@ mod tests {
         }
         assert!(backoff(initial, 40) <= MAX_BACKOFF + MAX_BACKOFF / 10);
         assert!(backoff(Duration::from_secs(u64::MAX / 4), 3) <= MAX_BACKOFF * 2);
+    }
+
+    #[test]
+    fn only_overload_unreachability_and_slowness_fall_back() {
+        let http = |status| LlmError::Http {
+            status,
+            body: String::new(),
+        };
+        for e in [
+            http(429),
+            http(500),
+            http(529),
+            LlmError::Timeout,
+            LlmError::Transport("x".into()),
+            LlmError::Deadline(Duration::from_secs(1)),
+            LlmError::RetriesExhausted {
+                attempts: 3,
+                last: Box::new(http(503)),
+            },
+        ] {
+            assert!(falls_back(&e), "{e}");
+        }
+        for e in [
+            http(400),
+            http(401),
+            http(404),
+            LlmError::Malformed("x".into()),
+            LlmError::TooLarge { limit: 1 },
+            LlmError::TooManyCalls { count: 2, limit: 1 },
+            LlmError::Config("x".into()),
+            LlmError::RetriesExhausted {
+                attempts: 3,
+                last: Box::new(http(400)),
+            },
+        ] {
+            assert!(!falls_back(&e), "{e}");
+        }
+        let summary = error_summary(&LlmError::RetriesExhausted {
+            attempts: 2,
+            last: Box::new(LlmError::Http {
+                status: 529,
+                body: "sk-canary".into(),
+            }),
+        });
+        assert_eq!(summary, "HTTP 529 after 2 attempts");
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Conversation {
     }
 
     /// The messages as they were added, oldest first.
-    pub fn messages(&self) -> impl Iterator<Item = &ChatMessage> {
+    pub fn messages(&self) -> impl Iterator<Item = &ChatMessage> + Clone {
         self.turns.iter().map(Turn::message)
     }
 

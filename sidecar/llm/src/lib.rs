@@ -27,7 +27,7 @@ mod parse;
 mod turn;
 mod types;
 
-pub use client::{ChatClient, LocalModel};
+pub use client::{falls_back, ChatClient, LocalModel};
 
 /// `tools` exactly as `provider`'s requests carry them (`describe --tools`).
 pub fn tools_as_sent(
@@ -44,6 +44,6 @@ pub use conversation::Conversation;
 pub use error::LlmError;
 pub use turn::Turn;
 pub use types::{
-    ChatMessage, ChatRequest, ChatResponse, ModelEndpoint, Reasoning, ReplyLimits, StreamDelta,
-    ToolCall, ToolDefinition, Usage,
+    ChatMessage, ChatRequest, ChatResponse, FellBack, ModelEndpoint, Reasoning, ReplyLimits,
+    StreamDelta, ToolCall, ToolDefinition, Usage,
 };

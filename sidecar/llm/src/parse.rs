@@ -59,7 +59,7 @@ pub(crate) fn parse_completion(body: &str) -> Result<ChatResponse, LlmError> {
             .and_then(Value::as_str)
             .map(str::to_owned),
         usage: parse_usage(value.get("usage")),
-        reasoning: None,
+        ..ChatResponse::default()
     })
 }
 
@@ -335,7 +335,7 @@ impl StreamState {
             tool_calls,
             finish_reason: self.finish_reason,
             usage: self.usage,
-            reasoning: None,
+            ..ChatResponse::default()
         })
     }
 }

@@ -402,6 +402,20 @@ pub struct ChatResponse {
     pub usage: Option<Usage>,
     /// What the model reasoned, to send back with the next request.
     pub reasoning: Option<Reasoning>,
+    /// Which model of the client's chain answered: 0 the agent's own,
+    /// `n` its `n`th fallback.
+    pub served_by: usize,
+    /// The models tried before it and why each was passed over, in order.
+    pub fell_back: Vec<FellBack>,
+}
+
+/// A model passed over for the next of its chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FellBack {
+    /// Its name (`spec.model.name`, or the fallback's).
+    pub model: String,
+    /// Why, without what the endpoint said (`HTTP 529`, `timeout`).
+    pub error: String,
 }
 
 impl ChatResponse {
@@ -482,7 +496,7 @@ mod tests {
             ],
             finish_reason: None,
             usage: None,
-            reasoning: None,
+            ..ChatResponse::default()
         }
         .with_unique_call_ids();
         let ids: Vec<&str> = reply.tool_calls.iter().map(|c| c.id.as_str()).collect();

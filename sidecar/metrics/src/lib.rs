@@ -12,6 +12,7 @@
 //! | `bindery_tool_calls_total` | counter | `tool` (`<unknown>` for a name the agent does not have), `outcome` = `ok`, `error`, `unavailable`, `caller` = `model`, `mcp` (an MCP client's `tools/call` of an exposed tool), `agent` (whose model made the call: a helper's own) |
 //! | `bindery_llm_requests_total` | counter | `outcome` = `ok`, `error` |
 //! | `bindery_model_tokens_total` | counter | `agent` (the session's), `model`, `kind` = `prompt`, `completion` (an estimate where the model reported none) |
+//! | `bindery_model_fallbacks_total` | counter | `agent`, `from` (the model passed over), `to` (the one tried next) |
 //! | `bindery_model_cost_total` | counter | `agent`, `model`, `currency` (by `spec.model.pricing`; models without a price are not counted) |
 //! | `bindery_budget_remaining` | gauge | `agent`, `budget`: what was left after this server's last use against it (a rolling budget's window moves on meanwhile) |
 //! | `bindery_approval_notices_total` | counter | `outcome` = `delivered`, `retried` (an attempt that failed and is tried again), `failed` (for good) |
@@ -212,6 +213,13 @@ struct ModelTokens {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelFallback {
+    agent: String,
+    from: String,
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelCost {
     agent: String,
     model: String,
@@ -251,6 +259,7 @@ pub struct Metrics {
     approval_notices: Family<Outcome, Counter>,
     llm_requests: Family<Outcome, Counter>,
     model_tokens: Family<ModelTokens, Counter>,
+    model_fallbacks: Family<ModelFallback, Counter>,
     model_cost: Family<ModelCost, Counter<f64, std::sync::atomic::AtomicU64>>,
     budget_remaining: Family<BudgetLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     llm_duration: Histogram,
@@ -278,6 +287,7 @@ impl Default for Metrics {
             approval_notices: Family::default(),
             llm_requests: Family::default(),
             model_tokens: Family::default(),
+            model_fallbacks: Family::default(),
             model_cost: Family::default(),
             budget_remaining: Family::default(),
             llm_duration: Histogram::new(DURATION_BUCKETS),
@@ -344,6 +354,11 @@ impl Metrics {
             "bindery_model_tokens",
             "Tokens of model requests, by the session's agent, model and kind (prompt, completion)",
             self.model_tokens.clone(),
+        );
+        r.register(
+            "bindery_model_fallbacks",
+            "Models passed over for their next fallback, by agent, the model and the next",
+            self.model_fallbacks.clone(),
         );
         r.register(
             "bindery_model_cost",
@@ -479,6 +494,18 @@ impl Metrics {
 
     /// A model request of a session of `agent` used these tokens, costing
     /// `cost` in `currency` (`""`: the model has no price).
+    /// Agent `agent`'s model `from` failed and `to`, its next fallback,
+    /// was tried.
+    pub fn model_fallback(&self, agent: &str, from: &str, to: &str) {
+        self.model_fallbacks
+            .get_or_create(&ModelFallback {
+                agent: agent.to_owned(),
+                from: from.to_owned(),
+                to: to.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn model_usage(
         &self,
         agent: &str,

@@ -50,50 +50,83 @@ pub fn build_clients(
     let mut warnings = Vec::new();
     for agent in tree.agents.values() {
         let m = &agent.spec.model;
-        let mut endpoint = match &opts.model {
-            Some(o) => {
-                let name = o.name.clone().unwrap_or_else(|| m.name.clone());
-                let endpoint = ModelEndpoint::new(o.url.clone(), name);
-                match &o.api_key {
-                    Some(k) => endpoint.with_api_key(k.clone()),
-                    None => endpoint,
-                }
-            }
-            None => ModelEndpoint::new(m.url.clone(), m.name.clone()),
-        };
-        endpoint.timeout = opts.timeout;
-        endpoint.max_retries = opts.max_retries;
-        endpoint.limits = opts.limits;
-        // Refused at load (spec::checks) when unknown.
-        endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
-        endpoint.max_tokens = m.max_tokens;
+        let client = model_client(m, &agent.model_key, &agent.name, opts, &mut warnings)
+            .map_err(|source| client_error(opts, agent, source))?;
+        // `--model-url` stands for every model: no fallbacks past it.
+        let mut fallbacks = Vec::new();
         if opts.model.is_none() {
-            // `--model-url` is an OpenAI-compatible server; the agent's
-            // own model is spoken to in its provider's API.
-            endpoint.provider = m.provider;
-            endpoint.thinking_budget = m.thinking.as_ref().map(|t| t.budget_tokens);
-            match &agent.model_key {
-                ModelKey::Absent => {}
-                ModelKey::Key(k) => endpoint = endpoint.with_api_key(k.clone()),
-                ModelKey::NotText => warnings.push(format!(
-                    "agent `{}`: the model's apiKey must be a string; requests go without a key",
-                    agent.name
-                )),
-                ModelKey::Unreadable(e) => warnings.push(format!(
-                    "agent `{}`: no API key for the model ({e}); requests go without a key",
-                    agent.name
-                )),
+            for (i, f) in m.fallbacks.iter().enumerate() {
+                let key = agent.fallback_keys.get(i).unwrap_or(&ModelKey::Absent);
+                let who = format!("{} (model fallback {})", agent.name, i + 1);
+                fallbacks.push(
+                    model_client(&f.as_model(), key, &who, opts, &mut warnings)
+                        .map_err(|source| client_error(opts, agent, source))?,
+                );
             }
         }
-        let client = ChatClient::new(endpoint).map_err(|source| match &opts.model {
-            Some(_) => ClientError::ModelUrl(source),
-            None => ClientError::Agent {
-                file: agent.file.clone(),
-                agent: agent.name.clone(),
-                source,
-            },
-        })?;
+        let client = client.with_fallbacks(fallbacks);
         clients.insert(agent.name.clone(), client);
     }
     Ok((clients, warnings))
+}
+
+/// The client of model `m` (an agent's, or one of its fallbacks), with
+/// `key`; `who` names it in a warning.
+fn model_client(
+    m: &bindery_spec::ModelSpec,
+    key: &ModelKey,
+    who: &str,
+    opts: &ClientOptions,
+    warnings: &mut Vec<String>,
+) -> Result<ChatClient, bindery_llm::LlmError> {
+    let mut endpoint = match &opts.model {
+        Some(o) => {
+            let name = o.name.clone().unwrap_or_else(|| m.name.clone());
+            let endpoint = ModelEndpoint::new(o.url.clone(), name);
+            match &o.api_key {
+                Some(k) => endpoint.with_api_key(k.clone()),
+                None => endpoint,
+            }
+        }
+        None => ModelEndpoint::new(m.url.clone(), m.name.clone()),
+    };
+    endpoint.timeout = opts.timeout;
+    endpoint.max_retries = opts.max_retries;
+    endpoint.limits = opts.limits;
+    // Refused at load (spec::checks) when unknown.
+    endpoint.flavor = bindery_spec::flavor::Flavor::parse(&m.flavor).unwrap_or_default();
+    endpoint.max_tokens = m.max_tokens;
+    if opts.model.is_none() {
+        // `--model-url` is an OpenAI-compatible server; the agent's
+        // own model is spoken to in its provider's API.
+        endpoint.provider = m.provider;
+        endpoint.thinking_budget = m.thinking.as_ref().map(|t| t.budget_tokens);
+        match key {
+            ModelKey::Absent => {}
+            ModelKey::Key(k) => endpoint = endpoint.with_api_key(k.clone()),
+            ModelKey::NotText => warnings.push(format!(
+                "agent `{who}`: the model's apiKey must be a string; requests go without a key"
+            )),
+            ModelKey::Unreadable(e) => warnings.push(format!(
+                "agent `{who}`: no API key for the model ({e}); requests go without a key"
+            )),
+        }
+    }
+    ChatClient::new(endpoint)
+}
+
+/// `source` as the error of `agent`'s model, or of `--model-url`.
+fn client_error(
+    opts: &ClientOptions,
+    agent: &bindery_tree::LoadedAgent,
+    source: bindery_llm::LlmError,
+) -> ClientError {
+    match &opts.model {
+        Some(_) => ClientError::ModelUrl(source),
+        None => ClientError::Agent {
+            file: agent.file.clone(),
+            agent: agent.name.clone(),
+            source,
+        },
+    }
 }

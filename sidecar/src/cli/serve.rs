@@ -624,7 +624,15 @@ pub(super) fn model_keys(
 ) -> Vec<(String, SecretString)> {
     clients
         .iter()
-        .filter_map(|(agent, c)| Some((format!("{agent} model key"), c.api_key()?.clone())))
+        .flat_map(|(agent, c)| {
+            c.api_keys().enumerate().filter_map(move |(i, key)| {
+                let name = match i {
+                    0 => format!("{agent} model key"),
+                    n => format!("{agent} fallback {n} model key"),
+                };
+                Some((name, key?.clone()))
+            })
+        })
         .collect()
 }
 

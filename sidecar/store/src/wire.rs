@@ -83,6 +83,17 @@ session_events! {
     ParamsChanged(ParamsChanged) = "params_changed",
     /// A budget went past 80% of its limit, or reached it.
     Budget(BudgetEvent) = "budget",
+    /// The model failed and its next fallback was asked instead.
+    ModelFallback(ModelFallback) = "model_fallback",
+}
+
+/// `model_fallback`: model `from` failed (`error`, without what its
+/// endpoint said) and `to`, its next fallback, was asked instead.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelFallback {
+    pub from: String,
+    pub to: String,
+    pub error: String,
 }
 
 /// `run_started`: a run began.

@@ -61,13 +61,12 @@ fn two_turns() -> Value {
 async fn ask_overdue(
     agent: &std::path::Path,
     dir: &std::path::Path,
-    stream: bool,
-    key_env: (&str, &str),
+    extra: &[&str],
+    env: &[(&str, &str)],
 ) -> (Sidecar, Api, String, Vec<bindery_tests::sidecar::SseEvent>) {
     let store = sqlite_in(dir);
     std::fs::create_dir_all(dir.join("logs")).unwrap();
-    let extra: &[&str] = if stream { &[] } else { &["--no-stream"] };
-    let (sidecar, api) = serve(agent, &store, extra, &[key_env], dir);
+    let (sidecar, api) = serve(agent, &store, extra, env, dir);
     let created = api
         .call(
             "POST",
@@ -101,8 +100,13 @@ async fn converse(stream: bool) {
     let mock = ProviderMock::start("anthropic", KEY, &two_turns());
     let dir = tempfile::tempdir().unwrap();
     let agent = anthropic_agent(dir.path(), &mock);
-    let (sidecar, api, id, seen) =
-        ask_overdue(&agent, dir.path(), stream, ("ANTHROPIC_API_KEY", KEY)).await;
+    let (sidecar, api, id, seen) = ask_overdue(
+        &agent,
+        dir.path(),
+        stream_flag(stream),
+        &[("ANTHROPIC_API_KEY", KEY)],
+    )
+    .await;
 
     // Three requests (the 429 honoured with its retry-after), each one
     // the SDK's types and Anthropic's rules take, with the key in
@@ -234,8 +238,13 @@ async fn converse_openai(stream: bool) {
     let mock = ProviderMock::start("openai", KEY, &script);
     let dir = tempfile::tempdir().unwrap();
     let agent = openai_agent(dir.path(), &mock);
-    let (sidecar, api, id, _) =
-        ask_overdue(&agent, dir.path(), stream, ("OPENAI_API_KEY", KEY)).await;
+    let (sidecar, api, id, _) = ask_overdue(
+        &agent,
+        dir.path(),
+        stream_flag(stream),
+        &[("OPENAI_API_KEY", KEY)],
+    )
+    .await;
 
     let requests = mock.valid_requests();
     assert_eq!(requests.len(), 3, "{requests:#?}");
@@ -280,4 +289,111 @@ async fn chat_completions_streamed_are_what_the_openai_sdk_takes() {
 #[tokio::test]
 async fn chat_completions_whole_are_what_the_openai_sdk_takes() {
     converse_openai(false).await;
+}
+
+fn stream_flag(stream: bool) -> &'static [&'static str] {
+    if stream {
+        &[]
+    } else {
+        &["--no-stream"]
+    }
+}
+
+/// The model overloaded past its retries: its fallback, another provider
+/// with its own key, answers; the switch is an event and a metric, and
+/// the request is counted and priced as the fallback's.
+#[tokio::test]
+async fn an_overloaded_model_falls_back_to_another_provider() {
+    const FALLBACK_KEY: &str = "sk-fallback-canary-2b7d";
+    let primary = ProviderMock::start(
+        "anthropic",
+        KEY,
+        &json!([{"status": 529}, {"status": 529}, {"status": 529}, {"status": 529}]),
+    );
+    let fallback = ProviderMock::start(
+        "openai",
+        FALLBACK_KEY,
+        &json!([
+            {"calls": [{"id": "call_01", "name": TOOL, "input": {"status": "overdue"}}],
+             "usage": {"input": 100, "output": 10}},
+            {"text": "INV-1002 is overdue.", "usage": {"input": 200, "output": 20}}
+        ]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agent = anthropic_agent(dir.path(), &primary);
+    let text = std::fs::read_to_string(&agent).unwrap().replace(
+        "    pricing: {inputPerMillion: 3,",
+        &format!(
+            "    fallbacks:
+      - {{url: \"{}\", name: gpt-test, apiKey: {{env: OPENAI_API_KEY}},
+         pricing: {{inputPerMillion: 1, outputPerMillion: 2}}}}
+    pricing: {{inputPerMillion: 3,",
+            fallback.url()
+        ),
+    );
+    std::fs::write(&agent, text).unwrap();
+    let (sidecar, api, id, seen) = ask_overdue(
+        &agent,
+        dir.path(),
+        &["--llm-retries", "1"],
+        &[("ANTHROPIC_API_KEY", KEY), ("OPENAI_API_KEY", FALLBACK_KEY)],
+    )
+    .await;
+
+    // Each model request asked the primary (and its one retry), then the
+    // fallback, with its own key.
+    assert_eq!(primary.valid_requests().len(), 4);
+    let asked = fallback.valid_requests();
+    assert_eq!(asked.len(), 2);
+    assert!(asked.iter().all(|r| r["key_ok"] == true));
+    // The fallback is chat completions: no thinking, no Anthropic fields.
+    assert!(asked[0]["body"].get("thinking").is_none());
+    let switches: Vec<Value> = seen
+        .iter()
+        .filter(|e| e.event == "model_fallback")
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect();
+    assert_eq!(switches.len(), 2, "{seen:?}");
+    assert_eq!(
+        switches[0],
+        json!({"from": "claude-test", "to": "gpt-test", "error": "HTTP 529 after 2 attempts"})
+    );
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+
+    // Counted as the fallback's, at its prices.
+    let usage = api
+        .call("GET", "/v1/usage?group_by=model", Some(OWNER), None)
+        .await;
+    assert_eq!(usage.status, 200, "{}", usage.text);
+    let rows = usage.json["rows"].as_array().unwrap();
+    let row = |model: &str| rows.iter().find(|r| r["key"] == model).cloned();
+    let served = row("gpt-test").expect("a row of the fallback's");
+    assert_eq!(served["model_requests"], 2, "{rows:?}");
+    assert_eq!(served["prompt_tokens"], 300);
+    // The primary answered nothing: no request of its is counted (its
+    // row, if any, holds the run's tool call alone).
+    if let Some(primary) = row("claude-test") {
+        assert_eq!(primary["model_requests"], 0, "{rows:?}");
+        assert_eq!(primary["prompt_tokens"], 0, "{rows:?}");
+    }
+    let cost = served["cost"].as_f64().unwrap();
+    assert!(
+        (cost - (300.0 * 1.0 + 30.0 * 2.0) / 1e6).abs() < 1e-12,
+        "{cost}"
+    );
+    let metrics = api.call("GET", "/metrics", None, None).await.text;
+    assert_eq!(
+        sample(
+            &metrics,
+            "bindery_model_fallbacks_total{agent=\"invoices\",from=\"claude-test\",to=\"gpt-test\"}"
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    let logs = sidecar.logs();
+    assert!(!logs.contains(KEY) && !logs.contains(FALLBACK_KEY));
 }

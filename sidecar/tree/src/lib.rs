@@ -70,6 +70,8 @@ pub struct LoadedAgent {
     pub helpers: Vec<Helper>,
     /// The key its file names for its model, read as it loaded.
     pub model_key: ModelKey,
+    /// Each model fallback's key, in the fallbacks' order.
+    pub fallback_keys: Vec<ModelKey>,
     /// What must live as long as the agent (its MCP servers).
     _keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -88,7 +90,25 @@ pub enum ModelKey {
 
 impl ModelKey {
     fn read(p: &Pending, opts: &LoadOptions) -> ModelKey {
-        let Some(src) = p.spec.model.api_key.as_ref() else {
+        Self::read_source(p.spec.model.api_key.as_ref(), p, opts)
+    }
+
+    /// The keys of `p`'s model fallbacks, in order.
+    fn read_fallbacks(p: &Pending, opts: &LoadOptions) -> Vec<ModelKey> {
+        p.spec
+            .model
+            .fallbacks
+            .iter()
+            .map(|f| Self::read_source(f.api_key.as_ref(), p, opts))
+            .collect()
+    }
+
+    fn read_source(
+        src: Option<&bindery_spec::ValueSource>,
+        p: &Pending,
+        opts: &LoadOptions,
+    ) -> ModelKey {
+        let Some(src) = src else {
             return ModelKey::Absent;
         };
         match bindery_params::sources::read_source(src, &p.base, &opts.api_keys) {
@@ -262,7 +282,11 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
             .await;
     for (mut agent, mut d) in loaded {
         diags.append(&mut d);
-        agent.model_key = keys.remove(&agent.name).unwrap_or(ModelKey::Absent);
+        let (key, fallbacks) = keys
+            .remove(&agent.name)
+            .unwrap_or((ModelKey::Absent, Vec::new()));
+        agent.model_key = key;
+        agent.fallback_keys = fallbacks;
         agents.insert(agent.name.clone(), Arc::new(agent));
     }
     check_helpers(&agents, &mut diags);
@@ -356,10 +380,13 @@ pub async fn load_document(
         spec: agent.spec,
         helpers: Vec::new(),
     };
-    let key = ModelKey::read(&pending, opts);
-    let named: Vec<_> = key.named(&pending.name).into_iter().collect();
+    let mut keys = model_keys([&pending], opts);
+    let named = named_keys(&keys);
     let (mut loaded, mut d) = load_agent(&pending, opts, &named).await;
-    loaded.model_key = key;
+    if let Some((key, fallbacks)) = keys.remove(&pending.name) {
+        loaded.model_key = key;
+        loaded.fallback_keys = fallbacks;
+    }
     diags.append(&mut d);
     if diags.iter().any(|d| d.level == Level::Error) {
         return Err(LoadError { diagnostics: diags });
@@ -559,17 +586,30 @@ impl Reader {
 fn model_keys<'p>(
     pending: impl IntoIterator<Item = &'p Pending>,
     opts: &LoadOptions,
-) -> BTreeMap<String, ModelKey> {
+) -> BTreeMap<String, (ModelKey, Vec<ModelKey>)> {
     pending
         .into_iter()
-        .map(|p| (p.name.clone(), ModelKey::read(p, opts)))
+        .map(|p| {
+            (
+                p.name.clone(),
+                (ModelKey::read(p, opts), ModelKey::read_fallbacks(p, opts)),
+            )
+        })
         .collect()
 }
 
-/// The keys of `keys`, each named as a scrubber shows it.
-fn named_keys(keys: &BTreeMap<String, ModelKey>) -> Vec<(String, SecretString)> {
+/// The keys of `keys` (each model's and its fallbacks'), each named as a
+/// scrubber shows it.
+fn named_keys(keys: &BTreeMap<String, (ModelKey, Vec<ModelKey>)>) -> Vec<(String, SecretString)> {
     keys.iter()
-        .filter_map(|(agent, k)| k.named(agent))
+        .flat_map(|(agent, (key, fallbacks))| {
+            key.named(agent).into_iter().chain(
+                fallbacks
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(i, k)| k.named(&format!("{agent} fallback {}", i + 1))),
+            )
+        })
         .collect()
 }
 
@@ -708,6 +748,7 @@ async fn load_agent(
         tools,
         helpers: p.helpers.clone(),
         model_key: ModelKey::Absent,
+        fallback_keys: Vec::new(),
         _keep: keep,
     };
     (agent, diags)

@@ -93,7 +93,7 @@ fn completion(body: &str) -> Result<ChatResponse, LlmError> {
         tool_calls,
         finish_reason: choice["finish_reason"].as_str().map(str::to_string),
         usage: serde_json::from_value(v["usage"].clone()).ok(),
-        reasoning: None,
+        ..Default::default()
     })
 }
 

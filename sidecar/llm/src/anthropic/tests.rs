@@ -100,13 +100,20 @@ fn thinking_is_asked_for_and_its_blocks_go_back_first_in_their_turn() {
     assert_eq!(body["messages"][1]["content"][0], thought);
     assert_eq!(body["messages"][1]["content"][1]["type"], "tool_use");
 
-    // Another provider's reasoning is not sent.
+    // Another provider's reasoning is not sent; and a turn of calls made
+    // without Anthropic's thinking (a fallback's) goes on without asking
+    // for thinking, which Anthropic would require the turn to begin with.
     let mut other = history.clone();
     if let ChatMessage::Assistant { reasoning, .. } = &mut other[1] {
         reasoning.as_mut().unwrap().provider = "gemini".into();
     }
     let body = encoded(&other, &[], &e);
     assert_eq!(body["messages"][1]["content"][0]["type"], "tool_use");
+    assert!(body.get("thinking").is_none(), "{body}");
+    // Once that turn is answered, thinking is asked for again.
+    other.push(ChatMessage::assistant("done"));
+    other.push(ChatMessage::user("and now?"));
+    assert_eq!(encoded(&other, &[], &e)["thinking"]["budget_tokens"], 2048);
 }
 
 #[test]

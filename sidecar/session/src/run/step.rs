@@ -155,7 +155,16 @@ pub(super) async fn run_inner(
                     estimated: true,
                 }),
             };
-            host.after_model(claim, model, spent).await;
+            // A fallback's answer is counted and priced as that model's.
+            let fallback = match &response {
+                Some(Ok(r)) if r.served_by > 0 => model
+                    .fallbacks
+                    .get(r.served_by - 1)
+                    .map(bindery_spec::FallbackModel::as_model),
+                _ => None,
+            };
+            host.after_model(claim, fallback.as_ref().unwrap_or(model), spent)
+                .await;
             let response = match response {
                 None => return RunEnd::Cancelled,
                 Some(Ok(r)) => r.with_unique_call_ids(),
@@ -170,6 +179,23 @@ pub(super) async fn run_inner(
             let message = Turn::new(response.to_message());
             history.push(message.clone());
             let mut events = Events::new();
+            for (i, passed) in response.fell_back.iter().enumerate() {
+                let to = match response.fell_back.get(i + 1) {
+                    Some(next) => next.model.clone(),
+                    None => fallback
+                        .as_ref()
+                        .map_or_else(|| model.name.clone(), |f| f.name.clone()),
+                };
+                ctx.metrics
+                    .model_fallback(&ctx.agent.name, &passed.model, &to);
+                events.push(SessionEvent::ModelFallback(
+                    bindery_store::wire::ModelFallback {
+                        from: passed.model.clone(),
+                        to,
+                        error: passed.error.clone(),
+                    },
+                ));
+            }
             if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                 events.push(SessionEvent::Message(AssistantText::new(text)));
             }

@@ -76,7 +76,7 @@ impl LocalModel for Scripted {
                     tool_calls: Vec::new(),
                     finish_reason: Some("stop".into()),
                     usage: None,
-                    reasoning: None,
+                    ..Default::default()
                 }),
                 Some(Reply::Calls(calls)) => Ok(ChatResponse {
                     content: None,
@@ -94,7 +94,7 @@ impl LocalModel for Scripted {
                         .collect(),
                     finish_reason: Some("tool_calls".into()),
                     usage: None,
-                    reasoning: None,
+                    ..Default::default()
                 }),
             }
         })
