@@ -214,32 +214,7 @@ pub struct Turns {
     /// The conversation, oldest first. What the model reasoned before a
     /// reply (kept to send back to its provider) is not shown.
     #[schema(value_type = Vec<ChatMessage>)]
-    #[serde(serialize_with = "without_reasoning")]
     pub turns: Vec<Turn>,
-}
-
-/// The turns as shown: each as stored, but an assistant turn's reasoning
-/// (the provider's thinking blocks) left out.
-fn without_reasoning<S: serde::Serializer>(turns: &[Turn], s: S) -> Result<S::Ok, S::Error> {
-    struct Shown<'a>(&'a Turn);
-    impl Serialize for Shown<'_> {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            match self.0.message() {
-                ChatMessage::Assistant {
-                    content,
-                    tool_calls,
-                    reasoning: Some(_),
-                } => ChatMessage::Assistant {
-                    content: content.clone(),
-                    tool_calls: tool_calls.clone(),
-                    reasoning: None,
-                }
-                .serialize(s),
-                _ => self.0.serialize(s),
-            }
-        }
-    }
-    s.collect_seq(turns.iter().map(Shown))
 }
 
 #[derive(Serialize, ToSchema)]

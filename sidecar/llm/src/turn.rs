@@ -27,6 +27,9 @@ struct Encoded {
     message: ChatMessage,
     /// `serde_json`'s encoding of `message`: what encoding it anew gives.
     json: Box<RawValue>,
+    /// Its encoding without the provider's reasoning, when it has some:
+    /// what every reader but the store and the provider gets.
+    shown: Option<Box<RawValue>>,
 }
 
 impl Turn {
@@ -36,7 +39,26 @@ impl Turn {
         // fail (serde_json fails only on maps with non-string keys and on
         // a Serialize impl's own error; it has neither).
         let json = serde_json::value::to_raw_value(&message).expect("a chat message encodes");
-        Turn(Arc::new(Encoded { message, json }))
+        let shown = match &message {
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+                reasoning: Some(_),
+            } => Some(
+                serde_json::value::to_raw_value(&ChatMessage::Assistant {
+                    content: content.clone(),
+                    tool_calls: tool_calls.clone(),
+                    reasoning: None,
+                })
+                .expect("a chat message encodes"),
+            ),
+            _ => None,
+        };
+        Turn(Arc::new(Encoded {
+            message,
+            json,
+            shown,
+        }))
     }
 
     /// The turn stored as `text`: decoded, then encoded as this version
@@ -52,7 +74,8 @@ impl Turn {
         &self.0.message
     }
 
-    /// Its JSON text.
+    /// Its JSON text, whole: what the store keeps (the provider's
+    /// reasoning included, to send back to it).
     pub fn json(&self) -> &str {
         self.0.json.get()
     }
@@ -98,11 +121,17 @@ impl fmt::Debug for Turn {
     }
 }
 
-/// Its JSON text, as it is: through `serde_json` (the views, the stores)
-/// that is the message's encoding, spliced without encoding it again.
+/// Its JSON text as shown, spliced without encoding it again: through
+/// `serde_json` (the views, a tool's `AGENT_SESSION_JSON`, `read-session`)
+/// the message's encoding without the provider's reasoning, which only
+/// the store ([`Turn::json`]) and the provider see.
 impl Serialize for Turn {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.json.serialize(serializer)
+        self.0
+            .shown
+            .as_ref()
+            .unwrap_or(&self.0.json)
+            .serialize(serializer)
     }
 }
 
@@ -166,6 +195,24 @@ mod tests {
         let back: Turn = serde_json::from_str(turn.json()).unwrap();
         assert_eq!(back, turn);
         assert!(Turn::from_json(r#"{"role": "wizard"}"#).is_err());
+    }
+
+    /// The provider's reasoning is in the stored text, never in what is
+    /// shown, and reads back from the store.
+    #[test]
+    fn reasoning_is_stored_and_never_shown() {
+        let turn = Turn::new(ChatMessage::Assistant {
+            content: Some("answer".into()),
+            tool_calls: Vec::new(),
+            reasoning: Some(crate::Reasoning {
+                provider: "anthropic".into(),
+                blocks: vec![serde_json::json!({"type": "thinking", "thinking": "secret plan"})],
+            }),
+        });
+        assert!(turn.json().contains("secret plan"));
+        let shown = serde_json::to_string(&[&turn]).unwrap();
+        assert_eq!(shown, r#"[{"role":"assistant","content":"answer"}]"#);
+        assert_eq!(Turn::from_json(turn.json()).unwrap(), turn);
     }
 
     /// A copy is the same turn, not a new encoding.

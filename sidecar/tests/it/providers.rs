@@ -397,3 +397,48 @@ async fn an_overloaded_model_falls_back_to_another_provider() {
     let logs = sidecar.logs();
     assert!(!logs.contains(KEY) && !logs.contains(FALLBACK_KEY));
 }
+
+/// The model's thinking goes back to Anthropic only: a tool reading the
+/// session (`read-session`) sees the turns without it, and so does the
+/// model the tool's result is sent to, the session view and the events.
+#[tokio::test]
+async fn thinking_never_reaches_a_tool_that_reads_the_session() {
+    const THOUGHT: &str = "SECRET-THOUGHT-9c1e";
+    let mock = ProviderMock::start(
+        "anthropic",
+        KEY,
+        &json!([
+            {"thinking": THOUGHT,
+             "calls": [{"id": "toolu_01", "name": "io_session", "input": {"capability": "read-session"}}]},
+            {"text": "read."}
+        ]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agent = anthropic_agent(dir.path(), &mock);
+    let mut text = std::fs::read_to_string(&agent).unwrap();
+    text.push_str("    - builtin: {name: session, capabilities: [read-session]}\n");
+    std::fs::write(&agent, text).unwrap();
+    let (_sidecar, api, id, seen) =
+        ask_overdue(&agent, dir.path(), &[], &[("ANTHROPIC_API_KEY", KEY)]).await;
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    let messages = requests[1]["body"]["messages"].as_array().unwrap();
+    // Sent back as Anthropic requires, first in its turn...
+    assert_eq!(messages[1]["content"][0]["thinking"], THOUGHT);
+    // ...and nowhere in what the tool read.
+    let result = messages[2]["content"][0]["content"].to_string();
+    assert!(
+        result.contains("read-session") || result.contains("turns"),
+        "{result}"
+    );
+    assert!(
+        !result.contains(THOUGHT) && !result.contains("signature"),
+        "{result}"
+    );
+    let view = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    assert!(!view.text.contains(THOUGHT), "{}", view.text);
+    let events: String = seen.iter().map(|e| e.data.clone()).collect();
+    assert!(!events.contains(THOUGHT), "{events}");
+}
