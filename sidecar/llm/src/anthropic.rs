@@ -404,6 +404,9 @@ pub(crate) struct Stream {
     reply: Reply,
     /// The block open at each index: its JSON so far and, for a
     /// `tool_use`, the partial input and its position among the calls.
+    /// Blocks start at the next index only (Anthropic numbers them in
+    /// order), so it grows by one per block the reply's bytes paid for,
+    /// never to an index the model names.
     open: Vec<Option<Open>>,
     usage: Usage,
     saw_usage: bool,
@@ -448,6 +451,15 @@ impl Stream {
             }
             Some("content_block_start") => {
                 let i = index.ok_or_else(|| malformed("a block starts without an index", data))?;
+                if i != self.open.len() {
+                    return Err(malformed(
+                        &format!(
+                            "a block starts at index {i}, where the next is {}",
+                            self.open.len()
+                        ),
+                        data,
+                    ));
+                }
                 let block = event["content_block"].clone();
                 let mut call = None;
                 if block["type"] == "tool_use" {
@@ -466,14 +478,11 @@ impl Stream {
                     });
                     call = Some(at);
                 }
-                if self.open.len() <= i {
-                    self.open.resize_with(i + 1, || None);
-                }
-                self.open[i] = Some(Open {
+                self.open.push(Some(Open {
                     block,
                     partial: String::new(),
                     call,
-                });
+                }));
             }
             Some("content_block_delta") => {
                 let open = index

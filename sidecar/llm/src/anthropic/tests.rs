@@ -303,3 +303,26 @@ fn a_stream_error_or_a_cut_is_an_error() {
         )
         .is_err());
 }
+
+/// A block's index is the next one or the reply does not read: an index
+/// the model names never sizes anything (review 68: 300 bytes asked for
+/// gigabytes, or overflowed).
+#[test]
+fn a_block_starting_anywhere_but_at_the_next_index_is_refused() {
+    for index in ["1", "2000000", "1099511627776", "18446744073709551615"] {
+        let mut s = Stream::default();
+        s.handle_event(&stream_events()[0].to_string(), &mut |_| {})
+            .unwrap();
+        let start = format!(
+            r#"{{"type":"content_block_start","index":{index},"content_block":{{"type":"text","text":""}}}}"#
+        );
+        let err = s.handle_event(&start, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("where the next is 0"), "{index}: {err}");
+    }
+    // Starting an open index again is refused too.
+    let mut s = Stream::default();
+    let start =
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#;
+    s.handle_event(start, &mut |_| {}).unwrap();
+    assert!(s.handle_event(start, &mut |_| {}).is_err());
+}
