@@ -321,12 +321,24 @@ pub fn check(
         }
     }
     if let Some(p) = pricing {
-        let bad = |x: f64| !x.is_finite() || x < 0.0;
-        if bad(p.input_per_million) || bad(p.output_per_million) {
-            diags.push(Diagnostic::error(format!(
-                "{here}, model pricing: prices are numbers of at least 0"
-            )));
-        }
+        check_pricing(p, &format!("{here}, model pricing"), diags);
+    }
+}
+
+/// Every price of `p` is a finite number of at least 0: a negative one
+/// (a cache price too) would make use earn budget back.
+pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
+    let bad = |x: f64| !x.is_finite() || x < 0.0;
+    let prices = [
+        Some(p.input_per_million),
+        Some(p.output_per_million),
+        p.cache_read_per_million,
+        p.cache_write_per_million,
+    ];
+    if prices.into_iter().flatten().any(bad) {
+        diags.push(Diagnostic::error(format!(
+            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion) are numbers of at least 0"
+        )));
     }
 }
 
@@ -433,6 +445,43 @@ mod tests {
         assert!((plain.cost_cached(1000, 0, 600, 100) - plain.cost(1000, 0)).abs() < 1e-12);
         assert!(p.cost_cached(10, 0, 50, 50).is_finite());
         assert!((p.cost_cached(10, 0, 50, 50) - 10.0 * 0.3 / 1e6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn every_price_a_cache_price_too_is_at_least_zero() {
+        let base = Pricing {
+            input_per_million: 1.0,
+            output_per_million: 1.0,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
+            currency: "USD".into(),
+        };
+        let said = |p: Pricing| {
+            let mut d = Vec::new();
+            check_pricing(&p, "here", &mut d);
+            d.len()
+        };
+        assert_eq!(said(base.clone()), 0);
+        for p in [
+            Pricing {
+                cache_read_per_million: Some(-100.0),
+                ..base.clone()
+            },
+            Pricing {
+                cache_write_per_million: Some(-1e308),
+                ..base.clone()
+            },
+            Pricing {
+                cache_read_per_million: Some(f64::NAN),
+                ..base.clone()
+            },
+            Pricing {
+                input_per_million: -1.0,
+                ..base.clone()
+            },
+        ] {
+            assert_eq!(said(p), 1);
+        }
     }
 
     #[test]

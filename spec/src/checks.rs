@@ -237,11 +237,11 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
     }
     model_checks(&spec.model, here, &mut diags);
     for (i, f) in spec.model.fallbacks.iter().enumerate() {
-        model_checks(
-            &f.as_model(),
-            &format!("{here}, model fallback {}", i + 1),
-            &mut diags,
-        );
+        let place = format!("{here}, model fallback {}", i + 1);
+        model_checks(&f.as_model(), &place, &mut diags);
+        if let Some(p) = &f.pricing {
+            super::budget::check_pricing(p, &format!("{place} pricing"), &mut diags);
+        }
         if f.pricing.is_none()
             && spec.model.pricing.is_some()
             && spec.budgets.iter().any(|b| b.cost.is_some())
