@@ -316,9 +316,11 @@ fn usage(value: &Value, into: &mut Usage) {
 
 /// The usage as Bindery counts it: prompt tokens all of them.
 fn total(mut u: Usage) -> Usage {
-    u.prompt_tokens += u.cache_read_tokens + u.cache_write_tokens;
-    u.total_tokens = u.prompt_tokens + u.completion_tokens;
-    u
+    u.prompt_tokens = u
+        .prompt_tokens
+        .saturating_add(u.cache_read_tokens)
+        .saturating_add(u.cache_write_tokens);
+    u.bounded()
 }
 
 /// A whole (not streamed) reply.

@@ -122,7 +122,7 @@ fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
         .unwrap_or(0)
         .min(parsed.prompt_tokens);
     parsed.cache_write_tokens = 0;
-    Some(parsed)
+    Some(parsed.bounded())
 }
 
 /// The deltas a non-streamed reply amounts to, for a streaming caller whose

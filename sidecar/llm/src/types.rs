@@ -374,7 +374,7 @@ pub struct Usage {
     /// Tokens in the reply.
     #[serde(default)]
     pub completion_tokens: u64,
-    /// Their sum, as the endpoint counted it.
+    /// Their sum.
     #[serde(default)]
     pub total_tokens: u64,
     /// Of `prompt_tokens`, those read from the provider's prompt cache.
@@ -387,6 +387,30 @@ pub struct Usage {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+impl Usage {
+    /// The most tokens one request is taken to report in any count: far
+    /// past any model's window, and sums of many stay exact integers in
+    /// the stores (a model's 2^63 would overflow a sum, or turn a SQLite
+    /// column's sum into a REAL no report reads).
+    pub const MAX_REPORTED: u64 = 1 << 32;
+
+    /// The counts as reported, each cut to [`Usage::MAX_REPORTED`], the
+    /// cache's within the prompt's, the total their sum.
+    pub fn bounded(self) -> Usage {
+        let cut = |n: u64| n.min(Self::MAX_REPORTED);
+        let prompt_tokens = cut(self.prompt_tokens);
+        let completion_tokens = cut(self.completion_tokens);
+        let cache_read_tokens = cut(self.cache_read_tokens).min(prompt_tokens);
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            cache_read_tokens,
+            cache_write_tokens: cut(self.cache_write_tokens).min(prompt_tokens - cache_read_tokens),
+        }
+    }
 }
 
 /// The model's reply.

@@ -326,3 +326,31 @@ fn a_block_starting_anywhere_but_at_the_next_index_is_refused() {
     s.handle_event(start, &mut |_| {}).unwrap();
     assert!(s.handle_event(start, &mut |_| {}).is_err());
 }
+
+/// Counts a model could not have used never overflow, nor reach a store
+/// as more than [`Usage::MAX_REPORTED`] (review 68: u64::MAX panicked, and
+/// 2^63 sums turned a SQLite report column into a REAL).
+#[test]
+fn absurd_usage_counts_are_cut_not_summed_past_their_type() {
+    let huge = u64::MAX;
+    let reply = json!({
+        "content": [{"type": "text", "text": "x"}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": huge, "output_tokens": huge,
+                  "cache_read_input_tokens": huge, "cache_creation_input_tokens": huge}
+    });
+    let u = parse(&reply.to_string()).unwrap().usage.unwrap();
+    assert_eq!(u.prompt_tokens, Usage::MAX_REPORTED);
+    assert_eq!(u.completion_tokens, Usage::MAX_REPORTED);
+    assert_eq!(u.total_tokens, 2 * Usage::MAX_REPORTED);
+    assert!(u.cache_read_tokens + u.cache_write_tokens <= u.prompt_tokens);
+    let mut s = Stream::default();
+    let start = json!({"type": "message_start", "message": {"usage": {
+        "input_tokens": huge, "cache_read_input_tokens": huge, "output_tokens": 1}}});
+    for e in [start, json!({"type": "message_stop"})] {
+        s.handle_event(&e.to_string(), &mut |_| {}).unwrap();
+    }
+    assert_eq!(
+        s.finish().unwrap().usage.unwrap().prompt_tokens,
+        Usage::MAX_REPORTED
+    );
+}
