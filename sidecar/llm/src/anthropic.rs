@@ -463,6 +463,9 @@ impl Stream {
                     ));
                 }
                 let block = event["content_block"].clone();
+                if !block.is_object() {
+                    return Err(malformed("a block that is not an object", data));
+                }
                 let mut call = None;
                 if block["type"] == "tool_use" {
                     let at = self.reply.calls.len();
@@ -493,6 +496,20 @@ impl Stream {
                     .ok_or_else(|| malformed("a delta for a block that is not open", data))?;
                 let delta = &event["delta"];
                 let piece = |k: &str| delta[k].as_str().unwrap_or_default();
+                // Each delta adds to a block of its own kind only.
+                let kind = delta["type"].as_str().unwrap_or_default();
+                let fits = match kind {
+                    "text_delta" => open.block["type"] == "text",
+                    "input_json_delta" => open.call.is_some(),
+                    "thinking_delta" | "signature_delta" => open.block["type"] == "thinking",
+                    _ => true,
+                };
+                if !fits {
+                    return Err(malformed(
+                        &format!("a {kind} for a {} block", open.block["type"]),
+                        data,
+                    ));
+                }
                 match delta["type"].as_str() {
                     Some("text_delta") => {
                         let text = piece("text");
@@ -575,14 +592,29 @@ impl Stream {
                 "the stream ended before `message_stop`".to_owned(),
             ));
         }
+        if let Some(at) = self.open.iter().position(Option::is_some) {
+            return Err(LlmError::Malformed(format!(
+                "the stream ended with block {at} never stopped"
+            )));
+        }
         self.reply.usage = self.saw_usage.then_some(self.usage);
         Ok(self.reply.finish())
     }
 }
 
+/// `piece` added to the text at `key` of an object `block`, in place: a
+/// long block streamed in many pieces is copied once per growth of its
+/// buffer, not once per piece (review 68: 13 s for an 8 MB thinking block).
 fn append(block: &mut Value, key: &str, piece: &str) {
-    let now = block[key].as_str().unwrap_or_default().to_owned() + piece;
-    block[key] = json!(now);
+    let Value::Object(fields) = block else {
+        return;
+    };
+    match fields.get_mut(key) {
+        Some(Value::String(text)) => text.push_str(piece),
+        _ => {
+            fields.insert(key.to_owned(), Value::String(piece.to_owned()));
+        }
+    }
 }
 
 fn malformed(what: &str, data: &str) -> LlmError {

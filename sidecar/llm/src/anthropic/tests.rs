@@ -354,3 +354,68 @@ fn absurd_usage_counts_are_cut_not_summed_past_their_type() {
         Usage::MAX_REPORTED
     );
 }
+
+/// What review 68 found loose in a stream: each is malformed, never kept
+/// half or shown as text.
+#[test]
+fn deltas_of_another_kind_blocks_never_stopped_and_odd_blocks_are_refused() {
+    let run = |events: &[Value]| -> Result<ChatResponse, LlmError> {
+        let mut s = Stream::default();
+        for e in events {
+            s.handle_event(&e.to_string(), &mut |_| {})?;
+        }
+        s.finish()
+    };
+    let start = |i: usize, block: Value| json!({"type": "content_block_start", "index": i, "content_block": block});
+    let delta = |i: usize, d: Value| json!({"type": "content_block_delta", "index": i, "delta": d});
+    let stop = json!({"type": "message_stop"});
+    let thinking = json!({"type": "thinking", "thinking": "", "signature": ""});
+    // Text streamed into a thinking block.
+    let err = run(&[
+        start(0, thinking.clone()),
+        delta(0, json!({"type": "text_delta", "text": "LIVE"})),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("a text_delta for a \"thinking\" block"),
+        "{err}"
+    );
+    // Arguments for a text block.
+    assert!(run(&[
+        start(0, json!({"type": "text", "text": ""})),
+        delta(0, json!({"type": "input_json_delta", "partial_json": "{}"}))
+    ])
+    .is_err());
+    // A tool call, or a block of a type Bindery does not take, never stopped.
+    for block in [
+        json!({"type": "tool_use", "id": "t", "name": "n", "input": {}}),
+        json!({"type": "server_tool_use", "id": "s", "name": "web_search"}),
+    ] {
+        let err = run(&[start(0, block), stop.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("block 0 never stopped"), "{err}");
+    }
+    // A block that is not an object.
+    assert!(run(&[start(0, json!(["text"]))]).is_err());
+    // Thinking streamed in many pieces is whole, in order.
+    let mut events = vec![start(0, thinking)];
+    events.extend((0..1000).map(|i| {
+        delta(
+            0,
+            json!({"type": "thinking_delta", "thinking": format!("{i},")}),
+        )
+    }));
+    events.push(json!({"type": "content_block_stop", "index": 0}));
+    events.push(stop);
+    let r = run(&events).unwrap();
+    let text = r.reasoning.unwrap().blocks[0]["thinking"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.starts_with("0,1,2,") && text.ends_with("998,999,"),
+        "{text}"
+    );
+}
