@@ -128,8 +128,8 @@ fn valid_name(name: &str) -> bool {
 
 /// A tool call's id as Anthropic takes it: itself when it is letters,
 /// digits, `_` and `-`; otherwise those kept, the others `_`, and a hash
-/// of the whole so that two ids never become one. The same id always maps
-/// the same, in its call and in its result.
+/// of the whole. The same id always maps the same; [`Ids`] makes the
+/// mapped ids of one request distinct.
 pub(crate) fn wire_id(id: &str) -> String {
     if !id.is_empty()
         && id
@@ -153,6 +153,39 @@ pub(crate) fn wire_id(id: &str) -> String {
     format!("{kept}_{:016x}", h.finish())
 }
 
+/// The ids a request gives the calls, each its own across the whole
+/// conversation: [`wire_id`] of the call's, or, when another call has that
+/// one already (an id that maps onto another's mapping, or a model that
+/// reused an id in a later turn), the same with `_2`, `_3`…. A result
+/// answers the call of that id in the turn before it.
+#[derive(Default)]
+struct Ids {
+    used: std::collections::HashSet<String>,
+    turn: std::collections::HashMap<String, String>,
+}
+
+impl Ids {
+    fn next_turn(&mut self) {
+        self.turn.clear();
+    }
+
+    fn of_call(&mut self, id: &str) -> String {
+        let first = wire_id(id);
+        let mut wire = first.clone();
+        let mut n = 1;
+        while !self.used.insert(wire.clone()) {
+            n += 1;
+            wire = format!("{first}_{n}");
+        }
+        self.turn.insert(id.to_owned(), wire.clone());
+        wire
+    }
+
+    fn of_result(&self, id: &str) -> String {
+        self.turn.get(id).cloned().unwrap_or_else(|| wire_id(id))
+    }
+}
+
 /// The system blocks (the last a cache breakpoint) and the messages.
 fn messages<'a>(
     history: impl IntoIterator<Item = &'a ChatMessage>,
@@ -161,6 +194,7 @@ fn messages<'a>(
     let mut out: Vec<Value> = Vec::new();
     // The user turn being gathered: tool results first, then text and media.
     let mut results: Vec<Value> = Vec::new();
+    let mut ids = Ids::default();
     let mut user: Vec<Value> = Vec::new();
     let flush = |out: &mut Vec<Value>, results: &mut Vec<Value>, user: &mut Vec<Value>| {
         if results.is_empty() && user.is_empty() {
@@ -192,7 +226,7 @@ fn messages<'a>(
                 };
                 results.push(json!({
                     "type": "tool_result",
-                    "tool_use_id": wire_id(tool_call_id),
+                    "tool_use_id": ids.of_result(tool_call_id),
                     "content": inner,
                 }));
             }
@@ -202,6 +236,7 @@ fn messages<'a>(
                 reasoning,
             } => {
                 flush(&mut out, &mut results, &mut user);
+                ids.next_turn();
                 let mut turn = Vec::new();
                 if let Some(r) = reasoning.as_ref().filter(|r| r.provider == PROVIDER) {
                     turn.extend(r.blocks.iter().cloned());
@@ -212,7 +247,7 @@ fn messages<'a>(
                 for call in tool_calls {
                     turn.push(json!({
                         "type": "tool_use",
-                        "id": wire_id(&call.id),
+                        "id": ids.of_call(&call.id),
                         "name": call.name,
                         "input": input_of(call),
                     }));

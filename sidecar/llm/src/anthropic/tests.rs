@@ -419,3 +419,50 @@ fn deltas_of_another_kind_blocks_never_stopped_and_odd_blocks_are_refused() {
         "{text}"
     );
 }
+
+/// Two calls never share an id in a request: not an id that maps onto
+/// another call's mapping (review 68), nor one the model reused in a later
+/// turn; each result answers its own call.
+#[test]
+fn calls_keep_distinct_ids_and_results_follow_them() {
+    let mapped = wire_id("a.b");
+    let history = vec![
+        ChatMessage::user("q"),
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![call("a.b", "one", "{}"), call(&mapped, "two", "{}")],
+            reasoning: None,
+        },
+        ChatMessage::tool_result("a.b", "ONE"),
+        ChatMessage::tool_result(&mapped, "TWO"),
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![call("toolu_1", "one", "{}")],
+            reasoning: None,
+        },
+        ChatMessage::tool_result("toolu_1", "first"),
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![call("toolu_1", "one", "{}")],
+            reasoning: None,
+        },
+        ChatMessage::tool_result("toolu_1", "again"),
+    ];
+    let body = encoded(&history, &[], &endpoint());
+    let m = body["messages"].as_array().unwrap();
+    let uses: Vec<&str> = [1, 3, 5]
+        .iter()
+        .flat_map(|&i| m[i]["content"].as_array().unwrap())
+        .map(|b| b["id"].as_str().unwrap())
+        .collect();
+    let distinct: std::collections::BTreeSet<_> = uses.iter().collect();
+    assert_eq!(distinct.len(), uses.len(), "{uses:?}");
+    // Each result names its own call's id.
+    assert_eq!(m[2]["content"][0]["tool_use_id"], uses[0]);
+    assert_eq!(m[2]["content"][1]["tool_use_id"], uses[1]);
+    assert_eq!(m[2]["content"][1]["content"], "TWO");
+    assert_eq!(m[4]["content"][0]["tool_use_id"], uses[2]);
+    assert_eq!(m[6]["content"][0]["tool_use_id"], uses[3]);
+    assert_eq!(uses[2], "toolu_1");
+    assert_eq!(uses[3], "toolu_1_2");
+}
