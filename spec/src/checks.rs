@@ -958,6 +958,20 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
 fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic>) {
     use super::provider::{Provider, MIN_THINKING_BUDGET};
     let provider = model.provider;
+    if model.max_tokens == Some(0) {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model maxTokens is 0: every request would be refused; give at least 1, or leave it out"
+        )));
+    }
+    let flavor = super::flavor::Flavor::parse(&model.flavor).unwrap_or_default();
+    if let (Some(budget), Some(max)) = (flavor.thinking_budget(), model.max_tokens) {
+        if max <= budget {
+            diags.push(Diagnostic::error(format!(
+                "{here}: model flavor `{}` asks for {budget} tokens of thinking, which must be less than maxTokens ({max}); raise maxTokens or remove it",
+                model.flavor
+            )));
+        }
+    }
     if provider != Provider::OpenAi
         && super::flavor::Flavor::parse(&model.flavor).unwrap_or_default() != Default::default()
     {
@@ -1073,6 +1087,11 @@ mod tests {
                 "less than maxTokens (2000)",
             ),
             ("provider: anthropic, flavor: MistralV1", "remove `flavor`"),
+            ("maxTokens: 0", "maxTokens is 0"),
+            (
+                "flavor: claude, maxTokens: 5000",
+                "10000 tokens of thinking, which must be less than maxTokens (5000)",
+            ),
         ] {
             let said = said(model);
             assert!(

@@ -33,6 +33,14 @@ impl Flavor {
         })
     }
 
+    /// The thinking budget the flavour asks for, if any.
+    pub fn thinking_budget(self) -> Option<u32> {
+        match self {
+            Flavor::Claude => Some(10000),
+            _ => None,
+        }
+    }
+
     /// What the flavour adds to a request body's top-level object, as JSON
     /// text to append after its last member (empty: nothing).
     pub fn request_fields(self) -> &'static str {

@@ -22,7 +22,7 @@ pub enum LlmError {
     Timeout,
     /// The reply is not a chat completion.
     #[error(
-        "the model endpoint's reply is not a valid chat completion: {0} (check that the base URL points at an OpenAI-compatible API)"
+        "the model endpoint's reply does not read: {0} (check that the base URL points at the API the model's `provider` names: chat completions, or Anthropic's Messages)"
     )]
     Malformed(String),
     /// The reply passed `--model-max-reply-bytes`: it was cut off there
