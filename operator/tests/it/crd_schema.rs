@@ -1068,7 +1068,7 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 23] = [
+const FREE_FORM: [(&str, &str); 24] = [
     ("Agent", "spec.bindings[].value.literal"),
     // A filter nests (`and`, `or`, `not`): a recursive type has no
     // structural schema; check and the operator read it.
@@ -1083,6 +1083,7 @@ const FREE_FORM: [(&str, &str); 23] = [
     ("Agent", "spec.toolboxes[].postgrest.confirm"),
     ("Agent", "spec.helpers[].with{}.literal"),
     ("Agent", "spec.model.apiKey.value"),
+    ("Agent", "spec.model.fallbacks[].apiKey.value"),
     ("Agent", "spec.parameters[].default.value"),
     ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].builtin.bindings[].value.literal"),

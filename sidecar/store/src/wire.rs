@@ -530,6 +530,15 @@ mod tests {
                 json!({"budget": "daily", "state": "nearly_used", "used": 81.0, "limit": 100.0,
                        "meter": "tool_calls", "per": "24h"}),
             ),
+            (
+                SessionEvent::ModelFallback(ModelFallback {
+                    from: "claude".into(),
+                    to: "gpt".into(),
+                    error: "HTTP 529 after 4 attempts".into(),
+                }),
+                "model_fallback",
+                json!({"from": "claude", "to": "gpt", "error": "HTTP 529 after 4 attempts"}),
+            ),
         ];
         for (event, kind, data) in cases {
             assert_eq!(event.kind(), kind);
@@ -552,7 +561,8 @@ mod tests {
                 "resolved",
                 "run_finished",
                 "params_changed",
-                "budget"
+                "budget",
+                "model_fallback"
             ]
         );
         let mut schemas = Vec::new();

@@ -370,6 +370,7 @@ fn events_route_documents_every_kind() {
         "pending",
         "resolved",
         "budget",
+        "model_fallback",
     ];
     assert_eq!(kinds.len(), expected.len());
     for kind in expected {
