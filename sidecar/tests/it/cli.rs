@@ -320,6 +320,19 @@ fn describe_prints_the_tools_as_each_provider_receives_them() {
         "{}",
         out.stdout
     );
+    // Each fallback too, its URL without credentials.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("a.yaml");
+    std::fs::write(
+        &agent,
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model:\n    provider: anthropic\n    url: https://api.anthropic.com/v1\n    name: claude\n    thinking: {budgetTokens: 2048}\n    fallbacks:\n      - {url: \"https://u:pw-canary@api.openai.com/v1?key=q-canary\", name: gpt, pricing: {inputPerMillion: 2, outputPerMillion: 8}}\n",
+    )
+    .unwrap();
+    let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("  model: claude (anthropic, https://api.anthropic.com/v1)\n    max tokens: 8192\n    thinking: up to 2048 tokens\n"), "{}", out.stdout);
+    assert!(out.stdout.contains("  fallback 1: gpt (openai, https://api.openai.com/v1)\n    prices per million tokens (USD): input 2, output 8"), "{}", out.stdout);
+    assert!(!out.stdout.contains("canary"), "{}", out.stdout);
 }
 
 #[test]

@@ -38,10 +38,18 @@ pub struct ModelReport {
     pub thinking_budget: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pricing: Option<bindery_spec::budget::Pricing>,
+    /// The models tried, in order, when this one fails.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<ModelReport>,
 }
 
 fn model_report(m: &bindery_spec::ModelSpec) -> ModelReport {
     ModelReport {
+        fallbacks: m
+            .fallbacks
+            .iter()
+            .map(|f| model_report(&f.as_model()))
+            .collect(),
         provider: m.provider.name(),
         name: m.name.clone(),
         url: bindery_llm::egress::shown_text(&m.url),
@@ -200,13 +208,10 @@ pub fn tool_view(agent: &LoadedAgent, t: &BoundTool, values: &Values) -> ToolVie
     }
 }
 
-/// `check`'s human-readable report of one agent.
-pub fn render_text(r: &AgentReport) -> String {
-    let mut out = format!("agent {} ({})\n", r.name, r.file);
-    out.push_str(&format!("  relative paths from: {}\n", r.paths_from));
-    let m = &r.model;
+/// A model's lines of `check`'s report, under `title`.
+fn render_model(out: &mut String, title: &str, m: &ModelReport) {
     out.push_str(&format!(
-        "  model: {} ({}, {})\n",
+        "  {title}: {} ({}, {})\n",
         m.name, m.provider, m.url
     ));
     if let Some(n) = m.max_tokens {
@@ -225,6 +230,16 @@ pub fn render_text(r: &AgentReport) -> String {
             per(p.cache_read_per_million),
             per(p.cache_write_per_million)
         ));
+    }
+}
+
+/// `check`'s human-readable report of one agent.
+pub fn render_text(r: &AgentReport) -> String {
+    let mut out = format!("agent {} ({})\n", r.name, r.file);
+    out.push_str(&format!("  relative paths from: {}\n", r.paths_from));
+    render_model(&mut out, "model", &r.model);
+    for (i, f) in r.model.fallbacks.iter().enumerate() {
+        render_model(&mut out, &format!("fallback {}", i + 1), f);
     }
     if r.parameters.is_empty() {
         out.push_str("  parameters: none\n");
