@@ -55,6 +55,8 @@ pub use finish::{close_pending, CANCELLED};
 pub use host::Host;
 pub use resume::{answer_resolved, go_on, NotRun};
 pub use start::Runs;
+#[cfg(test)]
+pub(crate) use step::PANICKED;
 pub use step::{run, tools_on_offer};
 
 /// How far a run goes (`run` on create, messages, resume, continuations).

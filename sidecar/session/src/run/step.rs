@@ -35,14 +35,33 @@ use super::dispatch::act;
 
 /// Run the loop over `history` (which ends with the request that started
 /// the run). New messages go to `history` and to the sink.
+///
+/// A panic inside the loop (a bug, or input no check foresaw) fails the
+/// run like any other failure, so that its session is let go and says
+/// why, instead of staying `running` with no run left to end it.
 pub async fn run(
     ctx: &RunContext<'_>,
     history: &mut Vec<Turn>,
     host: &dyn Host,
     cancel: &CancellationToken,
 ) -> RunEnd {
-    as_run(ctx, run_inner(ctx, history, host, cancel)).await
+    use futures::FutureExt;
+    let work = std::panic::AssertUnwindSafe(run_inner(ctx, history, host, cancel));
+    as_run(ctx, async move {
+        match work.catch_unwind().await {
+            Ok(end) => end,
+            Err(_) => {
+                tracing::error!("the run panicked; it is failed and its session let go");
+                RunEnd::Failed(PANICKED.to_owned())
+            }
+        }
+    })
+    .await
 }
+
+/// What a run that panicked ends with.
+pub(crate) const PANICKED: &str =
+    "the run failed inside Bindery (a bug; the server's log has it): send the message again";
 
 /// `work` as a run of `ctx`: in its `run` span, with the run's secret
 /// values (message-scope ones too) kept out of the logs while it goes on,

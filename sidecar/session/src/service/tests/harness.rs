@@ -37,6 +37,8 @@ pub enum Reply {
     /// Never answers: the request waits until the endpoint's timeout (or
     /// the run is cancelled).
     Hang,
+    /// Panics, as a bug in the run's loop would.
+    Panic,
 }
 
 /// A model that answers from a script, one reply a request, and keeps the
@@ -71,6 +73,7 @@ impl LocalModel for Scripted {
             match reply {
                 None => panic!("the model was asked more than the test scripted"),
                 Some(Reply::Hang) => std::future::pending().await,
+                Some(Reply::Panic) => panic!("a scripted panic (expected by this test)"),
                 Some(Reply::Text(text)) => Ok(ChatResponse {
                     content: Some(text.into()),
                     tool_calls: Vec::new(),

@@ -151,3 +151,24 @@ async fn a_cancel_ends_a_run_that_waits_on_the_model_and_the_session_goes_on() {
     let rec = client.say(&id, "and now?").await;
     assert_eq!(answer(&rec), Some("here now"));
 }
+
+/// A panic in a run (review 68: a hostile model's usage overflowed an
+/// addition) fails that run and lets its session go: the next message runs.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_panics_is_failed_and_its_session_goes_on() {
+    let world = World::new(&[agent("clerk", "")]).await;
+    world.model.then(Reply::Panic).then(Reply::Text("fine now"));
+    let server = world.server(ServiceConfig::default()).await;
+    let client = Client(&server);
+    let id = client.open("clerk", no_params()).await;
+
+    let rec = client.say(&id, "first").await;
+    assert_eq!(rec.status, SessionStatus::Failed);
+    assert_eq!(
+        rec.status_detail.as_deref(),
+        Some(crate::run::PANICKED),
+        "{rec:?}"
+    );
+    let rec = client.say(&id, "again").await;
+    assert_eq!(answer(&rec), Some("fine now"));
+}
