@@ -877,6 +877,14 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
     if spec.model.api_key.is_some() {
         out.push("model `apiKey`: a stored agent uses no key of its own (one written in would be kept in clear, one of the server's would go to a URL the client chose); serve with --model-url and BINDERY_MODEL_API_KEY, or use a model that needs no key".to_string());
     }
+    for (i, f) in spec.model.fallbacks.iter().enumerate() {
+        if f.api_key.is_some() {
+            out.push(format!(
+                "model fallback {} `apiKey`: a stored agent uses no key of its own, a fallback's neither (one written in would be kept in clear, one of the server's would go to a URL the client chose); remove it",
+                i + 1
+            ));
+        }
+    }
     if !spec.helpers.is_empty() {
         out.push("helpers: a stored agent has none (a helper by path reads the server's files); store the helper as an agent of its own and call it from the client".to_string());
     }

@@ -225,6 +225,26 @@ async fn stored_agents_on(store: String) {
             r.text
         );
     }
+    // A fallback's key neither (review 68: its `command` ran as the PUT
+    // loaded the agent, and the server's env key went to the client's URL).
+    let pwned = w.dir.path().join("pwned");
+    let doc = format!(
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: bad}}\nspec:\n  model:\n    url: \"{model}\"\n    name: m\n    fallbacks:\n      - {{url: \"{model}\", name: f, apiKey: {{command: [sh, -c, \"touch {}; echo k\"]}}}}\n      - {{url: \"{model}\", name: g, apiKey: {{env: BINDERY_OWNER_TOKEN}}}}\n",
+        pwned.display()
+    );
+    let r = put(&api, "bad", Some(OWNER), &doc).await;
+    assert_eq!(
+        error_of(&r),
+        refusal(422, "invalid_agent", &[]),
+        "{}",
+        r.text
+    );
+    let said = r.json["message"].as_str().unwrap();
+    assert!(
+        said.contains("model fallback 1 `apiKey`") && said.contains("model fallback 2 `apiKey`"),
+        "{said}"
+    );
+    assert!(!pwned.exists(), "the fallback's key command ran");
     // A definition a file could not have either: the same words as `check`.
     let typo = helpdesk(&model)
         .replace("helpdesk}", "bad}")

@@ -380,13 +380,10 @@ pub async fn load_document(
         spec: agent.spec,
         helpers: Vec::new(),
     };
-    let mut keys = model_keys([&pending], opts);
-    let named = named_keys(&keys);
-    let (mut loaded, mut d) = load_agent(&pending, opts, &named).await;
-    if let Some((key, fallbacks)) = keys.remove(&pending.name) {
-        loaded.model_key = key;
-        loaded.fallback_keys = fallbacks;
-    }
+    // A stored agent's model keys are refused above; none is read here
+    // whatever the definition says (a key's source may be a command or
+    // a file of the server's).
+    let (loaded, mut d) = load_agent(&pending, opts, &[]).await;
     diags.append(&mut d);
     if diags.iter().any(|d| d.level == Level::Error) {
         return Err(LoadError { diagnostics: diags });
