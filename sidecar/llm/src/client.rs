@@ -221,6 +221,14 @@ impl ChatClient {
     /// Sends `req` with `stream: false` and returns the whole reply: this
     /// model's, or the first fallback's that answers.
     pub async fn complete(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
+        // `--llm-deadline` bounds the whole request, its fallbacks too.
+        let deadline = self.deadline();
+        tokio::time::timeout(deadline, self.complete_chain(req))
+            .await
+            .unwrap_or(Err(LlmError::Deadline(deadline)))
+    }
+
+    async fn complete_chain(&self, req: &Conversation) -> Result<ChatResponse, LlmError> {
         let mut fell_back = Vec::new();
         let mut result = self.complete_alone(req).await;
         for (i, next) in self.inner.fallbacks.iter().enumerate() {
@@ -341,6 +349,17 @@ impl ChatClient {
     /// a failure ends the call. The endpoint's timeout bounds the wait for
     /// the response headers and then each wait for the next chunk.
     pub async fn complete_streaming(
+        &self,
+        req: &Conversation,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<ChatResponse, LlmError> {
+        let deadline = self.deadline();
+        tokio::time::timeout(deadline, self.complete_streaming_chain(req, on_delta))
+            .await
+            .unwrap_or(Err(LlmError::Deadline(deadline)))
+    }
+
+    async fn complete_streaming_chain(
         &self,
         req: &Conversation,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),

@@ -653,6 +653,44 @@ async fn a_request_past_its_deadline_is_stopped_however_it_trickles() {
     );
 }
 
+/// Review 68 (second): each model of a chain had the whole deadline, so
+/// eight fallbacks made one request last nine deadlines. The deadline
+/// bounds the request, fallbacks included, streamed or not.
+#[tokio::test]
+async fn a_chain_of_fallbacks_ends_within_one_deadline() {
+    let llm =
+        MockLlm::start(|_| MockReply::Text("late".into()).delayed(Duration::from_secs(30))).await;
+    let slow = |deadline: Duration| {
+        let mut e = endpoint(llm.url());
+        e.timeout = Duration::from_secs(30);
+        e.limits.deadline = deadline;
+        e.max_retries = 0;
+        e
+    };
+    let deadline = Duration::from_millis(800);
+    // Each model alone gives up at its deadline, which falls back.
+    let chain = ChatClient::new(slow(deadline)).unwrap().with_fallbacks(
+        (0..4)
+            .map(|_| ChatClient::new(slow(deadline)).unwrap())
+            .collect(),
+    );
+    for stream in [false, true] {
+        let started = Instant::now();
+        let result = if stream {
+            chain.complete_streaming(&ask("slow"), &mut |_| {}).await
+        } else {
+            chain.complete(&ask("slow")).await
+        };
+        assert!(
+            matches!(result, Err(LlmError::Deadline(d)) if d == deadline),
+            "{result:?}"
+        );
+        // Five deadlines' worth without the bound; one and the slack of a
+        // loaded machine with it.
+        assert!(started.elapsed() < deadline * 3, "{:?}", started.elapsed());
+    }
+}
+
 /// Found by the attacker's second review: a model URL's password reached
 /// the run's failure detail (the session, its events, the store, the
 /// logs) through the transport error. Errors show the URL without its
