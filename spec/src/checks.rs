@@ -228,29 +228,41 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         )));
     }
     super::budget::check(&spec.budgets, spec.model.pricing.as_ref(), here, &mut diags);
-    if super::flavor::Flavor::parse(&spec.model.flavor).is_none() {
+    model_checks(&spec.model, here, &mut diags);
+    if spec.model.fallbacks.len() > MAX_FALLBACKS {
         diags.push(Diagnostic::error(format!(
-            "{here}: model flavor `{}` is not one Bindery speaks (it changes what each request sends); write one of {}",
-            spec.model.flavor,
-            super::flavor::FLAVORS
+            "{here}: model has {} fallbacks; at most {MAX_FALLBACKS} (each is tried within the one request's deadline)",
+            spec.model.fallbacks.len()
         )));
     }
-    model_checks(&spec.model, here, &mut diags);
     for (i, f) in spec.model.fallbacks.iter().enumerate() {
         let place = format!("{here}, model fallback {}", i + 1);
         model_checks(&f.as_model(), &place, &mut diags);
+        if !super::http_url(&f.url) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: url `{}` is not an http(s) URL; write the API's root, such as https://api.openai.com/v1",
+                super::printable(&f.url)
+            )));
+        }
         if let Some(p) = &f.pricing {
             super::budget::check_pricing(p, &format!("{place} pricing"), &mut diags);
         }
-        if f.pricing.is_none()
-            && spec.model.pricing.is_some()
-            && spec.budgets.iter().any(|b| b.cost.is_some())
-        {
-            diags.push(Diagnostic::error(format!(
-                "{here}, model fallback {} (`{}`): a cost budget counts what every model costs; price it too (`pricing`)",
-                i + 1,
-                f.name
-            )));
+        // What a fallback answers is counted at its own price, against
+        // this agent's budgets and, for a helper, its caller's: a priced
+        // model's fallbacks are priced, in the same currency.
+        match (&spec.model.pricing, &f.pricing) {
+            (Some(_), None) => diags.push(Diagnostic::error(format!(
+                "{place} (`{}`): the model is priced, so every fallback is (what it answers counts against the budgets, a caller's too); give it `pricing`",
+                super::printable(&f.name)
+            ))),
+            (Some(m), Some(p)) if m.currency != p.currency => diags.push(Diagnostic::error(format!(
+                "{place} (`{}`): priced in {}, the model in {}; budgets add costs in one currency: price it in {}",
+                super::printable(&f.name),
+                super::printable(&p.currency),
+                super::printable(&m.currency),
+                super::printable(&m.currency)
+            ))),
+            _ => {}
         }
     }
     for (i, h) in spec.helpers.iter().enumerate() {
@@ -960,12 +972,32 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
     out
 }
 
+/// The most fallbacks a model has.
+pub const MAX_FALLBACKS: usize = 8;
+/// The longest model name.
+const MAX_MODEL_NAME: usize = 256;
+
 /// What a model's provider takes: thinking only where the API has it,
 /// within the reply's tokens and above the API's least budget; a flavour
 /// is a dialect of chat completions only.
 fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic>) {
     use super::provider::{Provider, MIN_THINKING_BUDGET};
     let provider = model.provider;
+    if model.name.is_empty()
+        || model.name.len() > MAX_MODEL_NAME
+        || model.name.chars().any(char::is_control)
+    {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model name must be 1 to {MAX_MODEL_NAME} characters, none of them a control character (it names the model in every request, metric and report)"
+        )));
+    }
+    if super::flavor::Flavor::parse(&model.flavor).is_none() {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model flavor `{}` is not one Bindery speaks (it changes what each request sends); write one of {}",
+            super::printable(&model.flavor),
+            super::flavor::FLAVORS
+        )));
+    }
     if model.max_tokens == Some(0) {
         diags.push(Diagnostic::error(format!(
             "{here}: model maxTokens is 0: every request would be refused; give at least 1, or leave it out"
@@ -1139,6 +1171,23 @@ mod tests {
         assert!(
             thinking.len() == 1 && thinking[0].starts_with("here, model fallback 1:"),
             "{thinking:?}"
+        );
+        // Review 68 (second): what else a fallback is held to.
+        let priced = "pricing: {inputPerMillion: 1, outputPerMillion: 1}";
+        for (fallback, words) in [
+            ("{url: http://f, name: f, pricing: {inputPerMillion: 1, outputPerMillion: 1, currency: XYZ}}".to_string(), "priced in XYZ, the model in USD"),
+            (format!("{{url: http://f, name: f, flavor: bogus, {priced}}}"), "model flavor `bogus` is not one"),
+            (format!("{{url: \"ftp://f\", name: f, {priced}}}"), "url `ftp://f` is not an http(s) URL"),
+            (format!("{{url: http://f, name: \"f\\u001b[31m\", {priced}}}"), "none of them a control character"),
+        ] {
+            let said = said(&fallback);
+            assert!(said.len() == 1 && said[0].contains(words), "{fallback}: {said:?}");
+        }
+        let nine = vec![format!("{{url: http://f, name: f, {priced}}}"); 9].join(", ");
+        let said = said(&nine);
+        assert!(
+            said.iter().any(|s| s.contains("9 fallbacks; at most 8")),
+            "{said:?}"
         );
     }
 

@@ -47,6 +47,16 @@ pub fn http_url(s: &str) -> bool {
     lower(7).as_deref() == Some("http://") || lower(8).as_deref() == Some("https://")
 }
 
+/// `s` as a diagnostic quotes it: control characters escaped, and cut
+/// to 80 characters (a name may be anything a file holds).
+pub fn printable(s: &str) -> String {
+    let mut out: String = s.chars().take(80).flat_map(char::escape_default).collect();
+    if s.chars().nth(80).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// "a string", "an object": for messages that must not quote a value.
 pub fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {
