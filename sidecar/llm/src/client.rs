@@ -80,7 +80,7 @@ impl ChatClient {
 pub fn falls_back(e: &LlmError) -> bool {
     match e {
         LlmError::RetriesExhausted { last, .. } => falls_back(last),
-        LlmError::Http { status, .. } => *status == 429 || *status >= 500,
+        LlmError::Http { status, .. } => *status == 429 || (500..600).contains(status),
         LlmError::Transport(_) | LlmError::Timeout | LlmError::Deadline(_) => true,
         _ => false,
     }
@@ -243,10 +243,32 @@ impl ChatClient {
                 _ => break,
             }
         }
-        result.map(|mut r| {
-            r.fell_back = fell_back;
-            r
-        })
+        self.chain_result(result, fell_back)
+    }
+
+    /// A chain's outcome: the answer with the models passed over, or,
+    /// when some were and the last failed too, every failure in order.
+    fn chain_result(
+        &self,
+        result: Result<ChatResponse, LlmError>,
+        fell_back: Vec<FellBack>,
+    ) -> Result<ChatResponse, LlmError> {
+        match result {
+            Ok(mut r) => {
+                r.fell_back = fell_back;
+                Ok(r)
+            }
+            Err(last) if !fell_back.is_empty() => Err(LlmError::ChainFailed {
+                last_model: self.inner.fallbacks[fell_back.len() - 1]
+                    .inner
+                    .endpoint
+                    .model
+                    .clone(),
+                tried: fell_back,
+                last: Box::new(last),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// The model of the chain at `at` (0: this one) passed over for `e`.
@@ -390,10 +412,7 @@ impl ChatClient {
                 _ => break,
             }
         }
-        result.map(|mut r| {
-            r.fell_back = fell_back;
-            r
-        })
+        self.chain_result(result, fell_back)
     }
 
     /// [`complete_streaming`](Self::complete_streaming) of this model alone.
@@ -716,6 +735,7 @@ fn error_chain(e: &reqwest::Error) -> String {
 fn error_summary(error: &LlmError) -> String {
     match error {
         LlmError::Http { status, .. } => format!("HTTP {status}"),
+        LlmError::RetriesExhausted { attempts: 1, last } => error_summary(last),
         LlmError::RetriesExhausted { attempts, last } => {
             format!("{} after {attempts} attempts", error_summary(last))
         }

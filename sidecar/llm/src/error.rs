@@ -55,6 +55,21 @@ pub enum LlmError {
     /// The [`ModelEndpoint`](super::ModelEndpoint) cannot be used.
     #[error("invalid model endpoint: {0}")]
     Config(String),
+    /// The model and each fallback failed, in order.
+    #[error("every model failed: {}; the last, {}: {last}", passed_over(.tried), .last_model)]
+    ChainFailed {
+        tried: Vec<crate::FellBack>,
+        last_model: String,
+        last: Box<LlmError>,
+    },
+}
+
+fn passed_over(tried: &[crate::FellBack]) -> String {
+    tried
+        .iter()
+        .map(|f| format!("{} ({})", f.model, f.error))
+        .collect::<Vec<_>>()
+        .join(", then ")
 }
 
 fn http_hint(status: u16) -> &'static str {
@@ -62,7 +77,8 @@ fn http_hint(status: u16) -> &'static str {
         400 | 422 => " (the endpoint rejected the request; check the model name)",
         401 | 403 => " (check the API key)",
         404 => " (check the base URL and the model name)",
-        408 | 429 => " (rate limited or overloaded)",
+        408 => " (the endpoint gave up waiting for the request)",
+        429 => " (rate limited or overloaded)",
         500..=599 => " (the model server failed)",
         _ => "",
     }

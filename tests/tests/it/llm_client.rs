@@ -691,6 +691,39 @@ async fn a_chain_of_fallbacks_ends_within_one_deadline() {
     }
 }
 
+/// A chain that fails whole says each model it tried and why, in order
+/// (review 68: its switches had left no trace), and goes no further.
+#[tokio::test]
+async fn a_chain_that_fails_whole_names_each_model_it_tried() {
+    let busy = MockLlm::start(|_| MockReply::status(503, "busy")).await;
+    let model = |name: &str| {
+        let mut e = endpoint(busy.url());
+        e.model = name.to_owned();
+        e.max_retries = 0;
+        ChatClient::new(e).unwrap()
+    };
+    let chain = model("first").with_fallbacks(vec![model("second"), model("third")]);
+    let err = chain.complete(&ask("hi")).await.unwrap_err();
+    let LlmError::ChainFailed {
+        tried, last_model, ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    let names: Vec<&str> = tried.iter().map(|f| f.model.as_str()).collect();
+    assert_eq!(names, ["first", "second"]);
+    assert_eq!(last_model, "third");
+    assert!(!bindery_llm::falls_back(&err));
+    let said = err.to_string();
+    assert!(
+        said.starts_with(
+            "every model failed: first (HTTP 503), then second (HTTP 503); the last, third: "
+        ),
+        "{said}"
+    );
+    assert_eq!(busy.request_count(), 3);
+}
+
 /// Found by the attacker's second review: a model URL's password reached
 /// the run's failure detail (the session, its events, the store, the
 /// logs) through the transport error. Errors show the URL without its

@@ -190,9 +190,20 @@ pub(super) async fn run_inner(
                 // The endpoint's words may quote what it was sent (a key
                 // in "Incorrect API key provided: …").
                 Some(Err(e)) => {
+                    // Each switch of a chain that failed whole counts too.
+                    if let bindery_llm::LlmError::ChainFailed {
+                        tried, last_model, ..
+                    } = &e
+                    {
+                        let next = tried.iter().skip(1).map(|f| f.model.as_str());
+                        for (passed, to) in tried.iter().zip(next.chain([last_model.as_str()])) {
+                            ctx.metrics
+                                .model_fallback(&ctx.agent.name, &passed.model, to);
+                        }
+                    }
                     return RunEnd::Failed(
                         scrubber.scrub(&format!("the model request failed: {e}")),
-                    )
+                    );
                 }
             };
             let message = Turn::new(response.to_message());
@@ -343,6 +354,8 @@ fn may_have_been_processed(e: &bindery_llm::LlmError) -> bool {
     match e {
         LlmError::Http { status, .. } => !(400..500).contains(status),
         LlmError::RetriesExhausted { last, .. } => may_have_been_processed(last),
+        // Each model of the chain may have; counted once, at the estimate.
+        LlmError::ChainFailed { .. } => true,
         LlmError::Transport(_)
         | LlmError::Timeout
         | LlmError::Malformed(_)
