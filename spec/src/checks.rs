@@ -1089,18 +1089,23 @@ mod tests {
         }
     }
 
+    /// What `check` says of agent `a` whose spec is `spec` (YAML lines,
+    /// indented two spaces), as "here".
+    fn messages_of(spec: &str) -> Vec<String> {
+        let yaml = format!(
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n{spec}"
+        );
+        let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+        check_definition("a", &doc.spec, "here")
+            .into_iter()
+            .map(|d| d.message)
+            .collect()
+    }
+
     #[test]
     fn a_models_provider_takes_only_what_its_api_has() {
-        let said = |model: &str| -> Vec<String> {
-            let yaml = format!(
-                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m, {model}}}\n"
-            );
-            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
-            check_definition("a", &doc.spec, "here")
-                .into_iter()
-                .map(|d| d.message)
-                .collect()
-        };
+        let said =
+            |model: &str| messages_of(&format!("  model: {{url: http://m, name: m, {model}}}\n"));
         assert_eq!(
             said("provider: anthropic, thinking: {budgetTokens: 2048}"),
             Vec::<String>::new()
@@ -1148,15 +1153,10 @@ mod tests {
 
     #[test]
     fn a_fallback_is_checked_as_a_model_and_priced_under_a_cost_budget() {
-        let said = |fallback: &str| -> Vec<String> {
-            let yaml = format!(
-                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m, pricing: {{inputPerMillion: 1, outputPerMillion: 1}}, fallbacks: [{fallback}]}}\n  budgets: [{{name: c, cost: 1, per: 24h}}]\n"
-            );
-            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
-            check_definition("a", &doc.spec, "here")
-                .into_iter()
-                .map(|d| d.message)
-                .collect()
+        let said = |fallback: &str| {
+            messages_of(&format!(
+                "  model: {{url: http://m, name: m, pricing: {{inputPerMillion: 1, outputPerMillion: 1}}, fallbacks: [{fallback}]}}\n  budgets: [{{name: c, cost: 1, per: 24h}}]\n"
+            ))
         };
         assert_eq!(
             said("{url: http://f, name: f, pricing: {inputPerMillion: 1, outputPerMillion: 1}}"),
