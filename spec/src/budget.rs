@@ -42,6 +42,24 @@ pub struct Budget {
     /// `confirm` (it waits for a person, who may let it go on).
     #[serde(default)]
     pub on_exceed: OnExceed,
+    /// Once this budget is used past `at` percent, the agent's model
+    /// requests go to its model fallback named `to` (a cheaper one)
+    /// instead of the model, until the window frees up: a `tokens` or
+    /// `cost` budget only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downgrade: Option<Downgrade>,
+}
+
+/// A switch to a cheaper model as a budget nears its cap.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Downgrade {
+    /// The percent of the budget's limit past which requests switch.
+    #[schemars(range(min = 1, max = 99))]
+    pub at: u8,
+    /// The name of one of `spec.model.fallbacks`.
+    #[schemars(length(min = 1, max = 256))]
+    pub to: String,
 }
 
 /// What happens at a used-up budget.
@@ -171,6 +189,7 @@ pub struct Limit {
     /// `per` as written (`24h`), for messages and reports.
     pub per_text: String,
     pub on_exceed: OnExceed,
+    pub downgrade: Option<Downgrade>,
 }
 
 impl Budget {
@@ -194,6 +213,7 @@ impl Budget {
             per: Per::parse(&self.per)?,
             per_text: self.per.clone(),
             on_exceed: self.on_exceed,
+            downgrade: self.downgrade.clone(),
         })
     }
 }

@@ -229,6 +229,27 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
     }
     super::budget::check(&spec.budgets, spec.model.pricing.as_ref(), here, &mut diags);
     model_checks(&spec.model, here, &mut diags);
+    for b in &spec.budgets {
+        let Some(d) = &b.downgrade else { continue };
+        let place = format!("{here}, budget `{}` downgrade", super::printable(&b.name));
+        if b.tool_calls.is_some() {
+            diags.push(Diagnostic::error(format!(
+                "{place}: a budget of tool calls is not spent by the model; downgrade a `tokens` or `cost` budget"
+            )));
+        }
+        if !(1..=99).contains(&d.at) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: `at` is a percent of the limit from 1 to 99; got {}",
+                d.at
+            )));
+        }
+        if !spec.model.fallbacks.iter().any(|f| f.name == d.to) {
+            diags.push(Diagnostic::error(format!(
+                "{place}: `to: {}` names no model fallback; write the `name` of one of spec.model.fallbacks",
+                super::printable(&d.to)
+            )));
+        }
+    }
     if spec.model.fallbacks.len() > MAX_FALLBACKS {
         diags.push(Diagnostic::error(format!(
             "{here}: model has {} fallbacks; at most {MAX_FALLBACKS} (each is tried within the one request's deadline)",
@@ -1189,6 +1210,39 @@ mod tests {
             said.iter().any(|s| s.contains("9 fallbacks; at most 8")),
             "{said:?}"
         );
+    }
+
+    #[test]
+    fn a_downgrade_names_a_fallback_of_a_budget_the_model_spends() {
+        let said = |budget: &str| {
+            messages_of(&format!(
+                "  model: {{url: http://m, name: m, fallbacks: [{{url: http://f, name: cheap}}]}}\n  budgets: [{budget}]\n"
+            ))
+        };
+        assert_eq!(
+            said("{name: d, tokens: 1000, per: 24h, downgrade: {at: 80, to: cheap}}"),
+            Vec::<String>::new()
+        );
+        for (budget, words) in [
+            (
+                "{name: d, tokens: 1000, per: 24h, downgrade: {at: 80, to: nope}}",
+                "`to: nope` names no model fallback",
+            ),
+            (
+                "{name: d, toolCalls: 10, per: 24h, downgrade: {at: 80, to: cheap}}",
+                "a budget of tool calls is not spent by the model",
+            ),
+            (
+                "{name: d, tokens: 1000, per: 24h, downgrade: {at: 100, to: cheap}}",
+                "from 1 to 99; got 100",
+            ),
+        ] {
+            let said = said(budget);
+            assert!(
+                said.len() == 1 && said[0].contains(words),
+                "{budget}: {said:?}"
+            );
+        }
     }
 
     #[test]

@@ -55,6 +55,13 @@ impl ChatClient {
         std::iter::once(self.api_key()).chain(self.inner.fallbacks.iter().map(ChatClient::api_key))
     }
 
+    /// The chain from fallback `at` (0-based) on: that model, then the
+    /// fallbacks after it.
+    pub fn from_fallback(&self, at: usize) -> Option<ChatClient> {
+        let first = self.inner.fallbacks.get(at)?.clone();
+        Some(first.with_fallbacks(self.inner.fallbacks[at + 1..].to_vec()))
+    }
+
     /// This client, with `fallbacks` tried in order when it fails in a way
     /// another model may not (429, 5xx, unreachable, too slow).
     pub fn with_fallbacks(self, fallbacks: Vec<ChatClient>) -> Self {

@@ -25,6 +25,32 @@ pub enum Gate {
 
 pub use bindery_store::wire::Exceeded;
 
+/// A budget past its `downgrade.at`: the request goes to model fallback
+/// `to` instead of the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Downgraded {
+    pub to: String,
+    pub budget: String,
+    pub used: f64,
+    pub limit: f64,
+    pub at: u8,
+}
+
+/// The first of `limits` (each with its use before a request) past its
+/// downgrade's mark, if any.
+pub fn downgraded<'a>(before: impl IntoIterator<Item = (&'a Limit, f64)>) -> Option<Downgraded> {
+    before.into_iter().find_map(|(limit, used)| {
+        let d = limit.downgrade.as_ref()?;
+        (limit.limit > 0.0 && used >= limit.limit * f64::from(d.at) / 100.0).then(|| Downgraded {
+            to: d.to.clone(),
+            budget: limit.name.clone(),
+            used,
+            limit: limit.limit,
+            at: d.at,
+        })
+    })
+}
+
 /// A model request's tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spent {
@@ -102,6 +128,19 @@ mod tests {
     use super::*;
     use bindery_spec::budget::Budget;
     use bindery_store::usage::Standing;
+
+    #[test]
+    fn a_budget_past_its_mark_downgrades_and_one_below_does_not() {
+        let daily = limit("{name: daily, cost: 10, per: 24h, downgrade: {at: 80, to: cheap}}");
+        let plain = limit("{name: plain, tokens: 100, per: 24h}");
+        assert_eq!(downgraded([(&plain, 99.0), (&daily, 7.9)]), None);
+        let d = downgraded([(&plain, 99.0), (&daily, 8.0)]).unwrap();
+        assert_eq!(
+            (d.to.as_str(), d.budget.as_str(), d.at),
+            ("cheap", "daily", 80)
+        );
+        assert_eq!((d.used, d.limit), (8.0, 10.0));
+    }
 
     fn limit(yaml: &str) -> Limit {
         serde_yaml::from_str::<Budget>(yaml)

@@ -85,6 +85,21 @@ session_events! {
     Budget(BudgetEvent) = "budget",
     /// The model failed and its next fallback was asked instead.
     ModelFallback(ModelFallback) = "model_fallback",
+    /// A budget past its `downgrade.at`: the run's requests go to a cheaper
+    /// model.
+    ModelDowngrade(ModelDowngrade) = "model_downgrade",
+}
+
+/// `model_downgrade`: budget `budget` is used past `at` percent (`used` of
+/// `limit`), so the run's model requests go to `to` instead of `from`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelDowngrade {
+    pub from: String,
+    pub to: String,
+    pub budget: String,
+    pub used: f64,
+    pub limit: f64,
+    pub at: u8,
 }
 
 /// `model_fallback`: model `from` failed (`error`, without what its
@@ -562,7 +577,8 @@ mod tests {
                 "run_finished",
                 "params_changed",
                 "budget",
-                "model_fallback"
+                "model_fallback",
+                "model_downgrade"
             ]
         );
         let mut schemas = Vec::new();

@@ -442,3 +442,79 @@ async fn thinking_never_reaches_a_tool_that_reads_the_session() {
     let events: String = seen.iter().map(|e| e.data.clone()).collect();
     assert!(!events.contains(THOUGHT), "{events}");
 }
+
+/// A cost budget past its `downgrade.at` sends the run's next requests
+/// to the cheaper fallback it names, not to the model: an event says so,
+/// and usage shows each request under the model that answered it.
+#[tokio::test]
+async fn a_budget_near_its_cap_switches_to_the_cheaper_model_it_names() {
+    const CHEAP_KEY: &str = "sk-cheap-canary-71aa";
+    let primary = ProviderMock::start(
+        "anthropic",
+        KEY,
+        // 200 in, 10 out at 3 and 15 a million: 0.00075, 7.5% of 0.01.
+        &json!([{"thinking": "look it up",
+                 "calls": [{"id": "toolu_01", "name": TOOL, "input": {"status": "overdue"}}],
+                 "usage": {"input": 200, "output": 10}}]),
+    );
+    let cheap = ProviderMock::start(
+        "openai",
+        CHEAP_KEY,
+        &json!([{"text": "INV-1002 is overdue.", "usage": {"input": 300, "output": 20}}]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agent = anthropic_agent(dir.path(), &primary);
+    let text = std::fs::read_to_string(&agent).unwrap().replace(
+        "    pricing: {inputPerMillion: 3,",
+        &format!(
+            "    fallbacks:
+      - {{url: \"{}\", name: gpt-cheap, apiKey: {{env: OPENAI_API_KEY}},
+         pricing: {{inputPerMillion: 0.1, outputPerMillion: 0.4}}}}
+    pricing: {{inputPerMillion: 3,",
+            cheap.url()
+        ),
+    ) + "  budgets:\n    - {name: daily, cost: 0.01, per: 24h, downgrade: {at: 5, to: gpt-cheap}}\n";
+    std::fs::write(&agent, text).unwrap();
+    let (_sidecar, api, id, seen) = ask_overdue(
+        &agent,
+        dir.path(),
+        &[],
+        &[("ANTHROPIC_API_KEY", KEY), ("OPENAI_API_KEY", CHEAP_KEY)],
+    )
+    .await;
+
+    // The first request went to the model, the second to the fallback
+    // alone: the model was not asked again.
+    assert_eq!(primary.valid_requests().len(), 1);
+    let asked = cheap.valid_requests();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0]["key_ok"] == true && asked[0]["body"].get("thinking").is_none());
+    let switches: Vec<Value> = seen
+        .iter()
+        .filter(|e| e.event == "model_downgrade")
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect();
+    assert_eq!(switches.len(), 1, "{seen:?}");
+    assert_eq!(switches[0]["from"], "claude-test");
+    assert_eq!(switches[0]["to"], "gpt-cheap");
+    assert_eq!(switches[0]["budget"], "daily");
+    assert_eq!(switches[0]["at"], 5);
+    assert!(seen.iter().all(|e| e.event != "model_fallback"), "{seen:?}");
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+    let usage = api
+        .call("GET", "/v1/usage?group_by=model", Some(OWNER), None)
+        .await;
+    let rows = usage.json["rows"].as_array().unwrap();
+    let row = |model: &str| rows.iter().find(|r| r["key"] == model).cloned().unwrap();
+    assert_eq!(row("claude-test")["model_requests"], 1, "{rows:?}");
+    assert_eq!(row("gpt-cheap")["model_requests"], 1, "{rows:?}");
+    let cheap_cost = row("gpt-cheap")["cost"].as_f64().unwrap();
+    assert!(
+        (cheap_cost - (300.0 * 0.1 + 20.0 * 0.4) / 1e6).abs() < 1e-12,
+        "{cheap_cost}"
+    );
+}

@@ -371,6 +371,7 @@ fn events_route_documents_every_kind() {
         "resolved",
         "budget",
         "model_fallback",
+        "model_downgrade",
     ];
     assert_eq!(kinds.len(), expected.len());
     for kind in expected {

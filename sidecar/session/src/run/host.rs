@@ -45,6 +45,13 @@ pub trait Host: Send + Sync {
     /// it, so it used nothing anyone bills; a cancelled or cut request
     /// comes with its prompt's estimate).
     async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>);
+    /// Whether the request `claim` goes to a cheaper model: a budget of
+    /// the run's agent is past its `downgrade.at`. A host that counts
+    /// nothing, or a helper's run (its model is not the budget's agent's),
+    /// says no.
+    fn downgrade(&self, _claim: Option<i64>) -> Option<crate::budget::Downgraded> {
+        None
+    }
     /// Before a call of `tool` (a lookup's too).
     async fn before_tool(&self, tool: &str) -> Gate;
     /// A person let the run go past budget `name`: it is not asked again

@@ -210,6 +210,18 @@ impl RunBudget {
         gate
     }
 
+    /// Whether the request `claim` goes to a cheaper model (see
+    /// [`budget::downgraded`]), by its limits' use before it.
+    pub(crate) fn downgrade(&self, claim: i64) -> Option<budget::Downgraded> {
+        let before = self.before.lock().unwrap_or_else(|p| p.into_inner());
+        budget::downgraded(
+            before
+                .get(&claim)?
+                .iter()
+                .filter_map(|(i, used)| Some((self.limits.get(*i)?, *used))),
+        )
+    }
+
     pub(crate) async fn after_model(
         &self,
         claim: Option<i64>,

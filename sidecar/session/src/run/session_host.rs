@@ -41,6 +41,9 @@ impl Host for SessionHost<'_> {
     async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
         self.budget.after_model(claim, model, used).await
     }
+    fn downgrade(&self, claim: Option<i64>) -> Option<crate::budget::Downgraded> {
+        self.budget.downgrade(claim?)
+    }
     async fn before_tool(&self, tool: &str) -> Gate {
         self.budget.before_tool(tool).await
     }

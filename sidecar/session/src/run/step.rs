@@ -106,6 +106,7 @@ pub(super) async fn run_inner(
         }
         conversation.history_starts();
         let mut sent = 0;
+        let mut downgraded_once = false;
         for step in 0..ctx.max_steps {
             if !groups.is_empty() && step > 0 {
                 conversation.set_tools(offered(&groups.active(history)));
@@ -135,10 +136,18 @@ pub(super) async fn run_inner(
                 Gate::Refuse(e) => return RunEnd::OverBudget(e.detail()),
                 Gate::Ask(e) => return RunEnd::Blocked(vec![budget_hold(None, e)]),
             };
+            // A budget past its mark sends the request to a cheaper
+            // fallback (and the chain after it) instead of the model.
+            let downgrade = host.downgrade(claim).and_then(|d| {
+                let at = model.fallbacks.iter().position(|f| f.name == d.to)?;
+                Some((at, ctx.client.from_fallback(at)?, d))
+            });
+            let client = downgrade.as_ref().map_or(ctx.client, |(_, c, _)| c);
+            let first = downgrade.as_ref().map_or(0, |(at, _, _)| at + 1);
             let streamed = std::sync::atomic::AtomicUsize::new(0);
             let response = tokio::select! {
                 _ = cancel.cancelled() => None,
-                r = model_turn(ctx, conversation, host, &streamed).instrument(tracing::info_span!("model_turn", step)) => Some(r),
+                r = model_turn(ctx, client, conversation, host, &streamed).instrument(tracing::info_span!("model_turn", step)) => Some(r),
             };
             let spent = match &response {
                 Some(Ok(r)) => Some(match &r.usage {
@@ -176,9 +185,9 @@ pub(super) async fn run_inner(
             };
             // A fallback's answer is counted and priced as that model's.
             let fallback = match &response {
-                Some(Ok(r)) if r.served_by > 0 => model
+                Some(Ok(r)) if first + r.served_by > 0 => model
                     .fallbacks
-                    .get(r.served_by - 1)
+                    .get(first + r.served_by - 1)
                     .map(bindery_spec::FallbackModel::as_model),
                 _ => None,
             };
@@ -209,6 +218,22 @@ pub(super) async fn run_inner(
             let message = Turn::new(response.to_message());
             history.push(message.clone());
             let mut events = Events::new();
+            if let Some((at, _, d)) = &downgrade {
+                if !downgraded_once {
+                    downgraded_once = true;
+                    tracing::info!(budget = %d.budget, to = %d.to, "a budget past its mark: the run's requests go to a cheaper model");
+                    events.push(SessionEvent::ModelDowngrade(
+                        bindery_store::wire::ModelDowngrade {
+                            from: model.name.clone(),
+                            to: model.fallbacks[*at].name.clone(),
+                            budget: d.budget.clone(),
+                            used: d.used,
+                            limit: d.limit,
+                            at: d.at,
+                        },
+                    ));
+                }
+            }
             for (i, passed) in response.fell_back.iter().enumerate() {
                 let to = match response.fell_back.get(i + 1) {
                     Some(next) => next.model.clone(),
@@ -313,6 +338,7 @@ pub(super) fn budget_hold(call: Option<&ToolCall>, e: Exceeded) -> Blocked {
 
 pub(super) async fn model_turn(
     ctx: &RunContext<'_>,
+    client: &bindery_llm::ChatClient,
     conversation: &Conversation,
     host: &dyn Host,
     streamed: &std::sync::atomic::AtomicUsize,
@@ -332,11 +358,9 @@ pub(super) async fn model_turn(
                 host.delta(&text);
             }
         };
-        ctx.client
-            .complete_streaming(conversation, &mut forward)
-            .await
+        client.complete_streaming(conversation, &mut forward).await
     } else {
-        ctx.client.complete(conversation).await
+        client.complete(conversation).await
     };
     ctx.metrics
         .llm_request(started.elapsed().as_secs_f64(), result.is_ok());
