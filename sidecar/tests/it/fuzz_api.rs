@@ -177,7 +177,11 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403",
     );
     let max_time = std::env::var("SCHEMATHESIS_MAX_TIME").unwrap_or_else(|_| "40".into());
     schemathesis(&w, &api, "examples,coverage,fuzzing", &max_time).await;
-    let stateful_time = std::env::var("SCHEMATHESIS_STATEFUL_TIME").unwrap_or_else(|_| "60".into());
+    // The stateful phase's coverage is what it reaches in its time, and
+    // this test runs beside the binary's others on two cores: 60 s reached
+    // 23 of 50 links once in CI (every scenario passing), so it has 120.
+    let stateful_time =
+        std::env::var("SCHEMATHESIS_STATEFUL_TIME").unwrap_or_else(|_| "120".into());
     let stdout = schemathesis(&w, &api, "stateful", &stateful_time).await;
     let (covered, total) = links(&stdout)
         .unwrap_or_else(|| panic!("no `API Links:` line in schemathesis's output:\n{stdout}"));
