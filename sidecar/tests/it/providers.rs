@@ -19,23 +19,30 @@ const TOOL: &str = "bash_query-invoices";
 /// The invoices agent on `mock`, in Anthropic's API, thinking within
 /// 2048 of 4096 tokens, priced with Anthropic's cache prices.
 fn anthropic_agent(dir: &std::path::Path, mock: &ProviderMock) -> std::path::PathBuf {
-    let path = invoices_agent_file(dir, &mock.url(), INVOICES_PARAMETERS, "");
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        &format!("  model: {{url: \"{}\", name: mock-model}}\n", mock.url()),
-        &format!(
-            "  model:
-    provider: anthropic
-    url: \"{}\"
+    invoices_on(
+        dir,
+        mock,
+        "    provider: anthropic
     name: claude-test
-    apiKey: {{env: ANTHROPIC_API_KEY}}
+    apiKey: {env: ANTHROPIC_API_KEY}
     maxTokens: 4096
-    thinking: {{budgetTokens: 2048}}
-    pricing: {{inputPerMillion: 3, outputPerMillion: 15, cacheReadPerMillion: 0.3, cacheWritePerMillion: 3.75}}
+    thinking: {budgetTokens: 2048}
+    pricing: {inputPerMillion: 3, outputPerMillion: 15, cacheReadPerMillion: 0.3, cacheWritePerMillion: 3.75}
 ",
-            mock.url()
-        ),
+    )
+}
+
+/// The invoices agent whose model is at `mock`, with `model`'s lines
+/// (indented four spaces) besides its `url`.
+fn invoices_on(dir: &std::path::Path, mock: &ProviderMock, model: &str) -> std::path::PathBuf {
+    let path = invoices_agent_file(dir, &mock.url(), INVOICES_PARAMETERS, "");
+    let written = std::fs::read_to_string(&path).unwrap();
+    let line = format!("  model: {{url: \"{}\", name: mock-model}}\n", mock.url());
+    assert!(written.contains(&line), "{written}");
+    let text = written.replace(
+        &line,
+        &format!("  model:\n    url: \"{}\"\n{model}", mock.url()),
     );
-    assert!(text.contains("provider: anthropic"));
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -207,22 +214,15 @@ async fn a_whole_reply_conversation_with_two_calls_and_thinking_is_what_the_sdk_
 /// The invoices agent on `mock`, in chat completions (the default
 /// provider), with a reply bound and the cache's read price.
 fn openai_agent(dir: &std::path::Path, mock: &ProviderMock) -> std::path::PathBuf {
-    let path = invoices_agent_file(dir, &mock.url(), INVOICES_PARAMETERS, "");
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        &format!("  model: {{url: \"{}\", name: mock-model}}\n", mock.url()),
-        &format!(
-            "  model:
-    url: \"{}\"
-    name: gpt-test
-    apiKey: {{env: OPENAI_API_KEY}}
+    invoices_on(
+        dir,
+        mock,
+        "    name: gpt-test
+    apiKey: {env: OPENAI_API_KEY}
     maxTokens: 4096
-    pricing: {{inputPerMillion: 2, outputPerMillion: 8, cacheReadPerMillion: 0.5}}
+    pricing: {inputPerMillion: 2, outputPerMillion: 8, cacheReadPerMillion: 0.5}
 ",
-            mock.url()
-        ),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
 async fn converse_openai(stream: bool) {
