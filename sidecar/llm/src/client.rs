@@ -79,6 +79,12 @@ impl ChatClient {
     }
 }
 
+/// A status that says the endpoint is rate limited or failing, not the
+/// request wrong: the same request is retried, then another model asked.
+fn busy(status: u16) -> bool {
+    status == 429 || (500..600).contains(&status)
+}
+
 /// Whether `e` is a failure the next model of a chain may not have: the
 /// endpoint overloaded or rate limited (429, 529, any 5xx) after its
 /// retries, unreachable, or too slow. A refusal of the request itself
@@ -87,7 +93,7 @@ impl ChatClient {
 pub fn falls_back(e: &LlmError) -> bool {
     match e {
         LlmError::RetriesExhausted { last, .. } => falls_back(last),
-        LlmError::Http { status, .. } => *status == 429 || (500..600).contains(status),
+        LlmError::Http { status, .. } => busy(*status),
         LlmError::Transport(_) | LlmError::Timeout | LlmError::Deadline(_) => true,
         _ => false,
     }
@@ -620,7 +626,7 @@ impl ChatClient {
             status: status.as_u16(),
             body: excerpt(&text),
         };
-        if status.as_u16() == 429 || status.is_server_error() {
+        if busy(status.as_u16()) {
             Ok(Attempt::Retry { error, retry_after })
         } else {
             Err(error)
