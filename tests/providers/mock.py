@@ -9,7 +9,10 @@ tool results answering the calls before them, thinking sent back with its
 signature); every answer is built from the SDK's response models, whole or
 as the event stream the provider documents.
 
-    mock.py --provider anthropic|openai --key KEY --script SCRIPT.json --log LOG.jsonl
+    mock.py --provider anthropic|openai|gemini|bedrock|responses|azure \
+        --key KEY --script SCRIPT.json --log LOG.jsonl
+
+(the last four live in modules of their own beside this one: `PLUGINS`).
 
 SCRIPT.json is the list of answers, one per request, in order:
   {"status": 429, "retry_after": "1"}         an error (the provider's shape)
@@ -28,6 +31,7 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import sys
 import threading
@@ -370,9 +374,24 @@ def error_body(kind, message, provider="anthropic"):
     return T.ErrorResponse(type="error", error=error, request_id=None).model_dump_json()
 
 
+# Providers in a module of their own (tests/providers/<name>.py), each with
+#   request(handler, raw, key, violations) -> (body, stream, key_ok, model)
+#       checks one request (path, headers, the raw body) with the SDK's types
+#       and the provider's rules, appending what is wrong to `violations`;
+#   reply(handler, step, model, stream)  answers with a script step;
+#   error(handler, status, message, retry_after)  answers an error in the
+#       provider's own shape.
+PLUGINS = ["gemini", "bedrock", "responses", "azure"]
+
+
 class Mock:
     def __init__(self, args):
         self.provider = args.provider
+        self.plugin = None
+        if args.provider in PLUGINS:
+            import importlib
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            self.plugin = importlib.import_module(args.provider)
         self.key = args.key
         self.script = json.load(open(args.script))
         self.log = open(args.log, "a")
@@ -399,6 +418,8 @@ def handler(mock):
 
         def do_POST(self):
             raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            if mock.plugin is not None:
+                return self.plugin_post(raw)
             violations = []
             try:
                 body = json.loads(raw)
@@ -441,6 +462,28 @@ def handler(mock):
                 self.wfile.write(f"event: {event.type}\ndata: {event.model_dump_json()}\n\n".encode())
                 self.wfile.flush()
             self.close_connection = True
+
+        def plugin_post(self, raw):
+            """A provider of its own module (see `PLUGINS`)."""
+            plugin = mock.plugin
+            violations = []
+            body, stream, key_ok, model = plugin.request(self, raw, mock.key, violations)
+            with mock.lock:
+                record = {"path": self.path, "stream": stream, "key_ok": key_ok, "version": None,
+                          "body": body, "violations": violations}
+                mock.log.write(json.dumps(record) + "\n")
+                mock.log.flush()
+                step = None
+                if not violations:
+                    step = mock.script[mock.next] if mock.next < len(mock.script) else {"text": "(script ended)"}
+                    mock.next += 1
+            if violations:
+                return plugin.error(self, 400, "; ".join(violations), None)
+            if not key_ok:
+                return plugin.error(self, 403, "the credentials are not the expected ones", None)
+            if "status" in step:
+                return plugin.error(self, step["status"], "scripted", step.get("retry_after"))
+            return plugin.reply(self, step, model, stream)
 
         def anthropic_request(self, body, stream, violations):
             if not self.path.endswith("/v1/messages"):
@@ -489,7 +532,7 @@ def handler(mock):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--provider", choices=["anthropic", "openai"], required=True)
+    p.add_argument("--provider", choices=["anthropic", "openai"] + PLUGINS, required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--script", required=True)
     p.add_argument("--log", required=True)
