@@ -368,7 +368,9 @@ pub fn env_sources(spec: &AgentSpec) -> BTreeSet<String> {
     for d in &spec.parameters {
         add(d.default.as_ref());
     }
-    add(spec.model.api_key.as_ref());
+    for model in spec.model.chain() {
+        add(model.api_key.as_ref());
+    }
     let mut secrets = |list: &[super::OpenApiSecret]| {
         for s in list {
             if let SecretSource::Env(n) = &s.source {
@@ -1074,6 +1076,17 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review 69: a fallback's key read from the environment was missing
+    /// from the variables `env-vars` withholds.
+    #[test]
+    fn a_fallbacks_key_variable_is_withheld_like_the_models() {
+        let yaml = "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: http://m, name: m, apiKey: {env: MAIN_KEY}, fallbacks: [{url: http://f, name: f, apiKey: {env: FALLBACK_KEY}}]}\n";
+        let agent: crate::AgentDocument = crate::from_yaml(yaml).unwrap();
+        let sources = env_sources(&agent.spec);
+        assert!(sources.contains("MAIN_KEY"), "{sources:?}");
+        assert!(sources.contains("FALLBACK_KEY"), "{sources:?}");
+    }
 
     /// `attach-file` loads with or without a sandbox; `check` warns when
     /// no file can be attached, or the sandbox has no capability to serve.
