@@ -19,6 +19,57 @@ use super::{
     ValueSource, WhenUnbound,
 };
 
+/// The model an agents-exe file names. `ClaudeV1` is Claude with extended
+/// thinking (10000 tokens); Bindery speaks it in Anthropic's own Messages
+/// API at the file's `modelUrl` (Anthropic's `https://api.anthropic.com/v1`
+/// serves both), so that thinking blocks are carried across turns with
+/// their signatures, which the chat-completions compatibility layer drops.
+/// The other flavours stay dialects of chat completions.
+fn model_of(
+    flavor: Option<String>,
+    url: String,
+    name: String,
+    api_key_id: Option<String>,
+) -> ModelSpec {
+    let claude = flavor.as_deref().and_then(crate::flavor::Flavor::parse)
+        == Some(crate::flavor::Flavor::Claude);
+    let (provider, flavor, max_tokens, thinking) = match claude {
+        true => (
+            crate::provider::Provider::Anthropic,
+            "openai".to_string(),
+            Some(CLAUDE_V1_MAX_TOKENS),
+            Some(crate::provider::Thinking {
+                budget_tokens: crate::flavor::Flavor::Claude
+                    .thinking_budget()
+                    .unwrap_or(crate::provider::MIN_THINKING_BUDGET),
+            }),
+        ),
+        false => (
+            Default::default(),
+            flavor.unwrap_or_else(|| "openai".to_string()),
+            None,
+            None,
+        ),
+    };
+    ModelSpec {
+        provider,
+        flavor,
+        url,
+        name,
+        api_key: api_key_id.map(ValueSource::ApiKey),
+        pricing: None,
+        max_tokens,
+        thinking,
+        bedrock: None,
+        azure: None,
+        fallbacks: Vec::new(),
+    }
+}
+
+/// The reply's bound for `ClaudeV1`: its 10000 thinking tokens must be
+/// under it, with room for the answer.
+const CLAUDE_V1_MAX_TOKENS: u32 = 16000;
+
 /// The top level of an agents-exe agent file.
 #[derive(Deserialize, Debug)]
 #[serde(tag = "tag", content = "contents")]
@@ -1028,17 +1079,12 @@ impl Description {
         }
         let spec = AgentSpec {
             announce: self.announce,
-            model: ModelSpec {
-                flavor: self.flavor.unwrap_or_else(|| "openai".to_string()),
-                url: self.model_url,
-                name: self.model_name,
-                api_key: self.api_key_id.map(ValueSource::ApiKey),
-                pricing: None,
-                provider: Default::default(),
-                max_tokens: None,
-                thinking: None,
-                fallbacks: Vec::new(),
-            },
+            model: model_of(
+                self.flavor,
+                self.model_url,
+                self.model_name,
+                self.api_key_id,
+            ),
             system_prompt: self.system_prompt.join("\n"),
             parameters: self
                 .parameters
@@ -1183,6 +1229,38 @@ mod tests {
         );
         let diags = crate::checks::check_definition(&c.name, &c.spec, "here");
         assert!(diags.is_empty(), "{diags:?}");
+    }
+
+    /// `ClaudeV1` is spoken in Anthropic's own API with its thinking; the
+    /// other flavours stay dialects of chat completions.
+    #[test]
+    fn claude_v1_becomes_anthropics_messages_api_with_its_thinking() {
+        let convert = |flavor: &str| {
+            let file: AgentFile = serde_json::from_value(serde_json::json!({
+                "tag": "OpenAIAgentDescription",
+                "contents": {"slug": "a", "modelUrl": "https://api.anthropic.com/v1",
+                    "modelName": "claude-sonnet-4-5", "apiKeyId": "anthropic", "flavor": flavor}
+            }))
+            .unwrap();
+            let AgentFile::OpenAIAgentDescription(d) = file;
+            d.convert().spec
+        };
+        let claude = convert("ClaudeV1");
+        let m = &claude.model;
+        assert_eq!(m.provider, crate::provider::Provider::Anthropic);
+        assert_eq!(m.flavor, "openai");
+        assert_eq!(m.thinking.as_ref().map(|t| t.budget_tokens), Some(10000));
+        assert_eq!(m.max_tokens, Some(16000));
+        assert_eq!(m.api_key, Some(ValueSource::ApiKey("anthropic".into())));
+        let diags = crate::checks::check_definition("a", &claude, "here");
+        assert!(diags.is_empty(), "{diags:?}");
+        for flavor in ["MistralV1", "KimiV1", "OpenAIv1"] {
+            let m = convert(flavor).model;
+            assert_eq!(
+                (m.provider, m.flavor.as_str(), m.thinking),
+                (Default::default(), flavor, None)
+            );
+        }
     }
 
     #[test]

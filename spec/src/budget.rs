@@ -95,6 +95,11 @@ pub struct Pricing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub cache_write_per_million: Option<f64>,
+    /// Per million reply tokens spent reasoning, where a provider bills
+    /// them apart; the output price when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub reasoning_per_million: Option<f64>,
     /// A label for reports (`USD`); Bindery converts nothing.
     #[serde(default = "default_currency")]
     #[schemars(length(max = 8))]
@@ -105,26 +110,37 @@ fn default_currency() -> String {
     "USD".to_string()
 }
 
+/// One request's tokens as its reply reported them: the prompt's, of them
+/// those read from and written to the prompt cache, the reply's, and of
+/// them those spent reasoning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub prompt: u64,
+    pub completion: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub reasoning: u64,
+}
+
 impl Pricing {
     /// What `prompt` and `completion` tokens cost.
     pub fn cost(&self, prompt: u64, completion: u64) -> f64 {
-        self.cost_cached(prompt, completion, 0, 0)
+        self.cost_of(&Tokens {
+            prompt,
+            completion,
+            ..Tokens::default()
+        })
     }
 
-    /// What a request costs whose `prompt` tokens include `cache_read`
-    /// read from the prompt cache and `cache_write` written to it, each at
-    /// its own price.
-    pub fn cost_cached(
-        &self,
-        prompt: u64,
-        completion: u64,
-        cache_read: u64,
-        cache_write: u64,
-    ) -> f64 {
-        let cached = cache_read.saturating_add(cache_write).min(prompt);
-        let read = cache_read.min(cached) as f64;
+    /// What a request costs, each kind of token at its own price: the
+    /// cache's reads and writes out of the prompt's, the reasoning out of
+    /// the reply's (a count past its whole is cut to it).
+    pub fn cost_of(&self, t: &Tokens) -> f64 {
+        let cached = t.cache_read.saturating_add(t.cache_write).min(t.prompt);
+        let read = t.cache_read.min(cached) as f64;
         let write = (cached as f64) - read;
-        ((prompt - cached) as f64 * self.input_per_million
+        let reasoning = t.reasoning.min(t.completion);
+        ((t.prompt - cached) as f64 * self.input_per_million
             + read
                 * self
                     .cache_read_per_million
@@ -133,7 +149,11 @@ impl Pricing {
                 * self
                     .cache_write_per_million
                     .unwrap_or(self.input_per_million)
-            + completion as f64 * self.output_per_million)
+            + (t.completion - reasoning) as f64 * self.output_per_million
+            + reasoning as f64
+                * self
+                    .reasoning_per_million
+                    .unwrap_or(self.output_per_million))
             / 1_000_000.0
     }
 }
@@ -328,8 +348,8 @@ pub fn check(
                 format!("{place}: `cost` is a number of at least 0"),
             )),
             Some((Meter::Cost, _)) if pricing.is_none() => diags.push(Diagnostic::error(format!(
-                "{place} caps cost, so the model needs a price: add `spec.model.pricing` \
-                 with `inputPerMillion` and `outputPerMillion`"
+                "{place} caps cost, so the model needs a price, and Bindery's price table does not \
+                 know it: add `spec.model.pricing` with `inputPerMillion` and `outputPerMillion`"
             ))),
             Some(_) => {}
         }
@@ -354,10 +374,11 @@ pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
         Some(p.output_per_million),
         p.cache_read_per_million,
         p.cache_write_per_million,
+        p.reasoning_per_million,
     ];
     if prices.into_iter().flatten().any(bad) {
         diags.push(Diagnostic::error(format!(
-            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion) are numbers of at least 0"
+            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers of at least 0"
         )));
     }
 }
@@ -430,6 +451,7 @@ mod tests {
             output_per_million: 0.6,
             cache_read_per_million: None,
             cache_write_per_million: None,
+            reasoning_per_million: None,
             currency: "USD".into(),
         };
         check(
@@ -448,10 +470,18 @@ mod tests {
             output_per_million: 15.0,
             cache_read_per_million: Some(0.3),
             cache_write_per_million: Some(3.75),
+            reasoning_per_million: None,
             currency: "USD".into(),
         };
+        let cached = |prompt, completion, cache_read, cache_write| Tokens {
+            prompt,
+            completion,
+            cache_read,
+            cache_write,
+            reasoning: 0,
+        };
         // 1M prompt tokens of which 600k read and 100k written, 1M out.
-        let c = p.cost_cached(1_000_000, 1_000_000, 600_000, 100_000);
+        let c = p.cost_of(&cached(1_000_000, 1_000_000, 600_000, 100_000));
         assert!(
             (c - (0.3 * 3.0 + 0.6 * 0.3 + 0.1 * 3.75 + 15.0)).abs() < 1e-9,
             "{c}"
@@ -462,9 +492,39 @@ mod tests {
             cache_write_per_million: None,
             ..p.clone()
         };
-        assert!((plain.cost_cached(1000, 0, 600, 100) - plain.cost(1000, 0)).abs() < 1e-12);
-        assert!(p.cost_cached(10, 0, 50, 50).is_finite());
-        assert!((p.cost_cached(10, 0, 50, 50) - 10.0 * 0.3 / 1e6).abs() < 1e-12);
+        assert!((plain.cost_of(&cached(1000, 0, 600, 100)) - plain.cost(1000, 0)).abs() < 1e-12);
+        assert!(p.cost_of(&cached(10, 0, 50, 50)).is_finite());
+        assert!((p.cost_of(&cached(10, 0, 50, 50)) - 10.0 * 0.3 / 1e6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn reasoning_tokens_cost_their_price_or_the_outputs() {
+        let p = Pricing {
+            input_per_million: 1.0,
+            output_per_million: 4.0,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
+            reasoning_per_million: Some(10.0),
+            currency: "USD".into(),
+        };
+        let t = Tokens {
+            completion: 1_000_000,
+            reasoning: 250_000,
+            ..Tokens::default()
+        };
+        assert!((p.cost_of(&t) - (0.75 * 4.0 + 0.25 * 10.0)).abs() < 1e-9);
+        let billed_as_output = Pricing {
+            reasoning_per_million: None,
+            ..p.clone()
+        };
+        assert!((billed_as_output.cost_of(&t) - 4.0).abs() < 1e-9);
+        // More reasoning than the reply is cut to the reply.
+        let over = Tokens {
+            completion: 10,
+            reasoning: 1000,
+            ..Tokens::default()
+        };
+        assert!((p.cost_of(&over) - 10.0 * 10.0 / 1e6).abs() < 1e-12);
     }
 
     #[test]
@@ -474,6 +534,7 @@ mod tests {
             output_per_million: 1.0,
             cache_read_per_million: None,
             cache_write_per_million: None,
+            reasoning_per_million: None,
             currency: "USD".into(),
         };
         let said = |p: Pricing| {
@@ -511,6 +572,7 @@ mod tests {
             output_per_million: 0.6,
             cache_read_per_million: None,
             cache_write_per_million: None,
+            reasoning_per_million: None,
             currency: "USD".into(),
         };
         assert!((p.cost(1_000_000, 1_000_000) - 0.75).abs() < 1e-12);

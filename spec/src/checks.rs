@@ -227,7 +227,8 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
             "{here}: confirmTtl `{ttl}` is not a duration; write a number and a unit: `90s`, `15m`, `2h` or `1d`"
         )));
     }
-    super::budget::check(&spec.budgets, spec.model.pricing.as_ref(), here, &mut diags);
+    let price = spec.model.price().map(|(p, _)| p);
+    super::budget::check(&spec.budgets, price.as_ref(), here, &mut diags);
     model_checks(&spec.model, here, &mut diags);
     for b in &spec.budgets {
         let Some(d) = &b.downgrade else { continue };
@@ -271,9 +272,9 @@ pub fn check_definition(name: &str, spec: &AgentSpec, here: &str) -> Vec<Diagnos
         // What a fallback answers is counted at its own price, against
         // this agent's budgets and, for a helper, its caller's: a priced
         // model's fallbacks are priced, in the same currency.
-        match (&spec.model.pricing, &f.pricing) {
+        match (&price, f.as_model().price().map(|(p, _)| p)) {
             (Some(_), None) => diags.push(Diagnostic::error(format!(
-                "{place} (`{}`): the model is priced, so every fallback is (what it answers counts against the budgets, a caller's too); give it `pricing`",
+                "{place} (`{}`): the model is priced, so every fallback is (what it answers counts against the budgets, a caller's too); give it `pricing` (Bindery's price table does not know it)",
                 super::printable(&f.name)
             ))),
             (Some(m), Some(p)) if m.currency != p.currency => diags.push(Diagnostic::error(format!(
@@ -370,6 +371,9 @@ pub fn env_sources(spec: &AgentSpec) -> BTreeSet<String> {
     }
     for model in spec.model.chain() {
         add(model.api_key.as_ref());
+        for source in model.bedrock.iter().flat_map(|b| b.sources()) {
+            add(Some(source));
+        }
     }
     let mut secrets = |list: &[super::OpenApiSecret]| {
         for s in list {
@@ -920,6 +924,21 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
             ));
         }
     }
+    for (place, model) in std::iter::once(("model".to_string(), spec.model.clone())).chain(
+        spec.model
+            .fallbacks
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (format!("model fallback {}", i + 1), f.as_model())),
+    ) {
+        use super::provider::Provider;
+        if matches!(model.provider, Provider::Bedrock | Provider::AzureOpenAi) {
+            out.push(format!(
+                "{place}: provider `{}` signs with the server's own cloud identity (or keys), which a stored agent may not send to a URL its client chose; put the agent in a file the server loads",
+                model.provider.name()
+            ));
+        }
+    }
     if !spec.helpers.is_empty() {
         out.push("helpers: a stored agent has none (a helper by path reads the server's files); store the helper as an agent of its own and call it from the client".to_string());
     }
@@ -1035,30 +1054,35 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
             )));
         }
     }
-    if provider != Provider::OpenAi
-        && super::flavor::Flavor::parse(&model.flavor).unwrap_or_default() != Default::default()
-    {
+    if !provider.speaks_chat_completions() && flavor != Default::default() {
         diags.push(Diagnostic::error(format!(
             "{here}: model flavor `{}` is a dialect of OpenAI's chat completions, and provider `{}` is not them; remove `flavor`",
             model.flavor,
             provider.name()
         )));
     }
+    provider_settings_checks(model, here, diags);
     let Some(thinking) = &model.thinking else {
         return;
     };
-    if provider != Provider::Anthropic {
+    if !provider.takes_thinking() {
         diags.push(Diagnostic::error(format!(
-            "{here}: model thinking is Anthropic's extended thinking, and provider `{}` does not take it; set `provider: anthropic` or remove `thinking`",
+            "{here}: model thinking is a thinking budget, and provider `{}` takes none (anthropic, bedrock and gemini do); remove `thinking`",
             provider.name()
         )));
         return;
     }
     if thinking.budget_tokens < MIN_THINKING_BUDGET {
         diags.push(Diagnostic::error(format!(
-            "{here}: model thinking.budgetTokens {} is below Anthropic's least, {MIN_THINKING_BUDGET}",
+            "{here}: model thinking.budgetTokens {} is below the least Bindery sends, {MIN_THINKING_BUDGET} (Anthropic's)",
             thinking.budget_tokens
         )));
+    }
+    if provider == Provider::Bedrock && model.max_tokens.is_none() {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model thinking on bedrock needs maxTokens (more than thinking.budgetTokens): the model's own default may be below the budget"
+        )));
+        return;
     }
     let max = model
         .max_tokens
@@ -1073,9 +1097,127 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
     }
 }
 
+/// The provider's own settings: `bedrock` and `azure` only with their
+/// provider; Bedrock's region known and its keys whole; and the pod's
+/// cloud identity sent only to its cloud (or loopback).
+fn provider_settings_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic>) {
+    use super::provider::{ambient_credential_may_reach, Provider};
+    let provider = model.provider;
+    if model.bedrock.is_some() && provider != Provider::Bedrock {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model `bedrock` settings are for provider bedrock, and the provider is `{}`; remove them or set `provider: bedrock`",
+            provider.name()
+        )));
+    }
+    if model.azure.is_some() && provider != Provider::AzureOpenAi {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model `azure` settings are for provider azure-openai, and the provider is `{}`; remove them or set `provider: azure-openai`",
+            provider.name()
+        )));
+    }
+    let segment_ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let ambient = match provider {
+        Provider::Bedrock => {
+            let settings = model.bedrock.clone().unwrap_or_default();
+            match settings.region_of(&model.url) {
+                None => diags.push(Diagnostic::error(format!(
+                    "{here}: model url {} names no AWS region (bedrock-runtime.REGION.amazonaws.com); give `bedrock: {{region: …}}`",
+                    super::printable(&model.url)
+                ))),
+                Some(r) if !segment_ok(&r) || r.contains('.') => {
+                    diags.push(Diagnostic::error(format!(
+                        "{here}: model bedrock.region `{}` is not an AWS region name (like us-east-1)",
+                        super::printable(&r)
+                    )))
+                }
+                Some(_) => {}
+            }
+            let keys = (
+                settings.access_key_id.is_some(),
+                settings.secret_access_key.is_some(),
+            );
+            if keys.0 != keys.1 {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: model bedrock gives one of accessKeyId and secretAccessKey; give both, or neither to sign with the pod's identity"
+                )));
+            }
+            if settings.session_token.is_some() && !keys.0 {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: model bedrock.sessionToken goes with accessKeyId and secretAccessKey; give them too"
+                )));
+            }
+            if model.api_key.is_some() && (keys.0 || keys.1) {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: model has both `apiKey` (a Bedrock API key) and bedrock keys; give one"
+                )));
+            }
+            model.api_key.is_none() && !keys.0 && !keys.1
+        }
+        Provider::AzureOpenAi => {
+            if !segment_ok(&model.name) {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: model name `{}` is an Azure OpenAI deployment and goes in the URL's path: letters, digits, `-`, `_` and `.` only",
+                    super::printable(&model.name)
+                )));
+            }
+            let version = model.azure.clone().unwrap_or_default();
+            if !segment_ok(version.api_version()) {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: model azure.apiVersion `{}` is not an api-version (like {})",
+                    super::printable(version.api_version()),
+                    super::provider::AZURE_API_VERSION
+                )));
+            }
+            model.api_key.is_none()
+        }
+        _ => false,
+    };
+    if ambient && !ambient_credential_may_reach(provider, &model.url) {
+        let (what, domains) = match provider {
+            Provider::Bedrock => ("the pod's AWS credentials sign", "https://*.amazonaws.com"),
+            _ => (
+                "the pod's Entra ID token goes",
+                "https://*.openai.azure.com, *.cognitiveservices.azure.com or *.services.ai.azure.com",
+            ),
+        };
+        diags.push(Diagnostic::error(format!(
+            "{here}: model url {} is not {}'s own: without `apiKey`, {what} only for {domains} (or a loopback address); give the cloud's URL, or an `apiKey`",
+            super::printable(&model.url),
+            provider.name()
+        )));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stored agent's client chooses its URL: a provider that signs
+    /// with the server's cloud identity is refused, as a fallback too.
+    #[test]
+    fn a_stored_agent_speaks_no_provider_that_signs_with_the_servers_identity() {
+        for (model, refused) in [
+            ("{provider: bedrock, url: 'https://bedrock-runtime.us-east-1.amazonaws.com', name: m}", Some("model: provider `bedrock`")),
+            ("{provider: azure-openai, url: 'https://r.openai.azure.com', name: m}", Some("model: provider `azure-openai`")),
+            ("{url: http://m, name: m, fallbacks: [{provider: azure-openai, url: 'https://r.openai.azure.com', name: d}]}", Some("model fallback 1: provider `azure-openai`")),
+            ("{provider: gemini, url: http://m, name: m}", None),
+        ] {
+            let yaml = format!("apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {model}\n");
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            let said = stored_agent_refusals(&doc.spec);
+            match refused {
+                Some(words) => assert!(
+                    said.len() == 1 && said[0].starts_with(words) && said[0].contains("cloud identity"),
+                    "{model}: {said:?}"
+                ),
+                None => assert!(said.is_empty(), "{model}: {said:?}"),
+            }
+        }
+    }
 
     /// Review 69: a fallback's key read from the environment was missing
     /// from the variables `env-vars` withholds.
@@ -1138,8 +1280,19 @@ mod tests {
 
     #[test]
     fn a_models_provider_takes_only_what_its_api_has() {
-        let said =
-            |model: &str| messages_of(&format!("  model: {{url: http://m, name: m, {model}}}\n"));
+        let said = |model: &str| {
+            let url = if model.contains("url:") {
+                ""
+            } else {
+                "url: http://m, "
+            };
+            let name = if model.contains("name:") {
+                ""
+            } else {
+                "name: m, "
+            };
+            messages_of(&format!("  model: {{{url}{name}{model}}}\n"))
+        };
         assert_eq!(
             said("provider: anthropic, thinking: {budgetTokens: 2048}"),
             Vec::<String>::new()
@@ -1151,11 +1304,67 @@ mod tests {
         for (model, words) in [
             (
                 "thinking: {budgetTokens: 2048}",
-                "provider `openai` does not take it",
+                "provider `openai` takes none",
+            ),
+            (
+                "provider: openai-responses, thinking: {budgetTokens: 2048}",
+                "provider `openai-responses` takes none",
             ),
             (
                 "provider: anthropic, thinking: {budgetTokens: 512}",
-                "below Anthropic's least, 1024",
+                "below the least Bindery sends, 1024",
+            ),
+            (
+                "provider: gemini, flavor: KimiV1",
+                "remove `flavor`",
+            ),
+            (
+                "provider: bedrock, url: 'https://bedrock-runtime.us-east-1.amazonaws.com', thinking: {budgetTokens: 2048}",
+                "thinking on bedrock needs maxTokens",
+            ),
+            (
+                "provider: bedrock, apiKey: {env: K}",
+                "names no AWS region",
+            ),
+            (
+                "provider: bedrock, bedrock: {region: us-east-1}",
+                "is not bedrock's own: without `apiKey`, the pod's AWS credentials sign only for https://*.amazonaws.com",
+            ),
+            (
+                "provider: bedrock, bedrock: {region: 'us-east-1/../x'}, apiKey: {env: K}",
+                "is not an AWS region name",
+            ),
+            (
+                "provider: bedrock, bedrock: {region: us-east-1, accessKeyId: {env: A}}",
+                "give both, or neither",
+            ),
+            (
+                "provider: bedrock, bedrock: {region: us-east-1, sessionToken: {env: T}}, apiKey: {env: K}",
+                "sessionToken goes with accessKeyId",
+            ),
+            (
+                "provider: bedrock, bedrock: {region: us-east-1, accessKeyId: {env: A}, secretAccessKey: {env: S}}, apiKey: {env: K}",
+                "both `apiKey` (a Bedrock API key) and bedrock keys",
+            ),
+            (
+                "bedrock: {region: us-east-1}",
+                "settings are for provider bedrock",
+            ),
+            (
+                "azure: {apiVersion: 2024-10-21}",
+                "settings are for provider azure-openai",
+            ),
+            (
+                "provider: azure-openai",
+                "the pod's Entra ID token goes only for https://*.openai.azure.com",
+            ),
+            (
+                "provider: azure-openai, url: 'https://r.openai.azure.com', name: 'a/b'",
+                "is an Azure OpenAI deployment",
+            ),
+            (
+                "provider: azure-openai, apiKey: {env: K}, azure: {apiVersion: '2024?x=1'}",
+                "is not an api-version",
             ),
             (
                 "provider: anthropic, thinking: {budgetTokens: 8192}",
@@ -1179,10 +1388,21 @@ mod tests {
             );
         }
         let unknown = crate::from_yaml::<crate::AgentDocument>(
-            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: http://m, name: m, provider: gemini}\n",
+            "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model: {url: http://m, name: m, provider: vertex}\n",
         );
         let err = format!("{:?}", unknown.err());
-        assert!(err.contains("gemini") && err.contains("anthropic"), "{err}");
+        assert!(err.contains("vertex") && err.contains("anthropic"), "{err}");
+        for fine in [
+            "provider: gemini, thinking: {budgetTokens: 2048}",
+            "provider: bedrock, url: 'https://bedrock-runtime.eu-west-1.amazonaws.com', maxTokens: 4096, thinking: {budgetTokens: 2048}",
+            "provider: bedrock, url: 'http://127.0.0.1:9', bedrock: {region: us-east-1}",
+            "provider: bedrock, url: 'https://proxy.example', bedrock: {region: us-east-1, accessKeyId: {env: A}, secretAccessKey: {env: S}}",
+            "provider: azure-openai, url: 'https://r.openai.azure.com', name: gpt-4o",
+            "provider: azure-openai, apiKey: {env: K}, azure: {apiVersion: 2025-04-01-preview}",
+            "provider: openai-responses",
+        ] {
+            assert_eq!(said(fine), Vec::<String>::new(), "{fine}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod document;
 pub mod filter;
 pub mod flavor;
 pub mod jsonpath;
+pub mod prices;
 pub mod provider;
 pub mod sandbox;
 
@@ -87,11 +88,10 @@ pub fn json_kind(v: &serde_json::Value) -> &'static str {
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
     )
 )]
+// A cost budget needs a price, the model's own or the shipped table's
+// (`prices`): checked by the operator and the server, not the API server,
+// which does not have the table.
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "!has(self.budgets) || !self.budgets.exists(b, has(b.cost)) || has(self.model.pricing)",
-    "message": "a cost budget needs spec.model.pricing"
-}]))]
 pub struct AgentSpec {
     /// One line telling a calling agent (or a human) what this agent does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -263,8 +263,9 @@ pub fn parse_ttl(s: &str) -> Option<u64> {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
-    /// The API spoken: `openai` (chat completions, the default) or
-    /// `anthropic` (the Messages API). See docs/providers.md.
+    /// The API spoken: `openai` (chat completions, the default),
+    /// `openai-responses`, `anthropic`, `gemini`, `bedrock` or
+    /// `azure-openai`. See docs/providers.md.
     #[serde(default, skip_serializing_if = "provider::Provider::is_default")]
     pub provider: provider::Provider,
     /// API dialect, all of them OpenAI's chat completions: `openai` (the
@@ -274,12 +275,15 @@ pub struct ModelSpec {
     /// agents-exe's spellings (`MistralV1`, …) are read too.
     #[serde(default = "default_flavor")]
     pub flavor: String,
-    /// Base URL; requests go to `{url}/chat/completions` (`openai`) or
-    /// `{url}/messages` (`anthropic`).
+    /// Base URL; requests go to `{url}/chat/completions` (`openai`),
+    /// `{url}/messages` (`anthropic`), or the provider's own path under it
+    /// (docs/providers.md).
     pub url: String,
-    /// The model name sent in each request.
+    /// The model name sent in each request (Bedrock's model id or
+    /// inference profile; Azure's deployment).
     pub name: String,
-    /// Where the API key comes from (none: no `Authorization` header).
+    /// Where the API key comes from (none: no key is sent, or, for
+    /// `bedrock` and `azure-openai`, the pod's cloud identity is used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ValueSource>,
     /// What the model costs, for usage reports and `cost` budgets.
@@ -291,11 +295,17 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_tokens: Option<u32>,
-    /// Extended thinking (`anthropic` only): its budget, less than
-    /// `maxTokens`. Its blocks go back to the model with each next
+    /// Thinking before answering (`anthropic`, `bedrock`'s Claude models,
+    /// `gemini`): its budget, less than `maxTokens`. Its blocks go back to the model with each next
     /// request, as the API requires, and are never shown as the reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<provider::Thinking>,
+    /// Amazon Bedrock's region and keys (`provider: bedrock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock: Option<provider::BedrockSettings>,
+    /// Azure OpenAI's `apiVersion` (`provider: azure-openai`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure: Option<provider::AzureSettings>,
     /// Other models, any provider, tried in order when this one (after its
     /// retries) answers 429, 529 or another 5xx, cannot be reached, or
     /// does not answer in time. See docs/providers.md.
@@ -332,6 +342,12 @@ pub struct FallbackModel {
     /// As the model's `thinking`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<provider::Thinking>,
+    /// As the model's `bedrock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock: Option<provider::BedrockSettings>,
+    /// As the model's `azure`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure: Option<provider::AzureSettings>,
 }
 
 impl FallbackModel {
@@ -346,6 +362,8 @@ impl FallbackModel {
             pricing: self.pricing.clone(),
             max_tokens: self.max_tokens,
             thinking: self.thinking.clone(),
+            bedrock: self.bedrock.clone(),
+            azure: self.azure.clone(),
             fallbacks: Vec::new(),
         }
     }
