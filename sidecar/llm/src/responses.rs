@@ -481,7 +481,14 @@ impl Reply {
         Ok(())
     }
 
-    fn finish(self) -> ChatResponse {
+    fn finish(mut self) -> ChatResponse {
+        // A call of no arguments sent none: an empty object, as the
+        // chat-completions reading gives it.
+        for call in &mut self.calls {
+            if call.arguments.trim().is_empty() {
+                call.arguments = "{}".to_owned();
+            }
+        }
         ChatResponse {
             content: self.text,
             tool_calls: self.calls,

@@ -947,6 +947,10 @@ fn a_part_or_call_whose_text_comes_only_at_its_end_is_forwarded_once() {
         .collect();
     let (r, deltas) = run(&bare).unwrap();
     assert_eq!(r.content.as_deref(), Some("On it, héllo"));
+    let mut empty = bare.clone();
+    let last = empty.len() - 2;
+    empty[last]["item"]["arguments"] = json!("");
+    assert_eq!(run(&empty).unwrap().0.tool_calls[1].arguments, "{}");
     assert_eq!(r.tool_calls[0].arguments, r#"{"q":"x"}"#);
     assert_eq!(
         deltas
