@@ -24,6 +24,7 @@ mod conversation;
 pub mod egress;
 mod error;
 mod parse;
+mod responses;
 mod turn;
 mod types;
 
