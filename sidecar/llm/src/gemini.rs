@@ -620,9 +620,11 @@ impl Reply {
                 .keys()
                 .all(|k| k == "thought" || k == "thoughtSignature") => {}
             [] => return Err(what("a part of no kind Bindery knows")),
-            [kind] => return Err(what(&format!(
+            [kind] => {
+                return Err(what(&format!(
                 "a `{kind}` part, which Bindery does not take (a server tool, or generated media?)"
-            ))),
+            )))
+            }
             _ => return Err(what("a part of more than one kind")),
         }
         self.parts.push(part);

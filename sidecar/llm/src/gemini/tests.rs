@@ -806,3 +806,35 @@ fn the_path_names_the_model_as_one_segment() {
         assert!(matches!(err, LlmError::Config(_)), "{bad:?}: {err}");
     }
 }
+
+/// A result answers the call of that id in the turn just before it, even
+/// when a model reused the id (Gemini's `id`, or a fallback's) in a later
+/// turn; a tool's text in parts is its text, one part a line.
+#[test]
+fn results_follow_the_calls_of_their_own_turn() {
+    let history = vec![
+        ChatMessage::user("q"),
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![call("same", "one", "{}")],
+            reasoning: None,
+        },
+        ChatMessage::tool_result("same", "first"),
+        ChatMessage::Assistant {
+            content: None,
+            tool_calls: vec![call("same", "two", "{}")],
+            reasoning: None,
+        },
+        ChatMessage::Tool {
+            tool_call_id: "same".into(),
+            content: Content::Parts(vec![ContentPart::text("a"), ContentPart::text("b")]),
+        },
+    ];
+    let body = encoded(&history, &[], &endpoint());
+    let c = body["contents"].as_array().unwrap();
+    assert_eq!(c[2]["parts"][0]["functionResponse"]["name"], "one");
+    assert_eq!(
+        c[4]["parts"],
+        json!([{"functionResponse": {"name": "two", "response": {"output": "a\nb"}}}])
+    );
+}
