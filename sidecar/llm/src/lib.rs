@@ -23,6 +23,7 @@ pub mod content;
 mod conversation;
 pub mod egress;
 mod error;
+mod gemini;
 mod parse;
 mod responses;
 mod turn;
