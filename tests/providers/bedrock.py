@@ -209,7 +209,7 @@ def constraints(value, shape, where, out):
     elif kind == "string" and isinstance(value, str):
         if "max" in meta and len(value) > meta["max"]:
             out.append(f"{where}: {len(value)} characters, more than {meta['max']}")
-        if "pattern" in meta and where != ".modelId" and not re.fullmatch(meta["pattern"], value):
+        if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
             out.append(f"{where}: {value[:80]!r} does not match {meta['pattern']}")
         if shape.enum and value not in shape.enum:
             out.append(f"{where}: {value!r} is not one of {shape.enum}")

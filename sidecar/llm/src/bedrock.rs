@@ -553,6 +553,9 @@ impl Reply {
                 let (Some(id), Some(name)) = (field("toolUseId"), field("name")) else {
                     return Err(malformed("a toolUse without its id or name", block));
                 };
+                if inner.get("type").is_some() {
+                    return Err(server_tool(block));
+                }
                 self.calls.push(ToolCall {
                     id: id.to_owned(),
                     name: name.to_owned(),
@@ -673,6 +676,9 @@ impl Stream {
                             &data,
                         ));
                     };
+                    if tool.get("type").is_some() {
+                        return Err(server_tool(&event));
+                    }
                     let call = self.reply.calls.len();
                     on_delta(StreamDelta::ToolCallStarted {
                         index: call,
@@ -903,6 +909,15 @@ impl Open {
             Open::Tool { .. } => "toolUse",
         }
     }
+}
+
+/// A `toolUse` of `type` `server_tool_use`: a tool the service runs
+/// itself, which Bindery neither offers nor runs.
+fn server_tool(block: &Value) -> LlmError {
+    malformed(
+        "a toolUse of a server tool, which Bindery does not take",
+        block,
+    )
 }
 
 fn malformed(what: &str, block: &Value) -> LlmError {

@@ -538,6 +538,12 @@ fn a_malformed_whole_reply_is_refused_never_a_panic() {
         ),
         (&with(json!({"toolUse": "x"})), "id or name"),
         (&with(json!({"reasoningContent": "x"})), "does not take"),
+        (
+            &with(
+                json!({"toolUse": {"toolUseId": "s", "name": "web", "input": {}, "type": "server_tool_use"}}),
+            ),
+            "server tool",
+        ),
         (&with(json!({"citationsContent": {}})), "does not take"),
         (&with(json!({"image": {"format": "png"}})), "does not take"),
     ] {
@@ -1147,6 +1153,14 @@ fn deltas_of_another_kind_odd_events_and_blocks_never_stopped_are_refused() {
         (
             vec![("contentBlockStart", json!({"contentBlockIndex": 0}))],
             "without a `start`",
+        ),
+        (
+            vec![(
+                "contentBlockStart",
+                json!({"contentBlockIndex": 0, "start": {"toolUse": {
+                    "toolUseId": "s", "name": "web", "type": "server_tool_use"}}}),
+            )],
+            "server tool",
         ),
         // Blocks never stopped; no messageStop; one without its reason.
         (
