@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod anthropic;
+mod bedrock;
 mod client;
 pub mod content;
 mod conversation;
