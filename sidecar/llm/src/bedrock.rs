@@ -22,7 +22,6 @@
 //!
 //! Nothing here signs a request: the client signs the body [`body`] gives
 //! (SigV4, service `bedrock`) for the path [`path`] gives.
-#![allow(dead_code)]
 
 mod frames;
 
@@ -35,7 +34,6 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 // The client's to use (the lead removes the allow when wiring).
-#[allow(unused_imports)]
 pub(crate) use frames::{Frame, Frames};
 
 use super::content::{Content, ContentPart};

@@ -14,11 +14,11 @@ use reqwest::header::{HeaderName, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TY
 
 use super::anthropic;
 use super::conversation::Conversation;
+use super::dialect::{self, Streamed};
 use super::error::{excerpt, LlmError};
-use super::parse::{deltas_of, parse_completion, StreamState};
+use super::parse::deltas_of;
 use super::types::{ChatRequest, ChatResponse, FellBack, ModelEndpoint, ReplyLimits, StreamDelta};
 use bindery_spec::Redirects;
-use bindery_sse::Parser as SseParser;
 
 /// The longest `Retry-After` the client honours; a longer one is cut to this.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -69,6 +69,7 @@ impl ChatClient {
             http: shared.http.clone(),
             endpoint: shared.endpoint.clone(),
             url: shared.url.clone(),
+            stream_url: shared.stream_url.clone(),
             headers: shared.headers.clone(),
             local: shared.local.clone(),
             fallbacks: shared.fallbacks.clone(),
@@ -105,6 +106,9 @@ struct Inner {
     /// `{base_url}/chat/completions` (or the provider's path), parsed
     /// once: a request clones it instead of parsing the text anew.
     url: reqwest::Url,
+    /// Where a streamed request goes (the same but for Gemini and Bedrock,
+    /// whose streams have paths of their own).
+    stream_url: reqwest::Url,
     /// The headers every request carries: the key (`Authorization:
     /// Bearer`, or the provider's own header), marked sensitive, and the
     /// provider's version.
@@ -153,12 +157,22 @@ impl ChatClient {
         }
         let mut headers = Vec::new();
         if let Some(key) = endpoint.api_key.as_ref().filter(|k| !k.is_empty()) {
+            // Each API's own header; Bedrock's API keys are bearer tokens.
             let (name, text) = match endpoint.provider {
-                Provider::OpenAi => (AUTHORIZATION, format!("Bearer {}", key.expose())),
+                Provider::OpenAi | Provider::OpenAiResponses | Provider::Bedrock => {
+                    (AUTHORIZATION, format!("Bearer {}", key.expose()))
+                }
                 Provider::Anthropic => (
                     HeaderName::from_static("x-api-key"),
                     key.expose().to_owned(),
                 ),
+                Provider::Gemini => (
+                    HeaderName::from_static("x-goog-api-key"),
+                    key.expose().to_owned(),
+                ),
+                Provider::AzureOpenAi => {
+                    (HeaderName::from_static("api-key"), key.expose().to_owned())
+                }
             };
             let mut value = HeaderValue::try_from(text).map_err(|_| {
                 LlmError::Config(
@@ -180,20 +194,22 @@ impl ChatClient {
             .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e))))?;
-        let path = match endpoint.provider {
-            Provider::OpenAi => "/chat/completions",
-            Provider::Anthropic => "/messages",
+        let url_of = |stream: bool| -> Result<reqwest::Url, LlmError> {
+            let path = dialect::path(&endpoint, stream)?;
+            reqwest::Url::parse(&format!("{base}{path}")).map_err(|e| {
+                LlmError::Config(format!(
+                    "the base URL {base:?} does not take the path {path}: {e}"
+                ))
+            })
         };
-        let url = reqwest::Url::parse(&format!("{base}{path}")).map_err(|e| {
-            LlmError::Config(format!(
-                "the base URL {base:?} does not take the path {path}: {e}"
-            ))
-        })?;
+        let url = url_of(false)?;
+        let stream_url = url_of(true)?;
         Ok(ChatClient {
             inner: Arc::new(Inner {
                 http,
                 endpoint,
                 url,
+                stream_url,
                 headers,
                 local: None,
                 fallbacks: Vec::new(),
@@ -478,7 +494,6 @@ impl ChatClient {
         }
 
         let mut chunks = std::pin::pin!(response.bytes_stream());
-        let mut parser = SseParser::default();
         let mut state = Streamed::of(self.inner.endpoint.provider);
         let limit = self.inner.endpoint.limits.max_bytes;
         let mut read = 0usize;
@@ -487,9 +502,7 @@ impl ChatClient {
                 .await
                 .map_err(|_| LlmError::Timeout)?;
             let Some(chunk) = next else {
-                if let Some(event) = parser.finish() {
-                    state.handle_event(&event.data, on_delta)?;
-                }
+                state.end(on_delta)?;
                 break;
             };
             let chunk = chunk.map_err(|e| self.read_error(e))?;
@@ -497,15 +510,7 @@ impl ChatClient {
             if read > limit {
                 return Err(LlmError::TooLarge { limit });
             }
-            let events = parser
-                .feed(&chunk)
-                .map_err(|e| LlmError::Malformed(e.to_string()))?;
-            for event in events {
-                state.handle_event(&event.data, on_delta)?;
-                if state.is_done() {
-                    break;
-                }
-            }
+            state.feed(&chunk, on_delta)?;
         }
         let response = state.finish()?;
         tracing::debug!(
@@ -579,10 +584,14 @@ impl ChatClient {
         body: &bytes::Bytes,
         stream: bool,
     ) -> Result<Attempt<reqwest::Response>, LlmError> {
+        let url = match stream {
+            true => &self.inner.stream_url,
+            false => &self.inner.url,
+        };
         let mut request = self
             .inner
             .http
-            .post(self.inner.url.clone())
+            .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(
                 ACCEPT,
@@ -660,65 +669,12 @@ impl ChatClient {
 impl ChatClient {
     /// The request body in the endpoint's provider's shape.
     fn body(&self, req: &Conversation, stream: bool) -> Result<bytes::Bytes, LlmError> {
-        let endpoint = &self.inner.endpoint;
-        match endpoint.provider {
-            Provider::OpenAi => {
-                let extra = endpoint
-                    .max_tokens
-                    .map(|n| format!(r#","max_completion_tokens":{n}"#))
-                    .unwrap_or_default();
-                req.body_with(&endpoint.model, endpoint.flavor, &extra, stream)
-            }
-            Provider::Anthropic => anthropic::body(req.messages(), req.tools(), endpoint, stream),
-        }
+        dialect::body(req, &self.inner.endpoint, stream)
     }
 
     /// A whole reply in the endpoint's provider's shape.
     fn parse(&self, text: &str) -> Result<ChatResponse, LlmError> {
-        match self.inner.endpoint.provider {
-            Provider::OpenAi => parse_completion(text),
-            Provider::Anthropic => anthropic::parse(text),
-        }
-    }
-}
-
-/// A streamed reply being read, in its provider's events.
-enum Streamed {
-    OpenAi(StreamState),
-    Anthropic(anthropic::Stream),
-}
-
-impl Streamed {
-    fn of(provider: Provider) -> Self {
-        match provider {
-            Provider::OpenAi => Streamed::OpenAi(StreamState::default()),
-            Provider::Anthropic => Streamed::Anthropic(anthropic::Stream::default()),
-        }
-    }
-
-    fn is_done(&self) -> bool {
-        match self {
-            Streamed::OpenAi(s) => s.is_done(),
-            Streamed::Anthropic(s) => s.is_done(),
-        }
-    }
-
-    fn handle_event(
-        &mut self,
-        data: &str,
-        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
-    ) -> Result<(), LlmError> {
-        match self {
-            Streamed::OpenAi(s) => s.handle_event(data, on_delta),
-            Streamed::Anthropic(s) => s.handle_event(data, on_delta),
-        }
-    }
-
-    fn finish(self) -> Result<ChatResponse, LlmError> {
-        match self {
-            Streamed::OpenAi(s) => s.finish(),
-            Streamed::Anthropic(s) => s.finish(),
-        }
+        dialect::parse(self.inner.endpoint.provider, text)
     }
 }
 

@@ -24,8 +24,6 @@
 //! - usage with the cache's reads, thoughts billed as output, and a
 //!   blocked prompt an error, not an empty reply.
 
-#![allow(dead_code)]
-
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 

@@ -22,6 +22,7 @@ mod bedrock;
 mod client;
 pub mod content;
 mod conversation;
+mod dialect;
 pub mod egress;
 mod error;
 mod gemini;
@@ -37,10 +38,7 @@ pub fn tools_as_sent(
     provider: bindery_spec::provider::Provider,
     tools: &[ToolDefinition],
 ) -> Result<Vec<serde_json::Value>, LlmError> {
-    match provider {
-        bindery_spec::provider::Provider::OpenAi => Ok(conversation::wire_tools(tools)),
-        bindery_spec::provider::Provider::Anthropic => anthropic::tools(tools),
-    }
+    dialect::tools(provider, tools)
 }
 pub use content::{Content, ContentPart, Media};
 pub use conversation::Conversation;

@@ -22,8 +22,6 @@
 //! - usage: the prompt's tokens with the cache's read and written ones,
 //!   the reply's with its reasoning tokens ([`Reply::reasoning_tokens`]).
 
-#![allow(dead_code)]
-
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};

@@ -32,8 +32,12 @@ pub struct ModelEndpoint {
     /// The longest reply in tokens, when the agent names one (Anthropic's
     /// default otherwise).
     pub max_tokens: Option<u32>,
-    /// Extended thinking's budget in tokens (Anthropic).
+    /// The thinking budget in tokens (Anthropic, Bedrock, Gemini).
     pub thinking_budget: Option<u32>,
+    /// Azure OpenAI's `api-version` (the default when `None`).
+    pub api_version: Option<String>,
+    /// The AWS region Bedrock requests are signed for.
+    pub region: Option<String>,
     /// How large a reply may be, how many calls it may ask for, and how
     /// long a whole request may last.
     pub limits: ReplyLimits,
@@ -91,8 +95,17 @@ impl ModelEndpoint {
             provider: Default::default(),
             max_tokens: None,
             thinking_budget: None,
+            api_version: None,
+            region: None,
             limits: ReplyLimits::default(),
         }
+    }
+
+    /// The `api-version` Azure OpenAI requests name.
+    pub fn azure_api_version(&self) -> &str {
+        self.api_version
+            .as_deref()
+            .unwrap_or(bindery_spec::provider::AZURE_API_VERSION)
     }
 
     /// The same endpoint, with this API key.
