@@ -21,6 +21,7 @@ mod anthropic;
 mod client;
 pub mod content;
 mod conversation;
+mod credentials;
 pub mod egress;
 mod error;
 mod parse;
