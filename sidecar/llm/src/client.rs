@@ -67,6 +67,8 @@ impl ChatClient {
     pub fn with_fallbacks(self, fallbacks: Vec<ChatClient>) -> Self {
         let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
             http: shared.http.clone(),
+            identity_http: shared.identity_http.clone(),
+            auth: shared.auth.clone(),
             endpoint: shared.endpoint.clone(),
             url: shared.url.clone(),
             stream_url: shared.stream_url.clone(),
@@ -78,6 +80,67 @@ impl ChatClient {
             inner: Arc::new(Inner { fallbacks, ..inner }),
         }
     }
+}
+
+/// What a request accepts back.
+fn accept(stream: bool) -> &'static str {
+    match stream {
+        true => "text/event-stream",
+        false => "application/json",
+    }
+}
+
+/// How requests are authorized beyond the fixed headers.
+#[derive(Clone)]
+enum Auth {
+    /// By the fixed headers alone (a key, or nothing).
+    Headers,
+    /// Bedrock without a key: SigV4 with the agent's keys or the pod's
+    /// AWS identity.
+    SigV4(Arc<crate::credentials::AwsSigner>),
+    /// Azure OpenAI without a key: an Entra ID token of the pod's
+    /// workload identity.
+    Entra(Arc<crate::credentials::EntraToken>),
+}
+
+impl Auth {
+    fn of(endpoint: &ModelEndpoint) -> Result<Auth, LlmError> {
+        let keyed = endpoint.api_key.as_ref().is_some_and(|k| !k.is_empty());
+        let env =
+            || -> Arc<dyn crate::credentials::Env> { Arc::new(crate::credentials::ProcessEnv) };
+        Ok(match endpoint.provider {
+            Provider::Bedrock if !keyed => {
+                let region = endpoint.region.clone().ok_or_else(|| {
+                    LlmError::Config(
+                        "no AWS region for Bedrock: give `bedrock: {region: …}` or a bedrock-runtime.REGION.amazonaws.com URL".to_owned(),
+                    )
+                })?;
+                Auth::SigV4(Arc::new(crate::credentials::AwsSigner::new(
+                    endpoint.aws_keys.clone(),
+                    region,
+                    "bedrock",
+                    env(),
+                )?))
+            }
+            Provider::AzureOpenAi if !keyed => {
+                Auth::Entra(Arc::new(crate::credentials::EntraToken::from_env(env())?))
+            }
+            _ => Auth::Headers,
+        })
+    }
+
+    /// Where its credentials come from, for `check` and errors.
+    fn source(&self) -> Option<String> {
+        match self {
+            Auth::Headers => None,
+            Auth::SigV4(s) => Some(s.source()),
+            Auth::Entra(t) => Some(t.source()),
+        }
+    }
+}
+
+fn token_source(auth: &Auth) -> String {
+    auth.source().unwrap_or_default()
 }
 
 /// A status that says the endpoint is rate limited or failing, not the
@@ -96,12 +159,20 @@ pub fn falls_back(e: &LlmError) -> bool {
         LlmError::RetriesExhausted { last, .. } => falls_back(last),
         LlmError::Http { status, .. } => busy(*status),
         LlmError::Transport(_) | LlmError::Timeout | LlmError::Deadline(_) => true,
+        // The pod's identity endpoint busy or unreachable: another model
+        // may take other credentials.
+        LlmError::Credentials { transient, .. } => *transient,
         _ => false,
     }
 }
 
 struct Inner {
     http: reqwest::Client,
+    /// Asks the pod's identity for credentials (STS, EKS Pod Identity,
+    /// Entra ID): no redirect followed.
+    identity_http: Option<reqwest::Client>,
+    /// What each request is signed or authorized with beyond `headers`.
+    auth: Auth,
     endpoint: ModelEndpoint,
     /// `{base_url}/chat/completions` (or the provider's path), parsed
     /// once: a request clones it instead of parsing the text anew.
@@ -182,6 +253,7 @@ impl ChatClient {
             value.set_sensitive(true);
             headers.push((name, value));
         }
+        let auth = Auth::of(&endpoint)?;
         if endpoint.provider == Provider::Anthropic {
             headers.push((
                 HeaderName::from_static("anthropic-version"),
@@ -204,9 +276,22 @@ impl ChatClient {
         };
         let url = url_of(false)?;
         let stream_url = url_of(true)?;
+        let identity_http = match auth {
+            Auth::Headers => None,
+            _ => Some(
+                super::egress::client(Redirects::Never)
+                    .user_agent(concat!("bindery-sidecar/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| {
+                        LlmError::Config(format!("cannot set up HTTP: {}", error_chain(&e)))
+                    })?,
+            ),
+        };
         Ok(ChatClient {
             inner: Arc::new(Inner {
                 http,
+                identity_http,
+                auth,
                 endpoint,
                 url,
                 stream_url,
@@ -240,6 +325,12 @@ impl ChatClient {
         tokio::time::timeout(self.inner.endpoint.timeout, model.complete(req))
             .await
             .unwrap_or(Err(LlmError::Timeout))
+    }
+
+    /// Where the pod's cloud identity comes from, when requests are signed
+    /// or authorized with it (`check` shows it).
+    pub fn identity_source(&self) -> Option<String> {
+        self.inner.auth.source()
     }
 
     /// The endpoint this client talks to.
@@ -593,17 +684,28 @@ impl ChatClient {
             .http
             .post(url.clone())
             .header(CONTENT_TYPE, "application/json")
-            .header(
-                ACCEPT,
-                if stream {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                },
-            )
+            .header(ACCEPT, accept(stream))
             .body(body.clone());
         for (name, value) in &self.inner.headers {
             request = request.header(name, value.clone());
+        }
+        match self.authorization(url, stream, body).await {
+            Ok(headers) => {
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+            }
+            Err(
+                error @ LlmError::Credentials {
+                    transient: true, ..
+                },
+            ) => {
+                return Ok(Attempt::Retry {
+                    error,
+                    retry_after: None,
+                })
+            }
+            Err(error) => return Err(error),
         }
         let response = match request.send().await {
             Ok(response) => response,
@@ -639,6 +741,41 @@ impl ChatClient {
             Ok(Attempt::Retry { error, retry_after })
         } else {
             Err(error)
+        }
+    }
+
+    /// The headers that authorize one request with the pod's identity: a
+    /// SigV4 signature over it (made anew for each attempt: it holds the
+    /// time), or an Entra ID token. None with a key.
+    async fn authorization(
+        &self,
+        url: &reqwest::Url,
+        stream: bool,
+        body: &bytes::Bytes,
+    ) -> Result<Vec<(HeaderName, HeaderValue)>, LlmError> {
+        let Some(http) = &self.inner.identity_http else {
+            return Ok(Vec::new());
+        };
+        match &self.inner.auth {
+            Auth::Headers => Ok(Vec::new()),
+            Auth::SigV4(signer) => {
+                let signed = [
+                    (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                    (ACCEPT, HeaderValue::from_static(accept(stream))),
+                ];
+                signer.sign(http, "POST", url, &signed, body).await
+            }
+            Auth::Entra(token) => {
+                let token = token.bearer(http).await?;
+                let mut value = HeaderValue::try_from(format!("Bearer {}", token.expose()))
+                    .map_err(|_| LlmError::Credentials {
+                        from: token_source(&self.inner.auth),
+                        message: "the access token cannot go in an HTTP header".to_owned(),
+                        transient: false,
+                    })?;
+                value.set_sensitive(true);
+                Ok(vec![(AUTHORIZATION, value)])
+            }
         }
     }
 

@@ -55,6 +55,20 @@ pub enum LlmError {
     /// The [`ModelEndpoint`](super::ModelEndpoint) cannot be used.
     #[error("invalid model endpoint: {0}")]
     Config(String),
+    /// The endpoint's cloud credentials (AWS's for SigV4, an Entra ID
+    /// token) could not be had. The message names the source that failed
+    /// and what to check; it holds no credential.
+    #[error("no credentials for the model endpoint from {from}: {message}")]
+    Credentials {
+        /// Where they were to come from (`web identity (arn:…)`, …).
+        from: String,
+        /// What went wrong, and what to do.
+        message: String,
+        /// Whether the same request may succeed later (the identity
+        /// endpoint unreachable, too slow, busy or failing), not a setup
+        /// to fix.
+        transient: bool,
+    },
     /// The model and each fallback failed, in order.
     #[error("every model failed: {}; the last, {}: {last}", passed_over(.tried), .last_model)]
     ChainFailed {

@@ -22,6 +22,7 @@ mod bedrock;
 mod client;
 pub mod content;
 mod conversation;
+mod credentials;
 mod dialect;
 pub mod egress;
 mod error;
@@ -32,6 +33,7 @@ mod turn;
 mod types;
 
 pub use client::{falls_back, ChatClient, LocalModel};
+pub use credentials::AwsKeys;
 
 /// `tools` exactly as `provider`'s requests carry them (`describe --tools`).
 pub fn tools_as_sent(

@@ -38,6 +38,8 @@ pub struct ModelEndpoint {
     pub api_version: Option<String>,
     /// The AWS region Bedrock requests are signed for.
     pub region: Option<String>,
+    /// Bedrock's static keys (else the pod's AWS identity signs).
+    pub aws_keys: Option<crate::credentials::AwsKeys>,
     /// How large a reply may be, how many calls it may ask for, and how
     /// long a whole request may last.
     pub limits: ReplyLimits,
@@ -97,6 +99,7 @@ impl ModelEndpoint {
             thinking_budget: None,
             api_version: None,
             region: None,
+            aws_keys: None,
             limits: ReplyLimits::default(),
         }
     }
