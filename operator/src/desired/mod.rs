@@ -444,7 +444,8 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
 /// fails, the tenant's list fails too, and by the tenant's budget's name
 /// (a name the tenant gives twice can even vanish in the overlay).
 fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String> {
-    let pricing = root.spec.model.pricing.as_ref();
+    let price = root.spec.model.price().map(|(p, _)| p);
+    let pricing = price.as_ref();
     // A cost budget the agent's model has no price for is said below,
     // naming the Agent; the shape checks go against any price.
     let any_price = Pricing {
@@ -452,6 +453,7 @@ fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String
         output_per_million: 0.0,
         cache_read_per_million: None,
         cache_write_per_million: None,
+        reasoning_per_million: None,
         currency: String::new(),
     };
     let mut diags = Vec::new();
@@ -470,8 +472,8 @@ fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String
         let costs = |b: &&Budget| matches!(b.meter(), Some((Meter::Cost, _)));
         for b in budgets.iter().filter(costs) {
             problems.push(format!(
-                "spec.budgets, budget `{}` caps cost, but Agent `{}` gives its model no price: \
-                 add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, \
+                "spec.budgets, budget `{}` caps cost, but Agent `{}` gives its model no price \
+                 (and Bindery's price table does not know it): add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, \
                  or cap tokens or toolCalls in this budget instead",
                 b.name, root.name
             ));

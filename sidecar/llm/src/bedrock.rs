@@ -490,6 +490,7 @@ fn usage(value: &Value) -> Usage {
         total_tokens: 0,
         cache_read_tokens,
         cache_write_tokens,
+        reasoning_tokens: 0,
     }
     .bounded()
 }

@@ -377,6 +377,7 @@ fn usage(value: &Value) -> Usage {
         total_tokens: 0,
         cache_read_tokens: n("cachedContentTokenCount"),
         cache_write_tokens: 0,
+        reasoning_tokens: n("thoughtsTokenCount"),
     }
     .bounded()
 }

@@ -297,6 +297,7 @@ fn usage(value: &Value) -> Option<Usage> {
             total_tokens: 0,
             cache_read_tokens: n("/input_tokens_details/cached_tokens"),
             cache_write_tokens: n("/input_tokens_details/cache_write_tokens"),
+            reasoning_tokens: 0,
         }
         .bounded(),
     )
@@ -487,11 +488,18 @@ impl Reply {
                 call.arguments = "{}".to_owned();
             }
         }
+        let reasoning_tokens = self.reasoning_tokens.unwrap_or(0);
         ChatResponse {
             content: self.text,
             tool_calls: self.calls,
             finish_reason: self.stop,
-            usage: self.usage,
+            usage: self.usage.map(|u| {
+                Usage {
+                    reasoning_tokens,
+                    ..u
+                }
+                .bounded()
+            }),
             reasoning: (!self.reasoning.is_empty()).then(|| Reasoning {
                 provider: PROVIDER.to_owned(),
                 blocks: self.reasoning,

@@ -399,6 +399,10 @@ pub struct Usage {
     /// Of `prompt_tokens`, those written to the provider's prompt cache.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_write_tokens: u64,
+    /// Of `completion_tokens`, those the model spent reasoning (OpenAI's
+    /// reasoning tokens, Gemini's thoughts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -425,6 +429,7 @@ impl Usage {
             total_tokens: prompt_tokens + completion_tokens,
             cache_read_tokens,
             cache_write_tokens: cut(self.cache_write_tokens).min(prompt_tokens - cache_read_tokens),
+            reasoning_tokens: cut(self.reasoning_tokens).min(completion_tokens),
         }
     }
 }

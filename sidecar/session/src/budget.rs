@@ -60,6 +60,8 @@ pub struct Spent {
     /// Of `prompt`, those read from and written to the provider's cache.
     pub cache_read: u64,
     pub cache_write: u64,
+    /// Of `completion`, those spent reasoning.
+    pub reasoning: u64,
     /// The model reported no usage.
     pub estimated: bool,
 }

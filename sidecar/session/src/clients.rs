@@ -3,9 +3,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bindery_llm::LlmError;
 use bindery_llm::{ChatClient, ModelEndpoint};
 use bindery_params::SecretString;
-use bindery_tree::{AgentTree, ModelKey};
+use bindery_spec::provider::Provider;
+use bindery_tree::{AgentTree, AwsKeysRead, ModelKey};
 
 pub struct ClientOptions {
     pub timeout: Duration,
@@ -31,12 +33,12 @@ pub struct ModelOverride {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("--model-url: {0}")]
-    ModelUrl(bindery_llm::LlmError),
+    ModelUrl(LlmError),
     #[error("{}: agent `{agent}`, model: {source}", file.display())]
     Agent {
         file: std::path::PathBuf,
         agent: String,
-        source: bindery_llm::LlmError,
+        source: LlmError,
     },
 }
 
@@ -50,8 +52,16 @@ pub fn build_clients(
     let mut warnings = Vec::new();
     for agent in tree.agents.values() {
         let m = &agent.spec.model;
-        let client = model_client(m, &agent.model_key, &agent.name, opts, &mut warnings)
-            .map_err(|source| client_error(opts, agent, source))?;
+        let aws = |i: usize| agent.aws_keys.get(i).and_then(Option::as_ref);
+        let client = model_client(
+            m,
+            &agent.model_key,
+            aws(0),
+            &agent.name,
+            opts,
+            &mut warnings,
+        )
+        .map_err(|source| client_error(opts, agent, source))?;
         // `--model-url` stands for every model: no fallbacks past it.
         let mut fallbacks = Vec::new();
         if opts.model.is_none() {
@@ -59,7 +69,7 @@ pub fn build_clients(
                 let key = agent.fallback_keys.get(i).unwrap_or(&ModelKey::Absent);
                 let who = format!("{} (model fallback {})", agent.name, i + 1);
                 fallbacks.push(
-                    model_client(&f.as_model(), key, &who, opts, &mut warnings)
+                    model_client(&f.as_model(), key, aws(i + 1), &who, opts, &mut warnings)
                         .map_err(|source| client_error(opts, agent, source))?,
                 );
             }
@@ -75,10 +85,11 @@ pub fn build_clients(
 fn model_client(
     m: &bindery_spec::ModelSpec,
     key: &ModelKey,
+    aws: Option<&AwsKeysRead>,
     who: &str,
     opts: &ClientOptions,
     warnings: &mut Vec<String>,
-) -> Result<ChatClient, bindery_llm::LlmError> {
+) -> Result<ChatClient, LlmError> {
     let mut endpoint = match &opts.model {
         Some(o) => {
             let name = o.name.clone().unwrap_or_else(|| m.name.clone());
@@ -101,6 +112,27 @@ fn model_client(
         // own model is spoken to in its provider's API.
         endpoint.provider = m.provider;
         endpoint.thinking_budget = m.thinking.as_ref().map(|t| t.budget_tokens);
+        endpoint.api_version = m.azure.as_ref().and_then(|a| a.api_version.clone());
+        endpoint.region = m.bedrock.clone().unwrap_or_default().region_of(&m.url);
+        if let Some(aws) = aws {
+            endpoint.aws_keys = Some(aws_keys(aws)?);
+        }
+        // Without its key, a cloud provider would sign with the pod's
+        // own identity: a key that does not read is an error there.
+        let cloud = matches!(m.provider, Provider::Bedrock | Provider::AzureOpenAi);
+        match (key, cloud) {
+            (ModelKey::NotText, true) => {
+                return Err(LlmError::Config(
+                    "the model's apiKey is not a string (without it the pod's cloud identity would be used)".to_owned(),
+                ))
+            }
+            (ModelKey::Unreadable(e), true) => {
+                return Err(LlmError::Config(format!(
+                    "the model's apiKey cannot be read ({e}); without it the pod's cloud identity would be used"
+                )))
+            }
+            _ => {}
+        }
         match key {
             ModelKey::Absent => {}
             ModelKey::Key(k) => endpoint = endpoint.with_api_key(k.clone()),
@@ -115,11 +147,39 @@ fn model_client(
     ChatClient::new(endpoint)
 }
 
+/// Bedrock's keys as the client takes them: each must have read as text.
+fn aws_keys(read: &AwsKeysRead) -> Result<bindery_llm::AwsKeys, LlmError> {
+    let text = |k: &ModelKey, field: &str| -> Result<Option<SecretString>, LlmError> {
+        match k {
+            ModelKey::Absent => Ok(None),
+            ModelKey::Key(v) => Ok(Some(v.clone())),
+            ModelKey::NotText => Err(LlmError::Config(format!(
+                "the model's bedrock.{field} is not a string"
+            ))),
+            ModelKey::Unreadable(e) => Err(LlmError::Config(format!(
+                "the model's bedrock.{field} cannot be read ({e})"
+            ))),
+        }
+    };
+    let id = text(&read.access_key_id, "accessKeyId")?;
+    let secret = text(&read.secret_access_key, "secretAccessKey")?;
+    match (id, secret) {
+        (Some(id), Some(secret)) => Ok(bindery_llm::AwsKeys {
+            access_key_id: id.expose().to_owned(),
+            secret_access_key: secret,
+            session_token: text(&read.session_token, "sessionToken")?,
+        }),
+        _ => Err(LlmError::Config(
+            "the model's bedrock gives accessKeyId without secretAccessKey".to_owned(),
+        )),
+    }
+}
+
 /// `source` as the error of `agent`'s model, or of `--model-url`.
 fn client_error(
     opts: &ClientOptions,
     agent: &bindery_tree::LoadedAgent,
-    source: bindery_llm::LlmError,
+    source: LlmError,
 ) -> ClientError {
     match &opts.model {
         Some(_) => ClientError::ModelUrl(source),

@@ -72,6 +72,9 @@ pub struct LoadedAgent {
     pub model_key: ModelKey,
     /// Each model fallback's key, in the fallbacks' order.
     pub fallback_keys: Vec<ModelKey>,
+    /// Bedrock's keys (`bedrock.accessKeyId`, …) of the model and each
+    /// fallback, in the chain's order (`None` where a model names none).
+    pub aws_keys: Vec<Option<AwsKeysRead>>,
     /// What must live as long as the agent (its MCP servers).
     _keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -86,6 +89,45 @@ pub enum ModelKey {
     /// Its source gave something other than a string.
     NotText,
     Unreadable(bindery_params::sources::SourceError),
+}
+
+/// A model's Bedrock keys as read from their sources.
+#[derive(Debug)]
+pub struct AwsKeysRead {
+    pub access_key_id: ModelKey,
+    pub secret_access_key: ModelKey,
+    pub session_token: ModelKey,
+}
+
+impl AwsKeysRead {
+    /// The Bedrock keys of each model of `p`'s chain.
+    fn read_chain(p: &Pending, opts: &LoadOptions) -> Vec<Option<AwsKeysRead>> {
+        p.spec
+            .model
+            .chain()
+            .iter()
+            .map(|m| {
+                let b = m.bedrock.as_ref()?;
+                b.access_key_id.as_ref()?;
+                Some(AwsKeysRead {
+                    access_key_id: ModelKey::read_source(b.access_key_id.as_ref(), p, opts),
+                    secret_access_key: ModelKey::read_source(b.secret_access_key.as_ref(), p, opts),
+                    session_token: ModelKey::read_source(b.session_token.as_ref(), p, opts),
+                })
+            })
+            .collect()
+    }
+
+    /// Its secrets, named as a scrubber shows them.
+    fn named(&self, model: &str) -> impl Iterator<Item = (String, SecretString)> + '_ {
+        let secret = self
+            .secret_access_key
+            .named(&format!("{model} AWS secret key"));
+        let token = self
+            .session_token
+            .named(&format!("{model} AWS session token"));
+        secret.into_iter().chain(token)
+    }
 }
 
 impl ModelKey {
@@ -118,9 +160,9 @@ impl ModelKey {
         }
     }
 
-    /// The key as agent `agent`'s, named as a scrubber shows it.
-    fn named(&self, agent: &str) -> Option<(String, SecretString)> {
-        Some((format!("{agent} model key"), self.key()?.clone()))
+    /// The key as `what`'s, named as a scrubber shows it.
+    fn named(&self, what: &str) -> Option<(String, SecretString)> {
+        Some((what.to_owned(), self.key()?.clone()))
     }
 
     pub fn key(&self) -> Option<&SecretString> {
@@ -272,7 +314,22 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
 
     let mut agents = BTreeMap::new();
     let mut keys = model_keys(reader.pending.values(), opts);
-    let named = named_keys(&keys);
+    let mut aws: BTreeMap<String, Vec<Option<AwsKeysRead>>> = reader
+        .pending
+        .values()
+        .map(|p| (p.name.clone(), AwsKeysRead::read_chain(p, opts)))
+        .collect();
+    let mut named = named_keys(&keys);
+    named.extend(aws.iter().flat_map(|(agent, chain)| {
+        chain.iter().enumerate().flat_map(move |(i, k)| {
+            let model = match i {
+                0 => agent.clone(),
+                n => format!("{agent} fallback {n}"),
+            };
+            k.iter()
+                .flat_map(move |k| k.named(&model).collect::<Vec<_>>())
+        })
+    }));
     // The keys are the server's own from here: a parameter's value
     // command, run as the agents load, is not given one in its
     // environment (under whatever variable holds it).
@@ -287,6 +344,7 @@ pub async fn load(sources: &AgentSources, opts: &LoadOptions) -> Result<AgentTre
             .unwrap_or((ModelKey::Absent, Vec::new()));
         agent.model_key = key;
         agent.fallback_keys = fallbacks;
+        agent.aws_keys = aws.remove(&agent.name).unwrap_or_default();
         agents.insert(agent.name.clone(), Arc::new(agent));
     }
     check_helpers(&agents, &mut diags);
@@ -600,11 +658,10 @@ fn model_keys<'p>(
 fn named_keys(keys: &BTreeMap<String, (ModelKey, Vec<ModelKey>)>) -> Vec<(String, SecretString)> {
     keys.iter()
         .flat_map(|(agent, (key, fallbacks))| {
-            key.named(agent).into_iter().chain(
-                fallbacks
-                    .iter()
-                    .enumerate()
-                    .filter_map(move |(i, k)| k.named(&format!("{agent} fallback {}", i + 1))),
+            key.named(&format!("{agent} model key")).into_iter().chain(
+                fallbacks.iter().enumerate().filter_map(move |(i, k)| {
+                    k.named(&format!("{agent} fallback {} model key", i + 1))
+                }),
             )
         })
         .collect()
@@ -746,6 +803,7 @@ async fn load_agent(
         helpers: p.helpers.clone(),
         model_key: ModelKey::Absent,
         fallback_keys: Vec::new(),
+        aws_keys: Vec::new(),
         _keep: keep,
     };
     (agent, diags)

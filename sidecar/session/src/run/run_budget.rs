@@ -199,7 +199,7 @@ impl RunBudget {
         let estimate = estimate();
         row.prompt_tokens = estimate;
         row.estimated = true;
-        row.cost = model.pricing.as_ref().map_or(0.0, |p| p.cost(estimate, 0));
+        row.cost = model.price().map_or(0.0, |(p, _)| p.cost(estimate, 0));
         let (gate, before) = self.claim(&gauges, &row).await;
         if let Gate::Go(Some(id)) = gate {
             self.before
@@ -241,10 +241,17 @@ impl RunBudget {
             row.prompt_tokens = s.prompt;
             row.completion_tokens = s.completion;
             row.estimated = s.estimated;
-            row.cost = model.pricing.as_ref().map_or(0.0, |p| {
-                p.cost_cached(s.prompt, s.completion, s.cache_read, s.cache_write)
+            let price = model.price().map(|(p, _)| p);
+            row.cost = price.as_ref().map_or(0.0, |p| {
+                p.cost_of(&bindery_spec::budget::Tokens {
+                    prompt: s.prompt,
+                    completion: s.completion,
+                    cache_read: s.cache_read,
+                    cache_write: s.cache_write,
+                    reasoning: s.reasoning,
+                })
             });
-            let currency = model.pricing.as_ref().map_or("", |p| p.currency.as_str());
+            let currency = price.as_ref().map_or("", |p| p.currency.as_str());
             self.budgets.metrics.model_usage(
                 &self.agent,
                 &model.name,

@@ -156,11 +156,13 @@ pub(super) async fn run_inner(
                         completion: u.completion_tokens,
                         cache_read: u.cache_read_tokens,
                         cache_write: u.cache_write_tokens,
+                        reasoning: u.reasoning_tokens,
                         estimated: false,
                     },
                     None => Spent {
                         cache_read: 0,
                         cache_write: 0,
+                        reasoning: 0,
                         prompt: estimate(),
                         completion: bindery_store::usage::estimate_tokens(r.to_message().chars()),
                         estimated: true,
@@ -176,6 +178,7 @@ pub(super) async fn run_inner(
                 _ => Some(Spent {
                     cache_read: 0,
                     cache_write: 0,
+                    reasoning: 0,
                     prompt: estimate(),
                     completion: bindery_store::usage::estimate_tokens(
                         streamed.load(std::sync::atomic::Ordering::Relaxed),
@@ -386,7 +389,8 @@ fn may_have_been_processed(e: &bindery_llm::LlmError) -> bool {
         | LlmError::TooLarge { .. }
         | LlmError::TooManyCalls { .. }
         | LlmError::Deadline(_) => true,
-        LlmError::Config(_) => false,
+        // No credentials, no request.
+        LlmError::Config(_) | LlmError::Credentials { .. } => false,
     }
 }
 
