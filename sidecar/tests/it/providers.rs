@@ -518,3 +518,262 @@ async fn a_budget_near_its_cap_switches_to_the_cheaper_model_it_names() {
         "{cheap_cost}"
     );
 }
+
+/// A provider spoken natively, as a test drives it: its mock, the agent's
+/// model lines, and the environment the server is given.
+struct Native {
+    mock: ProviderMock,
+    model: String,
+    env: Vec<(&'static str, String)>,
+    /// Whether the reply's usage counts the thinking apart (Responses,
+    /// Gemini): the mock adds it to the output.
+    counts_reasoning: bool,
+}
+
+const AWS_KEY_ID: &str = "AKIDBINDERYTEST";
+const AWS_SECRET: &str = "aws-secret-canary-83f0";
+const PRICES: &str = "    pricing: {inputPerMillion: 2, outputPerMillion: 8, cacheReadPerMillion: 0.5, reasoningPerMillion: 20}\n";
+
+/// The two turns of `two_turns`, reading the cache on the second, with
+/// four reasoning tokens in the first reply (and its thinking kept only
+/// where the provider has it).
+fn native_script(thinking: bool) -> Value {
+    let mut script = json!([
+        {"status": 429, "retry_after": "1"},
+        {"thinking": "The user wants overdue invoices; I should query them.",
+         "text": "Let me look.",
+         "calls": [{"id": "toolu_01", "name": TOOL, "input": {"status": "overdue"}},
+                   {"id": "toolu_02", "name": TOOL, "input": {"status": "open"}}],
+         "usage": {"input": 20, "output": 10, "reasoning": 4}},
+        {"text": "INV-1002 is overdue.",
+         "usage": {"input": 30, "output": 8, "cache_read": 1000}}
+    ]);
+    if !thinking {
+        script[1].as_object_mut().unwrap().remove("thinking");
+    }
+    script
+}
+
+fn native(provider: &str) -> Native {
+    match provider {
+        "gemini" => {
+            let mock = ProviderMock::start("gemini", KEY, &native_script(true));
+            let model = format!(
+                "    provider: gemini\n    url: \"{}/v1beta\"\n    name: gemini-test\n    apiKey: {{env: GEMINI_API_KEY}}\n    thinking: {{budgetTokens: 2048}}\n{PRICES}",
+                mock.root()
+            );
+            Native {
+                mock,
+                model,
+                env: vec![("GEMINI_API_KEY", KEY.into())],
+                counts_reasoning: true,
+            }
+        }
+        "responses" => {
+            let mock = ProviderMock::start("responses", KEY, &native_script(true));
+            let model = format!(
+                "    provider: openai-responses\n    url: \"{}\"\n    name: gpt-test\n    apiKey: {{env: OPENAI_API_KEY}}\n    maxTokens: 4096\n{PRICES}",
+                mock.url()
+            );
+            Native {
+                mock,
+                model,
+                env: vec![("OPENAI_API_KEY", KEY.into())],
+                counts_reasoning: true,
+            }
+        }
+        "bedrock" => {
+            let key = format!("{AWS_KEY_ID}:{AWS_SECRET}:eu-west-3");
+            let mock = ProviderMock::start("bedrock", &key, &native_script(true));
+            let model = format!(
+                "    provider: bedrock\n    url: \"{}\"\n    name: \"anthropic.claude-test-v1:0\"\n    maxTokens: 4096\n    thinking: {{budgetTokens: 2048}}\n    bedrock: {{region: eu-west-3, accessKeyId: {{env: AWS_KEY_ID}}, secretAccessKey: {{env: AWS_SECRET}}}}\n{PRICES}",
+                mock.root()
+            );
+            Native {
+                mock,
+                model,
+                env: vec![
+                    ("AWS_KEY_ID", AWS_KEY_ID.into()),
+                    ("AWS_SECRET", AWS_SECRET.into()),
+                ],
+                counts_reasoning: false,
+            }
+        }
+        "azure" => {
+            let mock = ProviderMock::start(
+                "azure",
+                &format!("api-key:{KEY}@2025-04-01-preview"),
+                &native_script(false),
+            );
+            let model = format!(
+                "    provider: azure-openai\n    url: \"{}\"\n    name: gpt-4o-deployment\n    apiKey: {{env: AZURE_OPENAI_API_KEY}}\n    azure: {{apiVersion: 2025-04-01-preview}}\n{PRICES}",
+                mock.root()
+            );
+            Native {
+                mock,
+                model,
+                env: vec![("AZURE_OPENAI_API_KEY", KEY.into())],
+                counts_reasoning: false,
+            }
+        }
+        other => panic!("no provider {other}"),
+    }
+}
+
+/// The invoices agent whose whole model is `model`'s lines.
+fn invoices_with_model(dir: &std::path::Path, model: &str) -> std::path::PathBuf {
+    let path = invoices_agent_file(dir, "http://unused.invalid/v1", INVOICES_PARAMETERS, "");
+    let written = std::fs::read_to_string(&path).unwrap();
+    let line = "  model: {url: \"http://unused.invalid/v1\", name: mock-model}\n";
+    assert!(written.contains(line), "{written}");
+    std::fs::write(&path, written.replace(line, &format!("  model:\n{model}"))).unwrap();
+    path
+}
+
+/// What is sent back of the first reply's thinking, in the second
+/// request, where the provider carries it.
+fn reasoning_sent_back(provider: &str, body: &Value) -> bool {
+    let text = body.to_string();
+    match provider {
+        "gemini" => text.contains("thoughtSignature") || text.contains("thought_signature"),
+        "responses" => body["input"]
+            .as_array()
+            .is_some_and(|items| items.iter().any(|i| i["type"] == "reasoning")),
+        "bedrock" => text.contains("reasoningContent"),
+        _ => true,
+    }
+}
+
+/// The invoices conversation in `provider`'s own API: a 429 honoured
+/// with its retry-after, two parallel calls and their results, the
+/// thinking carried to the next turn and never shown, the cache's reads
+/// and the reasoning priced apart; every request one the provider's SDK
+/// takes, with its credential in the provider's own header or signature.
+async fn converse_natively(provider: &str, stream: bool) {
+    let Native {
+        mock,
+        model,
+        env,
+        counts_reasoning,
+    } = native(provider);
+    let dir = tempfile::tempdir().unwrap();
+    let agent = invoices_with_model(dir.path(), &model);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (sidecar, api, id, seen) = ask_overdue(&agent, dir.path(), stream_flag(stream), &env).await;
+
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 3, "{provider}: {requests:#?}");
+    for r in &requests {
+        assert_eq!(r["key_ok"], true, "{provider}: {r:#}");
+        assert_eq!(r["stream"], stream, "{provider}");
+        let body = r["body"].to_string();
+        assert!(
+            !body.contains(CANARY) && !body.contains("acme-corp"),
+            "{provider}: {body}"
+        );
+        assert!(
+            !body.contains(KEY) && !body.contains(AWS_SECRET),
+            "{provider}: {body}"
+        );
+    }
+    assert!(
+        reasoning_sent_back(provider, &requests[2]["body"]),
+        "{provider}: {:#}",
+        requests[2]["body"]
+    );
+
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(
+        turns.last().unwrap()["content"],
+        "INV-1002 is overdue.",
+        "{provider}: {}",
+        session.text
+    );
+    assert!(
+        !session.text.contains("I should query"),
+        "{provider}: {}",
+        session.text
+    );
+    let raw_events: String = seen.iter().map(|e| e.data.clone()).collect();
+    assert!(
+        !raw_events.contains("I should query"),
+        "{provider}: {raw_events}"
+    );
+    if stream {
+        assert!(
+            seen.iter().any(|e| e.event == "delta"),
+            "{provider}: {seen:?}"
+        );
+    }
+
+    // 20 and 30+1000 prompt tokens (1000 read from the cache), 10+8
+    // output tokens, and where the provider counts them apart 4 more
+    // spent reasoning, at 20 a million.
+    let usage = api.call("GET", "/v1/usage", Some(OWNER), None).await;
+    let row = &usage.json["rows"][0];
+    assert_eq!(row["prompt_tokens"], 1050, "{provider}: {}", usage.text);
+    let reasoning = if counts_reasoning { 4.0 } else { 0.0 };
+    assert_eq!(
+        row["completion_tokens"].as_f64(),
+        Some(18.0 + reasoning),
+        "{provider}: {}",
+        usage.text
+    );
+    let cost = row["cost"].as_f64().unwrap();
+    let expected = (50.0 * 2.0 + 1000.0 * 0.5 + 18.0 * 8.0 + reasoning * 20.0) / 1e6;
+    assert!(
+        (cost - expected).abs() < 1e-9,
+        "{provider}: {cost} != {expected}"
+    );
+
+    let logs = sidecar.logs();
+    for secret in [KEY, AWS_SECRET, CANARY] {
+        assert!(!logs.contains(secret), "{provider}: {secret} in {logs}");
+    }
+    assert!(!std::fs::read(dir.path().join("store.sqlite"))
+        .map(|b| contains(&b, KEY) || contains(&b, AWS_SECRET))
+        .unwrap_or(false));
+}
+
+#[tokio::test]
+async fn gemini_streamed_is_what_google_genai_takes() {
+    converse_natively("gemini", true).await;
+}
+
+#[tokio::test]
+async fn gemini_whole_is_what_google_genai_takes() {
+    converse_natively("gemini", false).await;
+}
+
+#[tokio::test]
+async fn the_responses_api_streamed_is_what_the_openai_sdk_takes() {
+    converse_natively("responses", true).await;
+}
+
+#[tokio::test]
+async fn the_responses_api_whole_is_what_the_openai_sdk_takes() {
+    converse_natively("responses", false).await;
+}
+
+#[tokio::test]
+async fn bedrock_converse_stream_is_signed_and_what_botocore_takes() {
+    converse_natively("bedrock", true).await;
+}
+
+#[tokio::test]
+async fn bedrock_converse_is_signed_and_what_botocore_takes() {
+    converse_natively("bedrock", false).await;
+}
+
+#[tokio::test]
+async fn azure_openai_streamed_is_what_the_openai_sdk_takes_at_a_deployment() {
+    converse_natively("azure", true).await;
+}
+
+#[tokio::test]
+async fn azure_openai_whole_is_what_the_openai_sdk_takes_at_a_deployment() {
+    converse_natively("azure", false).await;
+}
