@@ -7,7 +7,7 @@
 //! models, whole or streamed in Anthropic's event order.
 
 use bindery_tests::fixtures::{invoices_agent_file, INVOICES_PARAMETERS};
-use bindery_tests::provider_mock::ProviderMock;
+use bindery_tests::provider_mock::{IdentityMock, ProviderMock};
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -776,4 +776,188 @@ async fn azure_openai_streamed_is_what_the_openai_sdk_takes_at_a_deployment() {
 #[tokio::test]
 async fn azure_openai_whole_is_what_the_openai_sdk_takes_at_a_deployment() {
     converse_natively("azure", false).await;
+}
+
+/// What the pod's cloud identity gives, as the identity mock issues it.
+const ISSUED_KEY_ID: &str = "ASIAIDENTITYMOCK";
+const ISSUED_SECRET: &str = "issued-secret-canary-4c2d";
+const ISSUED_TOKEN: &str = "issued-session-canary-9a0e";
+const PROJECTED_TOKEN: &str = "eyJprojected.service-account.token-canary";
+
+/// A Bedrock agent with no keys on `mock`: the pod's identity signs.
+fn bedrock_by_identity(dir: &std::path::Path, mock: &ProviderMock) -> std::path::PathBuf {
+    invoices_with_model(
+        dir,
+        &format!(
+            "    provider: bedrock\n    url: \"{}\"\n    name: \"anthropic.claude-test-v1:0\"\n    bedrock: {{region: eu-west-3}}\n{PRICES}",
+            mock.root()
+        ),
+    )
+}
+
+/// The whole conversation of `ask_overdue` through a model the pod's
+/// identity signs for: the credentials are asked for once (cached across
+/// the three requests and the retry), every request carries them, and
+/// no credential reaches the logs, the store or the model.
+async fn by_identity(
+    mock: &ProviderMock,
+    identity: &IdentityMock,
+    agent: &std::path::Path,
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+    secrets: &[&str],
+) {
+    let (sidecar, api, id, _) = ask_overdue(agent, dir, &[], env).await;
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    assert!(
+        requests.iter().all(|r| r["key_ok"] == true),
+        "{requests:#?}"
+    );
+    let asked = identity.valid_requests();
+    assert_eq!(asked.len(), 1, "{asked:#?}");
+    assert_eq!(asked[0]["token_ok"], true, "{asked:#?}");
+    let session = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = session.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+    let logs = sidecar.logs();
+    let store = std::fs::read(dir.join("store.sqlite")).unwrap_or_default();
+    for secret in secrets {
+        assert!(!logs.contains(secret), "{secret} in {logs}");
+        assert!(!contains(&store, secret), "{secret} in the store");
+        assert!(!requests
+            .iter()
+            .any(|r| r["body"].to_string().contains(secret)));
+    }
+}
+
+/// IRSA: the pod's projected token exchanged at STS
+/// (AssumeRoleWithWebIdentity, botocore's own shape), the temporary keys
+/// signing each Bedrock request with their session token.
+#[tokio::test]
+async fn bedrock_signs_with_the_pods_web_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, PROJECTED_TOKEN).unwrap();
+    let role = "arn:aws:iam::123456789012:role/bindery-tenant";
+    let identity = IdentityMock::start(&[
+        "--web-identity-token-file",
+        token_file.to_str().unwrap(),
+        "--role-arn",
+        role,
+        "--access-key-id",
+        ISSUED_KEY_ID,
+        "--secret-access-key",
+        ISSUED_SECRET,
+        "--session-token",
+        ISSUED_TOKEN,
+    ]);
+    let mock = ProviderMock::start(
+        "bedrock",
+        &format!("{ISSUED_KEY_ID}:{ISSUED_SECRET}:eu-west-3:{ISSUED_TOKEN}"),
+        &native_script(false),
+    );
+    let agent = bedrock_by_identity(dir.path(), &mock);
+    let sts = identity.url();
+    by_identity(
+        &mock,
+        &identity,
+        &agent,
+        dir.path(),
+        &[
+            ("AWS_ROLE_ARN", role),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", token_file.to_str().unwrap()),
+            ("AWS_ENDPOINT_URL_STS", sts.as_str()),
+        ],
+        &[ISSUED_SECRET, ISSUED_TOKEN, PROJECTED_TOKEN],
+    )
+    .await;
+}
+
+/// EKS Pod Identity: the agent's credentials endpoint, asked with the
+/// pod's token, gives the keys that sign.
+#[tokio::test]
+async fn bedrock_signs_with_eks_pod_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("eks-pod-identity-token");
+    std::fs::write(&token_file, PROJECTED_TOKEN).unwrap();
+    let identity = IdentityMock::start(&[
+        "--pod-token-file",
+        token_file.to_str().unwrap(),
+        "--access-key-id",
+        ISSUED_KEY_ID,
+        "--secret-access-key",
+        ISSUED_SECRET,
+        "--session-token",
+        ISSUED_TOKEN,
+    ]);
+    let mock = ProviderMock::start(
+        "bedrock",
+        &format!("{ISSUED_KEY_ID}:{ISSUED_SECRET}:eu-west-3:{ISSUED_TOKEN}"),
+        &native_script(false),
+    );
+    let agent = bedrock_by_identity(dir.path(), &mock);
+    let uri = format!("{}/v1/credentials", identity.url());
+    by_identity(
+        &mock,
+        &identity,
+        &agent,
+        dir.path(),
+        &[
+            ("AWS_CONTAINER_CREDENTIALS_FULL_URI", uri.as_str()),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                token_file.to_str().unwrap(),
+            ),
+        ],
+        &[ISSUED_SECRET, ISSUED_TOKEN, PROJECTED_TOKEN],
+    )
+    .await;
+}
+
+/// AKS workload identity: the federated token exchanged at Entra ID for
+/// an access token, sent as the bearer of each Azure OpenAI request.
+#[tokio::test]
+async fn azure_openai_sends_the_pods_entra_id_token() {
+    const ACCESS: &str = "entra-access-canary-61bd";
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, PROJECTED_TOKEN).unwrap();
+    let tenant = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+    let client = "0b1c2d3e-aaaa-bbbb-cccc-123456789abc";
+    let identity = IdentityMock::start(&[
+        "--federated-token-file",
+        token_file.to_str().unwrap(),
+        "--tenant",
+        tenant,
+        "--client-id",
+        client,
+        "--access-token",
+        ACCESS,
+    ]);
+    let mock = ProviderMock::start("azure", &format!("bearer:{ACCESS}"), &native_script(false));
+    let agent = invoices_with_model(
+        dir.path(),
+        &format!(
+            "    provider: azure-openai\n    url: \"{}\"\n    name: gpt-4o-deployment\n{PRICES}",
+            mock.root()
+        ),
+    );
+    let authority = format!("{}/", identity.url());
+    by_identity(
+        &mock,
+        &identity,
+        &agent,
+        dir.path(),
+        &[
+            ("AZURE_CLIENT_ID", client),
+            ("AZURE_TENANT_ID", tenant),
+            ("AZURE_FEDERATED_TOKEN_FILE", token_file.to_str().unwrap()),
+            ("AZURE_AUTHORITY_HOST", authority.as_str()),
+        ],
+        &[ACCESS, PROJECTED_TOKEN],
+    )
+    .await;
 }
