@@ -94,7 +94,8 @@ pub enum Command {
         #[arg(long)]
         tool: Option<String>,
         /// Print the tools exactly as this provider's requests carry them
-        /// (`openai`, `anthropic`), without what is bound.
+        /// (`openai`, `openai-responses` or `responses`, `anthropic`,
+        /// `gemini`, `bedrock`, `azure-openai`), without what is bound.
         #[arg(long, value_name = "PROVIDER", value_parser = parse_provider)]
         tools: Option<bindery_spec::provider::Provider>,
     },
@@ -756,7 +757,11 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, DurationArgError> {
 
 /// A `provider` as an agent file writes it.
 fn parse_provider(s: &str) -> Result<bindery_spec::provider::Provider, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|_| {
+    let name = match s {
+        "responses" => "openai-responses",
+        other => other,
+    };
+    bindery_spec::provider::Provider::parse(name).ok_or_else(|| {
         format!(
             "`{s}` is not a provider Bindery speaks: {}",
             bindery_spec::provider::PROVIDERS

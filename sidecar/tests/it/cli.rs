@@ -302,11 +302,42 @@ fn describe_prints_the_tools_as_each_provider_receives_them() {
     );
     assert!(openai["tools"][0].get("bound").is_none());
 
-    let out = run(bin().args(["describe", "--agent-file", &invoices(), "--tools", "gemini"]));
+    // Each native shape: Gemini's declarations, Bedrock's toolSpecs with
+    // a cache point, the Responses API's flat functions.
+    let gemini = sent("gemini");
+    let declared = &gemini["tools"][0]["functionDeclarations"][0];
+    assert_eq!(declared["name"], "bash_query-invoices");
+    assert!(declared["parametersJsonSchema"]["properties"]
+        .get("tenant_id")
+        .is_none());
+    let bedrock = sent("bedrock");
+    assert_eq!(
+        bedrock["tools"][0]["toolSpec"]["name"],
+        "bash_query-invoices"
+    );
+    assert!(
+        bedrock["tools"][0]["toolSpec"]["inputSchema"]["json"]["properties"]
+            .get("tenant_id")
+            .is_none()
+    );
+    assert_eq!(
+        bedrock["tools"].as_array().unwrap().last().unwrap()["cachePoint"]["type"],
+        "default"
+    );
+    for name in ["responses", "openai-responses"] {
+        let responses = sent(name);
+        assert_eq!(responses["provider"], "openai-responses");
+        assert_eq!(responses["tools"][0]["type"], "function");
+        assert_eq!(responses["tools"][0]["name"], "bash_query-invoices");
+    }
+    assert_eq!(sent("azure-openai")["tools"], openai["tools"]);
+
+    let out = run(bin().args(["describe", "--agent-file", &invoices(), "--tools", "vertex"]));
     assert_eq!(out.code, 2);
     assert!(
-        out.stderr
-            .contains("`gemini` is not a provider Bindery speaks: openai, anthropic"),
+        out.stderr.contains(
+            "`vertex` is not a provider Bindery speaks: openai, openai-responses, anthropic, gemini, bedrock, azure-openai"
+        ),
         "{}",
         out.stderr
     );
@@ -330,8 +361,24 @@ fn describe_prints_the_tools_as_each_provider_receives_them() {
     .unwrap();
     let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(out.stdout.contains("  model: claude (anthropic, https://api.anthropic.com/v1)\n    max tokens: 8192\n    thinking: up to 2048 tokens\n"), "{}", out.stdout);
-    assert!(out.stdout.contains("  fallback 1: gpt (openai, https://api.openai.com/v1)\n    prices per million tokens (USD): input 2, output 8"), "{}", out.stdout);
+    assert!(out.stdout.contains("  model: claude (anthropic, https://api.anthropic.com/v1)\n    credentials: none\n    max tokens: 8192\n    thinking: up to 2048 tokens\n"), "{}", out.stdout);
+    assert!(out.stdout.contains("  fallback 1: gpt (openai, https://api.openai.com/v1)\n    credentials: none\n    prices per million tokens (USD): input 2, output 8"), "{}", out.stdout);
+    // The cloud providers: where their credentials come from; a model the
+    // shipped table knows is priced from it, with the table's date.
+    std::fs::write(
+        &agent,
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model:\n    provider: bedrock\n    url: https://bedrock-runtime.eu-west-3.amazonaws.com\n    name: m\n    fallbacks:\n      - {provider: azure-openai, url: \"https://r.openai.azure.com\", name: d}\n      - {provider: anthropic, url: \"https://api.anthropic.com/v1\", name: claude-haiku-4-5-20251001, apiKey: {env: K}}\n",
+    )
+    .unwrap();
+    let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for line in [
+        "  model: m (bedrock, https://bedrock-runtime.eu-west-3.amazonaws.com/)\n    credentials: pod identity, region eu-west-3\n",
+        "  fallback 1: d (azure-openai, https://r.openai.azure.com/)\n    credentials: pod identity, api-version 2024-10-21\n",
+        "  fallback 2: claude-haiku-4-5-20251001 (anthropic, https://api.anthropic.com/v1)\n    credentials: key\n    max tokens: 8192\n    prices per million tokens (USD, from Bindery's price table 2026-12-07): input 1, output 5, cache read 0.1, cache write 1.25, reasoning 5\n",
+    ] {
+        assert!(out.stdout.contains(line), "{line}\nnot in\n{}", out.stdout);
+    }
     assert!(!out.stdout.contains("canary"), "{}", out.stdout);
 }
 

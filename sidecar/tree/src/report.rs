@@ -38,6 +38,18 @@ pub struct ModelReport {
     pub thinking_budget: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pricing: Option<bindery_spec::budget::Pricing>,
+    /// Where `pricing` comes from: `agent` (its own), or `table DATE`
+    /// (Bindery's shipped price table, checked that day).
+    #[serde(rename = "pricingFrom", skip_serializing_if = "Option::is_none")]
+    pub pricing_from: Option<String>,
+    /// How requests are authorized: `key` (`apiKey`), `aws keys`
+    /// (Bedrock's own), `pod identity` (the pod's cloud identity), `none`.
+    pub credentials: &'static str,
+    /// Bedrock's region, Azure OpenAI's api-version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(rename = "apiVersion", skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
     /// The models tried, in order, when this one fails.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fallbacks: Vec<ModelReport>,
@@ -55,7 +67,40 @@ fn model_report(m: &bindery_spec::ModelSpec) -> ModelReport {
         url: bindery_llm::egress::shown_text(&m.url),
         max_tokens: m.max_tokens.or(m.provider.default_max_tokens()),
         thinking_budget: m.thinking.as_ref().map(|t| t.budget_tokens),
-        pricing: m.pricing.clone(),
+        pricing: m.price().map(|(p, _)| p),
+        pricing_from: m.price().map(|(_, from)| match from {
+            bindery_spec::prices::Origin::Given => "agent".to_owned(),
+            bindery_spec::prices::Origin::Shipped => {
+                format!("table {}", bindery_spec::prices::checked())
+            }
+        }),
+        credentials: credentials_of(m),
+        region: match m.provider {
+            Provider::Bedrock => m.bedrock.clone().unwrap_or_default().region_of(&m.url),
+            _ => None,
+        },
+        api_version: match m.provider {
+            Provider::AzureOpenAi => {
+                Some(m.azure.clone().unwrap_or_default().api_version().to_owned())
+            }
+            _ => None,
+        },
+    }
+}
+
+use bindery_spec::provider::Provider;
+
+/// How `m`'s requests are authorized (see [`ModelReport::credentials`]).
+fn credentials_of(m: &bindery_spec::ModelSpec) -> &'static str {
+    let aws_keys = m
+        .bedrock
+        .as_ref()
+        .is_some_and(|b| b.access_key_id.is_some());
+    match (m.provider, m.api_key.is_some()) {
+        (_, true) => "key",
+        (Provider::Bedrock, false) if aws_keys => "aws keys",
+        (Provider::Bedrock | Provider::AzureOpenAi, false) => "pod identity",
+        _ => "none",
     }
 }
 
@@ -214,6 +259,14 @@ fn render_model(out: &mut String, title: &str, m: &ModelReport) {
         "  {title}: {} ({}, {})\n",
         m.name, m.provider, m.url
     ));
+    let mut credentials = m.credentials.to_owned();
+    if let Some(r) = &m.region {
+        credentials.push_str(&format!(", region {r}"));
+    }
+    if let Some(v) = &m.api_version {
+        credentials.push_str(&format!(", api-version {v}"));
+    }
+    out.push_str(&format!("    credentials: {credentials}\n"));
     if let Some(n) = m.max_tokens {
         out.push_str(&format!("    max tokens: {n}\n"));
     }
@@ -222,13 +275,18 @@ fn render_model(out: &mut String, title: &str, m: &ModelReport) {
     }
     if let Some(p) = &m.pricing {
         let per = |price: Option<f64>| price.unwrap_or(p.input_per_million);
+        let from = match m.pricing_from.as_deref() {
+            Some(t) if t.starts_with("table ") => format!(", from Bindery's price {t}"),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "    prices per million tokens ({}): input {}, output {}, cache read {}, cache write {}\n",
+            "    prices per million tokens ({}{from}): input {}, output {}, cache read {}, cache write {}, reasoning {}\n",
             p.currency,
             p.input_per_million,
             p.output_per_million,
             per(p.cache_read_per_million),
-            per(p.cache_write_per_million)
+            per(p.cache_write_per_million),
+            p.reasoning_per_million.unwrap_or(p.output_per_million)
         ));
     }
 }
