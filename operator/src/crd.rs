@@ -117,6 +117,13 @@ pub struct AgentTenantSpec {
     #[schemars(length(max = 32))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub budgets: Vec<Budget>,
+    /// This tenant's prices, by model name: each wins over the agent's
+    /// `pricing` and Bindery's price table for that model or fallback, in
+    /// every agent of the tenant (its usage, its `cost` budgets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["model"]))]
+    pub pricing: Vec<bindery_spec::prices::ModelPrice>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

@@ -70,6 +70,36 @@ impl ModelSpec {
     }
 }
 
+/// A tenant's price of one model (`AgentTenant.spec.pricing`): it wins
+/// over the agent's `pricing` and the shipped table, for that model and
+/// any fallback of that name, in every agent of the tenant.
+#[derive(serde::Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelPrice {
+    /// The model's `name`, as the agent's model or fallback writes it.
+    #[schemars(length(min = 1, max = 256))]
+    pub model: String,
+    pub price: Pricing,
+}
+
+/// `model` and its fallbacks with the tenant's `prices` over their own.
+pub fn apply(model: &mut ModelSpec, prices: &[ModelPrice]) {
+    let find = |name: &str| {
+        prices
+            .iter()
+            .find(|p| p.model == name)
+            .map(|p| p.price.clone())
+    };
+    if let Some(p) = find(&model.name) {
+        model.pricing = Some(p);
+    }
+    for f in &mut model.fallbacks {
+        if let Some(p) = find(&f.name) {
+            f.pricing = Some(p);
+        }
+    }
+}
+
 /// The shipped price of `model` spoken through `provider`: the row whose
 /// id is the model's, or its stem before a date or version suffix
 /// (`claude-opus-4-5-20251101`, `gpt-4o-2024-08-06`,
@@ -224,6 +254,36 @@ mod tests {
             "anthropic.claude"
         );
         assert_eq!(without_geo_prefix("anthropic.claude"), "anthropic.claude");
+    }
+
+    #[test]
+    fn a_tenants_price_wins_for_the_model_and_fallbacks_of_its_name() {
+        let mut model: ModelSpec = serde_yaml::from_str(
+            "{url: 'http://m', name: big, pricing: {inputPerMillion: 3, outputPerMillion: 15}, fallbacks: [{url: 'http://f', name: small}, {url: 'http://g', name: other}]}",
+        )
+        .unwrap();
+        let price = |x: f64| Pricing {
+            input_per_million: x,
+            output_per_million: x,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
+            reasoning_per_million: None,
+            currency: "USD".into(),
+        };
+        let prices = [
+            ModelPrice {
+                model: "big".into(),
+                price: price(1.0),
+            },
+            ModelPrice {
+                model: "small".into(),
+                price: price(0.5),
+            },
+        ];
+        apply(&mut model, &prices);
+        assert_eq!(model.pricing, Some(price(1.0)));
+        assert_eq!(model.fallbacks[0].pricing, Some(price(0.5)));
+        assert_eq!(model.fallbacks[1].pricing, None);
     }
 
     #[test]

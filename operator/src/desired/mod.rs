@@ -297,7 +297,10 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
     if let Some(root) = tree.first().filter(|_| agent_ok) {
         resolution
             .problems
-            .extend(budget_problems(&tenant.spec.budgets, root));
+            .extend(pricing_problems(&tenant.spec, &tree));
+        resolution
+            .problems
+            .extend(budget_problems(&tenant.spec, root));
     }
     for e in tenant.spec.pod_overrides.iter().flat_map(|o| o.env.iter()) {
         if e.name.starts_with("BINDERY_") {
@@ -443,8 +446,14 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
 /// invalid) and the overlay keeps names unique, so whatever the merged list
 /// fails, the tenant's list fails too, and by the tenant's budget's name
 /// (a name the tenant gives twice can even vanish in the overlay).
-fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String> {
-    let price = root.spec.model.price().map(|(p, _)| p);
+fn budget_problems(
+    tenant: &crate::crd::AgentTenantSpec,
+    root: &tree::TreeAgent<'_>,
+) -> Vec<String> {
+    let budgets = &tenant.budgets;
+    let mut model = root.spec.model.clone();
+    bindery_spec::prices::apply(&mut model, &tenant.pricing);
+    let price = model.price().map(|(p, _)| p);
     let pricing = price.as_ref();
     // A cost budget the agent's model has no price for is said below,
     // naming the Agent; the shape checks go against any price.
@@ -478,6 +487,59 @@ fn budget_problems(budgets: &[Budget], root: &tree::TreeAgent<'_>) -> Vec<String
                 b.name, root.name
             ));
         }
+    }
+    problems
+}
+
+/// What is wrong with the tenant's prices (`spec.pricing`): a price that
+/// is not one, a model no agent of the tenant names (the price would be
+/// ignored), and what the agents' own checks say of them once priced so
+/// (a fallback priced in another currency than its model).
+fn pricing_problems(
+    tenant: &crate::crd::AgentTenantSpec,
+    tree: &[tree::TreeAgent<'_>],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, p) in tenant.pricing.iter().enumerate() {
+        let place = format!(
+            "spec.pricing[{i}], model `{}`",
+            bindery_spec::printable(&p.model)
+        );
+        let mut diags = Vec::new();
+        budget::check_pricing(&p.price, &place, &mut diags);
+        problems.extend(diags.into_iter().map(|d| d.message));
+        if tenant.pricing[..i].iter().any(|q| q.model == p.model) {
+            problems.push(format!(
+                "{place} is priced twice; give each model one price"
+            ));
+        }
+        let named = tree
+            .iter()
+            .flat_map(|a| a.spec.model.chain())
+            .any(|m| m.name == p.model);
+        if !named {
+            problems.push(format!(
+                "{place}: no model or fallback of the tenant's agents is named so (the price would count nothing); write a model's `name`"
+            ));
+        }
+    }
+    if tenant.pricing.is_empty() {
+        return problems;
+    }
+    for a in tree {
+        let here = format!("spec.pricing, Agent `{}`", a.name);
+        let before: Vec<String> = check_definition(&a.name, a.spec, &here)
+            .into_iter()
+            .map(|d| d.message)
+            .collect();
+        let mut priced = a.spec.clone();
+        bindery_spec::prices::apply(&mut priced.model, &tenant.pricing);
+        problems.extend(
+            check_definition(&a.name, &priced, &here)
+                .into_iter()
+                .filter(|d| d.level == Level::Error && !before.contains(&d.message))
+                .map(|d| d.message),
+        );
     }
     problems
 }

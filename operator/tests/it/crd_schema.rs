@@ -525,23 +525,30 @@ fn a_budget_caps_one_thing_over_a_window() {
     }
 }
 
-/// An Agent's cost budget needs its model's pricing. A tenant's cannot be
-/// told by its own schema (the pricing is the Agent's): it is accepted
-/// here, and the tenant's status says what to do
-/// (`desired::a_wrong_tenant_budget_names_the_field_and_what_to_do`).
+/// A cost budget needs a price: the model's `pricing`, the tenant's, or
+/// Bindery's price table, which the API server does not have. The schema
+/// accepts either way; the operator's checks refuse an unpriced one (the
+/// Agent's `Valid` condition, the tenant's status:
+/// `desired::a_wrong_tenant_budget_names_the_field_and_what_to_do`).
 #[test]
-fn a_cost_budget_needs_the_agents_pricing() {
-    let msg = "a cost budget needs spec.model.pricing";
+fn a_cost_budget_is_priced_by_the_operators_checks_not_the_schema() {
     let cost = json!([{"name": "spend", "cost": 5.0, "per": "30d"}]);
-    let v = check_all("Agent", &agent_with_budgets(cost.clone(), false));
-    assert!(v.structural.is_empty(), "{v:#?}");
-    assert_eq!(v.cel_message(), Some(msg));
-    let v = check_all("Agent", &agent_with_budgets(cost.clone(), true));
-    assert!(v.is_clean(), "{v:#?}");
-    let tokens = json!([{"name": "daily", "tokens": 5, "per": "24h"}]);
-    let v = check_all("Agent", &agent_with_budgets(tokens, false));
-    assert!(v.is_clean(), "tokens need no price: {v:#?}");
+    for priced in [false, true] {
+        let v = check_all("Agent", &agent_with_budgets(cost.clone(), priced));
+        assert!(v.is_clean(), "{v:#?}");
+    }
     accepted(&tenant_with_budgets(cost));
+    let unpriced: bindery_spec::AgentSpec = serde_json::from_value(
+        agent_with_budgets(json!([{"name": "spend", "cost": 5.0, "per": "30d"}]), false)["spec"]
+            .clone(),
+    )
+    .unwrap();
+    let said = bindery_spec::checks::check_definition("a", &unpriced, "here");
+    assert!(
+        said.iter()
+            .any(|d| d.message.contains("caps cost, so the model needs a price")),
+        "{said:?}"
+    );
 }
 
 /// Budgets are lists the API server keys by name (a second budget of a
@@ -886,7 +893,6 @@ fn every_rule_is_tested_above() {
         assert_eq!(
             agent_rules,
             [
-                "spec: a cost budget needs spec.model.pricing",
                 "spec.budgets[]: a budget caps exactly one of tokens, toolCalls and cost",
                 "spec.budgets[].per: per is a duration (1h, 24h, 30d), `session` or `run`",
                 "spec.confirmTtl: confirmTtl is a number and a unit: 90s, 15m, 2h or 1d",
@@ -1068,7 +1074,7 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 24] = [
+const FREE_FORM: [(&str, &str); 30] = [
     ("Agent", "spec.bindings[].value.literal"),
     // A filter nests (`and`, `or`, `not`): a recursive type has no
     // structural schema; check and the operator read it.
@@ -1084,6 +1090,12 @@ const FREE_FORM: [(&str, &str); 24] = [
     ("Agent", "spec.helpers[].with{}.literal"),
     ("Agent", "spec.model.apiKey.value"),
     ("Agent", "spec.model.fallbacks[].apiKey.value"),
+    ("Agent", "spec.model.bedrock.accessKeyId.value"),
+    ("Agent", "spec.model.bedrock.secretAccessKey.value"),
+    ("Agent", "spec.model.bedrock.sessionToken.value"),
+    ("Agent", "spec.model.fallbacks[].bedrock.accessKeyId.value"),
+    ("Agent", "spec.model.fallbacks[].bedrock.secretAccessKey.value"),
+    ("Agent", "spec.model.fallbacks[].bedrock.sessionToken.value"),
     ("Agent", "spec.parameters[].default.value"),
     ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].builtin.bindings[].value.literal"),

@@ -1643,7 +1643,7 @@ fn a_wrong_tenant_budget_names_the_field_and_what_to_do() {
         (
             "a cost without the agent's pricing",
             |w| w.agents.get_mut("invoices").unwrap().model.pricing = None,
-            "spec.budgets, budget `monthly-spend` caps cost, but Agent `invoices` gives its model no price: add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, or cap tokens or toolCalls in this budget instead",
+            "spec.budgets, budget `monthly-spend` caps cost, but Agent `invoices` gives its model no price (and Bindery's price table does not know it): add `spec.model.pricing` (inputPerMillion, outputPerMillion) to the Agent, or cap tokens or toolCalls in this budget instead",
         ),
         (
             "two caps",
@@ -1689,4 +1689,98 @@ fn a_wrong_tenant_budget_names_the_field_and_what_to_do() {
     w.agents.get_mut("invoices").unwrap().model.pricing = None;
     w.tenant.spec.budgets.pop();
     assert!(w.run().objects.is_some());
+}
+
+/// A tenant's prices win over its agents' own, for the model and any
+/// fallback of that name in every agent of the tenant; a new price is a
+/// new agent file, so the pods roll.
+#[test]
+fn a_tenants_prices_are_its_agents_prices() {
+    let mut w = budget_world();
+    let model = w.agents["invoices"].model.name.clone();
+    let ledger: AgentSpec = from_yaml(&format!(
+        "{{model: {{url: 'http://model', name: {model}}}}}"
+    ))
+    .unwrap();
+    w.agents.insert("ledger".into(), ledger);
+    w.agents
+        .get_mut("invoices")
+        .unwrap()
+        .helpers
+        .push(from_yaml("{agent: ledger}").unwrap());
+    let before = w.run();
+    w.tenant.spec.pricing = from_yaml(&format!(
+        "[{{model: {model}, price: {{inputPerMillion: 0.1, outputPerMillion: 0.4, cacheReadPerMillion: 0.02}}}}]"
+    ))
+    .unwrap();
+    let d = w.run();
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    let priced = |d: &Desired, agent: &str| agent_file(d, agent).model.pricing;
+    let want: bindery_spec::budget::Pricing =
+        from_yaml("{inputPerMillion: 0.1, outputPerMillion: 0.4, cacheReadPerMillion: 0.02}")
+            .unwrap();
+    assert_eq!(priced(&d, "invoices"), Some(want.clone()));
+    // The helper's model is the same one: the tenant's price there too.
+    assert_eq!(priced(&d, "ledger"), Some(want));
+    let hash = |d: &Desired| {
+        d.objects
+            .as_ref()
+            .unwrap()
+            .deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()["bindery.dev/config-hash"]
+            .clone()
+    };
+    assert_ne!(hash(&d), hash(&before));
+}
+
+/// A tenant price that is not one, one for no model of the tenant's, one
+/// that breaks an agent's checks: each refused, naming `spec.pricing`.
+#[test]
+fn a_wrong_tenant_price_names_the_field_and_what_to_do() {
+    let model = budget_world().agents["invoices"].model.name.clone();
+    for (what, pricing, message) in [
+        (
+            "negative",
+            format!("[{{model: {model}, price: {{inputPerMillion: -1, outputPerMillion: 1}}}}]"),
+            format!("spec.pricing[0], model `{model}`: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers of at least 0"),
+        ),
+        (
+            "no such model",
+            "[{model: gpt-nope, price: {inputPerMillion: 1, outputPerMillion: 1}}]".to_owned(),
+            "spec.pricing[0], model `gpt-nope`: no model or fallback of the tenant's agents is named so (the price would count nothing); write a model's `name`".to_owned(),
+        ),
+        (
+            "twice",
+            format!("[{{model: {model}, price: {{inputPerMillion: 1, outputPerMillion: 1}}}}, {{model: {model}, price: {{inputPerMillion: 2, outputPerMillion: 2}}}}]"),
+            format!("spec.pricing[1], model `{model}` is priced twice; give each model one price"),
+        ),
+    ] {
+        let mut w = budget_world();
+        w.tenant.spec.pricing = from_yaml(&pricing).unwrap();
+        let d = w.run();
+        assert_refused(&d, "ParametersResolved", Some("ParametersUnresolved"), &message, what);
+    }
+    // A fallback priced in USD under a model the tenant prices in EUR.
+    let mut w = budget_world();
+    w.agents.get_mut("invoices").unwrap().model.fallbacks = from_yaml(
+        "[{url: 'http://f', name: cheap, pricing: {inputPerMillion: 0.1, outputPerMillion: 0.1}}]",
+    )
+    .unwrap();
+    w.tenant.spec.pricing = from_yaml(&format!(
+        "[{{model: {model}, price: {{inputPerMillion: 1, outputPerMillion: 1, currency: EUR}}}}]"
+    ))
+    .unwrap();
+    let d = w.run();
+    let m = &cond(&d, "ParametersResolved").message;
+    assert!(m.contains("spec.pricing, Agent `invoices`, model fallback 1 (`cheap`): priced in USD, the model in EUR"), "{m}");
+    assert!(d.objects.is_none());
 }

@@ -13,7 +13,7 @@ use crate::desired::params::Supply;
 use crate::desired::tree::TreeAgent;
 use crate::desired::Inputs;
 use crate::names::{self, param_env, PARAMS_FILE, TOOLS_DIR};
-use bindery_spec::budget::{self, Budget};
+use bindery_spec::budget;
 use bindery_spec::{AgentDocument, Metadata, Toolbox, API_VERSION, KIND};
 
 /// Where each supplied parameter goes: a non-secret value into the params
@@ -46,12 +46,12 @@ impl Parameters {
 /// The ConfigMap's files: `NAME.yaml` per agent, and the params file.
 pub(super) fn files(
     tree: &[TreeAgent<'_>],
-    tenant_budgets: &[Budget],
+    tenant: &crate::crd::AgentTenantSpec,
     params_file: &serde_json::Map<String, serde_json::Value>,
 ) -> BTreeMap<String, String> {
     let mut data = BTreeMap::new();
     for a in tree {
-        data.insert(format!("{}.yaml", a.name), agent_file(a, tenant_budgets));
+        data.insert(format!("{}.yaml", a.name), agent_file(a, tenant));
     }
     data.insert(
         PARAMS_FILE.to_string(),
@@ -76,12 +76,27 @@ pub(super) fn config_map(
 /// tools ConfigMap, mounted at one directory, and so does an MCP server
 /// program given by a relative path (`./servers/billing.py`). The tenant's
 /// agent (the root) carries the tenant's budgets over its own; a helper
-/// keeps its own.
-fn agent_file(agent: &TreeAgent<'_>, tenant_budgets: &[Budget]) -> String {
+/// keeps its own. Every agent's models are priced at the tenant's prices.
+fn agent_file(agent: &TreeAgent<'_>, tenant: &crate::crd::AgentTenantSpec) -> String {
+    let spec = rendered_spec(agent, tenant);
+    agent_yaml(agent, spec)
+}
+
+/// `agent`'s spec with what the tenant puts over it: its budgets (the
+/// root's only) and its prices (every agent's).
+pub(crate) fn rendered_spec(
+    agent: &TreeAgent<'_>,
+    tenant: &crate::crd::AgentTenantSpec,
+) -> bindery_spec::AgentSpec {
     let mut spec = agent.spec.clone();
     if agent.root {
-        spec.budgets = budget::overlay(&spec.budgets, tenant_budgets);
+        spec.budgets = budget::overlay(&spec.budgets, &tenant.budgets);
     }
+    bindery_spec::prices::apply(&mut spec.model, &tenant.pricing);
+    spec
+}
+
+fn agent_yaml(agent: &TreeAgent<'_>, mut spec: bindery_spec::AgentSpec) -> String {
     for tb in &mut spec.toolboxes {
         // OpenAPI toolboxes name a URL or a file the author placed; left as
         // written. So do MCP programs found in `PATH` or by an absolute path

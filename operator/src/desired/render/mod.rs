@@ -111,7 +111,7 @@ pub(crate) fn render(
 ) -> Objects {
     let spec = &inputs.tenant.spec;
     let params = config_map::Parameters::of(supplies);
-    let files = config_map::files(tree, &spec.budgets, &params.file);
+    let files = config_map::files(tree, spec, &params.file);
     let config_hash = config_hash::config_hash(inputs, &files, supplies);
     let claim = store::claim(inputs, owner);
     let webhook = has_webhook(tree);
