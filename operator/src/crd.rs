@@ -241,6 +241,16 @@ pub struct PodOverrides {
     pub node_selector: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Extra labels of the tenant's pods, e.g. AKS workload identity's
+    /// `azure.workload.identity/use: "true"`. The operator's own labels
+    /// (its selector's) are not among them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the tenant's ServiceAccount: the cloud identity its
+    /// pods take, e.g. IRSA's `eks.amazonaws.com/role-arn` or AKS's
+    /// `azure.workload.identity/client-id` (docs/providers.md).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub service_account_annotations: BTreeMap<String, String>,
 }
 
 // The operator chart's tenant-status-policy.yaml names every field but

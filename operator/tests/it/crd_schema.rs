@@ -1094,7 +1094,10 @@ const FREE_FORM: [(&str, &str); 30] = [
     ("Agent", "spec.model.bedrock.secretAccessKey.value"),
     ("Agent", "spec.model.bedrock.sessionToken.value"),
     ("Agent", "spec.model.fallbacks[].bedrock.accessKeyId.value"),
-    ("Agent", "spec.model.fallbacks[].bedrock.secretAccessKey.value"),
+    (
+        "Agent",
+        "spec.model.fallbacks[].bedrock.secretAccessKey.value",
+    ),
     ("Agent", "spec.model.fallbacks[].bedrock.sessionToken.value"),
     ("Agent", "spec.parameters[].default.value"),
     ("Agent", "spec.toolboxes[].bash.bindings[].value.literal"),

@@ -1784,3 +1784,52 @@ fn a_wrong_tenant_price_names_the_field_and_what_to_do() {
     assert!(m.contains("spec.pricing, Agent `invoices`, model fallback 1 (`cheap`): priced in USD, the model in EUR"), "{m}");
     assert!(d.objects.is_none());
 }
+
+/// A cloud identity for the tenant's pods: the ServiceAccount carries the
+/// annotations (IRSA's role, AKS's client id), the pods the labels (AKS's
+/// `azure.workload.identity/use`); the operator's own labels stay, being
+/// the Deployment's selector.
+#[test]
+fn a_tenants_cloud_identity_reaches_its_service_account_and_pods() {
+    let mut w = World::example();
+    w.tenant.spec.pod_overrides = Some(
+        from_yaml(
+            "{serviceAccountAnnotations: {eks.amazonaws.com/role-arn: 'arn:aws:iam::123456789012:role/acme'},
+              labels: {azure.workload.identity/use: 'true', app.kubernetes.io/instance: hijack}}",
+        )
+        .unwrap(),
+    );
+    let d = w.run();
+    let o = d.objects.as_ref().expect("objects are rendered");
+    assert_eq!(
+        o.service_account.metadata.annotations.as_ref().unwrap()["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::123456789012:role/acme"
+    );
+    let deployment = o.deployment.spec.as_ref().unwrap();
+    let labels = deployment
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    assert_eq!(labels["azure.workload.identity/use"], "true");
+    let selector = deployment.selector.match_labels.clone().unwrap();
+    for (k, v) in &selector {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "the selector's {k} is the operator's"
+        );
+    }
+    // Without overrides, the ServiceAccount has no annotations.
+    let plain = World::example().run();
+    assert!(plain
+        .objects
+        .unwrap()
+        .service_account
+        .metadata
+        .annotations
+        .is_none());
+}

@@ -2902,6 +2902,15 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: paula}]
             "a node selector",
             "nodeSelector: {kubernetes.io/hostname: control-plane}",
         ),
+        // A cloud identity is a decision about the pod too.
+        (
+            "a cloud role on the ServiceAccount",
+            "serviceAccountAnnotations: {eks.amazonaws.com/role-arn: 'arn:aws:iam::1:role/admin'}",
+        ),
+        (
+            "a workload identity label",
+            "labels: {azure.workload.identity/use: 'true'}",
+        ),
     ] {
         let manifest = tenant.replace(
             "  tools:\n",

@@ -63,9 +63,12 @@ pub(super) fn template(
     containers.extend(overrides.containers);
     let mut annotations: BTreeMap<String, String> = overrides.annotations;
     annotations.insert(CONFIG_HASH.into(), config_hash);
+    // The operator's labels win: they are the Deployment's selector.
+    let mut pod_labels = overrides.labels;
+    pod_labels.extend(labels(tenant));
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
-            labels: Some(labels(tenant)),
+            labels: Some(pod_labels),
             annotations: Some(annotations),
             ..Default::default()
         }),

@@ -34,8 +34,17 @@ pub(super) fn service(inputs: &Inputs<'_>, owner: &OwnerReference) -> Service {
 }
 
 pub(super) fn service_account(inputs: &Inputs<'_>, owner: &OwnerReference) -> ServiceAccount {
+    let mut metadata = meta(workload(inputs.tenant_name()), inputs, owner);
+    let annotations = inputs
+        .tenant
+        .spec
+        .pod_overrides
+        .as_ref()
+        .map(|o| o.service_account_annotations.clone())
+        .unwrap_or_default();
+    metadata.annotations = (!annotations.is_empty()).then_some(annotations);
     ServiceAccount {
-        metadata: meta(workload(inputs.tenant_name()), inputs, owner),
+        metadata,
         automount_service_account_token: Some(false),
         ..Default::default()
     }
