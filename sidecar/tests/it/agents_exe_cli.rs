@@ -206,9 +206,9 @@ fn describe_tool_checks_a_script_like_agents_exe_and_other_commands_are_named() 
 }
 
 /// agents-exe's flavours on the wire: `MistralV1` asks for automatic,
-/// parallel tool calls, `ClaudeV1` for extended thinking, `KimiV1` and
-/// `OpenAIv1` for nothing more; a flavour Bindery does not know refuses
-/// the file instead of being spoken as another.
+/// parallel tool calls, `KimiV1` and `OpenAIv1` for nothing more (`ClaudeV1`
+/// is Anthropic's own API: `providers::claude_v1_…`); a flavour Bindery
+/// does not know refuses the file instead of being spoken as another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_agents_exe_flavour_sends_what_agents_exe_sends() {
     let mock = MockLlm::start(|_| MockReply::text("hello")).await;
@@ -241,10 +241,6 @@ async fn each_agents_exe_flavour_sends_what_agents_exe_sends() {
     assert_eq!(
         added("MistralV1"),
         json!({"tool_choice": "auto", "parallel_tool_calls": true})
-    );
-    assert_eq!(
-        added("ClaudeV1"),
-        json!({"thinking": {"type": "enabled", "budget_tokens": 10000}})
     );
     assert_eq!(added("KimiV1"), json!({}));
     assert_eq!(added("OpenAIv1"), json!({}));

@@ -961,3 +961,53 @@ async fn azure_openai_sends_the_pods_entra_id_token() {
     )
     .await;
 }
+
+/// An agents-exe file of flavour `ClaudeV1` is spoken in Anthropic's own
+/// API at its `modelUrl`, with the 10000 tokens of thinking agents-exe
+/// asks for, and its key from the API-keys file in `x-api-key`: every
+/// request one the `anthropic` SDK takes.
+#[tokio::test]
+async fn an_agents_exe_claude_v1_file_speaks_anthropics_own_api() {
+    let mock = ProviderMock::start(
+        "anthropic",
+        KEY,
+        &json!([{"thinking": "hmm", "text": "hello"}]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let doc = json!({"tag": "OpenAIAgentDescription", "contents": {
+        "slug": "talker", "apiKeyId": "anthropic", "flavor": "ClaudeV1",
+        "modelUrl": mock.url(), "modelName": "claude-test", "announce": "talks",
+        "systemPrompt": ["You talk."]}});
+    std::fs::write(dir.path().join("agent.json"), doc.to_string()).unwrap();
+    let keys = dir.path().join("keys.json");
+    std::fs::write(
+        &keys,
+        json!({"keys": [{"id": "anthropic", "value": KEY}]}).to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bindery-sidecar"))
+        .current_dir(dir.path())
+        .env_clear()
+        .args(["run", "--agent-file", "agent.json", "--api-keys"])
+        .arg(&keys)
+        .args(["--prompt", "hi"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("hello") && !stdout.contains("hmm"),
+        "{stdout}"
+    );
+    let requests = mock.valid_requests();
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(requests[0]["key_ok"], true);
+    assert_eq!(requests[0]["path"], "/v1/messages");
+    assert_eq!(
+        requests[0]["body"]["thinking"],
+        json!({"type": "enabled", "budget_tokens": 10000})
+    );
+    assert_eq!(requests[0]["body"]["max_tokens"], 16000);
+    assert!(!stderr.contains(KEY), "{stderr}");
+}

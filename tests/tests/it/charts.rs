@@ -495,6 +495,18 @@ fn an_inline_agent_is_rendered_as_an_agent_named_like_the_tenant() {
         spec["podOverrides"]["nodeSelector"],
         json!({"pool": "agents"})
     );
+    assert_eq!(
+        spec["podOverrides"]["serviceAccountAnnotations"]["azure.workload.identity/client-id"],
+        "0b1c2d3e-aaaa-bbbb-cccc-123456789abc"
+    );
+    assert_eq!(
+        spec["podOverrides"]["labels"]["azure.workload.identity/use"],
+        "true"
+    );
+    assert_eq!(
+        spec["pricing"],
+        json!([{"model": "local-model", "price": {"inputPerMillion": 0.2, "outputPerMillion": 0.8, "currency": "EUR"}}])
+    );
 
     // Default values: the tenant runs the Agent named like it; no image,
     // replicas or anything else the operator defaults.
