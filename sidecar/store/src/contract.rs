@@ -60,6 +60,7 @@ macro_rules! store_contract {
             case!(a_rolling_window_frees_up_as_its_oldest_use_leaves_it);
             case!(racing_claims_for_the_last_room_pass_once);
             case!(usage_is_reported_by_group_and_per_session);
+            case!(cache_and_reasoning_tokens_are_kept_and_summed);
         }
     };
 }
@@ -704,6 +705,9 @@ pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) ->
         tool: None,
         prompt_tokens: tokens,
         completion_tokens: 0,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
         estimated: false,
         tool_calls: 0,
         cost: 0.0,
@@ -996,6 +1000,7 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
             model_requests: 1,
             tool_calls: 1,
             cost: 0.0,
+            ..Totals::default()
         }
     );
     let by_tool = store.report(0, 99, Group::Tool).await.unwrap();
@@ -1010,4 +1015,52 @@ pub async fn usage_is_reported_by_group_and_per_session(store: Arc<dyn SessionSt
         store.session_totals("none").await.unwrap(),
         Totals::default()
     );
+}
+
+/// A request's cache reads and writes and its reasoning tokens are kept
+/// with its row, whether written at once or settled after a claim, and
+/// summed in its session's totals and in reports; settling a claim
+/// replaces the estimate's (none) with the reply's.
+pub async fn cache_and_reasoning_tokens_are_kept_and_summed(store: Arc<dyn SessionStore>) {
+    let id = granted(
+        store
+            .claim(
+                &[],
+                &Unwritten::default(),
+                &usage_row(10, "a", "s1", "r1", 50),
+            )
+            .await
+            .unwrap(),
+    );
+    let mut settled = usage_row(10, "a", "s1", "r1", 1050);
+    settled.completion_tokens = 22;
+    settled.cache_read_tokens = 1000;
+    settled.cache_write_tokens = 20;
+    settled.reasoning_tokens = 4;
+    store
+        .record(&Unwritten {
+            rows: Vec::new(),
+            settled: vec![(id, settled)],
+        })
+        .await
+        .unwrap();
+    let mut other = usage_row(11, "a", "s1", "r1", 300);
+    other.cache_read_tokens = 200;
+    other.reasoning_tokens = 7;
+    other.completion_tokens = 9;
+    store.record(&unwritten(other)).await.unwrap();
+    let want = |t: &Totals| {
+        (
+            t.cache_read_tokens,
+            t.cache_write_tokens,
+            t.reasoning_tokens,
+        )
+    };
+    let session = store.session_totals("s1").await.unwrap();
+    assert_eq!(want(&session), (1200, 20, 11), "{session:?}");
+    assert_eq!(session.prompt_tokens, 1350);
+    let report = store.report(0, 99, Group::Session).await.unwrap();
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert_eq!(want(&report[0].totals), (1200, 20, 11));
+    assert_eq!(report[0].totals, session);
 }

@@ -194,6 +194,57 @@ const MIGRATIONS: &[&str] = &[
     $$;
     CREATE TRIGGER bindery_usage_follow AFTER INSERT OR UPDATE OR DELETE ON bindery_usage
         FOR EACH ROW EXECUTE FUNCTION bindery_session_usage_follow();",
+    // 13: of a request's prompt tokens, those read from and written to the
+    // provider's cache, and of its reply's, those spent reasoning: kept
+    // per row and in a session's sums (a row an older server writes has
+    // none: 0). The trigger's function and the index by session take them.
+    "ALTER TABLE bindery_usage ADD COLUMN cache_read_tokens BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN reasoning_tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE bindery_session_usage ADD COLUMN cache_read_tokens BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0,
+        ADD COLUMN reasoning_tokens BIGINT NOT NULL DEFAULT 0;
+    DROP INDEX bindery_usage_session;
+    CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
+        INCLUDE (prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool,
+                 cache_read_tokens, cache_write_tokens, reasoning_tokens);
+    CREATE OR REPLACE FUNCTION bindery_session_usage_follow() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE bindery_session_usage SET
+                prompt_tokens = prompt_tokens - OLD.prompt_tokens,
+                completion_tokens = completion_tokens - OLD.completion_tokens,
+                estimated_tokens = estimated_tokens - CASE WHEN OLD.estimated
+                    THEN OLD.prompt_tokens + OLD.completion_tokens ELSE 0 END,
+                model_requests = model_requests - CASE WHEN OLD.tool IS NULL THEN 1 ELSE 0 END,
+                tool_calls = tool_calls - OLD.tool_calls,
+                cost = cost - OLD.cost,
+                cache_read_tokens = cache_read_tokens - OLD.cache_read_tokens,
+                cache_write_tokens = cache_write_tokens - OLD.cache_write_tokens,
+                reasoning_tokens = reasoning_tokens - OLD.reasoning_tokens
+            WHERE session = OLD.session;
+        END IF;
+        IF TG_OP IN ('INSERT', 'UPDATE') THEN
+            INSERT INTO bindery_session_usage AS u VALUES (
+                NEW.session, NEW.prompt_tokens, NEW.completion_tokens,
+                CASE WHEN NEW.estimated THEN NEW.prompt_tokens + NEW.completion_tokens ELSE 0 END,
+                CASE WHEN NEW.tool IS NULL THEN 1 ELSE 0 END, NEW.tool_calls, NEW.cost,
+                NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.reasoning_tokens)
+            ON CONFLICT (session) DO UPDATE SET
+                prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+                completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens,
+                estimated_tokens = u.estimated_tokens + EXCLUDED.estimated_tokens,
+                model_requests = u.model_requests + EXCLUDED.model_requests,
+                tool_calls = u.tool_calls + EXCLUDED.tool_calls,
+                cost = u.cost + EXCLUDED.cost,
+                cache_read_tokens = u.cache_read_tokens + EXCLUDED.cache_read_tokens,
+                cache_write_tokens = u.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                reasoning_tokens = u.reasoning_tokens + EXCLUDED.reasoning_tokens;
+        END IF;
+        RETURN NULL;
+    END
+    $$;",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -205,11 +256,14 @@ const TOTALS: &str = "COALESCE(SUM(prompt_tokens), 0)::BIGINT, COALESCE(SUM(comp
      COALESCE(SUM(prompt_tokens + completion_tokens), 0)::BIGINT,
      COALESCE(SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END), 0)::BIGINT,
      COUNT(*) FILTER (WHERE tool IS NULL), COALESCE(SUM(tool_calls), 0)::BIGINT,
-     COALESCE(SUM(cost), 0)::DOUBLE PRECISION";
+     COALESCE(SUM(cost), 0)::DOUBLE PRECISION,
+     COALESCE(SUM(cache_read_tokens), 0)::BIGINT, COALESCE(SUM(cache_write_tokens), 0)::BIGINT,
+     COALESCE(SUM(reasoning_tokens), 0)::BIGINT";
 
 /// A session's [`Totals`], the session `$1`, as the trigger keeps them.
 const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
-     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost
+     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost,
+     cache_read_tokens, cache_write_tokens, reasoning_tokens
      FROM bindery_session_usage WHERE session = $1";
 
 /// The advisory lock that serialises migrations between processes
@@ -1247,6 +1301,9 @@ fn totals_at(r: &Row, at: usize) -> Result<Totals, tokio_postgres::Error> {
         model_requests: n(4)?,
         tool_calls: n(5)?,
         cost: r.try_get(at + 6)?,
+        cache_read_tokens: n(7)?,
+        cache_write_tokens: n(8)?,
+        reasoning_tokens: n(9)?,
     })
 }
 
@@ -1326,7 +1383,8 @@ async fn write_unwritten(
         client
             .execute(
                 "UPDATE bindery_usage SET model = $2, prompt_tokens = $3, completion_tokens = $4,
-                     estimated = $5, tool_calls = $6, cost = $7 WHERE id = $1",
+                     estimated = $5, tool_calls = $6, cost = $7, cache_read_tokens = $8,
+                     cache_write_tokens = $9, reasoning_tokens = $10 WHERE id = $1",
                 &[
                     id,
                     &r.model,
@@ -1335,6 +1393,9 @@ async fn write_unwritten(
                     &r.estimated,
                     &count(r.tool_calls),
                     &r.cost,
+                    &count(r.cache_read_tokens),
+                    &count(r.cache_write_tokens),
+                    &count(r.reasoning_tokens),
                 ],
             )
             .await?;
@@ -1350,8 +1411,9 @@ async fn insert_use(
     let row = client
         .query_one(
             "INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
-                 completion_tokens, estimated, tool_calls, cost)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                 completion_tokens, estimated, tool_calls, cost, cache_read_tokens,
+                 cache_write_tokens, reasoning_tokens)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id",
             &[
                 &r.at,
                 &r.agent,
@@ -1364,6 +1426,9 @@ async fn insert_use(
                 &r.estimated,
                 &count(r.tool_calls),
                 &r.cost,
+                &count(r.cache_read_tokens),
+                &count(r.cache_write_tokens),
+                &count(r.reasoning_tokens),
             ],
         )
         .await?;
@@ -1517,6 +1582,10 @@ mod tests {
             DB,
             "DROP TRIGGER bindery_usage_follow ON bindery_usage;
              DROP TABLE bindery_session_usage;
+             ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
+                 DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
+             CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
+                 INCLUDE (prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);
              DELETE FROM bindery_schema_migrations WHERE version >= 12;
              INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
                  completion_tokens, estimated, tool_calls, cost)
@@ -1551,6 +1620,10 @@ mod tests {
                  DROP INDEX bindery_sessions_waiting;
                  DROP TRIGGER bindery_usage_follow ON bindery_usage;
                  DROP TABLE bindery_session_usage;
+                 ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
+                     DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
+                 CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
+                     INCLUDE (prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);
                  DELETE FROM bindery_schema_migrations WHERE version >= 9"
             ),
         );

@@ -96,6 +96,35 @@ macro_rules! session_usage_by {
     };
 }
 
+/// A usage row's cache and reasoning counts in its session's sums, added
+/// or taken back: what migration 12's triggers run besides
+/// [`session_usage_by`].
+macro_rules! session_cache_by {
+    ($sign:literal, $row:literal) => {
+        concat!(
+            "    UPDATE session_usage SET
+        cache_read_tokens = cache_read_tokens ",
+            $sign,
+            " ",
+            $row,
+            ".cache_read_tokens,
+        cache_write_tokens = cache_write_tokens ",
+            $sign,
+            " ",
+            $row,
+            ".cache_write_tokens,
+        reasoning_tokens = reasoning_tokens ",
+            $sign,
+            " ",
+            $row,
+            ".reasoning_tokens
+    WHERE session = ",
+            $row,
+            ".session;\n"
+        )
+    };
+}
+
 /// The schema, one step per entry; entry `i` brings the database to version
 /// `i + 1`. Append only: a released step is never edited, since databases
 /// out there already ran it.
@@ -217,6 +246,40 @@ const MIGRATIONS: &[&str] = &[
         "END;
     CREATE TRIGGER usage_removed AFTER DELETE ON usage BEGIN\n",
         session_usage_by!("-", "OLD"),
+        "END;"
+    ),
+    // 12: of a request's prompt tokens, those read from and written to the
+    // provider's cache, and of its reply's, those spent reasoning: kept
+    // per row and in a session's sums (a row an older server writes has
+    // none: 0). The triggers and the index by session take them too.
+    concat!(
+        "ALTER TABLE usage ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE session_usage ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE session_usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE session_usage ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX usage_session;
+    CREATE INDEX usage_session ON usage (session, at, prompt_tokens, completion_tokens,
+        estimated, tool_calls, cost, tool, cache_read_tokens, cache_write_tokens, reasoning_tokens);
+    DROP TRIGGER usage_added;
+    DROP TRIGGER usage_changed;
+    DROP TRIGGER usage_removed;
+    CREATE TRIGGER usage_added AFTER INSERT ON usage BEGIN\n",
+        "    INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0, 0, 0, 0);\n",
+        session_usage_by!("+", "NEW"),
+        session_cache_by!("+", "NEW"),
+        "END;
+    CREATE TRIGGER usage_changed AFTER UPDATE ON usage BEGIN\n",
+        session_usage_by!("-", "OLD"),
+        session_cache_by!("-", "OLD"),
+        "    INSERT OR IGNORE INTO session_usage VALUES (NEW.session, 0, 0, 0, 0, 0, 0.0, 0, 0, 0);\n",
+        session_usage_by!("+", "NEW"),
+        session_cache_by!("+", "NEW"),
+        "END;
+    CREATE TRIGGER usage_removed AFTER DELETE ON usage BEGIN\n",
+        session_usage_by!("-", "OLD"),
+        session_cache_by!("-", "OLD"),
         "END;"
     ),
 ];
@@ -481,7 +544,9 @@ pub(super) const TOTALS: &str =
      COALESCE(SUM(prompt_tokens + completion_tokens), 0),
      COALESCE(SUM(CASE WHEN estimated THEN prompt_tokens + completion_tokens ELSE 0 END), 0),
      COALESCE(SUM(CASE WHEN tool IS NULL THEN 1 ELSE 0 END), 0),
-     COALESCE(SUM(tool_calls), 0), COALESCE(SUM(cost), 0.0)";
+     COALESCE(SUM(tool_calls), 0), COALESCE(SUM(cost), 0.0),
+     COALESCE(SUM(cache_read_tokens), 0), COALESCE(SUM(cache_write_tokens), 0),
+     COALESCE(SUM(reasoning_tokens), 0)";
 
 fn totals_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Totals> {
     let n = |i: usize| {
@@ -496,6 +561,9 @@ fn totals_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Totals> {
         model_requests: n(4)?,
         tool_calls: n(5)?,
         cost: r.get(at + 6)?,
+        cache_read_tokens: n(7)?,
+        cache_write_tokens: n(8)?,
+        reasoning_tokens: n(9)?,
     })
 }
 
@@ -510,7 +578,8 @@ fn window_sql(column: &str, meter: Meter) -> String {
 
 /// A session's [`Totals`], the session `?1`, as the triggers keep them.
 const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
-     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost
+     prompt_tokens + completion_tokens, estimated_tokens, model_requests, tool_calls, cost,
+     cache_read_tokens, cache_write_tokens, reasoning_tokens
      FROM session_usage WHERE session = ?1";
 
 fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
@@ -532,7 +601,8 @@ fn write_unwritten(conn: &Connection, u: &Unwritten) -> rusqlite::Result<()> {
     for (id, r) in &u.settled {
         conn.prepare_cached(
             "UPDATE usage SET model = ?2, prompt_tokens = ?3, completion_tokens = ?4,
-                 estimated = ?5, tool_calls = ?6, cost = ?7 WHERE id = ?1",
+                 estimated = ?5, tool_calls = ?6, cost = ?7, cache_read_tokens = ?8,
+                 cache_write_tokens = ?9, reasoning_tokens = ?10 WHERE id = ?1",
         )?
         .execute(params![
             id,
@@ -541,7 +611,10 @@ fn write_unwritten(conn: &Connection, u: &Unwritten) -> rusqlite::Result<()> {
             count(r.completion_tokens),
             r.estimated,
             count(r.tool_calls),
-            r.cost
+            r.cost,
+            count(r.cache_read_tokens),
+            count(r.cache_write_tokens),
+            count(r.reasoning_tokens)
         ])?;
     }
     Ok(())
@@ -551,8 +624,9 @@ fn write_unwritten(conn: &Connection, u: &Unwritten) -> rusqlite::Result<()> {
 fn insert_use(conn: &Connection, r: &Use) -> rusqlite::Result<i64> {
     conn.prepare_cached(
         "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
-             completion_tokens, estimated, tool_calls, cost)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             completion_tokens, estimated, tool_calls, cost, cache_read_tokens,
+             cache_write_tokens, reasoning_tokens)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         r.at,
@@ -565,7 +639,10 @@ fn insert_use(conn: &Connection, r: &Use) -> rusqlite::Result<i64> {
         count(r.completion_tokens),
         r.estimated,
         count(r.tool_calls),
-        r.cost
+        r.cost,
+        count(r.cache_read_tokens),
+        count(r.cache_write_tokens),
+        count(r.reasoning_tokens)
     ])?;
     Ok(conn.last_insert_rowid())
 }
@@ -577,7 +654,7 @@ fn count(n: u64) -> i64 {
 
 /// How many times, [`OWN_HOLD_PAUSE`] apart, a file this process holds
 /// is tried again before it is refused (see [`hold`]).
-const OWN_HOLD_TRIES: u32 = 20;
+const OWN_HOLD_TRIES: u32 = 40;
 const OWN_HOLD_PAUSE: Duration = Duration::from_millis(50);
 
 /// Take the database file for this store alone, or fail naming who has
@@ -1754,6 +1831,14 @@ mod tests {
     }
 
     /// A store's file as schema 10 left it: migration 11 undone.
+    /// What migration 12 added to the usage rows, taken back.
+    const BEFORE_SCHEMA_12: &str = "DROP INDEX usage_session;
+        CREATE INDEX usage_session ON usage
+            (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);
+        ALTER TABLE usage DROP COLUMN cache_read_tokens;
+        ALTER TABLE usage DROP COLUMN cache_write_tokens;
+        ALTER TABLE usage DROP COLUMN reasoning_tokens;";
+
     const BACK_TO_SCHEMA_10: &str = "DROP TRIGGER usage_added;
         DROP TRIGGER usage_changed;
         DROP TRIGGER usage_removed;
@@ -1774,6 +1859,7 @@ mod tests {
         };
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch(BACK_TO_SCHEMA_10).unwrap();
+        conn.execute_batch(BEFORE_SCHEMA_12).unwrap();
         conn.execute_batch(
             "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
                  completion_tokens, estimated, tool_calls, cost)
@@ -1860,6 +1946,7 @@ mod tests {
              DELETE FROM schema_migrations WHERE version >= 8",
         )
         .unwrap();
+        conn.execute_batch(BEFORE_SCHEMA_12).unwrap();
         drop(conn);
         let store = open_in(&dir);
         let mut back = store.get(&rec.id).await.unwrap().unwrap();

@@ -23,6 +23,12 @@ pub struct Use {
     pub tool: Option<String>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of `prompt_tokens`, those read from and written to the provider's
+    /// prompt cache.
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// Of `completion_tokens`, those spent reasoning.
+    pub reasoning_tokens: u64,
     /// The model reported no usage: the tokens are estimated.
     pub estimated: bool,
     pub tool_calls: u64,
@@ -149,6 +155,15 @@ pub struct Totals {
     pub model_requests: u64,
     pub tool_calls: u64,
     pub cost: f64,
+    /// Of `prompt_tokens`, those read from the providers' prompt caches.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Of `prompt_tokens`, those written to the providers' prompt caches.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Of `completion_tokens`, those the models spent reasoning.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
 }
 
 impl Totals {
@@ -164,6 +179,9 @@ impl Totals {
         self.model_requests += u64::from(row.tool.is_none());
         self.tool_calls += row.tool_calls;
         self.cost += row.cost;
+        self.cache_read_tokens += row.cache_read_tokens;
+        self.cache_write_tokens += row.cache_write_tokens;
+        self.reasoning_tokens += row.reasoning_tokens;
     }
 }
 
@@ -194,13 +212,13 @@ pub struct ReportRow {
 /// The report as CSV, `group` the first column's name.
 pub fn report_csv(group: Group, rows: &[ReportRow], currency: &str) -> String {
     let mut out = format!(
-        "{},prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency\n",
+        "{},prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency,cache_read_tokens,cache_write_tokens,reasoning_tokens\n",
         group.column()
     );
     for r in rows {
         let t = &r.totals;
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
             csv_field(r.key.as_deref().unwrap_or("")),
             t.prompt_tokens,
             t.completion_tokens,
@@ -210,6 +228,9 @@ pub fn report_csv(group: Group, rows: &[ReportRow], currency: &str) -> String {
             t.tool_calls,
             t.cost,
             csv_field(currency),
+            t.cache_read_tokens,
+            t.cache_write_tokens,
+            t.reasoning_tokens,
         ));
     }
     out
@@ -266,11 +287,14 @@ mod tests {
         ];
         let csv = report_csv(Group::Session, &rows, "USD");
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines[0], "session,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency");
-        assert_eq!(lines[1], "\"a,\"\"b\"\"\",3,2,5,0,1,0,0.5,USD");
-        assert_eq!(lines[2], "'=HYPERLINK(1),0,0,0,0,0,0,0,USD");
-        assert_eq!(lines[3], ",0,0,0,0,0,0,0,USD");
-        assert_eq!(lines[4], "\"x;=cmd|' /C calc'!A0\t+1\",0,0,0,0,0,0,0,USD");
+        assert_eq!(lines[0], "session,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency,cache_read_tokens,cache_write_tokens,reasoning_tokens");
+        assert_eq!(lines[1], "\"a,\"\"b\"\"\",3,2,5,0,1,0,0.5,USD,0,0,0");
+        assert_eq!(lines[2], "'=HYPERLINK(1),0,0,0,0,0,0,0,USD,0,0,0");
+        assert_eq!(lines[3], ",0,0,0,0,0,0,0,USD,0,0,0");
+        assert_eq!(
+            lines[4],
+            "\"x;=cmd|' /C calc'!A0\t+1\",0,0,0,0,0,0,0,USD,0,0,0"
+        );
     }
 
     #[test]
@@ -284,6 +308,9 @@ mod tests {
             tool: None,
             prompt_tokens: 30,
             completion_tokens: 10,
+            cache_read_tokens: 20,
+            cache_write_tokens: 5,
+            reasoning_tokens: 4,
             estimated: true,
             tool_calls: 0,
             cost: 0.5,
@@ -292,6 +319,9 @@ mod tests {
             tool: Some("bash_x".into()),
             prompt_tokens: 0,
             completion_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
             estimated: false,
             tool_calls: 1,
             cost: 0.0,
@@ -310,6 +340,9 @@ mod tests {
                 model_requests: 1,
                 tool_calls: 1,
                 cost: 0.5,
+                cache_read_tokens: 20,
+                cache_write_tokens: 5,
+                reasoning_tokens: 4,
             }
         );
         assert_eq!(request.amount(Meter::Tokens), 40.0);

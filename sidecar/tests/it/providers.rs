@@ -190,6 +190,8 @@ async fn converse(stream: bool) {
     let row = &usage.json["rows"][0];
     assert_eq!(row["prompt_tokens"], 2050, "{}", usage.text);
     assert_eq!(row["completion_tokens"], 18, "{}", usage.text);
+    assert_eq!(row["cache_read_tokens"], 1000, "{}", usage.text);
+    assert_eq!(row["cache_write_tokens"], 1000, "{}", usage.text);
     let cost = row["cost"].as_f64().unwrap();
     let expected = (50.0 * 3.0 + 1000.0 * 3.75 + 1000.0 * 0.3 + 18.0 * 15.0) / 1e6;
     assert!((cost - expected).abs() < 1e-9, "{cost} != {expected}");
@@ -719,6 +721,13 @@ async fn converse_natively(provider: &str, stream: bool) {
     assert_eq!(
         row["completion_tokens"].as_f64(),
         Some(18.0 + reasoning),
+        "{provider}: {}",
+        usage.text
+    );
+    assert_eq!(row["cache_read_tokens"], 1000, "{provider}: {}", usage.text);
+    assert_eq!(
+        row["reasoning_tokens"].as_f64(),
+        Some(reasoning),
         "{provider}: {}",
         usage.text
     );

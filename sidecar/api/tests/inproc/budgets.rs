@@ -271,8 +271,8 @@ async fn a_cost_budget_counts_by_the_price_and_the_report_adds_it_up() {
     );
     assert_eq!(
         csv.reply.text,
-        "agent,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency\n\
-         metered,60,20,80,0,2,0,100,EUR\n"
+        "agent,prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency,cache_read_tokens,cache_write_tokens,reasoning_tokens\n\
+         metered,60,20,80,0,2,0,100,EUR,0,0,0\n"
     );
     // A range that holds nothing, and one that does not read.
     let empty = m

@@ -114,6 +114,9 @@ impl RunBudget {
             tool: tool.map(str::to_string),
             prompt_tokens: 0,
             completion_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
             estimated: false,
             tool_calls: 0,
             cost: 0.0,
@@ -240,6 +243,9 @@ impl RunBudget {
         if let Some(s) = used {
             row.prompt_tokens = s.prompt;
             row.completion_tokens = s.completion;
+            row.cache_read_tokens = s.cache_read;
+            row.cache_write_tokens = s.cache_write;
+            row.reasoning_tokens = s.reasoning;
             row.estimated = s.estimated;
             let price = model.price().map(|(p, _)| p);
             row.cost = price.as_ref().map_or(0.0, |p| {
