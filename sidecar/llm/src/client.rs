@@ -105,7 +105,20 @@ enum Auth {
 
 impl Auth {
     fn of(endpoint: &ModelEndpoint) -> Result<Auth, LlmError> {
-        let keyed = endpoint.api_key.as_ref().is_some_and(|k| !k.is_empty());
+        let cloud = matches!(endpoint.provider, Provider::Bedrock | Provider::AzureOpenAi);
+        if cloud
+            && endpoint
+                .api_key
+                .as_ref()
+                .is_some_and(|k| k.expose().trim().is_empty())
+        {
+            // Never the pod's identity in place of a key that was meant.
+            return Err(LlmError::Config(
+                "the API key is empty; give the key, or none to use the pod's cloud identity"
+                    .to_owned(),
+            ));
+        }
+        let keyed = endpoint.api_key.is_some();
         let env =
             || -> Arc<dyn crate::credentials::Env> { Arc::new(crate::credentials::ProcessEnv) };
         Ok(match endpoint.provider {

@@ -1020,3 +1020,73 @@ async fn an_agents_exe_claude_v1_file_speaks_anthropics_own_api() {
     assert_eq!(requests[0]["body"]["max_tokens"], 16000);
     assert!(!stderr.contains(KEY), "{stderr}");
 }
+
+/// Review 69 (B1): a cloud provider's key that reads empty (a Secret
+/// with an empty value) stops the server; it never signs with the pod's
+/// identity instead, which is for agents that name no key.
+#[tokio::test]
+async fn an_empty_cloud_key_is_refused_never_the_pods_identity() {
+    const ACCESS: &str = "entra-access-canary-0b0b";
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, PROJECTED_TOKEN).unwrap();
+    let identity = IdentityMock::start(&[
+        "--federated-token-file",
+        token_file.to_str().unwrap(),
+        "--tenant",
+        "t1",
+        "--client-id",
+        "c1",
+        "--access-token",
+        ACCESS,
+    ]);
+    let mock = ProviderMock::start(
+        "azure",
+        &format!("bearer:{ACCESS}"),
+        &json!([{"text": "hi"}]),
+    );
+    let authority = format!("{}/", identity.url());
+    for (what, key_source, extra_env) in [
+        (
+            "an empty variable",
+            "{env: AZURE_OPENAI_API_KEY}",
+            ("AZURE_OPENAI_API_KEY", ""),
+        ),
+        ("a blank value", "{value: '  '}", ("UNUSED", "")),
+    ] {
+        let agent = invoices_with_model(
+            dir.path(),
+            &format!(
+                "    provider: azure-openai\n    url: \"{}\"\n    name: dep\n    apiKey: {key_source}\n",
+                mock.root()
+            ),
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bindery-sidecar"))
+            .current_dir(dir.path())
+            .env_clear()
+            .envs([
+                ("AZURE_CLIENT_ID", "c1"),
+                ("AZURE_TENANT_ID", "t1"),
+                ("AZURE_FEDERATED_TOKEN_FILE", token_file.to_str().unwrap()),
+                ("AZURE_AUTHORITY_HOST", authority.as_str()),
+                extra_env,
+                ("BINDERY_PARAM_BILLING_TOKEN", CANARY),
+            ])
+            .args(["run", "--agent-file"])
+            .arg(&agent)
+            .args(["--set", "tenant=acme-corp", "--prompt", "hi"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: ran");
+        assert!(
+            stderr.contains("API key is empty") || stderr.contains("apiKey is empty"),
+            "{what}: {stderr}"
+        );
+    }
+    assert!(
+        identity.valid_requests().is_empty(),
+        "the pod's identity was asked"
+    );
+    assert!(mock.requests().is_empty(), "the model was asked");
+}
