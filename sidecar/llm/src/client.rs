@@ -17,6 +17,7 @@ use super::conversation::Conversation;
 use super::dialect::{self, Streamed};
 use super::error::{excerpt, LlmError};
 use super::parse::deltas_of;
+use super::sent::Sent;
 use super::types::{ChatRequest, ChatResponse, FellBack, ModelEndpoint, ReplyLimits, StreamDelta};
 use bindery_spec::Redirects;
 
@@ -444,8 +445,9 @@ impl ChatClient {
             .with_retries(false, move || async move {
                 let attempt = async {
                     match this.send(body, false).await? {
-                        Attempt::Done(response) => {
-                            Ok(Attempt::Done(this.read_capped(response, timeout).await?))
+                        Attempt::Done((response, sent)) => {
+                            let text = this.read_capped(response, timeout).await?;
+                            Ok(Attempt::Done(sent.scrub(&text).into_owned()))
                         }
                         Attempt::Retry { error, retry_after } => {
                             Ok(Attempt::Retry { error, retry_after })
@@ -576,7 +578,7 @@ impl ChatClient {
         let body = &self.body(req, true)?;
         let timeout = self.inner.endpoint.timeout;
         let this = self;
-        let response = self
+        let (response, sent) = self
             .with_retries(true, move || async move {
                 tokio::time::timeout(timeout, this.send(body, true))
                     .await
@@ -592,13 +594,13 @@ impl ChatClient {
         if is_json {
             // The endpoint ignored `stream: true` and sent a whole reply.
             let text = self.read_capped(response, timeout).await?;
-            let response = self.parse(&text)?;
+            let response = self.parse(&sent.scrub(&text))?;
             deltas_of(&response, on_delta);
             return Ok(response);
         }
 
         let mut chunks = std::pin::pin!(response.bytes_stream());
-        let mut state = Streamed::of(self.inner.endpoint.provider);
+        let mut state = Streamed::of(self.inner.endpoint.provider, sent);
         let limit = self.inner.endpoint.limits.max_bytes;
         let mut read = 0usize;
         while !state.is_done() {
@@ -687,7 +689,7 @@ impl ChatClient {
         &self,
         body: &bytes::Bytes,
         stream: bool,
-    ) -> Result<Attempt<reqwest::Response>, LlmError> {
+    ) -> Result<Attempt<(reqwest::Response, Sent)>, LlmError> {
         let url = match stream {
             true => &self.inner.stream_url,
             false => &self.inner.url,
@@ -702,8 +704,10 @@ impl ChatClient {
         for (name, value) in &self.inner.headers {
             request = request.header(name, value.clone());
         }
+        let mut sent = Sent::of(&self.inner.headers, &self.inner.endpoint);
         match self.authorization(url, stream, body).await {
             Ok(headers) => {
+                sent.add(&headers);
                 for (name, value) in headers {
                     request = request.header(name, value);
                 }
@@ -733,7 +737,7 @@ impl ChatClient {
         };
         let status = response.status();
         if status.is_success() {
-            return Ok(Attempt::Done(response));
+            return Ok(Attempt::Done((response, sent)));
         }
         let retry_after = response
             .headers()
@@ -746,9 +750,11 @@ impl ChatClient {
             Err(e) if e.is_timeout() => return Err(LlmError::Timeout),
             Err(_) => String::new(),
         };
+        // Scrubbed whole, then cut: a cut never leaves a credential's
+        // first bytes behind.
         let error = LlmError::Http {
             status: status.as_u16(),
-            body: excerpt(&text),
+            body: excerpt(&sent.scrub(&text)),
         };
         if busy(status.as_u16()) {
             Ok(Attempt::Retry { error, retry_after })

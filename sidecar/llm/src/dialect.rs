@@ -9,6 +9,7 @@ use bytes::Bytes;
 use super::conversation::Conversation;
 use super::error::LlmError;
 use super::parse::{parse_completion, StreamState};
+use super::sent::Sent;
 use super::types::{ChatResponse, ModelEndpoint, StreamDelta, ToolDefinition};
 use super::{anthropic, bedrock, gemini, responses};
 
@@ -96,6 +97,8 @@ pub(crate) fn tools(
 pub(crate) struct Streamed {
     framing: Framing,
     state: State,
+    /// The request's credentials, taken out of each event before it is read.
+    sent: Sent,
 }
 
 enum Framing {
@@ -112,7 +115,7 @@ enum State {
 }
 
 impl Streamed {
-    pub(crate) fn of(provider: Provider) -> Self {
+    pub(crate) fn of(provider: Provider, sent: Sent) -> Self {
         let (framing, state) = match provider {
             Provider::OpenAi | Provider::AzureOpenAi => (
                 Framing::Sse(SseParser::default()),
@@ -131,11 +134,15 @@ impl Streamed {
                 State::Gemini(gemini::Stream::default()),
             ),
             Provider::Bedrock => (
-                Framing::AwsEvents(bedrock::Frames::default()),
+                Framing::AwsEvents(bedrock::Frames::scrubbing(sent.clone())),
                 State::Bedrock(bedrock::Stream::default()),
             ),
         };
-        Streamed { framing, state }
+        Streamed {
+            framing,
+            state,
+            sent,
+        }
     }
 
     /// Whether the reply is whole (what follows is not read).
@@ -157,7 +164,10 @@ impl Streamed {
     ) -> Result<(), LlmError> {
         match &mut self.framing {
             Framing::AwsEvents(frames) => {
-                for frame in frames.feed(chunk)? {
+                for mut frame in frames.feed(chunk)? {
+                    if let std::borrow::Cow::Owned(clean) = self.sent.scrub_bytes(&frame.payload) {
+                        frame.payload = Bytes::from(clean);
+                    }
                     self.state.handle_frame(&frame, on_delta)?;
                     if self.is_done() {
                         break;
@@ -169,7 +179,8 @@ impl Streamed {
                     .feed(chunk)
                     .map_err(|e| LlmError::Malformed(e.to_string()))?;
                 for event in events {
-                    self.state.handle_event(&event.data, on_delta)?;
+                    self.state
+                        .handle_event(&self.sent.scrub(&event.data), on_delta)?;
                     if self.is_done() {
                         break;
                     }
@@ -190,7 +201,9 @@ impl Streamed {
             )),
             Framing::AwsEvents(_) => Ok(()),
             Framing::Sse(parser) => match parser.finish() {
-                Some(event) => self.state.handle_event(&event.data, on_delta),
+                Some(event) => self
+                    .state
+                    .handle_event(&self.sent.scrub(&event.data), on_delta),
                 None => Ok(()),
             },
         }

@@ -29,6 +29,7 @@ mod error;
 mod gemini;
 mod parse;
 mod responses;
+mod sent;
 mod turn;
 mod types;
 

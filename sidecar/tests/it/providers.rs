@@ -1090,3 +1090,156 @@ async fn an_empty_cloud_key_is_refused_never_the_pods_identity() {
     );
     assert!(mock.requests().is_empty(), "the model was asked");
 }
+
+/// An endpoint that answers every request 400 with, 265 characters in,
+/// every header it was sent: where an excerpt's cut would fall on them.
+async fn echoing_endpoint() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n) = conn.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                // The credentials' values first, where the cut falls.
+                let text = String::from_utf8_lossy(&got).replace(['"', '\\'], "'");
+                let head: Vec<&str> = text
+                    .split("\r\n\r\n")
+                    .next()
+                    .unwrap_or("")
+                    .split("\r\n")
+                    .filter_map(|line| {
+                        let (name, value) = line.split_once(": ")?;
+                        matches!(
+                            name.to_ascii_lowercase().as_str(),
+                            "authorization"
+                                | "api-key"
+                                | "x-api-key"
+                                | "x-goog-api-key"
+                                | "x-amz-security-token"
+                        )
+                        .then_some(value)
+                    })
+                    .collect();
+                let head = head.join(" | ");
+                let body = format!(
+                    "{{\"error\":{{\"message\":\"{}{head}\"}}}}",
+                    "A".repeat(265)
+                );
+                let reply = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (url, task)
+}
+
+/// Review 69 (B2, B3, B4): an endpoint that echoes the request's headers
+/// in its error gets none of the credentials sent back into any sink (the
+/// session's status, its events, the logs, the store), not even their
+/// first bytes where the error's excerpt is cut: the key, the pod's Entra
+/// ID token, a Bedrock session token.
+#[tokio::test]
+async fn an_endpoint_echoing_the_credentials_it_was_sent_gets_none_into_any_sink() {
+    const ACCESS: &str = "entra-access-canary-3e3e";
+    const SESSION: &str = "aws-session-canary-4f4f";
+    let (url, _server) = echoing_endpoint().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, PROJECTED_TOKEN).unwrap();
+    let identity = IdentityMock::start(&[
+        "--federated-token-file",
+        token_file.to_str().unwrap(),
+        "--tenant",
+        "t1",
+        "--client-id",
+        "c1",
+        "--access-token",
+        ACCESS,
+    ]);
+    let authority = format!("{}/", identity.url());
+    let cases: Vec<(&str, String, Vec<(&str, String)>, &str)> = vec![
+        (
+            "an Azure key",
+            format!("    provider: azure-openai\n    url: \"{url}\"\n    name: dep\n    apiKey: {{env: AZURE_OPENAI_API_KEY}}\n"),
+            vec![("AZURE_OPENAI_API_KEY", KEY.to_owned())],
+            KEY,
+        ),
+        (
+            "the pod's Entra ID token",
+            format!("    provider: azure-openai\n    url: \"{url}\"\n    name: dep\n"),
+            vec![
+                ("AZURE_CLIENT_ID", "c1".to_owned()),
+                ("AZURE_TENANT_ID", "t1".to_owned()),
+                ("AZURE_FEDERATED_TOKEN_FILE", token_file.to_str().unwrap().to_owned()),
+                ("AZURE_AUTHORITY_HOST", authority.clone()),
+            ],
+            ACCESS,
+        ),
+        (
+            "a Bedrock session token",
+            format!("    provider: bedrock\n    url: \"{url}\"\n    name: m\n    bedrock: {{region: eu-west-1, accessKeyId: {{value: AKIDSTATIC}}, secretAccessKey: {{env: AWS_SECRET}}, sessionToken: {{env: AWS_TOKEN}}}}\n"),
+            vec![("AWS_SECRET", AWS_SECRET.to_owned()), ("AWS_TOKEN", SESSION.to_owned())],
+            SESSION,
+        ),
+        (
+            "a Gemini key",
+            format!("    provider: gemini\n    url: \"{url}\"\n    name: g\n    apiKey: {{env: GEMINI_API_KEY}}\n"),
+            vec![("GEMINI_API_KEY", KEY.to_owned())],
+            KEY,
+        ),
+    ];
+    for (what, model, env, secret) in cases {
+        let case = tempfile::tempdir().unwrap();
+        let agent = invoices_with_model(case.path(), &model);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (sidecar, api, id, seen) =
+            ask_overdue(&agent, case.path(), &["--llm-retries", "0"], &env).await;
+        let view = api
+            .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+            .await;
+        assert!(
+            view.text.contains("HTTP 400") || view.text.contains("400"),
+            "{what}: {}",
+            view.text
+        );
+        let events: String = seen.iter().map(|e| e.data.clone()).collect();
+        let store = std::fs::read(case.path().join("store.sqlite")).unwrap_or_default();
+        let logs = sidecar.logs();
+        // Nothing of the credential: not whole, not its first 8 bytes.
+        for piece in [secret, &secret[..8]] {
+            assert!(
+                !view.text.contains(piece),
+                "{what}: {piece} in the view: {}",
+                view.text
+            );
+            assert!(
+                !events.contains(piece),
+                "{what}: {piece} in the events: {events}"
+            );
+            assert!(!logs.contains(piece), "{what}: {piece} in the logs: {logs}");
+            assert!(!contains(&store, piece), "{what}: {piece} in the store");
+        }
+        assert!(
+            view.text.contains("<secret:"),
+            "{what}: the echo is not marked: {}",
+            view.text
+        );
+    }
+}

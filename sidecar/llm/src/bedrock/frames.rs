@@ -29,6 +29,9 @@ const MIN_FRAME: usize = PRELUDE + 4;
 pub(crate) struct Frames {
     /// What came of the message not yet whole.
     buf: BytesMut,
+    /// The request's credentials, taken out of an exception's message
+    /// before it is cut to an excerpt.
+    sent: crate::sent::Sent,
 }
 
 /// One `event` message: its `:event-type` (`messageStart`,
@@ -40,6 +43,14 @@ pub(crate) struct Frame {
 }
 
 impl Frames {
+    /// A decoder whose exceptions are quoted without `sent`'s credentials.
+    pub(crate) fn scrubbing(sent: crate::sent::Sent) -> Frames {
+        Frames {
+            sent,
+            ..Frames::default()
+        }
+    }
+
     /// The messages `chunk` completes, in order; an error for a message
     /// that does not read, or that is the service's `exception`.
     pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<Frame>, LlmError> {
@@ -81,11 +92,12 @@ impl Frames {
                 }),
                 Some("exception") => {
                     let kind = h.exception_type.unwrap_or_default();
-                    return Err(exception(&kind, &message_of(&payload)));
+                    return Err(exception(&kind, &self.sent.scrub(&message_of(&payload))));
                 }
                 Some("error") => {
                     let code = h.error_code.unwrap_or_default();
-                    return Err(exception(&code, &h.error_message.unwrap_or_default()));
+                    let message = h.error_message.unwrap_or_default();
+                    return Err(exception(&code, &self.sent.scrub(&message)));
                 }
                 other => {
                     return Err(malformed(&format!(
