@@ -618,7 +618,7 @@ impl ChatClient {
             }
             state.feed(&chunk, on_delta)?;
         }
-        let response = state.finish()?;
+        let response = self.reasoned(state.finish()?);
         tracing::debug!(
             finish_reason = response.finish_reason.as_deref(),
             tool_calls = response.tool_calls.len(),
@@ -830,7 +830,15 @@ impl ChatClient {
 
     /// A whole reply in the endpoint's provider's shape.
     fn parse(&self, text: &str) -> Result<ChatResponse, LlmError> {
-        dialect::parse(self.inner.endpoint.provider, text)
+        dialect::parse(self.inner.endpoint.provider, text).map(|r| self.reasoned(r))
+    }
+
+    /// `response` with its reasoning marked as this endpoint's.
+    fn reasoned(&self, mut response: ChatResponse) -> ChatResponse {
+        if let Some(r) = &mut response.reasoning {
+            r.endpoint = Some(dialect::reasoner(&self.inner.endpoint));
+        }
+        response
     }
 }
 

@@ -4,13 +4,15 @@
 
 use bindery_spec::provider::Provider;
 use bindery_sse::Parser as SseParser;
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use super::conversation::Conversation;
 use super::error::LlmError;
 use super::parse::{parse_completion, StreamState};
 use super::sent::Sent;
-use super::types::{ChatResponse, ModelEndpoint, StreamDelta, ToolDefinition};
+use super::types::{ChatMessage, ChatResponse, ModelEndpoint, StreamDelta, ToolDefinition};
 use super::{anthropic, bedrock, gemini, responses};
 
 /// The path under the endpoint's base URL (with its query, if any).
@@ -46,8 +48,52 @@ fn azure_segment<'a>(text: &'a str, what: &str) -> Result<&'a str, LlmError> {
     }
 }
 
-/// The request body for `req` in the endpoint's provider's shape.
+/// Who reasoned, as a reply's [`Reasoning`](super::Reasoning) records it:
+/// the endpoint's origin (no credentials, no path) and its model.
+pub(crate) fn reasoner(endpoint: &ModelEndpoint) -> String {
+    let origin = reqwest::Url::parse(endpoint.base_url.trim())
+        .map(|u| u.origin().ascii_serialization())
+        .unwrap_or_default();
+    format!("{origin} {}", endpoint.model)
+}
+
+/// The request body for `req` in the endpoint's provider's shape. Each
+/// turn's reasoning goes back only to the endpoint that reasoned it: a
+/// turn of another's is sent without it (the providers' modules then
+/// treat it as a turn made without reasoning).
 pub(crate) fn body(
+    req: &Conversation,
+    endpoint: &ModelEndpoint,
+    stream: bool,
+) -> Result<Bytes, LlmError> {
+    let me = reasoner(endpoint);
+    let foreign = |m: &ChatMessage| {
+        matches!(m, ChatMessage::Assistant { reasoning: Some(r), .. }
+            if r.endpoint.as_deref() != Some(me.as_str()))
+    };
+    if endpoint.provider.speaks_chat_completions() || !req.messages().any(foreign) {
+        return body_of(req.messages(), req, endpoint, stream);
+    }
+    let owned: Vec<Cow<'_, ChatMessage>> = req
+        .messages()
+        .map(|m| match m {
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+                ..
+            } if foreign(m) => Cow::Owned(ChatMessage::Assistant {
+                content: content.clone(),
+                tool_calls: tool_calls.clone(),
+                reasoning: None,
+            }),
+            _ => Cow::Borrowed(m),
+        })
+        .collect();
+    body_of(owned.iter().map(AsRef::as_ref), req, endpoint, stream)
+}
+
+fn body_of<'a>(
+    history: impl Iterator<Item = &'a ChatMessage> + Clone,
     req: &Conversation,
     endpoint: &ModelEndpoint,
     stream: bool,
@@ -60,10 +106,10 @@ pub(crate) fn body(
                 .unwrap_or_default();
             req.body_with(&endpoint.model, endpoint.flavor, &extra, stream)
         }
-        Provider::Anthropic => anthropic::body(req.messages(), req.tools(), endpoint, stream),
-        Provider::OpenAiResponses => responses::body(req.messages(), req.tools(), endpoint, stream),
-        Provider::Gemini => gemini::body(req.messages(), req.tools(), endpoint, stream),
-        Provider::Bedrock => bedrock::body(req.messages(), req.tools(), endpoint),
+        Provider::Anthropic => anthropic::body(history, req.tools(), endpoint, stream),
+        Provider::OpenAiResponses => responses::body(history, req.tools(), endpoint, stream),
+        Provider::Gemini => gemini::body(history, req.tools(), endpoint, stream),
+        Provider::Bedrock => bedrock::body(history, req.tools(), endpoint),
     }
 }
 
@@ -165,7 +211,7 @@ impl Streamed {
         match &mut self.framing {
             Framing::AwsEvents(frames) => {
                 for mut frame in frames.feed(chunk)? {
-                    if let std::borrow::Cow::Owned(clean) = self.sent.scrub_bytes(&frame.payload) {
+                    if let Cow::Owned(clean) = self.sent.scrub_bytes(&frame.payload) {
                         frame.payload = Bytes::from(clean);
                     }
                     self.state.handle_frame(&frame, on_delta)?;

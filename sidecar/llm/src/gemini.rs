@@ -640,6 +640,7 @@ impl Reply {
             reasoning: self.keep.then(|| Reasoning {
                 provider: PROVIDER.to_owned(),
                 blocks: self.parts,
+                endpoint: None,
             }),
             ..ChatResponse::default()
         }

@@ -503,6 +503,7 @@ impl Reply {
             reasoning: (!self.reasoning.is_empty()).then(|| Reasoning {
                 provider: PROVIDER.to_owned(),
                 blocks: self.reasoning,
+                endpoint: None,
             }),
             ..ChatResponse::default()
         }

@@ -207,6 +207,7 @@ mod tests {
             reasoning: Some(crate::Reasoning {
                 provider: "anthropic".into(),
                 blocks: vec![serde_json::json!({"type": "thinking", "thinking": "secret plan"})],
+                endpoint: None,
             }),
         });
         assert!(turn.json().contains("secret plan"));

@@ -379,6 +379,12 @@ pub struct Reasoning {
     /// The blocks, in the provider's own shape.
     #[schema(value_type = Vec<Object>)]
     pub blocks: Vec<serde_json::Value>,
+    /// The endpoint that reasoned (its origin and model): the reasoning is
+    /// sent back to that one only, never to another endpoint of the same
+    /// provider (a fallback's account would refuse another's signatures,
+    /// and is not owed them). Unknown (older turns): sent to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// Token counts the endpoint reported.

@@ -1243,3 +1243,59 @@ async fn an_endpoint_echoing_the_credentials_it_was_sent_gets_none_into_any_sink
         );
     }
 }
+
+/// Review 69 (B5): a turn's reasoning goes back to the endpoint that
+/// reasoned it only. A fallback of the same provider at another origin
+/// (another account, another region) gets the turn without it, and its
+/// reply is the run's; the primary, asked again, gets it back.
+#[tokio::test]
+async fn reasoning_goes_back_to_the_endpoint_that_reasoned_it_only() {
+    let primary = ProviderMock::start(
+        "responses",
+        KEY,
+        &json!([
+            {"thinking": "PRIMARY-REASONING-7d7d",
+             "calls": [{"id": "call_01", "name": TOOL, "input": {"status": "overdue"}}]},
+            {"status": 503}
+        ]),
+    );
+    let fallback =
+        ProviderMock::start("responses", KEY, &json!([{"text": "INV-1002 is overdue."}]));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = invoices_with_model(
+        dir.path(),
+        &format!(
+            "    provider: openai-responses\n    url: \"{}\"\n    name: gpt-a\n    apiKey: {{env: OPENAI_API_KEY}}\n    fallbacks:\n      - {{provider: openai-responses, url: \"{}\", name: gpt-b, apiKey: {{env: OPENAI_API_KEY}}}}\n",
+            primary.url(),
+            fallback.url()
+        ),
+    );
+    let (_sidecar, api, id, _) = ask_overdue(
+        &agent,
+        dir.path(),
+        &["--llm-retries", "0"],
+        &[("OPENAI_API_KEY", KEY)],
+    )
+    .await;
+    let asked = primary.valid_requests();
+    assert_eq!(asked.len(), 2, "{asked:#?}");
+    // The primary got its own reasoning back with the call's result.
+    assert!(
+        asked[1]["body"].to_string().contains("rs_"),
+        "{:#}",
+        asked[1]["body"]
+    );
+    let fell = fallback.valid_requests();
+    assert_eq!(fell.len(), 1, "{fell:#?}");
+    let body = fell[0]["body"].to_string();
+    assert!(
+        !body.contains("PRIMARY-REASONING") && !body.contains("\"reasoning\""),
+        "{body}"
+    );
+    assert!(body.contains("function_call_output"), "{body}");
+    let view = api
+        .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
+        .await;
+    let turns = view.json["session"]["turns"].as_array().unwrap();
+    assert_eq!(turns.last().unwrap()["content"], "INV-1002 is overdue.");
+}

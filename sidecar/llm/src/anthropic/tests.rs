@@ -87,6 +87,7 @@ fn thinking_is_asked_for_and_its_blocks_go_back_first_in_their_turn() {
             reasoning: Some(Reasoning {
                 provider: "anthropic".into(),
                 blocks: vec![thought.clone()],
+                endpoint: None,
             }),
         },
         ChatMessage::tool_result("toolu_1", "A"),

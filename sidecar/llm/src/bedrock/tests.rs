@@ -164,6 +164,7 @@ fn thinking_is_asked_for_and_its_blocks_go_back_first_in_their_turn() {
             reasoning: Some(Reasoning {
                 provider: "bedrock".into(),
                 blocks: vec![thought.clone(), redacted.clone()],
+                endpoint: None,
             }),
         },
         ChatMessage::tool_result("tooluse_1", "A"),

@@ -36,6 +36,7 @@ fn ours(items: Vec<Value>) -> Option<Reasoning> {
     Some(Reasoning {
         provider: PROVIDER.into(),
         blocks: items,
+        endpoint: None,
     })
 }
 
@@ -265,6 +266,7 @@ fn reasoning_goes_back_before_its_turns_calls_and_never_for_another_provider() {
         *reasoning = Some(Reasoning {
             provider: "anthropic".into(),
             blocks: vec![json!({"type": "thinking", "thinking": "x", "signature": "s"})],
+            endpoint: None,
         });
     }
     let body = encoded(&other, &[], &endpoint());
