@@ -1061,6 +1061,12 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
             provider.name()
         )));
     }
+    if model.url.contains(['?', '#']) {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model url {} has a query or a fragment; each request adds its path to the url, so give the API's root alone (Azure's api-version goes in `azure.apiVersion`)",
+            super::printable(&url_before_query(&model.url))
+        )));
+    }
     provider_settings_checks(model, here, diags);
     let Some(thinking) = &model.thinking else {
         return;
@@ -1095,6 +1101,11 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
             if model.max_tokens.is_none() { ", the default" } else { "" }
         )));
     }
+}
+
+/// `url` up to its query, for a message (a query may hold a credential).
+fn url_before_query(url: &str) -> String {
+    url.split(['?', '#']).next().unwrap_or("").to_owned() + "?..."
 }
 
 /// The provider's own settings: `bedrock` and `azure` only with their
@@ -1325,6 +1336,14 @@ mod tests {
             (
                 "provider: bedrock, apiKey: {env: K}",
                 "names no AWS region",
+            ),
+            (
+                "url: 'http://m/v1?key=q-canary'",
+                "model url http://m/v1?... has a query or a fragment",
+            ),
+            (
+                "provider: bedrock, url: 'https://ec2-1-2-3-4.compute-1.amazonaws.com', bedrock: {region: us-east-1}",
+                "is not bedrock's own",
             ),
             (
                 "provider: bedrock, bedrock: {region: us-east-1}",

@@ -202,6 +202,11 @@ pub fn ambient_credential_may_reach(provider: Provider, url: &str) -> bool {
     {
         return matches!(scheme, "http" | "https");
     }
+    if provider == Provider::Bedrock && region_in_url(url).is_none() {
+        // Bedrock's runtime endpoints only, not any host of AWS's domain
+        // (EC2's public names are under it too).
+        return false;
+    }
     let suffixes: &[&str] = match provider {
         Provider::Bedrock => &[".amazonaws.com", ".amazonaws.com.cn"],
         Provider::AzureOpenAi => &[
@@ -290,6 +295,17 @@ mod tests {
                 false,
             ),
             (Bedrock, "https://amazonaws.com@evil.io", false),
+            // Review 69: a host of AWS's domain that is not Bedrock's.
+            (
+                Bedrock,
+                "https://ec2-1-2-3-4.compute-1.amazonaws.com",
+                false,
+            ),
+            (
+                Bedrock,
+                "https://vpce-1.bedrock-runtime.eu-west-3.vpce.amazonaws.com",
+                true,
+            ),
             (Bedrock, "https://x.openai.azure.com", false),
             (AzureOpenAi, "https://res.openai.azure.com", true),
             (

@@ -356,7 +356,7 @@ fn describe_prints_the_tools_as_each_provider_receives_them() {
     let agent = dir.path().join("a.yaml");
     std::fs::write(
         &agent,
-        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model:\n    provider: anthropic\n    url: https://api.anthropic.com/v1\n    name: claude\n    thinking: {budgetTokens: 2048}\n    fallbacks:\n      - {url: \"https://u:pw-canary@api.openai.com/v1?key=q-canary\", name: gpt, pricing: {inputPerMillion: 2, outputPerMillion: 8}}\n",
+        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model:\n    provider: anthropic\n    url: https://api.anthropic.com/v1\n    name: claude\n    thinking: {budgetTokens: 2048}\n    fallbacks:\n      - {url: \"https://u:pw-canary@api.openai.com/v1\", name: gpt, pricing: {inputPerMillion: 2, outputPerMillion: 8}}\n",
     )
     .unwrap();
     let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
