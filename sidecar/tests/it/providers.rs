@@ -1174,7 +1174,9 @@ async fn an_endpoint_echoing_the_credentials_it_was_sent_gets_none_into_any_sink
         ACCESS,
     ]);
     let authority = format!("{}/", identity.url());
-    let cases: Vec<(&str, String, Vec<(&str, String)>, &str)> = vec![
+    // What, the model's lines, the server's environment, the credential.
+    type Case<'a> = (&'a str, String, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (
             "an Azure key",
             format!("    provider: azure-openai\n    url: \"{url}\"\n    name: dep\n    apiKey: {{env: AZURE_OPENAI_API_KEY}}\n"),
