@@ -7,7 +7,7 @@
 //!   user-side messages in one turn (results first);
 //! - a tool call's id is one Anthropic accepts (`^[a-zA-Z0-9_-]+$`): any
 //!   other (a session begun with another provider) is mapped the same way
-//!   in the call and in its result ([`wire_id`]);
+//!   in the call and in its result ([`call_ids::wire_id`](super::call_ids::wire_id));
 //! - thinking blocks come back with their signatures byte for byte as the
 //!   assistant turn's [`Reasoning`], go back first in that turn's content,
 //!   and are never forwarded as the reply's text;
@@ -15,12 +15,10 @@
 //!   last message (the stable prefix grows by a step each request), and
 //!   the cache's read and write counts in [`Usage`].
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::call_ids::{self, Ids, Rule};
 use super::content::{Content, ContentPart};
 use super::error::{excerpt, LlmError};
 use super::types::{ChatMessage, ChatResponse, ModelEndpoint, Reasoning, StreamDelta};
@@ -40,7 +38,7 @@ pub(crate) fn body<'a>(
 ) -> Result<Bytes, LlmError> {
     let thinking = endpoint
         .thinking_budget
-        .filter(|_| !continues_a_turn_without_thinking(history.clone()));
+        .filter(|_| !call_ids::continues_a_turn_without_reasoning(history.clone(), PROVIDER));
     let (system, messages) = messages(history)?;
     let max_tokens = endpoint
         .max_tokens
@@ -66,25 +64,6 @@ pub(crate) fn body<'a>(
     serde_json::to_vec(&Value::Object(body))
         .map(Bytes::from)
         .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))
-}
-
-/// Whether the request goes on with an assistant turn of tool calls made
-/// without Anthropic's thinking (by a fallback of another provider):
-/// with thinking on, Anthropic requires such a turn to begin with its
-/// thinking block, which it never had, so this request asks for none.
-fn continues_a_turn_without_thinking<'a>(
-    history: impl IntoIterator<Item = &'a ChatMessage>,
-) -> bool {
-    let last = history
-        .into_iter()
-        .filter(|m| matches!(m, ChatMessage::Assistant { .. }))
-        .last();
-    matches!(
-        last,
-        Some(ChatMessage::Assistant { tool_calls, reasoning, .. })
-            if !tool_calls.is_empty()
-                && reasoning.as_ref().is_none_or(|r| r.provider != PROVIDER)
-    )
 }
 
 /// The cache breakpoint put on the last block of a stable prefix.
@@ -126,64 +105,16 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// A tool call's id as Anthropic takes it: itself when it is letters,
-/// digits, `_` and `-`; otherwise those kept, the others `_`, and a hash
-/// of the whole. The same id always maps the same; [`Ids`] makes the
-/// mapped ids of one request distinct.
+/// Anthropic's call ids: letters, digits, `_` and `-`, of any length.
+const IDS: Rule = Rule {
+    max: usize::MAX,
+    keep: usize::MAX,
+};
+
+/// A tool call's id as Anthropic takes it (see [`call_ids::wire_id`]).
+#[cfg(test)]
 pub(crate) fn wire_id(id: &str) -> String {
-    if !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        return id.to_owned();
-    }
-    let mut h = DefaultHasher::new();
-    id.hash(&mut h);
-    let kept: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{kept}_{:016x}", h.finish())
-}
-
-/// The ids a request gives the calls, each its own across the whole
-/// conversation: [`wire_id`] of the call's, or, when another call has that
-/// one already (an id that maps onto another's mapping, or a model that
-/// reused an id in a later turn), the same with `_2`, `_3`…. A result
-/// answers the call of that id in the turn before it.
-#[derive(Default)]
-struct Ids {
-    used: std::collections::HashSet<String>,
-    turn: std::collections::HashMap<String, String>,
-}
-
-impl Ids {
-    fn next_turn(&mut self) {
-        self.turn.clear();
-    }
-
-    fn of_call(&mut self, id: &str) -> String {
-        let first = wire_id(id);
-        let mut wire = first.clone();
-        let mut n = 1;
-        while !self.used.insert(wire.clone()) {
-            n += 1;
-            wire = format!("{first}_{n}");
-        }
-        self.turn.insert(id.to_owned(), wire.clone());
-        wire
-    }
-
-    fn of_result(&self, id: &str) -> String {
-        self.turn.get(id).cloned().unwrap_or_else(|| wire_id(id))
-    }
+    call_ids::wire_id(IDS, id)
 }
 
 /// The system blocks (the last a cache breakpoint) and the messages.
@@ -194,7 +125,7 @@ fn messages<'a>(
     let mut out: Vec<Value> = Vec::new();
     // The user turn being gathered: tool results first, then text and media.
     let mut results: Vec<Value> = Vec::new();
-    let mut ids = Ids::default();
+    let mut ids = Ids::new(IDS);
     let mut user: Vec<Value> = Vec::new();
     let flush = |out: &mut Vec<Value>, results: &mut Vec<Value>, user: &mut Vec<Value>| {
         if results.is_empty() && user.is_empty() {

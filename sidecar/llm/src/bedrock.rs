@@ -10,7 +10,7 @@
 //! - a tool call's id is one Converse and the Claude models behind it
 //!   accept (`^[a-zA-Z0-9_-]{1,64}$`): any other (a session begun with
 //!   another provider) is mapped the same way in the call and in its
-//!   result ([`wire_id`]); a tool's name is refused unless it is one the
+//!   result ([`call_ids::wire_id`](super::call_ids::wire_id)); a tool's name is refused unless it is one the
 //!   service takes (`^[a-zA-Z0-9_-]{1,64}$`);
 //! - reasoning (`reasoningContent` blocks, with their signatures) comes back
 //!   byte for byte as the assistant turn's [`Reasoning`], goes back first
@@ -25,9 +25,7 @@
 
 mod frames;
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::HashSet;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -36,6 +34,7 @@ use serde_json::{json, Map, Value};
 // The client's to use (the lead removes the allow when wiring).
 pub(crate) use frames::{Frame, Frames};
 
+use super::call_ids::{self, Ids, Rule};
 use super::content::{Content, ContentPart};
 use super::error::{excerpt, LlmError};
 use super::types::{ChatMessage, ChatResponse, ModelEndpoint, Reasoning, StreamDelta};
@@ -87,7 +86,7 @@ pub(crate) fn body<'a>(
 ) -> Result<Bytes, LlmError> {
     let thinking = endpoint
         .thinking_budget
-        .filter(|_| !continues_a_turn_without_thinking(history.clone()));
+        .filter(|_| !call_ids::continues_a_turn_without_reasoning(history.clone(), PROVIDER));
     let (system, messages) = messages(history, !offered.is_empty())?;
     let mut body = Map::new();
     if !system.is_empty() {
@@ -116,25 +115,6 @@ pub(crate) fn body<'a>(
     serde_json::to_vec(&Value::Object(body))
         .map(Bytes::from)
         .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))
-}
-
-/// Whether the request goes on with an assistant turn of tool calls made
-/// without Bedrock's reasoning (by a fallback of another provider): with
-/// thinking on, Claude requires such a turn to begin with its reasoning,
-/// which it never had, so this request asks for none.
-fn continues_a_turn_without_thinking<'a>(
-    history: impl IntoIterator<Item = &'a ChatMessage>,
-) -> bool {
-    let last = history
-        .into_iter()
-        .filter(|m| matches!(m, ChatMessage::Assistant { .. }))
-        .last();
-    matches!(
-        last,
-        Some(ChatMessage::Assistant { tool_calls, reasoning, .. })
-            if !tool_calls.is_empty()
-                && reasoning.as_ref().is_none_or(|r| r.provider != PROVIDER)
-    )
 }
 
 /// The block that ends a stable prefix the service may cache.
@@ -185,65 +165,18 @@ fn id_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
-/// A tool call's id as Converse takes it: itself when it is 1 to 64
-/// letters, digits, `_` and `-` (the service's `ToolUseId` also allows `.`
-/// and `:`, which the Claude models behind it refuse); otherwise its first
-/// 40 characters with the others `_`, and a hash of the whole (57 at
-/// most). The same id always maps the same; [`Ids`] makes the mapped ids
-/// of one request distinct.
+/// Converse's call ids for the Claude models behind it: 1 to 64 letters,
+/// digits, `_` and `-` (the service's `ToolUseId` also allows `.` and
+/// `:`, which the models refuse); of a refused one, 40 kept.
+const IDS: Rule = Rule {
+    max: MAX_ID,
+    keep: 40,
+};
+
+/// A tool call's id as Converse takes it (see [`call_ids::wire_id`]).
+#[cfg(test)]
 pub(crate) fn wire_id(id: &str) -> String {
-    if valid_name(id) {
-        return id.to_owned();
-    }
-    let mut h = DefaultHasher::new();
-    id.hash(&mut h);
-    let kept: String = id
-        .chars()
-        .take(40)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{kept}_{:016x}", h.finish())
-}
-
-/// The ids a request gives the calls, each its own across the whole
-/// conversation: [`wire_id`] of the call's, or, when another call has that
-/// one already, the same (cut to stay within 64) with `_2`, `_3`…. A
-/// result answers the call of that id in the turn before it.
-#[derive(Default)]
-struct Ids {
-    used: HashSet<String>,
-    turn: HashMap<String, String>,
-}
-
-impl Ids {
-    fn next_turn(&mut self) {
-        self.turn.clear();
-    }
-
-    fn of_call(&mut self, id: &str) -> String {
-        let first = wire_id(id);
-        let mut wire = first.clone();
-        let mut n = 1u64;
-        while !self.used.insert(wire.clone()) {
-            n += 1;
-            let suffix = format!("_{n}");
-            // `first` is ASCII: any cut is at a character's boundary.
-            let keep = first.len().min(MAX_ID - suffix.len());
-            wire = format!("{}{suffix}", first.get(..keep).unwrap_or_default());
-        }
-        self.turn.insert(id.to_owned(), wire.clone());
-        wire
-    }
-
-    fn of_result(&self, id: &str) -> String {
-        self.turn.get(id).cloned().unwrap_or_else(|| wire_id(id))
-    }
+    call_ids::wire_id(IDS, id)
 }
 
 /// The system blocks (then a cache point) and the messages (the last
@@ -260,7 +193,7 @@ fn messages<'a>(
     // The user turn being gathered: tool results first, then text and media.
     let mut results: Vec<Value> = Vec::new();
     let mut user: Vec<Value> = Vec::new();
-    let mut ids = Ids::default();
+    let mut ids = Ids::new(IDS);
     let flush = |out: &mut Vec<Value>, results: &mut Vec<Value>, user: &mut Vec<Value>| {
         if results.is_empty() && user.is_empty() {
             return;

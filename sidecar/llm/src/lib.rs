@@ -19,6 +19,7 @@
 
 mod anthropic;
 mod bedrock;
+mod call_ids;
 mod client;
 pub mod content;
 mod conversation;

@@ -13,7 +13,7 @@
 //! - a call's id is the API's `call_id` (never the item's `fc_…` id): one
 //!   the API takes (`^[a-zA-Z0-9_-]{1,64}$`) is sent as it is, any other (a
 //!   session begun with another provider) is mapped the same way in the
-//!   call and in its output ([`wire_id`]);
+//!   call and in its output ([`call_ids::wire_id`](super::call_ids::wire_id));
 //! - reasoning items come back with their `encrypted_content`
 //!   (`include: ["reasoning.encrypted_content"]`) as the assistant turn's
 //!   [`Reasoning`], go back as they came before that turn's calls, are
@@ -22,13 +22,10 @@
 //! - usage: the prompt's tokens with the cache's read and written ones,
 //!   the reply's with its reasoning tokens ([`Reply::reasoning_tokens`]).
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
-
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::call_ids::{Ids, Rule};
 use super::content::{Content, ContentPart};
 use super::error::{excerpt, LlmError};
 use super::types::{ChatMessage, ChatResponse, ModelEndpoint, Reasoning, StreamDelta};
@@ -106,65 +103,18 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// A call's id as a `call_id`: itself when it is 1 to 64 letters, digits,
-/// `_` and `-` (OpenAI's `call_…`, Anthropic's `toolu_…`); otherwise
-/// those kept (at most 40), the others `_`, and a hash of the whole, 57
-/// characters at most. The same id always maps the same; [`Ids`] makes the
-/// mapped ids of one request distinct.
+/// The Responses API's `call_id`s: 1 to 64 letters, digits, `_` and `-`
+/// (OpenAI's `call_…`, Anthropic's `toolu_…` as they are); of a refused
+/// one, 40 kept.
+const IDS: Rule = Rule {
+    max: MAX_CALL_ID,
+    keep: 40,
+};
+
+/// A call's id as a `call_id` (see [`call_ids::wire_id`]).
+#[cfg(test)]
 pub(crate) fn wire_id(id: &str) -> String {
-    if valid_name(id) {
-        return id.to_owned();
-    }
-    let mut h = DefaultHasher::new();
-    id.hash(&mut h);
-    let kept: String = id
-        .chars()
-        .take(40)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{kept}_{:016x}", h.finish())
-}
-
-/// The `call_id`s a request gives the calls, each its own across the whole
-/// input: [`wire_id`] of the call's, or, when another call has that one
-/// already (an id that maps onto another's mapping, or a model that reused
-/// an id in a later turn), the same cut to fit with `_2`, `_3`…. An output
-/// answers the call of that id in the latest assistant turn before it.
-#[derive(Default)]
-struct Ids {
-    used: HashSet<String>,
-    turn: HashMap<String, String>,
-}
-
-impl Ids {
-    fn next_turn(&mut self) {
-        self.turn.clear();
-    }
-
-    fn of_call(&mut self, id: &str) -> String {
-        let first = wire_id(id);
-        let mut wire = first.clone();
-        let mut n = 1;
-        while !self.used.insert(wire.clone()) {
-            n += 1;
-            let suffix = format!("_{n}");
-            // `first` is ASCII: any byte is a boundary.
-            let keep = first.len().min(MAX_CALL_ID - suffix.len());
-            wire = format!("{}{suffix}", &first[..keep]);
-        }
-        self.turn.insert(id.to_owned(), wire.clone());
-        wire
-    }
-
-    fn of_result(&self, id: &str) -> String {
-        self.turn.get(id).cloned().unwrap_or_else(|| wire_id(id))
-    }
+    super::call_ids::wire_id(IDS, id)
 }
 
 /// The `instructions` (the system prompt the agent put first) and the
@@ -174,7 +124,7 @@ fn input<'a>(
 ) -> Result<(Option<String>, Vec<Value>), LlmError> {
     let mut instructions: Vec<&str> = Vec::new();
     let mut out: Vec<Value> = Vec::new();
-    let mut ids = Ids::default();
+    let mut ids = Ids::new(IDS);
     for (i, message) in history.into_iter().enumerate() {
         match message {
             // The prompt the agent puts first is the instructions: the

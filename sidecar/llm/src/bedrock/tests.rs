@@ -368,7 +368,7 @@ fn ids_map_apart_stay_when_valid_and_within_64() {
     }
     // A valid id of 64 reused: the suffixed one is cut to stay within 64.
     let sixty_four = "y".repeat(64);
-    let mut ids = Ids::default();
+    let mut ids = Ids::new(IDS);
     assert_eq!(ids.of_call(&sixty_four), sixty_four);
     for n in 2..=12 {
         let again = ids.of_call(&sixty_four);
