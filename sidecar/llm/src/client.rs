@@ -17,7 +17,7 @@ use super::conversation::Conversation;
 use super::dialect::{self, Streamed};
 use super::error::{excerpt, LlmError};
 use super::parse::deltas_of;
-use super::sent::Sent;
+use super::sent::{Held, Sent};
 use super::types::{ChatRequest, ChatResponse, FellBack, ModelEndpoint, ReplyLimits, StreamDelta};
 use bindery_spec::Redirects;
 
@@ -447,7 +447,7 @@ impl ChatClient {
                     match this.send(body, false).await? {
                         Attempt::Done((response, sent)) => {
                             let text = this.read_capped(response, timeout).await?;
-                            Ok(Attempt::Done(sent.scrub(&text).into_owned()))
+                            Ok(Attempt::Done((sent.scrub(&text).into_owned(), sent)))
                         }
                         Attempt::Retry { error, retry_after } => {
                             Ok(Attempt::Retry { error, retry_after })
@@ -459,7 +459,8 @@ impl ChatClient {
                     .unwrap_or(Err(LlmError::Timeout))
             })
             .await?;
-        let response = self.parse(&text)?;
+        let (text, sent) = text;
+        let response = sent.scrub_response(self.parse(&text)?);
         tracing::debug!(
             finish_reason = response.finish_reason.as_deref(),
             tool_calls = response.tool_calls.len(),
@@ -594,13 +595,15 @@ impl ChatClient {
         if is_json {
             // The endpoint ignored `stream: true` and sent a whole reply.
             let text = self.read_capped(response, timeout).await?;
-            let response = self.parse(&sent.scrub(&text))?;
+            let response = sent.scrub_response(self.parse(&sent.scrub(&text))?);
             deltas_of(&response, on_delta);
             return Ok(response);
         }
 
         let mut chunks = std::pin::pin!(response.bytes_stream());
-        let mut state = Streamed::of(self.inner.endpoint.provider, sent);
+        let mut state = Streamed::of(self.inner.endpoint.provider, sent.clone());
+        let mut held = Held::new(&sent);
+        let mut forward = |d: StreamDelta| held.pass(d, &mut *on_delta);
         let limit = self.inner.endpoint.limits.max_bytes;
         let mut read = 0usize;
         while !state.is_done() {
@@ -608,7 +611,7 @@ impl ChatClient {
                 .await
                 .map_err(|_| LlmError::Timeout)?;
             let Some(chunk) = next else {
-                state.end(on_delta)?;
+                state.end(&mut forward)?;
                 break;
             };
             let chunk = chunk.map_err(|e| self.read_error(e))?;
@@ -616,9 +619,10 @@ impl ChatClient {
             if read > limit {
                 return Err(LlmError::TooLarge { limit });
             }
-            state.feed(&chunk, on_delta)?;
+            state.feed(&chunk, &mut forward)?;
         }
-        let response = self.reasoned(state.finish()?);
+        let response = self.reasoned(sent.scrub_response(state.finish()?));
+        held.flush(on_delta);
         tracing::debug!(
             finish_reason = response.finish_reason.as_deref(),
             tool_calls = response.tool_calls.len(),

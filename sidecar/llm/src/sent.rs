@@ -13,7 +13,9 @@ use std::borrow::Cow;
 use bindery_params::SecretString;
 use reqwest::header::{HeaderName, HeaderValue};
 
-use super::types::ModelEndpoint;
+use serde_json::Value;
+
+use super::types::{ChatResponse, ModelEndpoint, StreamDelta};
 
 /// What a credential becomes in a text read back.
 pub(crate) const MARKER: &str = "<secret:model credential>";
@@ -85,11 +87,137 @@ impl Sent {
         Cow::Owned(out)
     }
 
+    /// The longest credential, in bytes (0: none).
+    fn longest(&self) -> usize {
+        self.secrets
+            .iter()
+            .map(|s| s.expose().len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// `response` as it is kept, run and sent on: its text, its calls'
+    /// names and arguments (the JSON's decoded strings too, where an
+    /// escaped credential hides) and its reasoning, each put together
+    /// from its pieces, with every credential taken out.
+    pub(crate) fn scrub_response(&self, mut response: ChatResponse) -> ChatResponse {
+        if self.secrets.is_empty() {
+            return response;
+        }
+        if let Some(text) = &mut response.content {
+            if let Cow::Owned(clean) = self.scrub(text) {
+                *text = clean;
+            }
+        }
+        for call in &mut response.tool_calls {
+            if let Cow::Owned(clean) = self.scrub(&call.name) {
+                call.name = clean;
+            }
+            if let Cow::Owned(clean) = self.scrub(&call.arguments) {
+                call.arguments = clean;
+            }
+            if let Ok(mut value) = serde_json::from_str::<Value>(&call.arguments) {
+                if self.scrub_value(&mut value) {
+                    call.arguments = value.to_string();
+                }
+            }
+        }
+        if let Some(reasoning) = &mut response.reasoning {
+            for block in &mut reasoning.blocks {
+                self.scrub_value(block);
+            }
+        }
+        response
+    }
+
+    /// Scrubs every string of `value` (keys too); whether one changed.
+    fn scrub_value(&self, value: &mut Value) -> bool {
+        match value {
+            Value::String(text) => match self.scrub(text) {
+                Cow::Owned(clean) => {
+                    *text = clean;
+                    true
+                }
+                Cow::Borrowed(_) => false,
+            },
+            Value::Array(items) => items
+                .iter_mut()
+                .fold(false, |changed, v| self.scrub_value(v) | changed),
+            Value::Object(map) => {
+                let renamed: Vec<String> = map
+                    .keys()
+                    .filter(|k| matches!(self.scrub(k), Cow::Owned(_)))
+                    .cloned()
+                    .collect();
+                let changed = !renamed.is_empty();
+                for key in renamed {
+                    if let Some(v) = map.remove(&key) {
+                        map.insert(self.scrub(&key).into_owned(), v);
+                    }
+                }
+                map.values_mut()
+                    .fold(changed, |c, v| self.scrub_value(v) | c)
+            }
+            _ => false,
+        }
+    }
+
     /// `bytes` scrubbed as text, when they are text holding a credential.
     pub(crate) fn scrub_bytes<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
         match std::str::from_utf8(bytes).map(|t| self.scrub(t)) {
             Ok(Cow::Owned(text)) => Cow::Owned(text.into_bytes()),
             _ => Cow::Borrowed(bytes),
+        }
+    }
+}
+
+/// The reply's text as it streams, held back by a credential's length
+/// less one so that a credential sent in pieces is whole, and taken out,
+/// before any of it is forwarded.
+pub(crate) struct Held<'a> {
+    sent: &'a Sent,
+    hold: usize,
+    text: String,
+}
+
+impl<'a> Held<'a> {
+    pub(crate) fn new(sent: &'a Sent) -> Held<'a> {
+        Held {
+            sent,
+            hold: sent.longest().saturating_sub(1),
+            text: String::new(),
+        }
+    }
+
+    /// `delta`, or what of the text it completes may go, to `forward`.
+    pub(crate) fn pass(
+        &mut self,
+        delta: StreamDelta,
+        forward: &mut (dyn FnMut(StreamDelta) + Send),
+    ) {
+        let StreamDelta::Content(piece) = delta else {
+            return forward(delta);
+        };
+        if self.hold == 0 {
+            return forward(StreamDelta::Content(piece));
+        }
+        self.text.push_str(&piece);
+        let clean = self.sent.scrub(&self.text).into_owned();
+        let mut cut = clean.len().saturating_sub(self.hold);
+        while !clean.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut > 0 {
+            forward(StreamDelta::Content(clean[..cut].to_owned()));
+        }
+        self.text = clean[cut..].to_owned();
+    }
+
+    /// The text still held, at the reply's end.
+    pub(crate) fn flush(self, forward: &mut (dyn FnMut(StreamDelta) + Send)) {
+        let rest = self.sent.scrub(&self.text).into_owned();
+        if !rest.is_empty() {
+            forward(StreamDelta::Content(rest));
         }
     }
 }
@@ -138,6 +266,44 @@ mod tests {
         assert!(
             !String::from_utf8_lossy(&sent.scrub_bytes(b"x sk-key-canary-1234")).contains("canary")
         );
+    }
+
+    /// Review 69 (second): a credential sent in pieces, or escaped in a
+    /// call's JSON arguments, is whole, and taken out, before it goes on.
+    #[test]
+    fn a_credential_in_pieces_or_escaped_is_taken_out_too() {
+        let endpoint = ModelEndpoint::new("http://x/v1", "m")
+            .with_api_key(SecretString::new("sk-CANARYKEY0123456789"));
+        let sent = Sent::of(&[], &endpoint);
+        let mut out = Vec::new();
+        let mut forward = |d: StreamDelta| out.push(d);
+        let mut held = Held::new(&sent);
+        for piece in ["text: sk-CA", "NARYKEY", "0123456789 end", " é"] {
+            held.pass(StreamDelta::Content(piece.to_owned()), &mut forward);
+        }
+        held.flush(&mut forward);
+        let text: String = out
+            .iter()
+            .map(|d| match d {
+                StreamDelta::Content(t) => t.clone(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(text, format!("text: {MARKER} end é"));
+        let response = ChatResponse {
+            content: Some("a sk-CANARYKEY0123456789".into()),
+            tool_calls: vec![crate::ToolCall {
+                id: "c".into(),
+                name: "t".into(),
+                arguments: r#"{"text": "sk-CANARYKEY0123456789", "n": 1}"#.into(),
+            }],
+            ..ChatResponse::default()
+        };
+        let clean = sent.scrub_response(response);
+        assert!(!clean.content.unwrap().contains("CANARY"));
+        let args: Value = serde_json::from_str(&clean.tool_calls[0].arguments).unwrap();
+        assert_eq!(args["text"], MARKER);
+        assert_eq!(args["n"], 1);
     }
 
     #[test]

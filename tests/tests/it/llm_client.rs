@@ -745,3 +745,47 @@ async fn an_unreachable_models_error_shows_no_credential_of_its_url() {
         "{err}"
     );
 }
+
+/// Review 69 (second): a model endpoint that puts the key it was sent in
+/// its reply, in pieces across the stream's events (text and a call's
+/// arguments), gets none of it past the client: not in a forwarded delta,
+/// not in the reply kept, run or sent on.
+#[tokio::test]
+async fn a_key_echoed_in_pieces_goes_no_further_than_the_client() {
+    let llm = MockLlm::start_sequence(vec![
+        MockReply::Text(format!("here: {KEY} done")),
+        MockReply::tool_call("read_file", json!({"path": KEY})),
+    ])
+    .await;
+    let keyed = ChatClient::new(ModelEndpoint {
+        api_key: Some(SecretString::new(KEY)),
+        ..endpoint(llm.url())
+    })
+    .unwrap();
+    let mut deltas = Vec::new();
+    let text = keyed
+        .complete_streaming(&ask("hi"), &mut |d| deltas.push(d))
+        .await
+        .unwrap();
+    let streamed: String = deltas
+        .iter()
+        .map(|d| match d {
+            StreamDelta::Content(c) => c.clone(),
+            _ => String::new(),
+        })
+        .collect();
+    assert!(!streamed.contains("canary"), "{streamed}");
+    assert!(
+        streamed.starts_with("here: <secret:") && streamed.ends_with(" done"),
+        "{streamed}"
+    );
+    assert_eq!(text.content.as_deref(), Some(streamed.as_str()));
+    let call = keyed
+        .complete_streaming(&ask_with("read", vec![read_file_tool()]), &mut |_| {})
+        .await
+        .unwrap();
+    let args = &call.tool_calls[0].arguments;
+    assert!(!args.contains("canary"), "{args}");
+    assert!(args.contains("<secret:"), "{args}");
+    llm.shutdown().await;
+}

@@ -92,12 +92,18 @@ impl Frames {
                 }),
                 Some("exception") => {
                     let kind = h.exception_type.unwrap_or_default();
-                    return Err(exception(&kind, &self.sent.scrub(&message_of(&payload))));
+                    return Err(exception(
+                        &self.sent.scrub(&kind),
+                        &self.sent.scrub(&message_of(&payload)),
+                    ));
                 }
                 Some("error") => {
                     let code = h.error_code.unwrap_or_default();
                     let message = h.error_message.unwrap_or_default();
-                    return Err(exception(&code, &self.sent.scrub(&message)));
+                    return Err(exception(
+                        &self.sent.scrub(&code),
+                        &self.sent.scrub(&message),
+                    ));
                 }
                 other => {
                     return Err(malformed(&format!(
