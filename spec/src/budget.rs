@@ -367,8 +367,13 @@ pub fn check(
 
 /// Every price of `p` is a finite number of at least 0: a negative one
 /// (a cache price too) would make use earn budget back.
+/// The highest price per million tokens taken.
+pub const MAX_PRICE: f64 = 1_000_000.0;
+
 pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
-    let bad = |x: f64| !x.is_finite() || x < 0.0;
+    // Past a million a million tokens no model is priced; a price that
+    // large only makes every cost infinite.
+    let bad = |x: f64| !x.is_finite() || !(0.0..=MAX_PRICE).contains(&x);
     let prices = [
         Some(p.input_per_million),
         Some(p.output_per_million),
@@ -378,7 +383,7 @@ pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
     ];
     if prices.into_iter().flatten().any(bad) {
         diags.push(Diagnostic::error(format!(
-            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers of at least 0"
+            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers from 0 to 1000000"
         )));
     }
 }
@@ -560,9 +565,26 @@ mod tests {
                 input_per_million: -1.0,
                 ..base.clone()
             },
+            // Review 69 (second): a price past any model's makes every
+            // cost infinite.
+            Pricing {
+                output_per_million: 1.797_693_134_862_315_7e308,
+                ..base.clone()
+            },
+            Pricing {
+                reasoning_per_million: Some(MAX_PRICE * 2.0),
+                ..base.clone()
+            },
         ] {
             assert_eq!(said(p), 1);
         }
+        assert_eq!(
+            said(Pricing {
+                input_per_million: MAX_PRICE,
+                ..base.clone()
+            }),
+            0
+        );
     }
 
     #[test]

@@ -1067,6 +1067,17 @@ fn model_checks(model: &super::ModelSpec, here: &str, diags: &mut Vec<Diagnostic
             super::printable(&url_before_query(&model.url))
         )));
     }
+    let authority = model
+        .url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split(['/', '?', '#']).next())
+        .unwrap_or("");
+    if authority.contains('@') {
+        diags.push(Diagnostic::error(format!(
+            "{here}: model url has a user or password before its host; a credential goes in `apiKey` (a URL's would be sent as Basic authorization, and shown wherever the URL is)"
+        )));
+    }
     provider_settings_checks(model, here, diags);
     let Some(thinking) = &model.thinking else {
         return;
@@ -1336,6 +1347,10 @@ mod tests {
             (
                 "provider: bedrock, apiKey: {env: K}",
                 "names no AWS region",
+            ),
+            (
+                "url: 'http://user:pw-canary@m/v1'",
+                "model url has a user or password before its host",
             ),
             (
                 "url: 'http://m/v1?key=q-canary'",

@@ -143,21 +143,45 @@ impl BedrockSettings {
     }
 }
 
-/// The region in a Bedrock runtime URL's host:
-/// `bedrock-runtime[-fips].{region}.amazonaws.com[.cn]`, a VPC endpoint's
-/// `….bedrock-runtime.{region}.vpce.amazonaws.com` too.
+/// The region in a Bedrock runtime URL's host, which is Bedrock's own:
+/// `bedrock-runtime[-fips].{region}.amazonaws.com[.cn]`, or a VPC
+/// endpoint's `vpce-….bedrock-runtime.{region}.vpce.amazonaws.com`.
+/// Any other host (an S3 bucket named `bedrock-runtime`, another
+/// service's) names none.
 pub fn region_in_url(url: &str) -> Option<String> {
-    let host = url.split("://").nth(1)?.split(['/', ':', '?']).next()?;
+    let rest = url.split("://").nth(1)?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    if authority.contains('@') {
+        return None;
+    }
+    let host = authority.split(':').next()?.to_ascii_lowercase();
     let labels: Vec<&str> = host.split('.').collect();
-    let at = labels
-        .iter()
-        .position(|l| *l == "bedrock-runtime" || *l == "bedrock-runtime-fips")?;
-    let region = labels.get(at + 1)?;
-    let valid = !region.is_empty()
-        && region
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    (valid && labels[at + 2..].contains(&"amazonaws")).then(|| region.to_string())
+    let runtime = |l: &str| l == "bedrock-runtime" || l == "bedrock-runtime-fips";
+    let region = match labels.as_slice() {
+        [r, region, "amazonaws", "com"] | [r, region, "amazonaws", "com", "cn"] if runtime(r) => {
+            region
+        }
+        [vpce, "bedrock-runtime", region, "vpce", "amazonaws", "com"]
+            if vpce.starts_with("vpce-") =>
+        {
+            region
+        }
+        _ => return None,
+    };
+    is_region(region).then(|| region.to_string())
+}
+
+/// An AWS region's shape: `us-east-1`, `eu-central-2`, `us-gov-west-1`,
+/// `cn-north-1`, `ap-southeast-3`: letters, then words, then a number.
+fn is_region(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() >= 3
+        && parts[0].len() == 2
+        && parts[..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts[parts.len() - 1].bytes().all(|b| b.is_ascii_digit())
+        && !parts[parts.len() - 1].is_empty()
 }
 
 /// Azure OpenAI's settings (`provider: azure-openai`).
@@ -267,6 +291,17 @@ mod tests {
                 Some("cn-north-1"),
             ),
             ("https://bedrock-runtime.us-east-1.evil.example", None),
+            // Review 69 (second): hosts of AWS's domain that are not Bedrock's.
+            ("https://bedrock-runtime.s3.amazonaws.com", None),
+            ("https://bedrock-runtime.s3.us-east-1.amazonaws.com", None),
+            (
+                "https://bedrock-runtime.s3-website-us-east-1.amazonaws.com",
+                None,
+            ),
+            ("https://bedrock-runtime.evil.amazonaws.com", None),
+            ("https://x.bedrock-runtime.us-east-1.amazonaws.com", None),
+            ("https://bedrock-runtime.x.vpce.amazonaws.com", None),
+            ("https://u@bedrock-runtime.us-east-1.amazonaws.com", None),
             ("https://bedrock.us-east-1.amazonaws.com", None),
             ("http://127.0.0.1:9/v1", None),
             ("not a url", None),

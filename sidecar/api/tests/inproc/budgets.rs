@@ -604,3 +604,22 @@ async fn a_model_that_refuses_a_request_counts_nothing() {
     assert_eq!(r.json["status"], "failed", "{}", r.text);
     assert_eq!(r.json["usage"]["total_tokens"], 0, "{}", r.text);
 }
+
+/// Review 69 (second): a reply that reports a usage of nothing (no prompt
+/// token, when a prompt always has one) counts at the estimate, like one
+/// that reports none: a model endpoint cannot make work free.
+#[tokio::test]
+async fn a_reply_reporting_zero_tokens_counts_at_the_estimate() {
+    let m = metered(
+        |_| MockReply::text("a long enough answer to be counted").with_usage(0, 0),
+        "",
+        "",
+    )
+    .await;
+    let id = new_session(&m.api, json!({"agent": "metered"})).await;
+    let r = message(&m.api, &id, "hello there").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let usage = &r.json["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(usage["estimated_tokens"], usage["total_tokens"], "{usage}");
+}

@@ -150,7 +150,10 @@ pub(super) async fn run_inner(
                 r = model_turn(ctx, client, conversation, host, &streamed).instrument(tracing::info_span!("model_turn", step)) => Some(r),
             };
             let spent = match &response {
-                Some(Ok(r)) => Some(match &r.usage {
+                // A reply that says its prompt had no token (there is
+                // always one) reported nothing: it counts at the estimate,
+                // never as free.
+                Some(Ok(r)) => Some(match r.usage.as_ref().filter(|u| u.prompt_tokens > 0) {
                     Some(u) => Spent {
                         prompt: u.prompt_tokens,
                         completion: u.completion_tokens,
