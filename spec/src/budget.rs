@@ -367,12 +367,12 @@ pub fn check(
 
 /// Every price of `p` is a finite number of at least 0: a negative one
 /// (a cache price too) would make use earn budget back.
-/// The highest price per million tokens taken.
-pub const MAX_PRICE: f64 = 1_000_000.0;
+/// The highest price per million tokens taken: far past any model's.
+pub const MAX_PRICE: f64 = 1_000_000_000.0;
 
 pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
-    // Past a million a million tokens no model is priced; a price that
-    // large only makes every cost infinite.
+    // A bound far past any model's price, so that no cost can be
+    // infinite (2^32 tokens at it stay finite).
     let bad = |x: f64| !x.is_finite() || !(0.0..=MAX_PRICE).contains(&x);
     let prices = [
         Some(p.input_per_million),
@@ -383,7 +383,7 @@ pub fn check_pricing(p: &Pricing, place: &str, diags: &mut Vec<Diagnostic>) {
     ];
     if prices.into_iter().flatten().any(bad) {
         diags.push(Diagnostic::error(format!(
-            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers from 0 to 1000000"
+            "{place}: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers from 0 to 1000000000"
         )));
     }
 }

@@ -1751,7 +1751,7 @@ fn a_wrong_tenant_price_names_the_field_and_what_to_do() {
         (
             "negative",
             format!("[{{model: {model}, price: {{inputPerMillion: -1, outputPerMillion: 1}}}}]"),
-            format!("spec.pricing[0], model `{model}`: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers from 0 to 1000000"),
+            format!("spec.pricing[0], model `{model}`: prices (inputPerMillion, outputPerMillion, cacheReadPerMillion, cacheWritePerMillion, reasoningPerMillion) are numbers from 0 to 1000000000"),
         ),
         (
             "no such model",

@@ -351,14 +351,28 @@ fn describe_prints_the_tools_as_each_provider_receives_them() {
         "{}",
         out.stdout
     );
-    // Each fallback too, its URL without credentials.
+    // Each fallback too. A URL with a user and password in it is refused,
+    // and its password is shown nowhere.
     let dir = tempfile::tempdir().unwrap();
     let agent = dir.path().join("a.yaml");
+    let with_fallback = |url: &str| {
+        format!("apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model:\n    provider: anthropic\n    url: https://api.anthropic.com/v1\n    name: claude\n    thinking: {{budgetTokens: 2048}}\n    fallbacks:\n      - {{url: \"{url}\", name: gpt, pricing: {{inputPerMillion: 2, outputPerMillion: 8}}}}\n")
+    };
     std::fs::write(
         &agent,
-        "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {name: a}\nspec:\n  model:\n    provider: anthropic\n    url: https://api.anthropic.com/v1\n    name: claude\n    thinking: {budgetTokens: 2048}\n    fallbacks:\n      - {url: \"https://u:pw-canary@api.openai.com/v1\", name: gpt, pricing: {inputPerMillion: 2, outputPerMillion: 8}}\n",
+        with_fallback("https://u:pw-canary@api.openai.com/v1"),
     )
     .unwrap();
+    let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
+    assert_ne!(out.code, 0);
+    assert!(
+        (out.stdout.clone() + &out.stderr).contains("url has a user or password before its host"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(!(out.stdout.clone() + &out.stderr).contains("pw-canary"));
+    std::fs::write(&agent, with_fallback("https://api.openai.com/v1")).unwrap();
     let out = run(bin().arg("check").arg("--agent-file").arg(&agent));
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("  model: claude (anthropic, https://api.anthropic.com/v1)\n    credentials: none\n    max tokens: 8192\n    thinking: up to 2048 tokens\n"), "{}", out.stdout);

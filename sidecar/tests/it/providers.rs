@@ -1216,10 +1216,12 @@ async fn an_endpoint_echoing_the_credentials_it_was_sent_gets_none_into_any_sink
         let view = api
             .call("GET", &format!("/v1/sessions/{id}"), Some(OWNER), None)
             .await;
+        let detail = view.json["status_detail"].as_str().unwrap_or_default();
         assert!(
-            view.text.contains("HTTP 400") || view.text.contains("400"),
-            "{what}: {}",
-            view.text
+            detail.starts_with("the model request failed (")
+                && detail.contains(" model `")
+                && detail.contains("HTTP 400"),
+            "{what}: {detail}"
         );
         let events: String = seen.iter().map(|e| e.data.clone()).collect();
         let store = std::fs::read(case.path().join("store.sqlite")).unwrap_or_default();

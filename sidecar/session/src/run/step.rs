@@ -216,9 +216,13 @@ pub(super) async fn run_inner(
                                 .model_fallback(&ctx.agent.name, &passed.model, to);
                         }
                     }
-                    return RunEnd::Failed(
-                        scrubber.scrub(&format!("the model request failed: {e}")),
-                    );
+                    // Named in the agent file's words: its provider and model.
+                    let endpoint = client.endpoint();
+                    return RunEnd::Failed(scrubber.scrub(&format!(
+                        "the model request failed ({} model `{}`): {e}",
+                        endpoint.provider.name(),
+                        endpoint.model
+                    )));
                 }
             };
             let message = Turn::new(response.to_message());
