@@ -673,12 +673,16 @@ fn hold(file: std::fs::File, path: &Path, op: &Op<'_>) -> Result<std::fs::File, 
     let note = holder_note(path);
     // A hold of this very process is a store being let go, or a copy of
     // its descriptor in a child between its fork and its exec (another
-    // thread spawning a process): either goes within moments.
+    // thread spawning a process): either goes within moments. A hold the
+    // kernel's list no longer shows went between the try and the look:
+    // tried again too (one it cannot name, of another pid namespace, is
+    // refused after the tries, as it would be at once).
     let mut tries = 0;
     let taken = loop {
         match file.try_lock() {
             Err(std::fs::TryLockError::WouldBlock)
-                if tries < OWN_HOLD_TRIES && flock_holder(&file) == Some(std::process::id()) =>
+                if tries < OWN_HOLD_TRIES
+                    && flock_holder(&file).is_none_or(|pid| pid == std::process::id()) =>
             {
                 tries += 1;
                 std::thread::sleep(OWN_HOLD_PAUSE);
