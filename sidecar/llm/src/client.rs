@@ -70,6 +70,7 @@ impl ChatClient {
             http: shared.http.clone(),
             identity_http: shared.identity_http.clone(),
             auth: shared.auth.clone(),
+            reasoner: shared.reasoner.clone(),
             endpoint: shared.endpoint.clone(),
             url: shared.url.clone(),
             stream_url: shared.stream_url.clone(),
@@ -115,7 +116,7 @@ impl Auth {
         {
             // Never the pod's identity in place of a key that was meant.
             return Err(LlmError::Config(
-                "the API key is empty; give the key, or none to use the pod's cloud identity"
+                "the model's apiKey is empty (without a key the pod's cloud identity would be used); give the key, or remove apiKey to use the pod's identity"
                     .to_owned(),
             ));
         }
@@ -187,6 +188,9 @@ struct Inner {
     identity_http: Option<reqwest::Client>,
     /// What each request is signed or authorized with beyond `headers`.
     auth: Auth,
+    /// Who reasons here ([`dialect::reasoner`]), made once: each request
+    /// and reply names it.
+    reasoner: String,
     endpoint: ModelEndpoint,
     /// `{base_url}/chat/completions` (or the provider's path), parsed
     /// once: a request clones it instead of parsing the text anew.
@@ -306,6 +310,7 @@ impl ChatClient {
                 http,
                 identity_http,
                 auth,
+                reasoner: dialect::reasoner(&endpoint),
                 endpoint,
                 url,
                 stream_url,
@@ -829,7 +834,7 @@ impl ChatClient {
 impl ChatClient {
     /// The request body in the endpoint's provider's shape.
     fn body(&self, req: &Conversation, stream: bool) -> Result<bytes::Bytes, LlmError> {
-        dialect::body(req, &self.inner.endpoint, stream)
+        dialect::body(req, &self.inner.endpoint, &self.inner.reasoner, stream)
     }
 
     /// A whole reply in the endpoint's provider's shape.
@@ -840,7 +845,7 @@ impl ChatClient {
     /// `response` with its reasoning marked as this endpoint's.
     fn reasoned(&self, mut response: ChatResponse) -> ChatResponse {
         if let Some(r) = &mut response.reasoning {
-            r.endpoint = Some(dialect::reasoner(&self.inner.endpoint));
+            r.endpoint = Some(self.inner.reasoner.clone());
         }
         response
     }

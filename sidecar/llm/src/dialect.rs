@@ -61,15 +61,16 @@ pub(crate) fn reasoner(endpoint: &ModelEndpoint) -> String {
 /// turn's reasoning goes back only to the endpoint that reasoned it: a
 /// turn of another's is sent without it (the providers' modules then
 /// treat it as a turn made without reasoning).
+/// `me` is the endpoint's [`reasoner`].
 pub(crate) fn body(
     req: &Conversation,
     endpoint: &ModelEndpoint,
+    me: &str,
     stream: bool,
 ) -> Result<Bytes, LlmError> {
-    let me = reasoner(endpoint);
     let foreign = |m: &ChatMessage| {
         matches!(m, ChatMessage::Assistant { reasoning: Some(r), .. }
-            if r.endpoint.as_deref() != Some(me.as_str()))
+            if r.endpoint.as_deref() != Some(me))
     };
     if endpoint.provider.speaks_chat_completions() || !req.messages().any(foreign) {
         return body_of(req.messages(), req, endpoint, stream);

@@ -121,11 +121,6 @@ fn model_client(
         // own identity: a key that does not read is an error there.
         let cloud = matches!(m.provider, Provider::Bedrock | Provider::AzureOpenAi);
         match (key, cloud) {
-            (ModelKey::Key(k), true) if k.expose().trim().is_empty() => {
-                return Err(LlmError::Config(
-                    "the model's apiKey is empty (without a key the pod's cloud identity would be used); give the key, or remove apiKey to use the pod's identity".to_owned(),
-                ))
-            }
             (ModelKey::NotText, true) => {
                 return Err(LlmError::Config(
                     "the model's apiKey is not a string (without it the pod's cloud identity would be used)".to_owned(),
