@@ -1,0 +1,61 @@
+//! Signing keys for tests: an issuer's EC P-256 key pair, its JWK, and
+//! tokens it signs. Public so the API's tests can play an issuer too.
+
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+use base64::Engine;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+/// An issuer's signing key.
+pub struct TestKey {
+    pub kid: String,
+    encoding: EncodingKey,
+    x: String,
+    y: String,
+}
+
+impl TestKey {
+    /// A fresh P-256 key of id `kid`.
+    pub fn new(kid: &str) -> TestKey {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+            .expect("a P-256 key");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref())
+            .expect("the key just made");
+        let point = pair.public_key().as_ref();
+        assert_eq!(point.len(), 65, "an uncompressed P-256 point");
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        TestKey {
+            kid: kid.to_string(),
+            encoding: EncodingKey::from_ec_der(pkcs8.as_ref()),
+            x: b64(&point[1..33]),
+            y: b64(&point[33..]),
+        }
+    }
+
+    /// The key's public JWK.
+    pub fn jwk(&self) -> Value {
+        json!({"kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256",
+               "kid": self.kid, "x": self.x, "y": self.y})
+    }
+
+    /// A JWKS document of `keys`.
+    pub fn jwks(keys: &[&TestKey]) -> Value {
+        json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()})
+    }
+
+    /// `claims` signed with this key, its id in the header.
+    pub fn sign(&self, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, claims, &self.encoding).expect("a signed token")
+    }
+
+    /// `claims` signed with this key under another key's id.
+    pub fn sign_as(&self, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.to_string());
+        jsonwebtoken::encode(&header, claims, &self.encoding).expect("a signed token")
+    }
+}

@@ -1,0 +1,78 @@
+//! Who an identity token names, checked: the keys fetched as needed, the
+//! token verified against them and the configuration.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+use bindery_params::secret::SecretString;
+
+use crate::config::{ConfigError, IdentityConfig};
+use crate::jwks::{FetchError, Jwks};
+use crate::subject::Subject;
+use crate::verify::{self, Rejected};
+
+/// A person, as their identity token says, checked.
+#[derive(Debug)]
+pub struct EndUser {
+    pub subject: Subject,
+    /// The token's claims (a binding reads `email` and the like).
+    pub claims: Map<String, Value>,
+    /// The token itself, for an exchange with a downstream audience.
+    pub token: SecretString,
+    /// `exp`, in seconds since the Unix epoch.
+    pub expires_at: u64,
+}
+
+/// Why a token was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The token does not hold.
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    /// The issuer's keys could not be fetched, and none are at hand.
+    #[error(transparent)]
+    Unavailable(#[from] FetchError),
+}
+
+/// The identity provider a server trusts, and its keys.
+pub struct Verifier {
+    config: IdentityConfig,
+    jwks: Jwks,
+}
+
+impl Verifier {
+    pub fn new(config: IdentityConfig) -> Result<Verifier, ConfigError> {
+        Ok(Verifier {
+            jwks: Jwks::new(config.clone())?,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &IdentityConfig {
+        &self.config
+    }
+
+    /// Whether `token` looks like a JWT at all (three dot-separated
+    /// parts): other bearer tokens (the owner's, a session's) are never
+    /// sent to the issuer's keys.
+    pub fn looks_like_jwt(token: &str) -> bool {
+        token.split('.').count() == 3 && token.len() <= verify::MAX_TOKEN_BYTES
+    }
+
+    /// Who `token` names, if it holds.
+    pub async fn verify(&self, token: &str) -> Result<EndUser, Refusal> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Rejected::Malformed)?;
+        let keys = self.jwks.keys(header.kid.as_deref()).await?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let v = verify::verify(token, &keys, &self.config, now)?;
+        Ok(EndUser {
+            subject: v.subject,
+            claims: v.claims,
+            token: SecretString::new(token),
+            expires_at: v.expires_at,
+        })
+    }
+}
