@@ -38,8 +38,12 @@ pub enum Rule {
     SessionToken,
     /// Pending approvals and their answers: the owner, the approver, and a
     /// session token of the session the route names (which may read
-    /// pending items but never answers one).
+    /// pending items but never answers one), or the end user it belongs to.
     Approvals,
+    /// The owner, or an end user: on a route about a session, the end
+    /// user it belongs to; elsewhere, for what is theirs (their sessions,
+    /// the agents they may start).
+    OwnerOrEndUser,
 }
 
 /// A door: a marker type that names the [`Rule`] of the handlers that
@@ -61,6 +65,9 @@ pub mod door {
     /// ("approverToken" = []))`); a session token of the session the
     /// route names is let in to be refused what it may not do.
     pub struct Approvals;
+    /// The owner, or an end user's identity token
+    /// (`security(("ownerToken" = []), ("identityToken" = []))`).
+    pub struct OwnerOrEndUser;
 
     impl Door for Owner {
         const RULE: Rule = Rule::OwnerOnly;
@@ -70,6 +77,9 @@ pub mod door {
     }
     impl Door for Approvals {
         const RULE: Rule = Rule::Approvals;
+    }
+    impl Door for OwnerOrEndUser {
+        const RULE: Rule = Rule::OwnerOrEndUser;
     }
 }
 
@@ -98,6 +108,14 @@ fn approver_only() -> ServiceError {
     )
 }
 
+fn end_user_only() -> ServiceError {
+    ServiceError::new(
+        ErrorKind::Forbidden,
+        Code::Forbidden,
+        "an end user creates, lists, reads, messages, forks and cancels their own sessions; this route is the owner's",
+    )
+}
+
 fn session_token_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
@@ -117,6 +135,12 @@ pub enum Identity {
     /// A live session token of the session the route is about, or a
     /// forward vouching for one on that session's route.
     Session(String),
+    /// An end user's identity token, verified (or a forward vouching for
+    /// one); on a route about a session (`on_session`), one of theirs.
+    EndUser {
+        subject: bindery_identity::Subject,
+        on_session: bool,
+    },
     /// No `Authorization: Bearer`.
     Anonymous,
     /// Credentials that are nothing here (a token of another session, an
@@ -131,6 +155,7 @@ impl Identity {
             Identity::Owner => Some(Caller::Owner),
             Identity::Approver => Some(Caller::Approver),
             Identity::Session(id) => Some(Caller::SessionToken(id.clone())),
+            Identity::EndUser { subject, .. } => Some(Caller::EndUser(subject.clone())),
             Identity::Anonymous | Identity::Refused(_) => None,
         }
     }
@@ -143,7 +168,21 @@ impl Rule {
             Identity::Owner => Ok(Caller::Owner),
             Identity::Approver if self == Rule::Approvals => Ok(Caller::Approver),
             Identity::Approver => Err(approver_only()),
-            Identity::Session(_) if self == Rule::OwnerOnly => Err(session_token_only()),
+            Identity::Session(_) if matches!(self, Rule::OwnerOnly | Rule::OwnerOrEndUser) => {
+                Err(session_token_only())
+            }
+            Identity::EndUser {
+                subject,
+                on_session,
+            } => match self {
+                Rule::OwnerOnly => Err(end_user_only()),
+                // The list of pending approvals is the approver's; an end
+                // user answers an item of their own session only.
+                Rule::Approvals if !on_session => Err(end_user_only()),
+                Rule::SessionToken | Rule::Approvals | Rule::OwnerOrEndUser => {
+                    Ok(Caller::EndUser(subject))
+                }
+            },
             Identity::Session(id) => Ok(Caller::SessionToken(id)),
             Identity::Anonymous => Err(unauthorized("send `Authorization: Bearer <token>`")),
             Identity::Refused(e) => Err(e),
@@ -163,6 +202,8 @@ pub enum TokenCheck<'a> {
 pub struct Tokens<'a> {
     pub owner: &'a OwnerToken,
     pub approver: Option<&'a OwnerToken>,
+    /// Who verifies end users' identity tokens, when the server takes them.
+    pub identity: Option<&'a bindery_identity::Verifier>,
 }
 
 /// Who `headers` say the caller is, on a route about `session` (when it
@@ -183,6 +224,7 @@ pub async fn identify(
             Ok(Caller::Approver) => Identity::Approver,
             Ok(Caller::SessionToken(id)) if session == Some(id.as_str()) => Identity::Session(id),
             Ok(Caller::SessionToken(_)) => Identity::Refused(not_valid_here()),
+            Ok(Caller::EndUser(subject)) => end_user(service, subject, session, check).await,
         };
     }
     let Some(token) = bearer(headers) else {
@@ -193,6 +235,26 @@ pub async fn identify(
     }
     if tokens.approver.is_some_and(|a| a.matches(token)) {
         return Identity::Approver;
+    }
+    if let Some(verifier) = tokens
+        .identity
+        .filter(|_| bindery_identity::Verifier::looks_like_jwt(token))
+    {
+        return match verifier.verify(token).await {
+            Ok(user) => end_user(service, user.subject, session, check).await,
+            Err(bindery_identity::Refusal::Rejected(why)) => {
+                tracing::info!(%why, "an identity token was refused");
+                Identity::Refused(unauthorized(&why.to_string()))
+            }
+            Err(bindery_identity::Refusal::Unavailable(e)) => {
+                tracing::warn!("{e}");
+                Identity::Refused(ServiceError::new(
+                    ErrorKind::Unavailable,
+                    Code::IdentityUnavailable,
+                    "the identity provider's keys cannot be fetched now, so no identity token can be checked; retry later",
+                ))
+            }
+        };
     }
     // A session token is honoured only on its own session's routes; anywhere
     // else it is as good as no token, so it cannot be used to probe.
@@ -208,6 +270,42 @@ pub async fn identify(
         }
     }
     Identity::Refused(not_valid_here())
+}
+
+/// An end user, on a route about `session` (when it names one): let in
+/// only to a session of theirs. Another's session, like one that does not
+/// exist, is 404: an end user cannot learn which ids are taken.
+async fn end_user(
+    service: &Service,
+    subject: bindery_identity::Subject,
+    session: Option<&str>,
+    check: TokenCheck<'_>,
+) -> Identity {
+    let Some(id) = session else {
+        return Identity::EndUser {
+            subject,
+            on_session: false,
+        };
+    };
+    let read;
+    let rec = match check {
+        TokenCheck::Read(rec) => rec,
+        TokenCheck::Store => match service.store().get(id).await {
+            Ok(rec) => {
+                read = rec;
+                read.as_ref()
+            }
+            Err(e) => return Identity::Refused(e.into()),
+        },
+    };
+    if rec.is_some_and(|r| r.id == id && r.security.subject.as_ref() == Some(&subject)) {
+        Identity::EndUser {
+            subject,
+            on_session: true,
+        }
+    } else {
+        Identity::Refused(ServiceError::not_found(format!("no session {id}")))
+    }
 }
 
 /// Who the forwarding layer found a request's caller to be, on its
@@ -280,6 +378,7 @@ impl AppState {
         let tokens = Tokens {
             owner: &self.owner,
             approver: self.approver.as_ref(),
+            identity: self.identity.as_deref(),
         };
         identify(headers, tokens, &self.service, session, check).await
     }

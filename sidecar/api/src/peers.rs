@@ -108,6 +108,9 @@ fn caller_name(who: &Caller) -> String {
         Caller::Owner => "owner".into(),
         Caller::SessionToken(id) => format!("session:{id}"),
         Caller::Approver => "approver".into(),
+        // Hex: a subject may hold any printable character, a header value
+        // only visible ASCII.
+        Caller::EndUser(subject) => format!("user:{}", hex::encode(subject.as_str())),
     }
 }
 
@@ -339,6 +342,16 @@ pub fn is_forwarded(headers: &HeaderMap) -> bool {
 /// `None` when the request is not a forward.
 pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
     let name = headers.get(VOUCHED_HEADER)?.to_str().unwrap_or_default();
+    if let Some(user) = name.strip_prefix("user:") {
+        return Some(
+            hex::decode(user)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| bindery_identity::Subject::new(s).ok())
+                .map(Caller::EndUser)
+                .ok_or_else(|| refused("the caller `user:…` names no subject")),
+        );
+    }
     Some(match name.strip_prefix("session:") {
         None if name == "owner" => Ok(Caller::Owner),
         None if name == "approver" => Ok(Caller::Approver),

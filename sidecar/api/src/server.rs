@@ -284,11 +284,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// The agents this server runs
-#[utoipa::path(get, path = "/v1/agents", tag = "agents", operation_id = "listAgents", security(("ownerToken" = [])), responses(
+#[utoipa::path(get, path = "/v1/agents", tag = "agents", operation_id = "listAgents", security(("ownerToken" = []), ("identityToken" = [])), responses(
     (status = 200, description = "Every agent.", body = AgentList),
     (status = 401, response = Unauthorized),
 ))]
-async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> ApiResult {
+async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::OwnerOrEndUser>) -> ApiResult {
     let agents: Vec<_> = s
         .service
         .agents()
@@ -301,7 +301,7 @@ async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> 
 }
 
 /// One agent
-#[utoipa::path(get, path = "/v1/agents/{slug}", tag = "agents", operation_id = "getAgent", security(("ownerToken" = [])),
+#[utoipa::path(get, path = "/v1/agents/{slug}", tag = "agents", operation_id = "getAgent", security(("ownerToken" = []), ("identityToken" = [])),
     params(("slug" = String, Path, description = "The agent's slug.")),
     responses(
         (status = 200, description = "The agent.", body = AgentView),
@@ -312,7 +312,7 @@ async fn list_agents(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> 
 async fn get_agent(
     State(s): State<Arc<AppState>>,
     Path(slug): Path<String>,
-    _: Authed<door::Owner>,
+    _: Authed<door::OwnerOrEndUser>,
 ) -> ApiResult {
     let (agent, source) = s.service.agents().get(&slug).await?;
     Ok(Json(agent_view(&agent, source)).into_response())
@@ -386,7 +386,7 @@ impl CreateBody {
 ///
 /// With `prompt`, a first run starts at once. With `fork`, the new session
 /// starts from a copy of that session's conversation and parameters.
-#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession", security(("ownerToken" = [])),
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "createSession", security(("ownerToken" = []), ("identityToken" = [])),
     params(WaitQuery),
     request_body = CreateBody,
     responses(
@@ -406,7 +406,7 @@ impl CreateBody {
 async fn create_session(
     State(s): State<Arc<AppState>>,
     Query(q): Query<WaitQuery>,
-    Authed { caller: who, .. }: Authed<door::Owner>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrEndUser>,
     b: Bytes,
 ) -> ApiResult {
     q.check()?;
@@ -462,7 +462,16 @@ async fn view(
         Some(rec) => Arc::unwrap_or_clone(rec),
         None => s.service.record(id).await?,
     };
-    let pending = s.service.approvals().pending_view(&rec);
+    let mut pending = s.service.approvals().pending_view(&rec);
+    if let Caller::EndUser(_) = who {
+        // An end user answers the choices of their conversation; an
+        // approval's token is the owner's and the approver's.
+        for (p, call) in pending.iter_mut().zip(rec.pending.open()) {
+            if call.lookup.is_none() {
+                p.continuation_token = None;
+            }
+        }
+    }
     let usage = s.service.budgets().session_usage(&rec).await;
     let mut v = session_view(rec, s.service.secrets().names(id), token);
     v.pending = pending;
@@ -480,16 +489,21 @@ async fn view(
 }
 
 /// Every session
-#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "listSessions", security(("ownerToken" = [])),
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "listSessions", security(("ownerToken" = []), ("identityToken" = [])),
     responses((status = 200, description = "The sessions.", body = SessionList), (status = 401, response = Unauthorized)),
 )]
-async fn list_sessions(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -> ApiResult {
+async fn list_sessions(
+    State(s): State<Arc<AppState>>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrEndUser>,
+) -> ApiResult {
     let sessions: Vec<_> = s
         .service
         .store()
         .list()
         .await?
         .iter()
+        // An end user's own sessions only.
+        .filter(|r| bindery_session::service::may_use(&who, r))
         .map(session_summary)
         .collect();
     Ok(Json(SessionList { sessions }).into_response())
@@ -497,7 +511,7 @@ async fn list_sessions(State(s): State<Arc<AppState>>, _: Authed<door::Owner>) -
 
 /// One session
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", operation_id = "getSession",
-    security(("ownerToken" = []), ("sessionToken" = [])),
+    security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 200, description = "The session.", body = SessionView), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
 )]
@@ -526,7 +540,7 @@ pub struct MessagePost {
 
 /// Say something: add a user message and start a run
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
-    operation_id = "postMessage", security(("ownerToken" = []), ("sessionToken" = [])),
+    operation_id = "postMessage", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id."), WaitQuery),
     request_body = MessagePost,
     responses(
@@ -596,7 +610,7 @@ pub struct ParamsBody {
 /// For a session whose last run failed or was cancelled; `params` may first
 /// bind what was missing.
 #[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
-    operation_id = "resumeSession", security(("ownerToken" = [])),
+    operation_id = "resumeSession", security(("ownerToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id."), WaitQuery),
     request_body(content = Option<ParamsBody>),
     responses(
@@ -616,7 +630,7 @@ async fn resume(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    Authed { caller: who, .. }: Authed<door::Owner>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrEndUser>,
     b: Bytes,
 ) -> ApiResult {
     q.check()?;
@@ -632,7 +646,7 @@ async fn resume(
 
 /// Cancel the run in progress (or the calls it waits for)
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions",
-    operation_id = "cancelSession", security(("ownerToken" = []), ("sessionToken" = [])),
+    operation_id = "cancelSession", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses(
         (status = 200, description = "Cancelled.", body = SessionView),
@@ -656,7 +670,7 @@ async fn cancel(
 /// session's parameter values; `params` then changes them. With `prompt`, a
 /// first run starts at once.
 #[utoipa::path(post, path = "/v1/sessions/{id}/fork", tag = "sessions",
-    operation_id = "forkSession", security(("ownerToken" = [])),
+    operation_id = "forkSession", security(("ownerToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     request_body(content = Option<ForkRequest>),
     responses(
@@ -674,7 +688,7 @@ async fn fork(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
-    Authed { caller: who, .. }: Authed<door::Owner>,
+    Authed { caller: who, .. }: Authed<door::OwnerOrEndUser>,
     b: Bytes,
 ) -> ApiResult {
     q.check()?;
@@ -684,7 +698,7 @@ async fn fork(
 
 /// Set or remove session-scope parameter values
 #[utoipa::path(put, path = "/v1/sessions/{id}/params", tag = "sessions",
-    operation_id = "setSessionParams", security(("ownerToken" = [])),
+    operation_id = "setSessionParams", security(("ownerToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     request_body = SetParamsRequest,
     responses(
@@ -753,14 +767,14 @@ fn beside_params(bytes: &Bytes) -> Vec<String> {
 
 /// Revoke every session token of this session
 #[utoipa::path(delete, path = "/v1/sessions/{id}/token", tag = "sessions",
-    operation_id = "revokeSessionTokens", security(("ownerToken" = [])),
+    operation_id = "revokeSessionTokens", security(("ownerToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 204, description = "Revoked (also when there was none); the event streams opened with them end at once."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
 )]
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
-    _: Authed<door::Owner>,
+    _: Authed<door::OwnerOrEndUser>,
 ) -> ApiResult {
     s.service.tokens().revoke(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -794,7 +808,7 @@ async fn revoke_token(
 /// it waits for, never its turns). `clear_taint: true` clears the taint
 /// guard with the answer.
 #[utoipa::path(post, path = "/v1/continuations/{token}", tag = "sessions",
-    operation_id = "postContinuation", security(("ownerToken" = []), ("approverToken" = [])),
+    operation_id = "postContinuation", security(("ownerToken" = []), ("approverToken" = []), ("identityToken" = [])),
     params(
         ("token" = String, Path, description = "The pending item's `continuation_token`."),
         WaitQuery,
@@ -854,7 +868,7 @@ pub struct EventsQuery {
 /// and `data: <JSON>`. With `Last-Event-ID`, the stored events after that id
 /// are replayed first. `x-events` gives the `data` schema of each kind.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
-    operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = [])),
+    operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
         ("Last-Event-ID" = Option<String>, Header, description = "Replay the stored events \

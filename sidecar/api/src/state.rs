@@ -32,4 +32,7 @@ pub struct AppState {
     pub peer_auth: Arc<PeerAuth>,
     /// Which `Host` and `Origin` a request may carry (DNS rebinding).
     pub origins: Arc<super::origin::OriginPolicy>,
+    /// The platform's identity provider (`--identity-issuer`): end users'
+    /// identity tokens are taken when it is set.
+    pub identity: Option<Arc<bindery_identity::Verifier>>,
 }

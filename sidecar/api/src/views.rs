@@ -168,6 +168,10 @@ pub struct SessionView {
     /// Who created the session: `owner` (this API) or `mcp` (a call on
     /// /mcp).
     pub owner: String,
+    /// The end user the session belongs to (their identity token's
+    /// subject), when one created or forked it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     /// `idle`: ready for a message; `running`: a run is in progress;
     /// `failed`: the last run failed (see `status_detail`);
     /// `waiting_external`: the run stopped with tool calls pending (see
@@ -227,6 +231,9 @@ pub struct SessionSummary {
     #[schema(format = DateTime)]
     pub updated_at: String,
     pub forked_from: Option<String>,
+    /// The end user the session belongs to, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
 }
 
 pub fn rfc3339(ms: i64) -> String {
@@ -248,6 +255,7 @@ pub fn session_view(
             .owner
             .clone()
             .unwrap_or_else(|| "owner".to_string()),
+        subject: rec.security.subject.as_ref().map(|s| s.to_string()),
         status: rec.status,
         status_detail: rec.status_detail,
         version: rec.version,
@@ -273,5 +281,6 @@ pub fn session_summary(rec: &SessionRecord) -> SessionSummary {
         created_at: rfc3339(rec.created_at),
         updated_at: rfc3339(rec.updated_at),
         forked_from: rec.forked_from.clone(),
+        subject: rec.security.subject.as_ref().map(|s| s.to_string()),
     }
 }

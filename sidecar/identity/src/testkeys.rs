@@ -1,5 +1,7 @@
 //! Signing keys for tests: an issuer's EC P-256 key pair, its JWK, and
-//! tokens it signs. Public so the API's tests can play an issuer too.
+//! tokens it signs; an issuer on loopback serving its discovery document
+//! and keys. Public (feature `test-keys`) so the API's tests can play an
+//! issuer too; the real identity provider's tests use Keycloak.
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
@@ -57,5 +59,57 @@ impl TestKey {
         let mut header = Header::new(Algorithm::ES256);
         header.kid = Some(kid.to_string());
         jsonwebtoken::encode(&header, claims, &self.encoding).expect("a signed token")
+    }
+}
+
+/// An identity provider on loopback: its discovery document and JWKS,
+/// and tokens signed with its key.
+pub struct TestIssuer {
+    /// The issuer (`http://127.0.0.1:PORT/realms/test`), as `iss` says.
+    pub url: String,
+    pub key: TestKey,
+}
+
+impl TestIssuer {
+    /// Serve a fresh key's issuer on a port of loopback, until the
+    /// runtime ends.
+    pub async fn start() -> TestIssuer {
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let url = format!(
+            "http://{}/realms/test",
+            listener.local_addr().expect("its address")
+        );
+        let key = TestKey::new("test-key-1");
+        let discovery = json!({"issuer": url, "jwks_uri": format!("{url}/certs")});
+        let jwks = TestKey::jwks(&[&key]);
+        let app = axum::Router::new()
+            .route(
+                "/realms/test/.well-known/openid-configuration",
+                get(move || async move { axum::Json(discovery) }),
+            )
+            .route(
+                "/realms/test/certs",
+                get(move || async move { axum::Json(jwks) }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        TestIssuer { url, key }
+    }
+
+    /// A token of this issuer for `sub`, audience `aud`, valid five
+    /// minutes from now, with `extra` claims.
+    pub fn token(&self, sub: &str, aud: &str, extra: Value) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs();
+        let mut claims = json!({"iss": self.url, "aud": aud, "sub": sub,
+                                "iat": now, "exp": now + 300});
+        if let (Some(c), Value::Object(extra)) = (claims.as_object_mut(), extra) {
+            c.extend(extra);
+        }
+        self.key.sign(&claims)
     }
 }

@@ -68,6 +68,8 @@ pub enum Code {
     NothingToResume,
     /// The server is stopping and starts no new run: retry (elsewhere).
     ServerStopping,
+    /// The identity provider's keys cannot be fetched: retry later.
+    IdentityUnavailable,
 }
 
 impl Code {
@@ -98,6 +100,7 @@ impl Code {
             Code::StoreUnavailable => "store_unavailable",
             Code::NothingToResume => "nothing_to_resume",
             Code::ServerStopping => "server_stopping",
+            Code::IdentityUnavailable => "identity_unavailable",
         }
     }
 

@@ -46,7 +46,7 @@ mod tokens;
 
 pub use continuation::Answer;
 pub use feed::{Feed, FeedItem};
-pub use sessions::Sessions;
+pub use sessions::{may_use, Sessions};
 pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {

@@ -19,6 +19,19 @@ pub enum Caller {
     /// The bearer of the approver token: lists and answers pending
     /// approvals, and sees nothing else of a conversation.
     Approver,
+    /// An end user, by their identity token: creates sessions that belong
+    /// to them, and uses those only.
+    EndUser(bindery_identity::Subject),
+}
+
+impl Caller {
+    /// The end user calling, if it is one.
+    pub fn subject(&self) -> Option<&bindery_identity::Subject> {
+        match self {
+            Caller::EndUser(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// Which request carries the values.

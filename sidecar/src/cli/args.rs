@@ -266,6 +266,8 @@ pub enum Command {
         #[command(flatten)]
         tokens: Box<TokenArgs>,
         #[command(flatten)]
+        identity: Box<IdentityArgs>,
+        #[command(flatten)]
         approvals: Box<ApprovalArgs>,
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
@@ -582,6 +584,84 @@ pub struct TokenArgs {
     /// else. Also BINDERY_APPROVER_TOKEN. None by default.
     #[arg(long, value_name = "FILE")]
     pub approver_token_file: Option<PathBuf>,
+}
+
+/// End users: the platform's identity provider, whose identity tokens
+/// (OIDC JWTs) the server takes from people, each then using their own
+/// sessions only.
+#[derive(Args, Debug, Clone)]
+pub struct IdentityArgs {
+    /// The issuer of end users' identity tokens, exactly as their `iss`
+    /// says (https, or http on loopback); its keys are found through its
+    /// `/.well-known/openid-configuration`. Without it, identity tokens
+    /// are not taken.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "BINDERY_IDENTITY_ISSUER",
+        requires = "identity_audience"
+    )]
+    pub identity_issuer: Option<String>,
+    /// The audience the tokens must be issued for (repeatable, or
+    /// comma-separated in BINDERY_IDENTITY_AUDIENCE): one of these must be
+    /// in a token's `aud`.
+    #[arg(
+        long,
+        value_name = "AUDIENCE",
+        env = "BINDERY_IDENTITY_AUDIENCE",
+        value_delimiter = ',',
+        requires = "identity_issuer"
+    )]
+    pub identity_audience: Vec<String>,
+    /// Where the issuer's keys (JWKS) are, when its discovery document is
+    /// not to be read.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "BINDERY_IDENTITY_JWKS_URL",
+        requires = "identity_issuer"
+    )]
+    pub identity_jwks_url: Option<String>,
+    /// The claim that names the person.
+    #[arg(
+        long,
+        value_name = "CLAIM",
+        env = "BINDERY_IDENTITY_SUBJECT_CLAIM",
+        default_value = "sub"
+    )]
+    pub identity_subject_claim: String,
+    /// How far the issuer's clock and this server's may disagree (at
+    /// most 300).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "BINDERY_IDENTITY_CLOCK_SKEW",
+        default_value_t = 60
+    )]
+    pub identity_clock_skew: u64,
+}
+
+impl IdentityArgs {
+    /// The identity provider these flags configure, checked; `None`
+    /// without `--identity-issuer`.
+    pub fn config(
+        &self,
+    ) -> Result<Option<bindery_identity::IdentityConfig>, bindery_identity::ConfigError> {
+        let Some(issuer) = &self.identity_issuer else {
+            return Ok(None);
+        };
+        let mut config =
+            bindery_identity::IdentityConfig::new(issuer, self.identity_audience.clone())?;
+        if let Some(url) = &self.identity_jwks_url {
+            let parsed = reqwest::Url::parse(url)
+                .map_err(|_| bindery_identity::ConfigError::IssuerNotUrl(url.clone()))?;
+            config.jwks_url = Some(parsed);
+        }
+        config.subject_claim = self.identity_subject_claim.clone();
+        config.clock_skew = std::time::Duration::from_secs(self.identity_clock_skew);
+        config.check()?;
+        Ok(Some(config))
+    }
 }
 
 /// How replicas forward to each other over mutual TLS.

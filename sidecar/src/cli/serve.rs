@@ -96,6 +96,8 @@ pub struct ServeArgs<'a> {
     pub owner_token_file: Option<&'a Path>,
     pub mcp_client_token_file: Option<&'a Path>,
     pub approver_token_file: Option<&'a Path>,
+    /// `--identity-issuer` and the flags beside it, checked.
+    pub identity: Option<bindery_identity::IdentityConfig>,
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
@@ -130,6 +132,9 @@ pub enum ServeError {
     Clients(bindery_session::clients::ClientError),
     #[error(transparent)]
     Lease(#[from] bindery_session::lease::LeaseConfigError),
+    /// `--identity-issuer` and the flags beside it.
+    #[error("{0} (--identity-issuer, --identity-audience, --identity-jwks-url)")]
+    Identity(#[from] bindery_identity::ConfigError),
     #[error(transparent)]
     Location(#[from] bindery_store::location::LocationError),
     #[error("--store {store}: {source}")]
@@ -208,6 +213,13 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         &mut own,
     )?;
     let _own = bindery_params::live::register_own(own.0);
+    let identity = match a.identity {
+        Some(config) => {
+            tracing::info!(issuer = %config.issuer, audiences = ?config.audiences, "end users' identity tokens are taken");
+            Some(Arc::new(bindery_identity::Verifier::new(config)?))
+        }
+        None => None,
+    };
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
@@ -416,6 +428,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             a.allowed_hosts,
             a.allowed_origins,
         )),
+        identity,
     });
     state
         .ready

@@ -125,6 +125,7 @@ pub fn full_record() -> SessionRecord {
             sealed: true,
             token_digests: vec!["ab".repeat(32), "cd".repeat(32)],
             owner: Some("mcp".to_owned()),
+            subject: Some(bindery_identity::Subject::new("alice@example.com").unwrap()),
             pinned: vec!["tenant".to_owned()],
             taint_cleared_at: Some(3),
         },

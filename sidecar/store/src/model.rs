@@ -79,6 +79,11 @@ pub struct Security {
     /// `tools/call` on `/mcp`). Absent in sessions stored before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The end user the session belongs to (created by them with their
+    /// identity token, or forked by them): they, and the owner, may use
+    /// it; no other end user sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<bindery_identity::Subject>,
     /// Session pins: names whose value was fixed when the session was
     /// created (or forked); no request may give them again. The values are
     /// the session's own (a secret one is never stored, like any secret).

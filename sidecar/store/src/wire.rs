@@ -248,6 +248,9 @@ pub enum Decider {
     Approver,
     /// A webhook notice's answer URL.
     Webhook,
+    /// The end user the session belongs to (a choice of their own
+    /// conversation: a selection, an input).
+    EndUser,
 }
 
 impl Decider {
@@ -256,6 +259,7 @@ impl Decider {
             Decider::Owner => "owner",
             Decider::Approver => "approver",
             Decider::Webhook => "webhook",
+            Decider::EndUser => "end_user",
         }
     }
 }

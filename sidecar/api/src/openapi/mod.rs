@@ -116,6 +116,21 @@ pub fn document(mut api: Document, version: &str) -> Value {
             ),
         )
         .security_scheme(
+            "identityToken",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "An end user's identity token: a JWT of the platform's identity provider \
+                         (`serve --identity-issuer`, `--identity-audience`), verified against its \
+                         published keys. The end user creates, lists and uses their own sessions \
+                         only; another's is 404.",
+                    ))
+                    .build(),
+            ),
+        )
+        .security_scheme(
             "mcpClientToken",
             bearer(
                 "The MCP client token (`serve --mcp-client-token-file`): on `/mcp`, the \

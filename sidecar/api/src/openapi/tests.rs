@@ -237,7 +237,7 @@ fn security_matches_the_route() {
     ] {
         assert_eq!(
             schemes_of(method, path),
-            ["ownerToken", "sessionToken"],
+            ["ownerToken", "sessionToken", "identityToken"],
             "{method} {path}"
         );
     }
@@ -248,7 +248,15 @@ fn security_matches_the_route() {
         ("post", "/v1/sessions/{id}/fork"),
         ("put", "/v1/sessions/{id}/params"),
         ("delete", "/v1/sessions/{id}/token"),
+        ("get", "/v1/agents"),
     ] {
+        assert_eq!(
+            schemes_of(method, path),
+            ["ownerToken", "identityToken"],
+            "{method} {path}"
+        );
+    }
+    for (method, path) in [("get", "/v1/usage"), ("put", "/v1/agents/{slug}")] {
         assert_eq!(schemes_of(method, path), ["ownerToken"], "{method} {path}");
     }
     assert_eq!(

@@ -136,6 +136,36 @@ impl Server {
         load: LoadOptions,
         cfg: impl FnOnce(&mut ServiceConfig),
     ) -> Server {
+        Self::build(agents, dir, script, load, cfg, None).await
+    }
+
+    /// A server as [`Self::start`] makes it that also takes end users'
+    /// identity tokens of `identity`'s issuer.
+    pub async fn identified(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        identity: bindery_identity::IdentityConfig,
+    ) -> Server {
+        Self::build(
+            agents,
+            dir,
+            script,
+            LoadOptions::default(),
+            |_| {},
+            Some(identity),
+        )
+        .await
+    }
+
+    async fn build(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        load: LoadOptions,
+        cfg: impl FnOnce(&mut ServiceConfig),
+        identity: Option<bindery_identity::IdentityConfig>,
+    ) -> Server {
         let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -197,6 +227,7 @@ impl Server {
             peers: bindery_api::peers::client(),
             peers_tls: None,
             origins: Arc::new(bindery_api::origin::OriginPolicy::new(listen, &[], &[])),
+            identity: identity.map(|c| Arc::new(bindery_identity::Verifier::new(c).unwrap())),
         });
         Server {
             api: Api(bindery_api::server::router(state)),

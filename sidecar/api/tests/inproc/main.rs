@@ -13,6 +13,7 @@ mod harness;
 mod approvals;
 mod budgets;
 mod depends;
+mod end_users;
 mod helpers;
 mod pending;
 mod promises;

@@ -55,11 +55,34 @@ pub struct Answer {
 /// else; a session token reads the items but never answers them.
 fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
     match caller {
-        Caller::Owner | Caller::Approver => Ok(()),
+        // An end user's answers are checked item by item (`end_user_may`).
+        Caller::Owner | Caller::Approver | Caller::EndUser(_) => Ok(()),
         Caller::SessionToken(_) => Err(ServiceError::forbidden(
             "only the session's owner may answer its pending calls (a continuation, or a chat message that picks an option); a session token may read them, not answer them",
         )),
     }
+}
+
+/// Whether an end user may give `answer` to `item` of their own session:
+/// the choices of their conversation (a selection, an input, the
+/// confirmation of a tool with lookups: `depends_on`), yes; an approval of
+/// a tool's call (`confirm`), a deferred result, a held egress call or a
+/// budget stays with the owner and the approver, and so does clearing the
+/// taint guard.
+fn end_user_may(item: &PendingCall, answer: &Answer) -> Result<(), ServiceError> {
+    if answer.clear_taint {
+        return Err(ServiceError::forbidden(
+            "an end user cannot clear the session's taint guard; the owner or the approver clears it",
+        ));
+    }
+    if item.lookup.is_none() {
+        return Err(ServiceError::forbidden(format!(
+            "the {} of {} is the owner's or the approver's to answer; an end user answers the selections and inputs their conversation asks for",
+            item.disposition.as_str(),
+            item.tool
+        )));
+    }
+    Ok(())
 }
 
 impl Sessions {
@@ -110,6 +133,11 @@ impl Sessions {
         let guard = live.lock.lock().await;
         let digest = pending::token_digest(token);
         let rec = self.record(id).await?;
+        if !super::sessions::may_use(caller, &rec) {
+            return Err(ServiceError::not_found(
+                "no pending call has this continuation token",
+            ));
+        }
         let used = || {
             ServiceError::new(
                 ErrorKind::Conflict,
@@ -143,6 +171,9 @@ impl Sessions {
                 "no pending call has this continuation token",
             ));
         };
+        if let Caller::EndUser(_) = caller {
+            end_user_may(&item, &answer)?;
+        }
         let expired = matches!(item.resolution, Some(Resolution::Expired));
         if item.resolution.is_some() && !expired {
             return Err(used());
@@ -270,6 +301,7 @@ impl Sessions {
         self.store.update(&mut rec).await?;
         let by = answer.by.unwrap_or(match caller {
             Caller::Approver => Decider::Approver,
+            Caller::EndUser(_) => Decider::EndUser,
             _ => Decider::Owner,
         });
         let resolved = Resolved {

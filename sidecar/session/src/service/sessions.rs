@@ -63,20 +63,27 @@ impl Sessions {
         caller: &Caller,
         req: CreateSession,
     ) -> Result<Created, ServiceError> {
-        if *caller != Caller::Owner {
+        if !matches!(caller, Caller::Owner | Caller::EndUser(_)) {
             return Err(ServiceError::forbidden(
-                "only the owner can create or fork sessions",
+                "only the owner or an end user can create or fork sessions",
             ));
         }
         let (agent_name, base, turns, op, source_pins) = match &req.fork {
             Some(source_id) => {
+                let no_source =
+                    || ServiceError::not_found(format!("no session {source_id} to fork"));
                 let source = self.record(source_id).await.map_err(|e| {
                     if e.kind == ErrorKind::NotFound {
-                        ServiceError::not_found(format!("no session {source_id} to fork"))
+                        no_source()
                     } else {
                         e
                     }
                 })?;
+                // An end user forks their own sessions only; another's is
+                // as absent as one that does not exist.
+                if !may_use(caller, &source) {
+                    return Err(no_source());
+                }
                 if let Some(a) = req.agent.as_ref().filter(|a| **a != source.agent) {
                     return Err(ServiceError::bad_request(format!(
                         "a fork keeps its source's agent (`{}`); drop `agent` or give `{}`, not `{a}`",
@@ -163,6 +170,7 @@ impl Sessions {
                 sealed: req.seal,
                 token_digests: token.iter().map(|t| token_digest(t)).collect(),
                 owner: Some(req.owner.unwrap_or_else(|| "owner".to_string())),
+                subject: caller.subject().cloned(),
                 pinned,
                 // A fork of a tainted history is tainted again until a
                 // person clears it (a fork before the taint is clean).
@@ -176,7 +184,7 @@ impl Sessions {
         };
         self.store.create(&mut rec).await?;
         self.secrets.keep(&rec.id, &accepted.session);
-        tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, "session created");
+        tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, subject = rec.security.subject.as_ref().map(|s| s.as_str()), "session created");
         let run = match (req.call, req.prompt) {
             (Some(call), _) => Some(
                 self.runs
@@ -476,4 +484,14 @@ fn nothing_to_resume(rec: &SessionRecord) -> Result<(), ServiceError> {
         ));
     }
     Ok(())
+}
+
+/// Whether `caller` may use session `rec` at all: an end user only their
+/// own sessions; the owner, an approver and a session token are let in by
+/// the API's doors.
+pub fn may_use(caller: &Caller, rec: &SessionRecord) -> bool {
+    match caller {
+        Caller::EndUser(subject) => rec.security.subject.as_ref() == Some(subject),
+        _ => true,
+    }
 }

@@ -1,0 +1,292 @@
+//! End users on the session API: identity tokens of the platform's issuer
+//! (a loopback issuer here; the real one, Keycloak, in the sidecar's
+//! spawned tests), each person using their own sessions only, the owner
+//! all of them.
+
+use serde_json::{json, Value};
+
+use crate::harness::*;
+use bindery_identity::testkeys::{TestIssuer, TestKey};
+use bindery_identity::IdentityConfig;
+use bindery_tests::fixtures::clerk;
+
+const AUD: &str = "bindery-chat";
+
+struct World {
+    api: Api,
+    issuer: TestIssuer,
+    dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = clerk::agent(dir.path(), MODEL_URL, "");
+    let issuer = TestIssuer::start().await;
+    let config = IdentityConfig::new(&issuer.url, vec![AUD.into()]).unwrap();
+    let server = Server::identified(&[agent], dir.path(), clerk::script, config).await;
+    World {
+        api: server.api.clone(),
+        issuer,
+        dir,
+    }
+}
+
+impl World {
+    fn token(&self, sub: &str) -> String {
+        self.issuer.token(sub, AUD, json!({}))
+    }
+
+    async fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Reply {
+        self.api
+            .call(method, path, Some(token), body.as_ref())
+            .await
+    }
+
+    /// A clerk session of `token`'s person, run until it waits.
+    async fn waiting(&self, token: &str) -> String {
+        let r = self
+            .call(
+                "POST",
+                "/v1/sessions?wait=true",
+                token,
+                Some(json!({"agent": "clerk", "prompt": "delete", "params": {"tenant": "acme"}})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        assert_eq!(r.json["status"], "waiting_external", "{}", r.text);
+        r.json["session_id"].as_str().unwrap().to_string()
+    }
+}
+
+fn ids(r: &Reply) -> Vec<String> {
+    r.json["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", r.text))
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_end_user_uses_their_own_sessions_and_no_one_elses() {
+    let w = world().await;
+    let (alice, bob) = (w.token("alice"), w.token("bob"));
+    let mine = w.waiting(&alice).await;
+    let r = w
+        .call("GET", &format!("/v1/sessions/{mine}"), &alice, None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["subject"], "alice", "{}", r.text);
+    // A `confirm` approval is not the end user's: no token shown to them.
+    assert!(
+        r.json["pending"][0]["continuation_token"].is_null(),
+        "{}",
+        r.text
+    );
+    let theirs = w.waiting(&bob).await;
+
+    // Each lists their own; the owner lists both.
+    let r = w.call("GET", "/v1/sessions", &alice, None).await;
+    assert_eq!(ids(&r), std::slice::from_ref(&mine));
+    let r = w.call("GET", "/v1/sessions", &bob, None).await;
+    assert_eq!(ids(&r), std::slice::from_ref(&theirs));
+    let mut all = ids(&w.call("GET", "/v1/sessions", OWNER, None).await);
+    all.sort();
+    let mut both = vec![mine.clone(), theirs.clone()];
+    both.sort();
+    assert_eq!(all, both);
+
+    // Every route about Bob's session answers Alice as if it did not exist.
+    let absent = w.call("GET", "/v1/sessions/no-such-id", &alice, None).await;
+    assert_eq!(absent.status, 404, "{}", absent.text);
+    for (method, path, body) in [
+        ("GET", "", None),
+        ("POST", "/messages", Some(json!({"prompt": "hi"}))),
+        ("POST", "/cancel", None),
+        ("POST", "/resume", Some(json!({}))),
+        ("POST", "/fork", Some(json!({}))),
+        (
+            "PUT",
+            "/params",
+            Some(json!({"params": {"tenant": "evil"}})),
+        ),
+        ("DELETE", "/token", None),
+        ("GET", "/events", None),
+    ] {
+        let r = w
+            .call(
+                method,
+                &format!("/v1/sessions/{theirs}{path}"),
+                &alice,
+                body,
+            )
+            .await;
+        assert_eq!(
+            (r.status, r.json["error"].clone()),
+            (404, json!("not_found")),
+            "{method} {path}: {}",
+            r.text
+        );
+        assert_eq!(
+            r.json["message"],
+            format!("no session {theirs}"),
+            "{}",
+            r.text
+        );
+    }
+    // Nor through a fork named in a creation.
+    let r = w
+        .call(
+            "POST",
+            "/v1/sessions",
+            &alice,
+            Some(json!({"fork": theirs, "params": {"tenant": "acme"}})),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    // Nor by the continuation of Bob's pending item (the owner's view
+    // shows it).
+    let owner_view = w
+        .call("GET", &format!("/v1/sessions/{theirs}"), OWNER, None)
+        .await;
+    let ct = owner_view.json["pending"][0]["continuation_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = w
+        .call(
+            "POST",
+            &format!("/v1/continuations/{ct}"),
+            &alice,
+            Some(json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    // Nor can Bob approve his own session's `confirm`: that is an approval.
+    let r = w
+        .call(
+            "POST",
+            &format!("/v1/continuations/{ct}"),
+            &bob,
+            Some(json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (403, json!("forbidden")),
+        "{}",
+        r.text
+    );
+    assert_eq!(clerk::runs(w.dir.path()), 0, "nothing was deleted");
+
+    // Alice forks her own session; the fork is hers.
+    let r = w
+        .call(
+            "POST",
+            &format!("/v1/sessions/{mine}/fork"),
+            &alice,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["subject"], "alice");
+    let fork = r.json["session_id"].as_str().unwrap().to_string();
+    let r = w
+        .call("GET", &format!("/v1/sessions/{fork}"), &bob, None)
+        .await;
+    assert_eq!(r.status, 404);
+    // And cancels her own waiting run.
+    let r = w
+        .call("POST", &format!("/v1/sessions/{mine}/cancel"), &alice, None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[tokio::test]
+async fn an_end_user_is_refused_the_owners_routes() {
+    let w = world().await;
+    let alice = w.token("alice");
+    for (method, path) in [
+        ("GET", "/v1/usage"),
+        ("GET", "/v1/approvals"),
+        ("PUT", "/v1/agents/mine"),
+        ("DELETE", "/v1/agents/clerk"),
+    ] {
+        let r = w.call(method, path, &alice, None).await;
+        assert_eq!(
+            (r.status, r.json["error"].clone()),
+            (403, json!("forbidden")),
+            "{method} {path}: {}",
+            r.text
+        );
+    }
+    // The agents they may start, yes.
+    let r = w.call("GET", "/v1/agents", &alice, None).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[tokio::test]
+async fn a_token_that_does_not_hold_is_refused_with_its_reason() {
+    let w = world().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = |over: Value| {
+        let mut c = json!({"iss": w.issuer.url, "aud": AUD, "sub": "alice",
+                           "iat": now, "exp": now + 300});
+        c.as_object_mut()
+            .unwrap()
+            .extend(over.as_object().unwrap().clone());
+        c
+    };
+    let forger = TestKey::new(&w.issuer.key.kid);
+    for (token, why) in [
+        (
+            w.issuer.key.sign(&claims(json!({"exp": now - 3600}))),
+            "expired",
+        ),
+        (
+            w.issuer.key.sign(&claims(json!({"aud": "another-app"}))),
+            "another audience",
+        ),
+        (
+            w.issuer
+                .key
+                .sign(&claims(json!({"iss": "https://evil.example"}))),
+            "another issuer",
+        ),
+        (forger.sign(&claims(json!({}))), "signature does not verify"),
+        (
+            w.issuer.key.sign_as("unknown-kid", &claims(json!({}))),
+            "does not publish",
+        ),
+    ] {
+        let r = w.call("GET", "/v1/sessions", &token, None).await;
+        assert_eq!(r.status, 401, "{why}: {}", r.text);
+        assert!(
+            r.json["message"].as_str().unwrap().contains(why),
+            "{why}: {}",
+            r.text
+        );
+        assert!(!r.text.contains(&token[..30]), "the token is not repeated");
+    }
+}
+
+#[tokio::test]
+async fn without_an_issuer_an_identity_token_is_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = clerk::agent(dir.path(), MODEL_URL, "");
+    let server = Server::start(&[agent], dir.path(), clerk::script).await;
+    let issuer = TestIssuer::start().await;
+    let r = server
+        .api
+        .call(
+            "GET",
+            "/v1/sessions",
+            Some(&issuer.token("alice", AUD, json!({}))),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 401, "{}", r.text);
+}
