@@ -753,6 +753,10 @@ fn check_shared_values(
                 ))),
                 Some(_) => {}
             },
+            BindingValue::Identity(i) => diags.push(Diagnostic::error(format!(
+                "{here}: {} differs from session to session, but the MCP server is started once and shared by every session, so it can only get a literal or a process-scope parameter; bind it to a tool argument instead",
+                i.describe()
+            ))),
         }
     }
 }
@@ -818,6 +822,21 @@ fn check_openapi(spec: &AgentSpec, o: &OpenApiToolbox, place: &str, diags: &mut 
                 "{here}: `fetchSpec` has no effect: `spec` is a file, not an http(s) URL"
             )));
         }
+        if let SecretSource::Identity(id) = &s.source {
+            if s.decode.is_some() || s.keep_whitespace {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: `decode` and `keepWhitespace` apply to a value read when the agent loads, not to {}, which comes with each session",
+                    id.describe()
+                )));
+            }
+            if s.fetch_spec && fetched {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: the spec is fetched once, when the agent loads, before any end user is there, so its credential cannot be {}; use a process-scope parameter or a value source",
+                    id.describe()
+                )));
+            }
+            continue;
+        }
         let SecretSource::Param(p) = &s.source else {
             continue;
         };
@@ -854,6 +873,15 @@ fn check_bindings(
             i + 1,
             b.arg
         );
+        if let BindingValue::Identity(id) = &b.value {
+            if b.when_unbound == WhenUnbound::Expose {
+                diags.push(Diagnostic::error(format!(
+                    "{here}: `whenUnbound: expose` on {} would let the model give it in a session no end user owns (the owner's), and so choose whose it is; use fail or omit",
+                    id.describe()
+                )));
+            }
+            continue;
+        }
         let BindingValue::Param(p) = &b.value else {
             continue;
         };
@@ -944,7 +972,7 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
     }
     let secrets = |list: &[super::OpenApiSecret], place: &str, out: &mut Vec<String>| {
         for s in list {
-            if !matches!(s.source, SecretSource::Param(_)) {
+            if !matches!(s.source, SecretSource::Param(_) | SecretSource::Identity(_)) {
                 out.push(format!(
                     "{place}: a credential from {} is read from the server or kept in clear; take it from a secret parameter (`param`) given per session",
                     match &s.source {
@@ -953,7 +981,7 @@ pub fn stored_agent_refusals(spec: &AgentSpec) -> Vec<String> {
                         SecretSource::File(f) => format!("file {f}"),
                         SecretSource::Command(_) => "a command".to_string(),
                         SecretSource::ApiKey(k) => format!("api-key {k}"),
-                        SecretSource::Param(_) => String::new(),
+                        SecretSource::Param(_) | SecretSource::Identity(_) => String::new(),
                     }
                 ));
             }
@@ -1520,6 +1548,41 @@ mod tests {
         for not in ["file://x", "httpx://a", "http:/a", "ht", "./http://a", "é"] {
             assert!(!crate::http_url(not), "{not}");
         }
+    }
+
+    #[test]
+    fn an_end_users_value_is_bound_where_it_cannot_be_chosen_or_shared() {
+        let doc = |toolbox: &str| -> Vec<String> {
+            let yaml = format!(
+                "apiVersion: bindery.dev/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec:\n  model: {{url: http://m, name: m}}\n  toolboxes:\n  - {toolbox}\n"
+            );
+            let doc: crate::AgentDocument = crate::from_yaml(&yaml).unwrap();
+            check_definition("a", &doc.spec, "here")
+                .into_iter()
+                .map(|d| d.message)
+                .collect()
+        };
+        let fine = doc("openapi: {spec: api.json, baseUrl: http://api, filter: {methodEquals: GET}, secrets: [{source: {identity: 'token:billing'}, header: {name: Authorization, template: 'Bearer {{secret}}'}}], bindings: [{arg: user, value: {identity: subject}}]}");
+        assert_eq!(fine, Vec::<String>::new());
+        let exposed = doc("bash: {directory: t, bindings: [{arg: user, value: {identity: 'claim:email'}, whenUnbound: expose}]}");
+        assert!(
+            exposed
+                .iter()
+                .any(|m| m.contains("`whenUnbound: expose` on the end user's claim `email`")),
+            "{exposed:?}"
+        );
+        let shared = doc("mcp: {name: s, url: 'http://mcp/mcp', headers: {Authorization: {identity: 'token:x'}}}");
+        assert!(
+            shared.iter().any(|m| m.contains("shared by every session")),
+            "{shared:?}"
+        );
+        let fetched = doc("openapi: {spec: 'https://api/doc.json', baseUrl: http://api, filter: {methodEquals: GET}, secrets: [{source: {identity: subject}, header: {name: X-User}, fetchSpec: true}]}");
+        assert!(
+            fetched
+                .iter()
+                .any(|m| m.contains("before any end user is there")),
+            "{fetched:?}"
+        );
     }
 
     #[test]

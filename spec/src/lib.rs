@@ -981,13 +981,16 @@ pub enum SecretSource {
     Command(Vec<String>),
     /// An entry of the API-keys file.
     ApiKey(String),
+    /// Taken from the end user the session belongs to (their token
+    /// exchanged for a downstream audience, as a rule).
+    Identity(IdentityValue),
 }
 
 impl SecretSource {
     /// The load-time source, or `None` for a parameter.
     pub fn value_source(&self) -> Option<ValueSource> {
         Some(match self {
-            SecretSource::Param(_) => return None,
+            SecretSource::Param(_) | SecretSource::Identity(_) => return None,
             SecretSource::Value(v) => ValueSource::Value(v.clone()),
             SecretSource::Env(v) => ValueSource::Env(v.clone()),
             SecretSource::File(v) => ValueSource::File(v.clone()),
@@ -1000,8 +1003,9 @@ impl SecretSource {
     pub fn describe(&self) -> String {
         match (self, self.value_source()) {
             (SecretSource::Param(p), _) => format!("param {p}"),
+            (SecretSource::Identity(i), _) => i.describe(),
             (_, Some(v)) => v.describe(),
-            (_, None) => unreachable!("only a param has no value source"),
+            (_, None) => unreachable!("only a param or an identity has no value source"),
         }
     }
 }
@@ -1096,6 +1100,148 @@ pub enum BindingValue {
     Param(String),
     /// A fixed value.
     Literal(#[schemars(schema_with = "any_json")] serde_json::Value),
+    /// Taken from the end user the session belongs to: their subject, a
+    /// claim of their identity token, or that token exchanged for one
+    /// issued to a downstream audience.
+    Identity(IdentityValue),
+}
+
+/// What a binding takes from the end user the session belongs to, written
+/// as one word: `subject`, `claim:NAME`, or `token:AUDIENCE [SCOPE…]`
+/// (scopes space-separated, as OAuth writes them). A run with no end user
+/// (the owner's session) has none of these values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IdentityValue {
+    /// Their subject: the identity provider's id of them.
+    Subject,
+    /// One claim of their identity token (`email`, `groups`…).
+    Claim(String),
+    /// Their identity token exchanged (RFC 8693) at the identity provider
+    /// for a token issued to `audience`: a secret value.
+    Token(TokenExchange),
+}
+
+/// The downstream token an end user's identity token is exchanged for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenExchange {
+    /// The downstream service the token is for (its client id or URI at
+    /// the identity provider).
+    pub audience: String,
+    /// The scopes asked for (none: the provider's default).
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Display for IdentityValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.key()[IDENTITY_PREFIX.len()..])
+    }
+}
+
+impl std::str::FromStr for IdentityValue {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!("`{s}` names no value of the end user: write `subject`, `claim:NAME` or `token:AUDIENCE [SCOPE…]`")
+        };
+        let word =
+            |w: &str| !w.is_empty() && !w.chars().any(|c| c.is_whitespace() || c.is_control());
+        if s == "subject" {
+            return Ok(IdentityValue::Subject);
+        }
+        if let Some(claim) = s.strip_prefix("claim:") {
+            return if word(claim) {
+                Ok(IdentityValue::Claim(claim.to_string()))
+            } else {
+                Err(bad())
+            };
+        }
+        if let Some(rest) = s.strip_prefix("token:") {
+            let mut words = rest.split(' ');
+            let audience = words.next().unwrap_or_default();
+            let scopes: Vec<String> = words.map(str::to_string).collect();
+            if !word(audience) || !scopes.iter().all(|s| word(s)) {
+                return Err(bad());
+            }
+            return Ok(IdentityValue::Token(TokenExchange {
+                audience: audience.to_string(),
+                scopes,
+            }));
+        }
+        Err(bad())
+    }
+}
+
+impl Serialize for IdentityValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for IdentityValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for IdentityValue {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IdentityValue".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A value of the end user the session belongs to: `subject`, `claim:NAME`, or `token:AUDIENCE [SCOPE…]` (their identity token exchanged, RFC 8693, for one issued to AUDIENCE).",
+            "type": "string",
+            "pattern": "^(subject|claim:\\S+|token:\\S+( \\S+)*)$"
+        })
+    }
+}
+
+/// The prefix of the names identity values go by in a run's values: no
+/// parameter name can start with it.
+pub const IDENTITY_PREFIX: &str = "@identity:";
+
+impl IdentityValue {
+    /// The name the value goes by in a run's values (`@identity:subject`,
+    /// `@identity:claim:email`, `@identity:token:AUDIENCE SCOPE…`).
+    pub fn key(&self) -> String {
+        match self {
+            IdentityValue::Subject => format!("{IDENTITY_PREFIX}subject"),
+            IdentityValue::Claim(c) => format!("{IDENTITY_PREFIX}claim:{c}"),
+            IdentityValue::Token(t) => {
+                let mut scopes = t.scopes.clone();
+                scopes.sort();
+                scopes.dedup();
+                let mut key = format!("{IDENTITY_PREFIX}token:{}", t.audience);
+                for s in scopes {
+                    key.push(' ');
+                    key.push_str(&s);
+                }
+                key
+            }
+        }
+    }
+
+    /// Whether the value is a secret (a token).
+    pub fn is_secret(&self) -> bool {
+        matches!(self, IdentityValue::Token(_))
+    }
+
+    /// How the value reads in messages: `the end user's subject`.
+    pub fn describe(&self) -> String {
+        match self {
+            IdentityValue::Subject => "the end user's subject".into(),
+            IdentityValue::Claim(c) => format!("the end user's claim `{c}`"),
+            IdentityValue::Token(t) => {
+                format!(
+                    "the end user's token exchanged for audience `{}`",
+                    t.audience
+                )
+            }
+        }
+    }
 }
 
 /// What a binding does when its parameter has no value.

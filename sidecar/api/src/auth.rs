@@ -138,7 +138,7 @@ pub enum Identity {
     /// An end user's identity token, verified (or a forward vouching for
     /// one); on a route about a session (`on_session`), one of theirs.
     EndUser {
-        subject: bindery_identity::Subject,
+        person: bindery_identity::Person,
         on_session: bool,
     },
     /// No `Authorization: Bearer`.
@@ -155,7 +155,7 @@ impl Identity {
             Identity::Owner => Some(Caller::Owner),
             Identity::Approver => Some(Caller::Approver),
             Identity::Session(id) => Some(Caller::SessionToken(id.clone())),
-            Identity::EndUser { subject, .. } => Some(Caller::EndUser(subject.clone())),
+            Identity::EndUser { person, .. } => Some(Caller::EndUser(person.clone())),
             Identity::Anonymous | Identity::Refused(_) => None,
         }
     }
@@ -171,16 +171,13 @@ impl Rule {
             Identity::Session(_) if matches!(self, Rule::OwnerOnly | Rule::OwnerOrEndUser) => {
                 Err(session_token_only())
             }
-            Identity::EndUser {
-                subject,
-                on_session,
-            } => match self {
+            Identity::EndUser { person, on_session } => match self {
                 Rule::OwnerOnly => Err(end_user_only()),
                 // The list of pending approvals is the approver's; an end
                 // user answers an item of their own session only.
                 Rule::Approvals if !on_session => Err(end_user_only()),
                 Rule::SessionToken | Rule::Approvals | Rule::OwnerOrEndUser => {
-                    Ok(Caller::EndUser(subject))
+                    Ok(Caller::EndUser(person))
                 }
             },
             Identity::Session(id) => Ok(Caller::SessionToken(id)),
@@ -224,7 +221,7 @@ pub async fn identify(
             Ok(Caller::Approver) => Identity::Approver,
             Ok(Caller::SessionToken(id)) if session == Some(id.as_str()) => Identity::Session(id),
             Ok(Caller::SessionToken(_)) => Identity::Refused(not_valid_here()),
-            Ok(Caller::EndUser(subject)) => end_user(service, subject, session, check).await,
+            Ok(Caller::EndUser(person)) => end_user(service, person, session, check).await,
         };
     }
     let Some(token) = bearer(headers) else {
@@ -241,7 +238,7 @@ pub async fn identify(
         .filter(|_| bindery_identity::Verifier::looks_like_jwt(token))
     {
         return match verifier.verify(token).await {
-            Ok(user) => end_user(service, user.subject, session, check).await,
+            Ok(user) => end_user(service, user.person(), session, check).await,
             Err(bindery_identity::Refusal::Rejected(why)) => {
                 tracing::info!(%why, "an identity token was refused");
                 Identity::Refused(unauthorized(&why.to_string()))
@@ -277,13 +274,13 @@ pub async fn identify(
 /// exist, is 404: an end user cannot learn which ids are taken.
 async fn end_user(
     service: &Service,
-    subject: bindery_identity::Subject,
+    person: bindery_identity::Person,
     session: Option<&str>,
     check: TokenCheck<'_>,
 ) -> Identity {
     let Some(id) = session else {
         return Identity::EndUser {
-            subject,
+            person,
             on_session: false,
         };
     };
@@ -298,9 +295,9 @@ async fn end_user(
             Err(e) => return Identity::Refused(e.into()),
         },
     };
-    if rec.is_some_and(|r| r.id == id && r.security.subject.as_ref() == Some(&subject)) {
+    if rec.is_some_and(|r| r.id == id && r.security.subject.as_ref() == Some(&person.subject)) {
         Identity::EndUser {
-            subject,
+            person,
             on_session: true,
         }
     } else {

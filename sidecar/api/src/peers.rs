@@ -110,7 +110,7 @@ fn caller_name(who: &Caller) -> String {
         Caller::Approver => "approver".into(),
         // Hex: a subject may hold any printable character, a header value
         // only visible ASCII.
-        Caller::EndUser(subject) => format!("user:{}", hex::encode(subject.as_str())),
+        Caller::EndUser(person) => format!("user:{}", hex::encode(person.subject.as_str())),
     }
 }
 
@@ -348,7 +348,7 @@ pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok())
                 .and_then(|s| bindery_identity::Subject::new(s).ok())
-                .map(Caller::EndUser)
+                .map(|s| Caller::EndUser(bindery_identity::Person::named(s)))
                 .ok_or_else(|| refused("the caller `user:…` names no subject")),
         );
     }

@@ -76,7 +76,14 @@ pub fn apply_bindings_with(
                 Some(d) => Some(d),
                 None => continue,
             },
-            BindingValue::Literal(_) => None,
+            BindingValue::Literal(_) | BindingValue::Identity(_) => None,
+        };
+        // What secret the binding hands over, as messages name it.
+        let secret = match &b.value {
+            BindingValue::Identity(i) if i.is_secret() => Some(i.describe()),
+            _ => param
+                .filter(|d| d.secret)
+                .map(|d| format!("secret parameter `{}`", d.name)),
         };
         if b.when_unbound == WhenUnbound::Expose && param.is_some_and(|d| d.secret) {
             continue;
@@ -143,12 +150,10 @@ pub fn apply_bindings_with(
                 )));
                 continue;
             }
-            if let (Some(d), Some(exposure)) =
-                (param.filter(|d| d.secret), arg.transport.secret_exposure())
-            {
+            if let (Some(secret), Some(exposure)) = (&secret, arg.transport.secret_exposure()) {
                 diags.push(Diagnostic::error(format!(
-                    "{at}: secret parameter `{}` is bound to argument \"{}\", {exposure}",
-                    d.name, b.arg,
+                    "{at}: {secret} is bound to argument \"{}\", {exposure}",
+                    b.arg,
                 )));
                 continue;
             }

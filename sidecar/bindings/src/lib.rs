@@ -55,6 +55,9 @@ impl From<BindingValue> for BoundValue {
         match v {
             BindingValue::Param(p) => BoundValue::Param(p),
             BindingValue::Literal(l) => BoundValue::Literal(l),
+            // An end user's value is in the run's values under its own
+            // name, which no declared parameter can take.
+            BindingValue::Identity(i) => BoundValue::Param(i.key()),
         }
     }
 }
@@ -109,6 +112,11 @@ pub struct Merged {
 pub enum MergeError {
     #[error("argument `{arg}` is bound to parameter `{param}`, which has no value")]
     Unbound { arg: String, param: String },
+    /// Bound to an end user's value (`subject`, `claim:NAME`,
+    /// `token:AUDIENCE…`) that the run does not have: the session is no
+    /// end user's, their token lacks the claim, or the exchange failed.
+    #[error("argument `{arg}` is bound to the end user's {value}, which this run does not have (the session is no end user's, their token lacks it, or it could not be exchanged: the log says which)")]
+    NoEndUser { arg: String, value: String },
     #[error(
         "argument `{arg}` is bound to parameter `{param}`, whose value is {kind}: a bash tool takes strings, numbers or booleans"
     )]
@@ -369,6 +377,12 @@ impl BoundTool {
                         v.clone()
                     }
                     None => match b.when_unbound {
+                        WhenUnbound::Fail if p.starts_with(bindery_spec::IDENTITY_PREFIX) => {
+                            return Err(MergeError::NoEndUser {
+                                arg: b.arg.clone(),
+                                value: p[bindery_spec::IDENTITY_PREFIX.len()..].to_string(),
+                            })
+                        }
                         WhenUnbound::Fail => {
                             return Err(MergeError::Unbound {
                                 arg: b.arg.clone(),

@@ -151,66 +151,111 @@ impl Jwks {
         if let Some(url) = self.discovered.read().expect("discovery lock").clone() {
             return Ok(url);
         }
-        let at = self.config.discovery_url()?;
-        let shown = bindery_llm::egress::shown(&at);
-        let body = self.get("discovery document", &at).await?;
-        #[derive(serde::Deserialize)]
-        struct Discovery {
-            issuer: String,
-            jwks_uri: Option<String>,
-        }
-        let doc: Discovery = serde_json::from_slice(&body).map_err(|_| FetchError::Unreadable {
-            what: "discovery document",
-            url: shown.clone(),
-        })?;
-        // OpenID Connect Discovery 1.0, 4.3: the document's issuer is the
-        // one asked for, or its keys are not that issuer's.
-        if doc.issuer != self.config.issuer {
-            return Err(FetchError::OtherIssuer {
-                url: shown,
-                found: doc.issuer,
-                expected: self.config.issuer.clone(),
-            });
-        }
+        let doc = discover(&self.http, &self.config).await?;
         let url = doc
             .jwks_uri
             .and_then(|u| Url::parse(&u).ok())
-            .ok_or(FetchError::NoJwksUri { url: shown })?;
+            .ok_or(FetchError::NoJwksUri {
+                url: doc.at.clone(),
+            })?;
         fetched_from("JWKS URL", &url)?;
         *self.discovered.write().expect("discovery lock") = Some(url.clone());
         Ok(url)
     }
 
     async fn get(&self, what: &'static str, url: &Url) -> Result<Vec<u8>, FetchError> {
-        let shown = bindery_llm::egress::shown(url);
-        let unreachable = |e: reqwest::Error| FetchError::Unreachable {
+        get(&self.http, what, url).await
+    }
+}
+
+/// What the issuer's discovery document says that Bindery uses.
+#[derive(serde::Deserialize)]
+pub(crate) struct Discovery {
+    pub issuer: String,
+    pub jwks_uri: Option<String>,
+    pub token_endpoint: Option<String>,
+    /// Where it was read from, as it may be shown.
+    #[serde(skip)]
+    pub at: String,
+}
+
+/// The issuer's discovery document, checked to be that issuer's.
+pub(crate) async fn discover(
+    http: &reqwest::Client,
+    config: &IdentityConfig,
+) -> Result<Discovery, FetchError> {
+    let at = config.discovery_url()?;
+    let shown = bindery_llm::egress::shown(&at);
+    let body = get(http, "discovery document", &at).await?;
+    let mut doc: Discovery = serde_json::from_slice(&body).map_err(|_| FetchError::Unreadable {
+        what: "discovery document",
+        url: shown.clone(),
+    })?;
+    // OpenID Connect Discovery 1.0, 4.3: the document's issuer is the one
+    // asked for, or its keys and endpoints are not that issuer's.
+    if doc.issuer != config.issuer {
+        return Err(FetchError::OtherIssuer {
+            url: shown,
+            found: doc.issuer,
+            expected: config.issuer.clone(),
+        });
+    }
+    doc.at = shown;
+    Ok(doc)
+}
+
+/// The body of `url` (at most 1 MiB), or why not.
+pub(crate) async fn get(
+    http: &reqwest::Client,
+    what: &'static str,
+    url: &Url,
+) -> Result<Vec<u8>, FetchError> {
+    let shown = bindery_llm::egress::shown(url);
+    let resp = http
+        .get(url.clone())
+        .send()
+        .await
+        .map_err(|e| unreachable(what, &shown, &e))?;
+    if !resp.status().is_success() {
+        return Err(FetchError::Status {
             what,
-            url: shown.clone(),
-            why: bindery_llm::egress::refused(&e)
-                .map_or_else(|| "no answer".to_string(), |r| r.to_string()),
-        };
-        let mut resp = self
-            .http
-            .get(url.clone())
-            .send()
-            .await
-            .map_err(unreachable)?;
-        if !resp.status().is_success() {
-            return Err(FetchError::Status {
+            url: shown,
+            status: resp.status().as_u16(),
+        });
+    }
+    read_capped(resp, what, &shown).await
+}
+
+pub(crate) fn unreachable(what: &'static str, shown: &str, e: &reqwest::Error) -> FetchError {
+    FetchError::Unreachable {
+        what,
+        url: shown.to_string(),
+        why: bindery_llm::egress::refused(e)
+            .map_or_else(|| "no answer".to_string(), |r| r.to_string()),
+    }
+}
+
+/// A response's body, at most 1 MiB of it.
+pub(crate) async fn read_capped(
+    mut resp: reqwest::Response,
+    what: &'static str,
+    shown: &str,
+) -> Result<Vec<u8>, FetchError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| unreachable(what, shown, &e))?
+    {
+        if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
+            return Err(FetchError::Unreadable {
                 what,
-                url: shown,
-                status: resp.status().as_u16(),
+                url: shown.to_string(),
             });
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(unreachable)? {
-            if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
-                return Err(FetchError::Unreadable { what, url: shown });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body)
+        body.extend_from_slice(&chunk);
     }
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod exchange;
 pub mod jwks;
 pub mod subject;
 #[cfg(any(test, feature = "test-keys"))]
@@ -18,6 +19,7 @@ pub mod verifier;
 pub mod verify;
 
 pub use config::{ConfigError, IdentityConfig};
+pub use exchange::{ExchangeClient, ExchangeError, Exchanger};
 pub use subject::{BadSubject, Subject};
-pub use verifier::{EndUser, Refusal, Verifier};
+pub use verifier::{EndUser, Person, Refusal, Verifier};
 pub use verify::Rejected;

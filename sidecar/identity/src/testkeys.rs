@@ -83,7 +83,8 @@ impl TestIssuer {
             listener.local_addr().expect("its address")
         );
         let key = TestKey::new("test-key-1");
-        let discovery = json!({"issuer": url, "jwks_uri": format!("{url}/certs")});
+        let discovery = json!({"issuer": url, "jwks_uri": format!("{url}/certs"),
+                               "token_endpoint": format!("{url}/token")});
         let jwks = TestKey::jwks(&[&key]);
         let app = axum::Router::new()
             .route(
@@ -93,7 +94,12 @@ impl TestIssuer {
             .route(
                 "/realms/test/certs",
                 get(move || async move { axum::Json(jwks) }),
-            );
+            )
+            // RFC 8693, as a stand-in: the client `bindery` (secret
+            // `exchange-secret`) gets `exchanged-<audience>-for-<sub>` for
+            // an identity token of this issuer (its signature is the
+            // verifier's business, not this stand-in's).
+            .route("/realms/test/token", axum::routing::post(exchange));
         tokio::spawn(async move { axum::serve(listener, app).await });
         TestIssuer { url, key }
     }
@@ -112,4 +118,51 @@ impl TestIssuer {
         }
         self.key.sign(&claims)
     }
+}
+
+async fn exchange(
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    use axum::http::StatusCode;
+    let form: std::collections::HashMap<String, String> = url_form(&body).into_iter().collect();
+    let basic = base64::engine::general_purpose::STANDARD.encode("bindery:exchange-secret");
+    let authorized = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Basic {basic}"));
+    if !authorized {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": "invalid_client"})),
+        );
+    }
+    let sub = form
+        .get("subject_token")
+        .and_then(|t| t.split('.').nth(1))
+        .and_then(|p| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(p)
+                .ok()
+        })
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|c| c["sub"].as_str().map(str::to_string));
+    match (sub, form.get("audience")) {
+        (Some(sub), Some(aud)) => (
+            StatusCode::OK,
+            axum::Json(json!({"access_token": format!("exchanged-{aud}-for-{sub}"),
+                              "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                              "token_type": "Bearer", "expires_in": 300})),
+        ),
+        _ => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "invalid_request"})),
+        ),
+    }
+}
+
+fn url_form(body: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(body.as_bytes())
+        .into_owned()
+        .collect()
 }

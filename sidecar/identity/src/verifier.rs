@@ -1,6 +1,7 @@
 //! Who an identity token names, checked: the keys fetched as needed, the
 //! token verified against them and the configuration.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
@@ -23,6 +24,48 @@ pub struct EndUser {
     /// `exp`, in seconds since the Unix epoch.
     pub expires_at: u64,
 }
+
+impl EndUser {
+    /// The person this token presents, as requests carry them.
+    pub fn person(self) -> Person {
+        Person {
+            subject: self.subject,
+            claims: Arc::new(self.claims),
+            token: Some(Arc::new(self.token)),
+        }
+    }
+}
+
+/// An end user as one request presents them: who, what their token says,
+/// and the token (for exchanges). Equal when the subject is: two requests
+/// of one person are the same caller.
+#[derive(Clone, Debug)]
+pub struct Person {
+    pub subject: Subject,
+    /// Their token's claims (none when a replica forwarded the request).
+    pub claims: Arc<Map<String, Value>>,
+    /// Their identity token (none when a replica forwarded the request).
+    pub token: Option<Arc<SecretString>>,
+}
+
+impl Person {
+    /// A person known by subject only (a forward vouches for them).
+    pub fn named(subject: Subject) -> Person {
+        Person {
+            subject,
+            claims: Arc::default(),
+            token: None,
+        }
+    }
+}
+
+impl PartialEq for Person {
+    fn eq(&self, other: &Person) -> bool {
+        self.subject == other.subject
+    }
+}
+
+impl Eq for Person {}
 
 /// Why a token was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

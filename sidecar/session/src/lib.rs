@@ -7,6 +7,7 @@ pub mod budget;
 pub mod clients;
 pub mod error;
 mod fanout;
+pub mod identity;
 pub mod kube_events;
 pub mod lease;
 pub mod lineage;

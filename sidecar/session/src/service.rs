@@ -84,6 +84,10 @@ pub struct ServiceConfig {
     /// (`--max-tool-processes`, `--max-tool-processes-per-run`). Default:
     /// no bound.
     pub tool_processes: bindery_tools::slots::ProcessSlots,
+    /// Exchanges end users' tokens for downstream audiences
+    /// (`{identity: {token: …}}` bindings); none: such bindings go
+    /// unbound.
+    pub exchanger: Option<Arc<bindery_identity::Exchanger>>,
 }
 
 impl Default for ServiceConfig {
@@ -102,6 +106,7 @@ impl Default for ServiceConfig {
             notice_retries: Default::default(),
             clock: Arc::new(WallClock),
             tool_processes: Default::default(),
+            exchanger: None,
         }
     }
 }
@@ -266,6 +271,7 @@ impl Service {
             tool_processes: cfg.tool_processes.clone(),
             heartbeat_every: cfg.lease.heartbeat,
             stopping: Default::default(),
+            exchanger: cfg.exchanger.clone(),
         });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
         let sessions = Arc::new(Sessions {

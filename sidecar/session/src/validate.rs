@@ -21,14 +21,14 @@ pub enum Caller {
     Approver,
     /// An end user, by their identity token: creates sessions that belong
     /// to them, and uses those only.
-    EndUser(bindery_identity::Subject),
+    EndUser(bindery_identity::Person),
 }
 
 impl Caller {
     /// The end user calling, if it is one.
     pub fn subject(&self) -> Option<&bindery_identity::Subject> {
         match self {
-            Caller::EndUser(s) => Some(s),
+            Caller::EndUser(p) => Some(&p.subject),
             _ => None,
         }
     }

@@ -639,6 +639,29 @@ pub struct IdentityArgs {
         default_value_t = 60
     )]
     pub identity_clock_skew: u64,
+    /// The client id this server exchanges end users' tokens as (RFC
+    /// 8693), for `{identity: {token: …}}` bindings; its secret comes from
+    /// --identity-exchange-secret-file or
+    /// BINDERY_IDENTITY_EXCHANGE_CLIENT_SECRET.
+    #[arg(
+        long,
+        value_name = "ID",
+        env = "BINDERY_IDENTITY_EXCHANGE_CLIENT_ID",
+        requires = "identity_issuer"
+    )]
+    pub identity_exchange_client_id: Option<String>,
+    /// A file holding the exchange client's secret.
+    #[arg(long, value_name = "FILE", requires = "identity_exchange_client_id")]
+    pub identity_exchange_secret_file: Option<PathBuf>,
+    /// The issuer's token endpoint, when its discovery document is not to
+    /// be read.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "BINDERY_IDENTITY_TOKEN_URL",
+        requires = "identity_exchange_client_id"
+    )]
+    pub identity_token_url: Option<String>,
 }
 
 impl IdentityArgs {

@@ -275,6 +275,11 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
             mcp_client_token_file: tokens.mcp_client_token_file.as_deref(),
             approver_token_file: tokens.approver_token_file.as_deref(),
             identity: identity.config().map_err(super::serve::ServeError::from)?,
+            exchange: super::serve::ExchangeArgs {
+                client_id: identity.identity_exchange_client_id.as_deref(),
+                secret_file: identity.identity_exchange_secret_file.as_deref(),
+                token_url: identity.identity_token_url.as_deref(),
+            },
             public_url: approvals.public_url.as_deref(),
             approval_notice_attempts: approvals.approval_notice_attempts,
             tool_cache_ttl,

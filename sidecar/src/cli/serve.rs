@@ -81,6 +81,14 @@ impl Host for CliSink {
     fn approve(&self, _: &str) {}
 }
 
+/// The client end users' tokens are exchanged as (`--identity-exchange-*`).
+#[derive(Default)]
+pub struct ExchangeArgs<'a> {
+    pub client_id: Option<&'a str>,
+    pub secret_file: Option<&'a Path>,
+    pub token_url: Option<&'a str>,
+}
+
 pub struct ServeArgs<'a> {
     pub agents: &'a AgentArgs,
     pub model: &'a ModelArgs,
@@ -98,6 +106,8 @@ pub struct ServeArgs<'a> {
     pub approver_token_file: Option<&'a Path>,
     /// `--identity-issuer` and the flags beside it, checked.
     pub identity: Option<bindery_identity::IdentityConfig>,
+    /// `--identity-exchange-client-id` and the flags beside it.
+    pub exchange: ExchangeArgs<'a>,
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
@@ -135,6 +145,8 @@ pub enum ServeError {
     /// `--identity-issuer` and the flags beside it.
     #[error("{0} (--identity-issuer, --identity-audience, --identity-jwks-url)")]
     Identity(#[from] bindery_identity::ConfigError),
+    #[error("--identity-exchange-client-id needs its secret: --identity-exchange-secret-file, or BINDERY_IDENTITY_EXCHANGE_CLIENT_SECRET")]
+    NoExchangeSecret,
     #[error(transparent)]
     Location(#[from] bindery_store::location::LocationError),
     #[error("--store {store}: {source}")]
@@ -212,13 +224,47 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         "BINDERY_APPROVER_TOKEN",
         &mut own,
     )?;
+    let exchange_secret = match a.exchange.client_id {
+        None => None,
+        Some(_) => Some(
+            optional_secret(
+                a.exchange.secret_file,
+                "--identity-exchange-secret-file",
+                "BINDERY_IDENTITY_EXCHANGE_CLIENT_SECRET",
+                &mut own,
+            )?
+            .ok_or(ServeError::NoExchangeSecret)?,
+        ),
+    };
     let _own = bindery_params::live::register_own(own.0);
-    let identity = match a.identity {
+    let (identity, exchanger) = match a.identity {
         Some(config) => {
             tracing::info!(issuer = %config.issuer, audiences = ?config.audiences, "end users' identity tokens are taken");
-            Some(Arc::new(bindery_identity::Verifier::new(config)?))
+            let exchanger = match (a.exchange.client_id, exchange_secret) {
+                (Some(client_id), Some(client_secret)) => {
+                    let token_url = match a.exchange.token_url {
+                        Some(u) => Some(reqwest::Url::parse(u).map_err(|_| {
+                            bindery_identity::ConfigError::IssuerNotUrl(u.to_string())
+                        })?),
+                        None => None,
+                    };
+                    Some(Arc::new(bindery_identity::Exchanger::new(
+                        config.clone(),
+                        bindery_identity::ExchangeClient {
+                            client_id: client_id.to_string(),
+                            client_secret,
+                            token_url,
+                        },
+                    )?))
+                }
+                _ => None,
+            };
+            (
+                Some(Arc::new(bindery_identity::Verifier::new(config)?)),
+                exchanger,
+            )
         }
-        None => None,
+        None => (None, None),
     };
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
@@ -304,6 +350,7 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         metrics.clone(),
         ServiceConfig {
             max_steps: a.model.max_steps,
+            exchanger,
             stream: a.stream,
             tool_cache_ttl: (a.tool_cache_ttl > 0).then(|| Duration::from_secs(a.tool_cache_ttl)),
             tool_processes: a
@@ -545,6 +592,17 @@ fn optional_token(
     env: &str,
     own: &mut Credentials,
 ) -> Result<Option<OwnerToken>, ServeError> {
+    Ok(optional_secret(file, flag, env, own)?.map(|t| OwnerToken::new(t.expose())))
+}
+
+/// A secret given in the file of `flag`, or else in variable `env`
+/// (none when neither is set); kept out of the logs from now on.
+fn optional_secret(
+    file: Option<&Path>,
+    flag: &'static str,
+    env: &str,
+    own: &mut Credentials,
+) -> Result<Option<SecretString>, ServeError> {
     let token = match file {
         Some(f) => {
             bindery_params::live::private_file(f);
@@ -556,7 +614,7 @@ fn optional_token(
         },
     };
     own.add(flag, &token);
-    Ok(Some(OwnerToken::new(&token)))
+    Ok(Some(SecretString::new(token)))
 }
 
 /// The token in file `f`, given with `flag`: one that cannot be read, or

@@ -112,7 +112,7 @@ pub fn rebind(
         let missed = bindings.iter().find(|b| {
             let declared = match &b.value {
                 BindingValue::Param(p) => params.iter().find(|d| &d.name == p),
-                BindingValue::Literal(_) => None,
+                BindingValue::Literal(_) | BindingValue::Identity(_) => None,
             };
             let skipped = matches!(&b.value, BindingValue::Param(_)) && declared.is_none()
                 || b.when_unbound == WhenUnbound::Expose && declared.is_some_and(|d| d.secret);

@@ -290,3 +290,102 @@ async fn without_an_issuer_an_identity_token_is_nothing() {
         .await;
     assert_eq!(r.status, 401, "{}", r.text);
 }
+
+/// An agent whose tool `whoami` prints who it acts for: `user` and
+/// `email` bound to the end user's subject and claim, `token` (in its
+/// environment) to their token exchanged for audience `billing`.
+fn whoami_agent(dir: &std::path::Path) -> std::path::PathBuf {
+    let tools = dir.join("whoami-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    bindery_tests::fixtures::bash_tool_with_args(
+        &tools,
+        "whoami",
+        "Says who the call acts for.",
+        r#"[
+    {"name": "user", "description": "who", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"},
+    {"name": "email", "description": "mail", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"},
+    {"name": "token", "description": "a token", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]"#,
+        r#"printf 'user=%s email=%s token=%s\n' "$3" "$5" "${TOKEN:-none}""#,
+    );
+    let text = format!(
+        r#"apiVersion: bindery.dev/v1alpha1
+kind: Agent
+metadata:
+  name: whoami
+spec:
+  model: {{url: "{MODEL_URL}", name: mock-model}}
+  toolboxes:
+    - bash:
+        directory: "{tools}"
+        bindings:
+          - {{arg: user, value: {{identity: subject}}}}
+          - {{arg: email, value: {{identity: "claim:email"}}}}
+          - {{arg: token, value: {{identity: "token:billing"}}}}
+"#,
+        tools = tools.display()
+    );
+    let agent = dir.join("whoami.yaml");
+    std::fs::write(&agent, text).unwrap();
+    agent
+}
+
+/// The model calls `whoami` claiming to be mallory, then answers with
+/// what the tool said.
+fn whoami_script(req: &Value) -> bindery_tests::mock_llm::MockReply {
+    use bindery_tests::mock_llm::{last_message, MockReply};
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => {
+            MockReply::text(format!("said: {}", last["content"].as_str().unwrap_or("")))
+        }
+        _ => MockReply::tool_call(
+            "bash_whoami",
+            json!({"user": "mallory", "email": "mallory@evil.example", "token": "forged"}),
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_tool_acts_with_the_end_users_own_identity_and_the_model_cannot_change_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = whoami_agent(dir.path());
+    let issuer = TestIssuer::start().await;
+    let config = IdentityConfig::new(&issuer.url, vec![AUD.into()]).unwrap();
+    let server = Server::identified(&[agent], dir.path(), whoami_script, config).await;
+    let alice = issuer.token("alice", AUD, json!({"email": "alice@example.com"}));
+    let r = server
+        .api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&alice),
+            Some(&json!({"agent": "whoami", "prompt": "who am I?"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let out = last_tool_output(&r);
+    assert_eq!(
+        out.trim(),
+        "user=alice email=alice@example.com token=<secret:@identity:token:billing>",
+        "the bound values won; the exchanged token reached the tool and was scrubbed from what the model reads: {}",
+        r.text
+    );
+    // The model never sees the bound arguments in the tool's schema.
+    let tools = server.mock.requests()[0]["tools"].to_string();
+    assert!(
+        !tools.contains("\"user\"") && !tools.contains("\"token\""),
+        "{tools}"
+    );
+    // The owner's session has no end user: the call fails, saying why.
+    let r = server
+        .api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(OWNER),
+            Some(&json!({"agent": "whoami", "prompt": "who am I?"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert!(!last_tool_output(&r).contains("user="), "{}", r.text);
+}

@@ -147,12 +147,23 @@ impl Server {
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
         identity: bindery_identity::IdentityConfig,
     ) -> Server {
+        // The test issuer's exchange client (`TestIssuer`).
+        let exchanger = bindery_identity::Exchanger::new(
+            identity.clone(),
+            bindery_identity::ExchangeClient {
+                client_id: "bindery".into(),
+                client_secret: bindery_params::SecretString::new("exchange-secret"),
+                token_url: None,
+            },
+        )
+        .unwrap();
+        let cfg = move |c: &mut ServiceConfig| c.exchanger = Some(Arc::new(exchanger));
         Self::build(
             agents,
             dir,
             script,
             LoadOptions::default(),
-            |_| {},
+            cfg,
             Some(identity),
         )
         .await

@@ -86,6 +86,8 @@ pub struct Runs {
     /// Set once the server stops ([`crate::service::Service::drain`]): the
     /// runs under way end, and none starts.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// Exchanges the end user's token for the audiences the agent binds.
+    pub(crate) exchanger: Option<Arc<bindery_identity::Exchanger>>,
 }
 
 impl Runs {
@@ -235,7 +237,17 @@ impl Runs {
             }
         };
         let session = self.secrets.session_values(&rec);
-        let values = agent.params.snapshot(&session, &message);
+        let mut values = agent.params.snapshot(&session, &message);
+        let person = live
+            .person
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(person) = person.filter(|p| rec.security.subject.as_ref() == Some(&p.subject)) {
+            values.extend(
+                crate::identity::values(&agent.spec, &person, self.exchanger.as_deref(), id).await,
+            );
+        }
         drop(message);
         // The run asks the model while its start is stored; its sink holds
         // back everything else until the start is on record.

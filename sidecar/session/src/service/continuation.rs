@@ -173,6 +173,7 @@ impl Sessions {
         };
         if let Caller::EndUser(_) = caller {
             end_user_may(&item, &answer)?;
+            super::sessions::present(live, caller);
         }
         let expired = matches!(item.resolution, Some(Resolution::Expired));
         if item.resolution.is_some() && !expired {

@@ -184,6 +184,7 @@ impl Sessions {
         };
         self.store.create(&mut rec).await?;
         self.secrets.keep(&rec.id, &accepted.session);
+        present(&self.live.entry(&rec.id), caller);
         tracing::info!(session = %rec.id, agent = %rec.agent, forked_from = ?rec.forked_from, subject = rec.security.subject.as_ref().map(|s| s.as_str()), "session created");
         let run = match (req.call, req.prompt) {
             (Some(call), _) => Some(
@@ -310,9 +311,13 @@ impl Sessions {
                 ),
             ));
         }
+        if !may_use(caller, &rec) {
+            return Err(ServiceError::not_found(format!("no session {id}")));
+        }
         let (message, rec) = self
             .apply_params_locked(caller, id, op, params, rec)
             .await?;
+        present(&live, caller);
         self.runs
             .start_run_locked(guard, Some(rec), id, opening, message, mode)
             .await
@@ -491,7 +496,18 @@ fn nothing_to_resume(rec: &SessionRecord) -> Result<(), ServiceError> {
 /// the API's doors.
 pub fn may_use(caller: &Caller, rec: &SessionRecord) -> bool {
     match caller {
-        Caller::EndUser(subject) => rec.security.subject.as_ref() == Some(subject),
+        Caller::EndUser(person) => rec.security.subject.as_ref() == Some(&person.subject),
         _ => true,
+    }
+}
+
+/// Keep the end user as this request presents them (their token, for the
+/// exchanges of the run it starts), in memory only, in place of what an
+/// earlier request of theirs left.
+pub(crate) fn present(live: &crate::state::live_sessions::Live, caller: &Caller) {
+    if let Caller::EndUser(person) = caller {
+        if person.token.is_some() {
+            *live.person.lock().unwrap_or_else(|p| p.into_inner()) = Some(person.clone());
+        }
     }
 }

@@ -26,6 +26,10 @@ pub(crate) struct Live {
     /// Session-scope secret values: never written anywhere, kept out of
     /// the logs while held.
     pub secrets: Mutex<bindery_params::live::LiveValues>,
+    /// The end user the session belongs to, as their last request
+    /// presented them (their token, for exchanges): never written
+    /// anywhere, forgotten with the secrets.
+    pub person: Mutex<Option<bindery_identity::Person>>,
     /// When the secrets were last set or used, or a run ended (tokio's
     /// clock, which paused tests advance).
     pub used: Mutex<tokio::time::Instant>,
@@ -48,7 +52,7 @@ impl Live {
     }
 
     pub fn holds_secrets(&self) -> bool {
-        !lock(&self.secrets).is_empty()
+        !lock(&self.secrets).is_empty() || lock(&self.person).is_some()
     }
 }
 
@@ -81,6 +85,7 @@ impl LiveSessions {
         let live = Arc::new(Live {
             lock: tokio::sync::Mutex::new(None),
             secrets: Mutex::new(Default::default()),
+            person: Mutex::new(None),
             used: Mutex::new(tokio::time::Instant::now()),
             run: Mutex::new(None),
             events: Fanout::default(),

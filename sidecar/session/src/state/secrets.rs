@@ -103,6 +103,10 @@ impl Secrets {
         let mut expired = 0;
         for (id, live) in self.live.all() {
             let idle = !live.running() && lock(&live.used).elapsed() >= ttl;
+            if idle {
+                // The end user's token goes with the secrets.
+                lock(&live.person).take();
+            }
             let mut secrets = lock(&live.secrets);
             if idle && !secrets.is_empty() {
                 secrets.clear();

@@ -522,6 +522,13 @@ pub fn derive(agent: &LoadedAgent, env: &HelperEnv<'_>, args: Value) -> Result<S
         .ok_or_else(|| invalid("helper not loaded"))?;
     check_paths(env.tree, target, &a.bindings)?;
     for b in &a.bindings {
+        if let bindery_spec::BindingValue::Identity(i) = b.value.binding_value() {
+            return Err(invalid(format!(
+                "binding of `{}`: {} is the author's to bind, not a narrowing's",
+                b.arg,
+                i.describe()
+            )));
+        }
         if let bindery_spec::BindingValue::Param(p) = b.value.binding_value() {
             if agent.params.decl(&p).is_none() {
                 return Err(invalid(format!(

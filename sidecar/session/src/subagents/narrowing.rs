@@ -159,6 +159,17 @@ pub fn resolve_value(
                 what: what.to_string(),
                 param: p.clone(),
             }),
+        // The author's `with` may hand a helper the end user's value, which
+        // the run holds under its own name.
+        BindingValue::Identity(i) => {
+            caller
+                .get(&i.key())
+                .cloned()
+                .ok_or_else(|| NarrowingError::NoValue {
+                    what: what.to_string(),
+                    param: i.describe(),
+                })
+        }
     }
 }
 

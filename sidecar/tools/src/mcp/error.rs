@@ -20,6 +20,10 @@ pub enum SharedValueError {
         param: String,
         holds: &'static str,
     },
+    /// An end user's value: it differs from session to session, and the
+    /// server is shared by all.
+    #[error("`{key}`: {what} differs from session to session, but the MCP server is shared by every session; bind it to a tool argument instead")]
+    Identity { key: String, what: String },
 }
 
 /// Why an MCP server did not start (or could not be reached).

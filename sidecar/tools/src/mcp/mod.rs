@@ -85,6 +85,12 @@ pub fn shared_values(
                     kind: bindery_params::value::json_kind(l),
                 })
             }
+            BindingValue::Identity(i) => {
+                return Err(SharedValueError::Identity {
+                    key: key.clone(),
+                    what: i.describe(),
+                })
+            }
             BindingValue::Param(p) => match values.get(p) {
                 None => continue,
                 Some(ParamValue::Secret(s)) => SharedValue::Secret(s.clone()),

@@ -557,6 +557,9 @@ pub async fn load_with(
             problem,
         })?;
         let value = match (&s.source, s.source.value_source()) {
+            // Per call, from the run's values under the end user's value's
+            // name (the static checks refuse it for fetching the spec).
+            (SecretSource::Identity(_), _) => SecretValue::Arg(secret_arg(i)),
             (SecretSource::Param(p), _) => {
                 if s.fetch_spec {
                     match values.get(p) {
@@ -681,6 +684,7 @@ pub async fn load_with(
         .enumerate()
         .filter_map(|(i, s)| match &s.source {
             SecretSource::Param(p) => Some((secret_arg(i), p.clone())),
+            SecretSource::Identity(id) => Some((secret_arg(i), id.key())),
             _ => None,
         })
         .collect();
