@@ -352,6 +352,9 @@ impl<'a> RealmBuilder<'a> {
             "realm": name,
             "enabled": true,
             "sslRequired": "none",
+            // A test's passwords need no slow hash (Keycloak's default,
+            // argon2, costs CPU at every login on a shared machine).
+            "passwordPolicy": "hashAlgorithm(pbkdf2-sha256) and hashIterations(1)",
             "users": users,
         });
         if let Some(lifespan) = self.access_token_lifespan {
