@@ -65,7 +65,7 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
 fi
 
 started=$SECONDS
-echo "$who: installing Keycloak $version with $java_version into $dest (about two minutes)"
+echo "$who: installing Keycloak $version with $java_version into $dest (3 to 6 minutes on 2 cores; see tests/idp/README.md)"
 rm -rf "$dest"
 mkdir -p "$dest"
 work="$(mktemp -d "$dest/.work.XXXXXX")"
