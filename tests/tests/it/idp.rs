@@ -302,11 +302,18 @@ async fn token_exchange_gives_the_target_audience_to_an_allowed_client_only() {
 
 #[tokio::test]
 async fn a_short_lived_access_token_expires_on_time() {
+    // Seconds: long enough for a busy machine to ask UserInfo once before
+    // the token expires (5 s was not, at a load average of 10), short
+    // enough to wait for.
+    const LIFESPAN: u64 = 15;
     let idp = Idp::shared();
     let realm = idp
         .realm("expiry")
         .user("alice", "alice-password")
-        .client(Client::public("app", APP_REDIRECT).access_token_lifespan(Duration::from_secs(5)))
+        .client(
+            Client::public("app", APP_REDIRECT)
+                .access_token_lifespan(Duration::from_secs(LIFESPAN)),
+        )
         .create()
         .await;
     let tokens = realm.user_token("alice", "app", &[]).await;
@@ -315,15 +322,15 @@ async fn a_short_lived_access_token_expires_on_time() {
         claims["iat"].as_u64().unwrap(),
         claims["exp"].as_u64().unwrap(),
     );
-    assert_eq!(exp - iat, 5, "{claims}");
-    assert_eq!(tokens.expires_in, 5);
-    realm
-        .userinfo(&tokens.access_token)
-        .await
-        .expect("the fresh token is taken");
+    assert_eq!(exp - iat, LIFESPAN, "{claims}");
+    assert_eq!(tokens.expires_in, LIFESPAN);
+    let asked = jwt::now();
+    if let Err(refused) = realm.userinfo(&tokens.access_token).await {
+        panic!("the fresh token is refused ({refused}), asked at {asked}, its exp {exp}");
+    }
     let refused = eventually_or(
         "the access token refused",
-        Duration::from_secs(30),
+        Duration::from_secs(LIFESPAN + 45),
         async || match realm.userinfo(&tokens.access_token).await {
             Err(refused) => Ok(refused),
             Ok(_) => Err(format!("still taken at {}", jwt::now())),
