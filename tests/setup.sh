@@ -39,6 +39,12 @@ tests/providers/.venv/bin/python -m pip install --quiet --disable-pip-version-ch
 # modules once per version (see tests/control-plane/README.md).
 tests/control-plane/build.sh
 
+# The identity tests' real OAuth 2.1 / OpenID Connect server: Keycloak's
+# distribution from Maven Central, pinned by version and sha256, built once
+# for the tests and seeded, on the machine's Java 21 or newer, for
+# tests/src/idp.rs (see tests/idp/README.md).
+tests/idp/install.sh
+
 # The real node's Kubernetes servers (kubelet, kube-proxy, kube-scheduler),
 # CoreDNS and kube-router, built from their Go modules once per version
 # (tests/node/build.sh; see tests/control-plane/README.md), for

@@ -6,6 +6,7 @@ pub mod control_plane;
 pub mod eventually;
 pub mod fixtures;
 pub mod helm;
+pub mod idp;
 pub mod kubectl;
 pub mod mcp_client;
 pub mod mock_llm;
