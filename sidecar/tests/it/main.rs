@@ -24,6 +24,8 @@ mod budgets;
 mod builtins;
 mod chat_page;
 mod cli;
+#[cfg(feature = "interop-tests")]
+mod end_users;
 mod first_run;
 #[cfg(feature = "interop-tests")]
 mod fuzz_api;
