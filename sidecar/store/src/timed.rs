@@ -35,6 +35,7 @@ pub const WRITES: &[&str] = &[
     "record",
     "forget_runner",
     "prune_runners",
+    "append_audit",
 ];
 
 /// Whether the operation named `op` writes (see [`WRITES`]).
@@ -176,6 +177,24 @@ impl SessionStore for Timed {
     }
     async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
         self.time("agents", self.inner.agents()).await
+    }
+    async fn append_audit(
+        &self,
+        entry: &crate::audit::Entry,
+    ) -> Result<crate::audit::Sealed, StoreError> {
+        self.time("append_audit", self.inner.append_audit(entry))
+            .await
+    }
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<crate::audit::Sealed>, StoreError> {
+        self.time("audit_after", self.inner.audit_after(after, limit))
+            .await
+    }
+    async fn audit_head(&self) -> Result<Option<crate::audit::Head>, StoreError> {
+        self.time("audit_head", self.inner.audit_head()).await
     }
     async fn claim(
         &self,
