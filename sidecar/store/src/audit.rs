@@ -92,7 +92,10 @@ pub enum Action {
         cleared_taint: bool,
     },
     /// A person let a run go past a budget.
-    BudgetOverridden { budget: String, tool_call_id: String },
+    BudgetOverridden {
+        budget: String,
+        tool_call_id: String,
+    },
     /// A stored agent was created or replaced.
     AgentStored { slug: String, created: bool },
     /// A stored agent was removed.
@@ -165,7 +168,9 @@ pub fn seal(entry: &Entry, seq: i64, prev: &str) -> Result<Sealed, Unencodable> 
 pub fn digest(record: &Map<String, Value>) -> String {
     let mut without = record.clone();
     without.remove("hash");
-    hex::encode(Sha256::digest(canonical(&Value::Object(without)).as_bytes()))
+    hex::encode(Sha256::digest(
+        canonical(&Value::Object(without)).as_bytes(),
+    ))
 }
 
 /// The canonical form: JSON with no whitespace, object keys sorted by
@@ -263,7 +268,9 @@ mod tests {
             })
         );
         // The line is canonical: keys sorted, no whitespace.
-        assert!(sealed.line.starts_with(r#"{"action":"tool_called","actor":{"kind":"run","#));
+        assert!(sealed
+            .line
+            .starts_with(r#"{"action":"tool_called","actor":{"kind":"run","#));
         assert!(!sealed.line.contains(' '));
         assert_eq!(digest(v.as_object().unwrap()), sealed.hash);
         // Any field changes the hash.

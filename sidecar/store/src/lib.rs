@@ -254,7 +254,11 @@ pub trait SessionStore: Send + Sync {
         Err(no_audit())
     }
     /// The audit records with `seq > after`, in order, at most `limit`.
-    async fn audit_after(&self, after: i64, limit: usize) -> Result<Vec<audit::Sealed>, StoreError> {
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
         let _ = (after, limit);
         Err(no_audit())
     }

@@ -1226,7 +1226,11 @@ impl SessionStore for PostgresStore {
         Ok(sealed)
     }
 
-    async fn audit_after(&self, after: i64, limit: usize) -> Result<Vec<audit::Sealed>, StoreError> {
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
         let what = "read the audit log";
         let db = self.db(what);
         let client = self.conn(what).await?;

@@ -1606,11 +1606,17 @@ impl SessionStore for SqliteStore {
         .await
     }
 
-    async fn audit_after(&self, after: i64, limit: usize) -> Result<Vec<audit::Sealed>, StoreError> {
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.run("read the audit log", move |conn, op| {
             let mut st = conn
-                .prepare_cached("SELECT seq, hash, line FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+                .prepare_cached(
+                    "SELECT seq, hash, line FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )
                 .map_err(|e| op.db(e))?;
             let rows = st
                 .query_map(rusqlite::params![after, limit], |row| {

@@ -195,7 +195,10 @@ where
         if next <= count {
             return Err(Broken::Truncated {
                 missing_from: next,
-                why: format!("the log held {count} records, the file ends at seq {}", next - 1),
+                why: format!(
+                    "the log held {count} records, the file ends at seq {}",
+                    next - 1
+                ),
             });
         }
     }
@@ -289,7 +292,10 @@ mod tests {
                 found: 4
             }
         );
-        assert_eq!(e.to_string(), "record seq 3 was removed: line 3 holds seq 4");
+        assert_eq!(
+            e.to_string(),
+            "record seq 3 was removed: line 3 holds seq 4"
+        );
     }
 
     #[test]

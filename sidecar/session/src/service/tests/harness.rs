@@ -535,4 +535,20 @@ impl SessionStore for Watched {
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
         self.store.session_totals(session).await
     }
+    async fn append_audit(
+        &self,
+        entry: &bindery_store::audit::Entry,
+    ) -> Result<bindery_store::audit::Sealed, StoreError> {
+        self.store.append_audit(entry).await
+    }
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<bindery_store::audit::Sealed>, StoreError> {
+        self.store.audit_after(after, limit).await
+    }
+    async fn audit_head(&self) -> Result<Option<bindery_store::audit::Head>, StoreError> {
+        self.store.audit_head().await
+    }
 }
