@@ -330,6 +330,10 @@ pub trait Hook: Send + Sync {
     async fn read(&self, _id: &str) {}
     /// `rec` was written, with events (its turns, its start or its end).
     async fn written(&self, _rec: &SessionRecord) {}
+    /// `entry` is to be appended to the audit log: an `Err` and it is not.
+    fn audit(&self, _entry: &bindery_store::audit::Entry) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 struct Unwatched;
@@ -539,6 +543,7 @@ impl SessionStore for Watched {
         &self,
         entry: &bindery_store::audit::Entry,
     ) -> Result<bindery_store::audit::Sealed, StoreError> {
+        self.hook.audit(entry)?;
         self.store.append_audit(entry).await
     }
     async fn audit_after(
