@@ -1653,7 +1653,8 @@ mod tests {
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
              ALTER TABLE bindery_sessions DROP COLUMN turn_count;
-             DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage;
+             DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage,
+                 bindery_audit;
              DROP INDEX bindery_sessions_waiting;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
@@ -1677,7 +1678,7 @@ mod tests {
         pg.sql(
             DB,
             "DROP TRIGGER bindery_usage_follow ON bindery_usage;
-             DROP TABLE bindery_session_usage;
+             DROP TABLE bindery_session_usage, bindery_audit;
              ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                  DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
              CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
@@ -1715,7 +1716,7 @@ mod tests {
                  DROP TABLE bindery_turns;
                  DROP INDEX bindery_sessions_waiting;
                  DROP TRIGGER bindery_usage_follow ON bindery_usage;
-                 DROP TABLE bindery_session_usage;
+                 DROP TABLE bindery_session_usage, bindery_audit;
                  ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                      DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
                  CREATE INDEX bindery_usage_session ON bindery_usage (session, at)

@@ -1910,7 +1910,9 @@ mod tests {
 
     /// A store's file as schema 10 left it: migration 11 undone.
     /// What migration 12 added to the usage rows, taken back.
-    const BEFORE_SCHEMA_12: &str = "DROP INDEX usage_session;
+    /// Undoes migrations 12 and after (the audit log's, 13, too).
+    const BEFORE_SCHEMA_12: &str = "DROP TABLE audit;
+        DROP INDEX usage_session;
         CREATE INDEX usage_session ON usage
             (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);
         ALTER TABLE usage DROP COLUMN cache_read_tokens;

@@ -403,6 +403,26 @@ mod tests {
             self.note("session_totals");
             Ok(Totals::default())
         }
+        async fn append_audit(
+            &self,
+            e: &crate::audit::Entry,
+        ) -> Result<crate::audit::Sealed, StoreError> {
+            self.note("append_audit");
+            crate::audit::seal(e, 1, crate::audit::GENESIS)
+                .map_err(|e| StoreError::Backend(e.to_string()))
+        }
+        async fn audit_after(
+            &self,
+            _: i64,
+            _: usize,
+        ) -> Result<Vec<crate::audit::Sealed>, StoreError> {
+            self.note("audit_after");
+            Ok(Vec::new())
+        }
+        async fn audit_head(&self) -> Result<Option<crate::audit::Head>, StoreError> {
+            self.note("audit_head");
+            Ok(None)
+        }
     }
 
     /// A method with a default body that `Timed` does not pass on would
@@ -448,6 +468,12 @@ mod tests {
         store.peak("a", Meter::Tokens, true, 0).await.unwrap();
         store.report(0, 1, Group::Agent).await.unwrap();
         store.session_totals("s1").await.unwrap();
+        store
+            .append_audit(&crate::contract::audit_entry(1))
+            .await
+            .unwrap();
+        store.audit_after(0, 1).await.unwrap();
+        store.audit_head().await.unwrap();
         let all = [
             "create",
             "get",
@@ -472,6 +498,9 @@ mod tests {
             "peak",
             "report",
             "session_totals",
+            "append_audit",
+            "audit_after",
+            "audit_head",
         ];
         assert_eq!(*inner.0.lock().unwrap(), all);
         assert_eq!(*seen.lock().unwrap(), all);
@@ -498,7 +527,9 @@ mod tests {
                 "measure",
                 "peak",
                 "report",
-                "session_totals"
+                "session_totals",
+                "audit_after",
+                "audit_head"
             ]
             .iter()
             .collect::<Vec<_>>()
