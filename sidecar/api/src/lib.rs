@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod approvals;
+pub mod audit;
 pub mod auth;
 pub mod chat;
 pub mod event_stream;

@@ -68,6 +68,7 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(events))
         .routes(routes!(continuation))
         .routes(routes!(super::usage::report))
+        .routes(routes!(super::audit::export))
         .routes(routes!(super::approvals::list))
         .routes(routes!(super::approvals::answer_link))
         .routes(routes!(super::mcp::post))
@@ -774,9 +775,9 @@ fn beside_params(bytes: &Bytes) -> Vec<String> {
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
-    _: Authed<door::OwnerOrEndUser>,
+    who: Authed<door::OwnerOrEndUser>,
 ) -> ApiResult {
-    s.service.tokens().revoke(&id).await?;
+    s.service.tokens().revoke(&who.caller, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -52,12 +52,12 @@ pub struct PutAgentReply {
 pub async fn put(
     State(s): State<Arc<AppState>>,
     Path(slug): Path<String>,
-    _: Authed<door::Owner>,
+    who: Authed<door::Owner>,
     body: axum::body::Bytes,
 ) -> Result<Response, super::status::ApiError> {
     let text = std::str::from_utf8(&body)
         .map_err(|_| ServiceError::bad_request("the body is not UTF-8 text"))?;
-    let (created, agent, warnings) = s.service.agents().put(&slug, text).await?;
+    let (created, agent, warnings) = s.service.agents().put(&who.caller, &slug, text).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -86,8 +86,8 @@ pub async fn put(
 pub async fn delete(
     State(s): State<Arc<AppState>>,
     Path(slug): Path<String>,
-    _: Authed<door::Owner>,
+    who: Authed<door::Owner>,
 ) -> Result<Response, super::status::ApiError> {
-    s.service.agents().delete(&slug).await?;
+    s.service.agents().delete(&who.caller, &slug).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

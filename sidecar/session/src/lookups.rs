@@ -281,6 +281,11 @@ impl Walk<'_, '_> {
                 }
                 let mut ctx = self.env.call.clone();
                 ctx.turn_id = format!("lookup-{}", tool.name());
+                crate::run::audited(self.env.host, tool, &ctx.turn_id, self.env.values)
+                    .await
+                    .map_err(|e| {
+                        Stop::Failed(format!("the lookup `{}` did not run: {e}", tool.name()))
+                    })?;
                 let out = tool
                     .call(args.clone(), self.env.values, &ctx)
                     .await

@@ -18,6 +18,7 @@ use crate::run::heartbeat::Heartbeat;
 use crate::run::{RunMode, Runs};
 use crate::state::agents::Agents;
 use crate::state::approvals::Approvals;
+use crate::state::audit::AuditLog;
 use crate::state::budgets::Budgets;
 use crate::state::live_sessions::{LiveSessions, RunWait};
 use crate::state::recorder::Recorder;
@@ -150,6 +151,7 @@ pub struct Created {
 pub struct Service {
     cfg: ServiceConfig,
     store: Arc<dyn SessionStore>,
+    audit: Arc<AuditLog>,
     /// This process, as runs record who runs them (random, per start).
     instance: String,
     /// What exists of sessions in memory only.
@@ -203,12 +205,14 @@ impl Service {
         let clock = &cfg.clock;
         let live = Arc::new(LiveSessions::new(metrics.clone(), cfg.max_live_sessions));
         let kube_events = Arc::new(std::sync::OnceLock::new());
+        let audit = Arc::new(AuditLog::new(store.clone(), clock.clone()));
         let agents = Arc::new(Agents::new(
             tree,
             clients,
             cfg.agents_source,
             store.clone(),
             clock.clone(),
+            audit.clone(),
         ));
         let recorder = Arc::new(Recorder::new(
             store.clone(),
@@ -272,8 +276,9 @@ impl Service {
             heartbeat_every: cfg.lease.heartbeat,
             stopping: Default::default(),
             exchanger: cfg.exchanger.clone(),
+            audit: audit.clone(),
         });
-        let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
+        let tokens = Tokens::new(store.clone(), live.clone(), clock.clone(), audit.clone());
         let sessions = Arc::new(Sessions {
             store: store.clone(),
             live: live.clone(),
@@ -284,8 +289,10 @@ impl Service {
             recorder: recorder.clone(),
             heartbeat: heartbeat.clone(),
             clock: clock.clone(),
+            audit: audit.clone(),
         });
         Arc::new(Service {
+            audit,
             sessions,
             cfg,
             store,
@@ -355,6 +362,11 @@ impl Service {
     /// The agents' budgets.
     pub fn budgets(&self) -> &Arc<Budgets> {
         &self.budgets
+    }
+
+    /// The tenant's audit log.
+    pub fn audit(&self) -> &Arc<AuditLog> {
+        &self.audit
     }
 
     /// The session tokens.

@@ -11,6 +11,7 @@ use bindery_store::SessionStore;
 
 pub mod agents;
 pub mod approvals;
+pub mod audit;
 pub mod budgets;
 pub mod live_sessions;
 pub mod recorder;

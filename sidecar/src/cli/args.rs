@@ -223,6 +223,12 @@ pub enum Command {
         #[command(subcommand)]
         command: super::session_client::SessionCommand,
     },
+    /// The tenant's audit log: export it from a running server, verify an
+    /// export (docs/audit.md).
+    Audit {
+        #[command(subcommand)]
+        command: super::audit::AuditCommand,
+    },
     /// Serve the HTTP session API.
     Serve {
         #[command(flatten)]

@@ -146,6 +146,7 @@ async fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Session { server, command } => {
             Ok(super::session_client::main(server, command).await?)
         }
+        Command::Audit { command } => Ok(super::audit::main(command).await?),
         Command::DescribeTool {
             path,
             format,

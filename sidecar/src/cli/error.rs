@@ -4,6 +4,7 @@
 
 use super::agents_exe_session::SessionFileError;
 use super::as_tool::AsToolError;
+use super::audit::AuditError;
 use super::call::CallError;
 use super::check_tool_call::CheckCallError;
 use super::load::LoadError;
@@ -18,6 +19,8 @@ use super::session_client::ClientError;
 pub(super) enum CliError {
     #[error("error: {0}")]
     Session(#[from] ClientError),
+    #[error("error: {0}")]
+    Audit(#[from] AuditError),
     #[error("error: {0}")]
     Prompt(#[from] PromptError),
     #[error("error: {0}")]

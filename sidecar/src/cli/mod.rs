@@ -5,6 +5,7 @@ mod agents_exe_session;
 mod args;
 mod as_tool;
 mod ask;
+mod audit;
 mod call;
 mod check_tool_call;
 mod check_tools;

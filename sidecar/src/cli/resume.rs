@@ -245,6 +245,14 @@ impl Host for FileSink<'_, '_> {
         Gate::Go(None)
     }
     fn approve(&self, _: &str) {}
+    async fn before_call(
+        &self,
+        tool: &str,
+        call: &str,
+        secrets: &[String],
+    ) -> Result<(), run::Unaudited> {
+        CliSink.before_call(tool, call, secrets).await
+    }
 }
 
 #[cfg(test)]

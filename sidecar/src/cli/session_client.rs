@@ -498,7 +498,7 @@ fn split_value(flag: &'static str, s: &str, json: bool) -> Result<(String, Value
     Ok((k.to_string(), v))
 }
 
-fn read_token(args: &ServerArgs) -> Result<String, ClientError> {
+pub(super) fn read_token(args: &ServerArgs) -> Result<String, ClientError> {
     if let Some(f) = &args.token_file {
         return std::fs::read_to_string(f)
             .map(|t| t.trim().to_string())
@@ -557,7 +557,7 @@ fn answer_within(path: &str) -> std::time::Duration {
 
 /// The answer's body as text, refused past [`MAX_ANSWER_BYTES`] before it
 /// is all held.
-async fn read_answer(mut resp: reqwest::Response) -> Result<String, ClientError> {
+pub(super) async fn read_answer(mut resp: reqwest::Response) -> Result<String, ClientError> {
     let mut body = Vec::new();
     while let Some(chunk) = resp
         .chunk()

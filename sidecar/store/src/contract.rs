@@ -61,6 +61,8 @@ macro_rules! store_contract {
             case!(racing_claims_for_the_last_room_pass_once);
             case!(usage_is_reported_by_group_and_per_session);
             case!(cache_and_reasoning_tokens_are_kept_and_summed);
+            case!(audit_records_are_chained_from_the_genesis_and_read_in_pages);
+            case!(concurrent_audit_appends_leave_one_gapless_chain);
         }
     };
 }
@@ -536,6 +538,82 @@ pub async fn assert_distinct_seqs(stores: &[Arc<dyn SessionStore>], session: &st
     }
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=n).collect::<Vec<i64>>());
+}
+
+/// An audit entry with a field that tells it apart.
+pub fn audit_entry(n: i64) -> crate::audit::Entry {
+    crate::audit::Entry {
+        at: 1_700_000_000_000 + n,
+        actor: crate::audit::Actor::Owner,
+        session: Some(format!("s{n}")),
+        action: crate::audit::Action::ParamsSet {
+            names: vec![format!("p{n}")],
+        },
+    }
+}
+
+/// Records are numbered from 1, each `prev` the hash before it (the
+/// genesis first), kept as sealed, and read after a seq, a page at a time.
+pub async fn audit_records_are_chained_from_the_genesis_and_read_in_pages(
+    store: Arc<dyn SessionStore>,
+) {
+    use crate::audit::{seal, Head, GENESIS};
+    assert_eq!(store.audit_head().await.unwrap(), None);
+    assert!(store.audit_after(0, 10).await.unwrap().is_empty());
+    let mut prev = GENESIS.to_string();
+    let mut written = Vec::new();
+    for n in 1..=5 {
+        let sealed = store.append_audit(&audit_entry(n)).await.unwrap();
+        assert_eq!(sealed, seal(&audit_entry(n), n, &prev).unwrap());
+        prev = sealed.hash.clone();
+        written.push(sealed);
+    }
+    assert_eq!(
+        store.audit_head().await.unwrap(),
+        Some(Head {
+            seq: 5,
+            hash: prev.clone()
+        })
+    );
+    assert_eq!(store.audit_after(0, 100).await.unwrap(), written);
+    assert_eq!(store.audit_after(1, 2).await.unwrap(), written[1..3]);
+    assert!(store.audit_after(5, 10).await.unwrap().is_empty());
+    let lines: Vec<&str> = written.iter().map(|s| s.line.as_str()).collect();
+    let summary = crate::audit::verify::verify(&lines, &Default::default()).unwrap();
+    assert_eq!((summary.records, summary.head), (5, prev));
+}
+
+/// Appends at once (from several stores on one database: replicas) each
+/// get their own seq, and the records form one chain with no gap or fork.
+pub async fn assert_one_audit_chain(stores: &[Arc<dyn SessionStore>], n: i64) {
+    let tasks: Vec<_> = (1..=n)
+        .map(|i| {
+            let store = Arc::clone(&stores[usize::try_from(i).unwrap() % stores.len()]);
+            tokio::spawn(async move { store.append_audit(&audit_entry(i)).await })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.push(t.await.unwrap().unwrap().seq);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=n).collect::<Vec<i64>>());
+    let all = stores[0].audit_after(0, usize::MAX).await.unwrap();
+    let lines: Vec<&str> = all.iter().map(|s| s.line.as_str()).collect();
+    let summary = crate::audit::verify::verify(&lines, &Default::default()).unwrap();
+    assert_eq!((summary.records, summary.last_seq), (n as u64, Some(n)));
+    // Every entry is in it once.
+    let mut sessions: Vec<String> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["session"].to_string())
+        .collect();
+    sessions.sort();
+    sessions.dedup();
+    assert_eq!(sessions.len(), lines.len());
+}
+
+pub async fn concurrent_audit_appends_leave_one_gapless_chain(store: Arc<dyn SessionStore>) {
+    assert_one_audit_chain(&[store], 24).await;
 }
 
 pub async fn the_runner_of_a_run_is_stored_and_cleared(store: Arc<dyn SessionStore>) {

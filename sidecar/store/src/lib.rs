@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod clock;
 // The promises every backend keeps, as tests; the layers above build their
 // records with its helpers (the `test-support` feature).
@@ -244,6 +245,31 @@ pub trait SessionStore: Send + Sync {
         let _ = session;
         Err(no_usage())
     }
+    /// Append `entry` to the audit log as the record after the last,
+    /// sealed ([`audit::seal`]) in the transaction that writes it, under
+    /// a lock every server sharing the store takes: the chain never skips
+    /// a seq or forks. The record as stored.
+    async fn append_audit(&self, entry: &audit::Entry) -> Result<audit::Sealed, StoreError> {
+        let _ = entry;
+        Err(no_audit())
+    }
+    /// The audit records with `seq > after`, in order, at most `limit`.
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
+        let _ = (after, limit);
+        Err(no_audit())
+    }
+    /// The audit log's last record (`None`: it is empty).
+    async fn audit_head(&self) -> Result<Option<audit::Head>, StoreError> {
+        Err(no_audit())
+    }
+}
+
+fn no_audit() -> StoreError {
+    StoreError::Backend("this store keeps no audit log".into())
 }
 
 fn no_usage() -> StoreError {

@@ -41,6 +41,7 @@ use super::location::redact;
 use super::postgres_tls::{client_config, Tls, Verify};
 use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Notice, Peer, SessionStore, StoreError};
+use crate::audit;
 use crate::model::{EventRecord, SessionRecord};
 use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use bindery_spec::budget::Meter;
@@ -245,6 +246,13 @@ const MIGRATIONS: &[&str] = &[
         RETURN NULL;
     END
     $$;",
+    // 13: the tenant's audit log, hash-chained (audit.rs): a record's seq,
+    // its hash and its canonical line, as the export hands it out.
+    "CREATE TABLE bindery_audit (
+        seq  BIGINT PRIMARY KEY,
+        hash TEXT NOT NULL,
+        line TEXT NOT NULL
+    );",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -269,6 +277,9 @@ const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
 /// The advisory lock that serialises migrations between processes
 /// starting at once ("bindery" in ASCII).
 const MIGRATION_LOCK: i64 = 0x62_69_6e_64_65_72_79;
+
+/// The advisory lock every audit append takes ("bindaudt" in ASCII).
+const AUDIT_LOCK: i64 = 0x62_69_6e_64_61_75_64_74;
 
 /// How long one connection attempt may take when the URL does not say
 /// (`connect_timeout`).
@@ -1178,6 +1189,91 @@ impl SessionStore for PostgresStore {
         }
     }
 
+    async fn append_audit(&self, entry: &audit::Entry) -> Result<audit::Sealed, StoreError> {
+        let what = "append to the audit log";
+        let db = self.db(what);
+        let mut client = self.conn(what).await?;
+        let tx = client.transaction().await.map_err(&db)?;
+        // Every append, on every server, takes its turn here until its
+        // transaction ends: the head read below is the last record when
+        // the next is written. (The seq's primary key refuses a fork even
+        // so.)
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&AUDIT_LOCK])
+            .await
+            .map_err(&db)?;
+        let head = tx
+            .query_opt(
+                "SELECT seq, hash FROM bindery_audit ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        let (seq, prev) = match head {
+            Some(row) => (
+                row.try_get::<_, i64>(0).map_err(&db)? + 1,
+                row.try_get::<_, String>(1).map_err(&db)?,
+            ),
+            None => (1, audit::GENESIS.to_string()),
+        };
+        let sealed = audit::seal(entry, seq, &prev).map_err(|e| self.fail(what, e))?;
+        tx.execute(
+            "INSERT INTO bindery_audit (seq, hash, line) VALUES ($1, $2, $3)",
+            &[&seq, &sealed.hash, &sealed.line],
+        )
+        .await
+        .map_err(&db)?;
+        tx.commit().await.map_err(&db)?;
+        Ok(sealed)
+    }
+
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
+        let what = "read the audit log";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let stmt = self
+            .prepare(
+                &client,
+                what,
+                "SELECT seq, hash, line FROM bindery_audit WHERE seq > $1 ORDER BY seq LIMIT $2",
+            )
+            .await?;
+        let rows = client.query(&stmt, &[&after, &limit]).await.map_err(&db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(audit::Sealed {
+                    seq: r.try_get(0).map_err(&db)?,
+                    hash: r.try_get(1).map_err(&db)?,
+                    line: r.try_get(2).map_err(&db)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn audit_head(&self) -> Result<Option<audit::Head>, StoreError> {
+        let what = "read the audit log's head";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let row = client
+            .query_opt(
+                "SELECT seq, hash FROM bindery_audit ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(&db)?;
+        row.map(|r| {
+            Ok(audit::Head {
+                seq: r.try_get(0).map_err(&db)?,
+                hash: r.try_get(1).map_err(&db)?,
+            })
+        })
+        .transpose()
+    }
+
     async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
         let what = "store an agent";
         let db = self.db(what);
@@ -1557,7 +1653,8 @@ mod tests {
             "ALTER TABLE bindery_sessions DROP COLUMN event_seq, DROP COLUMN holder;
              ALTER TABLE bindery_runners DROP COLUMN address;
              ALTER TABLE bindery_sessions DROP COLUMN turn_count;
-             DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage;
+             DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage,
+                 bindery_audit;
              DROP INDEX bindery_sessions_waiting;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
@@ -1581,7 +1678,7 @@ mod tests {
         pg.sql(
             DB,
             "DROP TRIGGER bindery_usage_follow ON bindery_usage;
-             DROP TABLE bindery_session_usage;
+             DROP TABLE bindery_session_usage, bindery_audit;
              ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                  DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
              CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
@@ -1619,7 +1716,7 @@ mod tests {
                  DROP TABLE bindery_turns;
                  DROP INDEX bindery_sessions_waiting;
                  DROP TRIGGER bindery_usage_follow ON bindery_usage;
-                 DROP TABLE bindery_session_usage;
+                 DROP TABLE bindery_session_usage, bindery_audit;
                  ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                      DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
                  CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
@@ -1689,6 +1786,16 @@ mod tests {
             other => panic!("expected one update and one Conflict, got {other:?}"),
         };
         assert_eq!(a.get("s1").await.unwrap().unwrap().agent, won);
+    }
+
+    /// Two replicas appending at once leave one gapless chain: the
+    /// advisory lock takes their appends in turn.
+    #[tokio::test]
+    async fn replicas_appending_at_once_leave_one_audit_chain() {
+        let pg = server();
+        let a: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
+        let b: Arc<dyn SessionStore> = Arc::new(open(&pg).await);
+        crate::contract::assert_one_audit_chain(&[a, b], 40).await;
     }
 
     #[tokio::test]

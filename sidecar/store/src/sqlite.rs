@@ -43,6 +43,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use super::histories::Histories;
 use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION_COLUMNS};
 use super::{Peer, SessionStore, StoreError};
+use crate::audit;
 use crate::model::{EventRecord, SessionRecord};
 use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
 use bindery_spec::budget::Meter;
@@ -282,6 +283,13 @@ const MIGRATIONS: &[&str] = &[
         session_cache_by!("-", "OLD"),
         "END;"
     ),
+    // 13: the tenant's audit log, hash-chained (audit.rs): a record's seq,
+    // its hash and its canonical line, as the export hands it out.
+    "CREATE TABLE audit (
+        seq  INTEGER PRIMARY KEY,
+        hash TEXT NOT NULL,
+        line TEXT NOT NULL
+    );",
 ];
 
 /// The running and the waiting sessions, found through their partial
@@ -1137,6 +1145,18 @@ impl Drop for Immediate<'_> {
     }
 }
 
+/// The audit log's last record.
+fn audit_head(conn: &Connection) -> rusqlite::Result<Option<audit::Head>> {
+    conn.prepare_cached("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |row| {
+            Ok(audit::Head {
+                seq: row.get(0)?,
+                hash: row.get(1)?,
+            })
+        })
+        .optional()
+}
+
 fn is_primary_key_violation(e: &rusqlite::Error) -> bool {
     e.sqlite_extended_error_code() == Some(rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
@@ -1565,6 +1585,60 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn append_audit(&self, entry: &audit::Entry) -> Result<audit::Sealed, StoreError> {
+        let entry = entry.clone();
+        self.run("append to the audit log", move |conn, op| {
+            // IMMEDIATE: the head is read and the next record written
+            // under the write lock, so no other append comes in between.
+            let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
+            let head = audit_head(&tx).map_err(|e| op.db(e))?;
+            let (seq, prev) = match head {
+                Some(h) => (h.seq + 1, h.hash),
+                None => (1, audit::GENESIS.to_string()),
+            };
+            let sealed = audit::seal(&entry, seq, &prev).map_err(|e| op.fail(e))?;
+            tx.prepare_cached("INSERT INTO audit (seq, hash, line) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(rusqlite::params![seq, sealed.hash, sealed.line]))
+                .map_err(|e| op.db(e))?;
+            tx.commit().map_err(|e| op.db(e))?;
+            Ok(sealed)
+        })
+        .await
+    }
+
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<audit::Sealed>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run("read the audit log", move |conn, op| {
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT seq, hash, line FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )
+                .map_err(|e| op.db(e))?;
+            let rows = st
+                .query_map(rusqlite::params![after, limit], |row| {
+                    Ok(audit::Sealed {
+                        seq: row.get(0)?,
+                        hash: row.get(1)?,
+                        line: row.get(2)?,
+                    })
+                })
+                .map_err(|e| op.db(e))?;
+            rows.map(|r| r.map_err(|e| op.db(e))).collect()
+        })
+        .await
+    }
+
+    async fn audit_head(&self) -> Result<Option<audit::Head>, StoreError> {
+        self.run("read the audit log's head", |conn, op| {
+            audit_head(conn).map_err(|e| op.db(e))
+        })
+        .await
+    }
+
     async fn claim(
         &self,
         limits: &[(Gauge, f64)],
@@ -1836,7 +1910,9 @@ mod tests {
 
     /// A store's file as schema 10 left it: migration 11 undone.
     /// What migration 12 added to the usage rows, taken back.
-    const BEFORE_SCHEMA_12: &str = "DROP INDEX usage_session;
+    /// Undoes migrations 12 and after (the audit log's, 13, too).
+    const BEFORE_SCHEMA_12: &str = "DROP TABLE audit;
+        DROP INDEX usage_session;
         CREATE INDEX usage_session ON usage
             (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);
         ALTER TABLE usage DROP COLUMN cache_read_tokens;

@@ -35,6 +35,7 @@ pub const WRITES: &[&str] = &[
     "record",
     "forget_runner",
     "prune_runners",
+    "append_audit",
 ];
 
 /// Whether the operation named `op` writes (see [`WRITES`]).
@@ -176,6 +177,24 @@ impl SessionStore for Timed {
     }
     async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
         self.time("agents", self.inner.agents()).await
+    }
+    async fn append_audit(
+        &self,
+        entry: &crate::audit::Entry,
+    ) -> Result<crate::audit::Sealed, StoreError> {
+        self.time("append_audit", self.inner.append_audit(entry))
+            .await
+    }
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<crate::audit::Sealed>, StoreError> {
+        self.time("audit_after", self.inner.audit_after(after, limit))
+            .await
+    }
+    async fn audit_head(&self) -> Result<Option<crate::audit::Head>, StoreError> {
+        self.time("audit_head", self.inner.audit_head()).await
     }
     async fn claim(
         &self,
@@ -384,6 +403,26 @@ mod tests {
             self.note("session_totals");
             Ok(Totals::default())
         }
+        async fn append_audit(
+            &self,
+            e: &crate::audit::Entry,
+        ) -> Result<crate::audit::Sealed, StoreError> {
+            self.note("append_audit");
+            crate::audit::seal(e, 1, crate::audit::GENESIS)
+                .map_err(|e| StoreError::Backend(e.to_string()))
+        }
+        async fn audit_after(
+            &self,
+            _: i64,
+            _: usize,
+        ) -> Result<Vec<crate::audit::Sealed>, StoreError> {
+            self.note("audit_after");
+            Ok(Vec::new())
+        }
+        async fn audit_head(&self) -> Result<Option<crate::audit::Head>, StoreError> {
+            self.note("audit_head");
+            Ok(None)
+        }
     }
 
     /// A method with a default body that `Timed` does not pass on would
@@ -429,6 +468,12 @@ mod tests {
         store.peak("a", Meter::Tokens, true, 0).await.unwrap();
         store.report(0, 1, Group::Agent).await.unwrap();
         store.session_totals("s1").await.unwrap();
+        store
+            .append_audit(&crate::contract::audit_entry(1))
+            .await
+            .unwrap();
+        store.audit_after(0, 1).await.unwrap();
+        store.audit_head().await.unwrap();
         let all = [
             "create",
             "get",
@@ -453,6 +498,9 @@ mod tests {
             "peak",
             "report",
             "session_totals",
+            "append_audit",
+            "audit_after",
+            "audit_head",
         ];
         assert_eq!(*inner.0.lock().unwrap(), all);
         assert_eq!(*seen.lock().unwrap(), all);
@@ -479,7 +527,9 @@ mod tests {
                 "measure",
                 "peak",
                 "report",
-                "session_totals"
+                "session_totals",
+                "audit_after",
+                "audit_head"
             ]
             .iter()
             .collect::<Vec<_>>()

@@ -20,6 +20,7 @@ mod agents_exe_http;
 mod agents_exe_resume;
 mod agents_exe_sessions;
 mod approvals;
+mod audit_cli;
 mod budgets;
 mod builtins;
 mod chat_page;

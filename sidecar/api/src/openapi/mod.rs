@@ -73,6 +73,10 @@ pub fn document(mut api: Document, version: &str) -> Value {
                 "What waits for a person, for the approver and the links of webhook notices.",
             ),
             ("chat", "The chat page, for a person trying an agent."),
+            (
+                "audit",
+                "The tenant's audit log: every decision that granted or used authority, hash-chained.",
+            ),
         ]
         .into_iter()
         .map(|(name, description)| {

@@ -29,6 +29,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/approvals"),
     ("POST", "/v1/approvals/{token}"),
     ("GET", "/v1/usage"),
+    ("GET", "/v1/audit"),
     ("PUT", "/v1/sessions/{id}/params"),
     ("DELETE", "/v1/sessions/{id}/token"),
     ("GET", "/v1/sessions/{id}/events"),

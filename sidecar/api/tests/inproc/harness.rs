@@ -103,6 +103,8 @@ pub struct Server {
     pub mock: Arc<MockLlm>,
     /// The service's clock: tokio's, so that a paused test moves it.
     pub clock: TokioClock,
+    /// The service's store, to look at what it holds.
+    pub store: Arc<dyn bindery_store::SessionStore>,
 }
 
 impl Server {
@@ -240,10 +242,12 @@ impl Server {
             origins: Arc::new(bindery_api::origin::OriginPolicy::new(listen, &[], &[])),
             identity: identity.map(|c| Arc::new(bindery_identity::Verifier::new(c).unwrap())),
         });
+        let store = service.store().clone();
         Server {
             api: Api(bindery_api::server::router(state)),
             mock,
             clock,
+            store,
         }
     }
 
@@ -332,6 +336,7 @@ impl Api {
             .await
             .unwrap();
         let status = response.status().as_u16();
+        let headers = response.headers().clone();
         let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)
@@ -346,6 +351,7 @@ impl Api {
         Answer {
             content_type,
             reply: Reply { status, json, text },
+            headers,
         }
     }
 }
@@ -366,6 +372,7 @@ impl SessionApi for Api {
 pub struct Answer {
     pub content_type: String,
     pub reply: Reply,
+    pub headers: axum::http::HeaderMap,
 }
 
 pub use bindery_tests::fixtures::executable;

@@ -11,6 +11,7 @@
 mod harness;
 
 mod approvals;
+mod audit;
 mod budgets;
 mod depends;
 mod end_users;

@@ -36,6 +36,7 @@ use bindery_llm::Turn;
 use bindery_metrics::ToolCaller;
 use bindery_metrics::ToolOutcome;
 use bindery_params::scrub::Scrubber;
+use bindery_params::ParamValue;
 use bindery_params::SecretString;
 use bindery_params::Values;
 use bindery_store::lookup::LookupState;
@@ -453,6 +454,9 @@ pub async fn orchestrated(
                         h.lock().unwrap_or_else(|p| p.into_inner()).push(r);
                     }
                 });
+                if let Err(e) = audited(ctx.host, tool, &call.id, ctx.values).await {
+                    return Outcome::Done(Err(e));
+                }
                 let r = tool.call(args, ctx.values, &call_ctx).await;
                 if let Err(e) = &r {
                     if !fresh && (tool.writes() || env.confirm) && lookups::is_stale(e) {
@@ -626,11 +630,36 @@ pub(super) async fn dispatch_inner(
         };
         return orchestrated(&ctx.call_env(host), call, tool, state).await;
     }
-    Outcome::Done(run_tool(ctx, call, seen).await)
+    Outcome::Done(run_tool(ctx, host, call, seen).await)
+}
+
+/// The secret parameters bound into a call of `tool` with `values`, by name.
+pub(crate) fn bound_secrets(tool: &BoundTool, values: &Values) -> Vec<String> {
+    tool.bound_params()
+        .into_iter()
+        .filter(|n| matches!(values.get(n), Some(ParamValue::Secret(_))))
+        .collect()
+}
+
+/// Record, through `host`, that `tool` is called (call `call_id`) with
+/// the credentials `values` bind into it: an `Err` and it is not.
+pub(crate) async fn audited(
+    host: Option<&dyn Host>,
+    tool: &BoundTool,
+    call_id: &str,
+    values: &Values,
+) -> Result<(), ToolError> {
+    let Some(host) = host else {
+        return Ok(());
+    };
+    host.before_call(tool.name(), call_id, &bound_secrets(tool, values))
+        .await
+        .map_err(|e| ToolError::Failed(e.to_string()))
 }
 
 pub(super) async fn run_tool(
     ctx: &RunContext<'_>,
+    host: &dyn Host,
     call: &ToolCall,
     seen: Seen<'_>,
 ) -> Result<ToolOutput, ToolError> {
@@ -659,6 +688,7 @@ pub(super) async fn run_tool(
             return Ok(ToolOutput::Text(hit));
         }
     }
+    audited(Some(host), tool, &call.id, ctx.values).await?;
     let out = tool.call(args, ctx.values, &call_ctx).await?;
     // Text only: a cache of media would hold megabytes an entry.
     if let (Some(cache), Some(key), Some(text)) = (ctx.cache, key, out.as_text()) {

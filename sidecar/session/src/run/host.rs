@@ -57,7 +57,23 @@ pub trait Host: Send + Sync {
     /// A person let the run go past budget `name`: it is not asked again
     /// in this run.
     fn approve(&self, name: &str);
+    /// Before `tool` is called (call `call_id`; a lookup's too) with the
+    /// secret parameters `secrets` bound into it: the server records it in
+    /// the audit log, and the call is not made if it cannot. A host that
+    /// keeps no audit log (the command line's) lets it go.
+    async fn before_call(
+        &self,
+        tool: &str,
+        call_id: &str,
+        secrets: &[String],
+    ) -> Result<(), Unaudited>;
 }
+
+/// A call the audit log could not record, which is therefore not made
+/// (the server's log says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the audit log could not record this call, so it was not made; try again later")]
+pub struct Unaudited;
 
 /// A helper's own run: its turns stay its own (the caller gets its answer,
 /// and traces the rest), while what it uses counts against the session's
@@ -83,5 +99,13 @@ impl Host for Subrun<'_> {
     }
     fn approve(&self, name: &str) {
         self.0.approve(name)
+    }
+    async fn before_call(
+        &self,
+        tool: &str,
+        call_id: &str,
+        secrets: &[String],
+    ) -> Result<(), Unaudited> {
+        self.0.before_call(tool, call_id, secrets).await
     }
 }

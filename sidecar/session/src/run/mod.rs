@@ -50,9 +50,10 @@ use bindery_tools::Disposition;
 use bindery_tools::ToolError;
 use bindery_tools::ToolOutput;
 use bindery_tree::LoadedAgent;
+pub(crate) use dispatch::audited;
 pub use dispatch::{needs_approval, orchestrated, run_calls, taint, CallEnv};
 pub use finish::{close_pending, CANCELLED};
-pub use host::Host;
+pub use host::{Host, Unaudited};
 pub use resume::{answer_resolved, go_on, NotRun};
 pub use start::Runs;
 #[cfg(test)]

@@ -7,14 +7,60 @@ use async_trait::async_trait;
 use super::run_budget::RunBudget;
 use super::session_sink::SessionSink;
 use crate::budget::{Gate, Spent};
-use crate::run::{Events, Host};
+use crate::run::{Events, Host, Unaudited};
+use crate::state::audit::AuditLog;
 use bindery_llm::Turn;
 use bindery_spec::ModelSpec;
+use bindery_store::audit::{Action, Actor, Credential};
+use std::collections::BTreeMap;
 
 /// A run of a session this server drives, as the run sees it.
 pub(crate) struct SessionHost<'a> {
     pub(crate) sink: SessionSink<'a>,
     pub(crate) budget: RunBudget,
+    pub(crate) audit: RunAudit<'a>,
+}
+
+/// Where the run's tool calls are recorded, and as whose.
+pub(crate) struct RunAudit<'a> {
+    pub(crate) log: &'a AuditLog,
+    pub(crate) session: &'a str,
+    /// The run, on behalf of whoever started it.
+    pub(crate) by: Actor,
+    /// Each secret parameter's origin (`session`, `pinned`, …).
+    pub(crate) origins: BTreeMap<String, String>,
+}
+
+impl RunAudit<'_> {
+    async fn before_call(
+        &self,
+        tool: &str,
+        call_id: &str,
+        secrets: &[String],
+    ) -> Result<(), Unaudited> {
+        let credentials = secrets
+            .iter()
+            .map(|name| Credential {
+                name: name.clone(),
+                // A helper's own parameter: its value came from its caller's.
+                origin: self
+                    .origins
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| "helper".to_string()),
+            })
+            .collect();
+        let called = Action::ToolCalled {
+            tool: tool.to_string(),
+            tool_call_id: call_id.to_string(),
+            credentials,
+        };
+        self.log
+            .record(self.by.clone(), Some(self.session), called)
+            .await
+            .map(drop)
+            .map_err(|_| Unaudited)
+    }
 }
 
 #[async_trait]
@@ -49,5 +95,13 @@ impl Host for SessionHost<'_> {
     }
     fn approve(&self, name: &str) {
         self.budget.approve(name)
+    }
+    async fn before_call(
+        &self,
+        tool: &str,
+        call_id: &str,
+        secrets: &[String],
+    ) -> Result<(), Unaudited> {
+        self.audit.before_call(tool, call_id, secrets).await
     }
 }

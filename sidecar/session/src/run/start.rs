@@ -2,7 +2,7 @@
 //! as its sink, recording each turn and event and its end.
 
 use super::run_budget;
-use super::session_host::SessionHost;
+use super::session_host::{RunAudit, SessionHost};
 use super::session_sink;
 use super::session_sink::SessionSink;
 use crate::error::Code;
@@ -37,6 +37,7 @@ use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_metrics::ToolCaller;
 use bindery_params::Values;
+use bindery_store::audit::Actor;
 use bindery_store::clock::random_key;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
@@ -49,6 +50,7 @@ use bindery_store::wire::ToolCallEvent;
 use bindery_store::SessionStore;
 use bindery_tools::CallContext;
 use bindery_tree::LoadedAgent;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -88,6 +90,8 @@ pub struct Runs {
     pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// Exchanges the end user's token for the audiences the agent binds.
     pub(crate) exchanger: Option<Arc<bindery_identity::Exchanger>>,
+    /// Where each tool call is recorded before it is made.
+    pub(crate) audit: Arc<crate::state::audit::AuditLog>,
 }
 
 impl Runs {
@@ -98,6 +102,7 @@ impl Runs {
 
     pub(crate) async fn start_run(
         self: &Arc<Self>,
+        by: Actor,
         id: &str,
         opening: Opening,
         message: Values,
@@ -105,15 +110,18 @@ impl Runs {
     ) -> Result<RunWait, ServiceError> {
         let live = self.live.entry(id);
         let guard = live.lock.lock().await;
-        self.start_run_locked(guard, None, id, opening, message, mode)
+        self.start_run_locked(by, guard, None, id, opening, message, mode)
             .await
     }
 
     /// Start a run; `guard` is the session's lock, released once the run
     /// is recorded as started; `rec`, the record as the caller read or
-    /// wrote it under that lock, if it has it.
+    /// wrote it under that lock, if it has it. `by` started it: the run's
+    /// tool calls are made on its behalf.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn start_run_locked(
         self: &Arc<Self>,
+        by: Actor,
         mut guard: tokio::sync::MutexGuard<'_, Written>,
         rec: Option<SessionRecord>,
         id: &str,
@@ -238,15 +246,41 @@ impl Runs {
         };
         let session = self.secrets.session_values(&rec);
         let mut values = agent.params.snapshot(&session, &message);
+        let mut origins = credential_origins(&agent, &session, &message);
         let person = live
             .person
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(person) = person.filter(|p| rec.security.subject.as_ref() == Some(&p.subject)) {
-            values.extend(
-                crate::identity::values(&agent.spec, &person, self.exchanger.as_deref(), id).await,
-            );
+            let identity =
+                crate::identity::values(&agent.spec, &person, self.exchanger.as_deref(), id).await;
+            for (key, value) in identity {
+                if let Some(audience) = value
+                    .is_secret()
+                    .then(|| key.strip_prefix("@identity:token:"))
+                    .flatten()
+                {
+                    // The person's rights handed to a run: on record first,
+                    // or not handed at all.
+                    let by = Actor::EndUser {
+                        subject: person.subject.to_string(),
+                    };
+                    let action = Action::TokenExchanged {
+                        audience: audience.to_string(),
+                    };
+                    if let Err(e) = self.audit.record(by, Some(id), action).await {
+                        tracing::error!(
+                            session = id,
+                            "the end user's token was not handed to the run: {}",
+                            e.message
+                        );
+                        continue;
+                    }
+                    origins.insert(key.clone(), format!("end user {}", person.subject));
+                }
+                values.insert(key, value);
+            }
         }
         drop(message);
         // The run asks the model while its start is stored; its sink holds
@@ -269,6 +303,8 @@ impl Runs {
                     history: turns,
                     taint_from,
                     run,
+                    by,
+                    origins,
                 },
                 values,
                 &resolved,
@@ -355,6 +391,8 @@ impl Runs {
             mut history,
             taint_from,
             run,
+            by,
+            origins,
         } = driving;
         let sink = SessionSink::new(&self.recorder, id, cancel, gate);
         let client = self.agents.client_for(&agent.name);
@@ -372,6 +410,15 @@ impl Runs {
         let host = SessionHost {
             sink,
             budget: run_budget::RunBudget::new(&self.budgets, agent, id, &run),
+            audit: RunAudit {
+                log: &self.audit,
+                session: id,
+                by: Actor::Run {
+                    run: run.id.clone(),
+                    on_behalf_of: Box::new(by),
+                },
+                origins,
+            },
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
         let tools = agent.tools.snapshot();
@@ -449,6 +496,31 @@ pub(super) struct Driving {
     taint_from: usize,
     /// The run's id and the budgets a person let it go past.
     run: pending::WaitingRun,
+    /// Who started the run.
+    by: Actor,
+    /// Where each secret parameter's value came from (see [`credential_origins`]).
+    origins: BTreeMap<String, String>,
+}
+
+/// Each bound secret parameter of `agent` in a run with these values, and
+/// where its value comes from (`session`, `message`, `pinned`,
+/// `env BINDERY_PARAM_X`, `default:env X`): what a tool call's audit
+/// record names of its credentials. Never a value.
+fn credential_origins(
+    agent: &LoadedAgent,
+    session: &Values,
+    message: &Values,
+) -> BTreeMap<String, String> {
+    agent
+        .params
+        .decls()
+        .iter()
+        .filter(|d| d.secret)
+        .filter_map(|d| match agent.params.resolve(d, session, message) {
+            (Some(_), source) => Some((d.name.clone(), source.to_string())),
+            (None, _) => None,
+        })
+        .collect()
 }
 
 /// What a run's loop leaves for its end to record.

@@ -452,6 +452,14 @@ mod tests {
             Gate::Go(None)
         }
         fn approve(&self, _: &str) {}
+        async fn before_call(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[String],
+        ) -> Result<(), crate::run::Unaudited> {
+            Ok(())
+        }
     }
 
     /// The turn is handed over and its write has not yet said whether the

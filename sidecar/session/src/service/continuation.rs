@@ -10,16 +10,19 @@ use super::Sessions;
 use crate::error::{Code, ErrorKind, ServiceError};
 use crate::run::Opening;
 use crate::run::RunMode;
+use crate::state::audit::{actor, answerer};
 use crate::state::live_sessions::Live;
 use crate::state::live_sessions::RunWait;
 use crate::validate::{Caller, Op};
 use bindery_params::secret::constant_time_eq;
 use bindery_params::Values;
+use bindery_store::audit::{Action, Actor};
 use bindery_store::model::SessionRecord;
 use bindery_store::model::SessionStatus;
 use bindery_store::pending::{self, PendingCall, Resolution};
 use bindery_store::wire::{Decider, Outcome, Resolved, SessionEvent};
 use bindery_store::StoreError;
+use bindery_tools::Disposition;
 
 /// An answer to a pending call (`POST /v1/continuations/:token`).
 #[derive(Debug, Default)]
@@ -296,6 +299,23 @@ impl Sessions {
             rec.security.taint_cleared_at = Some(made_at.unwrap_or(rec.turns.len()));
             tracing::info!(session = id, "the taint guard was cleared: earlier untrusted results no longer hold egress calls");
         }
+        // On record before the answer is: a call approved unaudited never runs.
+        let who = answerer(caller, answer.by == Some(Decider::Webhook));
+        let decided = match (&item.budget, &resolution) {
+            (Some(b), Resolution::Approved) if item.disposition == Disposition::Budget => {
+                Action::BudgetOverridden {
+                    budget: b.budget.clone(),
+                    tool_call_id: item.tool_call_id.clone(),
+                }
+            }
+            _ => Action::PendingAnswered {
+                tool: item.tool.clone(),
+                tool_call_id: item.tool_call_id.clone(),
+                outcome: resolution.outcome().as_str().to_string(),
+                cleared_taint: answer.clear_taint,
+            },
+        };
+        self.audit.record(who, Some(id), decided).await?;
         rec.status_detail = Some(rec.pending.detail());
         rec.version += 1;
         rec.updated_at = self.clock.now_ms();
@@ -320,8 +340,17 @@ impl Sessions {
         if !resume {
             return Ok(None);
         }
+        let by = actor(caller);
         self.runs
-            .start_run_locked(guard, Some(rec), id, Opening::Resume, message, answer.mode)
+            .start_run_locked(
+                by,
+                guard,
+                Some(rec),
+                id,
+                Opening::Resume,
+                message,
+                answer.mode,
+            )
             .await
             .map(Some)
     }
@@ -391,6 +420,7 @@ impl Sessions {
         if all {
             self.runs
                 .start_run_locked(
+                    Actor::Server,
                     guard,
                     Some(rec),
                     id,

@@ -18,6 +18,7 @@ use crate::run::Runs;
 use crate::run::CANCELLED;
 use crate::state::agents::Agents;
 use crate::state::approvals::Approvals;
+use crate::state::audit::{actor, AuditLog};
 use crate::state::live_sessions::LiveSessions;
 use crate::state::live_sessions::RunWait;
 use crate::state::recorder::Recorder;
@@ -28,6 +29,7 @@ use crate::validate::Caller;
 use crate::validate::Op;
 use bindery_params::ParamValue;
 use bindery_params::Values;
+use bindery_store::audit::Action;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
 use bindery_store::model::SessionStatus;
@@ -50,6 +52,7 @@ pub struct Sessions {
     pub(super) recorder: Arc<Recorder>,
     pub(super) heartbeat: Arc<Heartbeat>,
     pub(super) clock: Arc<dyn Clock>,
+    pub(super) audit: Arc<AuditLog>,
 }
 
 impl Sessions {
@@ -182,6 +185,24 @@ impl Sessions {
             pending: Default::default(),
             holder,
         };
+        // On record before the session exists: the grant is never unaudited.
+        let by = actor(caller);
+        let created = Action::SessionCreated {
+            agent: rec.agent.clone(),
+            forked_from: rec.forked_from.clone(),
+            sealed: rec.security.sealed,
+        };
+        self.audit
+            .record(by.clone(), Some(&rec.id), created)
+            .await?;
+        if token.is_some() {
+            let issued = Action::SessionTokenIssued {};
+            self.audit.record(by.clone(), Some(&rec.id), issued).await?;
+        }
+        if req.prompt.is_some() {
+            let posted = Action::MessagePosted {};
+            self.audit.record(by.clone(), Some(&rec.id), posted).await?;
+        }
         self.store.create(&mut rec).await?;
         self.secrets.keep(&rec.id, &accepted.session);
         present(&self.live.entry(&rec.id), caller);
@@ -190,6 +211,7 @@ impl Sessions {
             (Some(call), _) => Some(
                 self.runs
                     .start_run(
+                        by,
                         &rec.id,
                         Opening::Call(call),
                         accepted.message,
@@ -199,7 +221,13 @@ impl Sessions {
             ),
             (None, Some(prompt)) => Some(
                 self.runs
-                    .start_run(&rec.id, Opening::Prompt(prompt), accepted.message, req.mode)
+                    .start_run(
+                        by,
+                        &rec.id,
+                        Opening::Prompt(prompt),
+                        accepted.message,
+                        req.mode,
+                    )
                     .await?,
             ),
             (None, None) => None,
@@ -318,8 +346,14 @@ impl Sessions {
             .apply_params_locked(caller, id, op, params, rec)
             .await?;
         present(&live, caller);
+        let by = actor(caller);
+        let action = match op {
+            Op::Resume => Action::RunResumed {},
+            _ => Action::MessagePosted {},
+        };
+        self.audit.record(by.clone(), Some(id), action).await?;
         self.runs
-            .start_run_locked(guard, Some(rec), id, opening, message, mode)
+            .start_run_locked(by, guard, Some(rec), id, opening, message, mode)
             .await
     }
 
@@ -387,6 +421,10 @@ impl Sessions {
                 .is_some_and(|d| d.scope == bindery_spec::Scope::Session)
         });
         if session_changed {
+            let set = Action::ParamsSet {
+                names: accepted.changed.clone(),
+            };
+            self.audit.record(actor(caller), Some(id), set).await?;
             rec.params = StoredParams::from_values(&accepted.session);
             rec.holder = self.secrets.holder_of(rec.holder.take(), &accepted.session);
             rec.version += 1;

@@ -6,8 +6,11 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Code, ErrorKind, ServiceError};
+use crate::state::audit::{actor, AuditLog};
 use crate::state::live_sessions::LiveSessions;
+use crate::validate::Caller;
 use bindery_params::secret::constant_time_eq;
+use bindery_store::audit::Action;
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
 use bindery_store::SessionStore;
@@ -18,6 +21,7 @@ pub struct Tokens {
     store: Arc<dyn SessionStore>,
     live: Arc<LiveSessions>,
     clock: Arc<dyn Clock>,
+    audit: Arc<AuditLog>,
 }
 
 impl Tokens {
@@ -25,20 +29,28 @@ impl Tokens {
         store: Arc<dyn SessionStore>,
         live: Arc<LiveSessions>,
         clock: Arc<dyn Clock>,
+        audit: Arc<AuditLog>,
     ) -> Tokens {
-        Tokens { store, live, clock }
+        Tokens {
+            store,
+            live,
+            clock,
+            audit,
+        }
     }
 
     /// Revoke every session token of session `id`, and end at once the
     /// event streams opened with one, once the store no longer knows the
     /// tokens (a stream that subscribes meanwhile checks its token again
     /// after subscribing). The owner's streams stay open.
-    pub async fn revoke(&self, id: &str) -> Result<(), ServiceError> {
+    pub async fn revoke(&self, by: &Caller, id: &str) -> Result<(), ServiceError> {
         crate::state::stored_session(&*self.store, id).await?;
         let live = self.live.entry(id);
         let r = async {
             let _guard = live.lock.lock().await;
             let mut rec = crate::state::stored_session(&*self.store, id).await?;
+            let revoked = Action::SessionTokenRevoked {};
+            self.audit.record(actor(by), Some(id), revoked).await?;
             rec.security.token_digests.clear();
             rec.version += 1;
             rec.updated_at = self.clock.now_ms();

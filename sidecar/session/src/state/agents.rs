@@ -20,7 +20,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::clients::{build_clients, ClientOptions};
 use crate::error::{Code, ErrorKind, ServiceError};
+use crate::state::audit::{actor, AuditLog};
+use crate::validate::Caller;
 use bindery_llm::ChatClient;
+use bindery_store::audit::Action;
 use bindery_store::clock::Clock;
 use bindery_store::{SessionStore, StoredAgent};
 use bindery_tools::bash::Limits;
@@ -37,6 +40,8 @@ pub struct Agents {
     stored: OnceLock<StoredAgents>,
     store: Arc<dyn SessionStore>,
     clock: Arc<dyn Clock>,
+    /// Where a stored agent's change is recorded before it is made.
+    audit: Arc<AuditLog>,
 }
 
 /// What building a stored agent needs (the server's model options).
@@ -193,6 +198,7 @@ impl Agents {
         source: AgentSource,
         store: Arc<dyn SessionStore>,
         clock: Arc<dyn Clock>,
+        audit: Arc<AuditLog>,
     ) -> Agents {
         Agents {
             tree,
@@ -201,6 +207,7 @@ impl Agents {
             stored: OnceLock::new(),
             store,
             clock,
+            audit,
         }
     }
 
@@ -387,6 +394,7 @@ impl Agents {
     /// its load warnings.
     pub async fn put(
         &self,
+        by: &Caller,
         slug: &str,
         body: &str,
     ) -> Result<(bool, Arc<LoadedAgent>, Vec<String>), ServiceError> {
@@ -416,6 +424,13 @@ impl Agents {
             .map_err(|e| ServiceError::new(ErrorKind::Internal, Code::Internal, e.to_string()))??;
         // Checked as sent, so that messages point into the text as given.
         let (agent, client, notes) = self.build_stored(slug, body).await?;
+        // On record before it is kept: a change nobody can trace is not made.
+        let created = self.store.get_agent(slug).await?.is_none();
+        let stored_as = Action::AgentStored {
+            slug: slug.to_string(),
+            created,
+        };
+        self.audit.record(actor(by), None, stored_as).await?;
         let at = self.clock.now_ms();
         let created = self.store.put_agent(slug, &document, at).await?;
         stored.map().insert(
@@ -431,7 +446,7 @@ impl Agents {
 
     /// `DELETE /v1/agents/:slug`. Sessions of the agent stay readable;
     /// they can no longer run.
-    pub async fn delete(&self, slug: &str) -> Result<(), ServiceError> {
+    pub async fn delete(&self, by: &Caller, slug: &str) -> Result<(), ServiceError> {
         let stored = self.stored.get().ok_or_else(disabled)?;
         if self.tree.agent(slug).is_some() {
             return Err(ServiceError::new(
@@ -439,6 +454,12 @@ impl Agents {
                 Code::AgentExists,
                 format!("agent `{slug}` is defined by the server's files, not stored; remove it from them"),
             ));
+        }
+        if self.store.get_agent(slug).await?.is_some() {
+            let deleted = Action::AgentDeleted {
+                slug: slug.to_string(),
+            };
+            self.audit.record(actor(by), None, deleted).await?;
         }
         let gone = self.store.delete_agent(slug).await?;
         stored.map().remove(slug);

@@ -330,6 +330,10 @@ pub trait Hook: Send + Sync {
     async fn read(&self, _id: &str) {}
     /// `rec` was written, with events (its turns, its start or its end).
     async fn written(&self, _rec: &SessionRecord) {}
+    /// `entry` is to be appended to the audit log: an `Err` and it is not.
+    fn audit(&self, _entry: &bindery_store::audit::Entry) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 struct Unwatched;
@@ -534,5 +538,22 @@ impl SessionStore for Watched {
     }
     async fn session_totals(&self, session: &str) -> Result<Totals, StoreError> {
         self.store.session_totals(session).await
+    }
+    async fn append_audit(
+        &self,
+        entry: &bindery_store::audit::Entry,
+    ) -> Result<bindery_store::audit::Sealed, StoreError> {
+        self.hook.audit(entry)?;
+        self.store.append_audit(entry).await
+    }
+    async fn audit_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<bindery_store::audit::Sealed>, StoreError> {
+        self.store.audit_after(after, limit).await
+    }
+    async fn audit_head(&self) -> Result<Option<bindery_store::audit::Head>, StoreError> {
+        self.store.audit_head().await
     }
 }

@@ -5,6 +5,7 @@
 //! Tests that only a process shows (the CLI, signals, restarts, TCP) stay
 //! in `tests/it`.
 
+mod audit;
 mod budgets;
 mod harness;
 mod leases;

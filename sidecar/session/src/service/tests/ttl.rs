@@ -161,7 +161,11 @@ async fn a_run_longer_than_the_ttl_keeps_its_secrets_as_it_ends() {
     // end's write, before the run's task has cleaned up after it.
     let end = Between::new(SessionStatus::Idle, |server, rec| {
         Box::pin(async move {
-            server.tokens().revoke(&rec.id).await.unwrap();
+            server
+                .tokens()
+                .revoke(&crate::validate::Caller::Owner, &rec.id)
+                .await
+                .unwrap();
             server.secrets().expire()
         })
     });
