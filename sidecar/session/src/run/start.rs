@@ -266,7 +266,7 @@ impl Runs {
                     let by = Actor::EndUser {
                         subject: person.subject.to_string(),
                     };
-                    let action = Action::TokenExchanged {
+                    let action = bindery_store::audit::Action::TokenExchanged {
                         audience: audience.to_string(),
                     };
                     if let Err(e) = self.audit.record(by, Some(id), action).await {
