@@ -1781,6 +1781,80 @@ mod tests {
         assert!(!credential_value("eu-west"));
     }
 
+    fn oauth_errors(mcp: &str) -> Vec<String> {
+        let text = format!(
+            r#"
+model: {{url: "http://llm", name: m}}
+parameters:
+  - {{name: secret, secret: true, scope: process}}
+  - {{name: user_secret, secret: true, scope: session}}
+toolboxes:
+  - mcp:
+{mcp}
+"#
+        );
+        let spec: AgentSpec = crate::from_yaml(&text).unwrap();
+        check_definition("a", &spec, "here")
+            .into_iter()
+            .filter(|d| d.level == crate::diagnostic::Level::Error)
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_mcp_servers_oauth_is_checked_at_load() {
+        let ok = oauth_errors(
+            r#"      name: crm
+      url: https://mcp.example.com/mcp
+      oauth: {grant: client-credentials, clientId: {literal: c}, clientSecret: {param: secret}}"#,
+        );
+        assert_eq!(ok, Vec::<String>::new());
+        let cases = [
+            (
+                "url: http://mcp.example.com/mcp\n      oauth: {grant: authorization-code}",
+                "must be https://",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: client-credentials, clientId: {literal: c}}",
+                "give `clientSecret` or `privateKey`",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: client-credentials, clientId: {literal: c}, clientSecret: {param: user_secret}}",
+                "session-scope",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: authorization-code, tokenEndpointAuth: private_key_jwt}",
+                "signs with `privateKey`",
+            ),
+            (
+                "url: https://m/mcp\n      headers: {Authorization: {literal: x}}\n      oauth: {grant: authorization-code}",
+                "would replace the OAuth token",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: authorization-code, clientMetadataUrl: 'http://c/x'}",
+                "`clientMetadataUrl` must be an https://",
+            ),
+            (
+                "command: [x]\n      oauth: {grant: authorization-code}",
+                "give `url`, not `command`",
+            ),
+        ];
+        for (body, want) in cases {
+            let errs = oauth_errors(&format!("      name: crm\n      {body}"));
+            assert!(errs.iter().any(|e| e.contains(want)), "{body}: {errs:?}");
+        }
+        // Plain http to this machine is fine (a local server, a test).
+        assert_eq!(
+            oauth_errors("      name: crm\n      url: http://localhost:8080/mcp\n      oauth: {grant: authorization-code}"),
+            Vec::<String>::new()
+        );
+        assert!(loopback_url("http://127.0.0.1:9/x") && loopback_url("http://[::1]/"));
+        assert!(
+            !loopback_url("http://localhost.evil.example/")
+                && !loopback_url("http://u@evil/@localhost")
+        );
+    }
+
     fn agent(toolbox: &str) -> AgentSpec {
         let text = format!(
             r#"

@@ -168,10 +168,33 @@ async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
 /// What failed a request: a redirect the egress policy refused is told as
 /// such, anything else as rmcp says it.
 fn why(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(o) = oauth_in(e) {
+        return format!("oauth: {o}");
+    }
     match refused_in(e) {
         Some(refused) => refused.to_string(),
         None => e.to_string(),
     }
+}
+
+/// The OAuth failure that failed a request, if one did (told alone: rmcp's
+/// wrapping names its own types).
+fn oauth_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a oauth::OAuthError> {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(StreamableHttpError::Client(oauth::transport::Failure::OAuth(o))) =
+            c.downcast_ref::<StreamableHttpError<oauth::transport::Failure>>()
+        {
+            return Some(o);
+        }
+        cause = match c.downcast_ref::<ClientInitializeError>() {
+            Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
+            _ => c.source(),
+        };
+    }
+    None
 }
 
 /// The HTTP status a remote server answered, if that failed a request

@@ -70,8 +70,11 @@ fn challenges(header: &str) -> Vec<(String, Vec<(String, String)>)> {
             let (value, next) = if let Some(q) = value_part.strip_prefix('"') {
                 quoted(q)
             } else {
-                let (v, n) = token(value_part);
-                (v.to_string(), n)
+                // Lenient: an unquoted URL is not a token, but servers send one.
+                let end = value_part
+                    .find(|c: char| c == ',' || c.is_whitespace())
+                    .unwrap_or(value_part.len());
+                (value_part[..end].to_string(), &value_part[end..])
             };
             if let Some((_, params)) = out.last_mut() {
                 params.push((word.to_string(), value));

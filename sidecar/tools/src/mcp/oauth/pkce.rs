@@ -32,7 +32,7 @@ mod tests {
     fn the_challenge_is_rfc_7636s() {
         // RFC 7636 appendix B.
         assert_eq!(
-            challenge("dBjftJeZ4CVP-1mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+            challenge("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
             "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
         );
     }
