@@ -157,7 +157,7 @@ impl StreamableHttpClient for Authorized {
                 session_id.clone(),
                 token,
                 custom_headers.clone(),
-                limits.clone(),
+                limits,
             )
         })
         .await
