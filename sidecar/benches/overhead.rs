@@ -856,6 +856,7 @@ async fn tool_dispatch() -> (Vec<Duration>, Vec<Duration>) {
         api_keys: ApiKeys::default(),
         limits: Limits::default(),
         skip_broken_scripts: false,
+        mcp_consent: None,
     };
     let tree = tree::load(
         &AgentSources::Files(vec![example.join("agent.yaml")]),

@@ -646,6 +646,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             url: None,
             headers: BTreeMap::new(),
             redirects: Default::default(),
+            oauth: None,
             confirm: None,
             bindings: Vec::new(),
             tools: Vec::new(),

@@ -722,6 +722,170 @@ pub fn check_mcp(spec: &AgentSpec, m: &McpToolbox, place: &str, diags: &mut Vec<
     }
     check_shared_values(spec, &m.env, &format!("{place}, env"), diags);
     check_shared_values(spec, &m.headers, &format!("{place}, header"), diags);
+    if let Some(oauth) = &m.oauth {
+        check_mcp_oauth(spec, m, oauth, place, diags);
+    }
+}
+
+/// Whether `url`'s host is this machine (`localhost`, 127.0.0.0/8, `::1`):
+/// the one place plain http may carry a token. Pure.
+pub fn loopback_url(url: &str) -> bool {
+    let Some(rest) = url
+        .split_once("://")
+        .map(|(_, r)| r.split(['/', '?', '#']).next().unwrap_or(""))
+    else {
+        return false;
+    };
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    let host = host.to_ascii_lowercase();
+    host == "localhost"
+        || host == "::1"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `url` may carry a token or a credential: https, or http to this machine.
+pub fn secure_url(url: &str) -> bool {
+    url.get(..8)
+        .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+        || (super::http_url(url) && loopback_url(url))
+}
+
+/// An MCP server's `oauth`: what each grant needs, values read at load.
+fn check_mcp_oauth(
+    spec: &AgentSpec,
+    m: &McpToolbox,
+    o: &super::McpOAuth,
+    place: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    use super::{OAuthGrant, TokenEndpointAuth};
+    let here = format!("{place}, oauth");
+    let mut error = |text: String| diags.push(Diagnostic::error(format!("{here}: {text}")));
+    match &m.url {
+        None => error("OAuth is for a remote server: give `url`, not `command`".into()),
+        Some(url) if !secure_url(url) => error(format!(
+            "`url` must be https:// (or http:// to this machine) when the server gets OAuth tokens, got `{}`",
+            egress_shown(url)
+        )),
+        Some(_) => {}
+    }
+    if m.headers
+        .keys()
+        .any(|k| k.eq_ignore_ascii_case("authorization"))
+    {
+        error(
+            "a `headers` entry `Authorization` would replace the OAuth token; remove one of them"
+                .into(),
+        );
+    }
+    let auth = o.token_endpoint_auth;
+    match auth {
+        Some(TokenEndpointAuth::PrivateKeyJwt) if o.private_key.is_none() => {
+            error("`tokenEndpointAuth: private_key_jwt` signs with `privateKey`: give it".into())
+        }
+        Some(TokenEndpointAuth::ClientSecretBasic | TokenEndpointAuth::ClientSecretPost)
+            if o.client_secret.is_none() =>
+        {
+            error(format!(
+                "`tokenEndpointAuth: {}` sends `clientSecret`: give it",
+                auth.map_or("", |a| a.as_str())
+            ))
+        }
+        Some(TokenEndpointAuth::None) if o.client_secret.is_some() || o.private_key.is_some() => {
+            error("`tokenEndpointAuth: none` sends no credential: remove `clientSecret` and `privateKey`, or choose how to send them".into())
+        }
+        _ => {}
+    }
+    if o.client_secret.is_some() && o.private_key.is_some() {
+        error("give `clientSecret` or `privateKey`, not both".into());
+    }
+    if o.signing_algorithm.is_some() && o.private_key.is_none() {
+        error("`signingAlgorithm` is for `privateKey`: give the key, or remove it".into());
+    }
+    if (o.client_secret.is_some() || o.private_key.is_some()) && o.client_id.is_none() {
+        error(
+            "a `clientSecret` or `privateKey` belongs to a registered client: give its `clientId`"
+                .into(),
+        );
+    }
+    match o.grant {
+        OAuthGrant::ClientCredentials => {
+            if o.client_id.is_none() {
+                error("`grant: client-credentials` needs the registered `clientId`".into());
+            }
+            if o.client_secret.is_none() && o.private_key.is_none() {
+                error("`grant: client-credentials` authenticates the client: give `clientSecret` or `privateKey`".into());
+            }
+            if o.redirect_uri.is_some() || o.client_metadata_url.is_some() {
+                error(
+                    "`redirectUri` and `clientMetadataUrl` are for `grant: authorization-code`"
+                        .into(),
+                );
+            }
+        }
+        OAuthGrant::AuthorizationCode => {
+            if let Some(r) = &o.redirect_uri {
+                if !super::http_url(r) || r.contains('#') {
+                    error(format!(
+                        "`redirectUri` must be an http:// or https:// URL without a fragment, got `{}`",
+                        egress_shown(r)
+                    ));
+                }
+            }
+            if let Some(c) = &o.client_metadata_url {
+                let path = c
+                    .split_once("://")
+                    .map_or("", |(_, r)| r.split_once('/').map_or("", |(_, p)| p));
+                if !c
+                    .get(..8)
+                    .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+                    || path.is_empty()
+                {
+                    error(format!(
+                        "`clientMetadataUrl` must be an https:// URL with a path (it is the client id), got `{}`",
+                        egress_shown(c)
+                    ));
+                }
+            }
+        }
+    }
+    for s in &o.scopes {
+        if s.is_empty()
+            || s.chars()
+                .any(|c| c.is_whitespace() || c == '"' || c == '\\')
+        {
+            error(format!(
+                "scope `{}`: a scope is one word, without spaces or quotes",
+                super::printable(s)
+            ));
+        }
+    }
+    check_shared_values(spec, &o.values(), &here, diags);
+}
+
+/// A URL as a diagnostic shows it: no user, password or query.
+fn egress_shown(url: &str) -> String {
+    let cut = url.split(['?', '#']).next().unwrap_or("");
+    let cut = match cut.split_once("://") {
+        Some((scheme, rest)) => {
+            let (auth, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+            let host = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
+            if path.is_empty() {
+                format!("{scheme}://{host}")
+            } else {
+                format!("{scheme}://{host}/{path}")
+            }
+        }
+        None => cut.to_string(),
+    };
+    super::printable(&cut)
 }
 
 /// Values of an MCP server's `env` or `headers`: read once, when the server
@@ -1678,6 +1842,80 @@ mod tests {
         assert!(credential_value("http://u:hunter2@proxy:3128"));
         assert!(!credential_value("http://proxy:3128/a@b"));
         assert!(!credential_value("eu-west"));
+    }
+
+    fn oauth_errors(mcp: &str) -> Vec<String> {
+        let text = format!(
+            r#"
+model: {{url: "http://llm", name: m}}
+parameters:
+  - {{name: secret, secret: true, scope: process}}
+  - {{name: user_secret, secret: true, scope: session}}
+toolboxes:
+  - mcp:
+{mcp}
+"#
+        );
+        let spec: AgentSpec = crate::from_yaml(&text).unwrap();
+        check_definition("a", &spec, "here")
+            .into_iter()
+            .filter(|d| d.level == crate::diagnostic::Level::Error)
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_mcp_servers_oauth_is_checked_at_load() {
+        let ok = oauth_errors(
+            r#"      name: crm
+      url: https://mcp.example.com/mcp
+      oauth: {grant: client-credentials, clientId: {literal: c}, clientSecret: {param: secret}}"#,
+        );
+        assert_eq!(ok, Vec::<String>::new());
+        let cases = [
+            (
+                "url: http://mcp.example.com/mcp\n      oauth: {grant: authorization-code}",
+                "must be https://",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: client-credentials, clientId: {literal: c}}",
+                "give `clientSecret` or `privateKey`",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: client-credentials, clientId: {literal: c}, clientSecret: {param: user_secret}}",
+                "session-scope",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: authorization-code, tokenEndpointAuth: private_key_jwt}",
+                "signs with `privateKey`",
+            ),
+            (
+                "url: https://m/mcp\n      headers: {Authorization: {literal: x}}\n      oauth: {grant: authorization-code}",
+                "would replace the OAuth token",
+            ),
+            (
+                "url: https://m/mcp\n      oauth: {grant: authorization-code, clientMetadataUrl: 'http://c/x'}",
+                "`clientMetadataUrl` must be an https://",
+            ),
+            (
+                "command: [x]\n      oauth: {grant: authorization-code}",
+                "give `url`, not `command`",
+            ),
+        ];
+        for (body, want) in cases {
+            let errs = oauth_errors(&format!("      name: crm\n      {body}"));
+            assert!(errs.iter().any(|e| e.contains(want)), "{body}: {errs:?}");
+        }
+        // Plain http to this machine is fine (a local server, a test).
+        assert_eq!(
+            oauth_errors("      name: crm\n      url: http://localhost:8080/mcp\n      oauth: {grant: authorization-code}"),
+            Vec::<String>::new()
+        );
+        assert!(loopback_url("http://127.0.0.1:9/x") && loopback_url("http://[::1]/"));
+        assert!(
+            !loopback_url("http://localhost.evil.example/")
+                && !loopback_url("http://u@evil/@localhost")
+        );
     }
 
     fn agent(toolbox: &str) -> AgentSpec {

@@ -822,6 +822,11 @@ pub struct McpToolbox {
     /// (the default: only to the same scheme, host and port) or `none`.
     #[serde(default, skip_serializing_if = "Redirects::is_default")]
     pub redirects: Redirects,
+    /// How a remote server authorizes its clients: OAuth 2.1 as the MCP
+    /// authorization spec says (discovery from the server's 401, tokens
+    /// from its authorization server, kept in memory only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<McpOAuth>,
     /// Which tools wait for a person's approval before they run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "toolbox_confirm_schema")]
@@ -837,6 +842,104 @@ pub struct McpToolbox {
     /// activates this group (`meta_activate_tool`); absent: always shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolgroup: Option<String>,
+}
+
+/// OAuth 2.1 for a remote MCP server (`url`). The client secret and the
+/// private key are literals or, better, process-scope secret parameters
+/// (an AgentTenant maps them from Kubernetes Secrets).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct McpOAuth {
+    /// `client-credentials`: the tenant's own connection, no person
+    /// involved; `authorization-code`: a person's connection, with their
+    /// consent (PKCE S256).
+    pub grant: OAuthGrant,
+    /// The client id registered with the authorization server. Without it,
+    /// an `authorization-code` client uses `clientMetadataUrl` where the
+    /// server accepts one, else registers itself (RFC 7591) where the
+    /// server offers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<BindingValue>,
+    /// The client secret (`client_secret_basic`, `client_secret_post`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<BindingValue>,
+    /// A PEM private key (PKCS#8, or PKCS#1 for RSA) that signs the client
+    /// assertion of `private_key_jwt` (RFC 7523).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<BindingValue>,
+    /// How the client authenticates at the token endpoint; by default
+    /// `private_key_jwt` with `privateKey`, `client_secret_basic` with
+    /// `clientSecret` (`client_secret_post` if the server only takes
+    /// that), else `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// The assertion's algorithm, `RS256` or `ES256`; by default the
+    /// key's own (an RSA key signs RS256, a P-256 key ES256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_algorithm: Option<JwtAlgorithm>,
+    /// The scopes asked for; by default those of the server's challenge,
+    /// else those its metadata lists, else none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// `authorization-code`: where the authorization server sends the
+    /// person back with the code (default `http://localhost/oauth/callback`;
+    /// a pre-registered client must have it registered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_uri: Option<String>,
+    /// `authorization-code`: an https URL of this client's metadata
+    /// document, used as its client id by servers that accept those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_metadata_url: Option<String>,
+}
+
+impl McpOAuth {
+    /// Its values that may be parameters, named as the file names them.
+    pub fn values(&self) -> BTreeMap<String, BindingValue> {
+        [
+            ("clientId", &self.client_id),
+            ("clientSecret", &self.client_secret),
+            ("privateKey", &self.private_key),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+        .collect()
+    }
+}
+
+/// Which OAuth grant gets the tokens.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OAuthGrant {
+    ClientCredentials,
+    AuthorizationCode,
+}
+
+/// Token endpoint client authentication, by its RFC 7591 name.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenEndpointAuth {
+    ClientSecretBasic,
+    ClientSecretPost,
+    PrivateKeyJwt,
+    None,
+}
+
+impl TokenEndpointAuth {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
+            TokenEndpointAuth::ClientSecretPost => "client_secret_post",
+            TokenEndpointAuth::PrivateKeyJwt => "private_key_jwt",
+            TokenEndpointAuth::None => "none",
+        }
+    }
+}
+
+/// A client assertion's signature algorithm.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JwtAlgorithm {
+    RS256,
+    ES256,
 }
 
 /// An HTTP API described by an OpenAPI 3.x document: one tool per operation.

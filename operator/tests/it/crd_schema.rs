@@ -1074,7 +1074,7 @@ const COMPREHENSIONS: [&str; 5] = [".all(", ".exists(", ".exists_one(", ".map(",
 /// an MCP server's `env` and `headers` literals, a deferred tool's JSON
 /// schema, a toolbox's `confirm` (`writes` or a list of selectors), and a
 /// tenant parameter's `value`.
-const FREE_FORM: [(&str, &str); 30] = [
+const FREE_FORM: [(&str, &str); 33] = [
     ("Agent", "spec.bindings[].value.literal"),
     // A filter nests (`and`, `or`, `not`): a recursive type has no
     // structural schema; check and the operator read it.
@@ -1105,6 +1105,9 @@ const FREE_FORM: [(&str, &str); 30] = [
     ("Agent", "spec.toolboxes[].mcp.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].mcp.env{}.literal"),
     ("Agent", "spec.toolboxes[].mcp.headers{}.literal"),
+    ("Agent", "spec.toolboxes[].mcp.oauth.clientId.literal"),
+    ("Agent", "spec.toolboxes[].mcp.oauth.clientSecret.literal"),
+    ("Agent", "spec.toolboxes[].mcp.oauth.privateKey.literal"),
     ("Agent", "spec.toolboxes[].openapi.bindings[].value.literal"),
     ("Agent", "spec.toolboxes[].openapi.secrets[].source.value"),
     (

@@ -40,6 +40,9 @@ pub enum LoadError {
     NoAgentFile,
 }
 
+/// [`load`] for the commands a person runs at a terminal (`describe`,
+/// `tool-call`): an MCP server's `authorization-code` grant asks them for
+/// their consent there (the URL on stderr, the redirect on stdin).
 pub(super) async fn load(agents: &AgentArgs) -> Result<AgentTree, LoadError> {
     load_with(agents, false).await
 }
@@ -51,7 +54,10 @@ pub(super) async fn load_lenient(agents: &AgentArgs) -> Result<AgentTree, LoadEr
 }
 
 async fn load_with(agents: &AgentArgs, skip_broken_scripts: bool) -> Result<AgentTree, LoadError> {
-    let tree = load_tree(agents, skip_broken_scripts).await?;
+    let consent: Option<std::sync::Arc<dyn bindery_tools::mcp::oauth::Consent>> =
+        (!skip_broken_scripts)
+            .then(|| std::sync::Arc::new(bindery_tools::mcp::oauth::Terminal) as _);
+    let tree = load_tree_with(agents, skip_broken_scripts, consent).await?;
     for w in tree.warnings.iter().filter(|d| d.level == Level::Warning) {
         tracing::warn!("{}", w.message);
     }
@@ -62,8 +68,17 @@ pub(super) async fn load_tree(
     agents: &AgentArgs,
     skip_broken_scripts: bool,
 ) -> Result<AgentTree, LoadError> {
+    load_tree_with(agents, skip_broken_scripts, None).await
+}
+
+async fn load_tree_with(
+    agents: &AgentArgs,
+    skip_broken_scripts: bool,
+    mcp_consent: Option<std::sync::Arc<dyn bindery_tools::mcp::oauth::Consent>>,
+) -> Result<AgentTree, LoadError> {
     let mut opts = load_options(agents)?;
     opts.skip_broken_scripts = skip_broken_scripts;
+    opts.mcp_consent = mcp_consent;
     let sources = match &agents.agents_dir {
         Some(dir) => AgentSources::Dir(dir.clone()),
         None if agents.agent_files.is_empty() => {
@@ -218,5 +233,6 @@ pub fn load_options(agents: &AgentArgs) -> Result<LoadOptions, LoadError> {
             ..Limits::default()
         },
         skip_broken_scripts: false,
+        mcp_consent: None,
     })
 }

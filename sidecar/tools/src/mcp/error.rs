@@ -33,6 +33,10 @@ pub enum StartError {
     Header(SharedValueError),
     #[error("env {0}")]
     Env(SharedValueError),
+    #[error("oauth {0}")]
+    OAuthValue(SharedValueError),
+    #[error("oauth: {0}")]
+    OAuth(super::oauth::OAuthError),
     #[error("give exactly one of `command` or `url`")]
     CommandOrUrl,
     #[error("header `{name}`: not a valid header name")]

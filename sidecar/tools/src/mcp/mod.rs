@@ -17,6 +17,7 @@
 
 pub mod error;
 pub mod listing;
+pub mod oauth;
 
 pub use error::{ServerError, SharedValueError, StartError, ToolSpecError};
 
@@ -44,6 +45,9 @@ use bindery_spec::{BindingValue, McpToolbox};
 
 /// How long a server may take to start and answer `initialize`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a server with an `authorization-code` grant may take to
+/// answer `initialize`: a person may be giving their consent.
+const CONSENT_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a closed pipe waits for the program's exit status.
 const EXIT_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -170,10 +174,33 @@ async fn exit_of(exited: &watch::Receiver<Option<String>>) -> Option<String> {
 /// What failed a request: a redirect the egress policy refused is told as
 /// such, anything else as rmcp says it.
 fn why(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(o) = oauth_in(e) {
+        return format!("oauth: {o}");
+    }
     match refused_in(e) {
         Some(refused) => refused.to_string(),
         None => e.to_string(),
     }
+}
+
+/// The OAuth failure that failed a request, if one did (told alone: rmcp's
+/// wrapping names its own types).
+fn oauth_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a oauth::OAuthError> {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(StreamableHttpError::Client(oauth::transport::Failure::OAuth(o))) =
+            c.downcast_ref::<StreamableHttpError<oauth::transport::Failure>>()
+        {
+            return Some(o);
+        }
+        cause = match c.downcast_ref::<ClientInitializeError>() {
+            Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
+            _ => c.source(),
+        };
+    }
+    None
 }
 
 /// The HTTP status a remote server answered, if that failed a request
@@ -187,6 +214,11 @@ fn http_status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
         }
         if let Some(StreamableHttpError::HttpStatus(h)) =
             c.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return Some(h.status);
+        }
+        if let Some(StreamableHttpError::HttpStatus(h)) =
+            c.downcast_ref::<StreamableHttpError<oauth::transport::Failure>>()
         {
             return Some(h.status);
         }
@@ -208,6 +240,11 @@ fn refused_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a egress
         }
         if let Some(StreamableHttpError::Client(inner)) =
             c.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            return egress::refused(inner);
+        }
+        if let Some(StreamableHttpError::Client(oauth::transport::Failure::Http(inner))) =
+            c.downcast_ref::<StreamableHttpError<oauth::transport::Failure>>()
         {
             return egress::refused(inner);
         }
@@ -250,6 +287,8 @@ pub struct McpServer {
     exited: watch::Receiver<Option<String>>,
     /// The secret values of its `env` or `headers`, scrubbed from results.
     secrets: Vec<(String, SecretString)>,
+    /// A remote server's OAuth, whose tokens are scrubbed from results too.
+    oauth: Option<Arc<oauth::OAuth>>,
     /// The scrubbers of the calls in flight: a server that logs its
     /// arguments has its stderr scrubbed of the values each call can reach
     /// too (a line read after its call has ended is left to the logs' own
@@ -264,6 +303,9 @@ impl McpServer {
     /// Start (or connect to) the server of toolbox `tb`. `values` are the
     /// load-time parameter values; a tools/list_changed notification sends
     /// `index` on `changed`.
+    /// `consent` asks a person for an `authorization-code` grant's
+    /// consent (none where nobody can be asked).
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         tb: &McpToolbox,
         base: &Path,
@@ -271,12 +313,17 @@ impl McpServer {
         limits: Limits,
         changed: mpsc::UnboundedSender<usize>,
         index: usize,
+        consent: Option<Arc<dyn oauth::Consent>>,
     ) -> Result<Arc<McpServer>, StartError> {
         let handler = Handler { changed, index };
         match (&tb.url, tb.command.split_first()) {
             (Some(url), None) => {
                 let headers = shared_values(&tb.headers, values).map_err(StartError::Header)?;
-                Self::connect(tb, url, headers, handler, limits).await
+                let oauth = match &tb.oauth {
+                    Some(o) => Some(Arc::new(Self::oauth(tb, url, o, values, consent)?)),
+                    None => None,
+                };
+                Self::connect(tb, url, headers, oauth, handler, limits).await
             }
             (None, Some((program, args))) => {
                 let env = shared_values(&tb.env, values).map_err(StartError::Env)?;
@@ -287,10 +334,36 @@ impl McpServer {
         }
     }
 
+    /// The toolbox's OAuth, its values read and its key parsed.
+    fn oauth(
+        tb: &McpToolbox,
+        url: &str,
+        o: &bindery_spec::McpOAuth,
+        values: &Values,
+        consent: Option<Arc<dyn oauth::Consent>>,
+    ) -> Result<oauth::OAuth, StartError> {
+        let read = shared_values(&o.values(), values).map_err(StartError::OAuthValue)?;
+        let get = |key: &str| {
+            read.iter().find(|(k, _)| k == key).map(|(_, v)| match v {
+                SharedValue::Plain(s) => SecretString::new(s.clone()),
+                SharedValue::Secret(s) => s.clone(),
+            })
+        };
+        let settings = oauth::Settings::new(
+            o,
+            get("clientId").map(|s| s.expose().to_string()),
+            get("clientSecret"),
+            get("privateKey"),
+        )
+        .map_err(StartError::OAuth)?;
+        oauth::OAuth::new(&tb.name, url, settings, consent).map_err(StartError::OAuth)
+    }
+
     async fn connect(
         tb: &McpToolbox,
         url: &str,
         headers: Vec<(String, SharedValue)>,
+        oauth: Option<Arc<oauth::OAuth>>,
         handler: Handler,
         limits: Limits,
     ) -> Result<Arc<McpServer>, StartError> {
@@ -309,9 +382,26 @@ impl McpServer {
             .build()
             .map_err(StartError::Client)?;
         let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
-        let transport = StreamableHttpClientTransport::with_client(client, config);
-        let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
-            .await
+        let served = match &oauth {
+            None => {
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                tokio::time::timeout(START_TIMEOUT, handler.serve(transport)).await
+            }
+            Some(o) => {
+                let client = oauth::transport::Authorized {
+                    inner: client,
+                    oauth: o.clone(),
+                };
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                // A person's consent may take longer than a server's start.
+                let patience = match tb.oauth.as_ref().map(|o| o.grant) {
+                    Some(bindery_spec::OAuthGrant::AuthorizationCode) => CONSENT_TIMEOUT,
+                    _ => START_TIMEOUT,
+                };
+                tokio::time::timeout(patience, handler.serve(transport)).await
+            }
+        };
+        let service = served
             .map_err(|_| StartError::ConnectTimeout {
                 url: egress::shown_text(url),
             })?
@@ -325,6 +415,7 @@ impl McpServer {
             // Never set: a remote server has no program to exit.
             exited: watch::channel(None).1,
             secrets: secrets_of(&headers),
+            oauth,
             calls: InFlight::default(),
             stop_on_drop: None,
             limits,
@@ -438,6 +529,7 @@ impl McpServer {
             service,
             exited,
             secrets,
+            oauth: None,
             calls,
             stop_on_drop: Some(stop),
             limits,
@@ -502,7 +594,11 @@ impl Tool for McpTool {
     }
 
     fn secrets(&self) -> Vec<(String, SecretString)> {
-        self.server.secrets.clone()
+        let mut s = self.server.secrets.clone();
+        if let Some(o) = &self.server.oauth {
+            s.extend(o.secrets());
+        }
+        s
     }
 
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {

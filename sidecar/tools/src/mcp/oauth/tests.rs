@@ -1,0 +1,164 @@
+//! The flows against a loopback fake where the conformance suite cannot
+//! reach: metadata for another resource, an endpoint over plain http to
+//! another host, a redirect that is not the answer to this flow.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// A server answering each path with its JSON (404 otherwise), recording
+/// the paths asked for. Stops when the test's runtime does.
+async fn fake(
+    routes: impl Fn(&str) -> HashMap<String, String>,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let routes = routes(&base);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_string();
+            let path = head.split(' ').nth(1).unwrap_or("").to_string();
+            log.lock().unwrap().push(path.clone());
+            let (status, body) = match routes.get(&path) {
+                Some(b) => ("200 OK", b.clone()),
+                None => ("404 Not Found", "{}".to_string()),
+            };
+            let _ = sock
+                .write_all(
+                    format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        }
+    });
+    (base, seen)
+}
+
+fn settings() -> Settings {
+    let o: McpOAuth = serde_json::from_value(serde_json::json!({
+        "grant": "client-credentials",
+        "clientId": {"literal": "c1"},
+        "clientSecret": {"literal": "s3cr3t"},
+    }))
+    .unwrap();
+    Settings::new(
+        &o,
+        Some("c1".into()),
+        Some(SecretString::new("s3cr3t")),
+        None,
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn metadata_for_another_resource_is_refused_before_any_token_request() {
+    let (base, seen) = fake(|base| {
+        HashMap::from([(
+            "/.well-known/oauth-protected-resource/mcp".to_string(),
+            serde_json::json!({"resource": "https://evil.example.com/mcp",
+                "authorization_servers": [base]})
+            .to_string(),
+        )])
+    })
+    .await;
+    let oauth = OAuth::new("billing", &format!("{base}/mcp"), settings(), None).unwrap();
+    let err = oauth.unauthorized(Some("Bearer"), None).await.unwrap_err();
+    assert!(matches!(err, OAuthError::ResourceMismatch { .. }), "{err}");
+    assert!(
+        err.to_string().contains("https://evil.example.com/mcp"),
+        "{err}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, ["/.well-known/oauth-protected-resource/mcp"]);
+}
+
+#[tokio::test]
+async fn a_token_endpoint_over_plain_http_to_another_host_is_refused() {
+    let (base, seen) = fake(|base| {
+        HashMap::from([
+            (
+                "/.well-known/oauth-protected-resource/mcp".to_string(),
+                serde_json::json!({"resource": format!("{base}/mcp"),
+                    "authorization_servers": [base]})
+                .to_string(),
+            ),
+            (
+                "/.well-known/oauth-authorization-server".to_string(),
+                serde_json::json!({"issuer": base,
+                    "token_endpoint": "http://auth.example.com/token",
+                    "code_challenge_methods_supported": ["S256"]})
+                .to_string(),
+            ),
+        ])
+    })
+    .await;
+    let oauth = OAuth::new("billing", &format!("{base}/mcp"), settings(), None).unwrap();
+    let err = oauth.unauthorized(None, None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OAuthError::Insecure {
+                what: "the token endpoint",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("http://auth.example.com/token"),
+        "{err}"
+    );
+    // Nothing was sent to it (it is not this fake, and no request left).
+    assert!(!seen.lock().unwrap().iter().any(|p| p == "/token"));
+    // Nor is a server URL over plain http to another host taken.
+    let e = OAuth::new("billing", "http://mcp.example.com/mcp", settings(), None).err();
+    assert!(matches!(e, Some(OAuthError::Insecure { .. })));
+}
+
+#[test]
+fn the_redirect_must_answer_this_flow() {
+    let r = "http://localhost/oauth/callback";
+    assert_eq!(
+        code_of("http://localhost/oauth/callback?code=abc&state=s1", r, "s1").unwrap(),
+        "abc"
+    );
+    let wrong_state = code_of("http://localhost/oauth/callback?code=abc&state=s2", r, "s1");
+    assert!(matches!(wrong_state, Err(OAuthError::Redirect(_))));
+    let elsewhere = code_of(
+        "http://evil.example/oauth/callback?code=abc&state=s1",
+        r,
+        "s1",
+    );
+    assert!(matches!(elsewhere, Err(OAuthError::Redirect(_))));
+    let denied = code_of(
+        "http://localhost/oauth/callback?error=access_denied&state=s1",
+        r,
+        "s1",
+    )
+    .unwrap_err();
+    assert!(denied.to_string().contains("access_denied"), "{denied}");
+    assert!(matches!(
+        code_of("not a url", r, "s1"),
+        Err(OAuthError::Redirect(_))
+    ));
+}
+
+#[test]
+fn basic_credentials_are_percent_encoded() {
+    assert_eq!(pct("id:with space/é"), "id%3Awith%20space%2F%C3%A9");
+    assert_eq!(
+        union(&["a".into(), "b".into()], &["b".into(), "c".into()]),
+        ["a", "b", "c"]
+    );
+}
