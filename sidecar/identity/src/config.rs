@@ -27,9 +27,9 @@ pub struct IdentityConfig {
     /// The claim that names the person (`sub` unless set).
     pub subject_claim: String,
     pub clock_skew: Duration,
-    /// A token naming a key not in the cached set refetches the keys at
+    /// A token naming a key not in the cached set refetches the keys, at
     /// most this often (a stream of forged `kid`s must not become a stream
-    /// of requests to the issuer).
+    /// of requests to the issuer); it waits for that fetch.
     pub min_refetch: Duration,
     /// The cached keys are fetched again after this long, so a key the
     /// issuer withdrew stops being accepted.
@@ -63,7 +63,7 @@ impl IdentityConfig {
             jwks_url: None,
             subject_claim: DEFAULT_SUBJECT_CLAIM.to_string(),
             clock_skew: DEFAULT_CLOCK_SKEW,
-            min_refetch: Duration::from_secs(10),
+            min_refetch: Duration::from_secs(2),
             max_age: Duration::from_secs(3600),
         };
         config.check()?;

@@ -80,11 +80,13 @@ impl Jwks {
     }
 
     /// The keys to verify a token naming key `kid` with: the cached set
-    /// when it is young enough and holds `kid`; else fetched again, unless
-    /// the last fetch is more recent than `min_refetch` (the token then
-    /// names a key the issuer did not publish a moment ago). A fetch that
-    /// fails leaves the cached keys in use until they are `max_age` old
-    /// twice over, so a short outage of the issuer refuses nobody.
+    /// when it is young enough and holds `kid`; else fetched again, one
+    /// fetch at a time and at most one per `min_refetch`: a token naming a
+    /// key not seen waits for the next fetch (the issuer just rotated its
+    /// keys), and a stream of forged key ids costs the issuer one request
+    /// per `min_refetch`, not one each. A fetch that fails leaves the cached
+    /// keys in use until they are `max_age` old twice over, so a short
+    /// outage of the issuer refuses nobody.
     pub async fn keys(&self, kid: Option<&str>) -> Result<Arc<KeySet>, FetchError> {
         let asked = Instant::now();
         if let Some(keys) = self.usable(kid, asked) {
@@ -94,6 +96,15 @@ impl Jwks {
         // Fetched by another request while this one waited.
         if let Some(keys) = self.fetched_since(asked) {
             return Ok(keys);
+        }
+        let last = self
+            .cached
+            .read()
+            .expect("keys lock")
+            .as_ref()
+            .map(|c| c.at);
+        if let Some(at) = last {
+            tokio::time::sleep_until(at + self.config.min_refetch).await;
         }
         match self.fetch().await {
             Ok(set) => {
@@ -126,8 +137,8 @@ impl Jwks {
         if age >= self.config.max_age {
             return None;
         }
-        let known = kid.is_none_or(|kid| c.keys.has(kid));
-        (known || age < self.config.min_refetch).then(|| c.keys.clone())
+        kid.is_none_or(|kid| c.keys.has(kid))
+            .then(|| c.keys.clone())
     }
 
     fn fetched_since(&self, asked: Instant) -> Option<Arc<KeySet>> {

@@ -113,13 +113,27 @@ async fn a_token_naming_a_new_key_fetches_the_rotated_set_once() {
 async fn forged_key_ids_do_not_become_a_stream_of_fetches() {
     let k1 = TestKey::new("k1");
     let iss = issuer(&[&k1]).await;
-    let jwks = Jwks::new(config(&iss, Duration::from_secs(60))).unwrap();
+    let every = Duration::from_millis(200);
+    let jwks = Arc::new(Jwks::new(config(&iss, every)).unwrap());
     jwks.keys(Some("k1")).await.unwrap();
-    for i in 0..20 {
-        let keys = jwks.keys(Some(&format!("forged-{i}"))).await.unwrap();
-        assert!(keys.has("k1"));
+    let started = Instant::now();
+    // Forty forged ids at once: they wait for one fetch together.
+    let forged: Vec<_> = (0..40)
+        .map(|i| {
+            let jwks = jwks.clone();
+            tokio::spawn(async move { jwks.keys(Some(&format!("forged-{i}"))).await })
+        })
+        .collect();
+    for f in forged {
+        assert!(f.await.unwrap().unwrap().has("k1"));
     }
-    assert_eq!(iss.hits.load(Ordering::SeqCst), 1);
+    let fetches = iss.hits.load(Ordering::SeqCst) - 1;
+    let windows = started.elapsed().as_millis() / every.as_millis() + 1;
+    assert!(
+        fetches as u128 <= windows,
+        "{fetches} fetches in {windows} windows of {every:?}"
+    );
+    assert!(fetches >= 1, "a new id was looked for");
 }
 
 #[tokio::test]
