@@ -124,6 +124,55 @@ pub struct AgentTenantSpec {
     #[schemars(length(max = 32))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["model"]))]
     pub pricing: Vec<bindery_spec::prices::ModelPrice>,
+    /// The platform's identity provider: people call the tenant's agents
+    /// with its identity tokens, each using their own sessions, and tools
+    /// may act with their rights (`{identity: …}` bindings). Absent:
+    /// identity tokens are not taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<TenantIdentity>,
+}
+
+/// The identity provider whose tokens a tenant's agent servers take.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantIdentity {
+    /// The tokens' `iss`, exactly (https; the keys are found through its
+    /// `/.well-known/openid-configuration`).
+    #[schemars(length(max = 2048), regex(pattern = r"^https://[^\s]+$"))]
+    pub issuer: String,
+    /// A token's `aud` must hold one of these.
+    #[schemars(length(min = 1, max = 16))]
+    pub audiences: Vec<String>,
+    /// The keys' URL, when the discovery document is not to be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048), regex(pattern = r"^https://[^\s]+$"))]
+    pub jwks_url: Option<String>,
+    /// The claim that names the person (default `sub`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub subject_claim: Option<String>,
+    /// How far clocks may disagree, in seconds (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 300))]
+    pub clock_skew_seconds: Option<i64>,
+    /// The client the agent servers exchange people's tokens as (RFC
+    /// 8693), for `{identity: "token:…"}` bindings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<TenantExchange>,
+}
+
+/// The token-exchange client of a tenant.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantExchange {
+    #[schemars(length(min = 1, max = 256))]
+    pub client_id: String,
+    /// The Secret key holding the client's secret.
+    pub client_secret_secret_ref: KeyRef,
+    /// The token endpoint, when the discovery document is not to be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048), regex(pattern = r"^https://[^\s]+$"))]
+    pub token_url: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

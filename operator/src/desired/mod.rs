@@ -147,6 +147,14 @@ pub fn referenced(tenant: &AgentTenant) -> (BTreeSet<String>, BTreeSet<String>) 
     if let Some(r) = &tenant.spec.approver_token_secret_ref {
         secrets.insert(r.name.clone());
     }
+    if let Some(x) = tenant
+        .spec
+        .identity
+        .as_ref()
+        .and_then(|i| i.exchange.as_ref())
+    {
+        secrets.insert(x.client_secret_secret_ref.name.clone());
+    }
     if let Some(r) = postgres_url(tenant) {
         secrets.insert(r.name.clone());
     }
@@ -244,6 +252,16 @@ pub fn desired(inputs: &Inputs<'_>) -> Desired {
             "the approver token",
             "approverTokenSecretRef",
             &tenant.spec.approver_token_secret_ref,
+        ),
+        (
+            "the identity exchange client's secret",
+            "identity.exchange.clientSecretSecretRef",
+            &tenant
+                .spec
+                .identity
+                .as_ref()
+                .and_then(|i| i.exchange.as_ref())
+                .map(|x| x.client_secret_secret_ref.clone()),
         ),
     ] {
         let Some(r) = r else { continue };

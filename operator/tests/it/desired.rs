@@ -1833,3 +1833,82 @@ fn a_tenants_cloud_identity_reaches_its_service_account_and_pods() {
         .annotations
         .is_none());
 }
+
+/// A tenant's identity provider: its issuer and audiences become the
+/// server's flags, the exchange client's secret comes from its Secret key
+/// as a `secretKeyRef` only, and a missing Secret stops the tenant saying
+/// which field names it.
+#[test]
+fn a_tenants_identity_provider_reaches_the_server_and_its_exchange_secret_only_by_reference() {
+    use bindery_operator::crd::{KeyRef, TenantExchange, TenantIdentity};
+    let mut w = World::example();
+    w.tenant.spec.identity = Some(TenantIdentity {
+        issuer: "https://login.example.com/realms/acme".into(),
+        audiences: vec!["acme-chat".into(), "acme-portal".into()],
+        jwks_url: None,
+        subject_claim: Some("email".into()),
+        clock_skew_seconds: Some(30),
+        exchange: Some(TenantExchange {
+            client_id: "bindery-acme".into(),
+            client_secret_secret_ref: KeyRef {
+                name: "acme-idp".into(),
+                key: "client-secret".into(),
+            },
+            token_url: None,
+        }),
+    });
+    let missing = w.run();
+    assert_eq!(cond(&missing, "ParametersResolved").status, "False");
+    assert!(
+        cond(&missing, "ParametersResolved")
+            .message
+            .contains("spec.identity.exchange.clientSecretSecretRef"),
+        "{:?}",
+        cond(&missing, "ParametersResolved")
+    );
+    w.secrets
+        .insert("acme-idp".into(), obj(&["client-secret"], "7"));
+    let d = w.run();
+    assert_eq!(cond(&d, "ParametersResolved").status, "True");
+    let o = d.objects.as_ref().unwrap();
+    let pod = o
+        .deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let args = pod.containers[0].args.clone().unwrap_or_default().join(" ");
+    for flag in [
+        "--identity-issuer https://login.example.com/realms/acme",
+        "--identity-audience acme-chat --identity-audience acme-portal",
+        "--identity-subject-claim email",
+        "--identity-clock-skew 30",
+        "--identity-exchange-client-id bindery-acme",
+    ] {
+        assert!(args.contains(flag), "{flag}: {args}");
+    }
+    let env = sidecar_env(&d);
+    let secret: Vec<_> = env
+        .iter()
+        .filter(|e| e.name == "BINDERY_IDENTITY_EXCHANGE_CLIENT_SECRET")
+        .collect();
+    assert_eq!(secret.len(), 1, "{env:?}");
+    assert!(secret[0].value.is_none(), "never a value");
+    let r = secret[0]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.key.as_str()),
+        ("acme-idp", "client-secret")
+    );
+    assert!(bindery_operator::desired::referenced(&w.tenant)
+        .0
+        .contains("acme-idp"));
+}

@@ -39,6 +39,9 @@ pub(super) fn config_hash(
     if let Some(r) = &spec.approver_token_secret_ref {
         referenced.push(("secret", r.name.as_str()));
     }
+    if let Some(x) = spec.identity.as_ref().and_then(|i| i.exchange.as_ref()) {
+        referenced.push(("secret", x.client_secret_secret_ref.name.as_str()));
+    }
     let peer_tls = peer_tls_secret(inputs.tenant_name());
     if let Some(r) = postgres_url(inputs.tenant) {
         referenced.push(("secret", r.name.as_str()));

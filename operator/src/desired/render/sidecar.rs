@@ -144,6 +144,31 @@ pub(super) fn server_flags(spec: &AgentTenantSpec) -> Parts {
     if let Some(every) = &spec.events_keep_alive {
         args.extend(["--events-keep-alive".into(), every.clone()]);
     }
+    if let Some(id) = &spec.identity {
+        args.extend(["--identity-issuer".into(), id.issuer.clone()]);
+        for a in &id.audiences {
+            args.extend(["--identity-audience".into(), a.clone()]);
+        }
+        if let Some(u) = &id.jwks_url {
+            args.extend(["--identity-jwks-url".into(), u.clone()]);
+        }
+        if let Some(c) = &id.subject_claim {
+            args.extend(["--identity-subject-claim".into(), c.clone()]);
+        }
+        if let Some(s) = id.clock_skew_seconds {
+            args.extend(["--identity-clock-skew".into(), s.to_string()]);
+        }
+        if let Some(x) = &id.exchange {
+            args.extend(["--identity-exchange-client-id".into(), x.client_id.clone()]);
+            if let Some(u) = &x.token_url {
+                args.extend(["--identity-token-url".into(), u.clone()]);
+            }
+            env.push(secret_env(
+                "BINDERY_IDENTITY_EXCHANGE_CLIENT_SECRET".into(),
+                &x.client_secret_secret_ref,
+            ));
+        }
+    }
     Parts {
         args,
         env,
