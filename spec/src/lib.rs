@@ -1440,3 +1440,20 @@ mod tests {
         assert!(e.contains("sameOrigin") && e.contains("none"), "{e}");
     }
 }
+
+/// An OAuth error code as an authorization server answered it, fit to be
+/// shown: the code itself when it is one (RFC 6749's `error`: letters,
+/// digits, `_`, `-`, `.`, at most 64), else a placeholder. A server may echo
+/// what it was sent (a secret) into its answer; a code cannot hold one.
+pub fn oauth_error_code(error: &str) -> String {
+    let code = !error.is_empty()
+        && error.len() <= 64
+        && error
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if code {
+        error.to_string()
+    } else {
+        "(an error that is not an OAuth error code; not repeated)".to_string()
+    }
+}

@@ -48,15 +48,29 @@ pub struct ApprovalList {
 }
 
 /// What an approver (or an answer link) is told after answering: the
-/// session's id and status and what it waits for now, never its turns.
-pub async fn answered(s: &AppState, id: &str, q: &WaitQuery, run: Option<RunWait>) -> ApiResult {
+/// session's id and status and what it waits for now, never its turns. A
+/// link holder (`by_link`) is not told the other items' tokens: a link
+/// answers its one item.
+pub async fn answered(
+    s: &AppState,
+    id: &str,
+    q: &WaitQuery,
+    run: Option<RunWait>,
+    by_link: bool,
+) -> ApiResult {
     let ended = q.wait(run).await;
     let rec = match ended.and_then(|e| e.record) {
         Some(rec) => Arc::unwrap_or_clone(rec),
         None => s.service.record(id).await?,
     };
+    let mut pending = s.service.approvals().pending_view(&rec);
+    if by_link {
+        for p in &mut pending {
+            p.continuation_token = None;
+        }
+    }
     let answered = ApprovalAnswered {
-        pending: s.service.approvals().pending_view(&rec),
+        pending,
         session_id: rec.id,
         status: rec.status,
     };
@@ -101,7 +115,7 @@ pub async fn answer_link(
         .sessions()
         .answer(&Caller::Approver, &token, answer)
         .await?;
-    let r = answered(&s, &id, &q, run).await?;
+    let r = answered(&s, &id, &q, run, true).await?;
     Ok((StatusCode::OK, r).into_response())
 }
 

@@ -468,7 +468,7 @@ async fn view(
         // An end user answers the choices of their conversation; an
         // approval's token is the owner's and the approver's.
         for (p, call) in pending.iter_mut().zip(rec.pending.open()) {
-            if call.lookup.is_none() {
+            if !bindery_session::service::end_user_answers(call) {
                 p.continuation_token = None;
             }
         }
@@ -847,7 +847,7 @@ async fn continuation(
     let answer = b.into_answer()?;
     let (id, run) = s.service.sessions().answer(&who, &token, answer).await?;
     if who == Caller::Approver {
-        return super::approvals::answered(&s, &id, &q, run).await;
+        return super::approvals::answered(&s, &id, &q, run, false).await;
     }
     match run {
         Some(run) => ran(&s, &id, &who, &q, run).await,

@@ -45,7 +45,7 @@ pub struct ExchangeClient {
 pub enum ExchangeError {
     #[error("no token exchange is configured (--identity-exchange-client-id and its secret): an end user's token cannot be exchanged for audience `{0}`")]
     NotConfigured(String),
-    #[error("the session's end user presented no token this server holds (a forwarded request, or one from before a restart); their next message brings it")]
+    #[error("the session's end user presented no token this server holds, or it has expired (a forwarded request, one from before a restart, or a run resumed long after); their next message brings a fresh one")]
     NoToken,
     #[error("the identity provider refused to exchange the end user's token for audience `{audience}`: {error}{}", description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Refused {
@@ -173,14 +173,16 @@ impl Exchanger {
                 },
             ) => (SecretString::new(t), expires_in),
             (_, a) => {
+                // The error code only, and only when it is one: a provider
+                // may echo what it was sent (the person's token, the
+                // client's secret) into its description, and this is logged.
                 return Err(ExchangeError::Refused {
                     audience: want.audience.clone(),
-                    error: a
-                        .error
-                        .unwrap_or_else(|| format!("HTTP {}", status.as_u16())),
-                    // The provider's words, cut short: they never hold a
-                    // token, but are the provider's to choose.
-                    description: a.error_description.map(|d| d.chars().take(200).collect()),
+                    error: a.error.as_deref().map_or_else(
+                        || format!("HTTP {}", status.as_u16()),
+                        bindery_spec::oauth_error_code,
+                    ),
+                    description: None,
                 });
             }
         };
@@ -232,7 +234,6 @@ struct Answer {
     access_token: Option<String>,
     expires_in: Option<u64>,
     error: Option<String>,
-    error_description: Option<String>,
 }
 
 fn cache_key(want: &TokenExchange) -> String {

@@ -32,6 +32,7 @@ impl EndUser {
             subject: self.subject,
             claims: Arc::new(self.claims),
             token: Some(Arc::new(self.token)),
+            expires_at: self.expires_at,
         }
     }
 }
@@ -46,6 +47,9 @@ pub struct Person {
     pub claims: Arc<Map<String, Value>>,
     /// Their identity token (none when a replica forwarded the request).
     pub token: Option<Arc<SecretString>>,
+    /// When that token expires (seconds since the Unix epoch): past it,
+    /// it is exchanged no more.
+    pub expires_at: u64,
 }
 
 impl Person {
@@ -55,7 +59,18 @@ impl Person {
             subject,
             claims: Arc::default(),
             token: None,
+            expires_at: 0,
         }
+    }
+}
+
+impl Person {
+    /// Their token, while it has not expired.
+    pub fn live_token(&self) -> Option<&SecretString> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(u64::MAX, |d| d.as_secs());
+        self.token.as_deref().filter(|_| now < self.expires_at)
     }
 }
 

@@ -210,15 +210,24 @@ pub fn verify(
         return Err(Rejected::Audience);
     }
     let skew = config.clock_skew.as_secs();
-    let time = |name| claims.get(name).and_then(Value::as_f64).map(|t| t as u64);
-    let exp = time("exp").ok_or(Rejected::NoExpiry)?;
+    // A time that is there must be a number: a string `nbf` skipped would
+    // make a token valid before its time.
+    let time = |name| match claims.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .map(|t| Some(t as u64))
+            .ok_or(Rejected::Malformed),
+    };
+    let exp = time("exp")?.ok_or(Rejected::NoExpiry)?;
     if now > exp.saturating_add(skew) {
         return Err(Rejected::Expired);
     }
-    if time("nbf").is_some_and(|nbf| now.saturating_add(skew) < nbf) {
+    if time("nbf")?.is_some_and(|nbf| now.saturating_add(skew) < nbf) {
         return Err(Rejected::NotYetValid);
     }
-    if time("iat").is_some_and(|iat| now.saturating_add(skew) < iat) {
+    if time("iat")?.is_some_and(|iat| now.saturating_add(skew) < iat) {
         return Err(Rejected::NotYetValid);
     }
     let subject = claims

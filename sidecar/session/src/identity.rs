@@ -83,9 +83,10 @@ async fn exchange(
 ) -> Result<SecretString, bindery_identity::ExchangeError> {
     let exchanger = exchanger
         .ok_or_else(|| bindery_identity::ExchangeError::NotConfigured(want.audience.clone()))?;
+    // An expired token is exchanged no more, nor is what it was exchanged
+    // for used: the person's rights end with their token.
     let token = person
-        .token
-        .as_ref()
+        .live_token()
         .ok_or(bindery_identity::ExchangeError::NoToken)?;
     exchanger.exchange(&person.subject, token, want).await
 }

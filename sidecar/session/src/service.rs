@@ -45,7 +45,7 @@ mod sessions;
 mod tests;
 mod tokens;
 
-pub use continuation::Answer;
+pub use continuation::{end_user_answers, Answer};
 pub use feed::{Feed, FeedItem};
 pub use sessions::{may_use, Sessions};
 pub use tokens::{token_digest, token_in, Tokens};

@@ -4,7 +4,7 @@
 //! A record is a JSON object: `seq` (gapless, from 1), `at` (RFC 3339
 //! UTC), `actor`, `action`, `session` (where there is one), `details`,
 //! `prev` (the previous record's `hash`, [`GENESIS`] for the first) and
-//! `hash`, the SHA-256 of the record's [canonical](canonical) form without
+//! `hash`, the SHA-256 of the record's [canonical] form without
 //! `hash`. The store seals a record ([`seal`]) in the transaction that
 //! appends it, under the log's lock, so the chain never forks or skips.
 //! Nothing secret is ever put in one: an [`Action`] names parameters and

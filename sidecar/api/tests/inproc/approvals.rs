@@ -322,13 +322,24 @@ async fn an_answer_link_cannot_clear_the_taint_guard() {
         "{}",
         view.text
     );
-    // The link still answers its item, without clearing anything.
+    // This agent sends no notices: its continuation token is no answer
+    // link at all (the attacker's review answered items through it).
     let r = g
         .api
         .call(
             "POST",
             &format!("/v1/approvals/{token}?wait=true"),
             None,
+            Some(&json!({"approve": false})),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    let r = g
+        .api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(OWNER),
             Some(&json!({"approve": false})),
         )
         .await;

@@ -389,3 +389,170 @@ async fn a_tool_acts_with_the_end_users_own_identity_and_the_model_cannot_change
     assert_eq!(r.status, 201, "{}", r.text);
     assert!(!last_tool_output(&r).contains("user="), "{}", r.text);
 }
+
+/// The booking example (`depends_on`: a selection, then a confirmation of
+/// the write) on a server that takes the test issuer's tokens.
+async fn booking_world(
+    slots: Value,
+) -> (
+    tempfile::TempDir,
+    bindery_tests::fixtures::booking::BookingFiles,
+    Server,
+    TestIssuer,
+) {
+    use bindery_tests::fixtures::booking::{self, BookingFiles};
+    let dir = tempfile::tempdir().unwrap();
+    let files = BookingFiles::write(dir.path(), MODEL_URL, slots, |t| t);
+    let store = format!("booking_store={}", files.store.display());
+    let load = process_values(&[("--set", &store)], &[("BINDERY_PARAM_API_KEY", CANARY)]);
+    let issuer = TestIssuer::start().await;
+    let config = IdentityConfig::new(&issuer.url, vec![AUD.into()]).unwrap();
+    let server = Server::identified_with(
+        std::slice::from_ref(&files.agent),
+        dir.path(),
+        booking::script,
+        load,
+        config,
+    )
+    .await;
+    (dir, files, server, issuer)
+}
+
+/// The choices of their conversation are the person's; the confirmation
+/// of the write is an approval, even for a tool with lookups (the
+/// attacker's review: it was answered by the end user); and a
+/// continuation token is no answer link on an agent with no webhook (the
+/// review: a selection's token answered through the link route, whose
+/// answer handed out the other items' tokens).
+#[tokio::test]
+async fn an_end_user_picks_their_options_but_never_confirms_a_write_nor_answers_through_a_link() {
+    use bindery_tests::fixtures::booking::{two_slots, DAY};
+    let (_dir, files, server, issuer) = booking_world(two_slots()).await;
+    let api = &server.api;
+    let alice = issuer.token("alice", AUD, json!({}));
+    let r = api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&alice),
+            Some(&json!({"agent": "booking",
+                         "prompt": format!("book {}", json!({"date": DAY, "service": "Haircut"}))})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let selection = bindery_tests::fixtures::session::pending(&r, "needs_selection").clone();
+    let token = selection["continuation_token"]
+        .as_str()
+        .expect("hers to answer")
+        .to_string();
+    // Not through the link route: that is a notice's, and there is none.
+    let link = api
+        .call(
+            "POST",
+            &format!("/v1/approvals/{token}"),
+            None,
+            Some(&json!({"choice": selection["options"][0]["id"]})),
+        )
+        .await;
+    assert_eq!(link.status, 404, "{}", link.text);
+    assert!(!link.text.contains("ct_"), "{}", link.text);
+    // Through the continuation route, as herself: yes.
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{token}?wait=true"),
+            Some(&alice),
+            Some(&json!({"choice": selection["options"][0]["id"]})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let confirm = bindery_tests::fixtures::session::pending(&r, "needs_confirmation");
+    assert!(
+        confirm["continuation_token"].is_null(),
+        "not hers: {}",
+        r.text
+    );
+    let owner_view = api
+        .call(
+            "GET",
+            &format!("/v1/sessions/{}", r.json["session_id"].as_str().unwrap()),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    let ct = bindery_tests::fixtures::session::pending(&owner_view, "needs_confirmation")
+        ["continuation_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/continuations/{ct}"),
+            Some(&alice),
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (403, json!("forbidden")),
+        "{}",
+        r.text
+    );
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/approvals/{ct}"),
+            None,
+            Some(&json!({"approve": true})),
+        )
+        .await;
+    assert_eq!(r.status, 404, "no webhook, no link: {}", r.text);
+    assert!(files.bookings().is_empty(), "nothing was booked");
+}
+
+/// A run someone else starts in a person's session (the owner's message)
+/// acts with no person's rights: the attacker's review had the owner's
+/// message reuse the person's exchanged token.
+#[tokio::test]
+async fn a_run_the_owner_starts_in_a_persons_session_acts_with_no_persons_rights() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = whoami_agent(dir.path());
+    let issuer = TestIssuer::start().await;
+    let config = IdentityConfig::new(&issuer.url, vec![AUD.into()]).unwrap();
+    let server = Server::identified(&[agent], dir.path(), whoami_script, config).await;
+    let alice = issuer.token("alice", AUD, json!({"email": "alice@example.com"}));
+    let r = server
+        .api
+        .call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&alice),
+            Some(&json!({"agent": "whoami", "prompt": "who am I?"})),
+        )
+        .await;
+    assert!(last_tool_output(&r).contains("user=alice"), "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let r = server
+        .api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(OWNER),
+            Some(&json!({"prompt": "again"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(!last_tool_output(&r).contains("user=alice"), "{}", r.text);
+    // Her own next message brings her rights back.
+    let r = server
+        .api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(&alice),
+            Some(&json!({"prompt": "and again"})),
+        )
+        .await;
+    assert!(last_tool_output(&r).contains("user=alice"), "{}", r.text);
+}

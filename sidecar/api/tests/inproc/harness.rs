@@ -149,6 +149,17 @@ impl Server {
         script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
         identity: bindery_identity::IdentityConfig,
     ) -> Server {
+        Self::identified_with(agents, dir, script, LoadOptions::default(), identity).await
+    }
+
+    /// [`Self::identified`], the agents loaded with `load`.
+    pub async fn identified_with(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        load: LoadOptions,
+        identity: bindery_identity::IdentityConfig,
+    ) -> Server {
         // The test issuer's exchange client (`TestIssuer`).
         let exchanger = bindery_identity::Exchanger::new(
             identity.clone(),
@@ -160,15 +171,7 @@ impl Server {
         )
         .unwrap();
         let cfg = move |c: &mut ServiceConfig| c.exchanger = Some(Arc::new(exchanger));
-        Self::build(
-            agents,
-            dir,
-            script,
-            LoadOptions::default(),
-            cfg,
-            Some(identity),
-        )
-        .await
+        Self::build(agents, dir, script, load, cfg, Some(identity)).await
     }
 
     async fn build(

@@ -77,6 +77,15 @@ fn each_claim_that_does_not_hold_refuses_the_token_for_its_own_reason() {
         refused(with(claims(), "iat", json!(NOW + 61))),
         Rejected::NotYetValid
     );
+    // A time that is not a number is no time: never skipped.
+    assert_eq!(
+        refused(with(claims(), "nbf", json!("9999999999"))),
+        Rejected::Malformed
+    );
+    assert_eq!(
+        refused(with(claims(), "iat", json!("later"))),
+        Rejected::Malformed
+    );
     assert_eq!(
         refused(with(claims(), "sub", json!(""))),
         Rejected::NoSubject("sub".into())

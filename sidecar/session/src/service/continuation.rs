@@ -66,6 +66,17 @@ fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
     }
 }
 
+/// Whether `item` is an end user's to answer (in their own session): a
+/// selection or an input their conversation asks for. A confirmation, even
+/// of a tool with lookups, is an approval.
+pub fn end_user_answers(item: &PendingCall) -> bool {
+    item.lookup.is_some()
+        && matches!(
+            item.disposition,
+            Disposition::NeedsSelection | Disposition::NeedsInput
+        )
+}
+
 /// Whether an end user may give `answer` to `item` of their own session:
 /// the choices of their conversation (a selection, an input, the
 /// confirmation of a tool with lookups: `depends_on`), yes; an approval of
@@ -78,7 +89,7 @@ fn end_user_may(item: &PendingCall, answer: &Answer) -> Result<(), ServiceError>
             "an end user cannot clear the session's taint guard; the owner or the approver clears it",
         ));
     }
-    if item.lookup.is_none() {
+    if !end_user_answers(item) {
         return Err(ServiceError::forbidden(format!(
             "the {} of {} is the owner's or the approver's to answer; an end user answers the selections and inputs their conversation asks for",
             item.disposition.as_str(),
@@ -176,6 +187,8 @@ impl Sessions {
         };
         if let Caller::EndUser(_) = caller {
             end_user_may(&item, &answer)?;
+            // An approver's answer resumes the person's run with their
+            // rights; the person's own answer brings their token anew.
             super::sessions::present(live, caller);
         }
         let expired = matches!(item.resolution, Some(Resolution::Expired));
@@ -206,6 +219,26 @@ impl Sessions {
             ));
         }
         let agent = self.agents.agent(&rec.agent)?.clone();
+        if answer.by == Some(Decider::Webhook) {
+            // A link answers what a notice announced, and nothing else: an
+            // approval of the session's agent, which has a webhook. A
+            // continuation token handed out otherwise (an end user's
+            // selection) is no link.
+            let hook = agent
+                .spec
+                .approvals
+                .as_ref()
+                .is_some_and(|a| a.webhook.is_some());
+            let announced = matches!(
+                item.disposition,
+                Disposition::Confirm | Disposition::NeedsConfirmation
+            );
+            if !(hook && announced) {
+                return Err(ServiceError::not_found(
+                    "no pending call has this continuation token",
+                ));
+            }
+        }
         // The agent whose tool it is: the session's, or a helper's.
         let owner = item.frames.iter().try_fold(agent.clone(), |a, f| {
             let slug = crate::subagents::helper_slug(&a, &f.tool)?;

@@ -541,11 +541,12 @@ pub fn may_use(caller: &Caller, rec: &SessionRecord) -> bool {
 
 /// Keep the end user as this request presents them (their token, for the
 /// exchanges of the run it starts), in memory only, in place of what an
-/// earlier request of theirs left.
+/// earlier request of theirs left; a run someone else starts (the owner, a
+/// session token) acts with no person's rights, so it clears them.
 pub(crate) fn present(live: &crate::state::live_sessions::Live, caller: &Caller) {
-    if let Caller::EndUser(person) = caller {
-        if person.token.is_some() {
-            *live.person.lock().unwrap_or_else(|p| p.into_inner()) = Some(person.clone());
-        }
-    }
+    let mut held = live.person.lock().unwrap_or_else(|p| p.into_inner());
+    *held = match caller {
+        Caller::EndUser(person) if person.token.is_some() => Some(person.clone()),
+        _ => None,
+    };
 }

@@ -219,6 +219,15 @@ fn read(
         Ok(_) => return Err(unreadable("not a JSON object")),
         Err(e) => return Err(unreadable(&format!("not JSON ({e})"))),
     };
+    // The line is held to the very bytes sealed: a line rewritten into
+    // another form that parses to the same record (a key given twice,
+    // which another reader takes the first of; keys reordered; escapes)
+    // could be read otherwise than what was hashed.
+    if super::canonical(&Value::Object(record.clone())) != text {
+        return Err(unreadable(
+            "not in the canonical form it was sealed in (keys sorted and each once, no spaces, no escapes a record does not need): the line was rewritten",
+        ));
+    }
     let seq = record
         .get("seq")
         .and_then(Value::as_i64)
@@ -380,6 +389,28 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(verify(page, &anchored).unwrap().records, 2);
+    }
+
+    #[test]
+    fn a_line_rewritten_into_another_form_of_the_same_record_is_refused() {
+        let lines = log(2);
+        let first = &lines[0];
+        // A key given twice: serde keeps the last, another reader the first.
+        let dup = first.replacen('{', "{\"action\":\"agent_deleted\",", 1);
+        let pretty = first.replacen(',', ", ", 1);
+        let escaped = first.replacen("\"seq\"", "\"\\u0073eq\"", 1);
+        for bad in [dup, pretty, escaped] {
+            let mut l = lines.clone();
+            l[0] = bad.clone();
+            let e = verify(&l, &Anchor::default()).unwrap_err();
+            assert!(
+                matches!(e, Broken::Unreadable { line: 1, .. }),
+                "{bad}: {e:?}"
+            );
+        }
+        // The canonical lines themselves, with a CRLF, hold.
+        let crlf: Vec<String> = lines.iter().map(|l| format!("{l}\r")).collect();
+        assert!(verify(&crlf, &Anchor::default()).is_ok());
     }
 
     #[test]

@@ -882,13 +882,14 @@ impl OAuth {
         let bytes = read_body(answer, WHAT, &url).await?;
         if !status.is_success() {
             if let Ok(e) = serde_json::from_slice::<ErrorAnswer>(&bytes) {
+                // The error code only, and only when it is one: a token
+                // endpoint may echo the credential it was sent into its
+                // description (or its "code"), and this error is logged.
+                let _ = e.error_description;
                 return Err(OAuthError::TokenRefused {
                     url: egress::shown(&url),
-                    error: quoted(&e.error),
-                    description: e
-                        .error_description
-                        .map(|d| format!(" ({})", quoted(&d)))
-                        .unwrap_or_default(),
+                    error: bindery_spec::oauth_error_code(&e.error),
+                    description: String::new(),
                 });
             }
             return Err(status_error(WHAT, &url, status.as_u16(), &bytes));
