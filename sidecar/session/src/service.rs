@@ -84,6 +84,11 @@ pub struct ServiceConfig {
     /// (`--max-tool-processes`, `--max-tool-processes-per-run`). Default:
     /// no bound.
     pub tool_processes: bindery_tools::slots::ProcessSlots,
+    /// At most this many runs in progress at once per end user
+    /// (`--max-runs-per-user`), counted in the store. `None`: no bound.
+    pub max_runs_per_user: Option<u32>,
+    /// Limits on tools' calls per minute (`--tool-rate-limit`).
+    pub tool_rates: Vec<crate::rate::ToolRate>,
 }
 
 impl Default for ServiceConfig {
@@ -102,6 +107,8 @@ impl Default for ServiceConfig {
             notice_retries: Default::default(),
             clock: Arc::new(WallClock),
             tool_processes: Default::default(),
+            max_runs_per_user: None,
+            tool_rates: Vec::new(),
         }
     }
 }
@@ -265,6 +272,8 @@ impl Service {
             stream: cfg.stream,
             tool_processes: cfg.tool_processes.clone(),
             heartbeat_every: cfg.lease.heartbeat,
+            max_runs_per_user: cfg.max_runs_per_user,
+            tool_rates: crate::rate::ToolRates::new(&cfg.tool_rates),
             stopping: Default::default(),
         });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone());
