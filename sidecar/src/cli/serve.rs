@@ -98,6 +98,8 @@ pub struct ServeArgs<'a> {
     pub approver_token_file: Option<&'a Path>,
     /// `--identity-issuer` and the flags beside it, checked.
     pub identity: Option<bindery_identity::IdentityConfig>,
+    /// `--max-runs-per-user` and the rate limits.
+    pub limits: super::args::LimitsArgs,
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
@@ -314,6 +316,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
             max_live_sessions: a.max_live_sessions,
+            max_runs_per_user: a.limits.max_runs_per_user,
+            tool_rates: a.limits.tool_rate_limits.clone(),
             public_url: a
                 .public_url
                 .map(str::to_string)
@@ -429,6 +433,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             a.allowed_origins,
         )),
         identity,
+        rates: bindery_api::rate_limit::RequestRates::new(
+            a.limits.requests_per_minute,
+            a.limits.per_user_requests_per_minute,
+        ),
     });
     state
         .ready

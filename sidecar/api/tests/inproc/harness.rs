@@ -136,7 +136,7 @@ impl Server {
         load: LoadOptions,
         cfg: impl FnOnce(&mut ServiceConfig),
     ) -> Server {
-        Self::build(agents, dir, script, load, cfg, None).await
+        Self::build(agents, dir, script, load, cfg, None, (None, None)).await
     }
 
     /// A server as [`Self::start`] makes it that also takes end users'
@@ -154,6 +154,31 @@ impl Server {
             LoadOptions::default(),
             |_| {},
             Some(identity),
+            (None, None),
+        )
+        .await
+    }
+
+    /// A server as [`Self::identified`] makes it, `cfg` changing the
+    /// service's configuration and `rates` the requests per minute it
+    /// takes, the server's and each end user's (`--requests-per-minute`,
+    /// `--per-user-requests-per-minute`).
+    pub async fn limited(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        identity: bindery_identity::IdentityConfig,
+        cfg: impl FnOnce(&mut ServiceConfig),
+        rates: (Option<u32>, Option<u32>),
+    ) -> Server {
+        Self::build(
+            agents,
+            dir,
+            script,
+            LoadOptions::default(),
+            cfg,
+            Some(identity),
+            rates,
         )
         .await
     }
@@ -165,6 +190,7 @@ impl Server {
         load: LoadOptions,
         cfg: impl FnOnce(&mut ServiceConfig),
         identity: Option<bindery_identity::IdentityConfig>,
+        rates: (Option<u32>, Option<u32>),
     ) -> Server {
         let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
             .await
@@ -228,6 +254,7 @@ impl Server {
             peers_tls: None,
             origins: Arc::new(bindery_api::origin::OriginPolicy::new(listen, &[], &[])),
             identity: identity.map(|c| Arc::new(bindery_identity::Verifier::new(c).unwrap())),
+            rates: bindery_api::rate_limit::RequestRates::new(rates.0, rates.1),
         });
         Server {
             api: Api(bindery_api::server::router(state)),
@@ -327,6 +354,11 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -334,6 +366,7 @@ impl Api {
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
         Answer {
             content_type,
+            retry_after,
             reply: Reply { status, json, text },
         }
     }
@@ -354,6 +387,8 @@ impl SessionApi for Api {
 /// A reply and its `Content-Type`.
 pub struct Answer {
     pub content_type: String,
+    /// Its `Retry-After`, if any.
+    pub retry_after: Option<String>,
     pub reply: Reply,
 }
 

@@ -15,6 +15,7 @@ mod budgets;
 mod depends;
 mod end_users;
 mod helpers;
+mod limits;
 mod pending;
 mod promises;
 mod sessions;
