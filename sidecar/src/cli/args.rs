@@ -648,10 +648,10 @@ pub struct IdentityArgs {
 /// and tool calls per minute (counted by each replica).
 #[derive(Args, Debug, Clone)]
 pub struct LimitsArgs {
-    /// At most this many runs in progress at once per end user; one more
-    /// is answered 429 too_many_runs. Needs --identity-issuer.
+    /// At most this many runs in progress at once per end user (people
+    /// signed in with --identity-issuer's tokens); one more is answered
+    /// 429 too_many_runs.
     #[arg(long, value_name = "N", env = "BINDERY_MAX_RUNS_PER_USER",
-          requires = "identity_issuer",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_runs_per_user: Option<u32>,
     /// At most this many requests per minute to this server, every client
@@ -660,10 +660,8 @@ pub struct LimitsArgs {
     #[arg(long, value_name = "N", env = "BINDERY_REQUESTS_PER_MINUTE",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub requests_per_minute: Option<u32>,
-    /// At most this many requests per minute per end user. Needs
-    /// --identity-issuer.
+    /// At most this many requests per minute per end user.
     #[arg(long, value_name = "N", env = "BINDERY_PER_USER_REQUESTS_PER_MINUTE",
-          requires = "identity_issuer",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub per_user_requests_per_minute: Option<u32>,
     /// A limit on the calls of the tools a glob names, TOOL=CALLS per

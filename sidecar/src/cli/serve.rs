@@ -222,6 +222,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         }
         None => None,
     };
+    if identity.is_none()
+        && (a.limits.max_runs_per_user.is_some() || a.limits.per_user_requests_per_minute.is_some())
+    {
+        // Honoured (every end user is limited), but there is none: say so
+        // rather than let the operator believe people are limited.
+        tracing::warn!(
+            "--max-runs-per-user and --per-user-requests-per-minute limit end users, and this \
+             server takes no identity tokens (--identity-issuer), so they limit no one"
+        );
+    }
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
