@@ -130,6 +130,14 @@ pub struct AgentTenantSpec {
     /// identity tokens are not taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<TenantIdentity>,
+    /// Limits on each end user of the tenant (people signed in with the
+    /// platform's identity tokens): the server's pods need the identity
+    /// issuer (`BINDERY_IDENTITY_ISSUER`), or they refuse to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_user: Option<PerUserSpec>,
+    /// Requests and tool calls per minute, counted by each pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<RateLimitsSpec>,
 }
 
 /// The identity provider whose tokens a tenant's agent servers take.
@@ -173,6 +181,55 @@ pub struct TenantExchange {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048), regex(pattern = r"^https://[^\s]+$"))]
     pub token_url: Option<String>,
+}
+
+/// What each end user may hold of the tenant at once.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PerUserSpec {
+    /// At most this many runs in progress at once per end user, counted in
+    /// the tenant's store (across replicas); one more is answered 429
+    /// `too_many_runs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_runs: Option<u32>,
+}
+
+/// Requests and tool calls per minute. Each is a bucket of that many that
+/// refills at that many per minute, kept by each pod: with `replicas: N`
+/// the tenant takes up to N times as much.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitsSpec {
+    /// Requests per minute to the tenant's API, every client together
+    /// (probes and `/metrics` are not counted); past it, 429 `rate_limited`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub requests_per_minute: Option<u32>,
+    /// Requests per minute of each end user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub per_user_requests_per_minute: Option<u32>,
+    /// Calls per minute of the tools a glob names: a call over it does
+    /// not run, and the model is told it is rate limited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub tools: Vec<ToolRateSpec>,
+}
+
+/// One tool glob's calls per minute.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRateSpec {
+    /// A glob over the agent's tool names (`openapi_billing_*`): the
+    /// calls of every tool it names count together.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9_.*?-]+$"))]
+    pub tool: String,
+    #[schemars(range(min = 1))]
+    pub calls_per_minute: u32,
+    /// Each end user has their own bucket.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_user: bool,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

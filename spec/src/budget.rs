@@ -14,6 +14,9 @@ use crate::diagnostic::Diagnostic;
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "(has(self.tokens) ? 1 : 0) + (has(self.toolCalls) ? 1 : 0) + (has(self.cost) ? 1 : 0) == 1",
     "message": "a budget caps exactly one of tokens, toolCalls and cost"
+}, {
+    "rule": "!has(self.perUser) || !self.perUser || (self.per != 'session' && self.per != 'run')",
+    "message": "perUser needs a rolling per (1h, 24h, 30d), not session or run"
 }]))]
 pub struct Budget {
     /// Unique among the agent's budgets; a tenant's budget of the same
@@ -48,6 +51,12 @@ pub struct Budget {
     /// `cost` budget only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downgrade: Option<Downgrade>,
+    /// Count each end user apart: a rolling window then sums only that
+    /// user's sessions of the agent (each user has their own), and
+    /// sessions of no end user (the owner's) are not counted. Not with
+    /// `per: session` or `run`, already one session's or run's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_user: bool,
 }
 
 /// A switch to a cheaper model as a budget nears its cap.
@@ -210,6 +219,8 @@ pub struct Limit {
     pub per_text: String,
     pub on_exceed: OnExceed,
     pub downgrade: Option<Downgrade>,
+    /// Each end user's use counts apart (a rolling window only).
+    pub per_user: bool,
 }
 
 impl Budget {
@@ -234,6 +245,7 @@ impl Budget {
             per_text: self.per.clone(),
             on_exceed: self.on_exceed,
             downgrade: self.downgrade.clone(),
+            per_user: self.per_user,
         })
     }
 }
@@ -353,11 +365,18 @@ pub fn check(
             ))),
             Some(_) => {}
         }
-        if Per::parse(&b.per).is_none() {
-            diags.push(Diagnostic::error(format!(
+        match Per::parse(&b.per) {
+            None => diags.push(Diagnostic::error(format!(
                 "{place}: `per` is a duration such as `1h`, `24h` or `30d`, or `session` or `run`; got `{}`",
                 b.per
-            )));
+            ))),
+            Some(Per::Session | Per::Run) if b.per_user => diags.push(Diagnostic::error(format!(
+                "{place}: `perUser: true` needs a rolling `per` (`1h`, `24h`, `30d`): a `{}` \
+                 window is already one {}'s, which belongs to one user; remove `perUser` or give \
+                 `per` a duration",
+                b.per, b.per
+            ))),
+            Some(_) => {}
         }
     }
     if let Some(p) = pricing {
@@ -466,6 +485,34 @@ mod tests {
             &mut ok,
         );
         assert!(ok.is_empty(), "{ok:?}");
+    }
+
+    #[test]
+    fn a_per_user_budget_needs_a_rolling_window_and_keeps_its_flag() {
+        let mut diags = Vec::new();
+        let budgets = vec![
+            budget("{name: daily, tokens: 100, per: 24h, perUser: true}"),
+            budget("{name: sess, tokens: 100, per: session, perUser: true}"),
+            budget("{name: runs, toolCalls: 3, per: run, perUser: true}"),
+            budget("{name: plain, tokens: 100, per: session}"),
+        ];
+        check(&budgets, None, "agent.yaml", &mut diags);
+        let texts: Vec<_> = diags.iter().map(|d| d.to_string()).collect();
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert!(
+            texts[0].contains("budget `sess`: `perUser: true` needs a rolling `per`")
+                && texts[0].contains("remove `perUser` or give `per` a duration"),
+            "{texts:?}"
+        );
+        assert!(texts[1].contains("budget `runs`"), "{texts:?}");
+        assert!(budgets[0].limit().unwrap().per_user);
+        assert!(!budgets[3].limit().unwrap().per_user);
+        // Written back only when set.
+        let yaml = serde_yaml::to_string(&budgets[3]).unwrap();
+        assert!(!yaml.contains("perUser"), "{yaml}");
+        assert!(serde_yaml::to_string(&budgets[0])
+            .unwrap()
+            .contains("perUser: true"));
     }
 
     #[test]

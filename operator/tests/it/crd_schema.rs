@@ -449,6 +449,7 @@ fn tenant_with_budgets(budgets: Value) -> Value {
 fn a_budget_caps_one_thing_over_a_window() {
     let one = "a budget caps exactly one of tokens, toolCalls and cost";
     let per = "per is a duration (1h, 24h, 30d), `session` or `run`";
+    let per_user = "perUser needs a rolling per (1h, 24h, 30d), not session or run";
     type Make = fn(Value) -> (&'static str, Value);
     let kinds: [Make; 2] = [
         |b| ("Agent", agent_with_budgets(b, true)),
@@ -464,6 +465,8 @@ fn a_budget_caps_one_thing_over_a_window() {
             json!([{"name": "calls", "toolCalls": 50, "per": "session", "onExceed": "confirm"}]),
             json!([{"name": "spend", "cost": 25.5, "per": "30d"}]),
             json!([{"name": "one-run", "tokens": 1, "per": "run"}, {"name": "m", "toolCalls": 3, "per": "90m"}]),
+            json!([{"name": "mine", "tokens": 100, "per": "24h", "perUser": true}]),
+            json!([{"name": "sess", "tokens": 100, "per": "session", "perUser": false}]),
         ] {
             let (kind, v, object) = check(good);
             assert!(v.is_clean(), "{kind}: {v:#?}\n{object:#}");
@@ -481,6 +484,14 @@ fn a_budget_caps_one_thing_over_a_window() {
             (json!({"name": "b", "tokens": 1, "per": "1w"}), per),
             (json!({"name": "b", "tokens": 1, "per": "24"}), per),
             (json!({"name": "b", "tokens": 1, "per": "Session"}), per),
+            (
+                json!({"name": "b", "tokens": 1, "per": "session", "perUser": true}),
+                per_user,
+            ),
+            (
+                json!({"name": "b", "tokens": 1, "per": "run", "perUser": true}),
+                per_user,
+            ),
         ] {
             let (kind, v, object) = check(json!([bad]));
             assert!(v.structural.is_empty(), "{kind}: {v:#?}\n{object:#}");
@@ -843,6 +854,40 @@ fn a_confirm_condition_is_a_bounded_string() {
 }
 
 #[test]
+fn per_user_limits_and_rate_limits_take_counts_from_one_and_plain_tool_globs() {
+    let with = |field: &str, value: Value| {
+        let mut t = tenant_with(json!([{"name": "tenant", "value": "acme"}]));
+        t["spec"][field] = value;
+        t
+    };
+    accepted(&with("perUser", json!({"maxConcurrentRuns": 3})));
+    accepted(&with(
+        "rateLimits",
+        json!({"requestsPerMinute": 600, "perUserRequestsPerMinute": 60,
+               "tools": [{"tool": "openapi_billing_*", "callsPerMinute": 10, "perUser": true}]}),
+    ));
+    refused_by_schema(
+        &with("perUser", json!({"maxConcurrentRuns": 0})),
+        "/spec/perUser/maxConcurrentRuns",
+        "minimum",
+    );
+    refused_by_schema(
+        &with("rateLimits", json!({"requestsPerMinute": 0})),
+        "/spec/rateLimits/requestsPerMinute",
+        "minimum",
+    );
+    // A comma would split the server's flag in two.
+    refused_by_schema(
+        &with(
+            "rateLimits",
+            json!({"tools": [{"tool": "a,b=1", "callsPerMinute": 1}]}),
+        ),
+        "/spec/rateLimits/tools/0/tool",
+        "pattern",
+    );
+}
+
+#[test]
 fn live_session_ttl_is_a_duration_over_zero_or_off() {
     let with = |ttl: &str| {
         let mut t = tenant_with(json!([{"name": "tenant", "value": "acme"}]));
@@ -875,6 +920,7 @@ fn every_rule_is_tested_above() {
             [
                 "spec: replicas above 1 need a store they share (spec.store.postgres): a pvcSize claim holds one pod's SQLite file",
                 "spec.budgets[]: a budget caps exactly one of tokens, toolCalls and cost",
+                "spec.budgets[]: perUser needs a rolling per (1h, 24h, 30d), not session or run",
                 "spec.budgets[].per: per is a duration (1h, 24h, 30d), `session` or `run`",
                 "spec.parameters: each parameter may be listed once",
                 "spec.parameters[].name: a parameter name is lower-case letters, digits and _, starting with a letter",
@@ -894,6 +940,7 @@ fn every_rule_is_tested_above() {
             agent_rules,
             [
                 "spec.budgets[]: a budget caps exactly one of tokens, toolCalls and cost",
+                "spec.budgets[]: perUser needs a rolling per (1h, 24h, 30d), not session or run",
                 "spec.budgets[].per: per is a duration (1h, 24h, 30d), `session` or `run`",
                 "spec.confirmTtl: confirmTtl is a number and a unit: 90s, 15m, 2h or 1d",
             ],

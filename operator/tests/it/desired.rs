@@ -1210,6 +1210,42 @@ fn a_tenant_sets_how_long_idle_sessions_keep_their_secrets_or_turns_it_off() {
     assert_eq!(flag_value(&sidecar_args(&w), flag), Some("off"));
 }
 
+#[test]
+fn a_tenants_per_user_cap_and_rate_limits_become_the_servers_flags() {
+    let mut w = World::example();
+    let args = sidecar_args(&w);
+    for flag in [
+        "--max-runs-per-user",
+        "--requests-per-minute",
+        "--per-user-requests-per-minute",
+        "--tool-rate-limit",
+    ] {
+        assert_eq!(flag_value(&args, flag), None, "{flag} without the field");
+    }
+    w.tenant.spec.per_user = Some(from_yaml("{maxConcurrentRuns: 3}").unwrap());
+    w.tenant.spec.rate_limits = Some(
+        from_yaml(
+            "{requestsPerMinute: 600, perUserRequestsPerMinute: 60, tools: [\
+             {tool: 'openapi_billing_*', callsPerMinute: 10, perUser: true}, \
+             {tool: bash_report, callsPerMinute: 2}]}",
+        )
+        .unwrap(),
+    );
+    let args = sidecar_args(&w);
+    assert_eq!(flag_value(&args, "--max-runs-per-user"), Some("3"));
+    assert_eq!(flag_value(&args, "--requests-per-minute"), Some("600"));
+    assert_eq!(
+        flag_value(&args, "--per-user-requests-per-minute"),
+        Some("60")
+    );
+    let tools: Vec<_> = args
+        .windows(2)
+        .filter(|p| p[0] == "--tool-rate-limit")
+        .map(|p| p[1].as_str())
+        .collect();
+    assert_eq!(tools, ["openapi_billing_*=10/user", "bash_report=2"]);
+}
+
 /// The example tenant whose agent announces the calls that wait for a
 /// person to an approval webhook, its signing key from the Secret
 /// `acme-approvals`, key `key`.

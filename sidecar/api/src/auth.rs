@@ -348,6 +348,11 @@ impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
             Some(found) if found.session == session => found.identity.clone(),
             _ => state.identify(&parts.headers, session.as_deref()).await,
         };
+        // An end user's requests count against their rate limit here, on
+        // the server whose handler answers them, whatever the door says.
+        if let Identity::EndUser { person, .. } = &identity {
+            super::rate_limit::user(state, person.subject.as_str())?;
+        }
         Ok(Authed {
             caller: D::RULE.admit(identity)?,
             door: PhantomData,

@@ -15,6 +15,7 @@ pub mod origin;
 pub mod owner_token;
 pub mod peer_tls;
 pub mod peers;
+pub mod rate_limit;
 pub mod request;
 pub mod server;
 pub mod state;

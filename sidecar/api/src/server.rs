@@ -104,6 +104,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             super::holder::to_holder,
         ))
         .layer(middleware::from_fn_with_state(
+            state.clone(),
+            super::rate_limit::tenant,
+        ))
+        .layer(middleware::from_fn_with_state(
             state.peer_auth.clone(),
             super::peers::admit,
         ))

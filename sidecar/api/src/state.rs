@@ -35,4 +35,6 @@ pub struct AppState {
     /// The platform's identity provider (`--identity-issuer`): end users'
     /// identity tokens are taken when it is set.
     pub identity: Option<Arc<bindery_identity::Verifier>>,
+    /// Requests per minute, the server's and each end user's.
+    pub rates: super::rate_limit::RequestRates,
 }

@@ -52,11 +52,17 @@ impl IntoResponse for ApiError {
         for (k, v) in e.extra.into_iter().flat_map(|m| *m) {
             body[k] = v;
         }
+        // A 429 that knows when room frees up says so in the header too.
+        let retry_after = match e.kind {
+            ErrorKind::Unavailable => Some(RETRY_AFTER_SECS),
+            ErrorKind::Exhausted => body.get("retry_after").and_then(|v| v.as_u64()),
+            _ => None,
+        };
         let mut response = (status, Json(body)).into_response();
-        if e.kind == ErrorKind::Unavailable {
+        if let Some(secs) = retry_after {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(RETRY_AFTER_SECS),
+                axum::http::HeaderValue::from(secs),
             );
         }
         response
@@ -77,6 +83,22 @@ mod tests {
         assert_eq!(of(ErrorKind::NotFound).as_u16(), 404);
         assert_eq!(of(ErrorKind::Exhausted).as_u16(), 429);
         assert_eq!(of(ErrorKind::Unavailable).as_u16(), 503);
+    }
+
+    #[test]
+    fn a_429_that_knows_when_room_frees_up_says_so_in_its_header() {
+        let mut e = ServiceError::new(ErrorKind::Exhausted, Code::TooManyRuns, "busy");
+        let mut extra = serde_json::Map::new();
+        extra.insert("retry_after".into(), 7.into());
+        e.extra = Some(Box::new(extra));
+        let r = ApiError(e).into_response();
+        assert_eq!(r.status().as_u16(), 429);
+        assert_eq!(r.headers()["retry-after"], "7");
+        let bare = ServiceError::new(ErrorKind::Exhausted, Code::BudgetExceeded, "used up");
+        assert!(!ApiError(bare)
+            .into_response()
+            .headers()
+            .contains_key("retry-after"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! What the tenant's runs used: `GET /v1/usage` sums the store's usage
-//! rows over a time range by agent, session, tool or model, as JSON or as
+//! rows over a time range by agent, session, tool, model or end user, as JSON or as
 //! CSV for a spreadsheet. The owner only: a session's id and its agent are
 //! the tenant's business.
 
@@ -32,7 +32,8 @@ pub struct UsageQuery {
     #[param(format = DateTime)]
     to: Option<String>,
     /// What rows are summed by (default `agent`). By `tool`, the model
-    /// requests are one row with a null key.
+    /// requests are one row with a null key; by `user` (the end user's
+    /// subject), the use of sessions of no end user is.
     #[param(inline)]
     group_by: Option<Group>,
 }

@@ -24,6 +24,7 @@
 //! | `bindery_sessions_live_limit` | gauge | | (only with `--max-live-sessions`)
 //! | `bindery_sessions_evicted_total` | counter | | (only with `--max-live-sessions`)
 //! | `bindery_http_requests_total` | counter | `route` (the route's pattern, not the path), `status` |
+//! | `bindery_rate_limited_total` | counter | `scope` = `tenant` (the server's requests per minute), `user` (an end user's), `tool` (a tool's calls): what a rate limit refused |
 //! | `bindery_store_operations_total` | counter | `op` = `get`, `update`, `append_event`, … |
 //! | `bindery_store_operation_seconds_total` | counter | `op`: the time those operations took |
 //! | `bindery_event_fanout_total` | counter | | (events handed to a session's subscribers)
@@ -241,6 +242,32 @@ struct StoreOp {
 type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RateScope {
+    scope: &'static str,
+}
+
+/// Which rate limit refused something.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateLimited {
+    /// The server's (tenant's) requests per minute.
+    Tenant,
+    /// One end user's requests per minute.
+    User,
+    /// A tool's calls per minute.
+    Tool,
+}
+
+impl RateLimited {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateLimited::Tenant => "tenant",
+            RateLimited::User => "user",
+            RateLimited::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpRequest {
     route: String,
     status: u16,
@@ -269,6 +296,7 @@ pub struct Metrics {
     sessions_evicted: Counter,
     tool_processes: ToolProcessGauges,
     http_requests: Family<HttpRequest, Counter>,
+    rate_limited: Family<RateScope, Counter>,
     store_ops: Family<StoreOp, Counter>,
     store_seconds: Family<StoreOp, Seconds>,
     fanouts: Counter,
@@ -297,6 +325,7 @@ impl Default for Metrics {
             sessions_evicted: Counter::default(),
             tool_processes: ToolProcessGauges::default(),
             http_requests: Family::default(),
+            rate_limited: Family::default(),
             store_ops: Family::default(),
             store_seconds: Family::default(),
             fanouts: Counter::default(),
@@ -389,6 +418,11 @@ impl Metrics {
             "bindery_http_requests",
             "HTTP requests answered, by route and status",
             self.http_requests.clone(),
+        );
+        r.register(
+            "bindery_rate_limited",
+            "Requests and tool calls a rate limit refused, by the limit's scope",
+            self.rate_limited.clone(),
         );
         r.register(
             "bindery_store_operations",
@@ -564,6 +598,15 @@ impl Metrics {
     /// An HTTP request was answered. `route` is the route's pattern
     /// (`/v1/sessions/:id`), never the actual path, so that the number of
     /// series stays bounded.
+    /// A rate limit of `scope` refused a request or a tool call.
+    pub fn rate_limited(&self, scope: RateLimited) {
+        self.rate_limited
+            .get_or_create(&RateScope {
+                scope: scope.as_str(),
+            })
+            .inc();
+    }
+
     pub fn http_request(&self, route: &str, status: u16) {
         self.http_requests
             .get_or_create(&HttpRequest {
@@ -683,6 +726,9 @@ mod tests {
         m.http_request("/v1/sessions/:id", 200);
         m.http_request("/v1/sessions/:id", 404);
         m.http_request("/healthz", 200);
+        m.rate_limited(RateLimited::Tool);
+        m.rate_limited(RateLimited::Tool);
+        m.rate_limited(RateLimited::User);
         let text = m.render();
 
         assert_eq!(
@@ -710,6 +756,13 @@ mod tests {
                 "bindery_http_requests_total{route=\"/healthz\",status=\"200\"} 1",
                 "bindery_http_requests_total{route=\"/v1/sessions/:id\",status=\"200\"} 2",
                 "bindery_http_requests_total{route=\"/v1/sessions/:id\",status=\"404\"} 1",
+            ]
+        );
+        assert_eq!(
+            series(&text, "bindery_rate_limited_total"),
+            [
+                "bindery_rate_limited_total{scope=\"tool\"} 2",
+                "bindery_rate_limited_total{scope=\"user\"} 1",
             ]
         );
 

@@ -81,11 +81,21 @@ pub fn gauges(
         .enumerate()
         .filter(|(_, l)| meters.contains(&l.meter))
         .filter(|(_, l)| !(l.on_exceed == OnExceed::Confirm && approved.contains(&l.name)))
+        // A per-user budget counts end users' sessions only: the owner's
+        // have no user to count against.
+        .filter(|(_, l)| !l.per_user || who.subject.is_some())
         .map(|(i, l)| {
-            let (scope, since) = match l.per {
-                Per::Rolling(window) => (Scope::Agent(who.agent.to_string()), now - window),
-                Per::Session => (Scope::Session(who.session.to_string()), 0),
-                Per::Run => (Scope::Run(who.run.to_string()), 0),
+            let (scope, since) = match (l.per, who.subject) {
+                (Per::Rolling(window), Some(subject)) if l.per_user => (
+                    Scope::User {
+                        agent: who.agent.to_string(),
+                        subject: subject.to_string(),
+                    },
+                    now - window,
+                ),
+                (Per::Rolling(window), _) => (Scope::Agent(who.agent.to_string()), now - window),
+                (Per::Session, _) => (Scope::Session(who.session.to_string()), 0),
+                (Per::Run, _) => (Scope::Run(who.run.to_string()), 0),
             };
             (
                 i,
@@ -105,6 +115,8 @@ pub struct Who<'a> {
     pub agent: &'a str,
     pub session: &'a str,
     pub run: &'a str,
+    /// The end user whose session it is (`None`: the owner's).
+    pub subject: Option<&'a str>,
 }
 
 /// Where a use crosses: the warning line (80%) or the limit.
@@ -155,6 +167,7 @@ mod tests {
         agent: "a",
         session: "s",
         run: "r",
+        subject: None,
     };
 
     #[test]
@@ -185,6 +198,52 @@ mod tests {
         assert_eq!(model.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
         let tools = gauges(&limits, &[Meter::ToolCalls], &[], &WHO, now);
         assert_eq!(tools[0].1.scope, Scope::Run("r".into()));
+    }
+
+    #[test]
+    fn a_per_user_budget_asks_the_users_window_and_skips_the_owners_sessions() {
+        let limits = vec![
+            limit("{name: mine, tokens: 10, per: 24h, perUser: true}"),
+            limit("{name: all, tokens: 10, per: 1h}"),
+        ];
+        let now = 100_000_000;
+        let alice = Who {
+            subject: Some("alice"),
+            ..WHO
+        };
+        let asked: Vec<_> = gauges(&limits, &[Meter::Tokens], &[], &alice, now)
+            .into_iter()
+            .map(|(i, g)| (i, g.scope, g.since))
+            .collect();
+        assert_eq!(
+            asked,
+            vec![
+                (
+                    0,
+                    Scope::User {
+                        agent: "a".into(),
+                        subject: "alice".into()
+                    },
+                    now - 86_400_000
+                ),
+                (1, Scope::Agent("a".into()), now - 3_600_000),
+            ]
+        );
+        let owners = gauges(&limits, &[Meter::Tokens], &[], &WHO, now);
+        assert_eq!(owners.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1]);
+        let e = Exceeded::of(
+            &limits[0],
+            &Standing {
+                used: 12.0,
+                oldest: None,
+            },
+            now,
+        );
+        assert_eq!(
+            e.detail(),
+            "budget mine is used up for this user (it counts each end user apart): 12 of 10 tokens per 24h"
+        );
+        assert_eq!(serde_json::Value::Object(e.fields())["per_user"], true);
     }
 
     #[test]

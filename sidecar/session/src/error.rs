@@ -70,6 +70,10 @@ pub enum Code {
     ServerStopping,
     /// The identity provider's keys cannot be fetched: retry later.
     IdentityUnavailable,
+    /// An end user has as many runs in progress as a user may have at once.
+    TooManyRuns,
+    /// Requests (or a tool's calls) over their rate limit.
+    RateLimited,
 }
 
 impl Code {
@@ -101,6 +105,8 @@ impl Code {
             Code::NothingToResume => "nothing_to_resume",
             Code::ServerStopping => "server_stopping",
             Code::IdentityUnavailable => "identity_unavailable",
+            Code::TooManyRuns => "too_many_runs",
+            Code::RateLimited => "rate_limited",
         }
     }
 

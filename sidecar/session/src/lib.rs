@@ -14,6 +14,7 @@ pub mod lineage;
 pub mod lookups;
 mod lru;
 pub mod notify;
+pub mod rate;
 pub mod result;
 pub mod run;
 pub mod service;

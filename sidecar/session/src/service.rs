@@ -89,6 +89,11 @@ pub struct ServiceConfig {
     /// (`{identity: {token: …}}` bindings); none: such bindings go
     /// unbound.
     pub exchanger: Option<Arc<bindery_identity::Exchanger>>,
+    /// At most this many runs in progress at once per end user
+    /// (`--max-runs-per-user`), counted in the store. `None`: no bound.
+    pub max_runs_per_user: Option<u32>,
+    /// Limits on tools' calls per minute (`--tool-rate-limit`).
+    pub tool_rates: Vec<crate::rate::ToolRate>,
 }
 
 impl Default for ServiceConfig {
@@ -108,6 +113,8 @@ impl Default for ServiceConfig {
             clock: Arc::new(WallClock),
             tool_processes: Default::default(),
             exchanger: None,
+            max_runs_per_user: None,
+            tool_rates: Vec::new(),
         }
     }
 }
@@ -274,6 +281,8 @@ impl Service {
             stream: cfg.stream,
             tool_processes: cfg.tool_processes.clone(),
             heartbeat_every: cfg.lease.heartbeat,
+            max_runs_per_user: cfg.max_runs_per_user,
+            tool_rates: crate::rate::ToolRates::new(&cfg.tool_rates),
             stopping: Default::default(),
             exchanger: cfg.exchanger.clone(),
             audit: audit.clone(),

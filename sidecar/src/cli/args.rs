@@ -274,6 +274,8 @@ pub enum Command {
         #[command(flatten)]
         identity: Box<IdentityArgs>,
         #[command(flatten)]
+        limits: Box<LimitsArgs>,
+        #[command(flatten)]
         approvals: Box<ApprovalArgs>,
         /// Cache successful tool results for this many seconds (0: no cache).
         #[arg(long, default_value_t = 0)]
@@ -668,6 +670,40 @@ pub struct IdentityArgs {
         requires = "identity_exchange_client_id"
     )]
     pub identity_token_url: Option<String>,
+}
+
+/// Limits on what end users and clients may ask of the server: runs at
+/// once per end user (counted in the store, across replicas), requests
+/// and tool calls per minute (counted by each replica).
+#[derive(Args, Debug, Clone)]
+pub struct LimitsArgs {
+    /// At most this many runs in progress at once per end user (people
+    /// signed in with --identity-issuer's tokens); one more is answered
+    /// 429 too_many_runs.
+    #[arg(long, value_name = "N", env = "BINDERY_MAX_RUNS_PER_USER",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs_per_user: Option<u32>,
+    /// At most this many requests per minute to this server, every client
+    /// together (a burst of as many, then one every 60/N s); past it, 429
+    /// rate_limited. Probes and /metrics are not counted.
+    #[arg(long, value_name = "N", env = "BINDERY_REQUESTS_PER_MINUTE",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub requests_per_minute: Option<u32>,
+    /// At most this many requests per minute per end user.
+    #[arg(long, value_name = "N", env = "BINDERY_PER_USER_REQUESTS_PER_MINUTE",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub per_user_requests_per_minute: Option<u32>,
+    /// A limit on the calls of the tools a glob names, TOOL=CALLS per
+    /// minute, or TOOL=CALLS/user for each end user apart (repeatable, or
+    /// comma-separated in BINDERY_TOOL_RATE_LIMITS): a call over it does
+    /// not run, and the model is told it is rate limited.
+    #[arg(
+        long = "tool-rate-limit",
+        value_name = "TOOL=CALLS[/user]",
+        env = "BINDERY_TOOL_RATE_LIMITS",
+        value_delimiter = ','
+    )]
+    pub tool_rate_limits: Vec<bindery_session::rate::ToolRate>,
 }
 
 impl IdentityArgs {

@@ -113,6 +113,8 @@ pub struct ServeArgs<'a> {
     pub identity: Option<bindery_identity::IdentityConfig>,
     /// `--identity-exchange-client-id` and the flags beside it.
     pub exchange: ExchangeArgs<'a>,
+    /// `--max-runs-per-user` and the rate limits.
+    pub limits: super::args::LimitsArgs,
     pub public_url: Option<&'a str>,
     pub approval_notice_attempts: u32,
     pub tool_cache_ttl: u64,
@@ -271,6 +273,16 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
         }
         None => (None, None),
     };
+    if identity.is_none()
+        && (a.limits.max_runs_per_user.is_some() || a.limits.per_user_requests_per_minute.is_some())
+    {
+        // Honoured (every end user is limited), but there is none: say so
+        // rather than let the operator believe people are limited.
+        tracing::warn!(
+            "--max-runs-per-user and --per-user-requests-per-minute limit end users, and this \
+             server takes no identity tokens (--identity-issuer), so they limit no one"
+        );
+    }
     let tree = Arc::new(load_lenient(a.agents).await?);
     // The process's own secret values, and those its toolboxes hold, stay
     // out of the logs for as long as it serves.
@@ -366,6 +378,8 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             continuation_key: owner.continuation_key(),
             live_session_ttl: a.live_session_ttl,
             max_live_sessions: a.max_live_sessions,
+            max_runs_per_user: a.limits.max_runs_per_user,
+            tool_rates: a.limits.tool_rate_limits.clone(),
             public_url: a
                 .public_url
                 .map(str::to_string)
@@ -481,6 +495,10 @@ pub async fn serve(a: ServeArgs<'_>) -> Result<ExitCode, ServeError> {
             a.allowed_origins,
         )),
         identity,
+        rates: bindery_api::rate_limit::RequestRates::new(
+            a.limits.requests_per_minute,
+            a.limits.per_user_requests_per_minute,
+        ),
     });
     state
         .ready

@@ -8,7 +8,8 @@ use serde_json::json;
 
 use super::{Peer, SessionStore, StoreError};
 use crate::model::{EventRecord, Security, SessionRecord, SessionStatus, StoredParams};
-use crate::usage::{Claimed, Gauge, Group, Scope, Standing, Totals, Unwritten, Use};
+use crate::quota::{RunCap, Started};
+use crate::usage::{Claimed, Gauge, Group, PeakBy, Scope, Standing, Totals, Unwritten, Use};
 use bindery_llm::{ChatMessage, ToolCall, Turn};
 use bindery_params::{ParamValue, Values};
 use bindery_spec::budget::Meter;
@@ -63,6 +64,9 @@ macro_rules! store_contract {
             case!(cache_and_reasoning_tokens_are_kept_and_summed);
             case!(audit_records_are_chained_from_the_genesis_and_read_in_pages);
             case!(concurrent_audit_appends_leave_one_gapless_chain);
+            case!(usage_is_kept_by_user_and_a_users_window_counts_only_theirs);
+            case!(a_users_runs_are_capped_and_a_start_past_the_cap_writes_nothing);
+            case!(racing_starts_of_one_user_pass_the_cap_once);
         }
     };
 }
@@ -780,6 +784,7 @@ pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) ->
         agent: agent.into(),
         session: session.into(),
         run: run.into(),
+        subject: None,
         model: "m".into(),
         tool: None,
         prompt_tokens: tokens,
@@ -931,13 +936,25 @@ pub async fn usage_is_claimed_settled_and_summed_by_scope(store: Arc<dyn Session
         since: 0,
     };
     assert_eq!(store.measure(&[calls]).await.unwrap()[0].used, 2.0);
-    assert_eq!(store.peak("a", Meter::Tokens, true, 0).await.unwrap(), 42.0);
     assert_eq!(
-        store.peak("a", Meter::Tokens, false, 11).await.unwrap(),
+        store
+            .peak("a", Meter::Tokens, PeakBy::Session, 0)
+            .await
+            .unwrap(),
+        42.0
+    );
+    assert_eq!(
+        store
+            .peak("a", Meter::Tokens, PeakBy::Run, 11)
+            .await
+            .unwrap(),
         0.0
     );
     assert_eq!(
-        store.peak("a", Meter::Tokens, false, 0).await.unwrap(),
+        store
+            .peak("a", Meter::Tokens, PeakBy::Run, 0)
+            .await
+            .unwrap(),
         42.0
     );
     // A session's sums, kept as its rows come and change, are what its
@@ -1142,4 +1159,206 @@ pub async fn cache_and_reasoning_tokens_are_kept_and_summed(store: Arc<dyn Sessi
     assert_eq!(report.len(), 1, "{report:?}");
     assert_eq!(want(&report[0].totals), (1200, 20, 11));
     assert_eq!(report[0].totals, session);
+}
+
+/// `row` of end user `subject`.
+fn of_user(mut row: Use, subject: &str) -> Use {
+    row.subject = Some(subject.into());
+    row
+}
+
+fn user(agent: &str, subject: &str) -> Scope {
+    Scope::User {
+        agent: agent.into(),
+        subject: subject.into(),
+    }
+}
+
+/// Each end user's rows carry their subject: a user's window sums theirs
+/// of that agent only (never the owner's sessions, nor another user's),
+/// a claim against it is refused for them and granted to another, the
+/// report by user groups by subject (the owner's under `None`), and the
+/// peak by user is the most one user used.
+pub async fn usage_is_kept_by_user_and_a_users_window_counts_only_theirs(
+    store: Arc<dyn SessionStore>,
+) {
+    for row in [
+        of_user(usage_row(10, "a", "s1", "r1", 10), "alice"),
+        of_user(usage_row(20, "a", "s2", "r2", 5), "alice"),
+        of_user(usage_row(30, "a", "s3", "r3", 7), "bob"),
+        usage_row(40, "a", "s4", "r4", 100),
+        of_user(usage_row(50, "b", "s5", "r5", 50), "alice"),
+    ] {
+        store.record(&unwritten(row)).await.unwrap();
+    }
+    let standings = store
+        .measure(&[
+            tokens_of(user("a", "alice"), 0),
+            tokens_of(user("a", "bob"), 0),
+            tokens_of(user("a", "carol"), 0),
+            tokens_of(user("a", "alice"), 15),
+        ])
+        .await
+        .unwrap();
+    let used: Vec<_> = standings.iter().map(|s| (s.used, s.oldest)).collect();
+    assert_eq!(
+        used,
+        [
+            (15.0, Some(10)),
+            (7.0, Some(30)),
+            (0.0, None),
+            (5.0, Some(20))
+        ]
+    );
+    let limits = [(tokens_of(user("a", "alice"), 0), 15.0)];
+    let refused = store
+        .claim(
+            &limits,
+            &Unwritten::default(),
+            &of_user(usage_row(60, "a", "s1", "r6", 1), "alice"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Claimed::Exhausted { index: 0, .. }),
+        "{refused:?}"
+    );
+    let limits = [(tokens_of(user("a", "bob"), 0), 15.0)];
+    let bobs = of_user(usage_row(60, "a", "s3", "r7", 1), "bob");
+    granted(
+        store
+            .claim(&limits, &Unwritten::default(), &bobs)
+            .await
+            .unwrap(),
+    );
+    let by_user = store.report(0, 99, Group::User).await.unwrap();
+    let rows: Vec<_> = by_user
+        .iter()
+        .map(|r| (r.key.clone(), r.totals.total_tokens))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (None, 100),
+            (Some("alice".into()), 65),
+            (Some("bob".into()), 8)
+        ]
+    );
+    assert_eq!(
+        store
+            .peak("a", Meter::Tokens, PeakBy::User, 0)
+            .await
+            .unwrap(),
+        15.0
+    );
+    assert_eq!(
+        store
+            .peak("a", Meter::Tokens, PeakBy::User, 25)
+            .await
+            .unwrap(),
+        8.0,
+        "only what each user used since then"
+    );
+}
+
+/// A session of end user `subject`, stored.
+async fn users_session(store: &dyn SessionStore, id: &str, subject: &str) -> SessionRecord {
+    let mut rec = record(id, 1);
+    rec.security.subject = Some(bindery_identity::Subject::new(subject).unwrap());
+    store.create(&mut rec).await.unwrap();
+    rec
+}
+
+/// `rec` as a run's start writes it.
+fn starting(rec: &mut SessionRecord) {
+    rec.version += 1;
+    rec.status = SessionStatus::Running;
+    rec.runner = Some("instance-a".into());
+}
+
+/// A user's starts pass while fewer than the cap of their sessions run
+/// (another user's do not count, nor the session being started); one
+/// past it writes nothing; once a run ends, the next passes.
+pub async fn a_users_runs_are_capped_and_a_start_past_the_cap_writes_nothing(
+    store: Arc<dyn SessionStore>,
+) {
+    let cap = RunCap {
+        subject: "alice".into(),
+        max: 2,
+    };
+    let mut s1 = users_session(&*store, "s1", "alice").await;
+    let mut s2 = users_session(&*store, "s2", "alice").await;
+    let mut s3 = users_session(&*store, "s3", "alice").await;
+    let mut bobs = users_session(&*store, "s4", "bob").await;
+    for rec in [&mut s1, &mut s2] {
+        starting(rec);
+        let started = store
+            .start_capped(rec, &[("run_started", json!({}))], 5, &cap)
+            .await
+            .unwrap();
+        assert!(
+            matches!(started, Started::Stored(ref seqs) if seqs == &[1]),
+            "{started:?}"
+        );
+    }
+    starting(&mut s3);
+    let full = store
+        .start_capped(&mut s3, &[("run_started", json!({}))], 5, &cap)
+        .await
+        .unwrap();
+    assert_eq!(full, Started::Full { running: 2 });
+    let stored = store.get("s3").await.unwrap().unwrap();
+    assert_eq!((stored.status, stored.version), (SessionStatus::Idle, 1));
+    assert!(store.events_after("s3", 0).await.unwrap().is_empty());
+    starting(&mut bobs);
+    let bob_cap = RunCap {
+        subject: "bob".into(),
+        max: 2,
+    };
+    let started = store
+        .start_capped(&mut bobs, &[], 5, &bob_cap)
+        .await
+        .unwrap();
+    assert!(matches!(started, Started::Stored(_)));
+    // A session already running is not counted against its own start.
+    s1.version += 1;
+    let again = store.start_capped(&mut s1, &[], 6, &cap).await.unwrap();
+    assert!(matches!(again, Started::Stored(_)), "{again:?}");
+    s2.version += 1;
+    s2.status = SessionStatus::Idle;
+    s2.runner = None;
+    store.update(&mut s2).await.unwrap();
+    let started = store.start_capped(&mut s3, &[], 7, &cap).await.unwrap();
+    assert!(matches!(started, Started::Stored(_)), "{started:?}");
+    assert_eq!(
+        store.get("s3").await.unwrap().unwrap().status,
+        SessionStatus::Running
+    );
+}
+
+/// Ten starts at once of one user's sessions under a cap of one: one
+/// passes.
+pub async fn racing_starts_of_one_user_pass_the_cap_once(store: Arc<dyn SessionStore>) {
+    let mut recs = Vec::new();
+    for i in 0..10 {
+        recs.push(users_session(&*store, &format!("s{i}"), "alice").await);
+    }
+    let starts = recs.into_iter().map(|mut rec| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            starting(&mut rec);
+            let cap = RunCap {
+                subject: "alice".into(),
+                max: 1,
+            };
+            store.start_capped(&mut rec, &[], 5, &cap).await.unwrap()
+        })
+    });
+    let outcomes = futures::future::join_all(starts).await;
+    let passed = outcomes
+        .into_iter()
+        .filter(|o| matches!(o.as_ref().unwrap(), Started::Stored(_)))
+        .count();
+    assert_eq!(passed, 1);
+    assert_eq!(store.running().await.unwrap().len(), 1);
 }

@@ -20,6 +20,7 @@ pub mod model;
 pub mod pending;
 pub mod postgres;
 mod postgres_tls;
+pub mod quota;
 mod record;
 pub mod sqlite;
 pub mod timed;
@@ -33,7 +34,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::{EventRecord, SessionRecord};
-use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use crate::quota::{RunCap, Started};
+use crate::usage::{Claimed, Gauge, Group, PeakBy, ReportRow, Standing, Totals, Unwritten, Use};
 use bindery_spec::budget::Meter;
 use bindery_tools::lineage::Kin;
 pub use location::Location;
@@ -160,6 +162,41 @@ pub trait SessionStore: Send + Sync {
         }
         Ok(seqs)
     }
+    /// [`update_with_events`](Self::update_with_events) for a run's start
+    /// (`rec` says it runs), unless end user `cap.subject` has `cap.max`
+    /// sessions other than `rec` running already: then nothing is written.
+    /// A store shared by several servers counts and writes atomically with
+    /// every other capped start of the same user, so two servers cannot
+    /// both admit the one past the cap.
+    async fn start_capped(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        cap: &RunCap,
+    ) -> Result<Started, StoreError> {
+        // A store of one server's own: the caller holds no other start of
+        // this user in between only if it serialises them; the stores here
+        // override this with one transaction.
+        let running = self
+            .running()
+            .await?
+            .iter()
+            .filter(|r| r.id != rec.id)
+            .filter(|r| {
+                r.security
+                    .subject
+                    .as_ref()
+                    .is_some_and(|s| s.as_str() == cap.subject)
+            })
+            .count() as u64;
+        if !cap.admits(running) {
+            return Ok(Started::Full { running });
+        }
+        self.update_with_events(rec, events, at)
+            .await
+            .map(Started::Stored)
+    }
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;
@@ -222,16 +259,17 @@ pub trait SessionStore: Send + Sync {
         let _ = gauges;
         Err(no_usage())
     }
-    /// The most of `meter` one session (`by_session`) or one run of
-    /// `agent` used, among those that used anything since `since`.
+    /// The most of `meter` one session, one run or one end user (`by`)
+    /// of `agent` used since `since` (a session's or run's all of it,
+    /// among those that used anything since then; a user's since then).
     async fn peak(
         &self,
         agent: &str,
         meter: Meter,
-        by_session: bool,
+        by: PeakBy,
         since: i64,
     ) -> Result<f64, StoreError> {
-        let _ = (agent, meter, by_session, since);
+        let _ = (agent, meter, by, since);
         Err(no_usage())
     }
     /// Use from `from` to `to` (milliseconds, `to` excluded), summed by

@@ -43,7 +43,10 @@ use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::audit;
 use crate::model::{EventRecord, SessionRecord};
-use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use crate::quota::{RunCap, Started};
+use crate::usage::{
+    meter_sql, Claimed, Gauge, Group, PeakBy, ReportRow, Standing, Totals, Unwritten, Use,
+};
 use bindery_spec::budget::Meter;
 use bindery_tools::lineage::Kin;
 
@@ -253,6 +256,13 @@ const MIGRATIONS: &[&str] = &[
         hash TEXT NOT NULL,
         line TEXT NOT NULL
     );",
+    // 14: the end user whose session a row is of (NULL: the owner's, or a
+    // row from before end users were kept), for per-user budgets and the
+    // report by user; a per-user window reads its partial index alone.
+    "ALTER TABLE bindery_usage ADD COLUMN subject TEXT;
+    CREATE INDEX bindery_usage_agent_subject_at ON bindery_usage (agent, subject, at)
+        INCLUDE (prompt_tokens, completion_tokens, tool_calls, cost)
+        WHERE subject IS NOT NULL;",
 ];
 
 /// A session's rows, then its turns in order (one round trip for both).
@@ -783,6 +793,115 @@ fn turn_arrays(new: NewTurns) -> (Vec<i64>, Vec<String>) {
     new.into_iter().unzip()
 }
 
+impl PostgresStore {
+    /// A session's write (see `update_with_usage`), if `cap` admits it.
+    async fn write(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+        cap: Option<&RunCap>,
+    ) -> Result<Started, StoreError> {
+        let what = "update a session";
+        let db = self.db(what);
+        let (c, new) = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
+        let (idx, messages) = turn_arrays(new);
+        let stored = rec.stored_turns as i64;
+        let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
+        let data: Vec<String> = events.iter().map(|(_, data)| data.to_string()).collect();
+        let mut client = self.conn(what).await?;
+        // One statement: the version check, the write and the events (with
+        // their seqs and notices, as `append_event`'s) are atomic, in one
+        // round trip (with usage, in a transaction with its rows). Only
+        // when it changes nothing is a second one needed, to tell a stale
+        // version from a missing session.
+        let sql = format!(
+            "WITH u AS (
+                 UPDATE bindery_sessions
+                 SET agent = $2, status = $3, status_detail = $4,
+                     updated_at = $6, version = $7, turns = $8, params = $9,
+                     security = $10, forked_from = $11, runner = $12,
+                     cancel_requested = $13, pending = $14, holder = $15, turn_count = $16,
+                     event_seq = event_seq + cardinality($17::TEXT[])
+                 WHERE id = $1 AND created_at = $5 AND version + 1 = $7 AND turn_count = $20
+                 RETURNING event_seq
+             ), t AS (
+                 INSERT INTO bindery_turns (session_id, idx, message)
+                 SELECT $1, x.i, x.m FROM u, unnest($21::BIGINT[], $22::TEXT[]) AS x(i, m)
+             ), e AS (
+                 INSERT INTO bindery_events (session_id, seq, kind, data, at)
+                 SELECT $1, u.event_seq - cardinality($17::TEXT[]) + x.n, x.kind, x.data, $19
+                 FROM u, unnest($17::TEXT[], $18::TEXT[]) WITH ORDINALITY AS x(kind, data, n)
+                 RETURNING seq
+             )
+             SELECT (SELECT count(*) FROM u),
+                    COALESCE((SELECT array_agg(seq ORDER BY seq) FROM e), '{{}}'),
+                    (SELECT count(pg_notify('{NOTICE_CHANNEL}', $1 || ' ' || seq)) FROM e)"
+        );
+        let stmt = self.prepare(&client, what, &sql).await?;
+        let mut values: Vec<&(dyn ToSql + Sync)> = row_params(&c).to_vec();
+        values.extend([
+            &kinds as &(dyn ToSql + Sync),
+            &data,
+            &at,
+            &stored,
+            &idx,
+            &messages,
+        ]);
+        let seqs = if let Some(cap) = cap {
+            let tx = client.transaction().await.map_err(&db)?;
+            // Every capped start of this user, on every server, takes its
+            // turn here until its transaction ends: the count below cannot
+            // go stale before the start is in.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('bindery_runs:' || $1, 0))",
+                &[&cap.subject],
+            )
+            .await
+            .map_err(&db)?;
+            let running: i64 = tx
+                .query_one(RUNNING_OF_SUBJECT, &[&cap.subject, &c.id])
+                .await
+                .and_then(|r| r.try_get(0))
+                .map_err(&db)?;
+            let running = u64::try_from(running).unwrap_or(0);
+            if !cap.admits(running) {
+                return Ok(Started::Full { running });
+            }
+            match updated(&tx, &stmt, &values, &c.id).await {
+                Ok(seqs) => {
+                    tx.commit().await.map_err(&db)?;
+                    Ok(seqs)
+                }
+                Err(e) => Err(e),
+            }
+        } else if usage.is_empty() {
+            updated(&client, &stmt, &values, &c.id).await
+        } else {
+            let tx = client.transaction().await.map_err(&db)?;
+            // The usage rows once the update is in: a conflict writes none.
+            match updated(&tx, &stmt, &values, &c.id).await {
+                Ok(seqs) => {
+                    write_unwritten(&tx, usage).await.map_err(&db)?;
+                    tx.commit().await.map_err(&db)?;
+                    Ok(seqs)
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let seqs = seqs.map_err(|e| e.into_store(&db))?;
+        rec.stored_turns = rec.turns.len();
+        Ok(Started::Stored(seqs))
+    }
+}
+
+/// How many sessions of end user `$1` other than `$2` are running: among
+/// the running ones (found through their partial index), those whose
+/// security names the subject.
+const RUNNING_OF_SUBJECT: &str = "SELECT COUNT(*) FROM bindery_sessions
+     WHERE status = 'running' AND id <> $2 AND (security::jsonb ->> 'subject') = $1";
+
 #[async_trait]
 impl SessionStore for PostgresStore {
     fn shared(&self) -> bool {
@@ -901,69 +1020,23 @@ impl SessionStore for PostgresStore {
         at: i64,
         usage: &Unwritten,
     ) -> Result<Vec<i64>, StoreError> {
-        let what = "update a session";
-        let db = self.db(what);
-        let (c, new) = Columns::encode(rec).map_err(|why| self.fail(what, why))?;
-        let (idx, messages) = turn_arrays(new);
-        let stored = rec.stored_turns as i64;
-        let kinds: Vec<&str> = events.iter().map(|(kind, _)| *kind).collect();
-        let data: Vec<String> = events.iter().map(|(_, data)| data.to_string()).collect();
-        let mut client = self.conn(what).await?;
-        // One statement: the version check, the write and the events (with
-        // their seqs and notices, as `append_event`'s) are atomic, in one
-        // round trip (with usage, in a transaction with its rows). Only
-        // when it changes nothing is a second one needed, to tell a stale
-        // version from a missing session.
-        let sql = format!(
-            "WITH u AS (
-                 UPDATE bindery_sessions
-                 SET agent = $2, status = $3, status_detail = $4,
-                     updated_at = $6, version = $7, turns = $8, params = $9,
-                     security = $10, forked_from = $11, runner = $12,
-                     cancel_requested = $13, pending = $14, holder = $15, turn_count = $16,
-                     event_seq = event_seq + cardinality($17::TEXT[])
-                 WHERE id = $1 AND created_at = $5 AND version + 1 = $7 AND turn_count = $20
-                 RETURNING event_seq
-             ), t AS (
-                 INSERT INTO bindery_turns (session_id, idx, message)
-                 SELECT $1, x.i, x.m FROM u, unnest($21::BIGINT[], $22::TEXT[]) AS x(i, m)
-             ), e AS (
-                 INSERT INTO bindery_events (session_id, seq, kind, data, at)
-                 SELECT $1, u.event_seq - cardinality($17::TEXT[]) + x.n, x.kind, x.data, $19
-                 FROM u, unnest($17::TEXT[], $18::TEXT[]) WITH ORDINALITY AS x(kind, data, n)
-                 RETURNING seq
-             )
-             SELECT (SELECT count(*) FROM u),
-                    COALESCE((SELECT array_agg(seq ORDER BY seq) FROM e), '{{}}'),
-                    (SELECT count(pg_notify('{NOTICE_CHANNEL}', $1 || ' ' || seq)) FROM e)"
-        );
-        let stmt = self.prepare(&client, what, &sql).await?;
-        let mut values: Vec<&(dyn ToSql + Sync)> = row_params(&c).to_vec();
-        values.extend([
-            &kinds as &(dyn ToSql + Sync),
-            &data,
-            &at,
-            &stored,
-            &idx,
-            &messages,
-        ]);
-        let seqs = if usage.is_empty() {
-            updated(&client, &stmt, &values, &c.id).await
-        } else {
-            let tx = client.transaction().await.map_err(&db)?;
-            // The usage rows once the update is in: a conflict writes none.
-            match updated(&tx, &stmt, &values, &c.id).await {
-                Ok(seqs) => {
-                    write_unwritten(&tx, usage).await.map_err(&db)?;
-                    tx.commit().await.map_err(&db)?;
-                    Ok(seqs)
-                }
-                Err(e) => Err(e),
-            }
-        };
-        let seqs = seqs.map_err(|e| e.into_store(&db))?;
-        rec.stored_turns = rec.turns.len();
-        Ok(seqs)
+        match self.write(rec, events, at, usage, None).await? {
+            Started::Stored(seqs) => Ok(seqs),
+            Started::Full { .. } => Err(StoreError::Backend(
+                "an uncapped write was refused as over a cap".into(),
+            )),
+        }
+    }
+
+    async fn start_capped(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        cap: &RunCap,
+    ) -> Result<Started, StoreError> {
+        self.write(rec, events, at, &Unwritten::default(), Some(cap))
+            .await
     }
 
     async fn append_event(
@@ -1139,17 +1212,17 @@ impl SessionStore for PostgresStore {
         &self,
         agent: &str,
         meter: Meter,
-        by_session: bool,
+        by: PeakBy,
         since: i64,
     ) -> Result<f64, StoreError> {
         let what = "measure usage";
         let db = self.db(what);
         let client = self.conn(what).await?;
-        let by = if by_session { "session" } else { "run" };
         let sql = format!(
             "SELECT COALESCE(MAX(total), 0)::DOUBLE PRECISION FROM (SELECT SUM({}) AS total
-             FROM bindery_usage WHERE agent = $1 GROUP BY {by} HAVING MAX(at) >= $2) t",
-            meter_sql(meter)
+             FROM bindery_usage {}) t",
+            meter_sql(meter),
+            crate::usage::peak_rows(by, '$')
         );
         let r = client
             .query_one(&sql, &[&agent, &since])
@@ -1407,13 +1480,16 @@ async fn measure_one(
     client: &impl deadpool_postgres::GenericClient,
     g: &Gauge,
 ) -> Result<Standing, tokio_postgres::Error> {
-    let (column, value) = g.scope.column();
+    let (filter, values) = g.scope.filter('$');
     let sql = format!(
         "SELECT COALESCE(SUM({}), 0)::DOUBLE PRECISION, MIN(at) FROM bindery_usage
-         WHERE {column} = $1 AND at >= $2",
-        meter_sql(g.meter)
+         WHERE {filter} AND at >= ${}",
+        meter_sql(g.meter),
+        values.len() + 1
     );
-    let r = client.query_one(&sql, &[&value, &g.since]).await?;
+    let mut bound: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
+    bound.push(&g.since);
+    let r = client.query_one(&sql, &bound).await?;
     Ok(Standing {
         used: r.try_get(0)?,
         oldest: r.try_get(1)?,
@@ -1508,8 +1584,9 @@ async fn insert_use(
         .query_one(
             "INSERT INTO bindery_usage (at, agent, session, run, model, tool, prompt_tokens,
                  completion_tokens, estimated, tool_calls, cost, cache_read_tokens,
-                 cache_write_tokens, reasoning_tokens)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id",
+                 cache_write_tokens, reasoning_tokens, subject)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             RETURNING id",
             &[
                 &r.at,
                 &r.agent,
@@ -1525,6 +1602,7 @@ async fn insert_use(
                 &count(r.cache_read_tokens),
                 &count(r.cache_write_tokens),
                 &count(r.reasoning_tokens),
+                &r.subject,
             ],
         )
         .await?;
@@ -1679,6 +1757,8 @@ mod tests {
             DB,
             "DROP TRIGGER bindery_usage_follow ON bindery_usage;
              DROP TABLE bindery_session_usage, bindery_audit;
+             DROP INDEX bindery_usage_agent_subject_at;
+             ALTER TABLE bindery_usage DROP COLUMN subject;
              ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                  DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
              CREATE INDEX bindery_usage_session ON bindery_usage (session, at)
@@ -1717,6 +1797,8 @@ mod tests {
                  DROP INDEX bindery_sessions_waiting;
                  DROP TRIGGER bindery_usage_follow ON bindery_usage;
                  DROP TABLE bindery_session_usage, bindery_audit;
+                 DROP INDEX bindery_usage_agent_subject_at;
+                 ALTER TABLE bindery_usage DROP COLUMN subject;
                  ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
                      DROP COLUMN cache_write_tokens, DROP COLUMN reasoning_tokens;
                  CREATE INDEX bindery_usage_session ON bindery_usage (session, at)

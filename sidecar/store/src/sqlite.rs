@@ -45,7 +45,10 @@ use super::record::{decode_event_data, lineage_query, Columns, NewTurns, SESSION
 use super::{Peer, SessionStore, StoreError};
 use crate::audit;
 use crate::model::{EventRecord, SessionRecord};
-use crate::usage::{meter_sql, Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use crate::quota::{RunCap, Started};
+use crate::usage::{
+    meter_sql, Claimed, Gauge, Group, PeakBy, ReportRow, Standing, Totals, Unwritten, Use,
+};
 use bindery_spec::budget::Meter;
 use bindery_tools::lineage::Kin;
 
@@ -290,6 +293,13 @@ const MIGRATIONS: &[&str] = &[
         hash TEXT NOT NULL,
         line TEXT NOT NULL
     );",
+    // 14: the end user whose session a row is of (NULL: the owner's, or a
+    // row from before end users were kept), for per-user budgets and the
+    // report by user; a per-user window reads its partial index alone.
+    "ALTER TABLE usage ADD COLUMN subject TEXT;
+    CREATE INDEX usage_agent_subject_at ON usage
+        (agent, subject, at, prompt_tokens, completion_tokens, tool_calls, cost)
+        WHERE subject IS NOT NULL;",
 ];
 
 /// The running and the waiting sessions, found through their partial
@@ -575,12 +585,13 @@ fn totals_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Totals> {
     })
 }
 
-/// What `meter` adds up over the usage rows of `column = ?1` since `?2`,
-/// and the oldest row's time.
-fn window_sql(column: &str, meter: Meter) -> String {
+/// What `meter` adds up over the usage rows of `filter` (a scope's, with
+/// `n` values) since the value after them, and the oldest row's time.
+fn window_sql(filter: &str, n: usize, meter: Meter) -> String {
     format!(
-        "SELECT COALESCE(SUM({}), 0), MIN(at) FROM usage WHERE {column} = ?1 AND at >= ?2",
-        meter_sql(meter)
+        "SELECT COALESCE(SUM({}), 0), MIN(at) FROM usage WHERE {filter} AND at >= ?{}",
+        meter_sql(meter),
+        n + 1
     )
 }
 
@@ -591,9 +602,11 @@ const SESSION_TOTALS: &str = "SELECT prompt_tokens, completion_tokens,
      FROM session_usage WHERE session = ?1";
 
 fn measure_one(conn: &Connection, g: &Gauge) -> rusqlite::Result<Standing> {
-    let (column, value) = g.scope.column();
-    conn.prepare_cached(&window_sql(column, g.meter))?
-        .query_row(params![value, g.since], |r| {
+    let (filter, values) = g.scope.filter('?');
+    let mut bound: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v as _).collect();
+    bound.push(&g.since);
+    conn.prepare_cached(&window_sql(&filter, values.len(), g.meter))?
+        .query_row(&bound[..], |r| {
             Ok(Standing {
                 used: r.get(0)?,
                 oldest: r.get(1)?,
@@ -633,8 +646,8 @@ fn insert_use(conn: &Connection, r: &Use) -> rusqlite::Result<i64> {
     conn.prepare_cached(
         "INSERT INTO usage (at, agent, session, run, model, tool, prompt_tokens,
              completion_tokens, estimated, tool_calls, cost, cache_read_tokens,
-             cache_write_tokens, reasoning_tokens)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+             cache_write_tokens, reasoning_tokens, subject)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?
     .execute(params![
         r.at,
@@ -650,7 +663,8 @@ fn insert_use(conn: &Connection, r: &Use) -> rusqlite::Result<i64> {
         r.cost,
         count(r.cache_read_tokens),
         count(r.cache_write_tokens),
-        count(r.reasoning_tokens)
+        count(r.reasoning_tokens),
+        r.subject
     ])?;
     Ok(conn.last_insert_rowid())
 }
@@ -1254,6 +1268,65 @@ fn row_params(c: &Columns) -> [&dyn rusqlite::ToSql; 16] {
     ]
 }
 
+impl SqliteStore {
+    /// A session's write (see `update_with_usage`), if `cap` admits it.
+    async fn write(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        usage: &Unwritten,
+        cap: Option<RunCap>,
+    ) -> Result<Started, StoreError> {
+        let enc = self.encode(rec)?;
+        let from = rec.stored_turns;
+        let stored = from as i64;
+        let count = rec.turns.len();
+        let session = rec.id.clone();
+        let events: Vec<(String, String)> = events
+            .iter()
+            .map(|(kind, data)| (kind.to_string(), data.to_string()))
+            .collect();
+        let usage = (!usage.is_empty()).then(|| usage.clone());
+        let seqs = self
+            .run_short("update a session", move |conn, op| {
+                // IMMEDIATE, as for `append_event`: the seqs are read and used
+                // under the write lock; so is a cap's count.
+                let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
+                if let Some(cap) = &cap {
+                    let running: i64 = tx
+                        .prepare_cached(RUNNING_OF_SUBJECT)
+                        .and_then(|mut s| s.query_row(params![cap.subject, session], |r| r.get(0)))
+                        .map_err(|e| op.db(e))?;
+                    let running = u64::try_from(running).unwrap_or(0);
+                    if !cap.admits(running) {
+                        return Ok(Started::Full { running });
+                    }
+                }
+                update_row(&tx, &enc, stored, op)?;
+                let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
+                if let Some(usage) = &usage {
+                    write_unwritten(&tx, usage).map_err(|e| op.db(e))?;
+                }
+                tx.commit().map_err(|e| op.db(e))?;
+                Ok(Started::Stored(seqs))
+            })
+            .await?;
+        if let Started::Stored(_) = seqs {
+            rec.stored_turns = count;
+            let added = &rec.turns[from.min(count)..];
+            self.histories.written(&rec.id, rec.created_at, from, added);
+        }
+        Ok(seqs)
+    }
+}
+
+/// How many sessions of end user `?1` other than `?2` are running: among
+/// the running ones (found through their partial index), those whose
+/// security names the subject.
+const RUNNING_OF_SUBJECT: &str = "SELECT COUNT(*) FROM sessions WHERE status = 'running'
+     AND id <> ?2 AND json_extract(security, '$.subject') = ?1";
+
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create(&self, rec: &mut SessionRecord) -> Result<(), StoreError> {
@@ -1391,34 +1464,23 @@ impl SessionStore for SqliteStore {
         at: i64,
         usage: &Unwritten,
     ) -> Result<Vec<i64>, StoreError> {
-        let enc = self.encode(rec)?;
-        let from = rec.stored_turns;
-        let stored = from as i64;
-        let count = rec.turns.len();
-        let session = rec.id.clone();
-        let events: Vec<(String, String)> = events
-            .iter()
-            .map(|(kind, data)| (kind.to_string(), data.to_string()))
-            .collect();
-        let usage = (!usage.is_empty()).then(|| usage.clone());
-        let seqs = self
-            .run_short("update a session", move |conn, op| {
-                // IMMEDIATE, as for `append_event`: the seqs are read and used
-                // under the write lock.
-                let tx = Immediate::begin(conn).map_err(|e| op.db(e))?;
-                update_row(&tx, &enc, stored, op)?;
-                let seqs = insert_events(&tx, &session, &events, at).map_err(|e| op.db(e))?;
-                if let Some(usage) = &usage {
-                    write_unwritten(&tx, usage).map_err(|e| op.db(e))?;
-                }
-                tx.commit().map_err(|e| op.db(e))?;
-                Ok(seqs)
-            })
-            .await?;
-        rec.stored_turns = count;
-        let added = &rec.turns[from.min(count)..];
-        self.histories.written(&rec.id, rec.created_at, from, added);
-        Ok(seqs)
+        match self.write(rec, events, at, usage, None).await? {
+            Started::Stored(seqs) => Ok(seqs),
+            Started::Full { .. } => Err(StoreError::Backend(
+                "an uncapped write was refused as over a cap".into(),
+            )),
+        }
+    }
+
+    async fn start_capped(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        cap: &RunCap,
+    ) -> Result<Started, StoreError> {
+        self.write(rec, events, at, &Unwritten::default(), Some(cap.clone()))
+            .await
     }
 
     async fn append_event(
@@ -1697,17 +1759,16 @@ impl SessionStore for SqliteStore {
         &self,
         agent: &str,
         meter: Meter,
-        by_session: bool,
+        by: PeakBy,
         since: i64,
     ) -> Result<f64, StoreError> {
         let agent = agent.to_owned();
         self.run("measure usage", move |conn, op| {
-            let by = if by_session { "session" } else { "run" };
             conn.query_row(
                 &format!(
-                    "SELECT COALESCE(MAX(total), 0) FROM (SELECT SUM({}) AS total FROM usage
-                     WHERE agent = ?1 GROUP BY {by} HAVING MAX(at) >= ?2)",
-                    meter_sql(meter)
+                    "SELECT COALESCE(MAX(total), 0) FROM (SELECT SUM({}) AS total FROM usage {})",
+                    meter_sql(meter),
+                    crate::usage::peak_rows(by, '?')
                 ),
                 params![agent, since],
                 |r| r.get(0),
@@ -1884,7 +1945,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = open_in(&dir).path().to_owned();
         let conn = Connection::open(&path).unwrap();
-        let (session, _) = crate::usage::Scope::Session("s1".into()).column();
+        let (session, _) = crate::usage::Scope::Session("s1".into()).filter('?');
+        let (user, _) = crate::usage::Scope::User {
+            agent: "a".into(),
+            subject: "alice".into(),
+        }
+        .filter('?');
         for (sql, args, wanted) in [
             (
                 SESSION_TOTALS.to_owned(),
@@ -1892,9 +1958,16 @@ mod tests {
                 "SEARCH session_usage USING PRIMARY KEY",
             ),
             (
-                window_sql(session, Meter::Tokens),
+                window_sql(&session, 1, Meter::Tokens),
                 &["s1", "0"][..],
                 "COVERING INDEX usage_session",
+            ),
+            // An end user's window: their rows of the agent, from the
+            // partial index alone.
+            (
+                window_sql(&user, 2, Meter::Cost),
+                &["a", "alice", "0"][..],
+                "COVERING INDEX usage_agent_subject_at",
             ),
         ] {
             let plan: String = conn
@@ -1910,8 +1983,11 @@ mod tests {
 
     /// A store's file as schema 10 left it: migration 11 undone.
     /// What migration 12 added to the usage rows, taken back.
-    /// Undoes migrations 12 and after (the audit log's, 13, too).
+    /// Undoes migrations 12 and after (the audit log's, 13, and the usage
+    /// rows' subject, 14, too).
     const BEFORE_SCHEMA_12: &str = "DROP TABLE audit;
+        DROP INDEX usage_agent_subject_at;
+        ALTER TABLE usage DROP COLUMN subject;
         DROP INDEX usage_session;
         CREATE INDEX usage_session ON usage
             (session, at, prompt_tokens, completion_tokens, estimated, tool_calls, cost, tool);

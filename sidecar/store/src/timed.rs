@@ -10,7 +10,8 @@ use async_trait::async_trait;
 
 use super::{Notice, Peer, SessionStore, StoreError};
 use crate::model::{EventRecord, SessionRecord};
-use crate::usage::{Claimed, Gauge, Group, ReportRow, Standing, Totals, Unwritten, Use};
+use crate::quota::{RunCap, Started};
+use crate::usage::{Claimed, Gauge, Group, PeakBy, ReportRow, Standing, Totals, Unwritten, Use};
 use bindery_spec::budget::Meter;
 use bindery_tools::lineage::Kin;
 
@@ -28,6 +29,7 @@ pub const WRITES: &[&str] = &[
     "append_event",
     "update_with_events",
     "update_with_usage",
+    "start_capped",
     "beat",
     "put_agent",
     "delete_agent",
@@ -149,6 +151,16 @@ impl SessionStore for Timed {
         )
         .await
     }
+    async fn start_capped(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, serde_json::Value)],
+        at: i64,
+        cap: &RunCap,
+    ) -> Result<Started, StoreError> {
+        let started = self.inner.start_capped(rec, events, at, cap);
+        self.time("start_capped", started).await
+    }
     async fn events_after(
         &self,
         session: &str,
@@ -215,10 +227,10 @@ impl SessionStore for Timed {
         &self,
         agent: &str,
         meter: Meter,
-        by_session: bool,
+        by: PeakBy,
         since: i64,
     ) -> Result<f64, StoreError> {
-        let peak = self.inner.peak(agent, meter, by_session, since);
+        let peak = self.inner.peak(agent, meter, by, since);
         self.time("peak", peak).await
     }
     async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
@@ -344,6 +356,16 @@ mod tests {
             self.note("update_with_usage");
             Ok(Vec::new())
         }
+        async fn start_capped(
+            &self,
+            _: &mut SessionRecord,
+            _: &[(&str, serde_json::Value)],
+            _: i64,
+            _: &RunCap,
+        ) -> Result<Started, StoreError> {
+            self.note("start_capped");
+            Ok(Started::Stored(Vec::new()))
+        }
         async fn events_after(&self, _: &str, _: i64) -> Result<Vec<EventRecord>, StoreError> {
             self.note("events_after");
             Ok(Vec::new())
@@ -391,7 +413,7 @@ mod tests {
             self.note("measure");
             Ok(Vec::new())
         }
-        async fn peak(&self, _: &str, _: Meter, _: bool, _: i64) -> Result<f64, StoreError> {
+        async fn peak(&self, _: &str, _: Meter, _: PeakBy, _: i64) -> Result<f64, StoreError> {
             self.note("peak");
             Ok(0.0)
         }
@@ -454,6 +476,11 @@ mod tests {
             .update_with_usage(&mut rec, &[], 1, &Unwritten::default())
             .await
             .unwrap();
+        let cap = RunCap {
+            subject: "alice".into(),
+            max: 1,
+        };
+        store.start_capped(&mut rec, &[], 1, &cap).await.unwrap();
         store.events_after("s1", 0).await.unwrap();
         store.beat("i", 1, None).await.unwrap();
         store.peer("i").await.unwrap();
@@ -465,7 +492,10 @@ mod tests {
         store.claim(&[], &Unwritten::default(), &row).await.unwrap();
         store.record(&Unwritten::default()).await.unwrap();
         store.measure(&[]).await.unwrap();
-        store.peak("a", Meter::Tokens, true, 0).await.unwrap();
+        store
+            .peak("a", Meter::Tokens, PeakBy::Session, 0)
+            .await
+            .unwrap();
         store.report(0, 1, Group::Agent).await.unwrap();
         store.session_totals("s1").await.unwrap();
         store
@@ -485,6 +515,7 @@ mod tests {
             "append_event",
             "update_with_events",
             "update_with_usage",
+            "start_capped",
             "events_after",
             "beat",
             "peer",

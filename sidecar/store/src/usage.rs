@@ -17,6 +17,9 @@ pub struct Use {
     pub agent: String,
     pub session: String,
     pub run: String,
+    /// The end user whose session it is (`None`: the owner's, or a
+    /// session made before end users were kept on rows).
+    pub subject: Option<String>,
     /// The model a request went to (a tool call's: the run's model).
     pub model: String,
     /// The tool called; `None` for a model request.
@@ -72,16 +75,62 @@ pub enum Scope {
     Agent(String),
     Session(String),
     Run(String),
+    /// Every session of an agent that belongs to one end user.
+    User {
+        agent: String,
+        subject: String,
+    },
 }
 
 impl Scope {
-    /// The column a scope filters on, and its value.
-    pub fn column(&self) -> (&'static str, &str) {
+    /// The condition on usage rows a scope sums, its placeholders
+    /// numbered from 1 with the store's `mark` (`?` in SQLite, `$` in
+    /// PostgreSQL), and their values in order.
+    pub fn filter(&self, mark: char) -> (String, Vec<&str>) {
         match self {
-            Scope::Agent(a) => ("agent", a),
-            Scope::Session(s) => ("session", s),
-            Scope::Run(r) => ("run", r),
+            Scope::Agent(a) => (format!("agent = {mark}1"), vec![a]),
+            Scope::Session(s) => (format!("session = {mark}1"), vec![s]),
+            Scope::Run(r) => (format!("run = {mark}1"), vec![r]),
+            Scope::User { agent, subject } => (
+                format!("agent = {mark}1 AND subject = {mark}2"),
+                vec![agent, subject],
+            ),
         }
+    }
+}
+
+/// What the largest of a budget's windows is taken over, for the tenant's
+/// status of a budget whose windows are many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeakBy {
+    Session,
+    Run,
+    /// Each end user (rows of no end user are left out).
+    User,
+}
+
+impl PeakBy {
+    pub fn column(self) -> &'static str {
+        match self {
+            PeakBy::Session => "session",
+            PeakBy::Run => "run",
+            PeakBy::User => "subject",
+        }
+    }
+}
+
+/// The usage rows of agent `1` a peak groups, `2` its start (see
+/// [`SessionStore::peak`](crate::SessionStore::peak)), with the store's
+/// placeholder `mark`.
+pub fn peak_rows(by: PeakBy, mark: char) -> String {
+    match by {
+        PeakBy::User => format!(
+            "WHERE agent = {mark}1 AND subject IS NOT NULL AND at >= {mark}2 GROUP BY subject"
+        ),
+        PeakBy::Session | PeakBy::Run => format!(
+            "WHERE agent = {mark}1 GROUP BY {} HAVING MAX(at) >= {mark}2",
+            by.column()
+        ),
     }
 }
 
@@ -130,6 +179,9 @@ pub enum Group {
     Session,
     Tool,
     Model,
+    /// The end user (model requests and tool calls of sessions no end
+    /// user has: a `null` key).
+    User,
 }
 
 impl Group {
@@ -140,6 +192,15 @@ impl Group {
             Group::Session => "session",
             Group::Tool => "tool",
             Group::Model => "model",
+            Group::User => "subject",
+        }
+    }
+
+    /// The group as `group_by` and the CSV's first column name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::User => "user",
+            other => other.column(),
         }
     }
 }
@@ -213,7 +274,7 @@ pub struct ReportRow {
 pub fn report_csv(group: Group, rows: &[ReportRow], currency: &str) -> String {
     let mut out = format!(
         "{},prompt_tokens,completion_tokens,total_tokens,estimated_tokens,model_requests,tool_calls,cost,currency,cache_read_tokens,cache_write_tokens,reasoning_tokens\n",
-        group.column()
+        group.name()
     );
     for r in rows {
         let t = &r.totals;
@@ -304,6 +365,7 @@ mod tests {
             agent: "a".into(),
             session: "s".into(),
             run: "r".into(),
+            subject: None,
             model: "m".into(),
             tool: None,
             prompt_tokens: 30,

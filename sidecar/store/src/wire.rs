@@ -415,6 +415,9 @@ pub struct Exceeded {
     /// earliest anything frees up); absent for `session` and `run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// The budget counts each end user apart: `used` is this user's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_user: bool,
 }
 
 impl Exceeded {
@@ -434,6 +437,7 @@ impl Exceeded {
             used: standing.used,
             per: limit.per_text.clone(),
             retry_after,
+            per_user: limit.per_user,
         }
     }
 
@@ -444,8 +448,13 @@ impl Exceeded {
             Meter::Tokens | Meter::ToolCalls => format!("{x:.0}"),
         };
         let mut text = format!(
-            "budget {} is used up: {} of {} {} per {}",
+            "budget {} is used up{}: {} of {} {} per {}",
             self.budget,
+            if self.per_user {
+                " for this user (it counts each end user apart)"
+            } else {
+                ""
+            },
             amount(self.used),
             amount(self.limit),
             self.meter.as_str().replace('_', " "),

@@ -53,6 +53,7 @@ fn renders() -> Vec<Render> {
         Render::new(TENANT, "acme").values("tests/charts/tenant-postgres.yaml"),
         Render::new(TENANT, "acme").values("tests/charts/tenant-network-policy.yaml"),
         Render::new(TENANT, "hooli").values("tests/charts/tenant-approval-webhook.yaml"),
+        Render::new(TENANT, "acme").values("tests/charts/tenant-limits.yaml"),
     ]
 }
 
@@ -451,6 +452,23 @@ fn the_acme_values_render_the_acme_example_tenant() {
     )[0];
     assert_eq!(secret["metadata"]["name"], "globex-billing");
     assert!(secret["stringData"]["token"].is_string());
+}
+
+#[test]
+fn the_tenants_per_user_limits_are_passed_as_written() {
+    let docs = render_docs(&Render::new(TENANT, "acme").values("tests/charts/tenant-limits.yaml"));
+    let spec = &one(&docs, "AgentTenant")["spec"];
+    assert_eq!(spec["perUser"], json!({"maxConcurrentRuns": 2}));
+    assert_eq!(
+        spec["rateLimits"],
+        json!({"requestsPerMinute": 600, "perUserRequestsPerMinute": 60,
+               "tools": [{"tool": "openapi_billing_*", "callsPerMinute": 10, "perUser": true}]})
+    );
+    assert_eq!(spec["budgets"][0]["perUser"], true);
+    // Left out, neither is rendered.
+    let plain = render_docs(&Render::new(TENANT, "acme"));
+    let spec = &one(&plain, "AgentTenant")["spec"];
+    assert!(spec.get("perUser").is_none() && spec.get("rateLimits").is_none());
 }
 
 #[test]

@@ -169,6 +169,24 @@ pub(super) fn server_flags(spec: &AgentTenantSpec) -> Parts {
             ));
         }
     }
+    if let Some(n) = spec.per_user.as_ref().and_then(|p| p.max_concurrent_runs) {
+        args.extend(["--max-runs-per-user".into(), n.to_string()]);
+    }
+    if let Some(r) = &spec.rate_limits {
+        if let Some(n) = r.requests_per_minute {
+            args.extend(["--requests-per-minute".into(), n.to_string()]);
+        }
+        if let Some(n) = r.per_user_requests_per_minute {
+            args.extend(["--per-user-requests-per-minute".into(), n.to_string()]);
+        }
+        for t in &r.tools {
+            let per_user = if t.per_user { "/user" } else { "" };
+            args.extend([
+                "--tool-rate-limit".into(),
+                format!("{}={}{per_user}", t.tool, t.calls_per_minute),
+            ]);
+        }
+    }
     Parts {
         args,
         env,

@@ -138,7 +138,7 @@ impl Server {
         load: LoadOptions,
         cfg: impl FnOnce(&mut ServiceConfig),
     ) -> Server {
-        Self::build(agents, dir, script, load, cfg, None).await
+        Self::build(agents, dir, script, load, cfg, None, (None, None)).await
     }
 
     /// A server as [`Self::start`] makes it that also takes end users'
@@ -171,7 +171,31 @@ impl Server {
         )
         .unwrap();
         let cfg = move |c: &mut ServiceConfig| c.exchanger = Some(Arc::new(exchanger));
-        Self::build(agents, dir, script, load, cfg, Some(identity)).await
+        Self::build(agents, dir, script, load, cfg, Some(identity), (None, None)).await
+    }
+
+    /// A server as [`Self::identified`] makes it, `cfg` changing the
+    /// service's configuration and `rates` the requests per minute it
+    /// takes, the server's and each end user's (`--requests-per-minute`,
+    /// `--per-user-requests-per-minute`).
+    pub async fn limited(
+        agents: &[PathBuf],
+        dir: &Path,
+        script: impl Fn(&Value) -> MockReply + Send + Sync + 'static,
+        identity: bindery_identity::IdentityConfig,
+        cfg: impl FnOnce(&mut ServiceConfig),
+        rates: (Option<u32>, Option<u32>),
+    ) -> Server {
+        Self::build(
+            agents,
+            dir,
+            script,
+            LoadOptions::default(),
+            cfg,
+            Some(identity),
+            rates,
+        )
+        .await
     }
 
     async fn build(
@@ -181,6 +205,7 @@ impl Server {
         load: LoadOptions,
         cfg: impl FnOnce(&mut ServiceConfig),
         identity: Option<bindery_identity::IdentityConfig>,
+        rates: (Option<u32>, Option<u32>),
     ) -> Server {
         let tree = bindery_tree::load(&AgentSources::Files(agents.to_vec()), &load)
             .await
@@ -244,6 +269,7 @@ impl Server {
             peers_tls: None,
             origins: Arc::new(bindery_api::origin::OriginPolicy::new(listen, &[], &[])),
             identity: identity.map(|c| Arc::new(bindery_identity::Verifier::new(c).unwrap())),
+            rates: bindery_api::rate_limit::RequestRates::new(rates.0, rates.1),
         });
         let store = service.store().clone();
         Server {
@@ -346,6 +372,11 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -353,6 +384,7 @@ impl Api {
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
         Answer {
             content_type,
+            retry_after,
             reply: Reply { status, json, text },
             headers,
         }
@@ -374,6 +406,8 @@ impl SessionApi for Api {
 /// A reply and its `Content-Type`.
 pub struct Answer {
     pub content_type: String,
+    /// Its `Retry-After`, if any.
+    pub retry_after: Option<String>,
     pub reply: Reply,
     pub headers: axum::http::HeaderMap,
 }

@@ -16,6 +16,7 @@ mod budgets;
 mod depends;
 mod end_users;
 mod helpers;
+mod limits;
 mod pending;
 mod promises;
 mod sessions;

@@ -516,6 +516,11 @@ pub(super) async fn dispatch(
             true => call.name.as_str(),
             false => bindery_metrics::UNKNOWN_TOOL,
         };
+        // A call over a rate limit never runs, and counts against no budget.
+        if let Some(why) = host.rate_limited(counted_as) {
+            tracing::info!("a tool call over its rate limit did not run");
+            return Outcome::Done(Err(ToolError::Failed(why)));
+        }
         match host.before_tool(counted_as).await {
             Gate::Go(_) => {}
             Gate::Refuse(e) => {

@@ -52,6 +52,12 @@ pub trait Host: Send + Sync {
     fn downgrade(&self, _claim: Option<i64>) -> Option<crate::budget::Downgraded> {
         None
     }
+    /// Before a call of `tool` (a lookup's too), ahead of its budgets:
+    /// why a rate limit refuses it, in the words the model is told, if one
+    /// does. A host that limits nothing lets every call go.
+    fn rate_limited(&self, _tool: &str) -> Option<String> {
+        None
+    }
     /// Before a call of `tool` (a lookup's too).
     async fn before_tool(&self, tool: &str) -> Gate;
     /// A person let the run go past budget `name`: it is not asked again
@@ -93,6 +99,9 @@ impl Host for Subrun<'_> {
     }
     async fn after_model(&self, claim: Option<i64>, model: &ModelSpec, used: Option<Spent>) {
         self.0.after_model(claim, model, used).await
+    }
+    fn rate_limited(&self, tool: &str) -> Option<String> {
+        self.0.rate_limited(tool)
     }
     async fn before_tool(&self, tool: &str) -> Gate {
         self.0.before_tool(tool).await

@@ -21,6 +21,8 @@ pub(crate) struct RunBudget {
     agent: String,
     session: String,
     run: String,
+    /// The end user whose session it is (`None`: the owner's).
+    subject: Option<String>,
     /// The session's agent's budgets (a helper's count against them).
     limits: Vec<Limit>,
     /// `confirm` budgets a person let this run go past.
@@ -43,6 +45,7 @@ impl RunBudget {
         budgets: &Arc<Budgets>,
         agent: &LoadedAgent,
         session: &str,
+        subject: Option<&str>,
         run: &pending::WaitingRun,
     ) -> RunBudget {
         RunBudget {
@@ -50,6 +53,7 @@ impl RunBudget {
             agent: agent.name.clone(),
             session: session.to_string(),
             run: run.id.clone(),
+            subject: subject.map(str::to_string),
             limits: agent.budget_limits(),
             approved: Mutex::new(run.budgets_approved.clone()),
             model: agent.spec.model.name.clone(),
@@ -101,6 +105,7 @@ impl RunBudget {
             agent: &self.agent,
             session: &self.session,
             run: &self.run,
+            subject: self.subject.as_deref(),
         }
     }
 
@@ -110,6 +115,7 @@ impl RunBudget {
             agent: self.agent.clone(),
             session: self.session.clone(),
             run: self.run.clone(),
+            subject: self.subject.clone(),
             model: model.to_string(),
             tool: tool.map(str::to_string),
             prompt_tokens: 0,

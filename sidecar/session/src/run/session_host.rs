@@ -7,11 +7,14 @@ use async_trait::async_trait;
 use super::run_budget::RunBudget;
 use super::session_sink::SessionSink;
 use crate::budget::{Gate, Spent};
+use crate::rate::ToolRates;
 use crate::run::{Events, Host, Unaudited};
 use crate::state::audit::AuditLog;
 use bindery_llm::Turn;
+use bindery_metrics::Metrics;
 use bindery_spec::ModelSpec;
 use bindery_store::audit::{Action, Actor, Credential};
+use bindery_store::clock::Clock;
 use std::collections::BTreeMap;
 
 /// A run of a session this server drives, as the run sees it.
@@ -19,6 +22,7 @@ pub(crate) struct SessionHost<'a> {
     pub(crate) sink: SessionSink<'a>,
     pub(crate) budget: RunBudget,
     pub(crate) audit: RunAudit<'a>,
+    pub(crate) rates: RunRates<'a>,
 }
 
 /// Where the run's tool calls are recorded, and as whose.
@@ -63,6 +67,15 @@ impl RunAudit<'_> {
     }
 }
 
+/// The server's tool rate limits, as one run (of one end user's session,
+/// or the owner's) takes from them.
+pub(crate) struct RunRates<'a> {
+    pub(crate) rates: &'a ToolRates,
+    pub(crate) subject: Option<&'a str>,
+    pub(crate) clock: &'a dyn Clock,
+    pub(crate) metrics: &'a Metrics,
+}
+
 #[async_trait]
 impl Host for SessionHost<'_> {
     async fn turn(&self, msg: &Turn, events: Events) {
@@ -89,6 +102,15 @@ impl Host for SessionHost<'_> {
     }
     fn downgrade(&self, claim: Option<i64>) -> Option<crate::budget::Downgraded> {
         self.budget.downgrade(claim?)
+    }
+    fn rate_limited(&self, tool: &str) -> Option<String> {
+        let r = &self.rates;
+        if r.rates.is_empty() {
+            return None;
+        }
+        let limited = r.rates.take(tool, r.subject, r.clock.now_ms()).err()?;
+        r.metrics.rate_limited(bindery_metrics::RateLimited::Tool);
+        Some(limited.detail(tool))
     }
     async fn before_tool(&self, tool: &str) -> Gate {
         self.budget.before_tool(tool).await

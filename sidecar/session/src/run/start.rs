@@ -2,7 +2,7 @@
 //! as its sink, recording each turn and event and its end.
 
 use super::run_budget;
-use super::session_host::{RunAudit, SessionHost};
+use super::session_host::{RunAudit, RunRates, SessionHost};
 use super::session_sink;
 use super::session_sink::SessionSink;
 use crate::error::Code;
@@ -44,6 +44,7 @@ use bindery_store::model::SessionRecord;
 use bindery_store::model::SessionStatus;
 use bindery_store::pending;
 use bindery_store::pending::PendingCall;
+use bindery_store::quota::{RunCap, Started};
 use bindery_store::wire::RunStarted;
 use bindery_store::wire::SessionEvent;
 use bindery_store::wire::ToolCallEvent;
@@ -85,6 +86,10 @@ pub struct Runs {
     /// How often servers beat: a cancel asked of another server is
     /// looked for at least this often.
     pub(crate) heartbeat_every: Duration,
+    /// At most this many runs of one end user at once (`None`: no bound).
+    pub(crate) max_runs_per_user: Option<u32>,
+    /// The calls per minute the tools may take (`--tool-rate-limit`).
+    pub(crate) tool_rates: crate::rate::ToolRates,
     /// Set once the server stops ([`crate::service::Service::drain`]): the
     /// runs under way end, and none starts.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
@@ -95,6 +100,14 @@ pub struct Runs {
 }
 
 impl Runs {
+    /// The cap on runs at once that a start of session `rec` is under: its
+    /// end user's, when the server sets one.
+    fn cap_of(&self, rec: &SessionRecord) -> Option<RunCap> {
+        let max = self.max_runs_per_user?;
+        let subject = rec.security.subject.as_ref()?.as_str().to_string();
+        Some(RunCap { subject, max })
+    }
+
     /// Session `id` as stored.
     pub(crate) async fn record(&self, id: &str) -> Result<SessionRecord, ServiceError> {
         stored_session(&*self.store, id).await
@@ -244,6 +257,28 @@ impl Runs {
                 return Err(e);
             }
         };
+        let at = rec.updated_at;
+        let event = encoded(&event);
+        // A start an end user's cap decides is stored before the run may
+        // send anything: one past the cap must not reach the model. (An
+        // uncapped start is stored while its first request goes out.)
+        let capped = match self.cap_of(&rec) {
+            Some(cap) => {
+                let refused = match self.store.start_capped(&mut rec, &event, at, &cap).await {
+                    Ok(Started::Stored(seqs)) => Ok(seqs),
+                    Ok(Started::Full { running }) => Err(too_many_runs(running, cap.max)),
+                    Err(e) => Err(ServiceError::from(e)),
+                };
+                match refused {
+                    Ok(seqs) => Some(seqs),
+                    Err(e) => {
+                        *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         let session = self.secrets.session_values(&rec);
         let mut values = agent.params.snapshot(&session, &message);
         let mut origins = credential_origins(&agent, &session, &message);
@@ -290,6 +325,11 @@ impl Runs {
         let run_id = id.to_string();
         let turns = rec.turns.clone();
         let taint_from = rec.security.taint_cleared_at.unwrap_or(0);
+        let subject = rec
+            .security
+            .subject
+            .as_ref()
+            .map(|s| s.as_str().to_string());
         let stop = cancel.clone();
         let (running, run_started) = tokio::sync::oneshot::channel::<()>();
         let this_run = done_rx.clone();
@@ -305,6 +345,7 @@ impl Runs {
                     run,
                     by,
                     origins,
+                    subject,
                 },
                 values,
                 &resolved,
@@ -352,9 +393,15 @@ impl Runs {
         // to its first wait (usually for the model's answer) before this
         // write does, or beside it on another worker.
         let _ = run_started.await;
-        let at = rec.updated_at;
-        let event = encoded(&event);
-        match self.store.update_with_events(&mut rec, &event, at).await {
+        let stored = match capped {
+            Some(seqs) => Ok(seqs),
+            None => self
+                .store
+                .update_with_events(&mut rec, &event, at)
+                .await
+                .map_err(ServiceError::from),
+        };
+        match stored {
             Ok(seqs) => {
                 *guard = Some(Box::new(rec));
                 drop(guard);
@@ -368,7 +415,7 @@ impl Runs {
                 stop.cancel();
                 drop(starter);
                 *live.run.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -393,6 +440,7 @@ impl Runs {
             run,
             by,
             origins,
+            subject,
         } = driving;
         let sink = SessionSink::new(&self.recorder, id, cancel, gate);
         let client = self.agents.client_for(&agent.name);
@@ -409,7 +457,7 @@ impl Runs {
         };
         let host = SessionHost {
             sink,
-            budget: run_budget::RunBudget::new(&self.budgets, agent, id, &run),
+            budget: run_budget::RunBudget::new(&self.budgets, agent, id, subject.as_deref(), &run),
             audit: RunAudit {
                 log: &self.audit,
                 session: id,
@@ -418,6 +466,12 @@ impl Runs {
                     on_behalf_of: Box::new(by),
                 },
                 origins,
+            },
+            rates: RunRates {
+                rates: &self.tool_rates,
+                subject: subject.as_deref(),
+                clock: &*self.clock,
+                metrics: &self.metrics,
             },
         };
         // The tools as of the run's start; an MCP server's change applies to the next run.
@@ -489,6 +543,28 @@ impl Runs {
     }
 }
 
+/// How long a user refused for having too many runs is told to wait: runs
+/// end on their own time, so this is a hint to poll at, not a promise.
+pub const TOO_MANY_RUNS_RETRY_SECS: u64 = 5;
+
+/// The 429 of a start past an end user's cap on runs at once.
+fn too_many_runs(running: u64, max: u32) -> ServiceError {
+    let mut e = ServiceError::new(
+        ErrorKind::Exhausted,
+        Code::TooManyRuns,
+        format!(
+            "this user has {running} runs in progress, and a user may have at most {max} at once \
+             (--max-runs-per-user); wait for one to end, then send the request again"
+        ),
+    );
+    let mut extra = serde_json::Map::new();
+    extra.insert("running".into(), running.into());
+    extra.insert("max".into(), max.into());
+    extra.insert("retry_after".into(), TOO_MANY_RUNS_RETRY_SECS.into());
+    e.extra = Some(Box::new(extra));
+    e
+}
+
 /// The conversation a run goes on from, and where its taint counts from
 /// (see `RunContext::taint_from`).
 pub(super) struct Driving {
@@ -500,6 +576,8 @@ pub(super) struct Driving {
     by: Actor,
     /// Where each secret parameter's value came from (see [`credential_origins`]).
     origins: BTreeMap<String, String>,
+    /// The end user whose session it is, whose per-user budgets it counts against.
+    subject: Option<String>,
 }
 
 /// Each bound secret parameter of `agent` in a run with these values, and

@@ -14,7 +14,7 @@ use bindery_spec::budget::{Limit, OnExceed};
 use bindery_store::clock::Clock;
 use bindery_store::model::SessionRecord;
 use bindery_store::pending;
-use bindery_store::usage::{Gauge, SessionUsage};
+use bindery_store::usage::{Gauge, PeakBy, SessionUsage};
 use bindery_store::wire::BudgetEvent;
 use bindery_store::wire::BudgetState;
 use bindery_store::wire::SessionEvent;
@@ -101,6 +101,7 @@ impl Budgets {
             agent: &agent.name,
             session: &rec.id,
             run: &run.id,
+            subject: rec.security.subject.as_ref().map(|s| s.as_str()),
         };
         let gauges: Vec<_> = budget::gauges(&limits, &MODEL, &[], &who, now)
             .into_iter()
@@ -187,6 +188,12 @@ impl Budgets {
         for agent in self.agents.tree().agents.values() {
             for limit in agent.budget_limits() {
                 let used = match limit.per {
+                    // The most any one end user used in their window.
+                    bindery_spec::budget::Per::Rolling(window) if limit.per_user => {
+                        self.store
+                            .peak(&agent.name, limit.meter, PeakBy::User, now - window)
+                            .await?
+                    }
                     bindery_spec::budget::Per::Rolling(window) => {
                         let gauge = Gauge {
                             meter: limit.meter,
@@ -198,10 +205,11 @@ impl Budgets {
                     // The largest session (or run) of the last day.
                     per => {
                         let since = now - 86_400_000;
-                        let by_session = per == bindery_spec::budget::Per::Session;
-                        self.store
-                            .peak(&agent.name, limit.meter, by_session, since)
-                            .await?
+                        let by = match per {
+                            bindery_spec::budget::Per::Session => PeakBy::Session,
+                            _ => PeakBy::Run,
+                        };
+                        self.store.peak(&agent.name, limit.meter, by, since).await?
                     }
                 };
                 out.push(BudgetStatus {

@@ -104,6 +104,7 @@ fn exceeded(budget: &str) -> Exceeded {
         used: 120.0,
         per: "24h".into(),
         retry_after: Some(60),
+        per_user: false,
     }
 }
 

@@ -488,6 +488,17 @@ impl SessionStore for Watched {
         self.hook.written(rec).await;
         Ok(seqs)
     }
+    async fn start_capped(
+        &self,
+        rec: &mut SessionRecord,
+        events: &[(&str, Value)],
+        at: i64,
+        cap: &bindery_store::quota::RunCap,
+    ) -> Result<bindery_store::quota::Started, StoreError> {
+        let started = self.store.start_capped(rec, events, at, cap).await?;
+        self.hook.written(rec).await;
+        Ok(started)
+    }
     async fn events_after(
         &self,
         session: &str,
@@ -528,10 +539,10 @@ impl SessionStore for Watched {
         &self,
         agent: &str,
         meter: Meter,
-        by_session: bool,
+        by: bindery_store::usage::PeakBy,
         since: i64,
     ) -> Result<f64, StoreError> {
-        self.store.peak(agent, meter, by_session, since).await
+        self.store.peak(agent, meter, by, since).await
     }
     async fn report(&self, from: i64, to: i64, group: Group) -> Result<Vec<ReportRow>, StoreError> {
         self.store.report(from, to, group).await
