@@ -1388,6 +1388,23 @@ pub struct HelperRef {
     pub narrowable: bool,
 }
 
+/// An OAuth error code as an authorization server answered it, fit to be
+/// shown: the code itself when it is one (RFC 6749's `error`: letters,
+/// digits, `_`, `-`, `.`, at most 64), else a placeholder. A server may echo
+/// what it was sent (a secret) into its answer; a code cannot hold one.
+pub fn oauth_error_code(error: &str) -> String {
+    let code = !error.is_empty()
+        && error.len() <= 64
+        && error
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if code {
+        error.to_string()
+    } else {
+        "(an error that is not an OAuth error code; not repeated)".to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1438,22 +1455,5 @@ mod tests {
         assert_eq!(pg.as_openapi().redirects, Redirects::Never);
         let e = read(r#", "redirects": "always""#).unwrap_err().to_string();
         assert!(e.contains("sameOrigin") && e.contains("none"), "{e}");
-    }
-}
-
-/// An OAuth error code as an authorization server answered it, fit to be
-/// shown: the code itself when it is one (RFC 6749's `error`: letters,
-/// digits, `_`, `-`, `.`, at most 64), else a placeholder. A server may echo
-/// what it was sent (a secret) into its answer; a code cannot hold one.
-pub fn oauth_error_code(error: &str) -> String {
-    let code = !error.is_empty()
-        && error.len() <= 64
-        && error
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-    if code {
-        error.to_string()
-    } else {
-        "(an error that is not an OAuth error code; not repeated)".to_string()
     }
 }
