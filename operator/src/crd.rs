@@ -131,8 +131,8 @@ pub struct AgentTenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<TenantIdentity>,
     /// Limits on each end user of the tenant (people signed in with the
-    /// platform's identity tokens): the server's pods need the identity
-    /// issuer (`BINDERY_IDENTITY_ISSUER`), or they refuse to start.
+    /// platform's identity tokens, `identity`): without an identity
+    /// provider they limit no one (the pods say so in their log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_user: Option<PerUserSpec>,
     /// Requests and tool calls per minute, counted by each pod.
