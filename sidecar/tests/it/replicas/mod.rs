@@ -192,14 +192,16 @@ async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
         [cancel, put, answer, revoke],
         [
             ops(&[("get", 3.0)]),
+            // Setting values and revoking tokens are on the audit record.
             ops(&[
+                ("append_audit", 1.0),
                 ("append_event", 1.0),
                 ("get", 2.0),
                 ("session_totals", 1.0),
                 ("update", 1.0)
             ]),
             ops(&[("get", 2.0)]),
-            ops(&[("get", 2.0), ("update", 1.0)]),
+            ops(&[("append_audit", 1.0), ("get", 2.0), ("update", 1.0)]),
         ],
         "cancel, PUT params, an unknown continuation, revoke"
     );
