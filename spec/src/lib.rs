@@ -1306,6 +1306,38 @@ impl JsonSchema for IdentityValue {
 /// parameter name can start with it.
 pub const IDENTITY_PREFIX: &str = "@identity:";
 
+impl AgentSpec {
+    /// Every end user's value the agent binds: in bindings, credentials of
+    /// HTTP toolboxes and helpers' `with` (a literal is the author's text,
+    /// never read as one). Found once, as the agent loads.
+    pub fn identity_values(&self) -> std::collections::BTreeSet<IdentityValue> {
+        fn walk(v: &serde_json::Value, out: &mut std::collections::BTreeSet<IdentityValue>) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    for (k, v) in map {
+                        match k.as_str() {
+                            "literal" => {}
+                            "identity" => {
+                                if let Ok(i) = serde_json::from_value::<IdentityValue>(v.clone()) {
+                                    out.insert(i);
+                                }
+                            }
+                            _ => walk(v, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+                _ => {}
+            }
+        }
+        let mut out = std::collections::BTreeSet::new();
+        if let Ok(v) = serde_json::to_value(self) {
+            walk(&v, &mut out);
+        }
+        out
+    }
+}
+
 impl IdentityValue {
     /// The name the value goes by in a run's values (`@identity:subject`,
     /// `@identity:claim:email`, `@identity:token:AUDIENCE SCOPE…`).
@@ -1408,6 +1440,37 @@ pub fn oauth_error_code(error: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_identity_values_are_found_wherever_the_author_binds_them_and_never_in_a_literal() {
+        let yaml: serde_json::Value = serde_yaml::from_str(
+            r#"
+model: {url: "http://m.invalid/v1", name: m}
+toolboxes:
+  - openapi:
+      spec: api.yaml
+      baseUrl: https://billing.example.com
+      secrets:
+        - source: {identity: "token:billing invoices.read"}
+          header: {name: Authorization, template: "Bearer {{secret}}"}
+      bindings:
+        - {arg: user, value: {identity: subject}}
+        - {arg: email, value: {identity: "claim:email"}}
+        - {arg: note, value: {literal: {identity: subject_not_this}}}
+"#,
+        )
+        .unwrap();
+        let spec: AgentSpec = serde_json::from_value(yaml).unwrap();
+        let keys: Vec<String> = spec.identity_values().iter().map(|i| i.key()).collect();
+        assert_eq!(
+            keys,
+            [
+                "@identity:subject",
+                "@identity:claim:email",
+                "@identity:token:billing invoices.read"
+            ]
+        );
+    }
 
     /// The JSON schema the Agent CRD is generated from covers the spec.
     #[test]

@@ -4,59 +4,26 @@
 //! take, so the bindings merge them like any value and the scrubber knows
 //! the exchanged tokens as the secrets they are.
 
-use std::collections::BTreeSet;
-
 use serde_json::Value;
 
 use bindery_identity::{Exchanger, Person};
 use bindery_params::secret::SecretString;
 use bindery_params::{ParamValue, Values};
-use bindery_spec::{AgentSpec, IdentityValue};
+use bindery_spec::IdentityValue;
 
-/// Every end user's value `spec` binds: in bindings, credentials of HTTP
-/// toolboxes and helpers' `with` (a literal is the author's text, never
-/// read as one).
-pub fn wanted(spec: &AgentSpec) -> BTreeSet<IdentityValue> {
-    let mut out = BTreeSet::new();
-    if let Ok(v) = serde_json::to_value(spec) {
-        walk(&v, &mut out);
-    }
-    out
-}
-
-fn walk(v: &Value, out: &mut BTreeSet<IdentityValue>) {
-    match v {
-        Value::Object(map) => {
-            for (k, v) in map {
-                match k.as_str() {
-                    "literal" => {}
-                    "identity" => {
-                        if let Ok(i) = serde_json::from_value::<IdentityValue>(v.clone()) {
-                            out.insert(i);
-                        }
-                    }
-                    _ => walk(v, out),
-                }
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-        _ => {}
-    }
-}
-
-/// The values of `person` that `spec` binds, for a run of session
-/// `session`. One that cannot be had (a claim their token lacks, an
+/// The values of `person` in `wanted` (what the agent binds, found as it
+/// loaded: `AgentSpec::identity_values`), for a run of session `session`. One that cannot be had (a claim their token lacks, an
 /// exchange refused) is left out, so its binding fails the call as
 /// unbound; the log says why, never with a token.
 pub async fn values(
-    spec: &AgentSpec,
+    wanted: &std::collections::BTreeSet<IdentityValue>,
     person: &Person,
     exchanger: Option<&Exchanger>,
     session: &str,
 ) -> Values {
     let mut out = Values::new();
-    for want in wanted(spec) {
-        let value = match &want {
+    for want in wanted {
+        let value = match want {
             IdentityValue::Subject => {
                 Some(ParamValue::Plain(Value::String(person.subject.to_string())))
             }
@@ -89,40 +56,4 @@ async fn exchange(
         .live_token()
         .ok_or(bindery_identity::ExchangeError::NoToken)?;
     exchanger.exchange(&person.subject, token, want).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_values_wanted_are_found_wherever_the_author_binds_them_and_never_in_a_literal() {
-        let yaml: Value = serde_yaml::from_str(
-            r#"
-model: {url: "http://m.invalid/v1", name: m}
-toolboxes:
-  - openapi:
-      spec: api.yaml
-      baseUrl: https://billing.example.com
-      secrets:
-        - source: {identity: "token:billing invoices.read"}
-          header: {name: Authorization, template: "Bearer {{secret}}"}
-      bindings:
-        - {arg: user, value: {identity: subject}}
-        - {arg: email, value: {identity: "claim:email"}}
-        - {arg: note, value: {literal: {identity: subject_not_this}}}
-"#,
-        )
-        .unwrap();
-        let spec: AgentSpec = serde_json::from_value(yaml).unwrap();
-        let keys: Vec<String> = wanted(&spec).iter().map(|i| i.key()).collect();
-        assert_eq!(
-            keys,
-            [
-                "@identity:subject",
-                "@identity:claim:email",
-                "@identity:token:billing invoices.read"
-            ]
-        );
-    }
 }

@@ -79,6 +79,9 @@ pub struct LoadedAgent {
     /// Bedrock's keys (`bedrock.accessKeyId`, …) of the model and each
     /// fallback, in the chain's order (`None` where a model names none).
     pub aws_keys: Vec<Option<AwsKeysRead>>,
+    /// The end user's values its bindings take (`{identity: …}`), found
+    /// once as it loads: a run of a person's session gets these.
+    pub identity_values: BTreeSet<bindery_spec::IdentityValue>,
     /// What must live as long as the agent (its MCP servers).
     _keep: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -808,6 +811,7 @@ async fn load_agent(
         model_key: ModelKey::Absent,
         fallback_keys: Vec::new(),
         aws_keys: Vec::new(),
+        identity_values: p.spec.identity_values(),
         _keep: keep,
     };
     (agent, diags)

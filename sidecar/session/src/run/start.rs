@@ -288,8 +288,13 @@ impl Runs {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(person) = person.filter(|p| rec.security.subject.as_ref() == Some(&p.subject)) {
-            let identity =
-                crate::identity::values(&agent.spec, &person, self.exchanger.as_deref(), id).await;
+            let identity = crate::identity::values(
+                &agent.identity_values,
+                &person,
+                self.exchanger.as_deref(),
+                id,
+            )
+            .await;
             for (key, value) in identity {
                 if let Some(audience) = value
                     .is_secret()

@@ -178,8 +178,6 @@ struct TokenAnswer {
 #[derive(Deserialize)]
 struct ErrorAnswer {
     error: String,
-    #[serde(default)]
-    error_description: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -885,7 +883,6 @@ impl OAuth {
                 // The error code only, and only when it is one: a token
                 // endpoint may echo the credential it was sent into its
                 // description (or its "code"), and this error is logged.
-                let _ = e.error_description;
                 return Err(OAuthError::TokenRefused {
                     url: egress::shown(&url),
                     error: bindery_spec::oauth_error_code(&e.error),
@@ -992,7 +989,7 @@ fn request_error(what: &'static str, url: &Url, e: reqwest::Error) -> OAuthError
 
 fn status_error(what: &'static str, url: &Url, status: u16, body: &[u8]) -> OAuthError {
     let detail = serde_json::from_slice::<ErrorAnswer>(body)
-        .map(|e| format!(": {}", quoted(&e.error)))
+        .map(|e| format!(": {}", bindery_spec::oauth_error_code(&e.error)))
         .unwrap_or_default();
     OAuthError::Status {
         what,
