@@ -221,7 +221,13 @@ pub async fn identify(
             Ok(Caller::Approver) => Identity::Approver,
             Ok(Caller::SessionToken(id)) if session == Some(id.as_str()) => Identity::Session(id),
             Ok(Caller::SessionToken(_)) => Identity::Refused(not_valid_here()),
-            Ok(Caller::EndUser(person)) => end_user(service, person, session, check).await,
+            Ok(Caller::EndUser(named)) => {
+                let person = match forwarded_person(headers, tokens.identity, named).await {
+                    Ok(person) => person,
+                    Err(refusal) => return Identity::Refused(refusal),
+                };
+                end_user(service, person, session, check).await
+            }
         };
     }
     let Some(token) = bearer(headers) else {
@@ -272,6 +278,36 @@ pub async fn identify(
 /// An end user, on a route about `session` (when it names one): let in
 /// only to a session of theirs. Another's session, like one that does not
 /// exist, is 404: an end user cannot learn which ids are taken.
+/// The end user a forward vouches for (`named`: their subject only), with
+/// their claims and token again when the forward carries their identity
+/// token and it still holds here: so that a run this server starts for
+/// them has the values it would have had on the server they reached. A
+/// token that no longer holds (it expired on the way) leaves the person
+/// without their rights, as on that server; one naming somebody else is
+/// refused.
+async fn forwarded_person(
+    headers: &HeaderMap,
+    verifier: Option<&bindery_identity::Verifier>,
+    named: bindery_identity::Person,
+) -> Result<bindery_identity::Person, ServiceError> {
+    let token = headers
+        .get(super::peers::IDENTITY_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let (Some(token), Some(verifier)) = (token, verifier) else {
+        return Ok(named);
+    };
+    match verifier.verify(token).await {
+        Ok(user) if user.subject == named.subject => Ok(user.person()),
+        Ok(_) => Err(unauthorized(
+            "the forward's identity token names another subject than its caller",
+        )),
+        Err(e) => {
+            tracing::info!(subject = %named.subject, "a forwarded identity token no longer holds: {e}");
+            Ok(named)
+        }
+    }
+}
+
 async fn end_user(
     service: &Service,
     person: bindery_identity::Person,
@@ -382,7 +418,12 @@ impl AppState {
             approver: self.approver.as_ref(),
             identity: self.identity.as_deref(),
         };
-        identify(headers, tokens, &self.service, session, check).await
+        let identity = identify(headers, tokens, &self.service, session, check).await;
+        // The request's span (and so its log lines) names the end user.
+        if let Identity::EndUser { person, .. } = &identity {
+            tracing::Span::current().record("subject", person.subject.as_str());
+        }
+        identity
     }
 }
 

@@ -59,6 +59,12 @@ pub const CALLER_HEADER: &str = "x-bindery-peer-caller";
 pub const TIME_HEADER: &str = "x-bindery-peer-time";
 /// A random value, never sent twice: 16 bytes in hex.
 pub const NONCE_HEADER: &str = "x-bindery-peer-nonce";
+/// An end user's identity token, on a forward made for them: the receiver
+/// verifies it again, so that a run it starts may act with the person's
+/// rights (their token exchanged) as a run on the server they reached
+/// would. Signed with the rest; removed from every request that is not a
+/// forward, so that no client sets it.
+pub const IDENTITY_HEADER: &str = "x-bindery-peer-identity";
 /// Set by [`admit`] on a forward whose signature it checked, to the caller
 /// it vouches for; removed from every other request, so that no client can
 /// set it.
@@ -93,7 +99,11 @@ fn signed_headers(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
             let name = name.as_str();
             matches!(
                 name,
-                "bindery-session-id" | "mcp-protocol-version" | "mcp-method" | "mcp-name"
+                "bindery-session-id"
+                    | "mcp-protocol-version"
+                    | "mcp-method"
+                    | "mcp-name"
+                    | IDENTITY_HEADER
             ) || name.starts_with("agents-param-")
         })
         .map(|(name, value)| (name.as_str(), value.as_bytes()))
@@ -294,6 +304,7 @@ pub async fn admit(State(auth): State<Arc<PeerAuth>>, req: Request, next: Next) 
         .iter()
         .any(|h| parts.headers.contains_key(*h));
     if !claims {
+        parts.headers.remove(IDENTITY_HEADER);
         return next.run(Request::from_parts(parts, body)).await;
     }
     if auth.tls_only && parts.extensions.get::<PeerPort>().is_none() {
@@ -385,6 +396,18 @@ pub async fn forward(
     let name = caller_name(who);
     let nonce = bindery_params::random::hex::<16>("a forward's nonce")?;
     let time = unix_now();
+    // A person's token goes with a forward made for them (and only then:
+    // `admit` took any a client sent).
+    let mut headers = incoming.headers.clone();
+    headers.remove(IDENTITY_HEADER);
+    if let Caller::EndUser(person) = who {
+        if let Some(token) = person.live_token() {
+            if let Ok(mut v) = HeaderValue::from_str(token.expose()) {
+                v.set_sensitive(true);
+                headers.insert(IDENTITY_HEADER, v);
+            }
+        }
+    }
     let signature = Signed {
         method: incoming.method.as_str(),
         path,
@@ -393,7 +416,7 @@ pub async fn forward(
         time,
         nonce: &nonce,
         receiver: instance,
-        headers: signed_headers(&incoming.headers),
+        headers: signed_headers(&headers),
     }
     .signature(key);
     let mut req = client
@@ -407,7 +430,7 @@ pub async fn forward(
             req = req.header(h, v);
         }
     }
-    for (name, value) in signed_headers(&incoming.headers) {
+    for (name, value) in signed_headers(&headers) {
         req = req.header(name, value);
     }
     let answer = req
@@ -720,6 +743,8 @@ mod tests {
             (&[("agents-param-tenant", "globex")][..], None),
             (&[("agents-param-billing-token", "x")][..], None),
             (&[("bindery-session-id", "s2")][..], None),
+            // Somebody else's identity token put on a forward.
+            (&[(IDENTITY_HEADER, "eyJ.other.token")][..], None),
             (&[][..], Some("agents-param-tenant")),
         ] {
             let auth = PeerAuth::new(KEY, "b", false);
@@ -730,6 +755,69 @@ mod tests {
         let auth = PeerAuth::new(KEY, "b", false);
         let h = with(&[(header::ACCEPT.as_str(), "*/*")], None);
         assert_eq!(check(&auth, URI, &h, b"{}", 1000, at).unwrap(), "owner");
+    }
+
+    /// A person's identity token reaches a peer only on a forward made for
+    /// them, signed with it: a client that sends the header itself has it
+    /// taken away before any route sees it.
+    #[tokio::test]
+    async fn an_identity_token_goes_only_with_a_signed_forward() {
+        use axum::routing::get;
+        let auth = Arc::new(PeerAuth::new(KEY, "b", false));
+        let app = axum::Router::new()
+            .route(
+                "/seen",
+                get(|headers: HeaderMap| async move {
+                    let token = headers
+                        .get(IDENTITY_HEADER)
+                        .map(|v| v.to_str().unwrap().to_string());
+                    token.unwrap_or_else(|| "none".into())
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(auth, admit));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let served = tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+
+        let direct = client
+            .get(format!("{base}/seen"))
+            .header(IDENTITY_HEADER, "eyJ.planted.token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(direct.text().await.unwrap(), "none");
+
+        let person = bindery_identity::Person {
+            token: Some(Arc::new(bindery_params::SecretString::new(String::from(
+                "eyJ.alice.token",
+            )))),
+            expires_at: u64::MAX,
+            ..bindery_identity::Person::named(bindery_identity::Subject::new("alice").unwrap())
+        };
+        let incoming = Incoming {
+            method: Method::GET,
+            uri: "/seen".parse().unwrap(),
+            // A token the client planted is not what goes.
+            headers: [(
+                HeaderName::from_static(IDENTITY_HEADER),
+                HeaderValue::from_static("eyJ.planted.token"),
+            )]
+            .into_iter()
+            .collect(),
+            body: Bytes::new(),
+        };
+        for (who, expected) in [
+            (Caller::EndUser(person), "eyJ.alice.token"),
+            (Caller::Owner, "none"),
+        ] {
+            let r = forward(&client, &KEY, ("b", &base), &who, &incoming)
+                .await
+                .unwrap_or_else(|_| panic!("forwarded for {who:?}"));
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            assert_eq!(&body[..], expected.as_bytes(), "{who:?}");
+        }
+        served.abort();
     }
 
     #[test]

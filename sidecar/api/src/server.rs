@@ -17,6 +17,7 @@ use axum::routing::MethodRouter;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use tracing::Instrument;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -123,12 +124,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// Every request counted, in a span of its own (`request`, its method and
+/// route, and the end user once their token is checked: see
+/// `AppState::identify_with`), so that its log lines and traces name them.
 async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let response = next.run(req).await;
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route = %route,
+        subject = tracing::field::Empty
+    );
+    let response = next.run(req).instrument(span).await;
     state
         .metrics
         .http_request(&route, response.status().as_u16());

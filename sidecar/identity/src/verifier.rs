@@ -43,9 +43,11 @@ impl EndUser {
 #[derive(Clone, Debug)]
 pub struct Person {
     pub subject: Subject,
-    /// Their token's claims (none when a replica forwarded the request).
+    /// Their token's claims (none when a replica forwarded the request
+    /// without their token, or it no longer held there).
     pub claims: Arc<Map<String, Value>>,
-    /// Their identity token (none when a replica forwarded the request).
+    /// Their identity token (none when a replica forwarded the request
+    /// without it).
     pub token: Option<Arc<SecretString>>,
     /// When that token expires (seconds since the Unix epoch): past it,
     /// it is exchanged no more.

@@ -167,6 +167,7 @@ impl Loaded {
             taint_from: 0,
             caller_taint: &[],
             clock: &bindery_store::clock::WallClock,
+            subject: None,
         };
         let query = ChatMessage::User {
             content: prompt.into(),

@@ -504,7 +504,7 @@ pub(super) async fn dispatch(
     seen: Seen<'_>,
     cancel: &CancellationToken,
 ) -> Outcome {
-    let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str());
+    let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str(), subject = ctx.subject);
     async {
         // A name the agent does not have is the model's free text: budgets
         // and metrics count it under one name, whatever the call came to,
@@ -797,6 +797,7 @@ pub(super) async fn call_helper(
         metrics: ctx.metrics,
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,
+        subject: ctx.subject,
         // A helper's calls are its own model's, in its own conversation.
         origin: ToolCaller::Model,
         taint_from: 0,

@@ -166,4 +166,7 @@ pub struct RunContext<'a> {
     pub caller_taint: &'a [TaintSource],
     /// What time it is (lookups' `ttl_ms` count by it).
     pub clock: &'a dyn bindery_store::clock::Clock,
+    /// The end user the session belongs to: its spans (and so every log
+    /// line of the run) name them.
+    pub subject: Option<&'a str>,
 }

@@ -24,7 +24,6 @@ use crate::state::live_sessions::LiveSessions;
 use crate::state::live_sessions::RunHandle;
 use crate::state::live_sessions::RunWait;
 use crate::state::live_sessions::Written;
-use crate::state::recorder::encoded;
 use crate::state::recorder::stored_events;
 use crate::state::recorder::Recorder;
 use crate::state::secrets::Secrets;
@@ -258,7 +257,7 @@ impl Runs {
             }
         };
         let at = rec.updated_at;
-        let event = encoded(&event);
+        let event = self.recorder.encoded_for(&rec, &event);
         // A start an end user's cap decides is stored before the run may
         // send anything: one past the cap must not reach the model. (An
         // uncapped start is stored while its first request goes out.)
@@ -513,6 +512,7 @@ impl Runs {
             taint_from,
             caller_taint: &[],
             clock: &*self.clock,
+            subject: subject.as_deref(),
         };
         let end =
             match crate::run::answer_resolved(&ctx, resolved, &mut history, &host, cancel).await {

@@ -71,7 +71,7 @@ pub(super) async fn as_run<T>(
     ctx: &RunContext<'_>,
     work: impl std::future::Future<Output = T>,
 ) -> T {
-    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str());
+    let span = tracing::info_span!("run", session = %ctx.call.session_id, agent = %ctx.agent.name, caller = ctx.origin.as_str(), subject = ctx.subject);
     let _live = bindery_params::live::register_values(ctx.values);
     HIDDEN
         .scope(std::sync::Mutex::new(Vec::new()), work.instrument(span))
@@ -517,6 +517,7 @@ mod tests {
             max_steps: 3,
             stream: false,
             origin: ToolCaller::Model,
+            subject: None,
             taint_from: 0,
             caller_taint: &[],
         };

@@ -4,10 +4,12 @@
 //! run's sink (`session_sink.rs`), the run's start and end (`runs.rs`) and
 //! answers, cancels and expiries write through it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::fanout::LiveEvent;
 use crate::state::live_sessions::LiveSessions;
+use bindery_identity::Subject;
 use bindery_llm::Turn;
 use bindery_metrics::Metrics;
 use bindery_store::clock::Clock;
@@ -24,7 +26,15 @@ pub struct Recorder {
     /// This server's instance id: a run is written only while it is ours.
     instance: Arc<str>,
     clock: Arc<dyn Clock>,
+    /// The end user each session belongs to, as its events name them: it
+    /// never changes once the session exists, so it is read once (a run's
+    /// write has the record at hand; a lone event reads it here).
+    subjects: Mutex<HashMap<String, Option<Subject>>>,
 }
+
+/// The most sessions whose subject [`Recorder::subject_of`] remembers;
+/// past it, it starts afresh (a miss costs one read).
+const SUBJECTS_KEPT: usize = 4096;
 
 impl Recorder {
     pub(crate) fn new(
@@ -40,7 +50,45 @@ impl Recorder {
             metrics,
             instance,
             clock,
+            subjects: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The end user session `id` belongs to, remembered.
+    fn remember(&self, id: &str, subject: Option<&Subject>) {
+        let mut kept = self.subjects.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() >= SUBJECTS_KEPT && !kept.contains_key(id) {
+            kept.clear();
+        }
+        kept.insert(id.to_string(), subject.cloned());
+    }
+
+    /// The end user session `id` belongs to (`None`: nobody's, or it
+    /// cannot be read, in which case nothing is remembered).
+    async fn subject_of(&self, id: &str) -> Option<Subject> {
+        let known = self
+            .subjects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned();
+        if let Some(subject) = known {
+            return subject;
+        }
+        match self.store.get(id).await {
+            Ok(Some(rec)) => {
+                self.remember(id, rec.security.subject.as_ref());
+                rec.security.subject
+            }
+            _ => None,
+        }
+    }
+
+    /// `events` encoded as session `rec` stores them, its subject
+    /// remembered.
+    pub(crate) fn encoded_for(&self, rec: &SessionRecord, events: &[SessionEvent]) -> Vec<Encoded> {
+        self.remember(&rec.id, rec.security.subject.as_ref());
+        encoded(events, rec.security.subject.as_ref())
     }
 
     /// Read-modify-write of a session by the run this process has on it,
@@ -58,7 +106,6 @@ impl Recorder {
         events: &[SessionEvent],
         usage: &Unwritten,
     ) -> RunWrite {
-        let events = &encoded(events);
         let live = self.live.entry(id);
         let mut written = live.lock.lock().await;
         // A record as last written is an extra attempt, not one of the three.
@@ -82,6 +129,7 @@ impl Recorder {
                 self.live.cancel_here(id);
             }
             change(&mut rec);
+            let events = &self.encoded_for(&rec, events);
             rec.version += 1;
             let at = self.clock.now_ms();
             rec.updated_at = at;
@@ -139,8 +187,9 @@ impl Recorder {
     }
 
     pub(crate) async fn emit(&self, id: &str, event: SessionEvent) {
+        let subject = self.subject_of(id).await;
         let at = self.clock.now_ms();
-        let (kind, data) = (event.kind(), event.data());
+        let (kind, data) = (event.kind(), with_subject(event.data(), subject.as_ref()));
         match self.store.append_event(id, kind, &data, at).await {
             Ok(seq) => self.publish(id, stored_events(vec![seq], &[(kind, data)], at)),
             Err(e) => tracing::error!(session = id, "cannot store an event: {e}"),
@@ -194,8 +243,23 @@ pub(crate) fn stored_events(seqs: Vec<i64>, events: &[Encoded], at: i64) -> Vec<
 /// written by an older or newer server still reads and streams as it was.
 type Encoded = (&'static str, serde_json::Value);
 
-pub(crate) fn encoded(events: &[SessionEvent]) -> Vec<Encoded> {
-    events.iter().map(|e| (e.kind(), e.data())).collect()
+/// `events` as stored: each one's data names the end user the session
+/// belongs to (`subject`), when it belongs to one.
+pub(crate) fn encoded(events: &[SessionEvent], subject: Option<&Subject>) -> Vec<Encoded> {
+    events
+        .iter()
+        .map(|e| (e.kind(), with_subject(e.data(), subject)))
+        .collect()
+}
+
+/// An event's data with `subject` in it (an id, never a credential), so
+/// that whoever reads the stream, or the stored events, can tell whose
+/// session it is without another lookup. Every event's data is an object.
+fn with_subject(mut data: serde_json::Value, subject: Option<&Subject>) -> serde_json::Value {
+    if let (Some(subject), Some(fields)) = (subject, data.as_object_mut()) {
+        fields.insert("subject".into(), subject.as_str().into());
+    }
+    data
 }
 
 /// What became of a run's write to its session.

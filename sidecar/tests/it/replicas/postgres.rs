@@ -373,3 +373,114 @@ async fn the_event_stream_and_a_cancel_through_another_replica_reach_the_runner(
     assert_eq!(data["status"], "cancelled", "{data}");
     gate.open();
 }
+
+/// The model calls `whoami`, then repeats what it said.
+fn whoami_then_answer(req: &Value) -> bindery_tests::mock_llm::MockReply {
+    use bindery_tests::mock_llm::{last_message, MockReply};
+    let last = last_message(req);
+    match last["role"].as_str() {
+        Some("tool") => {
+            MockReply::text(format!("said: {}", last["content"].as_str().unwrap_or("")))
+        }
+        _ => MockReply::tool_call("bash_whoami", json!({})),
+    }
+}
+
+/// A toolbox whose `whoami` prints the end user's subject and email, both
+/// bound from their identity.
+fn whoami_toolbox(dir: &std::path::Path) -> String {
+    let tools = dir.join("whoami-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    bindery_tests::fixtures::bash_tool_with_args(
+        &tools,
+        "whoami",
+        "Says who the call acts for.",
+        r#"[
+    {"name": "user", "description": "who", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"},
+    {"name": "email", "description": "their email", "type": "string", "backing_type": "string", "arity": "single", "mode": "env"}]"#,
+        r#"printf 'user=%s email=%s\n' "$3" "${EMAIL:-none}""#,
+    );
+    format!(
+        "    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: user, value: {{identity: subject}}}}\n          - {{arg: email, value: {{identity: \"claim:email\"}}}}\n",
+        tools.display()
+    )
+}
+
+/// An end user's message sent to the replica that does not hold their
+/// session is run by the holder as them: with their claims (their identity
+/// token goes with the forward and is checked again there), its events
+/// and its run's log lines naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_users_message_through_another_replica_runs_with_their_identity() {
+    let issuer = bindery_identity::testkeys::TestIssuer::start().await;
+    let pg = Postgres::start();
+    pg.create_database(DB);
+    let mut w = World::with_toolboxes(whoami_then_answer, whoami_toolbox).await;
+    w.store = pg.url(DB);
+    let flags = [
+        "--identity-issuer",
+        &issuer.url,
+        "--identity-audience",
+        "bindery",
+    ];
+    let (b, api_b) = w.start(&flags, &[]);
+    let (_a, api_a) = w.start(&flags, &[]);
+    let alice = issuer.token("alice", "bindery", json!({"email": "alice@example.com"}));
+
+    // Created on B with a secret value: B holds the session.
+    let r = api_b
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(&alice),
+            Some(&json!({"agent": "invoices", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let before = served(&api_b, "/v1/sessions/{id}/messages").await;
+
+    let r = api_a
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(&alice),
+            Some(&json!({"prompt": "who am I?"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        served(&api_b, "/v1/sessions/{id}/messages").await - before,
+        1.0,
+        "B ran it"
+    );
+    assert_eq!(
+        last_tool_output(&r).trim(),
+        "user=alice email=alice@example.com",
+        "the holder ran the tool with Alice's claims: {}",
+        r.text
+    );
+
+    // Every stored event of her session names her.
+    let (status, stream) = api_a
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let seen = stream
+        .unwrap()
+        .until("run_finished", std::time::Duration::from_secs(30))
+        .await;
+    assert!(seen.iter().any(|e| e.event == "tool_result"), "{seen:?}");
+    for e in &seen {
+        let data: Value = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(data["subject"], "alice", "{}: {data}", e.event);
+    }
+    // And so do the holder's run's log lines, never her token.
+    let logs = b.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("run{") && l.contains("subject=\"alice\"")),
+        "{logs}"
+    );
+    assert!(!logs.contains(&alice), "{logs}");
+}
