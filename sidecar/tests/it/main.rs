@@ -35,6 +35,8 @@ mod live_ttl;
 mod mcp;
 #[cfg(feature = "interop-tests")]
 mod mcp_conformance;
+#[cfg(feature = "interop-tests")]
+mod mcp_oauth;
 mod mcp_server;
 #[cfg(feature = "interop-tests")]
 mod mcp_tools;
