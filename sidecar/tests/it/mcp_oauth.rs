@@ -13,7 +13,7 @@ use crate::common::{repo, serve, sqlite_in};
 use bindery_tests::children::Children;
 use bindery_tests::fixtures::session::OWNER;
 use bindery_tests::idp::{Client, ClientAuth, Idp};
-use bindery_tests::mock_llm::{last_message, MockLlm, MockReply};
+use bindery_tests::mock_llm::{first_tool_then_answer, MockLlm};
 
 /// The audience the protected server takes, and the scope it asks for.
 const AUDIENCE: &str = "mcp-tools";
@@ -52,17 +52,6 @@ async fn protected_server(children: &mut Children, issuer: &str) -> String {
     )
     .await;
     url.unwrap()
-}
-
-/// The model calls the server's `whoami`, then repeats what it said.
-fn script(req: &Value) -> MockReply {
-    let last = last_message(req);
-    match last["role"].as_str() {
-        Some("tool") => {
-            MockReply::text(format!("said: {}", last["content"].as_str().unwrap_or("")))
-        }
-        _ => MockReply::tool_call("mcp_crm_whoami", json!({})),
-    }
 }
 
 /// An agent whose `crm` toolbox is the protected server at `url`, its
@@ -130,7 +119,11 @@ async fn client_credentials_from_keycloak_reach_the_sdks_protected_server() {
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let mut children = Children::new(dir.path(), "run tests/setup.sh (tests/mcp/.venv)");
     let url = protected_server(&mut children, &issuer).await;
-    let mock = MockLlm::start(script).await;
+    let mock = MockLlm::start(first_tool_then_answer(
+        Some("mcp_crm_whoami".into()),
+        json!({}),
+    ))
+    .await;
     let file = agent(dir.path(), &mock.url(), &url, "bindery-crm", Some(&issuer));
 
     let (server, api) = serve(

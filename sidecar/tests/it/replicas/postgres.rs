@@ -374,18 +374,6 @@ async fn the_event_stream_and_a_cancel_through_another_replica_reach_the_runner(
     gate.open();
 }
 
-/// The model calls `whoami`, then repeats what it said.
-fn whoami_then_answer(req: &Value) -> bindery_tests::mock_llm::MockReply {
-    use bindery_tests::mock_llm::{last_message, MockReply};
-    let last = last_message(req);
-    match last["role"].as_str() {
-        Some("tool") => {
-            MockReply::text(format!("said: {}", last["content"].as_str().unwrap_or("")))
-        }
-        _ => MockReply::tool_call("bash_whoami", json!({})),
-    }
-}
-
 /// A toolbox whose `whoami` prints the end user's subject and email, both
 /// bound from their identity.
 fn whoami_toolbox(dir: &std::path::Path) -> String {
@@ -415,7 +403,11 @@ async fn an_end_users_message_through_another_replica_runs_with_their_identity()
     let issuer = bindery_identity::testkeys::TestIssuer::start().await;
     let pg = Postgres::start();
     pg.create_database(DB);
-    let mut w = World::with_toolboxes(whoami_then_answer, whoami_toolbox).await;
+    let mut w = World::with_toolboxes(
+        bindery_tests::mock_llm::first_tool_then_answer(Some("bash_whoami".into()), json!({})),
+        whoami_toolbox,
+    )
+    .await;
     w.store = pg.url(DB);
     let flags = [
         "--identity-issuer",
