@@ -50,6 +50,8 @@ pub enum OAuthError {
     IssuerNotPinned { found: String, pinned: String },
     #[error("the MCP server names authorization server {found}, on another origin than the server ({server}); the client's credential is not sent there unless `oauth.issuer` names it: set `oauth.issuer: {found}` to trust it")]
     ForeignIssuer { found: String, server: String },
+    #[error("the MCP server's authorization server metadata names token endpoint {found}, on another origin than the server ({server}); the client's credential is not sent there unless `oauth.issuer` names the authorization server, whose own metadata is then read")]
+    ForeignTokenEndpoint { found: String, server: String },
     #[error("authorization server {url} does not say it supports PKCE with S256; an authorization code without it is not asked for")]
     NoPkce { url: String },
     #[error("authorization server {url} has no authorization endpoint")]

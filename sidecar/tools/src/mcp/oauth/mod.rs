@@ -525,8 +525,8 @@ impl OAuth {
                 });
             }
         }
-        self.check_trusted(&issuer, server.issuer.as_deref())?;
         self.check_endpoints(&server)?;
+        self.check_trusted(&issuer, &server)?;
         Ok(Discovered {
             resource: prm.resource.clone(),
             resource_scopes: prm.scopes_supported.clone(),
@@ -555,8 +555,19 @@ impl OAuth {
             Some(m) => m,
             None => ServerMetadata::fallback(&origin),
         };
-        self.check_trusted(&origin, server.issuer.as_deref())?;
+        // The document is the origin's own: whatever issuer it claims to be
+        // (RFC 8414 §3.3), the authorization server is that origin, and
+        // trusted as that origin only.
+        if let Some(i) = &server.issuer {
+            if !discovery::issuer_matches(i, &origin) {
+                return Err(OAuthError::IssuerMismatch {
+                    url: egress::shown(&origin),
+                    issuer: egress::shown_text(i),
+                });
+            }
+        }
         self.check_endpoints(&server)?;
+        self.check_trusted(&origin, &server)?;
         Ok(Discovered {
             resource: discovery::canonical_resource(&self.server).to_string(),
             resource_scopes: None,
@@ -566,25 +577,42 @@ impl OAuth {
         })
     }
 
-    /// The discovered authorization server (at `url`, naming `issuer`) is
-    /// one this toolbox may send its credential to: exactly `oauth.issuer`
-    /// when given; else, for a client with a secret or a key, one on the
-    /// MCP server's own origin.
-    fn check_trusted(&self, url: &Url, issuer: Option<&str>) -> Result<(), OAuthError> {
-        let found = issuer.unwrap_or(url.as_str());
+    /// The discovered authorization server is one this toolbox may send
+    /// its credential to. `url` is where its metadata was derived from (its
+    /// `issuer`, checked to say the same, or the MCP server's origin for a
+    /// 2025-03-26 server): never what a document claims to be. It is
+    /// exactly `oauth.issuer` when given (and then its own metadata, read
+    /// from its own well-known URLs, names its token endpoint); else, for a
+    /// client with a secret or a key, the MCP server's own origin, and so
+    /// must its token endpoint be: metadata the MCP server serves cannot
+    /// send the credential elsewhere.
+    fn check_trusted(&self, url: &Url, server: &ServerMetadata) -> Result<(), OAuthError> {
         if let Some(pinned) = &self.settings.issuer {
-            if !discovery::same_issuer(found, pinned) {
+            if !discovery::same_issuer(url.as_str(), pinned) {
                 return Err(OAuthError::IssuerNotPinned {
-                    found: egress::shown_text(found),
+                    found: egress::shown(url),
                     pinned: egress::shown_text(pinned),
                 });
             }
             return Ok(());
         }
         let credential = self.settings.client_secret.is_some() || self.settings.key.is_some();
-        if credential && url.origin() != self.server.origin() {
+        if !credential {
+            return Ok(());
+        }
+        if url.origin() != self.server.origin() {
             return Err(OAuthError::ForeignIssuer {
                 found: egress::shown(url),
+                server: egress::origin(&self.server),
+            });
+        }
+        let token = Url::parse(&server.token_endpoint).map_err(|_| OAuthError::BadUrl {
+            what: "the token endpoint",
+            url: egress::shown_text(&server.token_endpoint),
+        })?;
+        if token.origin() != self.server.origin() {
+            return Err(OAuthError::ForeignTokenEndpoint {
+                found: egress::shown(&token),
                 server: egress::origin(&self.server),
             });
         }

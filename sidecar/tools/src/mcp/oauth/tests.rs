@@ -246,3 +246,112 @@ async fn a_pinned_issuer_must_be_the_discovered_one() {
     assert_eq!(token.expose(), "at-1");
     assert!(auth_seen.lock().unwrap().iter().any(|p| p == "/token"));
 }
+
+/// A server `E` that would take a credential: its token endpoint, and what
+/// it was asked.
+async fn collector() -> (String, Arc<Mutex<Vec<String>>>) {
+    fake(|_| {
+        HashMap::from([(
+            "/token".to_string(),
+            serde_json::json!({"access_token": "stolen", "token_type": "Bearer"}).to_string(),
+        )])
+    })
+    .await
+}
+
+/// An MCP server whose only metadata is its origin's RFC 8414 document
+/// (a 2025-03-26 server), claiming `issuer` and `token_endpoint`.
+async fn legacy_mcp(issuer: String, token: String) -> String {
+    let (mcp, _) = fake(move |_| {
+        HashMap::from([(
+            "/.well-known/oauth-authorization-server".to_string(),
+            serde_json::json!({"issuer": issuer, "token_endpoint": token}).to_string(),
+        )])
+    })
+    .await;
+    mcp
+}
+
+/// A 2025-03-26 server's metadata is its origin's word about itself: it
+/// cannot claim to be another (the pinned) authorization server, nor send
+/// the credential to another origin's token endpoint.
+#[tokio::test]
+async fn a_legacy_servers_metadata_sends_no_credential_off_its_origin() {
+    let (elsewhere, seen) = collector().await;
+    let pinned = "http://127.0.0.1:9/realms/trusted";
+    let cases = [
+        // It claims to be the pinned server, its token endpoint elsewhere.
+        (
+            pinned.to_string(),
+            format!("{elsewhere}/token"),
+            Some(pinned),
+        ),
+        // It claims to be another server, unpinned.
+        (elsewhere.clone(), format!("{elsewhere}/token"), None),
+    ];
+    for (issuer, token, pin) in cases {
+        let mcp = legacy_mcp(issuer, token).await;
+        let oauth = OAuth::new(
+            "billing",
+            &format!("{mcp}/mcp"),
+            settings_with_issuer(pin),
+            None,
+        )
+        .unwrap();
+        let err = oauth.unauthorized(None, None).await.unwrap_err();
+        assert!(matches!(err, OAuthError::IssuerMismatch { .. }), "{err}");
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+}
+
+/// Unpinned, a client with a credential sends it only to a token endpoint
+/// on the MCP server's own origin, whichever metadata names another.
+#[tokio::test]
+async fn a_credential_goes_to_no_token_endpoint_on_another_origin_unless_pinned() {
+    let (elsewhere, seen) = collector().await;
+    let token = format!("{elsewhere}/token");
+    // A 2025-03-26 server naming itself, its token endpoint elsewhere.
+    let t = token.clone();
+    let (legacy, _) = fake(move |base| {
+        HashMap::from([(
+            "/.well-known/oauth-authorization-server".to_string(),
+            serde_json::json!({"issuer": base, "token_endpoint": t}).to_string(),
+        )])
+    })
+    .await;
+    // A current one: its resource metadata names itself as authorization
+    // server, whose metadata names the token endpoint elsewhere.
+    let t = token.clone();
+    let (current, _) = fake(move |base| {
+        HashMap::from([
+            (
+                "/.well-known/oauth-protected-resource/mcp".to_string(),
+                serde_json::json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]})
+                    .to_string(),
+            ),
+            (
+                "/.well-known/oauth-authorization-server".to_string(),
+                serde_json::json!({"issuer": base, "token_endpoint": t}).to_string(),
+            ),
+        ])
+    })
+    .await;
+    for mcp in [legacy, current] {
+        let oauth = OAuth::new("billing", &format!("{mcp}/mcp"), settings(), None).unwrap();
+        let err = oauth.unauthorized(None, None).await.unwrap_err();
+        assert!(
+            matches!(err, OAuthError::ForeignTokenEndpoint { .. }),
+            "{mcp}: {err}"
+        );
+        assert!(err.to_string().contains("oauth.issuer"), "{err}");
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+}
