@@ -31,7 +31,7 @@ pub async fn values(
             IdentityValue::Token(t) => match exchange(person, exchanger, t).await {
                 Ok(token) => Some(ParamValue::Secret(token)),
                 Err(e) => {
-                    tracing::warn!(session, subject = %person.subject, "{e}");
+                    tracing::warn!(session, subject = person.subject.as_str(), "{e}");
                     None
                 }
             },
@@ -56,4 +56,13 @@ async fn exchange(
         .live_token()
         .ok_or(bindery_identity::ExchangeError::NoToken)?;
     exchanger.exchange(&person.subject, token, want).await
+}
+
+/// `values` without the exchanged tokens (`@identity:token:…`): what a
+/// run's calls take once the person's own token has expired.
+pub fn without_tokens(values: &Values) -> Values {
+    let prefix = format!("{}token:", bindery_spec::IDENTITY_PREFIX);
+    let mut out = values.clone();
+    out.retain(|k, _| !k.starts_with(&prefix));
+    out
 }

@@ -168,6 +168,7 @@ impl Loaded {
             caller_taint: &[],
             clock: &bindery_store::clock::WallClock,
             subject: None,
+            tokens_until: None,
         };
         let query = ChatMessage::User {
             content: prompt.into(),

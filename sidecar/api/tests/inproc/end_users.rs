@@ -390,6 +390,77 @@ async fn a_tool_acts_with_the_end_users_own_identity_and_the_model_cannot_change
     assert!(!last_tool_output(&r).contains("user="), "{}", r.text);
 }
 
+/// A run that outlives the person's identity token uses what it was
+/// exchanged for no more: the run starts while the token holds (the
+/// exchange is made), the model's answer comes after it expired, and the
+/// call it asks for gets no token (its binding fails as unbound).
+#[tokio::test]
+async fn a_run_that_outlives_the_persons_token_uses_their_exchanged_token_no_more() {
+    use bindery_tests::mock_llm::Gate;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = whoami_agent(dir.path());
+    let issuer = TestIssuer::start().await;
+    let config = IdentityConfig::new(&issuer.url, vec![AUD.into()]).unwrap();
+    let gate = Gate::new();
+    let held = gate.clone();
+    let script = move |req: &Value| {
+        let reply = whoami_script(req);
+        match last_message_role(req) {
+            Some("tool") => reply,
+            _ => reply.held(&held),
+        }
+    };
+    let server = Server::identified(&[agent], dir.path(), script, config).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let exp = now + 2;
+    let alice = issuer.key.sign(&json!({
+        "iss": issuer.url, "sub": "alice", "aud": AUD, "iat": now, "exp": exp,
+        "email": "alice@example.com",
+    }));
+    let api = server.api.clone();
+    let asked = tokio::spawn(async move {
+        api.call(
+            "POST",
+            "/v1/sessions?wait=true",
+            Some(&alice),
+            Some(&json!({"agent": "whoami", "prompt": "who am I?"})),
+        )
+        .await
+    });
+    // The run started (its model request waits); let the token expire.
+    bindery_tests::eventually::until(
+        "the model is asked",
+        std::time::Duration::from_secs(30),
+        || server.mock.request_count() > 0,
+    )
+    .await;
+    bindery_tests::eventually::until(
+        "the person's token has expired",
+        std::time::Duration::from_secs(30),
+        || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                > exp
+        },
+    )
+    .await;
+    gate.open();
+    let r = asked.await.unwrap();
+    assert_eq!(r.status, 201, "{}", r.text);
+    let out = last_tool_output(&r);
+    assert!(!out.contains("token=<secret"), "{out}");
+    assert!(!out.contains("user=alice"), "the call did not run: {out}");
+}
+
+fn last_message_role(req: &Value) -> Option<&str> {
+    bindery_tests::mock_llm::last_message(req)["role"].as_str()
+}
+
 /// The booking example (`depends_on`: a selection, then a confirmation of
 /// the write) on a server that takes the test issuer's tokens.
 async fn booking_world(

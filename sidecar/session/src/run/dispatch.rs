@@ -505,6 +505,24 @@ pub(super) async fn dispatch(
     cancel: &CancellationToken,
 ) -> Outcome {
     let span = tracing::info_span!("tool_call", tool = %call.name, call_id = %call.id, caller = ctx.origin.as_str(), subject = ctx.subject);
+    // The person's token expired while the run went on: this call, and
+    // every helper it starts, take none of what it was exchanged for.
+    let expired;
+    let narrowed;
+    let ctx = match ctx.values_now() {
+        Some(values) => {
+            expired = values;
+            narrowed = RunContext {
+                values: &expired,
+                call: ctx.call.clone(),
+                helpers: ctx.helpers.clone(),
+                tokens_until: None,
+                ..*ctx
+            };
+            &narrowed
+        }
+        None => ctx,
+    };
     async {
         // A name the agent does not have is the model's free text: budgets
         // and metrics count it under one name, whatever the call came to,
@@ -798,6 +816,7 @@ pub(super) async fn call_helper(
         max_steps: p.agent.spec.max_steps.unwrap_or(ctx.max_steps),
         stream: false,
         subject: ctx.subject,
+        tokens_until: ctx.tokens_until,
         // A helper's calls are its own model's, in its own conversation.
         origin: ToolCaller::Model,
         taint_from: 0,

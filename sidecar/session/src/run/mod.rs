@@ -169,4 +169,18 @@ pub struct RunContext<'a> {
     /// The end user the session belongs to: its spans (and so every log
     /// line of the run) name them.
     pub subject: Option<&'a str>,
+    /// When the person's identity token expires (milliseconds since the
+    /// epoch, by `clock`): from then on the run's calls get none of what it
+    /// was exchanged for (`@identity:token:…`), however long the run goes
+    /// on. `None`: the run holds no exchanged token.
+    pub tokens_until: Option<i64>,
+}
+
+impl RunContext<'_> {
+    /// The values a call made now may take: the run's, without the
+    /// exchanged tokens once the person's token has expired.
+    pub(crate) fn values_now(&self) -> Option<Values> {
+        let until = self.tokens_until?;
+        (self.clock.now_ms() >= until).then(|| crate::identity::without_tokens(self.values))
+    }
 }

@@ -281,6 +281,7 @@ impl Runs {
         let session = self.secrets.session_values(&rec);
         let mut values = agent.params.snapshot(&session, &message);
         let mut origins = credential_origins(&agent, &session, &message);
+        let mut tokens_until = None;
         let person = live
             .person
             .lock()
@@ -317,6 +318,11 @@ impl Runs {
                         continue;
                     }
                     origins.insert(key.clone(), format!("end user {}", person.subject));
+                    // Good as long as the person's own token is.
+                    let until = i64::try_from(person.expires_at)
+                        .unwrap_or(i64::MAX / 1000)
+                        .saturating_mul(1000);
+                    tokens_until = Some(until);
                 }
                 values.insert(key, value);
             }
@@ -350,6 +356,7 @@ impl Runs {
                     by,
                     origins,
                     subject,
+                    tokens_until,
                 },
                 values,
                 &resolved,
@@ -445,6 +452,7 @@ impl Runs {
             by,
             origins,
             subject,
+            tokens_until,
         } = driving;
         let sink = SessionSink::new(&self.recorder, id, cancel, gate);
         let client = self.agents.client_for(&agent.name);
@@ -513,6 +521,7 @@ impl Runs {
             caller_taint: &[],
             clock: &*self.clock,
             subject: subject.as_deref(),
+            tokens_until,
         };
         let end =
             match crate::run::answer_resolved(&ctx, resolved, &mut history, &host, cancel).await {
@@ -583,6 +592,9 @@ pub(super) struct Driving {
     origins: BTreeMap<String, String>,
     /// The end user whose session it is, whose per-user budgets it counts against.
     subject: Option<String>,
+    /// When the person's token expires, if the run holds tokens exchanged
+    /// for it (see `RunContext::tokens_until`).
+    tokens_until: Option<i64>,
 }
 
 /// Each bound secret parameter of `agent` in a run with these values, and

@@ -518,6 +518,7 @@ mod tests {
             stream: false,
             origin: ToolCaller::Model,
             subject: None,
+            tokens_until: None,
             taint_from: 0,
             caller_taint: &[],
         };
