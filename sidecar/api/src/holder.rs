@@ -58,6 +58,7 @@ use axum::response::{IntoResponse, Response};
 use super::auth::{path_session, Identified, Identity, TokenCheck};
 use super::peers::{forward, is_forwarded, secret_values_in, tls_required, Incoming};
 use super::state::AppState;
+use bindery_session::validate::Caller;
 use bindery_store::model::SessionRecord;
 
 /// What a route is about, as far as forwarding goes.
@@ -219,7 +220,18 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         },
     };
     let (instance, to) = (to.instance, to.address);
-    let client = if to.starts_with("https://") {
+    let tls = to.starts_with("https://");
+    // A person's identity token is a bearer credential: it crosses the pod
+    // network over the peers' mutual TLS only. In clear, the forward names
+    // them and nothing more (a run it starts has none of their values, as
+    // one without their token).
+    let caller = match caller {
+        Caller::EndUser(person) if !tls => {
+            Caller::EndUser(bindery_identity::Person::named(person.subject))
+        }
+        other => other,
+    };
+    let client = if tls {
         let Some(client) = &s.peers_tls else {
             tracing::warn!(session = %session, peer = %to, "cannot forward a request to the server holding the session: it takes forwards over TLS, and this server has no --peer-tls-dir");
             return next.run(rebuilt(parts, Some(bytes), None)).await;

@@ -1002,3 +1002,142 @@ async fn replay_answer(to: SocketAddr, raw: &[u8]) -> String {
         .unwrap();
     String::from_utf8_lossy(&got).to_string()
 }
+
+/// A toolbox whose `whoami` prints the end user's subject and email, both
+/// bound from their identity.
+fn whoami_toolbox(dir: &std::path::Path) -> String {
+    let tools = dir.join("whoami-tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    bindery_tests::fixtures::bash_tool_with_args(
+        &tools,
+        "whoami",
+        "Says who the call acts for.",
+        r#"[
+    {"name": "user", "description": "who", "type": "string", "backing_type": "string", "arity": "single", "mode": "dashdashspace"},
+    {"name": "email", "description": "their email", "type": "string", "backing_type": "string", "arity": "optional", "mode": "env"}]"#,
+        r#"printf 'user=%s email=%s\n' "$3" "${EMAIL:-none}""#,
+    );
+    format!(
+        "    - bash:\n        directory: \"{}\"\n        bindings:\n          - {{arg: user, value: {{identity: subject}}}}\n          - {{arg: email, value: {{identity: \"claim:email\"}}, whenUnbound: omit}}\n",
+        tools.display()
+    )
+}
+
+/// Alice's session held by `holder` (created there with a secret value),
+/// her message sent through `other`: the tool's output.
+async fn alices_message_through(holder: &Api, other: &Api, alice: &str) -> (String, String) {
+    let r = holder
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(alice),
+            Some(&json!({"agent": "invoices", "params": valid_params()})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let before = served(holder, "/v1/sessions/{id}/messages").await;
+    let r = other
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(alice),
+            Some(&json!({"prompt": "who am I?"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        served(holder, "/v1/sessions/{id}/messages").await - before,
+        1.0,
+        "the holder ran it"
+    );
+    (id, last_tool_output(&r).trim().to_string())
+}
+
+/// An end user's message through the replica that does not hold their
+/// session is run by the holder as them. Their identity token goes with
+/// the forward over peer TLS only (verified again by the holder: the run
+/// has their values); in clear the forward names them and nothing more
+/// (the run has none of their values, as one someone else started), and
+/// the token is not in the bytes. Every event names them, and so do the holder's run's log
+/// lines, never with the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_users_identity_token_crosses_between_replicas_over_peer_tls_only() {
+    const NAME: &str = "acme.tenants.svc";
+    let issuer = bindery_identity::testkeys::TestIssuer::start().await;
+    let pg = Postgres::start();
+    let mut w = World::with_toolboxes(
+        bindery_tests::mock_llm::first_tool_then_answer(Some("bash_whoami".into()), json!({})),
+        whoami_toolbox,
+    )
+    .await;
+    let identity = [
+        "--identity-issuer",
+        &issuer.url,
+        "--identity-audience",
+        "bindery",
+    ];
+    let alice = issuer.token("alice", "bindery", json!({"email": "alice@example.com"}));
+
+    // In clear, through a sniffer.
+    pg.create_database("tenant_identity_clear");
+    w.store = pg.url("tenant_identity_clear");
+    let sniffer = Sniffer::start().await;
+    let through = format!("http://{}", sniffer.addr);
+    let (b, api_b) = w.start(
+        &[&identity[..], &["--advertise-url", &through]].concat(),
+        &[],
+    );
+    sniffer.aim(&api_b.base);
+    let (_a, api_a) = w.start(&identity, &[]);
+    let (_, said) = alices_message_through(&api_b, &api_a, &alice).await;
+    assert!(!said.contains("alice"), "none of her values without her token: {said}");
+    let bytes: Vec<u8> = sniffer.sent.lock().unwrap().concat();
+    assert!(
+        contains(&bytes, "x-bindery-peer"),
+        "the forward went through the sniffer"
+    );
+    assert!(
+        !contains(&bytes, &alice),
+        "her token crossed the pod network in clear"
+    );
+    assert!(!b.logs().contains(&alice), "{}", b.logs());
+    drop((b, _a));
+
+    // Over peer TLS.
+    pg.create_database("tenant_identity_tls");
+    w.store = pg.url("tenant_identity_tls");
+    let tls_dir = certificates(w.dir.path(), "tenant", NAME)
+        .display()
+        .to_string();
+    let peer_tls = [
+        "--peer-tls-dir",
+        &tls_dir,
+        "--peer-tls-name",
+        NAME,
+        "--peer-listen",
+        "127.0.0.1:0",
+    ];
+    let (b, api_b) = w.start(&[&identity[..], &peer_tls[..]].concat(), &[]);
+    let (_a, api_a) = w.start(&[&identity[..], &peer_tls[..]].concat(), &[]);
+    let (id, said) = alices_message_through(&api_b, &api_a, &alice).await;
+    assert_eq!(said, "user=alice email=alice@example.com", "her claims too");
+
+    let (status, stream) = api_a
+        .events(&format!("/v1/sessions/{id}/events"), Some(OWNER), None)
+        .await;
+    assert_eq!(status, 200);
+    let seen = stream.unwrap().until("run_finished", PATIENCE).await;
+    assert!(seen.iter().any(|e| e.event == "tool_result"), "{seen:?}");
+    for e in &seen {
+        let data: Value = serde_json::from_str(&e.data).unwrap();
+        assert_eq!(data["subject"], "alice", "{}: {data}", e.event);
+    }
+    let logs = b.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("run{") && l.contains("subject=\"alice\"")),
+        "{logs}"
+    );
+    assert!(!logs.contains(&alice), "{logs}");
+}
