@@ -32,6 +32,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/audit"),
     ("PUT", "/v1/sessions/{id}/params"),
     ("DELETE", "/v1/sessions/{id}/token"),
+    ("POST", "/v1/sessions/{id}/shares"),
+    ("GET", "/v1/sessions/{id}/shares"),
+    ("DELETE", "/v1/sessions/{id}/shares/{share_id}"),
     ("GET", "/v1/sessions/{id}/events"),
     ("POST", "/mcp"),
     ("GET", "/"),
@@ -238,7 +241,7 @@ fn security_matches_the_route() {
     ] {
         assert_eq!(
             schemes_of(method, path),
-            ["ownerToken", "sessionToken", "identityToken"],
+            ["ownerToken", "sessionToken", "shareToken", "identityToken"],
             "{method} {path}"
         );
     }
@@ -249,6 +252,9 @@ fn security_matches_the_route() {
         ("post", "/v1/sessions/{id}/fork"),
         ("put", "/v1/sessions/{id}/params"),
         ("delete", "/v1/sessions/{id}/token"),
+        ("post", "/v1/sessions/{id}/shares"),
+        ("get", "/v1/sessions/{id}/shares"),
+        ("delete", "/v1/sessions/{id}/shares/{share_id}"),
         ("get", "/v1/agents"),
     ] {
         assert_eq!(
@@ -264,10 +270,12 @@ fn security_matches_the_route() {
         schemes_of("post", "/mcp"),
         ["ownerToken", "mcpClientToken", "sessionToken"]
     );
-    assert_eq!(
-        doc["components"]["securitySchemes"]["sessionToken"]["scheme"],
-        "bearer"
-    );
+    for scheme in ["sessionToken", "shareToken"] {
+        assert_eq!(
+            doc["components"]["securitySchemes"][scheme]["scheme"],
+            "bearer"
+        );
+    }
 }
 
 #[test]
