@@ -568,12 +568,7 @@ async fn a_session_has_at_most_fifty_live_shares_and_a_share_says_what_it_is() {
     assert_eq!(revoke(api, &id, &first).await.status, 200);
     share(api, &id, "write").await;
     let r = api
-        .call(
-            "GET",
-            &format!("/v1/sessions/nope/shares"),
-            Some(OWNER),
-            None,
-        )
+        .call("GET", "/v1/sessions/nope/shares", Some(OWNER), None)
         .await;
     refused(&r, 404, "not_found", "no session nope");
 }
