@@ -31,9 +31,9 @@ pub struct ShareBody {
     /// `write`: also post messages and cancel a run, as a session token.
     #[schema(value_type = ShareMode, required = true)]
     mode: Option<ShareMode>,
-    /// For the people who list the shares (at most 200 characters, one
-    /// line).
-    #[schema(max_length = 200)]
+    /// For the people who list the shares: at most 200 characters, no
+    /// control character (one line).
+    #[schema(max_length = 200, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*$")]
     note: Option<String>,
 }
 
