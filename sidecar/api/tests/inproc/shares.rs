@@ -211,6 +211,15 @@ async fn a_read_share_reads_and_streams_and_does_nothing_else() {
         )
         .await;
     refused(&r, 403, "forbidden", "only the session's owner may answer");
+    // Nor `/mcp`, its session named or not.
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for headers in [vec![], vec![("bindery-session-id", id.as_str())]] {
+        let r = api
+            .call_with("POST", "/mcp", Some(&token), &headers, Some(&list))
+            .await
+            .reply;
+        assert_eq!(r.status, 401, "{}", r.text);
+    }
     // Routes about no session know no share.
     for path in ["/v1/sessions", "/v1/audit", "/v1/agents", "/v1/approvals"] {
         let r = api.call("GET", path, Some(&token), None).await;
