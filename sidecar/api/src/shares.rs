@@ -83,8 +83,8 @@ pub struct SharedView {
     /// Milliseconds since the Unix epoch.
     created_at: i64,
     /// The chat page opening the session with the token in the URL's
-    /// fragment: relative (`/#session=…`) unless the server was given
-    /// `--public-url`.
+    /// fragment, under the server's `--public-url` (by default the address
+    /// it listens on; relative, `/#session=…`, when that is every address).
     link: String,
 }
 

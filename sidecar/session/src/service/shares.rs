@@ -45,7 +45,7 @@ pub struct Shared {
     pub share: Share,
     pub token: String,
     /// The chat page's URL that opens the session with the token in its
-    /// fragment (relative without `--public-url`).
+    /// fragment (relative without a public URL).
     pub link: String,
 }
 
