@@ -505,6 +505,26 @@ async fn an_end_user_shares_their_own_session_and_no_one_elses() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 
+    // A write share's run is counted as Alice's, the session's person.
+    let r = share_as(api, &id, &alice, json!({"mode": "write"})).await;
+    let writer = r.json["token"].as_str().unwrap().to_string();
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/messages?wait=true"),
+            Some(&writer),
+            Some(&json!({"prompt": "count the invoices"})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let usage = api
+        .call("GET", "/v1/usage?group_by=user", Some(OWNER), None)
+        .await;
+    let rows = usage.json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{}", usage.text);
+    assert_eq!(rows[0]["key"], "alice", "{}", usage.text);
+    assert_eq!(rows[0]["model_requests"], 2, "{}", usage.text);
+
     // Bob cannot share, list or revoke what is Alice's: as if there were
     // no such session.
     let r = share_as(api, &id, &bob, json!({"mode": "write"})).await;
