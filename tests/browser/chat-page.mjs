@@ -13,6 +13,8 @@
 // served by a replica that does not hold the session (its secret value is
 // in another replica's memory; LINK is the session's shared link on this
 // one): the owner opens it from the list and chats, then the link does.
+// `shares`: READ_LINK, a read-only share's link, shows the conversation
+// and follows it with no composer; WRITE_LINK, a write share's, chats.
 //
 // Prints one line per step and a screenshot path per state; exits non-zero,
 // naming the step, on the first thing that is not as expected.
@@ -423,9 +425,46 @@ async function replicaScenario() {
   await shot(other.page, "replica-link");
 }
 
+async function sharesScenario() {
+  const [readLink, writeLink] = [process.env.READ_LINK, process.env.WRITE_LINK];
+  check(readLink && writeLink, "READ_LINK and WRITE_LINK are not set");
+
+  step = "a read-only share's link: the conversation, and no composer";
+  const reader = await newPage();
+  await reader.page.goto(readLink);
+  await reader.page.getByText("Opened with a read-only share link: this session only, to read.").waitFor();
+  await reader.page.locator("#transcript .turn.tool").first().waitFor();
+  check(await reader.page.locator("#send").isHidden(), "a read-only share is offered the composer");
+  check(await reader.page.locator("#fork").isHidden(), "a share holder is offered Fork");
+  check(await reader.page.locator("#connect").isHidden(), "the connect form shows with a share link");
+  await secretNeverRendered(reader.page);
+  await shot(reader.page, "read-share");
+
+  step = "a write share's link: it chats";
+  const writer = await newPage();
+  await writer.page.goto(writeLink);
+  await writer.page.getByText("Opened with a share link: this session only.").waitFor();
+  await writer.page.locator("#transcript .turn.tool").first().waitFor();
+  check(await writer.page.locator("#send").isVisible(), "a write share has no composer");
+  await writer.page.getByLabel("Message").fill("And the open ones?");
+  await writer.page.getByLabel("Message").press("Enter");
+  await writer.page.locator("#transcript .turn.tool").nth(1).locator(".tool-state", { hasText: "done" }).waitFor();
+  await writer.page.locator("#status", { hasText: "idle" }).waitFor();
+  await secretNeverRendered(writer.page);
+  await shot(writer.page, "write-share");
+
+  step = "the read-only page follows what the write share said";
+  await reader.page.locator("#transcript .turn.user", { hasText: "And the open ones?" }).waitFor();
+  await shot(reader.page, "read-share-followed");
+  for (const p of [reader, writer]) {
+    check((await p.context.cookies()).length === 0, "a share link's browser got cookies");
+  }
+}
+
 try {
   if (scenario === "pending") await pendingScenario();
   else if (scenario === "replica") await replicaScenario();
+  else if (scenario === "shares") await sharesScenario();
   else if (scenario === "budget") await budgetScenario();
   else if (scenario === "booking") await bookingScenario();
   else await chatScenario();

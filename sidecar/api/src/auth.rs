@@ -5,8 +5,8 @@
 //! types of [`door`]. The extractor finds the session the route is about
 //! in its path (`{id}`, or the session a `{token}` continuation token
 //! names), learns who the credentials are ([`Identity`]: the owner, the
-//! approver, a session token of that session, or a caller a replica's
-//! signed forward vouches for) and lets them in by the door's [`Rule`],
+//! approver, a session token or a share link of that session, or a caller
+//! a replica's signed forward vouches for) and lets them in by the door's [`Rule`],
 //! or refuses with the API's 401 or 403. `/mcp` has its own extractor
 //! (`api/mcp`'s `Who`), built on the same [`Identity`].
 //!
@@ -26,16 +26,20 @@ use super::state::AppState;
 pub use crate::owner_token::OwnerToken;
 use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::service::Service;
-use bindery_session::validate::Caller;
-use bindery_store::model::SessionRecord;
+use bindery_session::validate::{Caller, ShareHolder};
+use bindery_store::model::{SessionRecord, ShareMode};
 
 /// What a door lets a session-token holder and the approver do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rule {
     /// Owner only.
     OwnerOnly,
-    /// Read the session, post a message, read its events, cancel a run.
+    /// Read the session, post a message, read its events, cancel a run:
+    /// the owner, the session's end user, a session token or a write share.
     SessionToken,
+    /// Read the session and its events: as [`Rule::SessionToken`], and a
+    /// read share too.
+    Read,
     /// Pending approvals and their answers: the owner, the approver, and a
     /// session token of the session the route names (which may read
     /// pending items but never answers one), or the end user it belongs to.
@@ -58,9 +62,12 @@ pub mod door {
 
     /// The owner token only (`security(("ownerToken" = []))`).
     pub struct Owner;
-    /// The owner, or a session token of the session in the path
-    /// (`security(("ownerToken" = []), ("sessionToken" = []))`).
+    /// The owner, or a session token or a write share of the session in
+    /// the path (`security(("ownerToken" = []), ("sessionToken" = []),
+    /// ("shareToken" = []))`).
     pub struct OwnerOrSessionToken;
+    /// The same, and a read share: the routes that read a session.
+    pub struct Reader;
     /// The owner or the approver (`security(("ownerToken" = []),
     /// ("approverToken" = []))`); a session token of the session the
     /// route names is let in to be refused what it may not do.
@@ -74,6 +81,9 @@ pub mod door {
     }
     impl Door for OwnerOrSessionToken {
         const RULE: Rule = Rule::SessionToken;
+    }
+    impl Door for Reader {
+        const RULE: Rule = Rule::Read;
     }
     impl Door for Approvals {
         const RULE: Rule = Rule::Approvals;
@@ -116,6 +126,10 @@ fn end_user_only() -> ServiceError {
     )
 }
 
+fn share_only(holder: &ShareHolder) -> ServiceError {
+    ServiceError::new(ErrorKind::Forbidden, Code::Forbidden, holder.may())
+}
+
 fn session_token_only() -> ServiceError {
     ServiceError::new(
         ErrorKind::Forbidden,
@@ -135,6 +149,9 @@ pub enum Identity {
     /// A live session token of the session the route is about, or a
     /// forward vouching for one on that session's route.
     Session(String),
+    /// A live share link of the session the route is about, or a forward
+    /// vouching for one (still live) on that session's route.
+    Share(ShareHolder),
     /// An end user's identity token, verified (or a forward vouching for
     /// one); on a route about a session (`on_session`), one of theirs.
     EndUser {
@@ -155,6 +172,7 @@ impl Identity {
             Identity::Owner => Some(Caller::Owner),
             Identity::Approver => Some(Caller::Approver),
             Identity::Session(id) => Some(Caller::SessionToken(id.clone())),
+            Identity::Share(holder) => Some(Caller::Share(holder.clone())),
             Identity::EndUser { person, .. } => Some(Caller::EndUser(person.clone())),
             Identity::Anonymous | Identity::Refused(_) => None,
         }
@@ -171,12 +189,21 @@ impl Rule {
             Identity::Session(_) if matches!(self, Rule::OwnerOnly | Rule::OwnerOrEndUser) => {
                 Err(session_token_only())
             }
+            Identity::Share(holder) => match (self, holder.mode) {
+                // A share answers nothing: the continuation route lets it
+                // in for the service to refuse, as it refuses a session
+                // token on every path that answers.
+                (Rule::Read | Rule::Approvals, _) | (Rule::SessionToken, ShareMode::Write) => {
+                    Ok(Caller::Share(holder))
+                }
+                _ => Err(share_only(&holder)),
+            },
             Identity::EndUser { person, on_session } => match self {
                 Rule::OwnerOnly => Err(end_user_only()),
                 // The list of pending approvals is the approver's; an end
                 // user answers an item of their own session only.
                 Rule::Approvals if !on_session => Err(end_user_only()),
-                Rule::SessionToken | Rule::Approvals | Rule::OwnerOrEndUser => {
+                Rule::SessionToken | Rule::Read | Rule::Approvals | Rule::OwnerOrEndUser => {
                     Ok(Caller::EndUser(person))
                 }
             },
@@ -221,6 +248,27 @@ pub async fn identify(
             Ok(Caller::Approver) => Identity::Approver,
             Ok(Caller::SessionToken(id)) if session == Some(id.as_str()) => Identity::Session(id),
             Ok(Caller::SessionToken(_)) => Identity::Refused(not_valid_here()),
+            // Checked again here: a share revoked since the forward left
+            // is refused, and a stream re-checks it after subscribing.
+            Ok(Caller::Share(holder)) if session == Some(holder.session.as_str()) => {
+                let live = match check {
+                    TokenCheck::Store => {
+                        service
+                            .shares()
+                            .live_mode(&holder.session, &holder.share)
+                            .await
+                    }
+                    TokenCheck::Read(rec) => rec
+                        .filter(|r| r.id == holder.session)
+                        .and_then(|r| r.security.live_share(&holder.share))
+                        .map(|s| s.mode),
+                };
+                match live {
+                    Some(mode) if mode == holder.mode => Identity::Share(holder),
+                    _ => Identity::Refused(not_valid_here()),
+                }
+            }
+            Ok(Caller::Share(_)) => Identity::Refused(not_valid_here()),
             Ok(Caller::EndUser(named)) => {
                 let person = match forwarded_person(headers, tokens.identity, named).await {
                     Ok(person) => person,
@@ -270,6 +318,18 @@ pub async fn identify(
         };
         if live {
             return Identity::Session(id.to_string());
+        }
+    }
+    // So is a share link.
+    if let (Some(id), true) = (session, token.starts_with("bsh_")) {
+        let holder = match check {
+            TokenCheck::Store => service.shares().holder(id, token).await,
+            TokenCheck::Read(rec) => rec
+                .filter(|r| r.id == id)
+                .and_then(|r| bindery_session::service::share_in(r, token)),
+        };
+        if let Some(holder) = holder {
+            return Identity::Share(holder);
         }
     }
     Identity::Refused(not_valid_here())
@@ -483,5 +543,49 @@ mod tests {
         );
         assert_eq!(Identity::Anonymous.caller(), None);
         assert_eq!(Identity::Refused(not_valid_here()).caller(), None);
+    }
+
+    /// A read share comes through the reading door only (and the
+    /// continuation route's, to be refused by the service); a write share
+    /// where a session token does; neither where only the owner or the
+    /// end user may go, and each refusal says what the share may do.
+    #[test]
+    fn a_share_comes_through_the_doors_of_its_mode() {
+        let share = |mode| {
+            Identity::Share(ShareHolder {
+                session: "s1".into(),
+                share: "sh_1".into(),
+                mode,
+            })
+        };
+        for mode in [ShareMode::Read, ShareMode::Write] {
+            for rule in [Rule::Read, Rule::Approvals] {
+                assert!(
+                    matches!(rule.admit(share(mode)), Ok(Caller::Share(h)) if h.mode == mode),
+                    "{rule:?} {mode:?}"
+                );
+            }
+            for rule in [Rule::OwnerOnly, Rule::OwnerOrEndUser] {
+                let (status, code, msg) = refused(rule.admit(share(mode)));
+                assert_eq!((status, code), (403, "forbidden"), "{rule:?} {mode:?}");
+                assert!(msg.contains("share link may"), "{msg}");
+            }
+        }
+        assert!(Rule::SessionToken.admit(share(ShareMode::Write)).is_ok());
+        let (status, _, msg) = refused(Rule::SessionToken.admit(share(ShareMode::Read)));
+        assert_eq!(status, 403);
+        assert!(msg.starts_with("a read-only share link may read"), "{msg}");
+        assert_eq!(
+            share(ShareMode::Read).caller(),
+            Some(Caller::Share(ShareHolder {
+                session: "s1".into(),
+                share: "sh_1".into(),
+                mode: ShareMode::Read
+            }))
+        );
+        // The reading door: a session token and the owner too, never the
+        // approver.
+        assert!(Rule::Read.admit(Identity::Session("s1".into())).is_ok());
+        assert_eq!(refused(Rule::Read.admit(Identity::Approver)).0, 403);
     }
 }

@@ -20,7 +20,7 @@
 //! - not when this replica runs the session's run or holds secret values
 //!   of it itself (read from memory);
 //! - only for a caller this replica recognised (the owner, the approver, a
-//!   session token of that session; an answer link stands for the
+//!   session token or a live share of that session; an answer link stands for the
 //!   approver): anyone else is refused here, as before. An `/mcp` body is
 //!   read (to find the session a call names) only for the owner token or
 //!   a session token with its session named;
@@ -43,8 +43,10 @@
 //!   server frozen or cut off: its lease passed, so its memory counts as
 //!   gone).
 //!
-//! A revocation answered by the holder (204) also ends the session-token
-//! streams this replica serves of that session.
+//! A revocation answered by the holder also ends the streams this replica
+//! serves of that session with what it revoked: the session tokens and
+//! shares (`DELETE …/token`, 204), or the one share (`DELETE
+//! …/shares/{share_id}`, 200).
 
 use std::sync::Arc;
 
@@ -61,6 +63,16 @@ use super::state::AppState;
 use bindery_session::validate::Caller;
 use bindery_store::model::SessionRecord;
 
+/// What an answer of the holder to a forwarded revocation also ends here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ends {
+    Nothing,
+    /// `DELETE …/token` (204): the session-token and share streams.
+    Tokens,
+    /// `DELETE …/shares/{share_id}` (200): that share's streams.
+    Share,
+}
+
 /// What a route is about, as far as forwarding goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum About {
@@ -76,10 +88,10 @@ enum About {
 }
 
 /// The routes about a session.
-fn about(method: &Method, path: &str) -> Option<(About, bool)> {
+fn about(method: &Method, path: &str) -> Option<(About, Ends)> {
     const NONE: &[&str] = &[];
     const PARAMS: &[&str] = &["params"];
-    let session = |values| Some((About::Session { values }, false));
+    let session = |values| Some((About::Session { values }, Ends::Nothing));
     match (method.as_str(), path) {
         ("GET", "/v1/sessions/{id}") => session(NONE),
         ("POST", "/v1/sessions/{id}/messages") => session(PARAMS),
@@ -88,12 +100,20 @@ fn about(method: &Method, path: &str) -> Option<(About, bool)> {
         // The copy takes the source's values: where they are.
         ("POST", "/v1/sessions/{id}/fork") => session(&["params", "pin"]),
         ("PUT", "/v1/sessions/{id}/params") => session(PARAMS),
-        ("DELETE", "/v1/sessions/{id}/token") => Some((About::Session { values: NONE }, true)),
+        ("DELETE", "/v1/sessions/{id}/token") => {
+            Some((About::Session { values: NONE }, Ends::Tokens))
+        }
+        // Shares are in the record; a revocation goes where the session's
+        // streams are served.
+        ("POST" | "GET", "/v1/sessions/{id}/shares") => session(NONE),
+        ("DELETE", "/v1/sessions/{id}/shares/{share_id}") => {
+            Some((About::Session { values: NONE }, Ends::Share))
+        }
         // `delta` events exist only where the run is.
         ("GET", "/v1/sessions/{id}/events") => session(NONE),
         ("POST", "/v1/continuations/{token}") => session(PARAMS),
-        ("POST", "/v1/approvals/{token}") => Some((About::Link, false)),
-        ("POST", "/mcp") => Some((About::Mcp, false)),
+        ("POST", "/v1/approvals/{token}") => Some((About::Link, Ends::Nothing)),
+        ("POST", "/mcp") => Some((About::Mcp, Ends::Nothing)),
         _ => None,
     }
 }
@@ -108,13 +128,15 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         .extensions()
         .get::<MatchedPath>()
         .and_then(|p| about(req.method(), p.as_str()));
-    let Some((about, revokes)) = route else {
+    let Some((about, ends)) = route else {
         return next.run(req).await;
     };
     let (mut parts, body) = req.into_parts();
     let mut body = Some(body);
     // The request's body, once read.
     let mut read: Option<Bytes> = None;
+    // The share a revocation names, from the path.
+    let mut share_id = None;
     let (session, mcp) = match about {
         About::Mcp => {
             // `/mcp` reads no body before it knows its caller: only the
@@ -153,6 +175,12 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
         }
         _ => {
             let params = RawPathParams::from_request_parts(&mut parts, &s).await;
+            if let Ok(params) = &params {
+                share_id = params
+                    .iter()
+                    .find(|(name, _)| *name == "share_id")
+                    .map(|(_, v)| v.to_string());
+            }
             match params.ok().as_ref().and_then(path_session) {
                 Some(id) => (id, None),
                 None => return next.run(rebuilt(parts, read, body)).await,
@@ -261,8 +289,14 @@ pub async fn to_holder(State(s): State<Arc<AppState>>, req: Request, next: Next)
     };
     match answer {
         Ok(answer) => {
-            if revokes && answer.status() == StatusCode::NO_CONTENT {
-                s.service.tokens().end_streams(&session);
+            match (ends, share_id) {
+                (Ends::Tokens, _) if answer.status() == StatusCode::NO_CONTENT => {
+                    s.service.tokens().end_streams(&session);
+                }
+                (Ends::Share, Some(share)) if answer.status() == StatusCode::OK => {
+                    s.service.shares().end_streams(&session, &share);
+                }
+                _ => {}
             }
             answer
         }
@@ -391,6 +425,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(covered.len(), 11, "{covered:?}");
+        assert_eq!(covered.len(), 14, "{covered:?}");
     }
 }

@@ -18,6 +18,7 @@ pub mod peers;
 pub mod rate_limit;
 pub mod request;
 pub mod server;
+pub mod shares;
 pub mod state;
 pub mod status;
 pub mod stored_agents;

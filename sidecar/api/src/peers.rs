@@ -121,6 +121,17 @@ fn caller_name(who: &Caller) -> String {
         // Hex: a subject may hold any printable character, a header value
         // only visible ASCII.
         Caller::EndUser(person) => format!("user:{}", hex::encode(person.subject.as_str())),
+        // The session last: its id is the server's, but read from the
+        // right whatever it holds.
+        Caller::Share(holder) => format!(
+            "share:{}:{}:{}",
+            match holder.mode {
+                bindery_store::model::ShareMode::Read => "r",
+                bindery_store::model::ShareMode::Write => "w",
+            },
+            holder.share,
+            holder.session
+        ),
     }
 }
 
@@ -363,11 +374,34 @@ pub fn vouched(headers: &HeaderMap) -> Option<Result<Caller, ServiceError>> {
                 .ok_or_else(|| refused("the caller `user:…` names no subject")),
         );
     }
+    if let Some(share) = name.strip_prefix("share:") {
+        return Some(share_caller(share).ok_or_else(|| {
+            refused("the caller `share:…` is not `share:r|w:SHARE_ID:SESSION_ID`")
+        }));
+    }
     Some(match name.strip_prefix("session:") {
         None if name == "owner" => Ok(Caller::Owner),
         None if name == "approver" => Ok(Caller::Approver),
         Some(id) if !id.is_empty() => Ok(Caller::SessionToken(id.to_string())),
         _ => Err(refused("the caller is neither `owner` nor `session:ID`")),
+    })
+}
+
+/// `r|w:SHARE_ID:SESSION_ID`, as [`caller_name`] writes a share's holder.
+fn share_caller(named: &str) -> Option<Caller> {
+    let (mode, rest) = named.split_once(':')?;
+    let (share, session) = rest.split_once(':')?;
+    let mode = match mode {
+        "r" => bindery_store::model::ShareMode::Read,
+        "w" => bindery_store::model::ShareMode::Write,
+        _ => return None,
+    };
+    (share.starts_with("sh_") && share.len() > 3 && !session.is_empty()).then(|| {
+        Caller::Share(bindery_session::validate::ShareHolder {
+            session: session.to_string(),
+            share: share.to_string(),
+            mode,
+        })
     })
 }
 
@@ -846,6 +880,38 @@ mod tests {
             Caller::SessionToken("s1".into())
         );
         for bad in ["session:", "admin"] {
+            h.insert(VOUCHED_HEADER, bad.parse().unwrap());
+            assert!(vouched(&h).unwrap().is_err(), "{bad}");
+        }
+    }
+
+    /// A share's holder crosses to a peer as they are: the session, the
+    /// share and its mode, and reads back only from that form.
+    #[test]
+    fn a_share_holder_is_vouched_for_faithfully() {
+        use bindery_session::validate::ShareHolder;
+        use bindery_store::model::ShareMode;
+        let mut h = HeaderMap::new();
+        for (mode, letter) in [(ShareMode::Read, "r"), (ShareMode::Write, "w")] {
+            let who = Caller::Share(ShareHolder {
+                session: "6f1c-a:b".into(),
+                share: "sh_0123456789abcdef".into(),
+                mode,
+            });
+            let name = caller_name(&who);
+            assert_eq!(name, format!("share:{letter}:sh_0123456789abcdef:6f1c-a:b"));
+            h.insert(VOUCHED_HEADER, name.parse().unwrap());
+            assert_eq!(vouched(&h).unwrap().unwrap(), who);
+        }
+        for bad in [
+            "share:",
+            "share:x:sh_1:s1",
+            "share:r:sh_1:",
+            "share:r:sh_:s1",
+            "share:r:st_1:s1",
+            "share:r:sh_1",
+            "share:read:sh_1:s1",
+        ] {
             h.insert(VOUCHED_HEADER, bad.parse().unwrap());
             assert!(vouched(&h).unwrap().is_err(), "{bad}");
         }

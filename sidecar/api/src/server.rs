@@ -24,8 +24,8 @@ use utoipa_axum::routes;
 
 use super::auth::{door, Authed, Rule};
 use super::openapi::{
-    AnswerRefused, BadRequest, ErrorBody, ForbiddenAnswer, ForbiddenParams, ForkRequest, Health,
-    NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, ResumeBlocked,
+    AnswerRefused, BadRequest, ErrorBody, Forbidden, ForbiddenAnswer, ForbiddenParams, ForkRequest,
+    Health, NewSessionParams, NotFound, NotReady, NotRunning, ParamValues, Ready, ResumeBlocked,
     RunBlocked, SessionParams, SetParamsRequest, SseEvent, Unauthorized, BAD_REQUEST,
     INVALID_PARAMS,
 };
@@ -37,7 +37,7 @@ use super::views::{
 };
 use bindery_session::error::{Code, ErrorKind, ServiceError};
 use bindery_session::run::RunMode;
-use bindery_session::service::CreateSession;
+use bindery_session::service::{CreateSession, Opened};
 use bindery_session::state::live_sessions::{Ended, RunWait};
 use bindery_session::validate::Caller;
 use bindery_store::health::StoreState;
@@ -66,6 +66,8 @@ pub fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(fork))
         .routes(routes!(put_params))
         .routes(routes!(revoke_token))
+        .routes(routes!(super::shares::create, super::shares::list))
+        .routes(routes!(super::shares::revoke))
         .routes(routes!(events))
         .routes(routes!(continuation))
         .routes(routes!(super::usage::report))
@@ -491,9 +493,9 @@ async fn view(
     let mut v = session_view(rec, s.service.secrets().names(id), token);
     v.pending = pending;
     v.usage = usage;
-    if let Caller::SessionToken(_) = who {
-        // A session token may read the conversation, not its parameters,
-        // and cannot answer a pending call.
+    if who.of_one_session() {
+        // A session token or a share may read the conversation, not its
+        // parameters, and cannot answer a pending call.
         v.params.clear();
         v.secret_params.clear();
         for p in &mut v.pending {
@@ -526,14 +528,14 @@ async fn list_sessions(
 
 /// One session
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", operation_id = "getSession",
-    security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
+    security(("ownerToken" = []), ("sessionToken" = []), ("shareToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses((status = 200, description = "The session.", body = SessionView), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
 )]
 async fn get_session(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
+    Authed { caller: who, .. }: Authed<door::Reader>,
 ) -> ApiResult {
     Ok(view(&s, &id, &who, None, None).await?.into_response())
 }
@@ -555,7 +557,7 @@ pub struct MessagePost {
 
 /// Say something: add a user message and start a run
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions",
-    operation_id = "postMessage", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
+    operation_id = "postMessage", security(("ownerToken" = []), ("sessionToken" = []), ("shareToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id."), WaitQuery),
     request_body = MessagePost,
     responses(
@@ -566,8 +568,9 @@ pub struct MessagePost {
         (status = 401, response = Unauthorized),
         (status = 403, body = inline(ForbiddenAnswer), description = "Parameters this caller \
             may not set: process-scope or pinned ones, or any session value of a sealed \
-            session for a session-token holder; or (`forbidden`) a session-token holder's \
-            message that picks an option of a pending selection, which only the owner answers."),
+            session for a session-token holder; or (`forbidden`) a session-token or share \
+            holder's message that picks an option of a pending selection, which only the owner \
+            answers, or a read-only share."),
         (status = 404, description = "No such session.", body = inline(NotFound)),
         (status = 409, body = inline(RunBlocked), description = "A run is in progress \
             (`run_in_progress`), the session waits for pending calls (`waiting_external`), \
@@ -661,11 +664,12 @@ async fn resume(
 
 /// Cancel the run in progress (or the calls it waits for)
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions",
-    operation_id = "cancelSession", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
+    operation_id = "cancelSession", security(("ownerToken" = []), ("sessionToken" = []), ("shareToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
     responses(
         (status = 200, description = "Cancelled.", body = SessionView),
         (status = 401, response = Unauthorized),
+        (status = 403, description = "A read-only share.", body = inline(Forbidden)),
         (status = 404, description = "No such session.", body = inline(NotFound)),
         (status = 409, description = "No run is in progress.", body = inline(NotRunning)),
     ),
@@ -738,12 +742,16 @@ async fn put_params(
 ) -> ApiResult {
     let b: ParamsBody = body(&bytes)?;
     let stray = beside_params(&bytes);
-    if let Caller::SessionToken(_) = who {
+    if who.of_one_session() {
+        let what = match who {
+            Caller::Share(_) => "a share link",
+            _ => "a session token",
+        };
         return Err(ServiceError {
             extra: None,
             kind: ErrorKind::Forbidden,
             code: Code::ForbiddenParams,
-            message: "a session token cannot set parameters".into(),
+            message: format!("{what} cannot set parameters"),
             params: b.params.keys().cloned().collect(),
         }
         .into());
@@ -780,11 +788,11 @@ fn beside_params(bytes: &Bytes) -> Vec<String> {
     }
 }
 
-/// Revoke every session token of this session
+/// Revoke every session token and every share link of this session
 #[utoipa::path(delete, path = "/v1/sessions/{id}/token", tag = "sessions",
     operation_id = "revokeSessionTokens", security(("ownerToken" = []), ("identityToken" = [])),
     params(("id" = String, Path, description = "The session's id.")),
-    responses((status = 204, description = "Revoked (also when there was none); the event streams opened with them end at once."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
+    responses((status = 204, description = "Revoked (also when there was none): the session's tokens and its share links; the event streams opened with them end at once."), (status = 401, response = Unauthorized), (status = 404, description = "No such session.", body = inline(NotFound))),
 )]
 async fn revoke_token(
     State(s): State<Arc<AppState>>,
@@ -883,7 +891,7 @@ pub struct EventsQuery {
 /// and `data: <JSON>`. With `Last-Event-ID`, the stored events after that id
 /// are replayed first. `x-events` gives the `data` schema of each kind.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "sessions",
-    operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = []), ("identityToken" = [])),
+    operation_id = "streamEvents", security(("ownerToken" = []), ("sessionToken" = []), ("shareToken" = []), ("identityToken" = [])),
     params(
         ("id" = String, Path, description = "The session's id."),
         ("Last-Event-ID" = Option<String>, Header, description = "Replay the stored events \
@@ -903,7 +911,7 @@ async fn events(
     State(s): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
-    Authed { caller: who, .. }: Authed<door::OwnerOrSessionToken>,
+    Authed { caller: who, .. }: Authed<door::Reader>,
     headers: HeaderMap,
 ) -> ApiResult {
     let after = headers
@@ -912,13 +920,18 @@ async fn events(
         .and_then(|v| v.trim().parse::<i64>().ok())
         .or(q.after)
         .unwrap_or(0);
-    let by_token = matches!(who, Caller::SessionToken(_));
-    let (stored, feed) = s.service.recorder().events(&id, after, by_token).await?;
-    if by_token {
+    let opened = match &who {
+        Caller::SessionToken(_) => Opened::SessionToken,
+        Caller::Share(holder) => Opened::Share(holder.share.clone()),
+        _ => Opened::Standing,
+    };
+    let revocable = opened != Opened::Standing;
+    let (stored, feed) = s.service.recorder().events(&id, after, opened).await?;
+    if revocable {
         // Subscribed: a revocation from now on ends this stream. One that
         // came between the check above and the subscription shows here
         // (the store is read again).
-        Rule::SessionToken.admit(s.identify(&headers, Some(&id)).await)?;
+        Rule::Read.admit(s.identify(&headers, Some(&id)).await)?;
     }
     Ok(super::event_stream::response(
         s.service.clone(),

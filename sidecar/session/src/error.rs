@@ -74,6 +74,8 @@ pub enum Code {
     TooManyRuns,
     /// Requests (or a tool's calls) over their rate limit.
     RateLimited,
+    /// A session has as many live share links as it may have.
+    TooManyShares,
 }
 
 impl Code {
@@ -107,6 +109,7 @@ impl Code {
             Code::IdentityUnavailable => "identity_unavailable",
             Code::TooManyRuns => "too_many_runs",
             Code::RateLimited => "rate_limited",
+            Code::TooManyShares => "too_many_shares",
         }
     }
 

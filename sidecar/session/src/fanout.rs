@@ -50,6 +50,18 @@ struct Queue {
     state: Mutex<State>,
 }
 
+/// What a stream was opened with, as far as a revocation can end it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Opened {
+    /// The owner's or an end user's credentials: no revocation ends it.
+    #[default]
+    Standing,
+    /// A session token.
+    SessionToken,
+    /// The share link of this id (`sh_…`).
+    Share(String),
+}
+
 #[derive(Default)]
 struct State {
     events: VecDeque<LiveEvent>,
@@ -61,9 +73,10 @@ struct State {
     ended: bool,
     /// The subscriber went.
     gone: bool,
-    /// Opened with a session token (not the owner's): ended when the
-    /// session's tokens are revoked.
-    by_token: bool,
+    /// What the stream was opened with: a session token's and a share's
+    /// end when the session's tokens are revoked, a share's also when
+    /// that share is.
+    opened: Opened,
     /// Ended by a revocation: nothing more is given, queued or not.
     revoked: bool,
 }
@@ -187,22 +200,33 @@ pub struct Fanout {
 }
 
 impl Fanout {
-    /// A new subscriber; `by_token` when it came with a session token.
-    pub fn subscribe(&self, by_token: bool) -> Receiver {
+    /// A new subscriber, opened with `opened`.
+    pub fn subscribe(&self, opened: Opened) -> Receiver {
         let queue = Arc::new(Queue::default());
-        queue.lock().by_token = by_token;
+        queue.lock().opened = opened;
         self.lock().push(Sender(queue.clone()));
         Receiver(queue)
     }
 
-    /// End at once every subscriber that came with a session token (the
-    /// session's tokens were revoked): what is queued for them is dropped,
-    /// and nothing more reaches them. The owner's stay.
+    /// End at once every subscriber that came with a session token or a
+    /// share (the session's tokens, and with them its shares, were
+    /// revoked): what is queued for them is dropped, and nothing more
+    /// reaches them. The owner's stay.
     pub fn end_token_streams(&self) -> usize {
+        self.end_where(|opened| *opened != Opened::Standing)
+    }
+
+    /// End at once the subscribers that came with share `id` (it was
+    /// revoked), as [`Fanout::end_token_streams`] ends them.
+    pub fn end_share_streams(&self, id: &str) -> usize {
+        self.end_where(|opened| matches!(opened, Opened::Share(s) if s == id))
+    }
+
+    fn end_where(&self, ends: impl Fn(&Opened) -> bool) -> usize {
         let mut ended = 0;
         self.lock().retain(|tx| {
             let revoked = tx.update(|state| {
-                if !state.by_token {
+                if !ends(&state.opened) {
                     return false;
                 }
                 state.revoked = true;
@@ -268,8 +292,8 @@ mod tests {
     async fn each_subscriber_gets_every_event_and_one_that_lags_is_dropped() {
         let fanout = Fanout::default();
         assert!(fanout.is_empty());
-        let mut reading = fanout.subscribe(false);
-        let mut stalled = fanout.subscribe(false);
+        let mut reading = fanout.subscribe(Opened::Standing);
+        let mut stalled = fanout.subscribe(Opened::Standing);
         for i in 0..BUFFER {
             fanout.send(LiveEvent::Delta(i.to_string().into()));
             assert_eq!(delta(reading.recv().await), Some(i.to_string()));
@@ -291,7 +315,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_subscriber_wakes_on_send_and_ends_with_the_fanout() {
         let fanout = Fanout::default();
-        let mut rx = fanout.subscribe(false);
+        let mut rx = fanout.subscribe(Opened::Standing);
         let waiting = tokio::spawn(async move { (rx.recv().await, rx.recv().await) });
         fanout.send(LiveEvent::Delta("hi".into()));
         drop(fanout);
@@ -303,7 +327,7 @@ mod tests {
     #[tokio::test]
     async fn flags_wake_a_waiting_subscriber_and_come_after_queued_events() {
         let fanout = Fanout::default();
-        let mut rx = fanout.subscribe(false);
+        let mut rx = fanout.subscribe(Opened::Standing);
         let waiting = tokio::spawn(async move {
             let signal = rx.recv().await;
             (signal, rx)
@@ -331,8 +355,8 @@ mod tests {
     #[tokio::test]
     async fn a_revocation_ends_the_token_subscribers_at_once_and_only_them() {
         let fanout = Fanout::default();
-        let mut owner = fanout.subscribe(false);
-        let mut token = fanout.subscribe(true);
+        let mut owner = fanout.subscribe(Opened::Standing);
+        let mut token = fanout.subscribe(Opened::SessionToken);
         fanout.send(LiveEvent::Delta("before".into()));
         assert_eq!(delta(token.recv().await).as_deref(), Some("before"));
         // Queued and not read yet when the tokens go: never given.
@@ -347,5 +371,27 @@ mod tests {
         assert!(!owner.revoked());
         assert_eq!(fanout.end_token_streams(), 0);
         assert!(!fanout.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_shares_revocation_ends_its_own_subscribers_and_revoking_all_ends_every_share() {
+        let fanout = Fanout::default();
+        let mut owner = fanout.subscribe(Opened::Standing);
+        let mut token = fanout.subscribe(Opened::SessionToken);
+        let mut one = fanout.subscribe(Opened::Share("sh_1".into()));
+        let mut two = fanout.subscribe(Opened::Share("sh_2".into()));
+        fanout.send(LiveEvent::Delta("queued".into()));
+        assert_eq!(fanout.end_share_streams("sh_1"), 1);
+        assert!(one.recv().await.is_none() && one.revoked());
+        assert_eq!(fanout.end_share_streams("sh_1"), 0);
+        assert_eq!(fanout.end_share_streams("sh_3"), 0);
+        for rx in [&mut owner, &mut token, &mut two] {
+            assert_eq!(delta(rx.recv().await).as_deref(), Some("queued"));
+            assert!(!rx.revoked());
+        }
+        assert_eq!(fanout.end_token_streams(), 2, "the token's and sh_2's");
+        assert!(two.recv().await.is_none() && two.revoked());
+        assert!(token.recv().await.is_none());
+        assert!(!owner.revoked());
     }
 }

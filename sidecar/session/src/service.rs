@@ -41,13 +41,16 @@ mod cancel;
 mod continuation;
 mod feed;
 mod sessions;
+mod shares;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
+pub use crate::fanout::Opened;
 pub use continuation::{end_user_answers, Answer};
 pub use feed::{Feed, FeedItem};
 pub use sessions::{may_use, Sessions};
+pub use shares::{share_in, NewShare, Shared, Shares, MAX_LIVE_SHARES, MAX_NOTE_CHARS};
 pub use tokens::{token_digest, token_in, Tokens};
 
 pub struct ServiceConfig {
@@ -174,6 +177,8 @@ pub struct Service {
     /// Secret values in memory, and which server holds them.
     secrets: Arc<Secrets>,
     tokens: Tokens,
+    /// Share links.
+    shares: Shares,
     /// Pending calls' tokens, views and notices.
     approvals: Arc<Approvals>,
     /// The session API's flows.
@@ -288,6 +293,13 @@ impl Service {
             audit: audit.clone(),
         });
         let tokens = Tokens::new(store.clone(), live.clone(), clock.clone(), audit.clone());
+        let shares = Shares::new(
+            store.clone(),
+            live.clone(),
+            clock.clone(),
+            audit.clone(),
+            cfg.public_url.clone(),
+        );
         let sessions = Arc::new(Sessions {
             store: store.clone(),
             live: live.clone(),
@@ -313,6 +325,7 @@ impl Service {
             heartbeat,
             secrets,
             tokens,
+            shares,
             approvals,
             budgets,
             kube_events,
@@ -381,6 +394,11 @@ impl Service {
     /// The session tokens.
     pub fn tokens(&self) -> &Tokens {
         &self.tokens
+    }
+
+    /// The share links.
+    pub fn shares(&self) -> &Shares {
+        &self.shares
     }
 
     /// This server's heartbeat in the store.

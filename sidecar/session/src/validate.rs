@@ -22,9 +22,40 @@ pub enum Caller {
     /// An end user, by their identity token: creates sessions that belong
     /// to them, and uses those only.
     EndUser(bindery_identity::Person),
+    /// The holder of a share link of one session.
+    Share(ShareHolder),
+}
+
+/// Who holds a share link: its session, its id, what it lets them do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareHolder {
+    pub session: String,
+    /// `sh_…`
+    pub share: String,
+    pub mode: bindery_store::model::ShareMode,
+}
+
+impl ShareHolder {
+    /// What the holder of a share of this mode may do, as a refusal says.
+    pub fn may(&self) -> &'static str {
+        match self.mode {
+            bindery_store::model::ShareMode::Read => {
+                "a read-only share link may read the session, its events and its pending items; nothing else"
+            }
+            bindery_store::model::ShareMode::Write => {
+                "a share link may read the session and its events, post messages and cancel a run; nothing else"
+            }
+        }
+    }
 }
 
 impl Caller {
+    /// A session token or a share link: a bearer of one session, who acts
+    /// for nobody and answers, shares and sets nothing.
+    pub fn of_one_session(&self) -> bool {
+        matches!(self, Caller::SessionToken(_) | Caller::Share(_))
+    }
+
     /// The end user calling, if it is one.
     pub fn subject(&self) -> Option<&bindery_identity::Subject> {
         match self {
@@ -180,11 +211,20 @@ pub fn validate(
     }
     let names: Vec<String> = supplied.keys().cloned().collect();
     if !names.is_empty() {
-        if let Caller::SessionToken(_) = caller {
-            return Err(ParamsError::Forbidden(
-                names,
-                "a session token cannot set parameters".into(),
-            ));
+        match caller {
+            Caller::SessionToken(_) => {
+                return Err(ParamsError::Forbidden(
+                    names,
+                    "a session token cannot set parameters".into(),
+                ));
+            }
+            Caller::Share(_) => {
+                return Err(ParamsError::Forbidden(
+                    names,
+                    "a share link cannot set parameters".into(),
+                ));
+            }
+            _ => {}
         }
         if *caller == Caller::Approver {
             return Err(ParamsError::Forbidden(

@@ -33,6 +33,8 @@ pub enum Actor {
     Approver,
     /// The bearer of a session token of `session`.
     SessionToken { session: String },
+    /// The holder of share link `share` (`sh_…`) of `session`.
+    Share { session: String, share: String },
     /// An end user signed in by the tenant's identity provider.
     EndUser { subject: String },
     /// The holder of a webhook notice's answer link.
@@ -72,6 +74,11 @@ pub enum Action {
     SessionTokenIssued {},
     /// The session's tokens were revoked.
     SessionTokenRevoked {},
+    /// A share link of the record's session was made: its id and what it
+    /// lets its holder do (`read` or `write`), never its token.
+    SessionShared { share: String, mode: String },
+    /// A share link of the record's session was revoked.
+    ShareRevoked { share: String },
     /// A message was posted (its text is in the session, not here).
     MessagePosted {},
     /// A waiting run was resumed.
@@ -300,6 +307,33 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&a).unwrap(),
             json!({"kind": "end-user", "subject": "alice@example.com"})
+        );
+    }
+
+    #[test]
+    fn a_share_is_named_by_its_id_and_its_records_hold_no_token() {
+        let a = Actor::Share {
+            session: "s1".into(),
+            share: "sh_1".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            json!({"kind": "share", "session": "s1", "share": "sh_1"})
+        );
+        let shared = Action::SessionShared {
+            share: "sh_1".into(),
+            mode: "read".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&shared).unwrap(),
+            json!({"action": "session_shared", "details": {"share": "sh_1", "mode": "read"}})
+        );
+        let revoked = Action::ShareRevoked {
+            share: "sh_1".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&revoked).unwrap(),
+            json!({"action": "share_revoked", "details": {"share": "sh_1"}})
         );
     }
 }

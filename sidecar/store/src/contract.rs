@@ -41,6 +41,7 @@ macro_rules! store_contract {
             case!(create_then_get_returns_the_same_record);
             case!(create_refuses_an_existing_id);
             case!(update_needs_the_next_version);
+            case!(a_share_and_its_revocation_are_kept_with_the_session);
             case!(turns_are_appended_and_a_write_from_a_stale_count_is_refused);
             case!(update_of_an_unknown_session_is_not_found);
             case!(update_of_a_session_made_anew_under_its_id_is_refused);
@@ -134,6 +135,26 @@ pub fn full_record() -> SessionRecord {
             subject: Some(bindery_identity::Subject::new("alice@example.com").unwrap()),
             pinned: vec!["tenant".to_owned()],
             taint_cleared_at: Some(3),
+            shares: vec![
+                crate::model::Share {
+                    id: "sh_0123456789abcdef".into(),
+                    mode: crate::model::ShareMode::Read,
+                    digest: "ef".repeat(32),
+                    shared_by: "user:alice@example.com".into(),
+                    note: Some("for the auditors".into()),
+                    created_at: 1_700_000_000_100,
+                    revoked_at: None,
+                },
+                crate::model::Share {
+                    id: "sh_fedcba9876543210".into(),
+                    mode: crate::model::ShareMode::Write,
+                    digest: String::new(),
+                    shared_by: "owner".into(),
+                    note: None,
+                    created_at: 1_700_000_000_200,
+                    revoked_at: Some(1_700_000_000_300),
+                },
+            ],
         },
         forked_from: Some("s-parent".to_owned()),
         runner: Some("runner-1".to_owned()),
@@ -274,6 +295,44 @@ pub async fn update_needs_the_next_version(store: Arc<dyn SessionStore>) {
         Err(StoreError::Conflict(_))
     ));
     assert_eq!(store.get("s1").await.unwrap(), Some(rec));
+}
+
+/// A share is written with the session's record, and its revocation too
+/// (the digest gone, the time kept): a session stored before shares reads
+/// with none.
+pub async fn a_share_and_its_revocation_are_kept_with_the_session(store: Arc<dyn SessionStore>) {
+    let mut rec = record("s1", 1);
+    store.create(&mut rec).await.unwrap();
+    assert!(store
+        .get("s1")
+        .await
+        .unwrap()
+        .unwrap()
+        .security
+        .shares
+        .is_empty());
+    rec.security.shares.push(crate::model::Share {
+        id: "sh_1".into(),
+        mode: crate::model::ShareMode::Write,
+        digest: "ab".repeat(32),
+        shared_by: "owner".into(),
+        note: Some("pairing".into()),
+        created_at: 5,
+        revoked_at: None,
+    });
+    rec.version = 2;
+    store.update(&mut rec).await.unwrap();
+    let read = store.get("s1").await.unwrap().unwrap();
+    assert_eq!(read, rec);
+    assert!(read.security.live_share("sh_1").is_some());
+    rec.security.shares[0].digest.clear();
+    rec.security.shares[0].revoked_at = Some(9);
+    rec.version = 3;
+    store.update(&mut rec).await.unwrap();
+    let read = store.get("s1").await.unwrap().unwrap();
+    assert_eq!(read, rec);
+    assert!(read.security.live_share("sh_1").is_none());
+    assert_eq!(read.security.shares[0].revoked_at, Some(9));
 }
 
 pub async fn update_of_a_session_made_anew_under_its_id_is_refused(store: Arc<dyn SessionStore>) {

@@ -93,6 +93,60 @@ pub struct Security {
     /// turns: untrusted results before it no longer hold egress calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taint_cleared_at: Option<usize>,
+    /// The session's share links, live and revoked (each by its token's
+    /// digest, never the token). Absent in sessions stored before shares.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Share>,
+}
+
+/// What a share link lets its holder do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareMode {
+    /// Read the session, its events and its pending items.
+    Read,
+    /// What a session token may do: read, post messages, cancel a run.
+    Write,
+}
+
+impl ShareMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareMode::Read => "read",
+            ShareMode::Write => "write",
+        }
+    }
+}
+
+/// One share link of a session, as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Share {
+    /// `sh_…`: names the share in its list, its revocation and the audit.
+    pub id: String,
+    pub mode: ShareMode,
+    /// SHA-256 (hex) of the share's token; emptied when it is revoked.
+    pub digest: String,
+    /// Who shared, as the audit names them: `owner`, or `user:<subject>`.
+    pub shared_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<i64>,
+}
+
+impl Share {
+    pub fn live(&self) -> bool {
+        self.revoked_at.is_none()
+    }
+}
+
+impl Security {
+    /// The share `id`, live (not revoked).
+    pub fn live_share(&self, id: &str) -> Option<&Share> {
+        self.shares.iter().find(|s| s.id == id && s.live())
+    }
 }
 
 /// A session as stored.
@@ -220,5 +274,40 @@ mod tests {
             serde_json::to_value(Security::default()).unwrap(),
             json!({"sealed": false, "token_digests": []})
         );
+    }
+
+    #[test]
+    fn a_share_is_stored_by_its_digest_and_read_back() {
+        let share = Share {
+            id: "sh_1".into(),
+            mode: ShareMode::Read,
+            digest: "ab".repeat(32),
+            shared_by: "owner".into(),
+            note: None,
+            created_at: 7,
+            revoked_at: None,
+        };
+        let sec = Security {
+            shares: vec![share.clone()],
+            ..Default::default()
+        };
+        let stored = serde_json::to_value(&sec).unwrap();
+        assert_eq!(
+            stored["shares"],
+            json!([{"id": "sh_1", "mode": "read", "digest": "ab".repeat(32),
+                    "shared_by": "owner", "created_at": 7}])
+        );
+        let back: Security = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, sec);
+        assert_eq!(back.live_share("sh_1"), Some(&share));
+        assert_eq!(back.live_share("sh_2"), None);
+        let mut revoked = sec;
+        revoked.shares[0].revoked_at = Some(8);
+        assert_eq!(
+            revoked.live_share("sh_1"),
+            None,
+            "a revoked share is not live"
+        );
+        assert!(serde_json::from_value::<ShareMode>(json!("admin")).is_err());
     }
 }

@@ -764,7 +764,7 @@ async fn every_documented_route_is_served() {
             routes.push((op.to_ascii_uppercase(), path.clone(), op.clone()));
         }
     }
-    assert_eq!(routes.len(), 27, "{routes:?}");
+    assert_eq!(routes.len(), 30, "{routes:?}");
     for (method, path, op) in &routes {
         let method = method.as_str();
         let url = fill(path, NO_SUCH_SESSION);
@@ -937,7 +937,8 @@ async fn an_event_stream_is_server_sent_events_kept_alive_while_idle() {
 
 /// The document's `security` of each route is what the route lets in:
 /// each of the owner token, a session token (on its own session, named in
-/// `Bindery-Session-Id` too), the approver token and the MCP client token
+/// `Bindery-Session-Id` too), a write share of that session, the approver
+/// token and the MCP client token
 /// is refused (401, or 403 `forbidden`/`forbidden_params`) exactly where
 /// the route's security does not list its scheme.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -979,6 +980,18 @@ async fn each_route_lets_in_the_tokens_its_security_lists() {
             .await;
             let id = id_of(&r);
             let session_token = r.json["session_token"].as_str().unwrap().to_string();
+            // And a write share of it (`shareToken` names both kinds: a
+            // read share is let in where it reads only).
+            let r = api
+                .call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/shares"),
+                    Some(OWNER),
+                    Some(&json!({"mode": "write"})),
+                )
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+            let share_token = r.json["token"].as_str().unwrap().to_string();
             let url = path
                 .replace("{id}", &id)
                 .replace("{slug}", "invoices")
@@ -986,6 +999,7 @@ async fn each_route_lets_in_the_tokens_its_security_lists() {
             for (scheme, token) in [
                 ("ownerToken", OWNER),
                 ("sessionToken", session_token.as_str()),
+                ("shareToken", share_token.as_str()),
                 ("approverToken", "approver-token-for-tests"),
                 ("mcpClientToken", "mcp-client-token-for-tests"),
             ] {
@@ -1024,5 +1038,5 @@ async fn each_route_lets_in_the_tokens_its_security_lists() {
             }
         }
     }
-    assert_eq!(checked, 19 * 4, "every route with a security requirement");
+    assert_eq!(checked, 22 * 5, "every route with a security requirement");
 }

@@ -1,8 +1,9 @@
 // Bindery's chat page: pick an agent, fill its open parameters, chat in a
 // session and watch the run stream. Plain browser JavaScript, served as is
 // by the sidecar (no build step, no third-party code). Tokens live in this
-// tab only: the owner token in sessionStorage, a session token in the URL
-// fragment (never sent to the server by the browser); no cookies. Text is
+// tab only: the owner token in sessionStorage, a session token or a share
+// link's token in the URL fragment (never sent to the server by the
+// browser); no cookies. Text is
 // only ever set with textContent, never parsed as HTML.
 "use strict";
 
@@ -10,7 +11,8 @@ const $ = (id) => document.getElementById(id);
 
 const state = {
   owner: "", // the owner token, once accepted
-  sessionToken: "", // from a shared link: this session only
+  sessionToken: "", // from a shared link (a session token or a share's): this session only
+  readOnly: false, // a read-only share link: no composer
   agents: [],
   session: null, // the open session's id
   agent: null, // its agent's slug
@@ -150,6 +152,7 @@ function paramValues(container) {
 async function connect(token) {
   state.owner = token;
   state.sessionToken = "";
+  state.readOnly = false;
   let agents;
   try {
     agents = (await api("GET", "/v1/agents")).agents;
@@ -179,6 +182,7 @@ function disconnect() {
   sessionStorage.removeItem(OWNER_KEY);
   state.owner = "";
   state.sessionToken = "";
+  state.readOnly = false;
   state.session = null;
   $("who").textContent = "Not connected.";
   $("disconnect").hidden = true;
@@ -250,6 +254,8 @@ function openSession(view, shareToken) {
     "message-param",
   );
   $("fork").hidden = !state.owner;
+  // A read-only share may not post: the server refuses it anyway.
+  $("send").hidden = state.readOnly;
   render(view);
   for (const b of document.querySelectorAll("#session-list button")) {
     if (b.dataset.session === view.session_id) b.setAttribute("aria-current", "true");
@@ -702,10 +708,18 @@ async function openFromFragment() {
   const token = f.get("token");
   if (!id || !token) return false;
   state.sessionToken = token;
+  // A share link (`bsh_…`) says its mode; one that does not is taken as
+  // read-only.
+  const share = token.startsWith("bsh_");
+  state.readOnly = share && f.get("mode") !== "write";
   state.owner = "";
   $("side").hidden = true;
   document.querySelector("main").classList.add("single");
-  $("who").textContent = "Opened with a session token: this session only.";
+  $("who").textContent = !share
+    ? "Opened with a session token: this session only."
+    : state.readOnly
+      ? "Opened with a read-only share link: this session only, to read."
+      : "Opened with a share link: this session only.";
   openSession(await api("GET", `/v1/sessions/${encodeURIComponent(id)}`), "");
   return true;
 }

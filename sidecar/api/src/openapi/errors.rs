@@ -107,6 +107,10 @@ error_codes! {
     ];
     /// Nothing to cancel.
     NotRunning = ["not_running"];
+    /// Not this caller's to do.
+    Forbidden = ["forbidden"];
+    /// A session's live share links are at their cap.
+    TooManyShares = ["too_many_shares"];
     /// An answer to a pending call that cannot be taken.
     AnswerRefused = [
         "continuation_used",

@@ -113,6 +113,15 @@ pub fn document(mut api: Document, version: &str) -> Value {
             ),
         )
         .security_scheme(
+            "shareToken",
+            bearer(
+                "A share link's token (`bsh_…`), handed out once by `POST \
+                 /v1/sessions/{id}/shares`. Valid for that session only: a `read` share on the \
+                 operations that read it, a `write` share also on those that post a message or \
+                 cancel a run; revoked one by one, or all with the session's tokens.",
+            ),
+        )
+        .security_scheme(
             "approverToken",
             bearer(
                 "The approver token (`serve --approver-token-file`): lists pending approvals \

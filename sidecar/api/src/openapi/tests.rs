@@ -32,6 +32,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/audit"),
     ("PUT", "/v1/sessions/{id}/params"),
     ("DELETE", "/v1/sessions/{id}/token"),
+    ("POST", "/v1/sessions/{id}/shares"),
+    ("GET", "/v1/sessions/{id}/shares"),
+    ("DELETE", "/v1/sessions/{id}/shares/{share_id}"),
     ("GET", "/v1/sessions/{id}/events"),
     ("POST", "/mcp"),
     ("GET", "/"),
@@ -238,7 +241,7 @@ fn security_matches_the_route() {
     ] {
         assert_eq!(
             schemes_of(method, path),
-            ["ownerToken", "sessionToken", "identityToken"],
+            ["ownerToken", "sessionToken", "shareToken", "identityToken"],
             "{method} {path}"
         );
     }
@@ -249,6 +252,9 @@ fn security_matches_the_route() {
         ("post", "/v1/sessions/{id}/fork"),
         ("put", "/v1/sessions/{id}/params"),
         ("delete", "/v1/sessions/{id}/token"),
+        ("post", "/v1/sessions/{id}/shares"),
+        ("get", "/v1/sessions/{id}/shares"),
+        ("delete", "/v1/sessions/{id}/shares/{share_id}"),
         ("get", "/v1/agents"),
     ] {
         assert_eq!(
@@ -264,10 +270,47 @@ fn security_matches_the_route() {
         schemes_of("post", "/mcp"),
         ["ownerToken", "mcpClientToken", "sessionToken"]
     );
+    for scheme in ["sessionToken", "shareToken"] {
+        assert_eq!(
+            doc["components"]["securitySchemes"][scheme]["scheme"],
+            "bearer"
+        );
+    }
+}
+
+/// A share is asked for by its mode (and a note of one short line), its
+/// token is in the answer that makes it, and the list never has one.
+#[test]
+fn share_routes() {
+    let doc = doc();
+    let schema = |name: &str| doc["components"]["schemas"][name].clone();
+    let body = &doc["paths"]["/v1/sessions/{id}/shares"]["post"]["requestBody"]["content"]
+        ["application/json"]["schema"];
+    assert_eq!(body["$ref"], "#/components/schemas/ShareRequest");
+    let request = schema("ShareRequest");
+    assert_eq!(request["required"], serde_json::json!(["mode"]));
+    assert_eq!(request["additionalProperties"], false, "{request}");
+    assert_eq!(request["properties"]["note"]["maxLength"], 200);
+    let pattern = request["properties"]["note"]["pattern"].as_str().unwrap();
+    assert_eq!(pattern, "^[^\\x00-\\x1f\\x7f-\\x9f]*$");
     assert_eq!(
-        doc["components"]["securitySchemes"]["sessionToken"]["scheme"],
-        "bearer"
+        schema("ShareMode")["enum"],
+        serde_json::json!(["read", "write"])
     );
+    let made = schema("SharedView");
+    for field in ["id", "mode", "token", "shared_by", "created_at", "link"] {
+        assert!(made["properties"][field].is_object(), "SharedView.{field}");
+    }
+    for listed in [schema("ShareView"), schema("ShareList")] {
+        let text = listed.to_string();
+        assert!(
+            !text.contains("\"token\"") && !text.contains("digest"),
+            "{text}"
+        );
+    }
+    let op = &doc["paths"]["/v1/sessions/{id}/shares/{share_id}"]["delete"];
+    assert_eq!(op["operationId"], "revokeShare");
+    assert!(op["responses"]["404"].is_object());
 }
 
 #[test]

@@ -322,6 +322,23 @@ impl Api {
         self.send(method, path, token, &headers, body).await
     }
 
+    /// `GET path` with `token`: the response as it comes, its body unread
+    /// (an event stream stays open while it is read).
+    pub async fn open(&self, path: &str, token: Option<&str>) -> axum::response::Response {
+        let mut req = Request::builder()
+            .method("GET")
+            .uri(path)
+            .header(header::HOST, "localhost");
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        self.0
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap()
+    }
+
     /// `body` as it is, with the `Content-Type` given (none when `None`).
     pub async fn raw(
         &self,

@@ -20,4 +20,5 @@ mod limits;
 mod pending;
 mod promises;
 mod sessions;
+mod shares;
 mod tool_cache;

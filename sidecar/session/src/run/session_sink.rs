@@ -273,7 +273,11 @@ mod tests {
     #[tokio::test]
     async fn a_turn_is_written_while_the_run_goes_on_and_streams_in_order() {
         let (_dir, path, service) = running_here().await;
-        let mut events = service.live().entry("s").events.subscribe(false);
+        let mut events = service
+            .live()
+            .entry("s")
+            .events
+            .subscribe(crate::fanout::Opened::Standing);
         let cancel = CancellationToken::new();
         let sink = started(&service, &cancel);
 
@@ -348,7 +352,11 @@ mod tests {
     #[tokio::test]
     async fn nothing_of_a_run_goes_out_before_its_start_is_stored() {
         let (_dir, _, service) = running_here().await;
-        let mut events = service.live().entry("s").events.subscribe(false);
+        let mut events = service
+            .live()
+            .entry("s")
+            .events
+            .subscribe(crate::fanout::Opened::Standing);
 
         let cancel = CancellationToken::new();
         let (starter, gate) = start_gate();

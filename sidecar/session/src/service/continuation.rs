@@ -63,6 +63,10 @@ fn may_answer(caller: &Caller) -> Result<(), ServiceError> {
         Caller::SessionToken(_) => Err(ServiceError::forbidden(
             "only the session's owner may answer its pending calls (a continuation, or a chat message that picks an option); a session token may read them, not answer them",
         )),
+        Caller::Share(holder) => Err(ServiceError::forbidden(format!(
+            "only the session's owner may answer its pending calls; {}",
+            holder.may()
+        ))),
     }
 }
 

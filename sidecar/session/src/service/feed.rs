@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ServiceError;
-use crate::fanout::{LiveEvent, Receiver, Signal};
+use crate::fanout::{LiveEvent, Opened, Receiver, Signal};
 use crate::state::recorder::Recorder;
 use bindery_store::model::EventRecord;
 use bindery_store::{Notice, StoreError};
@@ -20,16 +20,16 @@ use bindery_store::{Notice, StoreError};
 impl Recorder {
     /// Subscribe first, then read what is stored: nothing falls in between.
     /// The stored events after `after`, and the feed of those to come.
-    /// `by_token`: the subscriber came with a session token, and its feed
-    /// ends when the session's tokens are revoked.
+    /// `opened`: what the subscriber came with; a session token's or a
+    /// share's feed ends when it is revoked.
     pub async fn events(
         &self,
         id: &str,
         after: i64,
-        by_token: bool,
+        opened: Opened,
     ) -> Result<(Vec<EventRecord>, Feed), ServiceError> {
         crate::state::stored_session(&*self.store, id).await?;
-        let rx = self.live.entry(id).events.subscribe(by_token);
+        let rx = self.live.entry(id).events.subscribe(opened);
         let stored = self.store.events_after(id, after).await?;
         let feed = Feed {
             id: id.to_string(),

@@ -178,6 +178,8 @@ impl Sessions {
                 // A fork of a tainted history is tainted again until a
                 // person clears it (a fork before the taint is clean).
                 taint_cleared_at: None,
+                // Shares are of one session: a fork has none.
+                shares: Vec::new(),
             },
             forked_from: req.fork.clone(),
             runner: None,

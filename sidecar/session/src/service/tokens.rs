@@ -39,21 +39,27 @@ impl Tokens {
         }
     }
 
-    /// Revoke every session token of session `id`, and end at once the
-    /// event streams opened with one, once the store no longer knows the
-    /// tokens (a stream that subscribes meanwhile checks its token again
-    /// after subscribing). The owner's streams stay open.
+    /// Revoke every session token of session `id`, and every share link of
+    /// it, and end at once the event streams opened with one, once the
+    /// store no longer knows them (a stream that subscribes meanwhile
+    /// checks its token again after subscribing). The owner's streams stay
+    /// open. Each share's revocation is on record, then the tokens'.
     pub async fn revoke(&self, by: &Caller, id: &str) -> Result<(), ServiceError> {
         crate::state::stored_session(&*self.store, id).await?;
         let live = self.live.entry(id);
         let r = async {
             let _guard = live.lock.lock().await;
             let mut rec = crate::state::stored_session(&*self.store, id).await?;
+            let now = self.clock.now_ms();
+            for share in super::shares::revoke_all_in(&mut rec, now) {
+                let revoked = Action::ShareRevoked { share };
+                self.audit.record(actor(by), Some(id), revoked).await?;
+            }
             let revoked = Action::SessionTokenRevoked {};
             self.audit.record(actor(by), Some(id), revoked).await?;
             rec.security.token_digests.clear();
             rec.version += 1;
-            rec.updated_at = self.clock.now_ms();
+            rec.updated_at = now;
             self.store.update(&mut rec).await?;
             let ended = live.events.end_token_streams();
             if ended > 0 {
@@ -71,9 +77,9 @@ impl Tokens {
         r
     }
 
-    /// End the event streams opened with a session token of session `id`
-    /// that this server serves (its tokens were revoked through another
-    /// server, which ended its own).
+    /// End the event streams opened with a session token or a share of
+    /// session `id` that this server serves (its tokens were revoked
+    /// through another server, which ended its own).
     pub fn end_streams(&self, id: &str) {
         if let Some(live) = self.live.peek(id) {
             let ended = live.events.end_token_streams();

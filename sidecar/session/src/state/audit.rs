@@ -22,6 +22,10 @@ pub fn actor(caller: &Caller) -> Actor {
         Caller::EndUser(person) => Actor::EndUser {
             subject: person.subject.to_string(),
         },
+        Caller::Share(holder) => Actor::Share {
+            session: holder.session.clone(),
+            share: holder.share.clone(),
+        },
     }
 }
 
@@ -79,6 +83,11 @@ mod tests {
             Caller::Owner,
             Caller::Approver,
             Caller::SessionToken("s1".into()),
+            Caller::Share(crate::validate::ShareHolder {
+                session: "s1".into(),
+                share: "sh_1".into(),
+                mode: bindery_store::model::ShareMode::Write,
+            }),
         ]
         .iter()
         .map(|c| serde_json::to_value(actor(c)).unwrap())
@@ -89,6 +98,7 @@ mod tests {
                 serde_json::json!({"kind": "owner"}),
                 serde_json::json!({"kind": "approver"}),
                 serde_json::json!({"kind": "session-token", "session": "s1"}),
+                serde_json::json!({"kind": "share", "session": "s1", "share": "sh_1"}),
             ]
         );
     }

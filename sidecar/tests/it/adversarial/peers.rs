@@ -778,6 +778,110 @@ async fn revoking_through_one_replica_ends_the_streams_the_other_serves() {
     assert!(!stream.raw.contains("second"), "{}", stream.raw);
 }
 
+/// A share made, used and revoked through a replica that does not hold
+/// the session: each request is forwarded to the holder with the share's
+/// holder as its caller, and revoking one share ends its stream there at
+/// once while the other share's stays open.
+#[tokio::test]
+async fn revoking_a_share_through_one_replica_ends_its_streams_the_other_serves_and_no_other() {
+    let (_pg, w) = on_postgres().await;
+    let (_b, api_b) = w.start(&[], &[]);
+    let (_a, api_a) = w.start(&[], &[]);
+    // Held by B (its secret value lives there); shared through A.
+    let id = session_on(&api_b).await;
+    let share = |mode: &'static str| {
+        let api_a = api_a.clone();
+        let id = id.clone();
+        async move {
+            let r = api_a
+                .call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/shares"),
+                    Some(OWNER),
+                    Some(&json!({"mode": mode})),
+                )
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+            let field = |k: &str| r.json[k].as_str().unwrap().to_string();
+            (field("id"), field("token"))
+        }
+    };
+    let (read_id, read_token) = share("read").await;
+    let (_, write_token) = share("write").await;
+    let events = format!("/v1/sessions/{id}/events");
+    let (status, read_stream) = api_a.events(&events, Some(&read_token), None).await;
+    assert_eq!(status, 200);
+    let (status, write_stream) = api_a.events(&events, Some(&write_token), None).await;
+    assert_eq!(status, 200);
+    let (mut read_stream, mut write_stream) = (read_stream.unwrap(), write_stream.unwrap());
+
+    // The write share's message, through A, runs on B with the values B
+    // holds; the read share's is refused wherever it lands.
+    let post = |token: String, prompt: &'static str| {
+        let api_a = api_a.clone();
+        let id = id.clone();
+        async move {
+            api_a
+                .call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/messages?wait=true"),
+                    Some(&token),
+                    Some(&json!({"prompt": prompt})),
+                )
+                .await
+        }
+    };
+    let r = post(write_token.clone(), "first").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        served(&api_b, "/v1/sessions/{id}/messages").await,
+        1.0,
+        "B ran it"
+    );
+    assert_eq!(post(read_token.clone(), "no").await.status, 403);
+    for stream in [&mut read_stream, &mut write_stream] {
+        let seen = stream.until("run_finished", PATIENCE).await;
+        assert!(seen.iter().any(|e| e.event == "run_finished"), "{seen:?}");
+    }
+
+    let r = api_a
+        .call(
+            "DELETE",
+            &format!("/v1/sessions/{id}/shares/{read_id}"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let ended = tokio::time::timeout(PATIENCE, async {
+        let mut after = Vec::new();
+        while let Some(e) = read_stream.next().await {
+            after.push(e.event);
+        }
+        after
+    })
+    .await;
+    let after = ended.expect("the revoked share's stream served by the holder is still open");
+    assert!(after.is_empty(), "events after the revocation: {after:?}");
+    for api in [&api_a, &api_b] {
+        let r = api
+            .call(
+                "GET",
+                &format!("/v1/sessions/{id}"),
+                Some(&read_token),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, 401, "{}", r.text);
+    }
+    // The write share goes on, its stream too.
+    let r = post(write_token, "second").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let seen = write_stream.until("run_finished", PATIENCE).await;
+    assert!(seen.iter().any(|e| e.event == "run_finished"), "{seen:?}");
+    assert!(!read_stream.raw.contains("second"), "{}", read_stream.raw);
+}
+
 /// The instance id a server logged when it started.
 fn instance_of(server: &Sidecar) -> String {
     let logs = server.logs();

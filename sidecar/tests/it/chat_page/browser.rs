@@ -9,7 +9,9 @@
 //! checks that the secret value reached neither the model, the logs nor
 //! the store. A second scenario answers a waiting run's calls from their
 //! cards: approve, reject with a reason, a deferred result; a third books
-//! through the booking example's input, choice and confirmation.
+//! through the booking example's input, choice and confirmation; a
+//! fourth opens a read-only share link (no composer) and a write one
+//! (it chats).
 
 use std::path::Path;
 use std::process::Command;
@@ -218,6 +220,55 @@ async fn a_person_lets_a_run_go_past_a_budget_in_a_real_browser() {
     browser(&sidecar, "budget").await;
     // The first run's two turns; the second run ended before the model.
     assert_eq!(w.mock.requests().len(), 2);
+    secret_kept(&w, &sidecar);
+}
+
+/// Share links on the page: a read-only share's shows the conversation
+/// and follows it with no composer; a write share's chats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_links_open_the_page_to_read_or_to_chat() {
+    let w = World::new(tool_then_answer).await;
+    let (sidecar, api) = w.start(&[], &[]);
+    let r = bindery_tests::fixtures::session::create_waited(
+        &api,
+        json!({"agent": "invoices", "prompt": "Which invoices are overdue?",
+               "params": {"tenant": "acme-corp", "billing_token": CANARY}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let link = |mode: &str| {
+        let api = api.clone();
+        let (id, mode, url) = (id.clone(), mode.to_string(), sidecar.url.clone());
+        async move {
+            let r = api
+                .call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/shares"),
+                    Some(OWNER),
+                    Some(&json!({"mode": mode})),
+                )
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+            let (link, token) = (
+                r.json["link"].as_str().unwrap(),
+                r.json["token"].as_str().unwrap(),
+            );
+            let fragment = format!("#session={id}&token={token}&mode={mode}");
+            assert!(link.ends_with(&format!("/{fragment}")), "{link}");
+            format!("{url}/{fragment}")
+        }
+    };
+    let (read, write) = (link("read").await, link("write").await);
+    browser_with(
+        &sidecar,
+        "shares",
+        &[("READ_LINK", &read), ("WRITE_LINK", &write)],
+    )
+    .await;
+    // Two runs (the owner's, the write share's), each a tool call then an
+    // answer.
+    assert_eq!(w.mock.request_count(), 4);
     secret_kept(&w, &sidecar);
 }
 
