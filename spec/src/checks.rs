@@ -815,6 +815,14 @@ fn check_mcp_oauth(
                 .into(),
         );
     }
+    if let Some(i) = &o.issuer {
+        if !secure_url(i) || i.contains('#') || i.contains('?') {
+            error(format!(
+                "`issuer` must be an https:// URL (or http:// to this machine) without a query or fragment, got `{}`",
+                egress_shown(i)
+            ));
+        }
+    }
     match o.grant {
         OAuthGrant::ClientCredentials => {
             if o.client_id.is_none() {

@@ -890,6 +890,13 @@ pub struct McpOAuth {
     /// document, used as its client id by servers that accept those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_metadata_url: Option<String>,
+    /// The authorization server trusted with the client's credential: the
+    /// discovered server's `issuer` must be exactly this URL. Without it, a
+    /// toolbox with `clientSecret` or `privateKey` takes only an
+    /// authorization server on the MCP server's own origin (the server's
+    /// metadata could otherwise send the credential anywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
 }
 
 impl McpOAuth {

@@ -45,6 +45,23 @@ if (scenario.startsWith("auth/client-credentials-")) {
   }
 }
 
+// A client with a credential sends it only to an authorization server the
+// agent file trusts (`oauth.issuer`) when it is on another origin than the
+// MCP server, as the suite's is: the operator's part, played here by
+// reading the server's protected-resource metadata.
+if (oauth && (oauth.clientSecret || oauth.privateKey)) {
+  const u = new URL(url);
+  const path = u.pathname.replace(/\/$/, "");
+  for (const where of [`/.well-known/oauth-protected-resource${path}`, "/.well-known/oauth-protected-resource"]) {
+    const r = await fetch(new URL(where, u.origin)).catch(() => null);
+    if (r?.ok) {
+      const issuer = (await r.json()).authorization_servers?.[0];
+      if (issuer) oauth.issuer = issuer;
+      break;
+    }
+  }
+}
+
 const agent = {
   apiVersion: "bindery.dev/v1alpha1",
   kind: "Agent",

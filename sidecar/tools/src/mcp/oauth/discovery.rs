@@ -134,6 +134,12 @@ pub fn issuer_matches(issuer: &str, url: &Url) -> bool {
     issuer.trim_end_matches('/') == url.as_str().trim_end_matches('/')
 }
 
+/// Whether two issuer identifiers are the same (RFC 8414 compares them
+/// exactly; a trailing `/` aside).
+pub fn same_issuer(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
 /// Whether `url` may carry a token or a credential: https, or http to
 /// this machine.
 pub fn secure(url: &Url) -> bool {

@@ -46,6 +46,10 @@ pub enum OAuthError {
     NoServerMetadata { url: String, tried: String },
     #[error("the metadata of authorization server {url} names issuer {issuer}; it must name the server itself")]
     IssuerMismatch { url: String, issuer: String },
+    #[error("the MCP server's authorization server is {found}, not the one `oauth.issuer` trusts ({pinned}); no credential is sent to it. Check `oauth.issuer` and the toolbox's `url`")]
+    IssuerNotPinned { found: String, pinned: String },
+    #[error("the MCP server names authorization server {found}, on another origin than the server ({server}); the client's credential is not sent there unless `oauth.issuer` names it: set `oauth.issuer: {found}` to trust it")]
+    ForeignIssuer { found: String, server: String },
     #[error("authorization server {url} does not say it supports PKCE with S256; an authorization code without it is not asked for")]
     NoPkce { url: String },
     #[error("authorization server {url} has no authorization endpoint")]

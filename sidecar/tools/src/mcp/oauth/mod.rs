@@ -62,6 +62,8 @@ pub struct Settings {
     pub scopes: Vec<String>,
     pub redirect_uri: String,
     pub client_metadata_url: Option<String>,
+    /// The one authorization server trusted (`oauth.issuer`).
+    pub issuer: Option<String>,
 }
 
 impl Settings {
@@ -99,6 +101,7 @@ impl Settings {
                 .clone()
                 .unwrap_or_else(|| DEFAULT_REDIRECT_URI.into()),
             client_metadata_url: o.client_metadata_url.clone(),
+            issuer: o.issuer.clone(),
         })
     }
 }
@@ -522,6 +525,7 @@ impl OAuth {
                 });
             }
         }
+        self.check_trusted(&issuer, server.issuer.as_deref())?;
         self.check_endpoints(&server)?;
         Ok(Discovered {
             resource: prm.resource.clone(),
@@ -551,6 +555,7 @@ impl OAuth {
             Some(m) => m,
             None => ServerMetadata::fallback(&origin),
         };
+        self.check_trusted(&origin, server.issuer.as_deref())?;
         self.check_endpoints(&server)?;
         Ok(Discovered {
             resource: discovery::canonical_resource(&self.server).to_string(),
@@ -559,6 +564,31 @@ impl OAuth {
             server_url: egress::origin(&origin),
             legacy: true,
         })
+    }
+
+    /// The discovered authorization server (at `url`, naming `issuer`) is
+    /// one this toolbox may send its credential to: exactly `oauth.issuer`
+    /// when given; else, for a client with a secret or a key, one on the
+    /// MCP server's own origin.
+    fn check_trusted(&self, url: &Url, issuer: Option<&str>) -> Result<(), OAuthError> {
+        let found = issuer.unwrap_or(url.as_str());
+        if let Some(pinned) = &self.settings.issuer {
+            if !discovery::same_issuer(found, pinned) {
+                return Err(OAuthError::IssuerNotPinned {
+                    found: egress::shown_text(found),
+                    pinned: egress::shown_text(pinned),
+                });
+            }
+            return Ok(());
+        }
+        let credential = self.settings.client_secret.is_some() || self.settings.key.is_some();
+        if credential && url.origin() != self.server.origin() {
+            return Err(OAuthError::ForeignIssuer {
+                found: egress::shown(url),
+                server: egress::origin(&self.server),
+            });
+        }
+        Ok(())
     }
 
     fn check_endpoints(&self, m: &ServerMetadata) -> Result<(), OAuthError> {

@@ -162,3 +162,87 @@ fn basic_credentials_are_percent_encoded() {
         ["a", "b", "c"]
     );
 }
+
+/// An MCP server's metadata naming the authorization server at `auth`,
+/// and that server's metadata and token endpoint.
+async fn split_pair() -> (
+    String,
+    String,
+    Arc<Mutex<Vec<String>>>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    let (auth, auth_seen) = fake(|base| {
+        HashMap::from([
+            (
+                "/.well-known/oauth-authorization-server".to_string(),
+                serde_json::json!({"issuer": base, "token_endpoint": format!("{base}/token")})
+                    .to_string(),
+            ),
+            (
+                "/token".to_string(),
+                serde_json::json!({"access_token": "at-1", "token_type": "Bearer"}).to_string(),
+            ),
+        ])
+    })
+    .await;
+    let named = auth.clone();
+    let (mcp, mcp_seen) = fake(move |base| {
+        HashMap::from([(
+            "/.well-known/oauth-protected-resource/mcp".to_string(),
+            serde_json::json!({"resource": format!("{base}/mcp"),
+                "authorization_servers": [named]})
+            .to_string(),
+        )])
+    })
+    .await;
+    (mcp, auth, mcp_seen, auth_seen)
+}
+
+fn settings_with_issuer(issuer: Option<&str>) -> Settings {
+    let mut s = settings();
+    s.issuer = issuer.map(String::from);
+    s
+}
+
+#[tokio::test]
+async fn a_credential_goes_to_no_authorization_server_on_another_origin_unless_pinned() {
+    let (mcp, auth, _, auth_seen) = split_pair().await;
+    let oauth = OAuth::new("billing", &format!("{mcp}/mcp"), settings(), None).unwrap();
+    let err = oauth.unauthorized(None, None).await.unwrap_err();
+    assert!(matches!(err, OAuthError::ForeignIssuer { .. }), "{err}");
+    assert!(err.to_string().contains("oauth.issuer"), "{err}");
+    assert!(err.to_string().contains(&auth), "{err}");
+    assert!(!auth_seen.lock().unwrap().iter().any(|p| p == "/token"));
+}
+
+#[tokio::test]
+async fn a_pinned_issuer_must_be_the_discovered_one() {
+    let (mcp, auth, _, auth_seen) = split_pair().await;
+    let other = "https://auth.example.com";
+    let oauth = OAuth::new(
+        "billing",
+        &format!("{mcp}/mcp"),
+        settings_with_issuer(Some(other)),
+        None,
+    )
+    .unwrap();
+    let err = oauth.unauthorized(None, None).await.unwrap_err();
+    assert!(matches!(err, OAuthError::IssuerNotPinned { .. }), "{err}");
+    assert!(
+        err.to_string().contains(other) && err.to_string().contains(&auth),
+        "{err}"
+    );
+    assert!(!auth_seen.lock().unwrap().iter().any(|p| p == "/token"));
+
+    // Pinned to it, the same server gets the credential.
+    let oauth = OAuth::new(
+        "billing",
+        &format!("{mcp}/mcp"),
+        settings_with_issuer(Some(&auth)),
+        None,
+    )
+    .unwrap();
+    let token = oauth.unauthorized(None, None).await.unwrap();
+    assert_eq!(token.expose(), "at-1");
+    assert!(auth_seen.lock().unwrap().iter().any(|p| p == "/token"));
+}
