@@ -797,6 +797,12 @@ fn check_mcp_oauth(
                 .into(),
         );
     }
+    if m.per_user() && o.grant == OAuthGrant::AuthorizationCode {
+        error(
+            "`grant: authorization-code` on a server whose `headers` take an end user's value is not offered (a person's consent per connection is not built yet): send the person's exchanged token in `headers` instead, or use `grant: client-credentials`"
+                .into(),
+        );
+    }
     let auth = o.token_endpoint_auth;
     match auth {
         Some(TokenEndpointAuth::PrivateKeyJwt) if o.private_key.is_none() => {
@@ -1944,6 +1950,10 @@ toolboxes:
             (
                 "command: [x]\n      oauth: {grant: authorization-code}",
                 "give `url`, not `command`",
+            ),
+            (
+                "url: https://m/mcp\n      headers: {X-User: {identity: subject}}\n      oauth: {grant: authorization-code}",
+                "a person's consent per connection is not built yet",
             ),
         ];
         for (body, want) in cases {

@@ -337,7 +337,7 @@ impl McpServer {
     }
 
     /// The toolbox's OAuth, its values read and its key parsed.
-    fn oauth(
+    pub(super) fn oauth(
         tb: &McpToolbox,
         url: &str,
         o: &bindery_spec::McpOAuth,
@@ -685,7 +685,7 @@ impl Tool for McpTool {
                 s
             }
             // The person's own values are the run's, scrubbed as such.
-            Route::PerUser(server) => server.secrets().to_vec(),
+            Route::PerUser(server) => server.secrets(),
         }
     }
 

@@ -231,6 +231,9 @@ pub struct PerUserServer {
     pub(super) limits: Limits,
     changed: mpsc::UnboundedSender<usize>,
     index: usize,
+    /// The toolbox's `oauth` (client-credentials: the tenant's token, the
+    /// same on every person's connection).
+    oauth: Option<Arc<super::oauth::OAuth>>,
     conns: std::sync::Mutex<HashMap<String, Slot>>,
     /// The server's tools as a person's connection last listed them.
     listed: std::sync::Mutex<Option<Vec<serde_json::Value>>>,
@@ -279,6 +282,12 @@ impl PerUserServer {
             };
             headers.push((name, header));
         }
+        let oauth = match (&tb.oauth, &tb.url) {
+            (Some(o), Some(url)) => {
+                Some(Arc::new(super::McpServer::oauth(tb, url, o, values, None)?))
+            }
+            _ => None,
+        };
         let server = Arc::new(PerUserServer {
             name: tb.name.clone(),
             url,
@@ -288,6 +297,7 @@ impl PerUserServer {
             limits,
             changed,
             index,
+            oauth,
             conns: Default::default(),
             listed: Default::default(),
         });
@@ -316,8 +326,12 @@ impl PerUserServer {
         out
     }
 
-    pub(super) fn secrets(&self) -> &[(String, SecretString)] {
-        &self.secrets
+    pub(super) fn secrets(&self) -> Vec<(String, SecretString)> {
+        let mut s = self.secrets.clone();
+        if let Some(o) = &self.oauth {
+            s.extend(o.secrets());
+        }
+        s
     }
 
     /// The tools now: the server's, as a live person's connection lists
@@ -546,19 +560,34 @@ impl PerUserServer {
             .build()
             .map_err(|e| self.failed(format!("cannot build an HTTP client: {e}")))?;
         let current: Current = Arc::new(std::sync::Mutex::new(current));
-        let client = PersonHeaders {
-            inner: client,
-            current: current.clone(),
-        };
         let config =
             StreamableHttpClientTransportConfig::with_uri(self.url.as_str()).custom_headers(shared);
-        let transport = StreamableHttpClientTransport::with_client(client, config);
         let handler = Handler {
             changed: self.changed.clone(),
             index: self.index,
         };
-        let service = tokio::time::timeout(START_TIMEOUT, handler.serve(transport))
-            .await
+        let served = match &self.oauth {
+            None => {
+                let client = PersonHeaders {
+                    inner: client,
+                    current: current.clone(),
+                };
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                tokio::time::timeout(START_TIMEOUT, handler.serve(transport)).await
+            }
+            Some(oauth) => {
+                let client = PersonHeaders {
+                    inner: super::oauth::transport::Authorized {
+                        inner: client,
+                        oauth: oauth.clone(),
+                    },
+                    current: current.clone(),
+                };
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                tokio::time::timeout(START_TIMEOUT, handler.serve(transport)).await
+            }
+        };
+        let service = served
             .map_err(|_| {
                 self.failed(format!(
                     "{shown} did not answer `initialize` within {START_TIMEOUT:?}"

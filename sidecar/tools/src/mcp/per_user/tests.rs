@@ -16,16 +16,21 @@ type Seen = Arc<Mutex<Vec<String>>>;
 /// The fake server's `/mcp` URL and what it saw. Stops with the test's
 /// runtime.
 async fn fake_mcp() -> (String, Seen) {
+    fake_mcp_with(false).await
+}
+
+/// [`fake_mcp`]; with `oauth`, `/mcp` takes only the bearer token its own
+/// authorization server (same origin, client-credentials) issues, and
+/// answers 401 without it.
+async fn fake_mcp_with(oauth: bool) -> (String, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://127.0.0.1:{}/mcp",
-        listener.local_addr().unwrap().port()
-    );
+    let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let url = format!("{base}/mcp");
     let seen = Seen::default();
     let log = seen.clone();
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
-            let log = log.clone();
+            let (log, base) = (log.clone(), base.clone());
             tokio::spawn(async move {
                 let mut sock = BufReader::new(sock);
                 let mut request_line = String::new();
@@ -51,7 +56,26 @@ async fn fake_mcp() -> (String, Seen) {
                 let mut body = vec![0u8; len];
                 sock.read_exact(&mut body).await.unwrap();
                 let header = |k: &str| headers.get(k).cloned().unwrap_or_default();
-                let (status, answer) = if request_line.starts_with("POST") {
+                let path = request_line.split(' ').nth(1).unwrap_or("").to_string();
+                let mut challenge = String::new();
+                let (status, answer) = if oauth
+                    && path == "/.well-known/oauth-protected-resource/mcp"
+                {
+                    let prm = serde_json::json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]});
+                    ("200 OK", prm.to_string())
+                } else if oauth && path == "/.well-known/oauth-authorization-server" {
+                    let meta = serde_json::json!({"issuer": base, "token_endpoint": format!("{base}/token")});
+                    ("200 OK", meta.to_string())
+                } else if oauth && path == "/token" {
+                    log.lock().unwrap().push("token".into());
+                    let t = serde_json::json!({"access_token": "cc-token", "token_type": "Bearer"});
+                    ("200 OK", t.to_string())
+                } else if oauth && path == "/mcp" && header("authorization") != "Bearer cc-token" {
+                    challenge = format!(
+                        "www-authenticate: Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\"\r\n"
+                    );
+                    ("401 Unauthorized", String::new())
+                } else if request_line.starts_with("POST") {
                     let msg: serde_json::Value = serde_json::from_slice(&body).unwrap();
                     let method = msg["method"].as_str().unwrap_or("").to_string();
                     log.lock().unwrap().push(format!(
@@ -88,7 +112,7 @@ async fn fake_mcp() -> (String, Seen) {
                     .get_mut()
                     .write_all(
                         format!(
-                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                            "HTTP/1.1 {status}\r\n{challenge}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
                             answer.len()
                         )
                         .as_bytes(),
@@ -246,6 +270,41 @@ impl From<crate::ToolOutput> for ToolOutputText {
             crate::ToolOutput::Text(t) => ToolOutputText(t),
             other => ToolOutputText(format!("{other:?}")),
         }
+    }
+}
+
+#[tokio::test]
+async fn a_client_credentials_oauth_beside_a_persons_header_is_honoured() {
+    let (url, seen) = fake_mcp_with(true).await;
+    let tb: McpToolbox = serde_json::from_value(serde_json::json!({
+        "name": "crm",
+        "url": url,
+        "headers": {"X-Tenant": {"identity": "subject"}},
+        "oauth": {"grant": "client-credentials", "clientId": {"literal": "c1"},
+                  "clientSecret": {"literal": "s1"}},
+    }))
+    .unwrap();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let server = PerUserServer::new(&tb, &Values::new(), Limits::default(), tx, 0).unwrap();
+    let (tools, _) = server.tools().await.unwrap();
+    let mut args = CallArgs::new();
+    args.insert(
+        PERSON_ARG.into(),
+        ParamValue::Plain(serde_json::json!("alice")),
+    );
+    args.insert(header_arg(0), ParamValue::Plain(serde_json::json!("alice")));
+    tools[0].call(args, &CallContext::default()).await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.iter().any(|l| l == "token"), "{seen:?}");
+    // Every MCP request that got through carried the tenant's token and
+    // the person's own header.
+    assert!(seen.iter().any(|l| l.starts_with("initialize")), "{seen:?}");
+    for l in seen.iter().filter(|l| *l != "token") {
+        assert_eq!(
+            l.split_once(' ').unwrap().1,
+            "auth=Bearer cc-token tenant=alice",
+            "{seen:?}"
+        );
     }
 }
 
