@@ -720,8 +720,20 @@ pub fn check_mcp(spec: &AgentSpec, m: &McpToolbox, place: &str, diags: &mut Vec<
             )));
         }
     }
-    check_shared_values(spec, &m.env, &format!("{place}, env"), diags);
-    check_shared_values(spec, &m.headers, &format!("{place}, header"), diags);
+    check_shared_values(spec, &m.env, &format!("{place}, env"), Shared::Env, diags);
+    // A remote server's headers may take an end user's values: the toolbox
+    // then connects once per person (see `McpToolbox::per_user`).
+    let headers = match m.url {
+        Some(_) => Shared::PerUser,
+        None => Shared::Server,
+    };
+    check_shared_values(
+        spec,
+        &m.headers,
+        &format!("{place}, header"),
+        headers,
+        diags,
+    );
     if let Some(oauth) = &m.oauth {
         check_mcp_oauth(spec, m, oauth, place, diags);
     }
@@ -782,6 +794,12 @@ fn check_mcp_oauth(
     {
         error(
             "a `headers` entry `Authorization` would replace the OAuth token; remove one of them"
+                .into(),
+        );
+    }
+    if m.per_user() && o.grant == OAuthGrant::AuthorizationCode {
+        error(
+            "`grant: authorization-code` on a server whose `headers` take an end user's value is not offered (a person's consent per connection is not built yet): send the person's exchanged token in `headers` instead, or use `grant: client-credentials`"
                 .into(),
         );
     }
@@ -875,7 +893,7 @@ fn check_mcp_oauth(
             ));
         }
     }
-    check_shared_values(spec, &o.values(), &here, diags);
+    check_shared_values(spec, &o.values(), &here, Shared::Server, diags);
 }
 
 /// A URL as a diagnostic shows it: no user, password or query.
@@ -899,10 +917,23 @@ fn egress_shown(url: &str) -> String {
 /// Values of an MCP server's `env` or `headers`: read once, when the server
 /// starts, and shared by every session, so only literals and process-scope
 /// parameters; text, since both carry text.
+/// Who the values of an MCP server's map serve.
+#[derive(Clone, Copy, PartialEq)]
+enum Shared {
+    /// A program's `env`: one process for every session.
+    Env,
+    /// Values read once, at load (`oauth`'s, a command server's headers).
+    Server,
+    /// A remote server's `headers`: an end user's value makes the toolbox
+    /// connect once per person.
+    PerUser,
+}
+
 fn check_shared_values(
     spec: &AgentSpec,
     values: &BTreeMap<String, BindingValue>,
     what: &str,
+    shared: Shared,
     diags: &mut Vec<Diagnostic>,
 ) {
     for (key, value) in values {
@@ -925,6 +956,11 @@ fn check_shared_values(
                 ))),
                 Some(_) => {}
             },
+            BindingValue::Identity(_) if shared == Shared::PerUser => {}
+            BindingValue::Identity(i) if shared == Shared::Env => diags.push(Diagnostic::error(format!(
+                "{here}: {} differs from person to person, but a program started with `command` is one process shared by every session (one process per person is not offered); give a remote server (`url`) the value in `headers`, which connects once per person, or bind it to a tool argument instead",
+                i.describe()
+            ))),
             BindingValue::Identity(i) => diags.push(Diagnostic::error(format!(
                 "{here}: {} differs from session to session, but the MCP server is started once and shared by every session, so it can only get a literal or a process-scope parameter; bind it to a tool argument instead",
                 i.describe()
@@ -1743,9 +1779,15 @@ mod tests {
                 .any(|m| m.contains("`whenUnbound: expose` on the end user's claim `email`")),
             "{exposed:?}"
         );
-        let shared = doc("mcp: {name: s, url: 'http://mcp/mcp', headers: {Authorization: {identity: 'token:x'}}}");
+        // A remote server's headers take it: the toolbox connects per person.
+        let per_user = doc("mcp: {name: s, url: 'http://mcp/mcp', headers: {Authorization: {identity: 'token:x'}}}");
+        assert_eq!(per_user, Vec::<String>::new());
+        let shared = doc("mcp: {name: s, command: [srv], env: {TOKEN: {identity: 'token:x'}}}");
         assert!(
-            shared.iter().any(|m| m.contains("shared by every session")),
+            shared
+                .iter()
+                .any(|m| m
+                    .contains("shared by every session (one process per person is not offered)")),
             "{shared:?}"
         );
         let fetched = doc("openapi: {spec: 'https://api/doc.json', baseUrl: http://api, filter: {methodEquals: GET}, secrets: [{source: {identity: subject}, header: {name: X-User}, fetchSpec: true}]}");
@@ -1909,6 +1951,10 @@ toolboxes:
                 "command: [x]\n      oauth: {grant: authorization-code}",
                 "give `url`, not `command`",
             ),
+            (
+                "url: https://m/mcp\n      headers: {X-User: {identity: subject}}\n      oauth: {grant: authorization-code}",
+                "a person's consent per connection is not built yet",
+            ),
         ];
         for (body, want) in cases {
             let errs = oauth_errors(&format!("      name: crm\n      {body}"));
@@ -1923,6 +1969,42 @@ toolboxes:
         assert!(
             !loopback_url("http://localhost.evil.example/")
                 && !loopback_url("http://u@evil/@localhost")
+        );
+    }
+
+    #[test]
+    fn a_remote_servers_headers_may_take_an_end_users_values_and_a_programs_env_not() {
+        let per_user =
+            "      name: crm\n      url: https://m/mcp\n      headers: {Authorization: {identity: 'token:crm'}, X-User: {identity: subject}}";
+        assert_eq!(oauth_errors(per_user), Vec::<String>::new());
+        let env = oauth_errors(
+            "      name: crm\n      command: [x]\n      env: {TOKEN: {identity: 'token:crm'}}",
+        );
+        assert!(
+            env.iter()
+                .any(|e| e.contains("one process per person is not offered")),
+            "{env:?}"
+        );
+        // Its calls find the person by their subject.
+        let spec: AgentSpec = crate::from_yaml(&format!(
+            "model: {{url: 'http://llm', name: m}}\ntoolboxes:\n  - mcp:\n{}",
+            per_user
+        ))
+        .unwrap();
+        assert!(spec
+            .identity_values()
+            .contains(&crate::IdentityValue::Subject));
+    }
+
+    #[test]
+    fn an_oauth_issuer_is_an_https_url() {
+        let errs = oauth_errors(
+            "      name: crm\n      url: https://m/mcp\n      oauth: {grant: client-credentials, clientId: {literal: c}, clientSecret: {param: secret}, issuer: 'http://auth.example.com'}",
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("`issuer` must be an https://")),
+            "{errs:?}"
         );
     }
 

@@ -899,6 +899,18 @@ pub struct McpOAuth {
     pub issuer: Option<String>,
 }
 
+impl McpToolbox {
+    /// Whether the toolbox connects once per person: a remote server whose
+    /// `headers` take an end user's value (`{identity: …}`).
+    pub fn per_user(&self) -> bool {
+        self.url.is_some()
+            && self
+                .headers
+                .values()
+                .any(|v| matches!(v, BindingValue::Identity(_)))
+    }
+}
+
 impl McpOAuth {
     /// Its values that may be parameters, named as the file names them.
     pub fn values(&self) -> BTreeMap<String, BindingValue> {
@@ -1340,6 +1352,15 @@ impl AgentSpec {
         let mut out = std::collections::BTreeSet::new();
         if let Ok(v) = serde_json::to_value(self) {
             walk(&v, &mut out);
+        }
+        // A per-user MCP server's call goes to the calling person's own
+        // connection, found by their subject.
+        let per_user = self.toolboxes.iter().any(|t| match t {
+            Toolbox::Mcp(m) => m.per_user(),
+            _ => false,
+        });
+        if per_user {
+            out.insert(IdentityValue::Subject);
         }
         out
     }

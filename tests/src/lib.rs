@@ -10,6 +10,7 @@ pub mod idp;
 pub mod kubectl;
 pub mod mcp_client;
 pub mod mock_llm;
+pub mod mock_mcp;
 pub mod netns;
 pub mod node;
 pub mod node_fixtures;

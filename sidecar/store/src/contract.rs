@@ -58,6 +58,7 @@ macro_rules! store_contract {
             case!(a_servers_address_is_kept_with_its_heartbeat);
             case!(the_holder_of_a_sessions_secrets_is_stored_and_cleared);
             case!(agents_are_put_replaced_listed_and_deleted);
+            case!(connections_are_kept_per_person_and_toolbox);
             case!(usage_is_claimed_settled_and_summed_by_scope);
             case!(a_rolling_window_frees_up_as_its_oldest_use_leaves_it);
             case!(racing_claims_for_the_last_room_pass_once);
@@ -837,6 +838,58 @@ pub async fn agents_are_put_replaced_listed_and_deleted(store: Arc<dyn SessionSt
 }
 
 /// A model request's use of `tokens` (prompt) at `at`.
+/// A person's connection to a toolbox: one row per (subject, toolbox),
+/// replaced by a new grant, listed by person, deleted alone.
+pub async fn connections_are_kept_per_person_and_toolbox(store: Arc<dyn SessionStore>) {
+    use crate::connections::StoredConnection;
+    let row = |subject: &str, toolbox: &str, at: i64| StoredConnection {
+        subject: subject.into(),
+        toolbox: toolbox.into(),
+        scopes: vec!["crm.read".into(), "offline_access".into()],
+        connected_at: at,
+        last_used_at: at + 1,
+        sealed: vec![0, 1, 2, 255, at as u8],
+    };
+    store.put_connection(&row("bob", "crm", 10)).await.unwrap();
+    store
+        .put_connection(&row("alice", "erp", 11))
+        .await
+        .unwrap();
+    store
+        .put_connection(&row("alice", "crm", 12))
+        .await
+        .unwrap();
+    // A new grant replaces the person's row for that toolbox.
+    store
+        .put_connection(&row("alice", "crm", 13))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_connection("alice", "crm").await.unwrap(),
+        Some(row("alice", "crm", 13))
+    );
+    assert_eq!(store.get_connection("carol", "crm").await.unwrap(), None);
+    let keys = |v: Vec<StoredConnection>| {
+        v.into_iter()
+            .map(|c| format!("{}/{}", c.subject, c.toolbox))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        keys(store.connections(None).await.unwrap()),
+        ["alice/crm", "alice/erp", "bob/crm"]
+    );
+    assert_eq!(
+        keys(store.connections(Some("alice")).await.unwrap()),
+        ["alice/crm", "alice/erp"]
+    );
+    assert!(store.delete_connection("alice", "crm").await.unwrap());
+    assert!(!store.delete_connection("alice", "crm").await.unwrap());
+    assert_eq!(
+        keys(store.connections(None).await.unwrap()),
+        ["alice/erp", "bob/crm"]
+    );
+}
+
 pub fn usage_row(at: i64, agent: &str, session: &str, run: &str, tokens: u64) -> Use {
     Use {
         at,

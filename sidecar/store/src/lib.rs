@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod clock;
+pub mod connections;
 // The promises every backend keeps, as tests; the layers above build their
 // records with its helpers (the `test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
@@ -233,6 +234,37 @@ pub trait SessionStore: Send + Sync {
     }
     /// Every stored agent, by slug.
     async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Keep a person's connection to an MCP toolbox (its grant sealed),
+    /// replacing theirs to that toolbox.
+    async fn put_connection(&self, c: &connections::StoredConnection) -> Result<(), StoreError> {
+        let _ = c;
+        Err(StoreError::Backend(
+            "this store keeps no connections".into(),
+        ))
+    }
+    /// `subject`'s connection to `toolbox`.
+    async fn get_connection(
+        &self,
+        subject: &str,
+        toolbox: &str,
+    ) -> Result<Option<connections::StoredConnection>, StoreError> {
+        let _ = (subject, toolbox);
+        Ok(None)
+    }
+    /// Forget `subject`'s connection to `toolbox`; whether there was one.
+    async fn delete_connection(&self, subject: &str, toolbox: &str) -> Result<bool, StoreError> {
+        let _ = (subject, toolbox);
+        Ok(false)
+    }
+    /// The connections of `subject` (of everyone: `None`), by subject then
+    /// toolbox.
+    async fn connections(
+        &self,
+        subject: Option<&str>,
+    ) -> Result<Vec<connections::StoredConnection>, StoreError> {
+        let _ = subject;
         Ok(Vec::new())
     }
     /// Write `earlier` (use already made), then record `row` unless one

@@ -263,7 +263,33 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX bindery_usage_agent_subject_at ON bindery_usage (agent, subject, at)
         INCLUDE (prompt_tokens, completion_tokens, tool_calls, cost)
         WHERE subject IS NOT NULL;",
+    // 15: people's connections to MCP toolboxes (authorization-code
+    // grants): the tokens sealed (connections.rs), the rest in clear.
+    "CREATE TABLE bindery_connections (
+        subject      TEXT NOT NULL,
+        toolbox      TEXT NOT NULL,
+        scopes       TEXT[] NOT NULL,
+        connected_at BIGINT NOT NULL,
+        last_used_at BIGINT NOT NULL,
+        sealed       BYTEA NOT NULL,
+        PRIMARY KEY (subject, toolbox)
+    );",
 ];
+
+/// A connection's columns, as [`connection_of`] reads them.
+const CONNECTION: &str = "SELECT subject, toolbox, scopes, connected_at, last_used_at, sealed
+     FROM bindery_connections";
+
+fn connection_of(r: &Row) -> Result<crate::connections::StoredConnection, tokio_postgres::Error> {
+    Ok(crate::connections::StoredConnection {
+        subject: r.try_get(0)?,
+        toolbox: r.try_get(1)?,
+        scopes: r.try_get(2)?,
+        connected_at: r.try_get(3)?,
+        last_used_at: r.try_get(4)?,
+        sealed: r.try_get(5)?,
+    })
+}
 
 /// A session's rows, then its turns in order (one round trip for both).
 const WITH_TURNS: &str = "ARRAY(SELECT t.message FROM bindery_turns t
@@ -1347,6 +1373,85 @@ impl SessionStore for PostgresStore {
         .transpose()
     }
 
+    async fn put_connection(
+        &self,
+        c: &crate::connections::StoredConnection,
+    ) -> Result<(), StoreError> {
+        let what = "store a connection";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        client
+            .execute(
+                "INSERT INTO bindery_connections
+                     (subject, toolbox, scopes, connected_at, last_used_at, sealed)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (subject, toolbox) DO UPDATE SET scopes = $3,
+                     connected_at = $4, last_used_at = $5, sealed = $6",
+                &[
+                    &c.subject,
+                    &c.toolbox,
+                    &c.scopes,
+                    &c.connected_at,
+                    &c.last_used_at,
+                    &c.sealed,
+                ],
+            )
+            .await
+            .map_err(&db)?;
+        Ok(())
+    }
+
+    async fn get_connection(
+        &self,
+        subject: &str,
+        toolbox: &str,
+    ) -> Result<Option<crate::connections::StoredConnection>, StoreError> {
+        let what = "read a connection";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let row = client
+            .query_opt(
+                &format!("{CONNECTION} WHERE subject = $1 AND toolbox = $2"),
+                &[&subject, &toolbox],
+            )
+            .await
+            .map_err(&db)?;
+        row.map(|r| connection_of(&r).map_err(&db)).transpose()
+    }
+
+    async fn delete_connection(&self, subject: &str, toolbox: &str) -> Result<bool, StoreError> {
+        let what = "remove a connection";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let n = client
+            .execute(
+                "DELETE FROM bindery_connections WHERE subject = $1 AND toolbox = $2",
+                &[&subject, &toolbox],
+            )
+            .await
+            .map_err(&db)?;
+        Ok(n > 0)
+    }
+
+    async fn connections(
+        &self,
+        subject: Option<&str>,
+    ) -> Result<Vec<crate::connections::StoredConnection>, StoreError> {
+        let what = "read connections";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let rows = client
+            .query(
+                &format!(
+                    "{CONNECTION} WHERE $1::TEXT IS NULL OR subject = $1 ORDER BY subject, toolbox"
+                ),
+                &[&subject],
+            )
+            .await
+            .map_err(&db)?;
+        rows.iter().map(|r| connection_of(r).map_err(&db)).collect()
+    }
+
     async fn put_agent(&self, slug: &str, document: &str, at: i64) -> Result<bool, StoreError> {
         let what = "store an agent";
         let db = self.db(what);
@@ -1732,7 +1837,7 @@ mod tests {
              ALTER TABLE bindery_runners DROP COLUMN address;
              ALTER TABLE bindery_sessions DROP COLUMN turn_count;
              DROP TABLE bindery_agents, bindery_usage, bindery_turns, bindery_session_usage,
-                 bindery_audit;
+                 bindery_audit, bindery_connections;
              DROP INDEX bindery_sessions_waiting;
              DELETE FROM bindery_schema_migrations WHERE version >= 5",
         );
@@ -1756,7 +1861,7 @@ mod tests {
         pg.sql(
             DB,
             "DROP TRIGGER bindery_usage_follow ON bindery_usage;
-             DROP TABLE bindery_session_usage, bindery_audit;
+             DROP TABLE bindery_session_usage, bindery_audit, bindery_connections;
              DROP INDEX bindery_usage_agent_subject_at;
              ALTER TABLE bindery_usage DROP COLUMN subject;
              ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,
@@ -1796,7 +1901,7 @@ mod tests {
                  DROP TABLE bindery_turns;
                  DROP INDEX bindery_sessions_waiting;
                  DROP TRIGGER bindery_usage_follow ON bindery_usage;
-                 DROP TABLE bindery_session_usage, bindery_audit;
+                 DROP TABLE bindery_session_usage, bindery_audit, bindery_connections;
                  DROP INDEX bindery_usage_agent_subject_at;
                  ALTER TABLE bindery_usage DROP COLUMN subject;
                  ALTER TABLE bindery_usage DROP COLUMN cache_read_tokens,

@@ -300,7 +300,34 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_agent_subject_at ON usage
         (agent, subject, at, prompt_tokens, completion_tokens, tool_calls, cost)
         WHERE subject IS NOT NULL;",
+    // 15: people's connections to MCP toolboxes (authorization-code
+    // grants): the tokens sealed (connections.rs), the rest in clear.
+    "CREATE TABLE connections (
+        subject      TEXT NOT NULL,
+        toolbox      TEXT NOT NULL,
+        scopes       TEXT NOT NULL,  -- JSON array
+        connected_at INTEGER NOT NULL,
+        last_used_at INTEGER NOT NULL,
+        sealed       BLOB NOT NULL,
+        PRIMARY KEY (subject, toolbox)
+    );",
 ];
+
+/// A connection's columns, as [`connection_of`] reads them.
+const CONNECTION: &str =
+    "SELECT subject, toolbox, scopes, connected_at, last_used_at, sealed FROM connections";
+
+fn connection_of(row: &Row<'_>) -> rusqlite::Result<crate::connections::StoredConnection> {
+    let scopes: String = row.get(2)?;
+    Ok(crate::connections::StoredConnection {
+        subject: row.get(0)?,
+        toolbox: row.get(1)?,
+        scopes: serde_json::from_str(&scopes).unwrap_or_default(),
+        connected_at: row.get(3)?,
+        last_used_at: row.get(4)?,
+        sealed: row.get(5)?,
+    })
+}
 
 /// The running and the waiting sessions, found through their partial
 /// indexes. The status is written in the SQL, not bound: with the
@@ -1647,6 +1674,76 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn put_connection(
+        &self,
+        c: &crate::connections::StoredConnection,
+    ) -> Result<(), StoreError> {
+        let c = c.clone();
+        self.run("store a connection", move |conn, op| {
+            let scopes = serde_json::to_string(&c.scopes).unwrap_or_else(|_| "[]".into());
+            conn.execute(
+                "INSERT INTO connections (subject, toolbox, scopes, connected_at, last_used_at, sealed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (subject, toolbox) DO UPDATE SET scopes = ?3,
+                     connected_at = ?4, last_used_at = ?5, sealed = ?6",
+                rusqlite::params![c.subject, c.toolbox, scopes, c.connected_at, c.last_used_at, c.sealed],
+            )
+            .map(drop)
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn get_connection(
+        &self,
+        subject: &str,
+        toolbox: &str,
+    ) -> Result<Option<crate::connections::StoredConnection>, StoreError> {
+        let (subject, toolbox) = (subject.to_owned(), toolbox.to_owned());
+        self.run("read a connection", move |conn, op| {
+            conn.query_row(
+                &format!("{CONNECTION} WHERE subject = ?1 AND toolbox = ?2"),
+                [subject, toolbox],
+                connection_of,
+            )
+            .optional()
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn delete_connection(&self, subject: &str, toolbox: &str) -> Result<bool, StoreError> {
+        let (subject, toolbox) = (subject.to_owned(), toolbox.to_owned());
+        self.run("remove a connection", move |conn, op| {
+            conn.execute(
+                "DELETE FROM connections WHERE subject = ?1 AND toolbox = ?2",
+                [subject, toolbox],
+            )
+            .map(|n| n > 0)
+            .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
+    async fn connections(
+        &self,
+        subject: Option<&str>,
+    ) -> Result<Vec<crate::connections::StoredConnection>, StoreError> {
+        let subject = subject.map(str::to_owned);
+        self.run("read connections", move |conn, op| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "{CONNECTION} WHERE ?1 IS NULL OR subject = ?1 ORDER BY subject, toolbox"
+                ))
+                .map_err(|e| op.db(e))?;
+            let rows = stmt
+                .query_map([subject], connection_of)
+                .map_err(|e| op.db(e))?;
+            rows.map(|r| r.map_err(|e| op.db(e))).collect()
+        })
+        .await
+    }
+
     async fn append_audit(&self, entry: &audit::Entry) -> Result<audit::Sealed, StoreError> {
         let entry = entry.clone();
         self.run("append to the audit log", move |conn, op| {
@@ -1986,6 +2083,7 @@ mod tests {
     /// Undoes migrations 12 and after (the audit log's, 13, and the usage
     /// rows' subject, 14, too).
     const BEFORE_SCHEMA_12: &str = "DROP TABLE audit;
+        DROP TABLE connections;
         DROP INDEX usage_agent_subject_at;
         ALTER TABLE usage DROP COLUMN subject;
         DROP INDEX usage_session;

@@ -33,6 +33,8 @@ pub const WRITES: &[&str] = &[
     "beat",
     "put_agent",
     "delete_agent",
+    "put_connection",
+    "delete_connection",
     "claim",
     "record",
     "forget_runner",
@@ -189,6 +191,38 @@ impl SessionStore for Timed {
     }
     async fn agents(&self) -> Result<Vec<super::StoredAgent>, StoreError> {
         self.time("agents", self.inner.agents()).await
+    }
+    async fn put_connection(
+        &self,
+        c: &crate::connections::StoredConnection,
+    ) -> Result<(), StoreError> {
+        self.time("put_connection", self.inner.put_connection(c))
+            .await
+    }
+    async fn get_connection(
+        &self,
+        subject: &str,
+        toolbox: &str,
+    ) -> Result<Option<crate::connections::StoredConnection>, StoreError> {
+        self.time(
+            "get_connection",
+            self.inner.get_connection(subject, toolbox),
+        )
+        .await
+    }
+    async fn delete_connection(&self, subject: &str, toolbox: &str) -> Result<bool, StoreError> {
+        self.time(
+            "delete_connection",
+            self.inner.delete_connection(subject, toolbox),
+        )
+        .await
+    }
+    async fn connections(
+        &self,
+        subject: Option<&str>,
+    ) -> Result<Vec<crate::connections::StoredConnection>, StoreError> {
+        self.time("connections", self.inner.connections(subject))
+            .await
     }
     async fn append_audit(
         &self,
@@ -538,7 +572,14 @@ mod tests {
         // What writes is named as the observer is told it.
         for op in WRITES {
             assert!(
-                all.contains(op) || ["put_agent", "delete_agent"].contains(op),
+                all.contains(op)
+                    || [
+                        "put_agent",
+                        "delete_agent",
+                        "put_connection",
+                        "delete_connection"
+                    ]
+                    .contains(op),
                 "{op}"
             );
         }

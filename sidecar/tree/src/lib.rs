@@ -1042,7 +1042,7 @@ fn check_toolbox_confirm(
 /// toolbox's index, place in messages, bindings and `confirm`.
 type Watched = (
     usize,
-    Arc<bindery_tools::mcp::McpServer>,
+    bindery_tools::mcp::McpConnection,
     String,
     Vec<bindery_spec::Binding>,
     (
@@ -1050,7 +1050,22 @@ type Watched = (
         Vec<bindery_spec::ToolDecl>,
         Option<String>,
     ),
+    Vec<bindery_bindings::AppliedBinding>,
 );
+
+/// The bound arguments of an MCP toolbox's tools: a per-user server's
+/// person and header values, from the run's end user (left out in a run
+/// without one: the tool then says so, and makes no call).
+fn mcp_credentials(m: &bindery_spec::McpToolbox) -> Vec<bindery_bindings::AppliedBinding> {
+    bindery_tools::mcp::McpConnection::credentials(m)
+        .into_iter()
+        .map(|(arg, key)| bindery_bindings::AppliedBinding {
+            arg,
+            value: bindery_bindings::BoundValue::Param(key),
+            when_unbound: bindery_spec::WhenUnbound::Omit,
+        })
+        .collect()
+}
 
 /// The MCP servers of one agent: started at load, then watched for
 /// changes to their tool lists.
@@ -1079,7 +1094,7 @@ impl McpLoader {
         tools: &mut Vec<BoundTool>,
         diags: &mut Vec<Diagnostic>,
     ) {
-        use bindery_tools::mcp::McpServer;
+        use bindery_tools::mcp::McpConnection;
         // A server whose configuration is wrong is not started (the
         // problem is reported by `spec::checks`).
         let mut own = Vec::new();
@@ -1092,7 +1107,7 @@ impl McpLoader {
         let (tx, _) = self
             .changes
             .get_or_insert_with(tokio::sync::mpsc::unbounded_channel);
-        let server = match McpServer::start(
+        let server = match McpConnection::start(
             m,
             base,
             &values,
@@ -1121,9 +1136,13 @@ impl McpLoader {
                 .into_iter()
                 .map(|w| Diagnostic::warning(format!("{place}: {w}"))),
         );
+        let credentials = mcp_credentials(m);
         let mut bound: Vec<BoundTool> = found
             .into_iter()
-            .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+            .map(|t| {
+                BoundTool::new(Arc::new(t) as Arc<dyn Tool>)
+                    .with_bindings(credentials.iter().cloned())
+            })
             .collect();
         check_names(&bound, tools, place, "the server's `name`", diags);
         bindery_bindings::apply::apply_bindings_with(
@@ -1145,6 +1164,7 @@ impl McpLoader {
             place.to_string(),
             m.bindings.clone(),
             (m.confirm.clone(), m.tools.clone(), m.toolgroup.clone()),
+            credentials,
         ));
     }
 
@@ -1163,7 +1183,7 @@ impl McpLoader {
         let keep = self
             .servers
             .iter()
-            .map(|(_, s, _, _, _)| s.clone() as Arc<dyn std::any::Any + Send + Sync>)
+            .map(|(_, s, _, _, _, _)| Arc::new(s.clone()) as Arc<dyn std::any::Any + Send + Sync>)
             .collect();
         let servers = self.servers;
         let live = tools.clone();
@@ -1173,7 +1193,7 @@ impl McpLoader {
                 while let Ok(i) = rx.try_recv() {
                     changed.insert(i);
                 }
-                for (i, server, place, bindings, (confirm, decls, group)) in &servers {
+                for (i, server, place, bindings, (confirm, decls, group), credentials) in &servers {
                     if !changed.contains(i) {
                         continue;
                     }
@@ -1184,7 +1204,10 @@ impl McpLoader {
                             }
                             let bound = found
                                 .into_iter()
-                                .map(|t| BoundTool::new(Arc::new(t) as Arc<dyn Tool>))
+                                .map(|t| {
+                                    BoundTool::new(Arc::new(t) as Arc<dyn Tool>)
+                                        .with_bindings(credentials.iter().cloned())
+                                })
                                 .collect::<Vec<_>>();
                             let bound = live::guard_listings(bound, place);
                             let (mut bound, diags) = live::rebind(

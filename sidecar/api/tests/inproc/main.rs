@@ -17,6 +17,7 @@ mod depends;
 mod end_users;
 mod helpers;
 mod limits;
+mod mcp_per_user;
 mod pending;
 mod promises;
 mod sessions;

@@ -1195,7 +1195,10 @@ async fn an_end_users_identity_token_crosses_between_replicas_over_peer_tls_only
     sniffer.aim(&api_b.base);
     let (_a, api_a) = w.start(&identity, &[]);
     let (_, said) = alices_message_through(&api_b, &api_a, &alice).await;
-    assert!(!said.contains("alice"), "none of her values without her token: {said}");
+    assert!(
+        !said.contains("alice"),
+        "none of her values without her token: {said}"
+    );
     let bytes: Vec<u8> = sniffer.sent.lock().unwrap().concat();
     assert!(
         contains(&bytes, "x-bindery-peer"),

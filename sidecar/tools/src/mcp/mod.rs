@@ -18,8 +18,10 @@
 pub mod error;
 pub mod listing;
 pub mod oauth;
+pub mod per_user;
 
 pub use error::{ServerError, SharedValueError, StartError, ToolSpecError};
+pub use per_user::PerUserServer;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -335,7 +337,7 @@ impl McpServer {
     }
 
     /// The toolbox's OAuth, its values read and its key parsed.
-    fn oauth(
+    pub(super) fn oauth(
         tb: &McpToolbox,
         url: &str,
         o: &bindery_spec::McpOAuth,
@@ -572,7 +574,8 @@ impl McpServer {
             match listing::tool_spec(&self.name, &json) {
                 Ok(spec) => tools.push(McpTool {
                     spec,
-                    server: self.clone(),
+                    route: Route::Shared(self.clone()),
+                    connect: false,
                 }),
                 Err(why) => warnings.push(format!("skipped: {why}")),
             }
@@ -581,10 +584,89 @@ impl McpServer {
     }
 }
 
+/// An MCP toolbox's server: one connection shared by every session, or
+/// one per person.
+#[derive(Clone)]
+pub enum McpConnection {
+    Shared(Arc<McpServer>),
+    PerUser(Arc<PerUserServer>),
+}
+
+impl McpConnection {
+    /// Start (or connect to) the server of toolbox `tb`, or, for a
+    /// per-user one ([`per_user::is_per_user`]), get ready to connect each
+    /// person on first need. See [`McpServer::start`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        tb: &McpToolbox,
+        base: &Path,
+        values: &Values,
+        limits: Limits,
+        changed: mpsc::UnboundedSender<usize>,
+        index: usize,
+        consent: Option<Arc<dyn oauth::Consent>>,
+    ) -> Result<McpConnection, StartError> {
+        if per_user::is_per_user(tb) {
+            return PerUserServer::new(tb, values, limits, changed, index)
+                .map(McpConnection::PerUser);
+        }
+        McpServer::start(tb, base, values, limits, changed, index, consent)
+            .await
+            .map(McpConnection::Shared)
+    }
+
+    /// The server's tools now, plus a warning for each one skipped.
+    pub async fn tools(&self) -> Result<(Vec<McpTool>, Vec<String>), ServerError> {
+        match self {
+            McpConnection::Shared(s) => s.tools().await,
+            McpConnection::PerUser(s) => s.tools().await,
+        }
+    }
+
+    /// The bound arguments its tools take, each with the name of the run's
+    /// value bound to it (a per-user server's person and header values).
+    pub fn credentials(tb: &McpToolbox) -> Vec<(String, String)> {
+        match per_user::is_per_user(tb) {
+            true => PerUserServer::credentials(tb),
+            false => Vec::new(),
+        }
+    }
+}
+
+/// Where a tool's calls go.
+enum Route {
+    Shared(Arc<McpServer>),
+    PerUser(Arc<PerUserServer>),
+}
+
 /// One tool of an MCP server.
 pub struct McpTool {
     spec: ToolSpec,
-    server: Arc<McpServer>,
+    route: Route,
+    /// A per-user server's `connect`, offered until its tools are listed.
+    connect: bool,
+}
+
+impl McpTool {
+    fn server_name(&self) -> &str {
+        match &self.route {
+            Route::Shared(s) => &s.name,
+            Route::PerUser(s) => s.name(),
+        }
+    }
+}
+
+/// The model's arguments as the protocol's JSON object.
+fn arguments_of(args: CallArgs) -> serde_json::Map<String, serde_json::Value> {
+    args.into_iter()
+        .map(|(k, v)| {
+            let json = match v {
+                ParamValue::Plain(j) => j,
+                ParamValue::Secret(s) => serde_json::Value::String(s.expose().to_string()),
+            };
+            (k, json)
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -594,35 +676,55 @@ impl Tool for McpTool {
     }
 
     fn secrets(&self) -> Vec<(String, SecretString)> {
-        let mut s = self.server.secrets.clone();
-        if let Some(o) = &self.server.oauth {
-            s.extend(o.secrets());
+        match &self.route {
+            Route::Shared(server) => {
+                let mut s = server.secrets.clone();
+                if let Some(o) = &server.oauth {
+                    s.extend(o.secrets());
+                }
+                s
+            }
+            // The person's own values are the run's, scrubbed as such.
+            Route::PerUser(server) => server.secrets(),
         }
-        s
     }
 
     async fn call(&self, args: CallArgs, ctx: &CallContext) -> Result<ToolOutput, ToolError> {
-        let server = &self.server;
-        let arguments: serde_json::Map<String, serde_json::Value> = args
-            .into_iter()
-            .map(|(k, v)| {
-                let json = match v {
-                    ParamValue::Plain(j) => j,
-                    ParamValue::Secret(s) => serde_json::Value::String(s.expose().to_string()),
-                };
-                (k, json)
-            })
-            .collect();
-        let params =
-            CallToolRequestParams::new(self.spec.local_name.clone()).with_arguments(arguments);
         let started = Instant::now();
+        let outcome = match &self.route {
+            Route::Shared(server) => self.call_shared(server, args, ctx).await,
+            Route::PerUser(server) => self.call_per_user(server, args, ctx).await,
+        };
+        tracing::info!(
+            tool = %self.spec.name,
+            session = %ctx.session_id,
+            mcp_server = %self.server_name(),
+            ok = outcome.is_ok(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "MCP tool call"
+        );
+        // The server's own credentials are scrubbed with the run's (see
+        // `secrets`).
+        outcome
+    }
+}
+
+impl McpTool {
+    async fn call_shared(
+        &self,
+        server: &Arc<McpServer>,
+        args: CallArgs,
+        ctx: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let params = CallToolRequestParams::new(self.spec.local_name.clone())
+            .with_arguments(arguments_of(args));
         let _in_call = InCall::new(&server.calls, &ctx.scrubber);
         let answer = tokio::time::timeout(
             server.limits.call_timeout,
             server.service.peer().call_tool(params),
         )
         .await;
-        let outcome = match answer {
+        match answer {
             Err(_) => Err(ToolError::Failed(format!(
                 "MCP server `{}` did not answer within {:?}",
                 server.name, server.limits.call_timeout
@@ -646,18 +748,53 @@ impl Tool for McpTool {
                 let json = serde_json::to_value(&result).unwrap_or_default();
                 listing::result_output(&json, server.limits.max_output, &ctx.scrubber)
             }
-        };
-        tracing::info!(
-            tool = %self.spec.name,
-            session = %ctx.session_id,
-            mcp_server = %server.name,
-            ok = outcome.is_ok(),
-            duration_ms = started.elapsed().as_millis() as u64,
-            "MCP tool call"
-        );
-        // The server's own credentials are scrubbed with the run's (see
-        // `secrets`).
-        outcome
+        }
+    }
+
+    /// A call on the calling person's own connection (made now if they
+    /// have none); `connect` only makes it.
+    async fn call_per_user(
+        &self,
+        server: &Arc<PerUserServer>,
+        mut args: CallArgs,
+        ctx: &CallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let (subject, current) = server.person_of(&mut args)?;
+        let conn = server
+            .connection(&subject, current)
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        if self.connect {
+            return Ok(ToolOutput::text(format!(
+                "Connected to MCP server `{}`: its tools are now available.",
+                server.name()
+            )));
+        }
+        let params = CallToolRequestParams::new(self.spec.local_name.clone())
+            .with_arguments(arguments_of(args));
+        let answer = tokio::time::timeout(
+            server.limits.call_timeout,
+            conn.service.peer().call_tool(params),
+        )
+        .await;
+        match answer {
+            Err(_) => Err(ToolError::Failed(format!(
+                "MCP server `{}` did not answer within {:?}",
+                server.name(),
+                server.limits.call_timeout
+            ))),
+            Ok(Err(e)) => {
+                let message = server.failed(why(&e)).to_string();
+                Err(match http_status_in(&e) {
+                    Some(status) => ToolError::Http { status, message },
+                    None => ToolError::Failed(message),
+                })
+            }
+            Ok(Ok(result)) => {
+                let json = serde_json::to_value(&result).unwrap_or_default();
+                listing::result_output(&json, server.limits.max_output, &ctx.scrubber)
+            }
+        }
     }
 }
 

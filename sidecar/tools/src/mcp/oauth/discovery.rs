@@ -27,6 +27,9 @@ pub struct ServerMetadata {
     pub token_endpoint: String,
     #[serde(default)]
     pub registration_endpoint: Option<String>,
+    /// RFC 7009 (its metadata name, RFC 8414 §2).
+    #[serde(default)]
+    pub revocation_endpoint: Option<String>,
     #[serde(default)]
     pub scopes_supported: Option<Vec<String>>,
     #[serde(default)]

@@ -166,6 +166,15 @@ pub struct OAuth {
     current: std::sync::Mutex<Option<SecretString>>,
 }
 
+/// What a person's consent got: the tokens, with the scopes asked for.
+pub struct Granted {
+    pub access: SecretString,
+    pub refresh: Option<SecretString>,
+    /// Seconds, as the server said.
+    pub expires_in: Option<u64>,
+    pub scopes: Vec<String>,
+}
+
 /// The token endpoint's answer (RFC 6749 §5.1).
 #[derive(Deserialize)]
 struct TokenAnswer {
@@ -630,6 +639,7 @@ impl OAuth {
                 "the registration endpoint",
                 m.registration_endpoint.as_ref(),
             ),
+            ("the revocation endpoint", m.revocation_endpoint.as_ref()),
         ];
         for (what, url) in named {
             let Some(url) = url else { continue };
@@ -821,6 +831,27 @@ impl OAuth {
         scopes: &[String],
     ) -> Result<(String, String), OAuthError> {
         let consent = self.consent.as_ref().ok_or(OAuthError::NoConsent)?;
+        let verifier = pkce::verifier()?;
+        let state = pkce::random(24)?;
+        let url = self.authorization_url_for(d, client, scopes, &state, &verifier)?;
+        let back = consent
+            .redirected(&self.toolbox, url.as_str())
+            .await
+            .map_err(OAuthError::Consent)?;
+        let code = code_of(&back, &self.settings.redirect_uri, &state)?;
+        Ok((code, verifier))
+    }
+
+    /// The authorization URL of a consent: PKCE S256 with `verifier`'s
+    /// challenge, `state`, the resource indicator and `scopes`.
+    fn authorization_url_for(
+        &self,
+        d: &Discovered,
+        client: &Client,
+        scopes: &[String],
+        state: &str,
+        verifier: &str,
+    ) -> Result<Url, OAuthError> {
         let pkce = match &d.server.code_challenge_methods_supported {
             Some(methods) => methods.iter().any(|m| m == "S256"),
             // Only a 2025-03-26 server's metadata may leave it unsaid.
@@ -840,27 +871,134 @@ impl OAuth {
             what: "the authorization endpoint",
             url: egress::shown_text(endpoint),
         })?;
-        let verifier = pkce::verifier()?;
-        let state = pkce::random(24)?;
         {
             let mut q = url.query_pairs_mut();
             q.append_pair("response_type", "code")
                 .append_pair("client_id", &client.id)
                 .append_pair("redirect_uri", &self.settings.redirect_uri)
-                .append_pair("code_challenge", &pkce::challenge(&verifier))
+                .append_pair("code_challenge", &pkce::challenge(verifier))
                 .append_pair("code_challenge_method", "S256")
-                .append_pair("state", &state)
+                .append_pair("state", state)
                 .append_pair("resource", &d.resource);
             if !scopes.is_empty() {
                 q.append_pair("scope", &scopes.join(" "));
             }
         }
-        let back = consent
-            .redirected(&self.toolbox, url.as_str())
-            .await
-            .map_err(OAuthError::Consent)?;
-        let code = code_of(&back, &self.settings.redirect_uri, &state)?;
-        Ok((code, verifier))
+        Ok(url)
+    }
+
+    /// What a person's consent needs, discovered now if not yet: where the
+    /// tokens come from and the client.
+    async fn ready(&self, state: &mut State) -> Result<(Discovered, Client), OAuthError> {
+        if state.discovered.is_none() {
+            state.discovered = Some(self.discover(None).await?);
+        }
+        let Some(d) = state.discovered.clone() else {
+            return Err(OAuthError::NoAuthorizationServer {
+                at: egress::shown(&self.server),
+            });
+        };
+        let client = match &state.client {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.client(&d).await?;
+                state.client = Some(c.clone());
+                c
+            }
+        };
+        Ok((d, client))
+    }
+
+    /// The URL a person opens to consent to a connection (the server's
+    /// way: the state and verifier are the caller's, so that whoever gets
+    /// the redirect can finish it), with the scopes it asks for.
+    pub async fn consent_url(
+        &self,
+        state: &str,
+        verifier: &str,
+    ) -> Result<(String, Vec<String>), OAuthError> {
+        let mut st = self.state.lock().await;
+        let (d, client) = self.ready(&mut st).await?;
+        let scopes = self.initial_scopes(&st, &Bearer::default());
+        let url = self.authorization_url_for(&d, &client, &scopes, state, verifier)?;
+        Ok((url.into(), scopes))
+    }
+
+    /// The tokens for the code a person's consent brought back (with the
+    /// verifier of its URL); they are this connection's from now on.
+    pub async fn redeem(
+        &self,
+        code: &str,
+        verifier: &str,
+        scopes: Vec<String>,
+    ) -> Result<Granted, OAuthError> {
+        let mut st = self.state.lock().await;
+        let (d, client) = self.ready(&mut st).await?;
+        let form = vec![
+            ("grant_type".to_string(), "authorization_code".to_string()),
+            ("code".into(), code.to_string()),
+            ("redirect_uri".into(), self.settings.redirect_uri.clone()),
+            ("code_verifier".into(), verifier.to_string()),
+            ("resource".into(), d.resource.clone()),
+        ];
+        let answer = self.token_request(&d, &client, form).await?;
+        let expires_in = answer.expires_in;
+        let access = self.keep(&mut st, answer, scopes.clone(), None)?;
+        let refresh = st.token.as_ref().and_then(|t| t.refresh.clone());
+        Ok(Granted {
+            access,
+            refresh,
+            expires_in,
+            scopes,
+        })
+    }
+
+    /// A grant kept from an earlier consent: its refresh token gets the
+    /// tokens from now on (the first request refreshes it; discovery is
+    /// done now, so that it can).
+    pub async fn resume(
+        &self,
+        refresh: SecretString,
+        scopes: Vec<String>,
+    ) -> Result<(), OAuthError> {
+        let mut st = self.state.lock().await;
+        self.ready(&mut st).await?;
+        let live = vec![(
+            format!("mcp_{}_refresh_token", self.toolbox),
+            refresh.clone(),
+        )];
+        st.token = Some(Cached {
+            access: SecretString::new(""),
+            refresh: Some(refresh),
+            // Expired: the first use refreshes it.
+            expires: Some(Instant::now()),
+            scopes,
+            _live: bindery_params::live::register(live),
+        });
+        Ok(())
+    }
+
+    /// The refresh token now held (rotated by a refresh), to keep.
+    pub async fn refresh_token(&self) -> Option<SecretString> {
+        let st = self.state.lock().await;
+        st.token.as_ref().and_then(|t| t.refresh.clone())
+    }
+
+    /// Revoke `token` at the authorization server (RFC 7009), when its
+    /// metadata names a revocation endpoint; `Ok(false)` when it names none.
+    pub async fn revoke(&self, token: &SecretString) -> Result<bool, OAuthError> {
+        let mut st = self.state.lock().await;
+        let (d, client) = self.ready(&mut st).await?;
+        let Some(endpoint) = d.server.revocation_endpoint.clone() else {
+            return Ok(false);
+        };
+        let form = vec![
+            ("token".to_string(), token.expose().to_string()),
+            ("token_type_hint".into(), "refresh_token".into()),
+        ];
+        self.client_request(&d, &client, &endpoint, "the revocation endpoint", form)
+            .await?;
+        Ok(true)
     }
 
     /// POST `form` to the token endpoint with the client's authentication.
@@ -868,13 +1006,51 @@ impl OAuth {
         &self,
         d: &Discovered,
         client: &Client,
-        mut form: Vec<(String, String)>,
+        form: Vec<(String, String)>,
     ) -> Result<TokenAnswer, OAuthError> {
         const WHAT: &str = "the token endpoint";
-        let url = Url::parse(&d.server.token_endpoint).map_err(|_| OAuthError::BadUrl {
+        let endpoint = d.server.token_endpoint.clone();
+        let (url, bytes) = self
+            .client_request(d, client, &endpoint, WHAT, form)
+            .await?;
+        let answer: TokenAnswer = serde_json::from_slice(&bytes).map_err(|e| OAuthError::Body {
             what: WHAT,
-            url: egress::shown_text(&d.server.token_endpoint),
+            url: egress::shown(&url),
+            // serde's message quotes no value of a field it read.
+            why: e.to_string(),
         })?;
+        if let Some(kind) = &answer.token_type {
+            if !kind.eq_ignore_ascii_case("bearer") {
+                return Err(OAuthError::NotBearer {
+                    url: egress::shown(&url),
+                    kind: quoted(kind),
+                });
+            }
+        }
+        Ok(answer)
+    }
+
+    /// POST `form` to `endpoint` (the token or revocation endpoint) with
+    /// the client's authentication; the body of a success.
+    async fn client_request(
+        &self,
+        d: &Discovered,
+        client: &Client,
+        endpoint: &str,
+        what: &'static str,
+        mut form: Vec<(String, String)>,
+    ) -> Result<(Url, Vec<u8>), OAuthError> {
+        const WHAT: &str = "the token endpoint";
+        let url = Url::parse(endpoint).map_err(|_| OAuthError::BadUrl {
+            what,
+            url: egress::shown_text(endpoint),
+        })?;
+        if !discovery::secure(&url) {
+            return Err(OAuthError::Insecure {
+                what,
+                url: egress::shown(&url),
+            });
+        }
         let mut basic = None;
         match client.method {
             TokenEndpointAuth::ClientSecretBasic => {
@@ -933,37 +1109,25 @@ impl OAuth {
         let answer = request
             .send()
             .await
-            .map_err(|e| request_error(WHAT, &url, e))?;
+            .map_err(|e| request_error(what, &url, e))?;
         let status = answer.status();
-        let bytes = read_body(answer, WHAT, &url).await?;
+        let bytes = read_body(answer, what, &url).await?;
         if !status.is_success() {
             if let Ok(e) = serde_json::from_slice::<ErrorAnswer>(&bytes) {
                 // The error code only, and only when it is one: a token
                 // endpoint may echo the credential it was sent into its
                 // description (or its "code"), and this error is logged.
-                return Err(OAuthError::TokenRefused {
-                    url: egress::shown(&url),
-                    error: bindery_spec::oauth_error_code(&e.error),
-                    description: String::new(),
-                });
+                if what == WHAT {
+                    return Err(OAuthError::TokenRefused {
+                        url: egress::shown(&url),
+                        error: bindery_spec::oauth_error_code(&e.error),
+                        description: String::new(),
+                    });
+                }
             }
-            return Err(status_error(WHAT, &url, status.as_u16(), &bytes));
+            return Err(status_error(what, &url, status.as_u16(), &bytes));
         }
-        let answer: TokenAnswer = serde_json::from_slice(&bytes).map_err(|e| OAuthError::Body {
-            what: WHAT,
-            url: egress::shown(&url),
-            // serde's message quotes no value of a field it read.
-            why: e.to_string(),
-        })?;
-        if let Some(kind) = &answer.token_type {
-            if !kind.eq_ignore_ascii_case("bearer") {
-                return Err(OAuthError::NotBearer {
-                    url: egress::shown(&url),
-                    kind: quoted(kind),
-                });
-            }
-        }
-        Ok(answer)
+        Ok((url, bytes))
     }
 
     /// Cache `answer`'s token (its refresh token, else `old_refresh`).

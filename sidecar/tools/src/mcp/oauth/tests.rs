@@ -355,3 +355,180 @@ async fn a_credential_goes_to_no_token_endpoint_on_another_origin_unless_pinned(
         seen.lock().unwrap()
     );
 }
+
+/// A server answering each path with its JSON (404 otherwise), recording
+/// each request's path and body.
+async fn recording(
+    routes: impl Fn(&str) -> HashMap<String, String>,
+) -> (String, Arc<Mutex<Vec<(String, String)>>>) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let routes = Arc::new(routes(&base));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let (routes, log) = (routes.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut sock = BufReader::new(sock);
+                let mut first = String::new();
+                sock.read_line(&mut first).await.unwrap_or(0);
+                let mut len = 0;
+                loop {
+                    let mut line = String::new();
+                    sock.read_line(&mut line).await.unwrap_or(0);
+                    let line = line.trim_end().to_ascii_lowercase();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; len];
+                sock.read_exact(&mut body).await.unwrap();
+                let path = first.split(' ').nth(1).unwrap_or("").to_string();
+                let path = path.split('?').next().unwrap_or("").to_string();
+                log.lock()
+                    .unwrap()
+                    .push((path.clone(), String::from_utf8_lossy(&body).to_string()));
+                let (status, body) = match routes.get(&path) {
+                    Some(b) => ("200 OK", b.clone()),
+                    None => ("404 Not Found", "{}".to_string()),
+                };
+                let _ = sock
+                    .get_mut()
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (base, seen)
+}
+
+/// An MCP server and its authorization server on one origin, for a
+/// person's connection: consent, token, revocation.
+fn person_routes(base: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (
+            "/.well-known/oauth-protected-resource/mcp".to_string(),
+            serde_json::json!({"resource": format!("{base}/mcp"), "authorization_servers": [base]})
+                .to_string(),
+        ),
+        (
+            "/.well-known/oauth-authorization-server".to_string(),
+            serde_json::json!({"issuer": base,
+                "authorization_endpoint": format!("{base}/authorize"),
+                "token_endpoint": format!("{base}/token"),
+                "revocation_endpoint": format!("{base}/revoke"),
+                "code_challenge_methods_supported": ["S256"],
+                "scopes_supported": ["crm.read", "offline_access"]})
+            .to_string(),
+        ),
+        (
+            "/token".to_string(),
+            serde_json::json!({"access_token": "at-9", "token_type": "Bearer",
+                "refresh_token": "rt-9", "expires_in": 3600})
+            .to_string(),
+        ),
+        ("/revoke".to_string(), "{}".to_string()),
+    ])
+}
+
+fn person_settings() -> Settings {
+    let o: McpOAuth = serde_json::from_value(serde_json::json!({
+        "grant": "authorization-code",
+        "clientId": {"literal": "c1"},
+        "scopes": ["crm.read"],
+        "redirectUri": "https://agents.example.com/v1/oauth/callback",
+    }))
+    .unwrap();
+    Settings::new(&o, Some("c1".into()), None, None).unwrap()
+}
+
+fn form(body: &str) -> HashMap<String, String> {
+    form_urlencoded::parse(body.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_persons_consent_uses_the_callers_state_and_verifier_and_its_code_is_redeemed() {
+    let (base, seen) = recording(person_routes).await;
+    let oauth = OAuth::new("crm", &format!("{base}/mcp"), person_settings(), None).unwrap();
+    let verifier = "v".repeat(43);
+    let (url, scopes) = oauth.consent_url("st-1", &verifier).await.unwrap();
+    let url = Url::parse(&url).unwrap();
+    assert_eq!(url.path(), "/authorize");
+    let q: HashMap<String, String> = url.query_pairs().into_owned().collect();
+    assert_eq!(q["state"], "st-1");
+    assert_eq!(q["code_challenge"], pkce::challenge(&verifier));
+    assert_eq!(q["code_challenge_method"], "S256");
+    assert_eq!(q["resource"], format!("{base}/mcp"));
+    assert_eq!(
+        q["redirect_uri"],
+        "https://agents.example.com/v1/oauth/callback"
+    );
+    assert_eq!(q["scope"], "crm.read offline_access");
+    assert_eq!(scopes, ["crm.read", "offline_access"]);
+
+    let granted = oauth.redeem("code-1", &verifier, scopes).await.unwrap();
+    assert_eq!(granted.access.expose(), "at-9");
+    assert_eq!(granted.refresh.as_ref().map(|r| r.expose()), Some("rt-9"));
+    let token = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _)| p == "/token")
+        .cloned()
+        .unwrap();
+    let f = form(&token.1);
+    assert_eq!(f["grant_type"], "authorization_code");
+    assert_eq!(f["code"], "code-1");
+    assert_eq!(f["code_verifier"], verifier);
+    assert_eq!(f["resource"], format!("{base}/mcp"));
+    assert_eq!(oauth.token().await.unwrap().unwrap().expose(), "at-9");
+
+    // Revoked at the server's revocation endpoint (RFC 7009).
+    assert!(oauth.revoke(&SecretString::new("rt-9")).await.unwrap());
+    let revoke = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _)| p == "/revoke")
+        .cloned()
+        .unwrap();
+    let f = form(&revoke.1);
+    assert_eq!(f["token"], "rt-9");
+    assert_eq!(f["token_type_hint"], "refresh_token");
+}
+
+#[tokio::test]
+async fn a_kept_grant_is_refreshed_at_first_use_and_its_rotation_kept() {
+    let (base, seen) = recording(person_routes).await;
+    let oauth = OAuth::new("crm", &format!("{base}/mcp"), person_settings(), None).unwrap();
+    oauth
+        .resume(SecretString::new("rt-old"), vec!["crm.read".into()])
+        .await
+        .unwrap();
+    assert_eq!(oauth.token().await.unwrap().unwrap().expose(), "at-9");
+    let token = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _)| p == "/token")
+        .cloned()
+        .unwrap();
+    let f = form(&token.1);
+    assert_eq!(f["grant_type"], "refresh_token");
+    assert_eq!(f["refresh_token"], "rt-old");
+    // The server rotated it: the new one is what is kept.
+    assert_eq!(oauth.refresh_token().await.unwrap().expose(), "rt-9");
+}
