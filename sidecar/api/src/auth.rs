@@ -362,7 +362,10 @@ async fn forwarded_person(
             "the forward's identity token names another subject than its caller",
         )),
         Err(e) => {
-            tracing::info!(subject = %named.subject, "a forwarded identity token no longer holds: {e}");
+            tracing::info!(
+                subject = named.subject.as_str(),
+                "a forwarded identity token no longer holds: {e}"
+            );
             Ok(named)
         }
     }

@@ -188,7 +188,11 @@ impl Exchanger {
         };
         let lifetime = Duration::from_secs(expires_in.unwrap_or(60)).saturating_sub(EARLY);
         self.keep(key, &token, lifetime);
-        tracing::info!(subject = %subject, audience = %want.audience, "an end user's token was exchanged");
+        tracing::info!(
+            subject = subject.as_str(),
+            audience = want.audience.as_str(),
+            "an end user's token was exchanged"
+        );
         Ok(token)
     }
 

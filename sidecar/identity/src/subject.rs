@@ -24,6 +24,15 @@ pub enum BadSubject {
     TooLong(usize),
     #[error("a subject holds no control characters")]
     Control,
+    #[error("a subject holds no bidirectional formatting characters (they make a log line or a view read otherwise than it is)")]
+    Bidi,
+}
+
+/// Characters that reorder the text around them when shown (Unicode's
+/// bidirectional formatting characters): in an id they only serve to make
+/// a log line, a view or an audit record read as something else.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 impl Subject {
@@ -37,6 +46,9 @@ impl Subject {
         }
         if text.chars().any(char::is_control) {
             return Err(BadSubject::Control);
+        }
+        if text.chars().any(is_bidi_control) {
+            return Err(BadSubject::Bidi);
         }
         Ok(Subject(text))
     }
@@ -75,6 +87,16 @@ mod tests {
         assert_eq!(Subject::new(""), Err(BadSubject::Empty));
         assert_eq!(Subject::new("a\nb"), Err(BadSubject::Control));
         assert_eq!(Subject::new("x".repeat(256)), Err(BadSubject::TooLong(256)));
+        for c in ['\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}'] {
+            assert_eq!(
+                Subject::new(format!("bob{c}eci")),
+                Err(BadSubject::Bidi),
+                "{c:?}"
+            );
+        }
+        // Other scripts are ids like any.
+        assert!(Subject::new("ユーザー-7").is_ok());
+        assert!(Subject::new("x\" subject=\"bob").is_ok());
         let back: Subject = serde_json::from_str("\"bob\"").unwrap();
         assert_eq!(back.as_str(), "bob");
         assert!(serde_json::from_str::<Subject>("\"\"").is_err());
