@@ -136,6 +136,19 @@ impl Drop for Sender {
 pub struct Receiver(Arc<Queue>);
 
 impl Receiver {
+    /// Whether stored event `e` revokes what this subscriber came with (an
+    /// `access_revoked` naming its session token or its share).
+    pub fn revoked_by(&self, e: &EventRecord) -> bool {
+        let Some(revoked) = bindery_store::wire::AccessRevoked::read(&e.kind, &e.data) else {
+            return false;
+        };
+        match &self.0.lock().opened {
+            Opened::Standing => false,
+            Opened::SessionToken => revoked.session_tokens,
+            Opened::Share(id) => revoked.session_tokens || revoked.shares.contains(id),
+        }
+    }
+
     /// The next signal, events first; `None` once the fanout let go of this
     /// subscriber and every event queued has been read. Nothing is taken
     /// from the queue unless it is returned. `&mut`: one reader per queue;

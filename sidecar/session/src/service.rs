@@ -292,13 +292,20 @@ impl Service {
             exchanger: cfg.exchanger.clone(),
             audit: audit.clone(),
         });
-        let tokens = Tokens::new(store.clone(), live.clone(), clock.clone(), audit.clone());
+        let tokens = Tokens::new(
+            store.clone(),
+            live.clone(),
+            clock.clone(),
+            audit.clone(),
+            recorder.clone(),
+        );
         let shares = Shares::new(
             store.clone(),
             live.clone(),
             clock.clone(),
             audit.clone(),
             cfg.public_url.clone(),
+            recorder.clone(),
         );
         let sessions = Arc::new(Sessions {
             store: store.clone(),

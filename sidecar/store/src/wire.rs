@@ -88,6 +88,9 @@ session_events! {
     /// A budget past its `downgrade.at`: the run's requests go to a cheaper
     /// model.
     ModelDowngrade(ModelDowngrade) = "model_downgrade",
+    /// Session tokens or share links were revoked: the streams opened with
+    /// them end, on every replica.
+    AccessRevoked(AccessRevoked) = "access_revoked",
 }
 
 /// `model_downgrade`: budget `budget` is used past `at` percent (`used` of
@@ -276,6 +279,28 @@ pub struct RunFinished {
     /// is in the usage report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Totals>,
+}
+
+/// `access_revoked`: every session token and share link of the session
+/// (`session_tokens`), or the shares `shares`, were revoked. Whoever
+/// follows the stream with one of them gets nothing after it: the replica
+/// serving the stream ends it when it reads this event, wherever the
+/// revocation was made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AccessRevoked {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub session_tokens: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<String>,
+}
+
+impl AccessRevoked {
+    /// The stored event `kind` with `data`, read back: what it revoked.
+    pub fn read(kind: &str, data: &Value) -> Option<AccessRevoked> {
+        (kind == "access_revoked")
+            .then(|| serde_json::from_value(data.clone()).ok())
+            .flatten()
+    }
 }
 
 /// `params_changed`: session values were set or removed. Names only.

@@ -133,6 +133,10 @@ impl Feed {
                     return Poll::Ready(None);
                 }
                 match read {
+                    // Revoked through another server: nothing more.
+                    Ok(events) if events.iter().any(|e| self.rx.revoked_by(e)) => {
+                        return Poll::Ready(None);
+                    }
                     Ok(events) if !events.is_empty() => {
                         self.last = events.last().map_or(self.last, |e| e.seq);
                         let events = events.into_iter().map(|e| LiveEvent::Stored(Arc::new(e)));
@@ -155,6 +159,9 @@ impl Feed {
                 Some(Signal::Ping) => return Poll::Ready(Some(FeedItem::KeepAlive)),
                 Some(Signal::Event(LiveEvent::Delta(text))) => {
                     return Poll::Ready(Some(FeedItem::Events(vec![LiveEvent::Delta(text)])))
+                }
+                Some(Signal::Event(LiveEvent::Stored(e))) if self.rx.revoked_by(&e) => {
+                    return Poll::Ready(None)
                 }
                 Some(Signal::Event(LiveEvent::Stored(e))) => match next_step(self.last, e.seq) {
                     Step::Skip => continue,

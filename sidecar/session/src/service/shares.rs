@@ -58,6 +58,8 @@ pub struct Shares {
     audit: Arc<AuditLog>,
     /// Where people reach this server: the base of a share's link.
     public_url: Option<String>,
+    /// Tells every replica's streams of a revocation.
+    recorder: Arc<crate::state::recorder::Recorder>,
 }
 
 impl Shares {
@@ -67,6 +69,7 @@ impl Shares {
         clock: Arc<dyn Clock>,
         audit: Arc<AuditLog>,
         public_url: Option<String>,
+        recorder: Arc<crate::state::recorder::Recorder>,
     ) -> Shares {
         Shares {
             store,
@@ -74,6 +77,7 @@ impl Shares {
             clock,
             audit,
             public_url,
+            recorder,
         }
     }
 
@@ -172,6 +176,15 @@ impl Shares {
                 rec.updated_at = now;
                 self.store.update(&mut rec).await?;
                 end_streams(&live.events, id, share);
+                // The streams another replica serves with it end as they
+                // read this.
+                let event = bindery_store::wire::AccessRevoked {
+                    session_tokens: false,
+                    shares: vec![share.to_string()],
+                };
+                self.recorder
+                    .emit(id, bindery_store::wire::SessionEvent::AccessRevoked(event))
+                    .await;
                 return Ok(answer);
             }
             end_streams(&live.events, id, share);

@@ -22,6 +22,8 @@ pub struct Tokens {
     live: Arc<LiveSessions>,
     clock: Arc<dyn Clock>,
     audit: Arc<AuditLog>,
+    /// Tells every replica's streams of a revocation.
+    recorder: Arc<crate::state::recorder::Recorder>,
 }
 
 impl Tokens {
@@ -30,12 +32,14 @@ impl Tokens {
         live: Arc<LiveSessions>,
         clock: Arc<dyn Clock>,
         audit: Arc<AuditLog>,
+        recorder: Arc<crate::state::recorder::Recorder>,
     ) -> Tokens {
         Tokens {
             store,
             live,
             clock,
             audit,
+            recorder,
         }
     }
 
@@ -69,6 +73,15 @@ impl Tokens {
                     "session tokens revoked: their event streams were ended"
                 );
             }
+            // The streams another replica serves with them end as they
+            // read this.
+            let event = bindery_store::wire::AccessRevoked {
+                session_tokens: true,
+                shares: Vec::new(),
+            };
+            self.recorder
+                .emit(id, bindery_store::wire::SessionEvent::AccessRevoked(event))
+                .await;
             Ok(())
         }
         .await;

@@ -1248,3 +1248,108 @@ async fn an_end_users_identity_token_crosses_between_replicas_over_peer_tls_only
     );
     assert!(!logs.contains(&alice), "{logs}");
 }
+
+/// A session no live replica holds (its holder stopped): a share's and a
+/// session token's streams served by A end when they are revoked through
+/// C, which serves the revocation itself; A reads the revocation's event
+/// from the store and ends them, and the owner's stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_through_any_replica_ends_the_streams_every_other_serves() {
+    let (_pg, w) = on_postgres().await;
+    let (b, api_b) = w.start(&[], &[]);
+    let r = api_b
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(OWNER),
+            Some(&json!({"agent": "invoices", "params": valid_params(), "session_token": true})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let token = r.json["session_token"].as_str().unwrap().to_string();
+    let r = api_b
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/shares"),
+            Some(OWNER),
+            Some(&json!({"mode": "read"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let (share_id, share_token) = (
+        r.json["id"].as_str().unwrap().to_string(),
+        r.json["token"].as_str().unwrap().to_string(),
+    );
+    drop(b);
+    let (_a, api_a) = w.start(&[], &[]);
+    let (_c, api_c) = w.start(&[], &[]);
+
+    let events = format!("/v1/sessions/{id}/events");
+    let open = |credential: String| {
+        let api_a = api_a.clone();
+        let events = events.clone();
+        async move {
+            let (status, stream) = api_a.events(&events, Some(&credential), None).await;
+            assert_eq!(status, 200);
+            stream.unwrap()
+        }
+    };
+    let mut shared = open(share_token.clone()).await;
+    let mut tokened = open(token.clone()).await;
+    let mut owners = open(OWNER.to_string()).await;
+    let r = api_c
+        .call(
+            "DELETE",
+            &format!("/v1/sessions/{id}/shares/{share_id}"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let after = until_it_ends(&mut shared)
+        .await
+        .expect("the revoked share's stream served by A is still open");
+    assert!(after.is_empty(), "events after the revocation: {after:?}");
+
+    let r = api_c
+        .call(
+            "DELETE",
+            &format!("/v1/sessions/{id}/token"),
+            Some(OWNER),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let after = until_it_ends(&mut tokened)
+        .await
+        .expect("the revoked token's stream served by A is still open");
+    assert!(
+        after.iter().all(|e| e == "access_revoked"),
+        "events after the revocation: {after:?}"
+    );
+    // The owner's stream saw both revocations and is still open.
+    let seen = owners.until("access_revoked", PATIENCE).await;
+    assert!(seen.iter().any(|e| e.event == "access_revoked"), "{seen:?}");
+    let seen = owners.until("access_revoked", PATIENCE).await;
+    assert!(seen.iter().any(|e| e.event == "access_revoked"), "{seen:?}");
+    for credential in [&share_token, &token] {
+        let r = api_a
+            .call("GET", &format!("/v1/sessions/{id}"), Some(credential), None)
+            .await;
+        assert_eq!(r.status, 401, "{}", r.text);
+    }
+}
+
+/// The events a stream gives until it ends, or `None` if it is still open
+/// after [`PATIENCE`].
+async fn until_it_ends(stream: &mut bindery_tests::sidecar::EventStream) -> Option<Vec<String>> {
+    let all = async {
+        let mut after = Vec::new();
+        while let Some(e) = stream.next().await {
+            after.push(e.event);
+        }
+        after
+    };
+    tokio::time::timeout(PATIENCE, all).await.ok()
+}
