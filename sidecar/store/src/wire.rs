@@ -592,6 +592,22 @@ mod tests {
                 "model_fallback",
                 json!({"from": "claude", "to": "gpt", "error": "HTTP 529 after 4 attempts"}),
             ),
+            (
+                SessionEvent::AccessRevoked(AccessRevoked {
+                    session_tokens: false,
+                    shares: vec!["sh_1".into()],
+                }),
+                "access_revoked",
+                json!({"shares": ["sh_1"]}),
+            ),
+            (
+                SessionEvent::AccessRevoked(AccessRevoked {
+                    session_tokens: true,
+                    shares: Vec::new(),
+                }),
+                "access_revoked",
+                json!({"session_tokens": true}),
+            ),
         ];
         for (event, kind, data) in cases {
             assert_eq!(event.kind(), kind);
@@ -616,7 +632,8 @@ mod tests {
                 "params_changed",
                 "budget",
                 "model_fallback",
-                "model_downgrade"
+                "model_downgrade",
+                "access_revoked"
             ]
         );
         let mut schemas = Vec::new();

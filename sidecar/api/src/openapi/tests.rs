@@ -424,6 +424,7 @@ fn events_route_documents_every_kind() {
         "budget",
         "model_fallback",
         "model_downgrade",
+        "access_revoked",
     ];
     assert_eq!(kinds.len(), expected.len());
     for kind in expected {
