@@ -564,17 +564,9 @@ impl OAuth {
             Some(m) => m,
             None => ServerMetadata::fallback(&origin),
         };
-        // The document is the origin's own: whatever issuer it claims to be
-        // (RFC 8414 §3.3), the authorization server is that origin, and
-        // trusted as that origin only.
-        if let Some(i) = &server.issuer {
-            if !discovery::issuer_matches(i, &origin) {
-                return Err(OAuthError::IssuerMismatch {
-                    url: egress::shown(&origin),
-                    issuer: egress::shown_text(i),
-                });
-            }
-        }
+        // The document is the origin's own: whatever issuer it names (a
+        // 2025-03-26 server may name one with a path), it is trusted as
+        // that origin only, never as the issuer it claims to be.
         self.check_endpoints(&server)?;
         self.check_trusted(&origin, &server)?;
         Ok(Discovered {
