@@ -651,6 +651,7 @@ impl From<McpSimpleBinary> for McpToolbox {
             bindings: Vec::new(),
             tools: Vec::new(),
             toolgroup: m.toolgroup,
+            shared_tool_list: false,
         }
     }
 }

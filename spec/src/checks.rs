@@ -734,6 +734,16 @@ pub fn check_mcp(spec: &AgentSpec, m: &McpToolbox, place: &str, diags: &mut Vec<
         headers,
         diags,
     );
+    if m.per_user() && !m.shared_tool_list {
+        diags.push(Diagnostic::error(format!(
+            "{place}: its `headers` take an end user's value, so it connects once per person, and its tools are listed through one person's connection and shown to every person's model; a server whose tool list holds a person's data (their projects in a schema, say) would show it to others. Set `sharedToolList: true` if this server lists the same tools for everyone (per-person tool lists are not offered)"
+        )));
+    }
+    if !m.per_user() && m.shared_tool_list {
+        diags.push(Diagnostic::error(format!(
+            "{place}: `sharedToolList` is for a remote server whose `headers` take an end user's value (`{{identity: …}}`); this one connects once for every session"
+        )));
+    }
     if let Some(oauth) = &m.oauth {
         check_mcp_oauth(spec, m, oauth, place, diags);
     }
@@ -1780,8 +1790,24 @@ mod tests {
             "{exposed:?}"
         );
         // A remote server's headers take it: the toolbox connects per person.
-        let per_user = doc("mcp: {name: s, url: 'http://mcp/mcp', headers: {Authorization: {identity: 'token:x'}}}");
+        let per_user = doc("mcp: {name: s, url: 'http://mcp/mcp', sharedToolList: true, headers: {Authorization: {identity: 'token:x'}}}");
         assert_eq!(per_user, Vec::<String>::new());
+        // Its tool list, listed through one person's connection, is shown
+        // to everyone: only when the author says it holds nothing of a person's.
+        let unsaid = doc("mcp: {name: s, url: 'http://mcp/mcp', headers: {Authorization: {identity: 'token:x'}}}");
+        assert!(
+            unsaid
+                .iter()
+                .any(|m| m.contains("Set `sharedToolList: true`")),
+            "{unsaid:?}"
+        );
+        let misplaced = doc("mcp: {name: s, url: 'http://mcp/mcp', sharedToolList: true}");
+        assert!(
+            misplaced
+                .iter()
+                .any(|m| m.contains("`sharedToolList` is for")),
+            "{misplaced:?}"
+        );
         let shared = doc("mcp: {name: s, command: [srv], env: {TOKEN: {identity: 'token:x'}}}");
         assert!(
             shared

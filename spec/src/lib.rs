@@ -842,6 +842,13 @@ pub struct McpToolbox {
     /// activates this group (`meta_activate_tool`); absent: always shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolgroup: Option<String>,
+    /// A per-user server (its `headers` take an end user's value): its
+    /// tools are listed through a person's own connection and shown to
+    /// every person's model. `true` says the server lists the same tools
+    /// for everyone, holding nothing of a person's; without it such a
+    /// toolbox is refused at load (per-person tool lists are not offered).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_tool_list: bool,
 }
 
 /// OAuth 2.1 for a remote MCP server (`url`). The client secret and the

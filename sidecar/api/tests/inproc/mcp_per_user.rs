@@ -26,6 +26,7 @@ spec:
     - mcp:
         name: crm
         url: "{mcp}"
+        sharedToolList: true
         headers:
           Authorization: {{identity: "token:crm"}}
 "#

@@ -760,7 +760,9 @@ impl McpTool {
         ctx: &CallContext,
     ) -> Result<ToolOutput, ToolError> {
         let (subject, current) = server.person_of(&mut args)?;
-        let conn = server
+        // The person's values are on the connection until this is dropped,
+        // as the call ends.
+        let (conn, _held) = server
             .connection(&subject, current)
             .await
             .map_err(|e| ToolError::Failed(e.to_string()))?;

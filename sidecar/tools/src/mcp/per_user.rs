@@ -199,14 +199,56 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for PersonHeaders<C> {
 /// One person's connection.
 pub(super) struct Conn {
     pub(super) service: RunningService<RoleClient, Handler>,
+    /// The person's header values, while a call of theirs holds the
+    /// connection (empty otherwise: what it sends between calls carries
+    /// none of them).
     current: Current,
     last_used: std::sync::Mutex<Instant>,
     /// The person's header values, registered with the logs' scrubber
     /// while the connection holds them.
     live: std::sync::Mutex<Option<Registration>>,
+    /// How many calls hold it now.
+    calls: std::sync::Mutex<usize>,
+}
+
+/// A call's hold on a person's connection: their values are on it while
+/// any call of theirs holds it, and taken off when the last one lets go.
+pub(super) struct Held(Arc<Conn>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut calls = self.0.calls.lock().unwrap_or_else(|p| p.into_inner());
+        *calls = calls.saturating_sub(1);
+        if *calls == 0 {
+            self.0
+                .current
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            *self.0.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
 }
 
 impl Conn {
+    /// Held by one more call, with the person's values as it brings them.
+    fn hold(
+        self: &Arc<Self>,
+        current: HashMap<HeaderName, HeaderValue>,
+        live: Option<Registration>,
+    ) -> Held {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        *calls += 1;
+        *self.live.lock().unwrap_or_else(|p| p.into_inner()) = live;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = current;
+        self.touch();
+        Held(self.clone())
+    }
+
+    fn held(&self) -> bool {
+        *self.calls.lock().unwrap_or_else(|p| p.into_inner()) > 0
+    }
+
     fn touch(&self) {
         *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
@@ -237,6 +279,9 @@ pub struct PerUserServer {
     conns: std::sync::Mutex<HashMap<String, Slot>>,
     /// The server's tools as a person's connection last listed them.
     listed: std::sync::Mutex<Option<Vec<serde_json::Value>>>,
+    /// The server said its tools changed while no call held a connection
+    /// to list them with: the next call lists them.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 impl PerUserServer {
@@ -300,6 +345,7 @@ impl PerUserServer {
             oauth,
             conns: Default::default(),
             listed: Default::default(),
+            stale: Default::default(),
         });
         let weak = Arc::downgrade(&server);
         tokio::spawn(sweep(weak));
@@ -334,13 +380,16 @@ impl PerUserServer {
         s
     }
 
-    /// The tools now: the server's, as a live person's connection lists
-    /// them (else as last listed), or `connect` until any has been.
+    /// The tools now: the server's, as a person's connection a call holds
+    /// lists them (else as last listed, and the next call lists them), or
+    /// `connect` until any has been.
     pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<String>), ServerError> {
-        let live = self.most_recent();
-        if let Some(conn) = live {
-            let listed = self.list(&conn).await?;
-            *self.listed.lock().unwrap_or_else(|p| p.into_inner()) = Some(listed);
+        match self.most_recent() {
+            Some(conn) => {
+                let listed = self.list(&conn).await?;
+                *self.listed.lock().unwrap_or_else(|p| p.into_inner()) = Some(listed);
+            }
+            None => self.stale.store(true, std::sync::atomic::Ordering::Relaxed),
         }
         let listed = self
             .listed
@@ -431,11 +480,14 @@ impl PerUserServer {
         }
     }
 
+    /// The most recently used connection a call holds now (its person's
+    /// values are on it), if any.
     fn most_recent(&self) -> Option<Arc<Conn>> {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         conns
             .values()
             .filter_map(|s| s.try_lock().ok().and_then(|c| c.clone()))
+            .filter(|c| c.held())
             .max_by_key(|c| c.last_used())
     }
 
@@ -486,43 +538,52 @@ impl PerUserServer {
         Ok((subject, current))
     }
 
-    /// The person's connection, made now if they have none, with their
-    /// current header values.
+    /// The person's connection, made now if they have none, held by the
+    /// call with their current header values (taken off when the hold is
+    /// dropped).
     pub(super) async fn connection(
         self: &Arc<Self>,
         subject: &str,
         current: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<Arc<Conn>, ServerError> {
+    ) -> Result<(Arc<Conn>, Held), ServerError> {
         let slot = {
             let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
             conns.entry(subject.to_string()).or_default().clone()
         };
-        let mut held = slot.lock().await;
-        if let Some(conn) = held.as_ref() {
-            *conn.live.lock().unwrap_or_else(|p| p.into_inner()) = self.registered(&current);
-            *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = current;
-            conn.touch();
-            return Ok(conn.clone());
-        }
-        let live = self.registered(&current);
-        let conn = Arc::new(self.connect(current, live).await?);
-        *held = Some(conn.clone());
-        drop(held);
+        let mut slot = slot.lock().await;
+        let (conn, hold) = match slot.as_ref() {
+            Some(conn) => {
+                let live = self.registered(&current);
+                let hold = conn.hold(current, live);
+                (conn.clone(), hold)
+            }
+            None => {
+                let live = self.registered(&current);
+                // Made held by this call (its values are on it from the start).
+                let conn = Arc::new(self.connect(current, live).await?);
+                let hold = Held(conn.clone());
+                *slot = Some(conn.clone());
+                (conn, hold)
+            }
+        };
+        drop(slot);
         self.evict();
-        // The first person's connection lists the server's tools.
+        // The first person's connection lists the server's tools, and so
+        // does the next call after the server said they changed.
         let first = self
             .listed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
-        if first {
+        let stale = self.stale.swap(false, std::sync::atomic::Ordering::Relaxed);
+        if first || stale {
             let listed = self.list(&conn).await?;
             *self.listed.lock().unwrap_or_else(|p| p.into_inner()) = Some(listed);
             // The agent's live tools are rebuilt from it (the receiver is
             // gone only with the agent tree).
             let _ = self.changed.send(self.index);
         }
-        Ok(conn)
+        Ok((conn, hold))
     }
 
     /// The person's header values registered with the logs' scrubber.
@@ -599,6 +660,7 @@ impl PerUserServer {
             current,
             last_used: std::sync::Mutex::new(Instant::now()),
             live: std::sync::Mutex::new(live),
+            calls: std::sync::Mutex::new(1),
         })
     }
 
