@@ -235,7 +235,7 @@ impl Heartbeat {
             usage: None,
         };
         self.recorder
-            .emit(&rec.id, SessionEvent::RunFinished(finished))
+            .emit_for(&rec, SessionEvent::RunFinished(finished))
             .await;
         tracing::warn!(session = %rec.id, runner = ?runner, "{detail}: run marked failed");
         Ok(true)

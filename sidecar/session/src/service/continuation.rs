@@ -370,7 +370,7 @@ impl Sessions {
             cleared_taint: answer.clear_taint,
         };
         self.recorder
-            .emit(id, SessionEvent::Resolved(resolved))
+            .emit_for(&rec, SessionEvent::Resolved(resolved))
             .await;
         let (outcome, by) = (resolution.outcome().as_str(), by.as_str());
         tracing::info!(session = id, tool = %item.tool, outcome, by, "pending call answered");
@@ -447,7 +447,9 @@ impl Sessions {
         }
         for call in &expired {
             let closed = Resolved::closed(call.clone(), Outcome::Expired);
-            self.recorder.emit(id, SessionEvent::Resolved(closed)).await;
+            self.recorder
+                .emit_for(&rec, SessionEvent::Resolved(closed))
+                .await;
         }
         tracing::info!(
             session = id,

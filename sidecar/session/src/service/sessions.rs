@@ -435,7 +435,7 @@ impl Sessions {
             self.secrets.keep(id, &accepted.session);
             let names = accepted.changed.clone();
             self.recorder
-                .emit(id, SessionEvent::ParamsChanged(ParamsChanged { names }))
+                .emit_for(&rec, SessionEvent::ParamsChanged(ParamsChanged { names }))
                 .await;
         }
         Ok((accepted.message, rec))

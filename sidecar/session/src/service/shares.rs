@@ -183,7 +183,10 @@ impl Shares {
                     shares: vec![share.to_string()],
                 };
                 self.recorder
-                    .emit(id, bindery_store::wire::SessionEvent::AccessRevoked(event))
+                    .emit_for(
+                        &rec,
+                        bindery_store::wire::SessionEvent::AccessRevoked(event),
+                    )
                     .await;
                 return Ok(answer);
             }

@@ -80,7 +80,10 @@ impl Tokens {
                 shares: Vec::new(),
             };
             self.recorder
-                .emit(id, bindery_store::wire::SessionEvent::AccessRevoked(event))
+                .emit_for(
+                    &rec,
+                    bindery_store::wire::SessionEvent::AccessRevoked(event),
+                )
                 .await;
             Ok(())
         }

@@ -186,6 +186,13 @@ impl Recorder {
         written
     }
 
+    /// [`Recorder::emit`] of an event of session `rec`, read already: its
+    /// subject is taken from it, with no read of the store.
+    pub(crate) async fn emit_for(&self, rec: &SessionRecord, event: SessionEvent) {
+        self.remember(&rec.id, rec.security.subject.as_ref());
+        self.emit(&rec.id, event).await;
+    }
+
     pub(crate) async fn emit(&self, id: &str, event: SessionEvent) {
         let subject = self.subject_of(id).await;
         let at = self.clock.now_ms();

@@ -201,7 +201,13 @@ async fn on_sqlite_nothing_is_forwarded_and_a_request_costs_what_it_did() {
                 ("update", 1.0)
             ]),
             ops(&[("get", 2.0)]),
-            ops(&[("append_audit", 1.0), ("get", 2.0), ("update", 1.0)]),
+            // Its event ends the revoked tokens' streams on every replica.
+            ops(&[
+                ("append_audit", 1.0),
+                ("append_event", 1.0),
+                ("get", 2.0),
+                ("update", 1.0)
+            ]),
         ],
         "cancel, PUT params, an unknown continuation, revoke"
     );
