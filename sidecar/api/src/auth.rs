@@ -448,15 +448,34 @@ impl<D: Door> FromRequestParts<Arc<AppState>> for Authed<D> {
             _ => state.identify(&parts.headers, session.as_deref()).await,
         };
         // An end user's requests count against their rate limit here, on
-        // the server whose handler answers them, whatever the door says.
-        if let Identity::EndUser { person, .. } = &identity {
-            super::rate_limit::user(state, person.subject.as_str())?;
+        // the server whose handler answers them, whatever the door says;
+        // so do those made with a session token or a share link of their
+        // session (handing it on is no way around the limit).
+        if let Some(subject) = rate_limited_as(state, &identity).await {
+            super::rate_limit::user(state, subject.as_str())?;
         }
         Ok(Authed {
             caller: D::RULE.admit(identity)?,
             door: PhantomData,
         })
     }
+}
+
+/// The end user whose per-user rate limit a request of `identity` counts
+/// against: theirs, or that of the session a session token or a share
+/// link opens (a session's subject never changes, and is remembered).
+async fn rate_limited_as(
+    state: &AppState,
+    identity: &Identity,
+) -> Option<bindery_identity::Subject> {
+    let session = match identity {
+        Identity::EndUser { person, .. } => return Some(person.subject.clone()),
+        _ if state.rates.per_user.is_none() => return None,
+        Identity::Session(id) => id,
+        Identity::Share(holder) => &holder.session,
+        _ => return None,
+    };
+    state.service.recorder().subject_of(session).await
 }
 
 /// Who calls, as the handlers and the forwarding layer ask it of the

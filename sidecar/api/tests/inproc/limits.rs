@@ -324,3 +324,61 @@ async fn a_tool_over_its_rate_is_not_run_and_the_model_is_told_why() {
     let line = r#"bindery_rate_limited_total{scope="tool"} 2"#;
     assert!(metrics.contains(line), "{line} not in\n{metrics}");
 }
+
+/// A session token or a share link of a person's session counts against
+/// that person's rate: handing the session on is no way around it.
+#[tokio::test]
+async fn a_persons_session_token_and_share_links_count_against_their_rate() {
+    let w = world(count_then_answer(0), "", |_| {}, (None, Some(4))).await;
+    let carol = w.token("carol");
+    let (r, _) = w
+        .call(
+            "POST",
+            "/v1/sessions",
+            &carol,
+            Some(json!({"agent": "metered", "session_token": true})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["session_id"].as_str().unwrap().to_string();
+    let token = r.json["session_token"].as_str().unwrap().to_string();
+    let (r, _) = w
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/shares"),
+            &carol,
+            Some(json!({"mode": "write"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let share = r.json["token"].as_str().unwrap().to_string();
+    let path = format!("/v1/sessions/{id}");
+    for credential in [&token, &share] {
+        let (r, _) = w.call("GET", &path, credential, None).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    for credential in [&token, &share, &carol] {
+        let (r, _) = w.call("GET", &path, credential, None).await;
+        assert_eq!(r.status, 429, "{}", r.text);
+        assert_eq!(r.json["scope"], "user", "{}", r.text);
+    }
+    // The owner's own session's token is nobody's: not limited per user.
+    let (r, _) = w
+        .call(
+            "POST",
+            "/v1/sessions",
+            OWNER,
+            Some(json!({"agent": "metered", "session_token": true})),
+        )
+        .await;
+    let (id, token) = (
+        r.json["session_id"].as_str().unwrap().to_string(),
+        r.json["session_token"].as_str().unwrap().to_string(),
+    );
+    for _ in 0..5 {
+        let (r, _) = w
+            .call("GET", &format!("/v1/sessions/{id}"), &token, None)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+}

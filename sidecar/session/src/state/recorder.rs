@@ -65,7 +65,7 @@ impl Recorder {
 
     /// The end user session `id` belongs to (`None`: nobody's, or it
     /// cannot be read, in which case nothing is remembered).
-    async fn subject_of(&self, id: &str) -> Option<Subject> {
+    pub async fn subject_of(&self, id: &str) -> Option<Subject> {
         let known = self
             .subjects
             .lock()
