@@ -2001,7 +2001,7 @@ toolboxes:
     #[test]
     fn a_remote_servers_headers_may_take_an_end_users_values_and_a_programs_env_not() {
         let per_user =
-            "      name: crm\n      url: https://m/mcp\n      headers: {Authorization: {identity: 'token:crm'}, X-User: {identity: subject}}";
+            "      name: crm\n      url: https://m/mcp\n      sharedToolList: true\n      headers: {Authorization: {identity: 'token:crm'}, X-User: {identity: subject}}";
         assert_eq!(oauth_errors(per_user), Vec::<String>::new());
         let env = oauth_errors(
             "      name: crm\n      command: [x]\n      env: {TOKEN: {identity: 'token:crm'}}",
