@@ -683,19 +683,7 @@ impl OAuth {
         state: &mut State,
         scopes: Vec<String>,
     ) -> Result<SecretString, OAuthError> {
-        let Some(d) = state.discovered.clone() else {
-            return Err(OAuthError::NoAuthorizationServer {
-                at: egress::shown(&self.server),
-            });
-        };
-        let client = match &state.client {
-            Some(c) => c.clone(),
-            None => {
-                let c = self.client(&d).await?;
-                state.client = Some(c.clone());
-                c
-            }
-        };
+        let (d, client) = self.discovered_client(state).await?;
         let mut form = Vec::new();
         match self.settings.grant {
             OAuthGrant::ClientCredentials => {
@@ -885,6 +873,15 @@ impl OAuth {
         if state.discovered.is_none() {
             state.discovered = Some(self.discover(None).await?);
         }
+        self.discovered_client(state).await
+    }
+
+    /// Where tokens come from, as discovered already, and the client (made
+    /// now, once, if not yet).
+    async fn discovered_client(
+        &self,
+        state: &mut State,
+    ) -> Result<(Discovered, Client), OAuthError> {
         let Some(d) = state.discovered.clone() else {
             return Err(OAuthError::NoAuthorizationServer {
                 at: egress::shown(&self.server),
