@@ -201,6 +201,14 @@ pub trait SessionStore: Send + Sync {
     /// Events with `seq > after`, in order.
     async fn events_after(&self, session: &str, after: i64)
         -> Result<Vec<EventRecord>, StoreError>;
+    /// The `seq` of the session's last stored event (0: none).
+    async fn last_event_seq(&self, session: &str) -> Result<i64, StoreError> {
+        Ok(self
+            .events_after(session, 0)
+            .await?
+            .last()
+            .map_or(0, |e| e.seq))
+    }
     /// Record that server `instance` was alive at `at` (milliseconds since
     /// the epoch, by its clock), reached by its peers at `address`.
     async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError>;

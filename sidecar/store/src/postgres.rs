@@ -1102,6 +1102,21 @@ impl SessionStore for PostgresStore {
         }
     }
 
+    async fn last_event_seq(&self, session: &str) -> Result<i64, StoreError> {
+        let what = "read the last event's seq";
+        let db = self.db(what);
+        let client = self.conn(what).await?;
+        let stmt = self
+            .prepare(
+                &client,
+                what,
+                "SELECT COALESCE(MAX(seq), 0)::BIGINT FROM bindery_events WHERE session_id = $1",
+            )
+            .await?;
+        let row = client.query_one(&stmt, &[&session]).await.map_err(&db)?;
+        row.try_get(0).map_err(&db)
+    }
+
     async fn events_after(
         &self,
         session: &str,

@@ -1533,6 +1533,16 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn last_event_seq(&self, session: &str) -> Result<i64, StoreError> {
+        let session = session.to_owned();
+        self.run("read the last event's seq", move |conn, op| {
+            conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session_id = ?1")
+                .and_then(|mut stmt| stmt.query_row(params![session], |row| row.get::<_, i64>(0)))
+                .map_err(|e| op.db(e))
+        })
+        .await
+    }
+
     async fn events_after(
         &self,
         session: &str,

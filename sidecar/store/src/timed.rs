@@ -171,6 +171,10 @@ impl SessionStore for Timed {
         self.time("events_after", self.inner.events_after(session, after))
             .await
     }
+    async fn last_event_seq(&self, session: &str) -> Result<i64, StoreError> {
+        self.time("last_event_seq", self.inner.last_event_seq(session))
+            .await
+    }
     async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
         self.time("beat", self.inner.beat(instance, at, address))
             .await
@@ -404,6 +408,10 @@ mod tests {
             self.note("events_after");
             Ok(Vec::new())
         }
+        async fn last_event_seq(&self, _: &str) -> Result<i64, StoreError> {
+            self.note("last_event_seq");
+            Ok(0)
+        }
         async fn beat(&self, _: &str, _: i64, _: Option<&str>) -> Result<(), StoreError> {
             self.note("beat");
             Ok(())
@@ -516,6 +524,7 @@ mod tests {
         };
         store.start_capped(&mut rec, &[], 1, &cap).await.unwrap();
         store.events_after("s1", 0).await.unwrap();
+        store.last_event_seq("s1").await.unwrap();
         store.beat("i", 1, None).await.unwrap();
         store.peer("i").await.unwrap();
         store.heartbeats().await.unwrap();
@@ -551,6 +560,7 @@ mod tests {
             "update_with_usage",
             "start_capped",
             "events_after",
+            "last_event_seq",
             "beat",
             "peer",
             "heartbeats",
@@ -593,6 +603,7 @@ mod tests {
                 "running",
                 "waiting",
                 "events_after",
+                "last_event_seq",
                 "peer",
                 "heartbeats",
                 "release_memory",

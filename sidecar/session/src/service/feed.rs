@@ -31,9 +31,18 @@ impl Recorder {
         crate::state::stored_session(&*self.store, id).await?;
         let rx = self.live.entry(id).events.subscribe(opened);
         let stored = self.store.events_after(id, after).await?;
+        let last = match stored.last() {
+            Some(e) => e.seq,
+            // Nothing after `after`: the feed goes on from the session's
+            // last event, never from an id a client named past it (which
+            // would skip the events that come to take it, a revocation
+            // among them).
+            None if after > 0 => after.min(self.store.last_event_seq(id).await?),
+            None => after,
+        };
         let feed = Feed {
             id: id.to_string(),
-            last: stored.last().map_or(after, |e| e.seq),
+            last,
             rx,
             reading: None,
         };

@@ -1298,6 +1298,20 @@ async fn a_revocation_through_any_replica_ends_the_streams_every_other_serves() 
     let mut shared = open(share_token.clone()).await;
     let mut tokened = open(token.clone()).await;
     let mut owners = open(OWNER.to_string()).await;
+    // Streams that name, as the last event they saw, the ids the
+    // revocations will take (the session has none yet): they are not
+    // skipped past them.
+    let ahead = |credential: String, seen: &'static str| {
+        let api_a = api_a.clone();
+        let events = events.clone();
+        async move {
+            let (status, stream) = api_a.events(&events, Some(&credential), Some(seen)).await;
+            assert_eq!(status, 200);
+            stream.unwrap()
+        }
+    };
+    let mut shared_ahead = ahead(share_token.clone(), "1").await;
+    let mut tokened_ahead = ahead(token.clone(), "2").await;
     let r = api_c
         .call(
             "DELETE",
@@ -1311,6 +1325,9 @@ async fn a_revocation_through_any_replica_ends_the_streams_every_other_serves() 
         .await
         .expect("the revoked share's stream served by A is still open");
     assert!(after.is_empty(), "events after the revocation: {after:?}");
+    until_it_ends(&mut shared_ahead)
+        .await
+        .expect("a revoked share's stream that named the revocation's id is still open");
 
     let r = api_c
         .call(
@@ -1328,6 +1345,9 @@ async fn a_revocation_through_any_replica_ends_the_streams_every_other_serves() 
         after.iter().all(|e| e == "access_revoked"),
         "events after the revocation: {after:?}"
     );
+    until_it_ends(&mut tokened_ahead)
+        .await
+        .expect("a revoked token's stream that named the revocation's id is still open");
     // The owner's stream saw both revocations and is still open.
     let seen = owners.until("access_revoked", PATIENCE).await;
     assert!(seen.iter().any(|e| e.event == "access_revoked"), "{seen:?}");

@@ -506,6 +506,9 @@ impl SessionStore for Watched {
     ) -> Result<Vec<EventRecord>, StoreError> {
         self.store.events_after(session, after).await
     }
+    async fn last_event_seq(&self, session: &str) -> Result<i64, StoreError> {
+        self.store.last_event_seq(session).await
+    }
     async fn beat(&self, instance: &str, at: i64, address: Option<&str>) -> Result<(), StoreError> {
         self.store.beat(instance, at, address).await
     }
