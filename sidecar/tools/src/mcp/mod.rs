@@ -594,7 +594,7 @@ pub enum McpConnection {
 
 impl McpConnection {
     /// Start (or connect to) the server of toolbox `tb`, or, for a
-    /// per-user one ([`per_user::is_per_user`]), get ready to connect each
+    /// per-user one ([`McpToolbox::per_user`]), get ready to connect each
     /// person on first need. See [`McpServer::start`].
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
@@ -606,7 +606,7 @@ impl McpConnection {
         index: usize,
         consent: Option<Arc<dyn oauth::Consent>>,
     ) -> Result<McpConnection, StartError> {
-        if per_user::is_per_user(tb) {
+        if tb.per_user() {
             return PerUserServer::new(tb, values, limits, changed, index)
                 .map(McpConnection::PerUser);
         }
@@ -626,7 +626,7 @@ impl McpConnection {
     /// The bound arguments its tools take, each with the name of the run's
     /// value bound to it (a per-user server's person and header values).
     pub fn credentials(tb: &McpToolbox) -> Vec<(String, String)> {
-        match per_user::is_per_user(tb) {
+        match tb.per_user() {
             true => PerUserServer::credentials(tb),
             false => Vec::new(),
         }

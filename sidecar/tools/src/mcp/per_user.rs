@@ -78,11 +78,6 @@ enum Header {
     },
 }
 
-/// Whether toolbox `tb` connects once per person.
-pub fn is_per_user(tb: &McpToolbox) -> bool {
-    tb.per_user()
-}
-
 type Current = Arc<std::sync::Mutex<HashMap<HeaderName, HeaderValue>>>;
 
 /// The HTTP client of one person's connection: each request carries the

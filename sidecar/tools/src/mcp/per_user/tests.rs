@@ -158,7 +158,7 @@ fn count(seen: &Seen, prefix: &str) -> usize {
 #[test]
 fn a_toolbox_with_an_end_users_header_is_per_user_and_binds_its_values() {
     let tb = toolbox("http://127.0.0.1:9/mcp");
-    assert!(is_per_user(&tb));
+    assert!(tb.per_user());
     assert_eq!(
         PerUserServer::credentials(&tb),
         [
@@ -171,7 +171,7 @@ fn a_toolbox_with_an_end_users_header_is_per_user_and_binds_its_values() {
     );
     let mut shared = tb.clone();
     shared.headers.remove("Authorization");
-    assert!(!is_per_user(&shared));
+    assert!(!shared.per_user());
 }
 
 #[tokio::test]
